@@ -1,0 +1,55 @@
+# kraft — build, lint, test, demo, bench.  Everything the project needs is installed from here.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+PROTOS := $(wildcard proto/kraft/v1/*.proto)
+SEEDS ?= 1000
+PYTEST_ARGS ?=
+
+.PHONY: setup proto proto-check lint test test-fast sim bench demo demo-down java clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,pipeline]'
+	@$(MAKE) --no-print-directory java
+	@touch $(STAMP)
+
+# PySpark needs a JRE (17+).  Install Debian's if the machine has none.
+java:
+	@if ! command -v java >/dev/null 2>&1; then \
+	  echo "installing a JRE for PySpark (openjdk-17-jre-headless)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+
+# Generated code lives in kraft/v1/ (checked in); never edit it by hand.
+proto: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m grpc_tools.protoc -Iproto \
+	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check kraft chaos tests bench
+	$(BIN)/mypy kraft chaos
+
+test: setup lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/pytest -x -q -m "not spark and not chaos and not integration" $(PYTEST_ARGS)
+
+sim: setup
+	$(BIN)/pytest tests/sim -q --sim-seeds=$(SEEDS)
+
+bench: setup
+	$(PY) -m bench
+
+demo: setup
+	$(BIN)/kraft demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,115 @@
+"""The one error vocabulary of kraft.
+
+Every gRPC response carries an ``error_code`` from :class:`ErrorCode` (Kafka's names and numbers where
+Kafka has one) and an ``error_message``.  Transport-level failures (a request that could not be parsed,
+a deadline, an unavailable peer) are gRPC statuses; :func:`grpc_status_for` is the single mapping from an
+error code to the status a handler aborts with when it cannot answer with a normal response.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import grpc
+
+
+class ErrorCode(enum.IntEnum):
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    BROKER_NOT_AVAILABLE = 8
+    MESSAGE_TOO_LARGE = 10
+    KAFKA_STORAGE_ERROR = 56
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    NOT_ENOUGH_REPLICAS = 19
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_REPLICA_ASSIGNMENT = 39
+    INVALID_CONFIG = 40
+    NOT_CONTROLLER = 41
+    INVALID_REQUEST = 42
+    POLICY_VIOLATION = 44
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
+    STALE_BROKER_EPOCH = 77
+    PREFERRED_LEADER_NOT_AVAILABLE = 80
+    ELECTION_NOT_NEEDED = 84
+    INCONSISTENT_VOTER_SET = 94
+    SNAPSHOT_NOT_FOUND = 98
+    POSITION_OUT_OF_RANGE = 99
+    DUPLICATE_BROKER_REGISTRATION = 101
+    BROKER_ID_NOT_REGISTERED = 102
+    INCONSISTENT_CLUSTER_ID = 104
+    INVALID_REGISTRATION = 119
+    INVALID_VOTER_KEY = 125
+    DUPLICATE_VOTER = 126
+    VOTER_NOT_FOUND = 127
+    UNKNOWN_SERVER_ERROR = -1
+
+    @classmethod
+    def from_wire(cls, value: int) -> ErrorCode:
+        """Decode a wire value; a code this build does not know becomes UNKNOWN_SERVER_ERROR."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN_SERVER_ERROR
+
+
+# Kafka spells this one INVALID_TOPIC in the protocol guide; keep both names resolvable.
+INVALID_TOPIC = ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
+class KraftError(Exception):
+    """An error that carries an :class:`ErrorCode`; raised inside, turned into a response at the edge."""
+
+    def __init__(self, code: ErrorCode, message: str = "") -> None:
+        super().__init__(f"{code.name}: {message}" if message else code.name)
+        self.code = code
+        self.message = message or code.name
+
+
+_STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.NONE: grpc.StatusCode.OK,
+    ErrorCode.OFFSET_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.POSITION_OUT_OF_RANGE: grpc.StatusCode.OUT_OF_RANGE,
+    ErrorCode.CORRUPT_MESSAGE: grpc.StatusCode.DATA_LOSS,
+    ErrorCode.KAFKA_STORAGE_ERROR: grpc.StatusCode.INTERNAL,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.SNAPSHOT_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.BROKER_ID_NOT_REGISTERED: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.VOTER_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.TOPIC_ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.DUPLICATE_BROKER_REGISTRATION: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.DUPLICATE_VOTER: grpc.StatusCode.ALREADY_EXISTS,
+    ErrorCode.REQUEST_TIMED_OUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.BROKER_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.LEADER_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.NOT_CONTROLLER: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.FENCED_LEADER_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.UNKNOWN_LEADER_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.STALE_BROKER_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.INCONSISTENT_CLUSTER_ID: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.INCONSISTENT_VOTER_SET: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.ELECTION_NOT_NEEDED: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.UNSUPPORTED_VERSION: grpc.StatusCode.UNIMPLEMENTED,
+    ErrorCode.UNKNOWN_SERVER_ERROR: grpc.StatusCode.INTERNAL,
+}
+
+
+def grpc_status_for(code: ErrorCode) -> grpc.StatusCode:
+    """The gRPC status a handler uses when an error cannot be carried in a normal response.
+
+    Validation errors (INVALID_*, MESSAGE_TOO_LARGE, POLICY_VIOLATION, …) map to INVALID_ARGUMENT.
+    """
+    return _STATUS.get(code, grpc.StatusCode.INVALID_ARGUMENT)
