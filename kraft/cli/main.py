@@ -1,0 +1,35 @@
+"""Entry point of the `kraft` command: registers every command group.
+
+Each group lives in its own module and exposes a ``typer.Typer`` named ``app``; add one
+``_register(...)`` line per group below.  Commands are thin: parse, call, print.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="kraft",
+    help="kraft: a KRaft-style Raft metadata quorum — controllers, brokers, and the tools to run them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register(module: str, name: str, help_text: str) -> None:
+    sub: typer.Typer = importlib.import_module(f"kraft.cli.{module}").app
+    app.add_typer(sub, name=name, help=help_text)
+
+
+# --- command groups (one line each) ---
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
