@@ -25,6 +25,14 @@ def _register(module: str, name: str, help_text: str) -> None:
 
 
 # --- command groups (one line each) ---
+_register("storage", "storage", "Format and inspect storage directories (kafka-storage.sh).")
+_register("cluster", "cluster", "Run a local cluster: up, status, down, restart.")
+_register("metadata", "metadata", "Inspect the metadata log offline: dump segments and snapshots.")
+_register("controller", "controller", "Run a controller node (Raft quorum member).")
+_register("quorum", "quorum", "Describe the controller quorum (kafka-metadata-quorum.sh).")
+_register("produce", "produce", "Append records to a topic partition through its leader.")
+_register("consume", "consume", "Read records of a topic partition from its leader.")
+_register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")
 
 
 def main() -> None:

@@ -1,0 +1,352 @@
+"""Raft benchmark: kraft's 3-controller quorum against etcd's 3 members, side by side on loopback.
+
+What is measured (results in ``bench/results/raft.json``, targets from PERFORMANCE.md #1 to #3):
+
+- committed writes/s and p50/p99 latency for 1, 16 and 64 closed-loop clients, each awaiting the commit
+  of one 256-byte record per request: kraft ``RaftTestService.TestAppend`` to the leader vs etcd
+  ``KV.Put`` to the leader, both from Python grpc.aio clients in this process, fsync on in both;
+- batched records/s (TestAppend with many records per request);
+- failover after SIGKILL of the leader: time from the kill to the first successful write started after
+  it (10 trials), with kraft's defaults and with a fast profile (election ~150 ms).
+
+kraft runs with ``controller.quorum.append.linger.ms=0`` for the latency/throughput points (etcd has no
+linger either; batching then comes from group commit under load) — reported in the JSON.
+
+Run: ``python -m bench`` (all benchmarks) or ``python -m bench.raft [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
+from kraft.errors import ErrorCode
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = REPO_ROOT / "bench" / "results" / "raft.json"
+VALUE = b"v" * 256
+CONCURRENCY = (1, 16, 64)
+
+if str(REPO_ROOT) not in sys.path:  # the process harness lives with the integration tests
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.integration.procs import ControllerQuorum  # noqa: E402
+
+THROUGHPUT_PROFILE: dict[str, str] = {"controller.quorum.append.linger.ms": "0", "log.level": "WARNING"}
+FAILOVER_PROFILES: dict[str, dict[str, str]] = {
+    "default": {"log.level": "WARNING"},
+    "fast": {
+        "log.level": "WARNING",
+        "controller.quorum.election.timeout.ms": "150",
+        "controller.quorum.fetch.timeout.ms": "300",
+        "controller.quorum.election.backoff.max.ms": "150",
+        "controller.quorum.fetch.max.wait.ms": "100",
+        "controller.quorum.request.timeout.ms": "500",
+    },
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    clients: int
+    ops: int
+    seconds: float
+    writes_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def _percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, max(0, round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+async def closed_loop(
+    call: Callable[[int], Awaitable[None]], clients: int, duration_s: float, warmup_s: float
+) -> LoadResult:
+    """``clients`` tasks each calling ``call(seq)`` back to back; only calls finished after the warm-up
+    and started before the end count.  Bounded: every call has its own gRPC deadline."""
+    latencies: list[float] = []
+    errors = 0
+    start = time.perf_counter()
+    measure_from = start + warmup_s
+    stop_at = measure_from + duration_s
+
+    async def worker(worker_id: int) -> None:
+        nonlocal errors
+        seq = worker_id << 32
+        while True:
+            began = time.perf_counter()
+            if began >= stop_at:
+                return
+            seq += 1
+            try:
+                await call(seq)
+            except Exception:
+                errors += 1
+                continue
+            if began >= measure_from:
+                latencies.append(time.perf_counter() - began)
+
+    await asyncio.gather(*(worker(i) for i in range(clients)))
+    latencies.sort()
+    return LoadResult(
+        clients=clients,
+        ops=len(latencies),
+        seconds=duration_s,
+        writes_per_s=len(latencies) / duration_s,
+        p50_ms=_percentile(latencies, 0.50) * 1000,
+        p99_ms=_percentile(latencies, 0.99) * 1000,
+        errors=errors,
+    )
+
+
+class KraftWriter:
+    """TestAppend to one node over grpc.aio; raises on any error code (the load targets the leader)."""
+
+    def __init__(self, target: str, cluster_id: str) -> None:
+        options = [("grpc.max_send_message_length", 64 << 20)]
+        self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
+        self._cluster_id = cluster_id
+
+    async def append(self, values: list[bytes], timeout_s: float = 5.0) -> raft_pb2.TestAppendResponse:
+        request = raft_pb2.TestAppendRequest(cluster_id=self._cluster_id, values=values)
+        response: raft_pb2.TestAppendResponse = await self._stub.TestAppend(request, timeout=timeout_s)
+        return response
+
+    async def write_one(self, _seq: int) -> None:
+        response = await self.append([VALUE])
+        if response.error_code != ErrorCode.NONE:
+            raise RuntimeError(f"TestAppend failed: {ErrorCode.from_wire(response.error_code).name}")
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
+
+
+async def _kraft_points(
+    quorum: ControllerQuorum, duration_s: float, warmup_s: float, batch: int
+) -> dict[str, Any]:
+    leader = quorum.wait_for_leader(30)
+    writer = KraftWriter(quorum.nodes[leader.node_id].target, quorum.cluster_id)
+    try:
+        points = [asdict(await closed_loop(writer.write_one, c, duration_s, warmup_s)) for c in CONCURRENCY]
+        values = [VALUE] * batch
+
+        async def write_batch(_seq: int) -> None:
+            response = await writer.append(values, timeout_s=10.0)
+            if response.error_code != ErrorCode.NONE:
+                raise RuntimeError(f"TestAppend failed: {ErrorCode.from_wire(response.error_code).name}")
+
+        batched = await closed_loop(write_batch, 4, duration_s, warmup_s)
+    finally:
+        await writer.close()
+    return {
+        "points": points,
+        "batched": {
+            "records_per_request": batch,
+            "clients": 4,
+            "requests_per_s": batched.writes_per_s,
+            "records_per_s": batched.writes_per_s * batch,
+            "p50_ms": batched.p50_ms,
+            "p99_ms": batched.p99_ms,
+            "errors": batched.errors,
+        },
+    }
+
+
+async def _etcd_points(cluster: EtcdCluster, duration_s: float, warmup_s: float) -> list[dict[str, Any]]:
+    leader = cluster.wait_for_leader(30)
+    client = EtcdPutClient(leader.target)
+    try:
+
+        async def put(seq: int) -> None:
+            await client.put(b"bench/%d" % (seq % 10_000), VALUE)
+
+        return [asdict(await closed_loop(put, c, duration_s, warmup_s)) for c in CONCURRENCY]
+    finally:
+        await client.close()
+
+
+def bench_throughput(work_dir: Path, duration_s: float, warmup_s: float, batch: int) -> dict[str, Any]:
+    with ControllerQuorum(work_dir / "kraft", overrides=THROUGHPUT_PROFILE) as quorum:
+        quorum.start()
+        kraft = asyncio.run(_kraft_points(quorum, duration_s, warmup_s, batch))
+    etcd: list[dict[str, Any]] | None = None
+    etcd_note = ""
+    if ensure_etcd_installed():
+        with EtcdCluster(work_dir / "etcd") as cluster:
+            etcd = asyncio.run(_etcd_points(cluster, duration_s, warmup_s))
+    else:
+        etcd_note = "etcd-server not installed and could not be installed; etcd side skipped"
+    return {"kraft": kraft, "etcd": etcd, "etcd_note": etcd_note, "kraft_config": THROUGHPUT_PROFILE}
+
+
+async def _first_write_after(quorum: ControllerQuorum, killed_at: float, timeout_s: float) -> float:
+    """Seconds from ``killed_at`` until a TestAppend started after it commits (polls all live nodes)."""
+    writers = {i: KraftWriter(quorum.nodes[i].target, quorum.cluster_id) for i in quorum.live_ids}
+    try:
+        deadline = killed_at + timeout_s
+        while time.perf_counter() < deadline:
+            attempts = [w.append([VALUE], timeout_s=1.0) for w in writers.values()]
+            for outcome in await asyncio.gather(*attempts, return_exceptions=True):
+                if isinstance(outcome, raft_pb2.TestAppendResponse) and outcome.error_code == ErrorCode.NONE:
+                    return time.perf_counter() - killed_at
+            await asyncio.sleep(0.005)
+        raise TimeoutError(f"no write committed within {timeout_s} s of the kill")
+    finally:
+        for writer in writers.values():
+            await writer.close()
+
+
+def bench_failover(work_dir: Path, profile: str, trials: int) -> dict[str, Any]:
+    overrides = FAILOVER_PROFILES[profile]
+    samples_ms: list[float] = []
+    with ControllerQuorum(work_dir / f"failover-{profile}", overrides=overrides) as quorum:
+        quorum.start()
+        for _ in range(trials):
+            leader = quorum.wait_for_leader(60)
+            _, last = quorum.append([VALUE])
+            for node_id in quorum.nodes:
+                quorum.wait_caught_up(node_id, last + 1, timeout_s=60)
+            killed_at = time.perf_counter()
+            quorum.kill(leader.node_id)
+            samples_ms.append(asyncio.run(_first_write_after(quorum, killed_at, 30.0)) * 1000)
+            quorum.restart(leader.node_id)
+    samples_ms.sort()
+    return {
+        "profile": profile,
+        "config": overrides,
+        "trials": trials,
+        "samples_ms": [round(s, 1) for s in samples_ms],
+        "min_ms": samples_ms[0],
+        "p50_ms": statistics.median(samples_ms),
+        "p99_ms": _percentile(samples_ms, 0.99),
+        "max_ms": samples_ms[-1],
+    }
+
+
+def _ratios(throughput: Mapping[str, Any]) -> dict[str, float]:
+    etcd = throughput.get("etcd")
+    if not etcd:
+        return {}
+    out: dict[str, float] = {}
+    for ours, theirs in zip(throughput["kraft"]["points"], etcd, strict=True):
+        clients = ours["clients"]
+        if theirs["writes_per_s"] > 0:
+            out[f"writes_per_s_{clients}_clients"] = ours["writes_per_s"] / theirs["writes_per_s"]
+        if theirs["p50_ms"] > 0:
+            out[f"p50_{clients}_clients"] = ours["p50_ms"] / theirs["p50_ms"]
+    return out
+
+
+def _targets(result: Mapping[str, Any]) -> dict[str, bool | None]:
+    ratios = result["ratios"]
+    kraft_points = {p["clients"]: p for p in result["throughput"]["kraft"]["points"]}
+    failover = {f["profile"]: f for f in result["failover"]}
+    batched = result["throughput"]["kraft"]["batched"]
+    default = failover.get("default")
+    fast = failover.get("fast")
+    return {
+        "1_throughput_64_clients_ge_etcd": (ratios["writes_per_s_64_clients"] >= 1.0) if ratios else None,
+        "1_batched_ge_100k_records_per_s": batched["records_per_s"] >= 100_000,
+        "2_p50_1_client_le_1_5x_etcd": (ratios["p50_1_clients"] <= 1.5) if ratios else None,
+        "2_p99_1_client_le_5ms": kraft_points[1]["p99_ms"] <= 5.0,
+        "3_failover_default_p50_le_1500ms": default["p50_ms"] <= 1500 if default else None,
+        "3_failover_fast_p50_le_250ms": fast["p50_ms"] <= 250 if fast else None,
+        "3_failover_fast_p99_le_600ms": fast["p99_ms"] <= 600 if fast else None,
+    }
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """The human-readable summary printed after a run (and pasted into reports)."""
+    lines = ["| clients | kraft writes/s | kraft p50/p99 ms | etcd writes/s | etcd p50/p99 ms | ratio |",
+             "|---|---|---|---|---|---|"]
+    etcd_points = result["throughput"]["etcd"] or []
+    for index, ours in enumerate(result["throughput"]["kraft"]["points"]):
+        theirs = etcd_points[index] if index < len(etcd_points) else None
+        etcd_cells = (
+            f"{theirs['writes_per_s']:.0f} | {theirs['p50_ms']:.2f} / {theirs['p99_ms']:.2f}"
+            if theirs else "- | -"
+        )
+        ratio = result["ratios"].get(f"writes_per_s_{ours['clients']}_clients")
+        lines.append(
+            f"| {ours['clients']} | {ours['writes_per_s']:.0f} | "
+            f"{ours['p50_ms']:.2f} / {ours['p99_ms']:.2f} | "
+            f"{etcd_cells} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+        )
+    batched = result["throughput"]["kraft"]["batched"]
+    lines.append(
+        f"\nbatched: {batched['records_per_s']:.0f} records/s "
+        f"({batched['records_per_request']} records/request, {batched['clients']} clients)"
+    )
+    for fail in result["failover"]:
+        lines.append(
+            f"failover {fail['profile']}: min {fail['min_ms']:.0f} ms, p50 {fail['p50_ms']:.0f} ms, "
+            f"p99 {fail['p99_ms']:.0f} ms, max {fail['max_ms']:.0f} ms ({fail['trials']} trials)"
+        )
+    lines.append("targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
+    return "\n".join(lines)
+
+
+def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any]:
+    """Run every point, write ``results_path`` and return the result document."""
+    duration_s, warmup_s, trials, batch = (2.0, 0.5, 3, 500) if quick else (5.0, 1.0, 10, 1000)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="kraft-bench-raft-") as tmp:
+        work_dir = Path(tmp)
+        throughput = bench_throughput(work_dir, duration_s, warmup_s, batch)
+        failover = [bench_failover(work_dir, profile, trials) for profile in FAILOVER_PROFILES]
+    result: dict[str, Any] = {
+        "benchmark": "raft",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "quick": quick,
+        "record_bytes": len(VALUE),
+        "throughput": throughput,
+        "failover": failover,
+    }
+    result["ratios"] = _ratios(throughput)
+    result["targets"] = _targets(result)
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.raft", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short points and 3 failover trials")
+    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args(argv)
+    result = run(quick=args.quick, results_path=args.out)
+    print(format_table(result))
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

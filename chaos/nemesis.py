@@ -1,0 +1,345 @@
+"""Nemeses — faults with a ``start`` and a ``heal`` — and a seeded scheduler that runs them.
+
+Network nemeses act only through the Toxiproxy API over a :class:`~chaos.topology.Topology` (one proxy
+per directed link); process nemeses act through :class:`ProcessControl`, which the cluster harness
+implements (kill -9 and restart, SIGSTOP and SIGCONT).  Every random choice draws from the scheduler's
+seeded RNG, so a seed replays the same sequence of faults (their timing still depends on the machine).
+
+Cutting a link: ``blackhole`` adds a ``timeout`` toxic with ``timeout=0`` on both streams — existing
+connections hang silently until gRPC deadlines or keepalives notice, like a dropped-packet partition —
+and healing removes it, which closes those connections so clients reconnect.  ``refuse`` disables the
+proxy instead (connection refused, open connections closed): a fast-failing partition.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from chaos import grudges
+from chaos.topology import LinkProxy, Topology
+
+CUT_TOXIC = "nemesis_cut"
+FLAKY_TOXIC = "nemesis_flaky"
+
+
+class ProxyApi(Protocol):
+    """The part of the Toxiproxy API nemeses use (``chaos.proxy.client.ToxiproxyClient`` has it)."""
+
+    def add_toxic(
+        self,
+        proxy: str,
+        name: str,
+        kind: str,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+        attributes: dict[str, int] | None = None,
+    ) -> object: ...
+
+    def remove_toxic(self, proxy: str, name: str) -> None: ...
+
+    def set_enabled(self, name: str, enabled: bool) -> None: ...
+
+
+class ProcessControl(Protocol):
+    """How process nemeses reach node processes; the cluster harness implements it."""
+
+    def kill(self, node: str) -> None:
+        """SIGKILL the node's process (no shutdown hooks, unflushed data lost)."""
+        ...
+
+    def restart(self, node: str) -> None:
+        """Start a killed node again with the same config and data."""
+        ...
+
+    def pause(self, node: str) -> None:
+        """SIGSTOP the node's process."""
+        ...
+
+    def resume(self, node: str) -> None:
+        """SIGCONT a paused node."""
+        ...
+
+    def leader(self) -> str | None:
+        """The active controller's node name, if one is known right now."""
+        ...
+
+
+class Nemesis(abc.ABC):
+    """A fault.  ``start`` returns a one-line description of what it did; ``heal`` undoes exactly that."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.active = False
+
+    @abc.abstractmethod
+    def _start(self, rng: random.Random) -> str: ...
+
+    @abc.abstractmethod
+    def _heal(self) -> str: ...
+
+    def start(self, rng: random.Random) -> str:
+        if self.active:
+            raise RuntimeError(f"nemesis {self.name} is already active")
+        description = self._start(rng)
+        self.active = True
+        return description
+
+    def heal(self) -> str:
+        if not self.active:
+            return "nothing to heal"
+        try:
+            return self._heal()
+        finally:
+            self.active = False
+
+
+class CutMode(enum.Enum):
+    BLACKHOLE = "blackhole"
+    REFUSE = "refuse"
+
+
+class PartitionNemesis(Nemesis):
+    """Cuts the directed links a *shape* function picks (see :mod:`chaos.grudges`)."""
+
+    def __init__(
+        self,
+        name: str,
+        proxies: ProxyApi,
+        topology: Topology,
+        shape: Callable[[random.Random], grudges.Cuts],
+        mode: CutMode = CutMode.BLACKHOLE,
+    ) -> None:
+        super().__init__(name)
+        self._proxies = proxies
+        self._topology = topology
+        self._shape = shape
+        self._mode = mode
+        self._cut: list[LinkProxy] = []
+
+    def _start(self, rng: random.Random) -> str:
+        cuts = self._shape(rng)
+        # Pairs without a proxy (e.g. controller -> broker, which never dial) carry no traffic to cut.
+        for source, target in sorted(cuts):
+            link = self._topology.links.get((source, target))
+            if link is None:
+                continue
+            if self._mode is CutMode.REFUSE:
+                self._proxies.set_enabled(link.name, False)
+            else:
+                for stream in ("upstream", "downstream"):
+                    self._proxies.add_toxic(
+                        link.name, f"{CUT_TOXIC}_{stream}", "timeout", stream, 1.0, {"timeout": 0}
+                    )
+            self._cut.append(link)
+        return f"{self._mode.value} {grudges.describe(cuts)}"
+
+    def _heal(self) -> str:
+        healed = len(self._cut)
+        for link in self._cut:
+            if self._mode is CutMode.REFUSE:
+                self._proxies.set_enabled(link.name, True)
+            else:
+                for stream in ("upstream", "downstream"):
+                    self._proxies.remove_toxic(link.name, f"{CUT_TOXIC}_{stream}")
+        self._cut = []
+        return f"restored {healed} links"
+
+
+@dataclass(frozen=True, slots=True)
+class FlakySpec:
+    """A toxic to put on both streams of some links: e.g. latency+jitter, reset_peer, slicer."""
+
+    kind: str
+    attributes: dict[str, int]
+    toxicity: float = 1.0
+    streams: tuple[str, ...] = ("upstream", "downstream")
+
+
+class FlakyLinkNemesis(Nemesis):
+    """Makes a random ``fraction`` (at least one) of the given links flaky with ``spec``."""
+
+    def __init__(
+        self, name: str, proxies: ProxyApi, links: Sequence[LinkProxy], spec: FlakySpec, fraction: float = 0.5
+    ) -> None:
+        super().__init__(name)
+        if not links:
+            raise ValueError(f"nemesis {name}: no links to make flaky")
+        self._proxies = proxies
+        self._links = list(links)
+        self._spec = spec
+        self._fraction = fraction
+        self._applied: list[tuple[str, str]] = []
+
+    def _start(self, rng: random.Random) -> str:
+        count = max(1, round(len(self._links) * self._fraction))
+        chosen = rng.sample(self._links, count)
+        for link in chosen:
+            for stream in self._spec.streams:
+                toxic = f"{FLAKY_TOXIC}_{stream}"
+                self._proxies.add_toxic(
+                    link.name,
+                    toxic,
+                    self._spec.kind,
+                    stream,
+                    self._spec.toxicity,
+                    dict(self._spec.attributes),
+                )
+                self._applied.append((link.name, toxic))
+        attrs = ",".join(f"{k}={v}" for k, v in sorted(self._spec.attributes.items()))
+        names = ", ".join(sorted(link.name for link in chosen))
+        return f"{self._spec.kind}({attrs}, toxicity={self._spec.toxicity:g}) on {names}"
+
+    def _heal(self) -> str:
+        for proxy, toxic in self._applied:
+            self._proxies.remove_toxic(proxy, toxic)
+        removed = len(self._applied)
+        self._applied = []
+        return f"removed {removed} toxics"
+
+
+class Targets(enum.Enum):
+    """Which nodes a process nemesis hits (Jepsen's db-nemesis targets)."""
+
+    ONE = "one"
+    LEADER = "leader"
+    MINORITY = "minority"
+
+
+def choose_targets(
+    targets: Targets, candidates: Sequence[str], rng: random.Random, leader: str | None
+) -> list[str]:
+    if targets is Targets.LEADER and leader is not None and leader in candidates:
+        return [leader]
+    if targets is Targets.MINORITY:
+        count = max(1, (len(candidates) - 1) // 2)
+        return sorted(rng.sample(list(candidates), count))
+    return [rng.choice(list(candidates))]
+
+
+class KillNemesis(Nemesis):
+    """kill -9 the chosen nodes; heal restarts them."""
+
+    def __init__(
+        self, name: str, control: ProcessControl, candidates: Sequence[str], targets: Targets = Targets.ONE
+    ) -> None:
+        super().__init__(name)
+        self._control = control
+        self._candidates = list(candidates)
+        self._targets = targets
+        self._victims: list[str] = []
+
+    def _start(self, rng: random.Random) -> str:
+        leader = self._control.leader() if self._targets is Targets.LEADER else None
+        self._victims = choose_targets(self._targets, self._candidates, rng, leader)
+        for node in self._victims:
+            self._control.kill(node)
+        return f"killed {', '.join(self._victims)}"
+
+    def _heal(self) -> str:
+        for node in self._victims:
+            self._control.restart(node)
+        restarted, self._victims = self._victims, []
+        return f"restarted {', '.join(restarted)}"
+
+
+class PauseNemesis(Nemesis):
+    """SIGSTOP the chosen nodes (held past their timeouts by the scheduler); heal sends SIGCONT."""
+
+    def __init__(
+        self, name: str, control: ProcessControl, candidates: Sequence[str], targets: Targets = Targets.ONE
+    ) -> None:
+        super().__init__(name)
+        self._control = control
+        self._candidates = list(candidates)
+        self._targets = targets
+        self._paused: list[str] = []
+
+    def _start(self, rng: random.Random) -> str:
+        leader = self._control.leader() if self._targets is Targets.LEADER else None
+        self._paused = choose_targets(self._targets, self._candidates, rng, leader)
+        for node in self._paused:
+            self._control.pause(node)
+        return f"paused {', '.join(self._paused)}"
+
+    def _heal(self) -> str:
+        for node in self._paused:
+            self._control.resume(node)
+        resumed, self._paused = self._paused, []
+        return f"resumed {', '.join(resumed)}"
+
+
+@dataclass(frozen=True, slots=True)
+class NemesisEvent:
+    time_ns: int
+    nemesis: str
+    action: str  # "start" or "heal"
+    description: str
+
+
+class NemesisScheduler:
+    """Alternates quiet periods and faults, one nemesis at a time, for a fixed duration.
+
+    Each round: stay quiet for U(quiet_s), start a nemesis chosen by the seeded RNG, keep it for
+    U(fault_s), heal it.  Whatever is active when the run ends (or is cancelled) is healed.
+    """
+
+    def __init__(
+        self,
+        nemeses: Sequence[Nemesis],
+        seed: int,
+        quiet_s: tuple[float, float] = (1.0, 3.0),
+        fault_s: tuple[float, float] = (2.0, 5.0),
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        if not nemeses:
+            raise ValueError("the scheduler needs at least one nemesis")
+        self._nemeses = list(nemeses)
+        self.rng = random.Random(seed)
+        self._quiet_s = quiet_s
+        self._fault_s = fault_s
+        self._clock_ns = clock_ns
+        self.events: list[NemesisEvent] = []
+
+    @property
+    def last_heal_ns(self) -> int | None:
+        heals = [e.time_ns for e in self.events if e.action == "heal"]
+        return max(heals) if heals else None
+
+    def _record(self, nemesis: Nemesis, action: str, description: str) -> None:
+        self.events.append(NemesisEvent(self._clock_ns(), nemesis.name, action, description))
+
+    async def _heal(self, nemesis: Nemesis) -> None:
+        description = await asyncio.to_thread(nemesis.heal)
+        self._record(nemesis, "heal", description)
+
+    async def run(self, duration_s: float, on_event: Callable[[NemesisEvent], None] | None = None) -> None:
+        deadline = time.monotonic() + duration_s
+        active: Nemesis | None = None
+        try:
+            while True:
+                quiet = self.rng.uniform(*self._quiet_s)
+                if time.monotonic() + quiet >= deadline:
+                    break
+                await asyncio.sleep(quiet)
+                active = self.rng.choice(self._nemeses)
+                description = await asyncio.to_thread(active.start, self.rng)
+                self._record(active, "start", description)
+                if on_event is not None:
+                    on_event(self.events[-1])
+                hold = min(self.rng.uniform(*self._fault_s), max(deadline - time.monotonic(), 0.0))
+                await asyncio.sleep(hold)
+                current, active = active, None
+                await self._heal(current)
+                if on_event is not None:
+                    on_event(self.events[-1])
+        finally:
+            if active is not None and active.active:
+                # Shielded so a cancelled run still leaves the cluster healed.
+                await asyncio.shield(self._heal(active))

@@ -1,0 +1,244 @@
+"""A small async client of BrokerService that finds partition leaders and follows them.
+
+Used by ``kraft produce`` / ``kraft consume``, the broker benchmark and the integration tests.  Metadata
+comes from any reachable, unfenced broker of the bootstrap list (and every broker it names).  A request
+answered with a retriable error — NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
+LEADER_NOT_AVAILABLE, BROKER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (metadata may still be
+propagating) — or a transport error refreshes the metadata and is retried until the deadline.
+
+Delivery is at least once: a Produce whose answer is lost is sent again (Kafka without idempotence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+import grpc
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1 import broker_pb2_grpc
+
+if TYPE_CHECKING:
+    from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
+
+RETRIABLE = frozenset(
+    {
+        ErrorCode.NOT_LEADER_OR_FOLLOWER,
+        ErrorCode.FENCED_LEADER_EPOCH,
+        ErrorCode.UNKNOWN_LEADER_EPOCH,
+        ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.BROKER_NOT_AVAILABLE,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+        ErrorCode.REQUEST_TIMED_OUT,
+    }
+)
+_RETRY_PAUSE_S = 0.1
+
+
+class _Response(Protocol):
+    @property
+    def error_code(self) -> int: ...
+
+    @property
+    def error_message(self) -> str: ...
+
+
+ResponseT = TypeVar("ResponseT", bound=_Response)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    broker_id: int
+    target: str
+    leader_epoch: int
+
+
+class BrokerClient:
+    def __init__(
+        self, bootstrap: Sequence[str], *, cluster_id: str = "", request_timeout_s: float = 5.0
+    ) -> None:
+        if not bootstrap:
+            raise ValueError("at least one bootstrap server (host:port) is needed")
+        self._bootstrap = list(bootstrap)
+        self._cluster_id = cluster_id
+        self._timeout_s = request_timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._brokers: dict[int, str] = {}
+        self._leaders: dict[tuple[str, int], LeaderInfo] = {}
+
+    async def __aenter__(self) -> BrokerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close(None)
+
+    def stub(self, target: str) -> BrokerServiceAsyncStub:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(target)
+            self._channels[target] = channel
+        stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
+        return stub
+
+    # --- metadata ---------------------------------------------------------------------------------
+
+    async def metadata(self, topics: Sequence[str] = ()) -> pb.BrokerMetadataResponse:
+        """Metadata from the first broker that answers without error; raises KraftError otherwise."""
+        candidates = list(dict.fromkeys([*self._brokers.values(), *self._bootstrap]))
+        last = "no broker answered"
+        for target in candidates:
+            request = pb.BrokerMetadataRequest(cluster_id=self._cluster_id, topics=list(topics))
+            try:
+                response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
+            except grpc.aio.AioRpcError as err:
+                last = f"{target}: {err.code().name}"
+                continue
+            code = ErrorCode.from_wire(response.error_code)
+            if code is not ErrorCode.NONE:
+                last = f"{target}: {code.name} {response.error_message}"
+                continue
+            self._learn(response)
+            return response
+        raise KraftError(ErrorCode.BROKER_NOT_AVAILABLE, f"no broker could answer Metadata ({last})")
+
+    def _learn(self, response: pb.BrokerMetadataResponse) -> None:
+        for broker in response.brokers:
+            if broker.endpoints:
+                endpoint = broker.endpoints[0]
+                self._brokers[broker.broker_id] = f"{endpoint.host or '127.0.0.1'}:{endpoint.port}"
+        for topic in response.topics:
+            for p in topic.partitions:
+                target = self._brokers.get(p.leader)
+                key = (topic.name, p.partition)
+                if p.leader >= 0 and target is not None:
+                    self._leaders[key] = LeaderInfo(p.leader, target, p.leader_epoch)
+                else:
+                    self._leaders.pop(key, None)
+
+    async def leader(self, topic: str, partition: int, *, refresh: bool = False) -> LeaderInfo | None:
+        key = (topic, partition)
+        if refresh or key not in self._leaders:
+            self._leaders.pop(key, None)
+            try:
+                await self.metadata([topic])
+            except KraftError:
+                return None
+        return self._leaders.get(key)
+
+    # --- data path ----------------------------------------------------------------------------------
+
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes | None, bytes | None]],
+        *,
+        deadline_s: float = 30.0,
+    ) -> pb.ProduceResponse:
+        """Append ``records`` (key, value) as one batch on the partition's leader, following leader moves."""
+        wire = [
+            pb.BrokerRecord(key=k or b"", value=v or b"", has_key=k is not None, has_value=v is not None)
+            for k, v in records
+        ]
+
+        def send(stub: BrokerServiceAsyncStub, leader: LeaderInfo) -> Awaitable[pb.ProduceResponse]:
+            request = pb.ProduceRequest(
+                cluster_id=self._cluster_id,
+                topic=topic,
+                partition=partition,
+                leader_epoch=leader.leader_epoch,
+                records=wire,
+                acks=-1,
+            )
+            return stub.Produce(request, timeout=self._timeout_s)
+
+        return await self._on_leader(topic, partition, send, deadline_s, "produce")
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        max_wait_ms: int = 0,
+        deadline_s: float = 30.0,
+    ) -> pb.BrokerFetchResponse:
+        """Fetch from the partition's leader, following leader moves; OFFSET_OUT_OF_RANGE is returned."""
+
+        def send(stub: BrokerServiceAsyncStub, leader: LeaderInfo) -> Awaitable[pb.BrokerFetchResponse]:
+            request = pb.BrokerFetchRequest(
+                cluster_id=self._cluster_id,
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                max_bytes=max_bytes,
+                leader_epoch=-1,
+                max_wait_ms=max_wait_ms,
+            )
+            return stub.Fetch(request, timeout=self._timeout_s + max_wait_ms / 1000.0)
+
+        return await self._on_leader(topic, partition, send, deadline_s, "fetch")
+
+    async def list_offset(
+        self, topic: str, partition: int, timestamp: int, *, deadline_s: float = 30.0
+    ) -> int:
+        """Earliest (-2) or latest (-1) offset of a partition, from its leader."""
+
+        def send(stub: BrokerServiceAsyncStub, leader: LeaderInfo) -> Awaitable[pb.ListOffsetsResponse]:
+            request = pb.ListOffsetsRequest(
+                cluster_id=self._cluster_id,
+                topic=topic,
+                partition=partition,
+                timestamp=timestamp,
+                leader_epoch=-1,
+            )
+            return stub.ListOffsets(request, timeout=self._timeout_s)
+
+        response = await self._on_leader(topic, partition, send, deadline_s, "list offsets")
+        code = ErrorCode.from_wire(response.error_code)
+        if code is not ErrorCode.NONE:
+            raise KraftError(code, response.error_message)
+        return response.offset
+
+    async def _on_leader(
+        self,
+        topic: str,
+        partition: int,
+        send: Callable[[BrokerServiceAsyncStub, LeaderInfo], Awaitable[ResponseT]],
+        deadline_s: float,
+        what: str,
+    ) -> ResponseT:
+        """Send to the leader until the answer is not retriable (refreshing metadata in between)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        refresh = False
+        while True:
+            leader = await self.leader(topic, partition, refresh=refresh)
+            if leader is None:
+                last = f"no leader known for {topic}-{partition}"
+            else:
+                try:
+                    response = await send(self.stub(leader.target), leader)
+                except grpc.aio.AioRpcError as err:
+                    last = f"broker {leader.broker_id}: {err.code().name}"
+                else:
+                    code = ErrorCode.from_wire(response.error_code)
+                    if code not in RETRIABLE:
+                        return response
+                    last = f"broker {leader.broker_id}: {code.name} {response.error_message}"
+            if loop.time() >= deadline:
+                raise KraftError(
+                    ErrorCode.REQUEST_TIMED_OUT, f"{what} on {topic}-{partition} gave up: {last}"
+                )
+            refresh = True
+            await asyncio.sleep(_RETRY_PAUSE_S)

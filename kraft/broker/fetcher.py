@@ -1,0 +1,174 @@
+"""The metadata fetcher: long-polls MetadataFetch on the active controller and feeds the publisher.
+
+Loop: ask for committed records from ``applied offset + 1``; replay them into a
+:class:`~kraft.metadata.delta.MetadataDelta` built on the current image; publish when the delta is not
+inside a metadata transaction (a transaction that spans responses keeps its delta open until its End
+record arrives, so a half-applied transaction is never visible).  When the controller answers with a
+``snapshot_id`` (the broker is below its log start), the snapshot is downloaded chunk by chunk, replayed
+into an empty image, published as a whole, and fetching continues at its end offset.
+
+A record that cannot be decoded stops the fetcher with the error (counted in the apply-error metric by
+the publisher's caller): applying around a corrupt record would silently diverge from the controllers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
+from kraft.broker.publisher import MetadataPublisher
+from kraft.errors import ErrorCode
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.records import decode_value
+from kraft.observability.logging import get_logger
+from kraft.observability.metrics import BrokerMetrics
+from kraft.v1 import controller_pb2 as cpb
+
+
+@dataclass(frozen=True, slots=True)
+class FetcherTimings:
+    max_wait_ms: int
+    request_timeout_s: float
+    retry_backoff_s: float = 0.1
+    max_backoff_s: float = 1.0
+
+
+class SnapshotChanged(Exception):
+    """The controller switched to another snapshot while this one was being downloaded."""
+
+
+class MetadataFetcher:
+    def __init__(
+        self,
+        broker_id: int,
+        cluster_id: str,
+        client: ControllerClient,
+        publisher: MetadataPublisher,
+        timings: FetcherTimings,
+        on_applied: Callable[[int], None],
+        metrics: BrokerMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._broker_id = broker_id
+        self._cluster_id = cluster_id
+        self._client = client
+        self._publisher = publisher
+        self._timings = timings
+        self._on_applied = on_applied
+        self._metrics = metrics
+        self._rng = rng or random.Random()
+        self._pending: MetadataDelta | None = None
+        self._fetch_offset = publisher.offset + 1
+        self.high_watermark = -1
+        self.snapshots_loaded = 0
+        self._log = get_logger("broker.fetcher", node=broker_id)
+
+    @property
+    def fetch_offset(self) -> int:
+        return self._fetch_offset
+
+    async def run(self) -> None:
+        """Fetch and publish until cancelled."""
+        self._fetch_offset = self._publisher.offset + 1
+        attempt = 0
+        while True:
+            ok = await self.fetch_once()
+            if ok:
+                attempt = 0
+                continue
+            base = self._timings.retry_backoff_s * (2.0 ** min(attempt, 10))
+            await asyncio.sleep(min(base, self._timings.max_backoff_s) * (0.5 + self._rng.random() / 2))
+            attempt += 1
+
+    async def fetch_once(self) -> bool:
+        """One MetadataFetch round trip (plus a snapshot download if asked); False on a retryable error."""
+        request = cpb.MetadataFetchRequest(
+            cluster_id=self._cluster_id,
+            broker_id=self._broker_id,
+            fetch_offset=self._fetch_offset,
+            max_wait_ms=self._timings.max_wait_ms,
+        )
+        response = await self._call(request)
+        if response is None:
+            return False
+        self._note_high_watermark(response.high_watermark)
+        if response.HasField("snapshot_id") and not response.records:
+            try:
+                image = await self._download_snapshot(response.snapshot_id)
+            except SnapshotChanged as err:
+                self._log.warning("snapshot_restarted", reason=str(err))
+                return False
+            if image is None:
+                return False
+            self._pending = None
+            await self._publisher.load_snapshot(image)
+            self.snapshots_loaded += 1
+            self._fetch_offset = response.snapshot_id.end_offset
+            self._on_applied(self._publisher.offset)
+            return True
+        if not response.records:
+            return True
+        delta = self._pending or MetadataDelta(self._publisher.image)
+        for record in response.records:
+            delta.replay(decode_value(record.value), record.offset, record.leader_epoch)
+        self._fetch_offset = response.records[-1].offset + 1
+        if delta.in_transaction:
+            self._pending = delta
+            return True
+        self._pending = None
+        await self._publisher.publish(delta, response.records[-1].append_time_ms)
+        self._on_applied(self._publisher.offset)
+        return True
+
+    async def _download_snapshot(self, snapshot: cpb.SnapshotRef) -> MetadataImage | None:
+        """Every record of ``snapshot`` replayed into an empty image (None on a retryable error)."""
+        self._log.info("snapshot_download", end_offset=snapshot.end_offset, epoch=snapshot.epoch)
+        delta = MetadataDelta(MetadataImage.empty())
+        last_offset = snapshot.end_offset - 1
+        position = 0
+        while True:
+            request = cpb.MetadataFetchRequest(
+                cluster_id=self._cluster_id,
+                broker_id=self._broker_id,
+                fetch_offset=self._fetch_offset,
+                max_wait_ms=0,
+                snapshot_id=snapshot,
+                snapshot_position=position,
+            )
+            response = await self._call(request)
+            if response is None:
+                return None
+            if response.snapshot_id != snapshot:
+                raise SnapshotChanged(
+                    f"asked for snapshot {snapshot.end_offset}-{snapshot.epoch}, "
+                    f"got {response.snapshot_id.end_offset}-{response.snapshot_id.epoch}"
+                )
+            for value in response.snapshot_records:
+                delta.replay(decode_value(value), last_offset, snapshot.epoch)
+            if response.snapshot_done:
+                return delta.apply()
+            if response.next_snapshot_position <= position:
+                raise SnapshotChanged(f"snapshot position did not advance from {position}")
+            position = response.next_snapshot_position
+
+    async def _call(self, request: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse | None:
+        timeout_s = request.max_wait_ms / 1000.0 + self._timings.request_timeout_s
+        try:
+            response = await self._client.call(lambda stub: stub.MetadataFetch, request, timeout_s)
+        except ControllerUnavailable as err:
+            self._log.debug("metadata_fetch_unavailable", reason=str(err))
+            return None
+        code = ErrorCode.from_wire(response.error_code)
+        if code is not ErrorCode.NONE:
+            self._log.warning("metadata_fetch_error", code=code.name, message=response.error_message)
+            return None
+        return response
+
+    def _note_high_watermark(self, high_watermark: int) -> None:
+        self.high_watermark = max(self.high_watermark, high_watermark)
+        if self._metrics is not None and high_watermark >= 0:
+            self._metrics.metadata_lag_records.set(max(0, high_watermark - 1 - self._publisher.offset))

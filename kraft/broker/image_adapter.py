@@ -1,0 +1,148 @@
+"""The one boundary between :mod:`kraft.metadata`'s image/delta and the broker's own types.
+
+- :func:`to_local_changes` turns a delta's ``LocalReplicaChanges`` into :class:`LocalChanges`;
+- :func:`local_assignments` lists the image's partitions hosted by a broker (for full reconciliation);
+- :class:`ImageMetadataView` answers BrokerService's Metadata / leader look-ups from an image.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
+from kraft.errors import ErrorCode
+from kraft.metadata.delta import LocalPartition, LocalReplicaChanges
+from kraft.metadata.image import NO_LEADER, BrokerRegistration, MetadataImage, PartitionRegistration
+from kraft.metadata.image import Endpoint as ImageEndpoint
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1.common_pb2 import Endpoint, NodeRef
+
+
+def _assignment(topic_id: str, registration: PartitionRegistration) -> PartitionAssignment:
+    return PartitionAssignment(
+        topic_id=topic_id,
+        leader=registration.leader,
+        leader_epoch=registration.leader_epoch,
+        partition_epoch=registration.partition_epoch,
+        replicas=registration.replicas,
+        isr=registration.isr,
+    )
+
+
+def _entry(local: LocalPartition) -> tuple[TopicPartition, PartitionAssignment]:
+    tp = TopicPartition(local.topic_name, local.partition_id)
+    return tp, _assignment(local.topic_id, local.registration)
+
+
+def to_local_changes(changes: LocalReplicaChanges) -> LocalChanges:
+    return LocalChanges(
+        deletes={TopicPartition(p.topic_name, p.partition_id): p.topic_id for p in changes.deletes},
+        leaders=dict(_entry(p) for p in changes.leaders),
+        followers=dict(_entry(p) for p in changes.followers),
+    )
+
+
+def local_assignments(image: MetadataImage, broker_id: int) -> dict[TopicPartition, PartitionAssignment]:
+    """Every partition of ``image`` that has ``broker_id`` among its replicas."""
+    hosted: dict[TopicPartition, PartitionAssignment] = {}
+    for topic in image.topics_by_id.values():
+        for partition_id, registration in enumerate(topic.partitions):
+            if broker_id in registration.replicas:
+                hosted[TopicPartition(topic.name, partition_id)] = _assignment(topic.topic_id, registration)
+    return hosted
+
+
+def image_digest(image: MetadataImage) -> str:
+    """SHA-256 over the image's content in a canonical order (not its offset): two brokers that applied
+    the same records have the same digest."""
+    h = hashlib.sha256()
+    for broker_id in sorted(image.brokers):
+        b = image.brokers[broker_id]
+        h.update(repr((b.broker_id, b.epoch, b.incarnation_id, b.endpoints, b.rack, b.fenced)).encode())
+        h.update(repr((b.in_controlled_shutdown, b.features, b.log_dirs)).encode())
+    for name in sorted(image.topic_ids_by_name):
+        topic = image.topics_by_id[image.topic_ids_by_name[name]]
+        h.update(repr((name, topic.topic_id, topic.partitions)).encode())
+    for key in sorted(image.configs):
+        h.update(repr((key, sorted(image.configs[key].items()))).encode())
+    h.update(repr(sorted(image.features.items())).encode())
+    return h.hexdigest()
+
+
+class ImageMetadataView:
+    """Client metadata from one immutable image; ``listener`` names the endpoint clients use."""
+
+    def __init__(self, image: MetadataImage, listener: str = "PLAINTEXT") -> None:
+        self.image = image
+        self.listener = listener
+        self._digest: str | None = None
+
+    def digest(self) -> str:
+        """:func:`image_digest` of the image, computed once (only DescribeBroker asks for it)."""
+        if self._digest is None:
+            self._digest = image_digest(self.image)
+        return self._digest
+
+    def topic_exists(self, topic: str) -> bool:
+        return topic in self.image.topic_ids_by_name
+
+    def node_ref(self, broker_id: int) -> NodeRef:
+        registration = self.image.brokers.get(broker_id)
+        if registration is None:
+            return NodeRef(node_id=-1)
+        endpoint = self._client_endpoint(registration)
+        return NodeRef(node_id=broker_id, endpoint=endpoint) if endpoint else NodeRef(node_id=broker_id)
+
+    def metadata_response(self, topics: list[str]) -> pb.BrokerMetadataResponse:
+        image = self.image
+        response = pb.BrokerMetadataResponse(metadata_offset=image.offset)
+        for broker_id in sorted(image.brokers):
+            registration = image.brokers[broker_id]
+            response.brokers.append(
+                pb.BrokerMetadataResponse.Broker(
+                    broker_id=broker_id,
+                    endpoints=[_endpoint(e) for e in registration.endpoints],
+                    rack=registration.rack or "",
+                    fenced=registration.fenced,
+                )
+            )
+        names = topics or sorted(image.topic_ids_by_name)
+        for name in names:
+            topic = image.topic(name)
+            if topic is None:
+                response.topics.append(
+                    pb.BrokerMetadataResponse.Topic(
+                        name=name,
+                        error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        error_message=f"unknown topic {name!r}",
+                    )
+                )
+                continue
+            response.topics.append(
+                pb.BrokerMetadataResponse.Topic(
+                    name=name,
+                    topic_id=topic.topic_id,
+                    partitions=[
+                        pb.BrokerMetadataResponse.Partition(
+                            partition=pid,
+                            leader=p.leader,
+                            leader_epoch=p.leader_epoch,
+                            replicas=p.replicas,
+                            isr=p.isr,
+                            error_code=ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else 0,
+                        )
+                        for pid, p in enumerate(topic.partitions)
+                    ],
+                )
+            )
+        return response
+
+    def _client_endpoint(self, registration: BrokerRegistration) -> Endpoint | None:
+        chosen = next((e for e in registration.endpoints if e.name == self.listener), None)
+        if chosen is None and registration.endpoints:
+            chosen = registration.endpoints[0]
+        return None if chosen is None else _endpoint(chosen)
+
+
+def _endpoint(e: ImageEndpoint) -> Endpoint:
+    return Endpoint(name=e.name, host=e.host, port=e.port, security_protocol=e.security_protocol)

@@ -1,0 +1,261 @@
+"""Registration, heartbeats and controlled shutdown (Kafka's BrokerLifecycleManager).
+
+Theory of operation
+-------------------
+:meth:`BrokerLifecycle.register` sends RegisterBroker with this process's incarnation id until the
+active controller accepts it (backoff between tries; fatal answers — wrong cluster id, invalid
+registration — stop the broker; DUPLICATE_BROKER_REGISTRATION is retried because the previous process's
+session may still be expiring).  Success moves STARTING → RECOVERY: registered, fenced, catching up.
+
+:meth:`BrokerLifecycle.run_heartbeats` is the one task that writes :class:`BrokerStatus`.  Every
+``broker.heartbeat.interval.ms`` (or at once when woken: catch-up reached, shutdown requested) it sends
+BrokerHeartbeat{epoch, current metadata offset, want_fence = not caught up, want_shut_down} and reacts:
+
+- accepted → the lease is extended from the moment the heartbeat was *sent*;
+  ``is_fenced = False`` → RUNNING; ``is_fenced = True`` while RUNNING → RECOVERY (fenced by the controller);
+- STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED → the registration is gone or replaced: stop serving at
+  once (fenced, lease revoked, RECOVERY) and register again (a new broker epoch);
+- ``should_shut_down`` while shutting down → :attr:`shutdown_granted` is set.
+
+Transport trouble is retried at the next tick; the lease simply runs out if it lasts, which stops
+serving without any message from the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
+from kraft.broker.status import BrokerStatus
+from kraft.broker.types import BrokerState
+from kraft.errors import ErrorCode
+from kraft.observability.logging import get_logger
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1.common_pb2 import Endpoint
+
+_FATAL_REGISTRATION_ERRORS = frozenset(
+    {
+        ErrorCode.INCONSISTENT_CLUSTER_ID,
+        ErrorCode.INVALID_REGISTRATION,
+        ErrorCode.UNSUPPORTED_VERSION,
+        ErrorCode.INVALID_REQUEST,
+    }
+)
+_REREGISTER_ERRORS = frozenset({ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED})
+
+
+class RegistrationFailed(Exception):
+    """The broker cannot register (fatal answer, or no success within the registration timeout)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationInfo:
+    listeners: tuple[Endpoint, ...]
+    rack: str | None
+    log_dirs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleTimings:
+    heartbeat_interval_s: float
+    request_timeout_s: float
+    registration_timeout_s: float
+    retry_backoff_s: float = 0.1
+
+
+class BrokerLifecycle:
+    def __init__(
+        self,
+        status: BrokerStatus,
+        client: ControllerClient,
+        info: RegistrationInfo,
+        timings: LifecycleTimings,
+        caught_up: Callable[[], bool],
+        rng: random.Random | None = None,
+    ) -> None:
+        self._status = status
+        self._client = client
+        self._info = info
+        self._timings = timings
+        self._caught_up = caught_up
+        self._rng = rng or random.Random()
+        self._wake = asyncio.Event()
+        self._want_shut_down = False
+        self.shutdown_granted = asyncio.Event()
+        self._log = get_logger("broker.lifecycle", node=status.broker_id).with_context(
+            lambda: {"state": status.state.name, "epoch": status.broker_epoch}
+        )
+
+    # --- requests from other tasks ------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Send the next heartbeat now (e.g. catch-up just completed)."""
+        self._wake.set()
+
+    def request_shutdown(self) -> None:
+        """Begin a controlled shutdown (SIGTERM)."""
+        status = self._status
+        if self._want_shut_down:
+            return
+        self._want_shut_down = True
+        if status.state in (BrokerState.RECOVERY, BrokerState.RUNNING):
+            status.transition(BrokerState.PENDING_CONTROLLED_SHUTDOWN)
+        else:
+            # Not registered yet: there is nothing to hand over.
+            self.shutdown_granted.set()
+        self._wake.set()
+
+    # --- registration --------------------------------------------------------------------------------
+
+    async def register(self) -> None:
+        """Register (or re-register) until accepted; raises :class:`RegistrationFailed`."""
+        status = self._status
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timings.registration_timeout_s
+        attempt = 0
+        previous_epoch = status.broker_epoch
+        while True:
+            request = cpb.RegisterBrokerRequest(
+                cluster_id=status.cluster_id,
+                broker_id=status.broker_id,
+                incarnation_id=status.incarnation_id,
+                listeners=list(self._info.listeners),
+                log_dirs=list(self._info.log_dirs),
+                previous_broker_epoch=previous_epoch,
+            )
+            if self._info.rack is not None:
+                request.rack = self._info.rack
+            problem: str
+            try:
+                response = await self._client.call(
+                    lambda stub: stub.RegisterBroker, request, self._timings.request_timeout_s
+                )
+            except ControllerUnavailable as err:
+                problem = str(err)
+            else:
+                code = ErrorCode.from_wire(response.error_code)
+                if code is ErrorCode.NONE:
+                    status.broker_epoch = response.broker_epoch
+                    status.controller_id = self._client.active_controller_id
+                    status.fenced = True
+                    if status.state is BrokerState.STARTING:
+                        status.transition(BrokerState.RECOVERY)
+                    self._log.info("registered", broker_epoch=response.broker_epoch)
+                    return
+                problem = f"{code.name}: {response.error_message}"
+                if code in _FATAL_REGISTRATION_ERRORS:
+                    raise RegistrationFailed(f"registration rejected: {problem}")
+            if self._want_shut_down:
+                raise RegistrationFailed(f"shutdown requested before registration succeeded ({problem})")
+            if loop.time() >= deadline:
+                raise RegistrationFailed(
+                    f"not registered within {self._timings.registration_timeout_s:.0f} s: {problem}"
+                )
+            self._log.warning("registration_retry", attempt=attempt, reason=problem)
+            await self._sleep(self._backoff_s(attempt))
+            attempt += 1
+
+    # --- heartbeats ---------------------------------------------------------------------------------
+
+    async def run_heartbeats(self) -> None:
+        """Heartbeat until cancelled (or until the controller grants a requested shutdown)."""
+        attempt = 0
+        while not self.shutdown_granted.is_set():
+            ok = await self._heartbeat_once()
+            if self.shutdown_granted.is_set():
+                return
+            if ok:
+                attempt = 0
+                await self._sleep(self._timings.heartbeat_interval_s)
+            else:
+                await self._sleep(min(self._backoff_s(attempt), self._timings.heartbeat_interval_s))
+                attempt += 1
+
+    async def _heartbeat_once(self) -> bool:
+        status = self._status
+        request = cpb.BrokerHeartbeatRequest(
+            cluster_id=status.cluster_id,
+            broker_id=status.broker_id,
+            broker_epoch=status.broker_epoch,
+            current_metadata_offset=status.metadata_offset,
+            want_fence=not self._caught_up() and not self._want_shut_down,
+            want_shut_down=self._want_shut_down,
+        )
+        sent_at = status.now()
+        try:
+            response = await self._client.call(
+                lambda stub: stub.BrokerHeartbeat, request, self._timings.request_timeout_s
+            )
+        except ControllerUnavailable as err:
+            self._log.warning("heartbeat_failed", reason=str(err))
+            return False
+        code = ErrorCode.from_wire(response.error_code)
+        status.controller_id = self._client.active_controller_id
+        if code in _REREGISTER_ERRORS:
+            self._stop_serving(f"{code.name}: {response.error_message}")
+            if self._want_shut_down:
+                self.shutdown_granted.set()  # nothing left to hand over
+                return True
+            await self.register()
+            return True
+        if code is not ErrorCode.NONE:
+            self._log.warning("heartbeat_rejected", code=code.name, message=response.error_message)
+            return False
+        status.heartbeat_accepted(sent_at)
+        self._apply_heartbeat(response)
+        return True
+
+    def _apply_heartbeat(self, response: cpb.BrokerHeartbeatResponse) -> None:
+        status = self._status
+        if response.should_shut_down and not self._want_shut_down:
+            # An operator asked the controller to shut this broker down (`kraft broker shutdown`).
+            self._log.info("shutdown_requested_by_controller")
+            self.request_shutdown()
+        if self._want_shut_down:
+            if response.should_shut_down:
+                self._log.info("controlled_shutdown_granted")
+                status.fenced = True
+                self.shutdown_granted.set()
+            return
+        if response.is_fenced:
+            if not status.fenced:
+                self._log.warning("fenced_by_controller")
+            status.fenced = True
+            if status.state is BrokerState.RUNNING:
+                status.transition(BrokerState.RECOVERY)
+        else:
+            if status.fenced:
+                self._log.info("unfenced")
+            status.fenced = False
+            if status.state is BrokerState.RECOVERY:
+                status.transition(BrokerState.RUNNING)
+
+    def _stop_serving(self, reason: str) -> None:
+        status = self._status
+        status.fenced = True
+        status.revoke_lease()
+        if status.state is BrokerState.RUNNING:
+            status.transition(BrokerState.RECOVERY)
+        self._log.warning("registration_lost", reason=reason)
+
+    # --- helpers --------------------------------------------------------------------------------------
+
+    def _backoff_s(self, attempt: int) -> float:
+        base = self._timings.retry_backoff_s * (2.0 ** min(attempt, 10))
+        capped = min(base, max(self._timings.heartbeat_interval_s, self._timings.retry_backoff_s))
+        return capped * (0.5 + self._rng.random() / 2)
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but return early when woken."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        self._wake.clear()
+
+
+def endpoints_of(listeners: Sequence[tuple[str, str, int]]) -> tuple[Endpoint, ...]:
+    """``(name, host, port)`` triples as wire endpoints."""
+    return tuple(Endpoint(name=n, host=h, port=p, security_protocol="PLAINTEXT") for n, h, p in listeners)

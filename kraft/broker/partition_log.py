@@ -1,0 +1,42 @@
+"""The narrow interface the partition manager needs from a partition's log.
+
+The real implementation (:mod:`kraft.broker.segmented_partition_log`) wraps the segmented log of
+:mod:`kraft.storage`; keeping the manager on this protocol keeps ``broker`` independent of the storage
+module's internals and lets follower fetchers (a later step) reuse the same calls (append at a given
+epoch, truncate, read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from kraft.broker.types import ProducedRecord, StoredRecord
+
+
+class PartitionLog(Protocol):
+    @property
+    def log_start_offset(self) -> int: ...
+
+    @property
+    def log_end_offset(self) -> int: ...
+
+    def append_records(self, records: Sequence[ProducedRecord], leader_epoch: int) -> int:
+        """Append one batch stamped with ``leader_epoch``; return the offset of its first record."""
+        ...
+
+    def read_records(self, offset: int, max_bytes: int) -> list[StoredRecord]:
+        """Records from ``offset`` (log_start ≤ offset ≤ log_end, else OffsetOutOfRangeError).
+
+        At least one record is returned when ``offset`` < log_end, even if it exceeds ``max_bytes``.
+        """
+        ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# Opens (creating if needed) the log stored in a partition directory.
+PartitionLogOpener = Callable[[Path], PartitionLog]

@@ -1,0 +1,303 @@
+"""The partition manager: the broker's local partition logs and their roles.
+
+Theory of operation
+-------------------
+Each hosted partition is a directory ``<topic>-<partition>`` under one of ``log.dirs`` holding a segmented
+log (through :class:`~kraft.broker.partition_log.PartitionLog`) and a ``partition.state`` file that records
+the topic id, the role (LEADER / FOLLOWER), the leader id and the leader epoch.
+
+Metadata deltas arrive as :class:`~kraft.broker.types.LocalChanges` and are applied in Kafka's order:
+first stop and delete the partitions the broker no longer hosts, then become leader for new
+leaderships, then follower for the rest.  Every step is idempotent — creating a partition that exists
+opens it, deleting one that is gone does nothing, and a role/epoch that is already recorded is not
+rewritten — because the image store commits the image *after* the partition logs were changed, so a
+crash in between re-applies the same delta on restart.
+
+Crash safety of directory changes:
+
+- creation: the directory is built under a staging name (``…-create``) with its state file, then renamed
+  into place, so a directory with the final name always has a state file;
+- deletion: the directory is renamed to ``<name>.<uuid>-delete`` (one atomic step that takes it out of
+  the image's view), then removed; leftovers of either kind are removed by :meth:`load`.
+
+``partition.state`` is written atomically (temp + rename) but not fsynced: the image store is the source
+of truth for roles and epochs and a full :meth:`reconcile` rewrites any state file that is behind.
+
+Follower replication (a later step) plugs in through :class:`AppliedChanges`: the broker hands the
+``became_follower`` list to a fetcher manager, which appends through :meth:`Partition.log`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kraft.broker.partition_log import PartitionLog, PartitionLogOpener
+from kraft.broker.types import (
+    LocalChanges,
+    PartitionAssignment,
+    ReplicaRole,
+    TopicPartition,
+    local_changes_between,
+)
+from kraft.observability.logging import get_logger
+
+STATE_FILE = "partition.state"
+_STATE_VERSION = 1
+_DELETE_SUFFIX = "-delete"
+_CREATE_SUFFIX = "-create"
+
+
+class Partition:
+    """One hosted partition: its log, where it lives, and what the image says about it."""
+
+    __slots__ = ("_new_data", "assignment", "log", "log_dir", "path", "role", "tp")
+
+    def __init__(
+        self,
+        tp: TopicPartition,
+        log_dir: Path,
+        log: PartitionLog,
+        assignment: PartitionAssignment,
+        role: ReplicaRole,
+    ) -> None:
+        self.tp = tp
+        self.log_dir = log_dir
+        self.path = log_dir / tp.dir_name
+        self.log = log
+        self.assignment = assignment
+        self.role = role
+        # Created lazily: a broker may host many partitions and most never have a long-polling reader.
+        self._new_data: asyncio.Event | None = None
+
+    @property
+    def topic_id(self) -> str:
+        return self.assignment.topic_id
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.assignment.leader_epoch
+
+    @property
+    def leader_id(self) -> int:
+        return self.assignment.leader
+
+    def notify_appended(self) -> None:
+        """Wake every reader long-polling at the old log end."""
+        event, self._new_data = self._new_data, None
+        if event is not None:
+            event.set()
+
+    def data_event(self) -> asyncio.Event:
+        """An event set by the next append (for long-poll Fetch)."""
+        if self._new_data is None:
+            self._new_data = asyncio.Event()
+        return self._new_data
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedChanges:
+    """What one application of local changes did (for logs, metrics and follower fetchers)."""
+
+    deleted: tuple[TopicPartition, ...] = ()
+    became_leader: tuple[TopicPartition, ...] = ()
+    became_follower: tuple[TopicPartition, ...] = ()
+    created: tuple[TopicPartition, ...] = field(default=())
+
+    def is_empty(self) -> bool:
+        return not (self.deleted or self.became_leader or self.became_follower)
+
+
+class PartitionManager:
+    """Owns every local partition; the only code that creates, deletes or re-roles partition logs."""
+
+    def __init__(self, broker_id: int, log_dirs: Sequence[Path], open_log: PartitionLogOpener) -> None:
+        if not log_dirs:
+            raise ValueError("a broker needs at least one log dir")
+        self.broker_id = broker_id
+        self.log_dirs = tuple(Path(d) for d in log_dirs)
+        self._open_log = open_log
+        self._partitions: dict[TopicPartition, Partition] = {}
+        self._load_by_dir: dict[Path, int] = dict.fromkeys(self.log_dirs, 0)
+        self._log = get_logger("broker.partitions", node=broker_id)
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def get(self, tp: TopicPartition) -> Partition | None:
+        return self._partitions.get(tp)
+
+    def partitions(self) -> list[Partition]:
+        return [self._partitions[tp] for tp in sorted(self._partitions)]
+
+    def assignments(self) -> dict[TopicPartition, PartitionAssignment]:
+        return {tp: p.assignment for tp, p in self._partitions.items()}
+
+    def __len__(self) -> int:
+        return len(self._partitions)
+
+    # --- startup -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the partitions found in the log dirs; finish interrupted creations/deletions."""
+        for log_dir in self.log_dirs:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for entry in sorted(log_dir.iterdir()):
+                if not entry.is_dir():
+                    continue
+                if entry.name.endswith((_DELETE_SUFFIX, _CREATE_SUFFIX)):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    continue
+                state = _read_state(entry)
+                if state is None:
+                    continue  # not a partition directory of ours (e.g. the metadata log)
+                tp, assignment, role = state
+                if tp.dir_name != entry.name or tp in self._partitions:
+                    self._log.warning("partition_dir_ignored", path=str(entry))
+                    continue
+                self._add(Partition(tp, log_dir, self._open_log(entry), assignment, role))
+        self._log.info("partitions_loaded", count=len(self._partitions))
+
+    # --- applying metadata -----------------------------------------------------------------------
+
+    def apply(self, changes: LocalChanges) -> AppliedChanges:
+        """Apply one delta's local changes in Kafka's order: delete, then lead, then follow."""
+        deleted = [tp for tp in sorted(changes.deletes) if self._delete(tp, changes.deletes[tp])]
+        created: list[TopicPartition] = []
+        leaders = self._set_roles(changes.leaders, ReplicaRole.LEADER, created)
+        followers = self._set_roles(changes.followers, ReplicaRole.FOLLOWER, created)
+        applied = AppliedChanges(tuple(deleted), tuple(leaders), tuple(followers), tuple(created))
+        if not applied.is_empty():
+            self._log.info(
+                "local_changes_applied",
+                deleted=len(deleted),
+                leaders=len(leaders),
+                followers=len(followers),
+                created=len(created),
+            )
+        return applied
+
+    def reconcile(self, desired: Mapping[TopicPartition, PartitionAssignment]) -> AppliedChanges:
+        """Make the local partitions exactly ``desired`` (the image's partitions hosted here)."""
+        return self.apply(local_changes_between(self.broker_id, self.assignments(), desired))
+
+    def close(self) -> None:
+        for partition in self._partitions.values():
+            partition.notify_appended()
+            partition.log.close()
+        self._partitions.clear()
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _set_roles(
+        self,
+        assignments: Mapping[TopicPartition, PartitionAssignment],
+        role: ReplicaRole,
+        created: list[TopicPartition],
+    ) -> list[TopicPartition]:
+        changed: list[TopicPartition] = []
+        for tp in sorted(assignments):
+            assignment = assignments[tp]
+            partition = self._partitions.get(tp)
+            if partition is not None and partition.topic_id != assignment.topic_id:
+                # The topic was deleted and re-created under the same name: the old data must go.
+                self._delete(tp)
+                partition = None
+            if partition is None:
+                self._create(tp, assignment, role)
+                created.append(tp)
+                changed.append(tp)
+            elif partition.assignment != assignment or partition.role is not role:
+                partition.assignment = assignment
+                partition.role = role
+                _write_state(partition.path, tp, assignment, role)
+                # A reader parked on this partition must re-check its epoch and role.
+                partition.notify_appended()
+                changed.append(tp)
+        return changed
+
+    def _create(self, tp: TopicPartition, assignment: PartitionAssignment, role: ReplicaRole) -> Partition:
+        log_dir = min(self.log_dirs, key=lambda d: self._load_by_dir[d])
+        final = log_dir / tp.dir_name
+        if final.exists():
+            # A directory without a readable state file (load() skipped it): never ours to keep.
+            self._remove_dir(final)
+        staging = log_dir / f"{tp.dir_name}.{uuid.uuid4().hex}{_CREATE_SUFFIX}"
+        staging.mkdir(parents=True)
+        _write_state(staging, tp, assignment, role)
+        os.replace(staging, final)
+        partition = Partition(tp, log_dir, self._open_log(final), assignment, role)
+        self._add(partition)
+        return partition
+
+    def _delete(self, tp: TopicPartition, topic_id: str | None = None) -> bool:
+        """Delete the local log of ``tp`` (only if it belongs to ``topic_id`` when one is given)."""
+        partition = self._partitions.get(tp)
+        if partition is None or (topic_id is not None and partition.topic_id != topic_id):
+            return False
+        del self._partitions[tp]
+        self._load_by_dir[partition.log_dir] -= 1
+        partition.notify_appended()
+        partition.log.close()
+        self._remove_dir(partition.path)
+        return True
+
+    def _remove_dir(self, path: Path) -> None:
+        doomed = path.with_name(f"{path.name}.{uuid.uuid4().hex}{_DELETE_SUFFIX}")
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+    def _add(self, partition: Partition) -> None:
+        self._partitions[partition.tp] = partition
+        self._load_by_dir[partition.log_dir] += 1
+
+
+def _write_state(
+    directory: Path, tp: TopicPartition, assignment: PartitionAssignment, role: ReplicaRole
+) -> None:
+    state = {
+        "version": _STATE_VERSION,
+        "topic": tp.topic,
+        "partition": tp.partition,
+        "topic_id": assignment.topic_id,
+        "role": role.value,
+        "leader_id": assignment.leader,
+        "leader_epoch": assignment.leader_epoch,
+        "partition_epoch": assignment.partition_epoch,
+        "replicas": list(assignment.replicas),
+        "isr": list(assignment.isr),
+    }
+    tmp = directory / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, separators=(",", ":")))
+    os.replace(tmp, directory / STATE_FILE)
+
+
+def read_partition_state(directory: Path) -> tuple[TopicPartition, PartitionAssignment, ReplicaRole] | None:
+    """The recorded state of a partition directory, or None when it has no valid state file."""
+    return _read_state(directory)
+
+
+def _read_state(directory: Path) -> tuple[TopicPartition, PartitionAssignment, ReplicaRole] | None:
+    try:
+        raw = json.loads((directory / STATE_FILE).read_text())
+        tp = TopicPartition(str(raw["topic"]), int(raw["partition"]))
+        assignment = PartitionAssignment(
+            topic_id=str(raw["topic_id"]),
+            leader=int(raw["leader_id"]),
+            leader_epoch=int(raw["leader_epoch"]),
+            partition_epoch=int(raw["partition_epoch"]),
+            replicas=_ints(raw["replicas"]),
+            isr=_ints(raw["isr"]),
+        )
+        return tp, assignment, ReplicaRole(raw["role"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _ints(values: Iterable[object]) -> tuple[int, ...]:
+    return tuple(int(str(v)) for v in values)

@@ -1,0 +1,278 @@
+"""The broker process: wires status, partition manager, publisher, fetcher, lifecycle and the gRPC server.
+
+Tasks (one writer per piece of state, as in hashicorp/raft's docs):
+
+- ``heartbeats`` (:class:`~kraft.broker.lifecycle.BrokerLifecycle`) — owns :class:`BrokerStatus`
+  fencing/state and the lease; re-registers on STALE_BROKER_EPOCH;
+- ``metadata-fetcher`` (:class:`~kraft.broker.fetcher.MetadataFetcher`) — owns the image, the image
+  store and the partition manager's directory changes (through the publisher), and
+  ``status.metadata_offset``;
+- gRPC handlers (:class:`~kraft.broker.service.BrokerService`) — read the status, append to / read from
+  partition logs of partitions they lead.
+
+Startup: STARTING → load the image store and reconcile the partition directories with it → serve gRPC
+(everything answers BROKER_NOT_AVAILABLE until RUNNING) → register (RECOVERY) → heartbeat + fetch; the
+first heartbeat after catching up to the broker's own registration record asks to be unfenced → RUNNING.
+Shutdown (``stop`` event, e.g. SIGTERM): PENDING_CONTROLLED_SHUTDOWN → heartbeat want_shut_down until
+the controller answers should_shut_down (bounded by ``controlled_shutdown_timeout_s``) → SHUTTING_DOWN →
+stop tasks and server, close logs and store → NOT_RUNNING.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from kraft.broker.controller_client import ControllerClient
+from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
+from kraft.broker.image_adapter import ImageMetadataView
+from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
+from kraft.broker.partition_log import PartitionLogOpener
+from kraft.broker.partitions import PartitionManager
+from kraft.broker.publisher import ImageStore, MetadataPublisher
+from kraft.broker.segmented_partition_log import segmented_log_opener
+from kraft.broker.service import BrokerService
+from kraft.broker.status import BrokerStatus
+from kraft.broker.types import BrokerState
+from kraft.config import NodeConfig
+from kraft.metadata.image import MetadataImage
+from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
+from kraft.observability.logging import get_logger
+from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
+from kraft.v1 import broker_pb2_grpc
+from kraft.v1.common_pb2 import Endpoint
+
+_SHUTDOWN_GRACE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    """Everything the broker reads from its NodeConfig (kept apart so tests can build one directly)."""
+
+    broker_id: int
+    cluster_id: str
+    voters: tuple[tuple[int, str], ...]
+    bind_address: str
+    listeners: tuple[Endpoint, ...]
+    client_listener: str
+    rack: str | None
+    log_dirs: tuple[Path, ...]
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+    registration_timeout_ms: int
+    request_timeout_ms: int
+    retry_backoff_ms: int
+    fetch_max_wait_ms: int
+    log_segment_bytes: int
+    max_message_bytes: int
+    metrics_port: int
+
+    @property
+    def controlled_shutdown_timeout_s(self) -> float:
+        # Long enough for a few heartbeats while leaderships move, short enough that a dead quorum
+        # does not keep SIGTERM waiting forever.
+        return max(5.0, 3 * self.session_timeout_ms / 1000.0)
+
+    @classmethod
+    def from_config(cls, config: NodeConfig, cluster_id: str) -> BrokerSettings:
+        listener = config.broker_listener
+        if listener is None:
+            raise ValueError("a broker needs a non-controller listener in 'listeners'")
+        return cls(
+            broker_id=config.node_id,
+            cluster_id=cluster_id,
+            voters=tuple((v.id, v.target) for v in config.voters),
+            bind_address=listener.bind_address,
+            listeners=tuple(
+                Endpoint(name=lst.name, host=lst.host or "127.0.0.1", port=lst.port)
+                for lst in config.listeners
+                if lst.name not in config.controller_listener_names
+            ),
+            client_listener=listener.name,
+            rack=config.broker_rack,
+            log_dirs=tuple(config.log_dirs),
+            heartbeat_interval_ms=config.broker_heartbeat_interval_ms,
+            session_timeout_ms=config.broker_session_timeout_ms,
+            registration_timeout_ms=config.initial_broker_registration_timeout_ms,
+            request_timeout_ms=config.controller_quorum_request_timeout_ms,
+            retry_backoff_ms=max(config.controller_quorum_retry_backoff_ms, 20),
+            fetch_max_wait_ms=config.controller_quorum_fetch_max_wait_ms,
+            log_segment_bytes=config.log_segment_bytes,
+            max_message_bytes=config.grpc_max_message_bytes,
+            metrics_port=config.metrics_port,
+        )
+
+
+class BrokerServer:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        store: ImageStore,
+        open_log: PartitionLogOpener | None = None,
+    ) -> None:
+        self.settings = settings
+        s = settings
+        self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms)
+        self.status.incarnation_id = str(uuid.uuid4())
+        self.metrics = BrokerMetrics.for_node(s.broker_id)
+        self.partitions = PartitionManager(
+            s.broker_id, s.log_dirs, open_log or segmented_log_opener(s.log_segment_bytes)
+        )
+        self.service = BrokerService(
+            self.status, self.partitions, ImageMetadataView(MetadataImage.empty(), s.client_listener)
+        )
+        self.publisher = MetadataPublisher(
+            s.broker_id, self.partitions, store, s.client_listener, self.service.set_view, self.metrics
+        )
+        self._store = store
+        self.client = ControllerClient(s.voters, max_message_bytes=s.max_message_bytes)
+        self.lifecycle = BrokerLifecycle(
+            self.status,
+            self.client,
+            RegistrationInfo(s.listeners, s.rack, tuple(str(d) for d in s.log_dirs)),
+            LifecycleTimings(
+                heartbeat_interval_s=s.heartbeat_interval_ms / 1000.0,
+                request_timeout_s=s.request_timeout_ms / 1000.0,
+                registration_timeout_s=s.registration_timeout_ms / 1000.0,
+                retry_backoff_s=s.retry_backoff_ms / 1000.0,
+            ),
+            caught_up=self._caught_up,
+        )
+        self.fetcher = MetadataFetcher(
+            s.broker_id,
+            s.cluster_id,
+            self.client,
+            self.publisher,
+            FetcherTimings(
+                max_wait_ms=s.fetch_max_wait_ms,
+                request_timeout_s=s.request_timeout_ms / 1000.0,
+                retry_backoff_s=s.retry_backoff_ms / 1000.0,
+            ),
+            on_applied=self._on_applied,
+            metrics=self.metrics,
+        )
+        self._health: HealthReporter | None = None
+        self._server: grpc.aio.Server | None = None
+        self._metrics_server: MetricsServer | None = None
+        self.port = -1
+        self._log = get_logger("broker", node=s.broker_id).with_context(
+            lambda: {"state": self.status.state.name, "epoch": self.status.broker_epoch}
+        )
+        self.status.on_transition(self._on_transition)
+
+    # --- the process ------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set (then shut down in a controlled way) or a fatal error is raised."""
+        self.status.transition(BrokerState.STARTING)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            self._metrics_server = start_metrics_server(self.settings.metrics_port)
+            await self.publisher.start()
+            self.status.metadata_offset = self.publisher.offset
+            await self._start_server()
+            registered = await self._until_stopped(self.lifecycle.register(), stop)
+            if not registered:
+                return
+            tasks = [
+                asyncio.create_task(self.lifecycle.run_heartbeats(), name="heartbeats"),
+                asyncio.create_task(self.fetcher.run(), name="metadata-fetcher"),
+            ]
+            stop_wait = asyncio.create_task(stop.wait(), name="stop-wait")
+            done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+            stop_wait.cancel()
+            for task in done:
+                error = None if task is stop_wait else task.exception()
+                if error is not None:
+                    raise error
+            await self._controlled_shutdown()
+        finally:
+            await self._shut_down(tasks)
+
+    async def _until_stopped(self, registration: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+        """Await registration unless ``stop`` comes first; True when registered."""
+        register_task = asyncio.create_task(registration)
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait([register_task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if not register_task.done():
+            register_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RegistrationFailed):
+                await register_task
+            self._log.info("stopped_before_registration")
+            return False
+        register_task.result()  # raises RegistrationFailed
+        return True
+
+    async def _controlled_shutdown(self) -> None:
+        self.lifecycle.request_shutdown()
+        self._log.info("controlled_shutdown_started")
+        try:
+            await asyncio.wait_for(
+                self.lifecycle.shutdown_granted.wait(), self.settings.controlled_shutdown_timeout_s
+            )
+        except TimeoutError:
+            self._log.warning(
+                "controlled_shutdown_timed_out", timeout_s=self.settings.controlled_shutdown_timeout_s
+            )
+
+    async def _shut_down(self, tasks: list[asyncio.Task[None]]) -> None:
+        if self.status.state is not BrokerState.NOT_RUNNING:
+            self.status.transition(BrokerState.SHUTTING_DOWN)
+        self.status.revoke_lease()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._health is not None:
+            await self._health.shutdown()
+        if self._server is not None:
+            await self._server.stop(_SHUTDOWN_GRACE_S)
+        self.partitions.close()
+        await self._store.close()
+        await self.client.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        self.status.transition(BrokerState.NOT_RUNNING)
+
+    async def _start_server(self) -> None:
+        limit = self.settings.max_message_bytes
+        server = grpc.aio.server(
+            options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+        )
+        broker_pb2_grpc.add_BrokerServiceServicer_to_server(self.service, server)
+        self._health = await add_health_service(server, (BROKER_SERVICE,))
+        self.port = server.add_insecure_port(self.settings.bind_address)
+        await server.start()
+        self._server = server
+        self._log.info("listening", address=self.settings.bind_address, port=self.port)
+
+    # --- callbacks ----------------------------------------------------------------------------------
+
+    def _caught_up(self) -> bool:
+        status = self.status
+        return status.broker_epoch >= 0 and status.metadata_offset >= status.broker_epoch
+
+    def _on_applied(self, offset: int) -> None:
+        was_caught_up = self._caught_up()
+        self.status.metadata_offset = offset
+        if not was_caught_up and self._caught_up():
+            self._log.info("caught_up", metadata_offset=offset)
+            self.lifecycle.wake()
+
+    def _on_transition(self, old: BrokerState, new: BrokerState) -> None:
+        self._log.info("broker_state_changed", old=old.name, new=new.name)
+        self.metrics.state.set(int(new))
+        if self._health is not None:
+            health = self._health
+            serving = new is BrokerState.RUNNING
+            task = asyncio.get_running_loop().create_task(health.set_serving(BROKER_SERVICE, serving))
+            task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)

@@ -1,0 +1,283 @@
+"""``kraft.v1.BrokerService``: Metadata, Produce, Fetch, ListOffsets, DescribeBroker.
+
+Handlers validate in a fixed order — cluster id, the serving rule (RUNNING, unfenced, live lease), the
+partition (hosted here? led here? the client's leader epoch) — and answer every failure with an
+``error_code`` and a message, never a gRPC error, so clients can follow NOT_LEADER_OR_FOLLOWER.  The hot
+path (Produce/Fetch) builds no pydantic models and formats no log lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, Protocol
+
+import grpc
+
+from kraft.broker.partitions import Partition, PartitionManager
+from kraft.broker.status import BrokerStatus
+from kraft.broker.types import ProducedRecord, ReplicaRole, StoredRecord, TopicPartition
+from kraft.errors import ErrorCode, KraftError
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1 import broker_pb2_grpc
+from kraft.v1.common_pb2 import NodeRef
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+DEFAULT_FETCH_MAX_BYTES = 1 << 20
+MAX_FETCH_WAIT_MS = 30_000
+_NO_EPOCH_CHECK = -1
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class MetadataView(Protocol):
+    """What the service needs from the broker's current metadata image."""
+
+    def metadata_response(self, topics: list[str]) -> pb.BrokerMetadataResponse:
+        """Brokers and the requested topics (all when empty), error_code unset."""
+        ...
+
+    def node_ref(self, broker_id: int) -> NodeRef:
+        """The client endpoint of a broker (node_id -1 when unknown)."""
+        ...
+
+    def topic_exists(self, topic: str) -> bool: ...
+
+    def digest(self) -> str:
+        """A digest of the image's content (equal images, equal digests)."""
+        ...
+
+
+class _Rejected(Exception):
+    """Internal: a request that fails validation (turned into a response by each handler)."""
+
+    def __init__(self, code: ErrorCode, message: str, leader: NodeRef | None = None, epoch: int = -1) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.leader = leader
+        self.leader_epoch = epoch
+
+
+class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
+    def __init__(self, status: BrokerStatus, partitions: PartitionManager, view: MetadataView) -> None:
+        self._status = status
+        self._partitions = partitions
+        self._view = view
+
+    def set_view(self, view: MetadataView) -> None:
+        """Swap in the view of a newly applied image (called by the metadata publisher)."""
+        self._view = view
+
+    # --- handlers --------------------------------------------------------------------------------
+
+    async def Metadata(
+        self, request: pb.BrokerMetadataRequest, context: Context
+    ) -> pb.BrokerMetadataResponse:
+        try:
+            self._check_cluster(request.cluster_id)
+            self._check_serving()
+        except _Rejected as rejected:
+            return pb.BrokerMetadataResponse(error_code=rejected.code, error_message=rejected.message)
+        response = self._view.metadata_response(list(request.topics))
+        response.cluster_id = self._status.cluster_id
+        response.controller_id = self._status.controller_id
+        return response
+
+    async def Produce(self, request: pb.ProduceRequest, context: Context) -> pb.ProduceResponse:
+        try:
+            self._check_cluster(request.cluster_id)
+            self._check_serving()
+            partition = self._leader_partition(request.topic, request.partition, request.leader_epoch)
+            if not request.records:
+                raise _Rejected(ErrorCode.INVALID_REQUEST, "a produce request needs at least one record")
+            if request.acks not in (0, 1, -1):
+                raise _Rejected(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1, not {request.acks}")
+            records = [_to_produced(r, self._status.now_ms()) for r in request.records]
+            try:
+                base_offset = partition.log.append_records(records, partition.leader_epoch)
+            except KraftError as err:
+                raise _Rejected(err.code, err.message) from err
+        except _Rejected as rejected:
+            return pb.ProduceResponse(
+                error_code=rejected.code,
+                error_message=rejected.message,
+                base_offset=-1,
+                log_end_offset=-1,
+                leader_epoch=rejected.leader_epoch,
+                current_leader=rejected.leader,
+            )
+        partition.notify_appended()
+        return pb.ProduceResponse(
+            base_offset=base_offset,
+            log_end_offset=partition.log.log_end_offset,
+            leader_epoch=partition.leader_epoch,
+        )
+
+    async def Fetch(self, request: pb.BrokerFetchRequest, context: Context) -> pb.BrokerFetchResponse:
+        max_bytes = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        try:
+            self._check_cluster(request.cluster_id)
+            partition = self._fetchable(request)
+            if request.offset == partition.log.log_end_offset and request.max_wait_ms > 0:
+                event = partition.data_event()
+                wait_s = min(request.max_wait_ms, MAX_FETCH_WAIT_MS) / 1000.0
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), wait_s)
+                # Role, epoch or the partition itself may have changed while parked.
+                partition = self._fetchable(request)
+            try:
+                records = partition.log.read_records(request.offset, max_bytes)
+            except KraftError as err:
+                raise _Rejected(err.code, err.message) from err
+        except _Rejected as rejected:
+            return pb.BrokerFetchResponse(
+                error_code=rejected.code,
+                error_message=rejected.message,
+                high_watermark=-1,
+                log_start_offset=-1,
+                log_end_offset=-1,
+                leader_epoch=rejected.leader_epoch,
+                current_leader=rejected.leader,
+            )
+        log = partition.log
+        end = log.log_end_offset
+        return pb.BrokerFetchResponse(
+            records=[_to_wire(r) for r in records],
+            high_watermark=end,
+            log_start_offset=log.log_start_offset,
+            log_end_offset=end,
+            leader_epoch=partition.leader_epoch,
+        )
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, context: Context) -> pb.ListOffsetsResponse:
+        try:
+            self._check_cluster(request.cluster_id)
+            self._check_serving()
+            partition = self._leader_partition(request.topic, request.partition, request.leader_epoch)
+            if request.timestamp == EARLIEST_TIMESTAMP:
+                offset = partition.log.log_start_offset
+            elif request.timestamp == LATEST_TIMESTAMP:
+                offset = partition.log.log_end_offset
+            else:
+                raise _Rejected(
+                    ErrorCode.INVALID_REQUEST,
+                    f"timestamp must be -2 (earliest) or -1 (latest), not {request.timestamp}",
+                )
+        except _Rejected as rejected:
+            return pb.ListOffsetsResponse(
+                error_code=rejected.code,
+                error_message=rejected.message,
+                offset=-1,
+                leader_epoch=rejected.leader_epoch,
+                current_leader=rejected.leader,
+            )
+        return pb.ListOffsetsResponse(offset=offset, leader_epoch=partition.leader_epoch)
+
+    async def DescribeBroker(
+        self, request: pb.DescribeBrokerRequest, context: Context
+    ) -> pb.DescribeBrokerResponse:
+        """Always answers (also while fenced or starting): it is how operators see the lifecycle state."""
+        status = self._status
+        try:
+            self._check_cluster(request.cluster_id)
+        except _Rejected as rejected:
+            return pb.DescribeBrokerResponse(error_code=rejected.code, error_message=rejected.message)
+        return pb.DescribeBrokerResponse(
+            broker_id=status.broker_id,
+            cluster_id=status.cluster_id,
+            state=status.state.name,
+            broker_epoch=status.broker_epoch,
+            incarnation_id=status.incarnation_id,
+            fenced=status.fenced,
+            metadata_offset=status.metadata_offset,
+            controller_id=status.controller_id,
+            image_digest=self._view.digest(),
+            partitions=[
+                pb.DescribeBrokerResponse.LocalPartition(
+                    topic=p.tp.topic,
+                    partition=p.tp.partition,
+                    role=p.role.value,
+                    leader_epoch=p.leader_epoch,
+                    log_start_offset=p.log.log_start_offset,
+                    log_end_offset=p.log.log_end_offset,
+                    log_dir=str(p.log_dir),
+                )
+                for p in self._partitions.partitions()
+            ],
+        )
+
+    # --- validation ------------------------------------------------------------------------------
+
+    def _check_cluster(self, cluster_id: str) -> None:
+        if cluster_id and cluster_id != self._status.cluster_id:
+            raise _Rejected(
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                f"request is for cluster {cluster_id!r}, this broker belongs to {self._status.cluster_id!r}",
+            )
+
+    def _check_serving(self) -> None:
+        error = self._status.serving_error()
+        if error is not None:
+            raise _Rejected(error[0], error[1])
+
+    def _fetchable(self, request: pb.BrokerFetchRequest) -> Partition:
+        self._check_serving()
+        partition = self._leader_partition(request.topic, request.partition, request.leader_epoch)
+        log = partition.log
+        if not log.log_start_offset <= request.offset <= log.log_end_offset:
+            raise _Rejected(
+                ErrorCode.OFFSET_OUT_OF_RANGE,
+                f"offset {request.offset} is outside [{log.log_start_offset}, {log.log_end_offset}] "
+                f"of {partition.tp}",
+                epoch=partition.leader_epoch,
+            )
+        return partition
+
+    def _leader_partition(self, topic: str, index: int, client_epoch: int) -> Partition:
+        tp = TopicPartition(topic, index)
+        partition = self._partitions.get(tp)
+        if partition is None:
+            if self._view.topic_exists(topic):
+                raise _Rejected(
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER, f"broker {self._status.broker_id} does not host {tp}"
+                )
+            raise _Rejected(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic or partition {tp}")
+        epoch = partition.leader_epoch
+        if partition.role is not ReplicaRole.LEADER:
+            raise _Rejected(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"broker {self._status.broker_id} is not the leader of {tp} (leader {partition.leader_id})",
+                leader=self._view.node_ref(partition.leader_id),
+                epoch=epoch,
+            )
+        if client_epoch not in (_NO_EPOCH_CHECK, epoch):
+            code = ErrorCode.FENCED_LEADER_EPOCH if client_epoch < epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+            raise _Rejected(
+                code,
+                f"leader epoch {client_epoch} of {tp} does not match the current epoch {epoch}",
+                leader=self._view.node_ref(self._status.broker_id),
+                epoch=epoch,
+            )
+        return partition
+
+
+def _to_produced(record: pb.BrokerRecord, now_ms: int) -> ProducedRecord:
+    return ProducedRecord(
+        key=record.key if record.has_key else None,
+        value=record.value if record.has_value else None,
+        timestamp_ms=record.timestamp_ms or now_ms,
+    )
+
+
+def _to_wire(record: StoredRecord) -> pb.BrokerRecord:
+    return pb.BrokerRecord(
+        offset=record.offset,
+        timestamp_ms=record.timestamp_ms,
+        key=record.key or b"",
+        value=record.value or b"",
+        has_key=record.key is not None,
+        has_value=record.value is not None,
+        leader_epoch=record.leader_epoch,
+    )

@@ -1,0 +1,108 @@
+"""The broker's own lifecycle state and the rule for when it may serve clients.
+
+One :class:`BrokerStatus` per process, written only by the lifecycle task (:mod:`kraft.broker.lifecycle`)
+and read by the BrokerService handlers.  Serving needs three things at once: the RUNNING state, an
+unfenced registration, and a *lease*: the last heartbeat the controller accepted is younger than the
+session timeout.  The lease is what stops a broker that was paused (SIGSTOP, a long GC-like stall) from
+answering a Produce in the instant after it resumes and before its next heartbeat tells it that it was
+fenced: the monotonic clock kept running while it was stopped, so the lease has already expired.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kraft.broker.types import BrokerState
+from kraft.errors import ErrorCode
+
+_ALLOWED: dict[BrokerState, frozenset[BrokerState]] = {
+    BrokerState.NOT_RUNNING: frozenset({BrokerState.STARTING, BrokerState.SHUTTING_DOWN}),
+    BrokerState.STARTING: frozenset({BrokerState.RECOVERY, BrokerState.SHUTTING_DOWN}),
+    BrokerState.RECOVERY: frozenset(
+        {BrokerState.RUNNING, BrokerState.PENDING_CONTROLLED_SHUTDOWN, BrokerState.SHUTTING_DOWN}
+    ),
+    # RUNNING → RECOVERY: fenced by the controller (session expiry, stale epoch) and catching up again.
+    BrokerState.RUNNING: frozenset(
+        {BrokerState.RECOVERY, BrokerState.PENDING_CONTROLLED_SHUTDOWN, BrokerState.SHUTTING_DOWN}
+    ),
+    BrokerState.PENDING_CONTROLLED_SHUTDOWN: frozenset({BrokerState.SHUTTING_DOWN}),
+    BrokerState.SHUTTING_DOWN: frozenset({BrokerState.NOT_RUNNING}),
+}
+
+
+class IllegalStateTransition(RuntimeError):
+    pass
+
+
+class BrokerStatus:
+    """Mutable state of one broker process (single writer: the lifecycle task)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        cluster_id: str,
+        session_timeout_ms: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.session_timeout_s = session_timeout_ms / 1000.0
+        self.state = BrokerState.NOT_RUNNING
+        self.incarnation_id = ""
+        self.broker_epoch = -1
+        self.fenced = True
+        self.metadata_offset = -1  # last applied metadata offset
+        self.controller_id = -1
+        self._clock = clock
+        self._lease_expires_at = float("-inf")
+        self._listeners: list[Callable[[BrokerState, BrokerState], None]] = []
+
+    # --- transitions ---------------------------------------------------------------------------
+
+    def on_transition(self, listener: Callable[[BrokerState, BrokerState], None]) -> None:
+        """Call ``listener(old, new)`` after every state change (logs, metrics)."""
+        self._listeners.append(listener)
+
+    def transition(self, new: BrokerState) -> None:
+        old = self.state
+        if new is old:
+            return
+        if new not in _ALLOWED[old]:
+            raise IllegalStateTransition(f"broker state {old.name} -> {new.name} is not allowed")
+        self.state = new
+        for listener in self._listeners:
+            listener(old, new)
+
+    # --- lease -----------------------------------------------------------------------------------
+
+    def heartbeat_accepted(self, sent_at: float) -> None:
+        """Extend the lease from when the accepted heartbeat was *sent* (the controller's clock started
+        no earlier than that), never from when its answer arrived."""
+        self._lease_expires_at = max(self._lease_expires_at, sent_at + self.session_timeout_s)
+
+    def revoke_lease(self) -> None:
+        self._lease_expires_at = float("-inf")
+
+    def now(self) -> float:
+        return self._clock()
+
+    @staticmethod
+    def now_ms() -> int:
+        """Wall-clock milliseconds (record timestamps), not for timeouts."""
+        return time.time_ns() // 1_000_000
+
+    def lease_valid(self) -> bool:
+        return self._clock() < self._lease_expires_at
+
+    # --- serving rule ----------------------------------------------------------------------------
+
+    def serving_error(self) -> tuple[ErrorCode, str] | None:
+        """None when client requests may be served, else the error to answer with."""
+        if self.state is not BrokerState.RUNNING:
+            return ErrorCode.BROKER_NOT_AVAILABLE, f"broker {self.broker_id} is {self.state.name}"
+        if self.fenced:
+            return ErrorCode.BROKER_NOT_AVAILABLE, f"broker {self.broker_id} is fenced"
+        if not self.lease_valid():
+            return ErrorCode.BROKER_NOT_AVAILABLE, f"broker {self.broker_id} has no live session"
+        return None

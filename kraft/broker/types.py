@@ -1,0 +1,122 @@
+"""Small value types shared by the broker modules: partitions, roles, lifecycle states, local changes.
+
+They are frozen, slotted dataclasses and enums so the hot paths (Produce/Fetch, delta application) never
+touch pydantic.  The metadata module's image and delta are translated into these at one boundary
+(:mod:`kraft.broker.image_adapter`) so the partition manager can be tested without a controller.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+class BrokerState(enum.IntEnum):
+    """Kafka's ``BrokerState`` with its numbers (KRaft reference §4)."""
+
+    NOT_RUNNING = 0
+    STARTING = 1
+    RECOVERY = 2
+    RUNNING = 3
+    PENDING_CONTROLLED_SHUTDOWN = 6
+    SHUTTING_DOWN = 7
+
+
+class ReplicaRole(enum.Enum):
+    LEADER = "LEADER"
+    FOLLOWER = "FOLLOWER"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    @property
+    def dir_name(self) -> str:
+        """Kafka's partition directory name, ``<topic>-<partition>``."""
+        return f"{self.topic}-{self.partition}"
+
+    def __str__(self) -> str:
+        return self.dir_name
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAssignment:
+    """What the metadata image says about one partition (only the fields a broker acts on)."""
+
+    topic_id: str
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalChanges:
+    """The part of a metadata delta that concerns one broker's replicas (Kafka's LocalReplicaChanges).
+
+    ``deletes`` maps partitions this broker no longer hosts (topic deleted or replica moved away) to the
+    topic id whose log must go — a log of another topic id under the same name is kept, which keeps
+    re-applying a delta idempotent when a topic was deleted and re-created;
+    ``leaders`` / ``followers`` are partitions it hosts whose assignment is new or changed.  A
+    partition is in at most one of ``leaders`` / ``followers``; it is in ``deletes`` as well only when its
+    topic was re-created under the same name (new topic id): the old log goes first, then the new one.
+    """
+
+    deletes: Mapping[TopicPartition, str] = field(default_factory=dict)
+    leaders: Mapping[TopicPartition, PartitionAssignment] = field(default_factory=dict)
+    followers: Mapping[TopicPartition, PartitionAssignment] = field(default_factory=dict)
+
+    def is_empty(self) -> bool:
+        return not (self.deletes or self.leaders or self.followers)
+
+
+def local_changes_between(
+    broker_id: int,
+    before: Mapping[TopicPartition, PartitionAssignment],
+    after: Mapping[TopicPartition, PartitionAssignment],
+) -> LocalChanges:
+    """Local changes that take a broker hosting ``before`` to hosting ``after``.
+
+    Both maps hold only the partitions the broker is a replica of.  Used for full reconciliation (after a
+    snapshot load or at startup), where there is no incremental delta to read the changes from.
+    """
+    deletes = {
+        tp: old.topic_id
+        for tp, old in before.items()
+        if tp not in after or after[tp].topic_id != old.topic_id
+    }
+    leaders: dict[TopicPartition, PartitionAssignment] = {}
+    followers: dict[TopicPartition, PartitionAssignment] = {}
+    for tp, new in after.items():
+        old = before.get(tp)
+        if old == new and tp not in deletes:
+            continue
+        if new.leader == broker_id:
+            leaders[tp] = new
+        else:
+            followers[tp] = new
+    return LocalChanges(deletes=deletes, leaders=leaders, followers=followers)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducedRecord:
+    """A record as a client hands it to Produce (``None`` = a null key / value, as in Kafka)."""
+
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record read back from a partition log."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    leader_epoch: int

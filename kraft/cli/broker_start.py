@@ -1,0 +1,63 @@
+"""``kraft broker start --config F``: run a broker in the foreground until SIGTERM/SIGINT.
+
+Adds the ``start`` command to the ``kraft broker`` group (``kraft.cli.broker.app``).  Startup checks
+every log dir's ``meta.properties`` (formatted for this node, one cluster id); the applied metadata image
+lives in ``<metadata.log.dir>/metadata-image.sqlite``.  SIGTERM runs a controlled shutdown; exit 0 after a
+clean stop, 1 with one ``error:`` line when the broker cannot start or register.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+from kraft.broker.lifecycle import RegistrationFailed
+from kraft.broker.server import BrokerServer, BrokerSettings
+from kraft.cli.broker import app
+from kraft.cli.common import CliError, ConfigOption, handle_errors, run_async
+from kraft.config import NodeConfig, load_config
+from kraft.metadata.store import ImageStore
+from kraft.observability.logging import configure_logging
+from kraft.storage.meta_properties import check_meta_properties
+
+IMAGE_STORE_FILE = "metadata-image.sqlite"
+
+
+def image_store_path(config: NodeConfig) -> Path:
+    base = config.metadata_log_dir or config.log_dirs[0]
+    return Path(base) / IMAGE_STORE_FILE
+
+
+def cluster_id_of(config: NodeConfig) -> str:
+    """The cluster id every log dir was formatted with (they must agree and name this node)."""
+    ids = {str(d): check_meta_properties(d, node_id=config.node_id).cluster_id for d in config.all_log_dirs}
+    if len(set(ids.values())) != 1:
+        listing = ", ".join(f"{d}={c}" for d, c in sorted(ids.items()))
+        raise CliError(f"log dirs belong to different clusters: {listing}")
+    return next(iter(ids.values()))
+
+
+@app.command("start")
+@handle_errors
+def start(config: ConfigOption) -> None:
+    """Run a broker in the foreground (SIGTERM = controlled shutdown)."""
+    cfg = load_config(config)
+    if not cfg.is_broker:
+        raise CliError(f"{config}: process.roles must include broker to run `kraft broker start`")
+    configure_logging(cfg.log_level)
+    cluster_id = cluster_id_of(cfg)
+    try:
+        run_async(_run(cfg, cluster_id))
+    except RegistrationFailed as err:
+        raise CliError(f"broker {cfg.node_id}: {err}") from err
+
+
+async def _run(cfg: NodeConfig, cluster_id: str) -> None:
+    store = await ImageStore.open(image_store_path(cfg))
+    server = BrokerServer(BrokerSettings.from_config(cfg, cluster_id), store)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.run(stop)

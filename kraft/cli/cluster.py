@@ -1,0 +1,188 @@
+"""``kraft cluster up|status|down|restart``: a whole local cluster in one directory."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
+from kraft.cluster.manager import ClusterError, ClusterStatus, LocalCluster
+from kraft.cluster.profiles import PROFILES
+
+app = typer.Typer(no_args_is_help=True, help="Run a local cluster: controllers and brokers as processes.")
+
+DirOption = Annotated[
+    Path,
+    typer.Option(
+        "--dir", "-d", envvar="KRAFT_CLUSTER_DIR", help="The cluster directory (configs, data, logs, pids)."
+    ),
+]
+TimeoutOption = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait.")]
+_DEFAULT_DIR = Path("kraft-cluster")
+_COLUMNS = ["id", "role", "pid", "endpoint", "state", "log"]
+
+
+def _status_rows(status: ClusterStatus) -> list[list[object]]:
+    return [[n.node_id, n.role, n.pid, n.endpoint, n.state, n.log] for n in status.nodes]
+
+
+def _print_status(status: ClusterStatus, as_json: bool) -> None:
+    if as_json:
+        print_json(status.as_json())
+        return
+    print_table(_COLUMNS, _status_rows(status), title=f"cluster {status.cluster_id} in {status.dir}")
+    controllers = [n.endpoint for n in status.nodes if str(n.role) == "controller"]
+    typer.echo(f"--bootstrap-controller {','.join(controllers)}")
+
+
+def _wait_with_progress(
+    wait: Callable[[Callable[[ClusterStatus], None]], ClusterStatus], what: str
+) -> ClusterStatus:
+    """Run a wait loop under a spinner on stderr (stdout stays clean for tables and JSON)."""
+    console = Console(stderr=True)
+    with console.status(f"waiting for {what}…") as spinner:
+        return wait(lambda s: spinner.update(f"waiting for {what}: {s.summary()}"))
+
+
+def _cluster_error(exc: ClusterError) -> CliError:
+    return CliError(str(exc))
+
+
+@app.command("up")
+@handle_errors
+def up_command(
+    directory: DirOption = _DEFAULT_DIR,
+    controllers: Annotated[
+        int | None, typer.Option("--controllers", min=1, help="Controllers [default: 3].")
+    ] = None,
+    brokers: Annotated[int | None, typer.Option("--brokers", min=0, help="Brokers [default: 3].")] = None,
+    base_port: Annotated[
+        int | None, typer.Option("--base-port", min=1, max=65000, help="First port (default: free ports).")
+    ] = None,
+    profile: Annotated[
+        str, typer.Option("--profile", help=f"Timing profile: {' | '.join(PROFILES)}.")
+    ] = "default",
+    metrics: Annotated[bool, typer.Option("--metrics", help="Give every node a Prometheus port.")] = False,
+    timeout_s: TimeoutOption = 60.0,
+    keep_on_failure: Annotated[
+        bool,
+        typer.Option("--keep-on-failure", help="Leave the processes running if the cluster is not healthy."),
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Create (or restart) a cluster: write configs, format storage, start every node, wait until healthy."""
+    if profile not in PROFILES:
+        raise CliError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    try:
+        cluster = _create_or_reopen(directory, controllers, brokers, base_port, profile, metrics)
+        cluster.start()
+        try:
+            status = _wait_with_progress(
+                lambda report: cluster.wait_healthy(timeout_s, on_status=report), "a healthy cluster"
+            )
+        except ClusterError:
+            if not keep_on_failure:
+                cluster.down(timeout_s=5.0)
+            raise
+    except ClusterError as exc:
+        raise _cluster_error(exc) from None
+    _print_status(status, as_json)
+
+
+def _create_or_reopen(
+    directory: Path,
+    controllers: int | None,
+    brokers: int | None,
+    base_port: int | None,
+    profile: str,
+    metrics: bool,
+) -> LocalCluster:
+    try:
+        existing = LocalCluster.open(directory)
+    except ClusterError:
+        return LocalCluster.create(
+            directory,
+            controllers=3 if controllers is None else controllers,
+            brokers=3 if brokers is None else brokers,
+            base_port=base_port,
+            profile=profile,
+            metrics=metrics,
+        )
+    running = existing.running()
+    if running:
+        pids = ", ".join(f"{name} pid {pid}" for name, pid in running.items())
+        raise ClusterError(
+            f"a cluster is already running in {existing.layout.root} ({pids}); "
+            f"run `kraft cluster down --dir {directory}` first"
+        )
+    spec = existing.spec
+    if (controllers is not None and controllers != len(spec.controllers)) or (
+        brokers is not None and brokers != len(spec.brokers)
+    ):
+        raise ClusterError(
+            f"{existing.layout.root} holds a cluster of {len(spec.controllers)} controllers and "
+            f"{len(spec.brokers)} brokers; use another --dir or `kraft cluster down --purge` it first"
+        )
+    typer.echo(f"starting the existing cluster {spec.cluster_id} in {existing.layout.root}", err=True)
+    return existing
+
+
+@app.command("status")
+@handle_errors
+def status_command(directory: DirOption = _DEFAULT_DIR, as_json: JsonOption = False) -> None:
+    """Show every node: pid, endpoint, state (leader/follower, active/fenced, stopped…) and log file."""
+    try:
+        status = LocalCluster.open(directory).status()
+    except ClusterError as exc:
+        raise _cluster_error(exc) from None
+    _print_status(status, as_json)
+
+
+@app.command("down")
+@handle_errors
+def down_command(
+    directory: DirOption = _DEFAULT_DIR,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds between SIGTERM and SIGKILL.")
+    ] = 15.0,
+    purge: Annotated[
+        bool, typer.Option("--purge", help="Also delete the directory (configs, data, logs).")
+    ] = False,
+) -> None:
+    """Stop every node: brokers first, then controllers; SIGKILL whatever outlives --timeout."""
+    try:
+        cluster = LocalCluster.open(directory)
+        outcomes = cluster.down(timeout_s)
+    except ClusterError as exc:
+        raise _cluster_error(exc) from None
+    for name, outcome in outcomes.items():
+        typer.echo(f"{name}: {outcome}")
+    if purge:
+        shutil.rmtree(cluster.layout.root)
+        typer.echo(f"removed {cluster.layout.root}")
+
+
+@app.command("restart")
+@handle_errors
+def restart_command(
+    node: Annotated[str, typer.Argument(help="Node id (1, 101) or name (controller-1, broker-101).")],
+    directory: DirOption = _DEFAULT_DIR,
+    timeout_s: TimeoutOption = 60.0,
+    as_json: JsonOption = False,
+) -> None:
+    """Stop one node gracefully, start it again and wait until it is ready."""
+    try:
+        cluster = LocalCluster.open(directory)
+        proc = cluster.process(node)
+        cluster.restart(node, timeout_s=min(timeout_s, 15.0))
+        status = _wait_with_progress(
+            lambda report: cluster.wait_node_ready(node, timeout_s, on_status=report), f"{proc.node.name}"
+        )
+    except ClusterError as exc:
+        raise _cluster_error(exc) from None
+    _print_status(status, as_json)

@@ -1,0 +1,175 @@
+"""Helpers every CLI command group shares: one-line errors, ``--json`` output, tables, bootstrap lists.
+
+The error contract of the ``kraft`` command: exit 0 on success; on failure exactly one line
+``error: <what went wrong>`` on stderr and exit 1.  Wrap a command with :func:`handle_errors` (or a block
+with :func:`cli_errors`) and raise: ``KraftError`` (incl. ``ConfigError``), ``OSError``, ``grpc.RpcError``
+and :class:`CliError` are all turned into that line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import re
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+
+import grpc
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kraft.errors import KraftError
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# Shared option types so every command spells them the same way.
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="The node's .properties file.", show_default=False)
+]
+BootstrapControllerOption = Annotated[
+    str,
+    typer.Option(
+        "--bootstrap-controller",
+        help="Controller endpoint(s): host:port[,host:port…]; NOT_CONTROLLER redirects are followed.",
+        show_default=False,
+    ),
+]
+
+
+_PIPE_WIDTH = 250
+
+
+class CliError(Exception):
+    """A user-facing failure whose message is already the one line to print."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def error_message(exc: BaseException) -> str:
+    """The one line shown for ``exc`` (without the ``error:`` prefix)."""
+    if isinstance(exc, KraftError):
+        # ConfigError's str() is already the full sentence; other KraftErrors show their Kafka code.
+        text = str(exc) if type(exc).__str__ is not KraftError.__str__ else f"{exc.code.name}: {exc.message}"
+    elif isinstance(exc, grpc.RpcError):
+        code = exc.code() if isinstance(exc, grpc.Call | grpc.aio.AioRpcError) else None
+        details = exc.details() if isinstance(exc, grpc.Call | grpc.aio.AioRpcError) else str(exc)
+        text = f"{code.name if code else 'RPC_ERROR'}: {details or 'no details'}"
+    elif isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        text = f"{where}{exc.strerror or exc}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return _one_line(text)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` as one line on stderr and exit 1."""
+    # Plain print, not rich: rich wraps long lines and would break the one-line contract.
+    print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
+    raise typer.Exit(code=1)
+
+
+_HANDLED = (KraftError, CliError, OSError, grpc.RpcError, TimeoutError)
+
+
+@contextmanager
+def cli_errors() -> Iterator[None]:
+    """Turn the expected failures raised inside the block into one line on stderr + exit 1."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except _HANDLED as exc:
+        fail(error_message(exc))
+
+
+def handle_errors(command: Callable[P, T]) -> Callable[P, T]:
+    """Decorator form of :func:`cli_errors` for typer commands (keeps the signature typer reads)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return command(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except _HANDLED as exc:
+            fail(error_message(exc))
+
+    return wrapper
+
+
+def run_async(coro: Coroutine[Any, Any, T] | Awaitable[T]) -> T:
+    """Run one coroutine from a synchronous typer command."""
+
+    async def _await() -> T:
+        return await coro
+
+    return asyncio.run(_await())
+
+
+def print_json(value: object) -> None:
+    """Pretty JSON on stdout (Paths, enums and other objects via ``str``)."""
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[object]], title: str | None = None) -> None:
+    """A rich table on stdout; ``None`` cells print as ``-``."""
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*("-" if cell is None else str(cell) for cell in row))
+    # Piped output (scripts, tests) gets no terminal width; do not squeeze ids into 80 columns.
+    console = Console() if sys.stdout.isatty() else Console(width=_PIPE_WIDTH)
+    console.print(table)
+
+
+def print_key_values(pairs: Sequence[tuple[str, object]]) -> None:
+    """``Key: value`` lines, Kafka-tool style (``kafka-metadata-quorum.sh describe --status``)."""
+    width = max((len(key) for key, _ in pairs), default=0)
+    for key, value in pairs:
+        sys.stdout.write(f"{key + ':':<{width + 1}} {'-' if value is None else value}\n")
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        """The gRPC target (IPv6 bracketed)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.target
+
+
+_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:\[\]]+)):(?P<port>\d{1,5})$")
+
+
+def parse_bootstrap(text: str, option: str = "--bootstrap-controller") -> list[HostPort]:
+    """``h1:9093,h2:9093`` → endpoints; raises :class:`CliError` naming ``option`` and the bad entry."""
+    entries = [item.strip() for item in text.split(",") if item.strip()]
+    if not entries:
+        raise CliError(f"{option} is empty: expected host:port[,host:port…]")
+    endpoints: list[HostPort] = []
+    for entry in entries:
+        match = _HOST_PORT.match(entry)
+        port = int(match.group("port")) if match else 0
+        if match is None or not 1 <= port <= 65535:
+            raise CliError(f"{option} entry {entry!r} is not host:port with a port in 1..65535")
+        endpoints.append(HostPort(match.group("v6") or match.group("host"), port))
+    return endpoints

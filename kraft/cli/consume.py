@@ -1,0 +1,113 @@
+"""``kraft consume``: read records of a topic partition from its leader (a data-path smoke test).
+
+Starts at ``--offset`` (or the earliest offset with ``--from-beginning``, else the latest) and stops
+after ``--max-records`` records or when no new record arrived for ``--idle-timeout`` seconds.  Prints
+one value per line, or one JSON object per record with ``--json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from kraft.broker.client import BrokerClient
+from kraft.broker.service import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
+from kraft.cli.common import JsonOption, handle_errors, parse_bootstrap, run_async
+from kraft.cli.produce import BootstrapServerOption
+from kraft.errors import ErrorCode, KraftError
+from kraft.v1 import broker_pb2 as pb
+
+app = typer.Typer(help="Read records of a topic partition (follows leader changes).")
+
+_POLL_WAIT_MS = 500
+
+
+@app.callback(invoke_without_command=True)
+@handle_errors
+def consume(
+    bootstrap_server: BootstrapServerOption,
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic name.", show_default=False)],
+    partition: Annotated[int, typer.Option("--partition", "-p", min=0, help="Partition index.")] = 0,
+    offset: Annotated[int | None, typer.Option("--offset", min=0, help="First offset to read.")] = None,
+    from_beginning: Annotated[
+        bool, typer.Option("--from-beginning", help="Start at the earliest offset.")
+    ] = False,
+    max_records: Annotated[
+        int, typer.Option("--max-records", min=1, help="Stop after this many.")
+    ] = 1_000_000,
+    idle_timeout_s: Annotated[
+        float, typer.Option("--idle-timeout", min=0.0, help="Stop after this many seconds without records.")
+    ] = 2.0,
+    cluster_id: Annotated[str, typer.Option("--cluster-id", help="Check the cluster id (empty: skip).")] = "",
+    timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
+    json_output: JsonOption = False,
+) -> None:
+    """Print records from the partition's leader."""
+    if offset is not None and from_beginning:
+        raise KraftError(ErrorCode.INVALID_REQUEST, "--offset and --from-beginning exclude each other")
+    targets = [hp.target for hp in parse_bootstrap(bootstrap_server, "--bootstrap-server")]
+    start = offset if offset is not None else (EARLIEST_TIMESTAMP if from_beginning else LATEST_TIMESTAMP)
+    run_async(
+        _consume(
+            targets, cluster_id, topic, partition, start, max_records, idle_timeout_s, timeout_s, json_output
+        )
+    )
+
+
+async def _consume(
+    targets: list[str],
+    cluster_id: str,
+    topic: str,
+    partition: int,
+    start: int,
+    max_records: int,
+    idle_timeout_s: float,
+    timeout_s: float,
+    json_output: bool,
+) -> None:
+    loop = asyncio.get_running_loop()
+    async with BrokerClient(targets, cluster_id=cluster_id) as client:
+        position = (
+            start if start >= 0 else await client.list_offset(topic, partition, start, deadline_s=timeout_s)
+        )
+        printed = 0
+        idle_until = loop.time() + idle_timeout_s
+        while printed < max_records:
+            wait_ms = max(0, min(_POLL_WAIT_MS, int((idle_until - loop.time()) * 1000)))
+            response = await client.fetch(
+                topic, partition, position, max_wait_ms=wait_ms, deadline_s=timeout_s
+            )
+            code = ErrorCode.from_wire(response.error_code)
+            if code is not ErrorCode.NONE:
+                raise KraftError(code, response.error_message)
+            for record in response.records[: max_records - printed]:
+                _print_record(topic, partition, record, json_output)
+                printed += 1
+            if response.records:
+                position = response.records[-1].offset + 1
+                idle_until = loop.time() + idle_timeout_s
+            elif loop.time() >= idle_until:
+                break
+        sys.stdout.flush()
+
+
+def _print_record(topic: str, partition: int, record: pb.BrokerRecord, json_output: bool) -> None:
+    if json_output:
+        line = json.dumps(
+            {
+                "topic": topic,
+                "partition": partition,
+                "offset": record.offset,
+                "timestamp_ms": record.timestamp_ms,
+                "leader_epoch": record.leader_epoch,
+                "key": record.key.decode(errors="replace") if record.has_key else None,
+                "value": record.value.decode(errors="replace") if record.has_value else None,
+            }
+        )
+        sys.stdout.write(line + "\n")
+    else:
+        sys.stdout.write((record.value.decode(errors="replace") if record.has_value else "") + "\n")

@@ -1,0 +1,28 @@
+"""``kraft controller start --config F`` — run a controller in the foreground (SIGTERM = graceful stop)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+
+from kraft.cli.common import CliError, ConfigOption, handle_errors
+from kraft.config import load_config
+from kraft.observability.logging import configure_logging
+
+app = typer.Typer(no_args_is_help=True, help="Run a controller node.")
+
+
+@app.command("start")
+@handle_errors
+def start_command(config: ConfigOption) -> None:
+    """Run a controller until SIGTERM/SIGINT; refuses unformatted or mismatched storage."""
+    # Imported here so `kraft --help` stays fast (the controller pulls in grpc servers and storage).
+    from kraft.raft.process import StartupError, run_controller
+
+    cfg = load_config(config)
+    configure_logging(cfg.log_level)
+    try:
+        asyncio.run(run_controller(cfg))
+    except StartupError as exc:
+        raise CliError(str(exc)) from None

@@ -1,0 +1,387 @@
+"""``LocalCluster``: a whole cluster under one directory — create, start, observe, wait, stop.
+
+Typical use (the CLI and the chaos harness)::
+
+    cluster = LocalCluster.create(Path("/tmp/c"), controllers=3, brokers=3, profile="fast")
+    cluster.start()
+    cluster.wait_healthy(timeout_s=60)
+    cluster.kill("controller-1"); cluster.start(["controller-1"]); cluster.wait_node_ready(1, 30)
+    cluster.down()
+
+The directory is the only state: ``cluster.json`` (the spec), ``config/``, ``data/``, ``logs/``, ``run/``
+(pid files), so a later ``LocalCluster.open(dir)`` — another CLI invocation — finds the same processes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kraft.cluster.formatting import format_node_storage
+from kraft.cluster.probe import broker_views, quorum_view
+from kraft.cluster.process import NodeProcess, ProcessError
+from kraft.cluster.spec import (
+    AddressOf,
+    ClusterLayout,
+    ClusterSpec,
+    NodeRole,
+    NodeSpec,
+    node_properties,
+    plan_cluster,
+)
+from kraft.config import format_properties, load_config
+from kraft.netutil import port_in_use
+from kraft.storage.ids import random_uuid
+
+CONTROLLER_READY = frozenset({"leader", "follower"})
+BROKER_READY = frozenset({"active"})
+
+
+class ClusterError(Exception):
+    """A cluster operation that cannot proceed; the message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    node_id: int
+    role: NodeRole
+    name: str
+    pid: int | None
+    endpoint: str
+    state: str
+    log: str
+
+    @property
+    def ready(self) -> bool:
+        return self.state in (CONTROLLER_READY if self.role is NodeRole.CONTROLLER else BROKER_READY)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.node_id,
+            "role": str(self.role),
+            "name": self.name,
+            "pid": self.pid,
+            "endpoint": self.endpoint,
+            "state": self.state,
+            "log": self.log,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """A point-in-time view of every node.
+
+    Controller states: ``stopped``, ``starting`` (process up, not answering), ``electing`` (no leader
+    known), ``leader``, ``follower``.  Broker states: ``stopped``, ``starting`` (no active controller to
+    ask), ``registering`` (not registered yet), or the controller's view lower-cased: ``fenced``,
+    ``active``, ``controlled_shutdown``, ``offline``.
+    """
+
+    cluster_id: str
+    dir: str
+    leader_id: int
+    nodes: tuple[NodeStatus, ...]
+
+    @property
+    def healthy(self) -> bool:
+        """One leader, every controller following it, every broker unfenced."""
+        return self.leader_id >= 0 and all(node.ready for node in self.nodes)
+
+    def node(self, node_id: int) -> NodeStatus:
+        return next(n for n in self.nodes if n.node_id == node_id)
+
+    def summary(self) -> str:
+        """One line for progress displays and timeout messages."""
+        controllers = [n for n in self.nodes if n.role is NodeRole.CONTROLLER]
+        brokers = [n for n in self.nodes if n.role is NodeRole.BROKER]
+        leader = f"leader {self.leader_id}" if self.leader_id >= 0 else "no leader"
+        waiting = ", ".join(f"{n.name} {n.state}" for n in self.nodes if not n.ready)
+        ready_brokers = sum(n.ready for n in brokers)
+        text = f"{leader}; controllers {sum(n.ready for n in controllers)}/{len(controllers)} ready"
+        text += f"; brokers {ready_brokers}/{len(brokers)} active"
+        return text + (f" (waiting: {waiting})" if waiting else "")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cluster_id": self.cluster_id,
+            "dir": self.dir,
+            "leader_id": self.leader_id,
+            "healthy": self.healthy,
+            "nodes": [n.as_json() for n in self.nodes],
+        }
+
+
+class LocalCluster:
+    """The processes of one cluster directory."""
+
+    def __init__(
+        self,
+        layout: ClusterLayout,
+        spec: ClusterSpec,
+        *,
+        address_of: AddressOf | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.spec = spec
+        self.address_of = address_of
+        self._processes = {n.node_id: NodeProcess(n, layout, dict(extra_env or {})) for n in spec.nodes}
+
+    # --- creation -------------------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        root: Path,
+        *,
+        controllers: int = 3,
+        brokers: int = 3,
+        base_port: int | None = None,
+        host: str = "127.0.0.1",
+        profile: str = "default",
+        metrics: bool = False,
+        overrides: Mapping[str, str] | None = None,
+        cluster_id: str | None = None,
+        address_of: AddressOf | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> LocalCluster:
+        """Plan ids and ports, write every config, format every node's storage, save ``cluster.json``.
+
+        Refuses a directory that already holds a cluster, and ports that are already taken.
+        """
+        layout = ClusterLayout(root.resolve())
+        if layout.state_path.exists():
+            raise ClusterError(
+                f"{layout.root} already holds a cluster; start it with `kraft cluster up --dir {root}` "
+                "or remove it with `kraft cluster down --purge`"
+            )
+        try:
+            spec = plan_cluster(
+                cluster_id or random_uuid(),
+                controllers,
+                brokers,
+                base_port=base_port,
+                host=host,
+                profile=profile,
+                metrics=metrics,
+                overrides=overrides,
+            )
+        except ValueError as exc:
+            raise ClusterError(str(exc)) from None
+        cluster = cls(layout, spec, address_of=address_of, extra_env=extra_env)
+        cluster.check_ports_free(spec.nodes)
+        cluster.write_configs()
+        cluster.format_storage()
+        layout.save(spec)
+        return cluster
+
+    @classmethod
+    def open(
+        cls,
+        root: Path,
+        *,
+        address_of: AddressOf | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> LocalCluster:
+        """The cluster saved in ``root``; :class:`ClusterError` if there is none."""
+        layout = ClusterLayout(root.resolve())
+        try:
+            spec = layout.load()
+        except ValueError as exc:
+            raise ClusterError(str(exc)) from None
+        if spec is None:
+            raise ClusterError(
+                f"no cluster in {layout.root} (create one with `kraft cluster up --dir {root}`)"
+            )
+        return cls(layout, spec, address_of=address_of, extra_env=extra_env)
+
+    def write_configs(self) -> None:
+        """(Re)write every node's ``.properties`` from the spec (and ``address_of``, if given)."""
+        # Render (and validate) all of them before writing any: a bad override leaves nothing behind.
+        rendered = {
+            node: node_properties(self.spec, node, self.layout, self.address_of) for node in self.spec.nodes
+        }
+        for node, props in rendered.items():
+            path = self.layout.config_path(node)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            header = f"{node.name} of cluster {self.spec.cluster_id} (generated by kraft cluster)"
+            path.write_text(format_properties(props, header=header), encoding="utf-8")
+
+    def format_storage(self) -> None:
+        for node in self.spec.nodes:
+            cfg = load_config(self.layout.config_path(node))
+            format_node_storage(cfg, self.spec.cluster_id, ignore_formatted=True)
+
+    def check_ports_free(self, nodes: Iterable[NodeSpec]) -> None:
+        for node in nodes:
+            for port, what in ((node.port, "listener"), (node.metrics_port, "metrics port")):
+                if port and port_in_use(node.host, port):
+                    raise ClusterError(
+                        f"port {port} ({node.name} {what}) on {node.host} is already in use; "
+                        "stop whatever holds it or choose another --base-port"
+                    )
+
+    # --- processes ------------------------------------------------------------------------------------
+
+    def process(self, key: int | str) -> NodeProcess:
+        """A node's process handle by id (``1``, ``101``) or name (``controller-1``)."""
+        try:
+            node = self.spec.node(key)
+        except KeyError as exc:
+            raise ClusterError(str(exc.args[0])) from None
+        return self._processes[node.node_id]
+
+    def _select(self, keys: Iterable[int | str] | None) -> list[NodeProcess]:
+        chosen = list(self._processes.values()) if keys is None else [self.process(k) for k in keys]
+        # Controllers first on start (brokers need a quorum to register with).
+        return sorted(chosen, key=lambda p: (p.node.role is not NodeRole.CONTROLLER, p.node.node_id))
+
+    def running(self) -> dict[str, int]:
+        """Name → pid of every node process that is running now."""
+        return {p.node.name: pid for p in self._select(None) if (pid := p.pid()) is not None}
+
+    def start(self, keys: Iterable[int | str] | None = None) -> dict[str, int]:
+        """Start the given nodes (default: all that are not running); returns name → pid."""
+        to_start = [p for p in self._select(keys) if not p.is_running()]
+        self.check_ports_free(p.node for p in to_start)
+        started: dict[str, int] = {}
+        for proc in to_start:
+            try:
+                started[proc.node.name] = proc.start()
+            except (OSError, ProcessError) as exc:
+                raise ClusterError(f"cannot start {proc.node.name}: {exc}") from None
+        return started
+
+    def stop(self, key: int | str, timeout_s: float = 15.0) -> str:
+        """Graceful stop of one node (SIGTERM, SIGKILL after ``timeout_s``)."""
+        return self.process(key).stop(timeout_s)
+
+    def kill(self, key: int | str) -> bool:
+        """SIGKILL one node (a crash)."""
+        return self.process(key).kill()
+
+    def restart(self, key: int | str, timeout_s: float = 15.0) -> int:
+        proc = self.process(key)
+        proc.stop(timeout_s)
+        return self.start([proc.node.node_id])[proc.node.name]
+
+    def down(self, timeout_s: float = 15.0) -> dict[str, str]:
+        """Stop everything: brokers first (controlled shutdown needs the controllers), then controllers.
+
+        Each group gets SIGTERM at once and ``timeout_s`` to exit before SIGKILL.  Returns name → outcome.
+        """
+        outcomes: dict[str, str] = {}
+        for role in (NodeRole.BROKER, NodeRole.CONTROLLER):
+            group = [p for p in self._select(None) if p.node.role is role]
+            pids = {p.node.name: p.request_stop() for p in group}
+            for proc in group:
+                outcomes[proc.node.name] = proc.finish_stop(pids[proc.node.name], timeout_s)
+        return outcomes
+
+    # --- observation ----------------------------------------------------------------------------------
+
+    def status(self, probe_timeout_s: float = 1.0) -> ClusterStatus:
+        pids = {node_id: proc.pid() for node_id, proc in self._processes.items()}
+        views = {
+            c.node_id: quorum_view(c.target, probe_timeout_s) if pids[c.node_id] is not None else None
+            for c in self.spec.controllers
+        }
+        # The leader is the controller that says it leads (highest epoch wins a stale claim).
+        claims = [
+            (v.leader_epoch, node_id)
+            for node_id, v in views.items()
+            if v is not None and v.leader_id == node_id
+        ]
+        leader_id = max(claims)[1] if claims else -1
+        brokers = None
+        if leader_id >= 0 and self.spec.brokers:
+            leader = self.spec.node(leader_id)
+            brokers = broker_views(leader.target, self.spec.cluster_id, probe_timeout_s)
+        nodes: list[NodeStatus] = []
+        for node in self.spec.nodes:
+            pid = pids[node.node_id]
+            if pid is None:
+                state = "stopped"
+            elif node.role is NodeRole.CONTROLLER:
+                view = views[node.node_id]
+                if view is None:
+                    state = "starting"
+                elif view.leader_id < 0:
+                    state = "electing"
+                else:
+                    state = "leader" if view.leader_id == node.node_id else "follower"
+            elif brokers is None:
+                state = "starting"
+            else:
+                broker = brokers.get(node.node_id)
+                state = broker.state.lower() if broker is not None else "registering"
+            log = str(self.layout.log_path(node))
+            nodes.append(NodeStatus(node.node_id, node.role, node.name, pid, node.target, state, log))
+        return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))
+
+    def _check_alive(self, expected: Iterable[NodeProcess]) -> None:
+        for proc in expected:
+            if not proc.is_running():
+                code = proc.exit_code()
+                how = f"exited with code {code}" if code is not None else "is not running"
+                # Skip box-drawing and blank lines (typer/rich error boxes): show the last line with words.
+                wordy = [line.strip(" │╭╮╰╯─") for line in proc.log_tail(20) if re.search(r"\w{3}", line)]
+                last = f"; last log line: {wordy[-1]}" if wordy else ""
+                raise ClusterError(f"{proc.node.name} {how} (log {proc.log_path}){last}")
+
+    def wait_until(
+        self,
+        predicate: Callable[[ClusterStatus], bool],
+        timeout_s: float,
+        *,
+        what: str = "the condition",
+        expect_running: Iterable[int | str] | None = None,
+        on_status: Callable[[ClusterStatus], None] | None = None,
+        interval_s: float = 0.2,
+    ) -> ClusterStatus:
+        """Poll :meth:`status` until ``predicate`` holds; :class:`ClusterError` on timeout or on a node in
+        ``expect_running`` (default: none) dying meanwhile."""
+        expected = [self.process(k) for k in expect_running] if expect_running is not None else []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.status()
+            if on_status is not None:
+                on_status(status)
+            if predicate(status):
+                return status
+            self._check_alive(expected)
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"timed out after {timeout_s:g} s waiting for {what}: {status.summary()}")
+            time.sleep(interval_s)
+
+    def wait_healthy(
+        self, timeout_s: float = 60.0, on_status: Callable[[ClusterStatus], None] | None = None
+    ) -> ClusterStatus:
+        """Wait until the quorum has a leader every controller follows and every broker is unfenced."""
+        return self.wait_until(
+            lambda s: s.healthy,
+            timeout_s,
+            what="a healthy cluster",
+            expect_running=[n.node_id for n in self.spec.nodes],
+            on_status=on_status,
+        )
+
+    def wait_node_ready(
+        self,
+        key: int | str,
+        timeout_s: float = 30.0,
+        on_status: Callable[[ClusterStatus], None] | None = None,
+    ) -> ClusterStatus:
+        """Wait until one node is ready: a controller follows or leads, a broker is unfenced."""
+        node = self.process(key).node
+        return self.wait_until(
+            lambda s: s.leader_id >= 0 and s.node(node.node_id).ready,
+            timeout_s,
+            what=f"{node.name} to be ready",
+            expect_running=[node.node_id],
+            on_status=on_status,
+        )

@@ -1,0 +1,66 @@
+"""Bounded, non-raising gRPC probes of one node (for status displays and wait loops).
+
+Each probe answers ``None`` when the node cannot be asked (not up yet, unreachable, deadline): callers
+poll, so a missing answer is information, not an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from kraft.errors import ErrorCode
+from kraft.v1 import controller_pb2, controller_pb2_grpc, raft_pb2, raft_pb2_grpc
+
+# One attempt per probe: the caller's poll loop is the retry policy.
+_CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumView:
+    """What one controller says about the quorum (``leader_id`` -1 = no leader known)."""
+
+    leader_id: int
+    leader_epoch: int
+    high_watermark: int
+    error: ErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerView:
+    """A broker as the active controller sees it (``state``: FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE)."""
+
+    broker_id: int
+    state: str
+    metadata_offset: int
+
+
+def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
+    """DescribeQuorum on ``target`` itself (no redirect): any controller names the leader it knows."""
+    try:
+        with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as channel:
+            stub = raft_pb2_grpc.RaftServiceStub(channel)
+            reply: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
+                raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
+            )
+    except grpc.RpcError:
+        return None
+    return QuorumView(
+        reply.leader_id, reply.leader_epoch, reply.high_watermark, ErrorCode.from_wire(reply.error_code)
+    )
+
+
+def broker_views(target: str, cluster_id: str, timeout_s: float) -> dict[int, BrokerView] | None:
+    """Every registered broker per DescribeCluster on ``target``; None unless it is the active controller."""
+    try:
+        with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as channel:
+            stub = controller_pb2_grpc.ControllerServiceStub(channel)
+            reply: controller_pb2.DescribeClusterResponse = stub.DescribeCluster(
+                controller_pb2.DescribeClusterRequest(cluster_id=cluster_id), timeout=timeout_s
+            )
+    except grpc.RpcError:
+        return None
+    if ErrorCode.from_wire(reply.error_code) is not ErrorCode.NONE:
+        return None
+    return {b.broker_id: BrokerView(b.broker_id, b.state, b.metadata_offset) for b in reply.brokers}

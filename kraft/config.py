@@ -1,0 +1,641 @@
+"""Node configuration: Kafka-style ``.properties`` files parsed into a validated pydantic model.
+
+``parse_properties`` follows ``java.util.Properties.load`` exactly (comments, separators, line
+continuations, escapes), so a Kafka operator's file means the same thing here.  ``NodeConfig`` holds the
+keys of docs/configuration.md under Kafka's names (attribute = key with ``.`` → ``_``).  Every failure —
+unknown key, bad value, missing required key, inconsistent combination — is a :class:`ConfigError` whose
+message is one line naming the key, the value and the rule.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from kraft.errors import ErrorCode, KraftError
+
+# ---------------------------------------------------------------------------------------------------------
+# Errors
+
+
+class ConfigError(KraftError):
+    """A configuration problem, reported as one line: ``key=value: rule``."""
+
+    def __init__(self, message: str, *, key: str | None = None, value: str | None = None) -> None:
+        super().__init__(ErrorCode.INVALID_CONFIG, message)
+        self.key = key
+        self.value = value
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def for_key(cls, key: str, value: object, rule: str) -> ConfigError:
+        shown = value if isinstance(value, str) else _render(value)
+        return cls(f"invalid config {key}={shown!r}: {rule}", key=key, value=shown)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# java.util.Properties syntax
+
+_WHITESPACE: Final = " \t\f"
+_SIMPLE_ESCAPES: Final = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
+    """Yield (line number, logical line) pairs: comments and blank lines dropped, continuations joined.
+
+    A natural line continues when it ends in an odd number of backslashes; the continuation's leading
+    whitespace is discarded.  Comment lines never continue (as in Java).
+    """
+    natural = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    index = 0
+    while index < len(natural):
+        start = index
+        line = natural[index].lstrip(_WHITESPACE)
+        index += 1
+        if not line or line[0] in "#!":
+            continue
+        parts: list[str] = []
+        while True:
+            trailing = len(line) - len(line.rstrip("\\"))
+            if trailing % 2 == 0 or index >= len(natural):
+                # A final odd backslash at end of input is dropped, as Java does.
+                parts.append(line[:-1] if trailing % 2 else line)
+                break
+            parts.append(line[:-1])
+            line = natural[index].lstrip(_WHITESPACE)
+            index += 1
+        yield start + 1, "".join(parts)
+
+
+def _unescape(raw: str, line_no: int) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        ch = raw[i]
+        if ch != "\\" or i + 1 >= len(raw):
+            out.append(ch)
+            i += 1
+            continue
+        nxt = raw[i + 1]
+        if nxt == "u":
+            digits = raw[i + 2 : i + 6]
+            if len(digits) != 4 or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise ConfigError(f"line {line_no}: malformed \\uxxxx escape {raw[i : i + 6]!r}")
+            out.append(chr(int(digits, 16)))
+            i += 6
+            continue
+        out.append(_SIMPLE_ESCAPES.get(nxt, nxt))
+        i += 2
+    return "".join(out)
+
+
+def _split_key_value(line: str) -> tuple[str, str]:
+    """Split a logical line at the first unescaped ``=``, ``:`` or whitespace (raw, still escaped)."""
+    i = 0
+    while i < len(line):
+        ch = line[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if ch in "=:" or ch in _WHITESPACE:
+            break
+        i += 1
+    key = line[:i]
+    rest = line[i:].lstrip(_WHITESPACE)
+    if rest[:1] in ("=", ":"):  # at most one separator; a second one belongs to the value
+        rest = rest[1:].lstrip(_WHITESPACE)
+    return key, rest
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse ``.properties`` text exactly as ``java.util.Properties.load``; later keys win."""
+    result: dict[str, str] = {}
+    for line_no, line in _logical_lines(text):
+        raw_key, raw_value = _split_key_value(line)
+        result[_unescape(raw_key, line_no)] = _unescape(raw_value, line_no)
+    return result
+
+
+def _escape(text: str, *, is_key: bool) -> str:
+    out: list[str] = []
+    for pos, ch in enumerate(text):
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch in "\t\n\r\f":
+            out.append("\\" + {"\t": "t", "\n": "n", "\r": "r", "\f": "f"}[ch])
+        elif ch in "=:#!" and is_key:  # in a value only the first separator counts, so no escape
+            out.append("\\" + ch)
+        elif ch == " " and (is_key or pos == 0):
+            out.append("\\ ")
+        elif ord(ch) < 0x20 or ord(ch) > 0x7E:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else ch)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def format_properties(values: Mapping[str, str], header: str | None = None) -> str:
+    """Render ``key=value`` lines that :func:`parse_properties` (and Java) read back unchanged."""
+    lines = [f"# {line}" for line in header.splitlines()] if header else []
+    lines.extend(f"{_escape(k, is_key=True)}={_escape(v, is_key=False)}" for k, v in values.items())
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Typed values
+
+
+class Role(enum.StrEnum):
+    BROKER = "broker"
+    CONTROLLER = "controller"
+
+
+def _split_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port); raises ValueError with the rule."""
+    if text.startswith("["):
+        host, sep, port_text = text[1:].partition("]:")
+    else:
+        host, sep, port_text = text.rpartition(":")
+    if not sep or not re.fullmatch(r"\d{1,5}", port_text):
+        raise ValueError(f"{text!r} is not host:port")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range 0..65535")
+    return host, port
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Voter:
+    """One entry of ``controller.quorum.voters``: ``id@host:port``."""
+
+    id: int
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        """The gRPC target string (``host:port``, IPv6 bracketed)."""
+        return _join_host_port(self.host, self.port)
+
+    def __str__(self) -> str:
+        return f"{self.id}@{self.target}"
+
+
+@dataclass(frozen=True, slots=True)
+class Listener:
+    """One entry of ``listeners``: ``NAME://host:port`` (an empty host means every interface)."""
+
+    name: str
+    host: str
+    port: int
+
+    @property
+    def bind_address(self) -> str:
+        """What a gRPC server binds (``0.0.0.0:port`` for an empty host)."""
+        return _join_host_port(self.host or "0.0.0.0", self.port)
+
+    @property
+    def target(self) -> str:
+        """What a client on this machine dials (``127.0.0.1`` for a wildcard host)."""
+        host = self.host if self.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        return _join_host_port(host, self.port)
+
+    def __str__(self) -> str:
+        return f"{self.name}://{_join_host_port(self.host, self.port) if self.host else f':{self.port}'}"
+
+
+def parse_voters(text: str) -> tuple[Voter, ...]:
+    """``1@h:9093,2@h:9094`` → voters; raises ValueError naming the bad entry."""
+    voters: list[Voter] = []
+    for entry in _comma_list(text):
+        node, sep, address = entry.partition("@")
+        if not sep or not re.fullmatch(r"\d+", node):
+            raise ValueError(f"entry {entry!r} is not id@host:port")
+        host, port = _split_host_port(address)
+        if not host or port == 0:
+            raise ValueError(f"entry {entry!r} needs a host and a port in 1..65535")
+        voters.append(Voter(int(node), host, port))
+    if not voters:
+        raise ValueError("must list at least one voter as id@host:port")
+    ids = [v.id for v in voters]
+    if len(set(ids)) != len(ids):
+        raise ValueError("voter ids must be unique")
+    return tuple(voters)
+
+
+def parse_listeners(text: str) -> tuple[Listener, ...]:
+    """``CONTROLLER://h:9093,PLAINTEXT://:9092`` → listeners; names are upper-cased as Kafka does."""
+    listeners: list[Listener] = []
+    for entry in _comma_list(text):
+        name, sep, address = entry.partition("://")
+        if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+            raise ValueError(f"entry {entry!r} is not NAME://host:port")
+        host, port = _split_host_port(address)
+        listeners.append(Listener(name.upper(), host, port))
+    if not listeners:
+        raise ValueError("must list at least one listener as NAME://host:port")
+    names = [lst.name for lst in listeners]
+    if len(set(names)) != len(names):
+        raise ValueError("listener names must be unique")
+    return tuple(listeners)
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+# --- pydantic field types: strings from a .properties file, or already-typed values from Python code ---
+
+
+def _int_rule(minimum: int, maximum: int | None = None) -> BeforeValidator:
+    rule = f"must be an integer >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+
+    def parse(value: object) -> int:
+        if isinstance(value, bool):
+            raise ValueError(rule)
+        if isinstance(value, str):
+            if not re.fullmatch(r"[+-]?\d+", value.strip()):
+                raise ValueError(rule)
+            value = int(value.strip())
+        if not isinstance(value, int) or value < minimum or (maximum is not None and value > maximum):
+            raise ValueError(rule)
+        return value
+
+    return BeforeValidator(parse)
+
+
+def _parse_bool(value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError("must be true or false")
+
+
+def _items(value: object) -> list[str]:
+    """A comma list from a file, or the items of a sequence given from Python code."""
+    if isinstance(value, str):
+        return _comma_list(value)
+    if isinstance(value, Iterable):
+        return [str(item).strip() for item in value]
+    raise ValueError("must be a comma list")
+
+
+def _parse_roles(value: object) -> frozenset[Role]:
+    items = _items(value)
+    try:
+        roles = frozenset(Role(str(item).strip().lower()) for item in items)
+    except ValueError:
+        roles = frozenset()
+    if not roles or len(roles) != len(items):
+        raise ValueError("must be 'broker', 'controller' or 'broker,controller'")
+    return roles
+
+
+def _typed_or_parsed(parser: Any, kind: type) -> BeforeValidator:
+    def parse(value: object) -> object:
+        if isinstance(value, str):
+            return parser(value)
+        if isinstance(value, Iterable) and all(isinstance(v, kind) for v in value):
+            return tuple(value)
+        raise ValueError(f"must be a string or a sequence of {kind.__name__}")
+
+    return BeforeValidator(parse)
+
+
+def _parse_names(value: object) -> tuple[str, ...]:
+    names = _items(value)
+    if not names:
+        raise ValueError("must be a non-empty comma list")
+    return tuple(name.upper() for name in names)
+
+
+def _parse_paths(value: object) -> tuple[Path, ...]:
+    return tuple(Path(item) for item in _items(value))
+
+
+def _parse_optional_path(value: object) -> Path | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return Path(str(value).strip())
+
+
+def _parse_optional_str(value: object) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return str(value).strip()
+
+
+def _parse_level(value: object) -> str:
+    text = str(value).strip().upper()
+    if text == "WARN":
+        text = "WARNING"
+    if text not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
+    return text
+
+
+Ms = Annotated[int, _int_rule(1)]
+NonNegative = Annotated[int, _int_rule(0)]
+Positive = Annotated[int, _int_rule(1)]
+Port = Annotated[int, _int_rule(0, 65535)]
+Bool = Annotated[bool, BeforeValidator(_parse_bool)]
+
+
+def _key(name: str, **kwargs: Any) -> Any:
+    return Field(alias=name, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The model
+
+
+class NodeConfig(BaseModel):
+    """One node's configuration; build it with :meth:`from_properties` or :func:`load_config`."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    process_roles: Annotated[frozenset[Role], BeforeValidator(_parse_roles)] = _key("process.roles")
+    node_id: NonNegative = _key("node.id")
+    controller_quorum_voters: Annotated[tuple[Voter, ...], _typed_or_parsed(parse_voters, Voter)] = _key(
+        "controller.quorum.voters"
+    )
+    listeners: Annotated[tuple[Listener, ...], _typed_or_parsed(parse_listeners, Listener)] = _key(
+        "listeners"
+    )
+    controller_listener_names: Annotated[tuple[str, ...], BeforeValidator(_parse_names)] = _key(
+        "controller.listener.names", default=("CONTROLLER",)
+    )
+    log_dirs: Annotated[tuple[Path, ...], BeforeValidator(_parse_paths)] = _key("log.dirs", default=())
+    metadata_log_dir: Annotated[Path | None, BeforeValidator(_parse_optional_path)] = _key(
+        "metadata.log.dir", default=None
+    )
+    controller_quorum_election_timeout_ms: Ms = _key("controller.quorum.election.timeout.ms", default=1000)
+    controller_quorum_fetch_timeout_ms: Ms = _key("controller.quorum.fetch.timeout.ms", default=2000)
+    controller_quorum_election_backoff_max_ms: Ms = _key(
+        "controller.quorum.election.backoff.max.ms", default=1000
+    )
+    controller_quorum_append_linger_ms: NonNegative = _key("controller.quorum.append.linger.ms", default=25)
+    controller_quorum_request_timeout_ms: Ms = _key("controller.quorum.request.timeout.ms", default=2000)
+    controller_quorum_retry_backoff_ms: NonNegative = _key("controller.quorum.retry.backoff.ms", default=20)
+    controller_quorum_fetch_max_wait_ms: NonNegative = _key(
+        "controller.quorum.fetch.max.wait.ms", default=500
+    )
+    broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
+    broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
+    initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)
+    broker_rack: Annotated[str | None, BeforeValidator(_parse_optional_str)] = _key(
+        "broker.rack", default=None
+    )
+    metadata_log_segment_bytes: Positive = _key("metadata.log.segment.bytes", default=1073741824)
+    metadata_log_segment_ms: Ms = _key("metadata.log.segment.ms", default=604800000)
+    metadata_max_retention_bytes: Annotated[int, _int_rule(-1)] = _key(
+        "metadata.max.retention.bytes", default=104857600
+    )
+    metadata_max_retention_ms: Annotated[int, _int_rule(-1)] = _key(
+        "metadata.max.retention.ms", default=604800000
+    )
+    metadata_log_max_record_bytes_between_snapshots: Positive = _key(
+        "metadata.log.max.record.bytes.between.snapshots", default=20971520
+    )
+    metadata_log_max_snapshot_interval_ms: NonNegative = _key(
+        "metadata.log.max.snapshot.interval.ms", default=3600000
+    )
+    metadata_max_idle_interval_ms: NonNegative = _key("metadata.max.idle.interval.ms", default=500)
+    log_segment_bytes: Positive = _key("log.segment.bytes", default=1073741824)
+    num_partitions: Positive = _key("num.partitions", default=1)
+    default_replication_factor: Positive = _key("default.replication.factor", default=1)
+    metrics_port: Port = _key("metrics.port", default=0)
+    log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_parse_level)] = _key(
+        "log.level", default="INFO"
+    )
+    grpc_max_message_bytes: Annotated[int, _int_rule(1024)] = _key("grpc.max.message.bytes", default=16777216)
+    kraft_test_append_enable: Bool = _key("kraft.test.append.enable", default=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_metadata_log_dir(cls, data: Any) -> Any:
+        """``metadata.log.dir`` defaults to the first of ``log.dirs`` (Kafka's rule)."""
+        if not isinstance(data, dict):
+            return data
+        for meta_key in ("metadata.log.dir", "metadata_log_dir"):
+            if _parse_optional_path(data.get(meta_key)) is not None:
+                return data
+        for dirs_key in ("log.dirs", "log_dirs"):
+            if dirs_key in data:
+                try:
+                    dirs = _parse_paths(data[dirs_key])
+                except (TypeError, ValueError):
+                    return data  # the field validator reports it
+                if dirs:
+                    return {**data, "metadata.log.dir": dirs[0]}
+        return data
+
+    @model_validator(mode="after")
+    def _check_combination(self) -> NodeConfig:
+        _check_cross_field_rules(self)
+        return self
+
+    # --- derived views ---
+
+    @property
+    def roles(self) -> frozenset[Role]:
+        return self.process_roles
+
+    @property
+    def is_controller(self) -> bool:
+        return Role.CONTROLLER in self.process_roles
+
+    @property
+    def is_broker(self) -> bool:
+        return Role.BROKER in self.process_roles
+
+    @property
+    def voters(self) -> tuple[Voter, ...]:
+        return self.controller_quorum_voters
+
+    @property
+    def voter_ids(self) -> frozenset[int]:
+        return frozenset(v.id for v in self.controller_quorum_voters)
+
+    def voter(self, node_id: int) -> Voter | None:
+        return next((v for v in self.controller_quorum_voters if v.id == node_id), None)
+
+    def listener(self, name: str) -> Listener | None:
+        return next((lst for lst in self.listeners if lst.name == name.upper()), None)
+
+    @property
+    def controller_listener(self) -> Listener | None:
+        """The listener named first in ``controller.listener.names`` (None on a broker-only node)."""
+        return self.listener(self.controller_listener_names[0])
+
+    @property
+    def broker_listener(self) -> Listener | None:
+        """The first listener that is not a controller listener (None on a controller-only node)."""
+        return next((lst for lst in self.listeners if lst.name not in self.controller_listener_names), None)
+
+    @property
+    def all_log_dirs(self) -> tuple[Path, ...]:
+        """Every directory ``kraft storage format`` writes meta.properties into (no duplicates)."""
+        dirs = list(self.log_dirs)
+        if self.metadata_log_dir is not None and self.metadata_log_dir not in dirs:
+            dirs.append(self.metadata_log_dir)
+        return tuple(dirs)
+
+    # --- construction and serialisation ---
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, str]) -> NodeConfig:
+        """Validate a key → string mapping; raises :class:`ConfigError` (one line) on the first problem."""
+        for key, value in properties.items():
+            if key not in _FIELD_BY_KEY:
+                close = difflib.get_close_matches(key, _FIELD_BY_KEY, n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError.for_key(key, value, f"unknown configuration key{hint}")
+        try:
+            return cls.model_validate(dict(properties))
+        except ValidationError as exc:
+            raise _config_error_from(exc, properties) from None
+
+    @classmethod
+    def build(cls, **fields: Any) -> NodeConfig:
+        """Build from Python values by attribute name, with the same one-line :class:`ConfigError`."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as exc:
+            raise _config_error_from(exc, {_KEY_BY_FIELD.get(k, k): v for k, v in fields.items()}) from None
+
+    def to_properties_dict(self, *, include_defaults: bool = False) -> dict[str, str]:
+        """Kafka key → string value; defaults are left out unless asked for (None values always are)."""
+        out: dict[str, str] = {}
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not include_defaults and name not in self.model_fields_set and name != "metadata_log_dir":
+                continue
+            out[field.alias or name] = _render(value)
+        return out
+
+    def to_properties(self, *, header: str | None = None, include_defaults: bool = False) -> str:
+        """The ``.properties`` text of this config; ``load_config`` of it gives an equal config."""
+        return format_properties(self.to_properties_dict(include_defaults=include_defaults), header)
+
+
+def _render(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, frozenset):
+        return ",".join(sorted(str(v) for v in value))
+    if isinstance(value, tuple | list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+_FIELD_BY_KEY: Final[dict[str, str]] = {
+    (field.alias or name): name for name, field in NodeConfig.model_fields.items()
+}
+_KEY_BY_FIELD: Final[dict[str, str]] = {name: key for key, name in _FIELD_BY_KEY.items()}
+
+
+def _config_error_from(exc: ValidationError, given: Mapping[str, object]) -> ConfigError:
+    first = exc.errors()[0]
+    loc = first["loc"]
+    key = str(loc[0]) if loc else "?"
+    key = _KEY_BY_FIELD.get(key, key)
+    more = exc.error_count() - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    if first["type"] == "missing":
+        return ConfigError(f"missing required config key {key}{suffix}", key=key)
+    rule = str(first["msg"]).removeprefix("Value error, ")
+    value = given.get(key, first.get("input"))
+    return ConfigError(ConfigError.for_key(key, value, rule).message + suffix, key=key, value=str(value))
+
+
+def _check_cross_field_rules(cfg: NodeConfig) -> None:
+    """Rules spanning several keys, in the spirit of Kafka's KafkaConfig validation."""
+    roles_text = _render(cfg.process_roles)
+    controller_names = set(cfg.controller_listener_names)
+    listener_names = {lst.name for lst in cfg.listeners}
+    if cfg.is_controller:
+        if cfg.node_id not in cfg.voter_ids:
+            raise ConfigError.for_key(
+                "node.id",
+                str(cfg.node_id),
+                f"a controller's node.id must be one of the voter ids in controller.quorum.voters "
+                f"({','.join(str(i) for i in sorted(cfg.voter_ids))})",
+            )
+        if cfg.controller_listener is None:
+            raise ConfigError.for_key(
+                "listeners",
+                _render(cfg.listeners),
+                f"a controller needs a listener named {cfg.controller_listener_names[0]} "
+                "(the first of controller.listener.names)",
+            )
+        if cfg.metadata_log_dir is None:
+            raise ConfigError.for_key(
+                "metadata.log.dir", "", "a controller needs metadata.log.dir or log.dirs"
+            )
+    if cfg.is_broker:
+        if not cfg.log_dirs:
+            raise ConfigError.for_key("log.dirs", "", "a broker needs at least one log directory")
+        if cfg.broker_listener is None:
+            raise ConfigError.for_key(
+                "listeners",
+                _render(cfg.listeners),
+                "a broker needs a listener that is not in controller.listener.names (e.g. PLAINTEXT://…)",
+            )
+        if not cfg.is_controller and cfg.node_id in cfg.voter_ids:
+            raise ConfigError.for_key(
+                "node.id",
+                str(cfg.node_id),
+                "a broker-only node must not use a voter id from controller.quorum.voters "
+                "(only a combined broker,controller node may)",
+            )
+        if cfg.broker_heartbeat_interval_ms >= cfg.broker_session_timeout_ms:
+            raise ConfigError.for_key(
+                "broker.heartbeat.interval.ms",
+                str(cfg.broker_heartbeat_interval_ms),
+                f"must be less than broker.session.timeout.ms ({cfg.broker_session_timeout_ms})",
+            )
+    if not cfg.is_controller and listener_names & controller_names:
+        raise ConfigError.for_key(
+            "listeners",
+            _render(cfg.listeners),
+            f"process.roles={roles_text} must not listen on controller listener "
+            f"{','.join(sorted(listener_names & controller_names))}",
+        )
+    extra_names = ",".join(sorted(listener_names - controller_names))
+    if not cfg.is_broker and extra_names:
+        raise ConfigError.for_key(
+            "listeners",
+            _render(cfg.listeners),
+            f"process.roles={roles_text} may only have controller listeners "
+            f"({','.join(cfg.controller_listener_names)}), found {extra_names}",
+        )
+
+
+def load_config(path: str | Path) -> NodeConfig:
+    """Read and validate a ``.properties`` file; any problem is one-line :class:`ConfigError`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read config file {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    return NodeConfig.from_properties(parse_properties(text))

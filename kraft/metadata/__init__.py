@@ -1,0 +1,2 @@
+"""Metadata: record types, MetadataImage/MetadataDelta, the controller state machines, the active
+controller, ControllerService and the aiosqlite image store (see docs/internals/metadata.md)."""

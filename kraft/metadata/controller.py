@@ -1,0 +1,731 @@
+"""The active controller: the asyncio shell around :class:`ControllerLogic` and a :class:`RaftClient`.
+
+Tasks and what they own (all on one event loop, so no locks):
+
+- **Raft listener** (driven by Raft's own per-listener task): ``handle_commit`` replays committed batches
+  into ``committed`` (the committed image), keeps a bounded window of recent batches for MetadataFetch,
+  wakes long-polls and resolves write waiters; ``handle_leader_change`` activates or deactivates.
+- **Activation** (one task per won epoch): appends a NoOp, waits for it to commit — so ``committed``
+  holds everything of earlier epochs — then resets the logic from it (fresh heartbeat sessions for every
+  broker) and starts answering.
+- **Session checker**: every ``session_timeout/8`` fences at most one expired broker per write; a stalled
+  event loop pushes every deadline back instead of blaming brokers.
+- **Idle NoOp**: a NoOp record every ``metadata.max.idle.interval.ms`` without other writes.
+- **Store writer**: saves ``committed`` to the image store (coalescing), never on the commit path.
+- **Snapshotter**: a Raft snapshot of ``committed`` every N bytes of records / interval.
+
+Requests run in their gRPC task: the logic computes records synchronously (validated against the
+speculative image), they are scheduled on Raft at the offsets the logic predicted, and the answer is sent
+once the high watermark passes them.  A request that produced no records still waits for every earlier
+pending write, so an answer never reflects uncommitted state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata import records as rec
+from kraft.metadata.controller_logic import (
+    ControllerLogic,
+    ControllerSettings,
+    Outcome,
+    describe_topic,
+    error_response,
+)
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import NO_LEADER, MetadataImage
+from kraft.metadata.image_records import image_values
+from kraft.metadata.store import ImageStore
+from kraft.observability.logging import get_logger
+from kraft.observability.metrics import ControllerMetrics
+from kraft.raft.client import (
+    CommittedBatch,
+    LeaderAndEpoch,
+    NotLeaderError,
+    RaftClient,
+    RaftError,
+    SnapshotReader,
+)
+from kraft.v1 import common_pb2
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
+
+R = TypeVar("R", bound=Message)
+
+SNAPSHOT_CHUNK_RECORDS = 20_000
+DEFAULT_FETCH_RECORDS = 10_000
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerOptions:
+    """Timing and sizing knobs (config keys in brackets)."""
+
+    session_timeout_ms: int = 9000  # broker.session.timeout.ms
+    noop_interval_ms: int = 500  # metadata.max.idle.interval.ms (0 = off)
+    snapshot_max_bytes: int = 20 * 1024 * 1024  # metadata.log.max.record.bytes.between.snapshots
+    snapshot_interval_ms: int = 3_600_000  # metadata.log.max.snapshot.interval.ms
+    commit_timeout_ms: int = 30_000  # how long a request waits for its commit
+    activation_wait_ms: int = 5_000  # a request arriving mid-activation waits this long
+    fetch_window_records: int = 200_000  # recent committed records kept for MetadataFetch
+    default_num_partitions: int = 1  # num.partitions
+    default_replication_factor: int = 1  # default.replication.factor
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    base_offset: int
+    last_offset: int
+    epoch: int
+    append_time_ms: int
+    records: tuple[tuple[int, bytes], ...]
+
+
+class NotControllerError(Exception):
+    def __init__(self, leader_id: int) -> None:
+        super().__init__(f"not the active controller (active: {leader_id})")
+        self.leader_id = leader_id
+
+
+class QuorumController:
+    """Serves ControllerService on one controller node; only the Raft leader acts."""
+
+    def __init__(
+        self,
+        raft: RaftClient,
+        cluster_id: str,
+        endpoints: Mapping[int, tuple[str, int]],
+        options: ControllerOptions | None = None,
+        store_path: Path | None = None,
+        clock: Callable[[], int] = monotonic_ms,
+    ) -> None:
+        self.raft = raft
+        self.node_id = raft.node_id
+        self.cluster_id = cluster_id
+        self.options = options or ControllerOptions()
+        self.endpoints = dict(endpoints)
+        self.clock = clock
+        self.settings = ControllerSettings(
+            cluster_id,
+            session_timeout_ms=self.options.session_timeout_ms,
+            default_num_partitions=self.options.default_num_partitions,
+            default_replication_factor=self.options.default_replication_factor,
+        )
+        self.committed = MetadataImage.empty()
+        self.logic: ControllerLogic | None = None  # set only while active
+        self.active_epoch = -1
+        self._leader = LeaderAndEpoch(NO_LEADER, -1)
+        self._next_offset = 0
+        self._last_write_ms = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._activated = asyncio.Event()
+        self._commit_event = asyncio.Event()
+        self._window: deque[_Batch] = deque()
+        self._window_records = 0
+        self._fetch_snapshot: tuple[cpb.SnapshotRef, list[bytes]] | None = None
+        self._bytes_since_snapshot = 0
+        self._last_snapshot_ms = clock()
+        self._snapshot_task: asyncio.Task[None] | None = None
+        self._store_path = store_path
+        self._store: ImageStore | None = None
+        self._store_dirty = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._activation: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.metrics = ControllerMetrics.for_node(self.node_id)
+        self.log = get_logger("controller", node=self.node_id)
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        """Load the image store (if any), listen to Raft, start the periodic tasks."""
+        if self._store_path is not None:
+            self._store = await ImageStore.open(self._store_path)
+            self.committed = await self._store.load()
+            self.log.info(
+                "image_loaded", offset=self.committed.offset, topics=len(self.committed.topics_by_id)
+            )
+        self.raft.register_listener(self)
+        self._tasks = [
+            asyncio.create_task(self._session_checker(), name="controller-sessions"),
+            asyncio.create_task(self._idle_noops(), name="controller-noops"),
+            asyncio.create_task(self._store_writer(), name="controller-store"),
+        ]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.raft.unregister_listener(self)
+        self._deactivate(NO_LEADER)
+        tasks = [*self._tasks, *(t for t in (self._activation, self._snapshot_task) if t is not None)]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._store is not None:
+            with contextlib.suppress(Exception):
+                await self._store.save(self.committed)
+            await self._store.close()
+            self._store = None
+
+    @property
+    def is_active(self) -> bool:
+        return self.logic is not None
+
+    # ---- Raft listener ----
+
+    async def handle_commit(self, batch: CommittedBatch) -> None:
+        if batch.last_offset <= self.committed.offset:
+            return  # already in the image loaded from the store
+        delta = MetadataDelta(self.committed)
+        values: list[tuple[int, bytes]] = []
+        for record in batch.records:
+            if record.offset <= self.committed.offset:
+                continue
+            try:
+                delta.replay(rec.decode_value(record.value), record.offset, batch.epoch)
+            except KraftError as exc:
+                self.metrics.metadata_errors.inc()
+                self.log.error("undecodable_record", offset=record.offset, error=exc.message)
+                continue
+            values.append((record.offset, record.value))
+            self._bytes_since_snapshot += len(record.value)
+        for error in delta.replay_errors:
+            self.metrics.metadata_errors.inc()
+            self.log.warning("replay_error", offset=batch.last_offset, error=error)
+        delta.offset = batch.last_offset
+        delta.epoch = batch.epoch
+        self.committed = delta.apply()
+        self._remember(
+            _Batch(
+                batch.base_offset, batch.last_offset, batch.epoch, batch.append_timestamp_ms, tuple(values)
+            )
+        )
+        self._resolve_waiters(batch.last_offset)
+        self._commit_event.set()
+        self._commit_event = asyncio.Event()
+        self._store_dirty.set()
+        self._update_metrics()
+        self._maybe_snapshot()
+
+    async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
+        last = reader.snapshot_id.end_offset - 1
+        if last <= self.committed.offset:
+            return
+        delta = MetadataDelta(MetadataImage.empty())
+        for value in reader.records:
+            delta.replay(rec.decode_value(value))
+        delta.offset = last
+        delta.epoch = reader.snapshot_id.epoch
+        self.committed = delta.apply()
+        self._window.clear()
+        self._window_records = 0
+        self._bytes_since_snapshot = 0
+        self._resolve_waiters(last)
+        self._store_dirty.set()
+        self.log.info(
+            "snapshot_loaded", end_offset=reader.snapshot_id.end_offset, epoch=reader.snapshot_id.epoch
+        )
+
+    async def handle_leader_change(self, leader: LeaderAndEpoch) -> None:
+        self._leader = leader
+        if leader.leader_id == self.node_id and not self._stopping:
+            if self.active_epoch != leader.epoch:
+                self._deactivate(leader.leader_id)
+                self.active_epoch = leader.epoch
+                self._activation = asyncio.create_task(
+                    self._activate(leader.epoch), name="controller-activate"
+                )
+        else:
+            self._deactivate(leader.leader_id)
+
+    async def _activate(self, epoch: int) -> None:
+        try:
+            last = self.raft.schedule_append([rec.encode_value(rec.wrap(pb.NoOpRecord()))])
+            await self._wait_committed(last)
+        except (NotLeaderError, NotControllerError, RaftError):
+            return
+        if self.active_epoch != epoch or self._leader.leader_id != self.node_id:
+            return
+        self._next_offset = self.committed.offset + 1
+        logic = ControllerLogic(self.settings, self.committed, self.clock())
+        self.logic = logic
+        self._activated.set()
+        self.metrics.active_controller_count.set(1)
+        self.metrics.new_active_controllers.inc()
+        self.log.info(
+            "became_active", epoch=epoch, offset=self.committed.offset, brokers=len(self.committed.brokers)
+        )
+        records = logic.bootstrap_records(self._next_offset)
+        if records:
+            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
+                await self._write(Outcome(records, cpb.DescribeClusterResponse(), self._next_offset))
+
+    def _deactivate(self, leader_id: int) -> None:
+        if self._activation is not None and not self._activation.done():
+            self._activation.cancel()
+        was_active = self.logic is not None
+        self.logic = None
+        self.active_epoch = -1 if leader_id != self.node_id else self.active_epoch
+        self._activated.clear()
+        self._fail_waiters(leader_id)
+        self.metrics.active_controller_count.set(0)
+        if was_active:
+            self.log.info("resigned_active", leader=leader_id)
+
+    # ---- commit bookkeeping ----
+
+    def _remember(self, batch: _Batch) -> None:
+        self._window.append(batch)
+        self._window_records += len(batch.records) or 1
+        while self._window_records > self.options.fetch_window_records and len(self._window) > 1:
+            old = self._window.popleft()
+            self._window_records -= len(old.records) or 1
+
+    def _resolve_waiters(self, offset: int) -> None:
+        while self._waiters and self._waiters[0][0] <= offset:
+            _, _, future = heapq.heappop(self._waiters)
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_waiters(self, leader_id: int) -> None:
+        waiters, self._waiters = self._waiters, []
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_exception(NotControllerError(leader_id))
+
+    async def _wait_committed(self, offset: int) -> None:
+        if offset <= self.committed.offset:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (offset, next(self._seq), future))
+        await asyncio.wait_for(future, self.options.commit_timeout_ms / 1000)
+
+    async def _write(self, outcome: Outcome[R]) -> R:
+        """Append the outcome's records and answer once they (and everything before) committed."""
+        if outcome.records:
+            values = [rec.encode_value(r) for r in outcome.records]
+            try:
+                last = self.raft.schedule_append(values)
+            except NotLeaderError as exc:
+                self._deactivate(exc.leader.leader_id)
+                raise NotControllerError(exc.leader.leader_id) from exc
+            expected = outcome.first_offset + len(values) - 1
+            self._next_offset = last + 1
+            self._last_write_ms = self.clock()
+            if last != expected:
+                # Broker epochs inside these records assumed other offsets; let a new leader rebuild.
+                self.log.error("offset_prediction_mismatch", expected=expected, got=last)
+                self._tasks.append(asyncio.get_running_loop().create_task(self.raft.resign()))
+            await self._wait_committed(last)
+        else:
+            await self._wait_committed(self._next_offset - 1)
+        return outcome.response
+
+    # ---- request plumbing ----
+
+    def _controller_ref(self, leader_id: int | None = None) -> common_pb2.NodeRef:
+        leader = self._leader.leader_id if leader_id is None else leader_id
+        ref = common_pb2.NodeRef(node_id=leader)
+        endpoint = self.endpoints.get(leader)
+        if endpoint is not None:
+            ref.endpoint.CopyFrom(
+                common_pb2.Endpoint(
+                    name="CONTROLLER", host=endpoint[0], port=endpoint[1], security_protocol="PLAINTEXT"
+                )
+            )
+        return ref
+
+    async def _active_logic(self) -> ControllerLogic:
+        if self.logic is not None:
+            return self.logic
+        if self._leader.leader_id == self.node_id and not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._activated.wait(), self.options.activation_wait_ms / 1000)
+            if self.logic is not None:
+                return self.logic
+        raise NotControllerError(self._leader.leader_id)
+
+    async def _serve(self, response: R, build: Callable[[ControllerLogic], Outcome[R]]) -> R:
+        """Run one mutating request: activation check, logic, append, wait for commit, map errors."""
+        try:
+            logic = await self._active_logic()
+            return await self._write(build(logic))
+        except NotControllerError as exc:
+            return self._not_controller(response, exc.leader_id)
+        except TimeoutError:
+            return error_response(
+                response, ErrorCode.REQUEST_TIMED_OUT, "the metadata write did not commit in time"
+            )
+        except KraftError as exc:
+            return error_response(response, exc.code, exc.message)
+
+    def _not_controller(self, response: R, leader_id: int) -> R:
+        error_response(
+            response,
+            ErrorCode.NOT_CONTROLLER,
+            f"controller {self.node_id} is not the active controller"
+            + (
+                f"; the active controller is {leader_id}" if leader_id != NO_LEADER else "; none is known yet"
+            ),
+        )
+        response.controller.CopyFrom(self._controller_ref(leader_id))  # type: ignore[attr-defined]
+        return response
+
+    # ---- ControllerService operations ----
+
+    async def register_broker(self, req: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
+        return await self._serve(
+            cpb.RegisterBrokerResponse(), lambda lg: lg.register_broker(req, self.clock(), self._next_offset)
+        )
+
+    async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
+        # Contact is recorded on arrival, before waiting for anything (see heartbeats.py).
+        logic = self.logic
+        if logic is not None and req.cluster_id == self.cluster_id:
+            broker = logic.image.brokers.get(req.broker_id)
+            if broker is not None and broker.epoch == req.broker_epoch:
+                logic.heartbeats.touch(req.broker_id, self.clock(), req.current_metadata_offset)
+        return await self._serve(
+            cpb.BrokerHeartbeatResponse(),
+            lambda lg: lg.broker_heartbeat(req, self.clock(), self._next_offset),
+        )
+
+    async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
+        return await self._serve(
+            cpb.UnregisterBrokerResponse(), lambda lg: lg.unregister_broker(req, self._next_offset)
+        )
+
+    async def shutdown_broker(self, req: cpb.ShutdownBrokerRequest) -> cpb.ShutdownBrokerResponse:
+        return await self._serve(
+            cpb.ShutdownBrokerResponse(), lambda lg: lg.shutdown_broker(req, self._next_offset)
+        )
+
+    async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
+        return await self._serve(
+            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self._next_offset)
+        )
+
+    async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
+        return await self._serve(
+            cpb.DeleteTopicsResponse(), lambda lg: lg.delete_topics(req, self._next_offset)
+        )
+
+    async def elect_leaders(self, req: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
+        return await self._serve(
+            cpb.ElectLeadersResponse(), lambda lg: lg.elect_leaders(req, self._next_offset)
+        )
+
+    async def _read(self, response: R, cluster_id: str) -> tuple[ControllerLogic, MetadataImage] | R:
+        """Reads answer from the committed image, after every pending write committed."""
+        try:
+            logic = await self._active_logic()
+            logic.check_cluster_id(cluster_id)
+            await self._wait_committed(self._next_offset - 1)
+        except NotControllerError as exc:
+            return self._not_controller(response, exc.leader_id)
+        except TimeoutError:
+            return error_response(
+                response, ErrorCode.REQUEST_TIMED_OUT, "pending metadata writes did not commit"
+            )
+        except KraftError as exc:
+            return error_response(response, exc.code, exc.message)
+        return logic, self.committed
+
+    async def describe_cluster(self, req: cpb.DescribeClusterRequest) -> cpb.DescribeClusterResponse:
+        response = cpb.DescribeClusterResponse(cluster_id=self.cluster_id)
+        got = await self._read(response, req.cluster_id)
+        if not isinstance(got, tuple):
+            return got
+        logic, image = got
+        response.controller.CopyFrom(self._controller_ref(self.node_id))
+        response.controller_id = self.node_id
+        response.controller_epoch = self._leader.epoch
+        response.brokers.extend(logic.describe_brokers(image, self.clock()))
+        response.metadata_offset = image.offset
+        response.high_watermark = self.raft.high_watermark
+        return response
+
+    async def describe_topics(self, req: cpb.DescribeTopicsRequest) -> cpb.DescribeTopicsResponse:
+        response = cpb.DescribeTopicsResponse()
+        got = await self._read(response, req.cluster_id)
+        if not isinstance(got, tuple):
+            return got
+        _, image = got
+        response.metadata_offset = image.offset
+        if req.names:
+            for name in req.names:
+                topic = image.topic(name)
+                if topic is None:
+                    response.topics.add(
+                        name=name,
+                        error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                        error_message=f"topic {name!r} does not exist",
+                    )
+                else:
+                    response.topics.append(describe_topic(image, topic, req.include_partitions))
+        else:
+            for topic in sorted(image.topics_by_id.values(), key=lambda t: t.name):
+                response.topics.append(describe_topic(image, topic, req.include_partitions))
+        return response
+
+    # ---- MetadataFetch ----
+
+    async def metadata_fetch(self, req: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
+        response = cpb.MetadataFetchResponse()
+        if req.cluster_id != self.cluster_id:
+            return error_response(
+                response,
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                f"cluster id {req.cluster_id!r} is not {self.cluster_id!r}",
+            )
+        try:
+            await self._active_logic()
+        except NotControllerError as exc:
+            return self._not_controller(response, exc.leader_id)
+        response.controller_epoch = self._leader.epoch
+        if req.HasField("snapshot_id"):
+            return self._snapshot_chunk(req, response)
+        deadline = self.clock() + max(0, req.max_wait_ms)
+        while True:
+            start = self._window[0].base_offset if self._window else self.committed.offset + 1
+            if req.fetch_offset < start:
+                return await self._offer_snapshot(response)
+            if req.fetch_offset <= self.committed.offset:
+                self._fill_records(req, response)
+                if response.records:
+                    break
+            remaining = deadline - self.clock()
+            if remaining <= 0 or self.logic is None:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_event.wait(), remaining / 1000)
+        response.high_watermark = self.committed.offset + 1
+        response.log_start_offset = self._window[0].base_offset if self._window else self.committed.offset + 1
+        if self.logic is None:
+            return self._not_controller(response, self._leader.leader_id)
+        return response
+
+    def _fill_records(self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse) -> None:
+        limit = req.max_records if req.max_records > 0 else DEFAULT_FETCH_RECORDS
+        bases = [b.base_offset for b in self._window]
+        index = max(0, bisect.bisect_right(bases, req.fetch_offset) - 1)
+        count = 0
+        for batch in itertools.islice(self._window, index, None):
+            if count and count + len(batch.records) > limit:
+                break  # whole batches only, but always at least one
+            for offset, value in batch.records:
+                if offset >= req.fetch_offset:
+                    response.records.add(
+                        offset=offset,
+                        leader_epoch=batch.epoch,
+                        append_time_ms=batch.append_time_ms,
+                        value=value,
+                    )
+                    count += 1
+
+    async def _offer_snapshot(self, response: cpb.MetadataFetchResponse) -> cpb.MetadataFetchResponse:
+        cached = self._fetch_snapshot
+        image = self.committed
+        if cached is None or cached[0].end_offset <= (
+            self._window[0].base_offset if self._window else image.offset
+        ):
+            ref = cpb.SnapshotRef(end_offset=image.offset + 1, epoch=image.epoch)
+            values: list[bytes] = []
+            for i, value in enumerate(image_values(image)):
+                values.append(value)
+                if i % SNAPSHOT_CHUNK_RECORDS == SNAPSHOT_CHUNK_RECORDS - 1:
+                    await asyncio.sleep(0)
+            cached = (ref, values)
+            self._fetch_snapshot = cached
+        response.snapshot_id.CopyFrom(cached[0])
+        response.high_watermark = self.committed.offset + 1
+        response.log_start_offset = self._window[0].base_offset if self._window else self.committed.offset + 1
+        return response
+
+    def _snapshot_chunk(
+        self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse
+    ) -> cpb.MetadataFetchResponse:
+        cached = self._fetch_snapshot
+        if cached is None or cached[0] != req.snapshot_id:
+            return error_response(
+                response,
+                ErrorCode.SNAPSHOT_NOT_FOUND,
+                "that snapshot is no longer served; fetch from your offset again",
+            )
+        ref, values = cached
+        if not 0 <= req.snapshot_position <= len(values):
+            return error_response(
+                response,
+                ErrorCode.POSITION_OUT_OF_RANGE,
+                f"position {req.snapshot_position} not in 0..{len(values)}",
+            )
+        limit = req.max_records if req.max_records > 0 else SNAPSHOT_CHUNK_RECORDS
+        end = min(len(values), req.snapshot_position + limit)
+        response.snapshot_id.CopyFrom(ref)
+        response.snapshot_records.extend(values[req.snapshot_position : end])
+        response.next_snapshot_position = end
+        response.snapshot_done = end == len(values)
+        response.high_watermark = self.committed.offset + 1
+        return response
+
+    # ---- periodic tasks ----
+
+    async def _session_checker(self) -> None:
+        interval_ms = max(10, self.options.session_timeout_ms // 8)
+        last_ms = self.clock()
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            now = self.clock()
+            stall = now - last_ms - interval_ms
+            last_ms = now
+            logic = self.logic
+            if logic is None:
+                continue
+            if stall > interval_ms:
+                # The loop itself was blocked: heartbeats may be queued unread, so nobody expires now.
+                logic.heartbeats.extend_all(stall)
+                self.log.warning("controller_stalled", stall_ms=stall)
+                continue
+            await self._fence_expired(logic, now)
+
+    async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
+        while self.logic is logic:
+            broker_id, records = logic.fence_expired(now, self._next_offset)
+            if broker_id < 0:
+                return
+            self.metrics.timed_out_broker_heartbeats.inc()
+            self.log.info("broker_session_expired", broker=broker_id)
+            try:
+                await self._write(Outcome(records, cpb.BrokerHeartbeatResponse(), self._next_offset))
+            except (NotControllerError, TimeoutError):
+                return
+
+    async def _idle_noops(self) -> None:
+        interval_ms = self.options.noop_interval_ms
+        if interval_ms <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            logic = self.logic
+            if logic is None or self.clock() - self._last_write_ms < interval_ms:
+                continue
+            with contextlib.suppress(NotControllerError, TimeoutError):
+                await self._write(
+                    Outcome(
+                        logic.noop_records(self._next_offset),
+                        cpb.BrokerHeartbeatResponse(),
+                        self._next_offset,
+                    )
+                )
+
+    async def _store_writer(self) -> None:
+        if self._store is None:
+            return
+        while True:
+            await self._store_dirty.wait()
+            self._store_dirty.clear()
+            image = self.committed
+            try:
+                await self._store.save(image)
+            except Exception as exc:
+                self.metrics.metadata_errors.inc()
+                self.log.error("image_store_save_failed", offset=image.offset, error=str(exc))
+                await asyncio.sleep(1)
+                self._store_dirty.set()
+
+    def _maybe_snapshot(self) -> None:
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return
+        now = self.clock()
+        due_bytes = self._bytes_since_snapshot >= self.options.snapshot_max_bytes
+        due_time = (
+            self._bytes_since_snapshot > 0
+            and now - self._last_snapshot_ms >= self.options.snapshot_interval_ms
+        )
+        if not (due_bytes or due_time):
+            return
+        self._bytes_since_snapshot = 0
+        self._last_snapshot_ms = now
+        self._snapshot_task = asyncio.get_running_loop().create_task(self._snapshot(self.committed))
+
+    async def _snapshot(self, image: MetadataImage) -> None:
+        """Write a Raft snapshot of a committed image; Raft may then delete the log below it."""
+        try:
+            writer = self.raft.create_snapshot(image.offset + 1, image.epoch, wall_ms())
+        except (ValueError, RaftError) as exc:
+            self.log.warning("snapshot_skipped", end_offset=image.offset + 1, error=str(exc))
+            return
+        try:
+            chunk: list[bytes] = []
+            for value in image_values(image):
+                chunk.append(value)
+                if len(chunk) >= SNAPSHOT_CHUNK_RECORDS:
+                    writer.append(chunk)
+                    chunk = []
+                    await asyncio.sleep(0)
+            if chunk:
+                writer.append(chunk)
+            snapshot_id = await writer.freeze()
+            self.log.info("snapshot_written", end_offset=snapshot_id.end_offset, epoch=snapshot_id.epoch)
+        except Exception as exc:
+            self.metrics.metadata_errors.inc()
+            self.log.error("snapshot_failed", end_offset=image.offset + 1, error=str(exc))
+        finally:
+            await writer.close()
+
+    def _update_metrics(self) -> None:
+        image = self.committed
+        m = self.metrics
+        m.last_applied_record_offset.set(image.offset)
+        m.last_committed_record_offset.set(image.offset)
+        if image.brokers is not getattr(self, "_metrics_brokers", None):
+            self._metrics_brokers = image.brokers
+            fenced = sum(1 for b in image.brokers.values() if b.fenced)
+            m.fenced_broker_count.set(fenced)
+            m.active_broker_count.set(len(image.brokers) - fenced)
+        if image.topics_by_id is not getattr(self, "_metrics_topics", None):
+            self._metrics_topics = image.topics_by_id
+            m.global_topic_count.set(len(image.topics_by_id))
+            if len(image.topics_by_id) < 10_000:  # a full scan is too slow for huge images on every commit
+                partitions = offline = imbalance = 0
+                for topic in image.topics_by_id.values():
+                    for p in topic.partitions:
+                        partitions += 1
+                        offline += p.leader == NO_LEADER
+                        imbalance += p.leader != p.preferred_leader
+                m.global_partition_count.set(partitions)
+                m.offline_partitions_count.set(offline)
+                m.preferred_replica_imbalance_count.set(imbalance)
+
+
+async def gather_bounded(calls: Sequence[Awaitable[Any]], limit: int) -> list[Any]:
+    """Run awaitables with at most ``limit`` in flight (used by tools and benchmarks)."""
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[Any]) -> Any:
+        async with semaphore:
+            return await call
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))

@@ -1,0 +1,671 @@
+"""The active controller's state machines: requests → metadata records (pure, no IO, injected time).
+
+:class:`ControllerLogic` holds the *speculative* image — committed state plus every record this
+controller has generated but not yet seen committed — so each request is validated against committed +
+pending state.  Each mutating method validates, produces records, replays them into the speculative
+image at the offsets they will get (``next_offset``, ``next_offset + 1``, …) and returns them with the
+response; the shell appends exactly those records.  On leadership loss the shell calls :meth:`reset` with
+the committed image and everything pending is dropped.
+
+Broker lifecycle (KRAFT.md §4):
+
+=====================  =====================================  ========================================
+state                  heartbeat                              next
+=====================  =====================================  ========================================
+FENCED                 want_shut_down (or operator shutdown)  SHUTDOWN_NOW (should_shut_down)
+FENCED                 not want_fence and caught up           UNFENCED: unfence + re-add to ISRs + elect
+UNFENCED               want_fence                             FENCED: leave ISRs, move leaderships
+UNFENCED               want_shut_down, leads partitions       CONTROLLED_SHUTDOWN: leave ISRs, move leaders
+UNFENCED               want_shut_down, leads nothing          SHUTDOWN_NOW: fence
+CONTROLLED_SHUTDOWN    any                                    SHUTDOWN_NOW once it leads nothing and every
+                                                              active broker has seen the shutdown records
+UNFENCED               no heartbeat for the session timeout   FENCED (periodic check, one at a time)
+=====================  =====================================  ========================================
+
+Caught up = the broker's reported metadata offset ≥ its broker epoch (the offset of its registration).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from google.protobuf.message import Message
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata import records as rec
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.heartbeats import HeartbeatTracker
+from kraft.metadata.image import (
+    NO_LEADER,
+    BrokerRegistration,
+    BrokerState,
+    MetadataImage,
+    PartitionRegistration,
+    TopicImage,
+)
+from kraft.metadata.partition_change import build_change, choose_leader
+from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
+from kraft.metadata.topic_rules import collision_key, validate_topic_configs, validate_topic_name
+from kraft.v1 import common_pb2
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
+
+R = TypeVar("R", bound=Message)
+
+METADATA_VERSION_FEATURE = "metadata.version"
+METADATA_VERSION = 1
+MAX_PARTITIONS_PER_TOPIC = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    cluster_id: str
+    session_timeout_ms: int = 9000
+    default_num_partitions: int = 1
+    default_replication_factor: int = 1
+
+
+@dataclass(slots=True)
+class Outcome(Generic[R]):
+    """Records to append (already replayed into the speculative image) and the response to send once
+    they commit (at once when there are none)."""
+
+    records: list[pb.MetadataRecord]
+    response: R
+    first_offset: int = -1
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Records being built for one request, replayed as they are added so later checks see them."""
+
+    logic: ControllerLogic
+    next_offset: int
+    records: list[pb.MetadataRecord] = field(default_factory=list)
+    delta: MetadataDelta | None = None
+
+    def add(self, payload: Message) -> None:
+        record = rec.wrap(payload)
+        if self.delta is None:
+            self.delta = MetadataDelta(self.logic.image)
+        self.delta.replay(record, self.next_offset + len(self.records))
+        self.records.append(record)
+
+    def view(self) -> MetadataImage:
+        """The image including what was added so far (cheap: only changed parts are rebuilt)."""
+        if self.delta is not None:
+            self.logic.image = self.delta.apply()
+            self.delta = None
+        return self.logic.image
+
+    def finish(self) -> list[pb.MetadataRecord]:
+        self.view()
+        return self.records
+
+
+def error_response(response: R, code: ErrorCode, message: str) -> R:
+    response.error_code = int(code)  # type: ignore[attr-defined]
+    response.error_message = message  # type: ignore[attr-defined]
+    return response
+
+
+class ControllerLogic:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        image: MetadataImage,
+        now_ms: int,
+        new_topic_id: Callable[[], str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.image = image
+        self.heartbeats = HeartbeatTracker(settings.session_timeout_ms)
+        self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
+        # offset of the last record of each broker's controlled shutdown (soft state, like Kafka's)
+        self._shutdown_offsets: dict[int, int] = {}
+        self.reset(image, now_ms)
+
+    # ---- lifecycle of the logic itself ----
+
+    def reset(self, committed: MetadataImage, now_ms: int) -> None:
+        """Drop pending state; give every registered broker a fresh session (a newly active controller)."""
+        self.image = committed
+        self._shutdown_offsets.clear()
+        self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
+
+    def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
+        """What a newly active controller writes on a brand-new cluster: the metadata.version level."""
+        batch = _Batch(self, next_offset)
+        if METADATA_VERSION_FEATURE not in self.image.features:
+            batch.add(pb.FeatureLevelRecord(name=METADATA_VERSION_FEATURE, feature_level=METADATA_VERSION))
+        return batch.finish()
+
+    def noop_records(self, next_offset: int) -> list[pb.MetadataRecord]:
+        batch = _Batch(self, next_offset)
+        batch.add(pb.NoOpRecord())
+        return batch.finish()
+
+    def check_cluster_id(self, cluster_id: str) -> None:
+        if cluster_id != self.settings.cluster_id:
+            raise KraftError(
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                f"request cluster id {cluster_id!r} does not match this cluster {self.settings.cluster_id!r}",
+            )
+
+    # ---- helpers over the speculative image ----
+
+    @staticmethod
+    def acceptable_in(image: MetadataImage, exclude: int | None = None) -> Callable[[int], bool]:
+        brokers = image.brokers
+
+        def acceptable(broker_id: int) -> bool:
+            if broker_id == exclude:
+                return False
+            broker = brokers.get(broker_id)
+            return broker is not None and not broker.fenced and not broker.in_controlled_shutdown
+
+        return acceptable
+
+    def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+        """Partitions listing ``broker_id`` as a replica (a full scan: ~1 s per million partitions)."""
+        for topic in self.image.topics_by_id.values():
+            for partition_id, partition in enumerate(topic.partitions):
+                if broker_id in partition.replicas:
+                    yield topic, partition_id, partition
+
+    def leader_count(self, broker_id: int, image: MetadataImage | None = None) -> int:
+        source = image or self.image
+        return sum(1 for t in source.topics_by_id.values() for p in t.partitions if p.leader == broker_id)
+
+    def _leave_isrs(self, batch: _Batch, broker_id: int) -> None:
+        """Remove the broker from every ISR and move its leaderships (it is no longer acceptable)."""
+        acceptable = self.acceptable_in(batch.view(), exclude=broker_id)
+        changes = [
+            build_change(topic.topic_id, partition_id, partition, acceptable, remove_from_isr=broker_id)
+            for topic, partition_id, partition in self._partitions_of(broker_id)
+            if broker_id in partition.isr or partition.leader == broker_id
+        ]
+        for change in changes:
+            if change is not None:
+                batch.add(change)
+
+    def _rejoin_isrs(self, batch: _Batch, broker_id: int) -> None:
+        """After unfencing: put the broker back into its ISRs and run elections (preferred first).
+
+        kraft has no AlterPartition (leaders do not report ISR expansion), so the controller treats a
+        caught-up, unfenced replica as in sync — documented in docs/internals/metadata.md.
+        """
+        acceptable = self.acceptable_in(batch.view())
+        changes = [
+            build_change(topic.topic_id, partition_id, partition, acceptable, add_to_isr=(broker_id,))
+            for topic, partition_id, partition in self._partitions_of(broker_id)
+        ]
+        for change in changes:
+            if change is not None:
+                batch.add(change)
+
+    def _fence(self, batch: _Batch, broker: BrokerRegistration) -> None:
+        self._leave_isrs(batch, broker.broker_id)
+        batch.add(
+            pb.BrokerRegistrationChangeRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch, fenced=1)
+        )
+        self.heartbeats.set_fenced(broker.broker_id, True)
+
+    def _unfence(self, batch: _Batch, broker: BrokerRegistration) -> None:
+        batch.add(
+            pb.BrokerRegistrationChangeRecord(
+                broker_id=broker.broker_id, broker_epoch=broker.epoch, fenced=-1
+            )
+        )
+        self._rejoin_isrs(batch, broker.broker_id)
+        self.heartbeats.set_fenced(broker.broker_id, False)
+
+    def _enter_controlled_shutdown(self, batch: _Batch, broker: BrokerRegistration) -> None:
+        batch.add(
+            pb.BrokerRegistrationChangeRecord(
+                broker_id=broker.broker_id, broker_epoch=broker.epoch, in_controlled_shutdown=1
+            )
+        )
+        if not broker.fenced:
+            self._leave_isrs(batch, broker.broker_id)
+        self._shutdown_offsets[broker.broker_id] = batch.next_offset + len(batch.records) - 1
+
+    def _others_have_seen_shutdown(self, broker_id: int) -> bool:
+        offset = self._shutdown_offsets.get(broker_id, -1)
+        for other in self.heartbeats.unfenced_ids():
+            if other == broker_id:
+                continue
+            contact = self.heartbeats.contact(other)
+            if contact is not None and contact.metadata_offset < offset:
+                return False
+        return True
+
+    # ---- broker lifecycle ----
+
+    def register_broker(
+        self, req: cpb.RegisterBrokerRequest, now_ms: int, next_offset: int
+    ) -> Outcome[cpb.RegisterBrokerResponse]:
+        response = cpb.RegisterBrokerResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+            self._validate_registration(req)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        existing = self.image.brokers.get(req.broker_id)
+        if existing is not None:
+            if existing.incarnation_id == req.incarnation_id:
+                # A retried registration of the same process keeps its epoch and state.
+                self.heartbeats.touch(req.broker_id, now_ms, -1)
+                response.broker_epoch = existing.epoch
+                return Outcome([], response)
+            if not existing.fenced and self.heartbeats.has_valid_session(req.broker_id, now_ms):
+                return Outcome(
+                    [],
+                    error_response(
+                        response,
+                        ErrorCode.DUPLICATE_BROKER_REGISTRATION,
+                        f"broker {req.broker_id} is registered with incarnation {existing.incarnation_id} "
+                        f"whose session is still alive",
+                    ),
+                )
+        batch = _Batch(self, next_offset)
+        record = pb.RegisterBrokerRecord(
+            broker_id=req.broker_id,
+            incarnation_id=req.incarnation_id,
+            broker_epoch=next_offset,
+            endpoints=list(req.listeners),
+            features=list(req.features),
+            fenced=True,
+            log_dirs=list(req.log_dirs),
+        )
+        if req.HasField("rack"):
+            record.rack = req.rack
+        if existing is not None and not existing.fenced:
+            # The old incarnation's session expired but it was not fenced yet: it leaves its ISRs first.
+            self._leave_isrs(batch, req.broker_id)
+        record.broker_epoch = batch.next_offset + len(batch.records)
+        batch.add(record)
+        self._shutdown_offsets.pop(req.broker_id, None)
+        self.heartbeats.register(req.broker_id, now_ms)
+        response.broker_epoch = record.broker_epoch
+        return Outcome(batch.finish(), response, next_offset)
+
+    def _validate_registration(self, req: cpb.RegisterBrokerRequest) -> None:
+        if req.broker_id < 0:
+            raise KraftError(ErrorCode.INVALID_REQUEST, f"broker id must be ≥ 0, got {req.broker_id}")
+        if not req.incarnation_id:
+            raise KraftError(ErrorCode.INVALID_REGISTRATION, "incarnation id is empty")
+        if any(not d for d in req.log_dirs):
+            raise KraftError(ErrorCode.INVALID_REGISTRATION, "a log dir is empty")
+        for endpoint in req.listeners:
+            if not endpoint.host or not 0 < endpoint.port < 65536:
+                raise KraftError(
+                    ErrorCode.INVALID_REGISTRATION, f"bad listener {endpoint.host}:{endpoint.port}"
+                )
+        level = self.image.features.get(METADATA_VERSION_FEATURE)
+        for feature in req.features:
+            supported = feature.min_supported_version <= (level or 0) <= feature.max_supported_version
+            if feature.name == METADATA_VERSION_FEATURE and level is not None and not supported:
+                raise KraftError(
+                    ErrorCode.UNSUPPORTED_VERSION,
+                    f"broker supports {METADATA_VERSION_FEATURE} {feature.min_supported_version}-"
+                    f"{feature.max_supported_version}, the cluster is at {level}",
+                )
+
+    def broker_heartbeat(
+        self, req: cpb.BrokerHeartbeatRequest, now_ms: int, next_offset: int
+    ) -> Outcome[cpb.BrokerHeartbeatResponse]:
+        response = cpb.BrokerHeartbeatResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        broker = self.image.brokers.get(req.broker_id)
+        if broker is None or broker.epoch != req.broker_epoch:
+            known = "not registered" if broker is None else f"registered with epoch {broker.epoch}"
+            return Outcome(
+                [],
+                error_response(
+                    response,
+                    ErrorCode.STALE_BROKER_EPOCH,
+                    f"broker {req.broker_id} epoch {req.broker_epoch} is stale: {known}",
+                ),
+            )
+        self.heartbeats.touch(req.broker_id, now_ms, req.current_metadata_offset)
+        caught_up = req.current_metadata_offset >= broker.epoch
+        response.is_caught_up = caught_up
+        batch = _Batch(self, next_offset)
+        if broker.fenced:
+            response.is_fenced = True
+            if req.want_shut_down or broker.in_controlled_shutdown:
+                response.should_shut_down = True
+            elif not req.want_fence and caught_up:
+                self._unfence(batch, broker)
+                response.is_fenced = False
+        elif req.want_fence:
+            self._fence(batch, broker)
+            response.is_fenced = True
+        elif req.want_shut_down or broker.in_controlled_shutdown:
+            if not broker.in_controlled_shutdown and self.leader_count(broker.broker_id) > 0:
+                self._enter_controlled_shutdown(batch, broker)
+            elif self.leader_count(broker.broker_id) == 0 and self._others_have_seen_shutdown(
+                broker.broker_id
+            ):
+                self._fence(batch, broker)
+                response.is_fenced = True
+                response.should_shut_down = True
+        return Outcome(batch.finish(), response, next_offset)
+
+    def unregister_broker(
+        self, req: cpb.UnregisterBrokerRequest, next_offset: int
+    ) -> Outcome[cpb.UnregisterBrokerResponse]:
+        response = cpb.UnregisterBrokerResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        broker = self.image.brokers.get(req.broker_id)
+        if broker is None:
+            return Outcome(
+                [],
+                error_response(
+                    response, ErrorCode.BROKER_ID_NOT_REGISTERED, f"broker {req.broker_id} is not registered"
+                ),
+            )
+        batch = _Batch(self, next_offset)
+        self._leave_isrs(batch, broker.broker_id)
+        batch.add(pb.UnregisterBrokerRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch))
+        self.heartbeats.remove(broker.broker_id)
+        self._shutdown_offsets.pop(broker.broker_id, None)
+        return Outcome(batch.finish(), response, next_offset)
+
+    def shutdown_broker(
+        self, req: cpb.ShutdownBrokerRequest, next_offset: int
+    ) -> Outcome[cpb.ShutdownBrokerResponse]:
+        response = cpb.ShutdownBrokerResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        broker = self.image.brokers.get(req.broker_id)
+        if broker is None:
+            return Outcome(
+                [],
+                error_response(
+                    response, ErrorCode.BROKER_ID_NOT_REGISTERED, f"broker {req.broker_id} is not registered"
+                ),
+            )
+        batch = _Batch(self, next_offset)
+        if not broker.in_controlled_shutdown:
+            self._enter_controlled_shutdown(batch, broker)
+        records = batch.finish()
+        response.leaderships_remaining = self.leader_count(broker.broker_id)
+        return Outcome(records, response, next_offset)
+
+    def fence_expired(self, now_ms: int, next_offset: int) -> tuple[int, list[pb.MetadataRecord]]:
+        """Fence at most one broker whose session expired; returns (broker id or -1, records)."""
+        broker_id = self.heartbeats.next_expired(now_ms)
+        if broker_id is None:
+            return -1, []
+        broker = self.image.brokers.get(broker_id)
+        if broker is None or broker.fenced:
+            self.heartbeats.set_fenced(broker_id, True)
+            return -1, []
+        batch = _Batch(self, next_offset)
+        self._fence(batch, broker)
+        return broker_id, batch.finish()
+
+    # ---- topics ----
+
+    def create_topics(
+        self, req: cpb.CreateTopicsRequest, next_offset: int
+    ) -> Outcome[cpb.CreateTopicsResponse]:
+        response = cpb.CreateTopicsResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        batch = _Batch(self, next_offset)
+        counts: dict[str, int] = {}
+        for topic in req.topics:
+            counts[topic.name] = counts.get(topic.name, 0) + 1
+        existing_keys = {collision_key(name): name for name in self.image.topic_ids_by_name}
+        cursor = self.image.partition_count()
+        created: set[str] = set()
+        for topic in req.topics:
+            result = response.topics.add(name=topic.name)
+            try:
+                if counts[topic.name] > 1:
+                    raise KraftError(
+                        ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} appears more than once"
+                    )
+                validate_topic_name(topic.name)
+                if topic.name in self.image.topic_ids_by_name or topic.name in created:
+                    raise KraftError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
+                clash = existing_keys.get(collision_key(topic.name))
+                if clash is not None:
+                    raise KraftError(
+                        ErrorCode.INVALID_TOPIC_EXCEPTION,
+                        f"topic {topic.name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
+                    )
+                assignment = self._assignment_for(topic, cursor)
+                configs = validate_topic_configs(
+                    [(c.name, c.value) for c in topic.configs], len(assignment[0])
+                )
+            except KraftError as exc:
+                error_response(result, exc.code, exc.message)
+                continue
+            topic_id = self._new_topic_id()
+            result.topic_id = topic_id
+            result.num_partitions = len(assignment)
+            result.replication_factor = len(assignment[0])
+            existing_keys[collision_key(topic.name)] = topic.name
+            created.add(topic.name)
+            cursor += len(assignment)
+            if req.validate_only:
+                continue
+            self._add_topic_records(batch, topic.name, topic_id, assignment, configs)
+        return Outcome(batch.finish(), response, next_offset)
+
+    def _assignment_for(self, topic: cpb.CreatableTopic, cursor: int) -> list[tuple[int, ...]]:
+        if topic.assignments:
+            if topic.num_partitions not in (-1, 0) or topic.replication_factor not in (-1, 0):
+                raise KraftError(
+                    ErrorCode.INVALID_REQUEST,
+                    "give either an explicit assignment or partitions/replication factor, not both",
+                )
+            by_partition = sorted(topic.assignments, key=lambda a: a.partition)
+            if [a.partition for a in by_partition] != list(range(len(by_partition))):
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT, "assignment partitions must be 0..n-1, each once"
+                )
+            return validate_assignment([list(a.broker_ids) for a in by_partition], set(self.image.brokers))
+        partitions = topic.num_partitions
+        if partitions == -1:
+            partitions = self.settings.default_num_partitions
+        if partitions <= 0 or partitions > MAX_PARTITIONS_PER_TOPIC:
+            raise KraftError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"number of partitions must be 1..{MAX_PARTITIONS_PER_TOPIC} (or -1 for the default), "
+                f"got {topic.num_partitions}",
+            )
+        factor = topic.replication_factor
+        if factor == -1:
+            factor = self.settings.default_replication_factor
+        if factor <= 0:
+            raise KraftError(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor must be positive (or -1: default), got {topic.replication_factor}",
+            )
+        usable = [
+            UsableBroker(b.broker_id, b.rack)
+            for b in self.image.brokers.values()
+            if not b.fenced and not b.in_controlled_shutdown
+        ]
+        return place_replicas(usable, partitions, factor, cursor)
+
+    def _add_topic_records(
+        self,
+        batch: _Batch,
+        name: str,
+        topic_id: str,
+        assignment: list[tuple[int, ...]],
+        configs: dict[str, str],
+    ) -> None:
+        batch.add(pb.TopicRecord(name=name, topic_id=topic_id))
+        acceptable = self.acceptable_in(self.image)
+        for partition_id, replicas in enumerate(assignment):
+            leader = choose_leader(replicas, replicas, NO_LEADER, acceptable)
+            batch.add(
+                pb.PartitionRecord(
+                    partition_id=partition_id,
+                    topic_id=topic_id,
+                    replicas=replicas,
+                    isr=replicas,
+                    leader=leader,
+                    leader_epoch=0,
+                    partition_epoch=0,
+                )
+            )
+        for key, value in sorted(configs.items()):
+            batch.add(
+                pb.ConfigRecord(
+                    resource_type=rec.ConfigResourceType.TOPIC, resource_name=name, name=key, value=value
+                )
+            )
+
+    def delete_topics(
+        self, req: cpb.DeleteTopicsRequest, next_offset: int
+    ) -> Outcome[cpb.DeleteTopicsResponse]:
+        response = cpb.DeleteTopicsResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        batch = _Batch(self, next_offset)
+        removed: set[str] = set()
+        for name in req.names:
+            result = response.topics.add(name=name)
+            topic_id = self.image.topic_ids_by_name.get(name)
+            if topic_id is None:
+                error_response(result, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+                continue
+            result.topic_id = topic_id
+            if topic_id not in removed:
+                removed.add(topic_id)
+                batch.add(pb.RemoveTopicRecord(topic_id=topic_id))
+        return Outcome(batch.finish(), response, next_offset)
+
+    def elect_leaders(
+        self, req: cpb.ElectLeadersRequest, next_offset: int
+    ) -> Outcome[cpb.ElectLeadersResponse]:
+        """Preferred leader election for the listed partitions (all when none are listed)."""
+        response = cpb.ElectLeadersResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message))
+        acceptable = self.acceptable_in(self.image)
+        batch = _Batch(self, next_offset)
+        explicit = bool(req.topic_partitions)
+        targets: list[tuple[str, int]] = []
+        if explicit:
+            for entry in req.topic_partitions:
+                topic = self.image.topic(entry.topic)
+                ids = list(entry.partitions) or (list(range(len(topic.partitions))) if topic else [0])
+                targets.extend((entry.topic, p) for p in ids)
+        else:
+            targets = [
+                (t.name, p) for t in self.image.topics_by_id.values() for p in range(len(t.partitions))
+            ]
+        for name, partition_id in targets:
+            topic = self.image.topic(name)
+            partition = None if topic is None else self.image.partition(topic.topic_id, partition_id)
+            code, message = ErrorCode.NONE, ""
+            if topic is None or partition is None:
+                code, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{name}-{partition_id} does not exist"
+            elif partition.leader == partition.preferred_leader:
+                code, message = ErrorCode.ELECTION_NOT_NEEDED, "the preferred leader already leads"
+            elif partition.preferred_leader not in partition.isr or not acceptable(
+                partition.preferred_leader
+            ):
+                code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+                message = f"preferred leader {partition.preferred_leader} is not live and in sync"
+            else:
+                change = pb.PartitionChangeRecord(
+                    topic_id=topic.topic_id, partition_id=partition_id, leader=partition.preferred_leader
+                )
+                batch.add(change)
+            if explicit or code != ErrorCode.ELECTION_NOT_NEEDED:
+                response.results.add(
+                    topic=name, partition=partition_id, error_code=int(code), error_message=message
+                )
+        return Outcome(batch.finish(), response, next_offset)
+
+    # ---- reads ----
+
+    def broker_state(self, broker: BrokerRegistration, now_ms: int) -> BrokerState:
+        if broker.fenced:
+            if not self.heartbeats.has_valid_session(broker.broker_id, now_ms):
+                return BrokerState.OFFLINE
+            return BrokerState.FENCED
+        if broker.in_controlled_shutdown:
+            return BrokerState.CONTROLLED_SHUTDOWN
+        return BrokerState.ACTIVE
+
+    def describe_brokers(self, image: MetadataImage, now_ms: int) -> list[cpb.BrokerDescription]:
+        leaders: dict[int, int] = {}
+        replicas: dict[int, int] = {}
+        for topic in image.topics_by_id.values():
+            for partition in topic.partitions:
+                leaders[partition.leader] = leaders.get(partition.leader, 0) + 1
+                for replica in partition.replicas:
+                    replicas[replica] = replicas.get(replica, 0) + 1
+        result = []
+        for broker in sorted(image.brokers.values(), key=lambda b: b.broker_id):
+            contact = self.heartbeats.contact(broker.broker_id)
+            description = cpb.BrokerDescription(
+                broker_id=broker.broker_id,
+                broker_epoch=broker.epoch,
+                incarnation_id=broker.incarnation_id,
+                state=self.broker_state(broker, now_ms).value,
+                endpoints=[
+                    common_pb2.Endpoint(
+                        name=e.name, host=e.host, port=e.port, security_protocol=e.security_protocol
+                    )
+                    for e in broker.endpoints
+                ],
+                metadata_offset=contact.metadata_offset if contact else -1,
+                last_heartbeat_ms_ago=(
+                    now_ms - contact.last_contact_ms if contact is not None and contact.heartbeats else -1
+                ),
+                leader_count=leaders.get(broker.broker_id, 0),
+                replica_count=replicas.get(broker.broker_id, 0),
+            )
+            if broker.rack is not None:
+                description.rack = broker.rack
+            result.append(description)
+        return result
+
+
+def describe_topic(image: MetadataImage, topic: TopicImage, include_partitions: bool) -> cpb.TopicDescription:
+    description = cpb.TopicDescription(name=topic.name, topic_id=topic.topic_id)
+    for key, value in sorted(image.topic_configs(topic.name).items()):
+        description.configs.add(name=key, value=value)
+    if include_partitions:
+        for partition_id, partition in enumerate(topic.partitions):
+            description.partitions.add(
+                partition=partition_id,
+                leader=partition.leader,
+                leader_epoch=partition.leader_epoch,
+                partition_epoch=partition.partition_epoch,
+                replicas=partition.replicas,
+                isr=partition.isr,
+            )
+    else:
+        for partition_id, partition in enumerate(topic.partitions):
+            description.partitions.add(partition=partition_id, replicas=partition.replicas)
+    return description

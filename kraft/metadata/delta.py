@@ -1,0 +1,400 @@
+"""MetadataDelta: replay records on top of an image, then ``apply()`` the next image.
+
+Only what changed is held here; ``apply()`` copies just the changed top-level maps and rebuilds just the
+changed topics' partition tuples, so an image follows a log of any length at a cost proportional to the
+changes.  ``local_changes(broker_id)`` tells a broker what to do with its partition logs (Kafka's
+``TopicsDelta.localChanges``): delete what it no longer hosts, then lead, then follow.
+
+Replay is lenient by design: a record that does not fit the image (a change for an unknown topic, an
+unregister with a stale epoch) is skipped and described in ``replay_errors`` instead of stopping a broker
+or controller that must keep following the committed log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kraft.metadata.image import (
+    BrokerFeatureRange,
+    BrokerRegistration,
+    ConfigKey,
+    Endpoint,
+    MetadataImage,
+    PartitionRegistration,
+    TopicImage,
+)
+from kraft.metadata.records import ConfigResourceType
+from kraft.v1 import metadata_pb2 as pb
+
+# Broker ids repeat across millions of replica lists; one shared int object per id keeps images small.
+_ID_CACHE: dict[int, int] = {}
+
+
+def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
+    cache = _ID_CACHE
+    return tuple([cache.setdefault(i, i) for i in ids])
+
+
+def make_partition(
+    replicas: tuple[int, ...], isr: tuple[int, ...], leader: int, leader_epoch: int, partition_epoch: int
+) -> PartitionRegistration:
+    """A registration whose ``isr`` shares the ``replicas`` tuple when they are equal."""
+    if isr == replicas:
+        isr = replicas
+    return PartitionRegistration(replicas, isr, leader, leader_epoch, partition_epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPartition:
+    topic_name: str
+    topic_id: str
+    partition_id: int
+    registration: PartitionRegistration
+
+
+@dataclass(slots=True)
+class LocalReplicaChanges:
+    """What one broker must do after a delta, in this order: deletes, then leaders, then followers."""
+
+    deletes: list[LocalPartition] = field(default_factory=list)
+    leaders: list[LocalPartition] = field(default_factory=list)
+    followers: list[LocalPartition] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.deletes or self.leaders or self.followers)
+
+
+@dataclass(slots=True)
+class _TopicDelta:
+    name: str
+    topic_id: str
+    base: TopicImage | None  # None for a topic created in this delta
+    count: int  # partitions after this delta
+    changed: dict[int, PartitionRegistration] = field(default_factory=dict)
+
+    def current(self, partition_id: int) -> PartitionRegistration | None:
+        got = self.changed.get(partition_id)
+        return got if got is not None else self.before(partition_id)
+
+    def before(self, partition_id: int) -> PartitionRegistration | None:
+        """The registration in the base image (None for a new topic or partition)."""
+        if self.base is not None and partition_id < len(self.base.partitions):
+            return self.base.partitions[partition_id]
+        return None
+
+
+class MetadataDelta:
+    """Accumulates replayed records on top of ``image``; ``apply()`` returns the next image."""
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.image = image
+        self.offset = image.offset
+        self.epoch = image.epoch
+        self.in_transaction = False
+        self.replay_errors: list[str] = []
+        self._brokers: dict[int, BrokerRegistration | None] = {}
+        self._topics: dict[str, _TopicDelta] = {}
+        self._removed_topics: dict[str, TopicImage] = {}
+        self._names: dict[str, str | None] = {}
+        self._configs: dict[ConfigKey, dict[str, str]] = {}
+        self._features: dict[str, int] = {}
+
+    # ---- reading through the delta (committed image + what was replayed) ----
+
+    def broker(self, broker_id: int) -> BrokerRegistration | None:
+        if broker_id in self._brokers:
+            return self._brokers[broker_id]
+        return self.image.brokers.get(broker_id)
+
+    def topic_id(self, name: str) -> str | None:
+        if name in self._names:
+            return self._names[name]
+        return self.image.topic_ids_by_name.get(name)
+
+    def partition(self, topic_id: str, partition_id: int) -> PartitionRegistration | None:
+        topic = self._topics.get(topic_id)
+        if topic is not None:
+            return topic.current(partition_id)
+        if topic_id in self._removed_topics:
+            return None
+        return self.image.partition(topic_id, partition_id)
+
+    def has_changes(self) -> bool:
+        return (
+            bool(self._brokers or self._topics or self._removed_topics or self._configs or self._features)
+            or self.offset != self.image.offset
+        )
+
+    # ---- replay ----
+
+    def replay(self, record: pb.MetadataRecord, offset: int = -1, epoch: int = -1) -> None:
+        """Apply one record; ``offset``/``epoch`` (when ≥ 0) advance the offset this delta reflects."""
+        if offset >= 0:
+            self.offset = offset
+        if epoch >= 0:
+            self.epoch = epoch
+        kind = record.WhichOneof("record")
+        handler = _HANDLERS.get(kind or "")
+        if handler is not None:
+            handler(self, getattr(record, kind or ""))
+
+    def replay_all(self, records: Iterable[tuple[int, pb.MetadataRecord]], epoch: int = -1) -> None:
+        for offset, record in records:
+            self.replay(record, offset, epoch)
+
+    def _replay_register_broker(self, r: pb.RegisterBrokerRecord) -> None:
+        self._brokers[r.broker_id] = BrokerRegistration(
+            broker_id=r.broker_id,
+            epoch=r.broker_epoch,
+            incarnation_id=r.incarnation_id,
+            endpoints=tuple(
+                Endpoint(e.name, e.host, e.port, e.security_protocol or "PLAINTEXT") for e in r.endpoints
+            ),
+            rack=r.rack if r.HasField("rack") else None,
+            fenced=r.fenced,
+            in_controlled_shutdown=r.in_controlled_shutdown,
+            features=tuple(
+                BrokerFeatureRange(f.name, f.min_supported_version, f.max_supported_version)
+                for f in r.features
+            ),
+            log_dirs=tuple(r.log_dirs),
+        )
+
+    def _replay_unregister_broker(self, r: pb.UnregisterBrokerRecord) -> None:
+        current = self.broker(r.broker_id)
+        if current is None:
+            self.replay_errors.append(f"unregister of unknown broker {r.broker_id}")
+        elif current.epoch != r.broker_epoch:
+            self.replay_errors.append(
+                f"unregister of broker {r.broker_id} epoch {r.broker_epoch}, registered epoch {current.epoch}"
+            )
+        else:
+            self._brokers[r.broker_id] = None
+
+    def _change_broker(self, broker_id: int, epoch: int, fenced: bool | None, shutdown: bool | None) -> None:
+        current = self.broker(broker_id)
+        if current is None or current.epoch != epoch:
+            self.replay_errors.append(f"registration change for unknown broker {broker_id} epoch {epoch}")
+            return
+        new_fenced = current.fenced if fenced is None else fenced
+        new_shutdown = current.in_controlled_shutdown if shutdown is None else shutdown
+        self._brokers[broker_id] = BrokerRegistration(
+            current.broker_id,
+            current.epoch,
+            current.incarnation_id,
+            current.endpoints,
+            current.rack,
+            new_fenced,
+            new_shutdown,
+            current.features,
+            current.log_dirs,
+        )
+
+    def _replay_fence_broker(self, r: pb.FenceBrokerRecord) -> None:
+        self._change_broker(r.id, r.epoch, True, None)
+
+    def _replay_unfence_broker(self, r: pb.UnfenceBrokerRecord) -> None:
+        self._change_broker(r.id, r.epoch, False, None)
+
+    def _replay_broker_registration_change(self, r: pb.BrokerRegistrationChangeRecord) -> None:
+        fenced = None if r.fenced == 0 else r.fenced > 0
+        shutdown = True if r.in_controlled_shutdown == 1 else None
+        self._change_broker(r.broker_id, r.broker_epoch, fenced, shutdown)
+
+    def _replay_topic(self, r: pb.TopicRecord) -> None:
+        if self.topic_id(r.name) is not None:
+            self.replay_errors.append(f"topic {r.name} already exists")
+            return
+        self._topics[r.topic_id] = _TopicDelta(r.name, r.topic_id, None, 0)
+        self._names[r.name] = r.topic_id
+
+    def _topic_delta(self, topic_id: str) -> _TopicDelta | None:
+        topic = self._topics.get(topic_id)
+        if topic is not None:
+            return topic
+        if topic_id in self._removed_topics:
+            return None
+        base = self.image.topics_by_id.get(topic_id)
+        if base is None:
+            return None
+        topic = _TopicDelta(base.name, base.topic_id, base, len(base.partitions))
+        self._topics[topic_id] = topic
+        return topic
+
+    def _replay_partition(self, r: pb.PartitionRecord) -> None:
+        topic = self._topic_delta(r.topic_id)
+        if topic is None:
+            self.replay_errors.append(f"partition {r.partition_id} of unknown topic {r.topic_id}")
+            return
+        if r.partition_id > topic.count:
+            self.replay_errors.append(f"partition {r.partition_id} of {topic.name} skips ids ({topic.count})")
+            return
+        replicas = intern_ids(r.replicas)
+        isr = replicas if list(r.isr) == list(r.replicas) else intern_ids(r.isr)
+        topic.changed[r.partition_id] = PartitionRegistration(
+            replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
+        )
+        topic.count = max(topic.count, r.partition_id + 1)
+
+    def _replay_partition_change(self, r: pb.PartitionChangeRecord) -> None:
+        topic = self._topic_delta(r.topic_id)
+        current = None if topic is None else topic.current(r.partition_id)
+        if topic is None or current is None:
+            self.replay_errors.append(f"change of unknown partition {r.topic_id}/{r.partition_id}")
+            return
+        replicas = intern_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
+        isr = intern_ids(r.isr.ids) if r.HasField("isr") else current.isr
+        leader = r.leader if r.HasField("leader") else current.leader
+        # kraft bumps both epochs on every change (ARCHITECTURE.md §5), so any change fences stale leaders.
+        topic.changed[r.partition_id] = make_partition(
+            replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
+        )
+
+    def _replay_remove_topic(self, r: pb.RemoveTopicRecord) -> None:
+        topic = self._topics.pop(r.topic_id, None)
+        base = self.image.topics_by_id.get(r.topic_id)
+        if topic is None and base is None:
+            self.replay_errors.append(f"remove of unknown topic {r.topic_id}")
+            return
+        name = topic.name if topic is not None else base.name if base is not None else ""
+        if base is not None:
+            self._removed_topics[r.topic_id] = base
+        self._names[name] = None
+        # A topic's configs die with it; a topic re-created under the same name starts clean.
+        self._configs[ConfigKey(ConfigResourceType.TOPIC, name)] = {}
+
+    def _replay_config(self, r: pb.ConfigRecord) -> None:
+        key = ConfigKey(r.resource_type, r.resource_name)
+        configs = self._configs.get(key)
+        if configs is None:
+            configs = dict(self.image.configs.get(key, {}))
+            self._configs[key] = configs
+        if r.HasField("value"):
+            configs[r.name] = r.value
+        else:
+            configs.pop(r.name, None)
+
+    def _replay_feature_level(self, r: pb.FeatureLevelRecord) -> None:
+        self._features[r.name] = r.feature_level
+
+    def _replay_begin_transaction(self, r: pb.BeginTransactionRecord) -> None:
+        self.in_transaction = True
+
+    def _replay_end_transaction(self, r: pb.EndTransactionRecord) -> None:
+        self.in_transaction = False
+
+    def _replay_abort_transaction(self, r: pb.AbortTransactionRecord) -> None:
+        # Aborted groups are never written by kraft's controller; a reader only needs to leave the group.
+        self.in_transaction = False
+
+    # ---- producing the next image ----
+
+    def apply(self) -> MetadataImage:
+        base = self.image
+        brokers: Mapping[int, BrokerRegistration] = base.brokers
+        if self._brokers:
+            new_brokers = dict(base.brokers)
+            for broker_id, registration in self._brokers.items():
+                if registration is None:
+                    new_brokers.pop(broker_id, None)
+                else:
+                    new_brokers[broker_id] = registration
+            brokers = new_brokers
+        topics: Mapping[str, TopicImage] = base.topics_by_id
+        names: Mapping[str, str] = base.topic_ids_by_name
+        if self._topics or self._removed_topics:
+            new_topics = dict(base.topics_by_id)
+            for topic_id in self._removed_topics:
+                new_topics.pop(topic_id, None)
+            for topic_id, topic in self._topics.items():
+                new_topics[topic_id] = _build_topic(topic)
+            topics = new_topics
+            new_names = dict(base.topic_ids_by_name)
+            for name, maybe_id in self._names.items():
+                if maybe_id is None:
+                    new_names.pop(name, None)
+                else:
+                    new_names[name] = maybe_id
+            names = new_names
+        configs: Mapping[ConfigKey, Mapping[str, str]] = base.configs
+        if self._configs:
+            new_configs = dict(base.configs)
+            for key, values in self._configs.items():
+                if values:
+                    new_configs[key] = values
+                else:
+                    new_configs.pop(key, None)
+            configs = new_configs
+        features: Mapping[str, int] = base.features
+        if self._features:
+            new_features = dict(base.features)
+            for name, level in self._features.items():
+                if level == 0:
+                    new_features.pop(name, None)
+                else:
+                    new_features[name] = level
+            features = new_features
+        return MetadataImage(
+            offset=self.offset,
+            epoch=self.epoch,
+            brokers=brokers,
+            topics_by_id=topics,
+            topic_ids_by_name=names,
+            configs=configs,
+            features=features,
+        )
+
+    # ---- what a broker must do ----
+
+    def local_changes(self, broker_id: int) -> LocalReplicaChanges:
+        changes = LocalReplicaChanges()
+        for topic_id, removed in self._removed_topics.items():
+            for partition_id, partition in enumerate(removed.partitions):
+                if broker_id in partition.replicas:
+                    changes.deletes.append(LocalPartition(removed.name, topic_id, partition_id, partition))
+        for topic in self._topics.values():
+            for partition_id, partition in topic.changed.items():
+                local = LocalPartition(topic.name, topic.topic_id, partition_id, partition)
+                if broker_id in partition.replicas:
+                    if partition.leader == broker_id:
+                        changes.leaders.append(local)
+                    else:
+                        changes.followers.append(local)
+                else:
+                    before = topic.before(partition_id)
+                    if before is not None and broker_id in before.replicas:
+                        changes.deletes.append(local)
+        return changes
+
+
+def _build_topic(topic: _TopicDelta) -> TopicImage:
+    if topic.base is not None and not topic.changed and topic.count == len(topic.base.partitions):
+        return topic.base
+    partitions = list(topic.base.partitions) if topic.base is not None else []
+    for partition_id in sorted(topic.changed):
+        registration = topic.changed[partition_id]
+        if partition_id < len(partitions):
+            partitions[partition_id] = registration
+        else:
+            partitions.append(registration)
+    return TopicImage(topic.name, topic.topic_id, tuple(partitions))
+
+
+_HANDLERS: dict[str, Callable[[MetadataDelta, Any], None]] = {
+    "register_broker": MetadataDelta._replay_register_broker,
+    "unregister_broker": MetadataDelta._replay_unregister_broker,
+    "fence_broker": MetadataDelta._replay_fence_broker,
+    "unfence_broker": MetadataDelta._replay_unfence_broker,
+    "broker_registration_change": MetadataDelta._replay_broker_registration_change,
+    "topic": MetadataDelta._replay_topic,
+    "partition": MetadataDelta._replay_partition,
+    "partition_change": MetadataDelta._replay_partition_change,
+    "remove_topic": MetadataDelta._replay_remove_topic,
+    "config": MetadataDelta._replay_config,
+    "feature_level": MetadataDelta._replay_feature_level,
+    "begin_transaction": MetadataDelta._replay_begin_transaction,
+    "end_transaction": MetadataDelta._replay_end_transaction,
+    "abort_transaction": MetadataDelta._replay_abort_transaction,
+}

@@ -1,0 +1,132 @@
+"""The immutable metadata image: what the committed metadata log says, as of one offset.
+
+Images are never mutated.  A :class:`~kraft.metadata.delta.MetadataDelta` produces the next image and
+shares every unchanged sub-map and every unchanged topic with the previous one, so building a new image
+costs in proportion to what changed.  Partitions are tuples indexed by partition id (ids are dense,
+0..n-1) of :class:`PartitionRegistration` named tuples — about 150 bytes per partition, which is what
+keeps an image of 1,000,000 partitions far below 1 GiB.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kraft.metadata.records import ConfigResourceType
+
+NO_LEADER = -1
+
+
+class BrokerState(enum.Enum):
+    """The state shown to users (ARCHITECTURE.md §5); OFFLINE needs heartbeat knowledge, see controller."""
+
+    FENCED = "FENCED"
+    ACTIVE = "ACTIVE"
+    CONTROLLED_SHUTDOWN = "CONTROLLED_SHUTDOWN"
+    OFFLINE = "OFFLINE"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    name: str
+    host: str
+    port: int
+    security_protocol: str = "PLAINTEXT"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerFeatureRange:
+    name: str
+    min_version: int
+    max_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    broker_id: int
+    epoch: int  # offset of its RegisterBroker record
+    incarnation_id: str
+    endpoints: tuple[Endpoint, ...]
+    rack: str | None
+    fenced: bool
+    in_controlled_shutdown: bool
+    features: tuple[BrokerFeatureRange, ...] = ()
+    log_dirs: tuple[str, ...] = ()
+
+
+class PartitionRegistration(NamedTuple):
+    """One partition's replica set and leadership.  ``isr`` is usually the very same tuple as
+    ``replicas`` (shared, not copied) — the common case costs one tuple."""
+
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+    @property
+    def preferred_leader(self) -> int:
+        return self.replicas[0] if self.replicas else NO_LEADER
+
+
+@dataclass(frozen=True, slots=True)
+class TopicImage:
+    name: str
+    topic_id: str
+    partitions: tuple[PartitionRegistration, ...]
+
+
+class ConfigKey(NamedTuple):
+    resource_type: int  # records.ConfigResourceType
+    resource_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataImage:
+    """Everything committed up to and including ``offset`` (``-1`` = nothing yet).
+
+    The mappings are read-only by convention: never mutate them, build a delta instead.
+    """
+
+    offset: int
+    epoch: int  # leader epoch of the record at ``offset``
+    brokers: Mapping[int, BrokerRegistration]
+    topics_by_id: Mapping[str, TopicImage]
+    topic_ids_by_name: Mapping[str, str]
+    configs: Mapping[ConfigKey, Mapping[str, str]]
+    features: Mapping[str, int]
+
+    @staticmethod
+    def empty() -> MetadataImage:
+        return EMPTY_IMAGE
+
+    def topic(self, name: str) -> TopicImage | None:
+        topic_id = self.topic_ids_by_name.get(name)
+        return None if topic_id is None else self.topics_by_id[topic_id]
+
+    def partition(self, topic_id: str, partition_id: int) -> PartitionRegistration | None:
+        topic = self.topics_by_id.get(topic_id)
+        if topic is None or not 0 <= partition_id < len(topic.partitions):
+            return None
+        return topic.partitions[partition_id]
+
+    def partition_count(self) -> int:
+        return sum(len(t.partitions) for t in self.topics_by_id.values())
+
+    def iter_partitions(self) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+        for topic in self.topics_by_id.values():
+            for partition_id, partition in enumerate(topic.partitions):
+                yield topic, partition_id, partition
+
+    def topic_configs(self, name: str) -> Mapping[str, str]:
+        return self.configs.get(ConfigKey(ConfigResourceType.TOPIC, name), {})
+
+    def unfenced_broker_ids(self) -> list[int]:
+        return sorted(b.broker_id for b in self.brokers.values() if not b.fenced)
+
+
+EMPTY_IMAGE = MetadataImage(
+    offset=-1, epoch=-1, brokers={}, topics_by_id={}, topic_ids_by_name={}, configs={}, features={}
+)

@@ -1,0 +1,61 @@
+"""Partition change builder: ISR and leader decisions as PartitionChangeRecords (pure).
+
+Rules (ARCHITECTURE.md §5, KRAFT.md §4):
+- the leader is the first acceptable replica, in replica order, that is in the ISR — so the preferred
+  leader (``replicas[0]``) is restored automatically whenever it is acceptable and in the ISR; an
+  acceptable current leader is kept otherwise (no needless leadership churn);
+- the ISR is never shrunk to empty: removing its last member leaves it in place with leader -1
+  (an offline partition) until it comes back;
+- a record is produced only when something changes (each change bumps both epochs on replay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kraft.metadata.image import NO_LEADER, PartitionRegistration
+from kraft.v1 import metadata_pb2 as pb
+
+IsAcceptable = Callable[[int], bool]
+
+
+def choose_leader(
+    replicas: tuple[int, ...], isr: Iterable[int], current: int, acceptable: IsAcceptable
+) -> int:
+    in_isr = set(isr)
+    candidates = [r for r in replicas if r in in_isr and acceptable(r)]
+    if not candidates:
+        return NO_LEADER
+    if candidates[0] == replicas[0] or current not in candidates:
+        return candidates[0]
+    return current
+
+
+def build_change(
+    topic_id: str,
+    partition_id: int,
+    current: PartitionRegistration,
+    acceptable: IsAcceptable,
+    remove_from_isr: int | None = None,
+    add_to_isr: Iterable[int] = (),
+) -> pb.PartitionChangeRecord | None:
+    """The record moving ``current`` to its next state, or None when nothing would change."""
+    isr = [r for r in current.isr if r != remove_from_isr]
+    if not isr:
+        isr = list(current.isr)  # never empty: keep the last member, the partition goes offline
+    for broker_id in add_to_isr:
+        if broker_id in current.replicas and broker_id not in isr:
+            isr.append(broker_id)
+    # Keep the ISR in replica order so records are deterministic whatever order members came back in.
+    order = {r: i for i, r in enumerate(current.replicas)}
+    isr.sort(key=lambda r: order.get(r, len(order)))
+    leader = choose_leader(current.replicas, isr, current.leader, acceptable)
+    isr_changed = tuple(isr) != current.isr
+    if not isr_changed and leader == current.leader:
+        return None
+    record = pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id)
+    if isr_changed:
+        record.isr.ids.extend(isr)
+    if leader != current.leader:
+        record.leader = leader
+    return record

@@ -1,0 +1,288 @@
+"""The image store: the applied metadata image and its offset, in SQLite (aiosqlite).
+
+One transaction per save, so the tables and ``meta.offset`` always describe one consistent image; a
+restart loads the image and replays only records above that offset.  Saves write only what differs from
+the previously saved image (images share unchanged parts, so the diff is found by identity, cheaply).
+The tables are plain so an operator can query them (``kraft metadata shell``):
+
+``meta(key PRIMARY KEY, value)``
+    ``offset`` (last applied record, -1 = none), ``epoch``, ``schema_version``, ``updated_at_ms``.
+``brokers(broker_id PRIMARY KEY, epoch, incarnation_id, rack, fenced, in_controlled_shutdown,
+endpoints JSON, features JSON, log_dirs JSON)``
+    one row per registered broker; ``fenced``/``in_controlled_shutdown`` are 0/1.
+``topics(topic_id PRIMARY KEY, name UNIQUE, partitions)``
+``partitions(topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas JSON, isr JSON)``
+    primary key (topic_id, partition_id); ``leader`` -1 = offline.
+``configs(resource_type, resource_name, name, value)``
+    resource_type 2 = topic, 4 = broker; primary key (resource_type, resource_name, name).
+``features(name PRIMARY KEY, level)``
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from kraft.metadata.image import (
+    BrokerFeatureRange,
+    BrokerRegistration,
+    ConfigKey,
+    Endpoint,
+    MetadataImage,
+    PartitionRegistration,
+    TopicImage,
+)
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS brokers (
+    broker_id INTEGER PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    incarnation_id TEXT NOT NULL,
+    rack TEXT,
+    fenced INTEGER NOT NULL,
+    in_controlled_shutdown INTEGER NOT NULL,
+    endpoints TEXT NOT NULL,
+    features TEXT NOT NULL,
+    log_dirs TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS topics (
+    topic_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    partitions INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS partitions (
+    topic_id TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    leader INTEGER NOT NULL,
+    leader_epoch INTEGER NOT NULL,
+    partition_epoch INTEGER NOT NULL,
+    replicas TEXT NOT NULL,
+    isr TEXT NOT NULL,
+    PRIMARY KEY (topic_id, partition_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS partitions_by_leader ON partitions (leader);
+CREATE TABLE IF NOT EXISTS configs (
+    resource_type INTEGER NOT NULL,
+    resource_name TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (resource_type, resource_name, name)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS features (name TEXT PRIMARY KEY, level INTEGER NOT NULL);
+"""
+
+
+class ImageStoreError(Exception):
+    """The store file is unusable (newer schema, corrupt)."""
+
+
+def _ids(values: Iterable[int]) -> str:
+    return "[" + ",".join(str(v) for v in values) + "]"
+
+
+def _parse_ids(text: str) -> tuple[int, ...]:
+    return tuple(json.loads(text))
+
+
+def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
+    return (
+        b.broker_id,
+        b.epoch,
+        b.incarnation_id,
+        b.rack,
+        int(b.fenced),
+        int(b.in_controlled_shutdown),
+        json.dumps([[e.name, e.host, e.port, e.security_protocol] for e in b.endpoints]),
+        json.dumps([[f.name, f.min_version, f.max_version] for f in b.features]),
+        json.dumps(list(b.log_dirs)),
+    )
+
+
+def _partition_row(topic_id: str, partition_id: int, p: PartitionRegistration) -> tuple[Any, ...]:
+    return (
+        topic_id,
+        partition_id,
+        p.leader,
+        p.leader_epoch,
+        p.partition_epoch,
+        _ids(p.replicas),
+        _ids(p.isr),
+    )
+
+
+class ImageStore:
+    """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
+
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+        self._saved: MetadataImage | None = None
+
+    @classmethod
+    async def open(cls, path: Path) -> ImageStore:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
+        db = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.executescript(SCHEMA)
+            async with db.execute("SELECT value FROM meta WHERE key = 'schema_version'") as cursor:
+                row = await cursor.fetchone()
+            if row is not None and int(row[0]) > SCHEMA_VERSION:
+                raise ImageStoreError(
+                    f"{path}: schema version {row[0]} is newer than this build ({SCHEMA_VERSION})"
+                )
+        except BaseException:
+            await db.close()
+            raise
+        return cls(db, path)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    @property
+    def saved_offset(self) -> int:
+        return -1 if self._saved is None else self._saved.offset
+
+    async def load(self) -> MetadataImage:
+        """The stored image (empty when nothing was saved yet)."""
+        db = self._db
+        meta = {k: v async for k, v in _rows(db, "SELECT key, value FROM meta")}
+        if "offset" not in meta:
+            self._saved = MetadataImage.empty()
+            return self._saved
+        brokers: dict[int, BrokerRegistration] = {}
+        async for row in _rows(db, "SELECT * FROM brokers"):
+            brokers[row[0]] = BrokerRegistration(
+                broker_id=row[0],
+                epoch=row[1],
+                incarnation_id=row[2],
+                rack=row[3],
+                fenced=bool(row[4]),
+                in_controlled_shutdown=bool(row[5]),
+                endpoints=tuple(Endpoint(n, h, p, s) for n, h, p, s in json.loads(row[6])),
+                features=tuple(BrokerFeatureRange(n, lo, hi) for n, lo, hi in json.loads(row[7])),
+                log_dirs=tuple(json.loads(row[8])),
+            )
+        partitions: dict[str, list[PartitionRegistration]] = {}
+        query = "SELECT topic_id, leader, leader_epoch, partition_epoch, replicas, isr FROM partitions "
+        async for topic_id, leader, leader_epoch, partition_epoch, replicas, isr in _rows(
+            db, query + "ORDER BY topic_id, partition_id"
+        ):
+            replica_ids = _parse_ids(replicas)
+            isr_ids = replica_ids if isr == replicas else _parse_ids(isr)
+            partitions.setdefault(topic_id, []).append(
+                PartitionRegistration(replica_ids, isr_ids, leader, leader_epoch, partition_epoch)
+            )
+        topics: dict[str, TopicImage] = {}
+        names: dict[str, str] = {}
+        async for topic_id, name, count in _rows(db, "SELECT topic_id, name, partitions FROM topics"):
+            parts = tuple(partitions.get(topic_id, ()))
+            if len(parts) != count:
+                raise ImageStoreError(
+                    f"{self.path}: topic {name} has {len(parts)} partition rows, expected {count}"
+                )
+            topics[topic_id] = TopicImage(name, topic_id, parts)
+            names[name] = topic_id
+        configs: dict[ConfigKey, dict[str, str]] = {}
+        async for rtype, rname, key, value in _rows(db, "SELECT * FROM configs"):
+            configs.setdefault(ConfigKey(rtype, rname), {})[key] = value
+        levels = {n: lvl async for n, lvl in _rows(db, "SELECT name, level FROM features")}
+        image = MetadataImage(
+            offset=int(meta["offset"]),
+            epoch=int(meta.get("epoch", -1)),
+            brokers=brokers,
+            topics_by_id=topics,
+            topic_ids_by_name=names,
+            configs=configs,
+            features=levels,
+        )
+        self._saved = image
+        return image
+
+    async def save(self, image: MetadataImage) -> None:
+        """Persist ``image`` in one transaction, writing only what changed since the last save/load."""
+        previous = self._saved if self._saved is not None else MetadataImage.empty()
+        db = self._db
+        try:
+            await db.execute("BEGIN")
+            await self._save_brokers(previous, image)
+            await self._save_topics(previous, image)
+            if image.configs is not previous.configs:
+                await self._save_configs(previous, image)
+            if image.features is not previous.features:
+                await db.execute("DELETE FROM features")
+                await db.executemany("INSERT INTO features VALUES (?, ?)", list(image.features.items()))
+            await db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [
+                    ("offset", str(image.offset)),
+                    ("epoch", str(image.epoch)),
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("updated_at_ms", str(int(time.time() * 1000))),
+                ],
+            )
+            await db.execute("COMMIT")
+        except BaseException:
+            await db.execute("ROLLBACK")
+            raise
+        self._saved = image
+
+    async def _save_brokers(self, previous: MetadataImage, image: MetadataImage) -> None:
+        if image.brokers is previous.brokers:
+            return
+        gone = [(b,) for b in previous.brokers if b not in image.brokers]
+        changed = [_broker_row(b) for i, b in image.brokers.items() if previous.brokers.get(i) is not b]
+        await self._db.executemany("DELETE FROM brokers WHERE broker_id = ?", gone)
+        await self._db.executemany(
+            "INSERT OR REPLACE INTO brokers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", changed
+        )
+
+    async def _save_topics(self, previous: MetadataImage, image: MetadataImage) -> None:
+        if image.topics_by_id is previous.topics_by_id:
+            return
+        gone = [(t,) for t in previous.topics_by_id if t not in image.topics_by_id]
+        await self._db.executemany("DELETE FROM topics WHERE topic_id = ?", gone)
+        await self._db.executemany("DELETE FROM partitions WHERE topic_id = ?", gone)
+        topic_rows: list[tuple[Any, ...]] = []
+        partition_rows: list[tuple[Any, ...]] = []
+        for topic_id, topic in image.topics_by_id.items():
+            before = previous.topics_by_id.get(topic_id)
+            if before is topic:
+                continue
+            topic_rows.append((topic_id, topic.name, len(topic.partitions)))
+            old = before.partitions if before is not None else ()
+            for partition_id, partition in enumerate(topic.partitions):
+                if partition_id >= len(old) or old[partition_id] is not partition:
+                    partition_rows.append(_partition_row(topic_id, partition_id, partition))
+        await self._db.executemany("INSERT OR REPLACE INTO topics VALUES (?, ?, ?)", topic_rows)
+        await self._db.executemany(
+            "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)", partition_rows
+        )
+
+    async def _save_configs(self, previous: MetadataImage, image: MetadataImage) -> None:
+        for key in set(previous.configs) | set(image.configs):
+            values = image.configs.get(key, {})
+            if previous.configs.get(key) is values:
+                continue
+            await self._db.execute(
+                "DELETE FROM configs WHERE resource_type = ? AND resource_name = ?", (key[0], key[1])
+            )
+            await self._db.executemany(
+                "INSERT INTO configs VALUES (?, ?, ?, ?)", [(key[0], key[1], k, v) for k, v in values.items()]
+            )
+
+
+async def _rows(db: aiosqlite.Connection, query: str) -> AsyncIterator[Any]:
+    async with db.execute(query) as cursor:
+        async for row in cursor:
+            yield row

@@ -1,0 +1,97 @@
+"""Kafka's topic-name rules and the topic configs kraft accepts (pure validation)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+from kraft.errors import ErrorCode, KraftError
+
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's ``Topic.validate``: 1 to 249 chars of [a-zA-Z0-9._-], and not ``.`` or ``..``."""
+    if not name:
+        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION, "topic name is empty")
+    if name in (".", ".."):
+        raise KraftError(ErrorCode.INVALID_TOPIC_EXCEPTION, f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise KraftError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"topic name is {len(name)} characters long, the limit is {MAX_TOPIC_NAME_LENGTH}",
+        )
+    if not _LEGAL.match(name):
+        raise KraftError(
+            ErrorCode.INVALID_TOPIC_EXCEPTION,
+            f"topic name {name!r} is illegal: only ASCII letters, digits, '.', '_' and '-' are allowed",
+        )
+
+
+def collision_key(name: str) -> str:
+    """Names equal up to '.' vs '_' collide in Kafka's metric names, so Kafka refuses the second one."""
+    return name.replace(".", "_")
+
+
+def _long(minimum: int) -> Callable[[str], bool]:
+    def check(value: str) -> bool:
+        try:
+            return int(value) >= minimum
+        except ValueError:
+            return False
+
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[str], bool]:
+    def check(value: str) -> bool:
+        return all(part.strip() in choices for part in value.split(",")) and bool(value)
+
+    return check
+
+
+_TOPIC_CONFIGS: Mapping[str, tuple[Callable[[str], bool], str]] = {
+    "cleanup.policy": (_one_of("delete", "compact"), "delete and/or compact"),
+    "retention.ms": (_long(-1), "an integer ≥ -1"),
+    "retention.bytes": (_long(-1), "an integer ≥ -1"),
+    "segment.bytes": (_long(14), "an integer ≥ 14"),
+    "segment.ms": (_long(1), "an integer ≥ 1"),
+    "max.message.bytes": (_long(0), "an integer ≥ 0"),
+    "min.insync.replicas": (_long(1), "an integer ≥ 1"),
+    "compression.type": (
+        _one_of("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+        "uncompressed, zstd, lz4, snappy, gzip or producer",
+    ),
+    "unclean.leader.election.enable": (_one_of("true", "false"), "true or false"),
+    "delete.retention.ms": (_long(0), "an integer ≥ 0"),
+    "min.compaction.lag.ms": (_long(0), "an integer ≥ 0"),
+    "message.timestamp.type": (_one_of("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime"),
+}
+
+
+def validate_topic_configs(configs: list[tuple[str, str]], replication_factor: int) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for name, value in configs:
+        rule = _TOPIC_CONFIGS.get(name)
+        if rule is None:
+            raise KraftError(ErrorCode.INVALID_CONFIG, f"unknown topic config {name!r}")
+        if name in result:
+            raise KraftError(ErrorCode.INVALID_CONFIG, f"topic config {name!r} is given twice")
+        check, expected = rule
+        if not check(value):
+            raise KraftError(
+                ErrorCode.INVALID_CONFIG, f"invalid value {value!r} for {name}: expected {expected}"
+            )
+        result[name] = value
+    min_isr = result.get("min.insync.replicas")
+    if min_isr is not None and int(min_isr) > replication_factor:
+        raise KraftError(
+            ErrorCode.INVALID_CONFIG,
+            f"min.insync.replicas {min_isr} is larger than the replication factor {replication_factor}",
+        )
+    return result
+
+
+def known_topic_configs() -> list[str]:
+    return sorted(_TOPIC_CONFIGS)

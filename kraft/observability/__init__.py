@@ -1,0 +1,1 @@
+"""Observability: structured key=value logging, Prometheus metrics, grpc.health.v1 helpers."""

@@ -1,0 +1,245 @@
+"""Prometheus metrics: Kafka's KRaft metric names translated to Prometheus conventions, defined once.
+
+Kafka's ``raft-metrics`` / ``kafka.controller`` / broker metadata metrics become ``kraft_raft_*``,
+``kraft_controller_*`` and ``kraft_broker_*``; every series carries a ``node`` label so several nodes can
+share one process (tests, the simulator).  Latencies are histograms in seconds (Prometheus convention)
+instead of Kafka's avg/max in ms; Kafka's ``*-rate`` metrics are counters (``rate()`` them), and
+``poll-idle-ratio-avg`` is ``rate(kraft_raft_poll_idle_seconds_total)``.
+
+Hot paths should bind once and keep the children: ``m = RaftMetrics.for_node(1)`` then
+``m.high_watermark.set(hwm)`` — a ``.labels()`` lookup per update takes a lock and a dict lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client.registry import CollectorRegistry
+
+# Raft quorum states as Kafka names them (KIP-595 + KIP-996); exactly one is 1 per node.
+RAFT_STATES: Final = ("unattached", "prospective", "candidate", "leader", "follower", "resigned")
+_LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_NODE: Final = ("node",)
+
+# --- Raft (Kafka: raft-metrics) ---
+RAFT_CURRENT_STATE = Gauge(
+    "kraft_raft_current_state", "1 for the node's current Raft state, 0 for the others", (*_NODE, "state")
+)
+RAFT_CURRENT_LEADER = Gauge("kraft_raft_current_leader", "Id of the known leader, -1 if unknown", _NODE)
+RAFT_CURRENT_EPOCH = Gauge("kraft_raft_current_epoch", "Current quorum epoch", _NODE)
+RAFT_CURRENT_VOTE = Gauge("kraft_raft_current_vote", "Id voted for in the current epoch, -1 if none", _NODE)
+RAFT_HIGH_WATERMARK = Gauge(
+    "kraft_raft_high_watermark", "High watermark (committed offset), -1 if unknown", _NODE
+)
+RAFT_LOG_END_OFFSET = Gauge("kraft_raft_log_end_offset", "Offset after the last record in the log", _NODE)
+RAFT_COMMIT_LATENCY = Histogram(
+    "kraft_raft_commit_latency_seconds",
+    "Time from a leader append to its commit (Kafka commit-latency)",
+    _NODE,
+    buckets=_LATENCY_BUCKETS,
+)
+RAFT_ELECTION_LATENCY = Histogram(
+    "kraft_raft_election_latency_seconds",
+    "Time from starting an election to electing a leader (Kafka election-latency)",
+    _NODE,
+    buckets=_LATENCY_BUCKETS,
+)
+RAFT_APPEND_RECORDS = Counter("kraft_raft_append_records", "Records appended by the leader", _NODE)
+RAFT_FETCH_RECORDS = Counter("kraft_raft_fetch_records", "Records fetched from the leader", _NODE)
+RAFT_POLL_IDLE_SECONDS = Counter(
+    "kraft_raft_poll_idle_seconds", "Time the Raft driver spent idle waiting for work", _NODE
+)
+
+# --- Controller (Kafka: kafka.controller:type=KafkaController) ---
+CONTROLLER_ACTIVE_CONTROLLER_COUNT = Gauge(
+    "kraft_controller_active_controller_count", "1 on the active controller, 0 elsewhere", _NODE
+)
+CONTROLLER_FENCED_BROKER_COUNT = Gauge(
+    "kraft_controller_fenced_broker_count", "Registered fenced brokers", _NODE
+)
+CONTROLLER_ACTIVE_BROKER_COUNT = Gauge("kraft_controller_active_broker_count", "Unfenced brokers", _NODE)
+CONTROLLER_GLOBAL_TOPIC_COUNT = Gauge("kraft_controller_global_topic_count", "Topics in the image", _NODE)
+CONTROLLER_GLOBAL_PARTITION_COUNT = Gauge(
+    "kraft_controller_global_partition_count", "Partitions in the image", _NODE
+)
+CONTROLLER_OFFLINE_PARTITIONS_COUNT = Gauge(
+    "kraft_controller_offline_partitions_count", "Partitions without a live leader", _NODE
+)
+CONTROLLER_PREFERRED_REPLICA_IMBALANCE_COUNT = Gauge(
+    "kraft_controller_preferred_replica_imbalance_count",
+    "Partitions not led by their preferred replica",
+    _NODE,
+)
+CONTROLLER_TIMED_OUT_BROKER_HEARTBEATS = Counter(
+    "kraft_controller_timed_out_broker_heartbeats", "Brokers fenced because their session expired", _NODE
+)
+CONTROLLER_LAST_APPLIED_RECORD_OFFSET = Gauge(
+    "kraft_controller_last_applied_record_offset", "Offset of the last record applied to the image", _NODE
+)
+CONTROLLER_LAST_COMMITTED_RECORD_OFFSET = Gauge(
+    "kraft_controller_last_committed_record_offset", "Offset of the last committed record", _NODE
+)
+CONTROLLER_LAST_APPLIED_RECORD_LAG_SECONDS = Gauge(
+    "kraft_controller_last_applied_record_lag_seconds", "Now minus the last applied record's timestamp", _NODE
+)
+CONTROLLER_NEW_ACTIVE_CONTROLLERS = Counter(
+    "kraft_controller_new_active_controllers", "Times a new active controller was observed", _NODE
+)
+CONTROLLER_METADATA_ERRORS = Counter(
+    "kraft_controller_metadata_errors", "Errors while replaying or generating metadata records", _NODE
+)
+
+# --- Broker (Kafka: broker-metadata-metrics) ---
+BROKER_STATE = Gauge("kraft_broker_state", "BrokerState as Kafka numbers it (3 = RUNNING)", _NODE)
+BROKER_LAST_APPLIED_RECORD_OFFSET = Gauge(
+    "kraft_broker_last_applied_record_offset", "Offset of the last metadata record applied", _NODE
+)
+BROKER_LAST_APPLIED_RECORD_LAG_SECONDS = Gauge(
+    "kraft_broker_last_applied_record_lag_seconds", "Now minus the last applied record's timestamp", _NODE
+)
+BROKER_METADATA_LAG_RECORDS = Gauge(
+    "kraft_broker_metadata_lag_records", "Controller high watermark minus the broker's applied offset", _NODE
+)
+BROKER_METADATA_APPLY_ERRORS = Counter(
+    "kraft_broker_metadata_apply_errors",
+    "Errors applying metadata deltas (Kafka metadata-apply-error-count)",
+    _NODE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RaftMetrics:
+    """The Raft series of one node, bound once (label lookups are not free)."""
+
+    node: str
+    current_leader: Gauge
+    current_epoch: Gauge
+    current_vote: Gauge
+    high_watermark: Gauge
+    log_end_offset: Gauge
+    commit_latency: Histogram
+    election_latency: Histogram
+    append_records: Counter
+    fetch_records: Counter
+    poll_idle_seconds: Counter
+
+    @classmethod
+    def for_node(cls, node: int | str) -> RaftMetrics:
+        label = str(node)
+        metrics = cls(
+            node=label,
+            current_leader=RAFT_CURRENT_LEADER.labels(label),
+            current_epoch=RAFT_CURRENT_EPOCH.labels(label),
+            current_vote=RAFT_CURRENT_VOTE.labels(label),
+            high_watermark=RAFT_HIGH_WATERMARK.labels(label),
+            log_end_offset=RAFT_LOG_END_OFFSET.labels(label),
+            commit_latency=RAFT_COMMIT_LATENCY.labels(label),
+            election_latency=RAFT_ELECTION_LATENCY.labels(label),
+            append_records=RAFT_APPEND_RECORDS.labels(label),
+            fetch_records=RAFT_FETCH_RECORDS.labels(label),
+            poll_idle_seconds=RAFT_POLL_IDLE_SECONDS.labels(label),
+        )
+        metrics.current_leader.set(-1)
+        metrics.current_vote.set(-1)
+        metrics.high_watermark.set(-1)
+        return metrics
+
+    def set_state(self, state: str) -> None:
+        """Mark ``state`` (one of :data:`RAFT_STATES`, case-insensitive) as current, the others 0."""
+        current = state.lower()
+        for name in RAFT_STATES:
+            RAFT_CURRENT_STATE.labels(self.node, name).set(1 if name == current else 0)
+        if current not in RAFT_STATES:
+            RAFT_CURRENT_STATE.labels(self.node, current).set(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerMetrics:
+    """The controller series of one node."""
+
+    active_controller_count: Gauge
+    fenced_broker_count: Gauge
+    active_broker_count: Gauge
+    global_topic_count: Gauge
+    global_partition_count: Gauge
+    offline_partitions_count: Gauge
+    preferred_replica_imbalance_count: Gauge
+    timed_out_broker_heartbeats: Counter
+    last_applied_record_offset: Gauge
+    last_committed_record_offset: Gauge
+    last_applied_record_lag_seconds: Gauge
+    new_active_controllers: Counter
+    metadata_errors: Counter
+
+    @classmethod
+    def for_node(cls, node: int | str) -> ControllerMetrics:
+        label = str(node)
+        return cls(
+            active_controller_count=CONTROLLER_ACTIVE_CONTROLLER_COUNT.labels(label),
+            fenced_broker_count=CONTROLLER_FENCED_BROKER_COUNT.labels(label),
+            active_broker_count=CONTROLLER_ACTIVE_BROKER_COUNT.labels(label),
+            global_topic_count=CONTROLLER_GLOBAL_TOPIC_COUNT.labels(label),
+            global_partition_count=CONTROLLER_GLOBAL_PARTITION_COUNT.labels(label),
+            offline_partitions_count=CONTROLLER_OFFLINE_PARTITIONS_COUNT.labels(label),
+            preferred_replica_imbalance_count=CONTROLLER_PREFERRED_REPLICA_IMBALANCE_COUNT.labels(label),
+            timed_out_broker_heartbeats=CONTROLLER_TIMED_OUT_BROKER_HEARTBEATS.labels(label),
+            last_applied_record_offset=CONTROLLER_LAST_APPLIED_RECORD_OFFSET.labels(label),
+            last_committed_record_offset=CONTROLLER_LAST_COMMITTED_RECORD_OFFSET.labels(label),
+            last_applied_record_lag_seconds=CONTROLLER_LAST_APPLIED_RECORD_LAG_SECONDS.labels(label),
+            new_active_controllers=CONTROLLER_NEW_ACTIVE_CONTROLLERS.labels(label),
+            metadata_errors=CONTROLLER_METADATA_ERRORS.labels(label),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerMetrics:
+    """The broker series of one node."""
+
+    state: Gauge
+    last_applied_record_offset: Gauge
+    last_applied_record_lag_seconds: Gauge
+    metadata_lag_records: Gauge
+    metadata_apply_errors: Counter
+
+    @classmethod
+    def for_node(cls, node: int | str) -> BrokerMetrics:
+        label = str(node)
+        return cls(
+            state=BROKER_STATE.labels(label),
+            last_applied_record_offset=BROKER_LAST_APPLIED_RECORD_OFFSET.labels(label),
+            last_applied_record_lag_seconds=BROKER_LAST_APPLIED_RECORD_LAG_SECONDS.labels(label),
+            metadata_lag_records=BROKER_METADATA_LAG_RECORDS.labels(label),
+            metadata_apply_errors=BROKER_METADATA_APPLY_ERRORS.labels(label),
+        )
+
+
+class MetricsServer:
+    """A running ``/metrics`` HTTP endpoint (a daemon thread); :meth:`close` stops it."""
+
+    def __init__(self, port: int, addr: str, registry: CollectorRegistry) -> None:
+        self._server, self._thread = start_http_server(port, addr=addr, registry=registry)
+        self.port: int = self._server.server_port
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def start_metrics_server(
+    port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY
+) -> MetricsServer | None:
+    """Serve ``/metrics`` on ``port``; ``port == 0`` means metrics are off (``metrics.port`` default).
+
+    Raises ``OSError`` when the port cannot be bound, so the caller can report which key to change.
+    """
+    if port == 0:
+        return None
+    return MetricsServer(port, addr, registry)
+
+
+def render_metrics(registry: CollectorRegistry = REGISTRY) -> str:
+    """The text exposition of every metric (what a scrape returns)."""
+    return generate_latest(registry).decode("utf-8")

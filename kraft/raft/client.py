@@ -1,0 +1,201 @@
+"""The interface the metadata layer uses to talk to Raft (Kafka's ``RaftClient``).
+
+:class:`RaftClient` is implemented by :class:`kraft.raft.driver.RaftDriver`.  A one-voter driver with the
+in-memory stores (``kraft.raft.memory``) elects itself at once and is the intended test double for code
+built on top of Raft — no fakes of this interface needed.
+
+Semantics:
+
+- :meth:`RaftClient.append` assigns offsets immediately (records appended within
+  ``controller.quorum.append.linger.ms`` share one batch and one fsync) and resolves with the last
+  offset once the high watermark has passed it; it raises :class:`NotLeaderError` when this node is not
+  the leader, or when leadership is lost before the records committed (they may still commit later —
+  listeners are the source of truth).
+- Listeners see, in log order and exactly once per registration: a snapshot (``handle_load_snapshot``)
+  when they are behind the log start, then every committed batch (``handle_commit``), including control
+  batches (``control=True``, no records) so offsets stay contiguous.  ``handle_leader_change`` is called
+  on every leader/epoch change, after the commits of the previous epoch that this node knows about.
+  Each listener is driven by its own task; a slow listener delays only itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAndEpoch:
+    leader_id: int
+    """``NO_LEADER`` (-1) while unknown."""
+    epoch: int
+
+    @property
+    def has_leader(self) -> bool:
+        return self.leader_id != NO_LEADER
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset: int
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedBatch:
+    base_offset: int
+    last_offset: int
+    epoch: int
+    records: list[Record]
+    append_timestamp_ms: int
+    control: bool = False
+    """A Raft control batch (LeaderChange, …): ``records`` is empty, only its offsets matter."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotReader:
+    """A frozen snapshot, fully read: every record below ``snapshot_id.end_offset``."""
+
+    snapshot_id: SnapshotId
+    last_contained_timestamp_ms: int
+    records: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedSlice:
+    """Committed log bytes for a MetadataFetch: whole record batches, all below ``high_watermark``."""
+
+    records: bytes
+    next_offset: int
+    """Offset the reader should ask for next (equals the requested offset when nothing was read)."""
+    high_watermark: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    snapshot_id: SnapshotId
+    size: int
+    position: int
+    data: bytes
+
+
+class RaftError(Exception):
+    """Base of the errors this interface raises."""
+
+
+class NotLeaderError(RaftError):
+    """This node is not (or no longer) the leader; ``leader`` is the best current knowledge."""
+
+    def __init__(self, leader: LeaderAndEpoch, message: str = "not the raft leader") -> None:
+        super().__init__(f"{message} (leader={leader.leader_id}, epoch={leader.epoch})")
+        self.leader = leader
+
+
+class RaftShutdownError(RaftError):
+    """The Raft node is shutting down or stopped."""
+
+
+class OffsetBelowLogStartError(RaftError):
+    """The requested offset was deleted after a snapshot; load ``snapshot_id`` first."""
+
+    def __init__(self, offset: int, log_start_offset: int, snapshot_id: SnapshotId | None) -> None:
+        super().__init__(f"offset {offset} is below the log start {log_start_offset}")
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.snapshot_id = snapshot_id
+
+
+class SnapshotNotFoundError(RaftError):
+    """No snapshot with that id (it may have been superseded and deleted)."""
+
+
+class RaftListener(Protocol):
+    async def handle_commit(self, batch: CommittedBatch) -> None: ...
+
+    async def handle_load_snapshot(self, reader: SnapshotReader) -> None: ...
+
+    async def handle_leader_change(self, leader: LeaderAndEpoch) -> None: ...
+
+
+class SnapshotWriter(Protocol):
+    """Collects the state machine's records for one snapshot; nothing is visible until :meth:`freeze`."""
+
+    @property
+    def snapshot_id(self) -> SnapshotId: ...
+
+    def append(self, records: Sequence[bytes]) -> None: ...
+
+    async def freeze(self) -> SnapshotId:
+        """Write, fsync and publish the snapshot; afterwards the log below it may be deleted."""
+        ...
+
+    async def close(self) -> None:
+        """Discard the snapshot if it was not frozen."""
+        ...
+
+
+class RaftClient(Protocol):
+    @property
+    def node_id(self) -> int: ...
+
+    @property
+    def leader_and_epoch(self) -> LeaderAndEpoch: ...
+
+    @property
+    def high_watermark(self) -> int:
+        """Offsets below this are committed (0 when nothing is known to be committed)."""
+        ...
+
+    def register_listener(self, listener: RaftListener) -> None: ...
+
+    def unregister_listener(self, listener: RaftListener) -> None: ...
+
+    def schedule_append(self, records: Sequence[bytes]) -> int:
+        """Queue records for the next batch; returns the offset the last one will get.
+
+        Raises :class:`NotLeaderError` when not the leader and ``ValueError`` for an empty sequence.
+        """
+        ...
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        """:meth:`schedule_append` and wait until committed; returns the last record's offset."""
+        ...
+
+    def create_snapshot(
+        self, end_offset: int, epoch: int, last_contained_timestamp_ms: int
+    ) -> SnapshotWriter:
+        """Start a snapshot of the state after applying every record below ``end_offset``.
+
+        ``end_offset`` must be a committed batch boundary and ``epoch`` the epoch of the record at
+        ``end_offset - 1``; otherwise ``ValueError``.
+        """
+        ...
+
+    async def read_committed(self, offset: int, max_bytes: int) -> CommittedSlice:
+        """Committed batches starting at ``offset`` (a batch boundary, as handed out by listeners).
+
+        Raises :class:`OffsetBelowLogStartError` when ``offset`` was deleted after a snapshot.
+        """
+        ...
+
+    def latest_snapshot_id(self) -> SnapshotId | None: ...
+
+    async def read_snapshot(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> SnapshotChunk:
+        """A byte range of a snapshot file; raises :class:`SnapshotNotFoundError` or ``ValueError``."""
+        ...
+
+    def describe_quorum(self) -> DescribeQuorumResponse:
+        """The leader's replication view; a non-leader answers NOT_LEADER_OR_FOLLOWER in the response."""
+        ...
+
+    async def resign(self) -> None:
+        """If leader: stop accepting appends and hand leadership over (EndQuorumEpoch)."""
+        ...
+
+    async def shutdown(self, timeout_ms: int) -> None:
+        """Resign if leader, wait up to ``timeout_ms`` for a successor, stop every task."""
+        ...

@@ -1,0 +1,55 @@
+"""Small value types of the core: its configuration and what it needs to know about fetched batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True, slots=True)
+class RaftConfig:
+    """Raft settings, named after Kafka's ``controller.quorum.*`` keys (all times in ms)."""
+
+    node_id: int
+    voters: tuple[int, ...]
+    cluster_id: str
+    election_timeout_ms: int = 1000
+    fetch_timeout_ms: int = 2000
+    election_backoff_max_ms: int = 1000
+    election_backoff_base_ms: int = 100
+    append_linger_ms: int = 25
+    request_timeout_ms: int = 2000
+    retry_backoff_ms: int = 20
+    fetch_max_wait_ms: int = 500
+    fetch_max_bytes: int = 8 * 1024 * 1024
+    max_batch_records: int = 2000
+    max_batch_bytes: int = 1024 * 1024
+    observer_expiry_ms: int = 300_000
+
+    def __post_init__(self) -> None:
+        if not self.voters:
+            raise ValueError("a Raft quorum needs at least one voter")
+        if len(set(self.voters)) != len(self.voters):
+            raise ValueError(f"duplicate voter ids in {self.voters}")
+        if min(self.election_timeout_ms, self.fetch_timeout_ms, self.request_timeout_ms) <= 0:
+            raise ValueError("election, fetch and request timeouts must be positive")
+        if self.append_linger_ms < 0 or self.retry_backoff_ms < 0 or self.fetch_max_wait_ms < 0:
+            raise ValueError("linger, retry backoff and fetch max wait must not be negative")
+
+    @property
+    def is_voter(self) -> bool:
+        return self.node_id in self.voters
+
+
+class BatchInfo(NamedTuple):
+    """What the core needs of one fetched batch (the driver's codec reads it from the header)."""
+
+    base_offset: int
+    last_offset: int
+    epoch: int
+
+
+BatchScanner = Callable[[bytes], list[BatchInfo]]
+"""Reads the headers of every whole batch in a buffer; raises ``ValueError`` (or a ``KraftError``) on
+corrupt or partial data.  Injected so the core never depends on the byte format."""

@@ -1,0 +1,185 @@
+"""Admin-side helpers for RaftService: find the leader from any controller and describe the quorum.
+
+Blocking gRPC (the CLI and test harnesses have no event loop); every call has a deadline and the whole
+operation is bounded by ``timeout_s``.  Used by ``kraft quorum describe`` and reusable by tooling that
+needs the leader (``kraft cluster status``, chaos checkers).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+_REDIRECTABLE = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.BROKER_NOT_AVAILABLE})
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumStatus:
+    """Kafka's ``kafka-metadata-quorum.sh describe --status`` fields."""
+
+    cluster_id: str
+    leader_id: int
+    leader_epoch: int
+    high_watermark: int
+    max_follower_lag: int
+    max_follower_lag_time_ms: int
+    current_voters: list[int]
+    current_observers: list[int]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "cluster_id": self.cluster_id,
+            "leader_id": self.leader_id,
+            "leader_epoch": self.leader_epoch,
+            "high_watermark": self.high_watermark,
+            "max_follower_lag": self.max_follower_lag,
+            "max_follower_lag_time_ms": self.max_follower_lag_time_ms,
+            "current_voters": self.current_voters,
+            "current_observers": self.current_observers,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationRow:
+    """One row of ``describe --replication``."""
+
+    node_id: int
+    directory_id: str
+    log_end_offset: int
+    lag: int
+    last_fetch_timestamp: int
+    last_caught_up_timestamp: int
+    status: str
+    """``Leader``, ``Follower`` or ``Observer``."""
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "node_id": self.node_id,
+            "directory_id": self.directory_id,
+            "log_end_offset": self.log_end_offset,
+            "lag": self.lag,
+            "last_fetch_timestamp": self.last_fetch_timestamp,
+            "last_caught_up_timestamp": self.last_caught_up_timestamp,
+            "status": self.status,
+        }
+
+
+def _describe_once(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse:
+    with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+        stub = raft_pb2_grpc.RaftServiceStub(channel)
+        response: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
+            raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
+        )
+        return response
+
+
+def _leader_target(response: raft_pb2.DescribeQuorumResponse) -> str | None:
+    for node in response.nodes:
+        if node.node_id == response.leader_id and node.endpoint.port > 0:
+            host = node.endpoint.host or "127.0.0.1"
+            return f"[{host}]:{node.endpoint.port}" if ":" in host else f"{host}:{node.endpoint.port}"
+    return None
+
+
+def describe_quorum(bootstrap: Sequence[str], timeout_s: float = 10.0) -> raft_pb2.DescribeQuorumResponse:
+    """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets).
+
+    Follows NOT_LEADER_OR_FOLLOWER redirects and retries while an election is in progress, until
+    ``timeout_s``; then raises :class:`KraftError` naming what was last seen.
+    """
+    deadline = time.monotonic() + timeout_s
+    pending = list(bootstrap)
+    last_problem = "no controller answered"
+    while True:
+        for target in pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                response = _describe_once(target, min(2.0, remaining))
+            except grpc.RpcError as exc:
+                status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
+                last_problem = f"{target}: {status}"
+                continue
+            code = ErrorCode.from_wire(response.error_code)
+            if code is ErrorCode.NONE:
+                return response
+            if code not in _REDIRECTABLE:
+                raise KraftError(code, f"{target}: {response.error_message or code.name}")
+            leader = _leader_target(response)
+            last_problem = f"{target} is not the leader (leader {response.leader_id})"
+            if leader is not None and leader != target:
+                try:
+                    redirected = _describe_once(leader, min(2.0, max(deadline - time.monotonic(), 0.05)))
+                except grpc.RpcError as exc:
+                    code_name = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
+                    last_problem = f"leader {leader}: {code_name}"
+                    continue
+                if ErrorCode.from_wire(redirected.error_code) is ErrorCode.NONE:
+                    return redirected
+        if time.monotonic() >= deadline:
+            raise KraftError(
+                ErrorCode.LEADER_NOT_AVAILABLE,
+                f"no quorum leader found within {timeout_s:g} s ({last_problem})",
+            )
+        time.sleep(0.1)
+
+
+def _leader_state(response: raft_pb2.DescribeQuorumResponse) -> raft_pb2.ReplicaState | None:
+    return next((v for v in response.current_voters if v.replica_id == response.leader_id), None)
+
+
+def quorum_status(response: raft_pb2.DescribeQuorumResponse) -> QuorumStatus:
+    """The ``--status`` view, computed as Kafka's MetadataQuorumCommand does."""
+    leader = _leader_state(response)
+    leader_end = leader.log_end_offset if leader is not None else response.high_watermark
+    max_lag = 0
+    max_lag_time_ms = 0
+    lagging: raft_pb2.ReplicaState | None = None
+    for voter in response.current_voters:
+        lag = leader_end - voter.log_end_offset
+        if lagging is None or lag > max_lag:
+            max_lag, lagging = lag, voter
+    if lagging is not None and leader is not None and lagging.replica_id != leader.replica_id:
+        if leader.last_caught_up_timestamp_ms >= 0 and lagging.last_caught_up_timestamp_ms >= 0:
+            max_lag_time_ms = leader.last_caught_up_timestamp_ms - lagging.last_caught_up_timestamp_ms
+        else:
+            max_lag_time_ms = -1
+    return QuorumStatus(
+        cluster_id=response.cluster_id,
+        leader_id=response.leader_id,
+        leader_epoch=response.leader_epoch,
+        high_watermark=response.high_watermark,
+        max_follower_lag=max(max_lag, 0),
+        max_follower_lag_time_ms=max_lag_time_ms,
+        current_voters=[v.replica_id for v in response.current_voters],
+        current_observers=[o.replica_id for o in response.observers],
+    )
+
+
+def replication_rows(response: raft_pb2.DescribeQuorumResponse) -> list[ReplicationRow]:
+    """The ``--replication`` rows: the leader first, then followers, then observers (Kafka's order)."""
+    leader = _leader_state(response)
+    leader_end = leader.log_end_offset if leader is not None else response.high_watermark
+
+    def row(replica: raft_pb2.ReplicaState, status: str) -> ReplicationRow:
+        return ReplicationRow(
+            node_id=replica.replica_id,
+            directory_id=replica.directory_id,
+            log_end_offset=replica.log_end_offset,
+            lag=max(leader_end - replica.log_end_offset, 0),
+            last_fetch_timestamp=replica.last_fetch_timestamp_ms,
+            last_caught_up_timestamp=replica.last_caught_up_timestamp_ms,
+            status=status,
+        )
+
+    rows = [row(leader, "Leader")] if leader is not None else []
+    rows += [row(v, "Follower") for v in response.current_voters if v.replica_id != response.leader_id]
+    rows += [row(o, "Observer") for o in response.observers]
+    return rows

@@ -1,0 +1,189 @@
+"""Test/benchmark-only Raft access: ``kraft.v1.RaftTestService`` and the state machine behind it.
+
+Registered only when ``kraft.test.append.enable=true`` (off by default; in production the active
+controller is the only writer).
+
+- ``TestAppend`` appends raw record values through :meth:`RaftClient.append` and answers with their
+  offsets once committed.
+- :class:`DigestStateMachine` is a :class:`RaftListener` that folds every committed value into a chained
+  BLAKE2b digest (O(1) memory however much is written) and, when it owns snapshots, writes one every
+  ``snapshot_every_bytes`` of applied values — a one-record snapshot holding (count, digest).  Replicas
+  that applied the same log prefix report the same digest, whether they replayed it or loaded a snapshot
+  (FetchSnapshot catch-up), which is what the integration tests compare via ``TestDigest``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+import time
+
+import grpc
+
+from kraft.errors import ErrorCode
+from kraft.raft.client import (
+    CommittedBatch,
+    LeaderAndEpoch,
+    NotLeaderError,
+    RaftClient,
+    RaftShutdownError,
+    SnapshotReader,
+)
+from kraft.raft.grpc_server import ServicerContext, abort, node_refs
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+_log = logging.getLogger(__name__)
+
+_SNAPSHOT_MAGIC = b"kraft-test-digest-v1"
+_SNAPSHOT_LAYOUT = struct.Struct(">q32s")  # record count, digest
+_EMPTY_DIGEST = bytes(32)
+
+
+def chain_digest(previous: bytes, value: bytes) -> bytes:
+    """The next link: BLAKE2b-256 over (previous digest, value)."""
+    return hashlib.blake2b(previous + value, digest_size=32).digest()
+
+
+class DigestStateMachine:
+    """Applies committed batches into (applied_offset, record_count, digest); optionally snapshots."""
+
+    def __init__(self, client: RaftClient, *, snapshot_every_bytes: int = 0) -> None:
+        """``snapshot_every_bytes`` 0 = never snapshot (another component owns snapshots)."""
+        self._client = client
+        self._snapshot_every_bytes = snapshot_every_bytes
+        self.applied_offset = 0
+        self.record_count = 0
+        self.digest = _EMPTY_DIGEST
+        self.snapshots_loaded = 0
+        self.snapshots_created = 0
+        self._bytes_since_snapshot = 0
+
+    async def handle_commit(self, batch: CommittedBatch) -> None:
+        digest = self.digest
+        size = 0
+        for record in batch.records:
+            digest = chain_digest(digest, record.value)
+            size += len(record.value)
+        self.digest = digest
+        self.record_count += len(batch.records)
+        self.applied_offset = batch.last_offset + 1
+        self._bytes_since_snapshot += size
+        if self._snapshot_every_bytes and self._bytes_since_snapshot >= self._snapshot_every_bytes:
+            await self._snapshot(batch)
+
+    async def _snapshot(self, batch: CommittedBatch) -> None:
+        self._bytes_since_snapshot = 0
+        try:
+            writer = self._client.create_snapshot(
+                batch.last_offset + 1, batch.epoch, batch.append_timestamp_ms or int(time.time() * 1000)
+            )
+        except ValueError as exc:  # not a valid snapshot point (e.g. one already exists there)
+            _log.warning("test_snapshot_skipped end_offset=%d reason=%s", batch.last_offset + 1, exc)
+            return
+        try:
+            writer.append([_SNAPSHOT_MAGIC + _SNAPSHOT_LAYOUT.pack(self.record_count, self.digest)])
+            await writer.freeze()
+            self.snapshots_created += 1
+        finally:
+            await writer.close()
+
+    async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
+        count, digest = 0, _EMPTY_DIGEST
+        for record in reader.records:
+            if record.startswith(_SNAPSHOT_MAGIC):
+                count, digest = _SNAPSHOT_LAYOUT.unpack(record[len(_SNAPSHOT_MAGIC) :])
+        self.record_count = count
+        self.digest = digest
+        self.applied_offset = reader.snapshot_id.end_offset
+        self.snapshots_loaded += 1
+        self._bytes_since_snapshot = 0
+
+    async def handle_leader_change(self, leader: LeaderAndEpoch) -> None:
+        return None
+
+
+class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
+    """``TestAppend`` (answer once committed) and ``TestDigest`` (this replica's applied state)."""
+
+    def __init__(
+        self,
+        client: RaftClient,
+        state_machine: DigestStateMachine,
+        *,
+        cluster_id: str,
+        endpoints: dict[int, tuple[str, int]] | None = None,
+        max_values: int = 100_000,
+    ) -> None:
+        self._client = client
+        self._state = state_machine
+        self._cluster_id = cluster_id
+        self._nodes = node_refs(endpoints or {})
+        self._max_values = max_values
+
+    def _error(self, code: ErrorCode, message: str, leader: LeaderAndEpoch) -> raft_pb2.TestAppendResponse:
+        return raft_pb2.TestAppendResponse(
+            error_code=int(code),
+            error_message=message,
+            leader_id=leader.leader_id,
+            leader_epoch=leader.epoch,
+            nodes=self._nodes,
+        )
+
+    def _cluster_mismatch(self, cluster_id: str) -> str | None:
+        if cluster_id == self._cluster_id:
+            return None
+        return f"request cluster id {cluster_id!r} does not match this cluster ({self._cluster_id!r})"
+
+    async def TestAppend(
+        self, request: raft_pb2.TestAppendRequest, context: ServicerContext
+    ) -> raft_pb2.TestAppendResponse:
+        mismatch = self._cluster_mismatch(request.cluster_id)
+        if mismatch is not None:
+            return self._error(ErrorCode.INCONSISTENT_CLUSTER_ID, mismatch, self._client.leader_and_epoch)
+        count = len(request.values)
+        if count == 0 or count > self._max_values:
+            return self._error(
+                ErrorCode.INVALID_REQUEST,
+                f"values must hold 1..{self._max_values} records, got {count}",
+                self._client.leader_and_epoch,
+            )
+        try:
+            last_offset = await self._client.append(list(request.values))
+        except NotLeaderError as exc:
+            return self._error(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc), exc.leader)
+        except RaftShutdownError:
+            await abort(context, grpc.StatusCode.UNAVAILABLE, "raft node is shutting down")
+        leader = self._client.leader_and_epoch
+        return raft_pb2.TestAppendResponse(
+            error_code=int(ErrorCode.NONE),
+            leader_id=leader.leader_id,
+            leader_epoch=leader.epoch,
+            base_offset=last_offset - count + 1,
+            last_offset=last_offset,
+        )
+
+    async def TestDigest(
+        self, request: raft_pb2.TestDigestRequest, context: ServicerContext
+    ) -> raft_pb2.TestDigestResponse:
+        leader = self._client.leader_and_epoch
+        mismatch = self._cluster_mismatch(request.cluster_id)
+        if mismatch is not None:
+            return raft_pb2.TestDigestResponse(
+                error_code=int(ErrorCode.INCONSISTENT_CLUSTER_ID),
+                error_message=mismatch,
+                leader_id=leader.leader_id,
+                leader_epoch=leader.epoch,
+            )
+        state = self._state
+        return raft_pb2.TestDigestResponse(
+            error_code=int(ErrorCode.NONE),
+            leader_id=leader.leader_id,
+            leader_epoch=leader.epoch,
+            applied_offset=state.applied_offset,
+            record_count=state.record_count,
+            digest=state.digest,
+            high_watermark=self._client.high_watermark,
+            snapshots_loaded=state.snapshots_loaded,
+            snapshots_created=state.snapshots_created,
+        )

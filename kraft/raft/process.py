@@ -1,0 +1,297 @@
+"""One controller node assembled: config → meta.properties check → storage → Raft driver → grpc.aio server.
+
+:class:`ControllerNode` owns, in start order:
+
+1. the storage check (every log dir formatted, one cluster id, our node id) — :class:`StartupError`
+   with one clear line otherwise;
+2. the :class:`~kraft.raft.grpc_transport.GrpcTransport` to the other voters;
+3. the Raft driver over the segmented log, quorum-state and snapshot files in ``metadata.log.dir``;
+4. one grpc.aio server on the CONTROLLER listener with ``RaftService``, grpc.health.v1, the test-only
+   ``RaftTestService`` when ``kraft.test.append.enable=true``, and every service added through
+   :meth:`ControllerNode.add_service` (how the metadata layer installs ``ControllerService``);
+5. the Prometheus endpoint when ``metrics.port`` is set.
+
+Asyncio tasks: the driver owns its own tasks; gRPC runs each inbound call in its own task; this module
+adds one leadership watcher (health status of ``kraft.v1.RaftService``).  :meth:`ControllerNode.stop`
+(SIGTERM) marks health NOT_SERVING, runs stop hooks, lets the driver resign (EndQuorumEpoch) while the
+server still answers, then stops the server, closes the transport and the storage (clean-shutdown marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from kraft.config import NodeConfig
+from kraft.errors import KraftError
+from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
+from kraft.observability.logging import get_logger
+from kraft.observability.metrics import MetricsServer, start_metrics_server
+from kraft.raft.client import LeaderAndEpoch, RaftClient
+from kraft.raft.grpc_server import RaftServicer
+from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
+from kraft.raft.grpc_transport import GrpcTransport
+from kraft.raft.raft_assembly import RaftHandle, open_raft
+from kraft.storage.meta_properties import MetaProperties, read_meta_properties
+from kraft.v1 import raft_pb2_grpc
+
+ServiceInstaller = Callable[[grpc.aio.Server], None]
+"""Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
+
+NodeHook = Callable[["ControllerNode"], Awaitable[None]]
+"""Runs after the node started (``on_start``) or before it stops (``on_stop``)."""
+
+SHUTDOWN_TIMEOUT_MS = 5000
+
+
+class StartupError(Exception):
+    """The node cannot start; the message is the one line the CLI prints."""
+
+
+def check_storage(config: NodeConfig) -> MetaProperties:
+    """Every log dir is formatted, for one cluster and for this node; returns the metadata dir's props."""
+    if config.metadata_log_dir is None:
+        raise StartupError("a controller needs metadata.log.dir (or log.dirs)")
+    found: dict[Path, MetaProperties] = {}
+    for directory in config.all_log_dirs:
+        try:
+            found[directory] = read_meta_properties(directory)
+        except KraftError as exc:
+            raise StartupError(exc.message) from None
+    cluster_ids = {props.cluster_id for props in found.values()}
+    if len(cluster_ids) > 1:
+        listed = ", ".join(f"{d} → {p.cluster_id}" for d, p in found.items())
+        raise StartupError(f"log directories disagree on cluster.id ({listed}); refusing to start")
+    for directory, props in found.items():
+        if props.node_id != config.node_id:
+            raise StartupError(
+                f"log directory {directory} is formatted for node {props.node_id} but node.id={config.node_id}"
+            )
+    return found[config.metadata_log_dir]
+
+
+class ControllerNode:
+    """A running controller; see the module docstring for what it owns and in which order."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        if not config.is_controller or config.controller_listener is None:
+            raise StartupError("process.roles must include controller and a CONTROLLER listener must be set")
+        self.config = config
+        self._log = get_logger("controller", node=config.node_id)
+        self._installers: list[ServiceInstaller] = []
+        self._start_hooks: list[NodeHook] = []
+        self._stop_hooks: list[NodeHook] = []
+        self._stop_requested = asyncio.Event()
+        self._meta: MetaProperties | None = None
+        self._transport: GrpcTransport | None = None
+        self._raft: RaftHandle | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: HealthReporter | None = None
+        self._metrics: MetricsServer | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._bound_port = 0
+        self.test_state: DigestStateMachine | None = None
+
+    # --- extension points (call before start) ---
+
+    def add_service(self, installer: ServiceInstaller) -> None:
+        """Install another gRPC service on this node's server (e.g. ControllerService)."""
+        if self._server is not None:
+            raise RuntimeError("add_service must be called before start()")
+        self._installers.append(installer)
+
+    def on_start(self, hook: NodeHook) -> None:
+        """Run ``hook(node)`` once the server and Raft run (``node.raft`` is available then)."""
+        self._start_hooks.append(hook)
+
+    def on_stop(self, hook: NodeHook) -> None:
+        """Run ``hook(node)`` first thing on stop, before Raft resigns."""
+        self._stop_hooks.append(hook)
+
+    # --- what hooks and tests use ---
+
+    @property
+    def raft(self) -> RaftClient:
+        if self._raft is None:
+            raise RuntimeError("the controller node is not started")
+        return self._raft.client
+
+    @property
+    def cluster_id(self) -> str:
+        if self._meta is None:
+            raise RuntimeError("the controller node is not started")
+        return self._meta.cluster_id
+
+    @property
+    def directory_id(self) -> str:
+        if self._meta is None:
+            raise RuntimeError("the controller node is not started")
+        return self._meta.directory_id
+
+    @property
+    def health(self) -> HealthReporter:
+        if self._health is None:
+            raise RuntimeError("the controller node is not started")
+        return self._health
+
+    @property
+    def port(self) -> int:
+        """The port the server bound (useful when the listener says port 0)."""
+        return self._bound_port
+
+    def endpoints(self) -> dict[int, tuple[str, int]]:
+        """Voter id → (host, port), as advertised in DescribeQuorum / redirects."""
+        return {voter.id: (voter.host, voter.port) for voter in self.config.voters}
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._meta = check_storage(cfg)
+        peers = {voter.id: voter.target for voter in cfg.voters if voter.id != cfg.node_id}
+        self._transport = GrpcTransport(
+            peers,
+            directory_id=self._meta.directory_id,
+            retry_backoff_ms=cfg.controller_quorum_retry_backoff_ms,
+            max_backoff_ms=max(cfg.controller_quorum_election_backoff_max_ms, 100),
+            max_message_bytes=cfg.grpc_max_message_bytes,
+        )
+        try:
+            self._raft = await open_raft(cfg, self._meta, self._transport)
+            await self._start_server()
+            await self._raft.start()
+        except BaseException:
+            await self._close_resources()
+            raise
+        self._watcher = asyncio.create_task(self._watch_leadership(), name="controller-health-watcher")
+        if cfg.metrics_port:
+            try:
+                self._metrics = start_metrics_server(cfg.metrics_port)
+            except OSError as exc:
+                self._log.warning("metrics_server_failed", port=cfg.metrics_port, error=str(exc))
+        for hook in self._start_hooks:
+            await hook(self)
+        self._log.info(
+            "controller_started",
+            cluster_id=self._meta.cluster_id,
+            listener=cfg.controller_listener.bind_address if cfg.controller_listener else "",
+            test_append=cfg.kraft_test_append_enable,
+        )
+
+    async def _start_server(self) -> None:
+        cfg = self.config
+        assert self._raft is not None and self._meta is not None and cfg.controller_listener is not None
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
+            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
+            # Followers keep one long-poll Fetch open all the time; allow their keepalive pings.
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=options)
+        endpoints = self.endpoints()
+        raft_servicer = RaftServicer(
+            self._raft.handler,
+            cluster_id=self._meta.cluster_id,
+            local_directory=(cfg.node_id, self._meta.directory_id),
+            endpoints=endpoints,
+        )
+        raft_pb2_grpc.add_RaftServiceServicer_to_server(raft_servicer, server)
+        self._health = await add_health_service(server, (RAFT_SERVICE,))
+        if cfg.kraft_test_append_enable:
+            # The digest state machine writes snapshots only when nothing else runs on this node:
+            # with the metadata layer installed, snapshots are the metadata image's.
+            snapshot_every = 0 if self._installers else cfg.metadata_log_max_record_bytes_between_snapshots
+            self.test_state = DigestStateMachine(self._raft.client, snapshot_every_bytes=snapshot_every)
+            self._raft.client.register_listener(self.test_state)
+            test_servicer = RaftTestServicer(
+                self._raft.client, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
+            )
+            raft_pb2_grpc.add_RaftTestServiceServicer_to_server(test_servicer, server)
+        for install in self._installers:
+            install(server)
+        address = cfg.controller_listener.bind_address
+        try:
+            self._bound_port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise StartupError(f"cannot listen on {address}: {exc}") from None
+        if self._bound_port == 0:
+            raise StartupError(f"cannot listen on {address} (port in use?)")
+        self._server = server
+        await server.start()
+
+    async def _watch_leadership(self) -> None:
+        """Keep ``kraft.v1.RaftService`` health SERVING exactly while a leader is known."""
+        serving: bool | None = None
+        while True:
+            leader: LeaderAndEpoch = self.raft.leader_and_epoch
+            if leader.has_leader != serving and self._health is not None:
+                serving = leader.has_leader
+                await self._health.set_serving(RAFT_SERVICE, serving)
+            await asyncio.sleep(0.1)
+
+    def request_stop(self) -> None:
+        """Ask :meth:`run` to stop gracefully (signal-handler safe)."""
+        self._stop_requested.set()
+
+    async def wait_stop_requested(self) -> None:
+        await self._stop_requested.wait()
+
+    async def stop(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> None:
+        """Graceful: NOT_SERVING, stop hooks, resign via EndQuorumEpoch, stop the server, close storage."""
+        self._log.info("controller_stopping")
+        if self._health is not None:
+            await self._health.shutdown()
+        for hook in reversed(self._stop_hooks):
+            try:
+                await hook(self)
+            except Exception:
+                self._log.exception("stop_hook_failed")
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self._raft is not None:
+            try:
+                await self._raft.shutdown(timeout_ms)
+            except Exception:
+                self._log.exception("raft_shutdown_failed")
+        await self._close_resources()
+        self._log.info("controller_stopped")
+
+    async def _close_resources(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=0.5)
+            self._server = None
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
+        if self._raft is not None:
+            self._raft.close()
+            self._raft = None
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+
+async def run_controller(config: NodeConfig) -> None:
+    """Start a controller, run until SIGTERM/SIGINT, then stop gracefully (the CLI's foreground mode)."""
+    node = ControllerNode(config)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, node.request_stop)
+    try:
+        await node.start()
+        await node.wait_stop_requested()
+        await node.stop()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

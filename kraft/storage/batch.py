@@ -1,0 +1,539 @@
+"""Kafka record batch v2 (magic 2) codec — the unit of every kraft log, fetch and snapshot.
+
+Layout (big-endian; ``HEADER_SIZE`` = 61 bytes, then the records)::
+
+    base_offset int64 | batch_length int32 | partition_leader_epoch int32 | magic int8 | crc uint32 |
+    attributes int16 | last_offset_delta int32 | base_timestamp int64 | max_timestamp int64 |
+    producer_id int64 | producer_epoch int16 | base_sequence int32 | record_count int32 | records…
+
+``batch_length`` counts the bytes after itself, so a batch occupies ``batch_length + LOG_OVERHEAD`` bytes.
+The CRC-32C (Castagnoli) covers ``attributes`` to the end of the batch; ``partition_leader_epoch`` is
+outside the CRC (Kafka lets a leader stamp it without recomputing).
+
+Each record::
+
+    length varint | attributes int8 | timestamp_delta varlong | offset_delta varint |
+    key_length varint, key | value_length varint, value | header_count varint, headers…
+
+Attributes: bits 0-2 compression (kraft writes none and refuses to decode compressed batches), bit 3
+timestamp type, bit 4 transactional, bit 5 control.
+
+Hot-path functions: :func:`build_batch` (leader appends), :func:`peek_batch_header` and
+:func:`check_batch` (recovery and reads: header + CRC, no record decoding).  :func:`decode_batch` is for
+consumers that need the records (state machines, tools).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from crc32c import crc32c
+
+from kraft.storage.control import (
+    ControlMessage,
+    ControlRecordType,
+    LeaderChangeMessage,
+    SnapshotFooterRecord,
+    SnapshotHeaderRecord,
+    decode_control_key,
+    decode_control_message,
+    decode_leader_change,
+    decode_snapshot_footer,
+    decode_snapshot_header,
+    encode_control_key,
+    encode_control_message,
+    encode_leader_change,
+    encode_snapshot_footer,
+    encode_snapshot_header,
+)
+from kraft.storage.errors import CorruptRecordError, RecordTooLargeError
+from kraft.storage.varint import decode_varint, encode_varint
+
+__all__ = [
+    "ATTR_COMPRESSION_MASK",
+    "ATTR_CONTROL",
+    "ATTR_TRANSACTIONAL",
+    "CRC_OFFSET",
+    "DEFAULT_MAX_BATCH_BYTES",
+    "HEADER_SIZE",
+    "LOG_OVERHEAD",
+    "MAGIC",
+    "NO_PRODUCER_EPOCH",
+    "NO_PRODUCER_ID",
+    "NO_SEQUENCE",
+    "BatchHeader",
+    "ControlMessage",
+    "ControlRecordType",
+    "CorruptRecordError",
+    "LeaderChangeMessage",
+    "Record",
+    "RecordBatch",
+    "RecordInput",
+    "RecordTooLargeError",
+    "SnapshotFooterRecord",
+    "SnapshotHeaderRecord",
+    "build_batch",
+    "build_control_batch",
+    "check_batch",
+    "decode_batch",
+    "decode_control_key",
+    "decode_control_message",
+    "decode_leader_change",
+    "decode_snapshot_footer",
+    "decode_snapshot_header",
+    "encode_batch",
+    "encode_control_key",
+    "encode_leader_change",
+    "encode_snapshot_footer",
+    "encode_snapshot_header",
+    "iter_batch_headers",
+    "iter_batches",
+    "with_base_offset",
+    "with_leader_epoch",
+]
+
+MAGIC = 2
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # base_offset + batch_length: the bytes not counted by batch_length
+CRC_OFFSET = 17
+_CRC_START = 21  # attributes
+_LENGTH_OFFSET = 8
+_EPOCH_OFFSET = 12
+_MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+
+# Whole header; the CRC is packed as 0 first and patched once the body is known.
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_PEEK = struct.Struct(">qiibIhiqqqhii")
+_CRC = struct.Struct(">I")
+_BASE_OFFSET = struct.Struct(">q")
+_EPOCH = struct.Struct(">i")
+
+# Default cap on a single batch (Kafka's 8 MiB max batch/fetch size); callers may pass their own.
+DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
+
+Buffer = bytes | bytearray | memoryview
+Headers = tuple[tuple[str, bytes | None], ...]
+RecordInput = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Headers]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    offset_delta: int
+    timestamp_delta: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    base_offset: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records: tuple[Record, ...]
+    # Encoded size, when decoded from bytes (0 for a batch built in memory: encode_batch() to learn it).
+    encoded_size: int = 0
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self.encoded_size if self.encoded_size else len(encode_batch(self))
+
+    def record_offset(self, record: Record) -> int:
+        return self.base_offset + record.offset_delta
+
+    def control_messages(self) -> list[ControlMessage]:
+        """The decoded control records of a control batch (types kraft does not interpret are skipped)."""
+        if not self.is_control:
+            return []
+        out: list[ControlMessage] = []
+        for record in self.records:
+            message = decode_control_message(record.key, record.value)
+            if message is not None:
+                out.append(message)
+        return out
+
+
+class BatchHeader(NamedTuple):
+    """The fixed 61-byte header of a batch, read without touching the records."""
+
+    base_offset: int
+    size_in_bytes: int  # the whole batch, LOG_OVERHEAD included
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+
+# --- encoding ---------------------------------------------------------------------------------------
+
+
+def _encode_bytes(data: bytes | None) -> bytes:
+    if data is None:
+        return b"\x01"  # zig-zag(-1)
+    return encode_varint(len(data)) + data
+
+
+def _encode_headers(headers: Headers) -> bytes:
+    if not headers:
+        return b"\x00"
+    parts = [encode_varint(len(headers))]
+    for name, value in headers:
+        raw = name.encode("utf-8")
+        parts.append(encode_varint(len(raw)))
+        parts.append(raw)
+        parts.append(_encode_bytes(value))
+    return b"".join(parts)
+
+
+def _encode_record(
+    offset_delta: int, timestamp_delta: int, key: bytes | None, value: bytes | None, headers: Headers
+) -> bytes:
+    body = b"".join(
+        (
+            b"\x00",  # record attributes: unused in v2
+            encode_varint(timestamp_delta),
+            encode_varint(offset_delta),
+            _encode_bytes(key),
+            _encode_bytes(value),
+            _encode_headers(headers),
+        )
+    )
+    return encode_varint(len(body)) + body
+
+
+def _assemble(
+    *,
+    base_offset: int,
+    leader_epoch: int,
+    attributes: int,
+    last_offset_delta: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    record_count: int,
+    body: bytes,
+) -> bytes:
+    out = bytearray(HEADER_SIZE + len(body))
+    _HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        HEADER_SIZE - LOG_OVERHEAD + len(body),
+        leader_epoch,
+        MAGIC,
+        0,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        record_count,
+    )
+    out[HEADER_SIZE:] = body
+    _CRC.pack_into(out, CRC_OFFSET, crc32c(memoryview(out)[_CRC_START:]))
+    return bytes(out)
+
+
+def build_batch(
+    base_offset: int,
+    records: Sequence[RecordInput],
+    *,
+    leader_epoch: int,
+    timestamp_ms: int,
+    is_control: bool = False,
+) -> bytes:
+    """Encode ``records`` ((key, value) or (key, value, headers) tuples) as one batch at ``base_offset``.
+
+    Every record gets timestamp ``timestamp_ms`` and consecutive offsets; no producer id (-1).
+    """
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    parts: list[bytes] = []
+    append = parts.append
+    for offset_delta, rec in enumerate(records):
+        headers: Headers = rec[2] if len(rec) == 3 else ()
+        append(_encode_record(offset_delta, 0, rec[0], rec[1], headers))
+    return _assemble(
+        base_offset=base_offset,
+        leader_epoch=leader_epoch,
+        attributes=ATTR_CONTROL if is_control else 0,
+        last_offset_delta=len(records) - 1,
+        base_timestamp=timestamp_ms,
+        max_timestamp=timestamp_ms,
+        producer_id=NO_PRODUCER_ID,
+        producer_epoch=NO_PRODUCER_EPOCH,
+        base_sequence=NO_SEQUENCE,
+        record_count=len(records),
+        body=b"".join(parts),
+    )
+
+
+def build_control_batch(
+    base_offset: int, messages: Sequence[ControlMessage], *, leader_epoch: int, timestamp_ms: int
+) -> bytes:
+    """A control batch (LeaderChange, SnapshotHeader, SnapshotFooter records) as Kafka writes them."""
+    records = [encode_control_message(message) for message in messages]
+    return build_batch(
+        base_offset, records, leader_epoch=leader_epoch, timestamp_ms=timestamp_ms, is_control=True
+    )
+
+
+def encode_batch(batch: RecordBatch) -> bytes:
+    """Encode a :class:`RecordBatch` exactly as given (the ``crc`` field is recomputed, not trusted)."""
+    if batch.attributes & ATTR_COMPRESSION_MASK:
+        raise ValueError("kraft does not write compressed batches")
+    body = b"".join(
+        _encode_record(r.offset_delta, r.timestamp_delta, r.key, r.value, r.headers) for r in batch.records
+    )
+    return _assemble(
+        base_offset=batch.base_offset,
+        leader_epoch=batch.partition_leader_epoch,
+        attributes=batch.attributes,
+        last_offset_delta=batch.last_offset_delta,
+        base_timestamp=batch.base_timestamp,
+        max_timestamp=batch.max_timestamp,
+        producer_id=batch.producer_id,
+        producer_epoch=batch.producer_epoch,
+        base_sequence=batch.base_sequence,
+        record_count=len(batch.records),
+        body=body,
+    )
+
+
+def with_base_offset(batch_bytes: bytes | bytearray, base_offset: int) -> bytes:
+    """Re-base an encoded batch (base offset is outside the CRC, so no recompute is needed)."""
+    out = bytearray(batch_bytes)
+    _BASE_OFFSET.pack_into(out, 0, base_offset)
+    return bytes(out)
+
+
+def with_leader_epoch(batch_bytes: bytes | bytearray, leader_epoch: int) -> bytes:
+    """Stamp the partition leader epoch (outside the CRC, like Kafka's leader does on append)."""
+    out = bytearray(batch_bytes)
+    _EPOCH.pack_into(out, _EPOCH_OFFSET, leader_epoch)
+    return bytes(out)
+
+
+# --- decoding ---------------------------------------------------------------------------------------
+
+
+def peek_batch_header(buf: Buffer, pos: int = 0) -> BatchHeader:
+    """Read the header at ``pos`` without decoding records or checking the CRC.
+
+    Raises CorruptRecordError if fewer than ``HEADER_SIZE`` bytes remain or the length field is impossible.
+    """
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"truncated batch header at position {pos}: {len(buf) - pos} bytes left, need {HEADER_SIZE}"
+        )
+    (
+        base_offset,
+        batch_length,
+        epoch,
+        magic,
+        crc,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        _producer_id,
+        _producer_epoch,
+        _base_sequence,
+        record_count,
+    ) = _PEEK.unpack_from(buf, pos)
+    if batch_length < _MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"batch at position {pos} has length {batch_length}, below the minimum {_MIN_BATCH_LENGTH}"
+        )
+    return BatchHeader(
+        base_offset,
+        batch_length + LOG_OVERHEAD,
+        epoch,
+        magic,
+        crc,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        record_count,
+    )
+
+
+def check_batch(buf: Buffer, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> BatchHeader:
+    """Validate the batch at ``pos`` (length, magic, size cap, CRC) without decoding its records.
+
+    This is what recovery and ``append_batch`` run per batch.  Raises CorruptRecordError (or
+    RecordTooLargeError when the declared size exceeds ``max_batch_bytes``).
+    """
+    header = peek_batch_header(buf, pos)
+    if header.magic != MAGIC:
+        raise CorruptRecordError(f"batch at position {pos} has magic {header.magic}, expected {MAGIC}")
+    size = header.size_in_bytes
+    if size > max_batch_bytes:
+        raise RecordTooLargeError(
+            f"batch at position {pos} is {size} bytes, above the maximum of {max_batch_bytes}"
+        )
+    end = pos + size
+    if end > len(buf):
+        raise CorruptRecordError(
+            f"truncated batch at position {pos}: declares {size} bytes, only {len(buf) - pos} present"
+        )
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise CorruptRecordError(
+            f"batch at position {pos} has negative last_offset_delta/record_count "
+            f"({header.last_offset_delta}/{header.record_count})"
+        )
+    actual = crc32c(memoryview(buf)[pos + _CRC_START : end])
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"CRC mismatch in batch at position {pos} (base offset {header.base_offset}): "
+            f"stored {header.crc:#010x}, computed {actual:#010x}"
+        )
+    return header
+
+
+def _read_bytes(buf: memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
+    length, pos = decode_varint(buf, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > end:
+        raise ValueError(f"field of {length} bytes runs past the end of its record")
+    return bytes(buf[pos : pos + length]), pos + length
+
+
+def _decode_records(view: memoryview, pos: int, end: int, count: int) -> tuple[Record, ...]:
+    records: list[Record] = []
+    for _ in range(count):
+        length, pos = decode_varint(view, pos)
+        record_end = pos + length
+        if length < 0 or record_end > end:
+            raise ValueError(f"record length {length} runs past the end of the batch")
+        pos += 1  # record attributes (unused)
+        timestamp_delta, pos = decode_varint(view, pos)
+        offset_delta, pos = decode_varint(view, pos)
+        key, pos = _read_bytes(view, pos, record_end)
+        value, pos = _read_bytes(view, pos, record_end)
+        header_count, pos = decode_varint(view, pos)
+        headers: list[tuple[str, bytes | None]] = []
+        for _h in range(header_count):
+            name, pos = _read_bytes(view, pos, record_end)
+            if name is None:
+                raise ValueError("record header with a null key")
+            header_value, pos = _read_bytes(view, pos, record_end)
+            headers.append((name.decode("utf-8"), header_value))
+        if pos != record_end:
+            raise ValueError(f"record declares {length} bytes but its fields use {length + pos - record_end}")
+        records.append(Record(offset_delta, timestamp_delta, key, value, tuple(headers)))
+    if pos != end:
+        raise ValueError(f"{end - pos} stray bytes after the last record")
+    return tuple(records)
+
+
+def decode_batch(
+    buf: Buffer, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> tuple[RecordBatch, int]:
+    """Validate and fully decode the batch at ``pos``; returns it and the position after it."""
+    header = check_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+    if header.attributes & ATTR_COMPRESSION_MASK:
+        raise CorruptRecordError(
+            f"batch at position {pos} uses compression codec {header.attributes & ATTR_COMPRESSION_MASK}; "
+            "kraft reads only uncompressed batches"
+        )
+    end = pos + header.size_in_bytes
+    view = memoryview(buf)
+    (producer_id, producer_epoch, base_sequence) = struct.unpack_from(">qhi", view, pos + 43)
+    try:
+        records = _decode_records(view, pos + HEADER_SIZE, end, header.record_count)
+    except (ValueError, UnicodeDecodeError, IndexError) as exc:
+        raise CorruptRecordError(
+            f"malformed records in batch at position {pos} (base offset {header.base_offset}): {exc}"
+        ) from exc
+    batch = RecordBatch(
+        base_offset=header.base_offset,
+        partition_leader_epoch=header.partition_leader_epoch,
+        magic=header.magic,
+        crc=header.crc,
+        attributes=header.attributes,
+        last_offset_delta=header.last_offset_delta,
+        base_timestamp=header.base_timestamp,
+        max_timestamp=header.max_timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        records=records,
+        encoded_size=header.size_in_bytes,
+    )
+    return batch, end
+
+
+def iter_batches(buf: Buffer, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[RecordBatch]:
+    """Decode every batch in ``buf`` (which must hold whole batches); raises on the first bad one."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        batch, pos = decode_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+        yield batch
+
+
+def iter_batch_headers(
+    buf: Buffer, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of every batch in ``buf``, each CRC-checked; raises on the first bad one."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = check_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+        yield pos, header
+        pos += header.size_in_bytes

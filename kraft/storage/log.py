@@ -1,0 +1,606 @@
+"""The segmented log: one directory of Kafka-format segments, used for the Raft metadata log and for
+broker partition logs.
+
+Directory contents::
+
+    00000000000000000000.log / .index / .timeindex    segments (see kraft.storage.segment)
+    leader-epoch-checkpoint                             epoch → start offset (kraft.storage.epoch_cache)
+    log-offsets-checkpoint                              "0\\n<log start offset>\\n<recovery point>\\n"
+    .kraft_cleanshutdown                                present only while the log is cleanly closed
+
+Offsets: ``start_offset`` ≤ ``flushed_offset`` ≤ ``end_offset`` (``flushed_offset`` may briefly lag
+``start_offset`` only right after a ``truncate_fully_and_start_at``).  The recovery point is the base
+offset of the oldest segment that may hold un-fsynced data: segments below it are trusted on open, the
+rest are scanned batch by batch (size, magic, CRC, offset continuity) after an unclean shutdown and
+truncated at the first bad batch, dropping every later segment.
+
+Threading: every method must be called from one thread, except :meth:`flush`, which may run in a worker
+thread (``asyncio.to_thread``) concurrently with appends and reads — not with truncation, deletion or
+close.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from kraft.storage.batch import (
+    DEFAULT_MAX_BATCH_BYTES,
+    BatchHeader,
+    ControlMessage,
+    RecordInput,
+    build_batch,
+    build_control_batch,
+    check_batch,
+    peek_batch_header,
+)
+from kraft.storage.epoch_cache import CHECKPOINT_FILE, UNDEFINED_EPOCH, LeaderEpochCache
+from kraft.storage.errors import (
+    FatalStorageError,
+    InvalidAppendError,
+    OffsetOutOfRangeError,
+    StorageStateError,
+)
+from kraft.storage.fileio import atomic_write, fsync_dir
+from kraft.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, LogSegment
+
+CLEAN_SHUTDOWN_FILE = ".kraft_cleanshutdown"
+OFFSETS_CHECKPOINT_FILE = "log-offsets-checkpoint"
+METADATA_LOG_DIR_NAME = "__cluster_metadata-0"
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    """Kafka's partition directory name, e.g. ``orders-3``; the metadata log is ``__cluster_metadata-0``."""
+    return f"{topic}-{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    segment_bytes: int = 1024 * 1024 * 1024  # log.segment.bytes / metadata.log.segment.bytes
+    segment_ms: int = 7 * 24 * 3600 * 1000  # metadata.log.segment.ms (compared with batch timestamps)
+    index_interval_bytes: int = 4096  # Kafka's index.interval.bytes
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+
+    def __post_init__(self) -> None:
+        if self.segment_bytes < 1024:
+            raise ValueError(f"segment_bytes must be >= 1024, got {self.segment_bytes}")
+        if self.segment_ms <= 0 or self.index_interval_bytes <= 0 or self.max_batch_bytes <= 0:
+            raise ValueError("segment_ms, index_interval_bytes and max_batch_bytes must be positive")
+
+
+class AppendResult(NamedTuple):
+    first_offset: int
+    last_offset: int
+
+
+class LogRead(NamedTuple):
+    """Whole batches starting with the one holding the requested offset (``records`` may be empty)."""
+
+    records: bytes
+    first_offset: int  # base offset of the first batch returned (may be below the requested offset)
+    next_offset: int  # offset after the last batch returned (= requested offset when empty)
+
+
+class SegmentInfo(NamedTuple):
+    base_offset: int
+    next_offset: int
+    size_in_bytes: int
+    max_timestamp: int
+    path: Path
+
+
+def _parse_segment_base(name: str) -> int:
+    stem = name[: -len(LOG_SUFFIX)]
+    if len(stem) != 20 or not stem.isdigit():
+        raise StorageStateError(f"unexpected segment file name {name!r}: expected <20-digit offset>.log")
+    return int(stem)
+
+
+class SegmentedLog:
+    """See the module docstring.  Open with :meth:`open`; always :meth:`close` (it writes the
+    clean-shutdown marker that lets the next open skip recovery)."""
+
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        self.dir = directory
+        self.config = config
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._epochs = LeaderEpochCache(directory / CHECKPOINT_FILE)
+        self._start_offset = 0
+        self._flushed_offset = 0
+        self._recovery_point = 0
+        self._dir_dirty = False
+        self._lock = threading.Lock()
+        self._closed = False
+        # Set by the first failed fsync/write: every later call re-raises it (fsyncgate: never retry).
+        self._failed: FatalStorageError | None = None
+        self.recovered_bytes_truncated = 0  # for logs/metrics: bytes cut off by the last recovery
+
+    # --- opening -----------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: str | os.PathLike[str], config: LogConfig | None = None, *, create: bool = True
+    ) -> SegmentedLog:
+        """Open (and recover if needed) the log in ``directory``; create it if ``create`` is set.
+
+        Raises StorageStateError if the directory is missing (and ``create`` is False) or holds files that
+        cannot be a kraft log; FatalStorageError on an IO failure.
+        """
+        path = Path(directory)
+        if not path.is_dir():
+            if not create:
+                raise StorageStateError(f"log directory {path} does not exist")
+            try:
+                path.mkdir(parents=True)
+            except OSError as exc:
+                raise StorageStateError(f"cannot create log directory {path}: {exc.strerror}") from exc
+            fsync_dir(path.parent)
+        log = cls(path, config or LogConfig())
+        log._load()
+        return log
+
+    def _load(self) -> None:
+        for stray in self.dir.glob("*.tmp"):
+            stray.unlink()
+        bases = sorted(_parse_segment_base(p.name) for p in self.dir.glob(f"*{LOG_SUFFIX}"))
+        self._remove_orphan_indexes(set(bases))
+        start_offset, recovery_point = self._read_offsets_checkpoint()
+        marker = self.dir / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        epochs_ok = self._epochs.load()
+        epochs_changed = False
+        if not epochs_ok:
+            # Derived data: rebuild it from every segment (a full scan; rare).
+            self._epochs.clear()
+            recovery_point = -1
+            clean = False
+            epochs_changed = True
+        # A segment is trusted (not scanned) after a clean shutdown, or when it lies entirely below the
+        # recovery point (it was fsynced before the checkpoint was written).
+        trusted = [
+            clean or (recovery_point >= 0 and i + 1 < len(bases) and bases[i + 1] <= recovery_point)
+            for i in range(len(bases))
+        ]
+        if not clean:
+            first_scanned = next((b for b, t in zip(bases, trusted, strict=True) if not t), None)
+            if first_scanned is not None:
+                epochs_changed |= self._epochs.truncate_from_end(first_scanned)
+        truncated_at: int | None = None
+        for i, base in enumerate(bases):
+            segment = LogSegment(self.dir, base, self.config.index_interval_bytes)
+            before = segment.size
+            if trusted[i]:
+                cut = segment.load_trusted()
+            else:
+                cut = segment.recover(self._on_recovered_epoch, self.config.max_batch_bytes)
+            self.recovered_bytes_truncated += before - segment.size
+            if self._segments and self._segments[-1].next_offset != base:
+                # A gap after a truncated or empty segment: this and every later segment are garbage.
+                segment.close()
+                truncated_at = i
+                break
+            self._segments.append(segment)
+            if cut:
+                truncated_at = i + 1
+                break
+        if truncated_at is not None:
+            for base in bases[truncated_at:]:
+                doomed = LogSegment(self.dir, base, self.config.index_interval_bytes)
+                self.recovered_bytes_truncated += doomed.size
+                doomed.delete()
+            self._dir_dirty = True
+        if not self._segments:
+            self._segments.append(self._new_segment(max(start_offset, 0)))
+        self._bases = [s.base_offset for s in self._segments]
+        end = self.end_offset
+        self._start_offset = min(max(start_offset, self._segments[0].base_offset), end)
+        epochs_changed |= self._epochs.truncate_from_end(end)
+        epochs_changed |= self._epochs.truncate_from_start(self._start_offset)
+        if epochs_changed or not epochs_ok:
+            self._epochs.save()
+        # Whatever survived recovery may still sit only in the page cache: make it durable now, so the
+        # flushed offset and recovery point can start at the end.
+        for segment in self._segments:
+            segment.dirty = True
+            segment.flush()
+        self._flushed_offset = end
+        if clean:
+            marker.unlink()
+            self._dir_dirty = True
+        if self._dir_dirty:
+            fsync_dir(self.dir)
+            self._dir_dirty = False
+        self._recovery_point = self._segments[-1].base_offset
+        self._write_offsets_checkpoint()
+
+    def _on_recovered_epoch(self, epoch: int, start_offset: int) -> None:
+        self._epochs.assign(epoch, start_offset)
+
+    def _remove_orphan_indexes(self, bases: set[int]) -> None:
+        for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
+            for path in self.dir.glob(f"*{suffix}"):
+                stem = path.name[: -len(suffix)]
+                if not (len(stem) == 20 and stem.isdigit() and int(stem) in bases):
+                    path.unlink()
+                    self._dir_dirty = True
+
+    def _read_offsets_checkpoint(self) -> tuple[int, int]:
+        """(log start offset, recovery point); (-1, -1) if missing or unreadable (forces a full scan)."""
+        try:
+            lines = (self.dir / OFFSETS_CHECKPOINT_FILE).read_text(encoding="ascii").split()
+            if len(lines) == 3 and lines[0] == "0":
+                start, recovery = int(lines[1]), int(lines[2])
+                if start >= 0 and recovery >= 0:
+                    return start, recovery
+        except (OSError, UnicodeDecodeError, ValueError):
+            pass
+        return -1, -1
+
+    def _write_offsets_checkpoint(self) -> None:
+        atomic_write(
+            self.dir / OFFSETS_CHECKPOINT_FILE,
+            f"0\n{self._start_offset}\n{self._recovery_point}\n".encode("ascii"),
+        )
+
+    def _new_segment(self, base_offset: int) -> LogSegment:
+        segment = LogSegment(self.dir, base_offset, self.config.index_interval_bytes)
+        if segment.size:
+            # A stale file with this name (cannot happen after recovery) must not be appended to.
+            raise StorageStateError(f"segment {segment.log_path} already exists with {segment.size} bytes")
+        self._dir_dirty = True
+        return segment
+
+    # --- state -------------------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        return self._start_offset
+
+    @property
+    def end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self._flushed_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def last_epoch(self) -> int:
+        """Epoch of the last batch (UNDEFINED_EPOCH = -1 for a log without batches)."""
+        return self._epochs.latest_epoch
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        """(epoch, start offset) pairs of the leader-epoch cache."""
+        return self._epochs.entries()
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch answer (epoch, end offset); (-1, -1) if the epoch is unknown/newer."""
+        return self._epochs.end_offset_for(epoch, self.end_offset)
+
+    def epoch_for_offset(self, offset: int) -> int:
+        return self._epochs.epoch_for_offset(offset)
+
+    def segments(self) -> list[SegmentInfo]:
+        return [
+            SegmentInfo(s.base_offset, s.next_offset, s.size, s.max_timestamp, s.log_path)
+            for s in self._segments
+        ]
+
+    # --- appending ---------------------------------------------------------------------------------
+
+    def append_batch(self, data: bytes | bytearray | memoryview, *, validate: bool = True) -> AppendResult:
+        """Append one or more whole encoded batches; the first must start at ``end_offset``.
+
+        With ``validate`` (the default; pass False only for batches this process just built) every batch
+        is checked — magic, size cap, CRC, contiguous offsets, non-decreasing leader epoch — before
+        anything is written, so a bad buffer leaves the log untouched (CorruptRecordError,
+        RecordTooLargeError or InvalidAppendError).
+        """
+        self._check_open()
+        headers = self._headers_of(data, validate)
+        if not headers:
+            raise InvalidAppendError("append of an empty buffer")
+        expected = self.end_offset
+        latest_epoch = self._epochs.latest_epoch
+        for header in headers:
+            if header.base_offset != expected:
+                raise InvalidAppendError(
+                    f"batch base offset {header.base_offset} does not continue the log at {expected}"
+                )
+            if header.partition_leader_epoch < latest_epoch:
+                raise InvalidAppendError(
+                    f"batch at offset {header.base_offset} has leader epoch {header.partition_leader_epoch}, "
+                    f"below the log's latest epoch {latest_epoch}"
+                )
+            latest_epoch = header.partition_leader_epoch
+            expected = header.next_offset
+        try:
+            self._write(data, headers)
+        except FatalStorageError as exc:
+            self._failed = exc
+            raise
+        return AppendResult(headers[0].base_offset, headers[-1].last_offset)
+
+    def append_records(
+        self, records: Sequence[RecordInput], *, leader_epoch: int, timestamp_ms: int
+    ) -> AppendResult:
+        """Build a batch at ``end_offset`` from (key, value[, headers]) tuples and append it."""
+        if leader_epoch < self._epochs.latest_epoch:
+            raise InvalidAppendError(f"leader epoch {leader_epoch} is below the log's {self.last_epoch}")
+        data = build_batch(self.end_offset, records, leader_epoch=leader_epoch, timestamp_ms=timestamp_ms)
+        return self.append_batch(data, validate=False)
+
+    def append_control(
+        self, messages: Sequence[ControlMessage], *, leader_epoch: int, timestamp_ms: int
+    ) -> AppendResult:
+        """Append a control batch (e.g. the LeaderChange a new leader writes) at ``end_offset``."""
+        if leader_epoch < self._epochs.latest_epoch:
+            raise InvalidAppendError(f"leader epoch {leader_epoch} is below the log's {self.last_epoch}")
+        data = build_control_batch(
+            self.end_offset, messages, leader_epoch=leader_epoch, timestamp_ms=timestamp_ms
+        )
+        return self.append_batch(data, validate=False)
+
+    def _headers_of(self, data: bytes | bytearray | memoryview, validate: bool) -> list[BatchHeader]:
+        headers: list[BatchHeader] = []
+        position = 0
+        end = len(data)
+        max_bytes = self.config.max_batch_bytes
+        while position < end:
+            if validate:
+                header = check_batch(data, position, max_batch_bytes=max_bytes)
+            else:
+                header = peek_batch_header(data, position)
+            headers.append(header)
+            position += header.size_in_bytes
+        if position != end:
+            raise InvalidAppendError(f"buffer of {end} bytes does not end on a batch boundary ({position})")
+        return headers
+
+    def _write(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
+        view = memoryview(data)
+        group_start = 0
+        position = 0
+        group: list[BatchHeader] = []
+        epochs_changed = False
+        for header in headers:
+            if self._should_roll(header, pending=position - group_start):
+                if group:
+                    self._segments[-1].append(view[group_start:position], group)
+                    group = []
+                group_start = position
+                self._roll(header.base_offset)
+            if self._epochs.assign(header.partition_leader_epoch, header.base_offset):
+                epochs_changed = True
+            group.append(header)
+            position += header.size_in_bytes
+        self._segments[-1].append(view[group_start:position], group)
+        if epochs_changed:
+            # Written before the batch is durable: recovery trims entries beyond the recovered end.
+            self._epochs.save()
+
+    def _should_roll(self, header: BatchHeader, pending: int) -> bool:
+        segment = self._segments[-1]
+        size = segment.size + pending
+        if size == 0:
+            return False
+        if size + header.size_in_bytes > self.config.segment_bytes:
+            return True
+        first_ts = segment.first_timestamp
+        if first_ts is not None and header.max_timestamp - first_ts > self.config.segment_ms:
+            return True
+        return not segment.fits_relative(header.last_offset)
+
+    def _roll(self, base_offset: int) -> None:
+        old = self._segments[-1]
+        old.write_indexes()
+        segment = self._new_segment(base_offset)
+        with self._lock:
+            self._segments.append(segment)
+            self._bases.append(base_offset)
+
+    def roll(self) -> None:
+        """Start a new segment at ``end_offset`` now (no-op if the active segment is empty)."""
+        self._check_open()
+        if self._segments[-1].size:
+            self._roll(self.end_offset)
+
+    # --- durability --------------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """fsync everything appended so far (one fsync per dirty segment, however many batches) and
+        return the new flushed offset.  Raises FatalStorageError on failure; the log then refuses all
+        further use (never retry an fsync), and the caller must stop the process."""
+        self._check_open()
+        with self._lock:
+            end = self.end_offset
+            dirty = [s for s in self._segments if s.dirty]
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            active_base = self._segments[-1].base_offset
+        try:
+            for segment in dirty:
+                segment.flush()
+            if dir_dirty:
+                fsync_dir(self.dir)
+        except FatalStorageError as exc:
+            self._failed = exc
+            raise
+        with self._lock:
+            self._flushed_offset = max(self._flushed_offset, end)
+            advance = active_base > self._recovery_point
+            if advance:
+                self._recovery_point = active_base
+        if advance:
+            self._write_offsets_checkpoint()
+        return end
+
+    # --- reading -----------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> LogRead:
+        """Whole batches from the one holding ``offset``: at least one batch (even if larger than
+        ``max_bytes``, so readers always progress), then more while they fit in ``max_bytes``; only
+        batches whose base offset is below ``max_offset`` (e.g. the high watermark) when given.
+        Reads stay within one segment.  ``offset == end_offset`` gives an empty read;
+        outside [start_offset, end_offset] raises OffsetOutOfRangeError.
+        """
+        self._check_open()
+        end = self.end_offset
+        if offset < self._start_offset or offset > end:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside the log range [{self._start_offset}, {end}]"
+            )
+        index = bisect_right(self._bases, offset) - 1
+        for segment in self._segments[max(index, 0) :]:
+            found = segment.find_batch(offset)
+            if found is None:
+                continue
+            position, header = found
+            if max_offset is not None and header.base_offset >= max_offset:
+                break
+            records, next_offset = segment.read_from(position, header, max_bytes, max_offset)
+            return LogRead(records, header.base_offset, next_offset)
+        return LogRead(b"", offset, offset)
+
+    def read_all_batches(self) -> bytes:
+        """Every byte of every segment, in order (tools and tests; not for large logs)."""
+        return b"".join(s.read_all() for s in self._segments)
+
+    # --- truncation and retention ------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch holding an offset >= ``offset`` (a batch straddling it goes entirely) and
+        return the new end offset.  Trims the epoch cache.  Below the log start → truncate fully."""
+        self._check_open()
+        if offset >= self.end_offset:
+            return self.end_offset
+        if offset < self._start_offset:
+            self.truncate_fully_and_start_at(offset)
+            return self.end_offset
+        with self._lock:
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                doomed = self._segments.pop()
+                self._bases.pop()
+                doomed.delete()
+                self._dir_dirty = True
+            active = self._segments[-1]
+            active.truncate_to(offset)
+            active.index.write()
+            active.time_index.write()
+        new_end = self.end_offset
+        if self._epochs.truncate_from_end(new_end):
+            self._epochs.save()
+        self._flushed_offset = min(self._flushed_offset, new_end)
+        if self._dir_dirty:
+            fsync_dir(self.dir)
+            self._dir_dirty = False
+        if self._recovery_point > self._segments[-1].base_offset:
+            self._recovery_point = self._segments[-1].base_offset
+            self._write_offsets_checkpoint()
+        return new_end
+
+    def delete_before(self, offset: int) -> int:
+        """Advance the log start offset to ``offset`` (≤ end offset) and delete the segments lying
+        entirely below it (never the active one).  Returns the number of segments deleted."""
+        self._check_open()
+        if offset > self.end_offset:
+            raise OffsetOutOfRangeError(f"cannot start the log at {offset}, beyond its end {self.end_offset}")
+        if offset <= self._start_offset:
+            return 0
+        deleted = 0
+        with self._lock:
+            self._start_offset = offset
+            while len(self._segments) > 1 and self._segments[1].base_offset <= offset:
+                self._segments.pop(0).delete()
+                self._bases.pop(0)
+                deleted += 1
+        if self._epochs.truncate_from_start(offset):
+            self._epochs.save()
+        self._write_offsets_checkpoint()
+        if deleted:
+            fsync_dir(self.dir)
+        return deleted
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and restart the log empty at ``offset`` (snapshot catch-up)."""
+        self._check_open()
+        if offset < 0:
+            raise InvalidAppendError(f"log cannot start at negative offset {offset}")
+        with self._lock:
+            for segment in self._segments:
+                segment.delete()
+            self._segments = []
+            self._bases = []
+            fsync_dir(self.dir)
+            self._segments = [self._new_segment(offset)]
+            self._bases = [offset]
+            self._start_offset = offset
+            self._flushed_offset = offset
+            self._recovery_point = offset
+        self._epochs.clear()
+        self._epochs.save()
+        self._write_offsets_checkpoint()
+        fsync_dir(self.dir)
+        self._dir_dirty = False
+
+    # --- closing -----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, persist indexes and checkpoints, then write the clean-shutdown marker."""
+        if self._closed:
+            return
+        self.flush()
+        for segment in self._segments:
+            segment.write_indexes()
+        self._recovery_point = self._segments[-1].base_offset
+        self._write_offsets_checkpoint()
+        atomic_write(self.dir / CLEAN_SHUTDOWN_FILE, b"")
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+
+    def abandon(self) -> None:
+        """Close the files without flushing or marking a clean shutdown (tests: simulate a crash)."""
+        for segment in self._segments:
+            segment.close()
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._failed is not None:
+            raise FatalStorageError(
+                f"log {self.dir} failed earlier and must not be used: {self._failed.message}"
+            )
+        if self._closed:
+            raise StorageStateError(f"log {self.dir} is closed")
+
+    def __enter__(self) -> SegmentedLog:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "CLEAN_SHUTDOWN_FILE",
+    "METADATA_LOG_DIR_NAME",
+    "UNDEFINED_EPOCH",
+    "AppendResult",
+    "LogConfig",
+    "LogRead",
+    "SegmentInfo",
+    "SegmentedLog",
+    "partition_dir_name",
+]

@@ -1,0 +1,337 @@
+"""One log segment: ``<base offset 20 digits>.log`` plus its sparse ``.index`` and ``.timeindex``.
+
+Invariants (checked by recovery, relied on by reads):
+- the file holds whole, CRC-valid v2 batches back to back, the first starting at ``base_offset`` and each
+  starting at the previous batch's ``next_offset`` (kraft logs have no offset gaps);
+- ``size`` is the file length and ``next_offset`` the offset after the last batch;
+- index entries point at batch starts inside the file (see :mod:`kraft.storage.index`).
+
+The file descriptor is opened with O_APPEND; appends are single ``write`` calls of whole batches, so a
+crash can only leave a torn *tail*, which recovery truncates.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+from crc32c import crc32c
+
+from kraft.storage.batch import HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader, peek_batch_header
+from kraft.storage.errors import FatalStorageError, StorageStateError
+from kraft.storage.fileio import fsync_fd, pread_exact, write_all
+from kraft.storage.index import OffsetIndex, TimeIndex
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIMEINDEX_SUFFIX = ".timeindex"
+
+# Fields recovery needs, read straight from the header without building a BatchHeader.
+_SCAN = struct.Struct(">qiibIhiqq")
+_SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+_MAX_RELATIVE_OFFSET = 2**31 - 1
+# Enough to hold the headers between two index entries plus one header in the common case.
+_LOOKUP_READ_BYTES = 16 * 1024
+
+EpochListener = Callable[[int, int], None]
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+class LogSegment:
+    __slots__ = (
+        "_bytes_since_index",
+        "_fd",
+        "base_offset",
+        "dirty",
+        "first_timestamp",
+        "index",
+        "index_interval_bytes",
+        "log_path",
+        "max_timestamp",
+        "next_offset",
+        "size",
+        "time_index",
+    )
+
+    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        self.index = OffsetIndex(directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset)
+        self.time_index = TimeIndex(directory / segment_file_name(base_offset, TIMEINDEX_SUFFIX), base_offset)
+        try:
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise StorageStateError(f"cannot open segment {self.log_path}: {exc.strerror}") from exc
+        self.size = os.fstat(self._fd).st_size
+        self.next_offset = base_offset
+        self.first_timestamp: int | None = None
+        self.max_timestamp = -1
+        self._bytes_since_index = 0
+        self.dirty = False  # written since the last fsync
+
+    # --- opening -----------------------------------------------------------------------------------
+
+    def load_trusted(self) -> bool:
+        """Open a segment known to be intact (below the recovery point or after a clean shutdown).
+
+        Loads the indexes (rebuilding them by a scan if missing or inconsistent) and finds
+        ``next_offset``/``max_timestamp`` by walking the few headers after the last index entry.
+        Returns True if the fallback scan had to truncate the file (later segments are then invalid).
+        """
+        if self.size == 0:
+            self.index.clear()
+            self.time_index.clear()
+            return False
+        if not (self.index.load(self.size) and self.time_index.load() and self._walk_tail()):
+            return self.recover(None)
+        last = self.index.last_entry()
+        self._bytes_since_index = self.size - last[1] if last else self.size
+        self._read_first_timestamp()
+        return False
+
+    def _read_first_timestamp(self) -> None:
+        header = peek_batch_header(pread_exact(self._fd, HEADER_SIZE, 0))
+        self.first_timestamp = header.max_timestamp
+
+    def _walk_tail(self) -> bool:
+        """From the last index entry to the end of file: True if headers chain exactly to ``size``."""
+        last = self.index.last_entry()
+        position = last[1] if last else 0
+        max_ts = self.time_index.timestamps[-1] if len(self.time_index) else -1
+        # From position 0 the first batch must start at the base offset; from an index entry we check
+        # that the entry's batch ends where the entry says.
+        expected: int | None = self.base_offset if last is None else None
+        next_offset = self.base_offset
+        while position < self.size:
+            raw = pread_exact(self._fd, HEADER_SIZE, position)
+            if len(raw) < HEADER_SIZE:
+                return False
+            base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, batch_max_ts = _SCAN.unpack_from(raw)
+            if magic != MAGIC or length < HEADER_SIZE - LOG_OVERHEAD or delta < 0:
+                return False
+            if expected is not None and base != expected:
+                return False
+            if last is not None and position == last[1] and base + delta != last[0]:
+                return False
+            expected = base + delta + 1
+            next_offset = expected
+            max_ts = max(max_ts, batch_max_ts)
+            position += length + LOG_OVERHEAD
+        if position != self.size:
+            return False
+        self.next_offset = next_offset
+        self.max_timestamp = max_ts
+        return True
+
+    def recover(self, on_epoch: EpochListener | None, max_batch_bytes: int = 2**31 - 1) -> bool:
+        """Validate every batch (size, magic, CRC, offset continuity), rebuild both indexes, and
+        truncate the file at the first bad batch.  Returns True if bytes were truncated.
+
+        ``on_epoch(epoch, start_offset)`` is called for each batch whose leader epoch differs from the
+        previous batch's, so the caller can rebuild its leader-epoch cache.
+        """
+        self.index.clear()
+        self.time_index.clear()
+        self._bytes_since_index = 0
+        self.max_timestamp = -1
+        self.first_timestamp = None
+        expected = self.base_offset
+        last_epoch: int | None = None
+        position = 0
+        valid_end = 0
+        fd = self._fd
+        size = self.size
+        interval = self.index_interval_bytes
+        index = self.index
+        time_index = self.time_index
+        scan = _SCAN.unpack_from
+        while position < size:
+            chunk = pread_exact(fd, min(_SCAN_CHUNK_BYTES, size - position), position)
+            view = memoryview(chunk)
+            chunk_pos = 0
+            chunk_len = len(chunk)
+            stop = False
+            while True:
+                if chunk_len - chunk_pos < HEADER_SIZE:
+                    if position + chunk_pos + HEADER_SIZE > size:
+                        stop = True  # a torn header at the end of the file
+                    break
+                base, length, epoch, magic, crc, _attrs, delta, _base_ts, batch_max_ts = scan(view, chunk_pos)
+                batch_size = length + LOG_OVERHEAD
+                if (
+                    magic != MAGIC
+                    or length < HEADER_SIZE - LOG_OVERHEAD
+                    or batch_size > max_batch_bytes
+                    or base != expected
+                    or delta < 0
+                    or base + delta - self.base_offset > _MAX_RELATIVE_OFFSET
+                ):
+                    stop = True
+                    break
+                if chunk_len - chunk_pos < batch_size:
+                    if position + chunk_pos + batch_size > size:
+                        stop = True  # torn batch at the end of the file
+                    elif chunk_pos == 0:
+                        # A single batch larger than the chunk: read exactly it.
+                        chunk = pread_exact(fd, batch_size, position)
+                        view = memoryview(chunk)
+                        chunk_len = len(chunk)
+                        continue
+                    break
+                if crc32c(view[chunk_pos + 21 : chunk_pos + batch_size]) != crc:
+                    stop = True
+                    break
+                batch_pos = position + chunk_pos
+                if epoch != last_epoch:
+                    last_epoch = epoch
+                    if on_epoch is not None:
+                        on_epoch(epoch, base)
+                last_offset = base + delta
+                self.max_timestamp = max(self.max_timestamp, batch_max_ts)
+                if self.first_timestamp is None:
+                    self.first_timestamp = batch_max_ts
+                if self._bytes_since_index >= interval:
+                    index.append(last_offset, batch_pos)
+                    time_index.maybe_append(self.max_timestamp, last_offset)
+                    self._bytes_since_index = 0
+                self._bytes_since_index += batch_size
+                expected = last_offset + 1
+                chunk_pos += batch_size
+                valid_end = batch_pos + batch_size
+            position += chunk_pos
+            if stop or chunk_pos == 0:
+                break
+        self.next_offset = expected
+        if valid_end < size:
+            self._truncate_file(valid_end)
+            return True
+        return False
+
+    # --- appending ---------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
+        """Append whole, already validated batches whose headers are ``headers`` (in order)."""
+        position = self.size
+        write_all(self._fd, data, str(self.log_path))
+        self.dirty = True
+        interval = self.index_interval_bytes
+        for header in headers:
+            last_offset = header.base_offset + header.last_offset_delta
+            self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
+            if self.first_timestamp is None:
+                self.first_timestamp = header.max_timestamp
+            if self._bytes_since_index >= interval:
+                self.index.append(last_offset, position)
+                self.time_index.maybe_append(self.max_timestamp, last_offset)
+                self._bytes_since_index = 0
+            self._bytes_since_index += header.size_in_bytes
+            position += header.size_in_bytes
+            self.next_offset = last_offset + 1
+        self.size = position
+
+    def fits_relative(self, last_offset: int) -> bool:
+        return last_offset - self.base_offset <= _MAX_RELATIVE_OFFSET
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            fsync_fd(self._fd, str(self.log_path))
+
+    # --- reading -----------------------------------------------------------------------------------
+
+    def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
+        """(position, header) of the batch holding ``offset``, or None if it is not in this segment."""
+        if offset >= self.next_offset or offset < self.base_offset:
+            return None
+        position = self.index.lookup(offset)
+        while position < self.size:
+            raw = pread_exact(self._fd, min(_LOOKUP_READ_BYTES, self.size - position), position)
+            chunk_pos = 0
+            while len(raw) - chunk_pos >= HEADER_SIZE:
+                header = peek_batch_header(raw, chunk_pos)
+                if header.base_offset + header.last_offset_delta >= offset:
+                    return position + chunk_pos, header
+                chunk_pos += header.size_in_bytes
+            if chunk_pos == 0:
+                break
+            position += chunk_pos
+        return None
+
+    def read_from(
+        self, position: int, first: BatchHeader, max_bytes: int, max_offset: int | None
+    ) -> tuple[bytes, int]:
+        """Whole batches from ``position``, where batch ``first`` starts (always included), up to
+        ``max_bytes`` in total and only batches whose base offset is below ``max_offset``.
+        Returns the bytes and the offset after the last batch included."""
+        limit = min(max(first.size_in_bytes, max_bytes), self.size - position)
+        raw = pread_exact(self._fd, limit, position)
+        end = first.size_in_bytes
+        next_offset = first.next_offset
+        while len(raw) - end >= HEADER_SIZE:
+            header = peek_batch_header(raw, end)
+            if max_offset is not None and header.base_offset >= max_offset:
+                break
+            if end + header.size_in_bytes > len(raw):
+                break
+            end += header.size_in_bytes
+            next_offset = header.next_offset
+        return (raw if end == len(raw) else raw[:end]), next_offset
+
+    def read_all(self) -> bytes:
+        return pread_exact(self._fd, self.size, 0)
+
+    def read_range(self, position: int, size: int) -> bytes:
+        return pread_exact(self._fd, size, position)
+
+    # --- truncation and deletion -------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch whose last offset is >= ``offset`` (the batch holding it included)."""
+        found = self.find_batch(offset)
+        if found is None:
+            return
+        position, _header = found
+        self._truncate_file(position)
+        self.index.truncate_to_position(position)
+        last = self.index.last_entry()
+        self.time_index.truncate_to_offset(last[0] + 1 if last else self.base_offset)
+        self._bytes_since_index = position - last[1] if last else position
+        if not self._walk_tail():
+            # Cannot happen for a segment that passed recovery; rebuild rather than trust a bad index.
+            self.recover(None)
+        if self.size == 0:
+            self.first_timestamp = None
+            self.max_timestamp = -1
+            self.next_offset = self.base_offset
+        elif self.first_timestamp is None:
+            self._read_first_timestamp()
+
+    def _truncate_file(self, position: int) -> None:
+        try:
+            os.ftruncate(self._fd, position)
+        except OSError as exc:
+            raise FatalStorageError(f"truncate of {self.log_path} failed ({exc.strerror}); stopping") from exc
+        self.size = position
+        # Truncation must be durable before anything new is written over the old bytes.
+        fsync_fd(self._fd, str(self.log_path))
+        self.dirty = False
+
+    def write_indexes(self) -> None:
+        self.index.write()
+        self.time_index.write()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        self.close()
+        for path in (self.log_path, self.index.path, self.time_index.path):
+            path.unlink(missing_ok=True)

@@ -1,0 +1,342 @@
+"""Snapshot files (KIP-630): ``<end offset 20 digits>-<epoch 10 digits>.checkpoint`` in the log directory.
+
+A snapshot file is a sequence of record batches (offsets from 0, leader epoch = the snapshot epoch):
+a control batch with the SnapshotHeader record, the data batches, and a control batch with the
+SnapshotFooter record.  Life cycle:
+
+- written as ``….checkpoint.part`` (by :class:`SnapshotWriter` from records, or by
+  :class:`RawSnapshotWriter` from bytes downloaded with FetchSnapshot), then *frozen*: validated, fsynced,
+  renamed to ``.checkpoint``, directory fsynced — so a ``.checkpoint`` file is always complete;
+- read back in chunks by byte position (:meth:`SnapshotReader.read_chunk`, for FetchSnapshot) or batch
+  by batch (:meth:`SnapshotReader.batches`, for loading an image);
+- deleted once superseded: renamed to ``.checkpoint.deleted`` and unlinked.  Leftover ``.part`` and
+  ``.deleted`` files are removed when a :class:`SnapshotStore` opens.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from kraft.storage.batch import (
+    HEADER_SIZE,
+    ControlRecordType,
+    RecordBatch,
+    RecordInput,
+    SnapshotFooterRecord,
+    SnapshotHeaderRecord,
+    build_batch,
+    build_control_batch,
+    check_batch,
+    decode_batch,
+    decode_control_key,
+    peek_batch_header,
+    with_base_offset,
+)
+from kraft.storage.errors import CorruptRecordError, InvalidAppendError, StorageStateError
+from kraft.storage.fileio import fsync_dir, fsync_fd, pread_exact, write_all
+
+SNAPSHOT_SUFFIX = ".checkpoint"
+PART_SUFFIX = ".checkpoint.part"
+DELETED_SUFFIX = ".checkpoint.deleted"
+_NAME = re.compile(r"^(\d{20})-(\d{10})\.checkpoint$")
+
+
+class SnapshotId(NamedTuple):
+    """Orders like Kafka's OffsetAndEpoch: by end offset, then epoch."""
+
+    end_offset: int
+    epoch: int
+
+
+def snapshot_file_name(snapshot_id: SnapshotId) -> str:
+    return f"{snapshot_id.end_offset:020d}-{snapshot_id.epoch:010d}{SNAPSHOT_SUFFIX}"
+
+
+def parse_snapshot_file_name(name: str) -> SnapshotId | None:
+    match = _NAME.match(name)
+    return SnapshotId(int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _check_id(snapshot_id: SnapshotId) -> None:
+    if snapshot_id.end_offset < 0 or snapshot_id.epoch < 0:
+        raise InvalidAppendError(f"invalid snapshot id {snapshot_id}: offset and epoch must be >= 0")
+
+
+class _PartFile:
+    """An open ``.part`` file; freeze() makes it the durable ``.checkpoint``."""
+
+    def __init__(self, directory: Path, snapshot_id: SnapshotId) -> None:
+        _check_id(snapshot_id)
+        self.snapshot_id = snapshot_id
+        self.final_path = directory / snapshot_file_name(snapshot_id)
+        self.part_path = directory / (snapshot_file_name(snapshot_id)[: -len(SNAPSHOT_SUFFIX)] + PART_SUFFIX)
+        if self.final_path.exists():
+            raise StorageStateError(f"snapshot {self.final_path} already exists")
+        self._fd = os.open(self.part_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.size = 0
+        self.done = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        write_all(self._fd, data, str(self.part_path))
+        self.size += len(data)
+
+    def validate(self) -> None:
+        validate_snapshot_bytes(pread_exact(self._fd, self.size, 0), str(self.part_path))
+
+    def freeze(self) -> Path:
+        fsync_fd(self._fd, str(self.part_path))
+        os.close(self._fd)
+        os.replace(self.part_path, self.final_path)
+        fsync_dir(self.final_path.parent)
+        self.done = True
+        return self.final_path
+
+    def abort(self) -> None:
+        if not self.done:
+            os.close(self._fd)
+            self.part_path.unlink(missing_ok=True)
+            self.done = True
+
+
+class SnapshotWriter:
+    """Builds a snapshot from records: header batch on create, footer batch on :meth:`freeze`."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        snapshot_id: SnapshotId,
+        *,
+        last_contained_log_timestamp: int,
+        timestamp_ms: int,
+    ) -> None:
+        self._part = _PartFile(Path(directory), snapshot_id)
+        self._timestamp_ms = timestamp_ms
+        self.next_offset = 0
+        self._append_control(SnapshotHeaderRecord(last_contained_log_timestamp=last_contained_log_timestamp))
+
+    @property
+    def snapshot_id(self) -> SnapshotId:
+        return self._part.snapshot_id
+
+    def _append_control(self, message: SnapshotHeaderRecord | SnapshotFooterRecord) -> None:
+        data = build_control_batch(
+            self.next_offset, [message], leader_epoch=self.snapshot_id.epoch, timestamp_ms=self._timestamp_ms
+        )
+        self._part.write(data)
+        self.next_offset += 1
+
+    def append_records(self, records: Sequence[RecordInput]) -> None:
+        data = build_batch(
+            self.next_offset, records, leader_epoch=self.snapshot_id.epoch, timestamp_ms=self._timestamp_ms
+        )
+        self._part.write(data)
+        self.next_offset += len(records)
+
+    def append_batch(self, data: bytes) -> None:
+        """Append one already encoded batch (re-based to the snapshot's next offset)."""
+        header = check_batch(data)
+        if header.size_in_bytes != len(data):
+            raise InvalidAppendError("append_batch takes exactly one batch")
+        self._part.write(with_base_offset(data, self.next_offset))
+        self.next_offset += header.last_offset_delta + 1
+
+    def freeze(self) -> Path:
+        """Write the footer, fsync, rename to ``.checkpoint``, fsync the directory."""
+        self._append_control(SnapshotFooterRecord())
+        return self._part.freeze()
+
+    def abort(self) -> None:
+        self._part.abort()
+
+    def __enter__(self) -> SnapshotWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *_rest: object) -> None:
+        if exc_type is not None or not self._part.done:
+            self._part.abort()
+
+
+class RawSnapshotWriter:
+    """Receives a snapshot as raw bytes in position order (FetchSnapshot's UnalignedRecords)."""
+
+    def __init__(self, directory: str | os.PathLike[str], snapshot_id: SnapshotId) -> None:
+        self._part = _PartFile(Path(directory), snapshot_id)
+
+    @property
+    def snapshot_id(self) -> SnapshotId:
+        return self._part.snapshot_id
+
+    @property
+    def size(self) -> int:
+        """Bytes received so far: the position to fetch next."""
+        return self._part.size
+
+    def write(self, position: int, data: bytes) -> None:
+        if position != self._part.size:
+            raise InvalidAppendError(f"snapshot chunk at position {position}, expected {self._part.size}")
+        self._part.write(data)
+
+    def freeze(self) -> Path:
+        """Validate the whole file (every batch CRC-valid, header first, footer last), then make it
+        durable.  On a validation error the ``.part`` file is deleted and the error re-raised."""
+        try:
+            self._part.validate()
+        except CorruptRecordError:
+            self._part.abort()
+            raise
+        return self._part.freeze()
+
+    def abort(self) -> None:
+        self._part.abort()
+
+
+def _control_type(batch: RecordBatch) -> int | None:
+    if not batch.is_control or not batch.records:
+        return None
+    return decode_control_key(batch.records[0].key)
+
+
+def validate_snapshot_bytes(data: bytes, what: str) -> None:
+    """Every batch valid, the first a SnapshotHeader control batch and the last a SnapshotFooter."""
+    if not data:
+        raise CorruptRecordError(f"snapshot {what} is empty")
+    position = 0
+    first: RecordBatch | None = None
+    last: RecordBatch | None = None
+    while position < len(data):
+        header = check_batch(data, position)
+        if first is None or header.is_control:
+            batch, _ = decode_batch(data, position)
+            if first is None:
+                first = batch
+            last = batch
+        else:
+            last = None
+        position += header.size_in_bytes
+    if first is None or _control_type(first) != ControlRecordType.SNAPSHOT_HEADER:
+        raise CorruptRecordError(f"snapshot {what} does not start with a SnapshotHeader control batch")
+    if last is None or _control_type(last) != ControlRecordType.SNAPSHOT_FOOTER:
+        raise CorruptRecordError(f"snapshot {what} does not end with a SnapshotFooter control batch")
+
+
+class SnapshotReader:
+    """Read access to one frozen snapshot file."""
+
+    def __init__(self, path: Path) -> None:
+        snapshot_id = parse_snapshot_file_name(path.name)
+        if snapshot_id is None:
+            raise StorageStateError(f"{path} is not a snapshot file name")
+        self.snapshot_id = snapshot_id
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise StorageStateError(f"snapshot {path} does not exist") from None
+        self.size = os.fstat(self._fd).st_size
+
+    def read_chunk(self, position: int, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` raw bytes at ``position`` (not aligned to batches; for FetchSnapshot)."""
+        if position < 0 or position >= self.size:
+            raise StorageStateError(
+                f"position {position} outside snapshot {self.path.name} of {self.size} bytes"
+            )
+        return pread_exact(self._fd, min(max_bytes, self.size - position), position)
+
+    def batches(self) -> Iterator[RecordBatch]:
+        """Decode every batch (header, data, footer) in order; CorruptRecordError on a bad one."""
+        position = 0
+        while position < self.size:
+            head = pread_exact(self._fd, HEADER_SIZE, position)
+            size = peek_batch_header(head).size_in_bytes
+            batch, _ = decode_batch(pread_exact(self._fd, size, position))
+            yield batch
+            position += size
+
+    def header(self) -> SnapshotHeaderRecord:
+        for batch in self.batches():
+            for message in batch.control_messages():
+                if isinstance(message, SnapshotHeaderRecord):
+                    return message
+            break
+        raise CorruptRecordError(f"snapshot {self.path.name} has no SnapshotHeader")
+
+    def validate(self) -> None:
+        validate_snapshot_bytes(pread_exact(self._fd, self.size, 0), self.path.name)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> SnapshotReader:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class SnapshotStore:
+    """The snapshots of one log directory."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        removed = False
+        for stray in (*self.dir.glob(f"*{PART_SUFFIX}"), *self.dir.glob(f"*{DELETED_SUFFIX}")):
+            stray.unlink()
+            removed = True
+        if removed:
+            fsync_dir(self.dir)
+
+    def snapshot_ids(self) -> list[SnapshotId]:
+        ids = (parse_snapshot_file_name(p.name) for p in self.dir.glob(f"*{SNAPSHOT_SUFFIX}"))
+        return sorted(i for i in ids if i is not None)
+
+    def latest(self) -> SnapshotId | None:
+        ids = self.snapshot_ids()
+        return ids[-1] if ids else None
+
+    def earliest(self) -> SnapshotId | None:
+        ids = self.snapshot_ids()
+        return ids[0] if ids else None
+
+    def path(self, snapshot_id: SnapshotId) -> Path:
+        return self.dir / snapshot_file_name(snapshot_id)
+
+    def open(self, snapshot_id: SnapshotId) -> SnapshotReader:
+        return SnapshotReader(self.path(snapshot_id))
+
+    def create(
+        self, snapshot_id: SnapshotId, *, last_contained_log_timestamp: int, timestamp_ms: int
+    ) -> SnapshotWriter:
+        return SnapshotWriter(
+            self.dir,
+            snapshot_id,
+            last_contained_log_timestamp=last_contained_log_timestamp,
+            timestamp_ms=timestamp_ms,
+        )
+
+    def create_raw(self, snapshot_id: SnapshotId) -> RawSnapshotWriter:
+        return RawSnapshotWriter(self.dir, snapshot_id)
+
+    def delete(self, snapshot_id: SnapshotId) -> bool:
+        path = self.path(snapshot_id)
+        doomed = path.with_name(path.name[: -len(SNAPSHOT_SUFFIX)] + DELETED_SUFFIX)
+        try:
+            os.replace(path, doomed)
+        except FileNotFoundError:
+            return False
+        fsync_dir(self.dir)
+        doomed.unlink()
+        return True
+
+    def delete_before(self, snapshot_id: SnapshotId) -> list[SnapshotId]:
+        """Delete every snapshot older than ``snapshot_id`` (superseded); returns what was deleted."""
+        doomed = [i for i in self.snapshot_ids() if i < snapshot_id]
+        for old in doomed:
+            self.delete(old)
+        return doomed

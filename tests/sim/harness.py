@@ -1,0 +1,723 @@
+"""Deterministic whole-cluster simulation of the Raft core (no asyncio, no IO).
+
+A :class:`Simulation` runs N :class:`~kraft.raft.core.RaftCore` instances on a seeded event queue with a
+virtual clock.  Each :class:`SimNode` executes its core's effects the way the production driver does
+(log ops → send now → persist → send after persist → flush later) against an in-memory log that loses
+unflushed batches on a crash.  A :class:`Router` delivers messages with random delay and applies network
+filters (isolate, one-way drop, random drop, duplicate, reorder through jitter).
+
+Invariants are checked after **every** event (:meth:`Simulation.check_invariants`); any violation raises
+:class:`InvariantViolation` naming the seed.  :meth:`Simulation.check_final` heals everything and checks
+that committed data is identical on every node and no acknowledged append was lost.
+
+The state machine of every node is a list of committed values indexed by offset (``None`` for control
+records); snapshots hold that list.  Batches travel as pickled tuples — the byte format is the driver's
+business and is tested there; pickle keeps the simulation fast.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import pickle
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kraft.raft.core import RaftCore
+from kraft.raft.core_log import EpochEntry, LogMeta
+from kraft.raft.core_output import (
+    AppendFetched,
+    AppendLeaderChange,
+    AppendRecords,
+    InstallSnapshot,
+    Outbound,
+    OutboundRequest,
+    OutboundResponse,
+    Output,
+    TruncateTo,
+    WriteSnapshotChunk,
+)
+from kraft.raft.core_types import BatchInfo, RaftConfig
+from kraft.raft.messages import (
+    NO_LEADER,
+    FetchResponse,
+    FetchSnapshotResponse,
+    RaftRequest,
+    RaftResponse,
+    SnapshotId,
+)
+from kraft.raft.state import ElectionState, StateKind
+
+SimBatch = tuple[int, int, int, tuple[bytes | None, ...]]
+"""(base_offset, last_offset, epoch, values) — ``None`` values are control records."""
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def encode_batches(batches: list[SimBatch]) -> bytes:
+    return pickle.dumps(batches, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_batches(data: bytes) -> list[SimBatch]:
+    batches: list[SimBatch] = pickle.loads(data)
+    return batches
+
+
+def scan_batches(data: bytes) -> list[BatchInfo]:
+    return [BatchInfo(base, last, epoch) for base, last, epoch, _ in decode_batches(data)]
+
+
+def sim_config(node_id: int, voters: tuple[int, ...], **overrides: int) -> RaftConfig:
+    """Timings scaled down ~20x from Kafka's defaults so a run covers many elections quickly."""
+    settings: dict[str, int] = {
+        "election_timeout_ms": 50,
+        "fetch_timeout_ms": 100,
+        "election_backoff_max_ms": 50,
+        "election_backoff_base_ms": 5,
+        "append_linger_ms": 2,
+        "request_timeout_ms": 40,
+        "retry_backoff_ms": 5,
+        "fetch_max_wait_ms": 20,
+        "fetch_max_bytes": 4096,
+    }
+    settings.update(overrides)
+    return RaftConfig(node_id=node_id, voters=voters, cluster_id="sim-cluster", **settings)
+
+
+# ---------------------------------------------------------------------------------------------- storage
+
+
+@dataclass
+class SimLog:
+    """An in-memory log: batches plus how many of them are durable."""
+
+    start_offset: int = 0
+    batches: list[SimBatch] = field(default_factory=list)
+    bases: list[int] = field(default_factory=list)
+    durable_batches: int = 0
+
+    @property
+    def end_offset(self) -> int:
+        return self.batches[-1][1] + 1 if self.batches else self.start_offset
+
+    @property
+    def durable_end(self) -> int:
+        return self.batches[self.durable_batches - 1][1] + 1 if self.durable_batches else self.start_offset
+
+    def append(self, batch: SimBatch) -> None:
+        if batch[0] != self.end_offset:
+            raise InvariantViolation(f"append at {batch[0]} but the log ends at {self.end_offset}")
+        self.batches.append(batch)
+        self.bases.append(batch[0])
+
+    def truncate_to(self, offset: int) -> None:
+        index = bisect.bisect_left(self.bases, offset)
+        if index < len(self.batches) and self.batches[index][0] != offset:
+            raise InvariantViolation(f"truncation at {offset} is not a batch boundary")
+        del self.batches[index:]
+        del self.bases[index:]
+        self.durable_batches = min(self.durable_batches, len(self.batches))
+
+    def flush(self) -> int:
+        self.durable_batches = len(self.batches)
+        return self.end_offset
+
+    def crash(self) -> None:
+        del self.batches[self.durable_batches :]
+        del self.bases[self.durable_batches :]
+
+    def read(self, offset: int, max_bytes: int) -> bytes:
+        index = bisect.bisect_left(self.bases, offset)
+        if index >= len(self.batches) or self.batches[index][0] != offset:
+            raise InvariantViolation(f"read at {offset} is not a batch boundary")
+        out: list[SimBatch] = []
+        size = 0
+        while index < len(self.batches):
+            batch = self.batches[index]
+            batch_size = 24 + sum(len(v) if v else 8 for v in batch[3])
+            if out and size + batch_size > max_bytes:
+                break
+            out.append(batch)
+            size += batch_size
+            index += 1
+        return encode_batches(out)
+
+    def delete_before(self, offset: int) -> None:
+        drop = 0
+        while drop < len(self.batches) and self.batches[drop][1] < offset:
+            drop += 1
+        del self.batches[:drop]
+        del self.bases[:drop]
+        self.durable_batches = max(0, self.durable_batches - drop)
+        self.start_offset = offset
+
+    def reset(self, start_offset: int) -> None:
+        self.batches.clear()
+        self.bases.clear()
+        self.durable_batches = 0
+        self.start_offset = start_offset
+
+    def meta(self, snapshot: SnapshotId | None) -> LogMeta:
+        epochs: list[EpochEntry] = []
+        for base, _last, epoch, _values in self.batches:
+            if not epochs or epochs[-1].epoch != epoch:
+                epochs.append(EpochEntry(epoch, base))
+        end = self.end_offset
+        return LogMeta(self.start_offset, end, end, epochs, snapshot)
+
+    def values(self, start: int, end: int) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        index = max(0, bisect.bisect_right(self.bases, start) - 1)
+        while index < len(self.batches) and self.batches[index][0] < end:
+            base, _last, _epoch, values = self.batches[index]
+            for position, value in enumerate(values):
+                if start <= base + position < end:
+                    out.append(value)
+            index += 1
+        return out
+
+
+@dataclass
+class SimSnapshot:
+    snapshot_id: SnapshotId
+    values: tuple[bytes | None, ...]
+    data: bytes
+
+
+# ---------------------------------------------------------------------------------------------- network
+
+
+@dataclass
+class Router:
+    """Message delivery with filters.  Filters are checked when a message is sent and when it arrives."""
+
+    rng: random.Random
+    min_delay_ms: int = 1
+    max_delay_ms: int = 3
+    drop_probability: float = 0.0
+    duplicate_probability: float = 0.0
+    isolated: set[int] = field(default_factory=set)
+    blocked: set[tuple[int, int]] = field(default_factory=set)
+    """One-way (src, dst) links that drop everything."""
+
+    def allows(self, src: int, dst: int) -> bool:
+        return src not in self.isolated and dst not in self.isolated and (src, dst) not in self.blocked
+
+    def delays_ms(self, src: int, dst: int) -> list[int]:
+        """Delivery delays for one message: empty when dropped, two entries when duplicated."""
+        if not self.allows(src, dst) or (self.drop_probability and self.rng.random() < self.drop_probability):
+            return []
+        delays = [self.rng.randint(self.min_delay_ms, self.max_delay_ms)]
+        if self.duplicate_probability and self.rng.random() < self.duplicate_probability:
+            delays.append(self.rng.randint(self.min_delay_ms, self.max_delay_ms * 3))
+        return delays
+
+    def isolate(self, node_id: int) -> None:
+        self.isolated.add(node_id)
+
+    def cut(self, side_a: set[int], side_b: set[int]) -> None:
+        for a in side_a:
+            for b in side_b:
+                self.blocked.add((a, b))
+                self.blocked.add((b, a))
+
+    def heal(self) -> None:
+        self.isolated.clear()
+        self.blocked.clear()
+        self.drop_probability = 0.0
+        self.duplicate_probability = 0.0
+
+
+# ---------------------------------------------------------------------------------------------- node
+
+
+@dataclass
+class NodeStats:
+    truncations: int = 0
+    diverging_responses: int = 0
+    snapshots_installed: int = 0
+    elections_won: int = 0
+
+
+class SimNode:
+    def __init__(self, sim: Simulation, node_id: int, voters: tuple[int, ...]) -> None:
+        self.sim = sim
+        self.node_id = node_id
+        self.voters = voters
+        self.log = SimLog()
+        self.election = ElectionState(0)
+        self.snapshot: SimSnapshot | None = None
+        self.download = bytearray()
+        self.running = False
+        self.incarnation = 0
+        self.core: RaftCore | None = None
+        self.values: list[bytes | None] = []
+        """The state machine: committed values by offset (index = offset)."""
+        self.applied_end = 0
+        self.high_watermark = 0
+        self.pending_appends: dict[int, bytes] = {}
+        self.pending_requests: dict[int, tuple[int, int, int]] = {}
+        self.next_request_id = 1
+        self.scheduled_polls: set[int] = set()
+        self.stats = NodeStats()
+        self.snapshot_every = 0
+        """Create a snapshot (and delete the log below it) every this many applied offsets; 0 = never."""
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        self.incarnation += 1
+        self.running = True
+        snapshot_id = self.snapshot.snapshot_id if self.snapshot else None
+        config = sim_config(self.node_id, self.voters, **self.sim.config_overrides)
+        self.core = RaftCore(
+            config,
+            random.Random(self.sim.rng.random()),
+            scan_batches,
+            self.election,
+            self.log.meta(snapshot_id),
+        )
+        self.values = list(self.snapshot.values) if self.snapshot else []
+        self.applied_end = len(self.values)
+        self.high_watermark = self.core.high_watermark
+        self.pending_appends.clear()
+        self.pending_requests.clear()
+        self.scheduled_polls.clear()
+        self.download = bytearray()
+        self.process(self.core.start(self.sim.now_ms))
+
+    def crash(self) -> None:
+        """Stop without warning: unflushed batches are lost, pending work vanishes."""
+        self.running = False
+        self.core = None
+        self.log.crash()
+        self.pending_appends.clear()
+        self.pending_requests.clear()
+
+    def wipe(self) -> None:
+        """Crash and lose the disk: log, snapshots and quorum-state."""
+        self.crash()
+        self.log = SimLog()
+        self.snapshot = None
+        self.election = ElectionState(0)
+        self.values = []
+        self.applied_end = 0
+
+    # -- effects
+
+    @property
+    def live_core(self) -> RaftCore:
+        if self.core is None:
+            raise InvariantViolation(f"node {self.node_id} is not running")
+        return self.core
+
+    def process(self, out: Output) -> None:
+        core = self.live_core
+        for op in out.log_ops:
+            self._apply_log_op(op)
+        for message in out.send_now:
+            self._dispatch(message)
+        if out.election_state is not None:
+            if out.election_state.epoch < self.election.epoch:
+                raise InvariantViolation(
+                    f"node {self.node_id} persisted epoch {out.election_state.epoch} after {self.election.epoch}"
+                )
+            self.election = out.election_state
+        for message in out.send_after_persist:
+            self._dispatch(message)
+        if out.flush:
+            incarnation = self.incarnation
+            self.sim.schedule(self.sim.rng.randint(0, 2), lambda: self._flush(incarnation))
+        if out.installed_snapshot is not None:
+            self._load_snapshot()
+        if out.high_watermark is not None:
+            if out.high_watermark < self.high_watermark:
+                raise InvariantViolation(
+                    f"node {self.node_id} high watermark went back {self.high_watermark} -> {out.high_watermark}"
+                )
+            self.high_watermark = out.high_watermark
+            self._apply_committed()
+        if out.lost_leadership:
+            self.pending_appends.clear()
+        self.sim.after_node_event(self)
+        self._schedule_poll(out.next_deadline_ms)
+        del core
+
+    def _apply_log_op(self, op: object) -> None:
+        core = self.live_core
+        if isinstance(op, AppendRecords):
+            self.log.append((op.base_offset, op.base_offset + len(op.records) - 1, op.epoch, op.records))
+        elif isinstance(op, AppendLeaderChange):
+            self.log.append((op.base_offset, op.base_offset, op.epoch, (None,)))
+            self.stats.elections_won += 1
+        elif isinstance(op, AppendFetched):
+            for batch in decode_batches(op.data):
+                self.log.append(batch)
+        elif isinstance(op, TruncateTo):
+            if op.end_offset < self.high_watermark:
+                raise InvariantViolation(f"node {self.node_id} truncates below its high watermark")
+            self.log.truncate_to(op.end_offset)
+            self.stats.truncations += 1
+        elif isinstance(op, WriteSnapshotChunk):
+            if op.position == 0:
+                self.download = bytearray()
+            if op.position != len(self.download):
+                raise InvariantViolation("snapshot chunk out of order")
+            self.download += op.data
+        elif isinstance(op, InstallSnapshot):
+            end, epoch, values = pickle.loads(bytes(self.download))
+            if SnapshotId(end, epoch) != op.snapshot_id:
+                raise InvariantViolation("downloaded snapshot does not match its id")
+            self.snapshot = SimSnapshot(op.snapshot_id, values, bytes(self.download))
+            self.log.reset(op.snapshot_id.end_offset)
+            self.stats.snapshots_installed += 1
+        del core
+
+    def _load_snapshot(self) -> None:
+        assert self.snapshot is not None
+        values = self.snapshot.values
+        for offset, value in enumerate(values):
+            self.sim.check_committed(self.node_id, offset, value)
+        self.values = list(values)
+        self.applied_end = len(values)
+
+    def _flush(self, incarnation: int) -> None:
+        if not self.running or incarnation != self.incarnation:
+            return
+        end = self.log.flush()
+        self.process(self.live_core.on_flushed(end, self.sim.now_ms))
+
+    def _apply_committed(self) -> None:
+        if self.high_watermark <= self.applied_end:
+            return
+        values = self.log.values(self.applied_end, self.high_watermark)
+        if len(values) != self.high_watermark - self.applied_end:
+            raise InvariantViolation(
+                f"node {self.node_id} cannot apply [{self.applied_end}, {self.high_watermark}): log holds "
+                f"{len(values)} of them (log start {self.log.start_offset}, end {self.log.end_offset})"
+            )
+        for offset, value in enumerate(values, start=self.applied_end):
+            self.sim.check_committed(self.node_id, offset, value)
+        self.values.extend(values)
+        self.applied_end = self.high_watermark
+        core = self.live_core
+        if core.is_leader:
+            for offset in [o for o in self.pending_appends if o < self.high_watermark]:
+                self.sim.acknowledge(offset, self.pending_appends.pop(offset))
+        if self.snapshot_every and self.applied_end - self._snapshot_end() >= self.snapshot_every:
+            self._take_snapshot()
+
+    def _snapshot_end(self) -> int:
+        return self.snapshot.snapshot_id.end_offset if self.snapshot else 0
+
+    def _take_snapshot(self) -> None:
+        core = self.live_core
+        end = self.applied_end
+        epoch = core.log.epoch_at(end - 1)
+        if epoch is None:
+            return
+        values = tuple(self.values[:end])
+        snapshot_id = SnapshotId(end, epoch)
+        data = pickle.dumps((end, epoch, values), protocol=pickle.HIGHEST_PROTOCOL)
+        self.snapshot = SimSnapshot(snapshot_id, values, data)
+        self.log.delete_before(end)
+        self.process(core.on_snapshot_frozen(snapshot_id, end, self.sim.now_ms))
+
+    def _dispatch(self, message: Outbound) -> None:
+        if isinstance(message, OutboundRequest):
+            self.sim.send_request(self.node_id, message)
+            return
+        origin = self.pending_requests.pop(message.request_id, None)
+        if origin is None:
+            raise InvariantViolation(f"node {self.node_id} answered unknown request {message.request_id}")
+        response = self._fill_reads(message)
+        self.sim.send_response(self.node_id, origin, response)
+
+    def _fill_reads(self, message: OutboundResponse) -> RaftResponse:
+        response = message.response
+        if message.read_log is not None and isinstance(response, FetchResponse):
+            data = self.log.read(message.read_log.offset, message.read_log.max_bytes)
+            return FetchResponse(
+                response.error_code,
+                response.error_message,
+                response.leader_id,
+                response.leader_epoch,
+                response.high_watermark,
+                response.log_start_offset,
+                data,
+                response.diverging_epoch,
+                response.snapshot_id,
+            )
+        if message.read_snapshot is not None and isinstance(response, FetchSnapshotResponse):
+            read = message.read_snapshot
+            if self.snapshot is None or self.snapshot.snapshot_id != read.snapshot_id:
+                raise InvariantViolation("core asked to serve a snapshot the node does not have")
+            data = self.snapshot.data
+            chunk = data[read.position : read.position + read.max_bytes]
+            return FetchSnapshotResponse(
+                response.error_code,
+                response.error_message,
+                response.leader_id,
+                response.leader_epoch,
+                read.snapshot_id,
+                len(data),
+                read.position,
+                chunk,
+            )
+        return response
+
+    def _schedule_poll(self, deadline_ms: int) -> None:
+        if deadline_ms >= 1 << 60:
+            return
+        deadline_ms = max(deadline_ms, self.sim.now_ms)
+        if deadline_ms in self.scheduled_polls:
+            return
+        self.scheduled_polls.add(deadline_ms)
+        incarnation = self.incarnation
+        self.sim.schedule(deadline_ms - self.sim.now_ms, lambda: self._poll(deadline_ms, incarnation))
+
+    def _poll(self, deadline_ms: int, incarnation: int) -> None:
+        if not self.running or incarnation != self.incarnation:
+            return
+        self.scheduled_polls.discard(deadline_ms)
+        self.process(self.live_core.poll(self.sim.now_ms))
+
+    # -- inbound
+
+    def receive_request(self, src: int, src_incarnation: int, correlation_id: int, request: RaftRequest) -> None:
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        self.pending_requests[request_id] = (src, src_incarnation, correlation_id)
+        self.process(self.live_core.handle_request(request_id, request, self.sim.now_ms))
+
+    def receive_response(self, correlation_id: int, response: RaftResponse) -> None:
+        if response.error_code == 0 and isinstance(response, FetchResponse) and response.diverging_epoch:
+            self.stats.diverging_responses += 1
+        self.process(self.live_core.handle_response(correlation_id, response, self.sim.now_ms))
+
+    def client_append(self, value: bytes) -> int:
+        core = self.live_core
+        offset = core.append([value], self.sim.now_ms)
+        self.pending_appends[offset] = value
+        self.process(core.take_output(self.sim.now_ms))
+        return offset
+
+
+# ---------------------------------------------------------------------------------------------- cluster
+
+
+class Simulation:
+    def __init__(
+        self,
+        seed: int,
+        voters: int = 3,
+        observers: int = 0,
+        max_events: int = 200_000,
+        **config_overrides: int,
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now_ms = 0
+        self.events: list[tuple[int, int, Callable[[], None]]] = []
+        self.sequence = 0
+        self.event_count = 0
+        self.max_events = max_events
+        self.config_overrides = config_overrides
+        voter_ids = tuple(range(1, voters + 1))
+        self.nodes: dict[int, SimNode] = {}
+        for node_id in range(1, voters + observers + 1):
+            self.nodes[node_id] = SimNode(self, node_id, voter_ids)
+        self.voter_ids = voter_ids
+        self.majority = voters // 2 + 1
+        self.router = Router(self.rng)
+        self.committed: dict[int, bytes | None] = {}
+        self.acked: dict[int, bytes] = {}
+        self.leaders_by_epoch: dict[int, int] = {}
+        self.max_high_watermark = 0
+        self.next_value = 0
+        self.append_interval_ms = 4
+
+    # -- scheduling
+
+    def schedule(self, delay_ms: int, action: Callable[[], None]) -> None:
+        self.sequence += 1
+        heapq.heappush(self.events, (self.now_ms + delay_ms, self.sequence, action))
+
+    def run_until(self, time_ms: int) -> None:
+        while self.events and self.events[0][0] <= time_ms:
+            at_ms, _seq, action = heapq.heappop(self.events)
+            self.now_ms = at_ms
+            self.event_count += 1
+            if self.event_count > self.max_events:
+                raise InvariantViolation(f"seed {self.seed}: more than {self.max_events} events")
+            action()
+            self.check_invariants()
+        self.now_ms = max(self.now_ms, time_ms)
+
+    def run_for(self, duration_ms: int) -> None:
+        self.run_until(self.now_ms + duration_ms)
+
+    def run_until_condition(self, condition: Callable[[], bool], timeout_ms: int, what: str) -> None:
+        """Advance virtual time until ``condition`` holds; fail after ``timeout_ms`` of virtual time."""
+        deadline = self.now_ms + timeout_ms
+        while not condition():
+            if self.now_ms >= deadline:
+                raise InvariantViolation(f"seed {self.seed}: {what} did not happen within {timeout_ms} ms")
+            self.run_until(min(deadline, self.now_ms + 5))
+
+    # -- cluster control
+
+    def start_all(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+
+    def start_workload(self) -> None:
+        """Every ``append_interval_ms`` each leader appends the next counter value."""
+
+        def tick() -> None:
+            for node in self.nodes.values():
+                if node.running and node.core is not None and node.core.is_leader:
+                    self.next_value += 1
+                    node.client_append(b"v%d" % self.next_value)
+            self.schedule(self.append_interval_ms, tick)
+
+        self.schedule(self.append_interval_ms, tick)
+
+    def leader(self) -> SimNode | None:
+        """The running node that is leader at the highest epoch, if any."""
+        best: SimNode | None = None
+        for node in self.nodes.values():
+            core = node.core
+            if node.running and core is not None and core.is_leader:
+                if best is None or core.epoch > best.live_core.epoch:
+                    best = node
+        return best
+
+    def has_stable_leader(self) -> bool:
+        """A leader whose epoch every running voter knows, with a high watermark in its epoch."""
+        leader = self.leader()
+        if leader is None:
+            return False
+        core = leader.live_core
+        if core.high_watermark <= core.epoch_start_offset:
+            return False
+        for node in self.nodes.values():
+            if node.running and node is not leader and node.node_id in self.voter_ids:
+                other = node.live_core
+                if other.epoch != core.epoch or other.election.leader_id != leader.node_id:
+                    return False
+        return True
+
+    def crash(self, node_id: int) -> None:
+        self.nodes[node_id].crash()
+
+    def restart(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        if node.running:
+            node.crash()
+        node.start()
+
+    # -- messaging
+
+    def send_request(self, src: int, message: OutboundRequest) -> None:
+        dst = message.dest
+        incarnation = self.nodes[src].incarnation
+        target = self.nodes.get(dst)
+        if target is None:
+            return
+        for delay in self.router.delays_ms(src, dst):
+            self.schedule(delay, lambda: self._deliver_request(src, incarnation, dst, message))
+
+    def _deliver_request(self, src: int, incarnation: int, dst: int, message: OutboundRequest) -> None:
+        node = self.nodes[dst]
+        if node.running and self.router.allows(src, dst):
+            node.receive_request(src, incarnation, message.correlation_id, message.request)
+
+    def send_response(self, src: int, origin: tuple[int, int, int], response: RaftResponse) -> None:
+        dst, incarnation, correlation_id = origin
+        for delay in self.router.delays_ms(src, dst):
+            self.schedule(delay, lambda: self._deliver_response(src, dst, incarnation, correlation_id, response))
+
+    def _deliver_response(
+        self, src: int, dst: int, incarnation: int, correlation_id: int, response: RaftResponse
+    ) -> None:
+        node = self.nodes[dst]
+        if node.running and node.incarnation == incarnation and self.router.allows(src, dst):
+            node.receive_response(correlation_id, response)
+
+    # -- invariants
+
+    def check_committed(self, node_id: int, offset: int, value: bytes | None) -> None:
+        previous = self.committed.setdefault(offset, value)
+        if previous != value:
+            raise InvariantViolation(
+                f"seed {self.seed}: node {node_id} committed {value!r} at {offset}, another node {previous!r}"
+            )
+
+    def acknowledge(self, offset: int, value: bytes) -> None:
+        self.acked[offset] = value
+
+    def after_node_event(self, node: SimNode) -> None:
+        core = node.core
+        if core is None:
+            return
+        if core.is_leader:
+            holder = self.leaders_by_epoch.setdefault(core.epoch, node.node_id)
+            if holder != node.node_id:
+                raise InvariantViolation(
+                    f"seed {self.seed}: nodes {holder} and {node.node_id} both lead epoch {core.epoch}"
+                )
+            if node.node_id in self.voter_ids and core.high_watermark > self.max_high_watermark:
+                self.max_high_watermark = core.high_watermark
+
+    def check_invariants(self) -> None:
+        """After every event: committed data (high watermark) is durable on a majority of voters."""
+        target = self.max_high_watermark
+        if target == 0:
+            return
+        holders = 0
+        for node_id in self.voter_ids:
+            if self.nodes[node_id].log.durable_end >= target:
+                holders += 1
+        if holders < self.majority:
+            raise InvariantViolation(
+                f"seed {self.seed}: high watermark {target} is durable on only {holders} voters"
+            )
+
+    def check_final(self, settle_ms: int = 3000) -> None:
+        """Heal, restart every node, let the cluster converge, then compare all committed data."""
+        self.router.heal()
+        for node in self.nodes.values():
+            if not node.running:
+                node.start()
+        self.run_until_condition(self.has_stable_leader, settle_ms, "a stable leader after healing")
+        leader = self.leader()
+        assert leader is not None
+        # Append one more value and wait until every node has applied it: everything before is settled.
+        marker = b"final-%d" % self.seed
+        target = max(leader.client_append(marker), max(self.acked, default=0))
+
+        def all_applied() -> bool:
+            return all(node.applied_end > target for node in self.nodes.values())
+
+        self.run_until_condition(all_applied, settle_ms, "every node applying the final marker")
+        reference = max((node.values for node in self.nodes.values()), key=len)
+        for node in self.nodes.values():
+            common = min(len(node.values), len(reference))
+            if node.values[:common] != reference[:common]:
+                raise InvariantViolation(f"seed {self.seed}: node {node.node_id} committed different data")
+        for offset, value in self.acked.items():
+            if offset >= len(reference) or reference[offset] != value:
+                raise InvariantViolation(f"seed {self.seed}: acknowledged {value!r} at {offset} was lost")
+
+
+def leader_id_of(node: SimNode) -> int:
+    core = node.core
+    return NO_LEADER if core is None else core.leader_and_epoch.leader_id
+
+
+def state_of(node: SimNode) -> StateKind | None:
+    return None if node.core is None else node.core.state

@@ -1,0 +1,294 @@
+"""Simulation scenarios: each builds a cluster from a seed, injects faults, and asserts.
+
+Every scenario ends with :meth:`Simulation.check_final` (heal, restart, converge, compare committed data,
+no acknowledged append lost); invariants are checked after every event by the harness itself.
+Kafka's seven (``RaftEventSimulationTest``) come first, then kraft's additions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sim.harness import InvariantViolation, SimNode, Simulation
+
+ELECTION_BOUND_MS = 2000
+"""Generous virtual-time bound for an election in the scaled-down timings (timeout 50-100 ms)."""
+
+
+def _started(seed: int, voters: int = 3, observers: int = 0, **overrides: int) -> Simulation:
+    sim = Simulation(seed, voters=voters, observers=observers, **overrides)
+    sim.start_all()
+    sim.start_workload()
+    sim.run_until_condition(sim.has_stable_leader, ELECTION_BOUND_MS, "the initial election")
+    return sim
+
+
+def _leader(sim: Simulation) -> SimNode:
+    leader = sim.leader()
+    if leader is None:
+        raise InvariantViolation(f"seed {sim.seed}: no leader")
+    return leader
+
+
+def _wait_new_leader(sim: Simulation, old_epoch: int, exclude: set[int] | None = None) -> SimNode:
+    excluded = exclude or set()
+
+    def elected() -> bool:
+        leader = sim.leader()
+        if leader is None or leader.node_id in excluded:
+            return False
+        core = leader.live_core
+        return core.epoch > old_epoch and core.high_watermark > core.epoch_start_offset
+
+    sim.run_until_condition(elected, ELECTION_BOUND_MS, f"a new leader after epoch {old_epoch}")
+    return _leader(sim)
+
+
+def _fail(sim: Simulation, message: str) -> None:
+    raise InvariantViolation(f"seed {sim.seed}: {message}")
+
+
+# --------------------------------------------------------------------------- Kafka's seven
+
+
+def initial_election(seed: int) -> None:
+    sim = _started(seed, observers=1)
+    acked = len(sim.acked)
+    sim.run_for(300)
+    if len(sim.acked) <= acked:
+        _fail(sim, "no progress after the initial election")
+    sim.check_final()
+
+
+def leader_failure(seed: int) -> None:
+    sim = _started(seed)
+    sim.run_for(sim.rng.randint(20, 200))
+    old = _leader(sim)
+    old_epoch = old.live_core.epoch
+    sim.crash(old.node_id)
+    _wait_new_leader(sim, old_epoch, exclude={old.node_id})
+    sim.run_for(200)
+    sim.check_final()
+
+
+def all_killed(seed: int) -> None:
+    sim = _started(seed)
+    sim.run_for(sim.rng.randint(50, 300))
+    for node_id in sim.nodes:
+        sim.crash(node_id)
+    sim.run_for(100)
+    for node_id in sim.nodes:
+        sim.restart(node_id)
+    sim.run_until_condition(sim.has_stable_leader, ELECTION_BOUND_MS, "an election after a full restart")
+    acked = len(sim.acked)
+    sim.run_for(200)
+    if len(sim.acked) <= acked:
+        _fail(sim, "no progress after a full restart")
+    sim.check_final()
+
+
+def leader_partitioned_away(seed: int) -> None:
+    sim = _started(seed)
+    sim.run_for(sim.rng.randint(20, 200))
+    old = _leader(sim)
+    sim.router.isolate(old.node_id)
+    _wait_new_leader(sim, old.live_core.epoch, exclude={old.node_id})
+    sim.run_for(200)
+    sim.check_final()
+
+
+def majority_progresses_while_minority_cut(seed: int) -> None:
+    sim = _started(seed, voters=5)
+    leader = _leader(sim)
+    followers = [node_id for node_id in sim.voter_ids if node_id != leader.node_id]
+    minority = set(sim.rng.sample(followers, 2))
+    sim.router.cut(minority, set(sim.nodes) - minority)
+    acked = len(sim.acked)
+    sim.run_for(400)
+    if len(sim.acked) <= acked:
+        _fail(sim, "the majority made no progress while a minority was cut off")
+    sim.check_final()
+
+
+def back_to_back_leader_failures(seed: int) -> None:
+    sim = _started(seed, voters=5)
+    first = _leader(sim)
+    sim.crash(first.node_id)
+
+    def someone_else_leads() -> bool:
+        leader = sim.leader()
+        return leader is not None and leader.live_core.epoch > first.election.epoch
+
+    sim.run_until_condition(someone_else_leads, ELECTION_BOUND_MS, "a second leader")
+    second = _leader(sim)
+    sim.crash(second.node_id)  # at once, possibly before it committed anything
+    _wait_new_leader(sim, second.election.epoch, exclude={first.node_id, second.node_id})
+    sim.run_for(200)
+    sim.check_final()
+
+
+def committed_data_lost_on_one_node(seed: int) -> None:
+    sim = _started(seed)
+    sim.run_for(sim.rng.randint(100, 300))
+    leader = _leader(sim)
+    victim = sim.nodes[sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])]
+    others = [sim.nodes[n] for n in sim.voter_ids if n != victim.node_id]
+
+    def others_hold_everything_the_victim_has() -> bool:
+        needed = max(sim.max_high_watermark, victim.log.durable_end)
+        return all(node.log.durable_end >= needed for node in others)
+
+    # Raft tolerates losing one copy only while the other copies are intact: the leader still counts
+    # the victim's last reported offset (kraft has no directory ids to notice the wiped disk).
+    sim.router.isolate(victim.node_id)
+    sim.run_until_condition(others_hold_everything_the_victim_has, ELECTION_BOUND_MS, "the others catching up")
+    victim.wipe()
+    sim.router.heal()
+    victim.start()
+    sim.run_for(300)
+    sim.check_final()
+
+
+# --------------------------------------------------------------------------- kraft's additions
+
+
+def no_commit_without_majority(seed: int) -> None:
+    sim = _started(seed, voters=5)
+    leader = _leader(sim)
+    follower = sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])
+    minority = {leader.node_id, follower}
+    sim.router.cut(minority, set(sim.nodes) - minority)
+    # Every commit needs a node of the majority side, whose offsets the leader can no longer learn:
+    # nothing past what the majority side already holds can commit on the minority side.
+    frozen = max(sim.nodes[n].log.durable_end for n in sim.voter_ids if n not in minority)
+    for _ in range(40):
+        sim.run_for(10)
+        for node_id in minority:
+            if sim.nodes[node_id].high_watermark > frozen:
+                _fail(sim, f"node {node_id} advanced its high watermark without a majority")
+    sim.check_final()
+
+
+def old_leader_uncommitted_entries_overwritten(seed: int) -> None:
+    sim = _started(seed)
+    old = _leader(sim)
+    sim.router.isolate(old.node_id)
+    sim.run_for(30)  # the isolated leader keeps appending entries that can never commit
+    uncommitted_end = old.log.end_offset
+    if uncommitted_end <= old.high_watermark:
+        _fail(sim, "the isolated leader appended nothing")
+    _wait_new_leader(sim, old.live_core.epoch, exclude={old.node_id})
+    sim.run_for(100)
+    sim.check_final()
+    if old.stats.truncations == 0:
+        _fail(sim, "the old leader never truncated its uncommitted entries")
+
+
+def fast_backup_over_conflicting_entries(seed: int) -> None:
+    sim = _started(seed, append_linger_ms=0)
+    sim.append_interval_ms = 1000  # only the explicit appends below
+    old = _leader(sim)
+    sim.router.isolate(old.node_id)
+    for index in range(60):
+        old.client_append(b"conflict-%d" % index)
+        sim.run_for(1)
+    if old.log.end_offset - old.high_watermark < 50:
+        _fail(sim, "fewer than 50 conflicting entries were appended")
+    new = _wait_new_leader(sim, old.live_core.epoch, exclude={old.node_id})
+    for index in range(60):
+        new.client_append(b"winner-%d" % index)
+    sim.run_for(50)
+    old.stats.diverging_responses = 0
+    sim.check_final()
+    if old.stats.diverging_responses > 4:
+        _fail(sim, f"backing up took {old.stats.diverging_responses} diverging round trips")
+
+
+def figure8_churn_on_unreliable_network(seed: int) -> None:
+    sim = _started(seed, voters=5, observers=1)
+    sim.router.drop_probability = 0.05
+    sim.router.duplicate_probability = 0.05
+    sim.router.max_delay_ms = 8
+    down: set[int] = set()
+    for _ in range(12):
+        action = sim.rng.random()
+        candidates = [n for n in sim.voter_ids if n not in down]
+        if action < 0.35 and len(down) < 2:
+            victim = sim.rng.choice(candidates)
+            sim.crash(victim)
+            down.add(victim)
+        elif action < 0.6 and down:
+            revived = sim.rng.choice(sorted(down))
+            sim.restart(revived)
+            down.discard(revived)
+        elif action < 0.8:
+            sim.router.isolated = {sim.rng.choice(list(sim.nodes))}
+        else:
+            sim.router.isolated.clear()
+            sim.router.blocked.clear()
+        sim.run_for(sim.rng.randint(20, 150))
+    sim.check_final()
+
+
+def rejoining_node_cannot_depose_leader(seed: int) -> None:
+    sim = _started(seed)
+    leader = _leader(sim)
+    epoch = leader.live_core.epoch
+    loner = sim.nodes[sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])]
+    sim.router.isolate(loner.node_id)
+    sim.run_for(800)  # many election timeouts: only pre-votes, so no epoch bump
+    if loner.live_core.epoch != epoch:
+        _fail(sim, f"the isolated node bumped its epoch to {loner.live_core.epoch}")
+    sim.router.heal()
+    sim.run_for(400)
+    current = _leader(sim)
+    if current.node_id != leader.node_id or current.live_core.epoch != epoch:
+        _fail(sim, "a rejoining node deposed a healthy leader")
+    sim.check_final()
+
+
+def isolated_leader_resigns(seed: int) -> None:
+    sim = _started(seed)
+    leader = _leader(sim)
+    sim.router.isolate(leader.node_id)
+    # check-quorum: 1.5 x fetch timeout (150 ms) plus slack for the last fetch before the cut
+    sim.run_for(300)
+    if leader.live_core.is_leader:
+        _fail(sim, "an isolated leader did not resign")
+    sim.check_final()
+
+
+def follower_catches_up_by_snapshot(seed: int) -> None:
+    sim = Simulation(seed)
+    for node in sim.nodes.values():
+        node.snapshot_every = 40
+    sim.start_all()
+    sim.start_workload()
+    sim.run_until_condition(sim.has_stable_leader, ELECTION_BOUND_MS, "the initial election")
+    leader = _leader(sim)
+    laggard = sim.nodes[sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])]
+    sim.crash(laggard.node_id)
+    sim.run_for(400)  # ~100 appends: the others snapshot and delete their logs below
+    laggard.start()
+    sim.run_for(200)
+    sim.check_final()
+    if laggard.stats.snapshots_installed == 0:
+        _fail(sim, "the laggard caught up without a snapshot")
+
+
+SCENARIOS: dict[str, Callable[[int], None]] = {
+    "initial_election": initial_election,
+    "leader_failure": leader_failure,
+    "all_killed": all_killed,
+    "leader_partitioned_away": leader_partitioned_away,
+    "majority_progresses_while_minority_cut": majority_progresses_while_minority_cut,
+    "back_to_back_leader_failures": back_to_back_leader_failures,
+    "committed_data_lost_on_one_node": committed_data_lost_on_one_node,
+    "no_commit_without_majority": no_commit_without_majority,
+    "old_leader_uncommitted_entries_overwritten": old_leader_uncommitted_entries_overwritten,
+    "fast_backup_over_conflicting_entries": fast_backup_over_conflicting_entries,
+    "figure8_churn_on_unreliable_network": figure8_churn_on_unreliable_network,
+    "rejoining_node_cannot_depose_leader": rejoining_node_cannot_depose_leader,
+    "isolated_leader_resigns": isolated_leader_resigns,
+    "follower_catches_up_by_snapshot": follower_catches_up_by_snapshot,
+}

@@ -1,0 +1,33 @@
+"""Every simulation scenario over many seeds; a failure names the seed and how to replay it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.harness import InvariantViolation
+from sim.scenarios import SCENARIOS
+
+# Seeds that once failed, kept forever as regression tests: (scenario, seed).
+REGRESSION_SEEDS: list[tuple[str, int]] = []
+
+
+def _run(name: str, seed: int) -> None:
+    try:
+        SCENARIOS[name](seed)
+    except (InvariantViolation, AssertionError, RuntimeError, ValueError) as exc:
+        pytest.fail(
+            f"scenario {name} failed with seed {seed}: {exc}\n"
+            f"replay: pytest tests/sim -k {name} --seed {seed}",
+            pytrace=True,
+        )
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_holds_for_every_seed(name: str, sim_seeds: list[int]) -> None:
+    for seed in sim_seeds:
+        _run(name, seed)
+
+
+@pytest.mark.parametrize(("name", "seed"), REGRESSION_SEEDS)
+def test_regression_seed(name: str, seed: int) -> None:
+    _run(name, seed)

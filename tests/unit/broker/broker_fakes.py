@@ -1,0 +1,118 @@
+"""In-memory fakes for the broker unit tests (fakes, not mocks: they behave like the real thing)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from kraft.broker.types import ProducedRecord, StoredRecord
+from kraft.metadata.image import MetadataImage
+from kraft.storage.errors import OffsetOutOfRangeError
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1.common_pb2 import Endpoint, NodeRef
+
+
+class MemoryPartitionLog:
+    """A PartitionLog kept in a list; remembers which directory it was opened for."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[StoredRecord] = []
+        self.closed = False
+        self.start_offset = 0
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.start_offset + len(self.records)
+
+    def append_records(self, records: Sequence[ProducedRecord], leader_epoch: int) -> int:
+        base = self.log_end_offset
+        for i, r in enumerate(records):
+            self.records.append(StoredRecord(base + i, r.timestamp_ms, r.key, r.value, leader_epoch))
+        return base
+
+    def read_records(self, offset: int, max_bytes: int) -> list[StoredRecord]:
+        if not self.log_start_offset <= offset <= self.log_end_offset:
+            raise OffsetOutOfRangeError(f"offset {offset} out of range")
+        out: list[StoredRecord] = []
+        size = 0
+        for record in self.records[offset - self.start_offset :]:
+            size += len(record.key or b"") + len(record.value or b"") + 16
+            if out and size > max_bytes:
+                break
+            out.append(record)
+        return out
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class MemoryLogOpener:
+    """Opens MemoryPartitionLogs, keeping one per directory so a reopen sees the same records."""
+
+    def __init__(self) -> None:
+        self.logs: dict[Path, MemoryPartitionLog] = {}
+        self.opened: list[Path] = []
+
+    def __call__(self, path: Path) -> MemoryPartitionLog:
+        self.opened.append(path)
+        log = self.logs.get(path)
+        if log is None or log.closed:
+            log = MemoryPartitionLog(path)
+            self.logs[path] = log
+        return log
+
+
+class StaticMetadataView:
+    """A MetadataView over fixed brokers and topics."""
+
+    def __init__(self, brokers: dict[int, int], topics: dict[str, int]) -> None:
+        self.brokers = brokers  # broker id -> port
+        self.topics = topics  # topic -> partition count
+
+    def metadata_response(self, topics: list[str]) -> pb.BrokerMetadataResponse:
+        response = pb.BrokerMetadataResponse(metadata_offset=10)
+        for broker_id, port in sorted(self.brokers.items()):
+            response.brokers.add(broker_id=broker_id, endpoints=[Endpoint(host="127.0.0.1", port=port)])
+        for name in topics or sorted(self.topics):
+            response.topics.add(name=name)
+        return response
+
+    def node_ref(self, broker_id: int) -> NodeRef:
+        port = self.brokers.get(broker_id)
+        if port is None:
+            return NodeRef(node_id=-1)
+        return NodeRef(node_id=broker_id, endpoint=Endpoint(name="PLAINTEXT", host="127.0.0.1", port=port))
+
+    def topic_exists(self, topic: str) -> bool:
+        return topic in self.topics
+
+    def digest(self) -> str:
+        return f"static-{sorted(self.topics.items())}"
+
+
+class MemoryImageStore:
+    """An ImageStore kept in memory; survives a BrokerServer restart when the same object is reused."""
+
+    def __init__(self) -> None:
+        self.image = MetadataImage.empty()
+        self.saves = 0
+        self.closed = False
+
+    async def load(self) -> MetadataImage:
+        self.closed = False
+        return self.image
+
+    async def save(self, image: MetadataImage) -> None:
+        self.image = image
+        self.saves += 1
+
+    async def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,274 @@
+"""The whole broker (lifecycle, heartbeats, fetcher, publisher, gRPC) against an in-process fake
+controller: registration → catch-up → unfence, STALE_BROKER_EPOCH, snapshots, restart, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from broker_fakes import MemoryImageStore, MemoryLogOpener
+from fake_controller import FakeController, Registration
+
+from kraft.broker.server import BrokerServer, BrokerSettings
+from kraft.broker.types import BrokerState, ProducedRecord, ReplicaRole, TopicPartition
+from kraft.metadata.store import ImageStore
+from kraft.v1 import metadata_pb2 as mpb
+from kraft.v1.common_pb2 import Endpoint, NodeRef
+
+CLUSTER = "cluster-a"
+ME = 1
+TIMEOUT_S = 10.0
+ORDERS_ID = "topic-orders"
+
+
+def settings(tmp_path: Path, *targets: str) -> BrokerSettings:
+    return BrokerSettings(
+        broker_id=ME,
+        cluster_id=CLUSTER,
+        voters=tuple((i + 1, t) for i, t in enumerate(targets)),
+        bind_address="127.0.0.1:0",
+        listeners=(Endpoint(name="PLAINTEXT", host="127.0.0.1", port=1),),
+        client_listener="PLAINTEXT",
+        rack=None,
+        log_dirs=(tmp_path / "logs",),
+        heartbeat_interval_ms=100,
+        session_timeout_ms=1500,
+        registration_timeout_ms=5000,
+        request_timeout_ms=1000,
+        retry_backoff_ms=20,
+        fetch_max_wait_ms=200,
+        log_segment_bytes=1 << 20,
+        max_message_bytes=16 << 20,
+        metrics_port=0,
+    )
+
+
+async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class RunningBroker:
+    server: BrokerServer
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    transitions: list[tuple[BrokerState, BrokerState]] = field(default_factory=list)
+
+    async def shutdown(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, TIMEOUT_S)
+
+
+@contextlib.asynccontextmanager
+async def broker(
+    tmp_path: Path, store: MemoryImageStore, *targets: str, opener: MemoryLogOpener | None = None
+) -> AsyncIterator[RunningBroker]:
+    server = BrokerServer(settings(tmp_path, *targets), store, opener or MemoryLogOpener())
+    running = RunningBroker(server, asyncio.Event(), asyncio.create_task(asyncio.sleep(0)))
+    server.status.on_transition(lambda old, new: running.transitions.append((old, new)))
+    running.task = asyncio.create_task(server.run(running.stop))
+    try:
+        yield running
+    finally:
+        running.stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(running.task, TIMEOUT_S)
+        if not running.task.done():
+            running.task.cancel()
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[FakeController]:
+    fake = FakeController(CLUSTER)
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+def orders_topic(
+    fake: FakeController, partitions: int = 2, leader: int = ME, topic_id: str = ORDERS_ID
+) -> None:
+    fake.append(mpb.TopicRecord(name="orders", topic_id=topic_id))
+    replicas = [leader, *(b for b in (ME, 2) if b != leader)]
+    for pid in range(partitions):
+        fake.append(
+            mpb.PartitionRecord(
+                partition_id=pid, topic_id=topic_id, replicas=replicas, isr=replicas, leader=leader
+            )
+        )
+
+
+def target(fake: FakeController) -> str:
+    return f"127.0.0.1:{fake.port}"
+
+
+def is_running(b: RunningBroker) -> bool:
+    return b.server.status.state is BrokerState.RUNNING
+
+
+async def test_registers_fenced_catches_up_then_runs_with_partition_logs(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    orders_topic(controller)
+    async with broker(tmp_path, MemoryImageStore(), target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        states = [new for _, new in b.transitions]
+        assert states[:3] == [BrokerState.STARTING, BrokerState.RECOVERY, BrokerState.RUNNING]
+        status = b.server.status
+        assert status.broker_epoch == controller.brokers[ME].epoch and not status.fenced
+        assert status.metadata_offset >= status.broker_epoch
+        partition = b.server.partitions.get(TopicPartition("orders", 0))
+        assert partition is not None and partition.role is ReplicaRole.LEADER
+        assert {p.name for p in (tmp_path / "logs").iterdir()} == {"orders-0", "orders-1"}
+
+
+async def test_new_records_arrive_by_long_poll_and_deletion_removes_directories(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    async with broker(tmp_path, MemoryImageStore(), target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        orders_topic(controller, partitions=1, leader=2)
+        await wait_for(lambda: b.server.partitions.get(TopicPartition("orders", 0)) is not None, "follower")
+        partition = b.server.partitions.get(TopicPartition("orders", 0))
+        assert partition is not None and partition.role is ReplicaRole.FOLLOWER
+
+        controller.append(mpb.RemoveTopicRecord(topic_id=ORDERS_ID))
+        await wait_for(lambda: not (tmp_path / "logs" / "orders-0").exists(), "deleted partition dir")
+        assert len(b.server.partitions) == 0
+
+
+async def test_stale_broker_epoch_stops_serving_and_registers_again(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    async with broker(tmp_path, MemoryImageStore(), target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        old_epoch = b.server.status.broker_epoch
+        # Another process took over the id (its registration replaced ours).
+        controller.brokers[ME] = Registration("someone-else", controller.append(mpb.NoOpRecord()))
+        await wait_for(lambda: (BrokerState.RUNNING, BrokerState.RECOVERY) in b.transitions, "fencing")
+        await wait_for(lambda: b.server.status.broker_epoch != old_epoch and is_running(b), "re-registration")
+        assert b.server.status.broker_epoch > old_epoch
+        assert b.server.status.incarnation_id == controller.brokers[ME].incarnation_id
+
+
+async def test_a_broker_below_the_log_start_bootstraps_from_a_chunked_snapshot(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    orders_topic(controller, partitions=3)
+    controller.take_snapshot()
+    controller.append(mpb.TopicRecord(name="late", topic_id="topic-late"))
+    controller.append(
+        mpb.PartitionRecord(partition_id=0, topic_id="topic-late", replicas=[ME], isr=[ME], leader=ME)
+    )
+    store = MemoryImageStore()
+    async with broker(tmp_path, store, target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        assert b.server.fetcher.snapshots_loaded == 1
+        assert store.image.offset == controller.next_offset - 1
+        snapshot_reads = [r for r in controller.fetch_requests if r.HasField("snapshot_id")]
+        assert [r.snapshot_position for r in snapshot_reads] == [0, 2]  # 4 records in chunks of 2
+        hosted = {p.tp for p in b.server.partitions.partitions()}
+        assert hosted == {TopicPartition("orders", i) for i in range(3)} | {TopicPartition("late", 0)}
+
+
+async def test_restart_resumes_from_the_image_store_with_a_new_incarnation(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    orders_topic(controller)
+    store = MemoryImageStore()
+    opener = MemoryLogOpener()
+    async with broker(tmp_path, store, target(controller), opener=opener) as first:
+        await wait_for(lambda: is_running(first), "RUNNING")
+        first_incarnation = first.server.status.incarnation_id
+        first_epoch = first.server.status.broker_epoch
+        await first.shutdown()
+    stored_offset = store.image.offset
+    controller.fetch_requests.clear()
+    async with broker(tmp_path, store, target(controller), opener=opener) as second:
+        await wait_for(lambda: is_running(second), "RUNNING again")
+        assert controller.fetch_requests[0].fetch_offset == stored_offset + 1
+        assert second.server.status.incarnation_id != first_incarnation
+        assert second.server.status.broker_epoch > first_epoch
+        assert {p.tp for p in second.server.partitions.partitions()} == {
+            TopicPartition("orders", 0),
+            TopicPartition("orders", 1),
+        }
+
+
+async def test_stop_runs_a_controlled_shutdown(tmp_path: Path, controller: FakeController) -> None:
+    async with broker(tmp_path, MemoryImageStore(), target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        await b.shutdown()
+        states = [new for _, new in b.transitions]
+        assert states[-3:] == [
+            BrokerState.PENDING_CONTROLLED_SHUTDOWN,
+            BrokerState.SHUTTING_DOWN,
+            BrokerState.NOT_RUNNING,
+        ]
+        assert controller.brokers[ME].fenced
+
+
+async def test_not_controller_answers_are_followed_to_the_active_controller(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    inactive = FakeController(CLUSTER)
+    await inactive.start()
+    try:
+        hint = Endpoint(name="CONTROLLER", host="127.0.0.1", port=controller.port)
+        inactive.redirect_to = NodeRef(node_id=2, endpoint=hint)
+        async with broker(tmp_path, MemoryImageStore(), target(inactive)) as b:
+            await wait_for(lambda: is_running(b), "RUNNING via the redirect")
+            assert b.server.status.controller_id == 2
+            assert ME in controller.brokers and ME not in inactive.brokers
+    finally:
+        await inactive.stop()
+
+
+async def test_wrong_cluster_id_stops_the_broker(tmp_path: Path, controller: FakeController) -> None:
+    controller.cluster_id = "another-cluster"
+    server = BrokerServer(settings(tmp_path, target(controller)), MemoryImageStore(), MemoryLogOpener())
+    with pytest.raises(Exception, match="INCONSISTENT_CLUSTER_ID"):
+        await asyncio.wait_for(server.run(asyncio.Event()), TIMEOUT_S)
+    assert server.status.state is BrokerState.NOT_RUNNING
+
+
+async def test_restart_on_the_sqlite_image_store_and_real_logs_resumes_where_it_stopped(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    orders_topic(controller)
+    db = tmp_path / "logs" / "metadata-image.sqlite"
+    first = BrokerServer(settings(tmp_path, target(controller)), await ImageStore.open(db))
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    await wait_for(lambda: first.status.state is BrokerState.RUNNING, "RUNNING")
+    partition = first.partitions.get(TopicPartition("orders", 0))
+    assert partition is not None
+    partition.log.append_records([ProducedRecord(b"k", b"v", 1)], partition.leader_epoch)
+    stop.set()
+    await asyncio.wait_for(task, TIMEOUT_S)
+    applied = first.publisher.offset
+
+    controller.fetch_requests.clear()
+    second = BrokerServer(settings(tmp_path, target(controller)), await ImageStore.open(db))
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    try:
+        await wait_for(lambda: second.status.state is BrokerState.RUNNING, "RUNNING again")
+        assert controller.fetch_requests[0].fetch_offset == applied + 1
+        reloaded = second.partitions.get(TopicPartition("orders", 0))
+        assert reloaded is not None and reloaded.log.log_end_offset == 1
+        assert second.publisher.image.topic("orders") is not None
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT_S)

@@ -1,0 +1,275 @@
+"""QuorumController (the asyncio shell) on an in-memory Raft: activation, writes answered on commit,
+NOT_CONTROLLER redirects, MetadataFetch (records, long-poll, snapshot), session expiry, store, snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from kraft.errors import ErrorCode
+from kraft.metadata import records
+from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.v1 import common_pb2
+from kraft.v1 import controller_pb2 as cpb
+
+from .fake_raft import FakeRaft
+
+CLUSTER = "c1"
+ENDPOINTS = {1: ("127.0.0.1", 9101), 2: ("127.0.0.1", 9102)}
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+async def started(options: ControllerOptions, store: Path | None = None) -> tuple[FakeRaft, QuorumController]:
+    raft = FakeRaft(1)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, store_path=store)
+    await controller.start()
+    return raft, controller
+
+
+@pytest.fixture
+async def active() -> AsyncIterator[tuple[FakeRaft, QuorumController]]:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000))
+    raft.elect()
+    await until(lambda: controller.is_active)
+    try:
+        yield raft, controller
+    finally:
+        await controller.stop()
+
+
+def registration(broker_id: int, incarnation: str = "") -> cpb.RegisterBrokerRequest:
+    return cpb.RegisterBrokerRequest(
+        cluster_id=CLUSTER,
+        broker_id=broker_id,
+        incarnation_id=incarnation or f"inc-{broker_id}",
+        listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9000 + broker_id)],
+    )
+
+
+async def activate_broker(controller: QuorumController, broker_id: int) -> int:
+    epoch = (await controller.register_broker(registration(broker_id))).broker_epoch
+    beat = await controller.broker_heartbeat(
+        cpb.BrokerHeartbeatRequest(
+            cluster_id=CLUSTER, broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=epoch
+        )
+    )
+    assert not beat.is_fenced and beat.error_code == ErrorCode.NONE
+    return epoch
+
+
+async def test_a_controller_that_is_not_active_redirects_to_the_leader() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.lose_leadership(2)
+        await until(lambda: controller._leader.leader_id == 2)
+        response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER))
+        assert response.error_code == ErrorCode.NOT_CONTROLLER
+        assert response.controller.node_id == 2 and response.controller.endpoint.port == 9102
+        fetch = await controller.metadata_fetch(cpb.MetadataFetchRequest(cluster_id=CLUSTER))
+        assert fetch.error_code == ErrorCode.NOT_CONTROLLER
+    finally:
+        await controller.stop()
+
+
+async def test_registration_epoch_is_the_committed_offset_of_its_record(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    raft, controller = active
+    epoch = await activate_broker(controller, 7)
+    batch = next(b for b in raft.log if b.base_offset <= epoch <= b.last_offset)
+    value = next(r.value for r in batch.records if r.offset == epoch)
+    assert records.decode_value(value).register_broker.broker_epoch == epoch
+    assert controller.committed.brokers[7].epoch == epoch and not controller.committed.brokers[7].fenced
+    cluster = await controller.describe_cluster(cpb.DescribeClusterRequest(cluster_id=CLUSTER))
+    assert cluster.controller_id == 1 and [b.state for b in cluster.brokers] == ["ACTIVE"]
+    assert controller.committed.features["metadata.version"] == 1
+
+
+async def test_topics_are_created_committed_and_described(active: tuple[FakeRaft, QuorumController]) -> None:
+    _, controller = active
+    for broker_id in (1, 2, 3):
+        await activate_broker(controller, broker_id)
+    created = await controller.create_topics(
+        cpb.CreateTopicsRequest(
+            cluster_id=CLUSTER,
+            topics=[cpb.CreatableTopic(name="orders", num_partitions=6, replication_factor=3)],
+        )
+    )
+    assert created.topics[0].error_code == ErrorCode.NONE
+    assert controller.committed.topic("orders") is not None  # answered only after commit
+    described = await controller.describe_topics(
+        cpb.DescribeTopicsRequest(cluster_id=CLUSTER, names=["orders", "nope"], include_partitions=True)
+    )
+    assert len(described.topics[0].partitions) == 6
+    assert described.topics[1].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    deleted = await controller.delete_topics(cpb.DeleteTopicsRequest(cluster_id=CLUSTER, names=["orders"]))
+    assert deleted.topics[0].error_code == ErrorCode.NONE and controller.committed.topic("orders") is None
+
+
+async def test_wrong_cluster_id_is_rejected(active: tuple[FakeRaft, QuorumController]) -> None:
+    _, controller = active
+    response = await controller.register_broker(
+        cpb.RegisterBrokerRequest(cluster_id="x", broker_id=1, incarnation_id="i")
+    )
+    assert response.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
+    fetch = await controller.metadata_fetch(cpb.MetadataFetchRequest(cluster_id="x"))
+    assert fetch.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
+
+
+async def test_metadata_fetch_serves_committed_records_and_long_polls(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    _, controller = active
+    await activate_broker(controller, 1)
+    first = await controller.metadata_fetch(cpb.MetadataFetchRequest(cluster_id=CLUSTER, fetch_offset=0))
+    assert first.records and first.high_watermark == controller.committed.offset + 1
+    delta = MetadataDelta(MetadataImage.empty())
+    for r in first.records:
+        delta.replay(records.decode_value(r.value), r.offset, r.leader_epoch)
+    assert delta.apply().brokers == controller.committed.brokers
+    next_offset = controller.committed.offset + 1
+    poll = asyncio.create_task(
+        controller.metadata_fetch(
+            cpb.MetadataFetchRequest(cluster_id=CLUSTER, fetch_offset=next_offset, max_wait_ms=5000)
+        )
+    )
+    await asyncio.sleep(0.05)
+    assert not poll.done()
+    await controller.create_topics(
+        cpb.CreateTopicsRequest(
+            cluster_id=CLUSTER, topics=[cpb.CreatableTopic(name="t", num_partitions=1, replication_factor=1)]
+        )
+    )
+    woke = await asyncio.wait_for(poll, 5)
+    assert woke.records and woke.records[0].offset >= next_offset
+    empty = await controller.metadata_fetch(
+        cpb.MetadataFetchRequest(
+            cluster_id=CLUSTER, fetch_offset=controller.committed.offset + 1, max_wait_ms=0
+        )
+    )
+    assert not empty.records and empty.error_code == ErrorCode.NONE
+
+
+async def test_a_broker_behind_the_fetch_window_downloads_a_snapshot() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, fetch_window_records=3))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        for broker_id in range(1, 6):
+            await activate_broker(controller, broker_id)
+        offer = await controller.metadata_fetch(cpb.MetadataFetchRequest(cluster_id=CLUSTER, fetch_offset=0))
+        assert offer.HasField("snapshot_id") and not offer.records
+        delta = MetadataDelta(MetadataImage.empty())
+        position, done = 0, False
+        while not done:
+            chunk = await controller.metadata_fetch(
+                cpb.MetadataFetchRequest(
+                    cluster_id=CLUSTER,
+                    snapshot_id=offer.snapshot_id,
+                    snapshot_position=position,
+                    max_records=2,
+                )
+            )
+            assert chunk.error_code == ErrorCode.NONE
+            for value in chunk.snapshot_records:
+                delta.replay(records.decode_value(value))
+            position, done = chunk.next_snapshot_position, chunk.snapshot_done
+        image = delta.apply()
+        assert image.brokers == controller.committed.brokers
+        bad = await controller.metadata_fetch(
+            cpb.MetadataFetchRequest(cluster_id=CLUSTER, snapshot_id=cpb.SnapshotRef(end_offset=1, epoch=0))
+        )
+        assert bad.error_code == ErrorCode.SNAPSHOT_NOT_FOUND
+    finally:
+        await controller.stop()
+
+
+async def test_leadership_loss_answers_not_controller_and_reactivation_rebuilds(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    raft, controller = active
+    await activate_broker(controller, 1)
+    raft.lose_leadership(2)
+    await until(lambda: not controller.is_active)
+    response = await controller.broker_heartbeat(cpb.BrokerHeartbeatRequest(cluster_id=CLUSTER, broker_id=1))
+    assert response.error_code == ErrorCode.NOT_CONTROLLER and response.controller.node_id == 2
+    raft.elect()
+    await until(lambda: controller.is_active)
+    assert controller.logic is not None and controller.logic.image is controller.committed
+
+
+async def test_a_silent_broker_is_fenced_within_the_session_timeout() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=400))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        start = time.monotonic()
+        await until(lambda: controller.committed.brokers[1].fenced, timeout_s=5)
+        elapsed = time.monotonic() - start
+        assert 0.35 < elapsed < 0.4 * 1.2 + 0.5  # generous bound for a shared machine
+    finally:
+        await controller.stop()
+
+
+async def test_idle_cluster_gets_noop_records() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=30))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        offset = controller.committed.offset
+        await until(lambda: controller.committed.offset >= offset + 2)
+    finally:
+        await controller.stop()
+
+
+async def test_snapshots_are_written_through_raft_and_rebuild_the_image() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, snapshot_max_bytes=200))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        for broker_id in range(1, 4):
+            await activate_broker(controller, broker_id)
+        await until(lambda: bool(raft.snapshots))
+        snapshot_id = raft.latest_snapshot_id()
+        assert snapshot_id is not None
+        delta = MetadataDelta(MetadataImage.empty())
+        for value in raft.snapshots[snapshot_id]:
+            delta.replay(records.decode_value(value))
+        image = delta.apply()
+        assert set(image.brokers) <= set(controller.committed.brokers) and image.brokers
+    finally:
+        await controller.stop()
+
+
+async def test_image_store_survives_restart_and_skips_applied_batches(tmp_path: Path) -> None:
+    store = tmp_path / "image.sqlite"
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0), store)
+    raft.elect()
+    await until(lambda: controller.is_active)
+    await activate_broker(controller, 1)
+    saved = controller.committed
+    await controller.stop()
+    second = QuorumController(
+        raft, CLUSTER, ENDPOINTS, ControllerOptions(noop_interval_ms=0), store_path=store
+    )
+    await second.start()
+    try:
+        assert second.committed == saved  # loaded before Raft replays anything
+        await until(lambda: second.is_active)
+        assert second.committed.brokers == saved.brokers
+    finally:
+        await second.stop()

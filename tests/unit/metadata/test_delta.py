@@ -1,0 +1,196 @@
+"""MetadataDelta replay → image, copy-on-write sharing, and broker-local changes."""
+
+from __future__ import annotations
+
+from google.protobuf.message import Message
+
+from kraft.metadata import records
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import ConfigKey, MetadataImage
+from kraft.metadata.records import ConfigResourceType
+from kraft.v1 import common_pb2
+from kraft.v1 import metadata_pb2 as pb
+
+
+def _apply(image: MetadataImage, *payloads: Message, start: int | None = None) -> MetadataImage:
+    delta = MetadataDelta(image)
+    offset = image.offset + 1 if start is None else start
+    for i, payload in enumerate(payloads):
+        delta.replay(records.wrap(payload), offset + i, 1)
+    assert not delta.replay_errors, delta.replay_errors
+    return delta.apply()
+
+
+def _register(broker_id: int, epoch: int, rack: str | None = None) -> pb.RegisterBrokerRecord:
+    record = pb.RegisterBrokerRecord(
+        broker_id=broker_id,
+        incarnation_id=f"inc-{broker_id}",
+        broker_epoch=epoch,
+        fenced=True,
+        endpoints=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9000 + broker_id)],
+    )
+    if rack is not None:
+        record.rack = rack
+    return record
+
+
+def _cluster() -> MetadataImage:
+    image = _apply(MetadataImage.empty(), _register(1, 0), _register(2, 1, "r2"), _register(3, 2))
+    return _apply(
+        image,
+        pb.TopicRecord(name="orders", topic_id="T1"),
+        pb.PartitionRecord(partition_id=0, topic_id="T1", replicas=[1, 2], isr=[1, 2], leader=1),
+        pb.PartitionRecord(partition_id=1, topic_id="T1", replicas=[2, 3], isr=[2, 3], leader=2),
+        pb.TopicRecord(name="audit", topic_id="T2"),
+        pb.PartitionRecord(partition_id=0, topic_id="T2", replicas=[3], isr=[3], leader=3),
+    )
+
+
+def test_register_broker_builds_a_fenced_registration_with_its_epoch() -> None:
+    image = _apply(MetadataImage.empty(), _register(1, 0), _register(2, 1, "rack-b"))
+    assert image.offset == 1
+    assert image.brokers[1].fenced and image.brokers[1].epoch == 0
+    assert image.brokers[2].rack == "rack-b" and image.brokers[1].rack is None
+    assert image.brokers[1].endpoints[0].port == 9001
+
+
+def test_fence_unfence_and_registration_change_flip_broker_state() -> None:
+    image = _apply(MetadataImage.empty(), _register(1, 0))
+    image = _apply(image, pb.UnfenceBrokerRecord(id=1, epoch=0))
+    assert not image.brokers[1].fenced
+    image = _apply(
+        image, pb.BrokerRegistrationChangeRecord(broker_id=1, broker_epoch=0, in_controlled_shutdown=1)
+    )
+    assert image.brokers[1].in_controlled_shutdown and not image.brokers[1].fenced
+    image = _apply(image, pb.BrokerRegistrationChangeRecord(broker_id=1, broker_epoch=0, fenced=1))
+    assert image.brokers[1].fenced
+    image = _apply(image, pb.FenceBrokerRecord(id=1, epoch=0))
+    assert image.brokers[1].fenced
+
+
+def test_unregister_with_a_stale_epoch_is_skipped_and_reported() -> None:
+    image = _apply(MetadataImage.empty(), _register(1, 5))
+    delta = MetadataDelta(image)
+    delta.replay(records.wrap(pb.UnregisterBrokerRecord(broker_id=1, broker_epoch=4)), 6)
+    assert delta.replay_errors
+    assert 1 in delta.apply().brokers
+    assert 1 not in _apply(image, pb.UnregisterBrokerRecord(broker_id=1, broker_epoch=5)).brokers
+
+
+def test_topics_and_partitions_are_indexed_by_name_and_id() -> None:
+    image = _cluster()
+    topic = image.topic("orders")
+    assert topic is not None and topic.topic_id == "T1"
+    assert [p.leader for p in topic.partitions] == [1, 2]
+    assert image.partition("T1", 1) is not None
+    assert image.partition("T1", 2) is None
+    assert image.partition_count() == 3
+    first = topic.partitions[0]
+    assert first.isr is first.replicas  # equal lists share one tuple
+
+
+def test_partition_change_bumps_both_epochs_and_keeps_absent_fields() -> None:
+    image = _cluster()
+    image = _apply(
+        image, pb.PartitionChangeRecord(topic_id="T1", partition_id=0, isr=pb.BrokerIdList(ids=[2]))
+    )
+    partition = image.partition("T1", 0)
+    assert partition is not None
+    assert partition.isr == (2,) and partition.leader == 1 and partition.replicas == (1, 2)
+    assert (partition.leader_epoch, partition.partition_epoch) == (1, 1)
+    image = _apply(image, pb.PartitionChangeRecord(topic_id="T1", partition_id=0, leader=-1))
+    partition = image.partition("T1", 0)
+    assert partition is not None and partition.leader == -1 and partition.leader_epoch == 2
+
+
+def test_unchanged_maps_and_topics_are_shared_between_images() -> None:
+    image = _cluster()
+    after = _apply(image, pb.PartitionChangeRecord(topic_id="T1", partition_id=0, leader=2))
+    assert after.brokers is image.brokers
+    assert after.topics_by_id["T2"] is image.topics_by_id["T2"]
+    assert after.topics_by_id["T1"] is not image.topics_by_id["T1"]
+    assert after.topics_by_id["T1"].partitions[1] is image.topics_by_id["T1"].partitions[1]
+    assert image.partition("T1", 0) is not None and image.partition("T1", 0).leader == 1  # type: ignore[union-attr]
+    noop = _apply(after, pb.NoOpRecord())
+    assert noop.topics_by_id is after.topics_by_id and noop.offset == after.offset + 1
+
+
+def test_remove_topic_drops_it_with_its_configs_and_frees_the_name() -> None:
+    image = _cluster()
+    image = _apply(
+        image, pb.ConfigRecord(resource_type=2, resource_name="orders", name="retention.ms", value="5")
+    )
+    assert image.topic_configs("orders") == {"retention.ms": "5"}
+    image = _apply(
+        image,
+        pb.RemoveTopicRecord(topic_id="T1"),
+        pb.TopicRecord(name="orders", topic_id="T9"),
+        pb.PartitionRecord(partition_id=0, topic_id="T9", replicas=[1], isr=[1], leader=1),
+    )
+    assert "T1" not in image.topics_by_id
+    assert image.topic_ids_by_name["orders"] == "T9"
+    assert image.topic_configs("orders") == {}
+
+
+def test_config_delete_and_feature_levels() -> None:
+    key = ConfigKey(ConfigResourceType.BROKER, "1")
+    image = _apply(
+        MetadataImage.empty(),
+        pb.ConfigRecord(resource_type=4, resource_name="1", name="a", value="x"),
+        pb.FeatureLevelRecord(name="metadata.version", feature_level=3),
+    )
+    assert image.configs[key] == {"a": "x"} and image.features == {"metadata.version": 3}
+    image = _apply(
+        image,
+        pb.ConfigRecord(resource_type=4, resource_name="1", name="a"),
+        pb.FeatureLevelRecord(name="metadata.version", feature_level=0),
+    )
+    assert key not in image.configs and image.features == {}
+
+
+def test_records_for_unknown_things_are_skipped_not_raised() -> None:
+    delta = MetadataDelta(MetadataImage.empty())
+    for payload in (
+        pb.PartitionRecord(partition_id=0, topic_id="nope"),
+        pb.PartitionChangeRecord(partition_id=0, topic_id="nope", leader=1),
+        pb.RemoveTopicRecord(topic_id="nope"),
+        pb.FenceBrokerRecord(id=9, epoch=1),
+    ):
+        delta.replay(records.wrap(payload))
+    assert len(delta.replay_errors) == 4
+    assert delta.apply().topics_by_id == {}
+
+
+def test_transaction_markers_are_tracked() -> None:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(records.wrap(pb.BeginTransactionRecord(name="x")))
+    assert delta.in_transaction
+    delta.replay(records.wrap(pb.EndTransactionRecord()))
+    assert not delta.in_transaction
+
+
+def test_local_changes_split_deletes_leaders_and_followers() -> None:
+    image = _cluster()
+    delta = MetadataDelta(image)
+    for payload in (
+        pb.PartitionChangeRecord(topic_id="T1", partition_id=0, leader=2),  # 1 follows, 2 leads
+        pb.PartitionChangeRecord(
+            topic_id="T1",
+            partition_id=1,
+            replicas=pb.BrokerIdList(ids=[1, 2]),
+            isr=pb.BrokerIdList(ids=[1, 2]),
+            leader=1,
+        ),  # 3 loses it
+        pb.RemoveTopicRecord(topic_id="T2"),  # 3 deletes
+        pb.TopicRecord(name="new", topic_id="T3"),
+        pb.PartitionRecord(partition_id=0, topic_id="T3", replicas=[3, 1], isr=[3, 1], leader=3),
+    ):
+        delta.replay(records.wrap(payload))
+    one = delta.local_changes(1)
+    assert [(p.topic_name, p.partition_id) for p in one.leaders] == [("orders", 1)]
+    assert sorted((p.topic_name, p.partition_id) for p in one.followers) == [("new", 0), ("orders", 0)]
+    assert one.deletes == []
+    three = delta.local_changes(3)
+    assert sorted((p.topic_name, p.partition_id) for p in three.deletes) == [("audit", 0), ("orders", 1)]
+    assert [(p.topic_name, p.registration.leader_epoch) for p in three.leaders] == [("new", 0)]
+    assert delta.local_changes(7).is_empty()

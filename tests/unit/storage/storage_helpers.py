@@ -1,0 +1,58 @@
+"""Shared helpers for the storage tests: a model of what a log should hold, and full-scan readers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kraft.storage.batch import BatchHeader, iter_batch_headers
+from kraft.storage.log import SegmentedLog
+
+
+@dataclass
+class StoredBatch:
+    base_offset: int
+    next_offset: int
+    epoch: int
+    data: bytes
+
+
+@dataclass
+class LogModel:
+    """What the log must hold: every batch appended and not truncated (including ones below the log
+    start, which delete_before only removes segment-wise)."""
+
+    batches: list[StoredBatch] = field(default_factory=list)
+    start_offset: int = 0
+
+    @property
+    def end_offset(self) -> int:
+        return self.batches[-1].next_offset if self.batches else self.start_offset
+
+    def add(self, data: bytes, header: BatchHeader) -> None:
+        self.batches.append(StoredBatch(header.base_offset, header.next_offset, header.partition_leader_epoch, data))
+
+    def truncate_to(self, offset: int) -> None:
+        self.batches = [b for b in self.batches if b.next_offset <= offset]
+
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        entries: list[tuple[int, int]] = []
+        for batch in self.batches:
+            if not entries or batch.epoch > entries[-1][0]:
+                entries.append((batch.epoch, batch.base_offset))
+        # truncate_from_start(start_offset): the epoch holding the start offset now starts there
+        kept = [e for e in entries if e[1] <= self.start_offset]
+        later = [e for e in entries if e[1] > self.start_offset]
+        if kept:
+            return [(kept[-1][0], self.start_offset), *later]
+        return entries
+
+
+def scan_batches(log: SegmentedLog) -> list[tuple[BatchHeader, bytes]]:
+    """Every batch of every segment by a full CRC-checked scan (independent of the indexes)."""
+    data = log.read_all_batches()
+    return [(h, data[pos : pos + h.size_in_bytes]) for pos, h in iter_batch_headers(data)]
+
+
+def segment_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("*.log"))

@@ -1,0 +1,400 @@
+"""kraft.config: java.util.Properties syntax, NodeConfig keys, defaults and every validation rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kraft.config import (
+    ConfigError,
+    Listener,
+    NodeConfig,
+    Role,
+    Voter,
+    format_properties,
+    load_config,
+    parse_properties,
+)
+from kraft.errors import ErrorCode
+
+VOTERS = "1@127.0.0.1:9093,2@127.0.0.1:9094,3@127.0.0.1:9095"
+CONTROLLER = {
+    "process.roles": "controller",
+    "node.id": "1",
+    "controller.quorum.voters": VOTERS,
+    "listeners": "CONTROLLER://127.0.0.1:9093",
+    "log.dirs": "/var/kraft/c1",
+}
+BROKER = {
+    "process.roles": "broker",
+    "node.id": "101",
+    "controller.quorum.voters": VOTERS,
+    "listeners": "PLAINTEXT://127.0.0.1:9092",
+    "log.dirs": "/var/kraft/b1,/var/kraft/b1-extra",
+}
+COMBINED = {
+    "process.roles": "broker,controller",
+    "node.id": "1",
+    "controller.quorum.voters": VOTERS,
+    "listeners": "PLAINTEXT://127.0.0.1:9092,CONTROLLER://127.0.0.1:9093",
+    "log.dirs": "/var/kraft/n1",
+}
+
+
+# --- properties syntax -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a=b", {"a": "b"}),
+        ("a = b", {"a": "b"}),
+        ("a:b", {"a": "b"}),
+        ("a : b", {"a": "b"}),
+        ("a b", {"a": "b"}),
+        ("a\tb", {"a": "b"}),
+        ("   a=b", {"a": "b"}),
+        ("a=b  ", {"a": "b  "}),  # trailing whitespace is part of the value, as in Java
+        ("a=", {"a": ""}),
+        ("a", {"a": ""}),
+        ("a==b", {"a": "=b"}),
+        ("a = = b", {"a": "= b"}),
+        ("a b=c", {"a": "b=c"}),
+        ("# comment\na=b", {"a": "b"}),
+        ("! comment\na=b", {"a": "b"}),
+        ("  # indented comment\na=b", {"a": "b"}),
+        ("a=b # not a comment", {"a": "b # not a comment"}),
+        ("\n\n   \na=b\n\n", {"a": "b"}),
+        ("a=1\na=2", {"a": "2"}),
+        ("a=b\r\nc=d\re=f", {"a": "b", "c": "d", "e": "f"}),
+    ],
+)
+def test_separators_comments_and_blank_lines_follow_java(text: str, expected: dict[str, str]) -> None:
+    assert parse_properties(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a=one,\\\n   two", {"a": "one,two"}),
+        ("a=one\\\n\\\n  two", {"a": "onetwo"}),
+        ("a\\\n  b=c", {"ab": "c"}),
+        ("a=ends with two\\\\\nb=c", {"a": "ends with two\\", "b": "c"}),
+        ("a=three\\\\\\\n  x", {"a": "three\\x"}),
+        ("# comment \\\na=b", {"a": "b"}),  # comment lines never continue
+        ("a=b\\\n# not a comment", {"a": "b# not a comment"}),
+        ("a=dangling\\", {"a": "dangling"}),
+    ],
+)
+def test_backslash_continuation_joins_lines_and_drops_leading_whitespace(
+    text: str, expected: dict[str, str]
+) -> None:
+    assert parse_properties(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a=x\\ty", {"a": "x\ty"}),
+        ("a=x\\ny", {"a": "x\ny"}),
+        ("a=x\\ry", {"a": "x\ry"}),
+        ("a=x\\fy", {"a": "x\fy"}),
+        ("a=\\u0041\\u00e9\\u20AC", {"a": "Aé€"}),
+        ("a=back\\\\slash", {"a": "back\\slash"}),
+        ("a=x\\=y", {"a": "x=y"}),
+        ("a=x\\:y", {"a": "x:y"}),
+        ("a\\=b=c", {"a=b": "c"}),
+        ("a\\:b:c", {"a:b": "c"}),
+        ("a\\ b=c", {"a b": "c"}),
+        ("a=\\ leading", {"a": " leading"}),
+        ("a=\\q", {"a": "q"}),  # an unknown escape is the character itself
+        ("\\#notcomment=1", {"#notcomment": "1"}),
+    ],
+)
+def test_escapes_in_keys_and_values(text: str, expected: dict[str, str]) -> None:
+    assert parse_properties(text) == expected
+
+
+@pytest.mark.parametrize("text", ["a=\\u12", "a=\\uZZZZ", "a=\\u"])
+def test_malformed_unicode_escape_is_a_config_error(text: str) -> None:
+    with pytest.raises(ConfigError, match="malformed"):
+        parse_properties(text)
+
+
+def test_format_properties_round_trips_awkward_keys_and_values() -> None:
+    values = {"k=1": " lead", "k:2": "a=b:c#!", "k 3": "tab\tnew\nline\\", "uni": "é€", "#k": "!v"}
+    assert parse_properties(format_properties(values, header="generated\nby test")) == values
+
+
+# --- NodeConfig: keys, defaults, typed views ---------------------------------------------------------
+
+
+def test_controller_config_defaults_and_typed_views() -> None:
+    cfg = NodeConfig.from_properties(CONTROLLER)
+    assert cfg.roles == frozenset({Role.CONTROLLER})
+    assert cfg.is_controller and not cfg.is_broker
+    assert cfg.node_id == 1
+    assert cfg.voters == (
+        Voter(1, "127.0.0.1", 9093),
+        Voter(2, "127.0.0.1", 9094),
+        Voter(3, "127.0.0.1", 9095),
+    )
+    assert cfg.voter_ids == frozenset({1, 2, 3})
+    assert cfg.voter(2) == Voter(2, "127.0.0.1", 9094)
+    assert cfg.voter(9) is None
+    assert cfg.voters[0].target == "127.0.0.1:9093"
+    assert cfg.controller_listener == Listener("CONTROLLER", "127.0.0.1", 9093)
+    assert cfg.broker_listener is None
+    assert cfg.metadata_log_dir == Path("/var/kraft/c1")
+    assert cfg.controller_quorum_election_timeout_ms == 1000
+    assert cfg.controller_quorum_fetch_timeout_ms == 2000
+    assert cfg.controller_quorum_election_backoff_max_ms == 1000
+    assert cfg.controller_quorum_append_linger_ms == 25
+    assert cfg.controller_quorum_request_timeout_ms == 2000
+    assert cfg.controller_quorum_retry_backoff_ms == 20
+    assert cfg.controller_quorum_fetch_max_wait_ms == 500
+    assert cfg.broker_heartbeat_interval_ms == 2000
+    assert cfg.broker_session_timeout_ms == 9000
+    assert cfg.initial_broker_registration_timeout_ms == 60000
+    assert cfg.metadata_log_segment_bytes == 1073741824
+    assert cfg.metadata_log_segment_ms == 604800000
+    assert cfg.metadata_max_retention_bytes == 104857600
+    assert cfg.metadata_max_retention_ms == 604800000
+    assert cfg.metadata_log_max_record_bytes_between_snapshots == 20971520
+    assert cfg.metadata_log_max_snapshot_interval_ms == 3600000
+    assert cfg.metadata_max_idle_interval_ms == 500
+    assert cfg.log_segment_bytes == 1073741824
+    assert cfg.num_partitions == 1
+    assert cfg.default_replication_factor == 1
+    assert cfg.metrics_port == 0
+    assert cfg.log_level == "INFO"
+    assert cfg.grpc_max_message_bytes == 16777216
+    assert cfg.kraft_test_append_enable is False
+    assert cfg.broker_rack is None
+    assert cfg.controller_listener_names == ("CONTROLLER",)
+
+
+def test_broker_config_views_and_metadata_dir_defaults_to_first_log_dir() -> None:
+    cfg = NodeConfig.from_properties({**BROKER, "broker.rack": "rack-a"})
+    assert cfg.is_broker and not cfg.is_controller
+    assert cfg.broker_listener == Listener("PLAINTEXT", "127.0.0.1", 9092)
+    assert cfg.controller_listener is None
+    assert cfg.log_dirs == (Path("/var/kraft/b1"), Path("/var/kraft/b1-extra"))
+    assert cfg.metadata_log_dir == Path("/var/kraft/b1")
+    assert cfg.all_log_dirs == cfg.log_dirs
+    assert cfg.broker_rack == "rack-a"
+
+
+def test_explicit_metadata_dir_is_kept_and_listed_with_log_dirs() -> None:
+    cfg = NodeConfig.from_properties({**BROKER, "metadata.log.dir": "/var/kraft/meta"})
+    assert cfg.metadata_log_dir == Path("/var/kraft/meta")
+    assert cfg.all_log_dirs == (Path("/var/kraft/b1"), Path("/var/kraft/b1-extra"), Path("/var/kraft/meta"))
+
+
+def test_controller_may_use_metadata_log_dir_without_log_dirs() -> None:
+    props = {k: v for k, v in CONTROLLER.items() if k != "log.dirs"}
+    cfg = NodeConfig.from_properties({**props, "metadata.log.dir": "/m"})
+    assert cfg.metadata_log_dir == Path("/m")
+    assert cfg.log_dirs == ()
+
+
+def test_combined_mode_may_use_a_voter_id_and_has_both_listeners() -> None:
+    cfg = NodeConfig.from_properties(COMBINED)
+    assert cfg.roles == frozenset({Role.BROKER, Role.CONTROLLER})
+    assert cfg.controller_listener == Listener("CONTROLLER", "127.0.0.1", 9093)
+    assert cfg.broker_listener == Listener("PLAINTEXT", "127.0.0.1", 9092)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "attribute", "expected"),
+    [
+        ("kraft.test.append.enable", "TRUE", "kraft_test_append_enable", True),
+        ("kraft.test.append.enable", "false", "kraft_test_append_enable", False),
+        ("log.level", "debug", "log_level", "DEBUG"),
+        ("log.level", "warn", "log_level", "WARNING"),
+        ("controller.quorum.append.linger.ms", "0", "controller_quorum_append_linger_ms", 0),
+        ("controller.quorum.election.timeout.ms", " 300 ", "controller_quorum_election_timeout_ms", 300),
+        ("metadata.max.retention.bytes", "-1", "metadata_max_retention_bytes", -1),
+        ("controller.listener.names", "ctl,other", "controller_listener_names", ("CTL", "OTHER")),
+    ],
+)
+def test_values_are_parsed_into_types(key: str, value: str, attribute: str, expected: object) -> None:
+    props = dict(CONTROLLER)
+    if key == "controller.listener.names":
+        props["listeners"] = "CTL://127.0.0.1:9093"
+    assert getattr(NodeConfig.from_properties({**props, key: value}), attribute) == expected
+
+
+def test_ipv6_and_wildcard_listeners() -> None:
+    cfg = NodeConfig.from_properties({**BROKER, "listeners": "PLAINTEXT://[::1]:9092"})
+    assert cfg.broker_listener == Listener("PLAINTEXT", "::1", 9092)
+    assert cfg.broker_listener.target == "[::1]:9092"
+    wildcard = NodeConfig.from_properties({**BROKER, "listeners": "plaintext://:9092"})
+    assert wildcard.broker_listener == Listener("PLAINTEXT", "", 9092)
+    assert wildcard.broker_listener.bind_address == "0.0.0.0:9092"
+    assert wildcard.broker_listener.target == "127.0.0.1:9092"
+
+
+# --- validation: every rule fails with one line naming key, value and rule ---------------------------
+
+
+def _error_for(props: dict[str, str]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        NodeConfig.from_properties(props)
+    return info.value
+
+
+def _without(props: dict[str, str], key: str) -> dict[str, str]:
+    return {k: v for k, v in props.items() if k != key}
+
+
+@pytest.mark.parametrize(
+    ("props", "key", "fragment"),
+    [
+        ({**CONTROLLER, "node.id": "-1"}, "node.id", "integer >= 0"),
+        ({**CONTROLLER, "node.id": "one"}, "node.id", "integer >= 0"),
+        ({**CONTROLLER, "process.roles": "brokr"}, "process.roles", "'broker', 'controller'"),
+        ({**CONTROLLER, "process.roles": ""}, "process.roles", "'broker', 'controller'"),
+        ({**CONTROLLER, "controller.quorum.voters": "1@localhost"}, "controller.quorum.voters", "host:port"),
+        ({**CONTROLLER, "controller.quorum.voters": "x@h:1"}, "controller.quorum.voters", "id@host:port"),
+        ({**CONTROLLER, "controller.quorum.voters": "1@h:1,1@h:2"}, "controller.quorum.voters", "unique"),
+        ({**CONTROLLER, "controller.quorum.voters": "1@h:99999"}, "controller.quorum.voters", "range"),
+        ({**CONTROLLER, "controller.quorum.voters": "1@h:0"}, "controller.quorum.voters", "1..65535"),
+        ({**CONTROLLER, "controller.quorum.voters": " , "}, "controller.quorum.voters", "at least one"),
+        ({**CONTROLLER, "listeners": "127.0.0.1:9093"}, "listeners", "NAME://host:port"),
+        (
+            {**CONTROLLER, "listeners": "CONTROLLER://h:1,CONTROLLER://h:2"},
+            "listeners",
+            "unique",
+        ),
+        ({**CONTROLLER, "controller.quorum.election.timeout.ms": "0"}, "controller.quorum.election", ">= 1"),
+        ({**CONTROLLER, "controller.quorum.fetch.timeout.ms": "1.5"}, "controller.quorum.fetch", "integer"),
+        ({**CONTROLLER, "controller.quorum.append.linger.ms": "-1"}, "controller.quorum.append", ">= 0"),
+        ({**CONTROLLER, "metrics.port": "70000"}, "metrics.port", "<= 65535"),
+        ({**CONTROLLER, "log.level": "TRACE"}, "log.level", "DEBUG, INFO"),
+        ({**CONTROLLER, "kraft.test.append.enable": "yes"}, "kraft.test.append.enable", "true or false"),
+        ({**CONTROLLER, "grpc.max.message.bytes": "10"}, "grpc.max.message.bytes", ">= 1024"),
+        ({**CONTROLLER, "num.partitions": "0"}, "num.partitions", ">= 1"),
+        ({**CONTROLLER, "no.such.key": "1"}, "no.such.key", "unknown configuration key"),
+        ({**CONTROLLER, "node.id": "4"}, "node.id", "must be one of the voter ids"),
+        ({**CONTROLLER, "listeners": "OTHER://h:1"}, "listeners", "needs a listener named CONTROLLER"),
+        (
+            {**CONTROLLER, "listeners": "CONTROLLER://h:1,PLAINTEXT://h:2"},
+            "listeners",
+            "may only have controller listeners",
+        ),
+        (_without(CONTROLLER, "log.dirs"), "metadata.log.dir", "needs metadata.log.dir or log.dirs"),
+        (_without(BROKER, "log.dirs"), "log.dirs", "a broker needs at least one log directory"),
+        ({**BROKER, "log.dirs": " "}, "log.dirs", "a broker needs at least one log directory"),
+        ({**BROKER, "node.id": "2"}, "node.id", "broker-only node must not use a voter id"),
+        ({**BROKER, "listeners": "CONTROLLER://h:1"}, "listeners", "needs a listener that is not"),
+        (
+            {**BROKER, "listeners": "PLAINTEXT://h:1,CONTROLLER://h:2"},
+            "listeners",
+            "must not listen on controller listener",
+        ),
+        (
+            {**BROKER, "broker.heartbeat.interval.ms": "9000"},
+            "broker.heartbeat.interval.ms",
+            "less than broker.session.timeout.ms",
+        ),
+    ],
+)
+def test_each_rule_fails_with_one_line_naming_key_value_and_rule(
+    props: dict[str, str], key: str, fragment: str
+) -> None:
+    error = _error_for(props)
+    message = str(error)
+    assert "\n" not in message
+    assert key in message
+    assert fragment in message
+    assert error.code is ErrorCode.INVALID_CONFIG
+    if props.get(key, "").strip():  # a blank value is shown as parsed ('')
+        assert repr(props[key]) in message
+
+
+@pytest.mark.parametrize("missing", ["process.roles", "node.id", "controller.quorum.voters", "listeners"])
+def test_missing_required_key_is_named(missing: str) -> None:
+    assert str(_error_for(_without(CONTROLLER, missing))) == f"missing required config key {missing}"
+
+
+def test_unknown_key_suggests_the_closest_known_key() -> None:
+    message = str(_error_for({**CONTROLLER, "controller.quorum.election.timeout": "5"}))
+    assert "did you mean controller.quorum.election.timeout.ms?" in message
+
+
+def test_several_problems_report_the_first_and_count_the_rest() -> None:
+    message = str(_error_for({**CONTROLLER, "node.id": "x", "metrics.port": "x", "num.partitions": "x"}))
+    assert message.endswith("(and 2 more problems)")
+
+
+# --- files and round trips --------------------------------------------------------------------------
+
+
+def test_load_config_reads_a_kafka_style_file(tmp_path: Path) -> None:
+    path = tmp_path / "controller.properties"
+    path.write_text(
+        "# a controller\n"
+        "process.roles=controller\n"
+        "node.id=2\n"
+        "controller.quorum.voters=1@127.0.0.1:9093,\\\n"
+        "    2@127.0.0.1:9094,3@127.0.0.1:9095\n"
+        "listeners: CONTROLLER://127.0.0.1:9094\n"
+        f"metadata.log.dir {tmp_path / 'meta'}\n",
+        encoding="utf-8",
+    )
+    cfg = load_config(path)
+    assert cfg.node_id == 2
+    assert len(cfg.voters) == 3
+    assert cfg.metadata_log_dir == tmp_path / "meta"
+
+
+def test_load_config_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read config file .*nope\.properties"):
+        load_config(tmp_path / "nope.properties")
+
+
+@pytest.mark.parametrize("props", [CONTROLLER, BROKER, COMBINED])
+def test_to_properties_round_trips(tmp_path: Path, props: dict[str, str]) -> None:
+    cfg = NodeConfig.from_properties({**props, "controller.quorum.election.timeout.ms": "300"})
+    path = tmp_path / "n.properties"
+    path.write_text(cfg.to_properties(header="generated"), encoding="utf-8")
+    assert load_config(path) == cfg
+    full = cfg.to_properties(include_defaults=True)
+    assert "broker.session.timeout.ms=9000" in full
+    assert NodeConfig.from_properties(parse_properties(full)) == cfg
+
+
+def test_build_from_python_values_uses_the_same_rules() -> None:
+    cfg = NodeConfig.build(
+        process_roles=[Role.BROKER],
+        node_id=101,
+        controller_quorum_voters=(Voter(1, "127.0.0.1", 9093),),
+        listeners=[Listener("PLAINTEXT", "127.0.0.1", 9092)],
+        log_dirs=[Path("/d")],
+    )
+    assert cfg.to_properties_dict() == {
+        "process.roles": "broker",
+        "node.id": "101",
+        "controller.quorum.voters": "1@127.0.0.1:9093",
+        "listeners": "PLAINTEXT://127.0.0.1:9092",
+        "log.dirs": "/d",
+        "metadata.log.dir": "/d",
+    }
+    with pytest.raises(ConfigError, match=r"node\.id"):
+        NodeConfig.build(process_roles="broker", node_id=-5, controller_quorum_voters=VOTERS, listeners="")
+
+
+DEPLOY_CONFIGS = sorted((Path(__file__).resolve().parents[2] / "deploy" / "config").glob("*.properties"))
+
+
+@pytest.mark.parametrize("path", DEPLOY_CONFIGS, ids=[p.name for p in DEPLOY_CONFIGS])
+def test_shipped_deploy_example_configs_are_valid(path: Path) -> None:
+    cfg = load_config(path)
+    assert len(cfg.voters) == 3
+    assert cfg.is_controller != cfg.is_broker
+
+
+def test_deploy_examples_cover_three_controllers_and_three_brokers() -> None:
+    assert len(DEPLOY_CONFIGS) == 6

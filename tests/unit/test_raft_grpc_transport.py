@@ -1,0 +1,223 @@
+"""GrpcTransport ↔ RaftServicer over a real loopback grpc.aio server, with a scripted request handler."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+import grpc.aio
+import pytest
+
+from kraft.errors import ErrorCode
+from kraft.netutil import free_port
+from kraft.raft import messages as m
+from kraft.raft.client import RaftShutdownError
+from kraft.raft.grpc_server import RaftServicer
+from kraft.raft.grpc_transport import GrpcTransport
+from kraft.raft.transport import TransportError
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+CLUSTER = "test-cluster-id"
+Handler = Callable[[m.RaftRequest], Awaitable[m.RaftResponse]]
+
+
+@dataclass
+class ScriptedHandler:
+    """A RequestHandler that records requests and answers with ``respond`` (an echo by default)."""
+
+    respond: Handler | None = None
+    received: list[m.RaftRequest] = field(default_factory=list)
+
+    async def handle_request(self, request: m.RaftRequest) -> m.RaftResponse:
+        self.received.append(request)
+        if self.respond is not None:
+            return await self.respond(request)
+        return m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
+
+
+@dataclass
+class Server:
+    port: int
+    handler: ScriptedHandler
+    server: grpc.aio.Server
+
+
+async def _start_server(handler: ScriptedHandler, max_message_bytes: int = 1 << 20) -> Server:
+    port = free_port()
+    options = [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+    server = grpc.aio.server(options=options)
+    servicer = RaftServicer(
+        handler, cluster_id=CLUSTER, local_directory=(1, "dir-1"), endpoints={1: ("127.0.0.1", port)}
+    )
+    raft_pb2_grpc.add_RaftServiceServicer_to_server(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return Server(port, handler, server)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    started = await _start_server(ScriptedHandler())
+    try:
+        yield started
+    finally:
+        await started.server.stop(grace=None)
+
+
+@pytest.fixture
+async def transport(server: Server) -> AsyncIterator[GrpcTransport]:
+    client = GrpcTransport({1: f"127.0.0.1:{server.port}"}, directory_id="dir-2", max_message_bytes=1 << 20)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_each_rpc_reaches_the_handler_and_its_response_comes_back(
+    server: Server, transport: GrpcTransport
+) -> None:
+    requests: list[m.RaftRequest] = [
+        m.VoteRequest(CLUSTER, 3, 2, 1, 2, 40, pre_vote=True),
+        m.BeginQuorumEpochRequest(CLUSTER, 2, 3, 1),
+        m.EndQuorumEpochRequest(CLUSTER, 2, 3, 1, (3, 1)),
+        m.FetchRequest(CLUSTER, 2, 3, 40, 2, max_wait_ms=10),
+        m.FetchSnapshotRequest(CLUSTER, 2, 3, m.SnapshotId(30, 2), 0),
+        m.DescribeQuorumRequest(CLUSTER),
+    ]
+    for request in requests:
+        response = await transport.send(1, request, timeout_ms=2000)
+        assert response == m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
+    assert server.handler.received == requests
+
+
+async def test_a_long_poll_fetch_does_not_block_a_vote(server: Server, transport: GrpcTransport) -> None:
+    release = asyncio.Event()
+
+    async def respond(request: m.RaftRequest) -> m.RaftResponse:
+        if isinstance(request, m.FetchRequest):
+            await asyncio.wait_for(release.wait(), timeout=5)
+        return m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
+
+    server.handler.respond = respond
+    fetch = asyncio.ensure_future(transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 0, 0), timeout_ms=5000))
+    vote = await transport.send(1, m.VoteRequest(CLUSTER, 8, 2, 1, 7, 0), timeout_ms=2000)
+    assert isinstance(vote, m.VoteResponse)
+    assert not fetch.done()
+    release.set()
+    assert isinstance(await asyncio.wait_for(fetch, timeout=5), m.FetchResponse)
+
+
+async def test_a_call_past_its_deadline_raises_transport_error(
+    server: Server, transport: GrpcTransport
+) -> None:
+    async def never(request: m.RaftRequest) -> m.RaftResponse:
+        await asyncio.sleep(5)
+        return m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
+
+    server.handler.respond = never
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
+        await transport.send(1, m.BeginQuorumEpochRequest(CLUSTER, 2, 3, 1), timeout_ms=200)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_an_unreachable_peer_raises_and_backs_off_without_exceeding_the_deadline() -> None:
+    transport = GrpcTransport({5: f"127.0.0.1:{free_port()}"}, retry_backoff_ms=50, max_backoff_ms=400)
+    try:
+        started = time.monotonic()
+        for _ in range(4):
+            with pytest.raises(TransportError) as info:
+                await transport.send(5, m.DescribeQuorumRequest(CLUSTER), timeout_ms=300)
+            assert info.value.dest == 5
+        elapsed = time.monotonic() - started
+        # 50 + 100 + 200 ms of backoff before the 2nd..4th call; a busy loop would take ~0.
+        assert 0.3 <= elapsed < 3.0
+    finally:
+        await transport.close()
+
+
+async def test_a_restarted_peer_is_reachable_again_soon(server: Server) -> None:
+    transport = GrpcTransport({1: f"127.0.0.1:{server.port}"}, retry_backoff_ms=20, max_backoff_ms=300)
+    try:
+        await server.server.stop(grace=None)
+        with pytest.raises(TransportError):
+            await transport.send(1, m.DescribeQuorumRequest(CLUSTER), timeout_ms=300)
+        restarted = await _start_server_on(server.port, server.handler)
+        try:
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    await transport.send(1, m.DescribeQuorumRequest(CLUSTER), timeout_ms=300)
+                    break
+                except TransportError:
+                    assert time.monotonic() < deadline, "peer not reachable 5 s after its restart"
+        finally:
+            await restarted.stop(grace=None)
+    finally:
+        await transport.close()
+
+
+async def _start_server_on(port: int, handler: ScriptedHandler) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    raft_pb2_grpc.add_RaftServiceServicer_to_server(RaftServicer(handler, cluster_id=CLUSTER), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server
+
+
+async def test_unknown_destination_raises_transport_error(transport: GrpcTransport) -> None:
+    with pytest.raises(TransportError, match="unknown node id"):
+        await transport.send(42, m.DescribeQuorumRequest(CLUSTER), timeout_ms=100)
+
+
+async def test_a_response_over_the_max_message_size_is_refused(
+    server: Server, transport: GrpcTransport
+) -> None:
+    async def huge(request: m.RaftRequest) -> m.RaftResponse:
+        return m.FetchResponse(ErrorCode.NONE, "", 1, 7, records=b"x" * (2 << 20))
+
+    server.handler.respond = huge
+    with pytest.raises(TransportError, match="RESOURCE_EXHAUSTED"):
+        await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 0, 0), timeout_ms=2000)
+
+
+async def test_a_stopping_node_answers_unavailable(server: Server, transport: GrpcTransport) -> None:
+    async def stopping(request: m.RaftRequest) -> m.RaftResponse:
+        raise RaftShutdownError("stopping")
+
+    server.handler.respond = stopping
+    with pytest.raises(TransportError, match="UNAVAILABLE"):
+        await transport.send(1, m.VoteRequest(CLUSTER, 3, 2, 1, 2, 40), timeout_ms=2000)
+
+
+async def test_describe_quorum_names_the_cluster_nodes_and_fetchers_directory_ids(
+    server: Server, transport: GrpcTransport
+) -> None:
+    async def describe(request: m.RaftRequest) -> m.RaftResponse:
+        if isinstance(request, m.DescribeQuorumRequest):
+            voters = (m.ReplicaState(1, 5, 1, 1), m.ReplicaState(2, 5, 1, 1))
+            return m.DescribeQuorumResponse(ErrorCode.NONE, "", 1, 7, 5, voters)
+        return m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
+
+    server.handler.respond = describe
+    await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 0, 0), timeout_ms=2000)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = raft_pb2_grpc.RaftServiceStub(channel)
+        answer = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=2)
+    assert answer.cluster_id == CLUSTER
+    assert [(n.node_id, n.endpoint.port) for n in answer.nodes] == [(1, server.port)]
+    assert [v.directory_id for v in answer.current_voters] == ["dir-1", "dir-2"]
+    # The empty cluster id of an admin tool reaches the core as this cluster's id.
+    assert server.handler.received[-1] == m.DescribeQuorumRequest(CLUSTER)
+
+
+async def test_a_closed_transport_refuses_to_send(transport: GrpcTransport) -> None:
+    await transport.close()
+    with pytest.raises(TransportError, match="closed"):
+        await transport.send(1, m.DescribeQuorumRequest(CLUSTER), timeout_ms=100)
