@@ -50,6 +50,8 @@ class MetadataFetcher:
         publisher: MetadataPublisher,
         timings: FetcherTimings,
         on_applied: Callable[[int], None],
+        on_drained: Callable[[int], None] = lambda generation: None,
+        generation: Callable[[], int] = lambda: 0,
         metrics: BrokerMetrics | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -59,6 +61,8 @@ class MetadataFetcher:
         self._publisher = publisher
         self._timings = timings
         self._on_applied = on_applied
+        self._on_drained = on_drained
+        self._generation = generation
         self._metrics = metrics
         self._rng = rng or random.Random()
         self._pending: MetadataDelta | None = None
@@ -85,17 +89,23 @@ class MetadataFetcher:
             attempt += 1
 
     async def fetch_once(self) -> bool:
-        """One MetadataFetch round trip (plus a snapshot download if asked); False on a retryable error."""
+        """One MetadataFetch round trip (plus a snapshot download if asked); False on a retryable error.
+
+        ``on_drained(generation)`` reports that everything committed when this fetch was answered has
+        been applied; ``generation`` is the caller's counter read when the fetch was sent.
+        """
         request = cpb.MetadataFetchRequest(
             cluster_id=self._cluster_id,
             broker_id=self._broker_id,
             fetch_offset=self._fetch_offset,
             max_wait_ms=self._timings.max_wait_ms,
         )
+        generation = self._generation()
         response = await self._call(request)
         if response is None:
             return False
         self._note_high_watermark(response.high_watermark)
+        drained = not response.records or response.records[-1].offset + 1 >= response.high_watermark
         if response.HasField("snapshot_id") and not response.records:
             try:
                 image = await self._download_snapshot(response.snapshot_id)
@@ -111,6 +121,7 @@ class MetadataFetcher:
             self._on_applied(self._publisher.offset)
             return True
         if not response.records:
+            self._on_drained(generation)
             return True
         delta = self._pending or MetadataDelta(self._publisher.image)
         for record in response.records:
@@ -122,38 +133,53 @@ class MetadataFetcher:
         self._pending = None
         await self._publisher.publish(delta, response.records[-1].append_time_ms)
         self._on_applied(self._publisher.offset)
+        if drained:
+            self._on_drained(generation)
         return True
 
     async def _download_snapshot(self, snapshot: cpb.SnapshotRef) -> MetadataImage | None:
-        """Every record of ``snapshot`` replayed into an empty image (None on a retryable error)."""
+        """Every record of ``snapshot`` replayed into an empty image (None on a retryable error).
+
+        The next chunk is requested before the current one is replayed, so the controller serializes
+        and sends chunk n+1 while this process decodes chunk n.
+        """
         self._log.info("snapshot_download", end_offset=snapshot.end_offset, epoch=snapshot.epoch)
         delta = MetadataDelta(MetadataImage.empty())
         last_offset = snapshot.end_offset - 1
-        position = 0
-        while True:
-            request = cpb.MetadataFetchRequest(
-                cluster_id=self._cluster_id,
-                broker_id=self._broker_id,
-                fetch_offset=self._fetch_offset,
-                max_wait_ms=0,
-                snapshot_id=snapshot,
-                snapshot_position=position,
-            )
-            response = await self._call(request)
-            if response is None:
-                return None
-            if response.snapshot_id != snapshot:
-                raise SnapshotChanged(
-                    f"asked for snapshot {snapshot.end_offset}-{snapshot.epoch}, "
-                    f"got {response.snapshot_id.end_offset}-{response.snapshot_id.epoch}"
-                )
-            for value in response.snapshot_records:
-                delta.replay(decode_value(value), last_offset, snapshot.epoch)
-            if response.snapshot_done:
-                return delta.apply()
-            if response.next_snapshot_position <= position:
-                raise SnapshotChanged(f"snapshot position did not advance from {position}")
-            position = response.next_snapshot_position
+        pending = asyncio.create_task(self._call(self._snapshot_request(snapshot, 0)))
+        try:
+            position = 0
+            while True:
+                response = await pending
+                if response is None:
+                    return None
+                if response.snapshot_id != snapshot:
+                    raise SnapshotChanged(
+                        f"asked for snapshot {snapshot.end_offset}-{snapshot.epoch}, "
+                        f"got {response.snapshot_id.end_offset}-{response.snapshot_id.epoch}"
+                    )
+                if not response.snapshot_done:
+                    if response.next_snapshot_position <= position:
+                        raise SnapshotChanged(f"snapshot position did not advance from {position}")
+                    position = response.next_snapshot_position
+                    pending = asyncio.create_task(self._call(self._snapshot_request(snapshot, position)))
+                for value in response.snapshot_records:
+                    delta.replay(decode_value(value), last_offset, snapshot.epoch)
+                if response.snapshot_done:
+                    return delta.apply()
+        finally:
+            if not pending.done():
+                pending.cancel()
+
+    def _snapshot_request(self, snapshot: cpb.SnapshotRef, position: int) -> cpb.MetadataFetchRequest:
+        return cpb.MetadataFetchRequest(
+            cluster_id=self._cluster_id,
+            broker_id=self._broker_id,
+            fetch_offset=self._fetch_offset,
+            max_wait_ms=0,
+            snapshot_id=snapshot,
+            snapshot_position=position,
+        )
 
     async def _call(self, request: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse | None:
         timeout_s = request.max_wait_ms / 1000.0 + self._timings.request_timeout_s

@@ -75,6 +75,7 @@ class BrokerLifecycle:
         info: RegistrationInfo,
         timings: LifecycleTimings,
         caught_up: Callable[[], bool],
+        on_fenced: Callable[[], None] = lambda: None,
         rng: random.Random | None = None,
     ) -> None:
         self._status = status
@@ -82,6 +83,7 @@ class BrokerLifecycle:
         self._info = info
         self._timings = timings
         self._caught_up = caught_up
+        self._on_fenced = on_fenced
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
         self._want_shut_down = False
@@ -177,6 +179,9 @@ class BrokerLifecycle:
 
     async def _heartbeat_once(self) -> bool:
         status = self._status
+        if status.broker_epoch >= 0 and status.lease_lapsed() and not status.resync_required:
+            status.begin_resync()
+            self._log.warning("session_lease_lapsed")
         request = cpb.BrokerHeartbeatRequest(
             cluster_id=status.cluster_id,
             broker_id=status.broker_id,
@@ -223,10 +228,7 @@ class BrokerLifecycle:
             return
         if response.is_fenced:
             if not status.fenced:
-                self._log.warning("fenced_by_controller")
-            status.fenced = True
-            if status.state is BrokerState.RUNNING:
-                status.transition(BrokerState.RECOVERY)
+                self.fence_locally("fenced_by_controller")
         else:
             if status.fenced:
                 self._log.info("unfenced")
@@ -234,10 +236,22 @@ class BrokerLifecycle:
             if status.state is BrokerState.RECOVERY:
                 status.transition(BrokerState.RUNNING)
 
+    def fence_locally(self, event: str) -> None:
+        """Stop serving at once because the controller fenced this broker (heartbeat answer or image);
+        ``on_fenced`` lets the owner hold back the next unfence request until the image shows it."""
+        status = self._status
+        status.fenced = True
+        status.begin_resync()
+        if status.state is BrokerState.RUNNING:
+            status.transition(BrokerState.RECOVERY)
+        self._log.warning(event)
+        self._on_fenced()
+
     def _stop_serving(self, reason: str) -> None:
         status = self._status
         status.fenced = True
         status.revoke_lease()
+        status.begin_resync()
         if status.state is BrokerState.RUNNING:
             status.transition(BrokerState.RECOVERY)
         self._log.warning("registration_lost", reason=reason)

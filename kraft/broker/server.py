@@ -144,6 +144,7 @@ class BrokerServer:
                 retry_backoff_s=s.retry_backoff_ms / 1000.0,
             ),
             caught_up=self._caught_up,
+            on_fenced=self._on_fenced,
         )
         self.fetcher = MetadataFetcher(
             s.broker_id,
@@ -156,8 +157,14 @@ class BrokerServer:
                 retry_backoff_s=s.retry_backoff_ms / 1000.0,
             ),
             on_applied=self._on_applied,
+            on_drained=self._on_drained,
+            generation=lambda: self.status.resync_generation,
             metrics=self.metrics,
         )
+        # Set when the controller fenced a running broker: it may ask to be unfenced again only after its
+        # image shows that fence, because the leader moves that come with it precede it in the log.
+        self._await_fence_in_image = False
+        self._image_showed_unfenced = False
         self._health: HealthReporter | None = None
         self._server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
@@ -258,12 +265,37 @@ class BrokerServer:
     # --- callbacks ----------------------------------------------------------------------------------
 
     def _caught_up(self) -> bool:
+        """Ready to be unfenced: the image includes this broker's registration record and, after a fence
+        by the controller, the fence itself (so every leadership it lost is already applied)."""
         status = self.status
-        return status.broker_epoch >= 0 and status.metadata_offset >= status.broker_epoch
+        if status.broker_epoch < 0 or status.metadata_offset < status.broker_epoch or status.resync_required:
+            return False
+        if self._await_fence_in_image:
+            registration = self.publisher.image.brokers.get(status.broker_id)
+            if registration is None or registration.epoch != status.broker_epoch or not registration.fenced:
+                return False
+            self._await_fence_in_image = False
+        return True
+
+    def _on_drained(self, generation: int) -> None:
+        if self.status.end_resync(generation):
+            self._log.info("metadata_resynced", metadata_offset=self.status.metadata_offset)
+            self.lifecycle.wake()
+
+    def _on_fenced(self) -> None:
+        self._await_fence_in_image = True
 
     def _on_applied(self, offset: int) -> None:
+        status = self.status
         was_caught_up = self._caught_up()
-        self.status.metadata_offset = offset
+        status.metadata_offset = offset
+        registration = self.publisher.image.brokers.get(status.broker_id)
+        ours = registration is not None and registration.epoch == status.broker_epoch
+        fenced_in_image = ours and registration is not None and registration.fenced
+        if self._image_showed_unfenced and fenced_in_image and not status.fenced:
+            # The log says we were fenced before any heartbeat told us: stop serving now.
+            self.lifecycle.fence_locally("fenced_in_metadata")
+        self._image_showed_unfenced = ours and not fenced_in_image
         if not was_caught_up and self._caught_up():
             self._log.info("caught_up", metadata_offset=offset)
             self.lifecycle.wake()

@@ -6,6 +6,10 @@ unfenced registration, and a *lease*: the last heartbeat the controller accepted
 session timeout.  The lease is what stops a broker that was paused (SIGSTOP, a long GC-like stall) from
 answering a Produce in the instant after it resumes and before its next heartbeat tells it that it was
 fenced: the monotonic clock kept running while it was stopped, so the lease has already expired.
+
+A lapsed lease (or a fence) also sets ``resync_required``: the broker serves again only after a metadata
+fetch sent *after* that moment came back with nothing left to apply, so leaderships it lost while it was
+away are applied before it can accept a Produce for them.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ class BrokerStatus:
         self.fenced = True
         self.metadata_offset = -1  # last applied metadata offset
         self.controller_id = -1
+        # Set when the broker may have missed metadata (lease lapsed, fenced, re-registered); cleared by
+        # the fetcher once a fetch *sent after* it was set found nothing more to apply.
+        self.resync_required = False
+        self.resync_generation = 0
         self._clock = clock
         self._lease_expires_at = float("-inf")
         self._listeners: list[Callable[[BrokerState, BrokerState], None]] = []
@@ -81,6 +89,22 @@ class BrokerStatus:
         no earlier than that), never from when its answer arrived."""
         self._lease_expires_at = max(self._lease_expires_at, sent_at + self.session_timeout_s)
 
+    def lease_lapsed(self) -> bool:
+        """A lease was granted once and has run out (paused, partitioned, or the controller is gone)."""
+        return self._lease_expires_at != float("-inf") and not self.lease_valid()
+
+    def begin_resync(self) -> None:
+        if not self.resync_required:
+            self.resync_required = True
+            self.resync_generation += 1
+
+    def end_resync(self, generation: int) -> bool:
+        """Clear the resync flag if ``generation`` (read when the fetch was sent) is the current one."""
+        if self.resync_required and generation == self.resync_generation:
+            self.resync_required = False
+            return True
+        return False
+
     def revoke_lease(self) -> None:
         self._lease_expires_at = float("-inf")
 
@@ -105,4 +129,6 @@ class BrokerStatus:
             return ErrorCode.BROKER_NOT_AVAILABLE, f"broker {self.broker_id} is fenced"
         if not self.lease_valid():
             return ErrorCode.BROKER_NOT_AVAILABLE, f"broker {self.broker_id} has no live session"
+        if self.resync_required:
+            return ErrorCode.BROKER_NOT_AVAILABLE, f"broker {self.broker_id} is catching up on metadata"
         return None

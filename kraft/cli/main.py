@@ -28,11 +28,15 @@ def _register(module: str, name: str, help_text: str) -> None:
 _register("storage", "storage", "Format and inspect storage directories (kafka-storage.sh).")
 _register("cluster", "cluster", "Run a local cluster: up, status, down, restart.")
 _register("metadata", "metadata", "Inspect the metadata log offline: dump segments and snapshots.")
+importlib.import_module("kraft.cli.metadata_shell")  # adds `kraft metadata shell` to the metadata group
+_register("broker", "broker", "Brokers: run one, list, describe, unregister, controlled shutdown.")
+_register("topic", "topic", "Topics: create, list, describe, delete.")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
 _register("quorum", "quorum", "Describe the controller quorum (kafka-metadata-quorum.sh).")
 _register("produce", "produce", "Append records to a topic partition through its leader.")
 _register("consume", "consume", "Read records of a topic partition from its leader.")
 _register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")
+_register("pipeline", "pipeline", "PySpark jobs over kraft logs: metadata report, exact compaction.")
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kraft.cluster.formatting import format_node_storage
-from kraft.cluster.probe import broker_views, quorum_view
+from kraft.cluster.probe import broker_serving, broker_views, quorum_view
 from kraft.cluster.process import NodeProcess, ProcessError
 from kraft.cluster.spec import (
     AddressOf,
@@ -148,10 +148,13 @@ class LocalCluster:
         cluster_id: str | None = None,
         address_of: AddressOf | None = None,
         extra_env: Mapping[str, str] | None = None,
+        spec: ClusterSpec | None = None,
     ) -> LocalCluster:
         """Plan ids and ports, write every config, format every node's storage, save ``cluster.json``.
 
-        Refuses a directory that already holds a cluster, and ports that are already taken.
+        Pass ``spec`` (from :func:`plan_cluster`) to use ports planned earlier — e.g. to set up proxies
+        first; the sizing arguments are then ignored.  Refuses a directory that already holds a cluster,
+        and ports that are already taken.
         """
         layout = ClusterLayout(root.resolve())
         if layout.state_path.exists():
@@ -160,7 +163,7 @@ class LocalCluster:
                 "or remove it with `kraft cluster down --purge`"
             )
         try:
-            spec = plan_cluster(
+            spec = spec or plan_cluster(
                 cluster_id or random_uuid(),
                 controllers,
                 brokers,
@@ -319,6 +322,10 @@ class LocalCluster:
             else:
                 broker = brokers.get(node.node_id)
                 state = broker.state.lower() if broker is not None else "registering"
+                # Right after a restart the controller may still show the old incarnation as active;
+                # only the broker itself knows whether this process is serving yet.
+                if state == "active" and not broker_serving(node.target, probe_timeout_s):
+                    state = "starting"
             log = str(self.layout.log_path(node))
             nodes.append(NodeStatus(node.node_id, node.role, node.name, pid, node.target, state, log))
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from kraft.errors import ErrorCode
+from kraft.observability.health import BROKER_SERVICE, HealthStatus, check_health_sync
 from kraft.v1 import controller_pb2, controller_pb2_grpc, raft_pb2, raft_pb2_grpc
 
 # One attempt per probe: the caller's poll loop is the retry policy.
@@ -64,3 +65,8 @@ def broker_views(target: str, cluster_id: str, timeout_s: float) -> dict[int, Br
     if ErrorCode.from_wire(reply.error_code) is not ErrorCode.NONE:
         return None
     return {b.broker_id: BrokerView(b.broker_id, b.state, b.metadata_offset) for b in reply.brokers}
+
+
+def broker_serving(target: str, timeout_s: float) -> bool:
+    """The broker's own grpc health for ``kraft.v1.BrokerService``: SERVING once this process is unfenced."""
+    return check_health_sync(target, BROKER_SERVICE, timeout_s) is HealthStatus.SERVING

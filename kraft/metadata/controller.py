@@ -340,7 +340,8 @@ class QuorumController:
                 self._tasks.append(asyncio.get_running_loop().create_task(self.raft.resign()))
             await self._wait_committed(last)
         else:
-            await self._wait_committed(self._next_offset - 1)
+            depends_on = outcome.wait_offset if outcome.wait_offset is not None else self._next_offset - 1
+            await self._wait_committed(depends_on)
         return outcome.response
 
     # ---- request plumbing ----
@@ -494,7 +495,7 @@ class QuorumController:
 
     async def metadata_fetch(self, req: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
         response = cpb.MetadataFetchResponse()
-        if req.cluster_id != self.cluster_id:
+        if req.cluster_id and req.cluster_id != self.cluster_id:
             return error_response(
                 response,
                 ErrorCode.INCONSISTENT_CLUSTER_ID,

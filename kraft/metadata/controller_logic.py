@@ -76,6 +76,8 @@ class Outcome(Generic[R]):
     records: list[pb.MetadataRecord]
     response: R
     first_offset: int = -1
+    wait_offset: int | None = None
+    """Without records: the offset the answer depends on (None = every pending write)."""
 
 
 @dataclass(slots=True)
@@ -91,8 +93,12 @@ class _Batch:
         record = rec.wrap(payload)
         if self.delta is None:
             self.delta = MetadataDelta(self.logic.image)
-        self.delta.replay(record, self.next_offset + len(self.records))
+        offset = self.next_offset + len(self.records)
+        self.delta.replay(record, offset)
         self.records.append(record)
+        broker_id = _broker_of(payload)
+        if broker_id is not None:
+            self.logic.broker_offsets[broker_id] = offset
 
     def view(self) -> MetadataImage:
         """The image including what was added so far (cheap: only changed parts are rebuilt)."""
@@ -104,6 +110,17 @@ class _Batch:
     def finish(self) -> list[pb.MetadataRecord]:
         self.view()
         return self.records
+
+
+def _broker_of(payload: Message) -> int | None:
+    """The broker a registration record is about (None for other records)."""
+    if isinstance(
+        payload, pb.BrokerRegistrationChangeRecord | pb.RegisterBrokerRecord | pb.UnregisterBrokerRecord
+    ):
+        return payload.broker_id
+    if isinstance(payload, pb.FenceBrokerRecord | pb.UnfenceBrokerRecord):
+        return payload.id
+    return None
 
 
 def error_response(response: R, code: ErrorCode, message: str) -> R:
@@ -126,6 +143,9 @@ class ControllerLogic:
         self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
         # offset of the last record of each broker's controlled shutdown (soft state, like Kafka's)
         self._shutdown_offsets: dict[int, int] = {}
+        # offset of the latest (maybe pending) record about each broker's registration: a heartbeat that
+        # writes nothing waits only for that, not for unrelated bulk writes
+        self.broker_offsets: dict[int, int] = {}
         self.reset(image, now_ms)
 
     # ---- lifecycle of the logic itself ----
@@ -134,6 +154,7 @@ class ControllerLogic:
         """Drop pending state; give every registered broker a fresh session (a newly active controller)."""
         self.image = committed
         self._shutdown_offsets.clear()
+        self.broker_offsets.clear()
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
@@ -148,8 +169,9 @@ class ControllerLogic:
         batch.add(pb.NoOpRecord())
         return batch.finish()
 
-    def check_cluster_id(self, cluster_id: str) -> None:
-        if cluster_id != self.settings.cluster_id:
+    def check_cluster_id(self, cluster_id: str, required: bool = False) -> None:
+        """Kafka's rule: a request without a cluster id (admin tools) is not checked; brokers must send it."""
+        if (cluster_id or required) and cluster_id != self.settings.cluster_id:
             raise KraftError(
                 ErrorCode.INCONSISTENT_CLUSTER_ID,
                 f"request cluster id {cluster_id!r} does not match this cluster {self.settings.cluster_id!r}",
@@ -250,7 +272,7 @@ class ControllerLogic:
     ) -> Outcome[cpb.RegisterBrokerResponse]:
         response = cpb.RegisterBrokerResponse()
         try:
-            self.check_cluster_id(req.cluster_id)
+            self.check_cluster_id(req.cluster_id, required=True)
             self._validate_registration(req)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
@@ -357,7 +379,11 @@ class ControllerLogic:
                 self._fence(batch, broker)
                 response.is_fenced = True
                 response.should_shut_down = True
-        return Outcome(batch.finish(), response, next_offset)
+        records = batch.finish()
+        depends_on = max(
+            self.broker_offsets.get(broker.broker_id, -1), self._shutdown_offsets.get(broker.broker_id, -1)
+        )
+        return Outcome(records, response, next_offset, wait_offset=depends_on)
 
     def unregister_broker(
         self, req: cpb.UnregisterBrokerRequest, next_offset: int

@@ -98,8 +98,18 @@ def plan_partition(
     records_in = sum(s.records for s in useful)
     if not useful:
         return PartitionPlan(
-            partition_dir.topic, partition_dir.partition, partition_dir.path, -1, -1, -1, -1,
-            0, 0, truncated, len(scans), (),
+            partition_dir.topic,
+            partition_dir.partition,
+            partition_dir.path,
+            -1,
+            -1,
+            -1,
+            -1,
+            0,
+            0,
+            truncated,
+            len(scans),
+            (),
         )
     max_ts = max(s.max_timestamp_ms for s in useful)
     horizon = max_ts - tombstone_retention_ms

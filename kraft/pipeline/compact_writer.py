@@ -316,4 +316,3 @@ class RangeCompactor:
         finally:
             self._cursor.close()
         return self.stats
-

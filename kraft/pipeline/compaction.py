@@ -45,7 +45,7 @@ from kraft.pipeline.compact_writer import (
     RangeStats,
 )
 from kraft.pipeline.decode import iter_file_batches, mapped
-from kraft.pipeline.layout import LogFile, find_partition_dirs
+from kraft.pipeline.layout import LogFile, find_partition_dirs, is_segment_file_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -142,9 +142,19 @@ class CompactionReport:
 
     def to_json(self) -> dict[str, Any]:
         names = (
-            "records_in", "distinct_keys", "records_out", "duplicates_removed", "tombstones_kept",
-            "tombstones_dropped", "keyless_records", "control_records", "bytes_in", "bytes_out",
-            "bytes_saved", "segments_in", "segments_out",
+            "records_in",
+            "distinct_keys",
+            "records_out",
+            "duplicates_removed",
+            "tombstones_kept",
+            "tombstones_dropped",
+            "keyless_records",
+            "control_records",
+            "bytes_in",
+            "bytes_out",
+            "bytes_saved",
+            "segments_in",
+            "segments_out",
         )
         return {
             "log_dir": self.log_dir,
@@ -227,8 +237,9 @@ def _stats_batch(stats: list[RangeStats]) -> pa.RecordBatch:
 # --- driver ------------------------------------------------------------------------------------------
 
 
-def _check_output_dir(out_dir: Path) -> None:
-    if out_dir.exists() and any(out_dir.rglob("*.log")):
+def check_output_dir(out_dir: Path) -> None:
+    """Refuse an output directory that already holds segments (compaction never overwrites a log)."""
+    if out_dir.exists() and any(is_segment_file_name(p.name) for p in out_dir.rglob("*.log")):
         raise KraftError(
             ErrorCode.INVALID_REQUEST,
             f"output directory {out_dir} already holds segments; choose an empty directory",
@@ -248,7 +259,10 @@ def _routes(spark: SparkSession, partitions: int) -> list[int]:
     limit = 64 * partitions + 64
     rows = (
         spark.range(0, limit)
-        .select(F.col("id").cast("int").alias("v"), F.expr(f"pmod(hash(cast(id as int)), {partitions})").alias("p"))
+        .select(
+            F.col("id").cast("int").alias("v"),
+            F.expr(f"pmod(hash(cast(id as int)), {partitions})").alias("p"),
+        )
         .groupBy("p")
         .agg(F.min("v").alias("v"))
         .collect()
@@ -277,7 +291,7 @@ def compact(
             )
         seen[(d.topic, d.partition)] = d.path
     out_root = Path(out_dir)
-    _check_output_dir(out_root)
+    check_output_dir(out_root)
     sc = spark.sparkContext
 
     # 1. scan headers in executors; the driver only sees one small row per segment
@@ -344,11 +358,15 @@ def _run_compaction(
 
     # 3. the out-of-core reduction: newest offset (and counts) per key of each partition; then each
     #    survivor goes to the writer range holding its offset
-    groups = keys.groupBy("pid", "kind", "key").agg(
-        F.max("offset").alias("offset"),
-        F.count(F.lit(1)).alias("records"),
-        F.min("offset").alias("first_offset"),
-    ).select("pid", *_GROUP_COLUMNS)
+    groups = (
+        keys.groupBy("pid", "kind", "key")
+        .agg(
+            F.max("offset").alias("offset"),
+            F.count(F.lit(1)).alias("records"),
+            F.min("offset").alias("first_offset"),
+        )
+        .select("pid", *_GROUP_COLUMNS)
+    )
     tasked = groups.mapInArrow(
         lambda batches: _assign_tasks(batches, starts_by_pid),
         "task int, kind tinyint, offset bigint, records bigint, first_offset bigint",
@@ -378,8 +396,12 @@ def _run_compaction(
         for rb in batches:
             columns = rb.to_pydict()
             for task, kind, offset, records, first_offset in zip(
-                columns["task"], columns["kind"], columns["offset"], columns["records"],
-                columns["first_offset"], strict=True,
+                columns["task"],
+                columns["kind"],
+                columns["offset"],
+                columns["records"],
+                columns["first_offset"],
+                strict=True,
             ):
                 if current is None or current.range.task != task:
                     if current is not None:
@@ -414,7 +436,9 @@ def _build_report(
         def total(name: str, rows: list[Any] = rows) -> int:
             return sum(int(r[name]) for r in rows)
 
-        keyless_offsets = [int(r["keyless_first_offset"]) for r in rows if int(r["keyless_first_offset"]) >= 0]
+        keyless_offsets = [
+            int(r["keyless_first_offset"]) for r in rows if int(r["keyless_first_offset"]) >= 0
+        ]
         keyed_in = total("keyed_records_in")
         distinct = total("distinct_keys")
         bytes_out = total("bytes_out")

@@ -243,4 +243,3 @@ def read_file_as_arrow(
                 yield out.flush()
     if out.rows:
         yield out.flush()
-

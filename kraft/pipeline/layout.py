@@ -108,5 +108,9 @@ def find_partition_dirs(root: str | Path) -> list[PartitionDir]:
     return found
 
 
+def is_segment_file_name(name: str) -> bool:
+    return _SEGMENT.match(name) is not None
+
+
 def segment_file_name(base_offset: int) -> str:
     return f"{base_offset:020d}.log"

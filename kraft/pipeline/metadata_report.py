@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.pipeline import metadata_tables as tables
@@ -62,14 +62,14 @@ class MetadataReport:
 def _pick_metadata_dir(log_dir: str, report_notes: list[str]) -> PartitionDir:
     candidates = [d for d in find_partition_dirs(log_dir) if d.topic == METADATA_TOPIC]
     if not candidates:
-        raise KraftError(
-            ErrorCode.INVALID_REQUEST, f"no {METADATA_TOPIC}-0 metadata log under {log_dir}"
-        )
+        raise KraftError(ErrorCode.INVALID_REQUEST, f"no {METADATA_TOPIC}-0 metadata log under {log_dir}")
     # Several controllers' replicas of the same log: report on the longest one instead of mixing them.
     chosen = max(candidates, key=lambda d: (sum(s.size_bytes for s in d.segments), d.path))
     if len(candidates) > 1:
         others = ", ".join(d.path for d in candidates if d is not chosen)
-        report_notes.append(f"{len(candidates)} metadata logs found; used the largest, {chosen.path} (not {others})")
+        report_notes.append(
+            f"{len(candidates)} metadata logs found; used the largest, {chosen.path} (not {others})"
+        )
     return chosen
 
 
@@ -92,9 +92,11 @@ def _load_rows(spark: SparkSession, directory: PartitionDir, report: MetadataRep
     if snapshot is None:
         return log_rows
     snapshot_rows = rows.where(F.col("file") == snapshot.path)
-    header = snapshot_rows.where(F.col("record_type") == "SnapshotHeader").select(
-        F.get_json_object("record_json", "$.last_contained_log_timestamp").cast("bigint").alias("ts")
-    ).first()
+    header = (
+        snapshot_rows.where(F.col("record_type") == "SnapshotHeader")
+        .select(F.get_json_object("record_json", "$.last_contained_log_timestamp").cast("bigint").alias("ts"))
+        .first()
+    )
     data = snapshot_rows.where(~F.col("is_control"))
     count = data.count()
     report.snapshot_records = count
@@ -111,6 +113,11 @@ def _load_rows(spark: SparkSession, directory: PartitionDir, report: MetadataRep
     return shifted.unionByName(log_rows)
 
 
+def _pandas(df: DataFrame) -> pd.DataFrame:
+    """Collect a small (aggregated or limited) result for plotting."""
+    return cast("pd.DataFrame", df.toPandas())
+
+
 def _write_table(df: DataFrame, out: Path, name: str, report: MetadataReport) -> None:
     path = out / "tables" / name
     df.write.mode("overwrite").parquet(str(path))
@@ -123,7 +130,10 @@ def _markdown_table(frame: pd.DataFrame, limit: int = _TABLE_ROWS_IN_SUMMARY) ->
     shown = frame.head(limit)
     header = "| " + " | ".join(str(c) for c in shown.columns) + " |"
     rule = "|" + "|".join("---" for _ in shown.columns) + "|"
-    body = ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in shown.itertuples(index=False)]
+    body = [
+        "| " + " | ".join("" if v is None else str(v) for v in row) + " |"
+        for row in shown.itertuples(index=False)
+    ]
     more = f"\n_{len(frame) - limit} more rows in the Parquet table_\n" if len(frame) > limit else "\n"
     return "\n".join([header, rule, *body]) + "\n" + more
 
@@ -190,14 +200,18 @@ def metadata_report(spark: SparkSession, log_dir: str, out_dir: str) -> Metadata
 
     rows = _load_rows(spark, directory, report).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        stats = rows.where(F.col("source") == "log").agg(
-            F.count(F.lit(1)).alias("records"),
-            F.min("offset").alias("first_offset"),
-            F.max("offset").alias("last_offset"),
-            F.min("timestamp_ms").alias("first_ms"),
-            F.max("timestamp_ms").alias("last_ms"),
-            F.sum(F.when(F.col("record_type") == "Undecodable", 1).otherwise(0)).alias("undecodable"),
-        ).first()
+        stats = (
+            rows.where(F.col("source") == "log")
+            .agg(
+                F.count(F.lit(1)).alias("records"),
+                F.min("offset").alias("first_offset"),
+                F.max("offset").alias("last_offset"),
+                F.min("timestamp_ms").alias("first_ms"),
+                F.max("timestamp_ms").alias("last_ms"),
+                F.sum(F.when(F.col("record_type") == "Undecodable", 1).otherwise(0)).alias("undecodable"),
+            )
+            .first()
+        )
         assert stats is not None
         report.records = int(stats["records"])
         if report.records:
@@ -228,10 +242,10 @@ def metadata_report(spark: SparkSession, log_dir: str, out_dir: str) -> Metadata
 
         # Small, aggregated results only reach the driver (for plots and the summary).
         spark_read = spark.read
-        epochs = spark_read.parquet(report.tables["controller_epochs"]).orderBy("epoch").toPandas()
-        counts = spark_read.parquet(report.tables["record_type_counts"]).toPandas()
+        epochs = _pandas(spark_read.parquet(report.tables["controller_epochs"]).orderBy("epoch"))
+        counts = _pandas(spark_read.parquet(report.tables["record_type_counts"]))
         states_table = spark_read.parquet(report.tables["broker_states"])
-        broker_summary = (
+        broker_summary = _pandas(
             states_table.groupBy("broker_id")
             .pivot("state", ["ACTIVE", "FENCED", "CONTROLLED_SHUTDOWN", "UNREGISTERED"])
             .agg(F.sum("duration_ms"))
@@ -241,18 +255,19 @@ def metadata_report(spark: SparkSession, log_dir: str, out_dir: str) -> Metadata
                 "left",
             )
             .orderBy("broker_id")
-            .toPandas()
         )
         plotted_brokers = broker_summary["broker_id"].head(plots.MAX_ROWS_PLOTTED).tolist()
-        states = states_table.where(F.col("broker_id").isin(plotted_brokers)).toPandas()
+        states = _pandas(states_table.where(F.col("broker_id").isin(plotted_brokers)))
         leader_table = spark_read.parquet(report.tables["partition_leader_events"])
         plotted_partitions = (
-            leader_table.select("topic_id", "partition").distinct().orderBy("topic_id", "partition")
+            leader_table.select("topic_id", "partition")
+            .distinct()
+            .orderBy("topic_id", "partition")
             .limit(plots.MAX_ROWS_PLOTTED)
         )
-        leader_events = leader_table.join(plotted_partitions, ["topic_id", "partition"]).toPandas()
+        leader_events = _pandas(leader_table.join(plotted_partitions, ["topic_id", "partition"]))
         offline_table = spark_read.parquet(report.tables["offline_intervals"])
-        offline = offline_table.orderBy("start_offset").limit(200).toPandas()
+        offline = _pandas(offline_table.orderBy("start_offset").limit(200))
 
         report.epochs = len(epochs)
         report.brokers = len(broker_summary)
@@ -265,13 +280,20 @@ def metadata_report(spark: SparkSession, log_dir: str, out_dir: str) -> Metadata
 
         plot_dir = out / "plots"
         report.plots = {
-            "record_types": str(plots.plot_record_types(counts, origin_ms, report.bucket_ms,
-                                                        plot_dir / "record_types.png")),
-            "broker_timeline": str(plots.plot_broker_timeline(states, origin_ms, plot_dir / "broker_timeline.png")),
-            "controller_epochs": str(plots.plot_controller_epochs(epochs, origin_ms,
-                                                                  plot_dir / "controller_epochs.png")),
-            "partition_leaders": str(plots.plot_partition_leaders(leader_events, origin_ms, end_ms,
-                                                                  plot_dir / "partition_leaders.png")),
+            "record_types": str(
+                plots.plot_record_types(counts, origin_ms, report.bucket_ms, plot_dir / "record_types.png")
+            ),
+            "broker_timeline": str(
+                plots.plot_broker_timeline(states, origin_ms, plot_dir / "broker_timeline.png")
+            ),
+            "controller_epochs": str(
+                plots.plot_controller_epochs(epochs, origin_ms, plot_dir / "controller_epochs.png")
+            ),
+            "partition_leaders": str(
+                plots.plot_partition_leaders(
+                    leader_events, origin_ms, end_ms, plot_dir / "partition_leaders.png"
+                )
+            ),
         }
     finally:
         rows.unpersist()

@@ -59,8 +59,17 @@ def controller_epochs(rows: DataFrame, log_end_ms: int) -> DataFrame:
         .withColumn("end_ms", F.coalesce(F.lead("start_ms").over(by_epoch), F.lit(log_end_ms)))
         .withColumn("tenure_ms", F.col("end_ms") - F.col("start_ms"))
         .withColumn("is_current", F.lead("epoch").over(by_epoch).isNull())
-        .select("epoch", "leader_id", "first_offset", "last_offset", "records", "start_ms", "end_ms",
-                "tenure_ms", "is_current")
+        .select(
+            "epoch",
+            "leader_id",
+            "first_offset",
+            "last_offset",
+            "records",
+            "start_ms",
+            "end_ms",
+            "tenure_ms",
+            "is_current",
+        )
         .orderBy("epoch")
     )
 
@@ -82,7 +91,6 @@ def broker_events(rows: DataFrame) -> DataFrame:
     )
     fenced_change = _json("fenced").cast("int")
     shutdown_change = _json("in_controlled_shutdown").cast("int")
-    registered_fenced = _json("fenced") == "true"
     event = (
         F.when(record_type == "RegisterBrokerRecord", F.lit("registered"))
         .when(record_type == "UnregisterBrokerRecord", F.lit("unregistered"))
@@ -96,7 +104,9 @@ def broker_events(rows: DataFrame) -> DataFrame:
         .when((record_type == "BrokerRegistrationChangeRecord") & (fenced_change == -1), F.lit("unfenced"))
     )
     state = (
-        F.when(F.col("event") == "registered", F.when(registered_fenced, "FENCED").otherwise("ACTIVE"))
+        F.when(
+            F.col("event") == "registered", F.when(F.col("registered_fenced"), "FENCED").otherwise("ACTIVE")
+        )
         .when(F.col("event") == "unregistered", F.lit("UNREGISTERED"))
         .when(F.col("event") == "fenced", F.lit("FENCED"))
         .when(F.col("event") == "unfenced", F.lit("ACTIVE"))
@@ -105,13 +115,21 @@ def broker_events(rows: DataFrame) -> DataFrame:
     return (
         rows.where(
             record_type.isin(
-                "RegisterBrokerRecord", "UnregisterBrokerRecord", "FenceBrokerRecord", "UnfenceBrokerRecord",
+                "RegisterBrokerRecord",
+                "UnregisterBrokerRecord",
+                "FenceBrokerRecord",
+                "UnfenceBrokerRecord",
                 "BrokerRegistrationChangeRecord",
             )
         )
         .select(
-            broker_id.alias("broker_id"), "offset", "timestamp_ms", event.alias("event"),
-            broker_epoch.alias("broker_epoch"), "source",
+            broker_id.alias("broker_id"),
+            "offset",
+            "timestamp_ms",
+            event.alias("event"),
+            broker_epoch.alias("broker_epoch"),
+            "source",
+            (_json("fenced") == "true").alias("registered_fenced"),
         )
         .where(F.col("event").isNotNull())  # e.g. a log-dir-only registration change
         .withColumn("state", state)
@@ -147,23 +165,27 @@ def partition_leader_events(rows: DataFrame) -> DataFrame:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    topics = rows.where(F.col("record_type") == "TopicRecord").select(
-        _json("topic_id").alias("topic_id"), _json("name").alias("topic")
-    ).dropDuplicates(["topic_id"])
-    assignments = rows.where(
-        F.col("record_type").isin("PartitionRecord", "PartitionChangeRecord")
-    ).select(
+    topics = (
+        rows.where(F.col("record_type") == "TopicRecord")
+        .select(_json("topic_id").alias("topic_id"), _json("name").alias("topic"))
+        .dropDuplicates(["topic_id"])
+    )
+    assignments = (
+        rows.where(F.col("record_type").isin("PartitionRecord", "PartitionChangeRecord"))
+        .select(
+            _json("topic_id").alias("topic_id"),
+            _json("partition_id").cast("int").alias("partition"),
+            "offset",
+            "timestamp_ms",
+            _json("leader").cast("int").alias("leader"),
+            (F.col("record_type") == "PartitionRecord").alias("is_creation"),
+        )
+        .where(F.col("leader").isNotNull())
+    )  # a change that leaves the leader alone
+    removals = rows.where(F.col("record_type") == "RemoveTopicRecord").select(
         _json("topic_id").alias("topic_id"),
-        _json("partition_id").cast("int").alias("partition"),
-        "offset",
-        "timestamp_ms",
-        _json("leader").cast("int").alias("leader"),
-        (F.col("record_type") == "PartitionRecord").alias("is_creation"),
-    ).where(F.col("leader").isNotNull())  # a change that leaves the leader alone
-    removals = (
-        rows.where(F.col("record_type") == "RemoveTopicRecord")
-        .select(_json("topic_id").alias("topic_id"), F.col("offset").alias("removed_offset"),
-                F.col("timestamp_ms").alias("removed_ms"))
+        F.col("offset").alias("removed_offset"),
+        F.col("timestamp_ms").alias("removed_ms"),
     )
     per_partition = Window.partitionBy("topic_id", "partition").orderBy("offset")
     with_previous = assignments.withColumn("previous_leader", F.lag("leader").over(per_partition))
@@ -174,21 +196,29 @@ def partition_leader_events(rows: DataFrame) -> DataFrame:
         .otherwise(F.lit("elected"))
     )
     leader_changes = with_previous.where(
-        F.col("is_creation") | F.col("previous_leader").isNull() | (F.col("leader") != F.col("previous_leader"))
+        F.col("is_creation")
+        | F.col("previous_leader").isNull()
+        | (F.col("leader") != F.col("previous_leader"))
     ).withColumn("change", change)
     partitions = assignments.select("topic_id", "partition").distinct()
     removed = partitions.join(removals, "topic_id").select(
-        "topic_id", "partition", F.col("removed_offset").alias("offset"),
-        F.col("removed_ms").alias("timestamp_ms"), F.lit(None).cast("int").alias("leader"),
-        F.lit(None).cast("int").alias("previous_leader"), F.lit("removed").alias("change"),
+        "topic_id",
+        "partition",
+        F.col("removed_offset").alias("offset"),
+        F.col("removed_ms").alias("timestamp_ms"),
+        F.lit(None).cast("int").alias("leader"),
+        F.lit(None).cast("int").alias("previous_leader"),
+        F.lit("removed").alias("change"),
     )
     return (
-        leader_changes.select("topic_id", "partition", "offset", "timestamp_ms", "leader", "previous_leader",
-                              "change")
+        leader_changes.select(
+            "topic_id", "partition", "offset", "timestamp_ms", "leader", "previous_leader", "change"
+        )
         .unionByName(removed)
         .join(topics, "topic_id", "left")
-        .select("topic", "topic_id", "partition", "offset", "timestamp_ms", "leader", "previous_leader",
-                "change")
+        .select(
+            "topic", "topic_id", "partition", "offset", "timestamp_ms", "leader", "previous_leader", "change"
+        )
     )
 
 
@@ -204,7 +234,9 @@ def offline_intervals(leader_events: DataFrame, log_end_ms: int) -> DataFrame:
         .withColumn("next_change", F.lead("change").over(per_partition))
         .where(F.col("leader") == -1)
         .select(
-            "topic", "topic_id", "partition",
+            "topic",
+            "topic_id",
+            "partition",
             F.col("offset").alias("start_offset"),
             F.col("timestamp_ms").alias("start_ms"),
             F.coalesce("next_ms", F.lit(log_end_ms)).alias("end_ms"),
@@ -222,7 +254,9 @@ def record_type_counts(rows: DataFrame, bucket_ms: int) -> DataFrame:
     bucket = (F.floor(F.col("timestamp_ms") / F.lit(bucket_ms)) * F.lit(bucket_ms)).cast("bigint")
     return (
         rows.where(F.col("source") == "log")
-        .groupBy(bucket.alias("bucket_start_ms"), F.coalesce("record_type", F.lit("Unknown")).alias("record_type"))
+        .groupBy(
+            bucket.alias("bucket_start_ms"), F.coalesce("record_type", F.lit("Unknown")).alias("record_type")
+        )
         .agg(F.count(F.lit(1)).alias("records"))
         .orderBy("bucket_start_ms", "record_type")
     )

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 FORMAT_NAME = "kraft-log"
 
 
-class LogFilePartition(InputPartition):  # type: ignore[misc]
+class LogFilePartition(InputPartition):
     """One input split: a single segment or snapshot file."""
 
     def __init__(self, log_file: LogFile) -> None:
@@ -58,7 +58,7 @@ def _parse_bool(value: str | None, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes"}
 
 
-class KraftLogReader(DataSourceReader):  # type: ignore[misc]
+class KraftLogReader(DataSourceReader):
     def __init__(self, path: str, columns: Sequence[str], include_snapshots: bool) -> None:
         self.path = path
         self.columns = tuple(columns)
@@ -66,8 +66,7 @@ class KraftLogReader(DataSourceReader):  # type: ignore[misc]
 
     def partitions(self) -> Sequence[InputPartition]:
         return [
-            LogFilePartition(f)
-            for f in list_log_files(self.path, include_snapshots=self.include_snapshots)
+            LogFilePartition(f) for f in list_log_files(self.path, include_snapshots=self.include_snapshots)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -75,7 +74,7 @@ class KraftLogReader(DataSourceReader):  # type: ignore[misc]
         yield from read_file_as_arrow(partition.log_file, self.columns)
 
 
-class KraftLogDataSource(DataSource):  # type: ignore[misc]
+class KraftLogDataSource(DataSource):
     """``spark.read.format("kraft-log")``: records of kraft segment and snapshot files."""
 
     def __init__(self, options: dict[str, Any]) -> None:
@@ -98,8 +97,15 @@ class KraftLogDataSource(DataSource):  # type: ignore[misc]
         return KraftLogReader(self.path, self.columns, self.include_snapshots)
 
 
+_REGISTERED: set[int] = set()  # ids of the SparkContexts (JVMs) that know the data source
+
+
 def register(spark: SparkSession) -> None:
-    spark.dataSource.register(KraftLogDataSource)
+    """Make ``spark.read.format("kraft-log")`` available (once per running SparkContext)."""
+    context_id = id(spark.sparkContext._jsc)
+    if context_id not in _REGISTERED:
+        spark.dataSource.register(KraftLogDataSource)
+        _REGISTERED.add(context_id)
 
 
 def read_logs(

@@ -93,6 +93,8 @@ def plot_broker_timeline(states: pd.DataFrame, origin_ms: int, path: Path) -> Pa
 
 def plot_controller_epochs(epochs: pd.DataFrame, origin_ms: int, path: Path) -> Path:
     """One bar per leader tenure, labelled with epoch and leader id."""
+    import pandas as pd
+
     title = "Controller leader tenures"
     if epochs.empty:
         return _empty(path, title, "no records")
@@ -102,7 +104,7 @@ def plot_controller_epochs(epochs: pd.DataFrame, origin_ms: int, path: Path) -> 
     colors = plt.get_cmap("tab10")
     for _, row in epochs.iterrows():
         leader = row["leader_id"]
-        lane = leaders.index(int(leader)) if leader == leader and leader is not None else -1
+        lane = -1 if pd.isna(leader) else leaders.index(int(leader))
         start = (row["start_ms"] - origin_ms) / 1000
         width = max(row["tenure_ms"] / 1000, 0.05)
         ax.barh(lane, width, left=start, color=colors(int(row["epoch"]) % 10), height=0.6)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +36,12 @@ logger.utils.name = org.apache.spark.util.Utils
 logger.utils.level = error
 logger.arrow.name = org.apache.spark.sql.execution.python
 logger.arrow.level = error
+logger.window.name = org.apache.spark.sql.execution.window.WindowExec
+logger.window.level = error
+logger.sources.name = org.apache.spark.sql.execution.datasources
+logger.sources.level = error
+logger.conf.name = org.apache.spark.SparkConf
+logger.conf.level = error
 """
 
 
@@ -58,17 +67,46 @@ def _log4j2_file() -> str:
     return str(path)
 
 
-def spark_session(settings: SparkSettings | None = None) -> SparkSession:
+@contextmanager
+def _stderr_to(path: str | None) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` while the block runs (None: leave it alone).
+
+    The JVM inherits the descriptor when it is launched, so everything it and its Python workers print
+    (the JVM's startup warnings, log4j output, worker tracebacks) goes to that file for good, while this
+    process's own stderr is restored for kraft's one-line errors.
+    """
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
+def spark_session(settings: SparkSettings | None = None, *, jvm_log_path: str | None = None) -> SparkSession:
     """Build (or return the running) SparkSession with kraft's defaults and data source registered.
 
     Memory settings only take effect when this call starts the JVM; a session that already runs in
-    this process is reused as is (Spark allows one per process).
+    this process is reused as is (Spark allows one per process).  ``jvm_log_path``: send the JVM's
+    stderr (Spark's logs) to this file instead of the terminal.
     """
     from pyspark.sql import SparkSession
 
     from kraft.pipeline.reader import register
 
     s = settings or SparkSettings()
+    # pyspark 4.3 warns on every pandas conversion that pandas 3 is "not fully supported"; kraft only
+    # converts small aggregated frames, which works, so keep the warning out of users' terminals.
+    warnings.filterwarnings(
+        "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+    )
     # Executors must run this interpreter (the one with kraft, pyarrow installed), not whatever
     # `python3` is first on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -93,7 +131,8 @@ def spark_session(settings: SparkSettings | None = None) -> SparkSession:
         builder = builder.config("spark.local.dir", s.local_dir)
     for key, value in s.extra.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with _stderr_to(jvm_log_path):
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     register(spark)
     return spark

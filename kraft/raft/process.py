@@ -35,10 +35,14 @@ from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.client import LeaderAndEpoch, RaftClient
+from kraft.raft.core_types import RaftConfig
+from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_server import RaftServicer
 from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
 from kraft.raft.grpc_transport import GrpcTransport
-from kraft.raft.raft_assembly import RaftHandle, open_raft
+from kraft.raft.memory import SystemClock
+from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
+from kraft.storage.log import METADATA_LOG_DIR_NAME, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
 from kraft.v1 import raft_pb2_grpc
 
@@ -49,6 +53,8 @@ NodeHook = Callable[["ControllerNode"], Awaitable[None]]
 """Runs after the node started (``on_start``) or before it stops (``on_stop``)."""
 
 SHUTDOWN_TIMEOUT_MS = 5000
+# Room for the protobuf envelope around a Fetch response's record bytes.
+_FETCH_ENVELOPE_BYTES = 64 * 1024
 
 
 class StartupError(Exception):
@@ -72,9 +78,54 @@ def check_storage(config: NodeConfig) -> MetaProperties:
     for directory, props in found.items():
         if props.node_id != config.node_id:
             raise StartupError(
-                f"log directory {directory} is formatted for node {props.node_id} but node.id={config.node_id}"
+                f"log directory {directory} is formatted for node {props.node_id}, "
+                f"but node.id={config.node_id}"
             )
     return found[config.metadata_log_dir]
+
+
+def raft_config(config: NodeConfig, cluster_id: str) -> RaftConfig:
+    """The core's settings from the node's ``controller.quorum.*`` keys."""
+    return RaftConfig(
+        node_id=config.node_id,
+        voters=tuple(voter.id for voter in config.voters),
+        cluster_id=cluster_id,
+        election_timeout_ms=config.controller_quorum_election_timeout_ms,
+        fetch_timeout_ms=config.controller_quorum_fetch_timeout_ms,
+        election_backoff_max_ms=config.controller_quorum_election_backoff_max_ms,
+        append_linger_ms=config.controller_quorum_append_linger_ms,
+        request_timeout_ms=config.controller_quorum_request_timeout_ms,
+        retry_backoff_ms=config.controller_quorum_retry_backoff_ms,
+        fetch_max_wait_ms=config.controller_quorum_fetch_max_wait_ms,
+        # A Fetch response must fit in one gRPC message.
+        fetch_max_bytes=max(
+            1024, min(8 * 1024 * 1024, config.grpc_max_message_bytes - _FETCH_ENVELOPE_BYTES)
+        ),
+    )
+
+
+def open_raft(config: NodeConfig, meta: MetaProperties, transport: GrpcTransport) -> RaftDriver:
+    """The Raft driver over ``<metadata.log.dir>/__cluster_metadata-0`` (log, quorum-state, snapshots)."""
+    assert config.metadata_log_dir is not None
+    directory = config.metadata_log_dir / METADATA_LOG_DIR_NAME
+    directory.mkdir(parents=True, exist_ok=True)
+    log_config = LogConfig(
+        segment_bytes=max(config.metadata_log_segment_bytes, 1024),
+        segment_ms=config.metadata_log_segment_ms,
+    )
+    log = SegmentedLogStore.open(directory, log_config)
+    try:
+        return RaftDriver(
+            raft_config(config, meta.cluster_id),
+            transport=transport,
+            log=log,
+            elections=FileElectionStore(directory),
+            snapshots=FileSnapshotStore(directory),
+            clock=SystemClock(),
+        )
+    except BaseException:
+        log.close()
+        raise
 
 
 class ControllerNode:
@@ -91,7 +142,7 @@ class ControllerNode:
         self._stop_requested = asyncio.Event()
         self._meta: MetaProperties | None = None
         self._transport: GrpcTransport | None = None
-        self._raft: RaftHandle | None = None
+        self._raft: RaftDriver | None = None
         self._server: grpc.aio.Server | None = None
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
@@ -121,7 +172,7 @@ class ControllerNode:
     def raft(self) -> RaftClient:
         if self._raft is None:
             raise RuntimeError("the controller node is not started")
-        return self._raft.client
+        return self._raft
 
     @property
     def cluster_id(self) -> str:
@@ -164,7 +215,10 @@ class ControllerNode:
             max_message_bytes=cfg.grpc_max_message_bytes,
         )
         try:
-            self._raft = await open_raft(cfg, self._meta, self._transport)
+            try:
+                self._raft = open_raft(cfg, self._meta, self._transport)
+            except KraftError as exc:
+                raise StartupError(f"cannot open the metadata log: {exc.message}") from None
             await self._start_server()
             await self._raft.start()
         except BaseException:
@@ -199,7 +253,7 @@ class ControllerNode:
         server = grpc.aio.server(options=options)
         endpoints = self.endpoints()
         raft_servicer = RaftServicer(
-            self._raft.handler,
+            self._raft,
             cluster_id=self._meta.cluster_id,
             local_directory=(cfg.node_id, self._meta.directory_id),
             endpoints=endpoints,
@@ -210,10 +264,10 @@ class ControllerNode:
             # The digest state machine writes snapshots only when nothing else runs on this node:
             # with the metadata layer installed, snapshots are the metadata image's.
             snapshot_every = 0 if self._installers else cfg.metadata_log_max_record_bytes_between_snapshots
-            self.test_state = DigestStateMachine(self._raft.client, snapshot_every_bytes=snapshot_every)
-            self._raft.client.register_listener(self.test_state)
+            self.test_state = DigestStateMachine(self._raft, snapshot_every_bytes=snapshot_every)
+            self._raft.register_listener(self.test_state)
             test_servicer = RaftTestServicer(
-                self._raft.client, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
+                self._raft, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
             )
             raft_pb2_grpc.add_RaftTestServiceServicer_to_server(test_servicer, server)
         for install in self._installers:
@@ -283,15 +337,18 @@ class ControllerNode:
 
 
 async def run_controller(config: NodeConfig) -> None:
-    """Start a controller, run until SIGTERM/SIGINT, then stop gracefully (the CLI's foreground mode)."""
+    """Start a controller with the metadata layer, run until SIGTERM/SIGINT, then stop gracefully."""
     node = ControllerNode(config)
+    if not config.kraft_test_append_enable:
+        # With the test-only append path on, the log holds raw test records, not metadata: the node
+        # then runs Raft alone (and the digest state machine owns snapshots).
+        from kraft.metadata.node import install_metadata_layer  # metadata sits above raft: import late
+
+        install_metadata_layer(node)
     loop = asyncio.get_running_loop()
+    # Handlers stay until the loop closes: a second SIGTERM during shutdown must not kill the process.
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, node.request_stop)
-    try:
-        await node.start()
-        await node.wait_stop_requested()
-        await node.stop()
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
+    await node.start()
+    await node.wait_stop_requested()
+    await node.stop()

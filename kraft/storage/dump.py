@@ -11,8 +11,9 @@ means.  That is plugged in through a decoder registry:
     register_record_decoder(describe)
 
 Decoders are tried newest first (a later registration overrides an earlier one for the records it
-claims); the first non-None answer is shown as the record's ``payload``.  Records no decoder claims are shown by size only.  ``kraft metadata dump`` registers
-``kraft.metadata.records.describe_value`` for metadata records.
+claims); the first non-None answer is shown as the record's ``payload``.  Records no decoder claims
+are shown by size only.  ``kraft metadata dump`` registers ``kraft.metadata.records.describe_value``
+for metadata records.
 
 Damaged files are reported, not raised: the dump stops at the first invalid batch of a file and records
 the position and the reason in ``error``.

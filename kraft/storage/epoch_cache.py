@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 from pathlib import Path
 
-from kraft.storage.errors import StorageStateError
 from kraft.storage.fileio import atomic_write
 
 CHECKPOINT_FILE = "leader-epoch-checkpoint"
@@ -122,17 +121,15 @@ class LeaderEpochCache:
     def assign(self, epoch: int, start_offset: int) -> bool:
         """Record that ``epoch`` starts at ``start_offset`` if it is newer than the latest; True if added.
 
-        Raises StorageStateError if a newer epoch would start before the latest one's start offset
-        (that would mean the caller appended out of order).
+        Like Kafka, entries starting at or after ``start_offset`` are replaced: the only way a newer epoch
+        can start there is right after ``delete_before``/``truncate_from_start`` moved the previous
+        epoch's start up to the log start offset, where the new epoch's first batch now lands.
         """
         if epoch < 0 or (self._epochs and epoch <= self._epochs[-1]):
             return False
-        if self._offsets and start_offset <= self._offsets[-1]:
-            # Kafka drops the older entries here; for a Raft log it means a truncate was skipped.
-            raise StorageStateError(
-                f"epoch {epoch} would start at {start_offset}, not after epoch {self._epochs[-1]} "
-                f"which starts at {self._offsets[-1]}"
-            )
+        while self._offsets and self._offsets[-1] >= start_offset:
+            self._offsets.pop()
+            self._epochs.pop()
         self._epochs.append(epoch)
         self._offsets.append(start_offset)
         return True

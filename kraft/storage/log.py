@@ -101,6 +101,45 @@ def _parse_segment_base(name: str) -> int:
     return int(stem)
 
 
+class _RecoveryEpochCheck:
+    """Validates batch leader epochs during a recovery scan and rebuilds the epoch cache from them.
+
+    The partition leader epoch is outside the batch CRC (Kafka's format), so a damaged epoch field would
+    pass the CRC.  Two checks catch it: epochs never decrease along the log, and — when the
+    ``leader-epoch-checkpoint`` was readable — every batch's epoch must be the one the checkpoint gives
+    for its offset (the checkpoint is written before the batches of a new epoch, so it always covers
+    them).  Offsets below the checkpoint's first entry (before the log start) are not cross-checked.
+    """
+
+    __slots__ = ("_cache", "_last_epoch", "_ref_epochs", "_ref_offsets")
+
+    def __init__(self, cache: LeaderEpochCache, reference: list[tuple[int, int]]) -> None:
+        self._cache = cache
+        self._ref_epochs = [e for e, _ in reference]
+        self._ref_offsets = [o for _, o in reference]
+        self._last_epoch = cache.latest_epoch
+
+    def __call__(self, epoch: int, base_offset: int) -> int:
+        if epoch < self._last_epoch:
+            return -1
+        next_check = _NO_CHECK
+        offsets = self._ref_offsets
+        if offsets and base_offset >= offsets[0]:
+            i = bisect_right(offsets, base_offset) - 1
+            if self._ref_epochs[i] != epoch:
+                return -1
+            if i + 1 < len(offsets):
+                next_check = offsets[i + 1]
+        elif offsets:
+            next_check = offsets[0]
+        self._last_epoch = epoch
+        self._cache.assign(epoch, base_offset)
+        return next_check
+
+
+_NO_CHECK = 2**63
+
+
 class SegmentedLog:
     """See the module docstring.  Open with :meth:`open`; always :meth:`close` (it writes the
     clean-shutdown marker that lets the next open skip recovery)."""
@@ -154,6 +193,7 @@ class SegmentedLog:
         marker = self.dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
         epochs_ok = self._epochs.load()
+        reference = self._epochs.entries() if epochs_ok else []
         epochs_changed = False
         if not epochs_ok:
             # Derived data: rebuild it from every segment (a full scan; rare).
@@ -171,6 +211,7 @@ class SegmentedLog:
             first_scanned = next((b for b, t in zip(bases, trusted, strict=True) if not t), None)
             if first_scanned is not None:
                 epochs_changed |= self._epochs.truncate_from_end(first_scanned)
+        check = _RecoveryEpochCheck(self._epochs, reference)
         truncated_at: int | None = None
         for i, base in enumerate(bases):
             segment = LogSegment(self.dir, base, self.config.index_interval_bytes)
@@ -178,7 +219,7 @@ class SegmentedLog:
             if trusted[i]:
                 cut = segment.load_trusted()
             else:
-                cut = segment.recover(self._on_recovered_epoch, self.config.max_batch_bytes)
+                cut = segment.recover(check, self.config.max_batch_bytes)
             self.recovered_bytes_truncated += before - segment.size
             if self._segments and self._segments[-1].next_offset != base:
                 # A gap after a truncated or empty segment: this and every later segment are garbage.
@@ -200,8 +241,8 @@ class SegmentedLog:
         self._bases = [s.base_offset for s in self._segments]
         end = self.end_offset
         self._start_offset = min(max(start_offset, self._segments[0].base_offset), end)
-        epochs_changed |= self._epochs.truncate_from_end(end)
         epochs_changed |= self._epochs.truncate_from_start(self._start_offset)
+        epochs_changed |= self._epochs.truncate_from_end(end)
         if epochs_changed or not epochs_ok:
             self._epochs.save()
         # Whatever survived recovery may still sit only in the page cache: make it durable now, so the
@@ -218,9 +259,6 @@ class SegmentedLog:
             self._dir_dirty = False
         self._recovery_point = self._segments[-1].base_offset
         self._write_offsets_checkpoint()
-
-    def _on_recovered_epoch(self, epoch: int, start_offset: int) -> None:
-        self._epochs.assign(epoch, start_offset)
 
     def _remove_orphan_indexes(self, bases: set[int]) -> None:
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
@@ -372,11 +410,17 @@ class SegmentedLog:
         return headers
 
     def _write(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
+        # The epoch checkpoint goes to disk before the batches of a new epoch: recovery relies on it
+        # covering every batch (and trims entries beyond the recovered end).
+        epochs_changed = False
+        for header in headers:
+            epochs_changed |= self._epochs.assign(header.partition_leader_epoch, header.base_offset)
+        if epochs_changed:
+            self._epochs.save()
         view = memoryview(data)
         group_start = 0
         position = 0
         group: list[BatchHeader] = []
-        epochs_changed = False
         for header in headers:
             if self._should_roll(header, pending=position - group_start):
                 if group:
@@ -384,14 +428,9 @@ class SegmentedLog:
                     group = []
                 group_start = position
                 self._roll(header.base_offset)
-            if self._epochs.assign(header.partition_leader_epoch, header.base_offset):
-                epochs_changed = True
             group.append(header)
             position += header.size_in_bytes
         self._segments[-1].append(view[group_start:position], group)
-        if epochs_changed:
-            # Written before the batch is durable: recovery trims entries beyond the recovered end.
-            self._epochs.save()
 
     def _should_roll(self, header: BatchHeader, pending: int) -> bool:
         segment = self._segments[-1]
@@ -501,6 +540,10 @@ class SegmentedLog:
             active.index.write()
             active.time_index.write()
         new_end = self.end_offset
+        if new_end < self._start_offset:
+            # The batch holding the target straddled the log start: nothing valid is left.
+            self.truncate_fully_and_start_at(self._start_offset)
+            return self.end_offset
         if self._epochs.truncate_from_end(new_end):
             self._epochs.save()
         self._flushed_offset = min(self._flushed_offset, new_end)
@@ -527,7 +570,8 @@ class SegmentedLog:
                 self._segments.pop(0).delete()
                 self._bases.pop(0)
                 deleted += 1
-        if self._epochs.truncate_from_start(offset):
+        changed = self._epochs.truncate_from_start(offset)
+        if self._epochs.truncate_from_end(self.end_offset) or changed:
             self._epochs.save()
         self._write_offsets_checkpoint()
         if deleted:

@@ -35,7 +35,9 @@ _MAX_RELATIVE_OFFSET = 2**31 - 1
 # Enough to hold the headers between two index entries plus one header in the common case.
 _LOOKUP_READ_BYTES = 16 * 1024
 
-EpochListener = Callable[[int, int], None]
+# check(epoch, base_offset) -> the next offset at which to call it again even if the epoch stays the
+# same, or -1 to reject the batch (recovery then truncates there).  See SegmentedLog._load.
+EpochCheck = Callable[[int, int], int]
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -129,12 +131,13 @@ class LogSegment:
         self.max_timestamp = max_ts
         return True
 
-    def recover(self, on_epoch: EpochListener | None, max_batch_bytes: int = 2**31 - 1) -> bool:
+    def recover(self, check_epoch: EpochCheck | None, max_batch_bytes: int = 2**31 - 1) -> bool:
         """Validate every batch (size, magic, CRC, offset continuity), rebuild both indexes, and
         truncate the file at the first bad batch.  Returns True if bytes were truncated.
 
-        ``on_epoch(epoch, start_offset)`` is called for each batch whose leader epoch differs from the
-        previous batch's, so the caller can rebuild its leader-epoch cache.
+        ``check_epoch(epoch, base_offset)`` is called for the first batch, whenever the leader epoch
+        changes, and at the offsets it asks for; it rebuilds the leader-epoch cache and may reject a batch
+        (the epoch field is outside the CRC, so only such a cross-check can catch it being damaged).
         """
         self.index.clear()
         self.time_index.clear()
@@ -143,6 +146,7 @@ class LogSegment:
         self.first_timestamp = None
         expected = self.base_offset
         last_epoch: int | None = None
+        next_check = 0
         position = 0
         valid_end = 0
         fd = self._fd
@@ -188,10 +192,12 @@ class LogSegment:
                     stop = True
                     break
                 batch_pos = position + chunk_pos
-                if epoch != last_epoch:
+                if check_epoch is not None and (epoch != last_epoch or base >= next_check):
+                    next_check = check_epoch(epoch, base)
+                    if next_check < 0:
+                        stop = True
+                        break
                     last_epoch = epoch
-                    if on_epoch is not None:
-                        on_epoch(epoch, base)
                 last_offset = base + delta
                 self.max_timestamp = max(self.max_timestamp, batch_max_ts)
                 if self.first_timestamp is None:

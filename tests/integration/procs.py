@@ -3,7 +3,7 @@
 Reusable outside pytest (the benchmark imports it by path): no pytest imports here.
 
 - :class:`ControllerQuorum` writes one ``.properties`` per node (free ports, ``base_dir/node<N>/``),
-  formats storage through the real ``kraft storage format`` command, starts every node as
+  formats storage (``kraft storage format``'s code, in-process), starts every node as
   ``python -m kraft.cli.main controller start --config F`` with stdout/stderr in ``node<N>.log``, and can
   stop (SIGTERM), kill (SIGKILL) and restart single nodes.  It is a context manager: leaving it kills
   whatever is still running; an ``atexit`` hook does the same if the interpreter dies first.
@@ -29,6 +29,8 @@ import grpc
 
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
+from kraft.storage.ids import random_uuid
+from kraft.storage.meta_properties import format_log_dir
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 T = TypeVar("T")
@@ -80,13 +82,6 @@ def run_kraft(args: list[str], timeout_s: float = 60.0) -> subprocess.CompletedP
         cwd=REPO_ROOT,
         check=False,
     )
-
-
-def new_cluster_id() -> str:
-    result = run_kraft(["storage", "random-uuid"])
-    if result.returncode != 0:
-        raise RuntimeError(f"kraft storage random-uuid failed: {result.stderr.strip()}")
-    return result.stdout.strip()
 
 
 @dataclass
@@ -169,6 +164,20 @@ class ControllerProc:
         _LIVE.pop(process.pid, None)
         return code
 
+    def wait_exit(self, timeout_s: float = 20.0) -> int:
+        """Wait for the process to exit by itself; its exit code (SIGKILL after ``timeout_s``)."""
+        process = self.process
+        if process is None:
+            return 0
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+            raise QuorumTimeout(f"node {self.node_id} did not exit within {timeout_s} s") from None
+        _LIVE.pop(process.pid, None)
+        return code
+
     def kill(self) -> None:
         """SIGKILL: no resignation, no clean-shutdown marker, unflushed data lost."""
         process = self.process
@@ -227,7 +236,7 @@ class ControllerQuorum:
         """Pick ports, write configs and format storage (idempotent for the ports already picked)."""
         self.base_dir.mkdir(parents=True, exist_ok=True)
         if not self.cluster_id:
-            self.cluster_id = new_cluster_id()
+            self.cluster_id = random_uuid()
         if not self.nodes:
             self.nodes = {i: ControllerProc(i, free_port(), self.base_dir) for i in range(1, self.size + 1)}
         for node in self.nodes.values():
@@ -250,12 +259,9 @@ class ControllerQuorum:
         return "".join(f"{key}={value}\n" for key, value in keys.items())
 
     def format(self, node_id: int) -> None:
+        """What ``kraft storage format`` does, in-process (a CLI run per node costs a second)."""
         node = self.nodes[node_id]
-        result = run_kraft(
-            ["storage", "format", "--config", str(node.config_path), "--cluster-id", self.cluster_id]
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"formatting node {node_id} failed: {result.stderr.strip()}")
+        format_log_dir(node.metadata_dir, cluster_id=self.cluster_id, node_id=node_id)
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Prepare if needed, start every node that is not running, wait until each listens."""

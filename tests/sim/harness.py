@@ -323,7 +323,8 @@ class SimNode:
         if out.election_state is not None:
             if out.election_state.epoch < self.election.epoch:
                 raise InvariantViolation(
-                    f"node {self.node_id} persisted epoch {out.election_state.epoch} after {self.election.epoch}"
+                    f"node {self.node_id} persisted epoch {out.election_state.epoch} "
+                    f"after {self.election.epoch}"
                 )
             self.election = out.election_state
         for message in out.send_after_persist:
@@ -336,7 +337,8 @@ class SimNode:
         if out.high_watermark is not None:
             if out.high_watermark < self.high_watermark:
                 raise InvariantViolation(
-                    f"node {self.node_id} high watermark went back {self.high_watermark} -> {out.high_watermark}"
+                    f"node {self.node_id} high watermark went back "
+                    f"{self.high_watermark} -> {out.high_watermark}"
                 )
             self.high_watermark = out.high_watermark
             self._apply_committed()
@@ -487,7 +489,9 @@ class SimNode:
 
     # -- inbound
 
-    def receive_request(self, src: int, src_incarnation: int, correlation_id: int, request: RaftRequest) -> None:
+    def receive_request(
+        self, src: int, src_incarnation: int, correlation_id: int, request: RaftRequest
+    ) -> None:
         request_id = self.next_request_id
         self.next_request_id += 1
         self.pending_requests[request_id] = (src, src_incarnation, correlation_id)
@@ -591,9 +595,13 @@ class Simulation:
         best: SimNode | None = None
         for node in self.nodes.values():
             core = node.core
-            if node.running and core is not None and core.is_leader:
-                if best is None or core.epoch > best.live_core.epoch:
-                    best = node
+            if (
+                node.running
+                and core is not None
+                and core.is_leader
+                and (best is None or core.epoch > best.live_core.epoch)
+            ):
+                best = node
         return best
 
     def has_stable_leader(self) -> bool:
@@ -639,7 +647,9 @@ class Simulation:
     def send_response(self, src: int, origin: tuple[int, int, int], response: RaftResponse) -> None:
         dst, incarnation, correlation_id = origin
         for delay in self.router.delays_ms(src, dst):
-            self.schedule(delay, lambda: self._deliver_response(src, dst, incarnation, correlation_id, response))
+            self.schedule(
+                delay, lambda: self._deliver_response(src, dst, incarnation, correlation_id, response)
+            )
 
     def _deliver_response(
         self, src: int, dst: int, incarnation: int, correlation_id: int, response: RaftResponse

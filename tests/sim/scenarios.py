@@ -141,7 +141,9 @@ def committed_data_lost_on_one_node(seed: int) -> None:
     # Raft tolerates losing one copy only while the other copies are intact: the leader still counts
     # the victim's last reported offset (kraft has no directory ids to notice the wiped disk).
     sim.router.isolate(victim.node_id)
-    sim.run_until_condition(others_hold_everything_the_victim_has, ELECTION_BOUND_MS, "the others catching up")
+    sim.run_until_condition(
+        others_hold_everything_the_victim_has, ELECTION_BOUND_MS, "the others catching up"
+    )
     victim.wipe()
     sim.router.heal()
     victim.start()

@@ -53,8 +53,17 @@ def write_partition(root: Path, topic: str, partition: int, batches: list[BatchS
                     timestamp_ms=spec.timestamp_ms,
                 )
                 written.append(
-                    Written(topic, partition, result.first_offset, spec.leader_epoch, spec.timestamp_ms,
-                            None, None, (), True)
+                    Written(
+                        topic,
+                        partition,
+                        result.first_offset,
+                        spec.leader_epoch,
+                        spec.timestamp_ms,
+                        None,
+                        None,
+                        (),
+                        True,
+                    )
                 )
                 continue
             result = log.append_records(
@@ -62,8 +71,17 @@ def write_partition(root: Path, topic: str, partition: int, batches: list[BatchS
             )
             for i, (key, value, headers) in enumerate(spec.records):
                 written.append(
-                    Written(topic, partition, result.first_offset + i, spec.leader_epoch, spec.timestamp_ms,
-                            key, value, headers, False)
+                    Written(
+                        topic,
+                        partition,
+                        result.first_offset + i,
+                        spec.leader_epoch,
+                        spec.timestamp_ms,
+                        key,
+                        value,
+                        headers,
+                        False,
+                    )
                 )
         log.flush()
     finally:
@@ -75,7 +93,9 @@ def write_partition(root: Path, topic: str, partition: int, batches: list[BatchS
 class ParsedBatch:
     base_offset: int
     last_offset: int
-    records: tuple[tuple[int, int, bytes | None, bytes | None, Headers], ...]  # offset, ts, key, value, headers
+    records: tuple[
+        tuple[int, int, bytes | None, bytes | None, Headers], ...
+    ]  # offset, ts, key, value, headers
 
 
 def parse_with_kafka_python(partition_dir: Path) -> list[ParsedBatch]:

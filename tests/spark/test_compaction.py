@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -44,7 +45,7 @@ def check_output(out_dir: Path, written: list[Written], retention_ms: int) -> No
     # batches chain exactly and span the input's offsets: no offset is lost or reused
     assert batches[0].base_offset == written[0].offset
     assert batches[-1].last_offset == written[-1].offset
-    for before, after in zip(batches, batches[1:], strict=False):
+    for before, after in itertools.pairwise(batches):
         assert after.base_offset == before.last_offset + 1
     # and kraft's own storage opens it without truncating anything
     copy = out_dir.parent / (out_dir.name + "-opened")
@@ -70,7 +71,9 @@ batch = st.tuples(
 )
 
 
-def _specs(raw: list[tuple[list[tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]], int, bool, int]]) -> list[BatchSpec]:
+def _specs(
+    raw: list[tuple[list[tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]], int, bool, int]],
+) -> list[BatchSpec]:
     specs: list[BatchSpec] = []
     ts = 1_000
     epoch = 0
@@ -93,7 +96,9 @@ def _specs(raw: list[tuple[list[tuple[bytes | None, bytes | None, tuple[tuple[st
 def test_compaction_equals_in_memory_reference(
     spark: SparkSession,
     tmp_path_factory: pytest.TempPathFactory,
-    partitions: list[list[tuple[list[tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]], int, bool, int]]],
+    partitions: list[
+        list[tuple[list[tuple[bytes | None, bytes | None, tuple[tuple[str, bytes], ...]]], int, bool, int]]
+    ],
     retention_ms: int,
     task_bytes: int,
 ) -> None:
@@ -101,7 +106,10 @@ def test_compaction_equals_in_memory_reference(
     out = tmp_path_factory.mktemp("out")
     written = {p: write_partition(root, "compacted", p, _specs(raw)) for p, raw in enumerate(partitions)}
     options = CompactionOptions(
-        tombstone_retention_ms=retention_ms, task_bytes=task_bytes, checkpoint_bytes=64, segment_bytes=300,
+        tombstone_retention_ms=retention_ms,
+        task_bytes=task_bytes,
+        checkpoint_bytes=64,
+        segment_bytes=300,
         batch_records=3,
     )
     report = compact(spark, str(root), str(out), options)
@@ -111,14 +119,20 @@ def test_compaction_equals_in_memory_reference(
     totals = report.to_json()["totals"]
     assert totals["records_in"] == sum(len(ws) for ws in written.values())
     assert totals["distinct_keys"] == len({(w.partition, w.key) for w in keyed})
-    assert totals["keyless_records"] == sum(1 for ws in written.values() for w in ws if not w.is_control and w.key is None)
-    assert totals["records_out"] == sum(len(reference_compaction(ws, retention_ms)) for ws in written.values())
+    assert totals["keyless_records"] == sum(
+        1 for ws in written.values() for w in ws if not w.is_control and w.key is None
+    )
+    assert totals["records_out"] == sum(
+        len(reference_compaction(ws, retention_ms)) for ws in written.values()
+    )
     assert bool(report.errors) == (totals["keyless_records"] > 0)
 
 
 def test_compaction_report_and_reader_agree_on_a_fixed_log(spark: SparkSession, tmp_path: Path) -> None:
     written = write_partition(
-        tmp_path / "in", "users", 0,
+        tmp_path / "in",
+        "users",
+        0,
         [
             BatchSpec(((b"u1", b"v1", ()), (b"u2", b"v1", ()), (None, b"orphan", ())), 1_000),
             BatchSpec(((b"u1", b"v2", ()), (b"u3", None, ())), 2_000, roll_before=True),
@@ -140,7 +154,9 @@ def test_compaction_report_and_reader_agree_on_a_fixed_log(spark: SparkSession, 
     check_output(out / "users-0", written, 5_000)
 
 
-def test_compaction_refuses_a_non_empty_output_and_duplicate_partitions(spark: SparkSession, tmp_path: Path) -> None:
+def test_compaction_refuses_a_non_empty_output_and_duplicate_partitions(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     write_partition(tmp_path / "in" / "b1", "t", 0, [BatchSpec(((b"k", b"v", ()),), 1)])
     out = tmp_path / "out"
     compact(spark, str(tmp_path / "in"), str(out))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -32,32 +33,68 @@ def _write_metadata_log(directory: Path) -> None:
 
     def leader(epoch: int, at_s: float, leader_id: int) -> None:
         log.append_control(
-            [LeaderChangeMessage(leader_id, (1, 2, 3), (leader_id,))], leader_epoch=epoch,
+            [LeaderChangeMessage(leader_id, (1, 2, 3), (leader_id,))],
+            leader_epoch=epoch,
             timestamp_ms=T0 + int(at_s * 1000),
         )
 
     try:
         leader(1, 0, 1)
         records(1, 1, pb.FeatureLevelRecord(name="metadata.version", feature_level=1))
-        records(1, 2, pb.RegisterBrokerRecord(broker_id=101, broker_epoch=2, fenced=True),
-                pb.RegisterBrokerRecord(broker_id=102, broker_epoch=2, fenced=True))
+        records(
+            1,
+            2,
+            pb.RegisterBrokerRecord(broker_id=101, broker_epoch=2, fenced=True),
+            pb.RegisterBrokerRecord(broker_id=102, broker_epoch=2, fenced=True),
+        )
         records(1, 4, pb.UnfenceBrokerRecord(id=101, epoch=2))
         records(1, 5, pb.BrokerRegistrationChangeRecord(broker_id=102, broker_epoch=2, fenced=-1))
-        records(1, 6, pb.TopicRecord(name="orders", topic_id="t-orders"),
-                pb.PartitionRecord(partition_id=0, topic_id="t-orders", replicas=[101, 102], isr=[101, 102],
-                                   leader=101, leader_epoch=0),
-                pb.PartitionRecord(partition_id=1, topic_id="t-orders", replicas=[102, 101], isr=[102],
-                                   leader=102, leader_epoch=0))
+        records(
+            1,
+            6,
+            pb.TopicRecord(name="orders", topic_id="t-orders"),
+            pb.PartitionRecord(
+                partition_id=0,
+                topic_id="t-orders",
+                replicas=[101, 102],
+                isr=[101, 102],
+                leader=101,
+                leader_epoch=0,
+            ),
+            pb.PartitionRecord(
+                partition_id=1,
+                topic_id="t-orders",
+                replicas=[102, 101],
+                isr=[102],
+                leader=102,
+                leader_epoch=0,
+            ),
+        )
         records(1, 8, pb.NoOpRecord())
         leader(2, 10, 2)
-        records(2, 12, pb.PartitionChangeRecord(partition_id=1, topic_id="t-orders", leader=-1),
-                pb.BrokerRegistrationChangeRecord(broker_id=102, broker_epoch=2, fenced=1))
-        records(2, 13, pb.PartitionChangeRecord(partition_id=0, topic_id="t-orders",
-                                                isr=pb.BrokerIdList(ids=[101])))
-        records(2, 20, pb.BrokerRegistrationChangeRecord(broker_id=102, broker_epoch=2, fenced=-1),
-                pb.PartitionChangeRecord(partition_id=1, topic_id="t-orders", leader=102))
-        records(2, 25, pb.BrokerRegistrationChangeRecord(broker_id=101, broker_epoch=2, in_controlled_shutdown=1),
-                pb.PartitionChangeRecord(partition_id=0, topic_id="t-orders", leader=102))
+        records(
+            2,
+            12,
+            pb.PartitionChangeRecord(partition_id=1, topic_id="t-orders", leader=-1),
+            pb.BrokerRegistrationChangeRecord(broker_id=102, broker_epoch=2, fenced=1),
+        )
+        records(
+            2,
+            13,
+            pb.PartitionChangeRecord(partition_id=0, topic_id="t-orders", isr=pb.BrokerIdList(ids=[101])),
+        )
+        records(
+            2,
+            20,
+            pb.BrokerRegistrationChangeRecord(broker_id=102, broker_epoch=2, fenced=-1),
+            pb.PartitionChangeRecord(partition_id=1, topic_id="t-orders", leader=102),
+        )
+        records(
+            2,
+            25,
+            pb.BrokerRegistrationChangeRecord(broker_id=101, broker_epoch=2, in_controlled_shutdown=1),
+            pb.PartitionChangeRecord(partition_id=0, topic_id="t-orders", leader=102),
+        )
         records(2, 26, pb.FenceBrokerRecord(id=101, epoch=2))
         records(2, 30, pb.UnregisterBrokerRecord(broker_id=101, broker_epoch=2))
         log.flush()
@@ -65,8 +102,8 @@ def _write_metadata_log(directory: Path) -> None:
         log.close()
 
 
-def _table(out: Path, name: str) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = pq.read_table(out / "tables" / name).to_pylist()
+def _table(out: Path, name: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = pq.read_table(out / "tables" / name).to_pylist()
     return rows
 
 
@@ -76,21 +113,27 @@ def test_metadata_report_contains_the_expected_transitions(spark: SparkSession, 
 
     report = metadata_report(spark, str(tmp_path), str(out))
 
-    assert report.records == 22 and report.log_start_offset == 0 and report.log_end_offset == 22
-    epochs = sorted(_table(out, "controller_epochs"), key=lambda r: r["epoch"])  # type: ignore[arg-type, return-value]
+    assert report.records == 20 and report.log_start_offset == 0 and report.log_end_offset == 20
+    epochs = sorted(_table(out, "controller_epochs"), key=lambda r: r["epoch"])
     assert [(e["epoch"], e["leader_id"], e["tenure_ms"]) for e in epochs] == [(1, 1, 10_000), (2, 2, 20_000)]
     assert [e["is_current"] for e in epochs] == [False, True]
 
-    events = sorted(_table(out, "broker_events"), key=lambda r: (r["broker_id"], r["offset"]))  # type: ignore[arg-type, return-value]
+    events = sorted(_table(out, "broker_events"), key=lambda r: (r["broker_id"], r["offset"]))
     by_broker: dict[object, list[tuple[object, object]]] = {}
     for e in events:
         by_broker.setdefault(e["broker_id"], []).append((e["event"], e["state"]))
     assert by_broker[101] == [
-        ("registered", "FENCED"), ("unfenced", "ACTIVE"), ("controlled_shutdown", "CONTROLLED_SHUTDOWN"),
-        ("fenced", "FENCED"), ("unregistered", "UNREGISTERED"),
+        ("registered", "FENCED"),
+        ("unfenced", "ACTIVE"),
+        ("controlled_shutdown", "CONTROLLED_SHUTDOWN"),
+        ("fenced", "FENCED"),
+        ("unregistered", "UNREGISTERED"),
     ]
     assert by_broker[102] == [
-        ("registered", "FENCED"), ("unfenced", "ACTIVE"), ("fenced", "FENCED"), ("unfenced", "ACTIVE"),
+        ("registered", "FENCED"),
+        ("unfenced", "ACTIVE"),
+        ("fenced", "FENCED"),
+        ("unfenced", "ACTIVE"),
     ]
     states = {(s["broker_id"], s["start_ms"]): s for s in _table(out, "broker_states")}
     fenced_102 = states[(102, T0 + 12_000)]
@@ -102,14 +145,22 @@ def test_metadata_report_contains_the_expected_transitions(spark: SparkSession, 
         ("orders", 1, 8_000, "recovered")
     ]
     changes = sorted(
-        ((c["partition"], c["offset"], c["leader"], c["change"]) for c in _table(out, "partition_leader_events")),
-        key=lambda c: (c[1], c[0]),  # type: ignore[arg-type, return-value]
+        (
+            (c["partition"], c["offset"], c["leader"], c["change"])
+            for c in _table(out, "partition_leader_events")
+        ),
+        key=lambda c: (c[1], c[0]),
     )
-    assert [c[2:] for c in changes] == [(101, "created"), (102, "created"), (-1, "offline"), (102, "recovered"),
-                                        (102, "elected")]
+    assert [c[2:] for c in changes] == [
+        (101, "created"),
+        (102, "created"),
+        (-1, "offline"),
+        (102, "recovered"),
+        (102, "elected"),
+    ]
 
     counts = _table(out, "record_type_counts")
-    assert sum(int(c["records"]) for c in counts) == 22  # type: ignore[call-overload]
+    assert sum(int(c["records"]) for c in counts) == 20
     assert report.record_type_totals["LeaderChange"] == 2
     assert report.record_type_totals["PartitionChangeRecord"] == 4
     for name in ("record_types", "broker_timeline", "controller_epochs", "partition_leaders"):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import Row, SparkSession
 from spark_log_builders import BatchSpec, Written, write_partition
 
 from kraft.errors import KraftError
@@ -17,23 +18,34 @@ from kraft.v1 import metadata_pb2
 pytestmark = pytest.mark.spark
 
 
-def _rows_as_written(df_rows: list[object]) -> list[Written]:
+def _rows_as_written(df_rows: Sequence[Row]) -> list[Written]:
     out = []
     for row in df_rows:
-        r = row.asDict()  # type: ignore[attr-defined]
+        r = row.asDict()
         out.append(
             Written(
-                r["topic"], r["partition"], r["offset"], r["leader_epoch"], r["timestamp_ms"],
-                r["key"], r["value"], tuple((h["key"], h["value"]) for h in r["headers"]), r["is_control"],
+                r["topic"],
+                r["partition"],
+                r["offset"],
+                r["leader_epoch"],
+                r["timestamp_ms"],
+                r["key"],
+                r["value"],
+                tuple((h["key"], h["value"]) for h in r["headers"]),
+                r["is_control"],
             )
         )
     return out
 
 
-def test_reader_round_trips_a_tree_of_partitions_written_by_storage(spark: SparkSession, tmp_path: Path) -> None:
+def test_reader_round_trips_a_tree_of_partitions_written_by_storage(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     written: list[Written] = []
     written += write_partition(
-        tmp_path / "broker-1", "orders", 0,
+        tmp_path / "broker-1",
+        "orders",
+        0,
         [
             BatchSpec(((b"k1", b"v1", ()), (None, b"no-key", (("trace", b"t1"), ("empty", None)))), 1_000, 1),
             BatchSpec(((b"k1", None, ()),), 2_000, 1, roll_before=True),
@@ -42,7 +54,9 @@ def test_reader_round_trips_a_tree_of_partitions_written_by_storage(spark: Spark
         ],
     )
     written += write_partition(tmp_path / "broker-1", "orders", 1, [BatchSpec(((b"a", b"b", ()),), 5, 0)])
-    written += write_partition(tmp_path / "broker-2" / "nested", "users", 7, [BatchSpec(((b"x", b"y", ()),), 9, 4)])
+    written += write_partition(
+        tmp_path / "broker-2" / "nested", "users", 7, [BatchSpec(((b"x", b"y", ()),), 9, 4)]
+    )
 
     rows = read_logs(spark, str(tmp_path)).orderBy("topic", "partition", "offset").collect()
 
@@ -72,8 +86,13 @@ def test_metadata_log_rows_carry_decoded_records_and_snapshots(spark: SparkSessi
     fence = metadata_records.wrap(metadata_pb2.FenceBrokerRecord(id=101, epoch=5))
     values = [metadata_records.encode_value(topic), metadata_records.encode_value(fence)]
     write_partition(
-        tmp_path, "__cluster_metadata", 0,
-        [BatchSpec(tuple((None, v, ()) for v in values), 10, 1), BatchSpec(((None, b"\x07junk", ()),), 11, 1)],
+        tmp_path,
+        "__cluster_metadata",
+        0,
+        [
+            BatchSpec(tuple((None, v, ()) for v in values), 10, 1),
+            BatchSpec(((None, b"\x07junk", ()),), 11, 1),
+        ],
     )
     store = SnapshotStore(tmp_path / "__cluster_metadata-0")
     with store.create(SnapshotId(3, 1), last_contained_log_timestamp=11, timestamp_ms=12) as snapshot:
@@ -93,7 +112,9 @@ def test_torn_tail_of_newest_segment_is_ignored_but_older_corruption_fails(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     write_partition(
-        tmp_path, "t", 0,
+        tmp_path,
+        "t",
+        0,
         [BatchSpec(((b"a", b"1", ()),), 1, 0), BatchSpec(((b"b", b"2", ()),), 2, 0, roll_before=True)],
     )
     segments = sorted((tmp_path / "t-0").glob("*.log"))
@@ -104,7 +125,7 @@ def test_torn_tail_of_newest_segment_is_ignored_but_older_corruption_fails(
     with segments[0].open("r+b") as first:
         first.seek(70)
         first.write(b"\xff\xff")
-    with pytest.raises(Exception, match="CRC mismatch|CORRUPT_MESSAGE"):
+    with pytest.raises(Exception, match=r"CRC mismatch|CORRUPT_MESSAGE"):
         read_logs(spark, str(tmp_path), columns="offset").count()
 
 

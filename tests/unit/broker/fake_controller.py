@@ -53,6 +53,7 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
         self.brokers: dict[int, Registration] = {}
         self.snapshot_chunk = 2
         self.redirect_to: NodeRef | None = None
+        self.blocked = False  # answer heartbeats and fetches with UNAVAILABLE (like a SIGSTOPped broker)
         self.fetch_requests: list[cpb.MetadataFetchRequest] = []
         self._appended = asyncio.Event()
         self.server: grpc.aio.Server | None = None
@@ -129,6 +130,8 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.BrokerHeartbeatResponse:
         if (hint := self._not_controller()) is not None:
             return cpb.BrokerHeartbeatResponse(error_code=ErrorCode.NOT_CONTROLLER, controller=hint)
+        if self.blocked:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "blocked by the test")
         registration = self.brokers.get(request.broker_id)
         if registration is None or registration.epoch != request.broker_epoch:
             return cpb.BrokerHeartbeatResponse(error_code=ErrorCode.STALE_BROKER_EPOCH, error_message="stale")
@@ -148,6 +151,8 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
         self.fetch_requests.append(request)
         if (hint := self._not_controller()) is not None:
             return cpb.MetadataFetchResponse(error_code=ErrorCode.NOT_CONTROLLER, controller=hint)
+        if self.blocked:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "blocked by the test")
         if request.HasField("snapshot_id"):
             return self._snapshot_chunk(request)
         if request.fetch_offset < self.log_start and self.snapshot is not None:

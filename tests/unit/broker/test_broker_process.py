@@ -272,3 +272,41 @@ async def test_restart_on_the_sqlite_image_store_and_real_logs_resumes_where_it_
     finally:
         stop.set()
         await asyncio.wait_for(task, TIMEOUT_S)
+
+
+async def test_after_losing_its_session_a_broker_serves_again_only_with_its_lost_leaderships_applied(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    orders_topic(controller, partitions=1)
+    tp = TopicPartition("orders", 0)
+    async with broker(tmp_path, MemoryImageStore(), target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        status = b.server.status
+        violations: list[str] = []
+        moved = False
+
+        async def watch() -> None:
+            while True:
+                partition = b.server.partitions.get(tp)
+                leads = partition is not None and partition.role is ReplicaRole.LEADER
+                if moved and leads and status.serving_error() is None:
+                    violations.append(f"served as leader of {tp} after it moved (state {status.state.name})")
+                await asyncio.sleep(0.002)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            controller.blocked = True  # like SIGSTOP or a partition: nothing gets through
+            await wait_for(lambda: status.serving_error() is not None, "the lease to lapse")
+            # The controller's session check fences the broker and moves its leadership away.
+            registration = controller.brokers[ME]
+            registration.fenced = True
+            controller.append(mpb.PartitionChangeRecord(partition_id=0, topic_id=ORDERS_ID, leader=2))
+            controller.append(mpb.FenceBrokerRecord(id=ME, epoch=registration.epoch))
+            moved = True
+            controller.blocked = False
+            await wait_for(lambda: is_running(b) and status.serving_error() is None, "serving again")
+        finally:
+            watcher.cancel()
+        assert violations == []
+        partition = b.server.partitions.get(tp)
+        assert partition is not None and partition.role is ReplicaRole.FOLLOWER and partition.leader_id == 2

@@ -58,6 +58,8 @@ class FakeRaft:
         self._flush: asyncio.Handle | None = None
         self.snapshots: dict[SnapshotId, list[bytes]] = {}
         self.resigned = 0
+        self.hold_commits = False
+        """While True appended records stay uncommitted (a slow quorum); :meth:`release` commits them."""
 
     # ---- test controls ----
 
@@ -67,6 +69,10 @@ class FakeRaft:
         self._leader = LeaderAndEpoch(self._node_id, epoch)
         self._commit_batch([], control=True)
         self._broadcast(self._leader)
+
+    def release(self) -> None:
+        self.hold_commits = False
+        self._flush_pending()
 
     def lose_leadership(self, new_leader: int) -> None:
         self._pending.clear()
@@ -146,7 +152,7 @@ class FakeRaft:
 
     def _flush_pending(self) -> None:
         self._flush = None
-        if self._pending:
+        if self._pending and not self.hold_commits:
             records, self._pending = self._pending, []
             self._commit_batch(records)
 

@@ -119,6 +119,38 @@ async def test_topics_are_created_committed_and_described(active: tuple[FakeRaft
     assert deleted.topics[0].error_code == ErrorCode.NONE and controller.committed.topic("orders") is None
 
 
+async def test_heartbeats_do_not_wait_for_unrelated_pending_writes(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    raft, controller = active
+    epoch = await activate_broker(controller, 1)
+    raft.hold_commits = True
+    create = asyncio.create_task(
+        controller.create_topics(
+            cpb.CreateTopicsRequest(
+                topics=[cpb.CreatableTopic(name="slow", num_partitions=3, replication_factor=1)]
+            )
+        )
+    )
+    await asyncio.sleep(0.02)
+    assert not create.done()  # its records are not committed
+    beat = await asyncio.wait_for(
+        controller.broker_heartbeat(
+            cpb.BrokerHeartbeatRequest(
+                cluster_id=CLUSTER, broker_id=1, broker_epoch=epoch, current_metadata_offset=epoch
+            )
+        ),
+        timeout=2,
+    )
+    assert beat.error_code == ErrorCode.NONE and not beat.is_fenced
+    describe = asyncio.create_task(controller.describe_cluster(cpb.DescribeClusterRequest()))
+    await asyncio.sleep(0.02)
+    assert not describe.done()  # reads wait for every pending write
+    raft.release()
+    assert (await asyncio.wait_for(create, 2)).topics[0].error_code == ErrorCode.NONE
+    assert (await asyncio.wait_for(describe, 2)).error_code == ErrorCode.NONE
+
+
 async def test_wrong_cluster_id_is_rejected(active: tuple[FakeRaft, QuorumController]) -> None:
     _, controller = active
     response = await controller.register_broker(

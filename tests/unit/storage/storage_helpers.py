@@ -27,24 +27,27 @@ class LogModel:
 
     @property
     def end_offset(self) -> int:
-        return self.batches[-1].next_offset if self.batches else self.start_offset
+        return max(self.batches[-1].next_offset, self.start_offset) if self.batches else self.start_offset
 
     def add(self, data: bytes, header: BatchHeader) -> None:
-        self.batches.append(StoredBatch(header.base_offset, header.next_offset, header.partition_leader_epoch, data))
+        epoch = header.partition_leader_epoch
+        self.batches.append(StoredBatch(header.base_offset, header.next_offset, epoch, data))
 
     def truncate_to(self, offset: int) -> None:
         self.batches = [b for b in self.batches if b.next_offset <= offset]
 
+    def delete_before(self, offset: int) -> None:
+        self.start_offset = max(self.start_offset, offset)
+
     def epoch_entries(self) -> list[tuple[int, int]]:
+        """The documented invariant of the epoch cache, as a pure function of the log's contents: one
+        (epoch, first offset) entry per epoch that has offsets in [start_offset, end_offset)."""
         entries: list[tuple[int, int]] = []
         for batch in self.batches:
+            if batch.next_offset <= self.start_offset:
+                continue
             if not entries or batch.epoch > entries[-1][0]:
-                entries.append((batch.epoch, batch.base_offset))
-        # truncate_from_start(start_offset): the epoch holding the start offset now starts there
-        kept = [e for e in entries if e[1] <= self.start_offset]
-        later = [e for e in entries if e[1] > self.start_offset]
-        if kept:
-            return [(kept[-1][0], self.start_offset), *later]
+                entries.append((batch.epoch, max(batch.base_offset, self.start_offset)))
         return entries
 
 

@@ -33,7 +33,9 @@ def test_dump_prints_batches_control_records_and_snapshots(tmp_path: Path) -> No
     result = runner.invoke(app, ["metadata", "dump", "--log-dir", str(directory)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("Dumping ") and lines[0].endswith("00000000000000000000.log (segment, 189 bytes)")
+    assert lines[0].startswith("Dumping ") and lines[0].endswith(
+        "00000000000000000000.log (segment, 189 bytes)"
+    )
     assert "baseOffset: 0 lastOffset: 0 count: 1 partitionLeaderEpoch: 1 isControl: true" in lines[1]
     assert '"type": "LeaderChange"' in lines[2] and '"grantingVoters": [1, 3]' in lines[2]
     assert any("00000000000000000002-0000000001.checkpoint (snapshot" in line for line in lines)
@@ -49,9 +51,12 @@ def test_dump_json_is_machine_readable(tmp_path: Path) -> None:
     segment = files[0]
     assert segment["error"] is None and segment["validBytes"] == segment["size"]
     assert [b["baseOffset"] for b in segment["batches"]] == [0, 1]
-    assert segment["batches"][1]["records"][0] == {"offset": 1, "keySize": 3, "valueSize": 12, **{
-        k: v for k, v in segment["batches"][1]["records"][0].items() if k == "payload"
-    }}
+    assert segment["batches"][1]["records"][0] == {
+        "offset": 1,
+        "keySize": 3,
+        "valueSize": 12,
+        **{k: v for k, v in segment["batches"][1]["records"][0].items() if k == "payload"},
+    }
 
 
 def test_dump_reports_damage_instead_of_failing(tmp_path: Path) -> None:

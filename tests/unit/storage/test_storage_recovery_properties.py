@@ -17,9 +17,7 @@ from kraft.storage.log import OFFSETS_CHECKPOINT_FILE, LogConfig, SegmentedLog
 
 CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=200)
 
-append_op = st.tuples(
-    st.just("append"), st.integers(1, 4), st.integers(0, 300), st.booleans()
-)
+append_op = st.tuples(st.just("append"), st.integers(1, 4), st.integers(0, 300), st.booleans())
 ops_strategy = st.lists(
     st.one_of(append_op, st.just(("flush",)), st.just(("roll",))), min_size=1, max_size=25
 )
@@ -57,7 +55,9 @@ def _batch_locations(directory: Path) -> list[tuple[Path, int, int]]:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, data=st.data())
-def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(ops: list, data: st.DataObject) -> None:
+def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
+    ops: list, data: st.DataObject
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "t-0"
         log = SegmentedLog.open(directory, CONFIG)
@@ -84,7 +84,7 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(ops: list
                 f.seek(position)
                 f.write(garbage)
         for i, (path, _start, end) in enumerate(locations):
-            if path == target and end > position or path > target:
+            if (path == target and end > position) or path > target:
                 intact = i
                 break
         index_damage = data.draw(st.sampled_from(["none", "delete", "garbage"]), label="index_damage")
@@ -122,7 +122,9 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(ops: list
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, data=st.data())
-def test_deleted_or_corrupt_indexes_are_rebuilt_after_a_clean_shutdown(ops: list, data: st.DataObject) -> None:
+def test_deleted_or_corrupt_indexes_are_rebuilt_after_a_clean_shutdown(
+    ops: list, data: st.DataObject
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "t-0"
         log = SegmentedLog.open(directory, CONFIG)

@@ -58,12 +58,18 @@ def test_quorum_state_round_trips_as_kafka_json(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content",
-    ["", "{not json", "[]", '{"leaderEpoch": "x", "data_version": 1}', '{"leaderEpoch": 1, "data_version": 9}',
-     '{"leaderEpoch": -3, "data_version": 1}'],
+    [
+        "",
+        "{not json",
+        "[]",
+        '{"leaderEpoch": "x", "data_version": 1}',
+        '{"leaderEpoch": 1, "data_version": 9}',
+        '{"leaderEpoch": -3, "data_version": 1}',
+    ],
 )
 def test_corrupt_quorum_state_is_a_clear_error_and_left_alone(tmp_path: Path, content: str) -> None:
     (tmp_path / QUORUM_STATE_FILE).write_text(content)
-    with pytest.raises(StorageStateError, match="corrupt .*quorum-state"):
+    with pytest.raises(StorageStateError, match=r"corrupt .*quorum-state"):
         QuorumStateStore(tmp_path).read()
     assert (tmp_path / QUORUM_STATE_FILE).read_text() == content
 
@@ -81,7 +87,7 @@ def test_format_writes_meta_properties_once(tmp_path: Path) -> None:
 
 
 def test_unformatted_directory_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(StorageStateError, match="not formatted.*kraft storage format"):
+    with pytest.raises(StorageStateError, match=r"not formatted.*kraft storage format"):
         check_meta_properties(tmp_path, cluster_id=random_uuid(), node_id=1)
 
 
@@ -99,7 +105,11 @@ def test_cluster_or_node_mismatch_is_refused_and_nothing_is_overwritten(tmp_path
 
 @pytest.mark.parametrize(
     "content",
-    ["cluster.id=abc\nnode.id=1\ndirectory.id=AAAAAAAAAAAAAAAAAAAAAQ\nversion=1\n", "node.id=1\n", "garbage line\n"],
+    [
+        "cluster.id=abc\nnode.id=1\ndirectory.id=AAAAAAAAAAAAAAAAAAAAAQ\nversion=1\n",
+        "node.id=1\n",
+        "garbage line\n",
+    ],
 )
 def test_corrupt_meta_properties_is_a_clear_error(tmp_path: Path, content: str) -> None:
     (tmp_path / META_PROPERTIES_FILE).write_text(content)
@@ -114,5 +124,5 @@ def test_invalid_cluster_id_is_refused_before_writing(tmp_path: Path) -> None:
 
 
 def test_meta_properties_validates_its_fields() -> None:
-    with pytest.raises(ValueError, match="node.id"):
+    with pytest.raises(ValueError, match=r"node\.id"):
         MetaProperties(cluster_id=random_uuid(), node_id=-1, directory_id=random_uuid())

@@ -1,0 +1,260 @@
+"""Broker benchmark: image bootstrap, delta apply rate, Produce/Fetch throughput on one leader.
+
+What is measured (results in ``bench/results/broker.json``):
+
+- **bootstrap**: a new broker (hosting none of the partitions yet, as a freshly added broker) starts
+  with an empty image store and is told by MetadataFetch that it is below the log start; it downloads
+  a snapshot of 1,000,000 partitions (1,000 topics x 1,000 partitions, RF 3 over 3 brokers) in chunks of
+  20,000 records over gRPC, replays it into an image, reconciles its partition directories and commits
+  the image to the SQLite image store.  Timed from the first fetch to the image being stored
+  (target ≤ 10 s).  The snapshot is served by the in-process fake controller of the unit tests with
+  pre-encoded record values, so the controller's own cost of producing them is not included.
+- **delta apply rate**: the broker is a replica of 1,000 partitions; the controller commits leader
+  changes (PartitionChangeRecords flipping each partition's leader between this broker and another)
+  and the broker applies them — partition roles/epochs on disk, image store, served view.  Records/s from
+  the first record appended to the last one applied.
+- **produce / fetch**: one leader partition on a real segmented log; a grpc.aio client sends Produce
+  batches of 100 records x 100 bytes back to back, then fetches everything with 1 MiB fetches.
+
+Run: ``python -m bench.broker [--quick]`` (``--quick``: 100,000 partitions, fewer records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = REPO_ROOT / "bench" / "results" / "broker.json"
+if str(REPO_ROOT) not in sys.path:  # the fake controller lives with the unit tests
+    sys.path.insert(0, str(REPO_ROOT))
+
+from kraft.broker.client import BrokerClient  # noqa: E402
+from kraft.broker.server import BrokerServer, BrokerSettings  # noqa: E402
+from kraft.broker.types import BrokerState, TopicPartition  # noqa: E402
+from kraft.metadata.records import encode_value, wrap  # noqa: E402
+from kraft.metadata.store import ImageStore  # noqa: E402
+from kraft.netutil import free_port  # noqa: E402
+from kraft.observability.logging import configure_logging  # noqa: E402
+from kraft.v1 import metadata_pb2 as mpb  # noqa: E402
+from kraft.v1.common_pb2 import Endpoint  # noqa: E402
+from tests.unit.broker.fake_controller import FakeController, FakeSnapshot  # noqa: E402
+
+CLUSTER = "bench-cluster"
+NEW_BROKER = 4
+CHUNK_RECORDS = 20_000
+TIMEOUT_S = 600.0
+
+
+def settings(base: Path, controller_port: int, broker_id: int) -> BrokerSettings:
+    port = free_port()
+    return BrokerSettings(
+        broker_id=broker_id,
+        cluster_id=CLUSTER,
+        voters=((1, f"127.0.0.1:{controller_port}"),),
+        bind_address=f"127.0.0.1:{port}",
+        listeners=(Endpoint(name="PLAINTEXT", host="127.0.0.1", port=port),),
+        client_listener="PLAINTEXT",
+        rack=None,
+        log_dirs=(base / "logs",),
+        heartbeat_interval_ms=500,
+        session_timeout_ms=600_000,
+        registration_timeout_ms=60_000,
+        request_timeout_ms=30_000,
+        retry_backoff_ms=20,
+        fetch_max_wait_ms=200,
+        log_segment_bytes=64 << 20,
+        max_message_bytes=64 << 20,
+        metrics_port=0,
+    )
+
+
+async def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise TimeoutError(f"benchmark timed out waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def snapshot_values(topics: int, partitions_per_topic: int) -> list[bytes]:
+    values = [
+        encode_value(wrap(mpb.RegisterBrokerRecord(broker_id=b, incarnation_id=f"inc-{b}", broker_epoch=b)))
+        for b in (1, 2, 3)
+    ]
+    for t in range(topics):
+        topic_id = f"topic-id-{t:08d}"
+        values.append(encode_value(wrap(mpb.TopicRecord(name=f"topic-{t}", topic_id=topic_id))))
+        for p in range(partitions_per_topic):
+            replicas = [1 + p % 3, 1 + (p + 1) % 3, 1 + (p + 2) % 3]
+            record = mpb.PartitionRecord(
+                partition_id=p, topic_id=topic_id, replicas=replicas, isr=replicas, leader=replicas[0]
+            )
+            values.append(encode_value(wrap(record)))
+    return values
+
+
+async def bench_bootstrap(base: Path, topics: int, per_topic: int) -> dict[str, Any]:
+    fake = FakeController(CLUSTER)
+    fake.snapshot_chunk = CHUNK_RECORDS
+    values = snapshot_values(topics, per_topic)
+    end_offset = len(values) + 10
+    fake.snapshot = FakeSnapshot(end_offset, 1, values)
+    fake.log_start = end_offset
+    await fake.start()
+    store = await ImageStore.open(base / "logs" / "metadata-image.sqlite")
+    server = BrokerServer(settings(base, fake.port, NEW_BROKER), store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    try:
+        await wait_for(lambda: len(fake.fetch_requests) > 0, "the first fetch")
+        started = time.perf_counter()
+        await wait_for(lambda: server.fetcher.snapshots_loaded > 0, "the snapshot to load")
+        elapsed = time.perf_counter() - started
+        partitions = server.publisher.image.partition_count()
+        await wait_for(lambda: server.status.state is BrokerState.RUNNING, "RUNNING")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await fake.stop()
+    return {
+        "partitions": partitions,
+        "snapshot_records": len(values),
+        "chunk_records": CHUNK_RECORDS,
+        "seconds": round(elapsed, 3),
+        "target_seconds": 10.0,
+        "meets_target": elapsed <= 10.0,
+    }
+
+
+async def bench_delta_apply(base: Path, partitions: int, changes: int) -> dict[str, Any]:
+    fake = FakeController(CLUSTER)
+    fake.append(mpb.TopicRecord(name="hot", topic_id="topic-hot"))
+    for p in range(partitions):
+        fake.append(
+            mpb.PartitionRecord(partition_id=p, topic_id="topic-hot", replicas=[1, 2], isr=[1, 2], leader=1)
+        )
+    await fake.start()
+    store = await ImageStore.open(base / "logs" / "metadata-image.sqlite")
+    server = BrokerServer(settings(base, fake.port, 1), store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    try:
+        await wait_for(lambda: server.status.state is BrokerState.RUNNING, "RUNNING")
+        started = time.perf_counter()
+        last = -1
+        for i in range(changes):
+            leader = 2 if (i // partitions) % 2 == 0 else 1
+            last = fake.append(
+                mpb.PartitionChangeRecord(partition_id=i % partitions, topic_id="topic-hot", leader=leader)
+            )
+            if i % 1000 == 999:
+                await asyncio.sleep(0)  # let the broker's fetch see records while they are being committed
+        await wait_for(lambda: server.publisher.offset >= last, "the last change to apply")
+        elapsed = time.perf_counter() - started
+        roles_ok = all(
+            p.leader_id == server.publisher.image.topic("hot").partitions[p.tp.partition].leader  # type: ignore[union-attr]
+            for p in server.partitions.partitions()
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await fake.stop()
+    return {
+        "local_partitions": partitions,
+        "records": changes,
+        "seconds": round(elapsed, 3),
+        "records_per_second": round(changes / elapsed),
+        "roles_match_image": roles_ok,
+    }
+
+
+async def bench_produce_fetch(base: Path, batches: int) -> dict[str, Any]:
+    fake = FakeController(CLUSTER)
+    fake.append(mpb.TopicRecord(name="data", topic_id="topic-data"))
+    fake.append(mpb.PartitionRecord(partition_id=0, topic_id="topic-data", replicas=[1], isr=[1], leader=1))
+    await fake.start()
+    store = await ImageStore.open(base / "logs" / "metadata-image.sqlite")
+    broker_settings = settings(base, fake.port, 1)
+    server = BrokerServer(broker_settings, store)
+    stop = asyncio.Event()
+    task = asyncio.create_task(server.run(stop))
+    batch = [(None, os.urandom(100)) for _ in range(100)]
+    try:
+        await wait_for(lambda: server.status.state is BrokerState.RUNNING, "RUNNING")
+        async with BrokerClient([broker_settings.listeners[0].host + f":{server.port}"]) as client:
+            started = time.perf_counter()
+            for _ in range(batches):
+                response = await client.produce("data", 0, batch)
+                if response.error_code:
+                    raise RuntimeError(f"produce failed: {response.error_message}")
+            produce_s = time.perf_counter() - started
+            total = batches * len(batch)
+            started = time.perf_counter()
+            offset = 0
+            while offset < total:
+                fetched = await client.fetch("data", 0, offset, max_bytes=1 << 20)
+                offset = fetched.records[-1].offset + 1
+            fetch_s = time.perf_counter() - started
+        partition = server.partitions.get(TopicPartition("data", 0))
+        assert partition is not None and partition.log.log_end_offset == total
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await fake.stop()
+    mib = total * 100 / (1 << 20)
+    return {
+        "records": total,
+        "record_bytes": 100,
+        "records_per_request": len(batch),
+        "produce_records_per_second": round(total / produce_s),
+        "produce_mib_per_second": round(mib / produce_s, 2),
+        "fetch_records_per_second": round(total / fetch_s),
+        "fetch_mib_per_second": round(mib / fetch_s, 2),
+    }
+
+
+async def run(quick: bool) -> dict[str, Any]:
+    configure_logging("WARNING")
+    results: dict[str, Any] = {
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "quick": quick,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        topics = 100 if quick else 1000
+        results["bootstrap"] = await bench_bootstrap(Path(tmp) / "bootstrap", topics, 1000)
+    with tempfile.TemporaryDirectory() as tmp:
+        results["delta_apply"] = await bench_delta_apply(
+            Path(tmp) / "delta", 1000, 5_000 if quick else 20_000
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        results["produce_fetch"] = await bench_produce_fetch(Path(tmp) / "data", 200 if quick else 1000)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    args = parser.parse_args()
+    results = asyncio.run(run(args.quick))
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""Controller benchmark: admin ops/s, 1,000 heartbeating brokers, bulk topic creation, controlled shutdown,
+image memory at 1,000,000 partitions (targets: /work/shared/reference/PERFORMANCE.md #4).
+
+What is measured (results in ``bench/results/controller.json``):
+
+- **admin_ops**: a real 3-controller quorum (``tests/integration/procs.py``, fsync on); 16 concurrent
+  clients each send CreateTopics (one topic, one partition) back to back; ops/s and latency (each answer
+  comes after the commit).
+- **heartbeats**: 1,000 simulated brokers register, are unfenced, then heartbeat every 2 s (spread evenly)
+  for the measurement window; heartbeat p50/p99 while idle and while the bulk operations below run, and
+  the number of brokers ever answered ``is_fenced`` after their unfence (false fencing must be 0).
+- **create_partitions**: one CreateTopics request creating 100 topics x 1,000 partitions (RF 3, placed
+  over the 1,000 brokers), timed until committed.
+- **controlled_shutdown**: broker 1 leads 100,000 partitions (explicit assignment); ShutdownBroker moves
+  every leadership away; timed until the records committed (target ≤ 5 s).
+- **image_memory**: in a fresh process, the controller logic builds an image of 1,000 topics x 1,000
+  partitions over 1,000 brokers (RF 3) through CreateTopics; RSS before/after (target ≤ 1 GiB).
+
+Run: ``python -m bench.controller [--quick]`` (``--quick``: 200 brokers, 20,000 partitions, shorter windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = REPO_ROOT / "bench" / "results" / "controller.json"
+if str(REPO_ROOT) not in sys.path:  # the process harness lives with the integration tests
+    sys.path.insert(0, str(REPO_ROOT))
+
+from kraft.errors import ErrorCode  # noqa: E402
+from kraft.metadata.admin import AdminClient  # noqa: E402
+from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings  # noqa: E402
+from kraft.metadata.image import MetadataImage  # noqa: E402
+from kraft.v1 import common_pb2  # noqa: E402
+from kraft.v1 import controller_pb2 as cpb  # noqa: E402
+from tests.integration.procs import ControllerQuorum  # noqa: E402
+
+PROFILE = {
+    "controller.quorum.append.linger.ms": "5",
+    "grpc.max.message.bytes": str(64 * 1024 * 1024),
+}
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+
+def image_memory_child(topics: int, partitions_per_topic: int, brokers: int) -> dict[str, Any]:
+    """Build the image through the controller logic; runs in its own process for a clean RSS."""
+    gc.collect()
+    before = rss_bytes()
+    logic = ControllerLogic(ControllerSettings("bench"), MetadataImage.empty(), 0)
+    offset = 0
+    for broker_id in range(1, brokers + 1):
+        request = cpb.RegisterBrokerRequest(
+            cluster_id="bench", broker_id=broker_id, incarnation_id=f"i{broker_id}", rack=f"r{broker_id % 10}"
+        )
+        request.listeners.add(name="PLAINTEXT", host="127.0.0.1", port=10_000 + broker_id)
+        out = logic.register_broker(request, 0, offset)
+        offset += len(out.records)
+        beat = cpb.BrokerHeartbeatRequest(
+            cluster_id="bench",
+            broker_id=broker_id,
+            broker_epoch=out.response.broker_epoch,
+            current_metadata_offset=offset,
+        )
+        offset += len(logic.broker_heartbeat(beat, 0, offset).records)
+    start = time.perf_counter()
+    for index in range(topics):
+        topic = cpb.CreatableTopic(
+            name=f"topic-{index}", num_partitions=partitions_per_topic, replication_factor=3
+        )
+        created = logic.create_topics(cpb.CreateTopicsRequest(cluster_id="bench", topics=[topic]), offset)
+        offset += len(created.records)
+    build_s = time.perf_counter() - start
+    del created
+    gc.collect()
+    after = rss_bytes()
+    image = logic.image
+    return {
+        "brokers": len(image.brokers),
+        "partitions": image.partition_count(),
+        "build_seconds": round(build_s, 2),
+        "rss_before_mib": round(before / 2**20, 1),
+        "rss_after_mib": round(after / 2**20, 1),
+        "image_mib": round((after - before) / 2**20, 1),
+        "target_mib": 1024,
+        "meets_target": after <= 2**30,
+    }
+
+
+def measure_image_memory(quick: bool) -> dict[str, Any]:
+    topics, per_topic, brokers = (100, 1000, 1000) if quick else (1000, 1000, 1000)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.controller", "--image-memory-child", f"{topics},{per_topic},{brokers}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"image memory child failed: {result.stderr.strip()[-2000:]}")
+    measured: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return measured
+
+
+# ---------------------------------------------------------------------------------------------- cluster
+
+
+@dataclass
+class Fleet:
+    """Simulated brokers heartbeating every ``interval_s`` through one admin client."""
+
+    client: AdminClient
+    cluster_id: str
+    interval_s: float
+    epochs: dict[int, int] = field(default_factory=dict)
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (sent at, seconds)
+    fenced_after_unfence: set[int] = field(default_factory=set)
+    errors: int = 0
+    stopped: set[int] = field(default_factory=set)
+
+    async def register(self, broker_id: int) -> None:
+        request = cpb.RegisterBrokerRequest(
+            cluster_id=self.cluster_id,
+            broker_id=broker_id,
+            incarnation_id=f"bench-{broker_id}",
+            listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=20_000 + broker_id)],
+            rack=f"rack-{broker_id % 10}",
+        )
+        response = await self.client.call(lambda s: s.RegisterBroker, request)
+        self.epochs[broker_id] = response.broker_epoch
+        beat = await self.beat(broker_id)
+        if beat.is_fenced:
+            raise RuntimeError(f"broker {broker_id} not unfenced: {beat}")
+
+    async def beat(self, broker_id: int) -> cpb.BrokerHeartbeatResponse:
+        request = cpb.BrokerHeartbeatRequest(
+            cluster_id=self.cluster_id,
+            broker_id=broker_id,
+            broker_epoch=self.epochs[broker_id],
+            current_metadata_offset=1 << 50,  # a broker that applies everything at once
+        )
+        return await self.client.call(lambda s: s.BrokerHeartbeat, request, check=False)
+
+    async def run_one(self, broker_id: int, offset_s: float) -> None:
+        await asyncio.sleep(offset_s)
+        next_at = time.monotonic()
+        while broker_id not in self.stopped:
+            sent = time.monotonic()
+            try:
+                response = await self.beat(broker_id)
+            except Exception:
+                self.errors += 1
+            else:
+                self.latencies.append((sent, time.monotonic() - sent))
+                if response.error_code != ErrorCode.NONE:
+                    self.errors += 1
+                elif response.is_fenced and broker_id not in self.stopped:
+                    self.fenced_after_unfence.add(broker_id)
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    def window(self, start: float, end: float) -> dict[str, Any]:
+        values = [lat * 1000 for sent, lat in self.latencies if start <= sent < end]
+        return {
+            "heartbeats": len(values),
+            "p50_ms": round(percentile(values, 0.50), 2),
+            "p99_ms": round(percentile(values, 0.99), 2),
+            "max_ms": round(max(values, default=0.0), 2),
+        }
+
+
+async def gather_limited(limit: int, coros: list[Any]) -> list[Any]:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(coro: Any) -> Any:
+        async with semaphore:
+            return await coro
+
+    return list(await asyncio.gather(*(one(c) for c in coros)))
+
+
+async def admin_ops(client: AdminClient, seconds: float, workers: int = 16) -> dict[str, Any]:
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+    counter = iter(range(10**9))
+
+    async def worker() -> None:
+        while time.monotonic() < deadline:
+            name = f"admin-{next(counter)}"
+            topic = cpb.CreatableTopic(name=name, num_partitions=1, replication_factor=1)
+            start = time.monotonic()
+            response = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=[topic]))
+            latencies.append(time.monotonic() - start)
+            if response.topics[0].error_code != ErrorCode.NONE:
+                raise RuntimeError(response.topics[0].error_message)
+
+    start = time.monotonic()
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    elapsed = time.monotonic() - start
+    ms = [v * 1000 for v in latencies]
+    return {
+        "workers": workers,
+        "ops": len(latencies),
+        "ops_per_second": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(percentile(ms, 0.5), 2),
+        "p99_ms": round(percentile(ms, 0.99), 2),
+    }
+
+
+async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
+    brokers = 200 if quick else 1000
+    partitions = 20_000 if quick else 100_000
+    idle_s = 10.0 if quick else 30.0
+    with ControllerQuorum(base, overrides=PROFILE, test_append=False) as quorum:
+        quorum.start()
+        quorum.wait_for_leader(timeout_s=60)
+        targets = [node.target for node in quorum.nodes.values()]
+        async with AdminClient(targets, timeout_s=120) as client:
+            fleet = Fleet(client, quorum.cluster_id, interval_s=2.0)
+            await fleet.register(1)
+            # broker 1 keeps its session alive while the admin benchmark runs
+            tasks = [asyncio.create_task(fleet.run_one(1, 0.0))]
+            try:
+                results: dict[str, Any] = {}
+                results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
+                start = time.monotonic()
+                await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
+                registration_s = time.monotonic() - start
+                tasks += [
+                    asyncio.create_task(fleet.run_one(b, (b % 1000) * fleet.interval_s / min(brokers, 1000)))
+                    for b in fleet.epochs
+                    if b != 1
+                ]
+                idle_start = time.monotonic()
+                await asyncio.sleep(idle_s)
+                idle_end = time.monotonic()
+
+                per_topic = 1000
+                bulk = [
+                    cpb.CreatableTopic(name=f"bulk-{i}", num_partitions=per_topic, replication_factor=3)
+                    for i in range(partitions // per_topic)
+                ]
+                start = time.monotonic()
+                created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=bulk))
+                create_s = time.monotonic() - start
+                assert all(t.error_code == ErrorCode.NONE for t in created.topics), created.topics[0]
+
+                led = []
+                for i in range(partitions // per_topic):
+                    topic = cpb.CreatableTopic(name=f"led-by-1-{i}")
+                    for p in range(per_topic):
+                        other = 2 + (i * per_topic + p) % (brokers - 2)
+                        topic.assignments.add(partition=p, broker_ids=[1, other, other + 1])
+                    led.append(topic)
+                created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=led))
+                assert all(t.error_code == ErrorCode.NONE for t in created.topics), created.topics[0]
+                cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+                leading = next(b.leader_count for b in cluster.brokers if b.broker_id == 1)
+
+                fleet.stopped.add(1)  # broker 1 is going away: it may (and will) be fenced
+                start = time.monotonic()
+                shutdown = await client.call(
+                    lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=1)
+                )
+                shutdown_s = time.monotonic() - start
+                bulk_end = time.monotonic()
+                await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
+                settle_end = time.monotonic()
+                cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+            finally:
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            states: dict[str, int] = {}
+            for broker in cluster.brokers:
+                if broker.broker_id != 1:
+                    states[broker.state] = states.get(broker.state, 0) + 1
+            results["heartbeats"] = {
+                "brokers": brokers,
+                "interval_ms": int(fleet.interval_s * 1000),
+                "registration_seconds": round(registration_s, 2),
+                "idle": fleet.window(idle_start, idle_end),
+                "during_bulk_operations": fleet.window(idle_end, bulk_end),
+                "after_bulk_operations": fleet.window(bulk_end, settle_end),
+                "errors": fleet.errors,
+                "false_fencing": len(fleet.fenced_after_unfence),
+                "final_states_other_brokers": states,
+                "target_p99_ms": 50,
+                "meets_target": fleet.window(idle_start, idle_end)["p99_ms"] <= 50
+                and not fleet.fenced_after_unfence,
+            }
+            results["create_partitions"] = {
+                "partitions": partitions,
+                "topics": partitions // per_topic,
+                "replication_factor": 3,
+                "seconds": round(create_s, 2),
+                "partitions_per_second": round(partitions / create_s),
+            }
+            results["controlled_shutdown"] = {
+                "leaderships_before": leading,
+                "leaderships_after": shutdown.leaderships_remaining,
+                "seconds": round(shutdown_s, 2),
+                "target_seconds": 5.0,
+                "meets_target": shutdown_s <= 5.0 and shutdown.leaderships_remaining == 0,
+            }
+            return results
+
+
+def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
+        cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp)))
+    results: dict[str, Any] = {
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "quick": quick,
+        **cluster,
+        "image_memory": measure_image_memory(quick),
+    }
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller fleet and image, shorter windows")
+    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.image_memory_child:
+        topics, per_topic, brokers = (int(v) for v in args.image_memory_child.split(","))
+        print(json.dumps(image_memory_child(topics, per_topic, brokers)))
+        return 0
+    results = run(args.quick, args.out)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""``kraft broker list | describe ID | unregister ID | shutdown ID`` (admin, through the active controller).
+
+``kraft broker start`` lives in :mod:`kraft.cli.broker_start` and adds itself to :data:`app`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Annotated, Any
+
+import typer
+
+from kraft.cli.common import (
+    BootstrapControllerOption,
+    CliError,
+    JsonOption,
+    handle_errors,
+    parse_bootstrap,
+    print_json,
+    print_key_values,
+    print_table,
+    run_async,
+)
+from kraft.metadata.admin import AdminClient
+from kraft.v1 import controller_pb2 as cpb
+
+app = typer.Typer(no_args_is_help=True, help="Brokers: run one, list, describe, unregister, shut down.")
+
+LIST_COLUMNS = [
+    "Id",
+    "State",
+    "Epoch",
+    "Rack",
+    "Endpoints",
+    "MetadataOffset",
+    "LastHeartbeatMsAgo",
+    "Leaders",
+    "Replicas",
+]
+BrokerIdArgument = Annotated[int, typer.Argument(help="The broker's node.id.", show_default=False)]
+
+
+def _client(bootstrap: str) -> AdminClient:
+    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)])
+
+
+def broker_json(broker: cpb.BrokerDescription) -> dict[str, Any]:
+    """The ``broker list --json`` object (ARCHITECTURE.md §7)."""
+    return {
+        "id": broker.broker_id,
+        "epoch": broker.broker_epoch,
+        "incarnation_id": broker.incarnation_id,
+        "state": broker.state,
+        "rack": broker.rack if broker.HasField("rack") else None,
+        "endpoints": [f"{e.name}://{e.host}:{e.port}" for e in broker.endpoints],
+        "metadata_offset": broker.metadata_offset,
+        "last_heartbeat_ms_ago": broker.last_heartbeat_ms_ago if broker.last_heartbeat_ms_ago >= 0 else None,
+        "leaders": broker.leader_count,
+        "replicas": broker.replica_count,
+    }
+
+
+async def _describe_cluster(bootstrap: str) -> cpb.DescribeClusterResponse:
+    async with _client(bootstrap) as client:
+        return await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+
+
+@app.command("list")
+@handle_errors
+def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False) -> None:
+    """Every registered broker with its state (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE)."""
+    cluster = run_async(_describe_cluster(bootstrap_controller))
+    brokers = [broker_json(b) for b in cluster.brokers]
+    if as_json:
+        print_json(brokers)
+        return
+    print_table(
+        LIST_COLUMNS,
+        [
+            [
+                b["id"], b["state"], b["epoch"], b["rack"], ",".join(b["endpoints"]), b["metadata_offset"],
+                b["last_heartbeat_ms_ago"], b["leaders"], b["replicas"],
+            ]
+            for b in brokers
+        ],
+    )  # fmt: skip
+
+
+async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
+    async with _client(bootstrap) as client:
+        cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+        found = [b for b in cluster.brokers if b.broker_id == broker_id]
+        if not found:
+            raise CliError(f"BROKER_ID_NOT_REGISTERED: broker {broker_id} is not registered")
+        topics = await client.call(
+            lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(include_partitions=True)
+        )
+    result = broker_json(found[0])
+    result["partitions"] = [
+        {
+            "topic": topic.name,
+            "partition": p.partition,
+            "role": "leader" if p.leader == broker_id else "follower",
+            "leader": p.leader,
+            "leader_epoch": p.leader_epoch,
+            "replicas": list(p.replicas),
+            "isr": list(p.isr),
+            "in_sync": broker_id in p.isr,
+        }
+        for topic in topics.topics
+        for p in topic.partitions
+        if broker_id in p.replicas
+    ]
+    return result
+
+
+@app.command("describe")
+@handle_errors
+def describe_command(
+    broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False
+) -> None:
+    """One broker's registration, state and the partitions it hosts."""
+    broker = run_async(_describe_broker(bootstrap_controller, broker_id))
+    if as_json:
+        print_json(broker)
+        return
+    print_key_values(
+        [
+            ("Id", broker["id"]),
+            ("State", broker["state"]),
+            ("Epoch", broker["epoch"]),
+            ("IncarnationId", broker["incarnation_id"]),
+            ("Rack", broker["rack"]),
+            ("Endpoints", ",".join(broker["endpoints"])),
+            ("MetadataOffset", broker["metadata_offset"]),
+            ("LastHeartbeatMsAgo", broker["last_heartbeat_ms_ago"]),
+        ]
+    )
+    print_table(
+        ["Topic", "Partition", "Role", "Leader", "LeaderEpoch", "Replicas", "Isr"],
+        [
+            [p["topic"], p["partition"], p["role"], p["leader"], p["leader_epoch"], p["replicas"], p["isr"]]
+            for p in broker["partitions"]
+        ],
+    )
+
+
+async def _unregister(bootstrap: str, broker_id: int) -> None:
+    async with _client(bootstrap) as client:
+        await client.call(lambda s: s.UnregisterBroker, cpb.UnregisterBrokerRequest(broker_id=broker_id))
+
+
+@app.command("unregister")
+@handle_errors
+def unregister_command(broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption) -> None:
+    """Remove a broker's registration (kafka-cluster.sh unregister); its id becomes free."""
+    run_async(_unregister(bootstrap_controller, broker_id))
+    typer.echo(f"broker {broker_id} unregistered")
+
+
+async def _shutdown(bootstrap: str, broker_id: int) -> int:
+    async with _client(bootstrap) as client:
+        response = await client.call(
+            lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=broker_id)
+        )
+        return response.leaderships_remaining
+
+
+@app.command("shutdown")
+@handle_errors
+def shutdown_command(broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption) -> None:
+    """Controlled shutdown: move the broker's leaderships away, then tell it to stop at its next heartbeat."""
+    remaining = run_async(_shutdown(bootstrap_controller, broker_id))
+    typer.echo(f"broker {broker_id} is in controlled shutdown ({remaining} leaderships left)")
+
+
+# `kraft broker start` registers itself on this app; it needs the broker runtime, imported last.
+importlib.import_module("kraft.cli.broker_start")

@@ -1,0 +1,209 @@
+"""``kraft topic create | list | describe | delete`` through the active controller."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from kraft.cli.common import (
+    BootstrapControllerOption,
+    CliError,
+    JsonOption,
+    handle_errors,
+    parse_bootstrap,
+    print_json,
+    print_key_values,
+    print_table,
+    run_async,
+)
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.admin import AdminClient
+from kraft.v1 import controller_pb2 as cpb
+
+app = typer.Typer(no_args_is_help=True, help="Topics: create, list, describe, delete.")
+
+TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_default=False)]
+
+
+def _client(bootstrap: str) -> AdminClient:
+    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)])
+
+
+def parse_configs(items: list[str]) -> list[cpb.TopicConfig]:
+    configs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"--config {item!r} is not key=value")
+        configs.append(cpb.TopicConfig(name=name.strip(), value=value.strip()))
+    return configs
+
+
+def parse_assignment(text: str) -> list[cpb.ReplicaAssignment]:
+    """``1:2:3,2:3:1`` → partition 0 on brokers 1,2,3; partition 1 on 2,3,1 (kafka-topics.sh syntax)."""
+    assignments = []
+    for partition, group in enumerate(text.split(",")):
+        try:
+            brokers = [int(b) for b in group.split(":")]
+        except ValueError:
+            raise CliError(
+                f"--replica-assignment {text!r}: {group!r} is not broker ids separated by ':'"
+            ) from None
+        assignments.append(cpb.ReplicaAssignment(partition=partition, broker_ids=brokers))
+    return assignments
+
+
+async def _create(bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool) -> cpb.CreatableTopicResult:
+    async with _client(bootstrap) as client:
+        response = await client.call(
+            lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
+        )
+    return response.topics[0]
+
+
+@app.command("create")
+@handle_errors
+def create_command(
+    name: TopicArgument,
+    bootstrap_controller: BootstrapControllerOption,
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="-1 = num.partitions.")] = -1,
+    replication_factor: Annotated[
+        int, typer.Option("--replication-factor", "-r", help="-1 = default.replication.factor.")
+    ] = -1,
+    config: Annotated[list[str] | None, typer.Option("--config", help="key=value (repeatable).")] = None,
+    replica_assignment: Annotated[
+        str | None,
+        typer.Option(
+            "--replica-assignment", help="Explicit replicas: 1:2:3,2:3:1 (one group per partition)."
+        ),
+    ] = None,
+    validate_only: Annotated[
+        bool, typer.Option("--validate-only", help="Check only; create nothing.")
+    ] = False,
+    if_not_exists: Annotated[
+        bool, typer.Option("--if-not-exists", help="An existing topic is not an error.")
+    ] = False,
+) -> None:
+    """Create a topic; replicas are spread evenly and rack-aware over the unfenced brokers."""
+    topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=replication_factor)
+    topic.configs.extend(parse_configs(config or []))
+    if replica_assignment:
+        topic.assignments.extend(parse_assignment(replica_assignment))
+        topic.num_partitions = topic.replication_factor = -1
+    result = run_async(_create(bootstrap_controller, topic, validate_only))
+    code = ErrorCode.from_wire(result.error_code)
+    if code == ErrorCode.TOPIC_ALREADY_EXISTS and if_not_exists:
+        typer.echo(f"topic {name} already exists")
+        return
+    if code != ErrorCode.NONE:
+        raise KraftError(code, result.error_message)
+    verb = "would be created" if validate_only else "created"
+    typer.echo(
+        f"topic {name} {verb}: id {result.topic_id}, {result.num_partitions} partitions, "
+        f"replication factor {result.replication_factor}"
+    )
+
+
+async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.DescribeTopicsResponse:
+    async with _client(bootstrap) as client:
+        return await client.call(
+            lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=names, include_partitions=partitions)
+        )
+
+
+@app.command("list")
+@handle_errors
+def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False) -> None:
+    """Every topic with its partition count and replication factor."""
+    response = run_async(_describe(bootstrap_controller, [], False))
+    topics = [
+        {
+            "name": t.name,
+            "topic_id": t.topic_id,
+            "partitions": len(t.partitions),
+            "replication_factor": len(t.partitions[0].replicas) if t.partitions else 0,
+        }
+        for t in response.topics
+    ]
+    if as_json:
+        print_json(topics)
+        return
+    print_table(
+        ["Name", "TopicId", "Partitions", "ReplicationFactor"],
+        [[t["name"], t["topic_id"], t["partitions"], t["replication_factor"]] for t in topics],
+    )
+
+
+def topic_json(topic: cpb.TopicDescription) -> dict[str, Any]:
+    """The ``topic describe --json`` object (ARCHITECTURE.md §7)."""
+    return {
+        "name": topic.name,
+        "topic_id": topic.topic_id,
+        "configs": {c.name: c.value for c in topic.configs},
+        "partitions": [
+            {
+                "partition": p.partition,
+                "leader": p.leader,
+                "leader_epoch": p.leader_epoch,
+                "replicas": list(p.replicas),
+                "isr": list(p.isr),
+            }
+            for p in topic.partitions
+        ],
+    }
+
+
+@app.command("describe")
+@handle_errors
+def describe_command(
+    name: TopicArgument, bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False
+) -> None:
+    """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR."""
+    response = run_async(_describe(bootstrap_controller, [name], True))
+    topic = response.topics[0]
+    if topic.error_code != ErrorCode.NONE:
+        raise KraftError(ErrorCode.from_wire(topic.error_code), topic.error_message)
+    described = topic_json(topic)
+    if as_json:
+        print_json(described)
+        return
+    print_key_values(
+        [
+            ("Topic", described["name"]),
+            ("TopicId", described["topic_id"]),
+            ("Configs", ",".join(f"{k}={v}" for k, v in described["configs"].items()) or None),
+        ]
+    )
+    print_table(
+        ["Partition", "Leader", "LeaderEpoch", "Replicas", "Isr"],
+        [
+            [p["partition"], p["leader"], p["leader_epoch"], ",".join(map(str, p["replicas"])),
+             ",".join(map(str, p["isr"]))]
+            for p in described["partitions"]
+        ],
+    )  # fmt: skip
+
+
+async def _delete(bootstrap: str, name: str) -> cpb.DeletableTopicResult:
+    async with _client(bootstrap) as client:
+        response = await client.call(lambda s: s.DeleteTopics, cpb.DeleteTopicsRequest(names=[name]))
+    return response.topics[0]
+
+
+@app.command("delete")
+@handle_errors
+def delete_command(
+    name: TopicArgument,
+    bootstrap_controller: BootstrapControllerOption,
+    if_exists: Annotated[bool, typer.Option("--if-exists", help="A missing topic is not an error.")] = False,
+) -> None:
+    """Delete a topic (its partitions are removed from every broker)."""
+    result = run_async(_delete(bootstrap_controller, name))
+    code = ErrorCode.from_wire(result.error_code)
+    if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and if_exists:
+        typer.echo(f"topic {name} does not exist")
+        return
+    if code != ErrorCode.NONE:
+        raise KraftError(code, result.error_message)
+    typer.echo(f"topic {name} deleted")

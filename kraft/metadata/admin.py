@@ -1,0 +1,55 @@
+"""Admin calls to the active controller for tools (CLI, tests, benchmarks).
+
+Wraps :class:`kraft.broker.controller_client.ControllerClient` (which follows NOT_CONTROLLER redirects)
+with the retry pacing a tool wants: keep trying the bootstrap list until a deadline, so a command issued
+during a leader election simply waits for the new active controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kraft.broker.controller_client import ControllerClient, ControllerUnavailable, MethodPicker, ResponseT
+from kraft.errors import ErrorCode, KraftError
+
+
+class AdminClient:
+    def __init__(self, targets: Sequence[str], timeout_s: float = 15.0) -> None:
+        if not targets:
+            raise ValueError("at least one controller endpoint is needed")
+        self._client = ControllerClient([(-1, t) for t in targets])
+        self.timeout_s = timeout_s
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def call(self, pick: MethodPicker[ResponseT], request: Any, check: bool = True) -> ResponseT:
+        """The active controller's answer; with ``check`` a non-NONE top-level error raises KraftError."""
+        deadline = time.monotonic() + self.timeout_s
+        backoff_s = 0.05
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                response = await self._client.call(pick, request, timeout_s=max(0.5, min(remaining, 10.0)))
+            except ControllerUnavailable as exc:
+                if time.monotonic() + backoff_s > deadline:
+                    raise KraftError(
+                        ErrorCode.NOT_CONTROLLER,
+                        f"no active controller answered within {self.timeout_s:g}s: {exc}",
+                    ) from None
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 1.0)
+                continue
+            code = ErrorCode.from_wire(response.error_code)
+            if check and code != ErrorCode.NONE:
+                raise KraftError(code, getattr(response, "error_message", "") or code.name)
+            return response

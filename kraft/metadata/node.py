@@ -1,0 +1,92 @@
+"""Installs the metadata layer on a controller node (:class:`kraft.raft.process.ControllerNode`).
+
+``install_metadata_layer(node)`` must be called before ``node.start()``: it adds ControllerService to
+the node's server, creates the :class:`QuorumController` once Raft runs (``on_start``), keeps the
+``kraft.v1.ControllerService`` health status SERVING exactly while this node is the active controller,
+and stops the controller first on shutdown (``on_stop``).  The image store lives next to the metadata
+log: ``<metadata.log.dir>/metadata-image.sqlite``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kraft.config import NodeConfig
+from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.service import ControllerServicer, add_controller_service
+from kraft.observability.health import CONTROLLER_SERVICE
+
+if TYPE_CHECKING:
+    from kraft.raft.process import ControllerNode
+
+IMAGE_STORE_FILE = "metadata-image.sqlite"
+
+
+def options_from_config(config: NodeConfig) -> ControllerOptions:
+    return ControllerOptions(
+        session_timeout_ms=config.broker_session_timeout_ms,
+        noop_interval_ms=config.metadata_max_idle_interval_ms,
+        snapshot_max_bytes=config.metadata_log_max_record_bytes_between_snapshots,
+        snapshot_interval_ms=config.metadata_log_max_snapshot_interval_ms,
+        default_num_partitions=config.num_partitions,
+        default_replication_factor=config.default_replication_factor,
+    )
+
+
+def image_store_path(config: NodeConfig) -> Path | None:
+    return None if config.metadata_log_dir is None else Path(config.metadata_log_dir) / IMAGE_STORE_FILE
+
+
+class MetadataLayer:
+    """What :func:`install_metadata_layer` returns: the servicer and, once started, the controller."""
+
+    def __init__(self) -> None:
+        self.servicer = ControllerServicer()
+        self.controller: QuorumController | None = None
+        self._health_task: asyncio.Task[None] | None = None
+
+    async def start(self, node: ControllerNode) -> None:
+        controller = QuorumController(
+            node.raft,
+            node.cluster_id,
+            node.endpoints(),
+            options_from_config(node.config),
+            store_path=image_store_path(node.config),
+        )
+        await controller.start()
+        self.controller = controller
+        self.servicer.bind(controller)
+        self._health_task = asyncio.create_task(
+            self._report_health(node, controller), name="controller-health"
+        )
+
+    async def stop(self, node: ControllerNode) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        controller, self.controller = self.controller, None
+        self.servicer.bind(None)
+        if controller is not None:
+            await controller.stop()
+
+    @staticmethod
+    async def _report_health(node: ControllerNode, controller: QuorumController) -> None:
+        serving: bool | None = None
+        while True:
+            if controller.is_active != serving:
+                serving = controller.is_active
+                with contextlib.suppress(Exception):
+                    await node.health.set_serving(CONTROLLER_SERVICE, serving)
+            await asyncio.sleep(0.1)
+
+
+def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
+    layer = MetadataLayer()
+    node.add_service(lambda server: add_controller_service(server, layer.servicer))
+    node.on_start(layer.start)
+    node.on_stop(layer.stop)
+    return layer

@@ -1,0 +1,563 @@
+"""The asyncio driver: the only place Raft meets the event loop, the network and the disk.
+
+Task ownership (who touches what):
+
+- **raft-driver** (one task, :meth:`RaftDriver._run`) owns the :class:`~kraft.raft.core.RaftCore` and the
+  log.  It waits for the next event or the core's next deadline, feeds the core, then executes the
+  output in the documented order: log writes → send-now messages → quorum-state write (fsync) →
+  send-after-persist messages → log fsync (→ ``on_flushed``) → notifications.  Nothing else calls
+  the core except :meth:`RaftDriver.schedule_append` (adds records to the accumulator, no IO) and
+  read-only views.
+- **raft-send** tasks, one per outbound request: ``transport.send`` and push the outcome back as an
+  event; they never touch the core.
+- **inbound RPC tasks** (the transport's): :meth:`RaftDriver.handle_request` queues the request and awaits
+  a future the driver task resolves (at once, after persistence, or after a long poll).
+- **raft-listener** tasks, one per registered listener (:mod:`kraft.raft.listeners`): read committed
+  batches from the log and call the listener.
+- fsyncs and snapshot/quorum-state writes run in worker threads (``asyncio.to_thread``) awaited by the
+  driver task, so the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kraft.errors import ErrorCode
+from kraft.observability.logging import get_logger
+from kraft.observability.metrics import RaftMetrics
+from kraft.raft.client import (
+    CommittedSlice,
+    LeaderAndEpoch,
+    NotLeaderError,
+    OffsetBelowLogStartError,
+    RaftListener,
+    RaftShutdownError,
+    SnapshotChunk,
+    SnapshotNotFoundError,
+)
+from kraft.raft.core import RaftCore
+from kraft.raft.core_log import EpochEntry, LogMeta
+from kraft.raft.core_output import (
+    AppendFetched,
+    AppendLeaderChange,
+    AppendRecords,
+    InstallSnapshot,
+    LogOp,
+    Outbound,
+    OutboundRequest,
+    OutboundResponse,
+    Output,
+    TruncateTo,
+    WriteSnapshotChunk,
+)
+from kraft.raft.core_types import BatchInfo, RaftConfig
+from kraft.raft.listeners import CommitView, ListenerSet
+from kraft.raft.messages import (
+    DescribeQuorumResponse,
+    FetchResponse,
+    FetchSnapshotResponse,
+    RaftRequest,
+    RaftResponse,
+    SnapshotId,
+)
+from kraft.raft.ports import Clock, ElectionStore, LogStore, SnapshotStore
+from kraft.raft.state import ElectionState, StateKind
+from kraft.raft.transport import Transport, TransportError
+from kraft.storage.batch import LeaderChangeMessage, build_batch, build_control_batch, iter_batch_headers
+
+
+def scan_kafka_batches(data: bytes) -> list[BatchInfo]:
+    """The core's batch scanner for Kafka v2 bytes (CRC-checked: the bytes come from the network)."""
+    return [
+        BatchInfo(header.base_offset, header.last_offset, header.partition_leader_epoch)
+        for _position, header in iter_batch_headers(data)
+    ]
+
+
+# --- events the driver task consumes ---
+
+
+@dataclass(frozen=True, slots=True)
+class _Inbound:
+    request_id: int
+    request: RaftRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _Response:
+    correlation_id: int
+    response: RaftResponse
+
+
+@dataclass(frozen=True, slots=True)
+class _SendFailed:
+    correlation_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Wakeup:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _SnapshotFrozen:
+    snapshot_id: SnapshotId
+    done: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resign:
+    pass
+
+
+_Event = _Inbound | _Response | _SendFailed | _Wakeup | _SnapshotFrozen | _Resign
+
+
+class _DriverSnapshotWriter:
+    """:class:`~kraft.raft.client.SnapshotWriter` over the driver's snapshot store."""
+
+    def __init__(self, driver: RaftDriver, snapshot_id: SnapshotId, last_contained_timestamp_ms: int) -> None:
+        self._driver = driver
+        self._snapshot_id = snapshot_id
+        self._last_contained_ms = last_contained_timestamp_ms
+        self._records: list[bytes] = []
+        self._frozen = False
+
+    @property
+    def snapshot_id(self) -> SnapshotId:
+        return self._snapshot_id
+
+    def append(self, records: Sequence[bytes]) -> None:
+        if self._frozen:
+            raise ValueError("the snapshot is already frozen")
+        self._records.extend(records)
+
+    async def freeze(self) -> SnapshotId:
+        if self._frozen:
+            return self._snapshot_id
+        await self._driver._write_snapshot(self._snapshot_id, self._last_contained_ms, self._records)
+        self._frozen = True
+        self._records = []
+        return self._snapshot_id
+
+    async def close(self) -> None:
+        self._records = []
+
+
+class RaftDriver:
+    """Runs a :class:`RaftCore` for real; implements :class:`~kraft.raft.client.RaftClient` and the
+    transport's :class:`~kraft.raft.transport.RequestHandler`."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        *,
+        transport: Transport,
+        log: LogStore,
+        elections: ElectionStore,
+        snapshots: SnapshotStore,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._log = log
+        self._elections = elections
+        self._snapshots = snapshots
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._logger = get_logger("raft", node=config.node_id)
+        self._metrics = RaftMetrics.for_node(config.node_id)
+        self._core = self._build_core()
+        self._events: deque[_Event] = deque()
+        self._wake = asyncio.Event()
+        self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
+        self._next_request_id = 1
+        self._pending_appends: dict[int, tuple[asyncio.Future[int], int]] = {}
+        self._send_tasks: set[asyncio.Task[None]] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._deadline_ms = 0
+        self._stopped = False
+        self._fatal: BaseException | None = None
+        self._leader_changed = asyncio.Event()
+        self._last_state: StateKind | None = None
+        self._listeners = ListenerSet(log, snapshots, self._commit_view, self._logger)
+
+    def _build_core(self) -> RaftCore:
+        snapshot = self._snapshots.latest()
+        if snapshot is not None and self._log.end_offset < snapshot.end_offset:
+            # A crash between freezing a downloaded snapshot and resetting the log: finish the reset.
+            self._log.reset_to(snapshot.end_offset)
+        end = self._log.end_offset
+        epochs = [EpochEntry(epoch, start) for epoch, start in self._log.epoch_entries() if start < end]
+        meta = LogMeta(self._log.start_offset, end, end, epochs, snapshot)
+        election = self._elections.read() or ElectionState(0)
+        return RaftCore(self.config, self._rng, scan_kafka_batches, election, meta)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="raft-driver")
+
+    async def shutdown(self, timeout_ms: int) -> None:
+        """Resign if leader, wait up to ``timeout_ms`` for another leader, then stop every task."""
+        if self._stopped:
+            return
+        if self._core.is_leader and len(self.config.voters) > 1 and self._task is not None:
+            self._push(_Resign())
+            deadline = self._clock.monotonic_ms() + timeout_ms
+            while self._clock.monotonic_ms() < deadline:
+                leader = self._core.leader_and_epoch.leader_id
+                if leader not in (-1, self.node_id) and not self._core.is_leader:
+                    break
+                self._leader_changed.clear()
+                remaining_s = max(0.0, (deadline - self._clock.monotonic_ms()) / 1000)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._leader_changed.wait(), remaining_s)
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop without resigning (a crash-like stop; the log is not closed)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        for task in list(self._send_tasks):
+            task.cancel()
+        await self._listeners.close()
+        self._fail_everything(RaftShutdownError("raft is shut down"))
+
+    def close(self) -> None:
+        """Close the log (flush + clean-shutdown marker).  Call after :meth:`shutdown`/:meth:`stop`."""
+        self._log.close()
+
+    def _fail_everything(self, error: BaseException) -> None:
+        for future in self._inbound.values():
+            if not future.done():
+                future.set_exception(error)
+        self._inbound.clear()
+        for pending, _epoch in self._pending_appends.values():
+            if not pending.done():
+                pending.set_exception(error)
+        self._pending_appends.clear()
+
+    # ------------------------------------------------------------------ RaftClient: views
+
+    @property
+    def node_id(self) -> int:
+        return self.config.node_id
+
+    @property
+    def leader_and_epoch(self) -> LeaderAndEpoch:
+        return self._core.leader_and_epoch
+
+    @property
+    def high_watermark(self) -> int:
+        return self._core.high_watermark
+
+    @property
+    def state(self) -> StateKind:
+        return self._core.state
+
+    def register_listener(self, listener: RaftListener) -> None:
+        self._listeners.register(listener)
+
+    def unregister_listener(self, listener: RaftListener) -> None:
+        self._listeners.unregister(listener)
+
+    def describe_quorum(self) -> DescribeQuorumResponse:
+        return self._core.describe_quorum(self._clock.monotonic_ms())
+
+    def latest_snapshot_id(self) -> SnapshotId | None:
+        return self._snapshots.latest()
+
+    def _commit_view(self) -> CommitView:
+        core = self._core
+        start = core.epoch_start_offset if core.is_leader else -1
+        return CommitView(core.high_watermark, core.leader_and_epoch, start)
+
+    # ------------------------------------------------------------------ RaftClient: writes
+
+    def schedule_append(self, records: Sequence[bytes]) -> int:
+        self._check_running()
+        offset = self._core.append(list(records), self._clock.monotonic_ms())
+        self._push(_Wakeup())
+        return offset
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        offset = self.schedule_append(records)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending_appends[offset] = (future, self._core.epoch)
+        return await future
+
+    def create_snapshot(
+        self, end_offset: int, epoch: int, last_contained_timestamp_ms: int
+    ) -> _DriverSnapshotWriter:
+        self._core.validate_snapshot_id(end_offset, epoch)
+        latest = self._snapshots.latest()
+        if latest is not None and end_offset <= latest.end_offset:
+            raise ValueError(f"a snapshot at or after offset {end_offset} already exists ({latest})")
+        return _DriverSnapshotWriter(self, SnapshotId(end_offset, epoch), last_contained_timestamp_ms)
+
+    async def _write_snapshot(
+        self, snapshot_id: SnapshotId, last_contained_ms: int, records: list[bytes]
+    ) -> None:
+        self._check_running()
+        await asyncio.to_thread(
+            self._snapshots.write, snapshot_id, last_contained_ms, records, self._clock.wall_ms()
+        )
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._push(_SnapshotFrozen(snapshot_id, done))
+        await done
+
+    async def resign(self) -> None:
+        self._check_running()
+        self._push(_Resign())
+
+    # ------------------------------------------------------------------ RaftClient: reads
+
+    async def read_committed(self, offset: int, max_bytes: int) -> CommittedSlice:
+        high_watermark = self._core.high_watermark
+        start = self._log.start_offset
+        if offset < start:
+            raise OffsetBelowLogStartError(offset, start, self._snapshots.latest())
+        if offset >= high_watermark:
+            return CommittedSlice(b"", offset, high_watermark, start)
+        data = self._log.read(offset, max_bytes, high_watermark)
+        next_offset = offset
+        for _position, header in iter_batch_headers(data):
+            next_offset = header.next_offset
+        return CommittedSlice(data, next_offset, high_watermark, start)
+
+    async def read_snapshot(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> SnapshotChunk:
+        try:
+            size = self._snapshots.size(snapshot_id)
+            data = await asyncio.to_thread(self._snapshots.read_chunk, snapshot_id, position, max_bytes)
+        except KeyError:
+            raise SnapshotNotFoundError(f"no snapshot {snapshot_id}") from None
+        return SnapshotChunk(snapshot_id, size, position, data)
+
+    # ------------------------------------------------------------------ RequestHandler
+
+    async def handle_request(self, request: RaftRequest) -> RaftResponse:
+        self._check_running()
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
+        self._inbound[request_id] = future
+        self._push(_Inbound(request_id, request))
+        try:
+            return await future
+        finally:
+            self._inbound.pop(request_id, None)
+
+    # ------------------------------------------------------------------ the driver task
+
+    def _check_running(self) -> None:
+        if self._stopped or self._fatal is not None:
+            raise RaftShutdownError(
+                "raft is shut down" if self._fatal is None else f"raft failed: {self._fatal}"
+            )
+
+    def _push(self, event: _Event) -> None:
+        self._events.append(event)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        try:
+            await self._execute(self._core.start(self._clock.monotonic_ms()))
+            while True:
+                if not self._events:
+                    await self._sleep_until_deadline()
+                while self._events:
+                    event = self._events.popleft()
+                    await self._execute(self._dispatch(event, self._clock.monotonic_ms()))
+                await self._execute(self._core.poll(self._clock.monotonic_ms()))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            # Storage failures (fsync) and core invariant violations are fatal: stop, never guess.
+            self._fatal = exc
+            self._logger.exception("raft_driver_failed", error=str(exc))
+            self._fail_everything(RaftShutdownError(f"raft failed: {exc}"))
+
+    async def _sleep_until_deadline(self) -> None:
+        timeout_s = max(0.0, (self._deadline_ms - self._clock.monotonic_ms()) / 1000)
+        if timeout_s <= 0:
+            return
+        started_ms = self._clock.monotonic_ms()
+        self._wake.clear()
+        if not self._events:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout_s)
+        self._metrics.poll_idle_seconds.inc(max(0, self._clock.monotonic_ms() - started_ms) / 1000)
+
+    def _dispatch(self, event: _Event, now_ms: int) -> Output:
+        core = self._core
+        if isinstance(event, _Inbound):
+            return core.handle_request(event.request_id, event.request, now_ms)
+        if isinstance(event, _Response):
+            return core.handle_response(event.correlation_id, event.response, now_ms)
+        if isinstance(event, _SendFailed):
+            return core.handle_send_failure(event.correlation_id, now_ms)
+        if isinstance(event, _SnapshotFrozen):
+            start = self._log.delete_before(event.snapshot_id.end_offset)
+            self._snapshots.delete_before(event.snapshot_id)
+            out = core.on_snapshot_frozen(event.snapshot_id, start, now_ms)
+            if not event.done.done():
+                event.done.set_result(None)
+            self._listeners.wake_all()
+            return out
+        if isinstance(event, _Resign):
+            return core.resign(now_ms)
+        return core.take_output(now_ms)
+
+    async def _execute(self, out: Output) -> None:
+        for op in out.log_ops:
+            await self._apply_log_op(op)
+        for message in out.send_now:
+            self._deliver(message)
+        if out.election_state is not None:
+            await asyncio.to_thread(self._elections.write, out.election_state)
+        for message in out.send_after_persist:
+            self._deliver(message)
+        if out.high_watermark is not None:
+            self._on_high_watermark(out.high_watermark)
+        if out.lost_leadership:
+            self._fail_pending_appends()
+        if out.leader_change is not None or out.installed_snapshot is not None:
+            self._on_leader_or_snapshot_change(out)
+        self._observe_state()
+        self._deadline_ms = out.next_deadline_ms
+        if out.flush:
+            end = await asyncio.to_thread(self._log.flush)
+            self._metrics.log_end_offset.set(end)
+            await self._execute(self._core.on_flushed(end, self._clock.monotonic_ms()))
+
+    async def _apply_log_op(self, op: LogOp) -> None:
+        if isinstance(op, AppendRecords):
+            data = build_batch(
+                op.base_offset,
+                [(None, value) for value in op.records],
+                leader_epoch=op.epoch,
+                timestamp_ms=self._clock.wall_ms(),
+            )
+            self._log.append(data)
+            self._metrics.append_records.inc(len(op.records))
+        elif isinstance(op, AppendLeaderChange):
+            message = LeaderChangeMessage(op.leader_id, op.voters, op.granting_voters)
+            data = build_control_batch(
+                op.base_offset, [message], leader_epoch=op.epoch, timestamp_ms=self._clock.wall_ms()
+            )
+            self._log.append(data)
+        elif isinstance(op, AppendFetched):
+            self._log.append(op.data)
+            self._metrics.fetch_records.inc(op.last_offset - op.base_offset + 1)
+        elif isinstance(op, TruncateTo):
+            self._log.truncate_to(op.end_offset)
+            self._logger.info("log_truncated", end_offset=op.end_offset, epoch=self._core.epoch)
+        elif isinstance(op, WriteSnapshotChunk):
+            await asyncio.to_thread(self._snapshots.write_chunk, op.snapshot_id, op.position, op.data)
+        else:
+            await asyncio.to_thread(self._install_snapshot, op)
+
+    def _install_snapshot(self, op: InstallSnapshot) -> None:
+        self._snapshots.finish_download(op.snapshot_id)
+        self._log.reset_to(op.snapshot_id.end_offset)
+        self._snapshots.delete_before(op.snapshot_id)
+        self._logger.info(
+            "snapshot_installed", end_offset=op.snapshot_id.end_offset, snapshot_epoch=op.snapshot_id.epoch
+        )
+
+    def _deliver(self, message: Outbound) -> None:
+        if isinstance(message, OutboundRequest):
+            task = asyncio.get_running_loop().create_task(self._send(message), name="raft-send")
+            self._send_tasks.add(task)
+            task.add_done_callback(self._send_tasks.discard)
+            return
+        future = self._inbound.get(message.request_id)
+        if future is None or future.done():
+            return  # the caller gave up (deadline) — nothing to answer
+        future.set_result(self._fill_reads(message))
+
+    async def _send(self, message: OutboundRequest) -> None:
+        try:
+            response = await self._transport.send(message.dest, message.request, message.timeout_ms)
+        except TransportError:
+            self._push(_SendFailed(message.correlation_id))
+        else:
+            self._push(_Response(message.correlation_id, response))
+
+    def _fill_reads(self, message: OutboundResponse) -> RaftResponse:
+        response = message.response
+        if message.read_log is not None and isinstance(response, FetchResponse):
+            try:
+                data = self._log.read(message.read_log.offset, message.read_log.max_bytes)
+            except Exception as exc:
+                # The log moved under the fetch (e.g. prefix deleted): an empty answer makes it fetch again.
+                self._logger.warning("fetch_read_failed", offset=message.read_log.offset, error=str(exc))
+                data = b""
+            return replace(response, records=data)
+        if message.read_snapshot is not None and isinstance(response, FetchSnapshotResponse):
+            read = message.read_snapshot
+            try:
+                size = self._snapshots.size(read.snapshot_id)
+                data = self._snapshots.read_chunk(read.snapshot_id, read.position, read.max_bytes)
+            except KeyError:
+                return replace(
+                    response,
+                    error_code=ErrorCode.SNAPSHOT_NOT_FOUND,
+                    error_message=f"no snapshot {read.snapshot_id}",
+                )
+            except ValueError as exc:
+                return replace(response, error_code=ErrorCode.POSITION_OUT_OF_RANGE, error_message=str(exc))
+            return replace(response, size=size, unaligned_records=data)
+        return response
+
+    # ------------------------------------------------------------------ notifications
+
+    def _on_high_watermark(self, high_watermark: int) -> None:
+        self._metrics.high_watermark.set(high_watermark)
+        for offset in [o for o in self._pending_appends if o < high_watermark]:
+            future, _epoch = self._pending_appends.pop(offset)
+            if not future.done():
+                future.set_result(offset)
+        self._listeners.wake_all()
+
+    def _fail_pending_appends(self) -> None:
+        error = NotLeaderError(self._core.leader_and_epoch, "leadership lost before the append committed")
+        for future, _epoch in self._pending_appends.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending_appends.clear()
+
+    def _on_leader_or_snapshot_change(self, out: Output) -> None:
+        if out.leader_change is not None:
+            leader = out.leader_change
+            self._logger.info("leader_changed", leader=leader.leader_id, epoch=leader.epoch)
+            self._metrics.current_leader.set(leader.leader_id)
+            self._leader_changed.set()
+        self._listeners.wake_all()
+
+    def _observe_state(self) -> None:
+        core = self._core
+        if core.state is self._last_state:
+            return
+        self._last_state = core.state
+        self._metrics.set_state(core.state.value)
+        self._metrics.current_epoch.set(core.epoch)
+        self._metrics.current_vote.set(core.election.voted_id)
+        self._logger.info(
+            "state_changed", state=core.state.value, epoch=core.epoch, leader=core.election.leader_id
+        )
+        self._leader_changed.set()

@@ -1,0 +1,147 @@
+"""Delivery of committed data to :class:`~kraft.raft.client.RaftListener` s, one task per listener.
+
+Each listener has its own cursor (``next_offset``) and task, so a slow state machine delays only itself.
+The task wakes on every high-watermark, snapshot or leader change and catches up: load the latest
+snapshot when its cursor is below the log start, then hand over committed batches in order, then report
+a leader change.  A change that makes *this* node leader is reported only once the listener has seen
+everything up to the leader's epoch start offset (Kafka's rule: the new active controller must have
+replayed the previous epochs before it acts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kraft.observability.logging import StructLogger
+from kraft.raft.client import CommittedBatch, LeaderAndEpoch, RaftListener, Record, SnapshotReader
+from kraft.raft.messages import SnapshotId
+from kraft.raft.ports import LogStore, SnapshotStore
+from kraft.storage.batch import iter_batches
+
+_READ_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CommitView:
+    """What a listener task reads from the driver, captured at one instant of the event loop."""
+
+    high_watermark: int
+    leader: LeaderAndEpoch
+    leader_epoch_start_offset: int
+    """Where this node's own leadership epoch starts (-1 when it is not the leader)."""
+
+
+@dataclass
+class ListenerCursor:
+    listener: RaftListener
+    next_offset: int = 0
+    reported_leader: LeaderAndEpoch | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class ListenerSet:
+    def __init__(
+        self,
+        log: LogStore,
+        snapshots: SnapshotStore,
+        view: Callable[[], CommitView],
+        logger: StructLogger,
+    ) -> None:
+        self._log = log
+        self._snapshots = snapshots
+        self._view = view
+        self._log_struct = logger
+        self._cursors: list[ListenerCursor] = []
+
+    def register(self, listener: RaftListener) -> None:
+        if any(cursor.listener is listener for cursor in self._cursors):
+            return
+        cursor = ListenerCursor(listener)
+        cursor.task = asyncio.get_running_loop().create_task(self._run(cursor), name="raft-listener")
+        self._cursors.append(cursor)
+        cursor.wake.set()
+
+    def unregister(self, listener: RaftListener) -> None:
+        for cursor in list(self._cursors):
+            if cursor.listener is listener:
+                self._cursors.remove(cursor)
+                if cursor.task is not None:
+                    cursor.task.cancel()
+
+    def wake_all(self) -> None:
+        for cursor in self._cursors:
+            cursor.wake.set()
+
+    async def close(self) -> None:
+        tasks = [cursor.task for cursor in self._cursors if cursor.task is not None]
+        self._cursors.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self, cursor: ListenerCursor) -> None:
+        while True:
+            await cursor.wake.wait()
+            cursor.wake.clear()
+            try:
+                await self._catch_up(cursor)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # A listener that throws must not stop Raft; it is retried on the next wake-up.
+                self._log_struct.exception("listener_failed", next_offset=cursor.next_offset)
+
+    async def _catch_up(self, cursor: ListenerCursor) -> None:
+        while True:
+            view = self._view()
+            if cursor.next_offset < self._log.start_offset:
+                snapshot_id = self._snapshots.latest()
+                if snapshot_id is None:
+                    return
+                await self._load_snapshot(cursor, snapshot_id)
+                continue
+            if cursor.next_offset >= view.high_watermark:
+                break
+            data = self._log.read(cursor.next_offset, _READ_BYTES, view.high_watermark)
+            if not data:
+                break
+            for batch in iter_batches(data):
+                if batch.last_offset < cursor.next_offset:
+                    continue
+                if batch.base_offset >= view.high_watermark:
+                    break
+                records = (
+                    []
+                    if batch.is_control
+                    else [Record(batch.record_offset(r), r.value or b"") for r in batch.records]
+                )
+                committed = CommittedBatch(
+                    batch.base_offset,
+                    batch.last_offset,
+                    batch.partition_leader_epoch,
+                    records,
+                    batch.max_timestamp,
+                    batch.is_control,
+                )
+                await cursor.listener.handle_commit(committed)
+                cursor.next_offset = batch.last_offset + 1
+        await self._maybe_report_leader(cursor, self._view())
+
+    async def _load_snapshot(self, cursor: ListenerCursor, snapshot_id: SnapshotId) -> None:
+        last_contained_ms, records = await asyncio.to_thread(self._snapshots.read_records, snapshot_id)
+        await cursor.listener.handle_load_snapshot(SnapshotReader(snapshot_id, last_contained_ms, records))
+        cursor.next_offset = snapshot_id.end_offset
+
+    async def _maybe_report_leader(self, cursor: ListenerCursor, view: CommitView) -> None:
+        if view.leader == cursor.reported_leader:
+            return
+        if view.leader_epoch_start_offset >= 0 and cursor.next_offset <= view.leader_epoch_start_offset:
+            return  # not caught up with the previous epochs yet: report once the LeaderChange commits
+        cursor.reported_leader = view.leader
+        await cursor.listener.handle_leader_change(view.leader)

@@ -1,0 +1,565 @@
+"""Real controller quorum + real broker processes: registration, fencing, restarts, pauses, failover,
+convergence, the data path and its error cases.
+
+One 3-controller quorum is shared by the module (session 3 s, heartbeat 500 ms) to keep the run short;
+every test uses its own broker ids and topic names.  Every wait polls a condition with a deadline; every
+process is killed in a fixture finalizer (and by procs.py's atexit hook if the interpreter dies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+from procs import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
+
+from kraft.errors import ErrorCode
+from kraft.netutil import free_port, wait_for_port
+from kraft.v1 import broker_pb2 as bpb
+from kraft.v1 import broker_pb2_grpc, controller_pb2_grpc
+from kraft.v1 import controller_pb2 as cpb
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+SESSION_MS = 3000
+HEARTBEAT_MS = 500
+RPC_TIMEOUT_S = 5.0
+WAIT_S = 40.0
+
+
+@dataclass
+class BrokerProc:
+    """One broker process: config, log dirs, log file, and its gRPC endpoint."""
+
+    broker_id: int
+    port: int
+    base_dir: Path
+    voters: str
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.base_dir / f"broker{self.broker_id}.properties"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.base_dir / f"broker{self.broker_id}" / "logs"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base_dir / f"broker{self.broker_id}.log"
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def write_config(self) -> None:
+        self.config_path.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker",
+                    f"node.id={self.broker_id}",
+                    f"controller.quorum.voters={self.voters}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    f"log.dirs={self.log_dir}",
+                    f"broker.heartbeat.interval.ms={HEARTBEAT_MS}",
+                    f"broker.session.timeout.ms={SESSION_MS}",
+                    "initial.broker.registration.timeout.ms=30000",
+                    "controller.quorum.request.timeout.ms=1000",
+                    "",
+                ]
+            )
+        )
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start broker {self.broker_id} at {time.time():.3f} ---\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [*KRAFT_COMMAND, "broker", "start", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        if not wait_for_port("127.0.0.1", self.port, 30.0):
+            raise AssertionError(f"broker {self.broker_id} did not listen:\n{self.log_tail()}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"broker {self.broker_id} ignored SIGTERM:\n{self.log_tail()}") from None
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGCONT)  # a stopped process must be able to die
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+class Cluster:
+    """The shared quorum plus the brokers a test started; blocking gRPC helpers with timeouts."""
+
+    def __init__(self, quorum: ControllerQuorum, base_dir: Path) -> None:
+        self.quorum = quorum
+        self.base_dir = base_dir
+        self.brokers: dict[int, BrokerProc] = {}
+        self._channels: dict[str, grpc.Channel] = {}
+
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{n.node_id}@127.0.0.1:{n.port}" for n in self.quorum.nodes.values())
+
+    def start_broker(self, broker_id: int) -> BrokerProc:
+        broker = self.brokers.get(broker_id)
+        if broker is None:
+            broker = BrokerProc(broker_id, free_port(), self.base_dir, self.voters)
+            broker.write_config()
+            result = run_kraft(
+                [
+                    "storage",
+                    "format",
+                    "--config",
+                    str(broker.config_path),
+                    "--cluster-id",
+                    self.quorum.cluster_id,
+                ]
+            )
+            assert result.returncode == 0, result.stderr
+            self.brokers[broker_id] = broker
+        broker.start()
+        return broker
+
+    def close_brokers(self) -> None:
+        for broker in self.brokers.values():
+            broker.kill()
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def _channel(self, target: str) -> grpc.Channel:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = grpc.insecure_channel(target)
+            self._channels[target] = channel
+        return channel
+
+    # --- controller side -------------------------------------------------------------------------
+
+    def controller_call(self, method: str, request: object) -> object:
+        """Call the active controller (tries every live controller; follows NOT_CONTROLLER by retrying)."""
+
+        def attempt() -> object | None:
+            for node_id in self.quorum.live_ids:
+                stub = controller_pb2_grpc.ControllerServiceStub(
+                    self._channel(self.quorum.nodes[node_id].target)
+                )
+                try:
+                    response: object = getattr(stub, method)(request, timeout=RPC_TIMEOUT_S)
+                except grpc.RpcError:
+                    continue
+                if getattr(response, "error_code", None) != ErrorCode.NOT_CONTROLLER:
+                    return response
+            return None
+
+        return wait_until(attempt, WAIT_S, f"the active controller to answer {method}", interval_s=0.1)
+
+    def create_topic(self, name: str, assignments: dict[int, list[int]]) -> None:
+        request = cpb.CreateTopicsRequest(
+            cluster_id=self.quorum.cluster_id,
+            topics=[
+                cpb.CreatableTopic(
+                    name=name,
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    assignments=[
+                        cpb.ReplicaAssignment(partition=p, broker_ids=b) for p, b in assignments.items()
+                    ],
+                )
+            ],
+        )
+        response = self.controller_call("CreateTopics", request)
+        assert isinstance(response, cpb.CreateTopicsResponse)
+        assert response.error_code == 0, response.error_message
+        assert response.topics[0].error_code == 0, response.topics[0].error_message
+
+    def describe_topic(self, name: str) -> cpb.TopicDescription:
+        request = cpb.DescribeTopicsRequest(
+            cluster_id=self.quorum.cluster_id, names=[name], include_partitions=True
+        )
+        response = self.controller_call("DescribeTopics", request)
+        assert isinstance(response, cpb.DescribeTopicsResponse)
+        return response.topics[0]
+
+    def describe_cluster(self) -> cpb.DescribeClusterResponse:
+        response = self.controller_call(
+            "DescribeCluster", cpb.DescribeClusterRequest(cluster_id=self.quorum.cluster_id)
+        )
+        assert isinstance(response, cpb.DescribeClusterResponse)
+        return response
+
+    def controller_state(self, broker_id: int) -> str:
+        return next((b.state for b in self.describe_cluster().brokers if b.broker_id == broker_id), "UNKNOWN")
+
+    def leader_of(self, topic: str, partition: int) -> tuple[int, int]:
+        p = self.describe_topic(topic).partitions[partition]
+        return p.leader, p.leader_epoch
+
+    # --- broker side -------------------------------------------------------------------------------
+
+    def broker_stub(self, broker_id: int) -> broker_pb2_grpc.BrokerServiceStub:
+        return broker_pb2_grpc.BrokerServiceStub(self._channel(self.brokers[broker_id].target))
+
+    def describe_broker(self, broker_id: int) -> bpb.DescribeBrokerResponse | None:
+        try:
+            return self.broker_stub(broker_id).DescribeBroker(
+                bpb.DescribeBrokerRequest(), timeout=RPC_TIMEOUT_S
+            )
+        except grpc.RpcError:
+            return None
+
+    def wait_broker_state(
+        self, broker_id: int, state: str, timeout_s: float = WAIT_S
+    ) -> bpb.DescribeBrokerResponse:
+        def reached() -> bpb.DescribeBrokerResponse | None:
+            described = self.describe_broker(broker_id)
+            return described if described is not None and described.state == state else None
+
+        try:
+            return wait_until(reached, timeout_s, f"broker {broker_id} to be {state}", interval_s=0.1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.brokers[broker_id].log_tail()}") from None
+
+    def produce(
+        self, broker_id: int, topic: str, partition: int, epoch: int, *values: bytes
+    ) -> bpb.ProduceResponse:
+        request = bpb.ProduceRequest(
+            cluster_id=self.quorum.cluster_id,
+            topic=topic,
+            partition=partition,
+            leader_epoch=epoch,
+            records=[bpb.BrokerRecord(value=v, has_value=True) for v in values],
+            acks=-1,
+        )
+        return self.broker_stub(broker_id).Produce(request, timeout=RPC_TIMEOUT_S)
+
+    def assert_dirs_match_image(self, broker_id: int, topics: list[str]) -> None:
+        """The broker's partition directories are exactly the partitions the controller assigns it."""
+
+        def matches() -> bool:
+            expected = set()
+            for name in topics:
+                topic = self.describe_topic(name)
+                expected |= {f"{name}-{p.partition}" for p in topic.partitions if broker_id in p.replicas}
+            broker_dirs = self.brokers[broker_id].log_dir
+            present = {p.name for p in broker_dirs.iterdir() if p.is_dir()}
+            return expected == {d for d in present if d.rsplit("-", 1)[0] in topics}
+
+        wait_until(matches, WAIT_S, f"broker {broker_id}'s partition dirs to match the image", interval_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def shared_quorum(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerQuorum]:
+    base = tmp_path_factory.mktemp("broker-quorum")
+    overrides = {
+        "controller.quorum.election.timeout.ms": "500",
+        "controller.quorum.fetch.timeout.ms": "1500",
+        "controller.quorum.election.backoff.max.ms": "500",
+        "controller.quorum.fetch.max.wait.ms": "200",
+        "controller.quorum.append.linger.ms": "5",
+        "broker.session.timeout.ms": str(SESSION_MS),
+        "broker.heartbeat.interval.ms": str(HEARTBEAT_MS),
+        "log.level": "INFO",
+    }
+    with ControllerQuorum(base, size=3, overrides=overrides, test_append=False) as q:
+        q.start()
+        q.wait_for_leader(WAIT_S)
+        yield q
+
+
+@pytest.fixture
+def cluster(shared_quorum: ControllerQuorum, tmp_path: Path) -> Iterator[Cluster]:
+    quorum = shared_quorum
+    for node_id, node in quorum.nodes.items():  # a test that stopped a controller must not break the next
+        if not node.alive:
+            quorum.restart(node_id)
+    quorum.wait_for_leader(WAIT_S)
+    c = Cluster(quorum, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close_brokers()
+
+
+def poll(condition: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
+    return wait_until(condition, timeout_s, what, interval_s=0.1)
+
+
+# --- tests -------------------------------------------------------------------------------------------
+
+
+def test_broker_registers_fenced_catches_up_then_is_unfenced(cluster: Cluster) -> None:
+    broker = cluster.start_broker(101)
+    described = cluster.wait_broker_state(101, "RUNNING")
+    assert not described.fenced and described.broker_epoch >= 0
+    assert described.metadata_offset >= described.broker_epoch
+    poll(lambda: cluster.controller_state(101) == "ACTIVE", "the controller to show broker 101 ACTIVE")
+    log = broker.log_text()
+    order = [log.find(f"new={state}") for state in ("STARTING", "RECOVERY", "RUNNING")]
+    assert -1 not in order and order == sorted(order), "states logged in lifecycle order"
+
+
+def test_data_path_and_error_cases(cluster: Cluster) -> None:
+    cluster.start_broker(111)
+    cluster.start_broker(112)
+    cluster.wait_broker_state(111, "RUNNING")
+    cluster.wait_broker_state(112, "RUNNING")
+    cluster.create_topic("path", {0: [111, 112], 1: [112, 111]})
+    cluster.assert_dirs_match_image(111, ["path"])
+    cluster.assert_dirs_match_image(112, ["path"])
+    leader, epoch = cluster.leader_of("path", 0)
+    assert leader == 111
+    poll(lambda: cluster.produce(111, "path", 0, epoch, b"x").error_code == 0 or None, "produce to succeed")
+
+    bootstrap = cluster.brokers[112].target  # not the leader of partition 0: the CLI must follow it
+    produced = run_kraft(
+        ["produce", "--bootstrap-server", bootstrap, "--topic", "path", "--partition", "0", "--json",
+         "--value", "a", "--value", "b"]
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout)["base_offset"] == 1
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", bootstrap, "--topic", "path", "--partition", "0",
+         "--from-beginning", "--max-records", "3", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    assert [json.loads(line)["value"] for line in consumed.stdout.splitlines()] == ["x", "a", "b"]
+
+    follower = cluster.produce(112, "path", 0, epoch, b"y")
+    assert follower.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and follower.current_leader.node_id == 111
+    assert cluster.produce(111, "path", 0, epoch + 1, b"y").error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
+    assert cluster.produce(111, "nope", 0, -1, b"y").error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    fetch = cluster.broker_stub(111).Fetch(
+        bpb.BrokerFetchRequest(topic="path", partition=0, offset=99, max_bytes=1024, leader_epoch=-1),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert fetch.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+    metadata = cluster.broker_stub(112).Metadata(
+        bpb.BrokerMetadataRequest(topics=["path"]), timeout=RPC_TIMEOUT_S
+    )
+    assert metadata.error_code == 0 and [p.leader for p in metadata.topics[0].partitions] == [111, 112]
+    bad = run_kraft(
+        ["produce", "--bootstrap-server", bootstrap, "--topic", "nope", "--value", "z", "--timeout", "1"]
+    )
+    assert (
+        bad.returncode == 1 and bad.stderr.startswith("error:") and len(bad.stderr.strip().splitlines()) == 1
+    )
+
+
+def test_killed_broker_is_fenced_after_the_session_timeout_and_restarts_with_a_new_epoch(
+    cluster: Cluster,
+) -> None:
+    first = cluster.start_broker(121)
+    cluster.start_broker(122)
+    before = cluster.wait_broker_state(121, "RUNNING")
+    cluster.wait_broker_state(122, "RUNNING")
+    cluster.create_topic("kill9", {0: [121, 122], 1: [121, 122]})
+    cluster.assert_dirs_match_image(121, ["kill9"])
+    poll(lambda: cluster.leader_of("kill9", 0)[0] == 121 or None, "121 to lead kill9-0")
+
+    first.kill()
+    killed_at = time.monotonic()
+    poll(lambda: cluster.controller_state(121) in ("FENCED", "OFFLINE") or None, "broker 121 to be fenced")
+    fenced_after = time.monotonic() - killed_at
+    assert fenced_after >= SESSION_MS / 1000 * 0.5, "not fenced before its session could expire"
+    assert cluster.leader_of("kill9", 0)[0] == 122 and cluster.leader_of("kill9", 1)[0] == 122
+
+    cluster.start_broker(121)
+    after = cluster.wait_broker_state(121, "RUNNING")
+    assert after.incarnation_id != before.incarnation_id
+    assert after.broker_epoch > before.broker_epoch
+    log = first.log_text().split("--- start broker 121")[-1]
+    assert (
+        "event=image_loaded" in log and "offset=-1 " not in log.split("event=image_loaded")[1].split("\n")[0]
+    )
+    cluster.assert_dirs_match_image(121, ["kill9"])
+
+
+def test_paused_broker_never_accepts_produce_for_a_partition_it_lost(cluster: Cluster) -> None:
+    paused = cluster.start_broker(131)
+    cluster.start_broker(132)
+    cluster.wait_broker_state(131, "RUNNING")
+    cluster.wait_broker_state(132, "RUNNING")
+    cluster.create_topic("pause", {0: [131, 132]})
+    cluster.assert_dirs_match_image(131, ["pause"])
+    poll(lambda: cluster.leader_of("pause", 0)[0] == 131 or None, "131 leads pause-0")
+    old_epoch = cluster.leader_of("pause", 0)[1]
+    poll(
+        lambda: cluster.produce(131, "pause", 0, old_epoch, b"before").error_code == 0 or None,
+        "produce on 131",
+    )
+
+    paused.signal(signal.SIGSTOP)
+    try:
+        poll(lambda: cluster.leader_of("pause", 0)[0] == 132 or None, "leadership to move to 132")
+    finally:
+        paused.signal(signal.SIGCONT)
+    # From the first instant after it resumes, the old leader must refuse the old epoch.
+    answers = []
+    deadline = time.monotonic() + 3 * SESSION_MS / 1000
+    while time.monotonic() < deadline:
+        try:
+            answers.append(cluster.produce(131, "pause", 0, old_epoch, b"zombie").error_code)
+        except grpc.RpcError:
+            continue
+    assert answers and ErrorCode.NONE not in answers
+    cluster.wait_broker_state(131, "RUNNING")
+    # Back in the ISR it may lead again (preferred leader), but only under a newer epoch.
+    response = cluster.produce(131, "pause", 0, old_epoch, b"zombie")
+    assert response.error_code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH)
+    assert cluster.leader_of("pause", 0)[1] > old_epoch
+
+
+def test_controller_failover_fences_no_live_broker(cluster: Cluster) -> None:
+    for broker_id in (141, 142):
+        cluster.start_broker(broker_id)
+    for broker_id in (141, 142):
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    leader = cluster.quorum.wait_for_leader(WAIT_S)
+    cluster.quorum.kill(leader.node_id)
+    cluster.quorum.wait_for_leader(WAIT_S, exclude=[leader.node_id])
+    # Two full session timeouts under the new active controller: both brokers stay unfenced throughout.
+    deadline = time.monotonic() + 2 * SESSION_MS / 1000
+    while time.monotonic() < deadline:
+        for broker_id in (141, 142):
+            described = cluster.describe_broker(broker_id)
+            assert described is not None and not described.fenced, cluster.brokers[broker_id].log_tail()
+        time.sleep(0.1)
+    for broker_id in (141, 142):
+        assert cluster.controller_state(broker_id) == "ACTIVE"
+        assert "fenced_by_controller" not in cluster.brokers[broker_id].log_text()
+
+
+def test_three_brokers_converge_to_the_same_image(cluster: Cluster) -> None:
+    ids = (151, 152, 153)
+    for broker_id in ids:
+        cluster.start_broker(broker_id)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    cluster.create_topic("converge", {p: [ids[p % 3], ids[(p + 1) % 3]] for p in range(6)})
+
+    def converged() -> str | None:
+        views = [cluster.describe_broker(b) for b in ids]
+        if any(v is None for v in views):
+            return None
+        offsets = {v.metadata_offset for v in views if v is not None}
+        digests = {v.image_digest for v in views if v is not None}
+        return digests.pop() if len(offsets) == 1 and len(digests) == 1 else None
+
+    poll(converged, "three brokers at the same offset with the same image digest")
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["converge"])
+
+
+def test_sigterm_runs_a_controlled_shutdown(cluster: Cluster) -> None:
+    broker = cluster.start_broker(161)
+    cluster.start_broker(162)
+    cluster.wait_broker_state(161, "RUNNING")
+    cluster.wait_broker_state(162, "RUNNING")
+    cluster.create_topic("graceful", {0: [161, 162]})
+    poll(lambda: cluster.leader_of("graceful", 0)[0] == 161 or None, "161 leads graceful-0")
+    assert broker.terminate() == 0
+    log = broker.log_text()
+    assert "event=controlled_shutdown_granted" in log
+    assert "new=PENDING_CONTROLLED_SHUTDOWN" in log and "new=NOT_RUNNING" in log
+    assert cluster.leader_of("graceful", 0)[0] == 162
+
+    # An operator's `kraft broker shutdown` reaches the broker through its heartbeat answer.
+    idle = cluster.start_broker(163)
+    cluster.wait_broker_state(163, "RUNNING")
+    bootstrap = cluster.quorum.nodes[cluster.quorum.live_ids[0]].target
+    result = run_kraft(["broker", "shutdown", "163", "--bootstrap-controller", bootstrap])
+    assert result.returncode == 0, result.stderr
+    process = idle.process
+    assert process is not None
+    assert process.wait(timeout=WAIT_S) == 0
+    assert "event=shutdown_requested_by_controller" in idle.log_text()
+
+
+def test_topic_deletion_removes_partition_dirs(cluster: Cluster) -> None:
+    cluster.start_broker(171)
+    cluster.wait_broker_state(171, "RUNNING")
+    cluster.create_topic("doomed", {0: [171], 1: [171]})
+    cluster.assert_dirs_match_image(171, ["doomed"])
+    response = cluster.controller_call(
+        "DeleteTopics", cpb.DeleteTopicsRequest(cluster_id=cluster.quorum.cluster_id, names=["doomed"])
+    )
+    assert isinstance(response, cpb.DeleteTopicsResponse) and response.error_code == 0
+    log_dir = cluster.brokers[171].log_dir
+    poll(lambda: not any(p.name.startswith("doomed-") for p in log_dir.iterdir()) or None, "dirs deleted")
+
+
+def test_a_broker_far_behind_bootstraps_from_a_snapshot(cluster: Cluster) -> None:
+    behind = cluster.start_broker(181)
+    cluster.start_broker(182)
+    cluster.wait_broker_state(181, "RUNNING")
+    cluster.wait_broker_state(182, "RUNNING")
+    cluster.create_topic("snap-a", {0: [181, 182]})
+    cluster.assert_dirs_match_image(181, ["snap-a"])
+    assert behind.terminate() == 0
+
+    # While 181 is down: its topic goes away and a new one is assigned to it.
+    response = cluster.controller_call(
+        "DeleteTopics", cpb.DeleteTopicsRequest(cluster_id=cluster.quorum.cluster_id, names=["snap-a"])
+    )
+    assert isinstance(response, cpb.DeleteTopicsResponse) and response.error_code == 0
+    cluster.create_topic("snap-b", {0: [182, 181], 1: [182, 181]})
+    # Restarted controllers serve MetadataFetch only from what they applied since their image store
+    # offset, so 181's offset is now below every controller's log window: it must take a snapshot.
+    for node_id in list(cluster.quorum.nodes):
+        cluster.quorum.restart(node_id)
+    cluster.quorum.wait_for_leader(WAIT_S)
+
+    cluster.start_broker(181)
+    cluster.wait_broker_state(181, "RUNNING")
+    log = behind.log_text().split("--- start broker 181")[-1]
+    assert "event=snapshot_loaded" in log, behind.log_tail()
+    cluster.assert_dirs_match_image(181, ["snap-a", "snap-b"])
+    assert not any(p.name.startswith("snap-a-") for p in behind.log_dir.iterdir())

@@ -1,0 +1,70 @@
+"""``kraft chaos proxy`` as a real process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from kraft.netutil import free_port, wait_for_port
+
+pytestmark = pytest.mark.integration
+
+STARTUP_TIMEOUT_S = 20.0
+
+
+def _proxy_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kraft.cli.main", "chaos", "proxy", *args]
+
+
+@pytest.fixture
+def proxy_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    api_port, listen_port = free_port(), free_port()
+    config = tmp_path / "proxies.json"
+    config.write_text(
+        json.dumps([{"name": "pre", "upstream": "127.0.0.1:1", "listen": f"127.0.0.1:{listen_port}"}])
+    )
+    process = subprocess.Popen(
+        _proxy_command("--port", str(api_port), "--seed", "3", "--config", str(config)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert wait_for_port("127.0.0.1", api_port, STARTUP_TIMEOUT_S), "proxy API did not come up"
+        yield process, api_port, listen_port
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def test_proxy_command_serves_the_api_and_stops_on_sigterm(
+    proxy_process: tuple[subprocess.Popen[bytes], int, int],
+) -> None:
+    process, api_port, listen_port = proxy_process
+    base = f"http://127.0.0.1:{api_port}"
+    assert requests.get(f"{base}/version", timeout=10).json() == {"version": "2.12.0"}
+    assert requests.get(f"{base}/proxies/pre", timeout=10).json()["listen"] == f"127.0.0.1:{listen_port}"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(15) == 0
+    assert b"listening on" in (process.stderr.read() if process.stderr else b"")
+
+
+def test_proxy_command_reports_a_taken_port_in_one_line() -> None:
+    with socket.create_server(("127.0.0.1", free_port())) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            _proxy_command("--port", str(port)), check=False, capture_output=True, timeout=30
+        )
+    assert result.returncode == 1
+    lines = result.stderr.decode().strip().splitlines()
+    assert (
+        len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1:") and "in use" in lines[0]
+    )

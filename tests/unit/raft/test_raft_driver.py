@@ -1,0 +1,232 @@
+"""The asyncio driver over in-memory ports: single voter, a 3-node loopback cluster, snapshots, restarts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from raft_helpers import LoopbackCluster, RecordingListener, wait_until
+
+from kraft.errors import ErrorCode
+from kraft.raft.client import NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
+from kraft.raft.core_types import RaftConfig
+from kraft.raft.driver import RaftDriver
+from kraft.raft.memory import LoopbackNetwork, MemoryElectionStore, MemoryLogStore, MemorySnapshotStore, SystemClock
+from kraft.raft.messages import DescribeQuorumRequest, FetchRequest, VoteRequest
+from kraft.storage.batch import iter_batches
+
+
+def _single_voter(log: MemoryLogStore | None = None, elections: MemoryElectionStore | None = None,
+                  snapshots: MemorySnapshotStore | None = None) -> RaftDriver:
+    return RaftDriver(
+        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=1),
+        transport=LoopbackNetwork().transport(1),
+        log=log or MemoryLogStore(),
+        elections=elections or MemoryElectionStore(),
+        snapshots=snapshots or MemorySnapshotStore(),
+        clock=SystemClock(),
+        rng=random.Random(7),
+    )
+
+
+async def test_single_voter_elects_itself_and_commits_appends() -> None:
+    driver = _single_voter()
+    listener = RecordingListener()
+    driver.register_listener(listener)
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        last = await driver.append([b"a", b"b"])
+        assert last == 2  # offset 0 is the LeaderChange control batch
+        assert driver.high_watermark == 3
+        await wait_until(lambda: listener.next_offset == 3, 5, "listener catch-up")
+        assert listener.values == {1: b"a", 2: b"b"}
+        assert listener.control_offsets == [0]
+        assert listener.leaders[-1].leader_id == 1
+    finally:
+        await driver.stop()
+
+
+async def test_appends_within_the_linger_share_one_batch() -> None:
+    log = MemoryLogStore()
+    driver = _single_voter(log=log)
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        first = driver.schedule_append([b"x"])
+        second = await driver.append([b"y"])
+        assert second == first + 1
+        batches = list(iter_batches(log.read(1, 1 << 20)))
+        assert [(b.base_offset, len(b.records)) for b in batches] == [(1, 2)]
+    finally:
+        await driver.stop()
+
+
+async def test_snapshot_deletes_the_log_below_it_and_new_listeners_load_it() -> None:
+    log = MemoryLogStore()
+    driver = _single_voter(log=log)
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        last = await driver.append([b"a", b"b", b"c"])
+        writer = driver.create_snapshot(last + 1, driver.leader_and_epoch.epoch, 123)
+        writer.append([b"state"])
+        snapshot_id = await writer.freeze()
+        assert driver.latest_snapshot_id() == snapshot_id
+        assert log.start_offset == last + 1
+        with pytest.raises(OffsetBelowLogStartError):
+            await driver.read_committed(0, 1024)
+        await driver.append([b"d"])
+        late = RecordingListener()
+        driver.register_listener(late)
+        await wait_until(lambda: late.next_offset == last + 2, 5, "snapshot load + tail")
+        assert late.snapshot_values == [b"state"]
+        assert late.snapshots[0].last_contained_timestamp_ms == 123
+        assert late.values == {last + 1: b"d"}
+        chunk = await driver.read_snapshot(snapshot_id, 0, 1 << 20)
+        assert chunk.size == len(chunk.data) > 0
+    finally:
+        await driver.stop()
+
+
+async def test_snapshot_beyond_the_high_watermark_is_refused() -> None:
+    driver = _single_voter()
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        await driver.append([b"a"])
+        with pytest.raises(ValueError, match="high watermark"):
+            driver.create_snapshot(50, 1, 0)
+        with pytest.raises(ValueError, match="epoch"):
+            driver.create_snapshot(2, 7, 0)
+    finally:
+        await driver.stop()
+
+
+async def test_restart_keeps_committed_records_and_never_reuses_the_epoch() -> None:
+    log, elections, snapshots = MemoryLogStore(), MemoryElectionStore(), MemorySnapshotStore()
+    first = _single_voter(log, elections, snapshots)
+    await first.start()
+    await wait_until(lambda: first.leader_and_epoch.leader_id == 1, 5, "self-election")
+    await first.append([b"kept"])
+    epoch = first.leader_and_epoch.epoch
+    await first.shutdown(1000)
+    first.close()
+    second = _single_voter(log, elections, snapshots)
+    listener = RecordingListener()
+    second.register_listener(listener)
+    await second.start()
+    try:
+        await wait_until(lambda: second.leader_and_epoch.leader_id == 1, 5, "re-election")
+        assert second.leader_and_epoch.epoch > epoch
+        await second.append([b"new"])
+        await wait_until(lambda: b"new" in listener.values.values(), 5, "listener")
+        assert list(listener.values.values()) == [b"kept", b"new"]
+    finally:
+        await second.stop()
+
+
+async def test_requests_after_shutdown_fail_clearly() -> None:
+    driver = _single_voter()
+    await driver.start()
+    await driver.stop()
+    with pytest.raises(RaftShutdownError):
+        await driver.handle_request(DescribeQuorumRequest("c1"))
+    with pytest.raises(RaftShutdownError):
+        driver.schedule_append([b"x"])
+
+
+async def test_wrong_cluster_id_is_answered_with_an_error_code() -> None:
+    driver = _single_voter()
+    await driver.start()
+    try:
+        response = await driver.handle_request(VoteRequest("other", 5, 2, 1, 0, 0))
+        assert response.error_code is ErrorCode.INCONSISTENT_CLUSTER_ID
+    finally:
+        await driver.stop()
+
+
+async def test_three_nodes_replicate_and_fail_over() -> None:
+    cluster = LoopbackCluster(3)
+    listeners = {node_id: RecordingListener() for node_id in cluster.voters}
+    try:
+        await cluster.start_all()
+        for node_id, driver in cluster.drivers.items():
+            driver.register_listener(listeners[node_id])
+        leader = await cluster.wait_for_leader()
+        last = await leader.append([b"one", b"two"])
+        follower = next(d for d in cluster.drivers.values() if d is not leader)
+        with pytest.raises(NotLeaderError) as not_leader:
+            await follower.append([b"nope"])
+        assert not_leader.value.leader.leader_id == leader.node_id
+        await wait_until(
+            lambda: all(lst.next_offset > last for lst in listeners.values()), 10, "replication to all"
+        )
+        described = leader.describe_quorum()
+        assert described.error_code is ErrorCode.NONE
+        assert [v.replica_id for v in described.current_voters] == [1, 2, 3]
+        assert follower.describe_quorum().error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+        old_id = leader.node_id
+        await cluster.stop(old_id)
+        new_leader = await cluster.wait_for_leader(exclude=old_id)
+        last = await new_leader.append([b"three"])
+        survivors = [listeners[n] for n in cluster.drivers]
+        await wait_until(lambda: all(lst.next_offset > last for lst in survivors), 10, "post-failover commit")
+        for lst in survivors:
+            assert [v for v in lst.values.values()] == [b"one", b"two", b"three"]
+    finally:
+        await cluster.close()
+
+
+async def test_graceful_shutdown_hands_leadership_over_quickly() -> None:
+    cluster = LoopbackCluster(3, election_timeout_ms=2000, fetch_timeout_ms=4000)
+    try:
+        await cluster.start_all()
+        leader = await cluster.wait_for_leader(timeout_s=20)
+        old_id = leader.node_id
+        await leader.append([b"x"])
+        await cluster.drivers[old_id].shutdown(3000)
+        cluster.drivers.pop(old_id)
+        cluster.network.unregister(old_id)
+        # EndQuorumEpoch lets the preferred successor run at once instead of waiting the 4 s fetch timeout.
+        await cluster.wait_for_leader(timeout_s=3, exclude=old_id)
+    finally:
+        await cluster.close()
+
+
+async def test_lagging_follower_catches_up_from_a_snapshot() -> None:
+    cluster = LoopbackCluster(3)
+    try:
+        await cluster.start_all()
+        leader = await cluster.wait_for_leader()
+        laggard_id = next(n for n in cluster.voters if n != leader.node_id)
+        await cluster.stop(laggard_id)
+        last = 0
+        for index in range(20):
+            last = await leader.append([b"v%d" % index])
+        writer = leader.create_snapshot(last + 1, leader.leader_and_epoch.epoch, 0)
+        writer.append([b"image-at-%d" % last])
+        await writer.freeze()
+        tail = await leader.append([b"after"])
+        listener = RecordingListener()
+        laggard = await cluster.start(laggard_id)
+        laggard.register_listener(listener)
+        await wait_until(lambda: listener.next_offset > tail, 10, "laggard catch-up")
+        assert listener.snapshot_values == [b"image-at-%d" % last]
+        assert listener.values == {tail: b"after"}
+        assert cluster.stores[laggard_id].log.start_offset == last + 1
+    finally:
+        await cluster.close()
+
+
+async def test_fetch_from_an_unknown_epoch_gets_an_epoch_error() -> None:
+    cluster = LoopbackCluster(3)
+    try:
+        await cluster.start_all()
+        leader = await cluster.wait_for_leader()
+        epoch = leader.leader_and_epoch.epoch
+        response = await leader.handle_request(FetchRequest("test-cluster", 2, epoch + 5, 0, 0))
+        assert response.error_code is ErrorCode.UNKNOWN_LEADER_EPOCH
+    finally:
+        await cluster.close()
