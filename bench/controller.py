@@ -197,6 +197,14 @@ class Fleet:
         }
 
 
+def check_created(response: cpb.CreateTopicsResponse) -> None:
+    # TOPIC_ALREADY_EXISTS: an earlier attempt committed before a leader change made the client retry
+    ok = (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS)
+    failed = [t for t in response.topics if t.error_code not in ok]
+    if failed:
+        raise RuntimeError(f"{len(failed)} topics failed, first: {failed[0].name}: {failed[0].error_message}")
+
+
 async def gather_limited(limit: int, coros: list[Any]) -> list[Any]:
     semaphore = asyncio.Semaphore(limit)
 
@@ -243,7 +251,7 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
         quorum.start()
         quorum.wait_for_leader(timeout_s=60)
         targets = [node.target for node in quorum.nodes.values()]
-        async with AdminClient(targets, timeout_s=120) as client:
+        async with AdminClient(targets, timeout_s=300) as client:
             fleet = Fleet(client, quorum.cluster_id, interval_s=2.0)
             await fleet.register(1)
             # broker 1 keeps its session alive while the admin benchmark runs
@@ -264,24 +272,26 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
                 idle_end = time.monotonic()
 
                 per_topic = 1000
+                topic_count = partitions // per_topic
                 bulk = [
                     cpb.CreatableTopic(name=f"bulk-{i}", num_partitions=per_topic, replication_factor=3)
-                    for i in range(partitions // per_topic)
+                    for i in range(topic_count)
                 ]
                 start = time.monotonic()
                 created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=bulk))
                 create_s = time.monotonic() - start
-                assert all(t.error_code == ErrorCode.NONE for t in created.topics), created.topics[0]
+                check_created(created)
 
                 led = []
-                for i in range(partitions // per_topic):
+                for i in range(topic_count):
                     topic = cpb.CreatableTopic(name=f"led-by-1-{i}")
                     for p in range(per_topic):
                         other = 2 + (i * per_topic + p) % (brokers - 2)
                         topic.assignments.add(partition=p, broker_ids=[1, other, other + 1])
                     led.append(topic)
-                created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=led))
-                assert all(t.error_code == ErrorCode.NONE for t in created.topics), created.topics[0]
+                check_created(
+                    await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=led))
+                )
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
                 leading = next(b.leader_count for b in cluster.brokers if b.broker_id == 1)
 
@@ -321,7 +331,8 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
             }
             results["create_partitions"] = {
                 "partitions": partitions,
-                "topics": partitions // per_topic,
+                "topics": topic_count,
+                "requests": 1,
                 "replication_factor": 3,
                 "seconds": round(create_s, 2),
                 "partitions_per_second": round(partitions / create_s),
@@ -336,9 +347,14 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
             return results
 
 
-def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
-        cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp)))
+def run(
+    quick: bool = False, results_path: Path = RESULTS_PATH, work_dir: Path | None = None
+) -> dict[str, Any]:
+    if work_dir is not None:  # kept afterwards: node logs for diagnosis
+        cluster = asyncio.run(cluster_benchmarks(quick, work_dir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
+            cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp)))
     results: dict[str, Any] = {
         "machine": {
             "python": platform.python_version(),
@@ -358,13 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller fleet and image, shorter windows")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--work-dir", type=Path, help="keep the quorum's data and logs here")
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.image_memory_child:
         topics, per_topic, brokers = (int(v) for v in args.image_memory_child.split(","))
         print(json.dumps(image_memory_child(topics, per_topic, brokers)))
         return 0
-    results = run(args.quick, args.out)
+    results = run(args.quick, args.out, args.work_dir)
     print(json.dumps(results, indent=2))
     return 0
 

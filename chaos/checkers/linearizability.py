@@ -81,9 +81,19 @@ class TopicModel:
     ``create`` results: ``"created"`` (it did not exist) or ``"exists"`` (TOPIC_ALREADY_EXISTS);
     ``delete`` results: ``"deleted"`` or ``"not_found"`` (UNKNOWN_TOPIC_OR_PARTITION);
     ``read`` result: True/False (whether a list/describe showed the topic).
+
+    ``check_rejections=False`` stops treating "exists"/"not_found" as observations, and
+    ``check_reads=False`` ignores reads: both are answered from one controller's image without a quorum
+    round trip, so like Kafka's they are not claimed linearizable (a deposed leader that has not noticed
+    yet answers from a stale image).  Effective outcomes ("created"/"deleted") always count: they commit
+    through Raft.
     """
 
     name = "topic"
+
+    def __init__(self, check_rejections: bool = True, check_reads: bool = True) -> None:
+        self.check_rejections = check_rejections
+        self.check_reads = check_reads
 
     def init(self) -> Hashable:
         return False
@@ -103,14 +113,14 @@ class TopicModel:
             if op.result == "created":
                 return [] if exists else [True]
             if op.result == "exists":
-                return [True] if exists else []
+                return [True] if exists or not self.check_rejections else []
         elif op.f == "delete":
             if op.result == "deleted":
                 return [False] if exists else []
             if op.result == "not_found":
-                return [] if exists else [False]
+                return [exists] if not exists or not self.check_rejections else []
         elif op.f == "read":
-            return [exists] if bool(op.result) == exists else []
+            return [exists] if bool(op.result) == exists or not self.check_reads else []
         raise ValueError(f"topic model: unexpected operation or result in {op.describe()}")
 
 

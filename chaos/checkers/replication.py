@@ -46,6 +46,8 @@ def check_committed_logs_identical(logs: Sequence[NodeLog]) -> Verdict:
             )
             problems.append(f"offset {offset}: divergent records: {groups}")
     compared = max(lowest_hwm - start, 0)
+    if compared == 0 and not problems:
+        return unknown(checker, f"nothing committed to compare (lowest HWM {lowest_hwm}, log start {start})")
     if problems:
         return failed(
             checker,

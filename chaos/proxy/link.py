@@ -172,13 +172,13 @@ class Link:
                 return False
             if item is _EOF:
                 return False
-            if item is _CHANGED:
-                if not self._present(toxic.name):
-                    return False  # Cleanup: removing a timeout toxic closes its connections.
-                current = self._current(toxic.name)
-                if current is None:
-                    return True
-                toxic = current
+            # Re-check on every item, not only on _CHANGED: that marker is dropped when the queue is full.
+            if not self._present(toxic.name):
+                return False  # Cleanup: removing a timeout toxic closes its connections.
+            current = self._current(toxic.name)
+            if current is None:
+                return True
+            toxic = current
             # Every pass of Toxiproxy's select loop starts a fresh timer.
             deadline = self._hole_deadline(toxic, loop.time())
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -144,6 +145,8 @@ class MetadataFetcher:
         and sends chunk n+1 while this process decodes chunk n.
         """
         self._log.info("snapshot_download", end_offset=snapshot.end_offset, epoch=snapshot.epoch)
+        started = time.monotonic()
+        records = 0
         delta = MetadataDelta(MetadataImage.empty())
         last_offset = snapshot.end_offset - 1
         pending = asyncio.create_task(self._call(self._snapshot_request(snapshot, 0)))
@@ -165,8 +168,12 @@ class MetadataFetcher:
                     pending = asyncio.create_task(self._call(self._snapshot_request(snapshot, position)))
                 for value in response.snapshot_records:
                     delta.replay(decode_value(value), last_offset, snapshot.epoch)
+                records += len(response.snapshot_records)
                 if response.snapshot_done:
-                    return delta.apply()
+                    image = delta.apply()
+                    took_s = round(time.monotonic() - started, 3)
+                    self._log.info("snapshot_replayed", records=records, took_s=took_s)
+                    return image
         finally:
             if not pending.done():
                 pending.cancel()

@@ -8,10 +8,11 @@ the topic id, the role (LEADER / FOLLOWER), the leader id and the leader epoch.
 
 Metadata deltas arrive as :class:`~kraft.broker.types.LocalChanges` and are applied in Kafka's order:
 first stop and delete the partitions the broker no longer hosts, then become leader for new
-leaderships, then follower for the rest.  Every step is idempotent — creating a partition that exists
-opens it, deleting one that is gone does nothing, and a role/epoch that is already recorded is not
-rewritten — because the image store commits the image *after* the partition logs were changed, so a
-crash in between re-applies the same delta on restart.
+leaderships, then follower for the rest (the publisher applies the deletions and demotions just before
+committing the image and the rest just after, see :meth:`PartitionManager.split`).  Every step is
+idempotent — creating a partition that exists opens it, deleting one that is gone does nothing, and a
+role/epoch that is already recorded is not rewritten — and startup reconciles the directories with the
+stored image, so a crash anywhere in a step is repaired on restart.
 
 Crash safety of directory changes:
 
@@ -113,6 +114,14 @@ class AppliedChanges:
     def is_empty(self) -> bool:
         return not (self.deleted or self.became_leader or self.became_follower)
 
+    def then(self, later: AppliedChanges) -> AppliedChanges:
+        return AppliedChanges(
+            self.deleted + later.deleted,
+            self.became_leader + later.became_leader,
+            self.became_follower + later.became_follower,
+            self.created + later.created,
+        )
+
 
 class PartitionManager:
     """Owns every local partition; the only code that creates, deletes or re-roles partition logs."""
@@ -184,7 +193,31 @@ class PartitionManager:
 
     def reconcile(self, desired: Mapping[TopicPartition, PartitionAssignment]) -> AppliedChanges:
         """Make the local partitions exactly ``desired`` (the image's partitions hosted here)."""
-        return self.apply(local_changes_between(self.broker_id, self.assignments(), desired))
+        return self.apply(self.changes_to(desired))
+
+    def changes_to(self, desired: Mapping[TopicPartition, PartitionAssignment]) -> LocalChanges:
+        """The local changes that :meth:`reconcile` would apply."""
+        return local_changes_between(self.broker_id, self.assignments(), desired)
+
+    def split(self, changes: LocalChanges) -> tuple[LocalChanges, LocalChanges]:
+        """``(revocations, grants)``: what takes serving ability away (deletions, a leader becoming a
+        follower) and what adds it (new partitions, new or re-epoched leaderships).
+
+        The publisher applies revocations before it commits the image and grants after, so this broker
+        never serves from a partition state that a crash could roll back (restart reconciles the
+        partition logs with the stored image) and stops serving a lost leadership as early as it can.
+        """
+        demoted: dict[TopicPartition, PartitionAssignment] = {}
+        created: dict[TopicPartition, PartitionAssignment] = {}
+        for tp, assignment in changes.followers.items():
+            partition = self._partitions.get(tp)
+            if partition is not None and partition.topic_id == assignment.topic_id:
+                demoted[tp] = assignment
+            else:
+                created[tp] = assignment
+        revocations = LocalChanges(deletes=changes.deletes, followers=demoted)
+        grants = LocalChanges(leaders=changes.leaders, followers=created)
+        return revocations, grants
 
     def close(self) -> None:
         for partition in self._partitions.values():

@@ -1,10 +1,14 @@
-"""Publishes committed metadata to the broker: partition logs, image store, client view — in that order.
+"""Publishes committed metadata to the broker: partition logs, image store, client view.
 
-One publish step = apply the delta's local changes to the partition logs, then store the new image and
-its offset in the image store (one transaction), then swap the image the BrokerService answers from.
-Changing the partition logs *before* committing the image is what makes a crash in between harmless: on
-restart the old image and offset come back, the same records are fetched again and re-applying them to
-the partition logs is idempotent (see :mod:`kraft.broker.partitions`).
+One publish step: (1) apply the revocations among the delta's local changes (delete partitions, leader →
+follower), (2) store the new image and its offset in the image store (one transaction), (3) apply the
+grants (new partitions, new leaderships), (4) swap the image the BrokerService answers from.
+
+Why this order: serving ability is only ever *added* after the image that grants it is durable, so a
+Produce can never be accepted on a partition state that a crash would roll back; it is *removed* as
+early as possible.  A crash anywhere in the step is harmless: on restart the stored image comes back, the
+partition directories are reconciled with it, and the records after its offset are fetched and applied
+again — application is idempotent (see :mod:`kraft.broker.partitions`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Protocol
 
 from kraft.broker.image_adapter import ImageMetadataView, local_assignments, to_local_changes
 from kraft.broker.partitions import AppliedChanges, PartitionManager
+from kraft.broker.types import LocalChanges
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
@@ -70,23 +75,33 @@ class MetadataPublisher:
     async def publish(self, delta: MetadataDelta, last_record_time_ms: int = 0) -> AppliedChanges:
         """Apply one delta built on :attr:`image` (the caller checked it is not mid-transaction)."""
         image = delta.apply()
-        try:
-            applied = self._partitions.apply(to_local_changes(delta.local_changes(self.broker_id)))
-            await self._store.save(image)
-        except Exception:
-            if self._metrics is not None:
-                self._metrics.metadata_apply_errors.inc()
-            raise
+        applied = await self._apply(image, to_local_changes(delta.local_changes(self.broker_id)))
         self._set_image(image, last_record_time_ms)
         return applied
 
     async def load_snapshot(self, image: MetadataImage) -> AppliedChanges:
         """Replace everything with a snapshot's image (the broker was below the log start)."""
-        applied = self._partitions.reconcile(local_assignments(image, self.broker_id))
-        await self._store.save(image)
+        started = time.monotonic()
+        applied = await self._apply(
+            image, self._partitions.changes_to(local_assignments(image, self.broker_id))
+        )
         self._set_image(image)
-        self._log.info("snapshot_loaded", offset=image.offset, partitions=image.partition_count())
+        took_s = round(time.monotonic() - started, 3)
+        self._log.info(
+            "snapshot_loaded", offset=image.offset, partitions=image.partition_count(), took_s=took_s
+        )
         return applied
+
+    async def _apply(self, image: MetadataImage, changes: LocalChanges) -> AppliedChanges:
+        revocations, grants = self._partitions.split(changes)
+        try:
+            applied = self._partitions.apply(revocations)
+            await self._store.save(image)
+            return applied.then(self._partitions.apply(grants))
+        except Exception:
+            if self._metrics is not None:
+                self._metrics.metadata_apply_errors.inc()
+            raise
 
     def _set_image(self, image: MetadataImage, last_record_time_ms: int = 0) -> None:
         self.image = image

@@ -58,9 +58,7 @@ class SegmentedPartitionLog:
             producer_id=NO_PRODUCER_ID,
             producer_epoch=NO_PRODUCER_EPOCH,
             base_sequence=NO_SEQUENCE,
-            records=tuple(
-                Record(i, r.timestamp_ms - first, r.key, r.value) for i, r in enumerate(records)
-            ),
+            records=tuple(Record(i, r.timestamp_ms - first, r.key, r.value) for i, r in enumerate(records)),
         )
         return self._log.append_batch(encode_batch(batch), validate=True).first_offset
 

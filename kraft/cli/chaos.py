@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from chaos.proxy import ApiError, ToxiproxyServer
-from kraft.cli.common import CliError, handle_errors
+from kraft.cli.common import CliError, handle_errors, print_table
 
 app = typer.Typer(no_args_is_help=True, help="Chaos testing: a Toxiproxy-compatible proxy and checked runs.")
 
@@ -57,3 +57,60 @@ def proxy_command(
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CliError(f"--config {config}: not a JSON array of proxies: {exc}") from None
+
+
+def _progress(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+@app.command("run")
+@handle_errors
+def run_command(
+    scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "mixed",
+    seed: Annotated[int, typer.Option("--seed", help="Seed for the fault schedule and the workload.")] = 1,
+    duration: Annotated[
+        float, typer.Option("--duration", min=1.0, help="Seconds of faults per scenario.")
+    ] = 20.0,
+    report: Annotated[
+        Path, typer.Option("--report", help="Report directory (one subdirectory per scenario).")
+    ] = Path("chaos-report"),
+    controllers: Annotated[int, typer.Option("--controllers", min=1, help="Controllers.")] = 3,
+    brokers: Annotated[int, typer.Option("--brokers", min=0, help="Brokers.")] = 1,
+    clients: Annotated[int, typer.Option("--clients", min=1, help="Concurrent workload clients.")] = 4,
+    recovery: Annotated[
+        float, typer.Option("--recovery", min=1.0, help="Seconds allowed to recover.")
+    ] = 30.0,
+) -> None:
+    """Run checked chaos scenarios; print the verdicts; exit 1 if any checker found a violation."""
+    from chaos.runner import RunOptions, failed_verdicts, run_scenario
+    from chaos.scenarios import scenario_names
+    from chaos.workload import WorkloadOptions
+
+    try:
+        names = scenario_names(scenario)
+    except ValueError as exc:
+        raise CliError(f"--scenario: {exc}") from None
+    invalid: list[str] = []
+    rows: list[list[object]] = []
+    for name in names:
+        options = RunOptions(
+            scenario=name,
+            seed=seed,
+            duration_s=duration,
+            report_dir=report / name,
+            controllers=controllers,
+            brokers=brokers,
+            recovery_bound_s=recovery,
+            workload=WorkloadOptions(clients=clients),
+        )
+        if (options.report_dir / "history.sqlite").exists():
+            raise CliError(f"{options.report_dir} already holds a run; choose another --report directory")
+        result = asyncio.run(run_scenario(options, _progress))
+        rows += [[name, v.checker, v.status.value.upper(), v.summary] for v in result.verdicts]
+        if failed_verdicts(result):
+            invalid.append(name)
+    print_table(["scenario", "checker", "status", "summary"], rows, title=f"chaos verdicts (seed {seed})")
+    typer.echo(f"reports: {report}/<scenario>/report.html")
+    if invalid:
+        raise CliError(f"violations found in {', '.join(invalid)}; see {report}/<scenario>/report.html")

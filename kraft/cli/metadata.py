@@ -15,6 +15,7 @@ import typer
 from kraft.cli.common import CliError, JsonOption, handle_errors, print_json
 from kraft.metadata.records import describe_value
 from kraft.storage.dump import dump_log_dir, format_file_dump, log_dir_files, register_record_decoder
+from kraft.storage.log import METADATA_LOG_DIR_NAME
 
 app = typer.Typer(no_args_is_help=True, help="Inspect the metadata log offline.")
 
@@ -28,7 +29,12 @@ def _describe_metadata_value(_key: bytes | None, value: bytes | None) -> dict[st
 @handle_errors
 def dump_command(
     log_dir: Annotated[
-        Path, typer.Option("--log-dir", help="A log directory, e.g. <metadata.log.dir>/__cluster_metadata-0.")
+        Path,
+        typer.Option(
+            "--log-dir",
+            help="A partition log directory, e.g. <metadata.log.dir>/__cluster_metadata-0 "
+            "(given metadata.log.dir itself, its __cluster_metadata-0 is used).",
+        ),
     ],
     as_json: JsonOption = False,
     headers_only: Annotated[
@@ -41,6 +47,8 @@ def dump_command(
     """
     if not log_dir.is_dir():
         raise CliError(f"--log-dir {log_dir}: not a directory")
+    if not log_dir_files(log_dir) and (log_dir / METADATA_LOG_DIR_NAME).is_dir():
+        log_dir = log_dir / METADATA_LOG_DIR_NAME  # given metadata.log.dir itself: dump its metadata log
     if not log_dir_files(log_dir):
         raise CliError(f"--log-dir {log_dir}: no segment (*.log) or snapshot (*.checkpoint) files")
     register_record_decoder(_describe_metadata_value)

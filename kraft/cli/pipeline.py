@@ -152,7 +152,7 @@ def compact_command(
     ] = 1 << 30,
     task_bytes: Annotated[
         int, typer.Option("--task-bytes", min=1, help="Input bytes per writer task (output parallelism).")
-    ] = 128 << 20,
+    ] = 64 << 20,
     master: MasterOption = "local[*]",
     driver_memory: DriverMemoryOption = "1g",
     executor_memory: ExecutorMemoryOption = "1g",

@@ -11,21 +11,21 @@ from typing import Final
 
 DEFAULT: Final[Mapping[str, str]] = MappingProxyType({})
 
-# Elections in ~0.3-0.6 s, brokers fenced after 1.5 s: quick feedback on loopback, still well clear of
-# scheduling hiccups on a loaded 2-core machine (heartbeat 250 ms vs session 1500 ms = 6 missed beats).
+# Elections in ~0.5-1 s and brokers fenced after 3 s: quick feedback on loopback, yet tolerant of the
+# event-loop stalls a loaded 2-core machine produces (a fetch timeout below ~1 s made leaders flap while
+# several Python processes were starting at once).  Heartbeat 300 ms vs session 3 s = 10 missed beats.
 FAST: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "controller.quorum.election.timeout.ms": "300",
-        "controller.quorum.fetch.timeout.ms": "600",
-        "controller.quorum.election.backoff.max.ms": "300",
-        "controller.quorum.request.timeout.ms": "500",
+        "controller.quorum.election.timeout.ms": "500",
+        "controller.quorum.fetch.timeout.ms": "1000",
+        "controller.quorum.election.backoff.max.ms": "500",
+        "controller.quorum.request.timeout.ms": "1000",
         "controller.quorum.retry.backoff.ms": "20",
         "controller.quorum.append.linger.ms": "5",
         "controller.quorum.fetch.max.wait.ms": "200",
         "metadata.max.idle.interval.ms": "200",
-        "broker.heartbeat.interval.ms": "250",
-        "broker.session.timeout.ms": "1500",
-        "initial.broker.registration.timeout.ms": "30000",
+        "broker.heartbeat.interval.ms": "300",
+        "broker.session.timeout.ms": "3000",
     }
 )
 

@@ -39,7 +39,8 @@ class AdminClient:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                response = await self._client.call(pick, request, timeout_s=max(0.5, min(remaining, 10.0)))
+                # one attempt may use the whole budget: bulk requests legitimately take long to commit
+                response = await self._client.call(pick, request, timeout_s=max(0.5, remaining))
             except ControllerUnavailable as exc:
                 if time.monotonic() + backoff_s > deadline:
                     raise KraftError(

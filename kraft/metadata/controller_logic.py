@@ -28,7 +28,7 @@ Caught up = the broker's reported metadata offset ≥ its broker epoch (the offs
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -146,6 +146,7 @@ class ControllerLogic:
         # offset of the latest (maybe pending) record about each broker's registration: a heartbeat that
         # writes nothing waits only for that, not for unrelated bulk writes
         self.broker_offsets: dict[int, int] = {}
+        self._leader_counts: dict[int, tuple[Mapping[str, TopicImage], int]] = {}
         self.reset(image, now_ms)
 
     # ---- lifecycle of the logic itself ----
@@ -198,9 +199,19 @@ class ControllerLogic:
                 if broker_id in partition.replicas:
                     yield topic, partition_id, partition
 
-    def leader_count(self, broker_id: int, image: MetadataImage | None = None) -> int:
-        source = image or self.image
-        return sum(1 for t in source.topics_by_id.values() for p in t.partitions if p.leader == broker_id)
+    def leader_count(self, broker_id: int) -> int:
+        """Partitions the broker leads in the speculative image.
+
+        A full scan, memoized per topics map: a broker in controlled shutdown heartbeats every couple of
+        seconds, and the map only changes when some partition does.
+        """
+        topics = self.image.topics_by_id
+        memo = self._leader_counts.get(broker_id)
+        if memo is not None and memo[0] is topics:
+            return memo[1]
+        count = sum(1 for t in topics.values() for p in t.partitions if p.leader == broker_id)
+        self._leader_counts[broker_id] = (topics, count)
+        return count
 
     def _leave_isrs(self, batch: _Batch, broker_id: int) -> None:
         """Remove the broker from every ISR and move its leaderships (it is no longer acceptable)."""

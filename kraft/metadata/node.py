@@ -33,6 +33,7 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         snapshot_interval_ms=config.metadata_log_max_snapshot_interval_ms,
         default_num_partitions=config.num_partitions,
         default_replication_factor=config.default_replication_factor,
+        leader_lease_ms=config.controller_quorum_fetch_timeout_ms,
     )
 
 

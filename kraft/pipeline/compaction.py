@@ -23,7 +23,7 @@ the log, not the wall clock, so compacting the same input twice gives the same o
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -85,13 +85,21 @@ _ROWS_PER_KEY_BATCH = 16384
 class CompactionOptions:
     tombstone_retention_ms: int = DEFAULT_TOMBSTONE_RETENTION_MS
     segment_bytes: int = 1 << 30  # log.segment.bytes default
-    task_bytes: int = 128 << 20  # input bytes per writer task
-    checkpoint_bytes: int = 4 << 20  # granularity of range starts
+    task_bytes: int = 64 << 20  # input bytes per writer task
+    checkpoint_bytes: int = 4 << 20  # granularity of range starts and key-pass splits
+    split_bytes: int = 32 << 20  # input bytes per key-pass task
     batch_records: int = 1000  # records per output batch (at most)
     batch_bytes: int = 1 << 20  # bytes per output batch (about)
 
     def validate(self) -> None:
-        for name in ("segment_bytes", "task_bytes", "checkpoint_bytes", "batch_records", "batch_bytes"):
+        for name in (
+            "segment_bytes",
+            "task_bytes",
+            "checkpoint_bytes",
+            "split_bytes",
+            "batch_records",
+            "batch_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise KraftError(ErrorCode.INVALID_CONFIG, f"{name} must be > 0, got {getattr(self, name)}")
         if self.tombstone_retention_ms < 0:
@@ -174,8 +182,8 @@ def _scan_task(args: tuple[LogFile, int]) -> SegmentScan:
     return scan_segment(args[0], args[1])
 
 
-def _key_rows(log_file: LogFile, pid: int) -> Iterator[pa.RecordBatch]:
-    """(pid, kind, key, offset) of every record of one segment, as Arrow batches."""
+def _key_rows(log_file: LogFile, pid: int, start: int, stop: int) -> Iterator[pa.RecordBatch]:
+    """(pid, kind, key, offset) of every record in the batches at ``[start, stop)`` of one segment."""
     kind_col: list[int] = []
     key_col: list[bytes | None] = []
     offset_col: list[int] = []
@@ -196,7 +204,7 @@ def _key_rows(log_file: LogFile, pid: int) -> Iterator[pa.RecordBatch]:
         return out
 
     with mapped(log_file.path) as view:
-        for _pos, batch in iter_file_batches(log_file, view):
+        for _pos, batch in iter_file_batches(log_file, view, start, stop):
             base = batch.base_offset
             records = batch.records
             offset_col.extend([base + r.offset_delta for r in records])
@@ -211,22 +219,6 @@ def _key_rows(log_file: LogFile, pid: int) -> Iterator[pa.RecordBatch]:
                 yield flush()
     if offset_col:
         yield flush()
-
-
-def _assign_tasks(
-    batches: Iterator[pa.RecordBatch], starts_by_pid: dict[int, tuple[list[int], list[int]]]
-) -> Iterator[pa.RecordBatch]:
-    """Add the writer task of each row: the range of its partition whose start is <= its offset."""
-    for rb in batches:
-        columns = rb.to_pydict()
-        tasks = []
-        for pid, offset in zip(columns["pid"], columns["offset"], strict=True):
-            starts, task_ids = starts_by_pid[pid]
-            tasks.append(task_ids[bisect.bisect_right(starts, offset) - 1])
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(tasks, pa.int32()), *(rb.column(name) for name in _GROUP_COLUMNS)],
-            names=["task", *_GROUP_COLUMNS],
-        )
 
 
 def _stats_batch(stats: list[RangeStats]) -> pa.RecordBatch:
@@ -319,14 +311,33 @@ def compact(
 
     stats_rows: list[Any] = []
     if ranges:
-        stats_rows = _run_compaction(spark, plans, ranges, out_root, opts)
+        stats_rows = _run_compaction(spark, scans, plans, ranges, out_root, opts)
     report = _build_report(log_dir, out_dir, opts, plans, stats_rows, time.monotonic() - started)
     (out_root / REPORT_FILE).write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return report
 
 
+def _key_splits(
+    plans: list[PartitionPlan], scans: list[SegmentScan], split_bytes: int
+) -> list[tuple[LogFile, int, int]]:
+    """Byte ranges of segments, cut at batch boundaries (scan checkpoints), of about ``split_bytes``."""
+    wanted = {p.path for p in plans if p.ranges}
+    splits: list[tuple[LogFile, int, int]] = []
+    for scan in scans:
+        if scan.batches == 0 or str(Path(scan.log_file.path).parent) not in wanted:
+            continue
+        cuts = [0]
+        for checkpoint in scan.checkpoints:
+            if checkpoint.position - cuts[-1] >= split_bytes:
+                cuts.append(checkpoint.position)
+        cuts.append(scan.valid_bytes)
+        splits.extend((scan.log_file, a, b) for a, b in itertools.pairwise(cuts))
+    return splits
+
+
 def _run_compaction(
     spark: SparkSession,
+    scans: list[SegmentScan],
     plans: list[PartitionPlan],
     ranges: list[OffsetRange],
     out_root: Path,
@@ -336,28 +347,24 @@ def _run_compaction(
 
     sc = spark.sparkContext
     pids = {(p.topic, p.partition): pid for pid, p in enumerate(plans)}
-    starts_by_pid = {
-        pids[(p.topic, p.partition)]: ([r.start for r in p.ranges], [r.task for r in p.ranges])
-        for p in plans
-        if p.ranges
-    }
-    files = [f for p in plans if p.ranges for f in p.ranges[0].segments]
+    splits = _key_splits(plans, scans, opts.split_bytes)
 
-    # 2. decode keys in executors: one Spark partition per segment file
-    file_df = spark.createDataFrame(
-        sc.parallelize([(i,) for i in range(len(files))], len(files)), "file_index int"
+    # 2. decode keys in executors: one Spark partition per split (a byte range of one segment)
+    split_df = spark.createDataFrame(
+        sc.parallelize([(i,) for i in range(len(splits))], len(splits)), "split_index int"
     )
 
     def key_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
             for index in rb.column(0).to_pylist():
-                log_file = files[index]
-                yield from _key_rows(log_file, pids[(log_file.topic, log_file.partition)])
+                log_file, start, stop = splits[index]
+                yield from _key_rows(log_file, pids[(log_file.topic, log_file.partition)], start, stop)
 
-    keys = file_df.mapInArrow(key_rows, "pid int, kind tinyint, key binary, offset bigint")
+    keys = split_df.mapInArrow(key_rows, "pid int, kind tinyint, key binary, offset bigint")
 
     # 3. the out-of-core reduction: newest offset (and counts) per key of each partition; then each
-    #    survivor goes to the writer range holding its offset
+    #    survivor goes to the writer range holding its offset (computed in the JVM: ranges per
+    #    partition are few, so counting the range starts <= offset is cheap)
     groups = (
         keys.groupBy("pid", "kind", "key")
         .agg(
@@ -367,10 +374,17 @@ def _run_compaction(
         )
         .select("pid", *_GROUP_COLUMNS)
     )
-    tasked = groups.mapInArrow(
-        lambda batches: _assign_tasks(batches, starts_by_pid),
-        "task int, kind tinyint, offset bigint, records bigint, first_offset bigint",
+    starts_by_pid = F.array(
+        *[
+            F.array(*[F.lit(r.start) for r in p.ranges]) if p.ranges else F.array().cast("array<bigint>")
+            for p in plans
+        ]
     )
+    first_task_by_pid = F.array(*[F.lit(p.ranges[0].task if p.ranges else -1) for p in plans])
+    starts = F.element_at(starts_by_pid, F.col("pid") + 1)
+    ranges_started = F.size(F.filter(starts, lambda start: start <= F.col("offset")))
+    task = F.element_at(first_task_by_pid, F.col("pid") + 1) + ranges_started - 1
+    tasked = groups.select(task.cast("int").alias("task"), *_GROUP_COLUMNS)
     markers = spark.createDataFrame(
         [(r.task, KIND_RANGE_START, r.start, 0, r.start) for r in ranges],
         "task int, kind tinyint, offset bigint, records bigint, first_offset bigint",

@@ -105,14 +105,17 @@ def mapped(path: str) -> Iterator[memoryview]:
         mapped_file.close()
 
 
-def iter_file_batches(log_file: LogFile, buf: memoryview) -> Iterator[tuple[int, RecordBatch]]:
-    """(file position, batch) of every valid batch in ``buf``.
+def iter_file_batches(
+    log_file: LogFile, buf: memoryview, start: int = 0, stop: int | None = None
+) -> Iterator[tuple[int, RecordBatch]]:
+    """(file position, batch) of every valid batch in ``buf`` starting in ``[start, stop)``.
 
-    A bad batch in the newest segment of a partition is a torn tail — kraft's recovery truncates there,
-    so the reader stops.  Anywhere else it is corruption and raises, naming the file and position.
+    ``start`` must be a batch boundary (0 or a position found by a header scan).  A bad batch in the
+    newest segment of a partition is a torn tail — kraft's recovery truncates there, so the reader
+    stops.  Anywhere else it is corruption and raises, naming the file and position.
     """
-    pos = 0
-    end = len(buf)
+    pos = start
+    end = len(buf) if stop is None else min(stop, len(buf))
     while pos < end:
         try:
             batch, next_pos = decode_batch(buf, pos)

@@ -178,7 +178,9 @@ class RaftDriver:
         self._wake = asyncio.Event()
         self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
         self._next_request_id = 1
+        # last offset -> (future, monotonic ms of the append) for append() callers waiting on commit
         self._pending_appends: dict[int, tuple[asyncio.Future[int], int]] = {}
+        self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
@@ -220,7 +222,8 @@ class RaftDriver:
                 self._leader_changed.clear()
                 remaining_s = max(0.0, (deadline - self._clock.monotonic_ms()) / 1000)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._leader_changed.wait(), remaining_s)
+                    async with asyncio.timeout(remaining_s):
+                        await self._leader_changed.wait()
         await self.stop()
 
     async def stop(self) -> None:
@@ -246,7 +249,7 @@ class RaftDriver:
             if not future.done():
                 future.set_exception(error)
         self._inbound.clear()
-        for pending, _epoch in self._pending_appends.values():
+        for pending, _appended_ms in self._pending_appends.values():
             if not pending.done():
                 pending.set_exception(error)
         self._pending_appends.clear()
@@ -297,7 +300,7 @@ class RaftDriver:
     async def append(self, records: Sequence[bytes]) -> int:
         offset = self.schedule_append(records)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_appends[offset] = (future, self._core.epoch)
+        self._pending_appends[offset] = (future, self._clock.monotonic_ms())
         return await future
 
     def create_snapshot(
@@ -398,8 +401,10 @@ class RaftDriver:
         started_ms = self._clock.monotonic_ms()
         self._wake.clear()
         if not self._events:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (gh-86296).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._wake.wait()
         self._metrics.poll_idle_seconds.inc(max(0, self._clock.monotonic_ms() - started_ms) / 1000)
 
     def _dispatch(self, event: _Event, now_ms: int) -> Output:
@@ -528,15 +533,17 @@ class RaftDriver:
 
     def _on_high_watermark(self, high_watermark: int) -> None:
         self._metrics.high_watermark.set(high_watermark)
+        now_ms = self._clock.monotonic_ms()
         for offset in [o for o in self._pending_appends if o < high_watermark]:
-            future, _epoch = self._pending_appends.pop(offset)
+            future, appended_ms = self._pending_appends.pop(offset)
+            self._metrics.commit_latency.observe(max(0, now_ms - appended_ms) / 1000)
             if not future.done():
                 future.set_result(offset)
         self._listeners.wake_all()
 
     def _fail_pending_appends(self) -> None:
         error = NotLeaderError(self._core.leader_and_epoch, "leadership lost before the append committed")
-        for future, _epoch in self._pending_appends.values():
+        for future, _appended_ms in self._pending_appends.values():
             if not future.done():
                 future.set_exception(error)
         self._pending_appends.clear()
@@ -554,6 +561,13 @@ class RaftDriver:
         if core.state is self._last_state:
             return
         self._last_state = core.state
+        if core.state is StateKind.PROSPECTIVE and self._election_started_ms is None:
+            self._election_started_ms = self._clock.monotonic_ms()
+        elif core.state is StateKind.LEADER and self._election_started_ms is not None:
+            elapsed_ms = self._clock.monotonic_ms() - self._election_started_ms
+            self._metrics.election_latency.observe(max(0, elapsed_ms) / 1000)
+        if core.state in (StateKind.LEADER, StateKind.FOLLOWER):
+            self._election_started_ms = None
         self._metrics.set_state(core.state.value)
         self._metrics.current_epoch.set(core.epoch)
         self._metrics.current_vote.set(core.election.voted_id)

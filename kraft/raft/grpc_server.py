@@ -9,7 +9,7 @@ answer.  Protocol errors (wrong cluster id, stale epoch, not leader) come back i
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -99,6 +99,17 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         response = await self._handle(codec.fetch_request_from_pb(request), context)
         assert isinstance(response, m.FetchResponse)
         return codec.fetch_response_to_pb(response)
+
+    async def FetchStream(
+        self, request_iterator: AsyncIterator[raft_pb2.FetchRequest], context: ServicerContext
+    ) -> AsyncIterator[raft_pb2.FetchResponse]:
+        # One request in flight per stream: the follower sends its next Fetch only after this answer.
+        async for request in request_iterator:
+            if request.replica_directory_id:
+                self._directory_ids[request.replica_id] = request.replica_directory_id
+            response = await self._handle(codec.fetch_request_from_pb(request), context)
+            assert isinstance(response, m.FetchResponse)
+            yield codec.fetch_response_to_pb(response)
 
     async def FetchSnapshot(
         self, request: raft_pb2.FetchSnapshotRequest, context: ServicerContext

@@ -5,6 +5,10 @@
   again within ~``max_backoff_ms``, not gRPC's default two minutes).
 - Every call has a deadline (the ``timeout_ms`` the driver passes; for a Fetch that already includes the
   long-poll wait).
+- Fetch goes over one long-lived ``FetchStream`` per peer (one request in flight, answers in order):
+  a stream round trip costs less than half a unary call.  Each round trip is bounded by the same
+  deadline; on any failure the stream is dropped and the next fetch opens a new one.  A peer without
+  FetchStream (UNIMPLEMENTED) gets unary Fetch from then on.
 - After a failed call the peer is in backoff: the next call to it first sleeps ``retry_backoff_ms``,
   doubling per consecutive failure up to ``max_backoff_ms`` (bounded by the call's own deadline), so a
   dead peer costs a few calls per second instead of a busy loop.  One success clears it.
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -24,10 +28,12 @@ import grpc.aio
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.transport import TransportError
-from kraft.v1 import raft_pb2_grpc
+from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 if TYPE_CHECKING:
     from kraft.v1.raft_pb2_grpc import RaftServiceAsyncStub
+
+FetchStreamCall = grpc.aio.StreamStreamCall[raft_pb2.FetchRequest, raft_pb2.FetchResponse]
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -59,9 +65,19 @@ class _Peer:
     address: str
     channel: grpc.aio.Channel
     stub: RaftServiceAsyncStub
+    fetch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serializes round trips on the fetch stream (one request in flight keeps responses in order)."""
+    fetch_stream: FetchStreamCall | None = None
+    stream_unsupported: bool = False
+    """The peer answered UNIMPLEMENTED to FetchStream (an older build): use unary Fetch."""
     failures: int = 0
     retry_at: float = 0.0
     """``time.monotonic()`` before which a call first waits (0 = no backoff)."""
+
+    def drop_fetch_stream(self) -> None:
+        stream, self.fetch_stream = self.fetch_stream, None
+        if stream is not None:
+            stream.cancel()
 
 
 class GrpcTransport:
@@ -112,7 +128,10 @@ class GrpcTransport:
         # Ordered by frequency: Fetch dominates every running cluster.
         if isinstance(request, m.FetchRequest):
             pb_fetch = codec.fetch_request_to_pb(request, self._directory_id)
-            fetched = await self._call(dest, peer, stub.Fetch, pb_fetch, deadline)
+            if peer.stream_unsupported:
+                fetched = await self._call(dest, peer, stub.Fetch, pb_fetch, deadline)
+            else:
+                fetched = await self._stream_fetch(dest, peer, pb_fetch, deadline)
             return codec.fetch_response_from_pb(fetched)
         if isinstance(request, m.VoteRequest):
             voted = await self._call(dest, peer, stub.Vote, codec.vote_request_to_pb(request), deadline)
@@ -157,6 +176,59 @@ class GrpcTransport:
             peer.retry_at = 0.0
         return response
 
+    async def _stream_fetch(
+        self, dest: int, peer: _Peer, request: raft_pb2.FetchRequest, deadline: float
+    ) -> raft_pb2.FetchResponse:
+        """One round trip on the peer's fetch stream, bounded by ``deadline``.
+
+        Any failure (deadline, peer gone, cancellation) drops the stream: a late answer must never be
+        read as the answer to the next request.  The next fetch opens a fresh stream.
+        """
+        try:
+            await asyncio.wait_for(peer.fetch_lock.acquire(), max(deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise TransportError(dest, "DEADLINE_EXCEEDED: another fetch holds the stream") from None
+        try:
+            if peer.fetch_stream is None:
+                peer.fetch_stream = peer.stub.FetchStream(None)
+            stream = peer.fetch_stream
+            try:
+                response = await asyncio.wait_for(
+                    self._round_trip(stream, request), max(deadline - time.monotonic(), 0.001)
+                )
+            except TimeoutError:
+                peer.drop_fetch_stream()
+                self._record_failure(peer)
+                raise TransportError(dest, "DEADLINE_EXCEEDED: fetch stream round trip") from None
+            except grpc.aio.AioRpcError as exc:
+                peer.drop_fetch_stream()
+                if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    peer.stream_unsupported = True
+                    return await self._call(dest, peer, peer.stub.Fetch, request, deadline)
+                self._record_failure(peer)
+                raise TransportError(dest, f"{exc.code().name}: {exc.details()}") from None
+            except (grpc.aio.UsageError, EOFError) as exc:
+                peer.drop_fetch_stream()
+                self._record_failure(peer)
+                raise TransportError(dest, f"fetch stream closed: {exc}") from None
+            except asyncio.CancelledError:
+                peer.drop_fetch_stream()
+                raise
+        finally:
+            peer.fetch_lock.release()
+        if peer.failures:
+            peer.failures = 0
+            peer.retry_at = 0.0
+        return response
+
+    @staticmethod
+    async def _round_trip(stream: FetchStreamCall, request: raft_pb2.FetchRequest) -> raft_pb2.FetchResponse:
+        await stream.write(request)
+        response = await stream.read()
+        if not isinstance(response, raft_pb2.FetchResponse):  # grpc.aio.EOF
+            raise EOFError("the peer ended the stream")
+        return response
+
     def _record_failure(self, peer: _Peer) -> None:
         peer.failures += 1
         backoff_s = min(self._retry_backoff_s * (2 ** min(peer.failures - 1, 16)), self._max_backoff_s)
@@ -166,4 +238,5 @@ class GrpcTransport:
         self._closed = True
         peers, self._peers = self._peers, {}
         for peer in peers.values():
+            peer.drop_fetch_stream()
             await peer.channel.close(grace=None)

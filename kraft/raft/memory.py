@@ -280,7 +280,8 @@ class LoopbackNetwork:
             await asyncio.sleep(min(timeout_ms, 50) / 1000)
             raise TransportError(dest, "UNAVAILABLE: unreachable")
         try:
-            response = await asyncio.wait_for(handler.handle_request(request), timeout_ms / 1000)
+            async with asyncio.timeout(timeout_ms / 1000):
+                response = await handler.handle_request(request)
         except TimeoutError:
             raise TransportError(dest, "DEADLINE_EXCEEDED") from None
         except RaftShutdownError as exc:

@@ -55,6 +55,7 @@ from kraft.storage.varint import decode_varint, encode_varint
 __all__ = [
     "ATTR_COMPRESSION_MASK",
     "ATTR_CONTROL",
+    "ATTR_TIMESTAMP_TYPE",
     "ATTR_TRANSACTIONAL",
     "CRC_OFFSET",
     "DEFAULT_MAX_BATCH_BYTES",

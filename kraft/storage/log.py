@@ -606,6 +606,9 @@ class SegmentedLog:
         """Flush, persist indexes and checkpoints, then write the clean-shutdown marker."""
         if self._closed:
             return
+        if self._failed is not None:
+            self.abandon()  # never mark a failed log clean: the next open must recover it
+            return
         self.flush()
         for segment in self._segments:
             segment.write_indexes()

@@ -64,6 +64,11 @@ class RaftServiceStub:
                 request_serializer=kraft_dot_v1_dot_raft__pb2.DescribeQuorumRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_raft__pb2.DescribeQuorumResponse.FromString,
                 _registered_method=True)
+        self.FetchStream = channel.stream_stream(
+                '/kraft.v1.RaftService/FetchStream',
+                request_serializer=kraft_dot_v1_dot_raft__pb2.FetchRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_raft__pb2.FetchResponse.FromString,
+                _registered_method=True)
 
 
 class RaftServiceServicer:
@@ -107,6 +112,15 @@ class RaftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchStream(self, request_iterator, context):
+        """Fetch over one long-lived stream per follower: every request message gets exactly one response
+        message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
+        and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +153,11 @@ def add_RaftServiceServicer_to_server(servicer, server):
                     servicer.DescribeQuorum,
                     request_deserializer=kraft_dot_v1_dot_raft__pb2.DescribeQuorumRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_raft__pb2.DescribeQuorumResponse.SerializeToString,
+            ),
+            'FetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.FetchStream,
+                    request_deserializer=kraft_dot_v1_dot_raft__pb2.FetchRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_raft__pb2.FetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +322,33 @@ class RaftService:
             '/kraft.v1.RaftService/DescribeQuorum',
             kraft_dot_v1_dot_raft__pb2.DescribeQuorumRequest.SerializeToString,
             kraft_dot_v1_dot_raft__pb2.DescribeQuorumResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kraft.v1.RaftService/FetchStream',
+            kraft_dot_v1_dot_raft__pb2.FetchRequest.SerializeToString,
+            kraft_dot_v1_dot_raft__pb2.FetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,11 @@ class RaftServiceStub:
     FetchSnapshot: _grpc.UnaryUnaryMultiCallable[_raft_pb2.FetchSnapshotRequest, _raft_pb2.FetchSnapshotResponse]
     DescribeQuorum: _grpc.UnaryUnaryMultiCallable[_raft_pb2.DescribeQuorumRequest, _raft_pb2.DescribeQuorumResponse]
     """Leader only; any other node answers NOT_LEADER_OR_FOLLOWER with leader_id and `nodes` to redirect."""
+    FetchStream: _grpc.StreamStreamMultiCallable[_raft_pb2.FetchRequest, _raft_pb2.FetchResponse]
+    """Fetch over one long-lived stream per follower: every request message gets exactly one response
+    message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
+    and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
+    """
 
 @_typing.type_check_only
 class RaftServiceAsyncStub(RaftServiceStub):
@@ -57,6 +62,11 @@ class RaftServiceAsyncStub(RaftServiceStub):
     FetchSnapshot: _aio.UnaryUnaryMultiCallable[_raft_pb2.FetchSnapshotRequest, _raft_pb2.FetchSnapshotResponse]  # type: ignore[assignment]
     DescribeQuorum: _aio.UnaryUnaryMultiCallable[_raft_pb2.DescribeQuorumRequest, _raft_pb2.DescribeQuorumResponse]  # type: ignore[assignment]
     """Leader only; any other node answers NOT_LEADER_OR_FOLLOWER with leader_id and `nodes` to redirect."""
+    FetchStream: _aio.StreamStreamMultiCallable[_raft_pb2.FetchRequest, _raft_pb2.FetchResponse]  # type: ignore[assignment]
+    """Fetch over one long-lived stream per follower: every request message gets exactly one response
+    message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
+    and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
+    """
 
 class RaftServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -102,6 +112,17 @@ class RaftServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_raft_pb2.DescribeQuorumResponse, _abc.Awaitable[_raft_pb2.DescribeQuorumResponse]]:
         """Leader only; any other node answers NOT_LEADER_OR_FOLLOWER with leader_id and `nodes` to redirect."""
+
+    @_abc_1.abstractmethod
+    def FetchStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_raft_pb2.FetchRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_raft_pb2.FetchResponse], _abc.AsyncIterator[_raft_pb2.FetchResponse]]:
+        """Fetch over one long-lived stream per follower: every request message gets exactly one response
+        message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
+        and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
+        """
 
 def add_RaftServiceServicer_to_server(servicer: RaftServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -39,6 +39,16 @@ def _kraft(*args: str, timeout_s: float = UP_TIMEOUT_S + 30) -> subprocess.Compl
     )
 
 
+def _log_tails(cluster_dir: Path, lines: int = 15) -> str:
+    """The end of every node log, so a failure on a loaded CI machine can be diagnosed afterwards."""
+    parts = []
+    for log in sorted((cluster_dir / "logs").glob("*.log")):
+        parts.append(
+            f"\n--- {log.name} ---\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        )
+    return "".join(parts)
+
+
 # --- without processes -------------------------------------------------------------------------------
 
 
@@ -67,7 +77,7 @@ def test_generated_configs_are_valid_and_address_of_rewrites_voters(tmp_path: Pa
     for node in cluster.spec.nodes:
         cfg = load_config(cluster.layout.config_path(node))
         assert cfg.node_id == node.node_id
-        assert cfg.controller_quorum_election_timeout_ms == 300
+        assert cfg.controller_quorum_election_timeout_ms == 500
         meta = read_meta_properties(cluster.layout.data_dir(node))
         assert (meta.cluster_id, meta.node_id) == (cluster.spec.cluster_id, node.node_id)
     assert ClusterSpec.from_json(json.loads(cluster.layout.state_path.read_text())) == cluster.spec
@@ -134,7 +144,7 @@ def test_cluster_lifecycle_up_status_restart_kill_down(cluster_dir: Path) -> Non
         "cluster", "up", "--dir", str(cluster_dir), "--brokers", "1", "--profile", "fast",
         "--timeout", str(UP_TIMEOUT_S), "--json",
     )  # fmt: skip
-    assert up.returncode == 0, up.stderr
+    assert up.returncode == 0, up.stderr + _log_tails(cluster_dir)
     started = json.loads(up.stdout)
     assert started["healthy"] is True
     states = {n["id"]: n["state"] for n in started["nodes"]}
@@ -155,7 +165,7 @@ def test_cluster_lifecycle_up_status_restart_kill_down(cluster_dir: Path) -> Non
     # Graceful restart of the leader: the quorum elects another one and the old leader rejoins.
     old_leader = started["leader_id"]
     restart = _kraft("cluster", "restart", str(old_leader), "--dir", str(cluster_dir), "--json")
-    assert restart.returncode == 0, restart.stderr
+    assert restart.returncode == 0, restart.stderr + _log_tails(cluster_dir)
     after = json.loads(restart.stdout)
     restarted = next(n for n in after["nodes"] if n["id"] == old_leader)
     assert restarted["state"] in ("leader", "follower")
@@ -172,9 +182,13 @@ def test_cluster_lifecycle_up_status_restart_kill_down(cluster_dir: Path) -> Non
     assert cluster.wait_healthy(UP_TIMEOUT_S).healthy
 
     pids = [n.pid for n in cluster.status().nodes]
-    down = _kraft("cluster", "down", "--dir", str(cluster_dir), "--timeout", "20")
+    down = _kraft("cluster", "down", "--dir", str(cluster_dir), "--timeout", "8")
     assert down.returncode == 0, down.stderr
-    assert sorted(line.split(": ")[1] for line in down.stdout.splitlines()) == ["stopped"] * 4
+    outcomes = dict(line.split(": ") for line in down.stdout.splitlines())
+    assert set(outcomes) == {"broker-101", "controller-1", "controller-2", "controller-3"}
+    assert outcomes["broker-101"] == "stopped"  # a controlled shutdown while the controllers still run
+    # A controller that outlives --timeout is SIGKILLed; either way nothing may be left running.
+    assert set(outcomes.values()) <= {"stopped", "killed"}
     assert not any(pid is not None and pid_alive(pid) for pid in pids)
     assert not list((cluster_dir / "run").glob("*.pid"))
     final = json.loads(_kraft("cluster", "status", "--dir", str(cluster_dir), "--json").stdout)

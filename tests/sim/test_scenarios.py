@@ -7,8 +7,17 @@ import pytest
 from sim.harness import InvariantViolation
 from sim.scenarios import SCENARIOS
 
-# Seeds that once failed, kept forever as regression tests: (scenario, seed).
-REGRESSION_SEEDS: list[tuple[str, int]] = []
+# Seeds that once failed, kept forever as regression tests: (scenario, seed, what went wrong).
+REGRESSION_SEEDS: list[tuple[str, int]] = [
+    # A prospective node fell back to following a dead leader when a pre-vote answer named that leader.
+    ("back_to_back_leader_failures", 0),
+    # The wiped node's last reported offset still counted towards the high watermark.
+    ("committed_data_lost_on_one_node", 3),
+    # Final check compared against a leader that had not yet applied every acknowledged offset.
+    ("figure8_churn_on_unreliable_network", 4),
+    # A minority follower may still learn commits the majority side acknowledged before the cut.
+    ("no_commit_without_majority", 3),
+]
 
 
 def _run(name: str, seed: int) -> None:

@@ -221,3 +221,47 @@ async def test_a_closed_transport_refuses_to_send(transport: GrpcTransport) -> N
     await transport.close()
     with pytest.raises(TransportError, match="closed"):
         await transport.send(1, m.DescribeQuorumRequest(CLUSTER), timeout_ms=100)
+
+
+async def test_a_fetch_that_times_out_on_the_stream_never_hands_its_late_answer_to_the_next(
+    server: Server, transport: GrpcTransport
+) -> None:
+    async def slow_then_fast(request: m.RaftRequest) -> m.RaftResponse:
+        assert isinstance(request, m.FetchRequest)
+        if request.fetch_offset == 1:
+            await asyncio.sleep(0.6)
+        return m.FetchResponse(ErrorCode.NONE, "", 1, 7, records=b"answer-to-%d" % request.fetch_offset)
+
+    server.handler.respond = slow_then_fast
+    with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
+        await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 1, 0), timeout_ms=200)
+    for offset in (2, 3):
+        answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, offset, 0), timeout_ms=2000)
+        assert isinstance(answer, m.FetchResponse)
+        assert answer.records == b"answer-to-%d" % offset
+
+
+class _ServicerWithoutFetchStream(RaftServicer):
+    """A peer built before FetchStream existed."""
+
+    FetchStream = raft_pb2_grpc.RaftServiceServicer.FetchStream  # type: ignore[assignment]
+
+
+async def test_fetch_falls_back_to_unary_when_the_peer_has_no_fetch_stream() -> None:
+    handler = ScriptedHandler()
+    port = free_port()
+    legacy = grpc.aio.server()
+    raft_pb2_grpc.add_RaftServiceServicer_to_server(
+        _ServicerWithoutFetchStream(handler, cluster_id=CLUSTER), legacy
+    )
+    legacy.add_insecure_port(f"127.0.0.1:{port}")
+    await legacy.start()
+    transport = GrpcTransport({1: f"127.0.0.1:{port}"})
+    try:
+        for offset in (5, 6):
+            answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, offset, 0), timeout_ms=2000)
+            assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
+        assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5, 6]
+    finally:
+        await transport.close()
+        await legacy.stop(grace=None)

@@ -160,11 +160,11 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
             return cpb.MetadataFetchResponse(
                 snapshot_id=ref, high_watermark=self.next_offset, log_start_offset=self.log_start
             )
-        records = [r for r in self.records if r.offset >= request.fetch_offset]
+        records = self._records_from(request)
         if not records and request.max_wait_ms > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._appended.wait(), request.max_wait_ms / 1000.0)
-            records = [r for r in self.records if r.offset >= request.fetch_offset]
+            records = self._records_from(request)
         return cpb.MetadataFetchResponse(
             records=records, high_watermark=self.next_offset, log_start_offset=self.log_start
         )
@@ -195,6 +195,12 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
 
     async def ElectLeaders(self, request: cpb.ElectLeadersRequest, context: Context) -> NoReturn:
         await self._unsupported(context)
+
+    def _records_from(self, request: cpb.MetadataFetchRequest) -> list[cpb.CommittedRecord]:
+        # The real controller's default page (controller.py DEFAULT_FETCH_RECORDS).
+        limit = request.max_records if request.max_records > 0 else 10_000
+        start = max(0, request.fetch_offset - self.log_start)
+        return self.records[start : start + limit]
 
     def _snapshot_chunk(self, request: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
         snapshot = self.snapshot

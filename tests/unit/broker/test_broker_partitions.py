@@ -167,3 +167,18 @@ def test_local_changes_between_classifies_by_leader_and_skips_unchanged() -> Non
     assert dict(changes.leaders) == {T1: assignment(ME, 2)}
     assert dict(changes.followers) == {T2: assignment(3, 0, topic_id="x")}
     assert set(local_changes_between(ME, after, {}).deletes) == set(after)
+
+
+def test_split_puts_removals_before_and_additions_after_the_image_commit(tmp_path: Path) -> None:
+    manager, _, _ = make_manager(tmp_path)
+    manager.apply(LocalChanges(leaders={T0: assignment(ME, 1)}, followers={T1: assignment(2, 1)}))
+    t3 = TopicPartition("orders", 3)
+    changes = LocalChanges(
+        deletes={T1: "id-orders"},
+        leaders={T2: assignment(ME, 0, topic_id="id-events")},
+        followers={T0: assignment(2, 2), t3: assignment(2, 0)},
+    )
+    revocations, grants = manager.split(changes)
+    assert dict(revocations.deletes) == {T1: "id-orders"} and set(revocations.followers) == {T0}
+    assert not revocations.leaders
+    assert set(grants.leaders) == {T2} and set(grants.followers) == {t3} and not grants.deletes

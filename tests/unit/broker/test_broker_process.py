@@ -13,8 +13,20 @@ import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 from fake_controller import FakeController, Registration
 
+from kraft.broker.partitions import PartitionManager
+from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.server import BrokerServer, BrokerSettings
-from kraft.broker.types import BrokerState, ProducedRecord, ReplicaRole, TopicPartition
+from kraft.broker.types import (
+    BrokerState,
+    LocalChanges,
+    PartitionAssignment,
+    ProducedRecord,
+    ReplicaRole,
+    TopicPartition,
+)
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.records import wrap
 from kraft.metadata.store import ImageStore
 from kraft.v1 import metadata_pb2 as mpb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
@@ -310,3 +322,31 @@ async def test_after_losing_its_session_a_broker_serves_again_only_with_its_lost
         assert violations == []
         partition = b.server.partitions.get(tp)
         assert partition is not None and partition.role is ReplicaRole.FOLLOWER and partition.leader_id == 2
+
+
+class FailingStore(MemoryImageStore):
+    async def save(self, image: MetadataImage) -> None:
+        raise OSError("disk full")
+
+
+async def test_a_failed_image_commit_grants_nothing_but_still_revokes(tmp_path: Path) -> None:
+    opener = MemoryLogOpener()
+    manager = PartitionManager(ME, [tmp_path / "logs"], opener)
+    publisher = MetadataPublisher(ME, manager, FailingStore(), "PLAINTEXT", lambda view: None)
+    await publisher.start()
+    manager.apply(
+        LocalChanges(
+            leaders={TopicPartition("old", 0): PartitionAssignment("id-old", ME, 0, 0, (ME,), (ME,))}
+        )
+    )
+    delta = MetadataDelta(publisher.image)
+    for payload in (
+        mpb.TopicRecord(name="orders", topic_id=ORDERS_ID),
+        mpb.PartitionRecord(partition_id=0, topic_id=ORDERS_ID, replicas=[ME], isr=[ME], leader=ME),
+    ):
+        delta.replay(wrap(payload), 0, 1)
+    with pytest.raises(OSError, match="disk full"):
+        await publisher.publish(delta)
+    assert manager.get(TopicPartition("orders", 0)) is None  # the new leadership was not granted
+    assert publisher.image.offset == -1
+    manager.close()

@@ -195,3 +195,16 @@ def test_a_read_of_a_never_written_value_fails(seed: int) -> None:
     corrupt = history[reads[len(reads) // 2]]
     history[reads[len(reads) // 2]] = op("read", corrupt.invoke_ns, corrupt.complete_ns, result=77)
     assert check_key(history, REGISTER).linearizable is False
+
+
+def test_unchecked_rejections_and_reads_do_not_constrain_the_topic_model() -> None:
+    stale = [
+        op("create", 0, 1, result="created"),
+        op("delete", 2, 3, result="deleted"),
+        op("create", 4, 5, result="exists"),  # a deposed leader answering from its stale image
+        op("read", 6, 7, result=True),
+    ]
+    assert check_key(stale, TopicModel()).linearizable is False
+    assert check_key(stale, TopicModel(check_rejections=False, check_reads=False)).linearizable is True
+    double = [op("create", 0, 1, result="created"), op("create", 2, 3, result="created")]
+    assert check_key(double, TopicModel(check_rejections=False, check_reads=False)).linearizable is False

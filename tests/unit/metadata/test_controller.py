@@ -151,6 +151,50 @@ async def test_heartbeats_do_not_wait_for_unrelated_pending_writes(
     assert (await asyncio.wait_for(describe, 2)).error_code == ErrorCode.NONE
 
 
+async def test_big_create_requests_are_written_in_chunks_with_one_answer() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, partitions_per_write=3))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        names = ["a", "b", "dup", "c", "dup", "d"]
+        topics = [cpb.CreatableTopic(name=n, num_partitions=2, replication_factor=1) for n in names]
+        before = len(raft.log)
+        response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics))
+        assert [t.name for t in response.topics] == names
+        codes = [t.error_code for t in response.topics]
+        assert codes == [0, 0, ErrorCode.INVALID_REQUEST, 0, ErrorCode.INVALID_REQUEST, 0]
+        assert sorted(controller.committed.topic_ids_by_name) == ["a", "b", "c", "d"]
+        assert len(raft.log) - before >= 3  # several appends, not one
+    finally:
+        await controller.stop()
+
+
+async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, leader_lease_ms=100))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = await activate_broker(controller, 1)
+        beat = cpb.BrokerHeartbeatRequest(
+            cluster_id=CLUSTER, broker_id=1, broker_epoch=epoch, current_metadata_offset=epoch
+        )
+        raft.hold_commits = True  # e.g. deposed without knowing it yet: nothing commits any more
+        pending = asyncio.create_task(
+            controller.create_topics(
+                cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(name="x", num_partitions=1)])
+            )
+        )
+        await asyncio.sleep(0.2)
+        refused = await controller.broker_heartbeat(beat)
+        assert refused.error_code == ErrorCode.NOT_CONTROLLER and refused.controller.node_id == -1
+        raft.release()
+        assert (await asyncio.wait_for(pending, 2)).topics[0].error_code == ErrorCode.NONE
+        assert (await controller.broker_heartbeat(beat)).error_code == ErrorCode.NONE
+    finally:
+        await controller.stop()
+
+
 async def test_wrong_cluster_id_is_rejected(active: tuple[FakeRaft, QuorumController]) -> None:
     _, controller = active
     response = await controller.register_broker(

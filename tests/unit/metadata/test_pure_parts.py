@@ -10,6 +10,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.fetch_window import FetchWindow, WindowBatch
 from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import NO_LEADER, MetadataImage, PartitionRegistration
 from kraft.metadata.image_records import image_records
@@ -118,3 +119,19 @@ def test_snapshot_records_rebuild_an_equal_image() -> None:
         delta.replay(records.decode_value(records.encode_value(record)))
     delta.offset, delta.epoch = image.offset, image.epoch
     assert delta.apply() == image
+
+
+def test_fetch_window_serves_whole_batches_and_trims_old_ones() -> None:
+    window = FetchWindow(max_records=5)
+    window.append(WindowBatch(0, 0, 1, 0, ()))  # a Raft control batch: no records
+    window.append(WindowBatch(1, 2, 1, 0, ((1, b"a"), (2, b"b"))))
+    window.append(WindowBatch(3, 5, 1, 0, ((3, b"c"), (4, b"d"), (5, b"e"))))
+    assert [r.offset for r in window.read(0, 100)] == [1, 2, 3, 4, 5]
+    assert [r.offset for r in window.read(2, 100)] == [2, 3, 4, 5]
+    assert [r.offset for r in window.read(1, 3)] == [1, 2]  # never splits a batch…
+    assert [r.offset for r in window.read(3, 1)] == [3, 4, 5]  # …but always returns one
+    assert window.read(6, 100) == []
+    window.append(WindowBatch(6, 6, 2, 0, ((6, b"f"),)))
+    assert window.start_offset(-1) == 3  # the oldest batches were dropped to stay within 5 records
+    window.clear()
+    assert window.start_offset(42) == 42 and len(window) == 0

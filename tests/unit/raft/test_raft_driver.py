@@ -8,16 +8,25 @@ import pytest
 from raft_helpers import LoopbackCluster, RecordingListener, wait_until
 
 from kraft.errors import ErrorCode
-from kraft.raft.client import NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
+from kraft.raft.client import LeaderAndEpoch, NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
-from kraft.raft.memory import LoopbackNetwork, MemoryElectionStore, MemoryLogStore, MemorySnapshotStore, SystemClock
+from kraft.raft.memory import (
+    LoopbackNetwork,
+    MemoryElectionStore,
+    MemoryLogStore,
+    MemorySnapshotStore,
+    SystemClock,
+)
 from kraft.raft.messages import DescribeQuorumRequest, FetchRequest, VoteRequest
 from kraft.storage.batch import iter_batches
 
 
-def _single_voter(log: MemoryLogStore | None = None, elections: MemoryElectionStore | None = None,
-                  snapshots: MemorySnapshotStore | None = None) -> RaftDriver:
+def _single_voter(
+    log: MemoryLogStore | None = None,
+    elections: MemoryElectionStore | None = None,
+    snapshots: MemorySnapshotStore | None = None,
+) -> RaftDriver:
     return RaftDriver(
         RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=1),
         transport=LoopbackNetwork().transport(1),
@@ -230,3 +239,52 @@ async def test_fetch_from_an_unknown_epoch_gets_an_epoch_error() -> None:
         assert response.error_code is ErrorCode.UNKNOWN_LEADER_EPOCH
     finally:
         await cluster.close()
+
+
+class _LeaderChangeProbe(RecordingListener):
+    """Remembers how far it had read when each leader change arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset_at_change: list[tuple[int, int]] = []
+
+    async def handle_leader_change(self, leader: LeaderAndEpoch) -> None:
+        self.offset_at_change.append((leader.leader_id, self.next_offset))
+        await super().handle_leader_change(leader)
+
+
+async def test_a_new_leader_is_reported_only_after_the_previous_epochs_are_applied() -> None:
+    cluster = LoopbackCluster(3)
+    probes = {node_id: _LeaderChangeProbe() for node_id in cluster.voters}
+    try:
+        await cluster.start_all()
+        for node_id, driver in cluster.drivers.items():
+            driver.register_listener(probes[node_id])
+        leader = await cluster.wait_for_leader()
+        last = await leader.append([b"a", b"b", b"c"])
+        await cluster.stop(leader.node_id)
+        successor = await cluster.wait_for_leader(exclude=leader.node_id)
+        probe = probes[successor.node_id]
+        await wait_until(
+            lambda: any(lid == successor.node_id for lid, _ in probe.offset_at_change), 10, "report"
+        )
+        offset_when_told = next(off for lid, off in probe.offset_at_change if lid == successor.node_id)
+        assert offset_when_told > last  # everything of the old epoch, and its own LeaderChange, applied
+    finally:
+        await cluster.close()
+
+
+async def test_read_committed_serves_whole_committed_batches_only() -> None:
+    driver = _single_voter()
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        last = await driver.append([b"a", b"b"])
+        committed = await driver.read_committed(0, 1 << 20)
+        assert committed.next_offset == last + 1 == committed.high_watermark
+        values = [r.value for b in iter_batches(committed.records) for r in b.records if not b.is_control]
+        assert values == [b"a", b"b"]
+        empty = await driver.read_committed(committed.next_offset, 1024)
+        assert empty.records == b"" and empty.next_offset == committed.next_offset
+    finally:
+        await driver.stop()

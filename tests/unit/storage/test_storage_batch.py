@@ -12,6 +12,7 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from kraft.storage.batch import (
     CRC_OFFSET,
     HEADER_SIZE,
+    ControlMessage,
     ControlRecordType,
     LeaderChangeMessage,
     Record,
@@ -31,6 +32,8 @@ from kraft.storage.batch import (
 )
 from kraft.storage.errors import CorruptRecordError, RecordTooLargeError
 from kraft.storage.varint import decode_uvarint, decode_varint, encode_uvarint, encode_varint, size_of_varint
+
+Triple = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]
 
 maybe_bytes = st.one_of(st.none(), st.binary(max_size=300))
 headers = st.lists(st.tuples(st.text(max_size=10), maybe_bytes), max_size=3).map(tuple)
@@ -55,7 +58,7 @@ def test_uvarint_round_trips(value: int) -> None:
 
 @settings(max_examples=150)
 @given(offsets, record_inputs, epochs, timestamps)
-def test_build_then_decode_round_trips(base: int, records: list, epoch: int, ts: int) -> None:
+def test_build_then_decode_round_trips(base: int, records: list[Triple], epoch: int, ts: int) -> None:
     data = build_batch(base, records, leader_epoch=epoch, timestamp_ms=ts)
     batch, end = decode_batch(data)
     assert end == len(data) == batch.size_in_bytes
@@ -71,7 +74,9 @@ def test_build_then_decode_round_trips(base: int, records: list, epoch: int, ts:
 
 @settings(max_examples=150)
 @given(offsets, record_inputs, epochs, timestamps)
-def test_kafka_python_parser_agrees_with_our_encoder(base: int, records: list, epoch: int, ts: int) -> None:
+def test_kafka_python_parser_agrees_with_our_encoder(
+    base: int, records: list[Triple], epoch: int, ts: int
+) -> None:
     data = build_batch(base, records, leader_epoch=epoch, timestamp_ms=ts)
     theirs = DefaultRecordBatch(data)
     assert theirs.validate_crc()
@@ -86,7 +91,7 @@ def test_kafka_python_parser_agrees_with_our_encoder(base: int, records: list, e
 
 @settings(max_examples=100)
 @given(record_inputs, timestamps)
-def test_our_decoder_agrees_with_kafka_python_encoder(records: list, ts: int) -> None:
+def test_our_decoder_agrees_with_kafka_python_encoder(records: list[Triple], ts: int) -> None:
     builder = DefaultRecordBatchBuilder(
         magic=2,
         compression_type=0,
@@ -137,7 +142,7 @@ def test_peek_reads_the_header_without_the_records() -> None:
 
 
 def test_control_batches_round_trip_and_kafka_sees_control_records() -> None:
-    messages = [
+    messages: list[ControlMessage] = [
         LeaderChangeMessage(leader_id=2, voters=(1, 2, 3), granting_voters=(2, 3)),
         SnapshotHeaderRecord(last_contained_log_timestamp=99),
         SnapshotFooterRecord(),

@@ -94,3 +94,11 @@ def test_dump_of_a_missing_or_empty_directory_is_a_one_line_error(tmp_path: Path
     result = runner.invoke(app, ["metadata", "dump", "--log-dir", str(tmp_path)])
     assert result.exit_code == 1
     assert "no segment" in result.stderr
+
+
+def test_dump_given_the_metadata_log_dir_root_uses_its_metadata_partition(tmp_path: Path) -> None:
+    _make_log_dir(tmp_path)
+    result = runner.invoke(app, ["metadata", "dump", "--log-dir", str(tmp_path), "--headers-only"])
+    assert result.exit_code == 0, result.output
+    assert f"{METADATA_LOG_DIR_NAME}/00000000000000000000.log" in result.output
+    assert "| offset" not in result.output

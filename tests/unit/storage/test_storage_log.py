@@ -6,6 +6,7 @@ import errno
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -119,7 +120,12 @@ def test_flush_covers_many_batches_with_one_fsync(tmp_path: Path, monkeypatch: p
         _fill(log, 20)
         calls: list[int] = []
         real_fsync = os.fsync
-        monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
+
+        def counting_fsync(fd: int) -> None:
+            calls.append(fd)
+            real_fsync(fd)
+
+        monkeypatch.setattr(os, "fsync", counting_fsync)
         assert log.flushed_offset == 0
         assert log.flush() == 40
         assert len(calls) == 1
@@ -144,7 +150,8 @@ def test_failed_fsync_is_fatal_and_never_retried(tmp_path: Path, monkeypatch: py
     with pytest.raises(FatalStorageError):
         log.append_records([(None, b"x")], leader_epoch=1, timestamp_ms=0)
     assert log.flushed_offset == 0
-    log.abandon()
+    log.close()  # a failed log is never marked clean: the next open recovers it
+    assert not (tmp_path / "p-0" / CLEAN_SHUTDOWN_FILE).exists()
 
 
 def test_truncate_to_removes_whole_batches_and_trims_the_epoch_cache(tmp_path: Path) -> None:
@@ -254,7 +261,9 @@ ops = st.lists(
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops)
-def test_truncate_and_delete_before_keep_offsets_and_epochs_consistent(operations: list) -> None:
+def test_truncate_and_delete_before_keep_offsets_and_epochs_consistent(
+    operations: list[tuple[Any, ...]],
+) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "p-0"
         log = SegmentedLog.open(directory, SMALL)

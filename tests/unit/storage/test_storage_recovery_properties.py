@@ -46,7 +46,7 @@ def _run_ops(log: SegmentedLog, ops: list[tuple[object, ...]], model: LogModel) 
 
 def _batch_locations(directory: Path) -> list[tuple[Path, int, int]]:
     """(file, start, end) of every batch, in log order."""
-    out = []
+    out: list[tuple[Path, int, int]] = []
     for path in segment_files(directory):
         data = path.read_bytes()
         out.extend((path, pos, pos + h.size_in_bytes) for pos, h in iter_batch_headers(data))
@@ -56,7 +56,7 @@ def _batch_locations(directory: Path) -> list[tuple[Path, int, int]]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, data=st.data())
 def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
-    ops: list, data: st.DataObject
+    ops: list[tuple[object, ...]], data: st.DataObject
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "t-0"
@@ -123,7 +123,7 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, data=st.data())
 def test_deleted_or_corrupt_indexes_are_rebuilt_after_a_clean_shutdown(
-    ops: list, data: st.DataObject
+    ops: list[tuple[object, ...]], data: st.DataObject
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "t-0"

@@ -1,0 +1,157 @@
+"""A local cluster with every directed link behind its own proxy, plus process control for nemeses.
+
+``ChaosCluster.start()``:
+1. starts the proxy server (ours in a background thread, or uses a real Toxiproxy at ``TOXIPROXY_URL``);
+2. creates the cluster directory with ``kraft.cluster.LocalCluster`` (configs, storage format);
+3. builds the topology from the planned listeners and rewrites every node's config so that node A names
+   the proxy ``A_to_B`` as B's address (``controller.quorum.voters``);
+4. creates the proxies (``/populate``), starts every node and waits until the cluster is healthy.
+
+The harness itself watches the cluster through the nodes' real listeners (never cut by a nemesis); the
+workload dials through the ``client_to_<node>`` proxies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from types import TracebackType
+
+from chaos.proxy import BackgroundProxyServer
+from chaos.proxy.client import ToxiproxyClient, ToxiproxyError, external_toxiproxy_url
+from chaos.topology import CLIENT, Topology, build_topology, kraft_links
+from kraft.cluster.manager import ClusterStatus, LocalCluster
+from kraft.cluster.spec import NodeRole, NodeSpec
+
+STARTUP_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 10.0
+
+
+class ChaosCluster:
+    """Owns the proxy server, the proxies and the node processes of one chaos run."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        controllers: int = 3,
+        brokers: int = 0,
+        profile: str = "fast",
+        proxy_seed: int | None = None,
+        proxy_url: str | None = None,
+    ) -> None:
+        self.root = root
+        self._controllers = controllers
+        self._brokers = brokers
+        self._profile = profile
+        self._proxy_seed = proxy_seed
+        self._proxy_url = proxy_url if proxy_url is not None else external_toxiproxy_url()
+        self._server: BackgroundProxyServer | None = None
+        self.proxies: ToxiproxyClient | None = None
+        self.cluster: LocalCluster | None = None
+        self.topology: Topology | None = None
+
+    # --- lifecycle ---
+
+    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> ClusterStatus:
+        if self._proxy_url is None:
+            self._server = BackgroundProxyServer(port=0, seed=self._proxy_seed).start()
+            url = self._server.url
+        else:
+            url = self._proxy_url
+        self.proxies = ToxiproxyClient(url)
+        planned = LocalCluster.create(
+            self.root / "cluster", controllers=self._controllers, brokers=self._brokers, profile=self._profile
+        )
+        spec = planned.spec
+        listeners = {node.name: (node.host, node.port) for node in spec.nodes}
+        self.topology = build_topology(
+            listeners,
+            kraft_links([c.name for c in spec.controllers], [b.name for b in spec.brokers]),
+        )
+        self.cluster = LocalCluster(planned.layout, spec, address_of=self._address_of_ids)
+        self.cluster.write_configs()
+        self.proxies.populate(self.topology.populate_body())
+        self.cluster.start()
+        return self.cluster.wait_healthy(timeout_s)
+
+    def stop(self) -> None:
+        """Heal everything, stop every node, stop the proxy server.  Safe to call more than once."""
+        try:
+            if self.proxies is not None:
+                # Best effort: the nodes are stopped next either way (requests' errors are OSErrors).
+                with contextlib.suppress(OSError, ToxiproxyError):
+                    self.proxies.reset()
+            if self.cluster is not None:
+                # down() also sends SIGCONT, so a node a nemesis left paused still stops.
+                self.cluster.down(STOP_TIMEOUT_S)
+        finally:
+            if self.proxies is not None:
+                self.proxies.close()
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+
+    def __enter__(self) -> ChaosCluster:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # --- addressing ---
+
+    def _require(self) -> tuple[LocalCluster, Topology]:
+        if self.cluster is None or self.topology is None:
+            raise RuntimeError("the chaos cluster is not started")
+        return self.cluster, self.topology
+
+    def _address_of_ids(self, viewer_id: int, target_id: int) -> tuple[str, int]:
+        cluster, topology = self._require()
+        viewer, target = cluster.spec.node(viewer_id), cluster.spec.node(target_id)
+        return topology.address_of(viewer.name, target.name)
+
+    @property
+    def controllers(self) -> tuple[NodeSpec, ...]:
+        return self._require()[0].spec.controllers
+
+    @property
+    def brokers(self) -> tuple[NodeSpec, ...]:
+        return self._require()[0].spec.brokers
+
+    @property
+    def cluster_id(self) -> str:
+        return self._require()[0].spec.cluster_id
+
+    def client_target(self, node: NodeSpec) -> str:
+        """``host:port`` the workload dials to reach ``node`` (through ``client_to_<node>``)."""
+        host, port = self._require()[1].address_of(CLIENT, node.name)
+        return f"{host}:{port}"
+
+    def metadata_log_dir(self, node: NodeSpec) -> Path:
+        return self._require()[0].layout.data_dir(node)
+
+    # --- ProcessControl (chaos.nemesis) ---
+
+    def kill(self, node: str) -> None:
+        self._require()[0].kill(node)
+
+    def restart(self, node: str) -> None:
+        self._require()[0].start([node])
+
+    def pause(self, node: str) -> None:
+        self._require()[0].process(node).pause()
+
+    def resume(self, node: str) -> None:
+        self._require()[0].process(node).resume()
+
+    def leader(self) -> str | None:
+        status = self._require()[0].status(probe_timeout_s=0.5)
+        if status.leader_id < 0:
+            return None
+        return next(
+            n.name
+            for n in self._require()[0].spec.nodes
+            if n.node_id == status.leader_id and n.role is NodeRole.CONTROLLER
+        )

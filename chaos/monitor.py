@@ -1,0 +1,79 @@
+"""Watches the cluster during a run through the nodes' real listeners (which no nemesis cuts).
+
+Every ``interval_s`` it asks each controller for its view of the quorum (DescribeQuorum) and the active
+controller for the brokers' states, recording :class:`LeaderObservation` and :class:`ClusterSample`
+rows for the leadership and liveness checkers.  Probes are blocking gRPC with a short deadline, run in a
+worker thread so the event loop keeps serving the workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+from chaos.checkers import ClusterSample, LeaderObservation
+from kraft.cluster.probe import broker_views, quorum_view
+from kraft.cluster.spec import NodeSpec
+
+PROBE_TIMEOUT_S = 0.4
+
+
+class ClusterMonitor:
+    def __init__(
+        self,
+        cluster_id: str,
+        controllers: Sequence[NodeSpec],
+        interval_s: float = 0.25,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self._cluster_id = cluster_id
+        self._controllers = list(controllers)
+        self._interval_s = interval_s
+        self._clock_ns = clock_ns
+        self.leaders: list[LeaderObservation] = []
+        self.samples: list[ClusterSample] = []
+
+    def poll_once(self) -> ClusterSample:
+        """One round of probes (blocking); also appends to ``leaders`` and ``samples``."""
+        claims: list[tuple[int, int]] = []
+        for node in self._controllers:
+            view = quorum_view(node.target, PROBE_TIMEOUT_S)
+            if view is None:
+                continue
+            now = self._clock_ns()
+            leader = view.leader_id if view.leader_id >= 0 else None
+            self.leaders.append(LeaderObservation(node.name, view.leader_epoch, leader, now))
+            if leader == node.node_id:
+                claims.append((view.leader_epoch, node.node_id))
+        leader_id = max(claims)[1] if claims else None
+        fenced: dict[int, bool] = {}
+        if leader_id is not None:
+            target = next(n.target for n in self._controllers if n.node_id == leader_id)
+            brokers = broker_views(target, self._cluster_id, PROBE_TIMEOUT_S)
+            if brokers is not None:
+                fenced = {b.broker_id: b.state != "ACTIVE" for b in brokers.values()}
+        sample = ClusterSample(self._clock_ns(), leader_id, fenced)
+        self.samples.append(sample)
+        return sample
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.to_thread(self.poll_once)
+            # Wake early when asked to stop; a timeout here is the normal poll cadence.
+            try:
+                await asyncio.wait_for(stop.wait(), self._interval_s)
+            except TimeoutError:
+                continue
+
+    async def wait_for(
+        self, predicate: Callable[[ClusterSample], bool], timeout_s: float
+    ) -> ClusterSample | None:
+        """Poll until a sample satisfies ``predicate`` or ``timeout_s`` passes (then None)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            sample = await asyncio.to_thread(self.poll_once)
+            if predicate(sample):
+                return sample
+            await asyncio.sleep(self._interval_s)
+        return None

@@ -1,0 +1,225 @@
+"""One checked chaos run: cluster up, workload + monitor + nemeses for a while, heal, recover, check.
+
+Phases (each bounded):
+1. start the proxied cluster and wait until it is healthy;
+2. for ``duration_s``: the topic workload, the monitor and the nemesis scheduler run side by side;
+3. everything is healed; wait up to ``recovery_bound_s`` for a leader and every broker unfenced;
+4. read the final topic set from the active controller and every controller's high watermark;
+5. stop the cluster, read each controller's metadata log from disk, run the checkers;
+6. write ``report.json`` and ``report.html`` (plots) next to ``history.sqlite``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from chaos.checkers import (
+    NodeLog,
+    Status,
+    TopicModel,
+    TopicObservation,
+    Verdict,
+    check_committed_logs_identical,
+    check_linearizable,
+    check_liveness_after_heal,
+    check_no_failed_visible,
+    check_no_lost_acknowledged,
+    check_single_leader_per_epoch,
+)
+from chaos.checkers.verdict import unknown
+from chaos.collect import node_log
+from chaos.harness import ChaosCluster
+from chaos.history import HISTORY_FILE, HistoryStore, Operation
+from chaos.monitor import ClusterMonitor
+from chaos.nemesis import NemesisEvent, NemesisScheduler
+from chaos.report import RunReport, write_report
+from chaos.scenarios import SCENARIOS
+from chaos.workload import TopicWorkload, WorkloadOptions, describe_all_topics
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+Progress = Callable[[str], None]
+FINAL_READ_TIMEOUT_S = 20.0
+SETTLE_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    scenario: str
+    seed: int
+    duration_s: float
+    report_dir: Path
+    controllers: int = 3
+    brokers: int = 0
+    profile: str = "fast"
+    recovery_bound_s: float = 30.0
+    quiet_s: tuple[float, float] = (1.0, 2.5)
+    fault_s: tuple[float, float] = (2.0, 4.0)
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+
+
+@dataclass(slots=True)
+class _Collected:
+    operations: list[Operation] = field(default_factory=list)
+    events: list[NemesisEvent] = field(default_factory=list)
+    healed_ns: int = 0
+    final: TopicObservation | None = None
+    logs: list[NodeLog] = field(default_factory=list)
+    broker_ids: list[int] = field(default_factory=list)
+
+
+async def _final_topics(cluster: ChaosCluster, deadline: float) -> TopicObservation | None:
+    """The topic set according to the active controller, asked directly (not through a proxy)."""
+    while time.monotonic() < deadline:
+        for node in cluster.controllers:
+            answer = await describe_all_topics(cluster.cluster_id, node.target)
+            if answer is not None:
+                return TopicObservation(f"{node.name} (final)", time.monotonic_ns(), answer[1])
+        await asyncio.sleep(0.3)
+    return None
+
+
+def _settled_high_watermark(cluster: ChaosCluster, timeout_s: float) -> int | None:
+    """The leader's HWM once every voter's log reaches it (else the last one seen by the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    seen: int | None = None
+    while time.monotonic() < deadline:
+        for node in cluster.controllers:
+            reply = describe_quorum(node.target, 1.0)
+            if reply is None or reply.leader_id != node.node_id or reply.high_watermark < 0:
+                continue
+            seen = int(reply.high_watermark)
+            if all(voter.log_end_offset >= seen for voter in reply.current_voters):
+                return seen
+        time.sleep(0.2)  # poll cadence of this bounded wait
+    return seen
+
+
+def describe_quorum(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse | None:
+    try:
+        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+            reply: raft_pb2.DescribeQuorumResponse = raft_pb2_grpc.RaftServiceStub(channel).DescribeQuorum(
+                raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
+            )
+            return reply
+    except grpc.RpcError:
+        return None
+
+
+async def _exercise(
+    options: RunOptions, cluster: ChaosCluster, store: HistoryStore, progress: Progress, collected: _Collected
+) -> ClusterMonitor:
+    monitor = ClusterMonitor(cluster.cluster_id, cluster.controllers)
+    scheduler = NemesisScheduler(
+        SCENARIOS[options.scenario](cluster), options.seed, options.quiet_s, options.fault_s
+    )
+    targets = {c.node_id: cluster.client_target(c) for c in cluster.controllers}
+    first = await asyncio.to_thread(monitor.poll_once)
+    workload = TopicWorkload(
+        store, cluster.cluster_id, targets, options.seed, options.workload, first.leader_id
+    )
+    stop = asyncio.Event()
+    watching = asyncio.create_task(monitor.run(stop))
+    try:
+        progress(f"running workload and nemeses for {options.duration_s:g} s")
+        await asyncio.gather(
+            workload.run(options.duration_s),
+            scheduler.run(
+                options.duration_s, lambda e: progress(f"  {e.action} {e.nemesis}: {e.description}")
+            ),
+        )
+    finally:
+        stop.set()
+        await watching
+    collected.events = list(scheduler.events)
+    collected.healed_ns = scheduler.last_heal_ns or time.monotonic_ns()
+    progress(f"healed; waiting up to {options.recovery_bound_s:g} s for recovery")
+    brokers = [b.node_id for b in cluster.brokers]
+    collected.broker_ids = brokers
+    await monitor.wait_for(
+        lambda s: s.leader_id is not None and all(s.fenced.get(b) is False for b in brokers),
+        options.recovery_bound_s,
+    )
+    return monitor
+
+
+async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
+    report_dir = options.report_dir
+    report_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    store = await HistoryStore.create(report_dir / HISTORY_FILE)
+    await store.set_meta("scenario", options.scenario)
+    await store.set_meta("seed", options.seed)
+    collected = _Collected()
+    cluster = ChaosCluster(
+        report_dir / "work",
+        controllers=options.controllers,
+        brokers=options.brokers,
+        profile=options.profile,
+        proxy_seed=options.seed,
+    )
+    monitor: ClusterMonitor | None = None
+    high_watermark: int | None = None
+    try:
+        progress(
+            f"[{options.scenario}] starting {options.controllers} controllers, {options.brokers} brokers "
+            "with every link proxied"
+        )
+        await asyncio.to_thread(cluster.start)
+        monitor = await _exercise(options, cluster, store, progress, collected)
+        collected.final = await _final_topics(cluster, time.monotonic() + FINAL_READ_TIMEOUT_S)
+        high_watermark = await asyncio.to_thread(_settled_high_watermark, cluster, SETTLE_TIMEOUT_S)
+    finally:
+        progress("stopping the cluster")
+        await asyncio.to_thread(cluster.stop)
+        await store.close()
+    collected.operations = store.history.operations()
+    if cluster.cluster is not None and high_watermark is not None:
+        collected.logs = [
+            node_log(node.node_id, cluster.metadata_log_dir(node), high_watermark)
+            for node in cluster.controllers
+        ]
+    verdicts = run_checkers(options, collected, monitor)
+    report = RunReport(
+        scenario=options.scenario,
+        seed=options.seed,
+        duration_s=options.duration_s,
+        started_unix=started,
+        verdicts=verdicts,
+        operations=collected.operations,
+        nemesis_events=collected.events,
+        leaders=monitor.leaders if monitor else [],
+        healed_ns=collected.healed_ns,
+    )
+    write_report(report, report_dir)
+    return report
+
+
+def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMonitor | None) -> list[Verdict]:
+    ops = collected.operations
+    # Answers served from one controller's image (reads, "already exists") are not claimed linearizable.
+    model = TopicModel(check_rejections=False, check_reads=False)
+    verdicts = [check_linearizable(ops, model)]
+    if collected.final is not None:
+        verdicts.append(check_no_lost_acknowledged(ops, collected.final))
+        verdicts.append(check_no_failed_visible(ops, [collected.final]))
+    else:
+        verdicts.append(unknown("no-lost-acknowledged", "no controller answered the final topic read"))
+    verdicts.append(check_committed_logs_identical(collected.logs))
+    if monitor is not None:
+        verdicts.append(check_single_leader_per_epoch(monitor.leaders))
+        verdicts.append(
+            check_liveness_after_heal(
+                monitor.samples, collected.healed_ns, collected.broker_ids, options.recovery_bound_s
+            )
+        )
+    return verdicts
+
+
+def failed_verdicts(report: RunReport) -> list[Verdict]:
+    return [v for v in report.verdicts if v.status is Status.FAIL]

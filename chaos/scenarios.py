@@ -1,0 +1,157 @@
+"""Named chaos scenarios: which nemeses a run draws its faults from.
+
+A scenario builds its nemeses for a started :class:`~chaos.harness.ChaosCluster`; the scheduler then
+picks among them with the run's seed.  Network faults cut or degrade controller links (and, for splits,
+broker→controller links); client links are never cut, as Jepsen never partitions its control node.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from chaos import grudges
+from chaos.harness import ChaosCluster
+from chaos.nemesis import (
+    CutMode,
+    FlakyLinkNemesis,
+    FlakySpec,
+    KillNemesis,
+    Nemesis,
+    PartitionNemesis,
+    PauseNemesis,
+    Targets,
+)
+from chaos.proxy.client import ToxiproxyClient
+from chaos.topology import Topology
+
+ScenarioBuilder = Callable[[ChaosCluster], list[Nemesis]]
+
+
+def _parts(cluster: ChaosCluster) -> tuple[ToxiproxyClient, Topology, list[str], list[str]]:
+    if cluster.proxies is None or cluster.topology is None:
+        raise RuntimeError("start the chaos cluster before building its nemeses")
+    controllers = [c.name for c in cluster.controllers]
+    brokers = [b.name for b in cluster.brokers]
+    return cluster.proxies, cluster.topology, controllers, brokers
+
+
+def isolate(cluster: ChaosCluster) -> list[Nemesis]:
+    proxies, topology, controllers, brokers = _parts(cluster)
+    everyone = [*controllers, *brokers]
+
+    def shape(rng: random.Random) -> grudges.Cuts:
+        return grudges.isolate(rng.choice(controllers), everyone)
+
+    return [PartitionNemesis("isolate-one", proxies, topology, shape)]
+
+
+def isolate_leader(cluster: ChaosCluster) -> list[Nemesis]:
+    proxies, topology, controllers, brokers = _parts(cluster)
+    everyone = [*controllers, *brokers]
+
+    def shape(rng: random.Random) -> grudges.Cuts:
+        leader = cluster.leader() or rng.choice(controllers)
+        return grudges.isolate(leader, everyone)
+
+    return [PartitionNemesis("isolate-leader", proxies, topology, shape)]
+
+
+def majority(cluster: ChaosCluster) -> list[Nemesis]:
+    proxies, topology, controllers, brokers = _parts(cluster)
+
+    def shape(rng: random.Random) -> grudges.Cuts:
+        return grudges.majority_split(controllers, brokers, rng)[2]
+
+    return [PartitionNemesis("majority-split", proxies, topology, shape)]
+
+
+def bridge(cluster: ChaosCluster) -> list[Nemesis]:
+    proxies, topology, controllers, _ = _parts(cluster)
+
+    def shape(rng: random.Random) -> grudges.Cuts:
+        return grudges.bridge(controllers, rng)[1]
+
+    return [PartitionNemesis("bridge", proxies, topology, shape)]
+
+
+def one_way(cluster: ChaosCluster) -> list[Nemesis]:
+    proxies, topology, controllers, _ = _parts(cluster)
+
+    def shape(rng: random.Random) -> grudges.Cuts:
+        source, target = rng.sample(controllers, 2)
+        return grudges.one_way(source, target)
+
+    return [
+        PartitionNemesis("one-way-drop", proxies, topology, shape),
+        PartitionNemesis("one-way-refuse", proxies, topology, shape, CutMode.REFUSE),
+    ]
+
+
+def flaky(cluster: ChaosCluster) -> list[Nemesis]:
+    proxies, topology, controllers, brokers = _parts(cluster)
+    links = topology.links_between([*controllers, *brokers], controllers)
+    return [
+        FlakyLinkNemesis("latency", proxies, links, FlakySpec("latency", {"latency": 80, "jitter": 60})),
+        FlakyLinkNemesis(
+            "reset-peer", proxies, links, FlakySpec("reset_peer", {"timeout": 200}, 0.5, ("upstream",))
+        ),
+        FlakyLinkNemesis(
+            "slicer",
+            proxies,
+            links,
+            FlakySpec("slicer", {"average_size": 64, "size_variation": 32, "delay": 200}),
+        ),
+    ]
+
+
+def kill(cluster: ChaosCluster) -> list[Nemesis]:
+    controllers = [c.name for c in cluster.controllers]
+    return [
+        KillNemesis("kill-one", cluster, controllers, Targets.ONE),
+        KillNemesis("kill-leader", cluster, controllers, Targets.LEADER),
+    ]
+
+
+def pause(cluster: ChaosCluster) -> list[Nemesis]:
+    controllers = [c.name for c in cluster.controllers]
+    return [
+        PauseNemesis("pause-one", cluster, controllers, Targets.ONE),
+        PauseNemesis("pause-leader", cluster, controllers, Targets.LEADER),
+    ]
+
+
+def mixed(cluster: ChaosCluster) -> list[Nemesis]:
+    return [
+        *isolate_leader(cluster),
+        *majority(cluster),
+        *one_way(cluster),
+        *flaky(cluster),
+        *kill(cluster),
+        *pause(cluster),
+    ]
+
+
+SCENARIOS: Mapping[str, ScenarioBuilder] = MappingProxyType(
+    {
+        "isolate": isolate,
+        "isolate-leader": isolate_leader,
+        "majority": majority,
+        "bridge": bridge,
+        "one-way": one_way,
+        "flaky": flaky,
+        "kill": kill,
+        "pause": pause,
+        "mixed": mixed,
+    }
+)
+
+
+def scenario_names(selection: str) -> list[str]:
+    """``all`` → every scenario; otherwise the one name (ValueError listing the known names)."""
+    if selection == "all":
+        return list(SCENARIOS)
+    if selection not in SCENARIOS:
+        raise ValueError(f"unknown scenario {selection!r}: expected all or one of {', '.join(SCENARIOS)}")
+    return [selection]

@@ -1,0 +1,128 @@
+"""ControllerNode assembly in-process: storage checks, a one-voter node serving its RPCs, clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from kraft.config import NodeConfig
+from kraft.errors import ErrorCode
+from kraft.netutil import free_port
+from kraft.observability.health import RAFT_SERVICE, HealthStatus, check_health
+from kraft.raft.grpc_test_service import chain_digest
+from kraft.raft.process import ControllerNode, StartupError, check_storage
+from kraft.storage.ids import random_uuid
+from kraft.storage.log import CLEAN_SHUTDOWN_FILE, METADATA_LOG_DIR_NAME
+from kraft.storage.meta_properties import format_log_dir
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+
+def _config(tmp_path: Path, port: int, **extra: object) -> NodeConfig:
+    return NodeConfig.build(
+        process_roles="controller",
+        node_id=1,
+        controller_quorum_voters=f"1@127.0.0.1:{port}",
+        listeners=f"CONTROLLER://127.0.0.1:{port}",
+        metadata_log_dir=tmp_path / "meta",
+        **extra,
+    )
+
+
+def test_an_unformatted_metadata_dir_refuses_the_start(tmp_path: Path) -> None:
+    with pytest.raises(StartupError, match="not formatted"):
+        check_storage(_config(tmp_path, 9093))
+
+
+def test_log_dirs_of_two_clusters_refuse_the_start(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, 9093, log_dirs=str(tmp_path / "data"))
+    format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=1)
+    format_log_dir(tmp_path / "data", cluster_id=random_uuid(), node_id=1)
+    with pytest.raises(StartupError, match="disagree on cluster.id"):
+        check_storage(cfg)
+
+
+def test_a_dir_of_another_node_refuses_the_start(tmp_path: Path) -> None:
+    format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=7)
+    with pytest.raises(StartupError, match="formatted for node 7"):
+        check_storage(_config(tmp_path, 9093))
+
+
+async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    cluster_id = random_uuid()
+    format_log_dir(tmp_path / "meta", cluster_id=cluster_id, node_id=1)
+    node = ControllerNode(_config(tmp_path, port, kraft_test_append_enable=True))
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            test_stub = raft_pb2_grpc.RaftTestServiceStub(channel)
+            request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[b"a", b"b"])
+            appended = await test_stub.TestAppend(request, timeout=10)
+            assert appended.error_code == ErrorCode.NONE
+            assert appended.last_offset == appended.base_offset + 1
+
+            wrong = raft_pb2.TestAppendRequest(cluster_id="another", values=[b"x"])
+            refused = await test_stub.TestAppend(wrong, timeout=10)
+            assert refused.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
+
+            deadline = time.monotonic() + 10
+            while True:
+                digest = await test_stub.TestDigest(raft_pb2.TestDigestRequest(cluster_id=cluster_id), timeout=5)
+                if digest.applied_offset > appended.last_offset or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+            assert digest.record_count == 2
+            assert digest.digest == chain_digest(chain_digest(bytes(32), b"a"), b"b")
+
+            raft_stub = raft_pb2_grpc.RaftServiceStub(channel)
+            described = await raft_stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=5)
+            assert (described.error_code, described.leader_id, described.cluster_id) == (0, 1, cluster_id)
+            assert described.current_voters[0].directory_id == node.directory_id
+        assert await _wait_health(f"127.0.0.1:{port}", HealthStatus.SERVING)
+    finally:
+        await node.stop(timeout_ms=2000)
+    assert (tmp_path / "meta" / METADATA_LOG_DIR_NAME / CLEAN_SHUTDOWN_FILE).exists()
+
+
+async def test_the_test_service_is_not_served_unless_enabled(tmp_path: Path) -> None:
+    port = free_port()
+    cluster_id = random_uuid()
+    format_log_dir(tmp_path / "meta", cluster_id=cluster_id, node_id=1)
+    node = ControllerNode(_config(tmp_path, port))
+    await node.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = raft_pb2_grpc.RaftTestServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.TestAppend(raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[b"x"]), timeout=5)
+            assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await node.stop(timeout_ms=2000)
+
+
+async def _wait_health(target: str, wanted: HealthStatus, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await check_health(target, RAFT_SERVICE, timeout_s=1.0) is wanted:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_a_port_in_use_refuses_the_start(tmp_path: Path) -> None:
+    port = free_port()
+    format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=1)
+    blocker = grpc.aio.server()
+    blocker.add_insecure_port(f"127.0.0.1:{port}")
+    await blocker.start()
+    node = ControllerNode(_config(tmp_path, port))
+    try:
+        with pytest.raises(StartupError, match="cannot listen"):
+            await node.start()
+    finally:
+        await blocker.stop(grace=None)
