@@ -55,7 +55,7 @@ FAILOVER_PROFILES: dict[str, dict[str, str]] = {
     "fast": {
         "log.level": "WARNING",
         "controller.quorum.election.timeout.ms": "150",
-        "controller.quorum.fetch.timeout.ms": "200",
+        "controller.quorum.fetch.timeout.ms": "150",
         "controller.quorum.election.backoff.max.ms": "100",
         "controller.quorum.fetch.max.wait.ms": "50",
         "controller.quorum.request.timeout.ms": "500",

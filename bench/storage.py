@@ -11,7 +11,8 @@ What is measured (results in ``bench/results/storage.json``):
   written and flushed, the process "crashes" (no clean-shutdown marker) and the recovery-point
   checkpoint is removed so the whole log is scanned (size, magic, CRC, continuity, index rebuild).
   Reported with the segment files in the page cache ("hot") and evicted from it with
-  ``posix_fadvise(DONTNEED)`` ("cold"; only our files are evicted).  Target ≥ 500 MB/s.
+  ``posix_fadvise(DONTNEED)`` ("cold"; only our files are evicted).  Target ≥ 500 MB/s.  Wall-clock and
+  CPU-time rates are both reported: on a shared machine the wall clock mostly measures the run queue.
 - **index lookup**: mean cost of ``OffsetIndex.lookup`` and of a whole ``SegmentedLog.read(offset, 1)``
   (lookup + header walk + pread) at random offsets of a 64 MiB log of 1 KiB batches.
 
@@ -25,6 +26,7 @@ import json
 import os
 import platform
 import random
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ from kraft.storage.log import OFFSETS_CHECKPOINT_FILE, LogConfig, SegmentedLog
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "storage.json"
 MIB = 1024 * 1024
 BATCH_SIZES = {"1KiB": 1024, "64KiB": 64 * 1024, "1MiB": MIB}
+_BASE_OFFSET = struct.Struct(">q")
 RECORD_OVERHEAD = 80  # batch header + one record's framing, so the encoded batch is ~the nominal size
 
 
@@ -59,8 +62,13 @@ def bench_append(root: Path, seconds_per_size: float) -> dict[str, Any]:
             os.write(fd, buf)
             os.fsync(fd)
 
-        def log_op(target: SegmentedLog = log, buf: bytes = batch) -> None:
-            target.append_batch(with_base_offset(buf, target.end_offset))
+        rebased = bytearray(batch)
+
+        def log_op(target: SegmentedLog = log, buf: bytearray = rebased) -> None:
+            # Re-basing in place (the base offset is outside the CRC) keeps the benchmark's own copying
+            # out of the measurement: what is timed is append_batch (CRC validation + write) + flush.
+            _BASE_OFFSET.pack_into(buf, 0, target.end_offset)
+            target.append_batch(buf)
             target.flush()
 
         # Alternate the two operation by operation (and swap which goes first) so that disk noise from
@@ -104,14 +112,22 @@ def _evict(directory: Path) -> None:
             os.close(fd)
 
 
-def _timed_recovery(directory: Path, config: LogConfig) -> tuple[float, int]:
+def _timed_recovery(directory: Path, config: LogConfig, size: int) -> tuple[dict[str, float], int]:
     (directory / OFFSETS_CHECKPOINT_FILE).unlink()
     started = time.perf_counter()
+    cpu_started = time.process_time()
     log = SegmentedLog.open(directory, config)
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     end = log.end_offset
     log.abandon()  # stay "crashed" so the next run scans again
-    return elapsed, end
+    # CPU time is reported too: on a shared machine the wall clock mostly measures the run queue.
+    return {
+        "seconds": round(elapsed, 3),
+        "mb_per_s": round(size / elapsed / 1e6, 1),
+        "cpu_seconds": round(cpu, 3),
+        "mb_per_cpu_s": round(size / max(cpu, 1e-9) / 1e6, 1),
+    }, end
 
 
 def bench_recovery(root: Path, total_mb: int) -> dict[str, Any]:
@@ -135,13 +151,12 @@ def bench_recovery(root: Path, total_mb: int) -> dict[str, Any]:
         "segments": len(list(directory.glob("*.log"))),
         "write_and_flush_mb_per_s": round(size / write_s / 1e6, 1),
     }
-    hot_s, end = _timed_recovery(directory, config)
-    assert end == expected_end, f"recovery lost data: end {end}, expected {expected_end}"
-    _evict(directory)
-    cold_s, end = _timed_recovery(directory, config)
-    assert end == expected_end
-    results["hot"] = {"seconds": round(hot_s, 3), "mb_per_s": round(size / hot_s / 1e6, 1)}
-    results["cold"] = {"seconds": round(cold_s, 3), "mb_per_s": round(size / cold_s / 1e6, 1)}
+    for label in ("hot", "hot_again", "cold"):
+        if label == "cold":
+            _evict(directory)
+        results[label], end = _timed_recovery(directory, config, size)
+        if end != expected_end:
+            raise RuntimeError(f"recovery lost data: end {end}, expected {expected_end}")
     return results
 
 

@@ -1,25 +1,43 @@
-"""Reading what the nodes left on disk after a run: each controller's metadata log, record by record."""
+"""Reading what the nodes left on disk after a run: each controller's metadata log, record by record,
+and the metadata image the log implies at chosen offsets (to compare with the brokers' images)."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from chaos.checkers import NodeLog
+from kraft.broker.image_adapter import image_digest
+from kraft.errors import KraftError
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.records import decode_value
 from kraft.storage.batch import decode_batch
 from kraft.storage.errors import CorruptRecordError, RecordTooLargeError
 from kraft.storage.log import METADATA_LOG_DIR_NAME
 
 
-def read_metadata_records(metadata_log_dir: Path) -> dict[int, bytes]:
-    """offset → (batch leader epoch, key, value) bytes of every record in the segments.
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    offset: int
+    epoch: int
+    is_control: bool
+    key: bytes
+    value: bytes
+
+    def comparable(self) -> bytes:
+        """The bytes replicas must agree on: leader epoch, key, value."""
+        return struct.pack(">ii", self.epoch, len(self.key)) + self.key + self.value
+
+
+def iter_metadata_log(metadata_log_dir: Path) -> Iterator[LogEntry]:
+    """Every record of the metadata log's segments, in offset order.
 
     Reading a segment stops at its first torn or corrupt batch, as log recovery would truncate there.
-    The leader epoch is part of the compared bytes: the same payload written in another epoch is a
-    different entry.
     """
     directory = metadata_log_dir / METADATA_LOG_DIR_NAME
-    records: dict[int, bytes] = {}
     for segment in sorted(directory.glob("*.log")):
         data = segment.read_bytes()
         position = 0
@@ -28,15 +46,51 @@ def read_metadata_records(metadata_log_dir: Path) -> dict[int, bytes]:
                 batch, position = decode_batch(data, position)
             except (CorruptRecordError, RecordTooLargeError, ValueError, IndexError, struct.error):
                 break
-            epoch = struct.pack(">i", batch.partition_leader_epoch)
             for record in batch.records:
-                key, value = record.key or b"", record.value or b""
-                entry = epoch + struct.pack(">i", len(key)) + key + value
-                records[batch.base_offset + record.offset_delta] = entry
-    return records
+                yield LogEntry(
+                    batch.base_offset + record.offset_delta,
+                    batch.partition_leader_epoch,
+                    batch.is_control,
+                    record.key or b"",
+                    record.value or b"",
+                )
+
+
+def read_metadata_records(metadata_log_dir: Path) -> dict[int, bytes]:
+    """offset → comparable bytes of every record in the segments."""
+    return {entry.offset: entry.comparable() for entry in iter_metadata_log(metadata_log_dir)}
 
 
 def node_log(node_id: int, metadata_log_dir: Path, high_watermark: int) -> NodeLog:
     records = read_metadata_records(metadata_log_dir)
     start = min(records) if records else 0
     return NodeLog(node_id, high_watermark, records, log_start_offset=start)
+
+
+def image_digests_at(metadata_log_dir: Path, offsets: Iterable[int], high_watermark: int) -> dict[int, str]:
+    """The digest of the image the committed log implies after each wanted offset (below the HWM).
+
+    Empty when the log does not start at offset 0 (its prefix is in a snapshot this reader does not load)
+    or a record cannot be decoded.
+    """
+    wanted = sorted({o for o in offsets if 0 <= o < high_watermark})
+    if not wanted:
+        return {}
+    digests: dict[int, str] = {}
+    image = MetadataImage.empty()
+    delta = MetadataDelta(image)
+    for expected, entry in enumerate(iter_metadata_log(metadata_log_dir)):
+        if entry.offset != expected:
+            return {}  # a gap or a snapshotted prefix: no exact image to compare
+        if entry.offset > wanted[-1]:
+            break
+        if not entry.is_control and entry.value:
+            try:
+                delta.replay(decode_value(entry.value), entry.offset, entry.epoch)
+            except KraftError:
+                return {}
+        if entry.offset in wanted:
+            image = delta.apply()
+            digests[entry.offset] = image_digest(image)
+            delta = MetadataDelta(image)
+    return digests

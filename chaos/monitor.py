@@ -12,27 +12,60 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
+import grpc
+
 from chaos.checkers import ClusterSample, LeaderObservation
 from kraft.cluster.probe import broker_views, quorum_view
 from kraft.cluster.spec import NodeSpec
+from kraft.v1 import broker_pb2, broker_pb2_grpc
 
 PROBE_TIMEOUT_S = 0.4
 
 
+def describe_broker(
+    target: str, cluster_id: str, timeout_s: float
+) -> broker_pb2.DescribeBrokerResponse | None:
+    try:
+        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+            reply: broker_pb2.DescribeBrokerResponse = broker_pb2_grpc.BrokerServiceStub(
+                channel
+            ).DescribeBroker(broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s)
+    except grpc.RpcError:
+        return None
+    return reply if reply.error_code == 0 else None
+
+
 class ClusterMonitor:
+    """``broker_images[name][offset] = digest`` keeps only pairs two back-to-back probes agreed on: the
+    broker sets its offset and its image in separate steps, so one answer might straddle an update."""
+
     def __init__(
         self,
         cluster_id: str,
         controllers: Sequence[NodeSpec],
+        brokers: Sequence[NodeSpec] = (),
         interval_s: float = 0.25,
         clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self._cluster_id = cluster_id
         self._controllers = list(controllers)
+        self._brokers = list(brokers)
         self._interval_s = interval_s
         self._clock_ns = clock_ns
         self.leaders: list[LeaderObservation] = []
         self.samples: list[ClusterSample] = []
+        self.broker_images: dict[str, dict[int, str]] = {b.name: {} for b in self._brokers}
+
+    def _poll_brokers(self) -> None:
+        for broker in self._brokers:
+            pairs = []
+            for _ in range(2):
+                reply = describe_broker(broker.target, self._cluster_id, PROBE_TIMEOUT_S)
+                if reply is None or reply.metadata_offset < 0 or not reply.image_digest:
+                    break
+                pairs.append((int(reply.metadata_offset), str(reply.image_digest)))
+            if len(pairs) == 2 and pairs[0] == pairs[1]:
+                self.broker_images[broker.name][pairs[0][0]] = pairs[0][1]
 
     def poll_once(self) -> ClusterSample:
         """One round of probes (blocking); also appends to ``leaders`` and ``samples``."""
@@ -55,6 +88,7 @@ class ClusterMonitor:
                 fenced = {b.broker_id: b.state != "ACTIVE" for b in brokers.values()}
         sample = ClusterSample(self._clock_ns(), leader_id, fenced)
         self.samples.append(sample)
+        self._poll_brokers()
         return sample
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -102,12 +102,14 @@ def _plot(report: RunReport, directory: Path) -> list[str]:
 
     origin = report.origin_ns()
     windows = _fault_windows(report, origin)
+    # Process ids are sparse (producers start at 1,000,000): plot each at its rank instead.
+    rank = {process: i for i, process in enumerate(sorted({op.process for op in report.operations}))}
     figure, axes = plt.subplots(figsize=(11, 4))
     for outcome, color in OUTCOME_COLORS.items():
         chosen = [op for op in report.operations if op.outcome is outcome]
         axes.scatter(
             [(op.invoke_ns - origin) / 1e9 for op in chosen],
-            [op.process for op in chosen],
+            [rank[op.process] for op in chosen],
             s=8,
             color=color,
             label=outcome.value,
@@ -116,7 +118,7 @@ def _plot(report: RunReport, directory: Path) -> list[str]:
         axes.axvspan(start, end, color="grey", alpha=0.2)
         axes.text(start, axes.get_ylim()[1], name, fontsize=7, va="top")
     axes.set_xlabel("seconds since the first operation")
-    axes.set_ylabel("client process")
+    axes.set_ylabel("client process (by id order)")
     axes.set_title(f"{report.scenario}: operations by outcome (grey: faults)")
     axes.legend(loc="upper right", fontsize=8)
     figure.tight_layout()

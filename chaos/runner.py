@@ -20,12 +20,15 @@ from pathlib import Path
 import grpc
 
 from chaos.checkers import (
+    ImageHashes,
     NodeLog,
     Status,
     TopicModel,
     TopicObservation,
     Verdict,
     check_committed_logs_identical,
+    check_fenced_broker_never_acked,
+    check_images_match,
     check_linearizable,
     check_liveness_after_heal,
     check_no_failed_visible,
@@ -33,11 +36,12 @@ from chaos.checkers import (
     check_single_leader_per_epoch,
 )
 from chaos.checkers.verdict import unknown
-from chaos.collect import node_log
+from chaos.collect import image_digests_at, node_log
 from chaos.harness import ChaosCluster
 from chaos.history import HISTORY_FILE, HistoryStore, Operation
 from chaos.monitor import ClusterMonitor
 from chaos.nemesis import NemesisEvent, NemesisScheduler
+from chaos.produce import ProduceWorkload, create_produce_topic, fencing_intervals
 from chaos.report import RunReport, write_report
 from chaos.scenarios import SCENARIOS
 from chaos.workload import TopicWorkload, WorkloadOptions, describe_all_topics
@@ -71,6 +75,8 @@ class _Collected:
     final: TopicObservation | None = None
     logs: list[NodeLog] = field(default_factory=list)
     broker_ids: list[int] = field(default_factory=list)
+    images: list[ImageHashes] = field(default_factory=list)
+    broker_of: dict[int, int] = field(default_factory=dict)  # producer process -> broker id
 
 
 async def _final_topics(cluster: ChaosCluster, deadline: float) -> TopicObservation | None:
@@ -111,14 +117,34 @@ def describe_quorum(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumRes
         return None
 
 
+def _images(cluster: ChaosCluster, monitor: ClusterMonitor, high_watermark: int) -> list[ImageHashes]:
+    """Broker image digests seen during the run, and each controller's log replayed to the same offsets."""
+    brokers = [ImageHashes(name, True, by_offset) for name, by_offset in monitor.broker_images.items()]
+    offsets = {offset for image in brokers for offset in image.by_offset}
+    controllers = [
+        ImageHashes(
+            node.name, False, image_digests_at(cluster.metadata_log_dir(node), offsets, high_watermark)
+        )
+        for node in cluster.controllers
+    ]
+    return [*controllers, *brokers]
+
+
 async def _exercise(
     options: RunOptions, cluster: ChaosCluster, store: HistoryStore, progress: Progress, collected: _Collected
 ) -> ClusterMonitor:
-    monitor = ClusterMonitor(cluster.cluster_id, cluster.controllers)
+    monitor = ClusterMonitor(cluster.cluster_id, cluster.controllers, cluster.brokers)
     scheduler = NemesisScheduler(
         SCENARIOS[options.scenario](cluster), options.seed, options.quiet_s, options.fault_s
     )
     targets = {c.node_id: cluster.client_target(c) for c in cluster.controllers}
+    broker_ids = [b.node_id for b in cluster.brokers]
+    producers: ProduceWorkload | None = None
+    if broker_ids:
+        await create_produce_topic(cluster.cluster_id, [c.target for c in cluster.controllers], broker_ids)
+        producers = ProduceWorkload(
+            store, cluster.cluster_id, {b.node_id: cluster.client_target(b) for b in cluster.brokers}
+        )
     first = await asyncio.to_thread(monitor.poll_once)
     workload = TopicWorkload(
         store, cluster.cluster_id, targets, options.seed, options.workload, first.leader_id
@@ -129,6 +155,7 @@ async def _exercise(
         progress(f"running workload and nemeses for {options.duration_s:g} s")
         await asyncio.gather(
             workload.run(options.duration_s),
+            producers.run(options.duration_s) if producers is not None else asyncio.sleep(0),
             scheduler.run(
                 options.duration_s, lambda e: progress(f"  {e.action} {e.nemesis}: {e.description}")
             ),
@@ -137,6 +164,7 @@ async def _exercise(
         stop.set()
         await watching
     collected.events = list(scheduler.events)
+    collected.broker_of = dict(producers.broker_of) if producers is not None else {}
     collected.healed_ns = scheduler.last_heal_ns or time.monotonic_ns()
     progress(f"healed; waiting up to {options.recovery_bound_s:g} s for recovery")
     brokers = [b.node_id for b in cluster.brokers]
@@ -184,6 +212,8 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
             node_log(node.node_id, cluster.metadata_log_dir(node), high_watermark)
             for node in cluster.controllers
         ]
+        if monitor is not None:
+            collected.images = _images(cluster, monitor, high_watermark)
     verdicts = run_checkers(options, collected, monitor)
     report = RunReport(
         scenario=options.scenario,
@@ -204,15 +234,21 @@ def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMon
     ops = collected.operations
     # Answers served from one controller's image (reads, "already exists") are not claimed linearizable.
     model = TopicModel(check_rejections=False, check_reads=False)
-    verdicts = [check_linearizable(ops, model)]
+    topic_ops = [op for op in ops if op.f in ("create", "delete", "read")]
+    verdicts = [check_linearizable(topic_ops, model)]
     if collected.final is not None:
         verdicts.append(check_no_lost_acknowledged(ops, collected.final))
         verdicts.append(check_no_failed_visible(ops, [collected.final]))
     else:
         verdicts.append(unknown("no-lost-acknowledged", "no controller answered the final topic read"))
     verdicts.append(check_committed_logs_identical(collected.logs))
+    if collected.broker_ids:
+        verdicts.append(check_images_match(collected.images))
     if monitor is not None:
         verdicts.append(check_single_leader_per_epoch(monitor.leaders))
+        if collected.broker_of:
+            fencing = fencing_intervals(monitor.samples)
+            verdicts.append(check_fenced_broker_never_acked(ops, fencing, collected.broker_of))
         verdicts.append(
             check_liveness_after_heal(
                 monitor.samples, collected.healed_ns, collected.broker_ids, options.recovery_bound_s

@@ -101,5 +101,11 @@ def check_images_match(images: Sequence[ImageHashes]) -> Verdict:
     if problems:
         return failed(checker, f"{len(problems)} image mismatches", problems, compared=compared)
     if compared == 0:
-        return unknown(checker, "no broker image shares an offset with a controller image")
+        broker_offsets = sum(len(i.by_offset) for i in images if i.is_broker)
+        return unknown(
+            checker,
+            "no broker image shares an offset with a controller image",
+            broker_offsets=broker_offsets,
+            controller_offsets=len(reference),
+        )
     return passed(checker, f"{compared} broker images match the controllers'", compared=compared)

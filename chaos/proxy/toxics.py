@@ -125,13 +125,14 @@ def toxic_from_create_body(body: Any) -> Toxic:
     """Validate a ``POST /proxies/{p}/toxics`` body the way Toxiproxy does (stream before type)."""
     if not isinstance(body, dict):
         raise ApiError(400, f"{BAD_REQUEST_BODY}: expected a JSON object")
-    stream = _expect_str("stream", body.get("stream") or "downstream")
+    # Go decodes into pre-filled defaults: an omitted (or null) stream stays downstream, "" is invalid.
+    stream = _expect_str("stream", body["stream"]) if body.get("stream") is not None else "downstream"
     direction = parse_direction(stream)
     kind = _expect_str("type", body.get("type", ""))
     if kind not in TOXIC_ATTRIBUTES:
         raise ApiError(400, INVALID_TOXIC_TYPE)
     name = _expect_str("name", body.get("name") or f"{kind}_{stream}")
-    toxicity = _expect_float("toxicity", body["toxicity"]) if "toxicity" in body else 1.0
+    toxicity = _expect_float("toxicity", body["toxicity"]) if body.get("toxicity") is not None else 1.0
     defaults = {key: 0 for key in TOXIC_ATTRIBUTES[kind]}
     attributes = _merge_attributes(kind, defaults, body.get("attributes"))
     return Toxic(
@@ -143,7 +144,9 @@ def updated_toxic(current: Toxic, body: Any) -> Toxic:
     """Decode an update *into* the existing toxic: only attributes and toxicity can change."""
     if not isinstance(body, dict):
         raise ApiError(400, f"{BAD_REQUEST_BODY}: expected a JSON object")
-    toxicity = _expect_float("toxicity", body["toxicity"]) if "toxicity" in body else current.toxicity
+    toxicity = (
+        _expect_float("toxicity", body["toxicity"]) if body.get("toxicity") is not None else current.toxicity
+    )
     attributes = _merge_attributes(current.type, current.attributes, body.get("attributes"))
     return Toxic(
         name=current.name,

@@ -122,7 +122,8 @@ class MetadataFetcher:
             self._on_applied(self._publisher.offset)
             return True
         if not response.records:
-            self._on_drained(generation)
+            if self._pending is None:
+                self._on_drained(generation)
             return True
         delta = self._pending or MetadataDelta(self._publisher.image)
         for record in response.records:
@@ -132,6 +133,12 @@ class MetadataFetcher:
             self._pending = delta
             return True
         self._pending = None
+        if delta.replay_errors:
+            # Records the image could not take (e.g. a change for an unknown topic): the controllers
+            # skip them the same way, so this is logged, not fatal.
+            self._log.warning(
+                "metadata_records_skipped", count=len(delta.replay_errors), first=delta.replay_errors[0]
+            )
         await self._publisher.publish(delta, response.records[-1].append_time_ms)
         self._on_applied(self._publisher.offset)
         if drained:

@@ -155,7 +155,7 @@ class BrokerLifecycle:
                 raise RegistrationFailed(f"shutdown requested before registration succeeded ({problem})")
             if loop.time() >= deadline:
                 raise RegistrationFailed(
-                    f"not registered within {self._timings.registration_timeout_s:.0f} s: {problem}"
+                    f"not registered within {self._timings.registration_timeout_s:g} s: {problem}"
                 )
             self._log.warning("registration_retry", attempt=attempt, reason=problem)
             await self._sleep(self._backoff_s(attempt))

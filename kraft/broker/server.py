@@ -42,6 +42,7 @@ from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.config import NodeConfig
+from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
@@ -257,7 +258,12 @@ class BrokerServer:
         )
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(self.service, server)
         self._health = await add_health_service(server, (BROKER_SERVICE,))
-        self.port = server.add_insecure_port(self.settings.bind_address)
+        try:
+            self.port = server.add_insecure_port(self.settings.bind_address)
+        except RuntimeError as err:  # grpc reports a failed bind this way
+            raise KraftError(
+                ErrorCode.INVALID_CONFIG, f"listeners: cannot listen on {self.settings.bind_address} ({err})"
+            ) from err
         await server.start()
         self._server = server
         self._log.info("listening", address=self.settings.bind_address, port=self.port)

@@ -80,14 +80,17 @@ def up_command(
         raise CliError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
     try:
         cluster = _create_or_reopen(directory, controllers, brokers, base_port, profile, metrics)
-        cluster.start()
         try:
+            cluster.start()
             status = _wait_with_progress(
                 lambda report: cluster.wait_healthy(timeout_s, on_status=report), "a healthy cluster"
             )
-        except ClusterError:
+        except (ClusterError, KeyboardInterrupt) as exc:
+            # Leave nothing half-started behind unless asked to (e.g. to read a stuck node's state).
             if not keep_on_failure:
                 cluster.down(timeout_s=5.0)
+            if isinstance(exc, KeyboardInterrupt):
+                raise CliError(f"interrupted; {'left' if keep_on_failure else 'stopped'} the nodes") from None
             raise
     except ClusterError as exc:
         raise _cluster_error(exc) from None

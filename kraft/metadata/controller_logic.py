@@ -66,6 +66,19 @@ class ControllerSettings:
     session_timeout_ms: int = 9000
     default_num_partitions: int = 1
     default_replication_factor: int = 1
+    max_changes_per_write: int = 5000
+    """Partition changes per append when a broker leaves its ISRs; the rest follow in later appends."""
+
+
+@dataclass(slots=True)
+class _LeaveJob:
+    """A broker leaving every ISR (fence, controlled shutdown, unregister), done in bounded chunks so a
+    broker leading 100,000 partitions does not stall the event loop; ``tail`` records close the job."""
+
+    broker_id: int
+    topic_ids: list[str]
+    position: int = 0
+    tail: list[Message] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -147,6 +160,7 @@ class ControllerLogic:
         # writes nothing waits only for that, not for unrelated bulk writes
         self.broker_offsets: dict[int, int] = {}
         self._leader_counts: dict[int, tuple[Mapping[str, TopicImage], int]] = {}
+        self._leaving: dict[int, _LeaveJob] = {}
         self.reset(image, now_ms)
 
     # ---- lifecycle of the logic itself ----
@@ -156,6 +170,7 @@ class ControllerLogic:
         self.image = committed
         self._shutdown_offsets.clear()
         self.broker_offsets.clear()
+        self._leaving.clear()
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
@@ -180,17 +195,30 @@ class ControllerLogic:
 
     # ---- helpers over the speculative image ----
 
-    @staticmethod
-    def acceptable_in(image: MetadataImage, exclude: int | None = None) -> Callable[[int], bool]:
+    def acceptable_in(self, image: MetadataImage) -> Callable[[int], bool]:
+        """Brokers that may lead or join an ISR: registered, unfenced, not shutting down or leaving."""
         brokers = image.brokers
+        leaving = self._leaving
 
         def acceptable(broker_id: int) -> bool:
-            if broker_id == exclude:
-                return False
             broker = brokers.get(broker_id)
-            return broker is not None and not broker.fenced and not broker.in_controlled_shutdown
+            return (
+                broker is not None
+                and not broker.fenced
+                and not broker.in_controlled_shutdown
+                and broker_id not in leaving
+            )
 
         return acceptable
+
+    def has_leave_jobs(self) -> bool:
+        return bool(self._leaving)
+
+    def continue_leave_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
+        """The next chunk of ISR removals (the shell calls this until :meth:`has_leave_jobs` is False)."""
+        batch = _Batch(self, next_offset)
+        self._run_leave_jobs(batch)
+        return batch.finish()
 
     def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         """Partitions listing ``broker_id`` as a replica (a full scan: ~1 s per million partitions)."""
@@ -213,17 +241,46 @@ class ControllerLogic:
         self._leader_counts[broker_id] = (topics, count)
         return count
 
-    def _leave_isrs(self, batch: _Batch, broker_id: int) -> None:
-        """Remove the broker from every ISR and move its leaderships (it is no longer acceptable)."""
-        acceptable = self.acceptable_in(batch.view(), exclude=broker_id)
-        changes = [
-            build_change(topic.topic_id, partition_id, partition, acceptable, remove_from_isr=broker_id)
-            for topic, partition_id, partition in self._partitions_of(broker_id)
-            if broker_id in partition.isr or partition.leader == broker_id
-        ]
-        for change in changes:
-            if change is not None:
+    def _leave_isrs(self, batch: _Batch, broker_id: int, tail: tuple[Message, ...] = ()) -> None:
+        """Start removing the broker from every ISR and moving its leaderships; as much as fits in
+        this write happens now, the rest through :meth:`continue_leave_jobs`."""
+        job = self._leaving.get(broker_id)
+        if job is None:
+            job = self._leaving[broker_id] = _LeaveJob(broker_id, list(self.image.topics_by_id))
+        else:  # already leaving: rescan from the start, the state may have changed meanwhile
+            job.topic_ids, job.position = list(self.image.topics_by_id), 0
+        job.tail.extend(tail)
+        self._run_leave_jobs(batch)
+
+    def _run_leave_jobs(self, batch: _Batch) -> None:
+        budget = self.settings.max_changes_per_write - len(batch.records)
+        for job in list(self._leaving.values()):
+            if budget <= 0:
+                return
+            image = batch.view()  # fresh per job: two jobs may touch the same partition
+            acceptable = self.acceptable_in(image)
+            topics = image.topics_by_id
+            broker_id = job.broker_id
+            changes: list[pb.PartitionChangeRecord] = []
+            while job.position < len(job.topic_ids) and len(changes) < budget:
+                topic = topics.get(job.topic_ids[job.position])
+                job.position += 1
+                if topic is None:
+                    continue
+                for partition_id, partition in enumerate(topic.partitions):
+                    if broker_id in partition.isr or partition.leader == broker_id:
+                        change = build_change(
+                            topic.topic_id, partition_id, partition, acceptable, remove_from_isr=broker_id
+                        )
+                        if change is not None:
+                            changes.append(change)
+            for change in changes:
                 batch.add(change)
+            budget -= len(changes)
+            if job.position >= len(job.topic_ids):
+                del self._leaving[broker_id]
+                for record in job.tail:
+                    batch.add(record)
 
     def _rejoin_isrs(self, batch: _Batch, broker_id: int) -> None:
         """After unfencing: put the broker back into its ISRs and run elections (preferred first).
@@ -241,11 +298,12 @@ class ControllerLogic:
                 batch.add(change)
 
     def _fence(self, batch: _Batch, broker: BrokerRegistration) -> None:
-        self._leave_isrs(batch, broker.broker_id)
+        # The registration change comes first so no election picks the broker while it leaves its ISRs.
         batch.add(
             pb.BrokerRegistrationChangeRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch, fenced=1)
         )
         self.heartbeats.set_fenced(broker.broker_id, True)
+        self._leave_isrs(batch, broker.broker_id)
 
     def _unfence(self, batch: _Batch, broker: BrokerRegistration) -> None:
         batch.add(
@@ -262,9 +320,9 @@ class ControllerLogic:
                 broker_id=broker.broker_id, broker_epoch=broker.epoch, in_controlled_shutdown=1
             )
         )
+        self._shutdown_offsets[broker.broker_id] = batch.next_offset + len(batch.records) - 1
         if not broker.fenced:
             self._leave_isrs(batch, broker.broker_id)
-        self._shutdown_offsets[broker.broker_id] = batch.next_offset + len(batch.records) - 1
 
     def _others_have_seen_shutdown(self, broker_id: int) -> bool:
         offset = self._shutdown_offsets.get(broker_id, -1)
@@ -317,8 +375,8 @@ class ControllerLogic:
         if req.HasField("rack"):
             record.rack = req.rack
         if existing is not None and not existing.fenced:
-            # The old incarnation's session expired but it was not fenced yet: it leaves its ISRs first.
-            self._leave_isrs(batch, req.broker_id)
+            # The old incarnation's session expired but it was not fenced yet: fence it first.
+            self._fence(batch, existing)
         record.broker_epoch = batch.next_offset + len(batch.records)
         batch.add(record)
         self._shutdown_offsets.pop(req.broker_id, None)
@@ -375,7 +433,7 @@ class ControllerLogic:
             response.is_fenced = True
             if req.want_shut_down or broker.in_controlled_shutdown:
                 response.should_shut_down = True
-            elif not req.want_fence and caught_up:
+            elif not req.want_fence and caught_up and broker.broker_id not in self._leaving:
                 self._unfence(batch, broker)
                 response.is_fenced = False
         elif req.want_fence:
@@ -384,8 +442,10 @@ class ControllerLogic:
         elif req.want_shut_down or broker.in_controlled_shutdown:
             if not broker.in_controlled_shutdown and self.leader_count(broker.broker_id) > 0:
                 self._enter_controlled_shutdown(batch, broker)
-            elif self.leader_count(broker.broker_id) == 0 and self._others_have_seen_shutdown(
-                broker.broker_id
+            elif (
+                broker.broker_id not in self._leaving
+                and self.leader_count(broker.broker_id) == 0
+                and self._others_have_seen_shutdown(broker.broker_id)
             ):
                 self._fence(batch, broker)
                 response.is_fenced = True
@@ -413,8 +473,8 @@ class ControllerLogic:
                 ),
             )
         batch = _Batch(self, next_offset)
-        self._leave_isrs(batch, broker.broker_id)
-        batch.add(pb.UnregisterBrokerRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch))
+        unregister = pb.UnregisterBrokerRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch)
+        self._leave_isrs(batch, broker.broker_id, tail=(unregister,))
         self.heartbeats.remove(broker.broker_id)
         self._shutdown_offsets.pop(broker.broker_id, None)
         return Outcome(batch.finish(), response, next_offset)
@@ -489,6 +549,7 @@ class ControllerLogic:
                         f"topic {topic.name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
                     )
                 assignment = self._assignment_for(topic, cursor)
+                self._check_some_replica_acceptable(assignment)
                 configs = validate_topic_configs(
                     [(c.name, c.value) for c in topic.configs], len(assignment[0])
                 )
@@ -544,6 +605,16 @@ class ControllerLogic:
         ]
         return place_replicas(usable, partitions, factor, cursor)
 
+    def _check_some_replica_acceptable(self, assignment: list[tuple[int, ...]]) -> None:
+        acceptable = self.acceptable_in(self.image)
+        for partition_id, replicas in enumerate(assignment):
+            if not any(acceptable(r) for r in replicas):
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"every broker assigned to partition {partition_id} ({list(replicas)}) is fenced, "
+                    f"shutting down or leaving",
+                )
+
     def _add_topic_records(
         self,
         batch: _Batch,
@@ -555,13 +626,15 @@ class ControllerLogic:
         batch.add(pb.TopicRecord(name=name, topic_id=topic_id))
         acceptable = self.acceptable_in(self.image)
         for partition_id, replicas in enumerate(assignment):
-            leader = choose_leader(replicas, replicas, NO_LEADER, acceptable)
+            # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence).
+            isr = [r for r in replicas if acceptable(r)]
+            leader = choose_leader(replicas, isr, NO_LEADER, acceptable)
             batch.add(
                 pb.PartitionRecord(
                     partition_id=partition_id,
                     topic_id=topic_id,
                     replicas=replicas,
-                    isr=replicas,
+                    isr=isr,
                     leader=leader,
                     leader_epoch=0,
                     partition_epoch=0,

@@ -213,6 +213,8 @@ class ImageStore:
         """Persist ``image`` in one transaction, writing only what changed since the last save/load."""
         previous = self._saved if self._saved is not None else MetadataImage.empty()
         db = self._db
+        if db.in_transaction:  # a save cancelled half-way (shutdown) left its transaction open
+            await db.execute("ROLLBACK")
         try:
             await db.execute("BEGIN")
             await self._save_brokers(previous, image)

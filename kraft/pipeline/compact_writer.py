@@ -204,7 +204,8 @@ class RangeCompactor:
         self._batch_records = batch_records
         self._batch_bytes = batch_bytes
         self._next_base = rng.start  # where the next output batch must start (contiguity)
-        self._pending: list[tuple[int, Record]] = []  # (absolute offset, record) of the open batch
+        # (absolute offset, absolute timestamp, source record) of the open batch's records
+        self._pending: list[tuple[int, int, Record]] = []
         self._pending_bytes = 0
         self._pending_source: tuple[int, int, int, int] | None = None
         self._pending_sequence = NO_SEQUENCE
@@ -255,7 +256,7 @@ class RangeCompactor:
                 if batch.producer_id != NO_PRODUCER_ID and batch.base_sequence != NO_SEQUENCE
                 else NO_SEQUENCE
             )
-        self._pending.append((offset, Record(0, timestamp, record.key, record.value, record.headers)))
+        self._pending.append((offset, timestamp, record))
         self._pending_bytes += size
 
     def _flush(self, last_offset: int) -> None:
@@ -267,12 +268,12 @@ class RangeCompactor:
                 NO_PRODUCER_EPOCH,
                 0,
             )
-            first_ts = self._pending[0][1].timestamp_delta  # holds the absolute timestamp until here
+            first_ts = self._pending[0][1]
             records = tuple(
-                Record(off - base, rec.timestamp_delta - first_ts, rec.key, rec.value, rec.headers)
-                for off, rec in self._pending
+                Record(off - base, ts - first_ts, rec.key, rec.value, rec.headers)
+                for off, ts, rec in self._pending
             )
-            max_ts = max(rec.timestamp_delta for _, rec in self._pending)
+            max_ts = max(ts for _, ts, _ in self._pending)
             sequence = self._pending_sequence
         else:
             epoch, producer_id, producer_epoch, attributes = (

@@ -72,7 +72,11 @@ class LeaderRole:
         if len(core.config.voters) > 1:
             self.check_quorum_deadline_ms = core.now_ms + self._check_quorum_timeout_ms()
         op = AppendLeaderChange(
-            core.log.end_offset, core.epoch, core.node_id, tuple(sorted(core.config.voters)), self.granting_voters
+            core.log.end_offset,
+            core.epoch,
+            core.node_id,
+            tuple(sorted(core.config.voters)),
+            self.granting_voters,
         )
         core.log.append(op.base_offset, op.base_offset, core.epoch)
         core.out.log_ops.append(op)
@@ -138,7 +142,10 @@ class LeaderRole:
         self.pending_records.extend(records)
         self.pending_bytes += sum(len(record) for record in records)
         last_offset = self.core.log.end_offset + len(self.pending_records) - 1
-        if len(self.pending_records) >= config.max_batch_records or self.pending_bytes >= config.max_batch_bytes:
+        if (
+            len(self.pending_records) >= config.max_batch_records
+            or self.pending_bytes >= config.max_batch_bytes
+        ):
             self.drain_accumulator()
         return last_offset
 
@@ -197,7 +204,8 @@ class LeaderRole:
             core.respond(request_id, self._fetch_response(snapshot_id=log.snapshot))
             return
         if end_for_epoch is not None and (
-            end_for_epoch.epoch != request.last_fetched_epoch or end_for_epoch.end_offset < request.fetch_offset
+            end_for_epoch.epoch != request.last_fetched_epoch
+            or end_for_epoch.end_offset < request.fetch_offset
         ):
             core.respond(request_id, self._fetch_response(diverging_epoch=end_for_epoch))
             return
@@ -262,7 +270,9 @@ class LeaderRole:
             ErrorCode.NONE, "", core.node_id, core.epoch, request.snapshot_id, 0, request.position
         )
         max_bytes = min(request.max_bytes, core.config.fetch_max_bytes)
-        core.respond(request_id, response, read_snapshot=SnapshotRead(request.snapshot_id, request.position, max_bytes))
+        core.respond(
+            request_id, response, read_snapshot=SnapshotRead(request.snapshot_id, request.position, max_bytes)
+        )
 
     # -- DescribeQuorum
 
@@ -276,7 +286,9 @@ class LeaderRole:
                 voters.append(ReplicaState(replica_id, core.log.end_offset, now, now))
                 continue
             progress = self.replicas.get(replica_id, ReplicaProgress())
-            state = ReplicaState(replica_id, progress.end_offset, progress.last_fetch_ms, progress.last_caught_up_ms)
+            state = ReplicaState(
+                replica_id, progress.end_offset, progress.last_fetch_ms, progress.last_caught_up_ms
+            )
             if replica_id in core.voters:
                 voters.append(state)
             elif now - progress.last_fetch_ms <= core.config.observer_expiry_ms:

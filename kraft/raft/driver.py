@@ -178,8 +178,10 @@ class RaftDriver:
         self._wake = asyncio.Event()
         self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
         self._next_request_id = 1
-        # last offset -> (future, monotonic ms of the append) for append() callers waiting on commit
-        self._pending_appends: dict[int, tuple[asyncio.Future[int], int]] = {}
+        # (last offset, future, monotonic ms of the append) of append() callers waiting on commit, in
+        # offset order: offsets are handed out in increasing order, so commits pop from the left.
+        self._pending_appends: deque[tuple[int, asyncio.Future[int], int]] = deque()
+        self._wakeup_queued = False
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -249,7 +251,7 @@ class RaftDriver:
             if not future.done():
                 future.set_exception(error)
         self._inbound.clear()
-        for pending, _appended_ms in self._pending_appends.values():
+        for _offset, pending, _appended_ms in self._pending_appends:
             if not pending.done():
                 pending.set_exception(error)
         self._pending_appends.clear()
@@ -294,13 +296,15 @@ class RaftDriver:
     def schedule_append(self, records: Sequence[bytes]) -> int:
         self._check_running()
         offset = self._core.append(list(records), self._clock.monotonic_ms())
-        self._push(_Wakeup())
+        if not self._wakeup_queued:  # one wake-up serves any number of appends
+            self._wakeup_queued = True
+            self._push(_Wakeup())
         return offset
 
     async def append(self, records: Sequence[bytes]) -> int:
         offset = self.schedule_append(records)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_appends[offset] = (future, self._clock.monotonic_ms())
+        self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
         return await future
 
     def create_snapshot(
@@ -425,6 +429,7 @@ class RaftDriver:
             return out
         if isinstance(event, _Resign):
             return core.resign(now_ms)
+        self._wakeup_queued = False
         return core.take_output(now_ms)
 
     async def _execute(self, out: Output) -> None:
@@ -500,6 +505,9 @@ class RaftDriver:
             response = await self._transport.send(message.dest, message.request, message.timeout_ms)
         except TransportError:
             self._push(_SendFailed(message.correlation_id))
+        except Exception as exc:  # a transport bug must look like a lost request, not kill Raft
+            self._logger.warning("raft_send_failed", dest=message.dest, error=f"{type(exc).__name__}: {exc}")
+            self._push(_SendFailed(message.correlation_id))
         else:
             self._push(_Response(message.correlation_id, response))
 
@@ -534,8 +542,9 @@ class RaftDriver:
     def _on_high_watermark(self, high_watermark: int) -> None:
         self._metrics.high_watermark.set(high_watermark)
         now_ms = self._clock.monotonic_ms()
-        for offset in [o for o in self._pending_appends if o < high_watermark]:
-            future, appended_ms = self._pending_appends.pop(offset)
+        pending = self._pending_appends
+        while pending and pending[0][0] < high_watermark:
+            offset, future, appended_ms = pending.popleft()
             self._metrics.commit_latency.observe(max(0, now_ms - appended_ms) / 1000)
             if not future.done():
                 future.set_result(offset)
@@ -543,7 +552,7 @@ class RaftDriver:
 
     def _fail_pending_appends(self) -> None:
         error = NotLeaderError(self._core.leader_and_epoch, "leadership lost before the append committed")
-        for future, _appended_ms in self._pending_appends.values():
+        for _offset, future, _appended_ms in self._pending_appends:
             if not future.done():
                 future.set_exception(error)
         self._pending_appends.clear()

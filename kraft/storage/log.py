@@ -154,7 +154,8 @@ class SegmentedLog:
         self._flushed_offset = 0
         self._recovery_point = 0
         self._dir_dirty = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the segment list against a concurrent flush()
+        self._flush_lock = threading.Lock()
         self._closed = False
         # Set by the first failed fsync/write: every later call re-raises it (fsyncgate: never retry).
         self._failed: FatalStorageError | None = None
@@ -211,7 +212,33 @@ class SegmentedLog:
             first_scanned = next((b for b, t in zip(bases, trusted, strict=True) if not t), None)
             if first_scanned is not None:
                 epochs_changed |= self._epochs.truncate_from_end(first_scanned)
-        check = _RecoveryEpochCheck(self._epochs, reference)
+        self._open_segments(bases, trusted, _RecoveryEpochCheck(self._epochs, reference))
+        if not self._segments:
+            self._segments.append(self._new_segment(max(start_offset, 0)))
+        self._bases = [s.base_offset for s in self._segments]
+        end = self.end_offset
+        self._start_offset = min(max(start_offset, self._segments[0].base_offset), end)
+        epochs_changed |= self._epochs.truncate_from_start(self._start_offset)
+        epochs_changed |= self._epochs.truncate_from_end(end)
+        if epochs_changed or not epochs_ok:
+            self._epochs.save()
+        # Whatever survived recovery may still sit only in the page cache: make it durable now, so the
+        # flushed offset and recovery point can start at the end.
+        for segment in self._segments:
+            segment.dirty = True
+            segment.flush()
+        self._flushed_offset = end
+        if clean:
+            marker.unlink()
+            self._dir_dirty = True
+        if self._dir_dirty:
+            fsync_dir(self.dir)
+            self._dir_dirty = False
+        self._recovery_point = self._segments[-1].base_offset
+        self._write_offsets_checkpoint()
+
+    def _open_segments(self, bases: list[int], trusted: list[bool], check: _RecoveryEpochCheck) -> None:
+        """Load trusted segments, recover the others; drop everything after the first damage."""
         truncated_at: int | None = None
         for i, base in enumerate(bases):
             segment = LogSegment(self.dir, base, self.config.index_interval_bytes)
@@ -236,29 +263,6 @@ class SegmentedLog:
                 self.recovered_bytes_truncated += doomed.size
                 doomed.delete()
             self._dir_dirty = True
-        if not self._segments:
-            self._segments.append(self._new_segment(max(start_offset, 0)))
-        self._bases = [s.base_offset for s in self._segments]
-        end = self.end_offset
-        self._start_offset = min(max(start_offset, self._segments[0].base_offset), end)
-        epochs_changed |= self._epochs.truncate_from_start(self._start_offset)
-        epochs_changed |= self._epochs.truncate_from_end(end)
-        if epochs_changed or not epochs_ok:
-            self._epochs.save()
-        # Whatever survived recovery may still sit only in the page cache: make it durable now, so the
-        # flushed offset and recovery point can start at the end.
-        for segment in self._segments:
-            segment.dirty = True
-            segment.flush()
-        self._flushed_offset = end
-        if clean:
-            marker.unlink()
-            self._dir_dirty = True
-        if self._dir_dirty:
-            fsync_dir(self.dir)
-            self._dir_dirty = False
-        self._recovery_point = self._segments[-1].base_offset
-        self._write_offsets_checkpoint()
 
     def _remove_orphan_indexes(self, bases: set[int]) -> None:
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
@@ -451,6 +455,8 @@ class SegmentedLog:
         with self._lock:
             self._segments.append(segment)
             self._bases.append(base_offset)
+            # Under the lock: a concurrent flush() reads and clears this flag.
+            self._dir_dirty = True
 
     def roll(self) -> None:
         """Start a new segment at ``end_offset`` now (no-op if the active segment is empty)."""
@@ -465,27 +471,30 @@ class SegmentedLog:
         return the new flushed offset.  Raises FatalStorageError on failure; the log then refuses all
         further use (never retry an fsync), and the caller must stop the process."""
         self._check_open()
-        with self._lock:
-            end = self.end_offset
-            dirty = [s for s in self._segments if s.dirty]
-            dir_dirty, self._dir_dirty = self._dir_dirty, False
-            active_base = self._segments[-1].base_offset
-        try:
-            for segment in dirty:
-                segment.flush()
-            if dir_dirty:
-                fsync_dir(self.dir)
-        except FatalStorageError as exc:
-            self._failed = exc
-            raise
-        with self._lock:
-            self._flushed_offset = max(self._flushed_offset, end)
-            advance = active_base > self._recovery_point
+        # One flush at a time: a second one must not report data durable whose fsync the first one
+        # (which already cleared the dirty flag) has not finished yet.
+        with self._flush_lock:
+            with self._lock:
+                end = self.end_offset
+                dirty = [s for s in self._segments if s.dirty]
+                dir_dirty, self._dir_dirty = self._dir_dirty, False
+                active_base = self._segments[-1].base_offset
+            try:
+                for segment in dirty:
+                    segment.flush()
+                if dir_dirty:
+                    fsync_dir(self.dir)
+            except FatalStorageError as exc:
+                self._failed = exc
+                raise
+            with self._lock:
+                self._flushed_offset = max(self._flushed_offset, end)
+                advance = active_base > self._recovery_point
+                if advance:
+                    self._recovery_point = active_base
             if advance:
-                self._recovery_point = active_base
-        if advance:
-            self._write_offsets_checkpoint()
-        return end
+                self._write_offsets_checkpoint()
+            return end
 
     # --- reading -----------------------------------------------------------------------------------
 

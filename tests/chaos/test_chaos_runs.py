@@ -41,6 +41,9 @@ async def test_checked_run_finds_no_violation(tmp_path: Path, scenario: str, see
     assert by_checker["linearizable-topic"].status is Status.PASS
     assert by_checker["liveness-after-heal"].status is Status.PASS
     assert by_checker["committed-logs-identical"].status is Status.PASS
+    assert by_checker["broker-image-equals-controller"].status is Status.PASS
+    assert by_checker["fenced-broker-never-acks"].status is Status.PASS
+    assert any(op.f == "produce" and op.outcome.value == "ok" for op in report.operations)
     assert any(e.action == "start" for e in report.nemesis_events), lines
     acknowledged = [op for op in report.operations if op.outcome.value == "ok"]
     assert len(acknowledged) >= 10, "the workload made almost no progress"

@@ -13,6 +13,7 @@ import pytest
 from conftest import QuorumFactory
 from procs import ControllerQuorum, run_kraft, wait_until
 
+from kraft.errors import ErrorCode
 from kraft.storage.meta_properties import MetaProperties, write_meta_properties
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -56,6 +57,41 @@ def test_three_controllers_elect_exactly_one_leader_and_describe_shows_it(quorum
     assert sorted(row["node_id"] for row in rows) == [1, 2, 3]
     assert [row["status"] for row in rows].count("Leader") == 1
     assert all(row["directory_id"] for row in rows if row["status"] == "Leader")
+
+    text = run_kraft(["quorum", "describe", "--bootstrap-controller", follower.target, "--status"])
+    assert text.returncode == 0, text.stderr
+    fields = dict(line.split(":", 1) for line in text.stdout.splitlines())
+    assert {key: value.strip() for key, value in fields.items()} == {
+        "ClusterId": quorum.cluster_id,
+        "LeaderId": str(leader.node_id),
+        "LeaderEpoch": str(shown["leader_epoch"]),
+        "HighWatermark": fields["HighWatermark"].strip(),
+        "MaxFollowerLag": fields["MaxFollowerLag"].strip(),
+        "MaxFollowerLagTimeMs": fields["MaxFollowerLagTimeMs"].strip(),
+        "CurrentVoters": "[1,2,3]",
+        "CurrentObservers": "[]",
+    }
+
+
+def test_a_request_from_another_cluster_is_refused_with_inconsistent_cluster_id(
+    quorum: ControllerQuorum,
+) -> None:
+    leader = quorum.wait_for_leader(30)
+    with grpc.insecure_channel(quorum.nodes[leader.node_id].target) as channel:
+        stub = raft_pb2_grpc.RaftServiceStub(channel)
+        vote = raft_pb2.VoteRequest(
+            cluster_id="AAAAAAAAAAAAAAAAAAAAAg",
+            candidate_epoch=leader.leader_epoch + 5,
+            candidate_id=2,
+            voter_id=leader.node_id,
+            last_offset_epoch=leader.leader_epoch,
+            last_offset=10**6,
+        )
+        answer = stub.Vote(vote, timeout=5)
+    assert answer.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
+    assert not answer.vote_granted
+    still = quorum.wait_for_leader(10)
+    assert (still.node_id, still.leader_epoch) == (leader.node_id, leader.leader_epoch)
 
 
 def test_killing_the_leader_elects_another_and_loses_nothing_committed(quorum: ControllerQuorum) -> None:

@@ -42,7 +42,7 @@ def test_log_dirs_of_two_clusters_refuse_the_start(tmp_path: Path) -> None:
     cfg = _config(tmp_path, 9093, log_dirs=str(tmp_path / "data"))
     format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=1)
     format_log_dir(tmp_path / "data", cluster_id=random_uuid(), node_id=1)
-    with pytest.raises(StartupError, match="disagree on cluster.id"):
+    with pytest.raises(StartupError, match=r"disagree on cluster\.id"):
         check_storage(cfg)
 
 
@@ -72,7 +72,8 @@ async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path:
 
             deadline = time.monotonic() + 10
             while True:
-                digest = await test_stub.TestDigest(raft_pb2.TestDigestRequest(cluster_id=cluster_id), timeout=5)
+                asked = raft_pb2.TestDigestRequest(cluster_id=cluster_id)
+                digest = await test_stub.TestDigest(asked, timeout=5)
                 if digest.applied_offset > appended.last_offset or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.02)
@@ -98,8 +99,9 @@ async def test_the_test_service_is_not_served_unless_enabled(tmp_path: Path) -> 
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = raft_pb2_grpc.RaftTestServiceStub(channel)
+            request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[b"x"])
             with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.TestAppend(raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[b"x"]), timeout=5)
+                await stub.TestAppend(request, timeout=5)
             assert info.value.code() is grpc.StatusCode.UNIMPLEMENTED
     finally:
         await node.stop(timeout_ms=2000)

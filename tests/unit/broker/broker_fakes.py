@@ -81,8 +81,11 @@ class StaticMetadataView:
         response = pb.BrokerMetadataResponse(metadata_offset=10)
         for broker_id, port in sorted(self.brokers.items()):
             response.brokers.add(broker_id=broker_id, endpoints=[Endpoint(host="127.0.0.1", port=port)])
+        leader = min(self.brokers)
         for name in topics or sorted(self.topics):
-            response.topics.add(name=name)
+            topic = response.topics.add(name=name)
+            for partition in range(self.topics.get(name, 0)):
+                topic.partitions.add(partition=partition, leader=leader, replicas=[leader], isr=[leader])
         return response
 
     def node_ref(self, broker_id: int) -> NodeRef:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from kraft.broker.types import (
     ReplicaRole,
     TopicPartition,
 )
+from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
@@ -350,3 +353,18 @@ async def test_a_failed_image_commit_grants_nothing_but_still_revokes(tmp_path: 
     assert manager.get(TopicPartition("orders", 0)) is None  # the new leadership was not granted
     assert publisher.image.offset == -1
     manager.close()
+
+
+async def test_a_listener_port_in_use_is_a_clear_config_error(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = dataclasses.replace(settings(tmp_path, target(controller)), bind_address=f"127.0.0.1:{port}")
+        server = BrokerServer(config, MemoryImageStore(), MemoryLogOpener())
+        with pytest.raises(KraftError, match=f"cannot listen on 127.0.0.1:{port}") as raised:
+            await asyncio.wait_for(server.run(asyncio.Event()), TIMEOUT_S)
+    assert raised.value.code is ErrorCode.INVALID_CONFIG
+    assert server.status.state is BrokerState.NOT_RUNNING

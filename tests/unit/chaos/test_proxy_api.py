@@ -248,6 +248,8 @@ def test_toxic_validation_order_and_conflicts(api: _Api, echo_address: str) -> N
     both_bad = api.call("POST", "/proxies/p/toxics", {"type": "nope", "stream": "sideways"})
     assert both_bad.status_code == 400
     assert both_bad.json()["error"] == "stream was invalid, can be either upstream or downstream"
+    empty_stream = api.call("POST", "/proxies/p/toxics", {"type": "noop", "stream": ""})
+    assert empty_stream.json()["error"] == "stream was invalid, can be either upstream or downstream"
     bad_type = api.call("POST", "/proxies/p/toxics", {"type": "nope"})
     assert bad_type.json() == {"error": "invalid toxic type", "status": 400}
     bad_attr = api.call("POST", "/proxies/p/toxics", {"type": "latency", "attributes": {"latency": "1s"}})

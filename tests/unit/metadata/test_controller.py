@@ -182,7 +182,9 @@ async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
         raft.hold_commits = True  # e.g. deposed without knowing it yet: nothing commits any more
         pending = asyncio.create_task(
             controller.create_topics(
-                cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(name="x", num_partitions=1)])
+                cpb.CreateTopicsRequest(
+                    topics=[cpb.CreatableTopic(name="x", num_partitions=1, replication_factor=1)]
+                )
             )
         )
         await asyncio.sleep(0.2)

@@ -13,6 +13,7 @@ from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import (
     LoopbackNetwork,
+    ManualClock,
     MemoryElectionStore,
     MemoryLogStore,
     MemorySnapshotStore,
@@ -286,5 +287,28 @@ async def test_read_committed_serves_whole_committed_batches_only() -> None:
         assert values == [b"a", b"b"]
         empty = await driver.read_committed(committed.next_offset, 1024)
         assert empty.records == b"" and empty.next_offset == committed.next_offset
+    finally:
+        await driver.stop()
+
+
+async def test_timers_follow_the_injected_clock() -> None:
+    clock = ManualClock()
+    log = MemoryLogStore()
+    driver = RaftDriver(
+        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=400),
+        transport=LoopbackNetwork().transport(1),
+        log=log,
+        elections=MemoryElectionStore(),
+        snapshots=MemorySnapshotStore(),
+        clock=clock,
+        rng=random.Random(3),
+    )
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        offset = driver.schedule_append([b"lingering"])
+        assert log.end_offset == offset  # still in the accumulator: the linger has not passed
+        clock.advance(400)
+        await wait_until(lambda: log.end_offset == offset + 1, 5, "the batch after the linger")
     finally:
         await driver.stop()

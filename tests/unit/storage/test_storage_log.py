@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,10 @@ def test_append_batch_validates_before_writing_anything(tmp_path: Path) -> None:
         corrupt[-1] ^= 1
         with pytest.raises(CorruptRecordError):
             log.append_batch(good + bytes(corrupt))
+        wrong_magic = bytearray(build_batch(2, [(None, b"m")], leader_epoch=1, timestamp_ms=0))
+        wrong_magic[16] = 1
+        with pytest.raises(CorruptRecordError, match="magic 1, expected 2"):
+            log.append_batch(bytes(wrong_magic))
         with pytest.raises(InvalidAppendError, match="does not continue the log at 2"):
             log.append_batch(build_batch(7, [(None, b"x")], leader_epoch=1, timestamp_ms=0))
         with pytest.raises(RecordTooLargeError):
@@ -152,6 +157,37 @@ def test_failed_fsync_is_fatal_and_never_retried(tmp_path: Path, monkeypatch: py
     assert log.flushed_offset == 0
     log.close()  # a failed log is never marked clean: the next open recovers it
     assert not (tmp_path / "p-0" / CLEAN_SHUTDOWN_FILE).exists()
+
+
+def test_flush_may_run_in_a_worker_thread_while_appends_continue(tmp_path: Path) -> None:
+    log = SegmentedLog.open(tmp_path / "p-0", SMALL)
+    stop = threading.Event()
+    flushed: list[int] = []
+    errors: list[BaseException] = []
+
+    def flusher() -> None:
+        try:
+            while not stop.is_set():
+                flushed.append(log.flush())
+        except BaseException as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    worker = threading.Thread(target=flusher, daemon=True)
+    worker.start()
+    try:
+        for i in range(200):
+            log.append_records([(None, b"c" * 50)], leader_epoch=1 + i // 50, timestamp_ms=i)
+    finally:
+        stop.set()
+        worker.join(timeout=30)
+    assert not worker.is_alive() and not errors
+    assert flushed == sorted(flushed) and all(f <= 200 for f in flushed)
+    assert log.flush() == 200
+    log.abandon()  # crash right after the last flush: everything must come back
+    with SegmentedLog.open(tmp_path / "p-0", SMALL) as reopened:
+        assert reopened.end_offset == 200
+        assert [b.base_offset for b in iter_batches(reopened.read_all_batches())] == list(range(200))
+        assert reopened.epoch_entries() == [(1, 0), (2, 50), (3, 100), (4, 150)]
 
 
 def test_truncate_to_removes_whole_batches_and_trims_the_epoch_cache(tmp_path: Path) -> None:
