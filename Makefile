@@ -9,7 +9,7 @@ PROTOS := $(wildcard proto/kraft/v1/*.proto)
 SEEDS ?= 1000
 PYTEST_ARGS ?=
 
-.PHONY: setup proto proto-check lint test test-fast sim bench demo demo-down java clean
+.PHONY: setup proto lint test test-fast sim chaos bench demo java clean
 
 setup: $(STAMP)
 
@@ -44,6 +44,12 @@ test-fast: setup
 
 sim: setup
 	$(BIN)/pytest tests/sim -q --sim-seeds=$(SEEDS)
+
+# Every chaos scenario for a few minutes each; reports under chaos-report/<scenario>/.
+CHAOS_SEED ?= 1
+CHAOS_DURATION ?= 180
+chaos: setup
+	$(BIN)/kraft chaos run --scenario all --seed $(CHAOS_SEED) --duration $(CHAOS_DURATION) --report chaos-report
 
 bench: setup
 	$(PY) -m bench

@@ -39,6 +39,8 @@ from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
 from kraft.errors import ErrorCode
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
+AppendStream = grpc.aio.StreamStreamCall[raft_pb2.TestAppendRequest, raft_pb2.TestAppendResponse]
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "raft.json"
 VALUE = b"v" * 256
@@ -144,6 +146,41 @@ class KraftWriter:
         await self._channel.close(grace=None)
 
 
+class KraftStreamWriter:
+    """One ``TestAppendStream`` per client task; each message carries one record and is awaited until
+    committed — the same closed loop as :class:`KraftWriter`, minus the per-call cost of unary gRPC."""
+
+    def __init__(self, target: str, cluster_id: str) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
+        self._request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[VALUE])
+        self._streams: dict[int, AppendStream] = {}
+
+    async def write_one(self, seq: int) -> None:
+        worker = seq >> 32  # closed_loop numbers each worker's calls from worker_id << 32
+        stream = self._streams.get(worker)
+        if stream is None:
+            stream = self._stub.TestAppendStream(None)
+            self._streams[worker] = stream
+        try:
+            await stream.write(self._request)
+            response = await asyncio.wait_for(stream.read(), 5.0)
+        except BaseException:
+            self._streams.pop(worker, None)
+            stream.cancel()
+            raise
+        if not isinstance(response, raft_pb2.TestAppendResponse) or response.error_code != ErrorCode.NONE:
+            self._streams.pop(worker, None)
+            stream.cancel()
+            raise RuntimeError("TestAppendStream failed")
+
+    async def close(self) -> None:
+        for stream in self._streams.values():
+            stream.cancel()
+        self._streams.clear()
+        await self._channel.close(grace=None)
+
+
 def _median_point(runs: list[LoadResult]) -> dict[str, Any]:
     """The run with the median throughput, plus every run's rate (shared machines are noisy)."""
     ordered = sorted(runs, key=lambda r: r.writes_per_s)
@@ -159,33 +196,38 @@ async def _throughput_points(
     duration_s: float,
     warmup_s: float,
     repeats: int,
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """For each concurrency, alternate kraft and etcd runs ``repeats`` times; medians per system."""
+) -> dict[str, list[dict[str, Any]]]:
+    """For each concurrency, alternate kraft (unary), kraft (stream) and etcd runs ``repeats`` times;
+    the median run per system and concurrency."""
     writer = KraftWriter(kraft_target, cluster_id)
+    streamer = KraftStreamWriter(kraft_target, cluster_id)
     etcd_client = EtcdPutClient(etcd_target) if etcd_target else None
 
     async def put(seq: int) -> None:
         assert etcd_client is not None
         await etcd_client.put(b"bench/%d" % (seq % 10_000), VALUE)
 
-    kraft_points: list[dict[str, Any]] = []
-    etcd_points: list[dict[str, Any]] = []
+    systems: dict[str, Callable[[int], Awaitable[None]]] = {
+        "kraft": writer.write_one,
+        "kraft_stream": streamer.write_one,
+    }
+    if etcd_client is not None:
+        systems["etcd"] = put
+    points: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     try:
         for clients in CONCURRENCY:
-            ours: list[LoadResult] = []
-            theirs: list[LoadResult] = []
+            runs: dict[str, list[LoadResult]] = {name: [] for name in systems}
             for _ in range(repeats):
-                ours.append(await closed_loop(writer.write_one, clients, duration_s, warmup_s))
-                if etcd_client is not None:
-                    theirs.append(await closed_loop(put, clients, duration_s, warmup_s))
-            kraft_points.append(_median_point(ours))
-            if theirs:
-                etcd_points.append(_median_point(theirs))
+                for name, call in systems.items():
+                    runs[name].append(await closed_loop(call, clients, duration_s, warmup_s))
+            for name in systems:
+                points[name].append(_median_point(runs[name]))
     finally:
         await writer.close()
+        await streamer.close()
         if etcd_client is not None:
             await etcd_client.close()
-    return kraft_points, (etcd_points if etcd_target else None)
+    return points
 
 
 async def _batched_point(
@@ -229,13 +271,13 @@ def bench_throughput(
         else:
             etcd_note = "etcd-server not installed and could not be installed; etcd side skipped"
         kraft_target = quorum.nodes[quorum.wait_for_leader(30).node_id].target
-        kraft_points, etcd_points = asyncio.run(
+        points = asyncio.run(
             _throughput_points(kraft_target, quorum.cluster_id, etcd_target, duration_s, warmup_s, repeats)
         )
         batched = asyncio.run(_batched_point(kraft_target, quorum.cluster_id, duration_s, warmup_s, batch))
     return {
-        "kraft": {"points": kraft_points, "batched": batched},
-        "etcd": etcd_points,
+        "kraft": {"points": points["kraft"], "stream_points": points["kraft_stream"], "batched": batched},
+        "etcd": points.get("etcd"),
         "etcd_note": etcd_note,
         "kraft_config": THROUGHPUT_PROFILE,
         "repeats": repeats,
@@ -291,12 +333,16 @@ def _ratios(throughput: Mapping[str, Any]) -> dict[str, float]:
     if not etcd:
         return {}
     out: dict[str, float] = {}
-    for ours, theirs in zip(throughput["kraft"]["points"], etcd, strict=True):
+    for ours, streamed, theirs in zip(
+        throughput["kraft"]["points"], throughput["kraft"]["stream_points"], etcd, strict=True
+    ):
         clients = ours["clients"]
         if theirs["writes_per_s"] > 0:
             out[f"writes_per_s_{clients}_clients"] = ours["writes_per_s"] / theirs["writes_per_s"]
+            out[f"stream_writes_per_s_{clients}_clients"] = streamed["writes_per_s"] / theirs["writes_per_s"]
         if theirs["p50_ms"] > 0:
             out[f"p50_{clients}_clients"] = ours["p50_ms"] / theirs["p50_ms"]
+            out[f"stream_p50_{clients}_clients"] = streamed["p50_ms"] / theirs["p50_ms"]
     return out
 
 
@@ -320,20 +366,29 @@ def _targets(result: Mapping[str, Any]) -> dict[str, bool | None]:
 
 def format_table(result: Mapping[str, Any]) -> str:
     """The human-readable summary printed after a run (and pasted into reports)."""
-    lines = ["| clients | kraft writes/s | kraft p50/p99 ms | etcd writes/s | etcd p50/p99 ms | ratio |",
-             "|---|---|---|---|---|---|"]
-    etcd_points = result["throughput"]["etcd"] or []
-    for index, ours in enumerate(result["throughput"]["kraft"]["points"]):
+    lines = [
+        "| clients | kraft unary writes/s | p50 / p99 ms | kraft stream writes/s | p50 / p99 ms "
+        "| etcd writes/s | p50 / p99 ms | unary/etcd | stream/etcd |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    throughput = result["throughput"]
+    etcd_points = throughput["etcd"] or []
+
+    def cells(point: Mapping[str, Any] | None) -> str:
+        if point is None:
+            return "- | -"
+        return f"{point['writes_per_s']:.0f} | {point['p50_ms']:.2f} / {point['p99_ms']:.2f}"
+
+    for index, ours in enumerate(throughput["kraft"]["points"]):
+        streamed = throughput["kraft"]["stream_points"][index]
         theirs = etcd_points[index] if index < len(etcd_points) else None
-        etcd_cells = (
-            f"{theirs['writes_per_s']:.0f} | {theirs['p50_ms']:.2f} / {theirs['p99_ms']:.2f}"
-            if theirs else "- | -"
-        )
-        ratio = result["ratios"].get(f"writes_per_s_{ours['clients']}_clients")
+        clients = ours["clients"]
+        unary_ratio = result["ratios"].get(f"writes_per_s_{clients}_clients")
+        stream_ratio = result["ratios"].get(f"stream_writes_per_s_{clients}_clients")
         lines.append(
-            f"| {ours['clients']} | {ours['writes_per_s']:.0f} | "
-            f"{ours['p50_ms']:.2f} / {ours['p99_ms']:.2f} | "
-            f"{etcd_cells} | {'-' if ratio is None else f'{ratio:.2f}'} |"
+            f"| {clients} | {cells(ours)} | {cells(streamed)} | {cells(theirs)} | "
+            f"{'-' if unary_ratio is None else f'{unary_ratio:.2f}'} | "
+            f"{'-' if stream_ratio is None else f'{stream_ratio:.2f}'} |"
         )
     batched = result["throughput"]["kraft"]["batched"]
     lines.append(

@@ -42,6 +42,7 @@ class WorkloadOptions:
     replication_factor: int = 1
     partitions: int = 1
     read_fraction: float = 0.2
+    info_backoff_s: float = 0.2  # extra pause after an unknown outcome: do not hammer a node that is down
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +119,11 @@ class TopicWorkload:
             invoked = await self._store.invoke(process, f, key)
             done = await self._execute(f, key)
             await self._store.complete(invoked.op_id, done.outcome, done.result, done.error)
+            pause = self._rng.uniform(*self.options.pause_s)
             if done.outcome is EventType.INFO:
                 process = self._new_process()
-            await asyncio.sleep(self._rng.uniform(*self.options.pause_s))
+                pause += self.options.info_backoff_s
+            await asyncio.sleep(pause)
 
     def _choose_op(self) -> tuple[str, str]:
         key = self._rng.choice(self.keys)

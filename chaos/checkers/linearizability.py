@@ -10,7 +10,9 @@ produces exactly the results the clients saw.  The search (Lowe's refinement of 
   after that operation in real time);
 * try each candidate through ``model.step``; recurse; backtrack on a dead end;
 * memoise visited (set, state) pairs — the same configuration reached by another order cannot succeed
-  the second time (this is what makes it practical).
+  the second time (this is what makes it practical);
+* equivalent ``info`` operations (same function and value) are interchangeable, so only the earliest
+  pending one of each kind is a candidate (a symmetry reduction: k retries cost k states, not 2^k).
 
 ``fail`` operations are dropped (they definitely did not happen; the "no failed op visible" checker
 covers them).  ``info`` operations may have happened at any time after their invocation or never: their
@@ -151,13 +153,28 @@ def check_key(
     count = len(history)
     everything = (1 << count) - 1
 
+    # Symmetry reduction: equivalent info operations (same f and value, unknown result, no deadline) can
+    # swap places in any linearization, so only the earliest-invoked pending one of each class is tried.
+    # Without this, k such operations on a key (e.g. retries while a node is down) cost 2^k states.
+    info_class = [
+        (history[i].f, repr(history[i].value)) if history[i].outcome is EventType.INFO else None
+        for i in range(count)
+    ]
+
     def candidates(mask: int) -> Iterator[int]:
         earliest_end = min((history[i].end_ns for i in range(count) if not mask >> i & 1), default=0.0)
+        tried: set[tuple[str, str]] = set()
         for i in range(count):
             if history[i].invoke_ns > earliest_end:
                 break  # sorted by invocation: everything later is too
-            if not mask >> i & 1:
-                yield i
+            if mask >> i & 1:
+                continue
+            cls = info_class[i]
+            if cls is not None:
+                if cls in tried:
+                    continue
+                tried.add(cls)
+            yield i
 
     def children(mask: int, state: Hashable) -> Iterator[tuple[int, Hashable, int]]:
         for i in candidates(mask):

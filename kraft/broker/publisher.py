@@ -57,6 +57,7 @@ class MetadataPublisher:
         self._on_view = on_view
         self._metrics = metrics
         self.image = MetadataImage.empty()
+        self.last_snapshot_apply_s = 0.0  # partition changes + image store commit of the last snapshot
         self._log = get_logger("broker.publisher", node=broker_id)
 
     @property
@@ -86,7 +87,8 @@ class MetadataPublisher:
             image, self._partitions.changes_to(local_assignments(image, self.broker_id))
         )
         self._set_image(image)
-        took_s = round(time.monotonic() - started, 3)
+        self.last_snapshot_apply_s = time.monotonic() - started
+        took_s = round(self.last_snapshot_apply_s, 3)
         self._log.info(
             "snapshot_loaded", offset=image.offset, partitions=image.partition_count(), took_s=took_s
         )

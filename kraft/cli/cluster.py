@@ -1,4 +1,4 @@
-"""``kraft cluster up|status|down|restart``: a whole local cluster in one directory."""
+"""``kraft cluster up|status|down|restart|stop|start``: a whole local cluster in one directory."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.console import Console
 
 from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
 from kraft.cluster.manager import ClusterError, ClusterStatus, LocalCluster
+from kraft.cluster.process import ProcessError
 from kraft.cluster.profiles import PROFILES
 
 app = typer.Typer(no_args_is_help=True, help="Run a local cluster: controllers and brokers as processes.")
@@ -47,6 +48,12 @@ def _wait_with_progress(
     console = Console(stderr=True)
     with console.status(f"waiting for {what}…") as spinner:
         return wait(lambda s: spinner.update(f"waiting for {what}: {s.summary()}"))
+
+
+def _node_ready_wait(
+    cluster: LocalCluster, name: str, timeout_s: float
+) -> Callable[[Callable[[ClusterStatus], None]], ClusterStatus]:
+    return lambda report: cluster.wait_node_ready(name, timeout_s, on_status=report)
 
 
 def _cluster_error(exc: ClusterError) -> CliError:
@@ -188,4 +195,80 @@ def restart_command(
         )
     except ClusterError as exc:
         raise _cluster_error(exc) from None
+    _print_status(status, as_json)
+
+
+NodesArgument = Annotated[
+    list[str],
+    typer.Argument(help="Node ids (1, 101) or names (controller-1, broker-101).", show_default=False),
+]
+
+
+@app.command("stop")
+@handle_errors
+def stop_command(
+    nodes: NodesArgument,
+    directory: DirOption = _DEFAULT_DIR,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=0.1, help="Seconds between SIGTERM and SIGKILL.")
+    ] = 15.0,
+    kill: Annotated[
+        bool, typer.Option("--kill", help="SIGKILL at once: a crash, no graceful shutdown.")
+    ] = False,
+) -> None:
+    """Stop some nodes: SIGTERM (a broker does a controlled shutdown, a leader resigns), or --kill.
+
+    Examples:
+
+      kraft cluster stop 101 --dir demo-cluster            # controlled shutdown of broker 101
+
+      kraft cluster stop controller-1 --kill --dir D       # crash controller 1
+    """
+    try:
+        cluster = LocalCluster.open(directory)
+        procs = [cluster.process(node) for node in nodes]  # resolve every name before stopping any
+        for proc in procs:
+            if kill:
+                outcome = "killed" if proc.kill() else "not running"
+            else:
+                outcome = proc.stop(timeout_s)
+            typer.echo(f"{proc.node.name}: {outcome}")
+    except (ClusterError, ProcessError) as exc:
+        raise CliError(str(exc)) from None
+
+
+@app.command("start")
+@handle_errors
+def start_command(
+    nodes: NodesArgument,
+    directory: DirOption = _DEFAULT_DIR,
+    timeout_s: TimeoutOption = 60.0,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until each node is ready.")] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Start stopped nodes of an existing cluster and wait until they are ready.
+
+    Ready means: a controller follows or leads, a broker is unfenced (ACTIVE).  Nodes that already run
+    are left alone.
+
+    Examples:
+
+      kraft cluster start 1 --dir demo-cluster
+
+      kraft cluster start broker-101 broker-102 --dir D --no-wait
+    """
+    try:
+        cluster = LocalCluster.open(directory)
+        names = [cluster.process(node).node.name for node in nodes]
+        running = cluster.running()
+        for name in names:
+            if name in running:
+                typer.echo(f"{name} is already running (pid {running[name]})", err=True)
+        cluster.start(names)
+        status = cluster.status()
+        if wait:
+            for name in names:
+                status = _wait_with_progress(_node_ready_wait(cluster, name, timeout_s), name)
+    except (ClusterError, ProcessError) as exc:
+        raise CliError(str(exc)) from None
     _print_status(status, as_json)

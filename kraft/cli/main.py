@@ -37,6 +37,7 @@ _register("produce", "produce", "Append records to a topic partition through its
 _register("consume", "consume", "Read records of a topic partition from its leader.")
 _register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")
 _register("pipeline", "pipeline", "PySpark jobs over kraft logs: metadata report, exact compaction.")
+app.command("demo")(importlib.import_module("kraft.cli.demo").demo_command)
 
 
 def main() -> None:

@@ -68,6 +68,7 @@ R = TypeVar("R", bound=Message)
 SNAPSHOT_CHUNK_RECORDS = 20_000
 DEFAULT_FETCH_RECORDS = 10_000
 PARTITION_METRICS_INTERVAL_S = 5.0
+REPLAY_SLICE_RECORDS = 2_000
 
 
 def monotonic_ms() -> int:
@@ -209,7 +210,9 @@ class QuorumController:
         delta = MetadataDelta(self.committed)
         values: list[tuple[int, bytes]] = []
         undecodable: list[tuple[int, str]] = []
-        for record in batch.records:
+        for index, record in enumerate(batch.records):
+            if index and index % REPLAY_SLICE_RECORDS == 0:
+                await asyncio.sleep(0)  # big batches: let heartbeats and Raft fetches in meanwhile
             if record.offset <= self.committed.offset:
                 continue
             try:
@@ -350,24 +353,42 @@ class QuorumController:
         heapq.heappush(self._waiters, (offset, next(self._seq), future))
         await asyncio.wait_for(future, self.options.commit_timeout_ms / 1000)
 
+    def _append(self, records: list[pb.MetadataRecord], first_offset: int) -> int:
+        """Schedule records at the offsets the logic predicted; returns the last offset."""
+        values = [rec.encode_value(r) for r in records]
+        try:
+            last = self.raft.schedule_append(values)
+        except NotLeaderError as exc:
+            self._deactivate(exc.leader.leader_id)
+            raise NotControllerError(exc.leader.leader_id) from exc
+        expected = first_offset + len(values) - 1
+        self._next_offset = last + 1
+        self._last_write_ms = self.clock()
+        if self._oldest_pending_ms is None:
+            self._oldest_pending_ms = self._last_write_ms
+        if last != expected:
+            # Broker epochs inside these records assumed other offsets; let a new leader rebuild.
+            self.log.error("offset_prediction_mismatch", expected=expected, got=last)
+            self._tasks.append(asyncio.get_running_loop().create_task(self.raft.resign()))
+        return last
+
     async def _write(self, outcome: Outcome[R]) -> R:
-        """Append the outcome's records and answer once they (and everything before) committed."""
+        """Append the outcome's records and answer once they (and everything before) committed.
+
+        Brokers leaving their ISRs (fence, shutdown, unregister) continue in further appends of bounded
+        size, with the event loop free in between; the answer waits for the last of them.
+        """
         if outcome.records:
-            values = [rec.encode_value(r) for r in outcome.records]
-            try:
-                last = self.raft.schedule_append(values)
-            except NotLeaderError as exc:
-                self._deactivate(exc.leader.leader_id)
-                raise NotControllerError(exc.leader.leader_id) from exc
-            expected = outcome.first_offset + len(values) - 1
-            self._next_offset = last + 1
-            self._last_write_ms = self.clock()
-            if self._oldest_pending_ms is None:
-                self._oldest_pending_ms = self._last_write_ms
-            if last != expected:
-                # Broker epochs inside these records assumed other offsets; let a new leader rebuild.
-                self.log.error("offset_prediction_mismatch", expected=expected, got=last)
-                self._tasks.append(asyncio.get_running_loop().create_task(self.raft.resign()))
+            last = self._append(outcome.records, outcome.first_offset)
+            logic = self.logic
+            while logic is not None and logic is self.logic and logic.has_leave_jobs():
+                await asyncio.sleep(0)
+                if logic is not self.logic:
+                    raise NotControllerError(self._leader.leader_id)
+                first = self._next_offset
+                more = logic.continue_leave_jobs(first)
+                if more:
+                    last = self._append(more, first)
             await self._wait_committed(last)
         else:
             depends_on = outcome.wait_offset if outcome.wait_offset is not None else self._next_offset - 1
@@ -457,9 +478,13 @@ class QuorumController:
         )
 
     async def shutdown_broker(self, req: cpb.ShutdownBrokerRequest) -> cpb.ShutdownBrokerResponse:
-        return await self._serve(
+        response = await self._serve(
             cpb.ShutdownBrokerResponse(), lambda lg: lg.shutdown_broker(req, self._next_offset)
         )
+        logic = self.logic
+        if response.error_code == ErrorCode.NONE and logic is not None:
+            response.leaderships_remaining = logic.leader_count(req.broker_id)  # after every chunk
+        return response
 
     async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
         chunks = _topic_chunks(req, self.options.partitions_per_write)

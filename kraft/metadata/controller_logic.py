@@ -77,7 +77,8 @@ class _LeaveJob:
 
     broker_id: int
     topic_ids: list[str]
-    position: int = 0
+    position: int = 0  # index into topic_ids
+    partition_position: int = 0  # next partition of topic_ids[position]
     tail: list[Message] = field(default_factory=list)
 
 
@@ -248,7 +249,7 @@ class ControllerLogic:
         if job is None:
             job = self._leaving[broker_id] = _LeaveJob(broker_id, list(self.image.topics_by_id))
         else:  # already leaving: rescan from the start, the state may have changed meanwhile
-            job.topic_ids, job.position = list(self.image.topics_by_id), 0
+            job.topic_ids, job.position, job.partition_position = list(self.image.topics_by_id), 0, 0
         job.tail.extend(tail)
         self._run_leave_jobs(batch)
 
@@ -264,16 +265,22 @@ class ControllerLogic:
             changes: list[pb.PartitionChangeRecord] = []
             while job.position < len(job.topic_ids) and len(changes) < budget:
                 topic = topics.get(job.topic_ids[job.position])
-                job.position += 1
-                if topic is None:
-                    continue
-                for partition_id, partition in enumerate(topic.partitions):
+                partitions = () if topic is None else topic.partitions
+                index = job.partition_position
+                while index < len(partitions) and len(changes) < budget:
+                    partition = partitions[index]
                     if broker_id in partition.isr or partition.leader == broker_id:
+                        assert topic is not None
                         change = build_change(
-                            topic.topic_id, partition_id, partition, acceptable, remove_from_isr=broker_id
+                            topic.topic_id, index, partition, acceptable, remove_from_isr=broker_id
                         )
                         if change is not None:
                             changes.append(change)
+                    index += 1
+                if index < len(partitions):
+                    job.partition_position = index  # budget used up inside this topic
+                else:
+                    job.position, job.partition_position = job.position + 1, 0
             for change in changes:
                 batch.add(change)
             budget -= len(changes)

@@ -102,6 +102,8 @@ class RaftCore:
         self._fetcher: FetcherRole | None = None
         self._last_epoch_start_offset = -1
         self._granting_voters: tuple[int, ...] = ()
+        self._resigned_leader: tuple[int, int] | None = None
+        """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
 
         # Startup rules (KRaft QuorumState.initialize).
         if election.epoch < log.last_epoch:
@@ -410,7 +412,8 @@ class RaftCore:
             self._leader.start()
         elif state is StateKind.FOLLOWER:
             self._fetcher = FetcherRole(self, self.election.leader_id)
-            self._fetcher.start()
+            resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
+            self._fetcher.start(leader_resigned_backoff_ms=self._backoff_ms() if resigned else None)
         else:  # RESIGNED
             self._election_deadline_ms = now + self._election_timeout_ms()
             successors = old_leader.preferred_successors() if old_leader is not None else ()
@@ -652,6 +655,7 @@ class RaftCore:
         backoff_ms = end_quorum_backoff_ms(
             self.node_id, request.preferred_successors, self.config.election_backoff_max_ms
         )
+        self._resigned_leader = (request.leader_id, request.leader_epoch)
         if self._fetcher is not None and self.election.leader_id == request.leader_id:
             self._fetcher.on_leader_resigned(backoff_ms)
         elif self.state is StateKind.UNATTACHED and self.is_voter:

@@ -75,12 +75,19 @@ class FetcherRole:
         self.download: SnapshotDownload | None = None
         self.fetch_deadline_ms = NEVER_MS
 
-    def start(self) -> None:
+    def start(self, *, leader_resigned_backoff_ms: int | None = None) -> None:
+        """Begin fetching.  ``leader_resigned_backoff_ms`` is set when this leader already announced its
+        resignation (EndQuorumEpoch) and our pre-election failed: campaign again after that backoff
+        instead of waiting out a whole fetch timeout for a leader that will not come back."""
         if self.leader_id is None:
             self.retry_at_ms = self.core.now_ms  # discover the leader at the next poll
-        else:
+            return
+        if leader_resigned_backoff_ms is None:
             self.fetch_deadline_ms = self.core.now_ms + self.core.config.fetch_timeout_ms
-            self.maybe_send_fetch()
+        else:
+            self.leader_resigned = True
+            self.fetch_deadline_ms = self.core.now_ms + leader_resigned_backoff_ms
+        self.maybe_send_fetch()
 
     def next_deadline_ms(self) -> int:
         return min(self.fetch_deadline_ms, self.retry_at_ms)
@@ -168,7 +175,8 @@ class FetcherRole:
     def _note_success(self) -> None:
         self.has_fetched_from_leader = True
         self.core.election_retries = 0
-        self.fetch_deadline_ms = self.core.now_ms + self.core.config.fetch_timeout_ms
+        if not self.leader_resigned:  # a late answer from a resigned leader must not delay the election
+            self.fetch_deadline_ms = self.core.now_ms + self.core.config.fetch_timeout_ms
 
     def handle_fetch_response(
         self, correlation_id: int, dest: int, request: RaftRequest, response: FetchResponse

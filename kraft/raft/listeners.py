@@ -111,6 +111,7 @@ class ListenerSet:
             data = self._log.read(cursor.next_offset, _READ_BYTES, view.high_watermark)
             if not data:
                 break
+            before = cursor.next_offset
             for batch in iter_batches(data):
                 if batch.last_offset < cursor.next_offset:
                     continue
@@ -131,6 +132,8 @@ class ListenerSet:
                 )
                 await cursor.listener.handle_commit(committed)
                 cursor.next_offset = batch.last_offset + 1
+            if cursor.next_offset == before:
+                break  # nothing deliverable (never expected): wait for the next wake-up, do not spin
         await self._maybe_report_leader(cursor, self._view())
 
     async def _load_snapshot(self, cursor: ListenerCursor, snapshot_id: SnapshotId) -> None:

@@ -265,7 +265,6 @@ class ControllerNode:
             # with the metadata layer installed, snapshots are the metadata image's.
             snapshot_every = 0 if self._installers else cfg.metadata_log_max_record_bytes_between_snapshots
             self.test_state = DigestStateMachine(self._raft, snapshot_every_bytes=snapshot_every)
-            self._raft.register_listener(self.test_state)
             test_servicer = RaftTestServicer(
                 self._raft, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
             )

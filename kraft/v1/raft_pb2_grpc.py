@@ -376,6 +376,11 @@ class RaftTestServiceStub:
                 request_serializer=kraft_dot_v1_dot_raft__pb2.TestAppendRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_raft__pb2.TestAppendResponse.FromString,
                 _registered_method=True)
+        self.TestAppendStream = channel.stream_stream(
+                '/kraft.v1.RaftTestService/TestAppendStream',
+                request_serializer=kraft_dot_v1_dot_raft__pb2.TestAppendRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_raft__pb2.TestAppendResponse.FromString,
+                _registered_method=True)
         self.TestDigest = channel.unary_unary(
                 '/kraft.v1.RaftTestService/TestDigest',
                 request_serializer=kraft_dot_v1_dot_raft__pb2.TestDigestRequest.SerializeToString,
@@ -395,6 +400,14 @@ class RaftTestServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TestAppendStream(self, request_iterator, context):
+        """TestAppend over one stream per client: each request message is answered, in order, once committed.
+        Measures what a streaming client API would gain over one unary call per write.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TestDigest(self, request, context):
         """What this node's test state machine has applied (a running digest of every committed value), so
         tests can compare replicas; answered by every node, leader or not.
@@ -408,6 +421,11 @@ def add_RaftTestServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'TestAppend': grpc.unary_unary_rpc_method_handler(
                     servicer.TestAppend,
+                    request_deserializer=kraft_dot_v1_dot_raft__pb2.TestAppendRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_raft__pb2.TestAppendResponse.SerializeToString,
+            ),
+            'TestAppendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.TestAppendStream,
                     request_deserializer=kraft_dot_v1_dot_raft__pb2.TestAppendRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_raft__pb2.TestAppendResponse.SerializeToString,
             ),
@@ -444,6 +462,33 @@ class RaftTestService:
             request,
             target,
             '/kraft.v1.RaftTestService/TestAppend',
+            kraft_dot_v1_dot_raft__pb2.TestAppendRequest.SerializeToString,
+            kraft_dot_v1_dot_raft__pb2.TestAppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TestAppendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kraft.v1.RaftTestService/TestAppendStream',
             kraft_dot_v1_dot_raft__pb2.TestAppendRequest.SerializeToString,
             kraft_dot_v1_dot_raft__pb2.TestAppendResponse.FromString,
             options,

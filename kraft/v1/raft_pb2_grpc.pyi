@@ -137,6 +137,10 @@ class RaftTestServiceStub:
     def __new__(cls, channel: _aio.Channel) -> RaftTestServiceAsyncStub: ...
     TestAppend: _grpc.UnaryUnaryMultiCallable[_raft_pb2.TestAppendRequest, _raft_pb2.TestAppendResponse]
     """Appends the values as records of one batch on the leader; answers once they are committed."""
+    TestAppendStream: _grpc.StreamStreamMultiCallable[_raft_pb2.TestAppendRequest, _raft_pb2.TestAppendResponse]
+    """TestAppend over one stream per client: each request message is answered, in order, once committed.
+    Measures what a streaming client API would gain over one unary call per write.
+    """
     TestDigest: _grpc.UnaryUnaryMultiCallable[_raft_pb2.TestDigestRequest, _raft_pb2.TestDigestResponse]
     """What this node's test state machine has applied (a running digest of every committed value), so
     tests can compare replicas; answered by every node, leader or not.
@@ -151,6 +155,10 @@ class RaftTestServiceAsyncStub(RaftTestServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     TestAppend: _aio.UnaryUnaryMultiCallable[_raft_pb2.TestAppendRequest, _raft_pb2.TestAppendResponse]  # type: ignore[assignment]
     """Appends the values as records of one batch on the leader; answers once they are committed."""
+    TestAppendStream: _aio.StreamStreamMultiCallable[_raft_pb2.TestAppendRequest, _raft_pb2.TestAppendResponse]  # type: ignore[assignment]
+    """TestAppend over one stream per client: each request message is answered, in order, once committed.
+    Measures what a streaming client API would gain over one unary call per write.
+    """
     TestDigest: _aio.UnaryUnaryMultiCallable[_raft_pb2.TestDigestRequest, _raft_pb2.TestDigestResponse]  # type: ignore[assignment]
     """What this node's test state machine has applied (a running digest of every committed value), so
     tests can compare replicas; answered by every node, leader or not.
@@ -168,6 +176,16 @@ class RaftTestServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_raft_pb2.TestAppendResponse, _abc.Awaitable[_raft_pb2.TestAppendResponse]]:
         """Appends the values as records of one batch on the leader; answers once they are committed."""
+
+    @_abc_1.abstractmethod
+    def TestAppendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_raft_pb2.TestAppendRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_raft_pb2.TestAppendResponse], _abc.AsyncIterator[_raft_pb2.TestAppendResponse]]:
+        """TestAppend over one stream per client: each request message is answered, in order, once committed.
+        Measures what a streaming client API would gain over one unary call per write.
+        """
 
     @_abc_1.abstractmethod
     def TestDigest(

@@ -278,6 +278,24 @@ def follower_catches_up_by_snapshot(seed: int) -> None:
         _fail(sim, "the laggard caught up without a snapshot")
 
 
+def graceful_resignation_hands_over_quickly(seed: int) -> None:
+    sim = _started(seed)
+    sim.run_for(sim.rng.randint(10, 100))
+    old = _leader(sim)
+    old_epoch = old.live_core.epoch
+    old.process(old.live_core.resign(sim.now_ms))
+    # EndQuorumEpoch lets the preferred successor campaign at once: well under the 100 ms fetch timeout.
+    resigned_at = sim.now_ms
+    new = _wait_new_leader(sim, old_epoch, exclude={old.node_id})
+    if sim.now_ms - resigned_at > 90:
+        _fail(sim, f"hand-over took {sim.now_ms - resigned_at} ms")
+    sim.crash(old.node_id)
+    if new.live_core.epoch <= old_epoch:
+        _fail(sim, "the successor did not bump the epoch")
+    sim.run_for(100)
+    sim.check_final()
+
+
 SCENARIOS: dict[str, Callable[[int], None]] = {
     "initial_election": initial_election,
     "leader_failure": leader_failure,
@@ -293,4 +311,5 @@ SCENARIOS: dict[str, Callable[[int], None]] = {
     "rejoining_node_cannot_depose_leader": rejoining_node_cannot_depose_leader,
     "isolated_leader_resigns": isolated_leader_resigns,
     "follower_catches_up_by_snapshot": follower_catches_up_by_snapshot,
+    "graceful_resignation_hands_over_quickly": graceful_resignation_hands_over_quickly,
 }

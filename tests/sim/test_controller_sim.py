@@ -152,6 +152,9 @@ class ControllerSimulation(Simulation):
         if last != first_offset + len(batch) - 1:
             raise InvariantViolation(f"seed {self.seed}: predicted offset {first_offset}, raft gave {last}")
         active.next_offset = last + 1
+        if active.logic.has_leave_jobs():  # the rest of a broker leaving its ISRs, like the shell does
+            first = active.next_offset
+            self._append(node_id, active, first, active.logic.continue_leave_jobs(first))
 
     # ---- brokers and periodic controller work ----
 

@@ -68,3 +68,26 @@ def test_proxy_command_reports_a_taken_port_in_one_line() -> None:
     assert (
         len(lines) == 1 and lines[0].startswith("error: cannot listen on 127.0.0.1:") and "in use" in lines[0]
     )
+
+
+def test_run_rejects_an_unknown_scenario_in_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kraft.cli.main",
+            "chaos",
+            "run",
+            "--scenario",
+            "nope",
+            "--report",
+            str(tmp_path),
+        ],
+        check=False,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.decode().strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("error: --scenario: unknown scenario 'nope'")
+    assert not any(tmp_path.iterdir())  # nothing started, nothing written

@@ -39,8 +39,13 @@ class Harness:
         self.commit(self.logic.bootstrap_records(self.next_offset))
 
     def commit(self, records: Sequence[pb.MetadataRecord]) -> None:
+        """Append records, then the chunks of any broker still leaving its ISRs (as the shell does)."""
         self.log.extend(records)
         self.next_offset += len(records)
+        while self.logic.has_leave_jobs():
+            more = self.logic.continue_leave_jobs(self.next_offset)
+            self.log.extend(more)
+            self.next_offset += len(more)
 
     def run(self, outcome: Outcome[R]) -> R:
         if outcome.records:
@@ -505,3 +510,45 @@ def test_describe_brokers_reports_state_and_counts(h: Harness) -> None:
     assert described[1].leader_count + described[2].leader_count == 4
     assert described[1].replica_count == 4
     assert described[1].last_heartbeat_ms_ago == 0 and described[1].rack == "r1"
+
+
+def test_a_broker_leaves_big_isr_sets_in_bounded_chunks() -> None:
+    logic = ControllerLogic(
+        ControllerSettings(CLUSTER, max_changes_per_write=2),
+        MetadataImage.empty(),
+        0,
+        new_topic_id=lambda: "T",
+    )
+    offset = 0
+    for broker_id in (1, 2):
+        request = cpb.RegisterBrokerRequest(cluster_id=CLUSTER, broker_id=broker_id, incarnation_id="i")
+        offset += len(logic.register_broker(request, 0, offset).records)
+        epoch = logic.image.brokers[broker_id].epoch
+        beat = cpb.BrokerHeartbeatRequest(
+            broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=offset
+        )
+        offset += len(logic.broker_heartbeat(beat, 0, offset).records)
+    topic = cpb.CreatableTopic(name="t", num_partitions=-1, replication_factor=-1)
+    for p in range(6):
+        topic.assignments.add(partition=p, broker_ids=[1, 2])
+    offset += len(logic.create_topics(cpb.CreateTopicsRequest(topics=[topic]), offset).records)
+    fence = cpb.BrokerHeartbeatRequest(
+        broker_id=1, broker_epoch=logic.image.brokers[1].epoch, want_fence=True
+    )
+    first = logic.broker_heartbeat(fence, 0, offset)
+    assert len(first.records) <= 2 and logic.has_leave_jobs()
+    offset += len(first.records)
+    # while it is leaving, the broker can neither be unfenced nor chosen as a leader
+    back = cpb.BrokerHeartbeatRequest(
+        broker_id=1, broker_epoch=logic.image.brokers[1].epoch, current_metadata_offset=offset
+    )
+    assert logic.broker_heartbeat(back, 0, offset).response.is_fenced
+    chunks = 0
+    while logic.has_leave_jobs():
+        more = logic.continue_leave_jobs(offset)
+        assert 0 < len(more) <= 2
+        offset += len(more)
+        chunks += 1
+    assert chunks >= 2
+    partitions = logic.image.topic("t").partitions  # type: ignore[union-attr]
+    assert all(p.leader == 2 and p.isr == (2,) for p in partitions)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 from raft_helpers import LoopbackCluster, RecordingListener, wait_until
@@ -20,6 +21,7 @@ from kraft.raft.memory import (
     SystemClock,
 )
 from kraft.raft.messages import DescribeQuorumRequest, FetchRequest, VoteRequest
+from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.storage.batch import iter_batches
 
 
@@ -312,3 +314,42 @@ async def test_timers_follow_the_injected_clock() -> None:
         await wait_until(lambda: log.end_offset == offset + 1, 5, "the batch after the linger")
     finally:
         await driver.stop()
+
+
+def _on_disk(directory: Path) -> RaftDriver:
+    return RaftDriver(
+        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=1),
+        transport=LoopbackNetwork().transport(1),
+        log=SegmentedLogStore.open(directory),
+        elections=FileElectionStore(directory),
+        snapshots=FileSnapshotStore(directory),
+        clock=SystemClock(),
+        rng=random.Random(5),
+    )
+
+
+async def test_on_disk_stores_survive_a_restart_with_a_snapshot(tmp_path: Path) -> None:
+    first = _on_disk(tmp_path)
+    await first.start()
+    try:
+        await wait_until(lambda: first.leader_and_epoch.leader_id == 1, 5, "self-election")
+        last = await first.append([b"a", b"b"])
+        writer = first.create_snapshot(last + 1, first.leader_and_epoch.epoch, 7)
+        writer.append([b"image"])
+        await writer.freeze()
+        await first.append([b"tail"])
+    finally:
+        await first.shutdown(1000)
+        first.close()
+    second = _on_disk(tmp_path)
+    listener = RecordingListener()
+    second.register_listener(listener)
+    await second.start()
+    try:
+        await wait_until(lambda: second.leader_and_epoch.leader_id == 1, 5, "re-election")
+        await wait_until(lambda: b"tail" in listener.values.values(), 5, "snapshot + tail")
+        assert listener.snapshot_values == [b"image"]
+        assert second.leader_and_epoch.epoch == 2  # the restarted leader never reuses its epoch
+    finally:
+        await second.shutdown(1000)
+        second.close()
