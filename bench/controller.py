@@ -138,6 +138,7 @@ class Fleet:
     """Simulated brokers heartbeating every ``interval_s`` through one admin client."""
 
     client: AdminClient
+    beats: AdminClient
     cluster_id: str
     interval_s: float
     epochs: dict[int, int] = field(default_factory=dict)
@@ -167,7 +168,7 @@ class Fleet:
             broker_epoch=self.epochs[broker_id],
             current_metadata_offset=1 << 50,  # a broker that applies everything at once
         )
-        return await self.client.call(lambda s: s.BrokerHeartbeat, request, check=False)
+        return await self.beats.call(lambda s: s.BrokerHeartbeat, request, check=False)
 
     async def run_one(self, broker_id: int, offset_s: float) -> None:
         await asyncio.sleep(offset_s)
@@ -252,7 +253,9 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
         quorum.wait_for_leader(timeout_s=60)
         targets = [node.target for node in quorum.nodes.values()]
         async with AdminClient(targets, timeout_s=300) as client:
-            fleet = Fleet(client, quorum.cluster_id, interval_s=2.0)
+            # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
+            beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0)
+            fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
             await fleet.register(1)
             # broker 1 keeps its session alive while the admin benchmark runs
             tasks = [asyncio.create_task(fleet.run_one(1, 0.0))]
@@ -311,6 +314,7 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                await beats.close()
             states: dict[str, int] = {}
             for broker in cluster.brokers:
                 if broker.broker_id != 1:

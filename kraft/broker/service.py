@@ -16,7 +16,7 @@ import grpc
 
 from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.status import BrokerStatus
-from kraft.broker.types import ProducedRecord, ReplicaRole, StoredRecord, TopicPartition
+from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
@@ -143,13 +143,24 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             )
         log = partition.log
         end = log.log_end_offset
-        return pb.BrokerFetchResponse(
-            records=[_to_wire(r) for r in records],
+        response = pb.BrokerFetchResponse(
             high_watermark=end,
             log_start_offset=log.log_start_offset,
             log_end_offset=end,
             leader_epoch=partition.leader_epoch,
         )
+        add = response.records.add  # built in place: no per-record message copy
+        for r in records:
+            add(
+                offset=r.offset,
+                timestamp_ms=r.timestamp_ms,
+                key=r.key or b"",
+                value=r.value or b"",
+                has_key=r.key is not None,
+                has_value=r.value is not None,
+                leader_epoch=r.leader_epoch,
+            )
+        return response
 
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context: Context) -> pb.ListOffsetsResponse:
         try:
@@ -268,16 +279,4 @@ def _to_produced(record: pb.BrokerRecord, now_ms: int) -> ProducedRecord:
         key=record.key if record.has_key else None,
         value=record.value if record.has_value else None,
         timestamp_ms=record.timestamp_ms or now_ms,
-    )
-
-
-def _to_wire(record: StoredRecord) -> pb.BrokerRecord:
-    return pb.BrokerRecord(
-        offset=record.offset,
-        timestamp_ms=record.timestamp_ms,
-        key=record.key or b"",
-        value=record.value or b"",
-        has_key=record.key is not None,
-        has_value=record.value is not None,
-        leader_epoch=record.leader_epoch,
     )

@@ -17,11 +17,16 @@ from kraft.errors import ErrorCode, KraftError
 
 
 class AdminClient:
-    def __init__(self, targets: Sequence[str], timeout_s: float = 15.0) -> None:
+    def __init__(
+        self, targets: Sequence[str], timeout_s: float = 15.0, attempt_timeout_s: float | None = None
+    ) -> None:
+        """``timeout_s`` bounds a whole call (retries included); ``attempt_timeout_s`` one RPC
+        (default: whatever is left of the call's budget — bulk requests can take long to commit)."""
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._client = ControllerClient([(-1, t) for t in targets])
         self.timeout_s = timeout_s
+        self.attempt_timeout_s = attempt_timeout_s
 
     async def __aenter__(self) -> AdminClient:
         return self
@@ -39,8 +44,10 @@ class AdminClient:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                # one attempt may use the whole budget: bulk requests legitimately take long to commit
-                response = await self._client.call(pick, request, timeout_s=max(0.5, remaining))
+                attempt_s = (
+                    remaining if self.attempt_timeout_s is None else min(remaining, self.attempt_timeout_s)
+                )
+                response = await self._client.call(pick, request, timeout_s=max(0.5, attempt_s))
             except ControllerUnavailable as exc:
                 if time.monotonic() + backoff_s > deadline:
                     raise KraftError(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +116,14 @@ def _partition_row(topic_id: str, partition_id: int, p: PartitionRegistration) -
         _ids(p.replicas),
         _ids(p.isr),
     )
+
+
+def _changed_partition_rows(changed: list[tuple[TopicImage, TopicImage | None]]) -> Iterator[tuple[Any, ...]]:
+    for topic, before in changed:
+        old = before.partitions if before is not None else ()
+        for partition_id, partition in enumerate(topic.partitions):
+            if partition_id >= len(old) or old[partition_id] is not partition:
+                yield _partition_row(topic.topic_id, partition_id, partition)
 
 
 class ImageStore:
@@ -255,20 +263,16 @@ class ImageStore:
         gone = [(t,) for t in previous.topics_by_id if t not in image.topics_by_id]
         await self._db.executemany("DELETE FROM topics WHERE topic_id = ?", gone)
         await self._db.executemany("DELETE FROM partitions WHERE topic_id = ?", gone)
-        topic_rows: list[tuple[Any, ...]] = []
-        partition_rows: list[tuple[Any, ...]] = []
-        for topic_id, topic in image.topics_by_id.items():
-            before = previous.topics_by_id.get(topic_id)
-            if before is topic:
-                continue
-            topic_rows.append((topic_id, topic.name, len(topic.partitions)))
-            old = before.partitions if before is not None else ()
-            for partition_id, partition in enumerate(topic.partitions):
-                if partition_id >= len(old) or old[partition_id] is not partition:
-                    partition_rows.append(_partition_row(topic_id, partition_id, partition))
+        changed = [
+            (topic, previous.topics_by_id.get(topic_id))
+            for topic_id, topic in image.topics_by_id.items()
+            if previous.topics_by_id.get(topic_id) is not topic
+        ]
+        topic_rows = [(t.topic_id, t.name, len(t.partitions)) for t, _ in changed]
         await self._db.executemany("INSERT OR REPLACE INTO topics VALUES (?, ?, ?)", topic_rows)
+        # A generator: the rows are built on the SQLite thread, not on the event loop.
         await self._db.executemany(
-            "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)", partition_rows
+            "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)", _changed_partition_rows(changed)
         )
 
     async def _save_configs(self, previous: MetadataImage, image: MetadataImage) -> None:

@@ -415,7 +415,8 @@ class RaftCore:
             resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
             self._fetcher.start(leader_resigned_backoff_ms=self._backoff_ms() if resigned else None)
         else:  # RESIGNED
-            self._election_deadline_ms = now + self._election_timeout_ms()
+            # A sole voter has nobody to hand over to: re-elect itself at once (cf. KAFKA-19130).
+            self._election_deadline_ms = now if len(self.voters) == 1 else now + self._election_timeout_ms()
             successors = old_leader.preferred_successors() if old_leader is not None else ()
             for voter in sorted(self.voters - {self.node_id}):
                 request = EndQuorumEpochRequest(

@@ -349,7 +349,7 @@ async def test_on_disk_stores_survive_a_restart_with_a_snapshot(tmp_path: Path) 
         await wait_until(lambda: second.leader_and_epoch.leader_id == 1, 5, "re-election")
         await wait_until(lambda: b"tail" in listener.values.values(), 5, "snapshot + tail")
         assert listener.snapshot_values == [b"image"]
-        assert second.leader_and_epoch.epoch == 2  # the restarted leader never reuses its epoch
+        assert second.leader_and_epoch.epoch > 1  # the restarted leader never reuses its epoch
     finally:
         await second.shutdown(1000)
         second.close()
