@@ -157,18 +157,19 @@ class Fleet:
         )
         response = await self.client.call(lambda s: s.RegisterBroker, request)
         self.epochs[broker_id] = response.broker_epoch
-        beat = await self.beat(broker_id)
+        beat = await self.beat(broker_id, patient=True)
         if beat.is_fenced:
             raise RuntimeError(f"broker {broker_id} not unfenced: {beat}")
 
-    async def beat(self, broker_id: int) -> cpb.BrokerHeartbeatResponse:
+    async def beat(self, broker_id: int, patient: bool = False) -> cpb.BrokerHeartbeatResponse:
         request = cpb.BrokerHeartbeatRequest(
             cluster_id=self.cluster_id,
             broker_id=broker_id,
             broker_epoch=self.epochs[broker_id],
             current_metadata_offset=1 << 50,  # a broker that applies everything at once
         )
-        return await self.beats.call(lambda s: s.BrokerHeartbeat, request, check=False)
+        client = self.client if patient else self.beats
+        return await client.call(lambda s: s.BrokerHeartbeat, request, check=False)
 
     async def run_one(self, broker_id: int, offset_s: float) -> None:
         await asyncio.sleep(offset_s)

@@ -6,6 +6,8 @@
 3. builds the topology from the planned listeners and rewrites every node's config so that node A names
    the proxy ``A_to_B`` as B's address (``controller.quorum.voters``);
 4. creates the proxies (``/populate``), starts every node and waits until the cluster is healthy.
+With our own proxy server, a :class:`~chaos.dialers.DialerRouter` sends a connection that arrives on
+another node's link (a broker following a NOT_CONTROLLER hint) through the dialer's own link.
 
 The harness itself watches the cluster through the nodes' real listeners (never cut by a nemesis); the
 workload dials through the ``client_to_<node>`` proxies.
@@ -17,6 +19,7 @@ import contextlib
 from pathlib import Path
 from types import TracebackType
 
+from chaos.dialers import DialerRouter
 from chaos.proxy import BackgroundProxyServer
 from chaos.proxy.client import ToxiproxyClient, ToxiproxyError, external_toxiproxy_url
 from chaos.topology import CLIENT, Topology, build_topology, kraft_links
@@ -50,6 +53,7 @@ class ChaosCluster:
         self.proxies: ToxiproxyClient | None = None
         self.cluster: LocalCluster | None = None
         self.topology: Topology | None = None
+        self.router: DialerRouter | None = None
 
     # --- lifecycle ---
 
@@ -72,6 +76,10 @@ class ChaosCluster:
         self.cluster = LocalCluster(planned.layout, spec, address_of=self._address_of_ids)
         self.cluster.write_configs()
         self.proxies.populate(self.topology.populate_body())
+        if self._server is not None:
+            # Only our own proxy can route by dialer; a real Toxiproxy keeps the known inaccuracy.
+            self.router = DialerRouter(self.topology, self._pid_of)
+            self._server.server.collection.router = self.router
         self.cluster.start()
         return self.cluster.wait_healthy(timeout_s)
 
@@ -111,6 +119,9 @@ class ChaosCluster:
         cluster, topology = self._require()
         viewer, target = cluster.spec.node(viewer_id), cluster.spec.node(target_id)
         return topology.address_of(viewer.name, target.name)
+
+    def _pid_of(self, node: str) -> int | None:
+        return None if self.cluster is None else self.cluster.process(node).pid()
 
     @property
     def controllers(self) -> tuple[NodeSpec, ...]:

@@ -29,6 +29,7 @@ class RunReport:
     nemesis_events: list[NemesisEvent] = field(default_factory=list)
     leaders: list[LeaderObservation] = field(default_factory=list)
     healed_ns: int = 0
+    reproduce: str = ""  # the command line that replays this run's seed
 
     @property
     def valid(self) -> bool:
@@ -49,6 +50,7 @@ class RunReport:
         return {
             "scenario": self.scenario,
             "seed": self.seed,
+            "reproduce": self.reproduce,
             "duration_s": self.duration_s,
             "started_unix": self.started_unix,
             "valid": self.valid,
@@ -164,6 +166,7 @@ pre{{margin:0;font-size:11px;white-space:pre-wrap}}</style></head><body>
 <p>seed {report.seed}, duration {report.duration_s:g} s, {summary["operations"]["total"]} operations
 {html.escape(json.dumps(summary["operations"]["by_outcome"]))}; ok latency (ms)
 {html.escape(json.dumps(summary["operations"]["ok_latency_ms"]))}. History: <code>history.sqlite</code>.</p>
+<p>Reproduce: <code>{html.escape(report.reproduce)}</code></p>
 <h2>Verdicts</h2><table><tr><th>checker</th><th>status</th><th>summary</th><th>offending</th></tr>{rows}</table>
 <h2>Faults</h2><table><tr><th>t (s)</th><th>nemesis</th><th>action</th><th>what</th></tr>{faults}</table>
 <h2>Plots</h2>{images}

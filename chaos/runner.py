@@ -62,9 +62,58 @@ class RunOptions:
     brokers: int = 0
     profile: str = "fast"
     recovery_bound_s: float = 30.0
-    quiet_s: tuple[float, float] = (1.0, 2.5)
-    fault_s: tuple[float, float] = (2.0, 4.0)
+    # None = the pace for the duration (see ``pace_for``), so a CLI run with the same duration replays
+    # exactly the fault schedule a test used.
+    quiet_s: tuple[float, float] | None = None
+    fault_s: tuple[float, float] | None = None
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+
+    def pace(self) -> Pace:
+        derived = pace_for(self.duration_s)
+        return Pace(self.quiet_s or derived.quiet_s, self.fault_s or derived.fault_s)
+
+    def reproduce_command(self) -> str:
+        """The ``kraft chaos run`` command line that replays this run's seed (faults and workload)."""
+        parts = [
+            "kraft chaos run",
+            f"--scenario {self.scenario}",
+            f"--seed {self.seed}",
+            f"--duration {self.duration_s:g}",
+        ]
+        defaults = RunOptions(self.scenario, self.seed, self.duration_s, self.report_dir)
+        if self.controllers != defaults.controllers:
+            parts.append(f"--controllers {self.controllers}")
+        # The CLI runs one broker by default, unlike RunOptions.
+        if self.brokers != CLI_DEFAULT_BROKERS:
+            parts.append(f"--brokers {self.brokers}")
+        if self.workload.clients != defaults.workload.clients:
+            parts.append(f"--clients {self.workload.clients}")
+        if self.recovery_bound_s != defaults.recovery_bound_s:
+            parts.append(f"--recovery {self.recovery_bound_s:g}")
+        if self.pace() != defaults.pace() or self.profile != defaults.profile:
+            # Not expressible on the command line: say so rather than print a command that differs.
+            parts.append(f"# plus quiet_s={self.pace().quiet_s} fault_s={self.pace().fault_s}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """Nemesis schedule windows: seconds of quiet before each fault, seconds each fault is held."""
+
+    quiet_s: tuple[float, float]
+    fault_s: tuple[float, float]
+
+
+CLI_DEFAULT_BROKERS = 1
+SHORT_RUN_S = 12.0
+# Short runs (the test suite's) pack several faults into a few seconds; faults still outlast the fast
+# profile's election timeout (0.5 s) and often its broker session (3 s), so fencing is exercised.
+SHORT_PACE = Pace(quiet_s=(0.3, 0.8), fault_s=(2.0, 3.5))
+LONG_PACE = Pace(quiet_s=(1.0, 2.5), fault_s=(2.0, 4.0))
+
+
+def pace_for(duration_s: float) -> Pace:
+    return SHORT_PACE if duration_s <= SHORT_RUN_S else LONG_PACE
 
 
 @dataclass(slots=True)
@@ -134,8 +183,9 @@ async def _exercise(
     options: RunOptions, cluster: ChaosCluster, store: HistoryStore, progress: Progress, collected: _Collected
 ) -> ClusterMonitor:
     monitor = ClusterMonitor(cluster.cluster_id, cluster.controllers, cluster.brokers)
+    pace = options.pace()
     scheduler = NemesisScheduler(
-        SCENARIOS[options.scenario](cluster), options.seed, options.quiet_s, options.fault_s
+        SCENARIOS[options.scenario](cluster), options.seed, pace.quiet_s, pace.fault_s
     )
     targets = {c.node_id: cluster.client_target(c) for c in cluster.controllers}
     broker_ids = [b.node_id for b in cluster.brokers]
@@ -167,6 +217,8 @@ async def _exercise(
     collected.broker_of = dict(producers.broker_of) if producers is not None else {}
     collected.healed_ns = scheduler.last_heal_ns or time.monotonic_ns()
     progress(f"healed; waiting up to {options.recovery_bound_s:g} s for recovery")
+    if cluster.router is not None and cluster.router.rerouted:
+        progress(f"{len(cluster.router.rerouted)} connections dialed on another node's link were rerouted")
     brokers = [b.node_id for b in cluster.brokers]
     collected.broker_ids = brokers
     await monitor.wait_for(
@@ -183,6 +235,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
     store = await HistoryStore.create(report_dir / HISTORY_FILE)
     await store.set_meta("scenario", options.scenario)
     await store.set_meta("seed", options.seed)
+    await store.set_meta("reproduce", options.reproduce_command())
     collected = _Collected()
     cluster = ChaosCluster(
         report_dir / "work",
@@ -225,6 +278,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         nemesis_events=collected.events,
         leaders=monitor.leaders if monitor else [],
         healed_ns=collected.healed_ns,
+        reproduce=options.reproduce_command(),
     )
     write_report(report, report_dir)
     return report

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.proxy.proxy import Proxy
+from chaos.proxy.proxy import Proxy, Router
 from chaos.proxy.toxics import BAD_REQUEST_BODY, MISSING_FIELD, PROXY_EXISTS, PROXY_NOT_FOUND, ApiError
 
 
@@ -58,7 +58,13 @@ class ProxyCollection:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
         self._proxies: dict[str, Proxy] = {}
+        # Optional per-connection upstream override (chaos.dialers); read at each accept, so it may be
+        # installed after the proxies exist.
+        self.router: Router | None = None
         self.lock = asyncio.Lock()
+
+    def _route(self, proxy: str, dialer: tuple[str, int]) -> str | None:
+        return None if self.router is None else self.router(proxy, dialer)
 
     def all(self) -> list[Proxy]:
         return [self._proxies[name] for name in sorted(self._proxies)]
@@ -70,7 +76,7 @@ class ProxyCollection:
         return proxy
 
     async def _start_new(self, spec: ProxySpec) -> Proxy:
-        proxy = Proxy(spec.name, spec.listen, spec.upstream, self._rng)
+        proxy = Proxy(spec.name, spec.listen, spec.upstream, self._rng, self._route)
         if spec.enabled:
             await proxy.start()
         self._proxies[spec.name] = proxy

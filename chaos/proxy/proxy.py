@@ -12,6 +12,7 @@ import errno
 import os
 import random
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from chaos.proxy.link import Connection
@@ -67,6 +68,10 @@ def _bind(listen: str) -> socket.socket:
     return sock
 
 
+# (proxy name, dialer's (host, port)) -> another upstream for this connection, or None for the usual one.
+Router = Callable[[str, tuple[str, int]], str | None]
+
+
 def _render_address(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
@@ -75,8 +80,11 @@ def _render_address(sock: socket.socket) -> str:
 class Proxy:
     """A named listen→upstream forwarder with an upstream and a downstream toxic chain."""
 
-    def __init__(self, name: str, listen: str, upstream: str, rng: random.Random) -> None:
+    def __init__(
+        self, name: str, listen: str, upstream: str, rng: random.Random, router: Router | None = None
+    ) -> None:
         self.name = name
+        self._router = router
         self.listen = listen
         self.upstream = upstream
         self.enabled = False
@@ -108,7 +116,7 @@ class Proxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            host, port = split_host_port(self.upstream)
+            host, port = split_host_port(self._upstream_for(writer))
             upstream = await asyncio.wait_for(asyncio.open_connection(host, port), UPSTREAM_DIAL_TIMEOUT_S)
         except (OSError, ValueError, TimeoutError):
             writer.close()
@@ -120,6 +128,15 @@ class Proxy:
         connection = Connection((reader, writer), upstream, self, self._rng, self._connections.discard)
         self._connections.add(connection)
         connection.start()
+
+    def _upstream_for(self, writer: asyncio.StreamWriter) -> str:
+        """``upstream``, unless the router sends this dialer elsewhere (an extension, not in Toxiproxy)."""
+        if self._router is None:
+            return self.upstream
+        peer = writer.get_extra_info("peername")
+        if not isinstance(peer, tuple) or len(peer) < 2:
+            return self.upstream
+        return self._router(self.name, (str(peer[0]), int(peer[1]))) or self.upstream
 
     @property
     def connection_count(self) -> int:

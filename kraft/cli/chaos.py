@@ -11,13 +11,15 @@ from typing import Annotated
 
 import typer
 
-from chaos.proxy import ApiError, ToxiproxyServer
 from kraft.cli.common import CliError, handle_errors, print_table
 
 app = typer.Typer(no_args_is_help=True, help="Chaos testing: a Toxiproxy-compatible proxy and checked runs.")
 
 
 async def _serve_proxy(host: str, port: int, seed: int | None, config: Path | None) -> None:
+    # Imported here: every kraft process (controllers, brokers) loads the CLI, and none needs the proxy.
+    from chaos.proxy import ApiError, ToxiproxyServer
+
     server = ToxiproxyServer(host, port, seed)
     try:
         await server.start(config)
@@ -110,6 +112,7 @@ def run_command(
         rows += [[name, v.checker, v.status.value.upper(), v.summary] for v in result.verdicts]
         if failed_verdicts(result):
             invalid.append(name)
+            _progress(f"[{name}] VIOLATION (seed {seed}); reproduce with: {options.reproduce_command()}")
     print_table(["scenario", "checker", "status", "summary"], rows, title=f"chaos verdicts (seed {seed})")
     typer.echo(f"reports: {report}/<scenario>/report.html")
     if invalid:

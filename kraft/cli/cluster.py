@@ -82,7 +82,21 @@ def up_command(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Create (or restart) a cluster: write configs, format storage, start every node, wait until healthy."""
+    """Create (or restart) a cluster: write configs, format storage, start every node, wait until healthy.
+
+    A new directory gets configs, formatted storage and cluster.json;
+    an existing, stopped one is started again as it was.  A cluster that
+    is not healthy within --timeout is stopped again (unless
+    --keep-on-failure) and the failing node's last log line is shown.
+
+    Examples:
+
+      kraft cluster up            # 3 controllers, 3 brokers in ./kraft-cluster
+
+      kraft cluster up --dir /tmp/c --brokers 1 --profile fast --json
+
+      kraft cluster up --dir /tmp/c --base-port 19090
+    """
     if profile not in PROFILES:
         raise CliError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
     try:
@@ -145,7 +159,14 @@ def _create_or_reopen(
 @app.command("status")
 @handle_errors
 def status_command(directory: DirOption = _DEFAULT_DIR, as_json: JsonOption = False) -> None:
-    """Show every node: pid, endpoint, state (leader/follower, active/fenced, stopped…) and log file."""
+    """Show every node: pid, endpoint, state (leader/follower, active/fenced, stopped…) and log file.
+
+    Examples:
+
+      kraft cluster status --dir /tmp/c
+
+      kraft cluster status --dir /tmp/c --json | jq .leader_id
+    """
     try:
         status = LocalCluster.open(directory).status()
     except ClusterError as exc:
@@ -164,7 +185,14 @@ def down_command(
         bool, typer.Option("--purge", help="Also delete the directory (configs, data, logs).")
     ] = False,
 ) -> None:
-    """Stop every node: brokers first, then controllers; SIGKILL whatever outlives --timeout."""
+    """Stop every node: brokers first, then controllers; SIGKILL whatever outlives --timeout.
+
+    Examples:
+
+      kraft cluster down --dir /tmp/c
+
+      kraft cluster down --dir /tmp/c --purge     # also delete its files
+    """
     try:
         cluster = LocalCluster.open(directory)
         outcomes = cluster.down(timeout_s)
@@ -185,7 +213,14 @@ def restart_command(
     timeout_s: TimeoutOption = 60.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Stop one node gracefully, start it again and wait until it is ready."""
+    """Stop one node gracefully, start it again and wait until it is ready.
+
+    Examples:
+
+      kraft cluster restart 101 --dir /tmp/c
+
+      kraft cluster restart controller-2 --dir /tmp/c --json
+    """
     try:
         cluster = LocalCluster.open(directory)
         proc = cluster.process(node)
@@ -216,13 +251,16 @@ def stop_command(
         bool, typer.Option("--kill", help="SIGKILL at once: a crash, no graceful shutdown.")
     ] = False,
 ) -> None:
-    """Stop some nodes: SIGTERM (a broker does a controlled shutdown, a leader resigns), or --kill.
+    """Stop some nodes: SIGTERM (graceful), or SIGKILL with --kill.
+
+    On SIGTERM a broker does a controlled shutdown and an active
+    controller resigns; --kill simulates a crash.
 
     Examples:
 
-      kraft cluster stop 101 --dir demo-cluster            # controlled shutdown of broker 101
+      kraft cluster stop 101 --dir demo-cluster
 
-      kraft cluster stop controller-1 --kill --dir D       # crash controller 1
+      kraft cluster stop controller-1 --kill --dir demo-cluster
     """
     try:
         cluster = LocalCluster.open(directory)
@@ -248,14 +286,14 @@ def start_command(
 ) -> None:
     """Start stopped nodes of an existing cluster and wait until they are ready.
 
-    Ready means: a controller follows or leads, a broker is unfenced (ACTIVE).  Nodes that already run
-    are left alone.
+    Ready means: a controller follows or leads, a broker is unfenced
+    (ACTIVE).  Nodes that already run are left alone.
 
     Examples:
 
       kraft cluster start 1 --dir demo-cluster
 
-      kraft cluster start broker-101 broker-102 --dir D --no-wait
+      kraft cluster start broker-101 broker-102 --dir /tmp/c --no-wait
     """
     try:
         cluster = LocalCluster.open(directory)

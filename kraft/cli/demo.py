@@ -18,11 +18,15 @@ def demo_command(
     ] = DEFAULT_DEMO_DIR,
     brokers: Annotated[int, typer.Option("--brokers", min=1, max=9, help="Brokers to start.")] = 3,
 ) -> None:
-    """Run a demo: `cluster up`, create a topic, produce and consume records, describe the quorum
-    and the brokers — each step is the real `kraft` command, printed before its output.
+    """Start a local demo cluster and walk through topics, produce/consume and the quorum tools.
 
-    Safe to run again: a running demo cluster is re-used, a stopped one restarted.
-    The cluster keeps running afterwards; stop it with `kraft cluster down --dir DIR`.
+    Steps: `cluster up`, create a topic, produce and consume records,
+    describe the quorum and the brokers; each step is the real `kraft`
+    command, printed before its output.
+
+    Safe to run again: a running demo cluster is re-used, a stopped one
+    restarted.  The cluster keeps running afterwards; stop it with
+    `kraft cluster down --dir DIR`.
 
     Examples:
 

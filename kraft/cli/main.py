@@ -26,7 +26,7 @@ def _register(module: str, name: str, help_text: str) -> None:
 
 # --- command groups (one line each) ---
 _register("storage", "storage", "Format and inspect storage directories (kafka-storage.sh).")
-_register("cluster", "cluster", "Run a local cluster: up, status, down, restart.")
+_register("cluster", "cluster", "Run a local cluster: up, status, down, restart, stop, start.")
 _register("metadata", "metadata", "Inspect the metadata log offline: dump segments and snapshots.")
 importlib.import_module("kraft.cli.metadata_shell")  # adds `kraft metadata shell` to the metadata group
 _register("broker", "broker", "Brokers: run one, list, describe, unregister, controlled shutdown.")

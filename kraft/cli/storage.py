@@ -18,7 +18,12 @@ app = typer.Typer(no_args_is_help=True, help="Format and inspect node storage di
 @app.command("random-uuid")
 @handle_errors
 def random_uuid_command() -> None:
-    """Print a new random cluster id (Kafka's 22-character base64url UUID)."""
+    """Print a new random cluster id (Kafka's 22-character base64url UUID).
+
+    Example:
+
+      CLUSTER_ID=$(kraft storage random-uuid)
+    """
     typer.echo(random_uuid())
 
 
@@ -38,6 +43,12 @@ def format_command(
 
     Refuses a directory that is already formatted (unless --ignore-formatted) and, always, one formatted
     for another cluster id; nothing is written unless every directory passes.
+
+    Examples:
+
+      kraft storage format -c controller-1.properties --cluster-id "$ID"
+
+      kraft storage format -c broker-101.properties -t "$ID" --ignore-formatted
     """
     cfg = load_config(config)
     try:
@@ -57,7 +68,14 @@ def format_command(
 @app.command("info")
 @handle_errors
 def info_command(config: ConfigOption, as_json: JsonOption = False) -> None:
-    """Show each storage directory of a node and its meta.properties; exit 1 if any needs attention."""
+    """Show each storage directory of a node and its meta.properties; exit 1 if any needs attention.
+
+    Examples:
+
+      kraft storage info --config controller-1.properties
+
+      kraft storage info -c broker-101.properties --json
+    """
     cfg = load_config(config)
     rows: list[dict[str, object]] = []
     problems: list[str] = []

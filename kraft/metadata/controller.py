@@ -68,7 +68,7 @@ R = TypeVar("R", bound=Message)
 SNAPSHOT_CHUNK_RECORDS = 20_000
 DEFAULT_FETCH_RECORDS = 10_000
 PARTITION_METRICS_INTERVAL_S = 5.0
-REPLAY_SLICE_RECORDS = 2_000
+REPLAY_SLICE_RECORDS = 500
 
 
 def monotonic_ms() -> int:
@@ -91,7 +91,7 @@ class ControllerOptions:
     activation_wait_ms: int = 5_000  # a request arriving mid-activation waits this long
     leader_lease_ms: int = 2_000  # controller.quorum.fetch.timeout.ms: no commit for this long → step aside
     fetch_window_records: int = 200_000  # recent committed records kept for MetadataFetch
-    partitions_per_write: int = 5_000  # CreateTopics is split into appends of about this many partitions
+    partitions_per_write: int = 1_000  # CreateTopics is split into appends of about this many partitions
     default_num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
 
@@ -311,6 +311,11 @@ class QuorumController:
         self.log.info(
             "became_active", epoch=epoch, offset=self.committed.offset, brokers=len(self.committed.brokers)
         )
+        resumed = logic.continue_leave_jobs(self._next_offset)
+        if resumed:
+            self.log.info("resuming_isr_removals", records=len(resumed))
+            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
+                await self._write(Outcome(resumed, cpb.DescribeClusterResponse(), self._next_offset))
         records = logic.bootstrap_records(self._next_offset)
         if records:
             with contextlib.suppress(NotControllerError, KraftError, TimeoutError):

@@ -66,7 +66,7 @@ class ControllerSettings:
     session_timeout_ms: int = 9000
     default_num_partitions: int = 1
     default_replication_factor: int = 1
-    max_changes_per_write: int = 5000
+    max_changes_per_write: int = 1000
     """Partition changes per append when a broker leaves its ISRs; the rest follow in later appends."""
 
 
@@ -172,6 +172,7 @@ class ControllerLogic:
         self._shutdown_offsets.clear()
         self.broker_offsets.clear()
         self._leaving.clear()
+        self._resume_leave_jobs()
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
@@ -211,6 +212,23 @@ class ControllerLogic:
             )
 
         return acceptable
+
+    def _resume_leave_jobs(self) -> None:
+        """A previous active controller may have stopped half-way through moving a broker out of its
+        ISRs: one scan finds fenced or shutting-down brokers still leading or in a shared ISR."""
+        gone = {b.broker_id for b in self.image.brokers.values() if b.fenced or b.in_controlled_shutdown}
+        if not gone:
+            return
+        pending: set[int] = set()
+        for topic in self.image.topics_by_id.values():
+            for partition in topic.partitions:
+                if partition.leader in gone:
+                    pending.add(partition.leader)
+                if len(partition.isr) > 1:
+                    pending.update(gone.intersection(partition.isr))
+        topic_ids = list(self.image.topics_by_id)
+        for broker_id in sorted(pending):
+            self._leaving[broker_id] = _LeaveJob(broker_id, list(topic_ids))
 
     def has_leave_jobs(self) -> bool:
         return bool(self._leaving)

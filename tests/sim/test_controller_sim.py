@@ -114,7 +114,9 @@ class ControllerSimulation(Simulation):
                 self.now_ms,
                 new_topic_id=lambda: next(self.topic_ids),
             )
-            self.active[node.node_id] = Active(core.epoch, logic, core.log.end_offset)
+            active = self.active[node.node_id] = Active(core.epoch, logic, core.log.end_offset)
+            first = active.next_offset
+            self._append(node.node_id, active, first, logic.continue_leave_jobs(first))
 
     def _note_fencing_decisions(self, first_offset: int, batch: list[pb.MetadataRecord]) -> None:
         """A fence of a broker that has been alive and reachable for a whole session is a false fencing;

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from kraft.cluster.manager import LocalCluster
 from kraft.pipeline.metadata_report import metadata_report
 
-pytestmark = [pytest.mark.spark, pytest.mark.integration]
+pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(600)]
 
 READY_TIMEOUT_S = 120  # generous: 2 shared cores, 5 Python processes starting at once
 
@@ -48,10 +48,10 @@ def test_report_of_a_real_run_shows_elections_and_broker_lifecycle(
 
     epochs = pq.read_table(out / "tables" / "controller_epochs").to_pylist()
     leaders = {e["epoch"]: e["leader_id"] for e in epochs}
-    assert leaders.get(first_epoch) == first_leader, epochs
-    assert any(
-        epoch > first_epoch and leader not in (None, first_leader) for epoch, leader in leaders.items()
-    )
+    first_epoch = max((epoch for epoch, leader in leaders.items() if leader == first_leader), default=-1)
+    assert first_epoch >= 0, epochs
+    later = [leader for epoch, leader in leaders.items() if epoch > first_epoch]
+    assert any(leader not in (None, first_leader) for leader in later), epochs
 
     events = sorted(
         pq.read_table(out / "tables" / "broker_events").to_pylist(),

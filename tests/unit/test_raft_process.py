@@ -70,15 +70,28 @@ async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path:
             refused = await test_stub.TestAppend(wrong, timeout=10)
             assert refused.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
 
+            stream = test_stub.TestAppendStream(None)
+            offsets = []
+            for value in (b"c", b"d"):
+                await stream.write(raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[value]))
+                answer = await asyncio.wait_for(stream.read(), 10)
+                assert isinstance(answer, raft_pb2.TestAppendResponse) and answer.error_code == 0
+                offsets.append(answer.last_offset)
+            await stream.done_writing()
+            assert offsets[0] > appended.last_offset and offsets[1] == offsets[0] + 1
+
             deadline = time.monotonic() + 10
             while True:
                 asked = raft_pb2.TestDigestRequest(cluster_id=cluster_id)
                 digest = await test_stub.TestDigest(asked, timeout=5)
-                if digest.applied_offset > appended.last_offset or time.monotonic() > deadline:
+                if digest.applied_offset > offsets[1] or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.02)
-            assert digest.record_count == 2
-            assert digest.digest == chain_digest(chain_digest(bytes(32), b"a"), b"b")
+            assert digest.record_count == 4
+            expected = bytes(32)
+            for value in (b"a", b"b", b"c", b"d"):
+                expected = chain_digest(expected, value)
+            assert digest.digest == expected
 
             raft_stub = raft_pb2_grpc.RaftServiceStub(channel)
             described = await raft_stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=5)

@@ -10,7 +10,9 @@ import pytest
 from google.protobuf.message import Message
 
 from kraft.errors import ErrorCode
+from kraft.metadata import records
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
+from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_LEADER, BrokerState, MetadataImage, TopicImage
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
@@ -552,3 +554,21 @@ def test_a_broker_leaves_big_isr_sets_in_bounded_chunks() -> None:
     assert chunks >= 2
     partitions = logic.image.topic("t").partitions  # type: ignore[union-attr]
     assert all(p.leader == 2 and p.isr == (2,) for p in partitions)
+
+
+def test_a_new_active_controller_finishes_an_interrupted_isr_removal(h: Harness) -> None:
+    h.active_brokers(1, 2)
+    h.create("t", partitions=4, rf=2)
+    # the previous controller wrote the fence but died before moving any partition
+    delta = MetadataDelta(h.image)
+    delta.replay(
+        records.wrap(
+            pb.BrokerRegistrationChangeRecord(broker_id=1, broker_epoch=h.image.brokers[1].epoch, fenced=1)
+        )
+    )
+    interrupted = delta.apply()
+    assert any(p.leader == 1 for p in interrupted.topic("t").partitions)  # type: ignore[union-attr]
+    h.logic.reset(interrupted, h.now_ms)
+    assert h.logic.has_leave_jobs()
+    h.commit(h.logic.continue_leave_jobs(h.next_offset))
+    assert all(p.leader == 2 and p.isr == (2,) for p in h.topic("t").partitions)

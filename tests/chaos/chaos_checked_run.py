@@ -1,0 +1,64 @@
+"""Shared by the chaos suite: run one scenario with a seed and fail with the command that reproduces it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos.checkers import Status
+from chaos.report import RunReport
+from chaos.runner import RunOptions, run_scenario
+
+# Eight seconds of faults: with the short pace (``chaos.runner.SHORT_PACE``) that is two or three faults,
+# each held past the fast profile's election timeout and often past the broker session timeout.
+SUITE_DURATION_S = 8.0
+# A generous bound: ~8 engineers share 2 cores, and a restarted Python node needs seconds to start.
+SUITE_RECOVERY_S = 40.0
+
+
+def suite_options(
+    tmp_path: Path, scenario: str, seed: int, duration_s: float = SUITE_DURATION_S
+) -> RunOptions:
+    return RunOptions(
+        scenario=scenario,
+        seed=seed,
+        duration_s=duration_s,
+        report_dir=tmp_path / scenario,
+        brokers=1,
+        recovery_bound_s=SUITE_RECOVERY_S,
+    )
+
+
+def violation_message(options: RunOptions, report: RunReport, progress: list[str]) -> str:
+    """Everything needed to replay and read a failed run: seed, command, verdicts, report path."""
+    bad = [
+        f"  {v.checker}: {v.status.value.upper()} {v.summary} {list(v.offending[:5])}"
+        for v in report.verdicts
+        if v.status is not Status.PASS
+    ]
+    return "\n".join(
+        [
+            f"chaos scenario {options.scenario!r} seed {options.seed}: checkers did not all pass",
+            *bad,
+            f"reproduce: {options.reproduce_command()}",
+            f"report: {options.report_dir / 'report.html'}",
+            "progress:",
+            *(f"  {line}" for line in progress[-30:]),
+        ]
+    )
+
+
+async def run_checked(options: RunOptions) -> RunReport:
+    """Run the scenario; fail the test (with the reproduce command) unless every checker PASSes."""
+    progress: list[str] = []
+    try:
+        report = await run_scenario(options, progress.append)
+    except BaseException:
+        # A crash inside the harness must still name the seed and command.
+        print(f"chaos run crashed; reproduce: {options.reproduce_command()}")
+        print("\n".join(progress))
+        raise
+    if any(v.status is not Status.PASS for v in report.verdicts):
+        pytest.fail(violation_message(options, report, progress), pytrace=False)
+    return report

@@ -1,0 +1,27 @@
+"""Seeds that once found a bug: each replays in the suite forever (tests/chaos/test_regressions.py).
+
+Add a row whenever a chaos run reports a violation: the scenario, the seed, the duration the failing run
+used (the duration picks the fault pace, so it is part of the schedule), and a note naming the bug and
+its fix.  ``xfail`` holds the reason only while the bug's owner cannot fix it yet; remove it with the fix.
+Reproduce any row by hand with ``kraft chaos run --scenario S --seed N --duration T``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    scenario: str
+    seed: int
+    duration_s: float
+    note: str
+    xfail: str | None = None
+
+    @property
+    def test_id(self) -> str:
+        return f"{self.scenario}-seed{self.seed}"
+
+
+REGRESSIONS: tuple[Regression, ...] = ()

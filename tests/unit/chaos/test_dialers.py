@@ -1,0 +1,83 @@
+"""Routing a connection by the process that dialed it (chaos.dialers + the proxy's router hook)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from chaos.dialers import DialerRouter, pid_owns_socket, socket_inode
+from chaos.proxy import BackgroundProxyServer
+from chaos.proxy.client import ToxiproxyClient
+from chaos.topology import build_topology
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not Path("/proc/net/tcp").exists(), reason="needs Linux /proc"
+)
+IO_TIMEOUT_S = 5.0
+
+
+@pytest.fixture
+def connected_pair() -> Iterator[tuple[socket.socket, int, int]]:
+    """A loopback connection made by this process: (dialing socket, its port, the listener's port)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        dialer = socket.create_connection(("127.0.0.1", port), timeout=IO_TIMEOUT_S)
+        accepted, _ = listener.accept()
+        try:
+            yield dialer, dialer.getsockname()[1], port
+        finally:
+            dialer.close()
+            accepted.close()
+
+
+def test_the_dialing_socket_is_found_and_owned_by_this_process(
+    connected_pair: tuple[socket.socket, int, int],
+) -> None:
+    _, dialer_port, listen_port = connected_pair
+    inode = socket_inode(dialer_port, listen_port)
+    assert inode is not None
+    assert pid_owns_socket(os.getpid(), inode)
+    assert not pid_owns_socket(os.getppid(), inode)
+    assert socket_inode(listen_port, dialer_port) != inode  # the accepting end is another socket
+
+
+def _round_trip(address: str) -> bytes:
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=IO_TIMEOUT_S) as sock:
+        sock.sendall(b"ping")
+        try:
+            return sock.recv(4)
+        except OSError:
+            return b""
+
+
+def test_a_connection_on_another_nodes_link_goes_through_the_dialers_own_link(echo_address: str) -> None:
+    """This process plays node ``b`` dialing ``a``'s proxy to ``t``: it must ride ``b_to_t`` instead."""
+    host, port = echo_address.rsplit(":", 1)
+    topology = build_topology(
+        {"a": ("127.0.0.1", 1), "b": ("127.0.0.1", 2), "t": (host, int(port))}, [("a", "t"), ("b", "t")]
+    )
+    pids = {"b": os.getpid()}  # "a" has no process: nothing else can own the socket
+    router = DialerRouter(topology, pids.get)
+    with BackgroundProxyServer(port=0, seed=1) as server:
+        client = ToxiproxyClient(server.url)
+        try:
+            client.populate(topology.populate_body())
+            server.server.collection.router = router
+            theirs, mine = topology.link("a", "t"), topology.link("b", "t")
+            assert _round_trip(theirs.listen) == b"ping"
+            assert router.rerouted == [(theirs.name, "b", mine.name)]
+            # Cutting b's own link now cuts b's traffic that arrives on a's link too.
+            client.set_enabled(mine.name, False)
+            assert _round_trip(theirs.listen) == b""
+            # A connection made by its expected dialer is left alone.
+            pids["a"], pids["b"] = pids.pop("b"), -1
+            assert _round_trip(theirs.listen) == b"ping"
+            assert len(router.rerouted) == 2
+        finally:
+            client.close()
