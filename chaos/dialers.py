@@ -19,12 +19,58 @@ Only connections are routed (gRPC keeps them open), so the /proc scan runs once 
 from __future__ import annotations
 
 import os
+import socket
+import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from chaos.topology import LinkProxy, Topology
 
 PROC_TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
+NETLINK_SOCK_DIAG = 4
+SOCK_DIAG_BY_FAMILY = 20
+NLMSG_HEADER = struct.Struct("=IHHII")  # length, type, flags, seq, pid
+INET_DIAG_REQ = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states
+INET_DIAG_SOCKID = struct.Struct("!HH16s16s")  # sport, dport, src, dst (network order)
+INET_DIAG_SOCKID_TAIL = struct.Struct("=III")  # interface, cookie (2 words; ~0 = "no cookie")
+INET_DIAG_MSG_INODE_OFFSET = NLMSG_HEADER.size + 4 + INET_DIAG_SOCKID.size + INET_DIAG_SOCKID_TAIL.size + 16
+ALL_TCP_STATES = 0xFFFFFFFF
+NO_COOKIE = 0xFFFFFFFF
+NETLINK_TIMEOUT_S = 1.0
+
+
+def _packed_ip(host: str) -> tuple[int, bytes]:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return family, socket.inet_pton(family, host).ljust(16, b"\0")
+
+
+def netlink_socket_inode(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """Exact lookup of one TCP socket through sock_diag (what ``ss`` uses): a hash lookup in the
+    kernel, unlike reading ``/proc/net/tcp``, which lists every socket on the host (slow when busy)."""
+    family, local_ip = _packed_ip(local[0])
+    _, remote_ip = _packed_ip(remote[0])
+    request = (
+        INET_DIAG_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, ALL_TCP_STATES)
+        + INET_DIAG_SOCKID.pack(local[1], remote[1], local_ip, remote_ip)
+        + INET_DIAG_SOCKID_TAIL.pack(0, NO_COOKIE, NO_COOKIE)
+    )
+    header = NLMSG_HEADER.pack(NLMSG_HEADER.size + len(request), SOCK_DIAG_BY_FAMILY, 1, 1, 0)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(NETLINK_TIMEOUT_S)
+        nl.sendto(header + request, (0, 0))
+        reply = nl.recv(65536)
+    if len(reply) < INET_DIAG_MSG_INODE_OFFSET + 4:
+        return None  # an NLMSG_ERROR (ENOENT: no such socket)
+    _, kind, _, _, _ = NLMSG_HEADER.unpack_from(reply)
+    if kind != SOCK_DIAG_BY_FAMILY:
+        return None
+    # The kernel falls back to a *listening* socket on the port when no connection matches: keep only
+    # the exact connection asked for.
+    sport, dport = struct.unpack_from("!HH", reply, NLMSG_HEADER.size + 4)
+    if (sport, dport) != (local[1], remote[1]):
+        return None
+    (inode,) = struct.unpack_from("=I", reply, INET_DIAG_MSG_INODE_OFFSET)
+    return inode or None
 
 
 def _port_of(address: str) -> int:
@@ -32,9 +78,11 @@ def _port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1], 16)
 
 
-def socket_inode(local_port: int, remote_port: int, tables: tuple[Path, ...] = PROC_TCP_TABLES) -> int | None:
-    """The inode of the TCP socket bound to ``local_port`` and connected to ``remote_port`` (loopback
-    ports are unique enough: the pair names one connection's dialing end)."""
+def proc_socket_inode(
+    local_port: int, remote_port: int, tables: tuple[Path, ...] = PROC_TCP_TABLES
+) -> int | None:
+    """The fallback: scan ``/proc/net/tcp{,6}`` for the socket on ``local_port`` connected to
+    ``remote_port`` (loopback ports are unique enough: the pair names one connection's dialing end)."""
     for table in tables:
         try:
             lines = table.read_text().splitlines()[1:]
@@ -49,6 +97,14 @@ def socket_inode(local_port: int, remote_port: int, tables: tuple[Path, ...] = P
                 if inode:
                     return inode
     return None
+
+
+def socket_inode(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The inode of the TCP socket at ``local`` connected to ``remote`` (None when not found)."""
+    try:
+        return netlink_socket_inode(local, remote)
+    except (OSError, ValueError):
+        return proc_socket_inode(local[1], remote[1])
 
 
 def pid_owns_socket(pid: int, inode: int) -> bool:
@@ -76,7 +132,7 @@ class DialerRouter:
         topology: Topology,
         pid_of: Callable[[str], int | None],
         owns: Callable[[int, int], bool] = pid_owns_socket,
-        inode_of: Callable[[int, int], int | None] = socket_inode,
+        inode_of: Callable[[tuple[str, int], tuple[str, int]], int | None] = socket_inode,
     ) -> None:
         self._topology = topology
         self._pid_of = pid_of
@@ -85,13 +141,15 @@ class DialerRouter:
         self._by_name: Mapping[str, LinkProxy] = {link.name: link for link in topology.links.values()}
         self.rerouted: list[tuple[str, str, str]] = []  # (proxy, actual dialer, proxy used instead)
 
-    def dialer_of(self, link: LinkProxy, dialer_port: int) -> str | None:
+    def dialer_of(self, link: LinkProxy, dialer: tuple[str, int]) -> str | None:
         """The node whose process holds the dialing socket, or None (the harness, or not found)."""
-        inode = self._inode_of(dialer_port, link.listen_port)
+        inode = self._inode_of(dialer, (link.listen_host, link.listen_port))
         if inode is None:
             return None
+        nodes = set(self._topology.nodes())
         # The expected dialer first: the common case costs one fd scan.
-        candidates = [link.source, *(n for n in self._topology.nodes() if n != link.source)]
+        candidates = [link.source] if link.source in nodes else []
+        candidates += [n for n in sorted(nodes) if n != link.source]
         for node in candidates:
             pid = self._pid_of(node)
             if pid is not None and self._owns(pid, inode):
@@ -100,9 +158,12 @@ class DialerRouter:
 
     def __call__(self, proxy: str, dialer: tuple[str, int]) -> str | None:
         link = self._by_name.get(proxy)
-        if link is None:
+        if link is None or link.source not in self._topology.listeners:
+            return None  # client links: only the harness dials them
+        try:
+            node = self.dialer_of(link, dialer)
+        except Exception:  # a lookup failure must never break forwarding
             return None
-        node = self.dialer_of(link, dialer[1])
         if node is None or node == link.source:
             return None
         own = self._topology.links.get((node, link.target))

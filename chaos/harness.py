@@ -42,8 +42,10 @@ class ChaosCluster:
         profile: str = "fast",
         proxy_seed: int | None = None,
         proxy_url: str | None = None,
+        route_dialers: bool = False,
     ) -> None:
         self.root = root
+        self._route_dialers = route_dialers
         self._controllers = controllers
         self._brokers = brokers
         self._profile = profile
@@ -76,7 +78,7 @@ class ChaosCluster:
         self.cluster = LocalCluster(planned.layout, spec, address_of=self._address_of_ids)
         self.cluster.write_configs()
         self.proxies.populate(self.topology.populate_body())
-        if self._server is not None:
+        if self._server is not None and self._route_dialers:
             # Only our own proxy can route by dialer; a real Toxiproxy keeps the known inaccuracy.
             self.router = DialerRouter(self.topology, self._pid_of)
             self._server.server.collection.router = self.router
@@ -121,7 +123,9 @@ class ChaosCluster:
         return topology.address_of(viewer.name, target.name)
 
     def _pid_of(self, node: str) -> int | None:
-        return None if self.cluster is None else self.cluster.process(node).pid()
+        if self.cluster is None or node not in {n.name for n in self.cluster.spec.nodes}:
+            return None
+        return self.cluster.process(node).pid()
 
     @property
     def controllers(self) -> tuple[NodeSpec, ...]:

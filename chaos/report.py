@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.checkers import LeaderObservation, Status, Verdict
+from chaos.checkers import ClusterSample, LeaderObservation, Status, Verdict
 from chaos.history import EventType, Operation
 from chaos.nemesis import NemesisEvent
 
@@ -30,6 +30,7 @@ class RunReport:
     leaders: list[LeaderObservation] = field(default_factory=list)
     healed_ns: int = 0
     reproduce: str = ""  # the command line that replays this run's seed
+    samples: list[ClusterSample] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -70,6 +71,16 @@ class RunReport:
                 for e in self.nemesis_events
             ],
             "healed_at_s": (self.healed_ns - origin) / 1e9 if self.healed_ns else None,
+            # The monitor's view over time (active controller, brokers' fenced flags): the evidence
+            # behind fenced-broker-never-acks and liveness-after-heal.
+            "samples": [
+                {
+                    "t_s": (sample.time_ns - origin) / 1e9,
+                    "leader": sample.leader_id,
+                    "fenced": {str(broker): fenced for broker, fenced in sorted(sample.fenced.items())},
+                }
+                for sample in self.samples
+            ],
         }
 
 

@@ -67,6 +67,8 @@ class RunOptions:
     quiet_s: tuple[float, float] | None = None
     fault_s: tuple[float, float] | None = None
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    # Forward connections dialed on another node's link through the dialer's own (chaos.dialers).
+    route_dialers: bool = True
 
     def pace(self) -> Pace:
         derived = pace_for(self.duration_s)
@@ -218,7 +220,11 @@ async def _exercise(
     collected.healed_ns = scheduler.last_heal_ns or time.monotonic_ns()
     progress(f"healed; waiting up to {options.recovery_bound_s:g} s for recovery")
     if cluster.router is not None and cluster.router.rerouted:
-        progress(f"{len(cluster.router.rerouted)} connections dialed on another node's link were rerouted")
+        routes = sorted({f"{dialed} -> {used}" for dialed, _, used in cluster.router.rerouted})
+        progress(
+            f"{len(cluster.router.rerouted)} connections dialed on another node's link were sent through "
+            f"the dialer's own link: {', '.join(routes)}"
+        )
     brokers = [b.node_id for b in cluster.brokers]
     collected.broker_ids = brokers
     await monitor.wait_for(
@@ -243,6 +249,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         brokers=options.brokers,
         profile=options.profile,
         proxy_seed=options.seed,
+        route_dialers=options.route_dialers,
     )
     monitor: ClusterMonitor | None = None
     high_watermark: int | None = None
@@ -277,6 +284,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         operations=collected.operations,
         nemesis_events=collected.events,
         leaders=monitor.leaders if monitor else [],
+        samples=monitor.samples if monitor else [],
         healed_ns=collected.healed_ns,
         reproduce=options.reproduce_command(),
     )

@@ -116,7 +116,7 @@ class Proxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            host, port = split_host_port(self._upstream_for(writer))
+            host, port = split_host_port(await self._upstream_for(writer))
             upstream = await asyncio.wait_for(asyncio.open_connection(host, port), UPSTREAM_DIAL_TIMEOUT_S)
         except (OSError, ValueError, TimeoutError):
             writer.close()
@@ -129,14 +129,16 @@ class Proxy:
         self._connections.add(connection)
         connection.start()
 
-    def _upstream_for(self, writer: asyncio.StreamWriter) -> str:
-        """``upstream``, unless the router sends this dialer elsewhere (an extension, not in Toxiproxy)."""
+    async def _upstream_for(self, writer: asyncio.StreamWriter) -> str:
+        """``upstream``, unless the router sends this dialer elsewhere (an extension, not in Toxiproxy).
+        The router reads kernel socket tables: it runs in a worker thread, off the forwarding loop."""
         if self._router is None:
             return self.upstream
         peer = writer.get_extra_info("peername")
         if not isinstance(peer, tuple) or len(peer) < 2:
             return self.upstream
-        return self._router(self.name, (str(peer[0]), int(peer[1]))) or self.upstream
+        routed = await asyncio.to_thread(self._router, self.name, (str(peer[0]), int(peer[1])))
+        return routed or self.upstream
 
     @property
     def connection_count(self) -> int:

@@ -22,11 +22,15 @@ from kraft.observability.logging import configure_logging
 from kraft.storage.meta_properties import check_meta_properties
 
 IMAGE_STORE_FILE = "metadata-image.sqlite"
+# A combined node (process.roles=broker,controller) runs a controller process on the same metadata dir,
+# whose image store already uses IMAGE_STORE_FILE: the broker must not share that file.
+COMBINED_IMAGE_STORE_FILE = "broker-metadata-image.sqlite"
 
 
 def image_store_path(config: NodeConfig) -> Path:
+    """Where the broker keeps its image store (the name `kraft metadata shell --config` looks for)."""
     base = config.metadata_log_dir or config.log_dirs[0]
-    return Path(base) / IMAGE_STORE_FILE
+    return Path(base) / (COMBINED_IMAGE_STORE_FILE if config.is_controller else IMAGE_STORE_FILE)
 
 
 def cluster_id_of(config: NodeConfig) -> str:

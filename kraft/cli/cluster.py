@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -102,10 +103,7 @@ def up_command(
     try:
         cluster = _create_or_reopen(directory, controllers, brokers, base_port, profile, metrics)
         try:
-            cluster.start()
-            status = _wait_with_progress(
-                lambda report: cluster.wait_healthy(timeout_s, on_status=report), "a healthy cluster"
-            )
+            status = _start_in_order(cluster, timeout_s)
         except (ClusterError, KeyboardInterrupt) as exc:
             # Leave nothing half-started behind unless asked to (e.g. to read a stuck node's state).
             if not keep_on_failure:
@@ -116,6 +114,31 @@ def up_command(
     except ClusterError as exc:
         raise _cluster_error(exc) from None
     _print_status(status, as_json)
+
+
+def _start_in_order(cluster: LocalCluster, timeout_s: float) -> ClusterStatus:
+    """Controllers first; brokers once a leader is elected, so they register at the first attempt
+    instead of retrying against an electing quorum (on a loaded machine such retries could exhaust the
+    broker's registration timeout).  Both waits share ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    controllers = [node.node_id for node in cluster.spec.controllers]
+    cluster.start(controllers)
+    if cluster.spec.brokers:
+        _wait_with_progress(
+            lambda report: cluster.wait_until(
+                lambda s: s.leader_id >= 0,
+                timeout_s,
+                what="a quorum leader",
+                expect_running=controllers,
+                on_status=report,
+            ),
+            "a quorum leader",
+        )
+        cluster.start()
+    remaining_s = max(1.0, deadline - time.monotonic())
+    return _wait_with_progress(
+        lambda report: cluster.wait_healthy(remaining_s, on_status=report), "a healthy cluster"
+    )
 
 
 def _create_or_reopen(
@@ -195,7 +218,8 @@ def down_command(
     """
     try:
         cluster = LocalCluster.open(directory)
-        outcomes = cluster.down(timeout_s)
+        with Console(stderr=True).status("stopping the brokers, then the controllers…"):
+            outcomes = cluster.down(timeout_s)
     except ClusterError as exc:
         raise _cluster_error(exc) from None
     for name, outcome in outcomes.items():
@@ -269,7 +293,8 @@ def stop_command(
             if kill:
                 outcome = "killed" if proc.kill() else "not running"
             else:
-                outcome = proc.stop(timeout_s)
+                with Console(stderr=True).status(f"stopping {proc.node.name}…"):
+                    outcome = proc.stop(timeout_s)
             typer.echo(f"{proc.node.name}: {outcome}")
     except (ClusterError, ProcessError) as exc:
         raise CliError(str(exc)) from None

@@ -38,3 +38,9 @@ def demo_command(
         Demo(directory, brokers).run()
     except DemoError as exc:
         raise CliError(str(exc)) from None
+    except KeyboardInterrupt:
+        # Ctrl-C reaches the running step too (same process group); `cluster up` stops what it started.
+        raise CliError(
+            f"interrupted; see `kraft cluster status --dir {directory}`, stop it with "
+            f"`kraft cluster down --dir {directory}`"
+        ) from None

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -60,5 +64,16 @@ async def run_checked(options: RunOptions) -> RunReport:
         print("\n".join(progress))
         raise
     if any(v.status is not Status.PASS for v in report.verdicts):
-        pytest.fail(violation_message(options, report, progress), pytrace=False)
+        kept = keep_failed_run(options)
+        message = violation_message(options, report, progress)
+        pytest.fail(f"{message}\nkept a copy (history, report, node logs) in {kept}", pytrace=False)
     return report
+
+
+def keep_failed_run(options: RunOptions) -> Path:
+    """Copy a failed run out of pytest's tmp_path, which later pytest runs on this machine recycle."""
+    root = Path(os.environ.get("KRAFT_CHAOS_KEEP", Path(tempfile.gettempdir()) / "kraft-chaos-failures"))
+    target = root / f"{options.scenario}-seed{options.seed}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    # Under 1 MB: keep everything (history, report, configs, node logs, metadata logs).
+    shutil.copytree(options.report_dir, target, ignore=shutil.ignore_patterns("*.sqlite-wal", "*.sqlite-shm"))
+    return target

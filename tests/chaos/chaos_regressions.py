@@ -24,4 +24,14 @@ class Regression:
         return f"{self.scenario}-seed{self.seed}"
 
 
-REGRESSIONS: tuple[Regression, ...] = ()
+REGRESSIONS: tuple[Regression, ...] = (
+    Regression(
+        "kill",
+        12,
+        8.0,
+        "fenced-broker-never-acks FAILED once (suite run on a heavily loaded host, 3 leader kills in a "
+        "row): 27 produces acknowledged by broker 101 while the active controller's committed image "
+        "showed it fenced. Not reproduced in 5 reruns; root cause open (see the chaos report of "
+        "2026-11-22). report.json now keeps the monitor's samples to diagnose the next occurrence.",
+    ),
+)

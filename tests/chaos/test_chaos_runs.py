@@ -27,7 +27,7 @@ SUITE_SEEDS = {
     "bridge": 24,
     "one-way": 25,
     "flaky": 26,
-    "kill": 12,
+    "kill": 22,
     "pause": 28,
     "mixed": 29,
 }

@@ -1,10 +1,11 @@
 """End-to-end: the ``kraft`` CLI run as a user runs it (every command a subprocess), plus its error cases.
 
 One test walks the whole story on one cluster — ``cluster up`` → describe → topic → produce/consume →
-crash the active controller → a new leader → ``cluster down`` leaves no process — because each step
-needs the previous one.  The error-case tests are independent and start at most one short-lived node.
-Every cluster directory is torn down by a fixture finalizer (``down`` finds the nodes by pid file) even
-when an assertion fails half-way.
+crash the active controller → a new leader → ``cluster start`` / ``restart`` → ``cluster down`` leaves
+no process — because each step needs the previous one (and a cluster start is the expensive part).
+The error-case tests are independent and start at most one short-lived node.  Every cluster directory
+is torn down by a fixture finalizer (``down`` finds the nodes by pid file) even when an assertion fails
+half-way.
 """
 
 from __future__ import annotations
@@ -201,6 +202,16 @@ def test_user_story_up_topic_produce_consume_failover_down(cluster_dir: Path) ->
     back = {n["id"]: n for n in json.loads(restarted.stdout)["nodes"]}[old_leader]
     assert back["state"] in ("follower", "leader") and back["pid"] != nodes[old_leader]["pid"]
 
+    # A graceful restart of the current leader: it resigns, another takes over, it rejoins.
+    leader_now = new_status["leader_id"]
+    old_pid = {n["id"]: n["pid"] for n in cluster_status["nodes"]}[leader_now]
+    restart = kraft(
+        "cluster", "restart", str(leader_now), "--dir", d, "--timeout", "90", "--json", timeout_s=150
+    )
+    assert restart.returncode == 0, restart.stderr + log_tails(cluster_dir)
+    again_back = {n["id"]: n for n in json.loads(restart.stdout)["nodes"]}[leader_now]
+    assert again_back["state"] in ("follower", "leader") and again_back["pid"] != old_pid
+
     # `cluster down` leaves no process and no pid file behind.
     pids = node_pids(cluster_dir)
     assert len(pids) == 5
@@ -208,6 +219,9 @@ def test_user_story_up_topic_produce_consume_failover_down(cluster_dir: Path) ->
     assert down.returncode == 0, down.stderr
     outcomes = dict(line.split(": ", 1) for line in down.stdout.splitlines())
     assert set(outcomes) == {"broker-101", "broker-102", "controller-1", "controller-2", "controller-3"}
+    # Brokers get a controlled shutdown while the controllers still run; a controller that outlives
+    # --timeout is SIGKILLed (a known rare shutdown hang, see docs/troubleshooting.md).
+    assert outcomes["broker-101"] == outcomes["broker-102"] == "stopped"
     assert set(outcomes.values()) <= {"stopped", "killed"}
     assert not [pid for pid in pids if pid_alive(pid)]
     assert not list((cluster_dir / "run").glob("*.pid"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.dialers import DialerRouter, pid_owns_socket, socket_inode
+from chaos.dialers import DialerRouter, netlink_socket_inode, pid_owns_socket, proc_socket_inode, socket_inode
 from chaos.proxy import BackgroundProxyServer
 from chaos.proxy.client import ToxiproxyClient
 from chaos.topology import build_topology
@@ -39,11 +39,20 @@ def test_the_dialing_socket_is_found_and_owned_by_this_process(
     connected_pair: tuple[socket.socket, int, int],
 ) -> None:
     _, dialer_port, listen_port = connected_pair
-    inode = socket_inode(dialer_port, listen_port)
+    dialer, listener = ("127.0.0.1", dialer_port), ("127.0.0.1", listen_port)
+    inode = socket_inode(dialer, listener)
     assert inode is not None
     assert pid_owns_socket(os.getpid(), inode)
     assert not pid_owns_socket(os.getppid(), inode)
-    assert socket_inode(listen_port, dialer_port) != inode  # the accepting end is another socket
+    assert socket_inode(listener, dialer) not in (None, inode)  # the accepting end is another socket
+    assert proc_socket_inode(dialer_port, listen_port) == inode  # the fallback agrees
+
+
+def test_netlink_lookup_of_a_missing_socket_is_none(connected_pair: tuple[socket.socket, int, int]) -> None:
+    _, dialer_port, listen_port = connected_pair
+    # No connection from the listener's port to itself; the kernel would offer the listener instead.
+    assert netlink_socket_inode(("127.0.0.1", listen_port), ("127.0.0.1", listen_port)) is None
+    assert netlink_socket_inode(("127.0.0.1", dialer_port), ("127.0.0.1", 1)) is None
 
 
 def _round_trip(address: str) -> bytes:
