@@ -33,7 +33,8 @@ CALL_TIMEOUT_S = 60.0
 
 def kraft(*args: str, timeout_s: float = CALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """``kraft <args>`` in a subprocess, bounded; never raises on a non-zero exit."""
-    return subprocess.run(
+    started = time.monotonic()
+    result = subprocess.run(
         [sys.executable, "-m", "kraft.cli.main", *args],
         capture_output=True,
         text=True,
@@ -42,6 +43,9 @@ def kraft(*args: str, timeout_s: float = CALL_TIMEOUT_S) -> subprocess.Completed
         stdin=subprocess.DEVNULL,
         check=False,
     )
+    # Shown with a failing test's captured output: which step ate the time on a loaded machine.
+    print(f"[{time.monotonic() - started:5.1f} s] exit {result.returncode}: kraft {' '.join(args)}")
+    return result
 
 
 def kraft_in_process(*args: str) -> subprocess.CompletedProcess[str]:
@@ -124,6 +128,7 @@ def _wait_for_new_leader(controllers: str, old_leader: int, timeout_s: float) ->
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(480)  # ~100 s on an idle 2-core box; 170 s measured at load average 20
 def test_user_story_up_topic_produce_consume_failover_down(cluster_dir: Path) -> None:
     d = str(cluster_dir)
     up = kraft(
