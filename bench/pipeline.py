@@ -100,10 +100,13 @@ class PeakSampler:
         self.peak_jvm_rss_bytes = 0
         self.peak_python_workers_rss_bytes = 0
         self.peak_spill_bytes = 0
+        self._cpu_ticks: dict[int, int] = {}  # pid → newest utime + stime seen (clock ticks)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> PeakSampler:
+        # CPU is counted from here on: remember what the tree had already used.
+        self._baseline = dict(self._cpu_ticks)
         self._thread.start()
         return self
 
@@ -141,6 +144,20 @@ class PeakSampler:
                 return int(line.split()[1]) * 1024, name
         return 0, name
 
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time of the process tree while sampling (processes that exited keep their last sample)."""
+        return sum(self._cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
+
+    def _record_cpu(self, pid: int) -> None:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return
+        # After the ")" field 0 is the state (field 3 of stat); utime and stime are fields 14 and 15.
+        self._cpu_ticks[pid] = int(fields[11]) + int(fields[12])
+
     def _dir_bytes(self) -> int:
         total = 0
         for root, _dirs, files in os.walk(self.spill_dir):
@@ -158,6 +175,7 @@ class PeakSampler:
             while pending:
                 pid = pending.pop()
                 rss, name = self._rss(pid)
+                self._record_cpu(pid)
                 total += rss
                 if name == "java":
                     jvm += rss

@@ -8,11 +8,11 @@ The reusable machinery lives in ``procs.py`` (importable without pytest).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from procs import ControllerQuorum
+from procs import ControllerQuorum, QuorumFactory
 
 # Timeouts shorter than Kafka's defaults keep the tests quick, yet loose enough for a busy 2-core box.
 TEST_PROFILE: dict[str, str] = {
@@ -22,9 +22,6 @@ TEST_PROFILE: dict[str, str] = {
     "controller.quorum.fetch.max.wait.ms": "200",
     "controller.quorum.append.linger.ms": "5",
 }
-
-QuorumFactory = Callable[..., ControllerQuorum]
-
 
 @pytest.fixture
 def quorum_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[QuorumFactory]:

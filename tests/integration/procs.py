@@ -441,3 +441,7 @@ class ControllerQuorum:
             state = "running" if node.alive else f"exited({node.exit_code()})"
             parts.append(f"--- node {node.node_id} {node.target} {state} ---\n{node.log_tail(lines)}")
         return "\n".join(parts)
+
+
+# What the ``quorum_factory`` fixture returns: ``factory(size=3, overrides=..., test_append=...)``.
+QuorumFactory = Callable[..., ControllerQuorum]

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import QuorumFactory
-from procs import ControllerQuorum, run_kraft, wait_until
+from procs import ControllerQuorum, QuorumFactory, run_kraft, wait_until
 
 from kraft.errors import ErrorCode
 from kraft.storage.meta_properties import MetaProperties, write_meta_properties
