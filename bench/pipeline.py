@@ -101,11 +101,14 @@ class PeakSampler:
         self.peak_python_workers_rss_bytes = 0
         self.peak_spill_bytes = 0
         self._cpu_ticks: dict[int, int] = {}  # pid → newest utime + stime seen (clock ticks)
+        self._baseline: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> PeakSampler:
-        # CPU is counted from here on: remember what the tree had already used.
+        # CPU is counted from here on: remember what the tree (JVM startup, …) had already used.
+        for pid in self._tree_pids():
+            self._record_cpu(pid)
         self._baseline = dict(self._cpu_ticks)
         self._thread.start()
         return self
@@ -147,7 +150,18 @@ class PeakSampler:
     @property
     def cpu_seconds(self) -> float:
         """CPU time of the process tree while sampling (processes that exited keep their last sample)."""
-        return sum(self._cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
+        used = sum(ticks - self._baseline.get(pid, 0) for pid, ticks in self._cpu_ticks.items())
+        return used / os.sysconf("SC_CLK_TCK")
+
+    def _tree_pids(self) -> list[int]:
+        tree = self._children()
+        found: list[int] = []
+        pending = [os.getpid()]
+        while pending:
+            pid = pending.pop()
+            found.append(pid)
+            pending.extend(tree.get(pid, []))
+        return found
 
     def _record_cpu(self, pid: int) -> None:
         try:
@@ -169,11 +183,8 @@ class PeakSampler:
     def _run(self) -> None:
         me = os.getpid()
         while not self._stop.wait(self.interval_s):
-            tree = self._children()
-            pending = [me]
             total = jvm = workers = 0
-            while pending:
-                pid = pending.pop()
+            for pid in self._tree_pids():
                 rss, name = self._rss(pid)
                 self._record_cpu(pid)
                 total += rss
@@ -181,7 +192,6 @@ class PeakSampler:
                     jvm += rss
                 elif pid != me and name.startswith("python"):
                     workers += rss
-                pending.extend(tree.get(pid, []))
             self.peak_rss_bytes = max(self.peak_rss_bytes, total)
             self.peak_jvm_rss_bytes = max(self.peak_jvm_rss_bytes, jvm)
             self.peak_python_workers_rss_bytes = max(self.peak_python_workers_rss_bytes, workers)
@@ -291,6 +301,10 @@ def run(
         "result": {
             "compact_seconds": round(compact_s, 1),
             "records_per_second": round(records / compact_s),
+            # Wall time depends on how busy the shared machine is; CPU time of the process tree does not.
+            "cpu_seconds_process_tree": round(sampler.cpu_seconds, 1),
+            "records_per_cpu_second": round(records / max(sampler.cpu_seconds, 0.001)),
+            "load_average_1m_at_end": round(os.getloadavg()[0], 1),
             "totals": totals,
             "peak_pss_mib_process_tree": round(sampler.peak_rss_bytes / mib),
             "peak_pss_mib_jvm": round(sampler.peak_jvm_rss_bytes / mib),

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, TextIO
+from typing import ClassVar, Final, TextIO
 
 from kraft.cluster.manager import ClusterError, LocalCluster
 
@@ -76,9 +76,9 @@ class Demo:
     brokers: int = 3
     run_step: StepRunner = run_kraft_subprocess
     out: TextIO = field(default_factory=lambda: sys.stdout)
-    _step: int = 0
+    _step: int = field(default=0, init=False)
 
-    STEPS: Final = 7
+    STEPS: ClassVar[int] = 7
 
     def run(self) -> None:
         if self.brokers < 1:
@@ -167,7 +167,13 @@ class Demo:
             args += ["--brokers", str(self.brokers)]
         self._echo_command(args)
         # No capture: `cluster up` draws its own progress spinner and prints its own one-line error.
-        result = self.run_step(args, False, UP_TIMEOUT_S + 30)
+        try:
+            result = self.run_step(args, False, UP_TIMEOUT_S + 30)
+        except DemoError as exc:
+            # The killed `cluster up` could not stop the nodes it had started: say how to.
+            raise DemoError(
+                f"{exc}; stop what it started with `kraft cluster down --dir {directory}`"
+            ) from None
         if result.returncode != 0:
             raise DemoError(f"`kraft cluster up` failed (exit {result.returncode}); see its error above")
         return LocalCluster.open(self.directory)

@@ -24,7 +24,25 @@ class Regression:
         return f"{self.scenario}-seed{self.seed}"
 
 
+RAFT_LATE_LEADER_CHANGE = (
+    "lost acknowledged write: a deposed leader's pending append is acknowledged when a record of the "
+    "NEW epoch commits at the same offset. kraft/raft/listeners.py ListenerRegistry._catch_up delivers "
+    "handle_commit for the new epoch's batches before _maybe_report_leader calls handle_leader_change, "
+    "so kraft/metadata/controller.py handle_commit -> _resolve_waiters resolves the old-epoch waiter "
+    "before _deactivate fails it. Owners: raft + metadata; remove this xfail with the fix."
+)
+
 REGRESSIONS: tuple[Regression, ...] = (
+    Regression(
+        "pause",
+        28,
+        8.0,
+        "no-lost-acknowledged FAILED: controller-1 (epoch-1 leader) paused with a DeleteTopics queued; "
+        "on SIGCONT it appended RemoveTopic at offset 169 (epoch 1), became a follower of epoch 2, "
+        "truncated 169 and fetched the new leader's LeaderChange there; that commit resolved the delete's "
+        "waiter, so the client got 'deleted' for a record no log holds (report kept 2026-11-22).",
+        xfail=RAFT_LATE_LEADER_CHANGE,
+    ),
     Regression(
         "kill",
         12,

@@ -7,13 +7,14 @@ replays it (same fault schedule and workload; see docs/chaos.md).
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
 import pytest
 from chaos_checked_run import run_checked, suite_options
 
-from chaos.history import EventType, load_events, pair_operations
+from chaos.history import EventType, Operation, load_events, pair_operations
 from chaos.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(150)]
@@ -28,7 +29,7 @@ SUITE_SEEDS = {
     "one-way": 25,
     "flaky": 26,
     "kill": 22,
-    "pause": 28,
+    "pause": 38,
     "mixed": 29,
 }
 # Checkers every run must report (all must PASS); the runner adds them only when their inputs exist.
@@ -58,19 +59,18 @@ async def test_scenario_passes_every_checker(tmp_path: Path, scenario: str) -> N
     acknowledged = [op for op in report.operations if op.outcome is EventType.OK]
     assert sum(op.f in ("create", "delete") for op in acknowledged) >= 10, "almost no topic progress"
     assert any(op.f == "produce" for op in acknowledged), "no produce was acknowledged"
+    await _assert_artefacts(options.report_dir, scenario, options.reproduce_command(), report.operations)
 
 
-async def test_report_files_replay_the_history(tmp_path: Path) -> None:
-    """The artefacts a failed run leaves behind: history, JSON and HTML (with the reproduce command)."""
-    options = suite_options(tmp_path, "isolate-leader", 31, duration_s=4.0)
-    report = await run_checked(options)
-    directory = options.report_dir
+async def _assert_artefacts(
+    directory: Path, scenario: str, command: str, operations: list[Operation]
+) -> None:
+    """What a failed run leaves behind to debug it: history, JSON and HTML with the reproduce command."""
     summary = json.loads((directory / "report.json").read_text())
-    assert summary["valid"] is True and summary["scenario"] == "isolate-leader"
-    command = "kraft chaos run --scenario isolate-leader --seed 31 --duration 4 --recovery 40"
-    assert summary["reproduce"] == command
+    assert summary["valid"] is True and summary["scenario"] == scenario
+    assert summary["reproduce"] == command and summary["samples"], "report.json lacks replay data"
     page = (directory / "report.html").read_text()
-    assert page.count("<tr") > len(report.verdicts) and "--seed 31" in page
+    assert page.count("<tr") > len(summary["verdicts"]) and html.escape(command) in page
     assert (directory / "operations.png").stat().st_size > 0
     assert (directory / "leaders.png").stat().st_size > 0
-    assert pair_operations(await load_events(directory / "history.sqlite")) == report.operations
+    assert pair_operations(await load_events(directory / "history.sqlite")) == operations
