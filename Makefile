@@ -9,7 +9,7 @@ PROTOS := $(wildcard proto/kraft/v1/*.proto)
 SEEDS ?= 1000
 PYTEST_ARGS ?=
 
-.PHONY: setup proto lint test test-fast sim chaos bench demo java clean
+.PHONY: setup proto lint test test-fast sim chaos bench demo demo-down java clean
 
 setup: $(STAMP)
 
@@ -55,7 +55,10 @@ bench: setup
 	$(PY) -m bench
 
 demo: setup
-	$(BIN)/kraft demo
+	$(BIN)/kraft demo --dir demo-cluster
+
+demo-down:
+	$(BIN)/kraft cluster down --dir demo-cluster
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -174,9 +174,9 @@ class MetadataFetcher:
                         raise SnapshotChanged(f"snapshot position did not advance from {position}")
                     position = response.next_snapshot_position
                     pending = asyncio.create_task(self._call(self._snapshot_request(snapshot, position)))
-                for value in response.snapshot_records:
-                    delta.replay(decode_value(value), last_offset, snapshot.epoch)
+                delta.replay_values(response.snapshot_records, last_offset, snapshot.epoch)
                 records += len(response.snapshot_records)
+                await asyncio.sleep(0)  # one chunk at a time: heartbeats and serving run in between
                 if response.snapshot_done:
                     image = delta.apply()
                     self.last_snapshot_replay_s = time.monotonic() - started

@@ -25,7 +25,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
-from kraft.metadata.records import ConfigResourceType
+from kraft.metadata.records import ConfigResourceType, decode_values
 from kraft.v1 import metadata_pb2 as pb
 
 # Broker ids repeat across millions of replica lists; one shared int object per id keeps images small.
@@ -100,6 +100,9 @@ class MetadataDelta:
         self._names: dict[str, str | None] = {}
         self._configs: dict[ConfigKey, dict[str, str]] = {}
         self._features: dict[str, int] = {}
+        # Replica lists repeat across partitions (a few thousand distinct ones cover a million partitions):
+        # one shared tuple per distinct list keeps images small and skips re-building tuples of ints.
+        self._id_tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     # ---- reading through the delta (committed image + what was replayed) ----
 
@@ -143,6 +146,38 @@ class MetadataDelta:
     def replay_all(self, records: Iterable[tuple[int, pb.MetadataRecord]], epoch: int = -1) -> None:
         for offset, record in records:
             self.replay(record, offset, epoch)
+
+    def replay_values(self, values: Iterable[bytes], offset: int = -1, epoch: int = -1) -> None:
+        """Decode and replay encoded record values in bulk (a snapshot chunk, all at ``offset``/``epoch``).
+
+        The result is exactly that of ``replay(decode_value(v), offset, epoch)`` for each value; the
+        bulk path decodes headers by table lookup and dispatches PartitionRecords (the bulk of every
+        snapshot) without the generic oneof dispatch.  A bad value raises ``KraftError`` as
+        ``decode_value`` would, after the values before it were replayed.
+        """
+        if offset >= 0:
+            self.offset = offset
+        if epoch >= 0:
+            self.epoch = epoch
+        replay_partition = self._replay_partition
+        handlers = _HANDLERS
+        for record in decode_values(values):
+            kind = record.WhichOneof("record")
+            if kind == "partition":
+                replay_partition(record.partition)
+            else:
+                handler = handlers.get(kind or "")
+                if handler is not None:
+                    handler(self, getattr(record, kind or ""))
+
+    def _ids(self, ids: Iterable[int]) -> tuple[int, ...]:
+        """``ids`` as the delta's one shared tuple for that list (ints interned as by :func:`intern_ids`)."""
+        key = tuple(ids)
+        shared = self._id_tuples.get(key)
+        if shared is None:
+            shared = intern_ids(key)
+            self._id_tuples[shared] = shared
+        return shared
 
     def _replay_register_broker(self, r: pb.RegisterBrokerRecord) -> None:
         self._brokers[r.broker_id] = BrokerRegistration(
@@ -224,19 +259,22 @@ class MetadataDelta:
         return topic
 
     def _replay_partition(self, r: pb.PartitionRecord) -> None:
-        topic = self._topic_delta(r.topic_id)
+        # The hot path of every snapshot load (a million calls): keep it to plain lookups.
+        topic = self._topics.get(r.topic_id) or self._topic_delta(r.topic_id)
+        partition_id = r.partition_id
         if topic is None:
-            self.replay_errors.append(f"partition {r.partition_id} of unknown topic {r.topic_id}")
+            self.replay_errors.append(f"partition {partition_id} of unknown topic {r.topic_id}")
             return
-        if r.partition_id > topic.count:
-            self.replay_errors.append(f"partition {r.partition_id} of {topic.name} skips ids ({topic.count})")
+        if partition_id > topic.count:
+            self.replay_errors.append(f"partition {partition_id} of {topic.name} skips ids ({topic.count})")
             return
-        replicas = intern_ids(r.replicas)
-        isr = replicas if list(r.isr) == list(r.replicas) else intern_ids(r.isr)
-        topic.changed[r.partition_id] = PartitionRegistration(
+        replicas = self._ids(r.replicas)
+        isr = self._ids(r.isr)
+        topic.changed[partition_id] = PartitionRegistration(
             replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
         )
-        topic.count = max(topic.count, r.partition_id + 1)
+        if partition_id >= topic.count:
+            topic.count = partition_id + 1
 
     def _replay_partition_change(self, r: pb.PartitionChangeRecord) -> None:
         topic = self._topic_delta(r.topic_id)
@@ -244,8 +282,8 @@ class MetadataDelta:
         if topic is None or current is None:
             self.replay_errors.append(f"change of unknown partition {r.topic_id}/{r.partition_id}")
             return
-        replicas = intern_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
-        isr = intern_ids(r.isr.ids) if r.HasField("isr") else current.isr
+        replicas = self._ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
+        isr = self._ids(r.isr.ids) if r.HasField("isr") else current.isr
         leader = r.leader if r.HasField("leader") else current.leader
         # kraft bumps both epochs on every change (ARCHITECTURE.md §5), so any change fences stale leaders.
         topic.changed[r.partition_id] = make_partition(

@@ -9,6 +9,7 @@ field number of each record kind is its api key + 10, so the two can never disag
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
 from google.protobuf import json_format
@@ -149,6 +150,41 @@ def decode_value(value: bytes) -> pb.MetadataRecord:
     if found != field:
         raise KraftError(ErrorCode.CORRUPT_MESSAGE, f"record header says {field}, payload is {found}")
     return record
+
+
+def _single_byte_headers() -> dict[bytes, str]:
+    """The 3-byte headers whose varints all fit in one byte, mapped to their oneof field."""
+    headers: dict[bytes, str] = {}
+    for key, field in _FIELD_BY_KEY.items():
+        for version in range(RECORD_VERSIONS[key] + 1):
+            if key < 0x80 and version < 0x80:
+                headers[bytes((FRAME_VERSION, key, version))] = field
+    return headers
+
+
+_SINGLE_BYTE_HEADERS: Final = _single_byte_headers()
+
+
+def decode_values(values: Iterable[bytes]) -> Iterator[pb.MetadataRecord]:
+    """:func:`decode_value` for many values (snapshots, fetch batches), about twice as cheap per record.
+
+    Every header kraft writes today is three one-byte varints, so one dict lookup replaces the varint
+    parsing; anything else (or a payload that does not match its header) goes through
+    :func:`decode_value`, which raises exactly as it would have.
+    """
+    headers = _SINGLE_BYTE_HEADERS
+    parse = pb.MetadataRecord.FromString
+    for value in values:
+        field = headers.get(value[:3])
+        if field is not None:
+            try:
+                record = parse(value[3:])
+            except DecodeError:
+                record = None
+            if record is not None and record.WhichOneof(_ONEOF) == field:
+                yield record
+                continue
+        yield decode_value(value)
 
 
 def to_dict(record: pb.MetadataRecord) -> dict[str, Any]:

@@ -92,6 +92,13 @@ def _parse_ids(text: str) -> tuple[int, ...]:
     return tuple(json.loads(text))
 
 
+def _parse_shared(parsed: dict[str, tuple[int, ...]], text: str) -> tuple[int, ...]:
+    ids = parsed.get(text)
+    if ids is None:
+        ids = parsed[text] = _parse_ids(text)
+    return ids
+
+
 def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
     return (
         b.broker_id,
@@ -106,24 +113,26 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
     )
 
 
-def _partition_row(topic_id: str, partition_id: int, p: PartitionRegistration) -> tuple[Any, ...]:
-    return (
-        topic_id,
-        partition_id,
-        p.leader,
-        p.leader_epoch,
-        p.partition_epoch,
-        _ids(p.replicas),
-        _ids(p.isr),
-    )
-
-
 def _changed_partition_rows(changed: list[tuple[TopicImage, TopicImage | None]]) -> Iterator[tuple[Any, ...]]:
+    # Images share one tuple per distinct replica list, so each list's text is built once per save
+    # (a million rows have a few thousand distinct lists); the text is the same as _ids() gives.
+    texts: dict[tuple[int, ...], str] = {}
     for topic, before in changed:
+        topic_id = topic.topic_id
         old = before.partitions if before is not None else ()
+        n_old = len(old)
         for partition_id, partition in enumerate(topic.partitions):
-            if partition_id >= len(old) or old[partition_id] is not partition:
-                yield _partition_row(topic.topic_id, partition_id, partition)
+            if partition_id < n_old and old[partition_id] is partition:
+                continue
+            replicas, isr, leader, leader_epoch, partition_epoch = partition
+            replicas_text = texts.get(replicas)
+            if replicas_text is None:
+                replicas_text = texts[replicas] = _ids(replicas)
+            if isr is replicas:
+                isr_text = replicas_text
+            else:
+                isr_text = texts.get(isr) or texts.setdefault(isr, _ids(isr))
+            yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
 
 
 class ImageStore:
@@ -183,11 +192,13 @@ class ImageStore:
             )
         partitions: dict[str, list[PartitionRegistration]] = {}
         query = "SELECT topic_id, leader, leader_epoch, partition_epoch, replicas, isr FROM partitions "
+        # One shared tuple per distinct list text, as images built by replay share them (memory, speed).
+        parsed: dict[str, tuple[int, ...]] = {}
         async for topic_id, leader, leader_epoch, partition_epoch, replicas, isr in _rows(
             db, query + "ORDER BY topic_id, partition_id"
         ):
-            replica_ids = _parse_ids(replicas)
-            isr_ids = replica_ids if isr == replicas else _parse_ids(isr)
+            replica_ids = _parse_shared(parsed, replicas)
+            isr_ids = replica_ids if isr == replicas else _parse_shared(parsed, isr)
             partitions.setdefault(topic_id, []).append(
                 PartitionRegistration(replica_ids, isr_ids, leader, leader_epoch, partition_epoch)
             )

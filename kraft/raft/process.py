@@ -53,6 +53,8 @@ NodeHook = Callable[["ControllerNode"], Awaitable[None]]
 """Runs after the node started (``on_start``) or before it stops (``on_stop``)."""
 
 SHUTDOWN_TIMEOUT_MS = 5000
+# Upper bound for each metadata-layer stop hook before the node abandons it and resigns anyway.
+STOP_HOOK_TIMEOUT_S = 5.0
 # Room for the protobuf envelope around a Fetch response's record bytes.
 _FETCH_ENVELOPE_BYTES = 64 * 1024
 
@@ -304,10 +306,7 @@ class ControllerNode:
         if self._health is not None:
             await self._health.shutdown()
         for hook in reversed(self._stop_hooks):
-            try:
-                await hook(self)
-            except Exception:
-                self._log.exception("stop_hook_failed")
+            await self._run_stop_hook(hook)
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -319,6 +318,21 @@ class ControllerNode:
                 self._log.exception("raft_shutdown_failed")
         await self._close_resources()
         self._log.info("controller_stopped")
+
+    async def _run_stop_hook(self, hook: NodeHook) -> None:
+        # A hook that hangs (e.g. awaiting a task that swallows cancellation) must not keep the process
+        # alive past SIGTERM: run it as a task, give it a bounded time, then abandon it and carry on.
+        task = asyncio.ensure_future(hook(self))
+        done, _ = await asyncio.wait({task}, timeout=STOP_HOOK_TIMEOUT_S)
+        if not done:
+            task.cancel()
+            name = getattr(hook, "__qualname__", repr(hook))
+            self._log.error("stop_hook_timed_out", hook=name, timeout_s=STOP_HOOK_TIMEOUT_S)
+            return
+        exc = None if task.cancelled() else task.exception()
+        if exc is not None:
+            name = getattr(hook, "__qualname__", repr(hook))
+            self._log.error("stop_hook_failed", hook=name, error=repr(exc))
 
     async def _close_resources(self) -> None:
         if self._server is not None:
