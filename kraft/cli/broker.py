@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Annotated, Any
 
+import grpc
 import typer
 
 from kraft.cli.common import (
@@ -22,6 +23,7 @@ from kraft.cli.common import (
     run_async,
 )
 from kraft.metadata.admin import AdminClient
+from kraft.v1 import broker_pb2, broker_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(no_args_is_help=True, help="Brokers: run one, list, describe, unregister, shut down.")
@@ -38,6 +40,9 @@ LIST_COLUMNS = [
     "Replicas",
 ]
 BrokerIdArgument = Annotated[int, typer.Argument(help="The broker's node.id.", show_default=False)]
+# The broker-side state is a best-effort extra on `describe`: a dead or hung broker must not stall it.
+BROKER_STATE_TIMEOUT_S = 2.0
+UNKNOWN_STATE = "unknown"
 
 
 def _client(bootstrap: str) -> AdminClient:
@@ -86,6 +91,38 @@ def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonO
     )  # fmt: skip
 
 
+def client_endpoint(broker: cpb.BrokerDescription) -> str | None:
+    """``host:port`` of the broker's client listener (PLAINTEXT when present, else its first one)."""
+    endpoints = sorted(broker.endpoints, key=lambda e: e.name != "PLAINTEXT")
+    if not endpoints:
+        return None
+    host = endpoints[0].host or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):  # a wildcard bind is reachable on loopback from this host only
+        host = "127.0.0.1"
+    return f"[{host}]:{endpoints[0].port}" if ":" in host else f"{host}:{endpoints[0].port}"
+
+
+async def broker_side_state(
+    target: str | None, cluster_id: str, timeout_s: float = BROKER_STATE_TIMEOUT_S
+) -> str:
+    """The broker's own lifecycle state (STARTING … SHUTTING_DOWN) from its DescribeBroker RPC, or
+    ``unknown`` when it cannot be asked (no endpoint, unreachable, timeout, error answer — e.g. the
+    endpoint now belongs to another cluster's broker)."""
+    if target is None:
+        return UNKNOWN_STATE
+    try:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = broker_pb2_grpc.BrokerServiceStub(channel)
+            response = await stub.DescribeBroker(
+                broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s
+            )
+    except (grpc.RpcError, OSError):
+        return UNKNOWN_STATE
+    if response.error_code != 0 or not response.state:
+        return UNKNOWN_STATE
+    return response.state
+
+
 async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
     async with _client(bootstrap) as client:
         cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
@@ -96,6 +133,7 @@ async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
             lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(include_partitions=True)
         )
     result = broker_json(found[0])
+    result["broker_state"] = await broker_side_state(client_endpoint(found[0]), cluster.cluster_id)
     result["partitions"] = [
         {
             "topic": topic.name,
@@ -119,7 +157,12 @@ async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
 def describe_command(
     broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False
 ) -> None:
-    """One broker's registration, state and the partitions it hosts."""
+    """One broker's registration, state and the partitions it hosts.
+
+    ``State`` is what the controller says (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE); ``BrokerState``
+    is the broker's own lifecycle state (STARTING, RECOVERY, RUNNING, PENDING_CONTROLLED_SHUTDOWN,
+    SHUTTING_DOWN), asked from the broker itself — ``unknown`` when it does not answer within 2 s.
+    """
     broker = run_async(_describe_broker(bootstrap_controller, broker_id))
     if as_json:
         print_json(broker)
@@ -128,6 +171,7 @@ def describe_command(
         [
             ("Id", broker["id"]),
             ("State", broker["state"]),
+            ("BrokerState", broker["broker_state"]),
             ("Epoch", broker["epoch"]),
             ("IncarnationId", broker["incarnation_id"]),
             ("Rack", broker["rack"]),

@@ -45,7 +45,17 @@ def cluster_id_of(config: NodeConfig) -> str:
 @app.command("start")
 @handle_errors
 def start(config: ConfigOption) -> None:
-    """Run a broker in the foreground (SIGTERM = controlled shutdown)."""
+    """Run a broker in the foreground (SIGTERM = controlled shutdown).
+
+    Needs formatted storage; exits 1 if it cannot register with the active
+    controller within initial.broker.registration.timeout.ms.
+
+    Examples:
+
+      kraft broker start --config broker-101.properties
+
+      kraft broker start -c config/broker-101.properties 2>b101.log &
+    """
     cfg = load_config(config)
     if not cfg.is_broker:
         raise CliError(f"{config}: process.roles must include broker to run `kraft broker start`")

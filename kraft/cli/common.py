@@ -17,12 +17,16 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from types import TracebackType
+from typing import Annotated, Any, NoReturn, ParamSpec, Self, TypeVar
 
 import grpc
 import typer
 from rich.console import Console
+from rich.live import Live
+from rich.spinner import Spinner
 from rich.table import Table
+from rich.text import Text
 
 from kraft.errors import KraftError
 
@@ -72,14 +76,26 @@ def error_message(exc: BaseException) -> str:
     return _one_line(text)
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``error: message`` as one line on stderr and exit 1."""
+def print_error(message: str) -> None:
+    """Print ``error: message`` as one line on stderr (the caller decides the exit status)."""
     # Plain print, not rich: rich wraps long lines and would break the one-line contract.
     print(f"error: {_one_line(message)}", file=sys.stderr, flush=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``error: message`` as one line on stderr and exit 1."""
+    print_error(message)
     raise typer.Exit(code=1)
 
 
-_HANDLED = (KraftError, CliError, OSError, grpc.RpcError, TimeoutError)
+# The failures a command expects (bad config, unreachable node, refused request): one line, exit 1.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (
+    KraftError,
+    CliError,
+    OSError,
+    grpc.RpcError,
+    TimeoutError,
+)
 
 
 @contextmanager
@@ -89,7 +105,7 @@ def cli_errors() -> Iterator[None]:
         yield
     except typer.Exit:
         raise
-    except _HANDLED as exc:
+    except EXPECTED_ERRORS as exc:
         fail(error_message(exc))
 
 
@@ -102,7 +118,7 @@ def handle_errors(command: Callable[P, T]) -> Callable[P, T]:
             return command(*args, **kwargs)
         except typer.Exit:
             raise
-        except _HANDLED as exc:
+        except EXPECTED_ERRORS as exc:
             fail(error_message(exc))
 
     return wrapper
@@ -173,3 +189,64 @@ def parse_bootstrap(text: str, option: str = "--bootstrap-controller") -> list[H
             raise CliError(f"{option} entry {entry!r} is not host:port with a port in 1..65535")
         endpoints.append(HostPort(match.group("v6") or match.group("host"), port))
     return endpoints
+
+
+class WaitSpinner:
+    """A spinner on stderr while a command waits on the network: ``with WaitSpinner("finding the leader"):``.
+
+    Drawn only when stderr is a terminal, so pipes, log files and ``--json`` output never see it, and it
+    never redirects stdout (rich's ``console.status`` would send stdout writes to the stderr console).
+    """
+
+    def __init__(self, message: str, *, enabled: bool | None = None) -> None:
+        self._spinner = Spinner("dots", text=Text(message))
+        self._enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._live: Live | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._live is not None
+
+    def start(self) -> None:
+        if not self._enabled or self._live is not None:
+            return
+        self._live = Live(
+            self._spinner,
+            console=Console(stderr=True),
+            transient=True,  # leaves no trace on the terminal once the wait is over
+            redirect_stdout=False,
+            redirect_stderr=False,
+            refresh_per_second=10,
+        )
+        self._live.start()
+
+    def update(self, message: str) -> None:
+        # Text, not a markup string: a topic named "[x]" must print as itself.
+        self._spinner.update(text=Text(message))
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    @contextmanager
+    def hidden(self) -> Iterator[None]:
+        """Hide the spinner while the block writes to a terminal stdout (the two would garble)."""
+        if self._live is None or not sys.stdout.isatty():
+            yield
+            return
+        self.stop()
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            self.start()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -16,19 +16,16 @@ import typer
 
 from kraft.broker.client import BrokerClient
 from kraft.broker.service import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from kraft.cli.common import JsonOption, handle_errors, parse_bootstrap, run_async
+from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, run_async
 from kraft.cli.produce import BootstrapServerOption
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 
-app = typer.Typer(help="Read records of a topic partition (follows leader changes).")
-
 _POLL_WAIT_MS = 500
 
 
-@app.callback(invoke_without_command=True)
 @handle_errors
-def consume(
+def consume_command(
     bootstrap_server: BootstrapServerOption,
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic name.", show_default=False)],
     partition: Annotated[int, typer.Option("--partition", "-p", min=0, help="Partition index.")] = 0,
@@ -46,16 +43,39 @@ def consume(
     timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Print records from the partition's leader."""
+    """Read records of a topic partition from its leader; one value per line.
+
+    Stops after --max-records, or when no record came for --idle-timeout s.
+    With --json each line is one record object (offset, key, value, …).
+    A spinner on stderr shows the wait when stderr is a terminal.
+
+    Examples:
+
+      kraft consume --bootstrap-server localhost:9092 -t orders --from-beginning
+
+      kraft consume --bootstrap-server h1:9092 -t orders -p 2 --offset 100
+
+      kraft consume --bootstrap-server h1:9092 -t orders --from-beginning --json
+    """
     if offset is not None and from_beginning:
         raise KraftError(ErrorCode.INVALID_REQUEST, "--offset and --from-beginning exclude each other")
     targets = [hp.target for hp in parse_bootstrap(bootstrap_server, "--bootstrap-server")]
     start = offset if offset is not None else (EARLIEST_TIMESTAMP if from_beginning else LATEST_TIMESTAMP)
-    run_async(
-        _consume(
-            targets, cluster_id, topic, partition, start, max_records, idle_timeout_s, timeout_s, json_output
+    with WaitSpinner(f"waiting for records of {topic}-{partition}…") as spinner:
+        run_async(
+            _consume(
+                targets,
+                cluster_id,
+                topic,
+                partition,
+                start,
+                max_records,
+                idle_timeout_s,
+                timeout_s,
+                json_output,
+                spinner,
+            )
         )
-    )
 
 
 async def _consume(
@@ -68,6 +88,7 @@ async def _consume(
     idle_timeout_s: float,
     timeout_s: float,
     json_output: bool,
+    spinner: WaitSpinner,
 ) -> None:
     loop = asyncio.get_running_loop()
     async with BrokerClient(targets, cluster_id=cluster_id) as client:
@@ -84,10 +105,12 @@ async def _consume(
             code = ErrorCode.from_wire(response.error_code)
             if code is not ErrorCode.NONE:
                 raise KraftError(code, response.error_message)
-            for record in response.records[: max_records - printed]:
-                _print_record(topic, partition, record, json_output)
-                printed += 1
             if response.records:
+                with spinner.hidden():
+                    for record in response.records[: max_records - printed]:
+                        _print_record(topic, partition, record, json_output)
+                        printed += 1
+                spinner.update(f"read {printed} record(s) of {topic}-{partition}; waiting for more…")
                 position = response.records[-1].offset + 1
                 idle_until = loop.time() + idle_timeout_s
             elif loop.time() >= idle_until:

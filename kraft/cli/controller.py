@@ -16,7 +16,17 @@ app = typer.Typer(no_args_is_help=True, help="Run a controller node.")
 @app.command("start")
 @handle_errors
 def start_command(config: ConfigOption) -> None:
-    """Run a controller until SIGTERM/SIGINT; refuses unformatted or mismatched storage."""
+    """Run a controller until SIGTERM/SIGINT (graceful stop).
+
+    Refuses storage that is unformatted or formatted for another node.
+    Logs go to stderr as key=value lines.
+
+    Examples:
+
+      kraft controller start --config controller-1.properties
+
+      kraft controller start -c config/controller-1.properties 2>c1.log &
+    """
     # Imported here so `kraft --help` stays fast (the controller pulls in grpc servers and storage).
     from kraft.raft.process import StartupError, run_controller
 

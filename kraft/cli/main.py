@@ -1,14 +1,24 @@
-"""Entry point of the `kraft` command: registers every command group.
+"""Entry point of the `kraft` command: registers every command group and enforces the error contract.
 
 Each group lives in its own module and exposes a ``typer.Typer`` named ``app``; add one
 ``_register(...)`` line per group below.  Commands are thin: parse, call, print.
+
+:func:`run` turns every failure into the contract of ``kraft.cli.common``: one ``error: …`` line on
+stderr and exit 1 — usage errors included (click would print a multi-line box and exit 2).
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
 
 import typer
+
+# typer vendors click (typer._click) and exports no usage-error classes; typer is pinned in pyproject.
+from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
+from kraft.cli.common import EXPECTED_ERRORS, error_message, print_error
 
 app = typer.Typer(
     name="kraft",
@@ -33,15 +43,65 @@ _register("broker", "broker", "Brokers: run one, list, describe, unregister, con
 _register("topic", "topic", "Topics: create, list, describe, delete.")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
 _register("quorum", "quorum", "Describe the controller quorum (kafka-metadata-quorum.sh).")
-_register("produce", "produce", "Append records to a topic partition through its leader.")
-_register("consume", "consume", "Read records of a topic partition from its leader.")
+app.command("produce")(importlib.import_module("kraft.cli.produce").produce_command)
+app.command("consume")(importlib.import_module("kraft.cli.consume").consume_command)
 _register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")
 _register("pipeline", "pipeline", "PySpark jobs over kraft logs: metadata report, exact compaction.")
 app.command("demo")(importlib.import_module("kraft.cli.demo").demo_command)
 
 
+PROG_NAME = "kraft"
+
+
+def _usage_error_line(exc: UsageError) -> str:
+    message = exc.format_message().strip().rstrip(".")
+    if exc.ctx is None:  # raised by the option parser before a context existed
+        return f"{PROG_NAME}: {message} (see '{PROG_NAME} … --help')"
+    path = exc.ctx.command_path
+    return f"{path}: {message} (see '{path} --help')"
+
+
+def _missing_command_line(exc: NoArgsIsHelpError) -> str:
+    # The help was already printed to stdout by typer's rich formatter (without rich it is the message).
+    text = exc.format_message().strip()
+    if text:
+        print(text)
+    return f"{exc.ctx.command_path}: missing command (the commands are listed above)"
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run ``kraft`` with ``argv`` (default: ``sys.argv[1:]``) and return the exit status.
+
+    0 on success and for ``--help``; a command's ``typer.Exit(code)`` keeps its code; every error
+    prints exactly one ``error: …`` line on stderr and gives 1.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        # standalone_mode=False: click hands usage errors to us instead of printing its box and exiting 2;
+        # typer.Exit (incl. --help's Exit(0) and fail()'s Exit(1)) comes back as the return value.
+        result = app(args=args, prog_name=PROG_NAME, standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        print_error(_missing_command_line(exc))
+        return 1
+    except UsageError as exc:
+        print_error(_usage_error_line(exc))
+        return 1
+    except typer.TyperException as exc:  # the rest of click's errors (e.g. a file that cannot be opened)
+        print_error(exc.format_message())
+        return 1
+    except typer.Abort:
+        print_error("aborted")
+        return 1
+    except EXPECTED_ERRORS as exc:
+        # A command that forgot @handle_errors still keeps the one-line contract.
+        print_error(error_message(exc))
+        return 1
+    # Commands return None; an int here is the code of a typer.Exit raised inside one.
+    return result if isinstance(result, int) else 0
+
+
 def main() -> None:
-    app()
+    sys.exit(run())
 
 
 if __name__ == "__main__":

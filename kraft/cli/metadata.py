@@ -41,9 +41,18 @@ def dump_command(
         bool, typer.Option("--headers-only", help="Batch headers only, no records.")
     ] = False,
 ) -> None:
-    """Print every batch of every segment (*.log) and snapshot (*.checkpoint) in LOG_DIR.
+    """Print every batch of every segment (*.log) and snapshot (*.checkpoint).
 
-    Damaged files are reported at the first invalid batch (exit status stays 0: the dump itself worked).
+    A damaged file is reported at its first invalid batch (exit status 0).
+    Reads files only: safe on a running node's directory.
+
+    Examples:
+
+      kraft metadata dump --log-dir data/controller-1/__cluster_metadata-0
+
+      kraft metadata dump --log-dir data/controller-1 --headers-only
+
+      kraft metadata dump --log-dir data/controller-1 --json | jq length
     """
     if not log_dir.is_dir():
         raise CliError(f"--log-dir {log_dir}: not a directory")

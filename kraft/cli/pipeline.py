@@ -160,8 +160,12 @@ def compact_command(
     spill_dir: LocalDirOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Exact key compaction of partition logs: newest record per key, original offsets, old tombstones
-    dropped.  Records without a key cannot be compacted: they are left out and reported (exit 1)."""
+    """Exact key compaction of partition logs (newest record per key, original offsets).
+
+    Tombstones older than the retention are dropped.  Records without a key cannot be compacted: they
+    are left out and reported as an error (exit 1).  Output: segments under out/<topic>-<partition>/
+    and out/compaction-report.json.
+    """
     from kraft.pipeline.compaction import REPORT_FILE, CompactionOptions, check_output_dir, compact
     from kraft.pipeline.layout import find_partition_dirs
 

@@ -8,15 +8,14 @@ retry on the new leader until ``--timeout``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
 
 from kraft.broker.client import BrokerClient
-from kraft.cli.common import JsonOption, handle_errors, parse_bootstrap, print_json, run_async
+from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, print_json, run_async
 from kraft.errors import ErrorCode, KraftError
-
-app = typer.Typer(help="Append records to a topic partition (follows leader changes).")
 
 BootstrapServerOption = Annotated[
     str,
@@ -28,9 +27,8 @@ BootstrapServerOption = Annotated[
 ]
 
 
-@app.callback(invoke_without_command=True)
 @handle_errors
-def produce(
+def produce_command(
     bootstrap_server: BootstrapServerOption,
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic name.", show_default=False)],
     partition: Annotated[int, typer.Option("--partition", "-p", min=0, help="Partition index.")] = 0,
@@ -48,14 +46,35 @@ def produce(
     timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
     json_output: JsonOption = False,
 ) -> None:
-    """Append records; prints the offsets they got."""
+    """Append records to a topic partition through its leader; prints their offsets.
+
+    Values come from --value, else one per line from stdin.
+    After a leader change it retries on the new leader until --timeout.
+    A spinner on stderr shows progress when stderr is a terminal.
+
+    Examples:
+
+      kraft produce --bootstrap-server localhost:9092 -t orders -v a -v b
+
+      seq 1000 | kraft produce --bootstrap-server h1:9092,h2:9092 -t orders
+
+      kraft produce --bootstrap-server localhost:9092 -t orders -k k1 -v x --json
+    """
     values = list(value) if value else [line.rstrip("\n") for line in sys.stdin]
     if not values:
         raise KraftError(ErrorCode.INVALID_REQUEST, "nothing to produce: give --value or lines on stdin")
     targets = [hp.target for hp in parse_bootstrap(bootstrap_server, "--bootstrap-server")]
     key_bytes = None if key is None else key.encode()
     payload = [(key_bytes, v.encode()) for v in values]
-    first, last = run_async(_produce(targets, cluster_id, topic, partition, payload, batch_size, timeout_s))
+    where = f"{topic}-{partition}"
+    with WaitSpinner(f"producing {len(payload)} record(s) to {where}…") as spinner:
+
+        def report(done: int) -> None:
+            spinner.update(f"producing to {where}: {done}/{len(payload)} record(s) acknowledged…")
+
+        first, last = run_async(
+            _produce(targets, cluster_id, topic, partition, payload, batch_size, timeout_s, report)
+        )
     if json_output:
         print_json(
             {
@@ -78,6 +97,7 @@ async def _produce(
     payload: list[tuple[bytes | None, bytes]],
     batch_size: int,
     timeout_s: float,
+    on_progress: Callable[[int], None],
 ) -> tuple[int, int]:
     first = -1
     last = -1
@@ -91,4 +111,5 @@ async def _produce(
             if first < 0:
                 first = response.base_offset
             last = response.base_offset + len(batch) - 1
+            on_progress(start + len(batch))
     return first, last

@@ -10,6 +10,7 @@ from kraft.cli.common import (
     BootstrapControllerOption,
     CliError,
     JsonOption,
+    WaitSpinner,
     handle_errors,
     parse_bootstrap,
     print_json,
@@ -44,11 +45,24 @@ def describe_command(
         int, typer.Option("--timeout-ms", min=100, help="Give up finding the leader after this long.")
     ] = 10_000,
 ) -> None:
-    """Describe the quorum as its leader sees it (any controller works: redirects are followed)."""
+    """Describe the quorum as its leader sees it (kafka-metadata-quorum.sh).
+
+    Any controller works: a non-leader's answer redirects to the leader.
+    Waits up to --timeout-ms for a leader, with a spinner on a terminal.
+
+    Examples:
+
+      kraft quorum describe --bootstrap-controller localhost:9093 --status
+
+      kraft quorum describe --bootstrap-controller h1:9093,h2:9093 --replication
+
+      kraft quorum describe --bootstrap-controller h1:9093 --status --json
+    """
     if status == replication:
         raise CliError("give exactly one of --status or --replication")
     targets = [endpoint.target for endpoint in parse_bootstrap(bootstrap_controller)]
-    response = describe_quorum(targets, timeout_s=timeout_ms / 1000.0)
+    with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
+        response = describe_quorum(targets, timeout_s=timeout_ms / 1000.0)
     if status:
         view = quorum_status(response)
         if as_json:

@@ -1,4 +1,4 @@
-"""``kraft topic create | list | describe | delete`` through the active controller."""
+"""``kraft topic create | list | describe | delete | elect-leaders`` through the active controller."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.admin import AdminClient
 from kraft.v1 import controller_pb2 as cpb
 
-app = typer.Typer(no_args_is_help=True, help="Topics: create, list, describe, delete.")
+app = typer.Typer(
+    no_args_is_help=True, help="Topics: create, list, describe, delete, elect preferred leaders."
+)
 
 TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_default=False)]
 
@@ -207,3 +209,89 @@ def delete_command(
     if code != ErrorCode.NONE:
         raise KraftError(code, result.error_message)
     typer.echo(f"topic {name} deleted")
+
+
+def elect_request(topic: str | None, partition: int | None) -> cpb.ElectLeadersRequest:
+    """The ElectLeaders request for ``--topic``/``--partition`` (neither = every partition)."""
+    if partition is not None and topic is None:
+        raise CliError("--partition needs --topic")
+    if partition is not None and partition < 0:
+        raise CliError(f"--partition {partition} is negative")
+    request = cpb.ElectLeadersRequest()
+    if topic is not None:
+        request.topic_partitions.append(
+            cpb.TopicPartitions(topic=topic, partitions=[] if partition is None else [partition])
+        )
+    return request
+
+
+def election_json(result: cpb.PartitionElectionResult) -> dict[str, Any]:
+    """One partition's outcome: ``result`` is ``ELECTED`` or the Kafka error name."""
+    code = ErrorCode.from_wire(result.error_code)
+    return {
+        "topic": result.topic,
+        "partition": result.partition,
+        "result": "ELECTED" if code is ErrorCode.NONE else code.name,
+        "message": result.error_message or None,
+    }
+
+
+def election_failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outcomes that are errors (a preferred leader that already leads is not one, as in Kafka)."""
+    return [r for r in results if r["result"] not in ("ELECTED", ErrorCode.ELECTION_NOT_NEEDED.name)]
+
+
+async def _elect(bootstrap: str, request: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
+    async with _client(bootstrap) as client:
+        return await client.call(lambda s: s.ElectLeaders, request)
+
+
+ELECT_EXAMPLES = """\
+Examples:
+
+  kraft topic elect-leaders --bootstrap-controller localhost:9093
+
+  kraft topic elect-leaders --bootstrap-controller localhost:9093 --topic orders
+
+  kraft topic elect-leaders --bootstrap-controller localhost:9093 --topic orders --partition 3 --json
+"""
+
+
+@app.command("elect-leaders", epilog=ELECT_EXAMPLES)
+@handle_errors
+def elect_leaders_command(
+    bootstrap_controller: BootstrapControllerOption,
+    topic: Annotated[
+        str | None, typer.Option("--topic", help="Only this topic's partitions (default: every topic).")
+    ] = None,
+    partition: Annotated[
+        int | None, typer.Option("--partition", help="Only this partition of --topic.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Preferred leader election: make each partition's first replica its leader again.
+
+    Without --topic every partition whose preferred leader is live and in sync but not leading is
+    moved back (partitions already led by it are not listed); with --topic/--partition each named
+    partition gets a result.  Exit status 1 when any election failed (ELECTION_NOT_NEEDED is not a
+    failure).
+    """
+    request = elect_request(topic, partition)
+    response = run_async(_elect(bootstrap_controller, request))
+    results = [election_json(r) for r in response.results]
+    if as_json:
+        print_json(results)
+    elif results:
+        print_table(
+            ["Topic", "Partition", "Result", "Message"],
+            [[r["topic"], r["partition"], r["result"], r["message"]] for r in results],
+        )
+    else:
+        typer.echo("no partition needed a preferred leader election")
+    failures = election_failures(results)
+    if failures:
+        first = failures[0]
+        raise CliError(
+            f"{len(failures)} of {len(results)} elections failed; first: {first['topic']}-"
+            f"{first['partition']} {first['result']}: {first['message'] or 'no details'}"
+        )

@@ -15,7 +15,9 @@ from kraft.v1 import common_pb2
 from kraft.v1 import metadata_pb2 as pb
 
 
-def image_records(image: MetadataImage) -> Iterator[pb.MetadataRecord]:
+def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.MetadataRecord]:
+    """The records rebuilding ``image``; ``partitions=False`` leaves out every PartitionRecord (a topic's
+    follow its TopicRecord; :func:`image_values` frames them itself)."""
     wrap = rec.wrap
     for name, level in sorted(image.features.items()):
         yield wrap(pb.FeatureLevelRecord(name=name, feature_level=level))
@@ -45,6 +47,8 @@ def image_records(image: MetadataImage) -> Iterator[pb.MetadataRecord]:
         yield wrap(record)
     for topic in image.topics_by_id.values():
         yield wrap(pb.TopicRecord(name=topic.name, topic_id=topic.topic_id))
+        if not partitions:
+            continue
         for partition_id, p in enumerate(topic.partitions):
             yield wrap(
                 pb.PartitionRecord(
@@ -67,6 +71,50 @@ def image_records(image: MetadataImage) -> Iterator[pb.MetadataRecord]:
 
 
 def image_values(image: MetadataImage) -> Iterator[bytes]:
+    """``encode_value`` of every record of :func:`image_records`, byte for byte, about twice as fast:
+    PartitionRecords (nearly all of a big image) are framed directly instead of wrapped and copied."""
     encode = rec.encode_value
-    for record in image_records(image):
+    partition_prefix = _partition_prefix
+    partition_record = pb.PartitionRecord
+    for record in image_records(image, partitions=False):
         yield encode(record)
+        if record.WhichOneof("record") != "topic":
+            continue
+        topic = image.topics_by_id[record.topic.topic_id]
+        topic_id = topic.topic_id
+        for partition_id, p in enumerate(topic.partitions):
+            payload = partition_record(
+                partition_id=partition_id,
+                topic_id=topic_id,
+                replicas=p.replicas,
+                isr=p.isr,
+                leader=p.leader,
+                leader_epoch=p.leader_epoch,
+                partition_epoch=p.partition_epoch,
+            ).SerializeToString()
+            yield partition_prefix(len(payload)) + payload
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+# A MetadataRecord holding only its oneof field ``partition`` serializes as that field's tag, the
+# payload length and the payload (protobuf wire format), so the value is header + tag + length + payload.
+_PARTITION_FIELD = pb.MetadataRecord.DESCRIPTOR.fields_by_name["partition"].number
+_PARTITION_HEADER = (
+    _varint(rec.FRAME_VERSION)
+    + _varint(rec.ApiKey.PARTITION)
+    + _varint(rec.RECORD_VERSIONS[rec.ApiKey.PARTITION])
+    + _varint(_PARTITION_FIELD << 3 | 2)  # wire type 2: length-delimited
+)
+_PARTITION_PREFIXES = [_PARTITION_HEADER + _varint(n) for n in range(256)]
+
+
+def _partition_prefix(size: int) -> bytes:
+    return _PARTITION_PREFIXES[size] if size < 256 else _PARTITION_HEADER + _varint(size)

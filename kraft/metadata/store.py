@@ -12,7 +12,10 @@ endpoints JSON, features JSON, log_dirs JSON)``
     one row per registered broker; ``fenced``/``in_controlled_shutdown`` are 0/1.
 ``topics(topic_id PRIMARY KEY, name UNIQUE, partitions)``
 ``partitions(topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas JSON, isr JSON)``
-    primary key (topic_id, partition_id); ``leader`` -1 = offline.
+    primary key (topic_id, partition_id); ``leader`` -1 = offline.  ``replicas``/``isr`` are JSON
+    arrays of broker ids (``[1,2,3]``; ``json_each(replicas)`` in SQL).  No secondary index: the bulk
+    write of a snapshot is the hot path (an index on ``leader`` doubled it); a scan of 1,000,000 rows
+    takes well under a second.
 ``configs(resource_type, resource_name, name, value)``
     resource_type 2 = topic, 4 = broker; primary key (resource_type, resource_name, name).
 ``features(name PRIMARY KEY, level)``
@@ -68,7 +71,7 @@ CREATE TABLE IF NOT EXISTS partitions (
     isr TEXT NOT NULL,
     PRIMARY KEY (topic_id, partition_id)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS partitions_by_leader ON partitions (leader);
+DROP INDEX IF EXISTS partitions_by_leader;
 CREATE TABLE IF NOT EXISTS configs (
     resource_type INTEGER NOT NULL,
     resource_name TEXT NOT NULL,

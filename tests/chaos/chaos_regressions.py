@@ -1,4 +1,4 @@
-"""Seeds that once found a bug: each replays in the suite forever (tests/chaos/test_regressions.py).
+"""Seeds that once found a bug: each replays in the suite forever (tests/chaos/test_chaos_regressions.py).
 
 Add a row whenever a chaos run reports a violation: the scenario, the seed, the duration the failing run
 used (the duration picks the fault pace, so it is part of the schedule), and a note naming the bug and

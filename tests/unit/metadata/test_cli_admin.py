@@ -1,0 +1,203 @@
+"""`kraft broker describe` (broker-side state) and `kraft topic elect-leaders` against in-process fakes:
+a ControllerService that answers DescribeCluster / DescribeTopics / ElectLeaders and a BrokerService
+that answers DescribeBroker, both on real gRPC servers on free ports."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from typer.testing import CliRunner
+
+from kraft.cli.broker import UNKNOWN_STATE, client_endpoint
+from kraft.cli.common import CliError
+from kraft.cli.main import app
+from kraft.cli.topic import elect_request, election_failures
+from kraft.errors import ErrorCode
+from kraft.netutil import free_port
+from kraft.v1 import broker_pb2, broker_pb2_grpc
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import controller_pb2_grpc as cpb_grpc
+from kraft.v1.common_pb2 import Endpoint
+
+runner = CliRunner()
+CLUSTER = "cli-cluster"
+
+
+@dataclass
+class FakeControllerService(cpb_grpc.ControllerServiceServicer):
+    broker_port: int
+    elect_results: list[cpb.PartitionElectionResult] = field(default_factory=list)
+    elect_requests: list[cpb.ElectLeadersRequest] = field(default_factory=list)
+
+    def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: Any
+    ) -> cpb.DescribeClusterResponse:
+        endpoint = Endpoint(name="PLAINTEXT", host="127.0.0.1", port=self.broker_port)
+        broker = cpb.BrokerDescription(broker_id=1, broker_epoch=5, state="ACTIVE", endpoints=[endpoint])
+        return cpb.DescribeClusterResponse(cluster_id=CLUSTER, controller_id=0, brokers=[broker])
+
+    def DescribeTopics(self, request: cpb.DescribeTopicsRequest, context: Any) -> cpb.DescribeTopicsResponse:
+        partition = cpb.PartitionDescription(partition=0, leader=1, leader_epoch=2, replicas=[1], isr=[1])
+        topic = cpb.TopicDescription(name="orders", topic_id="T", partitions=[partition])
+        return cpb.DescribeTopicsResponse(topics=[topic])
+
+    def ElectLeaders(self, request: cpb.ElectLeadersRequest, context: Any) -> cpb.ElectLeadersResponse:
+        self.elect_requests.append(request)
+        return cpb.ElectLeadersResponse(results=self.elect_results)
+
+
+@dataclass
+class FakeBrokerService(broker_pb2_grpc.BrokerServiceServicer):
+    state: str = "PENDING_CONTROLLED_SHUTDOWN"
+    cluster_ids: list[str] = field(default_factory=list)
+
+    def DescribeBroker(
+        self, request: broker_pb2.DescribeBrokerRequest, context: Any
+    ) -> broker_pb2.DescribeBrokerResponse:
+        self.cluster_ids.append(request.cluster_id)
+        return broker_pb2.DescribeBrokerResponse(broker_id=1, state=self.state, cluster_id=CLUSTER)
+
+
+@dataclass
+class Fakes:
+    controller: FakeControllerService
+    broker: FakeBrokerService | None
+    bootstrap: str
+
+
+def _serve(servicer: Any, add: Any, port: int) -> grpc.Server:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    add(servicer, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server
+
+
+@pytest.fixture
+def fakes(request: pytest.FixtureRequest) -> Iterator[Fakes]:
+    """A fake controller and, unless parametrized indirectly with False, the fake broker it points at."""
+    broker_port = free_port()
+    controller_port = free_port()
+    # The generated servicer bases declare every RPC abstract; the fakes implement only what the CLI calls.
+    controller = FakeControllerService(broker_port)  # type: ignore[abstract]
+    broker = FakeBrokerService() if getattr(request, "param", True) else None  # type: ignore[abstract]
+    servers = [_serve(controller, cpb_grpc.add_ControllerServiceServicer_to_server, controller_port)]
+    if broker is not None:
+        servers.append(_serve(broker, broker_pb2_grpc.add_BrokerServiceServicer_to_server, broker_port))
+    try:
+        yield Fakes(controller, broker, f"127.0.0.1:{controller_port}")
+    finally:
+        for server in servers:
+            server.stop(grace=None).wait(5)
+
+
+def test_broker_describe_shows_the_broker_side_state(fakes: Fakes) -> None:
+    args = ["broker", "describe", "1", "--bootstrap-controller", fakes.bootstrap]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.stdout)
+    assert described["state"] == "ACTIVE"
+    assert described["broker_state"] == "PENDING_CONTROLLED_SHUTDOWN"
+    assert fakes.broker is not None and fakes.broker.cluster_ids == [CLUSTER]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "BrokerState" in table.stdout and "PENDING_CONTROLLED_SHUTDOWN" in table.stdout
+
+
+@pytest.mark.parametrize("fakes", [False], indirect=True, ids=["broker-down"])
+def test_broker_describe_shows_unknown_when_the_broker_does_not_answer(fakes: Fakes) -> None:
+    result = runner.invoke(
+        app, ["broker", "describe", "1", "--bootstrap-controller", fakes.bootstrap, "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    described = json.loads(result.stdout)
+    assert described["broker_state"] == UNKNOWN_STATE
+    assert described["partitions"][0]["role"] == "leader"
+
+
+def test_client_endpoint_prefers_plaintext_and_maps_wildcards_to_loopback() -> None:
+    broker = cpb.BrokerDescription(
+        endpoints=[
+            Endpoint(name="INTERNAL", host="10.0.0.1", port=1),
+            Endpoint(name="PLAINTEXT", host="0.0.0.0", port=2),
+        ]
+    )
+    assert client_endpoint(broker) == "127.0.0.1:2"
+    assert client_endpoint(cpb.BrokerDescription()) is None
+    assert (
+        client_endpoint(cpb.BrokerDescription(endpoints=[Endpoint(name="X", host="::1", port=3)]))
+        == "[::1]:3"
+    )
+
+
+def test_elect_leaders_prints_each_result_as_json(fakes: Fakes) -> None:
+    fakes.controller.elect_results = [
+        cpb.PartitionElectionResult(topic="orders", partition=0),
+        cpb.PartitionElectionResult(
+            topic="orders", partition=1, error_code=ErrorCode.ELECTION_NOT_NEEDED.value, error_message="leads"
+        ),
+    ]
+    result = runner.invoke(
+        app,
+        ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--topic", "orders", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == [
+        {"topic": "orders", "partition": 0, "result": "ELECTED", "message": None},
+        {"topic": "orders", "partition": 1, "result": "ELECTION_NOT_NEEDED", "message": "leads"},
+    ]
+    sent = fakes.controller.elect_requests[0]
+    assert [(tp.topic, list(tp.partitions)) for tp in sent.topic_partitions] == [("orders", [])]
+
+
+def test_elect_leaders_failure_is_one_line_and_exit_1(fakes: Fakes) -> None:
+    fakes.controller.elect_results = [
+        cpb.PartitionElectionResult(
+            topic="orders",
+            partition=3,
+            error_code=ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE.value,
+            error_message="preferred leader 2 is not live and in sync",
+        )
+    ]
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--topic", "orders"]
+    result = runner.invoke(app, [*args, "--partition", "3"])
+    assert result.exit_code == 1
+    assert "PREFERRED_LEADER_NOT_AVAILABLE" in result.stdout  # the table still shows every result
+    error_lines = result.stderr.strip().splitlines()
+    assert len(error_lines) == 1
+    assert error_lines[0].startswith("error: 1 of 1 elections failed; first: orders-3 PREFERRED_LEADER")
+    assert list(fakes.controller.elect_requests[0].topic_partitions[0].partitions) == [3]
+
+
+def test_elect_leaders_with_nothing_to_do_says_so(fakes: Fakes) -> None:
+    result = runner.invoke(app, ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap])
+    assert result.exit_code == 0, result.output
+    assert "no partition needed" in result.stdout
+    assert list(fakes.controller.elect_requests[0].topic_partitions) == []
+
+
+def test_elect_request_validates_its_options() -> None:
+    with pytest.raises(CliError, match="--partition needs --topic"):
+        elect_request(None, 1)
+    with pytest.raises(CliError, match="negative"):
+        elect_request("t", -1)
+    assert elect_request(None, None) == cpb.ElectLeadersRequest()
+    usage = runner.invoke(
+        app, ["topic", "elect-leaders", "--bootstrap-controller", "h:1", "--partition", "2"]
+    )
+    assert usage.exit_code == 1 and usage.stderr.strip() == "error: --partition needs --topic"
+
+
+def test_election_failures_exclude_election_not_needed() -> None:
+    results = [
+        {"result": "ELECTED"},
+        {"result": "ELECTION_NOT_NEEDED"},
+        {"result": "UNKNOWN_TOPIC_OR_PARTITION"},
+    ]
+    assert election_failures(results) == [{"result": "UNKNOWN_TOPIC_OR_PARTITION"}]
