@@ -28,7 +28,7 @@ Caught up = the broker's reported metadata offset ≥ its broker epoch (the offs
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -47,6 +47,7 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.metadata.partition_change import build_change, choose_leader
+from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
 from kraft.metadata.topic_rules import collision_key, validate_topic_configs, validate_topic_name
 from kraft.v1 import common_pb2
@@ -160,7 +161,9 @@ class ControllerLogic:
         # offset of the latest (maybe pending) record about each broker's registration: a heartbeat that
         # writes nothing waits only for that, not for unrelated bulk writes
         self.broker_offsets: dict[int, int] = {}
-        self._leader_counts: dict[int, tuple[Mapping[str, TopicImage], int]] = {}
+        # per-broker counts, recounted only for changed topics (full scans stall the loop for seconds)
+        self._speculative_counts = PartitionCounts()
+        self._committed_counts = PartitionCounts()
         self._leaving: dict[int, _LeaveJob] = {}
         self.reset(image, now_ms)
 
@@ -249,16 +252,11 @@ class ControllerLogic:
     def leader_count(self, broker_id: int) -> int:
         """Partitions the broker leads in the speculative image.
 
-        A full scan, memoized per topics map: a broker in controlled shutdown heartbeats every couple of
-        seconds, and the map only changes when some partition does.
+        Counted incrementally (only topics changed since the last call are recounted): a broker in
+        controlled shutdown heartbeats every couple of seconds while its leaderships move in chunks.
         """
-        topics = self.image.topics_by_id
-        memo = self._leader_counts.get(broker_id)
-        if memo is not None and memo[0] is topics:
-            return memo[1]
-        count = sum(1 for t in topics.values() for p in t.partitions if p.leader == broker_id)
-        self._leader_counts[broker_id] = (topics, count)
-        return count
+        self._speculative_counts.update(self.image.topics_by_id)
+        return self._speculative_counts.leaders[broker_id]
 
     def _leave_isrs(self, batch: _Batch, broker_id: int, tail: tuple[Message, ...] = ()) -> None:
         """Start removing the broker from every ISR and moving its leaderships; as much as fits in
@@ -752,13 +750,9 @@ class ControllerLogic:
         return BrokerState.ACTIVE
 
     def describe_brokers(self, image: MetadataImage, now_ms: int) -> list[cpb.BrokerDescription]:
-        leaders: dict[int, int] = {}
-        replicas: dict[int, int] = {}
-        for topic in image.topics_by_id.values():
-            for partition in topic.partitions:
-                leaders[partition.leader] = leaders.get(partition.leader, 0) + 1
-                for replica in partition.replicas:
-                    replicas[replica] = replicas.get(replica, 0) + 1
+        counts = self._committed_counts
+        counts.update(image.topics_by_id)
+        leaders, replicas = counts.leaders, counts.replicas
         result = []
         for broker in sorted(image.brokers.values(), key=lambda b: b.broker_id):
             contact = self.heartbeats.contact(broker.broker_id)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kraft.errors import KraftError
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -30,11 +31,28 @@ from kraft.v1 import metadata_pb2 as pb
 
 # Broker ids repeat across millions of replica lists; one shared int object per id keeps images small.
 _ID_CACHE: dict[int, int] = {}
+# Whole replica lists repeat too (a few thousand distinct lists cover a million partitions when brokers
+# are few): one shared tuple per distinct list saves memory and re-building.  Bounded: cleared when full,
+# which only costs sharing, never correctness.
+_LIST_CACHE: dict[tuple[int, ...], tuple[int, ...]] = {}
+_LIST_CACHE_MAX = 1 << 18
 
 
 def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
     cache = _ID_CACHE
     return tuple([cache.setdefault(i, i) for i in ids])
+
+
+def shared_ids(ids: Iterable[int]) -> tuple[int, ...]:
+    """``ids`` as the one shared tuple for that list, so equal lists replayed back to back (a
+    partition's replicas and ISR) are the *same* object (``isr is replicas``)."""
+    key = tuple(ids)
+    shared = _LIST_CACHE.get(key)
+    if shared is None:
+        if len(_LIST_CACHE) >= _LIST_CACHE_MAX:
+            _LIST_CACHE.clear()
+        shared = _LIST_CACHE[key] = intern_ids(key)
+    return shared
 
 
 def make_partition(
@@ -100,9 +118,6 @@ class MetadataDelta:
         self._names: dict[str, str | None] = {}
         self._configs: dict[ConfigKey, dict[str, str]] = {}
         self._features: dict[str, int] = {}
-        # Replica lists repeat across partitions (a few thousand distinct ones cover a million partitions):
-        # one shared tuple per distinct list keeps images small and skips re-building tuples of ints.
-        self._id_tuples: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     # ---- reading through the delta (committed image + what was replayed) ----
 
@@ -147,13 +162,20 @@ class MetadataDelta:
         for offset, record in records:
             self.replay(record, offset, epoch)
 
-    def replay_values(self, values: Iterable[bytes], offset: int = -1, epoch: int = -1) -> None:
+    def replay_values(
+        self,
+        values: Iterable[bytes],
+        offset: int = -1,
+        epoch: int = -1,
+        on_error: Callable[[KraftError], None] | None = None,
+    ) -> None:
         """Decode and replay encoded record values in bulk (a snapshot chunk, all at ``offset``/``epoch``).
 
         The result is exactly that of ``replay(decode_value(v), offset, epoch)`` for each value; the
         bulk path decodes headers by table lookup and dispatches PartitionRecords (the bulk of every
         snapshot) without the generic oneof dispatch.  A bad value raises ``KraftError`` as
-        ``decode_value`` would, after the values before it were replayed.
+        ``decode_value`` would, after the values before it were replayed — or, with ``on_error``, is
+        reported there and skipped.
         """
         if offset >= 0:
             self.offset = offset
@@ -161,7 +183,7 @@ class MetadataDelta:
             self.epoch = epoch
         replay_partition = self._replay_partition
         handlers = _HANDLERS
-        for record in decode_values(values):
+        for record in decode_values(values, on_error):
             kind = record.WhichOneof("record")
             if kind == "partition":
                 replay_partition(record.partition)
@@ -169,15 +191,6 @@ class MetadataDelta:
                 handler = handlers.get(kind or "")
                 if handler is not None:
                     handler(self, getattr(record, kind or ""))
-
-    def _ids(self, ids: Iterable[int]) -> tuple[int, ...]:
-        """``ids`` as the delta's one shared tuple for that list (ints interned as by :func:`intern_ids`)."""
-        key = tuple(ids)
-        shared = self._id_tuples.get(key)
-        if shared is None:
-            shared = intern_ids(key)
-            self._id_tuples[shared] = shared
-        return shared
 
     def _replay_register_broker(self, r: pb.RegisterBrokerRecord) -> None:
         self._brokers[r.broker_id] = BrokerRegistration(
@@ -268,8 +281,8 @@ class MetadataDelta:
         if partition_id > topic.count:
             self.replay_errors.append(f"partition {partition_id} of {topic.name} skips ids ({topic.count})")
             return
-        replicas = self._ids(r.replicas)
-        isr = self._ids(r.isr)
+        replicas = shared_ids(r.replicas)
+        isr = shared_ids(r.isr)
         topic.changed[partition_id] = PartitionRegistration(
             replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
         )
@@ -282,8 +295,8 @@ class MetadataDelta:
         if topic is None or current is None:
             self.replay_errors.append(f"change of unknown partition {r.topic_id}/{r.partition_id}")
             return
-        replicas = self._ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
-        isr = self._ids(r.isr.ids) if r.HasField("isr") else current.isr
+        replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
+        isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
         leader = r.leader if r.HasField("leader") else current.leader
         # kraft bumps both epochs on every change (ARCHITECTURE.md §5), so any change fences stale leaders.
         topic.changed[r.partition_id] = make_partition(

@@ -15,8 +15,12 @@ from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.image_records import image_values
+from kraft.raft.client import SnapshotReader
+from kraft.raft.messages import SnapshotId
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
 
 from .fake_raft import FakeRaft
 
@@ -351,3 +355,27 @@ async def test_image_store_survives_restart_and_skips_applied_batches(tmp_path: 
         assert second.committed.brokers == saved.brokers
     finally:
         await second.stop()
+
+
+async def test_a_loaded_snapshot_becomes_the_committed_image_and_skips_undecodable_values() -> None:
+    source = MetadataDelta(MetadataImage.empty())
+    source.replay(records.wrap(pb.TopicRecord(name="big", topic_id="B")))
+    for p in range(45_000):  # more than two bulk-replay chunks
+        source.replay(
+            records.wrap(pb.PartitionRecord(partition_id=p, topic_id="B", replicas=[1, 2], leader=1))
+        )
+    expected = source.apply()
+    values = list(image_values(expected))
+    values.insert(30_000, b"raw test append, not a metadata record")
+    _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        errors_before = controller.metrics.metadata_errors._value.get()
+        await controller.handle_load_snapshot(
+            SnapshotReader(SnapshotId(end_offset=50_000, epoch=3), 0, values)
+        )
+        image = controller.committed
+        assert (image.offset, image.epoch) == (49_999, 3)
+        assert image.topics_by_id == expected.topics_by_id and image.brokers == expected.brokers
+        assert controller.metrics.metadata_errors._value.get() == errors_before + 1
+    finally:
+        await controller.stop()
