@@ -146,7 +146,9 @@ class QuorumController:
         self._next_offset = 0
         self._last_write_ms = 0
         self._oldest_pending_ms: int | None = None
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        # (offset, seq, epoch the offset was appended in, future): a waiter resolves when its offset commits
+        # in a batch of its own epoch, and fails when a newer leader's batch commits there instead.
+        self._waiters: list[tuple[int, int, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
         self._activated = asyncio.Event()
         self._commit_event = asyncio.Event()
@@ -246,7 +248,7 @@ class QuorumController:
                 batch.base_offset, batch.last_offset, batch.epoch, batch.append_timestamp_ms, tuple(values)
             )
         )
-        self._resolve_waiters(batch.last_offset)
+        self._resolve_waiters(batch.last_offset, batch.epoch)
         if self.committed.offset >= self._next_offset - 1:
             self._oldest_pending_ms = None
         elif self._oldest_pending_ms is not None:
@@ -279,7 +281,7 @@ class QuorumController:
         self.committed = delta.apply()
         self._window.clear()
         self._bytes_since_snapshot = 0
-        self._resolve_waiters(last)
+        self._resolve_waiters(last, reader.snapshot_id.epoch)
         self._store_dirty.set()
         self.log.info(
             "snapshot_loaded", end_offset=reader.snapshot_id.end_offset, epoch=reader.snapshot_id.epoch
@@ -348,15 +350,22 @@ class QuorumController:
     def _remember(self, batch: WindowBatch) -> None:
         self._window.append(batch)
 
-    def _resolve_waiters(self, offset: int) -> None:
+    def _resolve_waiters(self, offset: int, epoch: int) -> None:
+        # A record this controller appended in epoch E can only commit inside a batch of epoch E.  If a
+        # batch of a newer epoch commits at its offset, a newer leader truncated ours (e.g. we were paused
+        # and deposed): fail the waiter, never acknowledge a write no log holds.
         while self._waiters and self._waiters[0][0] <= offset:
-            _, _, future = heapq.heappop(self._waiters)
-            if not future.done():
+            _, _, append_epoch, future = heapq.heappop(self._waiters)
+            if future.done():
+                continue
+            if epoch > append_epoch:
+                future.set_exception(NotControllerError(self._leader.leader_id))
+            else:
                 future.set_result(None)
 
     def _fail_waiters(self, leader_id: int) -> None:
         waiters, self._waiters = self._waiters, []
-        for _, _, future in waiters:
+        for _, _, _, future in waiters:
             if not future.done():
                 future.set_exception(NotControllerError(leader_id))
 
@@ -364,7 +373,7 @@ class QuorumController:
         if offset <= self.committed.offset:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (offset, next(self._seq), future))
+        heapq.heappush(self._waiters, (offset, next(self._seq), self.active_epoch, future))
         await asyncio.wait_for(future, self.options.commit_timeout_ms / 1000)
 
     def _append(self, records: list[pb.MetadataRecord], first_offset: int) -> int:

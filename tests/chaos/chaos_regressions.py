@@ -24,14 +24,6 @@ class Regression:
         return f"{self.scenario}-seed{self.seed}"
 
 
-RAFT_LATE_LEADER_CHANGE = (
-    "lost acknowledged write: a deposed leader's pending append is acknowledged when a record of the "
-    "NEW epoch commits at the same offset. kraft/raft/listeners.py ListenerRegistry._catch_up delivers "
-    "handle_commit for the new epoch's batches before _maybe_report_leader calls handle_leader_change, "
-    "so kraft/metadata/controller.py handle_commit -> _resolve_waiters resolves the old-epoch waiter "
-    "before _deactivate fails it. Owners: raft + metadata; remove this xfail with the fix."
-)
-
 REGRESSIONS: tuple[Regression, ...] = (
     Regression(
         "pause",
@@ -40,8 +32,10 @@ REGRESSIONS: tuple[Regression, ...] = (
         "no-lost-acknowledged FAILED: controller-1 (epoch-1 leader) paused with a DeleteTopics queued; "
         "on SIGCONT it appended RemoveTopic at offset 169 (epoch 1), became a follower of epoch 2, "
         "truncated 169 and fetched the new leader's LeaderChange there; that commit resolved the delete's "
-        "waiter, so the client got 'deleted' for a record no log holds (report kept 2026-11-22).",
-        xfail=RAFT_LATE_LEADER_CHANGE,
+        "waiter, so the client got 'deleted' for a record no log holds (report kept 2026-11-22). "
+        "Fixed in kraft/metadata/controller.py: a waiter remembers its append epoch and fails with "
+        "NOT_CONTROLLER when a batch of a newer epoch commits at its offset "
+        "(unit regression: tests/unit/metadata/test_controller_deposed_write.py).",
     ),
     Regression(
         "kill",
