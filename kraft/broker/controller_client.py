@@ -2,7 +2,8 @@
 
 :meth:`ControllerClient.call` sends one request to the controller believed active; on a transport error
 or a NOT_CONTROLLER answer without a usable hint it moves on to the next voter, and on NOT_CONTROLLER
-with a hint it goes straight to the named controller.  It gives up after one round over the voters (plus
+with a hint it goes straight to the named controller (its address taken from our own voter list when the id
+is a voter we know, else from the hint).  It gives up after one round over the voters (plus
 the redirects) with :class:`ControllerUnavailable`; retry pacing (backoff) belongs to the caller, which
 knows whether it is registering, heartbeating or fetching.
 """
@@ -50,6 +51,7 @@ class ControllerClient:
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         self._voters = list(voters)
+        self._voter_targets = dict(self._voters)
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -80,7 +82,12 @@ class ControllerClient:
                 self._active = (node_id, target)
                 return response
             hint = response.controller
-            if hint.node_id >= 0 and hint.endpoint.port > 0:
+            known = self._voter_targets.get(hint.node_id)
+            if known is not None:
+                # Resolve the id through our own voter list (as Kafka does): the endpoint in the hint is
+                # how the *controllers* reach each other, which need not be how this broker reaches them.
+                self._active = (hint.node_id, known)
+            elif hint.node_id >= 0 and hint.endpoint.port > 0:
                 self._active = (hint.node_id, f"{hint.endpoint.host or '127.0.0.1'}:{hint.endpoint.port}")
             else:
                 self._forget(target)
