@@ -6,13 +6,18 @@ grants (new partitions, new leaderships), (4) swap the image the BrokerService a
 
 Why this order: serving ability is only ever *added* after the image that grants it is durable, so a
 Produce can never be accepted on a partition state that a crash would roll back; it is *removed* as
-early as possible.  A crash anywhere in the step is harmless: on restart the stored image comes back, the
-partition directories are reconciled with it, and the records after its offset are fetched and applied
-again — application is idempotent (see :mod:`kraft.broker.partitions`).
+early as possible.  A snapshot image that grants this broker nothing (the usual case for a new broker:
+a million partitions, none of them here yet) is therefore stored in the background — seconds of SQLite
+writes — while the broker goes on fetching; the next step waits for that save before its own.
+
+A crash anywhere in the step is harmless: on restart the stored image comes back, the partition
+directories are reconciled with it, and the records after its offset are fetched and applied again —
+application is idempotent (see :mod:`kraft.broker.partitions`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -57,7 +62,9 @@ class MetadataPublisher:
         self._on_view = on_view
         self._metrics = metrics
         self.image = MetadataImage.empty()
-        self.last_snapshot_apply_s = 0.0  # partition changes + image store commit of the last snapshot
+        self.last_snapshot_apply_s = 0.0  # until the last snapshot's image was served
+        self.last_snapshot_store_s = 0.0  # its image store commit (in the background when it grants nothing)
+        self._background_save: asyncio.Task[None] | None = None
         self._log = get_logger("broker.publisher", node=broker_id)
 
     @property
@@ -83,9 +90,15 @@ class MetadataPublisher:
     async def load_snapshot(self, image: MetadataImage) -> AppliedChanges:
         """Replace everything with a snapshot's image (the broker was below the log start)."""
         started = time.monotonic()
-        applied = await self._apply(
-            image, self._partitions.changes_to(local_assignments(image, self.broker_id))
-        )
+        changes = self._partitions.changes_to(local_assignments(image, self.broker_id))
+        revocations, grants = self._partitions.split(changes)
+        if grants.is_empty():
+            await self.flush()
+            applied = self._apply_revocations(revocations)
+            self._background_save = asyncio.create_task(self._save_in_background(image, started))
+        else:
+            applied = await self._apply(image, changes)
+            self.last_snapshot_store_s = time.monotonic() - started
         self._set_image(image)
         self.last_snapshot_apply_s = time.monotonic() - started
         took_s = round(self.last_snapshot_apply_s, 3)
@@ -94,10 +107,37 @@ class MetadataPublisher:
         )
         return applied
 
-    async def _apply(self, image: MetadataImage, changes: LocalChanges) -> AppliedChanges:
-        revocations, grants = self._partitions.split(changes)
+    async def flush(self) -> None:
+        """Wait for a background image save (before the next save, and before the store closes)."""
+        task, self._background_save = self._background_save, None
+        if task is not None:
+            await task
+
+    async def _save_in_background(self, image: MetadataImage, started: float) -> None:
         try:
-            applied = self._partitions.apply(revocations)
+            await self._store.save(image)
+        except Exception as exc:
+            # Not fatal: the store keeps its previous image, and the next save writes every difference.
+            if self._metrics is not None:
+                self._metrics.metadata_apply_errors.inc()
+            self._log.error("image_store_save_failed", offset=image.offset, error=str(exc))
+            return
+        self.last_snapshot_store_s = time.monotonic() - started
+        self._log.info("snapshot_stored", offset=image.offset, took_s=round(self.last_snapshot_store_s, 3))
+
+    def _apply_revocations(self, revocations: LocalChanges) -> AppliedChanges:
+        try:
+            return self._partitions.apply(revocations)
+        except Exception:
+            if self._metrics is not None:
+                self._metrics.metadata_apply_errors.inc()
+            raise
+
+    async def _apply(self, image: MetadataImage, changes: LocalChanges) -> AppliedChanges:
+        await self.flush()
+        revocations, grants = self._partitions.split(changes)
+        applied = self._apply_revocations(revocations)
+        try:
             await self._store.save(image)
             return applied.then(self._partitions.apply(grants))
         except Exception:

@@ -244,6 +244,8 @@ class BrokerServer:
             await self._health.shutdown()
         if self._server is not None:
             await self._server.stop(_SHUTDOWN_GRACE_S)
+        with contextlib.suppress(Exception):  # a failed save is already logged; the store stays consistent
+            await self.publisher.flush()
         self.partitions.close()
         await self._store.close()
         await self.client.close()

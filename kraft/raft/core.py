@@ -221,12 +221,13 @@ class RaftCore:
             self._fetcher.handle_fetch_snapshot_response(correlation_id, response)
         return self._take_output()
 
-    def handle_send_failure(self, correlation_id: int, now_ms: int) -> Output:
-        """A request got no response (timeout, peer unavailable)."""
+    def handle_send_failure(self, correlation_id: int, now_ms: int, *, unreachable: bool = False) -> Output:
+        """A request got no response (timeout, peer unavailable).  ``unreachable``: the transport was
+        refused outright (the peer's process is gone, not slow) — evidence for fast leader-death detection."""
         self._advance(now_ms)
         inflight = self._inflight.pop(correlation_id, None)
         if inflight is not None:
-            self._on_request_failed(correlation_id, inflight)
+            self._on_request_failed(correlation_id, inflight, unreachable=unreachable)
         return self._take_output()
 
     def append(self, records: Sequence[bytes], now_ms: int) -> int:
@@ -513,12 +514,14 @@ class RaftCore:
         for correlation_id in expired:
             self._on_request_failed(correlation_id, self._inflight.pop(correlation_id))
 
-    def _on_request_failed(self, correlation_id: int, inflight: _Inflight) -> None:
+    def _on_request_failed(
+        self, correlation_id: int, inflight: _Inflight, *, unreachable: bool = False
+    ) -> None:
         retry_at = self.now_ms + self.config.retry_backoff_ms
         request = inflight.request
         if isinstance(request, FetchRequest | FetchSnapshotRequest):
             if self._fetcher is not None:
-                self._fetcher.on_failed(correlation_id, retry_at)
+                self._fetcher.on_failed(correlation_id, retry_at, unreachable=unreachable)
         elif isinstance(request, VoteRequest):
             if self._election is not None and self._election.is_for_this_election(request):
                 self._election.on_failed(inflight.dest, retry_at)

@@ -23,12 +23,19 @@ from kraft.raft.messages import (
     RaftRequest,
     SnapshotId,
 )
+from kraft.raft.quorum import random_election_timeout_ms
 
 if TYPE_CHECKING:
     from kraft.raft.core import RaftCore
     from kraft.raft.core_log import LogMeta
 
 NEVER_MS = 1 << 62
+
+UNREACHABLE_MIN_FAILURES = 3
+"""Fast dead-leader detection: this many consecutive fetches refused outright (the transport saw
+UNAVAILABLE — the leader's process is gone, not slow), spread over at least half an election timeout,
+end the fetch timeout early.  What follows is a pre-vote, which a healthy leader's other followers
+reject while they still fetch from it, so a false alarm cannot depose anyone."""
 
 
 @dataclass(slots=True)
@@ -74,6 +81,10 @@ class FetcherRole:
         self.leader_resigned = False
         self.download: SnapshotDownload | None = None
         self.fetch_deadline_ms = NEVER_MS
+        self.unreachable_until_ms: int | None = None
+        """When the streak of refused fetches may end the fetch timeout (first refusal + grace)."""
+        self.unreachable_failures = 0
+        self.unreachable_deadline_ms = NEVER_MS
 
     def start(self, *, leader_resigned_backoff_ms: int | None = None) -> None:
         """Begin fetching.  ``leader_resigned_backoff_ms`` is set when this leader already announced its
@@ -90,10 +101,10 @@ class FetcherRole:
         self.maybe_send_fetch()
 
     def next_deadline_ms(self) -> int:
-        return min(self.fetch_deadline_ms, self.retry_at_ms)
+        return min(self.fetch_deadline_ms, self.unreachable_deadline_ms, self.retry_at_ms)
 
     def fetch_timed_out(self) -> bool:
-        return self.core.now_ms >= self.fetch_deadline_ms
+        return self.core.now_ms >= min(self.fetch_deadline_ms, self.unreachable_deadline_ms)
 
     def poll(self) -> None:
         if self.core.now_ms < self.retry_at_ms:
@@ -106,16 +117,43 @@ class FetcherRole:
 
     def can_grant_pre_vote(self) -> bool:
         # KIP-996: a follower that hears from a live leader protects it from a disruptive rejoiner.
-        return self.leader_resigned or not self.has_fetched_from_leader
+        # One whose own fetches are being refused (the leader's process is gone) has nothing to protect;
+        # a granted pre-vote changes no state, the real vote still decides.
+        return (
+            self.leader_resigned
+            or not self.has_fetched_from_leader
+            or self.unreachable_failures >= UNREACHABLE_MIN_FAILURES
+        )
 
     def on_leader_resigned(self, backoff_ms: int) -> None:
         self.leader_resigned = True
         self.fetch_deadline_ms = min(self.fetch_deadline_ms, self.core.now_ms + backoff_ms)
 
-    def on_failed(self, correlation_id: int, retry_at_ms: int) -> None:
+    def on_failed(self, correlation_id: int, retry_at_ms: int, *, unreachable: bool) -> None:
         if self.inflight == correlation_id:
             self.inflight = None
             self.retry_at_ms = retry_at_ms
+            if unreachable and self.leader_id is not None:
+                self._note_leader_unreachable()
+            else:
+                self._clear_unreachable()
+
+    def _note_leader_unreachable(self) -> None:
+        core = self.core
+        if self.unreachable_until_ms is None:
+            # Randomized in [T/2, T) like an election timeout: every follower sees the same crash at
+            # the same moment, and identical deadlines would split the vote.
+            grace_ms = random_election_timeout_ms(core.config.election_timeout_ms, core.rng) // 2
+            self.unreachable_until_ms = core.now_ms + grace_ms
+        self.unreachable_failures += 1
+        if self.unreachable_failures >= UNREACHABLE_MIN_FAILURES and core.is_voter:
+            self.unreachable_deadline_ms = max(core.now_ms, self.unreachable_until_ms)
+
+    def _clear_unreachable(self) -> None:
+        """Any answer (or a mere timeout, which a slow leader also causes) ends the evidence."""
+        self.unreachable_until_ms = None
+        self.unreachable_failures = 0
+        self.unreachable_deadline_ms = NEVER_MS
 
     def abandon_download(self) -> None:
         self.download = None
@@ -174,6 +212,7 @@ class FetcherRole:
 
     def _note_success(self) -> None:
         self.has_fetched_from_leader = True
+        self._clear_unreachable()
         self.core.election_retries = 0
         if not self.leader_resigned:  # a late answer from a resigned leader must not delay the election
             self.fetch_deadline_ms = self.core.now_ms + self.core.config.fetch_timeout_ms

@@ -97,6 +97,17 @@ class _Response:
 @dataclass(frozen=True, slots=True)
 class _SendFailed:
     correlation_id: int
+    unreachable: bool = False
+    """The peer refused the connection (its process is gone), as opposed to a timeout."""
+
+
+_UNREACHABLE_REASONS = ("UNAVAILABLE", "fetch stream closed")
+"""TransportError reasons that mean the peer answered nothing because it is not there (connection
+refused / reset), as opposed to DEADLINE_EXCEEDED, which a slow but live peer also causes."""
+
+
+def is_unreachable(error: TransportError) -> bool:
+    return error.reason.startswith(_UNREACHABLE_REASONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,7 +429,7 @@ class RaftDriver:
         if isinstance(event, _Response):
             return core.handle_response(event.correlation_id, event.response, now_ms)
         if isinstance(event, _SendFailed):
-            return core.handle_send_failure(event.correlation_id, now_ms)
+            return core.handle_send_failure(event.correlation_id, now_ms, unreachable=event.unreachable)
         if isinstance(event, _SnapshotFrozen):
             start = self._log.delete_before(event.snapshot_id.end_offset)
             self._snapshots.delete_before(event.snapshot_id)
@@ -503,8 +514,8 @@ class RaftDriver:
     async def _send(self, message: OutboundRequest) -> None:
         try:
             response = await self._transport.send(message.dest, message.request, message.timeout_ms)
-        except TransportError:
-            self._push(_SendFailed(message.correlation_id))
+        except TransportError as exc:
+            self._push(_SendFailed(message.correlation_id, is_unreachable(exc)))
         except Exception as exc:  # a transport bug must look like a lost request, not kill Raft
             self._logger.warning("raft_send_failed", dest=message.dest, error=f"{type(exc).__name__}: {exc}")
             self._push(_SendFailed(message.correlation_id))

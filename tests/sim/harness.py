@@ -240,6 +240,7 @@ class NodeStats:
     diverging_responses: int = 0
     snapshots_installed: int = 0
     elections_won: int = 0
+    refusals: int = 0
 
 
 class SimNode:
@@ -290,11 +291,14 @@ class SimNode:
         self.process(self.core.start(self.sim.now_ms))
 
     def crash(self) -> None:
-        """Stop without warning: unflushed batches are lost, pending work vanishes."""
+        """Stop without warning: unflushed batches are lost, pending work vanishes; requests it was
+        holding (long-poll fetches) see their connection reset."""
         self.running = False
         self.core = None
         self.log.crash()
         self.pending_appends.clear()
+        for origin in self.pending_requests.values():
+            self.sim.refuse(self.node_id, origin)
         self.pending_requests.clear()
 
     def wipe(self) -> None:
@@ -502,6 +506,11 @@ class SimNode:
             self.stats.diverging_responses += 1
         self.process(self.live_core.handle_response(correlation_id, response, self.sim.now_ms))
 
+    def receive_refusal(self, correlation_id: int) -> None:
+        self.stats.refusals += 1
+        core = self.live_core
+        self.process(core.handle_send_failure(correlation_id, self.sim.now_ms, unreachable=True))
+
     def client_append(self, value: bytes) -> int:
         core = self.live_core
         offset = core.append([value], self.sim.now_ms)
@@ -641,8 +650,25 @@ class Simulation:
 
     def _deliver_request(self, src: int, incarnation: int, dst: int, message: OutboundRequest) -> None:
         node = self.nodes[dst]
-        if node.running and self.router.allows(src, dst):
+        if not self.router.allows(src, dst):
+            return
+        if node.running:
             node.receive_request(src, incarnation, message.correlation_id, message.request)
+        else:
+            self.refuse(dst, (src, incarnation, message.correlation_id))
+
+    def refuse(self, src: int, origin: tuple[int, int, int]) -> None:
+        """``src``'s process is gone: the sender's transport sees the connection refused or reset (a
+        failure reported as unreachable), unless the network loses that too (then it times out)."""
+        dst, incarnation, correlation_id = origin
+        delays = self.router.delays_ms(src, dst)
+        if delays:
+            self.schedule(delays[0], lambda: self._deliver_refusal(src, dst, incarnation, correlation_id))
+
+    def _deliver_refusal(self, src: int, dst: int, incarnation: int, correlation_id: int) -> None:
+        node = self.nodes[dst]
+        if node.running and node.incarnation == incarnation and self.router.allows(src, dst):
+            node.receive_refusal(correlation_id)
 
     def send_response(self, src: int, origin: tuple[int, int, int], response: RaftResponse) -> None:
         dst, incarnation, correlation_id = origin

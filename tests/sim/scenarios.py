@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kraft.raft.state import StateKind
 from sim.harness import InvariantViolation, SimNode, Simulation
 
 ELECTION_BOUND_MS = 2000
@@ -296,6 +297,26 @@ def graceful_resignation_hands_over_quickly(seed: int) -> None:
     sim.check_final()
 
 
+def dead_leader_detected_before_fetch_timeout(seed: int) -> None:
+    sim = _started(seed)
+    sim.run_for(sim.rng.randint(10, 100))
+    old = _leader(sim)
+    old_epoch = old.live_core.epoch
+    survivors = [node for node in sim.nodes.values() if node is not old]
+    # A killed process refuses connections: after a few refused fetches and a randomized 25-50 ms
+    # grace the followers pre-vote, well before the 100 ms fetch timeout would have let them (a split
+    # vote may still follow, so only the campaign start is bounded tightly).
+    sim.crash(old.node_id)
+
+    def campaigning() -> bool:
+        return any(node.live_core.state is not StateKind.FOLLOWER for node in survivors)
+
+    sim.run_until_condition(campaigning, 75, "a pre-vote before the fetch timeout")
+    _wait_new_leader(sim, old_epoch, exclude={old.node_id})
+    sim.run_for(100)
+    sim.check_final()
+
+
 SCENARIOS: dict[str, Callable[[int], None]] = {
     "initial_election": initial_election,
     "leader_failure": leader_failure,
@@ -312,4 +333,5 @@ SCENARIOS: dict[str, Callable[[int], None]] = {
     "isolated_leader_resigns": isolated_leader_resigns,
     "follower_catches_up_by_snapshot": follower_catches_up_by_snapshot,
     "graceful_resignation_hands_over_quickly": graceful_resignation_hands_over_quickly,
+    "dead_leader_detected_before_fetch_timeout": dead_leader_detected_before_fetch_timeout,
 }

@@ -45,11 +45,11 @@ async def _serve(servicer: _Controller) -> tuple[grpc.aio.Server, str]:
 async def servers() -> AsyncIterator[tuple[_Controller, _Controller, _Controller, str, str]]:
     # "inner" is the active controller as the controllers see it (e.g. a controller-to-controller proxy);
     # "outer" is the same controller as this broker must reach it.
-    inner, outer = _Controller(None), _Controller(None)
+    inner, outer = _Controller(None), _Controller(None)  # type: ignore[abstract]
     inner_server, inner_target = await _serve(inner)
     outer_server, outer_target = await _serve(outer)
     host, port = inner_target.split(":")
-    follower = _Controller(NodeRef(node_id=2, endpoint=Endpoint(host=host, port=int(port))))
+    follower = _Controller(NodeRef(node_id=2, endpoint=Endpoint(host=host, port=int(port))))  # type: ignore[abstract]
     follower_server, follower_target = await _serve(follower)
     try:
         yield follower, inner, outer, follower_target, outer_target

@@ -1,0 +1,112 @@
+"""MetadataPublisher: a snapshot that grants this broker nothing is stored in the background; one that
+grants something is stored first; the next publish step waits for a background save."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from broker_fakes import MemoryImageStore, MemoryLogOpener
+
+from kraft.broker.partitions import PartitionManager
+from kraft.broker.publisher import MetadataPublisher
+from kraft.broker.types import TopicPartition
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.records import wrap
+from kraft.v1 import metadata_pb2 as mpb
+
+ME = 4
+WAIT_S = 5.0
+
+
+class GatedStore(MemoryImageStore):
+    """Saves block until :attr:`gate` is set (a slow disk); records the order of events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.events: list[str] = []
+
+    async def save(self, image: MetadataImage) -> None:
+        self.events.append(f"save-start {image.offset}")
+        await asyncio.wait_for(self.gate.wait(), WAIT_S)
+        await super().save(image)
+        self.events.append(f"save-done {image.offset}")
+
+
+def _image(offset: int, leader: int) -> MetadataImage:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(wrap(mpb.TopicRecord(name="orders", topic_id="T")))
+    delta.replay(
+        wrap(
+            mpb.PartitionRecord(partition_id=0, topic_id="T", replicas=[leader], isr=[leader], leader=leader)
+        )
+    )
+    delta.replay(wrap(mpb.NoOpRecord()), offset, 1)
+    return delta.apply()
+
+
+async def _let_tasks_run() -> None:
+    """Enough loop turns for anything not blocked on the store to finish (deterministic, no timing)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def _publisher(tmp_path: Path, store: GatedStore) -> tuple[PartitionManager, MetadataPublisher]:
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None)
+    await publisher.start()
+    return manager, publisher
+
+
+async def test_a_snapshot_granting_nothing_is_served_before_it_is_stored(tmp_path: Path) -> None:
+    store = GatedStore()
+    manager, publisher = await _publisher(tmp_path, store)
+    try:
+        await asyncio.wait_for(publisher.load_snapshot(_image(10, leader=1)), WAIT_S)
+        assert publisher.image.offset == 10 and store.saves == 0  # served, not stored yet
+        # The next step (it grants this broker a leadership) waits for the background save first.
+        delta = MetadataDelta(publisher.image)
+        delta.replay(
+            wrap(
+                mpb.PartitionChangeRecord(
+                    topic_id="T",
+                    partition_id=0,
+                    replicas=mpb.BrokerIdList(ids=[ME]),
+                    isr=mpb.BrokerIdList(ids=[ME]),
+                    leader=ME,
+                )
+            ),
+            11,
+            1,
+        )
+        step = asyncio.create_task(publisher.publish(delta))
+        await _let_tasks_run()
+        assert not step.done() and manager.get(TopicPartition("orders", 0)) is None
+        store.gate.set()
+        await asyncio.wait_for(step, WAIT_S)
+        assert store.events == ["save-start 10", "save-done 10", "save-start 11", "save-done 11"]
+        assert publisher.last_snapshot_store_s > 0
+        assert manager.get(TopicPartition("orders", 0)) is not None
+    finally:
+        store.gate.set()
+        await publisher.flush()
+        manager.close()
+
+
+async def test_a_snapshot_granting_a_partition_is_stored_before_it_is_served(tmp_path: Path) -> None:
+    store = GatedStore()
+    manager, publisher = await _publisher(tmp_path, store)
+    try:
+        load = asyncio.create_task(publisher.load_snapshot(_image(10, leader=ME)))
+        await _let_tasks_run()
+        assert not load.done() and publisher.image.offset == -1
+        assert manager.get(TopicPartition("orders", 0)) is None
+        store.gate.set()
+        await asyncio.wait_for(load, WAIT_S)
+        assert store.saves == 1 and publisher.image.offset == 10
+        assert manager.get(TopicPartition("orders", 0)) is not None
+    finally:
+        store.gate.set()
+        manager.close()
