@@ -73,7 +73,16 @@ async def _describe_cluster(bootstrap: str) -> cpb.DescribeClusterResponse:
 @app.command("list")
 @handle_errors
 def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False) -> None:
-    """Every registered broker with its state (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE)."""
+    """Every registered broker with its state (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE).
+
+    Examples:
+
+      kraft broker list --bootstrap-controller 127.0.0.1:9093
+
+      kraft broker list --bootstrap-controller 127.0.0.1:9093,127.0.0.1:9094
+
+      kraft broker list --bootstrap-controller 127.0.0.1:9093 --json
+    """
     cluster = run_async(_describe_cluster(bootstrap_controller))
     brokers = [broker_json(b) for b in cluster.brokers]
     if as_json:
@@ -162,6 +171,12 @@ def describe_command(
     ``State`` is what the controller says (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE); ``BrokerState``
     is the broker's own lifecycle state (STARTING, RECOVERY, RUNNING, PENDING_CONTROLLED_SHUTDOWN,
     SHUTTING_DOWN), asked from the broker itself — ``unknown`` when it does not answer within 2 s.
+
+    Examples:
+
+      kraft broker describe --bootstrap-controller 127.0.0.1:9093 101
+
+      kraft broker describe --bootstrap-controller 127.0.0.1:9093 101 --json
     """
     broker = run_async(_describe_broker(bootstrap_controller, broker_id))
     if as_json:
@@ -197,7 +212,12 @@ async def _unregister(bootstrap: str, broker_id: int) -> None:
 @app.command("unregister")
 @handle_errors
 def unregister_command(broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption) -> None:
-    """Remove a broker's registration (kafka-cluster.sh unregister); its id becomes free."""
+    """Remove a broker's registration (kafka-cluster.sh unregister); its id becomes free.
+
+    Examples:
+
+      kraft broker unregister --bootstrap-controller 127.0.0.1:9093 103
+    """
     run_async(_unregister(bootstrap_controller, broker_id))
     typer.echo(f"broker {broker_id} unregistered")
 
@@ -213,7 +233,12 @@ async def _shutdown(bootstrap: str, broker_id: int) -> int:
 @app.command("shutdown")
 @handle_errors
 def shutdown_command(broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption) -> None:
-    """Controlled shutdown: move the broker's leaderships away, then tell it to stop at its next heartbeat."""
+    """Controlled shutdown: move the broker's leaderships away, then tell it to stop at its next heartbeat.
+
+    Examples:
+
+      kraft broker shutdown --bootstrap-controller 127.0.0.1:9093 102
+    """
     remaining = run_async(_shutdown(bootstrap_controller, broker_id))
     typer.echo(f"broker {broker_id} is in controlled shutdown ({remaining} leaderships left)")
 

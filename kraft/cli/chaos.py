@@ -52,7 +52,18 @@ def proxy_command(
         typer.Option("--config", exists=True, dir_okay=False, help="JSON array of proxies to create first."),
     ] = None,
 ) -> None:
-    """Run a Toxiproxy-API-compatible proxy server in the foreground (Ctrl-C or SIGTERM stops it)."""
+    """Run a Toxiproxy-API-compatible proxy server in the foreground (Ctrl-C or SIGTERM stops it).
+
+    --config takes a JSON array in the POST /populate format.
+
+    Examples:
+
+      kraft chaos proxy --port 8474
+
+      kraft chaos proxy --host 127.0.0.1 --port 8474 --seed 7
+
+      kraft chaos proxy --port 8474 --config proxies.json
+    """
     try:
         asyncio.run(_serve_proxy(host, port, seed, config))
     except OSError as exc:
@@ -84,7 +95,20 @@ def run_command(
         float, typer.Option("--recovery", min=1.0, help="Seconds allowed to recover.")
     ] = 30.0,
 ) -> None:
-    """Run checked chaos scenarios; print the verdicts; exit 1 if any checker found a violation."""
+    """Run checked chaos scenarios; print the verdicts; exit 1 if any checker found a violation.
+
+    Scenarios: isolate, isolate-leader, majority, bridge, one-way, flaky,
+    kill, pause, mixed, or all.  A violation prints the command that
+    reproduces it.
+
+    Examples:
+
+      kraft chaos run --scenario isolate-leader --seed 7 --duration 30
+
+      kraft chaos run --scenario all --report /tmp/chaos-report
+
+      kraft chaos run --scenario kill --brokers 3 --clients 8 --recovery 60
+    """
     from chaos.runner import RunOptions, failed_verdicts, run_scenario
     from chaos.scenarios import scenario_names
     from chaos.workload import WorkloadOptions

@@ -129,7 +129,20 @@ def shell_command(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Query a metadata image store read-only with SQL (tables: meta, brokers, topics, partitions, …)."""
+    """Query a metadata image store read-only with SQL (tables: meta, brokers, topics, partitions, …).
+
+    Without -c it reads statements from stdin (a prompt on a terminal);
+    .help there lists the tables and dot commands.
+
+    Examples:
+
+      kraft metadata shell --config config/broker-101.properties
+
+      kraft metadata shell --db data/metadata-image.sqlite -c .tables
+
+      kraft metadata shell --config config/controller-1.properties \\
+          -c "SELECT broker_id, fenced FROM brokers;" --json
+    """
     path = resolve_store(db, config)
     connection = open_read_only(path)
     try:

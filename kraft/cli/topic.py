@@ -87,7 +87,18 @@ def create_command(
         bool, typer.Option("--if-not-exists", help="An existing topic is not an error.")
     ] = False,
 ) -> None:
-    """Create a topic; replicas are spread evenly and rack-aware over the unfenced brokers."""
+    """Create a topic; replicas are spread evenly and rack-aware over the unfenced brokers.
+
+    Examples:
+
+      kraft topic create --bootstrap-controller 127.0.0.1:9093 orders -p 6 -r 3
+
+      kraft topic create --bootstrap-controller 127.0.0.1:9093 orders \\
+          --config retention.ms=86400000 --if-not-exists
+
+      kraft topic create --bootstrap-controller 127.0.0.1:9093 pinned \\
+          --replica-assignment 101:102,102:103 --validate-only
+    """
     topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=replication_factor)
     topic.configs.extend(parse_configs(config or []))
     if replica_assignment:
@@ -117,7 +128,14 @@ async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.D
 @app.command("list")
 @handle_errors
 def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False) -> None:
-    """Every topic with its partition count and replication factor."""
+    """Every topic with its partition count and replication factor.
+
+    Examples:
+
+      kraft topic list --bootstrap-controller 127.0.0.1:9093
+
+      kraft topic list --bootstrap-controller 127.0.0.1:9093 --json
+    """
     response = run_async(_describe(bootstrap_controller, [], False))
     topics = [
         {
@@ -161,7 +179,14 @@ def topic_json(topic: cpb.TopicDescription) -> dict[str, Any]:
 def describe_command(
     name: TopicArgument, bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False
 ) -> None:
-    """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR."""
+    """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR.
+
+    Examples:
+
+      kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders
+
+      kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders --json
+    """
     response = run_async(_describe(bootstrap_controller, [name], True))
     topic = response.topics[0]
     if topic.error_code != ErrorCode.NONE:
@@ -200,7 +225,14 @@ def delete_command(
     bootstrap_controller: BootstrapControllerOption,
     if_exists: Annotated[bool, typer.Option("--if-exists", help="A missing topic is not an error.")] = False,
 ) -> None:
-    """Delete a topic (its partitions are removed from every broker)."""
+    """Delete a topic (its partitions are removed from every broker).
+
+    Examples:
+
+      kraft topic delete --bootstrap-controller 127.0.0.1:9093 orders
+
+      kraft topic delete --bootstrap-controller 127.0.0.1:9093 old --if-exists
+    """
     result = run_async(_delete(bootstrap_controller, name))
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and if_exists:
@@ -249,11 +281,12 @@ async def _elect(bootstrap: str, request: cpb.ElectLeadersRequest) -> cpb.ElectL
 ELECT_EXAMPLES = """\
 Examples:
 
-  kraft topic elect-leaders --bootstrap-controller localhost:9093
+  kraft topic elect-leaders --bootstrap-controller 127.0.0.1:9093
 
-  kraft topic elect-leaders --bootstrap-controller localhost:9093 --topic orders
+  kraft topic elect-leaders --bootstrap-controller 127.0.0.1:9093 --topic logs
 
-  kraft topic elect-leaders --bootstrap-controller localhost:9093 --topic orders --partition 3 --json
+  kraft topic elect-leaders --bootstrap-controller 127.0.0.1:9093 \\
+      --topic orders --partition 3 --json
 """
 
 

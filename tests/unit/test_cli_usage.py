@@ -125,6 +125,18 @@ OWNED_COMMANDS = [
     ("produce",),
     ("consume",),
     ("broker", "start"),
+    ("broker", "list"),
+    ("broker", "describe"),
+    ("broker", "unregister"),
+    ("broker", "shutdown"),
+    ("topic", "create"),
+    ("topic", "list"),
+    ("topic", "describe"),
+    ("topic", "delete"),
+    ("topic", "elect-leaders"),
+    ("metadata", "shell"),
+    ("chaos", "proxy"),
+    ("chaos", "run"),
 ]
 
 
