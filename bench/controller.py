@@ -331,8 +331,11 @@ async def cluster_benchmarks(quick: bool, base: Path) -> dict[str, Any]:
                 "false_fencing": len(fleet.fenced_after_unfence),
                 "final_states_other_brokers": states,
                 "target_p99_ms": 50,
+                # The target (PERFORMANCE.md #4) is for a fleet heartbeating steadily; report the bulk
+                # windows against it too, so a loop stall during bulk writes is not hidden.
                 "meets_target": fleet.window(idle_start, idle_end)["p99_ms"] <= 50
                 and not fleet.fenced_after_unfence,
+                "meets_target_during_bulk": fleet.window(idle_end, bulk_end)["p99_ms"] <= 50,
             }
             results["create_partitions"] = {
                 "partitions": partitions,
