@@ -105,6 +105,14 @@ def metadata_report_command(
     """Controller epochs, broker lifecycle, partition leaders and record types of a metadata log.
 
     Writes Parquet tables (out/tables), PNG plots (out/plots), out/summary.md and out/report.json.
+
+    Examples:
+
+      kraft pipeline metadata-report --log-dir kc/controller-1 --out report
+
+      kraft pipeline metadata-report --log-dir kc --out report --json
+
+      kraft pipeline metadata-report --log-dir kc --out r --master local[2]
     """
     from kraft.pipeline.layout import find_partition_dirs
     from kraft.pipeline.metadata_report import SUMMARY_FILE, metadata_report, report_json
@@ -162,9 +170,17 @@ def compact_command(
 ) -> None:
     """Exact key compaction of partition logs (newest record per key, original offsets).
 
-    Tombstones older than the retention are dropped.  Records without a key cannot be compacted: they
-    are left out and reported as an error (exit 1).  Output: segments under out/<topic>-<partition>/
-    and out/compaction-report.json.
+    Tombstones older than the retention are dropped.
+    Records without a key cannot be compacted: they are left out and reported as errors (exit 1).
+    Output: segments under out/<topic>-<partition>/ and out/compaction-report.json.
+
+    Examples:
+
+      kraft pipeline compact --log-dir data/orders-0 --out compacted
+
+      kraft pipeline compact --log-dir data --out c --tombstone-retention-ms 0
+
+      kraft pipeline compact --log-dir data --out c --executor-memory 512m --json
     """
     from kraft.pipeline.compaction import REPORT_FILE, CompactionOptions, check_output_dir, compact
     from kraft.pipeline.layout import find_partition_dirs

@@ -137,6 +137,8 @@ OWNED_COMMANDS = [
     ("metadata", "shell"),
     ("chaos", "proxy"),
     ("chaos", "run"),
+    ("pipeline", "compact"),
+    ("pipeline", "metadata-report"),
 ]
 
 
