@@ -32,12 +32,6 @@ if TYPE_CHECKING:
 NEVER_MS = 1 << 62
 """A deadline that never comes."""
 
-GROUP_COMMIT_MAX_HOLD_MS = 20
-"""Group commit: while the last batch is still uncommitted, records keep accumulating instead of being
-cut into a batch per linger tick; the next batch is cut once that batch commits (or the batch is full).
-This bound keeps a slow or absent majority from holding the accumulator: past it, batches are cut as
-the linger says (committing is then slow anyway; the bound only caps the extra wait)."""
-
 
 @dataclass(slots=True)
 class ReplicaProgress:
@@ -68,8 +62,6 @@ class LeaderRole:
         self.pending_records: list[bytes] = []
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
-        self.hold_until_ms = 0
-        """Group commit: while the last cut batch is uncommitted, draining waits until this time."""
         self.parked: dict[int, ParkedFetch] = {}
 
     # -- lifecycle
@@ -93,7 +85,7 @@ class LeaderRole:
             self._send_begin_quorum(voter)
 
     def next_deadline_ms(self) -> int:
-        deadline = min(self.check_quorum_deadline_ms, self._drain_deadline_ms())
+        deadline = min(self.check_quorum_deadline_ms, self.linger_deadline_ms)
         for parked in self.parked.values():
             deadline = min(deadline, parked.deadline_ms)
         for voter in self.begin_unacked:
@@ -105,7 +97,7 @@ class LeaderRole:
 
     def poll(self) -> None:
         now = self.core.now_ms
-        if self.pending_records and now >= self._drain_deadline_ms():
+        if self.pending_records and now >= self.linger_deadline_ms:
             self.drain_accumulator()
         for request_id, parked in list(self.parked.items()):
             if parked.deadline_ms <= now:
@@ -157,27 +149,12 @@ class LeaderRole:
             self.drain_accumulator()
         return last_offset
 
-    def _commit_in_flight(self) -> bool:
-        core = self.core
-        return core.high_watermark < core.log.end_offset and core.now_ms < self.hold_until_ms
-
-    def _drain_deadline_ms(self) -> int:
-        """When the accumulator is cut: at the linger deadline, but not while the previous batch is
-        still being committed (group commit).  The commit arrives as an input (a fetch or a flush),
-        after which the driver polls again, so only the hold bound needs to be a timer."""
-        if self.linger_deadline_ms == NEVER_MS:
-            return NEVER_MS
-        if self._commit_in_flight():
-            return max(self.linger_deadline_ms, self.hold_until_ms)
-        return self.linger_deadline_ms
-
     def drain_accumulator(self) -> None:
         core = self.core
         records = tuple(self.pending_records)
         self.pending_records.clear()
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
-        self.hold_until_ms = core.now_ms + GROUP_COMMIT_MAX_HOLD_MS
         base = core.log.end_offset
         core.log.append(base, base + len(records) - 1, core.epoch)
         core.out.log_ops.append(AppendRecords(base, core.epoch, records))

@@ -1,4 +1,4 @@
-"""Group commit on the leader and fast dead-leader detection on followers (IO-free core)."""
+"""Fast dead-leader detection on followers: refused fetches end the fetch timeout early (IO-free core)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from test_raft_core import (
     CLUSTER,
     ELECTION_MS,
     FETCH_TIMEOUT_MS,
-    _leader_with_log,
     make_core,
     only_response,
     sent_requests,
@@ -16,8 +15,6 @@ from test_raft_core import (
 from kraft.errors import ErrorCode
 from kraft.raft.core import RaftCore
 from kraft.raft.core_fetcher import UNREACHABLE_MIN_FAILURES
-from kraft.raft.core_leader import GROUP_COMMIT_MAX_HOLD_MS
-from kraft.raft.core_output import AppendRecords
 from kraft.raft.driver import is_unreachable
 from kraft.raft.messages import (
     BeginQuorumEpochRequest,
@@ -29,42 +26,7 @@ from kraft.raft.messages import (
 from kraft.raft.state import StateKind
 from kraft.raft.transport import TransportError
 
-LINGER_MS = 5  # make_core's append_linger_ms
 GRACE_MS = (ELECTION_MS + ELECTION_MS // 2) // 2  # FixedRng: random election timeout = 1.5 T, halved
-
-
-def _committed_leader() -> tuple[RaftCore, int]:
-    """A leader of epoch 4 whose LeaderChange (offset 10) is committed: end = HWM = 11."""
-    core, now = _leader_with_log()
-    core.on_flushed(11, now)
-    core.handle_request(1, FetchRequest(CLUSTER, 2, 4, 11, 4, max_wait_ms=0), now)
-    assert core.high_watermark == 11
-    return core, now
-
-
-def test_records_accumulate_while_the_previous_batch_is_uncommitted() -> None:
-    core, now = _committed_leader()
-    core.append([b"a"], now)
-    assert core.poll(now + LINGER_MS).log_ops == [AppendRecords(11, 4, (b"a",))]
-    core.on_flushed(12, now + LINGER_MS)
-    core.append([b"b"], now + 6)
-    core.append([b"c"], now + 7)
-    # Linger expired, but offset 11 is not committed yet: keep accumulating.
-    assert core.poll(now + 20).log_ops == []
-    core.handle_request(2, FetchRequest(CLUSTER, 2, 4, 12, 4, max_wait_ms=0), now + 21)
-    assert core.high_watermark == 12
-    assert core.poll(now + 21).log_ops == [AppendRecords(12, 4, (b"b", b"c"))]
-
-
-def test_an_absent_majority_holds_the_accumulator_only_for_a_bounded_time() -> None:
-    core, now = _committed_leader()
-    core.append([b"a"], now)
-    cut_at = now + LINGER_MS
-    assert core.poll(cut_at).log_ops
-    core.append([b"b"], cut_at + 1)
-    assert core.poll(cut_at + GROUP_COMMIT_MAX_HOLD_MS - 1).log_ops == []
-    assert core.take_output(cut_at + 1).next_deadline_ms == cut_at + GROUP_COMMIT_MAX_HOLD_MS
-    assert core.poll(cut_at + GROUP_COMMIT_MAX_HOLD_MS).log_ops == [AppendRecords(12, 4, (b"b",))]
 
 
 def _fetching_follower() -> tuple[RaftCore, int]:
