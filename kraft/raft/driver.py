@@ -63,6 +63,7 @@ from kraft.raft.messages import (
     FetchSnapshotResponse,
     RaftRequest,
     RaftResponse,
+    ReplicaState,
     SnapshotId,
 )
 from kraft.raft.ports import Clock, ElectionStore, LogStore, SnapshotStore
@@ -292,7 +293,25 @@ class RaftDriver:
         self._listeners.unregister(listener)
 
     def describe_quorum(self) -> DescribeQuorumResponse:
-        return self._core.describe_quorum(self._clock.monotonic_ms())
+        return self._wall_clock_timestamps(self._core.describe_quorum(self._clock.monotonic_ms()))
+
+    def _wall_clock_timestamps(self, response: DescribeQuorumResponse) -> DescribeQuorumResponse:
+        """The core keeps fetch times on the monotonic clock; operators (and Kafka's DescribeQuorum) see
+        wall-clock epoch milliseconds, so translate at this edge (-1 = never stays -1)."""
+        offset_ms = self._clock.wall_ms() - self._clock.monotonic_ms()
+
+        def wall(replica: ReplicaState) -> ReplicaState:
+            return replace(
+                replica,
+                last_fetch_timestamp_ms=_shift(replica.last_fetch_timestamp_ms, offset_ms),
+                last_caught_up_timestamp_ms=_shift(replica.last_caught_up_timestamp_ms, offset_ms),
+            )
+
+        return replace(
+            response,
+            current_voters=tuple(wall(r) for r in response.current_voters),
+            observers=tuple(wall(r) for r in response.observers),
+        )
 
     def latest_snapshot_id(self) -> SnapshotId | None:
         return self._snapshots.latest()
@@ -375,9 +394,12 @@ class RaftDriver:
         self._inbound[request_id] = future
         self._push(_Inbound(request_id, request))
         try:
-            return await future
+            response = await future
         finally:
             self._inbound.pop(request_id, None)
+        if isinstance(response, DescribeQuorumResponse):
+            return self._wall_clock_timestamps(response)
+        return response
 
     # ------------------------------------------------------------------ the driver task
 
@@ -595,3 +617,7 @@ class RaftDriver:
             "state_changed", state=core.state.value, epoch=core.epoch, leader=core.election.leader_id
         )
         self._leader_changed.set()
+
+
+def _shift(timestamp_ms: int, offset_ms: int) -> int:
+    return timestamp_ms if timestamp_ms < 0 else timestamp_ms + offset_ms

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,11 @@ async def test_three_nodes_replicate_and_fail_over() -> None:
         described = leader.describe_quorum()
         assert described.error_code is ErrorCode.NONE
         assert [v.replica_id for v in described.current_voters] == [1, 2, 3]
+        # Fetch times are wall-clock epoch milliseconds, as in Kafka's DescribeQuorum (not monotonic).
+        now_ms = time.time() * 1000
+        for voter in described.current_voters:
+            if voter.replica_id != leader.node_id:
+                assert abs(voter.last_fetch_timestamp_ms - now_ms) < 60_000, voter
         assert follower.describe_quorum().error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER
 
         old_id = leader.node_id
