@@ -1,11 +1,11 @@
 """Delivery of committed data to :class:`~kraft.raft.client.RaftListener` s, one task per listener.
 
 Each listener has its own cursor (``next_offset``) and task, so a slow state machine delays only itself.
-The task wakes on every high-watermark, snapshot or leader change and catches up: load the latest
-snapshot when its cursor is below the log start, then hand over committed batches in order, then report
-a leader change.  A change that makes *this* node leader is reported only once the listener has seen
-everything up to the leader's epoch start offset (Kafka's rule: the new active controller must have
-replayed the previous epochs before it acts).
+The task wakes on every high-watermark, snapshot or leader change and catches up: report a change to
+another leader (or to no leader) at once, load the latest snapshot when its cursor is below the log start,
+then hand over committed batches in order.  A change that makes *this* node leader is reported only once
+the listener has seen everything up to the leader's epoch start offset (Kafka's rule: the new active
+controller must have replayed the previous epochs before it acts).
 """
 
 from __future__ import annotations
@@ -100,6 +100,10 @@ class ListenerSet:
     async def _catch_up(self, cursor: ListenerCursor) -> None:
         while True:
             view = self._view()
+            # A change to *another* leader is reported before any batch of the newer epoch is delivered,
+            # so a deposed active controller learns it lost leadership before it sees the records that
+            # replaced its own uncommitted ones (becoming leader ourselves still waits, see below).
+            await self._maybe_report_leader(cursor, view)
             if cursor.next_offset < self._log.start_offset:
                 snapshot_id = self._snapshots.latest()
                 if snapshot_id is None:
