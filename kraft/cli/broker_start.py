@@ -15,10 +15,11 @@ from pathlib import Path
 from kraft.broker.lifecycle import RegistrationFailed
 from kraft.broker.server import BrokerServer, BrokerSettings
 from kraft.cli.broker import app
-from kraft.cli.common import CliError, ConfigOption, handle_errors, run_async
+from kraft.cli.common import CliError, ConfigOption, handle_errors
 from kraft.config import NodeConfig, load_config
 from kraft.metadata.store import ImageStore
 from kraft.observability.logging import configure_logging
+from kraft.runtime import EventLoopChoiceError, run_server
 from kraft.storage.meta_properties import check_meta_properties
 
 IMAGE_STORE_FILE = "metadata-image.sqlite"
@@ -62,9 +63,11 @@ def start(config: ConfigOption) -> None:
     configure_logging(cfg.log_level)
     cluster_id = cluster_id_of(cfg)
     try:
-        run_async(_run(cfg, cluster_id))
+        run_server(_run(cfg, cluster_id))
     except RegistrationFailed as err:
         raise CliError(f"broker {cfg.node_id}: {err}") from err
+    except EventLoopChoiceError as err:
+        raise CliError(str(err)) from None
 
 
 async def _run(cfg: NodeConfig, cluster_id: str) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import typer
 
 from kraft.cli.common import CliError, ConfigOption, handle_errors
 from kraft.config import load_config
 from kraft.observability.logging import configure_logging
+from kraft.runtime import EventLoopChoiceError, run_server
 
 app = typer.Typer(no_args_is_help=True, help="Run a controller node.")
 
@@ -33,6 +32,8 @@ def start_command(config: ConfigOption) -> None:
     cfg = load_config(config)
     configure_logging(cfg.log_level)
     try:
-        asyncio.run(run_controller(cfg))
+        run_server(run_controller(cfg))
     except StartupError as exc:
+        raise CliError(str(exc)) from None
+    except EventLoopChoiceError as exc:
         raise CliError(str(exc)) from None

@@ -324,4 +324,3 @@ def describe_response_from_pb(value: pb.DescribeQuorumResponse) -> m.DescribeQuo
         current_voters=tuple(_replica_from_pb(r) for r in value.current_voters),
         observers=tuple(_replica_from_pb(r) for r in value.observers),
     )
-

@@ -42,7 +42,8 @@ from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.memory import SystemClock
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
-from kraft.storage.log import METADATA_LOG_DIR_NAME, LogConfig
+from kraft.runtime import running_loop_name
+from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
 from kraft.v1 import raft_pb2_grpc
 
@@ -114,6 +115,7 @@ def open_raft(config: NodeConfig, meta: MetaProperties, transport: GrpcTransport
     log_config = LogConfig(
         segment_bytes=max(config.metadata_log_segment_bytes, 1024),
         segment_ms=config.metadata_log_segment_ms,
+        preallocate_bytes=METADATA_LOG_PREALLOCATE_BYTES,
     )
     log = SegmentedLogStore.open(directory, log_config)
     try:
@@ -239,6 +241,7 @@ class ControllerNode:
             cluster_id=self._meta.cluster_id,
             listener=cfg.controller_listener.bind_address if cfg.controller_listener else "",
             test_append=cfg.kraft_test_append_enable,
+            event_loop=running_loop_name(),
         )
 
     async def _start_server(self) -> None:

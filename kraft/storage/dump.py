@@ -131,11 +131,15 @@ def dump_file(path: Path, *, with_records: bool = True) -> dict[str, Any]:
     batches: list[dict[str, Any]] = []
     position = 0
     error: str | None = None
+    preallocated = 0
     while position < len(data):
         try:
             batch, end = decode_batch(data, position)
         except StorageError as exc:
-            error = exc.message
+            if data.count(0, position) == len(data) - position:
+                preallocated = len(data) - position  # a live segment's zero-filled space, not damage
+            else:
+                error = exc.message
             break
         batches.append(describe_batch(batch, position, with_records=with_records))
         position = end
@@ -145,6 +149,7 @@ def dump_file(path: Path, *, with_records: bool = True) -> dict[str, Any]:
         "kind": kind,
         "size": len(data),
         "validBytes": position,
+        "preallocatedBytes": preallocated,
         "error": error,
         "batches": batches,
     }
@@ -185,3 +190,8 @@ def format_file_dump(dump: dict[str, Any]) -> Iterator[str]:
             yield line
     if dump["error"]:
         yield f"Found invalid data at position {dump['validBytes']}: {dump['error']}"
+    elif dump.get("preallocatedBytes"):
+        yield (
+            f"Preallocated (zero-filled) space from position {dump['validBytes']}: "
+            f"{dump['preallocatedBytes']} bytes"
+        )

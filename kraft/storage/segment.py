@@ -3,11 +3,18 @@
 Invariants (checked by recovery, relied on by reads):
 - the file holds whole, CRC-valid v2 batches back to back, the first starting at ``base_offset`` and each
   starting at the previous batch's ``next_offset`` (kraft logs have no offset gaps);
-- ``size`` is the file length and ``next_offset`` the offset after the last batch;
+- ``size`` is the end of the last batch and ``next_offset`` the offset after it;
 - index entries point at batch starts inside the file (see :mod:`kraft.storage.index`).
 
-The file descriptor is opened with O_APPEND; appends are single ``write`` calls of whole batches, so a
-crash can only leave a torn *tail*, which recovery truncates.
+Appends are single ``pwrite`` calls of whole batches at ``size``, so a crash can only leave a torn *tail*,
+which recovery truncates.
+
+Preallocation (``preallocate_bytes`` > 0, the metadata log's active segment): the file is kept ahead of the
+data by zero-filled space, so an append overwrites already allocated blocks and the flush is an fdatasync
+that does not grow the file — no filesystem journal commit per flush, the way etcd keeps its WAL.  The
+zero tail is an allocation, not data: reads never pass ``size``; rolling and closing trim the file to
+``size`` (so only the newest segment of a crashed log can carry one); recovery recognises an all-zero
+tail and cuts it without reporting damage.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from crc32c import crc32c
 
 from kraft.storage.batch import HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader, peek_batch_header
 from kraft.storage.errors import FatalStorageError, StorageStateError
-from kraft.storage.fileio import fsync_fd, pread_exact, write_all
+from kraft.storage.fileio import fdatasync_fd, fsync_fd, pread_exact, pwrite_all
 from kraft.storage.index import OffsetIndex, TimeIndex
 
 LOG_SUFFIX = ".log"
@@ -34,6 +41,8 @@ _SCAN = struct.Struct(">qiibIhiqq")
 _MAX_RELATIVE_OFFSET = 2**31 - 1
 # Enough to hold the headers between two index entries plus one header in the common case.
 _LOOKUP_READ_BYTES = 16 * 1024
+_PAGE = 4096
+_ZERO_CHECK_CHUNK = 1 << 20
 
 # check(epoch, base_offset) -> the next offset at which to call it again even if the epoch stays the
 # same, or -1 to reject the batch (recovery then truncates there).  See SegmentedLog._load.
@@ -46,6 +55,7 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
 
 class LogSegment:
     __slots__ = (
+        "_allocated",
         "_bytes_since_index",
         "_fd",
         "base_offset",
@@ -56,21 +66,29 @@ class LogSegment:
         "log_path",
         "max_timestamp",
         "next_offset",
+        "preallocate_bytes",
+        "preallocated_tail",
         "size",
         "time_index",
     )
 
-    def __init__(self, directory: Path, base_offset: int, index_interval_bytes: int) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, index_interval_bytes: int, preallocate_bytes: int = 0
+    ) -> None:
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
+        self.preallocate_bytes = preallocate_bytes
         self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         self.index = OffsetIndex(directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset)
         self.time_index = TimeIndex(directory / segment_file_name(base_offset, TIMEINDEX_SUFFIX), base_offset)
         try:
-            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise StorageStateError(f"cannot open segment {self.log_path}: {exc.strerror}") from exc
+        # Until loaded/recovered, the whole file counts as data; recovery cuts a preallocated tail.
         self.size = os.fstat(self._fd).st_size
+        self._allocated = self.size
+        self.preallocated_tail = 0  # bytes of zero tail the last recovery cut (not damage)
         self.next_offset = base_offset
         self.first_timestamp: int | None = None
         self.max_timestamp = -1
@@ -167,9 +185,21 @@ class LogSegment:
             finally:
                 view.release()
         if valid_end < self.size:
+            zero_tail = self._is_zero(valid_end)
+            self.preallocated_tail = self.size - valid_end if zero_tail else 0
             self._truncate_file(valid_end)
-            return True
+            return not zero_tail
         return False
+
+    def _is_zero(self, position: int) -> bool:
+        """True if every byte from ``position`` to the end of the file is zero (a preallocated tail)."""
+        zeros = bytes(_ZERO_CHECK_CHUNK)
+        while position < self.size:
+            chunk = pread_exact(self._fd, min(_ZERO_CHECK_CHUNK, self.size - position), position)
+            if not chunk or chunk != zeros[: len(chunk)]:
+                return False
+            position += len(chunk)
+        return True
 
     def _scan(self, view: memoryview, check_epoch: EpochCheck | None, max_batch_bytes: int) -> int:
         """Walk the batches in ``view``; returns the end of the valid prefix (sets next_offset etc.)."""
@@ -224,7 +254,12 @@ class LogSegment:
     def append(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
         """Append whole, already validated batches whose headers are ``headers`` (in order)."""
         position = self.size
-        write_all(self._fd, data, str(self.log_path))
+        end = position + len(data)
+        pwrite_all(self._fd, data, position, str(self.log_path))
+        if end > self._allocated:
+            self._allocated = end
+            if self.preallocate_bytes > 0:
+                self._preallocate(end)
         self.dirty = True
         interval = self.index_interval_bytes
         for header in headers:
@@ -241,13 +276,27 @@ class LogSegment:
             self.next_offset = last_offset + 1
         self.size = position
 
+    def _preallocate(self, end: int) -> None:
+        """Zero-fill from ``end`` to the next page boundary ``preallocate_bytes`` ahead.  Zeros, not
+        fallocate: blocks fallocate reserves are "unwritten" and the first write to each still costs a
+        journal commit at flush time."""
+        target = (end + self.preallocate_bytes + _PAGE - 1) // _PAGE * _PAGE
+        pwrite_all(self._fd, bytes(target - end), end, str(self.log_path))
+        self._allocated = target
+
+    def trim(self) -> None:
+        """Cut the preallocated tail off (durably), leaving exactly the batches: before a segment stops
+        being the active one and before a clean shutdown."""
+        if self._allocated > self.size and self._fd >= 0:
+            self._truncate_file(self.size)
+
     def fits_relative(self, last_offset: int) -> bool:
         return last_offset - self.base_offset <= _MAX_RELATIVE_OFFSET
 
     def flush(self) -> None:
         if self.dirty:
             self.dirty = False
-            fsync_fd(self._fd, str(self.log_path))
+            fdatasync_fd(self._fd, str(self.log_path))
 
     # --- reading -----------------------------------------------------------------------------------
 
@@ -324,6 +373,7 @@ class LogSegment:
         except OSError as exc:
             raise FatalStorageError(f"truncate of {self.log_path} failed ({exc.strerror}); stopping") from exc
         self.size = position
+        self._allocated = position
         # Truncation must be durable before anything new is written over the old bytes.
         fsync_fd(self._fd, str(self.log_path))
         self.dirty = False

@@ -131,6 +131,7 @@ def test_flush_covers_many_batches_with_one_fsync(tmp_path: Path, monkeypatch: p
             real_fsync(fd)
 
         monkeypatch.setattr(os, "fsync", counting_fsync)
+        monkeypatch.setattr(os, "fdatasync", counting_fsync)
         assert log.flushed_offset == 0
         assert log.flush() == 40
         assert len(calls) == 1
@@ -147,7 +148,8 @@ def test_failed_fsync_is_fatal_and_never_retried(tmp_path: Path, monkeypatch: py
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
-    with pytest.raises(FatalStorageError, match=r"fsync of .* failed \(Input/output error\)"):
+    monkeypatch.setattr(os, "fdatasync", failing_fsync)
+    with pytest.raises(FatalStorageError, match=r"f(data)?sync of .* failed \(Input/output error\)"):
         log.flush()
     monkeypatch.undo()
     with pytest.raises(FatalStorageError, match="failed earlier"):

@@ -8,14 +8,17 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_helpers import LogModel, scan_batches, segment_files
 
-from kraft.storage.batch import iter_batch_headers, peek_batch_header
+from kraft.storage.batch import HEADER_SIZE, peek_batch_header
 from kraft.storage.log import OFFSETS_CHECKPOINT_FILE, LogConfig, SegmentedLog
 
 CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=200)
+# Small preallocation steps so appends keep crossing the zero-filled space's end.
+PREALLOCATED = LogConfig(segment_bytes=2048, index_interval_bytes=200, preallocate_bytes=300)
 
 append_op = st.tuples(st.just("append"), st.integers(1, 4), st.integers(0, 300), st.booleans())
 ops_strategy = st.lists(
@@ -49,18 +52,24 @@ def _batch_locations(directory: Path) -> list[tuple[Path, int, int]]:
     out: list[tuple[Path, int, int]] = []
     for path in segment_files(directory):
         data = path.read_bytes()
-        out.extend((path, pos, pos + h.size_in_bytes) for pos, h in iter_batch_headers(data))
+        position = 0
+        # Stop at the end of the batches: a preallocated segment continues with zeros.
+        while len(data) - position >= HEADER_SIZE and any(data[position : position + HEADER_SIZE]):
+            size = peek_batch_header(data, position).size_in_bytes
+            out.append((path, position, position + size))
+            position += size
     return out
 
 
+@pytest.mark.parametrize("config", [CONFIG, PREALLOCATED], ids=["plain", "preallocated"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, data=st.data())
 def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
-    ops: list[tuple[object, ...]], data: st.DataObject
+    config: LogConfig, ops: list[tuple[object, ...]], data: st.DataObject
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "t-0"
-        log = SegmentedLog.open(directory, CONFIG)
+        log = SegmentedLog.open(directory, config)
         model = LogModel()
         _run_ops(log, ops, model)
         recovery_point = log.recovery_point
@@ -96,7 +105,7 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
             else:
                 victim.write_bytes(data.draw(st.binary(min_size=1, max_size=40), label="index_bytes"))
 
-        log = SegmentedLog.open(directory, CONFIG)
+        log = SegmentedLog.open(directory, config)
         try:
             survivors = scan_batches(log)
             assert [raw for _, raw in survivors] == [b.data for b in model.batches[: len(survivors)]]
@@ -113,21 +122,26 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
             # The recovered log keeps working.
             log.append_records([(None, b"after")], leader_epoch=100, timestamp_ms=0)
             log.close()
-            reopened = SegmentedLog.open(directory, CONFIG)
+            # A clean close leaves exactly the batches on disk (no preallocated zeros).
+            assert sum(p.stat().st_size for p in segment_files(directory)) == sum(
+                end - start for _path, start, end in _batch_locations(directory)
+            )
+            reopened = SegmentedLog.open(directory, config)
             assert reopened.end_offset == model.end_offset + 1
             reopened.close()
         finally:
             log.abandon()
 
 
+@pytest.mark.parametrize("config", [CONFIG, PREALLOCATED], ids=["plain", "preallocated"])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy, data=st.data())
 def test_deleted_or_corrupt_indexes_are_rebuilt_after_a_clean_shutdown(
-    ops: list[tuple[object, ...]], data: st.DataObject
+    config: LogConfig, ops: list[tuple[object, ...]], data: st.DataObject
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "t-0"
-        log = SegmentedLog.open(directory, CONFIG)
+        log = SegmentedLog.open(directory, config)
         model = LogModel()
         _run_ops(log, ops, model)
         log.close()
@@ -137,7 +151,7 @@ def test_deleted_or_corrupt_indexes_are_rebuilt_after_a_clean_shutdown(
                 victim.unlink()
             else:
                 victim.write_bytes(data.draw(st.binary(max_size=48), label="garbage"))
-        log = SegmentedLog.open(directory, CONFIG)
+        log = SegmentedLog.open(directory, config)
         try:
             survivors = scan_batches(log)
             assert [raw for _, raw in survivors] == [b.data for b in model.batches]
