@@ -293,3 +293,18 @@ def test_spinner_hides_while_writing_to_a_terminal_stdout(monkeypatch: pytest.Mo
             assert not spinner.active
         assert spinner.active
     assert not spinner.active
+
+
+def test_unknown_event_loop_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    config = tmp_path / "controller.properties"
+    config.write_text(
+        "process.roles=controller\nnode.id=1\n"
+        f"controller.quorum.voters=1@127.0.0.1:{port}\nlisteners=CONTROLLER://127.0.0.1:{port}\n"
+        f"metadata.log.dir={tmp_path / 'meta'}\n"
+    )
+    monkeypatch.setenv("KRAFT_EVENT_LOOP", "gevent")
+    outcome = invoke(capsys, "controller", "start", "--config", str(config))
+    assert_one_error_line(outcome, "KRAFT_EVENT_LOOP='gevent'", "uvloop, asyncio")
