@@ -7,7 +7,9 @@ What is measured (results in ``bench/results/raft.json``, targets from PERFORMAN
   ``KV.Put`` to the leader, both from Python grpc.aio clients in this process, fsync on in both;
 - batched records/s (TestAppend with many records per request);
 - failover after SIGKILL of the leader: time from the kill to the first successful write started after
-  it (10 trials), with kraft's defaults and with a fast profile (election ~150 ms).
+  it (10 trials), with kraft's defaults and with a fast profile (election ~150 ms);
+- the grpc.aio floor (:mod:`bench.raft_floor`): the same client against a server process that answers
+  TestAppend at once — no Raft, no disk — so ``floor/etcd`` bounds what kraft/etcd could ever reach.
 
 kraft runs with ``controller.quorum.append.linger.ms=0`` for the latency/throughput points (etcd has no
 linger either; batching then comes from group commit under load) — reported in the JSON.
@@ -36,6 +38,7 @@ import grpc
 import grpc.aio
 
 from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
+from bench.raft_floor import FloorServer
 from kraft.errors import ErrorCode
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -193,14 +196,16 @@ async def _throughput_points(
     kraft_target: str,
     cluster_id: str,
     etcd_target: str | None,
+    floor_target: str,
     duration_s: float,
     warmup_s: float,
     repeats: int,
 ) -> dict[str, list[dict[str, Any]]]:
-    """For each concurrency, alternate kraft (unary), kraft (stream) and etcd runs ``repeats`` times;
-    the median run per system and concurrency."""
+    """For each concurrency, alternate kraft (unary), kraft (stream), etcd and floor runs ``repeats``
+    times; the median run per system and concurrency."""
     writer = KraftWriter(kraft_target, cluster_id)
     streamer = KraftStreamWriter(kraft_target, cluster_id)
+    floor = KraftWriter(floor_target, cluster_id)
     etcd_client = EtcdPutClient(etcd_target) if etcd_target else None
 
     async def put(seq: int) -> None:
@@ -213,6 +218,7 @@ async def _throughput_points(
     }
     if etcd_client is not None:
         systems["etcd"] = put
+    systems["floor"] = floor.write_one
     points: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     try:
         for clients in CONCURRENCY:
@@ -225,6 +231,7 @@ async def _throughput_points(
     finally:
         await writer.close()
         await streamer.close()
+        await floor.close()
         if etcd_client is not None:
             await etcd_client.close()
     return points
@@ -264,6 +271,7 @@ def bench_throughput(
     with contextlib.ExitStack() as stack:
         quorum = stack.enter_context(ControllerQuorum(work_dir / "kraft", overrides=THROUGHPUT_PROFILE))
         quorum.start()
+        floor = stack.enter_context(FloorServer())
         etcd_target: str | None = None
         if ensure_etcd_installed():
             cluster = stack.enter_context(EtcdCluster(work_dir / "etcd"))
@@ -272,12 +280,15 @@ def bench_throughput(
             etcd_note = "etcd-server not installed and could not be installed; etcd side skipped"
         kraft_target = quorum.nodes[quorum.wait_for_leader(30).node_id].target
         points = asyncio.run(
-            _throughput_points(kraft_target, quorum.cluster_id, etcd_target, duration_s, warmup_s, repeats)
+            _throughput_points(
+                kraft_target, quorum.cluster_id, etcd_target, floor.target, duration_s, warmup_s, repeats
+            )
         )
         batched = asyncio.run(_batched_point(kraft_target, quorum.cluster_id, duration_s, warmup_s, batch))
     return {
         "kraft": {"points": points["kraft"], "stream_points": points["kraft_stream"], "batched": batched},
         "etcd": points.get("etcd"),
+        "grpc_aio_floor": points["floor"],
         "etcd_note": etcd_note,
         "kraft_config": THROUGHPUT_PROFILE,
         "repeats": repeats,
@@ -333,13 +344,17 @@ def _ratios(throughput: Mapping[str, Any]) -> dict[str, float]:
     if not etcd:
         return {}
     out: dict[str, float] = {}
-    for ours, streamed, theirs in zip(
-        throughput["kraft"]["points"], throughput["kraft"]["stream_points"], etcd, strict=True
+    floors = throughput.get("grpc_aio_floor") or [None] * len(etcd)
+    for ours, streamed, theirs, floor in zip(
+        throughput["kraft"]["points"], throughput["kraft"]["stream_points"], etcd, floors, strict=True
     ):
         clients = ours["clients"]
         if theirs["writes_per_s"] > 0:
             out[f"writes_per_s_{clients}_clients"] = ours["writes_per_s"] / theirs["writes_per_s"]
             out[f"stream_writes_per_s_{clients}_clients"] = streamed["writes_per_s"] / theirs["writes_per_s"]
+            if floor is not None:
+                out[f"floor_writes_per_s_{clients}_clients"] = floor["writes_per_s"] / theirs["writes_per_s"]
+                out[f"floor_p50_{clients}_clients"] = floor["p50_ms"] / theirs["p50_ms"]
         if theirs["p50_ms"] > 0:
             out[f"p50_{clients}_clients"] = ours["p50_ms"] / theirs["p50_ms"]
             out[f"stream_p50_{clients}_clients"] = streamed["p50_ms"] / theirs["p50_ms"]
@@ -368,11 +383,17 @@ def format_table(result: Mapping[str, Any]) -> str:
     """The human-readable summary printed after a run (and pasted into reports)."""
     lines = [
         "| clients | kraft unary writes/s | p50 / p99 ms | kraft stream writes/s | p50 / p99 ms "
-        "| etcd writes/s | p50 / p99 ms | unary/etcd | stream/etcd |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| etcd writes/s | p50 / p99 ms | floor writes/s | p50 / p99 ms | unary/etcd | stream/etcd "
+        "| floor/etcd |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     throughput = result["throughput"]
     etcd_points = throughput["etcd"] or []
+    floor_points = throughput.get("grpc_aio_floor") or []
+
+    def ratio(key: str) -> str:
+        value = result["ratios"].get(key)
+        return "-" if value is None else f"{value:.2f}"
 
     def cells(point: Mapping[str, Any] | None) -> str:
         if point is None:
@@ -382,13 +403,13 @@ def format_table(result: Mapping[str, Any]) -> str:
     for index, ours in enumerate(throughput["kraft"]["points"]):
         streamed = throughput["kraft"]["stream_points"][index]
         theirs = etcd_points[index] if index < len(etcd_points) else None
+        floor = floor_points[index] if index < len(floor_points) else None
         clients = ours["clients"]
-        unary_ratio = result["ratios"].get(f"writes_per_s_{clients}_clients")
-        stream_ratio = result["ratios"].get(f"stream_writes_per_s_{clients}_clients")
         lines.append(
-            f"| {clients} | {cells(ours)} | {cells(streamed)} | {cells(theirs)} | "
-            f"{'-' if unary_ratio is None else f'{unary_ratio:.2f}'} | "
-            f"{'-' if stream_ratio is None else f'{stream_ratio:.2f}'} |"
+            f"| {clients} | {cells(ours)} | {cells(streamed)} | {cells(theirs)} | {cells(floor)} | "
+            f"{ratio(f'writes_per_s_{clients}_clients')} | "
+            f"{ratio(f'stream_writes_per_s_{clients}_clients')} | "
+            f"{ratio(f'floor_writes_per_s_{clients}_clients')} |"
         )
     batched = result["throughput"]["kraft"]["batched"]
     lines.append(
