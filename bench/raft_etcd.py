@@ -36,10 +36,16 @@ def ensure_etcd_installed(timeout_s: float = 300.0) -> bool:
         return False
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     try:
-        subprocess.run(["apt-get", "update", "-qq"], check=True, timeout=timeout_s, env=env,
-                       capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"], check=True,
-                       timeout=timeout_s, env=env, capture_output=True)
+        subprocess.run(
+            ["apt-get", "update", "-qq"], check=True, timeout=timeout_s, env=env, capture_output=True
+        )
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"],
+            check=True,
+            timeout=timeout_s,
+            env=env,
+            capture_output=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return etcd_available()
@@ -104,8 +110,13 @@ class EtcdCluster:
     def start(self, timeout_s: float = 30.0) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.members = [
-            EtcdMember(f"etcd{i}", free_port(), free_port(), self.base_dir / f"etcd{i}",
-                       self.base_dir / f"etcd{i}.log")
+            EtcdMember(
+                f"etcd{i}",
+                free_port(),
+                free_port(),
+                self.base_dir / f"etcd{i}",
+                self.base_dir / f"etcd{i}.log",
+            )
             for i in range(1, self.size + 1)
         ]
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -123,19 +134,32 @@ class EtcdCluster:
     def _spawn(self, member: EtcdMember, initial_cluster: str) -> None:
         args = [
             "etcd",
-            "--name", member.name,
-            "--data-dir", str(member.data_dir),
-            "--listen-client-urls", member.client_url,
-            "--advertise-client-urls", member.client_url,
-            "--listen-peer-urls", member.peer_url,
-            "--initial-advertise-peer-urls", member.peer_url,
-            "--initial-cluster", initial_cluster,
-            "--initial-cluster-state", "new",
-            "--initial-cluster-token", f"bench-{self.members[0].client_port}",
-            "--heartbeat-interval", str(self.heartbeat_ms),
-            "--election-timeout", str(self.election_ms),
-            "--logger", "zap",
-            "--log-level", "warn",
+            "--name",
+            member.name,
+            "--data-dir",
+            str(member.data_dir),
+            "--listen-client-urls",
+            member.client_url,
+            "--advertise-client-urls",
+            member.client_url,
+            "--listen-peer-urls",
+            member.peer_url,
+            "--initial-advertise-peer-urls",
+            member.peer_url,
+            "--initial-cluster",
+            initial_cluster,
+            "--initial-cluster-state",
+            "new",
+            "--initial-cluster-token",
+            f"bench-{self.members[0].client_port}",
+            "--heartbeat-interval",
+            str(self.heartbeat_ms),
+            "--election-timeout",
+            str(self.election_ms),
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
         ]
         with member.log_path.open("ab") as log:
             member.process = subprocess.Popen(
@@ -147,9 +171,19 @@ class EtcdCluster:
         endpoints = ",".join(m.client_url for m in self.members if m.process and m.process.poll() is None)
         try:
             out = subprocess.run(
-                ["etcdctl", "--endpoints", endpoints, "--command-timeout=2s", "endpoint", "status",
-                 "-w", "json"],
-                capture_output=True, timeout=10, check=False,
+                [
+                    "etcdctl",
+                    "--endpoints",
+                    endpoints,
+                    "--command-timeout=2s",
+                    "endpoint",
+                    "status",
+                    "-w",
+                    "json",
+                ],
+                capture_output=True,
+                timeout=10,
+                check=False,
                 env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"},
             )
         except subprocess.TimeoutExpired:
@@ -197,9 +231,7 @@ class EtcdPutClient:
 
     def __init__(self, target: str) -> None:
         self._channel = grpc.aio.insecure_channel(target)
-        self._put = self._channel.unary_unary(
-            PUT_METHOD, request_serializer=None, response_deserializer=None
-        )
+        self._put = self._channel.unary_unary(PUT_METHOD, request_serializer=None, response_deserializer=None)
 
     async def put(self, key: bytes, value: bytes, timeout_s: float = 5.0) -> None:
         await self._put(encode_put_request(key, value), timeout=timeout_s)

@@ -13,7 +13,7 @@ from kraft.broker.image_adapter import image_digest
 from kraft.errors import KraftError
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.records import decode_value
+from kraft.metadata.records import decode_value, kind
 from kraft.storage.batch import decode_batch
 from kraft.storage.errors import CorruptRecordError, RecordTooLargeError
 from kraft.storage.log import METADATA_LOG_DIR_NAME
@@ -94,3 +94,38 @@ def image_digests_at(metadata_log_dir: Path, offsets: Iterable[int], high_waterm
             digests[entry.offset] = image_digest(image)
             delta = MetadataDelta(image)
     return digests
+
+
+# Records that can change a broker's registration state (fenced, shutting down, registered at all).
+_REGISTRATION_KINDS = (
+    "register_broker",
+    "unregister_broker",
+    "fence_broker",
+    "unfence_broker",
+    "broker_registration_change",
+)
+
+
+def broker_registration_offsets(metadata_log_dir: Path, high_watermark: int) -> dict[int, list[int]]:
+    """broker id → offsets (ascending, below the HWM) of the committed records about its registration.
+
+    What :func:`chaos.produce.fencing_intervals` needs to tell one fence from the next.  A record that
+    cannot be decoded is skipped (test-only raw appends).
+    """
+    offsets: dict[int, list[int]] = {}
+    for entry in iter_metadata_log(metadata_log_dir):
+        if entry.offset >= high_watermark:
+            break
+        if entry.is_control or not entry.value:
+            continue
+        try:
+            record = decode_value(entry.value)
+            field = kind(record)
+        except KraftError:
+            continue
+        if field not in _REGISTRATION_KINDS:
+            continue
+        payload = getattr(record, field)
+        broker_id = payload.id if field in ("fence_broker", "unfence_broker") else payload.broker_id
+        offsets.setdefault(int(broker_id), []).append(entry.offset)
+    return offsets

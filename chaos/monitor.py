@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from chaos.checkers import ClusterSample, LeaderObservation
-from kraft.cluster.probe import broker_views, quorum_view
+from kraft.cluster.probe import quorum_view
 from kraft.cluster.spec import NodeSpec
-from kraft.v1 import broker_pb2, broker_pb2_grpc
+from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 
 PROBE_TIMEOUT_S = 0.4
 
@@ -30,6 +30,20 @@ def describe_broker(
             reply: broker_pb2.DescribeBrokerResponse = broker_pb2_grpc.BrokerServiceStub(
                 channel
             ).DescribeBroker(broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s)
+    except grpc.RpcError:
+        return None
+    return reply if reply.error_code == 0 else None
+
+
+def describe_cluster(
+    target: str, cluster_id: str, timeout_s: float
+) -> controller_pb2.DescribeClusterResponse | None:
+    """DescribeCluster on ``target``; None unless it answered as the active controller."""
+    try:
+        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+            reply: controller_pb2.DescribeClusterResponse = controller_pb2_grpc.ControllerServiceStub(
+                channel
+            ).DescribeCluster(controller_pb2.DescribeClusterRequest(cluster_id=cluster_id), timeout=timeout_s)
     except grpc.RpcError:
         return None
     return reply if reply.error_code == 0 else None
@@ -70,6 +84,7 @@ class ClusterMonitor:
     def poll_once(self) -> ClusterSample:
         """One round of probes (blocking); also appends to ``leaders`` and ``samples``."""
         claims: list[tuple[int, int]] = []
+        newest_epoch = -1
         for node in self._controllers:
             view = quorum_view(node.target, PROBE_TIMEOUT_S)
             if view is None:
@@ -77,16 +92,24 @@ class ClusterMonitor:
             now = self._clock_ns()
             leader = view.leader_id if view.leader_id >= 0 else None
             self.leaders.append(LeaderObservation(node.name, view.leader_epoch, leader, now))
+            newest_epoch = max(newest_epoch, view.leader_epoch)
             if leader == node.node_id:
                 claims.append((view.leader_epoch, node.node_id))
-        leader_id = max(claims)[1] if claims else None
+        # A claimant behind an epoch another controller already reached is deposed (or an election is
+        # under way): its image may be stale, so this poll names no active controller.
+        leader_id = max(claims)[1] if claims and max(claims)[0] >= newest_epoch else None
         fenced: dict[int, bool] = {}
+        offset = -1
+        probe_ns: int | None = None
         if leader_id is not None:
             target = next(n.target for n in self._controllers if n.node_id == leader_id)
-            brokers = broker_views(target, self._cluster_id, PROBE_TIMEOUT_S)
-            if brokers is not None:
-                fenced = {b.broker_id: b.state != "ACTIVE" for b in brokers.values()}
-        sample = ClusterSample(self._clock_ns(), leader_id, fenced)
+            probe_ns = self._clock_ns()
+            reply = describe_cluster(target, self._cluster_id, PROBE_TIMEOUT_S)
+            if reply is not None:
+                fenced = {b.broker_id: b.state != "ACTIVE" for b in reply.brokers}
+                offset = int(reply.metadata_offset)
+        # The flags describe the committed image at `offset` as it stood between probe_ns and now.
+        sample = ClusterSample(self._clock_ns(), leader_id, fenced, offset, probe_ns)
         self.samples.append(sample)
         self._poll_brokers()
         return sample

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -124,27 +125,52 @@ class ProduceWorkload:
         return EventType.FAIL, None, f"{code.name} {response.error_message}"
 
 
-def fencing_intervals(samples: list[ClusterSample]) -> list[FencingInterval]:
+def fencing_intervals(
+    samples: Sequence[ClusterSample], changes: Mapping[int, Sequence[int]] | None = None
+) -> list[FencingInterval]:
     """Conservative fenced periods per broker from the monitor's samples of the controller's view.
 
-    An interval runs from the first sample showing the broker fenced to the *last* consecutive one that
-    still does: the fence committed before the first, and the broker was still fenced at the last, so
-    nothing outside those bounds is blamed on a fence the samples did not see.
+    An interval runs from the first sample showing the broker fenced (the fence committed before that
+    answer came back: its ``time_ns``) to the last sample still showing *the same fence* (the broker was
+    still fenced when that request was sent: its ``observed_from_ns``), so nothing outside those bounds
+    is blamed on a fence the samples did not see.
+
+    *The same fence*: ``changes`` maps each broker to the offsets of the committed records about its
+    registration (register, fence, unfence, shutdown, unregister — see
+    :func:`chaos.collect.broker_registration_offsets`).  Two fenced samples belong to one fence only when
+    no such record lies between their metadata offsets.  Samples are seconds apart at worst (slow probes,
+    no active controller after a leader kill), and a broker can be unfenced, acknowledge produces and be
+    fenced again between two of them; without the log those periods would be merged into one and every
+    legitimate acknowledgement in the gap blamed (the kill/12 false alarm).  With ``changes`` given, a
+    sample whose metadata offset is unknown, or lower than one seen before (a stale controller's
+    view), says nothing.  Without ``changes`` (samples with no offsets), consecutive fenced samples are
+    merged as before: an approximation that can bridge an unseen unfence.
     """
     ordered = sorted(samples, key=lambda s: s.time_ns)
     intervals: list[FencingInterval] = []
-    open_since: dict[int, tuple[int, int]] = {}  # broker -> (first fenced time, last fenced time)
+    # broker -> (fence id, first fenced time, last "still fenced" time)
+    open_since: dict[int, tuple[int, int, int]] = {}
     brokers = {b for s in ordered for b in s.fenced}
+    newest_offset = -1
     for sample in ordered:
+        if changes is not None:
+            if sample.metadata_offset < max(0, newest_offset):
+                continue  # unknown offset, or a controller behind one already seen: a stale view
+            newest_offset = sample.metadata_offset
         for broker in brokers:
             fenced = sample.fenced.get(broker)
             if fenced is None:
                 continue  # not known in this sample (no active controller): neither opens nor closes
+            # Which fence: the number of registration records of this broker committed so far.
+            fence_id = 0 if changes is None else bisect_right(changes.get(broker, ()), sample.metadata_offset)
+            current = open_since.get(broker)
+            if current is not None and (not fenced or current[0] != fence_id):
+                intervals.append(FencingInterval(broker, current[1], current[2]))
+                del open_since[broker]
+                current = None
             if fenced:
-                first, _ = open_since.get(broker, (sample.time_ns, sample.time_ns))
-                open_since[broker] = (first, sample.time_ns)
-            elif broker in open_since:
-                first, last = open_since.pop(broker)
-                intervals.append(FencingInterval(broker, first, last))
-    intervals += [FencingInterval(b, first, last) for b, (first, last) in open_since.items()]
-    return intervals
+                first = sample.time_ns if current is None else current[1]
+                open_since[broker] = (fence_id, first, sample.observed_from_ns)
+    intervals += [FencingInterval(b, first, last) for b, (_, first, last) in open_since.items()]
+    # One sample alone proves nothing in between (its answer came back after its request was sent).
+    return [i for i in intervals if i.unfenced_ns is None or i.unfenced_ns >= i.fenced_ns]

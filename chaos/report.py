@@ -78,6 +78,9 @@ class RunReport:
                     "t_s": (sample.time_ns - origin) / 1e9,
                     "leader": sample.leader_id,
                     "fenced": {str(broker): fenced for broker, fenced in sorted(sample.fenced.items())},
+                    # the committed offset those flags are from, and when they were asked for
+                    "metadata_offset": sample.metadata_offset,
+                    "probe_t_s": (sample.observed_from_ns - origin) / 1e9,
                 }
                 for sample in self.samples
             ],

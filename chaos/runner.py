@@ -36,7 +36,7 @@ from chaos.checkers import (
     check_single_leader_per_epoch,
 )
 from chaos.checkers.verdict import unknown
-from chaos.collect import image_digests_at, node_log
+from chaos.collect import broker_registration_offsets, image_digests_at, iter_metadata_log, node_log
 from chaos.harness import ChaosCluster
 from chaos.history import HISTORY_FILE, HistoryStore, Operation
 from chaos.monitor import ClusterMonitor
@@ -128,6 +128,8 @@ class _Collected:
     broker_ids: list[int] = field(default_factory=list)
     images: list[ImageHashes] = field(default_factory=list)
     broker_of: dict[int, int] = field(default_factory=dict)  # producer process -> broker id
+    # broker id -> offsets of its committed registration records (None: no committed log was read)
+    registrations: dict[int, list[int]] | None = None
 
 
 async def _final_topics(cluster: ChaosCluster, deadline: float) -> TopicObservation | None:
@@ -179,6 +181,20 @@ def _images(cluster: ChaosCluster, monitor: ClusterMonitor, high_watermark: int)
         for node in cluster.controllers
     ]
     return [*controllers, *brokers]
+
+
+def _registrations(cluster: ChaosCluster, high_watermark: int) -> dict[int, list[int]] | None:
+    """Each broker's registration records in the committed log (from a controller whose log holds it all).
+
+    Every controller agrees below the HWM (``committed-logs-identical`` checks it), so any complete log
+    will do; None when none is complete.
+    """
+    for node in cluster.controllers:
+        directory = cluster.metadata_log_dir(node)
+        offsets = [entry.offset for entry in iter_metadata_log(directory)]
+        if offsets[:high_watermark] == list(range(high_watermark)):  # every committed offset, from 0
+            return broker_registration_offsets(directory, high_watermark)
+    return None
 
 
 async def _exercise(
@@ -274,6 +290,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         ]
         if monitor is not None:
             collected.images = _images(cluster, monitor, high_watermark)
+        collected.registrations = _registrations(cluster, high_watermark)
     verdicts = run_checkers(options, collected, monitor)
     report = RunReport(
         scenario=options.scenario,
@@ -308,8 +325,15 @@ def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMon
         verdicts.append(check_images_match(collected.images))
     if monitor is not None:
         verdicts.append(check_single_leader_per_epoch(monitor.leaders))
-        if collected.broker_of:
-            fencing = fencing_intervals(monitor.samples)
+        if collected.broker_of and collected.registrations is None:
+            verdicts.append(
+                unknown(
+                    "fenced-broker-never-acks",
+                    "no complete committed log to tell one fence from the next (see fencing_intervals)",
+                )
+            )
+        elif collected.broker_of:
+            fencing = fencing_intervals(monitor.samples, collected.registrations)
             verdicts.append(check_fenced_broker_never_acked(ops, fencing, collected.broker_of))
         verdicts.append(
             check_liveness_after_heal(

@@ -59,8 +59,9 @@ def check_single_leader_per_epoch(observations: Sequence[LeaderObservation]) -> 
 
 @dataclass(frozen=True, slots=True)
 class FencingInterval:
-    """Broker ``broker_id`` was fenced from the commit of its fence record until ``unfenced_ns`` (None:
-    for the rest of the run).  Times use the history's clock."""
+    """Broker ``broker_id`` was fenced — by one fence record, never unfenced in between — at least from
+    ``fenced_ns`` (the fence had committed by then) until ``unfenced_ns`` (it was still in force then;
+    None: for the rest of the run).  Times use the history's clock."""
 
     broker_id: int
     fenced_ns: int
@@ -102,11 +103,23 @@ def check_fenced_broker_never_acked(
 
 @dataclass(frozen=True, slots=True)
 class ClusterSample:
-    """One status poll: the active controller (None = none) and each live broker's fenced flag."""
+    """One status poll: the active controller (None = none) and each live broker's fenced flag.
+
+    ``time_ns`` is when the answer was back; the flags describe the controller's committed image at
+    ``metadata_offset`` (-1: unknown) as it stood at some moment between ``probe_ns`` (when the request
+    was sent; None: unknown, take ``time_ns``) and ``time_ns``.
+    """
 
     time_ns: int
     leader_id: int | None
     fenced: Mapping[int, bool]
+    metadata_offset: int = -1
+    probe_ns: int | None = None
+
+    @property
+    def observed_from_ns(self) -> int:
+        """The earliest moment the flags may describe (the request's send time)."""
+        return self.time_ns if self.probe_ns is None else self.probe_ns
 
 
 def check_liveness_after_heal(

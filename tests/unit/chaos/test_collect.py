@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.collect import image_digests_at, iter_metadata_log, node_log, read_metadata_records
+from google.protobuf.message import Message
+
+from chaos.collect import (
+    broker_registration_offsets,
+    image_digests_at,
+    iter_metadata_log,
+    node_log,
+    read_metadata_records,
+)
 from kraft.broker.image_adapter import image_digest
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -54,3 +62,21 @@ def test_image_digests_match_a_direct_replay_and_stop_at_the_hwm(tmp_path: Path)
 def test_a_log_that_does_not_start_at_zero_gives_no_digests(tmp_path: Path) -> None:
     root = _write_log(tmp_path, [build_batch(5, [(None, _topic(5))], leader_epoch=1, timestamp_ms=1)])
     assert image_digests_at(root, [5], high_watermark=10) == {}
+
+
+def test_broker_registration_offsets_below_the_hwm(tmp_path: Path) -> None:
+    def record(payload: Message) -> bytes:
+        return encode_value(wrap(payload))
+
+    values = [
+        record(metadata_pb2.RegisterBrokerRecord(broker_id=101, broker_epoch=0, fenced=True)),  # 0
+        _topic(1),  # 1
+        record(metadata_pb2.BrokerRegistrationChangeRecord(broker_id=101, broker_epoch=0, fenced=-1)),  # 2
+        record(metadata_pb2.RegisterBrokerRecord(broker_id=102, broker_epoch=3, fenced=True)),  # 3
+        record(metadata_pb2.FenceBrokerRecord(id=101, epoch=0)),  # 4
+        b"not a metadata record",  # 5: a raw test append
+        record(metadata_pb2.UnfenceBrokerRecord(id=101, epoch=0)),  # 6
+        record(metadata_pb2.UnregisterBrokerRecord(broker_id=102, broker_epoch=3)),  # 7: not committed
+    ]
+    root = _write_log(tmp_path, [build_batch(0, [(None, v) for v in values], leader_epoch=1, timestamp_ms=1)])
+    assert broker_registration_offsets(root, high_watermark=7) == {101: [0, 2, 4, 6], 102: [3]}
