@@ -229,7 +229,15 @@ class GrpcTransport:
 
     @staticmethod
     async def _round_trip(stream: FetchStreamCall, request: raft_pb2.FetchRequest) -> raft_pb2.FetchResponse:
-        await stream.write(request)
+        try:
+            await stream.write(request)
+        except asyncio.InvalidStateError:
+            # The call ended before this write — e.g. UNIMPLEMENTED from a peer without FetchStream
+            # answered faster than we wrote: report the status it ended with, like a failed read would.
+            code = await stream.code()
+            details = await stream.details()
+            empty = grpc.aio.Metadata()
+            raise grpc.aio.AioRpcError(code, empty, empty, details, details) from None
         response = await stream.read()
         if not isinstance(response, raft_pb2.FetchResponse):  # grpc.aio.EOF
             raise EOFError("the peer ended the stream")

@@ -265,3 +265,29 @@ async def test_fetch_falls_back_to_unary_when_the_peer_has_no_fetch_stream() -> 
     finally:
         await transport.close()
         await legacy.stop(grace=None)
+
+
+async def test_fetch_falls_back_to_unary_when_the_stream_ended_before_the_first_write() -> None:
+    # The race behind a once-flaky run: the peer's UNIMPLEMENTED can end the call before the transport
+    # writes its first request, and grpc.aio then refuses the write (InvalidStateError), not the read.
+    handler = ScriptedHandler()
+    port = free_port()
+    legacy = grpc.aio.server()
+    raft_pb2_grpc.add_RaftServiceServicer_to_server(
+        _ServicerWithoutFetchStream(handler, cluster_id=CLUSTER), legacy
+    )
+    legacy.add_insecure_port(f"127.0.0.1:{port}")
+    await legacy.start()
+    transport = GrpcTransport({1: f"127.0.0.1:{port}"})
+    try:
+        peer = transport._peer(1)
+        peer.fetch_stream = peer.stub.FetchStream(None)
+        async with asyncio.timeout(5):
+            assert await peer.fetch_stream.code() is grpc.StatusCode.UNIMPLEMENTED  # ended, nothing written
+        answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 5, 0), timeout_ms=2000)
+        assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
+        assert peer.stream_unsupported
+        assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5]
+    finally:
+        await transport.close()
+        await legacy.stop(grace=None)
