@@ -6,6 +6,12 @@ with a hint it goes straight to the named controller (its address taken from our
 is a voter we know, else from the hint).  It gives up after one round over the voters (plus
 the redirects) with :class:`ControllerUnavailable`; retry pacing (backoff) belongs to the caller, which
 knows whether it is registering, heartbeating or fetching.
+
+Channels are kept per controller, so gRPC's own reconnect backoff must stay short: with its defaults
+(1 s, growing 1.6-fold up to 120 s) a channel to a controller that was down for a few seconds fails every call
+with UNAVAILABLE "failed to connect to all addresses" for up to ~4 s after that controller is back — and if
+it is the new active controller, it fences this broker for a missed session meanwhile.  Bounded like
+Kafka's ``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms`` (and like the Raft transport's channels).
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from kraft.v1.common_pb2 import NodeRef
 
 if TYPE_CHECKING:
     from kraft.v1.controller_pb2_grpc import ControllerServiceAsyncStub
+
+
+RECONNECT_BACKOFF_MS = 100  # Kafka's reconnect.backoff.ms is 50
+MAX_RECONNECT_BACKOFF_MS = 1000  # Kafka's reconnect.backoff.max.ms
 
 
 class _ControllerResponse(Protocol):
@@ -46,17 +56,24 @@ class ControllerClient:
         voters: Sequence[tuple[int, str]],
         *,
         max_message_bytes: int = 16 * 1024 * 1024,
+        max_reconnect_backoff_ms: int = MAX_RECONNECT_BACKOFF_MS,
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list)."""
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         self._voters = list(voters)
         self._voter_targets = dict(self._voters)
+        initial_backoff_ms = min(RECONNECT_BACKOFF_MS, max_reconnect_backoff_ms)
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.initial_reconnect_backoff_ms", initial_backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", initial_backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
         ]
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # One stub per channel: building one creates a callable per RPC (a heartbeat's worth of CPU).
+        self._stubs: dict[str, ControllerServiceAsyncStub] = {}
         self._active: tuple[int, str] | None = None
         self._next_voter = 0
 
@@ -68,15 +85,21 @@ class ControllerClient:
         """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER."""
         attempts = len(self._voters) + 2
         last_error = "no controller tried"
+        instead: tuple[int, str] | None = None  # another voter to try in this call only
         for _ in range(attempts):
-            node_id, target = self._current()
-            channel = self._channel(target)
-            stub: ControllerServiceAsyncStub = controller_pb2_grpc.ControllerServiceStub(channel)
+            node_id, target = instead or self._current()
+            instead = None
+            stub = self._stub(target)
             try:
                 response = await pick(stub)(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as err:
                 last_error = f"controller {node_id} at {target}: {err.code().name} {err.details()}"
-                self._forget(target)
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._active == (node_id, target):
+                    # Slow is not gone: a busy active controller stays the one other calls use; this
+                    # call asks another voter, which names the active controller (or is it).
+                    instead = self._other_voter(target)
+                else:
+                    self._forget(target)
                 continue
             if response.error_code != ErrorCode.NOT_CONTROLLER:
                 self._active = (node_id, target)
@@ -96,6 +119,7 @@ class ControllerClient:
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}
+        self._stubs = {}
         for channel in channels.values():
             await channel.close(None)
 
@@ -105,9 +129,24 @@ class ControllerClient:
             self._next_voter += 1
         return self._active
 
+    def _other_voter(self, target: str) -> tuple[int, str] | None:
+        for _ in range(len(self._voters)):
+            voter = self._voters[self._next_voter % len(self._voters)]
+            self._next_voter += 1
+            if voter[1] != target:
+                return voter
+        return None
+
     def _forget(self, target: str) -> None:
         if self._active is not None and self._active[1] == target:
             self._active = None
+
+    def _stub(self, target: str) -> ControllerServiceAsyncStub:
+        stub = self._stubs.get(target)
+        if stub is None:
+            stub = controller_pb2_grpc.ControllerServiceStub(self._channel(target))
+            self._stubs[target] = stub
+        return stub
 
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)

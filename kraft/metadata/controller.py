@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import gc
 import heapq
 import itertools
 import time
@@ -66,9 +68,52 @@ from kraft.v1 import metadata_pb2 as pb
 R = TypeVar("R", bound=Message)
 
 SNAPSHOT_CHUNK_RECORDS = 20_000
+# Long loops over records/partitions yield to the event loop this often: gRPC accepts about one new
+# call per loop turn, so a turn must stay short (a few ms) for heartbeats to keep flowing.
+YIELD_EVERY_RECORDS = 2_000
+# Heartbeat intake check (see _intake_stalled): with at least this many unfenced brokers, a session
+# check that saw fewer than this fraction of the heartbeats they send extends deadlines instead of
+# fencing, at most this many checks in a row.
+INTAKE_MIN_BROKERS = 8
+INTAKE_STALL_FRACTION = 0.25
+INTAKE_STALL_MAX_CHECKS = 16
+COUNT_SLICE_PARTITIONS = 1_000  # per-broker partition counts: recounted this many per loop turn
 DEFAULT_FETCH_RECORDS = 10_000
 PARTITION_METRICS_INTERVAL_S = 5.0
-REPLAY_SLICE_RECORDS = 500
+REPLAY_SLICE_RECORDS = 200
+# Bulk writes (leave jobs, big CreateTopics) stop computing further appends while this many records
+# are appended but not committed: Raft batches stay small and the event loop serves heartbeats and
+# fetches in between, instead of the leader racing far ahead of its followers.
+MAX_UNCOMMITTED_RECORDS = 10_000
+# After this many records were applied, the heap is frozen (see _freeze_heap).
+FREEZE_AFTER_RECORDS = 20_000
+FREEZE_MIN_INTERVAL_S = 2.0
+THAW_EVERY_FREEZES = 30
+STORE_MIN_INTERVAL_S = 0.5
+
+
+async def _next_loop_turn() -> None:
+    await asyncio.sleep(0)
+
+
+def _freeze_heap() -> None:
+    """Move everything alive into the GC's permanent generation.
+
+    An image holds one GC-tracked object per partition (a NamedTuple is never untracked), so every
+    full collection walked the whole image: 100-400 ms pauses, many of them during bulk writes, enough
+    to delay heartbeats past their deadline and Raft fetches past ``fetch.timeout``.  Frozen objects are
+    still freed by reference counting (images hold no cycles); collections then walk only what is newer.
+    A full collection first, so no cyclic garbage is frozen; it walks only objects created since the
+    previous freeze.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def _thaw_heap() -> None:
+    """Give frozen objects back to the collector: an object frozen while alive that later ends up in a
+    reference cycle (a finished task holding its exception) is only reclaimed once thawed."""
+    gc.unfreeze()
 
 
 def monotonic_ms() -> int:
@@ -84,6 +129,7 @@ class ControllerOptions:
     """Timing and sizing knobs (config keys in brackets)."""
 
     session_timeout_ms: int = 9000  # broker.session.timeout.ms
+    heartbeat_interval_ms: int = 2000  # broker.heartbeat.interval.ms (what brokers are expected to send)
     noop_interval_ms: int = 500  # metadata.max.idle.interval.ms (0 = off)
     snapshot_max_bytes: int = 20 * 1024 * 1024  # metadata.log.max.record.bytes.between.snapshots
     snapshot_interval_ms: int = 3_600_000  # metadata.log.max.snapshot.interval.ms
@@ -163,6 +209,13 @@ class QuorumController:
         self._tasks: list[asyncio.Task[Any]] = []
         self._activation: asyncio.Task[None] | None = None
         self._stopping = False
+        self._applied_since_freeze = 0
+        self._last_freeze_s = 0.0
+        self._freezes = 0
+        self._heartbeats_received = 0  # since the last session check (see _intake_stalled)
+        self._intake_stalls = 0
+        # last offset of each append of this epoch → the logic's image right after it (see _own_image)
+        self._own_images: dict[int, MetadataImage] = {}
         self.metrics = ControllerMetrics.for_node(self.node_id)
         self.log = get_logger("controller", node=self.node_id)
 
@@ -176,6 +229,7 @@ class QuorumController:
             self.log.info(
                 "image_loaded", offset=self.committed.offset, topics=len(self.committed.topics_by_id)
             )
+            gc.freeze()  # the loaded image (see _freeze_heap); startup leaves little garbage behind
         self.raft.register_listener(self)
         self._tasks = [
             asyncio.create_task(self._session_checker(), name="controller-sessions"),
@@ -209,10 +263,17 @@ class QuorumController:
     async def handle_commit(self, batch: CommittedBatch) -> None:
         if batch.last_offset <= self.committed.offset:
             return  # already in the image loaded from the store
-        delta = MetadataDelta(self.committed)
-        values: list[tuple[int, bytes]] = []
-        undecodable: list[tuple[int, str]] = []
         fresh = [r for r in batch.records if r.offset > self.committed.offset]
+        own = self._own_image(batch)
+        if own is not None:
+            # This controller wrote the whole batch and already holds the image it leads to.
+            values = [(r.offset, r.value) for r in fresh]
+            self._bytes_since_snapshot += sum(len(v) for _, v in values)
+            self._apply_committed(batch, own, values)
+            return
+        delta = MetadataDelta(self.committed)
+        values = []
+        undecodable: list[tuple[int, str]] = []
         for start in range(0, len(fresh), REPLAY_SLICE_RECORDS):
             if start:
                 await asyncio.sleep(0)  # big batches: let heartbeats and Raft fetches in meanwhile
@@ -220,17 +281,19 @@ class QuorumController:
             try:  # the bulk decoder first; a slice with a bad value is redone record by record
                 decoded = list(rec.decode_values([r.value for r in piece]))
             except KraftError:
-                decoded = None
-            for index, record in enumerate(piece):
-                try:
-                    metadata = decoded[index] if decoded is not None else rec.decode_value(record.value)
-                except KraftError as exc:
-                    # e.g. values of the test-only raw append RPC: skipped, reported once per batch
-                    undecodable.append((record.offset, exc.message))
-                    continue
-                delta.replay(metadata, record.offset, batch.epoch)
-                values.append((record.offset, record.value))
-                self._bytes_since_snapshot += len(record.value)
+                decoded = []
+                for record in piece:
+                    try:
+                        decoded.append(rec.decode_value(record.value))
+                    except KraftError as exc:
+                        # e.g. values of the test-only raw append RPC: skipped, reported once per batch
+                        undecodable.append((record.offset, exc.message))
+                        continue
+                    values.append((record.offset, record.value))
+            else:
+                values.extend((r.offset, r.value) for r in piece)
+            delta.replay_decoded(decoded)
+        self._bytes_since_snapshot += sum(len(v) for _, v in values)
         if undecodable:
             self.metrics.metadata_errors.inc(len(undecodable))
             first_offset, first_error = undecodable[0]
@@ -242,7 +305,31 @@ class QuorumController:
             self.log.warning("replay_error", offset=batch.last_offset, error=error)
         delta.offset = batch.last_offset
         delta.epoch = batch.epoch
-        self.committed = delta.apply()
+        self._apply_committed(batch, delta.apply(), values)
+
+    def _own_image(self, batch: CommittedBatch) -> MetadataImage | None:
+        """The image the active logic built for exactly this batch (records it appended in this epoch
+        on top of the committed image), or None: then the batch is replayed."""
+        images = self._own_images
+        if not images:
+            return None
+        image = images.pop(batch.last_offset, None)
+        for offset in [o for o in images if o < batch.last_offset]:
+            del images[offset]
+        if (
+            image is None
+            or self.logic is None
+            or batch.epoch != self.active_epoch
+            or batch.base_offset != self.committed.offset + 1
+            or image.offset != batch.last_offset
+        ):
+            return None
+        return image if image.epoch == batch.epoch else dataclasses.replace(image, epoch=batch.epoch)
+
+    def _apply_committed(
+        self, batch: CommittedBatch, image: MetadataImage, values: list[tuple[int, bytes]]
+    ) -> None:
+        self.committed = image
         self._remember(
             WindowBatch(
                 batch.base_offset, batch.last_offset, batch.epoch, batch.append_timestamp_ms, tuple(values)
@@ -258,6 +345,22 @@ class QuorumController:
         self._store_dirty.set()
         self._update_metrics()
         self._maybe_snapshot()
+        self._maybe_freeze(len(values))
+
+    def _maybe_freeze(self, applied: int) -> None:
+        self._applied_since_freeze += applied
+        if self._applied_since_freeze < FREEZE_AFTER_RECORDS:
+            return
+        now = time.monotonic()
+        if now - self._last_freeze_s < FREEZE_MIN_INTERVAL_S:
+            return
+        self._applied_since_freeze = 0
+        self._last_freeze_s = now
+        self._freezes += 1
+        if self._freezes % THAW_EVERY_FREEZES == 0:
+            _thaw_heap()  # bounded leak of frozen cycles; the next full collection walks everything once
+        else:
+            _freeze_heap()
 
     async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
         last = reader.snapshot_id.end_offset - 1
@@ -266,9 +369,9 @@ class QuorumController:
         delta = MetadataDelta(MetadataImage.empty())
         errors: list[KraftError] = []  # values that are not metadata records (test-only raw appends)
         values = reader.records
-        for start in range(0, len(values), SNAPSHOT_CHUNK_RECORDS):
+        for start in range(0, len(values), YIELD_EVERY_RECORDS):
             # Bulk replay in bounded chunks: a million-partition snapshot must not stall Raft for seconds.
-            delta.replay_values(values[start : start + SNAPSHOT_CHUNK_RECORDS], on_error=errors.append)
+            delta.replay_values(values[start : start + YIELD_EVERY_RECORDS], on_error=errors.append)
             await asyncio.sleep(0)
         if last <= self.committed.offset:
             return  # commits arrived while this ran (they are newer than the snapshot)
@@ -283,6 +386,7 @@ class QuorumController:
         self._bytes_since_snapshot = 0
         self._resolve_waiters(last, reader.snapshot_id.epoch)
         self._store_dirty.set()
+        self._maybe_freeze(len(values))
         self.log.info(
             "snapshot_loaded", end_offset=reader.snapshot_id.end_offset, epoch=reader.snapshot_id.epoch
         )
@@ -323,6 +427,8 @@ class QuorumController:
             "became_active", epoch=epoch, offset=self.committed.offset, brokers=len(self.committed.brokers)
         )
         resumed = logic.continue_leave_jobs(self._next_offset)
+        while not resumed and logic.has_leave_jobs():  # chunks that only scanned
+            resumed = logic.continue_leave_jobs(self._next_offset)
         if resumed:
             self.log.info("resuming_isr_removals", records=len(resumed))
             with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
@@ -337,6 +443,7 @@ class QuorumController:
             self._activation.cancel()
         was_active = self.logic is not None
         self.logic = None
+        self._own_images.clear()
         self._oldest_pending_ms = None
         self.active_epoch = -1 if leader_id != self.node_id else self.active_epoch
         self._activated.clear()
@@ -393,6 +500,8 @@ class QuorumController:
             # Broker epochs inside these records assumed other offsets; let a new leader rebuild.
             self.log.error("offset_prediction_mismatch", expected=expected, got=last)
             self._tasks.append(asyncio.get_running_loop().create_task(self.raft.resign()))
+        elif self.logic is not None and self.logic.image.offset == last:
+            self._own_images[last] = self.logic.image
         return last
 
     async def _write(self, outcome: Outcome[R]) -> R:
@@ -405,7 +514,7 @@ class QuorumController:
             last = self._append(outcome.records, outcome.first_offset)
             logic = self.logic
             while logic is not None and logic is self.logic and logic.has_leave_jobs():
-                await asyncio.sleep(0)
+                await self._wait_for_room()
                 if logic is not self.logic:
                     raise NotControllerError(self._leader.leader_id)
                 first = self._next_offset
@@ -417,6 +526,19 @@ class QuorumController:
             depends_on = outcome.wait_offset if outcome.wait_offset is not None else self._next_offset - 1
             await self._wait_committed(depends_on)
         return outcome.response
+
+    async def _wait_for_room(self) -> None:
+        """Yield, then wait while too many appended records are not committed yet (bulk writes only)."""
+        await asyncio.sleep(0)
+        deadline = self.clock() + self.options.commit_timeout_ms
+        while (
+            self.logic is not None and self._next_offset - 1 - self.committed.offset > MAX_UNCOMMITTED_RECORDS
+        ):
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                raise TimeoutError
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_event.wait(), remaining / 1000)
 
     # ---- request plumbing ----
 
@@ -485,6 +607,7 @@ class QuorumController:
 
     async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
         # Contact is recorded on arrival, before waiting for anything (see heartbeats.py).
+        self._heartbeats_received += 1
         logic = self.logic
         if logic is not None and req.cluster_id == self.cluster_id:
             broker = logic.image.brokers.get(req.broker_id)
@@ -500,10 +623,19 @@ class QuorumController:
             cpb.UnregisterBrokerResponse(), lambda lg: lg.unregister_broker(req, self._next_offset)
         )
 
+    async def _count_speculative(self) -> None:
+        logic = self.logic
+        while (
+            logic is not None and logic is self.logic and not logic.count_some(None, COUNT_SLICE_PARTITIONS)
+        ):
+            await _next_loop_turn()
+
     async def shutdown_broker(self, req: cpb.ShutdownBrokerRequest) -> cpb.ShutdownBrokerResponse:
+        await self._count_speculative()  # its answer counts leaderships: do most of that in slices
         response = await self._serve(
             cpb.ShutdownBrokerResponse(), lambda lg: lg.shutdown_broker(req, self._next_offset)
         )
+        await self._count_speculative()
         logic = self.logic
         if response.error_code == ErrorCode.NONE and logic is not None:
             response.leaderships_remaining = logic.leader_count(req.broker_id)  # after every chunk
@@ -514,7 +646,8 @@ class QuorumController:
         if len(chunks) == 1:
             return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
-        # loop (heartbeats, Raft fetches) runs between them; topics are independent, as in Kafka.
+        # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
+        # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
         counts = Counter(t.name for t in req.topics)
         writes = []
         for chunk in chunks:
@@ -522,8 +655,11 @@ class QuorumController:
             part = cpb.CreateTopicsRequest(
                 cluster_id=req.cluster_id, topics=topics, validate_only=req.validate_only
             )
+            # Yields first, so the previous part computes and appends; on a timeout this part's own
+            # commit wait answers REQUEST_TIMED_OUT.
+            with contextlib.suppress(TimeoutError):
+                await self._wait_for_room()
             writes.append(asyncio.ensure_future(self._create_part(part)))
-            await asyncio.sleep(0)
         results: dict[str, cpb.CreatableTopicResult] = {}
         for answer in await asyncio.gather(*writes):
             if answer.error_code != ErrorCode.NONE:
@@ -577,6 +713,8 @@ class QuorumController:
         if not isinstance(got, tuple):
             return got
         logic, image = got
+        while not logic.count_some(image, COUNT_SLICE_PARTITIONS):
+            await _next_loop_turn()  # after bulk writes: recount changed topics a slice per loop turn
         response.controller.CopyFrom(self._controller_ref(self.node_id))
         response.controller_id = self.node_id
         response.controller_epoch = self._leader.epoch
@@ -661,7 +799,7 @@ class QuorumController:
             values: list[bytes] = []
             for i, value in enumerate(image_values(image)):
                 values.append(value)
-                if i % SNAPSHOT_CHUNK_RECORDS == SNAPSHOT_CHUNK_RECORDS - 1:
+                if i % YIELD_EVERY_RECORDS == YIELD_EVERY_RECORDS - 1:
                     await asyncio.sleep(0)
             cached = (ref, values)
             self._fetch_snapshot = cached
@@ -709,12 +847,43 @@ class QuorumController:
             logic = self.logic
             if logic is None:
                 continue
+            received, self._heartbeats_received = self._heartbeats_received, 0
             if stall > interval_ms:
                 # The loop itself was blocked: heartbeats may be queued unread, so nobody expires now.
                 logic.heartbeats.extend_all(stall)
                 self.log.warning("controller_stalled", stall_ms=stall)
                 continue
+            if self._intake_stalled(logic, received, interval_ms + max(0, stall)):
+                logic.heartbeats.extend_all(interval_ms + max(0, stall))
+                continue
             await self._fence_expired(logic, now)
+
+    def _intake_stalled(self, logic: ControllerLogic, received: int, elapsed_ms: int) -> bool:
+        """True when far fewer heartbeats arrived than the unfenced brokers send: the controller is not
+        getting them (gRPC starved by a busy process), so their silence proves nothing about the brokers.
+
+        A loop that keeps turning can still starve gRPC's intake (seen under bulk writes on a saturated
+        machine); fencing then would fence live brokers.  Bounded: after INTAKE_STALL_MAX_CHECKS checks
+        in a row (about two session timeouts) expiry resumes, so a real mass failure is still fenced.
+        """
+        unfenced = logic.heartbeats.unfenced_count()
+        if unfenced < INTAKE_MIN_BROKERS:
+            self._intake_stalls = 0
+            return False
+        expected = unfenced * elapsed_ms / max(1, self.options.heartbeat_interval_ms)
+        if received >= expected * INTAKE_STALL_FRACTION:
+            self._intake_stalls = 0
+            return False
+        if self._intake_stalls >= INTAKE_STALL_MAX_CHECKS:
+            return False
+        self._intake_stalls += 1
+        self.log.warning(
+            "heartbeat_intake_stalled",
+            received=received,
+            expected=round(expected),
+            checks=self._intake_stalls,
+        )
+        return True
 
     async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
         while self.logic is logic:
@@ -753,6 +922,7 @@ class QuorumController:
             await self._store_dirty.wait()
             self._store_dirty.clear()
             image = self.committed
+            started = time.monotonic()
             try:
                 await self._store.save(image)
             except Exception as exc:
@@ -760,6 +930,9 @@ class QuorumController:
                 self.log.error("image_store_save_failed", offset=image.offset, error=str(exc))
                 await asyncio.sleep(1)
                 self._store_dirty.set()
+            # Coalesce: during bulk writes one save per interval covers many batches (the store only
+            # shortens a restart's replay; the Raft log stays the source of truth).
+            await asyncio.sleep(max(0.0, STORE_MIN_INTERVAL_S - (time.monotonic() - started)))
 
     def _maybe_snapshot(self) -> None:
         if self._snapshot_task is not None and not self._snapshot_task.done():
@@ -787,7 +960,7 @@ class QuorumController:
             chunk: list[bytes] = []
             for value in image_values(image):
                 chunk.append(value)
-                if len(chunk) >= SNAPSHOT_CHUNK_RECORDS:
+                if len(chunk) >= YIELD_EVERY_RECORDS:
                     writer.append(chunk)
                     chunk = []
                     await asyncio.sleep(0)
@@ -828,7 +1001,7 @@ class QuorumController:
                     offline += p.leader == NO_LEADER
                     imbalance += p.leader != p.preferred_leader
                 partitions += len(topic.partitions)
-                if partitions % 50_000 < len(topic.partitions):
+                if partitions % YIELD_EVERY_RECORDS < len(topic.partitions):
                     await asyncio.sleep(0)
             self.metrics.global_partition_count.set(partitions)
             self.metrics.offline_partitions_count.set(offline)

@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.delta import MetadataDelta, shared_ids
 from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import (
     NO_LEADER,
@@ -46,7 +46,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
-from kraft.metadata.partition_change import build_change, choose_leader
+from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
 from kraft.metadata.topic_rules import collision_key, validate_topic_configs, validate_topic_name
@@ -59,6 +59,9 @@ R = TypeVar("R", bound=Message)
 METADATA_VERSION_FEATURE = "metadata.version"
 METADATA_VERSION = 1
 MAX_PARTITIONS_PER_TOPIC = 1_000_000
+# Partitions a leave-job chunk looks at, at most: a chunk that finds few changes (the broker is in few
+# ISRs) ends after this much scanning — possibly with no change — and the next chunk goes on.
+LEAVE_SCAN_PARTITIONS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,7 @@ class ControllerSettings:
     session_timeout_ms: int = 9000
     default_num_partitions: int = 1
     default_replication_factor: int = 1
-    max_changes_per_write: int = 1000
+    max_changes_per_write: int = 250
     """Partition changes per append when a broker leaves its ISRs; the rest follow in later appends."""
 
 
@@ -114,6 +117,18 @@ class _Batch:
         broker_id = _broker_of(payload)
         if broker_id is not None:
             self.logic.broker_offsets[broker_id] = offset
+
+    def add_partition(
+        self, record: pb.MetadataRecord, topic_id: str, partition_id: int, registration: PartitionRegistration
+    ) -> None:
+        """Add a (wrapped) PartitionRecord/PartitionChangeRecord whose replay gives ``registration``,
+        without replaying it (the bulk path: ~3x cheaper per partition)."""
+        if self.delta is None:
+            self.delta = MetadataDelta(self.logic.image)
+        offset = self.next_offset + len(self.records)
+        if not self.delta.set_partition(topic_id, partition_id, registration, offset):
+            raise AssertionError(f"partition {topic_id}/{partition_id} does not fit the image")
+        self.records.append(record)
 
     def view(self) -> MetadataImage:
         """The image including what was added so far (cheap: only changed parts are rebuilt)."""
@@ -237,7 +252,8 @@ class ControllerLogic:
         return bool(self._leaving)
 
     def continue_leave_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
-        """The next chunk of ISR removals (the shell calls this until :meth:`has_leave_jobs` is False)."""
+        """The next chunk of ISR removals (the shell calls this until :meth:`has_leave_jobs` is False);
+        may be empty while jobs remain (a chunk that only scanned)."""
         batch = _Batch(self, next_offset)
         self._run_leave_jobs(batch)
         return batch.finish()
@@ -258,6 +274,15 @@ class ControllerLogic:
         self._speculative_counts.update(self.image.topics_by_id)
         return self._speculative_counts.leaders[broker_id]
 
+    def count_some(self, committed: MetadataImage | None, limit: int) -> bool:
+        """Recount up to ~``limit`` partitions of the committed (``committed``) or, when None, the
+        speculative image's changed topics; True once the counts are current.  The shell calls this
+        with the event loop free in between, so :meth:`describe_brokers` / :meth:`leader_count` find
+        little left to count after bulk writes."""
+        if committed is not None:
+            return self._committed_counts.update(committed.topics_by_id, limit)
+        return self._speculative_counts.update(self.image.topics_by_id, limit)
+
     def _leave_isrs(self, batch: _Batch, broker_id: int, tail: tuple[Message, ...] = ()) -> None:
         """Start removing the broker from every ISR and moving its leaderships; as much as fits in
         this write happens now, the rest through :meth:`continue_leave_jobs`."""
@@ -271,34 +296,36 @@ class ControllerLogic:
 
     def _run_leave_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
+        scan_budget = LEAVE_SCAN_PARTITIONS  # bounds a chunk that finds few changes (a long scan)
         for job in list(self._leaving.values()):
-            if budget <= 0:
+            if budget <= 0 or scan_budget <= 0:
                 return
             image = batch.view()  # fresh per job: two jobs may touch the same partition
             acceptable = self.acceptable_in(image)
             topics = image.topics_by_id
             broker_id = job.broker_id
-            changes: list[pb.PartitionChangeRecord] = []
-            while job.position < len(job.topic_ids) and len(changes) < budget:
+            changes: list[tuple[pb.MetadataRecord, str, int, PartitionRegistration]] = []
+            while job.position < len(job.topic_ids) and len(changes) < budget and scan_budget > 0:
                 topic = topics.get(job.topic_ids[job.position])
                 partitions = () if topic is None else topic.partitions
                 index = job.partition_position
-                while index < len(partitions) and len(changes) < budget:
+                end = min(len(partitions), index + scan_budget)
+                scan_budget -= end - index + 1
+                while index < end and len(changes) < budget:
                     partition = partitions[index]
                     if broker_id in partition.isr or partition.leader == broker_id:
                         assert topic is not None
-                        change = build_change(
-                            topic.topic_id, index, partition, acceptable, remove_from_isr=broker_id
-                        )
+                        change = leave_change(topic.topic_id, index, partition, acceptable, broker_id)
                         if change is not None:
-                            changes.append(change)
+                            changes.append((change[0], topic.topic_id, index, change[1]))
                     index += 1
                 if index < len(partitions):
                     job.partition_position = index  # budget used up inside this topic
                 else:
                     job.position, job.partition_position = job.position + 1, 0
-            for change in changes:
-                batch.add(change)
+            add_partition = batch.add_partition
+            for wrapped, topic_id, partition_id, registration in changes:
+                add_partition(wrapped, topic_id, partition_id, registration)
             budget -= len(changes)
             if job.position >= len(job.topic_ids):
                 del self._leaving[broker_id]
@@ -648,21 +675,24 @@ class ControllerLogic:
     ) -> None:
         batch.add(pb.TopicRecord(name=name, topic_id=topic_id))
         acceptable = self.acceptable_in(self.image)
+        add_partition = batch.add_partition
         for partition_id, replicas in enumerate(assignment):
-            # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence).
+            # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence);
+            # the leader is the first of them (choose_leader with no current leader).
             isr = [r for r in replicas if acceptable(r)]
-            leader = choose_leader(replicas, isr, NO_LEADER, acceptable)
-            batch.add(
-                pb.PartitionRecord(
-                    partition_id=partition_id,
-                    topic_id=topic_id,
-                    replicas=replicas,
-                    isr=isr,
-                    leader=leader,
-                    leader_epoch=0,
-                    partition_epoch=0,
-                )
+            leader = isr[0] if isr else NO_LEADER
+            record = pb.MetadataRecord()
+            partition = record.partition
+            partition.partition_id = partition_id
+            partition.topic_id = topic_id
+            partition.replicas.extend(replicas)
+            partition.isr.extend(isr)
+            partition.leader = leader
+            replica_ids = shared_ids(replicas)
+            registration = PartitionRegistration(
+                replica_ids, replica_ids if len(isr) == len(replicas) else shared_ids(isr), leader, 0, 0
             )
+            add_partition(record, topic_id, partition_id, registration)
         for key, value in sorted(configs.items()):
             batch.add(
                 pb.ConfigRecord(

@@ -192,6 +192,41 @@ class MetadataDelta:
                 if handler is not None:
                     handler(self, getattr(record, kind or ""))
 
+    def set_partition(
+        self, topic_id: str, partition_id: int, registration: PartitionRegistration, offset: int = -1
+    ) -> bool:
+        """What replaying a PartitionRecord/PartitionChangeRecord of this partition gives, when the
+        caller already built the resulting ``registration`` (the controller's bulk writes: no protobuf
+        round trip).  ``registration`` must be exactly what replay would build — its lists from
+        :func:`shared_ids`, epochs bumped for a change.  False (nothing done) for an unknown topic or a
+        partition id past the end."""
+        if offset >= 0:
+            self.offset = offset
+        topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
+        if topic is None or partition_id > topic.count:
+            return False
+        topic.changed[partition_id] = registration
+        if partition_id >= topic.count:
+            topic.count = partition_id + 1
+        return True
+
+    def replay_decoded(self, records: Iterable[pb.MetadataRecord]) -> None:
+        """``replay(record)`` for each record, with partition records dispatched directly (the bulk of
+        every big batch); offsets are the caller's to set."""
+        replay_partition = self._replay_partition
+        replay_change = self._replay_partition_change
+        handlers = _HANDLERS
+        for record in records:
+            kind = record.WhichOneof("record")
+            if kind == "partition_change":
+                replay_change(record.partition_change)
+            elif kind == "partition":
+                replay_partition(record.partition)
+            else:
+                handler = handlers.get(kind or "")
+                if handler is not None:
+                    handler(self, getattr(record, kind or ""))
+
     def _replay_register_broker(self, r: pb.RegisterBrokerRecord) -> None:
         self._brokers[r.broker_id] = BrokerRegistration(
             broker_id=r.broker_id,
@@ -290,16 +325,18 @@ class MetadataDelta:
             topic.count = partition_id + 1
 
     def _replay_partition_change(self, r: pb.PartitionChangeRecord) -> None:
-        topic = self._topic_delta(r.topic_id)
-        current = None if topic is None else topic.current(r.partition_id)
+        topic_id = r.topic_id
+        partition_id = r.partition_id
+        topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
+        current = None if topic is None else topic.current(partition_id)
         if topic is None or current is None:
-            self.replay_errors.append(f"change of unknown partition {r.topic_id}/{r.partition_id}")
+            self.replay_errors.append(f"change of unknown partition {topic_id}/{partition_id}")
             return
         replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
         isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
         leader = r.leader if r.HasField("leader") else current.leader
         # kraft bumps both epochs on every change (ARCHITECTURE.md §5), so any change fences stale leaders.
-        topic.changed[r.partition_id] = make_partition(
+        topic.changed[partition_id] = make_partition(
             replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
         )
 

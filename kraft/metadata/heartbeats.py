@@ -83,5 +83,8 @@ class HeartbeatTracker:
         for contact in self._contacts.values():
             contact.last_contact_ms += delay_ms
 
+    def unfenced_count(self) -> int:
+        return len(self._unfenced)
+
     def unfenced_ids(self) -> list[int]:
         return list(self._unfenced)

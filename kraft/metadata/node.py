@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ IMAGE_STORE_FILE = "metadata-image.sqlite"
 def options_from_config(config: NodeConfig) -> ControllerOptions:
     return ControllerOptions(
         session_timeout_ms=config.broker_session_timeout_ms,
+        heartbeat_interval_ms=config.broker_heartbeat_interval_ms,
         noop_interval_ms=config.metadata_max_idle_interval_ms,
         snapshot_max_bytes=config.metadata_log_max_record_bytes_between_snapshots,
         snapshot_interval_ms=config.metadata_log_max_snapshot_interval_ms,
@@ -85,7 +87,15 @@ class MetadataLayer:
             await asyncio.sleep(0.1)
 
 
+# gRPC's completion-queue thread needs the GIL for every event it hands to the event loop (a unary call
+# takes several).  While the loop thread is busy (bulk writes), a waiting thread gets the GIL only every
+# switch interval — 5 ms by default, i.e. a few dozen calls per second, so heartbeats queued for
+# seconds behind a busy but responsive loop.  A short interval costs nothing without contention.
+GIL_SWITCH_INTERVAL_S = 0.0001
+
+
 def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     layer = MetadataLayer()
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
     node.on_start(layer.start)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from kraft.metadata.delta import make_partition, shared_ids
 from kraft.metadata.image import NO_LEADER, PartitionRegistration
 from kraft.v1 import metadata_pb2 as pb
 
@@ -59,3 +60,49 @@ def build_change(
     if leader != current.leader:
         record.leader = leader
     return record
+
+
+def leave_change(
+    topic_id: str,
+    partition_id: int,
+    current: PartitionRegistration,
+    acceptable: IsAcceptable,
+    broker_id: int,
+) -> tuple[pb.MetadataRecord, PartitionRegistration] | None:
+    """``build_change(..., remove_from_isr=broker_id)`` for the bulk path of a broker leaving its ISRs:
+    the wrapped record and the registration replaying it gives (so the caller need not replay it), or
+    None when nothing changes.  Same decisions as :func:`build_change` (property-tested)."""
+    replicas = current.replicas
+    isr = current.isr
+    if broker_id in isr and len(isr) > 1:
+        kept = [r for r in isr if r != broker_id]
+    else:
+        kept = list(isr)  # never empty: the last member stays, the partition goes offline
+    # ISR in replica order (members that are not replicas last, in their order), as build_change.
+    ordered = [r for r in replicas if r in kept]
+    candidates = [r for r in ordered if acceptable(r)]  # replicas only, in replica order
+    if len(ordered) != len(kept):
+        ordered += [r for r in kept if r not in replicas]
+    if not candidates:
+        leader = NO_LEADER
+    elif candidates[0] == replicas[0] or current.leader not in candidates:
+        leader = candidates[0]
+    else:
+        leader = current.leader
+    new_isr = tuple(ordered)
+    isr_changed = new_isr != isr
+    if not isr_changed and leader == current.leader:
+        return None
+    record = pb.MetadataRecord()
+    change = record.partition_change
+    change.partition_id = partition_id
+    change.topic_id = topic_id
+    if isr_changed:
+        change.isr.ids.extend(new_isr)
+        isr = shared_ids(new_isr)
+    if leader != current.leader:
+        change.leader = leader
+    registration = make_partition(
+        replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
+    )
+    return record, registration

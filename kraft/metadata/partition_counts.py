@@ -31,22 +31,30 @@ class PartitionCounts:
         self._topics: Mapping[str, TopicImage] | None = None
         self._per_topic: dict[str, tuple[TopicImage, Counter[int], Counter[int]]] = {}
 
-    def update(self, topics_by_id: Mapping[str, TopicImage]) -> None:
+    def update(self, topics_by_id: Mapping[str, TopicImage], limit: int | None = None) -> bool:
+        """Recount the topics that changed; with ``limit``, stop once about that many partitions were
+        recounted and return False (call again — e.g. after yielding to the event loop — to go on; the
+        counts are exact once a call returns True)."""
         if topics_by_id is self._topics:
-            return
+            return True
         for topic_id in [t for t in self._per_topic if t not in topics_by_id]:
             self._forget(topic_id)
+        counted = 0
         for topic_id, topic in topics_by_id.items():
             known = self._per_topic.get(topic_id)
             if known is not None and known[0] is topic:
                 continue
+            if limit is not None and counted and counted >= limit:
+                return False  # at least one topic per call: every call makes progress
             if known is not None:
                 self._forget(topic_id)
             leaders, replicas = _count(topic)
             self.leaders.update(leaders)
             self.replicas.update(replicas)
             self._per_topic[topic_id] = (topic, leaders, replicas)
+            counted += len(topic.partitions)
         self._topics = topics_by_id
+        return True
 
     def _forget(self, topic_id: str) -> None:
         _, leaders, replicas = self._per_topic.pop(topic_id)

@@ -108,14 +108,25 @@ def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
             raise KraftError(ErrorCode.CORRUPT_MESSAGE, "varint too long in metadata record value")
 
 
-def encode_value(record: pb.MetadataRecord) -> bytes:
-    """The value bytes of the Kafka v2 record that carries ``record``."""
-    key = api_key(record)
+def _header(key: int) -> bytes:
     header = bytearray()
     _write_uvarint(FRAME_VERSION, header)
     _write_uvarint(key, header)
     _write_uvarint(RECORD_VERSIONS[key], header)
-    return bytes(header) + record.SerializeToString()
+    return bytes(header)
+
+
+# Header bytes per oneof field (RECORD_VERSIONS is fixed per build), built on first use: encoding is a
+# hot path, every record the controller writes.
+_HEADERS: dict[str | None, bytes] = {}
+
+
+def encode_value(record: pb.MetadataRecord) -> bytes:
+    """The value bytes of the Kafka v2 record that carries ``record``."""
+    header = _HEADERS.get(record.WhichOneof(_ONEOF))
+    if header is None:
+        header = _HEADERS[kind(record)] = _header(api_key(record))
+    return header + record.SerializeToString()
 
 
 def peek_api_key(value: bytes) -> int:

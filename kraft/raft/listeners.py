@@ -136,6 +136,11 @@ class ListenerSet:
                 )
                 await cursor.listener.handle_commit(committed)
                 cursor.next_offset = batch.last_offset + 1
+                # One batch per event-loop turn: a listener that applies a batch without suspending
+                # (e.g. the active controller, which already holds the image) must not hold the loop
+                # for a whole read (up to _READ_BYTES of batches) — gRPC accepts about one new call
+                # per loop turn, so long turns starve heartbeats and Raft fetches.
+                await asyncio.sleep(0)
             if cursor.next_offset == before:
                 break  # nothing deliverable (never expected): wait for the next wake-up, do not spin
         await self._maybe_report_leader(cursor, self._view())

@@ -31,10 +31,12 @@ def _full_count(topics: dict[str, TopicImage]) -> tuple[Counter[int], Counter[in
 
 @settings(max_examples=100, deadline=None)
 @given(
-    steps=st.lists(TOPIC_MAPS, min_size=1, max_size=6), keep=st.lists(st.booleans(), min_size=4, max_size=4)
+    steps=st.lists(TOPIC_MAPS, min_size=1, max_size=6),
+    keep=st.lists(st.booleans(), min_size=4, max_size=4),
+    limit=st.none() | st.integers(0, 4),
 )
 def test_incremental_counts_match_a_full_recount(
-    steps: list[dict[str, list[PartitionRegistration]]], keep: list[bool]
+    steps: list[dict[str, list[PartitionRegistration]]], keep: list[bool], limit: int | None
 ) -> None:
     counts = PartitionCounts()
     previous: dict[str, TopicImage] = {}
@@ -46,7 +48,13 @@ def test_incremental_counts_match_a_full_recount(
             topics[topic_id] = (
                 old if old is not None and keep[index] else TopicImage(topic_id, topic_id, tuple(partitions))
             )
-        counts.update(topics)
+        if limit is None:
+            assert counts.update(topics)
+        else:  # in slices, as the controller does between event-loop turns
+            calls = 1
+            while not counts.update(topics, limit):
+                calls += 1
+                assert calls <= len(topics) + 1
         leaders, replicas = _full_count(topics)
         for broker_id in range(-1, 7):
             assert counts.leaders[broker_id] == leaders[broker_id]
