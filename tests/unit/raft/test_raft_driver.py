@@ -12,7 +12,7 @@ from raft_helpers import LoopbackCluster, RecordingListener, wait_until
 from kraft.errors import ErrorCode
 from kraft.raft.client import LeaderAndEpoch, NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
 from kraft.raft.core_types import RaftConfig
-from kraft.raft.driver import RaftDriver
+from kraft.raft.driver import THREAD_BUILD_RECORDS, RaftDriver
 from kraft.raft.memory import (
     LoopbackNetwork,
     ManualClock,
@@ -71,6 +71,28 @@ async def test_appends_within_the_linger_share_one_batch() -> None:
         assert second == first + 1
         batches = list(iter_batches(log.read(1, 1 << 20)))
         assert [(b.base_offset, len(b.records)) for b in batches] == [(1, 2)]
+    finally:
+        await driver.stop()
+
+
+async def test_big_batches_are_built_and_decoded_off_the_loop_and_delivered_in_order() -> None:
+    # >= THREAD_BUILD_RECORDS records are encoded in a worker thread, and reads of at least
+    # _INLINE_DECODE_BYTES are decoded in one: the records must arrive exactly as with the inline paths.
+    log = MemoryLogStore()
+    driver = _single_voter(log=log)
+    listener = RecordingListener()
+    driver.register_listener(listener)
+    await driver.start()
+    try:
+        await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
+        big = [b"%05d" % i * 20 for i in range(THREAD_BUILD_RECORDS * 3)]  # ~75 KiB: threaded decode too
+        last_big = await driver.append(big)
+        last_small = await driver.append([b"tail"])
+        assert last_small == last_big + 1
+        await wait_until(lambda: listener.next_offset == last_small + 1, 10, "listener catch-up")
+        assert [listener.values[offset] for offset in range(1, last_big + 1)] == big
+        assert listener.values[last_small] == b"tail"
+        assert sum(len(b.records) for b in iter_batches(log.read(1, 1 << 22))) == len(big) + 1
     finally:
         await driver.stop()
 
