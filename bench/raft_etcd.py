@@ -7,7 +7,6 @@ hand below, and the response is only checked for arriving (gRPC status OK).  The
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from bench.procutil import reap
 from kraft.netutil import free_port, wait_for_port
 
 PUT_METHOD = "/etcdserverpb.KV/Put"
@@ -218,12 +218,7 @@ class EtcdCluster:
             process = member.process
             if process is None:
                 continue
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=5)
+            reap(process)
 
 
 class EtcdPutClient:

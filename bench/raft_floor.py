@@ -12,7 +12,6 @@ Run by hand: ``python -m bench.raft_floor PORT`` (serves until SIGTERM).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from bench.procutil import reap
 from kraft.netutil import free_port, wait_for_port
 from kraft.runtime import run_server
 from kraft.v1 import raft_pb2
@@ -83,12 +83,7 @@ class FloorServer:
         if process is None:
             return
         process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=10)
+        reap(process)
 
 
 def main(argv: list[str] | None = None) -> int:

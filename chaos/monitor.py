@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -22,31 +23,51 @@ from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2
 PROBE_TIMEOUT_S = 0.4
 
 
-def describe_broker(
-    target: str, cluster_id: str, timeout_s: float
-) -> broker_pb2.DescribeBrokerResponse | None:
+class _Answer(Protocol):
+    @property
+    def error_code(self) -> int: ...
+
+
+_A = TypeVar("_A", bound=_Answer)
+
+
+def _probe(target: str, call: Callable[[grpc.Channel], _A]) -> _A | None:
+    """One call on a fresh channel (no retries); None on any RPC failure or a non-NONE error code."""
     try:
         with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
-            reply: broker_pb2.DescribeBrokerResponse = broker_pb2_grpc.BrokerServiceStub(
-                channel
-            ).DescribeBroker(broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s)
+            reply = call(channel)
     except grpc.RpcError:
         return None
     return reply if reply.error_code == 0 else None
+
+
+def describe_broker(
+    target: str, cluster_id: str, timeout_s: float
+) -> broker_pb2.DescribeBrokerResponse | None:
+    request = broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id)
+
+    def call(channel: grpc.Channel) -> broker_pb2.DescribeBrokerResponse:
+        reply: broker_pb2.DescribeBrokerResponse = broker_pb2_grpc.BrokerServiceStub(channel).DescribeBroker(
+            request, timeout=timeout_s
+        )
+        return reply
+
+    return _probe(target, call)
 
 
 def describe_cluster(
     target: str, cluster_id: str, timeout_s: float
 ) -> controller_pb2.DescribeClusterResponse | None:
     """DescribeCluster on ``target``; None unless it answered as the active controller."""
-    try:
-        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
-            reply: controller_pb2.DescribeClusterResponse = controller_pb2_grpc.ControllerServiceStub(
-                channel
-            ).DescribeCluster(controller_pb2.DescribeClusterRequest(cluster_id=cluster_id), timeout=timeout_s)
-    except grpc.RpcError:
-        return None
-    return reply if reply.error_code == 0 else None
+    request = controller_pb2.DescribeClusterRequest(cluster_id=cluster_id)
+
+    def call(channel: grpc.Channel) -> controller_pb2.DescribeClusterResponse:
+        reply: controller_pb2.DescribeClusterResponse = controller_pb2_grpc.ControllerServiceStub(
+            channel
+        ).DescribeCluster(request, timeout=timeout_s)
+        return reply
+
+    return _probe(target, call)
 
 
 class ClusterMonitor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -247,7 +248,9 @@ class _ServicerWithoutFetchStream(RaftServicer):
     FetchStream = raft_pb2_grpc.RaftServiceServicer.FetchStream  # type: ignore[assignment]
 
 
-async def test_fetch_falls_back_to_unary_when_the_peer_has_no_fetch_stream() -> None:
+@contextlib.asynccontextmanager
+async def _legacy_peer() -> AsyncIterator[tuple[ScriptedHandler, GrpcTransport]]:
+    """Node 1 served by a peer without FetchStream, and a transport to it."""
     handler = ScriptedHandler()
     port = free_port()
     legacy = grpc.aio.server()
@@ -258,28 +261,24 @@ async def test_fetch_falls_back_to_unary_when_the_peer_has_no_fetch_stream() -> 
     await legacy.start()
     transport = GrpcTransport({1: f"127.0.0.1:{port}"})
     try:
-        for offset in (5, 6):
-            answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, offset, 0), timeout_ms=2000)
-            assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
-        assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5, 6]
+        yield handler, transport
     finally:
         await transport.close()
         await legacy.stop(grace=None)
 
 
+async def test_fetch_falls_back_to_unary_when_the_peer_has_no_fetch_stream() -> None:
+    async with _legacy_peer() as (handler, transport):
+        for offset in (5, 6):
+            answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, offset, 0), timeout_ms=2000)
+            assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
+        assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5, 6]
+
+
 async def test_fetch_falls_back_to_unary_when_the_stream_ended_before_the_first_write() -> None:
     # The race behind a once-flaky run: the peer's UNIMPLEMENTED can end the call before the transport
     # writes its first request, and grpc.aio then refuses the write (InvalidStateError), not the read.
-    handler = ScriptedHandler()
-    port = free_port()
-    legacy = grpc.aio.server()
-    raft_pb2_grpc.add_RaftServiceServicer_to_server(
-        _ServicerWithoutFetchStream(handler, cluster_id=CLUSTER), legacy
-    )
-    legacy.add_insecure_port(f"127.0.0.1:{port}")
-    await legacy.start()
-    transport = GrpcTransport({1: f"127.0.0.1:{port}"})
-    try:
+    async with _legacy_peer() as (handler, transport):
         peer = transport._peer(1)
         peer.fetch_stream = peer.stub.FetchStream(None)
         async with asyncio.timeout(5):
@@ -288,6 +287,3 @@ async def test_fetch_falls_back_to_unary_when_the_stream_ended_before_the_first_
         assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
         assert peer.stream_unsupported
         assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5]
-    finally:
-        await transport.close()
-        await legacy.stop(grace=None)
