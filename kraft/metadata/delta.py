@@ -181,16 +181,7 @@ class MetadataDelta:
             self.offset = offset
         if epoch >= 0:
             self.epoch = epoch
-        replay_partition = self._replay_partition
-        handlers = _HANDLERS
-        for record in decode_values(values, on_error):
-            kind = record.WhichOneof("record")
-            if kind == "partition":
-                replay_partition(record.partition)
-            else:
-                handler = handlers.get(kind or "")
-                if handler is not None:
-                    handler(self, getattr(record, kind or ""))
+        self.replay_decoded(decode_values(values, on_error))
 
     def set_partition(
         self, topic_id: str, partition_id: int, registration: PartitionRegistration, offset: int = -1
