@@ -34,6 +34,7 @@ proto: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check kraft chaos tests bench
+	$(BIN)/ruff format --check kraft chaos tests bench
 	$(BIN)/mypy kraft chaos
 
 test: setup lint

@@ -23,6 +23,7 @@ TEST_PROFILE: dict[str, str] = {
     "controller.quorum.append.linger.ms": "5",
 }
 
+
 @pytest.fixture
 def quorum_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[QuorumFactory]:
     made: list[ControllerQuorum] = []

@@ -58,9 +58,7 @@ class QuorumTimeout(AssertionError):
     """A condition on the quorum did not hold before its deadline (message includes node log tails)."""
 
 
-def wait_until(
-    condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05
-) -> T:
+def wait_until(condition: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.05) -> T:
     """Poll ``condition`` until it returns something other than None/False; raise QuorumTimeout after."""
     deadline = time.monotonic() + timeout_s
     while True:

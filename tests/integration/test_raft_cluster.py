@@ -199,8 +199,10 @@ def test_controller_refuses_log_dirs_of_two_clusters(tmp_path: Path, quorum_fact
     quorum.prepare()
     node = quorum.nodes[1]
     other_dir = tmp_path / "other-log-dir"
-    write_meta_properties(other_dir, MetaProperties(cluster_id="AAAAAAAAAAAAAAAAAAAAAg", node_id=1,
-                                                    directory_id="AAAAAAAAAAAAAAAAAAAAAw"))
+    write_meta_properties(
+        other_dir,
+        MetaProperties(cluster_id="AAAAAAAAAAAAAAAAAAAAAg", node_id=1, directory_id="AAAAAAAAAAAAAAAAAAAAAw"),
+    )
     node.config_path.write_text(quorum.config_text(1) + f"log.dirs={other_dir}\n")
     result = run_kraft(["controller", "start", "--config", str(node.config_path)], timeout_s=60)
     assert result.returncode == 1

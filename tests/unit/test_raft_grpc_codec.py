@@ -145,4 +145,3 @@ def test_describe_quorum_response_carries_known_directory_ids() -> None:
 def test_unknown_error_code_from_a_newer_peer_decodes_as_unknown_server_error() -> None:
     encoded = raft_pb2.VoteResponse(error_code=9999, leader_id=-1)
     assert codec.vote_response_from_pb(encoded).error_code is ErrorCode.UNKNOWN_SERVER_ERROR
-
