@@ -71,9 +71,6 @@ from kraft.raft.state import ElectionState, StateKind
 from kraft.raft.transport import Transport, TransportError
 from kraft.storage.batch import LeaderChangeMessage, build_batch, build_control_batch, iter_batch_headers
 
-THREAD_BUILD_RECORDS = 256
-"""Batches of at least this many records are encoded in a worker thread (see _apply_log_op)."""
-
 
 def scan_kafka_batches(data: bytes) -> list[BatchInfo]:
     """The core's batch scanner for Kafka v2 bytes (CRC-checked: the bytes come from the network)."""
@@ -492,16 +489,12 @@ class RaftDriver:
 
     async def _apply_log_op(self, op: LogOp) -> None:
         if isinstance(op, AppendRecords):
-            records = [(None, value) for value in op.records]
-            timestamp_ms = self._clock.wall_ms()
-            if len(records) >= THREAD_BUILD_RECORDS:
-                # Encoding costs ~4 µs a record in Python: a big batch is built in a worker thread so
-                # the loop keeps turning (gRPC takes about one new call per loop turn).
-                data = await asyncio.to_thread(
-                    build_batch, op.base_offset, records, leader_epoch=op.epoch, timestamp_ms=timestamp_ms
-                )
-            else:
-                data = build_batch(op.base_offset, records, leader_epoch=op.epoch, timestamp_ms=timestamp_ms)
+            data = build_batch(
+                op.base_offset,
+                [(None, value) for value in op.records],
+                leader_epoch=op.epoch,
+                timestamp_ms=self._clock.wall_ms(),
+            )
             self._log.append(data)
             self._metrics.append_records.inc(len(op.records))
         elif isinstance(op, AppendLeaderChange):

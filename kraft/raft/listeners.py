@@ -22,8 +22,6 @@ from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import iter_batches
 
 _READ_BYTES = 1024 * 1024
-_INLINE_DECODE_BYTES = 16 * 1024
-"""Reads at least this large are decoded in a worker thread (see ListenerSet._catch_up)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,18 +116,26 @@ class ListenerSet:
             if not data:
                 break
             before = cursor.next_offset
-            # Decoding (CRC + every record, in Python) costs ~20 µs a record: a worker thread does it, so
-            # the event loop keeps turning — gRPC takes about one new call per loop turn, and a 2,000-
-            # record batch decoded inline held the loop ~40 ms, starving heartbeats and Raft fetches.
-            if len(data) >= _INLINE_DECODE_BYTES:
-                decoded = await asyncio.to_thread(
-                    _committed_batches, data, cursor.next_offset, view.high_watermark
+            for batch in iter_batches(data):
+                if batch.last_offset < cursor.next_offset:
+                    continue
+                if batch.base_offset >= view.high_watermark:
+                    break
+                records = (
+                    []
+                    if batch.is_control
+                    else [Record(batch.record_offset(r), r.value or b"") for r in batch.records]
                 )
-            else:
-                decoded = _committed_batches(data, cursor.next_offset, view.high_watermark)
-            for committed in decoded:
+                committed = CommittedBatch(
+                    batch.base_offset,
+                    batch.last_offset,
+                    batch.partition_leader_epoch,
+                    records,
+                    batch.max_timestamp,
+                    batch.is_control,
+                )
                 await cursor.listener.handle_commit(committed)
-                cursor.next_offset = committed.last_offset + 1
+                cursor.next_offset = batch.last_offset + 1
                 # One batch per event-loop turn: a listener that applies a batch without suspending
                 # (e.g. the active controller, which already holds the image) must not hold the loop
                 # for a whole read (up to _READ_BYTES of batches) — gRPC accepts about one new call
@@ -151,28 +157,3 @@ class ListenerSet:
             return  # not caught up with the previous epochs yet: report once the LeaderChange commits
         cursor.reported_leader = view.leader
         await cursor.listener.handle_leader_change(view.leader)
-
-
-def _committed_batches(data: bytes, next_offset: int, high_watermark: int) -> list[CommittedBatch]:
-    """The batches of ``data`` a cursor at ``next_offset`` has not seen, below ``high_watermark``, decoded
-    (pure: runs in a worker thread for large reads)."""
-    out: list[CommittedBatch] = []
-    for batch in iter_batches(data):
-        if batch.last_offset < next_offset:
-            continue
-        if batch.base_offset >= high_watermark:
-            break
-        records: list[Record] = []
-        if not batch.is_control:
-            records = [Record(batch.record_offset(r), r.value or b"") for r in batch.records]
-        out.append(
-            CommittedBatch(
-                batch.base_offset,
-                batch.last_offset,
-                batch.partition_leader_epoch,
-                records,
-                batch.max_timestamp,
-                batch.is_control,
-            )
-        )
-    return out
