@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 from kraft.metadata import records as rec
 from kraft.metadata.image import MetadataImage
+from kraft.storage.varint import encode_uvarint
 from kraft.v1 import common_pb2
 from kraft.v1 import metadata_pb2 as pb
 
@@ -95,26 +96,17 @@ def image_values(image: MetadataImage) -> Iterator[bytes]:
             yield partition_prefix(len(payload)) + payload
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 # A MetadataRecord holding only its oneof field ``partition`` serializes as that field's tag, the
 # payload length and the payload (protobuf wire format), so the value is header + tag + length + payload.
 _PARTITION_FIELD = pb.MetadataRecord.DESCRIPTOR.fields_by_name["partition"].number
 _PARTITION_HEADER = (
-    _varint(rec.FRAME_VERSION)
-    + _varint(rec.ApiKey.PARTITION)
-    + _varint(rec.RECORD_VERSIONS[rec.ApiKey.PARTITION])
-    + _varint(_PARTITION_FIELD << 3 | 2)  # wire type 2: length-delimited
+    encode_uvarint(rec.FRAME_VERSION)
+    + encode_uvarint(rec.ApiKey.PARTITION)
+    + encode_uvarint(rec.RECORD_VERSIONS[rec.ApiKey.PARTITION])
+    + encode_uvarint(_PARTITION_FIELD << 3 | 2)  # wire type 2: length-delimited
 )
-_PARTITION_PREFIXES = [_PARTITION_HEADER + _varint(n) for n in range(256)]
+_PARTITION_PREFIXES = [_PARTITION_HEADER + encode_uvarint(n) for n in range(256)]
 
 
 def _partition_prefix(size: int) -> bytes:
-    return _PARTITION_PREFIXES[size] if size < 256 else _PARTITION_HEADER + _varint(size)
+    return _PARTITION_PREFIXES[size] if size < 256 else _PARTITION_HEADER + encode_uvarint(size)

@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.storage.varint import encode_uvarint
 from kraft.v1 import metadata_pb2 as pb
 
 FRAME_VERSION = 1
@@ -85,13 +86,6 @@ def api_key(record: pb.MetadataRecord) -> int:
     return _KEY_BY_FIELD[kind(record)]
 
 
-def _write_uvarint(value: int, out: bytearray) -> None:
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
 def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
     result = 0
     shift = 0
@@ -110,9 +104,9 @@ def _read_uvarint(data: bytes, pos: int) -> tuple[int, int]:
 
 def _header(key: int) -> bytes:
     header = bytearray()
-    _write_uvarint(FRAME_VERSION, header)
-    _write_uvarint(key, header)
-    _write_uvarint(RECORD_VERSIONS[key], header)
+    header += encode_uvarint(FRAME_VERSION)
+    header += encode_uvarint(key)
+    header += encode_uvarint(RECORD_VERSIONS[key])
     return bytes(header)
 
 
