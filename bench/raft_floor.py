@@ -3,8 +3,8 @@ Raft, no disk and no bookkeeping.
 
 Measured in the same run and with the same client as kraft and etcd, it bounds what *any* Python grpc.aio
 server can do for "one write per unary RPC" on this machine: kraft's leader does all of this per request
-plus replication and fsync, so kraft/etcd can never exceed floor/etcd.  The server runs on the loop kraft's
-controllers use (:mod:`kraft.runtime`, uvloop by default).
+plus replication and fsync, so kraft/etcd can never exceed floor/etcd.  The server runs on the loop and the
+gRPC I/O layer kraft's controllers use (:mod:`kraft.runtime`: uvloop, iomgr by default).
 
 Run by hand: ``python -m bench.raft_floor PORT`` (serves until SIGTERM).
 """
@@ -12,6 +12,7 @@ Run by hand: ``python -m bench.raft_floor PORT`` (serves until SIGTERM).
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import grpc.aio
 
 from bench.procutil import reap
 from kraft.netutil import free_port, wait_for_port
-from kraft.runtime import run_server
+from kraft.runtime import configure_grpc_io, run_server
 from kraft.v1 import raft_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -67,9 +68,12 @@ class FloorServer:
         return f"127.0.0.1:{self.port}"
 
     def __enter__(self) -> FloorServer:
+        env = dict(os.environ)
+        configure_grpc_io(env)  # the gRPC I/O layer kraft's own server processes run on
         self._process = subprocess.Popen(
             [sys.executable, "-m", "bench.raft_floor", str(self.port)],
             cwd=REPO_ROOT,
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

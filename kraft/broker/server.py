@@ -47,6 +47,7 @@ from kraft.metadata.image import MetadataImage
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
+from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
 
@@ -268,7 +269,13 @@ class BrokerServer:
             ) from err
         await server.start()
         self._server = server
-        self._log.info("listening", address=self.settings.bind_address, port=self.port)
+        self._log.info(
+            "listening",
+            address=self.settings.bind_address,
+            port=self.port,
+            event_loop=running_loop_name(),
+            grpc_io=grpc_io_name(),
+        )
 
     # --- callbacks ----------------------------------------------------------------------------------
 

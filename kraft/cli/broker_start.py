@@ -19,7 +19,7 @@ from kraft.cli.common import CliError, ConfigOption, handle_errors
 from kraft.config import NodeConfig, load_config
 from kraft.metadata.store import ImageStore
 from kraft.observability.logging import configure_logging
-from kraft.runtime import EventLoopChoiceError, run_server
+from kraft.runtime import RuntimeChoiceError, check_choices, run_server
 from kraft.storage.meta_properties import check_meta_properties
 
 IMAGE_STORE_FILE = "metadata-image.sqlite"
@@ -57,6 +57,10 @@ def start(config: ConfigOption) -> None:
 
       kraft broker start -c config/broker-101.properties 2>b101.log &
     """
+    try:
+        check_choices()
+    except RuntimeChoiceError as err:
+        raise CliError(str(err)) from None
     cfg = load_config(config)
     if not cfg.is_broker:
         raise CliError(f"{config}: process.roles must include broker to run `kraft broker start`")
@@ -66,7 +70,7 @@ def start(config: ConfigOption) -> None:
         run_server(_run(cfg, cluster_id))
     except RegistrationFailed as err:
         raise CliError(f"broker {cfg.node_id}: {err}") from err
-    except EventLoopChoiceError as err:
+    except RuntimeChoiceError as err:
         raise CliError(str(err)) from None
 
 

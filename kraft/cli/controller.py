@@ -7,7 +7,7 @@ import typer
 from kraft.cli.common import CliError, ConfigOption, handle_errors
 from kraft.config import load_config
 from kraft.observability.logging import configure_logging
-from kraft.runtime import EventLoopChoiceError, run_server
+from kraft.runtime import RuntimeChoiceError, check_choices, run_server
 
 app = typer.Typer(no_args_is_help=True, help="Run a controller node.")
 
@@ -29,11 +29,15 @@ def start_command(config: ConfigOption) -> None:
     # Imported here so `kraft --help` stays fast (the controller pulls in grpc servers and storage).
     from kraft.raft.process import StartupError, run_controller
 
+    try:
+        check_choices()
+    except RuntimeChoiceError as exc:
+        raise CliError(str(exc)) from None
     cfg = load_config(config)
     configure_logging(cfg.log_level)
     try:
         run_server(run_controller(cfg))
     except StartupError as exc:
         raise CliError(str(exc)) from None
-    except EventLoopChoiceError as exc:
+    except RuntimeChoiceError as exc:
         raise CliError(str(exc)) from None

@@ -42,7 +42,7 @@ from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.memory import SystemClock
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
-from kraft.runtime import running_loop_name
+from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
 from kraft.v1 import raft_pb2_grpc
@@ -242,6 +242,7 @@ class ControllerNode:
             listener=cfg.controller_listener.bind_address if cfg.controller_listener else "",
             test_append=cfg.kraft_test_append_enable,
             event_loop=running_loop_name(),
+            grpc_io=grpc_io_name(),
         )
 
     async def _start_server(self) -> None:

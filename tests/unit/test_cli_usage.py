@@ -308,3 +308,18 @@ def test_unknown_event_loop_is_one_line(
     monkeypatch.setenv("KRAFT_EVENT_LOOP", "gevent")
     outcome = invoke(capsys, "controller", "start", "--config", str(config))
     assert_one_error_line(outcome, "KRAFT_EVENT_LOOP='gevent'", "uvloop, asyncio")
+
+
+def test_unknown_grpc_io_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    config = tmp_path / "broker.properties"
+    config.write_text(
+        "process.roles=broker\nnode.id=101\n"
+        f"controller.quorum.voters=1@127.0.0.1:{port}\nlisteners=BROKER://127.0.0.1:{free_port()}\n"
+        f"log.dirs={tmp_path / 'data'}\n"
+    )
+    monkeypatch.setenv("KRAFT_GRPC_IO", "epoll")
+    outcome = invoke(capsys, "broker", "start", "--config", str(config))
+    assert_one_error_line(outcome, "KRAFT_GRPC_IO='epoll'", "iomgr, event-engine")

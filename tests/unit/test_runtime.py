@@ -1,12 +1,26 @@
-"""The event-loop choice for long-running processes (kraft.runtime)."""
+"""The runtime choices of long-running processes (kraft.runtime): event loop and gRPC I/O layer."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
 
-from kraft.runtime import EVENT_LOOP_ENV, EventLoopChoiceError, loop_factory, run_server, running_loop_name
+from kraft.runtime import (
+    EVENT_LOOP_ENV,
+    GRPC_EXPERIMENTS_ENV,
+    GRPC_IO_ENV,
+    IOMGR_EXPERIMENTS,
+    EventLoopChoiceError,
+    GrpcIoChoiceError,
+    configure_grpc_io,
+    loop_factory,
+    run_server,
+    running_loop_name,
+)
 
 
 async def _loop_name() -> str:
@@ -37,3 +51,76 @@ def test_an_unknown_loop_is_an_error_and_the_coroutine_is_not_left_dangling(
     ):
         run_server(coroutine)
     assert coroutine.cr_frame is None  # closed, so no "never awaited" warning
+
+
+# --- the gRPC I/O layer ---------------------------------------------------------------------------
+
+
+def test_iomgr_is_the_default_grpc_io() -> None:
+    env: dict[str, str] = {}
+    assert configure_grpc_io(env) == "iomgr"
+    assert env[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
+    assert configure_grpc_io(env) == "iomgr"  # a child inheriting it keeps it
+    assert env[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
+
+
+def test_event_engine_can_be_chosen_even_when_a_parent_chose_iomgr() -> None:
+    env = {GRPC_IO_ENV: "event-engine"}
+    assert configure_grpc_io(env) == "event-engine"
+    assert GRPC_EXPERIMENTS_ENV not in env
+    inherited = {GRPC_IO_ENV: "event-engine", GRPC_EXPERIMENTS_ENV: IOMGR_EXPERIMENTS}
+    assert configure_grpc_io(inherited) == "event-engine"
+    assert GRPC_EXPERIMENTS_ENV not in inherited
+
+
+def test_the_operators_own_grpc_experiments_win() -> None:
+    env = {GRPC_EXPERIMENTS_ENV: "-event_engine_dns", GRPC_IO_ENV: "iomgr"}
+    assert configure_grpc_io(env) == "GRPC_EXPERIMENTS=-event_engine_dns"
+    assert env[GRPC_EXPERIMENTS_ENV] == "-event_engine_dns"
+    empty = {GRPC_EXPERIMENTS_ENV: ""}
+    assert configure_grpc_io(empty) == "event-engine"
+    assert empty == {GRPC_EXPERIMENTS_ENV: ""}
+
+
+def test_an_unknown_grpc_io_changes_nothing_and_the_server_refuses_to_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = {GRPC_IO_ENV: "epoll"}
+    assert configure_grpc_io(env) == "event-engine"
+    assert env == {GRPC_IO_ENV: "epoll"}
+    monkeypatch.setenv(GRPC_IO_ENV, "epoll")
+    coroutine = _loop_name()
+    with pytest.raises(GrpcIoChoiceError, match=r"KRAFT_GRPC_IO='epoll': must be one of iomgr, event-engine"):
+        run_server(coroutine)
+    assert coroutine.cr_frame is None
+
+
+def _probe_process(extra_env: dict[str, str]) -> str:
+    """Import the `kraft` command in a fresh interpreter; report the choice and when grpc got imported."""
+    code = (
+        "import sys, os, kraft.cli.main, kraft.runtime as r, grpc;"
+        "print(r.grpc_io_name(), os.environ.get('GRPC_EXPERIMENTS', '-'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (GRPC_IO_ENV, GRPC_EXPERIMENTS_ENV)}
+    env.update(extra_env)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_the_kraft_command_chooses_before_grpc_is_imported() -> None:
+    assert _probe_process({}) == f"iomgr {IOMGR_EXPERIMENTS}"
+    assert _probe_process({GRPC_IO_ENV: "event-engine"}) == "event-engine -"
+
+
+def test_too_late_to_choose_reports_what_grpc_runs_on() -> None:
+    code = (
+        "import grpc, os, kraft.runtime as r;"
+        "print(r.configure_grpc_io(), os.environ.get('GRPC_EXPERIMENTS', '-'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (GRPC_IO_ENV, GRPC_EXPERIMENTS_ENV)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "event-engine -"
