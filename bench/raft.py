@@ -14,7 +14,8 @@ What is measured (results in ``bench/results/raft.json``, targets from PERFORMAN
 kraft runs with ``controller.quorum.append.linger.ms=0`` for the latency/throughput points (etcd has no
 linger either; batching then comes from group commit under load) — reported in the JSON.
 
-Run: ``python -m bench`` (all benchmarks) or ``python -m bench.raft [--quick]``.
+Run: ``python -m bench`` (all benchmarks) or ``python -m bench.raft [--quick]``;
+``KRAFT_GRPC_IO=iomgr python -m bench.raft`` runs kraft's servers on gRPC's iomgr (:mod:`kraft.runtime`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import grpc.aio
 from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
 from bench.raft_floor import FloorServer
 from kraft.errors import ErrorCode
+from kraft.runtime import configure_grpc_io
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 AppendStream = grpc.aio.StreamStreamCall[raft_pb2.TestAppendRequest, raft_pb2.TestAppendResponse]
@@ -443,6 +445,9 @@ def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any
             "platform": platform.platform(),
         },
         "quick": quick,
+        # What kraft's controller processes (and the floor server) run on; the client side (etcd's and
+        # kraft's alike) stays on gRPC's defaults.  KRAFT_GRPC_IO=iomgr in the environment switches them.
+        "kraft_grpc_io": configure_grpc_io(dict(os.environ)),
         "record_bytes": len(VALUE),
         "throughput": throughput,
         "failover": failover,

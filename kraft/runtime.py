@@ -9,12 +9,15 @@ standard loop (e.g. to rule uvloop out when chasing a bug); an unknown value is 
 gRPC's I/O layer: grpcio ≥ 1.80 runs Python gRPC on EventEngine, whose reads and writes hop through its
 own poller and worker threads before grpc.aio's completion-queue thread wakes the event loop.  gRPC's
 epoll-based iomgr (still built in, selected by turning the EventEngine experiments off) does that I/O on
-the completion-queue thread itself.  Measured here (docs/internals/raft-performance.md): a grpc.aio stream
-round trip on loopback 0.20 → 0.10 ms, a unary one 0.53 → 0.43 ms, and the quorum's 1-client commit p50
--15 %.  So kraft's processes select iomgr (``KRAFT_GRPC_IO=iomgr``, the default) unless told
-``KRAFT_GRPC_IO=event-engine``; an operator's own ``GRPC_EXPERIMENTS`` always wins.  The choice must be made
-before ``grpc`` is imported (gRPC reads it once, at import): :func:`configure_grpc_io` runs first thing in
-the ``kraft`` command (``kraft.cli.main``), and children it spawns inherit the environment.
+the completion-queue thread itself.  Measured here (docs/internals/raft-performance.md): iomgr halves a
+grpc.aio stream round trip on loopback (0.20 → 0.10 ms) and cuts the quorum's 1-client commit p50 by
+~15 %, but a busy active controller serves about half as many broker heartbeats during bulk metadata work
+(measured with 1,000 brokers; EventEngine's own threads presumably keep the sockets moving while
+the loop is busy).  Heartbeats are the
+controller's job, so EventEngine stays the default and ``KRAFT_GRPC_IO=iomgr`` is the opt-in latency
+profile; an operator's own ``GRPC_EXPERIMENTS`` always wins.  gRPC reads the choice once, at import, so
+:func:`configure_grpc_io` runs first thing in the ``kraft`` command (``kraft/cli/__init__.py``), and the
+children it spawns inherit the environment.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class GrpcIoChoiceError(RuntimeChoiceError):
 
 
 def _grpc_io_choice(environ: MutableMapping[str, str]) -> str:
-    name = environ.get(GRPC_IO_ENV, "").strip() or "iomgr"
+    name = environ.get(GRPC_IO_ENV, "").strip() or "event-engine"
     if name not in GRPC_IOS:
         raise GrpcIoChoiceError(f"{GRPC_IO_ENV}={name!r}: must be one of {', '.join(GRPC_IOS)}")
     return name
@@ -76,12 +79,12 @@ def configure_grpc_io(environ: MutableMapping[str, str] | None = None) -> str:
         try:
             choice = _grpc_io_choice(env)
         except GrpcIoChoiceError:
-            choice = "event-engine"  # run_server refuses to start anyway
+            choice = "unknown"  # changes nothing; run_server refuses to start anyway
         if choice == "iomgr":
             env[GRPC_EXPERIMENTS_ENV] = IOMGR_EXPERIMENTS
-        elif own == IOMGR_EXPERIMENTS:
+        elif own == IOMGR_EXPERIMENTS and env.get(GRPC_IO_ENV, "").strip() == "event-engine":
             del env[GRPC_EXPERIMENTS_ENV]  # inherited from a parent that chose iomgr; this one did not
-        effective = choice
+        effective = _running_on(env.get(GRPC_EXPERIMENTS_ENV))
     if environ is None:
         _grpc_io_effective = effective
     return effective

@@ -3,5 +3,6 @@
 from kraft.runtime import configure_grpc_io
 
 # The gRPC I/O layer kraft's processes run on (kraft.runtime), chosen before any test module imports grpc,
-# so in-process tests exercise what ships; `KRAFT_GRPC_IO=event-engine make test` runs the other one.
+# so in-process tests run on the same one as the processes they start; `KRAFT_GRPC_IO=iomgr make test`
+# runs the whole suite on gRPC's iomgr.
 configure_grpc_io()

@@ -183,6 +183,29 @@ def test_graceful_shutdown_of_the_leader_hands_over_fast(quorum_factory: QuorumF
     assert rejoined is not None and rejoined.leader_id == second.node_id
 
 
+def test_a_quorum_on_grpcs_iomgr_replicates_and_fails_over(quorum_factory: QuorumFactory) -> None:
+    # KRAFT_GRPC_IO=iomgr (kraft.runtime) swaps gRPC's whole I/O layer: the same safety, on the other stack.
+    quorum = quorum_factory()
+    quorum.prepare()
+    for node in quorum.nodes.values():
+        node.start(extra_env={"KRAFT_GRPC_IO": "iomgr"})
+    for node in quorum.nodes.values():
+        node.wait_listening(30)
+    first = quorum.wait_for_leader(30)
+    _append_batches(quorum, 4)
+    assert {d.record_count for d in quorum.wait_converged(30).values()} == {20}
+    for node in quorum.nodes.values():
+        assert "grpc_io=iomgr" in node.log_path.read_text(), node.log_tail()
+
+    quorum.kill(first.node_id)
+    second = quorum.wait_for_leader(30, exclude=[first.node_id], min_epoch=first.leader_epoch + 1)
+    _append_batches(quorum, 2)
+    survivors = quorum.wait_converged(30)
+    assert set(survivors) == set(quorum.nodes) - {first.node_id}
+    assert {d.record_count for d in survivors.values()} == {30}
+    assert second.node_id != first.node_id
+
+
 def test_controller_refuses_an_unformatted_dir_with_one_line(quorum_factory: QuorumFactory) -> None:
     quorum = quorum_factory(size=1)
     quorum.prepare()  # writes configs and formats

@@ -56,18 +56,21 @@ def test_an_unknown_loop_is_an_error_and_the_coroutine_is_not_left_dangling(
 # --- the gRPC I/O layer ---------------------------------------------------------------------------
 
 
-def test_iomgr_is_the_default_grpc_io() -> None:
+def test_event_engine_is_the_default_grpc_io() -> None:
     env: dict[str, str] = {}
+    assert configure_grpc_io(env) == "event-engine"
+    assert env == {}
+
+
+def test_iomgr_can_be_chosen_and_children_inherit_it() -> None:
+    env = {GRPC_IO_ENV: "iomgr"}
     assert configure_grpc_io(env) == "iomgr"
     assert env[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
-    assert configure_grpc_io(env) == "iomgr"  # a child inheriting it keeps it
+    assert configure_grpc_io(env) == "iomgr"  # a child inheriting both keeps it
     assert env[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
 
 
-def test_event_engine_can_be_chosen_even_when_a_parent_chose_iomgr() -> None:
-    env = {GRPC_IO_ENV: "event-engine"}
-    assert configure_grpc_io(env) == "event-engine"
-    assert GRPC_EXPERIMENTS_ENV not in env
+def test_event_engine_chosen_explicitly_undoes_an_inherited_iomgr() -> None:
     inherited = {GRPC_IO_ENV: "event-engine", GRPC_EXPERIMENTS_ENV: IOMGR_EXPERIMENTS}
     assert configure_grpc_io(inherited) == "event-engine"
     assert GRPC_EXPERIMENTS_ENV not in inherited
@@ -88,6 +91,9 @@ def test_an_unknown_grpc_io_changes_nothing_and_the_server_refuses_to_start(
     env = {GRPC_IO_ENV: "epoll"}
     assert configure_grpc_io(env) == "event-engine"
     assert env == {GRPC_IO_ENV: "epoll"}
+    own = {GRPC_EXPERIMENTS_ENV: IOMGR_EXPERIMENTS}  # set by hand, no KRAFT_GRPC_IO: left alone
+    assert configure_grpc_io(own) == "iomgr"
+    assert own == {GRPC_EXPERIMENTS_ENV: IOMGR_EXPERIMENTS}
     monkeypatch.setenv(GRPC_IO_ENV, "epoll")
     coroutine = _loop_name()
     with pytest.raises(GrpcIoChoiceError, match=r"KRAFT_GRPC_IO='epoll': must be one of iomgr, event-engine"):
@@ -110,8 +116,8 @@ def _probe_process(extra_env: dict[str, str]) -> str:
 
 
 def test_the_kraft_command_chooses_before_grpc_is_imported() -> None:
-    assert _probe_process({}) == f"iomgr {IOMGR_EXPERIMENTS}"
-    assert _probe_process({GRPC_IO_ENV: "event-engine"}) == "event-engine -"
+    assert _probe_process({GRPC_IO_ENV: "iomgr"}) == f"iomgr {IOMGR_EXPERIMENTS}"
+    assert _probe_process({}) == "event-engine -"
 
 
 def test_too_late_to_choose_reports_what_grpc_runs_on() -> None:
