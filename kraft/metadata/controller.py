@@ -29,7 +29,7 @@ import gc
 import heapq
 import itertools
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +216,8 @@ class QuorumController:
         self._intake_stalls = 0
         # last offset of each append of this epoch → the logic's image right after it (see _own_image)
         self._own_images: dict[int, MetadataImage] = {}
+        self._own_values: deque[tuple[int, list[bytes]]] = deque()
+        """(first offset, values) of each append whose image is in ``_own_images``, in offset order."""
         self.metrics = ControllerMetrics.for_node(self.node_id)
         self.log = get_logger("controller", node=self.node_id)
 
@@ -263,14 +265,18 @@ class QuorumController:
     async def handle_commit(self, batch: CommittedBatch) -> None:
         if batch.last_offset <= self.committed.offset:
             return  # already in the image loaded from the store
-        fresh = [r for r in batch.records if r.offset > self.committed.offset]
         own = self._own_image(batch)
         if own is not None:
-            # This controller wrote the whole batch and already holds the image it leads to.
-            values = [(r.offset, r.value) for r in fresh]
+            # This controller wrote the whole batch and already holds the image it leads to (and, almost
+            # always, the values: then the batch's records are never decoded).
+            values = self._own_values_of(batch)
+            if values is None:
+                values = [(r.offset, r.value) for r in batch.records]
             self._bytes_since_snapshot += sum(len(v) for _, v in values)
             self._apply_committed(batch, own, values)
             return
+        self._forget_own_values_below(batch.last_offset + 1)  # replayed instead
+        fresh = [r for r in batch.records if r.offset > self.committed.offset]
         delta = MetadataDelta(self.committed)
         values = []
         undecodable: list[tuple[int, str]] = []
@@ -306,6 +312,32 @@ class QuorumController:
         delta.offset = batch.last_offset
         delta.epoch = batch.epoch
         self._apply_committed(batch, delta.apply(), values)
+
+    def _own_values_of(self, batch: CommittedBatch) -> list[tuple[int, bytes]] | None:
+        """(offset, value) of every record of ``batch`` from what :meth:`_append` scheduled, or None if
+        some are not known (the caller then decodes the batch)."""
+        self._forget_own_values_below(batch.base_offset)
+        pending = self._own_values
+        out: list[tuple[int, bytes]] = []
+        offset = batch.base_offset
+        while pending and offset <= batch.last_offset:
+            first, values = pending[0]
+            if first > offset:
+                return None
+            index = offset - first
+            take = values[index : index + batch.last_offset - offset + 1]
+            if not take:
+                return None  # appends overlap (never expected): decode instead
+            out.extend(zip(range(offset, offset + len(take)), take, strict=True))
+            offset += len(take)
+            if index + len(take) == len(values):
+                pending.popleft()
+        return out if offset == batch.last_offset + 1 else None
+
+    def _forget_own_values_below(self, offset: int) -> None:
+        pending = self._own_values
+        while pending and pending[0][0] + len(pending[0][1]) <= offset:
+            pending.popleft()
 
     def _own_image(self, batch: CommittedBatch) -> MetadataImage | None:
         """The image the active logic built for exactly this batch (records it appended in this epoch
@@ -444,6 +476,7 @@ class QuorumController:
         was_active = self.logic is not None
         self.logic = None
         self._own_images.clear()
+        self._own_values.clear()
         self._oldest_pending_ms = None
         self.active_epoch = -1 if leader_id != self.node_id else self.active_epoch
         self._activated.clear()
@@ -502,6 +535,7 @@ class QuorumController:
             self._tasks.append(asyncio.get_running_loop().create_task(self.raft.resign()))
         elif self.logic is not None and self.logic.image.offset == last:
             self._own_images[last] = self.logic.image
+            self._own_values.append((last - len(values) + 1, values))
         return last
 
     async def _write(self, outcome: Outcome[R]) -> R:

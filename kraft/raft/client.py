@@ -49,7 +49,9 @@ class CommittedBatch:
     base_offset: int
     last_offset: int
     epoch: int
-    records: list[Record]
+    records: Sequence[Record]
+    """Decoded from the log on first use: a listener that already knows them (the active controller, for
+    the batches it wrote) never pays for decoding."""
     append_timestamp_ms: int
     control: bool = False
     """A Raft control batch (LeaderChange, …): ``records`` is empty, only its offsets matter."""

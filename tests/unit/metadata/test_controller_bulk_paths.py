@@ -11,8 +11,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
+from collections.abc import Iterator, Sequence
+from typing import overload
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +27,7 @@ from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.metadata.partition_change import build_change, leave_change
-from kraft.raft.client import CommittedBatch
+from kraft.raft.client import CommittedBatch, Record
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -150,6 +153,34 @@ def test_the_speculative_image_equals_a_replay_of_the_records() -> None:
     assert any(fenced_broker in p.isr for t in replayed.topics_by_id.values() for p in t.partitions)
 
 
+class _TrackedRecords(Sequence[Record]):
+    """A committed batch's records that note when a listener reads them (Raft decodes lazily)."""
+
+    def __init__(self, batch: CommittedBatch, reads: set[int]) -> None:
+        self._records = list(batch.records)
+        self._last_offset = batch.last_offset
+        self._reads = reads
+
+    def _read(self) -> list[Record]:
+        self._reads.add(self._last_offset)
+        return self._records
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    @overload
+    def __getitem__(self, index: int) -> Record: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+
+    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+        return self._read()[index]
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(self._read())
+
+
 async def test_the_active_controller_commits_its_own_images_identical_to_a_replay(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -170,6 +201,15 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         return image
 
     monkeypatch.setattr(controller, "_own_image", counting)
+    decoded: set[int] = set()  # last offsets of the batches whose records a listener read
+    commit_batch = raft._commit_batch
+
+    def lazily(values: list[bytes], control: bool = False) -> None:
+        commit_batch(values, control)
+        batch = raft.log[-1]
+        raft.log[-1] = dataclasses.replace(batch, records=_TrackedRecords(batch, decoded))
+
+    monkeypatch.setattr(raft, "_commit_batch", lazily)
     await controller.start()
     try:
         raft.elect()
@@ -183,6 +223,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         assert shutdown.error_code == 0 and shutdown.leaderships_remaining == 0
         await until(lambda: controller.committed.offset >= raft.end_offset - 1)
         await asyncio.sleep(0)
+        never_decoded = {b.last_offset for b in raft.log if not b.control and b.last_offset not in decoded}
 
         delta = MetadataDelta(MetadataImage.empty())
         for batch in raft.log:
@@ -199,6 +240,12 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         }
         assert not any(p.leader == 1 for t in committed.topics_by_id.values() for p in t.partitions)
         assert own_batches >= 5  # the bulk batches were not replayed
+        # ... nor decoded (the controller kept the values it appended), yet it serves the same records:
+        assert len(never_decoded) >= 5
+        served = controller._window.read(0, 1_000_000)
+        assert [(r.offset, r.value) for r in served] == [
+            (r.offset, r.value) for b in raft.log for r in b.records
+        ]
     finally:
         await controller.stop()
 
