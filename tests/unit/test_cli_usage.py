@@ -295,31 +295,34 @@ def test_spinner_hides_while_writing_to_a_terminal_stdout(monkeypatch: pytest.Mo
     assert not spinner.active
 
 
-def test_unknown_event_loop_is_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("role", "variable", "value", "choices"),
+    [
+        ("controller", "KRAFT_EVENT_LOOP", "gevent", "uvloop, asyncio"),
+        ("broker", "KRAFT_EVENT_LOOP", "trio", "uvloop, asyncio"),
+        ("controller", "KRAFT_GRPC_IO", "epoll", "iomgr, event-engine"),
+        ("broker", "KRAFT_GRPC_IO", "epoll", "iomgr, event-engine"),
+    ],
+)
+def test_an_unknown_runtime_choice_is_one_line(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    role: str,
+    variable: str,
+    value: str,
+    choices: str,
 ) -> None:
     port = free_port()
-    config = tmp_path / "controller.properties"
-    config.write_text(
-        "process.roles=controller\nnode.id=1\n"
-        f"controller.quorum.voters=1@127.0.0.1:{port}\nlisteners=CONTROLLER://127.0.0.1:{port}\n"
-        f"metadata.log.dir={tmp_path / 'meta'}\n"
+    config = tmp_path / f"{role}.properties"
+    listener = (
+        f"CONTROLLER://127.0.0.1:{port}" if role == "controller" else f"BROKER://127.0.0.1:{free_port()}"
     )
-    monkeypatch.setenv("KRAFT_EVENT_LOOP", "gevent")
-    outcome = invoke(capsys, "controller", "start", "--config", str(config))
-    assert_one_error_line(outcome, "KRAFT_EVENT_LOOP='gevent'", "uvloop, asyncio")
-
-
-def test_unknown_grpc_io_is_one_line(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    port = free_port()
-    config = tmp_path / "broker.properties"
     config.write_text(
-        "process.roles=broker\nnode.id=101\n"
-        f"controller.quorum.voters=1@127.0.0.1:{port}\nlisteners=BROKER://127.0.0.1:{free_port()}\n"
-        f"log.dirs={tmp_path / 'data'}\n"
+        f"process.roles={role}\nnode.id={1 if role == 'controller' else 101}\n"
+        f"controller.quorum.voters=1@127.0.0.1:{port}\nlisteners={listener}\n"
+        f"metadata.log.dir={tmp_path / 'meta'}\nlog.dirs={tmp_path / 'data'}\n"
     )
-    monkeypatch.setenv("KRAFT_GRPC_IO", "epoll")
-    outcome = invoke(capsys, "broker", "start", "--config", str(config))
-    assert_one_error_line(outcome, "KRAFT_GRPC_IO='epoll'", "iomgr, event-engine")
+    monkeypatch.setenv(variable, value)
+    outcome = invoke(capsys, role, "start", "--config", str(config))
+    assert_one_error_line(outcome, f"{variable}={value!r}", choices)
