@@ -29,9 +29,9 @@ class LazyRecords(Sequence[Record]):
     """The records of the batch at ``position`` of ``data``, decoded on first use (then ``data`` is let go).
 
     The bytes come from the local log, whose batches were CRC-checked when they were appended and when the
-    listener read their headers.  Decoding is the expensive part (a 2,000-record batch took ~38 ms here),
-    and the active controller skips it for the batches it wrote itself (it holds their values and the
-    image they lead to).
+    listener read their headers.  Decoding is the expensive part (a batch of 1,000 partition records: 2.5 ms
+    to decode into records, 0.01 ms to check its header and CRC), and the active controller skips it for
+    the batches it wrote itself (it holds their values and the image they lead to).
     """
 
     __slots__ = ("_data", "_position", "_records")
