@@ -4,7 +4,8 @@ Raft, no disk and no bookkeeping.
 Measured in the same run and with the same client as kraft and etcd, it bounds what *any* Python grpc.aio
 server can do for "one write per unary RPC" on this machine: kraft's leader does all of this per request
 plus replication and fsync, so kraft/etcd can never exceed floor/etcd.  The server runs on the loop and the
-gRPC I/O layer kraft's controllers use (:mod:`kraft.runtime`: uvloop, iomgr by default).
+gRPC I/O layer kraft's controllers use (:mod:`kraft.runtime`: uvloop; EventEngine unless
+``KRAFT_GRPC_IO=iomgr``).
 
 Run by hand: ``python -m bench.raft_floor PORT`` (serves until SIGTERM).
 """
