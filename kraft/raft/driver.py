@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from kraft.clock import Clock
 from kraft.errors import ErrorCode
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import RaftMetrics
@@ -66,7 +67,7 @@ from kraft.raft.messages import (
     ReplicaState,
     SnapshotId,
 )
-from kraft.raft.ports import Clock, ElectionStore, LogStore, SnapshotStore
+from kraft.raft.ports import ElectionStore, LogStore, SnapshotStore
 from kraft.raft.state import ElectionState, StateKind
 from kraft.raft.transport import Transport, TransportError
 from kraft.storage.batch import LeaderChangeMessage, build_batch, build_control_batch, iter_batch_headers

@@ -7,7 +7,6 @@ in production; :class:`MemoryLogStore` can :meth:`~MemoryLogStore.crash` to lose
 from __future__ import annotations
 
 import asyncio
-import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
@@ -222,31 +221,6 @@ def decode_snapshot(data: bytes) -> tuple[int, list[bytes]]:
             continue
         values.extend(record.value or b"" for record in batch.records)
     return last_contained, values
-
-
-class SystemClock:
-    def monotonic_ms(self) -> int:
-        return time.monotonic_ns() // 1_000_000
-
-    def wall_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-
-class ManualClock:
-    """A clock tests move by hand."""
-
-    def __init__(self, start_ms: int = 0, wall_start_ms: int = 1_700_000_000_000) -> None:
-        self.now_ms = start_ms
-        self._wall_offset = wall_start_ms - start_ms
-
-    def monotonic_ms(self) -> int:
-        return self.now_ms
-
-    def wall_ms(self) -> int:
-        return self.now_ms + self._wall_offset
-
-    def advance(self, delta_ms: int) -> None:
-        self.now_ms += delta_ms
 
 
 class LoopbackNetwork:

@@ -99,13 +99,3 @@ class SnapshotStore(Protocol):
     def delete_before(self, snapshot_id: SnapshotId) -> None:
         """Delete every snapshot older than ``snapshot_id``."""
         ...
-
-
-class Clock(Protocol):
-    def monotonic_ms(self) -> int:
-        """For timers: never goes back."""
-        ...
-
-    def wall_ms(self) -> int:
-        """For record timestamps."""
-        ...

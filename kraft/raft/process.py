@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
 from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
@@ -40,7 +41,6 @@ from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_server import RaftServicer
 from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
 from kraft.raft.grpc_transport import GrpcTransport
-from kraft.raft.memory import SystemClock
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kraft.clock import SystemClock
 from kraft.raft.client import CommittedBatch, LeaderAndEpoch, SnapshotReader
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
@@ -16,7 +17,6 @@ from kraft.raft.memory import (
     MemoryElectionStore,
     MemoryLogStore,
     MemorySnapshotStore,
-    SystemClock,
 )
 
 FAST_TIMINGS: dict[str, int] = {

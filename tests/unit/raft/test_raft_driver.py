@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 from raft_helpers import LoopbackCluster, RecordingListener, wait_until
 
+from kraft.clock import ManualClock, SystemClock
 from kraft.errors import ErrorCode
 from kraft.raft.client import LeaderAndEpoch, NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import (
     LoopbackNetwork,
-    ManualClock,
     MemoryElectionStore,
     MemoryLogStore,
     MemorySnapshotStore,
-    SystemClock,
 )
 from kraft.raft.messages import DescribeQuorumRequest, FetchRequest, VoteRequest
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
