@@ -1,0 +1,22 @@
+"""The transport edge's mapping from error codes to gRPC statuses."""
+
+from __future__ import annotations
+
+import grpc
+
+from kraft.errors import ErrorCode
+from kraft.grpc_errors import grpc_status_for
+
+
+def test_no_error_maps_to_ok() -> None:
+    assert grpc_status_for(ErrorCode.NONE) is grpc.StatusCode.OK
+
+
+def test_validation_errors_without_an_entry_map_to_invalid_argument() -> None:
+    for code in (ErrorCode.INVALID_CONFIG, ErrorCode.POLICY_VIOLATION, ErrorCode.MESSAGE_TOO_LARGE):
+        assert grpc_status_for(code) is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_leadership_errors_map_to_failed_precondition() -> None:
+    for code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_CONTROLLER, ErrorCode.FENCED_LEADER_EPOCH):
+        assert grpc_status_for(code) is grpc.StatusCode.FAILED_PRECONDITION
