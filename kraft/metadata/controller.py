@@ -53,7 +53,7 @@ from kraft.metadata.image_records import image_values
 from kraft.metadata.store import ImageStore
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
-from kraft.raft.client import (
+from kraft.raft.api import (
     CommittedBatch,
     LeaderAndEpoch,
     NotLeaderError,

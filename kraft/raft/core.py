@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kraft.errors import ErrorCode
-from kraft.raft.client import LeaderAndEpoch, NotLeaderError
+from kraft.raft.api import LeaderAndEpoch, NotLeaderError
 from kraft.raft.core_election import ElectionRole, Outcome
 from kraft.raft.core_fetcher import FetcherRole
 from kraft.raft.core_leader import NEVER_MS, LeaderRole

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kraft.raft.client import LeaderAndEpoch
+from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.messages import RaftRequest, RaftResponse, SnapshotId
 from kraft.raft.state import ElectionState
 

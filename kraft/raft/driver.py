@@ -31,7 +31,7 @@ from kraft.clock import Clock
 from kraft.errors import ErrorCode
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import RaftMetrics
-from kraft.raft.client import (
+from kraft.raft.api import (
     CommittedSlice,
     LeaderAndEpoch,
     NotLeaderError,
@@ -132,7 +132,7 @@ _Event = _Inbound | _Response | _SendFailed | _Wakeup | _SnapshotFrozen | _Resig
 
 
 class _DriverSnapshotWriter:
-    """:class:`~kraft.raft.client.SnapshotWriter` over the driver's snapshot store."""
+    """:class:`~kraft.raft.api.SnapshotWriter` over the driver's snapshot store."""
 
     def __init__(self, driver: RaftDriver, snapshot_id: SnapshotId, last_contained_timestamp_ms: int) -> None:
         self._driver = driver
@@ -163,7 +163,7 @@ class _DriverSnapshotWriter:
 
 
 class RaftDriver:
-    """Runs a :class:`RaftCore` for real; implements :class:`~kraft.raft.client.RaftClient` and the
+    """Runs a :class:`RaftCore` for real; implements :class:`~kraft.raft.api.RaftClient` and the
     transport's :class:`~kraft.raft.transport.RequestHandler`."""
 
     def __init__(

@@ -17,7 +17,7 @@ import grpc.aio
 
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
-from kraft.raft.client import RaftShutdownError
+from kraft.raft.api import RaftShutdownError
 from kraft.raft.transport import RequestHandler
 from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from kraft.errors import ErrorCode
-from kraft.raft.client import (
+from kraft.raft.api import (
     CommittedBatch,
     LeaderAndEpoch,
     NotLeaderError,

@@ -1,4 +1,4 @@
-"""Delivery of committed data to :class:`~kraft.raft.client.RaftListener` s, one task per listener.
+"""Delivery of committed data to :class:`~kraft.raft.api.RaftListener` s, one task per listener.
 
 Each listener has its own cursor (``next_offset``) and task, so a slow state machine delays only itself.
 The task wakes on every high-watermark, snapshot or leader change and catches up: report a change to
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from kraft.observability.logging import StructLogger
-from kraft.raft.client import CommittedBatch, LeaderAndEpoch, RaftListener, Record, SnapshotReader
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, RaftListener, Record, SnapshotReader
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import decode_batch, iter_batch_headers

@@ -10,7 +10,7 @@ import asyncio
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
-from kraft.raft.client import RaftShutdownError
+from kraft.raft.api import RaftShutdownError
 from kraft.raft.messages import RaftRequest, RaftResponse, SnapshotId
 from kraft.raft.state import ElectionState
 from kraft.raft.transport import RequestHandler, TransportError

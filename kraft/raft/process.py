@@ -35,7 +35,7 @@ from kraft.errors import KraftError
 from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
-from kraft.raft.client import LeaderAndEpoch, RaftClient
+from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_server import RaftServicer

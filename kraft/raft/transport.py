@@ -48,6 +48,6 @@ class RequestHandler(Protocol):
 
         Never raises for protocol-level problems (wrong cluster id, stale epoch, …): those come back as a
         response with an error code.  Raises only if the node is shutting down
-        (:class:`kraft.raft.client.RaftShutdownError`), which the transport maps to UNAVAILABLE.
+        (:class:`kraft.raft.api.RaftShutdownError`), which the transport maps to UNAVAILABLE.
         """
         ...

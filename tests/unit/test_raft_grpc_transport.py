@@ -15,7 +15,7 @@ import pytest
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.raft import messages as m
-from kraft.raft.client import RaftShutdownError
+from kraft.raft.api import RaftShutdownError
 from kraft.raft.grpc_server import RaftServicer
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.transport import TransportError

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from kraft.raft.client import (
+from kraft.raft.api import (
     CommittedBatch,
     CommittedSlice,
     LeaderAndEpoch,

@@ -16,7 +16,7 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_values
-from kraft.raft.client import SnapshotReader
+from kraft.raft.api import SnapshotReader
 from kraft.raft.messages import SnapshotId
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb

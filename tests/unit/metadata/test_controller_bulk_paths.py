@@ -27,7 +27,7 @@ from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.metadata.partition_change import build_change, leave_change
-from kraft.raft.client import CommittedBatch, Record
+from kraft.raft.api import CommittedBatch, Record
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 

@@ -8,7 +8,7 @@ import asyncio
 from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions
-from kraft.raft.client import LeaderAndEpoch
+from kraft.raft.api import LeaderAndEpoch
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 

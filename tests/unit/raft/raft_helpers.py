@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kraft.clock import SystemClock
-from kraft.raft.client import CommittedBatch, LeaderAndEpoch, SnapshotReader
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, SnapshotReader
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import (

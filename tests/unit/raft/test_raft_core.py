@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 import pytest
 
 from kraft.errors import ErrorCode
-from kraft.raft.client import NotLeaderError
+from kraft.raft.api import NotLeaderError
 from kraft.raft.core import RaftCore
 from kraft.raft.core_log import EpochEntry, LogInvariantError, LogMeta
 from kraft.raft.core_output import (

@@ -11,7 +11,7 @@ from raft_helpers import LoopbackCluster, RecordingListener, wait_until
 
 from kraft.clock import ManualClock, SystemClock
 from kraft.errors import ErrorCode
-from kraft.raft.client import LeaderAndEpoch, NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
+from kraft.raft.api import LeaderAndEpoch, NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import (

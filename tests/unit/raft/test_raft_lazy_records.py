@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kraft.raft.client import Record
+from kraft.raft.api import Record
 from kraft.raft.listeners import LazyRecords
 from kraft.storage.batch import build_batch
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from kraft.observability.logging import get_logger
-from kraft.raft.client import CommittedBatch, LeaderAndEpoch, SnapshotReader
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, SnapshotReader
 from kraft.raft.listeners import CommitView, ListenerSet
 from kraft.raft.memory import MemoryLogStore, MemorySnapshotStore
 from kraft.storage.batch import build_batch
