@@ -12,8 +12,7 @@ from kraft.raft.state import ElectionState
 from kraft.storage.errors import StorageStateError
 from kraft.storage.log import LogConfig, SegmentedLog
 from kraft.storage.quorum_state import QuorumState, QuorumStateStore
-from kraft.storage.snapshot import RawSnapshotWriter
-from kraft.storage.snapshot import SnapshotId as StorageSnapshotId
+from kraft.storage.snapshot import RawSnapshotWriter, SnapshotFileId
 from kraft.storage.snapshot import SnapshotStore as FileSnapshots
 
 
@@ -84,8 +83,8 @@ class FileElectionStore:
         )
 
 
-def _storage_id(snapshot_id: SnapshotId) -> StorageSnapshotId:
-    return StorageSnapshotId(snapshot_id.end_offset, snapshot_id.epoch)
+def _storage_id(snapshot_id: SnapshotId) -> SnapshotFileId:
+    return SnapshotFileId(snapshot_id.end_offset, snapshot_id.epoch)
 
 
 class FileSnapshotStore:

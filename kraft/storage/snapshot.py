@@ -45,23 +45,23 @@ DELETED_SUFFIX = ".checkpoint.deleted"
 _NAME = re.compile(r"^(\d{20})-(\d{10})\.checkpoint$")
 
 
-class SnapshotId(NamedTuple):
+class SnapshotFileId(NamedTuple):
     """Orders like Kafka's OffsetAndEpoch: by end offset, then epoch."""
 
     end_offset: int
     epoch: int
 
 
-def snapshot_file_name(snapshot_id: SnapshotId) -> str:
+def snapshot_file_name(snapshot_id: SnapshotFileId) -> str:
     return f"{snapshot_id.end_offset:020d}-{snapshot_id.epoch:010d}{SNAPSHOT_SUFFIX}"
 
 
-def parse_snapshot_file_name(name: str) -> SnapshotId | None:
+def parse_snapshot_file_name(name: str) -> SnapshotFileId | None:
     match = _NAME.match(name)
-    return SnapshotId(int(match.group(1)), int(match.group(2))) if match else None
+    return SnapshotFileId(int(match.group(1)), int(match.group(2))) if match else None
 
 
-def _check_id(snapshot_id: SnapshotId) -> None:
+def _check_id(snapshot_id: SnapshotFileId) -> None:
     if snapshot_id.end_offset < 0 or snapshot_id.epoch < 0:
         raise InvalidAppendError(f"invalid snapshot id {snapshot_id}: offset and epoch must be >= 0")
 
@@ -69,7 +69,7 @@ def _check_id(snapshot_id: SnapshotId) -> None:
 class _PartFile:
     """An open ``.part`` file; freeze() makes it the durable ``.checkpoint``."""
 
-    def __init__(self, directory: Path, snapshot_id: SnapshotId) -> None:
+    def __init__(self, directory: Path, snapshot_id: SnapshotFileId) -> None:
         _check_id(snapshot_id)
         self.snapshot_id = snapshot_id
         self.final_path = directory / snapshot_file_name(snapshot_id)
@@ -108,7 +108,7 @@ class SnapshotWriter:
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        snapshot_id: SnapshotId,
+        snapshot_id: SnapshotFileId,
         *,
         last_contained_log_timestamp: int,
         timestamp_ms: int,
@@ -119,7 +119,7 @@ class SnapshotWriter:
         self._append_control(SnapshotHeaderRecord(last_contained_log_timestamp=last_contained_log_timestamp))
 
     @property
-    def snapshot_id(self) -> SnapshotId:
+    def snapshot_id(self) -> SnapshotFileId:
         return self._part.snapshot_id
 
     def _append_control(self, message: SnapshotHeaderRecord | SnapshotFooterRecord) -> None:
@@ -163,11 +163,11 @@ class SnapshotWriter:
 class RawSnapshotWriter:
     """Receives a snapshot as raw bytes in position order (FetchSnapshot's UnalignedRecords)."""
 
-    def __init__(self, directory: str | os.PathLike[str], snapshot_id: SnapshotId) -> None:
+    def __init__(self, directory: str | os.PathLike[str], snapshot_id: SnapshotFileId) -> None:
         self._part = _PartFile(Path(directory), snapshot_id)
 
     @property
-    def snapshot_id(self) -> SnapshotId:
+    def snapshot_id(self) -> SnapshotFileId:
         return self._part.snapshot_id
 
     @property
@@ -292,26 +292,26 @@ class SnapshotStore:
         if removed:
             fsync_dir(self.dir)
 
-    def snapshot_ids(self) -> list[SnapshotId]:
+    def snapshot_ids(self) -> list[SnapshotFileId]:
         ids = (parse_snapshot_file_name(p.name) for p in self.dir.glob(f"*{SNAPSHOT_SUFFIX}"))
         return sorted(i for i in ids if i is not None)
 
-    def latest(self) -> SnapshotId | None:
+    def latest(self) -> SnapshotFileId | None:
         ids = self.snapshot_ids()
         return ids[-1] if ids else None
 
-    def earliest(self) -> SnapshotId | None:
+    def earliest(self) -> SnapshotFileId | None:
         ids = self.snapshot_ids()
         return ids[0] if ids else None
 
-    def path(self, snapshot_id: SnapshotId) -> Path:
+    def path(self, snapshot_id: SnapshotFileId) -> Path:
         return self.dir / snapshot_file_name(snapshot_id)
 
-    def open(self, snapshot_id: SnapshotId) -> SnapshotReader:
+    def open(self, snapshot_id: SnapshotFileId) -> SnapshotReader:
         return SnapshotReader(self.path(snapshot_id))
 
     def create(
-        self, snapshot_id: SnapshotId, *, last_contained_log_timestamp: int, timestamp_ms: int
+        self, snapshot_id: SnapshotFileId, *, last_contained_log_timestamp: int, timestamp_ms: int
     ) -> SnapshotWriter:
         return SnapshotWriter(
             self.dir,
@@ -320,10 +320,10 @@ class SnapshotStore:
             timestamp_ms=timestamp_ms,
         )
 
-    def create_raw(self, snapshot_id: SnapshotId) -> RawSnapshotWriter:
+    def create_raw(self, snapshot_id: SnapshotFileId) -> RawSnapshotWriter:
         return RawSnapshotWriter(self.dir, snapshot_id)
 
-    def delete(self, snapshot_id: SnapshotId) -> bool:
+    def delete(self, snapshot_id: SnapshotFileId) -> bool:
         path = self.path(snapshot_id)
         doomed = path.with_name(path.name[: -len(SNAPSHOT_SUFFIX)] + DELETED_SUFFIX)
         try:
@@ -334,7 +334,7 @@ class SnapshotStore:
         doomed.unlink()
         return True
 
-    def delete_before(self, snapshot_id: SnapshotId) -> list[SnapshotId]:
+    def delete_before(self, snapshot_id: SnapshotFileId) -> list[SnapshotFileId]:
         """Delete every snapshot older than ``snapshot_id`` (superseded); returns what was deleted."""
         doomed = [i for i in self.snapshot_ids() if i < snapshot_id]
         for old in doomed:
