@@ -12,8 +12,7 @@ from kraft.raft.state import ElectionState
 from kraft.storage.errors import StorageStateError
 from kraft.storage.log import LogConfig, SegmentedLog
 from kraft.storage.quorum_state import QuorumState, QuorumStateStore
-from kraft.storage.snapshot import RawSnapshotWriter, SnapshotFileId
-from kraft.storage.snapshot import SnapshotStore as FileSnapshots
+from kraft.storage.snapshot import RawSnapshotWriter, SnapshotDirectory, SnapshotFileId
 
 
 class SegmentedLogStore:
@@ -89,7 +88,7 @@ def _storage_id(snapshot_id: SnapshotId) -> SnapshotFileId:
 
 class FileSnapshotStore:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self._files = FileSnapshots(directory)
+        self._files = SnapshotDirectory(directory)
         self._download: RawSnapshotWriter | None = None
 
     def latest(self) -> SnapshotId | None:

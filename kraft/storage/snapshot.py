@@ -10,7 +10,7 @@ SnapshotFooter record.  Life cycle:
 - read back in chunks by byte position (:meth:`SnapshotReader.read_chunk`, for FetchSnapshot) or batch
   by batch (:meth:`SnapshotReader.batches`, for loading an image);
 - deleted once superseded: renamed to ``.checkpoint.deleted`` and unlinked.  Leftover ``.part`` and
-  ``.deleted`` files are removed when a :class:`SnapshotStore` opens.
+  ``.deleted`` files are removed when a :class:`SnapshotDirectory` opens.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ class SnapshotReader:
         self.close()
 
 
-class SnapshotStore:
+class SnapshotDirectory:
     """The snapshots of one log directory."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:

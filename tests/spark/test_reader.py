@@ -12,7 +12,7 @@ from spark_log_builders import BatchSpec, Written, write_partition
 from kraft.errors import KraftError
 from kraft.metadata import records as metadata_records
 from kraft.pipeline.reader import read_logs
-from kraft.storage.snapshot import SnapshotFileId, SnapshotStore
+from kraft.storage.snapshot import SnapshotDirectory, SnapshotFileId
 from kraft.v1 import metadata_pb2
 
 pytestmark = pytest.mark.spark
@@ -94,7 +94,7 @@ def test_metadata_log_rows_carry_decoded_records_and_snapshots(spark: SparkSessi
             BatchSpec(((None, b"\x07junk", ()),), 11, 1),
         ],
     )
-    store = SnapshotStore(tmp_path / "__cluster_metadata-0")
+    store = SnapshotDirectory(tmp_path / "__cluster_metadata-0")
     with store.create(SnapshotFileId(3, 1), last_contained_log_timestamp=11, timestamp_ms=12) as snapshot:
         snapshot.append_records([(None, values[0])])
         snapshot.freeze()

@@ -12,7 +12,7 @@ from kraft.cli.main import app
 from kraft.storage.batch import LeaderChangeMessage
 from kraft.storage.dump import dump_file, register_record_decoder, unregister_record_decoder
 from kraft.storage.log import METADATA_LOG_DIR_NAME, SegmentedLog
-from kraft.storage.snapshot import SnapshotFileId, SnapshotStore
+from kraft.storage.snapshot import SnapshotDirectory, SnapshotFileId
 
 runner = CliRunner()
 
@@ -22,7 +22,7 @@ def _make_log_dir(root: Path) -> Path:
     with SegmentedLog.open(directory) as log:
         log.append_control([LeaderChangeMessage(1, (1, 2, 3), (1, 3))], leader_epoch=1, timestamp_ms=5)
         log.append_records([(b"key", b"opaque-value")], leader_epoch=1, timestamp_ms=6)
-    writer = SnapshotStore(directory).create(
+    writer = SnapshotDirectory(directory).create(
         SnapshotFileId(2, 1), last_contained_log_timestamp=6, timestamp_ms=7
     )
     writer.append_records([(None, b"state")])

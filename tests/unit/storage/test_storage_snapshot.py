@@ -10,14 +10,14 @@ from kafka.record.memory_records import MemoryRecords
 from kraft.storage.batch import SnapshotFooterRecord, SnapshotHeaderRecord
 from kraft.storage.errors import CorruptRecordError, InvalidAppendError, StorageStateError
 from kraft.storage.snapshot import (
+    SnapshotDirectory,
     SnapshotFileId,
-    SnapshotStore,
     parse_snapshot_file_name,
     snapshot_file_name,
 )
 
 
-def _write(store: SnapshotStore, snapshot_id: SnapshotFileId, batches: int = 3) -> Path:
+def _write(store: SnapshotDirectory, snapshot_id: SnapshotFileId, batches: int = 3) -> Path:
     writer = store.create(snapshot_id, last_contained_log_timestamp=777, timestamp_ms=5)
     for i in range(batches):
         writer.append_records([(b"k%d" % i, b"v" * 100), (None, b"w")])
@@ -32,7 +32,7 @@ def test_file_names_follow_kafka() -> None:
 
 
 def test_written_snapshot_has_header_data_and_footer(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path)
+    store = SnapshotDirectory(tmp_path)
     path = _write(store, SnapshotFileId(100, 3))
     assert path.name == "00000000000000000100-0000000003.checkpoint"
     assert not list(tmp_path.glob("*.part"))
@@ -54,9 +54,9 @@ def test_written_snapshot_has_header_data_and_footer(tmp_path: Path) -> None:
 
 
 def test_chunked_reads_reassemble_the_file_and_raw_download_freezes(tmp_path: Path) -> None:
-    source = SnapshotStore(tmp_path / "leader")
+    source = SnapshotDirectory(tmp_path / "leader")
     path = _write(source, SnapshotFileId(50, 2), batches=10)
-    target = SnapshotStore(tmp_path / "follower")
+    target = SnapshotDirectory(tmp_path / "follower")
     with source.open(SnapshotFileId(50, 2)) as reader:
         download = target.create_raw(SnapshotFileId(50, 2))
         while download.size < reader.size:
@@ -69,7 +69,7 @@ def test_chunked_reads_reassemble_the_file_and_raw_download_freezes(tmp_path: Pa
 
 
 def test_raw_download_out_of_order_chunk_is_refused(tmp_path: Path) -> None:
-    download = SnapshotStore(tmp_path).create_raw(SnapshotFileId(1, 1))
+    download = SnapshotDirectory(tmp_path).create_raw(SnapshotFileId(1, 1))
     with pytest.raises(InvalidAppendError, match="expected 0"):
         download.write(10, b"x")
     download.abort()
@@ -77,10 +77,10 @@ def test_raw_download_out_of_order_chunk_is_refused(tmp_path: Path) -> None:
 
 
 def test_corrupt_download_is_rejected_and_nothing_is_published(tmp_path: Path) -> None:
-    source = SnapshotStore(tmp_path / "leader")
+    source = SnapshotDirectory(tmp_path / "leader")
     data = bytearray(_write(source, SnapshotFileId(9, 1)).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    target = SnapshotStore(tmp_path / "follower")
+    target = SnapshotDirectory(tmp_path / "follower")
     download = target.create_raw(SnapshotFileId(9, 1))
     download.write(0, bytes(data))
     with pytest.raises(CorruptRecordError):
@@ -90,18 +90,18 @@ def test_corrupt_download_is_rejected_and_nothing_is_published(tmp_path: Path) -
 
 
 def test_snapshot_without_footer_is_rejected(tmp_path: Path) -> None:
-    source = SnapshotStore(tmp_path / "leader")
+    source = SnapshotDirectory(tmp_path / "leader")
     full = _write(source, SnapshotFileId(9, 1)).read_bytes()
     with source.open(SnapshotFileId(9, 1)) as reader:
         footer_size = next(iter(reversed(list(reader.batches())))).size_in_bytes
-    download = SnapshotStore(tmp_path / "follower").create_raw(SnapshotFileId(9, 1))
+    download = SnapshotDirectory(tmp_path / "follower").create_raw(SnapshotFileId(9, 1))
     download.write(0, full[:-footer_size])
     with pytest.raises(CorruptRecordError, match="SnapshotFooter"):
         download.freeze()
 
 
 def test_listing_ordering_and_deleting_superseded_snapshots(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path)
+    store = SnapshotDirectory(tmp_path)
     for snapshot_id in (SnapshotFileId(30, 2), SnapshotFileId(10, 1), SnapshotFileId(30, 1)):
         _write(store, snapshot_id, batches=1)
     assert store.snapshot_ids() == [SnapshotFileId(10, 1), SnapshotFileId(30, 1), SnapshotFileId(30, 2)]
@@ -112,7 +112,7 @@ def test_listing_ordering_and_deleting_superseded_snapshots(tmp_path: Path) -> N
 
 
 def test_an_existing_snapshot_is_never_overwritten(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path)
+    store = SnapshotDirectory(tmp_path)
     path = _write(store, SnapshotFileId(5, 1))
     before = path.read_bytes()
     with pytest.raises(StorageStateError, match="already exists"):
@@ -121,10 +121,10 @@ def test_an_existing_snapshot_is_never_overwritten(tmp_path: Path) -> None:
 
 
 def test_leftover_part_files_are_removed_on_open(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path)
+    store = SnapshotDirectory(tmp_path)
     writer = store.create(SnapshotFileId(7, 1), last_contained_log_timestamp=0, timestamp_ms=0)
     writer.append_records([(None, b"x")])
     assert list(tmp_path.glob("*.checkpoint.part"))
-    SnapshotStore(tmp_path)  # a restart after a crash mid-write
+    SnapshotDirectory(tmp_path)  # a restart after a crash mid-write
     assert not list(tmp_path.glob("*.checkpoint.part"))
     assert store.snapshot_ids() == []
