@@ -56,10 +56,10 @@ from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.api import (
     CommittedBatch,
     LeaderAndEpoch,
+    LoadedSnapshot,
     NotLeaderError,
     RaftClient,
     RaftError,
-    SnapshotReader,
 )
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
@@ -394,7 +394,7 @@ class QuorumController:
         else:
             _freeze_heap()
 
-    async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
+    async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None:
         last = reader.snapshot_id.end_offset - 1
         if last <= self.committed.offset:
             return

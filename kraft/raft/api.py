@@ -58,7 +58,7 @@ class CommittedBatch:
 
 
 @dataclass(frozen=True, slots=True)
-class SnapshotReader:
+class LoadedSnapshot:
     """A frozen snapshot, fully read: every record below ``snapshot_id.end_offset``."""
 
     snapshot_id: SnapshotId
@@ -118,7 +118,7 @@ class SnapshotNotFoundError(RaftError):
 class RaftListener(Protocol):
     async def handle_commit(self, batch: CommittedBatch) -> None: ...
 
-    async def handle_load_snapshot(self, reader: SnapshotReader) -> None: ...
+    async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None: ...
 
     async def handle_leader_change(self, leader: LeaderAndEpoch) -> None: ...
 

@@ -28,10 +28,10 @@ from kraft.errors import ErrorCode
 from kraft.raft.api import (
     CommittedBatch,
     LeaderAndEpoch,
+    LoadedSnapshot,
     NotLeaderError,
     RaftClient,
     RaftShutdownError,
-    SnapshotReader,
 )
 from kraft.raft.grpc_server import ServicerContext, abort, node_refs
 from kraft.v1 import raft_pb2, raft_pb2_grpc
@@ -91,7 +91,7 @@ class DigestStateMachine:
         finally:
             await writer.close()
 
-    async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
+    async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None:
         count, digest = 0, _EMPTY_DIGEST
         for record in reader.records:
             if record.startswith(_SNAPSHOT_MAGIC):

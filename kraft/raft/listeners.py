@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from kraft.observability.logging import StructLogger
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, RaftListener, Record, SnapshotReader
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftListener, Record
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import decode_batch, iter_batch_headers
@@ -182,7 +182,7 @@ class ListenerSet:
 
     async def _load_snapshot(self, cursor: ListenerCursor, snapshot_id: SnapshotId) -> None:
         last_contained_ms, records = await asyncio.to_thread(self._snapshots.read_records, snapshot_id)
-        await cursor.listener.handle_load_snapshot(SnapshotReader(snapshot_id, last_contained_ms, records))
+        await cursor.listener.handle_load_snapshot(LoadedSnapshot(snapshot_id, last_contained_ms, records))
         cursor.next_offset = snapshot_id.end_offset
 
     async def _maybe_report_leader(self, cursor: ListenerCursor, view: CommitView) -> None:

@@ -14,11 +14,11 @@ from kraft.raft.api import (
     CommittedBatch,
     CommittedSlice,
     LeaderAndEpoch,
+    LoadedSnapshot,
     NotLeaderError,
     RaftListener,
     Record,
     SnapshotChunk,
-    SnapshotReader,
     SnapshotWriter,
 )
 from kraft.raft.messages import DescribeQuorumResponse, SnapshotId
@@ -180,7 +180,7 @@ class FakeRaft:
             item = await queue.get()
             if isinstance(item, CommittedBatch):
                 await listener.handle_commit(item)
-            elif isinstance(item, SnapshotReader):
+            elif isinstance(item, LoadedSnapshot):
                 await listener.handle_load_snapshot(item)
             elif isinstance(item, LeaderAndEpoch):
                 await listener.handle_leader_change(item)

@@ -16,7 +16,7 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_values
-from kraft.raft.api import SnapshotReader
+from kraft.raft.api import LoadedSnapshot
 from kraft.raft.messages import SnapshotId
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
@@ -371,7 +371,7 @@ async def test_a_loaded_snapshot_becomes_the_committed_image_and_skips_undecodab
     try:
         errors_before = controller.metrics.metadata_errors._value.get()
         await controller.handle_load_snapshot(
-            SnapshotReader(SnapshotId(end_offset=50_000, epoch=3), 0, values)
+            LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values)
         )
         image = controller.committed
         assert (image.offset, image.epoch) == (49_999, 3)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kraft.clock import SystemClock
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, SnapshotReader
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import (
@@ -44,7 +44,7 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str)
 class RecordingListener:
     values: dict[int, bytes] = field(default_factory=dict)
     control_offsets: list[int] = field(default_factory=list)
-    snapshots: list[SnapshotReader] = field(default_factory=list)
+    snapshots: list[LoadedSnapshot] = field(default_factory=list)
     snapshot_values: list[bytes] = field(default_factory=list)
     leaders: list[LeaderAndEpoch] = field(default_factory=list)
     next_offset: int = 0
@@ -57,7 +57,7 @@ class RecordingListener:
             self.values[record.offset] = record.value
         self.next_offset = batch.last_offset + 1
 
-    async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
+    async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None:
         self.snapshots.append(reader)
         self.values = {}
         self.snapshot_values = list(reader.records)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from kraft.observability.logging import get_logger
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, SnapshotReader
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
 from kraft.raft.listeners import CommitView, ListenerSet
 from kraft.raft.memory import MemoryLogStore, MemorySnapshotStore
 from kraft.storage.batch import build_batch
@@ -28,7 +28,7 @@ class _Recorder:
     async def handle_commit(self, batch: CommittedBatch) -> None:
         self._record(("commit", batch.epoch))
 
-    async def handle_load_snapshot(self, reader: SnapshotReader) -> None:
+    async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None:
         self._record(("snapshot", reader.snapshot_id.epoch))
 
     async def handle_leader_change(self, leader: LeaderAndEpoch) -> None:
