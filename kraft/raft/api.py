@@ -39,7 +39,7 @@ class LeaderAndEpoch:
 
 
 @dataclass(frozen=True, slots=True)
-class Record:
+class CommittedRecord:
     offset: int
     value: bytes
 
@@ -49,7 +49,7 @@ class CommittedBatch:
     base_offset: int
     last_offset: int
     epoch: int
-    records: Sequence[Record]
+    records: Sequence[CommittedRecord]
     """Decoded from the log on first use: a listener that already knows them (the active controller, for
     the batches it wrote) never pays for decoding."""
     append_timestamp_ms: int

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from kraft.observability.logging import StructLogger
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftListener, Record
+from kraft.raft.api import CommittedBatch, CommittedRecord, LeaderAndEpoch, LoadedSnapshot, RaftListener
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import decode_batch, iter_batch_headers
@@ -25,7 +25,7 @@ from kraft.storage.batch import decode_batch, iter_batch_headers
 _READ_BYTES = 1024 * 1024
 
 
-class LazyRecords(Sequence[Record]):
+class LazyRecords(Sequence[CommittedRecord]):
     """The records of the batch at ``position`` of ``data``, decoded on first use (then ``data`` is let go).
 
     The bytes come from the local log, whose batches were CRC-checked when they were appended and when the
@@ -39,12 +39,12 @@ class LazyRecords(Sequence[Record]):
     def __init__(self, data: bytes, position: int) -> None:
         self._data = data
         self._position = position
-        self._records: list[Record] | None = None
+        self._records: list[CommittedRecord] | None = None
 
-    def _decoded(self) -> list[Record]:
+    def _decoded(self) -> list[CommittedRecord]:
         if self._records is None:
             batch, _ = decode_batch(self._data, self._position)
-            self._records = [Record(batch.record_offset(r), r.value or b"") for r in batch.records]
+            self._records = [CommittedRecord(batch.record_offset(r), r.value or b"") for r in batch.records]
             self._data = b""
         return self._records
 
@@ -52,15 +52,15 @@ class LazyRecords(Sequence[Record]):
         return len(self._decoded())
 
     @overload
-    def __getitem__(self, index: int) -> Record: ...
+    def __getitem__(self, index: int) -> CommittedRecord: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+    def __getitem__(self, index: slice) -> Sequence[CommittedRecord]: ...
 
-    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+    def __getitem__(self, index: int | slice) -> CommittedRecord | Sequence[CommittedRecord]:
         return self._decoded()[index]
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Iterator[CommittedRecord]:
         return iter(self._decoded())
 
 

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 from kraft.raft.api import (
     CommittedBatch,
+    CommittedRecord,
     CommittedSlice,
     LeaderAndEpoch,
     LoadedSnapshot,
     NotLeaderError,
     RaftListener,
-    Record,
     SnapshotChunk,
     SnapshotWriter,
 )
@@ -161,10 +161,10 @@ class FakeRaft:
         if control:
             self.end_offset += 1
             last = base
-            batch_records: list[Record] = []
+            batch_records: list[CommittedRecord] = []
         else:
             last = base + len(values) - 1
-            batch_records = [Record(base + i, v) for i, v in enumerate(values)]
+            batch_records = [CommittedRecord(base + i, v) for i, v in enumerate(values)]
         batch = CommittedBatch(base, last, self._leader.epoch, batch_records, 0, control)
         self.log.append(batch)
         self._hwm = last + 1

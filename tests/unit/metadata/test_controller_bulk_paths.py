@@ -27,7 +27,7 @@ from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.metadata.partition_change import build_change, leave_change
-from kraft.raft.api import CommittedBatch, Record
+from kraft.raft.api import CommittedBatch, CommittedRecord
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -153,7 +153,7 @@ def test_the_speculative_image_equals_a_replay_of_the_records() -> None:
     assert any(fenced_broker in p.isr for t in replayed.topics_by_id.values() for p in t.partitions)
 
 
-class _TrackedRecords(Sequence[Record]):
+class _TrackedRecords(Sequence[CommittedRecord]):
     """A committed batch's records that note when a listener reads them (Raft decodes lazily)."""
 
     def __init__(self, batch: CommittedBatch, reads: set[int]) -> None:
@@ -161,7 +161,7 @@ class _TrackedRecords(Sequence[Record]):
         self._last_offset = batch.last_offset
         self._reads = reads
 
-    def _read(self) -> list[Record]:
+    def _read(self) -> list[CommittedRecord]:
         self._reads.add(self._last_offset)
         return self._records
 
@@ -169,15 +169,15 @@ class _TrackedRecords(Sequence[Record]):
         return len(self._read())
 
     @overload
-    def __getitem__(self, index: int) -> Record: ...
+    def __getitem__(self, index: int) -> CommittedRecord: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Record]: ...
+    def __getitem__(self, index: slice) -> Sequence[CommittedRecord]: ...
 
-    def __getitem__(self, index: int | slice) -> Record | Sequence[Record]:
+    def __getitem__(self, index: int | slice) -> CommittedRecord | Sequence[CommittedRecord]:
         return self._read()[index]
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Iterator[CommittedRecord]:
         return iter(self._read())
 
 

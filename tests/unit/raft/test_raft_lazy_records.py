@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kraft.raft.api import Record
+from kraft.raft.api import CommittedRecord
 from kraft.raft.listeners import LazyRecords
 from kraft.storage.batch import build_batch
 
@@ -15,7 +15,7 @@ def test_records_are_decoded_on_first_use_and_read_like_a_list() -> None:
     assert lazy._records is None  # nothing decoded yet
     assert len(lazy) == 3
     assert lazy._data == b""  # the read buffer is let go once decoded
-    assert lazy[0] == Record(12, b"c") and lazy[-1] == Record(14, b"e")
-    assert list(lazy[1:]) == [Record(13, b""), Record(14, b"e")]
-    assert list(lazy) == [Record(12, b"c"), Record(13, b""), Record(14, b"e")]
-    assert list(LazyRecords(data, 0)) == [Record(10, b"a"), Record(11, b"b")]
+    assert lazy[0] == CommittedRecord(12, b"c") and lazy[-1] == CommittedRecord(14, b"e")
+    assert list(lazy[1:]) == [CommittedRecord(13, b""), CommittedRecord(14, b"e")]
+    assert list(lazy) == [CommittedRecord(12, b"c"), CommittedRecord(13, b""), CommittedRecord(14, b"e")]
+    assert list(LazyRecords(data, 0)) == [CommittedRecord(10, b"a"), CommittedRecord(11, b"b")]
