@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from kraft.errors import ErrorCode
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError
-from kraft.raft.core_election import ElectionRole, Outcome
+from kraft.raft.core_election import ElectionOutcome, ElectionRole
 from kraft.raft.core_fetcher import FetcherRole
 from kraft.raft.core_leader import NEVER_MS, LeaderRole
 from kraft.raft.core_log import LogInvariantError, LogMeta
@@ -403,7 +403,7 @@ class RaftCore:
         elif state in (StateKind.PROSPECTIVE, StateKind.CANDIDATE):
             self._election_deadline_ms = now + self._election_timeout_ms()
             self._election = ElectionRole(self, pre_vote=state is StateKind.PROSPECTIVE)
-            if self._election.outcome() is Outcome.WON:
+            if self._election.outcome() is ElectionOutcome.WON:
                 self._on_election_won(self._election)
             else:
                 self._election.start()
@@ -616,9 +616,9 @@ class RaftCore:
         ):
             return
         outcome = election.tally(inflight.dest, response)
-        if outcome is Outcome.WON:
+        if outcome is ElectionOutcome.WON:
             self._on_election_won(election)
-        elif outcome is Outcome.LOST and not election.lost:
+        elif outcome is ElectionOutcome.LOST and not election.lost:
             self._back_off_after_failed_election()
 
     # ------------------------------------------------------------------ Begin/EndQuorumEpoch

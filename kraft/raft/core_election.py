@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 NEVER_MS = 1 << 62
 
 
-class Outcome(enum.Enum):
+class ElectionOutcome(enum.Enum):
     PENDING = "pending"
     WON = "won"
     LOST = "lost"
@@ -34,12 +34,12 @@ class ElectionRole:
         self.retry_at_ms: dict[int, int] = {}
         self.lost = False
 
-    def outcome(self) -> Outcome:
+    def outcome(self) -> ElectionOutcome:
         if len(self.granted) >= self.core.majority:
-            return Outcome.WON
+            return ElectionOutcome.WON
         if len(self.core.voters) - len(self.rejected) < self.core.majority:
-            return Outcome.LOST
-        return Outcome.PENDING
+            return ElectionOutcome.LOST
+        return ElectionOutcome.PENDING
 
     def start(self) -> None:
         for voter in sorted(self.core.voters - {self.core.node_id}):
@@ -63,7 +63,7 @@ class ElectionRole:
     def is_for_this_election(self, request: VoteRequest) -> bool:
         return request.pre_vote == self.pre_vote and request.candidate_epoch == self.vote_epoch
 
-    def tally(self, voter: int, response: VoteResponse) -> Outcome:
+    def tally(self, voter: int, response: VoteResponse) -> ElectionOutcome:
         (self.granted if response.vote_granted else self.rejected).add(voter)
         return self.outcome()
 
