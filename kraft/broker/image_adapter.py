@@ -12,7 +12,7 @@ import hashlib
 from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import LocalPartition, LocalReplicaChanges
-from kraft.metadata.image import NO_LEADER, BrokerRegistration, MetadataImage, PartitionRegistration
+from kraft.metadata.image import NO_PARTITION_LEADER, BrokerRegistration, MetadataImage, PartitionRegistration
 from kraft.metadata.image import Endpoint as ImageEndpoint
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
@@ -129,7 +129,9 @@ class ImageMetadataView:
                             leader_epoch=p.leader_epoch,
                             replicas=p.replicas,
                             isr=p.isr,
-                            error_code=ErrorCode.LEADER_NOT_AVAILABLE if p.leader == NO_LEADER else 0,
+                            error_code=ErrorCode.LEADER_NOT_AVAILABLE
+                            if p.leader == NO_PARTITION_LEADER
+                            else 0,
                         )
                         for pid, p in enumerate(topic.partitions)
                     ],

@@ -48,7 +48,7 @@ from kraft.metadata.controller_logic import (
 )
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.fetch_window import FetchWindow, WindowBatch
-from kraft.metadata.image import NO_LEADER, MetadataImage
+from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage
 from kraft.metadata.image_records import image_values
 from kraft.metadata.store import ImageStore
 from kraft.observability.logging import get_logger
@@ -61,6 +61,7 @@ from kraft.raft.api import (
     RaftClient,
     RaftError,
 )
+from kraft.raft.messages import NO_LEADER
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -1032,7 +1033,7 @@ class QuorumController:
             partitions = offline = imbalance = 0
             for topic in image.topics_by_id.values():
                 for p in topic.partitions:
-                    offline += p.leader == NO_LEADER
+                    offline += p.leader == NO_PARTITION_LEADER
                     imbalance += p.leader != p.preferred_leader
                 partitions += len(topic.partitions)
                 if partitions % YIELD_EVERY_RECORDS < len(topic.partitions):

@@ -39,7 +39,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, shared_ids
 from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import (
-    NO_LEADER,
+    NO_PARTITION_LEADER,
     BrokerRegistration,
     BrokerState,
     MetadataImage,
@@ -680,7 +680,7 @@ class ControllerLogic:
             # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence);
             # the leader is the first of them (choose_leader with no current leader).
             isr = [r for r in replicas if acceptable(r)]
-            leader = isr[0] if isr else NO_LEADER
+            leader = isr[0] if isr else NO_PARTITION_LEADER
             record = pb.MetadataRecord()
             partition = record.partition
             partition.partition_id = partition_id

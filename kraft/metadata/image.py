@@ -16,7 +16,9 @@ from typing import NamedTuple
 
 from kraft.metadata.records import ConfigResourceType
 
-NO_LEADER = -1
+NO_PARTITION_LEADER = -1
+"""A partition's ``leader`` when no replica leads it (Kafka's ``LeaderConstants.NO_LEADER``); the Raft
+quorum's "no leader known" is :data:`kraft.raft.messages.NO_LEADER`."""
 
 
 class BrokerState(enum.Enum):
@@ -68,7 +70,7 @@ class PartitionRegistration(NamedTuple):
 
     @property
     def preferred_leader(self) -> int:
-        return self.replicas[0] if self.replicas else NO_LEADER
+        return self.replicas[0] if self.replicas else NO_PARTITION_LEADER
 
 
 @dataclass(frozen=True, slots=True)

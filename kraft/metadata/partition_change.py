@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from kraft.metadata.delta import make_partition, shared_ids
-from kraft.metadata.image import NO_LEADER, PartitionRegistration
+from kraft.metadata.image import NO_PARTITION_LEADER, PartitionRegistration
 from kraft.v1 import metadata_pb2 as pb
 
 IsAcceptable = Callable[[int], bool]
@@ -26,7 +26,7 @@ def choose_leader(
     in_isr = set(isr)
     candidates = [r for r in replicas if r in in_isr and acceptable(r)]
     if not candidates:
-        return NO_LEADER
+        return NO_PARTITION_LEADER
     if candidates[0] == replicas[0] or current not in candidates:
         return candidates[0]
     return current
@@ -84,7 +84,7 @@ def leave_change(
     if len(ordered) != len(kept):
         ordered += [r for r in kept if r not in replicas]
     if not candidates:
-        leader = NO_LEADER
+        leader = NO_PARTITION_LEADER
     elif candidates[0] == replicas[0] or current.leader not in candidates:
         leader = candidates[0]
     else:

@@ -13,7 +13,7 @@ from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
 from kraft.metadata.delta import MetadataDelta
-from kraft.metadata.image import NO_LEADER, BrokerState, MetadataImage, TopicImage
+from kraft.metadata.image import NO_PARTITION_LEADER, BrokerState, MetadataImage, TopicImage
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -328,7 +328,7 @@ def test_fencing_the_last_isr_member_leaves_the_partition_offline_not_empty(h: H
     h.create("t", partitions=1, rf=1)
     h.heartbeat(1, want_fence=True)
     partition = h.topic("t").partitions[0]
-    assert partition.leader == NO_LEADER and partition.isr == (1,)
+    assert partition.leader == NO_PARTITION_LEADER and partition.isr == (1,)
     h.heartbeat(1)
     assert h.topic("t").partitions[0].leader == 1
 

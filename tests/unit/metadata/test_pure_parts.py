@@ -12,7 +12,7 @@ from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.fetch_window import FetchWindow, WindowBatch
 from kraft.metadata.heartbeats import HeartbeatTracker
-from kraft.metadata.image import NO_LEADER, MetadataImage, PartitionRegistration
+from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage, PartitionRegistration
 from kraft.metadata.image_records import image_records
 from kraft.metadata.partition_change import build_change, choose_leader
 from kraft.metadata.placement import UsableBroker, place_replicas, rack_alternated, validate_assignment
@@ -65,7 +65,7 @@ def test_leader_choice_prefers_the_preferred_replica_then_keeps_the_current_one(
     assert choose_leader((1, 2, 3), (1, 2, 3), 2, live) == 1
     assert choose_leader((1, 2, 3), (2, 3), 3, live) == 3
     assert choose_leader((1, 2, 3), (2, 3), 1, live) == 2
-    assert choose_leader((1, 2, 3), (1,), 1, lambda b: b != 1) == NO_LEADER
+    assert choose_leader((1, 2, 3), (1,), 1, lambda b: b != 1) == NO_PARTITION_LEADER
 
 
 def test_build_change_only_emits_what_changes() -> None:
@@ -75,7 +75,7 @@ def test_build_change_only_emits_what_changes() -> None:
     assert change is not None and list(change.isr.ids) == [2] and change.leader == 2
     offline = PartitionRegistration((1, 2), (1,), 1, 0, 0)
     last = build_change("T", 0, offline, lambda b: False, remove_from_isr=1)
-    assert last is not None and not last.HasField("isr") and last.leader == NO_LEADER
+    assert last is not None and not last.HasField("isr") and last.leader == NO_PARTITION_LEADER
 
 
 def test_tracker_orders_by_contact_and_expires_one_at_a_time() -> None:
