@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
 from kraft.broker.publisher import MetadataPublisher
+from kraft.clock import Clock
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -51,6 +51,8 @@ class MetadataFetcher:
         publisher: MetadataPublisher,
         timings: FetcherTimings,
         on_applied: Callable[[int], None],
+        *,
+        clock: Clock,
         on_drained: Callable[[int], None] = lambda generation: None,
         generation: Callable[[], int] = lambda: 0,
         metrics: BrokerMetrics | None = None,
@@ -61,6 +63,7 @@ class MetadataFetcher:
         self._client = client
         self._publisher = publisher
         self._timings = timings
+        self._clock = clock
         self._on_applied = on_applied
         self._on_drained = on_drained
         self._generation = generation
@@ -153,7 +156,7 @@ class MetadataFetcher:
         and sends chunk n+1 while this process decodes chunk n.
         """
         self._log.info("snapshot_download", end_offset=snapshot.end_offset, epoch=snapshot.epoch)
-        started = time.monotonic()
+        started_ms = self._clock.monotonic_ms()
         records = 0
         delta = MetadataDelta(MetadataImage.empty())
         last_offset = snapshot.end_offset - 1
@@ -179,7 +182,7 @@ class MetadataFetcher:
                 await asyncio.sleep(0)  # one chunk at a time: heartbeats and serving run in between
                 if response.snapshot_done:
                     image = delta.apply()
-                    self.last_snapshot_replay_s = time.monotonic() - started
+                    self.last_snapshot_replay_s = (self._clock.monotonic_ms() - started_ms) / 1000
                     took_s = round(self.last_snapshot_replay_s, 3)
                     self._log.info("snapshot_replayed", records=records, took_s=took_s)
                     return image

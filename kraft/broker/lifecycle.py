@@ -116,8 +116,8 @@ class BrokerLifecycle:
     async def register(self) -> None:
         """Register (or re-register) until accepted; raises :class:`RegistrationFailed`."""
         status = self._status
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._timings.registration_timeout_s
+        # On the status's clock (injected), so a test on a manual clock decides when the deadline passes.
+        deadline_ms = status.monotonic_ms() + round(self._timings.registration_timeout_s * 1000)
         attempt = 0
         previous_epoch = status.broker_epoch
         while True:
@@ -153,7 +153,7 @@ class BrokerLifecycle:
                     raise RegistrationFailed(f"registration rejected: {problem}")
             if self._want_shut_down:
                 raise RegistrationFailed(f"shutdown requested before registration succeeded ({problem})")
-            if loop.time() >= deadline:
+            if status.monotonic_ms() >= deadline_ms:
                 raise RegistrationFailed(
                     f"not registered within {self._timings.registration_timeout_s:g} s: {problem}"
                 )
@@ -190,7 +190,7 @@ class BrokerLifecycle:
             want_fence=not self._caught_up() and not self._want_shut_down,
             want_shut_down=self._want_shut_down,
         )
-        sent_at = status.now()
+        sent_at_ms = status.monotonic_ms()
         try:
             response = await self._client.call(
                 lambda stub: stub.BrokerHeartbeat, request, self._timings.request_timeout_s
@@ -210,7 +210,7 @@ class BrokerLifecycle:
         if code is not ErrorCode.NONE:
             self._log.warning("heartbeat_rejected", code=code.name, message=response.error_message)
             return False
-        status.heartbeat_accepted(sent_at)
+        status.heartbeat_accepted(sent_at_ms)
         self._apply_heartbeat(response)
         return True
 

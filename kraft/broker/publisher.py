@@ -18,13 +18,13 @@ application is idempotent (see :mod:`kraft.broker.partitions`).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Protocol
 
 from kraft.broker.image_adapter import ImageMetadataView, local_assignments, to_local_changes
 from kraft.broker.partitions import AppliedChanges, PartitionManager
 from kraft.broker.types import LocalChanges
+from kraft.clock import Clock, SystemClock
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
@@ -54,8 +54,12 @@ class MetadataPublisher:
         listener: str,
         on_view: Callable[[ImageMetadataView], None],
         metrics: BrokerMetrics | None = None,
+        *,
+        clock: Clock | None = None,
     ) -> None:
         self.broker_id = broker_id
+        # Optional only so callers that predate the injection keep working; the broker passes its own.
+        self._clock: Clock = clock or SystemClock()
         self._partitions = partitions
         self._store = store
         self._listener = listener
@@ -89,18 +93,18 @@ class MetadataPublisher:
 
     async def load_snapshot(self, image: MetadataImage) -> AppliedChanges:
         """Replace everything with a snapshot's image (the broker was below the log start)."""
-        started = time.monotonic()
+        started_ms = self._clock.monotonic_ms()
         changes = self._partitions.changes_to(local_assignments(image, self.broker_id))
         revocations, grants = self._partitions.split(changes)
         if grants.is_empty():
             await self.flush()
             applied = self._apply_revocations(revocations)
-            self._background_save = asyncio.create_task(self._save_in_background(image, started))
+            self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))
         else:
             applied = await self._apply(image, changes)
-            self.last_snapshot_store_s = time.monotonic() - started
+            self.last_snapshot_store_s = self._seconds_since(started_ms)
         self._set_image(image)
-        self.last_snapshot_apply_s = time.monotonic() - started
+        self.last_snapshot_apply_s = self._seconds_since(started_ms)
         took_s = round(self.last_snapshot_apply_s, 3)
         self._log.info(
             "snapshot_loaded", offset=image.offset, partitions=image.partition_count(), took_s=took_s
@@ -113,7 +117,10 @@ class MetadataPublisher:
         if task is not None:
             await task
 
-    async def _save_in_background(self, image: MetadataImage, started: float) -> None:
+    def _seconds_since(self, started_ms: int) -> float:
+        return (self._clock.monotonic_ms() - started_ms) / 1000
+
+    async def _save_in_background(self, image: MetadataImage, started_ms: int) -> None:
         try:
             await self._store.save(image)
         except Exception as exc:
@@ -122,7 +129,7 @@ class MetadataPublisher:
                 self._metrics.metadata_apply_errors.inc()
             self._log.error("image_store_save_failed", offset=image.offset, error=str(exc))
             return
-        self.last_snapshot_store_s = time.monotonic() - started
+        self.last_snapshot_store_s = self._seconds_since(started_ms)
         self._log.info("snapshot_stored", offset=image.offset, took_s=round(self.last_snapshot_store_s, 3))
 
     def _apply_revocations(self, revocations: LocalChanges) -> AppliedChanges:
@@ -151,5 +158,5 @@ class MetadataPublisher:
         if self._metrics is not None:
             self._metrics.last_applied_record_offset.set(image.offset)
             if last_record_time_ms > 0:
-                lag_s = max(0.0, time.time() - last_record_time_ms / 1000.0)
+                lag_s = max(0.0, (self._clock.wall_ms() - last_record_time_ms) / 1000.0)
                 self._metrics.last_applied_record_lag_seconds.set(lag_s)

@@ -41,6 +41,7 @@ from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
+from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
@@ -121,7 +122,7 @@ class BrokerServer:
     ) -> None:
         self.settings = settings
         s = settings
-        self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms)
+        self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms, clock=SystemClock())
         self.status.incarnation_id = str(uuid.uuid4())
         self.metrics = BrokerMetrics.for_node(s.broker_id)
         self.partitions = PartitionManager(
@@ -131,7 +132,13 @@ class BrokerServer:
             self.status, self.partitions, ImageMetadataView(MetadataImage.empty(), s.client_listener)
         )
         self.publisher = MetadataPublisher(
-            s.broker_id, self.partitions, store, s.client_listener, self.service.set_view, self.metrics
+            s.broker_id,
+            self.partitions,
+            store,
+            s.client_listener,
+            self.service.set_view,
+            self.metrics,
+            clock=SystemClock(),
         )
         self._store = store
         self.client = ControllerClient(s.voters, max_message_bytes=s.max_message_bytes)
@@ -162,6 +169,7 @@ class BrokerServer:
             on_drained=self._on_drained,
             generation=lambda: self.status.resync_generation,
             metrics=self.metrics,
+            clock=SystemClock(),
         )
         # Set when the controller fenced a running broker: it may ask to be unfenced again only after its
         # image shows that fence, because the leader moves that come with it precede it in the log.

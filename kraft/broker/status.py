@@ -14,10 +14,10 @@ away are applied before it can accept a Produce for them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from kraft.broker.types import BrokerState
+from kraft.clock import Clock
 from kraft.errors import ErrorCode
 
 _ALLOWED: dict[BrokerState, frozenset[BrokerState]] = {
@@ -47,11 +47,12 @@ class BrokerStatus:
         broker_id: int,
         cluster_id: str,
         session_timeout_ms: int,
-        clock: Callable[[], float] = time.monotonic,
+        *,
+        clock: Clock,
     ) -> None:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
-        self.session_timeout_s = session_timeout_ms / 1000.0
+        self.session_timeout_ms = session_timeout_ms
         self.state = BrokerState.NOT_RUNNING
         self.incarnation_id = ""
         self.broker_epoch = -1
@@ -63,7 +64,7 @@ class BrokerStatus:
         self.resync_required = False
         self.resync_generation = 0
         self._clock = clock
-        self._lease_expires_at = float("-inf")
+        self._lease_expires_at_ms: int | None = None  # None: no lease granted (or revoked)
         self._listeners: list[Callable[[BrokerState, BrokerState], None]] = []
 
     # --- transitions ---------------------------------------------------------------------------
@@ -84,14 +85,17 @@ class BrokerStatus:
 
     # --- lease -----------------------------------------------------------------------------------
 
-    def heartbeat_accepted(self, sent_at: float) -> None:
+    def heartbeat_accepted(self, sent_at_ms: int) -> None:
         """Extend the lease from when the accepted heartbeat was *sent* (the controller's clock started
-        no earlier than that), never from when its answer arrived."""
-        self._lease_expires_at = max(self._lease_expires_at, sent_at + self.session_timeout_s)
+        no earlier than that), never from when its answer arrived.  ``sent_at_ms`` is
+        :meth:`monotonic_ms` read before the heartbeat went out."""
+        expires_ms = sent_at_ms + self.session_timeout_ms
+        if self._lease_expires_at_ms is None or expires_ms > self._lease_expires_at_ms:
+            self._lease_expires_at_ms = expires_ms
 
     def lease_lapsed(self) -> bool:
-        """A lease was granted once and has run out (paused, partitioned, or the controller is gone)."""
-        return self._lease_expires_at != float("-inf") and not self.lease_valid()
+        """A lease was granted and has run out (paused, partitioned, or the controller is gone)."""
+        return self._lease_expires_at_ms is not None and not self.lease_valid()
 
     def begin_resync(self) -> None:
         if not self.resync_required:
@@ -106,18 +110,19 @@ class BrokerStatus:
         return False
 
     def revoke_lease(self) -> None:
-        self._lease_expires_at = float("-inf")
+        self._lease_expires_at_ms = None
 
-    def now(self) -> float:
-        return self._clock()
+    def monotonic_ms(self) -> int:
+        """The broker's timer clock (lease, registration deadline), never the wall clock."""
+        return self._clock.monotonic_ms()
 
-    @staticmethod
-    def now_ms() -> int:
+    def now_ms(self) -> int:
         """Wall-clock milliseconds (record timestamps), not for timeouts."""
-        return time.time_ns() // 1_000_000
+        return self._clock.wall_ms()
 
     def lease_valid(self) -> bool:
-        return self._clock() < self._lease_expires_at
+        expires_ms = self._lease_expires_at_ms
+        return expires_ms is not None and self._clock.monotonic_ms() < expires_ms
 
     # --- serving rule ----------------------------------------------------------------------------
 

@@ -199,6 +199,7 @@ class RaftDriver:
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
+        self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
         self._stopped = False
         self._fatal: BaseException | None = None
         self._leader_changed = asyncio.Event()
@@ -286,6 +287,19 @@ class RaftDriver:
     @property
     def state(self) -> StateKind:
         return self._core.state
+
+    @property
+    def idle(self) -> bool:
+        """Parked until its next event or deadline with nothing left to do.  Tests on a manual clock wait
+        for this after :meth:`recheck_timers`, so "the deadline has not fired yet" is asserted after the
+        driver looked at the new time, not after some wall-clock sleep."""
+        return self._parked and not self._wake.is_set() and not self._events
+
+    def recheck_timers(self) -> None:
+        """Poll the core now instead of at the next deadline.  Only a manual clock needs this: the driver
+        sleeps on the event loop until the deadline it computed, which a clock moved by hand does not
+        shorten.  (Production never calls it, so it costs nothing there.)"""
+        self._wake.set()
 
     def register_listener(self, listener: RaftListener) -> None:
         self._listeners.register(listener)
@@ -439,10 +453,14 @@ class RaftDriver:
         started_ms = self._clock.monotonic_ms()
         self._wake.clear()
         if not self._events:
-            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (gh-86296).
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout_s):
-                    await self._wake.wait()
+            self._parked = True
+            try:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (gh-86296).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout_s):
+                        await self._wake.wait()
+            finally:
+                self._parked = False
         self._metrics.poll_idle_seconds.inc(max(0, self._clock.monotonic_ms() - started_ms) / 1000)
 
     def _dispatch(self, event: _Event, now_ms: int) -> Output:

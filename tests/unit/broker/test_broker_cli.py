@@ -17,6 +17,7 @@ from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState, LocalChanges, PartitionAssignment, TopicPartition
 from kraft.cli.main import app
+from kraft.clock import SystemClock
 from kraft.netutil import free_port
 from kraft.v1 import broker_pb2_grpc
 
@@ -25,11 +26,11 @@ runner = CliRunner()
 
 @pytest.fixture
 async def broker_target(tmp_path: Path) -> AsyncIterator[str]:
-    status = BrokerStatus(1, "c", session_timeout_ms=60_000)
+    status = BrokerStatus(1, "c", session_timeout_ms=60_000, clock=SystemClock())
     for state in (BrokerState.STARTING, BrokerState.RECOVERY, BrokerState.RUNNING):
         status.transition(state)
     status.fenced = False
-    status.heartbeat_accepted(status.now())
+    status.heartbeat_accepted(status.monotonic_ms())
     manager = PartitionManager(1, [tmp_path], MemoryLogOpener())
     manager.load()
     manager.apply(

@@ -11,6 +11,7 @@ from broker_fakes import MemoryImageStore, MemoryLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.types import TopicPartition
+from kraft.clock import ManualClock
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
@@ -53,19 +54,24 @@ async def _let_tasks_run() -> None:
         await asyncio.sleep(0)
 
 
-async def _publisher(tmp_path: Path, store: GatedStore) -> tuple[PartitionManager, MetadataPublisher]:
+async def _publisher(
+    tmp_path: Path, store: GatedStore, clock: ManualClock
+) -> tuple[PartitionManager, MetadataPublisher]:
     manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
-    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None)
+    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
     await publisher.start()
     return manager, publisher
 
 
 async def test_a_snapshot_granting_nothing_is_served_before_it_is_stored(tmp_path: Path) -> None:
     store = GatedStore()
-    manager, publisher = await _publisher(tmp_path, store)
+    clock = ManualClock()
+    manager, publisher = await _publisher(tmp_path, store, clock)
     try:
         await asyncio.wait_for(publisher.load_snapshot(_image(10, leader=1)), WAIT_S)
         assert publisher.image.offset == 10 and store.saves == 0  # served, not stored yet
+        assert publisher.last_snapshot_apply_s == 0.0  # served without waiting for the store
+        clock.advance(250)  # the slow disk: the background save takes 250 ms
         # The next step (it grants this broker a leadership) waits for the background save first.
         delta = MetadataDelta(publisher.image)
         delta.replay(
@@ -87,7 +93,7 @@ async def test_a_snapshot_granting_nothing_is_served_before_it_is_stored(tmp_pat
         store.gate.set()
         await asyncio.wait_for(step, WAIT_S)
         assert store.events == ["save-start 10", "save-done 10", "save-start 11", "save-done 11"]
-        assert publisher.last_snapshot_store_s > 0
+        assert publisher.last_snapshot_store_s == 0.25
         assert manager.get(TopicPartition("orders", 0)) is not None
     finally:
         store.gate.set()
@@ -97,15 +103,18 @@ async def test_a_snapshot_granting_nothing_is_served_before_it_is_stored(tmp_pat
 
 async def test_a_snapshot_granting_a_partition_is_stored_before_it_is_served(tmp_path: Path) -> None:
     store = GatedStore()
-    manager, publisher = await _publisher(tmp_path, store)
+    clock = ManualClock()
+    manager, publisher = await _publisher(tmp_path, store, clock)
     try:
         load = asyncio.create_task(publisher.load_snapshot(_image(10, leader=ME)))
         await _let_tasks_run()
         assert not load.done() and publisher.image.offset == -1
         assert manager.get(TopicPartition("orders", 0)) is None
+        clock.advance(300)  # the slow disk: serving waits for the whole save
         store.gate.set()
         await asyncio.wait_for(load, WAIT_S)
         assert store.saves == 1 and publisher.image.offset == 10
+        assert (publisher.last_snapshot_store_s, publisher.last_snapshot_apply_s) == (0.3, 0.3)
         assert manager.get(TopicPartition("orders", 0)) is not None
     finally:
         store.gate.set()

@@ -16,6 +16,7 @@ from kraft.broker.partitions import PartitionManager
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState, LocalChanges, PartitionAssignment, TopicPartition
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import broker_pb2 as pb
@@ -31,20 +32,12 @@ FOLLOWED = TopicPartition("orders", 1)
 TIMEOUT_S = 5.0
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Harness:
     stub: BrokerServiceAsyncStub
     status: BrokerStatus
     manager: PartitionManager
-    clock: FakeClock
+    clock: ManualClock
 
 
 def _assignment(leader: int, epoch: int) -> PartitionAssignment:
@@ -53,12 +46,12 @@ def _assignment(leader: int, epoch: int) -> PartitionAssignment:
 
 @pytest.fixture
 async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
-    clock = FakeClock()
+    clock = ManualClock(start_ms=1_000_000)
     status = BrokerStatus(ME, CLUSTER, session_timeout_ms=3000, clock=clock)
     for state in (BrokerState.STARTING, BrokerState.RECOVERY, BrokerState.RUNNING):
         status.transition(state)
     status.fenced = False
-    status.heartbeat_accepted(clock.now)
+    status.heartbeat_accepted(clock.monotonic_ms())
     manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
     manager.load()
     manager.apply(LocalChanges(leaders={LED: _assignment(ME, 5)}, followers={FOLLOWED: _assignment(2, 3)}))
@@ -109,6 +102,8 @@ async def test_produce_then_fetch_round_trips_records_with_offsets(harness: Harn
     assert response.error_code == 0
     assert [(r.offset, r.value, r.leader_epoch) for r in response.records] == [(1, b"b", 5), (2, b"c", 5)]
     assert response.high_watermark == 3 and response.log_start_offset == 0
+    # Records sent without a timestamp are stamped with the broker's (injected) wall clock.
+    assert {r.timestamp_ms for r in response.records} == {harness.clock.wall_ms()}
 
 
 async def test_null_and_empty_keys_stay_distinct(harness: Harness) -> None:
@@ -147,10 +142,12 @@ async def test_produce_rejected_while_fenced_shutting_down_or_without_a_lease(ha
     assert (await produce(harness, LED, 5, b"x")).error_code == ErrorCode.BROKER_NOT_AVAILABLE
     harness.status.fenced = False
 
-    harness.clock.now += 3.5  # e.g. the process was SIGSTOPped past the session timeout
+    harness.clock.advance(2999)  # the lease runs exactly session.timeout.ms from the accepted heartbeat
+    assert (await produce(harness, LED, 5, b"x")).error_code == ErrorCode.NONE
+    harness.clock.advance(1)  # e.g. the process was SIGSTOPped past the session timeout
     response = await produce(harness, LED, 5, b"x")
     assert response.error_code == ErrorCode.BROKER_NOT_AVAILABLE and "session" in response.error_message
-    harness.status.heartbeat_accepted(harness.clock.now)
+    harness.status.heartbeat_accepted(harness.clock.monotonic_ms())
 
     harness.status.transition(BrokerState.PENDING_CONTROLLED_SHUTDOWN)
     assert (await produce(harness, LED, 5, b"x")).error_code == ErrorCode.BROKER_NOT_AVAILABLE

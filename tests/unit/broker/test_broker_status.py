@@ -6,28 +6,21 @@ import pytest
 
 from kraft.broker.status import BrokerStatus, IllegalStateTransition
 from kraft.broker.types import BrokerState
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def running_status(clock: Clock) -> BrokerStatus:
+def running_status(clock: ManualClock) -> BrokerStatus:
     status = BrokerStatus(1, "c", session_timeout_ms=3000, clock=clock)
     for state in (BrokerState.STARTING, BrokerState.RECOVERY, BrokerState.RUNNING):
         status.transition(state)
     status.fenced = False
-    status.heartbeat_accepted(clock.now)
+    status.heartbeat_accepted(clock.monotonic_ms())
     return status
 
 
 def test_only_the_lifecycle_transitions_are_allowed() -> None:
-    status = BrokerStatus(1, "c", session_timeout_ms=3000)
+    status = BrokerStatus(1, "c", session_timeout_ms=3000, clock=ManualClock())
     seen: list[tuple[BrokerState, BrokerState]] = []
     status.on_transition(lambda old, new: seen.append((old, new)))
     with pytest.raises(IllegalStateTransition):
@@ -53,21 +46,47 @@ def test_only_the_lifecycle_transitions_are_allowed() -> None:
 
 
 def test_the_lease_runs_from_when_the_accepted_heartbeat_was_sent() -> None:
-    clock = Clock()
+    clock = ManualClock(start_ms=100_000)
     status = running_status(clock)
     assert status.serving_error() is None
-    clock.now += 2.9
+    clock.advance(2999)  # the last millisecond of the 3000 ms session
     assert status.serving_error() is None and not status.lease_lapsed()
-    clock.now += 0.2
+    clock.advance(1)
     error = status.serving_error()
     assert error is not None and error[0] is ErrorCode.BROKER_NOT_AVAILABLE
     assert status.lease_lapsed()
-    status.heartbeat_accepted(clock.now - 10)  # an old heartbeat's answer never shortens or revives it
+    status.heartbeat_accepted(clock.monotonic_ms() - 3000)  # an old heartbeat's answer never revives it
     assert status.lease_lapsed()
 
 
+def test_a_later_heartbeat_extends_the_lease_and_an_earlier_one_never_shortens_it() -> None:
+    clock = ManualClock(start_ms=100_000)
+    status = running_status(clock)  # lease until 103_000
+    clock.advance(1000)
+    status.heartbeat_accepted(clock.monotonic_ms())  # lease until 104_000
+    status.heartbeat_accepted(100_500)  # a late answer to an older heartbeat: would end at 103_500
+    clock.advance(2999)
+    assert status.serving_error() is None
+    clock.advance(1)
+    assert status.lease_lapsed()
+
+
+def test_a_revoked_lease_stops_serving_but_is_not_a_lapse() -> None:
+    clock = ManualClock()
+    status = running_status(clock)
+    status.revoke_lease()
+    assert status.serving_error() is not None
+    assert not status.lease_lapsed()  # re-registration, not a missed session: the lifecycle decides
+
+
+def test_record_timestamps_come_from_the_wall_clock_and_the_lease_from_the_monotonic_one() -> None:
+    clock = ManualClock(start_ms=5, wall_start_ms=1_700_000_000_005)
+    status = running_status(clock)
+    assert (status.monotonic_ms(), status.now_ms()) == (5, 1_700_000_000_005)
+
+
 def test_a_resync_is_only_ended_by_a_fetch_sent_after_it_began() -> None:
-    clock = Clock()
+    clock = ManualClock()
     status = running_status(clock)
     before = status.resync_generation
     status.begin_resync()

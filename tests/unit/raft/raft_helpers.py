@@ -1,14 +1,20 @@
-"""Shared helpers for the Raft unit tests: in-memory drivers on a loopback network, a recording listener."""
+"""Shared helpers for the Raft unit tests: in-memory drivers on a loopback network, a recording listener.
+
+A :class:`LoopbackCluster` runs on :class:`~kraft.clock.SystemClock` unless given a
+:class:`~kraft.clock.ManualClock`; on a manual clock no timer fires until the test moves time with
+:meth:`LoopbackCluster.advance` / :meth:`LoopbackCluster.run_until`, which also wait until every driver has
+looked at the new time (:func:`settle`), so a test can assert what did *not* happen by a given instant.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from kraft.clock import SystemClock
+from kraft.clock import Clock, ManualClock, SystemClock
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
@@ -38,6 +44,31 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str)
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+_QUIET_TURNS = 10
+"""Event-loop turns every driver must stay idle for :func:`settle` to return: an answer travels from one
+driver's resolved future to the sender's event queue in two or three turns (no IO on the loopback
+network), so ten quiet turns mean nothing is on its way."""
+
+
+async def settle(drivers: Iterable[RaftDriver], timeout_s: float = 5.0) -> None:
+    """Wait until every driver is parked with nothing queued and stays so for a few loop turns.
+
+    Counted in loop turns, not wall time, so a slow host only makes this take longer; the bound only
+    turns a driver that never goes idle into a failure."""
+    drivers = list(drivers)
+    deadline = time.monotonic() + timeout_s
+    quiet = 0
+    while quiet < _QUIET_TURNS:
+        if all(driver.idle for driver in drivers):
+            quiet += 1
+            await asyncio.sleep(0)
+            continue
+        quiet = 0
+        if time.monotonic() > deadline:
+            raise AssertionError(f"drivers still busy after {timeout_s}s")
+        await asyncio.sleep(0.001)  # a driver is in a worker thread (fsync, quorum-state write)
 
 
 @dataclass
@@ -77,7 +108,9 @@ class NodeStores:
 class LoopbackCluster:
     """N drivers over in-memory stores on one loopback network; nodes can stop and restart on their stores."""
 
-    def __init__(self, size: int, **overrides: int) -> None:
+    def __init__(self, size: int, clock: ManualClock | None = None, **overrides: int) -> None:
+        self.manual_clock = clock
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self.voters = tuple(range(1, size + 1))
         self.network = LoopbackNetwork()
         self.stores = {node_id: NodeStores() for node_id in self.voters}
@@ -92,12 +125,14 @@ class LoopbackCluster:
             log=stores.log,
             elections=stores.elections,
             snapshots=stores.snapshots,
-            clock=SystemClock(),
+            clock=self.clock,
             rng=random.Random(node_id),
         )
         self.network.register(node_id, driver)
         await driver.start()
         self.drivers[node_id] = driver
+        if self.manual_clock is not None:
+            await settle([driver])  # its timers start now, not whenever the test next moves the clock
         return driver
 
     async def start_all(self) -> None:
@@ -113,21 +148,44 @@ class LoopbackCluster:
         for node_id in list(self.drivers):
             await self.stop(node_id)
 
+    async def advance(self, delta_ms: int) -> None:
+        """Move the manual clock, make every driver poll its timers, and wait until they are idle."""
+        assert self.manual_clock is not None, "advance() needs a cluster on a ManualClock"
+        self.manual_clock.advance(delta_ms)
+        for driver in self.drivers.values():
+            driver.recheck_timers()
+        await settle(self.drivers.values())
+
+    async def run_until(
+        self, condition: Callable[[], bool], what: str, max_ms: int, step_ms: int = 10
+    ) -> int:
+        """Advance the manual clock ``step_ms`` at a time until ``condition`` holds (checked after each
+        settle); fail after ``max_ms`` of manual time.  Returns the manual time it took."""
+        await settle(self.drivers.values())
+        waited_ms = 0
+        while not condition():
+            if waited_ms >= max_ms:
+                raise AssertionError(f"no {what} after {max_ms} ms of manual time")
+            await self.advance(step_ms)
+            waited_ms += step_ms
+        return waited_ms
+
     def leader(self) -> RaftDriver | None:
         for driver in self.drivers.values():
             if driver.leader_and_epoch.leader_id == driver.node_id:
                 return driver
         return None
 
-    async def wait_for_leader(self, timeout_s: float = 10.0, exclude: int | None = None) -> RaftDriver:
-        def elected() -> bool:
-            leader = self.leader()
-            if leader is None or leader.node_id == exclude:
-                return False
-            epoch = leader.leader_and_epoch
-            return all(d.leader_and_epoch == epoch for d in self.drivers.values())
+    def elected(self, exclude: int | None = None) -> bool:
+        """A leader (other than ``exclude``) that every running node knows."""
+        leader = self.leader()
+        if leader is None or leader.node_id == exclude:
+            return False
+        epoch = leader.leader_and_epoch
+        return all(d.leader_and_epoch == epoch for d in self.drivers.values())
 
-        await wait_until(elected, timeout_s, "a leader known to every running node")
+    async def wait_for_leader(self, timeout_s: float = 10.0, exclude: int | None = None) -> RaftDriver:
+        await wait_until(lambda: self.elected(exclude), timeout_s, "a leader known to every running node")
         leader = self.leader()
         assert leader is not None
         return leader

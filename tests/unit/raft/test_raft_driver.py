@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
-import time
 from pathlib import Path
 
 import pytest
-from raft_helpers import LoopbackCluster, RecordingListener, wait_until
+from raft_helpers import LoopbackCluster, RecordingListener, settle, wait_until
 
-from kraft.clock import ManualClock, SystemClock
+from kraft.clock import Clock, ManualClock, SystemClock
 from kraft.errors import ErrorCode
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError, OffsetBelowLogStartError, RaftShutdownError
 from kraft.raft.core_types import RaftConfig
@@ -21,6 +21,7 @@ from kraft.raft.memory import (
     MemorySnapshotStore,
 )
 from kraft.raft.messages import DescribeQuorumRequest, FetchRequest, VoteRequest
+from kraft.raft.state import StateKind
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.storage.batch import iter_batches
 
@@ -29,14 +30,16 @@ def _single_voter(
     log: MemoryLogStore | None = None,
     elections: MemoryElectionStore | None = None,
     snapshots: MemorySnapshotStore | None = None,
+    clock: Clock | None = None,
+    append_linger_ms: int = 1,
 ) -> RaftDriver:
     return RaftDriver(
-        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=1),
+        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=append_linger_ms),
         transport=LoopbackNetwork().transport(1),
         log=log or MemoryLogStore(),
         elections=elections or MemoryElectionStore(),
         snapshots=snapshots or MemorySnapshotStore(),
-        clock=SystemClock(),
+        clock=clock or SystemClock(),
         rng=random.Random(7),
     )
 
@@ -197,11 +200,6 @@ async def test_three_nodes_replicate_and_fail_over() -> None:
         described = leader.describe_quorum()
         assert described.error_code is ErrorCode.NONE
         assert [v.replica_id for v in described.current_voters] == [1, 2, 3]
-        # Fetch times are wall-clock epoch milliseconds, as in Kafka's DescribeQuorum (not monotonic).
-        now_ms = time.time() * 1000
-        for voter in described.current_voters:
-            if voter.replica_id != leader.node_id:
-                assert abs(voter.last_fetch_timestamp_ms - now_ms) < 60_000, voter
         assert follower.describe_quorum().error_code is ErrorCode.NOT_LEADER_OR_FOLLOWER
 
         old_id = leader.node_id
@@ -216,18 +214,26 @@ async def test_three_nodes_replicate_and_fail_over() -> None:
         await cluster.close()
 
 
-async def test_graceful_shutdown_hands_leadership_over_quickly() -> None:
-    cluster = LoopbackCluster(3, election_timeout_ms=2000, fetch_timeout_ms=4000)
+async def test_graceful_shutdown_hands_leadership_over_without_waiting_for_a_timeout() -> None:
+    clock = ManualClock()
+    cluster = LoopbackCluster(3, clock=clock, election_timeout_ms=2000, fetch_timeout_ms=4000)
     try:
         await cluster.start_all()
-        leader = await cluster.wait_for_leader(timeout_s=20)
+        await cluster.run_until(cluster.elected, "elected leader", max_ms=6000)
+        leader = cluster.leader()
+        assert leader is not None
         old_id = leader.node_id
-        await leader.append([b"x"])
-        await cluster.drivers[old_id].shutdown(3000)
+        append = asyncio.ensure_future(leader.append([b"x"]))
+        await cluster.run_until(append.done, "committed append", max_ms=500)
+        await append
+        resigned_at_ms = clock.monotonic_ms()
+        # The clock stands still from here: EndQuorumEpoch lets the preferred successor run at once, so
+        # the handover needs no timer at all (without it: the 4 s fetch timeout, or a 2-4 s election one).
+        await asyncio.wait_for(leader.shutdown(3000), 10)
         cluster.drivers.pop(old_id)
         cluster.network.unregister(old_id)
-        # EndQuorumEpoch lets the preferred successor run at once instead of waiting the 4 s fetch timeout.
-        await cluster.wait_for_leader(timeout_s=3, exclude=old_id)
+        await cluster.wait_for_leader(timeout_s=10, exclude=old_id)
+        assert clock.monotonic_ms() == resigned_at_ms
     finally:
         await cluster.close()
 
@@ -318,27 +324,55 @@ async def test_read_committed_serves_whole_committed_batches_only() -> None:
         await driver.stop()
 
 
-async def test_timers_follow_the_injected_clock() -> None:
+async def test_the_append_linger_runs_on_the_injected_clock() -> None:
     clock = ManualClock()
     log = MemoryLogStore()
-    driver = RaftDriver(
-        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=400),
-        transport=LoopbackNetwork().transport(1),
-        log=log,
-        elections=MemoryElectionStore(),
-        snapshots=MemorySnapshotStore(),
-        clock=clock,
-        rng=random.Random(3),
-    )
+    driver = _single_voter(log=log, clock=clock, append_linger_ms=400)
     await driver.start()
     try:
         await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
         offset = driver.schedule_append([b"lingering"])
-        assert log.end_offset == offset  # still in the accumulator: the linger has not passed
-        clock.advance(400)
-        await wait_until(lambda: log.end_offset == offset + 1, 5, "the batch after the linger")
+        await settle([driver])
+        assert log.end_offset == offset  # still in the accumulator: no time has passed
+        clock.advance(399)
+        driver.recheck_timers()
+        await settle([driver])  # the driver polled at 399 ms and went back to sleep
+        assert log.end_offset == offset, "the batch was written before the linger ran out"
+        clock.advance(1)
+        driver.recheck_timers()
+        await settle([driver])
+        assert log.end_offset == offset + 1  # written exactly when the 400 ms linger ran out
     finally:
         await driver.stop()
+
+
+async def test_no_voter_campaigns_before_its_election_timeout() -> None:
+    clock = ManualClock()
+    cluster = LoopbackCluster(3, clock=clock, election_timeout_ms=1000, fetch_timeout_ms=2000)
+    try:
+        await cluster.start_all()
+        await cluster.advance(999)  # every random election timeout lies in [1000, 2000) ms
+        assert [d.state for d in cluster.drivers.values()] == [StateKind.UNATTACHED] * 3
+        assert all(d.leader_and_epoch.epoch == 0 for d in cluster.drivers.values())
+        await cluster.run_until(cluster.elected, "elected leader", max_ms=2000)
+        elected_at_ms = clock.monotonic_ms()
+        assert 1000 <= elected_at_ms < 2000 + 10  # within the first timeout's 10 ms step
+        leader = cluster.leader()
+        assert leader is not None and leader.leader_and_epoch.epoch >= 1
+
+        # DescribeQuorum shows fetch times on the wall clock (Kafka's epoch ms), not the monotonic one.
+        def all_fetched() -> bool:
+            voters = leader.describe_quorum().current_voters
+            return all(v.last_fetch_timestamp_ms >= 0 for v in voters if v.replica_id != leader.node_id)
+
+        await cluster.run_until(all_fetched, "fetch from every follower", max_ms=500)
+        wall_offset_ms = clock.wall_ms() - clock.monotonic_ms()
+        for voter in leader.describe_quorum().current_voters:
+            if voter.replica_id != leader.node_id:
+                fetched_at_ms = voter.last_fetch_timestamp_ms - wall_offset_ms
+                assert elected_at_ms <= fetched_at_ms <= clock.monotonic_ms(), voter
+    finally:
+        await cluster.close()
 
 
 def _on_disk(directory: Path) -> RaftDriver:
