@@ -309,3 +309,10 @@ def test_dataclass_and_protobuf_message_have_the_same_fields(dataclass_type: Any
     dataclass_fields = {f.name for f in dataclasses.fields(dataclass_type)}
     pb_fields = set(pb_type.DESCRIPTOR.fields_by_name) - _PROTOBUF_ONLY_FIELDS.get(pb_type, set())
     assert dataclass_fields == pb_fields
+
+
+def test_a_codec_for_mismatched_messages_fails_at_import_time() -> None:
+    with pytest.raises(TypeError, match="fetch_offset"):
+        codec._MessageCodec(m.FetchRequest, raft_pb2.VoteRequest)
+    with pytest.raises(TypeError, match="no_such_field"):
+        codec._MessageCodec(m.VoteRequest, raft_pb2.VoteRequest, no_such_field=codec._ERROR_CODE)
