@@ -139,12 +139,6 @@ class MetadataDelta:
             return None
         return self.image.partition(topic_id, partition_id)
 
-    def has_changes(self) -> bool:
-        return (
-            bool(self._brokers or self._topics or self._removed_topics or self._configs or self._features)
-            or self.offset != self.image.offset
-        )
-
     # ---- replay ----
 
     def replay(self, record: pb.MetadataRecord, offset: int = -1, epoch: int = -1) -> None:
@@ -157,10 +151,6 @@ class MetadataDelta:
         handler = _HANDLERS.get(kind or "")
         if handler is not None:
             handler(self, getattr(record, kind or ""))
-
-    def replay_all(self, records: Iterable[tuple[int, pb.MetadataRecord]], epoch: int = -1) -> None:
-        for offset, record in records:
-            self.replay(record, offset, epoch)
 
     def replay_values(
         self,

@@ -123,9 +123,6 @@ class MetadataImage:
     def topic_configs(self, name: str) -> Mapping[str, str]:
         return self.configs.get(ConfigKey(ConfigResourceType.TOPIC, name), {})
 
-    def unfenced_broker_ids(self) -> list[int]:
-        return sorted(b.broker_id for b in self.brokers.values() if not b.fenced)
-
 
 EMPTY_IMAGE = MetadataImage(
     offset=-1, epoch=-1, brokers={}, topics_by_id={}, topic_ids_by_name={}, configs={}, features={}
