@@ -316,7 +316,8 @@ class MetadataDelta:
         replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
         isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
         leader = r.leader if r.HasField("leader") else current.leader
-        # kraft bumps both epochs on every change (ARCHITECTURE.md §5), so any change fences stale leaders.
+        # kraft bumps both epochs on every change, not only on a leader change, so any change fences stale
+        # leaders.
         topic.changed[partition_id] = make_partition(
             replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
         )

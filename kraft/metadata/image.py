@@ -20,7 +20,7 @@ NO_LEADER = -1
 
 
 class BrokerState(enum.Enum):
-    """The state shown to users (ARCHITECTURE.md §5); OFFLINE needs heartbeat knowledge, see controller."""
+    """The state ``kraft broker list`` shows; OFFLINE (session expired) needs heartbeats, see controller."""
 
     FENCED = "FENCED"
     ACTIVE = "ACTIVE"
