@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,6 +41,7 @@ import grpc.aio
 
 from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
 from bench.raft_floor import FloorServer
+from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
 from kraft.runtime import configure_grpc_io
 from kraft.v1 import raft_pb2, raft_pb2_grpc
@@ -52,11 +52,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "raft.json"
 VALUE = b"v" * 256
 CONCURRENCY = (1, 16, 64)
-
-if str(REPO_ROOT) not in sys.path:  # the process harness lives with the integration tests
-    sys.path.insert(0, str(REPO_ROOT))
-
-from tests.integration.procs import ControllerQuorum  # noqa: E402
 
 THROUGHPUT_PROFILE: dict[str, str] = {"controller.quorum.append.linger.ms": "0", "log.level": "WARNING"}
 FAILOVER_PROFILES: dict[str, dict[str, str]] = {

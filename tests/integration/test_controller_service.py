@@ -18,8 +18,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from procs import ControllerQuorum, run_kraft
 
+from kraft.cluster.quorum import ControllerQuorum, run_kraft
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
 from kraft.metadata.admin import AdminClient
