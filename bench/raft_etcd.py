@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from bench.procutil import reap
 from kraft.netutil import free_port, wait_for_port
+from kraft.procutil import reap
 
 PUT_METHOD = "/etcdserverpb.KV/Put"
 

@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from bench.procutil import reap
 from kraft.netutil import free_port, wait_for_port
+from kraft.procutil import reap
 from kraft.runtime import configure_grpc_io, run_server
 from kraft.v1 import raft_pb2
 

@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from chaos import grudges
 from chaos.topology import LinkProxy, Topology
@@ -223,56 +223,69 @@ def choose_targets(
     return [rng.choice(list(candidates))]
 
 
-class KillNemesis(Nemesis):
+class ProcessNemesis(Nemesis):
+    """A fault on whole processes: ``start`` hits the chosen nodes, ``heal`` undoes it on the same ones.
+
+    A subclass states only the fault: the :class:`ProcessControl` calls that apply and undo it, and the
+    verbs that describe each in the history.
+    """
+
+    _applied_verb: ClassVar[str]
+    _undone_verb: ClassVar[str]
+
+    def __init__(
+        self, name: str, control: ProcessControl, candidates: Sequence[str], targets: Targets = Targets.ONE
+    ) -> None:
+        super().__init__(name)
+        self._control = control
+        self._candidates = list(candidates)
+        self._targets = targets
+        self._hit: list[str] = []
+
+    @abc.abstractmethod
+    def _apply(self, node: str) -> None: ...
+
+    @abc.abstractmethod
+    def _undo(self, node: str) -> None: ...
+
+    def _start(self, rng: random.Random) -> str:
+        leader = self._control.leader() if self._targets is Targets.LEADER else None
+        self._hit = choose_targets(self._targets, self._candidates, rng, leader)
+        for node in self._hit:
+            self._apply(node)
+        return f"{self._applied_verb} {', '.join(self._hit)}"
+
+    def _heal(self) -> str:
+        for node in self._hit:
+            self._undo(node)
+        healed, self._hit = self._hit, []
+        return f"{self._undone_verb} {', '.join(healed)}"
+
+
+class KillNemesis(ProcessNemesis):
     """kill -9 the chosen nodes; heal restarts them."""
 
-    def __init__(
-        self, name: str, control: ProcessControl, candidates: Sequence[str], targets: Targets = Targets.ONE
-    ) -> None:
-        super().__init__(name)
-        self._control = control
-        self._candidates = list(candidates)
-        self._targets = targets
-        self._victims: list[str] = []
+    _applied_verb = "killed"
+    _undone_verb = "restarted"
 
-    def _start(self, rng: random.Random) -> str:
-        leader = self._control.leader() if self._targets is Targets.LEADER else None
-        self._victims = choose_targets(self._targets, self._candidates, rng, leader)
-        for node in self._victims:
-            self._control.kill(node)
-        return f"killed {', '.join(self._victims)}"
+    def _apply(self, node: str) -> None:
+        self._control.kill(node)
 
-    def _heal(self) -> str:
-        for node in self._victims:
-            self._control.restart(node)
-        restarted, self._victims = self._victims, []
-        return f"restarted {', '.join(restarted)}"
+    def _undo(self, node: str) -> None:
+        self._control.restart(node)
 
 
-class PauseNemesis(Nemesis):
+class PauseNemesis(ProcessNemesis):
     """SIGSTOP the chosen nodes (held past their timeouts by the scheduler); heal sends SIGCONT."""
 
-    def __init__(
-        self, name: str, control: ProcessControl, candidates: Sequence[str], targets: Targets = Targets.ONE
-    ) -> None:
-        super().__init__(name)
-        self._control = control
-        self._candidates = list(candidates)
-        self._targets = targets
-        self._paused: list[str] = []
+    _applied_verb = "paused"
+    _undone_verb = "resumed"
 
-    def _start(self, rng: random.Random) -> str:
-        leader = self._control.leader() if self._targets is Targets.LEADER else None
-        self._paused = choose_targets(self._targets, self._candidates, rng, leader)
-        for node in self._paused:
-            self._control.pause(node)
-        return f"paused {', '.join(self._paused)}"
+    def _apply(self, node: str) -> None:
+        self._control.pause(node)
 
-    def _heal(self) -> str:
-        for node in self._paused:
-            self._control.resume(node)
-        resumed, self._paused = self._paused, []
-        return f"resumed {', '.join(resumed)}"
+    def _undo(self, node: str) -> None:
+        self._control.resume(node)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,10 +76,6 @@ class Topology:
             if (link := self.links.get((source, target))) is not None
         ]
 
-    def links_of(self, node: str) -> list[LinkProxy]:
-        """Every link into or out of ``node``."""
-        return [link for link in self.links.values() if node in (link.source, link.target)]
-
     def nodes(self) -> list[str]:
         return sorted(self.listeners)
 

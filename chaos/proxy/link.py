@@ -337,10 +337,6 @@ class Connection:
             self._tasks.append(asyncio.create_task(link.read_loop()))
             self._tasks.append(asyncio.create_task(link.pump_loop()))
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def chain_changed(self, direction: Direction) -> None:
         if not self._closed:
             self.links[direction].chain_changed()

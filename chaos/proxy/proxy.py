@@ -140,10 +140,6 @@ class Proxy:
         routed = await asyncio.to_thread(self._router, self.name, (str(peer[0]), int(peer[1])))
         return routed or self.upstream
 
-    @property
-    def connection_count(self) -> int:
-        return len(self._connections)
-
     # --- toxics ---
 
     def chain(self, direction: Direction) -> list[Toxic]:

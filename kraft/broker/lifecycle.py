@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
@@ -268,8 +268,3 @@ class BrokerLifecycle:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
         self._wake.clear()
-
-
-def endpoints_of(listeners: Sequence[tuple[str, str, int]]) -> tuple[Endpoint, ...]:
-    """``(name, host, port)`` triples as wire endpoints."""
-    return tuple(Endpoint(name=n, host=h, port=p, security_protocol="PLAINTEXT") for n, h, p in listeners)

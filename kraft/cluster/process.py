@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from kraft.cluster.spec import ClusterLayout, NodeSpec
+from kraft.procutil import spawn_logged
 
 _POLL_S: Final = 0.05
 
@@ -115,20 +116,13 @@ class NodeProcess:
             raise ProcessError(f"{self.node.name} is already running (pid {running})")
         for path in (self.log_path, self.pid_path):
             path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
-        with self.log_path.open("ab") as log:
-            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            log.write(f"# {stamp} starting {self.node.name}: {' '.join(self.command())}\n".encode())
-            log.flush()
-            self._popen = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-                close_fds=True,
-            )
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._popen = spawn_logged(
+            self.command(),
+            self.log_path,
+            banner=f"# {stamp} starting {self.node.name}: {' '.join(self.command())}",
+            extra_env=self.extra_env,
+        )
         tmp = self.pid_path.with_suffix(".tmp")
         tmp.write_text(f"{self._popen.pid}\n")
         tmp.replace(self.pid_path)

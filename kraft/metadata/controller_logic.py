@@ -7,7 +7,7 @@ image at the offsets they will get (``next_offset``, ``next_offset + 1``, …) a
 response; the shell appends exactly those records.  On leadership loss the shell calls :meth:`reset` with
 the committed image and everything pending is dropped.
 
-Broker lifecycle (KRAFT.md §4):
+Broker lifecycle (Kafka's QuorumController, KIP-631):
 
 =====================  =====================================  ========================================
 state                  heartbeat                              next

@@ -139,12 +139,6 @@ class MetadataDelta:
             return None
         return self.image.partition(topic_id, partition_id)
 
-    def has_changes(self) -> bool:
-        return (
-            bool(self._brokers or self._topics or self._removed_topics or self._configs or self._features)
-            or self.offset != self.image.offset
-        )
-
     # ---- replay ----
 
     def replay(self, record: pb.MetadataRecord, offset: int = -1, epoch: int = -1) -> None:
@@ -157,10 +151,6 @@ class MetadataDelta:
         handler = _HANDLERS.get(kind or "")
         if handler is not None:
             handler(self, getattr(record, kind or ""))
-
-    def replay_all(self, records: Iterable[tuple[int, pb.MetadataRecord]], epoch: int = -1) -> None:
-        for offset, record in records:
-            self.replay(record, offset, epoch)
 
     def replay_values(
         self,
@@ -326,7 +316,8 @@ class MetadataDelta:
         replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
         isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
         leader = r.leader if r.HasField("leader") else current.leader
-        # kraft bumps both epochs on every change (ARCHITECTURE.md §5), so any change fences stale leaders.
+        # kraft bumps both epochs on every change, not only on a leader change, so any change fences stale
+        # leaders.
         topic.changed[partition_id] = make_partition(
             replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
         )

@@ -22,7 +22,7 @@ quorum's "no leader known" is :data:`kraft.raft.messages.NO_LEADER`."""
 
 
 class BrokerState(enum.Enum):
-    """The state shown to users (ARCHITECTURE.md §5); OFFLINE needs heartbeat knowledge, see controller."""
+    """The state ``kraft broker list`` shows; OFFLINE (session expired) needs heartbeats, see controller."""
 
     FENCED = "FENCED"
     ACTIVE = "ACTIVE"
@@ -124,9 +124,6 @@ class MetadataImage:
 
     def topic_configs(self, name: str) -> Mapping[str, str]:
         return self.configs.get(ConfigKey(ConfigResourceType.TOPIC, name), {})
-
-    def unfenced_broker_ids(self) -> list[int]:
-        return sorted(b.broker_id for b in self.brokers.values() if not b.fenced)
 
 
 EMPTY_IMAGE = MetadataImage(

@@ -1,6 +1,6 @@
 """Partition change builder: ISR and leader decisions as PartitionChangeRecords (pure).
 
-Rules (ARCHITECTURE.md §5, KRAFT.md §4):
+Rules (Kafka's PartitionChangeBuilder, KIP-631):
 - the leader is the first acceptable replica, in replica order, that is in the ISR — so the preferred
   leader (``replicas[0]``) is restored automatically whenever it is acceptable and in the ISR; an
   acceptable current leader is kept otherwise (no needless leadership churn);

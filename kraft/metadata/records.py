@@ -25,7 +25,7 @@ _FIELD_NUMBER_OFFSET = 10
 
 
 class ApiKey(enum.IntEnum):
-    """Kafka's metadata record api keys (KRAFT.md §5)."""
+    """Kafka's metadata record api keys (the numbers Kafka's ``MetadataRecordType`` uses)."""
 
     REGISTER_BROKER = 0
     UNREGISTER_BROKER = 1

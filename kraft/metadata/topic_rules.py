@@ -119,7 +119,3 @@ def validate_topic_configs(configs: list[tuple[str, str]], replication_factor: i
             f"min.insync.replicas {min_isr} is larger than the replication factor {replication_factor}",
         )
     return result
-
-
-def known_topic_configs() -> list[str]:
-    return sorted(_TOPIC_CONFIGS)

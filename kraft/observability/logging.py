@@ -124,9 +124,6 @@ class StructLogger:
         """A new logger that calls ``provider()`` for every emitted line and adds what it returns."""
         return StructLogger(self._logger, self._fields, (*self._providers, provider))
 
-    def is_enabled_for(self, level: int) -> bool:
-        return self._logger.isEnabledFor(level)
-
     def debug(self, event: str, **fields: object) -> None:
         if self._logger.isEnabledFor(logging.DEBUG):
             self._emit(logging.DEBUG, event, fields, None)

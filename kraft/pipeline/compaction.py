@@ -48,7 +48,7 @@ from kraft.pipeline.decode import iter_file_batches, mapped
 from kraft.pipeline.layout import LogFile, find_partition_dirs, is_segment_file_name
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 REPORT_FILE = "compaction-report.json"
 DEFAULT_TOMBSTONE_RETENTION_MS = 86_400_000  # Kafka's delete.retention.ms default
@@ -495,10 +495,3 @@ def _build_report(
                 f"out (compacted topics require keys); first at offset {part.keyless_first_offset}"
             )
     return report
-
-
-def compacted_frame(spark: SparkSession, out_dir: str) -> DataFrame:
-    """The compacted output read back through the kraft reader (for checks and analytics)."""
-    from kraft.pipeline.reader import read_logs
-
-    return read_logs(spark, out_dir, include_snapshots=False)

@@ -82,16 +82,6 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
 
-    @property
-    def earliest_epoch(self) -> int:
-        return self._epochs[0] if self._epochs else UNDEFINED_EPOCH
-
-    def start_offset_of(self, epoch: int) -> int | None:
-        index = bisect.bisect_left(self._epochs, epoch)
-        if index < len(self._epochs) and self._epochs[index] == epoch:
-            return self._offsets[index]
-        return None
-
     def epoch_for_offset(self, offset: int) -> int:
         """The epoch of the batch holding ``offset`` (UNDEFINED_EPOCH if before the first entry)."""
         index = bisect.bisect_right(self._offsets, offset) - 1

@@ -341,9 +341,6 @@ class LogSegment:
     def read_all(self) -> bytes:
         return pread_exact(self._fd, self.size, 0)
 
-    def read_range(self, position: int, size: int) -> bytes:
-        return pread_exact(self._fd, size, position)
-
     # --- truncation and deletion -------------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> None:

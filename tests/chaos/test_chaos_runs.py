@@ -19,8 +19,8 @@ from chaos.scenarios import SCENARIOS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(150)]
 
-# One fixed seed per scenario so the suite is reproducible; tests/chaos/regressions.py adds seeds that
-# once found bugs.
+# One fixed seed per scenario so the suite is reproducible; tests/chaos/chaos_regressions.py adds seeds that
+# once found bugs (replayed by test_chaos_regressions.py).
 SUITE_SEEDS = {
     "isolate": 21,
     "isolate-leader": 11,

@@ -1,9 +1,9 @@
 """Fixtures for tests that run real kraft processes on loopback.
 
 ``quorum_factory(size=3, overrides={...}, test_append=True)`` returns an unstarted
-:class:`procs.ControllerQuorum` under the test's tmp dir; every quorum it made is killed at teardown, and
-a failing test gets every node's log tail in its report.  ``quorum`` is a started 3-node quorum.
-The reusable machinery lives in ``procs.py`` (importable without pytest).
+:class:`kraft.cluster.quorum.ControllerQuorum` under the test's tmp dir; every quorum it made is killed at
+teardown, and a failing test gets every node's log tail in its report.  ``quorum`` is a started 3-node
+quorum.  The machinery itself lives in :mod:`kraft.cluster.quorum`, shared with the benchmarks.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from procs import ControllerQuorum, QuorumFactory
+
+from kraft.cluster.quorum import ControllerQuorum, QuorumFactory
 
 # Timeouts shorter than Kafka's defaults keep the tests quick, yet loose enough for a busy 2-core box.
 TEST_PROFILE: dict[str, str] = {

@@ -3,14 +3,14 @@ convergence, the data path and its error cases.
 
 One 3-controller quorum is shared by the module (session 3 s, heartbeat 500 ms) to keep the run short;
 every test uses its own broker ids and topic names.  Every wait polls a condition with a deadline; every
-process is killed in a fixture finalizer (and by procs.py's atexit hook if the interpreter dies).
+process is killed in a fixture finalizer (controllers also by kraft.cluster.quorum's atexit hook if the
+interpreter dies).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import time
@@ -21,10 +21,11 @@ from typing import TypeVar
 
 import grpc
 import pytest
-from procs import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
 
+from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
+from kraft.procutil import log_tail, spawn_logged
 from kraft.v1 import broker_pb2 as bpb
 from kraft.v1 import broker_pb2_grpc, controller_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
@@ -87,18 +88,12 @@ class BrokerProc:
         )
 
     def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            log.write(f"--- start broker {self.broker_id} at {time.time():.3f} ---\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                [*KRAFT_COMMAND, "broker", "start", "--config", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO_ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-            )
+        self.process = spawn_logged(
+            [*KRAFT_COMMAND, "broker", "start", "--config", str(self.config_path)],
+            self.log_path,
+            banner=f"--- start broker {self.broker_id} at {time.time():.3f} ---",
+            cwd=REPO_ROOT,
+        )
         if not wait_for_port("127.0.0.1", self.port, 30.0):
             raise AssertionError(f"broker {self.broker_id} did not listen:\n{self.log_tail()}")
 
@@ -131,7 +126,7 @@ class BrokerProc:
             return ""
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 class Cluster:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from procs import ControllerQuorum, QuorumFactory, run_kraft, wait_until
 
+from kraft.cluster.quorum import ControllerQuorum, QuorumFactory, run_kraft, wait_until
 from kraft.errors import ErrorCode
 from kraft.storage.meta_properties import MetaProperties, write_meta_properties
 from kraft.v1 import raft_pb2, raft_pb2_grpc

@@ -253,3 +253,16 @@ def test_partition_through_the_real_proxy_blocks_then_restores_traffic(echo_addr
             assert missing.value.status == 404
         finally:
             client.close()
+
+
+def test_process_nemeses_describe_and_undo_on_the_same_nodes() -> None:
+    control = FakeProcesses()
+    for nemesis, verbs in (
+        (KillNemesis("kill", control, CONTROLLERS, Targets.MINORITY), ("killed", "restarted")),
+        (PauseNemesis("pause", control, CONTROLLERS, Targets.MINORITY), ("paused", "resumed")),
+    ):
+        started = nemesis.start(random.Random(1))
+        healed = nemesis.heal()
+        assert started.startswith(f"{verbs[0]} ") and healed == f"{verbs[1]} {started.split(' ', 1)[1]}"
+        assert nemesis.heal() == "nothing to heal"
+    assert [c[0] for c in control.calls] == ["kill", "restart", "pause", "resume"]

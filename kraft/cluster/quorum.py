@@ -1,6 +1,6 @@
-"""Real kraft controller processes on loopback, for integration tests and benchmarks.
+"""Real kraft controller processes on loopback, for the integration tests and the benchmarks.
 
-Reusable outside pytest (the benchmark imports it by path): no pytest imports here.
+Both import it from here (no pytest imports in this module).
 
 - :class:`ControllerQuorum` writes one ``.properties`` per node (free ports, ``base_dir/node<N>/``),
   formats storage (``kraft storage format``'s code, in-process), starts every node as
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import grpc
 
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
+from kraft.procutil import log_tail, reap, spawn_logged
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import format_log_dir
 from kraft.v1 import raft_pb2, raft_pb2_grpc
@@ -118,19 +118,13 @@ class ControllerProc:
     def start(self, extra_env: Mapping[str, str] | None = None) -> None:
         if self.alive:
             raise RuntimeError(f"node {self.node_id} is already running (pid {self.pid})")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
-        with self.log_path.open("ab") as log:
-            log.write(f"--- start node {self.node_id} at {time.time():.3f} ---\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                [*KRAFT_COMMAND, "controller", "start", "--config", str(self.config_path)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=REPO_ROOT,
-                env=env,
-                start_new_session=True,  # a Ctrl-C of the test run must not hit the nodes first
-            )
+        self.process = spawn_logged(
+            [*KRAFT_COMMAND, "controller", "start", "--config", str(self.config_path)],
+            self.log_path,
+            banner=f"--- start node {self.node_id} at {time.time():.3f} ---",
+            extra_env=extra_env,
+            cwd=REPO_ROOT,
+        )
         _LIVE[self.process.pid] = self.process
 
     def wait_listening(self, timeout_s: float = 30.0) -> None:
@@ -154,11 +148,9 @@ class ControllerProc:
             return 0
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
-        try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait(timeout=10)
+        code = reap(process, timeout_s, kill_wait_s=10)
+        if code is None:
+            raise QuorumTimeout(f"node {self.node_id} (pid {process.pid}) survived SIGKILL")
         _LIVE.pop(process.pid, None)
         return code
 
@@ -187,11 +179,7 @@ class ControllerProc:
         _LIVE.pop(process.pid, None)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return f"(no log at {self.log_path})"
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
 
 @dataclass
