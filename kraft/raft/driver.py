@@ -485,8 +485,8 @@ class RaftDriver:
         await asyncio.to_thread(self._elections.write, election)
 
     async def _flush(self) -> None:
-        # Awaited by the driver task: no truncation or other input reaches the core (or the log) while
-        # the fsync runs, and the flush's own output is executed before the next event is taken.
+        # Awaited by the driver task: nothing writes the log while the fsync runs (no truncation races
+        # it), and the flush's own output is executed before the next event is fed to the core.
         end = await asyncio.to_thread(self._log.flush)
         self._metrics.log_end_offset.set(end)
         await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
