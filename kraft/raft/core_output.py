@@ -1,16 +1,21 @@
 """What the core asks its driver to do: effects, grouped in one :class:`Output` per step.
 
-Execution order (the driver's contract, also followed by the simulator):
+One function performs an Output: :func:`kraft.raft.executor.execute_output`, used by the asyncio driver
+and by the simulation alike.  Its order, justified in :mod:`kraft.raft.executor`:
 
 1. ``log_ops`` in order (append / truncate / snapshot chunk / install snapshot) — buffered writes;
-2. ``send_now`` — messages that depend on nothing durable (fill ``read_log`` / ``read_snapshot`` from the
-   log *after* step 1);
+2. ``send_now`` — messages that depend on nothing durable (``read_log`` / ``read_snapshot`` are filled
+   from the log *after* step 1);
 3. ``election_state`` — write ``quorum-state`` (fsync) if set;
 4. ``send_after_persist`` — messages that must not leave before step 3 (votes, vote requests,
    BeginQuorumEpoch);
-5. ``flush`` — fsync the log, then call ``core.on_flushed(end_offset)``;
-6. notify: ``high_watermark`` (deliver committed batches), ``leader_change``, ``lost_leadership``
-   (fail pending appends), ``installed_snapshot`` (listeners reload).
+5. notify: ``installed_snapshot`` (listeners reload), ``high_watermark`` (deliver committed batches,
+   complete pending appends), ``lost_leadership`` (fail pending appends), ``leader_change``;
+6. ``next_deadline_ms`` — when to poll the core next;
+7. ``flush`` — fsync the log, then feed ``core.on_flushed(end_offset)`` and execute its Output the same way.
+
+Notifying before this Output's flush is safe because a high watermark never depends on it: the leader
+counts itself only by its flushed end, and followers report only flushed offsets.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ Task ownership (who touches what):
 
 - **raft-driver** (one task, :meth:`RaftDriver._run`) owns the :class:`~kraft.raft.core.RaftCore` and the
   log.  It waits for the next event or the core's next deadline, feeds the core, then executes the
-  output in the documented order: log writes → send-now messages → quorum-state write (fsync) →
-  send-after-persist messages → log fsync (→ ``on_flushed``) → notifications.  Nothing else calls
-  the core except :meth:`RaftDriver.schedule_append` (adds records to the accumulator, no IO) and
-  read-only views.
+  output with :func:`~kraft.raft.executor.execute_output` (the one order of effects, shared with the
+  simulation): log writes → send-now messages → quorum-state write (fsync) → send-after-persist
+  messages → notifications → next deadline → log fsync, whose ``on_flushed`` output it executes before
+  taking the next event.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds
+  records to the accumulator, no IO) and read-only views.
 - **raft-send** tasks, one per outbound request: ``transport.send`` and push the outcome back as an
   event; they never touch the core.
 - **inbound RPC tasks** (the transport's): :meth:`RaftDriver.handle_request` queues the request and awaits
@@ -57,6 +58,7 @@ from kraft.raft.core_output import (
     WriteSnapshotChunk,
 )
 from kraft.raft.core_types import BatchInfo, RaftConfig
+from kraft.raft.executor import OutputPorts, execute_output
 from kraft.raft.listeners import CommitView, ListenerSet
 from kraft.raft.messages import (
     DescribeQuorumResponse,
@@ -205,6 +207,17 @@ class RaftDriver:
         self._leader_changed = asyncio.Event()
         self._last_state: StateKind | None = None
         self._listeners = ListenerSet(log, snapshots, self._commit_view, self._logger)
+        self._ports = OutputPorts(
+            write_log=self._apply_log_op,
+            send=self._deliver,
+            persist_election=self._persist_election,
+            load_snapshot=self._on_snapshot_installed,
+            commit=self._on_high_watermark,
+            fail_pending_appends=self._fail_pending_appends,
+            announce_leader=self._on_leader_change,
+            wait_until=self._wait_until,
+            flush=self._flush,
+        )
 
     def _build_core(self) -> RaftCore:
         snapshot = self._snapshots.latest()
@@ -430,14 +443,14 @@ class RaftDriver:
 
     async def _run(self) -> None:
         try:
-            await self._execute(self._core.start(self._clock.monotonic_ms()))
+            await execute_output(self._core.start(self._clock.monotonic_ms()), self._ports)
             while True:
                 if not self._events:
                     await self._sleep_until_deadline()
                 while self._events:
                     event = self._events.popleft()
-                    await self._execute(self._dispatch(event, self._clock.monotonic_ms()))
-                await self._execute(self._core.poll(self._clock.monotonic_ms()))
+                    await execute_output(self._dispatch(event, self._clock.monotonic_ms()), self._ports)
+                await execute_output(self._core.poll(self._clock.monotonic_ms()), self._ports)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -484,27 +497,21 @@ class RaftDriver:
         self._wakeup_queued = False
         return core.take_output(now_ms)
 
-    async def _execute(self, out: Output) -> None:
-        for op in out.log_ops:
-            await self._apply_log_op(op)
-        for message in out.send_now:
-            self._deliver(message)
-        if out.election_state is not None:
-            await asyncio.to_thread(self._elections.write, out.election_state)
-        for message in out.send_after_persist:
-            self._deliver(message)
-        if out.high_watermark is not None:
-            self._on_high_watermark(out.high_watermark)
-        if out.lost_leadership:
-            self._fail_pending_appends()
-        if out.leader_change is not None or out.installed_snapshot is not None:
-            self._on_leader_or_snapshot_change(out)
+    # ------------------------------------------------------------------ effects (the ports of execute_output)
+
+    async def _persist_election(self, election: ElectionState) -> None:
+        await asyncio.to_thread(self._elections.write, election)
+
+    async def _flush(self) -> None:
+        # Awaited by the driver task: nothing writes the log while the fsync runs (no truncation races
+        # it), and the flush's own output is executed before the next event is fed to the core.
+        end = await asyncio.to_thread(self._log.flush)
+        self._metrics.log_end_offset.set(end)
+        await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
+
+    def _wait_until(self, deadline_ms: int) -> None:
         self._observe_state()
-        self._deadline_ms = out.next_deadline_ms
-        if out.flush:
-            end = await asyncio.to_thread(self._log.flush)
-            self._metrics.log_end_offset.set(end)
-            await self._execute(self._core.on_flushed(end, self._clock.monotonic_ms()))
+        self._deadline_ms = deadline_ms
 
     async def _apply_log_op(self, op: LogOp) -> None:
         if isinstance(op, AppendRecords):
@@ -609,12 +616,13 @@ class RaftDriver:
                 future.set_exception(error)
         self._pending_appends.clear()
 
-    def _on_leader_or_snapshot_change(self, out: Output) -> None:
-        if out.leader_change is not None:
-            leader = out.leader_change
-            self._logger.info("leader_changed", leader=leader.leader_id, epoch=leader.epoch)
-            self._metrics.current_leader.set(leader.leader_id)
-            self._leader_changed.set()
+    def _on_snapshot_installed(self, _snapshot_id: SnapshotId) -> None:
+        self._listeners.wake_all()  # each listener sees it is behind the log start and loads the snapshot
+
+    def _on_leader_change(self, leader: LeaderAndEpoch) -> None:
+        self._logger.info("leader_changed", leader=leader.leader_id, epoch=leader.epoch)
+        self._metrics.current_leader.set(leader.leader_id)
+        self._leader_changed.set()
         self._listeners.wake_all()
 
     def _observe_state(self) -> None:

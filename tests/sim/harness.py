@@ -1,9 +1,10 @@
 """Deterministic whole-cluster simulation of the Raft core (no asyncio, no IO).
 
 A :class:`Simulation` runs N :class:`~kraft.raft.core.RaftCore` instances on a seeded event queue with a
-virtual clock.  Each :class:`SimNode` executes its core's effects the way the production driver does
-(log ops → send now → persist → send after persist → flush later) against an in-memory log that loses
-unflushed batches on a crash.  A :class:`Router` delivers messages with random delay and applies network
+virtual clock.  Each :class:`SimNode` executes its core's effects with the production driver's executor,
+:func:`kraft.raft.executor.execute_output` (one order of effects for both), through ports over an
+in-memory log that loses unflushed batches on a crash; a flush completes 0-2 virtual ms later, with other
+events in between (a slow disk).  A :class:`Router` delivers messages with random delay and applies network
 filters (isolate, one-way drop, random drop, duplicate, reorder through jitter).
 
 Invariants are checked after **every** event (:meth:`Simulation.check_invariants`); any violation raises
@@ -24,6 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kraft.raft.client import LeaderAndEpoch
 from kraft.raft.core import RaftCore
 from kraft.raft.core_log import EpochEntry, LogMeta
 from kraft.raft.core_output import (
@@ -31,6 +33,7 @@ from kraft.raft.core_output import (
     AppendLeaderChange,
     AppendRecords,
     InstallSnapshot,
+    LogOp,
     Outbound,
     OutboundRequest,
     OutboundResponse,
@@ -39,6 +42,7 @@ from kraft.raft.core_output import (
     WriteSnapshotChunk,
 )
 from kraft.raft.core_types import BatchInfo, RaftConfig
+from kraft.raft.executor import OutputPorts, execute_output_now
 from kraft.raft.messages import (
     NO_LEADER,
     FetchResponse,
@@ -266,6 +270,17 @@ class SimNode:
         self.stats = NodeStats()
         self.snapshot_every = 0
         """Create a snapshot (and delete the log below it) every this many applied offsets; 0 = never."""
+        self.ports = OutputPorts(
+            write_log=self._write_log,
+            send=self._dispatch,
+            persist_election=self._persist_election,
+            load_snapshot=self._load_snapshot,
+            commit=self._commit,
+            fail_pending_appends=self.pending_appends.clear,
+            announce_leader=self._announce_leader,
+            wait_until=self._wait_until,
+            flush=self._start_flush,
+        )
 
     # -- lifecycle
 
@@ -319,41 +334,12 @@ class SimNode:
         return self.core
 
     def process(self, out: Output) -> None:
-        core = self.live_core
-        for op in out.log_ops:
-            self._apply_log_op(op)
-        for message in out.send_now:
-            self._dispatch(message)
-        if out.election_state is not None:
-            if out.election_state.epoch < self.election.epoch:
-                raise InvariantViolation(
-                    f"node {self.node_id} persisted epoch {out.election_state.epoch} "
-                    f"after {self.election.epoch}"
-                )
-            self.election = out.election_state
-        for message in out.send_after_persist:
-            self._dispatch(message)
-        if out.flush:
-            incarnation = self.incarnation
-            self.sim.schedule(self.sim.rng.randint(0, 2), lambda: self._flush(incarnation))
-        if out.installed_snapshot is not None:
-            self._load_snapshot()
-        if out.high_watermark is not None:
-            if out.high_watermark < self.high_watermark:
-                raise InvariantViolation(
-                    f"node {self.node_id} high watermark went back "
-                    f"{self.high_watermark} -> {out.high_watermark}"
-                )
-            self.high_watermark = out.high_watermark
-            self._apply_committed()
-        if out.lost_leadership:
-            self.pending_appends.clear()
-        self.sim.after_node_event(self)
-        self._schedule_poll(out.next_deadline_ms)
-        del core
+        """Execute ``out`` in the production order (:func:`~kraft.raft.executor.execute_output`)."""
+        if self.core is None:
+            raise InvariantViolation(f"node {self.node_id} is not running")
+        execute_output_now(out, self.ports)
 
-    def _apply_log_op(self, op: object) -> None:
-        core = self.live_core
+    async def _write_log(self, op: LogOp) -> None:
         if isinstance(op, AppendRecords):
             self.log.append((op.base_offset, op.base_offset + len(op.records) - 1, op.epoch, op.records))
         elif isinstance(op, AppendLeaderChange):
@@ -380,10 +366,36 @@ class SimNode:
             self.snapshot = SimSnapshot(op.snapshot_id, values, bytes(self.download))
             self.log.reset(op.snapshot_id.end_offset)
             self.stats.snapshots_installed += 1
-        del core
 
-    def _load_snapshot(self) -> None:
-        assert self.snapshot is not None
+    async def _persist_election(self, election: ElectionState) -> None:
+        if election.epoch < self.election.epoch:
+            raise InvariantViolation(
+                f"node {self.node_id} persisted epoch {election.epoch} after {self.election.epoch}"
+            )
+        self.election = election
+
+    async def _start_flush(self) -> None:
+        incarnation = self.incarnation
+        self.sim.schedule(self.sim.rng.randint(0, 2), lambda: self._flush(incarnation))
+
+    def _commit(self, high_watermark: int) -> None:
+        if high_watermark < self.high_watermark:
+            raise InvariantViolation(
+                f"node {self.node_id} high watermark went back {self.high_watermark} -> {high_watermark}"
+            )
+        self.high_watermark = high_watermark
+        self._apply_committed()
+
+    def _announce_leader(self, leader: LeaderAndEpoch) -> None:
+        """Nothing to do: the invariants read leadership from the cores themselves."""
+
+    def _wait_until(self, deadline_ms: int) -> None:
+        self.sim.after_node_event(self)
+        self._schedule_poll(deadline_ms)
+
+    def _load_snapshot(self, snapshot_id: SnapshotId) -> None:
+        if self.snapshot is None or self.snapshot.snapshot_id != snapshot_id:
+            raise InvariantViolation(f"node {self.node_id} was told to load snapshot {snapshot_id} it lacks")
         values = self.snapshot.values
         for offset, value in enumerate(values):
             self.sim.check_committed(self.node_id, offset, value)

@@ -1,9 +1,14 @@
-"""The simulation itself: deterministic per seed, and its invariant checks do fire."""
+"""The simulation itself: deterministic per seed, its invariant checks do fire, and it runs the driver's
+executor of the core's Output."""
 
 from __future__ import annotations
 
 import pytest
 
+from kraft.raft.core_output import AppendFetched, AppendLeaderChange, AppendRecords, Output
+from kraft.raft.executor import OutputPorts, execute_output_now
+from kraft.raft.state import ElectionState
+from sim import harness
 from sim.harness import InvariantViolation, Simulation
 
 
@@ -35,3 +40,46 @@ def test_a_high_watermark_not_durable_on_a_majority_is_detected() -> None:
     sim.max_high_watermark = 10
     with pytest.raises(InvariantViolation, match="durable on only"):
         sim.check_invariants()
+
+
+def test_a_persisted_epoch_going_back_is_detected() -> None:
+    sim = Simulation(0)
+    node = sim.nodes[1]
+    node.start()
+    node.process(Output(election_state=ElectionState(5)))
+    with pytest.raises(InvariantViolation, match="persisted epoch 4 after 5"):
+        node.process(Output(election_state=ElectionState(4)))
+
+
+def test_a_high_watermark_going_back_is_detected() -> None:
+    sim = Simulation(0)
+    node = sim.nodes[1]
+    node.start()
+    node.high_watermark = 3
+    with pytest.raises(InvariantViolation, match="went back 3 -> 2"):
+        node.process(Output(high_watermark=2))
+
+
+def test_the_simulation_executes_every_output_through_the_drivers_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    executed: list[Output] = []
+
+    def recording_execute(out: Output, ports: OutputPorts) -> None:
+        executed.append(out)
+        execute_output_now(out, ports)
+
+    monkeypatch.setattr(harness, "execute_output_now", recording_execute)
+    sim = Simulation(42, voters=3)
+    sim.start_all()
+    sim.start_workload()
+    sim.run_for(500)
+    assert sim.committed
+    ops = [op for out in executed for op in out.log_ops]
+    assert any(isinstance(op, AppendLeaderChange) for op in ops)
+    assert any(isinstance(op, AppendRecords) for op in ops)
+    assert any(isinstance(op, AppendFetched) for op in ops)
+    assert any(out.election_state is not None for out in executed)
+    assert any(out.send_after_persist for out in executed)
+    assert any(out.flush for out in executed)
+    assert max(out.high_watermark or 0 for out in executed) == sim.max_high_watermark
