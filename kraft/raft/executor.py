@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from kraft.raft.client import LeaderAndEpoch
+from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.core_output import LogOp, Outbound, Output
 from kraft.raft.messages import SnapshotId
 from kraft.raft.state import ElectionState

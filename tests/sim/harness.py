@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kraft.raft.client import LeaderAndEpoch
+from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.core import RaftCore
 from kraft.raft.core_log import EpochEntry, LogMeta
 from kraft.raft.core_output import (

@@ -13,7 +13,7 @@ from raft_helpers import wait_until
 import kraft.raft.driver as driver_module
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
-from kraft.raft.client import LeaderAndEpoch
+from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.core_output import (
     AppendLeaderChange,
     AppendRecords,
