@@ -17,7 +17,8 @@ that read what they are given and return decisions (:mod:`kraft.raft.core_decisi
   :class:`~kraft.raft.core_leader.LeaderRole`, :class:`~kraft.raft.core_fetcher.FetcherRole` (Follower,
   leaderless observer);
 - :mod:`kraft.raft.core_rules`: request validation, vote granting and the shared response rules;
-- :class:`~kraft.raft.core_inflight.InflightRequests`: correlation ids and request deadlines.
+- :class:`~kraft.raft.core_inflight.InflightRequests`: correlation ids and request deadlines;
+- :class:`~kraft.raft.core_timers.ElectionTimer`: the core's own election timer and lost-election backoff.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from kraft.raft.core_decisions import (
 from kraft.raft.core_election import ElectionRole, Outcome
 from kraft.raft.core_fetcher import FetcherRole
 from kraft.raft.core_inflight import Inflight, InflightRequests
-from kraft.raft.core_leader import NEVER_MS, LeaderRole
+from kraft.raft.core_leader import LeaderRole
 from kraft.raft.core_log import LogInvariantError, LogMeta
 from kraft.raft.core_output import InstallSnapshot, OutboundRequest, OutboundResponse, Output, TruncateTo
 from kraft.raft.core_rules import (
@@ -64,6 +65,7 @@ from kraft.raft.core_rules import (
     quorum_epoch_request_error,
     vote_request_error,
 )
+from kraft.raft.core_timers import ElectionTimer
 from kraft.raft.core_types import BatchScanner, RaftConfig
 from kraft.raft.messages import (
     NO_LEADER,
@@ -83,14 +85,7 @@ from kraft.raft.messages import (
     VoteResponse,
     error_response_for,
 )
-from kraft.raft.quorum import (
-    Rng,
-    election_backoff_ms,
-    end_quorum_backoff_ms,
-    is_log_up_to_date,
-    majority,
-    random_election_timeout_ms,
-)
+from kraft.raft.quorum import Rng, end_quorum_backoff_ms, is_log_up_to_date, majority
 from kraft.raft.state import PERSISTED_STATES, ElectionState, StateKind, check_transition
 
 
@@ -113,11 +108,10 @@ class RaftCore:
         self.log = log
         self.high_watermark = log.start_offset if log.snapshot is not None else 0
         self.now_ms = 0
-        self.election_retries = 0
+        self._timer = ElectionTimer(config, rng)
         self._out = Output()
         self._persisted = election
         self._inflight = InflightRequests()
-        self._election_deadline_ms = NEVER_MS
         self._election: ElectionRole | None = None
         self._leader: LeaderRole | None = None
         self._fetcher: FetcherRole | None = None
@@ -333,7 +327,7 @@ class RaftCore:
     def _take_output(self) -> Output:
         out = self._out
         self._out = Output()
-        deadline = min(self._election_deadline_ms, self._inflight.next_deadline_ms())
+        deadline = min(self._timer.deadline_ms, self._inflight.next_deadline_ms())
         for role in (self._election, self._leader, self._fetcher):
             if role is not None:
                 deadline = min(deadline, role.next_deadline_ms())
@@ -376,7 +370,7 @@ class RaftCore:
                         self.high_watermark = offset
                         out.high_watermark = offset
                 case ResetElectionRetries():
-                    self.election_retries = 0
+                    self._timer.lost_elections = 0
                 case FetchAgain():
                     if self._fetcher is not None:
                         self._apply(self._fetcher.next_fetch(self.now_ms, self.log))
@@ -465,7 +459,7 @@ class RaftCore:
                 self._handle_leader_request(parked.request_id, parked.request)
 
     def _exit_state(self) -> None:
-        self._election_deadline_ms = NEVER_MS
+        self._timer.stop()
         if self._leader is not None:
             self._last_epoch_start_offset = self._leader.epoch_start_offset
         self._election = None
@@ -484,11 +478,11 @@ class RaftCore:
                 self._fetcher = FetcherRole(self.config, self.epoch, self.rng, None)
                 self._apply(self._fetcher.start(now, self.log))
             elif len(self.voters) == 1:
-                self._election_deadline_ms = now
+                self._timer.fire_now(now)
             else:
-                self._election_deadline_ms = now + self._election_timeout_ms()
+                self._timer.restart(now)
         elif state in (StateKind.PROSPECTIVE, StateKind.CANDIDATE):
-            self._election_deadline_ms = now + self._election_timeout_ms()
+            self._timer.restart(now)
             election = self._election = ElectionRole(
                 self.config, self.epoch, pre_vote=state is StateKind.PROSPECTIVE
             )
@@ -497,17 +491,20 @@ class RaftCore:
             else:
                 self._apply(election.start(self.log))
         elif state is StateKind.LEADER:
-            self.election_retries = 0
+            self._timer.lost_elections = 0
             self._leader = LeaderRole(self.config, self.epoch, self.log.end_offset, granting_voters)
             self._apply(self._leader.start(now))
         elif state is StateKind.FOLLOWER:
             fetcher = self._fetcher = FetcherRole(self.config, self.epoch, self.rng, self.election.leader_id)
             resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
-            backoff_ms = self._backoff_ms() if resigned else None
+            backoff_ms = self._timer.backoff_ms() if resigned else None
             self._apply(fetcher.start(now, self.log, leader_resigned_backoff_ms=backoff_ms))
         else:  # RESIGNED
             # A sole voter has nobody to hand over to: re-elect itself at once (cf. KAFKA-19130).
-            self._election_deadline_ms = now if len(self.voters) == 1 else now + self._election_timeout_ms()
+            if len(self.voters) == 1:
+                self._timer.fire_now(now)
+            else:
+                self._timer.restart(now)
             successors = old_leader.preferred_successors() if old_leader is not None else ()
             for voter in sorted(self.voters - {self.node_id}):
                 request = EndQuorumEpochRequest(
@@ -517,28 +514,17 @@ class RaftCore:
 
     def _back_off_after_failed_election(self) -> None:
         """Lost a (pre-)election: fall back and wait a randomized, growing backoff."""
-        self.election_retries += 1
+        self._timer.lost_elections += 1
         retained_leader = self.election.leader_id
         if self.state is StateKind.PROSPECTIVE and retained_leader not in (NO_LEADER, self.node_id):
             self._become(BecomeFollower(retained_leader, self.epoch))
         elif self.state is StateKind.PROSPECTIVE:
             self._become(BecomeUnattached(self.epoch, self.election.voted_id))
-            self._election_deadline_ms = self.now_ms + self._backoff_ms()
+            self._timer.back_off(self.now_ms)
         elif self._election is not None:
             # A candidate that lost waits out the backoff, then goes back to pre-vote.
             self._election.concede()
-            self._election_deadline_ms = self.now_ms + self._backoff_ms()
-
-    def _election_timeout_ms(self) -> int:
-        return random_election_timeout_ms(self.config.election_timeout_ms, self.rng)
-
-    def _backoff_ms(self) -> int:
-        return election_backoff_ms(
-            self.election_retries,
-            self.config.election_backoff_base_ms,
-            self.config.election_backoff_max_ms,
-            self.rng,
-        )
+            self._timer.back_off(self.now_ms)
 
     # ------------------------------------------------------------------ timers and failed requests
 
@@ -560,19 +546,19 @@ class RaftCore:
         elif state is StateKind.UNATTACHED:
             if self._fetcher is not None:
                 self._apply(self._fetcher.poll(now, self.log))
-            elif now >= self._election_deadline_ms:
+            elif self._timer.expired(now):
                 self._become(BecomeProspective())
         elif state is StateKind.PROSPECTIVE:
-            if now >= self._election_deadline_ms:
+            if self._timer.expired(now):
                 self._back_off_after_failed_election()
             elif self._election is not None:
                 self._apply(self._election.poll(now, self.log))
         elif state is StateKind.CANDIDATE:
-            if now >= self._election_deadline_ms:
+            if self._timer.expired(now):
                 self._become(BecomeProspective())
             elif self._election is not None:
                 self._apply(self._election.poll(now, self.log))
-        elif state is StateKind.RESIGNED and now >= self._election_deadline_ms:
+        elif state is StateKind.RESIGNED and self._timer.expired(now):
             self._become(BecomeUnattached(self.epoch + 1))
 
     def _on_request_failed(
@@ -616,7 +602,7 @@ class RaftCore:
             else:
                 self.election = ElectionState(self.epoch, NO_LEADER, request.candidate_id)
                 self._persist(self.election)
-                self._election_deadline_ms = self.now_ms + self._election_timeout_ms()
+                self._timer.restart(self.now_ms)
         leader = self.leader_and_epoch.leader_id
         response = VoteResponse(ErrorCode.NONE, "", leader, self.epoch, granted, False)
         self._respond(Respond(request_id, response, after_persist=granted))
@@ -664,7 +650,7 @@ class RaftCore:
             if self._fetcher is not None and self.election.leader_id == request.leader_id:
                 self._fetcher.on_leader_resigned(backoff_ms, self.now_ms)
             elif self.state is StateKind.UNATTACHED and self.is_voter:
-                self._election_deadline_ms = min(self._election_deadline_ms, self.now_ms + backoff_ms)
+                self._timer.fire_by(self.now_ms + backoff_ms)
             response = EndQuorumEpochResponse(ErrorCode.NONE, "", self.leader_and_epoch.leader_id, self.epoch)
         self._respond(Respond(request_id, response, after_persist=True))
 
