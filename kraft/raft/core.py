@@ -85,7 +85,7 @@ from kraft.raft.messages import (
     VoteResponse,
     error_response_for,
 )
-from kraft.raft.quorum import Rng, end_quorum_backoff_ms, is_log_up_to_date, majority
+from kraft.raft.quorum import Rng, end_quorum_backoff_ms, is_log_up_to_date
 from kraft.raft.state import PERSISTED_STATES, ElectionState, StateKind, check_transition
 
 
@@ -104,7 +104,6 @@ class RaftCore:
         self.rng = rng
         self.scan_batches = scan_batches
         self.voters = frozenset(config.voters)
-        self.majority = majority(len(config.voters))
         self.log = log
         self.high_watermark = log.start_offset if log.snapshot is not None else 0
         self.now_ms = 0
