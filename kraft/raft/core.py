@@ -6,25 +6,66 @@ local append, a finished flush — each with the current monotonic time, and ret
 IO and draws randomness only from the injected :class:`~kraft.raft.quorum.Rng`, so the same code runs in
 production (``kraft.raft.driver``) and in the deterministic simulation (``tests/sim``).
 
-Layout: this module owns the election state, transitions (table in :mod:`kraft.raft.state`), request
-dispatch and KRaft's shared response rules; per-state behaviour lives in role objects that exist only
-while the core is in that state — :class:`~kraft.raft.core_election.ElectionRole` (Prospective,
-Candidate), :class:`~kraft.raft.core_leader.LeaderRole`, :class:`~kraft.raft.core_fetcher.FetcherRole`
-(Follower, leaderless observer).  Roles emit effects through the core's ``send`` / ``respond`` / ``out``.
+Layout: this module is the orchestrator and the single owner of mutable state — the election state,
+the high watermark, the log metadata, in-flight requests and the Output being built.  It dispatches
+inputs by message and state, picks transitions (table in :mod:`kraft.raft.state`) and applies
+decisions in one place (:meth:`RaftCore._apply`, :meth:`RaftCore._become`).  The rest lives in units
+that read what they are given and return decisions (:mod:`kraft.raft.core_decisions`):
+
+- role objects that exist only while the core is in their state —
+  :class:`~kraft.raft.core_election.ElectionRole` (Prospective, Candidate),
+  :class:`~kraft.raft.core_leader.LeaderRole`, :class:`~kraft.raft.core_fetcher.FetcherRole` (Follower,
+  leaderless observer);
+- :mod:`kraft.raft.core_rules`: request validation, vote granting and the shared response rules;
+- :class:`~kraft.raft.core_inflight.InflightRequests`: correlation ids and request deadlines;
+- :class:`~kraft.raft.core_timers.ElectionTimer`: the core's own election timer and lost-election backoff.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from typing import assert_never
 
 from kraft.errors import ErrorCode
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError
+from kraft.raft.core_decisions import (
+    AdvanceHighWatermark,
+    AppendToLog,
+    BecomeCandidate,
+    BecomeFollower,
+    BecomeLeader,
+    BecomeProspective,
+    BecomeResigned,
+    BecomeUnattached,
+    Decisions,
+    FetchAgain,
+    ResetElectionRetries,
+    ResetToSnapshot,
+    Respond,
+    RespondError,
+    SendFetch,
+    SendRequest,
+    Transition,
+    TruncateLog,
+    WriteChunk,
+)
 from kraft.raft.core_election import ElectionOutcome, ElectionRole
 from kraft.raft.core_fetcher import FetcherRole
-from kraft.raft.core_leader import NEVER_MS, LeaderRole
+from kraft.raft.core_inflight import Inflight, InflightRequests
+from kraft.raft.core_leader import LeaderRole
 from kraft.raft.core_log import LogInvariantError, LogMeta
-from kraft.raft.core_output import LogRead, Outbound, OutboundRequest, OutboundResponse, Output, SnapshotRead
+from kraft.raft.core_output import InstallSnapshot, OutboundRequest, OutboundResponse, Output, TruncateTo
+from kraft.raft.core_rules import (
+    common_response_verdict,
+    fetch_request_error,
+    leader_epoch_error,
+    may_grant_pre_vote,
+    may_grant_vote,
+    quorum_epoch_request_error,
+    vote_request_error,
+)
+from kraft.raft.core_timers import ElectionTimer
 from kraft.raft.core_types import BatchScanner, RaftConfig
 from kraft.raft.messages import (
     NO_LEADER,
@@ -44,32 +85,8 @@ from kraft.raft.messages import (
     VoteResponse,
     error_response_for,
 )
-from kraft.raft.quorum import (
-    Rng,
-    election_backoff_ms,
-    end_quorum_backoff_ms,
-    is_log_up_to_date,
-    majority,
-    random_election_timeout_ms,
-)
+from kraft.raft.quorum import Rng, end_quorum_backoff_ms, is_log_up_to_date
 from kraft.raft.state import PERSISTED_STATES, ElectionState, StateKind, check_transition
-
-_REQUEST_ERRORS = frozenset(
-    {
-        ErrorCode.INCONSISTENT_CLUSTER_ID,
-        ErrorCode.INVALID_REQUEST,
-        ErrorCode.INCONSISTENT_VOTER_SET,
-        ErrorCode.UNKNOWN_SERVER_ERROR,
-    }
-)
-"""Answers that say our request was wrong: retry after the backoff, learn nothing from them."""
-
-
-@dataclass(slots=True)
-class _Inflight:
-    dest: int
-    request: RaftRequest
-    deadline_ms: int
 
 
 class RaftCore:
@@ -87,21 +104,17 @@ class RaftCore:
         self.rng = rng
         self.scan_batches = scan_batches
         self.voters = frozenset(config.voters)
-        self.majority = majority(len(config.voters))
         self.log = log
         self.high_watermark = log.start_offset if log.snapshot is not None else 0
         self.now_ms = 0
-        self.out = Output()
-        self.election_retries = 0
+        self._timer = ElectionTimer(config, rng)
+        self._out = Output()
         self._persisted = election
-        self._next_correlation = 1
-        self._inflight: dict[int, _Inflight] = {}
-        self._election_deadline_ms = NEVER_MS
+        self._inflight = InflightRequests()
         self._election: ElectionRole | None = None
         self._leader: LeaderRole | None = None
         self._fetcher: FetcherRole | None = None
         self._last_epoch_start_offset = -1
-        self._granting_voters: tuple[int, ...] = ()
         self._resigned_leader: tuple[int, int] | None = None
         """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
 
@@ -166,7 +179,8 @@ class RaftCore:
     def poll(self, now_ms: int) -> Output:
         """Fire every timer that is due and drain the append accumulator when its linger expired."""
         self._advance(now_ms)
-        self._expire_inflight()
+        for correlation_id, inflight in self._inflight.pop_expired(self.now_ms):
+            self._on_request_failed(correlation_id, inflight)
         self._poll_state()
         return self._take_output()
 
@@ -175,30 +189,22 @@ class RaftCore:
         ``request_id`` (now, after persistence, or later for a long-poll fetch)."""
         self._advance(now_ms)
         if request.cluster_id and request.cluster_id != self.config.cluster_id:
-            self.respond_error(
-                request_id,
-                request,
-                ErrorCode.INCONSISTENT_CLUSTER_ID,
-                f"cluster id {request.cluster_id!r} is not {self.config.cluster_id!r}",
-            )
+            message = f"cluster id {request.cluster_id!r} is not {self.config.cluster_id!r}"
+            self._respond_error(request_id, request, ErrorCode.INCONSISTENT_CLUSTER_ID, message)
         elif isinstance(request, VoteRequest):
             self._handle_vote_request(request_id, request)
-        elif isinstance(request, BeginQuorumEpochRequest):
-            self._handle_begin_quorum_request(request_id, request)
-        elif isinstance(request, EndQuorumEpochRequest):
-            self._handle_end_quorum_request(request_id, request)
-        elif isinstance(request, FetchRequest):
-            self._handle_fetch_request(request_id, request)
-        elif isinstance(request, FetchSnapshotRequest):
-            self._handle_fetch_snapshot_request(request_id, request)
+        elif isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
+            self._handle_quorum_epoch_request(request_id, request)
+        elif isinstance(request, FetchRequest | FetchSnapshotRequest):
+            self._handle_leader_request(request_id, request)
         else:
-            self.respond(request_id, self.describe_quorum(self.now_ms))
+            self._respond(Respond(request_id, self.describe_quorum(self.now_ms)))
         return self._take_output()
 
     def handle_response(self, correlation_id: int, response: RaftResponse, now_ms: int) -> Output:
         """Take the response to one of our requests (unknown or superseded correlation ids are ignored)."""
         self._advance(now_ms)
-        inflight = self._inflight.pop(correlation_id, None)
+        inflight = self._inflight.pop(correlation_id)
         if inflight is None:
             return self._take_output()
         if (
@@ -207,7 +213,12 @@ class RaftCore:
             and self._fetcher is not None
         ):
             self._fetcher.abandon_download()  # the leader moved on to a newer snapshot: start over
-        if self._handle_common_response(inflight, response) or response.error_code is not ErrorCode.NONE:
+        verdict = common_response_verdict(
+            response, self.epoch, self.node_id, self.election.leader_id, self.state
+        )
+        if verdict.transition is not None:
+            self._become(verdict.transition)
+        if not verdict.usable or response.error_code is not ErrorCode.NONE:
             self._on_request_failed(correlation_id, inflight)
         elif isinstance(response, VoteResponse):
             self._handle_vote_response(inflight, response)
@@ -216,16 +227,27 @@ class RaftCore:
                 self._leader.on_begin_quorum_acknowledged(inflight.dest)
         elif isinstance(response, FetchResponse):
             if self._fetcher is not None:
-                self._fetcher.handle_fetch_response(correlation_id, inflight.dest, inflight.request, response)
+                self._apply(
+                    self._fetcher.handle_fetch_response(
+                        correlation_id,
+                        inflight.dest,
+                        inflight.request,
+                        response,
+                        self.now_ms,
+                        self.log,
+                        self.high_watermark,
+                        self.scan_batches,
+                    )
+                )
         elif isinstance(response, FetchSnapshotResponse) and self._fetcher is not None:
-            self._fetcher.handle_fetch_snapshot_response(correlation_id, response)
+            self._apply(self._fetcher.handle_fetch_snapshot_response(correlation_id, response, self.now_ms))
         return self._take_output()
 
     def handle_send_failure(self, correlation_id: int, now_ms: int, *, unreachable: bool = False) -> Output:
         """A request got no response (timeout, peer unavailable).  ``unreachable``: the transport was
         refused outright (the peer's process is gone, not slow) — evidence for fast leader-death detection."""
         self._advance(now_ms)
-        inflight = self._inflight.pop(correlation_id, None)
+        inflight = self._inflight.pop(correlation_id)
         if inflight is not None:
             self._on_request_failed(correlation_id, inflight, unreachable=unreachable)
         return self._take_output()
@@ -241,7 +263,9 @@ class RaftCore:
             raise NotLeaderError(self.leader_and_epoch)
         if not records:
             raise ValueError("append needs at least one record")
-        return self._leader.append(records)
+        last_offset, decisions = self._leader.append(records, self.now_ms, self.log, self.high_watermark)
+        self._apply(decisions)
+        return last_offset
 
     def take_output(self, now_ms: int) -> Output:
         """Effects produced by :meth:`append` (or nothing) with a fresh deadline."""
@@ -253,16 +277,16 @@ class RaftCore:
         self._advance(now_ms)
         self.log.mark_flushed(end_offset)
         if self._leader is not None:
-            self._leader.maybe_advance_high_watermark()
+            self._apply(self._leader.maybe_advance_high_watermark(self.log, self.high_watermark)[0])
         elif self._fetcher is not None:
-            self._fetcher.maybe_send_fetch()
+            self._apply(self._fetcher.next_fetch(self.now_ms, self.log))
         return self._take_output()
 
     def resign(self, now_ms: int) -> Output:
         """Graceful resignation: a leader stops accepting appends and sends EndQuorumEpoch."""
         self._advance(now_ms)
         if self.state is StateKind.LEADER:
-            self._become_resigned()
+            self._become(BecomeResigned())
         return self._take_output()
 
     def validate_snapshot_id(self, end_offset: int, epoch: int) -> None:
@@ -292,69 +316,123 @@ class RaftCore:
             return DescribeQuorumResponse(
                 ErrorCode.NOT_LEADER_OR_FOLLOWER, "not the leader", leader.leader_id, leader.epoch
             )
-        return self._leader.describe()
+        return self._leader.describe(self.now_ms, self.log, self.high_watermark)
 
-    # ------------------------------------------------------------------ effects (also used by roles)
+    # ------------------------------------------------------------------ applying decisions, building Output
 
     def _advance(self, now_ms: int) -> None:
         self.now_ms = max(self.now_ms, now_ms)
 
     def _take_output(self) -> Output:
-        out = self.out
-        self.out = Output()
-        out.next_deadline_ms = self._next_deadline_ms()
-        return out
-
-    def _next_deadline_ms(self) -> int:
-        deadline = self._election_deadline_ms
+        out = self._out
+        self._out = Output()
+        deadline = min(self._timer.deadline_ms, self._inflight.next_deadline_ms())
         for role in (self._election, self._leader, self._fetcher):
             if role is not None:
                 deadline = min(deadline, role.next_deadline_ms())
-        for inflight in self._inflight.values():
-            deadline = min(deadline, inflight.deadline_ms)
-        return deadline
+        out.next_deadline_ms = deadline
+        return out
+
+    def _apply(self, decisions: Decisions) -> None:
+        """The one place where a role's decisions change state and become effects, in order."""
+        out = self._out
+        for decision in decisions:
+            match decision:
+                case SendRequest(dest, request, after_persist):
+                    self._send(dest, request, after_persist=after_persist)
+                case SendFetch(dest, request, extra_timeout_ms):
+                    correlation_id = self._send(
+                        dest, request, after_persist=False, extra_timeout_ms=extra_timeout_ms
+                    )
+                    if self._fetcher is not None:
+                        self._fetcher.on_sent(correlation_id)
+                case Respond():
+                    self._respond(decision)
+                case RespondError(request_id, request, code, message):
+                    self._respond_error(request_id, request, code, message)
+                case AppendToLog(op, batches):
+                    for batch in batches:
+                        self.log.append(batch.base_offset, batch.last_offset, batch.epoch)
+                    out.log_ops.append(op)
+                    out.flush = True
+                case TruncateLog(end_offset):
+                    self.log.truncate_to(end_offset)
+                    out.log_ops.append(TruncateTo(end_offset))
+                case WriteChunk(op):
+                    out.log_ops.append(op)
+                case ResetToSnapshot(snapshot_id):
+                    self.log.reset_to_snapshot(snapshot_id)
+                    out.log_ops.append(InstallSnapshot(snapshot_id))
+                    out.installed_snapshot = snapshot_id
+                case AdvanceHighWatermark(offset):
+                    if offset > self.high_watermark:  # it never goes back
+                        self.high_watermark = offset
+                        out.high_watermark = offset
+                case ResetElectionRetries():
+                    self._timer.lost_elections = 0
+                case FetchAgain():
+                    if self._fetcher is not None:
+                        self._apply(self._fetcher.next_fetch(self.now_ms, self.log))
+                case _:
+                    assert_never(decision)
 
     def _persist(self, election: ElectionState) -> None:
         if election != self._persisted:
             self._persisted = election
-            self.out.election_state = election
+            self._out.election_state = election
 
-    def send(self, dest: int, request: RaftRequest, *, after_persist: bool, extra_timeout_ms: int = 0) -> int:
+    def _send(
+        self, dest: int, request: RaftRequest, *, after_persist: bool, extra_timeout_ms: int = 0
+    ) -> int:
         """Queue a request; returns its correlation id (the response comes back through
         :meth:`handle_response`, a failure through :meth:`handle_send_failure` or the request timeout)."""
-        correlation_id = self._next_correlation
-        self._next_correlation += 1
         timeout_ms = self.config.request_timeout_ms + extra_timeout_ms
-        self._inflight[correlation_id] = _Inflight(dest, request, self.now_ms + timeout_ms)
+        correlation_id = self._inflight.add(dest, request, self.now_ms + timeout_ms)
         message = OutboundRequest(dest, correlation_id, request, timeout_ms)
-        (self.out.send_after_persist if after_persist else self.out.send_now).append(message)
+        (self._out.send_after_persist if after_persist else self._out.send_now).append(message)
         return correlation_id
 
-    def respond(
-        self,
-        request_id: int,
-        response: RaftResponse,
-        *,
-        after_persist: bool = False,
-        read_log: LogRead | None = None,
-        read_snapshot: SnapshotRead | None = None,
-    ) -> None:
-        message: Outbound = OutboundResponse(request_id, response, read_log, read_snapshot)
-        (self.out.send_after_persist if after_persist else self.out.send_now).append(message)
+    def _respond(self, decision: Respond) -> None:
+        message = OutboundResponse(
+            decision.request_id, decision.response, decision.read_log, decision.read_snapshot
+        )
+        (self._out.send_after_persist if decision.after_persist else self._out.send_now).append(message)
 
-    def respond_error(self, request_id: int, request: RaftRequest, code: ErrorCode, message: str) -> None:
+    def _respond_error(self, request_id: int, request: RaftRequest, code: ErrorCode, message: str) -> None:
         leader = self.leader_and_epoch.leader_id
-        self.respond(request_id, error_response_for(request, code, message, leader, self.epoch))
-
-    def raise_high_watermark(self, candidate: int) -> None:
-        """Follower side: adopt a higher high watermark (never lower it)."""
-        if candidate > self.high_watermark:
-            self.high_watermark = candidate
-            self.out.high_watermark = candidate
+        self._respond(Respond(request_id, error_response_for(request, code, message, leader, self.epoch)))
 
     # ------------------------------------------------------------------ transitions
 
-    def _transition(self, target: StateKind, election: ElectionState) -> None:
+    def _become(self, transition: Transition) -> None:
+        """Apply a transition decision: the target state and its election state."""
+        election = self.election
+        match transition:
+            case BecomeUnattached(epoch, voted_id):
+                self._transition(StateKind.UNATTACHED, ElectionState(epoch, NO_LEADER, voted_id))
+            case BecomeFollower(leader_id, epoch):
+                voted = election.voted_id if epoch == election.epoch else NO_LEADER
+                self._transition(StateKind.FOLLOWER, ElectionState(epoch, leader_id, voted))
+            case BecomeProspective():
+                self._transition(StateKind.PROSPECTIVE, election)
+            case BecomeCandidate():
+                self._transition(
+                    StateKind.CANDIDATE, ElectionState(election.epoch + 1, NO_LEADER, self.node_id)
+                )
+            case BecomeLeader(granting_voters):
+                self._transition(
+                    StateKind.LEADER,
+                    ElectionState(election.epoch, self.node_id, self.node_id),
+                    granting_voters,
+                )
+            case BecomeResigned():
+                self._transition(StateKind.RESIGNED, election)
+            case _:
+                assert_never(transition)
+
+    def _transition(
+        self, target: StateKind, election: ElectionState, granting_voters: tuple[int, ...] = ()
+    ) -> None:
         check_transition(self.state, target, is_voter=self.is_voter)
         if election.epoch < self.election.epoch:
             raise LogInvariantError(f"epoch would go back from {self.election.epoch} to {election.epoch}")
@@ -369,18 +447,18 @@ class RaftCore:
         if target in PERSISTED_STATES:
             self._persist(election)
         if old_leader is not None:
-            self.out.lost_leadership = True
+            self._out.lost_leadership = True
         after = self.leader_and_epoch
         if after != before:
-            self.out.leader_change = after
-        self._enter_state(old_leader)
+            self._out.leader_change = after
+        self._enter_state(old_leader, granting_voters)
         if old_leader is not None:
             # Parked long-polls answer now, with the new leader or an epoch error.
             for parked in old_leader.take_parked():
-                self._handle_fetch_request(parked.request_id, parked.request)
+                self._handle_leader_request(parked.request_id, parked.request)
 
     def _exit_state(self) -> None:
-        self._election_deadline_ms = NEVER_MS
+        self._timer.stop()
         if self._leader is not None:
             self._last_epoch_start_offset = self._leader.epoch_start_offset
         self._election = None
@@ -389,224 +467,146 @@ class RaftCore:
         # Responses to requests of the old state are meaningless now.
         self._inflight.clear()
 
-    def _enter_state(self, old_leader: LeaderRole | None = None) -> None:
+    def _enter_state(
+        self, old_leader: LeaderRole | None = None, granting_voters: tuple[int, ...] = ()
+    ) -> None:
         now = self.now_ms
         state = self.state
         if state is StateKind.UNATTACHED:
             if not self.is_voter:
-                self._fetcher = FetcherRole(self, None)
-                self._fetcher.start()
+                self._fetcher = FetcherRole(self.config, self.epoch, self.rng, None)
+                self._apply(self._fetcher.start(now, self.log))
             elif len(self.voters) == 1:
-                self._election_deadline_ms = now
+                self._timer.fire_now(now)
             else:
-                self._election_deadline_ms = now + self._election_timeout_ms()
+                self._timer.restart(now)
         elif state in (StateKind.PROSPECTIVE, StateKind.CANDIDATE):
-            self._election_deadline_ms = now + self._election_timeout_ms()
-            self._election = ElectionRole(self, pre_vote=state is StateKind.PROSPECTIVE)
-            if self._election.outcome() is ElectionOutcome.WON:
-                self._on_election_won(self._election)
+            self._timer.restart(now)
+            election = self._election = ElectionRole(
+                self.config, self.epoch, pre_vote=state is StateKind.PROSPECTIVE
+            )
+            if election.outcome() is ElectionOutcome.WON:
+                self._become(election.transition_for_win())
             else:
-                self._election.start()
+                self._apply(election.start(self.log))
         elif state is StateKind.LEADER:
-            self.election_retries = 0
-            self._leader = LeaderRole(self, self._granting_voters)
-            self._leader.start()
+            self._timer.lost_elections = 0
+            self._leader = LeaderRole(self.config, self.epoch, self.log.end_offset, granting_voters)
+            self._apply(self._leader.start(now))
         elif state is StateKind.FOLLOWER:
-            self._fetcher = FetcherRole(self, self.election.leader_id)
+            fetcher = self._fetcher = FetcherRole(self.config, self.epoch, self.rng, self.election.leader_id)
             resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
-            self._fetcher.start(leader_resigned_backoff_ms=self._backoff_ms() if resigned else None)
+            backoff_ms = self._timer.backoff_ms() if resigned else None
+            self._apply(fetcher.start(now, self.log, leader_resigned_backoff_ms=backoff_ms))
         else:  # RESIGNED
             # A sole voter has nobody to hand over to: re-elect itself at once (cf. KAFKA-19130).
-            self._election_deadline_ms = now if len(self.voters) == 1 else now + self._election_timeout_ms()
+            if len(self.voters) == 1:
+                self._timer.fire_now(now)
+            else:
+                self._timer.restart(now)
             successors = old_leader.preferred_successors() if old_leader is not None else ()
             for voter in sorted(self.voters - {self.node_id}):
                 request = EndQuorumEpochRequest(
                     self.config.cluster_id, self.node_id, self.epoch, voter, successors
                 )
-                self.send(voter, request, after_persist=True)
-
-    def _become_unattached(self, epoch: int) -> None:
-        self._transition(StateKind.UNATTACHED, ElectionState(epoch))
-
-    def _become_follower(self, leader_id: int, epoch: int) -> None:
-        voted = self.election.voted_id if epoch == self.epoch else NO_LEADER
-        self._transition(StateKind.FOLLOWER, ElectionState(epoch, leader_id, voted))
-
-    def _become_prospective(self) -> None:
-        self._transition(StateKind.PROSPECTIVE, self.election)
-
-    def _become_resigned(self) -> None:
-        self._transition(StateKind.RESIGNED, self.election)
-
-    def _on_election_won(self, election: ElectionRole) -> None:
-        if election.pre_vote:
-            self._transition(StateKind.CANDIDATE, ElectionState(self.epoch + 1, NO_LEADER, self.node_id))
-        else:
-            self._granting_voters = tuple(sorted(election.granted))
-            self._transition(StateKind.LEADER, ElectionState(self.epoch, self.node_id, self.node_id))
+                self._send(voter, request, after_persist=True)
 
     def _back_off_after_failed_election(self) -> None:
         """Lost a (pre-)election: fall back and wait a randomized, growing backoff."""
-        self.election_retries += 1
+        self._timer.lost_elections += 1
         retained_leader = self.election.leader_id
         if self.state is StateKind.PROSPECTIVE and retained_leader not in (NO_LEADER, self.node_id):
-            self._become_follower(retained_leader, self.epoch)
+            self._become(BecomeFollower(retained_leader, self.epoch))
         elif self.state is StateKind.PROSPECTIVE:
-            self._transition(
-                StateKind.UNATTACHED, ElectionState(self.epoch, NO_LEADER, self.election.voted_id)
-            )
-            self._election_deadline_ms = self.now_ms + self._backoff_ms()
+            self._become(BecomeUnattached(self.epoch, self.election.voted_id))
+            self._timer.back_off(self.now_ms)
         elif self._election is not None:
             # A candidate that lost waits out the backoff, then goes back to pre-vote.
-            self._election.lost = True
-            self._election.retry_at_ms.clear()
-            self._election_deadline_ms = self.now_ms + self._backoff_ms()
+            self._election.concede()
+            self._timer.back_off(self.now_ms)
 
-    def _election_timeout_ms(self) -> int:
-        return random_election_timeout_ms(self.config.election_timeout_ms, self.rng)
-
-    def _backoff_ms(self) -> int:
-        return election_backoff_ms(
-            self.election_retries,
-            self.config.election_backoff_base_ms,
-            self.config.election_backoff_max_ms,
-            self.rng,
-        )
-
-    # ------------------------------------------------------------------ timers
+    # ------------------------------------------------------------------ timers and failed requests
 
     def _poll_state(self) -> None:
         now = self.now_ms
         state = self.state
         if self._leader is not None:
-            if self._leader.check_quorum_expired():
-                self._become_resigned()
+            if self._leader.check_quorum_expired(now):
+                self._become(BecomeResigned())
             else:
-                self._leader.poll()
+                self._apply(self._leader.poll(now, self.log, self.high_watermark))
         elif state is StateKind.FOLLOWER and self._fetcher is not None:
-            if self._fetcher.fetch_timed_out():
-                if self.is_voter:
-                    self._become_prospective()
-                else:
-                    self._transition(StateKind.UNATTACHED, ElectionState(self.epoch))
+            if not self._fetcher.fetch_timed_out(now):
+                self._apply(self._fetcher.poll(now, self.log))
+            elif self.is_voter:
+                self._become(BecomeProspective())
             else:
-                self._fetcher.poll()
+                self._become(BecomeUnattached(self.epoch))
         elif state is StateKind.UNATTACHED:
             if self._fetcher is not None:
-                self._fetcher.poll()
-            elif now >= self._election_deadline_ms:
-                self._become_prospective()
+                self._apply(self._fetcher.poll(now, self.log))
+            elif self._timer.expired(now):
+                self._become(BecomeProspective())
         elif state is StateKind.PROSPECTIVE:
-            if now >= self._election_deadline_ms:
+            if self._timer.expired(now):
                 self._back_off_after_failed_election()
             elif self._election is not None:
-                self._election.poll()
+                self._apply(self._election.poll(now, self.log))
         elif state is StateKind.CANDIDATE:
-            if now >= self._election_deadline_ms:
-                self._become_prospective()
+            if self._timer.expired(now):
+                self._become(BecomeProspective())
             elif self._election is not None:
-                self._election.poll()
-        elif state is StateKind.RESIGNED and now >= self._election_deadline_ms:
-            self._become_unattached(self.epoch + 1)
-
-    def _expire_inflight(self) -> None:
-        expired = [cid for cid, inflight in self._inflight.items() if inflight.deadline_ms <= self.now_ms]
-        for correlation_id in expired:
-            self._on_request_failed(correlation_id, self._inflight.pop(correlation_id))
+                self._apply(self._election.poll(now, self.log))
+        elif state is StateKind.RESIGNED and self._timer.expired(now):
+            self._become(BecomeUnattached(self.epoch + 1))
 
     def _on_request_failed(
-        self, correlation_id: int, inflight: _Inflight, *, unreachable: bool = False
+        self, correlation_id: int, inflight: Inflight, *, unreachable: bool = False
     ) -> None:
         retry_at = self.now_ms + self.config.retry_backoff_ms
         request = inflight.request
         if isinstance(request, FetchRequest | FetchSnapshotRequest):
             if self._fetcher is not None:
-                self._fetcher.on_failed(correlation_id, retry_at, unreachable=unreachable)
+                self._fetcher.on_failed(correlation_id, retry_at, self.now_ms, unreachable=unreachable)
         elif isinstance(request, VoteRequest):
             if self._election is not None and self._election.is_for_this_election(request):
                 self._election.on_failed(inflight.dest, retry_at)
         elif isinstance(request, BeginQuorumEpochRequest) and self._leader is not None:
             self._leader.on_begin_quorum_failed(inflight.dest, retry_at)
 
-    # ------------------------------------------------------------------ common response rules
-
-    def _handle_common_response(self, inflight: _Inflight, response: RaftResponse) -> bool:
-        """Apply KRaft's shared response rules; True when the payload must not be processed further."""
-        if response.error_code in _REQUEST_ERRORS:
-            return True
-        epoch = response.leader_epoch
-        leader = response.leader_id
-        if epoch > self.epoch:
-            if leader not in (NO_LEADER, self.node_id):
-                self._become_follower(leader, epoch)
-            else:
-                self._become_unattached(epoch)
-            return True
-        if epoch < self.epoch:
-            # A pre-vote answer from a voter still at an older epoch counts; nothing else does.
-            return not (isinstance(response, VoteResponse) and response.pre_vote)
-        newly_learned = leader not in (NO_LEADER, self.node_id, self.election.leader_id)
-        if newly_learned and self.state in (StateKind.UNATTACHED, StateKind.PROSPECTIVE, StateKind.CANDIDATE):
-            # Same epoch, a leader we did not know: follow it (this is how observers find the leader).
-            self._become_follower(leader, epoch)
-            return response.error_code is not ErrorCode.NONE or not isinstance(response, FetchResponse)
-        return False
-
-    # ------------------------------------------------------------------ Vote
+    # ------------------------------------------------------------------ requests and vote responses
 
     def _handle_vote_request(self, request_id: int, request: VoteRequest) -> None:
-        if (
-            request.candidate_id < 0
-            or request.last_offset < 0
-            or request.last_offset_epoch < 0
-            or request.last_offset_epoch >= request.candidate_epoch
-        ):
-            self.respond_error(request_id, request, ErrorCode.INVALID_REQUEST, "invalid vote request")
-            return
-        if not self.is_voter or request.voter_id != self.node_id or request.candidate_id not in self.voters:
-            self.respond_error(
-                request_id, request, ErrorCode.INCONSISTENT_VOTER_SET, "candidate or receiver is not a voter"
-            )
-            return
-        if request.candidate_epoch < self.epoch:
-            self.respond_error(request_id, request, ErrorCode.FENCED_LEADER_EPOCH, "stale candidate epoch")
+        error = vote_request_error(request, self.config, self.epoch)
+        if error is not None:
+            self._respond_error(request_id, request, *error)
             return
         up_to_date = is_log_up_to_date(
             request.last_offset_epoch, request.last_offset, self.log.last_epoch, self.log.end_offset
         )
         if request.pre_vote:
-            granted = up_to_date and self._can_grant_pre_vote()
+            protects = self._fetcher is not None and not self._fetcher.can_grant_pre_vote()
+            granted = up_to_date and may_grant_pre_vote(self.state, protects)
             leader = self.leader_and_epoch.leader_id
-            self.respond(request_id, VoteResponse(ErrorCode.NONE, "", leader, self.epoch, granted, True))
+            self._respond(
+                Respond(request_id, VoteResponse(ErrorCode.NONE, "", leader, self.epoch, granted, True))
+            )
             return
         if request.candidate_epoch > self.epoch:
-            self._become_unattached(request.candidate_epoch)
-        granted = (
-            up_to_date
-            and self.state in (StateKind.UNATTACHED, StateKind.PROSPECTIVE)
-            and not self.election.has_leader
-            and self.election.voted_id in (NO_LEADER, request.candidate_id)
-        )
+            self._become(BecomeUnattached(request.candidate_epoch))
+        granted = up_to_date and may_grant_vote(self.state, self.election, request.candidate_id)
         if granted:
-            voted = ElectionState(self.epoch, NO_LEADER, request.candidate_id)
             if self.state is StateKind.PROSPECTIVE:
-                self._transition(StateKind.UNATTACHED, voted)
+                self._become(BecomeUnattached(self.epoch, request.candidate_id))
             else:
-                self.election = voted
-                self._persist(voted)
-                self._election_deadline_ms = self.now_ms + self._election_timeout_ms()
+                self.election = ElectionState(self.epoch, NO_LEADER, request.candidate_id)
+                self._persist(self.election)
+                self._timer.restart(self.now_ms)
         leader = self.leader_and_epoch.leader_id
         response = VoteResponse(ErrorCode.NONE, "", leader, self.epoch, granted, False)
-        self.respond(request_id, response, after_persist=granted)
+        self._respond(Respond(request_id, response, after_persist=granted))
 
-    def _can_grant_pre_vote(self) -> bool:
-        if self.state is StateKind.LEADER:
-            return False
-        if self.state is StateKind.FOLLOWER and self._fetcher is not None:
-            return self._fetcher.can_grant_pre_vote()
-        return True
-
-    def _handle_vote_response(self, inflight: _Inflight, response: VoteResponse) -> None:
+    def _handle_vote_response(self, inflight: Inflight, response: VoteResponse) -> None:
         election = self._election
         request = inflight.request
         if (
@@ -617,95 +617,54 @@ class RaftCore:
             return
         outcome = election.tally(inflight.dest, response)
         if outcome is ElectionOutcome.WON:
-            self._on_election_won(election)
+            self._become(election.transition_for_win())
         elif outcome is ElectionOutcome.LOST and not election.lost:
             self._back_off_after_failed_election()
 
-    # ------------------------------------------------------------------ Begin/EndQuorumEpoch
-
-    def _handle_begin_quorum_request(self, request_id: int, request: BeginQuorumEpochRequest) -> None:
-        if request.voter_id != self.node_id or request.leader_id not in self.voters:
-            self.respond_error(
-                request_id, request, ErrorCode.INCONSISTENT_VOTER_SET, "leader or receiver is not a voter"
+    def _handle_quorum_epoch_request(
+        self, request_id: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
+    ) -> None:
+        error = quorum_epoch_request_error(request, self.config, self.epoch)
+        if error is not None:
+            self._respond_error(request_id, request, *error)
+            return
+        if isinstance(request, BeginQuorumEpochRequest):
+            leaderless = self.state in (StateKind.UNATTACHED, StateKind.PROSPECTIVE, StateKind.CANDIDATE)
+            if request.leader_epoch > self.epoch or leaderless:
+                self._become(BecomeFollower(request.leader_id, request.leader_epoch))
+            elif self.election.leader_id != request.leader_id:
+                message = "another leader already holds this epoch"
+                self._respond_error(request_id, request, ErrorCode.INVALID_REQUEST, message)
+                return
+            response: RaftResponse = BeginQuorumEpochResponse(
+                ErrorCode.NONE, "", self.leader_and_epoch.leader_id, self.epoch
             )
-            return
-        if request.leader_epoch < self.epoch:
-            self.respond_error(request_id, request, ErrorCode.FENCED_LEADER_EPOCH, "stale leader epoch")
-            return
-        if request.leader_epoch > self.epoch or (
-            self.state in (StateKind.UNATTACHED, StateKind.PROSPECTIVE, StateKind.CANDIDATE)
-        ):
-            self._become_follower(request.leader_id, request.leader_epoch)
-        elif self.election.leader_id != request.leader_id:
-            self.respond_error(
-                request_id, request, ErrorCode.INVALID_REQUEST, "another leader already holds this epoch"
-            )
-            return
-        leader = self.leader_and_epoch.leader_id
-        response = BeginQuorumEpochResponse(ErrorCode.NONE, "", leader, self.epoch)
-        self.respond(request_id, response, after_persist=True)
-
-    def _handle_end_quorum_request(self, request_id: int, request: EndQuorumEpochRequest) -> None:
-        if request.voter_id != self.node_id or request.leader_id not in self.voters:
-            self.respond_error(
-                request_id, request, ErrorCode.INCONSISTENT_VOTER_SET, "leader or receiver is not a voter"
-            )
-            return
-        if request.leader_epoch < self.epoch:
-            self.respond_error(request_id, request, ErrorCode.FENCED_LEADER_EPOCH, "stale leader epoch")
-            return
-        if request.leader_epoch > self.epoch:
-            self._become_follower(request.leader_id, request.leader_epoch)
-        backoff_ms = end_quorum_backoff_ms(
-            self.node_id, request.preferred_successors, self.config.election_backoff_max_ms
-        )
-        self._resigned_leader = (request.leader_id, request.leader_epoch)
-        if self._fetcher is not None and self.election.leader_id == request.leader_id:
-            self._fetcher.on_leader_resigned(backoff_ms)
-        elif self.state is StateKind.UNATTACHED and self.is_voter:
-            self._election_deadline_ms = min(self._election_deadline_ms, self.now_ms + backoff_ms)
-        leader = self.leader_and_epoch.leader_id
-        response = EndQuorumEpochResponse(ErrorCode.NONE, "", leader, self.epoch)
-        self.respond(request_id, response, after_persist=True)
-
-    # ------------------------------------------------------------------ leader-only requests
-
-    def _leader_for(self, request_id: int, request: RaftRequest, epoch: int) -> LeaderRole | None:
-        """The leader role if ``epoch`` is ours and we lead it; otherwise answer with KRaft's error."""
-        if epoch < self.epoch:
-            code, message = ErrorCode.FENCED_LEADER_EPOCH, f"epoch {epoch} is older than {self.epoch}"
-        elif epoch > self.epoch:
-            code, message = ErrorCode.UNKNOWN_LEADER_EPOCH, f"epoch {epoch} is newer than {self.epoch}"
-        elif self._leader is None:
-            code, message = ErrorCode.NOT_LEADER_OR_FOLLOWER, f"node {self.node_id} is not the leader"
         else:
-            return self._leader
-        self.respond_error(request_id, request, code, message)
-        return None
-
-    def _handle_fetch_request(self, request_id: int, request: FetchRequest) -> None:
-        if (
-            request.fetch_offset < 0
-            or request.last_fetched_epoch < 0
-            or request.current_leader_epoch < 0
-            or request.last_fetched_epoch > request.current_leader_epoch
-            or request.max_bytes <= 0
-        ):
-            self.respond_error(request_id, request, ErrorCode.INVALID_REQUEST, "invalid fetch request")
-            return
-        leader = self._leader_for(request_id, request, request.current_leader_epoch)
-        if leader is not None:
-            leader.handle_fetch(request_id, request)
-
-    def _handle_fetch_snapshot_request(self, request_id: int, request: FetchSnapshotRequest) -> None:
-        if request.position < 0 or request.max_bytes <= 0 or request.current_leader_epoch < 0:
-            self.respond_error(
-                request_id, request, ErrorCode.INVALID_REQUEST, "invalid fetch-snapshot request"
+            if request.leader_epoch > self.epoch:
+                self._become(BecomeFollower(request.leader_id, request.leader_epoch))
+            backoff_ms = end_quorum_backoff_ms(
+                self.node_id, request.preferred_successors, self.config.election_backoff_max_ms
             )
-            return
-        leader = self._leader_for(request_id, request, request.current_leader_epoch)
-        if leader is not None:
-            leader.handle_fetch_snapshot(request_id, request)
+            self._resigned_leader = (request.leader_id, request.leader_epoch)
+            if self._fetcher is not None and self.election.leader_id == request.leader_id:
+                self._fetcher.on_leader_resigned(backoff_ms, self.now_ms)
+            elif self.state is StateKind.UNATTACHED and self.is_voter:
+                self._timer.fire_by(self.now_ms + backoff_ms)
+            response = EndQuorumEpochResponse(ErrorCode.NONE, "", self.leader_and_epoch.leader_id, self.epoch)
+        self._respond(Respond(request_id, response, after_persist=True))
+
+    def _handle_leader_request(self, request_id: int, request: FetchRequest | FetchSnapshotRequest) -> None:
+        """Fetch and FetchSnapshot: validated here, answered by the leader role."""
+        leader = self._leader
+        error = fetch_request_error(request) or leader_epoch_error(
+            request.current_leader_epoch, self.epoch, leader is not None, self.node_id
+        )
+        if error is not None:
+            self._respond_error(request_id, request, *error)
+        elif leader is not None and isinstance(request, FetchRequest):
+            self._apply(leader.handle_fetch(request_id, request, self.now_ms, self.log, self.high_watermark))
+        elif leader is not None and isinstance(request, FetchSnapshotRequest):
+            self._apply(leader.handle_fetch_snapshot(request_id, request, self.now_ms, self.log))
 
 
 __all__ = ["RaftConfig", "RaftCore"]

@@ -2,18 +2,19 @@
 
 An :class:`ElectionRole` exists while its core is Prospective (``pre_vote=True``, asking about
 ``epoch + 1`` without changing anyone's state) or Candidate (standard votes for its own, already bumped
-epoch).  The core turns :meth:`ElectionRole.tally` outcomes into transitions.
+epoch).  It returns the vote requests to send as decisions; the core turns :meth:`ElectionRole.tally`
+outcomes into transitions.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
+from kraft.raft.core_decisions import BecomeCandidate, BecomeLeader, Decisions, SendRequest
+from kraft.raft.core_log import LogMeta
+from kraft.raft.core_types import RaftConfig
 from kraft.raft.messages import VoteRequest, VoteResponse
-
-if TYPE_CHECKING:
-    from kraft.raft.core import RaftCore
+from kraft.raft.quorum import majority
 
 NEVER_MS = 1 << 62
 
@@ -25,40 +26,41 @@ class ElectionOutcome(enum.Enum):
 
 
 class ElectionRole:
-    def __init__(self, core: RaftCore, *, pre_vote: bool) -> None:
-        self.core = core
+    def __init__(self, config: RaftConfig, epoch: int, *, pre_vote: bool) -> None:
+        self.config = config
         self.pre_vote = pre_vote
-        self.vote_epoch = core.epoch + 1 if pre_vote else core.epoch
-        self.granted: set[int] = {core.node_id}
+        self.vote_epoch = epoch + 1 if pre_vote else epoch
+        self.voters = frozenset(config.voters)
+        self.majority = majority(len(config.voters))
+        self.granted: set[int] = {config.node_id}
         self.rejected: set[int] = set()
         self.retry_at_ms: dict[int, int] = {}
         self.lost = False
+        """Lost and waiting out the backoff: ask nobody again."""
 
     def outcome(self) -> ElectionOutcome:
-        if len(self.granted) >= self.core.majority:
+        if len(self.granted) >= self.majority:
             return ElectionOutcome.WON
-        if len(self.core.voters) - len(self.rejected) < self.core.majority:
+        if len(self.voters) - len(self.rejected) < self.majority:
             return ElectionOutcome.LOST
         return ElectionOutcome.PENDING
 
-    def start(self) -> None:
-        for voter in sorted(self.core.voters - {self.core.node_id}):
-            self._ask(voter)
+    def start(self, log: LogMeta) -> Decisions:
+        return [self._ask(voter, log) for voter in sorted(self.voters - {self.config.node_id})]
 
-    def _ask(self, voter: int) -> None:
-        core = self.core
+    def _ask(self, voter: int, log: LogMeta) -> SendRequest:
         request = VoteRequest(
-            core.config.cluster_id,
+            self.config.cluster_id,
             self.vote_epoch,
-            core.node_id,
+            self.config.node_id,
             voter,
-            core.log.last_epoch,
-            core.log.end_offset,
+            log.last_epoch,
+            log.end_offset,
             self.pre_vote,
         )
         self.retry_at_ms.pop(voter, None)
         # A standard vote request relies on our own persisted vote; a pre-vote relies on nothing.
-        core.send(voter, request, after_persist=not self.pre_vote)
+        return SendRequest(voter, request, after_persist=not self.pre_vote)
 
     def is_for_this_election(self, request: VoteRequest) -> bool:
         return request.pre_vote == self.pre_vote and request.candidate_epoch == self.vote_epoch
@@ -67,19 +69,30 @@ class ElectionRole:
         (self.granted if response.vote_granted else self.rejected).add(voter)
         return self.outcome()
 
+    def transition_for_win(self) -> BecomeCandidate | BecomeLeader:
+        """A won pre-vote leads to a real vote; a won vote to leadership."""
+        return BecomeCandidate() if self.pre_vote else BecomeLeader(tuple(sorted(self.granted)))
+
+    def concede(self) -> None:
+        """A lost candidacy: stop asking (the core waits out the backoff, then goes back to pre-vote)."""
+        self.lost = True
+        self.retry_at_ms.clear()
+
     def on_failed(self, voter: int, retry_at_ms: int) -> None:
         if not self.lost:
             self.retry_at_ms[voter] = retry_at_ms
 
-    def poll(self) -> None:
+    def poll(self, now_ms: int, log: LogMeta) -> Decisions:
         if self.lost:
-            return
-        due = [voter for voter, at_ms in self.retry_at_ms.items() if at_ms <= self.core.now_ms]
+            return []
+        decisions: Decisions = []
+        due = [voter for voter, at_ms in self.retry_at_ms.items() if at_ms <= now_ms]
         for voter in due:
             if voter in self.granted or voter in self.rejected:
                 self.retry_at_ms.pop(voter, None)
             else:
-                self._ask(voter)
+                decisions.append(self._ask(voter, log))
+        return decisions
 
     def next_deadline_ms(self) -> int:
         return min(self.retry_at_ms.values(), default=NEVER_MS)

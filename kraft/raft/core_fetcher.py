@@ -3,17 +3,29 @@ of a follower below the leader's log start, and an observer's leader discovery.
 
 A :class:`FetcherRole` exists while its core is a Follower (``leader_id`` set) or an observer without a
 leader (``leader_id`` None: it asks a random voter, whose answer names the leader).  It keeps at most one
-Fetch/FetchSnapshot in flight and sends the next one only after what it appended is flushed.
+Fetch/FetchSnapshot in flight and sends the next one only after what it appended is flushed.  It returns
+its log writes, high-watermark moves and requests as decisions; its responses end with
+:class:`~kraft.raft.core_decisions.FetchAgain` where the next fetch must see the log after them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from kraft.raft.core_log import LogInvariantError
-from kraft.raft.core_output import AppendFetched, InstallSnapshot, TruncateTo, WriteSnapshotChunk
-from kraft.raft.core_types import BatchInfo
+from kraft.raft.core_decisions import (
+    AdvanceHighWatermark,
+    AppendToLog,
+    Decisions,
+    FetchAgain,
+    ResetElectionRetries,
+    ResetToSnapshot,
+    SendFetch,
+    TruncateLog,
+    WriteChunk,
+)
+from kraft.raft.core_log import LogInvariantError, LogMeta
+from kraft.raft.core_output import AppendFetched, WriteSnapshotChunk
+from kraft.raft.core_types import BatchInfo, BatchScanner, RaftConfig
 from kraft.raft.messages import (
     EpochEndOffset,
     FetchRequest,
@@ -23,11 +35,7 @@ from kraft.raft.messages import (
     RaftRequest,
     SnapshotId,
 )
-from kraft.raft.quorum import random_election_timeout_ms
-
-if TYPE_CHECKING:
-    from kraft.raft.core import RaftCore
-    from kraft.raft.core_log import LogMeta
+from kraft.raft.quorum import Rng, random_election_timeout_ms
 
 NEVER_MS = 1 << 62
 
@@ -72,8 +80,10 @@ def continues_log(batches: list[BatchInfo], end_offset: int, last_epoch: int, le
 
 
 class FetcherRole:
-    def __init__(self, core: RaftCore, leader_id: int | None) -> None:
-        self.core = core
+    def __init__(self, config: RaftConfig, epoch: int, rng: Rng, leader_id: int | None) -> None:
+        self.config = config
+        self.epoch = epoch
+        self.rng = rng
         self.leader_id = leader_id
         self.inflight: int | None = None
         self.retry_at_ms = NEVER_MS
@@ -86,34 +96,33 @@ class FetcherRole:
         self.unreachable_failures = 0
         self.unreachable_deadline_ms = NEVER_MS
 
-    def start(self, *, leader_resigned_backoff_ms: int | None = None) -> None:
+    def start(self, now_ms: int, log: LogMeta, *, leader_resigned_backoff_ms: int | None = None) -> Decisions:
         """Begin fetching.  ``leader_resigned_backoff_ms`` is set when this leader already announced its
         resignation (EndQuorumEpoch) and our pre-election failed: campaign again after that backoff
         instead of waiting out a whole fetch timeout for a leader that will not come back."""
         if self.leader_id is None:
-            self.retry_at_ms = self.core.now_ms  # discover the leader at the next poll
-            return
+            self.retry_at_ms = now_ms  # discover the leader at the next poll
+            return []
         if leader_resigned_backoff_ms is None:
-            self.fetch_deadline_ms = self.core.now_ms + self.core.config.fetch_timeout_ms
+            self.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
         else:
             self.leader_resigned = True
-            self.fetch_deadline_ms = self.core.now_ms + leader_resigned_backoff_ms
-        self.maybe_send_fetch()
+            self.fetch_deadline_ms = now_ms + leader_resigned_backoff_ms
+        return self.next_fetch(now_ms, log)
 
     def next_deadline_ms(self) -> int:
         return min(self.fetch_deadline_ms, self.unreachable_deadline_ms, self.retry_at_ms)
 
-    def fetch_timed_out(self) -> bool:
-        return self.core.now_ms >= min(self.fetch_deadline_ms, self.unreachable_deadline_ms)
+    def fetch_timed_out(self, now_ms: int) -> bool:
+        return now_ms >= min(self.fetch_deadline_ms, self.unreachable_deadline_ms)
 
-    def poll(self) -> None:
-        if self.core.now_ms < self.retry_at_ms:
-            return
+    def poll(self, now_ms: int, log: LogMeta) -> Decisions:
+        if now_ms < self.retry_at_ms:
+            return []
         self.retry_at_ms = NEVER_MS
         if self.leader_id is None:
-            self._send_discovery_fetch()
-        else:
-            self.maybe_send_fetch()
+            return [self._discovery_fetch(log)]
+        return self.next_fetch(now_ms, log)
 
     def can_grant_pre_vote(self) -> bool:
         # KIP-996: a follower that hears from a live leader protects it from a disruptive rejoiner.
@@ -125,29 +134,32 @@ class FetcherRole:
             or self.unreachable_failures >= UNREACHABLE_MIN_FAILURES
         )
 
-    def on_leader_resigned(self, backoff_ms: int) -> None:
+    def on_leader_resigned(self, backoff_ms: int, now_ms: int) -> None:
         self.leader_resigned = True
-        self.fetch_deadline_ms = min(self.fetch_deadline_ms, self.core.now_ms + backoff_ms)
+        self.fetch_deadline_ms = min(self.fetch_deadline_ms, now_ms + backoff_ms)
 
-    def on_failed(self, correlation_id: int, retry_at_ms: int, *, unreachable: bool) -> None:
+    def on_sent(self, correlation_id: int) -> None:
+        """The core sent our :class:`SendFetch` under ``correlation_id``."""
+        self.inflight = correlation_id
+
+    def on_failed(self, correlation_id: int, retry_at_ms: int, now_ms: int, *, unreachable: bool) -> None:
         if self.inflight == correlation_id:
             self.inflight = None
             self.retry_at_ms = retry_at_ms
             if unreachable and self.leader_id is not None:
-                self._note_leader_unreachable()
+                self._note_leader_unreachable(now_ms)
             else:
                 self._clear_unreachable()
 
-    def _note_leader_unreachable(self) -> None:
-        core = self.core
+    def _note_leader_unreachable(self, now_ms: int) -> None:
         if self.unreachable_until_ms is None:
             # Randomized in [T/2, T) like an election timeout: every follower sees the same crash at
             # the same moment, and identical deadlines would split the vote.
-            grace_ms = random_election_timeout_ms(core.config.election_timeout_ms, core.rng) // 2
-            self.unreachable_until_ms = core.now_ms + grace_ms
+            grace_ms = random_election_timeout_ms(self.config.election_timeout_ms, self.rng) // 2
+            self.unreachable_until_ms = now_ms + grace_ms
         self.unreachable_failures += 1
-        if self.unreachable_failures >= UNREACHABLE_MIN_FAILURES and core.is_voter:
-            self.unreachable_deadline_ms = max(core.now_ms, self.unreachable_until_ms)
+        if self.unreachable_failures >= UNREACHABLE_MIN_FAILURES and self.config.is_voter:
+            self.unreachable_deadline_ms = max(now_ms, self.unreachable_until_ms)
 
     def _clear_unreachable(self) -> None:
         """Any answer (or a mere timeout, which a slow leader also causes) ends the evidence."""
@@ -160,131 +172,134 @@ class FetcherRole:
 
     # -- sending
 
-    def maybe_send_fetch(self) -> None:
-        core = self.core
+    def next_fetch(self, now_ms: int, log: LogMeta) -> Decisions:
+        """The next Fetch or FetchSnapshot, if one may go now (none in flight, no retry pending, and
+        everything fetched so far is durable)."""
         if self.leader_id is None or self.inflight is not None:
-            return
-        if self.retry_at_ms != NEVER_MS and self.retry_at_ms > core.now_ms:
-            return
-        config = core.config
+            return []
+        if self.retry_at_ms != NEVER_MS and self.retry_at_ms > now_ms:
+            return []
+        config = self.config
         if self.download is not None:
-            request: RaftRequest = FetchSnapshotRequest(
+            snapshot_request = FetchSnapshotRequest(
                 config.cluster_id,
                 config.node_id,
-                core.epoch,
+                self.epoch,
                 self.download.snapshot_id,
                 self.download.position,
                 config.fetch_max_bytes,
             )
-            self.inflight = core.send(self.leader_id, request, after_persist=False)
-            return
-        if core.log.flushed_end < core.log.end_offset:
-            return  # fetch the next offset only once what we have is durable (on_flushed resumes)
+            return [SendFetch(self.leader_id, snapshot_request)]
+        if log.flushed_end < log.end_offset:
+            return []  # fetch the next offset only once what we have is durable (on_flushed resumes)
         request = FetchRequest(
             config.cluster_id,
             config.node_id,
-            core.epoch,
-            core.log.end_offset,
-            core.log.last_epoch,
+            self.epoch,
+            log.end_offset,
+            log.last_epoch,
             config.fetch_max_wait_ms,
             config.fetch_max_bytes,
         )
-        self.inflight = core.send(
-            self.leader_id, request, after_persist=False, extra_timeout_ms=config.fetch_max_wait_ms
-        )
+        return [SendFetch(self.leader_id, request, extra_timeout_ms=config.fetch_max_wait_ms)]
 
-    def _send_discovery_fetch(self) -> None:
-        core = self.core
-        voters = sorted(core.voters)
-        voter = voters[int(core.rng.random() * len(voters))]
+    def _discovery_fetch(self, log: LogMeta) -> SendFetch:
+        voters = sorted(self.config.voters)
+        voter = voters[int(self.rng.random() * len(voters))]
         request = FetchRequest(
-            core.config.cluster_id,
-            core.node_id,
-            core.epoch,
-            core.log.end_offset,
-            core.log.last_epoch,
+            self.config.cluster_id,
+            self.config.node_id,
+            self.epoch,
+            log.end_offset,
+            log.last_epoch,
             0,
-            core.config.fetch_max_bytes,
+            self.config.fetch_max_bytes,
         )
-        self.inflight = core.send(voter, request, after_persist=False)
+        return SendFetch(voter, request)
 
     # -- responses
 
-    def _note_success(self) -> None:
+    def _note_success(self, now_ms: int) -> ResetElectionRetries:
         self.has_fetched_from_leader = True
         self._clear_unreachable()
-        self.core.election_retries = 0
         if not self.leader_resigned:  # a late answer from a resigned leader must not delay the election
-            self.fetch_deadline_ms = self.core.now_ms + self.core.config.fetch_timeout_ms
+            self.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms
+        return ResetElectionRetries()
 
     def handle_fetch_response(
-        self, correlation_id: int, dest: int, request: RaftRequest, response: FetchResponse
-    ) -> None:
+        self,
+        correlation_id: int,
+        dest: int,
+        request: RaftRequest,
+        response: FetchResponse,
+        now_ms: int,
+        log: LogMeta,
+        high_watermark: int,
+        scan_batches: BatchScanner,
+    ) -> Decisions:
         if self.inflight != correlation_id:
-            return
+            return []
         self.inflight = None
-        core = self.core
         if dest != self.leader_id or not isinstance(request, FetchRequest):
-            self.retry_at_ms = core.now_ms
-            return
-        self._note_success()
-        log = core.log
+            self.retry_at_ms = now_ms
+            return []
+        decisions: Decisions = [self._note_success(now_ms)]
         if request.fetch_offset != log.end_offset:
-            self.maybe_send_fetch()
-            return
-        if response.diverging_epoch is not None:
-            offset = truncation_offset(log, response.diverging_epoch, core.high_watermark)
-            log.truncate_to(offset)
-            core.out.log_ops.append(TruncateTo(offset))
-            self.maybe_send_fetch()
-            return
-        if response.snapshot_id is not None:
+            decisions.append(FetchAgain())
+        elif response.diverging_epoch is not None:
+            offset = truncation_offset(log, response.diverging_epoch, high_watermark)
+            decisions += [TruncateLog(offset), FetchAgain()]
+        elif response.snapshot_id is not None:
             self.download = SnapshotDownload(response.snapshot_id)
-            self.maybe_send_fetch()
-            return
-        if response.records and not self._append(response.records, response.leader_epoch):
-            self.retry_at_ms = core.now_ms + core.config.retry_backoff_ms
-            return
-        core.raise_high_watermark(min(response.high_watermark, log.end_offset))
-        self.maybe_send_fetch()
+            decisions.append(FetchAgain())
+        else:
+            end_offset = log.end_offset
+            if response.records:
+                append = self._append(response.records, log, response.leader_epoch, scan_batches)
+                if append is None:
+                    self.retry_at_ms = now_ms + self.config.retry_backoff_ms
+                    return decisions
+                decisions.append(append)
+                end_offset = append.batches[-1].last_offset + 1
+            decisions += [AdvanceHighWatermark(min(response.high_watermark, end_offset)), FetchAgain()]
+        return decisions
 
-    def _append(self, data: bytes, leader_epoch: int) -> bool:
-        core = self.core
+    def _append(
+        self, data: bytes, log: LogMeta, leader_epoch: int, scan_batches: BatchScanner
+    ) -> AppendToLog | None:
         try:
-            batches = core.scan_batches(data)
+            batches = scan_batches(data)
         except Exception:  # corrupt bytes from the network: drop them and fetch again
-            return False
-        if not continues_log(batches, core.log.end_offset, core.log.last_epoch, leader_epoch):
-            return False
-        for batch in batches:
-            core.log.append(batch.base_offset, batch.last_offset, batch.epoch)
-        core.out.log_ops.append(AppendFetched(batches[0].base_offset, batches[-1].last_offset, data))
-        core.out.flush = True
-        return True
+            return None
+        if not continues_log(batches, log.end_offset, log.last_epoch, leader_epoch):
+            return None
+        return AppendToLog(
+            AppendFetched(batches[0].base_offset, batches[-1].last_offset, data), tuple(batches)
+        )
 
-    def handle_fetch_snapshot_response(self, correlation_id: int, response: FetchSnapshotResponse) -> None:
+    def handle_fetch_snapshot_response(
+        self, correlation_id: int, response: FetchSnapshotResponse, now_ms: int
+    ) -> Decisions:
         if self.inflight != correlation_id:
-            return
+            return []
         self.inflight = None
         download = self.download
         if download is None:
-            return
-        core = self.core
-        self._note_success()
+            return []
+        decisions: Decisions = [self._note_success(now_ms)]
         if response.snapshot_id != download.snapshot_id or response.position != download.position:
             self.download = None
-            self.maybe_send_fetch()
-            return
+            decisions.append(FetchAgain())
+            return decisions
         data = response.unaligned_records
         if data:
-            core.out.log_ops.append(WriteSnapshotChunk(download.snapshot_id, download.position, data))
+            decisions.append(WriteChunk(WriteSnapshotChunk(download.snapshot_id, download.position, data)))
             download.position += len(data)
         if download.position >= response.size:
             self.download = None
-            core.log.reset_to_snapshot(download.snapshot_id)
-            core.out.log_ops.append(InstallSnapshot(download.snapshot_id))
-            core.out.installed_snapshot = download.snapshot_id
-            core.raise_high_watermark(download.snapshot_id.end_offset)
+            end_offset = download.snapshot_id.end_offset
+            decisions += [ResetToSnapshot(download.snapshot_id), AdvanceHighWatermark(end_offset)]
         elif not data:
             self.download = None  # a leader that sends nothing would loop forever: start over
-        self.maybe_send_fetch()
+        decisions.append(FetchAgain())
+        return decisions

@@ -2,17 +2,29 @@
 accumulator, check-quorum and BeginQuorumEpoch announcements.
 
 A :class:`LeaderRole` exists only while its core is Leader (one per epoch), so nothing here needs
-resetting: a new epoch starts with a fresh object.  It emits effects through its core.
+resetting: a new epoch starts with a fresh object.  It keeps its own bookkeeping (replica progress,
+parked fetches, the accumulator) and returns everything else as decisions; the log, the high watermark
+and the clock are passed in, read-only.  While it leads, only its own :class:`AppendToLog` decisions
+move the log's end, so where a method appends and then answers fetches it computes the new end itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from kraft.errors import ErrorCode
+from kraft.raft.core_decisions import (
+    AdvanceHighWatermark,
+    AppendToLog,
+    Decisions,
+    Respond,
+    RespondError,
+    SendRequest,
+)
+from kraft.raft.core_log import LogMeta
 from kraft.raft.core_output import AppendLeaderChange, AppendRecords, LogRead, SnapshotRead
+from kraft.raft.core_types import BatchInfo, RaftConfig
 from kraft.raft.messages import (
     BeginQuorumEpochRequest,
     DescribeQuorumResponse,
@@ -24,10 +36,7 @@ from kraft.raft.messages import (
     ReplicaState,
     SnapshotId,
 )
-from kraft.raft.quorum import majority_offset
-
-if TYPE_CHECKING:
-    from kraft.raft.core import RaftCore
+from kraft.raft.quorum import majority, majority_offset
 
 NEVER_MS = 1 << 62
 """A deadline that never comes."""
@@ -48,12 +57,26 @@ class ParkedFetch:
     deadline_ms: int
 
 
+def next_high_watermark(
+    voter_end_offsets: Sequence[int], epoch_start_offset: int, high_watermark: int
+) -> int | None:
+    """The leader's HWM rule: the offset a majority of voters reached, once it is past the epoch start
+    (this epoch's LeaderChange committed); None unless that is higher than ``high_watermark``."""
+    candidate = majority_offset(voter_end_offsets)
+    if candidate > epoch_start_offset and candidate > high_watermark:
+        return candidate
+    return None
+
+
 class LeaderRole:
-    def __init__(self, core: RaftCore, granting_voters: tuple[int, ...]) -> None:
-        self.core = core
-        config = core.config
+    def __init__(self, config: RaftConfig, epoch: int, log_end_offset: int, granting_voters: tuple[int, ...]):
+        self.config = config
+        self.node_id = config.node_id
+        self.epoch = epoch
+        self.voters = frozenset(config.voters)
+        self.majority = majority(len(config.voters))
         self.granting_voters = granting_voters
-        self.epoch_start_offset = core.log.end_offset
+        self.epoch_start_offset = log_end_offset
         self.replicas = {voter: ReplicaProgress() for voter in config.voters if voter != config.node_id}
         self.check_quorum_deadline_ms = NEVER_MS
         self.check_quorum_fetchers: set[int] = set()
@@ -66,23 +89,17 @@ class LeaderRole:
 
     # -- lifecycle
 
-    def start(self) -> None:
+    def start(self, now_ms: int) -> Decisions:
         """Open the epoch: append the LeaderChange batch and announce it with BeginQuorumEpoch."""
-        core = self.core
-        if len(core.config.voters) > 1:
-            self.check_quorum_deadline_ms = core.now_ms + self._check_quorum_timeout_ms()
+        if len(self.voters) > 1:
+            self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
+        base = self.epoch_start_offset
         op = AppendLeaderChange(
-            core.log.end_offset,
-            core.epoch,
-            core.node_id,
-            tuple(sorted(core.config.voters)),
-            self.granting_voters,
+            base, self.epoch, self.node_id, tuple(sorted(self.voters)), self.granting_voters
         )
-        core.log.append(op.base_offset, op.base_offset, core.epoch)
-        core.out.log_ops.append(op)
-        core.out.flush = True
-        for voter in sorted(self.begin_unacked):
-            self._send_begin_quorum(voter)
+        decisions: Decisions = [AppendToLog(op, (BatchInfo(base, base, self.epoch),))]
+        decisions.extend(self._send_begin_quorum(voter, now_ms) for voter in sorted(self.begin_unacked))
+        return decisions
 
     def next_deadline_ms(self) -> int:
         deadline = min(self.check_quorum_deadline_ms, self.linger_deadline_ms)
@@ -92,20 +109,24 @@ class LeaderRole:
             deadline = min(deadline, self.begin_next_send_ms.get(voter, NEVER_MS))
         return deadline
 
-    def check_quorum_expired(self) -> bool:
-        return self.core.now_ms >= self.check_quorum_deadline_ms
+    def check_quorum_expired(self, now_ms: int) -> bool:
+        return now_ms >= self.check_quorum_deadline_ms
 
-    def poll(self) -> None:
-        now = self.core.now_ms
-        if self.pending_records and now >= self.linger_deadline_ms:
-            self.drain_accumulator()
+    def poll(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
+        decisions: Decisions = []
+        end_offset = log.end_offset
+        if self.pending_records and now_ms >= self.linger_deadline_ms:
+            decisions, end_offset = self.drain_accumulator(log, high_watermark)
         for request_id, parked in list(self.parked.items()):
-            if parked.deadline_ms <= now:
+            if parked.deadline_ms <= now_ms:
                 del self.parked[request_id]
-                self._respond_with_data(request_id, parked.request)
+                decisions.append(
+                    self._data_response(request_id, parked.request, log, end_offset, high_watermark)
+                )
         for voter in sorted(self.begin_unacked):
-            if self.begin_next_send_ms.get(voter, NEVER_MS) <= now:
-                self._send_begin_quorum(voter)
+            if self.begin_next_send_ms.get(voter, NEVER_MS) <= now_ms:
+                decisions.append(self._send_begin_quorum(voter, now_ms))
+        return decisions
 
     def take_parked(self) -> list[ParkedFetch]:
         parked = list(self.parked.values())
@@ -114,17 +135,16 @@ class LeaderRole:
 
     def preferred_successors(self) -> tuple[int, ...]:
         """Other voters by descending fetch offset (EndQuorumEpoch's order)."""
-        others = [voter for voter in self.core.config.voters if voter != self.core.node_id]
+        others = [voter for voter in self.config.voters if voter != self.node_id]
         others.sort(key=lambda voter: (-self.replicas.get(voter, ReplicaProgress()).end_offset, voter))
         return tuple(others)
 
     # -- BeginQuorumEpoch
 
-    def _send_begin_quorum(self, voter: int) -> None:
-        core = self.core
-        request = BeginQuorumEpochRequest(core.config.cluster_id, core.node_id, core.epoch, voter)
-        core.send(voter, request, after_persist=True)
-        self.begin_next_send_ms[voter] = core.now_ms + max(1, core.config.fetch_timeout_ms // 2)
+    def _send_begin_quorum(self, voter: int, now_ms: int) -> SendRequest:
+        request = BeginQuorumEpochRequest(self.config.cluster_id, self.node_id, self.epoch, voter)
+        self.begin_next_send_ms[voter] = now_ms + max(1, self.config.fetch_timeout_ms // 2)
+        return SendRequest(voter, request, after_persist=True)
 
     def on_begin_quorum_acknowledged(self, voter: int) -> None:
         self.begin_unacked.discard(voter)
@@ -135,164 +155,177 @@ class LeaderRole:
 
     # -- appends
 
-    def append(self, records: Sequence[bytes]) -> int:
-        config = self.core.config
+    def append(
+        self, records: Sequence[bytes], now_ms: int, log: LogMeta, high_watermark: int
+    ) -> tuple[int, Decisions]:
+        """Accumulate ``records``; returns the offset of the last one and the batch to append if full."""
+        config = self.config
         if not self.pending_records:
-            self.linger_deadline_ms = self.core.now_ms + config.append_linger_ms
+            self.linger_deadline_ms = now_ms + config.append_linger_ms
         self.pending_records.extend(records)
         self.pending_bytes += sum(len(record) for record in records)
-        last_offset = self.core.log.end_offset + len(self.pending_records) - 1
+        last_offset = log.end_offset + len(self.pending_records) - 1
         if (
             len(self.pending_records) >= config.max_batch_records
             or self.pending_bytes >= config.max_batch_bytes
         ):
-            self.drain_accumulator()
-        return last_offset
+            return last_offset, self.drain_accumulator(log, high_watermark)[0]
+        return last_offset, []
 
-    def drain_accumulator(self) -> None:
-        core = self.core
+    def drain_accumulator(self, log: LogMeta, high_watermark: int) -> tuple[Decisions, int]:
+        """Cut the pending records into one batch; returns the decisions and the log end after it."""
         records = tuple(self.pending_records)
         self.pending_records.clear()
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
-        base = core.log.end_offset
-        core.log.append(base, base + len(records) - 1, core.epoch)
-        core.out.log_ops.append(AppendRecords(base, core.epoch, records))
-        core.out.flush = True
-        self._complete_parked(data_only=True)
+        base = log.end_offset
+        end_offset = base + len(records)
+        batch = BatchInfo(base, end_offset - 1, self.epoch)
+        decisions: Decisions = [AppendToLog(AppendRecords(base, self.epoch, records), (batch,))]
+        decisions.extend(self._complete_parked(log, end_offset, high_watermark, data_only=True))
+        return decisions, end_offset
 
     # -- high watermark and check-quorum
 
-    def maybe_advance_high_watermark(self) -> None:
-        """HWM = the offset a majority of voters (the leader by its *flushed* end) reached, once it is
-        past the epoch start (this epoch's LeaderChange committed); it only grows."""
-        core = self.core
+    def maybe_advance_high_watermark(self, log: LogMeta, high_watermark: int) -> tuple[Decisions, int]:
+        """Advance the HWM by :func:`next_high_watermark`, counting the leader by its *flushed* end;
+        long polls answer once it moves.  Returns the decisions and the high watermark after them."""
         offsets = [
-            core.log.flushed_end if voter == core.node_id else self.replicas[voter].end_offset
-            for voter in core.config.voters
+            log.flushed_end if voter == self.node_id else self.replicas[voter].end_offset
+            for voter in self.config.voters
         ]
-        candidate = majority_offset(offsets)
-        if candidate > self.epoch_start_offset and candidate > core.high_watermark:
-            core.high_watermark = candidate
-            core.out.high_watermark = candidate
-            self._complete_parked(data_only=False)
+        advanced = next_high_watermark(offsets, self.epoch_start_offset, high_watermark)
+        if advanced is None:
+            return [], high_watermark
+        decisions: Decisions = [AdvanceHighWatermark(advanced)]
+        decisions.extend(self._complete_parked(log, log.end_offset, advanced, data_only=False))
+        return decisions, advanced
 
     def _check_quorum_timeout_ms(self) -> int:
-        return self.core.config.fetch_timeout_ms * 3 // 2
+        return self.config.fetch_timeout_ms * 3 // 2
 
-    def record_voter_contact(self, replica_id: int) -> None:
-        core = self.core
-        if replica_id not in core.voters or replica_id == core.node_id:
+    def record_voter_contact(self, replica_id: int, now_ms: int) -> None:
+        if replica_id not in self.voters or replica_id == self.node_id:
             return
         self.begin_unacked.discard(replica_id)
         self.check_quorum_fetchers.add(replica_id)
-        if len(self.check_quorum_fetchers) + 1 >= core.majority:
+        if len(self.check_quorum_fetchers) + 1 >= self.majority:
             self.check_quorum_fetchers.clear()
-            self.check_quorum_deadline_ms = core.now_ms + self._check_quorum_timeout_ms()
+            self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
 
     # -- Fetch / FetchSnapshot (epoch and leadership already validated by the core)
 
-    def handle_fetch(self, request_id: int, request: FetchRequest) -> None:
-        core = self.core
-        log = core.log
-        self.record_voter_contact(request.replica_id)
+    def handle_fetch(
+        self, request_id: int, request: FetchRequest, now_ms: int, log: LogMeta, high_watermark: int
+    ) -> Decisions:
+        self.record_voter_contact(request.replica_id, now_ms)
         if request.fetch_offset < log.start_offset and log.snapshot is not None:
-            core.respond(request_id, self._fetch_response(snapshot_id=log.snapshot))
-            return
+            return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
         end_for_epoch = log.end_offset_for_epoch(request.last_fetched_epoch)
         if end_for_epoch is None and log.snapshot is not None:
-            core.respond(request_id, self._fetch_response(snapshot_id=log.snapshot))
-            return
+            return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
         if end_for_epoch is not None and (
             end_for_epoch.epoch != request.last_fetched_epoch
             or end_for_epoch.end_offset < request.fetch_offset
         ):
-            core.respond(request_id, self._fetch_response(diverging_epoch=end_for_epoch))
-            return
-        self._update_progress(request.replica_id, request.fetch_offset)
+            response = self._fetch_response(log, high_watermark, diverging_epoch=end_for_epoch)
+            return [Respond(request_id, response)]
+        decisions, high_watermark = self._update_progress(
+            request.replica_id, request.fetch_offset, now_ms, log, high_watermark
+        )
         if request.fetch_offset < log.end_offset or request.max_wait_ms == 0:
-            self._respond_with_data(request_id, request)
+            decisions.append(self._data_response(request_id, request, log, log.end_offset, high_watermark))
         else:
-            self.parked[request_id] = ParkedFetch(request_id, request, core.now_ms + request.max_wait_ms)
+            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + request.max_wait_ms)
+        return decisions
 
     def _fetch_response(
-        self, *, diverging_epoch: EpochEndOffset | None = None, snapshot_id: SnapshotId | None = None
+        self,
+        log: LogMeta,
+        high_watermark: int,
+        *,
+        diverging_epoch: EpochEndOffset | None = None,
+        snapshot_id: SnapshotId | None = None,
     ) -> FetchResponse:
-        core = self.core
         return FetchResponse(
             ErrorCode.NONE,
             "",
-            core.node_id,
-            core.epoch,
-            core.high_watermark,
-            core.log.start_offset,
+            self.node_id,
+            self.epoch,
+            high_watermark,
+            log.start_offset,
             b"",
             diverging_epoch,
             snapshot_id,
         )
 
-    def _respond_with_data(self, request_id: int, request: FetchRequest) -> None:
-        core = self.core
+    def _data_response(
+        self, request_id: int, request: FetchRequest, log: LogMeta, end_offset: int, high_watermark: int
+    ) -> Respond:
         read = None
-        if request.fetch_offset < core.log.end_offset:
-            read = LogRead(request.fetch_offset, min(request.max_bytes, core.config.fetch_max_bytes))
-        core.respond(request_id, self._fetch_response(), read_log=read)
+        if request.fetch_offset < end_offset:
+            read = LogRead(request.fetch_offset, min(request.max_bytes, self.config.fetch_max_bytes))
+        return Respond(request_id, self._fetch_response(log, high_watermark), read_log=read)
 
-    def _update_progress(self, replica_id: int, fetch_offset: int) -> None:
-        core = self.core
+    def _update_progress(
+        self, replica_id: int, fetch_offset: int, now_ms: int, log: LogMeta, high_watermark: int
+    ) -> tuple[Decisions, int]:
         progress = self.replicas.get(replica_id)
         if progress is None:
             progress = self.replicas[replica_id] = ReplicaProgress()
         progress.end_offset = fetch_offset
-        progress.last_fetch_ms = core.now_ms
-        if fetch_offset >= core.log.end_offset:
-            progress.last_caught_up_ms = core.now_ms
-        if replica_id in core.voters:
-            self.maybe_advance_high_watermark()
+        progress.last_fetch_ms = now_ms
+        if fetch_offset >= log.end_offset:
+            progress.last_caught_up_ms = now_ms
+        if replica_id in self.voters:
+            return self.maybe_advance_high_watermark(log, high_watermark)
+        return [], high_watermark
 
-    def _complete_parked(self, *, data_only: bool) -> None:
+    def _complete_parked(
+        self, log: LogMeta, end_offset: int, high_watermark: int, *, data_only: bool
+    ) -> Decisions:
+        decisions: Decisions = []
         for request_id, parked in list(self.parked.items()):
-            if not data_only or parked.request.fetch_offset < self.core.log.end_offset:
+            if not data_only or parked.request.fetch_offset < end_offset:
                 del self.parked[request_id]
-                self._respond_with_data(request_id, parked.request)
+                decisions.append(
+                    self._data_response(request_id, parked.request, log, end_offset, high_watermark)
+                )
+        return decisions
 
-    def handle_fetch_snapshot(self, request_id: int, request: FetchSnapshotRequest) -> None:
-        core = self.core
-        self.record_voter_contact(request.replica_id)
-        if core.log.snapshot != request.snapshot_id:
-            core.respond_error(
-                request_id, request, ErrorCode.SNAPSHOT_NOT_FOUND, f"no snapshot {request.snapshot_id}"
-            )
-            return
+    def handle_fetch_snapshot(
+        self, request_id: int, request: FetchSnapshotRequest, now_ms: int, log: LogMeta
+    ) -> Decisions:
+        self.record_voter_contact(request.replica_id, now_ms)
+        if log.snapshot != request.snapshot_id:
+            message = f"no snapshot {request.snapshot_id}"
+            return [RespondError(request_id, request, ErrorCode.SNAPSHOT_NOT_FOUND, message)]
         progress = self.replicas.setdefault(request.replica_id, ReplicaProgress())
-        progress.last_fetch_ms = core.now_ms
+        progress.last_fetch_ms = now_ms
         response = FetchSnapshotResponse(
-            ErrorCode.NONE, "", core.node_id, core.epoch, request.snapshot_id, 0, request.position
+            ErrorCode.NONE, "", self.node_id, self.epoch, request.snapshot_id, 0, request.position
         )
-        max_bytes = min(request.max_bytes, core.config.fetch_max_bytes)
-        core.respond(
-            request_id, response, read_snapshot=SnapshotRead(request.snapshot_id, request.position, max_bytes)
-        )
+        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
+        read = SnapshotRead(request.snapshot_id, request.position, max_bytes)
+        return [Respond(request_id, response, read_snapshot=read)]
 
     # -- DescribeQuorum
 
-    def describe(self) -> DescribeQuorumResponse:
-        core = self.core
-        now = core.now_ms
+    def describe(self, now_ms: int, log: LogMeta, high_watermark: int) -> DescribeQuorumResponse:
         voters: list[ReplicaState] = []
         observers: list[ReplicaState] = []
-        for replica_id in sorted(set(self.replicas) | core.voters):
-            if replica_id == core.node_id:
-                voters.append(ReplicaState(replica_id, core.log.end_offset, now, now))
+        for replica_id in sorted(set(self.replicas) | self.voters):
+            if replica_id == self.node_id:
+                voters.append(ReplicaState(replica_id, log.end_offset, now_ms, now_ms))
                 continue
             progress = self.replicas.get(replica_id, ReplicaProgress())
             state = ReplicaState(
                 replica_id, progress.end_offset, progress.last_fetch_ms, progress.last_caught_up_ms
             )
-            if replica_id in core.voters:
+            if replica_id in self.voters:
                 voters.append(state)
-            elif now - progress.last_fetch_ms <= core.config.observer_expiry_ms:
+            elif now_ms - progress.last_fetch_ms <= self.config.observer_expiry_ms:
                 observers.append(state)
         return DescribeQuorumResponse(
-            ErrorCode.NONE, "", core.node_id, core.epoch, core.high_watermark, tuple(voters), tuple(observers)
+            ErrorCode.NONE, "", self.node_id, self.epoch, high_watermark, tuple(voters), tuple(observers)
         )
