@@ -40,6 +40,8 @@ from google.protobuf.message import Message
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import (
+    DEFAULT_MAX_BROKER_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS,
     ControllerLogic,
     ControllerSettings,
     Outcome,
@@ -141,6 +143,8 @@ class ControllerOptions:
     partitions_per_write: int = 1_000  # CreateTopics is split into appends of about this many partitions
     default_num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
+    max_partitions: int = DEFAULT_MAX_PARTITIONS  # max.partitions
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # max.broker.partitions
 
 
 def _topic_chunks(req: cpb.CreateTopicsRequest, partitions_per_write: int) -> list[list[cpb.CreatableTopic]]:
@@ -185,6 +189,8 @@ class QuorumController:
             session_timeout_ms=self.options.session_timeout_ms,
             default_num_partitions=self.options.default_num_partitions,
             default_replication_factor=self.options.default_replication_factor,
+            max_partitions=self.options.max_partitions,
+            max_broker_partitions=self.options.max_broker_partitions,
         )
         self.committed = MetadataImage.empty()
         self.logic: ControllerLogic | None = None  # set only while active
@@ -678,7 +684,7 @@ class QuorumController:
 
     async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
         chunks = _topic_chunks(req, self.options.partitions_per_write)
-        if len(chunks) == 1:
+        if len(chunks) == 1 or req.validate_only:  # a dry run writes nothing: one part, checked as a whole
             return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
