@@ -660,7 +660,7 @@ class ControllerLogic:
         hosted: Mapping[int, int],
         added: Mapping[int, int],
     ) -> None:
-        if partitions <= 0:
+        if partitions <= 0 or partitions > MAX_PARTITIONS_PER_TOPIC:
             return  # _assignment_for refuses it with INVALID_PARTITIONS
         check_partition_dir_names(topic.name, partitions)
         check_partition_limits(

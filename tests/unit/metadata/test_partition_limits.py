@@ -157,3 +157,9 @@ def test_explicit_assignments_count_against_the_named_brokers() -> None:
     out = logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), offset[0])
     assert out.records == [] and out.response.topics[0].error_code == ErrorCode.POLICY_VIOLATION
     assert "broker 1" in out.response.topics[0].error_message
+
+
+def test_a_partition_count_out_of_range_is_invalid_partitions_not_a_policy_violation() -> None:
+    logic, offset = _logic(brokers=3)
+    (refused,), written = _create(logic, offset, ("many", 2_000_000, 1))
+    assert refused.error_code == ErrorCode.INVALID_PARTITIONS and written == 0
