@@ -262,8 +262,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     def _produce_limit(self, topic: str) -> tuple[int, str]:
         """The largest batch a Produce to ``topic`` may append, and which setting sets it."""
         configured = self._view.topic_config(topic, TOPIC_MAX_MESSAGE_BYTES)
-        if configured is not None and configured.isdigit():
-            limit, source = int(configured), f"max.message.bytes={configured} of topic {topic}"
+        topic_limit = _parse_int(configured) if configured is not None else None
+        if topic_limit is not None:
+            limit, source = topic_limit, f"max.message.bytes={configured} of topic {topic}"
         else:
             limit = self._message_max_bytes
             source = f"message.max.bytes={limit} of broker {self._status.broker_id}"
@@ -332,3 +333,11 @@ def _to_produced(record: pb.BrokerRecord, now_ms: int) -> ProducedRecord:
         value=record.value if record.has_value else None,
         timestamp_ms=record.timestamp_ms or now_ms,
     )
+
+
+def _parse_int(text: str) -> int | None:
+    """The controller validated the value (Java long syntax); anything else is treated as unset."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
