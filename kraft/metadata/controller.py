@@ -44,6 +44,7 @@ from kraft.metadata.controller_logic import (
     DEFAULT_MAX_PARTITIONS,
     ControllerLogic,
     ControllerSettings,
+    CreateTally,
     Outcome,
     describe_topic,
     error_response,
@@ -684,12 +685,13 @@ class QuorumController:
 
     async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
         chunks = _topic_chunks(req, self.options.partitions_per_write)
-        if len(chunks) == 1 or req.validate_only:  # a dry run writes nothing: one part, checked as a whole
+        if len(chunks) == 1:
             return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
         counts = Counter(t.name for t in req.topics)
+        tally = CreateTally()  # a dry run's parts see what the earlier parts would have created
         writes = []
         for chunk in chunks:
             topics = [t for t in chunk if counts[t.name] == 1]
@@ -700,7 +702,7 @@ class QuorumController:
             # commit wait answers REQUEST_TIMED_OUT.
             with contextlib.suppress(TimeoutError):
                 await self._wait_for_room()
-            writes.append(asyncio.ensure_future(self._create_part(part)))
+            writes.append(asyncio.ensure_future(self._create_part(part, tally)))
         results: dict[str, cpb.CreatableTopicResult] = {}
         for answer in await asyncio.gather(*writes):
             if answer.error_code != ErrorCode.NONE:
@@ -717,9 +719,11 @@ class QuorumController:
                 response.topics.append(results[topic.name])
         return response
 
-    async def _create_part(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
+    async def _create_part(
+        self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
+    ) -> cpb.CreateTopicsResponse:
         return await self._serve(
-            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self._next_offset)
+            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self._next_offset, tally)
         )
 
     async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:

@@ -103,6 +103,15 @@ class _LeaveJob:
 
 
 @dataclass(slots=True)
+class CreateTally:
+    """What the earlier parts of one validate_only CreateTopics request would have created."""
+
+    partitions: int = 0
+    replicas: Counter[int] = field(default_factory=Counter)
+    names: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
 class Outcome(Generic[R]):
     """Records to append (already replayed into the speculative image) and the response to send once
     they commit (at once when there are none)."""
@@ -584,8 +593,10 @@ class ControllerLogic:
     # ---- topics ----
 
     def create_topics(
-        self, req: cpb.CreateTopicsRequest, next_offset: int
+        self, req: cpb.CreateTopicsRequest, next_offset: int, tally: CreateTally | None = None
     ) -> Outcome[cpb.CreateTopicsResponse]:
+        """``tally`` carries a validate_only request's earlier parts (the shell splits big requests into
+        parts; a dry run writes nothing, so later parts would not see earlier ones in the image)."""
         response = cpb.CreateTopicsResponse()
         try:
             self.check_cluster_id(req.cluster_id)
@@ -595,13 +606,14 @@ class ControllerLogic:
         counts: dict[str, int] = {}
         for topic in req.topics:
             counts[topic.name] = counts.get(topic.name, 0) + 1
-        cursor = self.image.partition_count()
-        created: set[str] = set()
+        dry_run = tally if req.validate_only else None
+        cursor = self.image.partition_count() + (dry_run.partitions if dry_run else 0)
+        created: set[str] = dry_run.names if dry_run else set()
         # Replicas per broker before this request plus what its earlier topics added (validate_only too:
         # a dry run is bounded exactly like the real one).
         self._speculative_counts.update(self.image.topics_by_id)
         hosted = self._speculative_counts.replicas
-        added: Counter[int] = Counter()
+        added: Counter[int] = dry_run.replicas if dry_run else Counter()
         for topic in req.topics:
             result = response.topics.add(name=topic.name)
             try:
@@ -641,6 +653,8 @@ class ControllerLogic:
             created.add(topic.name)
             cursor += len(assignment)
             added.update(by_broker)
+            if dry_run is not None:
+                dry_run.partitions += len(assignment)
             if req.validate_only:
                 continue
             self._add_topic_records(batch, topic.name, topic_id, assignment, configs)
