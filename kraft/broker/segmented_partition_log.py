@@ -23,6 +23,7 @@ from kraft.storage.batch import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
+    STORED_BATCH_MAX_BYTES,
     Record,
     RecordBatch,
     RecordTooLargeError,
@@ -31,9 +32,6 @@ from kraft.storage.batch import (
     iter_batches,
 )
 from kraft.storage.log import LogConfig, SegmentedLog
-
-STORED_BATCH_MAX_BYTES = 2**31 - 1
-"""Largest batch that reads and recovery accept (a batch's size field is a signed 32-bit int)."""
 
 
 class SegmentedPartitionLog:
