@@ -55,6 +55,8 @@ RESULTS_PATH = REPO_ROOT / "bench" / "results" / "controller.json"
 PROFILE = {
     "controller.quorum.append.linger.ms": "5",
     "grpc.max.message.bytes": str(64 * 1024 * 1024),
+    # Simulated brokers open no logs; broker 1 leads every "led-by-1" partition (100,000).
+    "max.broker.partitions": "1000000",
 }
 
 
@@ -77,7 +79,11 @@ def image_memory_child(topics: int, partitions_per_topic: int, brokers: int) -> 
     """Build the image through the controller logic; runs in its own process for a clean RSS."""
     gc.collect()
     before = rss_bytes()
-    logic = ControllerLogic(ControllerSettings("bench"), MetadataImage.empty(), 0)
+    # Brokers are simulated (no partition logs), so the per-broker limit does not apply here.
+    settings = ControllerSettings(
+        "bench", max_partitions=topics * partitions_per_topic, max_broker_partitions=10**9
+    )
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
     offset = 0
     for broker_id in range(1, brokers + 1):
         request = cpb.RegisterBrokerRequest(

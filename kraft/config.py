@@ -348,6 +348,12 @@ def _parse_level(value: object) -> str:
     return text
 
 
+DEFAULT_MESSAGE_MAX_BYTES = 1048588
+GRPC_ENVELOPE_BYTES = 64 * 1024
+"""Room kept in a gRPC message besides one record batch's content: a Produce request's topic, cluster
+id and per-record fields, a Fetch response's offsets and epochs (a few hundred bytes; 64 KiB is generous
+and leaves the rule easy to state)."""
+
 Ms = Annotated[int, _int_rule(1)]
 NonNegative = Annotated[int, _int_rule(0)]
 Positive = Annotated[int, _int_rule(1)]
@@ -420,6 +426,11 @@ class NodeConfig(BaseModel):
     log_segment_bytes: Positive = _key("log.segment.bytes", default=1073741824)
     num_partitions: Positive = _key("num.partitions", default=1)
     default_replication_factor: Positive = _key("default.replication.factor", default=1)
+    # CreateTopics limits, checked by the active controller (defaults: kraft.metadata.controller_logic).
+    max_partitions: Positive = _key("max.partitions", default=1_000_000)
+    max_broker_partitions: Positive = _key("max.broker.partitions", default=10_000)
+    # Largest record batch a Produce may append (Kafka's default); a topic's max.message.bytes overrides it.
+    message_max_bytes: NonNegative = _key("message.max.bytes", default=DEFAULT_MESSAGE_MAX_BYTES)
     metrics_port: Port = _key("metrics.port", default=0)
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_parse_level)] = _key(
         "log.level", default="INFO"
@@ -606,6 +617,14 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
                 str(cfg.node_id),
                 "a broker-only node must not use a voter id from controller.quorum.voters "
                 "(only a combined broker,controller node may)",
+            )
+        if cfg.message_max_bytes > cfg.grpc_max_message_bytes - GRPC_ENVELOPE_BYTES:
+            raise ConfigError.for_key(
+                "message.max.bytes",
+                str(cfg.message_max_bytes),
+                f"must be at most grpc.max.message.bytes ({cfg.grpc_max_message_bytes}) minus "
+                f"{GRPC_ENVELOPE_BYTES} bytes for the request envelope, so that every accepted batch can be "
+                "produced and fetched",
             )
         if cfg.broker_heartbeat_interval_ms >= cfg.broker_session_timeout_ms:
             raise ConfigError.for_key(

@@ -37,6 +37,7 @@ RETRIABLE = frozenset(
     }
 )
 _RETRY_PAUSE_S = 0.1
+_UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
 class _Response(Protocol):
@@ -84,7 +85,9 @@ class BrokerClient:
     def stub(self, target: str) -> BrokerServiceAsyncStub:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(target)
+            # No client-side size cap: the broker bounds what it accepts and what it sends
+            # (grpc.max.message.bytes), and a consumer must be able to read any batch it accepted.
+            channel = grpc.aio.insecure_channel(target, options=_UNLIMITED)
             self._channels[target] = channel
         stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
         return stub
@@ -230,6 +233,13 @@ class BrokerClient:
                 try:
                     response = await send(self.stub(leader.target), leader)
                 except grpc.aio.AioRpcError as err:
+                    if err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        # The request is above the broker's grpc.max.message.bytes: retrying cannot help.
+                        raise KraftError(
+                            ErrorCode.MESSAGE_TOO_LARGE,
+                            f"{what} on {topic}-{partition}: broker {leader.broker_id} refused the request "
+                            f"as too large ({err.details()})",
+                        ) from err
                     last = f"broker {leader.broker_id}: {err.code().name}"
                 else:
                     code = ErrorCode.from_wire(response.error_code)

@@ -86,6 +86,9 @@ class ImageMetadataView:
     def topic_exists(self, topic: str) -> bool:
         return topic in self.image.topic_ids_by_name
 
+    def topic_config(self, topic: str, name: str) -> str | None:
+        return self.image.topic_configs(topic).get(name)
+
     def node_ref(self, broker_id: int) -> NodeRef:
         registration = self.image.brokers.get(broker_id)
         if registration is None:

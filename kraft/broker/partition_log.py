@@ -22,8 +22,14 @@ class PartitionLog(Protocol):
     @property
     def log_end_offset(self) -> int: ...
 
-    def append_records(self, records: Sequence[ProducedRecord], leader_epoch: int) -> int:
-        """Append one batch stamped with ``leader_epoch``; return the offset of its first record."""
+    def append_records(
+        self, records: Sequence[ProducedRecord], leader_epoch: int, max_batch_bytes: int | None = None
+    ) -> int:
+        """Append one batch stamped with ``leader_epoch``; return the offset of its first record.
+
+        A batch whose encoded size is above ``max_batch_bytes`` raises RecordTooLargeError
+        (MESSAGE_TOO_LARGE) and writes nothing.
+        """
         ...
 
     def read_records(self, offset: int, max_bytes: int) -> list[StoredRecord]:

@@ -21,6 +21,11 @@ Crash safety of directory changes:
 - deletion: the directory is renamed to ``<name>.<uuid>-delete`` (one atomic step that takes it out of
   the image's view), then removed; leftovers of either kind are removed by :meth:`load`.
 
+Both temporary names are built as Kafka builds its deletion name (``LocalLog.logDeleteDirName``): the
+topic part is cut so the whole name stays within the file system's 255-byte limit, since a 249-character
+topic (Kafka's maximum) plus ``-<p>.<32 hex>-delete`` would not fit.  Partition directories themselves
+(``<topic>-<p>``) fit because the controller refuses partition ids whose directory name would not.
+
 ``partition.state`` is written atomically (temp + rename) but not fsynced: the image store is the source
 of truth for roles and epochs and a full :meth:`reconcile` rewrites any state file that is behind.
 
@@ -53,6 +58,25 @@ STATE_FILE = "partition.state"
 _STATE_VERSION = 1
 _DELETE_SUFFIX = "-delete"
 _CREATE_SUFFIX = "-create"
+MAX_FILE_NAME_BYTES = 255
+"""NAME_MAX of ext4, xfs, btrfs and tmpfs; topic names are ASCII, so characters = bytes."""
+
+
+def temporary_dir_name(tp: TopicPartition, suffix: str) -> str:
+    """``<topic>-<p>.<uuid>`` + ``suffix``, with the topic cut so the name fits :data:`MAX_FILE_NAME_BYTES`
+    (Kafka's ``logDirNameWithSuffixCappedLength``); unique through the random uuid, not the topic."""
+    tail = f"-{tp.partition}.{uuid.uuid4().hex}{suffix}"
+    return tp.topic[: max(MAX_FILE_NAME_BYTES - len(tail), 0)] + tail
+
+
+def staging_dir_name(tp: TopicPartition) -> str:
+    """Where a new partition directory is built before it is renamed into place."""
+    return temporary_dir_name(tp, _CREATE_SUFFIX)
+
+
+def deletion_dir_name(tp: TopicPartition) -> str:
+    """What a partition directory is renamed to before it is removed."""
+    return temporary_dir_name(tp, _DELETE_SUFFIX)
 
 
 class Partition:
@@ -242,6 +266,11 @@ class PartitionManager:
                 self._delete(tp)
                 partition = None
             if partition is None:
+                if len(tp.dir_name.encode()) > MAX_FILE_NAME_BYTES:
+                    # The controller refuses such partitions; one that got into the image anyway (an
+                    # older controller) must not crash-loop the broker: it is left unhosted, loudly.
+                    self._log.error("partition_dir_name_too_long", topic=tp.topic, partition=tp.partition)
+                    continue
                 self._create(tp, assignment, role)
                 created.append(tp)
                 changed.append(tp)
@@ -259,8 +288,8 @@ class PartitionManager:
         final = log_dir / tp.dir_name
         if final.exists():
             # A directory without a readable state file (load() skipped it): never ours to keep.
-            self._remove_dir(final)
-        staging = log_dir / f"{tp.dir_name}.{uuid.uuid4().hex}{_CREATE_SUFFIX}"
+            self._remove_dir(log_dir, tp)
+        staging = log_dir / staging_dir_name(tp)
         staging.mkdir(parents=True)
         _write_state(staging, tp, assignment, role)
         os.replace(staging, final)
@@ -277,12 +306,12 @@ class PartitionManager:
         self._load_by_dir[partition.log_dir] -= 1
         partition.notify_appended()
         partition.log.close()
-        self._remove_dir(partition.path)
+        self._remove_dir(partition.log_dir, tp)
         return True
 
-    def _remove_dir(self, path: Path) -> None:
-        doomed = path.with_name(f"{path.name}.{uuid.uuid4().hex}{_DELETE_SUFFIX}")
-        os.replace(path, doomed)
+    def _remove_dir(self, log_dir: Path, tp: TopicPartition) -> None:
+        doomed = log_dir / deletion_dir_name(tp)
+        os.replace(log_dir / tp.dir_name, doomed)
         shutil.rmtree(doomed, ignore_errors=True)
 
     def _add(self, partition: Partition) -> None:

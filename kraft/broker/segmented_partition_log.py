@@ -3,6 +3,12 @@
 Durability follows Kafka's defaults: a Produce appends to the page cache and is not fsynced on its own
 (Kafka relies on replication, ``flush.messages`` is unbounded); segments are fsynced when they roll and
 when the log closes, and :meth:`SegmentedPartitionLog.flush` exists for callers that want more.
+
+Size limits: a Produce's batch is built here and checked against the caller's limit (``message.max.bytes``
+or the topic's ``max.message.bytes``) before a byte is written.  Reading and recovery accept any batch up
+to :data:`STORED_BATCH_MAX_BYTES`: like Kafka, recovery is bounded by the file and the CRC, not by today's
+produce limit, so lowering a limit (or restarting after kill -9) never cuts off batches that were
+acknowledged under a higher one.
 """
 
 from __future__ import annotations
@@ -12,12 +18,16 @@ from pathlib import Path
 
 from kraft.broker.partition_log import PartitionLog, PartitionLogOpener
 from kraft.broker.types import ProducedRecord, StoredRecord
+from kraft.observability.logging import get_logger
 from kraft.storage.batch import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
+    STORED_BATCH_MAX_BYTES,
     Record,
     RecordBatch,
+    RecordTooLargeError,
+    build_batch,
     encode_batch,
     iter_batches,
 )
@@ -25,10 +35,11 @@ from kraft.storage.log import LogConfig, SegmentedLog
 
 
 class SegmentedPartitionLog:
-    __slots__ = ("_log",)
+    __slots__ = ("_log", "_max_stored_batch_bytes")
 
-    def __init__(self, log: SegmentedLog) -> None:
+    def __init__(self, log: SegmentedLog, max_stored_batch_bytes: int = STORED_BATCH_MAX_BYTES) -> None:
         self._log = log
+        self._max_stored_batch_bytes = max_stored_batch_bytes
 
     @property
     def log_start_offset(self) -> int:
@@ -38,13 +49,27 @@ class SegmentedPartitionLog:
     def log_end_offset(self) -> int:
         return self._log.end_offset
 
-    def append_records(self, records: Sequence[ProducedRecord], leader_epoch: int) -> int:
+    def append_records(
+        self, records: Sequence[ProducedRecord], leader_epoch: int, max_batch_bytes: int | None = None
+    ) -> int:
+        data = self._build(records, leader_epoch)
+        if max_batch_bytes is not None and len(data) > max_batch_bytes:
+            # Nothing is written: the batch only existed in memory.
+            raise RecordTooLargeError(
+                f"record batch of {len(data)} bytes is above the limit of {max_batch_bytes} bytes"
+            )
+        # Built here at end_offset and not yet written, so only the leader-epoch rule is left to check.
+        return self._log.append_batch(data, validate=False).first_offset
+
+    def _build(self, records: Sequence[ProducedRecord], leader_epoch: int) -> bytes:
         first = records[0].timestamp_ms
         if all(r.timestamp_ms == first for r in records):
-            result = self._log.append_records(
-                [(r.key, r.value) for r in records], leader_epoch=leader_epoch, timestamp_ms=first
+            return build_batch(
+                self._log.end_offset,
+                [(r.key, r.value) for r in records],
+                leader_epoch=leader_epoch,
+                timestamp_ms=first,
             )
-            return result.first_offset
         # Mixed timestamps: keep each record's own timestamp as a delta from the first.
         batch = RecordBatch(
             base_offset=self._log.end_offset,
@@ -60,12 +85,12 @@ class SegmentedPartitionLog:
             base_sequence=NO_SEQUENCE,
             records=tuple(Record(i, r.timestamp_ms - first, r.key, r.value) for i, r in enumerate(records)),
         )
-        return self._log.append_batch(encode_batch(batch), validate=True).first_offset
+        return encode_batch(batch)
 
     def read_records(self, offset: int, max_bytes: int) -> list[StoredRecord]:
         read = self._log.read(offset, max_bytes)
         out: list[StoredRecord] = []
-        for batch in iter_batches(read.records):
+        for batch in iter_batches(read.records, max_batch_bytes=self._max_stored_batch_bytes):
             if batch.is_control:
                 continue
             base = batch.base_offset
@@ -90,11 +115,24 @@ class SegmentedPartitionLog:
         self._log.close()
 
 
-def segmented_log_opener(segment_bytes: int) -> PartitionLogOpener:
-    """Opens partition directories as segmented logs rolling at ``segment_bytes`` (log.segment.bytes)."""
-    config = LogConfig(segment_bytes=segment_bytes)
+def segmented_log_opener(
+    segment_bytes: int, max_stored_batch_bytes: int = STORED_BATCH_MAX_BYTES
+) -> PartitionLogOpener:
+    """Opens partition directories as segmented logs rolling at ``segment_bytes`` (log.segment.bytes);
+    reads and recovery accept batches up to ``max_stored_batch_bytes``."""
+    config = LogConfig(segment_bytes=segment_bytes, max_batch_bytes=max_stored_batch_bytes)
+    log = get_logger("broker.partition_log")
 
     def open_log(path: Path) -> PartitionLog:
-        return SegmentedPartitionLog(SegmentedLog.open(path, config))
+        segmented = SegmentedLog.open(path, config)
+        if segmented.recovered_bytes_truncated:
+            # Recovery cut a torn or corrupt tail: say so, it is the only trace of lost unflushed bytes.
+            log.warning(
+                "partition_log_truncated_by_recovery",
+                path=str(path),
+                bytes=segmented.recovered_bytes_truncated,
+                log_end_offset=segmented.end_offset,
+            )
+        return SegmentedPartitionLog(segmented, max_stored_batch_bytes)
 
     return open_log

@@ -42,7 +42,7 @@ from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.clock import SystemClock
-from kraft.config import NodeConfig
+from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
@@ -74,8 +74,9 @@ class BrokerSettings:
     retry_backoff_ms: int
     fetch_max_wait_ms: int
     log_segment_bytes: int
-    max_message_bytes: int
+    max_message_bytes: int  # grpc.max.message.bytes
     metrics_port: int
+    message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES  # message.max.bytes: largest batch a Produce appends
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -110,6 +111,7 @@ class BrokerSettings:
             log_segment_bytes=config.log_segment_bytes,
             max_message_bytes=config.grpc_max_message_bytes,
             metrics_port=config.metrics_port,
+            message_max_bytes=config.message_max_bytes,
         )
 
 
@@ -129,7 +131,11 @@ class BrokerServer:
             s.broker_id, s.log_dirs, open_log or segmented_log_opener(s.log_segment_bytes)
         )
         self.service = BrokerService(
-            self.status, self.partitions, ImageMetadataView(MetadataImage.empty(), s.client_listener)
+            self.status,
+            self.partitions,
+            ImageMetadataView(MetadataImage.empty(), s.client_listener),
+            message_max_bytes=s.message_max_bytes,
+            grpc_max_message_bytes=s.max_message_bytes,
         )
         self.publisher = MetadataPublisher(
             s.broker_id,

@@ -4,6 +4,13 @@ Handlers validate in a fixed order — cluster id, the serving rule (RUNNING, un
 partition (hosted here? led here? the client's leader epoch) — and answer every failure with an
 ``error_code`` and a message, never a gRPC error, so clients can follow NOT_LEADER_OR_FOLLOWER.  The hot
 path (Produce/Fetch) builds no pydantic models and formats no log lines.
+
+Size limits (docs/configuration.md): a Produce's batch, as it would be appended, must fit the topic's
+``max.message.bytes`` (else the broker's ``message.max.bytes``) and what one gRPC message can carry back
+to a consumer; it is refused with MESSAGE_TOO_LARGE before anything is written.  A Fetch returns at least
+the first record and, like Kafka, the whole first batch even when it is larger than ``max_bytes``; it only
+stops early where the response would outgrow ``grpc.max.message.bytes``, so every accepted batch can be
+fetched.
 """
 
 from __future__ import annotations
@@ -17,11 +24,17 @@ import grpc
 from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
+from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
 
+DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # grpc.max.message.bytes default
+# An upper bound of what one BrokerRecord adds to a Fetch response besides its key and value: message tag
+# and length (6), offset (11), timestamp (11), key and value tags and lengths (12), flags (4), epoch (11).
+RECORD_WIRE_OVERHEAD = 64
+TOPIC_MAX_MESSAGE_BYTES = "max.message.bytes"
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
@@ -44,6 +57,10 @@ class MetadataView(Protocol):
 
     def topic_exists(self, topic: str) -> bool: ...
 
+    def topic_config(self, topic: str, name: str) -> str | None:
+        """A topic config value set on the topic (None when unset)."""
+        ...
+
     def digest(self) -> str:
         """A digest of the image's content (equal images, equal digests)."""
         ...
@@ -61,10 +78,20 @@ class _Rejected(Exception):
 
 
 class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
-    def __init__(self, status: BrokerStatus, partitions: PartitionManager, view: MetadataView) -> None:
+    def __init__(
+        self,
+        status: BrokerStatus,
+        partitions: PartitionManager,
+        view: MetadataView,
+        message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
+        grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+    ) -> None:
         self._status = status
         self._partitions = partitions
         self._view = view
+        self._message_max_bytes = message_max_bytes
+        # What one gRPC message can carry besides the envelope: the ceiling of every batch and response.
+        self._wire_max_bytes = max(grpc_max_message_bytes - GRPC_ENVELOPE_BYTES, 1024)
 
     def set_view(self, view: MetadataView) -> None:
         """Swap in the view of a newly applied image (called by the metadata publisher)."""
@@ -95,10 +122,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             if request.acks not in (0, 1, -1):
                 raise _Rejected(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1, not {request.acks}")
             records = [_to_produced(r, self._status.now_ms()) for r in request.records]
+            limit, source = self._produce_limit(request.topic)
             try:
-                base_offset = partition.log.append_records(records, partition.leader_epoch)
+                base_offset = partition.log.append_records(records, partition.leader_epoch, limit)
             except KraftError as err:
-                raise _Rejected(err.code, err.message) from err
+                message = err.message
+                if err.code is ErrorCode.MESSAGE_TOO_LARGE:
+                    message = f"{partition.tp}: {message} ({source})"
+                raise _Rejected(err.code, message) from err
         except _Rejected as rejected:
             return pb.ProduceResponse(
                 error_code=rejected.code,
@@ -117,6 +148,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     async def Fetch(self, request: pb.BrokerFetchRequest, context: Context) -> pb.BrokerFetchResponse:
         max_bytes = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
+        max_bytes = min(max_bytes, self._wire_max_bytes)
         try:
             self._check_cluster(request.cluster_id)
             partition = self._fetchable(request)
@@ -150,7 +182,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             leader_epoch=partition.leader_epoch,
         )
         add = response.records.add  # built in place: no per-record message copy
+        budget = self._wire_max_bytes
         for r in records:
+            # The first record always goes (it fits: Produce bounds batches by the same budget); later
+            # ones only while the response stays sendable.  The client fetches the rest next time.
+            budget -= len(r.key or b"") + len(r.value or b"") + RECORD_WIRE_OVERHEAD
+            if budget < 0 and response.records:
+                break
             add(
                 offset=r.offset,
                 timestamp_ms=r.timestamp_ms,
@@ -221,6 +259,21 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # --- validation ------------------------------------------------------------------------------
 
+    def _produce_limit(self, topic: str) -> tuple[int, str]:
+        """The largest batch a Produce to ``topic`` may append, and which setting sets it."""
+        configured = self._view.topic_config(topic, TOPIC_MAX_MESSAGE_BYTES)
+        topic_limit = _parse_int(configured) if configured is not None else None
+        if topic_limit is not None:
+            limit, source = topic_limit, f"max.message.bytes={configured} of topic {topic}"
+        else:
+            limit = self._message_max_bytes
+            source = f"message.max.bytes={limit} of broker {self._status.broker_id}"
+        if limit > self._wire_max_bytes:
+            limit = self._wire_max_bytes
+            source = f"grpc.max.message.bytes minus {GRPC_ENVELOPE_BYTES} bytes of envelope on broker "
+            source += str(self._status.broker_id)
+        return limit, source
+
     def _check_cluster(self, cluster_id: str) -> None:
         if cluster_id and cluster_id != self._status.cluster_id:
             raise _Rejected(
@@ -280,3 +333,11 @@ def _to_produced(record: pb.BrokerRecord, now_ms: int) -> ProducedRecord:
         value=record.value if record.has_value else None,
         timestamp_ms=record.timestamp_ms or now_ms,
     )
+
+
+def _parse_int(text: str) -> int | None:
+    """The controller validated the value (Java long syntax); anything else is treated as unset."""
+    try:
+        return int(text)
+    except ValueError:
+        return None

@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 from kraft.broker.lifecycle import RegistrationFailed
+from kraft.broker.open_files import raise_open_file_limit
 from kraft.broker.server import BrokerServer, BrokerSettings
 from kraft.cli.broker import app
 from kraft.cli.common import CliError, ConfigOption, handle_errors
@@ -65,6 +66,7 @@ def start(config: ConfigOption) -> None:
     if not cfg.is_broker:
         raise CliError(f"{config}: process.roles must include broker to run `kraft broker start`")
     configure_logging(cfg.log_level)
+    raise_open_file_limit()  # before any partition log is opened
     cluster_id = cluster_id_of(cfg)
     try:
         run_server(_run(cfg, cluster_id))

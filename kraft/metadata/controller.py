@@ -40,8 +40,11 @@ from google.protobuf.message import Message
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import (
+    DEFAULT_MAX_BROKER_PARTITIONS,
+    DEFAULT_MAX_PARTITIONS,
     ControllerLogic,
     ControllerSettings,
+    CreateTally,
     Outcome,
     describe_topic,
     error_response,
@@ -141,6 +144,8 @@ class ControllerOptions:
     partitions_per_write: int = 1_000  # CreateTopics is split into appends of about this many partitions
     default_num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
+    max_partitions: int = DEFAULT_MAX_PARTITIONS  # max.partitions
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # max.broker.partitions
 
 
 def _topic_chunks(req: cpb.CreateTopicsRequest, partitions_per_write: int) -> list[list[cpb.CreatableTopic]]:
@@ -185,6 +190,8 @@ class QuorumController:
             session_timeout_ms=self.options.session_timeout_ms,
             default_num_partitions=self.options.default_num_partitions,
             default_replication_factor=self.options.default_replication_factor,
+            max_partitions=self.options.max_partitions,
+            max_broker_partitions=self.options.max_broker_partitions,
         )
         self.committed = MetadataImage.empty()
         self.logic: ControllerLogic | None = None  # set only while active
@@ -684,6 +691,7 @@ class QuorumController:
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
         counts = Counter(t.name for t in req.topics)
+        tally = CreateTally()  # a dry run's parts see what the earlier parts would have created
         writes = []
         for chunk in chunks:
             topics = [t for t in chunk if counts[t.name] == 1]
@@ -694,7 +702,7 @@ class QuorumController:
             # commit wait answers REQUEST_TIMED_OUT.
             with contextlib.suppress(TimeoutError):
                 await self._wait_for_room()
-            writes.append(asyncio.ensure_future(self._create_part(part)))
+            writes.append(asyncio.ensure_future(self._create_part(part, tally)))
         results: dict[str, cpb.CreatableTopicResult] = {}
         for answer in await asyncio.gather(*writes):
             if answer.error_code != ErrorCode.NONE:
@@ -711,9 +719,11 @@ class QuorumController:
                 response.topics.append(results[topic.name])
         return response
 
-    async def _create_part(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
+    async def _create_part(
+        self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
+    ) -> cpb.CreateTopicsResponse:
         return await self._serve(
-            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self._next_offset)
+            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self._next_offset, tally)
         )
 
     async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:

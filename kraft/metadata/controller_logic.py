@@ -28,7 +28,8 @@ Caught up = the broker's reported metadata offset ≥ its broker epoch (the offs
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -49,7 +50,13 @@ from kraft.metadata.image import (
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
-from kraft.metadata.topic_rules import colliding_name, validate_topic_configs, validate_topic_name
+from kraft.metadata.topic_rules import (
+    check_partition_dir_names,
+    check_partition_limits,
+    colliding_name,
+    validate_topic_configs,
+    validate_topic_name,
+)
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -59,6 +66,11 @@ R = TypeVar("R", bound=Message)
 METADATA_VERSION_FEATURE = "metadata.version"
 METADATA_VERSION = 1
 MAX_PARTITIONS_PER_TOPIC = 1_000_000
+# Defaults of max.partitions / max.broker.partitions (kraft/config.py has the keys): the image is measured
+# up to 1,000,000 partitions; a broker keeps at least one open file per hosted partition, so 10,000 stays
+# well inside a typical open-file limit once the broker has raised it to the hard limit.
+DEFAULT_MAX_PARTITIONS = 1_000_000
+DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 # Partitions a leave-job chunk looks at, at most: a chunk that finds few changes (the broker is in few
 # ISRs) ends after this much scanning — possibly with no change — and the next chunk goes on.
 LEAVE_SCAN_PARTITIONS = 10_000
@@ -72,6 +84,10 @@ class ControllerSettings:
     default_replication_factor: int = 1
     max_changes_per_write: int = 250
     """Partition changes per append when a broker leaves its ISRs; the rest follow in later appends."""
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
+    """``max.partitions``: partitions in the cluster (each counted once, whatever its replication factor)."""
+    max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
+    """``max.broker.partitions``: partition replicas assigned to one broker (each is an open log there)."""
 
 
 @dataclass(slots=True)
@@ -84,6 +100,15 @@ class _LeaveJob:
     position: int = 0  # index into topic_ids
     partition_position: int = 0  # next partition of topic_ids[position]
     tail: list[Message] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class CreateTally:
+    """What the earlier parts of one validate_only CreateTopics request would have created."""
+
+    partitions: int = 0
+    replicas: Counter[int] = field(default_factory=Counter)
+    names: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -568,8 +593,10 @@ class ControllerLogic:
     # ---- topics ----
 
     def create_topics(
-        self, req: cpb.CreateTopicsRequest, next_offset: int
+        self, req: cpb.CreateTopicsRequest, next_offset: int, tally: CreateTally | None = None
     ) -> Outcome[cpb.CreateTopicsResponse]:
+        """``tally`` carries a validate_only request's earlier parts (the shell splits big requests into
+        parts; a dry run writes nothing, so later parts would not see earlier ones in the image)."""
         response = cpb.CreateTopicsResponse()
         try:
             self.check_cluster_id(req.cluster_id)
@@ -579,8 +606,14 @@ class ControllerLogic:
         counts: dict[str, int] = {}
         for topic in req.topics:
             counts[topic.name] = counts.get(topic.name, 0) + 1
-        cursor = self.image.partition_count()
-        created: set[str] = set()
+        dry_run = tally if req.validate_only else None
+        cursor = self.image.partition_count() + (dry_run.partitions if dry_run else 0)
+        created: set[str] = dry_run.names if dry_run else set()
+        # Replicas per broker before this request plus what its earlier topics added (validate_only too:
+        # a dry run is bounded exactly like the real one).
+        self._speculative_counts.update(self.image.topics_by_id)
+        hosted = self._speculative_counts.replicas
+        added: Counter[int] = dry_run.replicas if dry_run else Counter()
         for topic in req.topics:
             result = response.topics.add(name=topic.name)
             try:
@@ -599,7 +632,13 @@ class ControllerLogic:
                         ErrorCode.INVALID_TOPIC_EXCEPTION,
                         f"topic {topic.name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
                     )
+                # Checked before placement too, so a huge request costs nothing before it is refused.
+                self._check_partition_counts(
+                    topic, self._requested_partitions(topic), cursor, {}, hosted, added
+                )
                 assignment = self._assignment_for(topic, cursor)
+                by_broker = Counter(b for replicas in assignment for b in replicas)
+                self._check_partition_counts(topic, len(assignment), cursor, by_broker, hosted, added)
                 self._check_some_replica_acceptable(assignment)
                 configs = validate_topic_configs(
                     [(c.name, c.value) for c in topic.configs], len(assignment[0])
@@ -613,10 +652,40 @@ class ControllerLogic:
             result.replication_factor = len(assignment[0])
             created.add(topic.name)
             cursor += len(assignment)
+            added.update(by_broker)
+            if dry_run is not None:
+                dry_run.partitions += len(assignment)
             if req.validate_only:
                 continue
             self._add_topic_records(batch, topic.name, topic_id, assignment, configs)
         return Outcome(batch.finish(), response, next_offset)
+
+    def _requested_partitions(self, topic: cpb.CreatableTopic) -> int:
+        if topic.assignments:
+            return len(topic.assignments)
+        return self.settings.default_num_partitions if topic.num_partitions == -1 else topic.num_partitions
+
+    def _check_partition_counts(
+        self,
+        topic: cpb.CreatableTopic,
+        partitions: int,
+        cursor: int,
+        by_broker: Mapping[int, int],
+        hosted: Mapping[int, int],
+        added: Mapping[int, int],
+    ) -> None:
+        if partitions <= 0 or partitions > MAX_PARTITIONS_PER_TOPIC:
+            return  # _assignment_for refuses it with INVALID_PARTITIONS
+        check_partition_dir_names(topic.name, partitions)
+        check_partition_limits(
+            topic.name,
+            partitions,
+            cursor,
+            self.settings.max_partitions,
+            by_broker,
+            lambda b: hosted.get(b, 0) + added.get(b, 0),
+            self.settings.max_broker_partitions,
+        )
 
     def _assignment_for(self, topic: cpb.CreatableTopic, cursor: int) -> list[tuple[int, ...]]:
         if topic.assignments:

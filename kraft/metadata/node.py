@@ -36,6 +36,8 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         default_num_partitions=config.num_partitions,
         default_replication_factor=config.default_replication_factor,
         leader_lease_ms=config.controller_quorum_fetch_timeout_ms,
+        max_partitions=config.max_partitions,
+        max_broker_partitions=config.max_broker_partitions,
     )
 
 

@@ -1,4 +1,4 @@
-"""Kafka's topic-name rules and the topic configs kraft accepts (pure validation)."""
+"""Kafka's topic-name rules, the topic configs kraft accepts, and the partition limits (pure validation)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from collections.abc import Callable, Collection, Mapping
 from kraft.errors import ErrorCode, KraftError
 
 MAX_TOPIC_NAME_LENGTH = 249
+MAX_FILE_NAME_BYTES = 255
+"""Brokers name each partition directory ``<topic>-<partition>``; no file system takes a longer name."""
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 
@@ -27,6 +29,48 @@ def validate_topic_name(name: str) -> None:
             ErrorCode.INVALID_TOPIC_EXCEPTION,
             f"topic name {name!r} is illegal: only ASCII letters, digits, '.', '_' and '-' are allowed",
         )
+
+
+def check_partition_dir_names(name: str, partitions: int) -> None:
+    """Refuse a partition count whose last partition's directory ``<name>-<partitions - 1>`` would not fit
+    a file name: brokers could never create it (Kafka leaves this to fail on the broker)."""
+    longest = len(name.encode()) + 1 + len(str(max(partitions - 1, 0)))
+    if longest > MAX_FILE_NAME_BYTES:
+        room = MAX_FILE_NAME_BYTES - len(name.encode()) - 1
+        raise KraftError(
+            ErrorCode.INVALID_PARTITIONS,
+            f"{partitions} partitions: a {len(name)}-character topic name leaves room for partition ids of "
+            f"{room} digit(s) in a {MAX_FILE_NAME_BYTES}-byte directory name (at most {10**room} partitions)",
+        )
+
+
+def check_partition_limits(
+    name: str,
+    partitions: int,
+    cluster_partitions: int,
+    max_partitions: int,
+    added_by_broker: Mapping[int, int],
+    broker_partitions: Callable[[int], int],
+    max_broker_partitions: int,
+) -> None:
+    """``max.partitions`` (partitions in the cluster) and ``max.broker.partitions`` (replicas on one broker):
+    refuse a topic that would take the cluster or any broker past its limit (POLICY_VIOLATION, naming the
+    limit and the request).  ``cluster_partitions`` and ``broker_partitions`` include what this request
+    already created; ``added_by_broker`` is this topic's replicas per broker."""
+    if cluster_partitions + partitions > max_partitions:
+        raise KraftError(
+            ErrorCode.POLICY_VIOLATION,
+            f"topic {name!r} would add {partitions} partitions to the cluster's {cluster_partitions}, "
+            f"above max.partitions={max_partitions}",
+        )
+    for broker_id in sorted(added_by_broker):
+        hosted = broker_partitions(broker_id)
+        if hosted + added_by_broker[broker_id] > max_broker_partitions:
+            raise KraftError(
+                ErrorCode.POLICY_VIOLATION,
+                f"topic {name!r} would add {added_by_broker[broker_id]} partition replicas to broker "
+                f"{broker_id}, which hosts {hosted}, above max.broker.partitions={max_broker_partitions}",
+            )
 
 
 def collision_key(name: str) -> str:
@@ -62,12 +106,16 @@ def colliding_name(name: str, existing: Collection[str]) -> str | None:
     return None
 
 
-def _long(minimum: int) -> Callable[[str], bool]:
+MAX_INT = 2**31 - 1
+MAX_LONG = 2**63 - 1
+
+
+def _long(minimum: int, maximum: int = MAX_LONG) -> Callable[[str], bool]:
+    """Kafka's INT/LONG config types: bounded, so a stored value always means what it says."""
+
     def check(value: str) -> bool:
-        try:
-            return int(value) >= minimum
-        except ValueError:
-            return False
+        # Java's Long.parseLong: an optional sign and digits only (Python's int() also takes "1_000").
+        return re.fullmatch(r"[+-]?[0-9]+", value) is not None and minimum <= int(value) <= maximum
 
     return check
 
@@ -83,10 +131,10 @@ _TOPIC_CONFIGS: Mapping[str, tuple[Callable[[str], bool], str]] = {
     "cleanup.policy": (_one_of("delete", "compact"), "delete and/or compact"),
     "retention.ms": (_long(-1), "an integer ≥ -1"),
     "retention.bytes": (_long(-1), "an integer ≥ -1"),
-    "segment.bytes": (_long(14), "an integer ≥ 14"),
+    "segment.bytes": (_long(14, MAX_INT), f"an integer in 14..{MAX_INT}"),
     "segment.ms": (_long(1), "an integer ≥ 1"),
-    "max.message.bytes": (_long(0), "an integer ≥ 0"),
-    "min.insync.replicas": (_long(1), "an integer ≥ 1"),
+    "max.message.bytes": (_long(0, MAX_INT), f"an integer in 0..{MAX_INT}"),
+    "min.insync.replicas": (_long(1, MAX_INT), f"an integer in 1..{MAX_INT}"),
     "compression.type": (
         _one_of("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
         "uncompressed, zstd, lz4, snappy, gzip or producer",

@@ -13,7 +13,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.pipeline.compact_writer import OffsetRange
 from kraft.pipeline.decode import mapped
 from kraft.pipeline.layout import LogFile, PartitionDir
-from kraft.storage.batch import check_batch
+from kraft.storage.batch import STORED_BATCH_MAX_BYTES, check_batch
 from kraft.storage.errors import CorruptRecordError
 
 
@@ -65,7 +65,7 @@ def scan_segment(log_file: LogFile, checkpoint_bytes: int) -> SegmentScan:
         end = len(view)
         while pos < end:
             try:
-                header = check_batch(view, pos)
+                header = check_batch(view, pos, max_batch_bytes=STORED_BATCH_MAX_BYTES)
             except CorruptRecordError as exc:
                 if log_file.is_last_segment:
                     break  # a torn tail: recovery would truncate here, so does compaction

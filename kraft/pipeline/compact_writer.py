@@ -32,6 +32,7 @@ from kraft.storage.batch import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
+    STORED_BATCH_MAX_BYTES,
     Record,
     RecordBatch,
     decode_batch,
@@ -136,7 +137,7 @@ class InputCursor:
             if header.last_offset < offset:
                 self._pos += header.size_in_bytes  # skip without decoding: nothing of it survives
                 continue
-            batch, self._pos = decode_batch(view, self._pos)
+            batch, self._pos = decode_batch(view, self._pos, max_batch_bytes=STORED_BATCH_MAX_BYTES)
             self._batch = batch
             self._record_index = 0
             return batch

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.pipeline.layout import METADATA_TOPIC, LogFile
-from kraft.storage.batch import RecordBatch, decode_batch, decode_control_key
+from kraft.storage.batch import STORED_BATCH_MAX_BYTES, RecordBatch, decode_batch, decode_control_key
 from kraft.storage.control import (
     ControlRecordType,
     LeaderChangeMessage,
@@ -118,7 +118,7 @@ def iter_file_batches(
     end = len(buf) if stop is None else min(stop, len(buf))
     while pos < end:
         try:
-            batch, next_pos = decode_batch(buf, pos)
+            batch, next_pos = decode_batch(buf, pos, max_batch_bytes=STORED_BATCH_MAX_BYTES)
         except CorruptRecordError as exc:
             if log_file.is_last_segment:
                 return

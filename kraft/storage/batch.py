@@ -65,6 +65,7 @@ __all__ = [
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
     "NO_SEQUENCE",
+    "STORED_BATCH_MAX_BYTES",
     "BatchHeader",
     "ControlMessage",
     "ControlRecordType",
@@ -123,6 +124,10 @@ _EPOCH = struct.Struct(">i")
 
 # Default cap on a single batch (Kafka's 8 MiB max batch/fetch size); callers may pass their own.
 DEFAULT_MAX_BATCH_BYTES = 8 * 1024 * 1024
+STORED_BATCH_MAX_BYTES = 2**31 - 1
+"""The cap for readers of partition logs written by brokers (reads, recovery, offline tools): a batch's
+size field is a signed 32-bit int, and what a broker accepted is bounded by its produce limits, not by
+:data:`DEFAULT_MAX_BATCH_BYTES` — so such readers must never cut a stored batch by size."""
 
 Buffer = bytes | bytearray | memoryview
 Headers = tuple[tuple[str, bytes | None], ...]

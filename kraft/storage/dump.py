@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from kraft.storage.batch import RecordBatch, decode_batch
+from kraft.storage.batch import STORED_BATCH_MAX_BYTES, RecordBatch, decode_batch
 from kraft.storage.control import (
     ControlMessage,
     LeaderChangeMessage,
@@ -134,7 +134,7 @@ def dump_file(path: Path, *, with_records: bool = True) -> dict[str, Any]:
     preallocated = 0
     while position < len(data):
         try:
-            batch, end = decode_batch(data, position)
+            batch, end = decode_batch(data, position, max_batch_bytes=STORED_BATCH_MAX_BYTES)
         except StorageError as exc:
             if data.count(0, position) == len(data) - position:
                 preallocated = len(data) - position  # a live segment's zero-filled space, not damage

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, spawn_logged
+from kraft.storage.batch import build_batch
 from kraft.v1 import broker_pb2 as bpb
 from kraft.v1 import broker_pb2_grpc, controller_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
@@ -48,6 +50,7 @@ class BrokerProc:
     base_dir: Path
     voters: str
     process: subprocess.Popen[bytes] | None = None
+    extra_config: dict[str, str] = field(default_factory=dict)
 
     @property
     def config_path(self) -> Path:
@@ -82,6 +85,7 @@ class BrokerProc:
                     f"broker.session.timeout.ms={SESSION_MS}",
                     "initial.broker.registration.timeout.ms=30000",
                     "controller.quorum.request.timeout.ms=1000",
+                    *(f"{key}={value}" for key, value in self.extra_config.items()),
                     "",
                 ]
             )
@@ -142,10 +146,12 @@ class Cluster:
     def voters(self) -> str:
         return ",".join(f"{n.node_id}@127.0.0.1:{n.port}" for n in self.quorum.nodes.values())
 
-    def start_broker(self, broker_id: int) -> BrokerProc:
+    def start_broker(self, broker_id: int, extra_config: dict[str, str] | None = None) -> BrokerProc:
         broker = self.brokers.get(broker_id)
         if broker is None:
-            broker = BrokerProc(broker_id, free_port(), self.base_dir, self.voters)
+            broker = BrokerProc(
+                broker_id, free_port(), self.base_dir, self.voters, extra_config=extra_config or {}
+            )
             broker.write_config()
             result = run_kraft(
                 [
@@ -559,3 +565,133 @@ def test_a_broker_far_behind_bootstraps_from_a_snapshot(cluster: Cluster) -> Non
     assert "event=snapshot_loaded" in log, behind.log_tail()
     cluster.assert_dirs_match_image(181, ["snap-a", "snap-b"])
     assert not any(p.name.startswith("snap-a-") for p in behind.log_dir.iterdir())
+
+
+# --- hostile but legal input ----------------------------------------------------------------------------
+
+LONGEST_TOPIC = "L" * 249  # Kafka's maximum topic name length
+GRPC_MAX = 16 * 1024 * 1024  # grpc.max.message.bytes default
+LARGEST_BATCH = GRPC_MAX - 64 * 1024  # the largest message.max.bytes that default allows
+
+
+def _value_filling(batch_bytes: int) -> bytes:
+    """A random value whose one-record batch (as the broker builds it) is exactly ``batch_bytes``."""
+    n = batch_bytes - len(build_batch(0, [(None, b"")], leader_epoch=0, timestamp_ms=1))
+    while len(build_batch(0, [(None, b"v" * n)], leader_epoch=0, timestamp_ms=1)) > batch_bytes:
+        n -= 1
+    assert len(build_batch(0, [(None, b"v" * n)], leader_epoch=0, timestamp_ms=1)) == batch_bytes
+    return os.urandom(n)
+
+
+def _no_crash_logged(broker: BrokerProc) -> None:
+    text = broker.log_text()
+    assert "File name too long" not in text and "Traceback" not in text, broker.log_tail()
+
+
+def test_a_249_character_topic_is_produced_consumed_and_deleted_with_every_broker_healthy(
+    cluster: Cluster,
+) -> None:
+    ids = (191, 192, 193)
+    for broker_id in ids:
+        cluster.start_broker(broker_id)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    cluster.create_topic(LONGEST_TOPIC, {0: [191, 192, 193], 1: [192, 193, 191]})
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, [LONGEST_TOPIC])
+    bootstrap = cluster.brokers[193].target
+    produced = run_kraft(
+        ["produce", "--bootstrap-server", bootstrap, "--topic", LONGEST_TOPIC, "--partition", "1",
+         "--value", "a", "--value", "b", "--json"]
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", bootstrap, "--topic", LONGEST_TOPIC, "--partition", "1",
+         "--from-beginning", "--max-records", "2", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    assert [json.loads(line)["value"] for line in consumed.stdout.splitlines()] == ["a", "b"]
+
+    response = cluster.controller_call(
+        "DeleteTopics", cpb.DeleteTopicsRequest(cluster_id=cluster.quorum.cluster_id, names=[LONGEST_TOPIC])
+    )
+    assert isinstance(response, cpb.DeleteTopicsResponse) and response.topics[0].error_code == 0
+    for broker_id in ids:
+        log_dir = cluster.brokers[broker_id].log_dir
+        poll(lambda d=log_dir: not any(p.name.startswith("LLL") for p in d.iterdir()) or None, "dirs deleted")
+
+    assert cluster.brokers[192].terminate() == 0
+    cluster.start_broker(192)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+        assert cluster.brokers[broker_id].alive
+        _no_crash_logged(cluster.brokers[broker_id])
+
+
+def test_the_largest_accepted_record_survives_kill_9_with_every_later_record(cluster: Cluster) -> None:
+    broker = cluster.start_broker(195, {"message.max.bytes": str(LARGEST_BATCH)})
+    cluster.wait_broker_state(195, "RUNNING")
+    cluster.create_topic("huge", {0: [195]})
+    _, epoch = cluster.leader_of("huge", 0)
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(broker.target, options=options) as channel:
+        stub = broker_pb2_grpc.BrokerServiceStub(channel)
+
+        def produce(value: bytes) -> bpb.ProduceResponse:
+            request = bpb.ProduceRequest(
+                cluster_id=cluster.quorum.cluster_id, topic="huge", partition=0, leader_epoch=epoch,
+                records=[bpb.BrokerRecord(value=value, has_value=True, timestamp_ms=1)], acks=-1,
+            )  # fmt: skip
+            return stub.Produce(request, timeout=30)
+
+        poll(lambda: produce(b"first").error_code == 0 or None, "the first produce to succeed")
+        largest = _value_filling(LARGEST_BATCH)
+        accepted = produce(largest)
+        assert accepted.error_code == 0, accepted.error_message
+        refused = produce(largest + b"!")
+        assert refused.error_code == ErrorCode.MESSAGE_TOO_LARGE, refused.error_message
+        assert "message.max.bytes" in refused.error_message
+        for value in (b"after-1", b"after-2"):
+            assert produce(value).error_code == 0
+        expected = [b"first", largest, b"after-1", b"after-2"]
+
+        broker.kill()  # kill -9: no clean shutdown marker, recovery scans the whole segment
+        cluster.start_broker(195)
+        cluster.wait_broker_state(195, "RUNNING")
+
+        def fetch_all() -> list[bytes] | None:
+            values: list[bytes] = []
+            while len(values) < len(expected):
+                request = bpb.BrokerFetchRequest(
+                    topic="huge", partition=0, offset=len(values), max_bytes=1, leader_epoch=-1
+                )
+                response = stub.Fetch(request, timeout=30)
+                if response.error_code != 0 or not response.records:
+                    return None
+                values.extend(r.value for r in response.records)
+            return values
+
+        assert poll(fetch_all, "every record to be fetchable after the restart") == expected
+    assert "partition_log_truncated_by_recovery" not in broker.log_text()
+
+
+def test_a_topic_max_message_bytes_is_enforced_and_the_cli_prints_one_line(cluster: Cluster) -> None:
+    cluster.start_broker(197)
+    cluster.wait_broker_state(197, "RUNNING")
+    controllers = ",".join(n.target for n in cluster.quorum.nodes.values())
+    created = run_kraft(
+        ["topic", "create", "sized", "--replica-assignment", "197", "--config", "max.message.bytes=2000",
+         "--bootstrap-controller", controllers]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    bootstrap = cluster.brokers[197].target
+    small = run_kraft(["produce", "--bootstrap-server", bootstrap, "--topic", "sized", "--value", "x" * 1000])
+    assert small.returncode == 0, small.stderr
+    big = run_kraft(["produce", "--bootstrap-server", bootstrap, "--topic", "sized", "--value", "x" * 3000])
+    assert big.returncode == 1 and len(big.stderr.strip().splitlines()) == 1, big.stderr
+    assert big.stderr.startswith("error: MESSAGE_TOO_LARGE") and "max.message.bytes=2000" in big.stderr
+    overload = run_kraft(
+        ["topic", "create", "overload", "-p", "100000", "-r", "1", "--bootstrap-controller", controllers]
+    )  # fmt: skip
+    assert overload.returncode == 1 and overload.stderr.startswith("error: POLICY_VIOLATION"), overload.stderr
+    assert "max.broker.partitions" in overload.stderr

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from kraft.broker.types import ProducedRecord, StoredRecord
 from kraft.metadata.image import MetadataImage
-from kraft.storage.errors import OffsetOutOfRangeError
+from kraft.storage.batch import build_batch
+from kraft.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
 
@@ -29,7 +30,12 @@ class MemoryPartitionLog:
     def log_end_offset(self) -> int:
         return self.start_offset + len(self.records)
 
-    def append_records(self, records: Sequence[ProducedRecord], leader_epoch: int) -> int:
+    def append_records(
+        self, records: Sequence[ProducedRecord], leader_epoch: int, max_batch_bytes: int | None = None
+    ) -> int:
+        size = len(build_batch(0, [(r.key, r.value) for r in records], leader_epoch=0, timestamp_ms=0))
+        if max_batch_bytes is not None and size > max_batch_bytes:
+            raise RecordTooLargeError(f"record batch of {size} bytes is above the limit of {max_batch_bytes}")
         base = self.log_end_offset
         for i, r in enumerate(records):
             self.records.append(StoredRecord(base + i, r.timestamp_ms, r.key, r.value, leader_epoch))
@@ -73,9 +79,15 @@ class MemoryLogOpener:
 class StaticMetadataView:
     """A MetadataView over fixed brokers and topics."""
 
-    def __init__(self, brokers: dict[int, int], topics: dict[str, int]) -> None:
+    def __init__(
+        self,
+        brokers: dict[int, int],
+        topics: dict[str, int],
+        configs: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.brokers = brokers  # broker id -> port
         self.topics = topics  # topic -> partition count
+        self.configs = configs or {}  # topic -> topic configs
 
     def metadata_response(self, topics: list[str]) -> pb.BrokerMetadataResponse:
         response = pb.BrokerMetadataResponse(metadata_offset=10)
@@ -96,6 +108,9 @@ class StaticMetadataView:
 
     def topic_exists(self, topic: str) -> bool:
         return topic in self.topics
+
+    def topic_config(self, topic: str, name: str) -> str | None:
+        return self.configs.get(topic, {}).get(name)
 
     def digest(self) -> str:
         return f"static-{sorted(self.topics.items())}"

@@ -174,6 +174,24 @@ async def test_big_create_requests_are_written_in_chunks_with_one_answer() -> No
         await controller.stop()
 
 
+async def test_a_chunked_validate_only_request_is_bounded_like_the_real_one() -> None:
+    options = ControllerOptions(noop_interval_ms=0, partitions_per_write=3, max_broker_partitions=5)
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        topics = [cpb.CreatableTopic(name=n, num_partitions=2, replication_factor=1) for n in "abc"]
+        for validate_only in (True, False):
+            request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics, validate_only=validate_only)
+            response = await controller.create_topics(request)
+            codes = [t.error_code for t in response.topics]
+            assert codes == [0, 0, ErrorCode.POLICY_VIOLATION], (validate_only, response)
+        assert sorted(controller.committed.topic_ids_by_name) == ["a", "b"]
+    finally:
+        await controller.stop()
+
+
 async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
     raft, controller = await started(ControllerOptions(noop_interval_ms=0, leader_lease_ms=100))
     try:
