@@ -45,8 +45,8 @@ RESULTS_PATH = REPO_ROOT / "bench" / "results" / "controller.json"
 if str(REPO_ROOT) not in sys.path:  # the process harness lives with the integration tests
     sys.path.insert(0, str(REPO_ROOT))
 
+from kraft.client.admin import AdminClient  # noqa: E402
 from kraft.errors import ErrorCode  # noqa: E402
-from kraft.metadata.admin import AdminClient  # noqa: E402
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings  # noqa: E402
 from kraft.metadata.image import MetadataImage  # noqa: E402
 from kraft.v1 import common_pb2  # noqa: E402
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         topics, per_topic, brokers = (int(v) for v in args.image_memory_child.split(","))
         print(json.dumps(image_memory_child(topics, per_topic, brokers)))
         return 0
-    # This one process plays 1,000 brokers: like the controllers (kraft.metadata.node), let gRPC's
+    # This one process plays 1,000 brokers: like the controllers (kraft.node.metadata_layer), let gRPC's
     # completion-queue thread get the GIL often, or the harness itself delays the heartbeats it measures.
     sys.setswitchinterval(0.0001)
     results = run(

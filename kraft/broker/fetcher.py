@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
 from kraft.broker.publisher import MetadataPublisher
+from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage

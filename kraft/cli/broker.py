@@ -22,7 +22,8 @@ from kraft.cli.common import (
     print_table,
     run_async,
 )
-from kraft.metadata.admin import AdminClient
+from kraft.client.admin import AdminClient
+from kraft.client.channel import open_channel
 from kraft.v1 import broker_pb2, broker_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
 
@@ -120,7 +121,7 @@ async def broker_side_state(
     if target is None:
         return UNKNOWN_STATE
     try:
-        async with grpc.aio.insecure_channel(target) as channel:
+        async with open_channel(target) as channel:
             stub = broker_pb2_grpc.BrokerServiceStub(channel)
             response = await stub.DescribeBroker(
                 broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kraft.client.channel import open_blocking_channel
 from kraft.errors import ErrorCode
 from kraft.observability.health import BROKER_SERVICE, HealthStatus, check_health_sync
 from kraft.v1 import controller_pb2, controller_pb2_grpc, raft_pb2, raft_pb2_grpc
@@ -40,7 +41,7 @@ class BrokerView:
 def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
     """DescribeQuorum on ``target`` itself (no redirect): any controller names the leader it knows."""
     try:
-        with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as channel:
+        with open_blocking_channel(target, _CHANNEL_OPTIONS) as channel:
             stub = raft_pb2_grpc.RaftServiceStub(channel)
             reply: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
                 raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
@@ -55,7 +56,7 @@ def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
 def broker_views(target: str, cluster_id: str, timeout_s: float) -> dict[int, BrokerView] | None:
     """Every registered broker per DescribeCluster on ``target``; None unless it is the active controller."""
     try:
-        with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as channel:
+        with open_blocking_channel(target, _CHANNEL_OPTIONS) as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
             reply: controller_pb2.DescribeClusterResponse = stub.DescribeCluster(
                 controller_pb2.DescribeClusterRequest(cluster_id=cluster_id), timeout=timeout_s

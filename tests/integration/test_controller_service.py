@@ -20,9 +20,9 @@ import grpc
 import pytest
 from procs import ControllerQuorum, run_kraft
 
+from kraft.client.admin import AdminClient
 from kraft.errors import ErrorCode
 from kraft.metadata import records
-from kraft.metadata.admin import AdminClient
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.v1 import common_pb2, controller_pb2_grpc

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import grpc.aio
 import pytest
 
+from kraft.client.quorum import describe_quorum, quorum_status, replication_rows
 from kraft.errors import ErrorCode, KraftError
 from kraft.netutil import free_port
 from kraft.raft import messages as m
-from kraft.raft.grpc_admin import describe_quorum, quorum_status, replication_rows
 from kraft.raft.grpc_server import RaftServicer, node_refs
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import grpc
 
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
@@ -84,7 +85,7 @@ class BrokerClient:
     def stub(self, target: str) -> BrokerServiceAsyncStub:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(target)
+            channel = open_channel(target)
             self._channels[target] = channel
         stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
         return stub

@@ -13,9 +13,9 @@ import pytest
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
+from kraft.node.controller import ControllerNode, StartupError, check_storage
 from kraft.observability.health import RAFT_SERVICE, HealthStatus, check_health
 from kraft.raft.grpc_test_service import chain_digest
-from kraft.raft.process import ControllerNode, StartupError, check_storage
 from kraft.storage.ids import random_uuid
 from kraft.storage.log import CLEAN_SHUTDOWN_FILE, METADATA_LOG_DIR_NAME
 from kraft.storage.meta_properties import format_log_dir

@@ -1,0 +1,150 @@
+"""The layers of the ``kraft`` package import only downwards (docs/architecture.md, "Layers").
+
+Static: every module under ``kraft/`` is parsed with :mod:`ast` and every import statement counts —
+module level, inside functions, and under ``if TYPE_CHECKING:`` — so a late import cannot hide a cycle.
+The generated ``kraft/v1`` code is not checked (it imports only protobuf and grpc).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import kraft
+
+PACKAGE_DIR = Path(kraft.__file__).parent
+
+# Layer → the kraft packages it must never import.  Forbidden, rather than allowed, lists: a new leaf
+# module (an error mapping, a clock) may be added below without touching this table.
+FORBIDDEN: dict[str, frozenset[str]] = {
+    "kraft.storage": frozenset(
+        {"raft", "metadata", "broker", "client", "node", "cli", "cluster", "pipeline", "observability"}
+    ),
+    "kraft.raft": frozenset({"metadata", "broker", "client", "node", "cli", "cluster", "pipeline"}),
+    "kraft.metadata": frozenset({"broker", "client", "node", "cli", "cluster", "pipeline"}),
+    "kraft.broker": frozenset({"raft", "node", "cli", "cluster", "pipeline"}),
+    "kraft.client": frozenset(
+        {"storage", "raft", "metadata", "broker", "node", "cli", "cluster", "pipeline", "observability"}
+    ),
+    "kraft.pipeline": frozenset({"raft", "broker", "client", "node", "cli", "cluster"}),
+    "kraft.cluster": frozenset({"node", "cli"}),
+    "kraft.node": frozenset({"cli", "cluster", "pipeline"}),
+}
+
+# What a broker legitimately needs of the metadata layer: the record types and the image it replays
+# them into.  The controller side (controller, service, placement, …) is not the broker's business.
+BROKER_METADATA_MODULES = frozenset(
+    {"kraft.metadata.records", "kraft.metadata.image", "kraft.metadata.delta"}
+)
+
+# Modules every layer may import although they live in a higher package: the one place channels are
+# made (its security options must reach the Raft transport too), which itself imports nothing of kraft.
+SHARED_LEAVES = frozenset({"kraft.client.channel"})
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    importer: str
+    imported: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.importer}:{self.line} imports {self.imported}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    # ``from . import x`` in a package's __init__ is relative to the package itself.
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def kraft_imports() -> Iterator[Import]:
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        importer = _module_name(path)
+        if importer.startswith("kraft.v1"):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                module = _resolve(importer, path.name == "__init__.py", node)
+                # ``from kraft.x import y`` may name a submodule y: count kraft.x.y as well as kraft.x.
+                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                if name == "kraft" or name.startswith("kraft."):
+                    yield Import(importer, name, node.lineno)
+
+
+def _is_module(name: str) -> bool:
+    relative = Path(*name.split("."))
+    return (PACKAGE_DIR.parent / relative).with_suffix(".py").exists() or (
+        PACKAGE_DIR.parent / relative / "__init__.py"
+    ).exists()
+
+
+def _package(name: str) -> str:
+    """``kraft.raft.driver`` → ``raft``; a top-level module (``kraft.errors``) → its own name."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer_of(importer: str) -> str | None:
+    return next((layer for layer in FORBIDDEN if importer == layer or importer.startswith(layer + ".")), None)
+
+
+def violations() -> list[str]:
+    found: list[str] = []
+    for imp in kraft_imports():
+        if not _is_module(imp.imported) or imp.imported in SHARED_LEAVES:
+            continue
+        layer = _layer_of(imp.importer)
+        if layer is None or _package(imp.imported) == _package(imp.importer):
+            continue
+        if _package(imp.imported) in FORBIDDEN[layer]:
+            found.append(str(imp))
+        elif (
+            layer == "kraft.broker"
+            and _package(imp.imported) == "metadata"
+            and imp.imported != "kraft.metadata"
+            and imp.imported not in BROKER_METADATA_MODULES
+        ):
+            found.append(f"{imp} (a broker needs only {sorted(BROKER_METADATA_MODULES)})")
+    return found
+
+
+def test_every_layer_imports_only_the_layers_below_it() -> None:
+    assert violations() == []
+
+
+def test_the_shared_channel_module_imports_nothing_of_kraft() -> None:
+    leaves = [imp for imp in kraft_imports() if imp.importer in SHARED_LEAVES]
+    assert leaves == []
+
+
+def test_the_scan_sees_function_level_and_type_checking_imports() -> None:
+    # Guard against a scan that silently finds nothing: the controller process's wiring is known to
+    # import the metadata layer and storage, and the CLI imports the process lazily inside a command.
+    found = {(imp.importer, imp.imported) for imp in kraft_imports()}
+    assert ("kraft.node.controller", "kraft.node.metadata_layer") in found
+    assert ("kraft.cli.controller", "kraft.node.controller") in found
+    assert ("kraft.node.metadata_layer", "kraft.node.controller") in found  # under TYPE_CHECKING
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_every_layer_in_the_table_exists(layer: str) -> None:
+    assert _is_module(layer), f"{layer} is in the layering table but not in the package"
