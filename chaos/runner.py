@@ -45,6 +45,7 @@ from chaos.produce import ProduceWorkload, create_produce_topic, fencing_interva
 from chaos.report import RunReport, write_report
 from chaos.scenarios import SCENARIOS
 from chaos.workload import TopicWorkload, WorkloadOptions, describe_all_topics
+from kraft.client.channel import open_blocking_channel
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 Progress = Callable[[str], None]
@@ -161,7 +162,7 @@ def _settled_high_watermark(cluster: ChaosCluster, timeout_s: float) -> int | No
 
 def describe_quorum(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse | None:
     try:
-        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+        with open_blocking_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
             reply: raft_pb2.DescribeQuorumResponse = raft_pb2_grpc.RaftServiceStub(channel).DescribeQuorum(
                 raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
             )

@@ -23,6 +23,7 @@ import grpc
 import pytest
 from procs import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
 
+from kraft.client.channel import open_blocking_channel
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.v1 import broker_pb2 as bpb
@@ -177,7 +178,7 @@ class Cluster:
     def _channel(self, target: str) -> grpc.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.insecure_channel(target)
+            channel = open_blocking_channel(target)
             self._channels[target] = channel
         return channel
 

@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import pytest
 from procs import ControllerQuorum, run_kraft
 
 from kraft.client.admin import AdminClient
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
@@ -126,7 +126,7 @@ async def test_controller_service_end_to_end(quorum_factory: Callable[..., Contr
 
         # a controller that is not active redirects to the one that is
         follower = next(n for n in quorum.nodes.values() if n.node_id != cluster.controller_id)
-        async with grpc.aio.insecure_channel(follower.target) as channel:
+        async with open_channel(follower.target) as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
             redirected = await stub.DescribeCluster(cpb.DescribeClusterRequest(), timeout=10)
         assert redirected.error_code == ErrorCode.NOT_CONTROLLER
