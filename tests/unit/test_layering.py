@@ -21,6 +21,9 @@ PACKAGE_DIR = Path(kraft.__file__).parent
 # Layer → the kraft packages it must never import.  Forbidden, rather than allowed, lists: a new leaf
 # module (an error mapping, a clock) may be added below without touching this table.
 FORBIDDEN: dict[str, frozenset[str]] = {
+    "kraft.observability": frozenset(
+        {"storage", "raft", "metadata", "broker", "client", "node", "cli", "cluster", "pipeline"}
+    ),
     "kraft.storage": frozenset(
         {"raft", "metadata", "broker", "client", "node", "cli", "cluster", "pipeline", "observability"}
     ),
@@ -56,8 +59,8 @@ class Import:
         return f"{self.importer}:{self.line} imports {self.imported}"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+def _module_name(path: Path, package_dir: Path) -> str:
+    parts = path.relative_to(package_dir.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -70,9 +73,9 @@ def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def kraft_imports() -> Iterator[Import]:
-    for path in sorted(PACKAGE_DIR.rglob("*.py")):
-        importer = _module_name(path)
+def kraft_imports(package_dir: Path = PACKAGE_DIR) -> Iterator[Import]:
+    for path in sorted(package_dir.rglob("*.py")):
+        importer = _module_name(path, package_dir)
         if importer.startswith("kraft.v1"):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -81,8 +84,11 @@ def kraft_imports() -> Iterator[Import]:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 module = _resolve(importer, path.name == "__init__.py", node)
-                # ``from kraft.x import y`` may name a submodule y: count kraft.x.y as well as kraft.x.
-                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+                # ``from kraft.x import y`` imports the submodule kraft.x.y when there is one, else kraft.x.
+                submodules = (f"{module}.{alias.name}" for alias in node.names)
+                names = list(
+                    dict.fromkeys(sub if _is_module(sub, package_dir) else module for sub in submodules)
+                )
             else:
                 continue
             for name in names:
@@ -90,10 +96,10 @@ def kraft_imports() -> Iterator[Import]:
                     yield Import(importer, name, node.lineno)
 
 
-def _is_module(name: str) -> bool:
+def _is_module(name: str, package_dir: Path = PACKAGE_DIR) -> bool:
     relative = Path(*name.split("."))
-    return (PACKAGE_DIR.parent / relative).with_suffix(".py").exists() or (
-        PACKAGE_DIR.parent / relative / "__init__.py"
+    return (package_dir.parent / relative).with_suffix(".py").exists() or (
+        package_dir.parent / relative / "__init__.py"
     ).exists()
 
 
@@ -107,10 +113,10 @@ def _layer_of(importer: str) -> str | None:
     return next((layer for layer in FORBIDDEN if importer == layer or importer.startswith(layer + ".")), None)
 
 
-def violations() -> list[str]:
+def violations(package_dir: Path = PACKAGE_DIR) -> list[str]:
     found: list[str] = []
-    for imp in kraft_imports():
-        if not _is_module(imp.imported) or imp.imported in SHARED_LEAVES:
+    for imp in kraft_imports(package_dir):
+        if not _is_module(imp.imported, package_dir) or imp.imported in SHARED_LEAVES:
             continue
         layer = _layer_of(imp.importer)
         if layer is None or _package(imp.imported) == _package(imp.importer):
@@ -129,6 +135,28 @@ def violations() -> list[str]:
 
 def test_every_layer_imports_only_the_layers_below_it() -> None:
     assert violations() == []
+
+
+def test_an_upward_import_inside_a_function_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "kraft"
+    for module, text in {
+        "__init__.py": "",
+        "raft/__init__.py": "",
+        "raft/process.py": "def run() -> None:\n    from kraft.metadata.node import install\n",
+        "metadata/__init__.py": "",
+        "metadata/node.py": "from ..broker import controller_client\n",
+        "metadata/image.py": "",
+        "broker/__init__.py": "",
+        "broker/controller_client.py": "from kraft.metadata import image\nimport kraft.metadata.node\n",
+    }.items():
+        (package / module).parent.mkdir(parents=True, exist_ok=True)
+        (package / module).write_text(text)
+    assert violations(package) == [
+        "kraft.broker.controller_client:2 imports kraft.metadata.node (a broker needs only "
+        f"{sorted(BROKER_METADATA_MODULES)})",
+        "kraft.metadata.node:1 imports kraft.broker.controller_client",
+        "kraft.raft.process:2 imports kraft.metadata.node",
+    ]
 
 
 def test_the_shared_channel_module_imports_nothing_of_kraft() -> None:
