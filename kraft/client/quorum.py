@@ -80,6 +80,15 @@ def _describe_once(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResp
         return response
 
 
+def describe_quorum_at(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse | None:
+    """DescribeQuorum on ``target`` itself, no redirect (any controller names the leader it knows);
+    None when it cannot be asked (not up, unreachable, deadline) — for callers that poll."""
+    try:
+        return _describe_once(target, timeout_s)
+    except grpc.RpcError:
+        return None
+
+
 def _leader_target(response: raft_pb2.DescribeQuorumResponse) -> str | None:
     for node in response.nodes:
         if node.node_id == response.leader_id and node.endpoint.port > 0:
