@@ -40,12 +40,12 @@ RESULTS_PATH = REPO_ROOT / "bench" / "results" / "broker.json"
 if str(REPO_ROOT) not in sys.path:  # the fake controller lives with the unit tests
     sys.path.insert(0, str(REPO_ROOT))
 
-from kraft.broker.client import BrokerClient  # noqa: E402
-from kraft.broker.server import BrokerServer, BrokerSettings  # noqa: E402
 from kraft.broker.types import BrokerState, TopicPartition  # noqa: E402
+from kraft.client.broker import BrokerClient  # noqa: E402
 from kraft.metadata.records import encode_value, wrap  # noqa: E402
 from kraft.metadata.store import ImageStore  # noqa: E402
 from kraft.netutil import free_port  # noqa: E402
+from kraft.node.broker import BrokerServer, BrokerSettings  # noqa: E402
 from kraft.observability.logging import configure_logging  # noqa: E402
 from kraft.v1 import metadata_pb2 as mpb  # noqa: E402
 from kraft.v1.common_pb2 import Endpoint  # noqa: E402

@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kraft.client.admin import AdminClient
 from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
-from kraft.metadata.admin import AdminClient
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
 from kraft.v1 import common_pb2
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         topics, per_topic, brokers = (int(v) for v in args.image_memory_child.split(","))
         print(json.dumps(image_memory_child(topics, per_topic, brokers)))
         return 0
-    # This one process plays 1,000 brokers: like the controllers (kraft.metadata.node), let gRPC's
+    # This one process plays 1,000 brokers: like the controllers (kraft.node.metadata_layer), let gRPC's
     # completion-queue thread get the GIL often, or the harness itself delays the heartbeats it measures.
     sys.setswitchinterval(0.0001)
     results = run(

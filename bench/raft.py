@@ -41,6 +41,7 @@ import grpc.aio
 
 from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
 from bench.raft_floor import FloorServer
+from kraft.client.channel import open_channel
 from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
 from kraft.runtime import configure_grpc_io
@@ -130,7 +131,7 @@ class KraftWriter:
 
     def __init__(self, target: str, cluster_id: str) -> None:
         options = [("grpc.max_send_message_length", 64 << 20)]
-        self._channel = grpc.aio.insecure_channel(target, options=options)
+        self._channel = open_channel(target, options=options)
         self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
         self._cluster_id = cluster_id
 
@@ -153,7 +154,7 @@ class KraftStreamWriter:
     committed — the same closed loop as :class:`KraftWriter`, minus the per-call cost of unary gRPC."""
 
     def __init__(self, target: str, cluster_id: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = open_channel(target)
         self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
         self._request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[VALUE])
         self._streams: dict[int, AppendStream] = {}

@@ -16,6 +16,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from chaos.checkers import ClusterSample, LeaderObservation
+from kraft.client.channel import open_blocking_channel
 from kraft.cluster.probe import quorum_view
 from kraft.cluster.spec import NodeSpec
 from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
@@ -34,7 +35,7 @@ _A = TypeVar("_A", bound=_Answer)
 def _probe(target: str, call: Callable[[grpc.Channel], _A]) -> _A | None:
     """One call on a fresh channel (no retries); None on any RPC failure or a non-NONE error code."""
     try:
-        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+        with open_blocking_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
             reply = call(channel)
     except grpc.RpcError:
         return None

@@ -22,6 +22,7 @@ import grpc
 
 from chaos.checkers import ClusterSample, FencingInterval
 from chaos.history import EventType, HistoryStore
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
 from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 
@@ -43,7 +44,7 @@ async def create_produce_topic(cluster_id: str, controller_targets: list[str], b
     last = "no controller answered"
     while time.monotonic() < deadline:
         for target in controller_targets:
-            async with grpc.aio.insecure_channel(target) as channel:
+            async with open_channel(target) as channel:
                 stub: Any = controller_pb2_grpc.ControllerServiceStub(channel)
                 try:
                     response = await stub.CreateTopics(request, timeout=2.0)
@@ -91,9 +92,7 @@ class ProduceWorkload:
     async def _producer(self, partition: int, broker_id: int, deadline: float) -> None:
         process = self._new_process(broker_id)
         sequence = 0
-        async with grpc.aio.insecure_channel(
-            self._targets[broker_id], options=[("grpc.enable_retries", 0)]
-        ) as ch:
+        async with open_channel(self._targets[broker_id], options=[("grpc.enable_retries", 0)]) as ch:
             stub: Any = broker_pb2_grpc.BrokerServiceStub(ch)
             while time.monotonic() < deadline:
                 key = f"{PRODUCE_TOPIC}-{partition}"

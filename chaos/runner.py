@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
-
 from chaos.checkers import (
     ImageHashes,
     NodeLog,
@@ -45,7 +43,7 @@ from chaos.produce import ProduceWorkload, create_produce_topic, fencing_interva
 from chaos.report import RunReport, write_report
 from chaos.scenarios import SCENARIOS
 from chaos.workload import TopicWorkload, WorkloadOptions, describe_all_topics
-from kraft.v1 import raft_pb2, raft_pb2_grpc
+from kraft.client.quorum import describe_quorum_at
 
 Progress = Callable[[str], None]
 FINAL_READ_TIMEOUT_S = 20.0
@@ -149,7 +147,7 @@ def _settled_high_watermark(cluster: ChaosCluster, timeout_s: float) -> int | No
     seen: int | None = None
     while time.monotonic() < deadline:
         for node in cluster.controllers:
-            reply = describe_quorum(node.target, 1.0)
+            reply = describe_quorum_at(node.target, 1.0)
             if reply is None or reply.leader_id != node.node_id or reply.high_watermark < 0:
                 continue
             seen = int(reply.high_watermark)
@@ -157,17 +155,6 @@ def _settled_high_watermark(cluster: ChaosCluster, timeout_s: float) -> int | No
                 return seen
         time.sleep(0.2)  # poll cadence of this bounded wait
     return seen
-
-
-def describe_quorum(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse | None:
-    try:
-        with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
-            reply: raft_pb2.DescribeQuorumResponse = raft_pb2_grpc.RaftServiceStub(channel).DescribeQuorum(
-                raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
-            )
-            return reply
-    except grpc.RpcError:
-        return None
 
 
 def _images(cluster: ChaosCluster, monitor: ClusterMonitor, high_watermark: int) -> list[ImageHashes]:

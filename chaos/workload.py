@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 
 from chaos.history import EventType, HistoryStore
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
 from kraft.v1 import controller_pb2, controller_pb2_grpc
 
@@ -86,7 +87,7 @@ class TopicWorkload:
     def _stub(self, node_id: int) -> Any:
         channel = self._channels.get(node_id)
         if channel is None:
-            channel = grpc.aio.insecure_channel(self._targets[node_id], options=[("grpc.enable_retries", 0)])
+            channel = open_channel(self._targets[node_id], options=[("grpc.enable_retries", 0)])
             self._channels[node_id] = channel
         return controller_pb2_grpc.ControllerServiceStub(channel)
 
@@ -202,7 +203,7 @@ async def describe_all_topics(
     cluster_id: str, target: str, timeout_s: float = 3.0
 ) -> tuple[int, frozenset[str]] | None:
     """(metadata offset, topic names) from the controller at ``target``; None unless it is active."""
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with open_channel(target) as channel:
         stub: Any = controller_pb2_grpc.ControllerServiceStub(channel)
         try:
             response = await stub.DescribeTopics(

@@ -18,8 +18,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
 from kraft.broker.publisher import MetadataPublisher
+from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.clock import Clock
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import MetadataDelta

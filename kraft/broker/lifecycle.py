@@ -29,9 +29,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
+from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.errors import ErrorCode
 from kraft.observability.logging import get_logger
 from kraft.v1 import controller_pb2 as cpb

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 from typing import Annotated, Any
 
-import grpc
 import typer
 
 from kraft.cli.common import (
@@ -22,8 +21,8 @@ from kraft.cli.common import (
     print_table,
     run_async,
 )
-from kraft.metadata.admin import AdminClient
-from kraft.v1 import broker_pb2, broker_pb2_grpc
+from kraft.client.admin import AdminClient
+from kraft.client.broker import describe_broker
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(no_args_is_help=True, help="Brokers: run one, list, describe, unregister, shut down.")
@@ -119,15 +118,8 @@ async def broker_side_state(
     endpoint now belongs to another cluster's broker)."""
     if target is None:
         return UNKNOWN_STATE
-    try:
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = broker_pb2_grpc.BrokerServiceStub(channel)
-            response = await stub.DescribeBroker(
-                broker_pb2.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s
-            )
-    except (grpc.RpcError, OSError):
-        return UNKNOWN_STATE
-    if response.error_code != 0 or not response.state:
+    response = await describe_broker(target, cluster_id, timeout_s)
+    if response is None or response.error_code != 0 or not response.state:
         return UNKNOWN_STATE
     return response.state
 

@@ -14,10 +14,10 @@ from typing import Annotated
 
 import typer
 
-from kraft.broker.client import BrokerClient
 from kraft.broker.service import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, run_async
 from kraft.cli.produce import BootstrapServerOption
+from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 

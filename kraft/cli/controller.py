@@ -27,7 +27,7 @@ def start_command(config: ConfigOption) -> None:
       kraft controller start -c config/controller-1.properties 2>c1.log &
     """
     # Imported here so `kraft --help` stays fast (the controller pulls in grpc servers and storage).
-    from kraft.raft.process import StartupError, run_controller
+    from kraft.node.controller import StartupError, run_controller
 
     try:
         check_choices()

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from kraft.broker.client import BrokerClient
 from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, print_json, run_async
+from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
 
 BootstrapServerOption = Annotated[

@@ -17,7 +17,7 @@ from kraft.cli.common import (
     print_key_values,
     print_table,
 )
-from kraft.raft.grpc_admin import describe_quorum, quorum_status, replication_rows
+from kraft.client.quorum import describe_quorum, quorum_status, replication_rows
 
 app = typer.Typer(no_args_is_help=True, help="Describe the controller quorum.")
 

@@ -17,8 +17,8 @@ from kraft.cli.common import (
     print_table,
     run_async,
 )
+from kraft.client.admin import AdminClient
 from kraft.errors import ErrorCode, KraftError
-from kraft.metadata.admin import AdminClient
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(

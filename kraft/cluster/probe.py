@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 import grpc
 
+from kraft.client.channel import open_blocking_channel
+from kraft.client.quorum import describe_quorum_at
 from kraft.errors import ErrorCode
 from kraft.observability.health import BROKER_SERVICE, HealthStatus, check_health_sync
-from kraft.v1 import controller_pb2, controller_pb2_grpc, raft_pb2, raft_pb2_grpc
+from kraft.v1 import controller_pb2, controller_pb2_grpc
 
 # One attempt per probe: the caller's poll loop is the retry policy.
 _CHANNEL_OPTIONS = [("grpc.enable_retries", 0)]
@@ -39,13 +41,8 @@ class BrokerView:
 
 def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
     """DescribeQuorum on ``target`` itself (no redirect): any controller names the leader it knows."""
-    try:
-        with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as channel:
-            stub = raft_pb2_grpc.RaftServiceStub(channel)
-            reply: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
-                raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
-            )
-    except grpc.RpcError:
+    reply = describe_quorum_at(target, timeout_s)
+    if reply is None:
         return None
     return QuorumView(
         reply.leader_id, reply.leader_epoch, reply.high_watermark, ErrorCode.from_wire(reply.error_code)
@@ -55,7 +52,7 @@ def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
 def broker_views(target: str, cluster_id: str, timeout_s: float) -> dict[int, BrokerView] | None:
     """Every registered broker per DescribeCluster on ``target``; None unless it is the active controller."""
     try:
-        with grpc.insecure_channel(target, options=_CHANNEL_OPTIONS) as channel:
+        with open_blocking_channel(target, _CHANNEL_OPTIONS) as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
             reply: controller_pb2.DescribeClusterResponse = stub.DescribeCluster(
                 controller_pb2.DescribeClusterRequest(cluster_id=cluster_id), timeout=timeout_s

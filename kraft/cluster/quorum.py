@@ -26,6 +26,7 @@ from typing import TypeVar
 
 import grpc
 
+from kraft.client.channel import open_blocking_channel
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, reap, spawn_logged
@@ -291,7 +292,7 @@ class ControllerQuorum:
     def _channel(self, node_id: int) -> grpc.Channel:
         channel = self._channels.get(node_id)
         if channel is None:
-            channel = grpc.insecure_channel(
+            channel = open_blocking_channel(
                 self.nodes[node_id].target,
                 options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)],
             )

@@ -20,6 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 # grpc_health exposes this as ``health.aio``, an implicit re-export mypy --strict rejects.
 from grpc_health.v1._async import HealthServicer as AioHealthServicer
 
+from kraft.client.channel import open_blocking_channel, open_channel
+
 OVERALL: Final = ""
 RAFT_SERVICE: Final = "kraft.v1.RaftService"
 CONTROLLER_SERVICE: Final = "kraft.v1.ControllerService"
@@ -83,7 +85,7 @@ def _status_of(error: grpc.RpcError) -> HealthStatus:
 async def check_health(target: str, service: str = OVERALL, timeout_s: float = 2.0) -> HealthStatus:
     """One Health/Check call to ``target`` (``host:port``), bounded by ``timeout_s``; never raises for
     network trouble — an unreachable node is :attr:`HealthStatus.UNREACHABLE`."""
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with open_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = await asyncio.wait_for(
@@ -98,7 +100,7 @@ async def check_health(target: str, service: str = OVERALL, timeout_s: float = 2
 
 def check_health_sync(target: str, service: str = OVERALL, timeout_s: float = 2.0) -> HealthStatus:
     """Blocking :func:`check_health` for CLI code that has no event loop."""
-    with grpc.insecure_channel(target) as channel:
+    with open_blocking_channel(target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

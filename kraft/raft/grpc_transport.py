@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
+from kraft.client.channel import open_channel
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.transport import TransportError
@@ -107,7 +108,7 @@ class GrpcTransport:
             address = self._addresses.get(dest)
             if address is None:
                 raise TransportError(dest, "unknown node id")
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = open_channel(address, self._options)
             peer = _Peer(address, channel, raft_pb2_grpc.RaftServiceStub(channel))
             self._peers[dest] = peer
         return peer

@@ -23,6 +23,7 @@ from typing import TypeVar
 import grpc
 import pytest
 
+from kraft.client.channel import open_blocking_channel
 from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
@@ -178,7 +179,7 @@ class Cluster:
     def _channel(self, target: str) -> grpc.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.insecure_channel(target)
+            channel = open_blocking_channel(target)
             self._channels[target] = channel
         return channel
 
@@ -634,7 +635,7 @@ def test_the_largest_accepted_record_survives_kill_9_with_every_later_record(clu
     cluster.create_topic("huge", {0: [195]})
     _, epoch = cluster.leader_of("huge", 0)
     options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    with grpc.insecure_channel(broker.target, options=options) as channel:
+    with open_blocking_channel(broker.target, options=options) as channel:
         stub = broker_pb2_grpc.BrokerServiceStub(channel)
 
         def produce(value: bytes) -> bpb.ProduceResponse:

@@ -16,13 +16,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
 import pytest
 
+from kraft.client.admin import AdminClient
+from kraft.client.channel import open_channel
 from kraft.cluster.quorum import ControllerQuorum, run_kraft
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
-from kraft.metadata.admin import AdminClient
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.v1 import common_pb2, controller_pb2_grpc
@@ -128,7 +128,7 @@ async def test_controller_service_end_to_end(quorum_factory: Callable[..., Contr
 
         # a controller that is not active redirects to the one that is
         follower = next(n for n in quorum.nodes.values() if n.node_id != cluster.controller_id)
-        async with grpc.aio.insecure_channel(follower.target) as channel:
+        async with open_channel(follower.target) as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
             redirected = await stub.DescribeCluster(cpb.DescribeClusterRequest(), timeout=10)
         assert redirected.error_code == ErrorCode.NOT_CONTROLLER

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from kraft.client.channel import open_blocking_channel
 from kraft.cluster.quorum import ControllerQuorum, QuorumFactory, run_kraft, wait_until
 from kraft.errors import ErrorCode
 from kraft.storage.meta_properties import MetaProperties, write_meta_properties
@@ -76,7 +77,7 @@ def test_a_request_from_another_cluster_is_refused_with_inconsistent_cluster_id(
     quorum: ControllerQuorum,
 ) -> None:
     leader = quorum.wait_for_leader(30)
-    with grpc.insecure_channel(quorum.nodes[leader.node_id].target) as channel:
+    with open_blocking_channel(quorum.nodes[leader.node_id].target) as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         vote = raft_pb2.VoteRequest(
             cluster_id="AAAAAAAAAAAAAAAAAAAAAg",
@@ -237,7 +238,7 @@ def test_the_test_append_service_is_off_by_default(quorum_factory: QuorumFactory
     quorum = quorum_factory(size=1, test_append=False)
     quorum.start()
     quorum.wait_for_leader(30)
-    with grpc.insecure_channel(quorum.nodes[1].target) as channel:
+    with open_blocking_channel(quorum.nodes[1].target) as channel:
         stub = raft_pb2_grpc.RaftTestServiceStub(channel)
         request = raft_pb2.TestAppendRequest(cluster_id=quorum.cluster_id, values=[b"x"])
         with pytest.raises(grpc.RpcError) as info:

@@ -12,6 +12,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.raft import messages as m
@@ -208,7 +209,7 @@ async def test_describe_quorum_names_the_cluster_nodes_and_fetchers_directory_id
 
     server.handler.respond = describe
     await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 0, 0), timeout_ms=2000)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+    async with open_channel(f"127.0.0.1:{server.port}") as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         answer = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=2)
     assert answer.cluster_id == CLUSTER

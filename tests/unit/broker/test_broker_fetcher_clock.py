@@ -8,10 +8,10 @@ from typing import Any, cast
 
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 
-from kraft.broker.controller_client import ControllerClient
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
+from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata.records import encode_value, wrap

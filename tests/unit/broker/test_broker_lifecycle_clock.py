@@ -8,10 +8,10 @@ from typing import Any, cast
 
 import pytest
 
-from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
 from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
+from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.v1 import controller_pb2 as cpb

@@ -21,6 +21,7 @@ from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmente
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState, LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
+from kraft.client.channel import open_channel
 from kraft.clock import ManualClock
 from kraft.config import GRPC_ENVELOPE_BYTES, ConfigError, NodeConfig
 from kraft.errors import ErrorCode, KraftError
@@ -151,7 +152,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, server)
     port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=limits)
+    channel = open_channel(f"127.0.0.1:{port}", options=limits)
     try:
         yield Harness(broker_pb2_grpc.BrokerServiceStub(channel), manager)
     finally:

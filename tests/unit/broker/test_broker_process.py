@@ -18,7 +18,6 @@ from fake_controller import FakeController, Registration
 from kraft.broker.lifecycle import RegistrationFailed
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
-from kraft.broker.server import BrokerServer, BrokerSettings
 from kraft.broker.types import (
     BrokerState,
     LocalChanges,
@@ -32,6 +31,7 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
 from kraft.metadata.store import ImageStore
+from kraft.node.broker import BrokerServer, BrokerSettings
 from kraft.v1 import metadata_pb2 as mpb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
 

@@ -16,6 +16,7 @@ from kraft.broker.partitions import PartitionManager
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState, LocalChanges, PartitionAssignment, TopicPartition
+from kraft.client.channel import open_channel
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
@@ -60,7 +61,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(BrokerService(status, manager, view), server)
     port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    channel = open_channel(f"127.0.0.1:{port}")
     try:
         yield Harness(broker_pb2_grpc.BrokerServiceStub(channel), status, manager, clock)
     finally:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
 from kraft.v1 import controller_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -151,6 +152,6 @@ class ControllerClient:
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(target, options=self._options)
+            channel = open_channel(target, self._options)
             self._channels[target] = channel
         return channel

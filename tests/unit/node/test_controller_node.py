@@ -10,12 +10,13 @@ import grpc
 import grpc.aio
 import pytest
 
+from kraft.client.channel import open_channel
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
+from kraft.node.controller import ControllerNode, StartupError, check_storage
 from kraft.observability.health import RAFT_SERVICE, HealthStatus, check_health
 from kraft.raft.grpc_test_service import chain_digest
-from kraft.raft.process import ControllerNode, StartupError, check_storage
 from kraft.storage.ids import random_uuid
 from kraft.storage.log import CLEAN_SHUTDOWN_FILE, METADATA_LOG_DIR_NAME
 from kraft.storage.meta_properties import format_log_dir
@@ -59,7 +60,7 @@ async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path:
     node = ControllerNode(_config(tmp_path, port, kraft_test_append_enable=True))
     await node.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with open_channel(f"127.0.0.1:{port}") as channel:
             test_stub = raft_pb2_grpc.RaftTestServiceStub(channel)
             request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[b"a", b"b"])
             appended = await test_stub.TestAppend(request, timeout=10)
@@ -110,7 +111,7 @@ async def test_the_test_service_is_not_served_unless_enabled(tmp_path: Path) -> 
     node = ControllerNode(_config(tmp_path, port))
     await node.start()
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        async with open_channel(f"127.0.0.1:{port}") as channel:
             stub = raft_pb2_grpc.RaftTestServiceStub(channel)
             request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=[b"x"])
             with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -9,7 +9,7 @@ timers) is tests/integration/test_controller_client_reconnect.py.
 
 from __future__ import annotations
 
-from kraft.broker.controller_client import ControllerClient
+from kraft.client.controller import ControllerClient
 
 
 def test_the_default_client_options_bound_the_reconnect_backoff() -> None:

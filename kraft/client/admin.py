@@ -1,6 +1,6 @@
 """Admin calls to the active controller for tools (CLI, tests, benchmarks).
 
-Wraps :class:`kraft.broker.controller_client.ControllerClient` (which follows NOT_CONTROLLER redirects)
+Wraps :class:`kraft.client.controller.ControllerClient` (which follows NOT_CONTROLLER redirects)
 with the retry pacing a tool wants: keep trying the bootstrap list until a deadline, so a command issued
 during a leader election simply waits for the new active controller.
 """
@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kraft.broker.controller_client import ControllerClient, ControllerUnavailable, MethodPicker, ResponseT
+from kraft.client.controller import ControllerClient, ControllerUnavailable, MethodPicker, ResponseT
 from kraft.errors import ErrorCode, KraftError
 
 

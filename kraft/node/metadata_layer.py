@@ -1,4 +1,4 @@
-"""Installs the metadata layer on a controller node (:class:`kraft.raft.process.ControllerNode`).
+"""Installs the metadata layer on a controller node (:class:`kraft.node.controller.ControllerNode`).
 
 ``install_metadata_layer(node)`` must be called before ``node.start()``: it adds ControllerService to
 the node's server, creates the :class:`QuorumController` once Raft runs (``on_start``), keeps the
@@ -21,7 +21,8 @@ from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.observability.health import CONTROLLER_SERVICE
 
 if TYPE_CHECKING:
-    from kraft.raft.process import ControllerNode
+    # Type-only: controller.py imports this module to install the layer in run_controller.
+    from kraft.node.controller import ControllerNode
 
 IMAGE_STORE_FILE = "metadata-image.sqlite"
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from kraft.client.channel import open_blocking_channel
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -71,12 +72,21 @@ class ReplicationRow:
 
 
 def _describe_once(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse:
-    with grpc.insecure_channel(target, options=[("grpc.enable_retries", 0)]) as channel:
+    with open_blocking_channel(target, [("grpc.enable_retries", 0)]) as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         response: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
             raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
         )
         return response
+
+
+def describe_quorum_at(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse | None:
+    """DescribeQuorum on ``target`` itself, no redirect (any controller names the leader it knows);
+    None when it cannot be asked (not up, unreachable, deadline) — for callers that poll."""
+    try:
+        return _describe_once(target, timeout_s)
+    except grpc.RpcError:
+        return None
 
 
 def _leader_target(response: raft_pb2.DescribeQuorumResponse) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from kraft.broker.controller_client import ControllerClient, ControllerUnavailable
+from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import controller_pb2 as cpb

@@ -7,6 +7,8 @@ LEADER_NOT_AVAILABLE, BROKER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (metadata
 propagating) — or a transport error refreshes the metadata and is retried until the deadline.
 
 Delivery is at least once: a Produce whose answer is lost is sent again (Kafka without idempotence).
+
+:func:`describe_broker` asks one broker for its own lifecycle state (``kraft broker describe``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import grpc
 
+from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
@@ -49,6 +52,20 @@ class _Response(Protocol):
 
 
 ResponseT = TypeVar("ResponseT", bound=_Response)
+
+
+async def describe_broker(target: str, cluster_id: str, timeout_s: float) -> pb.DescribeBrokerResponse | None:
+    """DescribeBroker answered by the broker at ``target`` itself (its own lifecycle state); None when it
+    cannot be asked (unreachable, timeout).  An error answer is returned as it is."""
+    try:
+        async with open_channel(target) as channel:
+            stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
+            response: pb.DescribeBrokerResponse = await stub.DescribeBroker(
+                pb.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s
+            )
+    except (grpc.RpcError, OSError):
+        return None
+    return response
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +104,7 @@ class BrokerClient:
         if channel is None:
             # No client-side size cap: the broker bounds what it accepts and what it sends
             # (grpc.max.message.bytes), and a consumer must be able to read any batch it accepted.
-            channel = grpc.aio.insecure_channel(target, options=_UNLIMITED)
+            channel = open_channel(target, options=_UNLIMITED)
             self._channels[target] = channel
         stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
         return stub

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 import grpc.aio
 import pytest
 
+from kraft.client.quorum import describe_quorum, describe_quorum_at, quorum_status, replication_rows
 from kraft.errors import ErrorCode, KraftError
 from kraft.netutil import free_port
 from kraft.raft import messages as m
-from kraft.raft.grpc_admin import describe_quorum, quorum_status, replication_rows
 from kraft.raft.grpc_server import RaftServicer, node_refs
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -129,6 +129,19 @@ def test_describe_gives_up_at_its_deadline_with_a_clear_error() -> None:
         describe_quorum([f"127.0.0.1:{free_port()}"], timeout_s=0.5)
     assert info.value.code is ErrorCode.LEADER_NOT_AVAILABLE
     assert "no quorum leader found" in info.value.message
+
+
+async def test_describe_at_one_node_answers_as_that_node_without_redirecting(
+    two_nodes: dict[int, int],
+) -> None:
+    answer = await asyncio.to_thread(describe_quorum_at, f"127.0.0.1:{two_nodes[1]}", 5.0)
+    assert answer is not None
+    assert ErrorCode.from_wire(answer.error_code) is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert answer.leader_id == 2
+
+
+def test_describe_at_an_unreachable_node_is_none() -> None:
+    assert describe_quorum_at(f"127.0.0.1:{free_port()}", 0.5) is None
 
 
 def test_node_refs_name_each_controller_endpoint() -> None:

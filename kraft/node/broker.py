@@ -1,5 +1,8 @@
 """The broker process: wires status, partition manager, publisher, fetcher, lifecycle and the gRPC server.
 
+:func:`run_broker` is the process entry point (``kraft broker start``): storage check, image store,
+:class:`BrokerServer`, signal handlers.
+
 Tasks (one writer per piece of state, as in hashicorp/raft's docs):
 
 - ``heartbeats`` (:class:`~kraft.broker.lifecycle.BrokerLifecycle`) — owns :class:`BrokerStatus`
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -30,7 +34,6 @@ from typing import Any
 
 import grpc
 
-from kraft.broker.controller_client import ControllerClient
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.image_adapter import ImageMetadataView
 from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
@@ -41,18 +44,45 @@ from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
+from kraft.client.controller import ControllerClient
 from kraft.clock import SystemClock
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.store import ImageStore as SqliteImageStore
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
 from kraft.runtime import grpc_io_name, running_loop_name
+from kraft.storage.meta_properties import check_meta_properties
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
 
 _SHUTDOWN_GRACE_S = 1.0
+
+IMAGE_STORE_FILE = "metadata-image.sqlite"
+# A combined node (process.roles=broker,controller) runs a controller process on the same metadata dir,
+# whose image store already uses IMAGE_STORE_FILE: the broker must not share that file.
+COMBINED_IMAGE_STORE_FILE = "broker-metadata-image.sqlite"
+
+
+class BrokerStartupError(Exception):
+    """The broker cannot start; the message is the one line the CLI prints."""
+
+
+def image_store_path(config: NodeConfig) -> Path:
+    """Where the broker keeps its image store (the name `kraft metadata shell --config` looks for)."""
+    base = config.metadata_log_dir or config.log_dirs[0]
+    return Path(base) / (COMBINED_IMAGE_STORE_FILE if config.is_controller else IMAGE_STORE_FILE)
+
+
+def cluster_id_of(config: NodeConfig) -> str:
+    """The cluster id every log dir was formatted with (they must agree and name this node)."""
+    ids = {str(d): check_meta_properties(d, node_id=config.node_id).cluster_id for d in config.all_log_dirs}
+    if len(set(ids.values())) != 1:
+        listing = ", ".join(f"{d}={c}" for d, c in sorted(ids.items()))
+        raise BrokerStartupError(f"log dirs belong to different clusters: {listing}")
+    return next(iter(ids.values()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,3 +367,16 @@ class BrokerServer:
             serving = new is BrokerState.RUNNING
             task = asyncio.get_running_loop().create_task(health.set_serving(BROKER_SERVICE, serving))
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+
+async def run_broker(config: NodeConfig, cluster_id: str) -> None:
+    """Run a broker until SIGTERM/SIGINT, then shut down in a controlled way.
+
+    Raises RegistrationFailed when it cannot register in time."""
+    store = await SqliteImageStore.open(image_store_path(config))
+    server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.run(stop)

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kraft.broker.controller_client import ControllerClient
+from kraft.client.controller import ControllerClient
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import controller_pb2 as cpb

@@ -8,7 +8,8 @@
 3. the Raft driver over the segmented log, quorum-state and snapshot files in ``metadata.log.dir``;
 4. one grpc.aio server on the CONTROLLER listener with ``RaftService``, grpc.health.v1, the test-only
    ``RaftTestService`` when ``kraft.test.append.enable=true``, and every service added through
-   :meth:`ControllerNode.add_service` (how the metadata layer installs ``ControllerService``);
+   :meth:`ControllerNode.add_service` (how :mod:`kraft.node.metadata_layer` installs
+   ``ControllerService``);
 5. the Prometheus endpoint when ``metrics.port`` is set.
 
 Asyncio tasks: the driver owns its own tasks; gRPC runs each inbound call in its own task; this module
@@ -32,6 +33,7 @@ import grpc.aio
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
+from kraft.node.metadata_layer import install_metadata_layer
 from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
@@ -359,8 +361,6 @@ async def run_controller(config: NodeConfig) -> None:
     if not config.kraft_test_append_enable:
         # With the test-only append path on, the log holds raw test records, not metadata: the node
         # then runs Raft alone (and the digest state machine owns snapshots).
-        from kraft.metadata.node import install_metadata_layer  # metadata sits above raft: import late
-
         install_metadata_layer(node)
     loop = asyncio.get_running_loop()
     # Handlers stay until the loop closes: a second SIGTERM during shutdown must not kill the process.
