@@ -35,8 +35,9 @@ Rules and their source (Kafka's ``Partition.scala`` / ``Replica`` as of 3.x to 4
 - **acks=all** (``Partition.checkEnoughReplicasReachOffset``): see :mod:`kraft.replication.acks`; it reads
   the committed ISR size before the append (:attr:`~PartitionLeaderState.isr`) and the maximal ISR size
   when the HWM passes the request (:attr:`~PartitionLeaderState.maximal_isr`).
-- **AlterPartition answers** (``Partition.handleAlterPartitionUpdate/Error``): a success at a newer
-  partition epoch in our leader epoch commits the ISR; INELIGIBLE_REPLICA (or OPERATION_NOT_ATTEMPTED)
+- **AlterPartition answers** (``Partition.handleAlterPartitionUpdate/Error``): a success at the same or a
+  newer partition epoch in our leader epoch commits the ISR (the same: the ISR asked for was already
+  the committed one); INELIGIBLE_REPLICA (or OPERATION_NOT_ATTEMPTED)
   reverts to the committed ISR (the controller says it did not apply it); FENCED_LEADER_EPOCH,
   INVALID_UPDATE_VERSION, UNKNOWN_TOPIC_OR_PARTITION keep the change pending until the metadata brings
   the truth; anything else is retried as is. A newer partition record always replaces the pending state.
@@ -354,7 +355,9 @@ class PartitionLeaderState:
             if result in _WAIT_FOR_METADATA_ERRORS:
                 return AlterPartitionFollowUp.WAIT_FOR_METADATA
             return AlterPartitionFollowUp.RETRY
-        if result.partition_epoch <= self._partition.partition_epoch:
+        # Equal is applied (Kafka's handleAlterPartitionUpdate): the controller answers an ISR that
+        # changes nothing with the partition as it is, and that answer must end the pending state.
+        if result.partition_epoch < self._partition.partition_epoch:
             return AlterPartitionFollowUp.IGNORED
         if result.leader != self.broker_id or result.leader_epoch != self.leader_epoch:
             return AlterPartitionFollowUp.WAIT_FOR_METADATA

@@ -208,7 +208,7 @@ def test_a_pending_shrink_does_not_release_the_high_watermark_until_committed() 
         (ErrorCode.INVALID_UPDATE_VERSION, AlterPartitionFollowUp.WAIT_FOR_METADATA, True),
         (ErrorCode.FENCED_LEADER_EPOCH, AlterPartitionFollowUp.WAIT_FOR_METADATA, True),
         (ErrorCode.NOT_CONTROLLER, AlterPartitionFollowUp.RETRY, True),
-        (LeaderAndIsr(1, EPOCH, 7, (1, 2, 3), (1, 2)), AlterPartitionFollowUp.IGNORED, True),  # not newer
+        (LeaderAndIsr(1, EPOCH, 6, (1, 2, 3), (1, 2)), AlterPartitionFollowUp.IGNORED, True),  # older
         (LeaderAndIsr(1, EPOCH + 1, 8, (1, 2, 3), (1, 2)), AlterPartitionFollowUp.WAIT_FOR_METADATA, True),
     ],
 )
@@ -220,6 +220,14 @@ def test_alter_partition_answers(
     assert state.on_alter_partition_response(request, reply) is follow_up
     assert (state.pending is not None) is still_pending
     assert state.isr == (1, 2, 3)
+
+
+def test_an_answer_that_changes_nothing_ends_the_pending_state() -> None:
+    state = leader()
+    request = state.propose_isr((1, 2, 3))
+    reply = LeaderAndIsr(1, EPOCH, 7, (1, 2, 3), (1, 2, 3))  # the controller wrote no record
+    assert state.on_alter_partition_response(request, reply) is AlterPartitionFollowUp.APPLIED
+    assert state.pending is None
 
 
 def test_an_answer_to_a_superseded_request_is_ignored() -> None:
