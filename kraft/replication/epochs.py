@@ -86,9 +86,9 @@ def end_offset_for_epoch(entries: EpochEntries, log_end: int, requested_epoch: i
 def with_leader_epoch(entries: EpochEntries, leader_epoch: int, log_end: int) -> tuple[tuple[int, int], ...]:
     """The entries after a leader of ``leader_epoch`` records where its epoch starts (its log end).
 
-    Kafka's ``Partition.makeLeader`` does this on election, before any append: "a follower may have
-    entries from a later epoch than any entry in the new leader's log; to let it truncate to the right
-    offset we cache the new leader epoch, which is larger than any epoch a follower would query".
+    Kafka's ``Partition.makeLeader`` does this on election, before any append: after quick successive
+    elections a follower may hold entries of a later epoch than any in the new leader's log; recording
+    the new leader epoch, larger than any epoch a follower can ask about, lets it truncate correctly.
     Without it, a follower asking about such an epoch gets UNDEFINED and falls back to its high watermark.
     """
     if entries and entries[-1][0] >= leader_epoch:
