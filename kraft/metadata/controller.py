@@ -28,7 +28,6 @@ import dataclasses
 import gc
 import heapq
 import itertools
-import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
+from kraft.clock import Clock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import (
@@ -51,6 +51,7 @@ from kraft.metadata.fetch_window import FetchWindow, WindowBatch
 from kraft.metadata.image import NO_LEADER, MetadataImage
 from kraft.metadata.image_records import image_values
 from kraft.metadata.store import ImageStore
+from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.client import (
@@ -79,7 +80,7 @@ INTAKE_STALL_FRACTION = 0.25
 INTAKE_STALL_MAX_CHECKS = 16
 COUNT_SLICE_PARTITIONS = 1_000  # per-broker partition counts: recounted this many per loop turn
 DEFAULT_FETCH_RECORDS = 10_000
-PARTITION_METRICS_INTERVAL_S = 5.0
+PARTITION_METRICS_INTERVAL_MS = 5_000
 REPLAY_SLICE_RECORDS = 200
 # Bulk writes (leave jobs, big CreateTopics) stop computing further appends while this many records
 # are appended but not committed: Raft batches stay small and the event loop serves heartbeats and
@@ -87,9 +88,10 @@ REPLAY_SLICE_RECORDS = 200
 MAX_UNCOMMITTED_RECORDS = 10_000
 # After this many records were applied, the heap is frozen (see _freeze_heap).
 FREEZE_AFTER_RECORDS = 20_000
-FREEZE_MIN_INTERVAL_S = 2.0
+FREEZE_MIN_INTERVAL_MS = 2_000
 THAW_EVERY_FREEZES = 30
-STORE_MIN_INTERVAL_S = 0.5
+STORE_MIN_INTERVAL_MS = 500
+STORE_RETRY_MS = 1_000
 
 
 async def _next_loop_turn() -> None:
@@ -114,14 +116,6 @@ def _thaw_heap() -> None:
     """Give frozen objects back to the collector: an object frozen while alive that later ends up in a
     reference cycle (a finished task holding its exception) is only reclaimed once thawed."""
     gc.unfreeze()
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +165,8 @@ class QuorumController:
         endpoints: Mapping[int, tuple[str, int]],
         options: ControllerOptions | None = None,
         store_path: Path | None = None,
-        clock: Callable[[], int] = monotonic_ms,
+        *,
+        clock: Clock,
     ) -> None:
         self.raft = raft
         self.node_id = raft.node_id
@@ -179,6 +174,7 @@ class QuorumController:
         self.options = options or ControllerOptions()
         self.endpoints = dict(endpoints)
         self.clock = clock
+        self.timers = Timers(clock)
         self.settings = ControllerSettings(
             cluster_id,
             session_timeout_ms=self.options.session_timeout_ms,
@@ -201,7 +197,7 @@ class QuorumController:
         self._window = FetchWindow(self.options.fetch_window_records)
         self._fetch_snapshot: tuple[cpb.SnapshotRef, list[bytes]] | None = None
         self._bytes_since_snapshot = 0
-        self._last_snapshot_ms = clock()
+        self._last_snapshot_ms = clock.monotonic_ms()
         self._snapshot_task: asyncio.Task[None] | None = None
         self._store_path = store_path
         self._store: ImageStore | None = None
@@ -210,7 +206,7 @@ class QuorumController:
         self._activation: asyncio.Task[None] | None = None
         self._stopping = False
         self._applied_since_freeze = 0
-        self._last_freeze_s = 0.0
+        self._last_freeze_ms: int | None = None
         self._freezes = 0
         self._heartbeats_received = 0  # since the last session check (see _intake_stalled)
         self._intake_stalls = 0
@@ -371,7 +367,7 @@ class QuorumController:
         if self.committed.offset >= self._next_offset - 1:
             self._oldest_pending_ms = None
         elif self._oldest_pending_ms is not None:
-            self._oldest_pending_ms = self.clock()  # progress renews the lease
+            self._oldest_pending_ms = self.clock.monotonic_ms()  # progress renews the lease
         self._commit_event.set()
         self._commit_event = asyncio.Event()
         self._store_dirty.set()
@@ -383,11 +379,11 @@ class QuorumController:
         self._applied_since_freeze += applied
         if self._applied_since_freeze < FREEZE_AFTER_RECORDS:
             return
-        now = time.monotonic()
-        if now - self._last_freeze_s < FREEZE_MIN_INTERVAL_S:
+        now_ms = self.clock.monotonic_ms()
+        if self._last_freeze_ms is not None and now_ms - self._last_freeze_ms < FREEZE_MIN_INTERVAL_MS:
             return
         self._applied_since_freeze = 0
-        self._last_freeze_s = now
+        self._last_freeze_ms = now_ms
         self._freezes += 1
         if self._freezes % THAW_EVERY_FREEZES == 0:
             _thaw_heap()  # bounded leak of frozen cycles; the next full collection walks everything once
@@ -450,7 +446,7 @@ class QuorumController:
         if self.active_epoch != epoch or self._leader.leader_id != self.node_id:
             return
         self._next_offset = self.committed.offset + 1
-        logic = ControllerLogic(self.settings, self.committed, self.clock())
+        logic = ControllerLogic(self.settings, self.committed, self.clock.monotonic_ms())
         self.logic = logic
         self._activated.set()
         self.metrics.active_controller_count.set(1)
@@ -526,7 +522,7 @@ class QuorumController:
             raise NotControllerError(exc.leader.leader_id) from exc
         expected = first_offset + len(values) - 1
         self._next_offset = last + 1
-        self._last_write_ms = self.clock()
+        self._last_write_ms = self.clock.monotonic_ms()
         if self._oldest_pending_ms is None:
             self._oldest_pending_ms = self._last_write_ms
         if last != expected:
@@ -564,11 +560,11 @@ class QuorumController:
     async def _wait_for_room(self) -> None:
         """Yield, then wait while too many appended records are not committed yet (bulk writes only)."""
         await asyncio.sleep(0)
-        deadline = self.clock() + self.options.commit_timeout_ms
+        deadline = self.clock.monotonic_ms() + self.options.commit_timeout_ms
         while (
             self.logic is not None and self._next_offset - 1 - self.committed.offset > MAX_UNCOMMITTED_RECORDS
         ):
-            remaining = deadline - self.clock()
+            remaining = deadline - self.clock.monotonic_ms()
             if remaining <= 0:
                 raise TimeoutError
             with contextlib.suppress(TimeoutError):
@@ -592,7 +588,10 @@ class QuorumController:
         """True when a write has waited longer than the lease: this node may have been deposed without
         knowing it yet, and must not keep brokers talking to it (they would miss the real leader)."""
         pending_since = self._oldest_pending_ms
-        return pending_since is not None and self.clock() - pending_since > self.options.leader_lease_ms
+        return (
+            pending_since is not None
+            and self.clock.monotonic_ms() - pending_since > self.options.leader_lease_ms
+        )
 
     async def _active_logic(self) -> ControllerLogic:
         if self.logic is not None:
@@ -636,7 +635,8 @@ class QuorumController:
 
     async def register_broker(self, req: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
         return await self._serve(
-            cpb.RegisterBrokerResponse(), lambda lg: lg.register_broker(req, self.clock(), self._next_offset)
+            cpb.RegisterBrokerResponse(),
+            lambda lg: lg.register_broker(req, self.clock.monotonic_ms(), self._next_offset),
         )
 
     async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
@@ -646,10 +646,10 @@ class QuorumController:
         if logic is not None and req.cluster_id == self.cluster_id:
             broker = logic.image.brokers.get(req.broker_id)
             if broker is not None and broker.epoch == req.broker_epoch:
-                logic.heartbeats.touch(req.broker_id, self.clock(), req.current_metadata_offset)
+                logic.heartbeats.touch(req.broker_id, self.clock.monotonic_ms(), req.current_metadata_offset)
         return await self._serve(
             cpb.BrokerHeartbeatResponse(),
-            lambda lg: lg.broker_heartbeat(req, self.clock(), self._next_offset),
+            lambda lg: lg.broker_heartbeat(req, self.clock.monotonic_ms(), self._next_offset),
         )
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
@@ -752,7 +752,7 @@ class QuorumController:
         response.controller.CopyFrom(self._controller_ref(self.node_id))
         response.controller_id = self.node_id
         response.controller_epoch = self._leader.epoch
-        response.brokers.extend(logic.describe_brokers(image, self.clock()))
+        response.brokers.extend(logic.describe_brokers(image, self.clock.monotonic_ms()))
         response.metadata_offset = image.offset
         response.high_watermark = self.raft.high_watermark
         return response
@@ -797,7 +797,7 @@ class QuorumController:
         response.controller_epoch = self._leader.epoch
         if req.HasField("snapshot_id"):
             return self._snapshot_chunk(req, response)
-        deadline = self.clock() + max(0, req.max_wait_ms)
+        deadline = self.clock.monotonic_ms() + max(0, req.max_wait_ms)
         while True:
             start = self._window.start_offset(self.committed.offset + 1)
             if req.fetch_offset < start:
@@ -806,7 +806,7 @@ class QuorumController:
                 self._fill_records(req, response)
                 if response.records:
                     break
-            remaining = deadline - self.clock()
+            remaining = deadline - self.clock.monotonic_ms()
             if remaining <= 0 or self.logic is None:
                 break
             with contextlib.suppress(TimeoutError):
@@ -872,10 +872,10 @@ class QuorumController:
 
     async def _session_checker(self) -> None:
         interval_ms = max(10, self.options.session_timeout_ms // 8)
-        last_ms = self.clock()
+        last_ms = self.clock.monotonic_ms()
         while True:
-            await asyncio.sleep(interval_ms / 1000)
-            now = self.clock()
+            await self.timers.sleep_ms(interval_ms)
+            now = self.clock.monotonic_ms()
             stall = now - last_ms - interval_ms
             last_ms = now
             logic = self.logic
@@ -936,9 +936,9 @@ class QuorumController:
         if interval_ms <= 0:
             return
         while True:
-            await asyncio.sleep(interval_ms / 1000)
+            await self.timers.sleep_ms(interval_ms)
             logic = self.logic
-            if logic is None or self.clock() - self._last_write_ms < interval_ms:
+            if logic is None or self.clock.monotonic_ms() - self._last_write_ms < interval_ms:
                 continue
             with contextlib.suppress(NotControllerError, TimeoutError):
                 await self._write(
@@ -956,22 +956,22 @@ class QuorumController:
             await self._store_dirty.wait()
             self._store_dirty.clear()
             image = self.committed
-            started = time.monotonic()
+            started_ms = self.clock.monotonic_ms()
             try:
                 await self._store.save(image)
             except Exception as exc:
                 self.metrics.metadata_errors.inc()
                 self.log.error("image_store_save_failed", offset=image.offset, error=str(exc))
-                await asyncio.sleep(1)
+                await self.timers.sleep_ms(STORE_RETRY_MS)
                 self._store_dirty.set()
             # Coalesce: during bulk writes one save per interval covers many batches (the store only
             # shortens a restart's replay; the Raft log stays the source of truth).
-            await asyncio.sleep(max(0.0, STORE_MIN_INTERVAL_S - (time.monotonic() - started)))
+            await self.timers.sleep_until(started_ms + STORE_MIN_INTERVAL_MS)
 
     def _maybe_snapshot(self) -> None:
         if self._snapshot_task is not None and not self._snapshot_task.done():
             return
-        now = self.clock()
+        now = self.clock.monotonic_ms()
         due_bytes = self._bytes_since_snapshot >= self.options.snapshot_max_bytes
         due_time = (
             self._bytes_since_snapshot > 0
@@ -986,7 +986,7 @@ class QuorumController:
     async def _snapshot(self, image: MetadataImage) -> None:
         """Write a Raft snapshot of a committed image; Raft may then delete the log below it."""
         try:
-            writer = self.raft.create_snapshot(image.offset + 1, image.epoch, wall_ms())
+            writer = self.raft.create_snapshot(image.offset + 1, image.epoch, self.clock.wall_ms())
         except (ValueError, RaftError) as exc:
             self.log.warning("snapshot_skipped", end_offset=image.offset + 1, error=str(exc))
             return
@@ -1024,7 +1024,7 @@ class QuorumController:
         """Partition gauges need a full scan: done every few seconds, yielding while it runs."""
         scanned_topics: object = None
         while True:
-            await asyncio.sleep(PARTITION_METRICS_INTERVAL_S)
+            await self.timers.sleep_ms(PARTITION_METRICS_INTERVAL_MS)
             image = self.committed
             if image.topics_by_id is scanned_topics:
                 continue

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
@@ -36,9 +37,31 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def started(options: ControllerOptions, store: Path | None = None) -> tuple[FakeRaft, QuorumController]:
-    raft = FakeRaft(1)
-    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, store_path=store)
+async def settle(turns: int = 50) -> None:
+    """Let the event loop run what is ready now (timers that just woke, commits, listener deliveries)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def manual_clock(controller: QuorumController) -> ManualClock:
+    clock = controller.clock
+    assert isinstance(clock, ManualClock)
+    return clock
+
+
+async def step(controller: QuorumController, delta_ms: int) -> None:
+    """Time passes by ``delta_ms`` on the controller's ManualClock; its timers due by then run."""
+    manual_clock(controller).advance(delta_ms)
+    controller.timers.clock_moved()
+    await settle()
+
+
+async def started(
+    options: ControllerOptions, store: Path | None = None, raft: FakeRaft | None = None
+) -> tuple[FakeRaft, QuorumController]:
+    """A started controller on a ManualClock: nothing it decides depends on how fast the host runs."""
+    raft = raft or FakeRaft(1)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, store_path=store, clock=ManualClock())
     await controller.start()
     return raft, controller
 
@@ -191,7 +214,10 @@ async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
                 )
             )
         )
-        await asyncio.sleep(0.2)
+        await until(lambda: bool(raft._pending))
+        await step(controller, 100)
+        assert (await controller.broker_heartbeat(beat)).error_code == ErrorCode.NONE  # lease not yet over
+        await step(controller, 1)
         refused = await controller.broker_heartbeat(beat)
         assert refused.error_code == ErrorCode.NOT_CONTROLLER and refused.controller.node_id == -1
         raft.release()
@@ -293,16 +319,47 @@ async def test_leadership_loss_answers_not_controller_and_reactivation_rebuilds(
     assert controller.logic is not None and controller.logic.image is controller.committed
 
 
-async def test_a_silent_broker_is_fenced_within_the_session_timeout() -> None:
+async def heartbeat(controller: QuorumController, broker_id: int, epoch: int) -> cpb.BrokerHeartbeatResponse:
+    return await controller.broker_heartbeat(
+        cpb.BrokerHeartbeatRequest(
+            cluster_id=CLUSTER, broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=1 << 40
+        )
+    )
+
+
+async def test_a_broker_silent_past_the_session_timeout_is_fenced_and_a_heartbeating_one_is_not() -> None:
+    # session 400 ms: the checker runs every 50 ms
     raft, controller = await started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=400))
     try:
         raft.elect()
         await until(lambda: controller.is_active)
         await activate_broker(controller, 1)
-        start = time.monotonic()
-        await until(lambda: controller.committed.brokers[1].fenced, timeout_s=5)
-        elapsed = time.monotonic() - start
-        assert 0.35 < elapsed < 0.4 * 1.2 + 0.5  # generous bound for a shared machine
+        live_epoch = await activate_broker(controller, 2)
+        silent_since = manual_clock(controller).now_ms
+        while manual_clock(controller).now_ms - silent_since <= 400:
+            assert not controller.committed.brokers[1].fenced  # its session has not expired yet
+            await step(controller, 50)
+            assert (await heartbeat(controller, 2, live_epoch)).error_code == ErrorCode.NONE
+        await until(lambda: controller.committed.brokers[1].fenced)  # the first check past 400 ms
+        assert manual_clock(controller).now_ms - silent_since == 450
+        assert not controller.committed.brokers[2].fenced
+    finally:
+        await controller.stop()
+
+
+async def test_a_stalled_controller_extends_sessions_instead_of_fencing() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=400))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        await step(controller, 1_000)  # the checker wakes 950 ms late: its loop was blocked
+        assert not controller.committed.brokers[1].fenced
+        for _ in range(7):  # the stall was added to every deadline: 400 ms of silence from now on ...
+            await step(controller, 50)
+            assert not controller.committed.brokers[1].fenced
+        await step(controller, 50)
+        await until(lambda: controller.committed.brokers[1].fenced)  # ... and then it expires
     finally:
         await controller.stop()
 
@@ -312,8 +369,32 @@ async def test_idle_cluster_gets_noop_records() -> None:
     try:
         raft.elect()
         await until(lambda: controller.is_active)
+        await settle()  # the bootstrap records written on activation
         offset = controller.committed.offset
-        await until(lambda: controller.committed.offset >= offset + 2)
+        await step(controller, 29)
+        assert controller.committed.offset == offset  # not idle for long enough
+        await step(controller, 1)
+        await until(lambda: controller.committed.offset == offset + 1)
+        await step(controller, 30)
+        await until(lambda: controller.committed.offset == offset + 2)
+    finally:
+        await controller.stop()
+
+
+async def test_a_snapshot_is_written_once_the_snapshot_interval_passed() -> None:
+    options = ControllerOptions(noop_interval_ms=0, snapshot_interval_ms=10_000)
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        await step(controller, 9_999)
+        await activate_broker(controller, 2)  # a commit before the interval: no snapshot
+        await settle()
+        assert not raft.snapshots
+        await step(controller, 1)
+        await activate_broker(controller, 3)  # the first commit after it
+        await until(lambda: bool(raft.snapshots))
     finally:
         await controller.stop()
 
@@ -345,10 +426,7 @@ async def test_image_store_survives_restart_and_skips_applied_batches(tmp_path: 
     await activate_broker(controller, 1)
     saved = controller.committed
     await controller.stop()
-    second = QuorumController(
-        raft, CLUSTER, ENDPOINTS, ControllerOptions(noop_interval_ms=0), store_path=store
-    )
-    await second.start()
+    _, second = await started(ControllerOptions(noop_interval_ms=0), store, raft)
     try:
         assert second.committed == saved  # loaded before Raft replays anything
         await until(lambda: second.is_active)
