@@ -101,7 +101,7 @@ async def test_a_controller_that_is_not_active_redirects_to_the_leader() -> None
     raft, controller = await started(ControllerOptions(noop_interval_ms=0))
     try:
         raft.lose_leadership(2)
-        await until(lambda: controller._leader.leader_id == 2)
+        await until(lambda: controller.state.leader.leader_id == 2)
         response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER))
         assert response.error_code == ErrorCode.NOT_CONTROLLER
         assert response.controller.node_id == 2 and response.controller.endpoint.port == 9102

@@ -193,7 +193,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         clock=ManualClock(),
     )
     own_batches = 0
-    own_image = controller._own_image
+    own_image = controller.writes.own_image
 
     def counting(batch: CommittedBatch) -> MetadataImage | None:
         nonlocal own_batches
@@ -201,7 +201,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         own_batches += image is not None
         return image
 
-    monkeypatch.setattr(controller, "_own_image", counting)
+    monkeypatch.setattr(controller.writes, "own_image", counting)
     decoded: set[int] = set()  # last offsets of the batches whose records a listener read
     commit_batch = raft._commit_batch
 
@@ -243,7 +243,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         assert own_batches >= 5  # the bulk batches were not replayed
         # ... nor decoded (the controller kept the values it appended), yet it serves the same records:
         assert len(never_decoded) >= 5
-        served = controller._window.read(0, 1_000_000)
+        served = controller.fetches.window.read(0, 1_000_000)
         assert [(r.offset, r.value) for r in served] == [
             (r.offset, r.value) for b in raft.log for r in b.records
         ]
