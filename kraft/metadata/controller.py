@@ -124,7 +124,9 @@ class QuorumController:
         store_path: Path | None = None,
         *,
         clock: Clock,
+        new_topic_id: Callable[[], str] | None = None,
     ) -> None:
+        """``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default."""
         self.raft = raft
         self.node_id = raft.node_id
         self.cluster_id = cluster_id
@@ -157,6 +159,7 @@ class QuorumController:
             settings,
             clock,
             activation_wait_ms=options.activation_wait_ms,
+            new_topic_id=new_topic_id,
             metrics=metrics,
             log=log,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from kraft.clock import Clock
 from kraft.errors import KraftError
@@ -35,6 +36,7 @@ class Activation:
         clock: Clock,
         *,
         activation_wait_ms: int,
+        new_topic_id: Callable[[], str] | None,
         metrics: ControllerMetrics,
         log: StructLogger,
     ) -> None:
@@ -44,6 +46,7 @@ class Activation:
         self._settings = settings
         self._clock = clock
         self._activation_wait_ms = activation_wait_ms
+        self._new_topic_id = new_topic_id
         self._metrics = metrics
         self._log = log
         self._activated = asyncio.Event()
@@ -102,7 +105,9 @@ class Activation:
         if state.active_epoch != epoch or not state.is_leader:
             return
         writes.next_offset = state.committed.offset + 1
-        logic = ControllerLogic(self._settings, state.committed, self._clock.monotonic_ms())
+        logic = ControllerLogic(
+            self._settings, state.committed, self._clock.monotonic_ms(), new_topic_id=self._new_topic_id
+        )
         state.logic = logic
         self._activated.set()
         self._metrics.active_controller_count.set(1)

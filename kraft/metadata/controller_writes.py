@@ -36,6 +36,11 @@ R = TypeVar("R", bound=Message)
 MAX_UNCOMMITTED_RECORDS = 10_000
 
 
+def _time_out(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class WritePath:
     def __init__(
         self,
@@ -136,9 +141,18 @@ class WritePath:
     async def wait_committed(self, offset: int) -> None:
         if offset <= self._state.committed.offset:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         heapq.heappush(self._waiters, (offset, next(self._seq), self._state.active_epoch, future))
-        await asyncio.wait_for(future, self._commit_timeout_ms / 1000)
+        # The future itself is awaited, with a timer that fails it: Python 3.11's wait_for returns the
+        # future's outcome when it completes in the same loop turn as a cancellation of the waiting task,
+        # swallowing the cancellation — the idle NoOp task then kept running and stop() never returned
+        # (found by the controller simulation, which stops controllers at arbitrary points).
+        timer = loop.call_later(self._commit_timeout_ms / 1000, _time_out, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
 
     def on_committed(self, offset: int, epoch: int) -> None:
         """Everything up to ``offset`` committed, the last of it in a batch of ``epoch``."""

@@ -11,30 +11,44 @@ snapshot intervals are tested without waiting for wall time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from kraft.clock import Clock
+
+
+def _wake(sleeper: asyncio.Future[None]) -> None:
+    if not sleeper.done():
+        sleeper.set_result(None)
 
 
 class Timers:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._moved = asyncio.Event()
+        self._sleepers: set[asyncio.Future[None]] = set()
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms()
 
     async def sleep_until(self, deadline_ms: int) -> None:
-        """Return once the clock reads ``deadline_ms`` or later."""
+        """Return once the clock reads ``deadline_ms`` or later.
+
+        A bare future and a loop timer, like ``asyncio.sleep``: cancelling the sleeping task cancels the
+        sleep (``wait_for`` on an event could swallow a cancellation that raced with its wake-up).
+        """
+        loop = asyncio.get_running_loop()
         while (remaining_ms := deadline_ms - self.clock.monotonic_ms()) > 0:
-            moved = self._moved
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(moved.wait(), remaining_ms / 1000)
+            sleeper = loop.create_future()
+            timer = loop.call_later(remaining_ms / 1000, _wake, sleeper)
+            self._sleepers.add(sleeper)
+            try:
+                await sleeper
+            finally:
+                timer.cancel()
+                self._sleepers.discard(sleeper)
 
     async def sleep_ms(self, delay_ms: int) -> None:
         await self.sleep_until(self.clock.monotonic_ms() + delay_ms)
 
     def clock_moved(self) -> None:
         """The clock jumped (a test moved a ManualClock): every sleeper checks its deadline again."""
-        moved, self._moved = self._moved, asyncio.Event()
-        moved.set()
+        for sleeper in list(self._sleepers):
+            _wake(sleeper)
