@@ -5,7 +5,8 @@ on the event loop for the time the clock says is left and then asks the clock ag
 :class:`~kraft.clock.SystemClock` that is an ordinary sleep.  With :class:`~kraft.clock.ManualClock` the
 loop's own time means nothing: a test moves the clock and calls :meth:`Timers.clock_moved`, and every
 sleeper whose deadline has passed returns on its next loop turn, so session expiry, idle NoOps and
-snapshot intervals are tested without waiting for wall time.
+snapshot intervals are tested without waiting for wall time.  (The controller simulation instead runs
+the event loop on virtual time, so the loop's timers and the ManualClock agree.)
 """
 
 from __future__ import annotations
