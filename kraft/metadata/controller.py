@@ -146,7 +146,7 @@ class QuorumController:
         self.writes = WritePath(
             state,
             raft,
-            clock,
+            self.timers,
             commit_timeout_ms=options.commit_timeout_ms,
             leader_lease_ms=options.leader_lease_ms,
             on_not_leader=self._deactivate,
@@ -157,7 +157,7 @@ class QuorumController:
             raft,
             self.writes,
             settings,
-            clock,
+            self.timers,
             activation_wait_ms=options.activation_wait_ms,
             new_topic_id=new_topic_id,
             metrics=metrics,
@@ -184,7 +184,7 @@ class QuorumController:
         )
         self.fetches = FetchServer(
             state,
-            clock,
+            self.timers,
             cluster_id=cluster_id,
             window_records=options.fetch_window_records,
             active_logic=self.activation.active_logic,

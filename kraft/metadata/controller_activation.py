@@ -12,13 +12,13 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from kraft.clock import Clock
 from kraft.errors import KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
 from kraft.metadata.image import NO_LEADER
+from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.client import LeaderAndEpoch, NotLeaderError, RaftClient, RaftError
@@ -33,7 +33,7 @@ class Activation:
         raft: RaftClient,
         writes: WritePath,
         settings: ControllerSettings,
-        clock: Clock,
+        timers: Timers,
         *,
         activation_wait_ms: int,
         new_topic_id: Callable[[], str] | None,
@@ -44,12 +44,13 @@ class Activation:
         self._raft = raft
         self._writes = writes
         self._settings = settings
-        self._clock = clock
+        self._timers = timers
         self._activation_wait_ms = activation_wait_ms
         self._new_topic_id = new_topic_id
         self._metrics = metrics
         self._log = log
-        self._activated = asyncio.Event()
+        self._activated: asyncio.Future[None] | None = None
+        """Completes at the next activation; requests that arrive mid-activation wait for it."""
         self.task: asyncio.Task[None] | None = None
 
     def on_leader_change(self, leader: LeaderAndEpoch) -> None:
@@ -69,7 +70,6 @@ class Activation:
         was_active = state.logic is not None
         state.logic = None
         state.active_epoch = -1 if leader_id != state.node_id else state.active_epoch
-        self._activated.clear()
         self._writes.drop_pending(leader_id)
         self._metrics.active_controller_count.set(0)
         if was_active:
@@ -83,8 +83,9 @@ class Activation:
                 raise NotControllerError(NO_LEADER)
             return state.logic
         if state.is_leader and not state.stopping:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._activated.wait(), self._activation_wait_ms / 1000)
+            if self._activated is None:
+                self._activated = asyncio.get_running_loop().create_future()
+            await self._timers.wait(self._activated, self._timers.now_ms() + self._activation_wait_ms)
             if state.logic is not None:
                 return state.logic
         raise NotControllerError(state.leader.leader_id)
@@ -106,10 +107,12 @@ class Activation:
             return
         writes.next_offset = state.committed.offset + 1
         logic = ControllerLogic(
-            self._settings, state.committed, self._clock.monotonic_ms(), new_topic_id=self._new_topic_id
+            self._settings, state.committed, self._timers.now_ms(), new_topic_id=self._new_topic_id
         )
         state.logic = logic
-        self._activated.set()
+        activated, self._activated = self._activated, None
+        if activated is not None and not activated.done():
+            activated.set_result(None)
         self._metrics.active_controller_count.set(1)
         self._metrics.new_active_controllers.inc()
         self._log.info(

@@ -35,16 +35,19 @@ class ControllerState:
         """Set only while active."""
         self.active_epoch = -1
         self.stopping = False
-        self._commit_event = asyncio.Event()
+        self._next_commit: asyncio.Future[None] | None = None
 
     @property
     def is_leader(self) -> bool:
         return self.leader.leader_id == self.node_id
 
-    def commit_signal(self) -> asyncio.Event:
-        """An event set at the next commit (a fresh one after each): long-polls and pacing wait on it."""
-        return self._commit_event
+    def next_commit(self) -> asyncio.Future[None]:
+        """Completes at the next commit (a fresh one after each): long-polls and pacing wait on it."""
+        if self._next_commit is None:
+            self._next_commit = asyncio.get_running_loop().create_future()
+        return self._next_commit
 
     def signal_commit(self) -> None:
-        event, self._commit_event = self._commit_event, asyncio.Event()
-        event.set()
+        waiting, self._next_commit = self._next_commit, None
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)

@@ -9,7 +9,6 @@ bulk writes, and the leader lease (how long the oldest write has waited).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import heapq
 import itertools
@@ -19,11 +18,11 @@ from typing import TypeVar
 
 from google.protobuf.message import Message
 
-from kraft.clock import Clock
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.raft.client import CommittedBatch, NotLeaderError, RaftClient
 from kraft.v1 import metadata_pb2 as pb
@@ -36,17 +35,12 @@ R = TypeVar("R", bound=Message)
 MAX_UNCOMMITTED_RECORDS = 10_000
 
 
-def _time_out(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
-
-
 class WritePath:
     def __init__(
         self,
         state: ControllerState,
         raft: RaftClient,
-        clock: Clock,
+        timers: Timers,
         *,
         commit_timeout_ms: int,
         leader_lease_ms: int,
@@ -55,7 +49,7 @@ class WritePath:
     ) -> None:
         self._state = state
         self._raft = raft
-        self._clock = clock
+        self._timers = timers
         self._commit_timeout_ms = commit_timeout_ms
         self._leader_lease_ms = leader_lease_ms
         self._on_not_leader = on_not_leader
@@ -85,7 +79,7 @@ class WritePath:
             raise NotControllerError(exc.leader.leader_id) from exc
         expected = first_offset + len(values) - 1
         self.next_offset = last + 1
-        self.last_write_ms = self._clock.monotonic_ms()
+        self.last_write_ms = self._timers.now_ms()
         if self._oldest_pending_ms is None:
             self._oldest_pending_ms = self.last_write_ms
         logic = self._state.logic
@@ -125,34 +119,34 @@ class WritePath:
         """Yield, then wait while too many appended records are not committed yet (bulk writes only)."""
         await asyncio.sleep(0)
         state = self._state
-        deadline = self._clock.monotonic_ms() + self._commit_timeout_ms
+        deadline = self._timers.now_ms() + self._commit_timeout_ms
         while (
             state.logic is not None
             and self.next_offset - 1 - state.committed.offset > MAX_UNCOMMITTED_RECORDS
         ):
-            remaining = deadline - self._clock.monotonic_ms()
-            if remaining <= 0:
+            if self._timers.now_ms() >= deadline:
                 raise TimeoutError
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.commit_signal().wait(), remaining / 1000)
+            await self._timers.wait(state.next_commit(), deadline)
 
     # ---- waiting for commits ----
 
     async def wait_committed(self, offset: int) -> None:
         if offset <= self._state.committed.offset:
             return
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (offset, next(self._seq), self._state.active_epoch, future))
-        # The future itself is awaited, with a timer that fails it: Python 3.11's wait_for returns the
-        # future's outcome when it completes in the same loop turn as a cancellation of the waiting task,
-        # swallowing the cancellation — the idle NoOp task then kept running and stop() never returned
-        # (found by the controller simulation, which stops controllers at arbitrary points).
-        timer = loop.call_later(self._commit_timeout_ms / 1000, _time_out, future)
+        # Not asyncio.wait_for: on Python 3.11 it returns the future's outcome when the future completes in
+        # the same loop turn as a cancellation of the waiting task, swallowing the cancellation — the idle
+        # NoOp task then kept running and stop() never returned (found by the controller simulation).
         try:
-            await future
-        finally:
-            timer.cancel()
+            committed = await self._timers.wait(future, self._timers.now_ms() + self._commit_timeout_ms)
+        except asyncio.CancelledError:
+            future.cancel()  # resolve_waiters skips it
+            raise
+        if not committed:
+            future.cancel()
+            raise TimeoutError
+        future.result()  # NotControllerError when a newer leader's batch committed at that offset
 
     def on_committed(self, offset: int, epoch: int) -> None:
         """Everything up to ``offset`` committed, the last of it in a batch of ``epoch``."""
@@ -160,7 +154,7 @@ class WritePath:
         if offset >= self.next_offset - 1:
             self._oldest_pending_ms = None
         elif self._oldest_pending_ms is not None:
-            self._oldest_pending_ms = self._clock.monotonic_ms()  # progress renews the lease
+            self._oldest_pending_ms = self._timers.now_ms()  # progress renews the lease
 
     def resolve_waiters(self, offset: int, epoch: int) -> None:
         # A record this controller appended in epoch E can only commit inside a batch of epoch E.  If a
@@ -189,9 +183,7 @@ class WritePath:
         """True when a write has waited longer than the lease: this node may have been deposed without
         knowing it yet, and must not keep brokers talking to it (they would miss the real leader)."""
         pending_since = self._oldest_pending_ms
-        return (
-            pending_since is not None and self._clock.monotonic_ms() - pending_since > self._leader_lease_ms
-        )
+        return pending_since is not None and self._timers.now_ms() - pending_since > self._leader_lease_ms
 
     # ---- this epoch's own appends, committed without replay ----
 

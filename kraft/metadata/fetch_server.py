@@ -8,15 +8,14 @@ served in chunks) to a broker below the window.  Only the active controller answ
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
-from kraft.clock import Clock
 from kraft.errors import ErrorCode
 from kraft.metadata.controller_logic import ControllerLogic, error_response
 from kraft.metadata.controller_state import YIELD_EVERY_RECORDS, ControllerState, NotControllerError
 from kraft.metadata.fetch_window import FetchWindow, WindowBatch
 from kraft.metadata.image_records import image_values
+from kraft.metadata.timers import Timers
 from kraft.v1 import controller_pb2 as cpb
 
 SNAPSHOT_CHUNK_RECORDS = 20_000
@@ -29,7 +28,7 @@ class FetchServer:
     def __init__(
         self,
         state: ControllerState,
-        clock: Clock,
+        timers: Timers,
         *,
         cluster_id: str,
         window_records: int,
@@ -37,7 +36,7 @@ class FetchServer:
         not_controller: NotControllerAnswer,
     ) -> None:
         self._state = state
-        self._clock = clock
+        self._timers = timers
         self._cluster_id = cluster_id
         self._active_logic = active_logic
         self._not_controller = not_controller
@@ -68,7 +67,7 @@ class FetchServer:
         response.controller_epoch = state.leader.epoch
         if req.HasField("snapshot_id"):
             return self._snapshot_chunk(req, response)
-        deadline = self._clock.monotonic_ms() + max(0, req.max_wait_ms)
+        deadline = self._timers.now_ms() + max(0, req.max_wait_ms)
         while True:
             start = self.window.start_offset(state.committed.offset + 1)
             if req.fetch_offset < start:
@@ -77,11 +76,9 @@ class FetchServer:
                 self._fill_records(req, response)
                 if response.records:
                     break
-            remaining = deadline - self._clock.monotonic_ms()
-            if remaining <= 0 or state.logic is None:
+            if self._timers.now_ms() >= deadline or state.logic is None:
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.commit_signal().wait(), remaining / 1000)
+            await self._timers.wait(state.next_commit(), deadline)
         response.high_watermark = state.committed.offset + 1
         response.log_start_offset = self.window.start_offset(state.committed.offset + 1)
         if state.logic is None:

@@ -12,6 +12,7 @@ the event loop on virtual time, so the loop's timers and the ManualClock agree.)
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from kraft.clock import Clock
 
@@ -19,6 +20,10 @@ from kraft.clock import Clock
 def _wake(sleeper: asyncio.Future[None]) -> None:
     if not sleeper.done():
         sleeper.set_result(None)
+
+
+def _waker(sleeper: asyncio.Future[None]) -> Callable[[asyncio.Future[None]], None]:
+    return lambda _event: _wake(sleeper)
 
 
 class Timers:
@@ -45,6 +50,29 @@ class Timers:
             finally:
                 timer.cancel()
                 self._sleepers.discard(sleeper)
+
+    async def wait(self, event: asyncio.Future[None], deadline_ms: int) -> bool:
+        """Wait until ``event`` completes (True) or the clock reaches ``deadline_ms`` (False).
+
+        ``event`` is only watched, never awaited: it may be shared by many waiters, and cancelling one of
+        them must not cancel it.
+        """
+        loop = asyncio.get_running_loop()
+        while not event.done():
+            remaining_ms = deadline_ms - self.clock.monotonic_ms()
+            if remaining_ms <= 0:
+                return False
+            sleeper = loop.create_future()
+            timer = loop.call_later(remaining_ms / 1000, _wake, sleeper)
+            self._sleepers.add(sleeper)
+            event.add_done_callback(sleeper_waker := _waker(sleeper))
+            try:
+                await sleeper
+            finally:
+                timer.cancel()
+                self._sleepers.discard(sleeper)
+                event.remove_done_callback(sleeper_waker)
+        return True
 
     async def sleep_ms(self, delay_ms: int) -> None:
         await self.sleep_until(self.clock.monotonic_ms() + delay_ms)

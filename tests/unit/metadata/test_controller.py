@@ -457,3 +457,48 @@ async def test_a_loaded_snapshot_becomes_the_committed_image_and_skips_undecodab
         assert controller.metrics.metadata_errors._value.get() == errors_before + 1
     finally:
         await controller.stop()
+
+
+async def test_a_long_poll_answers_empty_once_its_max_wait_passed_on_the_clock(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    _, controller = active
+    await settle()  # the bootstrap records written on activation
+    next_offset = controller.committed.offset + 1
+    poll = asyncio.create_task(
+        controller.metadata_fetch(
+            cpb.MetadataFetchRequest(cluster_id=CLUSTER, fetch_offset=next_offset, max_wait_ms=500)
+        )
+    )
+    await settle()  # the poll starts waiting: its deadline is 500 ms from now
+    await step(controller, 499)
+    assert not poll.done()
+    await step(controller, 1)
+    answer = await asyncio.wait_for(poll, 2)
+    assert answer.error_code == ErrorCode.NONE and not answer.records
+    assert answer.high_watermark == next_offset
+
+
+async def test_a_write_that_does_not_commit_within_the_commit_timeout_times_out() -> None:
+    options = ControllerOptions(noop_interval_ms=0, commit_timeout_ms=1_000, leader_lease_ms=10_000)
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        raft.hold_commits = True
+        create = asyncio.create_task(
+            controller.create_topics(
+                cpb.CreateTopicsRequest(
+                    topics=[cpb.CreatableTopic(name="stuck", num_partitions=1, replication_factor=1)]
+                )
+            )
+        )
+        await until(lambda: bool(raft._pending))
+        await step(controller, 999)
+        assert not create.done()
+        await step(controller, 1)
+        answer = await asyncio.wait_for(create, 2)
+        assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
+    finally:
+        await controller.stop()

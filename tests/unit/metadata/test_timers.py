@@ -57,7 +57,7 @@ async def test_a_commit_wait_cancelled_in_the_turn_its_offset_commits_is_cancell
     writes = WritePath(
         state,
         FakeRaft(1),
-        ManualClock(),
+        Timers(ManualClock()),
         commit_timeout_ms=30_000,
         leader_lease_ms=2_000,
         on_not_leader=lambda leader_id: None,
