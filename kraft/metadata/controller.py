@@ -21,7 +21,9 @@ what they own (all on one event loop, so no locks; shared state in :class:`Contr
   snapshot downloads.
 - **Gauges** (:mod:`controller_gauges`) and **heap freezing** (:mod:`heap_freezer`).
 
-Every timer reads the injected :class:`~kraft.clock.Clock` through :class:`~kraft.metadata.timers.Timers`.
+Every timer and timeout reads the injected :class:`~kraft.clock.Clock` through
+:class:`~kraft.metadata.timers.Timers`: unit tests step a ManualClock, and the controller simulation
+(tests/sim/test_controller_sim.py) runs three of these controllers on a virtual-time event loop.
 
 Requests run in their gRPC task: the logic computes records synchronously (validated against the
 speculative image), they are scheduled on Raft at the offsets the logic predicted, and the answer is sent

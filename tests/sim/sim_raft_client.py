@@ -151,7 +151,7 @@ class ListenerFeed:
         self.next_offset = 0
         self._reported: LeaderAndEpoch | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._task = asyncio.get_event_loop().create_task(self._feed())
+        self._task = asyncio.get_running_loop().create_task(self._feed())
 
     def pump(self) -> None:
         node, core = self._node, self._node.core
