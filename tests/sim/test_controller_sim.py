@@ -7,21 +7,28 @@ listener callbacks are the real ones, and their timers fire at exact virtual tim
 simulation event each controller is handed what its node committed and its leader changes, then the loop
 runs until idle.  A crashed node's controller is stopped; a restarted node gets a fresh one.  Simulated
 brokers register and heartbeat to the active controller (the highest active epoch) through its
-ControllerService methods, one request in flight each, with an RPC deadline.
+ControllerService methods, one request in flight each, with an RPC deadline.  A node can be paused
+(SIGSTOP: its Raft core, its controller's own event loop and everything addressed to it wait until it
+resumes; on resuming, network input is handled before expired timers and its Raft listener is
+``RESUMED_LISTENER_LAG_MS`` behind, as a listener task that gets the loop after the driver).
 
 Checked after every event: no live, reachable broker is ever fenced (a fence decision for a broker alive
 and reachable for a whole session must never commit, also across controller failovers and partitions),
 and the controller never mispredicts an offset.  Per scenario: a partitioned broker is fenced within
-session timeout x 1.2, a zombie incarnation is only ever answered STALE_BROKER_EPOCH, a deposed
-controller never acknowledges a write, every acknowledged CreateTopics is in the final image, and at the
-end every controller holds an identical committed image.
+session timeout x 1.2, a zombie incarnation is only ever answered STALE_BROKER_EPOCH, a deposed (isolated
+or paused) controller never acknowledges a write a newer leader overwrote, every acknowledged
+CreateTopics is in the final image, and at the end every controller holds an identical committed image.
+
+The paused-controller scenario is chaos ``pause`` seed 28: with both of its fixes undone (waiters that
+check the epoch of the committing batch, and listeners that report a change to another leader before the
+newer epoch's batches) it fails on every seed; with either one it holds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -31,8 +38,10 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.image import MetadataImage
+from kraft.raft.core_output import OutboundRequest
+from kraft.raft.messages import RaftResponse
 from kraft.v1 import controller_pb2 as cpb
-from sim.harness import InvariantViolation, Simulation
+from sim.harness import InvariantViolation, SimNode, Simulation
 from sim.sim_raft_client import SimRaftClient, VirtualTimeLoop
 
 CLUSTER = "sim-cluster"
@@ -40,6 +49,7 @@ SESSION_MS = 600  # scaled like the Raft timings (Kafka: 9000)
 HEARTBEAT_MS = 100  # Kafka: 2000
 BROKER_RPC_TIMEOUT_MS = 2 * HEARTBEAT_MS
 BOUND_MS = 3000
+RESUMED_LISTENER_LAG_MS = 50
 CONTROLLER_SEEDS = 40
 OPTIONS = ControllerOptions(
     session_timeout_ms=SESSION_MS,
@@ -74,14 +84,21 @@ class NodeController:
     incarnation: int
     raft: SimRaftClient
     controller: QuorumController
+    loop: VirtualTimeLoop
+    """Its own loop (all on the simulation's clock), so a paused node's controller stands still too."""
 
 
 class ControllerSimulation(Simulation):
     def __init__(self, seed: int, brokers: int = 4) -> None:
         super().__init__(seed, voters=3)
         self.clock = ManualClock()
-        self.loop = VirtualTimeLoop(self.clock)
         self.controllers: dict[int, NodeController] = {}
+        self.paused: set[int] = set()
+        self._held: list[tuple[bool, Callable[[], None]]] = []
+        """(is a timer, event) for paused nodes, run when they resume."""
+        self._listeners_behind_until: dict[int, int] = {}
+        for node in self.nodes.values():
+            self._freeze_timers_while_paused(node)
         self.brokers = {b: SimBroker(b, f"inc-{b}-0") for b in range(101, 101 + brokers)}
         self._topic_ids = (f"topic-{seed}-{i}" for i in itertools.count())
         self.false_fencing: dict[tuple[int, bytes], str] = {}
@@ -93,10 +110,60 @@ class ControllerSimulation(Simulation):
         self._syncing = False
 
     def close(self) -> None:
+        self.paused.clear()
         for node_id in list(self.controllers):
             self._stop_controller(node_id)
-        self.loop.run_ready()
-        self.loop.close()
+
+    # ---- pausing a node (SIGSTOP): nothing of it runs, nothing addressed to it is lost ----
+
+    def pause(self, node_id: int) -> None:
+        self.paused.add(node_id)
+
+    def resume(self, node_id: int) -> None:
+        """Like an event loop after SIGCONT: what arrived on the network is handled before expired timers
+        (asyncio processes I/O events of a turn before its timers)."""
+        self.paused.discard(node_id)
+        # Its Raft listener task gets the loop only after the driver caught up with what arrived: it then
+        # sees the leader change and the newer epoch's batches together (the order they are handed over
+        # in is the listener's rule, kraft.raft.listeners).
+        self._listeners_behind_until[node_id] = self.now_ms + RESUMED_LISTENER_LAG_MS
+        held, self._held = self._held, []
+        for is_timer in (False, True):
+            for timer, action in held:
+                if timer == is_timer:
+                    self.schedule(0, action)
+
+    def _hold_while_paused(self, node_id: int, action: Callable[[], None], timer: bool = False) -> None:
+        if node_id in self.paused:
+            self._held.append((timer, lambda: self._hold_while_paused(node_id, action, timer)))
+        else:
+            action()
+
+    def _freeze_timers_while_paused(self, node: SimNode) -> None:
+        poll, flush = node._poll, node._flush
+
+        def held_poll(deadline_ms: int, incarnation: int) -> None:
+            self._hold_while_paused(node.node_id, lambda: poll(deadline_ms, incarnation), timer=True)
+
+        def held_flush(incarnation: int) -> None:
+            self._hold_while_paused(node.node_id, lambda: flush(incarnation), timer=True)
+
+        node._poll = held_poll  # type: ignore[method-assign]
+        node._flush = held_flush  # type: ignore[method-assign]
+
+    def _deliver_request(self, src: int, incarnation: int, dst: int, message: OutboundRequest) -> None:
+        deliver = super()._deliver_request
+        self._hold_while_paused(dst, lambda: deliver(src, incarnation, dst, message))
+
+    def _deliver_response(
+        self, src: int, dst: int, incarnation: int, correlation_id: int, response: RaftResponse
+    ) -> None:
+        deliver = super()._deliver_response
+        self._hold_while_paused(dst, lambda: deliver(src, dst, incarnation, correlation_id, response))
+
+    def _deliver_refusal(self, src: int, dst: int, incarnation: int, correlation_id: int) -> None:
+        deliver = super()._deliver_refusal
+        self._hold_while_paused(dst, lambda: deliver(src, dst, incarnation, correlation_id))
 
     # ---- controllers follow their node ----
 
@@ -111,6 +178,8 @@ class ControllerSimulation(Simulation):
         try:
             self.clock.now_ms = self.now_ms
             for node_id, node in self.nodes.items():
+                if node_id in self.paused:
+                    continue
                 current = self.controllers.get(node_id)
                 if current is not None and (not node.running or current.incarnation != node.incarnation):
                     self._stop_controller(node_id)
@@ -118,9 +187,12 @@ class ControllerSimulation(Simulation):
                 if current is None and node.running:
                     self._start_controller(node_id)
             self._check_committed_fencing()
-            for entry in self.controllers.values():
-                entry.raft.pump()
-            self.loop.run_ready()
+            running = [e for n, e in self.controllers.items() if n not in self.paused]
+            for node_id, entry in self.controllers.items():
+                if node_id not in self.paused and self._listeners_behind_until.get(node_id, 0) <= self.now_ms:
+                    entry.raft.pump()
+            for entry in running:
+                entry.loop.run_ready()
             for entry in self.controllers.values():
                 if entry.raft.resignations:
                     raise InvariantViolation(
@@ -136,16 +208,24 @@ class ControllerSimulation(Simulation):
         controller = QuorumController(
             raft, CLUSTER, {}, OPTIONS, clock=self.clock, new_topic_id=lambda: next(self._topic_ids)
         )
-        self.controllers[node_id] = NodeController(node.incarnation, raft, controller)
-        self.loop.run_until_complete(controller.start())
+        loop = VirtualTimeLoop(self.clock)
+        self.controllers[node_id] = NodeController(node.incarnation, raft, controller, loop)
+        loop.run_until_complete(controller.start())
 
     def _stop_controller(self, node_id: int) -> None:
         entry = self.controllers.pop(node_id)
-        self.loop.create_task(entry.controller.stop())
+        entry.loop.run_until_complete(entry.controller.stop())
+        entry.loop.run_ready()
+        entry.loop.close()
 
     def _schedule_wakeup(self) -> None:
         """An event at the loop's next timer, so controller timers fire at their exact virtual time."""
-        next_ms = self.loop.next_timer_ms()
+        timers = [
+            t
+            for n, e in self.controllers.items()
+            if n not in self.paused and (t := e.loop.next_timer_ms()) is not None
+        ]
+        next_ms = min(timers, default=None)
         if next_ms is None or next_ms in self._wakeups:
             return
         self._wakeups.add(next_ms)
@@ -186,8 +266,8 @@ class ControllerSimulation(Simulation):
         best: tuple[int, QuorumController] | None = None
         for node_id, entry in self.controllers.items():
             controller = entry.controller
-            if not (controller.is_active and self.nodes[node_id].running):
-                continue
+            if not (controller.is_active and self.nodes[node_id].running) or node_id in self.paused:
+                continue  # brokers time out on a paused controller and find the active one
             if best is None or controller.state.active_epoch > best[1].state.active_epoch:
                 best = (node_id, controller)
         return best
@@ -206,7 +286,7 @@ class ControllerSimulation(Simulation):
         if target is None:
             return
         broker.in_flight = True
-        self.loop.create_task(self._broker_call(broker, target[1]))
+        self.controllers[target[0]].loop.create_task(self._broker_call(broker, target[1]))
 
     async def _broker_call(self, broker: SimBroker, controller: QuorumController) -> None:
         timeout_s = BROKER_RPC_TIMEOUT_MS / 1000
@@ -259,7 +339,7 @@ class ControllerSimulation(Simulation):
             if response.error_code == ErrorCode.NONE and response.topics[0].error_code == ErrorCode.NONE:
                 self.acked_topics.add(name)
 
-        self.loop.create_task(call())
+        self.controllers[node_id].loop.create_task(call())
         self._sync_controllers()
 
     # ---- checks ----
@@ -447,11 +527,47 @@ def scenario_zombie_broker_is_rejected_by_epoch(sim: ControllerSimulation) -> No
     sim.check_identical_images()
 
 
+def scenario_paused_controller_never_acknowledges_an_overwritten_write(sim: ControllerSimulation) -> None:
+    """Chaos ``pause`` seed 28, as it happened: the active controller appends a write nobody replicates,
+    then its process is paused (no check-quorum, no timers); a newer leader commits its own records at
+    those offsets; on resuming, the old leader learns the newer epoch, truncates its write and replays
+    the newer batches.  The write must be answered with an error, never acknowledged, never committed."""
+    target = sim.active_controller()
+    assert target is not None
+    old = target[0]
+    truncations = sim.nodes[old].stats.truncations
+    sim.router.isolate(old)
+    sim.create_topic("paused-write", 2, node_id=old)
+    sim.run_for(5)  # the write is in the old leader's log, uncommitted
+    sim.pause(old)
+    sim.router.heal()
+    sim.run_until_condition(
+        lambda: (t := sim.active_controller()) is not None and t[0] != old,
+        BOUND_MS,
+        "a new active controller",
+    )
+    sim.create_topic("new-leader-write", 2)
+    sim.run_until_condition(lambda: "new-leader-write" in sim.answers, BOUND_MS, "the new leader's write")
+    sim.resume(old)
+    sim.run_until_condition(lambda: "paused-write" in sim.answers, BOUND_MS, "an answer to the paused write")
+    if "paused-write" in sim.acked_topics:
+        answer = sim.answers["paused-write"]
+        raise InvariantViolation(f"seed {sim.seed}: a deposed controller acknowledged a write: {answer}")
+    sim.wait_all_active("brokers active after the paused controller resumed")
+    sim.check_identical_images()
+    if sim.leader_image().topic("paused-write") is not None:
+        raise InvariantViolation(f"seed {sim.seed}: the paused controller's write was committed")
+    assert sim.nodes[old].stats.truncations > truncations, "the old leader's write was never overwritten"
+
+
 SCENARIOS = {
     "failover_never_fences_live_brokers": scenario_failover_never_fences_live_brokers,
     "partitioned_controller_loses_its_pending_state": scenario_partitioned_controller_loses_its_pending_state,
     "deposed_controller_never_acknowledges_its_write": (
         scenario_deposed_controller_never_acknowledges_its_write
+    ),
+    "paused_controller_never_acknowledges_an_overwritten_write": (
+        scenario_paused_controller_never_acknowledges_an_overwritten_write
     ),
     "partitioned_broker_is_fenced_within_the_session_timeout": (
         scenario_partitioned_broker_is_fenced_within_the_session_timeout
