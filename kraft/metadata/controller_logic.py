@@ -531,22 +531,23 @@ class ControllerLogic:
         )
         return Outcome(records, response, next_offset, wait_offset=depends_on)
 
+    def _registered_broker(self, cluster_id: str, broker_id: int) -> BrokerRegistration:
+        """The registration an unregister / controlled-shutdown request is about (KraftError: a wrong
+        cluster id, or no such broker)."""
+        self.check_cluster_id(cluster_id)
+        broker = self.image.brokers.get(broker_id)
+        if broker is None:
+            raise KraftError(ErrorCode.BROKER_ID_NOT_REGISTERED, f"broker {broker_id} is not registered")
+        return broker
+
     def unregister_broker(
         self, req: cpb.UnregisterBrokerRequest, next_offset: int
     ) -> Outcome[cpb.UnregisterBrokerResponse]:
         response = cpb.UnregisterBrokerResponse()
         try:
-            self.check_cluster_id(req.cluster_id)
+            broker = self._registered_broker(req.cluster_id, req.broker_id)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
-        broker = self.image.brokers.get(req.broker_id)
-        if broker is None:
-            return Outcome(
-                [],
-                error_response(
-                    response, ErrorCode.BROKER_ID_NOT_REGISTERED, f"broker {req.broker_id} is not registered"
-                ),
-            )
         batch = _Batch(self, next_offset)
         unregister = pb.UnregisterBrokerRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch)
         self._leave_isrs(batch, broker.broker_id, tail=(unregister,))
@@ -559,17 +560,9 @@ class ControllerLogic:
     ) -> Outcome[cpb.ShutdownBrokerResponse]:
         response = cpb.ShutdownBrokerResponse()
         try:
-            self.check_cluster_id(req.cluster_id)
+            broker = self._registered_broker(req.cluster_id, req.broker_id)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
-        broker = self.image.brokers.get(req.broker_id)
-        if broker is None:
-            return Outcome(
-                [],
-                error_response(
-                    response, ErrorCode.BROKER_ID_NOT_REGISTERED, f"broker {req.broker_id} is not registered"
-                ),
-            )
         batch = _Batch(self, next_offset)
         if not broker.in_controlled_shutdown:
             self._enter_controlled_shutdown(batch, broker)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.service import ControllerServicer, add_controller_service
@@ -61,6 +62,7 @@ class MetadataLayer:
             node.endpoints(),
             options_from_config(node.config),
             store_path=image_store_path(node.config),
+            clock=SystemClock(),
         )
         await controller.start()
         self.controller = controller

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
@@ -36,9 +37,31 @@ async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def started(options: ControllerOptions, store: Path | None = None) -> tuple[FakeRaft, QuorumController]:
-    raft = FakeRaft(1)
-    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, store_path=store)
+async def settle(turns: int = 50) -> None:
+    """Let the event loop run what is ready now (timers that just woke, commits, listener deliveries)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def manual_clock(controller: QuorumController) -> ManualClock:
+    clock = controller.clock
+    assert isinstance(clock, ManualClock)
+    return clock
+
+
+async def step(controller: QuorumController, delta_ms: int) -> None:
+    """Time passes by ``delta_ms`` on the controller's ManualClock; its timers due by then run."""
+    manual_clock(controller).advance(delta_ms)
+    controller.timers.clock_moved()
+    await settle()
+
+
+async def started(
+    options: ControllerOptions, store: Path | None = None, raft: FakeRaft | None = None
+) -> tuple[FakeRaft, QuorumController]:
+    """A started controller on a ManualClock: nothing it decides depends on how fast the host runs."""
+    raft = raft or FakeRaft(1)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, store_path=store, clock=ManualClock())
     await controller.start()
     return raft, controller
 
@@ -78,7 +101,7 @@ async def test_a_controller_that_is_not_active_redirects_to_the_leader() -> None
     raft, controller = await started(ControllerOptions(noop_interval_ms=0))
     try:
         raft.lose_leadership(2)
-        await until(lambda: controller._leader.leader_id == 2)
+        await until(lambda: controller.state.leader.leader_id == 2)
         response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER))
         assert response.error_code == ErrorCode.NOT_CONTROLLER
         assert response.controller.node_id == 2 and response.controller.endpoint.port == 9102
@@ -209,7 +232,10 @@ async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
                 )
             )
         )
-        await asyncio.sleep(0.2)
+        await until(lambda: bool(raft._pending))
+        await step(controller, 100)
+        assert (await controller.broker_heartbeat(beat)).error_code == ErrorCode.NONE  # lease not yet over
+        await step(controller, 1)
         refused = await controller.broker_heartbeat(beat)
         assert refused.error_code == ErrorCode.NOT_CONTROLLER and refused.controller.node_id == -1
         raft.release()
@@ -311,16 +337,47 @@ async def test_leadership_loss_answers_not_controller_and_reactivation_rebuilds(
     assert controller.logic is not None and controller.logic.image is controller.committed
 
 
-async def test_a_silent_broker_is_fenced_within_the_session_timeout() -> None:
+async def heartbeat(controller: QuorumController, broker_id: int, epoch: int) -> cpb.BrokerHeartbeatResponse:
+    return await controller.broker_heartbeat(
+        cpb.BrokerHeartbeatRequest(
+            cluster_id=CLUSTER, broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=1 << 40
+        )
+    )
+
+
+async def test_a_broker_silent_past_the_session_timeout_is_fenced_and_a_heartbeating_one_is_not() -> None:
+    # session 400 ms: the checker runs every 50 ms
     raft, controller = await started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=400))
     try:
         raft.elect()
         await until(lambda: controller.is_active)
         await activate_broker(controller, 1)
-        start = time.monotonic()
-        await until(lambda: controller.committed.brokers[1].fenced, timeout_s=5)
-        elapsed = time.monotonic() - start
-        assert 0.35 < elapsed < 0.4 * 1.2 + 0.5  # generous bound for a shared machine
+        live_epoch = await activate_broker(controller, 2)
+        silent_since = manual_clock(controller).now_ms
+        while manual_clock(controller).now_ms - silent_since <= 400:
+            assert not controller.committed.brokers[1].fenced  # its session has not expired yet
+            await step(controller, 50)
+            assert (await heartbeat(controller, 2, live_epoch)).error_code == ErrorCode.NONE
+        await until(lambda: controller.committed.brokers[1].fenced)  # the first check past 400 ms
+        assert manual_clock(controller).now_ms - silent_since == 450
+        assert not controller.committed.brokers[2].fenced
+    finally:
+        await controller.stop()
+
+
+async def test_a_stalled_controller_extends_sessions_instead_of_fencing() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=400))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        await step(controller, 1_000)  # the checker wakes 950 ms late: its loop was blocked
+        assert not controller.committed.brokers[1].fenced
+        for _ in range(7):  # the stall was added to every deadline: 400 ms of silence from now on ...
+            await step(controller, 50)
+            assert not controller.committed.brokers[1].fenced
+        await step(controller, 50)
+        await until(lambda: controller.committed.brokers[1].fenced)  # ... and then it expires
     finally:
         await controller.stop()
 
@@ -330,8 +387,32 @@ async def test_idle_cluster_gets_noop_records() -> None:
     try:
         raft.elect()
         await until(lambda: controller.is_active)
+        await settle()  # the bootstrap records written on activation
         offset = controller.committed.offset
-        await until(lambda: controller.committed.offset >= offset + 2)
+        await step(controller, 29)
+        assert controller.committed.offset == offset  # not idle for long enough
+        await step(controller, 1)
+        await until(lambda: controller.committed.offset == offset + 1)
+        await step(controller, 30)
+        await until(lambda: controller.committed.offset == offset + 2)
+    finally:
+        await controller.stop()
+
+
+async def test_a_snapshot_is_written_once_the_snapshot_interval_passed() -> None:
+    options = ControllerOptions(noop_interval_ms=0, snapshot_interval_ms=10_000)
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        await step(controller, 9_999)
+        await activate_broker(controller, 2)  # a commit before the interval: no snapshot
+        await settle()
+        assert not raft.snapshots
+        await step(controller, 1)
+        await activate_broker(controller, 3)  # the first commit after it
+        await until(lambda: bool(raft.snapshots))
     finally:
         await controller.stop()
 
@@ -363,10 +444,7 @@ async def test_image_store_survives_restart_and_skips_applied_batches(tmp_path: 
     await activate_broker(controller, 1)
     saved = controller.committed
     await controller.stop()
-    second = QuorumController(
-        raft, CLUSTER, ENDPOINTS, ControllerOptions(noop_interval_ms=0), store_path=store
-    )
-    await second.start()
+    _, second = await started(ControllerOptions(noop_interval_ms=0), store, raft)
     try:
         assert second.committed == saved  # loaded before Raft replays anything
         await until(lambda: second.is_active)
@@ -395,5 +473,50 @@ async def test_a_loaded_snapshot_becomes_the_committed_image_and_skips_undecodab
         assert (image.offset, image.epoch) == (49_999, 3)
         assert image.topics_by_id == expected.topics_by_id and image.brokers == expected.brokers
         assert controller.metrics.metadata_errors._value.get() == errors_before + 1
+    finally:
+        await controller.stop()
+
+
+async def test_a_long_poll_answers_empty_once_its_max_wait_passed_on_the_clock(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    _, controller = active
+    await settle()  # the bootstrap records written on activation
+    next_offset = controller.committed.offset + 1
+    poll = asyncio.create_task(
+        controller.metadata_fetch(
+            cpb.MetadataFetchRequest(cluster_id=CLUSTER, fetch_offset=next_offset, max_wait_ms=500)
+        )
+    )
+    await settle()  # the poll starts waiting: its deadline is 500 ms from now
+    await step(controller, 499)
+    assert not poll.done()
+    await step(controller, 1)
+    answer = await asyncio.wait_for(poll, 2)
+    assert answer.error_code == ErrorCode.NONE and not answer.records
+    assert answer.high_watermark == next_offset
+
+
+async def test_a_write_that_does_not_commit_within_the_commit_timeout_times_out() -> None:
+    options = ControllerOptions(noop_interval_ms=0, commit_timeout_ms=1_000, leader_lease_ms=10_000)
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        raft.hold_commits = True
+        create = asyncio.create_task(
+            controller.create_topics(
+                cpb.CreateTopicsRequest(
+                    topics=[cpb.CreatableTopic(name="stuck", num_partitions=1, replication_factor=1)]
+                )
+            )
+        )
+        await until(lambda: bool(raft._pending))
+        await step(controller, 999)
+        assert not create.done()
+        await step(controller, 1)
+        answer = await asyncio.wait_for(create, 2)
+        assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
     finally:
         await controller.stop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import time
 from collections.abc import Iterator, Sequence
 from typing import overload
 
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kraft.clock import ManualClock
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
@@ -32,7 +32,7 @@ from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 from .fake_raft import FakeRaft
-from .test_controller import activate_broker, until
+from .test_controller import activate_broker, manual_clock, step, until
 
 CLUSTER = "c1"
 
@@ -190,9 +190,10 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         CLUSTER,
         {1: ("127.0.0.1", 9101)},
         ControllerOptions(noop_interval_ms=0, partitions_per_write=50),
+        clock=ManualClock(),
     )
     own_batches = 0
-    own_image = controller._own_image
+    own_image = controller.writes.own_image
 
     def counting(batch: CommittedBatch) -> MetadataImage | None:
         nonlocal own_batches
@@ -200,7 +201,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         own_batches += image is not None
         return image
 
-    monkeypatch.setattr(controller, "_own_image", counting)
+    monkeypatch.setattr(controller.writes, "own_image", counting)
     decoded: set[int] = set()  # last offsets of the batches whose records a listener read
     commit_batch = raft._commit_batch
 
@@ -242,7 +243,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         assert own_batches >= 5  # the bulk batches were not replayed
         # ... nor decoded (the controller kept the values it appended), yet it serves the same records:
         assert len(never_decoded) >= 5
-        served = controller._window.read(0, 1_000_000)
+        served = controller.fetches.window.read(0, 1_000_000)
         assert [(r.offset, r.value) for r in served] == [
             (r.offset, r.value) for b in raft.log for r in b.records
         ]
@@ -256,7 +257,7 @@ async def test_brokers_are_not_fenced_while_heartbeat_intake_collapses_but_a_sil
     heartbeating ones is still fenced within the session timeout."""
     raft = FakeRaft(1)
     options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=400, heartbeat_interval_ms=50)
-    controller = QuorumController(raft, CLUSTER, {1: ("127.0.0.1", 9101)}, options)
+    controller = QuorumController(raft, CLUSTER, {1: ("127.0.0.1", 9101)}, options, clock=ManualClock())
     await controller.start()
     try:
         raft.elect()
@@ -274,21 +275,26 @@ async def test_brokers_are_not_fenced_while_heartbeat_intake_collapses_but_a_sil
                 )
             )
 
-        # 1. broker 10 goes silent, the others keep heartbeating: 10 is fenced, nobody else
-        start = time.monotonic()
+        clock = manual_clock(controller)
+
+        # 1. broker 10 goes silent, the others keep heartbeating (one per broker per check interval):
+        #    10 is fenced, nobody else
+        start_ms = clock.now_ms
         while not controller.committed.brokers[10].fenced:
-            assert time.monotonic() - start < 5, "the silent broker was not fenced"
+            assert clock.now_ms - start_ms <= 400 * 1.2, "the silent broker was not fenced"
             await asyncio.gather(*(beat(b) for b in brokers[:-1]))
-            await asyncio.sleep(0.04)
-        assert time.monotonic() - start < 0.4 * 1.2 + 0.5
+            await step(controller, 50)
         assert not any(controller.committed.brokers[b].fenced for b in brokers[:-1])
 
         # 2. no heartbeat arrives at all (as when the controller's intake starves): no fencing for a
         #    while past the session timeout, then expiry resumes (a real mass failure is still fenced)
-        silent_since = time.monotonic()
-        await asyncio.sleep(0.4 * 2)
-        assert not any(controller.committed.brokers[b].fenced for b in brokers[:-1])
-        await until(lambda: all(controller.committed.brokers[b].fenced for b in brokers), timeout_s=10)
-        assert time.monotonic() - silent_since > 0.4 * 2
+        silent_since_ms = clock.now_ms
+        while clock.now_ms - silent_since_ms < 400 * 2:
+            await step(controller, 50)
+            assert not any(controller.committed.brokers[b].fenced for b in brokers[:-1])
+        while not all(controller.committed.brokers[b].fenced for b in brokers):
+            assert clock.now_ms - silent_since_ms < 10_000, "a mass failure was never fenced"
+            await step(controller, 50)
+        assert clock.now_ms - silent_since_ms > 400 * 2
     finally:
         await controller.stop()

@@ -1,0 +1,131 @@
+"""Activation: the step from "Raft leader" to "active controller", and back.
+
+On becoming leader of an epoch one task appends a NoOp and waits for it to commit — so the committed image
+holds everything of earlier epochs — then resets the logic from it (fresh heartbeat sessions for every
+broker), resumes unfinished ISR removals and writes the bootstrap records.  Any leader change away from
+this node deactivates at once.  Owns ``state.logic`` and ``state.active_epoch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from kraft.errors import KraftError
+from kraft.metadata import records as rec
+from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
+from kraft.metadata.controller_state import ControllerState, NotControllerError
+from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.timers import Timers
+from kraft.observability.logging import StructLogger
+from kraft.observability.metrics import ControllerMetrics
+from kraft.raft.api import LeaderAndEpoch, NotLeaderError, RaftClient, RaftError
+from kraft.raft.messages import NO_LEADER
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
+
+
+class Activation:
+    def __init__(
+        self,
+        state: ControllerState,
+        raft: RaftClient,
+        writes: WritePath,
+        settings: ControllerSettings,
+        timers: Timers,
+        *,
+        activation_wait_ms: int,
+        new_topic_id: Callable[[], str] | None,
+        metrics: ControllerMetrics,
+        log: StructLogger,
+    ) -> None:
+        self._state = state
+        self._raft = raft
+        self._writes = writes
+        self._settings = settings
+        self._timers = timers
+        self._activation_wait_ms = activation_wait_ms
+        self._new_topic_id = new_topic_id
+        self._metrics = metrics
+        self._log = log
+        self._activated: asyncio.Future[None] | None = None
+        """Completes at the next activation; requests that arrive mid-activation wait for it."""
+        self.task: asyncio.Task[None] | None = None
+
+    def on_leader_change(self, leader: LeaderAndEpoch) -> None:
+        state = self._state
+        if leader.leader_id == state.node_id and not state.stopping:
+            if state.active_epoch != leader.epoch:
+                self.deactivate(leader.leader_id)
+                state.active_epoch = leader.epoch
+                self.task = asyncio.create_task(self._activate(leader.epoch), name="controller-activate")
+        else:
+            self.deactivate(leader.leader_id)
+
+    def deactivate(self, leader_id: int) -> None:
+        state = self._state
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        was_active = state.logic is not None
+        state.logic = None
+        state.active_epoch = -1 if leader_id != state.node_id else state.active_epoch
+        self._writes.drop_pending(leader_id)
+        self._metrics.active_controller_count.set(0)
+        if was_active:
+            self._log.info("resigned_active", leader=leader_id)
+
+    async def active_logic(self) -> ControllerLogic:
+        """The logic to run a request on; waits out an activation in progress, else NotControllerError."""
+        state = self._state
+        if state.logic is not None:
+            if self._writes.lease_expired():
+                raise NotControllerError(NO_LEADER)
+            return state.logic
+        if state.is_leader and not state.stopping:
+            if self._activated is None:
+                self._activated = asyncio.get_running_loop().create_future()
+            await self._timers.wait(self._activated, self._timers.now_ms() + self._activation_wait_ms)
+            if state.logic is not None:
+                return state.logic
+        raise NotControllerError(state.leader.leader_id)
+
+    async def _activate(self, epoch: int) -> None:
+        state, writes = self._state, self._writes
+        while True:
+            try:
+                last = self._raft.schedule_append([rec.encode_value(rec.wrap(pb.NoOpRecord()))])
+                await writes.wait_committed(last)
+                break
+            except (NotLeaderError, NotControllerError, RaftError):
+                return
+            except TimeoutError:
+                # no majority for a while; Raft resigns on check-quorum, otherwise try again
+                if state.active_epoch != epoch:
+                    return
+        if state.active_epoch != epoch or not state.is_leader:
+            return
+        writes.next_offset = state.committed.offset + 1
+        logic = ControllerLogic(
+            self._settings, state.committed, self._timers.now_ms(), new_topic_id=self._new_topic_id
+        )
+        state.logic = logic
+        activated, self._activated = self._activated, None
+        if activated is not None and not activated.done():
+            activated.set_result(None)
+        self._metrics.active_controller_count.set(1)
+        self._metrics.new_active_controllers.inc()
+        self._log.info(
+            "became_active", epoch=epoch, offset=state.committed.offset, brokers=len(state.committed.brokers)
+        )
+        resumed = logic.continue_leave_jobs(writes.next_offset)
+        while not resumed and logic.has_leave_jobs():  # chunks that only scanned
+            resumed = logic.continue_leave_jobs(writes.next_offset)
+        if resumed:
+            self._log.info("resuming_isr_removals", records=len(resumed))
+            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
+                await writes.write(Outcome(resumed, cpb.DescribeClusterResponse(), writes.next_offset))
+        records = logic.bootstrap_records(writes.next_offset)
+        if records:
+            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
+                await writes.write(Outcome(records, cpb.DescribeClusterResponse(), writes.next_offset))

@@ -1,0 +1,234 @@
+"""The active controller's write path: records appended at the offsets the logic predicted, answers
+released when they commit.
+
+Owns everything between "the logic produced records" and "they committed": the next offset, the commit
+waiters, the images and values of this epoch's own appends (so their commit needs no replay), pacing of
+bulk writes, and the leader lease (how long the oldest write has waited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
+
+from google.protobuf.message import Message
+
+from kraft.metadata import records as rec
+from kraft.metadata.controller_logic import Outcome
+from kraft.metadata.controller_state import ControllerState, NotControllerError
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.timers import Timers
+from kraft.observability.logging import StructLogger
+from kraft.raft.api import CommittedBatch, NotLeaderError, RaftClient
+from kraft.v1 import metadata_pb2 as pb
+
+R = TypeVar("R", bound=Message)
+
+# Bulk writes (leave jobs, big CreateTopics) stop computing further appends while this many records
+# are appended but not committed: Raft batches stay small and the event loop serves heartbeats and
+# fetches in between, instead of the leader racing far ahead of its followers.
+MAX_UNCOMMITTED_RECORDS = 10_000
+
+
+class WritePath:
+    def __init__(
+        self,
+        state: ControllerState,
+        raft: RaftClient,
+        timers: Timers,
+        *,
+        commit_timeout_ms: int,
+        leader_lease_ms: int,
+        on_not_leader: Callable[[int], None],
+        log: StructLogger,
+    ) -> None:
+        self._state = state
+        self._raft = raft
+        self._timers = timers
+        self._commit_timeout_ms = commit_timeout_ms
+        self._leader_lease_ms = leader_lease_ms
+        self._on_not_leader = on_not_leader
+        self._log = log
+        self.next_offset = 0
+        self.last_write_ms = 0
+        self._oldest_pending_ms: int | None = None
+        # (offset, seq, epoch the offset was appended in, future): a waiter resolves when its offset commits
+        # in a batch of its own epoch, and fails when a newer leader's batch commits there instead.
+        self._waiters: list[tuple[int, int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        # last offset of each append of this epoch → the logic's image right after it (see own_image)
+        self._own_images: dict[int, MetadataImage] = {}
+        self._own_values: deque[tuple[int, list[bytes]]] = deque()
+        """(first offset, values) of each append whose image is in ``_own_images``, in offset order."""
+        self.resignations: list[asyncio.Task[None]] = []
+
+    # ---- appends ----
+
+    def append(self, records: list[pb.MetadataRecord], first_offset: int) -> int:
+        """Schedule records at the offsets the logic predicted; returns the last offset."""
+        values = [rec.encode_value(r) for r in records]
+        try:
+            last = self._raft.schedule_append(values)
+        except NotLeaderError as exc:
+            self._on_not_leader(exc.leader.leader_id)
+            raise NotControllerError(exc.leader.leader_id) from exc
+        expected = first_offset + len(values) - 1
+        self.next_offset = last + 1
+        self.last_write_ms = self._timers.now_ms()
+        if self._oldest_pending_ms is None:
+            self._oldest_pending_ms = self.last_write_ms
+        logic = self._state.logic
+        if last != expected:
+            # Broker epochs inside these records assumed other offsets; let a new leader rebuild.
+            self._log.error("offset_prediction_mismatch", expected=expected, got=last)
+            self.resignations.append(asyncio.get_running_loop().create_task(self._raft.resign()))
+        elif logic is not None and logic.image.offset == last:
+            self._own_images[last] = logic.image
+            self._own_values.append((last - len(values) + 1, values))
+        return last
+
+    async def write(self, outcome: Outcome[R]) -> R:
+        """Append the outcome's records and answer once they (and everything before) committed.
+
+        Brokers leaving their ISRs (fence, shutdown, unregister) continue in further appends of bounded
+        size, with the event loop free in between; the answer waits for the last of them.
+        """
+        if outcome.records:
+            last = self.append(outcome.records, outcome.first_offset)
+            logic = self._state.logic
+            while logic is not None and logic is self._state.logic and logic.has_leave_jobs():
+                await self.wait_for_room()
+                if logic is not self._state.logic:
+                    raise NotControllerError(self._state.leader.leader_id)
+                first = self.next_offset
+                more = logic.continue_leave_jobs(first)
+                if more:
+                    last = self.append(more, first)
+            await self.wait_committed(last)
+        else:
+            depends_on = outcome.wait_offset if outcome.wait_offset is not None else self.next_offset - 1
+            await self.wait_committed(depends_on)
+        return outcome.response
+
+    async def wait_for_room(self) -> None:
+        """Yield, then wait while too many appended records are not committed yet (bulk writes only)."""
+        await asyncio.sleep(0)
+        state = self._state
+        deadline = self._timers.now_ms() + self._commit_timeout_ms
+        while (
+            state.logic is not None
+            and self.next_offset - 1 - state.committed.offset > MAX_UNCOMMITTED_RECORDS
+        ):
+            if self._timers.now_ms() >= deadline:
+                raise TimeoutError
+            await self._timers.wait(state.next_commit(), deadline)
+
+    # ---- waiting for commits ----
+
+    async def wait_committed(self, offset: int) -> None:
+        if offset <= self._state.committed.offset:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (offset, next(self._seq), self._state.active_epoch, future))
+        # Not asyncio.wait_for: on Python 3.11 it returns the future's outcome when the future completes in
+        # the same loop turn as a cancellation of the waiting task, swallowing the cancellation — the idle
+        # NoOp task then kept running and stop() never returned (found by the controller simulation).
+        try:
+            committed = await self._timers.wait(future, self._timers.now_ms() + self._commit_timeout_ms)
+        except asyncio.CancelledError:
+            future.cancel()  # resolve_waiters skips it
+            raise
+        if not committed:
+            future.cancel()
+            raise TimeoutError
+        future.result()  # NotControllerError when a newer leader's batch committed at that offset
+
+    def on_committed(self, offset: int, epoch: int) -> None:
+        """Everything up to ``offset`` committed, the last of it in a batch of ``epoch``."""
+        self.resolve_waiters(offset, epoch)
+        if offset >= self.next_offset - 1:
+            self._oldest_pending_ms = None
+        elif self._oldest_pending_ms is not None:
+            self._oldest_pending_ms = self._timers.now_ms()  # progress renews the lease
+
+    def resolve_waiters(self, offset: int, epoch: int) -> None:
+        # A record this controller appended in epoch E can only commit inside a batch of epoch E.  If a
+        # batch of a newer epoch commits at its offset, a newer leader truncated ours (e.g. we were paused
+        # and deposed): fail the waiter, never acknowledge a write no log holds.
+        while self._waiters and self._waiters[0][0] <= offset:
+            _, _, append_epoch, future = heapq.heappop(self._waiters)
+            if future.done():
+                continue
+            if epoch > append_epoch:
+                future.set_exception(NotControllerError(self._state.leader.leader_id))
+            else:
+                future.set_result(None)
+
+    def drop_pending(self, leader_id: int) -> None:
+        """Leadership is gone: nothing appended in this epoch can be answered or reused."""
+        self._own_images.clear()
+        self._own_values.clear()
+        self._oldest_pending_ms = None
+        waiters, self._waiters = self._waiters, []
+        for _, _, _, future in waiters:
+            if not future.done():
+                future.set_exception(NotControllerError(leader_id))
+
+    def lease_expired(self) -> bool:
+        """True when a write has waited longer than the lease: this node may have been deposed without
+        knowing it yet, and must not keep brokers talking to it (they would miss the real leader)."""
+        pending_since = self._oldest_pending_ms
+        return pending_since is not None and self._timers.now_ms() - pending_since > self._leader_lease_ms
+
+    # ---- this epoch's own appends, committed without replay ----
+
+    def own_image(self, batch: CommittedBatch) -> MetadataImage | None:
+        """The image the active logic built for exactly this batch (records it appended in this epoch
+        on top of the committed image), or None: then the batch is replayed."""
+        images = self._own_images
+        if not images:
+            return None
+        image = images.pop(batch.last_offset, None)
+        for offset in [o for o in images if o < batch.last_offset]:
+            del images[offset]
+        state = self._state
+        if (
+            image is None
+            or state.logic is None
+            or batch.epoch != state.active_epoch
+            or batch.base_offset != state.committed.offset + 1
+            or image.offset != batch.last_offset
+        ):
+            return None
+        return image if image.epoch == batch.epoch else dataclasses.replace(image, epoch=batch.epoch)
+
+    def own_values(self, batch: CommittedBatch) -> list[tuple[int, bytes]] | None:
+        """(offset, value) of every record of ``batch`` from what :meth:`append` scheduled, or None if
+        some are not known (the caller then decodes the batch)."""
+        self.forget_own_values_below(batch.base_offset)
+        pending = self._own_values
+        out: list[tuple[int, bytes]] = []
+        offset = batch.base_offset
+        while pending and offset <= batch.last_offset:
+            first, values = pending[0]
+            if first > offset:
+                return None
+            index = offset - first
+            take = values[index : index + batch.last_offset - offset + 1]
+            if not take:
+                return None  # appends overlap (never expected): decode instead
+            out.extend(zip(range(offset, offset + len(take)), take, strict=True))
+            offset += len(take)
+            if index + len(take) == len(values):
+                pending.popleft()
+        return out if offset == batch.last_offset + 1 else None
+
+    def forget_own_values_below(self, offset: int) -> None:
+        pending = self._own_values
+        while pending and pending[0][0] + len(pending[0][1]) <= offset:
+            pending.popleft()

@@ -1,0 +1,138 @@
+"""The MetadataFetch side of the active controller: what brokers call to follow the metadata log.
+
+Serves committed records from a bounded window of recent batches (:class:`FetchWindow`), long-polls
+until a commit or ``max_wait_ms``, and offers a snapshot of the committed image (built once, cached,
+served in chunks) to a broker below the window.  Only the active controller answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from kraft.errors import ErrorCode
+from kraft.metadata.controller_logic import ControllerLogic, error_response
+from kraft.metadata.controller_state import YIELD_EVERY_RECORDS, ControllerState, NotControllerError
+from kraft.metadata.fetch_window import FetchWindow, WindowBatch
+from kraft.metadata.image_records import image_values
+from kraft.metadata.timers import Timers
+from kraft.v1 import controller_pb2 as cpb
+
+SNAPSHOT_CHUNK_RECORDS = 20_000
+DEFAULT_FETCH_RECORDS = 10_000
+
+NotControllerAnswer = Callable[[cpb.MetadataFetchResponse, int], cpb.MetadataFetchResponse]
+
+
+class FetchServer:
+    def __init__(
+        self,
+        state: ControllerState,
+        timers: Timers,
+        *,
+        cluster_id: str,
+        window_records: int,
+        active_logic: Callable[[], Awaitable[ControllerLogic]],
+        not_controller: NotControllerAnswer,
+    ) -> None:
+        self._state = state
+        self._timers = timers
+        self._cluster_id = cluster_id
+        self._active_logic = active_logic
+        self._not_controller = not_controller
+        self.window = FetchWindow(window_records)
+        self._snapshot: tuple[cpb.SnapshotRef, list[bytes]] | None = None
+
+    def remember(self, batch: WindowBatch) -> None:
+        """A batch committed (after the image took it in)."""
+        self.window.append(batch)
+
+    def forget_all(self) -> None:
+        """A Raft snapshot replaced the image: the window no longer leads up to it."""
+        self.window.clear()
+
+    async def serve(self, req: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
+        response = cpb.MetadataFetchResponse()
+        state = self._state
+        if req.cluster_id and req.cluster_id != self._cluster_id:
+            return error_response(
+                response,
+                ErrorCode.INCONSISTENT_CLUSTER_ID,
+                f"cluster id {req.cluster_id!r} is not {self._cluster_id!r}",
+            )
+        try:
+            await self._active_logic()
+        except NotControllerError as exc:
+            return self._not_controller(response, exc.leader_id)
+        response.controller_epoch = state.leader.epoch
+        if req.HasField("snapshot_id"):
+            return self._snapshot_chunk(req, response)
+        deadline = self._timers.now_ms() + max(0, req.max_wait_ms)
+        while True:
+            start = self.window.start_offset(state.committed.offset + 1)
+            if req.fetch_offset < start:
+                return await self._offer_snapshot(response)
+            if req.fetch_offset <= state.committed.offset:
+                self._fill_records(req, response)
+                if response.records:
+                    break
+            if self._timers.now_ms() >= deadline or state.logic is None:
+                break
+            await self._timers.wait(state.next_commit(), deadline)
+        response.high_watermark = state.committed.offset + 1
+        response.log_start_offset = self.window.start_offset(state.committed.offset + 1)
+        if state.logic is None:
+            return self._not_controller(response, state.leader.leader_id)
+        return response
+
+    def _fill_records(self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse) -> None:
+        limit = req.max_records if req.max_records > 0 else DEFAULT_FETCH_RECORDS
+        for r in self.window.read(req.fetch_offset, limit):
+            response.records.add(
+                offset=r.offset, leader_epoch=r.epoch, append_time_ms=r.append_time_ms, value=r.value
+            )
+
+    async def _offer_snapshot(self, response: cpb.MetadataFetchResponse) -> cpb.MetadataFetchResponse:
+        cached = self._snapshot
+        image = self._state.committed
+        # A broker resumes at the snapshot's end offset, so that must still be inside the window.
+        if cached is None or cached[0].end_offset < self.window.start_offset(image.offset + 1):
+            ref = cpb.SnapshotRef(end_offset=image.offset + 1, epoch=image.epoch)
+            values: list[bytes] = []
+            for i, value in enumerate(image_values(image)):
+                values.append(value)
+                if i % YIELD_EVERY_RECORDS == YIELD_EVERY_RECORDS - 1:
+                    await asyncio.sleep(0)
+            cached = (ref, values)
+            self._snapshot = cached
+        committed = self._state.committed
+        response.snapshot_id.CopyFrom(cached[0])
+        response.high_watermark = committed.offset + 1
+        response.log_start_offset = self.window.start_offset(committed.offset + 1)
+        return response
+
+    def _snapshot_chunk(
+        self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse
+    ) -> cpb.MetadataFetchResponse:
+        cached = self._snapshot
+        if cached is None or cached[0] != req.snapshot_id:
+            return error_response(
+                response,
+                ErrorCode.SNAPSHOT_NOT_FOUND,
+                "that snapshot is no longer served; fetch from your offset again",
+            )
+        ref, values = cached
+        if not 0 <= req.snapshot_position <= len(values):
+            return error_response(
+                response,
+                ErrorCode.POSITION_OUT_OF_RANGE,
+                f"position {req.snapshot_position} not in 0..{len(values)}",
+            )
+        limit = req.max_records if req.max_records > 0 else SNAPSHOT_CHUNK_RECORDS
+        end = min(len(values), req.snapshot_position + limit)
+        response.snapshot_id.CopyFrom(ref)
+        response.snapshot_records.extend(values[req.snapshot_position : end])
+        response.next_snapshot_position = end
+        response.snapshot_done = end == len(values)
+        response.high_watermark = self._state.committed.offset + 1
+        return response

@@ -1,0 +1,112 @@
+"""Session checker: fences brokers whose heartbeat session expired, one broker per write.
+
+Runs every ``session_timeout/8`` on the controller's clock.  Two ways the controller's own slowness is
+kept from being blamed on brokers: a check that wakes far too late (the event loop was blocked) pushes
+every deadline back by the stall, and a check that saw far fewer heartbeats arrive than the unfenced
+brokers send (gRPC intake starved, see :meth:`SessionChecker._intake_stalled`) extends them too.
+"""
+
+from __future__ import annotations
+
+from kraft.metadata.controller_logic import ControllerLogic, Outcome
+from kraft.metadata.controller_state import ControllerState, NotControllerError
+from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.timers import Timers
+from kraft.observability.logging import StructLogger
+from kraft.observability.metrics import ControllerMetrics
+from kraft.v1 import controller_pb2 as cpb
+
+# With at least this many unfenced brokers, a session check that saw fewer than this fraction of the
+# heartbeats they send extends deadlines instead of fencing, at most this many checks in a row.
+INTAKE_MIN_BROKERS = 8
+INTAKE_STALL_FRACTION = 0.25
+INTAKE_STALL_MAX_CHECKS = 16
+
+
+class SessionChecker:
+    def __init__(
+        self,
+        state: ControllerState,
+        writes: WritePath,
+        timers: Timers,
+        *,
+        session_timeout_ms: int,
+        heartbeat_interval_ms: int,
+        metrics: ControllerMetrics,
+        log: StructLogger,
+    ) -> None:
+        self._state = state
+        self._writes = writes
+        self._timers = timers
+        self.interval_ms = max(10, session_timeout_ms // 8)
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._metrics = metrics
+        self._log = log
+        self._heartbeats_received = 0  # since the last check (see _intake_stalled)
+        self._intake_stalls = 0
+
+    def heartbeat_arrived(self) -> None:
+        self._heartbeats_received += 1
+
+    async def run(self) -> None:
+        interval_ms = self.interval_ms
+        last_ms = self._timers.now_ms()
+        while True:
+            await self._timers.sleep_ms(interval_ms)
+            now = self._timers.now_ms()
+            stall = now - last_ms - interval_ms
+            last_ms = now
+            logic = self._state.logic
+            if logic is None:
+                continue
+            received, self._heartbeats_received = self._heartbeats_received, 0
+            if stall > interval_ms:
+                # The loop itself was blocked: heartbeats may be queued unread, so nobody expires now.
+                logic.heartbeats.extend_all(stall)
+                self._log.warning("controller_stalled", stall_ms=stall)
+                continue
+            if self._intake_stalled(logic, received, interval_ms + max(0, stall)):
+                logic.heartbeats.extend_all(interval_ms + max(0, stall))
+                continue
+            await self._fence_expired(logic, now)
+
+    def _intake_stalled(self, logic: ControllerLogic, received: int, elapsed_ms: int) -> bool:
+        """True when far fewer heartbeats arrived than the unfenced brokers send: the controller is not
+        getting them (gRPC starved by a busy process), so their silence proves nothing about the brokers.
+
+        A loop that keeps turning can still starve gRPC's intake (seen under bulk writes on a saturated
+        machine); fencing then would fence live brokers.  Bounded: after INTAKE_STALL_MAX_CHECKS checks
+        in a row (about two session timeouts) expiry resumes, so a real mass failure is still fenced.
+        """
+        unfenced = logic.heartbeats.unfenced_count()
+        if unfenced < INTAKE_MIN_BROKERS:
+            self._intake_stalls = 0
+            return False
+        expected = unfenced * elapsed_ms / max(1, self._heartbeat_interval_ms)
+        if received >= expected * INTAKE_STALL_FRACTION:
+            self._intake_stalls = 0
+            return False
+        if self._intake_stalls >= INTAKE_STALL_MAX_CHECKS:
+            return False
+        self._intake_stalls += 1
+        self._log.warning(
+            "heartbeat_intake_stalled",
+            received=received,
+            expected=round(expected),
+            checks=self._intake_stalls,
+        )
+        return True
+
+    async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
+        while self._state.logic is logic:
+            broker_id, records = logic.fence_expired(now, self._writes.next_offset)
+            if broker_id < 0:
+                return
+            self._metrics.timed_out_broker_heartbeats.inc()
+            self._log.info("broker_session_expired", broker=broker_id)
+            try:
+                await self._writes.write(
+                    Outcome(records, cpb.BrokerHeartbeatResponse(), self._writes.next_offset)
+                )
+            except (NotControllerError, TimeoutError):
+                return

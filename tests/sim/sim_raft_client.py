@@ -1,0 +1,201 @@
+"""The production controller on the Raft simulator: an in-process RaftClient over a :class:`SimNode` and a
+deterministic event loop on the simulation's virtual clock.
+
+- :class:`VirtualTimeLoop`: an asyncio loop whose ``time()`` is the simulation's ManualClock, so every
+  ``asyncio.sleep`` / ``wait_for`` in the controller is measured in virtual time.  The simulation runs it
+  only between its own events (:meth:`VirtualTimeLoop.run_ready`: everything ready or due now, never
+  blocking) and schedules an event at the loop's next timer, so a seed replays exactly.
+- :class:`SimRaftClient`: the RaftClient contract the controller relies on, over one simulated node:
+  offsets assigned at schedule time (the core's append), NotLeaderError when not leader, committed batches
+  and leader changes delivered by a per-listener task in the order ``kraft.raft.listeners.ListenerSet``
+  uses (a change to *another* leader first; becoming leader only once the batches before this node's
+  epoch start were delivered; then committed batches in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kraft.clock import ManualClock
+from kraft.raft.api import (
+    CommittedBatch,
+    CommittedRecord,
+    CommittedSlice,
+    LeaderAndEpoch,
+    LoadedSnapshot,
+    NotLeaderError,
+    RaftListener,
+    SnapshotChunk,
+    SnapshotWriter,
+)
+from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
+from sim.harness import InvariantViolation, SimNode
+
+MAX_LOOP_TURNS_PER_EVENT = 100_000
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__()
+        self._virtual_clock = clock
+
+    def time(self) -> float:
+        return self._virtual_clock.now_ms / 1000
+
+    def run_ready(self) -> None:
+        """Run every callback that is ready or due at the current virtual time, until none is."""
+        for _ in range(MAX_LOOP_TURNS_PER_EVENT):
+            self.run_until_complete(asyncio.sleep(0))
+            next_ms = self.next_timer_ms()
+            if not self._ready and (next_ms is None or next_ms > self._virtual_clock.now_ms):  # type: ignore[attr-defined]
+                return
+        raise InvariantViolation("the controllers' event loop never went idle")
+
+    def next_timer_ms(self) -> int | None:
+        """Virtual time (ms, rounded up) of the earliest pending timer."""
+        pending = [h.when() for h in self._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        return math.ceil(min(pending) * 1000 - 1e-6) if pending else None
+
+
+class SimRaftClient:
+    def __init__(self, node: SimNode, on_append: Callable[[int, Sequence[bytes]], None]) -> None:
+        self._node = node
+        self._on_append = on_append
+        self._feeds: dict[int, ListenerFeed] = {}
+        self.resignations = 0
+
+    # ---- what the simulation calls ----
+
+    def pump(self) -> None:
+        """Hand every listener what its node has committed and its leader changes (after every event)."""
+        for feed in self._feeds.values():
+            feed.pump()
+
+    # ---- RaftClient ----
+
+    @property
+    def node_id(self) -> int:
+        return self._node.node_id
+
+    @property
+    def leader_and_epoch(self) -> LeaderAndEpoch:
+        core = self._node.core
+        return core.leader_and_epoch if core is not None else LeaderAndEpoch(NO_LEADER, -1)
+
+    @property
+    def high_watermark(self) -> int:
+        return self._node.high_watermark
+
+    def register_listener(self, listener: RaftListener) -> None:
+        feed = ListenerFeed(self._node, listener)
+        self._feeds[id(listener)] = feed
+        feed.pump()
+
+    def unregister_listener(self, listener: RaftListener) -> None:
+        feed = self._feeds.pop(id(listener), None)
+        if feed is not None:
+            feed.close()
+
+    def schedule_append(self, records: Sequence[bytes]) -> int:
+        node = self._node
+        core = node.core
+        if not node.running or core is None or not core.is_leader:
+            raise NotLeaderError(self.leader_and_epoch)
+        if not records:
+            raise ValueError("empty append")
+        now_ms = node.sim.now_ms
+        last = core.append(list(records), now_ms)
+        self._on_append(last - len(records) + 1, records)
+        node.process(core.take_output(now_ms))
+        return last
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        return self.schedule_append(records)
+
+    def create_snapshot(
+        self, end_offset: int, epoch: int, last_contained_timestamp_ms: int
+    ) -> SnapshotWriter:
+        raise ValueError("the controller simulation keeps no Raft snapshots")
+
+    async def read_committed(self, offset: int, max_bytes: int) -> CommittedSlice:
+        raise NotImplementedError("not used by the controller")
+
+    def latest_snapshot_id(self) -> SnapshotId | None:
+        return None
+
+    async def read_snapshot(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> SnapshotChunk:
+        raise NotImplementedError("not used by the controller")
+
+    def describe_quorum(self) -> DescribeQuorumResponse:
+        raise NotImplementedError("not used by the controller")
+
+    async def resign(self) -> None:
+        self.resignations += 1
+
+    async def shutdown(self, timeout_ms: int) -> None:
+        for feed in self._feeds.values():
+            feed.close()
+        self._feeds.clear()
+
+
+class ListenerFeed:
+    """One listener's cursor over its node's committed batches (the simulation's ``ListenerSet``)."""
+
+    def __init__(self, node: SimNode, listener: RaftListener) -> None:
+        self._node = node
+        self._listener = listener
+        self.next_offset = 0
+        self._reported: LeaderAndEpoch | None = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._feed())
+
+    def pump(self) -> None:
+        node, core = self._node, self._node.core
+        if not node.running or core is None:
+            return
+        leader = core.leader_and_epoch
+        epoch_start = core.epoch_start_offset if core.is_leader else -1
+        self._maybe_report(leader, epoch_start)
+        log = node.log
+        index = max(0, bisect.bisect_right(log.bases, self.next_offset) - 1)
+        while index < len(log.batches):
+            base, last, epoch, values = log.batches[index]
+            index += 1
+            if last < self.next_offset:
+                continue
+            if last >= node.applied_end:
+                break
+            control = values == (None,)
+            records = (
+                []
+                if control
+                else [CommittedRecord(base + i, v) for i, v in enumerate(values) if v is not None]
+            )
+            self._queue.put_nowait(CommittedBatch(base, last, epoch, records, 0, control))
+            self.next_offset = last + 1
+        self._maybe_report(leader, epoch_start)
+
+    def _maybe_report(self, leader: LeaderAndEpoch, epoch_start: int) -> None:
+        if leader == self._reported:
+            return
+        if epoch_start >= 0 and self.next_offset <= epoch_start:
+            return  # not caught up with the previous epochs yet
+        self._reported = leader
+        self._queue.put_nowait(leader)
+
+    def close(self) -> None:
+        self._task.cancel()
+
+    async def _feed(self) -> None:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, CommittedBatch):
+                await self._listener.handle_commit(item)
+            elif isinstance(item, LoadedSnapshot):
+                await self._listener.handle_load_snapshot(item)
+            else:
+                await self._listener.handle_leader_change(item)
