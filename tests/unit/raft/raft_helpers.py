@@ -204,9 +204,11 @@ class LoopbackCluster:
         epoch = leader.leader_and_epoch
         return all(d.leader_and_epoch == epoch for d in self.drivers.values())
 
-    async def elect(self, exclude: int | None = None, max_ms: int = 5000) -> RaftDriver:
+    async def elect(self, exclude: int | None = None, max_ms: int = 5000, step_ms: int = 10) -> RaftDriver:
         """Move the manual clock until a leader (other than ``exclude``) is known to every running node."""
-        await self.run_until(lambda: self.elected(exclude), "leader known to every running node", max_ms)
+        await self.run_until(
+            lambda: self.elected(exclude), "leader known to every running node", max_ms, step_ms
+        )
         leader = self.leader()
         assert leader is not None
         return leader

@@ -312,15 +312,19 @@ async def test_graceful_shutdown_hands_leadership_over_without_waiting_for_a_tim
 
 async def test_shutdown_gives_up_waiting_for_a_successor_at_its_deadline_on_the_driver_clock() -> None:
     clock = ManualClock()
-    cluster = LoopbackCluster(3, clock=clock)
+    # Election timeouts far beyond the shutdown timeout: the resigned leader's state stays put while
+    # it waits, so nothing but the clock can end the wait (a state change would also wake it).
+    cluster = LoopbackCluster(3, clock=clock, election_timeout_ms=100_000, fetch_timeout_ms=200_000)
     try:
         await cluster.start_all()
-        leader = await cluster.elect()
+        leader = await cluster.elect(max_ms=300_000, step_ms=1000)
         cluster.network.isolate(leader.node_id)  # it can never hear of a successor
         shutdown = asyncio.ensure_future(leader.shutdown(60_000))
         await cluster.settle()  # it has resigned and taken its deadline from the clock
+        assert leader.state is StateKind.RESIGNED
         await cluster.advance(59_999)  # settles the leader's shutdown() too: recheck_timers woke it
         assert not shutdown.done(), "shutdown gave up before its deadline"
+        assert leader.state is StateKind.RESIGNED
         clock.advance(1)
         leader.recheck_timers()
         # A real-time bound far below the 60 s timeout: only the manual clock can have ended the wait.
