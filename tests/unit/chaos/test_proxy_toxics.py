@@ -238,16 +238,21 @@ def test_timeout_zero_blackholes_until_removed_then_closes(proxy: _Proxy, connec
 
 def test_timeout_closes_the_connection_after_the_timeout(proxy: _Proxy, connection: socket.socket) -> None:
     proxy.add("timeout", stream="upstream", timeout=300)
-    connection.sendall(b"lost")
-    elapsed = _timed(lambda: _closed_by_peer(connection))
-    assert 0.25 <= elapsed < 5.0
+
+    def send_then_wait_for_the_close() -> None:
+        # Timed from before the send: the toxic's 300 ms start when the proxy reads it, which is later.
+        # (Timing from after the send made a stalled test thread eat into the lower bound.)
+        connection.sendall(b"lost")
+        assert _closed_by_peer(connection)
+
+    assert 0.29 <= _timed(send_then_wait_for_the_close) < 5.0
 
 
 def test_reset_peer_resets_new_connections(proxy: _Proxy) -> None:
     proxy.add("reset_peer", stream="upstream", timeout=100)
     with proxy.connect() as sock:
+        started = time.monotonic()  # before the send: the toxic's 100 ms start when the proxy reads it
         sock.sendall(b"boom")
-        started = time.monotonic()
         with pytest.raises(ConnectionResetError):
             while sock.recv(1024):
                 pass
@@ -265,9 +270,12 @@ def test_slow_close_delays_the_close(proxy: _Proxy, connection: socket.socket) -
     # Data is not delayed: a 1 s slow_close delay would make this take at least 1 s (margin: a whole
     # second for one loopback round trip).
     assert _round_trip(connection) < 1.0
-    connection.shutdown(socket.SHUT_WR)
-    elapsed = _timed(lambda: _closed_by_peer(connection))
-    assert 0.95 <= elapsed < TIMEOUT_S
+
+    def end_then_wait_for_the_close() -> None:
+        connection.shutdown(socket.SHUT_WR)  # timed from here: the delay starts when the proxy reads EOF
+        assert _closed_by_peer(connection)
+
+    assert 0.99 <= _timed(end_then_wait_for_the_close) < TIMEOUT_S
 
 
 def test_disabled_proxy_refuses_and_drops_connections(proxy: _Proxy, connection: socket.socket) -> None:
