@@ -30,6 +30,7 @@ import contextlib
 import random
 import socket
 import struct
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,7 +42,10 @@ READ_BYTES = 32 * 1024
 
 
 class ToxicChains(Protocol):
-    """What a link needs from its proxy: the current toxic chain of a direction."""
+    """What a link needs from its proxy: the current toxic chain of a direction, and where to count the
+    pieces of data each toxic got (by toxic name)."""
+
+    toxic_chunks: Counter[str]
 
     def chain(self, direction: Direction) -> list[Toxic]: ...
 
@@ -172,6 +176,8 @@ class Link:
                 return False
             if item is _EOF:
                 return False
+            if isinstance(item, _Chunk):
+                self._chains.toxic_chunks[toxic.name] += 1  # dropped by the hole
             # Re-check on every item, not only on _CHANGED: that marker is dropped when the queue is full.
             if not self._present(toxic.name):
                 return False  # Cleanup: removing a timeout toxic closes its connections.
@@ -215,6 +221,9 @@ class Link:
             await self._write(data)
             return None
         toxic = chain[index]
+        # Counted before the toxic acts (its sleep starts in this same loop step): once a test sees the
+        # count move, the piece is held by this toxic, so the test needs no sleep to be sure of it.
+        self._chains.toxic_chunks[toxic.name] += 1
         kind = toxic.type
         if kind == "latency":
             jitter_ms = toxic.attr("jitter")

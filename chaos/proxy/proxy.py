@@ -12,6 +12,7 @@ import errno
 import os
 import random
 import socket
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +93,9 @@ class Proxy:
         self._chains: dict[Direction, list[Toxic]] = {Direction.UPSTREAM: [], Direction.DOWNSTREAM: []}
         self._server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
+        # Pieces of data that reached each toxic (by name), over all connections; never reset.  Tests
+        # (in another thread: an int read is atomic) wait on it instead of sleeping.  Not in the API.
+        self.toxic_chunks: Counter[str] = Counter()
 
     # --- lifecycle ---
 

@@ -238,7 +238,8 @@ class RaftDriver:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="raft-driver")
 
     async def shutdown(self, timeout_ms: int) -> None:
-        """Resign if leader, wait up to ``timeout_ms`` for another leader, then stop every task."""
+        """Resign if leader, wait up to ``timeout_ms`` (on the driver's clock) for another leader, then stop
+        every task."""
         if self._stopped:
             return
         if self._core.is_leader and len(self.config.voters) > 1 and self._task is not None:
@@ -313,6 +314,7 @@ class RaftDriver:
         sleeps on the event loop until the deadline it computed, which a clock moved by hand does not
         shorten.  (Production never calls it, so it costs nothing there.)"""
         self._wake.set()
+        self._leader_changed.set()  # so shutdown() also looks at the clock: its deadline is on it too
 
     def register_listener(self, listener: RaftListener) -> None:
         self._listeners.register(listener)

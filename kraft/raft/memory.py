@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from typing import Any
 
+from kraft.clock import Clock, SystemClock
 from kraft.raft.api import RaftShutdownError
 from kraft.raft.messages import RaftRequest, RaftResponse, SnapshotId
 from kraft.raft.state import ElectionState
@@ -226,11 +228,22 @@ def decode_snapshot(data: bytes) -> tuple[int, list[bytes]]:
 class LoopbackNetwork:
     """In-process transport between drivers (tests, single-process clusters): ``network.transport(id)``
     gives node ``id`` a :class:`~kraft.raft.transport.Transport`; :meth:`register` wires a handler;
-    :meth:`isolate` / :meth:`heal` cut links."""
+    :meth:`isolate` / :meth:`heal` cut links.
 
-    def __init__(self) -> None:
+    Request deadlines and the delay before an unreachable peer fails run on ``clock``, like the drivers'
+    timers, so a cluster on a :class:`~kraft.clock.ManualClock` times requests out only when the test
+    moves time.  As with :meth:`RaftDriver.recheck_timers <kraft.raft.driver.RaftDriver.recheck_timers>`,
+    a clock moved by hand does not shorten the event-loop sleeps: call :meth:`recheck_timers` after
+    moving it, then wait for :attr:`idle`.
+    """
+
+    def __init__(self, clock: Clock | None = None, *, unreachable_delay_ms: int = 50) -> None:
         self._handlers: dict[int, RequestHandler] = {}
         self.isolated: set[int] = set()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._unreachable_delay_ms = unreachable_delay_ms
+        # Calls waiting on the clock: their wake-up future -> (deadline ms, the handler's answer if any).
+        self._waiting: dict[asyncio.Future[None], tuple[int, asyncio.Future[RaftResponse] | None]] = {}
 
     def register(self, node_id: int, handler: RequestHandler) -> None:
         self._handlers[node_id] = handler
@@ -247,22 +260,64 @@ class LoopbackNetwork:
     def transport(self, node_id: int) -> LoopbackTransport:
         return LoopbackTransport(self, node_id)
 
+    def recheck_timers(self) -> None:
+        """Make every waiting call look at the clock now (after a manual clock moved)."""
+        for wake in self._waiting:
+            if not wake.done():
+                wake.set_result(None)
+
+    @property
+    def idle(self) -> bool:
+        """No call has reached its deadline or got its answer without having noticed yet.  Once a call
+        notices, it hands the outcome to the sender synchronously (the sender's driver is then busy), so
+        a test that waits for this and for every driver's ``idle`` knows no outcome is in flight."""
+        now_ms = self._clock.monotonic_ms()
+        return all(
+            deadline_ms > now_ms and (answer is None or not answer.done())
+            for deadline_ms, answer in self._waiting.values()
+        )
+
     async def call(self, source: int, dest: int, request: RaftRequest, timeout_ms: int) -> RaftResponse:
+        deadline_ms = self._clock.monotonic_ms() + timeout_ms
         handler = self._handlers.get(dest)
         if handler is None or source in self.isolated or dest in self.isolated:
             # Behave like a peer that does not answer: wait out the deadline, bounded.
-            await asyncio.sleep(min(timeout_ms, 50) / 1000)
+            await self._wait(min(deadline_ms, self._clock.monotonic_ms() + self._unreachable_delay_ms))
             raise TransportError(dest, "UNAVAILABLE: unreachable")
+        # Its own task (as a gRPC server gives each call), so the deadline can be raced against it.
+        answer = asyncio.ensure_future(handler.handle_request(request))
         try:
-            async with asyncio.timeout(timeout_ms / 1000):
-                response = await handler.handle_request(request)
-        except TimeoutError:
-            raise TransportError(dest, "DEADLINE_EXCEEDED") from None
+            await self._wait(deadline_ms, answer)
+        except BaseException:
+            answer.cancel()  # the sender was cancelled (its driver stopped)
+            raise
+        if not answer.done():
+            answer.cancel()
+            raise TransportError(dest, "DEADLINE_EXCEEDED")
+        try:
+            response = answer.result()
         except RaftShutdownError as exc:
             raise TransportError(dest, f"UNAVAILABLE: {exc}") from None
         if source in self.isolated or dest in self.isolated:
             raise TransportError(dest, "UNAVAILABLE: unreachable")
         return response
+
+    async def _wait(self, deadline_ms: int, answer: asyncio.Future[RaftResponse] | None = None) -> None:
+        """Return once ``answer`` is done or the clock reaches ``deadline_ms``.  The event-loop timeout is
+        only when to look at the clock again: on a system clock it is the deadline itself; on a manual
+        one it just re-checks, and :meth:`recheck_timers` wakes it when the test moves time."""
+        loop = asyncio.get_running_loop()
+        while (answer is None or not answer.done()) and (
+            remaining_ms := deadline_ms - self._clock.monotonic_ms()
+        ) > 0:
+            wake: asyncio.Future[None] = loop.create_future()
+            self._waiting[wake] = (deadline_ms, answer)
+            either: list[asyncio.Future[Any]] = [wake] if answer is None else [wake, answer]
+            try:
+                await asyncio.wait(either, timeout=remaining_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                del self._waiting[wake]
+                wake.cancel()
 
 
 class LoopbackTransport:

@@ -228,15 +228,20 @@ async def test_a_closed_transport_refuses_to_send(transport: GrpcTransport) -> N
 async def test_a_fetch_that_times_out_on_the_stream_never_hands_its_late_answer_to_the_next(
     server: Server, transport: GrpcTransport
 ) -> None:
+    release = asyncio.Event()
+
     async def slow_then_fast(request: m.RaftRequest) -> m.RaftResponse:
         assert isinstance(request, m.FetchRequest)
         if request.fetch_offset == 1:
-            await asyncio.sleep(0.6)
+            await asyncio.wait_for(release.wait(), timeout=5)
         return m.FetchResponse(ErrorCode.NONE, "", 1, 7, records=b"answer-to-%d" % request.fetch_offset)
 
     server.handler.respond = slow_then_fast
     with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
         await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 1, 0), timeout_ms=200)
+    # The late answer goes out now, on the stream it was asked on, ahead of anything asked after it (the
+    # server answers a stream in order): a transport that kept that stream would read it for offset 2.
+    release.set()
     for offset in (2, 3):
         answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, offset, 0), timeout_ms=2000)
         assert isinstance(answer, m.FetchResponse)

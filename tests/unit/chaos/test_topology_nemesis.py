@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import time
 from collections.abc import Iterator
 from itertools import count
 
@@ -223,6 +224,14 @@ async def test_cancelled_scheduler_heals_the_active_fault() -> None:
     assert not nemesis.active and scheduler.events[-1].action == "heal"
 
 
+def _wait_until_dropped(server: BackgroundProxyServer, proxy: str, timeout_s: float = 10.0) -> None:
+    """Wait until a toxic of ``proxy`` got a piece of data (the proxy's own counter, read across threads)."""
+    deadline = time.monotonic() + timeout_s
+    while sum(server.server.collection.get(proxy).toxic_chunks.values()) == 0:
+        assert time.monotonic() < deadline, f"no data reached a toxic of {proxy} in {timeout_s}s"
+        time.sleep(0.005)
+
+
 def test_partition_through_the_real_proxy_blocks_then_restores_traffic(echo_address: str) -> None:
     host, port = echo_address.rsplit(":", 1)
     listeners = {"server": (host, int(port))}
@@ -236,10 +245,11 @@ def test_partition_through_the_real_proxy_blocks_then_restores_traffic(echo_addr
             b_sock = socket.create_connection(topology.address_of("b", "server"), timeout=5)
             with a_sock, b_sock:
                 nemesis.start(random.Random(0))
-                a_sock.settimeout(0.5)
                 a_sock.sendall(b"x")
-                with pytest.raises(TimeoutError):
-                    a_sock.recv(10)
+                _wait_until_dropped(server, "a_to_server")  # by the cut's blackhole: it can never arrive
+                a_sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    a_sock.recv(10)  # no echo and no EOF: blackholed, not closed
                 b_sock.sendall(b"y")
                 assert b_sock.recv(10) == b"y"  # the other link is untouched
                 nemesis.heal()

@@ -20,6 +20,10 @@ from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
 
+CALL_TIMEOUT_S = 10.0
+"""For calls that must succeed: only bounds a hang (a loaded host must not turn them into timeouts)."""
+SLOW_ATTEMPT_S = 0.5
+
 
 class _Controller(controller_pb2_grpc.ControllerServiceServicer):
     def __init__(self, redirect_to: int | None, delay_s: float = 0.0) -> None:
@@ -53,24 +57,25 @@ async def test_a_slow_active_controller_stays_active_and_a_dead_one_is_left() ->
     client = ControllerClient([(1, leader_target), (2, follower_target)])
     try:
         describe = cpb.DescribeClusterRequest()
-        await client.call(lambda s: s.DescribeCluster, describe, timeout_s=2.0)
+        await client.call(lambda s: s.DescribeCluster, describe, timeout_s=CALL_TIMEOUT_S)
         assert client.active_controller_id == 1
 
-        leader.delay_s = 0.5  # busy: slower than the attempt timeout, once
-        # every attempt may be too slow (ControllerUnavailable): the point is whom the client keeps
+        leader.delay_s = 60.0  # busy: no answer within any attempt (server.stop cancels these calls)
+        # Every attempt at it times out (ControllerUnavailable): the point is whom the client keeps.  The
+        # attempt timeout need only let the idle follower answer, so it is generous, not a race.
         with contextlib.suppress(ControllerUnavailable):
-            await client.call(lambda s: s.DescribeCluster, describe, timeout_s=0.2)
+            await client.call(lambda s: s.DescribeCluster, describe, timeout_s=SLOW_ATTEMPT_S)
         assert follower.calls >= 1  # the slow call asked the other voter ...
         assert client.active_controller_id == 1  # ... and the busy controller stays the active one
 
         leader.delay_s = 0.0
         before = follower.calls
-        await client.call(lambda s: s.DescribeCluster, describe, timeout_s=2.0)
+        await client.call(lambda s: s.DescribeCluster, describe, timeout_s=CALL_TIMEOUT_S)
         assert follower.calls == before  # straight to the active controller
 
         await leader_server.stop(None)  # gone (UNAVAILABLE), not slow: forgotten
         follower.redirect_to = None  # the other voter took over
-        await client.call(lambda s: s.DescribeCluster, describe, timeout_s=2.0)
+        await client.call(lambda s: s.DescribeCluster, describe, timeout_s=CALL_TIMEOUT_S)
         assert client.active_controller_id == 2
     finally:
         await client.close()

@@ -1,9 +1,9 @@
 """Shared helpers for the Raft unit tests: in-memory drivers on a loopback network, a recording listener.
 
-A :class:`LoopbackCluster` runs on :class:`~kraft.clock.SystemClock` unless given a
-:class:`~kraft.clock.ManualClock`; on a manual clock no timer fires until the test moves time with
-:meth:`LoopbackCluster.advance` / :meth:`LoopbackCluster.run_until`, which also wait until every driver has
-looked at the new time (:func:`settle`), so a test can assert what did *not* happen by a given instant.
+A :class:`LoopbackCluster` runs its drivers and its network on one :class:`~kraft.clock.ManualClock`: no
+timer fires and no request times out until the test moves time with :meth:`LoopbackCluster.advance` /
+:meth:`LoopbackCluster.run_until`, which also wait until every driver and the network have looked at the
+new time (:func:`settle`), so a test can assert what did *not* happen by a given instant.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from kraft.clock import Clock, ManualClock, SystemClock
+from kraft.clock import ManualClock
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
@@ -36,6 +37,8 @@ FAST_TIMINGS: dict[str, int] = {
     "fetch_max_wait_ms": 50,
 }
 
+T = TypeVar("T")
+
 
 async def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``condition`` every 10 ms until it holds; fail with ``what`` after ``timeout_s``."""
@@ -52,8 +55,11 @@ driver's resolved future to the sender's event queue in two or three turns (no I
 network), so ten quiet turns mean nothing is on its way."""
 
 
-async def settle(drivers: Iterable[RaftDriver], timeout_s: float = 5.0) -> None:
-    """Wait until every driver is parked with nothing queued and stays so for a few loop turns.
+async def settle(
+    drivers: Iterable[RaftDriver], timeout_s: float = 5.0, network: LoopbackNetwork | None = None
+) -> None:
+    """Wait until every driver is parked with nothing queued, and ``network`` (if given) has no request
+    whose deadline or answer is yet to be noticed, and all stays so for a few loop turns.
 
     Counted in loop turns, not wall time, so a slow host only makes this take longer; the bound only
     turns a driver that never goes idle into a failure."""
@@ -61,7 +67,7 @@ async def settle(drivers: Iterable[RaftDriver], timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     quiet = 0
     while quiet < _QUIET_TURNS:
-        if all(driver.idle for driver in drivers):
+        if all(driver.idle for driver in drivers) and (network is None or network.idle):
             quiet += 1
             await asyncio.sleep(0)
             continue
@@ -106,13 +112,13 @@ class NodeStores:
 
 
 class LoopbackCluster:
-    """N drivers over in-memory stores on one loopback network; nodes can stop and restart on their stores."""
+    """N drivers over in-memory stores on one loopback network, all on one manual clock; nodes can stop
+    and restart on their stores."""
 
     def __init__(self, size: int, clock: ManualClock | None = None, **overrides: int) -> None:
-        self.manual_clock = clock
-        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.clock = clock if clock is not None else ManualClock()
         self.voters = tuple(range(1, size + 1))
-        self.network = LoopbackNetwork()
+        self.network = LoopbackNetwork(self.clock)
         self.stores = {node_id: NodeStores() for node_id in self.voters}
         self.drivers: dict[int, RaftDriver] = {}
         self.timings = {**FAST_TIMINGS, **overrides}
@@ -131,8 +137,7 @@ class LoopbackCluster:
         self.network.register(node_id, driver)
         await driver.start()
         self.drivers[node_id] = driver
-        if self.manual_clock is not None:
-            await settle([driver])  # its timers start now, not whenever the test next moves the clock
+        await self.settle()  # its timers start now, not whenever the test next moves the clock
         return driver
 
     async def start_all(self) -> None:
@@ -148,20 +153,25 @@ class LoopbackCluster:
         for node_id in list(self.drivers):
             await self.stop(node_id)
 
+    async def settle(self) -> None:
+        """Wait until every running driver and the network are idle at the current manual time."""
+        await settle(self.drivers.values(), network=self.network)
+
     async def advance(self, delta_ms: int) -> None:
-        """Move the manual clock, make every driver poll its timers, and wait until they are idle."""
-        assert self.manual_clock is not None, "advance() needs a cluster on a ManualClock"
-        self.manual_clock.advance(delta_ms)
+        """Move the manual clock, make every driver and the network poll their timers, and wait until
+        they are idle."""
+        self.clock.advance(delta_ms)
         for driver in self.drivers.values():
             driver.recheck_timers()
-        await settle(self.drivers.values())
+        self.network.recheck_timers()
+        await self.settle()
 
     async def run_until(
         self, condition: Callable[[], bool], what: str, max_ms: int, step_ms: int = 10
     ) -> int:
         """Advance the manual clock ``step_ms`` at a time until ``condition`` holds (checked after each
         settle); fail after ``max_ms`` of manual time.  Returns the manual time it took."""
-        await settle(self.drivers.values())
+        await self.settle()
         waited_ms = 0
         while not condition():
             if waited_ms >= max_ms:
@@ -169,6 +179,16 @@ class LoopbackCluster:
             await self.advance(step_ms)
             waited_ms += step_ms
         return waited_ms
+
+    async def complete(self, operation: Awaitable[T], what: str, max_ms: int = 1000) -> T:
+        """Run ``operation`` (an append, say) while moving the manual clock until it finishes."""
+        future = asyncio.ensure_future(operation)
+        try:
+            await self.run_until(future.done, what, max_ms)
+        finally:
+            if not future.done():
+                future.cancel()
+        return await future
 
     def leader(self) -> RaftDriver | None:
         for driver in self.drivers.values():
@@ -184,8 +204,11 @@ class LoopbackCluster:
         epoch = leader.leader_and_epoch
         return all(d.leader_and_epoch == epoch for d in self.drivers.values())
 
-    async def wait_for_leader(self, timeout_s: float = 10.0, exclude: int | None = None) -> RaftDriver:
-        await wait_until(lambda: self.elected(exclude), timeout_s, "a leader known to every running node")
+    async def elect(self, exclude: int | None = None, max_ms: int = 5000, step_ms: int = 10) -> RaftDriver:
+        """Move the manual clock until a leader (other than ``exclude``) is known to every running node."""
+        await self.run_until(
+            lambda: self.elected(exclude), "leader known to every running node", max_ms, step_ms
+        )
         leader = self.leader()
         assert leader is not None
         return leader

@@ -20,9 +20,17 @@ from kraft.raft.memory import (
     MemoryLogStore,
     MemorySnapshotStore,
 )
-from kraft.raft.messages import DescribeQuorumRequest, FetchRequest, VoteRequest
+from kraft.raft.messages import (
+    DescribeQuorumRequest,
+    FetchRequest,
+    RaftRequest,
+    RaftResponse,
+    VoteRequest,
+    VoteResponse,
+)
 from kraft.raft.state import StateKind
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
+from kraft.raft.transport import TransportError
 from kraft.storage.batch import iter_batches
 
 
@@ -181,6 +189,71 @@ async def test_wrong_cluster_id_is_answered_with_an_error_code() -> None:
         await driver.stop()
 
 
+class _ManualPeer:
+    """A request handler that answers only when the test resolves its pending futures."""
+
+    def __init__(self) -> None:
+        self.pending: list[asyncio.Future[RaftResponse]] = []
+        self.cancelled = 0
+
+    async def handle_request(self, request: RaftRequest) -> RaftResponse:
+        future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+async def _move_network_clock(clock: ManualClock, network: LoopbackNetwork, delta_ms: int) -> None:
+    clock.advance(delta_ms)
+    network.recheck_timers()
+    await settle([], network=network)
+
+
+_VOTE = VoteRequest("c1", 1, 1, 2, 0, 0)
+
+
+async def test_loopback_requests_time_out_on_the_network_clock() -> None:
+    clock = ManualClock()
+    network = LoopbackNetwork(clock)
+    peer = _ManualPeer()
+    network.register(2, peer)
+    transport = network.transport(1)
+    late = asyncio.ensure_future(transport.send(2, _VOTE, 200))
+    answered = asyncio.ensure_future(transport.send(2, _VOTE, 200))
+    await settle([], network=network)
+    assert len(peer.pending) == 2
+    await _move_network_clock(clock, network, 199)
+    assert not late.done() and not answered.done(), "a request timed out before its deadline"
+    peer.pending[1].set_result(VoteResponse(ErrorCode.NONE, "", 1, 1, True))
+    await settle([], network=network)
+    assert answered.result().error_code is ErrorCode.NONE  # answered in time: no clock movement needed
+    await _move_network_clock(clock, network, 1)
+    assert late.done(), "the request outlived its 200 ms deadline on the network's clock"
+    with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
+        late.result()
+    assert peer.cancelled == 1  # the handler stops waiting, as a gRPC server call does at its deadline
+
+
+async def test_an_unreachable_peer_fails_after_the_unreachable_delay_on_the_network_clock() -> None:
+    clock = ManualClock()
+    network = LoopbackNetwork(clock, unreachable_delay_ms=50)
+    peer = _ManualPeer()
+    network.register(2, peer)
+    network.isolate(2)
+    call = asyncio.ensure_future(network.transport(1).send(2, _VOTE, 200))
+    await settle([], network=network)
+    await _move_network_clock(clock, network, 49)
+    assert not call.done(), "an unreachable peer failed before the delay"
+    await _move_network_clock(clock, network, 1)
+    assert call.done(), "an unreachable peer still pending after the 50 ms delay on the network's clock"
+    with pytest.raises(TransportError, match="UNAVAILABLE"):
+        call.result()
+    assert peer.pending == []  # nothing reached the isolated node
+
+
 async def test_three_nodes_replicate_and_fail_over() -> None:
     cluster = LoopbackCluster(3)
     listeners = {node_id: RecordingListener() for node_id in cluster.voters}
@@ -188,14 +261,14 @@ async def test_three_nodes_replicate_and_fail_over() -> None:
         await cluster.start_all()
         for node_id, driver in cluster.drivers.items():
             driver.register_listener(listeners[node_id])
-        leader = await cluster.wait_for_leader()
-        last = await leader.append([b"one", b"two"])
+        leader = await cluster.elect()
+        last = await cluster.complete(leader.append([b"one", b"two"]), "committed append")
         follower = next(d for d in cluster.drivers.values() if d is not leader)
         with pytest.raises(NotLeaderError) as not_leader:
-            await follower.append([b"nope"])
+            await cluster.complete(follower.append([b"nope"]), "refused append")
         assert not_leader.value.leader.leader_id == leader.node_id
-        await wait_until(
-            lambda: all(lst.next_offset > last for lst in listeners.values()), 10, "replication to all"
+        await cluster.run_until(
+            lambda: all(lst.next_offset > last for lst in listeners.values()), "replication to all", 1000
         )
         described = leader.describe_quorum()
         assert described.error_code is ErrorCode.NONE
@@ -204,10 +277,12 @@ async def test_three_nodes_replicate_and_fail_over() -> None:
 
         old_id = leader.node_id
         await cluster.stop(old_id)
-        new_leader = await cluster.wait_for_leader(exclude=old_id)
-        last = await new_leader.append([b"three"])
+        new_leader = await cluster.elect(exclude=old_id)
+        last = await cluster.complete(new_leader.append([b"three"]), "post-failover append")
         survivors = [listeners[n] for n in cluster.drivers]
-        await wait_until(lambda: all(lst.next_offset > last for lst in survivors), 10, "post-failover commit")
+        await cluster.run_until(
+            lambda: all(lst.next_offset > last for lst in survivors), "post-failover commit", 1000
+        )
         for lst in survivors:
             assert [v for v in lst.values.values()] == [b"one", b"two", b"three"]
     finally:
@@ -219,21 +294,43 @@ async def test_graceful_shutdown_hands_leadership_over_without_waiting_for_a_tim
     cluster = LoopbackCluster(3, clock=clock, election_timeout_ms=2000, fetch_timeout_ms=4000)
     try:
         await cluster.start_all()
-        await cluster.run_until(cluster.elected, "elected leader", max_ms=6000)
-        leader = cluster.leader()
-        assert leader is not None
+        leader = await cluster.elect(max_ms=6000)
         old_id = leader.node_id
-        append = asyncio.ensure_future(leader.append([b"x"]))
-        await cluster.run_until(append.done, "committed append", max_ms=500)
-        await append
+        await cluster.complete(leader.append([b"x"]), "committed append", max_ms=500)
         resigned_at_ms = clock.monotonic_ms()
         # The clock stands still from here: EndQuorumEpoch lets the preferred successor run at once, so
         # the handover needs no timer at all (without it: the 4 s fetch timeout, or a 2-4 s election one).
         await asyncio.wait_for(leader.shutdown(3000), 10)
         cluster.drivers.pop(old_id)
         cluster.network.unregister(old_id)
-        await cluster.wait_for_leader(timeout_s=10, exclude=old_id)
+        await cluster.settle()
+        assert cluster.elected(exclude=old_id)
         assert clock.monotonic_ms() == resigned_at_ms
+    finally:
+        await cluster.close()
+
+
+async def test_shutdown_gives_up_waiting_for_a_successor_at_its_deadline_on_the_driver_clock() -> None:
+    clock = ManualClock()
+    # Election timeouts far beyond the shutdown timeout: the resigned leader's state stays put while
+    # it waits, so nothing but the clock can end the wait (a state change would also wake it).
+    cluster = LoopbackCluster(3, clock=clock, election_timeout_ms=100_000, fetch_timeout_ms=200_000)
+    try:
+        await cluster.start_all()
+        leader = await cluster.elect(max_ms=300_000, step_ms=1000)
+        cluster.network.isolate(leader.node_id)  # it can never hear of a successor
+        shutdown = asyncio.ensure_future(leader.shutdown(60_000))
+        await cluster.settle()  # it has resigned and taken its deadline from the clock
+        assert leader.state is StateKind.RESIGNED
+        await cluster.advance(59_999)  # settles the leader's shutdown() too: recheck_timers woke it
+        assert not shutdown.done(), "shutdown gave up before its deadline"
+        assert leader.state is StateKind.RESIGNED
+        clock.advance(1)
+        leader.recheck_timers()
+        # A real-time bound far below the 60 s timeout: only the manual clock can have ended the wait.
+        await asyncio.wait_for(shutdown, 5)
+        with pytest.raises(RaftShutdownError):
+            leader.schedule_append([b"late"])
     finally:
         await cluster.close()
 
@@ -242,20 +339,22 @@ async def test_lagging_follower_catches_up_from_a_snapshot() -> None:
     cluster = LoopbackCluster(3)
     try:
         await cluster.start_all()
-        leader = await cluster.wait_for_leader()
+        leader = await cluster.elect()
         laggard_id = next(n for n in cluster.voters if n != leader.node_id)
         await cluster.stop(laggard_id)
         last = 0
         for index in range(20):
-            last = await leader.append([b"v%d" % index])
+            last = await cluster.complete(leader.append([b"v%d" % index]), "committed append")
         writer = leader.create_snapshot(last + 1, leader.leader_and_epoch.epoch, 0)
         writer.append([b"image-at-%d" % last])
-        await writer.freeze()
-        tail = await leader.append([b"after"])
+        await asyncio.wait_for(writer.freeze(), 10)  # a worker-thread write: no manual time involved
+        tail = await cluster.complete(leader.append([b"after"]), "committed append")
         listener = RecordingListener()
         laggard = await cluster.start(laggard_id)
         laggard.register_listener(listener)
-        await wait_until(lambda: listener.next_offset > tail, 10, "laggard catch-up")
+        await cluster.run_until(lambda: laggard.high_watermark > tail, "laggard catch-up", 2000)
+        # The listener loads the snapshot in a worker thread; that needs no manual time, only real time.
+        await wait_until(lambda: listener.next_offset > tail, 10, "laggard's listener catch-up")
         assert listener.snapshot_values == [b"image-at-%d" % last]
         assert listener.values == {tail: b"after"}
         assert cluster.stores[laggard_id].log.start_offset == last + 1
@@ -267,7 +366,7 @@ async def test_fetch_from_an_unknown_epoch_gets_an_epoch_error() -> None:
     cluster = LoopbackCluster(3)
     try:
         await cluster.start_all()
-        leader = await cluster.wait_for_leader()
+        leader = await cluster.elect()
         epoch = leader.leader_and_epoch.epoch
         response = await leader.handle_request(FetchRequest("test-cluster", 2, epoch + 5, 0, 0))
         assert response.error_code is ErrorCode.UNKNOWN_LEADER_EPOCH
@@ -294,13 +393,13 @@ async def test_a_new_leader_is_reported_only_after_the_previous_epochs_are_appli
         await cluster.start_all()
         for node_id, driver in cluster.drivers.items():
             driver.register_listener(probes[node_id])
-        leader = await cluster.wait_for_leader()
-        last = await leader.append([b"a", b"b", b"c"])
+        leader = await cluster.elect()
+        last = await cluster.complete(leader.append([b"a", b"b", b"c"]), "committed append")
         await cluster.stop(leader.node_id)
-        successor = await cluster.wait_for_leader(exclude=leader.node_id)
+        successor = await cluster.elect(exclude=leader.node_id)
         probe = probes[successor.node_id]
-        await wait_until(
-            lambda: any(lid == successor.node_id for lid, _ in probe.offset_at_change), 10, "report"
+        await cluster.run_until(
+            lambda: any(lid == successor.node_id for lid, _ in probe.offset_at_change), "report", 1000
         )
         offset_when_told = next(off for lid, off in probe.offset_at_change if lid == successor.node_id)
         assert offset_when_told > last  # everything of the old epoch, and its own LeaderChange, applied
