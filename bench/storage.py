@@ -40,7 +40,7 @@ from typing import Any
 from kraft.storage.batch import build_batch, with_base_offset
 from kraft.storage.log import (
     METADATA_LOG_PREALLOCATE_BYTES,
-    OFFSETS_CHECKPOINT_FILE,
+    RECOVERY_POINT_FILE,
     LogConfig,
     SegmentedLog,
 )
@@ -129,7 +129,7 @@ def _evict(directory: Path) -> None:
 
 
 def _timed_recovery(directory: Path, config: LogConfig, size: int) -> tuple[dict[str, float], int]:
-    (directory / OFFSETS_CHECKPOINT_FILE).unlink()
+    (directory / RECOVERY_POINT_FILE).unlink()
     started = time.perf_counter()
     cpu_started = time.process_time()
     log = SegmentedLog.open(directory, config)

@@ -83,6 +83,11 @@ class LeaderEpochCache:
         return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
 
     @property
+    def first_offset(self) -> int | None:
+        """Start offset of the earliest entry (None when empty): batches from here on have known epochs."""
+        return self._offsets[0] if self._offsets else None
+
+    @property
     def earliest_epoch(self) -> int:
         return self._epochs[0] if self._epochs else UNDEFINED_EPOCH
 
