@@ -36,6 +36,7 @@ from kraft.observability.logging import get_logger
 from kraft.storage.batch import (
     DEFAULT_MAX_BATCH_BYTES,
     LOG_OVERHEAD,
+    MAGIC,
     BatchHeader,
     ControlMessage,
     RecordInput,
@@ -176,6 +177,11 @@ class _RecoveryEpochCheck:
 _NO_CHECK = 2**63
 # base offset, length, partition leader epoch, magic, CRC: the fields a read verifies.
 _READ_CHECK = struct.Struct(">qiibI")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+
+
+def _last_offset_delta(view: memoryview, position: int) -> int:
+    return int(_LAST_OFFSET_DELTA.unpack_from(view, position + 23)[0])
 
 
 class SegmentedLog:
@@ -340,7 +346,7 @@ class SegmentedLog:
                 self._segments[-1].log_path,
                 self._segments[-1].size,
                 f"the log ends at offset {end}, below its recovery point {recovery_point} "
-                "(flushed data is missing)",
+                f"(flushed data is missing, or {RECOVERY_POINT_FILE} is damaged)",
             )
         if truncated_at is not None:
             for base in bases[truncated_at:]:
@@ -671,11 +677,26 @@ class SegmentedLog:
         first_epoch_offset = epochs.first_offset
         view = memoryview(records)
         pos = 0
+        expected: int | None = None
         try:
             while pos < len(view):
-                base, length, epoch, _magic, crc = _READ_CHECK.unpack_from(view, pos)
+                base, length, epoch, magic, crc = _READ_CHECK.unpack_from(view, pos)
                 end = pos + length + LOG_OVERHEAD
+                if length < 0 or end > len(view):
+                    raise CorruptLogError(
+                        segment.log_path, position + pos, f"batch length {length} on read", offset=base
+                    )
                 computed = crc32c(view[pos + 21 : end])
+                # Base offset, length and magic are outside the CRC: the batches must chain.
+                if magic != MAGIC or (expected is not None and base != expected):
+                    raise CorruptLogError(
+                        segment.log_path,
+                        position + pos,
+                        f"batch header (magic {magic}, base offset {base}) does not continue the log "
+                        f"at {expected} on read",
+                        offset=base,
+                    )
+                expected = base + _last_offset_delta(view, pos) + 1
                 if computed != crc:
                     raise CorruptLogError(
                         segment.log_path,
@@ -684,12 +705,12 @@ class SegmentedLog:
                         offset=base,
                     )
                 if first_epoch_offset is not None and base >= first_epoch_offset:
-                    expected = epochs.epoch_for_offset(base)
-                    if expected != epoch:
+                    cached_epoch = epochs.epoch_for_offset(base)
+                    if cached_epoch != epoch:
                         raise CorruptLogError(
                             segment.log_path,
                             position + pos,
-                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives {expected}",
+                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives {cached_epoch}",
                             offset=base,
                         )
                 pos = end

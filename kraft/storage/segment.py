@@ -376,18 +376,51 @@ class LogSegment:
     # --- reading -----------------------------------------------------------------------------------
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
-        """(position, header) of the batch holding ``offset``, or None if it is not in this segment."""
+        """(position, header) of the batch holding ``offset``, or None if it is not in this segment.
+
+        The header walk is verified (magic, sane lengths, each batch continuing the previous one, the
+        first matching its index entry): base offset, length and magic lie outside the CRC.  An index
+        that does not fit the batches is rebuilt by a full verifying scan; batches that do not chain
+        raise CorruptLogError."""
         if offset >= self.next_offset or offset < self.base_offset:
             return None
-        position = self.index.lookup(offset)
+        entry_last, position = self.index.lookup_entry(offset)
+        found = self._walk_to(offset, position, entry_last)
+        if found is None and position != 0:
+            # Derived data gone wrong (the batches may be fine): rebuild it; a damaged batch raises.
+            _log.warning("index_rebuilt", file=str(self.index.path), position=position, offset=offset)
+            self.recover(None, protect_below=PROTECT_ALL)
+            entry_last, position = self.index.lookup_entry(offset)
+            found = self._walk_to(offset, position, entry_last)
+        if found is None:
+            raise CorruptLogError(
+                self.log_path, position, f"batch headers do not chain to offset {offset}", offset=offset
+            )
+        return found
+
+    def _walk_to(self, offset: int, position: int, entry_last: int | None) -> tuple[int, BatchHeader] | None:
+        """Walk headers from ``position`` to the batch holding ``offset``; None if they do not chain."""
+        # From the segment start the first batch starts at the base offset; from an index entry (L, P)
+        # the batch at P ends at L.
+        expected: int | None = self.base_offset if entry_last is None else None
         while position < self.size:
             raw = pread_exact(self._fd, min(_LOOKUP_READ_BYTES, self.size - position), position)
             chunk_pos = 0
             while len(raw) - chunk_pos >= HEADER_SIZE:
-                header = peek_batch_header(raw, chunk_pos)
-                if header.base_offset + header.last_offset_delta >= offset:
-                    return position + chunk_pos, header
-                chunk_pos += header.size_in_bytes
+                base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, _max_ts = _SCAN.unpack_from(
+                    raw, chunk_pos
+                )
+                if magic != MAGIC or length < HEADER_SIZE - LOG_OVERHEAD or delta < 0:
+                    return None
+                if expected is None:
+                    if base + delta != entry_last:
+                        return None
+                elif base != expected:
+                    return None
+                if base + delta >= offset:
+                    return position + chunk_pos, peek_batch_header(raw, chunk_pos)
+                expected = base + delta + 1
+                chunk_pos += length + LOG_OVERHEAD
             if chunk_pos == 0:
                 break
             position += chunk_pos
