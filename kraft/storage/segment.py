@@ -22,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from array import array
 from pathlib import Path
 from typing import Protocol
 
@@ -127,20 +128,27 @@ class LogSegment:
             and self.time_index.load()
             and self._walk_tail()
             and self._time_index_within_segment()
+            and self._read_first_timestamp()
         ):
             self.recover(None, protect_below=PROTECT_ALL)
             return
         last = self.index.last_entry()
         self._bytes_since_index = self.size - last[1] if last else self.size
-        self._read_first_timestamp()
 
     def _time_index_within_segment(self) -> bool:
         offsets = self.time_index.offsets
         return not offsets or self.base_offset + offsets[-1] < self.next_offset
 
-    def _read_first_timestamp(self) -> None:
-        header = peek_batch_header(pread_exact(self._fd, HEADER_SIZE, 0))
-        self.first_timestamp = header.max_timestamp
+    def _read_first_timestamp(self) -> bool:
+        """Set ``first_timestamp`` from the first batch; False if its header is not plausible."""
+        raw = pread_exact(self._fd, HEADER_SIZE, 0)
+        if len(raw) < HEADER_SIZE:
+            return False
+        base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, max_ts = _SCAN.unpack_from(raw)
+        if base != self.base_offset or magic != MAGIC or length < HEADER_SIZE - LOG_OVERHEAD or delta < 0:
+            return False
+        self.first_timestamp = max_ts
+        return True
 
     def _walk_tail(self) -> bool:
         """From the last index entry to the end of file: True if headers chain exactly to ``size``."""
@@ -386,10 +394,10 @@ class LogSegment:
             return None
         entry_last, position = self.index.lookup_entry(offset)
         found = self._walk_to(offset, position, entry_last)
-        if found is None and position != 0:
+        if found is None and entry_last is not None:
             # Derived data gone wrong (the batches may be fine): rebuild it; a damaged batch raises.
             _log.warning("index_rebuilt", file=str(self.index.path), position=position, offset=offset)
-            self.recover(None, protect_below=PROTECT_ALL)
+            self._rebuild_index()
             entry_last, position = self.index.lookup_entry(offset)
             found = self._walk_to(offset, position, entry_last)
         if found is None:
@@ -397,6 +405,37 @@ class LogSegment:
                 self.log_path, position, f"batch headers do not chain to offset {offset}", offset=offset
             )
         return found
+
+    def _rebuild_index(self) -> None:
+        """Rebuild the indexes by a verifying scan of an open segment.  If the scan finds damage, the
+        segment's state is put back as it was (its end offset must not shrink under the log: nothing is
+        truncated) and the CorruptLogError propagates."""
+        saved = (
+            self.next_offset,
+            self.max_timestamp,
+            self.first_timestamp,
+            self._bytes_since_index,
+            self.preallocated_tail,
+            array("i", self.index.offsets),
+            array("i", self.index.positions),
+            array("q", self.time_index.timestamps),
+            array("i", self.time_index.offsets),
+        )
+        try:
+            self.recover(None, protect_below=PROTECT_ALL)
+        except CorruptLogError:
+            (
+                self.next_offset,
+                self.max_timestamp,
+                self.first_timestamp,
+                self._bytes_since_index,
+                self.preallocated_tail,
+                self.index.offsets,
+                self.index.positions,
+                self.time_index.timestamps,
+                self.time_index.offsets,
+            ) = saved
+            raise
 
     def _walk_to(self, offset: int, position: int, entry_last: int | None) -> tuple[int, BatchHeader] | None:
         """Walk headers from ``position`` to the batch holding ``offset``; None if they do not chain."""
@@ -468,13 +507,13 @@ class LogSegment:
         if not self._walk_tail():
             # Cannot happen for a segment that passed recovery; rebuild rather than trust a bad index
             # (what is left was flushed or is about to be: damage in it raises, never truncates).
-            self.recover(None, protect_below=PROTECT_ALL)
+            self._rebuild_index()
         if self.size == 0:
             self.first_timestamp = None
             self.max_timestamp = -1
             self.next_offset = self.base_offset
-        elif self.first_timestamp is None:
-            self._read_first_timestamp()
+        elif self.first_timestamp is None and not self._read_first_timestamp():
+            raise CorruptLogError(self.log_path, 0, "first batch header is damaged", offset=self.base_offset)
 
     def _truncate_file(self, position: int) -> None:
         try:
