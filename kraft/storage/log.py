@@ -5,14 +5,17 @@ Directory contents::
 
     00000000000000000000.log / .index / .timeindex    segments (see kraft.storage.segment)
     leader-epoch-checkpoint                             epoch → start offset (kraft.storage.epoch_cache)
-    log-offsets-checkpoint                              "0\\n<log start offset>\\n<recovery point>\\n"
+    recovery-point-offset-checkpoint                    Kafka's format, this log's entry (offset_checkpoint)
+    log-start-offset-checkpoint                         Kafka's format, this log's entry
     .kraft_cleanshutdown                                present only while the log is cleanly closed
 
 Offsets: ``start_offset`` ≤ ``flushed_offset`` ≤ ``end_offset`` (``flushed_offset`` may briefly lag
-``start_offset`` only right after a ``truncate_fully_and_start_at``).  The recovery point is the base
-offset of the oldest segment that may hold un-fsynced data: segments below it are trusted on open, the
-rest are scanned batch by batch (size, magic, CRC, offset continuity) after an unclean shutdown and
-truncated at the first bad batch, dropping every later segment.
+``start_offset`` only right after a ``truncate_fully_and_start_at``).  The recovery point ≤
+``flushed_offset`` is the offset below which everything is known fsynced, checkpointed after flushes
+(paced: after a roll or every ``recovery_point_interval_bytes``).  After an unclean shutdown, segments
+wholly below it are trusted (their batches are verified when read), the rest are scanned batch by batch
+(size, magic, CRC, offset continuity, leader epoch): damage at or above the recovery point is truncated
+(and logged), damage below it raises CorruptLogError — flushed data is never silently dropped.
 
 Threading: every method must be called from one thread, except :meth:`flush`, which may run in a worker
 thread (``asyncio.to_thread``) concurrently with appends and reads — not with truncation, deletion or
@@ -736,7 +739,8 @@ class SegmentedLog:
         # The recovery point must never lie above the log's end on disk (the next open would call the
         # log damaged): lower it durably *before* cutting, to the base of the segment that keeps the end.
         keeper_base = self._bases[max(bisect_right(self._bases, offset) - 1, 0)]
-        if self._recovery_point > keeper_base:
+        old_recovery_point = self._recovery_point
+        if old_recovery_point > keeper_base:
             self._recovery_point = keeper_base
             self._write_recovery_point()
         with self._lock:
@@ -767,6 +771,10 @@ class SegmentedLog:
         if self._dir_dirty:
             fsync_dir(self.dir)
             self._dir_dirty = False
+        if old_recovery_point > self._recovery_point:
+            # The cut is durable: what was flushed below the new end is protected again.
+            self._recovery_point = min(old_recovery_point, new_end)
+            self._write_recovery_point()
         return new_end
 
     def delete_before(self, offset: int) -> int:
