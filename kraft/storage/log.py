@@ -708,12 +708,17 @@ class SegmentedLog:
                         offset=base,
                     )
                 if first_epoch_offset is not None and base >= first_epoch_offset:
-                    cached_epoch = epochs.epoch_for_offset(base)
-                    if cached_epoch != epoch:
+                    # The cache must give this epoch for the batch's first *and* last offset: an entry
+                    # starting inside the batch (a damaged leader-epoch-checkpoint) is caught too.
+                    cached = epochs.epoch_for_offset(base)
+                    if cached == epoch:
+                        cached = epochs.epoch_for_offset(expected - 1)
+                    if cached != epoch:
                         raise CorruptLogError(
                             segment.log_path,
                             position + pos,
-                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives {cached_epoch}",
+                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives {cached} "
+                            f"within offsets {base}..{expected - 1}",
                             offset=base,
                         )
                 pos = end

@@ -268,6 +268,39 @@ def test_recovery_point_damage_scans_more_or_refuses_naming_it_but_never_loses_d
             log.abandon()
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clean=st.booleans(), kind=st.sampled_from(KINDS), mask=st.integers(1, 255), data=st.data())
+def test_epoch_checkpoint_damage_is_rebuilt_or_refused_never_believed(
+    clean: bool, kind: str, mask: int, data: st.DataObject
+) -> None:
+    """The leader-epoch-checkpoint is derived data: unreadable → rebuilt by a full scan; readable but
+    wrong → a batch it disagrees with is refused (at open or on read), naming the checkpoint."""
+    pristine = _pristine(clean)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = _copy(pristine, Path(tmp))
+        checkpoint = directory / "leader-epoch-checkpoint"
+        size = checkpoint.stat().st_size
+        position = data.draw(st.integers(0, size - 1), label="position")
+        _damage(checkpoint, position, size, kind, mask)
+        try:
+            log = SegmentedLog.open(directory, CONFIG)
+        except CorruptLogError as exc:
+            assert "leader-epoch-checkpoint" in str(exc)
+            return
+        try:
+            assert log.end_offset == pristine.end_offset
+            try:
+                for batch in pristine.batches:
+                    assert log.read(batch.base_offset, 1).records == batch.data
+            except CorruptLogError as exc:
+                assert "leader-epoch-checkpoint" in str(exc)
+                return
+            # Every batch read back and agreed with the cache: the cache is right.
+            assert log.epoch_entries() == list(pristine.epochs)
+        finally:
+            log.abandon()
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     region=st.sampled_from(sorted(REGIONS)),
