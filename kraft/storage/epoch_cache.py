@@ -102,6 +102,15 @@ class LeaderEpochCache:
         index = bisect.bisect_right(self._offsets, offset) - 1
         return self._epochs[index] if index >= 0 else UNDEFINED_EPOCH
 
+    def epoch_span(self, offset: int) -> tuple[int, int, int]:
+        """(epoch holding ``offset``, its start offset, the next epoch's start or 2**63); the epoch is
+        UNDEFINED_EPOCH before the first entry (then the span ends at the first entry)."""
+        index = bisect.bisect_right(self._offsets, offset) - 1
+        end = self._offsets[index + 1] if index + 1 < len(self._offsets) else 2**63
+        if index < 0:
+            return UNDEFINED_EPOCH, -(2**63), end
+        return self._epochs[index], self._offsets[index], end
+
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Kafka's OffsetForLeaderEpoch: (largest epoch <= requested, the offset where it ends).
 

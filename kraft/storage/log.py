@@ -38,6 +38,7 @@ from crc32c import crc32c
 from kraft.observability.logging import get_logger
 from kraft.storage.batch import (
     DEFAULT_MAX_BATCH_BYTES,
+    HEADER_SIZE,
     LOG_OVERHEAD,
     MAGIC,
     BatchHeader,
@@ -178,13 +179,9 @@ class _RecoveryEpochCheck:
 
 
 _NO_CHECK = 2**63
-# base offset, length, partition leader epoch, magic, CRC: the fields a read verifies.
-_READ_CHECK = struct.Struct(">qiibI")
-_LAST_OFFSET_DELTA = struct.Struct(">i")
-
-
-def _last_offset_delta(view: memoryview, position: int) -> int:
-    return int(_LAST_OFFSET_DELTA.unpack_from(view, position + 23)[0])
+# base offset, length, partition leader epoch, magic, CRC, attributes, last offset delta: what a read
+# verifies.
+_READ_CHECK = struct.Struct(">qiibIhi")
 
 
 class SegmentedLog:
@@ -673,33 +670,35 @@ class SegmentedLog:
         return LogRead(b"", offset, offset)
 
     def _verify_read(self, segment: LogSegment, position: int, records: bytes) -> None:
-        """Every batch a read returns is checked — CRC-32C, and its leader epoch (outside the CRC)
-        against the epoch cache — because segments below the recovery point are not scanned on open.
-        Damage raises CorruptLogError naming the file and position: never serve it, never truncate it."""
+        """Every batch a read returns is checked — CRC-32C, the header chain, and its leader epoch
+        (outside the CRC) against the epoch cache — because segments below the recovery point are not
+        scanned on open.  Damage raises CorruptLogError naming the file and position: never serve it,
+        never truncate it.  (Hot path: one struct unpack and one CRC per batch; the epoch cache is
+        consulted once per epoch span, not per batch.)"""
         epochs = self._epochs
         first_epoch_offset = epochs.first_offset
+        unpack = _READ_CHECK.unpack_from
+        size = len(records)
         view = memoryview(records)
         pos = 0
-        expected: int | None = None
+        expected = -1
+        span_epoch, span_start, span_end = UNDEFINED_EPOCH, 0, -1
         try:
-            while pos < len(view):
-                base, length, epoch, magic, crc = _READ_CHECK.unpack_from(view, pos)
+            while pos < size:
+                if size - pos < HEADER_SIZE:
+                    raise CorruptLogError(segment.log_path, position + pos, "torn batch header on read")
+                base, length, epoch, magic, crc, _attributes, delta = unpack(view, pos)
                 end = pos + length + LOG_OVERHEAD
-                if length < 0 or end > len(view):
-                    raise CorruptLogError(
-                        segment.log_path, position + pos, f"batch length {length} on read", offset=base
-                    )
-                computed = crc32c(view[pos + 21 : end])
                 # Base offset, length and magic are outside the CRC: the batches must chain.
-                if magic != MAGIC or (expected is not None and base != expected):
+                if magic != MAGIC or length < 0 or end > size or (expected >= 0 and base != expected):
                     raise CorruptLogError(
                         segment.log_path,
                         position + pos,
-                        f"batch header (magic {magic}, base offset {base}) does not continue the log "
-                        f"at {expected} on read",
+                        f"batch header (magic {magic}, base offset {base}, length {length}) does not "
+                        f"continue the log at {expected} on read",
                         offset=base,
                     )
-                expected = base + _last_offset_delta(view, pos) + 1
+                computed = crc32c(view[pos + 21 : end])
                 if computed != crc:
                     raise CorruptLogError(
                         segment.log_path,
@@ -707,20 +706,21 @@ class SegmentedLog:
                         f"CRC-32C mismatch (stored {crc:#010x}, computed {computed:#010x}) on read",
                         offset=base,
                     )
+                last = base + delta
                 if first_epoch_offset is not None and base >= first_epoch_offset:
-                    # The cache must give this epoch for the batch's first *and* last offset: an entry
-                    # starting inside the batch (a damaged leader-epoch-checkpoint) is caught too.
-                    cached = epochs.epoch_for_offset(base)
-                    if cached == epoch:
-                        cached = epochs.epoch_for_offset(expected - 1)
-                    if cached != epoch:
+                    if not span_start <= base < span_end:
+                        span_epoch, span_start, span_end = epochs.epoch_span(base)
+                    # The batch's epoch, and no other epoch starting inside the batch (which a damaged
+                    # leader-epoch-checkpoint could claim).
+                    if epoch != span_epoch or last >= span_end:
                         raise CorruptLogError(
                             segment.log_path,
                             position + pos,
-                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives {cached} "
-                            f"within offsets {base}..{expected - 1}",
+                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives epoch {span_epoch} "
+                            f"for offsets {span_start}..{span_end - 1}, batch holds {base}..{last}",
                             offset=base,
                         )
+                expected = last + 1
                 pos = end
         finally:
             view.release()
