@@ -238,9 +238,9 @@ class SegmentedLog:
             stray.unlink()
         bases = sorted(_parse_segment_base(p.name) for p in self.dir.glob(f"*{LOG_SUFFIX}"))
         self._remove_orphan_indexes(set(bases))
-        start_offset, recovery_point = self._read_offsets_checkpoints()
         marker = self.dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
+        start_offset, recovery_point = self._read_offsets_checkpoints(clean)
         epochs_ok = self._epochs.load()
         reference = self._epochs.entries() if epochs_ok else []
         epochs_changed = False
@@ -371,7 +371,7 @@ class SegmentedLog:
                     path.unlink()
                     self._dir_dirty = True
 
-    def _read_offsets_checkpoints(self) -> tuple[int, int]:
+    def _read_offsets_checkpoints(self, clean: bool) -> tuple[int, int]:
         """(log start offset, recovery point); -1 for what is missing or unreadable.  A recovery point of
         -1 makes every segment scanned and nothing protected (the behaviour before the checkpoint
         existed), so it is logged."""
@@ -385,7 +385,7 @@ class SegmentedLog:
             return start_offset, recovery.offset
         if legacy[1] >= 0:
             return start_offset, legacy[1]
-        if any(self.dir.glob(f"*{LOG_SUFFIX}")):
+        if not clean and any(self.dir.glob(f"*{LOG_SUFFIX}")):
             _log.warning(
                 "recovery_point_unknown",
                 file=str(self.dir / RECOVERY_POINT_FILE),

@@ -234,7 +234,8 @@ class LogSegment:
             )
         dropped = self.size - valid_end
         self.preallocated_tail = dropped if zero_tail else 0
-        _log.warning(
+        # A zero tail is what every crash of a preallocated log leaves: info, not a warning.
+        (_log.info if zero_tail else _log.warning)(
             "log_truncated",
             file=str(self.log_path),
             position=valid_end,
