@@ -270,6 +270,13 @@ class SegmentedLog:
                 segment.close()
             raise
         if not self._segments:
+            if recovery_point > max(start_offset, 0):
+                raise CorruptLogError(
+                    self.dir,
+                    None,
+                    f"no segment files, but the recovery point is {recovery_point} (flushed data is missing, "
+                    f"or {RECOVERY_POINT_FILE} is damaged)",
+                )
             self._segments.append(self._new_segment(max(start_offset, 0)))
         self._bases = [s.base_offset for s in self._segments]
         end = self.end_offset

@@ -482,6 +482,15 @@ def test_a_short_log_below_its_recovery_point_is_refused(tmp_path: Path) -> None
         SegmentedLog.open(directory, CONFIG)
 
 
+def test_a_log_whose_segments_all_vanished_is_refused(tmp_path: Path) -> None:
+    pristine = _pristine(False)
+    directory = _copy(pristine, tmp_path)
+    for path in directory.glob("*.log"):
+        path.unlink()
+    with pytest.raises(CorruptLogError, match="no segment files"):
+        SegmentedLog.open(directory, CONFIG)
+
+
 def test_the_recovery_point_follows_flushes_and_is_kafkas_file_format(tmp_path: Path) -> None:
     config = LogConfig(segment_bytes=1 << 20, recovery_point_interval_bytes=2000)
     directory = tmp_path / "orders-3"
