@@ -54,7 +54,9 @@ class LeaderEpochCache:
             entries = [tuple(int(field) for field in line.split()) for line in lines[2 : 2 + count]]
         except (ValueError, IndexError):
             return False
-        if len(entries) != count:
+        # Exactly ``count`` entries and nothing after them (as Kafka's reader insists): a damaged count
+        # must not silently drop the newest entries, which recovery would then take for damaged batches.
+        if len(entries) != count or any(line.strip() for line in lines[2 + count :]):
             return False
         for entry in entries:
             if len(entry) != 2 or not self._valid_next(entry[0], entry[1]):

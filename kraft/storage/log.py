@@ -327,15 +327,16 @@ class SegmentedLog:
             self.recovered_bytes_truncated += before - segment.size - segment.preallocated_tail
             if self._segments and self._segments[-1].next_offset != base:
                 # A gap after a truncated or empty segment: this and every later segment are garbage —
-                # unless the missing offsets were flushed.
-                missing = self._segments[-1].next_offset
+                # unless the missing offsets were flushed.  An overlap, or a mismatch after a trusted
+                # segment (whose last header, e.g. a last-offset delta, is damaged), is never a torn tail.
+                previous_end = self._segments[-1].next_offset
                 segment.close()
-                if missing < protect_below:
+                if previous_end < protect_below or previous_end > base or trusted[i - 1]:
                     raise CorruptLogError(
                         segment.log_path,
                         0,
-                        f"segment starts at offset {base} but the log before it ends at {missing}, "
-                        f"below the recovery point {protect_below} (flushed data is missing)",
+                        f"segment starts at offset {base} but the log before it ends at {previous_end} "
+                        f"(recovery point {recovery_point}): flushed data is damaged or missing",
                     )
                 truncated_at = i
                 break
@@ -344,6 +345,25 @@ class SegmentedLog:
                 truncated_at = i + 1
                 break
         end = self._segments[-1].next_offset if self._segments else None
+        if end is not None and protect_below == _EVERYTHING and 0 <= recovery_point != end:
+            # Closed cleanly at the recovery point, yet the trusted newest segment ends elsewhere: a
+            # damaged header (say a last-offset delta, which the cheap tail walk cannot check) or a
+            # damaged checkpoint.  A verifying scan decides: damage raises, else the checkpoint was wrong.
+            newest = self._segments[-1]
+            try:
+                newest.recover(None, protect_below=PROTECT_ALL)
+            except BaseException:
+                for segment in self._segments:
+                    segment.close()
+                raise
+            _log.warning(
+                "recovery_point_mismatch",
+                file=str(self.dir / RECOVERY_POINT_FILE),
+                recovery_point=recovery_point,
+                end_offset=newest.next_offset,
+                action="the newest segment passed a full verifying scan",
+            )
+            end = newest.next_offset
         if end is not None and end < recovery_point:
             # Every file read fine but the log is shorter than what was flushed (a file cut at a batch
             # boundary, a deleted newest segment).
