@@ -242,6 +242,11 @@ class SegmentedLog:
         clean = marker.exists()
         start_offset, recovery_point = self._read_offsets_checkpoints(clean)
         epochs_ok = self._epochs.load()
+        first_entry = self._epochs.first_offset
+        if epochs_ok and bases and first_entry is not None and first_entry > max(start_offset, bases[0]):
+            # The first epoch must start at the log start (truncate_from_start keeps it there): a later
+            # first entry leaves batches without an epoch — a damaged checkpoint, rebuilt by a full scan.
+            epochs_ok = False
         reference = self._epochs.entries() if epochs_ok else []
         epochs_changed = False
         full_scan = not epochs_ok
