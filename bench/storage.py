@@ -15,6 +15,13 @@ What is measured (results in ``bench/results/storage.json``):
   Reported with the segment files in the page cache ("hot") and evicted from it with
   ``posix_fadvise(DONTNEED)`` ("cold"; only our files are evicted).  Target ≥ 500 MB/s.  Wall-clock and
   CPU-time rates are both reported: on a shared machine the wall clock mostly measures the run queue.
+- **recovery after an unclean stop, full scan vs recovery-point scan**: a log of the same size in
+  ``RECOVERY_POINT_SEGMENT_MB`` segments, flushed (the recovery point follows the flushes), then an
+  unflushed tail of ``UNFLUSHED_TAIL_MB`` is appended and the process "crashes".  Opened once with the
+  ``recovery-point-offset-checkpoint`` removed (every segment scanned: what happened before the recovery
+  point existed) and once with it (only the segment holding the recovery point and the tail after it
+  are scanned; older segments are trusted, their batches verified when read).  Both hot (page cache).
+  ``mb_per_s`` is log size / seconds to open; ``scanned_mb`` is what the recovery actually CRC-checked.
 - **index lookup**: mean cost of ``OffsetIndex.lookup`` and of a whole ``SegmentedLog.read(offset, 1)``
   (lookup + header walk + pread) at random offsets of a 64 MiB log of 1 KiB batches.
 
@@ -40,7 +47,7 @@ from typing import Any
 from kraft.storage.batch import build_batch, with_base_offset
 from kraft.storage.log import (
     METADATA_LOG_PREALLOCATE_BYTES,
-    OFFSETS_CHECKPOINT_FILE,
+    RECOVERY_POINT_FILE,
     LogConfig,
     SegmentedLog,
 )
@@ -129,7 +136,7 @@ def _evict(directory: Path) -> None:
 
 
 def _timed_recovery(directory: Path, config: LogConfig, size: int) -> tuple[dict[str, float], int]:
-    (directory / OFFSETS_CHECKPOINT_FILE).unlink()
+    (directory / RECOVERY_POINT_FILE).unlink()
     started = time.perf_counter()
     cpu_started = time.process_time()
     log = SegmentedLog.open(directory, config)
@@ -173,6 +180,68 @@ def bench_recovery(root: Path, total_mb: int) -> dict[str, Any]:
         results[label], end = _timed_recovery(directory, config, size)
         if end != expected_end:
             raise RuntimeError(f"recovery lost data: end {end}, expected {expected_end}")
+    return results
+
+
+RECOVERY_POINT_SEGMENT_MB = 64
+UNFLUSHED_TAIL_MB = 4
+
+
+def _timed_open(directory: Path, config: LogConfig) -> tuple[float, int, int]:
+    started = time.perf_counter()
+    log = SegmentedLog.open(directory, config)
+    elapsed = time.perf_counter() - started
+    end, size = log.end_offset, log.size_in_bytes
+    log.abandon()
+    return elapsed, end, size
+
+
+def bench_recovery_point(root: Path, total_mb: int) -> dict[str, Any]:
+    """Unclean stop with an unflushed tail: full scan vs a scan from the recovery point's segment."""
+    config = LogConfig(segment_bytes=RECOVERY_POINT_SEGMENT_MB * MIB)
+    directory = root / "recovery-point-0"
+    batch = _batch_of_size(16 * 1024)
+    log = SegmentedLog.open(directory, config)
+    for _ in range(total_mb * MIB // len(batch)):
+        log.append_batch(with_base_offset(batch, log.end_offset), validate=False)
+        if log.end_offset % 64 == 0:
+            log.flush()  # the recovery point advances with the flushes (after rolls / every 1 MiB)
+    log.flush()
+    recovery_point = log.recovery_point
+    for _ in range(UNFLUSHED_TAIL_MB * MIB // len(batch)):
+        log.append_batch(with_base_offset(batch, log.end_offset), validate=False)
+    expected_end, size = log.end_offset, log.size_in_bytes
+    log.abandon()  # crash: the tail was written but never flushed (it is in the page cache)
+    checkpoint = (directory / RECOVERY_POINT_FILE).read_bytes()
+    tail_segments = sorted(directory.glob("*.log"))
+    scanned_with_point = sum(
+        p.stat().st_size
+        for i, p in enumerate(tail_segments)
+        if i + 1 == len(tail_segments) or int(tail_segments[i + 1].stem) > recovery_point
+    )
+    results: dict[str, Any] = {
+        "log_bytes": size,
+        "segment_bytes": config.segment_bytes,
+        "recovery_point": recovery_point,
+        "unflushed_tail_bytes": UNFLUSHED_TAIL_MB * MIB,
+    }
+    for label in ("full_scan", "recovery_point_scan"):
+        if label == "full_scan":
+            (directory / RECOVERY_POINT_FILE).unlink()
+        else:
+            (directory / RECOVERY_POINT_FILE).write_bytes(checkpoint)
+        seconds, end, _ = _timed_open(directory, config)
+        if end != expected_end:
+            raise RuntimeError(f"recovery lost data: end {end}, expected {expected_end}")
+        scanned = size if label == "full_scan" else scanned_with_point
+        results[label] = {
+            "seconds": round(seconds, 3),
+            "mb_per_s": round(size / seconds / 1e6, 1),
+            "scanned_mb": round(scanned / 1e6, 1),
+        }
+        # Every open ends with the recovery point at the end: put the crash state back for the next.
+        (directory / RECOVERY_POINT_FILE).write_bytes(checkpoint)
+    results["speedup"] = round(results["full_scan"]["seconds"] / results["recovery_point_scan"]["seconds"], 1)
     return results
 
 
@@ -220,6 +289,7 @@ def run(quick: bool) -> dict[str, Any]:
         root = Path(tmp)
         results["append_fsync_per_batch"] = bench_append(root, 3.0 if quick else 12.0)
         results["recovery_scan"] = bench_recovery(root, recovery_mb)
+        results["recovery_point_scan"] = bench_recovery_point(root, recovery_mb)
         results["index_lookup"] = bench_index_lookup(root, 16 if quick else 64, 20_000)
     return results
 

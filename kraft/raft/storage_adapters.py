@@ -113,7 +113,8 @@ class FileSnapshotStore:
             raise ValueError(str(exc)) from exc
 
     def read_records(self, snapshot_id: SnapshotId) -> tuple[int, list[bytes]]:
-        return decode_snapshot(self._path(snapshot_id).read_bytes())
+        self._path(snapshot_id)
+        return decode_snapshot(self._files.read_verified(_storage_id(snapshot_id)))
 
     def write(
         self, snapshot_id: SnapshotId, last_contained_timestamp_ms: int, records: Sequence[bytes], now_ms: int

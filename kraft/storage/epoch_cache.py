@@ -54,7 +54,9 @@ class LeaderEpochCache:
             entries = [tuple(int(field) for field in line.split()) for line in lines[2 : 2 + count]]
         except (ValueError, IndexError):
             return False
-        if len(entries) != count:
+        # Exactly ``count`` entries and nothing after them (as Kafka's reader insists): a damaged count
+        # must not silently drop the newest entries, which recovery would then take for damaged batches.
+        if len(entries) != count or any(line.strip() for line in lines[2 + count :]):
             return False
         for entry in entries:
             if len(entry) != 2 or not self._valid_next(entry[0], entry[1]):
@@ -82,10 +84,24 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return self._epochs[-1] if self._epochs else UNDEFINED_EPOCH
 
+    @property
+    def first_offset(self) -> int | None:
+        """Start offset of the earliest entry (None when empty): batches from here on have known epochs."""
+        return self._offsets[0] if self._offsets else None
+
     def epoch_for_offset(self, offset: int) -> int:
         """The epoch of the batch holding ``offset`` (UNDEFINED_EPOCH if before the first entry)."""
         index = bisect.bisect_right(self._offsets, offset) - 1
         return self._epochs[index] if index >= 0 else UNDEFINED_EPOCH
+
+    def epoch_span(self, offset: int) -> tuple[int, int, int]:
+        """(epoch holding ``offset``, its start offset, the next epoch's start or 2**63); the epoch is
+        UNDEFINED_EPOCH before the first entry (then the span ends at the first entry)."""
+        index = bisect.bisect_right(self._offsets, offset) - 1
+        end = self._offsets[index + 1] if index + 1 < len(self._offsets) else 2**63
+        if index < 0:
+            return UNDEFINED_EPOCH, -(2**63), end
+        return self._epochs[index], self._offsets[index], end
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Kafka's OffsetForLeaderEpoch: (largest epoch <= requested, the offset where it ends).

@@ -7,6 +7,9 @@ Every storage error is a :class:`~kraft.errors.KraftError` so a gRPC edge can an
 - :class:`StorageStateError` (KAFKA_STORAGE_ERROR): an unusable directory or state file — unformatted,
   corrupt, or belonging to another cluster/node.  Nothing is overwritten when it is raised.
 - :class:`InconsistentClusterIdError` (INCONSISTENT_CLUSTER_ID): ``meta.properties`` names another cluster.
+- :class:`CorruptLogError` (KAFKA_STORAGE_ERROR): a log, snapshot or state file whose *durable* bytes fail
+  verification (below the recovery point, in a frozen snapshot, in ``meta.properties``).  Nothing is
+  truncated or rewritten: the data was acknowledged, so the process must stop rather than run without it.
 - :class:`FatalStorageError`: an fsync/write failure (EIO, ENOSPC).  The page cache state is unknown after a
   failed fsync (the "fsyncgate" rule), so it is never retried: the caller must stop the process.
 """
@@ -57,3 +60,18 @@ class FatalStorageError(StorageError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.KAFKA_STORAGE_ERROR, message)
+
+
+class CorruptLogError(StorageError):
+    """Durable data failed verification: a one-line message naming the file, the byte position (and the
+    offset when there is one) and what failed.  Raised instead of truncating, because the bytes were
+    known flushed — acknowledged — and dropping them silently would lose committed data."""
+
+    def __init__(self, path: object, position: int | None, reason: str, *, offset: int | None = None) -> None:
+        where = f" at byte {position}" if position is not None else ""
+        at_offset = f" (offset {offset})" if offset is not None else ""
+        super().__init__(ErrorCode.KAFKA_STORAGE_ERROR, f"corrupt {path}{where}{at_offset}: {reason}")
+        self.path = str(path)
+        self.position = position
+        self.offset = offset
+        self.reason = reason

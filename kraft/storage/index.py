@@ -61,6 +61,13 @@ class OffsetIndex:
         index = bisect.bisect_right(self.offsets, offset - self.base_offset) - 1
         return self.positions[index] if index >= 0 else 0
 
+    def lookup_entry(self, offset: int) -> tuple[int | None, int]:
+        """(last offset, position) of the entry :meth:`lookup` uses; (None, 0) when it starts at 0."""
+        index = bisect.bisect_right(self.offsets, offset - self.base_offset) - 1
+        if index < 0:
+            return None, 0
+        return self.base_offset + self.offsets[index], self.positions[index]
+
     def truncate_to_position(self, position: int) -> None:
         """Drop entries for batches starting at or after ``position``."""
         keep = bisect.bisect_left(self.positions, position)

@@ -5,14 +5,17 @@ Directory contents::
 
     00000000000000000000.log / .index / .timeindex    segments (see kraft.storage.segment)
     leader-epoch-checkpoint                             epoch → start offset (kraft.storage.epoch_cache)
-    log-offsets-checkpoint                              "0\\n<log start offset>\\n<recovery point>\\n"
+    recovery-point-offset-checkpoint                    Kafka's format, this log's entry (offset_checkpoint)
+    log-start-offset-checkpoint                         Kafka's format, this log's entry
     .kraft_cleanshutdown                                present only while the log is cleanly closed
 
 Offsets: ``start_offset`` ≤ ``flushed_offset`` ≤ ``end_offset`` (``flushed_offset`` may briefly lag
-``start_offset`` only right after a ``truncate_fully_and_start_at``).  The recovery point is the base
-offset of the oldest segment that may hold un-fsynced data: segments below it are trusted on open, the
-rest are scanned batch by batch (size, magic, CRC, offset continuity) after an unclean shutdown and
-truncated at the first bad batch, dropping every later segment.
+``start_offset`` only right after a ``truncate_fully_and_start_at``).  The recovery point ≤
+``flushed_offset`` is the offset below which everything is known fsynced, checkpointed after flushes
+(paced: after a roll or every ``recovery_point_interval_bytes``).  After an unclean shutdown, segments
+wholly below it are trusted (their batches are verified when read), the rest are scanned batch by batch
+(size, magic, CRC, offset continuity, leader epoch): damage at or above the recovery point is truncated
+(and logged), damage below it raises CorruptLogError — flushed data is never silently dropped.
 
 Threading: every method must be called from one thread, except :meth:`flush`, which may run in a worker
 thread (``asyncio.to_thread``) concurrently with appends and reads — not with truncation, deletion or
@@ -22,6 +25,7 @@ close.
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -29,8 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from crc32c import crc32c
+
+from kraft.observability.logging import get_logger
 from kraft.storage.batch import (
     DEFAULT_MAX_BATCH_BYTES,
+    HEADER_SIZE,
+    LOG_OVERHEAD,
+    MAGIC,
     BatchHeader,
     ControlMessage,
     RecordInput,
@@ -41,16 +51,27 @@ from kraft.storage.batch import (
 )
 from kraft.storage.epoch_cache import CHECKPOINT_FILE, UNDEFINED_EPOCH, LeaderEpochCache
 from kraft.storage.errors import (
+    CorruptLogError,
     FatalStorageError,
     InvalidAppendError,
     OffsetOutOfRangeError,
     StorageStateError,
 )
 from kraft.storage.fileio import atomic_write, fsync_dir
-from kraft.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, TIMEINDEX_SUFFIX, LogSegment
+from kraft.storage.offset_checkpoint import (
+    LOG_START_OFFSET_FILE,
+    RECOVERY_POINT_FILE,
+    read_offset_checkpoint,
+    write_offset_checkpoint,
+)
+from kraft.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, PROTECT_ALL, TIMEINDEX_SUFFIX, LogSegment
 
 CLEAN_SHUTDOWN_FILE = ".kraft_cleanshutdown"
-OFFSETS_CHECKPOINT_FILE = "log-offsets-checkpoint"
+LEGACY_OFFSETS_CHECKPOINT_FILE = "log-offsets-checkpoint"
+"""Before the Kafka-format checkpoints: "0\\n<log start>\\n<recovery point>\\n"; read once, then removed."""
+RECOVERY_POINT_INTERVAL_BYTES = 1 << 20
+_EVERYTHING = PROTECT_ALL
+_log = get_logger("storage")
 METADATA_LOG_DIR_NAME = "__cluster_metadata-0"
 METADATA_LOG_PREALLOCATE_BYTES = 1 << 20
 """The Raft log flushes after every batch, so it keeps 1 MiB preallocated ahead of its data: the per-batch
@@ -69,6 +90,10 @@ class LogConfig:
     segment_ms: int = 7 * 24 * 3600 * 1000  # metadata.log.segment.ms (compared with batch timestamps)
     index_interval_bytes: int = 4096  # Kafka's index.interval.bytes
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    recovery_point_interval_bytes: int = RECOVERY_POINT_INTERVAL_BYTES
+    """A flush rewrites the recovery-point checkpoint (two extra fsyncs) once this many bytes were
+    appended since the last one, and always after a roll.  Smaller: less flushed data is exposed to
+    truncation after a crash and less is scanned; larger: fewer checkpoint writes on the flush path."""
     preallocate_bytes: int = 0
     """Zero-filled space kept ahead of the active segment's data so flushes do not grow the file (see
     :mod:`kraft.storage.segment`); 0 = off.  The metadata log uses :data:`METADATA_LOG_PREALLOCATE_BYTES`."""
@@ -80,6 +105,10 @@ class LogConfig:
             raise ValueError("segment_ms, index_interval_bytes and max_batch_bytes must be positive")
         if self.preallocate_bytes < 0:
             raise ValueError(f"preallocate_bytes must be >= 0, got {self.preallocate_bytes}")
+        if self.recovery_point_interval_bytes < 0:
+            raise ValueError(
+                f"recovery_point_interval_bytes must be >= 0, got {self.recovery_point_interval_bytes}"
+            )
 
 
 class AppendResult(NamedTuple):
@@ -120,9 +149,10 @@ class _RecoveryEpochCheck:
     them).  Offsets below the checkpoint's first entry (before the log start) are not cross-checked.
     """
 
-    __slots__ = ("_cache", "_last_epoch", "_ref_epochs", "_ref_offsets")
+    __slots__ = ("_cache", "_last_epoch", "_ref_epochs", "_ref_offsets", "problem")
 
     def __init__(self, cache: LeaderEpochCache, reference: list[tuple[int, int]]) -> None:
+        self.problem = ""
         self._cache = cache
         self._ref_epochs = [e for e, _ in reference]
         self._ref_offsets = [o for _, o in reference]
@@ -130,12 +160,14 @@ class _RecoveryEpochCheck:
 
     def __call__(self, epoch: int, base_offset: int) -> int:
         if epoch < self._last_epoch:
+            self.problem = f"below the previous batch's epoch {self._last_epoch}"
             return -1
         next_check = _NO_CHECK
         offsets = self._ref_offsets
         if offsets and base_offset >= offsets[0]:
             i = bisect_right(offsets, base_offset) - 1
             if self._ref_epochs[i] != epoch:
+                self.problem = f"{CHECKPOINT_FILE} gives epoch {self._ref_epochs[i]} for this offset"
                 return -1
             if i + 1 < len(offsets):
                 next_check = offsets[i + 1]
@@ -147,6 +179,9 @@ class _RecoveryEpochCheck:
 
 
 _NO_CHECK = 2**63
+# base offset, length, partition leader epoch, magic, CRC, attributes, last offset delta: what a read
+# verifies.
+_READ_CHECK = struct.Struct(">qiibIhi")
 
 
 class SegmentedLog:
@@ -169,6 +204,10 @@ class SegmentedLog:
         # Set by the first failed fsync/write: every later call re-raises it (fsyncgate: never retry).
         self._failed: FatalStorageError | None = None
         self.recovered_bytes_truncated = 0  # for logs/metrics: bytes cut off by the last recovery
+        # Bytes ever appended (written by the appending thread only) and the count at the last
+        # recovery-point checkpoint (written by the flushing thread): their difference paces checkpoints.
+        self._appended_bytes = 0
+        self._checkpointed_bytes = 0
 
     # --- opening -----------------------------------------------------------------------------------
 
@@ -199,30 +238,50 @@ class SegmentedLog:
             stray.unlink()
         bases = sorted(_parse_segment_base(p.name) for p in self.dir.glob(f"*{LOG_SUFFIX}"))
         self._remove_orphan_indexes(set(bases))
-        start_offset, recovery_point = self._read_offsets_checkpoint()
         marker = self.dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
+        start_offset, recovery_point = self._read_offsets_checkpoints(clean)
         epochs_ok = self._epochs.load()
+        first_entry = self._epochs.first_offset
+        if epochs_ok and bases and first_entry is not None and first_entry > max(start_offset, bases[0]):
+            # The first epoch must start at the log start (truncate_from_start keeps it there): a later
+            # first entry leaves batches without an epoch — a damaged checkpoint, rebuilt by a full scan.
+            epochs_ok = False
         reference = self._epochs.entries() if epochs_ok else []
         epochs_changed = False
-        if not epochs_ok:
-            # Derived data: rebuild it from every segment (a full scan; rare).
+        full_scan = not epochs_ok
+        if full_scan:
+            # Derived data: rebuild it from every segment (a full scan; rare).  The recovery point still
+            # says which offsets were flushed, so damage below it still stops the open.
             self._epochs.clear()
-            recovery_point = -1
-            clean = False
             epochs_changed = True
         # A segment is trusted (not scanned) after a clean shutdown, or when it lies entirely below the
         # recovery point (it was fsynced before the checkpoint was written).
         trusted = [
-            clean or (recovery_point >= 0 and i + 1 < len(bases) and bases[i + 1] <= recovery_point)
+            not full_scan and (clean or (i + 1 < len(bases) and bases[i + 1] <= recovery_point))
             for i in range(len(bases))
         ]
-        if not clean:
-            first_scanned = next((b for b, t in zip(bases, trusted, strict=True) if not t), None)
-            if first_scanned is not None:
-                epochs_changed |= self._epochs.truncate_from_end(first_scanned)
-        self._open_segments(bases, trusted, _RecoveryEpochCheck(self._epochs, reference))
+        # After a clean close everything was flushed, whatever the checkpoint says.
+        protect_below = _EVERYTHING if clean else recovery_point
+        first_scanned = next((b for b, t in zip(bases, trusted, strict=True) if not t), None)
+        if first_scanned is not None:
+            epochs_changed |= self._epochs.truncate_from_end(first_scanned)
+        try:
+            self._open_segments(
+                bases, trusted, _RecoveryEpochCheck(self._epochs, reference), protect_below, recovery_point
+            )
+        except BaseException:
+            for segment in self._segments:
+                segment.close()
+            raise
         if not self._segments:
+            if recovery_point > max(start_offset, 0):
+                raise CorruptLogError(
+                    self.dir,
+                    None,
+                    f"no segment files, but the recovery point is {recovery_point} (flushed data is missing, "
+                    f"or {RECOVERY_POINT_FILE} is damaged)",
+                )
             self._segments.append(self._new_segment(max(start_offset, 0)))
         self._bases = [s.base_offset for s in self._segments]
         end = self.end_offset
@@ -243,33 +302,96 @@ class SegmentedLog:
         if self._dir_dirty:
             fsync_dir(self.dir)
             self._dir_dirty = False
-        self._recovery_point = self._segments[-1].base_offset
+        self._recovery_point = end
         self._write_offsets_checkpoint()
+        (self.dir / LEGACY_OFFSETS_CHECKPOINT_FILE).unlink(missing_ok=True)
 
-    def _open_segments(self, bases: list[int], trusted: list[bool], check: _RecoveryEpochCheck) -> None:
-        """Load trusted segments, recover the others; drop everything after the first damage."""
+    def _open_segments(
+        self,
+        bases: list[int],
+        trusted: list[bool],
+        check: _RecoveryEpochCheck,
+        protect_below: int,
+        recovery_point: int,
+    ) -> None:
+        """Load trusted segments, recover the others; drop everything after the first damage above the
+        recovery point (``protect_below``), raise CorruptLogError for damage below it."""
         truncated_at: int | None = None
         for i, base in enumerate(bases):
             segment = self._segment(base)
             before = segment.size
-            if trusted[i]:
-                cut = segment.load_trusted()
-            else:
-                cut = segment.recover(check, self.config.max_batch_bytes)
+            try:
+                if trusted[i]:
+                    segment.load_trusted()
+                    cut = False
+                else:
+                    cut = segment.recover(check, self.config.max_batch_bytes, protect_below=protect_below)
+            except BaseException:
+                segment.close()
+                raise
             self.recovered_bytes_truncated += before - segment.size - segment.preallocated_tail
             if self._segments and self._segments[-1].next_offset != base:
-                # A gap after a truncated or empty segment: this and every later segment are garbage.
+                # A gap after a truncated or empty segment: this and every later segment are garbage —
+                # unless the missing offsets were flushed.  An overlap, or a mismatch after a trusted
+                # segment (whose last header, e.g. a last-offset delta, is damaged), is never a torn tail.
+                previous_end = self._segments[-1].next_offset
                 segment.close()
+                if previous_end < protect_below or previous_end > base or trusted[i - 1]:
+                    raise CorruptLogError(
+                        segment.log_path,
+                        0,
+                        f"segment starts at offset {base} but the log before it ends at {previous_end} "
+                        f"(recovery point {recovery_point}): flushed data is damaged or missing",
+                    )
                 truncated_at = i
                 break
             self._segments.append(segment)
             if cut:
                 truncated_at = i + 1
                 break
+        end = self._segments[-1].next_offset if self._segments else None
+        if end is not None and protect_below == _EVERYTHING and 0 <= recovery_point != end:
+            # Closed cleanly at the recovery point, yet the trusted newest segment ends elsewhere: a
+            # damaged header (say a last-offset delta, which the cheap tail walk cannot check) or a
+            # damaged checkpoint.  A verifying scan decides: damage raises, else the checkpoint was wrong.
+            newest = self._segments[-1]
+            try:
+                newest.recover(None, protect_below=PROTECT_ALL)
+            except BaseException:
+                for segment in self._segments:
+                    segment.close()
+                raise
+            _log.warning(
+                "recovery_point_mismatch",
+                file=str(self.dir / RECOVERY_POINT_FILE),
+                recovery_point=recovery_point,
+                end_offset=newest.next_offset,
+                action="the newest segment passed a full verifying scan",
+            )
+            end = newest.next_offset
+        if end is not None and end < recovery_point:
+            # Every file read fine but the log is shorter than what was flushed (a file cut at a batch
+            # boundary, a deleted newest segment).
+            for segment in self._segments:
+                segment.close()
+            raise CorruptLogError(
+                self._segments[-1].log_path,
+                self._segments[-1].size,
+                f"the log ends at offset {end}, below its recovery point {recovery_point} "
+                f"(flushed data is missing, or {RECOVERY_POINT_FILE} is damaged)",
+            )
         if truncated_at is not None:
             for base in bases[truncated_at:]:
                 doomed = self._segment(base)
                 self.recovered_bytes_truncated += doomed.size
+                _log.warning(
+                    "log_truncated",
+                    file=str(doomed.log_path),
+                    offset=base,
+                    bytes_dropped=doomed.size,
+                    reason="segment after the truncation point",
+                    recovery_point=protect_below,
+                )
                 doomed.delete()
             self._dir_dirty = True
 
@@ -281,10 +403,34 @@ class SegmentedLog:
                     path.unlink()
                     self._dir_dirty = True
 
-    def _read_offsets_checkpoint(self) -> tuple[int, int]:
-        """(log start offset, recovery point); (-1, -1) if missing or unreadable (forces a full scan)."""
+    def _read_offsets_checkpoints(self, clean: bool) -> tuple[int, int]:
+        """(log start offset, recovery point); -1 for what is missing or unreadable.  A recovery point of
+        -1 makes every segment scanned and nothing protected (the behaviour before the checkpoint
+        existed), so it is logged."""
+        start = read_offset_checkpoint(self.dir / LOG_START_OFFSET_FILE)
+        recovery = read_offset_checkpoint(self.dir / RECOVERY_POINT_FILE)
+        if start.offset is not None and recovery.offset is not None:
+            return start.offset, recovery.offset
+        legacy = self._read_legacy_offsets_checkpoint()
+        start_offset = start.offset if start.offset is not None else legacy[0]
+        if recovery.offset is not None:
+            return start_offset, recovery.offset
+        if legacy[1] >= 0:
+            return start_offset, legacy[1]
+        if not clean and any(self.dir.glob(f"*{LOG_SUFFIX}")):
+            _log.warning(
+                "recovery_point_unknown",
+                file=str(self.dir / RECOVERY_POINT_FILE),
+                problem=recovery.problem,
+                action="scanning every segment; damage anywhere is truncated",
+            )
+        return start_offset, -1
+
+    def _read_legacy_offsets_checkpoint(self) -> tuple[int, int]:
+        """The pre-Kafka-format ``log-offsets-checkpoint`` ("0\n<start>\n<recovery point>\n"), read
+        once when upgrading a directory; its recovery point was a segment base, a valid lower bound."""
         try:
-            lines = (self.dir / OFFSETS_CHECKPOINT_FILE).read_text(encoding="ascii").split()
+            lines = (self.dir / LEGACY_OFFSETS_CHECKPOINT_FILE).read_text(encoding="ascii").split()
             if len(lines) == 3 and lines[0] == "0":
                 start, recovery = int(lines[1]), int(lines[2])
                 if start >= 0 and recovery >= 0:
@@ -294,10 +440,15 @@ class SegmentedLog:
         return -1, -1
 
     def _write_offsets_checkpoint(self) -> None:
-        atomic_write(
-            self.dir / OFFSETS_CHECKPOINT_FILE,
-            f"0\n{self._start_offset}\n{self._recovery_point}\n".encode("ascii"),
-        )
+        self._write_start_offset()
+        self._write_recovery_point()
+
+    def _write_start_offset(self) -> None:
+        write_offset_checkpoint(self.dir / LOG_START_OFFSET_FILE, self._start_offset)
+
+    def _write_recovery_point(self, appended: int | None = None) -> None:
+        write_offset_checkpoint(self.dir / RECOVERY_POINT_FILE, self._recovery_point)
+        self._checkpointed_bytes = self._appended_bytes if appended is None else appended
 
     def _segment(self, base_offset: int) -> LogSegment:
         config = self.config
@@ -388,6 +539,7 @@ class SegmentedLog:
         except FatalStorageError as exc:
             self._failed = exc
             raise
+        self._appended_bytes += len(data)
         return AppendResult(headers[0].base_offset, headers[-1].last_offset)
 
     def append_records(
@@ -494,6 +646,7 @@ class SegmentedLog:
                 dirty = [s for s in self._segments if s.dirty]
                 dir_dirty, self._dir_dirty = self._dir_dirty, False
                 active_base = self._segments[-1].base_offset
+                appended = self._appended_bytes
             try:
                 for segment in dirty:
                     segment.flush()
@@ -504,11 +657,20 @@ class SegmentedLog:
                 raise
             with self._lock:
                 self._flushed_offset = max(self._flushed_offset, end)
-                advance = active_base > self._recovery_point
+                # After a roll (so at most the active segment is scanned on open) or once enough bytes
+                # were flushed since the last checkpoint (bounds the flushed data left unprotected).
+                advance = end > self._recovery_point and (
+                    active_base > self._recovery_point
+                    or appended - self._checkpointed_bytes >= self.config.recovery_point_interval_bytes
+                )
                 if advance:
-                    self._recovery_point = active_base
+                    self._recovery_point = end
             if advance:
-                self._write_offsets_checkpoint()
+                try:
+                    self._write_recovery_point(appended)
+                except FatalStorageError as exc:
+                    self._failed = exc
+                    raise
             return end
 
     # --- reading -----------------------------------------------------------------------------------
@@ -535,8 +697,65 @@ class SegmentedLog:
             if max_offset is not None and header.base_offset >= max_offset:
                 break
             records, next_offset = segment.read_from(position, header, max_bytes, max_offset)
+            self._verify_read(segment, position, records)
             return LogRead(records, header.base_offset, next_offset)
         return LogRead(b"", offset, offset)
+
+    def _verify_read(self, segment: LogSegment, position: int, records: bytes) -> None:
+        """Every batch a read returns is checked — CRC-32C, the header chain, and its leader epoch
+        (outside the CRC) against the epoch cache — because segments below the recovery point are not
+        scanned on open.  Damage raises CorruptLogError naming the file and position: never serve it,
+        never truncate it.  (Hot path: one struct unpack and one CRC per batch; the epoch cache is
+        consulted once per epoch span, not per batch.)"""
+        epochs = self._epochs
+        first_epoch_offset = epochs.first_offset
+        unpack = _READ_CHECK.unpack_from
+        size = len(records)
+        view = memoryview(records)
+        pos = 0
+        expected = -1
+        span_epoch, span_start, span_end = UNDEFINED_EPOCH, 0, -1
+        try:
+            while pos < size:
+                if size - pos < HEADER_SIZE:
+                    raise CorruptLogError(segment.log_path, position + pos, "torn batch header on read")
+                base, length, epoch, magic, crc, _attributes, delta = unpack(view, pos)
+                end = pos + length + LOG_OVERHEAD
+                # Base offset, length and magic are outside the CRC: the batches must chain.
+                if magic != MAGIC or length < 0 or end > size or (expected >= 0 and base != expected):
+                    raise CorruptLogError(
+                        segment.log_path,
+                        position + pos,
+                        f"batch header (magic {magic}, base offset {base}, length {length}) does not "
+                        f"continue the log at {expected} on read",
+                        offset=base,
+                    )
+                computed = crc32c(view[pos + 21 : end])
+                if computed != crc:
+                    raise CorruptLogError(
+                        segment.log_path,
+                        position + pos,
+                        f"CRC-32C mismatch (stored {crc:#010x}, computed {computed:#010x}) on read",
+                        offset=base,
+                    )
+                last = base + delta
+                if first_epoch_offset is not None and base >= first_epoch_offset:
+                    if not span_start <= base < span_end:
+                        span_epoch, span_start, span_end = epochs.epoch_span(base)
+                    # The batch's epoch, and no other epoch starting inside the batch (which a damaged
+                    # leader-epoch-checkpoint could claim).
+                    if epoch != span_epoch or last >= span_end:
+                        raise CorruptLogError(
+                            segment.log_path,
+                            position + pos,
+                            f"leader epoch {epoch} on read, but {CHECKPOINT_FILE} gives epoch {span_epoch} "
+                            f"for offsets {span_start}..{span_end - 1}, batch holds {base}..{last}",
+                            offset=base,
+                        )
+                expected = last + 1
+                pos = end
+        finally:
+            view.release()
 
     def read_all_batches(self) -> bytes:
         """Every byte of every segment, in order (tools and tests; not for large logs)."""
@@ -553,6 +772,14 @@ class SegmentedLog:
         if offset < self._start_offset:
             self.truncate_fully_and_start_at(offset)
             return self.end_offset
+        old_end, old_size = self.end_offset, self.size_in_bytes
+        # The recovery point must never lie above the log's end on disk (the next open would call the
+        # log damaged): lower it durably *before* cutting, to the base of the segment that keeps the end.
+        keeper_base = self._bases[max(bisect_right(self._bases, offset) - 1, 0)]
+        old_recovery_point = self._recovery_point
+        if old_recovery_point > keeper_base:
+            self._recovery_point = keeper_base
+            self._write_recovery_point()
         with self._lock:
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
                 doomed = self._segments.pop()
@@ -564,6 +791,13 @@ class SegmentedLog:
             active.index.write()
             active.time_index.write()
         new_end = self.end_offset
+        _log.info(
+            "log_truncated",
+            file=str(self._segments[-1].log_path),
+            offset=new_end,
+            bytes_dropped=old_size - self.size_in_bytes,
+            reason=f"requested truncation to {offset} (log end was {old_end})",
+        )
         if new_end < self._start_offset:
             # The batch holding the target straddled the log start: nothing valid is left.
             self.truncate_fully_and_start_at(self._start_offset)
@@ -574,9 +808,10 @@ class SegmentedLog:
         if self._dir_dirty:
             fsync_dir(self.dir)
             self._dir_dirty = False
-        if self._recovery_point > self._segments[-1].base_offset:
-            self._recovery_point = self._segments[-1].base_offset
-            self._write_offsets_checkpoint()
+        if old_recovery_point > self._recovery_point:
+            # The cut is durable: what was flushed below the new end is protected again.
+            self._recovery_point = min(old_recovery_point, new_end)
+            self._write_recovery_point()
         return new_end
 
     def delete_before(self, offset: int) -> int:
@@ -597,7 +832,7 @@ class SegmentedLog:
         changed = self._epochs.truncate_from_start(offset)
         if self._epochs.truncate_from_end(self.end_offset) or changed:
             self._epochs.save()
-        self._write_offsets_checkpoint()
+        self._write_start_offset()
         if deleted:
             fsync_dir(self.dir)
         return deleted
@@ -607,6 +842,18 @@ class SegmentedLog:
         self._check_open()
         if offset < 0:
             raise InvalidAppendError(f"log cannot start at negative offset {offset}")
+        # As in truncate_to: a crash after the deletion must not find a recovery point above the log.
+        safe = min(self._recovery_point, self._start_offset, offset)
+        if self._recovery_point > safe:
+            self._recovery_point = safe
+            self._write_recovery_point()
+        _log.info(
+            "log_truncated",
+            file=str(self.dir),
+            offset=offset,
+            bytes_dropped=self.size_in_bytes,
+            reason=f"requested restart of the log at {offset} (log end was {self.end_offset})",
+        )
         with self._lock:
             for segment in self._segments:
                 segment.delete()
@@ -637,7 +884,7 @@ class SegmentedLog:
         for segment in self._segments:
             segment.trim()
             segment.write_indexes()
-        self._recovery_point = self._segments[-1].base_offset
+        self._recovery_point = self.end_offset
         self._write_offsets_checkpoint()
         atomic_write(self.dir / CLEAN_SHUTDOWN_FILE, b"")
         for segment in self._segments:
@@ -667,8 +914,11 @@ class SegmentedLog:
 
 __all__ = [
     "CLEAN_SHUTDOWN_FILE",
+    "LEGACY_OFFSETS_CHECKPOINT_FILE",
+    "LOG_START_OFFSET_FILE",
     "METADATA_LOG_DIR_NAME",
     "METADATA_LOG_PREALLOCATE_BYTES",
+    "RECOVERY_POINT_FILE",
     "UNDEFINED_EPOCH",
     "AppendResult",
     "LogConfig",

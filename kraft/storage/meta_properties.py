@@ -7,16 +7,29 @@
     node.id=1
     version=1
 
+    #crc32c=1a2b3c4d
+
 Written once by ``kraft storage format`` (atomically: temp, fsync, rename, dir fsync) and never
 overwritten by a running node.  A node refuses to start on a directory without it (unformatted), with a
 corrupt one, or with one naming another cluster or node.
+
+Integrity: the last line is a checksum, CRC-32C of every other byte of the file.  It is a *comment*, so
+Kafka's reader (``java.util.Properties``) ignores it and the file stays Kafka's format; kraft verifies it
+on every read, so a flipped byte in ``cluster.id`` cannot make a node silently join another cluster with
+the old data.  Chosen over a second durable copy: one file, one atomic write, no way for two copies to
+disagree after a crash.  A file without the line (written before it existed, or by Kafka) is still
+accepted.  So that a flip *inside* the checksum line cannot pass for "no checksum", any line that still
+looks like one (a comment holding ``=``, or any line mentioning ``crc32c``) must be exactly it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from crc32c import crc32c
 
 from kraft.storage.errors import InconsistentClusterIdError, StorageStateError
 from kraft.storage.fileio import atomic_write, fsync_dir
@@ -24,6 +37,7 @@ from kraft.storage.ids import parse_uuid, random_uuid
 
 META_PROPERTIES_FILE = "meta.properties"
 META_PROPERTIES_VERSION = 1
+_CHECKSUM_LINE = re.compile(r"#crc32c=([0-9a-f]{8})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +56,40 @@ class MetaProperties:
         parse_uuid(self.directory_id)
 
     def to_text(self) -> str:
-        return (
+        body = (
             "#\n#Written by kraft\n"
             f"cluster.id={self.cluster_id}\n"
             f"directory.id={self.directory_id}\n"
             f"node.id={self.node_id}\n"
             f"version={self.version}\n"
+        )
+        return f"{body}#crc32c={crc32c(body.encode('utf-8')):08x}\n"
+
+
+def _looks_like_checksum(line: str) -> bool:
+    stripped = line.strip()
+    return "crc32c" in stripped.lower() or (stripped[:1] in ("#", "!") and "=" in stripped)
+
+
+def verify_checksum(raw: bytes, path: Path) -> None:
+    """StorageStateError if ``raw`` carries a checksum line that is damaged or does not match the rest
+    of the file; a file without any checksum-like line (older format, Kafka's) passes."""
+    lines = raw.split(b"\n")
+    candidates = [i for i, line in enumerate(lines) if _looks_like_checksum(line.decode("utf-8", "replace"))]
+    if not candidates:
+        return
+    if len(candidates) > 1:
+        raise StorageStateError(f"corrupt {path}: {len(candidates)} checksum lines")
+    i = candidates[0]
+    match = _CHECKSUM_LINE.fullmatch(lines[i].decode("utf-8", "replace"))
+    if match is None:
+        raise StorageStateError(f"corrupt {path}: damaged checksum line {lines[i]!r}")
+    rest = b"\n".join(lines[:i] + lines[i + 1 :])
+    computed = crc32c(rest)
+    if computed != int(match.group(1), 16):
+        raise StorageStateError(
+            f"corrupt {path}: CRC-32C mismatch (stored {match.group(1)}, computed {computed:08x}); "
+            "the file was damaged: restore it rather than reformat"
         )
 
 
@@ -69,16 +111,17 @@ def read_meta_properties(log_dir: str | os.PathLike[str]) -> MetaProperties:
     """Read and validate ``<log_dir>/meta.properties``; StorageStateError if unformatted or corrupt."""
     path = Path(log_dir) / META_PROPERTIES_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise StorageStateError(
             f"log directory {log_dir} is not formatted (no {META_PROPERTIES_FILE}); "
             "run `kraft storage format`"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise StorageStateError(f"cannot read {path}: {exc}") from exc
+    verify_checksum(raw, path)
     try:
-        props = parse_properties(text)
+        props = parse_properties(raw.decode("utf-8"))
         return MetaProperties(
             cluster_id=props["cluster.id"],
             node_id=int(props["node.id"]),
@@ -87,7 +130,7 @@ def read_meta_properties(log_dir: str | os.PathLike[str]) -> MetaProperties:
         )
     except KeyError as exc:
         raise StorageStateError(f"corrupt {path}: missing {exc.args[0]}") from exc
-    except ValueError as exc:
+    except ValueError as exc:  # UnicodeDecodeError included
         raise StorageStateError(f"corrupt {path}: {exc}") from exc
 
 

@@ -22,13 +22,15 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Callable
+from array import array
 from pathlib import Path
+from typing import Protocol
 
 from crc32c import crc32c
 
+from kraft.observability.logging import get_logger
 from kraft.storage.batch import HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader, peek_batch_header
-from kraft.storage.errors import FatalStorageError, StorageStateError
+from kraft.storage.errors import CorruptLogError, FatalStorageError, StorageStateError
 from kraft.storage.fileio import fdatasync_fd, fsync_fd, pread_exact, pwrite_all
 from kraft.storage.index import OffsetIndex, TimeIndex
 
@@ -44,9 +46,19 @@ _LOOKUP_READ_BYTES = 16 * 1024
 _PAGE = 4096
 _ZERO_CHECK_CHUNK = 1 << 20
 
-# check(epoch, base_offset) -> the next offset at which to call it again even if the epoch stays the
-# same, or -1 to reject the batch (recovery then truncates there).  See SegmentedLog._load.
-EpochCheck = Callable[[int, int], int]
+PROTECT_ALL = 2**63
+"""``protect_below`` for a segment whose every byte is known flushed: any damage raises."""
+
+_log = get_logger("storage")
+
+
+class EpochCheck(Protocol):
+    """check(epoch, base_offset) -> the next offset at which to call it again even if the epoch stays the
+    same, or -1 to reject the batch (``problem`` then says why).  See SegmentedLog._load."""
+
+    problem: str
+
+    def __call__(self, epoch: int, base_offset: int, /) -> int: ...
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -60,6 +72,7 @@ class LogSegment:
         "_fd",
         "base_offset",
         "dirty",
+        "epoch_problem",
         "first_timestamp",
         "index",
         "index_interval_bytes",
@@ -94,39 +107,48 @@ class LogSegment:
         self.max_timestamp = -1
         self._bytes_since_index = 0
         self.dirty = False  # written since the last fsync
+        self.epoch_problem = ""  # why the last scan refused a batch's leader epoch
 
     # --- opening -----------------------------------------------------------------------------------
 
-    def load_trusted(self) -> bool:
-        """Open a segment known to be intact (below the recovery point or after a clean shutdown).
+    def load_trusted(self) -> None:
+        """Open a segment known to be flushed (below the recovery point or after a clean shutdown).
 
-        Loads the indexes (rebuilding them by a scan if missing or inconsistent) and finds
-        ``next_offset``/``max_timestamp`` by walking the few headers after the last index entry.
-        Returns True if the fallback scan had to truncate the file (later segments are then invalid).
+        Loads the indexes and finds ``next_offset``/``max_timestamp`` by walking the few headers after
+        the last index entry.  If that does not add up, the indexes are rebuilt by a full scan — and any
+        damage that scan finds raises :class:`CorruptLogError`: these bytes were flushed, so they are
+        never truncated.  (Batch CRCs are not re-checked here, to keep opening cheap; reads check them.)
         """
         if self.size == 0:
             self.index.clear()
             self.time_index.clear()
-            return False
+            return
         if not (
             self.index.load(self.size)
             and self.time_index.load()
             and self._walk_tail()
             and self._time_index_within_segment()
+            and self._read_first_timestamp()
         ):
-            return self.recover(None)
+            self.recover(None, protect_below=PROTECT_ALL)
+            return
         last = self.index.last_entry()
         self._bytes_since_index = self.size - last[1] if last else self.size
-        self._read_first_timestamp()
-        return False
 
     def _time_index_within_segment(self) -> bool:
         offsets = self.time_index.offsets
         return not offsets or self.base_offset + offsets[-1] < self.next_offset
 
-    def _read_first_timestamp(self) -> None:
-        header = peek_batch_header(pread_exact(self._fd, HEADER_SIZE, 0))
-        self.first_timestamp = header.max_timestamp
+    def _read_first_timestamp(self) -> bool:
+        """Set ``first_timestamp`` from the first batch; False if its header is not plausible."""
+        raw = pread_exact(self._fd, HEADER_SIZE, 0)
+        if len(raw) < HEADER_SIZE:
+            return False
+        base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, max_ts = _SCAN.unpack_from(raw)
+        if base != self.base_offset or magic != MAGIC or length < HEADER_SIZE - LOG_OVERHEAD or delta < 0:
+            return False
+        self.first_timestamp = max_ts
+        return True
 
     def _walk_tail(self) -> bool:
         """From the last index entry to the end of file: True if headers chain exactly to ``size``."""
@@ -158,9 +180,15 @@ class LogSegment:
         self.max_timestamp = max_ts
         return True
 
-    def recover(self, check_epoch: EpochCheck | None, max_batch_bytes: int = 2**31 - 1) -> bool:
-        """Validate every batch (size, magic, CRC, offset continuity), rebuild both indexes, and
-        truncate the file at the first bad batch.  Returns True if bytes were truncated.
+    def recover(
+        self, check_epoch: EpochCheck | None, max_batch_bytes: int = 2**31 - 1, *, protect_below: int
+    ) -> bool:
+        """Validate every batch (size, magic, CRC, offset continuity, leader epoch), rebuild both indexes,
+        and truncate the file at the first bad batch.  Returns True if damaged bytes were truncated.
+
+        ``protect_below`` is the recovery point: the offsets below it were flushed, so damage there (or
+        the file ending before it) raises :class:`CorruptLogError` and nothing is truncated.  Only what
+        lies at or above it — a torn or unflushed tail — may be cut; every cut is logged.
 
         ``check_epoch(epoch, base_offset)`` is called for the first batch, whenever the leader epoch
         changes, and at the offsets it asks for; it rebuilds the leader-epoch cache and may reject a batch
@@ -171,8 +199,16 @@ class LogSegment:
         self._bytes_since_index = 0
         self.max_timestamp = -1
         self.first_timestamp = None
+        self.preallocated_tail = 0
         if self.size == 0:
             self.next_offset = self.base_offset
+            if self.base_offset < protect_below:
+                raise CorruptLogError(
+                    self.log_path,
+                    0,
+                    f"empty, but offsets below the recovery point {protect_below} were flushed",
+                    offset=self.base_offset,
+                )
             return False
         # The file is mapped rather than read: the scan then costs one CRC pass over the page cache and
         # no copies.  Nothing else touches the file while the log is being opened.
@@ -182,14 +218,56 @@ class LogSegment:
             view = memoryview(mapped)
             try:
                 valid_end = self._scan(view, check_epoch, max_batch_bytes)
+                reason = "" if valid_end == self.size else self._damage(view, valid_end, max_batch_bytes)
             finally:
                 view.release()
-        if valid_end < self.size:
-            zero_tail = self._is_zero(valid_end)
-            self.preallocated_tail = self.size - valid_end if zero_tail else 0
-            self._truncate_file(valid_end)
-            return not zero_tail
-        return False
+        if valid_end == self.size:
+            return False
+        zero_tail = self._is_zero(valid_end)
+        if self.next_offset < protect_below:
+            what = "zeroed" if zero_tail else reason
+            raise CorruptLogError(
+                self.log_path,
+                valid_end,
+                f"{what}, below the recovery point {protect_below} (flushed data): refusing to truncate it",
+                offset=self.next_offset,
+            )
+        dropped = self.size - valid_end
+        self.preallocated_tail = dropped if zero_tail else 0
+        # A zero tail is what every crash of a preallocated log leaves: info, not a warning.
+        (_log.info if zero_tail else _log.warning)(
+            "log_truncated",
+            file=str(self.log_path),
+            position=valid_end,
+            offset=self.next_offset,
+            bytes_dropped=dropped,
+            reason="preallocated zero tail" if zero_tail else reason,
+            recovery_point=protect_below,
+        )
+        self._truncate_file(valid_end)
+        return not zero_tail
+
+    def _damage(self, view: memoryview, position: int, max_batch_bytes: int) -> str:
+        """Why the batch at ``position`` (where the scan stopped) was refused — for the log line or error."""
+        size = len(view)
+        if size - position < HEADER_SIZE:
+            return f"torn batch header ({size - position} bytes)"
+        base, length, epoch, magic, crc, _attrs, delta, _base_ts, _max_ts = _SCAN.unpack_from(view, position)
+        batch_size = length + LOG_OVERHEAD
+        if magic != MAGIC:
+            return f"magic {magic}, expected {MAGIC}"
+        if length < HEADER_SIZE - LOG_OVERHEAD or batch_size > max_batch_bytes:
+            return f"batch length {length} out of range"
+        if position + batch_size > size:
+            return f"torn batch: length {length} runs past the end of the file"
+        if base != self.next_offset:
+            return f"base offset {base}, expected {self.next_offset}"
+        if delta < 0 or base + delta - self.base_offset > _MAX_RELATIVE_OFFSET:
+            return f"last offset delta {delta} out of range"
+        computed = crc32c(view[position + 21 : position + batch_size])
+        if computed != crc:
+            return f"CRC-32C mismatch (stored {crc:#010x}, computed {computed:#010x})"
+        return f"leader epoch {epoch} refused: {self.epoch_problem or 'out of order'}"
 
     def _is_zero(self, position: int) -> bool:
         """True if every byte from ``position`` to the end of the file is zero (a preallocated tail)."""
@@ -205,6 +283,7 @@ class LogSegment:
         """Walk the batches in ``view``; returns the end of the valid prefix (sets next_offset etc.)."""
         size = len(view)
         expected = self.base_offset
+        self.epoch_problem = ""
         last_epoch: int | None = None
         next_check = 0
         position = 0
@@ -228,11 +307,16 @@ class LogSegment:
                 or crc32c(view[position + 21 : position + batch_size]) != crc
             ):
                 break
+            if last_epoch is not None and epoch < last_epoch:
+                # The epoch is outside the CRC: a decrease along the log can only be damage.
+                self.epoch_problem = f"below the previous batch's epoch {last_epoch}"
+                break
             if check_epoch is not None and (epoch != last_epoch or base >= next_check):
                 next_check = check_epoch(epoch, base)
                 if next_check < 0:
+                    self.epoch_problem = check_epoch.problem
                     break
-                last_epoch = epoch
+            last_epoch = epoch
             last_offset = base + delta
             max_ts = max(max_ts, batch_max_ts)
             if self.first_timestamp is None:
@@ -301,18 +385,82 @@ class LogSegment:
     # --- reading -----------------------------------------------------------------------------------
 
     def find_batch(self, offset: int) -> tuple[int, BatchHeader] | None:
-        """(position, header) of the batch holding ``offset``, or None if it is not in this segment."""
+        """(position, header) of the batch holding ``offset``, or None if it is not in this segment.
+
+        The header walk is verified (magic, sane lengths, each batch continuing the previous one, the
+        first matching its index entry): base offset, length and magic lie outside the CRC.  An index
+        that does not fit the batches is rebuilt by a full verifying scan; batches that do not chain
+        raise CorruptLogError."""
         if offset >= self.next_offset or offset < self.base_offset:
             return None
-        position = self.index.lookup(offset)
+        entry_last, position = self.index.lookup_entry(offset)
+        found = self._walk_to(offset, position, entry_last)
+        if found is None and entry_last is not None:
+            # Derived data gone wrong (the batches may be fine): rebuild it; a damaged batch raises.
+            _log.warning("index_rebuilt", file=str(self.index.path), position=position, offset=offset)
+            self._rebuild_index()
+            entry_last, position = self.index.lookup_entry(offset)
+            found = self._walk_to(offset, position, entry_last)
+        if found is None:
+            raise CorruptLogError(
+                self.log_path, position, f"batch headers do not chain to offset {offset}", offset=offset
+            )
+        return found
+
+    def _rebuild_index(self) -> None:
+        """Rebuild the indexes by a verifying scan of an open segment.  If the scan finds damage, the
+        segment's state is put back as it was (its end offset must not shrink under the log: nothing is
+        truncated) and the CorruptLogError propagates."""
+        saved = (
+            self.next_offset,
+            self.max_timestamp,
+            self.first_timestamp,
+            self._bytes_since_index,
+            self.preallocated_tail,
+            array("i", self.index.offsets),
+            array("i", self.index.positions),
+            array("q", self.time_index.timestamps),
+            array("i", self.time_index.offsets),
+        )
+        try:
+            self.recover(None, protect_below=PROTECT_ALL)
+        except CorruptLogError:
+            (
+                self.next_offset,
+                self.max_timestamp,
+                self.first_timestamp,
+                self._bytes_since_index,
+                self.preallocated_tail,
+                self.index.offsets,
+                self.index.positions,
+                self.time_index.timestamps,
+                self.time_index.offsets,
+            ) = saved
+            raise
+
+    def _walk_to(self, offset: int, position: int, entry_last: int | None) -> tuple[int, BatchHeader] | None:
+        """Walk headers from ``position`` to the batch holding ``offset``; None if they do not chain."""
+        # From the segment start the first batch starts at the base offset; from an index entry (L, P)
+        # the batch at P ends at L.
+        expected: int | None = self.base_offset if entry_last is None else None
         while position < self.size:
             raw = pread_exact(self._fd, min(_LOOKUP_READ_BYTES, self.size - position), position)
             chunk_pos = 0
             while len(raw) - chunk_pos >= HEADER_SIZE:
-                header = peek_batch_header(raw, chunk_pos)
-                if header.base_offset + header.last_offset_delta >= offset:
-                    return position + chunk_pos, header
-                chunk_pos += header.size_in_bytes
+                base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, _max_ts = _SCAN.unpack_from(
+                    raw, chunk_pos
+                )
+                if magic != MAGIC or length < HEADER_SIZE - LOG_OVERHEAD or delta < 0:
+                    return None
+                if expected is None:
+                    if base + delta != entry_last:
+                        return None
+                elif base != expected:
+                    return None
+                if base + delta >= offset:
+                    return position + chunk_pos, peek_batch_header(raw, chunk_pos)
+                expected = base + delta + 1
+                chunk_pos += length + LOG_OVERHEAD
             if chunk_pos == 0:
                 break
             position += chunk_pos
@@ -355,14 +503,15 @@ class LogSegment:
         self.time_index.truncate_to_offset(last[0] + 1 if last else self.base_offset)
         self._bytes_since_index = position - last[1] if last else position
         if not self._walk_tail():
-            # Cannot happen for a segment that passed recovery; rebuild rather than trust a bad index.
-            self.recover(None)
+            # Cannot happen for a segment that passed recovery; rebuild rather than trust a bad index
+            # (what is left was flushed or is about to be: damage in it raises, never truncates).
+            self._rebuild_index()
         if self.size == 0:
             self.first_timestamp = None
             self.max_timestamp = -1
             self.next_offset = self.base_offset
-        elif self.first_timestamp is None:
-            self._read_first_timestamp()
+        elif self.first_timestamp is None and not self._read_first_timestamp():
+            raise CorruptLogError(self.log_path, 0, "first batch header is damaged", offset=self.base_offset)
 
     def _truncate_file(self, position: int) -> None:
         try:

@@ -35,8 +35,15 @@ from kraft.storage.batch import (
     decode_control_key,
     peek_batch_header,
     with_base_offset,
+    with_leader_epoch,
 )
-from kraft.storage.errors import CorruptRecordError, InvalidAppendError, StorageStateError
+from kraft.storage.errors import (
+    CorruptLogError,
+    CorruptRecordError,
+    InvalidAppendError,
+    RecordTooLargeError,
+    StorageStateError,
+)
 from kraft.storage.fileio import fsync_dir, fsync_fd, pread_exact, write_all
 
 SNAPSHOT_SUFFIX = ".checkpoint"
@@ -85,7 +92,9 @@ class _PartFile:
         self.size += len(data)
 
     def validate(self) -> None:
-        validate_snapshot_bytes(pread_exact(self._fd, self.size, 0), str(self.part_path))
+        validate_snapshot_bytes(
+            pread_exact(self._fd, self.size, 0), str(self.part_path), epoch=self.snapshot_id.epoch
+        )
 
     def freeze(self) -> Path:
         fsync_fd(self._fd, str(self.part_path))
@@ -141,7 +150,8 @@ class SnapshotWriter:
         header = check_batch(data)
         if header.size_in_bytes != len(data):
             raise InvalidAppendError("append_batch takes exactly one batch")
-        self._part.write(with_base_offset(data, self.next_offset))
+        # Snapshot batches carry the snapshot epoch (as Kafka writes them); readers verify it.
+        self._part.write(with_leader_epoch(with_base_offset(data, self.next_offset), self.snapshot_id.epoch))
         self.next_offset += header.last_offset_delta + 1
 
     def freeze(self) -> Path:
@@ -200,33 +210,60 @@ def _control_type(batch: RecordBatch) -> int | None:
     return decode_control_key(batch.records[0].key)
 
 
-def validate_snapshot_bytes(data: bytes, what: str) -> None:
-    """Every batch valid, the first a SnapshotHeader control batch and the last a SnapshotFooter."""
+def snapshot_problem(data: bytes, epoch: int | None = None) -> tuple[int, str] | None:
+    """(byte position, what is wrong) of the first defect of snapshot bytes, or None if they are valid:
+    every batch CRC-valid, offsets contiguous from 0, every batch's leader epoch (outside the CRC) equal
+    to the snapshot's ``epoch`` when given (Kafka writes snapshot batches at the snapshot epoch), a
+    SnapshotHeader control batch first and a SnapshotFooter control batch last."""
     if not data:
-        raise CorruptRecordError(f"snapshot {what} is empty")
+        return 0, "empty"
     position = 0
+    expected_offset = 0
     first: RecordBatch | None = None
     last: RecordBatch | None = None
+    last_position = 0
     while position < len(data):
-        header = check_batch(data, position)
-        if first is None or header.is_control:
-            batch, _ = decode_batch(data, position)
-            if first is None:
-                first = batch
-            last = batch
-        else:
-            last = None
+        try:
+            header = check_batch(data, position)
+            if first is None or header.is_control:
+                batch, _ = decode_batch(data, position)
+                if first is None:
+                    first = batch
+                last = batch
+            else:
+                last = None
+        except (CorruptRecordError, RecordTooLargeError) as exc:
+            return position, exc.message
+        if header.base_offset != expected_offset:
+            return position, f"batch base offset {header.base_offset}, expected {expected_offset}"
+        if epoch is not None and header.partition_leader_epoch != epoch:
+            return (
+                position,
+                f"batch leader epoch {header.partition_leader_epoch}, expected the snapshot's {epoch}",
+            )
+        expected_offset = header.next_offset
+        last_position = position
         position += header.size_in_bytes
     if first is None or _control_type(first) != ControlRecordType.SNAPSHOT_HEADER:
-        raise CorruptRecordError(f"snapshot {what} does not start with a SnapshotHeader control batch")
+        return 0, "does not start with a SnapshotHeader control batch"
     if last is None or _control_type(last) != ControlRecordType.SNAPSHOT_FOOTER:
-        raise CorruptRecordError(f"snapshot {what} does not end with a SnapshotFooter control batch")
+        return last_position, "does not end with a SnapshotFooter control batch"
+    return None
+
+
+def validate_snapshot_bytes(data: bytes, what: str, *, epoch: int | None = None) -> None:
+    """Raise CorruptRecordError (bytes from the network) naming ``what`` if :func:`snapshot_problem`
+    finds a defect."""
+    problem = snapshot_problem(data, epoch)
+    if problem is not None:
+        raise CorruptRecordError(f"snapshot {what} at byte {problem[0]}: {problem[1]}")
 
 
 class SnapshotReader:
-    """Read access to one frozen snapshot file."""
+    """Read access to one frozen snapshot file, verified whole when opened (``verify``): a bad snapshot
+    raises CorruptLogError naming the file and is never served or loaded."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, verify: bool = True) -> None:
         snapshot_id = parse_snapshot_file_name(path.name)
         if snapshot_id is None:
             raise StorageStateError(f"{path} is not a snapshot file name")
@@ -237,6 +274,12 @@ class SnapshotReader:
         except FileNotFoundError:
             raise StorageStateError(f"snapshot {path} does not exist") from None
         self.size = os.fstat(self._fd).st_size
+        if verify:
+            try:
+                self.validate()
+            except BaseException:
+                self.close()
+                raise
 
     def read_chunk(self, position: int, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` raw bytes at ``position`` (not aligned to batches; for FetchSnapshot)."""
@@ -245,6 +288,9 @@ class SnapshotReader:
                 f"position {position} outside snapshot {self.path.name} of {self.size} bytes"
             )
         return pread_exact(self._fd, min(max_bytes, self.size - position), position)
+
+    def read_all(self) -> bytes:
+        return pread_exact(self._fd, self.size, 0)
 
     def batches(self) -> Iterator[RecordBatch]:
         """Decode every batch (header, data, footer) in order; CorruptRecordError on a bad one."""
@@ -265,7 +311,10 @@ class SnapshotReader:
         raise CorruptRecordError(f"snapshot {self.path.name} has no SnapshotHeader")
 
     def validate(self) -> None:
-        validate_snapshot_bytes(pread_exact(self._fd, self.size, 0), self.path.name)
+        """CorruptLogError naming the file, the byte position and the defect (see snapshot_problem)."""
+        problem = snapshot_problem(self.read_all(), self.snapshot_id.epoch)
+        if problem is not None:
+            raise CorruptLogError(self.path, problem[0], f"bad snapshot: {problem[1]}")
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -283,6 +332,9 @@ class SnapshotDirectory:
     """The snapshots of one log directory."""
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
+        # Frozen snapshots never change: one full verification per file identity (FetchSnapshot opens
+        # the file once per chunk; verifying each time would make a transfer quadratic).
+        self._verified: dict[Path, tuple[int, int, int]] = {}
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         removed = False
@@ -308,7 +360,23 @@ class SnapshotDirectory:
         return self.dir / snapshot_file_name(snapshot_id)
 
     def open(self, snapshot_id: SnapshotFileId) -> SnapshotReader:
-        return SnapshotReader(self.path(snapshot_id))
+        """The snapshot, verified (every batch's CRC, offsets, epochs, header and footer) the first time
+        this store opens this file; CorruptLogError naming the file if it is bad."""
+        path = self.path(snapshot_id)
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            raise StorageStateError(f"snapshot {path} does not exist") from None
+        identity = (info.st_ino, info.st_size, info.st_mtime_ns)
+        verified = self._verified.get(path) == identity
+        reader = SnapshotReader(path, verify=not verified)
+        self._verified[path] = identity
+        return reader
+
+    def read_verified(self, snapshot_id: SnapshotFileId) -> bytes:
+        """The whole snapshot file, verified as by :meth:`open` (for loading it into a state machine)."""
+        with self.open(snapshot_id) as reader:
+            return reader.read_all()
 
     def create(
         self, snapshot_id: SnapshotFileId, *, last_contained_log_timestamp: int, timestamp_ms: int
@@ -326,6 +394,7 @@ class SnapshotDirectory:
     def delete(self, snapshot_id: SnapshotFileId) -> bool:
         path = self.path(snapshot_id)
         doomed = path.with_name(path.name[: -len(SNAPSHOT_SUFFIX)] + DELETED_SUFFIX)
+        self._verified.pop(path, None)
         try:
             os.replace(path, doomed)
         except FileNotFoundError:

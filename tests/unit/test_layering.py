@@ -44,9 +44,10 @@ BROKER_METADATA_MODULES = frozenset(
     {"kraft.metadata.records", "kraft.metadata.image", "kraft.metadata.delta"}
 )
 
-# Modules every layer may import although they live in a higher package: the one place channels are
-# made (its security options must reach the Raft transport too), which itself imports nothing of kraft.
-SHARED_LEAVES = frozenset({"kraft.client.channel"})
+# Modules every layer may import although they live in a higher package, each importing nothing of kraft:
+# the one place channels are made (its security options must reach the Raft transport too), and the
+# structured logger (storage logs every truncation it makes with file, offset and bytes).
+SHARED_LEAVES = frozenset({"kraft.client.channel", "kraft.observability.logging"})
 
 
 @dataclass(frozen=True, slots=True)

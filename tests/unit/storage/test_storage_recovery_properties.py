@@ -1,5 +1,7 @@
-"""Crash recovery: whatever happens to the un-checkpointed tail of the log, reopening it yields exactly a
-valid prefix of what was appended — never a corrupt batch, and never less than what lay before the damage.
+"""Crash recovery: whatever happens to the segments the recovery point does not cover, reopening the log
+either yields exactly a valid prefix of what was appended — never a corrupt batch, never less than what
+lay before the damage, never less than the recovery point — or, when the damage lies below the recovery
+point (flushed data), refuses to open with CorruptLogError naming a file of the log.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from storage_helpers import LogModel, scan_batches, segment_files
 
 from kraft.storage.batch import HEADER_SIZE, peek_batch_header
-from kraft.storage.log import OFFSETS_CHECKPOINT_FILE, LogConfig, SegmentedLog
+from kraft.storage.errors import CorruptLogError
+from kraft.storage.log import RECOVERY_POINT_FILE, LogConfig, SegmentedLog
 
 CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=200)
 # Small preallocation steps so appends keep crossing the zero-filled space's end.
@@ -77,9 +80,16 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
 
         lose_checkpoint = data.draw(st.booleans(), label="lose_checkpoint")
         if lose_checkpoint:
-            (directory / OFFSETS_CHECKPOINT_FILE).unlink()
-        # Below the recovery point data was fsynced before the checkpoint: a crash cannot tear it.
-        files = [p for p in segment_files(directory) if lose_checkpoint or int(p.stem) >= recovery_point]
+            (directory / RECOVERY_POINT_FILE).unlink()
+            recovery_point = 0
+        # Segments wholly below the recovery point are not scanned on open (test_storage_corruption
+        # covers them); damage goes to the segment holding the recovery point or a later one.
+        all_files = segment_files(directory)
+        files = [
+            p
+            for i, p in enumerate(all_files)
+            if i + 1 == len(all_files) or int(all_files[i + 1].stem) > recovery_point
+        ]
         locations = _batch_locations(directory)
         intact = len(locations)
         target = data.draw(st.sampled_from(files), label="file")
@@ -105,11 +115,19 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
             else:
                 victim.write_bytes(data.draw(st.binary(min_size=1, max_size=40), label="index_bytes"))
 
-        log = SegmentedLog.open(directory, config)
+        first_damaged = model.batches[intact].base_offset if intact < len(model.batches) else model.end_offset
+        try:
+            log = SegmentedLog.open(directory, config)
+        except CorruptLogError as exc:
+            # Only flushed data (below the recovery point) is worth refusing to open for.
+            assert first_damaged < recovery_point, exc
+            assert Path(exc.path).parent == directory
+            return
         try:
             survivors = scan_batches(log)
             assert [raw for _, raw in survivors] == [b.data for b in model.batches[: len(survivors)]]
             assert len(survivors) >= intact
+            assert log.end_offset >= recovery_point
             model.truncate_to(survivors[-1][0].next_offset if survivors else 0)
             assert log.end_offset == model.end_offset
             assert log.flushed_offset == log.end_offset
