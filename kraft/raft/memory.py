@@ -255,7 +255,8 @@ class LoopbackNetwork:
             raise TransportError(dest, "UNAVAILABLE: unreachable")
         try:
             async with asyncio.timeout(timeout_ms / 1000):
-                response = await handler.handle_request(request)
+                # The loopback knows who calls: it authenticates like mTLS would.
+                response = await handler.handle_request(request, peer_id=source)
         except TimeoutError:
             raise TransportError(dest, "DEADLINE_EXCEEDED") from None
         except RaftShutdownError as exc:
