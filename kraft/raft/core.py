@@ -88,7 +88,13 @@ from kraft.raft.messages import (
     error_response_for,
 )
 from kraft.raft.quorum import Rng, end_quorum_backoff_ms, is_log_up_to_date
-from kraft.raft.state import PERSISTED_STATES, ElectionState, StateKind, check_transition
+from kraft.raft.state import (
+    PERSISTED_STATES,
+    ElectionState,
+    ImpossibleElectionStateError,
+    StateKind,
+    check_transition,
+)
 
 
 class RaftCore:
@@ -123,7 +129,7 @@ class RaftCore:
         if not 0 <= election.epoch <= MAX_EPOCH or not 0 <= log.last_epoch <= MAX_EPOCH:
             # Only a forged or corrupt quorum-state (or log) holds such an epoch: refuse to start with
             # one clear error instead of a node that cannot encode its next vote request.
-            raise ValueError(
+            raise ImpossibleElectionStateError(
                 f"impossible epoch {max(election.epoch, log.last_epoch)} in the stored election state"
                 f" or log (the maximum is {MAX_EPOCH})"
             )
