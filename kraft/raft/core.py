@@ -126,9 +126,10 @@ class RaftCore:
         self._resigned_leader: tuple[int, int] | None = None
         """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
 
-        if not 0 <= election.epoch <= MAX_EPOCH or not 0 <= log.last_epoch <= MAX_EPOCH:
-            # Only a forged or corrupt quorum-state (or log) holds such an epoch: refuse to start with
-            # one clear error instead of a node that cannot encode its next vote request.
+        if not 0 <= election.epoch <= MAX_EPOCH + 1 or not 0 <= log.last_epoch <= MAX_EPOCH:
+            # Only a forged or corrupt quorum-state (or log) holds such an epoch — a node itself reaches
+            # at most MAX_EPOCH + 1, as a candidate nobody votes for: refuse to start with one clear
+            # error instead of running a node that cannot encode its next vote request.
             raise ImpossibleElectionStateError(
                 f"impossible epoch {max(election.epoch, log.last_epoch)} in the stored election state"
                 f" or log (the maximum is {MAX_EPOCH})"

@@ -217,7 +217,7 @@ def test_epoch_bound_rule() -> None:
 
 
 @pytest.mark.parametrize(
-    "election", [ElectionState(INT32_MAX), ElectionState(MAX_EPOCH + 1, 2, 2), ElectionState(-1)]
+    "election", [ElectionState(INT32_MAX), ElectionState(MAX_EPOCH + 2, 2, 2), ElectionState(-1)]
 )
 def test_an_impossible_stored_epoch_is_a_clear_startup_error(election: ElectionState) -> None:
     with pytest.raises(ValueError, match="impossible epoch") as info:
