@@ -40,9 +40,10 @@ from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
-from kraft.raft.grpc_server import RaftServicer
+from kraft.raft.grpc_server import RaftServicer, add_raft_service
 from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
 from kraft.raft.grpc_transport import GrpcTransport
+from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
@@ -225,6 +226,8 @@ class ControllerNode:
                 self._raft = open_raft(cfg, self._meta, self._transport)
             except KraftError as exc:
                 raise StartupError(f"cannot open the metadata log: {exc.message}") from None
+            except ImpossibleElectionStateError as exc:  # a forged or corrupt quorum-state (issue #15)
+                raise StartupError(f"cannot open the metadata log: {exc}") from None
             await self._start_server()
             await self._raft.start()
         except BaseException:
@@ -266,7 +269,7 @@ class ControllerNode:
             local_directory=(cfg.node_id, self._meta.directory_id),
             endpoints=endpoints,
         )
-        raft_pb2_grpc.add_RaftServiceServicer_to_server(raft_servicer, server)
+        add_raft_service(raft_servicer, server)
         self._health = await add_health_service(server, (RAFT_SERVICE,))
         if cfg.kraft_test_append_enable:
             # The digest state machine writes snapshots only when nothing else runs on this node:

@@ -63,11 +63,13 @@ from kraft.raft.core_rules import (
     may_grant_pre_vote,
     may_grant_vote,
     quorum_epoch_request_error,
+    sender_error,
     vote_request_error,
 )
 from kraft.raft.core_timers import ElectionTimer
 from kraft.raft.core_types import BatchScanner, RaftConfig
 from kraft.raft.messages import (
+    MAX_EPOCH,
     NO_LEADER,
     BeginQuorumEpochRequest,
     BeginQuorumEpochResponse,
@@ -86,7 +88,13 @@ from kraft.raft.messages import (
     error_response_for,
 )
 from kraft.raft.quorum import Rng, end_quorum_backoff_ms, is_log_up_to_date
-from kraft.raft.state import PERSISTED_STATES, ElectionState, StateKind, check_transition
+from kraft.raft.state import (
+    PERSISTED_STATES,
+    ElectionState,
+    ImpossibleElectionStateError,
+    StateKind,
+    check_transition,
+)
 
 
 class RaftCore:
@@ -118,6 +126,14 @@ class RaftCore:
         self._resigned_leader: tuple[int, int] | None = None
         """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
 
+        if not 0 <= election.epoch <= MAX_EPOCH + 1 or not 0 <= log.last_epoch <= MAX_EPOCH:
+            # Only a forged or corrupt quorum-state (or log) holds such an epoch — a node itself reaches
+            # at most MAX_EPOCH + 1, as a candidate nobody votes for: refuse to start with one clear
+            # error instead of running a node that cannot encode its next vote request.
+            raise ImpossibleElectionStateError(
+                f"impossible epoch {max(election.epoch, log.last_epoch)} in the stored election state"
+                f" or log (the maximum is {MAX_EPOCH})"
+            )
         # Startup rules (KRaft QuorumState.initialize).
         if election.epoch < log.last_epoch:
             self.election = ElectionState(log.last_epoch)
@@ -184,13 +200,22 @@ class RaftCore:
         self._poll_state()
         return self._take_output()
 
-    def handle_request(self, request_id: int, request: RaftRequest, now_ms: int) -> Output:
+    def handle_request(
+        self, request_id: int, request: RaftRequest, now_ms: int, *, peer_id: int | None = None
+    ) -> Output:
         """Take one inbound request; its response comes back as an :class:`OutboundResponse` with
-        ``request_id`` (now, after persistence, or later for a long-poll fetch)."""
+        ``request_id`` (now, after persistence, or later for a long-poll fetch).
+
+        ``peer_id`` is the node id the transport *authenticated* the sender as (mTLS), or None for an
+        unauthenticated peer; with it, a request naming another sender is refused (never counted)."""
         self._advance(now_ms)
-        if request.cluster_id and request.cluster_id != self.config.cluster_id:
+        sender = sender_error(request, self.config, peer_id)
+        if request.cluster_id != self.config.cluster_id:
+            # An empty cluster id is refused too (issue #15): every kraft node sends its own.
             message = f"cluster id {request.cluster_id!r} is not {self.config.cluster_id!r}"
             self._respond_error(request_id, request, ErrorCode.INCONSISTENT_CLUSTER_ID, message)
+        elif sender is not None:
+            self._respond_error(request_id, request, *sender)
         elif isinstance(request, VoteRequest):
             self._handle_vote_request(request_id, request)
         elif isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
@@ -214,7 +239,7 @@ class RaftCore:
         ):
             self._fetcher.abandon_download()  # the leader moved on to a newer snapshot: start over
         verdict = common_response_verdict(
-            response, self.epoch, self.node_id, self.election.leader_id, self.state
+            response, self.epoch, self.node_id, self.election.leader_id, self.state, self.config
         )
         if verdict.transition is not None:
             self._become(verdict.transition)
@@ -224,7 +249,7 @@ class RaftCore:
             self._handle_vote_response(inflight, response)
         elif isinstance(response, BeginQuorumEpochResponse):
             if self._leader is not None:
-                self._leader.on_begin_quorum_acknowledged(inflight.dest)
+                self._leader.on_begin_quorum_acknowledged(inflight.dest, self.now_ms)
         elif isinstance(response, FetchResponse):
             if self._fetcher is not None:
                 self._apply(
@@ -581,6 +606,16 @@ class RaftCore:
         if error is not None:
             self._respond_error(request_id, request, *error)
             return
+        if not request.pre_vote and request.candidate_epoch > self.epoch and self._protects_live_leader():
+            # KIP-996 / etcd's leader lease: while we hear from a live leader a standard vote would only
+            # depose it (issue #15: one forged Vote did).  Refuse without adopting the candidate's epoch
+            # or persisting anything; our older epoch in the answer tells the candidate it is a refusal.
+            leader = self.leader_and_epoch.leader_id
+            message = f"leader {leader} of epoch {self.epoch} is live"
+            self._respond(
+                Respond(request_id, VoteResponse(ErrorCode.NONE, message, leader, self.epoch, False, False))
+            )
+            return
         up_to_date = is_log_up_to_date(
             request.last_offset_epoch, request.last_offset, self.log.last_epoch, self.log.end_offset
         )
@@ -605,6 +640,21 @@ class RaftCore:
         leader = self.leader_and_epoch.leader_id
         response = VoteResponse(ErrorCode.NONE, "", leader, self.epoch, granted, False)
         self._respond(Respond(request_id, response, after_persist=granted))
+
+    def _protects_live_leader(self) -> bool:
+        """Whether a live leader exists that a standard vote at a higher epoch would depose: we lead and
+        check-quorum holds (a majority fetched within its window), or we follow a leader we fetched from
+        in this follower state that has not resigned (EndQuorumEpoch: the graceful handover) and whose
+        fetches are not being refused — the same test that refuses pre-votes (KIP-996)."""
+        if self._leader is not None:
+            return len(self.voters) > 1 and not self._leader.check_quorum_expired(self.now_ms)
+        fetcher = self._fetcher
+        return (
+            self.state is StateKind.FOLLOWER
+            and fetcher is not None
+            and not fetcher.can_grant_pre_vote()
+            and not fetcher.fetch_timed_out(self.now_ms)
+        )
 
     def _handle_vote_response(self, inflight: Inflight, response: VoteResponse) -> None:
         election = self._election

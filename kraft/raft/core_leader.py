@@ -82,6 +82,9 @@ class LeaderRole:
         self.check_quorum_fetchers: set[int] = set()
         self.begin_unacked = {voter for voter in config.voters if voter != config.node_id}
         self.begin_next_send_ms: dict[int, int] = {}
+        self.last_contact_ms: dict[int, int] = {}
+        """When each other voter last fetched (or the epoch started): one silent for a fetch timeout gets
+        BeginQuorumEpoch again."""
         self.pending_records: list[bytes] = []
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
@@ -93,6 +96,7 @@ class LeaderRole:
         """Open the epoch: append the LeaderChange batch and announce it with BeginQuorumEpoch."""
         if len(self.voters) > 1:
             self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
+        self.last_contact_ms = dict.fromkeys(self.begin_unacked, now_ms)
         base = self.epoch_start_offset
         op = AppendLeaderChange(
             base, self.epoch, self.node_id, tuple(sorted(self.voters)), self.granting_voters
@@ -107,6 +111,9 @@ class LeaderRole:
             deadline = min(deadline, parked.deadline_ms)
         for voter in self.begin_unacked:
             deadline = min(deadline, self.begin_next_send_ms.get(voter, NEVER_MS))
+        for voter, contact_ms in self.last_contact_ms.items():
+            if voter not in self.begin_unacked:
+                deadline = min(deadline, contact_ms + self.config.fetch_timeout_ms)
         return deadline
 
     def check_quorum_expired(self, now_ms: int) -> bool:
@@ -123,6 +130,15 @@ class LeaderRole:
                 decisions.append(
                     self._data_response(request_id, parked.request, log, end_offset, high_watermark)
                 )
+        for voter, contact_ms in self.last_contact_ms.items():
+            if voter not in self.begin_unacked and now_ms >= contact_ms + self.config.fetch_timeout_ms:
+                # A voter silent for a fetch timeout may have moved to a higher epoch without a leader
+                # (it lost an election while we stayed live).  Since live leaders are protected from
+                # standard votes, announce ourselves again: its FENCED_LEADER_EPOCH answer carries its
+                # epoch and makes us step down, the way etcd's check-quorum leader learns a higher term
+                # from a heartbeat response.  Only our own outbound request can do that, never a forgery.
+                self.begin_unacked.add(voter)
+                self.begin_next_send_ms[voter] = now_ms
         for voter in sorted(self.begin_unacked):
             if self.begin_next_send_ms.get(voter, NEVER_MS) <= now_ms:
                 decisions.append(self._send_begin_quorum(voter, now_ms))
@@ -146,8 +162,10 @@ class LeaderRole:
         self.begin_next_send_ms[voter] = now_ms + max(1, self.config.fetch_timeout_ms // 2)
         return SendRequest(voter, request, after_persist=True)
 
-    def on_begin_quorum_acknowledged(self, voter: int) -> None:
+    def on_begin_quorum_acknowledged(self, voter: int, now_ms: int) -> None:
         self.begin_unacked.discard(voter)
+        if voter in self.last_contact_ms:
+            self.last_contact_ms[voter] = now_ms
 
     def on_begin_quorum_failed(self, voter: int, retry_at_ms: int) -> None:
         if voter in self.begin_unacked:
@@ -208,6 +226,7 @@ class LeaderRole:
         if replica_id not in self.voters or replica_id == self.node_id:
             return
         self.begin_unacked.discard(replica_id)
+        self.last_contact_ms[replica_id] = now_ms
         self.check_quorum_fetchers.add(replica_id)
         if len(self.check_quorum_fetchers) + 1 >= self.majority:
             self.check_quorum_fetchers.clear()
@@ -267,12 +286,37 @@ class LeaderRole:
             read = LogRead(request.fetch_offset, min(request.max_bytes, self.config.fetch_max_bytes))
         return Respond(request_id, self._fetch_response(log, high_watermark), read_log=read)
 
+    def _progress_of(self, replica_id: int, now_ms: int) -> ReplicaProgress | None:
+        """The tracked progress of ``replica_id``, or None for an observer that does not fit.
+
+        Voters are always tracked.  Observers are bounded (issue #15: 5,000 fake observers filled
+        DescribeQuorum): a newcomer first makes room by forgetting observers not seen for
+        ``observer_forget_ms``; at ``max_observers`` it is served but not tracked."""
+        progress = self.replicas.get(replica_id)
+        if progress is not None:
+            return progress
+        observers = len(self.replicas) - len(self.voters) + 1  # replicas holds the other voters
+        if observers >= self.config.max_observers:
+            self.forget_observers(now_ms - self.config.observer_forget_ms)
+            if len(self.replicas) - len(self.voters) + 1 >= self.config.max_observers:
+                return None
+        progress = self.replicas[replica_id] = ReplicaProgress()
+        return progress
+
+    def forget_observers(self, seen_before_ms: int) -> None:
+        """Drop the observers last seen before ``seen_before_ms``."""
+        gone = [
+            r for r, p in self.replicas.items() if r not in self.voters and p.last_fetch_ms < seen_before_ms
+        ]
+        for replica_id in gone:
+            del self.replicas[replica_id]
+
     def _update_progress(
         self, replica_id: int, fetch_offset: int, now_ms: int, log: LogMeta, high_watermark: int
     ) -> tuple[Decisions, int]:
-        progress = self.replicas.get(replica_id)
+        progress = self._progress_of(replica_id, now_ms)
         if progress is None:
-            progress = self.replicas[replica_id] = ReplicaProgress()
+            return [], high_watermark
         progress.end_offset = fetch_offset
         progress.last_fetch_ms = now_ms
         if fetch_offset >= log.end_offset:
@@ -300,8 +344,9 @@ class LeaderRole:
         if log.snapshot != request.snapshot_id:
             message = f"no snapshot {request.snapshot_id}"
             return [RespondError(request_id, request, ErrorCode.SNAPSHOT_NOT_FOUND, message)]
-        progress = self.replicas.setdefault(request.replica_id, ReplicaProgress())
-        progress.last_fetch_ms = now_ms
+        progress = self._progress_of(request.replica_id, now_ms)
+        if progress is not None:
+            progress.last_fetch_ms = now_ms
         response = FetchSnapshotResponse(
             ErrorCode.NONE, "", self.node_id, self.epoch, request.snapshot_id, 0, request.position
         )
@@ -312,6 +357,8 @@ class LeaderRole:
     # -- DescribeQuorum
 
     def describe(self, now_ms: int, log: LogMeta, high_watermark: int) -> DescribeQuorumResponse:
+        # Kafka's display window (300 s) also bounds how long a departed observer is remembered.
+        self.forget_observers(now_ms - self.config.observer_expiry_ms)
         voters: list[ReplicaState] = []
         observers: list[ReplicaState] = []
         for replica_id in sorted(set(self.replicas) | self.voters):

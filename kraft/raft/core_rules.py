@@ -13,12 +13,15 @@ from kraft.errors import ErrorCode
 from kraft.raft.core_decisions import BecomeFollower, BecomeUnattached
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.messages import (
+    MAX_EPOCH,
     NO_LEADER,
     BeginQuorumEpochRequest,
+    DescribeQuorumRequest,
     EndQuorumEpochRequest,
     FetchRequest,
     FetchResponse,
     FetchSnapshotRequest,
+    RaftRequest,
     RaftResponse,
     VoteRequest,
     VoteResponse,
@@ -41,6 +44,49 @@ _REQUEST_ERRORS = frozenset(
 _LEADERLESS_STATES = frozenset({StateKind.UNATTACHED, StateKind.PROSPECTIVE, StateKind.CANDIDATE})
 
 
+# ------------------------------------------------------------------------------ every request
+
+
+def claimed_sender(request: RaftRequest) -> int | None:
+    """The node id a request says it comes from (None for DescribeQuorum, which admin tools send)."""
+    if isinstance(request, VoteRequest):
+        return request.candidate_id
+    if isinstance(request, BeginQuorumEpochRequest | EndQuorumEpochRequest):
+        return request.leader_id
+    if isinstance(request, DescribeQuorumRequest):
+        return None
+    return request.replica_id
+
+
+def sender_error(request: RaftRequest, config: RaftConfig, peer_id: int | None) -> RequestError | None:
+    """Who may send this request: never "us" (we never send to ourselves, so such a request is forged),
+    and, when the transport authenticated the peer (mTLS), only the node the request names.
+
+    ``peer_id`` None means an unauthenticated (plaintext) peer: then anyone who can reach the port can
+    claim any voter id, exactly as in Kafka or etcd without TLS; the epoch, voter-set and live-leader
+    rules below still apply."""
+    sender = claimed_sender(request)
+    if sender is None:
+        return None
+    if sender == config.node_id:
+        return ErrorCode.INVALID_REQUEST, f"request claims to come from this node ({sender})"
+    if peer_id is not None and peer_id != sender:
+        return ErrorCode.INVALID_REQUEST, f"peer authenticated as node {peer_id} claims to be node {sender}"
+    return None
+
+
+def epoch_bound_error(request_epoch: int, epoch: int, config: RaftConfig) -> RequestError | None:
+    """An epoch we must never adopt: past :data:`MAX_EPOCH` (it could not be bumped and encoded) or more
+    than ``max_epoch_jump`` ahead of ours (one election moves it by one).  Checked before anything is
+    persisted, so a forged epoch cannot reach quorum-state."""
+    if request_epoch > MAX_EPOCH:
+        return ErrorCode.INVALID_REQUEST, f"epoch {request_epoch} is beyond the maximum {MAX_EPOCH}"
+    if request_epoch - epoch > config.max_epoch_jump:
+        message = f"epoch {request_epoch} is more than {config.max_epoch_jump} past our epoch {epoch}"
+        return ErrorCode.INVALID_REQUEST, message
+    return None
+
+
 # ------------------------------------------------------------------------------ Vote
 
 
@@ -57,7 +103,7 @@ def vote_request_error(request: VoteRequest, config: RaftConfig, epoch: int) -> 
         return ErrorCode.INCONSISTENT_VOTER_SET, "candidate or receiver is not a voter"
     if request.candidate_epoch < epoch:
         return ErrorCode.FENCED_LEADER_EPOCH, "stale candidate epoch"
-    return None
+    return epoch_bound_error(request.candidate_epoch, epoch, config)
 
 
 def may_grant_pre_vote(state: StateKind, follower_protects_leader: bool) -> bool:
@@ -88,7 +134,12 @@ def quorum_epoch_request_error(
         return ErrorCode.INCONSISTENT_VOTER_SET, "leader or receiver is not a voter"
     if request.leader_epoch < epoch:
         return ErrorCode.FENCED_LEADER_EPOCH, "stale leader epoch"
-    return None
+    if isinstance(request, EndQuorumEpochRequest):
+        successors = request.preferred_successors
+        # A resigning leader lists the other voters once each; anything else is not from a leader.
+        if len(set(successors)) != len(successors) or not set(successors) <= set(config.voters):
+            return ErrorCode.INVALID_REQUEST, "preferred successors must be distinct voters"
+    return epoch_bound_error(request.leader_epoch, epoch, config)
 
 
 # ------------------------------------------------------------------------------ leader-only requests
@@ -96,6 +147,8 @@ def quorum_epoch_request_error(
 
 def fetch_request_error(request: FetchRequest | FetchSnapshotRequest) -> RequestError | None:
     """Malformed Fetch / FetchSnapshot requests."""
+    if request.replica_id < 0 or request.current_leader_epoch > MAX_EPOCH:
+        return ErrorCode.INVALID_REQUEST, "invalid replica id or leader epoch"
     if isinstance(request, FetchRequest):
         if (
             request.fetch_offset < 0
@@ -103,10 +156,18 @@ def fetch_request_error(request: FetchRequest | FetchSnapshotRequest) -> Request
             or request.current_leader_epoch < 0
             or request.last_fetched_epoch > request.current_leader_epoch
             or request.max_bytes <= 0
+            or request.max_wait_ms < 0
         ):
             return ErrorCode.INVALID_REQUEST, "invalid fetch request"
         return None
-    if request.position < 0 or request.max_bytes <= 0 or request.current_leader_epoch < 0:
+    snapshot_id = request.snapshot_id
+    if (
+        request.position < 0
+        or request.max_bytes <= 0
+        or request.current_leader_epoch < 0
+        or snapshot_id.end_offset < 0
+        or not 0 <= snapshot_id.epoch <= MAX_EPOCH
+    ):
         return ErrorCode.INVALID_REQUEST, "invalid fetch-snapshot request"
     return None
 
@@ -135,19 +196,35 @@ class ResponseVerdict:
 
 
 def common_response_verdict(
-    response: RaftResponse, epoch: int, node_id: int, known_leader: int, state: StateKind
+    response: RaftResponse,
+    epoch: int,
+    node_id: int,
+    known_leader: int,
+    state: StateKind,
+    config: RaftConfig | None = None,
 ) -> ResponseVerdict:
-    """Apply the rules every response follows before its own handler sees it."""
+    """Apply the rules every response follows before its own handler sees it.
+
+    With ``config``, a response naming a leader that is no voter, or an epoch we must never adopt
+    (:func:`epoch_bound_error`), is dropped whole: it moves nothing and persists nothing."""
     if response.error_code in _REQUEST_ERRORS:
         return ResponseVerdict(usable=False)
     leader = response.leader_id
+    if config is not None and (
+        (leader != NO_LEADER and leader not in config.voters)
+        or epoch_bound_error(response.leader_epoch, epoch, config) is not None
+    ):
+        return ResponseVerdict(usable=False)
     if response.leader_epoch > epoch:
         if leader not in (NO_LEADER, node_id):
             return ResponseVerdict(False, BecomeFollower(leader, response.leader_epoch))
         return ResponseVerdict(False, BecomeUnattached(response.leader_epoch))
     if response.leader_epoch < epoch:
-        # A pre-vote answer from a voter still at an older epoch counts; nothing else does.
-        return ResponseVerdict(usable=isinstance(response, VoteResponse) and response.pre_vote)
+        # A pre-vote answer from a voter still at an older epoch counts; so does a refused standard vote
+        # from a voter that protects a live leader (it answers at its own, older epoch without adopting
+        # ours — see :func:`protects_live_leader`); nothing else does.
+        usable = isinstance(response, VoteResponse) and (response.pre_vote or not response.vote_granted)
+        return ResponseVerdict(usable=usable)
     if leader not in (NO_LEADER, node_id, known_leader) and state in _LEADERLESS_STATES:
         # Same epoch, a leader we did not know: follow it (this is how observers find the leader).
         usable = response.error_code is ErrorCode.NONE and isinstance(response, FetchResponse)

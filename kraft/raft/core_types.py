@@ -26,6 +26,13 @@ class RaftConfig:
     max_batch_records: int = 2000
     max_batch_bytes: int = 1024 * 1024
     observer_expiry_ms: int = 300_000
+    max_observers: int = 1000
+    """The leader tracks at most this many observers (non-voters that fetch); more are served but not
+    tracked, after forgetting those not seen for :attr:`observer_forget_ms`."""
+    max_epoch_jump: int = 1 << 20
+    """A request or response may move our epoch at most this far at once.  One election moves it by one;
+    the bound must still let a voter that was down through many elections rejoin (2^20 elections at
+    one per second is 12 days of uninterrupted churn), while a forged message cannot leap to the top."""
 
     def __post_init__(self) -> None:
         if not self.voters:
@@ -34,12 +41,19 @@ class RaftConfig:
             raise ValueError(f"duplicate voter ids in {self.voters}")
         if min(self.election_timeout_ms, self.fetch_timeout_ms, self.request_timeout_ms) <= 0:
             raise ValueError("election, fetch and request timeouts must be positive")
+        if self.max_observers < 0 or self.max_epoch_jump < 1:
+            raise ValueError("max observers must not be negative and the epoch jump must be positive")
         if self.append_linger_ms < 0 or self.retry_backoff_ms < 0 or self.fetch_max_wait_ms < 0:
             raise ValueError("linger, retry backoff and fetch max wait must not be negative")
 
     @property
     def is_voter(self) -> bool:
         return self.node_id in self.voters
+
+    @property
+    def observer_forget_ms(self) -> int:
+        """An observer not seen for this long is gone (a live one fetches at least every max wait)."""
+        return 3 * self.fetch_timeout_ms
 
 
 class BatchInfo(NamedTuple):

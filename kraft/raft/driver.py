@@ -90,6 +90,7 @@ def scan_kafka_batches(data: bytes) -> list[BatchInfo]:
 class _Inbound:
     request_id: int
     request: RaftRequest
+    peer_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,13 +417,13 @@ class RaftDriver:
 
     # ------------------------------------------------------------------ RequestHandler
 
-    async def handle_request(self, request: RaftRequest) -> RaftResponse:
+    async def handle_request(self, request: RaftRequest, *, peer_id: int | None = None) -> RaftResponse:
         self._check_running()
         request_id = self._next_request_id
         self._next_request_id += 1
         future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
         self._inbound[request_id] = future
-        self._push(_Inbound(request_id, request))
+        self._push(_Inbound(request_id, request, peer_id))
         try:
             response = await future
         finally:
@@ -481,7 +482,7 @@ class RaftDriver:
     def _dispatch(self, event: _Event, now_ms: int) -> Output:
         core = self._core
         if isinstance(event, _Inbound):
-            return core.handle_request(event.request_id, event.request, now_ms)
+            return core.handle_request(event.request_id, event.request, now_ms, peer_id=event.peer_id)
         if isinstance(event, _Response):
             return core.handle_response(event.correlation_id, event.response, now_ms)
         if isinstance(event, _SendFailed):

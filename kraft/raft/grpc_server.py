@@ -4,27 +4,90 @@ Each RPC decodes the protobuf, awaits the driver (:class:`kraft.raft.transport.R
 RPC's own task — a long-polling Fetch parks there without blocking anything else — and encodes the
 answer.  Protocol errors (wrong cluster id, stale epoch, not leader) come back inside the response as
 ``error_code``; only "the node is stopping" (UNAVAILABLE) and bugs (INTERNAL) become gRPC statuses.
+
+Hardening (issue #15): registered with :func:`add_raft_service`, the service decodes request bytes itself,
+so bytes that are no protobuf message of the method's type get ``INVALID_ARGUMENT`` with one short
+message, logged at most once per :data:`BAD_REQUEST_LOG_INTERVAL_S` per peer host, without a traceback
+(gRPC's own deserializer logged a traceback at error level per request and answered UNKNOWN).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError, Message
 
+from kraft.errors import ErrorCode
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.api import RaftShutdownError
 from kraft.raft.transport import RequestHandler
+from kraft.storage.ids import parse_uuid
 from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 
 _log = logging.getLogger(__name__)
 
 ServicerContext = grpc.aio.ServicerContext[Any, Any]
 _Request = TypeVar("_Request", bound=m.RaftRequest)
+_Pb = TypeVar("_Pb", bound=Message)
+
+SERVICE_NAME = "kraft.v1.RaftService"
+BAD_REQUEST_LOG_INTERVAL_S = 10.0
+"""A peer sending undecodable requests is logged at most this often (the rest are counted)."""
+_MAX_LOGGED_PEERS = 1024
+"""Peers remembered by the rate limiter; past that it starts over (a bound, not a policy)."""
+
+
+class RateLimitedLog:
+    """One warning per ``key`` per ``interval_s``; how many were suppressed rides on the next one."""
+
+    def __init__(self, interval_s: float = BAD_REQUEST_LOG_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def should_log(self, key: str, now_s: float) -> int | None:
+        """None to stay quiet, else how many were suppressed since the last logged one."""
+        last = self._last.get(key)
+        if last is not None and now_s - last[0] < self._interval_s:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        if len(self._last) >= _MAX_LOGGED_PEERS:
+            self._last.clear()
+        self._last[key] = (now_s, 0)
+        return 0 if last is None else last[1]
+
+
+def peer_host(context: ServicerContext) -> str:
+    """The caller's address without its port (one client opens many connections)."""
+    peer = context.peer() or "unknown"
+    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+
+
+def authenticated_peer_id(context: ServicerContext) -> int | None:
+    """The node id the caller proved it is, or None.
+
+    Plaintext today: None, and the core then trusts the sender id a request claims (anyone reaching the
+    port can claim any voter id).  The TLS/mTLS work fills this in from ``context.auth_context()`` (the
+    client certificate's node identity); the core already refuses a request whose claimed sender differs.
+    """
+    return None
+
+
+def valid_directory_id(directory_id: str) -> bool:
+    """A fetcher's ``replica_directory_id``: empty (unknown) or a Kafka UUID (22 base64url characters,
+    16 bytes); anything else — issue #15 kept a 4 MB one in memory — is refused."""
+    if not directory_id:
+        return True
+    try:
+        parse_uuid(directory_id)
+    except ValueError:
+        return False
+    return True
 
 
 def node_refs(endpoints: Mapping[int, tuple[str, int]]) -> list[common_pb2.NodeRef]:
@@ -55,19 +118,24 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         cluster_id: str,
         local_directory: tuple[int, str] | None = None,
         endpoints: Mapping[int, tuple[str, int]] | None = None,
+        voters: Collection[int] | None = None,
     ) -> None:
-        """``local_directory`` is (our node id, our directory.id); ``endpoints`` node id → (host, port)."""
+        """``local_directory`` is (our node id, our directory.id); ``endpoints`` node id → (host, port);
+        ``voters`` (default: the ids in ``endpoints``) are the only replicas whose directory ids are kept."""
         self._handler = handler
         self._cluster_id = cluster_id
         self._nodes = node_refs(endpoints or {})
-        # replica id → directory.id, learned from Fetch requests (the core does not track it).
+        self._voters = frozenset(voters if voters is not None else (endpoints or {}))
+        # voter id → directory.id, learned from Fetch requests (the core does not track it).  Only voters:
+        # observers are unbounded in number and an unauthenticated caller may claim any id.
         self._directory_ids: dict[int, str] = {}
         if local_directory is not None:
             self._directory_ids[local_directory[0]] = local_directory[1]
+        self._bad_requests = RateLimitedLog()
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
         try:
-            return await self._handler.handle_request(request)
+            return await self._handler.handle_request(request, peer_id=authenticated_peer_id(context))
         except RaftShutdownError:
             await abort(context, grpc.StatusCode.UNAVAILABLE, "raft node is shutting down")
         except Exception as exc:
@@ -93,23 +161,31 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         assert isinstance(response, m.EndQuorumEpochResponse)
         return codec.end_response_to_pb(response)
 
-    async def Fetch(self, request: raft_pb2.FetchRequest, context: ServicerContext) -> raft_pb2.FetchResponse:
-        if request.replica_directory_id:
-            self._directory_ids[request.replica_id] = request.replica_directory_id
+    async def _fetch(
+        self, request: raft_pb2.FetchRequest, context: ServicerContext
+    ) -> raft_pb2.FetchResponse:
+        directory_id = request.replica_directory_id
+        if not valid_directory_id(directory_id):
+            # Refused before the core sees it; the fetcher's request-error rule retries after a backoff.
+            message = "replica_directory_id must be empty or a 22-character base64url UUID"
+            return codec.fetch_response_to_pb(
+                m.FetchResponse(ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER)
+            )
         response = await self._handle(codec.fetch_request_from_pb(request), context)
         assert isinstance(response, m.FetchResponse)
+        if directory_id and request.replica_id in self._voters and response.error_code is ErrorCode.NONE:
+            self._directory_ids[request.replica_id] = directory_id
         return codec.fetch_response_to_pb(response)
+
+    async def Fetch(self, request: raft_pb2.FetchRequest, context: ServicerContext) -> raft_pb2.FetchResponse:
+        return await self._fetch(request, context)
 
     async def FetchStream(
         self, request_iterator: AsyncIterator[raft_pb2.FetchRequest], context: ServicerContext
     ) -> AsyncIterator[raft_pb2.FetchResponse]:
         # One request in flight per stream: the follower sends its next Fetch only after this answer.
         async for request in request_iterator:
-            if request.replica_directory_id:
-                self._directory_ids[request.replica_id] = request.replica_directory_id
-            response = await self._handle(codec.fetch_request_from_pb(request), context)
-            assert isinstance(response, m.FetchResponse)
-            yield codec.fetch_response_to_pb(response)
+            yield await self._fetch(request, context)
 
     async def FetchSnapshot(
         self, request: raft_pb2.FetchSnapshotRequest, context: ServicerContext
@@ -129,3 +205,83 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         out.cluster_id = self._cluster_id
         out.nodes.extend(self._nodes)
         return out
+
+    # -- decoding under our control (see add_raft_service)
+
+    async def decode(self, raw: bytes, pb_type: type[_Pb], method: str, context: ServicerContext) -> _Pb:
+        """Parse one request; undecodable bytes end the call with INVALID_ARGUMENT (rate-limited log)."""
+        try:
+            return pb_type.FromString(raw)
+        except (DecodeError, ValueError, RuntimeError) as exc:  # RuntimeError: recursion limit
+            host = peer_host(context)
+            suppressed = self._bad_requests.should_log(host, time.monotonic())
+            if suppressed is not None:
+                _log.warning(
+                    "raft_bad_request peer=%s method=%s error=%s suppressed=%d",
+                    host,
+                    method,
+                    type(exc).__name__,
+                    suppressed,
+                )
+            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {pb_type.__name__}")
+
+
+def _unary(
+    servicer: RaftServicer,
+    name: str,
+    pb_type: type[_Pb],
+    method: Callable[[_Pb, ServicerContext], Awaitable[Message]],
+) -> Callable[[bytes, ServicerContext], Awaitable[Message]]:
+    async def handle(raw: bytes, context: ServicerContext) -> Message:
+        request = await servicer.decode(raw, pb_type, name, context)
+        return await method(request, context)
+
+    return handle
+
+
+def _serialize(message: Message) -> bytes:
+    return message.SerializeToString()
+
+
+def add_raft_service(servicer: RaftServicer, server: grpc.aio.Server) -> None:
+    """Register ``kraft.v1.RaftService`` with raw-bytes handlers that decode inside the servicer.
+
+    Same methods and wire format as ``raft_pb2_grpc.add_RaftServiceServicer_to_server``; the difference is
+    only who decodes: gRPC's generated deserializer logs every undecodable request with a traceback and
+    answers UNKNOWN, this answers INVALID_ARGUMENT and logs once per peer per interval.
+    """
+
+    async def fetch_stream(
+        raw_requests: AsyncIterator[bytes], context: ServicerContext
+    ) -> AsyncIterator[raft_pb2.FetchResponse]:
+        async def decoded() -> AsyncIterator[raft_pb2.FetchRequest]:
+            async for raw in raw_requests:
+                yield await servicer.decode(raw, raft_pb2.FetchRequest, "FetchStream", context)
+
+        async for response in servicer.FetchStream(decoded(), context):
+            yield response
+
+    unary = {
+        "Vote": _unary(servicer, "Vote", raft_pb2.VoteRequest, servicer.Vote),
+        "BeginQuorumEpoch": _unary(
+            servicer, "BeginQuorumEpoch", raft_pb2.BeginQuorumEpochRequest, servicer.BeginQuorumEpoch
+        ),
+        "EndQuorumEpoch": _unary(
+            servicer, "EndQuorumEpoch", raft_pb2.EndQuorumEpochRequest, servicer.EndQuorumEpoch
+        ),
+        "Fetch": _unary(servicer, "Fetch", raft_pb2.FetchRequest, servicer.Fetch),
+        "FetchSnapshot": _unary(
+            servicer, "FetchSnapshot", raft_pb2.FetchSnapshotRequest, servicer.FetchSnapshot
+        ),
+        "DescribeQuorum": _unary(
+            servicer, "DescribeQuorum", raft_pb2.DescribeQuorumRequest, servicer.DescribeQuorum
+        ),
+    }
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+        for name, handler in unary.items()
+    }
+    handlers["FetchStream"] = grpc.stream_stream_rpc_method_handler(
+        fetch_stream, response_serializer=_serialize
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -285,7 +285,8 @@ class LoopbackNetwork:
             await self._wait(min(deadline_ms, self._clock.monotonic_ms() + self._unreachable_delay_ms))
             raise TransportError(dest, "UNAVAILABLE: unreachable")
         # Its own task (as a gRPC server gives each call), so the deadline can be raced against it.
-        answer = asyncio.ensure_future(handler.handle_request(request))
+        # The loopback knows who calls: it authenticates like mTLS would.
+        answer = asyncio.ensure_future(handler.handle_request(request, peer_id=source))
         try:
             await self._wait(deadline_ms, answer)
         except BaseException:

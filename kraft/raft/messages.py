@@ -22,6 +22,21 @@ from kraft.errors import ErrorCode
 NO_LEADER = -1
 """``leader_id`` / ``voted_id`` value meaning "none known"."""
 
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+
+EPOCH_HEADROOM = 1 << 20
+"""Epochs kept free below the wire limit: a leader epoch is an int32 on the wire and in every batch
+header, and a candidate sends ``epoch + 1``, so a node must never hold an epoch it cannot bump and encode.
+One legitimate election moves the epoch by one; 2^20 spare elections are decades of churn."""
+
+MAX_EPOCH = INT32_MAX - EPOCH_HEADROOM
+"""The highest epoch a node accepts from a peer or from its quorum-state file (issue #15: one forged
+``2^31 - 1`` epoch used to be persisted and make every later send fail with ``Value out of range``)."""
+
+MAX_OFFSET = INT64_MAX
+"""Offsets are int64 on the wire; anything outside ``[0, MAX_OFFSET]`` is refused, never clamped."""
+
 
 @dataclass(frozen=True, slots=True)
 class SnapshotId:

@@ -74,6 +74,11 @@ PERSISTED_STATES: frozenset[StateKind] = frozenset({U, C, L, F})
 """States whose entry writes the quorum-state file (Prospective and Resigned are memory-only)."""
 
 
+class ImpossibleElectionStateError(ValueError):
+    """The stored election state (or log) holds an epoch no node can have produced: corrupt or forged.
+    Fatal at startup, with one line naming it (a node must never run on a guessed epoch)."""
+
+
 class InvalidTransitionError(Exception):
     """A transition the table does not allow: a bug in the core."""
 

@@ -43,8 +43,12 @@ class Transport(Protocol):
 
 
 class RequestHandler(Protocol):
-    async def handle_request(self, request: RaftRequest) -> RaftResponse:
+    async def handle_request(self, request: RaftRequest, *, peer_id: int | None = None) -> RaftResponse:
         """Answer one inbound request (the sender's id is inside it: candidate_id, leader_id, replica_id).
+
+        ``peer_id`` is the node id the transport authenticated the caller as (mTLS client certificate),
+        or None when it cannot tell (plaintext: then any caller can claim any node id).  When set, a
+        request whose sender id differs is refused by the core.
 
         Never raises for protocol-level problems (wrong cluster id, stale epoch, …): those come back as a
         response with an error code.  Raises only if the node is shutting down

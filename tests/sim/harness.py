@@ -511,7 +511,8 @@ class SimNode:
         request_id = self.next_request_id
         self.next_request_id += 1
         self.pending_requests[request_id] = (src, src_incarnation, correlation_id)
-        self.process(self.live_core.handle_request(request_id, request, self.sim.now_ms))
+        # The simulated network knows the sender: every request is checked as mTLS would check it.
+        self.process(self.live_core.handle_request(request_id, request, self.sim.now_ms, peer_id=src))
 
     def receive_response(self, correlation_id: int, response: RaftResponse) -> None:
         if response.error_code == 0 and isinstance(response, FetchResponse) and response.diverging_epoch:

@@ -17,12 +17,15 @@ from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.raft import messages as m
 from kraft.raft.api import RaftShutdownError
-from kraft.raft.grpc_server import RaftServicer
+from kraft.raft.grpc_server import RaftServicer, add_raft_service
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.transport import TransportError
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 CLUSTER = "test-cluster-id"
+DIR_1 = "3JYSPKIBRe-ipK1M2Xq7Lg"  # directory ids are Kafka UUIDs (22 base64url characters)
+DIR_2 = "x4Q2ZLnyQKq7mYwV-8Kc3g"
+
 Handler = Callable[[m.RaftRequest], Awaitable[m.RaftResponse]]
 
 
@@ -33,7 +36,7 @@ class ScriptedHandler:
     respond: Handler | None = None
     received: list[m.RaftRequest] = field(default_factory=list)
 
-    async def handle_request(self, request: m.RaftRequest) -> m.RaftResponse:
+    async def handle_request(self, request: m.RaftRequest, *, peer_id: int | None = None) -> m.RaftResponse:
         self.received.append(request)
         if self.respond is not None:
             return await self.respond(request)
@@ -55,9 +58,13 @@ async def _start_server(handler: ScriptedHandler, max_message_bytes: int = 1 << 
     ]
     server = grpc.aio.server(options=options)
     servicer = RaftServicer(
-        handler, cluster_id=CLUSTER, local_directory=(1, "dir-1"), endpoints={1: ("127.0.0.1", port)}
+        handler,
+        cluster_id=CLUSTER,
+        local_directory=(1, DIR_1),
+        endpoints={1: ("127.0.0.1", port)},
+        voters=(1, 2, 3),
     )
-    raft_pb2_grpc.add_RaftServiceServicer_to_server(servicer, server)
+    add_raft_service(servicer, server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return Server(port, handler, server)
@@ -74,7 +81,7 @@ async def server() -> AsyncIterator[Server]:
 
 @pytest.fixture
 async def transport(server: Server) -> AsyncIterator[GrpcTransport]:
-    client = GrpcTransport({1: f"127.0.0.1:{server.port}"}, directory_id="dir-2", max_message_bytes=1 << 20)
+    client = GrpcTransport({1: f"127.0.0.1:{server.port}"}, directory_id=DIR_2, max_message_bytes=1 << 20)
     try:
         yield client
     finally:
@@ -214,7 +221,7 @@ async def test_describe_quorum_names_the_cluster_nodes_and_fetchers_directory_id
         answer = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=2)
     assert answer.cluster_id == CLUSTER
     assert [(n.node_id, n.endpoint.port) for n in answer.nodes] == [(1, server.port)]
-    assert [v.directory_id for v in answer.current_voters] == ["dir-1", "dir-2"]
+    assert [v.directory_id for v in answer.current_voters] == [DIR_1, DIR_2]
     # The empty cluster id of an admin tool reaches the core as this cluster's id.
     assert server.handler.received[-1] == m.DescribeQuorumRequest(CLUSTER)
 

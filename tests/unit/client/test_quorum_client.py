@@ -91,7 +91,7 @@ class _FixedHandler:
         self.node_id = node_id
         self.leader = leader
 
-    async def handle_request(self, request: m.RaftRequest) -> m.RaftResponse:
+    async def handle_request(self, request: m.RaftRequest, *, peer_id: int | None = None) -> m.RaftResponse:
         if self.node_id != self.leader:
             code = ErrorCode.NOT_LEADER_OR_FOLLOWER
             return m.error_response_for(request, code, "not leader", self.leader, 4)

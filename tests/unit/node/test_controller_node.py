@@ -20,6 +20,7 @@ from kraft.raft.grpc_test_service import chain_digest
 from kraft.storage.ids import random_uuid
 from kraft.storage.log import CLEAN_SHUTDOWN_FILE, METADATA_LOG_DIR_NAME
 from kraft.storage.meta_properties import format_log_dir
+from kraft.storage.quorum_state import QuorumState, QuorumStateStore
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 
@@ -51,6 +52,17 @@ def test_a_dir_of_another_node_refuses_the_start(tmp_path: Path) -> None:
     format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=7)
     with pytest.raises(StartupError, match="formatted for node 7"):
         check_storage(_config(tmp_path, 9093))
+
+
+async def test_an_impossible_epoch_in_quorum_state_is_a_one_line_startup_error(tmp_path: Path) -> None:
+    # Issue #15: a forged Vote once persisted epoch 2^31 - 1; such a file must stop the start, not loop.
+    format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=1)
+    (tmp_path / "meta" / METADATA_LOG_DIR_NAME).mkdir()
+    QuorumStateStore(tmp_path / "meta" / METADATA_LOG_DIR_NAME).write(QuorumState(leader_epoch=(1 << 31) - 1))
+    node = ControllerNode(_config(tmp_path, free_port()))
+    with pytest.raises(StartupError, match="impossible epoch 2147483647") as info:
+        await node.start()
+    assert "\n" not in str(info.value)
 
 
 async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path: Path) -> None:

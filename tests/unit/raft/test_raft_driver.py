@@ -196,7 +196,7 @@ class _ManualPeer:
         self.pending: list[asyncio.Future[RaftResponse]] = []
         self.cancelled = 0
 
-    async def handle_request(self, request: RaftRequest) -> RaftResponse:
+    async def handle_request(self, request: RaftRequest, peer_id: int | None = None) -> RaftResponse:
         future: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
         self.pending.append(future)
         try:

@@ -297,14 +297,32 @@ class _ShrinkAtOnce(PartitionLeaderState):
         return frozenset(self.isr)
 
 
-@pytest.mark.parametrize("broken", [_CommittedIsrOnly, _Recomputed, _ShrinkAtOnce])
+# Ignoring pending additions is caught by the explicit script below rather than by the search: random
+# scripts reach "expansion pending, then the leader appends and only the old ISR fetches" too rarely for a
+# fixed-seed (derandomized, so never flaky) search of 3,000 scripts.
+@pytest.mark.parametrize("broken", [_Recomputed, _ShrinkAtOnce])
 def test_the_high_watermark_property_catches_a_broken_rule(broken: type[PartitionLeaderState]) -> None:
     script, isr = find(
         SCRIPTS,
         lambda args: bool(run(args[0], args[1], broken).violations),
-        settings=settings(max_examples=3000, database=None, deadline=None),
+        settings=settings(max_examples=3000, database=None, deadline=None, derandomize=True),
     )
     assert run(script, isr, broken).violations
+
+
+def test_ignoring_pending_additions_breaks_the_pending_expansion_rule() -> None:
+    def pending_expansion_then_append(cls: type[PartitionLeaderState]) -> int:
+        partition = LeaderAndIsr(1, EPOCH, 7, (1, 2, 3), (1, 2))
+        state = cls(1, partition, leader_end_offset=10, high_watermark=0, now_ms=0)
+        state.on_follower_fetch(2, 10, EPOCH, 0)
+        state.on_follower_fetch(3, 10, EPOCH, 0)
+        state.propose_isr((1, 2, 3))
+        state.on_leader_end_offset(15)
+        state.on_follower_fetch(2, 15, EPOCH, 0)
+        return state.high_watermark
+
+    assert pending_expansion_then_append(PartitionLeaderState) == 10
+    assert pending_expansion_then_append(_CommittedIsrOnly) == 15  # past replica 3's log end (10)
 
 
 def test_the_correct_rule_has_no_counterexample() -> None:
@@ -312,5 +330,5 @@ def test_the_correct_rule_has_no_counterexample() -> None:
         find(
             SCRIPTS,
             lambda args: bool(run(args[0], args[1], PartitionLeaderState).violations),
-            settings=settings(max_examples=300, database=None, deadline=None),
+            settings=settings(max_examples=300, database=None, deadline=None, derandomize=True),
         )
