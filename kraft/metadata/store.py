@@ -138,7 +138,7 @@ def _changed_partition_rows(changed: list[tuple[TopicImage, TopicImage | None]])
             yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
 
 
-class ImageStore:
+class SqliteImageStore:
     """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
 
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
@@ -147,7 +147,7 @@ class ImageStore:
         self._saved: MetadataImage | None = None
 
     @classmethod
-    async def open(cls, path: Path) -> ImageStore:
+    async def open(cls, path: Path) -> SqliteImageStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
         db = await aiosqlite.connect(path, isolation_level=None)

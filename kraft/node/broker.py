@@ -49,7 +49,7 @@ from kraft.clock import SystemClock
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.store import ImageStore as SqliteImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server

@@ -17,7 +17,7 @@ from kraft.cli.topic import parse_assignment, parse_configs, topic_json
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.store import ImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -38,7 +38,7 @@ def store_file(tmp_path: Path) -> Path:
     path = tmp_path / "metadata-image.sqlite"
 
     async def save() -> None:
-        store = await ImageStore.open(path)
+        store = await SqliteImageStore.open(path)
         try:
             await store.save(delta.apply())
         finally:
