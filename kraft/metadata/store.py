@@ -83,6 +83,10 @@ CREATE TABLE IF NOT EXISTS features (name TEXT PRIMARY KEY, level INTEGER NOT NU
 """
 
 
+IMAGE_STORE_FILE = "metadata-image.sqlite"
+"""The store's file name in the metadata dir (controller and broker); `kraft metadata shell` looks for it."""
+
+
 class ImageStoreError(Exception):
     """The store file is unusable (newer schema, corrupt)."""
 
