@@ -15,6 +15,8 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 import grpc.aio
 
+from kraft.errors import ErrorCode
+from kraft.grpc_errors import grpc_status_for
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.api import RaftShutdownError
@@ -69,10 +71,14 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         try:
             return await self._handler.handle_request(request)
         except RaftShutdownError:
-            await abort(context, grpc.StatusCode.UNAVAILABLE, "raft node is shutting down")
+            await abort(
+                context, grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE), "raft node is shutting down"
+            )
         except Exception as exc:
             _log.exception("raft_request_failed request=%s", type(request).__name__)
-            await abort(context, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            await abort(
+                context, grpc_status_for(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
+            )
 
     async def Vote(self, request: raft_pb2.VoteRequest, context: ServicerContext) -> raft_pb2.VoteResponse:
         response = await self._handle(codec.vote_request_from_pb(request), context)
