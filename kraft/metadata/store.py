@@ -24,13 +24,13 @@ endpoints JSON, features JSON, log_dirs JSON)``
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
+from kraft.clock import Clock
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -145,13 +145,14 @@ def _changed_partition_rows(changed: list[tuple[TopicImage, TopicImage | None]])
 class SqliteImageStore:
     """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
         self._db = db
+        self._clock = clock  # stamps updated_at_ms
         self.path = path
         self._saved: MetadataImage | None = None
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteImageStore:
+    async def open(cls, path: Path, *, clock: Clock) -> SqliteImageStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
         db = await aiosqlite.connect(path, isolation_level=None)
@@ -168,7 +169,7 @@ class SqliteImageStore:
         except BaseException:
             await db.close()
             raise
-        return cls(db, path)
+        return cls(db, path, clock)
 
     async def close(self) -> None:
         await self._db.close()
@@ -256,7 +257,7 @@ class SqliteImageStore:
                     ("offset", str(image.offset)),
                     ("epoch", str(image.epoch)),
                     ("schema_version", str(SCHEMA_VERSION)),
-                    ("updated_at_ms", str(int(time.time() * 1000))),
+                    ("updated_at_ms", str(self._clock.wall_ms())),
                 ],
             )
             await db.execute("COMMIT")

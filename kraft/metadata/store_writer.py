@@ -44,7 +44,7 @@ class StoreWriter:
         """Open the store and return the image it holds (None without a store path)."""
         if self._path is None:
             return None
-        self._store = await SqliteImageStore.open(self._path)
+        self._store = await SqliteImageStore.open(self._path, clock=self._timers.clock)
         return await self._store.load()
 
     def mark_dirty(self) -> None:

@@ -372,7 +372,7 @@ async def run_broker(config: NodeConfig, cluster_id: str) -> None:
     """Run a broker until SIGTERM/SIGINT, then shut down in a controlled way.
 
     Raises RegistrationFailed when it cannot register in time."""
-    store = await SqliteImageStore.open(image_store_path(config))
+    store = await SqliteImageStore.open(image_store_path(config), clock=SystemClock())
     server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

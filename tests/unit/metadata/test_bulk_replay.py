@@ -12,6 +12,7 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
@@ -158,13 +159,13 @@ def test_decode_values_rejects_what_decode_value_rejects() -> None:
 
 
 async def _round_trip(path: Path, images: list[MetadataImage]) -> MetadataImage:
-    store = await SqliteImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         for image in images:
             await store.save(image)
     finally:
         await store.close()
-    store = await SqliteImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         return await store.load()
     finally:
