@@ -42,8 +42,9 @@ if str(REPO_ROOT) not in sys.path:  # the fake controller lives with the unit te
 
 from kraft.broker.types import BrokerState, TopicPartition  # noqa: E402
 from kraft.client.broker import BrokerClient  # noqa: E402
+from kraft.clock import SystemClock  # noqa: E402
 from kraft.metadata.records import encode_value, wrap  # noqa: E402
-from kraft.metadata.store import ImageStore  # noqa: E402
+from kraft.metadata.store import SqliteImageStore  # noqa: E402
 from kraft.netutil import free_port  # noqa: E402
 from kraft.node.broker import BrokerServer, BrokerSettings  # noqa: E402
 from kraft.observability.logging import configure_logging  # noqa: E402
@@ -114,7 +115,7 @@ async def bench_bootstrap(base: Path, topics: int, per_topic: int) -> dict[str, 
     fake.snapshot = FakeSnapshot(end_offset, 1, values)
     fake.log_start = end_offset
     await fake.start()
-    store = await ImageStore.open(base / "logs" / "metadata-image.sqlite")
+    store = await SqliteImageStore.open(base / "logs" / "metadata-image.sqlite", clock=SystemClock())
     server = BrokerServer(settings(base, fake.port, NEW_BROKER), store)
     stop = asyncio.Event()
     task = asyncio.create_task(server.run(stop))
@@ -154,7 +155,7 @@ async def bench_delta_apply(base: Path, partitions: int, changes: int) -> dict[s
             mpb.PartitionRecord(partition_id=p, topic_id="topic-hot", replicas=[1, 2], isr=[1, 2], leader=1)
         )
     await fake.start()
-    store = await ImageStore.open(base / "logs" / "metadata-image.sqlite")
+    store = await SqliteImageStore.open(base / "logs" / "metadata-image.sqlite", clock=SystemClock())
     server = BrokerServer(settings(base, fake.port, 1), store)
     stop = asyncio.Event()
     task = asyncio.create_task(server.run(stop))
@@ -193,7 +194,7 @@ async def bench_produce_fetch(base: Path, batches: int) -> dict[str, Any]:
     fake.append(mpb.TopicRecord(name="data", topic_id="topic-data"))
     fake.append(mpb.PartitionRecord(partition_id=0, topic_id="topic-data", replicas=[1], isr=[1], leader=1))
     await fake.start()
-    store = await ImageStore.open(base / "logs" / "metadata-image.sqlite")
+    store = await SqliteImageStore.open(base / "logs" / "metadata-image.sqlite", clock=SystemClock())
     broker_settings = settings(base, fake.port, 1)
     server = BrokerServer(broker_settings, store)
     stop = asyncio.Event()

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kraft.client.admin import AdminClient
+from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
@@ -264,9 +265,9 @@ async def cluster_benchmarks(
         quorum.start()
         quorum.wait_for_leader(timeout_s=60)
         targets = [node.target for node in quorum.nodes.values()]
-        async with AdminClient(targets, timeout_s=300) as client:
+        async with AdminClient(targets, timeout_s=300, clock=SystemClock()) as client:
             # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
-            beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0)
+            beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
             fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
             await fleet.register(1)
             # broker 1 keeps its session alive while the admin benchmark runs

@@ -17,9 +17,9 @@ import grpc
 
 from chaos.checkers import ClusterSample, LeaderObservation
 from kraft.client.channel import open_blocking_channel
-from kraft.cluster.probe import quorum_view
+from kraft.cluster.probe import cluster_view, quorum_view
 from kraft.cluster.spec import NodeSpec
-from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
+from kraft.v1 import broker_pb2, broker_pb2_grpc
 
 PROBE_TIMEOUT_S = 0.4
 
@@ -51,21 +51,6 @@ def describe_broker(
         reply: broker_pb2.DescribeBrokerResponse = broker_pb2_grpc.BrokerServiceStub(channel).DescribeBroker(
             request, timeout=timeout_s
         )
-        return reply
-
-    return _probe(target, call)
-
-
-def describe_cluster(
-    target: str, cluster_id: str, timeout_s: float
-) -> controller_pb2.DescribeClusterResponse | None:
-    """DescribeCluster on ``target``; None unless it answered as the active controller."""
-    request = controller_pb2.DescribeClusterRequest(cluster_id=cluster_id)
-
-    def call(channel: grpc.Channel) -> controller_pb2.DescribeClusterResponse:
-        reply: controller_pb2.DescribeClusterResponse = controller_pb2_grpc.ControllerServiceStub(
-            channel
-        ).DescribeCluster(request, timeout=timeout_s)
         return reply
 
     return _probe(target, call)
@@ -126,10 +111,10 @@ class ClusterMonitor:
         if leader_id is not None:
             target = next(n.target for n in self._controllers if n.node_id == leader_id)
             probe_ns = self._clock_ns()
-            reply = describe_cluster(target, self._cluster_id, PROBE_TIMEOUT_S)
-            if reply is not None:
-                fenced = {b.broker_id: b.state != "ACTIVE" for b in reply.brokers}
-                offset = int(reply.metadata_offset)
+            cluster = cluster_view(target, self._cluster_id, PROBE_TIMEOUT_S)
+            if cluster is not None:
+                fenced = {broker_id: b.state != "ACTIVE" for broker_id, b in cluster.brokers.items()}
+                offset = cluster.metadata_offset
         # The flags describe the committed image at `offset` as it stood between probe_ns and now.
         sample = ClusterSample(self._clock_ns(), leader_id, fenced, offset, probe_ns)
         self.samples.append(sample)

@@ -2,8 +2,12 @@
 
 Transport-level failures (a request that could not be parsed, a deadline, an unavailable peer) are gRPC
 statuses; :func:`grpc_status_for` is the single mapping from an error code to the status a handler
-aborts with when it cannot answer with a normal response. It lives apart from :mod:`kraft.errors` so
-that importing the error codes never loads grpc.
+aborts with when it cannot answer with a normal response.  Every servicer abort goes through it
+(RaftService, the Raft test service, ControllerService): BROKER_NOT_AVAILABLE → UNAVAILABLE while the
+Raft node shuts down, UNKNOWN_SERVER_ERROR → INTERNAL for an unexpected exception.  Errors a client can
+act on travel as ``error_code`` in a normal response instead; BrokerService never aborts.
+
+It lives apart from :mod:`kraft.errors` so that importing the error codes never loads grpc.
 """
 
 from __future__ import annotations

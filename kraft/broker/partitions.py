@@ -53,13 +53,12 @@ from kraft.broker.types import (
     local_changes_between,
 )
 from kraft.observability.logging import get_logger
+from kraft.storage.fileio import MAX_FILE_NAME_BYTES
 
 STATE_FILE = "partition.state"
 _STATE_VERSION = 1
 _DELETE_SUFFIX = "-delete"
 _CREATE_SUFFIX = "-create"
-MAX_FILE_NAME_BYTES = 255
-"""NAME_MAX of ext4, xfs, btrfs and tmpfs; topic names are ASCII, so characters = bytes."""
 
 
 def temporary_dir_name(tp: TopicPartition, suffix: str) -> str:

@@ -32,7 +32,7 @@ from kraft.observability.metrics import BrokerMetrics
 
 
 class ImageStore(Protocol):
-    """Persistence of the applied image (:class:`kraft.metadata.store.ImageStore` implements it)."""
+    """Persistence of the applied image (:class:`kraft.metadata.store.SqliteImageStore` implements it)."""
 
     async def load(self) -> MetadataImage:
         """The last stored image (``MetadataImage.empty()`` when nothing was stored)."""

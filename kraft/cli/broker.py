@@ -23,6 +23,7 @@ from kraft.cli.common import (
 )
 from kraft.client.admin import AdminClient
 from kraft.client.broker import describe_broker
+from kraft.clock import SystemClock
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(no_args_is_help=True, help="Brokers: run one, list, describe, unregister, shut down.")
@@ -45,7 +46,7 @@ UNKNOWN_STATE = "unknown"
 
 
 def _client(bootstrap: str) -> AdminClient:
-    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)])
+    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], clock=SystemClock())
 
 
 def broker_json(broker: cpb.BrokerDescription) -> dict[str, Any]:

@@ -20,8 +20,8 @@ import typer
 from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
 from kraft.cli.metadata import app
 from kraft.config import load_config
+from kraft.metadata.store import IMAGE_STORE_FILE
 
-STORE_FILE = "metadata-image.sqlite"
 HELP = """\
 SQL statements end with ';'.  Tables: meta, brokers, topics, partitions, configs, features.
   .tables            list the tables
@@ -40,7 +40,7 @@ def resolve_store(db: Path | None, config: Path | None) -> Path:
         base = cfg.metadata_log_dir or (cfg.log_dirs[0] if cfg.log_dirs else None)
         if base is None:
             raise CliError(f"{config}: neither metadata.log.dir nor log.dirs is set")
-        db = Path(base) / STORE_FILE
+        db = Path(base) / IMAGE_STORE_FILE
     if not db.is_file():
         raise CliError(f"{db}: no image store there")
     return db

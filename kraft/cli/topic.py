@@ -18,6 +18,7 @@ from kraft.cli.common import (
     run_async,
 )
 from kraft.client.admin import AdminClient
+from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 
@@ -29,7 +30,7 @@ TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_defau
 
 
 def _client(bootstrap: str) -> AdminClient:
-    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)])
+    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], clock=SystemClock())
 
 
 def parse_configs(items: list[str]) -> list[cpb.TopicConfig]:

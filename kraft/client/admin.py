@@ -8,23 +8,30 @@ during a leader election simply waits for the new active controller.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from kraft.client.controller import ControllerClient, ControllerUnavailable, MethodPicker, ResponseT
+from kraft.clock import Clock
 from kraft.errors import ErrorCode, KraftError
 
 
 class AdminClient:
     def __init__(
-        self, targets: Sequence[str], timeout_s: float = 15.0, attempt_timeout_s: float | None = None
+        self,
+        targets: Sequence[str],
+        timeout_s: float = 15.0,
+        attempt_timeout_s: float | None = None,
+        *,
+        clock: Clock,
     ) -> None:
         """``timeout_s`` bounds a whole call (retries included); ``attempt_timeout_s`` one RPC
-        (default: whatever is left of the call's budget — bulk requests can take long to commit)."""
+        (default: whatever is left of the call's budget — bulk requests can take long to commit).
+        ``clock`` measures the call's deadline."""
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._client = ControllerClient([(-1, t) for t in targets])
+        self._clock = clock
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
 
@@ -39,17 +46,17 @@ class AdminClient:
 
     async def call(self, pick: MethodPicker[ResponseT], request: Any, check: bool = True) -> ResponseT:
         """The active controller's answer; with ``check`` a non-NONE top-level error raises KraftError."""
-        deadline = time.monotonic() + self.timeout_s
+        deadline_ms = self._clock.monotonic_ms() + self.timeout_s * 1000
         backoff_s = 0.05
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = (deadline_ms - self._clock.monotonic_ms()) / 1000
             try:
                 attempt_s = (
                     remaining if self.attempt_timeout_s is None else min(remaining, self.attempt_timeout_s)
                 )
                 response = await self._client.call(pick, request, timeout_s=max(0.5, attempt_s))
             except ControllerUnavailable as exc:
-                if time.monotonic() + backoff_s > deadline:
+                if self._clock.monotonic_ms() + backoff_s * 1000 > deadline_ms:
                     raise KraftError(
                         ErrorCode.NOT_CONTROLLER,
                         f"no active controller answered within {self.timeout_s:g}s: {exc}",

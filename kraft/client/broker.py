@@ -43,7 +43,7 @@ _RETRY_PAUSE_S = 0.1
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
-class _Response(Protocol):
+class _ResponseWithError(Protocol):
     @property
     def error_code(self) -> int: ...
 
@@ -51,7 +51,7 @@ class _Response(Protocol):
     def error_message(self) -> str: ...
 
 
-ResponseT = TypeVar("ResponseT", bound=_Response)
+ResponseT = TypeVar("ResponseT", bound=_ResponseWithError)
 
 
 async def describe_broker(target: str, cluster_id: str, timeout_s: float) -> pb.DescribeBrokerResponse | None:

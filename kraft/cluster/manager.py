@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kraft.cluster.formatting import format_node_storage
-from kraft.cluster.probe import broker_serving, broker_views, quorum_view
+from kraft.cluster.probe import broker_serving, cluster_view, quorum_view
 from kraft.cluster.process import NodeProcess, ProcessError
 from kraft.cluster.spec import (
     AddressOf,
@@ -303,7 +303,8 @@ class LocalCluster:
         brokers = None
         if leader_id >= 0 and self.spec.brokers:
             leader = self.spec.node(leader_id)
-            brokers = broker_views(leader.target, self.spec.cluster_id, probe_timeout_s)
+            cluster = cluster_view(leader.target, self.spec.cluster_id, probe_timeout_s)
+            brokers = None if cluster is None else cluster.brokers
         nodes: list[NodeStatus] = []
         for node in self.spec.nodes:
             pid = pids[node.node_id]

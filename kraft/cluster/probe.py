@@ -39,6 +39,15 @@ class BrokerView:
     metadata_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The active controller's DescribeCluster answer: its committed ``metadata_offset`` and every
+    registered broker (the brokers' states are those of the image at that offset)."""
+
+    metadata_offset: int
+    brokers: dict[int, BrokerView]
+
+
 def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
     """DescribeQuorum on ``target`` itself (no redirect): any controller names the leader it knows."""
     reply = describe_quorum_at(target, timeout_s)
@@ -49,8 +58,9 @@ def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
     )
 
 
-def broker_views(target: str, cluster_id: str, timeout_s: float) -> dict[int, BrokerView] | None:
-    """Every registered broker per DescribeCluster on ``target``; None unless it is the active controller."""
+def cluster_view(target: str, cluster_id: str, timeout_s: float) -> ClusterView | None:
+    """DescribeCluster on ``target``; None unless it answered as the active controller.  The one
+    DescribeCluster probe: ``kraft cluster status`` and the chaos monitor both poll with it."""
     try:
         with open_blocking_channel(target, _CHANNEL_OPTIONS) as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
@@ -61,7 +71,8 @@ def broker_views(target: str, cluster_id: str, timeout_s: float) -> dict[int, Br
         return None
     if ErrorCode.from_wire(reply.error_code) is not ErrorCode.NONE:
         return None
-    return {b.broker_id: BrokerView(b.broker_id, b.state, b.metadata_offset) for b in reply.brokers}
+    brokers = {b.broker_id: BrokerView(b.broker_id, b.state, b.metadata_offset) for b in reply.brokers}
+    return ClusterView(int(reply.metadata_offset), brokers)
 
 
 def broker_serving(target: str, timeout_s: float) -> bool:

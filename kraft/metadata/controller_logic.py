@@ -42,7 +42,7 @@ from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import (
     NO_PARTITION_LEADER,
     BrokerRegistration,
-    BrokerState,
+    BrokerRegistrationState,
     MetadataImage,
     PartitionRegistration,
     TopicImage,
@@ -832,14 +832,14 @@ class ControllerLogic:
 
     # ---- reads ----
 
-    def broker_state(self, broker: BrokerRegistration, now_ms: int) -> BrokerState:
+    def broker_state(self, broker: BrokerRegistration, now_ms: int) -> BrokerRegistrationState:
         if broker.fenced:
             if not self.heartbeats.has_valid_session(broker.broker_id, now_ms):
-                return BrokerState.OFFLINE
-            return BrokerState.FENCED
+                return BrokerRegistrationState.OFFLINE
+            return BrokerRegistrationState.FENCED
         if broker.in_controlled_shutdown:
-            return BrokerState.CONTROLLED_SHUTDOWN
-        return BrokerState.ACTIVE
+            return BrokerRegistrationState.CONTROLLED_SHUTDOWN
+        return BrokerRegistrationState.ACTIVE
 
     def describe_brokers(self, image: MetadataImage, now_ms: int) -> list[cpb.BrokerDescription]:
         counts = self._committed_counts

@@ -21,7 +21,7 @@ NO_PARTITION_LEADER = -1
 quorum's "no leader known" is :data:`kraft.raft.messages.NO_LEADER`."""
 
 
-class BrokerState(enum.Enum):
+class BrokerRegistrationState(enum.Enum):
     """The state ``kraft broker list`` shows; OFFLINE (session expired) needs heartbeats, see controller."""
 
     FENCED = "FENCED"

@@ -16,6 +16,7 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from kraft.errors import ErrorCode
+from kraft.grpc_errors import grpc_status_for
 from kraft.metadata.controller import QuorumController
 from kraft.observability.logging import get_logger
 from kraft.v1 import controller_pb2 as cpb
@@ -53,7 +54,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             return await method(controller)(request)
         except Exception as exc:
             _log.exception("controller_request_failed", request=type(request).__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            await context.abort(
+                grpc_status_for(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
+            )
             raise AssertionError("unreachable: context.abort raises") from exc
 
     async def RegisterBroker(

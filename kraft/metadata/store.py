@@ -24,13 +24,13 @@ endpoints JSON, features JSON, log_dirs JSON)``
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
+from kraft.clock import Clock
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -81,6 +81,10 @@ CREATE TABLE IF NOT EXISTS configs (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS features (name TEXT PRIMARY KEY, level INTEGER NOT NULL);
 """
+
+
+IMAGE_STORE_FILE = "metadata-image.sqlite"
+"""The store's file name in the metadata dir (controller and broker); `kraft metadata shell` looks for it."""
 
 
 class ImageStoreError(Exception):
@@ -138,16 +142,17 @@ def _changed_partition_rows(changed: list[tuple[TopicImage, TopicImage | None]])
             yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
 
 
-class ImageStore:
+class SqliteImageStore:
     """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
         self._db = db
+        self._clock = clock  # stamps updated_at_ms
         self.path = path
         self._saved: MetadataImage | None = None
 
     @classmethod
-    async def open(cls, path: Path) -> ImageStore:
+    async def open(cls, path: Path, *, clock: Clock) -> SqliteImageStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
         db = await aiosqlite.connect(path, isolation_level=None)
@@ -164,7 +169,7 @@ class ImageStore:
         except BaseException:
             await db.close()
             raise
-        return cls(db, path)
+        return cls(db, path, clock)
 
     async def close(self) -> None:
         await self._db.close()
@@ -252,7 +257,7 @@ class ImageStore:
                     ("offset", str(image.offset)),
                     ("epoch", str(image.epoch)),
                     ("schema_version", str(SCHEMA_VERSION)),
-                    ("updated_at_ms", str(int(time.time() * 1000))),
+                    ("updated_at_ms", str(self._clock.wall_ms())),
                 ],
             )
             await db.execute("COMMIT")

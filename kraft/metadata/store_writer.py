@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.store import ImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
@@ -37,14 +37,14 @@ class StoreWriter:
         self._committed = committed
         self._metrics = metrics
         self._log = log
-        self._store: ImageStore | None = None
+        self._store: SqliteImageStore | None = None
         self._dirty = asyncio.Event()
 
     async def open(self) -> MetadataImage | None:
         """Open the store and return the image it holds (None without a store path)."""
         if self._path is None:
             return None
-        self._store = await ImageStore.open(self._path)
+        self._store = await SqliteImageStore.open(self._path, clock=self._timers.clock)
         return await self._store.load()
 
     def mark_dirty(self) -> None:
@@ -65,7 +65,7 @@ class StoreWriter:
             except Exception as exc:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
-                    # stop() cancelled the save and ImageStore.save's ROLLBACK raised in place of the
+                    # stop() cancelled the save and SqliteImageStore.save's ROLLBACK raised in place of the
                     # CancelledError: stop, or stop() waits for this task forever (flaky restart test).
                     raise asyncio.CancelledError from exc
                 self._metrics.metadata_errors.inc()

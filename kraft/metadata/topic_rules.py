@@ -6,10 +6,9 @@ import re
 from collections.abc import Callable, Collection, Mapping
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.storage.fileio import MAX_FILE_NAME_BYTES
 
 MAX_TOPIC_NAME_LENGTH = 249
-MAX_FILE_NAME_BYTES = 255
-"""Brokers name each partition directory ``<topic>-<partition>``; no file system takes a longer name."""
 _LEGAL = re.compile(r"^[a-zA-Z0-9._-]+$")
 
 

@@ -49,7 +49,7 @@ from kraft.clock import SystemClock
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.store import ImageStore as SqliteImageStore
+from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
@@ -60,7 +60,6 @@ from kraft.v1.common_pb2 import Endpoint
 
 _SHUTDOWN_GRACE_S = 1.0
 
-IMAGE_STORE_FILE = "metadata-image.sqlite"
 # A combined node (process.roles=broker,controller) runs a controller process on the same metadata dir,
 # whose image store already uses IMAGE_STORE_FILE: the broker must not share that file.
 COMBINED_IMAGE_STORE_FILE = "broker-metadata-image.sqlite"
@@ -373,7 +372,7 @@ async def run_broker(config: NodeConfig, cluster_id: str) -> None:
     """Run a broker until SIGTERM/SIGINT, then shut down in a controlled way.
 
     Raises RegistrationFailed when it cannot register in time."""
-    store = await SqliteImageStore.open(image_store_path(config))
+    store = await SqliteImageStore.open(image_store_path(config), clock=SystemClock())
     server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

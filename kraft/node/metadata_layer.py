@@ -19,13 +19,12 @@ from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.service import ControllerServicer, add_controller_service
+from kraft.metadata.store import IMAGE_STORE_FILE
 from kraft.observability.health import CONTROLLER_SERVICE
 
 if TYPE_CHECKING:
     # Type-only: controller.py imports this module to install the layer in run_controller.
     from kraft.node.controller import ControllerNode
-
-IMAGE_STORE_FILE = "metadata-image.sqlite"
 
 
 def options_from_config(config: NodeConfig) -> ControllerOptions:

@@ -2,7 +2,7 @@
 
 Every line looks like::
 
-    ts=2026-11-22T00:01:07.123Z level=info logger=raft event=became_leader node=1 epoch=3
+    ts=2026-11-22T00:01:07.123Z level=info logger=raft event=state_changed node=1 state=Leader epoch=3
 
 Callers get a :class:`StructLogger` from :func:`get_logger`; it carries static fields (``node=1``), can
 bind more (:meth:`StructLogger.bind`) and can attach a *context provider* — a callable evaluated for each

@@ -39,6 +39,7 @@ from kraft.storage.batch import (
     encode_batch,
     peek_batch_header,
 )
+from kraft.storage.segment import MAX_RELATIVE_OFFSET
 
 # Kind of a row reaching a writer; RANGE_START sorts first at equal offsets.
 KIND_RANGE_START = -1
@@ -46,7 +47,6 @@ KIND_KEYED = 0  # survivor: the newest offset of one key
 KIND_KEYLESS = 1  # statistics row: records without a key (an error for a compacted topic)
 KIND_CONTROL = 2  # statistics row: control records (not carried into the compacted log)
 
-_MAX_RELATIVE_OFFSET = 2**31 - 1
 # Source-batch attributes a merged output batch must share (compression is always none on output).
 _KEPT_ATTRIBUTES = ATTR_TIMESTAMP_TYPE | ATTR_TRANSACTIONAL
 
@@ -162,7 +162,7 @@ class SegmentWriter:
 
     def write(self, batch_bytes: bytes, base_offset: int, last_offset: int) -> None:
         too_big = self._segment_size > 0 and self._segment_size + len(batch_bytes) > self._segment_bytes
-        too_far = last_offset - self._segment_base > _MAX_RELATIVE_OFFSET
+        too_far = last_offset - self._segment_base > MAX_RELATIVE_OFFSET
         if self._file is None or too_big or too_far:
             self._roll(base_offset)
         assert self._file is not None

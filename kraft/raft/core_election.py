@@ -12,11 +12,10 @@ import enum
 
 from kraft.raft.core_decisions import BecomeCandidate, BecomeLeader, Decisions, SendRequest
 from kraft.raft.core_log import LogMeta
+from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.messages import VoteRequest, VoteResponse
 from kraft.raft.quorum import majority
-
-NEVER_MS = 1 << 62
 
 
 class ElectionOutcome(enum.Enum):

@@ -25,6 +25,7 @@ from kraft.raft.core_decisions import (
 )
 from kraft.raft.core_log import LogInvariantError, LogMeta
 from kraft.raft.core_output import AppendFetched, WriteSnapshotChunk
+from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import BatchInfo, BatchScanner, RaftConfig
 from kraft.raft.messages import (
     EpochEndOffset,
@@ -36,8 +37,6 @@ from kraft.raft.messages import (
     SnapshotId,
 )
 from kraft.raft.quorum import Rng, random_election_timeout_ms
-
-NEVER_MS = 1 << 62
 
 UNREACHABLE_MIN_FAILURES = 3
 """Fast dead-leader detection: this many consecutive fetches refused outright (the transport saw

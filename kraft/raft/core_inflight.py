@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.messages import RaftRequest
-
-NEVER_MS = 1 << 62
 
 
 @dataclass(slots=True)

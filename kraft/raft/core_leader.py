@@ -24,6 +24,7 @@ from kraft.raft.core_decisions import (
 )
 from kraft.raft.core_log import LogMeta
 from kraft.raft.core_output import AppendLeaderChange, AppendRecords, LogRead, SnapshotRead
+from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import BatchInfo, RaftConfig
 from kraft.raft.messages import (
     BeginQuorumEpochRequest,
@@ -37,9 +38,6 @@ from kraft.raft.messages import (
     SnapshotId,
 )
 from kraft.raft.quorum import majority, majority_offset
-
-NEVER_MS = 1 << 62
-"""A deadline that never comes."""
 
 
 @dataclass(slots=True)

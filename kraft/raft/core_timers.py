@@ -12,6 +12,7 @@ from kraft.raft.core_types import RaftConfig
 from kraft.raft.quorum import Rng, election_backoff_ms, random_election_timeout_ms
 
 NEVER_MS = 1 << 62
+"""A deadline that never comes (every Raft role's unset timer; one definition so they compare equal)."""
 
 
 class ElectionTimer:

@@ -23,6 +23,7 @@ import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
 from kraft.errors import ErrorCode
+from kraft.grpc_errors import grpc_status_for
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.api import RaftShutdownError
@@ -137,10 +138,14 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         try:
             return await self._handler.handle_request(request, peer_id=authenticated_peer_id(context))
         except RaftShutdownError:
-            await abort(context, grpc.StatusCode.UNAVAILABLE, "raft node is shutting down")
+            await abort(
+                context, grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE), "raft node is shutting down"
+            )
         except Exception as exc:
             _log.exception("raft_request_failed request=%s", type(request).__name__)
-            await abort(context, grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            await abort(
+                context, grpc_status_for(ErrorCode.UNKNOWN_SERVER_ERROR), f"{type(exc).__name__}: {exc}"
+            )
 
     async def Vote(self, request: raft_pb2.VoteRequest, context: ServicerContext) -> raft_pb2.VoteResponse:
         response = await self._handle(codec.vote_request_from_pb(request), context)
@@ -223,7 +228,9 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
                     type(exc).__name__,
                     suppressed,
                 )
-            await abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {pb_type.__name__}")
+            await abort(
+                context, grpc_status_for(ErrorCode.INVALID_REQUEST), f"undecodable {pb_type.__name__}"
+            )
 
 
 def _unary(

@@ -22,9 +22,8 @@ import struct
 import time
 from collections.abc import AsyncIterator
 
-import grpc
-
 from kraft.errors import ErrorCode
+from kraft.grpc_errors import grpc_status_for
 from kraft.raft.api import (
     CommittedBatch,
     LeaderAndEpoch,
@@ -157,7 +156,9 @@ class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
         except NotLeaderError as exc:
             return self._error(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc), exc.leader)
         except RaftShutdownError:
-            await abort(context, grpc.StatusCode.UNAVAILABLE, "raft node is shutting down")
+            await abort(
+                context, grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE), "raft node is shutting down"
+            )
         leader = self._client.leader_and_epoch
         return raft_pb2.TestAppendResponse(
             error_code=int(ErrorCode.NONE),

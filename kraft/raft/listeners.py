@@ -64,6 +64,22 @@ class LazyRecords(Sequence[CommittedRecord]):
         return iter(self._decoded())
 
 
+def leader_change_due(
+    leader: LeaderAndEpoch, reported: LeaderAndEpoch | None, next_offset: int, leader_epoch_start_offset: int
+) -> bool:
+    """Whether a listener whose cursor is at ``next_offset`` and that was last told ``reported`` is told
+    ``leader`` now.  ``leader_epoch_start_offset`` is where this node's own leadership epoch starts (-1 when
+    it is not the leader): becoming leader waits until the listener has everything before that offset.
+
+    The one statement of the rule: :class:`ListenerSet` and the controller simulation's listener feed
+    (tests/sim/sim_raft_client.py) both ask it, before and after handing over committed batches.
+    """
+    if leader == reported:
+        return False
+    # Not caught up with the previous epochs yet: report once the LeaderChange batch is delivered.
+    return leader_epoch_start_offset < 0 or next_offset > leader_epoch_start_offset
+
+
 @dataclass(frozen=True, slots=True)
 class CommitView:
     """What a listener task reads from the driver, captured at one instant of the event loop."""
@@ -186,9 +202,9 @@ class ListenerSet:
         cursor.next_offset = snapshot_id.end_offset
 
     async def _maybe_report_leader(self, cursor: ListenerCursor, view: CommitView) -> None:
-        if view.leader == cursor.reported_leader:
+        if not leader_change_due(
+            view.leader, cursor.reported_leader, cursor.next_offset, view.leader_epoch_start_offset
+        ):
             return
-        if view.leader_epoch_start_offset >= 0 and cursor.next_offset <= view.leader_epoch_start_offset:
-            return  # not caught up with the previous epochs yet: report once the LeaderChange commits
         cursor.reported_leader = view.leader
         await cursor.listener.handle_leader_change(view.leader)

@@ -13,6 +13,11 @@ from pathlib import Path
 
 from kraft.storage.errors import FatalStorageError
 
+MAX_FILE_NAME_BYTES = 255
+"""NAME_MAX of ext4, xfs, btrfs and tmpfs; topic names are ASCII, so characters = bytes.  The controller
+refuses a topic whose partition directory names would exceed it and the broker caps its temporary
+directory names to it: one definition so the two agree."""
+
 
 def fsync_fd(fd: int, what: str) -> None:
     try:

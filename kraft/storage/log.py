@@ -116,7 +116,7 @@ class AppendResult(NamedTuple):
     last_offset: int
 
 
-class LogRead(NamedTuple):
+class ReadResult(NamedTuple):
     """Whole batches starting with the one holding the requested offset (``records`` may be empty)."""
 
     records: bytes
@@ -675,7 +675,7 @@ class SegmentedLog:
 
     # --- reading -----------------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> LogRead:
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> ReadResult:
         """Whole batches from the one holding ``offset``: at least one batch (even if larger than
         ``max_bytes``, so readers always progress), then more while they fit in ``max_bytes``; only
         batches whose base offset is below ``max_offset`` (e.g. the high watermark) when given.
@@ -698,8 +698,8 @@ class SegmentedLog:
                 break
             records, next_offset = segment.read_from(position, header, max_bytes, max_offset)
             self._verify_read(segment, position, records)
-            return LogRead(records, header.base_offset, next_offset)
-        return LogRead(b"", offset, offset)
+            return ReadResult(records, header.base_offset, next_offset)
+        return ReadResult(b"", offset, offset)
 
     def _verify_read(self, segment: LogSegment, position: int, records: bytes) -> None:
         """Every batch a read returns is checked — CRC-32C, the header chain, and its leader epoch
@@ -922,7 +922,7 @@ __all__ = [
     "UNDEFINED_EPOCH",
     "AppendResult",
     "LogConfig",
-    "LogRead",
+    "ReadResult",
     "SegmentInfo",
     "SegmentedLog",
     "partition_dir_name",

@@ -40,7 +40,8 @@ TIMEINDEX_SUFFIX = ".timeindex"
 
 # Fields recovery needs, read straight from the header without building a BatchHeader.
 _SCAN = struct.Struct(">qiibIhiqq")
-_MAX_RELATIVE_OFFSET = 2**31 - 1
+MAX_RELATIVE_OFFSET = 2**31 - 1
+"""The widest offset span one segment holds: its index stores offsets relative to the base in 32 bits."""
 # Enough to hold the headers between two index entries plus one header in the common case.
 _LOOKUP_READ_BYTES = 16 * 1024
 _PAGE = 4096
@@ -262,7 +263,7 @@ class LogSegment:
             return f"torn batch: length {length} runs past the end of the file"
         if base != self.next_offset:
             return f"base offset {base}, expected {self.next_offset}"
-        if delta < 0 or base + delta - self.base_offset > _MAX_RELATIVE_OFFSET:
+        if delta < 0 or base + delta - self.base_offset > MAX_RELATIVE_OFFSET:
             return f"last offset delta {delta} out of range"
         computed = crc32c(view[position + 21 : position + batch_size])
         if computed != crc:
@@ -303,7 +304,7 @@ class LogSegment:
                 or position + batch_size > size
                 or base != expected
                 or delta < 0
-                or base + delta - self.base_offset > _MAX_RELATIVE_OFFSET
+                or base + delta - self.base_offset > MAX_RELATIVE_OFFSET
                 or crc32c(view[position + 21 : position + batch_size]) != crc
             ):
                 break
@@ -375,7 +376,7 @@ class LogSegment:
             self._truncate_file(self.size)
 
     def fits_relative(self, last_offset: int) -> bool:
-        return last_offset - self.base_offset <= _MAX_RELATIVE_OFFSET
+        return last_offset - self.base_offset <= MAX_RELATIVE_OFFSET
 
     def flush(self) -> None:
         if self.dirty:

@@ -4,7 +4,7 @@ A snapshot file is a sequence of record batches (offsets from 0, leader epoch = 
 a control batch with the SnapshotHeader record, the data batches, and a control batch with the
 SnapshotFooter record.  Life cycle:
 
-- written as ``….checkpoint.part`` (by :class:`SnapshotWriter` from records, or by
+- written as ``….checkpoint.part`` (by :class:`RecordsSnapshotWriter` from records, or by
   :class:`RawSnapshotWriter` from bytes downloaded with FetchSnapshot), then *frozen*: validated, fsynced,
   renamed to ``.checkpoint``, directory fsynced — so a ``.checkpoint`` file is always complete;
 - read back in chunks by byte position (:meth:`SnapshotReader.read_chunk`, for FetchSnapshot) or batch
@@ -111,7 +111,7 @@ class _PartFile:
             self.done = True
 
 
-class SnapshotWriter:
+class RecordsSnapshotWriter:
     """Builds a snapshot from records: header batch on create, footer batch on :meth:`freeze`."""
 
     def __init__(
@@ -162,7 +162,7 @@ class SnapshotWriter:
     def abort(self) -> None:
         self._part.abort()
 
-    def __enter__(self) -> SnapshotWriter:
+    def __enter__(self) -> RecordsSnapshotWriter:
         return self
 
     def __exit__(self, exc_type: object, *_rest: object) -> None:
@@ -380,8 +380,8 @@ class SnapshotDirectory:
 
     def create(
         self, snapshot_id: SnapshotFileId, *, last_contained_log_timestamp: int, timestamp_ms: int
-    ) -> SnapshotWriter:
-        return SnapshotWriter(
+    ) -> RecordsSnapshotWriter:
+        return RecordsSnapshotWriter(
             self.dir,
             snapshot_id,
             last_contained_log_timestamp=last_contained_log_timestamp,

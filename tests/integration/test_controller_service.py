@@ -20,6 +20,7 @@ import pytest
 
 from kraft.client.admin import AdminClient
 from kraft.client.channel import open_channel
+from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerQuorum, run_kraft
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
@@ -122,7 +123,7 @@ async def test_controller_service_end_to_end(quorum_factory: Callable[..., Contr
     quorum.start()
     leader = quorum.wait_for_leader(timeout_s=30)
     targets = [node.target for node in quorum.nodes.values()]
-    async with AdminClient(targets, timeout_s=30) as client:
+    async with AdminClient(targets, timeout_s=30, clock=SystemClock()) as client:
         cluster = await describe(client)
         assert cluster.cluster_id == quorum.cluster_id and cluster.controller_id == leader.node_id
 

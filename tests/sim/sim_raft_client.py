@@ -7,15 +7,18 @@ deterministic event loop on the simulation's virtual clock.
   blocking) and schedules an event at the loop's next timer, so a seed replays exactly.
 - :class:`SimRaftClient`: the RaftClient contract the controller relies on, over one simulated node:
   offsets assigned at schedule time (the core's append), NotLeaderError when not leader, committed batches
-  and leader changes delivered by a per-listener task in the order ``kraft.raft.listeners.ListenerSet``
-  uses (a change to *another* leader first; becoming leader only once the batches before this node's
-  epoch start were delivered; then committed batches in order).
+  and leader changes delivered by a per-listener task in ``kraft.raft.listeners.ListenerSet``'s order: ask
+  :func:`~kraft.raft.listeners.leader_change_due` (the production rule itself: a change to *another*
+  leader at once, becoming leader only once the batches before this node's epoch start were delivered),
+  hand over committed batches in order, ask again.  The batches come from the simulated log (values, not
+  encoded bytes), which is why the feed does not read through ListenerSet itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,6 +35,7 @@ from kraft.raft.api import (
     SnapshotChunk,
     SnapshotWriter,
 )
+from kraft.raft.listeners import leader_change_due
 from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
 from sim.harness import InvariantViolation, SimNode
 
@@ -39,25 +43,70 @@ MAX_LOOP_TURNS_PER_EVENT = 100_000
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """Tracks the callbacks it was handed (``call_soon``, ``call_at``; ``call_later`` goes through
+    ``call_at``) until they run, so :meth:`run_ready` and :meth:`next_timer_ms` need none of asyncio's
+    private queues.  A cancelled handle counts as gone: asyncio skips it when its turn comes."""
+
     def __init__(self, clock: ManualClock) -> None:
         super().__init__()
         self._virtual_clock = clock
+        self._soon: set[asyncio.Handle] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
 
     def time(self) -> float:
         return self._virtual_clock.now_ms / 1000
+
+    def call_soon(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any, context: contextvars.Context | None = None
+    ) -> asyncio.Handle:
+        handles: list[asyncio.Handle] = []
+
+        def run(*call_args: Any) -> None:
+            self._soon.discard(handles[0])
+            callback(*call_args)
+
+        handle = super().call_soon(run, *args, context=context)
+        handles.append(handle)
+        self._soon.add(handle)
+        return handle
+
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        handles: list[asyncio.TimerHandle] = []
+
+        def run(*call_args: Any) -> None:
+            self._timers.discard(handles[0])
+            callback(*call_args)
+
+        handle = super().call_at(when, run, *args, context=context)
+        handles.append(handle)
+        self._timers.add(handle)
+        return handle
+
+    def _has_ready(self) -> bool:
+        if any(h.cancelled() for h in self._soon):
+            self._soon = {h for h in self._soon if not h.cancelled()}
+        return bool(self._soon)
 
     def run_ready(self) -> None:
         """Run every callback that is ready or due at the current virtual time, until none is."""
         for _ in range(MAX_LOOP_TURNS_PER_EVENT):
             self.run_until_complete(asyncio.sleep(0))
             next_ms = self.next_timer_ms()
-            if not self._ready and (next_ms is None or next_ms > self._virtual_clock.now_ms):  # type: ignore[attr-defined]
+            if not self._has_ready() and (next_ms is None or next_ms > self._virtual_clock.now_ms):
                 return
         raise InvariantViolation("the controllers' event loop never went idle")
 
     def next_timer_ms(self) -> int | None:
         """Virtual time (ms, rounded up) of the earliest pending timer."""
-        pending = [h.when() for h in self._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        if any(h.cancelled() for h in self._timers):
+            self._timers = {h for h in self._timers if not h.cancelled()}
+        pending = [h.when() for h in self._timers]
         return math.ceil(min(pending) * 1000 - 1e-6) if pending else None
 
 
@@ -180,10 +229,8 @@ class ListenerFeed:
         self._maybe_report(leader, epoch_start)
 
     def _maybe_report(self, leader: LeaderAndEpoch, epoch_start: int) -> None:
-        if leader == self._reported:
+        if not leader_change_due(leader, self._reported, self.next_offset, epoch_start):
             return
-        if epoch_start >= 0 and self.next_offset <= epoch_start:
-            return  # not caught up with the previous epochs yet
         self._reported = leader
         self._queue.put_nowait(leader)
 

@@ -20,3 +20,9 @@ def test_validation_errors_without_an_entry_map_to_invalid_argument() -> None:
 def test_leadership_errors_map_to_failed_precondition() -> None:
     for code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_CONTROLLER, ErrorCode.FENCED_LEADER_EPOCH):
         assert grpc_status_for(code) is grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_the_statuses_servicers_abort_with() -> None:
+    # The two aborts servicers make; their statuses are what clients already retry on.
+    assert grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE) is grpc.StatusCode.UNAVAILABLE
+    assert grpc_status_for(ErrorCode.UNKNOWN_SERVER_ERROR) is grpc.StatusCode.INTERNAL

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from kraft.broker.partitions import (
-    MAX_FILE_NAME_BYTES,
     PartitionManager,
     deletion_dir_name,
     staging_dir_name,
@@ -19,6 +18,7 @@ from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.types import LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
 from kraft.metadata.topic_rules import MAX_TOPIC_NAME_LENGTH, validate_topic_name
 from kraft.pipeline.layout import parse_partition_dir_name
+from kraft.storage.fileio import MAX_FILE_NAME_BYTES
 
 LONGEST = "t" * MAX_TOPIC_NAME_LENGTH
 LAST_FITTING_PARTITION = 99_999  # 249 + "-" + 5 digits = 255

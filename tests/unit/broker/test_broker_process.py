@@ -26,11 +26,12 @@ from kraft.broker.types import (
     ReplicaRole,
     TopicPartition,
 )
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
-from kraft.metadata.store import ImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.node.broker import BrokerServer, BrokerSettings
 from kraft.v1 import metadata_pb2 as mpb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
@@ -266,7 +267,9 @@ async def test_restart_on_the_sqlite_image_store_and_real_logs_resumes_where_it_
 ) -> None:
     orders_topic(controller)
     db = tmp_path / "logs" / "metadata-image.sqlite"
-    first = BrokerServer(settings(tmp_path, target(controller)), await ImageStore.open(db))
+    first = BrokerServer(
+        settings(tmp_path, target(controller)), await SqliteImageStore.open(db, clock=ManualClock())
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(first.run(stop))
     await wait_for(lambda: first.status.state is BrokerState.RUNNING, "RUNNING")
@@ -278,7 +281,9 @@ async def test_restart_on_the_sqlite_image_store_and_real_logs_resumes_where_it_
     applied = first.publisher.offset
 
     controller.fetch_requests.clear()
-    second = BrokerServer(settings(tmp_path, target(controller)), await ImageStore.open(db))
+    second = BrokerServer(
+        settings(tmp_path, target(controller)), await SqliteImageStore.open(db, clock=ManualClock())
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(second.run(stop))
     try:

@@ -9,10 +9,9 @@ import pytest
 from chaos import monitor as monitor_module
 from chaos.checkers import ClusterSample
 from chaos.monitor import ClusterMonitor
-from kraft.cluster.probe import QuorumView
+from kraft.cluster.probe import BrokerView, ClusterView, QuorumView
 from kraft.cluster.spec import NodeRole, NodeSpec
 from kraft.errors import ErrorCode
-from kraft.v1 import controller_pb2
 
 CONTROLLERS = [NodeSpec(i, NodeRole.CONTROLLER, "127.0.0.1", 9000 + i) for i in (1, 2, 3)]
 
@@ -27,16 +26,13 @@ def _poll(
         view = views[int(target.rsplit(":", 1)[1]) - 9000]
         return None if view is None else QuorumView(view[0], view[1], 10, ErrorCode.NONE)
 
-    def describe_cluster(
-        target: str, cluster_id: str, timeout_s: float
-    ) -> controller_pb2.DescribeClusterResponse | None:
+    def cluster_view(target: str, cluster_id: str, timeout_s: float) -> ClusterView | None:
         asked.append(target)
         state = "FENCED" if fenced else "ACTIVE"
-        brokers = [controller_pb2.BrokerDescription(broker_id=101, state=state)]
-        return controller_pb2.DescribeClusterResponse(brokers=brokers, metadata_offset=42)
+        return ClusterView(metadata_offset=42, brokers={101: BrokerView(101, state, metadata_offset=42)})
 
     monkeypatch.setattr(monitor_module, "quorum_view", quorum_view)
-    monkeypatch.setattr(monitor_module, "describe_cluster", describe_cluster)
+    monkeypatch.setattr(monitor_module, "cluster_view", cluster_view)
     clock = itertools.count(100, 10)
     watcher = ClusterMonitor("c", CONTROLLERS, clock_ns=lambda: next(clock))
     return watcher.poll_once(), asked

@@ -12,12 +12,13 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_records, image_values
-from kraft.metadata.store import ImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.v1 import metadata_pb2 as pb
 
 BROKERS = st.integers(min_value=1, max_value=5)
@@ -158,13 +159,13 @@ def test_decode_values_rejects_what_decode_value_rejects() -> None:
 
 
 async def _round_trip(path: Path, images: list[MetadataImage]) -> MetadataImage:
-    store = await ImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         for image in images:
             await store.save(image)
     finally:
         await store.close()
-    store = await ImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         return await store.load()
     finally:

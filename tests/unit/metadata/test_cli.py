@@ -14,10 +14,11 @@ from kraft.cli.broker import broker_json
 from kraft.cli.common import CliError
 from kraft.cli.main import app
 from kraft.cli.topic import parse_assignment, parse_configs, topic_json
+from kraft.clock import ManualClock
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.store import ImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -38,7 +39,7 @@ def store_file(tmp_path: Path) -> Path:
     path = tmp_path / "metadata-image.sqlite"
 
     async def save() -> None:
-        store = await ImageStore.open(path)
+        store = await SqliteImageStore.open(path, clock=ManualClock())
         try:
             await store.save(delta.apply())
         finally:

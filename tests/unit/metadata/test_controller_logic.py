@@ -13,7 +13,7 @@ from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
 from kraft.metadata.delta import MetadataDelta
-from kraft.metadata.image import NO_PARTITION_LEADER, BrokerState, MetadataImage, TopicImage
+from kraft.metadata.image import NO_PARTITION_LEADER, BrokerRegistrationState, MetadataImage, TopicImage
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -246,7 +246,7 @@ def test_controlled_shutdown_moves_leaderships_first_then_says_shut_down(h: Harn
     assert not first.should_shut_down and not first.is_fenced
     assert h.logic.leader_count(1) == 0
     assert h.image.brokers[1].in_controlled_shutdown
-    assert h.logic.broker_state(h.image.brokers[1], h.now_ms) == BrokerState.CONTROLLED_SHUTDOWN
+    assert h.logic.broker_state(h.image.brokers[1], h.now_ms) == BrokerRegistrationState.CONTROLLED_SHUTDOWN
     # the others have not reported the shutdown offset yet
     assert not h.heartbeat(1, want_shut_down=True).should_shut_down
     h.heartbeat(2)
@@ -281,7 +281,7 @@ def test_session_expiry_fences_one_broker_at_a_time(h: Harness) -> None:
     assert h.logic.fence_expired(h.now_ms, h.next_offset) == (-1, [])
     topic = h.image.topic("t")
     assert topic is not None and all(p.leader == 3 and p.isr == (3,) for p in topic.partitions)
-    assert h.logic.broker_state(h.image.brokers[1], h.now_ms) == BrokerState.OFFLINE
+    assert h.logic.broker_state(h.image.brokers[1], h.now_ms) == BrokerRegistrationState.OFFLINE
 
 
 def test_a_newly_active_controller_gives_every_broker_a_fresh_session(h: Harness) -> None:

@@ -7,10 +7,11 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
+from kraft.clock import ManualClock
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
-from kraft.metadata.store import ImageStore
+from kraft.metadata.store import SqliteImageStore
 from kraft.v1 import common_pb2
 from kraft.v1 import metadata_pb2 as pb
 
@@ -50,13 +51,13 @@ def _sample() -> MetadataImage:
 
 async def test_a_saved_image_loads_back_equal(tmp_path: Path) -> None:
     image = _sample()
-    store = await ImageStore.open(tmp_path / "image.sqlite")
+    store = await SqliteImageStore.open(tmp_path / "image.sqlite", clock=ManualClock())
     try:
         assert (await store.load()).offset == -1
         await store.save(image)
     finally:
         await store.close()
-    store = await ImageStore.open(tmp_path / "image.sqlite")
+    store = await SqliteImageStore.open(tmp_path / "image.sqlite", clock=ManualClock())
     try:
         loaded = await store.load()
     finally:
@@ -67,7 +68,7 @@ async def test_a_saved_image_loads_back_equal(tmp_path: Path) -> None:
 
 async def test_incremental_saves_follow_changes_and_deletions(tmp_path: Path) -> None:
     path = tmp_path / "image.sqlite"
-    store = await ImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         image = _sample()
         await store.save(image)
@@ -85,7 +86,7 @@ async def test_incremental_saves_follow_changes_and_deletions(tmp_path: Path) ->
         assert store.saved_offset == image.offset
     finally:
         await store.close()
-    store = await ImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         assert await store.load() == image
     finally:
@@ -94,7 +95,7 @@ async def test_incremental_saves_follow_changes_and_deletions(tmp_path: Path) ->
 
 async def test_tables_are_plain_sql_for_operators(tmp_path: Path) -> None:
     path = tmp_path / "image.sqlite"
-    store = await ImageStore.open(path)
+    store = await SqliteImageStore.open(path, clock=ManualClock())
     try:
         await store.save(_sample())
     finally:

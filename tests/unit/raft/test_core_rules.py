@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kraft.errors import ErrorCode
 from kraft.raft.core_decisions import BecomeFollower, BecomeUnattached
-from kraft.raft.core_inflight import NEVER_MS, InflightRequests
+from kraft.raft.core_inflight import InflightRequests
 from kraft.raft.core_rules import (
     ResponseVerdict,
     common_response_verdict,
@@ -19,6 +19,7 @@ from kraft.raft.core_rules import (
     quorum_epoch_request_error,
     vote_request_error,
 )
+from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.messages import (
     NO_LEADER,
