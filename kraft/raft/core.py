@@ -278,7 +278,8 @@ class RaftCore:
         return self._take_output()
 
     def on_flushed(self, end_offset: int, now_ms: int) -> Output:
-        """The log is durable up to ``end_offset``."""
+        """The log is durable up to ``end_offset``.  Appends held while the flush ran are not cut here:
+        the output asks to be polled at once, and that poll (or the next :meth:`take_output`) cuts them."""
         self._advance(now_ms)
         self.log.mark_flushed(end_offset)
         if self._leader is not None:
