@@ -396,6 +396,9 @@ class NodeConfig(BaseModel):
     controller_quorum_election_backoff_max_ms: Ms = _key(
         "controller.quorum.election.backoff.max.ms", default=1000
     )
+    # Group commit: an upper bound, not a fixed delay.  An append is written at once while no flush of the
+    # metadata log is in flight; while one is, appends gather and are written together when it completes,
+    # or when this bound (counted from the first waiting append) expires.  0 = never wait.
     controller_quorum_append_linger_ms: NonNegative = _key("controller.quorum.append.linger.ms", default=25)
     controller_quorum_request_timeout_ms: Ms = _key("controller.quorum.request.timeout.ms", default=2000)
     controller_quorum_retry_backoff_ms: NonNegative = _key("controller.quorum.retry.backoff.ms", default=20)

@@ -193,7 +193,8 @@ class RaftCore:
         return self._take_output()
 
     def poll(self, now_ms: int) -> Output:
-        """Fire every timer that is due and drain the append accumulator when its linger expired."""
+        """Fire every timer that is due and cut the pending appends into a batch when they are due (no
+        flush in flight, or the linger bound expired)."""
         self._advance(now_ms)
         for correlation_id, inflight in self._inflight.pop_expired(self.now_ms):
             self._on_request_failed(correlation_id, inflight)
@@ -280,8 +281,10 @@ class RaftCore:
     def append(self, records: Sequence[bytes], now_ms: int) -> int:
         """Accumulate records for the next batch (leader only); returns the offset of the last one.
 
-        The batch is cut when the linger expires (:meth:`poll`) or it is full; effects land in the next
-        output (:meth:`take_output`).
+        Group commit: the batch is cut at the next :meth:`take_output` / :meth:`poll` when no flush is in
+        flight, else when that flush completes (the first output after :meth:`on_flushed`, which asks to
+        be polled at once) or the linger bound expires; a full batch is cut at once.  Effects land in the
+        next output (:meth:`take_output`).
         """
         self._advance(now_ms)
         if self._leader is None:
@@ -293,12 +296,15 @@ class RaftCore:
         return last_offset
 
     def take_output(self, now_ms: int) -> Output:
-        """Effects produced by :meth:`append` (or nothing) with a fresh deadline."""
+        """Effects produced by :meth:`append` (the pending batch when it is due) with a fresh deadline."""
         self._advance(now_ms)
+        if self._leader is not None:
+            self._apply(self._leader.cut_if_due(self.now_ms, self.log, self.high_watermark))
         return self._take_output()
 
     def on_flushed(self, end_offset: int, now_ms: int) -> Output:
-        """The log is durable up to ``end_offset``."""
+        """The log is durable up to ``end_offset``.  Appends held while the flush ran are not cut here:
+        the output asks to be polled at once, and that poll (or the next :meth:`take_output`) cuts them."""
         self._advance(now_ms)
         self.log.mark_flushed(end_offset)
         if self._leader is not None:
@@ -355,6 +361,11 @@ class RaftCore:
         for role in (self._election, self._leader, self._fetcher):
             if role is not None:
                 deadline = min(deadline, role.next_deadline_ms())
+        if self._leader is not None and self._leader.batch_due(self.now_ms, self.log):
+            # Appends held while a flush was in flight (on_flushed): cut them at the very next poll, not
+            # inside this output, so the driver first takes the events queued during the fsync (follower
+            # acks advance the high watermark) and its flush port does not recurse into another fsync.
+            deadline = self.now_ms
         out.next_deadline_ms = deadline
         return out
 

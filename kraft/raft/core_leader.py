@@ -1,5 +1,5 @@
 """The leader's half of the core: replica progress, the high watermark, long-poll fetches, the append
-accumulator, check-quorum and BeginQuorumEpoch announcements.
+accumulator (group commit), check-quorum and BeginQuorumEpoch announcements.
 
 A :class:`LeaderRole` exists only while its core is Leader (one per epoch), so nothing here needs
 resetting: a new epoch starts with a fresh object.  It keeps its own bookkeeping (replica progress,
@@ -86,6 +86,7 @@ class LeaderRole:
         self.pending_records: list[bytes] = []
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
+        """When the pending records are cut even if a flush is still in flight (the linger bound)."""
         self.parked: dict[int, ParkedFetch] = {}
 
     # -- lifecycle
@@ -120,7 +121,7 @@ class LeaderRole:
     def poll(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
         decisions: Decisions = []
         end_offset = log.end_offset
-        if self.pending_records and now_ms >= self.linger_deadline_ms:
+        if self.batch_due(now_ms, log):
             decisions, end_offset = self.drain_accumulator(log, high_watermark)
         for request_id, parked in list(self.parked.items()):
             if parked.deadline_ms <= now_ms:
@@ -169,12 +170,41 @@ class LeaderRole:
         if voter in self.begin_unacked:
             self.begin_next_send_ms[voter] = retry_at_ms
 
-    # -- appends
+    # -- appends: group commit
+    #
+    # A batch costs one fsync, and the driver runs one flush at a time.  So records wait only while there
+    # is something to wait for: when no flush is in flight (the log is durable up to its end) the pending
+    # records are cut at the next output the core hands out (``RaftCore.take_output`` / ``poll``) — a
+    # lone write pays no delay; while a flush is in flight they gather and are cut once it completes,
+    # as one batch; a full batch is cut at once; and ``append_linger_ms`` (counted from the first pending
+    # record) bounds the wait, so a slow flush cannot hold appends longer than that (0: never wait).
+
+    @staticmethod
+    def flush_in_flight(log: LogMeta) -> bool:
+        """Part of the log is written but not yet reported durable: every append asks for a flush, and
+        ``on_flushed`` reports how far it got, so this is exactly "a flush was asked for and has not come
+        back" (two may be in flight in the simulation; the first to complete may cover both)."""
+        return log.flushed_end < log.end_offset
+
+    def batch_due(self, now_ms: int, log: LogMeta) -> bool:
+        """Cut the pending records now?  Yes with no flush to wait for, or once the linger bound ran out."""
+        return bool(self.pending_records) and (
+            not self.flush_in_flight(log) or now_ms >= self.linger_deadline_ms
+        )
+
+    def cut_if_due(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
+        """The batch to append now under the group-commit rule (see :meth:`batch_due`), or nothing."""
+        if not self.batch_due(now_ms, log):
+            return []
+        return self.drain_accumulator(log, high_watermark)[0]
 
     def append(
         self, records: Sequence[bytes], now_ms: int, log: LogMeta, high_watermark: int
     ) -> tuple[int, Decisions]:
-        """Accumulate ``records``; returns the offset of the last one and the batch to append if full."""
+        """Accumulate ``records``; returns the offset of the last one and the batch to append if full.
+
+        A batch that is not full is cut later, by :meth:`cut_if_due` or :meth:`poll`: deferring the cut to
+        the next output lets every append that arrives before the driver takes it share one batch."""
         config = self.config
         if not self.pending_records:
             self.linger_deadline_ms = now_ms + config.append_linger_ms

@@ -19,6 +19,8 @@ class RaftConfig:
     election_backoff_max_ms: int = 1000
     election_backoff_base_ms: int = 100
     append_linger_ms: int = 25
+    """Group commit's bound: the longest pending appends wait for a flush in flight (0 = never wait);
+    with no flush in flight they are written at once (``LeaderRole.batch_due``)."""
     request_timeout_ms: int = 2000
     retry_backoff_ms: int = 20
     fetch_max_wait_ms: int = 500

@@ -423,24 +423,21 @@ async def test_read_committed_serves_whole_committed_batches_only() -> None:
         await driver.stop()
 
 
-async def test_the_append_linger_runs_on_the_injected_clock() -> None:
+async def test_an_idle_leader_writes_a_lone_append_without_lingering() -> None:
+    # Group commit: with no flush in flight there is nothing to gather appends for, so even a 400 ms
+    # linger bound does not delay a lone append; on the manual clock no time passes at all.  (The bound
+    # itself is a core rule with explicit times: tests/unit/raft/test_group_commit.py.)
     clock = ManualClock()
     log = MemoryLogStore()
     driver = _single_voter(log=log, clock=clock, append_linger_ms=400)
     await driver.start()
     try:
         await wait_until(lambda: driver.leader_and_epoch.leader_id == 1, 5, "self-election")
-        offset = driver.schedule_append([b"lingering"])
+        started_ms = clock.monotonic_ms()
+        offset = await driver.append([b"alone"])
         await settle([driver])
-        assert log.end_offset == offset  # still in the accumulator: no time has passed
-        clock.advance(399)
-        driver.recheck_timers()
-        await settle([driver])  # the driver polled at 399 ms and went back to sleep
-        assert log.end_offset == offset, "the batch was written before the linger ran out"
-        clock.advance(1)
-        driver.recheck_timers()
-        await settle([driver])
-        assert log.end_offset == offset + 1  # written exactly when the 400 ms linger ran out
+        assert log.end_offset == offset + 1 and driver.high_watermark == offset + 1
+        assert clock.monotonic_ms() == started_ms  # written, flushed and committed without waiting
     finally:
         await driver.stop()
 
