@@ -6,8 +6,9 @@ built on top of Raft — no fakes of this interface needed.
 
 Semantics:
 
-- :meth:`RaftClient.append` assigns offsets immediately (records appended within
-  ``controller.quorum.append.linger.ms`` share one batch and one fsync) and resolves with the last
+- :meth:`RaftClient.append` assigns offsets immediately (group commit: an idle leader writes at once;
+  appends that arrive while a flush is in flight share the next batch and its fsync, waiting at most
+  ``controller.quorum.append.linger.ms``) and resolves with the last
   offset once the high watermark has passed it; it raises :class:`NotLeaderError` when this node is not
   the leader, or when leadership is lost before the records committed (they may still commit later —
   listeners are the source of truth).
