@@ -70,6 +70,9 @@ class MetadataLayer:
         self._health_task = asyncio.create_task(
             self._report_health(node, controller), name="controller-health"
         )
+        node.watch(self._health_task, "controller-health")
+        for task in controller.background_tasks:
+            node.watch(task, task.get_name())
 
     async def stop(self, node: ControllerNode) -> None:
         if self._health_task is not None:
