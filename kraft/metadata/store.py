@@ -23,6 +23,7 @@ endpoints JSON, features JSON, log_dirs JSON)``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -257,7 +258,11 @@ class ImageStore:
             )
             await db.execute("COMMIT")
         except BaseException:
-            await db.execute("ROLLBACK")
+            # A failed COMMIT (e.g. SQLITE_FULL) may have rolled back already: a second ROLLBACK would
+            # raise "no transaction is active" and hide the real error.
+            with contextlib.suppress(Exception):
+                if db.in_transaction:
+                    await db.execute("ROLLBACK")
             raise
         self._saved = image
 
