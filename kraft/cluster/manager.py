@@ -54,6 +54,10 @@ class NodeStatus:
     endpoint: str
     state: str
     log: str
+    exit_code: int | None = None
+    """For a ``failed``/``exited`` node: its exit status (70 = fatal error, 1 = could not start)."""
+    last_error: str = ""
+    """For a ``failed`` node: its last ``event=fatal`` line (or ``error:`` line) from its log."""
 
     @property
     def ready(self) -> bool:
@@ -68,6 +72,8 @@ class NodeStatus:
             "endpoint": self.endpoint,
             "state": self.state,
             "log": self.log,
+            "exit_code": self.exit_code,
+            "last_error": self.last_error,
         }
 
 
@@ -76,7 +82,9 @@ class ClusterStatus:
     """A point-in-time view of every node.
 
     Controller states: ``stopped``, ``starting`` (process up, not answering), ``electing`` (no leader
-    known), ``leader``, ``follower``.  Broker states: ``stopped``, ``starting`` (no active controller to
+    known), ``leader``, ``follower``.  Any node: ``failed`` (it exited by itself with a ``fatal`` or
+    ``error:`` line or a non-zero status: see ``exit_code`` / ``last_error``), ``exited`` (it is gone
+    without saying why, e.g. SIGKILL).  Broker states: ``stopped``, ``starting`` (no active controller to
     ask), ``registering`` (not registered yet), or the controller's view lower-cased: ``fenced``,
     ``active``, ``controlled_shutdown``, ``offline``.
     """
@@ -307,7 +315,18 @@ class LocalCluster:
         nodes: list[NodeStatus] = []
         for node in self.spec.nodes:
             pid = pids[node.node_id]
+            log = str(self.layout.log_path(node))
             if pid is None:
+                ended = self._processes[node.node_id].last_exit()
+                if ended is not None:
+                    state = "failed" if ended.failed else "exited"
+                    nodes.append(
+                        NodeStatus(
+                            node.node_id, node.role, node.name, None, node.target, state, log,
+                            exit_code=ended.code, last_error=ended.line,
+                        )
+                    )  # fmt: skip
+                    continue
                 state = "stopped"
             elif node.role is NodeRole.CONTROLLER:
                 view = views[node.node_id]
@@ -326,7 +345,6 @@ class LocalCluster:
                 # only the broker itself knows whether this process is serving yet.
                 if state == "active" and not broker_serving(node.target, probe_timeout_s):
                     state = "starting"
-            log = str(self.layout.log_path(node))
             nodes.append(NodeStatus(node.node_id, node.role, node.name, pid, node.target, state, log))
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))
 
