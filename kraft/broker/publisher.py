@@ -103,6 +103,16 @@ class MetadataPublisher:
         self.deferred = False
         return applied
 
+    async def discard_image(self, reason: str) -> None:
+        """Forget the stored image (before :meth:`open_partitions` only): it is ahead of the controller's
+        log, so it holds records the controller never committed; the broker fetches from the start."""
+        assert self.deferred, "only the start-up catch-up may discard the image"
+        await self.flush()
+        self._log.warning("image_store_discarded", reason=reason, offset=self.image.offset)
+        empty = MetadataImage.empty()
+        await self._save(empty)  # deletes every row: the store diffs against what it holds
+        self._set_image(empty)
+
     async def publish(self, delta: MetadataDelta, last_record_time_ms: int = 0) -> AppliedChanges:
         """Apply one delta built on :attr:`image` (the caller checked it is not mid-transaction)."""
         image = delta.apply()

@@ -292,6 +292,16 @@ class BrokerServer:
                 if target < 0 and fetcher.high_watermark >= 0:
                     target = fetcher.high_watermark
                     self._log.info("metadata_catch_up", from_offset=from_offset, high_watermark=target)
+                    if publisher.offset >= target:
+                        # The stored image claims records the controller never committed (an edited or
+                        # foreign store): a cache, never a source of truth — rebuild from the controller.
+                        await publisher.discard_image(
+                            f"ahead of the controller: image offset {publisher.offset} >= "
+                            f"high watermark {target}"
+                        )
+                        self.status.metadata_offset = publisher.offset
+                        fetcher.resume_from_publisher()
+                        continue
                 # Caught up once everything below the target is applied and no transaction is pending.
                 if (
                     target >= 0

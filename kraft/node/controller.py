@@ -214,6 +214,13 @@ class ControllerNode:
         return self._health
 
     @property
+    def log_end_offset(self) -> int:
+        """The end offset of the local metadata log (after a snapshot reset: the snapshot's end)."""
+        if self._raft is None:
+            raise RuntimeError("the controller node is not started")
+        return self._raft.log_end_offset
+
+    @property
     def port(self) -> int:
         """The port the server bound (useful when the listener says port 0)."""
         return self._bound_port

@@ -321,6 +321,11 @@ class RaftDriver:
         return self._core.high_watermark
 
     @property
+    def log_end_offset(self) -> int:
+        """The local log's end offset (nothing at or above it was ever committed through this log)."""
+        return self._log.end_offset
+
+    @property
     def state(self) -> StateKind:
         return self._core.state
 

@@ -423,3 +423,28 @@ async def test_partitions_open_only_after_the_catch_up_and_unfence_waits_for_the
         assert {p.tp for p in b.server.partitions.partitions()} == {
             TopicPartition("orders", i) for i in range(3)
         }
+
+
+async def test_a_stored_image_ahead_of_the_controller_is_discarded_and_rebuilt(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    """Issue #14: an image store claiming offsets the controller never committed (edited, or from another
+    cluster's disk) is not trusted: the broker discards it and rebuilds from the controller's log."""
+    orders_topic(controller)
+    evil = MetadataDelta(MetadataImage.empty())
+    evil.replay(wrap(mpb.TopicRecord(name="EVIL-orders", topic_id="topic-evil")), 999_999_998, 1)
+    evil.replay(
+        wrap(mpb.PartitionRecord(partition_id=0, topic_id="topic-evil", replicas=[ME], isr=[ME], leader=ME)),
+        999_999_999,
+        1,
+    )
+    store = MemoryImageStore()
+    store.image = evil.apply()
+    assert store.image.offset == 999_999_999
+    async with broker(tmp_path, store, target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        image = b.server.publisher.image
+        assert {t.name for t in image.topics_by_id.values()} == {"orders"}
+        assert store.image.offset == image.offset == controller.next_offset - 1
+        assert not (tmp_path / "logs" / "EVIL-orders-0").exists()
+        assert {p.tp.topic for p in b.server.partitions.partitions()} == {"orders"}
