@@ -3,7 +3,11 @@ checksum, has none, or is ahead of the log is discarded (one line) and the image
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +142,32 @@ async def test_a_controller_store_ahead_of_its_log_is_deleted_before_it_is_loade
     assert discard_store_ahead_of_log(path, log_end_offset=image.offset)  # the log never had offset 6
     assert not path.exists() and ImageStore.stored_offset(path) is None
     assert not discard_store_ahead_of_log(None, 0)
+
+
+def test_the_checksum_verifies_in_another_process_with_another_hash_seed(tmp_path: Path) -> None:
+    """Partition digests use ``hash()`` of ints and tuples only: independent of ``PYTHONHASHSEED``."""
+    path = tmp_path / "image.sqlite"
+    asyncio.run(_saved(path, _sample()))
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from kraft.metadata.store import ImageStore\n"
+        "async def main():\n"
+        "    store = await ImageStore.open(Path(sys.argv[1]))\n"
+        "    image = await store.load()\n"
+        "    await store.close()\n"
+        "    print(store.discarded, image.offset, len(image.topics_by_id))\n"
+        "asyncio.run(main())\n"
+    )
+    for seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["None", str(_sample().offset), "1"], done.stdout
