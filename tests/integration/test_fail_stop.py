@@ -16,6 +16,7 @@ import pytest
 from kraft.cluster.quorum import QuorumFactory
 from kraft.node.supervisor import EXIT_FATAL
 from kraft.storage.log import METADATA_LOG_DIR_NAME
+from kraft.storage.quorum_state import QuorumState, QuorumStateStore
 
 pytestmark = pytest.mark.integration
 
@@ -113,3 +114,23 @@ def test_a_controller_with_a_corrupt_committed_batch_exits_instead_of_leading(
         assert code == 1 and not fatal
         assert any(line.startswith("error:") for line in text.splitlines()), node.log_tail(40)
     assert "event=controller_activated" not in text.split("--- start node 1")[-1]
+
+
+def test_a_controller_with_an_impossible_stored_epoch_exits_instead_of_answering_unavailable(
+    quorum_factory: QuorumFactory,
+) -> None:
+    quorum = quorum_factory(size=1, test_append=False)
+    quorum.prepare()
+    node = quorum.nodes[1]
+    directory = node.metadata_dir / METADATA_LOG_DIR_NAME
+    directory.mkdir(parents=True, exist_ok=True)
+    QuorumStateStore(directory).write(QuorumState(leader_epoch=2**31 - 1, leader_id=None, voted_id=None))
+    node.start()
+    code = node.wait_exit(timeout_s=30)
+    assert code != 0, node.log_tail(40)
+    text = node.log_path.read_text(errors="replace")
+    if code == EXIT_FATAL:  # the driver failed on the epoch overflow at run time
+        [line] = fatal_lines(node.log_path)
+        assert "reason=raft_driver_failed" in line, line
+    else:  # refused at start (impossible stored epoch): one error line, exit 1
+        assert code == 1 and any(line.startswith("error:") for line in text.splitlines()), text[-2000:]
