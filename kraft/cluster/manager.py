@@ -37,6 +37,7 @@ from kraft.config import format_properties, load_config
 from kraft.netutil import port_in_use
 from kraft.storage.ids import random_uuid
 
+_FATAL = " event=fatal "
 CONTROLLER_READY = frozenset({"leader", "follower"})
 BROKER_READY = frozenset({"active"})
 
@@ -353,9 +354,12 @@ class LocalCluster:
             if not proc.is_running():
                 code = proc.exit_code()
                 how = f"exited with code {code}" if code is not None else "is not running"
+                ended = proc.last_exit()
                 # Skip box-drawing and blank lines (typer/rich error boxes): show the last line with words.
                 wordy = [line.strip(" │╭╮╰╯─") for line in proc.log_tail(20) if re.search(r"\w{3}", line)]
                 last = f"; last log line: {wordy[-1]}" if wordy else ""
+                if ended is not None and ended.line and _FATAL in ended.line:
+                    last = f"; {ended.line}"  # the one fatal line says why (fail-stop)
                 raise ClusterError(f"{proc.node.name} {how} (log {proc.log_path}){last}")
 
     def wait_until(
