@@ -147,7 +147,7 @@ class MetadataPublisher:
         revocations, grants = self._partitions.split(changes)
         if grants.is_empty():
             await self.flush()
-            applied = self._apply_revocations(revocations)
+            applied = await self._apply_revocations(revocations)
             self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))
         else:
             applied = await self._apply(image, changes)
@@ -181,9 +181,10 @@ class MetadataPublisher:
         self.last_snapshot_store_s = self._seconds_since(started_ms)
         self._log.info("snapshot_stored", offset=image.offset, took_s=round(self.last_snapshot_store_s, 3))
 
-    def _apply_revocations(self, revocations: LocalChanges) -> AppliedChanges:
+    async def _apply_revocations(self, revocations: LocalChanges) -> AppliedChanges:
         try:
-            return self._partitions.apply(revocations)
+            # Paced like grants: deleting thousands of partitions must not stall heartbeats either.
+            return await self._partitions.apply_paced(revocations)
         except Exception:
             if self._metrics is not None:
                 self._metrics.metadata_apply_errors.inc()
@@ -192,7 +193,7 @@ class MetadataPublisher:
     async def _apply(self, image: MetadataImage, changes: LocalChanges) -> AppliedChanges:
         await self.flush()
         revocations, grants = self._partitions.split(changes)
-        applied = self._apply_revocations(revocations)
+        applied = await self._apply_revocations(revocations)
         try:
             await self._store.save(image)
             # Paced: a bulk create of thousands of partitions must not stall heartbeats into a fence.
