@@ -80,9 +80,14 @@ class MetadataFetcher:
     def fetch_offset(self) -> int:
         return self._fetch_offset
 
+    def resume_from_publisher(self) -> None:
+        """Fetch next from the publisher's image (e.g. after it loaded the image store)."""
+        if self._pending is None:
+            self._fetch_offset = self._publisher.offset + 1
+
     async def run(self) -> None:
         """Fetch and publish until cancelled."""
-        self._fetch_offset = self._publisher.offset + 1
+        self.resume_from_publisher()
         attempt = 0
         while True:
             ok = await self.fetch_once()

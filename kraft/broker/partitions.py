@@ -31,11 +31,26 @@ of truth for roles and epochs and a full :meth:`reconcile` rewrites any state fi
 
 Follower replication (a later step) plugs in through :class:`AppliedChanges`: the broker hands the
 ``became_follower`` list to a fetcher manager, which appends through :meth:`Partition.log`.
+
+Startup and pacing (issue #14)
+------------------------------
+At start the broker only :meth:`PartitionManager.scan` s its log dirs (state files, no log is opened) and
+catches up with the controller's log first; :meth:`PartitionManager.open_to` then opens the partitions the
+caught-up image still assigns here and removes the directories of everything else — a topic deleted
+while the broker was down is never re-created or even opened.  Directory work is paced
+(:meth:`PartitionManager.apply_paced`): at most :data:`PARTITIONS_PER_TURN` partitions per event-loop
+turn, so a bulk create of thousands of partitions does not starve heartbeats into a fence.
+
+Log dir failure (Kafka's ``LogDirFailure``): an ``OSError`` while creating, opening or deleting one
+partition marks that partition and its log dir offline (one ``log_dir_offline`` line); the partitions of
+that dir are closed and no longer served, new partitions go to the dirs still online, and when no log dir
+is left :class:`AllLogDirsOfflineError` stops the broker (fail-stop).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -76,6 +91,14 @@ def staging_dir_name(tp: TopicPartition) -> str:
 def deletion_dir_name(tp: TopicPartition) -> str:
     """What a partition directory is renamed to before it is removed."""
     return temporary_dir_name(tp, _DELETE_SUFFIX)
+
+
+PARTITIONS_PER_TURN = 64
+"""Partition directories created/opened/deleted per event-loop turn by the paced methods."""
+
+
+class AllLogDirsOfflineError(OSError):
+    """Every log dir of the broker failed: it cannot host any partition (the process must stop)."""
 
 
 class Partition:
@@ -157,6 +180,11 @@ class PartitionManager:
         self._open_log = open_log
         self._partitions: dict[TopicPartition, Partition] = {}
         self._load_by_dir: dict[Path, int] = dict.fromkeys(self.log_dirs, 0)
+        self._found: dict[TopicPartition, tuple[Path, PartitionAssignment, ReplicaRole]] = {}
+        self.offline_dirs: dict[Path, str] = {}
+        """Log dirs taken offline after an I/O error → the error (never used again by this process)."""
+        self.offline: dict[TopicPartition, str] = {}
+        """Partitions that could not be created or opened (or whose log dir went offline) → why."""
         self._log = get_logger("broker.partitions", node=broker_id)
 
     # --- queries -------------------------------------------------------------------------------
@@ -177,9 +205,24 @@ class PartitionManager:
 
     def load(self) -> None:
         """Open the partitions found in the log dirs; finish interrupted creations/deletions."""
+        self.scan()
+        found, self._found = self._found, {}
+        for tp, (log_dir, assignment, role) in sorted(found.items()):
+            self._add(Partition(tp, log_dir, self._open_log(log_dir / tp.dir_name), assignment, role))
+        self._log.info("partitions_loaded", count=len(self._partitions))
+
+    def scan(self) -> int:
+        """Find the partition directories in the log dirs without opening any log (see :meth:`open_to`);
+        finish interrupted creations/deletions.  A log dir that cannot be read is taken offline."""
+        self._found.clear()
         for log_dir in self.log_dirs:
-            log_dir.mkdir(parents=True, exist_ok=True)
-            for entry in sorted(log_dir.iterdir()):
+            try:
+                log_dir.mkdir(parents=True, exist_ok=True)
+                entries = sorted(log_dir.iterdir())
+            except OSError as exc:
+                self._dir_failed(log_dir, exc)
+                continue
+            for entry in entries:
                 if not entry.is_dir():
                     continue
                 if entry.name.endswith((_DELETE_SUFFIX, _CREATE_SUFFIX)):
@@ -189,11 +232,95 @@ class PartitionManager:
                 if state is None:
                     continue  # not a partition directory of ours (e.g. the metadata log)
                 tp, assignment, role = state
-                if tp.dir_name != entry.name or tp in self._partitions:
+                if tp.dir_name != entry.name or tp in self._found or tp in self._partitions:
                     self._log.warning("partition_dir_ignored", path=str(entry))
                     continue
-                self._add(Partition(tp, log_dir, self._open_log(entry), assignment, role))
-        self._log.info("partitions_loaded", count=len(self._partitions))
+                self._found[tp] = (log_dir, assignment, role)
+        self._log.info("partition_dirs_found", count=len(self._found))
+        return len(self._found)
+
+    async def open_to(self, desired: Mapping[TopicPartition, PartitionAssignment]) -> AppliedChanges:
+        """After :meth:`scan`: open the found partitions ``desired`` still assigns here (same topic id),
+        remove the directories of all others, then create what is missing — paced."""
+        found, self._found = self._found, {}
+        removed = 0
+        for index, (tp, (log_dir, assignment, role)) in enumerate(sorted(found.items())):
+            if index % PARTITIONS_PER_TURN == PARTITIONS_PER_TURN - 1:
+                await asyncio.sleep(0)
+            if log_dir in self.offline_dirs:
+                continue
+            wanted = desired.get(tp)
+            try:
+                if wanted is None or wanted.topic_id != assignment.topic_id:
+                    # Deleted (or moved away) while this broker was down: never opened, never served.
+                    self._remove_dir(log_dir, tp)
+                    removed += 1
+                    continue
+                self._add(Partition(tp, log_dir, self._open_log(log_dir / tp.dir_name), assignment, role))
+            except OSError as exc:
+                self._partition_failed(tp, log_dir, exc)
+        if removed:
+            self._log.info("stale_partition_dirs_removed", count=removed)
+        applied = await self.apply_paced(self.changes_to(desired))
+        self._log.info("partitions_opened", count=len(self._partitions), offline=len(self.offline))
+        return applied
+
+    async def apply_paced(self, changes: LocalChanges) -> AppliedChanges:
+        """:meth:`apply`, at most :data:`PARTITIONS_PER_TURN` partitions per event-loop turn."""
+        applied = AppliedChanges()
+        deletes = sorted(changes.deletes.items())
+        leaders = sorted(changes.leaders.items())
+        followers = sorted(changes.followers.items())
+        step = PARTITIONS_PER_TURN
+        for start in range(0, len(deletes), step):
+            applied = applied.then(self.apply(LocalChanges(deletes=dict(deletes[start : start + step]))))
+            await asyncio.sleep(0)
+        for start in range(0, len(leaders), step):
+            applied = applied.then(self.apply(LocalChanges(leaders=dict(leaders[start : start + step]))))
+            await asyncio.sleep(0)
+        for start in range(0, len(followers), step):
+            chunk = dict(followers[start : start + step])
+            applied = applied.then(self.apply(LocalChanges(followers=chunk)))
+            await asyncio.sleep(0)
+        return applied
+
+    # --- log dir failure -------------------------------------------------------------------------
+
+    @property
+    def online_dirs(self) -> tuple[Path, ...]:
+        return tuple(d for d in self.log_dirs if d not in self.offline_dirs)
+
+    def _partition_failed(self, tp: TopicPartition, log_dir: Path, exc: OSError) -> None:
+        self.offline[tp] = f"{type(exc).__name__}: {exc}"
+        self._dir_failed(log_dir, exc, tp)
+
+    def _dir_failed(self, log_dir: Path, exc: OSError, tp: TopicPartition | None = None) -> None:
+        """Take ``log_dir`` offline (Kafka's LogDirFailure): close and stop serving its partitions."""
+        if log_dir in self.offline_dirs:
+            return
+        self.offline_dirs[log_dir] = f"{type(exc).__name__}: {exc}"
+        closed = 0
+        for other, partition in list(self._partitions.items()):
+            if partition.log_dir == log_dir:
+                del self._partitions[other]
+                self._load_by_dir[log_dir] -= 1
+                self.offline[other] = f"log dir {log_dir} offline"
+                partition.notify_appended()
+                with contextlib.suppress(Exception):
+                    partition.log.close()
+                closed += 1
+        self._log.error(
+            "log_dir_offline",
+            log_dir=str(log_dir),
+            partition=str(tp) if tp is not None else None,
+            error=f"{type(exc).__name__}: {exc}",
+            partitions_offline=closed + (1 if tp is not None else 0),
+            online_dirs=len(self.online_dirs),
+        )
+        if not self.online_dirs:
+            raise AllLogDirsOfflineError(
+                exc.errno, f"every log dir is offline (last: {log_dir}: {exc.strerror or exc})", str(log_dir)
+            ) from exc
 
     # --- applying metadata -----------------------------------------------------------------------
 
@@ -270,20 +397,38 @@ class PartitionManager:
                     # older controller) must not crash-loop the broker: it is left unhosted, loudly.
                     self._log.error("partition_dir_name_too_long", topic=tp.topic, partition=tp.partition)
                     continue
-                self._create(tp, assignment, role)
+                if tp in self.offline:
+                    continue  # failed once in this process: its log dir is offline
+                log_dir = self._placement()
+                try:
+                    self._create(tp, assignment, role, log_dir)
+                except OSError as exc:
+                    self._partition_failed(tp, log_dir, exc)
+                    continue
                 created.append(tp)
                 changed.append(tp)
             elif partition.assignment != assignment or partition.role is not role:
                 partition.assignment = assignment
                 partition.role = role
-                _write_state(partition.path, tp, assignment, role)
+                try:
+                    _write_state(partition.path, tp, assignment, role)
+                except OSError as exc:
+                    self._partition_failed(tp, partition.log_dir, exc)
+                    continue
                 # A reader parked on this partition must re-check its epoch and role.
                 partition.notify_appended()
                 changed.append(tp)
         return changed
 
-    def _create(self, tp: TopicPartition, assignment: PartitionAssignment, role: ReplicaRole) -> Partition:
-        log_dir = min(self.log_dirs, key=lambda d: self._load_by_dir[d])
+    def _placement(self) -> Path:
+        online = self.online_dirs
+        if not online:
+            raise AllLogDirsOfflineError(0, "every log dir is offline")
+        return min(online, key=lambda d: self._load_by_dir[d])
+
+    def _create(
+        self, tp: TopicPartition, assignment: PartitionAssignment, role: ReplicaRole, log_dir: Path
+    ) -> Partition:
         final = log_dir / tp.dir_name
         if final.exists():
             # A directory without a readable state file (load() skipped it): never ours to keep.
@@ -304,8 +449,11 @@ class PartitionManager:
         del self._partitions[tp]
         self._load_by_dir[partition.log_dir] -= 1
         partition.notify_appended()
-        partition.log.close()
-        self._remove_dir(partition.log_dir, tp)
+        try:
+            partition.log.close()
+            self._remove_dir(partition.log_dir, tp)
+        except OSError as exc:
+            self._partition_failed(tp, partition.log_dir, exc)
         return True
 
     def _remove_dir(self, log_dir: Path, tp: TopicPartition) -> None:

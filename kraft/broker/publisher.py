@@ -10,9 +10,17 @@ early as possible.  A snapshot image that grants this broker nothing (the usual 
 a million partitions, none of them here yet) is therefore stored in the background — seconds of SQLite
 writes — while the broker goes on fetching; the next step waits for that save before its own.
 
-A crash anywhere in the step is harmless: on restart the stored image comes back, the partition
-directories are reconciled with it, and the records after its offset are fetched and applied again —
-application is idempotent (see :mod:`kraft.broker.partitions`).
+A crash anywhere in the step is harmless: on restart the stored image comes back, the broker catches up
+with the controller's log, the partition directories are reconciled with the caught-up image, and the
+records after the stored offset are applied again — application is idempotent (see
+:mod:`kraft.broker.partitions`).
+
+Startup (issue #14): :meth:`MetadataPublisher.start` loads the stored image and only *scans* the partition
+directories; until :meth:`MetadataPublisher.open_partitions` the publisher is *deferred* — deltas and
+snapshots update and store the image but touch no partition.  The broker calls ``open_partitions`` once it
+has caught up with the controller's log, so a topic deleted while it was down is never re-created or
+opened from a stale stored image (one bad topic used to crash-loop every broker after its deletion).
+Partition directory work is paced (:meth:`PartitionManager.apply_paced`) so heartbeats keep flowing.
 """
 
 from __future__ import annotations
@@ -69,6 +77,8 @@ class MetadataPublisher:
         self.last_snapshot_apply_s = 0.0  # until the last snapshot's image was served
         self.last_snapshot_store_s = 0.0  # its image store commit (in the background when it grants nothing)
         self._background_save: asyncio.Task[None] | None = None
+        self.deferred = False
+        """True between :meth:`start` and :meth:`open_partitions`: partitions are not touched yet."""
         self._log = get_logger("broker.publisher", node=broker_id)
 
     @property
@@ -76,29 +86,68 @@ class MetadataPublisher:
         return self.image.offset
 
     async def start(self) -> MetadataImage:
-        """Load the stored image and make the partition logs match it (finishing an interrupted step)."""
+        """Load the stored image and find the partition directories (no log is opened: see
+        :meth:`open_partitions`); the publisher is deferred until then."""
         image = await self._store.load()
-        self._partitions.load()
-        self._partitions.reconcile(local_assignments(image, self.broker_id))
+        self._partitions.scan()
+        self.deferred = True
         self._set_image(image)
         self._log.info("image_loaded", offset=image.offset, partitions=image.partition_count())
         return image
 
+    async def open_partitions(self) -> AppliedChanges:
+        """Once caught up with the controller: open/create the partitions the image assigns here, remove
+        the directories of the others (paced), and publish normally from then on."""
+        await self.flush()
+        applied = await self._partitions.open_to(local_assignments(self.image, self.broker_id))
+        self.deferred = False
+        return applied
+
+    async def discard_image(self, reason: str) -> None:
+        """Forget the stored image (before :meth:`open_partitions` only): it is ahead of the controller's
+        log, so it holds records the controller never committed; the broker fetches from the start."""
+        assert self.deferred, "only the start-up catch-up may discard the image"
+        await self.flush()
+        self._log.warning("image_store_discarded", reason=reason, offset=self.image.offset)
+        empty = MetadataImage.empty()
+        await self._save(empty)  # deletes every row: the store diffs against what it holds
+        self._set_image(empty)
+
     async def publish(self, delta: MetadataDelta, last_record_time_ms: int = 0) -> AppliedChanges:
         """Apply one delta built on :attr:`image` (the caller checked it is not mid-transaction)."""
         image = delta.apply()
-        applied = await self._apply(image, to_local_changes(delta.local_changes(self.broker_id)))
+        if self.deferred:
+            await self.flush()
+            await self._save(image)
+            applied = AppliedChanges()
+        else:
+            applied = await self._apply(image, to_local_changes(delta.local_changes(self.broker_id)))
         self._set_image(image, last_record_time_ms)
         return applied
+
+    async def _save(self, image: MetadataImage) -> None:
+        try:
+            await self._store.save(image)
+        except Exception:
+            if self._metrics is not None:
+                self._metrics.metadata_apply_errors.inc()
+            raise
 
     async def load_snapshot(self, image: MetadataImage) -> AppliedChanges:
         """Replace everything with a snapshot's image (the broker was below the log start)."""
         started_ms = self._clock.monotonic_ms()
+        if self.deferred:
+            await self.flush()
+            self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))
+            self._set_image(image)
+            self.last_snapshot_apply_s = self._seconds_since(started_ms)
+            self._log.info("snapshot_loaded", offset=image.offset, partitions=image.partition_count())
+            return AppliedChanges()
         changes = self._partitions.changes_to(local_assignments(image, self.broker_id))
         revocations, grants = self._partitions.split(changes)
         if grants.is_empty():
             await self.flush()
-            applied = self._apply_revocations(revocations)
+            applied = await self._apply_revocations(revocations)
             self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))
         else:
             applied = await self._apply(image, changes)
@@ -132,9 +181,10 @@ class MetadataPublisher:
         self.last_snapshot_store_s = self._seconds_since(started_ms)
         self._log.info("snapshot_stored", offset=image.offset, took_s=round(self.last_snapshot_store_s, 3))
 
-    def _apply_revocations(self, revocations: LocalChanges) -> AppliedChanges:
+    async def _apply_revocations(self, revocations: LocalChanges) -> AppliedChanges:
         try:
-            return self._partitions.apply(revocations)
+            # Paced like grants: deleting thousands of partitions must not stall heartbeats either.
+            return await self._partitions.apply_paced(revocations)
         except Exception:
             if self._metrics is not None:
                 self._metrics.metadata_apply_errors.inc()
@@ -143,10 +193,11 @@ class MetadataPublisher:
     async def _apply(self, image: MetadataImage, changes: LocalChanges) -> AppliedChanges:
         await self.flush()
         revocations, grants = self._partitions.split(changes)
-        applied = self._apply_revocations(revocations)
+        applied = await self._apply_revocations(revocations)
         try:
             await self._store.save(image)
-            return applied.then(self._partitions.apply(grants))
+            # Paced: a bulk create of thousands of partitions must not stall heartbeats into a fence.
+            return applied.then(await self._partitions.apply_paced(grants))
         except Exception:
             if self._metrics is not None:
                 self._metrics.metadata_apply_errors.inc()

@@ -38,6 +38,13 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
         print_json(status.as_json())
         return
     print_table(_COLUMNS, _status_rows(status), title=f"cluster {status.cluster_id} in {status.dir}")
+    for node in status.nodes:
+        if node.state in ("failed", "exited"):
+            # Why a node is gone, without opening its log: its last fatal line (docs/troubleshooting.md).
+            code = "unknown" if node.exit_code is None else str(node.exit_code)
+            typer.echo(
+                f"{node.name} {node.state} (exit {code}): {node.last_error or 'no fatal line in its log'}"
+            )
     controllers = [n.endpoint for n in status.nodes if str(n.role) == "controller"]
     typer.echo(f"--bootstrap-controller {','.join(controllers)}")
 

@@ -37,6 +37,7 @@ from kraft.config import format_properties, load_config
 from kraft.netutil import port_in_use
 from kraft.storage.ids import random_uuid
 
+_FATAL = " event=fatal "
 CONTROLLER_READY = frozenset({"leader", "follower"})
 BROKER_READY = frozenset({"active"})
 
@@ -54,6 +55,10 @@ class NodeStatus:
     endpoint: str
     state: str
     log: str
+    exit_code: int | None = None
+    """For a ``failed``/``exited`` node: its exit status (70 = fatal error, 1 = could not start)."""
+    last_error: str = ""
+    """For a ``failed`` node: its last ``event=fatal`` line (or ``error:`` line) from its log."""
 
     @property
     def ready(self) -> bool:
@@ -68,6 +73,8 @@ class NodeStatus:
             "endpoint": self.endpoint,
             "state": self.state,
             "log": self.log,
+            "exit_code": self.exit_code,
+            "last_error": self.last_error,
         }
 
 
@@ -76,7 +83,9 @@ class ClusterStatus:
     """A point-in-time view of every node.
 
     Controller states: ``stopped``, ``starting`` (process up, not answering), ``electing`` (no leader
-    known), ``leader``, ``follower``.  Broker states: ``stopped``, ``starting`` (no active controller to
+    known), ``leader``, ``follower``.  Any node: ``failed`` (it exited by itself with a ``fatal`` or
+    ``error:`` line or a non-zero status: see ``exit_code`` / ``last_error``), ``exited`` (it is gone
+    without saying why, e.g. SIGKILL).  Broker states: ``stopped``, ``starting`` (no active controller to
     ask), ``registering`` (not registered yet), or the controller's view lower-cased: ``fenced``,
     ``active``, ``controlled_shutdown``, ``offline``.
     """
@@ -308,7 +317,18 @@ class LocalCluster:
         nodes: list[NodeStatus] = []
         for node in self.spec.nodes:
             pid = pids[node.node_id]
+            log = str(self.layout.log_path(node))
             if pid is None:
+                ended = self._processes[node.node_id].last_exit()
+                if ended is not None:
+                    state = "failed" if ended.failed else "exited"
+                    nodes.append(
+                        NodeStatus(
+                            node.node_id, node.role, node.name, None, node.target, state, log,
+                            exit_code=ended.code, last_error=ended.line,
+                        )
+                    )  # fmt: skip
+                    continue
                 state = "stopped"
             elif node.role is NodeRole.CONTROLLER:
                 view = views[node.node_id]
@@ -327,7 +347,6 @@ class LocalCluster:
                 # only the broker itself knows whether this process is serving yet.
                 if state == "active" and not broker_serving(node.target, probe_timeout_s):
                     state = "starting"
-            log = str(self.layout.log_path(node))
             nodes.append(NodeStatus(node.node_id, node.role, node.name, pid, node.target, state, log))
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))
 
@@ -336,9 +355,12 @@ class LocalCluster:
             if not proc.is_running():
                 code = proc.exit_code()
                 how = f"exited with code {code}" if code is not None else "is not running"
+                ended = proc.last_exit()
                 # Skip box-drawing and blank lines (typer/rich error boxes): show the last line with words.
                 wordy = [line.strip(" │╭╮╰╯─") for line in proc.log_tail(20) if re.search(r"\w{3}", line)]
                 last = f"; last log line: {wordy[-1]}" if wordy else ""
+                if ended is not None and ended.line and _FATAL in ended.line:
+                    last = f"; {ended.line}"  # the one fatal line says why (fail-stop)
                 raise ClusterError(f"{proc.node.name} {how} (log {proc.log_path}){last}")
 
     def wait_until(

@@ -4,12 +4,17 @@ Each node runs ``python -m kraft.cli.main <role> start --config <file>`` in its 
 terminal's Ctrl-C does not reach it and its whole process group can be signalled), with stdout and stderr
 appended to its log file and its pid in a pid file.  A pid is trusted only while ``/proc/<pid>/cmdline``
 still names the node's config file, so a recycled pid never gets a signal meant for a dead node.
+
+A node that ended by itself (fail-stop: one ``event=fatal`` line and exit status 70; or a failed start:
+one ``error:`` line, exit 1) leaves its pid file behind; :meth:`NodeProcess.last_exit` reads why from its
+log, which is how ``kraft cluster status`` shows it as ``failed`` from another CLI invocation.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +61,25 @@ def _cmdline_mentions(pid: int, needle: str) -> bool:
     except OSError:
         return True  # no /proc to check against: trust the pid file
     return needle in raw.decode(errors="replace").split("\0")
+
+
+_FATAL_MARK = " event=fatal "
+_EXIT_CODE = re.compile(r"\bexit_code=(\d+)")
+_LOG_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """How a node's last run ended by itself: the exit code (from the ``fatal`` line's ``exit_code=``,
+    1 for an ``error:`` line, or the process's own status when this object started it; None when unknown,
+    e.g. after SIGKILL by the OOM killer) and the line that says why (empty when there is none)."""
+
+    code: int | None
+    line: str
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.line) or (self.code is not None and self.code != 0)
 
 
 @dataclass
@@ -204,6 +228,40 @@ class NodeProcess:
 
     def _forget(self) -> None:
         self.pid_path.unlink(missing_ok=True)
+
+    def last_exit(self) -> ExitInfo | None:
+        """How the last run ended when the node is not running although nobody stopped it through this
+        module (its pid file is still there); None while it runs or after a stop/kill here."""
+        if self.is_running():
+            return None
+        own = self._popen.poll() if self._popen is not None else None
+        if own is None and not self.pid_path.exists():
+            return None
+        line, code = self._last_failure_line()
+        return ExitInfo(own if own is not None else code, line)
+
+    def _last_failure_line(self) -> tuple[str, int | None]:
+        """The last ``event=fatal`` line (and its exit code) of the last run, else its last ``error:`` line
+        (exit code 1, the CLI's contract), else ("", None)."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(0, os.SEEK_END)
+                log.seek(max(0, log.tell() - _LOG_TAIL_BYTES))
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return "", None
+        lines = text.splitlines()
+        banner = f"starting {self.node.name}:"
+        starts = [i for i, line in enumerate(lines) if line.startswith("# ") and banner in line]
+        run = lines[starts[-1] + 1 :] if starts else lines
+        for line in reversed(run):
+            if _FATAL_MARK in line:
+                match = _EXIT_CODE.search(line)
+                return line.strip(), int(match.group(1)) if match else None
+        for line in reversed(run):
+            if line.startswith("error:"):
+                return line.strip(), 1
+        return "", None
 
     def log_tail(self, lines: int = 5) -> list[str]:
         """The last ``lines`` lines of the node's log (for error messages)."""

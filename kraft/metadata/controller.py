@@ -238,6 +238,11 @@ class QuorumController:
         await self.store.close()
 
     @property
+    def background_tasks(self) -> tuple[asyncio.Task[Any], ...]:
+        """The tasks :meth:`start` created, meant to run until :meth:`stop` (the node watches them)."""
+        return tuple(self._tasks)
+
+    @property
     def committed(self) -> MetadataImage:
         """The committed image."""
         return self.state.committed

@@ -19,12 +19,30 @@ endpoints JSON, features JSON, log_dirs JSON)``
 ``configs(resource_type, resource_name, name, value)``
     resource_type 2 = topic, 4 = broker; primary key (resource_type, resource_name, name).
 ``features(name PRIMARY KEY, level)``
+
+The store is a cache, never a source of truth (issue #14): ``meta.checksum`` covers ``offset``, ``epoch``
+and every row — an order-independent sum (mod 2^64) of one digest per row, kept up to date incrementally by
+:meth:`SqliteImageStore.save`, so a save still writes only what changed. A row's digest is the CRC-32 of its
+canonical text, except for partition rows (the hot path: a million of them in a bulk save), whose digest is
+Python's ``hash()`` of ``(crc32(topic_id), partition_id, registration)`` — ints and tuples of ints only, so
+it does not depend on ``PYTHONHASHSEED``; it may change with the Python version, which just discards the
+store once (a cache). (Text CRCs made a bulk save of 200,000 partitions about 3 times slower.)
+:meth:`SqliteImageStore.load` recomputes the sum; a store that cannot be read, fails its checksum, has none
+(an older build) or is otherwise inconsistent is *discarded* — one ``event=image_store_discarded reason=…``
+line, every row deleted — and the image is rebuilt from the log (the controller's local snapshot + log, or
+the broker's fetch from the controller). A store *ahead* of the log (an offset the log never committed) is
+discarded by the caller, which knows the log: :meth:`SqliteImageStore.discard_file` before opening
+(controller: at or above its local log end), or saving the empty image (broker: at or above the controller's
+high watermark).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator
+import sqlite3
+import zlib
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +58,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
+from kraft.observability.logging import get_logger
 
 SCHEMA_VERSION = 1
 
@@ -91,6 +110,60 @@ class ImageStoreError(Exception):
     """The store file is unusable (newer schema, corrupt)."""
 
 
+_MASK64 = (1 << 64) - 1
+_log = get_logger("image_store")
+
+
+def _topic_key(topic_id: str) -> int:
+    return zlib.crc32(topic_id.encode())
+
+
+def _partition_digest(topic_key: int, partition_id: int, partition: PartitionRegistration) -> int:
+    # Only ints and tuples of ints: tuple hashing of those is deterministic across processes.
+    return hash((topic_key, partition_id, partition))  # a NamedTuple hashes as its tuple
+
+
+def _row_crc(kind: str, row: Iterable[Any]) -> int:
+    """CRC-32 of one row's canonical text (the same whether built from an image or read back)."""
+    return zlib.crc32("\x1f".join([kind, *map(str, row)]).encode())
+
+
+class _RowSum:
+    """Order-independent digest of a set of rows: their count and the sum of their CRCs (mod 2^64)."""
+
+    __slots__ = ("count", "total")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+
+    def add(self, kind: str, row: Iterable[Any]) -> None:
+        self.count += 1
+        self.total = (self.total + _row_crc(kind, row)) & _MASK64
+
+    def remove(self, kind: str, row: Iterable[Any]) -> None:
+        self.count -= 1
+        self.total = (self.total - _row_crc(kind, row)) & _MASK64
+
+    def add_digests(self, count: int, total: int) -> None:
+        self.count += count
+        self.total = (self.total + total) & _MASK64
+
+    def copy(self) -> _RowSum:
+        other = _RowSum()
+        other.count, other.total = self.count, self.total
+        return other
+
+    def checksum(self, offset: int, epoch: int) -> str:
+        """What ``meta.checksum`` holds for these rows at ``offset``/``epoch``."""
+        return f"v1:{zlib.crc32(f'{offset}|{epoch}|{self.count}|{self.total}'.encode()):08x}"
+
+
+def _config_rows(key: tuple[int, str], values: Mapping[str, str]) -> Iterator[tuple[Any, ...]]:
+    for name, value in values.items():
+        yield (key[0], key[1], name, value)
+
+
 def _ids(values: Iterable[int]) -> str:
     return "[" + ",".join(str(v) for v in values) + "]"
 
@@ -120,26 +193,54 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
     )
 
 
-def _changed_partition_rows(changed: list[tuple[TopicImage, TopicImage | None]]) -> Iterator[tuple[Any, ...]]:
+def _partition_row(
+    texts: dict[tuple[int, ...], str],
+    topic_id: str,
+    partition_id: int,
+    partition: PartitionRegistration,
+) -> tuple[Any, ...]:
+    replicas, isr, leader, leader_epoch, partition_epoch = partition
+    replicas_text = texts.get(replicas)
+    if replicas_text is None:
+        replicas_text = texts[replicas] = _ids(replicas)
+    if isr is replicas:
+        isr_text = replicas_text
+    else:
+        isr_text = texts.get(isr) or texts.setdefault(isr, _ids(isr))
+    return (
+        topic_id,
+        partition_id,
+        leader,
+        leader_epoch,
+        partition_epoch,
+        replicas_text,
+        isr_text,
+    )
+
+
+def _changed_partition_rows(
+    changed: list[tuple[TopicImage, TopicImage | None]], sums: _RowSum
+) -> Iterator[tuple[Any, ...]]:
     # Images share one tuple per distinct replica list, so each list's text is built once per save
     # (a million rows have a few thousand distinct lists); the text is the same as _ids() gives.
+    # ``sums`` is updated as rows are produced (on the SQLite thread, like the rows themselves).
     texts: dict[tuple[int, ...], str] = {}
     for topic, before in changed:
         topic_id = topic.topic_id
+        key = _topic_key(topic_id)
         old = before.partitions if before is not None else ()
         n_old = len(old)
+        count = total = 0
         for partition_id, partition in enumerate(topic.partitions):
-            if partition_id < n_old and old[partition_id] is partition:
-                continue
-            replicas, isr, leader, leader_epoch, partition_epoch = partition
-            replicas_text = texts.get(replicas)
-            if replicas_text is None:
-                replicas_text = texts[replicas] = _ids(replicas)
-            if isr is replicas:
-                isr_text = replicas_text
-            else:
-                isr_text = texts.get(isr) or texts.setdefault(isr, _ids(isr))
-            yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
+            if partition_id < n_old:
+                if old[partition_id] is partition:
+                    continue
+                total -= _partition_digest(key, partition_id, old[partition_id])
+                count -= 1
+            total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
+            count += 1
+            yield _partition_row(texts, topic_id, partition_id, partition)
+        sums.add_digests(count, total)
 
 
 class SqliteImageStore:
@@ -150,10 +251,22 @@ class SqliteImageStore:
         self._clock = clock  # stamps updated_at_ms
         self.path = path
         self._saved: MetadataImage | None = None
+        self._sums = _RowSum()
+        self.discarded: str | None = None
+        """Why the last :meth:`load` discarded what the store held (None = it was used as is)."""
 
     @classmethod
     async def open(cls, path: Path, *, clock: Clock) -> SqliteImageStore:
         path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            return await cls._open(path, clock)
+        except (sqlite3.DatabaseError, ValueError) as exc:
+            # Not a database any more (damaged, truncated, overwritten): a cache, so start it afresh.
+            cls.discard_file(path, f"unreadable: {type(exc).__name__}: {exc}")
+            return await cls._open(path, clock)
+
+    @classmethod
+    async def _open(cls, path: Path, clock: Clock) -> SqliteImageStore:
         # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
@@ -171,6 +284,25 @@ class SqliteImageStore:
             raise
         return cls(db, path, clock)
 
+    @staticmethod
+    def discard_file(path: Path, reason: str) -> None:
+        """Delete the store file (and its WAL/SHM) with one log line; the next open starts empty."""
+        _log.warning("image_store_discarded", path=str(path), reason=reason)
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    @staticmethod
+    def stored_offset(path: Path) -> int | None:
+        """The offset the store file claims, read cheaply (None: no file, nothing saved, unreadable)."""
+        if not path.exists():
+            return None
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=1)) as db:
+                row = db.execute("SELECT value FROM meta WHERE key = 'offset'").fetchone()
+        except sqlite3.Error:
+            return None
+        return None if row is None else int(row[0])
+
     async def close(self) -> None:
         await self._db.close()
 
@@ -179,14 +311,45 @@ class SqliteImageStore:
         return -1 if self._saved is None else self._saved.offset
 
     async def load(self) -> MetadataImage:
-        """The stored image (empty when nothing was saved yet)."""
+        """The stored image (empty when nothing was saved yet, or when the store was discarded because it
+        failed verification — then :attr:`discarded` says why and the store holds nothing)."""
+        self.discarded = None
+        try:
+            return await self._load_verified()
+        except (ImageStoreError, sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            reason = (
+                str(exc) if isinstance(exc, ImageStoreError) else f"unreadable: {type(exc).__name__}: {exc}"
+            )
+            await self.clear(reason)
+            return MetadataImage.empty()
+
+    async def clear(self, reason: str) -> None:
+        """Delete every row (one ``image_store_discarded`` line): the image is rebuilt from the log."""
+        _log.warning("image_store_discarded", path=str(self.path), reason=reason)
+        self.discarded = reason
         db = self._db
+        if db.in_transaction:
+            await db.execute("ROLLBACK")
+        await db.execute("BEGIN")
+        for table in ("meta", "brokers", "topics", "partitions", "configs", "features"):
+            await db.execute(f"DELETE FROM {table}")
+        await db.execute("COMMIT")
+        self._saved = MetadataImage.empty()
+        self._sums = _RowSum()
+
+    async def _load_verified(self) -> MetadataImage:
+        db = self._db
+        sums = _RowSum()
         meta = {k: v async for k, v in _rows(db, "SELECT key, value FROM meta")}
         if "offset" not in meta:
             self._saved = MetadataImage.empty()
+            self._sums = sums
             return self._saved
+        if "checksum" not in meta:
+            raise ImageStoreError("no checksum (written by an older build, or edited)")
         brokers: dict[int, BrokerRegistration] = {}
         async for row in _rows(db, "SELECT * FROM brokers"):
+            sums.add("b", row)
             brokers[row[0]] = BrokerRegistration(
                 broker_id=row[0],
                 epoch=row[1],
@@ -199,20 +362,39 @@ class SqliteImageStore:
                 log_dirs=tuple(json.loads(row[8])),
             )
         partitions: dict[str, list[PartitionRegistration]] = {}
-        query = "SELECT topic_id, leader, leader_epoch, partition_epoch, replicas, isr FROM partitions "
+        query = "SELECT * FROM partitions "
         # One shared tuple per distinct list text, as images built by replay share them (memory, speed).
         parsed: dict[str, tuple[int, ...]] = {}
-        async for topic_id, leader, leader_epoch, partition_epoch, replicas, isr in _rows(
-            db, query + "ORDER BY topic_id, partition_id"
-        ):
+        keys: dict[str, int] = {}
+        p_count = p_total = 0
+        async for row in _rows(db, query + "ORDER BY topic_id, partition_id"):
+            (
+                topic_id,
+                partition_id,
+                leader,
+                leader_epoch,
+                partition_epoch,
+                replicas,
+                isr,
+            ) = row
+            if partition_id != len(partitions.get(topic_id, ())):
+                raise ImageStoreError(
+                    f"topic {topic_id} lacks a row for partition {len(partitions.get(topic_id, ()))}"
+                )
             replica_ids = _parse_shared(parsed, replicas)
             isr_ids = replica_ids if isr == replicas else _parse_shared(parsed, isr)
-            partitions.setdefault(topic_id, []).append(
-                PartitionRegistration(replica_ids, isr_ids, leader, leader_epoch, partition_epoch)
-            )
+            registration = PartitionRegistration(replica_ids, isr_ids, leader, leader_epoch, partition_epoch)
+            partitions.setdefault(topic_id, []).append(registration)
+            key = keys.get(topic_id)
+            if key is None:
+                key = keys[topic_id] = _topic_key(topic_id)
+            p_total += hash((key, partition_id, registration))  # _partition_digest, inlined (hot loop)
+            p_count += 1
+        sums.add_digests(p_count, p_total)
         topics: dict[str, TopicImage] = {}
         names: dict[str, str] = {}
         async for topic_id, name, count in _rows(db, "SELECT topic_id, name, partitions FROM topics"):
+            sums.add("t", (topic_id, name, count))
             parts = tuple(partitions.get(topic_id, ()))
             if len(parts) != count:
                 raise ImageStoreError(
@@ -222,11 +404,20 @@ class SqliteImageStore:
             names[name] = topic_id
         configs: dict[ConfigKey, dict[str, str]] = {}
         async for rtype, rname, key, value in _rows(db, "SELECT * FROM configs"):
+            sums.add("c", (rtype, rname, key, value))
             configs.setdefault(ConfigKey(rtype, rname), {})[key] = value
-        levels = {n: lvl async for n, lvl in _rows(db, "SELECT name, level FROM features")}
+        levels: dict[str, int] = {}
+        async for name, level in _rows(db, "SELECT name, level FROM features"):
+            sums.add("f", (name, level))
+            levels[name] = level
+        offset, epoch = int(meta["offset"]), int(meta.get("epoch", -1))
+        if sums.checksum(offset, epoch) != meta["checksum"]:
+            raise ImageStoreError(f"checksum mismatch at offset {offset} (damaged or edited)")
+        if not partitions.keys() <= topics.keys():
+            raise ImageStoreError("partition rows of a topic that has no topic row")
         image = MetadataImage(
-            offset=int(meta["offset"]),
-            epoch=int(meta.get("epoch", -1)),
+            offset=offset,
+            epoch=epoch,
             brokers=brokers,
             topics_by_id=topics,
             topic_ids_by_name=names,
@@ -234,6 +425,7 @@ class SqliteImageStore:
             features=levels,
         )
         self._saved = image
+        self._sums = sums
         return image
 
     async def save(self, image: MetadataImage) -> None:
@@ -242,13 +434,19 @@ class SqliteImageStore:
         db = self._db
         if db.in_transaction:  # a save cancelled half-way (shutdown) left its transaction open
             await db.execute("ROLLBACK")
+        # Updated on a copy: a failed save rolls back the rows, so the digest must not move either.
+        sums = self._sums.copy()
         try:
             await db.execute("BEGIN")
-            await self._save_brokers(previous, image)
-            await self._save_topics(previous, image)
+            await self._save_brokers(previous, image, sums)
+            await self._save_topics(previous, image, sums)
             if image.configs is not previous.configs:
-                await self._save_configs(previous, image)
+                await self._save_configs(previous, image, sums)
             if image.features is not previous.features:
+                for item in previous.features.items():
+                    sums.remove("f", item)
+                for item in image.features.items():
+                    sums.add("f", item)
                 await db.execute("DELETE FROM features")
                 await db.executemany("INSERT INTO features VALUES (?, ?)", list(image.features.items()))
             await db.executemany(
@@ -258,28 +456,45 @@ class SqliteImageStore:
                     ("epoch", str(image.epoch)),
                     ("schema_version", str(SCHEMA_VERSION)),
                     ("updated_at_ms", str(self._clock.wall_ms())),
+                    ("checksum", sums.checksum(image.offset, image.epoch)),
                 ],
             )
             await db.execute("COMMIT")
         except BaseException:
-            await db.execute("ROLLBACK")
+            # A failed COMMIT (e.g. SQLITE_FULL) may have rolled back already: a second ROLLBACK would
+            # raise "no transaction is active" and hide the real error.
+            with contextlib.suppress(Exception):
+                if db.in_transaction:
+                    await db.execute("ROLLBACK")
             raise
         self._saved = image
+        self._sums = sums
 
-    async def _save_brokers(self, previous: MetadataImage, image: MetadataImage) -> None:
+    async def _save_brokers(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         if image.brokers is previous.brokers:
             return
         gone = [(b,) for b in previous.brokers if b not in image.brokers]
         changed = [_broker_row(b) for i, b in image.brokers.items() if previous.brokers.get(i) is not b]
+        for broker_id, old in previous.brokers.items():
+            if image.brokers.get(broker_id) is not old:
+                sums.remove("b", _broker_row(old))
+        for row in changed:
+            sums.add("b", row)
         await self._db.executemany("DELETE FROM brokers WHERE broker_id = ?", gone)
         await self._db.executemany(
             "INSERT OR REPLACE INTO brokers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", changed
         )
 
-    async def _save_topics(self, previous: MetadataImage, image: MetadataImage) -> None:
+    async def _save_topics(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         if image.topics_by_id is previous.topics_by_id:
             return
         gone = [(t,) for t in previous.topics_by_id if t not in image.topics_by_id]
+        for (topic_id,) in gone:
+            old = previous.topics_by_id[topic_id]
+            sums.remove("t", (old.topic_id, old.name, len(old.partitions)))
+            key = _topic_key(topic_id)
+            total = sum(_partition_digest(key, pid, p) for pid, p in enumerate(old.partitions))
+            sums.add_digests(-len(old.partitions), -total)
         await self._db.executemany("DELETE FROM topics WHERE topic_id = ?", gone)
         await self._db.executemany("DELETE FROM partitions WHERE topic_id = ?", gone)
         changed = [
@@ -287,23 +502,34 @@ class SqliteImageStore:
             for topic_id, topic in image.topics_by_id.items()
             if previous.topics_by_id.get(topic_id) is not topic
         ]
+        for topic, before in changed:
+            if before is not None:
+                sums.remove("t", (before.topic_id, before.name, len(before.partitions)))
+            sums.add("t", (topic.topic_id, topic.name, len(topic.partitions)))
         topic_rows = [(t.topic_id, t.name, len(t.partitions)) for t, _ in changed]
         await self._db.executemany("INSERT OR REPLACE INTO topics VALUES (?, ?, ?)", topic_rows)
         # A generator: the rows are built on the SQLite thread, not on the event loop.
         await self._db.executemany(
-            "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)", _changed_partition_rows(changed)
+            "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _changed_partition_rows(changed, sums),
         )
 
-    async def _save_configs(self, previous: MetadataImage, image: MetadataImage) -> None:
+    async def _save_configs(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         for key in set(previous.configs) | set(image.configs):
             values = image.configs.get(key, {})
             if previous.configs.get(key) is values:
                 continue
+            for row in _config_rows(key, previous.configs.get(key, {})):
+                sums.remove("c", row)
+            for row in _config_rows(key, values):
+                sums.add("c", row)
             await self._db.execute(
-                "DELETE FROM configs WHERE resource_type = ? AND resource_name = ?", (key[0], key[1])
+                "DELETE FROM configs WHERE resource_type = ? AND resource_name = ?",
+                (key[0], key[1]),
             )
             await self._db.executemany(
-                "INSERT INTO configs VALUES (?, ?, ?, ?)", [(key[0], key[1], k, v) for k, v in values.items()]
+                "INSERT INTO configs VALUES (?, ?, ?, ?)",
+                [(key[0], key[1], k, v) for k, v in values.items()],
             )
 
 

@@ -13,9 +13,20 @@ Tasks (one writer per piece of state, as in hashicorp/raft's docs):
 - gRPC handlers (:class:`~kraft.broker.service.BrokerService`) — read the status, append to / read from
   partition logs of partitions they lead.
 
-Startup: STARTING → load the image store and reconcile the partition directories with it → serve gRPC
-(everything answers BROKER_NOT_AVAILABLE until RUNNING) → register (RECOVERY) → heartbeat + fetch; the
-first heartbeat after catching up to the broker's own registration record asks to be unfenced → RUNNING.
+Startup: STARTING → load the image store (verified: a damaged store is discarded, see
+:mod:`kraft.metadata.store`) and scan the partition directories without opening any → serve gRPC
+(everything answers BROKER_NOT_AVAILABLE until RUNNING) → register (RECOVERY) → heartbeats start →
+**catch up**: fetch the controller's committed metadata up to the high watermark it answers after
+registration (or its snapshot) → open/create the partitions the caught-up image assigns here and remove
+the directories of everything else, paced → the fetcher task → the first heartbeat after catching up to
+the broker's own registration record asks to be unfenced → RUNNING.  So a topic deleted while the broker
+was down is never re-created from the stale stored image (issue #14).
+
+Fail-stop (issue #14): with a :class:`~kraft.node.supervisor.Supervisor` (``run_broker`` always passes
+one), a watched task (heartbeats, fetcher, gRPC server) that raises or ends unexpectedly, or an error of
+the catch-up, ends the process with one ``event=fatal`` line and exit status 70 after
+:meth:`BrokerServer.abort` (crash-like: partition logs are not closed cleanly).  Failing to start or to
+register stays a startup error (one ``error:`` line, exit 1).
 Shutdown (``stop`` event, e.g. SIGTERM): PENDING_CONTROLLED_SHUTDOWN → heartbeat want_shut_down until
 the controller answers should_shut_down (bounded by ``controlled_shutdown_timeout_s``) → SHUTTING_DOWN →
 stop tasks and server, close logs and store → NOT_RUNNING.
@@ -50,6 +61,7 @@ from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
+from kraft.node.supervisor import Supervisor
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
@@ -150,8 +162,11 @@ class BrokerServer:
         settings: BrokerSettings,
         store: ImageStore,
         open_log: PartitionLogOpener | None = None,
+        *,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.settings = settings
+        self.supervisor = supervisor
         s = settings
         self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms, clock=SystemClock())
         self.status.incarnation_id = str(uuid.uuid4())
@@ -213,6 +228,7 @@ class BrokerServer:
         self._health: HealthReporter | None = None
         self._server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.port = -1
         self._log = get_logger("broker", node=s.broker_id).with_context(
             lambda: {"state": self.status.state.name, "epoch": self.status.broker_epoch}
@@ -224,19 +240,25 @@ class BrokerServer:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set (then shut down in a controlled way) or a fatal error is raised."""
         self.status.transition(BrokerState.STARTING)
-        tasks: list[asyncio.Task[None]] = []
+        self._tasks = tasks = []
         try:
             self._metrics_server = start_metrics_server(self.settings.metrics_port)
             await self.publisher.start()
             self.status.metadata_offset = self.publisher.offset
             await self._start_server()
-            registered = await self._until_stopped(self.lifecycle.register(), stop)
+            registered = await self._until_stopped(self.lifecycle.register(), stop, "registration")
             if not registered:
                 return
-            tasks = [
-                asyncio.create_task(self.lifecycle.run_heartbeats(), name="heartbeats"),
-                asyncio.create_task(self.fetcher.run(), name="metadata-fetcher"),
-            ]
+            heartbeats = asyncio.create_task(self.lifecycle.run_heartbeats(), name="heartbeats")
+            tasks.append(heartbeats)
+            # Heartbeats end by themselves only when the controller granted a shutdown: not a failure.
+            self._watch(heartbeats, forever=False)
+            if not await self._until_stopped(self._catch_up_then_open(), stop, "metadata catch-up"):
+                await self._controlled_shutdown()
+                return
+            fetcher = asyncio.create_task(self.fetcher.run(), name="metadata-fetcher")
+            tasks.append(fetcher)
+            self._watch(fetcher)
             stop_wait = asyncio.create_task(stop.wait(), name="stop-wait")
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             stop_wait.cancel()
@@ -246,24 +268,89 @@ class BrokerServer:
                     raise error
             await self._controlled_shutdown()
         finally:
-            await self._shut_down(tasks)
+            if self.supervisor is None or self.supervisor.failure is None:
+                await self._shut_down(tasks)
+            # else: fail-stop — run_broker aborts the process; no graceful step on failed storage.
 
-    async def _until_stopped(self, registration: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
-        """Await registration unless ``stop`` comes first; True when registered."""
-        register_task = asyncio.create_task(registration)
-        stop_wait = asyncio.create_task(stop.wait())
-        await asyncio.wait([register_task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        if not register_task.done():
-            register_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RegistrationFailed):
-                await register_task
-            self._log.info("stopped_before_registration")
-            return False
-        register_task.result()  # raises RegistrationFailed
+    def _watch(self, task: asyncio.Task[None], *, forever: bool = True) -> None:
+        if self.supervisor is not None:
+            self.supervisor.watch(task, task.get_name(), forever=forever)
+
+    async def _catch_up_then_open(self) -> bool:
+        """Fetch committed metadata up to the controller's high watermark (as answered after this broker
+        registered), then open the partitions of the caught-up image — never from the stored image alone."""
+        fetcher, publisher = self.fetcher, self.publisher
+        fetcher.resume_from_publisher()
+        started_ms = self.status.monotonic_ms()
+        from_offset = publisher.offset
+        target = -1
+        attempt = 0
+        while True:
+            if await fetcher.fetch_once():
+                attempt = 0
+                if target < 0 and fetcher.high_watermark >= 0:
+                    target = fetcher.high_watermark
+                    self._log.info("metadata_catch_up", from_offset=from_offset, high_watermark=target)
+                    if publisher.offset >= target:
+                        # The stored image claims records the controller never committed (an edited or
+                        # foreign store): a cache, never a source of truth — rebuild from the controller.
+                        await publisher.discard_image(
+                            f"ahead of the controller: image offset {publisher.offset} >= "
+                            f"high watermark {target}"
+                        )
+                        self.status.metadata_offset = publisher.offset
+                        fetcher.resume_from_publisher()
+                        continue
+                # Caught up once everything below the target is applied and no transaction is pending.
+                if (
+                    target >= 0
+                    and publisher.offset + 1 >= target
+                    and fetcher.fetch_offset == publisher.offset + 1
+                ):
+                    break
+                continue
+            base = self.settings.retry_backoff_ms / 1000.0 * (2.0 ** min(attempt, 5))
+            await asyncio.sleep(min(base, 1.0))
+            attempt += 1
+        applied = await publisher.open_partitions()
+        self._log.info(
+            "metadata_caught_up",
+            metadata_offset=publisher.offset,
+            partitions=len(self.partitions),
+            created=len(applied.created),
+            took_ms=self.status.monotonic_ms() - started_ms,
+        )
+        self.lifecycle.wake()
         return True
 
+    async def _until_stopped(self, work: Coroutine[Any, Any, Any], stop: asyncio.Event, what: str) -> bool:
+        """Await ``work`` unless ``stop`` comes first; True when it completed (its error is raised)."""
+        work_task = asyncio.create_task(work)
+        stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait([work_task, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        if not work_task.done():
+            work_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RegistrationFailed):
+                await work_task
+            self._log.info("stopped_before_end_of", step=what)
+            return False
+        work_task.result()  # raises RegistrationFailed, or a catch-up failure
+        return True
+
+    async def abort(self) -> None:
+        """After a fatal error: stop serving and release the port like a crash — partition logs and the
+        image store are not closed cleanly (no clean-shutdown marker over storage that may have failed)."""
+        self.status.revoke_lease()
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            await self._server.stop(0)
+        await self.client.close()
+
     async def _controlled_shutdown(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.begin_stop()
         self.lifecycle.request_shutdown()
         self._log.info("controlled_shutdown_started")
         try:
@@ -276,6 +363,8 @@ class BrokerServer:
             )
 
     async def _shut_down(self, tasks: list[asyncio.Task[None]]) -> None:
+        if self.supervisor is not None:
+            self.supervisor.begin_stop()
         if self.status.state is not BrokerState.NOT_RUNNING:
             self.status.transition(BrokerState.SHUTTING_DOWN)
         self.status.revoke_lease()
@@ -312,6 +401,11 @@ class BrokerServer:
             ) from err
         await server.start()
         self._server = server
+        if self.supervisor is not None:
+            # Not cancelled at shutdown: cancelling wait_for_termination cancels grpc's own shutdown.
+            self.supervisor.watch(
+                asyncio.create_task(server.wait_for_termination(), name="grpc-server"), "grpc-server"
+            )
         self._log.info(
             "listening",
             address=self.settings.bind_address,
@@ -328,6 +422,8 @@ class BrokerServer:
         status = self.status
         if status.broker_epoch < 0 or status.metadata_offset < status.broker_epoch or status.resync_required:
             return False
+        if self.publisher.deferred:
+            return False  # partitions not opened yet (catching up with the controller's log)
         if self._await_fence_in_image:
             registration = self.publisher.image.brokers.get(status.broker_id)
             if registration is None or registration.epoch != status.broker_epoch or not registration.fenced:
@@ -368,14 +464,31 @@ class BrokerServer:
             task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
 
+def _is_startup_error(error: BaseException) -> bool:
+    """Errors that mean "cannot start" (exit 1 with one ``error:`` line), not a run-time failure."""
+    if isinstance(error, RegistrationFailed | BrokerStartupError):
+        return True
+    return isinstance(error, KraftError) and error.code is ErrorCode.INVALID_CONFIG
+
+
 async def run_broker(config: NodeConfig, cluster_id: str) -> None:
     """Run a broker until SIGTERM/SIGINT, then shut down in a controlled way.
 
-    Raises RegistrationFailed when it cannot register in time."""
+    Raises RegistrationFailed when it cannot register in time.  A fatal error at run time does not
+    return: one ``fatal`` line, exit status 70 (:mod:`kraft.node.supervisor`)."""
+    supervisor = Supervisor(get_logger("broker", node=config.node_id))
     store = await SqliteImageStore.open(image_store_path(config), clock=SystemClock())
-    server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store)
+    server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store, supervisor=supervisor)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.run(stop)
+    main = asyncio.create_task(server.run(stop), name="broker")
+    failure = await supervisor.wait(asyncio.shield(main))
+    if failure is None and main.done() and not main.cancelled():
+        error = main.exception()
+        if error is not None and not _is_startup_error(error):
+            supervisor.fail("broker_failed", error)
+    if supervisor.failure is not None:
+        await supervisor.fail_stop(server.abort)
+    await main

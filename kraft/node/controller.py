@@ -16,6 +16,13 @@ Asyncio tasks: the driver owns its own tasks; gRPC runs each inbound call in its
 adds one leadership watcher (health status of ``kraft.v1.RaftService``).  :meth:`ControllerNode.stop`
 (SIGTERM) marks health NOT_SERVING, runs stop hooks, lets the driver resign (EndQuorumEpoch) while the
 server still answers, then stops the server, closes the transport and the storage (clean-shutdown marker).
+
+Fail-stop (issue #14): with a :class:`~kraft.node.supervisor.Supervisor` (``run_controller`` always passes
+one), a Raft driver failure (write/fsync error, ENOSPC, impossible state), committed data the metadata
+layer cannot load or apply, an exception in any watched task (leadership watcher, gRPC server, the
+controller's own tasks) ends the process: one ``event=fatal reason=…`` line, :meth:`ControllerNode.abort`
+(crash-like: the log is not closed, so no clean-shutdown marker is written over storage that failed),
+exit status 70.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
 from kraft.node.metadata_layer import install_metadata_layer
+from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
@@ -138,7 +146,7 @@ def open_raft(config: NodeConfig, meta: MetaProperties, transport: GrpcTransport
 class ControllerNode:
     """A running controller; see the module docstring for what it owns and in which order."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, supervisor: Supervisor | None = None) -> None:
         if not config.is_controller or config.controller_listener is None:
             raise StartupError("process.roles must include controller and a CONTROLLER listener must be set")
         self.config = config
@@ -154,7 +162,9 @@ class ControllerNode:
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._server_watch: asyncio.Task[Any] | None = None
         self._bound_port = 0
+        self.supervisor = supervisor
         self.test_state: DigestStateMachine | None = None
 
     # --- extension points (call before start) ---
@@ -174,6 +184,11 @@ class ControllerNode:
         self._stop_hooks.append(hook)
 
     # --- what hooks and tests use ---
+
+    def watch(self, task: asyncio.Task[Any], name: str) -> None:
+        """Have the supervisor (if any) fail the process when ``task`` raises or ends before a stop."""
+        if self.supervisor is not None:
+            self.supervisor.watch(task, name)
 
     @property
     def raft(self) -> RaftClient:
@@ -198,6 +213,13 @@ class ControllerNode:
         if self._health is None:
             raise RuntimeError("the controller node is not started")
         return self._health
+
+    @property
+    def log_end_offset(self) -> int:
+        """The end offset of the local metadata log (after a snapshot reset: the snapshot's end)."""
+        if self._raft is None:
+            raise RuntimeError("the controller node is not started")
+        return self._raft.log_end_offset
 
     @property
     def port(self) -> int:
@@ -228,12 +250,19 @@ class ControllerNode:
                 raise StartupError(f"cannot open the metadata log: {exc.message}") from None
             except ImpossibleElectionStateError as exc:  # a forged or corrupt quorum-state (issue #15)
                 raise StartupError(f"cannot open the metadata log: {exc}") from None
+            if self.supervisor is not None:
+                attach_driver(self.supervisor, self._raft.on_fatal)
             await self._start_server()
             await self._raft.start()
         except BaseException:
             await self._close_resources()
             raise
         self._watcher = asyncio.create_task(self._watch_leadership(), name="controller-health-watcher")
+        self.watch(self._watcher, "controller-health-watcher")
+        if self._server is not None:
+            server = self._server
+            self._server_watch = asyncio.create_task(server.wait_for_termination(), name="grpc-server")
+            self.watch(self._server_watch, "grpc-server")
         if cfg.metrics_port:
             try:
                 self._metrics = start_metrics_server(cfg.metrics_port)
@@ -312,6 +341,8 @@ class ControllerNode:
     async def stop(self, timeout_ms: int = SHUTDOWN_TIMEOUT_MS) -> None:
         """Graceful: NOT_SERVING, stop hooks, resign via EndQuorumEpoch, stop the server, close storage."""
         self._log.info("controller_stopping")
+        if self.supervisor is not None:
+            self.supervisor.begin_stop()
         if self._health is not None:
             await self._health.shutdown()
         for hook in reversed(self._stop_hooks):
@@ -343,7 +374,25 @@ class ControllerNode:
             name = getattr(hook, "__qualname__", repr(hook))
             self._log.error("stop_hook_failed", hook=name, error=repr(exc))
 
+    async def abort(self) -> None:
+        """After a fatal error: release the port and stop Raft like a crash — no resignation, no hooks, and
+        the log is NOT closed (closing writes the clean-shutdown marker, a promise that the data on disk is
+        complete, which a failed write or fsync broke; the next start recovers the log instead)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+        if self._server is not None:
+            await self._server.stop(grace=0)
+            self._server = None
+        if self._raft is not None:
+            await self._raft.stop()
+        if self._transport is not None:
+            await self._transport.close()
+            self._transport = None
+
     async def _close_resources(self) -> None:
+        # The server watch is not cancelled: cancelling grpc's wait_for_termination cancels the server's
+        # own shutdown future (stop() then raises CancelledError); it ends by itself once the server stops.
+        self._server_watch = None
         if self._server is not None:
             await self._server.stop(grace=0.5)
             self._server = None
@@ -359,8 +408,12 @@ class ControllerNode:
 
 
 async def run_controller(config: NodeConfig) -> None:
-    """Start a controller with the metadata layer, run until SIGTERM/SIGINT, then stop gracefully."""
-    node = ControllerNode(config)
+    """Start a controller with the metadata layer, run until SIGTERM/SIGINT, then stop gracefully.
+
+    A fatal error at run time does not return: it logs one ``fatal`` line and exits with status 70
+    (:mod:`kraft.node.supervisor`)."""
+    supervisor = Supervisor(get_logger("controller", node=config.node_id))
+    node = ControllerNode(config, supervisor)
     if not config.kraft_test_append_enable:
         # With the test-only append path on, the log holds raw test records, not metadata: the node
         # then runs Raft alone (and the digest state machine owns snapshots).
@@ -370,5 +423,7 @@ async def run_controller(config: NodeConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, node.request_stop)
     await node.start()
-    await node.wait_stop_requested()
+    failure = await supervisor.wait(node.wait_stop_requested())
+    if failure is not None:
+        await supervisor.fail_stop(node.abort)
     await node.stop()

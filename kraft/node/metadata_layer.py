@@ -5,6 +5,12 @@ the node's server, creates the :class:`QuorumController` once Raft runs (``on_st
 ``kraft.v1.ControllerService`` health status SERVING exactly while this node is the active controller,
 and stops the controller first on shutdown (``on_stop``).  The image store lives next to the metadata
 log: ``<metadata.log.dir>/metadata-image.sqlite``.
+
+The image store is a cache of the local snapshot + log (issue #14): a store whose offset is at or above
+the local log's end offset claims records this log never had (an edited store, or one copied from
+elsewhere) and is discarded before the controller loads it (one ``image_store_discarded`` line); one that
+fails its checksum is discarded by :meth:`kraft.metadata.store.SqliteImageStore.load`.  Either way the
+image is rebuilt by replaying the local snapshot and log.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.service import ControllerServicer, add_controller_service
-from kraft.metadata.store import IMAGE_STORE_FILE
+from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.observability.health import CONTROLLER_SERVICE
 
 if TYPE_CHECKING:
@@ -46,6 +52,19 @@ def image_store_path(config: NodeConfig) -> Path | None:
     return None if config.metadata_log_dir is None else Path(config.metadata_log_dir) / IMAGE_STORE_FILE
 
 
+def discard_store_ahead_of_log(path: Path | None, log_end_offset: int) -> bool:
+    """Delete the image store when it claims an offset the local log never reached; True if it did."""
+    if path is None:
+        return False
+    stored = SqliteImageStore.stored_offset(path)
+    if stored is None or stored < log_end_offset:
+        return False
+    SqliteImageStore.discard_file(
+        path, f"ahead of the local log: image offset {stored} >= log end offset {log_end_offset}"
+    )
+    return True
+
+
 class MetadataLayer:
     """What :func:`install_metadata_layer` returns: the servicer and, once started, the controller."""
 
@@ -55,6 +74,7 @@ class MetadataLayer:
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self, node: ControllerNode) -> None:
+        discard_store_ahead_of_log(image_store_path(node.config), node.log_end_offset)
         controller = QuorumController(
             node.raft,
             node.cluster_id,
@@ -69,6 +89,9 @@ class MetadataLayer:
         self._health_task = asyncio.create_task(
             self._report_health(node, controller), name="controller-health"
         )
+        node.watch(self._health_task, "controller-health")
+        for task in controller.background_tasks:
+            node.watch(task, task.get_name())
 
     async def stop(self, node: ControllerNode) -> None:
         if self._health_task is not None:

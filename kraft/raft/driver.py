@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kraft.clock import Clock
@@ -207,7 +207,10 @@ class RaftDriver:
         self._fatal: BaseException | None = None
         self._leader_changed = asyncio.Event()
         self._last_state: StateKind | None = None
-        self._listeners = ListenerSet(log, snapshots, self._commit_view, self._logger)
+        self._fatal_callbacks: list[Callable[[str, BaseException], None]] = []
+        self._listeners = ListenerSet(
+            log, snapshots, self._commit_view, self._logger, on_failure=self._listener_failed
+        )
         self._ports = OutputPorts(
             write_log=self._apply_log_op,
             send=self._deliver,
@@ -271,6 +274,25 @@ class RaftDriver:
         await self._listeners.close()
         self._fail_everything(RaftShutdownError("raft is shut down"))
 
+    def on_fatal(self, callback: Callable[[str, BaseException], None]) -> None:
+        """Call ``callback(reason, error)`` when the driver task fails (``raft_driver_failed``: storage
+        write/fsync failure, broken invariant) or a listener cannot load or apply committed data
+        (``raft_listener_failed``); the process owner stops the process then (fail-stop, issue #14).
+        Called at once when the driver already failed."""
+        self._fatal_callbacks.append(callback)
+        if self._fatal is not None:
+            callback("raft_driver_failed", self._fatal)
+
+    def _report_fatal(self, reason: str, error: BaseException) -> None:
+        for callback in list(self._fatal_callbacks):
+            try:
+                callback(reason, error)
+            except Exception:
+                self._logger.exception("fatal_callback_failed")
+
+    def _listener_failed(self, error: BaseException) -> None:
+        self._report_fatal("raft_listener_failed", error)
+
     def close(self) -> None:
         """Close the log (flush + clean-shutdown marker).  Call after :meth:`shutdown`/:meth:`stop`."""
         self._log.close()
@@ -298,6 +320,11 @@ class RaftDriver:
     @property
     def high_watermark(self) -> int:
         return self._core.high_watermark
+
+    @property
+    def log_end_offset(self) -> int:
+        """The local log's end offset (nothing at or above it was ever committed through this log)."""
+        return self._log.end_offset
 
     @property
     def state(self) -> StateKind:
@@ -461,6 +488,7 @@ class RaftDriver:
             self._fatal = exc
             self._logger.exception("raft_driver_failed", error=str(exc))
             self._fail_everything(RaftShutdownError(f"raft failed: {exc}"))
+            self._report_fatal("raft_driver_failed", exc)
 
     async def _sleep_until_deadline(self) -> None:
         timeout_s = max(0.0, (self._deadline_ms - self._clock.monotonic_ms()) / 1000)

@@ -23,6 +23,9 @@ from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import decode_batch, iter_batch_headers
 
 _READ_BYTES = 1024 * 1024
+LISTENER_ATTEMPTS = 3
+"""Consecutive failures of one catch-up before a listener is given up (and ``on_failure`` called)."""
+_RETRY_PAUSE_S = 0.05
 
 
 class LazyRecords(Sequence[CommittedRecord]):
@@ -106,11 +109,13 @@ class ListenerSet:
         snapshots: SnapshotStore,
         view: Callable[[], CommitView],
         logger: StructLogger,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._log = log
         self._snapshots = snapshots
         self._view = view
         self._log_struct = logger
+        self._on_failure = on_failure
         self._cursors: list[ListenerCursor] = []
 
     def register(self, listener: RaftListener) -> None:
@@ -142,16 +147,34 @@ class ListenerSet:
                 await task
 
     async def _run(self, cursor: ListenerCursor) -> None:
+        failures = 0
         while True:
-            await cursor.wake.wait()
+            if failures == 0:
+                await cursor.wake.wait()
             cursor.wake.clear()
             try:
                 await self._catch_up(cursor)
+                failures = 0
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                # A listener that throws must not stop Raft; it is retried on the next wake-up.
-                self._log_struct.exception("listener_failed", next_offset=cursor.next_offset)
+            except Exception as exc:
+                failures += 1
+                self._log_struct.exception(
+                    "listener_failed", next_offset=cursor.next_offset, attempt=failures
+                )
+                if self._on_failure is None:
+                    failures = 0  # no owner to tell: retried on the next wake-up, as before
+                    continue
+                if failures >= LISTENER_ATTEMPTS:
+                    # The same committed data failed to load or apply every time (a corrupt checkpoint
+                    # or segment, a record the state machine cannot take): the state machine can never
+                    # get past it, and a node that leads or serves without it would answer from an
+                    # incomplete state.  The owner stops the process (fail-stop, issue #14).
+                    self._on_failure(exc)
+                    return
+                # A few quick retries first: a snapshot file replaced by a newer one between listing
+                # and reading is a race that resolves by reading again.
+                await asyncio.sleep(_RETRY_PAUSE_S * failures)
 
     async def _catch_up(self, cursor: ListenerCursor) -> None:
         while True:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -696,3 +697,72 @@ def test_a_topic_max_message_bytes_is_enforced_and_the_cli_prints_one_line(clust
     )  # fmt: skip
     assert overload.returncode == 1 and overload.stderr.startswith("error: POLICY_VIOLATION"), overload.stderr
     assert "max.broker.partitions" in overload.stderr
+
+
+def test_a_topic_deleted_while_a_broker_was_down_is_not_recreated_at_its_restart(cluster: Cluster) -> None:
+    """Issue #14: a restarting broker catches up with the controller's log before it opens or creates
+    partitions from its stored image (which still has the topic)."""
+    broker = cluster.start_broker(201)
+    cluster.wait_broker_state(201, "RUNNING")
+    cluster.create_topic("resurrect", {0: [201], 1: [201]})
+    cluster.assert_dirs_match_image(201, ["resurrect"])
+    assert broker.terminate() == 0
+    response = cluster.controller_call(
+        "DeleteTopics", cpb.DeleteTopicsRequest(cluster_id=cluster.quorum.cluster_id, names=["resurrect"])
+    )
+    assert isinstance(response, cpb.DeleteTopicsResponse) and response.error_code == 0
+    # Stands for a partition the stored image has but the disk lost: it must not be re-created either.
+    shutil.rmtree(broker.log_dir / "resurrect-1")
+    broker.start()
+    cluster.wait_broker_state(201, "RUNNING")
+    assert broker.alive
+    assert not any(p.name.startswith("resurrect-") for p in broker.log_dir.iterdir())
+    log = broker.log_text().split("--- start broker 201")[-1]
+    # The controller's log was fetched first; only then was the stale directory removed (never opened).
+    catch_up = log.find("event=metadata_catch_up ")
+    assert (
+        -1 < catch_up < log.find("event=stale_partition_dirs_removed") < log.find("event=partitions_opened")
+    )
+
+
+@contextlib.contextmanager
+def _small_tmpfs(where: Path, size: str) -> Iterator[None]:
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot mount a tmpfs to fill ({exc}); needs root or CAP_SYS_ADMIN")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip()}; needs root or CAP_SYS_ADMIN")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10, check=False)
+
+
+def test_a_broker_whose_only_log_dir_is_full_exits_with_one_fatal_line(cluster: Cluster) -> None:
+    """Issue #14: fail-stop — no log dir left to host partitions (ENOSPC) ends the process with exit 70."""
+    broker_dir = cluster.base_dir / "broker211"
+    with _small_tmpfs(broker_dir, "8m"):
+        broker = cluster.start_broker(211)
+        cluster.wait_broker_state(211, "RUNNING")
+        try:
+            with (broker.log_dir / "filler").open("wb") as out:
+                while True:
+                    out.write(b"\0" * 65536)
+        except OSError:
+            pass  # ENOSPC: the disk is full
+        cluster.create_topic("no-room", {p: [211] for p in range(4)})
+        assert broker.process is not None
+        code = broker.process.wait(timeout=WAIT_S)
+        broker.kill()
+    assert code == 70, broker.log_tail()
+    fatal = [line for line in broker.log_text().splitlines() if " event=fatal " in line]
+    assert len(fatal) == 1, fatal
+    assert "exit_code=70" in fatal[0] and "reason=" in fatal[0]

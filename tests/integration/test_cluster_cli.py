@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,56 @@ def test_a_recycled_pid_is_never_trusted(tmp_path: Path) -> None:
     assert proc.stop(timeout_s=1) == "not running"
     assert not proc.pid_path.exists()
     assert pid_alive(os.getpid())
+
+
+# --- nodes that ended by themselves (issue #14) ----------------------------------------------------------
+
+
+def test_status_shows_a_node_that_exited_with_a_fatal_line_as_failed(tmp_path: Path) -> None:
+    cluster = LocalCluster.create(tmp_path / "c", controllers=1, brokers=0, profile="fast")
+    node = cluster.spec.node(1)
+    log = cluster.layout.log_path(node)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    fatal = (
+        "ts=2026-11-24T00:00:00.000Z level=error logger=controller event=fatal node=1 "
+        'reason=raft_driver_failed error="FatalStorageError: write failed (No space left on device)" '
+        "errno=ENOSPC exit_code=70"
+    )
+    log.write_text(
+        "# 2026-11-23T00:00:00Z starting controller-1: kraft controller start\n"
+        "ts=... level=error logger=controller event=fatal node=1 reason=an_older_run exit_code=70\n"
+        "# 2026-11-24T00:00:00Z starting controller-1: kraft controller start\n"
+        f"ts=... level=info logger=controller event=controller_started node=1\n{fatal}\n"
+    )
+    # The process is gone but nobody stopped it through `kraft cluster`: its pid file is still there.
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=10)
+    pid_path = cluster.layout.pid_path(node)
+    pid_path.parent.mkdir(parents=True, exist_ok=True)
+    pid_path.write_text(f"{dead.pid}\n")
+
+    status = LocalCluster.open(tmp_path / "c").status()
+    [failed] = status.nodes
+    assert (failed.state, failed.exit_code, failed.last_error) == ("failed", 70, fatal)
+    assert not status.healthy
+    assert status.as_json()["nodes"][0]["exit_code"] == 70
+    result = runner.invoke(app, ["cluster", "status", "--dir", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert f"controller-1 failed (exit 70): {fatal}\n" in result.output
+
+
+def test_status_shows_a_node_that_could_not_start_as_failed_with_exit_1(tmp_path: Path) -> None:
+    cluster = LocalCluster.create(tmp_path / "c", controllers=1, brokers=0, profile="fast")
+    node = cluster.spec.node(1)
+    (cluster.layout.data_dir(node) / "meta.properties").unlink()  # unformatted: the start is refused
+    proc = cluster.process(1)
+    proc.start()
+    try:
+        assert proc._popen is not None
+        assert proc._popen.wait(timeout=60) == 1
+    finally:
+        proc.kill()
+    status = LocalCluster.open(tmp_path / "c").status()  # another invocation: only the log says why
+    [failed] = status.nodes
+    assert failed.state == "failed" and failed.exit_code == 1, failed
+    assert failed.last_error.startswith("error:") and "meta.properties" in failed.last_error

@@ -58,6 +58,7 @@ async def test_the_snapshot_replay_time_is_measured_on_the_injected_clock(tmp_pa
         ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
     )
     await publisher.start()
+    await publisher.open_partitions()  # caught up (nothing to fetch here): publish normally
     controller = SnapshotController(clock)
     applied: list[int] = []
     fetcher = MetadataFetcher(

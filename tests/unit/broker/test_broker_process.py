@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import shutil
 import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -345,6 +346,7 @@ async def test_a_failed_image_commit_grants_nothing_but_still_revokes(tmp_path: 
     manager = PartitionManager(ME, [tmp_path / "logs"], opener)
     publisher = MetadataPublisher(ME, manager, FailingStore(), "PLAINTEXT", lambda view: None)
     await publisher.start()
+    await publisher.open_partitions()  # caught up (nothing to fetch here): publish normally
     manager.apply(
         LocalChanges(
             leaders={TopicPartition("old", 0): PartitionAssignment("id-old", ME, 0, 0, (ME,), (ME,))}
@@ -376,3 +378,78 @@ async def test_a_listener_port_in_use_is_a_clear_config_error(
             await asyncio.wait_for(server.run(asyncio.Event()), TIMEOUT_S)
     assert raised.value.code is ErrorCode.INVALID_CONFIG
     assert server.status.state is BrokerState.NOT_RUNNING
+
+
+async def test_a_topic_deleted_while_the_broker_was_down_is_never_recreated_or_opened(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    """Issue #14: the broker catches up with the controller's log before it opens or creates any
+    partition from its stored image."""
+    orders_topic(controller)
+    store = MemoryImageStore()
+    opener = MemoryLogOpener()
+    async with broker(tmp_path, store, target(controller), opener=opener) as first:
+        await wait_for(lambda: is_running(first), "RUNNING")
+        await first.shutdown()
+    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"orders-0", "orders-1"}
+    assert store.image.topics_by_id  # the stored image still has the topic
+    controller.append(mpb.RemoveTopicRecord(topic_id=ORDERS_ID))
+    # A second stale topic that exists only in the stored image and not on disk: never created.
+    shutil.rmtree(tmp_path / "logs" / "orders-1")
+    opener.opened.clear()
+    seen_dirs: set[str] = set()
+
+    def record_dirs() -> bool:
+        seen_dirs.update(p.name for p in (tmp_path / "logs").iterdir())
+        return False
+
+    async with broker(tmp_path, store, target(controller), opener=opener) as second:
+
+        def running_and_watched() -> bool:
+            record_dirs()
+            return is_running(second)
+
+        await wait_for(running_and_watched, "RUNNING again")
+        assert not opener.opened, opener.opened  # no partition log was opened
+        assert "orders-1" not in seen_dirs  # never re-created
+        assert not (tmp_path / "logs" / "orders-0").exists()  # the stale directory was removed
+        assert len(second.server.partitions) == 0
+        assert not second.server.publisher.image.topics_by_id
+
+
+async def test_partitions_open_only_after_the_catch_up_and_unfence_waits_for_them(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    orders_topic(controller, partitions=3)
+    async with broker(tmp_path, MemoryImageStore(), target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        # Every partition of the log is open by the time the broker is unfenced.
+        assert not b.server.publisher.deferred
+        assert {p.tp for p in b.server.partitions.partitions()} == {
+            TopicPartition("orders", i) for i in range(3)
+        }
+
+
+async def test_a_stored_image_ahead_of_the_controller_is_discarded_and_rebuilt(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    """Issue #14: an image store claiming offsets the controller never committed (edited, or from another
+    cluster's disk) is not trusted: the broker discards it and rebuilds from the controller's log."""
+    orders_topic(controller)
+    evil = MetadataDelta(MetadataImage.empty())
+    evil.replay(wrap(mpb.TopicRecord(name="EVIL-orders", topic_id="topic-evil")), 999_999_998, 1)
+    evil.replay(
+        wrap(mpb.PartitionRecord(partition_id=0, topic_id="topic-evil", replicas=[ME], isr=[ME], leader=ME)),
+        999_999_999,
+        1,
+    )
+    store = MemoryImageStore()
+    store.image = evil.apply()
+    assert store.image.offset == 999_999_999
+    async with broker(tmp_path, store, target(controller)) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        image = b.server.publisher.image
+        assert {t.name for t in image.topics_by_id.values()} == {"orders"}
+        assert store.image.offset == image.offset == controller.next_offset - 1
+        assert not (tmp_path / "logs" / "EVIL-orders-0").exists()
+        assert {p.tp.topic for p in b.server.partitions.partitions()} == {"orders"}

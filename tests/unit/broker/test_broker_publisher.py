@@ -60,6 +60,7 @@ async def _publisher(
     manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
     publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
     await publisher.start()
+    await publisher.open_partitions()  # caught up (nothing to fetch here): publish normally
     return manager, publisher
 
 

@@ -1,0 +1,136 @@
+"""Fail-stop of real controller processes (issue #14): a controller that cannot do its job exits non-zero
+with one ``event=fatal`` line instead of lingering (disk full) or leading with an empty image (a committed
+batch that fails its CRC)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kraft.cluster.quorum import QuorumFactory
+from kraft.node.supervisor import EXIT_FATAL
+from kraft.storage.log import METADATA_LOG_DIR_NAME
+from kraft.storage.quorum_state import QuorumState, QuorumStateStore
+
+pytestmark = pytest.mark.integration
+
+METADATA_LAYER = {
+    # Rolls a segment every few no-op records, so a full disk is hit within a second or two.
+    "metadata.log.segment.bytes": "1024",
+    "metadata.max.idle.interval.ms": "50",
+}
+
+
+def fatal_lines(log: Path) -> list[str]:
+    return [line for line in log.read_text(errors="replace").splitlines() if " event=fatal " in line]
+
+
+@contextlib.contextmanager
+def small_tmpfs(where: Path, size: str) -> Iterator[Path]:
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"cannot mount a tmpfs to fill ({exc}); needs root or CAP_SYS_ADMIN")
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip()}; needs root or CAP_SYS_ADMIN")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10, check=False)
+
+
+def fill(directory: Path) -> None:
+    """Write a filler file until the file system says ENOSPC."""
+    chunk = b"\0" * (64 * 1024)
+    try:
+        with (directory / "filler").open("wb") as out:
+            while True:
+                out.write(chunk)
+                out.flush()
+    except OSError as exc:  # possibly already at open: the node's own preallocated segments filled it
+        assert exc.errno == errno.ENOSPC, exc
+
+
+def test_a_controller_whose_disk_fills_up_exits_with_one_fatal_line(
+    quorum_factory: QuorumFactory, tmp_path: Path
+) -> None:
+    quorum = quorum_factory(size=1, overrides=METADATA_LAYER, test_append=False)
+    node_dir = quorum.base_dir / "node1"
+    with small_tmpfs(node_dir, "16m"):
+        quorum.start()
+        node = quorum.nodes[1]
+        quorum.wait_for_leader(timeout_s=30)
+        fill(node_dir)
+        code = node.wait_exit(timeout_s=30)
+        quorum.close()
+    assert code == EXIT_FATAL, node.log_tail(40)
+    [line] = fatal_lines(node.log_path)
+    assert "reason=raft_driver_failed" in line, line
+    assert "errno=ENOSPC" in line, line
+    assert "exit_code=70" in line
+
+
+def test_a_controller_with_a_corrupt_committed_batch_exits_instead_of_leading(
+    quorum_factory: QuorumFactory,
+) -> None:
+    quorum = quorum_factory(size=1, overrides=METADATA_LAYER, test_append=False)
+    quorum.start()
+    node = quorum.nodes[1]
+    quorum.wait_for_leader(timeout_s=30)
+    assert quorum.terminate(1) == 0
+    segment = node.metadata_dir / METADATA_LOG_DIR_NAME / "00000000000000000000.log"
+    with segment.open("r+b") as out:
+        # Byte 30 of the first batch is in its base timestamp: only the batch CRC can notice the flip.
+        out.seek(30)
+        byte = out.read(1)
+        out.seek(30)
+        out.write(bytes([byte[0] ^ 0xFF]))
+        out.flush()
+        os.fsync(out.fileno())
+    node.start()
+    code = node.wait_exit(timeout_s=30)
+    text = node.log_path.read_text(errors="replace")
+    assert code != 0, node.log_tail(40)
+    fatal = fatal_lines(node.log_path)
+    if code == EXIT_FATAL:
+        # Detected while replaying the committed log (the state machine can never get past it).
+        [line] = fatal
+        assert "reason=raft_listener_failed" in line, line
+    else:
+        # Detected when the log was opened (storage verification): one `error:` line, exit 1.
+        assert code == 1 and not fatal
+        assert any(line.startswith("error:") for line in text.splitlines()), node.log_tail(40)
+    assert "event=controller_activated" not in text.split("--- start node 1")[-1]
+
+
+def test_a_controller_with_an_impossible_stored_epoch_exits_instead_of_answering_unavailable(
+    quorum_factory: QuorumFactory,
+) -> None:
+    quorum = quorum_factory(size=1, test_append=False)
+    quorum.prepare()
+    node = quorum.nodes[1]
+    directory = node.metadata_dir / METADATA_LOG_DIR_NAME
+    directory.mkdir(parents=True, exist_ok=True)
+    QuorumStateStore(directory).write(QuorumState(leader_epoch=2**31 - 1, leader_id=None, voted_id=None))
+    node.start()
+    code = node.wait_exit(timeout_s=30)
+    assert code != 0, node.log_tail(40)
+    text = node.log_path.read_text(errors="replace")
+    if code == EXIT_FATAL:  # the driver failed on the epoch overflow at run time
+        [line] = fatal_lines(node.log_path)
+        assert "reason=raft_driver_failed" in line, line
+    else:  # refused at start (impossible stored epoch): one error line, exit 1
+        assert code == 1 and any(line.startswith("error:") for line in text.splitlines()), text[-2000:]

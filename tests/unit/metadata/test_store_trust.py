@@ -1,0 +1,175 @@
+"""The image store is a cache, never a source of truth (issue #14): a store that is unreadable, fails its
+checksum, has none, or is ahead of the log is discarded (one line) and the image rebuilt from the log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf.message import Message
+
+from kraft.clock import ManualClock
+from kraft.metadata import records
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.store import SqliteImageStore
+from kraft.node.metadata_layer import discard_store_ahead_of_log
+from kraft.v1 import common_pb2
+from kraft.v1 import metadata_pb2 as pb
+
+# The same sample image as test_store.py (test modules here are not importable from each other).
+
+
+def _apply(image: MetadataImage, *payloads: Message) -> MetadataImage:
+    delta = MetadataDelta(image)
+    for i, payload in enumerate(payloads):
+        delta.replay(records.wrap(payload), image.offset + 1 + i, 3)
+    return delta.apply()
+
+
+def _sample() -> MetadataImage:
+    return _apply(
+        MetadataImage.empty(),
+        pb.RegisterBrokerRecord(
+            broker_id=1,
+            incarnation_id="i1",
+            broker_epoch=0,
+            fenced=False,
+            rack="r1",
+            log_dirs=["/d"],
+            endpoints=[
+                common_pb2.Endpoint(name="PLAINTEXT", host="h", port=1, security_protocol="PLAINTEXT")
+            ],
+            features=[
+                pb.BrokerFeature(name="metadata.version", min_supported_version=1, max_supported_version=1)
+            ],
+        ),
+        pb.RegisterBrokerRecord(broker_id=2, incarnation_id="i2", broker_epoch=1, fenced=True),
+        pb.TopicRecord(name="t", topic_id="T"),
+        pb.PartitionRecord(partition_id=0, topic_id="T", replicas=[1, 2], isr=[1, 2], leader=1),
+        pb.PartitionRecord(partition_id=1, topic_id="T", replicas=[2, 1], isr=[2], leader=2),
+        pb.ConfigRecord(resource_type=2, resource_name="t", name="retention.ms", value="10"),
+        pb.FeatureLevelRecord(name="metadata.version", feature_level=1),
+    )
+
+
+async def _saved(path: Path, *images: MetadataImage) -> None:
+    store = await SqliteImageStore.open(path, clock=ManualClock())
+    try:
+        for image in images:
+            await store.save(image)
+    finally:
+        await store.close()
+
+
+async def _load(path: Path) -> tuple[MetadataImage, str | None]:
+    store = await SqliteImageStore.open(path, clock=ManualClock())
+    try:
+        image = await store.load()
+        return image, store.discarded
+    finally:
+        await store.close()
+
+
+def _edit(path: Path, sql: str) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute(sql)
+
+
+async def test_incremental_saves_keep_a_valid_checksum(tmp_path: Path) -> None:
+    path = tmp_path / "image.sqlite"
+    first = _sample()
+    second = _apply(
+        first,
+        pb.TopicRecord(name="u", topic_id="U"),
+        pb.PartitionRecord(partition_id=0, topic_id="U", replicas=[1], isr=[1], leader=1),
+        pb.PartitionChangeRecord(topic_id="T", partition_id=1, leader=1),
+        pb.ConfigRecord(resource_type=2, resource_name="t", name="retention.ms", value="20"),
+        pb.UnregisterBrokerRecord(broker_id=2, broker_epoch=1),
+    )
+    third = _apply(second, pb.RemoveTopicRecord(topic_id="T"))
+    await _saved(path, first, second, third)
+    loaded, discarded = await _load(path)
+    assert discarded is None
+    assert loaded == third
+
+
+@pytest.mark.parametrize(
+    ("edit", "what"),
+    [
+        ("UPDATE topics SET name = 'EVIL-orders' WHERE topic_id = 'T'", "a renamed topic"),
+        ("UPDATE meta SET value = '999999999' WHERE key = 'offset'", "an offset far ahead"),
+        ("UPDATE partitions SET leader = 2 WHERE topic_id = 'T' AND partition_id = 0", "a moved leader"),
+        ("DELETE FROM brokers WHERE broker_id = 2", "a deleted row"),
+        ("DELETE FROM meta WHERE key = 'checksum'", "no checksum (an older build)"),
+    ],
+)
+async def test_an_edited_store_is_discarded_and_loads_empty(tmp_path: Path, edit: str, what: str) -> None:
+    path = tmp_path / "image.sqlite"
+    await _saved(path, _sample())
+    _edit(path, edit)
+    loaded, discarded = await _load(path)
+    assert discarded is not None, what
+    assert loaded == MetadataImage.empty()
+    # Discarded means gone: the next open finds an empty (valid) store, not the damage again.
+    again, discarded_again = await _load(path)
+    assert discarded_again is None and again == MetadataImage.empty()
+    # And it works as a store again.
+    await _saved(path, _sample())
+    assert (await _load(path)) == (_sample(), None)
+
+
+async def test_an_unreadable_store_file_is_replaced(tmp_path: Path) -> None:
+    path = tmp_path / "image.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    loaded, discarded = await _load(path)
+    assert loaded == MetadataImage.empty() and discarded is None  # discarded at open, then empty
+    await _saved(path, _sample())
+    assert (await _load(path))[0] == _sample()
+
+
+async def test_a_controller_store_ahead_of_its_log_is_deleted_before_it_is_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "image.sqlite"
+    image = _sample()  # offset 6
+    await _saved(path, image)
+    assert SqliteImageStore.stored_offset(path) == image.offset
+    assert not discard_store_ahead_of_log(path, log_end_offset=image.offset + 1)  # consistent: kept
+    assert path.exists()
+    assert discard_store_ahead_of_log(path, log_end_offset=image.offset)  # the log never had offset 6
+    assert not path.exists() and SqliteImageStore.stored_offset(path) is None
+    assert not discard_store_ahead_of_log(None, 0)
+
+
+def test_the_checksum_verifies_in_another_process_with_another_hash_seed(tmp_path: Path) -> None:
+    """Partition digests use ``hash()`` of ints and tuples only: independent of ``PYTHONHASHSEED``."""
+    path = tmp_path / "image.sqlite"
+    asyncio.run(_saved(path, _sample()))
+    script = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from kraft.clock import SystemClock\n"
+        "from kraft.metadata.store import SqliteImageStore\n"
+        "async def main():\n"
+        "    store = await SqliteImageStore.open(Path(sys.argv[1]), clock=SystemClock())\n"
+        "    image = await store.load()\n"
+        "    await store.close()\n"
+        "    print(store.discarded, image.offset, len(image.topics_by_id))\n"
+        "asyncio.run(main())\n"
+    )
+    for seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(path)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["None", str(_sample().offset), "1"], done.stdout
