@@ -29,23 +29,27 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import pairwise
+from operator import attrgetter
 
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_PARTITION_LEADER, PartitionRegistration, TopicImage
 
-# Whether a replica list has no repeated broker (then an ISR equal to it is in replica order).  Replica
-# lists are few thousand distinct shared tuples; bounded like delta's list cache (clearing only costs time).
-_DISTINCT: dict[tuple[int, ...], bool] = {}
-_DISTINCT_MAX = 1 << 16
+_leader_of = attrgetter("leader")
 
 
 def _distinct(replicas: tuple[int, ...]) -> bool:
-    known = _DISTINCT.get(replicas)
-    if known is None:
-        if len(_DISTINCT) >= _DISTINCT_MAX:
-            _DISTINCT.clear()
-        known = _DISTINCT[replicas] = len(set(replicas)) == len(replicas)
-    return known
+    """No broker listed twice (then an ISR equal to the replicas is in replica order).  Not cached: with
+    1,000 brokers a million partitions have about as many distinct replica lists; comparisons for the
+    usual replication factors (a set costs twice as much)."""
+    size = len(replicas)
+    if size == 3:
+        first, second, third = replicas
+        return first != second and third not in (first, second)
+    if size < 2:
+        return True
+    if size == 2:
+        return replicas[0] != replicas[1]
+    return len(set(replicas)) == size
 
 
 def _isr_in_replica_order(replicas: tuple[int, ...], isr: tuple[int, ...]) -> bool:
@@ -138,9 +142,18 @@ class RejoinIndex:
         self._topics = topics_by_id
 
     def _add_topic(self, topic_id: str, partitions: tuple[PartitionRegistration, ...]) -> None:
-        self.leader_counts.update(p.leader for p in partitions)
+        self.leader_counts.update(map(_leader_of, partitions))
         flags: dict[int, tuple[int, ...]] = {}
         for partition_id, partition in enumerate(partitions):
+            # flagged_replicas' common case inlined: a rebuild visits every partition (a million).
+            replicas, isr, leader, _, _ = partition
+            if isr is replicas and leader != NO_PARTITION_LEADER:
+                if len(replicas) == 3:  # replication factor 3 without a call
+                    first, second, third = replicas
+                    if leader == first and first != second and third not in (first, second):
+                        continue
+                elif replicas and leader == replicas[0] and _distinct(replicas):
+                    continue
             brokers = flagged_replicas(partition)
             if brokers:
                 flags[partition_id] = brokers
@@ -149,7 +162,7 @@ class RejoinIndex:
             self._flags[topic_id] = flags
 
     def _drop_topic(self, topic_id: str, partitions: tuple[PartitionRegistration, ...]) -> None:
-        self.leader_counts.subtract(p.leader for p in partitions)
+        self.leader_counts.subtract(map(_leader_of, partitions))
         for partition_id, brokers in self._flags.pop(topic_id, {}).items():
             self._unflag(topic_id, partition_id, brokers)
 
