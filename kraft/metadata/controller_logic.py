@@ -317,6 +317,9 @@ class ControllerLogic:
         Counted incrementally (only topics changed since the last call are recounted): a broker in
         controlled shutdown heartbeats every couple of seconds while its leaderships move in chunks.
         """
+        index = self.rejoin_index
+        if index.current_for is self.image.topics_by_id:
+            return index.leader_counts[broker_id]  # exact too, and kept delta by delta: no recount
         self._speculative_counts.update(self.image.topics_by_id)
         return self._speculative_counts.leaders[broker_id]
 
