@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from itertools import pairwise
+from itertools import chain, pairwise
 from operator import attrgetter
 
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_PARTITION_LEADER, PartitionRegistration, TopicImage
 
 _leader_of = attrgetter("leader")
+_replicas_of = attrgetter("replicas")
 
 
 def _distinct(replicas: tuple[int, ...]) -> bool:
@@ -91,6 +92,10 @@ class RejoinIndex:
         self._ordinal: dict[str, int] = {}  # increases with the topic's position in topics_by_id
         self._next_ordinal = 0
         self.leader_counts: Counter[int] = Counter()  # partitions led, per leader id (-1 included)
+        # Replicas per broker and partitions in all: CreateTopics' per-broker limits and placement cursor,
+        # kept delta by delta (PartitionCounts recounts every changed topic — after a fence, all of them).
+        self.replica_counts: Counter[int] = Counter()
+        self.partitions = 0
 
     @property
     def current_for(self) -> Mapping[str, TopicImage] | None:
@@ -107,6 +112,8 @@ class RejoinIndex:
         self._by_broker.clear()
         self._ordinal.clear()
         self.leader_counts = Counter()
+        self.replica_counts = Counter()
+        self.partitions = 0
         self._next_ordinal = 0
         for topic_id, topic in topics_by_id.items():
             self._ordinal[topic_id] = self._next_ordinal
@@ -143,6 +150,8 @@ class RejoinIndex:
 
     def _add_topic(self, topic_id: str, partitions: tuple[PartitionRegistration, ...]) -> None:
         self.leader_counts.update(map(_leader_of, partitions))
+        self.replica_counts.update(chain.from_iterable(map(_replicas_of, partitions)))
+        self.partitions += len(partitions)
         flags: dict[int, tuple[int, ...]] = {}
         for partition_id, partition in enumerate(partitions):
             # flagged_replicas' common case inlined: a rebuild visits every partition (a million).
@@ -163,6 +172,8 @@ class RejoinIndex:
 
     def _drop_topic(self, topic_id: str, partitions: tuple[PartitionRegistration, ...]) -> None:
         self.leader_counts.subtract(map(_leader_of, partitions))
+        self.replica_counts.subtract(chain.from_iterable(map(_replicas_of, partitions)))
+        self.partitions -= len(partitions)
         for partition_id, brokers in self._flags.pop(topic_id, {}).items():
             self._unflag(topic_id, partition_id, brokers)
 
@@ -174,9 +185,17 @@ class RejoinIndex:
     ) -> None:
         flags = self._flags.get(topic_id)
         leader_counts = self.leader_counts
+        replica_counts = self.replica_counts
         for partition_id, partition in changed.items():
             if partition_id < len(base):
-                leader_counts[base[partition_id].leader] -= 1
+                before = base[partition_id]
+                leader_counts[before.leader] -= 1
+                if before.replicas is not partition.replicas:  # a reassignment (rare)
+                    replica_counts.subtract(before.replicas)
+                    replica_counts.update(partition.replicas)
+            else:
+                self.partitions += 1
+                replica_counts.update(partition.replicas)
             leader_counts[partition.leader] += 1
             old = () if flags is None else flags.get(partition_id, ())
             new = flagged_replicas(partition)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hypothesis import settings
@@ -39,6 +39,14 @@ class ScanLogic(ControllerLogic):
         self, image: MetadataImage, broker_id: int, acceptable: Callable[[int], bool]
     ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         return self._partitions_of(broker_id)
+
+    def _placement_counts(self) -> tuple[int, Mapping[int, int]]:
+        self._speculative_counts.update(self.image.topics_by_id)
+        return self.image.partition_count(), self._speculative_counts.replicas
+
+    def leader_count(self, broker_id: int) -> int:
+        self._speculative_counts.update(self.image.topics_by_id)
+        return self._speculative_counts.leaders[broker_id]
 
 
 def _logic(cls: type[ControllerLogic]) -> ControllerLogic:
@@ -235,6 +243,8 @@ class Twins(RuleBasedStateMachine):
         index = self.indexed.rejoin_index
         if index.current_for is self.indexed.image.topics_by_id:  # then leader_count reads the index
             assert nonzero(index.leader_counts) == nonzero(counts.leaders)
+            assert nonzero(index.replica_counts) == nonzero(counts.replicas)
+            assert index.partitions == counts.partitions
 
 
 Twins.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)

@@ -134,6 +134,12 @@ def assert_same_structure(index: RejoinIndex, image: MetadataImage) -> None:
     assert index._by_broker == fresh._by_broker
     assert index._flags == fresh._flags
     assert nonzero(index.leader_counts) == nonzero(fresh.leader_counts)
+    assert nonzero(index.replica_counts) == nonzero(fresh.replica_counts)
+    assert index.partitions == fresh.partitions == image.partition_count()
+    counts = PartitionCounts()
+    counts.update(image.topics_by_id)
+    assert nonzero(fresh.leader_counts) == nonzero(counts.leaders)
+    assert nonzero(fresh.replica_counts) == nonzero(counts.replicas)
     assert sorted(image.topics_by_id, key=index._ordinal.__getitem__) == list(image.topics_by_id)
     assert set(index._ordinal) == set(image.topics_by_id)
 
