@@ -138,6 +138,22 @@ def main(argv: list[str] | None = None) -> int:
             broker_id += 1
     setattr(logic, "_rejoin_candidates", indexed)  # noqa: B010
     results["unfence"] = {mode: {**summary(times[mode]), "records": counts[mode]} for mode in times}
+    # Finding the partitions alone (no records): what the index replaces, on a fenced broker.
+    bench.fence(broker_id)
+    image = logic.image
+    acceptable = logic.acceptable_in(image)
+    found: dict[str, list[float]] = {"scan": [], "index": []}
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        scanned = sum(1 for _ in logic._partitions_of(broker_id))
+        found["scan"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        candidates = sum(1 for _ in logic._rejoin_candidates(image, broker_id, acceptable))
+        found["index"].append(time.perf_counter() - start)
+    results["find_partitions"] = {
+        "scan": {**summary(found["scan"]), "partitions": scanned},
+        "index": {**summary(found["index"]), "partitions": candidates},
+    }
     _create_small(bench, args.rounds, results)
     print(json.dumps(results, indent=2))
     return 0

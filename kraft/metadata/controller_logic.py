@@ -217,7 +217,8 @@ class ControllerLogic:
     def reset(self, committed: MetadataImage, now_ms: int) -> None:
         """Drop pending state; give every registered broker a fresh session (a newly active controller)."""
         self.image = committed
-        self.rejoin_index.invalidate()  # not reached by a delta: rebuilt by the next unfence
+        # not reached by a delta: rebuilt by the next unfence; counts come from PartitionCounts till then
+        self.rejoin_index.invalidate()
         self._shutdown_offsets.clear()
         self.broker_offsets.clear()
         self._leaving.clear()

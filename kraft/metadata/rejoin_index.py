@@ -19,6 +19,10 @@ broker's state:
 A superset is harmless (``build_change`` returns None for a partition that does not change); candidates
 come back in scan order (``topics_by_id`` order, then partition id), so the records are the scan's.
 
+Kept along, as cheaply: partitions led and replicas hosted per broker and the partition total, which
+the controller reads for controlled shutdown and CreateTopics while the index follows its image
+(PartitionCounts recounts every changed topic, and fencing a broker changes nearly all of them).
+
 The index follows one image lineage: :meth:`advance` consumes each delta (cost in proportion to the
 changed partitions); anything else (a reset to the committed image) makes it stale, and the next query
 rebuilds it with one full pass.  Healthy clusters flag nothing: the index is as small as what is wrong.
