@@ -304,13 +304,7 @@ class ControllerLogic:
         """The partitions of ``broker_id`` (acceptable) that rejoining may change, in scan order: a
         superset of what :meth:`_partitions_of` + ``build_change`` changes, from the index (cost in
         proportion to the broker's flagged partitions; property-tested against the scan)."""
-
-        def topics_led_by(leaders: set[int]) -> list[str]:
-            # Only while an unacceptable broker still leads (a leave job in progress): its topics.
-            self._speculative_counts.update(image.topics_by_id)
-            return self._speculative_counts.topics_led_by(leaders, broker_id)
-
-        return self.rejoin_index.candidates(image.topics_by_id, broker_id, acceptable, topics_led_by)
+        return self.rejoin_index.candidates(image.topics_by_id, broker_id, acceptable)
 
     def _placement_counts(self) -> tuple[int, Mapping[int, int]]:
         """Partitions in the speculative image and replicas per broker (not changed until the caller's

@@ -63,12 +63,3 @@ class PartitionCounts:
         self.partitions -= len(topic.partitions)
         self.leaders.subtract(leaders)
         self.replicas.subtract(replicas)
-
-    def topics_led_by(self, leaders: set[int], replica: int) -> list[str]:
-        """Counted topics where one of ``leaders`` leads a partition and ``replica`` hosts one (call
-        :meth:`update` first)."""
-        return [
-            topic_id
-            for topic_id, (_, led, hosted) in self._per_topic.items()
-            if hosted[replica] > 0 and any(led[leader] > 0 for leader in leaders)
-        ]

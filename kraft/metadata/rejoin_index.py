@@ -12,9 +12,9 @@ broker's state:
   ISR is out of replica order.  Every replica of an unsettled partition is flagged.
 - the rest (settled, B in the ISR) change only when their leader — the preferred replica — is *not
   acceptable*: a broker being moved out of its ISRs right now, or one not registered.  Acceptability is
-  the controller's state, so these are found at unfence time: :meth:`RejoinIndex.leader_counts` says
+  the controller's state, so these are found at unfence time: :attr:`RejoinIndex.leader_counts` says
   whether any unacceptable broker leads anything at all (almost never, outside a leave job), and only then
-  does the caller scan the topics such leaders lead.
+  is there one pass over the partitions (what every unfence cost before).
 
 A superset is harmless (``build_change`` returns None for a partition that does not change); candidates
 come back in scan order (``topics_by_id`` order, then partition id), so the records are the scan's.
@@ -31,7 +31,7 @@ rebuilds it with one full pass.  Healthy clusters flag nothing: the index is as 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import chain, pairwise
 from operator import attrgetter
 
@@ -244,15 +244,10 @@ class RejoinIndex:
         return sum(len(ids) for ids in self._by_broker.get(broker_id, {}).values())
 
     def candidates(
-        self,
-        topics_by_id: Mapping[str, TopicImage],
-        broker_id: int,
-        acceptable: Callable[[int], bool],
-        topics_led_by: Callable[[set[int]], Iterable[str]],
+        self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]
     ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         """A superset, in scan order, of the partitions listing ``broker_id`` as a replica that
-        ``build_change(..., add_to_isr=(broker_id,))`` changes, given that ``broker_id`` is acceptable.
-        ``topics_led_by(leaders)`` must include every topic where one of ``leaders`` leads a partition."""
+        ``build_change(..., add_to_isr=(broker_id,))`` changes, given that ``broker_id`` is acceptable."""
         if self._topics is not topics_by_id:
             self.rebuild(topics_by_id)
         picked: dict[str, set[int]] = {
@@ -266,10 +261,10 @@ class RejoinIndex:
             if count > 0 and leader != NO_PARTITION_LEADER and not acceptable(leader)
         }
         if unacceptable:
-            for topic_id in topics_led_by(unacceptable):
-                topic = topics_by_id.get(topic_id)
-                if topic is None:
-                    continue
+            # Only while a broker that still leads is being moved out (a leave job in progress): one pass
+            # like the scan this index replaces — never worse than before, and rare.  (A per-leader
+            # topic index would cost an entry per leader and topic: a million at 1,000 x 1,000.)
+            for topic_id, topic in topics_by_id.items():
                 for partition_id, partition in enumerate(topic.partitions):
                     if partition.leader in unacceptable and broker_id in partition.replicas:
                         picked.setdefault(topic_id, set()).add(partition_id)
