@@ -12,7 +12,7 @@ or controller that must keep following the committed log.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -358,6 +358,19 @@ class MetadataDelta:
     def _replay_abort_transaction(self, r: pb.AbortTransactionRecord) -> None:
         # Aborted groups are never written by kraft's controller; a reader only needs to leave the group.
         self.in_transaction = False
+
+    # ---- what changed (for indexes that follow images incrementally) ----
+
+    def removed_topics(self) -> Mapping[str, TopicImage]:
+        """Topics of the base image this delta removes (a re-created one also appears in
+        :meth:`changed_topics`, with no base: ``apply()`` puts it last)."""
+        return self._removed_topics
+
+    def changed_topics(self) -> Iterator[tuple[str, TopicImage | None, Mapping[int, PartitionRegistration]]]:
+        """(topic id, base topic or None when the topic is (re)created, changed partitions) in the
+        order ``apply()`` inserts them."""
+        for topic_id, topic in self._topics.items():
+            yield topic_id, topic.base, topic.changed
 
     # ---- producing the next image ----
 
