@@ -257,6 +257,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             ],
         )
 
+    async def ReplicaFetch(
+        self, request: pb.ReplicaFetchRequest, context: Context
+    ) -> pb.ReplicaFetchResponse:
+        # Replication is not wired yet (docs/internals/replication.md): partitions are leader-only.
+        return pb.ReplicaFetchResponse(
+            error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="replica fetching is not enabled"
+        )
+
     # --- validation ------------------------------------------------------------------------------
 
     def _produce_limit(self, topic: str) -> tuple[int, str]:
