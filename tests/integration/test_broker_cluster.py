@@ -696,3 +696,65 @@ def test_a_topic_max_message_bytes_is_enforced_and_the_cli_prints_one_line(clust
     )  # fmt: skip
     assert overload.returncode == 1 and overload.stderr.startswith("error: POLICY_VIOLATION"), overload.stderr
     assert "max.broker.partitions" in overload.stderr
+
+
+def _segment_bytes(broker: BrokerProc, partition_dir: str) -> bytes:
+    path = broker.log_dir / partition_dir / "00000000000000000000.log"
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the_isr(
+    cluster: Cluster,
+) -> None:
+    ids = (151, 152, 153)
+    for broker_id in ids:
+        cluster.start_broker(broker_id)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    cluster.create_topic("repl", {0: list(ids)})
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["repl"])
+    assert cluster.leader_of("repl", 0)[0] == 151
+    for i in range(5):
+        poll(
+            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
+            "produce",
+        )
+
+    def replicated() -> bool:
+        leader = _segment_bytes(cluster.brokers[151], "repl-0")
+        return bool(leader) and all(_segment_bytes(cluster.brokers[b], "repl-0") == leader for b in ids)
+
+    poll(replicated, "every replica's segment file to hold the leader's batches byte for byte")
+    fetch = cluster.broker_stub(151).Fetch(
+        bpb.BrokerFetchRequest(topic="repl", partition=0, offset=0, max_bytes=1 << 20, leader_epoch=-1),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert fetch.error_code == 0 and fetch.high_watermark == 5
+    assert [r.value for r in fetch.records] == [f"r{i}".encode() for i in range(5)]
+
+    cluster.brokers[153].kill()
+    poll(
+        lambda: list(cluster.describe_topic("repl").partitions[0].isr) == [151, 152] or None,
+        "153 out of the ISR",
+    )
+    for i in range(5, 8):
+        poll(
+            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
+            "produce",
+        )
+    cluster.start_broker(153)
+    cluster.wait_broker_state(153, "RUNNING")
+    poll(
+        lambda: list(cluster.describe_topic("repl").partitions[0].isr) == list(ids) or None,
+        "153 back in the ISR",
+    )
+    poll(replicated, "the restarted follower to catch up byte for byte")
+    fetch = cluster.broker_stub(151).Fetch(
+        bpb.BrokerFetchRequest(topic="repl", partition=0, offset=0, max_bytes=1 << 20, leader_epoch=-1),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert [r.value for r in fetch.records] == [f"r{i}".encode() for i in range(8)]
