@@ -27,6 +27,7 @@ from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
+from kraft.replication.acks import Acks, answered_at_append
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -126,6 +127,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 raise _Rejected(ErrorCode.INVALID_REQUEST, "a produce request needs at least one record")
             if request.acks not in (0, 1, -1):
                 raise _Rejected(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1, not {request.acks}")
+            acks = Acks(request.acks)
+            if self._replicas is not None:
+                # acks=all with a committed ISR below min.insync.replicas: refused before anything is
+                # written (Kafka's appendRecordsToLeader).
+                admitted = self._replicas.admit_produce(partition, acks)
+                if admitted is not ErrorCode.NONE:
+                    raise _Rejected(
+                        admitted,
+                        f"{partition.tp}: the ISR is below min.insync.replicas for acks=all",
+                        epoch=partition.leader_epoch,
+                    )
             records = [_to_produced(r, self._status.now_ms()) for r in request.records]
             limit, source = self._produce_limit(request.topic)
             try:
@@ -147,6 +159,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         partition.notify_appended()
         if self._replicas is not None:
             self._replicas.on_appended(partition)
+            if not answered_at_append(acks):
+                # acks=all: answered once the high watermark passes the batch, i.e. every ISR member
+                # has it on disk (docs/internals/replication.md); a timeout or lost leadership is an
+                # error: the records may or may not commit (at-least-once, as in Kafka).
+                error = await self._replicas.wait_for_acks(partition, base_offset + len(records))
+                if error is not ErrorCode.NONE:
+                    return pb.ProduceResponse(
+                        error_code=error,
+                        error_message=f"{partition.tp}: acks=all not satisfied for offset {base_offset}",
+                        base_offset=-1,
+                        log_end_offset=-1,
+                        leader_epoch=partition.leader_epoch,
+                    )
         return pb.ProduceResponse(
             base_offset=base_offset,
             log_end_offset=partition.log.log_end_offset,

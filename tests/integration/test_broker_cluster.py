@@ -758,3 +758,40 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
         timeout=RPC_TIMEOUT_S,
     )
     assert [r.value for r in fetch.records] == [f"r{i}".encode() for i in range(8)]
+
+
+def test_acks_all_records_survive_kill_9_of_the_leader_and_no_offset_is_reused(cluster: Cluster) -> None:
+    """Issue #16's scenario: produce a1..a3 with --acks all to p0 on its leader, kill -9 the leader,
+    consume from the new leader: a1..a3 are there, and the next produce gets offset 3."""
+    ids = (161, 162, 163)
+    for broker_id in ids:
+        cluster.start_broker(broker_id)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    cluster.create_topic("acks", {0: list(ids)})
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["acks"])
+    assert cluster.leader_of("acks", 0)[0] == 161
+    bootstrap = f"{cluster.brokers[162].target},{cluster.brokers[163].target}"
+    produced = run_kraft(
+        ["produce", "--bootstrap-server", cluster.brokers[161].target, "--topic", "acks", "--partition", "0",
+         "--acks", "all", "--json", "--value", "a1", "--value", "a2", "--value", "a3"]
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout)["base_offset"] == 0
+
+    cluster.brokers[161].kill()
+    poll(lambda: cluster.leader_of("acks", 0)[0] in (162, 163) or None, "a new leader for acks-0")
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", bootstrap, "--topic", "acks", "--partition", "0",
+         "--from-beginning", "--max-records", "3", "--idle-timeout", "10", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    lines = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert [(r["offset"], r["value"]) for r in lines] == [(0, "a1"), (1, "a2"), (2, "a3")]
+    produced = run_kraft(
+        ["produce", "--bootstrap-server", bootstrap, "--topic", "acks", "--partition", "0", "--acks", "all",
+         "--json", "--value", "a4"]
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout)["base_offset"] == 3

@@ -322,3 +322,40 @@ async def test_a_lagging_isr_member_is_proposed_out_and_a_caught_up_one_back_in(
     expand = h.alters[0].partitions[0]
     assert [(m.broker_id, m.broker_epoch) for m in expand.new_isr] == [(1, 101), (2, 102)]
     assert expand.leader_epoch == 4 and expand.partition_epoch == 4
+
+
+async def test_acks_all_waits_for_the_followers_and_answers_once_they_have_the_records(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    answer = await h.produce(1, b"a1", b"a2", acks=-1)
+    assert answer.error_code == ErrorCode.NONE and answer.base_offset == 0
+    assert h.nodes[2].log().flushed >= 2, "acknowledged only once the follower flushed it"
+
+
+async def test_acks_all_times_out_when_an_isr_member_does_not_fetch(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    one = await h.produce(1, b"x", acks=1)
+    assert one.error_code == ErrorCode.NONE
+    zero = await h.produce(1, b"y", acks=0)
+    assert zero.error_code == ErrorCode.NONE
+    answer = await h.produce(1, b"z", acks=-1)
+    assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
+
+
+async def test_acks_all_below_min_insync_replicas_is_refused_before_the_append(h: Harness) -> None:
+    _create(h, isr=[1])
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="2"))
+    answer = await h.produce(1, b"x", acks=-1)
+    assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert h.nodes[1].log().log_end_offset == 0
+    assert (await h.produce(1, b"x", acks=1)).error_code == ErrorCode.NONE
+
+
+async def test_acks_all_waiters_get_not_leader_when_the_leadership_moves(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    waiting = asyncio.create_task(h.produce(1, b"x", acks=-1))
+    await until(lambda: h.nodes[1].log().log_end_offset == 1, "the append")
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=2))
+    answer = await asyncio.wait_for(waiting, TIMEOUT_S)
+    assert answer.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
