@@ -625,8 +625,13 @@ class ReplicaManager:
             for answer in response.partitions:
                 tp = TopicPartition(answer.topic, answer.partition)
                 entry = sent.get(tp)
-                if entry is not None:
+                if entry is None:
+                    continue
+                try:
                     self._apply_fetched(tp, entry, answer)
+                except Exception as exc:  # a bad batch or a storage error: this partition backs off
+                    self._log.error("replica_fetch_apply_failed", partition=str(tp), error=repr(exc))
+                    entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
 
     def _apply_fetched(
         self,
