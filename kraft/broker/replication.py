@@ -25,8 +25,9 @@ epoch (``next_truncation_step``; the next fetch carries the truncated log's last
 KIP-279 conversation happens over successive fetches); a step below the follower's high watermark is
 refused and the partition stops replicating, loudly — it would delete committed records.
 
-**Not here**: the high-watermark checkpoint file (a restarted broker starts from 0 and advances as its
-followers fetch; a follower's truncation floor is then lower, which is safe).
+**High-watermark checkpoint** (:mod:`kraft.broker.hwm_checkpoint`): written every 5 s and at close; a
+new leader state starts from max(HWM learned as a follower, checkpointed HWM), capped by the flushed end;
+a followed partition's truncation floor starts from the checkpointed value, capped by its log end.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
 
+from kraft.broker import hwm_checkpoint
 from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
 from kraft.client.channel import open_channel
@@ -83,6 +86,7 @@ class ReplicationSettings:
     alter_partition_backoff_ms: int = 100
     min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
     produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
+    hwm_checkpoint_interval_ms: int = 5_000  # replica.high.watermark.checkpoint.interval.ms
 
 
 @dataclass(slots=True)
@@ -154,6 +158,7 @@ class ReplicaManager:
         # replica fetches parked at this leader.
         self._progress = asyncio.Event()
         self._next_request_id = 0
+        self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
         self._closed = False
         self._log = get_logger("broker.replication", node=broker_id)
 
@@ -214,6 +219,7 @@ class ReplicaManager:
             return
         log = partition.log
         flushed = log.flushed_offset
+        followed_hwm = max(followed_hwm, self._restored_high_watermark(partition))
         led = _Led(
             partition,
             assignment,
@@ -244,6 +250,9 @@ class ReplicaManager:
         followed = self._followed.get(tp)
         if followed is None:
             followed = self._followed[tp] = _Followed(partition, assignment.leader, assignment.leader_epoch)
+            followed.high_watermark = min(
+                self._restored_high_watermark(partition), partition.log.log_end_offset
+            )
         else:
             if followed.leader != assignment.leader or followed.leader_epoch != assignment.leader_epoch:
                 followed.retry_at_ms = 0  # a new leader or epoch: fetch at once
@@ -446,11 +455,44 @@ class ReplicaManager:
                 self._propose(led, [r for r in led.state.isr if r not in lagging])
 
     async def run(self) -> None:
-        """The periodic ISR shrink check, every ``replica.lag.time.max.ms / 2`` (Kafka's cadence)."""
+        """The periodic tasks: the ISR shrink check every ``replica.lag.time.max.ms / 2`` (Kafka's
+        cadence) and the high-watermark checkpoint."""
+        await asyncio.gather(self._run_isr_checks(), self._run_checkpoints())
+
+    async def _run_isr_checks(self) -> None:
         interval_s = max(self.settings.replica_lag_time_max_ms / 2, 10) / 1000.0
         while True:
             await asyncio.sleep(interval_s)
             self.check_isr_shrinks()
+
+    async def _run_checkpoints(self) -> None:
+        interval_s = max(self.settings.hwm_checkpoint_interval_ms, 10) / 1000.0
+        while True:
+            await asyncio.sleep(interval_s)
+            self.checkpoint_high_watermarks()
+
+    # --- high-watermark checkpoint ---------------------------------------------------------------
+
+    def _restored_high_watermark(self, partition: Partition) -> int:
+        """The checkpointed HWM of this partition's log (same topic id), 0 when none."""
+        if self._restored is None:
+            self._restored = {}
+            for log_dir in self._partitions.log_dirs:
+                self._restored.update(hwm_checkpoint.read(log_dir))
+        return max(self._restored.get((partition.tp, partition.topic_id), 0), 0)
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write every log dir's ``replication-offset-checkpoint`` (empty for a dir without partitions)."""
+        by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {d: {} for d in self._partitions.log_dirs}
+        for tp, led in self._led.items():
+            by_dir.setdefault(led.partition.log_dir, {})[(tp, led.partition.topic_id)] = (
+                led.state.high_watermark
+            )
+        for tp, followed in self._followed.items():
+            key = (tp, followed.partition.topic_id)
+            by_dir.setdefault(followed.partition.log_dir, {})[key] = followed.high_watermark
+        for log_dir, entries in by_dir.items():
+            hwm_checkpoint.write(log_dir, entries)
 
     def _propose(self, led: _Led, new_isr: Iterable[int]) -> None:
         if self._send_alter_partition is None or led.state.pending is not None:
@@ -688,6 +730,11 @@ class ReplicaManager:
     # --- shutdown --------------------------------------------------------------------------------
 
     async def close(self) -> None:
+        if not self._closed:
+            try:
+                self.checkpoint_high_watermarks()
+            except Exception as exc:  # a failing disk: the next start begins from older (lower) values
+                self._log.error("hwm_checkpoint_failed", error=repr(exc))
         self._closed = True
         tasks = [*self._fetchers.values(), *(led.alter_task for led in self._led.values() if led.alter_task)]
         for tp in list(self._led):
