@@ -41,6 +41,31 @@ class PartitionLog(Protocol):
 
     def flush(self) -> None: ...
 
+    # --- replication (docs/internals/replication.md) ---------------------------------------------
+
+    @property
+    def flushed_offset(self) -> int:
+        """Everything below it is on disk (fsynced): the position replication counts."""
+        ...
+
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        """``(leader epoch, start offset)`` of every epoch with records, both increasing."""
+        ...
+
+    def read_batches(self, offset: int, max_bytes: int, max_offset: int) -> bytes:
+        """Whole stored batches from the one holding ``offset``, byte for byte (at least one when there
+        is one), only batches whose base offset is below ``max_offset``."""
+        ...
+
+    def append_batches(self, data: bytes) -> int:
+        """Append a leader's batches unchanged (their offsets and epochs; validated: CRC, contiguity,
+        epochs not decreasing); returns the new log end."""
+        ...
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove everything at and above ``offset``; returns the new log end."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -111,6 +111,23 @@ class SegmentedPartitionLog:
     def flush(self) -> None:
         self._log.flush()
 
+    @property
+    def flushed_offset(self) -> int:
+        return self._log.flushed_offset
+
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        return self._log.epoch_entries()
+
+    def read_batches(self, offset: int, max_bytes: int, max_offset: int) -> bytes:
+        return bytes(self._log.read(offset, max_bytes, max_offset=max_offset).records)
+
+    def append_batches(self, data: bytes) -> int:
+        self._log.append_batch(data, validate=True)
+        return self._log.end_offset
+
+    def truncate_to(self, offset: int) -> int:
+        return self._log.truncate_to(offset)
+
     def close(self) -> None:
         self._log.close()
 

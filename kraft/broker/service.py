@@ -22,10 +22,12 @@ from typing import Any, Protocol
 import grpc
 
 from kraft.broker.partitions import Partition, PartitionManager
+from kraft.broker.replication import ReplicaManager
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
+from kraft.replication.acks import Acks, answered_at_append
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -85,8 +87,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         view: MetadataView,
         message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
         grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES,
+        replicas: ReplicaManager | None = None,
     ) -> None:
+        """Without ``replicas`` partitions are leader-only (the high watermark is the log end: tests of
+        the serving rules); a broker process always passes its :class:`ReplicaManager`."""
         self._status = status
+        self._replicas = replicas
         self._partitions = partitions
         self._view = view
         self._message_max_bytes = message_max_bytes
@@ -121,6 +127,17 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 raise _Rejected(ErrorCode.INVALID_REQUEST, "a produce request needs at least one record")
             if request.acks not in (0, 1, -1):
                 raise _Rejected(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1, not {request.acks}")
+            acks = Acks(request.acks)
+            if self._replicas is not None:
+                # acks=all with a committed ISR below min.insync.replicas: refused before anything is
+                # written (Kafka's appendRecordsToLeader).
+                admitted = self._replicas.admit_produce(partition, acks)
+                if admitted is not ErrorCode.NONE:
+                    raise _Rejected(
+                        admitted,
+                        f"{partition.tp}: the ISR is below min.insync.replicas for acks=all",
+                        epoch=partition.leader_epoch,
+                    )
             records = [_to_produced(r, self._status.now_ms()) for r in request.records]
             limit, source = self._produce_limit(request.topic)
             try:
@@ -140,6 +157,21 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 current_leader=rejected.leader,
             )
         partition.notify_appended()
+        if self._replicas is not None:
+            self._replicas.on_appended(partition)
+            if not answered_at_append(acks):
+                # acks=all: answered once the high watermark passes the batch, i.e. every ISR member
+                # has it on disk (docs/internals/replication.md); a timeout or lost leadership is an
+                # error: the records may or may not commit (at-least-once, as in Kafka).
+                error = await self._replicas.wait_for_acks(partition, base_offset + len(records))
+                if error is not ErrorCode.NONE:
+                    return pb.ProduceResponse(
+                        error_code=error,
+                        error_message=f"{partition.tp}: acks=all not satisfied for offset {base_offset}",
+                        base_offset=-1,
+                        log_end_offset=-1,
+                        leader_epoch=partition.leader_epoch,
+                    )
         return pb.ProduceResponse(
             base_offset=base_offset,
             log_end_offset=partition.log.log_end_offset,
@@ -152,13 +184,20 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         try:
             self._check_cluster(request.cluster_id)
             partition = self._fetchable(request)
-            if request.offset == partition.log.log_end_offset and request.max_wait_ms > 0:
-                event = partition.data_event()
-                wait_s = min(request.max_wait_ms, MAX_FETCH_WAIT_MS) / 1000.0
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), wait_s)
-                # Role, epoch or the partition itself may have changed while parked.
-                partition = self._fetchable(request)
+            if request.offset >= self._high_watermark(partition) and request.max_wait_ms > 0:
+                # Long-poll until the high watermark passes the offset (woken by appends and by the
+                # high watermark moving), up to max_wait_ms.
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + min(request.max_wait_ms, MAX_FETCH_WAIT_MS) / 1000.0
+                while request.offset >= self._high_watermark(partition):
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    event = partition.data_event()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(event.wait(), remaining)
+                    # Role, epoch or the partition itself may have changed while parked.
+                    partition = self._fetchable(request)
             try:
                 records = partition.log.read_records(request.offset, max_bytes)
             except KraftError as err:
@@ -174,16 +213,18 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 current_leader=rejected.leader,
             )
         log = partition.log
-        end = log.log_end_offset
+        high_watermark = self._high_watermark(partition)
         response = pb.BrokerFetchResponse(
-            high_watermark=end,
+            high_watermark=high_watermark,
             log_start_offset=log.log_start_offset,
-            log_end_offset=end,
+            log_end_offset=log.log_end_offset,
             leader_epoch=partition.leader_epoch,
         )
         add = response.records.add  # built in place: no per-record message copy
         budget = self._wire_max_bytes
         for r in records:
+            if r.offset >= high_watermark:
+                break  # not on every ISR member yet: consumers never see it (Kafka's read isolation)
             # The first record always goes (it fits: Produce bounds batches by the same budget); later
             # ones only while the response stays sendable.  The client fetches the rest next time.
             budget -= len(r.key or b"") + len(r.value or b"") + RECORD_WIRE_OVERHEAD
@@ -200,6 +241,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             )
         return response
 
+    def _high_watermark(self, partition: Partition) -> int:
+        if self._replicas is None:
+            return partition.log.log_end_offset
+        return self._replicas.high_watermark(partition)
+
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context: Context) -> pb.ListOffsetsResponse:
         try:
             self._check_cluster(request.cluster_id)
@@ -208,7 +254,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             if request.timestamp == EARLIEST_TIMESTAMP:
                 offset = partition.log.log_start_offset
             elif request.timestamp == LATEST_TIMESTAMP:
-                offset = partition.log.log_end_offset
+                offset = self._high_watermark(partition)  # Kafka's LATEST for consumers: the HWM
             else:
                 raise _Rejected(
                     ErrorCode.INVALID_REQUEST,
@@ -256,6 +302,20 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 for p in self._partitions.partitions()
             ],
         )
+
+    async def ReplicaFetch(
+        self, request: pb.ReplicaFetchRequest, context: Context
+    ) -> pb.ReplicaFetchResponse:
+        """A follower's fetch (docs/internals/replication.md); served by the :class:`ReplicaManager`."""
+        try:
+            self._check_cluster(request.cluster_id)
+        except _Rejected as rejected:
+            return pb.ReplicaFetchResponse(error_code=rejected.code, error_message=rejected.message)
+        if self._replicas is None:
+            return pb.ReplicaFetchResponse(
+                error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="this broker does not replicate"
+            )
+        return await self._replicas.replica_fetch(request)
 
     # --- validation ------------------------------------------------------------------------------
 

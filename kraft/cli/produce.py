@@ -7,6 +7,7 @@ retry on the new leader until ``--timeout``.
 
 from __future__ import annotations
 
+import enum
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -16,6 +17,15 @@ import typer
 from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, print_json, run_async
 from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
+
+
+class AcksOption(enum.StrEnum):
+    ALL = "all"
+    LEADER = "1"
+    NONE = "0"
+
+
+ACKS_VALUES = {AcksOption.ALL: -1, AcksOption.LEADER: 1, AcksOption.NONE: 0}
 
 BootstrapServerOption = Annotated[
     str,
@@ -44,6 +54,14 @@ def produce_command(
     ] = 100,
     cluster_id: Annotated[str, typer.Option("--cluster-id", help="Check the cluster id (empty: skip).")] = "",
     timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
+    acks: Annotated[
+        AcksOption,
+        typer.Option(
+            "--acks",
+            help="all: answered once every in-sync replica has the records on disk; 1: once the leader "
+            "appended them; 0: as 1 (gRPC always answers).",
+        ),
+    ] = AcksOption.ALL,
     json_output: JsonOption = False,
 ) -> None:
     """Append records to a topic partition through its leader; prints their offsets.
@@ -60,6 +78,7 @@ def produce_command(
 
       kraft produce --bootstrap-server localhost:9092 -t orders -k k1 -v x --json
     """
+    acks_value = ACKS_VALUES[acks]
     values = list(value) if value else [line.rstrip("\n") for line in sys.stdin]
     if not values:
         raise KraftError(ErrorCode.INVALID_REQUEST, "nothing to produce: give --value or lines on stdin")
@@ -73,7 +92,9 @@ def produce_command(
             spinner.update(f"producing to {where}: {done}/{len(payload)} record(s) acknowledged…")
 
         first, last = run_async(
-            _produce(targets, cluster_id, topic, partition, payload, batch_size, timeout_s, report)
+            _produce(
+                targets, cluster_id, topic, partition, payload, batch_size, timeout_s, report, acks_value
+            )
         )
     if json_output:
         print_json(
@@ -98,13 +119,14 @@ async def _produce(
     batch_size: int,
     timeout_s: float,
     on_progress: Callable[[int], None],
+    acks: int = -1,
 ) -> tuple[int, int]:
     first = -1
     last = -1
     async with BrokerClient(targets, cluster_id=cluster_id) as client:
         for start in range(0, len(payload), batch_size):
             batch = payload[start : start + batch_size]
-            response = await client.produce(topic, partition, batch, deadline_s=timeout_s)
+            response = await client.produce(topic, partition, batch, deadline_s=timeout_s, acks=acks)
             code = ErrorCode.from_wire(response.error_code)
             if code is not ErrorCode.NONE:
                 raise KraftError(code, response.error_message)

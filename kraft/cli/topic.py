@@ -175,10 +175,25 @@ def topic_json(topic: cpb.TopicDescription) -> dict[str, Any]:
     }
 
 
+def only_under_replicated(described: dict[str, Any]) -> dict[str, Any]:
+    """``described`` with only the partitions whose ISR is smaller than their replica set (Kafka's
+    ``--under-replicated-partitions``)."""
+    partitions = [p for p in described["partitions"] if len(p["isr"]) < len(p["replicas"])]
+    return {**described, "partitions": partitions}
+
+
 @app.command("describe")
 @handle_errors
 def describe_command(
-    name: TopicArgument, bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False
+    name: TopicArgument,
+    bootstrap_controller: BootstrapControllerOption,
+    as_json: JsonOption = False,
+    under_replicated: Annotated[
+        bool,
+        typer.Option(
+            "--under-replicated-partitions", help="Only partitions whose ISR is smaller than their replicas."
+        ),
+    ] = False,
 ) -> None:
     """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR.
 
@@ -187,12 +202,16 @@ def describe_command(
       kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders
 
       kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders --json
+
+      kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders --under-replicated-partitions
     """
     response = run_async(_describe(bootstrap_controller, [name], True))
     topic = response.topics[0]
     if topic.error_code != ErrorCode.NONE:
         raise KraftError(ErrorCode.from_wire(topic.error_code), topic.error_message)
     described = topic_json(topic)
+    if under_replicated:
+        described = only_under_replicated(described)
     if as_json:
         print_json(described)
         return

@@ -163,8 +163,12 @@ class BrokerClient:
         records: Sequence[tuple[bytes | None, bytes | None]],
         *,
         deadline_s: float = 30.0,
+        acks: int = -1,
     ) -> pb.ProduceResponse:
-        """Append ``records`` (key, value) as one batch on the partition's leader, following leader moves."""
+        """Append ``records`` (key, value) as one batch on the partition's leader, following leader moves.
+
+        ``acks``: -1 (all: answered once every in-sync replica has the batch on disk), 1 (the leader
+        appended it) or 0 (the same answer as 1: gRPC always answers)."""
         wire = [
             pb.BrokerRecord(key=k or b"", value=v or b"", has_key=k is not None, has_value=v is not None)
             for k, v in records
@@ -177,7 +181,7 @@ class BrokerClient:
                 partition=partition,
                 leader_epoch=leader.leader_epoch,
                 records=wire,
-                acks=-1,
+                acks=acks,
             )
             return stub.Produce(request, timeout=self._timeout_s)
 

@@ -23,6 +23,7 @@ import grpc
 
 from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
+from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
 
@@ -117,6 +118,14 @@ class ControllerClient:
                 self._forget(target)
             last_error = f"controller {node_id} at {target} is not the active controller"
         raise ControllerUnavailable(last_error)
+
+    async def alter_partition(
+        self, request: cpb.AlterPartitionRequest, timeout_s: float
+    ) -> cpb.AlterPartitionResponse:
+        """A partition leader's ISR proposal (KIP-497) to the active controller.  Per-partition errors are
+        in the answer's ``partitions``; request-level ones (STALE_BROKER_EPOCH, …) in ``error_code``;
+        ControllerUnavailable when no controller answered — the caller retries with its own backoff."""
+        return await self.call(lambda stub: stub.AlterPartition, request, timeout_s)
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}

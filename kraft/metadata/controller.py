@@ -67,6 +67,7 @@ from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
 from kraft.metadata.idle_noops import IdleNoOps
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.isr_changes import alter_partition
 from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
 from kraft.metadata.store_writer import StoreWriter
@@ -479,6 +480,11 @@ class QuorumController:
     async def elect_leaders(self, req: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
         return await self._serve(
             cpb.ElectLeadersResponse(), lambda lg: lg.elect_leaders(req, self.writes.next_offset)
+        )
+
+    async def alter_partition(self, req: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
+        return await self._serve(
+            cpb.AlterPartitionResponse(), lambda lg: alter_partition(lg, req, self.writes.next_offset)
         )
 
     async def _read(self, response: R, cluster_id: str) -> tuple[ControllerLogic, MetadataImage] | R:

@@ -13,7 +13,7 @@ Broker lifecycle (Kafka's QuorumController, KIP-631):
 state                  heartbeat                              next
 =====================  =====================================  ========================================
 FENCED                 want_shut_down (or operator shutdown)  SHUTDOWN_NOW (should_shut_down)
-FENCED                 not want_fence and caught up           UNFENCED: unfence + re-add to ISRs + elect
+FENCED                 not want_fence and caught up           UNFENCED: unfence + elect (leaderless ones)
 UNFENCED               want_fence                             FENCED: leave ISRs, move leaderships
 UNFENCED               want_shut_down, leads partitions       CONTROLLED_SHUTDOWN: leave ISRs, move leaders
 UNFENCED               want_shut_down, leads nothing          SHUTDOWN_NOW: fence
@@ -388,15 +388,15 @@ class ControllerLogic:
                     batch.add(record)
 
     def _rejoin_isrs(self, batch: _Batch, broker_id: int) -> None:
-        """After unfencing: put the broker back into its ISRs and run elections (preferred first).
-
-        kraft has no AlterPartition (leaders do not report ISR expansion), so the controller treats a
-        caught-up, unfenced replica as in sync — documented in docs/internals/metadata.md.
-        """
+        """After unfencing: run elections on the broker's partitions (an offline partition whose ISR kept
+        it gets it as leader).  It does not go back into ISRs here: the partition leader proposes that by
+        AlterPartition once the replica caught up (kraft/metadata/isr_changes.py) — a replica missing
+        committed records must never be electable.  Candidates come from the rejoin index (a superset of
+        the partitions an election can change), in the full scan's order."""
         image = batch.view()
         acceptable = self.acceptable_in(image)
         changes = [
-            build_change(topic.topic_id, partition_id, partition, acceptable, add_to_isr=(broker_id,))
+            build_change(topic.topic_id, partition_id, partition, acceptable)
             for topic, partition_id, partition in self._rejoin_candidates(image, broker_id, acceptable)
         ]
         for change in changes:

@@ -109,6 +109,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.ElectLeadersResponse:
         return await self._call(context, request, cpb.ElectLeadersResponse, lambda c: c.elect_leaders)
 
+    async def AlterPartition(
+        self, request: cpb.AlterPartitionRequest, context: ServicerContext
+    ) -> cpb.AlterPartitionResponse:
+        return await self._call(context, request, cpb.AlterPartitionResponse, lambda c: c.alter_partition)
+
 
 def add_controller_service(server: grpc.aio.Server, servicer: ControllerServicer) -> None:
     """Register ControllerService on a controller's grpc.aio server (before ``server.start()``)."""

@@ -51,6 +51,7 @@ from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, Registrati
 from kraft.broker.partition_log import PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
+from kraft.broker.replication import ReplicaManager
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
@@ -174,24 +175,40 @@ class BrokerServer:
         self.partitions = PartitionManager(
             s.broker_id, s.log_dirs, open_log or segmented_log_opener(s.log_segment_bytes)
         )
+        self.client = ControllerClient(s.voters, max_message_bytes=s.max_message_bytes)
+        self.replicas = ReplicaManager(
+            s.broker_id,
+            s.cluster_id,
+            self.partitions,
+            clock=SystemClock(),
+            broker_epoch=lambda: self.status.broker_epoch,
+            send_alter_partition=lambda request: self.client.alter_partition(
+                request, s.request_timeout_ms / 1000.0
+            ),
+            listener=s.client_listener,
+            channel_options=[
+                ("grpc.max_send_message_length", s.max_message_bytes),
+                ("grpc.max_receive_message_length", s.max_message_bytes),
+            ],
+        )
         self.service = BrokerService(
             self.status,
             self.partitions,
             ImageMetadataView(MetadataImage.empty(), s.client_listener),
             message_max_bytes=s.message_max_bytes,
             grpc_max_message_bytes=s.max_message_bytes,
+            replicas=self.replicas,
         )
         self.publisher = MetadataPublisher(
             s.broker_id,
             self.partitions,
             store,
             s.client_listener,
-            self.service.set_view,
+            self._on_view,
             self.metrics,
             clock=SystemClock(),
         )
         self._store = store
-        self.client = ControllerClient(s.voters, max_message_bytes=s.max_message_bytes)
         self.lifecycle = BrokerLifecycle(
             self.status,
             self.client,
@@ -259,6 +276,9 @@ class BrokerServer:
             fetcher = asyncio.create_task(self.fetcher.run(), name="metadata-fetcher")
             tasks.append(fetcher)
             self._watch(fetcher)
+            replicas = asyncio.create_task(self.replicas.run(), name="isr-shrink-check")
+            tasks.append(replicas)
+            self._watch(replicas)
             stop_wait = asyncio.create_task(stop.wait(), name="stop-wait")
             done, _ = await asyncio.wait([*tasks, stop_wait], return_when=asyncio.FIRST_COMPLETED)
             stop_wait.cancel()
@@ -379,6 +399,7 @@ class BrokerServer:
             await self._server.stop(_SHUTDOWN_GRACE_S)
         with contextlib.suppress(Exception):  # a failed save is already logged; the store stays consistent
             await self.publisher.flush()
+        await self.replicas.close()
         self.partitions.close()
         await self._store.close()
         await self.client.close()
@@ -415,6 +436,11 @@ class BrokerServer:
         )
 
     # --- callbacks ----------------------------------------------------------------------------------
+
+    def _on_view(self, view: ImageMetadataView) -> None:
+        """A newly applied image: the service answers from it, replication follows its roles."""
+        self.service.set_view(view)
+        self.replicas.on_image(view.image)
 
     def _caught_up(self) -> bool:
         """Ready to be unfenced: the image includes this broker's registration record and, after a fence

@@ -243,7 +243,7 @@ class ProduceRequest(_message.Message):
     leader_epoch: _builtins.int
     """the client's known leader epoch; -1 = do not check"""
     acks: _builtins.int
-    """1 or -1 (all); replication is leader-only today, so both wait for the local append"""
+    """0, 1 (answered at the leader's append) or -1 = all (answered once every ISR member has it)"""
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___BrokerRecord]: ...
     def __init__(
@@ -358,7 +358,7 @@ class BrokerFetchResponse(_message.Message):
     error_code: _builtins.int
     error_message: _builtins.str
     high_watermark: _builtins.int
-    """leader-only replication: equals the log end offset"""
+    """consumers read only below it (records above it are not returned)"""
     log_start_offset: _builtins.int
     log_end_offset: _builtins.int
     leader_epoch: _builtins.int
@@ -562,3 +562,173 @@ class DescribeBrokerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeBrokerResponse: _TypeAlias = DescribeBrokerResponse  # noqa: Y015
+
+@_typing.final
+class ReplicaEpochEndOffset(_message.Message):
+    """---- replication (docs/internals/replication.md) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    END_OFFSET_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    end_offset: _builtins.int
+    """-1 = undefined (the leader cannot place the epoch)"""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        end_offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end_offset", b"end_offset", "epoch", b"epoch"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaEpochEndOffset: _TypeAlias = ReplicaEpochEndOffset  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Partition(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TOPIC_FIELD_NUMBER: _builtins.int
+        PARTITION_FIELD_NUMBER: _builtins.int
+        CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+        FETCH_OFFSET_FIELD_NUMBER: _builtins.int
+        LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
+        topic: _builtins.str
+        partition: _builtins.int
+        current_leader_epoch: _builtins.int
+        """the follower's leader epoch of the partition (fenced when stale)"""
+        fetch_offset: _builtins.int
+        """the follower's log end: everything below is on its disk (flushed)"""
+        last_fetched_epoch: _builtins.int
+        """epoch of the batch before fetch_offset; -1 = empty log (no check)"""
+        def __init__(
+            self,
+            *,
+            topic: _builtins.str = ...,
+            partition: _builtins.int = ...,
+            current_leader_epoch: _builtins.int = ...,
+            fetch_offset: _builtins.int = ...,
+            last_fetched_epoch: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    BROKER_EPOCH_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    replica_id: _builtins.int
+    """the follower's broker id"""
+    broker_epoch: _builtins.int
+    """its registered broker epoch (KIP-903: ISR eligibility)"""
+    max_wait_ms: _builtins.int
+    """long-poll while no partition has anything new"""
+    max_bytes: _builtins.int
+    """across partitions; a partition's first batch always goes"""
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchRequest.Partition]: ...
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        replica_id: _builtins.int = ...,
+        broker_epoch: _builtins.int = ...,
+        max_wait_ms: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___ReplicaFetchRequest.Partition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "cluster_id", b"cluster_id", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "partitions", b"partitions", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchRequest: _TypeAlias = ReplicaFetchRequest  # noqa: Y015
+
+@_typing.final
+class ReplicaFetchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class Partition(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TOPIC_FIELD_NUMBER: _builtins.int
+        PARTITION_FIELD_NUMBER: _builtins.int
+        ERROR_CODE_FIELD_NUMBER: _builtins.int
+        ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+        HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
+        LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
+        LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+        LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+        DIVERGING_EPOCH_FIELD_NUMBER: _builtins.int
+        RECORDS_FIELD_NUMBER: _builtins.int
+        topic: _builtins.str
+        partition: _builtins.int
+        error_code: _builtins.int
+        error_message: _builtins.str
+        high_watermark: _builtins.int
+        log_start_offset: _builtins.int
+        log_end_offset: _builtins.int
+        leader_epoch: _builtins.int
+        records: _builtins.bytes
+        """whole record batches, as stored on the leader"""
+        @_builtins.property
+        def diverging_epoch(self) -> Global___ReplicaEpochEndOffset:
+            """set: truncate (KIP-320) before fetching again; no records"""
+
+        def __init__(
+            self,
+            *,
+            topic: _builtins.str = ...,
+            partition: _builtins.int = ...,
+            error_code: _builtins.int = ...,
+            error_message: _builtins.str = ...,
+            high_watermark: _builtins.int = ...,
+            log_start_offset: _builtins.int = ...,
+            log_end_offset: _builtins.int = ...,
+            leader_epoch: _builtins.int = ...,
+            diverging_epoch: Global___ReplicaEpochEndOffset | None = ...,
+            records: _builtins.bytes = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["diverging_epoch", b"diverging_epoch"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["diverging_epoch", b"diverging_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    error_message: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchResponse.Partition]: ...
+    def __init__(
+        self,
+        *,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___ReplicaFetchResponse.Partition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015

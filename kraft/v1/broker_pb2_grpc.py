@@ -59,6 +59,11 @@ class BrokerServiceStub:
                 request_serializer=kraft_dot_v1_dot_broker__pb2.DescribeBrokerRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_broker__pb2.DescribeBrokerResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetch = channel.unary_unary(
+                '/kraft.v1.BrokerService/ReplicaFetch',
+                request_serializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -99,6 +104,14 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicaFetch(self, request, context):
+        """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
+        request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +139,11 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.DescribeBroker,
                     request_deserializer=kraft_dot_v1_dot_broker__pb2.DescribeBrokerRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_broker__pb2.DescribeBrokerResponse.SerializeToString,
+            ),
+            'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicaFetch,
+                    request_deserializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +281,33 @@ class BrokerService:
             '/kraft.v1.BrokerService/DescribeBroker',
             kraft_dot_v1_dot_broker__pb2.DescribeBrokerRequest.SerializeToString,
             kraft_dot_v1_dot_broker__pb2.DescribeBrokerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.BrokerService/ReplicaFetch',
+            kraft_dot_v1_dot_broker__pb2.ReplicaFetchRequest.SerializeToString,
+            kraft_dot_v1_dot_broker__pb2.ReplicaFetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

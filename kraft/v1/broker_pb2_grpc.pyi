@@ -46,6 +46,10 @@ class BrokerServiceStub:
     """Earliest / latest offset of a partition this broker leads."""
     DescribeBroker: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeBrokerRequest, _broker_pb2.DescribeBrokerResponse]
     """The broker's own view of itself (lifecycle state, epoch, metadata offset, local partitions)."""
+    ReplicaFetch: _grpc.UnaryUnaryMultiCallable[_broker_pb2.ReplicaFetchRequest, _broker_pb2.ReplicaFetchResponse]
+    """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
+    request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
+    """
 
 @_typing.type_check_only
 class BrokerServiceAsyncStub(BrokerServiceStub):
@@ -60,6 +64,10 @@ class BrokerServiceAsyncStub(BrokerServiceStub):
     """Earliest / latest offset of a partition this broker leads."""
     DescribeBroker: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeBrokerRequest, _broker_pb2.DescribeBrokerResponse]  # type: ignore[assignment]
     """The broker's own view of itself (lifecycle state, epoch, metadata offset, local partitions)."""
+    ReplicaFetch: _aio.UnaryUnaryMultiCallable[_broker_pb2.ReplicaFetchRequest, _broker_pb2.ReplicaFetchResponse]  # type: ignore[assignment]
+    """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
+    request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
+    """
 
 class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -101,5 +109,15 @@ class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_broker_pb2.DescribeBrokerResponse, _abc.Awaitable[_broker_pb2.DescribeBrokerResponse]]:
         """The broker's own view of itself (lifecycle state, epoch, metadata offset, local partitions)."""
+
+    @_abc_1.abstractmethod
+    def ReplicaFetch(
+        self,
+        request: _broker_pb2.ReplicaFetchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.ReplicaFetchResponse, _abc.Awaitable[_broker_pb2.ReplicaFetchResponse]]:
+        """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
+        request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
+        """
 
 def add_BrokerServiceServicer_to_server(servicer: BrokerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1045,3 +1045,160 @@ class ElectLeadersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
+class AlterPartitionRequest(_message.Message):
+    """---- ISR changes (KIP-497 AlterPartition; docs/internals/replication.md) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class IsrMember(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        BROKER_ID_FIELD_NUMBER: _builtins.int
+        BROKER_EPOCH_FIELD_NUMBER: _builtins.int
+        broker_id: _builtins.int
+        broker_epoch: _builtins.int
+        """the epoch the member fetched with (KIP-903); -1 = not checked"""
+        def __init__(
+            self,
+            *,
+            broker_id: _builtins.int = ...,
+            broker_epoch: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PartitionData(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TOPIC_ID_FIELD_NUMBER: _builtins.int
+        PARTITION_FIELD_NUMBER: _builtins.int
+        LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+        PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
+        NEW_ISR_FIELD_NUMBER: _builtins.int
+        topic_id: _builtins.str
+        partition: _builtins.int
+        leader_epoch: _builtins.int
+        """the leader epoch the requester leads in"""
+        partition_epoch: _builtins.int
+        """the partition epoch the proposal is based on"""
+        @_builtins.property
+        def new_isr(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlterPartitionRequest.IsrMember]: ...
+        def __init__(
+            self,
+            *,
+            topic_id: _builtins.str = ...,
+            partition: _builtins.int = ...,
+            leader_epoch: _builtins.int = ...,
+            partition_epoch: _builtins.int = ...,
+            new_isr: _abc.Iterable[Global___AlterPartitionRequest.IsrMember] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "new_isr", b"new_isr", "partition", b"partition", "partition_epoch", b"partition_epoch", "topic_id", b"topic_id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    BROKER_EPOCH_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    broker_id: _builtins.int
+    """the leader asking"""
+    broker_epoch: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlterPartitionRequest.PartitionData]: ...
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+        broker_epoch: _builtins.int = ...,
+        partitions: _abc.Iterable[Global___AlterPartitionRequest.PartitionData] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionRequest: _TypeAlias = AlterPartitionRequest  # noqa: Y015
+
+@_typing.final
+class AlterPartitionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PartitionResult(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TOPIC_ID_FIELD_NUMBER: _builtins.int
+        PARTITION_FIELD_NUMBER: _builtins.int
+        ERROR_CODE_FIELD_NUMBER: _builtins.int
+        ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+        LEADER_FIELD_NUMBER: _builtins.int
+        LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+        PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
+        ISR_FIELD_NUMBER: _builtins.int
+        topic_id: _builtins.str
+        partition: _builtins.int
+        error_code: _builtins.int
+        """INVALID_UPDATE_VERSION, FENCED_LEADER_EPOCH, INELIGIBLE_REPLICA, …"""
+        error_message: _builtins.str
+        leader: _builtins.int
+        """on success: the partition as committed"""
+        leader_epoch: _builtins.int
+        partition_epoch: _builtins.int
+        @_builtins.property
+        def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+        def __init__(
+            self,
+            *,
+            topic_id: _builtins.str = ...,
+            partition: _builtins.int = ...,
+            error_code: _builtins.int = ...,
+            error_message: _builtins.str = ...,
+            leader: _builtins.int = ...,
+            leader_epoch: _builtins.int = ...,
+            partition_epoch: _builtins.int = ...,
+            isr: _abc.Iterable[_builtins.int] | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "partition", b"partition", "partition_epoch", b"partition_epoch", "topic_id", b"topic_id"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    CONTROLLER_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    """request-level: NOT_CONTROLLER, STALE_BROKER_EPOCH, …"""
+    error_message: _builtins.str
+    @_builtins.property
+    def controller(self) -> _common_pb2.NodeRef: ...
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlterPartitionResponse.PartitionResult]: ...
+    def __init__(
+        self,
+        *,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        controller: _common_pb2.NodeRef | None = ...,
+        partitions: _abc.Iterable[Global___AlterPartitionResponse.PartitionResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "error_code", b"error_code", "error_message", b"error_message", "partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionResponse: _TypeAlias = AlterPartitionResponse  # noqa: Y015

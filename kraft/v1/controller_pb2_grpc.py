@@ -84,6 +84,11 @@ class ControllerServiceStub:
                 request_serializer=kraft_dot_v1_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_controller__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.AlterPartition = channel.unary_unary(
+                '/kraft.v1.ControllerService/AlterPartition',
+                request_serializer=kraft_dot_v1_dot_controller__pb2.AlterPartitionRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_controller__pb2.AlterPartitionResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -151,6 +156,13 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartition(self, request, context):
+        """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +215,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=kraft_dot_v1_dot_controller__pb2.ElectLeadersRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_controller__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'AlterPartition': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartition,
+                    request_deserializer=kraft_dot_v1_dot_controller__pb2.AlterPartitionRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_controller__pb2.AlterPartitionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -475,6 +492,33 @@ class ControllerService:
             '/kraft.v1.ControllerService/ElectLeaders',
             kraft_dot_v1_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
             kraft_dot_v1_dot_controller__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartition(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/AlterPartition',
+            kraft_dot_v1_dot_controller__pb2.AlterPartitionRequest.SerializeToString,
+            kraft_dot_v1_dot_controller__pb2.AlterPartitionResponse.FromString,
             options,
             channel_credentials,
             insecure,

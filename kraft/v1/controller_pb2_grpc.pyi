@@ -46,6 +46,8 @@ class ControllerServiceStub:
     DescribeTopics: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DescribeTopicsRequest, _controller_pb2.DescribeTopicsResponse]
     DescribeCluster: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DescribeClusterRequest, _controller_pb2.DescribeClusterResponse]
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ElectLeadersRequest, _controller_pb2.ElectLeadersResponse]
+    AlterPartition: _grpc.UnaryUnaryMultiCallable[_controller_pb2.AlterPartitionRequest, _controller_pb2.AlterPartitionResponse]
+    """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
 
 @_typing.type_check_only
 class ControllerServiceAsyncStub(ControllerServiceStub):
@@ -63,6 +65,8 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     DescribeTopics: _aio.UnaryUnaryMultiCallable[_controller_pb2.DescribeTopicsRequest, _controller_pb2.DescribeTopicsResponse]  # type: ignore[assignment]
     DescribeCluster: _aio.UnaryUnaryMultiCallable[_controller_pb2.DescribeClusterRequest, _controller_pb2.DescribeClusterResponse]  # type: ignore[assignment]
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_controller_pb2.ElectLeadersRequest, _controller_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    AlterPartition: _aio.UnaryUnaryMultiCallable[_controller_pb2.AlterPartitionRequest, _controller_pb2.AlterPartitionResponse]  # type: ignore[assignment]
+    """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
 
 class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -137,5 +141,13 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.ElectLeadersRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.ElectLeadersResponse, _abc.Awaitable[_controller_pb2.ElectLeadersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AlterPartition(
+        self,
+        request: _controller_pb2.AlterPartitionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.AlterPartitionResponse, _abc.Awaitable[_controller_pb2.AlterPartitionResponse]]:
+        """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
 
 def add_ControllerServiceServicer_to_server(servicer: ControllerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -766,3 +766,102 @@ def test_a_broker_whose_only_log_dir_is_full_exits_with_one_fatal_line(cluster: 
     fatal = [line for line in broker.log_text().splitlines() if " event=fatal " in line]
     assert len(fatal) == 1, fatal
     assert "exit_code=70" in fatal[0] and "reason=" in fatal[0]
+
+
+def _segment_bytes(broker: BrokerProc, partition_dir: str) -> bytes:
+    path = broker.log_dir / partition_dir / "00000000000000000000.log"
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the_isr(
+    cluster: Cluster,
+) -> None:
+    ids = (151, 152, 153)
+    for broker_id in ids:
+        cluster.start_broker(broker_id)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    cluster.create_topic("repl", {0: list(ids)})
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["repl"])
+    assert cluster.leader_of("repl", 0)[0] == 151
+    for i in range(5):
+        poll(
+            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
+            "produce",
+        )
+
+    def replicated() -> bool:
+        leader = _segment_bytes(cluster.brokers[151], "repl-0")
+        return bool(leader) and all(_segment_bytes(cluster.brokers[b], "repl-0") == leader for b in ids)
+
+    poll(replicated, "every replica's segment file to hold the leader's batches byte for byte")
+    fetch = cluster.broker_stub(151).Fetch(
+        bpb.BrokerFetchRequest(topic="repl", partition=0, offset=0, max_bytes=1 << 20, leader_epoch=-1),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert fetch.error_code == 0 and fetch.high_watermark == 5
+    assert [r.value for r in fetch.records] == [f"r{i}".encode() for i in range(5)]
+
+    cluster.brokers[153].kill()
+    poll(
+        lambda: list(cluster.describe_topic("repl").partitions[0].isr) == [151, 152] or None,
+        "153 out of the ISR",
+    )
+    for i in range(5, 8):
+        poll(
+            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
+            "produce",
+        )
+    cluster.start_broker(153)
+    cluster.wait_broker_state(153, "RUNNING")
+    poll(
+        lambda: list(cluster.describe_topic("repl").partitions[0].isr) == list(ids) or None,
+        "153 back in the ISR",
+    )
+    poll(replicated, "the restarted follower to catch up byte for byte")
+    fetch = cluster.broker_stub(151).Fetch(
+        bpb.BrokerFetchRequest(topic="repl", partition=0, offset=0, max_bytes=1 << 20, leader_epoch=-1),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert [r.value for r in fetch.records] == [f"r{i}".encode() for i in range(8)]
+
+
+def test_acks_all_records_survive_kill_9_of_the_leader_and_no_offset_is_reused(cluster: Cluster) -> None:
+    """Issue #16's scenario: produce a1..a3 with --acks all to p0 on its leader, kill -9 the leader,
+    consume from the new leader: a1..a3 are there, and the next produce gets offset 3."""
+    ids = (161, 162, 163)
+    for broker_id in ids:
+        cluster.start_broker(broker_id)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    cluster.create_topic("acks", {0: list(ids)})
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["acks"])
+    assert cluster.leader_of("acks", 0)[0] == 161
+    bootstrap = f"{cluster.brokers[162].target},{cluster.brokers[163].target}"
+    produced = run_kraft(
+        ["produce", "--bootstrap-server", cluster.brokers[161].target, "--topic", "acks", "--partition", "0",
+         "--acks", "all", "--json", "--value", "a1", "--value", "a2", "--value", "a3"]
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout)["base_offset"] == 0
+
+    cluster.brokers[161].kill()
+    poll(lambda: cluster.leader_of("acks", 0)[0] in (162, 163) or None, "a new leader for acks-0")
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", bootstrap, "--topic", "acks", "--partition", "0",
+         "--from-beginning", "--max-records", "3", "--idle-timeout", "10", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    lines = [json.loads(line) for line in consumed.stdout.splitlines()]
+    assert [(r["offset"], r["value"]) for r in lines] == [(0, "a1"), (1, "a2"), (2, "a3")]
+    produced = run_kraft(
+        ["produce", "--bootstrap-server", bootstrap, "--topic", "acks", "--partition", "0", "--acks", "all",
+         "--json", "--value", "a4"]
+    )  # fmt: skip
+    assert produced.returncode == 0, produced.stderr
+    assert json.loads(produced.stdout)["base_offset"] == 3

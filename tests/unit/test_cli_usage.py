@@ -67,6 +67,11 @@ USAGE_ERRORS = [
         ["kraft produce", "--partition"],
         id="negative-partition",
     ),
+    pytest.param(
+        ["produce", "--bootstrap-server", "h:1", "--topic", "t", "--acks", "2"],
+        ["kraft produce", "--acks"],
+        id="produce-acks",
+    ),
     pytest.param(["consume", "--topic", "t"], ["kraft consume", "--bootstrap-server"], id="consume-missing"),
     pytest.param(["topic", "list", "--no-such-flag"], ["No such option", "--no-such-flag"], id="unknown-opt"),
     pytest.param(["broker", "start", "--config"], ["requires an argument"], id="option-without-value"),

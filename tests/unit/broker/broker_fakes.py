@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kraft.broker.types import ProducedRecord, StoredRecord
 from kraft.metadata.image import MetadataImage
-from kraft.storage.batch import build_batch
+from kraft.storage.batch import build_batch, encode_batch, iter_batches
 from kraft.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
@@ -19,8 +19,10 @@ class MemoryPartitionLog:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.records: list[StoredRecord] = []
+        self.batches: list[tuple[int, bytes]] = []  # (base offset, encoded batch), for replication
         self.closed = False
         self.start_offset = 0
+        self.flushed = 0
 
     @property
     def log_start_offset(self) -> int:
@@ -39,6 +41,13 @@ class MemoryPartitionLog:
         base = self.log_end_offset
         for i, r in enumerate(records):
             self.records.append(StoredRecord(base + i, r.timestamp_ms, r.key, r.value, leader_epoch))
+        batch = build_batch(
+            base,
+            [(r.key, r.value) for r in records],
+            leader_epoch=leader_epoch,
+            timestamp_ms=records[0].timestamp_ms,
+        )
+        self.batches.append((base, batch))
         return base
 
     def read_records(self, offset: int, max_bytes: int) -> list[StoredRecord]:
@@ -54,7 +63,54 @@ class MemoryPartitionLog:
         return out
 
     def flush(self) -> None:
-        pass
+        self.flushed = self.log_end_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        return self.flushed
+
+    def epoch_entries(self) -> list[tuple[int, int]]:
+        entries: list[tuple[int, int]] = []
+        for record in self.records:
+            if not entries or entries[-1][0] != record.leader_epoch:
+                entries.append((record.leader_epoch, record.offset))
+        return entries
+
+    def read_batches(self, offset: int, max_bytes: int, max_offset: int) -> bytes:
+        out = b""
+        for base, data in self.batches:
+            last = base + len(next(iter(iter_batches(data))).records) - 1
+            if last < offset or base >= max_offset:
+                continue
+            if out and len(out) + len(data) > max_bytes:
+                break
+            out += data
+        return out
+
+    def append_batches(self, data: bytes) -> int:
+        for batch in iter_batches(data):
+            if batch.base_offset != self.log_end_offset:
+                raise ValueError(
+                    f"batch at {batch.base_offset} does not continue the log at {self.log_end_offset}"
+                )
+            self.batches.append((batch.base_offset, encode_batch(batch)))
+            for record in batch.records:
+                self.records.append(
+                    StoredRecord(
+                        batch.base_offset + record.offset_delta,
+                        batch.base_timestamp + record.timestamp_delta,
+                        record.key,
+                        record.value,
+                        batch.partition_leader_epoch,
+                    )
+                )
+        return self.log_end_offset
+
+    def truncate_to(self, offset: int) -> int:
+        self.records = [r for r in self.records if r.offset < offset]
+        self.batches = [(base, data) for base, data in self.batches if base < offset]
+        self.flushed = min(self.flushed, self.log_end_offset)
+        return self.log_end_offset
 
     def close(self) -> None:
         self.closed = True

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from kraft.cli.broker import UNKNOWN_STATE, client_endpoint
 from kraft.cli.common import CliError
 from kraft.cli.main import app
-from kraft.cli.topic import elect_request, election_failures
+from kraft.cli.topic import elect_request, election_failures, only_under_replicated, topic_json
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import broker_pb2, broker_pb2_grpc
@@ -201,3 +201,20 @@ def test_election_failures_exclude_election_not_needed() -> None:
         {"result": "UNKNOWN_TOPIC_OR_PARTITION"},
     ]
     assert election_failures(results) == [{"result": "UNKNOWN_TOPIC_OR_PARTITION"}]
+
+
+def test_under_replicated_partitions_are_those_with_an_isr_smaller_than_their_replicas(fakes: Fakes) -> None:
+    topic = cpb.TopicDescription(
+        name="orders",
+        topic_id="T",
+        partitions=[
+            cpb.PartitionDescription(partition=0, leader=1, replicas=[1, 2, 3], isr=[1, 2, 3]),
+            cpb.PartitionDescription(partition=1, leader=2, replicas=[2, 3, 1], isr=[2, 3]),
+            cpb.PartitionDescription(partition=2, leader=-1, replicas=[3], isr=[3]),
+        ],
+    )
+    assert [p["partition"] for p in only_under_replicated(topic_json(topic))["partitions"]] == [1]
+    args = ["topic", "describe", "orders", "--bootstrap-controller", fakes.bootstrap]
+    result = runner.invoke(app, [*args, "--under-replicated-partitions", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["partitions"] == []  # the fake's only partition is fully in sync

@@ -21,11 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.clock import ManualClock
+from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
+from kraft.metadata.isr_changes import alter_partition
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.raft.api import CommittedBatch, CommittedRecord
 from kraft.v1 import controller_pb2 as cpb
@@ -135,6 +137,34 @@ def test_the_speculative_image_equals_a_replay_of_the_records() -> None:
         current_metadata_offset=999,
     )
     commit(logic.broker_heartbeat(back, 0, len(log)).records)
+    # Unfencing does not put it into ISRs (it may lack committed records); its leaders' AlterPartition does.
+    assert not any(fenced_broker in p.isr for t in logic.image.topics_by_id.values() for p in t.partitions)
+    topic_id, partition_id, partition = next(
+        (t.topic_id, i, p)
+        for t in logic.image.topics_by_id.values()
+        for i, p in enumerate(t.partitions)
+        if fenced_broker in p.replicas and p.leader >= 0
+    )
+    expand = cpb.AlterPartitionRequest(
+        cluster_id=CLUSTER,
+        broker_id=partition.leader,
+        broker_epoch=logic.image.brokers[partition.leader].epoch,
+        partitions=[
+            cpb.AlterPartitionRequest.PartitionData(
+                topic_id=topic_id,
+                partition=partition_id,
+                leader_epoch=partition.leader_epoch,
+                partition_epoch=partition.partition_epoch,
+                new_isr=[
+                    cpb.AlterPartitionRequest.IsrMember(broker_id=b, broker_epoch=-1)
+                    for b in (*partition.isr, fenced_broker)
+                ],
+            )
+        ],
+    )
+    expanded = alter_partition(logic, expand, len(log))
+    assert expanded.response.partitions[0].error_code == ErrorCode.NONE
+    commit(expanded.records)
 
     delta = MetadataDelta(MetadataImage.empty())
     for offset, record in enumerate(log):

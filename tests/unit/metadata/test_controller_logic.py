@@ -14,6 +14,7 @@ from kraft.metadata import records
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_PARTITION_LEADER, BrokerRegistrationState, MetadataImage, TopicImage
+from kraft.metadata.isr_changes import alter_partition
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -310,7 +311,9 @@ def test_a_zombie_incarnation_is_rejected_by_epoch_after_re_registration(h: Harn
     assert h.heartbeat(1, epoch=old_epoch).error_code == ErrorCode.STALE_BROKER_EPOCH
 
 
-def test_fenced_leader_returns_to_isr_and_preferred_leadership_on_unfence(h: Harness) -> None:
+def test_an_unfenced_broker_is_not_put_back_into_isrs_its_leader_adds_it(h: Harness) -> None:
+    """Unfencing runs elections but adds nothing to ISRs: the replica may lack committed records, so only
+    the partition leader's AlterPartition (once it caught up) brings it back (issue #16)."""
     h.active_brokers(1, 2)
     h.create("t", assignments=[cpb.ReplicaAssignment(partition=0, broker_ids=[1, 2])], partitions=-1, rf=-1)
     h.heartbeat(1, want_fence=True)
@@ -318,8 +321,30 @@ def test_fenced_leader_returns_to_isr_and_preferred_leadership_on_unfence(h: Har
     assert partition is not None and partition.leader == 2 and partition.isr == (2,)
     epochs = (partition.leader_epoch, partition.partition_epoch)
     h.heartbeat(1)
+    assert not h.image.brokers[1].fenced
     partition = h.image.partition(h.image.topic_ids_by_name["t"], 0)
-    assert partition is not None and partition.leader == 1 and partition.isr == (1, 2)
+    assert partition is not None and partition.leader == 2 and partition.isr == (2,)
+    assert (partition.leader_epoch, partition.partition_epoch) == epochs
+    expand = cpb.AlterPartitionRequest(
+        cluster_id=CLUSTER,
+        broker_id=2,
+        broker_epoch=h.image.brokers[2].epoch,
+        partitions=[
+            cpb.AlterPartitionRequest.PartitionData(
+                topic_id=h.image.topic_ids_by_name["t"],
+                partition=0,
+                leader_epoch=partition.leader_epoch,
+                partition_epoch=partition.partition_epoch,
+                new_isr=[
+                    cpb.AlterPartitionRequest.IsrMember(broker_id=b, broker_epoch=h.image.brokers[b].epoch)
+                    for b in (1, 2)
+                ],
+            )
+        ],
+    )
+    assert h.run(alter_partition(h.logic, expand, h.next_offset)).partitions[0].error_code == ErrorCode.NONE
+    partition = h.image.partition(h.image.topic_ids_by_name["t"], 0)
+    assert partition is not None and partition.leader == 2 and partition.isr == (1, 2)
     assert partition.leader_epoch > epochs[0] and partition.partition_epoch > epochs[1]
 
 

@@ -1,0 +1,751 @@
+"""Partition replication on a broker: the shell around :mod:`kraft.replication` (issue #16).
+
+Rules live in the pure package (docs/internals/replication.md); this module feeds them events and
+carries their decisions out.  All on the broker's event loop, so no locks.
+
+**Leader side** (a :class:`_Led` per partition this broker leads, created when the image says so):
+- the leader's own position is its log's *flushed* offset — appends are flushed right after (one fsync
+  per partition per loop turn, however many Produce requests came in it), so "in the high watermark"
+  means "on disk on every ISR member";
+- ``ReplicaFetch`` serves only flushed batches (a follower can never be ahead of the leader's counted
+  position), checks the follower's position against the leader's epochs (``diverging_epoch``), records it
+  (``on_follower_fetch``) and answers with the high watermark;
+- every ``replica.lag.time.max.ms / 2`` (Kafka's cadence) lagging ISR members are proposed out; after a
+  follower fetch, caught-up replicas are proposed in (eligibility from the image: registered, unfenced, not
+  shutting down, fetching with their registered broker epoch).  Proposals go to the active controller as
+  AlterPartition; RETRY answers are resent after a backoff, the others settle with the next metadata;
+- consumers read below the high watermark (:meth:`ReplicaManager.high_watermark`), and long-polling
+  readers are woken when it advances; acks=all produce requests wait for it (:meth:`wait_for_acks`).
+
+**Follower side**: one fetcher task per leader broker, one ``ReplicaFetch`` for all the partitions it
+follows there (long-poll at the leader).  A response's batches are appended byte for byte (their offsets
+and leader epochs: ``append_batches`` validates CRC, contiguity and epochs) and flushed before the next
+fetch, whose offset is therefore a durable position.  A ``diverging_epoch`` answer truncates by leader
+epoch (``next_truncation_step``; the next fetch carries the truncated log's last epoch, so a multi-step
+KIP-279 conversation happens over successive fetches); a step below the follower's high watermark is
+refused and the partition stops replicating, loudly — it would delete committed records.
+
+**High-watermark checkpoint** (:mod:`kraft.broker.hwm_checkpoint`): written every 5 s and at close; a
+new leader state starts from max(HWM learned as a follower, checkpointed HWM), capped by the flushed end;
+a followed partition's truncation floor starts from the checkpointed value, capped by its log end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from kraft.broker import hwm_checkpoint
+from kraft.broker.partitions import Partition, PartitionManager
+from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
+from kraft.client.channel import open_channel
+from kraft.client.controller import ControllerUnavailable
+from kraft.clock import Clock
+from kraft.errors import ErrorCode
+from kraft.metadata.image import MetadataImage
+from kraft.observability.logging import get_logger
+from kraft.replication.acks import Acks, AcksAllWaiters, Completion, admit_produce
+from kraft.replication.epochs import (
+    UNDEFINED_EPOCH,
+    EpochEndOffset,
+    diverging_epoch,
+    with_leader_epoch,
+)
+from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
+from kraft.replication.truncation import TruncationKind, next_truncation_step
+from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1 import broker_pb2_grpc
+from kraft.v1 import controller_pb2 as cpb
+
+if TYPE_CHECKING:
+    from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
+
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+MAX_REPLICA_FETCH_WAIT_MS = 30_000
+UNKNOWN_EPOCH_RETRY_MS = 50
+
+# Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
+# ControllerUnavailable when none answered.
+AlterPartitionSender = Callable[[cpb.AlterPartitionRequest], Awaitable[cpb.AlterPartitionResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    replica_lag_time_max_ms: int = 30_000  # replica.lag.time.max.ms (Kafka's default)
+    fetch_max_wait_ms: int = 500  # replica.fetch.wait.max.ms
+    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes (per request here)
+    fetch_backoff_ms: int = 1_000  # replica.fetch.backoff.ms
+    request_timeout_ms: int = 30_000
+    alter_partition_backoff_ms: int = 100
+    min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
+    produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
+    hwm_checkpoint_interval_ms: int = 5_000  # replica.high.watermark.checkpoint.interval.ms
+
+
+@dataclass(slots=True)
+class _Led:
+    partition: Partition
+    assignment: PartitionAssignment
+    state: PartitionLeaderState
+    waiters: AcksAllWaiters = field(default_factory=AcksAllWaiters)
+    futures: dict[int, asyncio.Future[ErrorCode]] = field(default_factory=dict)
+    alter_task: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class _Followed:
+    partition: Partition
+    leader: int
+    leader_epoch: int
+    high_watermark: int = 0
+    retry_at_ms: int = 0
+    stopped: bool = False  # a truncation below the high watermark was refused: never fetch again
+
+
+def leader_and_isr(assignment: PartitionAssignment) -> LeaderAndIsr:
+    return LeaderAndIsr(
+        assignment.leader,
+        assignment.leader_epoch,
+        assignment.partition_epoch,
+        tuple(assignment.replicas),
+        tuple(assignment.isr),
+    )
+
+
+def _latest_epoch(entries: list[tuple[int, int]]) -> int:
+    return entries[-1][0] if entries else UNDEFINED_EPOCH
+
+
+class ReplicaManager:
+    def __init__(
+        self,
+        broker_id: int,
+        cluster_id: str,
+        partitions: PartitionManager,
+        *,
+        clock: Clock,
+        broker_epoch: Callable[[], int],
+        send_alter_partition: AlterPartitionSender | None,
+        settings: ReplicationSettings | None = None,
+        listener: str = "PLAINTEXT",
+        channel_options: Iterable[tuple[str, int]] = (),
+    ) -> None:
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.settings = settings or ReplicationSettings()
+        self._partitions = partitions
+        self._clock = clock
+        self._broker_epoch = broker_epoch
+        self._send_alter_partition = send_alter_partition
+        self._listener = listener
+        self._channel_options = list(channel_options)
+        self._image = MetadataImage.empty()
+        self._led: dict[TopicPartition, _Led] = {}
+        self._followed: dict[TopicPartition, _Followed] = {}
+        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        self._fetcher_wake: dict[int, asyncio.Event] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._dirty: set[TopicPartition] = set()
+        self._flush_scheduled = False
+        # Set (and replaced) whenever a led partition's flushed end or high watermark moves: wakes the
+        # replica fetches parked at this leader.
+        self._progress = asyncio.Event()
+        self._next_request_id = 0
+        self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
+        self._closed = False
+        self._log = get_logger("broker.replication", node=broker_id)
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def high_watermark(self, partition: Partition) -> int:
+        """Where consumers may read up to on a partition this broker leads (0 while it has no state)."""
+        led = self._led.get(partition.tp)
+        if led is None or led.partition is not partition:
+            return 0
+        return led.state.high_watermark
+
+    def leader_state(self, tp: TopicPartition) -> PartitionLeaderState | None:
+        led = self._led.get(tp)
+        return None if led is None else led.state
+
+    def follower_high_watermark(self, tp: TopicPartition) -> int | None:
+        followed = self._followed.get(tp)
+        return None if followed is None else followed.high_watermark
+
+    def is_stopped(self, tp: TopicPartition) -> bool:
+        followed = self._followed.get(tp)
+        return followed is not None and followed.stopped
+
+    # --- metadata --------------------------------------------------------------------------------
+
+    def on_image(self, image: MetadataImage) -> None:
+        """Bring the replication state in line with the partition manager after an image was applied."""
+        self._image = image
+        now_ms = self._clock.monotonic_ms()
+        hosted = {p.tp: p for p in self._partitions.partitions()}
+        for tp in [tp for tp, led in self._led.items() if hosted.get(tp) is not led.partition]:
+            self._drop_led(tp)
+        for tp in [tp for tp, f in self._followed.items() if hosted.get(tp) is not f.partition]:
+            del self._followed[tp]
+        for tp, partition in hosted.items():
+            if partition.role is ReplicaRole.LEADER:
+                followed = self._followed.pop(tp, None)
+                # A follower that becomes leader starts from the high watermark it learned (Kafka's).
+                self._lead(partition, now_ms, 0 if followed is None else followed.high_watermark)
+            else:
+                if tp in self._led:
+                    self._drop_led(tp)
+                self._follow(partition)
+
+    def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> None:
+        tp = partition.tp
+        led = self._led.get(tp)
+        assignment = partition.assignment
+        if led is not None:
+            if led.assignment is assignment or led.assignment == assignment:
+                return
+            before = led.state.high_watermark
+            led.assignment = assignment
+            led.state.on_metadata(leader_and_isr(assignment), now_ms)
+            if led.state.high_watermark > before:
+                self._high_watermark_advanced(led)
+            return
+        log = partition.log
+        flushed = log.flushed_offset
+        followed_hwm = max(followed_hwm, self._restored_high_watermark(partition))
+        led = _Led(
+            partition,
+            assignment,
+            PartitionLeaderState(
+                self.broker_id,
+                leader_and_isr(assignment),
+                leader_end_offset=flushed,
+                high_watermark=min(followed_hwm, flushed),
+                now_ms=now_ms,
+                broker_epoch=self._broker_epoch(),
+            ),
+        )
+        self._led[tp] = led
+        if log.log_end_offset > flushed:
+            self._schedule_flush(tp)
+        if led.state.high_watermark > 0:
+            self._high_watermark_advanced(led)
+
+    def _drop_led(self, tp: TopicPartition) -> None:
+        led = self._led.pop(tp)
+        if led.alter_task is not None:
+            led.alter_task.cancel()
+        self._complete(led, led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER))
+
+    def _follow(self, partition: Partition) -> None:
+        tp = partition.tp
+        assignment = partition.assignment
+        followed = self._followed.get(tp)
+        if followed is None:
+            followed = self._followed[tp] = _Followed(partition, assignment.leader, assignment.leader_epoch)
+            followed.high_watermark = min(
+                self._restored_high_watermark(partition), partition.log.log_end_offset
+            )
+        else:
+            if followed.leader != assignment.leader or followed.leader_epoch != assignment.leader_epoch:
+                followed.retry_at_ms = 0  # a new leader or epoch: fetch at once
+                self._wake_fetcher(assignment.leader)
+            followed.leader = assignment.leader
+            followed.leader_epoch = assignment.leader_epoch
+        if followed.leader >= 0 and not followed.stopped:
+            self._ensure_fetcher(followed.leader)
+
+    # --- leader: appends, flushes, the high watermark --------------------------------------------
+
+    def on_appended(self, partition: Partition) -> None:
+        """A Produce appended to a led partition: flush it soon (coalesced per loop turn)."""
+        self._schedule_flush(partition.tp)
+
+    def _schedule_flush(self, tp: TopicPartition) -> None:
+        self._dirty.add(tp)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_dirty)
+
+    def _flush_dirty(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for tp in sorted(dirty):
+            led = self._led.get(tp)
+            if led is None or self._closed:
+                continue
+            log = led.partition.log
+            log.flush()
+            if led.state.on_leader_end_offset(log.flushed_offset):
+                self._high_watermark_advanced(led)
+        self._wake_replica_fetches()
+
+    def _high_watermark_advanced(self, led: _Led) -> None:
+        state = led.state
+        min_isr = self._min_insync_replicas(led.partition.tp.topic)
+        self._complete(
+            led, led.waiters.on_high_watermark(state.high_watermark, len(state.maximal_isr), min_isr)
+        )
+        led.partition.notify_appended()  # consumers long-polling at the old high watermark
+        self._wake_replica_fetches()
+
+    def _wake_replica_fetches(self) -> None:
+        event, self._progress = self._progress, asyncio.Event()
+        event.set()
+
+    # --- leader: produce acknowledgement ---------------------------------------------------------
+
+    def _min_insync_replicas(self, topic: str) -> int:
+        value = self._image.topic_configs(topic).get(MIN_INSYNC_REPLICAS)
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                return int(value)
+        return self.settings.min_insync_replicas
+
+    def admit_produce(self, partition: Partition, acks: Acks) -> ErrorCode:
+        """NOT_ENOUGH_REPLICAS for acks=all when the committed ISR is below min.insync.replicas."""
+        led = self._led.get(partition.tp)
+        if led is None or led.partition is not partition:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return admit_produce(acks, len(led.state.isr), self._min_insync_replicas(partition.tp.topic))
+
+    async def wait_for_acks(self, partition: Partition, required_offset: int) -> ErrorCode:
+        """Wait until the high watermark reaches ``required_offset`` (acks=all); the error to answer."""
+        led = self._led.get(partition.tp)
+        if led is None or led.partition is not partition:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        deadline_ms = self._clock.monotonic_ms() + self.settings.produce_timeout_ms
+        state = led.state
+        min_isr = self._min_insync_replicas(partition.tp.topic)
+        done = led.waiters.add(
+            request_id, required_offset, deadline_ms, state.high_watermark, len(state.maximal_isr), min_isr
+        )
+        if done:
+            return done[0].error
+        future: asyncio.Future[ErrorCode] = asyncio.get_running_loop().create_future()
+        led.futures[request_id] = future
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self.settings.produce_timeout_ms / 1000.0)
+        except TimeoutError:
+            self._complete(led, led.waiters.expire(deadline_ms))
+            return ErrorCode.REQUEST_TIMED_OUT
+        finally:
+            led.futures.pop(request_id, None)
+
+    def _complete(self, led: _Led, completions: Iterable[Completion]) -> None:
+        for completion in completions:
+            future = led.futures.pop(completion.request_id, None)
+            if future is not None and not future.done():
+                future.set_result(completion.error)
+
+    # --- leader: serving follower fetches ----------------------------------------------------------
+
+    async def replica_fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
+        """Answer a follower's fetch; long-poll while nothing is new for any of its partitions."""
+        wait_ms = min(max(request.max_wait_ms, 0), MAX_REPLICA_FETCH_WAIT_MS)
+        progress = self._progress
+        response, anything = self._answer_replica_fetch(request)
+        if anything or wait_ms == 0:
+            return response
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(progress.wait(), wait_ms / 1000.0)
+        return self._answer_replica_fetch(request)[0]
+
+    def _answer_replica_fetch(self, request: pb.ReplicaFetchRequest) -> tuple[pb.ReplicaFetchResponse, bool]:
+        response = pb.ReplicaFetchResponse()
+        budget = request.max_bytes if request.max_bytes > 0 else self.settings.fetch_max_bytes
+        now_ms = self._clock.monotonic_ms()
+        anything = False
+        for wanted in request.partitions:
+            out = response.partitions.add(topic=wanted.topic, partition=wanted.partition, high_watermark=-1)
+            error = self._serve_partition(request, wanted, out, budget, now_ms)
+            if error is not ErrorCode.NONE:
+                out.error_code = int(error)
+                anything = True
+            elif out.records or out.HasField("diverging_epoch"):
+                anything = True
+                budget = max(budget - len(out.records), 0)
+        return response, anything
+
+    def _serve_partition(
+        self,
+        request: pb.ReplicaFetchRequest,
+        wanted: pb.ReplicaFetchRequest.Partition,
+        out: pb.ReplicaFetchResponse.Partition,
+        budget: int,
+        now_ms: int,
+    ) -> ErrorCode:
+        tp = TopicPartition(wanted.topic, wanted.partition)
+        led = self._led.get(tp)
+        partition = self._partitions.get(tp)
+        if led is None or partition is None or led.partition is not partition:
+            out.error_message = f"broker {self.broker_id} does not lead {tp}"
+            if partition is not None:
+                out.leader_epoch = partition.leader_epoch
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        state = led.state
+        out.leader_epoch = state.leader_epoch
+        error = state.check_fetch_epoch(request.replica_id, wanted.current_leader_epoch)
+        if error is not ErrorCode.NONE:
+            out.error_message = (
+                f"{tp}: fetch in epoch {wanted.current_leader_epoch}, the leader's is {state.leader_epoch}"
+            )
+            return error
+        log = partition.log
+        log_end = log.log_end_offset
+        out.log_start_offset = log.log_start_offset
+        out.log_end_offset = state.leader_end_offset
+        out.high_watermark = state.high_watermark
+        if wanted.last_fetched_epoch != UNDEFINED_EPOCH:
+            entries = with_leader_epoch(log.epoch_entries(), state.leader_epoch, log_end)
+            diverged = diverging_epoch(entries, log_end, wanted.fetch_offset, wanted.last_fetched_epoch)
+            if diverged is not None:
+                out.diverging_epoch.epoch = diverged.epoch
+                out.diverging_epoch.end_offset = diverged.end_offset
+                return ErrorCode.NONE
+        if wanted.fetch_offset < log.log_start_offset:
+            out.error_message = f"{tp}: offset {wanted.fetch_offset} is below the log start"
+            return ErrorCode.OFFSET_OUT_OF_RANGE
+        before = state.high_watermark
+        result = state.on_follower_fetch(
+            request.replica_id, wanted.fetch_offset, wanted.current_leader_epoch, now_ms, request.broker_epoch
+        )
+        if result.error is not ErrorCode.NONE:
+            out.error_message = f"{tp}: fetch at {wanted.fetch_offset} refused"
+            return result.error
+        if state.high_watermark > before:
+            self._high_watermark_advanced(led)
+        out.high_watermark = state.high_watermark
+        self._maybe_expand(led)
+        if budget > 0 and wanted.fetch_offset < state.leader_end_offset:
+            out.records = log.read_batches(wanted.fetch_offset, budget, state.leader_end_offset)
+        return ErrorCode.NONE
+
+    # --- leader: ISR changes ---------------------------------------------------------------------
+
+    def _eligible(self, replica_id: int, broker_epoch: int) -> bool:
+        broker = self._image.brokers.get(replica_id)
+        return (
+            broker is not None
+            and not broker.fenced
+            and not broker.in_controlled_shutdown
+            and broker.epoch == broker_epoch
+        )
+
+    def _maybe_expand(self, led: _Led) -> None:
+        candidates = led.state.isr_expand_candidates(self._eligible)
+        if candidates:
+            self._propose(led, {*led.state.isr, *candidates})
+
+    def check_isr_shrinks(self) -> None:
+        """One pass of the periodic check: propose lagging ISR members out."""
+        now_ms = self._clock.monotonic_ms()
+        for led in list(self._led.values()):
+            lagging = led.state.isr_shrink_candidates(now_ms, self.settings.replica_lag_time_max_ms)
+            if lagging:
+                self._propose(led, [r for r in led.state.isr if r not in lagging])
+
+    async def run(self) -> None:
+        """The periodic tasks: the ISR shrink check every ``replica.lag.time.max.ms / 2`` (Kafka's
+        cadence) and the high-watermark checkpoint."""
+        await asyncio.gather(self._run_isr_checks(), self._run_checkpoints())
+
+    async def _run_isr_checks(self) -> None:
+        interval_s = max(self.settings.replica_lag_time_max_ms / 2, 10) / 1000.0
+        while True:
+            await asyncio.sleep(interval_s)
+            self.check_isr_shrinks()
+
+    async def _run_checkpoints(self) -> None:
+        interval_s = max(self.settings.hwm_checkpoint_interval_ms, 10) / 1000.0
+        while True:
+            await asyncio.sleep(interval_s)
+            self.checkpoint_high_watermarks()
+
+    # --- high-watermark checkpoint ---------------------------------------------------------------
+
+    def _restored_high_watermark(self, partition: Partition) -> int:
+        """The checkpointed HWM of this partition's log (same topic id), 0 when none."""
+        if self._restored is None:
+            self._restored = {}
+            for log_dir in self._partitions.log_dirs:
+                self._restored.update(hwm_checkpoint.read(log_dir))
+        return max(self._restored.get((partition.tp, partition.topic_id), 0), 0)
+
+    def checkpoint_high_watermarks(self) -> None:
+        """Write every log dir's ``replication-offset-checkpoint`` (empty for a dir without partitions)."""
+        by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {d: {} for d in self._partitions.log_dirs}
+        for tp, led in self._led.items():
+            by_dir.setdefault(led.partition.log_dir, {})[(tp, led.partition.topic_id)] = (
+                led.state.high_watermark
+            )
+        for tp, followed in self._followed.items():
+            key = (tp, followed.partition.topic_id)
+            by_dir.setdefault(followed.partition.log_dir, {})[key] = followed.high_watermark
+        for log_dir, entries in by_dir.items():
+            hwm_checkpoint.write(log_dir, entries)
+
+    def _propose(self, led: _Led, new_isr: Iterable[int]) -> None:
+        if self._send_alter_partition is None or led.state.pending is not None:
+            return
+        request = led.state.propose_isr(new_isr)
+        self._log.info(
+            "isr_change_proposed",
+            partition=str(led.partition.tp),
+            isr=list(led.state.isr),
+            proposed=list(request.new_isr_ids),
+        )
+        led.alter_task = asyncio.get_running_loop().create_task(self._alter(led, request))
+
+    async def _alter(self, led: _Led, request: AlterPartitionRequest) -> None:
+        assert self._send_alter_partition is not None
+        backoff_s = self.settings.alter_partition_backoff_ms / 1000.0
+        while led.state.pending is request and self._led.get(led.partition.tp) is led:
+            result = await self._send_one_alter(led, request)
+            before = led.state.high_watermark
+            follow_up = led.state.on_alter_partition_response(request, result)
+            if led.state.high_watermark > before:
+                self._high_watermark_advanced(led)
+            if follow_up is not AlterPartitionFollowUp.RETRY:
+                self._log.info(
+                    "isr_change_answered",
+                    partition=str(led.partition.tp),
+                    follow_up=follow_up.value,
+                    answer=result.name if isinstance(result, ErrorCode) else list(result.isr),
+                )
+                return
+            await asyncio.sleep(backoff_s)
+
+    async def _send_one_alter(self, led: _Led, request: AlterPartitionRequest) -> LeaderAndIsr | ErrorCode:
+        assert self._send_alter_partition is not None
+        # The broker epoch is read now: a state created before registration holds -1.
+        broker_epoch = self._broker_epoch()
+        tp = led.partition.tp
+        message = cpb.AlterPartitionRequest(
+            cluster_id=self.cluster_id,
+            broker_id=self.broker_id,
+            broker_epoch=broker_epoch,
+            partitions=[
+                cpb.AlterPartitionRequest.PartitionData(
+                    topic_id=led.partition.topic_id,
+                    partition=tp.partition,
+                    leader_epoch=request.leader_epoch,
+                    partition_epoch=request.partition_epoch,
+                    new_isr=[
+                        cpb.AlterPartitionRequest.IsrMember(
+                            broker_id=m.broker_id,
+                            broker_epoch=broker_epoch if m.broker_id == self.broker_id else m.broker_epoch,
+                        )
+                        for m in request.new_isr
+                    ],
+                )
+            ],
+        )
+        try:
+            response = await self._send_alter_partition(message)
+        except ControllerUnavailable:
+            return ErrorCode.REQUEST_TIMED_OUT  # retried
+        if response.error_code != ErrorCode.NONE or not response.partitions:
+            return (
+                ErrorCode.from_wire(response.error_code)
+                if response.error_code
+                else ErrorCode.UNKNOWN_SERVER_ERROR
+            )
+        result = response.partitions[0]
+        if result.error_code != ErrorCode.NONE:
+            return ErrorCode.from_wire(result.error_code)
+        return LeaderAndIsr(
+            result.leader,
+            result.leader_epoch,
+            result.partition_epoch,
+            tuple(led.assignment.replicas),
+            tuple(result.isr),
+        )
+
+    # --- follower: fetchers ----------------------------------------------------------------------
+
+    def _ensure_fetcher(self, leader_id: int) -> None:
+        task = self._fetchers.get(leader_id)
+        if (task is None or task.done()) and not self._closed:
+            self._fetchers[leader_id] = asyncio.get_running_loop().create_task(
+                self._run_fetcher(leader_id), name=f"replica-fetcher-{leader_id}"
+            )
+
+    def _wake_fetcher(self, leader_id: int) -> None:
+        event = self._fetcher_wake.get(leader_id)
+        if event is not None:
+            event.set()
+
+    async def _pause(self, leader_id: int, seconds: float) -> None:
+        """Sleep up to ``seconds``; cut short by metadata that changes what this fetcher should do."""
+        event = self._fetcher_wake.setdefault(leader_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), max(seconds, 0.0))
+        event.clear()
+
+    def _endpoint_of(self, broker_id: int) -> str | None:
+        """``host:port`` of the broker's client listener in the current image (None: unknown)."""
+        registration = self._image.brokers.get(broker_id)
+        if registration is None or not registration.endpoints:
+            return None
+        chosen = next((e for e in registration.endpoints if e.name == self._listener), None)
+        chosen = chosen or registration.endpoints[0]
+        return f"{chosen.host or '127.0.0.1'}:{chosen.port}"
+
+    def _stub(self, leader_id: int) -> BrokerServiceAsyncStub | None:
+        target = self._endpoint_of(leader_id)
+        if target is None:
+            return None
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = open_channel(target, self._channel_options)
+        return broker_pb2_grpc.BrokerServiceStub(channel)
+
+    async def _run_fetcher(self, leader_id: int) -> None:
+        backoff_s = self.settings.fetch_backoff_ms / 1000.0
+        while not self._closed:
+            now_ms = self._clock.monotonic_ms()
+            mine = {tp: f for tp, f in self._followed.items() if f.leader == leader_id and not f.stopped}
+            if not mine:
+                if self._fetchers.get(leader_id) is asyncio.current_task():
+                    del self._fetchers[leader_id]
+                return
+            ready = {tp: f for tp, f in mine.items() if f.retry_at_ms <= now_ms}
+            stub = self._stub(leader_id)
+            if stub is None:
+                await self._pause(leader_id, backoff_s)
+                continue
+            if not ready:
+                first_ms = min(f.retry_at_ms for f in mine.values())
+                await self._pause(leader_id, min((first_ms - now_ms) / 1000.0, backoff_s))
+                continue
+            request = pb.ReplicaFetchRequest(
+                cluster_id=self.cluster_id,
+                replica_id=self.broker_id,
+                broker_epoch=self._broker_epoch(),
+                max_wait_ms=self.settings.fetch_max_wait_ms,
+                max_bytes=self.settings.fetch_max_bytes,
+            )
+            sent: dict[TopicPartition, tuple[_Followed, int, int]] = {}
+            for tp, followed in sorted(ready.items()):
+                log = followed.partition.log
+                entries = log.epoch_entries()
+                offset = log.log_end_offset
+                request.partitions.add(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    current_leader_epoch=followed.leader_epoch,
+                    fetch_offset=offset,
+                    last_fetched_epoch=_latest_epoch(entries),
+                )
+                sent[tp] = (followed, followed.leader_epoch, offset)
+            timeout_s = (self.settings.fetch_max_wait_ms + self.settings.request_timeout_ms) / 1000.0
+            try:
+                response = await stub.ReplicaFetch(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as err:
+                self._log.debug("replica_fetch_failed", leader=leader_id, code=err.code().name)
+                await self._pause(leader_id, backoff_s)
+                continue
+            if response.error_code != ErrorCode.NONE:
+                self._log.warning(
+                    "replica_fetch_error",
+                    leader=leader_id,
+                    code=response.error_code,
+                    message=response.error_message,
+                )
+                await self._pause(leader_id, backoff_s)
+                continue
+            for answer in response.partitions:
+                tp = TopicPartition(answer.topic, answer.partition)
+                entry = sent.get(tp)
+                if entry is None:
+                    continue
+                try:
+                    self._apply_fetched(tp, entry, answer)
+                except Exception as exc:  # a bad batch or a storage error: this partition backs off
+                    self._log.error("replica_fetch_apply_failed", partition=str(tp), error=repr(exc))
+                    entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
+
+    def _apply_fetched(
+        self,
+        tp: TopicPartition,
+        sent: tuple[_Followed, int, int],
+        answer: pb.ReplicaFetchResponse.Partition,
+    ) -> None:
+        followed, epoch, offset = sent
+        partition = followed.partition
+        # The answer is used only if nothing changed while it was in flight (role, leader, epoch, log).
+        if (
+            self._followed.get(tp) is not followed
+            or self._partitions.get(tp) is not partition
+            or partition.role is not ReplicaRole.FOLLOWER
+            or followed.leader_epoch != epoch
+            or partition.log.log_end_offset != offset
+        ):
+            return
+        code = ErrorCode.from_wire(answer.error_code)
+        if code is not ErrorCode.NONE:
+            # FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER: the metadata will tell (it wakes the fetcher);
+            # UNKNOWN_LEADER_EPOCH: the leader has not applied our epoch yet, it will in a moment.
+            backoff_ms = self.settings.fetch_backoff_ms
+            if code is ErrorCode.UNKNOWN_LEADER_EPOCH:
+                backoff_ms = min(backoff_ms, UNKNOWN_EPOCH_RETRY_MS)
+            followed.retry_at_ms = self._clock.monotonic_ms() + backoff_ms
+            self._log.debug("replica_fetch_partition_error", partition=str(tp), code=code.name)
+            return
+        log = partition.log
+        if answer.HasField("diverging_epoch"):
+            step = next_truncation_step(
+                log.epoch_entries(),
+                log.log_end_offset,
+                min(followed.high_watermark, log.log_end_offset),
+                EpochEndOffset(answer.diverging_epoch.epoch, answer.diverging_epoch.end_offset),
+            )
+            if step.kind is TruncationKind.BELOW_HIGH_WATERMARK:
+                followed.stopped = True
+                self._log.error(
+                    "truncation_below_high_watermark_refused",
+                    partition=str(tp),
+                    offset=step.offset,
+                    high_watermark=followed.high_watermark,
+                )
+                return
+            new_end = log.truncate_to(step.offset)
+            self._log.info("follower_truncated", partition=str(tp), offset=new_end, leader_epoch=epoch)
+            return
+        if answer.records:
+            log.append_batches(answer.records)
+            log.flush()  # the next fetch offset is a durable position
+        followed.high_watermark = max(followed.high_watermark, min(answer.high_watermark, log.log_end_offset))
+
+    # --- shutdown --------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if not self._closed:
+            try:
+                self.checkpoint_high_watermarks()
+            except Exception as exc:  # a failing disk: the next start begins from older (lower) values
+                self._log.error("hwm_checkpoint_failed", error=repr(exc))
+        self._closed = True
+        tasks = [*self._fetchers.values(), *(led.alter_task for led in self._led.values() if led.alter_task)]
+        for tp in list(self._led):
+            self._drop_led(tp)
+        self._followed.clear()
+        self._fetchers.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close(None)

@@ -1,0 +1,120 @@
+"""AlterPartition on the active controller: a leader's ISR proposal → an ISR-only PartitionChangeRecord.
+
+Validation is :func:`kraft.replication.alter_partition.validate_alter_partition` (Kafka's
+``ReplicationControlManager`` checks, in its order) against the *speculative* image — committed plus
+pending records — so two proposals in flight are compared-and-set against each other, not only against
+what has committed.  An accepted proposal writes a PartitionChangeRecord carrying the ISR only: no
+election runs, so the requester stays leader (``partition_change.build_change`` is deliberately not used:
+its preferred-leader restore would move the leadership away from the broker that asked).
+
+Replay bumps the leader epoch as well as the partition epoch (kraft bumps both on every change, see
+docs/internals/replication.md, "Leader epoch bumps"): the answer carries the replayed partition, and the
+leader waits for that metadata before it uses the new ISR.
+
+Kept apart from :mod:`kraft.metadata.controller_logic` so that module's own evolution (incremental
+indexes) and this one do not collide; it only reads the logic's image and acceptability rule and
+replaces the image with the replayed one, as every request does.
+"""
+
+from __future__ import annotations
+
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata import records as rec
+from kraft.metadata.controller_logic import ControllerLogic, Outcome, error_response
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage, PartitionRegistration
+from kraft.replication.alter_partition import (
+    AlterPartitionRejected,
+    BrokerStatus,
+    validate_alter_partition,
+)
+from kraft.replication.types import AlterPartitionRequest, IsrMember, LeaderAndIsr
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
+
+
+def leader_and_isr(partition: PartitionRegistration) -> LeaderAndIsr:
+    return LeaderAndIsr(
+        partition.leader,
+        partition.leader_epoch,
+        partition.partition_epoch,
+        tuple(partition.replicas),
+        tuple(partition.isr),
+    )
+
+
+def broker_statuses(logic: ControllerLogic, image: MetadataImage) -> dict[int, BrokerStatus]:
+    """The registrations as AlterPartition sees them; a broker the controller is moving out of its ISRs
+    (fenced, shutting down, unregistering: ``acceptable_in`` says no) is ineligible."""
+    acceptable = logic.acceptable_in(image)
+    return {
+        broker_id: BrokerStatus(
+            broker.epoch,
+            fenced=broker.fenced or not acceptable(broker_id),
+            in_controlled_shutdown=broker.in_controlled_shutdown,
+        )
+        for broker_id, broker in image.brokers.items()
+    }
+
+
+def alter_partition(
+    logic: ControllerLogic, req: cpb.AlterPartitionRequest, next_offset: int
+) -> Outcome[cpb.AlterPartitionResponse]:
+    """Validate every partition of ``req`` in order; accepted changes are replayed as they are added,
+    so a later partition entry of the same request sees the earlier one's new partition epoch."""
+    response = cpb.AlterPartitionResponse()
+    try:
+        logic.check_cluster_id(req.cluster_id, required=True)
+    except KraftError as exc:
+        return Outcome([], error_response(response, exc.code, exc.message))
+    image = logic.image
+    requester = image.brokers.get(req.broker_id)
+    if requester is None or requester.epoch != req.broker_epoch:
+        known = "not registered" if requester is None else f"registered with epoch {requester.epoch}"
+        return Outcome(
+            [],
+            error_response(
+                response,
+                ErrorCode.STALE_BROKER_EPOCH,
+                f"broker {req.broker_id} epoch {req.broker_epoch} is stale: {known}",
+            ),
+        )
+    statuses = broker_statuses(logic, image)  # registrations do not change below, only partitions
+    records: list[pb.MetadataRecord] = []
+    for data in req.partitions:
+        result = response.partitions.add(topic_id=data.topic_id, partition=data.partition)
+        current = image.partition(data.topic_id, data.partition)
+        request = AlterPartitionRequest(
+            req.broker_id,
+            req.broker_epoch,
+            data.leader_epoch,
+            data.partition_epoch,
+            tuple(IsrMember(m.broker_id, m.broker_epoch) for m in data.new_isr),
+        )
+        verdict = validate_alter_partition(
+            request,
+            None if current is None else leader_and_isr(current),
+            statuses,
+        )
+        if isinstance(verdict, AlterPartitionRejected):
+            result.error_code = int(verdict.error)
+            result.error_message = f"{data.topic_id}-{data.partition}: {verdict.reason}"
+            continue
+        assert current is not None  # validation refuses an unknown partition
+        if verdict.changed:
+            change = pb.PartitionChangeRecord(topic_id=data.topic_id, partition_id=data.partition)
+            change.isr.ids.extend(verdict.new_isr)
+            record = rec.wrap(change)
+            delta = MetadataDelta(image)
+            delta.replay(record, next_offset + len(records))
+            image = delta.apply()
+            records.append(record)
+            replayed = image.partition(data.topic_id, data.partition)
+            assert replayed is not None
+            current = replayed
+        result.leader = current.leader
+        result.leader_epoch = current.leader_epoch
+        result.partition_epoch = current.partition_epoch
+        result.isr.extend(current.isr)
+    logic.image = image
+    return Outcome(records, response, next_offset)

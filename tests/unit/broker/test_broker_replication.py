@@ -1,0 +1,384 @@
+"""Replication between brokers in one process: two BrokerServices on real gRPC servers, in-memory logs,
+images built from metadata records; the ReplicaManager's clock is a ManualClock (lag and ISR decisions),
+long-polls are bounded by small real waits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+
+from kraft.broker import hwm_checkpoint
+from kraft.broker.image_adapter import ImageMetadataView, local_assignments
+from kraft.broker.partitions import PartitionManager
+from kraft.broker.replication import ReplicaManager, ReplicationSettings
+from kraft.broker.service import BrokerService
+from kraft.broker.status import BrokerStatus
+from kraft.broker.types import BrokerState, ProducedRecord, TopicPartition
+from kraft.client.channel import open_channel
+from kraft.clock import ManualClock
+from kraft.errors import ErrorCode
+from kraft.metadata import records as rec
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.netutil import free_port
+from kraft.storage.batch import iter_batches
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1 import broker_pb2_grpc, common_pb2
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as mpb
+
+CLUSTER = "c-1"
+TOPIC_ID = "tid"
+TP = TopicPartition("t", 0)
+TIMEOUT_S = 5.0
+LAG_MS = 10_000
+
+
+@dataclass
+class Node:
+    broker_id: int
+    port: int
+    manager: PartitionManager
+    opener: MemoryLogOpener
+    replicas: ReplicaManager
+    service: BrokerService
+    server: grpc.aio.Server
+
+    def log(self) -> MemoryPartitionLog:
+        partition = self.manager.get(TP)
+        assert partition is not None
+        log = partition.log
+        assert isinstance(log, MemoryPartitionLog)
+        return log
+
+
+@dataclass
+class Harness:
+    clock: ManualClock
+    nodes: dict[int, Node]
+    image: MetadataImage
+    offset: int = 0
+    alters: list[cpb.AlterPartitionRequest] = field(default_factory=list)
+    alter_answer: Callable[[cpb.AlterPartitionRequest], cpb.AlterPartitionResponse] | None = None
+
+    def replay(self, *payloads: object) -> None:
+        delta = MetadataDelta(self.image)
+        for payload in payloads:
+            delta.replay(rec.wrap(payload), self.offset)  # type: ignore[arg-type]
+            self.offset += 1
+        self.image = delta.apply()
+        for node in self.nodes.values():
+            node.manager.reconcile(local_assignments(self.image, node.broker_id))
+            node.service.set_view(ImageMetadataView(self.image))
+            node.replicas.on_image(self.image)
+
+    async def produce(self, leader: int, *values: bytes, acks: int = 1) -> pb.ProduceResponse:
+        async with _Stub(self.nodes[leader].port) as stub:
+            request = pb.ProduceRequest(
+                cluster_id=CLUSTER, topic=TP.topic, partition=TP.partition, leader_epoch=-1, acks=acks,
+                records=[pb.BrokerRecord(value=v, has_value=True) for v in values],
+            )  # fmt: skip
+            return await stub.Produce(request, timeout=TIMEOUT_S)
+
+    async def consume(self, broker: int, offset: int = 0) -> pb.BrokerFetchResponse:
+        async with _Stub(self.nodes[broker].port) as stub:
+            request = pb.BrokerFetchRequest(
+                topic=TP.topic, partition=TP.partition, offset=offset, max_bytes=1 << 20, leader_epoch=-1
+            )
+            return await stub.Fetch(request, timeout=TIMEOUT_S)
+
+
+class _Stub:
+    def __init__(self, port: int) -> None:
+        self.channel = open_channel(f"127.0.0.1:{port}")
+
+    async def __aenter__(self) -> broker_pb2_grpc.BrokerServiceStub:
+        return broker_pb2_grpc.BrokerServiceStub(self.channel)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.channel.close(None)
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) -> Node:
+    status = BrokerStatus(broker_id, CLUSTER, session_timeout_ms=10**9, clock=clock)
+    for state in (BrokerState.STARTING, BrokerState.RECOVERY, BrokerState.RUNNING):
+        status.transition(state)
+    status.fenced = False
+    status.broker_epoch = 100 + broker_id
+    status.heartbeat_accepted(clock.monotonic_ms())
+    opener = MemoryLogOpener()
+    manager = PartitionManager(broker_id, [tmp_path / f"b{broker_id}"], opener)
+    manager.load()
+
+    async def send(request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
+        h.alters.append(request)
+        if h.alter_answer is None:
+            return cpb.AlterPartitionResponse(error_code=ErrorCode.REQUEST_TIMED_OUT)
+        return h.alter_answer(request)
+
+    replicas = ReplicaManager(
+        broker_id,
+        CLUSTER,
+        manager,
+        clock=clock,
+        broker_epoch=lambda: status.broker_epoch,
+        send_alter_partition=send,
+        settings=ReplicationSettings(
+            replica_lag_time_max_ms=LAG_MS, fetch_max_wait_ms=50, fetch_backoff_ms=50, produce_timeout_ms=3000
+        ),
+    )
+    service = BrokerService(status, manager, ImageMetadataView(MetadataImage.empty()), replicas=replicas)
+    server = grpc.aio.server()
+    broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, server)
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    await server.start()
+    return Node(broker_id, port, manager, opener, replicas, service, server)
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    clock = ManualClock(start_ms=1_000_000)
+    harness = Harness(clock, {}, MetadataImage.empty())
+    for broker_id in (1, 2):
+        harness.nodes[broker_id] = await _node(broker_id, clock, tmp_path, harness)
+    harness.replay(
+        *(
+            mpb.RegisterBrokerRecord(
+                broker_id=b,
+                incarnation_id=f"i{b}",
+                broker_epoch=100 + b,
+                endpoints=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=n.port)],
+                fenced=False,
+            )
+            for b, n in harness.nodes.items()
+        )
+    )
+    try:
+        yield harness
+    finally:
+        for node in harness.nodes.values():
+            await node.replicas.close()
+            await node.server.stop(None)
+            node.manager.close()
+
+
+def _create(h: Harness, isr: list[int], leader: int = 1, epoch: int = 3) -> None:
+    h.replay(
+        mpb.TopicRecord(name=TP.topic, topic_id=TOPIC_ID),
+        mpb.PartitionRecord(
+            partition_id=0, topic_id=TOPIC_ID, replicas=[1, 2], isr=isr, leader=leader,
+            leader_epoch=epoch, partition_epoch=epoch,
+        ),
+    )  # fmt: skip
+
+
+def _batches(log: MemoryPartitionLog, below: int) -> list[bytes]:
+    return [data for base, data in log.batches if base < below]
+
+
+async def test_follower_copies_batches_byte_for_byte_and_consumers_read_below_the_high_watermark(
+    h: Harness,
+) -> None:
+    _create(h, isr=[1, 2])
+    leader, follower = h.nodes[1], h.nodes[2]
+    for values in ([b"a1", b"a2"], [b"a3"], [b"a4", b"a5", b"a6"]):
+        response = await h.produce(1, *values)
+        assert response.error_code == ErrorCode.NONE
+    await until(lambda: follower.log().log_end_offset == 6, "the follower to copy 6 records")
+    state = leader.replicas.leader_state(TP)
+    assert state is not None
+    await until(lambda: state.high_watermark == 6, "the high watermark to reach 6")
+    assert _batches(follower.log(), 6) == _batches(leader.log(), 6)
+    assert [next(iter(iter_batches(b))).partition_leader_epoch for b in _batches(follower.log(), 6)] == [
+        3,
+        3,
+        3,
+    ]
+    consumed = await h.consume(1)
+    assert [r.value for r in consumed.records] == [b"a1", b"a2", b"a3", b"a4", b"a5", b"a6"]
+    assert consumed.high_watermark == 6
+    await until(lambda: follower.replicas.follower_high_watermark(TP) == 6, "the follower to learn the HWM")
+
+
+async def test_consumers_do_not_see_records_an_isr_member_lacks(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()  # the follower never fetches
+    assert (await h.produce(1, b"x")).error_code == ErrorCode.NONE
+    consumed = await h.consume(1)
+    assert consumed.error_code == ErrorCode.NONE and list(consumed.records) == []
+    assert consumed.high_watermark == 0 and consumed.log_end_offset == 1
+
+
+async def test_a_leader_alone_in_the_isr_advances_the_high_watermark_on_flush(h: Harness) -> None:
+    _create(h, isr=[1])
+    await h.nodes[2].replicas.close()
+    assert (await h.produce(1, b"x", b"y")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 2, "the leader to flush")
+    assert [r.value for r in (await h.consume(1)).records] == [b"x", b"y"]
+
+
+async def test_a_diverged_follower_truncates_by_leader_epoch_then_copies(h: Harness) -> None:
+    # Broker 2 led epoch 3 and wrote b0..b2 that never reached broker 1; broker 1 leads epoch 5 with
+    # its own records from offset 1 on.  Both share offset 0 (epoch 3).
+    _create(h, isr=[1, 2], leader=2, epoch=3)
+    await h.nodes[1].replicas.close()
+    assert (await h.produce(2, b"shared")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[2].log().flushed == 1, "broker 2 to flush")
+    h.nodes[1].log().append_batches(h.nodes[2].log().batches[0][1])  # broker 1 had copied offset 0
+    h.nodes[1].log().flush()
+    assert (await h.produce(2, b"lost1", b"lost2")).error_code == ErrorCode.NONE
+    # Broker 2 stops; broker 1 becomes leader in epoch 5 and appends.
+    await h.nodes[2].replicas.close()
+    h.nodes[2].replicas = await _restart_replicas(h, 2)
+    h.nodes[1].replicas = await _restart_replicas(h, 1)
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=1))
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=1))  # epoch 5
+    assert (await h.produce(1, b"new1")).error_code == ErrorCode.NONE
+    await until(
+        lambda: [r.value for r in h.nodes[2].log().records] == [b"shared", b"new1"],
+        "broker 2 to truncate its epoch-3 tail and copy epoch 5",
+    )
+    assert h.nodes[2].log().batches == h.nodes[1].log().batches
+
+
+async def _restart_replicas(h: Harness, broker_id: int) -> ReplicaManager:
+    """A fresh ReplicaManager on the same logs (the old one was closed), bound to the node's service."""
+    node = h.nodes[broker_id]
+    old = node.replicas
+    replicas = ReplicaManager(
+        broker_id,
+        CLUSTER,
+        node.manager,
+        clock=h.clock,
+        broker_epoch=lambda: 100 + broker_id,
+        send_alter_partition=old._send_alter_partition,
+        settings=old.settings,
+    )
+    node.service._replicas = replicas
+    replicas.on_image(h.image)
+    return replicas
+
+
+async def test_a_truncation_below_the_high_watermark_is_refused(h: Harness) -> None:
+    _create(h, isr=[1, 2], leader=2, epoch=3)
+    await h.nodes[1].replicas.close()
+    assert (await h.produce(2, b"a", b"b")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[2].log().flushed == 2, "broker 2 to flush")
+    # Broker 1 holds a different epoch-3 history (impossible with clean elections) and believes 2 is
+    # committed: the leader's divergence answer would cut below it.
+    h.nodes[1].log().append_records([_produced(b"x"), _produced(b"y")], 2)  # epoch 2, two records
+    h.nodes[1].log().flush()
+    h.nodes[1].replicas = await _restart_replicas(h, 1)
+    followed = h.nodes[1].replicas._followed[TP]
+    followed.high_watermark = 2
+    h.nodes[1].replicas._ensure_fetcher(2)
+    # The leader answers epoch 2 with (2, 0): below the follower's HWM of 2 → refused, nothing deleted.
+    await until(lambda: h.nodes[1].replicas.is_stopped(TP), "the follower to stop the partition")
+    assert [r.value for r in h.nodes[1].log().records] == [b"x", b"y"]
+
+
+def _produced(value: bytes) -> ProducedRecord:
+    return ProducedRecord(None, value, 0)
+
+
+async def test_a_lagging_isr_member_is_proposed_out_and_a_caught_up_one_back_in(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    assert (await h.produce(1, b"x")).error_code == ErrorCode.NONE
+    leader = h.nodes[1].replicas
+    leader.check_isr_shrinks()
+    assert h.alters == [], "ISR members count as caught up when the leadership starts"
+    h.clock.advance(LAG_MS + 1)
+    leader.check_isr_shrinks()
+    await until(lambda: len(h.alters) >= 1, "an AlterPartition")
+    shrink = h.alters[0]
+    assert shrink.broker_id == 1 and shrink.broker_epoch == 101
+    data = shrink.partitions[0]
+    assert (data.topic_id, data.leader_epoch, data.partition_epoch) == (TOPIC_ID, 3, 3)
+    assert [(m.broker_id, m.broker_epoch) for m in data.new_isr] == [(1, 101)]
+    # The controller commits it (kraft bumps both epochs); the HWM no longer waits for 2.
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1])))
+    state = leader.leader_state(TP)
+    assert state is not None and state.isr == (1,) and state.pending is None
+    await until(lambda: state.high_watermark == 1, "the HWM to advance without 2")
+    # Broker 2 comes back, catches up, and is proposed back in with the epoch it fetched with.
+    h.alters.clear()
+    h.nodes[2].replicas = await _restart_replicas(h, 2)
+    await until(lambda: h.nodes[2].log().log_end_offset == 1, "broker 2 to catch up")
+    await until(lambda: len(h.alters) >= 1, "an expansion")
+    expand = h.alters[0].partitions[0]
+    assert [(m.broker_id, m.broker_epoch) for m in expand.new_isr] == [(1, 101), (2, 102)]
+    assert expand.leader_epoch == 4 and expand.partition_epoch == 4
+
+
+async def test_acks_all_waits_for_the_followers_and_answers_once_they_have_the_records(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    answer = await h.produce(1, b"a1", b"a2", acks=-1)
+    assert answer.error_code == ErrorCode.NONE and answer.base_offset == 0
+    assert h.nodes[2].log().flushed >= 2, "acknowledged only once the follower flushed it"
+
+
+async def test_acks_all_times_out_when_an_isr_member_does_not_fetch(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    one = await h.produce(1, b"x", acks=1)
+    assert one.error_code == ErrorCode.NONE
+    zero = await h.produce(1, b"y", acks=0)
+    assert zero.error_code == ErrorCode.NONE
+    answer = await h.produce(1, b"z", acks=-1)
+    assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
+
+
+async def test_acks_all_below_min_insync_replicas_is_refused_before_the_append(h: Harness) -> None:
+    _create(h, isr=[1])
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="2"))
+    answer = await h.produce(1, b"x", acks=-1)
+    assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert h.nodes[1].log().log_end_offset == 0
+    assert (await h.produce(1, b"x", acks=1)).error_code == ErrorCode.NONE
+
+
+async def test_acks_all_waiters_get_not_leader_when_the_leadership_moves(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    waiting = asyncio.create_task(h.produce(1, b"x", acks=-1))
+    await until(lambda: h.nodes[1].log().log_end_offset == 1, "the append")
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=2))
+    answer = await asyncio.wait_for(waiting, TIMEOUT_S)
+    assert answer.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+def test_the_hwm_checkpoint_round_trips_and_ignores_another_topic_id(tmp_path: Path) -> None:
+    entries = {(TP, TOPIC_ID): 7, (TopicPartition("u", 3), "uid"): 0}
+    assert hwm_checkpoint.decode(hwm_checkpoint.encode(entries)) == entries
+    hwm_checkpoint.write(tmp_path, entries)
+    assert hwm_checkpoint.read(tmp_path) == entries
+    (tmp_path / hwm_checkpoint.FILE_NAME).write_bytes(
+        b"1\n3\nt 0 7 tid\n"
+    )  # torn: fewer lines than announced
+    assert hwm_checkpoint.read(tmp_path) == {}
+
+
+async def test_a_restarted_leader_serves_consumers_up_to_its_checkpointed_hwm(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    assert (await h.produce(1, b"a", b"b", acks=-1)).error_code == ErrorCode.NONE
+    await h.nodes[1].replicas.close()  # writes the checkpoint: HWM 2
+    await h.nodes[2].replicas.close()  # the follower is gone: nothing would advance the HWM again
+    h.nodes[1].replicas = await _restart_replicas(h, 1)
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 2
+    assert [r.value for r in (await h.consume(1)).records] == [b"a", b"b"]
