@@ -7,7 +7,8 @@ import pytest
 from kraft.errors import ErrorCode
 from kraft.metadata.isr_changes import alter_partition
 from kraft.v1 import controller_pb2 as cpb
-from tests.unit.metadata.test_controller_logic import CLUSTER, Harness
+
+from .test_controller_logic import CLUSTER, Harness
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ from kraft.metadata.controller import ControllerOptions
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.netutil import free_port
 from kraft.v1 import controller_pb2 as cpb
-from tests.unit.metadata.test_controller import CLUSTER, activate_broker, started, until
+
+from .test_controller import CLUSTER, activate_broker, started, until
 
 
 async def _serve(servicer: ControllerServicer) -> tuple[grpc.aio.Server, str]:
