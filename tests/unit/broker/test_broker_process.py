@@ -150,7 +150,8 @@ async def test_registers_fenced_catches_up_then_runs_with_partition_logs(
         assert status.metadata_offset >= status.broker_epoch
         partition = b.server.partitions.get(TopicPartition("orders", 0))
         assert partition is not None and partition.role is ReplicaRole.LEADER
-        assert {p.name for p in (tmp_path / "logs").iterdir()} == {"orders-0", "orders-1"}
+        # Partition directories only: the log dir also holds its replication-offset-checkpoint file.
+    assert {p.name for p in (tmp_path / "logs").iterdir() if p.is_dir()} == {"orders-0", "orders-1"}
 
 
 async def test_new_records_arrive_by_long_poll_and_deletion_removes_directories(
@@ -391,7 +392,8 @@ async def test_a_topic_deleted_while_the_broker_was_down_is_never_recreated_or_o
     async with broker(tmp_path, store, target(controller), opener=opener) as first:
         await wait_for(lambda: is_running(first), "RUNNING")
         await first.shutdown()
-    assert {p.name for p in (tmp_path / "logs").iterdir()} == {"orders-0", "orders-1"}
+    # Partition directories only: the log dir also holds its replication-offset-checkpoint file.
+    assert {p.name for p in (tmp_path / "logs").iterdir() if p.is_dir()} == {"orders-0", "orders-1"}
     assert store.image.topics_by_id  # the stored image still has the topic
     controller.append(mpb.RemoveTopicRecord(topic_id=ORDERS_ID))
     # A second stale topic that exists only in the stored image and not on disk: never created.
@@ -400,7 +402,7 @@ async def test_a_topic_deleted_while_the_broker_was_down_is_never_recreated_or_o
     seen_dirs: set[str] = set()
 
     def record_dirs() -> bool:
-        seen_dirs.update(p.name for p in (tmp_path / "logs").iterdir())
+        seen_dirs.update(p.name for p in (tmp_path / "logs").iterdir() if p.is_dir())
         return False
 
     async with broker(tmp_path, store, target(controller), opener=opener) as second:
