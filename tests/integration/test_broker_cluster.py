@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import grpc
 import pytest
+from tmpfs import fill, small_tmpfs
 
 from kraft.client.channel import open_blocking_channel
 from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
@@ -725,39 +726,13 @@ def test_a_topic_deleted_while_a_broker_was_down_is_not_recreated_at_its_restart
     )
 
 
-@contextlib.contextmanager
-def _small_tmpfs(where: Path, size: str) -> Iterator[None]:
-    where.mkdir(parents=True, exist_ok=True)
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot mount a tmpfs to fill ({exc}); needs root or CAP_SYS_ADMIN")
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill: {mounted.stderr.strip()}; needs root or CAP_SYS_ADMIN")
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=10, check=False)
-
-
 def test_a_broker_whose_only_log_dir_is_full_exits_with_one_fatal_line(cluster: Cluster) -> None:
     """Issue #14: fail-stop — no log dir left to host partitions (ENOSPC) ends the process with exit 70."""
     broker_dir = cluster.base_dir / "broker211"
-    with _small_tmpfs(broker_dir, "8m"):
+    with small_tmpfs(broker_dir, "8m"):
         broker = cluster.start_broker(211)
         cluster.wait_broker_state(211, "RUNNING")
-        try:
-            with (broker.log_dir / "filler").open("wb") as out:
-                while True:
-                    out.write(b"\0" * 65536)
-        except OSError:
-            pass  # ENOSPC: the disk is full
+        fill(broker.log_dir)
         cluster.create_topic("no-room", {p: [211] for p in range(4)})
         assert broker.process is not None
         code = broker.process.wait(timeout=WAIT_S)
