@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.security.mapping import MappingRuleError, parse_rules
 
 # ---------------------------------------------------------------------------------------------------------
 # Errors
@@ -348,6 +349,71 @@ def _parse_level(value: object) -> str:
     return text
 
 
+SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL")
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolMapping:
+    """One entry of ``listener.security.protocol.map``: ``NAME:PROTOCOL``."""
+
+    name: str
+    protocol: str
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.protocol}"
+
+
+def parse_protocol_map(text: str) -> tuple[ProtocolMapping, ...]:
+    """``CONTROLLER:SSL,BROKER:SSL`` → mappings; PLAINTEXT and SSL only (SASL is not supported)."""
+    mappings: list[ProtocolMapping] = []
+    for entry in _comma_list(text):
+        name, sep, protocol = entry.partition(":")
+        name, protocol = name.strip().upper(), protocol.strip().upper()
+        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+            raise ValueError(f"entry {entry!r} is not LISTENER_NAME:PROTOCOL")
+        if protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(f"entry {entry!r}: protocol must be PLAINTEXT or SSL (SASL is not supported)")
+        mappings.append(ProtocolMapping(name, protocol))
+    names = [mapping.name for mapping in mappings]
+    if len(set(names)) != len(names):
+        raise ValueError("listener names must be unique")
+    return tuple(mappings)
+
+
+def _parse_pem_type(value: object) -> str:
+    if str(value).strip().upper() != "PEM":
+        raise ValueError("only PEM is supported")
+    return "PEM"
+
+
+def _parse_client_auth(value: object) -> str:
+    text = str(value).strip().lower()
+    if text == "requested":
+        raise ValueError(
+            "'requested' is not supported (grpcio either requires a client certificate or does not ask "
+            "for one): use required or none"
+        )
+    if text not in ("required", "none"):
+        raise ValueError("must be required or none")
+    return text
+
+
+def _parse_mapping_rules(value: object) -> str:
+    text = str(value).strip() or "DEFAULT"
+    try:
+        parse_rules(text)
+    except MappingRuleError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _parse_pem_text(value: object) -> str | None:
+    text = _parse_optional_str(value)
+    if text is not None and "-----BEGIN" not in text:
+        raise ValueError("holds the PEM text itself (Kafka's meaning); for a file use the .location key")
+    return text
+
+
 DEFAULT_MESSAGE_MAX_BYTES = 1048588
 GRPC_ENVELOPE_BYTES = 64 * 1024
 """Room kept in a gRPC message besides one record batch's content: a Produce request's topic, cluster
@@ -435,6 +501,37 @@ class NodeConfig(BaseModel):
     # Largest record batch a Produce may append (Kafka's default); a topic's max.message.bytes overrides it.
     message_max_bytes: NonNegative = _key("message.max.bytes", default=DEFAULT_MESSAGE_MAX_BYTES)
     metrics_port: Port = _key("metrics.port", default=0)
+    # Transport security (kraft.security.tls, docs/security.md): Kafka's names, PEM only.
+    listener_security_protocol_map: Annotated[
+        tuple[ProtocolMapping, ...], _typed_or_parsed(parse_protocol_map, ProtocolMapping)
+    ] = _key("listener.security.protocol.map", default=())
+    ssl_keystore_type: Annotated[str, BeforeValidator(_parse_pem_type)] = _key(
+        "ssl.keystore.type", default="PEM"
+    )
+    ssl_keystore_location: Annotated[Path | None, BeforeValidator(_parse_optional_path)] = _key(
+        "ssl.keystore.location", default=None
+    )
+    ssl_keystore_certificate_chain: Annotated[str | None, BeforeValidator(_parse_pem_text)] = _key(
+        "ssl.keystore.certificate.chain", default=None
+    )
+    ssl_keystore_key: Annotated[str | None, BeforeValidator(_parse_pem_text)] = _key(
+        "ssl.keystore.key", default=None
+    )
+    ssl_truststore_type: Annotated[str, BeforeValidator(_parse_pem_type)] = _key(
+        "ssl.truststore.type", default="PEM"
+    )
+    ssl_truststore_location: Annotated[Path | None, BeforeValidator(_parse_optional_path)] = _key(
+        "ssl.truststore.location", default=None
+    )
+    ssl_truststore_certificates: Annotated[str | None, BeforeValidator(_parse_pem_text)] = _key(
+        "ssl.truststore.certificates", default=None
+    )
+    ssl_client_auth: Annotated[str, BeforeValidator(_parse_client_auth)] = _key(
+        "ssl.client.auth", default="none"
+    )
+    ssl_principal_mapping_rules: Annotated[str, BeforeValidator(_parse_mapping_rules)] = _key(
+        "ssl.principal.mapping.rules", default="DEFAULT"
+    )
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_parse_level)] = _key(
         "log.level", default="INFO"
     )
@@ -502,6 +599,21 @@ class NodeConfig(BaseModel):
     def broker_listener(self) -> Listener | None:
         """The first listener that is not a controller listener (None on a controller-only node)."""
         return next((lst for lst in self.listeners if lst.name not in self.controller_listener_names), None)
+
+    def security_protocol(self, listener_name: str) -> str:
+        """PLAINTEXT or SSL for a listener name (served here or dialled, e.g. CONTROLLER on a broker):
+        its ``listener.security.protocol.map`` entry; unlisted names are PLAINTEXT, ``SSL`` is SSL."""
+        name = listener_name.upper()
+        for mapping in self.listener_security_protocol_map:
+            if mapping.name == name:
+                return mapping.protocol
+        return "SSL" if name == "SSL" else "PLAINTEXT"
+
+    @property
+    def uses_ssl(self) -> bool:
+        """Whether any listener this node serves or dials (the controller listeners) is SSL."""
+        names = {lst.name for lst in self.listeners} | set(self.controller_listener_names)
+        return any(self.security_protocol(name) == "SSL" for name in names)
 
     @property
     def all_log_dirs(self) -> tuple[Path, ...]:
@@ -635,6 +747,7 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
                 str(cfg.broker_heartbeat_interval_ms),
                 f"must be less than broker.session.timeout.ms ({cfg.broker_session_timeout_ms})",
             )
+    _check_ssl_rules(cfg)
     if not cfg.is_controller and listener_names & controller_names:
         raise ConfigError.for_key(
             "listeners",
@@ -649,6 +762,52 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
             _render(cfg.listeners),
             f"process.roles={roles_text} may only have controller listeners "
             f"({','.join(cfg.controller_listener_names)}), found {extra_names}",
+        )
+
+
+def _check_ssl_rules(cfg: NodeConfig) -> None:
+    """Kafka's keystore/truststore key rules, and what SSL needs here (docs/security.md)."""
+    if cfg.ssl_keystore_location is not None and (
+        cfg.ssl_keystore_certificate_chain is not None or cfg.ssl_keystore_key is not None
+    ):
+        raise ConfigError.for_key(
+            "ssl.keystore.location",
+            str(cfg.ssl_keystore_location),
+            "give ssl.keystore.location or ssl.keystore.certificate.chain with ssl.keystore.key, not both",
+        )
+    if (cfg.ssl_keystore_certificate_chain is None) != (cfg.ssl_keystore_key is None):
+        missing = "ssl.keystore.key" if cfg.ssl_keystore_key is None else "ssl.keystore.certificate.chain"
+        raise ConfigError(
+            f"missing required config key {missing} (an inline PEM keystore needs both)", key=missing
+        )
+    if cfg.ssl_truststore_location is not None and cfg.ssl_truststore_certificates is not None:
+        raise ConfigError.for_key(
+            "ssl.truststore.location",
+            str(cfg.ssl_truststore_location),
+            "give ssl.truststore.location or ssl.truststore.certificates, not both",
+        )
+    if not cfg.uses_ssl:
+        return
+    ssl_names = ",".join(m.name for m in cfg.listener_security_protocol_map if m.protocol == "SSL") or "SSL"
+    if cfg.ssl_keystore_location is None and cfg.ssl_keystore_key is None:
+        raise ConfigError(
+            f"missing required config key ssl.keystore.location (or ssl.keystore.key with "
+            f"ssl.keystore.certificate.chain): listeners {ssl_names} are SSL",
+            key="ssl.keystore.location",
+        )
+    if cfg.ssl_truststore_location is None and cfg.ssl_truststore_certificates is None:
+        raise ConfigError(
+            f"missing required config key ssl.truststore.location (or ssl.truststore.certificates): "
+            f"listeners {ssl_names} are SSL",
+            key="ssl.truststore.location",
+        )
+    controller = cfg.controller_listener_names[0]
+    if cfg.is_controller and cfg.security_protocol(controller) == "SSL" and cfg.ssl_client_auth != "required":
+        raise ConfigError.for_key(
+            "ssl.client.auth",
+            cfg.ssl_client_auth,
+            f"the SSL controller listener {controller} needs ssl.client.auth=required "
+            "(Raft peers prove their node id with their certificates)",
         )
 
 

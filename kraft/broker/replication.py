@@ -44,7 +44,7 @@ import grpc
 from kraft.broker import hwm_checkpoint
 from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
-from kraft.client.channel import open_channel
+from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.client.controller import ControllerUnavailable
 from kraft.clock import Clock
 from kraft.errors import ErrorCode
@@ -136,8 +136,10 @@ class ReplicaManager:
         settings: ReplicationSettings | None = None,
         listener: str = "PLAINTEXT",
         channel_options: Iterable[tuple[str, int]] = (),
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self._security = security
         self.cluster_id = cluster_id
         self.settings = settings or ReplicationSettings()
         self._partitions = partitions
@@ -607,7 +609,7 @@ class ReplicaManager:
             return None
         channel = self._channels.get(target)
         if channel is None:
-            channel = self._channels[target] = open_channel(target, self._channel_options)
+            channel = self._channels[target] = open_channel(target, self._channel_options, self._security)
         return broker_pb2_grpc.BrokerServiceStub(channel)
 
     async def _run_fetcher(self, leader_id: int) -> None:

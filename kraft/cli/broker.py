@@ -13,6 +13,7 @@ import typer
 from kraft.cli.common import (
     BootstrapControllerOption,
     CliError,
+    CommandConfigOption,
     JsonOption,
     handle_errors,
     parse_bootstrap,
@@ -72,7 +73,11 @@ async def _describe_cluster(bootstrap: str) -> cpb.DescribeClusterResponse:
 
 @app.command("list")
 @handle_errors
-def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False) -> None:
+def list_command(
+    bootstrap_controller: BootstrapControllerOption,
+    as_json: JsonOption = False,
+    command_config: CommandConfigOption = None,
+) -> None:
     """Every registered broker with its state (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE).
 
     Examples:
@@ -157,7 +162,10 @@ async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
 @app.command("describe")
 @handle_errors
 def describe_command(
-    broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False
+    broker_id: BrokerIdArgument,
+    bootstrap_controller: BootstrapControllerOption,
+    as_json: JsonOption = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """One broker's registration, state and the partitions it hosts.
 
@@ -204,7 +212,11 @@ async def _unregister(bootstrap: str, broker_id: int) -> None:
 
 @app.command("unregister")
 @handle_errors
-def unregister_command(broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption) -> None:
+def unregister_command(
+    broker_id: BrokerIdArgument,
+    bootstrap_controller: BootstrapControllerOption,
+    command_config: CommandConfigOption = None,
+) -> None:
     """Remove a broker's registration (kafka-cluster.sh unregister); its id becomes free.
 
     Examples:
@@ -225,7 +237,11 @@ async def _shutdown(bootstrap: str, broker_id: int) -> int:
 
 @app.command("shutdown")
 @handle_errors
-def shutdown_command(broker_id: BrokerIdArgument, bootstrap_controller: BootstrapControllerOption) -> None:
+def shutdown_command(
+    broker_id: BrokerIdArgument,
+    bootstrap_controller: BootstrapControllerOption,
+    command_config: CommandConfigOption = None,
+) -> None:
     """Controlled shutdown: move the broker's leaderships away, then tell it to stop at its next heartbeat.
 
     Examples:

@@ -16,6 +16,7 @@ from kraft.config import load_config
 from kraft.node.broker import BrokerStartupError, cluster_id_of, run_broker
 from kraft.observability.logging import configure_logging
 from kraft.runtime import RuntimeChoiceError, check_choices, run_server
+from kraft.security.tls import TlsError, check_node_tls
 
 
 @app.command("start")
@@ -40,6 +41,10 @@ def start(config: ConfigOption) -> None:
     if not cfg.is_broker:
         raise CliError(f"{config}: process.roles must include broker to run `kraft broker start`")
     configure_logging(cfg.log_level)
+    try:
+        check_node_tls(cfg)
+    except TlsError as err:
+        raise CliError(f"cannot use the TLS configuration: {err}") from None
     raise_open_file_limit()  # before any partition log is opened
     try:
         cluster_id = cluster_id_of(cfg)

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
+from kraft.client.channel import set_default_security
 from kraft.cluster.manager import ClusterError, ClusterStatus, LocalCluster
 from kraft.cluster.process import ProcessError
 from kraft.cluster.profiles import PROFILES
@@ -46,7 +47,19 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
                 f"{node.name} {node.state} (exit {code}): {node.last_error or 'no fatal line in its log'}"
             )
     controllers = [n.endpoint for n in status.nodes if str(n.role) == "controller"]
-    typer.echo(f"--bootstrap-controller {','.join(controllers)}")
+    client = Path(status.dir) / "client.properties"
+    tls = f" --command-config {client}" if client.exists() else ""
+    typer.echo(f"--bootstrap-controller {','.join(controllers)}{tls}")
+
+
+def _open(directory: Path) -> LocalCluster:
+    """The cluster in ``directory``; this process's channels then use its TLS client config, if any."""
+    return _use_security(LocalCluster.open(directory))
+
+
+def _use_security(cluster: LocalCluster) -> LocalCluster:
+    set_default_security(cluster.client_security())
+    return cluster
 
 
 def _wait_with_progress(
@@ -83,6 +96,13 @@ def up_command(
         str, typer.Option("--profile", help=f"Timing profile: {' | '.join(PROFILES)}.")
     ] = "default",
     metrics: Annotated[bool, typer.Option("--metrics", help="Give every node a Prometheus port.")] = False,
+    tls: Annotated[
+        bool,
+        typer.Option(
+            "--tls",
+            help="Mutual TLS on every listener: a local CA in DIR/tls, DIR/client.properties for the CLI.",
+        ),
+    ] = False,
     timeout_s: TimeoutOption = 60.0,
     keep_on_failure: Annotated[
         bool,
@@ -104,11 +124,13 @@ def up_command(
       kraft cluster up --dir /tmp/c --brokers 1 --profile fast --json
 
       kraft cluster up --dir /tmp/c --base-port 19090
+
+      kraft cluster up --dir /tmp/c --tls   # the CLI then takes --command-config /tmp/c/client.properties
     """
     if profile not in PROFILES:
         raise CliError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
     try:
-        cluster = _create_or_reopen(directory, controllers, brokers, base_port, profile, metrics)
+        cluster = _create_or_reopen(directory, controllers, brokers, base_port, profile, metrics, tls)
         try:
             status = _start_in_order(cluster, timeout_s)
         except (ClusterError, KeyboardInterrupt) as exc:
@@ -155,17 +177,26 @@ def _create_or_reopen(
     base_port: int | None,
     profile: str,
     metrics: bool,
+    tls: bool = False,
 ) -> LocalCluster:
     try:
-        existing = LocalCluster.open(directory)
+        existing = _open(directory)
     except ClusterError:
-        return LocalCluster.create(
-            directory,
-            controllers=3 if controllers is None else controllers,
-            brokers=3 if brokers is None else brokers,
-            base_port=base_port,
-            profile=profile,
-            metrics=metrics,
+        return _use_security(
+            LocalCluster.create(
+                directory,
+                controllers=3 if controllers is None else controllers,
+                brokers=3 if brokers is None else brokers,
+                base_port=base_port,
+                profile=profile,
+                metrics=metrics,
+                tls=tls,
+            )
+        )
+    if tls and not existing.spec.tls:
+        raise ClusterError(
+            f"{existing.layout.root} holds a PLAINTEXT cluster; use another --dir for --tls "
+            "or `kraft cluster down --purge` it first"
         )
     running = existing.running()
     if running:
@@ -198,7 +229,7 @@ def status_command(directory: DirOption = _DEFAULT_DIR, as_json: JsonOption = Fa
       kraft cluster status --dir /tmp/c --json | jq .leader_id
     """
     try:
-        status = LocalCluster.open(directory).status()
+        status = _open(directory).status()
     except ClusterError as exc:
         raise _cluster_error(exc) from None
     _print_status(status, as_json)
@@ -224,7 +255,7 @@ def down_command(
       kraft cluster down --dir /tmp/c --purge     # also delete its files
     """
     try:
-        cluster = LocalCluster.open(directory)
+        cluster = _open(directory)
         with Console(stderr=True).status("stopping the brokers, then the controllers…"):
             outcomes = cluster.down(timeout_s)
     except ClusterError as exc:
@@ -253,7 +284,7 @@ def restart_command(
       kraft cluster restart controller-2 --dir /tmp/c --json
     """
     try:
-        cluster = LocalCluster.open(directory)
+        cluster = _open(directory)
         proc = cluster.process(node)
         cluster.restart(node, timeout_s=min(timeout_s, 15.0))
         status = _wait_with_progress(
@@ -294,7 +325,7 @@ def stop_command(
       kraft cluster stop controller-1 --kill --dir demo-cluster
     """
     try:
-        cluster = LocalCluster.open(directory)
+        cluster = _open(directory)
         procs = [cluster.process(node) for node in nodes]  # resolve every name before stopping any
         for proc in procs:
             if kill:
@@ -328,7 +359,7 @@ def start_command(
       kraft cluster start broker-101 broker-102 --dir /tmp/c --no-wait
     """
     try:
-        cluster = LocalCluster.open(directory)
+        cluster = _open(directory)
         names = [cluster.process(node).node.name for node in nodes]
         running = cluster.running()
         for name in names:

@@ -48,6 +48,31 @@ BootstrapControllerOption = Annotated[
 ]
 
 
+def apply_command_config(path: Path | None) -> Path | None:
+    """Open every channel of this command as ``path`` says (Kafka's admin client ``--command-config``:
+    ``security.protocol=SSL``, ``ssl.truststore.location``/``ssl.truststore.certificates``,
+    ``ssl.keystore.location`` or ``ssl.keystore.key`` + ``ssl.keystore.certificate.chain``)."""
+    if path is not None:
+        # Imported here so `kraft --help` stays fast (TLS pulls in cryptography).
+        from kraft.client.channel import set_default_security
+        from kraft.security.tls import load_client_security
+
+        set_default_security(load_client_security(path))
+    return path
+
+
+CommandConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--command-config",
+        help="Client .properties: security.protocol=SSL and ssl.truststore.*/ssl.keystore.* (PEM) for TLS.",
+        callback=apply_command_config,
+        show_default=False,
+    ),
+]
+"""Every command that talks to the cluster takes it (applied while the options are parsed)."""
+
+
 _PIPE_WIDTH = 250
 
 

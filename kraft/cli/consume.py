@@ -15,7 +15,14 @@ from typing import Annotated
 import typer
 
 from kraft.broker.service import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
-from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, run_async
+from kraft.cli.common import (
+    CommandConfigOption,
+    JsonOption,
+    WaitSpinner,
+    handle_errors,
+    parse_bootstrap,
+    run_async,
+)
 from kraft.cli.produce import BootstrapServerOption
 from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
@@ -42,6 +49,7 @@ def consume_command(
     cluster_id: Annotated[str, typer.Option("--cluster-id", help="Check the cluster id (empty: skip).")] = "",
     timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
     json_output: JsonOption = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Read records of a topic partition from its leader; one value per line.
 

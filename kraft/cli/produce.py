@@ -14,7 +14,15 @@ from typing import Annotated
 
 import typer
 
-from kraft.cli.common import JsonOption, WaitSpinner, handle_errors, parse_bootstrap, print_json, run_async
+from kraft.cli.common import (
+    CommandConfigOption,
+    JsonOption,
+    WaitSpinner,
+    handle_errors,
+    parse_bootstrap,
+    print_json,
+    run_async,
+)
 from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
 
@@ -63,6 +71,7 @@ def produce_command(
         ),
     ] = AcksOption.ALL,
     json_output: JsonOption = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Append records to a topic partition through its leader; prints their offsets.
 

@@ -9,6 +9,7 @@ import typer
 from kraft.cli.common import (
     BootstrapControllerOption,
     CliError,
+    CommandConfigOption,
     JsonOption,
     WaitSpinner,
     handle_errors,
@@ -44,6 +45,7 @@ def describe_command(
     timeout_ms: Annotated[
         int, typer.Option("--timeout-ms", min=100, help="Give up finding the leader after this long.")
     ] = 10_000,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Describe the quorum as its leader sees it (kafka-metadata-quorum.sh).
 

@@ -9,6 +9,7 @@ import typer
 from kraft.cli.common import (
     BootstrapControllerOption,
     CliError,
+    CommandConfigOption,
     JsonOption,
     handle_errors,
     parse_bootstrap,
@@ -87,6 +88,7 @@ def create_command(
     if_not_exists: Annotated[
         bool, typer.Option("--if-not-exists", help="An existing topic is not an error.")
     ] = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Create a topic; replicas are spread evenly and rack-aware over the unfenced brokers.
 
@@ -128,7 +130,11 @@ async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.D
 
 @app.command("list")
 @handle_errors
-def list_command(bootstrap_controller: BootstrapControllerOption, as_json: JsonOption = False) -> None:
+def list_command(
+    bootstrap_controller: BootstrapControllerOption,
+    as_json: JsonOption = False,
+    command_config: CommandConfigOption = None,
+) -> None:
     """Every topic with its partition count and replication factor.
 
     Examples:
@@ -194,6 +200,7 @@ def describe_command(
             "--under-replicated-partitions", help="Only partitions whose ISR is smaller than their replicas."
         ),
     ] = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR.
 
@@ -244,6 +251,7 @@ def delete_command(
     name: TopicArgument,
     bootstrap_controller: BootstrapControllerOption,
     if_exists: Annotated[bool, typer.Option("--if-exists", help="A missing topic is not an error.")] = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Delete a topic (its partitions are removed from every broker).
 
@@ -321,6 +329,7 @@ def elect_leaders_command(
         int | None, typer.Option("--partition", help="Only this partition of --topic.")
     ] = None,
     as_json: JsonOption = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Preferred leader election: make each partition's first replica its leader again.
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 
-from kraft.client.channel import open_channel
+from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.errors import ErrorCode
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
@@ -59,8 +59,11 @@ class ControllerClient:
         *,
         max_message_bytes: int = 16 * 1024 * 1024,
         max_reconnect_backoff_ms: int = MAX_RECONNECT_BACKOFF_MS,
+        security: ChannelSecurity | None = None,
     ) -> None:
-        """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list)."""
+        """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
+        how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``)."""
+        self._security = security
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         self._voters = list(voters)
@@ -161,6 +164,6 @@ class ControllerClient:
     def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = open_channel(target, self._options)
+            channel = open_channel(target, self._options, self._security)
             self._channels[target] = channel
         return channel

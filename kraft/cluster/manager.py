@@ -21,20 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
 from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.probe import broker_serving, cluster_view, quorum_view
 from kraft.cluster.process import NodeProcess, ProcessError
 from kraft.cluster.spec import (
+    ADMIN_CLIENT,
     AddressOf,
     ClusterLayout,
     ClusterSpec,
     NodeRole,
     NodeSpec,
+    client_properties,
     node_properties,
     plan_cluster,
 )
-from kraft.config import format_properties, load_config
+from kraft.config import ConfigError, format_properties, load_config
 from kraft.netutil import port_in_use
+from kraft.security.ca import write_cluster_tls
+from kraft.security.tls import load_client_security
 from kraft.storage.ids import random_uuid
 
 _FATAL = " event=fatal "
@@ -158,6 +163,7 @@ class LocalCluster:
         address_of: AddressOf | None = None,
         extra_env: Mapping[str, str] | None = None,
         spec: ClusterSpec | None = None,
+        tls: bool = False,
     ) -> LocalCluster:
         """Plan ids and ports, write every config, format every node's storage, save ``cluster.json``.
 
@@ -181,11 +187,14 @@ class LocalCluster:
                 profile=profile,
                 metrics=metrics,
                 overrides=overrides,
+                tls=tls,
             )
         except ValueError as exc:
             raise ClusterError(str(exc)) from None
         cluster = cls(layout, spec, address_of=address_of, extra_env=extra_env)
         cluster.check_ports_free(spec.nodes)
+        if spec.tls:
+            cluster.write_tls()
         cluster.write_configs()
         cluster.format_storage()
         layout.save(spec)
@@ -210,6 +219,25 @@ class LocalCluster:
                 f"no cluster in {layout.root} (create one with `kraft cluster up --dir {root}`)"
             )
         return cls(layout, spec, address_of=address_of, extra_env=extra_env)
+
+    def write_tls(self) -> None:
+        """A local CA, one certificate per node (``CN=controller-1``, ``CN=broker-101``) and one for the
+        CLI (``CN=admin``), and ``client.properties`` naming the admin certificate."""
+        names = [node.name for node in self.spec.nodes] + [ADMIN_CLIENT]
+        write_cluster_tls(self.layout.tls_dir, names)
+        header = f"kraft CLI --command-config for cluster {self.spec.cluster_id} (admin certificate)"
+        self.layout.client_properties.write_text(
+            format_properties(client_properties(self.layout), header=header), encoding="utf-8"
+        )
+
+    def client_security(self) -> ChannelSecurity:
+        """How a local client reaches this cluster's nodes (its ``client.properties`` when TLS)."""
+        if not self.spec.tls:
+            return PLAINTEXT_SECURITY
+        try:
+            return load_client_security(self.layout.client_properties)
+        except ConfigError as exc:
+            raise ClusterError(str(exc)) from None
 
     def write_configs(self) -> None:
         """(Re)write every node's ``.properties`` from the spec (and ``address_of``, if given)."""

@@ -62,6 +62,8 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     profile: str = "default"
     overrides: Mapping[str, str] = field(default_factory=dict)
+    tls: bool = False
+    """Every listener SSL with mutual TLS; certificates from a local CA in ``<dir>/tls``."""
 
     @property
     def controllers(self) -> tuple[NodeSpec, ...]:
@@ -84,6 +86,7 @@ class ClusterSpec:
             "cluster_id": self.cluster_id,
             "profile": self.profile,
             "overrides": dict(self.overrides),
+            "tls": self.tls,
             "nodes": [
                 {
                     "id": n.node_id,
@@ -104,7 +107,13 @@ class ClusterSpec:
             )
             for n in data["nodes"]
         )
-        return cls(str(data["cluster_id"]), nodes, str(data["profile"]), dict(data.get("overrides", {})))
+        return cls(
+            str(data["cluster_id"]),
+            nodes,
+            str(data["profile"]),
+            dict(data.get("overrides", {})),
+            bool(data.get("tls", False)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,16 @@ class ClusterLayout:
 
     def pid_path(self, node: NodeSpec) -> Path:
         return self.root / "run" / f"{node.name}.pid"
+
+    @property
+    def tls_dir(self) -> Path:
+        """The local CA (``ca.pem``, ``ca-key.pem``) and one keystore ``<name>.pem`` per node and client."""
+        return self.root / "tls"
+
+    @property
+    def client_properties(self) -> Path:
+        """The CLI's ``--command-config`` for a TLS cluster (admin certificate)."""
+        return self.root / "client.properties"
 
     def save(self, spec: ClusterSpec) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -155,6 +174,7 @@ def plan_cluster(
     profile: str = "default",
     metrics: bool = False,
     overrides: Mapping[str, str] | None = None,
+    tls: bool = False,
 ) -> ClusterSpec:
     """Ids and ports for a new cluster.
 
@@ -174,7 +194,7 @@ def plan_cluster(
         NodeSpec(node_id, role, host, ports[i], ports[count + i] if metrics else 0)
         for i, (node_id, role) in enumerate(zip(ids, roles, strict=True))
     )
-    return ClusterSpec(cluster_id, nodes, profile, dict(overrides or {}))
+    return ClusterSpec(cluster_id, nodes, profile, dict(overrides or {}), tls)
 
 
 def _ports(count: int, base_port: int | None, host: str) -> list[int]:
@@ -190,6 +210,33 @@ def _ports(count: int, base_port: int | None, host: str) -> list[int]:
     return ports
 
 
+ADMIN_CLIENT: Final = "admin"
+"""The common name of the CLI's certificate in a TLS cluster."""
+
+
+def tls_properties(layout: ClusterLayout, name: str) -> dict[str, str]:
+    """A TLS cluster node's security keys: CONTROLLER and SSL listeners over mutual TLS."""
+    return {
+        "listener.security.protocol.map": "CONTROLLER:SSL,SSL:SSL",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(layout.tls_dir / f"{name}.pem"),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(layout.tls_dir / "ca.pem"),
+        "ssl.client.auth": "required",
+    }
+
+
+def client_properties(layout: ClusterLayout) -> dict[str, str]:
+    """``client.properties`` of a TLS cluster: the admin client's certificate and the CA."""
+    return {
+        "security.protocol": "SSL",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(layout.tls_dir / f"{ADMIN_CLIENT}.pem"),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(layout.tls_dir / "ca.pem"),
+    }
+
+
 def node_properties(
     spec: ClusterSpec, node: NodeSpec, layout: ClusterLayout, address_of: AddressOf | None = None
 ) -> dict[str, str]:
@@ -201,12 +248,16 @@ def node_properties(
         )
         return f"{controller.node_id}@{host}:{port}"
 
+    # With TLS the broker listener is named SSL (Kafka's default map makes SSL an SSL listener).
+    listener = "SSL" if spec.tls and node.role is NodeRole.BROKER else node.listener_name
     props: dict[str, str] = {
         "process.roles": str(node.role),
         "node.id": str(node.node_id),
         "controller.quorum.voters": ",".join(voter_address(c) for c in spec.controllers),
-        "listeners": f"{node.listener_name}://{node.host}:{node.port}",
+        "listeners": f"{listener}://{node.host}:{node.port}",
     }
+    if spec.tls:
+        props.update(tls_properties(layout, node.name))
     data_dir = str(layout.data_dir(node))
     if node.role is NodeRole.CONTROLLER:
         props["metadata.log.dir"] = data_dir

@@ -56,6 +56,7 @@ from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
+from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
 from kraft.client.controller import ControllerClient
 from kraft.clock import SystemClock
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
@@ -67,6 +68,16 @@ from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_healt
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
 from kraft.runtime import grpc_io_name, running_loop_name
+from kraft.security.principal import install_principal_mapper
+from kraft.security.tls import (
+    CertificateReloader,
+    MetricsTlsContext,
+    SslSettings,
+    TlsError,
+    add_port,
+    listener_settings,
+    outbound_security,
+)
 from kraft.storage.meta_properties import check_meta_properties
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
@@ -119,6 +130,9 @@ class BrokerSettings:
     max_message_bytes: int  # grpc.max.message.bytes
     metrics_port: int
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES  # message.max.bytes: largest batch a Produce appends
+    server_tls: SslSettings | None = None  # the broker listener's SSL settings (None: PLAINTEXT)
+    controller_security: ChannelSecurity = PLAINTEXT_SECURITY  # how the controllers are dialled
+    broker_security: ChannelSecurity = PLAINTEXT_SECURITY  # how other brokers are dialled (replica fetch)
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -137,7 +151,12 @@ class BrokerSettings:
             voters=tuple((v.id, v.target) for v in config.voters),
             bind_address=listener.bind_address,
             listeners=tuple(
-                Endpoint(name=lst.name, host=lst.host or "127.0.0.1", port=lst.port)
+                Endpoint(
+                    name=lst.name,
+                    host=lst.host or "127.0.0.1",
+                    port=lst.port,
+                    security_protocol=config.security_protocol(lst.name),
+                )
                 for lst in config.listeners
                 if lst.name not in config.controller_listener_names
             ),
@@ -154,6 +173,9 @@ class BrokerSettings:
             max_message_bytes=config.grpc_max_message_bytes,
             metrics_port=config.metrics_port,
             message_max_bytes=config.message_max_bytes,
+            server_tls=listener_settings(config, listener.name),
+            controller_security=outbound_security(config, config.controller_listener_names[0]),
+            broker_security=outbound_security(config, listener.name),
         )
 
 
@@ -175,7 +197,9 @@ class BrokerServer:
         self.partitions = PartitionManager(
             s.broker_id, s.log_dirs, open_log or segmented_log_opener(s.log_segment_bytes)
         )
-        self.client = ControllerClient(s.voters, max_message_bytes=s.max_message_bytes)
+        self.client = ControllerClient(
+            s.voters, max_message_bytes=s.max_message_bytes, security=s.controller_security
+        )
         self.replicas = ReplicaManager(
             s.broker_id,
             s.cluster_id,
@@ -186,6 +210,7 @@ class BrokerServer:
                 request, s.request_timeout_ms / 1000.0
             ),
             listener=s.client_listener,
+            security=s.broker_security,
             channel_options=[
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 ("grpc.max_receive_message_length", s.max_message_bytes),
@@ -247,6 +272,7 @@ class BrokerServer:
         self._metrics_server: MetricsServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = -1
+        self.certificates: CertificateReloader | None = None
         self._log = get_logger("broker", node=s.broker_id).with_context(
             lambda: {"state": self.status.state.name, "epoch": self.status.broker_epoch}
         )
@@ -259,7 +285,10 @@ class BrokerServer:
         self.status.transition(BrokerState.STARTING)
         self._tasks = tasks = []
         try:
-            self._metrics_server = start_metrics_server(self.settings.metrics_port)
+            tls = self.settings.server_tls
+            self._metrics_server = start_metrics_server(
+                self.settings.metrics_port, tls_context=MetricsTlsContext(tls) if tls else None
+            )
             await self.publisher.start()
             self.status.metadata_offset = self.publisher.offset
             await self._start_server()
@@ -414,8 +443,14 @@ class BrokerServer:
         )
         broker_pb2_grpc.add_BrokerServiceServicer_to_server(self.service, server)
         self._health = await add_health_service(server, (BROKER_SERVICE,))
+        if self.settings.server_tls is not None:
+            install_principal_mapper(self.settings.server_tls.mapper())
         try:
-            self.port = server.add_insecure_port(self.settings.bind_address)
+            self.port, self.certificates = add_port(
+                server, self.settings.bind_address, self.settings.server_tls, self.settings.client_listener
+            )
+        except TlsError as err:
+            raise KraftError(ErrorCode.INVALID_CONFIG, f"cannot use the TLS configuration: {err}") from None
         except RuntimeError as err:  # grpc reports a failed bind this way
             raise KraftError(
                 ErrorCode.INVALID_CONFIG, f"listeners: cannot listen on {self.settings.bind_address} ({err})"

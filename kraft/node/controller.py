@@ -54,6 +54,17 @@ from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.runtime import grpc_io_name, running_loop_name
+from kraft.security.principal import install_principal_mapper
+from kraft.security.tls import (
+    CertificateReloader,
+    MetricsTlsContext,
+    SslSettings,
+    TlsError,
+    add_port,
+    check_node_tls,
+    listener_settings,
+    outbound_security,
+)
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
 from kraft.v1 import raft_pb2_grpc
@@ -164,6 +175,9 @@ class ControllerNode:
         self._watcher: asyncio.Task[None] | None = None
         self._server_watch: asyncio.Task[Any] | None = None
         self._bound_port = 0
+        self._tls: SslSettings | None = None
+        self.certificates: CertificateReloader | None = None
+        """The SSL listener's certificate reloader (None on PLAINTEXT)."""
         self.supervisor = supervisor
         self.test_state: DigestStateMachine | None = None
 
@@ -235,6 +249,12 @@ class ControllerNode:
     async def start(self) -> None:
         cfg = self.config
         self._meta = check_storage(cfg)
+        try:
+            self._tls = check_node_tls(cfg)
+        except TlsError as exc:
+            raise StartupError(f"cannot use the TLS configuration: {exc}") from None
+        if self._tls is not None:
+            install_principal_mapper(self._tls.mapper())
         peers = {voter.id: voter.target for voter in cfg.voters if voter.id != cfg.node_id}
         self._transport = GrpcTransport(
             peers,
@@ -242,6 +262,7 @@ class ControllerNode:
             retry_backoff_ms=cfg.controller_quorum_retry_backoff_ms,
             max_backoff_ms=max(cfg.controller_quorum_election_backoff_max_ms, 100),
             max_message_bytes=cfg.grpc_max_message_bytes,
+            security=outbound_security(cfg, cfg.controller_listener_names[0]),
         )
         try:
             try:
@@ -265,7 +286,11 @@ class ControllerNode:
             self.watch(self._server_watch, "grpc-server")
         if cfg.metrics_port:
             try:
-                self._metrics = start_metrics_server(cfg.metrics_port)
+                listener = cfg.controller_listener.name if cfg.controller_listener else ""
+                https = listener_settings(cfg, listener)
+                self._metrics = start_metrics_server(
+                    cfg.metrics_port, tls_context=MetricsTlsContext(https) if https else None
+                )
             except OSError as exc:
                 self._log.warning("metrics_server_failed", port=cfg.metrics_port, error=str(exc))
         for hook in self._start_hooks:
@@ -312,8 +337,13 @@ class ControllerNode:
         for install in self._installers:
             install(server)
         address = cfg.controller_listener.bind_address
+        name = cfg.controller_listener.name
         try:
-            self._bound_port = server.add_insecure_port(address)
+            self._bound_port, self.certificates = add_port(
+                server, address, listener_settings(cfg, name), name
+            )
+        except TlsError as exc:
+            raise StartupError(f"cannot use the TLS configuration: {exc}") from None
         except RuntimeError as exc:
             raise StartupError(f"cannot listen on {address}: {exc}") from None
         if self._bound_port == 0:

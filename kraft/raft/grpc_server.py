@@ -27,7 +27,9 @@ from kraft.grpc_errors import grpc_status_for
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.api import RaftShutdownError
+from kraft.raft.core_rules import claimed_sender
 from kraft.raft.transport import RequestHandler
+from kraft.security.principal import NodeRole, is_tls, node_identity, principal_of
 from kraft.storage.ids import parse_uuid
 from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 
@@ -70,13 +72,17 @@ def peer_host(context: ServicerContext) -> str:
 
 
 def authenticated_peer_id(context: ServicerContext) -> int | None:
-    """The node id the caller proved it is, or None.
+    """The node id the caller proved it is: the voter a controller certificate names, else None.
 
-    Plaintext today: None, and the core then trusts the sender id a request claims (anyone reaching the
-    port can claim any voter id).  The TLS/mTLS work fills this in from ``context.auth_context()`` (the
-    client certificate's node identity); the core already refuses a request whose claimed sender differs.
-    """
-    return None
+    On a PLAINTEXT listener nobody is authenticated (None), and the core trusts the sender id a request
+    claims, as Kafka and etcd do without TLS.  On an mTLS listener the client certificate's principal
+    (:func:`kraft.security.principal.principal_of`) names the node (``CN=controller-2`` → 2); the core
+    refuses a request whose claimed sender differs, and :class:`RaftServicer` refuses every Raft request
+    but DescribeQuorum from a TLS caller that is no controller (PERMISSION_DENIED)."""
+    identity = node_identity(principal_of(context))
+    if identity is None or identity.role is not NodeRole.CONTROLLER:
+        return None
+    return identity.node_id
 
 
 def valid_directory_id(directory_id: str) -> bool:
@@ -135,8 +141,18 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         self._bad_requests = RateLimitedLog()
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
+        peer_id = authenticated_peer_id(context)
+        if peer_id is None and claimed_sender(request) is not None and is_tls(context):
+            # A TLS caller without a controller certificate (a broker, an admin, no certificate) must not
+            # move Raft; on PLAINTEXT there is nothing to check (docs/security.md).
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{type(request).__name__} needs a controller certificate "
+                f"(caller is {principal_of(context)})",
+            )
         try:
-            return await self._handler.handle_request(request, peer_id=authenticated_peer_id(context))
+            return await self._handler.handle_request(request, peer_id=peer_id)
         except RaftShutdownError:
             await abort(
                 context, grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE), "raft node is shutting down"

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
-from kraft.client.channel import open_channel
+from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.transport import TransportError
@@ -92,8 +92,11 @@ class GrpcTransport:
         retry_backoff_ms: int = 20,
         max_backoff_ms: int = 1000,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        security: ChannelSecurity | None = None,
     ) -> None:
-        """``peers`` maps node id → ``host:port``; ``directory_id`` is sent in our Fetch requests."""
+        """``peers`` maps node id → ``host:port``; ``directory_id`` is sent in our Fetch requests;
+        ``security`` is how the peers' controller listener is dialled (None: the process default)."""
+        self._security = security
         self._addresses = dict(peers)
         self._directory_id = directory_id
         self._retry_backoff_s = max(retry_backoff_ms, 1) / 1000.0
@@ -108,7 +111,7 @@ class GrpcTransport:
             address = self._addresses.get(dest)
             if address is None:
                 raise TransportError(dest, "unknown node id")
-            channel = open_channel(address, self._options)
+            channel = open_channel(address, self._options, self._security)
             peer = _Peer(address, channel, raft_pb2_grpc.RaftServiceStub(channel))
             self._peers[dest] = peer
         return peer
