@@ -98,7 +98,16 @@ def error_message(exc: BaseException) -> str:
         text = f"{where}{exc.strerror or exc}"
     else:
         text = str(exc) or type(exc).__name__
+    if "Socket closed" in text and not _channels_use_tls():
+        # What gRPC says when a PLAINTEXT client meets an SSL listener (the server closes the socket).
+        text += " (the listener may be SSL: pass --command-config with security.protocol=SSL)"
     return _one_line(text)
+
+
+def _channels_use_tls() -> bool:
+    from kraft.client.channel import default_security
+
+    return default_security().is_ssl
 
 
 def print_error(message: str) -> None:

@@ -26,10 +26,20 @@ from typing import TypeVar
 
 import grpc
 
-from kraft.client.channel import open_blocking_channel
+from kraft.client.channel import (
+    PLAINTEXT_SECURITY,
+    SSL,
+    ChannelSecurity,
+    KeyStore,
+    PemSource,
+    TrustStore,
+    open_blocking_channel,
+)
+from kraft.cluster.spec import FIRST_BROKER_ID, ClusterLayout, tls_properties
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, reap, spawn_logged
+from kraft.security.ca import write_cluster_tls
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import format_log_dir
 from kraft.v1 import raft_pb2, raft_pb2_grpc
@@ -208,8 +218,24 @@ class ControllerQuorum:
     overrides: Mapping[str, str] = field(default_factory=dict)
     cluster_id: str = ""
     test_append: bool = True
+    tls: bool = False
+    """Mutual TLS on every node (a local CA under ``base_dir/tls``); queries use the ``admin`` cert."""
     nodes: dict[int, ControllerProc] = field(default_factory=dict)
     _channels: dict[int, grpc.Channel] = field(default_factory=dict)
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.base_dir / "tls"
+
+    def client_security(self, name: str = "admin") -> ChannelSecurity:
+        """How a client with certificate ``name`` (issued by :meth:`prepare`) reaches the nodes."""
+        if not self.tls:
+            return PLAINTEXT_SECURITY
+        return ChannelSecurity(
+            SSL,
+            TrustStore(PemSource(path=self.tls_dir / "ca.pem")),
+            KeyStore.from_file(self.tls_dir / f"{name}.pem"),
+        )
 
     # --- lifecycle ---
 
@@ -226,6 +252,9 @@ class ControllerQuorum:
             self.cluster_id = random_uuid()
         if not self.nodes:
             self.nodes = {i: ControllerProc(i, free_port(), self.base_dir) for i in range(1, self.size + 1)}
+        if self.tls and not (self.tls_dir / "ca.pem").exists():
+            names = [f"controller-{i}" for i in self.nodes] + ["admin", f"broker-{FIRST_BROKER_ID}"]
+            write_cluster_tls(self.tls_dir, names)
         for node in self.nodes.values():
             node.config_path.write_text(self.config_text(node.node_id))
             if not (node.metadata_dir / "meta.properties").exists():
@@ -241,6 +270,7 @@ class ControllerQuorum:
             "listeners": f"CONTROLLER://127.0.0.1:{node.port}",
             "metadata.log.dir": str(node.metadata_dir),
             "kraft.test.append.enable": "true" if self.test_append else "false",
+            **(tls_properties(ClusterLayout(self.base_dir), f"controller-{node_id}") if self.tls else {}),
             **self.overrides,
         }
         return "".join(f"{key}={value}\n" for key, value in keys.items())
@@ -295,6 +325,7 @@ class ControllerQuorum:
             channel = open_blocking_channel(
                 self.nodes[node_id].target,
                 options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)],
+                security=self.client_security(),
             )
             self._channels[node_id] = channel
         return channel
