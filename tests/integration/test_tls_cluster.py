@@ -1,0 +1,166 @@
+"""Real processes over mutual TLS: a 3-controller quorum with a broker, what an outsider can do to it
+(nothing), HTTPS metrics, and certificate rotation under load (issue #15)."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from kraft.client.channel import (
+    PLAINTEXT_SECURITY,
+    SSL,
+    ChannelSecurity,
+    KeyStore,
+    PemSource,
+    TrustStore,
+    open_blocking_channel,
+    set_default_security,
+)
+from kraft.cluster.manager import LocalCluster
+from kraft.cluster.quorum import ControllerQuorum, QuorumFactory
+from kraft.errors import ErrorCode
+from kraft.security.ca import load_ca, write_private
+from kraft.v1 import raft_pb2, raft_pb2_grpc
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def tls_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    cluster = LocalCluster.create(
+        tmp_path / "c", controllers=3, brokers=1, profile="fast", metrics=True, tls=True
+    )
+    set_default_security(cluster.client_security())  # the probes, as `kraft cluster` commands do
+    try:
+        yield cluster
+    finally:
+        set_default_security(PLAINTEXT_SECURITY)
+        cluster.down(timeout_s=5.0)
+
+
+def _security(tls_dir: Path, name: str | None) -> ChannelSecurity:
+    keystore = KeyStore.from_file(tls_dir / f"{name}.pem") if name else None
+    return ChannelSecurity(SSL, TrustStore(PemSource(path=tls_dir / "ca.pem")), keystore)
+
+
+def _describe(target: str, security: ChannelSecurity) -> raft_pb2.DescribeQuorumResponse:
+    with open_blocking_channel(target, security=security) as channel:
+        answer: raft_pb2.DescribeQuorumResponse = raft_pb2_grpc.RaftServiceStub(channel).DescribeQuorum(
+            raft_pb2.DescribeQuorumRequest(), timeout=5
+        )
+        return answer
+
+
+def _scrape(port: int, context: ssl.SSLContext) -> str:
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=context, timeout=5) as reply:
+        return str(reply.read().decode())
+
+
+def test_a_tls_cluster_forms_registers_its_broker_and_refuses_outsiders(tls_cluster: LocalCluster) -> None:
+    cluster = tls_cluster
+    cluster.start([c.node_id for c in cluster.spec.controllers])
+    leader = cluster.wait_until(lambda s: s.leader_id >= 0, 30.0, what="a quorum leader")
+    cluster.start()
+    status = cluster.wait_healthy(30.0)
+    assert status.node(101).state == "active"
+    tls_dir = cluster.layout.tls_dir
+    target = cluster.spec.node(status.leader_id).target
+    before = _describe(target, _security(tls_dir, "admin"))
+    assert before.leader_id == status.leader_id and leader.leader_id >= 0
+
+    # No certificate, a PLAINTEXT client: the handshake fails, nothing reaches a service.
+    for security in (_security(tls_dir, None), PLAINTEXT_SECURITY):
+        with pytest.raises(grpc.RpcError) as caught:
+            _describe(target, security)
+        assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
+
+    # The broker's certificate cannot move Raft; a controller's cannot speak for another voter.
+    follower = next(c for c in cluster.spec.controllers if c.node_id != status.leader_id)
+    forged = raft_pb2.VoteRequest(
+        cluster_id=cluster.spec.cluster_id,
+        candidate_id=follower.node_id,
+        candidate_epoch=before.leader_epoch + 1,
+        voter_id=status.leader_id,
+        last_offset_epoch=before.leader_epoch,
+        last_offset=before.high_watermark + 1000,
+    )
+    with (
+        open_blocking_channel(target, security=_security(tls_dir, "broker-101")) as channel,
+        pytest.raises(grpc.RpcError) as denied,
+    ):
+        raft_pb2_grpc.RaftServiceStub(channel).Vote(forged, timeout=5)
+    assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+    impostor = next(
+        c for c in cluster.spec.controllers if c.node_id not in (status.leader_id, follower.node_id)
+    )
+    with open_blocking_channel(target, security=_security(tls_dir, impostor.name)) as channel:
+        answer = raft_pb2_grpc.RaftServiceStub(channel).Vote(forged, timeout=5)
+    assert ErrorCode.from_wire(answer.error_code) is ErrorCode.INVALID_REQUEST
+    after = _describe(target, _security(tls_dir, "admin"))
+    assert (after.leader_id, after.leader_epoch) == (before.leader_id, before.leader_epoch)
+
+    # Metrics are HTTPS with the same certificates: the admin certificate scrapes, no certificate fails.
+    metrics_port = cluster.spec.node(status.leader_id).metrics_port
+    context = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+    context.load_cert_chain(str(tls_dir / "admin.pem"))
+    assert "kraft_" in _scrape(metrics_port, context)
+    anonymous = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+    with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+        _scrape(metrics_port, anonymous)
+
+
+def test_rotating_every_certificate_under_load_keeps_the_quorum_up(
+    quorum_factory: QuorumFactory,
+) -> None:
+    quorum: ControllerQuorum = quorum_factory(size=3)
+    quorum.tls = True
+    quorum.start()
+    leader = quorum.wait_for_leader(30.0)
+    stop = threading.Event()
+    appended: list[int] = []
+    errors: list[str] = []
+
+    def writer() -> None:
+        while not stop.is_set():
+            try:
+                _, last = quorum.append([b"x" * 64], timeout_s=10.0)
+                appended.append(last)
+            except AssertionError as exc:
+                errors.append(str(exc).splitlines()[0])
+                return
+
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    try:
+        time.sleep(1.0)
+        ca = load_ca(quorum.tls_dir)
+        for node_id in quorum.nodes:
+            write_private(
+                quorum.tls_dir / f"controller-{node_id}.pem", ca.issue(f"controller-{node_id}").keystore_pem
+            )
+        write_private(quorum.tls_dir / "admin.pem", ca.issue("admin").keystore_pem)
+        rotated_at = len(appended)
+        # New connections see the new certificates: a fresh client with the new admin certificate.
+        for node_id in quorum.nodes:
+            assert (
+                _describe(quorum.nodes[node_id].target, quorum.client_security()).cluster_id
+                == quorum.cluster_id
+            )
+        time.sleep(2.0)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not errors
+    assert len(appended) > rotated_at + 5, "appends stalled after the rotation"
+    after = quorum.wait_for_leader(10.0)
+    assert (after.leader_id, after.leader_epoch) == (leader.leader_id, leader.leader_epoch)
+    for node_id in quorum.nodes:
+        assert "tls_certificates_reloaded" in quorum.nodes[node_id].log_path.read_text()
