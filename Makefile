@@ -56,10 +56,10 @@ bench: setup
 	$(PY) -m bench
 
 demo: setup
-	$(BIN)/kraft demo --dir demo-cluster
+	$(BIN)/kraft demo --dir demo-cluster$(if $(TLS),-tls --tls)
 
 demo-down:
-	$(BIN)/kraft cluster down --dir demo-cluster
+	$(BIN)/kraft cluster down --dir demo-cluster$(if $(TLS),-tls)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

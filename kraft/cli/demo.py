@@ -17,6 +17,9 @@ def demo_command(
         Path, typer.Option("--dir", "-d", help="Where the demo cluster lives (configs, data, logs).")
     ] = DEFAULT_DEMO_DIR,
     brokers: Annotated[int, typer.Option("--brokers", min=1, max=9, help="Brokers to start.")] = 3,
+    tls: Annotated[
+        bool, typer.Option("--tls", help="A new cluster runs mutual TLS (cluster up --tls).")
+    ] = False,
 ) -> None:
     """Start a local demo cluster and walk through topics, produce/consume and the quorum tools.
 
@@ -33,9 +36,11 @@ def demo_command(
       kraft demo
 
       kraft demo --dir /tmp/kraft-demo --brokers 1
+
+      kraft demo --dir /tmp/kraft-tls-demo --tls
     """
     try:
-        Demo(directory, brokers).run()
+        Demo(directory, brokers, tls=tls).run()
     except DemoError as exc:
         raise CliError(str(exc)) from None
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Final, TextIO
 
+from kraft.client.channel import set_default_security
 from kraft.cluster.manager import ClusterError, LocalCluster
 
 DEFAULT_DEMO_DIR: Final = Path("demo-cluster")
@@ -76,7 +77,10 @@ class Demo:
     brokers: int = 3
     run_step: StepRunner = run_kraft_subprocess
     out: TextIO = field(default_factory=lambda: sys.stdout)
+    tls: bool = False
+    """Create the cluster with ``cluster up --tls``; every later step then passes ``--command-config``."""
     _step: int = field(default=0, init=False)
+    _client_args: tuple[str, ...] = field(default=(), init=False)
 
     STEPS: ClassVar[int] = 7
 
@@ -91,6 +95,8 @@ class Demo:
 
     def _run_locked(self) -> None:
         cluster = self._start_cluster()
+        if cluster.spec.tls:
+            self._client_args = ("--command-config", str(cluster.layout.client_properties))
         controllers = ",".join(node.target for node in cluster.spec.controllers)
         servers = ",".join(node.target for node in cluster.spec.brokers)
         replication = min(3, len(cluster.spec.brokers))
@@ -133,7 +139,8 @@ class Demo:
             f"The demo cluster keeps running in {self.directory}. Try:\n"
             f"  kraft cluster status --dir {directory}\n"
             f"  kraft cluster stop 1 --kill --dir {directory}   # crash a controller, then:\n"
-            f"  kraft quorum describe --status --bootstrap-controller {controllers}\n"
+            f"  kraft quorum describe --status --bootstrap-controller {controllers}"
+            f"{' ' + shlex.join(self._client_args) if self._client_args else ''}\n"
             f"Stop it with:\n"
             f"  kraft cluster down --dir {directory}            # add --purge to delete its files"
         )
@@ -164,7 +171,7 @@ class Demo:
         self._header(f"{what} local cluster in {directory}: 3 controllers, {self.brokers} broker(s)")
         args = ["cluster", "up", "--dir", directory, "--timeout", f"{UP_TIMEOUT_S:g}"]
         if existing is None:
-            args += ["--brokers", str(self.brokers)]
+            args += ["--brokers", str(self.brokers)] + (["--tls"] if self.tls else [])
         self._echo_command(args)
         # No capture: `cluster up` draws its own progress spinner and prints its own one-line error.
         try:
@@ -179,6 +186,7 @@ class Demo:
         return LocalCluster.open(self.directory)
 
     def _check_healthy(self, cluster: LocalCluster) -> None:
+        set_default_security(cluster.client_security())
         status = cluster.status()
         if not status.healthy:
             raise DemoError(
@@ -201,6 +209,8 @@ class Demo:
 
     def _show(self, *args: str) -> str:
         """Run one command, print it and its output; DemoError (with its error line) if it fails."""
+        if args[0] != "cluster":  # `kraft cluster` finds a TLS cluster's client.properties by itself
+            args = (*args, *self._client_args)
         self._echo_command(args)
         result = self.run_step(args, True, STEP_TIMEOUT_S)
         if result.stdout:
