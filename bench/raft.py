@@ -43,7 +43,7 @@ import grpc.aio
 
 from bench.raft_etcd import EtcdCluster, EtcdPutClient, ensure_etcd_installed
 from bench.raft_floor import FloorServer
-from kraft.client.channel import open_channel
+from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
 from kraft.runtime import configure_grpc_io
@@ -131,9 +131,9 @@ async def closed_loop(
 class KraftWriter:
     """TestAppend to one node over grpc.aio; raises on any error code (the load targets the leader)."""
 
-    def __init__(self, target: str, cluster_id: str) -> None:
+    def __init__(self, target: str, cluster_id: str, security: ChannelSecurity | None = None) -> None:
         options = [("grpc.max_send_message_length", 64 << 20)]
-        self._channel = open_channel(target, options=options)
+        self._channel = open_channel(target, options=options, security=security)
         self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
         self._cluster_id = cluster_id
 
@@ -427,6 +427,75 @@ def format_table(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+TLS_CONCURRENCY = (1, 64)
+
+
+async def _tls_points(
+    targets: Mapping[str, tuple[str, str, ChannelSecurity]], duration_s: float, warmup_s: float, repeats: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Unary TestAppend against each quorum (PLAINTEXT, SSL), alternating runs so load hits both alike."""
+    writers = {
+        name: KraftWriter(target, cluster_id, security)
+        for name, (target, cluster_id, security) in targets.items()
+    }
+    points: dict[str, list[dict[str, Any]]] = {name: [] for name in writers}
+    try:
+        for clients in TLS_CONCURRENCY:
+            runs: dict[str, list[LoadResult]] = {name: [] for name in writers}
+            for _ in range(repeats):
+                for name, writer in writers.items():
+                    runs[name].append(await closed_loop(writer.write_one, clients, duration_s, warmup_s))
+            for name in writers:
+                points[name].append(_median_point(runs[name]))
+    finally:
+        for writer in writers.values():
+            await writer.close()
+    return points
+
+
+def bench_tls(work_dir: Path, duration_s: float, warmup_s: float, repeats: int) -> dict[str, Any]:
+    """The same quorum over PLAINTEXT and over mutual TLS (Raft between controllers and the client
+    link); TLS cost = 1 - TLS/PLAINTEXT throughput at 64 clients and the 1-client p50 difference."""
+    with contextlib.ExitStack() as stack:
+        plain = stack.enter_context(ControllerQuorum(work_dir / "plain", overrides=THROUGHPUT_PROFILE))
+        tls = stack.enter_context(ControllerQuorum(work_dir / "tls", overrides=THROUGHPUT_PROFILE, tls=True))
+        plain.start()
+        tls.start()
+        targets = {
+            name: (q.nodes[q.wait_for_leader(30).node_id].target, q.cluster_id, q.client_security())
+            for name, q in (("plaintext", plain), ("tls", tls))
+        }
+        points = asyncio.run(_tls_points(targets, duration_s, warmup_s, repeats))
+    by_clients = {name: {p["clients"]: p for p in pts} for name, pts in points.items()}
+    high = max(TLS_CONCURRENCY)
+    throughput_cost = (
+        1 - by_clients["tls"][high]["writes_per_s"] / by_clients["plaintext"][high]["writes_per_s"]
+    )
+    p50_cost_ms = by_clients["tls"][1]["p50_ms"] - by_clients["plaintext"][1]["p50_ms"]
+    return {
+        "points": points,
+        f"throughput_cost_{high}_clients": round(throughput_cost, 4),
+        "p50_cost_1_client_ms": round(p50_cost_ms, 4),
+        "targets": {
+            f"tls_throughput_cost_{high}_clients_le_15pct": throughput_cost <= 0.15,
+            "tls_p50_cost_1_client_le_0_3ms": p50_cost_ms <= 0.3,
+        },
+    }
+
+
+def format_tls(result: Mapping[str, Any]) -> str:
+    lines = ["TLS vs PLAINTEXT (unary TestAppend, 256-byte records)"]
+    for name, pts in result["points"].items():
+        for p in pts:
+            lines.append(
+                f"  {name:<9} clients={p['clients']:<3} {p['writes_per_s']:>9.0f} writes/s "
+                f"p50={p['p50_ms']:.3f} ms p99={p['p99_ms']:.3f} ms errors={p['errors']}"
+            )
+    lines.append("  " + ", ".join(f"{k}={v}" for k, v in result.items() if k not in ("points", "targets")))
+    lines.append("  targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
+    return "\n".join(lines)
+
+
 def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any]:
     """Run every point, write ``results_path`` and return the result document."""
     duration_s, warmup_s, trials, batch, repeats = (2.0, 0.5, 3, 500, 1) if quick else (3.0, 0.5, 10, 1000, 3)
@@ -463,7 +532,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.raft", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short points and 3 failover trials")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument(
+        "--tls", action="store_true", help="only compare PLAINTEXT with mutual TLS (writes raft-tls.json)"
+    )
     args = parser.parse_args(argv)
+    if args.tls:
+        duration_s, warmup_s, repeats = (2.0, 0.5, 1) if args.quick else (3.0, 0.5, 3)
+        with tempfile.TemporaryDirectory(prefix="kraft-bench-tls-") as tmp:
+            tls_result = bench_tls(Path(tmp), duration_s, warmup_s, repeats)
+        out = args.out.with_name("raft-tls.json") if args.out == RESULTS_PATH else args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(tls_result, indent=2) + "\n")
+        print(format_tls(tls_result))
+        print(f"results: {out}")
+        return 0
     result = run(quick=args.quick, results_path=args.out)
     print(format_table(result))
     print(f"results: {args.out}")
