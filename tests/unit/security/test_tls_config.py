@@ -214,7 +214,7 @@ def test_command_config_follows_the_kafka_admin_client_keys(tls_dir: Path, tmp_p
             "cannot read /no/such/ca.pem",
         ),
         ({"security.protocol": "SSL", "ssl.truststore.certificates": "x"}, "holds the PEM text itself"),
-            ({"security.protocol": "SSL", "ssl.keystore.key": "k"}, "needs both the key and the chain"),
+        ({"security.protocol": "SSL", "ssl.keystore.key": "k"}, "needs both the key and the chain"),
     ],
 )
 def test_bad_command_configs_are_one_line_errors(props: dict[str, str], expected: str) -> None:
