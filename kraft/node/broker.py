@@ -38,8 +38,8 @@ import asyncio
 import contextlib
 import signal
 import uuid
-from collections.abc import Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,9 @@ from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_healt
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
 from kraft.runtime import grpc_io_name, running_loop_name
+from kraft.security.acl import StandardAcl
+from kraft.security.authorizer import Authorizer, AuthorizerSettings
+from kraft.security.guard import RequestGuard
 from kraft.storage.meta_properties import check_meta_properties
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
@@ -119,6 +122,7 @@ class BrokerSettings:
     max_message_bytes: int  # grpc.max.message.bytes
     metrics_port: int
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES  # message.max.bytes: largest batch a Produce appends
+    authorizer: AuthorizerSettings = field(default_factory=AuthorizerSettings)  # authorizer.class.name, …
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -154,6 +158,7 @@ class BrokerSettings:
             max_message_bytes=config.grpc_max_message_bytes,
             metrics_port=config.metrics_port,
             message_max_bytes=config.message_max_bytes,
+            authorizer=config.authorizer_settings,
         )
 
 
@@ -191,6 +196,9 @@ class BrokerServer:
                 ("grpc.max_receive_message_length", s.max_message_bytes),
             ],
         )
+        # ACLs come from the image this broker applied last (set by _on_view).
+        self._acls: Mapping[str, StandardAcl] = {}
+        authorizer = Authorizer(s.authorizer, lambda: self._acls) if s.authorizer.enabled else None
         self.service = BrokerService(
             self.status,
             self.partitions,
@@ -198,6 +206,7 @@ class BrokerServer:
             message_max_bytes=s.message_max_bytes,
             grpc_max_message_bytes=s.max_message_bytes,
             replicas=self.replicas,
+            guard=RequestGuard(authorizer),
         )
         self.publisher = MetadataPublisher(
             s.broker_id,
@@ -439,6 +448,7 @@ class BrokerServer:
 
     def _on_view(self, view: ImageMetadataView) -> None:
         """A newly applied image: the service answers from it, replication follows its roles."""
+        self._acls = view.image.acls
         self.service.set_view(view)
         self.replicas.on_image(view.image)
 
