@@ -20,6 +20,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.security.authorizer import AUTHORIZER_NAMES, AuthorizerSettings, parse_super_users
 from kraft.security.mapping import MappingRuleError, parse_rules
 
 # ---------------------------------------------------------------------------------------------------------
@@ -414,6 +415,19 @@ def _parse_pem_text(value: object) -> str | None:
     return text
 
 
+def _parse_authorizer(value: object) -> str:
+    text = "" if value is None else str(value).strip()
+    if text and text not in AUTHORIZER_NAMES:
+        raise ValueError(f"must be empty (no authorizer) or one of {', '.join(sorted(AUTHORIZER_NAMES))}")
+    return text
+
+
+def _parse_super_users(value: object) -> frozenset[str]:
+    if isinstance(value, frozenset | set | tuple | list):
+        value = ";".join(str(v) for v in value)
+    return parse_super_users(str(value))
+
+
 DEFAULT_MESSAGE_MAX_BYTES = 1048588
 GRPC_ENVELOPE_BYTES = 64 * 1024
 """Room kept in a gRPC message besides one record batch's content: a Produce request's topic, cluster
@@ -537,6 +551,14 @@ class NodeConfig(BaseModel):
     )
     grpc_max_message_bytes: Annotated[int, _int_rule(1024)] = _key("grpc.max.message.bytes", default=16777216)
     kraft_test_append_enable: Bool = _key("kraft.test.append.enable", default=False)
+    # Authorization (docs/security-acls.md): empty = no authorizer, everything allowed (development).
+    authorizer_class_name: Annotated[str, BeforeValidator(_parse_authorizer)] = _key(
+        "authorizer.class.name", default=""
+    )
+    super_users: Annotated[frozenset[str], BeforeValidator(_parse_super_users)] = _key(
+        "super.users", default=frozenset()
+    )
+    allow_everyone_if_no_acl_found: Bool = _key("allow.everyone.if.no.acl.found", default=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -616,6 +638,14 @@ class NodeConfig(BaseModel):
         return any(self.security_protocol(name) == "SSL" for name in names)
 
     @property
+    def authorizer_settings(self) -> AuthorizerSettings:
+        return AuthorizerSettings(
+            enabled=bool(self.authorizer_class_name),
+            super_users=self.super_users,
+            allow_everyone_if_no_acl_found=self.allow_everyone_if_no_acl_found,
+        )
+
+    @property
     def all_log_dirs(self) -> tuple[Path, ...]:
         """Every directory ``kraft storage format`` writes meta.properties into (no duplicates)."""
         dirs = list(self.log_dirs)
@@ -655,7 +685,7 @@ class NodeConfig(BaseModel):
                 continue
             if not include_defaults and name not in self.model_fields_set and name != "metadata_log_dir":
                 continue
-            out[field.alias or name] = _render(value)
+            out[field.alias or name] = ";".join(sorted(value)) if name == "super_users" else _render(value)
         return out
 
     def to_properties(self, *, header: str | None = None, include_defaults: bool = False) -> str:

@@ -66,6 +66,8 @@ def image_digest(image: MetadataImage) -> str:
     for key in sorted(image.configs):
         h.update(repr((key, sorted(image.configs[key].items()))).encode())
     h.update(repr(sorted(image.features.items())).encode())
+    if image.acls:  # (an image without ACLs keeps the digest it had before ACLs existed)
+        h.update(repr(sorted(image.acls.items())).encode())
     return h.hexdigest()
 
 

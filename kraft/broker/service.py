@@ -11,13 +11,19 @@ to a consumer; it is refused with MESSAGE_TOO_LARGE before anything is written. 
 the first record and, like Kafka, the whole first batch even when it is larger than ``max_bytes``; it only
 stops early where the response would outgrow ``grpc.max.message.bytes``, so every accepted batch can be
 fetched.
+
+Authorization (docs/security-acls.md): each handler first asks the :class:`RequestGuard` — Produce needs
+TOPIC WRITE, Fetch TOPIC READ, ListOffsets TOPIC DESCRIBE, DescribeBroker CLUSTER DESCRIBE, ReplicaFetch
+CLUSTER CLUSTER_ACTION as the broker the caller is; Metadata lists only the topics the caller may DESCRIBE.
+A refusal is the one case this service aborts: gRPC PERMISSION_DENIED, ``TOPIC_AUTHORIZATION_FAILED: …``.
+Without an authorizer the guard costs one call (node principals are still bound to their own id).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import grpc
 
@@ -27,7 +33,10 @@ from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
+from kraft.grpc_errors import grpc_status_for
 from kraft.replication.acks import Acks, answered_at_append
+from kraft.security.acl import AclOperation
+from kraft.security.guard import AccessDenied, RequestGuard
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -88,9 +97,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES,
         grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES,
         replicas: ReplicaManager | None = None,
+        guard: RequestGuard | None = None,
     ) -> None:
         """Without ``replicas`` partitions are leader-only (the high watermark is the log end: tests of
-        the serving rules); a broker process always passes its :class:`ReplicaManager`."""
+        the serving rules); a broker process always passes its :class:`ReplicaManager`.  ``guard``:
+        the process's authorization checks (default: no authorizer, identity binding only)."""
+        self._guard = guard or RequestGuard()
         self._status = status
         self._replicas = replicas
         self._partitions = partitions
@@ -105,6 +117,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     # --- handlers --------------------------------------------------------------------------------
 
+    async def _denied(self, context: Context, denied: AccessDenied) -> NoReturn:
+        await context.abort(grpc_status_for(denied.code), str(denied))
+        raise AssertionError("unreachable: context.abort raises") from denied
+
     async def Metadata(
         self, request: pb.BrokerMetadataRequest, context: Context
     ) -> pb.BrokerMetadataResponse:
@@ -116,9 +132,31 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         response = self._view.metadata_response(list(request.topics))
         response.cluster_id = self._status.cluster_id
         response.controller_id = self._status.controller_id
+        if self._guard.enabled:
+            # Kafka's rule: a listing leaves out what the caller may not DESCRIBE; a topic asked for by
+            # name answers TOPIC_AUTHORIZATION_FAILED (whether it exists or not).
+            may_describe = self._guard.topic_filter(context, AclOperation.DESCRIBE)
+            kept = []
+            for topic in response.topics:
+                if may_describe(topic.name):
+                    kept.append(topic)
+                elif request.topics:
+                    kept.append(
+                        pb.BrokerMetadataResponse.Topic(
+                            name=topic.name,
+                            error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                            error_message=f"not authorized to DESCRIBE topic {topic.name!r}",
+                        )
+                    )
+            del response.topics[:]
+            response.topics.extend(kept)
         return response
 
     async def Produce(self, request: pb.ProduceRequest, context: Context) -> pb.ProduceResponse:
+        try:
+            self._guard.check_topic(context, AclOperation.WRITE, request.topic)
+        except AccessDenied as denied:
+            await self._denied(context, denied)
         try:
             self._check_cluster(request.cluster_id)
             self._check_serving()
@@ -181,6 +219,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     async def Fetch(self, request: pb.BrokerFetchRequest, context: Context) -> pb.BrokerFetchResponse:
         max_bytes = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
         max_bytes = min(max_bytes, self._wire_max_bytes)
+        try:
+            self._guard.check_topic(context, AclOperation.READ, request.topic)
+        except AccessDenied as denied:
+            await self._denied(context, denied)
         try:
             self._check_cluster(request.cluster_id)
             partition = self._fetchable(request)
@@ -248,6 +290,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
 
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context: Context) -> pb.ListOffsetsResponse:
         try:
+            self._guard.check_topic(context, AclOperation.DESCRIBE, request.topic)
+        except AccessDenied as denied:
+            await self._denied(context, denied)
+        try:
             self._check_cluster(request.cluster_id)
             self._check_serving()
             partition = self._leader_partition(request.topic, request.partition, request.leader_epoch)
@@ -275,6 +321,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     ) -> pb.DescribeBrokerResponse:
         """Always answers (also while fenced or starting): it is how operators see the lifecycle state."""
         status = self._status
+        try:
+            self._guard.check_cluster(context, AclOperation.DESCRIBE)
+        except AccessDenied as denied:
+            await self._denied(context, denied)
         try:
             self._check_cluster(request.cluster_id)
         except _Rejected as rejected:
@@ -307,6 +357,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         self, request: pb.ReplicaFetchRequest, context: Context
     ) -> pb.ReplicaFetchResponse:
         """A follower's fetch (docs/internals/replication.md); served by the :class:`ReplicaManager`."""
+        try:
+            self._guard.check_node(context, request.replica_id, "fetch replicas as broker")
+        except AccessDenied as denied:
+            await self._denied(context, denied)
         try:
             self._check_cluster(request.cluster_id)
         except _Rejected as rejected:

@@ -43,6 +43,7 @@ _register("broker", "broker", "Brokers: run one, list, describe, unregister, con
 _register("topic", "topic", "Topics: create, list, describe, delete.")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
 _register("quorum", "quorum", "Describe the controller quorum (kafka-metadata-quorum.sh).")
+_register("acl", "acl", "ACLs in the metadata log: add, list, remove (kafka-acls.sh).")
 app.command("produce")(importlib.import_module("kraft.cli.produce").produce_command)
 app.command("consume")(importlib.import_module("kraft.cli.consume").consume_command)
 _register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")

@@ -14,6 +14,7 @@ from typing import Any
 from kraft.client.controller import ControllerClient, ControllerUnavailable, MethodPicker, ResponseT
 from kraft.clock import Clock
 from kraft.errors import ErrorCode, KraftError
+from kraft.v1 import controller_pb2 as cpb
 
 
 class AdminClient:
@@ -68,3 +69,18 @@ class AdminClient:
             if check and code != ErrorCode.NONE:
                 raise KraftError(code, getattr(response, "error_message", "") or code.name)
             return response
+
+    # ---- ACLs (kraft acl add|list|remove) ----
+
+    async def create_acls(self, bindings: Sequence[cpb.AclBinding]) -> cpb.CreateAclsResponse:
+        """Per-binding results in ``results`` (an invalid binding fails alone: check each)."""
+        request = cpb.CreateAclsRequest(creations=bindings)
+        return await self.call(lambda stub: stub.CreateAcls, request)
+
+    async def describe_acls(self, acl_filter: cpb.AclFilter) -> list[cpb.AclDescription]:
+        response = await self.call(lambda stub: stub.DescribeAcls, cpb.DescribeAclsRequest(filter=acl_filter))
+        return list(response.acls)
+
+    async def delete_acls(self, filters: Sequence[cpb.AclFilter]) -> cpb.DeleteAclsResponse:
+        """Per-filter results in ``filter_results``, each listing the ACLs it deleted."""
+        return await self.call(lambda stub: stub.DeleteAcls, cpb.DeleteAclsRequest(filters=filters))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 
 from kraft.client.channel import ChannelSecurity, open_channel
-from kraft.errors import ErrorCode
+from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -50,6 +50,19 @@ MethodPicker = Callable[["ControllerServiceAsyncStub"], Callable[..., Awaitable[
 
 class ControllerUnavailable(Exception):
     """No controller answered as the active one in this round."""
+
+
+def refusal(err: grpc.aio.AioRpcError) -> KraftError | None:
+    """A PERMISSION_DENIED answer as the error it names (``CLUSTER_AUTHORIZATION_FAILED: …``): another
+    controller would answer the same, so it is not retried; None for any other status."""
+    if err.code() != grpc.StatusCode.PERMISSION_DENIED:
+        return None
+    details = err.details() or ""
+    name, sep, message = details.partition(": ")
+    code = ErrorCode.__members__.get(name) if sep else None
+    if code is None:
+        return KraftError(ErrorCode.CLUSTER_AUTHORIZATION_FAILED, details or "permission denied")
+    return KraftError(code, message)
 
 
 class ControllerClient:
@@ -87,7 +100,8 @@ class ControllerClient:
         return -1 if self._active is None else self._active[0]
 
     async def call(self, pick: MethodPicker[ResponseT], request: Any, timeout_s: float) -> ResponseT:
-        """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER."""
+        """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER.  A refusal by
+        the authorizer raises :class:`KraftError` (TOPIC_/CLUSTER_AUTHORIZATION_FAILED) at once."""
         attempts = len(self._voters) + 2
         last_error = "no controller tried"
         instead: tuple[int, str] | None = None  # another voter to try in this call only
@@ -98,6 +112,9 @@ class ControllerClient:
             try:
                 response = await pick(stub)(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as err:
+                refused = refusal(err)
+                if refused is not None:
+                    raise refused from None
                 last_error = f"controller {node_id} at {target}: {err.code().name} {err.details()}"
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._active == (node_id, target):
                     # Slow is not gone: a busy active controller stays the one other calls use; this

@@ -46,6 +46,7 @@ from google.protobuf.message import Message
 
 from kraft.clock import Clock
 from kraft.errors import ErrorCode, KraftError
+from kraft.metadata import acl_control
 from kraft.metadata.commit_replay import replay_batch
 from kraft.metadata.controller_activation import Activation
 from kraft.metadata.controller_gauges import ControllerGauges
@@ -486,6 +487,23 @@ class QuorumController:
         return await self._serve(
             cpb.AlterPartitionResponse(), lambda lg: alter_partition(lg, req, self.writes.next_offset)
         )
+
+    async def create_acls(self, req: cpb.CreateAclsRequest) -> cpb.CreateAclsResponse:
+        return await self._serve(
+            cpb.CreateAclsResponse(), lambda lg: acl_control.create_acls(lg, req, self.writes.next_offset)
+        )
+
+    async def delete_acls(self, req: cpb.DeleteAclsRequest) -> cpb.DeleteAclsResponse:
+        return await self._serve(
+            cpb.DeleteAclsResponse(), lambda lg: acl_control.delete_acls(lg, req, self.writes.next_offset)
+        )
+
+    async def describe_acls(self, req: cpb.DescribeAclsRequest) -> cpb.DescribeAclsResponse:
+        got = await self._read(cpb.DescribeAclsResponse(), req.cluster_id)
+        if not isinstance(got, tuple):
+            return got
+        _, image = got
+        return acl_control.describe_acls(image.acls, req)
 
     async def _read(self, response: R, cluster_id: str) -> tuple[ControllerLogic, MetadataImage] | R:
         """Reads answer from the committed image, after every pending write committed."""

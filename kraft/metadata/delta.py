@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kraft.errors import KraftError
+from kraft.metadata.acl_records import acl_from_record
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -27,6 +28,7 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.metadata.records import ConfigResourceType, decode_values
+from kraft.security.acl import AclError, StandardAcl
 from kraft.v1 import metadata_pb2 as pb
 
 # Broker ids repeat across millions of replica lists; one shared int object per id keeps images small.
@@ -118,6 +120,7 @@ class MetadataDelta:
         self._names: dict[str, str | None] = {}
         self._configs: dict[ConfigKey, dict[str, str]] = {}
         self._features: dict[str, int] = {}
+        self._acls: dict[str, StandardAcl | None] = {}
 
     # ---- reading through the delta (committed image + what was replayed) ----
 
@@ -130,6 +133,11 @@ class MetadataDelta:
         if name in self._names:
             return self._names[name]
         return self.image.topic_ids_by_name.get(name)
+
+    def acl(self, acl_id: str) -> StandardAcl | None:
+        if acl_id in self._acls:
+            return self._acls[acl_id]
+        return self.image.acls.get(acl_id)
 
     def partition(self, topic_id: str, partition_id: int) -> PartitionRegistration | None:
         topic = self._topics.get(topic_id)
@@ -349,6 +357,23 @@ class MetadataDelta:
     def _replay_feature_level(self, r: pb.FeatureLevelRecord) -> None:
         self._features[r.name] = r.feature_level
 
+    def _replay_access_control_entry(self, r: pb.AccessControlEntryRecord) -> None:
+        try:
+            acl = acl_from_record(r)
+        except AclError as exc:
+            self.replay_errors.append(str(exc))
+            return
+        if self.acl(r.id) is not None:
+            self.replay_errors.append(f"ACL {r.id} already exists")
+            return
+        self._acls[r.id] = acl
+
+    def _replay_remove_access_control_entry(self, r: pb.RemoveAccessControlEntryRecord) -> None:
+        if self.acl(r.id) is None:
+            self.replay_errors.append(f"remove of unknown ACL {r.id}")
+            return
+        self._acls[r.id] = None
+
     def _replay_begin_transaction(self, r: pb.BeginTransactionRecord) -> None:
         self.in_transaction = True
 
@@ -419,6 +444,15 @@ class MetadataDelta:
                 else:
                     new_features[name] = level
             features = new_features
+        acls: Mapping[str, StandardAcl] = base.acls
+        if self._acls:
+            new_acls = dict(base.acls)
+            for acl_id, acl in self._acls.items():
+                if acl is None:
+                    new_acls.pop(acl_id, None)
+                else:
+                    new_acls[acl_id] = acl
+            acls = new_acls
         return MetadataImage(
             offset=self.offset,
             epoch=self.epoch,
@@ -427,6 +461,7 @@ class MetadataDelta:
             topic_ids_by_name=names,
             configs=configs,
             features=features,
+            acls=acls,
         )
 
     # ---- what a broker must do ----
@@ -477,6 +512,8 @@ _HANDLERS: dict[str, Callable[[MetadataDelta, Any], None]] = {
     "remove_topic": MetadataDelta._replay_remove_topic,
     "config": MetadataDelta._replay_config,
     "feature_level": MetadataDelta._replay_feature_level,
+    "access_control_entry": MetadataDelta._replay_access_control_entry,
+    "remove_access_control_entry": MetadataDelta._replay_remove_access_control_entry,
     "begin_transaction": MetadataDelta._replay_begin_transaction,
     "end_transaction": MetadataDelta._replay_end_transaction,
     "abort_transaction": MetadataDelta._replay_abort_transaction,

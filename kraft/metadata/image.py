@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kraft.metadata.records import ConfigResourceType
+from kraft.security.acl import StandardAcl
 
 NO_PARTITION_LEADER = -1
 """A partition's ``leader`` when no replica leads it (Kafka's ``LeaderConstants.NO_LEADER``); the Raft
@@ -99,6 +100,9 @@ class MetadataImage:
     topic_ids_by_name: Mapping[str, str]
     configs: Mapping[ConfigKey, Mapping[str, str]]
     features: Mapping[str, int]
+    acls: Mapping[str, StandardAcl] = field(default_factory=dict)
+    """ACL id (a UUID string) → binding, from AccessControlEntryRecords (kraft.security.authorizer reads
+    them); the mapping is shared by every image until an ACL record changes it."""
 
     @staticmethod
     def empty() -> MetadataImage:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from kraft.metadata import records as rec
+from kraft.metadata.acl_records import acl_record
 from kraft.metadata.image import MetadataImage
 from kraft.storage.varint import encode_uvarint
 from kraft.v1 import common_pb2
@@ -69,6 +70,8 @@ def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.
                     resource_type=key.resource_type, resource_name=key.resource_name, name=name, value=value
                 )
             )
+    for acl_id, acl in sorted(image.acls.items()):
+        yield wrap(acl_record(acl_id, acl))
 
 
 def image_values(image: MetadataImage) -> Iterator[bytes]:

@@ -4,11 +4,16 @@ The servicer is installed on the node's server before Raft starts, so the contro
 (:meth:`ControllerServicer.bind`); until then every call answers NOT_CONTROLLER with no known leader.
 Protocol errors travel inside responses (``error_code``/``error_message``, NOT_CONTROLLER with the active
 controller's ``NodeRef``); only bugs become gRPC status INTERNAL, with the exception text.
+
+Every handler first asks the :class:`~kraft.security.guard.RequestGuard` (identity binding, ACLs against
+this controller's committed image; docs/security-acls.md has the RPC → resource/operation table); a refusal
+aborts the call with PERMISSION_DENIED and ``TOPIC_AUTHORIZATION_FAILED: …`` or
+``CLUSTER_AUTHORIZATION_FAILED: …`` before anything else happens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -19,6 +24,9 @@ from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
 from kraft.metadata.controller import QuorumController
 from kraft.observability.logging import get_logger
+from kraft.security.acl import AclOperation, StandardAcl
+from kraft.security.authorizer import Authorizer, AuthorizerSettings
+from kraft.security.guard import AccessDenied, RequestGuard
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
 
@@ -30,11 +38,23 @@ _log = get_logger("controller.service")
 
 
 class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
-    def __init__(self, controller: QuorumController | None = None) -> None:
+    def __init__(
+        self,
+        controller: QuorumController | None = None,
+        authorizer: AuthorizerSettings | None = None,
+    ) -> None:
+        """``authorizer``: the node's authorizer settings (None or not enabled: no ACL checks; identity
+        binding of node principals applies either way)."""
         self._controller = controller
+        enabled = authorizer is not None and authorizer.enabled
+        self.guard = RequestGuard(Authorizer(authorizer, self._acls) if authorizer and enabled else None)
 
     def bind(self, controller: QuorumController | None) -> None:
         self._controller = controller
+
+    def _acls(self) -> Mapping[str, StandardAcl]:
+        controller = self._controller
+        return {} if controller is None else controller.committed.acls
 
     async def _call(
         self,
@@ -42,7 +62,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         request: Req,
         empty: Callable[[], Resp],
         method: Callable[[QuorumController], Callable[[Req], Awaitable[Resp]]],
+        check: Callable[[], None] | None = None,
     ) -> Resp:
+        if check is not None:
+            try:
+                check()
+            except AccessDenied as exc:
+                await context.abort(grpc_status_for(exc.code), str(exc))
+                raise AssertionError("unreachable: context.abort raises") from exc
         controller = self._controller
         if controller is None:
             response = empty()
@@ -62,57 +89,185 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
     async def RegisterBroker(
         self, request: cpb.RegisterBrokerRequest, context: ServicerContext
     ) -> cpb.RegisterBrokerResponse:
-        return await self._call(context, request, cpb.RegisterBrokerResponse, lambda c: c.register_broker)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.RegisterBrokerResponse,
+            lambda c: c.register_broker,
+            lambda: guard.check_node(context, request.broker_id, "register as broker"),
+        )
 
     async def BrokerHeartbeat(
         self, request: cpb.BrokerHeartbeatRequest, context: ServicerContext
     ) -> cpb.BrokerHeartbeatResponse:
-        return await self._call(context, request, cpb.BrokerHeartbeatResponse, lambda c: c.broker_heartbeat)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.BrokerHeartbeatResponse,
+            lambda c: c.broker_heartbeat,
+            lambda: guard.check_node(context, request.broker_id, "heartbeat as broker"),
+        )
 
     async def UnregisterBroker(
         self, request: cpb.UnregisterBrokerRequest, context: ServicerContext
     ) -> cpb.UnregisterBrokerResponse:
-        return await self._call(context, request, cpb.UnregisterBrokerResponse, lambda c: c.unregister_broker)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.UnregisterBrokerResponse,
+            lambda c: c.unregister_broker,
+            lambda: guard.check_cluster(context, AclOperation.ALTER),
+        )
 
     async def ShutdownBroker(
         self, request: cpb.ShutdownBrokerRequest, context: ServicerContext
     ) -> cpb.ShutdownBrokerResponse:
-        return await self._call(context, request, cpb.ShutdownBrokerResponse, lambda c: c.shutdown_broker)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.ShutdownBrokerResponse,
+            lambda c: c.shutdown_broker,
+            lambda: guard.check_cluster(context, AclOperation.ALTER),
+        )
 
     async def MetadataFetch(
         self, request: cpb.MetadataFetchRequest, context: ServicerContext
     ) -> cpb.MetadataFetchResponse:
-        return await self._call(context, request, cpb.MetadataFetchResponse, lambda c: c.metadata_fetch)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.MetadataFetchResponse,
+            lambda c: c.metadata_fetch,
+            lambda: guard.check_node(context, request.broker_id, "fetch metadata as broker"),
+        )
 
     async def CreateTopics(
         self, request: cpb.CreateTopicsRequest, context: ServicerContext
     ) -> cpb.CreateTopicsResponse:
-        return await self._call(context, request, cpb.CreateTopicsResponse, lambda c: c.create_topics)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.CreateTopicsResponse,
+            lambda c: c.create_topics,
+            lambda: guard.check_topics(
+                context, AclOperation.CREATE, [t.name for t in request.topics], or_cluster=True
+            ),
+        )
 
     async def DeleteTopics(
         self, request: cpb.DeleteTopicsRequest, context: ServicerContext
     ) -> cpb.DeleteTopicsResponse:
-        return await self._call(context, request, cpb.DeleteTopicsResponse, lambda c: c.delete_topics)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.DeleteTopicsResponse,
+            lambda c: c.delete_topics,
+            lambda: guard.check_topics(context, AclOperation.DELETE, request.names),
+        )
 
     async def DescribeTopics(
         self, request: cpb.DescribeTopicsRequest, context: ServicerContext
     ) -> cpb.DescribeTopicsResponse:
-        return await self._call(context, request, cpb.DescribeTopicsResponse, lambda c: c.describe_topics)
+        response = await self._call(context, request, cpb.DescribeTopicsResponse, lambda c: c.describe_topics)
+        if not self.guard.enabled or response.error_code != ErrorCode.NONE:
+            return response
+        # Kafka's rule: a listing leaves out what the caller may not DESCRIBE; a topic asked for by
+        # name answers TOPIC_AUTHORIZATION_FAILED (whether it exists or not).
+        may_describe = self.guard.topic_filter(context, AclOperation.DESCRIBE)
+        kept = []
+        for topic in response.topics:
+            if may_describe(topic.name):
+                kept.append(topic)
+            elif request.names:
+                kept.append(
+                    cpb.TopicDescription(
+                        name=topic.name,
+                        error_code=int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                        error_message=f"not authorized to DESCRIBE topic {topic.name!r}",
+                    )
+                )
+        del response.topics[:]
+        response.topics.extend(kept)
+        return response
 
     async def DescribeCluster(
         self, request: cpb.DescribeClusterRequest, context: ServicerContext
     ) -> cpb.DescribeClusterResponse:
-        return await self._call(context, request, cpb.DescribeClusterResponse, lambda c: c.describe_cluster)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.DescribeClusterResponse,
+            lambda c: c.describe_cluster,
+            lambda: guard.check_cluster(context, AclOperation.DESCRIBE),
+        )
 
     async def ElectLeaders(
         self, request: cpb.ElectLeadersRequest, context: ServicerContext
     ) -> cpb.ElectLeadersResponse:
-        return await self._call(context, request, cpb.ElectLeadersResponse, lambda c: c.elect_leaders)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.ElectLeadersResponse,
+            lambda c: c.elect_leaders,
+            lambda: guard.check_cluster(context, AclOperation.ALTER),
+        )
 
     async def AlterPartition(
         self, request: cpb.AlterPartitionRequest, context: ServicerContext
     ) -> cpb.AlterPartitionResponse:
-        return await self._call(context, request, cpb.AlterPartitionResponse, lambda c: c.alter_partition)
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.AlterPartitionResponse,
+            lambda c: c.alter_partition,
+            lambda: guard.check_node(context, request.broker_id, "alter partitions as broker"),
+        )
+
+    async def CreateAcls(
+        self, request: cpb.CreateAclsRequest, context: ServicerContext
+    ) -> cpb.CreateAclsResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.CreateAclsResponse,
+            lambda c: c.create_acls,
+            lambda: guard.check_cluster(context, AclOperation.ALTER),
+        )
+
+    async def DescribeAcls(
+        self, request: cpb.DescribeAclsRequest, context: ServicerContext
+    ) -> cpb.DescribeAclsResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.DescribeAclsResponse,
+            lambda c: c.describe_acls,
+            lambda: guard.check_cluster(context, AclOperation.DESCRIBE),
+        )
+
+    async def DeleteAcls(
+        self, request: cpb.DeleteAclsRequest, context: ServicerContext
+    ) -> cpb.DeleteAclsResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.DeleteAclsResponse,
+            lambda c: c.delete_acls,
+            lambda: guard.check_cluster(context, AclOperation.ALTER),
+        )
 
 
 def add_controller_service(server: grpc.aio.Server, servicer: ControllerServicer) -> None:

@@ -19,6 +19,10 @@ endpoints JSON, features JSON, log_dirs JSON)``
 ``configs(resource_type, resource_name, name, value)``
     resource_type 2 = topic, 4 = broker; primary key (resource_type, resource_name, name).
 ``features(name PRIMARY KEY, level)``
+``acls(id PRIMARY KEY, resource_type, resource_name, pattern_type, principal, host, operation,
+permission_type)``
+    one row per ACL (AccessControlEntryRecord), the enums as Kafka's numbers (kraft.security.acl).  Added
+    without a schema version change: a store written before it has no ACL rows, which is what its log held.
 
 The store is a cache, never a source of truth (issue #14): ``meta.checksum`` covers ``offset``, ``epoch``
 and every row — an order-independent sum (mod 2^64) of one digest per row, kept up to date incrementally by
@@ -59,6 +63,7 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.observability.logging import get_logger
+from kraft.security.acl import AclOperation, AclPermissionType, PatternType, ResourceType, StandardAcl
 
 SCHEMA_VERSION = 1
 
@@ -99,6 +104,16 @@ CREATE TABLE IF NOT EXISTS configs (
     PRIMARY KEY (resource_type, resource_name, name)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS features (name TEXT PRIMARY KEY, level INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS acls (
+    id TEXT PRIMARY KEY,
+    resource_type INTEGER NOT NULL,
+    resource_name TEXT NOT NULL,
+    pattern_type INTEGER NOT NULL,
+    principal TEXT NOT NULL,
+    host TEXT NOT NULL,
+    operation INTEGER NOT NULL,
+    permission_type INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 
@@ -162,6 +177,33 @@ class _RowSum:
 def _config_rows(key: tuple[int, str], values: Mapping[str, str]) -> Iterator[tuple[Any, ...]]:
     for name, value in values.items():
         yield (key[0], key[1], name, value)
+
+
+def _acl_row(acl_id: str, acl: StandardAcl) -> tuple[Any, ...]:
+    return (
+        acl_id,
+        int(acl.resource_type),
+        acl.resource_name,
+        int(acl.pattern_type),
+        acl.principal,
+        acl.host,
+        int(acl.operation),
+        int(acl.permission),
+    )
+
+
+def _acl_from_row(row: tuple[Any, ...]) -> StandardAcl:
+    """ValueError for an enum number this build does not know (the store is then discarded)."""
+    _, rtype, name, pattern, principal, host, operation, permission = row
+    return StandardAcl(
+        ResourceType(rtype),
+        name,
+        PatternType(pattern),
+        principal,
+        host,
+        AclOperation(operation),
+        AclPermissionType(permission),
+    )
 
 
 def _ids(values: Iterable[int]) -> str:
@@ -331,7 +373,7 @@ class SqliteImageStore:
         if db.in_transaction:
             await db.execute("ROLLBACK")
         await db.execute("BEGIN")
-        for table in ("meta", "brokers", "topics", "partitions", "configs", "features"):
+        for table in ("meta", "brokers", "topics", "partitions", "configs", "features", "acls"):
             await db.execute(f"DELETE FROM {table}")
         await db.execute("COMMIT")
         self._saved = MetadataImage.empty()
@@ -410,6 +452,10 @@ class SqliteImageStore:
         async for name, level in _rows(db, "SELECT name, level FROM features"):
             sums.add("f", (name, level))
             levels[name] = level
+        acls: dict[str, StandardAcl] = {}
+        async for row in _rows(db, "SELECT * FROM acls"):
+            sums.add("a", row)
+            acls[row[0]] = _acl_from_row(tuple(row))
         offset, epoch = int(meta["offset"]), int(meta.get("epoch", -1))
         if sums.checksum(offset, epoch) != meta["checksum"]:
             raise ImageStoreError(f"checksum mismatch at offset {offset} (damaged or edited)")
@@ -423,6 +469,7 @@ class SqliteImageStore:
             topic_ids_by_name=names,
             configs=configs,
             features=levels,
+            acls=acls,
         )
         self._saved = image
         self._sums = sums
@@ -449,6 +496,8 @@ class SqliteImageStore:
                     sums.add("f", item)
                 await db.execute("DELETE FROM features")
                 await db.executemany("INSERT INTO features VALUES (?, ?)", list(image.features.items()))
+            if image.acls is not previous.acls:
+                await self._save_acls(previous, image, sums)
             await db.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)",
                 [
@@ -513,6 +562,17 @@ class SqliteImageStore:
             "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)",
             _changed_partition_rows(changed, sums),
         )
+
+    async def _save_acls(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
+        gone = [(i,) for i in previous.acls if i not in image.acls]
+        for acl_id, old in previous.acls.items():
+            if image.acls.get(acl_id) is not old:
+                sums.remove("a", _acl_row(acl_id, old))
+        changed = [_acl_row(i, a) for i, a in image.acls.items() if previous.acls.get(i) is not a]
+        for row in changed:
+            sums.add("a", row)
+        await self._db.executemany("DELETE FROM acls WHERE id = ?", gone)
+        await self._db.executemany("INSERT OR REPLACE INTO acls VALUES (?, ?, ?, ?, ?, ?, ?, ?)", changed)
 
     async def _save_configs(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         for key in set(previous.configs) | set(image.configs):

@@ -38,8 +38,8 @@ import asyncio
 import contextlib
 import signal
 import uuid
-from collections.abc import Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,9 @@ from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_healt
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
 from kraft.runtime import grpc_io_name, running_loop_name
+from kraft.security.acl import StandardAcl
+from kraft.security.authorizer import Authorizer, AuthorizerSettings
+from kraft.security.guard import RequestGuard
 from kraft.security.principal import install_principal_mapper
 from kraft.security.tls import (
     CertificateReloader,
@@ -133,6 +136,7 @@ class BrokerSettings:
     server_tls: SslSettings | None = None  # the broker listener's SSL settings (None: PLAINTEXT)
     controller_security: ChannelSecurity = PLAINTEXT_SECURITY  # how the controllers are dialled
     broker_security: ChannelSecurity = PLAINTEXT_SECURITY  # how other brokers are dialled (replica fetch)
+    authorizer: AuthorizerSettings = field(default_factory=AuthorizerSettings)  # authorizer.class.name, …
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -176,6 +180,7 @@ class BrokerSettings:
             server_tls=listener_settings(config, listener.name),
             controller_security=outbound_security(config, config.controller_listener_names[0]),
             broker_security=outbound_security(config, listener.name),
+            authorizer=config.authorizer_settings,
         )
 
 
@@ -216,6 +221,9 @@ class BrokerServer:
                 ("grpc.max_receive_message_length", s.max_message_bytes),
             ],
         )
+        # ACLs come from the image this broker applied last (set by _on_view).
+        self._acls: Mapping[str, StandardAcl] = {}
+        authorizer = Authorizer(s.authorizer, lambda: self._acls) if s.authorizer.enabled else None
         self.service = BrokerService(
             self.status,
             self.partitions,
@@ -223,6 +231,7 @@ class BrokerServer:
             message_max_bytes=s.message_max_bytes,
             grpc_max_message_bytes=s.max_message_bytes,
             replicas=self.replicas,
+            guard=RequestGuard(authorizer),
         )
         self.publisher = MetadataPublisher(
             s.broker_id,
@@ -474,6 +483,7 @@ class BrokerServer:
 
     def _on_view(self, view: ImageMetadataView) -> None:
         """A newly applied image: the service answers from it, replication follows its roles."""
+        self._acls = view.image.acls
         self.service.set_view(view)
         self.replicas.on_image(view.image)
 

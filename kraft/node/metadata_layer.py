@@ -27,6 +27,7 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.observability.health import CONTROLLER_SERVICE
+from kraft.security.authorizer import AuthorizerSettings
 
 if TYPE_CHECKING:
     # Type-only: controller.py imports this module to install the layer in run_controller.
@@ -68,8 +69,8 @@ def discard_store_ahead_of_log(path: Path | None, log_end_offset: int) -> bool:
 class MetadataLayer:
     """What :func:`install_metadata_layer` returns: the servicer and, once started, the controller."""
 
-    def __init__(self) -> None:
-        self.servicer = ControllerServicer()
+    def __init__(self, authorizer: AuthorizerSettings | None = None) -> None:
+        self.servicer = ControllerServicer(authorizer=authorizer)
         self.controller: QuorumController | None = None
         self._health_task: asyncio.Task[None] | None = None
 
@@ -123,7 +124,7 @@ GIL_SWITCH_INTERVAL_S = 0.0001
 
 def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    layer = MetadataLayer()
+    layer = MetadataLayer(node.config.authorizer_settings)
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
     node.on_start(layer.start)
     node.on_stop(layer.stop)

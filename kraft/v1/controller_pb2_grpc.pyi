@@ -48,6 +48,10 @@ class ControllerServiceStub:
     ElectLeaders: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ElectLeadersRequest, _controller_pb2.ElectLeadersResponse]
     AlterPartition: _grpc.UnaryUnaryMultiCallable[_controller_pb2.AlterPartitionRequest, _controller_pb2.AlterPartitionResponse]
     """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
+    CreateAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.CreateAclsRequest, _controller_pb2.CreateAclsResponse]
+    """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller."""
+    DescribeAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DescribeAclsRequest, _controller_pb2.DescribeAclsResponse]
+    DeleteAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DeleteAclsRequest, _controller_pb2.DeleteAclsResponse]
 
 @_typing.type_check_only
 class ControllerServiceAsyncStub(ControllerServiceStub):
@@ -67,6 +71,10 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     ElectLeaders: _aio.UnaryUnaryMultiCallable[_controller_pb2.ElectLeadersRequest, _controller_pb2.ElectLeadersResponse]  # type: ignore[assignment]
     AlterPartition: _aio.UnaryUnaryMultiCallable[_controller_pb2.AlterPartitionRequest, _controller_pb2.AlterPartitionResponse]  # type: ignore[assignment]
     """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
+    CreateAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.CreateAclsRequest, _controller_pb2.CreateAclsResponse]  # type: ignore[assignment]
+    """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller."""
+    DescribeAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.DescribeAclsRequest, _controller_pb2.DescribeAclsResponse]  # type: ignore[assignment]
+    DeleteAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.DeleteAclsRequest, _controller_pb2.DeleteAclsResponse]  # type: ignore[assignment]
 
 class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -149,5 +157,27 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.AlterPartitionResponse, _abc.Awaitable[_controller_pb2.AlterPartitionResponse]]:
         """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
+
+    @_abc_1.abstractmethod
+    def CreateAcls(
+        self,
+        request: _controller_pb2.CreateAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.CreateAclsResponse, _abc.Awaitable[_controller_pb2.CreateAclsResponse]]:
+        """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller."""
+
+    @_abc_1.abstractmethod
+    def DescribeAcls(
+        self,
+        request: _controller_pb2.DescribeAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.DescribeAclsResponse, _abc.Awaitable[_controller_pb2.DescribeAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcls(
+        self,
+        request: _controller_pb2.DeleteAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.DeleteAclsResponse, _abc.Awaitable[_controller_pb2.DeleteAclsResponse]]: ...
 
 def add_ControllerServiceServicer_to_server(servicer: ControllerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

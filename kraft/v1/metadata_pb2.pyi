@@ -468,6 +468,76 @@ class BrokerRegistrationChangeRecord(_message.Message):
 Global___BrokerRegistrationChangeRecord: _TypeAlias = BrokerRegistrationChangeRecord  # noqa: Y015
 
 @_typing.final
+class AccessControlEntryRecord(_message.Message):
+    """api key 18 (Kafka's AccessControlEntryRecord, KIP-801): one ACL binding.  The enums are Kafka's numbers
+    (kraft.security.acl): resource_type 2 = TOPIC, 3 = GROUP, 4 = CLUSTER, 5 = TRANSACTIONAL_ID, …;
+    pattern_type 3 = LITERAL, 4 = PREFIXED; operation 2 = ALL, 3 = READ, 4 = WRITE, …; permission_type
+    2 = DENY, 3 = ALLOW.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    RESOURCE_NAME_FIELD_NUMBER: _builtins.int
+    PATTERN_TYPE_FIELD_NUMBER: _builtins.int
+    PRINCIPAL_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    PERMISSION_TYPE_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """a UUID string, unique per ACL"""
+    resource_type: _builtins.int
+    resource_name: _builtins.str
+    pattern_type: _builtins.int
+    principal: _builtins.str
+    """TYPE:NAME, e.g. User:alice; User:* = every principal"""
+    host: _builtins.str
+    """* = every host"""
+    operation: _builtins.int
+    permission_type: _builtins.int
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        resource_type: _builtins.int = ...,
+        resource_name: _builtins.str = ...,
+        pattern_type: _builtins.int = ...,
+        principal: _builtins.str = ...,
+        host: _builtins.str = ...,
+        operation: _builtins.int = ...,
+        permission_type: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "id", b"id", "operation", b"operation", "pattern_type", b"pattern_type", "permission_type", b"permission_type", "principal", b"principal", "resource_name", b"resource_name", "resource_type", b"resource_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AccessControlEntryRecord: _TypeAlias = AccessControlEntryRecord  # noqa: Y015
+
+@_typing.final
+class RemoveAccessControlEntryRecord(_message.Message):
+    """api key 19."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveAccessControlEntryRecord: _TypeAlias = RemoveAccessControlEntryRecord  # noqa: Y015
+
+@_typing.final
 class NoOpRecord(_message.Message):
     """api key 20.  Appended every metadata.max.idle.interval.ms so brokers see progress."""
 
@@ -550,6 +620,8 @@ class MetadataRecord(_message.Message):
     REMOVE_TOPIC_FIELD_NUMBER: _builtins.int
     FEATURE_LEVEL_FIELD_NUMBER: _builtins.int
     BROKER_REGISTRATION_CHANGE_FIELD_NUMBER: _builtins.int
+    ACCESS_CONTROL_ENTRY_FIELD_NUMBER: _builtins.int
+    REMOVE_ACCESS_CONTROL_ENTRY_FIELD_NUMBER: _builtins.int
     NO_OP_FIELD_NUMBER: _builtins.int
     BEGIN_TRANSACTION_FIELD_NUMBER: _builtins.int
     END_TRANSACTION_FIELD_NUMBER: _builtins.int
@@ -577,6 +649,10 @@ class MetadataRecord(_message.Message):
     @_builtins.property
     def broker_registration_change(self) -> Global___BrokerRegistrationChangeRecord: ...
     @_builtins.property
+    def access_control_entry(self) -> Global___AccessControlEntryRecord: ...
+    @_builtins.property
+    def remove_access_control_entry(self) -> Global___RemoveAccessControlEntryRecord: ...
+    @_builtins.property
     def no_op(self) -> Global___NoOpRecord: ...
     @_builtins.property
     def begin_transaction(self) -> Global___BeginTransactionRecord: ...
@@ -598,16 +674,18 @@ class MetadataRecord(_message.Message):
         remove_topic: Global___RemoveTopicRecord | None = ...,
         feature_level: Global___FeatureLevelRecord | None = ...,
         broker_registration_change: Global___BrokerRegistrationChangeRecord | None = ...,
+        access_control_entry: Global___AccessControlEntryRecord | None = ...,
+        remove_access_control_entry: Global___RemoveAccessControlEntryRecord | None = ...,
         no_op: Global___NoOpRecord | None = ...,
         begin_transaction: Global___BeginTransactionRecord | None = ...,
         end_transaction: Global___EndTransactionRecord | None = ...,
         abort_transaction: Global___AbortTransactionRecord | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "access_control_entry", b"access_control_entry", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_access_control_entry", b"remove_access_control_entry", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "access_control_entry", b"access_control_entry", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_access_control_entry", b"remove_access_control_entry", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["register_broker", "unregister_broker", "topic", "partition", "config", "partition_change", "fence_broker", "unfence_broker", "remove_topic", "feature_level", "broker_registration_change", "no_op", "begin_transaction", "end_transaction", "abort_transaction"]  # noqa: Y015
+    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["register_broker", "unregister_broker", "topic", "partition", "config", "partition_change", "fence_broker", "unfence_broker", "remove_topic", "feature_level", "broker_registration_change", "access_control_entry", "remove_access_control_entry", "no_op", "begin_transaction", "end_transaction", "abort_transaction"]  # noqa: Y015
     _WhichOneofArgType_record: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_record) -> _WhichOneofReturnType_record | None: ...
 

@@ -26,3 +26,14 @@ def test_the_statuses_servicers_abort_with() -> None:
     # The two aborts servicers make; their statuses are what clients already retry on.
     assert grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE) is grpc.StatusCode.UNAVAILABLE
     assert grpc_status_for(ErrorCode.UNKNOWN_SERVER_ERROR) is grpc.StatusCode.INTERNAL
+
+
+def test_authorization_failures_map_to_permission_denied() -> None:
+    # The authorizer's refusals (kraft.security.guard); ControllerClient raises them without retrying.
+    for code in (
+        ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        ErrorCode.GROUP_AUTHORIZATION_FAILED,
+        ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+    ):
+        assert grpc_status_for(code) is grpc.StatusCode.PERMISSION_DENIED
+    assert (ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.CLUSTER_AUTHORIZATION_FAILED) == (29, 31)

@@ -32,13 +32,24 @@ SAMPLES = [
     pb.RemoveTopicRecord(topic_id="id"),
     pb.FeatureLevelRecord(name="metadata.version", feature_level=3),
     pb.BrokerRegistrationChangeRecord(broker_id=1, broker_epoch=7, fenced=-1),
+    pb.AccessControlEntryRecord(
+        id="acl",
+        resource_type=2,
+        resource_name="t",
+        pattern_type=3,
+        principal="User:a",
+        host="*",
+        operation=3,
+        permission_type=3,
+    ),
+    pb.RemoveAccessControlEntryRecord(id="acl"),
     pb.NoOpRecord(),
     pb.BeginTransactionRecord(name="x"),
     pb.EndTransactionRecord(),
     pb.AbortTransactionRecord(),
 ]
 
-EXPECTED_KEYS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 17, 20, 23, 24, 25]
+EXPECTED_KEYS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 17, 18, 19, 20, 23, 24, 25]
 
 
 @pytest.mark.parametrize(("payload", "key"), list(zip(SAMPLES, EXPECTED_KEYS, strict=True)))
