@@ -7,8 +7,9 @@ the endpoint in the hint).
 
 Outcome rules — when in doubt, ``info`` (unknown), never ``fail``:
 * a gRPC error (deadline, unavailable, reset) → ``info``: the request may have been applied;
-* NOT_CONTROLLER or REQUEST_TIMED_OUT → ``info``: a controller that appended the records and then lost
-  leadership answers NOT_CONTROLLER, and those records may still commit;
+* REQUEST_TIMED_OUT → ``info``: a controller that appended the records and then lost leadership (or whose
+  write did not commit in time) answers it, and those records may still commit; NOT_CONTROLLER promises
+  that nothing was done (kraft.errors) but is kept ``info`` too, the conservative reading;
 * NONE → ``ok`` "created"/"deleted"; TOPIC_ALREADY_EXISTS → ``ok`` "exists";
   UNKNOWN_TOPIC_OR_PARTITION → ``ok`` "not_found";
 * any other error code is a validation failure before anything was appended → ``fail``.
@@ -170,7 +171,10 @@ class TopicWorkload:
             if top is ErrorCode.NOT_CONTROLLER:
                 self._learn_leader(response.controller)
             elif top is ErrorCode.REQUEST_TIMED_OUT:
+                # Leadership lost after the append: the answer names the new controller.
                 self._leader = None
+                if response.HasField("controller"):
+                    self._learn_leader(response.controller)
             outcome = EventType.INFO if top in INDETERMINATE_CODES or f == "read" else EventType.FAIL
             return Completion(outcome, error=f"controller {node_id}: {top.name} {response.error_message}")
         self._leader = node_id

@@ -4,6 +4,20 @@ Every gRPC response carries an ``error_code`` from :class:`ErrorCode` (Kafka's n
 Kafka has one) and an ``error_message``. This module is pure (no grpc, no IO) so that the IO-free Raft
 core and its messages can use it; the mapping from an error code to a gRPC status lives at the transport
 edge, in :mod:`kraft.grpc_errors`.
+
+Two controller answers tell a client whether it may resend a write (docs/internals/node-and-client.md):
+
+* ``NOT_CONTROLLER`` — *nothing was done*: this controller is not the active one (``controller`` names the
+  one it believes is, node id -1 when none is known).  Any request may be sent again, to that controller.
+* ``REQUEST_TIMED_OUT`` — *outcome unknown*: the write was appended to the metadata log and then did not
+  commit in time, or leadership was lost before it committed (then ``controller`` names the new
+  active controller).  Its records may still commit, or be truncated.  Only idempotent requests
+  (heartbeats, registrations, reads, elections, controlled shutdown) may be resent as they are; a
+  CreateTopics/DeleteTopics/UnregisterBroker resend is reconciled by :class:`kraft.client.admin.AdminClient`
+  (e.g. TOPIC_ALREADY_EXISTS with the requested spec after an unknown outcome is the client's own create).
+
+Kafka's controller answers both cases NOT_CONTROLLER; kraft keeps them apart so that a retried create
+never reports TOPIC_ALREADY_EXISTS for the topic it created itself.
 """
 
 from __future__ import annotations

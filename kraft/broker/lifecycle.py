@@ -210,11 +210,13 @@ class BrokerLifecycle:
         if code is not ErrorCode.NONE:
             self._log.warning("heartbeat_rejected", code=code.name, message=response.error_message)
             return False
+        previous_ms = status.last_heartbeat_accepted_ms
         status.heartbeat_accepted(sent_at_ms)
-        self._apply_heartbeat(response)
+        self._apply_heartbeat(response, sent_at_ms - previous_ms if previous_ms >= 0 else -1)
         return True
 
-    def _apply_heartbeat(self, response: cpb.BrokerHeartbeatResponse) -> None:
+    def _apply_heartbeat(self, response: cpb.BrokerHeartbeatResponse, gap_ms: int = -1) -> None:
+        """``gap_ms``: since the previous accepted heartbeat was sent (-1: none), for the fenced line."""
         status = self._status
         if response.should_shut_down and not self._want_shut_down:
             # An operator asked the controller to shut this broker down (`kraft broker shutdown`).
@@ -228,7 +230,16 @@ class BrokerLifecycle:
             return
         if response.is_fenced:
             if not status.fenced:
-                self.fence_locally("fenced_by_controller")
+                # The controller fenced us although we did not ask: our session expired on its side
+                # (heartbeats late or lost: see its broker_session_expired line) or it fenced us on purpose.
+                self.fence_locally(
+                    "fenced_by_controller",
+                    reason="the heartbeat answer says fenced: the controller expired this broker's session "
+                    "(heartbeats did not arrive within broker.session.timeout.ms)",
+                    ms_since_previous_accepted_heartbeat=gap_ms,
+                    session_timeout_ms=status.session_timeout_ms,
+                    controller=status.controller_id,
+                )
         else:
             if status.fenced:
                 self._log.info("unfenced")
@@ -236,15 +247,16 @@ class BrokerLifecycle:
             if status.state is BrokerState.RECOVERY:
                 status.transition(BrokerState.RUNNING)
 
-    def fence_locally(self, event: str) -> None:
+    def fence_locally(self, event: str, **why: object) -> None:
         """Stop serving at once because the controller fenced this broker (heartbeat answer or image);
-        ``on_fenced`` lets the owner hold back the next unfence request until the image shows it."""
+        ``on_fenced`` lets the owner hold back the next unfence request until the image shows it.
+        ``why``: fields of the log line that say why (reason, …)."""
         status = self._status
         status.fenced = True
         status.begin_resync()
         if status.state is BrokerState.RUNNING:
             status.transition(BrokerState.RECOVERY)
-        self._log.warning(event)
+        self._log.warning(event, **why)
         self._on_fenced()
 
     def _stop_serving(self, reason: str) -> None:

@@ -65,6 +65,8 @@ class BrokerStatus:
         self.resync_generation = 0
         self._clock = clock
         self._lease_expires_at_ms: int | None = None  # None: no lease granted (or revoked)
+        self.last_heartbeat_accepted_ms = -1
+        """:meth:`monotonic_ms` when the latest accepted heartbeat was sent (-1: none yet)."""
         self._listeners: list[Callable[[BrokerState, BrokerState], None]] = []
 
     # --- transitions ---------------------------------------------------------------------------
@@ -89,6 +91,7 @@ class BrokerStatus:
         """Extend the lease from when the accepted heartbeat was *sent* (the controller's clock started
         no earlier than that), never from when its answer arrived.  ``sent_at_ms`` is
         :meth:`monotonic_ms` read before the heartbeat went out."""
+        self.last_heartbeat_accepted_ms = max(self.last_heartbeat_accepted_ms, sent_at_ms)
         expires_ms = sent_at_ms + self.session_timeout_ms
         if self._lease_expires_at_ms is None or expires_ms > self._lease_expires_at_ms:
             self._lease_expires_at_ms = expires_ms

@@ -15,12 +15,14 @@ from kraft.cli.common import (
     CliError,
     CommandConfigOption,
     JsonOption,
+    VerboseOption,
     handle_errors,
     parse_bootstrap,
     print_json,
     print_key_values,
     print_table,
     run_async,
+    verbose_printer,
 )
 from kraft.client.admin import AdminClient
 from kraft.client.broker import describe_broker
@@ -46,8 +48,12 @@ BROKER_STATE_TIMEOUT_S = 2.0
 UNKNOWN_STATE = "unknown"
 
 
-def _client(bootstrap: str) -> AdminClient:
-    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], clock=SystemClock())
+def _client(bootstrap: str, verbose: bool = False) -> AdminClient:
+    return AdminClient(
+        [hp.target for hp in parse_bootstrap(bootstrap)],
+        clock=SystemClock(),
+        on_retry=verbose_printer(verbose),
+    )
 
 
 def broker_json(broker: cpb.BrokerDescription) -> dict[str, Any]:
@@ -205,9 +211,9 @@ def describe_command(
     )
 
 
-async def _unregister(bootstrap: str, broker_id: int) -> None:
-    async with _client(bootstrap) as client:
-        await client.call(lambda s: s.UnregisterBroker, cpb.UnregisterBrokerRequest(broker_id=broker_id))
+async def _unregister(bootstrap: str, broker_id: int, verbose: bool) -> None:
+    async with _client(bootstrap, verbose) as client:
+        await client.unregister_broker(cpb.UnregisterBrokerRequest(broker_id=broker_id))
 
 
 @app.command("unregister")
@@ -216,19 +222,27 @@ def unregister_command(
     broker_id: BrokerIdArgument,
     bootstrap_controller: BootstrapControllerOption,
     command_config: CommandConfigOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Remove a broker's registration (kafka-cluster.sh unregister); its id becomes free.
 
     Examples:
 
       kraft broker unregister --bootstrap-controller 127.0.0.1:9093 103
+
+      kraft broker unregister --bootstrap-controller 127.0.0.1:9093 103 --json
     """
-    run_async(_unregister(bootstrap_controller, broker_id))
-    typer.echo(f"broker {broker_id} unregistered")
+    run_async(_unregister(bootstrap_controller, broker_id, verbose))
+    if as_json:
+        print_json({"id": broker_id, "result": "unregistered"})
+    else:
+        typer.echo(f"broker {broker_id} unregistered")
 
 
-async def _shutdown(bootstrap: str, broker_id: int) -> int:
-    async with _client(bootstrap) as client:
+async def _shutdown(bootstrap: str, broker_id: int, verbose: bool) -> int:
+    async with _client(bootstrap, verbose) as client:
+        # Idempotent: a resend asks for the shutdown that is already under way.
         response = await client.call(
             lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=broker_id)
         )
@@ -241,15 +255,22 @@ def shutdown_command(
     broker_id: BrokerIdArgument,
     bootstrap_controller: BootstrapControllerOption,
     command_config: CommandConfigOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Controlled shutdown: move the broker's leaderships away, then tell it to stop at its next heartbeat.
 
     Examples:
 
       kraft broker shutdown --bootstrap-controller 127.0.0.1:9093 102
+
+      kraft broker shutdown --bootstrap-controller 127.0.0.1:9093 102 --json
     """
-    remaining = run_async(_shutdown(bootstrap_controller, broker_id))
-    typer.echo(f"broker {broker_id} is in controlled shutdown ({remaining} leaderships left)")
+    remaining = run_async(_shutdown(bootstrap_controller, broker_id, verbose))
+    if as_json:
+        print_json({"id": broker_id, "result": "controlled_shutdown", "leaderships_remaining": remaining})
+    else:
+        typer.echo(f"broker {broker_id} is in controlled shutdown ({remaining} leaderships left)")
 
 
 # `kraft broker start` registers itself on this app; it needs the broker runtime, imported last.

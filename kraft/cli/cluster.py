@@ -16,6 +16,7 @@ from kraft.client.channel import set_default_security
 from kraft.cluster.manager import ClusterError, ClusterStatus, LocalCluster
 from kraft.cluster.process import ProcessError
 from kraft.cluster.profiles import PROFILES
+from kraft.cluster.spec import NodeRole
 
 app = typer.Typer(no_args_is_help=True, help="Run a local cluster: controllers and brokers as processes.")
 
@@ -46,10 +47,11 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
             typer.echo(
                 f"{node.name} {node.state} (exit {code}): {node.last_error or 'no fatal line in its log'}"
             )
-    controllers = [n.endpoint for n in status.nodes if str(n.role) == "controller"]
     client = Path(status.dir) / "client.properties"
     tls = f" --command-config {client}" if client.exists() else ""
-    typer.echo(f"--bootstrap-controller {','.join(controllers)}{tls}")
+    typer.echo(f"--bootstrap-controller {status.bootstrap(NodeRole.CONTROLLER)}{tls}")
+    if status.bootstrap(NodeRole.BROKER):
+        typer.echo(f"--bootstrap-server {status.bootstrap(NodeRole.BROKER)}{tls}")
 
 
 def _open(directory: Path) -> LocalCluster:
@@ -86,11 +88,28 @@ def _cluster_error(exc: ClusterError) -> CliError:
 def up_command(
     directory: DirOption = _DEFAULT_DIR,
     controllers: Annotated[
-        int | None, typer.Option("--controllers", min=1, help="Controllers [default: 3].")
+        int | None,
+        typer.Option(
+            "--controllers",
+            min=1,
+            help="Controllers (default 3 for a new directory; an existing one keeps its own).",
+            show_default=False,
+        ),
     ] = None,
-    brokers: Annotated[int | None, typer.Option("--brokers", min=0, help="Brokers [default: 3].")] = None,
+    brokers: Annotated[
+        int | None,
+        typer.Option(
+            "--brokers",
+            min=0,
+            help="Brokers (default 3 for a new directory; an existing one keeps its own).",
+            show_default=False,
+        ),
+    ] = None,
     base_port: Annotated[
-        int | None, typer.Option("--base-port", min=1, max=65000, help="First port (default: free ports).")
+        int | None,
+        typer.Option(
+            "--base-port", min=1, max=65000, help="First port (default: free ports).", show_default=False
+        ),
     ] = None,
     profile: Annotated[
         str, typer.Option("--profile", help=f"Timing profile: {' | '.join(PROFILES)}.")
@@ -245,6 +264,7 @@ def down_command(
     purge: Annotated[
         bool, typer.Option("--purge", help="Also delete the directory (configs, data, logs).")
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Stop every node: brokers first, then controllers; SIGKILL whatever outlives --timeout.
 
@@ -253,6 +273,8 @@ def down_command(
       kraft cluster down --dir /tmp/c
 
       kraft cluster down --dir /tmp/c --purge     # also delete its files
+
+      kraft cluster down --dir /tmp/c --json
     """
     try:
         cluster = _open(directory)
@@ -260,10 +282,19 @@ def down_command(
             outcomes = cluster.down(timeout_s)
     except ClusterError as exc:
         raise _cluster_error(exc) from None
+    if purge:
+        shutil.rmtree(cluster.layout.root)
+    if as_json:
+        print_json(
+            {
+                "nodes": [{"name": name, "outcome": outcome} for name, outcome in outcomes.items()],
+                "removed": str(cluster.layout.root) if purge else None,
+            }
+        )
+        return
     for name, outcome in outcomes.items():
         typer.echo(f"{name}: {outcome}")
     if purge:
-        shutil.rmtree(cluster.layout.root)
         typer.echo(f"removed {cluster.layout.root}")
 
 
@@ -312,6 +343,7 @@ def stop_command(
     kill: Annotated[
         bool, typer.Option("--kill", help="SIGKILL at once: a crash, no graceful shutdown.")
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Stop some nodes: SIGTERM (graceful), or SIGKILL with --kill.
 
@@ -323,7 +355,10 @@ def stop_command(
       kraft cluster stop 101 --dir demo-cluster
 
       kraft cluster stop controller-1 --kill --dir demo-cluster
+
+      kraft cluster stop 101 102 --dir demo-cluster --json
     """
+    stopped: list[dict[str, str]] = []
     try:
         cluster = _open(directory)
         procs = [cluster.process(node) for node in nodes]  # resolve every name before stopping any
@@ -333,9 +368,13 @@ def stop_command(
             else:
                 with Console(stderr=True).status(f"stopping {proc.node.name}…"):
                     outcome = proc.stop(timeout_s)
-            typer.echo(f"{proc.node.name}: {outcome}")
+            stopped.append({"name": proc.node.name, "outcome": outcome})
+            if not as_json:
+                typer.echo(f"{proc.node.name}: {outcome}")
     except (ClusterError, ProcessError) as exc:
         raise CliError(str(exc)) from None
+    if as_json:
+        print_json({"nodes": stopped})
 
 
 @app.command("start")

@@ -47,6 +47,22 @@ BootstrapControllerOption = Annotated[
     ),
 ]
 
+VerboseOption = Annotated[
+    bool,
+    typer.Option("--verbose", help="Print each retry (redirects, unknown outcomes, resends) on stderr."),
+]
+
+
+def verbose_printer(verbose: bool) -> Callable[[str], None] | None:
+    """The ``on_retry`` callback of the admin clients for ``--verbose``: one ``retry: …`` line on stderr."""
+    if not verbose:
+        return None
+
+    def show(line: str) -> None:
+        print(f"retry: {_one_line(line)}", file=sys.stderr, flush=True)
+
+    return show
+
 
 def apply_command_config(path: Path | None) -> Path | None:
     """Open every channel of this command as ``path`` says (Kafka's admin client ``--command-config``:

@@ -1,6 +1,7 @@
 """``kraft consume``: read records of a topic partition from its leader (a data-path smoke test).
 
-Starts at ``--offset`` (or the earliest offset with ``--from-beginning``, else the latest) and stops
+Starts at ``--offset`` (or the earliest offset with ``--from-beginning``, else the latest — Kafka's
+console consumer default; when nothing arrives a one-line hint on stderr says so) and stops
 after ``--max-records`` records or when no new record arrived for ``--idle-timeout`` seconds.  Prints
 one value per line, or one JSON object per record with ``--json``.
 """
@@ -53,7 +54,8 @@ def consume_command(
 ) -> None:
     """Read records of a topic partition from its leader; one value per line.
 
-    Stops after --max-records, or when no record came for --idle-timeout s.
+    Starts at the latest offset (new records only, as Kafka's console consumer) unless --offset or
+    --from-beginning is given.  Stops after --max-records, or when no record came for --idle-timeout s.
     With --json each line is one record object (offset, key, value, …).
     A spinner on stderr shows the wait when stderr is a terminal.
 
@@ -70,7 +72,7 @@ def consume_command(
     targets = [hp.target for hp in parse_bootstrap(bootstrap_server, "--bootstrap-server")]
     start = offset if offset is not None else (EARLIEST_TIMESTAMP if from_beginning else LATEST_TIMESTAMP)
     with WaitSpinner(f"waiting for records of {topic}-{partition}…") as spinner:
-        run_async(
+        printed, first_position = run_async(
             _consume(
                 targets,
                 cluster_id,
@@ -83,6 +85,14 @@ def consume_command(
                 json_output,
                 spinner,
             )
+        )
+    if printed == 0 and start == LATEST_TIMESTAMP:
+        # Like Kafka's console consumer, the default start is the latest offset: records produced before
+        # the command are not shown.  Say so instead of exiting silently (stderr: stdout stays data).
+        typer.echo(
+            f"no new records in {topic}-{partition} after its latest offset {first_position} within "
+            f"--idle-timeout {idle_timeout_s:g}s; use --from-beginning or --offset N to read older ones",
+            err=True,
         )
 
 
@@ -97,12 +107,14 @@ async def _consume(
     timeout_s: float,
     json_output: bool,
     spinner: WaitSpinner,
-) -> None:
+) -> tuple[int, int]:
+    """Print records; returns how many, and the offset reading started at."""
     loop = asyncio.get_running_loop()
     async with BrokerClient(targets, cluster_id=cluster_id) as client:
         position = (
             start if start >= 0 else await client.list_offset(topic, partition, start, deadline_s=timeout_s)
         )
+        first_position = position
         printed = 0
         idle_until = loop.time() + idle_timeout_s
         while printed < max_records:
@@ -124,6 +136,7 @@ async def _consume(
             elif loop.time() >= idle_until:
                 break
         sys.stdout.flush()
+    return printed, first_position
 
 
 def _print_record(topic: str, partition: int, record: pb.BrokerRecord, json_output: bool) -> None:

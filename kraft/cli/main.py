@@ -40,7 +40,7 @@ _register("cluster", "cluster", "Run a local cluster: up, status, down, restart,
 _register("metadata", "metadata", "Inspect the metadata log offline: dump segments and snapshots.")
 importlib.import_module("kraft.cli.metadata_shell")  # adds `kraft metadata shell` to the metadata group
 _register("broker", "broker", "Brokers: run one, list, describe, unregister, controlled shutdown.")
-_register("topic", "topic", "Topics: create, list, describe, delete.")
+_register("topic", "topic", "Topics: create, list, describe, delete, elect-leaders.")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
 _register("quorum", "quorum", "Describe the controller quorum (kafka-metadata-quorum.sh).")
 _register("acl", "acl", "ACLs in the metadata log: add, list, remove (kafka-acls.sh).")

@@ -11,12 +11,14 @@ from kraft.cli.common import (
     CliError,
     CommandConfigOption,
     JsonOption,
+    VerboseOption,
     handle_errors,
     parse_bootstrap,
     print_json,
     print_key_values,
     print_table,
     run_async,
+    verbose_printer,
 )
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
@@ -30,8 +32,12 @@ app = typer.Typer(
 TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_default=False)]
 
 
-def _client(bootstrap: str) -> AdminClient:
-    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], clock=SystemClock())
+def _client(bootstrap: str, verbose: bool = False) -> AdminClient:
+    return AdminClient(
+        [hp.target for hp in parse_bootstrap(bootstrap)],
+        clock=SystemClock(),
+        on_retry=verbose_printer(verbose),
+    )
 
 
 def parse_configs(items: list[str]) -> list[cpb.TopicConfig]:
@@ -58,10 +64,12 @@ def parse_assignment(text: str) -> list[cpb.ReplicaAssignment]:
     return assignments
 
 
-async def _create(bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool) -> cpb.CreatableTopicResult:
-    async with _client(bootstrap) as client:
-        response = await client.call(
-            lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
+async def _create(
+    bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool, verbose: bool
+) -> cpb.CreatableTopicResult:
+    async with _client(bootstrap, verbose) as client:
+        response = await client.create_topics(
+            cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
         )
     return response.topics[0]
 
@@ -89,6 +97,8 @@ def create_command(
         bool, typer.Option("--if-not-exists", help="An existing topic is not an error.")
     ] = False,
     command_config: CommandConfigOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Create a topic; replicas are spread evenly and rack-aware over the unfenced brokers.
 
@@ -101,19 +111,38 @@ def create_command(
 
       kraft topic create --bootstrap-controller 127.0.0.1:9093 pinned \\
           --replica-assignment 101:102,102:103 --validate-only
+
+      kraft topic create --bootstrap-controller 127.0.0.1:9093 orders -p 6 -r 3 --json --verbose
+
+    A create whose outcome is unknown (the controller lost leadership after appending it) is resent;
+    the topic then existing exactly as requested counts as created (--verbose shows the retries).
     """
     topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=replication_factor)
     topic.configs.extend(parse_configs(config or []))
     if replica_assignment:
         topic.assignments.extend(parse_assignment(replica_assignment))
         topic.num_partitions = topic.replication_factor = -1
-    result = run_async(_create(bootstrap_controller, topic, validate_only))
+    result = run_async(_create(bootstrap_controller, topic, validate_only, verbose))
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.TOPIC_ALREADY_EXISTS and if_not_exists:
-        typer.echo(f"topic {name} already exists")
+        if as_json:
+            print_json({"name": name, "result": "exists"})
+        else:
+            typer.echo(f"topic {name} already exists")
         return
     if code != ErrorCode.NONE:
         raise KraftError(code, result.error_message)
+    if as_json:
+        print_json(
+            {
+                "name": name,
+                "result": "validated" if validate_only else "created",
+                "topic_id": result.topic_id or None,
+                "partitions": result.num_partitions,
+                "replication_factor": result.replication_factor,
+            }
+        )
+        return
     verb = "would be created" if validate_only else "created"
     typer.echo(
         f"topic {name} {verb}: id {result.topic_id}, {result.num_partitions} partitions, "
@@ -239,9 +268,9 @@ def describe_command(
     )  # fmt: skip
 
 
-async def _delete(bootstrap: str, name: str) -> cpb.DeletableTopicResult:
-    async with _client(bootstrap) as client:
-        response = await client.call(lambda s: s.DeleteTopics, cpb.DeleteTopicsRequest(names=[name]))
+async def _delete(bootstrap: str, name: str, verbose: bool) -> cpb.DeletableTopicResult:
+    async with _client(bootstrap, verbose) as client:
+        response = await client.delete_topics(cpb.DeleteTopicsRequest(names=[name]))
     return response.topics[0]
 
 
@@ -252,6 +281,8 @@ def delete_command(
     bootstrap_controller: BootstrapControllerOption,
     if_exists: Annotated[bool, typer.Option("--if-exists", help="A missing topic is not an error.")] = False,
     command_config: CommandConfigOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Delete a topic (its partitions are removed from every broker).
 
@@ -259,16 +290,22 @@ def delete_command(
 
       kraft topic delete --bootstrap-controller 127.0.0.1:9093 orders
 
-      kraft topic delete --bootstrap-controller 127.0.0.1:9093 old --if-exists
+      kraft topic delete --bootstrap-controller 127.0.0.1:9093 old --if-exists --json
     """
-    result = run_async(_delete(bootstrap_controller, name))
+    result = run_async(_delete(bootstrap_controller, name, verbose))
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and if_exists:
-        typer.echo(f"topic {name} does not exist")
+        if as_json:
+            print_json({"name": name, "result": "not_found"})
+        else:
+            typer.echo(f"topic {name} does not exist")
         return
     if code != ErrorCode.NONE:
         raise KraftError(code, result.error_message)
-    typer.echo(f"topic {name} deleted")
+    if as_json:
+        print_json({"name": name, "result": "deleted"})
+    else:
+        typer.echo(f"topic {name} deleted")
 
 
 def elect_request(topic: str | None, partition: int | None) -> cpb.ElectLeadersRequest:

@@ -6,6 +6,12 @@ answered with a retriable error — NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
 LEADER_NOT_AVAILABLE, BROKER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (metadata may still be
 propagating) — or a transport error refreshes the metadata and is retried until the deadline.
 
+A partition that no broker's metadata knows fails fast with UNKNOWN_TOPIC_OR_PARTITION: the topic (or
+that partition index) must stay unknown for ``unknown_topic_grace_s`` (1 s) of metadata answers — time
+for a topic created a moment ago to reach the brokers — not for the whole deadline.  A record batch
+above the broker's limits is MESSAGE_TOO_LARGE at once (the broker's own answer, or gRPC's
+RESOURCE_EXHAUSTED for a request above ``grpc.max.message.bytes``), never retried.
+
 Delivery is at least once: a Produce whose answer is lost is sent again (Kafka without idempotence).
 
 :func:`describe_broker` asks one broker for its own lifecycle state (``kraft broker describe``).
@@ -40,6 +46,7 @@ RETRIABLE = frozenset(
     }
 )
 _RETRY_PAUSE_S = 0.1
+UNKNOWN_TOPIC_GRACE_S = 1.0
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -77,16 +84,25 @@ class LeaderInfo:
 
 class BrokerClient:
     def __init__(
-        self, bootstrap: Sequence[str], *, cluster_id: str = "", request_timeout_s: float = 5.0
+        self,
+        bootstrap: Sequence[str],
+        *,
+        cluster_id: str = "",
+        request_timeout_s: float = 5.0,
+        unknown_topic_grace_s: float = UNKNOWN_TOPIC_GRACE_S,
     ) -> None:
         if not bootstrap:
             raise ValueError("at least one bootstrap server (host:port) is needed")
         self._bootstrap = list(bootstrap)
         self._cluster_id = cluster_id
         self._timeout_s = request_timeout_s
+        self._unknown_grace_s = unknown_topic_grace_s
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._brokers: dict[int, str] = {}
         self._leaders: dict[tuple[str, int], LeaderInfo] = {}
+        # topic → why the last metadata answer does not know a partition of it (None: it knows them all)
+        self._partition_counts: dict[str, int] = {}
+        self._unknown_topics: dict[str, str] = {}
 
     async def __aenter__(self) -> BrokerClient:
         return self
@@ -136,6 +152,12 @@ class BrokerClient:
                 endpoint = broker.endpoints[0]
                 self._brokers[broker.broker_id] = f"{endpoint.host or '127.0.0.1'}:{endpoint.port}"
         for topic in response.topics:
+            if topic.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                self._unknown_topics[topic.name] = topic.error_message or f"unknown topic {topic.name!r}"
+                self._partition_counts.pop(topic.name, None)
+                continue
+            self._unknown_topics.pop(topic.name, None)
+            self._partition_counts[topic.name] = len(topic.partitions)
             for p in topic.partitions:
                 target = self._brokers.get(p.leader)
                 key = (topic.name, p.partition)
@@ -143,6 +165,19 @@ class BrokerClient:
                     self._leaders[key] = LeaderInfo(p.leader, target, p.leader_epoch)
                 else:
                     self._leaders.pop(key, None)
+
+    def unknown_reason(self, topic: str, partition: int) -> str | None:
+        """Why the last metadata answer knows no ``topic``-``partition`` (None when it knows it or was
+        not asked)."""
+        reason = self._unknown_topics.get(topic)
+        if reason is not None:
+            return f"topic {topic!r} does not exist" + (f" ({reason})" if topic not in reason else "")
+        count = self._partition_counts.get(topic)
+        if count is not None and partition >= count:
+            return (
+                f"topic {topic!r} has {count} partition(s), 0..{count - 1}; there is no partition {partition}"
+            )
+        return None
 
     async def leader(self, topic: str, partition: int, *, refresh: bool = False) -> LeaderInfo | None:
         key = (topic, partition)
@@ -246,10 +281,20 @@ class BrokerClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + deadline_s
         refresh = False
+        unknown_since: float | None = None
         while True:
             leader = await self.leader(topic, partition, refresh=refresh)
             if leader is None:
                 last = f"no leader known for {topic}-{partition}"
+                unknown = self.unknown_reason(topic, partition)
+                if unknown is None:
+                    unknown_since = None
+                else:
+                    unknown_since = loop.time() if unknown_since is None else unknown_since
+                    if loop.time() - unknown_since >= self._unknown_grace_s:
+                        raise KraftError(
+                            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{what} on {topic}-{partition}: {unknown}"
+                        )
             else:
                 try:
                     response = await send(self.stub(leader.target), leader)

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.errors import ErrorCode, KraftError
@@ -49,7 +50,41 @@ MethodPicker = Callable[["ControllerServiceAsyncStub"], Callable[..., Awaitable[
 
 
 class ControllerUnavailable(Exception):
-    """No controller answered as the active one in this round."""
+    """No controller answered as the active one in this round.
+
+    ``unreachable``: every target failed at the transport level (nothing answered at all);
+    ``not_controllers``: targets that answered gRPC but serve no ControllerService (UNIMPLEMENTED —
+    e.g. a broker's address given as a controller's)."""
+
+    def __init__(
+        self, message: str, *, unreachable: bool = False, not_controllers: Sequence[str] = ()
+    ) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+        self.not_controllers = tuple(not_controllers)
+
+
+class OutcomeUnknown(ControllerUnavailable):
+    """A non-idempotent request may have been applied: its RPC was sent and then timed out or the
+    connection broke before the answer (kraft.errors: "outcome unknown").  Never resent by the client."""
+
+
+def _nothing_sent(err: grpc.aio.AioRpcError) -> bool:
+    """True when the RPC failed before the request reached a server (connect failure)."""
+    if err.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    details = (err.details() or "").lower()
+    return "failed to connect" in details or "connection refused" in details or "dns" in details
+
+
+def _deposed_answer(response: _ControllerResponse) -> bool:
+    """REQUEST_TIMED_OUT with a ``controller`` ref: appended, then leadership was lost (a commit timeout
+    carries no ref) — the ref names the new active controller, or -1 when it is not known yet."""
+    return (
+        response.error_code == ErrorCode.REQUEST_TIMED_OUT
+        and isinstance(response, Message)
+        and response.HasField("controller")
+    )
 
 
 def refusal(err: grpc.aio.AioRpcError) -> KraftError | None:
@@ -73,9 +108,11 @@ class ControllerClient:
         max_message_bytes: int = 16 * 1024 * 1024,
         max_reconnect_backoff_ms: int = MAX_RECONNECT_BACKOFF_MS,
         security: ChannelSecurity | None = None,
+        on_retry: Callable[[str], None] | None = None,
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
-        how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``)."""
+        how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``);
+        ``on_retry`` is told, one line each, why a call moves to another controller (``--verbose``)."""
         self._security = security
         if not voters:
             raise ValueError("the controller client needs at least one voter")
@@ -94,16 +131,27 @@ class ControllerClient:
         self._stubs: dict[str, ControllerServiceAsyncStub] = {}
         self._active: tuple[int, str] | None = None
         self._next_voter = 0
+        self._on_retry = on_retry
 
     @property
     def active_controller_id(self) -> int:
         return -1 if self._active is None else self._active[0]
 
-    async def call(self, pick: MethodPicker[ResponseT], request: Any, timeout_s: float) -> ResponseT:
-        """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER.  A refusal by
-        the authorizer raises :class:`KraftError` (TOPIC_/CLUSTER_AUTHORIZATION_FAILED) at once."""
+    async def call(
+        self, pick: MethodPicker[ResponseT], request: Any, timeout_s: float, *, idempotent: bool = True
+    ) -> ResponseT:
+        """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER.
+
+        NOT_CONTROLLER (nothing was done) and connect failures are always followed to another
+        controller.  When the outcome is unknown — a deadline or broken connection after the request
+        was sent, or REQUEST_TIMED_OUT naming a new controller (appended, then deposed) — an
+        ``idempotent`` request is resent to the (new) active controller; any other raises
+        :class:`OutcomeUnknown` or returns that answer, and the caller reconciles.  A refusal by the
+        authorizer raises :class:`KraftError` (TOPIC_/CLUSTER_AUTHORIZATION_FAILED) at once."""
         attempts = len(self._voters) + 2
         last_error = "no controller tried"
+        answered = False
+        not_controllers: list[str] = []
         instead: tuple[int, str] | None = None  # another voter to try in this call only
         for _ in range(attempts):
             node_id, target = instead or self._current()
@@ -115,15 +163,30 @@ class ControllerClient:
                 refused = refusal(err)
                 if refused is not None:
                     raise refused from None
-                last_error = f"controller {node_id} at {target}: {err.code().name} {err.details()}"
+                last_error = f"{self._name(node_id)} at {target}: {err.code().name} {err.details()}"
+                if err.code() is grpc.StatusCode.UNIMPLEMENTED:
+                    answered = True
+                    not_controllers.append(target)
+                    self._forget(target)
+                    self._retrying(f"{last_error}; trying the next controller")
+                    continue
+                if not idempotent and not _nothing_sent(err):
+                    raise OutcomeUnknown(f"{last_error}; the request may have been applied") from err
                 if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._active == (node_id, target):
                     # Slow is not gone: a busy active controller stays the one other calls use; this
                     # call asks another voter, which names the active controller (or is it).
+                    answered = True
                     instead = self._other_voter(target)
                 else:
                     self._forget(target)
+                self._retrying(f"{last_error}; trying another controller")
                 continue
-            if response.error_code != ErrorCode.NOT_CONTROLLER:
+            answered = True
+            if response.error_code == ErrorCode.NOT_CONTROLLER:
+                last_error = f"{self._name(node_id)} at {target} is not the active controller"
+            elif idempotent and _deposed_answer(response):
+                last_error = f"{self._name(node_id)} at {target}: {getattr(response, 'error_message', '')}"
+            else:
                 self._active = (node_id, target)
                 return response
             hint = response.controller
@@ -136,8 +199,17 @@ class ControllerClient:
                 self._active = (hint.node_id, f"{hint.endpoint.host or '127.0.0.1'}:{hint.endpoint.port}")
             else:
                 self._forget(target)
-            last_error = f"controller {node_id} at {target} is not the active controller"
-        raise ControllerUnavailable(last_error)
+            moved = f"controller {self._active[0]} at {self._active[1]}" if self._active else "the next voter"
+            self._retrying(f"{last_error}; resending to {moved}")
+        raise ControllerUnavailable(last_error, unreachable=not answered, not_controllers=not_controllers)
+
+    def _retrying(self, line: str) -> None:
+        if self._on_retry is not None:
+            self._on_retry(line)
+
+    @staticmethod
+    def _name(node_id: int) -> str:
+        return f"controller {node_id}" if node_id >= 0 else "controller"
 
     async def alter_partition(
         self, request: cpb.AlterPartitionRequest, timeout_s: float

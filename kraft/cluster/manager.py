@@ -64,6 +64,8 @@ class NodeStatus:
     """For a ``failed``/``exited`` node: its exit status (70 = fatal error, 1 = could not start)."""
     last_error: str = ""
     """For a ``failed`` node: its last ``event=fatal`` line (or ``error:`` line) from its log."""
+    metrics_port: int = 0
+    """Its Prometheus port (0: none; ``cluster up --metrics`` gives every node one)."""
 
     @property
     def ready(self) -> bool:
@@ -80,6 +82,7 @@ class NodeStatus:
             "log": self.log,
             "exit_code": self.exit_code,
             "last_error": self.last_error,
+            "metrics_port": self.metrics_port or None,
         }
 
 
@@ -125,8 +128,15 @@ class ClusterStatus:
             "dir": self.dir,
             "leader_id": self.leader_id,
             "healthy": self.healthy,
+            "bootstrap_controller": self.bootstrap(NodeRole.CONTROLLER),
+            "bootstrap_server": self.bootstrap(NodeRole.BROKER),
             "nodes": [n.as_json() for n in self.nodes],
         }
+
+    def bootstrap(self, role: NodeRole) -> str:
+        """Every ``role`` node's endpoint, comma-separated: the value of ``--bootstrap-controller``
+        (controllers) or ``--bootstrap-server`` (brokers)."""
+        return ",".join(n.endpoint for n in self.nodes if n.role is role)
 
 
 class LocalCluster:
@@ -353,7 +363,7 @@ class LocalCluster:
                     nodes.append(
                         NodeStatus(
                             node.node_id, node.role, node.name, None, node.target, state, log,
-                            exit_code=ended.code, last_error=ended.line,
+                            exit_code=ended.code, last_error=ended.line, metrics_port=node.metrics_port,
                         )
                     )  # fmt: skip
                     continue
@@ -375,7 +385,12 @@ class LocalCluster:
                 # only the broker itself knows whether this process is serving yet.
                 if state == "active" and not broker_serving(node.target, probe_timeout_s):
                     state = "starting"
-            nodes.append(NodeStatus(node.node_id, node.role, node.name, pid, node.target, state, log))
+            nodes.append(
+                NodeStatus(
+                    node.node_id, node.role, node.name, pid, node.target, state, log,
+                    metrics_port=node.metrics_port,
+                )
+            )  # fmt: skip
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))
 
     def _check_alive(self, expected: Iterable[NodeProcess]) -> None:

@@ -60,7 +60,12 @@ from kraft.metadata.controller_logic import (
     describe_topic,
     error_response,
 )
-from kraft.metadata.controller_state import YIELD_EVERY_RECORDS, ControllerState, NotControllerError
+from kraft.metadata.controller_state import (
+    YIELD_EVERY_RECORDS,
+    ControllerState,
+    NotControllerError,
+    WriteOutcomeUnknown,
+)
 from kraft.metadata.controller_writes import WritePath
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.fetch_server import FetchServer
@@ -363,14 +368,31 @@ class QuorumController:
         try:
             logic = await self.activation.active_logic()
             return await self.writes.write(build(logic))
+        except WriteOutcomeUnknown as exc:
+            return self._outcome_unknown(response, exc.leader_id)
         except NotControllerError as exc:
             return self._not_controller(response, exc.leader_id)
         except TimeoutError:
             return error_response(
-                response, ErrorCode.REQUEST_TIMED_OUT, "the metadata write did not commit in time"
+                response,
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"controller {self.node_id}: the metadata write did not commit in time; outcome unknown",
             )
         except KraftError as exc:
             return error_response(response, exc.code, exc.message)
+
+    def _outcome_unknown(self, response: R, leader_id: int) -> R:
+        """REQUEST_TIMED_OUT with the new controller's ref: the write was appended, then leadership was
+        lost before it committed (kraft.errors: only idempotent requests may be resent as they are)."""
+        error_response(
+            response,
+            ErrorCode.REQUEST_TIMED_OUT,
+            f"controller {self.node_id} appended the write, then lost leadership"
+            + (f" to {leader_id}" if leader_id != NO_LEADER else "")
+            + " before it committed; outcome unknown",
+        )
+        response.controller.CopyFrom(self._controller_ref(leader_id))  # type: ignore[attr-defined]
+        return response
 
     def _not_controller(self, response: R, leader_id: int) -> R:
         error_response(

@@ -745,7 +745,26 @@ class ControllerLogic:
             for b in self.image.brokers.values()
             if not b.fenced and not b.in_controlled_shutdown
         ]
+        if factor > len(usable):
+            raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self._too_few_brokers(factor, len(usable)))
         return place_replicas(usable, partitions, factor, cursor)
+
+    def _too_few_brokers(self, factor: int, usable: int) -> str:
+        """Why ``factor`` replicas cannot be placed: which registered brokers are not usable right now."""
+        brokers = self.image.brokers.values()
+        fenced = sorted(b.broker_id for b in brokers if b.fenced)
+        stopping = sorted(b.broker_id for b in brokers if b.in_controlled_shutdown and not b.fenced)
+        text = (
+            f"replication factor {factor} is larger than the {usable} available (unfenced) brokers; "
+            f"{len(self.image.brokers)} registered"
+        )
+        if fenced:
+            text += f", fenced: {fenced}"
+        if stopping:
+            text += f", in controlled shutdown: {stopping}"
+        if fenced:
+            text += " — a broker that just started or restarted is fenced until it catches up; retry shortly"
+        return text
 
     def _check_some_replica_acceptable(self, assignment: list[tuple[int, ...]]) -> None:
         acceptable = self.acceptable_in(self.image)

@@ -27,6 +27,17 @@ class NotControllerError(Exception):
         self.leader_id = leader_id
 
 
+class WriteOutcomeUnknown(NotControllerError):
+    """Leadership was lost *after* this request's records were appended: they may still commit under
+    the new leader (if it holds them) or be truncated.  Answered as REQUEST_TIMED_OUT with the new
+    controller's ``NodeRef`` (see :mod:`kraft.errors`), never as NOT_CONTROLLER, which promises that
+    nothing was done."""
+
+    def __init__(self, leader_id: int) -> None:
+        super().__init__(leader_id)
+        self.args = (f"leadership moved to {leader_id} after the write was appended; outcome unknown",)
+
+
 class ControllerState:
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id

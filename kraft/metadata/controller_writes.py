@@ -20,11 +20,12 @@ from google.protobuf.message import Message
 
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import Outcome
-from kraft.metadata.controller_state import ControllerState, NotControllerError
+from kraft.metadata.controller_state import ControllerState, NotControllerError, WriteOutcomeUnknown
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.raft.api import CommittedBatch, NotLeaderError, RaftClient
+from kraft.raft.messages import NO_LEADER
 from kraft.v1 import metadata_pb2 as pb
 
 R = TypeVar("R", bound=Message)
@@ -97,19 +98,27 @@ class WritePath:
 
         Brokers leaving their ISRs (fence, shutdown, unregister) continue in further appends of bounded
         size, with the event loop free in between; the answer waits for the last of them.
+
+        Raises NotControllerError when nothing was appended (the request may go to the new leader as it
+        is), :class:`WriteOutcomeUnknown` when leadership was lost after the first append, and
+        TimeoutError when the records did not commit within the commit timeout (outcome unknown too).
         """
         if outcome.records:
-            last = self.append(outcome.records, outcome.first_offset)
-            logic = self._state.logic
-            while logic is not None and logic is self._state.logic and logic.has_leave_jobs():
-                await self.wait_for_room()
-                if logic is not self._state.logic:
-                    raise NotControllerError(self._state.leader.leader_id)
-                first = self.next_offset
-                more = logic.continue_leave_jobs(first)
-                if more:
-                    last = self.append(more, first)
-            await self.wait_committed(last)
+            last = self.append(outcome.records, outcome.first_offset)  # NotControllerError: nothing done
+            try:
+                logic = self._state.logic
+                while logic is not None and logic is self._state.logic and logic.has_leave_jobs():
+                    await self.wait_for_room()
+                    if logic is not self._state.logic:
+                        raise NotControllerError(self._state.leader.leader_id)
+                    first = self.next_offset
+                    more = logic.continue_leave_jobs(first)
+                    if more:
+                        last = self.append(more, first)
+                await self.wait_committed(last)
+            except NotControllerError as exc:
+                # Appended, then deposed: the records may commit under the new leader or be truncated.
+                raise WriteOutcomeUnknown(exc.leader_id) from exc
         else:
             depends_on = outcome.wait_offset if outcome.wait_offset is not None else self.next_offset - 1
             await self.wait_committed(depends_on)
@@ -165,7 +174,12 @@ class WritePath:
             if future.done():
                 continue
             if epoch > append_epoch:
-                future.set_exception(NotControllerError(self._state.leader.leader_id))
+                # Another node leads now; which one this node may not know yet (the leader change can
+                # arrive after the newer epoch's batch): never name itself.
+                leader = self._state.leader.leader_id
+                future.set_exception(
+                    NotControllerError(NO_LEADER if leader == self._state.node_id else leader)
+                )
             else:
                 future.set_result(None)
 

@@ -99,11 +99,23 @@ class SessionChecker:
 
     async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
         while self._state.logic is logic:
+            # Read before fencing: what the broker last said and what it leads (the fence moves it).
+            expiring = logic.heartbeats.next_expired(now)
+            contact = logic.heartbeats.contact(expiring) if expiring is not None else None
+            leaderships = logic.leader_count(expiring) if expiring is not None else 0
             broker_id, records = logic.fence_expired(now, self._writes.next_offset)
             if broker_id < 0:
                 return
             self._metrics.timed_out_broker_heartbeats.inc()
-            self._log.info("broker_session_expired", broker=broker_id)
+            self._log.warning(
+                "broker_session_expired",
+                broker=broker_id,
+                last_heartbeat_ms_ago=now - contact.last_contact_ms if contact is not None else -1,
+                session_timeout_ms=logic.heartbeats.session_timeout_ms,
+                broker_metadata_offset=contact.metadata_offset if contact is not None else -1,
+                leaderships_to_move=leaderships if expiring == broker_id else -1,
+                action="fenced",
+            )
             try:
                 await self._writes.write(
                     Outcome(records, cpb.BrokerHeartbeatResponse(), self._writes.next_offset)

@@ -519,7 +519,11 @@ class BrokerServer:
         fenced_in_image = ours and registration is not None and registration.fenced
         if self._image_showed_unfenced and fenced_in_image and not status.fenced:
             # The log says we were fenced before any heartbeat told us: stop serving now.
-            self.lifecycle.fence_locally("fenced_in_metadata")
+            self.lifecycle.fence_locally(
+                "fenced_in_metadata",
+                reason="the metadata log shows this broker fenced before any heartbeat answer did "
+                "(the controller expired its session)",
+            )
         self._image_showed_unfenced = ours and not fenced_in_image
         if not was_caught_up and self._caught_up():
             self._log.info("caught_up", metadata_offset=offset)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from kraft.clock import Clock
 from kraft.errors import ErrorCode
-from kraft.observability.logging import get_logger
+from kraft.observability.logging import StructLogger, get_logger
 from kraft.observability.metrics import RaftMetrics
 from kraft.raft.api import (
     CommittedSlice,
@@ -115,6 +115,88 @@ def is_unreachable(error: TransportError) -> bool:
     return error.reason.startswith(_UNREACHABLE_REASONS)
 
 
+PEER_WARNING_INTERVAL_MS = 30_000
+PEER_FAILURES_BEFORE_WARNING = 3
+_REFUSALS = frozenset(
+    {ErrorCode.INCONSISTENT_CLUSTER_ID, ErrorCode.INCONSISTENT_VOTER_SET, ErrorCode.INVALID_REQUEST}
+)
+"""Answers that mean a peer refuses our requests for good (a configuration problem, not a race)."""
+
+
+class PeerProblems:
+    """Warnings about peers this node cannot use, so misconfiguration is visible within seconds instead
+    of an election loop with no explanation.
+
+    * ``raft_peer_unreachable peer= address= failures= reason=`` after ``PEER_FAILURES_BEFORE_WARNING``
+      consecutive transport failures, then at most once per ``PEER_WARNING_INTERVAL_MS`` per peer;
+      ``raft_peer_reachable`` once it answers again;
+    * ``raft_peer_refused peer= address= code= message=`` for INCONSISTENT_CLUSTER_ID /
+      INCONSISTENT_VOTER_SET / INVALID_REQUEST answers (a data dir of another cluster, different
+      ``controller.quorum.voters``, a port that belongs to another voter), rate-limited the same way.
+
+    :meth:`problems` is the latest problem per peer (for diagnostics).  Pure bookkeeping on a clock the
+    caller passes; logging through ``logger``.
+    """
+
+    def __init__(
+        self,
+        logger: StructLogger,
+        address_of: Callable[[int], str | None],
+        interval_ms: int = PEER_WARNING_INTERVAL_MS,
+    ) -> None:
+        self._logger = logger
+        self._address_of = address_of
+        self._interval_ms = interval_ms
+        self._failures: dict[int, int] = {}
+        self._last_warning_ms: dict[tuple[int, str], int] = {}
+        self._warned_unreachable: set[int] = set()
+        self._problems: dict[int, str] = {}
+
+    def problems(self) -> dict[int, str]:
+        return dict(self._problems)
+
+    def _due(self, key: tuple[int, str], now_ms: int) -> bool:
+        last = self._last_warning_ms.get(key)
+        if last is not None and now_ms - last < self._interval_ms:
+            return False
+        self._last_warning_ms[key] = now_ms
+        return True
+
+    def send_failed(self, dest: int, reason: str, now_ms: int) -> None:
+        failures = self._failures.get(dest, 0) + 1
+        self._failures[dest] = failures
+        address = self._address_of(dest) or "unknown"
+        if failures < PEER_FAILURES_BEFORE_WARNING:
+            return
+        self._problems[dest] = f"unreachable at {address}: {reason}"
+        if self._due((dest, "unreachable"), now_ms):
+            self._warned_unreachable.add(dest)
+            self._logger.warning(
+                "raft_peer_unreachable", peer=dest, address=address, failures=failures, reason=reason
+            )
+
+    def answered(self, dest: int, code: ErrorCode, message: str, now_ms: int) -> None:
+        failures = self._failures.pop(dest, 0)
+        if dest in self._warned_unreachable:
+            self._warned_unreachable.discard(dest)
+            self._last_warning_ms.pop((dest, "unreachable"), None)
+            self._logger.info(
+                "raft_peer_reachable",
+                peer=dest,
+                address=self._address_of(dest) or "unknown",
+                after_failures=failures,
+            )
+        if code not in _REFUSALS:
+            self._problems.pop(dest, None)
+            return
+        address = self._address_of(dest) or "unknown"
+        self._problems[dest] = f"{code.name} from {address}: {message}"
+        if self._due((dest, code.name), now_ms):
+            self._logger.warning(
+                "raft_peer_refused", peer=dest, address=address, code=code.name, message=message
+            )
+
+
 @dataclass(frozen=True, slots=True)
 class _Wakeup:
     pass
@@ -188,6 +270,10 @@ class RaftDriver:
         self._clock = clock
         self._rng = rng or random.Random()
         self._logger = get_logger("raft", node=config.node_id)
+        address_of = getattr(transport, "address_of", None)
+        self.peer_problems = PeerProblems(
+            self._logger, address_of if callable(address_of) else (lambda _dest: None)
+        )
         self._metrics = RaftMetrics.for_node(config.node_id)
         self._core = self._build_core()
         self._events: deque[_Event] = deque()
@@ -594,11 +680,15 @@ class RaftDriver:
         try:
             response = await self._transport.send(message.dest, message.request, message.timeout_ms)
         except TransportError as exc:
+            self.peer_problems.send_failed(message.dest, exc.reason, self._clock.monotonic_ms())
             self._push(_SendFailed(message.correlation_id, is_unreachable(exc)))
         except Exception as exc:  # a transport bug must look like a lost request, not kill Raft
             self._logger.warning("raft_send_failed", dest=message.dest, error=f"{type(exc).__name__}: {exc}")
             self._push(_SendFailed(message.correlation_id))
         else:
+            self.peer_problems.answered(
+                message.dest, response.error_code, response.error_message, self._clock.monotonic_ms()
+            )
             self._push(_Response(message.correlation_id, response))
 
     def _fill_reads(self, message: OutboundResponse) -> RaftResponse:

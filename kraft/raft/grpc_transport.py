@@ -105,6 +105,10 @@ class GrpcTransport:
         self._peers: dict[int, _Peer] = {}
         self._closed = False
 
+    def address_of(self, dest: int) -> str | None:
+        """The ``host:port`` this transport dials for node ``dest`` (for log lines that name it)."""
+        return self._addresses.get(dest)
+
     def _peer(self, dest: int) -> _Peer:
         peer = self._peers.get(dest)
         if peer is None:

@@ -3,6 +3,7 @@ broker's injected clock, so the exact instants can be asserted (the waits betwee
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -14,6 +15,7 @@ from kraft.broker.types import BrokerState
 from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
+from kraft.observability.logging import KeyValueFormatter
 from kraft.v1 import controller_pb2 as cpb
 
 SESSION_MS = 3000
@@ -84,3 +86,30 @@ async def test_the_lease_runs_from_when_the_accepted_heartbeat_was_sent_not_answ
     assert status.serving_error() is None
     clock.advance(1)  # session.timeout.ms after the *send*, 500 ms before send + timeout + latency
     assert status.lease_lapsed()
+
+
+async def test_fenced_by_controller_says_why_with_the_heartbeat_gap_and_session_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = ManualClock()
+    fenced = [False]
+
+    def answer(request: Any) -> Any:
+        if isinstance(request, cpb.RegisterBrokerRequest):
+            return cpb.RegisterBrokerResponse(error_code=ErrorCode.NONE, broker_epoch=7)
+        return cpb.BrokerHeartbeatResponse(error_code=ErrorCode.NONE, is_fenced=fenced[0])
+
+    client = ScriptedClient(clock, call_ms=100, answer=answer)
+    lifecycle = _lifecycle(clock, client, registration_timeout_s=10.0)
+    await lifecycle.register()
+    assert await lifecycle._heartbeat_once()  # unfenced, sent at 100
+    clock.advance(4_000)  # silent past the session: the controller fenced us meanwhile
+    fenced[0] = True
+    caplog.set_level(logging.WARNING, logger="kraft")
+    assert await lifecycle._heartbeat_once()
+    formatter = KeyValueFormatter()
+    lines = [formatter.format(r) for r in caplog.records if r.getMessage() == "fenced_by_controller"]
+    assert len(lines) == 1, caplog.records
+    assert "reason=" in lines[0] and "session" in lines[0]
+    assert "ms_since_previous_accepted_heartbeat=4100" in lines[0]
+    assert f"session_timeout_ms={SESSION_MS}" in lines[0]

@@ -43,7 +43,13 @@ async def test_a_write_overwritten_by_a_newer_leader_is_not_acknowledged() -> No
         response = await asyncio.wait_for(pending, 5)
         codes = {response.error_code, *(t.error_code for t in response.topics)}
         assert all(topic.error_code != ErrorCode.NONE for topic in response.topics)
-        assert ErrorCode.NOT_CONTROLLER in codes
+        # Appended, then deposed: REQUEST_TIMED_OUT ("outcome unknown"), never NOT_CONTROLLER, which
+        # promises that nothing was done and invites a blind resend.
+        assert ErrorCode.REQUEST_TIMED_OUT in codes and ErrorCode.NOT_CONTROLLER not in codes
+        assert "outcome unknown" in response.error_message
+        # The newer leader is not known yet here (its batch came before the leader change): the hint
+        # says "unknown" (-1), never this deposed controller itself.
+        assert response.HasField("controller") and response.controller.node_id == -1
         assert controller.committed.topic("orders") is None
     finally:
         await controller.stop()
