@@ -39,7 +39,7 @@ import contextlib
 import signal
 import uuid
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +53,14 @@ from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.segmented_partition_log import segmented_log_opener
-from kraft.broker.service import BrokerService
+from kraft.broker.service import BrokerService, add_broker_service
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.client.controller import ControllerClient
 from kraft.clock import SystemClock
-from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
+from kraft.config import DEFAULT_MAX_PARKED_FETCHES, DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
+from kraft.grpc_service import ServerLimits, create_server, server_limits
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.node.supervisor import Supervisor
@@ -68,7 +69,6 @@ from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
 from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.storage.meta_properties import check_meta_properties
-from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
 
 _SHUTDOWN_GRACE_S = 1.0
@@ -119,6 +119,10 @@ class BrokerSettings:
     max_message_bytes: int  # grpc.max.message.bytes
     metrics_port: int
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES  # message.max.bytes: largest batch a Produce appends
+    metrics_host: str = "127.0.0.1"  # metrics.host (default: the listener's host)
+    # connections: handshake/idle timeouts, connection cap, keepalive (kraft.grpc_service)
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
+    max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -154,6 +158,9 @@ class BrokerSettings:
             max_message_bytes=config.grpc_max_message_bytes,
             metrics_port=config.metrics_port,
             message_max_bytes=config.message_max_bytes,
+            metrics_host=config.metrics_bind_host,
+            server_limits=server_limits(config),
+            max_parked_fetches=config.fetch_max_parked_requests,
         )
 
 
@@ -198,6 +205,7 @@ class BrokerServer:
             message_max_bytes=s.message_max_bytes,
             grpc_max_message_bytes=s.max_message_bytes,
             replicas=self.replicas,
+            max_parked=s.max_parked_fetches,
         )
         self.publisher = MetadataPublisher(
             s.broker_id,
@@ -259,7 +267,9 @@ class BrokerServer:
         self.status.transition(BrokerState.STARTING)
         self._tasks = tasks = []
         try:
-            self._metrics_server = start_metrics_server(self.settings.metrics_port)
+            self._metrics_server = start_metrics_server(
+                self.settings.metrics_port, self.settings.metrics_host
+            )
             await self.publisher.start()
             self.status.metadata_offset = self.publisher.offset
             await self._start_server()
@@ -408,11 +418,9 @@ class BrokerServer:
         self.status.transition(BrokerState.NOT_RUNNING)
 
     async def _start_server(self) -> None:
-        limit = self.settings.max_message_bytes
-        server = grpc.aio.server(
-            options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
-        )
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(self.service, server)
+        limits = replace(self.settings.server_limits, max_message_bytes=self.settings.max_message_bytes)
+        server = create_server(limits)
+        add_broker_service(server, self.service)
         self._health = await add_health_service(server, (BROKER_SERVICE,))
         try:
             self.port = server.add_insecure_port(self.settings.bind_address)

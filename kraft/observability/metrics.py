@@ -229,9 +229,11 @@ class MetricsServer:
 
 
 def start_metrics_server(
-    port: int, addr: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY
+    port: int, addr: str = "127.0.0.1", registry: CollectorRegistry = REGISTRY
 ) -> MetricsServer | None:
-    """Serve ``/metrics`` on ``port``; ``port == 0`` means metrics are off (``metrics.port`` default).
+    """Serve ``/metrics`` on ``addr:port``; ``port == 0`` means metrics are off (``metrics.port`` default).
+    Nodes pass ``metrics.host`` (default: their listener's host); nothing listens on every interface
+    unless asked to.
 
     Raises ``OSError`` when the port cannot be bound, so the caller can report which key to change.
     """

@@ -38,7 +38,10 @@ def _logic(brokers: int = 3, **limits: int) -> tuple[ControllerLogic, list[int]]
         offset[0] += len(out.records)
     for broker_id in range(1, brokers + 1):
         beat = cpb.BrokerHeartbeatRequest(
-            broker_id=broker_id, broker_epoch=logic.image.brokers[broker_id].epoch, current_metadata_offset=99
+            cluster_id=CLUSTER,
+            broker_id=broker_id,
+            broker_epoch=logic.image.brokers[broker_id].epoch,
+            current_metadata_offset=99,
         )
         offset[0] += len(logic.broker_heartbeat(beat, 0, offset[0]).records)
     return logic, offset
