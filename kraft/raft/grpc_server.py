@@ -35,6 +35,8 @@ _log = logging.getLogger(__name__)
 _Request = TypeVar("_Request", bound=m.RaftRequest)
 
 SERVICE_NAME = "kraft.v1.RaftService"
+MAX_FETCH_WAIT_MS = 10_000
+"""The longest a Raft Fetch may long-poll, whatever it asks for."""
 _SERVICE = raft_pb2.DESCRIPTOR.services_by_name["RaftService"]
 
 
@@ -139,6 +141,9 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             return codec.fetch_response_to_pb(
                 m.FetchResponse(ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER)
             )
+        # A parked Fetch lives in the leader's core until its deadline: a caller may not pick one of days
+        # (issue #15).  Real fetchers ask for controller.quorum.fetch.max.wait.ms (500 ms).
+        request.max_wait_ms = min(request.max_wait_ms, MAX_FETCH_WAIT_MS)
         response = await self._handle(codec.fetch_request_from_pb(request), context)
         assert isinstance(response, m.FetchResponse)
         if directory_id and request.replica_id in self._voters and response.error_code is ErrorCode.NONE:

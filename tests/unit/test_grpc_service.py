@@ -74,12 +74,12 @@ async def test_undecodable_bytes_get_invalid_argument_and_one_warning(
     caplog.set_level(logging.WARNING)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{servers}") as channel:
         for method in _methods(module, service):
-            call = channel.unary_unary(f"/kraft.v1.{service}/{method}")
+            call = channel.unary_unary(f"/kraft.v1.{service}/{method}", None, None)
             for payload in UNDECODABLE:
                 with pytest.raises(grpc.aio.AioRpcError) as error:
                     await call(payload, timeout=5)
                 assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT, (method, error.value)
-                assert error.value.details().startswith("undecodable ")
+                assert (error.value.details() or "").startswith("undecodable ")
     warnings = [r for r in caplog.records if r.name == logger]
     assert len(warnings) == 1, "one peer: one line per interval, whatever the number of requests"
     assert warnings[0].exc_info is None and "bad_request" in warnings[0].getMessage()
@@ -90,6 +90,7 @@ async def test_unbound_controller_still_answers_decodable_requests(servers: int)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{servers}") as channel:
         call = channel.unary_unary(
             "/kraft.v1.ControllerService/DescribeCluster",
+            request_serializer=None,
             response_deserializer=controller_pb2.DescribeClusterResponse.FromString,
         )
         answer = await call(
@@ -176,13 +177,15 @@ async def test_connections_over_the_cap_are_refused_while_the_cap_is_full() -> N
         await asyncio.sleep(0.2)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await channel.unary_unary("/kraft.v1.ControllerService/DescribeCluster")(request, timeout=1.0)
+                await channel.unary_unary("/kraft.v1.ControllerService/DescribeCluster", None, None)(
+                    request, timeout=1.0
+                )
             assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         await asyncio.sleep(3.5)  # the handshake timeout frees the slots
         # (A fresh subchannel: the shared pool would still be backing off from the refused attempt.)
         options = [("grpc.use_local_subchannel_pool", 1)]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-            answer = await channel.unary_unary("/kraft.v1.ControllerService/DescribeCluster")(
+            answer = await channel.unary_unary("/kraft.v1.ControllerService/DescribeCluster", None, None)(
                 request, timeout=5
             )
         assert controller_pb2.DescribeClusterResponse.FromString(answer).error_code != 0

@@ -5,6 +5,7 @@ cluster) and ``max.broker.partitions`` (one broker), the same for ``validate_onl
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from kraft.v1 import controller_pb2 as cpb
 CLUSTER = "c1"
 
 
-def _logic(brokers: int = 3, **limits: int) -> tuple[ControllerLogic, list[int]]:
+def _logic(brokers: int = 3, **limits: Any) -> tuple[ControllerLogic, list[int]]:
     ids = (f"topic-{i}" for i in itertools.count())
     logic = ControllerLogic(
         ControllerSettings(CLUSTER, **limits), MetadataImage.empty(), 0, new_topic_id=lambda: next(ids)
