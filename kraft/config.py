@@ -434,6 +434,9 @@ GRPC_ENVELOPE_BYTES = 64 * 1024
 id and per-record fields, a Fetch response's offsets and epochs (a few hundred bytes; 64 KiB is generous
 and leaves the rule easy to state)."""
 
+DEFAULT_MAX_PARKED_FETCHES = 1000
+"""fetch.max.parked.requests: long-polling Fetch/MetadataFetch requests one server holds at once."""
+
 Ms = Annotated[int, _int_rule(1)]
 NonNegative = Annotated[int, _int_rule(0)]
 Positive = Annotated[int, _int_rule(1)]
@@ -559,6 +562,29 @@ class NodeConfig(BaseModel):
         "super.users", default=frozenset()
     )
     allow_everyone_if_no_acl_found: Bool = _key("allow.everyone.if.no.acl.found", default=False)
+    # --- hardening (issue #15; docs/configuration.md "Connections and request limits") ---
+    # Prometheus endpoint address (default: the host of this node's first listener, never 0.0.0.0 unasked).
+    metrics_host: Annotated[str | None, BeforeValidator(_parse_optional_str)] = _key(
+        "metrics.host", default=None
+    )
+    # Every gRPC listener: connection cap, idle connections closed, handshake deadline, keepalive.
+    max_connections: Positive = _key("max.connections", default=1000)
+    connections_max_idle_ms: Ms = _key("connections.max.idle.ms", default=600000)
+    grpc_server_handshake_timeout_ms: Ms = _key("grpc.server.handshake.timeout.ms", default=10000)
+    grpc_max_connection_age_ms: NonNegative = _key("grpc.max.connection.age.ms", default=0)
+    grpc_keepalive_time_ms: Ms = _key("grpc.keepalive.time.ms", default=60000)
+    grpc_keepalive_timeout_ms: Ms = _key("grpc.keepalive.timeout.ms", default=20000)
+    grpc_max_concurrent_streams: Positive = _key("grpc.max.concurrent.streams", default=1000)
+    # Per-request work limits, checked before any work (POLICY_VIOLATION): CreateTopics, DeleteTopics and
+    # ElectLeaders name at most this many topics / partitions.
+    max_request_topics: Positive = _key("max.request.topics", default=10000)
+    max_request_partitions: Positive = _key("max.request.partitions", default=200000)
+    # Long-polls: MetadataFetch max_wait_ms is capped at this; at most fetch.max.parked.requests Fetch /
+    # MetadataFetch requests wait at once per server (the rest are answered at once).
+    metadata_fetch_max_wait_ms: NonNegative = _key("metadata.fetch.max.wait.ms", default=10000)
+    fetch_max_parked_requests: Positive = _key(
+        "fetch.max.parked.requests", default=DEFAULT_MAX_PARKED_FETCHES
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -644,6 +670,15 @@ class NodeConfig(BaseModel):
             super_users=self.super_users,
             allow_everyone_if_no_acl_found=self.allow_everyone_if_no_acl_found,
         )
+
+    @property
+    def metrics_bind_host(self) -> str:
+        """Where the Prometheus endpoint listens: ``metrics.host``, else the host of this node's first
+        listener (all interfaces only when that listener is on all interfaces)."""
+        if self.metrics_host is not None:
+            return self.metrics_host
+        first = self.controller_listener or self.broker_listener
+        return first.host if first is not None and first.host else "0.0.0.0"
 
     @property
     def all_log_dirs(self) -> tuple[Path, ...]:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.proxy.proxy import Proxy, Router
+from chaos.proxy.proxy import Proxy, Router, loopback_listen
 from chaos.proxy.toxics import BAD_REQUEST_BODY, MISSING_FIELD, PROXY_EXISTS, PROXY_NOT_FOUND, ApiError
 
 
@@ -55,8 +55,10 @@ def parse_proxy_spec(body: Any, where: str = "") -> ProxySpec:
 class ProxyCollection:
     """All proxies by name.  Every mutation holds one lock so API calls apply in arrival order."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, *, allow_remote_listen: bool = False) -> None:
+        """Unless ``allow_remote_listen``, proxies listen on loopback only (:func:`loopback_listen`)."""
         self._rng = rng
+        self._allow_remote_listen = allow_remote_listen
         self._proxies: dict[str, Proxy] = {}
         # Optional per-connection upstream override (chaos.dialers); read at each accept, so it may be
         # installed after the proxies exist.
@@ -75,8 +77,11 @@ class ProxyCollection:
             raise ApiError(404, PROXY_NOT_FOUND)
         return proxy
 
+    def _listen(self, listen: str) -> str:
+        return listen if self._allow_remote_listen else loopback_listen(listen)
+
     async def _start_new(self, spec: ProxySpec) -> Proxy:
-        proxy = Proxy(spec.name, spec.listen, spec.upstream, self._rng, self._route)
+        proxy = Proxy(spec.name, self._listen(spec.listen), spec.upstream, self._rng, self._route)
         if spec.enabled:
             await proxy.start()
         self._proxies[spec.name] = proxy
@@ -107,7 +112,7 @@ class ProxyCollection:
     async def _add_or_replace(self, spec: ProxySpec) -> Proxy:
         existing = self._proxies.get(spec.name)
         if existing is not None:
-            if existing.listen == spec.listen and existing.upstream == spec.upstream:
+            if existing.listen == self._listen(spec.listen) and existing.upstream == spec.upstream:
                 return existing  # unchanged: keeps its enabled flag and toxics
             await existing.stop()
             del self._proxies[spec.name]
@@ -117,7 +122,7 @@ class ProxyCollection:
         proxy = self.get(name)
         if not isinstance(body, dict):
             raise ApiError(400, f"{BAD_REQUEST_BODY}: expected a JSON object")
-        listen = _optional(body, "listen", str, proxy.listen)
+        listen = self._listen(_optional(body, "listen", str, proxy.listen))
         upstream = _optional(body, "upstream", str, proxy.upstream)
         enabled = _optional(body, "enabled", bool, proxy.enabled)
         if listen != proxy.listen or upstream != proxy.upstream:

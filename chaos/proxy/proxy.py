@@ -40,6 +40,29 @@ def split_host_port(address: str) -> tuple[str, int]:
     return host, port
 
 
+_LOOPBACK_HOSTS = ("localhost", "::1")
+
+
+def loopback_listen(listen: str) -> str:
+    """Where a proxy asked to listen on ``listen`` listens when remote listeners are not allowed (the
+    default, issue #15: any local client of the API could otherwise open a relay reachable from other
+    machines): an all-interfaces address (``""``, ``:port``, ``0.0.0.0:port``, ``[::]:port``) becomes
+    ``127.0.0.1:port``; another non-loopback host is refused with ApiError(403)."""
+    try:
+        host, port = split_host_port(listen)
+    except ValueError as exc:
+        raise ApiError(500, f"listen tcp {listen}: {exc}") from None
+    if host in ("", "0.0.0.0", "::"):
+        return f"127.0.0.1:{port}"
+    if host in _LOOPBACK_HOSTS or host.startswith("127."):
+        return listen
+    raise ApiError(
+        403,
+        f"listen {listen}: proxies listen on loopback addresses only "
+        "(start the server with --allow-remote-listen to bind other addresses)",
+    )
+
+
 def _bind(listen: str) -> socket.socket:
     try:
         host, port = split_host_port(listen)

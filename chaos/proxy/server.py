@@ -20,10 +20,17 @@ STOP_TIMEOUT_S = 10.0
 class ToxiproxyServer:
     """A Toxiproxy-API-compatible server.  ``port=0`` binds a free port; read it back from ``port``."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8474, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8474,
+        seed: int | None = None,
+        *,
+        allow_remote_listen: bool = False,
+    ) -> None:
         self.host = host
         self.port = port
-        self.collection = ProxyCollection(random.Random(seed))
+        self.collection = ProxyCollection(random.Random(seed), allow_remote_listen=allow_remote_listen)
         self._api = ToxiproxyApi(self.collection)
         self._server: asyncio.Server | None = None
 

@@ -5,6 +5,10 @@ partition (hosted here? led here? the client's leader epoch) — and answer ever
 ``error_code`` and a message, never a gRPC error, so clients can follow NOT_LEADER_OR_FOLLOWER.  The hot
 path (Produce/Fetch) builds no pydantic models and formats no log lines.
 
+Every request must name this broker's cluster (an empty id is refused too, issue #15); Metadata and
+DescribeBroker state the cluster id even when they refuse, which is how a client learns it.  At most
+``fetch.max.parked.requests`` Fetches long-poll at once; the others are answered at once.
+
 Size limits (docs/configuration.md): a Produce's batch, as it would be appended, must fit the topic's
 ``max.message.bytes`` (else the broker's ``message.max.bytes``) and what one gRPC message can carry back
 to a consumer; it is refused with MESSAGE_TOO_LARGE before anything is written.  A Fetch returns at least
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -31,9 +36,10 @@ from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
-from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
+from kraft.config import DEFAULT_MAX_PARKED_FETCHES, DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
 from kraft.grpc_errors import grpc_status_for
+from kraft.grpc_service import RequestDecoder, register_service
 from kraft.replication.acks import Acks, answered_at_append
 from kraft.security.acl import AclOperation
 from kraft.security.guard import AccessDenied, RequestGuard
@@ -98,6 +104,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         grpc_max_message_bytes: int = DEFAULT_GRPC_MAX_MESSAGE_BYTES,
         replicas: ReplicaManager | None = None,
         guard: RequestGuard | None = None,
+        max_parked: int = DEFAULT_MAX_PARKED_FETCHES,
     ) -> None:
         """Without ``replicas`` partitions are leader-only (the high watermark is the log end: tests of
         the serving rules); a broker process always passes its :class:`ReplicaManager`.  ``guard``:
@@ -110,6 +117,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         self._message_max_bytes = message_max_bytes
         # What one gRPC message can carry besides the envelope: the ceiling of every batch and response.
         self._wire_max_bytes = max(grpc_max_message_bytes - GRPC_ENVELOPE_BYTES, 1024)
+        self._max_parked = max_parked
+        self._parked = 0  # Fetch requests long-polling now
 
     def set_view(self, view: MetadataView) -> None:
         """Swap in the view of a newly applied image (called by the metadata publisher)."""
@@ -128,7 +137,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             self._check_cluster(request.cluster_id)
             self._check_serving()
         except _Rejected as rejected:
-            return pb.BrokerMetadataResponse(error_code=rejected.code, error_message=rejected.message)
+            # The cluster id is stated even in a refusal: how a client that was not told it learns it.
+            return pb.BrokerMetadataResponse(
+                error_code=rejected.code, error_message=rejected.message, cluster_id=self._status.cluster_id
+            )
         response = self._view.metadata_response(list(request.topics))
         response.cluster_id = self._status.cluster_id
         response.controller_id = self._status.controller_id
@@ -226,20 +238,30 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         try:
             self._check_cluster(request.cluster_id)
             partition = self._fetchable(request)
-            if request.offset >= self._high_watermark(partition) and request.max_wait_ms > 0:
+            if (
+                request.offset >= self._high_watermark(partition)
+                and request.max_wait_ms > 0
+                and self._parked < self._max_parked
+            ):
                 # Long-poll until the high watermark passes the offset (woken by appends and by the
                 # high watermark moving), up to max_wait_ms.
+                # At most max_parked requests wait at once (fetch.max.parked.requests); the rest are
+                # answered at once, empty, and the client asks again.
                 loop = asyncio.get_running_loop()
                 deadline = loop.time() + min(request.max_wait_ms, MAX_FETCH_WAIT_MS) / 1000.0
-                while request.offset >= self._high_watermark(partition):
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    event = partition.data_event()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(event.wait(), remaining)
-                    # Role, epoch or the partition itself may have changed while parked.
-                    partition = self._fetchable(request)
+                self._parked += 1
+                try:
+                    while request.offset >= self._high_watermark(partition):
+                        remaining = deadline - loop.time()
+                        if remaining <= 0:
+                            break
+                        event = partition.data_event()
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(event.wait(), remaining)
+                        # Role, epoch or the partition itself may have changed while parked.
+                        partition = self._fetchable(request)
+                finally:
+                    self._parked -= 1
             try:
                 records = partition.log.read_records(request.offset, max_bytes)
             except KraftError as err:
@@ -328,7 +350,9 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         try:
             self._check_cluster(request.cluster_id)
         except _Rejected as rejected:
-            return pb.DescribeBrokerResponse(error_code=rejected.code, error_message=rejected.message)
+            return pb.DescribeBrokerResponse(
+                error_code=rejected.code, error_message=rejected.message, cluster_id=status.cluster_id
+            )
         return pb.DescribeBrokerResponse(
             broker_id=status.broker_id,
             cluster_id=status.cluster_id,
@@ -389,7 +413,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return limit, source
 
     def _check_cluster(self, cluster_id: str) -> None:
-        if cluster_id and cluster_id != self._status.cluster_id:
+        if cluster_id != self._status.cluster_id:
             raise _Rejected(
                 ErrorCode.INCONSISTENT_CLUSTER_ID,
                 f"request is for cluster {cluster_id!r}, this broker belongs to {self._status.cluster_id!r}",
@@ -455,3 +479,17 @@ def _parse_int(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+_log = logging.getLogger(__name__)
+
+
+def add_broker_service(server: grpc.aio.Server, service: BrokerService) -> None:
+    """Register BrokerService decoding inside the call: undecodable bytes get INVALID_ARGUMENT (one
+    ``broker_bad_request`` warning per peer per interval) instead of gRPC's UNKNOWN with a traceback."""
+    register_service(
+        server,
+        service,
+        pb.DESCRIPTOR.services_by_name["BrokerService"],
+        RequestDecoder(_log, "broker_bad_request"),
+    )

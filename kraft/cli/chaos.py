@@ -16,11 +16,13 @@ from kraft.cli.common import CliError, handle_errors, print_table
 app = typer.Typer(no_args_is_help=True, help="Chaos testing: a Toxiproxy-compatible proxy and checked runs.")
 
 
-async def _serve_proxy(host: str, port: int, seed: int | None, config: Path | None) -> None:
+async def _serve_proxy(
+    host: str, port: int, seed: int | None, config: Path | None, allow_remote_listen: bool
+) -> None:
     # Imported here: every kraft process (controllers, brokers) loads the CLI, and none needs the proxy.
     from chaos.proxy import ApiError, ToxiproxyServer
 
-    server = ToxiproxyServer(host, port, seed)
+    server = ToxiproxyServer(host, port, seed, allow_remote_listen=allow_remote_listen)
     try:
         await server.start(config)
     except ApiError as exc:
@@ -51,10 +53,18 @@ def proxy_command(
         Path | None,
         typer.Option("--config", exists=True, dir_okay=False, help="JSON array of proxies to create first."),
     ] = None,
+    allow_remote_listen: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote-listen",
+            help="Let proxies listen on non-loopback addresses (default: 0.0.0.0/:port become 127.0.0.1).",
+        ),
+    ] = False,
 ) -> None:
     """Run a Toxiproxy-API-compatible proxy server in the foreground (Ctrl-C or SIGTERM stops it).
 
-    --config takes a JSON array in the POST /populate format.
+    --config takes a JSON array in the POST /populate format.  Proxies listen on loopback addresses
+    only unless --allow-remote-listen is given.
 
     Examples:
 
@@ -65,7 +75,7 @@ def proxy_command(
       kraft chaos proxy --port 8474 --config proxies.json
     """
     try:
-        asyncio.run(_serve_proxy(host, port, seed, config))
+        asyncio.run(_serve_proxy(host, port, seed, config, allow_remote_listen))
     except OSError as exc:
         raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     except ValueError as exc:

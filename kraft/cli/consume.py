@@ -47,7 +47,10 @@ def consume_command(
     idle_timeout_s: Annotated[
         float, typer.Option("--idle-timeout", min=0.0, help="Stop after this many seconds without records.")
     ] = 2.0,
-    cluster_id: Annotated[str, typer.Option("--cluster-id", help="Check the cluster id (empty: skip).")] = "",
+    cluster_id: Annotated[
+        str,
+        typer.Option("--cluster-id", help="The cluster id to send (empty: the one the first broker states)."),
+    ] = "",
     timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
     json_output: JsonOption = False,
     command_config: CommandConfigOption = None,

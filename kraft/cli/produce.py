@@ -60,7 +60,10 @@ def produce_command(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Records per Produce request.")
     ] = 100,
-    cluster_id: Annotated[str, typer.Option("--cluster-id", help="Check the cluster id (empty: skip).")] = "",
+    cluster_id: Annotated[
+        str,
+        typer.Option("--cluster-id", help="The cluster id to send (empty: the one the first broker states)."),
+    ] = "",
     timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
     acks: Annotated[
         AcksOption,

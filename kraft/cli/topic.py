@@ -322,11 +322,16 @@ def elect_request(topic: str | None, partition: int | None) -> cpb.ElectLeadersR
     return request
 
 
-def election_json(result: cpb.PartitionElectionResult) -> dict[str, Any]:
+def election_rows(response: cpb.ElectLeadersResponse) -> list[dict[str, Any]]:
+    """Every partition's outcome, flattened from the per-topic groups of the answer."""
+    return [election_json(group.topic, result) for group in response.topics for result in group.partitions]
+
+
+def election_json(topic: str, result: cpb.PartitionElectionResult) -> dict[str, Any]:
     """One partition's outcome: ``result`` is ``ELECTED`` or the Kafka error name."""
     code = ErrorCode.from_wire(result.error_code)
     return {
-        "topic": result.topic,
+        "topic": topic,
         "partition": result.partition,
         "result": "ELECTED" if code is ErrorCode.NONE else code.name,
         "message": result.error_message or None,
@@ -377,7 +382,7 @@ def elect_leaders_command(
     """
     request = elect_request(topic, partition)
     response = run_async(_elect(bootstrap_controller, request))
-    results = [election_json(r) for r in response.results]
+    results = election_rows(response)
     if as_json:
         print_json(results)
     elif results:

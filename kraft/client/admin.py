@@ -79,10 +79,13 @@ class AdminClient:
         clock: Clock,
         unreachable_timeout_s: float = UNREACHABLE_TIMEOUT_S,
         on_retry: Callable[[str], None] | None = None,
+        cluster_id: str = "",
     ) -> None:
         """``timeout_s`` bounds a whole call (retries included); ``attempt_timeout_s`` one RPC
         (default: whatever is left of the call's budget — bulk requests can take long to commit).
-        ``clock`` measures the call's deadline."""
+        ``clock`` measures the call's deadline.  Every request is sent with ``cluster_id`` (the
+        controllers refuse an empty one); when it is empty the client learns it first from
+        DescribeCluster, which states the cluster id even when it refuses the request."""
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._targets = list(targets)
@@ -92,6 +95,7 @@ class AdminClient:
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
         self.unreachable_timeout_s = unreachable_timeout_s
+        self._cluster_id = cluster_id
 
     async def __aenter__(self) -> AdminClient:
         return self
@@ -102,13 +106,34 @@ class AdminClient:
     async def close(self) -> None:
         await self._client.close()
 
+    async def cluster_id(self) -> str:
+        """The cluster the controllers belong to (given, or learned once from DescribeCluster)."""
+        if not self._cluster_id:
+            response = await self._call(
+                lambda s: s.DescribeCluster, cpb.DescribeClusterRequest(), check=False, idempotent=True
+            )
+            if not response.cluster_id:
+                raise KraftError(
+                    ErrorCode.INCONSISTENT_CLUSTER_ID, "the controller did not state its cluster id"
+                )
+            self._cluster_id = response.cluster_id
+        return self._cluster_id
+
     async def call(
         self, pick: MethodPicker[ResponseT], request: Any, check: bool = True, *, idempotent: bool = True
     ) -> ResponseT:
         """The active controller's answer; with ``check`` a non-NONE top-level error raises KraftError.
 
-        A request that is not ``idempotent`` is never resent once it may have been applied: a deadline
-        after sending it, or a REQUEST_TIMED_OUT answer, raises :class:`WriteOutcomeUnknown`."""
+        A request whose ``cluster_id`` is empty gets this client's (set in place).  A request that is not
+        ``idempotent`` is never resent once it may have been applied: a deadline after sending it, or a
+        REQUEST_TIMED_OUT answer, raises :class:`WriteOutcomeUnknown`."""
+        if not request.cluster_id:
+            request.cluster_id = await self.cluster_id()
+        return await self._call(pick, request, check, idempotent=idempotent)
+
+    async def _call(
+        self, pick: MethodPicker[ResponseT], request: Any, check: bool, *, idempotent: bool
+    ) -> ResponseT:
         deadline_ms = self._clock.monotonic_ms() + self.timeout_s * 1000
         backoff_s = 0.05
         unreachable_since_ms: float | None = None

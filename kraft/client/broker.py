@@ -91,6 +91,8 @@ class BrokerClient:
         request_timeout_s: float = 5.0,
         unknown_topic_grace_s: float = UNKNOWN_TOPIC_GRACE_S,
     ) -> None:
+        """Every request names ``cluster_id``; empty: the cluster of the first broker that answers
+        Metadata (it states its cluster id when it refuses a request without one)."""
         if not bootstrap:
             raise ValueError("at least one bootstrap server (host:port) is needed")
         self._bootstrap = list(bootstrap)
@@ -135,6 +137,12 @@ class BrokerClient:
             request = pb.BrokerMetadataRequest(cluster_id=self._cluster_id, topics=list(topics))
             try:
                 response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
+                code = ErrorCode.from_wire(response.error_code)
+                if code is ErrorCode.INCONSISTENT_CLUSTER_ID and not self._cluster_id and response.cluster_id:
+                    # Not told the cluster id: adopt the one the broker states in its refusal (every
+                    # request must name the cluster, issue #15), then ask again.
+                    self._cluster_id = request.cluster_id = response.cluster_id
+                    response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
             except grpc.aio.AioRpcError as err:
                 last = f"{target}: {err.code().name}"
                 continue

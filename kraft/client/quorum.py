@@ -71,12 +71,19 @@ class ReplicationRow:
         }
 
 
-def _describe_once(target: str, timeout_s: float) -> raft_pb2.DescribeQuorumResponse:
+def _describe_once(target: str, timeout_s: float, cluster_id: str = "") -> raft_pb2.DescribeQuorumResponse:
+    """One DescribeQuorum.  Without ``cluster_id`` the first answer is a refusal that states the node's
+    cluster id (every request must name it, issue #15); the call is then made again with that id."""
     with open_blocking_channel(target, [("grpc.enable_retries", 0)]) as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         response: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
-            raft_pb2.DescribeQuorumRequest(), timeout=timeout_s
+            raft_pb2.DescribeQuorumRequest(cluster_id=cluster_id), timeout=timeout_s
         )
+        refused = ErrorCode.from_wire(response.error_code) is ErrorCode.INCONSISTENT_CLUSTER_ID
+        if refused and not cluster_id and response.cluster_id:
+            response = stub.DescribeQuorum(
+                raft_pb2.DescribeQuorumRequest(cluster_id=response.cluster_id), timeout=timeout_s
+            )
         return response
 
 

@@ -339,7 +339,9 @@ class ControllerQuorum:
         """DescribeQuorum on one node; None when it does not answer."""
         stub = raft_pb2_grpc.RaftServiceStub(self._channel(node_id))
         try:
-            answer = stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=timeout_s)
+            answer = stub.DescribeQuorum(
+                raft_pb2.DescribeQuorumRequest(cluster_id=self.cluster_id), timeout=timeout_s
+            )
         except grpc.RpcError:
             return None
         return QuorumView(

@@ -38,13 +38,14 @@ import contextlib
 import gc
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
 from kraft.clock import Clock
+from kraft.config import DEFAULT_MAX_PARKED_FETCHES
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import acl_control
 from kraft.metadata.commit_replay import replay_batch
@@ -74,6 +75,7 @@ from kraft.metadata.heap_freezer import HeapFreezer
 from kraft.metadata.idle_noops import IdleNoOps
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.isr_changes import alter_partition
+from kraft.metadata.request_limits import RequestLimits, check_create_topics
 from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
 from kraft.metadata.store_writer import StoreWriter
@@ -112,6 +114,10 @@ class ControllerOptions:
     default_replication_factor: int = 1  # default.replication.factor
     max_partitions: int = DEFAULT_MAX_PARTITIONS  # max.partitions
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # max.broker.partitions
+    # max.request.topics / max.request.partitions
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    metadata_fetch_max_wait_ms: int = 10_000  # metadata.fetch.max.wait.ms: cap of a MetadataFetch long-poll
+    max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
 
 
 def _topic_chunks(req: cpb.CreateTopicsRequest, partitions_per_write: int) -> list[list[cpb.CreatableTopic]]:
@@ -159,6 +165,7 @@ class QuorumController:
             default_replication_factor=options.default_replication_factor,
             max_partitions=options.max_partitions,
             max_broker_partitions=options.max_broker_partitions,
+            request_limits=options.request_limits,
         )
         self.writes = WritePath(
             state,
@@ -204,6 +211,8 @@ class QuorumController:
             self.timers,
             cluster_id=cluster_id,
             window_records=options.fetch_window_records,
+            max_wait_ms=options.metadata_fetch_max_wait_ms,
+            max_parked=options.max_parked_fetches,
             active_logic=self.activation.active_logic,
             not_controller=self._not_controller,
         )
@@ -453,6 +462,17 @@ class QuorumController:
         return response
 
     async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
+        # Shape limits before anything else (the chunking below is a pass over every topic); the logic
+        # checks the cluster id and the limits again for each part.
+        try:
+            if req.cluster_id != self.cluster_id:
+                raise KraftError(
+                    ErrorCode.INCONSISTENT_CLUSTER_ID,
+                    f"request cluster id {req.cluster_id!r} does not match this cluster {self.cluster_id!r}",
+                )
+            check_create_topics(req, self.options.request_limits, self.options.default_num_partitions)
+        except KraftError as exc:
+            return error_response(cpb.CreateTopicsResponse(), exc.code, exc.message)
         chunks = _topic_chunks(req, self.options.partitions_per_write)
         if len(chunks) == 1:
             return await self._create_part(req)

@@ -51,6 +51,13 @@ from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
 from kraft.metadata.rejoin_index import RejoinIndex
+from kraft.metadata.request_limits import (
+    MAX_PARTITIONS_PER_TOPIC,
+    RequestLimits,
+    check_create_topics,
+    check_delete_topics,
+    check_elect_leaders,
+)
 from kraft.metadata.topic_rules import (
     check_partition_dir_names,
     check_partition_limits,
@@ -66,7 +73,6 @@ R = TypeVar("R", bound=Message)
 
 METADATA_VERSION_FEATURE = "metadata.version"
 METADATA_VERSION = 1
-MAX_PARTITIONS_PER_TOPIC = 1_000_000
 # Defaults of max.partitions / max.broker.partitions (kraft/config.py has the keys): the image is measured
 # up to 1,000,000 partitions; a broker keeps at least one open file per hosted partition, so 10,000 stays
 # well inside a typical open-file limit once the broker has raised it to the hard limit.
@@ -89,6 +95,8 @@ class ControllerSettings:
     """``max.partitions``: partitions in the cluster (each counted once, whatever its replication factor)."""
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
     """``max.broker.partitions``: partition replicas assigned to one broker (each is an open log there)."""
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    """``max.request.topics`` / ``max.request.partitions``: checked before any work of a request."""
 
 
 @dataclass(slots=True)
@@ -237,9 +245,11 @@ class ControllerLogic:
         batch.add(pb.NoOpRecord())
         return batch.finish()
 
-    def check_cluster_id(self, cluster_id: str, required: bool = False) -> None:
-        """Kafka's rule: a request without a cluster id (admin tools) is not checked; brokers must send it."""
-        if (cluster_id or required) and cluster_id != self.settings.cluster_id:
+    def check_cluster_id(self, cluster_id: str) -> None:
+        """Every request names this cluster; an empty id is refused like a wrong one (issue #15: an empty
+        one used to skip the check).  Tools learn the id from DescribeCluster, which states it even when
+        it refuses the request (see :class:`kraft.client.admin.AdminClient`)."""
+        if cluster_id != self.settings.cluster_id:
             raise KraftError(
                 ErrorCode.INCONSISTENT_CLUSTER_ID,
                 f"request cluster id {cluster_id!r} does not match this cluster {self.settings.cluster_id!r}",
@@ -447,7 +457,7 @@ class ControllerLogic:
     ) -> Outcome[cpb.RegisterBrokerResponse]:
         response = cpb.RegisterBrokerResponse()
         try:
-            self.check_cluster_id(req.cluster_id, required=True)
+            self.check_cluster_id(req.cluster_id)
             self._validate_registration(req)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
@@ -624,6 +634,7 @@ class ControllerLogic:
         response = cpb.CreateTopicsResponse()
         try:
             self.check_cluster_id(req.cluster_id)
+            check_create_topics(req, self.settings.request_limits, self.settings.default_num_partitions)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
         batch = _Batch(self, next_offset)
@@ -817,6 +828,7 @@ class ControllerLogic:
         response = cpb.DeleteTopicsResponse()
         try:
             self.check_cluster_id(req.cluster_id)
+            check_delete_topics(req, self.settings.request_limits)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
         batch = _Batch(self, next_offset)
@@ -836,48 +848,58 @@ class ControllerLogic:
     def elect_leaders(
         self, req: cpb.ElectLeadersRequest, next_offset: int
     ) -> Outcome[cpb.ElectLeadersResponse]:
-        """Preferred leader election for the listed partitions (all when none are listed)."""
+        """Preferred leader election for the listed partitions (all when none are listed).
+
+        Results are grouped by topic (the name once per topic, issue #15); an explicit request lists every
+        partition it named, an implicit one only the partitions whose election was needed."""
         response = cpb.ElectLeadersResponse()
         try:
             self.check_cluster_id(req.cluster_id)
+            check_elect_leaders(req, self.settings.request_limits, self._partition_count)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
         acceptable = self.acceptable_in(self.image)
         batch = _Batch(self, next_offset)
         explicit = bool(req.topic_partitions)
-        targets: list[tuple[str, int]] = []
+        targets: list[tuple[str, list[int]]] = []
         if explicit:
             for entry in req.topic_partitions:
                 topic = self.image.topic(entry.topic)
                 ids = list(entry.partitions) or (list(range(len(topic.partitions))) if topic else [0])
-                targets.extend((entry.topic, p) for p in ids)
+                targets.append((entry.topic, ids))
         else:
-            targets = [
-                (t.name, p) for t in self.image.topics_by_id.values() for p in range(len(t.partitions))
-            ]
-        for name, partition_id in targets:
+            targets = [(t.name, list(range(len(t.partitions)))) for t in self.image.topics_by_id.values()]
+        for name, partition_ids in targets:
             topic = self.image.topic(name)
-            partition = None if topic is None else self.image.partition(topic.topic_id, partition_id)
-            code, message = ErrorCode.NONE, ""
-            if topic is None or partition is None:
-                code, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{name}-{partition_id} does not exist"
-            elif partition.leader == partition.preferred_leader:
-                code, message = ErrorCode.ELECTION_NOT_NEEDED, "the preferred leader already leads"
-            elif partition.preferred_leader not in partition.isr or not acceptable(
-                partition.preferred_leader
-            ):
-                code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
-                message = f"preferred leader {partition.preferred_leader} is not live and in sync"
-            else:
-                change = pb.PartitionChangeRecord(
-                    topic_id=topic.topic_id, partition_id=partition_id, leader=partition.preferred_leader
-                )
-                batch.add(change)
-            if explicit or code != ErrorCode.ELECTION_NOT_NEEDED:
-                response.results.add(
-                    topic=name, partition=partition_id, error_code=int(code), error_message=message
-                )
+            group: cpb.TopicElectionResults | None = None
+            for partition_id in partition_ids:
+                partition = None if topic is None else self.image.partition(topic.topic_id, partition_id)
+                code, message = ErrorCode.NONE, ""
+                if topic is None or partition is None:
+                    code, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no such topic or partition"
+                elif partition.leader == partition.preferred_leader:
+                    code, message = ErrorCode.ELECTION_NOT_NEEDED, "the preferred leader already leads"
+                elif partition.preferred_leader not in partition.isr or not acceptable(
+                    partition.preferred_leader
+                ):
+                    code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+                    message = f"preferred leader {partition.preferred_leader} is not live and in sync"
+                else:
+                    change = pb.PartitionChangeRecord(
+                        topic_id=topic.topic_id, partition_id=partition_id, leader=partition.preferred_leader
+                    )
+                    batch.add(change)
+                if explicit or code != ErrorCode.ELECTION_NOT_NEEDED:
+                    if group is None:
+                        group = response.topics.add(topic=name)
+                    group.partitions.add(partition=partition_id, error_code=int(code), error_message=message)
         return Outcome(batch.finish(), response, next_offset)
+
+    def _partition_count(self, name: str) -> int:
+        """Partitions an ElectLeaders entry without a partition list stands for (1 for an unknown topic:
+        its one result says so)."""
+        topic = self.image.topic(name)
+        return 1 if topic is None else len(topic.partitions)
 
     # ---- reads ----
 

@@ -32,6 +32,8 @@ class FetchServer:
         *,
         cluster_id: str,
         window_records: int,
+        max_wait_ms: int = 10_000,
+        max_parked: int = 1000,
         active_logic: Callable[[], Awaitable[ControllerLogic]],
         not_controller: NotControllerAnswer,
     ) -> None:
@@ -42,6 +44,9 @@ class FetchServer:
         self._not_controller = not_controller
         self.window = FetchWindow(window_records)
         self._snapshot: tuple[cpb.SnapshotRef, list[bytes]] | None = None
+        self._max_wait_ms = max_wait_ms
+        self._max_parked = max_parked
+        self.parked = 0  # requests long-polling now
 
     def remember(self, batch: WindowBatch) -> None:
         """A batch committed (after the image took it in)."""
@@ -54,7 +59,7 @@ class FetchServer:
     async def serve(self, req: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
         response = cpb.MetadataFetchResponse()
         state = self._state
-        if req.cluster_id and req.cluster_id != self._cluster_id:
+        if req.cluster_id != self._cluster_id:
             return error_response(
                 response,
                 ErrorCode.INCONSISTENT_CLUSTER_ID,
@@ -67,18 +72,31 @@ class FetchServer:
         response.controller_epoch = state.leader.epoch
         if req.HasField("snapshot_id"):
             return self._snapshot_chunk(req, response)
-        deadline = self._timers.now_ms() + max(0, req.max_wait_ms)
-        while True:
-            start = self.window.start_offset(state.committed.offset + 1)
-            if req.fetch_offset < start:
-                return await self._offer_snapshot(response)
-            if req.fetch_offset <= state.committed.offset:
-                self._fill_records(req, response)
-                if response.records:
+        # The long-poll is capped (metadata.fetch.max.wait.ms), and at most max_parked requests wait at
+        # once (fetch.max.parked.requests): past that a request is answered at once (issue #15).
+        wait_ms = min(max(0, req.max_wait_ms), self._max_wait_ms)
+        if self.parked >= self._max_parked:
+            wait_ms = 0
+        deadline = self._timers.now_ms() + wait_ms
+        parked = False
+        try:
+            while True:
+                start = self.window.start_offset(state.committed.offset + 1)
+                if req.fetch_offset < start:
+                    return await self._offer_snapshot(response)
+                if req.fetch_offset <= state.committed.offset:
+                    self._fill_records(req, response)
+                    if response.records:
+                        break
+                if self._timers.now_ms() >= deadline or state.logic is None:
                     break
-            if self._timers.now_ms() >= deadline or state.logic is None:
-                break
-            await self._timers.wait(state.next_commit(), deadline)
+                if not parked:
+                    parked = True
+                    self.parked += 1
+                await self._timers.wait(state.next_commit(), deadline)
+        finally:
+            if parked:
+                self.parked -= 1
         response.high_watermark = state.committed.offset + 1
         response.log_start_offset = self.window.start_offset(state.committed.offset + 1)
         if state.logic is None:

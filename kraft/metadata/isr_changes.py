@@ -64,7 +64,7 @@ def alter_partition(
     so a later partition entry of the same request sees the earlier one's new partition epoch."""
     response = cpb.AlterPartitionResponse()
     try:
-        logic.check_cluster_id(req.cluster_id, required=True)
+        logic.check_cluster_id(req.cluster_id)
     except KraftError as exc:
         return Outcome([], error_response(response, exc.code, exc.message))
     image = logic.image

@@ -3,7 +3,9 @@
 The servicer is installed on the node's server before Raft starts, so the controller is bound late
 (:meth:`ControllerServicer.bind`); until then every call answers NOT_CONTROLLER with no known leader.
 Protocol errors travel inside responses (``error_code``/``error_message``, NOT_CONTROLLER with the active
-controller's ``NodeRef``); only bugs become gRPC status INTERNAL, with the exception text.
+controller's ``NodeRef``; INCONSISTENT_CLUSTER_ID for an empty or wrong cluster id; POLICY_VIOLATION for a
+request over ``max.request.topics``/``max.request.partitions``); only bugs become gRPC status INTERNAL,
+with the exception text, and undecodable bytes INVALID_ARGUMENT (:func:`add_controller_service`).
 
 Every handler first asks the :class:`~kraft.security.guard.RequestGuard` (identity binding, ACLs against
 this controller's committed image; docs/security-acls.md has the RPC → resource/operation table); a refusal
@@ -13,6 +15,7 @@ aborts the call with PERMISSION_DENIED and ``TOPIC_AUTHORIZATION_FAILED: …`` o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -22,6 +25,7 @@ from google.protobuf.message import Message
 
 from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
+from kraft.grpc_service import RequestDecoder, register_service
 from kraft.metadata.controller import QuorumController
 from kraft.observability.logging import get_logger
 from kraft.security.acl import AclOperation, StandardAcl
@@ -271,5 +275,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
 
 
 def add_controller_service(server: grpc.aio.Server, servicer: ControllerServicer) -> None:
-    """Register ControllerService on a controller's grpc.aio server (before ``server.start()``)."""
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)
+    """Register ControllerService on a controller's grpc.aio server (before ``server.start()``), decoding
+    inside the call: undecodable bytes get INVALID_ARGUMENT (one ``controller_bad_request`` warning per
+    peer per interval) instead of gRPC's UNKNOWN with a traceback."""
+    register_service(
+        server,
+        servicer,
+        cpb.DESCRIPTOR.services_by_name["ControllerService"],
+        RequestDecoder(logging.getLogger(__name__), "controller_bad_request"),
+    )

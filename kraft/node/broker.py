@@ -39,7 +39,7 @@ import contextlib
 import signal
 import uuid
 from collections.abc import Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +53,15 @@ from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.segmented_partition_log import segmented_log_opener
-from kraft.broker.service import BrokerService
+from kraft.broker.service import BrokerService, add_broker_service
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
 from kraft.client.controller import ControllerClient
 from kraft.clock import SystemClock
-from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
+from kraft.config import DEFAULT_MAX_PARKED_FETCHES, DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
+from kraft.grpc_service import ServerLimits, create_server, server_limits
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.node.supervisor import Supervisor
@@ -82,7 +83,6 @@ from kraft.security.tls import (
     outbound_security,
 )
 from kraft.storage.meta_properties import check_meta_properties
-from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
 
 _SHUTDOWN_GRACE_S = 1.0
@@ -137,6 +137,10 @@ class BrokerSettings:
     controller_security: ChannelSecurity = PLAINTEXT_SECURITY  # how the controllers are dialled
     broker_security: ChannelSecurity = PLAINTEXT_SECURITY  # how other brokers are dialled (replica fetch)
     authorizer: AuthorizerSettings = field(default_factory=AuthorizerSettings)  # authorizer.class.name, …
+    metrics_host: str = "127.0.0.1"  # metrics.host (default: the listener's host)
+    # connections: handshake/idle timeouts, connection cap, keepalive (kraft.grpc_service)
+    server_limits: ServerLimits = field(default_factory=ServerLimits)
+    max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -181,6 +185,9 @@ class BrokerSettings:
             controller_security=outbound_security(config, config.controller_listener_names[0]),
             broker_security=outbound_security(config, listener.name),
             authorizer=config.authorizer_settings,
+            metrics_host=config.metrics_bind_host,
+            server_limits=server_limits(config),
+            max_parked_fetches=config.fetch_max_parked_requests,
         )
 
 
@@ -232,6 +239,7 @@ class BrokerServer:
             grpc_max_message_bytes=s.max_message_bytes,
             replicas=self.replicas,
             guard=RequestGuard(authorizer),
+            max_parked=s.max_parked_fetches,
         )
         self.publisher = MetadataPublisher(
             s.broker_id,
@@ -296,7 +304,9 @@ class BrokerServer:
         try:
             tls = self.settings.server_tls
             self._metrics_server = start_metrics_server(
-                self.settings.metrics_port, tls_context=MetricsTlsContext(tls) if tls else None
+                self.settings.metrics_port,
+                self.settings.metrics_host,
+                tls_context=MetricsTlsContext(tls) if tls else None,
             )
             await self.publisher.start()
             self.status.metadata_offset = self.publisher.offset
@@ -446,11 +456,9 @@ class BrokerServer:
         self.status.transition(BrokerState.NOT_RUNNING)
 
     async def _start_server(self) -> None:
-        limit = self.settings.max_message_bytes
-        server = grpc.aio.server(
-            options=[("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
-        )
-        broker_pb2_grpc.add_BrokerServiceServicer_to_server(self.service, server)
+        limits = replace(self.settings.server_limits, max_message_bytes=self.settings.max_message_bytes)
+        server = create_server(limits)
+        add_broker_service(server, self.service)
         self._health = await add_health_service(server, (BROKER_SERVICE,))
         if self.settings.server_tls is not None:
             install_principal_mapper(self.settings.server_tls.mapper())

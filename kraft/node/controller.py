@@ -40,6 +40,7 @@ import grpc.aio
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
+from kraft.grpc_service import create_server, server_limits
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
@@ -49,7 +50,7 @@ from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_server import RaftServicer, add_raft_service
-from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer
+from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer, add_raft_test_service
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
@@ -67,7 +68,6 @@ from kraft.security.tls import (
 )
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
-from kraft.v1 import raft_pb2_grpc
 
 ServiceInstaller = Callable[[grpc.aio.Server], None]
 """Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
@@ -289,7 +289,9 @@ class ControllerNode:
                 listener = cfg.controller_listener.name if cfg.controller_listener else ""
                 https = listener_settings(cfg, listener)
                 self._metrics = start_metrics_server(
-                    cfg.metrics_port, tls_context=MetricsTlsContext(https) if https else None
+                    cfg.metrics_port,
+                    cfg.metrics_bind_host,
+                    tls_context=MetricsTlsContext(https) if https else None,
                 )
             except OSError as exc:
                 self._log.warning("metrics_server_failed", port=cfg.metrics_port, error=str(exc))
@@ -307,15 +309,8 @@ class ControllerNode:
     async def _start_server(self) -> None:
         cfg = self.config
         assert self._raft is not None and self._meta is not None and cfg.controller_listener is not None
-        options: list[tuple[str, Any]] = [
-            ("grpc.max_send_message_length", cfg.grpc_max_message_bytes),
-            ("grpc.max_receive_message_length", cfg.grpc_max_message_bytes),
-            # Followers keep one long-poll Fetch open all the time; allow their keepalive pings.
-            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.so_reuseport", 0),
-        ]
-        server = grpc.aio.server(options=options)
+        # Handshake and idle timeouts, keepalive, stream and connection caps: kraft.grpc_service.
+        server = create_server(server_limits(cfg))
         endpoints = self.endpoints()
         raft_servicer = RaftServicer(
             self._raft,
@@ -333,7 +328,7 @@ class ControllerNode:
             test_servicer = RaftTestServicer(
                 self._raft, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
             )
-            raft_pb2_grpc.add_RaftTestServiceServicer_to_server(test_servicer, server)
+            add_raft_test_service(test_servicer, server)
         for install in self._installers:
             install(server)
         address = cfg.controller_listener.bind_address

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.request_limits import RequestLimits
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.observability.health import CONTROLLER_SERVICE
@@ -46,6 +47,9 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         leader_lease_ms=config.controller_quorum_fetch_timeout_ms,
         max_partitions=config.max_partitions,
         max_broker_partitions=config.max_broker_partitions,
+        request_limits=RequestLimits(config.max_request_topics, config.max_request_partitions),
+        metadata_fetch_max_wait_ms=config.metadata_fetch_max_wait_ms,
+        max_parked_fetches=config.fetch_max_parked_requests,
     )
 
 

@@ -293,12 +293,13 @@ class MetricsServer:
 
 def start_metrics_server(
     port: int,
-    addr: str = "0.0.0.0",
+    addr: str = "127.0.0.1",
     registry: CollectorRegistry = REGISTRY,
     tls_context: Callable[[], ssl.SSLContext] | None = None,
 ) -> MetricsServer | None:
-    """Serve ``/metrics`` on ``port`` (HTTPS with ``tls_context``); ``port == 0`` means metrics are off
-    (``metrics.port`` default).
+    """Serve ``/metrics`` on ``addr:port`` (HTTPS with ``tls_context``); ``port == 0`` means metrics are
+    off (``metrics.port`` default).  Nodes pass ``metrics.host`` (default: their listener's host); nothing
+    listens on every interface unless asked to.
 
     Raises ``OSError`` when the port cannot be bound, so the caller can report which key to change.
     """

@@ -14,16 +14,15 @@ message, logged at most once per :data:`BAD_REQUEST_LOG_INTERVAL_S` per peer hos
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator, Collection, Mapping
+from typing import TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError, Message
 
 from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
+from kraft.grpc_service import RequestDecoder, ServicerContext, abort, register_service
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.api import RaftShutdownError
@@ -35,40 +34,12 @@ from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 
 _log = logging.getLogger(__name__)
 
-ServicerContext = grpc.aio.ServicerContext[Any, Any]
 _Request = TypeVar("_Request", bound=m.RaftRequest)
-_Pb = TypeVar("_Pb", bound=Message)
 
 SERVICE_NAME = "kraft.v1.RaftService"
-BAD_REQUEST_LOG_INTERVAL_S = 10.0
-"""A peer sending undecodable requests is logged at most this often (the rest are counted)."""
-_MAX_LOGGED_PEERS = 1024
-"""Peers remembered by the rate limiter; past that it starts over (a bound, not a policy)."""
-
-
-class RateLimitedLog:
-    """One warning per ``key`` per ``interval_s``; how many were suppressed rides on the next one."""
-
-    def __init__(self, interval_s: float = BAD_REQUEST_LOG_INTERVAL_S) -> None:
-        self._interval_s = interval_s
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def should_log(self, key: str, now_s: float) -> int | None:
-        """None to stay quiet, else how many were suppressed since the last logged one."""
-        last = self._last.get(key)
-        if last is not None and now_s - last[0] < self._interval_s:
-            self._last[key] = (last[0], last[1] + 1)
-            return None
-        if len(self._last) >= _MAX_LOGGED_PEERS:
-            self._last.clear()
-        self._last[key] = (now_s, 0)
-        return 0 if last is None else last[1]
-
-
-def peer_host(context: ServicerContext) -> str:
-    """The caller's address without its port (one client opens many connections)."""
-    peer = context.peer() or "unknown"
-    return peer.rsplit(":", 1)[0] if peer.count(":") >= 2 else peer
+MAX_FETCH_WAIT_MS = 10_000
+"""The longest a Raft Fetch may long-poll, whatever it asks for."""
+_SERVICE = raft_pb2.DESCRIPTOR.services_by_name["RaftService"]
 
 
 def authenticated_peer_id(context: ServicerContext) -> int | None:
@@ -110,11 +81,6 @@ def node_refs(endpoints: Mapping[int, tuple[str, int]]) -> list[common_pb2.NodeR
     ]
 
 
-async def abort(context: ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    await context.abort(code, message)
-    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
-
-
 class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     """Serves RaftService by delegating every request to the node's driver."""
 
@@ -138,7 +104,6 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         self._directory_ids: dict[int, str] = {}
         if local_directory is not None:
             self._directory_ids[local_directory[0]] = local_directory[1]
-        self._bad_requests = RateLimitedLog()
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
         peer_id = authenticated_peer_id(context)
@@ -192,6 +157,9 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             return codec.fetch_response_to_pb(
                 m.FetchResponse(ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER)
             )
+        # A parked Fetch lives in the leader's core until its deadline: a caller may not pick one of days
+        # (issue #15).  Real fetchers ask for controller.quorum.fetch.max.wait.ms (500 ms).
+        request.max_wait_ms = min(request.max_wait_ms, MAX_FETCH_WAIT_MS)
         response = await self._handle(codec.fetch_request_from_pb(request), context)
         assert isinstance(response, m.FetchResponse)
         if directory_id and request.replica_id in self._voters and response.error_code is ErrorCode.NONE:
@@ -218,93 +186,18 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     async def DescribeQuorum(
         self, request: raft_pb2.DescribeQuorumRequest, context: ServicerContext
     ) -> raft_pb2.DescribeQuorumResponse:
-        # Admin tools may not know the cluster id yet: an empty one means "whatever this cluster is".
-        cluster_id = request.cluster_id or self._cluster_id
-        response = await self._handle(m.DescribeQuorumRequest(cluster_id=cluster_id), context)
+        # An empty cluster id is refused like a wrong one (issue #15); the answer states this cluster's id
+        # even then, which is how admin tools that were not told it learn it (kraft.client.quorum).
+        response = await self._handle(m.DescribeQuorumRequest(cluster_id=request.cluster_id), context)
         assert isinstance(response, m.DescribeQuorumResponse)
         out = codec.describe_response_to_pb(response, self._directory_ids)
         out.cluster_id = self._cluster_id
         out.nodes.extend(self._nodes)
         return out
 
-    # -- decoding under our control (see add_raft_service)
-
-    async def decode(self, raw: bytes, pb_type: type[_Pb], method: str, context: ServicerContext) -> _Pb:
-        """Parse one request; undecodable bytes end the call with INVALID_ARGUMENT (rate-limited log)."""
-        try:
-            return pb_type.FromString(raw)
-        except (DecodeError, ValueError, RuntimeError) as exc:  # RuntimeError: recursion limit
-            host = peer_host(context)
-            suppressed = self._bad_requests.should_log(host, time.monotonic())
-            if suppressed is not None:
-                _log.warning(
-                    "raft_bad_request peer=%s method=%s error=%s suppressed=%d",
-                    host,
-                    method,
-                    type(exc).__name__,
-                    suppressed,
-                )
-            await abort(
-                context, grpc_status_for(ErrorCode.INVALID_REQUEST), f"undecodable {pb_type.__name__}"
-            )
-
-
-def _unary(
-    servicer: RaftServicer,
-    name: str,
-    pb_type: type[_Pb],
-    method: Callable[[_Pb, ServicerContext], Awaitable[Message]],
-) -> Callable[[bytes, ServicerContext], Awaitable[Message]]:
-    async def handle(raw: bytes, context: ServicerContext) -> Message:
-        request = await servicer.decode(raw, pb_type, name, context)
-        return await method(request, context)
-
-    return handle
-
-
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
-
 
 def add_raft_service(servicer: RaftServicer, server: grpc.aio.Server) -> None:
-    """Register ``kraft.v1.RaftService`` with raw-bytes handlers that decode inside the servicer.
-
-    Same methods and wire format as ``raft_pb2_grpc.add_RaftServiceServicer_to_server``; the difference is
-    only who decodes: gRPC's generated deserializer logs every undecodable request with a traceback and
-    answers UNKNOWN, this answers INVALID_ARGUMENT and logs once per peer per interval.
-    """
-
-    async def fetch_stream(
-        raw_requests: AsyncIterator[bytes], context: ServicerContext
-    ) -> AsyncIterator[raft_pb2.FetchResponse]:
-        async def decoded() -> AsyncIterator[raft_pb2.FetchRequest]:
-            async for raw in raw_requests:
-                yield await servicer.decode(raw, raft_pb2.FetchRequest, "FetchStream", context)
-
-        async for response in servicer.FetchStream(decoded(), context):
-            yield response
-
-    unary = {
-        "Vote": _unary(servicer, "Vote", raft_pb2.VoteRequest, servicer.Vote),
-        "BeginQuorumEpoch": _unary(
-            servicer, "BeginQuorumEpoch", raft_pb2.BeginQuorumEpochRequest, servicer.BeginQuorumEpoch
-        ),
-        "EndQuorumEpoch": _unary(
-            servicer, "EndQuorumEpoch", raft_pb2.EndQuorumEpochRequest, servicer.EndQuorumEpoch
-        ),
-        "Fetch": _unary(servicer, "Fetch", raft_pb2.FetchRequest, servicer.Fetch),
-        "FetchSnapshot": _unary(
-            servicer, "FetchSnapshot", raft_pb2.FetchSnapshotRequest, servicer.FetchSnapshot
-        ),
-        "DescribeQuorum": _unary(
-            servicer, "DescribeQuorum", raft_pb2.DescribeQuorumRequest, servicer.DescribeQuorum
-        ),
-    }
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
-        for name, handler in unary.items()
-    }
-    handlers["FetchStream"] = grpc.stream_stream_rpc_method_handler(
-        fetch_stream, response_serializer=_serialize
-    )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    """Register ``kraft.v1.RaftService`` with handlers that decode inside the servicer
+    (:func:`kraft.grpc_service.register_service`): undecodable bytes get INVALID_ARGUMENT, logged as
+    ``raft_bad_request`` once per peer per interval."""
+    register_service(server, servicer, _SERVICE, RequestDecoder(_log, "raft_bad_request"))

@@ -22,8 +22,11 @@ import struct
 import time
 from collections.abc import AsyncIterator
 
+import grpc.aio
+
 from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
+from kraft.grpc_service import RequestDecoder, ServicerContext, abort, register_service
 from kraft.raft.api import (
     CommittedBatch,
     LeaderAndEpoch,
@@ -32,7 +35,7 @@ from kraft.raft.api import (
     RaftClient,
     RaftShutdownError,
 )
-from kraft.raft.grpc_server import ServicerContext, abort, node_refs
+from kraft.raft.grpc_server import node_refs
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 _log = logging.getLogger(__name__)
@@ -204,3 +207,13 @@ class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
             snapshots_loaded=state.snapshots_loaded,
             snapshots_created=state.snapshots_created,
         )
+
+
+def add_raft_test_service(servicer: RaftTestServicer, server: grpc.aio.Server) -> None:
+    """Register ``kraft.v1.RaftTestService`` decoding inside the call (undecodable → INVALID_ARGUMENT)."""
+    register_service(
+        server,
+        servicer,
+        raft_pb2.DESCRIPTOR.services_by_name["RaftTestService"],
+        RequestDecoder(_log, "raft_test_bad_request"),
+    )

@@ -991,11 +991,9 @@ Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
 class PartitionElectionResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    TOPIC_FIELD_NUMBER: _builtins.int
     PARTITION_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
-    topic: _builtins.str
     partition: _builtins.int
     error_code: _builtins.int
     """ELECTION_NOT_NEEDED / PREFERRED_LEADER_NOT_AVAILABLE / …"""
@@ -1003,44 +1001,72 @@ class PartitionElectionResult(_message.Message):
     def __init__(
         self,
         *,
-        topic: _builtins.str = ...,
         partition: _builtins.int = ...,
         error_code: _builtins.int = ...,
         error_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partition", b"partition"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartitionElectionResult: _TypeAlias = PartitionElectionResult  # noqa: Y015
 
 @_typing.final
+class TopicElectionResults(_message.Message):
+    """One topic's results (Kafka's ReplicaElectionResult): the name once, however many partitions."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionElectionResult]: ...
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partitions: _abc.Iterable[Global___PartitionElectionResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicElectionResults: _TypeAlias = TopicElectionResults  # noqa: Y015
+
+@_typing.final
 class ElectLeadersResponse(_message.Message):
+    """Request limits (max.request.topics / max.request.partitions) are checked before any work; over them the
+    answer is POLICY_VIOLATION.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     CONTROLLER_FIELD_NUMBER: _builtins.int
-    RESULTS_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
     @_builtins.property
     def controller(self) -> _common_pb2.NodeRef: ...
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionElectionResult]: ...
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicElectionResults]: ...
     def __init__(
         self,
         *,
         error_code: _builtins.int = ...,
         error_message: _builtins.str = ...,
         controller: _common_pb2.NodeRef | None = ...,
-        results: _abc.Iterable[Global___PartitionElectionResult] | None = ...,
+        topics: _abc.Iterable[Global___TopicElectionResults] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "error_code", b"error_code", "error_message", b"error_message", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "error_code", b"error_code", "error_message", b"error_message", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -254,7 +254,7 @@ class Cluster:
     def describe_broker(self, broker_id: int) -> bpb.DescribeBrokerResponse | None:
         try:
             return self.broker_stub(broker_id).DescribeBroker(
-                bpb.DescribeBrokerRequest(), timeout=RPC_TIMEOUT_S
+                bpb.DescribeBrokerRequest(cluster_id=self.quorum.cluster_id), timeout=RPC_TIMEOUT_S
             )
         except grpc.RpcError:
             return None
@@ -381,12 +381,20 @@ def test_data_path_and_error_cases(cluster: Cluster) -> None:
     assert cluster.produce(111, "path", 0, epoch + 1, b"y").error_code == ErrorCode.UNKNOWN_LEADER_EPOCH
     assert cluster.produce(111, "nope", 0, -1, b"y").error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     fetch = cluster.broker_stub(111).Fetch(
-        bpb.BrokerFetchRequest(topic="path", partition=0, offset=99, max_bytes=1024, leader_epoch=-1),
+        bpb.BrokerFetchRequest(
+            cluster_id=cluster.quorum.cluster_id,
+            topic="path",
+            partition=0,
+            offset=99,
+            max_bytes=1024,
+            leader_epoch=-1,
+        ),
         timeout=RPC_TIMEOUT_S,
     )
     assert fetch.error_code == ErrorCode.OFFSET_OUT_OF_RANGE
     metadata = cluster.broker_stub(112).Metadata(
-        bpb.BrokerMetadataRequest(topics=["path"]), timeout=RPC_TIMEOUT_S
+        bpb.BrokerMetadataRequest(cluster_id=cluster.quorum.cluster_id, topics=["path"]),
+        timeout=RPC_TIMEOUT_S,
     )
     assert metadata.error_code == 0 and [p.leader for p in metadata.topics[0].partitions] == [111, 112]
     bad = run_kraft(
@@ -666,7 +674,12 @@ def test_the_largest_accepted_record_survives_kill_9_with_every_later_record(clu
             values: list[bytes] = []
             while len(values) < len(expected):
                 request = bpb.BrokerFetchRequest(
-                    topic="huge", partition=0, offset=len(values), max_bytes=1, leader_epoch=-1
+                    cluster_id=cluster.quorum.cluster_id,
+                    topic="huge",
+                    partition=0,
+                    offset=len(values),
+                    max_bytes=1,
+                    leader_epoch=-1,
                 )
                 response = stub.Fetch(request, timeout=30)
                 if response.error_code != 0 or not response.records:
@@ -775,7 +788,14 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
 
     poll(replicated, "every replica's segment file to hold the leader's batches byte for byte")
     fetch = cluster.broker_stub(151).Fetch(
-        bpb.BrokerFetchRequest(topic="repl", partition=0, offset=0, max_bytes=1 << 20, leader_epoch=-1),
+        bpb.BrokerFetchRequest(
+            cluster_id=cluster.quorum.cluster_id,
+            topic="repl",
+            partition=0,
+            offset=0,
+            max_bytes=1 << 20,
+            leader_epoch=-1,
+        ),
         timeout=RPC_TIMEOUT_S,
     )
     assert fetch.error_code == 0 and fetch.high_watermark == 5
@@ -799,7 +819,14 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
     )
     poll(replicated, "the restarted follower to catch up byte for byte")
     fetch = cluster.broker_stub(151).Fetch(
-        bpb.BrokerFetchRequest(topic="repl", partition=0, offset=0, max_bytes=1 << 20, leader_epoch=-1),
+        bpb.BrokerFetchRequest(
+            cluster_id=cluster.quorum.cluster_id,
+            topic="repl",
+            partition=0,
+            offset=0,
+            max_bytes=1 << 20,
+            leader_epoch=-1,
+        ),
         timeout=RPC_TIMEOUT_S,
     )
     assert [r.value for r in fetch.records] == [f"r{i}".encode() for i in range(8)]

@@ -131,7 +131,9 @@ async def test_controller_service_end_to_end(quorum_factory: Callable[..., Contr
         follower = next(n for n in quorum.nodes.values() if n.node_id != cluster.controller_id)
         async with open_channel(follower.target) as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
-            redirected = await stub.DescribeCluster(cpb.DescribeClusterRequest(), timeout=10)
+            redirected = await stub.DescribeCluster(
+                cpb.DescribeClusterRequest(cluster_id=quorum.cluster_id), timeout=10
+            )
         assert redirected.error_code == ErrorCode.NOT_CONTROLLER
         assert redirected.controller.node_id == cluster.controller_id
         assert redirected.controller.endpoint.port == quorum.nodes[cluster.controller_id].port
@@ -206,7 +208,9 @@ async def test_controller_service_end_to_end(quorum_factory: Callable[..., Contr
                 await asyncio.sleep(0.1)
             orders = await client.call(
                 lambda s: s.DescribeTopics,
-                cpb.DescribeTopicsRequest(names=["orders"], include_partitions=True),
+                cpb.DescribeTopicsRequest(
+                    cluster_id=quorum.cluster_id, names=["orders"], include_partitions=True
+                ),
             )
             assert all(3 not in p.isr and p.leader != 3 for p in orders.topics[0].partitions)
 

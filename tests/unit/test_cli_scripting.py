@@ -41,6 +41,9 @@ def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> Outcome:
     return Outcome(code, captured.out, captured.err)
 
 
+CLUSTER_ID = "scripting-cluster"
+
+
 class _Controller(controller_pb2_grpc.ControllerServiceServicer):
     """The first write of each kind is applied and answered "outcome unknown" (deposed after append)."""
 
@@ -56,7 +59,14 @@ class _Controller(controller_pb2_grpc.ControllerServiceServicer):
         self.deposed_once.add(what)
         return True
 
+    def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: Any
+    ) -> cpb.DescribeClusterResponse:
+        # Where the CLI learns the cluster id it must send (controllers refuse an empty one).
+        return cpb.DescribeClusterResponse(cluster_id=CLUSTER_ID)
+
     def CreateTopics(self, request: cpb.CreateTopicsRequest, context: Any) -> cpb.CreateTopicsResponse:
+        assert request.cluster_id == CLUSTER_ID
         topic = request.topics[0]
         exists = topic.name in self.topics
         self.topics.setdefault(topic.name, topic.num_partitions)

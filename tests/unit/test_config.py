@@ -236,6 +236,19 @@ def test_ipv6_and_wildcard_listeners() -> None:
     assert wildcard.broker_listener.target == "127.0.0.1:9092"
 
 
+def test_metrics_bind_on_the_listeners_host_unless_told() -> None:
+    """Issue #15: metrics listened on 0.0.0.0 whatever the listener host."""
+    assert NodeConfig.from_properties(CONTROLLER).metrics_bind_host == "127.0.0.1"
+    ipv6 = NodeConfig.from_properties({**BROKER, "listeners": "PLAINTEXT://[::1]:9092"})
+    assert ipv6.metrics_bind_host == "::1"
+    wildcard = NodeConfig.from_properties({**BROKER, "listeners": "PLAINTEXT://:9092"})
+    assert wildcard.metrics_bind_host == "0.0.0.0"  # the listener itself is on every interface
+    told = NodeConfig.from_properties(
+        {**BROKER, "listeners": "PLAINTEXT://:9092", "metrics.host": "10.1.2.3"}
+    )
+    assert told.metrics_bind_host == "10.1.2.3"
+
+
 # --- validation: every rule fails with one line naming key, value and rule ---------------------------
 
 

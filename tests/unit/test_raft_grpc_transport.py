@@ -218,12 +218,14 @@ async def test_describe_quorum_names_the_cluster_nodes_and_fetchers_directory_id
     await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 0, 0), timeout_ms=2000)
     async with open_channel(f"127.0.0.1:{server.port}") as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
-        answer = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=2)
+        answer = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(cluster_id=CLUSTER), timeout=2)
+        # An empty cluster id reaches the core as it is (the core refuses it); the answer states the id.
+        unnamed = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=2)
+    assert server.handler.received[-1] == m.DescribeQuorumRequest("")
+    assert unnamed.cluster_id == CLUSTER
     assert answer.cluster_id == CLUSTER
     assert [(n.node_id, n.endpoint.port) for n in answer.nodes] == [(1, server.port)]
     assert [v.directory_id for v in answer.current_voters] == [DIR_1, DIR_2]
-    # The empty cluster id of an admin tool reaches the core as this cluster's id.
-    assert server.handler.received[-1] == m.DescribeQuorumRequest(CLUSTER)
 
 
 async def test_a_closed_transport_refuses_to_send(transport: GrpcTransport) -> None:

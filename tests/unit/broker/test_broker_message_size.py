@@ -163,6 +163,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
 
 async def produce(h: Harness, tp: TopicPartition, *values: bytes) -> pb.ProduceResponse:
     request = pb.ProduceRequest(
+        cluster_id=CLUSTER,
         topic=tp.topic,
         partition=tp.partition,
         leader_epoch=-1,
@@ -173,7 +174,7 @@ async def produce(h: Harness, tp: TopicPartition, *values: bytes) -> pb.ProduceR
 
 async def fetch(h: Harness, tp: TopicPartition, offset: int, max_bytes: int) -> pb.BrokerFetchResponse:
     request = pb.BrokerFetchRequest(
-        topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=max_bytes
+        cluster_id=CLUSTER, topic=tp.topic, partition=tp.partition, offset=offset, max_bytes=max_bytes
     )
     return await h.stub.Fetch(request, timeout=TIMEOUT_S)
 

@@ -89,7 +89,12 @@ class Harness:
     async def consume(self, broker: int, offset: int = 0) -> pb.BrokerFetchResponse:
         async with _Stub(self.nodes[broker].port) as stub:
             request = pb.BrokerFetchRequest(
-                topic=TP.topic, partition=TP.partition, offset=offset, max_bytes=1 << 20, leader_epoch=-1
+                cluster_id=CLUSTER,
+                topic=TP.topic,
+                partition=TP.partition,
+                offset=offset,
+                max_bytes=1 << 20,
+                leader_epoch=-1,
             )
             return await stub.Fetch(request, timeout=TIMEOUT_S)
 

@@ -86,7 +86,7 @@ async def produce(h: Harness, tp: TopicPartition, epoch: int, *values: bytes) ->
 
 
 async def fetch(h: Harness, offset: int, max_wait_ms: int = 0, epoch: int = -1) -> pb.BrokerFetchResponse:
-    request = pb.BrokerFetchRequest(
+    request = pb.BrokerFetchRequest(cluster_id=CLUSTER,
         topic=LED.topic, partition=LED.partition, offset=offset, max_bytes=1 << 20,
         max_wait_ms=max_wait_ms, leader_epoch=epoch,
     )  # fmt: skip
@@ -108,7 +108,7 @@ async def test_produce_then_fetch_round_trips_records_with_offsets(harness: Harn
 
 
 async def test_null_and_empty_keys_stay_distinct(harness: Harness) -> None:
-    request = pb.ProduceRequest(
+    request = pb.ProduceRequest(cluster_id=CLUSTER,
         topic=LED.topic, partition=0, leader_epoch=-1,
         records=[pb.BrokerRecord(value=b"v", has_value=True), pb.BrokerRecord(key=b"", has_key=True)],
     )  # fmt: skip
@@ -152,14 +152,16 @@ async def test_produce_rejected_while_fenced_shutting_down_or_without_a_lease(ha
 
     harness.status.transition(BrokerState.PENDING_CONTROLLED_SHUTDOWN)
     assert (await produce(harness, LED, 5, b"x")).error_code == ErrorCode.BROKER_NOT_AVAILABLE
-    meta = await harness.stub.Metadata(pb.BrokerMetadataRequest(), timeout=TIMEOUT_S)
+    meta = await harness.stub.Metadata(pb.BrokerMetadataRequest(cluster_id=CLUSTER), timeout=TIMEOUT_S)
     assert meta.error_code == ErrorCode.BROKER_NOT_AVAILABLE
 
 
 async def test_bad_produce_requests_are_invalid(harness: Harness) -> None:
-    empty = pb.ProduceRequest(topic=LED.topic, partition=0, leader_epoch=-1)
+    empty = pb.ProduceRequest(cluster_id=CLUSTER, topic=LED.topic, partition=0, leader_epoch=-1)
     assert (await harness.stub.Produce(empty, timeout=TIMEOUT_S)).error_code == ErrorCode.INVALID_REQUEST
-    bad_acks = pb.ProduceRequest(topic=LED.topic, partition=0, leader_epoch=-1, acks=3, records=records(b"x"))
+    bad_acks = pb.ProduceRequest(
+        cluster_id=CLUSTER, topic=LED.topic, partition=0, leader_epoch=-1, acks=3, records=records(b"x")
+    )
     assert (await harness.stub.Produce(bad_acks, timeout=TIMEOUT_S)).error_code == ErrorCode.INVALID_REQUEST
     other = pb.ProduceRequest(cluster_id="other", topic=LED.topic, partition=0, records=records(b"x"))
     rejected = await harness.stub.Produce(other, timeout=TIMEOUT_S)
@@ -196,7 +198,9 @@ async def test_list_offsets_earliest_latest_and_invalid(harness: Harness) -> Non
     await produce(harness, LED, 5, b"a", b"b", b"c")
 
     async def list_offsets(timestamp: int) -> pb.ListOffsetsResponse:
-        request = pb.ListOffsetsRequest(topic=LED.topic, partition=0, timestamp=timestamp, leader_epoch=-1)
+        request = pb.ListOffsetsRequest(
+            cluster_id=CLUSTER, topic=LED.topic, partition=0, timestamp=timestamp, leader_epoch=-1
+        )
         return await harness.stub.ListOffsets(request, timeout=TIMEOUT_S)
 
     assert (await list_offsets(-2)).offset == 0
@@ -210,7 +214,9 @@ async def test_metadata_and_describe_broker(harness: Harness) -> None:
     assert [b.broker_id for b in meta.brokers] == [1, 2]
 
     harness.status.fenced = True  # describe answers even while fenced
-    described = await harness.stub.DescribeBroker(pb.DescribeBrokerRequest(), timeout=TIMEOUT_S)
+    described = await harness.stub.DescribeBroker(
+        pb.DescribeBrokerRequest(cluster_id=CLUSTER), timeout=TIMEOUT_S
+    )
     assert described.state == "RUNNING" and described.fenced
     assert [(p.topic, p.partition, p.role) for p in described.partitions] == [
         ("orders", 0, "LEADER"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from typing import Any
 
@@ -11,6 +12,9 @@ from toxiproxy import Toxiproxy
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
 from chaos.proxy import BackgroundProxyServer
+from chaos.proxy.collection import ProxyCollection
+from chaos.proxy.proxy import loopback_listen
+from chaos.proxy.toxics import ApiError
 from kraft.netutil import free_port
 
 TIMEOUT_S = 10.0
@@ -189,12 +193,42 @@ def test_listen_forms_are_rewritten_to_the_bound_address(api: _Api, echo_address
         "POST", "/proxies", {"name": "l", "upstream": echo_address, "listen": "localhost:0"}
     ).json()
     assert local["listen"].startswith("127.0.0.1:")
+    # All interfaces is loopback unless the server allows remote listeners (issue #15).
     anywhere = api.call("POST", "/proxies", {"name": "a", "upstream": echo_address, "listen": ""}).json()
-    assert anywhere["listen"].startswith("[::]:")
+    assert anywhere["listen"].startswith("127.0.0.1:")
+    wildcard = api.call(
+        "POST", "/proxies", {"name": "w", "upstream": echo_address, "listen": "0.0.0.0:0"}
+    ).json()
+    assert wildcard["listen"].startswith("127.0.0.1:")
+    remote = api.call("POST", "/proxies", {"name": "r", "upstream": echo_address, "listen": "192.0.2.1:0"})
+    assert remote.status_code == 403 and "--allow-remote-listen" in remote.json()["error"]
+    assert api.call("GET", "/proxies/r").status_code == 404
     disabled = api.call(
         "POST", "/proxies", {"name": "d", "upstream": echo_address, "listen": "127.0.0.1:0", "enabled": False}
     ).json()
     assert disabled["listen"] == "127.0.0.1:0" and disabled["enabled"] is False
+
+
+def test_loopback_listen_rewrites_wildcards_and_refuses_remote_hosts() -> None:
+    assert loopback_listen("") == "127.0.0.1:0"
+    assert loopback_listen(":8080") == "127.0.0.1:8080"
+    assert loopback_listen("0.0.0.0:8080") == "127.0.0.1:8080"
+    assert loopback_listen("[::]:8080") == "127.0.0.1:8080"
+    assert loopback_listen("localhost:1") == "localhost:1"
+    assert loopback_listen("127.0.0.2:1") == "127.0.0.2:1"
+    assert loopback_listen("[::1]:1") == "[::1]:1"
+    with pytest.raises(ApiError) as refused:
+        loopback_listen("10.0.0.1:1")
+    assert refused.value.status == 403
+
+
+async def test_remote_listen_allowed_when_told(echo_address: str) -> None:
+    collection = ProxyCollection(random.Random(1), allow_remote_listen=True)
+    proxy = await collection.create({"name": "any", "upstream": echo_address, "listen": ""})
+    try:
+        assert proxy.listen.startswith("[::]:")
+    finally:
+        await proxy.stop()
 
 
 def test_get_and_delete_proxy(api: _Api, echo_address: str) -> None:

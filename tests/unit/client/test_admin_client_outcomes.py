@@ -34,6 +34,9 @@ from kraft.v1.common_pb2 import NodeRef
 DEPOSED = NodeRef(node_id=-1)
 
 
+CLUSTER_ID = "outcomes-cluster"
+
+
 class _Controller(controller_pb2_grpc.ControllerServiceServicer):
     """Creates/deletes topics in a dict; the first ``unknown`` writes answer REQUEST_TIMED_OUT *after*
     applying them (an append that committed under the next leader), as a deposed controller does."""
@@ -54,8 +57,16 @@ class _Controller(controller_pb2_grpc.ControllerServiceServicer):
             return True
         return False
 
+    async def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: Any
+    ) -> cpb.DescribeClusterResponse:
+        # The client learns the cluster id here before its first request (controllers refuse an empty one);
+        # not counted in ``calls``, which are about the writes.
+        return cpb.DescribeClusterResponse(cluster_id=CLUSTER_ID)
+
     async def CreateTopics(self, request: cpb.CreateTopicsRequest, context: Any) -> cpb.CreateTopicsResponse:
         self._count("CreateTopics")
+        assert request.cluster_id == CLUSTER_ID
         await asyncio.sleep(self.create_delay_s)
         response = cpb.CreateTopicsResponse()
         for topic in request.topics:

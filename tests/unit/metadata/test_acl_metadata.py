@@ -163,7 +163,9 @@ def test_create_acls_validates_each_binding_and_writes_only_the_valid_new_ones()
     cluster.resource_type = int(ResourceType.CLUSTER)
     outcome = acl_control.create_acls(
         logic,
-        cpb.CreateAclsRequest(creations=[binding(READ_ORDERS), bad, cluster, binding(READ_ORDERS)]),
+        cpb.CreateAclsRequest(
+            cluster_id="c1", creations=[binding(READ_ORDERS), bad, cluster, binding(READ_ORDERS)]
+        ),
         10,
         new_id=lambda: next(ids),
     )
@@ -174,13 +176,17 @@ def test_create_acls_validates_each_binding_and_writes_only_the_valid_new_ones()
     assert [r.WhichOneof("record") for r in outcome.records] == ["access_control_entry"]
     assert logic.image.acls == {"id-1": READ_ORDERS}
     _commit(logic, outcome.records)
-    again = acl_control.create_acls(logic, cpb.CreateAclsRequest(creations=[binding(READ_ORDERS)]), 11)
+    again = acl_control.create_acls(
+        logic, cpb.CreateAclsRequest(cluster_id="c1", creations=[binding(READ_ORDERS)]), 11
+    )
     assert again.records == [] and again.response.results[0].id == "id-1"
 
 
 def test_create_acls_refuses_an_oversized_request_before_writing_anything() -> None:
     logic = _logic()
-    request = cpb.CreateAclsRequest(creations=[binding(READ_ORDERS)] * (acl_control.MAX_ACLS_PER_REQUEST + 1))
+    request = cpb.CreateAclsRequest(
+        cluster_id="c1", creations=[binding(READ_ORDERS)] * (acl_control.MAX_ACLS_PER_REQUEST + 1)
+    )
     outcome = acl_control.create_acls(logic, request, 0)
     assert outcome.records == [] and outcome.response.error_code == ErrorCode.POLICY_VIOLATION
     wrong_cluster = acl_control.create_acls(
@@ -194,7 +200,7 @@ def test_describe_and_delete_by_filter() -> None:
     ids = iter(["id-1", "id-2"])
     acl_control.create_acls(
         logic,
-        cpb.CreateAclsRequest(creations=[binding(READ_ORDERS), binding(DENY_ETL)]),
+        cpb.CreateAclsRequest(cluster_id="c1", creations=[binding(READ_ORDERS), binding(DENY_ETL)]),
         0,
         new_id=lambda: next(ids),
     )
@@ -207,7 +213,9 @@ def test_describe_and_delete_by_filter() -> None:
     unknown = acl_control.describe_acls(logic.image.acls, cpb.DescribeAclsRequest())
     assert unknown.error_code == ErrorCode.INVALID_REQUEST  # an unset filter is UNKNOWN, not ANY
     alice = acl_control.filter_of(AclFilter(principal="User:alice"))
-    outcome = acl_control.delete_acls(logic, cpb.DeleteAclsRequest(filters=[alice, everything]), 2)
+    outcome = acl_control.delete_acls(
+        logic, cpb.DeleteAclsRequest(cluster_id="c1", filters=[alice, everything]), 2
+    )
     first, second = outcome.response.filter_results
     assert [d.id for d in first.matching_acls] == ["id-1"]
     assert [d.id for d in second.matching_acls] == ["id-2"]  # id-1 is reported once

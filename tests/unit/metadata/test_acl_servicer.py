@@ -117,7 +117,7 @@ def acl(
 
 async def add_acls(servicer: ControllerServicer, *acls: StandardAcl) -> None:
     response = await servicer.CreateAcls(
-        cpb.CreateAclsRequest(creations=[binding_of(a) for a in acls]),
+        cpb.CreateAclsRequest(cluster_id=CLUSTER, creations=[binding_of(a) for a in acls]),
         FakeContext(ADMIN),  # type: ignore[arg-type]
     )
     assert response.error_code == ErrorCode.NONE
@@ -167,9 +167,9 @@ async def test_with_an_authorizer_anonymous_is_denied_until_an_acl_allows_it(
         (secured.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=1)),
         (secured.UnregisterBroker, cpb.UnregisterBrokerRequest(broker_id=1)),
         (secured.MetadataFetch, cpb.MetadataFetchRequest(broker_id=1)),
-        (secured.CreateAcls, cpb.CreateAclsRequest()),
-        (secured.DescribeAcls, cpb.DescribeAclsRequest()),
-        (secured.DeleteAcls, cpb.DeleteAclsRequest()),
+        (secured.CreateAcls, cpb.CreateAclsRequest(cluster_id=CLUSTER)),
+        (secured.DescribeAcls, cpb.DescribeAclsRequest(cluster_id=CLUSTER)),
+        (secured.DeleteAcls, cpb.DeleteAclsRequest(cluster_id=CLUSTER)),
     ):
         with pytest.raises(Aborted) as cluster_refused:
             await call(method, request, ANONYMOUS)
@@ -178,7 +178,9 @@ async def test_with_an_authorizer_anonymous_is_denied_until_an_acl_allows_it(
     created = await call(secured.CreateTopics, create, ANONYMOUS)
     assert created.error_code == ErrorCode.NONE and created.topics[0].error_code == ErrorCode.NONE
     with pytest.raises(Aborted):  # CREATE does not grant DELETE
-        await call(secured.DeleteTopics, cpb.DeleteTopicsRequest(names=["orders"]), ANONYMOUS)
+        await call(
+            secured.DeleteTopics, cpb.DeleteTopicsRequest(cluster_id=CLUSTER, names=["orders"]), ANONYMOUS
+        )
     other = cpb.CreateTopicsRequest(
         cluster_id=CLUSTER,
         topics=[cpb.CreatableTopic(name="payments", num_partitions=1, replication_factor=1)],
@@ -203,14 +205,18 @@ async def test_cluster_create_grants_every_topic_and_describe_lists_only_describ
         secured.CreateTopics, cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics), ALICE
     )
     assert [t.error_code for t in created.topics] == [0, 0]
-    listing = await call(secured.DescribeTopics, cpb.DescribeTopicsRequest(), ALICE)
+    listing = await call(secured.DescribeTopics, cpb.DescribeTopicsRequest(cluster_id=CLUSTER), ALICE)
     assert [t.name for t in listing.topics] == ["orders"]  # READ implies DESCRIBE; payments left out
-    named = await call(secured.DescribeTopics, cpb.DescribeTopicsRequest(names=["payments", "orders"]), ALICE)
+    named = await call(
+        secured.DescribeTopics,
+        cpb.DescribeTopicsRequest(cluster_id=CLUSTER, names=["payments", "orders"]),
+        ALICE,
+    )
     assert [(t.name, t.error_code) for t in named.topics] == [
         ("payments", ErrorCode.TOPIC_AUTHORIZATION_FAILED),
         ("orders", ErrorCode.NONE),
     ]
-    everything = await call(secured.DescribeTopics, cpb.DescribeTopicsRequest(), ADMIN)
+    everything = await call(secured.DescribeTopics, cpb.DescribeTopicsRequest(cluster_id=CLUSTER), ADMIN)
     assert [t.name for t in everything.topics] == ["orders", "payments"]
 
 

@@ -32,7 +32,7 @@ CLUSTER = "cli-cluster"
 @dataclass
 class FakeControllerService(cpb_grpc.ControllerServiceServicer):
     broker_port: int
-    elect_results: list[cpb.PartitionElectionResult] = field(default_factory=list)
+    elect_results: list[cpb.TopicElectionResults] = field(default_factory=list)
     elect_requests: list[cpb.ElectLeadersRequest] = field(default_factory=list)
 
     def DescribeCluster(
@@ -49,7 +49,7 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
 
     def ElectLeaders(self, request: cpb.ElectLeadersRequest, context: Any) -> cpb.ElectLeadersResponse:
         self.elect_requests.append(request)
-        return cpb.ElectLeadersResponse(results=self.elect_results)
+        return cpb.ElectLeadersResponse(topics=self.elect_results)
 
 
 @dataclass
@@ -138,10 +138,15 @@ def test_client_endpoint_prefers_plaintext_and_maps_wildcards_to_loopback() -> N
 
 def test_elect_leaders_prints_each_result_as_json(fakes: Fakes) -> None:
     fakes.controller.elect_results = [
-        cpb.PartitionElectionResult(topic="orders", partition=0),
-        cpb.PartitionElectionResult(
-            topic="orders", partition=1, error_code=ErrorCode.ELECTION_NOT_NEEDED.value, error_message="leads"
-        ),
+        cpb.TopicElectionResults(
+            topic="orders",
+            partitions=[
+                cpb.PartitionElectionResult(partition=0),
+                cpb.PartitionElectionResult(
+                    partition=1, error_code=ErrorCode.ELECTION_NOT_NEEDED.value, error_message="leads"
+                ),
+            ],
+        )
     ]
     result = runner.invoke(
         app,
@@ -158,11 +163,15 @@ def test_elect_leaders_prints_each_result_as_json(fakes: Fakes) -> None:
 
 def test_elect_leaders_failure_is_one_line_and_exit_1(fakes: Fakes) -> None:
     fakes.controller.elect_results = [
-        cpb.PartitionElectionResult(
+        cpb.TopicElectionResults(
             topic="orders",
-            partition=3,
-            error_code=ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE.value,
-            error_message="preferred leader 2 is not live and in sync",
+            partitions=[
+                cpb.PartitionElectionResult(
+                    partition=3,
+                    error_code=ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE.value,
+                    error_message="preferred leader 2 is not live and in sync",
+                )
+            ],
         )
     ]
     args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--topic", "orders"]

@@ -155,7 +155,8 @@ async def test_heartbeats_do_not_wait_for_unrelated_pending_writes(
     create = asyncio.create_task(
         controller.create_topics(
             cpb.CreateTopicsRequest(
-                topics=[cpb.CreatableTopic(name="slow", num_partitions=3, replication_factor=1)]
+                cluster_id=CLUSTER,
+                topics=[cpb.CreatableTopic(name="slow", num_partitions=3, replication_factor=1)],
             )
         )
     )
@@ -170,7 +171,9 @@ async def test_heartbeats_do_not_wait_for_unrelated_pending_writes(
         timeout=2,
     )
     assert beat.error_code == ErrorCode.NONE and not beat.is_fenced
-    describe = asyncio.create_task(controller.describe_cluster(cpb.DescribeClusterRequest()))
+    describe = asyncio.create_task(
+        controller.describe_cluster(cpb.DescribeClusterRequest(cluster_id=CLUSTER))
+    )
     await asyncio.sleep(0.02)
     assert not describe.done()  # reads wait for every pending write
     raft.release()
@@ -228,7 +231,8 @@ async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
         pending = asyncio.create_task(
             controller.create_topics(
                 cpb.CreateTopicsRequest(
-                    topics=[cpb.CreatableTopic(name="x", num_partitions=1, replication_factor=1)]
+                    cluster_id=CLUSTER,
+                    topics=[cpb.CreatableTopic(name="x", num_partitions=1, replication_factor=1)],
                 )
             )
         )
@@ -508,7 +512,8 @@ async def test_a_write_that_does_not_commit_within_the_commit_timeout_times_out(
         create = asyncio.create_task(
             controller.create_topics(
                 cpb.CreateTopicsRequest(
-                    topics=[cpb.CreatableTopic(name="stuck", num_partitions=1, replication_factor=1)]
+                    cluster_id=CLUSTER,
+                    topics=[cpb.CreatableTopic(name="stuck", num_partitions=1, replication_factor=1)],
                 )
             )
         )

@@ -118,20 +118,30 @@ def test_the_speculative_image_equals_a_replay_of_the_records() -> None:
     fenced_broker = 6  # stays fenced: new partitions leave it out of their ISRs
     for broker_id in range(1, 6):
         beat = cpb.BrokerHeartbeatRequest(
-            broker_id=broker_id, broker_epoch=logic.image.brokers[broker_id].epoch, current_metadata_offset=99
+            cluster_id=CLUSTER,
+            broker_id=broker_id,
+            broker_epoch=logic.image.brokers[broker_id].epoch,
+            current_metadata_offset=99,
         )
         commit(logic.broker_heartbeat(beat, 0, len(log)).records)
     explicit = cpb.CreatableTopic(name="explicit")
     for p in range(30):
         explicit.assignments.add(partition=p, broker_ids=[1 + p % 6, 1 + (p + 1) % 6, 1 + (p + 2) % 6])
     placed = cpb.CreatableTopic(name="placed", num_partitions=40, replication_factor=3)
-    commit(logic.create_topics(cpb.CreateTopicsRequest(topics=[explicit, placed]), len(log)).records)
-    commit(logic.shutdown_broker(cpb.ShutdownBrokerRequest(broker_id=1), len(log)).records)
+    commit(
+        logic.create_topics(
+            cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[explicit, placed]), len(log)
+        ).records
+    )
+    commit(
+        logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1), len(log)).records
+    )
     fence = cpb.BrokerHeartbeatRequest(
-        broker_id=2, broker_epoch=logic.image.brokers[2].epoch, want_fence=True
+        cluster_id=CLUSTER, broker_id=2, broker_epoch=logic.image.brokers[2].epoch, want_fence=True
     )
     commit(logic.broker_heartbeat(fence, 0, len(log)).records)
     back = cpb.BrokerHeartbeatRequest(
+        cluster_id=CLUSTER,
         broker_id=fenced_broker,
         broker_epoch=logic.image.brokers[fenced_broker].epoch,
         current_metadata_offset=999,
@@ -248,9 +258,11 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         for broker_id in (1, 2, 3, 4):
             await activate_broker(controller, broker_id)
         topics = [cpb.CreatableTopic(name=f"t{i}", num_partitions=40, replication_factor=3) for i in range(5)]
-        created = await controller.create_topics(cpb.CreateTopicsRequest(topics=topics))
+        created = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics))
         assert all(t.error_code == 0 for t in created.topics)
-        shutdown = await controller.shutdown_broker(cpb.ShutdownBrokerRequest(broker_id=1))
+        shutdown = await controller.shutdown_broker(
+            cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)
+        )
         assert shutdown.error_code == 0 and shutdown.leaderships_remaining == 0
         await until(lambda: controller.committed.offset >= raft.end_offset - 1)
         await asyncio.sleep(0)

@@ -493,21 +493,22 @@ def test_preferred_leader_election(h: Harness) -> None:
         cluster_id=CLUSTER, topic_partitions=[cpb.TopicPartitions(topic="p", partitions=[0])]
     )
     response = h.run(h.logic.elect_leaders(request, h.next_offset))
-    assert response.results[0].error_code == ErrorCode.ELECTION_NOT_NEEDED
+    assert response.topics[0].partitions[0].error_code == ErrorCode.ELECTION_NOT_NEEDED
     h.heartbeat(1, want_fence=True)
     response = h.run(h.logic.elect_leaders(request, h.next_offset))
-    assert response.results[0].error_code == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+    assert response.topics[0].partitions[0].error_code == ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
     missing = cpb.ElectLeadersRequest(
         cluster_id=CLUSTER, topic_partitions=[cpb.TopicPartitions(topic="nope", partitions=[0])]
     )
     response = h.run(h.logic.elect_leaders(missing, h.next_offset))
-    assert response.results[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert response.topics[0].partitions[0].error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
 
 @pytest.mark.parametrize(
     "method", ["create_topics", "delete_topics", "elect_leaders", "unregister_broker", "shutdown_broker"]
 )
-def test_every_request_checks_the_cluster_id(h: Harness, method: str) -> None:
+@pytest.mark.parametrize("cluster_id", ["wrong", ""])
+def test_every_request_checks_the_cluster_id(h: Harness, method: str, cluster_id: str) -> None:
     request_type = {
         "create_topics": cpb.CreateTopicsRequest,
         "delete_topics": cpb.DeleteTopicsRequest,
@@ -515,7 +516,7 @@ def test_every_request_checks_the_cluster_id(h: Harness, method: str) -> None:
         "unregister_broker": cpb.UnregisterBrokerRequest,
         "shutdown_broker": cpb.ShutdownBrokerRequest,
     }[method]
-    out = getattr(h.logic, method)(request_type(cluster_id="wrong"), h.next_offset)
+    out = getattr(h.logic, method)(request_type(cluster_id=cluster_id), h.next_offset)
     assert out.response.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID and out.records == []
 
 
@@ -552,22 +553,27 @@ def test_a_broker_leaves_big_isr_sets_in_bounded_chunks() -> None:
         offset += len(logic.register_broker(request, 0, offset).records)
         epoch = logic.image.brokers[broker_id].epoch
         beat = cpb.BrokerHeartbeatRequest(
-            broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=offset
+            cluster_id=CLUSTER, broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=offset
         )
         offset += len(logic.broker_heartbeat(beat, 0, offset).records)
     topic = cpb.CreatableTopic(name="t", num_partitions=-1, replication_factor=-1)
     for p in range(6):
         topic.assignments.add(partition=p, broker_ids=[1, 2])
-    offset += len(logic.create_topics(cpb.CreateTopicsRequest(topics=[topic]), offset).records)
+    offset += len(
+        logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), offset).records
+    )
     fence = cpb.BrokerHeartbeatRequest(
-        broker_id=1, broker_epoch=logic.image.brokers[1].epoch, want_fence=True
+        cluster_id=CLUSTER, broker_id=1, broker_epoch=logic.image.brokers[1].epoch, want_fence=True
     )
     first = logic.broker_heartbeat(fence, 0, offset)
     assert len(first.records) <= 2 and logic.has_leave_jobs()
     offset += len(first.records)
     # while it is leaving, the broker can neither be unfenced nor chosen as a leader
     back = cpb.BrokerHeartbeatRequest(
-        broker_id=1, broker_epoch=logic.image.brokers[1].epoch, current_metadata_offset=offset
+        cluster_id=CLUSTER,
+        broker_id=1,
+        broker_epoch=logic.image.brokers[1].epoch,
+        current_metadata_offset=offset,
     )
     assert logic.broker_heartbeat(back, 0, offset).response.is_fenced
     chunks = 0

@@ -5,6 +5,7 @@ cluster) and ``max.broker.partitions`` (one broker), the same for ``validate_onl
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from kraft.v1 import controller_pb2 as cpb
 CLUSTER = "c1"
 
 
-def _logic(brokers: int = 3, **limits: int) -> tuple[ControllerLogic, list[int]]:
+def _logic(brokers: int = 3, **limits: Any) -> tuple[ControllerLogic, list[int]]:
     ids = (f"topic-{i}" for i in itertools.count())
     logic = ControllerLogic(
         ControllerSettings(CLUSTER, **limits), MetadataImage.empty(), 0, new_topic_id=lambda: next(ids)
@@ -38,7 +39,10 @@ def _logic(brokers: int = 3, **limits: int) -> tuple[ControllerLogic, list[int]]
         offset[0] += len(out.records)
     for broker_id in range(1, brokers + 1):
         beat = cpb.BrokerHeartbeatRequest(
-            broker_id=broker_id, broker_epoch=logic.image.brokers[broker_id].epoch, current_metadata_offset=99
+            cluster_id=CLUSTER,
+            broker_id=broker_id,
+            broker_epoch=logic.image.brokers[broker_id].epoch,
+            current_metadata_offset=99,
         )
         offset[0] += len(logic.broker_heartbeat(beat, 0, offset[0]).records)
     return logic, offset

@@ -108,9 +108,11 @@ def test_snapshot_records_rebuild_an_equal_image() -> None:
         offset += len(logic.broker_heartbeat(beat, 0, offset).records)
     topic = cpb.CreatableTopic(name="t", num_partitions=5, replication_factor=2)
     topic.configs.add(name="retention.ms", value="9")
-    offset += len(logic.create_topics(cpb.CreateTopicsRequest(topics=[topic]), offset).records)
+    offset += len(
+        logic.create_topics(cpb.CreateTopicsRequest(cluster_id="c", topics=[topic]), offset).records
+    )
     fence = cpb.BrokerHeartbeatRequest(
-        broker_id=2, broker_epoch=logic.image.brokers[2].epoch, want_fence=True
+        cluster_id="c", broker_id=2, broker_epoch=logic.image.brokers[2].epoch, want_fence=True
     )
     offset += len(logic.broker_heartbeat(fence, 0, offset).records)
     image = logic.image
@@ -118,6 +120,7 @@ def test_snapshot_records_rebuild_an_equal_image() -> None:
     for record in image_records(image):
         delta.replay(records.decode_value(records.encode_value(record)))
     delta.offset, delta.epoch = image.offset, image.epoch
+    assert image.topic("t") is not None and image.brokers[2].fenced
     assert delta.apply() == image
 
 

@@ -55,7 +55,7 @@ def _logic_with_a_broker() -> ControllerLogic:
         cpb.RegisterBrokerRequest(cluster_id="c1", broker_id=1, incarnation_id="i"), 0, 0
     )
     beat = cpb.BrokerHeartbeatRequest(
-        broker_id=1, broker_epoch=logic.image.brokers[1].epoch, current_metadata_offset=99
+        cluster_id="c1", broker_id=1, broker_epoch=logic.image.brokers[1].epoch, current_metadata_offset=99
     )
     logic.broker_heartbeat(beat, 0, len(registered.records))
     return logic

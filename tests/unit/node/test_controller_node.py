@@ -107,7 +107,9 @@ async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path:
             assert digest.digest == expected
 
             raft_stub = raft_pb2_grpc.RaftServiceStub(channel)
-            described = await raft_stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(), timeout=5)
+            described = await raft_stub.DescribeQuorum(
+                raft_pb2.DescribeQuorumRequest(cluster_id=cluster_id), timeout=5
+            )
             assert (described.error_code, described.leader_id, described.cluster_id) == (0, 1, cluster_id)
             assert described.current_voters[0].directory_id == node.directory_id
         assert await _wait_health(f"127.0.0.1:{port}", HealthStatus.SERVING)
