@@ -37,7 +37,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
@@ -60,6 +60,7 @@ from kraft.replication.epochs import (
 from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
 from kraft.replication.truncation import TruncationKind, next_truncation_step
 from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
+from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
@@ -74,6 +75,12 @@ UNKNOWN_EPOCH_RETRY_MS = 50
 # Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
 # ControllerUnavailable when none answered.
 AlterPartitionSender = Callable[[cpb.AlterPartitionRequest], Awaitable[cpb.AlterPartitionResponse]]
+
+
+class FatalReporter(Protocol):
+    """Reports a fatal condition to the process (``Supervisor.fail``): one ``event=fatal`` line, exit 70."""
+
+    def __call__(self, reason: str, error: BaseException | None = None, **fields: object) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +143,7 @@ class ReplicaManager:
         settings: ReplicationSettings | None = None,
         listener: str = "PLAINTEXT",
         channel_options: Iterable[tuple[str, int]] = (),
+        on_fatal: FatalReporter | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
@@ -160,6 +168,10 @@ class ReplicaManager:
         self._next_request_id = 0
         self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
         self._closed = False
+        self._on_fatal = on_fatal
+        # The first failed flush or write of a partition log (fsyncgate: the page cache state is unknown,
+        # never retried).  From then on nothing is acknowledged, served or flushed; the process exits.
+        self._storage_failure: BaseException | None = None
         self._log = get_logger("broker.replication", node=broker_id)
 
     # --- queries ---------------------------------------------------------------------------------
@@ -279,13 +291,39 @@ class ReplicaManager:
         dirty, self._dirty = self._dirty, set()
         for tp in sorted(dirty):
             led = self._led.get(tp)
-            if led is None or self._closed:
+            if led is None or self._closed or self._storage_failure is not None:
                 continue
             log = led.partition.log
-            log.flush()
+            try:
+                log.flush()
+            except Exception as exc:  # whatever the log raised, what is on disk is unknown
+                self.storage_failed(led.partition, exc, "partition_flush_failed")
+                return
             if led.state.on_leader_end_offset(log.flushed_offset):
                 self._high_watermark_advanced(led)
         self._wake_replica_fetches()
+
+    @property
+    def storage_failure(self) -> BaseException | None:
+        return self._storage_failure
+
+    def storage_failed(self, partition: Partition, error: BaseException, reason: str) -> None:
+        """A partition log failed to flush or write: fail-stop.  Every acks=all request still waiting is
+        answered KAFKA_STORAGE_ERROR, and from now on no produce is admitted, no acks=all answered, no
+        replica fetch served and nothing flushed — a later fsync that "succeeds" proves nothing about the
+        pages the failed one dropped — until the supervisor ends the process (``event=fatal``)."""
+        if self._storage_failure is not None:
+            return
+        self._storage_failure = error
+        for led in self._led.values():
+            if led.alter_task is not None:
+                led.alter_task.cancel()
+            self._complete(led, led.waiters.fail_all(ErrorCode.KAFKA_STORAGE_ERROR))
+        self._wake_replica_fetches()
+        if self._on_fatal is not None:
+            self._on_fatal(reason, error, partition=str(partition.tp), log_dir=str(partition.log_dir))
+        else:  # no supervisor (tests of the serving rules): say it at least
+            self._log.error(reason, partition=str(partition.tp), error=repr(error))
 
     def _high_watermark_advanced(self, led: _Led) -> None:
         state = led.state
@@ -311,6 +349,8 @@ class ReplicaManager:
 
     def admit_produce(self, partition: Partition, acks: Acks) -> ErrorCode:
         """NOT_ENOUGH_REPLICAS for acks=all when the committed ISR is below min.insync.replicas."""
+        if self._storage_failure is not None:
+            return ErrorCode.KAFKA_STORAGE_ERROR
         led = self._led.get(partition.tp)
         if led is None or led.partition is not partition:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -318,6 +358,8 @@ class ReplicaManager:
 
     async def wait_for_acks(self, partition: Partition, required_offset: int) -> ErrorCode:
         """Wait until the high watermark reaches ``required_offset`` (acks=all); the error to answer."""
+        if self._storage_failure is not None:
+            return ErrorCode.KAFKA_STORAGE_ERROR
         led = self._led.get(partition.tp)
         if led is None or led.partition is not partition:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -362,6 +404,10 @@ class ReplicaManager:
 
     def _answer_replica_fetch(self, request: pb.ReplicaFetchRequest) -> tuple[pb.ReplicaFetchResponse, bool]:
         response = pb.ReplicaFetchResponse()
+        if self._storage_failure is not None:
+            response.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            response.error_message = f"broker {self.broker_id}: a partition log failed; stopping"
+            return response, True
         budget = request.max_bytes if request.max_bytes > 0 else self.settings.fetch_max_bytes
         now_ms = self._clock.monotonic_ms()
         anything = False
@@ -612,7 +658,7 @@ class ReplicaManager:
 
     async def _run_fetcher(self, leader_id: int) -> None:
         backoff_s = self.settings.fetch_backoff_ms / 1000.0
-        while not self._closed:
+        while not self._closed and self._storage_failure is None:
             now_ms = self._clock.monotonic_ms()
             mine = {tp: f for tp, f in self._followed.items() if f.leader == leader_id and not f.stopped}
             if not mine:
@@ -671,7 +717,10 @@ class ReplicaManager:
                     continue
                 try:
                     self._apply_fetched(tp, entry, answer)
-                except Exception as exc:  # a bad batch or a storage error: this partition backs off
+                except (FatalStorageError, OSError) as exc:  # the disk failed: fail-stop
+                    self.storage_failed(entry[0].partition, exc, "replica_append_failed")
+                    return
+                except Exception as exc:  # a bad batch: this partition backs off
                     self._log.error("replica_fetch_apply_failed", partition=str(tp), error=repr(exc))
                     entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
 
@@ -724,7 +773,10 @@ class ReplicaManager:
             return
         if answer.records:
             log.append_batches(answer.records)
-            log.flush()  # the next fetch offset is a durable position
+            try:
+                log.flush()  # the next fetch offset is a durable position
+            except Exception as exc:  # whatever the log raised, what is on disk is unknown
+                raise FatalStorageError(f"flush of {tp} failed: {exc!r}") from exc
         followed.high_watermark = max(followed.high_watermark, min(answer.high_watermark, log.log_end_offset))
 
     # --- shutdown --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
 from kraft.replication.acks import Acks, answered_at_append
+from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -142,6 +143,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             limit, source = self._produce_limit(request.topic)
             try:
                 base_offset = partition.log.append_records(records, partition.leader_epoch, limit)
+            except (FatalStorageError, OSError) as err:
+                # A failed write: the log's state is unknown and the log refuses further use. Fail-stop
+                # (the supervisor ends the process); this request is answered with the error.
+                if self._replicas is not None:
+                    self._replicas.storage_failed(partition, err, "partition_append_failed")
+                raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
             except KraftError as err:
                 message = err.message
                 if err.code is ErrorCode.MESSAGE_TOO_LARGE:

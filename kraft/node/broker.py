@@ -190,6 +190,7 @@ class BrokerServer:
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 ("grpc.max_receive_message_length", s.max_message_bytes),
             ],
+            on_fatal=None if supervisor is None else supervisor.fail,
         )
         self.service = BrokerService(
             self.status,

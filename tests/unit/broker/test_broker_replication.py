@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
@@ -28,10 +29,14 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.netutil import free_port
 from kraft.storage.batch import iter_batches
+from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc, common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as mpb
+
+if TYPE_CHECKING:
+    from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
 CLUSTER = "c-1"
 TOPIC_ID = "tid"
@@ -65,6 +70,7 @@ class Harness:
     image: MetadataImage
     offset: int = 0
     alters: list[cpb.AlterPartitionRequest] = field(default_factory=list)
+    fatal: list[tuple[int, str, dict[str, object]]] = field(default_factory=list)  # (broker, reason, fields)
     alter_answer: Callable[[cpb.AlterPartitionRequest], cpb.AlterPartitionResponse] | None = None
 
     def replay(self, *payloads: object) -> None:
@@ -98,8 +104,9 @@ class _Stub:
     def __init__(self, port: int) -> None:
         self.channel = open_channel(f"127.0.0.1:{port}")
 
-    async def __aenter__(self) -> broker_pb2_grpc.BrokerServiceStub:
-        return broker_pb2_grpc.BrokerServiceStub(self.channel)
+    async def __aenter__(self) -> BrokerServiceAsyncStub:
+        stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(self.channel)
+        return stub
 
     async def __aexit__(self, *exc: object) -> None:
         await self.channel.close(None)
@@ -124,6 +131,9 @@ async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) 
     manager = PartitionManager(broker_id, [tmp_path / f"b{broker_id}"], opener)
     manager.load()
 
+    def on_fatal(reason: str, error: BaseException | None = None, **fields: object) -> None:
+        h.fatal.append((broker_id, reason, {"error": error, **fields}))
+
     async def send(request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
         h.alters.append(request)
         if h.alter_answer is None:
@@ -140,6 +150,7 @@ async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) 
         settings=ReplicationSettings(
             replica_lag_time_max_ms=LAG_MS, fetch_max_wait_ms=50, fetch_backoff_ms=50, produce_timeout_ms=3000
         ),
+        on_fatal=on_fatal,
     )
     service = BrokerService(status, manager, ImageMetadataView(MetadataImage.empty()), replicas=replicas)
     server = grpc.aio.server()
@@ -382,3 +393,70 @@ async def test_a_restarted_leader_serves_consumers_up_to_its_checkpointed_hwm(h:
     state = h.nodes[1].replicas.leader_state(TP)
     assert state is not None and state.high_watermark == 2
     assert [r.value for r in (await h.consume(1)).records] == [b"a", b"b"]
+
+
+def _failing_flush(log: MemoryPartitionLog) -> list[int]:
+    """Make ``log.flush`` raise EIO from now on (fsyncgate: it never succeeds again); returns the list the
+    attempts are counted in."""
+    attempts: list[int] = []
+
+    def flush() -> None:
+        attempts.append(log.log_end_offset)
+        raise FatalStorageError("fsync of 00000000000000000000.log failed (Input/output error); stopping")
+
+    log.flush = flush  # type: ignore[method-assign]
+    return attempts
+
+
+async def test_a_failed_leader_flush_is_fatal_and_nothing_after_it_is_acknowledged(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    first = await h.produce(1, b"a1", acks=-1)
+    assert first.error_code == ErrorCode.NONE and first.base_offset == 0
+    attempts = _failing_flush(h.nodes[1].log())
+    answer = await h.produce(1, b"a2", acks=-1)
+    assert answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR and answer.base_offset == -1
+    assert [(b, reason) for b, reason, _ in h.fatal] == [(1, "partition_flush_failed")]
+    assert h.fatal[0][2]["partition"] == str(TP)
+    assert len(attempts) == 1, "a failed fsync is never retried"
+    # From now on nothing is admitted (acks=1 too), served to followers, or counted in the HWM.
+    refused = await h.produce(1, b"a3", acks=1)
+    assert refused.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert h.nodes[1].log().log_end_offset == 2
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 1
+    consumed = await h.consume(1)
+    assert [r.value for r in consumed.records] == [b"a1"]
+    async with _Stub(h.nodes[1].port) as stub:
+        fetched = await stub.ReplicaFetch(
+            pb.ReplicaFetchRequest(cluster_id=CLUSTER, replica_id=2, broker_epoch=102, max_wait_ms=0),
+            timeout=TIMEOUT_S,
+        )
+    assert fetched.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert len(h.fatal) == 1 and len(attempts) == 1
+
+
+async def test_acks_all_waiters_get_a_storage_error_when_the_leader_flush_fails_later(h: Harness) -> None:
+    # The follower never fetches, so the first request waits; the second one's flush fails: the first
+    # one must not be acknowledged either, even if the follower shows up afterwards.
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    waiting = asyncio.create_task(h.produce(1, b"w", acks=-1))
+    await until(lambda: h.nodes[1].log().flushed == 1, "the first flush")
+    _failing_flush(h.nodes[1].log())
+    second = await h.produce(1, b"x", acks=1)
+    assert second.error_code == ErrorCode.NONE  # acks=1: answered at the append, before the flush
+    first = await asyncio.wait_for(waiting, TIMEOUT_S)
+    assert first.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert [reason for _, reason, _ in h.fatal] == ["partition_flush_failed"]
+
+
+async def test_a_failed_follower_flush_is_fatal_and_the_follower_stops_fetching(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    attempts = _failing_flush(h.nodes[2].log())
+    answer = await h.produce(1, b"a1", acks=-1)
+    await until(lambda: bool(h.fatal), "the follower's fatal report")
+    assert [(b, reason) for b, reason, _ in h.fatal] == [(2, "replica_append_failed")]
+    assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT, "the follower never reported a durable position"
+    assert len(attempts) == 1
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 0
