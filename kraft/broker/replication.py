@@ -47,6 +47,7 @@ from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
 from kraft.client.channel import open_channel
 from kraft.client.controller import ControllerUnavailable
 from kraft.clock import Clock
+from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
 from kraft.errors import ErrorCode
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
@@ -69,7 +70,6 @@ if TYPE_CHECKING:
     from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
-MAX_REPLICA_FETCH_WAIT_MS = 30_000
 UNKNOWN_EPOCH_RETRY_MS = 50
 
 # Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
@@ -85,11 +85,15 @@ class FatalReporter(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ReplicationSettings:
+    """The broker's replication settings: Kafka's names and defaults, read from the node config
+    (``BrokerSettings.from_config``; docs/configuration.md)."""
+
     replica_lag_time_max_ms: int = 30_000  # replica.lag.time.max.ms (Kafka's default)
     fetch_max_wait_ms: int = 500  # replica.fetch.wait.max.ms
-    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes (per request here)
+    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes (per partition)
+    fetch_response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes (per response)
     fetch_backoff_ms: int = 1_000  # replica.fetch.backoff.ms
-    request_timeout_ms: int = 30_000
+    request_timeout_ms: int = 30_000  # replica.socket.timeout.ms
     alter_partition_backoff_ms: int = 100
     min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
     produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
@@ -393,7 +397,7 @@ class ReplicaManager:
 
     async def replica_fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
         """Answer a follower's fetch; long-poll while nothing is new for any of its partitions."""
-        wait_ms = min(max(request.max_wait_ms, 0), MAX_REPLICA_FETCH_WAIT_MS)
+        wait_ms = min(max(request.max_wait_ms, 0), REPLICA_FETCH_WAIT_MAX_MS)
         progress = self._progress
         response, anything = self._answer_replica_fetch(request)
         if anything or wait_ms == 0:
@@ -408,17 +412,29 @@ class ReplicaManager:
             response.error_code = ErrorCode.KAFKA_STORAGE_ERROR
             response.error_message = f"broker {self.broker_id}: a partition log failed; stopping"
             return response, True
-        budget = request.max_bytes if request.max_bytes > 0 else self.settings.fetch_max_bytes
+        # Kafka's fetch sizing: the response carries at most max_bytes, a partition at most its
+        # partition_max_bytes — except the first batch of the first partition with records, which always
+        # goes (a follower must never be stuck behind a batch larger than its limits); a later partition
+        # whose first batch does not fit what is left gets nothing this time.
+        budget = self.settings.fetch_response_max_bytes  # bounded by this broker's gRPC message limit
+        if request.max_bytes > 0:
+            budget = min(budget, request.max_bytes)
         now_ms = self._clock.monotonic_ms()
         anything = False
+        carried = False
         for wanted in request.partitions:
             out = response.partitions.add(topic=wanted.topic, partition=wanted.partition, high_watermark=-1)
-            error = self._serve_partition(request, wanted, out, budget, now_ms)
+            limit = min(budget, wanted.partition_max_bytes) if wanted.partition_max_bytes > 0 else budget
+            error = self._serve_partition(request, wanted, out, limit, now_ms)
             if error is not ErrorCode.NONE:
                 out.error_code = int(error)
                 anything = True
-            elif out.records or out.HasField("diverging_epoch"):
+                continue
+            if out.records and carried and len(out.records) > budget:
+                out.records = b""
+            if out.records or out.HasField("diverging_epoch"):
                 anything = True
+                carried = carried or bool(out.records)
                 budget = max(budget - len(out.records), 0)
         return response, anything
 
@@ -679,7 +695,7 @@ class ReplicaManager:
                 replica_id=self.broker_id,
                 broker_epoch=self._broker_epoch(),
                 max_wait_ms=self.settings.fetch_max_wait_ms,
-                max_bytes=self.settings.fetch_max_bytes,
+                max_bytes=self.settings.fetch_response_max_bytes,
             )
             sent: dict[TopicPartition, tuple[_Followed, int, int]] = {}
             for tp, followed in sorted(ready.items()):
@@ -692,6 +708,7 @@ class ReplicaManager:
                     current_leader_epoch=followed.leader_epoch,
                     fetch_offset=offset,
                     last_fetched_epoch=_latest_epoch(entries),
+                    partition_max_bytes=self.settings.fetch_max_bytes,
                 )
                 sent[tp] = (followed, followed.leader_epoch, offset)
             timeout_s = (self.settings.fetch_max_wait_ms + self.settings.request_timeout_ms) / 1000.0

@@ -39,7 +39,7 @@ import contextlib
 import signal
 import uuid
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,14 +51,14 @@ from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, Registrati
 from kraft.broker.partition_log import PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
-from kraft.broker.replication import ReplicaManager
+from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.client.controller import ControllerClient
 from kraft.clock import SystemClock
-from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
+from kraft.config import DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES, NodeConfig
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
@@ -119,6 +119,7 @@ class BrokerSettings:
     max_message_bytes: int  # grpc.max.message.bytes
     metrics_port: int
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES  # message.max.bytes: largest batch a Produce appends
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings)  # replica.*, min.insync…
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -154,6 +155,21 @@ class BrokerSettings:
             max_message_bytes=config.grpc_max_message_bytes,
             metrics_port=config.metrics_port,
             message_max_bytes=config.message_max_bytes,
+            replication=ReplicationSettings(
+                replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                fetch_max_wait_ms=config.replica_fetch_wait_max_ms,
+                fetch_max_bytes=config.replica_fetch_max_bytes,
+                # A response must fit in one gRPC message (the first batch may exceed the limits, but a
+                # batch is at most message.max.bytes, which fits too).
+                fetch_response_max_bytes=min(
+                    config.replica_fetch_response_max_bytes,
+                    config.grpc_max_message_bytes - GRPC_ENVELOPE_BYTES,
+                ),
+                fetch_backoff_ms=config.replica_fetch_backoff_ms,
+                request_timeout_ms=config.replica_socket_timeout_ms,
+                min_insync_replicas=config.min_insync_replicas,
+                hwm_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
+            ),
         )
 
 
@@ -190,6 +206,7 @@ class BrokerServer:
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 ("grpc.max_receive_message_length", s.max_message_bytes),
             ],
+            settings=s.replication,
             on_fatal=None if supervisor is None else supervisor.fail,
         )
         self.service = BrokerService(

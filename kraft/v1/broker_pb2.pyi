@@ -601,6 +601,7 @@ class ReplicaFetchRequest(_message.Message):
         CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
         FETCH_OFFSET_FIELD_NUMBER: _builtins.int
         LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
+        PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
         topic: _builtins.str
         partition: _builtins.int
         current_leader_epoch: _builtins.int
@@ -609,6 +610,8 @@ class ReplicaFetchRequest(_message.Message):
         """the follower's log end: everything below is on its disk (flushed)"""
         last_fetched_epoch: _builtins.int
         """epoch of the batch before fetch_offset; -1 = empty log (no check)"""
+        partition_max_bytes: _builtins.int
+        """replica.fetch.max.bytes; 0 = only the request's max_bytes bounds it"""
         def __init__(
             self,
             *,
@@ -617,10 +620,11 @@ class ReplicaFetchRequest(_message.Message):
             current_leader_epoch: _builtins.int = ...,
             fetch_offset: _builtins.int = ...,
             last_fetched_epoch: _builtins.int = ...,
+            partition_max_bytes: _builtins.int = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -638,9 +642,11 @@ class ReplicaFetchRequest(_message.Message):
     max_wait_ms: _builtins.int
     """long-poll while no partition has anything new"""
     max_bytes: _builtins.int
-    """across partitions; a partition's first batch always goes"""
+    """across partitions (replica.fetch.response.max.bytes); the first"""
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchRequest.Partition]: ...
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchRequest.Partition]:
+        """non-empty partition's first batch always goes"""
+
     def __init__(
         self,
         *,

@@ -460,3 +460,54 @@ async def test_a_failed_follower_flush_is_fatal_and_the_follower_stops_fetching(
     assert len(attempts) == 1
     state = h.nodes[1].replicas.leader_state(TP)
     assert state is not None and state.high_watermark == 0
+
+
+async def test_replica_fetches_respect_the_partition_and_response_byte_limits(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()  # fetches by hand
+    for value in (b"a" * 100, b"b" * 100, b"c" * 100):
+        assert (await h.produce(1, value)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 3, "the leader to flush")
+    sizes = [len(data) for _, data in h.nodes[1].log().batches]
+
+    async def fetch(max_bytes: int, partition_max_bytes: int) -> bytes:
+        request = pb.ReplicaFetchRequest(
+            cluster_id=CLUSTER, replica_id=2, broker_epoch=102, max_bytes=max_bytes
+        )
+        request.partitions.add(
+            topic=TP.topic, partition=0, current_leader_epoch=3, fetch_offset=0, last_fetched_epoch=-1,
+            partition_max_bytes=partition_max_bytes,
+        )  # fmt: skip
+        response = await h.nodes[1].replicas.replica_fetch(request)
+        [answer] = response.partitions
+        assert answer.error_code == ErrorCode.NONE
+        return answer.records
+
+    assert len(await fetch(0, 0)) == sum(sizes)
+    assert len(await fetch(0, sizes[0] + sizes[1])) == sizes[0] + sizes[1]
+    assert len(await fetch(sizes[0] + sizes[1] + sizes[2] - 1, 0)) == sizes[0] + sizes[1]
+    # The first batch always goes, however small the limits: a follower is never stuck behind one.
+    assert len(await fetch(1, 1)) == sizes[0]
+
+
+async def test_the_broker_default_min_insync_replicas_applies_without_a_topic_config(h: Harness) -> None:
+    _create(h, isr=[1])
+    await h.nodes[2].replicas.close()
+    node = h.nodes[1]
+    await node.replicas.close()
+    replicas = ReplicaManager(
+        1,
+        CLUSTER,
+        node.manager,
+        clock=h.clock,
+        broker_epoch=lambda: 101,
+        send_alter_partition=None,
+        settings=ReplicationSettings(min_insync_replicas=2, produce_timeout_ms=3000),
+    )
+    node.replicas = node.service._replicas = replicas
+    replicas.on_image(h.image)
+    answer = await h.produce(1, b"x", acks=-1)
+    assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert node.log().log_end_offset == 0
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE, "the topic config overrides"
