@@ -51,6 +51,7 @@ from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
 from kraft.errors import ErrorCode
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
+from kraft.observability.metrics import ReplicationMetrics
 from kraft.replication.acks import Acks, AcksAllWaiters, Completion, admit_produce
 from kraft.replication.epochs import (
     UNDEFINED_EPOCH,
@@ -117,6 +118,7 @@ class _Followed:
     leader_epoch: int
     high_watermark: int = 0
     retry_at_ms: int = 0
+    leader_log_end: int = -1  # the leader's durable log end in its last answer (-1: none yet)
     stopped: bool = False  # a truncation below the high watermark was refused: never fetch again
 
 
@@ -148,6 +150,7 @@ class ReplicaManager:
         listener: str = "PLAINTEXT",
         channel_options: Iterable[tuple[str, int]] = (),
         on_fatal: FatalReporter | None = None,
+        metrics: ReplicationMetrics | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
@@ -173,6 +176,7 @@ class ReplicaManager:
         self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
         self._closed = False
         self._on_fatal = on_fatal
+        self.metrics = metrics or ReplicationMetrics.for_node(broker_id)
         # The first failed flush or write of a partition log (fsyncgate: the page cache state is unknown,
         # never retried).  From then on nothing is acknowledged, served or flushed; the process exits.
         self._storage_failure: BaseException | None = None
@@ -199,6 +203,60 @@ class ReplicaManager:
         followed = self._followed.get(tp)
         return followed is not None and followed.stopped
 
+    def replica_lag(self, tp: TopicPartition) -> tuple[int, int, list[tuple[int, int, int, bool]]]:
+        """``(high watermark, lag, followers)`` of a hosted partition for ``broker describe``: a leader's
+        HWM, lag 0 and every other replica as ``(broker id, log end, lag, in ISR)`` (-1: not fetched in
+        this leadership); a follower's learned HWM and lag behind the leader's end at its last fetch
+        (-1: unknown), no followers."""
+        led = self._led.get(tp)
+        if led is not None:
+            state = led.state
+            progress = {f.replica_id: f for f in state.followers()}
+            followers = []
+            for replica in led.assignment.replicas:
+                if replica == self.broker_id:
+                    continue
+                known = progress.get(replica)
+                end = known.log_end_offset if known is not None and known.log_end_offset >= 0 else -1
+                lag = max(state.leader_end_offset - end, 0) if end >= 0 else -1
+                followers.append((replica, end, lag, replica in state.isr))
+            return state.high_watermark, 0, followers
+        followed = self._followed.get(tp)
+        if followed is not None:
+            return followed.high_watermark, self._follower_lag(followed), []
+        return -1, -1, []
+
+    @staticmethod
+    def _follower_lag(followed: _Followed) -> int:
+        if followed.leader_log_end < 0:
+            return -1
+        return max(followed.leader_log_end - followed.partition.log.log_end_offset, 0)
+
+    def _update_gauges(self) -> None:
+        """The partition-count gauges (after every image: ISRs and configs change only with metadata)."""
+        metrics = self.metrics
+        under_replicated = under_min = at_min = 0
+        for tp, led in self._led.items():
+            isr = len(led.assignment.isr)
+            if isr < len(led.assignment.replicas):
+                under_replicated += 1
+            min_isr = self._min_insync_replicas(tp.topic)
+            if isr < min_isr:
+                under_min += 1
+            elif isr == min_isr:
+                at_min += 1
+        metrics.leader_count.set(len(self._led))
+        metrics.partition_count.set(len(self._led) + len(self._followed))
+        metrics.under_replicated_partitions.set(under_replicated)
+        metrics.under_min_isr_partition_count.set(under_min)
+        metrics.at_min_isr_partition_count.set(at_min)
+        self._update_fetcher_lag()
+
+    def _update_fetcher_lag(self) -> None:
+        self.metrics.replica_fetcher_max_lag.set(
+            max((self._follower_lag(f) for f in self._followed.values()), default=0)
+        )
+
     # --- metadata --------------------------------------------------------------------------------
 
     def on_image(self, image: MetadataImage) -> None:
@@ -219,6 +277,7 @@ class ReplicaManager:
                 if tp in self._led:
                     self._drop_led(tp)
                 self._follow(partition)
+        self._update_gauges()
 
     def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> None:
         tp = partition.tp
@@ -228,6 +287,11 @@ class ReplicaManager:
             if led.assignment is assignment or led.assignment == assignment:
                 return
             before = led.state.high_watermark
+            old_isr, new_isr = set(led.assignment.isr), set(assignment.isr)
+            if old_isr - new_isr:
+                self.metrics.isr_shrinks.inc()
+            if new_isr - old_isr:
+                self.metrics.isr_expands.inc()
             led.assignment = assignment
             led.state.on_metadata(leader_and_isr(assignment), now_ms)
             if led.state.high_watermark > before:
@@ -740,6 +804,7 @@ class ReplicaManager:
                 except Exception as exc:  # a bad batch: this partition backs off
                     self._log.error("replica_fetch_apply_failed", partition=str(tp), error=repr(exc))
                     entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
+            self._update_fetcher_lag()
 
     def _apply_fetched(
         self,
@@ -788,7 +853,9 @@ class ReplicaManager:
             new_end = log.truncate_to(step.offset)
             self._log.info("follower_truncated", partition=str(tp), offset=new_end, leader_epoch=epoch)
             return
+        followed.leader_log_end = answer.log_end_offset
         if answer.records:
+            self.metrics.replica_fetcher_bytes.inc(len(answer.records))
             log.append_batches(answer.records)
             try:
                 log.flush()  # the next fetch offset is a durable position

@@ -296,19 +296,26 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             metadata_offset=status.metadata_offset,
             controller_id=status.controller_id,
             image_digest=self._view.digest(),
-            partitions=[
-                pb.DescribeBrokerResponse.LocalPartition(
-                    topic=p.tp.topic,
-                    partition=p.tp.partition,
-                    role=p.role.value,
-                    leader_epoch=p.leader_epoch,
-                    log_start_offset=p.log.log_start_offset,
-                    log_end_offset=p.log.log_end_offset,
-                    log_dir=str(p.log_dir),
-                )
-                for p in self._partitions.partitions()
-            ],
+            partitions=[self._describe_partition(p) for p in self._partitions.partitions()],
         )
+
+    def _describe_partition(self, p: Partition) -> pb.DescribeBrokerResponse.LocalPartition:
+        out = pb.DescribeBrokerResponse.LocalPartition(
+            topic=p.tp.topic,
+            partition=p.tp.partition,
+            role=p.role.value,
+            leader_epoch=p.leader_epoch,
+            log_start_offset=p.log.log_start_offset,
+            log_end_offset=p.log.log_end_offset,
+            log_dir=str(p.log_dir),
+            high_watermark=-1,
+            lag=-1,
+        )
+        if self._replicas is not None:
+            out.high_watermark, out.lag, followers = self._replicas.replica_lag(p.tp)
+            for broker_id, end, lag, in_isr in followers:
+                out.followers.add(broker_id=broker_id, log_end_offset=end, lag=lag, in_isr=in_isr)
+        return out
 
     async def ReplicaFetch(
         self, request: pb.ReplicaFetchRequest, context: Context

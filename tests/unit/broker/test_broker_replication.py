@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 import pytest
 from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+from prometheus_client import REGISTRY
 
 from kraft.broker import hwm_checkpoint
 from kraft.broker.image_adapter import ImageMetadataView, local_assignments
@@ -511,3 +512,44 @@ async def test_the_broker_default_min_insync_replicas_applies_without_a_topic_co
     assert node.log().log_end_offset == 0
     h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
     assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE, "the topic config overrides"
+
+
+def _sample(name: str, node: int) -> float:
+    value = REGISTRY.get_sample_value(name, {"node": str(node)})
+    return 0.0 if value is None else value
+
+
+async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h: Harness) -> None:
+    shrinks, expands = (
+        _sample("kraft_broker_isr_shrinks_total", 1),
+        _sample("kraft_broker_isr_expands_total", 1),
+    )
+    _create(h, isr=[1, 2])
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="2"))
+    assert (await h.produce(1, b"a", b"b", acks=-1)).error_code == ErrorCode.NONE
+    assert _sample("kraft_broker_leader_count", 1) == 1 and _sample("kraft_broker_partition_count", 2) == 1
+    assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
+    assert _sample("kraft_broker_at_min_isr_partition_count", 1) == 1
+    await until(
+        lambda: h.nodes[2].replicas.replica_lag(TP) == (2, 0, []), "the follower to know it is caught up"
+    )
+    assert _sample("kraft_broker_replica_fetcher_max_lag", 2) == 0
+    assert _sample("kraft_broker_replica_fetcher_bytes_total", 2) > 0
+    async with _Stub(h.nodes[1].port) as stub:
+        described = await stub.DescribeBroker(pb.DescribeBrokerRequest(cluster_id=CLUSTER), timeout=TIMEOUT_S)
+    [led] = described.partitions
+    assert (led.role, led.log_end_offset, led.high_watermark, led.lag) == ("LEADER", 2, 2, 0)
+    assert [(f.broker_id, f.log_end_offset, f.lag, f.in_isr) for f in led.followers] == [(2, 2, 0, True)]
+    # The follower stops fetching and the controller takes it out of the ISR: counted, under min ISR.
+    await h.nodes[2].replicas.close()
+    assert (await h.produce(1, b"c", acks=1)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 3, "the leader flush")
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1])))
+    assert _sample("kraft_broker_isr_shrinks_total", 1) == shrinks + 1
+    assert _sample("kraft_broker_under_replicated_partitions", 1) == 1
+    assert _sample("kraft_broker_under_min_isr_partition_count", 1) == 1
+    hwm, lag, followers = h.nodes[1].replicas.replica_lag(TP)
+    assert (hwm, lag) == (3, 0) and followers == [(2, 2, 1, False)]
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1, 2])))
+    assert _sample("kraft_broker_isr_expands_total", 1) == expands + 1
+    assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
