@@ -18,7 +18,19 @@ What is measured (results in ``bench/results/broker.json``):
 - **produce / fetch**: one leader partition on a real segmented log; a grpc.aio client sends Produce
   batches of 100 records x 100 bytes back to back, then fetches everything with 1 MiB fetches.
 
-Run: ``python -m bench.broker [--quick]`` (``--quick``: 100,000 partitions, fewer records).
+- **replication** (issue #16): a local cluster of real processes (1 controller, 3 brokers, ``fast``
+  profile, :class:`~kraft.cluster.manager.LocalCluster`), a topic with 3 partitions at replication
+  factor 3 (one led by each broker). Produce throughput (records/s, MiB/s) and per-request latency
+  p50/p99 for ``acks=1`` vs ``acks=all``, 100-byte and 1 KiB records (batches of ~16 KiB: 160 x 100 B,
+  16 x 1 KiB), 1 and 16 concurrent producers (async, in this process; producer *i* writes partition
+  *i* mod 3), each configuration for a fixed time; ``acks_all_vs_acks_1`` is the ratio of records/s.
+  **Follower catch-up**: one follower of a fresh RF-3 topic is killed, the leader takes ``lag_mib`` of
+  acks=1 writes, the follower restarts; MB/s from its first copied byte to its log end reaching the
+  leader's (``DescribeBroker``), and the time from its restart (process start and registration included).
+
+Run: ``python -m bench.broker [--quick] [--replication-only]`` (``--quick``: 100,000 partitions, fewer
+records, a 64 MiB lag instead of 256 MiB; ``--replication-only``: only the replication section, merged
+into the existing ``broker.json``).
 """
 
 from __future__ import annotations
@@ -41,13 +53,19 @@ if str(REPO_ROOT) not in sys.path:  # the fake controller lives with the unit te
     sys.path.insert(0, str(REPO_ROOT))
 
 from kraft.broker.types import BrokerState, TopicPartition  # noqa: E402
+from kraft.client.admin import AdminClient  # noqa: E402
 from kraft.client.broker import BrokerClient  # noqa: E402
+from kraft.client.channel import open_blocking_channel  # noqa: E402
 from kraft.clock import SystemClock  # noqa: E402
+from kraft.cluster.manager import LocalCluster  # noqa: E402
 from kraft.metadata.records import encode_value, wrap  # noqa: E402
 from kraft.metadata.store import SqliteImageStore  # noqa: E402
 from kraft.netutil import free_port  # noqa: E402
 from kraft.node.broker import BrokerServer, BrokerSettings  # noqa: E402
 from kraft.observability.logging import configure_logging  # noqa: E402
+from kraft.v1 import broker_pb2 as bpb  # noqa: E402
+from kraft.v1 import broker_pb2_grpc  # noqa: E402
+from kraft.v1 import controller_pb2 as cpb  # noqa: E402
 from kraft.v1 import metadata_pb2 as mpb  # noqa: E402
 from kraft.v1.common_pb2 import Endpoint  # noqa: E402
 from tests.unit.broker.fake_controller import FakeController, FakeSnapshot  # noqa: E402
@@ -254,15 +272,212 @@ async def run(quick: bool) -> dict[str, Any]:
         )
     with tempfile.TemporaryDirectory() as tmp:
         results["produce_fetch"] = await bench_produce_fetch(Path(tmp) / "data", 200 if quick else 1000)
+    results["replication"] = await bench_replication(quick)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return results
+
+
+# --- replication (issue #16) -------------------------------------------------------------------------
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+async def _produce_load(
+    bootstrap: str, topic: str, acks: int, record_bytes: int, producers: int, seconds: float
+) -> dict[str, Any]:
+    per_request = max(1, 16_000 // record_bytes)
+    batch = [(None, os.urandom(record_bytes)) for _ in range(per_request)]
+    latencies: list[float] = []
+    async with BrokerClient(bootstrap.split(","), request_timeout_s=30.0) as client:
+        for p in range(3):  # learn the leaders before the clock starts
+            await client.produce(topic, p, batch[:1], acks=acks)
+        deadline = time.perf_counter() + seconds
+
+        async def producer(index: int) -> None:
+            partition = index % 3
+            while time.perf_counter() < deadline:
+                started = time.perf_counter()
+                response = await client.produce(topic, partition, batch, acks=acks)
+                if response.error_code:
+                    raise RuntimeError(f"produce failed: {response.error_code} {response.error_message}")
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(producer(i) for i in range(producers)))
+        elapsed = time.perf_counter() - started
+    latencies.sort()
+    records = len(latencies) * per_request
+    return {
+        "acks": "all" if acks == -1 else str(acks),
+        "record_bytes": record_bytes,
+        "producers": producers,
+        "records_per_request": per_request,
+        "records_per_second": round(records / elapsed),
+        "mib_per_second": round(records * record_bytes / elapsed / (1 << 20), 2),
+        "latency_p50_ms": round(_percentile(latencies, 0.50) * 1000, 2),
+        "latency_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
+        "requests": len(latencies),
+    }
+
+
+def _describe_log_end(target: str, topic: str) -> int | None:
+    channel = open_blocking_channel(target)
+    try:
+        answer = broker_pb2_grpc.BrokerServiceStub(channel).DescribeBroker(
+            bpb.DescribeBrokerRequest(), timeout=2
+        )
+    except Exception:
+        return None
+    finally:
+        channel.close()
+    return next((p.log_end_offset for p in answer.partitions if p.topic == topic and p.partition == 0), None)
+
+
+async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: int) -> dict[str, Any]:
+    brokers = [n for n in cluster.spec.brokers]
+    leader, follower = brokers[0], brokers[2]
+    async with AdminClient([admin_target], clock=SystemClock()) as admin:
+        await admin.call(
+            lambda stub: stub.CreateTopics,
+            cpb.CreateTopicsRequest(
+                topics=[
+                    cpb.CreatableTopic(
+                        name="catchup",
+                        num_partitions=-1,
+                        replication_factor=-1,
+                        assignments=[
+                            cpb.ReplicaAssignment(partition=0, broker_ids=[b.node_id for b in brokers])
+                        ],
+                    )
+                ]
+            ),
+        )
+    await asyncio.sleep(1.0)
+    cluster.kill(follower.node_id)
+    record_bytes, per_request = 1024, 64
+    batch = [(None, os.urandom(record_bytes)) for _ in range(per_request)]
+    requests = lag_mib * (1 << 20) // (record_bytes * per_request)
+    async with BrokerClient([leader.target], request_timeout_s=30.0) as client:
+        pending: set[asyncio.Task[Any]] = set()
+        answers = []
+        for _ in range(requests):
+            pending.add(asyncio.create_task(client.produce("catchup", 0, batch, acks=1)))
+            if len(pending) >= 8:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                answers += [task.result() for task in done]
+        answers += await asyncio.gather(*pending)
+    failed = [a for a in answers if a.error_code]
+    if failed:
+        raise RuntimeError(f"catch-up produce failed: {failed[0].error_code} {failed[0].error_message}")
+    target_end = await asyncio.to_thread(_describe_log_end, leader.target, "catchup")
+    assert target_end is not None
+    lag_bytes = requests * per_request * (record_bytes + 8)  # approximate stored bytes (value + overhead)
+    start_before = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
+    restarted = time.perf_counter()
+    cluster.start([follower.node_id])
+    first_progress: float | None = None
+    begin_offset: int | None = None
+    while True:
+        end = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
+        now = time.perf_counter()
+        if end is not None:
+            if begin_offset is None:
+                begin_offset = end
+            if first_progress is None and end > begin_offset:
+                first_progress = now
+            if end >= target_end:
+                break
+        if now - restarted > TIMEOUT_S:
+            raise RuntimeError("the follower did not catch up")
+        await asyncio.sleep(0.05)
+    done_at = time.perf_counter()
+    copied_fraction = (target_end - (begin_offset or 0)) / max(target_end, 1)
+    copying_s = max(done_at - (first_progress or restarted), 1e-3)
+    return {
+        "lag_mib": lag_mib,
+        "lag_records": target_end,
+        "follower_offset_before_restart": start_before,
+        "seconds_from_restart": round(done_at - restarted, 2),
+        "seconds_copying": round(copying_s, 2),
+        "mb_per_second": round(lag_bytes * copied_fraction / copying_s / 1e6, 1),
+    }
+
+
+async def bench_replication(quick: bool) -> dict[str, Any]:
+    seconds = 3.0 if quick else 8.0
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster.create(Path(tmp) / "cluster", controllers=1, brokers=3, profile="fast")
+        cluster.start()
+        try:
+            await asyncio.to_thread(cluster.wait_healthy, 90)
+            bootstrap = ",".join(b.target for b in cluster.spec.brokers)
+            controller = cluster.spec.controllers[0].target
+            ids = [b.node_id for b in cluster.spec.brokers]
+            async with AdminClient([controller], clock=SystemClock()) as admin:
+                for size in (100, 1024):
+                    await admin.call(
+                        lambda stub: stub.CreateTopics,
+                        cpb.CreateTopicsRequest(
+                            topics=[
+                                cpb.CreatableTopic(
+                                    name=f"load-{size}",
+                                    num_partitions=-1,
+                                    replication_factor=-1,
+                                    assignments=[
+                                        cpb.ReplicaAssignment(partition=p, broker_ids=ids[p:] + ids[:p])
+                                        for p in range(3)
+                                    ],
+                                )
+                            ]
+                        ),
+                    )
+            await asyncio.sleep(1.0)
+            runs = []
+            for size in (100, 1024):
+                for producers in (1, 16):
+                    for acks in (1, -1):
+                        runs.append(
+                            await _produce_load(bootstrap, f"load-{size}", acks, size, producers, seconds)
+                        )
+            ratios = {}
+            for size in (100, 1024):
+                for producers in (1, 16):
+                    pair = {
+                        r["acks"]: r
+                        for r in runs
+                        if r["record_bytes"] == size and r["producers"] == producers
+                    }
+                    ratios[f"{size}B_{producers}p"] = round(
+                        pair["all"]["records_per_second"] / pair["1"]["records_per_second"], 2
+                    )
+            catch_up = await _catch_up(cluster, bootstrap, controller, 64 if quick else 256)
+        finally:
+            cluster.down()
+    return {
+        "cluster": "1 controller + 3 broker processes (fast profile); 3 partitions, RF 3, one led per broker",
+        "seconds_per_run": seconds,
+        "produce": runs,
+        "acks_all_vs_acks_1": ratios,
+        "follower_catch_up": catch_up,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    parser.add_argument(
+        "--replication-only", action="store_true", help="only the replication section (merged into the file)"
+    )
     args = parser.parse_args()
-    results = asyncio.run(run(args.quick))
+    if args.replication_only:
+        results = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
+        results["replication"] = asyncio.run(bench_replication(args.quick))
+    else:
+        results = asyncio.run(run(args.quick))
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -433,6 +433,8 @@ GRPC_ENVELOPE_BYTES = 64 * 1024
 """Room kept in a gRPC message besides one record batch's content: a Produce request's topic, cluster
 id and per-record fields, a Fetch response's offsets and epochs (a few hundred bytes; 64 KiB is generous
 and leaves the rule easy to state)."""
+REPLICA_FETCH_WAIT_MAX_MS = 10_000
+"""Upper bound of ``replica.fetch.wait.max.ms``: the longest a leader parks a follower's fetch."""
 
 DEFAULT_MAX_PARKED_FETCHES = 1000
 """fetch.max.parked.requests: long-polling Fetch/MetadataFetch requests one server holds at once."""
@@ -517,6 +519,20 @@ class NodeConfig(BaseModel):
     max_broker_partitions: Positive = _key("max.broker.partitions", default=10_000)
     # Largest record batch a Produce may append (Kafka's default); a topic's max.message.bytes overrides it.
     message_max_bytes: NonNegative = _key("message.max.bytes", default=DEFAULT_MESSAGE_MAX_BYTES)
+    # Partition replication (brokers; Kafka's names and defaults; docs/configuration.md "Replication").
+    min_insync_replicas: Positive = _key("min.insync.replicas", default=1)
+    replica_lag_time_max_ms: Ms = _key("replica.lag.time.max.ms", default=30000)
+    replica_fetch_wait_max_ms: Annotated[int, _int_rule(0, REPLICA_FETCH_WAIT_MAX_MS)] = _key(
+        "replica.fetch.wait.max.ms", default=500
+    )
+    replica_fetch_max_bytes: Positive = _key("replica.fetch.max.bytes", default=1048576)
+    replica_fetch_response_max_bytes: Positive = _key("replica.fetch.response.max.bytes", default=10485760)
+    replica_fetch_backoff_ms: NonNegative = _key("replica.fetch.backoff.ms", default=1000)
+    replica_socket_timeout_ms: Ms = _key("replica.socket.timeout.ms", default=30000)
+    replica_high_watermark_checkpoint_interval_ms: Ms = _key(
+        "replica.high.watermark.checkpoint.interval.ms", default=5000
+    )
+    unclean_leader_election_enable: Bool = _key("unclean.leader.election.enable", default=False)
     metrics_port: Port = _key("metrics.port", default=0)
     # Transport security (kraft.security.tls, docs/security.md): Kafka's names, PEM only.
     listener_security_protocol_map: Annotated[
@@ -782,6 +798,13 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
             raise ConfigError.for_key(
                 "metadata.log.dir", "", "a controller needs metadata.log.dir or log.dirs"
             )
+    if cfg.unclean_leader_election_enable:
+        raise ConfigError.for_key(
+            "unclean.leader.election.enable",
+            "true",
+            "kraft elects partition leaders only from the ISR (the last ISR members stay eligible); "
+            "unclean election, which loses acknowledged records, is not supported",
+        )
     if cfg.is_broker:
         if not cfg.log_dirs:
             raise ConfigError.for_key("log.dirs", "", "a broker needs at least one log directory")
@@ -805,6 +828,19 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
                 f"must be at most grpc.max.message.bytes ({cfg.grpc_max_message_bytes}) minus "
                 f"{GRPC_ENVELOPE_BYTES} bytes for the request envelope, so that every accepted batch can be "
                 "produced and fetched",
+            )
+        if cfg.replica_fetch_wait_max_ms >= cfg.replica_lag_time_max_ms:
+            raise ConfigError.for_key(
+                "replica.fetch.wait.max.ms",
+                str(cfg.replica_fetch_wait_max_ms),
+                f"must be less than replica.lag.time.max.ms ({cfg.replica_lag_time_max_ms}), or a follower "
+                "parked at its leader would leave the ISR",
+            )
+        if cfg.replica_fetch_wait_max_ms >= cfg.replica_socket_timeout_ms:
+            raise ConfigError.for_key(
+                "replica.fetch.wait.max.ms",
+                str(cfg.replica_fetch_wait_max_ms),
+                f"must be less than replica.socket.timeout.ms ({cfg.replica_socket_timeout_ms})",
             )
         if cfg.broker_heartbeat_interval_ms >= cfg.broker_session_timeout_ms:
             raise ConfigError.for_key(

@@ -37,7 +37,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
@@ -47,9 +47,11 @@ from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
 from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.client.controller import ControllerUnavailable
 from kraft.clock import Clock
+from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
 from kraft.errors import ErrorCode
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
+from kraft.observability.metrics import ReplicationMetrics
 from kraft.replication.acks import Acks, AcksAllWaiters, Completion, admit_produce
 from kraft.replication.epochs import (
     UNDEFINED_EPOCH,
@@ -60,6 +62,7 @@ from kraft.replication.epochs import (
 from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
 from kraft.replication.truncation import TruncationKind, next_truncation_step
 from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
+from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
@@ -68,7 +71,6 @@ if TYPE_CHECKING:
     from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
-MAX_REPLICA_FETCH_WAIT_MS = 30_000
 UNKNOWN_EPOCH_RETRY_MS = 50
 
 # Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
@@ -76,13 +78,23 @@ UNKNOWN_EPOCH_RETRY_MS = 50
 AlterPartitionSender = Callable[[cpb.AlterPartitionRequest], Awaitable[cpb.AlterPartitionResponse]]
 
 
+class FatalReporter(Protocol):
+    """Reports a fatal condition to the process (``Supervisor.fail``): one ``event=fatal`` line, exit 70."""
+
+    def __call__(self, reason: str, error: BaseException | None = None, **fields: object) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicationSettings:
+    """The broker's replication settings: Kafka's names and defaults, read from the node config
+    (``BrokerSettings.from_config``; docs/configuration.md)."""
+
     replica_lag_time_max_ms: int = 30_000  # replica.lag.time.max.ms (Kafka's default)
     fetch_max_wait_ms: int = 500  # replica.fetch.wait.max.ms
-    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes (per request here)
+    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes (per partition)
+    fetch_response_max_bytes: int = 10 << 20  # replica.fetch.response.max.bytes (per response)
     fetch_backoff_ms: int = 1_000  # replica.fetch.backoff.ms
-    request_timeout_ms: int = 30_000
+    request_timeout_ms: int = 30_000  # replica.socket.timeout.ms
     alter_partition_backoff_ms: int = 100
     min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
     produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
@@ -106,6 +118,7 @@ class _Followed:
     leader_epoch: int
     high_watermark: int = 0
     retry_at_ms: int = 0
+    leader_log_end: int = -1  # the leader's durable log end in its last answer (-1: none yet)
     stopped: bool = False  # a truncation below the high watermark was refused: never fetch again
 
 
@@ -137,6 +150,8 @@ class ReplicaManager:
         listener: str = "PLAINTEXT",
         channel_options: Iterable[tuple[str, int]] = (),
         security: ChannelSecurity | None = None,
+        on_fatal: FatalReporter | None = None,
+        metrics: ReplicationMetrics | None = None,
     ) -> None:
         self.broker_id = broker_id
         self._security = security
@@ -162,6 +177,11 @@ class ReplicaManager:
         self._next_request_id = 0
         self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
         self._closed = False
+        self._on_fatal = on_fatal
+        self.metrics = metrics or ReplicationMetrics.for_node(broker_id)
+        # The first failed flush or write of a partition log (fsyncgate: the page cache state is unknown,
+        # never retried).  From then on nothing is acknowledged, served or flushed; the process exits.
+        self._storage_failure: BaseException | None = None
         self._log = get_logger("broker.replication", node=broker_id)
 
     # --- queries ---------------------------------------------------------------------------------
@@ -185,6 +205,60 @@ class ReplicaManager:
         followed = self._followed.get(tp)
         return followed is not None and followed.stopped
 
+    def replica_lag(self, tp: TopicPartition) -> tuple[int, int, list[tuple[int, int, int, bool]]]:
+        """``(high watermark, lag, followers)`` of a hosted partition for ``broker describe``: a leader's
+        HWM, lag 0 and every other replica as ``(broker id, log end, lag, in ISR)`` (-1: not fetched in
+        this leadership); a follower's learned HWM and lag behind the leader's end at its last fetch
+        (-1: unknown), no followers."""
+        led = self._led.get(tp)
+        if led is not None:
+            state = led.state
+            progress = {f.replica_id: f for f in state.followers()}
+            followers = []
+            for replica in led.assignment.replicas:
+                if replica == self.broker_id:
+                    continue
+                known = progress.get(replica)
+                end = known.log_end_offset if known is not None and known.log_end_offset >= 0 else -1
+                lag = max(state.leader_end_offset - end, 0) if end >= 0 else -1
+                followers.append((replica, end, lag, replica in state.isr))
+            return state.high_watermark, 0, followers
+        followed = self._followed.get(tp)
+        if followed is not None:
+            return followed.high_watermark, self._follower_lag(followed), []
+        return -1, -1, []
+
+    @staticmethod
+    def _follower_lag(followed: _Followed) -> int:
+        if followed.leader_log_end < 0:
+            return -1
+        return max(followed.leader_log_end - followed.partition.log.log_end_offset, 0)
+
+    def _update_gauges(self) -> None:
+        """The partition-count gauges (after every image: ISRs and configs change only with metadata)."""
+        metrics = self.metrics
+        under_replicated = under_min = at_min = 0
+        for tp, led in self._led.items():
+            isr = len(led.assignment.isr)
+            if isr < len(led.assignment.replicas):
+                under_replicated += 1
+            min_isr = self._min_insync_replicas(tp.topic)
+            if isr < min_isr:
+                under_min += 1
+            elif isr == min_isr:
+                at_min += 1
+        metrics.leader_count.set(len(self._led))
+        metrics.partition_count.set(len(self._led) + len(self._followed))
+        metrics.under_replicated_partitions.set(under_replicated)
+        metrics.under_min_isr_partition_count.set(under_min)
+        metrics.at_min_isr_partition_count.set(at_min)
+        self._update_fetcher_lag()
+
+    def _update_fetcher_lag(self) -> None:
+        self.metrics.replica_fetcher_max_lag.set(
+            max((self._follower_lag(f) for f in self._followed.values()), default=0)
+        )
+
     # --- metadata --------------------------------------------------------------------------------
 
     def on_image(self, image: MetadataImage) -> None:
@@ -205,6 +279,7 @@ class ReplicaManager:
                 if tp in self._led:
                     self._drop_led(tp)
                 self._follow(partition)
+        self._update_gauges()
 
     def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> None:
         tp = partition.tp
@@ -214,6 +289,11 @@ class ReplicaManager:
             if led.assignment is assignment or led.assignment == assignment:
                 return
             before = led.state.high_watermark
+            old_isr, new_isr = set(led.assignment.isr), set(assignment.isr)
+            if old_isr - new_isr:
+                self.metrics.isr_shrinks.inc()
+            if new_isr - old_isr:
+                self.metrics.isr_expands.inc()
             led.assignment = assignment
             led.state.on_metadata(leader_and_isr(assignment), now_ms)
             if led.state.high_watermark > before:
@@ -281,13 +361,39 @@ class ReplicaManager:
         dirty, self._dirty = self._dirty, set()
         for tp in sorted(dirty):
             led = self._led.get(tp)
-            if led is None or self._closed:
+            if led is None or self._closed or self._storage_failure is not None:
                 continue
             log = led.partition.log
-            log.flush()
+            try:
+                log.flush()
+            except Exception as exc:  # whatever the log raised, what is on disk is unknown
+                self.storage_failed(led.partition, exc, "partition_flush_failed")
+                return
             if led.state.on_leader_end_offset(log.flushed_offset):
                 self._high_watermark_advanced(led)
         self._wake_replica_fetches()
+
+    @property
+    def storage_failure(self) -> BaseException | None:
+        return self._storage_failure
+
+    def storage_failed(self, partition: Partition, error: BaseException, reason: str) -> None:
+        """A partition log failed to flush or write: fail-stop.  Every acks=all request still waiting is
+        answered KAFKA_STORAGE_ERROR, and from now on no produce is admitted, no acks=all answered, no
+        replica fetch served and nothing flushed — a later fsync that "succeeds" proves nothing about the
+        pages the failed one dropped — until the supervisor ends the process (``event=fatal``)."""
+        if self._storage_failure is not None:
+            return
+        self._storage_failure = error
+        for led in self._led.values():
+            if led.alter_task is not None:
+                led.alter_task.cancel()
+            self._complete(led, led.waiters.fail_all(ErrorCode.KAFKA_STORAGE_ERROR))
+        self._wake_replica_fetches()
+        if self._on_fatal is not None:
+            self._on_fatal(reason, error, partition=str(partition.tp), log_dir=str(partition.log_dir))
+        else:  # no supervisor (tests of the serving rules): say it at least
+            self._log.error(reason, partition=str(partition.tp), error=repr(error))
 
     def _high_watermark_advanced(self, led: _Led) -> None:
         state = led.state
@@ -313,6 +419,8 @@ class ReplicaManager:
 
     def admit_produce(self, partition: Partition, acks: Acks) -> ErrorCode:
         """NOT_ENOUGH_REPLICAS for acks=all when the committed ISR is below min.insync.replicas."""
+        if self._storage_failure is not None:
+            return ErrorCode.KAFKA_STORAGE_ERROR
         led = self._led.get(partition.tp)
         if led is None or led.partition is not partition:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -320,6 +428,8 @@ class ReplicaManager:
 
     async def wait_for_acks(self, partition: Partition, required_offset: int) -> ErrorCode:
         """Wait until the high watermark reaches ``required_offset`` (acks=all); the error to answer."""
+        if self._storage_failure is not None:
+            return ErrorCode.KAFKA_STORAGE_ERROR
         led = self._led.get(partition.tp)
         if led is None or led.partition is not partition:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
@@ -353,7 +463,7 @@ class ReplicaManager:
 
     async def replica_fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
         """Answer a follower's fetch; long-poll while nothing is new for any of its partitions."""
-        wait_ms = min(max(request.max_wait_ms, 0), MAX_REPLICA_FETCH_WAIT_MS)
+        wait_ms = min(max(request.max_wait_ms, 0), REPLICA_FETCH_WAIT_MAX_MS)
         progress = self._progress
         response, anything = self._answer_replica_fetch(request)
         if anything or wait_ms == 0:
@@ -364,17 +474,33 @@ class ReplicaManager:
 
     def _answer_replica_fetch(self, request: pb.ReplicaFetchRequest) -> tuple[pb.ReplicaFetchResponse, bool]:
         response = pb.ReplicaFetchResponse()
-        budget = request.max_bytes if request.max_bytes > 0 else self.settings.fetch_max_bytes
+        if self._storage_failure is not None:
+            response.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            response.error_message = f"broker {self.broker_id}: a partition log failed; stopping"
+            return response, True
+        # Kafka's fetch sizing: the response carries at most max_bytes, a partition at most its
+        # partition_max_bytes — except the first batch of the first partition with records, which always
+        # goes (a follower must never be stuck behind a batch larger than its limits); a later partition
+        # whose first batch does not fit what is left gets nothing this time.
+        budget = self.settings.fetch_response_max_bytes  # bounded by this broker's gRPC message limit
+        if request.max_bytes > 0:
+            budget = min(budget, request.max_bytes)
         now_ms = self._clock.monotonic_ms()
         anything = False
+        carried = False
         for wanted in request.partitions:
             out = response.partitions.add(topic=wanted.topic, partition=wanted.partition, high_watermark=-1)
-            error = self._serve_partition(request, wanted, out, budget, now_ms)
+            limit = min(budget, wanted.partition_max_bytes) if wanted.partition_max_bytes > 0 else budget
+            error = self._serve_partition(request, wanted, out, limit, now_ms)
             if error is not ErrorCode.NONE:
                 out.error_code = int(error)
                 anything = True
-            elif out.records or out.HasField("diverging_epoch"):
+                continue
+            if out.records and carried and len(out.records) > budget:
+                out.records = b""
+            if out.records or out.HasField("diverging_epoch"):
                 anything = True
+                carried = carried or bool(out.records)
                 budget = max(budget - len(out.records), 0)
         return response, anything
 
@@ -614,7 +740,7 @@ class ReplicaManager:
 
     async def _run_fetcher(self, leader_id: int) -> None:
         backoff_s = self.settings.fetch_backoff_ms / 1000.0
-        while not self._closed:
+        while not self._closed and self._storage_failure is None:
             now_ms = self._clock.monotonic_ms()
             mine = {tp: f for tp, f in self._followed.items() if f.leader == leader_id and not f.stopped}
             if not mine:
@@ -635,7 +761,7 @@ class ReplicaManager:
                 replica_id=self.broker_id,
                 broker_epoch=self._broker_epoch(),
                 max_wait_ms=self.settings.fetch_max_wait_ms,
-                max_bytes=self.settings.fetch_max_bytes,
+                max_bytes=self.settings.fetch_response_max_bytes,
             )
             sent: dict[TopicPartition, tuple[_Followed, int, int]] = {}
             for tp, followed in sorted(ready.items()):
@@ -648,6 +774,7 @@ class ReplicaManager:
                     current_leader_epoch=followed.leader_epoch,
                     fetch_offset=offset,
                     last_fetched_epoch=_latest_epoch(entries),
+                    partition_max_bytes=self.settings.fetch_max_bytes,
                 )
                 sent[tp] = (followed, followed.leader_epoch, offset)
             timeout_s = (self.settings.fetch_max_wait_ms + self.settings.request_timeout_ms) / 1000.0
@@ -673,9 +800,13 @@ class ReplicaManager:
                     continue
                 try:
                     self._apply_fetched(tp, entry, answer)
-                except Exception as exc:  # a bad batch or a storage error: this partition backs off
+                except (FatalStorageError, OSError) as exc:  # the disk failed: fail-stop
+                    self.storage_failed(entry[0].partition, exc, "replica_append_failed")
+                    return
+                except Exception as exc:  # a bad batch: this partition backs off
                     self._log.error("replica_fetch_apply_failed", partition=str(tp), error=repr(exc))
                     entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
+            self._update_fetcher_lag()
 
     def _apply_fetched(
         self,
@@ -724,9 +855,14 @@ class ReplicaManager:
             new_end = log.truncate_to(step.offset)
             self._log.info("follower_truncated", partition=str(tp), offset=new_end, leader_epoch=epoch)
             return
+        followed.leader_log_end = answer.log_end_offset
         if answer.records:
+            self.metrics.replica_fetcher_bytes.inc(len(answer.records))
             log.append_batches(answer.records)
-            log.flush()  # the next fetch offset is a durable position
+            try:
+                log.flush()  # the next fetch offset is a durable position
+            except Exception as exc:  # whatever the log raised, what is on disk is unknown
+                raise FatalStorageError(f"flush of {tp} failed: {exc!r}") from exc
         followed.high_watermark = max(followed.high_watermark, min(answer.high_watermark, log.log_end_offset))
 
     # --- shutdown --------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from kraft.grpc_service import RequestDecoder, register_service
 from kraft.replication.acks import Acks, answered_at_append
 from kraft.security.acl import AclOperation
 from kraft.security.guard import AccessDenied, RequestGuard
+from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import NodeRef
@@ -55,7 +56,7 @@ TOPIC_MAX_MESSAGE_BYTES = "max.message.bytes"
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
-MAX_FETCH_WAIT_MS = 30_000
+MAX_FETCH_WAIT_MS = 10_000
 _NO_EPOCH_CHECK = -1
 
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -192,6 +193,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             limit, source = self._produce_limit(request.topic)
             try:
                 base_offset = partition.log.append_records(records, partition.leader_epoch, limit)
+            except (FatalStorageError, OSError) as err:
+                # A failed write: the log's state is unknown and the log refuses further use. Fail-stop
+                # (the supervisor ends the process); this request is answered with the error.
+                if self._replicas is not None:
+                    self._replicas.storage_failed(partition, err, "partition_append_failed")
+                raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
             except KraftError as err:
                 message = err.message
                 if err.code is ErrorCode.MESSAGE_TOO_LARGE:
@@ -363,19 +370,26 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             metadata_offset=status.metadata_offset,
             controller_id=status.controller_id,
             image_digest=self._view.digest(),
-            partitions=[
-                pb.DescribeBrokerResponse.LocalPartition(
-                    topic=p.tp.topic,
-                    partition=p.tp.partition,
-                    role=p.role.value,
-                    leader_epoch=p.leader_epoch,
-                    log_start_offset=p.log.log_start_offset,
-                    log_end_offset=p.log.log_end_offset,
-                    log_dir=str(p.log_dir),
-                )
-                for p in self._partitions.partitions()
-            ],
+            partitions=[self._describe_partition(p) for p in self._partitions.partitions()],
         )
+
+    def _describe_partition(self, p: Partition) -> pb.DescribeBrokerResponse.LocalPartition:
+        out = pb.DescribeBrokerResponse.LocalPartition(
+            topic=p.tp.topic,
+            partition=p.tp.partition,
+            role=p.role.value,
+            leader_epoch=p.leader_epoch,
+            log_start_offset=p.log.log_start_offset,
+            log_end_offset=p.log.log_end_offset,
+            log_dir=str(p.log_dir),
+            high_watermark=-1,
+            lag=-1,
+        )
+        if self._replicas is not None:
+            out.high_watermark, out.lag, followers = self._replicas.replica_lag(p.tp)
+            for broker_id, end, lag, in_isr in followers:
+                out.followers.add(broker_id=broker_id, log_end_offset=end, lag=lag, in_isr=in_isr)
+        return out
 
     async def ReplicaFetch(
         self, request: pb.ReplicaFetchRequest, context: Context
@@ -393,7 +407,15 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             return pb.ReplicaFetchResponse(
                 error_code=ErrorCode.UNSUPPORTED_VERSION, error_message="this broker does not replicate"
             )
-        return await self._replicas.replica_fetch(request)
+        if self._parked >= self._max_parked:
+            # fetch.max.parked.requests counts follower fetches too: past it they are answered at once.
+            request.max_wait_ms = 0
+            return await self._replicas.replica_fetch(request)
+        self._parked += 1
+        try:
+            return await self._replicas.replica_fetch(request)
+        finally:
+            self._parked -= 1
 
     # --- validation ------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from kraft.cli.common import (
 from kraft.client.admin import AdminClient
 from kraft.client.broker import describe_broker
 from kraft.clock import SystemClock
+from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(no_args_is_help=True, help="Brokers: run one, list, describe, unregister, shut down.")
@@ -146,7 +147,16 @@ async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
             lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(include_partitions=True)
         )
     result = broker_json(found[0])
-    result["broker_state"] = await broker_side_state(client_endpoint(found[0]), cluster.cluster_id)
+    target = client_endpoint(found[0])
+    own = (
+        None if target is None else await describe_broker(target, cluster.cluster_id, BROKER_STATE_TIMEOUT_S)
+    )
+    if own is None or own.error_code != 0:
+        own = None
+    result["broker_state"] = own.state if own is not None and own.state else UNKNOWN_STATE
+    # What the broker itself reports per partition (log end, high watermark, lag): None when it cannot be
+    # asked — the controller's view (leader, ISR) is shown anyway.
+    local = {} if own is None else {(p.topic, p.partition): p for p in own.partitions}
     result["partitions"] = [
         {
             "topic": topic.name,
@@ -157,12 +167,42 @@ async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
             "replicas": list(p.replicas),
             "isr": list(p.isr),
             "in_sync": broker_id in p.isr,
+            **_local_progress(local.get((topic.name, p.partition))),
         }
         for topic in topics.topics
         for p in topic.partitions
         if broker_id in p.replicas
     ]
     return result
+
+
+def _local_progress(p: pb.DescribeBrokerResponse.LocalPartition | None) -> dict[str, Any]:
+    """The broker's own numbers for one partition (None values: not known / not asked)."""
+    if p is None:
+        return {"log_end_offset": None, "high_watermark": None, "lag": None, "followers": None}
+    return {
+        "log_end_offset": p.log_end_offset,
+        "high_watermark": p.high_watermark if p.high_watermark >= 0 else None,
+        "lag": p.lag if p.lag >= 0 else None,
+        "followers": [
+            {
+                "broker_id": f.broker_id,
+                "log_end_offset": f.log_end_offset if f.log_end_offset >= 0 else None,
+                "lag": f.lag if f.lag >= 0 else None,
+                "in_isr": f.in_isr,
+            }
+            for f in p.followers
+        ]
+        if p.role == "LEADER"
+        else None,
+    }
+
+
+def _lag_text(p: dict[str, Any]) -> str:
+    """A follower's own lag; a leader's followers' lags as ``id:lag`` (``?`` unknown)."""
+    if p["followers"] is not None:
+        return ",".join(f"{f['broker_id']}:{'?' if f['lag'] is None else f['lag']}" for f in p["followers"])
+    return "?" if p["lag"] is None else str(p["lag"])
 
 
 @app.command("describe")
@@ -178,6 +218,9 @@ def describe_command(
     ``State`` is what the controller says (FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE); ``BrokerState``
     is the broker's own lifecycle state (STARTING, RECOVERY, RUNNING, PENDING_CONTROLLED_SHUTDOWN,
     SHUTTING_DOWN), asked from the broker itself — ``unknown`` when it does not answer within 2 s.
+    Per partition the broker also reports its log end (``LogEnd``), the high watermark (``Hwm``: the
+    leader's, or what a follower learned) and ``Lag`` in records: a follower's lag behind its leader's log
+    end at its last fetch; on a leader, every follower's as ``broker:lag`` (``?`` = not known yet).
 
     Examples:
 
@@ -203,12 +246,27 @@ def describe_command(
         ]
     )
     print_table(
-        ["Topic", "Partition", "Role", "Leader", "LeaderEpoch", "Replicas", "Isr"],
+        ["Topic", "Partition", "Role", "Leader", "LeaderEpoch", "Replicas", "Isr", "LogEnd", "Hwm", "Lag"],
         [
-            [p["topic"], p["partition"], p["role"], p["leader"], p["leader_epoch"], p["replicas"], p["isr"]]
+            [
+                p["topic"],
+                p["partition"],
+                p["role"],
+                p["leader"],
+                p["leader_epoch"],
+                p["replicas"],
+                p["isr"],
+                _or_unknown(p["log_end_offset"]),
+                _or_unknown(p["high_watermark"]),
+                _lag_text(p),
+            ]
             for p in broker["partitions"]
         ],
     )
+
+
+def _or_unknown(value: object) -> object:
+    return "?" if value is None else value
 
 
 async def _unregister(bootstrap: str, broker_id: int, verbose: bool) -> None:

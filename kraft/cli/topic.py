@@ -217,11 +217,36 @@ def only_under_replicated(described: dict[str, Any]) -> dict[str, Any]:
     return {**described, "partitions": partitions}
 
 
+def only_unavailable(described: dict[str, Any], live_brokers: set[int]) -> dict[str, Any]:
+    """``described`` with only the partitions that have no leader or whose leader is not a live
+    (registered, unfenced) broker (Kafka's ``--unavailable-partitions``): nobody can produce to them."""
+    partitions = [p for p in described["partitions"] if p["leader"] < 0 or p["leader"] not in live_brokers]
+    return {**described, "partitions": partitions}
+
+
+LIVE_BROKER_STATES = ("ACTIVE", "CONTROLLED_SHUTDOWN")  # registered and unfenced: able to lead
+
+
+async def _describe_with_brokers(
+    bootstrap: str, names: list[str], with_brokers: bool
+) -> tuple[cpb.DescribeTopicsResponse, set[int]]:
+    async with _client(bootstrap) as client:
+        topics = await client.call(
+            lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=names, include_partitions=True)
+        )
+        if not with_brokers:
+            return topics, set()
+        cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+    return topics, {b.broker_id for b in cluster.brokers if b.state in LIVE_BROKER_STATES}
+
+
 @app.command("describe")
 @handle_errors
 def describe_command(
-    name: TopicArgument,
     bootstrap_controller: BootstrapControllerOption,
+    name: Annotated[
+        str | None, typer.Argument(help="The topic name (every topic when left out).", show_default=False)
+    ] = None,
     as_json: JsonOption = False,
     under_replicated: Annotated[
         bool,
@@ -230,8 +255,19 @@ def describe_command(
         ),
     ] = False,
     command_config: CommandConfigOption = None,
+    unavailable: Annotated[
+        bool,
+        typer.Option(
+            "--unavailable-partitions",
+            help="Only partitions without a leader or whose leader is not a live broker.",
+        ),
+    ] = False,
 ) -> None:
     """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR.
+
+    Without a name every topic is described; with --under-replicated-partitions or
+    --unavailable-partitions (kafka-topics.sh's flags, both may be given) only the matching partitions
+    are shown, and without a name only the topics that have some (--json: a list of topics).
 
     Examples:
 
@@ -239,18 +275,40 @@ def describe_command(
 
       kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders --json
 
-      kraft topic describe --bootstrap-controller 127.0.0.1:9093 orders --under-replicated-partitions
+      kraft topic describe --bootstrap-controller 127.0.0.1:9093 --under-replicated-partitions
+
+      kraft topic describe --bootstrap-controller 127.0.0.1:9093 --unavailable-partitions
     """
-    response = run_async(_describe(bootstrap_controller, [name], True))
-    topic = response.topics[0]
-    if topic.error_code != ErrorCode.NONE:
-        raise KraftError(ErrorCode.from_wire(topic.error_code), topic.error_message)
-    described = topic_json(topic)
-    if under_replicated:
-        described = only_under_replicated(described)
-    if as_json:
-        print_json(described)
+    names = [] if name is None else [name]
+    response, live = run_async(_describe_with_brokers(bootstrap_controller, names, unavailable))
+    described_all: list[dict[str, Any]] = []
+    for topic in response.topics:
+        if topic.error_code != ErrorCode.NONE:
+            raise KraftError(ErrorCode.from_wire(topic.error_code), topic.error_message)
+        described = topic_json(topic)
+        if under_replicated:
+            described = only_under_replicated(described)
+        if unavailable:
+            described = only_unavailable(described, live)
+        filtered = under_replicated or unavailable
+        if name is not None or not filtered or described["partitions"]:
+            described_all.append(described)
+    if name is not None:
+        if as_json:
+            print_json(described_all[0])
+        else:
+            _print_topic(described_all[0])
         return
+    if as_json:
+        print_json(described_all)
+        return
+    for i, described in enumerate(described_all):
+        if i:
+            typer.echo("")
+        _print_topic(described)
+
+
+def _print_topic(described: dict[str, Any]) -> None:
     print_key_values(
         [
             ("Topic", described["name"]),

@@ -138,7 +138,11 @@ _TOPIC_CONFIGS: Mapping[str, tuple[Callable[[str], bool], str]] = {
         _one_of("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
         "uncompressed, zstd, lz4, snappy, gzip or producer",
     ),
-    "unclean.leader.election.enable": (_one_of("true", "false"), "true or false"),
+    # kraft elects only from the ISR (docs/configuration.md): "true" would promise data loss it never does.
+    "unclean.leader.election.enable": (
+        _one_of("false"),
+        "false (kraft elects leaders only from the ISR; unclean election is not supported)",
+    ),
     "delete.retention.ms": (_long(0), "an integer ≥ 0"),
     "min.compaction.lag.ms": (_long(0), "an integer ≥ 0"),
     "message.timestamp.type": (_one_of("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime"),

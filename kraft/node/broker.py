@@ -51,7 +51,7 @@ from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, Registrati
 from kraft.broker.partition_log import PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
-from kraft.broker.replication import ReplicaManager
+from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.service import BrokerService, add_broker_service
 from kraft.broker.status import BrokerStatus
@@ -59,7 +59,12 @@ from kraft.broker.types import BrokerState
 from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
 from kraft.client.controller import ControllerClient
 from kraft.clock import SystemClock
-from kraft.config import DEFAULT_MAX_PARKED_FETCHES, DEFAULT_MESSAGE_MAX_BYTES, NodeConfig
+from kraft.config import (
+    DEFAULT_MAX_PARKED_FETCHES,
+    DEFAULT_MESSAGE_MAX_BYTES,
+    GRPC_ENVELOPE_BYTES,
+    NodeConfig,
+)
 from kraft.errors import ErrorCode, KraftError
 from kraft.grpc_service import ServerLimits, create_server, server_limits
 from kraft.metadata.image import MetadataImage
@@ -141,6 +146,7 @@ class BrokerSettings:
     # connections: handshake/idle timeouts, connection cap, keepalive (kraft.grpc_service)
     server_limits: ServerLimits = field(default_factory=ServerLimits)
     max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings)  # replica.*, min.insync…
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -188,6 +194,21 @@ class BrokerSettings:
             metrics_host=config.metrics_bind_host,
             server_limits=server_limits(config),
             max_parked_fetches=config.fetch_max_parked_requests,
+            replication=ReplicationSettings(
+                replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+                fetch_max_wait_ms=config.replica_fetch_wait_max_ms,
+                fetch_max_bytes=config.replica_fetch_max_bytes,
+                # A response must fit in one gRPC message (the first batch may exceed the limits, but a
+                # batch is at most message.max.bytes, which fits too).
+                fetch_response_max_bytes=min(
+                    config.replica_fetch_response_max_bytes,
+                    config.grpc_max_message_bytes - GRPC_ENVELOPE_BYTES,
+                ),
+                fetch_backoff_ms=config.replica_fetch_backoff_ms,
+                request_timeout_ms=config.replica_socket_timeout_ms,
+                min_insync_replicas=config.min_insync_replicas,
+                hwm_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
+            ),
         )
 
 
@@ -227,6 +248,8 @@ class BrokerServer:
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 ("grpc.max_receive_message_length", s.max_message_bytes),
             ],
+            settings=s.replication,
+            on_fatal=None if supervisor is None else supervisor.fail,
         )
         # ACLs come from the image this broker applied last (set by _on_view).
         self._acls: Mapping[str, StandardAcl] = {}

@@ -122,6 +122,46 @@ BROKER_METADATA_APPLY_ERRORS = Counter(
     _NODE,
 )
 
+# --- Broker replication (Kafka: kafka.server ReplicaManager / ReplicaFetcherManager) ---
+REPLICA_LEADER_COUNT = Gauge("kraft_broker_leader_count", "Partitions this broker leads (LeaderCount)", _NODE)
+REPLICA_PARTITION_COUNT = Gauge(
+    "kraft_broker_partition_count", "Partition replicas this broker hosts (PartitionCount)", _NODE
+)
+REPLICA_UNDER_REPLICATED_PARTITIONS = Gauge(
+    "kraft_broker_under_replicated_partitions",
+    "Partitions led here whose ISR is smaller than their replica set (UnderReplicatedPartitions)",
+    _NODE,
+)
+REPLICA_UNDER_MIN_ISR_PARTITION_COUNT = Gauge(
+    "kraft_broker_under_min_isr_partition_count",
+    "Partitions led here whose ISR is below min.insync.replicas (UnderMinIsrPartitionCount)",
+    _NODE,
+)
+REPLICA_AT_MIN_ISR_PARTITION_COUNT = Gauge(
+    "kraft_broker_at_min_isr_partition_count",
+    "Partitions led here whose ISR is exactly min.insync.replicas (AtMinIsrPartitionCount)",
+    _NODE,
+)
+REPLICA_ISR_SHRINKS = Counter(
+    "kraft_broker_isr_shrinks",
+    "Committed ISR changes of partitions led here that removed replicas (IsrShrinksPerSec: rate() it)",
+    _NODE,
+)
+REPLICA_ISR_EXPANDS = Counter(
+    "kraft_broker_isr_expands",
+    "Committed ISR changes of partitions led here that added replicas (IsrExpandsPerSec: rate() it)",
+    _NODE,
+)
+REPLICA_FETCHER_MAX_LAG = Gauge(
+    "kraft_broker_replica_fetcher_max_lag",
+    "Largest lag in records of a partition this broker follows: the leader's log end at the last fetch "
+    "minus the local log end (ReplicaFetcherManager MaxLag)",
+    _NODE,
+)
+REPLICA_FETCHER_BYTES = Counter(
+    "kraft_broker_replica_fetcher_bytes", "Record batch bytes copied from leaders (BytesPerSec)", _NODE
+)
+
 
 @dataclass(frozen=True, slots=True)
 class RaftMetrics:
@@ -311,3 +351,33 @@ def start_metrics_server(
 def render_metrics(registry: CollectorRegistry = REGISTRY) -> str:
     """The text exposition of every metric (what a scrape returns)."""
     return generate_latest(registry).decode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationMetrics:
+    """The partition replication series of one broker (Kafka's ReplicaManager/ReplicaFetcherManager)."""
+
+    leader_count: Gauge
+    partition_count: Gauge
+    under_replicated_partitions: Gauge
+    under_min_isr_partition_count: Gauge
+    at_min_isr_partition_count: Gauge
+    isr_shrinks: Counter
+    isr_expands: Counter
+    replica_fetcher_max_lag: Gauge
+    replica_fetcher_bytes: Counter
+
+    @classmethod
+    def for_node(cls, node: int | str) -> ReplicationMetrics:
+        label = str(node)
+        return cls(
+            leader_count=REPLICA_LEADER_COUNT.labels(label),
+            partition_count=REPLICA_PARTITION_COUNT.labels(label),
+            under_replicated_partitions=REPLICA_UNDER_REPLICATED_PARTITIONS.labels(label),
+            under_min_isr_partition_count=REPLICA_UNDER_MIN_ISR_PARTITION_COUNT.labels(label),
+            at_min_isr_partition_count=REPLICA_AT_MIN_ISR_PARTITION_COUNT.labels(label),
+            isr_shrinks=REPLICA_ISR_SHRINKS.labels(label),
+            isr_expands=REPLICA_ISR_EXPANDS.labels(label),
+            replica_fetcher_max_lag=REPLICA_FETCHER_MAX_LAG.labels(label),
+            replica_fetcher_bytes=REPLICA_FETCHER_BYTES.labels(label),
+        )

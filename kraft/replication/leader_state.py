@@ -258,12 +258,16 @@ class PartitionLeaderState:
         """A newer partition record while leading. Returns False when this broker no longer leads it
         (the caller drops this state and fails waiting produce requests with NOT_LEADER_OR_FOLLOWER).
 
-        A record older than the one applied is ignored. A new leader epoch restarts the epoch at the
-        leader's log end and resets the followers' catch-up clocks as Kafka's ``resetReplicaState`` does
-        for a re-elected leader (their positions are kept). The pending AlterPartition, if any, is
-        replaced by the record's committed ISR.
+        A record not newer than the one applied is ignored — also an *equal* one: a late copy of the
+        record this state already applied from the AlterPartition answer must not clear a proposal made
+        since (a pending expansion bounds the HWM; the controller may already have committed it, and an
+        HWM past the new member's log end would acknowledge records it lacks — found by
+        ``test_replication_cluster_sim.py``). A new leader epoch restarts the epoch at the leader's log
+        end and resets the followers' catch-up clocks as Kafka's ``resetReplicaState`` does for a
+        re-elected leader (their positions are kept). The pending AlterPartition, if any, is replaced by
+        the record's committed ISR.
         """
-        if partition.partition_epoch < self._partition.partition_epoch:
+        if partition.partition_epoch <= self._partition.partition_epoch:
             return True
         if partition.leader != self.broker_id:
             return False

@@ -485,6 +485,9 @@ class DescribeBrokerResponse(_message.Message):
         LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
         LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
         LOG_DIR_FIELD_NUMBER: _builtins.int
+        HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
+        LAG_FIELD_NUMBER: _builtins.int
+        FOLLOWERS_FIELD_NUMBER: _builtins.int
         topic: _builtins.str
         partition: _builtins.int
         role: _builtins.str
@@ -493,6 +496,14 @@ class DescribeBrokerResponse(_message.Message):
         log_start_offset: _builtins.int
         log_end_offset: _builtins.int
         log_dir: _builtins.str
+        high_watermark: _builtins.int
+        """the leader's, or the one a follower learned; -1 unknown"""
+        lag: _builtins.int
+        """follower: the leader's log end at its last fetch − its own; leader: 0; -1 unknown"""
+        @_builtins.property
+        def followers(self) -> _containers.RepeatedCompositeFieldContainer[Global___DescribeBrokerResponse.ReplicaLag]:
+            """leader only: every other replica as the leader sees it"""
+
         def __init__(
             self,
             *,
@@ -503,10 +514,41 @@ class DescribeBrokerResponse(_message.Message):
             log_start_offset: _builtins.int = ...,
             log_end_offset: _builtins.int = ...,
             log_dir: _builtins.str = ...,
+            high_watermark: _builtins.int = ...,
+            lag: _builtins.int = ...,
+            followers: _abc.Iterable[Global___DescribeBrokerResponse.ReplicaLag] | None = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "log_dir", b"log_dir", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "role", b"role", "topic", b"topic"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["followers", b"followers", "high_watermark", b"high_watermark", "lag", b"lag", "leader_epoch", b"leader_epoch", "log_dir", b"log_dir", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "role", b"role", "topic", b"topic"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class ReplicaLag(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        BROKER_ID_FIELD_NUMBER: _builtins.int
+        LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+        LAG_FIELD_NUMBER: _builtins.int
+        IN_ISR_FIELD_NUMBER: _builtins.int
+        broker_id: _builtins.int
+        log_end_offset: _builtins.int
+        """its last fetch offset (on its disk); -1 = has not fetched in this leadership"""
+        lag: _builtins.int
+        """the leader's durable log end − log_end_offset; -1 unknown"""
+        in_isr: _builtins.bool
+        def __init__(
+            self,
+            *,
+            broker_id: _builtins.int = ...,
+            log_end_offset: _builtins.int = ...,
+            lag: _builtins.int = ...,
+            in_isr: _builtins.bool = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "in_isr", b"in_isr", "lag", b"lag", "log_end_offset", b"log_end_offset"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -601,6 +643,7 @@ class ReplicaFetchRequest(_message.Message):
         CURRENT_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
         FETCH_OFFSET_FIELD_NUMBER: _builtins.int
         LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
+        PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
         topic: _builtins.str
         partition: _builtins.int
         current_leader_epoch: _builtins.int
@@ -609,6 +652,8 @@ class ReplicaFetchRequest(_message.Message):
         """the follower's log end: everything below is on its disk (flushed)"""
         last_fetched_epoch: _builtins.int
         """epoch of the batch before fetch_offset; -1 = empty log (no check)"""
+        partition_max_bytes: _builtins.int
+        """replica.fetch.max.bytes; 0 = only the request's max_bytes bounds it"""
         def __init__(
             self,
             *,
@@ -617,10 +662,11 @@ class ReplicaFetchRequest(_message.Message):
             current_leader_epoch: _builtins.int = ...,
             fetch_offset: _builtins.int = ...,
             last_fetched_epoch: _builtins.int = ...,
+            partition_max_bytes: _builtins.int = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -638,9 +684,11 @@ class ReplicaFetchRequest(_message.Message):
     max_wait_ms: _builtins.int
     """long-poll while no partition has anything new"""
     max_bytes: _builtins.int
-    """across partitions; a partition's first batch always goes"""
+    """across partitions (replica.fetch.response.max.bytes); the first"""
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchRequest.Partition]: ...
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaFetchRequest.Partition]:
+        """non-empty partition's first batch always goes"""
+
     def __init__(
         self,
         *,

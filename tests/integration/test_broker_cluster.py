@@ -867,3 +867,74 @@ def test_acks_all_records_survive_kill_9_of_the_leader_and_no_offset_is_reused(c
     )  # fmt: skip
     assert produced.returncode == 0, produced.stderr
     assert json.loads(produced.stdout)["base_offset"] == 3
+
+
+def test_min_insync_replicas_refuses_acks_all_with_two_brokers_down_and_loses_nothing_when_they_return(
+    cluster: Cluster,
+) -> None:
+    """Issue #16: RF=3, min.insync.replicas=2 (topic config). With two brokers down, `kraft produce --acks
+    all` fails with NOT_ENOUGH_REPLICAS on one line and writes nothing; acks=1 is still taken; once one
+    returns and rejoins the ISR acks=all works again; with all back the three segment files are identical,
+    and after a kill -9 of the leader the new leader serves every acknowledged record at its offset."""
+    ids = (171, 172, 173)
+    tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
+    for broker_id in ids:
+        cluster.start_broker(broker_id, tuned)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
+    created = run_kraft(
+        ["topic", "create", "mir", "--bootstrap-controller", bootstrap_controller,
+         "--replica-assignment", "171:172:173", "--config", "min.insync.replicas=2"]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["mir"])
+    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+
+    def produce(acks: str, *values: str) -> subprocess.CompletedProcess[str]:
+        args = ["produce", "--bootstrap-server", all_brokers, "--topic", "mir", "--partition", "0",
+                "--acks", acks, "--json"]  # fmt: skip
+        for value in values:
+            args += ["--value", value]
+        return run_kraft(args)
+
+    def produced_at(acks: str, *values: str) -> int | None:
+        result = produce(acks, *values)
+        return int(json.loads(result.stdout)["base_offset"]) if result.returncode == 0 else None
+
+    def isr_is(expected: list[int]) -> bool | None:
+        return sorted(cluster.describe_topic("mir").partitions[0].isr) == expected or None
+
+    assert poll(lambda: produced_at("all", "a0", "a1", "a2"), "acks=all with the whole ISR") == 0
+    cluster.brokers[172].kill()
+    cluster.brokers[173].kill()
+    poll(lambda: isr_is([171]), "the ISR to shrink to [171]")
+    refused = produce("all", "never")
+    assert refused.returncode == 1, refused.stdout
+    [line] = refused.stderr.strip().splitlines()
+    assert line.startswith("error: NOT_ENOUGH_REPLICAS:"), line
+    assert produced_at("1", "b3") == 3  # acks=1 is not bound by min.insync.replicas; nothing was written
+
+    cluster.start_broker(172, tuned)
+    cluster.wait_broker_state(172, "RUNNING")
+    poll(lambda: isr_is([171, 172]), "172 back in the ISR")
+    assert poll(lambda: produced_at("all", "c4"), "acks=all once 172 is back") == 4
+    cluster.start_broker(173, tuned)
+    cluster.wait_broker_state(173, "RUNNING")
+    poll(lambda: isr_is(list(ids)), "173 back in the ISR")
+
+    def replicated() -> bool:
+        leader = _segment_bytes(cluster.brokers[171], "mir-0")
+        return bool(leader) and all(_segment_bytes(cluster.brokers[b], "mir-0") == leader for b in ids)
+
+    poll(replicated, "the three segment files to be identical byte for byte")
+    cluster.brokers[171].kill()
+    poll(lambda: cluster.leader_of("mir", 0)[0] in (172, 173) or None, "a new leader for mir-0")
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", all_brokers, "--topic", "mir", "--partition", "0",
+         "--from-beginning", "--max-records", "5", "--idle-timeout", "10", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    records = [(r["offset"], r["value"]) for r in map(json.loads, consumed.stdout.splitlines())]
+    assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "b3"), (4, "c4")]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kraft.broker.replication import ReplicationSettings
 from kraft.config import (
     ConfigError,
     Listener,
@@ -17,6 +18,7 @@ from kraft.config import (
     parse_properties,
 )
 from kraft.errors import ErrorCode
+from kraft.node.broker import BrokerSettings
 
 VOTERS = "1@127.0.0.1:9093,2@127.0.0.1:9094,3@127.0.0.1:9095"
 CONTROLLER = {
@@ -312,6 +314,24 @@ def _without(props: dict[str, str], key: str) -> dict[str, str]:
             "broker.heartbeat.interval.ms",
             "less than broker.session.timeout.ms",
         ),
+        ({**BROKER, "min.insync.replicas": "0"}, "min.insync.replicas", ">= 1"),
+        ({**BROKER, "replica.fetch.max.bytes": "0"}, "replica.fetch.max.bytes", ">= 1"),
+        ({**BROKER, "replica.fetch.wait.max.ms": "10001"}, "replica.fetch.wait.max.ms", "<= 10000"),
+        (
+            {**BROKER, "replica.fetch.wait.max.ms": "1000", "replica.lag.time.max.ms": "1000"},
+            "replica.fetch.wait.max.ms",
+            "less than replica.lag.time.max.ms (1000)",
+        ),
+        (
+            {**BROKER, "replica.fetch.wait.max.ms": "800", "replica.socket.timeout.ms": "500"},
+            "replica.fetch.wait.max.ms",
+            "less than replica.socket.timeout.ms (500)",
+        ),
+        (
+            {**CONTROLLER, "unclean.leader.election.enable": "true"},
+            "unclean.leader.election.enable",
+            "only from the ISR",
+        ),
     ],
 )
 def test_each_rule_fails_with_one_line_naming_key_value_and_rule(
@@ -411,3 +431,41 @@ def test_shipped_deploy_example_configs_are_valid(path: Path) -> None:
 
 def test_deploy_examples_cover_three_controllers_and_three_brokers() -> None:
     assert len(DEPLOY_CONFIGS) == 6
+
+
+def test_replication_keys_have_kafkas_defaults_and_reach_the_broker_settings() -> None:
+    cfg = NodeConfig.from_properties(BROKER)
+    assert (cfg.min_insync_replicas, cfg.replica_lag_time_max_ms, cfg.replica_fetch_wait_max_ms) == (
+        1,
+        30000,
+        500,
+    )
+    assert (cfg.replica_fetch_max_bytes, cfg.replica_fetch_response_max_bytes) == (1048576, 10485760)
+    assert (cfg.replica_fetch_backoff_ms, cfg.replica_socket_timeout_ms) == (1000, 30000)
+    assert cfg.replica_high_watermark_checkpoint_interval_ms == 5000
+    assert cfg.unclean_leader_election_enable is False
+    assert BrokerSettings.from_config(cfg, "c").replication == ReplicationSettings()
+    tuned = NodeConfig.from_properties(
+        {
+            **BROKER,
+            "min.insync.replicas": "2",
+            "replica.lag.time.max.ms": "4000",
+            "replica.fetch.wait.max.ms": "100",
+            "replica.fetch.max.bytes": "65536",
+            "replica.fetch.response.max.bytes": "67108864",  # above what one gRPC message carries
+            "replica.fetch.backoff.ms": "200",
+            "replica.socket.timeout.ms": "3000",
+            "replica.high.watermark.checkpoint.interval.ms": "1000",
+            "unclean.leader.election.enable": "false",
+        }
+    )
+    assert BrokerSettings.from_config(tuned, "c").replication == ReplicationSettings(
+        replica_lag_time_max_ms=4000,
+        fetch_max_wait_ms=100,
+        fetch_max_bytes=65536,
+        fetch_response_max_bytes=16777216 - 65536,  # capped by grpc.max.message.bytes minus the envelope
+        fetch_backoff_ms=200,
+        request_timeout_ms=3000,
+        min_insync_replicas=2,
+        hwm_checkpoint_interval_ms=1000,
+    )

@@ -145,6 +145,14 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
             self.append(mpb.UnfenceBrokerRecord(id=request.broker_id, epoch=registration.epoch))
         return cpb.BrokerHeartbeatResponse(is_caught_up=caught_up, is_fenced=registration.fenced)
 
+    async def AlterPartition(
+        self, request: cpb.AlterPartitionRequest, context: Context
+    ) -> cpb.AlterPartitionResponse:
+        # The fake hosts single-broker tests and benchmarks: it keeps no ISR state to change.
+        return cpb.AlterPartitionResponse(
+            error_code=ErrorCode.INVALID_REQUEST, error_message="the fake controller does not change ISRs"
+        )
+
     async def MetadataFetch(
         self, request: cpb.MetadataFetchRequest, context: Context
     ) -> cpb.MetadataFetchResponse:

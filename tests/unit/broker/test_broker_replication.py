@@ -8,10 +8,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import pytest
 from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+from prometheus_client import REGISTRY
 
 from kraft.broker import hwm_checkpoint
 from kraft.broker.image_adapter import ImageMetadataView, local_assignments
@@ -28,10 +30,14 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.netutil import free_port
 from kraft.storage.batch import iter_batches
+from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc, common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as mpb
+
+if TYPE_CHECKING:
+    from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
 CLUSTER = "c-1"
 TOPIC_ID = "tid"
@@ -65,6 +71,7 @@ class Harness:
     image: MetadataImage
     offset: int = 0
     alters: list[cpb.AlterPartitionRequest] = field(default_factory=list)
+    fatal: list[tuple[int, str, dict[str, object]]] = field(default_factory=list)  # (broker, reason, fields)
     alter_answer: Callable[[cpb.AlterPartitionRequest], cpb.AlterPartitionResponse] | None = None
 
     def replay(self, *payloads: object) -> None:
@@ -103,8 +110,9 @@ class _Stub:
     def __init__(self, port: int) -> None:
         self.channel = open_channel(f"127.0.0.1:{port}")
 
-    async def __aenter__(self) -> broker_pb2_grpc.BrokerServiceStub:
-        return broker_pb2_grpc.BrokerServiceStub(self.channel)
+    async def __aenter__(self) -> BrokerServiceAsyncStub:
+        stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(self.channel)
+        return stub
 
     async def __aexit__(self, *exc: object) -> None:
         await self.channel.close(None)
@@ -129,6 +137,9 @@ async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) 
     manager = PartitionManager(broker_id, [tmp_path / f"b{broker_id}"], opener)
     manager.load()
 
+    def on_fatal(reason: str, error: BaseException | None = None, **fields: object) -> None:
+        h.fatal.append((broker_id, reason, {"error": error, **fields}))
+
     async def send(request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
         h.alters.append(request)
         if h.alter_answer is None:
@@ -145,6 +156,7 @@ async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) 
         settings=ReplicationSettings(
             replica_lag_time_max_ms=LAG_MS, fetch_max_wait_ms=50, fetch_backoff_ms=50, produce_timeout_ms=3000
         ),
+        on_fatal=on_fatal,
     )
     service = BrokerService(status, manager, ImageMetadataView(MetadataImage.empty()), replicas=replicas)
     server = grpc.aio.server()
@@ -387,3 +399,162 @@ async def test_a_restarted_leader_serves_consumers_up_to_its_checkpointed_hwm(h:
     state = h.nodes[1].replicas.leader_state(TP)
     assert state is not None and state.high_watermark == 2
     assert [r.value for r in (await h.consume(1)).records] == [b"a", b"b"]
+
+
+def _failing_flush(log: MemoryPartitionLog) -> list[int]:
+    """Make ``log.flush`` raise EIO from now on (fsyncgate: it never succeeds again); returns the list the
+    attempts are counted in."""
+    attempts: list[int] = []
+
+    def flush() -> None:
+        attempts.append(log.log_end_offset)
+        raise FatalStorageError("fsync of 00000000000000000000.log failed (Input/output error); stopping")
+
+    log.flush = flush  # type: ignore[method-assign]
+    return attempts
+
+
+async def test_a_failed_leader_flush_is_fatal_and_nothing_after_it_is_acknowledged(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    first = await h.produce(1, b"a1", acks=-1)
+    assert first.error_code == ErrorCode.NONE and first.base_offset == 0
+    attempts = _failing_flush(h.nodes[1].log())
+    answer = await h.produce(1, b"a2", acks=-1)
+    assert answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR and answer.base_offset == -1
+    assert [(b, reason) for b, reason, _ in h.fatal] == [(1, "partition_flush_failed")]
+    assert h.fatal[0][2]["partition"] == str(TP)
+    assert len(attempts) == 1, "a failed fsync is never retried"
+    # From now on nothing is admitted (acks=1 too), served to followers, or counted in the HWM.
+    refused = await h.produce(1, b"a3", acks=1)
+    assert refused.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert h.nodes[1].log().log_end_offset == 2
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 1
+    consumed = await h.consume(1)
+    assert [r.value for r in consumed.records] == [b"a1"]
+    async with _Stub(h.nodes[1].port) as stub:
+        fetched = await stub.ReplicaFetch(
+            pb.ReplicaFetchRequest(cluster_id=CLUSTER, replica_id=2, broker_epoch=102, max_wait_ms=0),
+            timeout=TIMEOUT_S,
+        )
+    assert fetched.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert len(h.fatal) == 1 and len(attempts) == 1
+
+
+async def test_acks_all_waiters_get_a_storage_error_when_the_leader_flush_fails_later(h: Harness) -> None:
+    # The follower never fetches, so the first request waits; the second one's flush fails: the first
+    # one must not be acknowledged either, even if the follower shows up afterwards.
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()
+    waiting = asyncio.create_task(h.produce(1, b"w", acks=-1))
+    await until(lambda: h.nodes[1].log().flushed == 1, "the first flush")
+    _failing_flush(h.nodes[1].log())
+    second = await h.produce(1, b"x", acks=1)
+    assert second.error_code == ErrorCode.NONE  # acks=1: answered at the append, before the flush
+    first = await asyncio.wait_for(waiting, TIMEOUT_S)
+    assert first.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert [reason for _, reason, _ in h.fatal] == ["partition_flush_failed"]
+
+
+async def test_a_failed_follower_flush_is_fatal_and_the_follower_stops_fetching(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    attempts = _failing_flush(h.nodes[2].log())
+    answer = await h.produce(1, b"a1", acks=-1)
+    await until(lambda: bool(h.fatal), "the follower's fatal report")
+    assert [(b, reason) for b, reason, _ in h.fatal] == [(2, "replica_append_failed")]
+    assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT, "the follower never reported a durable position"
+    assert len(attempts) == 1
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 0
+
+
+async def test_replica_fetches_respect_the_partition_and_response_byte_limits(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()  # fetches by hand
+    for value in (b"a" * 100, b"b" * 100, b"c" * 100):
+        assert (await h.produce(1, value)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 3, "the leader to flush")
+    sizes = [len(data) for _, data in h.nodes[1].log().batches]
+
+    async def fetch(max_bytes: int, partition_max_bytes: int) -> bytes:
+        request = pb.ReplicaFetchRequest(
+            cluster_id=CLUSTER, replica_id=2, broker_epoch=102, max_bytes=max_bytes
+        )
+        request.partitions.add(
+            topic=TP.topic, partition=0, current_leader_epoch=3, fetch_offset=0, last_fetched_epoch=-1,
+            partition_max_bytes=partition_max_bytes,
+        )  # fmt: skip
+        response = await h.nodes[1].replicas.replica_fetch(request)
+        [answer] = response.partitions
+        assert answer.error_code == ErrorCode.NONE
+        return answer.records
+
+    assert len(await fetch(0, 0)) == sum(sizes)
+    assert len(await fetch(0, sizes[0] + sizes[1])) == sizes[0] + sizes[1]
+    assert len(await fetch(sizes[0] + sizes[1] + sizes[2] - 1, 0)) == sizes[0] + sizes[1]
+    # The first batch always goes, however small the limits: a follower is never stuck behind one.
+    assert len(await fetch(1, 1)) == sizes[0]
+
+
+async def test_the_broker_default_min_insync_replicas_applies_without_a_topic_config(h: Harness) -> None:
+    _create(h, isr=[1])
+    await h.nodes[2].replicas.close()
+    node = h.nodes[1]
+    await node.replicas.close()
+    replicas = ReplicaManager(
+        1,
+        CLUSTER,
+        node.manager,
+        clock=h.clock,
+        broker_epoch=lambda: 101,
+        send_alter_partition=None,
+        settings=ReplicationSettings(min_insync_replicas=2, produce_timeout_ms=3000),
+    )
+    node.replicas = node.service._replicas = replicas
+    replicas.on_image(h.image)
+    answer = await h.produce(1, b"x", acks=-1)
+    assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert node.log().log_end_offset == 0
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE, "the topic config overrides"
+
+
+def _sample(name: str, node: int) -> float:
+    value = REGISTRY.get_sample_value(name, {"node": str(node)})
+    return 0.0 if value is None else value
+
+
+async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h: Harness) -> None:
+    shrinks, expands = (
+        _sample("kraft_broker_isr_shrinks_total", 1),
+        _sample("kraft_broker_isr_expands_total", 1),
+    )
+    _create(h, isr=[1, 2])
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="2"))
+    assert (await h.produce(1, b"a", b"b", acks=-1)).error_code == ErrorCode.NONE
+    assert _sample("kraft_broker_leader_count", 1) == 1 and _sample("kraft_broker_partition_count", 2) == 1
+    assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
+    assert _sample("kraft_broker_at_min_isr_partition_count", 1) == 1
+    await until(
+        lambda: h.nodes[2].replicas.replica_lag(TP) == (2, 0, []), "the follower to know it is caught up"
+    )
+    assert _sample("kraft_broker_replica_fetcher_max_lag", 2) == 0
+    assert _sample("kraft_broker_replica_fetcher_bytes_total", 2) > 0
+    async with _Stub(h.nodes[1].port) as stub:
+        described = await stub.DescribeBroker(pb.DescribeBrokerRequest(cluster_id=CLUSTER), timeout=TIMEOUT_S)
+    [led] = described.partitions
+    assert (led.role, led.log_end_offset, led.high_watermark, led.lag) == ("LEADER", 2, 2, 0)
+    assert [(f.broker_id, f.log_end_offset, f.lag, f.in_isr) for f in led.followers] == [(2, 2, 0, True)]
+    # The follower stops fetching and the controller takes it out of the ISR: counted, under min ISR.
+    await h.nodes[2].replicas.close()
+    assert (await h.produce(1, b"c", acks=1)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 3, "the leader flush")
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1])))
+    assert _sample("kraft_broker_isr_shrinks_total", 1) == shrinks + 1
+    assert _sample("kraft_broker_under_replicated_partitions", 1) == 1
+    assert _sample("kraft_broker_under_min_isr_partition_count", 1) == 1
+    hwm, lag, followers = h.nodes[1].replicas.replica_lag(TP)
+    assert (hwm, lag) == (3, 0) and followers == [(2, 2, 1, False)]
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1, 2])))
+    assert _sample("kraft_broker_isr_expands_total", 1) == expands + 1
+    assert _sample("kraft_broker_under_replicated_partitions", 1) == 0

@@ -34,15 +34,23 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
     broker_port: int
     elect_results: list[cpb.TopicElectionResults] = field(default_factory=list)
     elect_requests: list[cpb.ElectLeadersRequest] = field(default_factory=list)
+    topics: list[cpb.TopicDescription] | None = None  # None: one fully in-sync topic "orders"
+    broker_port2: int = 0  # a second broker (2) registered but fenced
 
     def DescribeCluster(
         self, request: cpb.DescribeClusterRequest, context: Any
     ) -> cpb.DescribeClusterResponse:
         endpoint = Endpoint(name="PLAINTEXT", host="127.0.0.1", port=self.broker_port)
         broker = cpb.BrokerDescription(broker_id=1, broker_epoch=5, state="ACTIVE", endpoints=[endpoint])
-        return cpb.DescribeClusterResponse(cluster_id=CLUSTER, controller_id=0, brokers=[broker])
+        fenced = cpb.BrokerDescription(broker_id=2, broker_epoch=6, state="FENCED")
+        return cpb.DescribeClusterResponse(cluster_id=CLUSTER, controller_id=0, brokers=[broker, fenced])
 
     def DescribeTopics(self, request: cpb.DescribeTopicsRequest, context: Any) -> cpb.DescribeTopicsResponse:
+        if self.topics is not None:
+            wanted = set(request.names)
+            return cpb.DescribeTopicsResponse(
+                topics=[t for t in self.topics if not wanted or t.name in wanted]
+            )
         partition = cpb.PartitionDescription(partition=0, leader=1, leader_epoch=2, replicas=[1], isr=[1])
         topic = cpb.TopicDescription(name="orders", topic_id="T", partitions=[partition])
         return cpb.DescribeTopicsResponse(topics=[topic])
@@ -56,12 +64,15 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
 class FakeBrokerService(broker_pb2_grpc.BrokerServiceServicer):
     state: str = "PENDING_CONTROLLED_SHUTDOWN"
     cluster_ids: list[str] = field(default_factory=list)
+    partitions: list[broker_pb2.DescribeBrokerResponse.LocalPartition] = field(default_factory=list)
 
     def DescribeBroker(
         self, request: broker_pb2.DescribeBrokerRequest, context: Any
     ) -> broker_pb2.DescribeBrokerResponse:
         self.cluster_ids.append(request.cluster_id)
-        return broker_pb2.DescribeBrokerResponse(broker_id=1, state=self.state, cluster_id=CLUSTER)
+        return broker_pb2.DescribeBrokerResponse(
+            broker_id=1, state=self.state, cluster_id=CLUSTER, partitions=self.partitions
+        )
 
 
 @dataclass
@@ -227,3 +238,77 @@ def test_under_replicated_partitions_are_those_with_an_isr_smaller_than_their_re
     result = runner.invoke(app, [*args, "--under-replicated-partitions", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["partitions"] == []  # the fake's only partition is fully in sync
+
+
+def _topics() -> list[cpb.TopicDescription]:
+    def p(index: int, leader: int, replicas: list[int], isr: list[int]) -> cpb.PartitionDescription:
+        return cpb.PartitionDescription(partition=index, leader=leader, replicas=replicas, isr=isr)
+
+    return [
+        cpb.TopicDescription(name="healthy", topic_id="H", partitions=[p(0, 1, [1, 2], [1, 2])]),
+        cpb.TopicDescription(
+            name="orders",
+            topic_id="O",
+            partitions=[
+                p(0, 1, [1, 2], [1]),  # under-replicated, available
+                p(1, -1, [2], [2]),  # offline: no leader
+                p(2, 2, [2, 1], [2, 1]),  # led by fenced broker 2: unavailable
+            ],
+        ),
+    ]
+
+
+def test_topic_describe_filters_unavailable_and_under_replicated_partitions_cluster_wide(
+    fakes: Fakes,
+) -> None:
+    fakes.controller.topics = _topics()
+    base = ["topic", "describe", "--bootstrap-controller", fakes.bootstrap, "--json"]
+    everything = runner.invoke(app, base)
+    assert everything.exit_code == 0, everything.output
+    assert [t["name"] for t in json.loads(everything.stdout)] == ["healthy", "orders"]
+    unavailable = runner.invoke(app, [*base, "--unavailable-partitions"])
+    assert unavailable.exit_code == 0, unavailable.output
+    [orders] = json.loads(unavailable.stdout)
+    assert orders["name"] == "orders" and [p["partition"] for p in orders["partitions"]] == [1, 2]
+    under = runner.invoke(app, [*base, "--under-replicated-partitions"])
+    [orders] = json.loads(under.stdout)
+    assert [p["partition"] for p in orders["partitions"]] == [0]
+    both = runner.invoke(app, [*base, "--under-replicated-partitions", "--unavailable-partitions"])
+    assert json.loads(both.stdout) == []
+    one = runner.invoke(app, [*base, "healthy", "--unavailable-partitions"])
+    assert json.loads(one.stdout)["name"] == "healthy" and json.loads(one.stdout)["partitions"] == []
+    text = runner.invoke(app, [*base[:-1], "--unavailable-partitions"])
+    assert text.exit_code == 0 and "orders" in text.stdout and "healthy" not in text.stdout
+
+
+def test_broker_describe_shows_per_partition_log_end_high_watermark_and_lag(fakes: Fakes) -> None:
+    assert fakes.broker is not None
+    local = broker_pb2.DescribeBrokerResponse.LocalPartition
+    lag = broker_pb2.DescribeBrokerResponse.ReplicaLag
+    fakes.broker.partitions = [
+        local(
+            topic="orders", partition=0, role="LEADER", log_end_offset=10, high_watermark=7, lag=0,
+            followers=[
+                lag(broker_id=2, log_end_offset=7, lag=3, in_isr=True),
+                lag(broker_id=3, log_end_offset=-1, lag=-1),
+            ],
+        ),
+    ]  # fmt: skip
+    fakes.controller.topics = [
+        cpb.TopicDescription(
+            name="orders",
+            topic_id="O",
+            partitions=[cpb.PartitionDescription(partition=0, leader=1, replicas=[1, 2, 3], isr=[1, 2])],
+        )
+    ]
+    args = ["broker", "describe", "1", "--bootstrap-controller", fakes.bootstrap]
+    described = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    [partition] = described["partitions"]
+    assert (partition["log_end_offset"], partition["high_watermark"], partition["lag"]) == (10, 7, 0)
+    assert partition["followers"] == [
+        {"broker_id": 2, "log_end_offset": 7, "lag": 3, "in_isr": True},
+        {"broker_id": 3, "log_end_offset": None, "lag": None, "in_isr": False},
+    ]
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    assert "Lag" in table.stdout and "2:3,3:?" in table.stdout

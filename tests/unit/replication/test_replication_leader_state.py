@@ -332,3 +332,23 @@ def test_the_correct_rule_has_no_counterexample() -> None:
             lambda args: bool(run(args[0], args[1], PartitionLeaderState).violations),
             settings=settings(max_examples=300, database=None, deadline=None, derandomize=True),
         )
+
+
+def test_a_late_copy_of_the_applied_partition_record_keeps_the_pending_expansion() -> None:
+    """Found by the message-level simulation (seed 29): the AlterPartition answer of epoch 8 is applied,
+    the leader proposes adding 3 (pending, so 3 bounds the HWM), then the metadata record of epoch 8 —
+    the same one, delayed — arrives. It must not clear the pending expansion: the controller may already
+    have committed 3 into the ISR, and an HWM past 3's log end would acknowledge records it lacks."""
+    state = leader((1, 2), end=10, hwm=0)
+    shrink = state.propose_isr((1, 2))  # any answered proposal: the controller answers epoch 8
+    answered = LeaderAndIsr(1, EPOCH, 8, (1, 2, 3), (1, 2))
+    assert state.on_alter_partition_response(shrink, answered) is AlterPartitionFollowUp.APPLIED
+    state.on_follower_fetch(2, 10, EPOCH, now_ms=1)
+    state.on_follower_fetch(3, 10, EPOCH, now_ms=1)
+    assert state.high_watermark == 10 and state.isr_expand_candidates() == {3}
+    expand = state.propose_isr((1, 2, 3))
+    assert state.on_metadata(answered, now_ms=2)  # the delayed record of epoch 8
+    assert state.pending is expand and state.maximal_isr == {1, 2, 3}
+    state.on_leader_end_offset(15)
+    state.on_follower_fetch(2, 15, EPOCH, now_ms=3)
+    assert state.high_watermark == 10, "3 has not fetched past 10: the HWM must wait for it"
