@@ -62,6 +62,7 @@ from kraft.metadata.controller_logic import (
 from kraft.metadata.controller_state import YIELD_EVERY_RECORDS, ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
 from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
@@ -101,19 +102,24 @@ class ControllerOptions:
     activation_wait_ms: int = 5_000  # a request arriving mid-activation waits this long
     leader_lease_ms: int = 2_000  # controller.quorum.fetch.timeout.ms: no commit for this long → step aside
     fetch_window_records: int = 200_000  # recent committed records kept for MetadataFetch
-    partitions_per_write: int = 1_000  # CreateTopics is split into appends of about this many partitions
+    # controller.max.work.unit.records: the most records one event of the controller computes and appends
+    # (CreateTopics parts, DeleteTopics parts by partitions removed, slices of ISR removals and unfence
+    # elections); bulk work continues in further events, behind heartbeats
+    max_work_unit_records: int = 1_000
+    # bulk work computes no further slice while this many appended records are not committed yet
+    max_uncommitted_bulk_records: int = 10_000
     default_num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
     max_partitions: int = DEFAULT_MAX_PARTITIONS  # max.partitions
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # max.broker.partitions
 
 
-def _topic_chunks(req: cpb.CreateTopicsRequest, partitions_per_write: int) -> list[list[cpb.CreatableTopic]]:
+def _topic_chunks(req: cpb.CreateTopicsRequest, max_records: int) -> list[list[cpb.CreatableTopic]]:
     chunks: list[list[cpb.CreatableTopic]] = [[]]
     weight = 0
     for topic in req.topics:
         size = len(topic.assignments) or max(topic.num_partitions, 1)
-        if chunks[-1] and weight + size > partitions_per_write:
+        if chunks[-1] and weight + size > max_records:
             chunks.append([])
             weight = 0
         chunks[-1].append(topic)
@@ -153,6 +159,7 @@ class QuorumController:
             default_replication_factor=options.default_replication_factor,
             max_partitions=options.max_partitions,
             max_broker_partitions=options.max_broker_partitions,
+            max_changes_per_write=options.max_work_unit_records,
         )
         self.writes = WritePath(
             state,
@@ -162,6 +169,7 @@ class QuorumController:
             leader_lease_ms=options.leader_lease_ms,
             on_not_leader=self._deactivate,
             log=log,
+            max_uncommitted_records=options.max_uncommitted_bulk_records,
         )
         self.activation = Activation(
             state,
@@ -226,9 +234,11 @@ class QuorumController:
         self.state.stopping = True
         self.raft.unregister_listener(self)
         self.activation.deactivate(NO_LEADER)
+        await self.writes.queue.close()
         tasks = [
             *self._tasks,
             *self.writes.resignations,
+            *(t for t in (self.writes.driver,) if t is not None),
             *(t for t in (self.activation.task, self.snapshotter.task) if t is not None),
         ]
         for task in tasks:
@@ -357,13 +367,23 @@ class QuorumController:
             )
         return ref
 
-    async def _serve(self, response: R, build: Callable[[ControllerLogic], Outcome[R]]) -> R:
-        """Run one mutating request: activation check, logic, append, wait for commit, map errors."""
+    async def _serve(
+        self,
+        response: R,
+        build: Callable[[ControllerLogic], Outcome[R]],
+        *,
+        priority: EventPriority = EventPriority.NORMAL,
+        name: str = "request",
+        wait_for_jobs: bool = True,
+    ) -> R:
+        """Run one mutating request as an event of the queue: activation check, logic, append, wait for
+        the commit, map errors."""
         try:
-            logic = await self.activation.active_logic()
-            return await self.writes.write(build(logic))
-        except NotControllerError as exc:
-            return self._not_controller(response, exc.leader_id)
+            await self.activation.active_logic()
+            return await self.writes.write(build, priority=priority, name=name, wait_for_jobs=wait_for_jobs)
+        except (NotControllerError, EventQueueClosedError) as exc:
+            leader = exc.leader_id if isinstance(exc, NotControllerError) else self.state.leader.leader_id
+            return self._not_controller(response, leader)
         except TimeoutError:
             return error_response(
                 response, ErrorCode.REQUEST_TIMED_OUT, "the metadata write did not commit in time"
@@ -389,6 +409,9 @@ class QuorumController:
         return await self._serve(
             cpb.RegisterBrokerResponse(),
             lambda lg: lg.register_broker(req, self.clock.monotonic_ms(), self.writes.next_offset),
+            priority=EventPriority.URGENT,
+            name="register-broker",
+            wait_for_jobs=False,
         )
 
     async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
@@ -402,11 +425,16 @@ class QuorumController:
         return await self._serve(
             cpb.BrokerHeartbeatResponse(),
             lambda lg: lg.broker_heartbeat(req, self.clock.monotonic_ms(), self.writes.next_offset),
+            priority=EventPriority.URGENT,
+            name="broker-heartbeat",
+            wait_for_jobs=False,
         )
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         return await self._serve(
-            cpb.UnregisterBrokerResponse(), lambda lg: lg.unregister_broker(req, self.writes.next_offset)
+            cpb.UnregisterBrokerResponse(),
+            lambda lg: lg.unregister_broker(req, self.writes.next_offset),
+            name="unregister-broker",
         )
 
     async def _count_speculative(self) -> None:
@@ -421,7 +449,9 @@ class QuorumController:
     async def shutdown_broker(self, req: cpb.ShutdownBrokerRequest) -> cpb.ShutdownBrokerResponse:
         await self._count_speculative()  # its answer counts leaderships: do most of that in slices
         response = await self._serve(
-            cpb.ShutdownBrokerResponse(), lambda lg: lg.shutdown_broker(req, self.writes.next_offset)
+            cpb.ShutdownBrokerResponse(),
+            lambda lg: lg.shutdown_broker(req, self.writes.next_offset),
+            name="shutdown-broker",
         )
         await self._count_speculative()
         logic = self.state.logic
@@ -430,7 +460,7 @@ class QuorumController:
         return response
 
     async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
-        chunks = _topic_chunks(req, self.options.partitions_per_write)
+        chunks = _topic_chunks(req, self.options.max_work_unit_records)
         if len(chunks) == 1:
             return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
@@ -469,22 +499,74 @@ class QuorumController:
         self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
     ) -> cpb.CreateTopicsResponse:
         return await self._serve(
-            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self.writes.next_offset, tally)
+            cpb.CreateTopicsResponse(),
+            lambda lg: lg.create_topics(req, self.writes.next_offset, tally),
+            name="create-topics",
         )
 
     async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
+        names = list(dict.fromkeys(req.names))
+        chunks = self._delete_chunks(names)
+        if len(chunks) <= 1:
+            return await self._delete_part(req)
+        # Like CreateTopics: parts of about max.work.unit.records partitions each, one event each (a
+        # removed partition costs its replay and index updates), paced by the uncommitted records; each
+        # topic is removed by one record, so a failover leaves every topic either there or gone and a
+        # retry deletes what is left.
+        writes = []
+        for chunk in chunks:
+            with contextlib.suppress(TimeoutError):
+                await self.writes.wait_for_room()
+            part = cpb.DeleteTopicsRequest(cluster_id=req.cluster_id, names=chunk)
+            writes.append(asyncio.ensure_future(self._delete_part(part)))
+        results: dict[str, cpb.DeletableTopicResult] = {}
+        for answer in await asyncio.gather(*writes):
+            if answer.error_code != ErrorCode.NONE:
+                return answer
+            results.update((r.name, r) for r in answer.topics)
+        response = cpb.DeleteTopicsResponse()
+        response.topics.extend(results[name] for name in req.names)
+        return response
+
+    def _delete_chunks(self, names: list[str]) -> list[list[str]]:
+        """Names in parts of about ``max_work_unit_records`` partitions (by the speculative image; an
+        unknown name weighs 1)."""
+        logic = self.state.logic
+        if logic is None:
+            return [names]
+        image = logic.image
+        limit = self.options.max_work_unit_records
+        chunks: list[list[str]] = [[]]
+        weight = 0
+        for name in names:
+            topic = image.topic(name)
+            size = max(1, len(topic.partitions)) if topic is not None else 1
+            if chunks[-1] and weight + size > limit:
+                chunks.append([])
+                weight = 0
+            chunks[-1].append(name)
+            weight += size
+        return chunks
+
+    async def _delete_part(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
         return await self._serve(
-            cpb.DeleteTopicsResponse(), lambda lg: lg.delete_topics(req, self.writes.next_offset)
+            cpb.DeleteTopicsResponse(),
+            lambda lg: lg.delete_topics(req, self.writes.next_offset),
+            name="delete-topics",
         )
 
     async def elect_leaders(self, req: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
         return await self._serve(
-            cpb.ElectLeadersResponse(), lambda lg: lg.elect_leaders(req, self.writes.next_offset)
+            cpb.ElectLeadersResponse(),
+            lambda lg: lg.elect_leaders(req, self.writes.next_offset),
+            name="elect-leaders",
         )
 
     async def alter_partition(self, req: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
         return await self._serve(
-            cpb.AlterPartitionResponse(), lambda lg: alter_partition(lg, req, self.writes.next_offset)
+            cpb.AlterPartitionResponse(),
+            lambda lg: alter_partition(lg, req, self.writes.next_offset),
+            name="alter-partition",
         )
 
     async def _read(self, response: R, cluster_id: str) -> tuple[ControllerLogic, MetadataImage] | R:

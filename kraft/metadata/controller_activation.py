@@ -118,14 +118,18 @@ class Activation:
         self._log.info(
             "became_active", epoch=epoch, offset=state.committed.offset, brokers=len(state.committed.brokers)
         )
-        resumed = logic.continue_leave_jobs(writes.next_offset)
-        while not resumed and logic.has_leave_jobs():  # chunks that only scanned
-            resumed = logic.continue_leave_jobs(writes.next_offset)
-        if resumed:
-            self._log.info("resuming_isr_removals", records=len(resumed))
-            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
-                await writes.write(Outcome(resumed, cpb.DescribeClusterResponse(), writes.next_offset))
-        records = logic.bootstrap_records(writes.next_offset)
-        if records:
-            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
-                await writes.write(Outcome(records, cpb.DescribeClusterResponse(), writes.next_offset))
+        if logic.has_bulk_jobs():
+            # A bulk job the previous controller left half done (found in the image by reset): resumed
+            # by the job driver, slice by slice, behind heartbeats like any bulk work.
+            self._log.info("resuming_bulk_jobs")
+            writes.drive_jobs(logic)
+        with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
+            await writes.write(
+                lambda lg: Outcome(
+                    lg.bootstrap_records(writes.next_offset),
+                    cpb.DescribeClusterResponse(),
+                    writes.next_offset,
+                ),
+                name="bootstrap",
+                wait_for_jobs=False,
+            )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kraft.metadata.controller_logic import ControllerLogic, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.event_queue import EventQueueClosedError
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
@@ -98,15 +99,25 @@ class SessionChecker:
         return True
 
     async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
-        while self._state.logic is logic:
-            broker_id, records = logic.fence_expired(now, self._writes.next_offset)
+        fenced: list[int] = []
+
+        def fence_one(lg: ControllerLogic) -> Outcome[cpb.BrokerHeartbeatResponse]:
+            """One event: fence the next expired broker (its leave job continues in slices)."""
+            if lg is not logic:
+                raise NotControllerError(self._state.leader.leader_id)
+            broker_id, records = lg.fence_expired(now, self._writes.next_offset)
+            fenced.append(broker_id)
             if broker_id < 0:
-                return
+                return Outcome([], cpb.BrokerHeartbeatResponse(), wait_offset=-1)
             self._metrics.timed_out_broker_heartbeats.inc()
             self._log.info("broker_session_expired", broker=broker_id)
+            return Outcome(records, cpb.BrokerHeartbeatResponse(), self._writes.next_offset)
+
+        while self._state.logic is logic:
+            fenced.clear()
             try:
-                await self._writes.write(
-                    Outcome(records, cpb.BrokerHeartbeatResponse(), self._writes.next_offset)
-                )
-            except (NotControllerError, TimeoutError):
+                await self._writes.write(fence_one, name="fence-expired")
+            except (NotControllerError, TimeoutError, EventQueueClosedError):
+                return
+            if not fenced or fenced[0] < 0:
                 return

@@ -45,6 +45,7 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         leader_lease_ms=config.controller_quorum_fetch_timeout_ms,
         max_partitions=config.max_partitions,
         max_broker_partitions=config.max_broker_partitions,
+        max_work_unit_records=config.controller_max_work_unit_records,
     )
 
 
