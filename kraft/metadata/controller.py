@@ -239,7 +239,11 @@ class QuorumController:
             *self._tasks,
             *self.writes.resignations,
             *(t for t in (self.writes.driver,) if t is not None),
-            *(t for t in (self.activation.task, self.snapshotter.task) if t is not None),
+            *(
+                t
+                for t in (self.activation.task, self.activation.index_task, self.snapshotter.task)
+                if t is not None
+            ),
         ]
         for task in tasks:
             task.cancel()

@@ -75,6 +75,8 @@ DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 # Partitions a leave-job chunk looks at, at most: a chunk that finds few changes (the broker is in few
 # ISRs) ends after this much scanning — possibly with no change — and the next chunk goes on.
 LEAVE_SCAN_PARTITIONS = 10_000
+# Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
+INDEX_SLICE_PARTITIONS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +232,9 @@ class ControllerLogic:
     def reset(self, committed: MetadataImage, now_ms: int) -> None:
         """Drop pending state; give every registered broker a fresh session (a newly active controller)."""
         self.image = committed
-        # not reached by a delta: rebuilt by the next unfence; counts come from PartitionCounts till then
-        self.rejoin_index.invalidate()
+        # not reached by a delta: rebuilt in slices (index_some, one per event of the shell's queue);
+        # counts come from PartitionCounts till then, and an unfence meanwhile finishes it at once
+        self.rejoin_index.start_rebuild(committed.topics_by_id)
         self._shutdown_offsets.clear()
         self.broker_offsets.clear()
         self._leaving.clear()
@@ -302,6 +305,10 @@ class ControllerLogic:
             self._leaving[broker_id] = _LeaveJob(broker_id, list(topic_ids))
         if electable:
             self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, electable)
+
+    def index_some(self, limit: int = INDEX_SLICE_PARTITIONS) -> bool:
+        """One slice of the rejoin index's rebuild after a reset; True once it follows the image."""
+        return self.rejoin_index.rebuild_some(self.image.topics_by_id, limit)
 
     def has_bulk_jobs(self) -> bool:
         return bool(self._leaving or self._rejoining)
