@@ -7,8 +7,10 @@ work per request (``--work-us``, a busy loop) on the state machine's loop.  Opti
 bulk operation does).  Two shapes:
 
 - ``single``: gRPC intake and the state machine on one loop (kraft's controller today);
-- ``thread``: gRPC's server on an intake thread with its own loop; each request is handed to the state
-  machine loop (``run_coroutine_threadsafe``) and its answer handed back.
+- ``thread``: the state machine on a thread with its own loop, gRPC's server on the main one; each request
+  is handed to the state machine loop (``run_coroutine_threadsafe``) and its answer handed back;
+- ``intake``: the same hop the other way round — gRPC's server on an intake thread with its own loop (the
+  shape kraft's controller node uses), the state machine on the main loop.
 
 A client process keeps ``--clients`` unary calls in flight for ``--seconds``; ops/s and p50/p99 per shape
 and bulk setting.  Run: ``python -m bench.intake [--out bench/results/intake.json]``.
@@ -32,7 +34,7 @@ import grpc.aio
 
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import reap
-from kraft.runtime import configure_grpc_io, run_server
+from kraft.runtime import check_choices, configure_grpc_io, run_server
 from kraft.v1 import raft_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -57,9 +59,29 @@ async def serve(port: int, shape: str, work_s: float, slice_s: float) -> None:
     if shape == "thread":
         machine = asyncio.new_event_loop()
         threading.Thread(target=machine.run_forever, daemon=True, name="state-machine").start()
+    elif shape == "intake":
+        # the gRPC server on an intake thread with its own loop; the state machine stays on this one
+        machine = asyncio.get_running_loop()
+        intake = (check_choices() or asyncio.new_event_loop)()
+        threading.Thread(target=intake.run_forever, daemon=True, name="grpc-intake").start()
+        started = asyncio.run_coroutine_threadsafe(_start_server(port, machine, work_s, True), intake)
+        await asyncio.wrap_future(started)
+        if slice_s > 0:
+            await _bulk(slice_s)  # runs until the process is terminated
+        await asyncio.Event().wait()
+        return
     else:
         machine = asyncio.get_running_loop()
 
+    if slice_s > 0:
+        machine.call_soon_threadsafe(lambda: machine.create_task(_bulk(slice_s)))
+    server = await _start_server(port, machine, work_s, shape == "thread")
+    await server.wait_for_termination()
+
+
+async def _start_server(
+    port: int, machine: asyncio.AbstractEventLoop, work_s: float, hop: bool
+) -> grpc.aio.Server:
     async def apply(values: int) -> raft_pb2.TestAppendResponse:
         _busy(work_s)
         return raft_pb2.TestAppendResponse(base_offset=1, last_offset=values)
@@ -67,13 +89,11 @@ async def serve(port: int, shape: str, work_s: float, slice_s: float) -> None:
     async def handle(
         request: raft_pb2.TestAppendRequest, _context: grpc.aio.ServicerContext[Any, Any]
     ) -> raft_pb2.TestAppendResponse:
-        if shape == "thread":
+        if hop:
             future = asyncio.run_coroutine_threadsafe(apply(len(request.values)), machine)
             return await asyncio.wrap_future(future)
         return await apply(len(request.values))
 
-    if slice_s > 0:
-        machine.call_soon_threadsafe(lambda: machine.create_task(_bulk(slice_s)))
     server = grpc.aio.server()
     handler = grpc.unary_unary_rpc_method_handler(
         handle,
@@ -85,7 +105,7 @@ async def serve(port: int, shape: str, work_s: float, slice_s: float) -> None:
     )
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    await server.wait_for_termination()
+    return server
 
 
 async def load(target: str, clients: int, seconds: float) -> dict[str, Any]:
@@ -133,7 +153,7 @@ def measure(shape: str, work_us: int, slice_ms: float, clients: int, seconds: fl
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.intake", description=__doc__.splitlines()[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--shape", choices=("single", "thread"), default="single")
+    parser.add_argument("--shape", choices=("single", "thread", "intake"), default="single")
     parser.add_argument("--work-us", type=int, default=50, help="state-machine work per request (µs)")
     parser.add_argument("--slice-ms", type=float, default=0.0)
     parser.add_argument("--clients", type=int, default=16)
@@ -147,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     points = [
         measure(shape, args.work_us, slice_ms, args.clients, args.seconds)
         for slice_ms in (0.0, 5.0)
-        for shape in ("single", "thread")
+        for shape in ("single", "thread", "intake")
     ]
     for point in points:
         print(json.dumps(point))

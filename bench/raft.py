@@ -463,7 +463,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.raft", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short points and 3 failover trials")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every quorum of the run (A/B runs), e.g. "
+        "controller.request.intake.thread=false",
+    )
     args = parser.parse_args(argv)
+    for setting in args.set:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            parser.error(f"--set wants KEY=VALUE, got {setting!r}")
+        for profile in (THROUGHPUT_PROFILE, *FAILOVER_PROFILES.values()):
+            profile[key] = value
     result = run(quick=args.quick, results_path=args.out)
     print(format_table(result))
     print(f"results: {args.out}")

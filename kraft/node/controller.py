@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -40,9 +40,10 @@ import grpc.aio
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
+from kraft.node.intake import HopInterceptor, IntakeLoop
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
-from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
+from kraft.observability.health import RAFT_SERVICE, HealthReporter
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.api import LeaderAndEpoch, RaftClient
@@ -57,6 +58,8 @@ from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
 from kraft.v1 import raft_pb2_grpc
+
+T = TypeVar("T")
 
 ServiceInstaller = Callable[[grpc.aio.Server], None]
 """Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
@@ -159,6 +162,8 @@ class ControllerNode:
         self._transport: GrpcTransport | None = None
         self._raft: RaftDriver | None = None
         self._server: grpc.aio.Server | None = None
+        self._intake: IntakeLoop | None = None
+        """The request plane's thread and loop (controller.request.intake.thread), which owns the server."""
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -261,7 +266,9 @@ class ControllerNode:
         self.watch(self._watcher, "controller-health-watcher")
         if self._server is not None:
             server = self._server
-            self._server_watch = asyncio.create_task(server.wait_for_termination(), name="grpc-server")
+            self._server_watch = asyncio.create_task(
+                self._on_server_loop(server.wait_for_termination()), name="grpc-server"
+            )
             self.watch(self._server_watch, "grpc-server")
         if cfg.metrics_port:
             try:
@@ -290,7 +297,6 @@ class ControllerNode:
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=options)
         endpoints = self.endpoints()
         raft_servicer = RaftServicer(
             self._raft,
@@ -298,8 +304,8 @@ class ControllerNode:
             local_directory=(cfg.node_id, self._meta.directory_id),
             endpoints=endpoints,
         )
-        add_raft_service(raft_servicer, server)
-        self._health = await add_health_service(server, (RAFT_SERVICE,))
+        health = HealthReporter()
+        test_servicer: RaftTestServicer | None = None
         if cfg.kraft_test_append_enable:
             # The digest state machine writes snapshots only when nothing else runs on this node:
             # with the metadata layer installed, snapshots are the metadata image's.
@@ -308,18 +314,55 @@ class ControllerNode:
             test_servicer = RaftTestServicer(
                 self._raft, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
             )
-            raft_pb2_grpc.add_RaftTestServiceServicer_to_server(test_servicer, server)
-        for install in self._installers:
-            install(server)
         address = cfg.controller_listener.bind_address
-        try:
-            self._bound_port = server.add_insecure_port(address)
-        except RuntimeError as exc:
-            raise StartupError(f"cannot listen on {address}: {exc}") from None
-        if self._bound_port == 0:
-            raise StartupError(f"cannot listen on {address} (port in use?)")
-        self._server = server
-        await server.start()
+
+        def build(interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] | None) -> grpc.aio.Server:
+            """The server, on the loop that runs it (servicers are only registered here)."""
+            server = grpc.aio.server(options=options, interceptors=interceptors)
+            add_raft_service(raft_servicer, server)
+            health.register(server)
+            if test_servicer is not None:
+                raft_pb2_grpc.add_RaftTestServiceServicer_to_server(test_servicer, server)
+            for install in self._installers:
+                install(server)
+            try:
+                self._bound_port = server.add_insecure_port(address)
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen on {address}: {exc}") from None
+            if self._bound_port == 0:
+                raise StartupError(f"cannot listen on {address} (port in use?)")
+            return server
+
+        await health.set_serving(RAFT_SERVICE, False)
+        self._health = health
+        if cfg.controller_request_intake_thread:
+            intake = self._intake = IntakeLoop()
+            intake.start()
+            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
+
+            async def start_on_intake() -> grpc.aio.Server:
+                server = build([hop])
+                await server.start()
+                return server
+
+            self._server = await intake.run(start_on_intake())
+        else:
+            self._server = build(None)
+            await self._server.start()
+
+    async def _on_server_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a call on the server (wait_for_termination, stop) on the loop the server belongs to."""
+        if self._intake is not None:
+            return await self._intake.run(coro)
+        return await coro
+
+    async def _stop_server(self, grace: float) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await self._on_server_loop(server.stop(grace=grace))
+        if self._intake is not None:
+            self._intake.close()
+            self._intake = None
 
     async def _watch_leadership(self) -> None:
         """Keep ``kraft.v1.RaftService`` health SERVING exactly while a leader is known."""
@@ -380,9 +423,7 @@ class ControllerNode:
         complete, which a failed write or fsync broke; the next start recovers the log instead)."""
         if self._watcher is not None:
             self._watcher.cancel()
-        if self._server is not None:
-            await self._server.stop(grace=0)
-            self._server = None
+        await self._stop_server(grace=0)
         if self._raft is not None:
             await self._raft.stop()
         if self._transport is not None:
@@ -393,9 +434,7 @@ class ControllerNode:
         # The server watch is not cancelled: cancelling grpc's wait_for_termination cancels the server's
         # own shutdown future (stop() then raises CancelledError); it ends by itself once the server stops.
         self._server_watch = None
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
-            self._server = None
+        await self._stop_server(grace=0.5)
         if self._transport is not None:
             await self._transport.close()
             self._transport = None
