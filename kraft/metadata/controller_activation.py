@@ -136,7 +136,7 @@ class Activation:
             # by the job driver, slice by slice, behind heartbeats like any bulk work.
             self._log.info("resuming_bulk_jobs")
             writes.drive_jobs(logic)
-        with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
+        with contextlib.suppress(NotControllerError, KraftError, TimeoutError, EventQueueClosedError):
             await writes.write(
                 lambda lg: Outcome(
                     lg.bootstrap_records(writes.next_offset),

@@ -79,6 +79,7 @@ class WritePath:
         self.queue = ControllerEventQueue()
         """Every computation on the logic runs as an event here (see event_queue.py)."""
         self._driver: asyncio.Task[int] | None = None
+        self._driver_logic: ControllerLogic | None = None
 
     # ---- appends ----
 
@@ -148,10 +149,12 @@ class WritePath:
         """Start (or join) the task that runs ``logic``'s bulk jobs slice by slice; its result is the
         last offset appended (NotControllerError if leadership went away meanwhile)."""
         driver = self._driver
-        if driver is None or driver.done():
+        if driver is None or driver.done() or self._driver_logic is not logic:
+            # (a driver of an earlier logic ends by itself: its logic is no longer the active one)
             driver = self._driver = asyncio.get_running_loop().create_task(
                 self._run_jobs(logic), name="controller-bulk-jobs"
             )
+            self._driver_logic = logic
             driver.add_done_callback(_retrieve)
         return driver
 
@@ -242,6 +245,9 @@ class WritePath:
         for _, _, _, future in waiters:
             if not future.done():
                 future.set_exception(NotControllerError(leader_id))
+        # Wake whatever waits for the next commit (bulk pacing, long-polls): there may be none for a long
+        # time, and each of them re-checks that this controller is still active.
+        self._state.signal_commit()
 
     def lease_expired(self) -> bool:
         """True when a write has waited longer than the lease: this node may have been deposed without

@@ -608,3 +608,51 @@ async def test_a_heartbeat_queued_behind_bulk_requests_runs_before_them() -> Non
         assert beat.result().error_code == ErrorCode.NONE
     finally:
         await controller.stop()
+
+
+async def test_a_controller_that_regains_leadership_resumes_a_sliced_shutdown_left_half_done() -> None:
+    """Leadership is lost while a controlled shutdown's slices wait for their commits: the request is
+    answered NOT_CONTROLLER at once (the job driver, waiting for room, is woken by the deactivation
+    instead of sitting out the commit timeout).  The same node wins again: the new epoch finds the rest
+    in the committed image (broker 1, shutting down, still leads) and drives it to the end."""
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4, max_uncommitted_bulk_records=4
+    )
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+
+        def leads(image: MetadataImage) -> int:
+            led = image.topic("led-by-1")
+            assert led is not None
+            return sum(1 for p in led.partitions if p.leader == 1)
+
+        shutdown = asyncio.create_task(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1))
+        )
+        for _ in range(1000):  # step the loop until part of the shutdown committed
+            await asyncio.sleep(0)
+            if 0 < leads(controller.committed) < 40:
+                break
+        assert 0 < leads(controller.committed) < 40 and controller.committed.brokers[1].in_controlled_shutdown
+        raft.hold_commits = True
+        await settle()
+        assert controller.writes.driver is not None and not controller.writes.driver.done()
+        old_driver = controller.writes.driver
+        raft.lose_leadership(2)
+        assert (await asyncio.wait_for(shutdown, 5)).error_code == ErrorCode.NOT_CONTROLLER
+        raft.hold_commits = False
+        raft.elect()
+        await until(lambda: controller.is_active and leads(controller.committed) == 0)
+        assert controller.writes.driver is not old_driver
+        led = controller.committed.topic("led-by-1")
+        assert led is not None and all(p.isr == (2, 3) for p in led.partitions)
+    finally:
+        await controller.stop()
