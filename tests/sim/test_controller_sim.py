@@ -30,6 +30,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -675,7 +676,73 @@ def scenario_sliced_unfence_elections_resume_after_failover(sim: ControllerSimul
     sim.check_identical_images()
 
 
+def _request_until(
+    sim: ControllerSimulation, key: str, call: Callable[[QuorumController], Any], done: Callable[[], bool]
+) -> None:
+    """Send ``call`` to the active controller, again after each answer, until ``done()`` (a client that
+    retries a request the failover interrupted)."""
+    while not done():
+        target = sim.active_controller()
+        if target is None:
+            sim.run_for(HEARTBEAT_MS)
+            continue
+        sim.answers.pop(key, None)
+
+        async def send(controller: QuorumController = target[1]) -> None:
+            sim.answers[key] = await call(controller)
+
+        sim.controllers[target[0]].loop.create_task(send())
+        sim._sync_controllers()
+        sim.run_until_condition(lambda: key in sim.answers, BOUND_MS, f"an answer to {key}")
+
+
+def scenario_sliced_topic_requests_finish_after_failover(sim: ControllerSimulation) -> None:
+    """One CreateTopics of BULK_PARTITIONS / 2 two-partition topics is written in parts of a work unit (4
+    records); the active controller crashes when some parts committed; the client retries on the new one
+    (created topics answer TOPIC_ALREADY_EXISTS, the rest are created) — every topic exists exactly once,
+    complete.  Then one DeleteTopics of all of them, sliced the same way, with a crash half-way and a retry
+    (deleted ones answer UNKNOWN_TOPIC_OR_PARTITION): none is left."""
+    names = [f"bulk-{i}" for i in range(BULK_PARTITIONS // 2)]
+    create = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER,
+        topics=[cpb.CreatableTopic(name=n, num_partitions=2, replication_factor=2) for n in names],
+    )
+
+    def existing(image: MetadataImage) -> int:
+        return sum(1 for n in names if image.topic(n) is not None)
+
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].create_topics(create))
+    sim._sync_controllers()
+    _crash_active_mid_way(sim, lambda image: existing(image) * 2, "the CreateTopics")
+    _request_until(
+        sim,
+        "bulk-create",
+        lambda c: c.create_topics(create),
+        lambda: existing(sim.leader_image()) == len(names),
+    )
+    image = sim.leader_image()
+    for name in names:
+        topic = image.topic(name)
+        assert topic is not None
+        if len(topic.partitions) != 2 or any(len(set(p.replicas)) != 2 for p in topic.partitions):
+            raise InvariantViolation(f"seed {sim.seed}: topic {name} is incomplete: {topic}")
+    delete = cpb.DeleteTopicsRequest(cluster_id=CLUSTER, names=names)
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].delete_topics(delete))
+    sim._sync_controllers()
+    _crash_active_mid_way(sim, lambda image: (len(names) - existing(image)) * 2, "the DeleteTopics")
+    _request_until(
+        sim, "bulk-delete", lambda c: c.delete_topics(delete), lambda: existing(sim.leader_image()) == 0
+    )
+    sim.wait_all_active("brokers active after the failovers")
+    sim.check_identical_images()
+
+
 SCENARIOS = {
+    "sliced_topic_requests_finish_after_failover": scenario_sliced_topic_requests_finish_after_failover,
     "sliced_controlled_shutdown_resumes_after_failover": (
         scenario_sliced_controlled_shutdown_resumes_after_failover
     ),
