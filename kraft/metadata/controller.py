@@ -9,7 +9,8 @@ what they own (all on one event loop, so no locks; shared state in :class:`Contr
 - **Activation** (:mod:`controller_activation`, one task per won epoch): appends a NoOp, waits for it to
   commit — so ``committed`` holds everything of earlier epochs — then resets the logic from it (fresh
   heartbeat sessions for every broker) and starts answering.
-- **Write path** (:mod:`controller_writes`): appends at predicted offsets, commit waiters, leader lease.
+- **Write path** (:mod:`controller_writes`): runs requests as events of the queue, appends at predicted
+  offsets, the bulk job driver, commit waiters, leader lease.
 - **Session checker** (:mod:`session_checker`): every ``session_timeout/8`` fences at most one expired
   broker per write; a stalled event loop pushes every deadline back instead of blaming brokers.
 - **Idle NoOp** (:mod:`idle_noops`): a NoOp record every ``metadata.max.idle.interval.ms`` without other
@@ -25,10 +26,14 @@ Every timer and timeout reads the injected :class:`~kraft.clock.Clock` through
 :class:`~kraft.metadata.timers.Timers`: unit tests step a ManualClock, and the controller simulation
 (tests/sim/test_controller_sim.py) runs three of these controllers on a virtual-time event loop.
 
-Requests run in their gRPC task: the logic computes records synchronously (validated against the
-speculative image), they are scheduled on Raft at the offsets the logic predicted, and the answer is sent
-once the high watermark passes them.  A request that produced no records still waits for every earlier
-pending write, so an answer never reflects uncommitted state.
+Every computation on the logic is one event of the **event queue** (:mod:`event_queue`, the single
+writer): the logic computes records synchronously (validated against the speculative image) and they are
+scheduled on Raft at the offsets it predicted, in the same event; BrokerHeartbeat and RegisterBroker use
+the urgent lane, so they never wait behind bulk work.  The answer is sent from the request's own task
+once the high watermark passes its records.  A request that produced no records still waits for every
+earlier pending write, so an answer never reflects uncommitted state.  Bulk work (a broker leaving its
+ISRs, unfence elections) continues in slices of ``max_work_unit_records`` from the write path's job
+driver; big CreateTopics / DeleteTopics are written in parts of that size.
 """
 
 from __future__ import annotations
