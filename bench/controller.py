@@ -23,7 +23,8 @@ What is measured (results in ``bench/results/controller.json``):
   leader change, which must not happen.
 
 Run: ``python -m bench.controller [--quick]`` (``--quick``: 200 brokers, 20,000 partitions, shorter windows;
-``--brokers N`` / ``--partitions N`` override the sizes, ``--no-image-memory`` skips that part).
+``--brokers N`` / ``--partitions N`` override the sizes, ``--no-image-memory`` skips that part, ``--set
+KEY=VALUE`` overrides a controller config key for A/B runs).
 """
 
 from __future__ import annotations
@@ -403,6 +404,7 @@ def run(
             "platform": platform.platform(),
         },
         "quick": quick,
+        "profile": dict(PROFILE),
         **cluster,
     }
     if image_memory:
@@ -422,8 +424,21 @@ def main(argv: list[str] | None = None) -> int:
         "--partitions", type=int, help="partitions per bulk phase (default 100,000; --quick 20,000)"
     )
     parser.add_argument("--no-image-memory", action="store_true", help="skip the image memory child")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a controller config override on top of the profile (A/B runs), e.g. "
+        "controller.request.intake.thread=false",
+    )
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    for setting in args.set:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            parser.error(f"--set wants KEY=VALUE, got {setting!r}")
+        PROFILE[key] = value
     if args.image_memory_child:
         topics, per_topic, brokers = (int(v) for v in args.image_memory_child.split(","))
         print(json.dumps(image_memory_child(topics, per_topic, brokers)))

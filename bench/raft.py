@@ -535,7 +535,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tls", action="store_true", help="only compare PLAINTEXT with mutual TLS (writes raft-tls.json)"
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override for every quorum of the run (A/B runs), e.g. "
+        "controller.request.intake.thread=false",
+    )
     args = parser.parse_args(argv)
+    for setting in args.set:
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            parser.error(f"--set wants KEY=VALUE, got {setting!r}")
+        for profile in (THROUGHPUT_PROFILE, *FAILOVER_PROFILES.values()):
+            profile[key] = value
     if args.tls:
         duration_s, warmup_s, repeats = (2.0, 0.5, 1) if args.quick else (3.0, 0.5, 3)
         with tempfile.TemporaryDirectory(prefix="kraft-bench-tls-") as tmp:

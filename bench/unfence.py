@@ -72,8 +72,8 @@ class Bench:
 
     def fence(self, broker_id: int) -> None:
         self.beat(broker_id, want_fence=True)
-        while self.logic.has_leave_jobs():
-            self.offset += len(self.logic.continue_leave_jobs(self.offset))
+        while self.logic.has_bulk_jobs():
+            self.offset += len(self.logic.continue_bulk_jobs(self.offset))
 
 
 def scan_candidates(

@@ -490,6 +490,13 @@ class NodeConfig(BaseModel):
     controller_quorum_fetch_max_wait_ms: NonNegative = _key(
         "controller.quorum.fetch.max.wait.ms", default=500
     )
+    # The most records one controller event computes and appends; bulk operations (large CreateTopics /
+    # DeleteTopics, a broker leaving 100,000 ISRs, unfence elections) continue in further events, with
+    # heartbeats and registrations served first in between (kraft/metadata/event_queue.py).
+    controller_max_work_unit_records: Positive = _key("controller.max.work.unit.records", default=1000)
+    # The request plane apart from the state machine: the controller node's gRPC server runs on its own
+    # thread and event loop; every handler still runs on the main loop (kraft/node/intake.py).
+    controller_request_intake_thread: Bool = _key("controller.request.intake.thread", default=True)
     broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
     broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
     initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -219,6 +219,9 @@ def server_limits(config: NodeConfig) -> ServerLimits:
     )
 
 
-def create_server(limits: ServerLimits) -> grpc.aio.Server:
-    """A grpc.aio server with :func:`server_options`."""
-    return grpc.aio.server(options=server_options(limits))
+def create_server(
+    limits: ServerLimits, interceptors: Sequence[grpc.aio.ServerInterceptor[Any, Any]] | None = None
+) -> grpc.aio.Server:
+    """A grpc.aio server with :func:`server_options` (and ``interceptors``, e.g. the controller's hop from
+    its intake loop to the state machine's)."""
+    return grpc.aio.server(options=server_options(limits), interceptors=interceptors)

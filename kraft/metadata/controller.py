@@ -9,7 +9,8 @@ what they own (all on one event loop, so no locks; shared state in :class:`Contr
 - **Activation** (:mod:`controller_activation`, one task per won epoch): appends a NoOp, waits for it to
   commit — so ``committed`` holds everything of earlier epochs — then resets the logic from it (fresh
   heartbeat sessions for every broker) and starts answering.
-- **Write path** (:mod:`controller_writes`): appends at predicted offsets, commit waiters, leader lease.
+- **Write path** (:mod:`controller_writes`): runs requests as events of the queue, appends at predicted
+  offsets, the bulk job driver, commit waiters, leader lease.
 - **Session checker** (:mod:`session_checker`): every ``session_timeout/8`` fences at most one expired
   broker per write; a stalled event loop pushes every deadline back instead of blaming brokers.
 - **Idle NoOp** (:mod:`idle_noops`): a NoOp record every ``metadata.max.idle.interval.ms`` without other
@@ -25,10 +26,14 @@ Every timer and timeout reads the injected :class:`~kraft.clock.Clock` through
 :class:`~kraft.metadata.timers.Timers`: unit tests step a ManualClock, and the controller simulation
 (tests/sim/test_controller_sim.py) runs three of these controllers on a virtual-time event loop.
 
-Requests run in their gRPC task: the logic computes records synchronously (validated against the
-speculative image), they are scheduled on Raft at the offsets the logic predicted, and the answer is sent
-once the high watermark passes them.  A request that produced no records still waits for every earlier
-pending write, so an answer never reflects uncommitted state.
+Every computation on the logic is one event of the **event queue** (:mod:`event_queue`, the single
+writer): the logic computes records synchronously (validated against the speculative image) and they are
+scheduled on Raft at the offsets it predicted, in the same event; BrokerHeartbeat and RegisterBroker use
+the urgent lane, so they never wait behind bulk work.  The answer is sent from the request's own task
+once the high watermark passes its records.  A request that produced no records still waits for every
+earlier pending write, so an answer never reflects uncommitted state.  Bulk work (a broker leaving its
+ISRs, unfence elections) continues in slices of ``max_work_unit_records`` from the write path's job
+driver; big CreateTopics / DeleteTopics are written in parts of that size.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ from kraft.metadata.controller_state import (
 )
 from kraft.metadata.controller_writes import WritePath
 from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
@@ -109,7 +115,12 @@ class ControllerOptions:
     activation_wait_ms: int = 5_000  # a request arriving mid-activation waits this long
     leader_lease_ms: int = 2_000  # controller.quorum.fetch.timeout.ms: no commit for this long → step aside
     fetch_window_records: int = 200_000  # recent committed records kept for MetadataFetch
-    partitions_per_write: int = 1_000  # CreateTopics is split into appends of about this many partitions
+    # controller.max.work.unit.records: the most records one event of the controller computes and appends
+    # (CreateTopics parts, DeleteTopics parts by partitions removed, slices of ISR removals and unfence
+    # elections); bulk work continues in further events, behind heartbeats
+    max_work_unit_records: int = 1_000
+    # bulk work computes no further slice while this many appended records are not committed yet
+    max_uncommitted_bulk_records: int = 10_000
     default_num_partitions: int = 1  # num.partitions
     default_replication_factor: int = 1  # default.replication.factor
     max_partitions: int = DEFAULT_MAX_PARTITIONS  # max.partitions
@@ -120,12 +131,12 @@ class ControllerOptions:
     max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
 
 
-def _topic_chunks(req: cpb.CreateTopicsRequest, partitions_per_write: int) -> list[list[cpb.CreatableTopic]]:
+def _topic_chunks(req: cpb.CreateTopicsRequest, max_records: int) -> list[list[cpb.CreatableTopic]]:
     chunks: list[list[cpb.CreatableTopic]] = [[]]
     weight = 0
     for topic in req.topics:
         size = len(topic.assignments) or max(topic.num_partitions, 1)
-        if chunks[-1] and weight + size > partitions_per_write:
+        if chunks[-1] and weight + size > max_records:
             chunks.append([])
             weight = 0
         chunks[-1].append(topic)
@@ -166,6 +177,7 @@ class QuorumController:
             max_partitions=options.max_partitions,
             max_broker_partitions=options.max_broker_partitions,
             request_limits=options.request_limits,
+            max_changes_per_write=options.max_work_unit_records,
         )
         self.writes = WritePath(
             state,
@@ -175,6 +187,7 @@ class QuorumController:
             leader_lease_ms=options.leader_lease_ms,
             on_not_leader=self._deactivate,
             log=log,
+            max_uncommitted_records=options.max_uncommitted_bulk_records,
         )
         self.activation = Activation(
             state,
@@ -241,10 +254,16 @@ class QuorumController:
         self.state.stopping = True
         self.raft.unregister_listener(self)
         self.activation.deactivate(NO_LEADER)
+        await self.writes.queue.close()
         tasks = [
             *self._tasks,
             *self.writes.resignations,
-            *(t for t in (self.activation.task, self.snapshotter.task) if t is not None),
+            *(t for t in (self.writes.driver,) if t is not None),
+            *(
+                t
+                for t in (self.activation.task, self.activation.index_task, self.snapshotter.task)
+                if t is not None
+            ),
         ]
         for task in tasks:
             task.cancel()
@@ -372,15 +391,25 @@ class QuorumController:
             )
         return ref
 
-    async def _serve(self, response: R, build: Callable[[ControllerLogic], Outcome[R]]) -> R:
-        """Run one mutating request: activation check, logic, append, wait for commit, map errors."""
+    async def _serve(
+        self,
+        response: R,
+        build: Callable[[ControllerLogic], Outcome[R]],
+        *,
+        priority: EventPriority = EventPriority.NORMAL,
+        name: str = "request",
+        wait_for_jobs: bool = True,
+    ) -> R:
+        """Run one mutating request as an event of the queue: activation check, logic, append, wait for
+        the commit, map errors."""
         try:
-            logic = await self.activation.active_logic()
-            return await self.writes.write(build(logic))
+            await self.activation.active_logic()
+            return await self.writes.write(build, priority=priority, name=name, wait_for_jobs=wait_for_jobs)
         except WriteOutcomeUnknown as exc:
             return self._outcome_unknown(response, exc.leader_id)
-        except NotControllerError as exc:
-            return self._not_controller(response, exc.leader_id)
+        except (NotControllerError, EventQueueClosedError) as exc:
+            leader = exc.leader_id if isinstance(exc, NotControllerError) else self.state.leader.leader_id
+            return self._not_controller(response, leader)
         except TimeoutError:
             return error_response(
                 response,
@@ -421,6 +450,9 @@ class QuorumController:
         return await self._serve(
             cpb.RegisterBrokerResponse(),
             lambda lg: lg.register_broker(req, self.clock.monotonic_ms(), self.writes.next_offset),
+            priority=EventPriority.URGENT,
+            name="register-broker",
+            wait_for_jobs=False,
         )
 
     async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
@@ -434,11 +466,16 @@ class QuorumController:
         return await self._serve(
             cpb.BrokerHeartbeatResponse(),
             lambda lg: lg.broker_heartbeat(req, self.clock.monotonic_ms(), self.writes.next_offset),
+            priority=EventPriority.URGENT,
+            name="broker-heartbeat",
+            wait_for_jobs=False,
         )
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         return await self._serve(
-            cpb.UnregisterBrokerResponse(), lambda lg: lg.unregister_broker(req, self.writes.next_offset)
+            cpb.UnregisterBrokerResponse(),
+            lambda lg: lg.unregister_broker(req, self.writes.next_offset),
+            name="unregister-broker",
         )
 
     async def _count_speculative(self) -> None:
@@ -453,7 +490,9 @@ class QuorumController:
     async def shutdown_broker(self, req: cpb.ShutdownBrokerRequest) -> cpb.ShutdownBrokerResponse:
         await self._count_speculative()  # its answer counts leaderships: do most of that in slices
         response = await self._serve(
-            cpb.ShutdownBrokerResponse(), lambda lg: lg.shutdown_broker(req, self.writes.next_offset)
+            cpb.ShutdownBrokerResponse(),
+            lambda lg: lg.shutdown_broker(req, self.writes.next_offset),
+            name="shutdown-broker",
         )
         await self._count_speculative()
         logic = self.state.logic
@@ -473,7 +512,7 @@ class QuorumController:
             check_create_topics(req, self.options.request_limits, self.options.default_num_partitions)
         except KraftError as exc:
             return error_response(cpb.CreateTopicsResponse(), exc.code, exc.message)
-        chunks = _topic_chunks(req, self.options.partitions_per_write)
+        chunks = _topic_chunks(req, self.options.max_work_unit_records)
         if len(chunks) == 1:
             return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
@@ -512,22 +551,74 @@ class QuorumController:
         self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
     ) -> cpb.CreateTopicsResponse:
         return await self._serve(
-            cpb.CreateTopicsResponse(), lambda lg: lg.create_topics(req, self.writes.next_offset, tally)
+            cpb.CreateTopicsResponse(),
+            lambda lg: lg.create_topics(req, self.writes.next_offset, tally),
+            name="create-topics",
         )
 
     async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
+        names = list(dict.fromkeys(req.names))
+        chunks = self._delete_chunks(names)
+        if len(chunks) <= 1:
+            return await self._delete_part(req)
+        # Like CreateTopics: parts of about max.work.unit.records partitions each, one event each (a
+        # removed partition costs its replay and index updates), paced by the uncommitted records; each
+        # topic is removed by one record, so a failover leaves every topic either there or gone and a
+        # retry deletes what is left.
+        writes = []
+        for chunk in chunks:
+            with contextlib.suppress(TimeoutError):
+                await self.writes.wait_for_room()
+            part = cpb.DeleteTopicsRequest(cluster_id=req.cluster_id, names=chunk)
+            writes.append(asyncio.ensure_future(self._delete_part(part)))
+        results: dict[str, cpb.DeletableTopicResult] = {}
+        for answer in await asyncio.gather(*writes):
+            if answer.error_code != ErrorCode.NONE:
+                return answer
+            results.update((r.name, r) for r in answer.topics)
+        response = cpb.DeleteTopicsResponse()
+        response.topics.extend(results[name] for name in req.names)
+        return response
+
+    def _delete_chunks(self, names: list[str]) -> list[list[str]]:
+        """Names in parts of about ``max_work_unit_records`` partitions (by the speculative image; an
+        unknown name weighs 1)."""
+        logic = self.state.logic
+        if logic is None:
+            return [names]
+        image = logic.image
+        limit = self.options.max_work_unit_records
+        chunks: list[list[str]] = [[]]
+        weight = 0
+        for name in names:
+            topic = image.topic(name)
+            size = max(1, len(topic.partitions)) if topic is not None else 1
+            if chunks[-1] and weight + size > limit:
+                chunks.append([])
+                weight = 0
+            chunks[-1].append(name)
+            weight += size
+        return chunks
+
+    async def _delete_part(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
         return await self._serve(
-            cpb.DeleteTopicsResponse(), lambda lg: lg.delete_topics(req, self.writes.next_offset)
+            cpb.DeleteTopicsResponse(),
+            lambda lg: lg.delete_topics(req, self.writes.next_offset),
+            name="delete-topics",
         )
 
     async def elect_leaders(self, req: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
         return await self._serve(
-            cpb.ElectLeadersResponse(), lambda lg: lg.elect_leaders(req, self.writes.next_offset)
+            cpb.ElectLeadersResponse(),
+            lambda lg: lg.elect_leaders(req, self.writes.next_offset),
+            name="elect-leaders",
         )
 
     async def alter_partition(self, req: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
         return await self._serve(
-            cpb.AlterPartitionResponse(), lambda lg: alter_partition(lg, req, self.writes.next_offset)
+            cpb.AlterPartitionResponse(),
+            lambda lg: alter_partition(lg, req, self.writes.next_offset),
+            name="alter-partition",
         )
 
     async def create_acls(self, req: cpb.CreateAclsRequest) -> cpb.CreateAclsResponse:

@@ -17,6 +17,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
@@ -52,6 +53,8 @@ class Activation:
         self._activated: asyncio.Future[None] | None = None
         """Completes at the next activation; requests that arrive mid-activation wait for it."""
         self.task: asyncio.Task[None] | None = None
+        self.index_task: asyncio.Task[None] | None = None
+        """Builds the new logic's rejoin index in slices, one event of the queue each."""
 
     def on_leader_change(self, leader: LeaderAndEpoch) -> None:
         state = self._state
@@ -67,6 +70,8 @@ class Activation:
         state = self._state
         if self.task is not None and not self.task.done():
             self.task.cancel()
+        if self.index_task is not None and not self.index_task.done():
+            self.index_task.cancel()
         was_active = state.logic is not None
         state.logic = None
         state.active_epoch = -1 if leader_id != state.node_id else state.active_epoch
@@ -89,6 +94,13 @@ class Activation:
             if state.logic is not None:
                 return state.logic
         raise NotControllerError(state.leader.leader_id)
+
+    async def _build_index(self, logic: ControllerLogic) -> None:
+        state, queue = self._state, self._writes.queue
+        with contextlib.suppress(NotControllerError, EventQueueClosedError):
+            while logic is state.logic:
+                if await queue.run(EventPriority.NORMAL, "rejoin-index-slice", logic.index_some):
+                    return
 
     async def _activate(self, epoch: int) -> None:
         state, writes = self._state, self._writes
@@ -118,14 +130,19 @@ class Activation:
         self._log.info(
             "became_active", epoch=epoch, offset=state.committed.offset, brokers=len(state.committed.brokers)
         )
-        resumed = logic.continue_leave_jobs(writes.next_offset)
-        while not resumed and logic.has_leave_jobs():  # chunks that only scanned
-            resumed = logic.continue_leave_jobs(writes.next_offset)
-        if resumed:
-            self._log.info("resuming_isr_removals", records=len(resumed))
-            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
-                await writes.write(Outcome(resumed, cpb.DescribeClusterResponse(), writes.next_offset))
-        records = logic.bootstrap_records(writes.next_offset)
-        if records:
-            with contextlib.suppress(NotControllerError, KraftError, TimeoutError):
-                await writes.write(Outcome(records, cpb.DescribeClusterResponse(), writes.next_offset))
+        self.index_task = asyncio.create_task(self._build_index(logic), name="controller-rejoin-index")
+        if logic.has_bulk_jobs():
+            # A bulk job the previous controller left half done (found in the image by reset): resumed
+            # by the job driver, slice by slice, behind heartbeats like any bulk work.
+            self._log.info("resuming_bulk_jobs")
+            writes.drive_jobs(logic)
+        with contextlib.suppress(NotControllerError, KraftError, TimeoutError, EventQueueClosedError):
+            await writes.write(
+                lambda lg: Outcome(
+                    lg.bootstrap_records(writes.next_offset),
+                    cpb.DescribeClusterResponse(),
+                    writes.next_offset,
+                ),
+                name="bootstrap",
+                wait_for_jobs=False,
+            )

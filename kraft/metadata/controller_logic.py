@@ -81,6 +81,8 @@ DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 # Partitions a leave-job chunk looks at, at most: a chunk that finds few changes (the broker is in few
 # ISRs) ends after this much scanning — possibly with no change — and the next chunk goes on.
 LEAVE_SCAN_PARTITIONS = 10_000
+# Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
+INDEX_SLICE_PARTITIONS = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +92,8 @@ class ControllerSettings:
     default_num_partitions: int = 1
     default_replication_factor: int = 1
     max_changes_per_write: int = 250
-    """Partition changes per append when a broker leaves its ISRs; the rest follow in later appends."""
+    """Partition changes per append when a broker leaves its ISRs or unfence elections run (a bulk job
+    slice, ``controller.max.work.unit.records``); the rest follow in later appends."""
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     """``max.partitions``: partitions in the cluster (each counted once, whatever its replication factor)."""
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
@@ -109,6 +112,17 @@ class _LeaveJob:
     position: int = 0  # index into topic_ids
     partition_position: int = 0  # next partition of topic_ids[position]
     tail: list[Message] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _RejoinJob:
+    """Elections after a broker was unfenced, in bounded chunks: the partitions (topic id, partition id)
+    that rejoining may change, from the rejoin index when the unfence happened, each re-checked against
+    the image of its own chunk."""
+
+    broker_id: int
+    partitions: list[tuple[str, int]]
+    position: int = 0
 
 
 @dataclass(slots=True)
@@ -218,6 +232,7 @@ class ControllerLogic:
         # partitions an unfence may change, per broker, following the speculative image delta by delta
         self.rejoin_index = RejoinIndex()
         self._leaving: dict[int, _LeaveJob] = {}
+        self._rejoining: dict[int, _RejoinJob] = {}
         self.reset(image, now_ms)
 
     # ---- lifecycle of the logic itself ----
@@ -225,12 +240,14 @@ class ControllerLogic:
     def reset(self, committed: MetadataImage, now_ms: int) -> None:
         """Drop pending state; give every registered broker a fresh session (a newly active controller)."""
         self.image = committed
-        # not reached by a delta: rebuilt by the next unfence; counts come from PartitionCounts till then
-        self.rejoin_index.invalidate()
+        # not reached by a delta: rebuilt in slices (index_some, one per event of the shell's queue);
+        # counts come from PartitionCounts till then, and an unfence meanwhile finishes it at once
+        self.rejoin_index.start_rebuild(committed.topics_by_id)
         self._shutdown_offsets.clear()
         self.broker_offsets.clear()
         self._leaving.clear()
-        self._resume_leave_jobs()
+        self._rejoining.clear()
+        self._resume_bulk_jobs()
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
@@ -273,31 +290,45 @@ class ControllerLogic:
 
         return acceptable
 
-    def _resume_leave_jobs(self) -> None:
-        """A previous active controller may have stopped half-way through moving a broker out of its
-        ISRs: one scan finds fenced or shutting-down brokers still leading or in a shared ISR."""
+    def _resume_bulk_jobs(self) -> None:
+        """A previous active controller may have stopped half-way through a bulk job; what is left is
+        derivable from the image, found in one scan: fenced or shutting-down brokers still leading or in
+        a shared ISR (a leave job each), and partitions whose election would change their leader, other
+        than those (the elections an unfence had still to run: one rejoin job)."""
         gone = {b.broker_id for b in self.image.brokers.values() if b.fenced or b.in_controlled_shutdown}
-        if not gone:
-            return
+        acceptable = self.acceptable_in(self.image)
         pending: set[int] = set()
+        electable: list[tuple[str, int]] = []
         for topic in self.image.topics_by_id.values():
-            for partition in topic.partitions:
-                if partition.leader in gone:
-                    pending.add(partition.leader)
-                if len(partition.isr) > 1:
+            for partition_id, partition in enumerate(topic.partitions):
+                leader = partition.leader
+                if leader in gone:
+                    pending.add(leader)
+                if len(partition.isr) > 1 and gone:
                     pending.update(gone.intersection(partition.isr))
+                if leader in gone or (leader != NO_PARTITION_LEADER and leader == partition.replicas[0]):
+                    continue  # a leave job moves it / the preferred leader leads: no election to run
+                if build_change(topic.topic_id, partition_id, partition, acceptable) is not None:
+                    electable.append((topic.topic_id, partition_id))
         topic_ids = list(self.image.topics_by_id)
         for broker_id in sorted(pending):
             self._leaving[broker_id] = _LeaveJob(broker_id, list(topic_ids))
+        if electable:
+            self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, electable)
 
-    def has_leave_jobs(self) -> bool:
-        return bool(self._leaving)
+    def index_some(self, limit: int = INDEX_SLICE_PARTITIONS) -> bool:
+        """One slice of the rejoin index's rebuild after a reset; True once it follows the image."""
+        return self.rejoin_index.rebuild_some(self.image.topics_by_id, limit)
 
-    def continue_leave_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
-        """The next chunk of ISR removals (the shell calls this until :meth:`has_leave_jobs` is False);
-        may be empty while jobs remain (a chunk that only scanned)."""
+    def has_bulk_jobs(self) -> bool:
+        return bool(self._leaving or self._rejoining)
+
+    def continue_bulk_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
+        """The next chunk of ISR removals and unfence elections (the shell calls this until
+        :meth:`has_bulk_jobs` is False); may be empty while jobs remain (a chunk that only scanned)."""
         batch = _Batch(self, next_offset)
         self._run_leave_jobs(batch)
+        self._run_rejoin_jobs(batch)
         return batch.finish()
 
     def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
@@ -350,7 +381,7 @@ class ControllerLogic:
 
     def _leave_isrs(self, batch: _Batch, broker_id: int, tail: tuple[Message, ...] = ()) -> None:
         """Start removing the broker from every ISR and moving its leaderships; as much as fits in
-        this write happens now, the rest through :meth:`continue_leave_jobs`."""
+        this write happens now, the rest through :meth:`continue_bulk_jobs`."""
         job = self._leaving.get(broker_id)
         if job is None:
             job = self._leaving[broker_id] = _LeaveJob(broker_id, list(self.image.topics_by_id))
@@ -402,16 +433,44 @@ class ControllerLogic:
         it gets it as leader).  It does not go back into ISRs here: the partition leader proposes that by
         AlterPartition once the replica caught up (kraft/metadata/isr_changes.py) — a replica missing
         committed records must never be electable.  Candidates come from the rejoin index (a superset of
-        the partitions an election can change), in the full scan's order."""
+        the partitions an election can change), in the full scan's order; as many elections as fit this
+        write run now, the rest through :meth:`continue_bulk_jobs`."""
         image = batch.view()
         acceptable = self.acceptable_in(image)
-        changes = [
-            build_change(topic.topic_id, partition_id, partition, acceptable)
-            for topic, partition_id, partition in self._rejoin_candidates(image, broker_id, acceptable)
+        partitions = [
+            (topic.topic_id, partition_id)
+            for topic, partition_id, _ in self._rejoin_candidates(image, broker_id, acceptable)
         ]
-        for change in changes:
-            if change is not None:
+        if partitions:
+            self._rejoining[broker_id] = _RejoinJob(broker_id, partitions)
+            self._run_rejoin_jobs(batch)
+
+    def _run_rejoin_jobs(self, batch: _Batch) -> None:
+        budget = self.settings.max_changes_per_write - len(batch.records)
+        scan_budget = LEAVE_SCAN_PARTITIONS
+        for job in list(self._rejoining.values()):
+            if budget <= 0 or scan_budget <= 0:
+                return
+            image = batch.view()
+            acceptable = self.acceptable_in(image)
+            topics = image.topics_by_id
+            changes: list[pb.PartitionChangeRecord] = []
+            partitions = job.partitions
+            while job.position < len(partitions) and len(changes) < budget and scan_budget > 0:
+                topic_id, partition_id = partitions[job.position]
+                job.position += 1
+                scan_budget -= 1
+                topic = topics.get(topic_id)
+                if topic is None or partition_id >= len(topic.partitions):
+                    continue  # deleted meanwhile
+                change = build_change(topic_id, partition_id, topic.partitions[partition_id], acceptable)
+                if change is not None:
+                    changes.append(change)
+            for change in changes:
                 batch.add(change)
+            budget -= len(changes)
+            if job.position >= len(partitions):
+                del self._rejoining[job.broker_id]
 
     def _fence(self, batch: _Batch, broker: BrokerRegistration) -> None:
         # The registration change comes first so no election picks the broker while it leaves its ISRs.
@@ -419,6 +478,7 @@ class ControllerLogic:
             pb.BrokerRegistrationChangeRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch, fenced=1)
         )
         self.heartbeats.set_fenced(broker.broker_id, True)
+        self._rejoining.pop(broker.broker_id, None)
         self._leave_isrs(batch, broker.broker_id)
 
     def _unfence(self, batch: _Batch, broker: BrokerRegistration) -> None:

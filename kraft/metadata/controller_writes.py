@@ -19,8 +19,9 @@ from typing import TypeVar
 from google.protobuf.message import Message
 
 from kraft.metadata import records as rec
-from kraft.metadata.controller_logic import Outcome
+from kraft.metadata.controller_logic import ControllerLogic, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError, WriteOutcomeUnknown
+from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
@@ -30,10 +31,17 @@ from kraft.v1 import metadata_pb2 as pb
 
 R = TypeVar("R", bound=Message)
 
-# Bulk writes (leave jobs, big CreateTopics) stop computing further appends while this many records
-# are appended but not committed: Raft batches stay small and the event loop serves heartbeats and
-# fetches in between, instead of the leader racing far ahead of its followers.
+# Bulk writes (leave and rejoin jobs, big CreateTopics, DeleteTopics) stop computing further appends
+# while this many records are appended but not committed (the default of
+# ControllerOptions.max_uncommitted_bulk_records): Raft batches stay small and the event loop serves
+# heartbeats and fetches in between, instead of the leader racing far ahead of its followers.
 MAX_UNCOMMITTED_RECORDS = 10_000
+
+
+def _retrieve(task: asyncio.Task[int]) -> None:
+    """The job driver's outcome is read by whoever waits for it, if anyone: never "never retrieved"."""
+    if not task.cancelled():
+        task.exception()
 
 
 class WritePath:
@@ -47,6 +55,7 @@ class WritePath:
         leader_lease_ms: int,
         on_not_leader: Callable[[int], None],
         log: StructLogger,
+        max_uncommitted_records: int = MAX_UNCOMMITTED_RECORDS,
     ) -> None:
         self._state = state
         self._raft = raft
@@ -67,6 +76,11 @@ class WritePath:
         self._own_values: deque[tuple[int, list[bytes]]] = deque()
         """(first offset, values) of each append whose image is in ``_own_images``, in offset order."""
         self.resignations: list[asyncio.Task[None]] = []
+        self._max_uncommitted = max_uncommitted_records
+        self.queue = ControllerEventQueue()
+        """Every computation on the logic runs as an event here (see event_queue.py)."""
+        self._driver: asyncio.Task[int] | None = None
+        self._driver_logic: ControllerLogic | None = None
 
     # ---- appends ----
 
@@ -93,28 +107,34 @@ class WritePath:
             self._own_values.append((last - len(values) + 1, values))
         return last
 
-    async def write(self, outcome: Outcome[R]) -> R:
-        """Append the outcome's records and answer once they (and everything before) committed.
+    async def write(
+        self,
+        build: Callable[[ControllerLogic], Outcome[R]],
+        *,
+        priority: EventPriority = EventPriority.NORMAL,
+        name: str = "write",
+        wait_for_jobs: bool = True,
+    ) -> R:
+        """Run ``build`` on the active logic as one event of the queue, append its records, and answer
+        once they (and everything before) committed.
 
-        Brokers leaving their ISRs (fence, shutdown, unregister) continue in further appends of bounded
-        size, with the event loop free in between; the answer waits for the last of them.
+        ``build`` runs inside the event, so the offsets it predicts (``next_offset``) are the ones its
+        records get.  Bulk work it started (brokers leaving their ISRs, unfence elections) continues in
+        further events of bounded size run by the job driver; with ``wait_for_jobs`` the answer waits for
+        the last of them (ShutdownBroker, UnregisterBroker), otherwise only for its own records (a
+        heartbeat's answer never waits behind bulk work).
 
         Raises NotControllerError when nothing was appended (the request may go to the new leader as it
-        is), :class:`WriteOutcomeUnknown` when leadership was lost after the first append, and
+        is), :class:`WriteOutcomeUnknown` when leadership was lost after its records were appended, and
         TimeoutError when the records did not commit within the commit timeout (outcome unknown too).
         """
-        if outcome.records:
-            last = self.append(outcome.records, outcome.first_offset)  # NotControllerError: nothing done
+        outcome, last, logic = await self.queue.run(priority, name, lambda: self._run_event(build))
+        if last is not None:
             try:
-                logic = self._state.logic
-                while logic is not None and logic is self._state.logic and logic.has_leave_jobs():
-                    await self.wait_for_room()
-                    if logic is not self._state.logic:
-                        raise NotControllerError(self._state.leader.leader_id)
-                    first = self.next_offset
-                    more = logic.continue_leave_jobs(first)
-                    if more:
-                        last = self.append(more, first)
+                if logic.has_bulk_jobs():
+                    driver = self.drive_jobs(logic)
+                    if wait_for_jobs:
+                        last = max(last, await asyncio.shield(driver))
                 await self.wait_committed(last)
             except NotControllerError as exc:
                 # Appended, then deposed: the records may commit under the new leader or be truncated.
@@ -124,14 +144,61 @@ class WritePath:
             await self.wait_committed(depends_on)
         return outcome.response
 
+    def _run_event(
+        self, build: Callable[[ControllerLogic], Outcome[R]]
+    ) -> tuple[Outcome[R], int | None, ControllerLogic]:
+        logic = self._state.logic
+        if logic is None:
+            raise NotControllerError(self._state.leader.leader_id)
+        outcome = build(logic)
+        last = self.append(outcome.records, outcome.first_offset) if outcome.records else None
+        return outcome, last, logic
+
+    def drive_jobs(self, logic: ControllerLogic) -> asyncio.Future[int]:
+        """Start (or join) the task that runs ``logic``'s bulk jobs slice by slice; its result is the
+        last offset appended (NotControllerError if leadership went away meanwhile)."""
+        driver = self._driver
+        if driver is None or driver.done() or self._driver_logic is not logic:
+            # (a driver of an earlier logic ends by itself: its logic is no longer the active one)
+            driver = self._driver = asyncio.get_running_loop().create_task(
+                self._run_jobs(logic), name="controller-bulk-jobs"
+            )
+            self._driver_logic = logic
+            driver.add_done_callback(_retrieve)
+        return driver
+
+    async def _run_jobs(self, logic: ControllerLogic) -> int:
+        last = self.next_offset - 1
+        state = self._state
+
+        def next_slice() -> int | None:
+            if logic is not state.logic:
+                raise NotControllerError(state.leader.leader_id)
+            first = self.next_offset
+            more = logic.continue_bulk_jobs(first)
+            return self.append(more, first) if more else None
+
+        while logic is state.logic and logic.has_bulk_jobs():
+            await self.wait_for_room()
+            appended = await self.queue.run(EventPriority.NORMAL, "bulk-slice", next_slice)
+            if appended is not None:
+                last = appended
+        if logic is not state.logic:
+            raise NotControllerError(state.leader.leader_id)
+        return last
+
+    @property
+    def driver(self) -> asyncio.Task[int] | None:
+        """The job driver task, if one was started (stop() cancels it)."""
+        return self._driver
+
     async def wait_for_room(self) -> None:
         """Yield, then wait while too many appended records are not committed yet (bulk writes only)."""
         await asyncio.sleep(0)
         state = self._state
         deadline = self._timers.now_ms() + self._commit_timeout_ms
         while (
-            state.logic is not None
-            and self.next_offset - 1 - state.committed.offset > MAX_UNCOMMITTED_RECORDS
+            state.logic is not None and self.next_offset - 1 - state.committed.offset > self._max_uncommitted
         ):
             if self._timers.now_ms() >= deadline:
                 raise TimeoutError
@@ -192,6 +259,9 @@ class WritePath:
         for _, _, _, future in waiters:
             if not future.done():
                 future.set_exception(NotControllerError(leader_id))
+        # Wake whatever waits for the next commit (bulk pacing, long-polls): there may be none for a long
+        # time, and each of them re-checks that this controller is still active.
+        self._state.signal_commit()
 
     def lease_expired(self) -> bool:
         """True when a write has waited longer than the lease: this node may have been deposed without

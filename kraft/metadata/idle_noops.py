@@ -8,6 +8,7 @@ import contextlib
 from kraft.metadata.controller_logic import Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.event_queue import EventQueueClosedError
 from kraft.metadata.timers import Timers
 from kraft.v1 import controller_pb2 as cpb
 
@@ -31,11 +32,11 @@ class IdleNoOps:
             logic = self._state.logic
             if logic is None or self._timers.now_ms() - writes.last_write_ms < interval_ms:
                 continue
-            with contextlib.suppress(NotControllerError, TimeoutError):
+            with contextlib.suppress(NotControllerError, TimeoutError, EventQueueClosedError):
                 await writes.write(
-                    Outcome(
-                        logic.noop_records(writes.next_offset),
-                        cpb.BrokerHeartbeatResponse(),
-                        writes.next_offset,
-                    )
+                    lambda lg: Outcome(
+                        lg.noop_records(writes.next_offset), cpb.BrokerHeartbeatResponse(), writes.next_offset
+                    ),
+                    name="idle-noop",
+                    wait_for_jobs=False,
                 )

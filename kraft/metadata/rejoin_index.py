@@ -26,6 +26,13 @@ the controller reads for controlled shutdown and CreateTopics while the index fo
 The index follows one image lineage: :meth:`advance` consumes each delta (cost in proportion to the
 changed partitions); anything else (a reset to the committed image) makes it stale, and the next query
 rebuilds it with one full pass.  Healthy clusters flag nothing: the index is as small as what is wrong.
+
+A newly active controller builds it in slices instead (:meth:`start_rebuild`, then
+:meth:`rebuild_some` once per event of the controller's queue, ~1 s per million partitions in all): the
+topics not indexed yet are *pending*; a delta arriving meanwhile drops the indexed version of every topic
+it touches and makes it pending again, so what is indexed always matches the image, and once nothing is
+pending the index follows the image like after a full rebuild.  Until then queries fall back (counts from
+PartitionCounts; :meth:`candidates` finishes the build at once).
 """
 
 from __future__ import annotations
@@ -100,18 +107,27 @@ class RejoinIndex:
         # kept delta by delta (PartitionCounts recounts every changed topic — after a fence, all of them).
         self.replica_counts: Counter[int] = Counter()
         self.partitions = 0
+        # A sliced rebuild in progress: topic ids not indexed yet (ordered), and the image it follows.
+        self._pending: dict[str, None] | None = None
+        self._building_for: Mapping[str, TopicImage] | None = None
 
     @property
     def current_for(self) -> Mapping[str, TopicImage] | None:
         return self._topics
 
+    @property
+    def building(self) -> bool:
+        """A sliced rebuild is in progress (:meth:`rebuild_some` has work left)."""
+        return self._pending is not None
+
     def invalidate(self) -> None:
         """The image was replaced by something other than a delta (a reset): rebuild on next use."""
         self._topics = None
+        self._pending = self._building_for = None
 
     # ---- maintenance ----
 
-    def rebuild(self, topics_by_id: Mapping[str, TopicImage]) -> None:
+    def _clear(self) -> None:
         self._flags.clear()
         self._by_broker.clear()
         self._ordinal.clear()
@@ -119,15 +135,77 @@ class RejoinIndex:
         self.replica_counts = Counter()
         self.partitions = 0
         self._next_ordinal = 0
+
+    def rebuild(self, topics_by_id: Mapping[str, TopicImage]) -> None:
+        self._clear()
+        self._pending = self._building_for = None
         for topic_id, topic in topics_by_id.items():
             self._ordinal[topic_id] = self._next_ordinal
             self._next_ordinal += 1
             self._add_topic(topic_id, topic.partitions)
         self._topics = topics_by_id
 
+    def start_rebuild(self, topics_by_id: Mapping[str, TopicImage]) -> None:
+        """Begin a sliced rebuild for ``topics_by_id`` (see the module docstring)."""
+        self._clear()
+        self._topics = None
+        self._pending = dict.fromkeys(topics_by_id)
+        self._building_for = topics_by_id
+
+    def rebuild_some(self, topics_by_id: Mapping[str, TopicImage], limit: int) -> bool:
+        """Index pending topics of ``topics_by_id`` (the image the build follows) until about ``limit``
+        partitions were indexed; True once the index follows ``topics_by_id`` (nothing pending)."""
+        if self._pending is None:
+            return self._topics is topics_by_id
+        if topics_by_id is not self._building_for:
+            self.start_rebuild(topics_by_id)  # the image was replaced behind the build: start over
+        pending = self._pending
+        assert pending is not None
+        done = 0
+        while pending and done < limit:
+            topic_id = next(iter(pending))
+            del pending[topic_id]
+            topic = topics_by_id.get(topic_id)
+            if topic is not None:
+                self._add_topic(topic_id, topic.partitions)
+                done += len(topic.partitions) + 1
+        if pending:
+            return False
+        self._ordinal = {topic_id: ordinal for ordinal, topic_id in enumerate(topics_by_id)}
+        self._next_ordinal = len(self._ordinal)
+        self._pending = self._building_for = None
+        self._topics = topics_by_id
+        return True
+
+    def _advance_building(self, delta: MetadataDelta, topics_by_id: Mapping[str, TopicImage]) -> None:
+        pending = self._pending
+        assert pending is not None
+        if delta.image.topics_by_id is not self._building_for:
+            self.start_rebuild(topics_by_id)
+            return
+        old_topics = delta.image.topics_by_id
+        removed = delta.removed_topics()
+        for topic_id, gone in removed.items():
+            if topic_id in pending:
+                del pending[topic_id]
+            else:  # indexed: drop the version indexed (unchanged since, or it would be pending)
+                self._drop_topic(topic_id, gone.partitions)
+        for topic_id, _, _ in delta.changed_topics():
+            if topic_id in pending:
+                continue
+            old = None if topic_id in removed else old_topics.get(topic_id)
+            if old is not None:
+                self._drop_topic(topic_id, old.partitions)
+            pending[topic_id] = None
+        self._building_for = topics_by_id
+
     def advance(self, delta: MetadataDelta, topics_by_id: Mapping[str, TopicImage]) -> None:
         """Follow ``delta`` (whose ``apply()`` gave ``topics_by_id``) when the index reflects its base
-        image; otherwise stay stale (cheap: nothing is done until a query rebuilds)."""
+        image (or is being rebuilt in slices for it); otherwise stay stale (cheap: nothing is done until
+        a query rebuilds)."""
+        if self._pending is not None:
+            self._advance_building(delta, topics_by_id)
+            return
         if self._topics is None or self._topics is not delta.image.topics_by_id:
             self._topics = None
             return
@@ -249,7 +327,10 @@ class RejoinIndex:
         """A superset, in scan order, of the partitions listing ``broker_id`` as a replica that
         ``build_change(..., add_to_isr=(broker_id,))`` changes, given that ``broker_id`` is acceptable."""
         if self._topics is not topics_by_id:
-            self.rebuild(topics_by_id)
+            if self._pending is not None and self._building_for is topics_by_id:
+                self.rebuild_some(topics_by_id, 1 << 62)  # an unfence mid-build: finish it now
+            else:
+                self.rebuild(topics_by_id)
         picked: dict[str, set[int]] = {
             topic_id: set(ids) for topic_id, ids in self._by_broker.get(broker_id, {}).items()
         }

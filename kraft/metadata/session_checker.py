@@ -11,6 +11,7 @@ from __future__ import annotations
 from kraft.metadata.controller_logic import ControllerLogic, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.event_queue import EventQueueClosedError
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
@@ -98,27 +99,37 @@ class SessionChecker:
         return True
 
     async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
-        while self._state.logic is logic:
+        fenced: list[int] = []
+
+        def fence_one(lg: ControllerLogic) -> Outcome[cpb.BrokerHeartbeatResponse]:
+            """One event: fence the next expired broker (its leave job continues in slices)."""
+            if lg is not logic:
+                raise NotControllerError(self._state.leader.leader_id)
             # Read before fencing: what the broker last said and what it leads (the fence moves it).
-            expiring = logic.heartbeats.next_expired(now)
-            contact = logic.heartbeats.contact(expiring) if expiring is not None else None
-            leaderships = logic.leader_count(expiring) if expiring is not None else 0
-            broker_id, records = logic.fence_expired(now, self._writes.next_offset)
+            expiring = lg.heartbeats.next_expired(now)
+            contact = lg.heartbeats.contact(expiring) if expiring is not None else None
+            leaderships = lg.leader_count(expiring) if expiring is not None else 0
+            broker_id, records = lg.fence_expired(now, self._writes.next_offset)
+            fenced.append(broker_id)
             if broker_id < 0:
-                return
+                return Outcome([], cpb.BrokerHeartbeatResponse(), wait_offset=-1)
             self._metrics.timed_out_broker_heartbeats.inc()
             self._log.warning(
                 "broker_session_expired",
                 broker=broker_id,
                 last_heartbeat_ms_ago=now - contact.last_contact_ms if contact is not None else -1,
-                session_timeout_ms=logic.heartbeats.session_timeout_ms,
+                session_timeout_ms=lg.heartbeats.session_timeout_ms,
                 broker_metadata_offset=contact.metadata_offset if contact is not None else -1,
                 leaderships_to_move=leaderships if expiring == broker_id else -1,
                 action="fenced",
             )
+            return Outcome(records, cpb.BrokerHeartbeatResponse(), self._writes.next_offset)
+
+        while self._state.logic is logic:
+            fenced.clear()
             try:
-                await self._writes.write(
-                    Outcome(records, cpb.BrokerHeartbeatResponse(), self._writes.next_offset)
-                )
-            except (NotControllerError, TimeoutError):
+                await self._writes.write(fence_one, name="fence-expired")
+            except (NotControllerError, TimeoutError, EventQueueClosedError):
+                return
+            if not fenced or fenced[0] < 0:
                 return

@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -41,9 +41,10 @@ from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
+from kraft.node.intake import HopInterceptor, IntakeLoop
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
-from kraft.observability.health import RAFT_SERVICE, HealthReporter, add_health_service
+from kraft.observability.health import RAFT_SERVICE, HealthReporter
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.api import LeaderAndEpoch, RaftClient
@@ -68,6 +69,8 @@ from kraft.security.tls import (
 )
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
+
+T = TypeVar("T")
 
 ServiceInstaller = Callable[[grpc.aio.Server], None]
 """Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
@@ -170,6 +173,8 @@ class ControllerNode:
         self._transport: GrpcTransport | None = None
         self._raft: RaftDriver | None = None
         self._server: grpc.aio.Server | None = None
+        self._intake: IntakeLoop | None = None
+        """The request plane's thread and loop (controller.request.intake.thread), which owns the server."""
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -282,7 +287,9 @@ class ControllerNode:
         self.watch(self._watcher, "controller-health-watcher")
         if self._server is not None:
             server = self._server
-            self._server_watch = asyncio.create_task(server.wait_for_termination(), name="grpc-server")
+            self._server_watch = asyncio.create_task(
+                self._on_server_loop(server.wait_for_termination()), name="grpc-server"
+            )
             self.watch(self._server_watch, "grpc-server")
         if cfg.metrics_port:
             try:
@@ -310,7 +317,7 @@ class ControllerNode:
         cfg = self.config
         assert self._raft is not None and self._meta is not None and cfg.controller_listener is not None
         # Handshake and idle timeouts, keepalive, stream and connection caps: kraft.grpc_service.
-        server = create_server(server_limits(cfg))
+        limits = server_limits(cfg)
         endpoints = self.endpoints()
         raft_servicer = RaftServicer(
             self._raft,
@@ -318,8 +325,8 @@ class ControllerNode:
             local_directory=(cfg.node_id, self._meta.directory_id),
             endpoints=endpoints,
         )
-        add_raft_service(raft_servicer, server)
-        self._health = await add_health_service(server, (RAFT_SERVICE,))
+        health = HealthReporter()
+        test_servicer: RaftTestServicer | None = None
         if cfg.kraft_test_append_enable:
             # The digest state machine writes snapshots only when nothing else runs on this node:
             # with the metadata layer installed, snapshots are the metadata image's.
@@ -328,23 +335,59 @@ class ControllerNode:
             test_servicer = RaftTestServicer(
                 self._raft, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
             )
-            add_raft_test_service(test_servicer, server)
-        for install in self._installers:
-            install(server)
         address = cfg.controller_listener.bind_address
         name = cfg.controller_listener.name
-        try:
-            self._bound_port, self.certificates = add_port(
-                server, address, listener_settings(cfg, name), name
-            )
-        except TlsError as exc:
-            raise StartupError(f"cannot use the TLS configuration: {exc}") from None
-        except RuntimeError as exc:
-            raise StartupError(f"cannot listen on {address}: {exc}") from None
-        if self._bound_port == 0:
-            raise StartupError(f"cannot listen on {address} (port in use?)")
-        self._server = server
-        await server.start()
+        tls = listener_settings(cfg, name)
+
+        def build(interceptors: list[grpc.aio.ServerInterceptor[Any, Any]] | None) -> grpc.aio.Server:
+            """The server, on the loop that runs it (servicers are only registered here)."""
+            server = create_server(limits, interceptors)
+            add_raft_service(raft_servicer, server)
+            health.register(server)
+            if test_servicer is not None:
+                add_raft_test_service(test_servicer, server)
+            for install in self._installers:
+                install(server)
+            try:
+                self._bound_port, self.certificates = add_port(server, address, tls, name)
+            except TlsError as exc:
+                raise StartupError(f"cannot use the TLS configuration: {exc}") from None
+            except RuntimeError as exc:
+                raise StartupError(f"cannot listen on {address}: {exc}") from None
+            if self._bound_port == 0:
+                raise StartupError(f"cannot listen on {address} (port in use?)")
+            return server
+
+        await health.set_serving(RAFT_SERVICE, False)
+        self._health = health
+        if cfg.controller_request_intake_thread:
+            intake = self._intake = IntakeLoop()
+            intake.start()
+            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
+
+            async def start_on_intake() -> grpc.aio.Server:
+                server = build([hop])
+                await server.start()
+                return server
+
+            self._server = await intake.run(start_on_intake())
+        else:
+            self._server = build(None)
+            await self._server.start()
+
+    async def _on_server_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a call on the server (wait_for_termination, stop) on the loop the server belongs to."""
+        if self._intake is not None:
+            return await self._intake.run(coro)
+        return await coro
+
+    async def _stop_server(self, grace: float) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            await self._on_server_loop(server.stop(grace=grace))
+        if self._intake is not None:
+            self._intake.close()
+            self._intake = None
 
     async def _watch_leadership(self) -> None:
         """Keep ``kraft.v1.RaftService`` health SERVING exactly while a leader is known."""
@@ -405,9 +448,7 @@ class ControllerNode:
         complete, which a failed write or fsync broke; the next start recovers the log instead)."""
         if self._watcher is not None:
             self._watcher.cancel()
-        if self._server is not None:
-            await self._server.stop(grace=0)
-            self._server = None
+        await self._stop_server(grace=0)
         if self._raft is not None:
             await self._raft.stop()
         if self._transport is not None:
@@ -418,9 +459,7 @@ class ControllerNode:
         # The server watch is not cancelled: cancelling grpc's wait_for_termination cancels the server's
         # own shutdown future (stop() then raises CancelledError); it ends by itself once the server stops.
         self._server_watch = None
-        if self._server is not None:
-            await self._server.stop(grace=0.5)
-            self._server = None
+        await self._stop_server(grace=0.5)
         if self._transport is not None:
             await self._transport.close()
             self._transport = None

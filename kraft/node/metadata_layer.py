@@ -50,6 +50,7 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         request_limits=RequestLimits(config.max_request_topics, config.max_request_partitions),
         metadata_fetch_max_wait_ms=config.metadata_fetch_max_wait_ms,
         max_parked_fetches=config.fetch_max_parked_requests,
+        max_work_unit_records=config.controller_max_work_unit_records,
     )
 
 

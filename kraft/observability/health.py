@@ -56,6 +56,10 @@ class HealthReporter:
     def servicer(self) -> health_pb2_grpc.HealthServicer:
         return self._servicer
 
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add the servicer to ``server`` (before it starts)."""
+        health_pb2_grpc.add_HealthServicer_to_server(self._servicer, server)
+
     async def set_serving(self, service: str, serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -70,7 +74,7 @@ class HealthReporter:
 async def add_health_service(server: grpc.aio.Server, services: tuple[str, ...] = ()) -> HealthReporter:
     """Register grpc.health.v1 on ``server``; overall is SERVING, each of ``services`` NOT_SERVING."""
     reporter = HealthReporter()
-    health_pb2_grpc.add_HealthServicer_to_server(reporter.servicer, server)
+    reporter.register(server)
     for service in services:
         await reporter.set_serving(service, False)
     return reporter

@@ -30,6 +30,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,11 @@ OPTIONS = ControllerOptions(
     default_replication_factor=2,
     snapshot_max_bytes=1 << 40,
     snapshot_interval_ms=1 << 40,
+    # tiny work units: every bulk operation of the scenarios runs in many slices, paced by commits
+    max_work_unit_records=4,
+    max_uncommitted_bulk_records=8,
 )
+BULK_PARTITIONS = 48
 UNANSWERED = (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT)
 """Answers that say nothing about the request itself (it reached no active controller, or timed out)."""
 
@@ -560,7 +565,188 @@ def scenario_paused_controller_never_acknowledges_an_overwritten_write(sim: Cont
     assert sim.nodes[old].stats.truncations > truncations, "the old leader's write was never overwritten"
 
 
+def _create_assigned(sim: ControllerSimulation, name: str, assignment: list[list[int]]) -> None:
+    """CreateTopics with an explicit assignment on the active controller; waits for the answer."""
+    topic = cpb.CreatableTopic(name=name)
+    for partition_id, replicas in enumerate(assignment):
+        topic.assignments.add(partition=partition_id, broker_ids=replicas)
+    request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
+    while name not in sim.acked_topics:
+        target = sim.active_controller()
+        if target is None:
+            sim.run_for(HEARTBEAT_MS)
+            continue
+        controller = target[1]
+
+        async def call(controller: QuorumController = controller) -> None:
+            response = await controller.create_topics(request)
+            sim.answers[name] = response
+            if response.error_code == ErrorCode.NONE and response.topics[0].error_code == ErrorCode.NONE:
+                sim.acked_topics.add(name)
+
+        sim.answers.pop(name, None)
+        sim.controllers[target[0]].loop.create_task(call())
+        sim._sync_controllers()
+        sim.run_until_condition(lambda: name in sim.answers, BOUND_MS, f"an answer to creating {name}")
+
+
+def _crash_active_mid_way(
+    sim: ControllerSimulation, progress: Callable[[MetadataImage], int], what: str
+) -> None:
+    """Once the active controller's committed image shows the bulk operation partly done (0 < progress <
+    BULK_PARTITIONS), crash it; then wait for another active controller."""
+    sim.run_until_condition(
+        lambda: 0 < progress(sim.leader_image()) < BULK_PARTITIONS, BOUND_MS, f"{what} partly committed"
+    )
+    target = sim.active_controller()
+    assert target is not None
+    sim.crash(target[0])
+    sim.run_until_condition(
+        lambda old=target[0]: (t := sim.active_controller()) is not None and t[0] != old,  # type: ignore[misc]
+        BOUND_MS,
+        "a new active controller",
+    )
+    sim.restart(target[0])
+
+
+def scenario_sliced_controlled_shutdown_resumes_after_failover(sim: ControllerSimulation) -> None:
+    """Broker 101 leads BULK_PARTITIONS partitions; its controlled shutdown moves them a work unit (4)
+    at a time; the active controller crashes half-way.  The new one resumes from the image (leaderships
+    still on a shutting-down broker) and the result is the unsliced operation's: 101 leads nothing and is
+    in no shared ISR, every partition led by its first other replica, nothing else changed."""
+    others = sorted(b for b in sim.brokers if b != 101)
+    assignment = [
+        [101, others[p % len(others)], others[(p + 1) % len(others)]] for p in range(BULK_PARTITIONS)
+    ]
+    _create_assigned(sim, "led-by-101", assignment)
+    sim.brokers[101].alive = False  # the broker shuts down: it may (and will) be fenced
+    target = sim.active_controller()
+    assert target is not None
+    request = cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=101)
+    sim.controllers[target[0]].loop.create_task(target[1].shutdown_broker(request))
+    sim._sync_controllers()
+
+    def moved(image: MetadataImage) -> int:
+        topic = image.topic("led-by-101")
+        return 0 if topic is None else sum(1 for p in topic.partitions if p.leader != 101)
+
+    _crash_active_mid_way(sim, moved, "the controlled shutdown")
+
+    def done() -> bool:
+        topic = sim.leader_image().topic("led-by-101")
+        return topic is not None and all(101 not in p.isr for p in topic.partitions)
+
+    # well before the dead broker's fresh session (from the new activation) expires: resumed, not redone
+    # by the fence that expiry would bring
+    sim.run_until_condition(done, SESSION_MS // 2, "the controlled shutdown resumed to its end")
+    topic = sim.leader_image().topic("led-by-101")
+    assert topic is not None
+    for partition_id, partition in enumerate(topic.partitions):
+        expected = tuple(assignment[partition_id][1:])
+        if partition.isr != expected or partition.leader != expected[0]:
+            raise InvariantViolation(
+                f"seed {sim.seed}: partition {partition_id} is {partition}, expected isr {expected}"
+            )
+    sim.check_identical_images()
+
+
+def scenario_sliced_unfence_elections_resume_after_failover(sim: ControllerSimulation) -> None:
+    """Broker 101 is the only replica of BULK_PARTITIONS partitions: fenced, they go offline (leader -1,
+    ISR kept); back, its unfence elects it for each, a work unit at a time; the active controller crashes
+    half-way.  The new one finds the remaining elections in the image and runs them: all led by 101."""
+    _create_assigned(sim, "only-101", [[101] for _ in range(BULK_PARTITIONS)])
+    broker = sim.brokers[101]
+    broker.reachable = False
+
+    def offline() -> bool:
+        topic = sim.leader_image().topic("only-101")
+        return topic is not None and all(p.leader == -1 for p in topic.partitions)
+
+    sim.run_until_condition(offline, BOUND_MS, "broker 101 fenced, its partitions offline")
+    broker.reachable = True
+    sim.reachable_since[101] = sim.now_ms
+
+    def led(image: MetadataImage) -> int:
+        topic = image.topic("only-101")
+        return 0 if topic is None else sum(1 for p in topic.partitions if p.leader == 101)
+
+    _crash_active_mid_way(sim, led, "the unfence elections")
+    sim.run_until_condition(lambda: led(sim.leader_image()) == BULK_PARTITIONS, BOUND_MS, "every election")
+    sim.wait_all_active("brokers active after the failover")
+    sim.check_identical_images()
+
+
+def _request_until(
+    sim: ControllerSimulation, key: str, call: Callable[[QuorumController], Any], done: Callable[[], bool]
+) -> None:
+    """Send ``call`` to the active controller, again after each answer, until ``done()`` (a client that
+    retries a request the failover interrupted)."""
+    while not done():
+        target = sim.active_controller()
+        if target is None:
+            sim.run_for(HEARTBEAT_MS)
+            continue
+        sim.answers.pop(key, None)
+
+        async def send(controller: QuorumController = target[1]) -> None:
+            sim.answers[key] = await call(controller)
+
+        sim.controllers[target[0]].loop.create_task(send())
+        sim._sync_controllers()
+        sim.run_until_condition(lambda: key in sim.answers, BOUND_MS, f"an answer to {key}")
+
+
+def scenario_sliced_topic_requests_finish_after_failover(sim: ControllerSimulation) -> None:
+    """One CreateTopics of BULK_PARTITIONS / 2 two-partition topics is written in parts of a work unit (4
+    records); the active controller crashes when some parts committed; the client retries on the new one
+    (created topics answer TOPIC_ALREADY_EXISTS, the rest are created) — every topic exists exactly once,
+    complete.  Then one DeleteTopics of all of them, sliced the same way, with a crash half-way and a retry
+    (deleted ones answer UNKNOWN_TOPIC_OR_PARTITION): none is left."""
+    names = [f"bulk-{i}" for i in range(BULK_PARTITIONS // 2)]
+    create = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER,
+        topics=[cpb.CreatableTopic(name=n, num_partitions=2, replication_factor=2) for n in names],
+    )
+
+    def existing(image: MetadataImage) -> int:
+        return sum(1 for n in names if image.topic(n) is not None)
+
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].create_topics(create))
+    sim._sync_controllers()
+    _crash_active_mid_way(sim, lambda image: existing(image) * 2, "the CreateTopics")
+    _request_until(
+        sim,
+        "bulk-create",
+        lambda c: c.create_topics(create),
+        lambda: existing(sim.leader_image()) == len(names),
+    )
+    image = sim.leader_image()
+    for name in names:
+        topic = image.topic(name)
+        assert topic is not None
+        if len(topic.partitions) != 2 or any(len(set(p.replicas)) != 2 for p in topic.partitions):
+            raise InvariantViolation(f"seed {sim.seed}: topic {name} is incomplete: {topic}")
+    delete = cpb.DeleteTopicsRequest(cluster_id=CLUSTER, names=names)
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].delete_topics(delete))
+    sim._sync_controllers()
+    _crash_active_mid_way(sim, lambda image: (len(names) - existing(image)) * 2, "the DeleteTopics")
+    _request_until(
+        sim, "bulk-delete", lambda c: c.delete_topics(delete), lambda: existing(sim.leader_image()) == 0
+    )
+    sim.wait_all_active("brokers active after the failovers")
+    sim.check_identical_images()
+
+
 SCENARIOS = {
+    "sliced_topic_requests_finish_after_failover": scenario_sliced_topic_requests_finish_after_failover,
+    "sliced_controlled_shutdown_resumes_after_failover": (
+        scenario_sliced_controlled_shutdown_resumes_after_failover
+    ),
+    "sliced_unfence_elections_resume_after_failover": scenario_sliced_unfence_elections_resume_after_failover,
     "failover_never_fences_live_brokers": scenario_failover_never_fences_live_brokers,
     "partitioned_controller_loses_its_pending_state": scenario_partitioned_controller_loses_its_pending_state,
     "deposed_controller_never_acknowledges_its_write": (

@@ -75,6 +75,7 @@ class FakeRaft:
         self._flush_pending()
 
     def lose_leadership(self, new_leader: int) -> None:
+        self.end_offset -= len(self._pending)  # the uncommitted tail is truncated by the new leader
         self._pending.clear()
         self._leader = LeaderAndEpoch(new_leader, self._leader.epoch + 1)
         self._broadcast(self._leader)

@@ -182,7 +182,7 @@ async def test_heartbeats_do_not_wait_for_unrelated_pending_writes(
 
 
 async def test_big_create_requests_are_written_in_chunks_with_one_answer() -> None:
-    raft, controller = await started(ControllerOptions(noop_interval_ms=0, partitions_per_write=3))
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, max_work_unit_records=3))
     try:
         raft.elect()
         await until(lambda: controller.is_active)
@@ -201,7 +201,7 @@ async def test_big_create_requests_are_written_in_chunks_with_one_answer() -> No
 
 
 async def test_a_chunked_validate_only_request_is_bounded_like_the_real_one() -> None:
-    options = ControllerOptions(noop_interval_ms=0, partitions_per_write=3, max_broker_partitions=5)
+    options = ControllerOptions(noop_interval_ms=0, max_work_unit_records=3, max_broker_partitions=5)
     raft, controller = await started(options)
     try:
         raft.elect()
@@ -523,5 +523,145 @@ async def test_a_write_that_does_not_commit_within_the_commit_timeout_times_out(
         await step(controller, 1)
         answer = await asyncio.wait_for(create, 2)
         assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
+    finally:
+        await controller.stop()
+
+
+async def test_a_heartbeat_is_answered_while_a_sliced_controlled_shutdown_is_in_progress() -> None:
+    """Broker 1 leads 40 partitions; its controlled shutdown moves them 4 per event (the work unit), at
+    most 4 records uncommitted.  With commits held, the shutdown is stuck after its first slice, and a
+    heartbeat of broker 2 — queued behind it — is answered anyway; once commits flow, the remaining slices
+    follow and the shutdown ends with nothing led."""
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4, max_uncommitted_bulk_records=4
+    )
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        created = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        assert created.topics[0].error_code == ErrorCode.NONE
+        queue = controller.writes.queue
+        raft.hold_commits = True
+        shutdown = asyncio.create_task(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1))
+        )
+        await settle()
+        assert not shutdown.done() and controller.logic is not None and controller.logic.has_bulk_jobs()
+        heartbeat = asyncio.create_task(
+            controller.broker_heartbeat(
+                cpb.BrokerHeartbeatRequest(
+                    cluster_id=CLUSTER, broker_id=2, broker_epoch=epochs[2], current_metadata_offset=epochs[2]
+                )
+            )
+        )
+        await settle()
+        assert heartbeat.done() and not shutdown.done()  # answered while the bulk work waits
+        answer = heartbeat.result()
+        assert answer.error_code == ErrorCode.NONE and not answer.is_fenced
+        before_release = list(queue.processed)
+        raft.release()
+        response = await asyncio.wait_for(shutdown, 5)
+        assert response.error_code == ErrorCode.NONE and response.leaderships_remaining == 0
+        led = controller.committed.topic("led-by-1")
+        assert led is not None and all(p.leader != 1 for p in led.partitions)
+        run = queue.processed[queue.processed.index("shutdown-broker") :]
+        beat = run.index("broker-heartbeat")
+        assert before_release[-1] == "broker-heartbeat"
+        # at most one slice ran before the heartbeat (room for 4 uncommitted records); the rest after it
+        assert run[1:beat].count("bulk-slice") <= 1 and run[beat + 1 :].count("bulk-slice") >= 8
+    finally:
+        await controller.stop()
+
+
+async def test_a_heartbeat_queued_behind_bulk_requests_runs_before_them() -> None:
+    """Two big CreateTopics parts and a ShutdownBroker reach the event queue before a heartbeat in the
+    same loop turn; the heartbeat (urgent lane) is computed first, the bulk work after it, in order."""
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
+        queue = controller.writes.queue
+        start = len(queue.processed)
+        create = asyncio.create_task(
+            controller.create_topics(
+                cpb.CreateTopicsRequest(
+                    cluster_id=CLUSTER,
+                    topics=[cpb.CreatableTopic(name="t", num_partitions=4, replication_factor=3)],
+                )
+            )
+        )
+        shutdown = asyncio.create_task(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=3))
+        )
+        beat = asyncio.create_task(
+            controller.broker_heartbeat(
+                cpb.BrokerHeartbeatRequest(
+                    cluster_id=CLUSTER, broker_id=2, broker_epoch=epochs[2], current_metadata_offset=epochs[2]
+                )
+            )
+        )
+        await asyncio.wait_for(asyncio.gather(create, shutdown, beat), 5)
+        order = queue.processed[start:]
+        assert order[:3] == ["broker-heartbeat", "create-topics", "shutdown-broker"], order
+        assert beat.result().error_code == ErrorCode.NONE
+    finally:
+        await controller.stop()
+
+
+async def test_a_controller_that_regains_leadership_resumes_a_sliced_shutdown_left_half_done() -> None:
+    """Leadership is lost while a controlled shutdown's slices wait for their commits: the request is
+    answered "outcome unknown" at once (the job driver, waiting for room, is woken by the deactivation
+    instead of sitting out the commit timeout).  The same node wins again: the new epoch finds the rest
+    in the committed image (broker 1, shutting down, still leads) and drives it to the end."""
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4, max_uncommitted_bulk_records=4
+    )
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+
+        def leads(image: MetadataImage) -> int:
+            led = image.topic("led-by-1")
+            assert led is not None
+            return sum(1 for p in led.partitions if p.leader == 1)
+
+        shutdown = asyncio.create_task(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1))
+        )
+        for _ in range(1000):  # step the loop until part of the shutdown committed
+            await asyncio.sleep(0)
+            if 0 < leads(controller.committed) < 40:
+                break
+        assert 0 < leads(controller.committed) < 40 and controller.committed.brokers[1].in_controlled_shutdown
+        raft.hold_commits = True
+        await settle()
+        assert controller.writes.driver is not None and not controller.writes.driver.done()
+        old_driver = controller.writes.driver
+        raft.lose_leadership(2)
+        answer = await asyncio.wait_for(shutdown, 5)
+        # Part of it was appended before leadership went: outcome unknown (kraft.errors), not NOT_CONTROLLER
+        # (which promises nothing was done), with the new controller named.
+        assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT and "outcome unknown" in answer.error_message
+        assert answer.HasField("controller") and answer.controller.node_id == 2
+        raft.hold_commits = False
+        raft.elect()
+        await until(lambda: controller.is_active and leads(controller.committed) == 0)
+        assert controller.writes.driver is not old_driver
+        led = controller.committed.topic("led-by-1")
+        assert led is not None and all(p.isr == (2, 3) for p in led.partitions)
     finally:
         await controller.stop()

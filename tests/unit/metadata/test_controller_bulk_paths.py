@@ -107,8 +107,8 @@ def test_the_speculative_image_equals_a_replay_of_the_records() -> None:
 
     def commit(out_records: list[pb.MetadataRecord]) -> None:
         log.extend(out_records)
-        while logic.has_leave_jobs():
-            log.extend(logic.continue_leave_jobs(len(log)))
+        while logic.has_bulk_jobs():
+            log.extend(logic.continue_bulk_jobs(len(log)))
 
     for broker_id in range(1, 7):
         request = cpb.RegisterBrokerRequest(
@@ -229,7 +229,7 @@ async def test_the_active_controller_commits_its_own_images_identical_to_a_repla
         raft,
         CLUSTER,
         {1: ("127.0.0.1", 9101)},
-        ControllerOptions(noop_interval_ms=0, partitions_per_write=50),
+        ControllerOptions(noop_interval_ms=0, max_work_unit_records=50),
         clock=ManualClock(),
     )
     own_batches = 0

@@ -45,8 +45,8 @@ class Harness:
         """Append records, then the chunks of any broker still leaving its ISRs (as the shell does)."""
         self.log.extend(records)
         self.next_offset += len(records)
-        while self.logic.has_leave_jobs():
-            more = self.logic.continue_leave_jobs(self.next_offset)
+        while self.logic.has_bulk_jobs():
+            more = self.logic.continue_bulk_jobs(self.next_offset)
             self.log.extend(more)
             self.next_offset += len(more)
 
@@ -566,7 +566,7 @@ def test_a_broker_leaves_big_isr_sets_in_bounded_chunks() -> None:
         cluster_id=CLUSTER, broker_id=1, broker_epoch=logic.image.brokers[1].epoch, want_fence=True
     )
     first = logic.broker_heartbeat(fence, 0, offset)
-    assert len(first.records) <= 2 and logic.has_leave_jobs()
+    assert len(first.records) <= 2 and logic.has_bulk_jobs()
     offset += len(first.records)
     # while it is leaving, the broker can neither be unfenced nor chosen as a leader
     back = cpb.BrokerHeartbeatRequest(
@@ -577,8 +577,8 @@ def test_a_broker_leaves_big_isr_sets_in_bounded_chunks() -> None:
     )
     assert logic.broker_heartbeat(back, 0, offset).response.is_fenced
     chunks = 0
-    while logic.has_leave_jobs():
-        more = logic.continue_leave_jobs(offset)
+    while logic.has_bulk_jobs():
+        more = logic.continue_bulk_jobs(offset)
         assert 0 < len(more) <= 2
         offset += len(more)
         chunks += 1
@@ -600,6 +600,6 @@ def test_a_new_active_controller_finishes_an_interrupted_isr_removal(h: Harness)
     interrupted = delta.apply()
     assert any(p.leader == 1 for p in interrupted.topic("t").partitions)  # type: ignore[union-attr]
     h.logic.reset(interrupted, h.now_ms)
-    assert h.logic.has_leave_jobs()
-    h.commit(h.logic.continue_leave_jobs(h.next_offset))
+    assert h.logic.has_bulk_jobs()
+    h.commit(h.logic.continue_bulk_jobs(h.next_offset))
     assert all(p.leader == 2 and p.isr == (2,) for p in h.topic("t").partitions)

@@ -219,19 +219,19 @@ class Twins(RuleBasedStateMachine):
     @rule(chunks=st.integers(1, 12))
     def leave_jobs_progress(self, chunks: int) -> None:
         for _ in range(chunks):
-            if not self.indexed.has_leave_jobs():
+            if not self.indexed.has_bulk_jobs():
                 break
             self.both(
-                lambda logic: Outcome(logic.continue_leave_jobs(self.next_offset), cpb.CreateTopicsResponse())
+                lambda logic: Outcome(logic.continue_bulk_jobs(self.next_offset), cpb.CreateTopicsResponse())
             )
-        assert self.indexed.has_leave_jobs() == self.scan.has_leave_jobs()
+        assert self.indexed.has_bulk_jobs() == self.scan.has_bulk_jobs()
 
     @rule()
     def new_active_controller(self) -> None:
         """A reset to the committed image (here: everything written), as on a leadership change."""
         for logic in (self.indexed, self.scan):
             logic.reset(logic.image, self.now_ms)
-        assert self.indexed.has_leave_jobs() == self.scan.has_leave_jobs()
+        assert self.indexed.has_bulk_jobs() == self.scan.has_bulk_jobs()
 
     @invariant()
     def same_images_and_an_exact_cursor(self) -> None:

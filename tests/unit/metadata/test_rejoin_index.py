@@ -236,3 +236,64 @@ def test_partition_counts_total_follows_the_image() -> None:
     image = delta.apply()
     counts.update(image.topics_by_id)
     assert counts.partitions == image.partition_count() == 2
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    start=st.lists(records(), min_size=1, max_size=8),
+    groups=st.lists(st.lists(records(), min_size=1, max_size=4), min_size=1, max_size=8),
+    slices=st.lists(st.integers(0, 6), min_size=8, max_size=8),
+    acceptable=st.frozensets(st.integers(-1, 6)),
+)
+def test_a_sliced_rebuild_with_deltas_in_between_equals_a_full_rebuild(
+    start: list[list[pb.MetadataRecord]],
+    groups: list[list[list[pb.MetadataRecord]]],
+    slices: list[int],
+    acceptable: frozenset[int],
+) -> None:
+    """After activation the index is rebuilt a few partitions per event while deltas (topics created,
+    changed, removed, re-created) keep arriving; once done it equals a rebuild of the final image and
+    gives the scan's records."""
+    delta = MetadataDelta(MetadataImage.empty())
+    for bundle in start:
+        for record in bundle:
+            delta.replay(record)
+    image = delta.apply()
+    index = RejoinIndex()
+    index.start_rebuild(image.topics_by_id)
+    for step, group in enumerate(groups):
+        index.rebuild_some(image.topics_by_id, slices[step])  # a slice, maybe of nothing (limit 0)
+        delta = MetadataDelta(image)
+        for bundle in group:
+            for record in bundle:
+                delta.replay(record)
+        image = delta.apply()
+        index.advance(delta, image.topics_by_id)
+        assert index.current_for is None or not index.building
+    while not index.rebuild_some(image.topics_by_id, 2):
+        assert index.current_for is None
+    assert index.current_for is image.topics_by_id and not index.building
+    assert_same_structure(index, image)
+    for broker_id in [*BROKERS, 6]:
+        ok = (acceptable | {broker_id}).__contains__
+        assert index_changes(index, image, broker_id, ok) == scan_changes(image, broker_id, ok)
+
+
+def test_an_unfence_during_a_sliced_rebuild_finishes_it() -> None:
+    delta = MetadataDelta(MetadataImage.empty())
+    for topic_id in TOPIC_IDS:
+        delta.replay(pb.MetadataRecord(topic=pb.TopicRecord(name=topic_id, topic_id=topic_id)))
+        delta.replay(
+            pb.MetadataRecord(
+                partition=pb.PartitionRecord(
+                    topic_id=topic_id, partition_id=0, replicas=[1, 2], isr=[2], leader=2
+                )
+            )
+        )
+    image = delta.apply()
+    index = RejoinIndex()
+    index.start_rebuild(image.topics_by_id)
+    assert not index.rebuild_some(image.topics_by_id, 1) and index.building
+    ok = {1, 2}.__contains__
+    assert index_changes(index, image, 1, ok) == scan_changes(image, 1, ok) != []
+    assert not index.building and index.current_for is image.topics_by_id

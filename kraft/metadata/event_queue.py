@@ -1,0 +1,138 @@
+"""The active controller's event queue: every state change of the controller logic runs here, one event at
+a time, heartbeats first.
+
+Kafka's QuorumController runs each operation as an event on one ``KafkaEventQueue`` thread (the single
+writer of the speculative image); ``ControllerEventManager``-era controllers and KafkaEventQueue both
+let a caller *prepend* an urgent event, and bulk work continues as further events appended at the tail.
+Here one asyncio task plays the thread and two lanes give the order:
+
+- ``URGENT`` — BrokerHeartbeat and RegisterBroker: a broker's session must never wait behind bulk work,
+  or it is fenced for the controller's own slowness;
+- ``NORMAL`` — everything else: admin requests, session-expiry fencing, idle NoOps, and each *slice* of a
+  bulk operation (a CreateTopics part, a chunk of a broker leaving its ISRs, a chunk of unfence
+  elections), which enqueues its next slice only after running, so every urgent event that arrived in
+  the meantime runs first.
+
+An event is a synchronous function (compute records against the speculative image and append them):
+it must be bounded — the bulk paths slice themselves by ``controller.max.work.unit.records``.  Waiting
+for commits happens outside the queue, in the caller's task.  After each normal event, and after every
+``URGENT_BURST`` urgent ones, the runner yields a loop turn so gRPC intake and Raft run in between.
+
+IO-free apart from asyncio; deterministic: the order depends only on the order of :meth:`submit` calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+URGENT_BURST = 64
+"""Urgent events run back to back at most this many before the runner yields a loop turn."""
+
+
+class EventPriority(IntEnum):
+    URGENT = 0
+    NORMAL = 1
+
+
+@dataclass(slots=True)
+class _Event:
+    priority: EventPriority
+    name: str
+    run: Callable[[], Any]
+    future: asyncio.Future[Any]
+
+
+class EventQueueClosedError(Exception):
+    """The queue stopped before the event ran."""
+
+
+class ControllerEventQueue:
+    def __init__(self) -> None:
+        self._lanes: tuple[deque[_Event], deque[_Event]] = (deque(), deque())
+        self._wakeup: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.processed: list[str] = []
+        """Names of the last events run, oldest first (bounded; tests and debugging read it)."""
+        self.history_limit = 1_000
+
+    def __len__(self) -> int:
+        return len(self._lanes[0]) + len(self._lanes[1])
+
+    def submit(self, priority: EventPriority, name: str, run: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue ``run``; the future gets its result (or exception) once it ran.  Starts the runner task
+        on first use (on the running loop)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._closed:
+            future.set_exception(EventQueueClosedError(f"event queue closed ({name})"))
+            return future
+        self._lanes[priority].append(_Event(priority, name, run, future))
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name="controller-event-queue")
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+        return future
+
+    async def run(self, priority: EventPriority, name: str, run: Callable[[], T]) -> T:
+        """Submit and wait for the result."""
+        future = self.submit(priority, name, run)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()  # the runner skips it
+            raise
+
+    def _pop(self) -> _Event | None:
+        for lane in self._lanes:
+            while lane:
+                event = lane.popleft()
+                if not event.future.done():
+                    return event
+        return None
+
+    async def _run(self) -> None:
+        urgent_run = 0
+        while True:
+            event = self._pop()
+            if event is None:
+                self._wakeup = asyncio.get_running_loop().create_future()
+                await self._wakeup
+                continue
+            try:
+                result = event.run()
+            except Exception as exc:  # the caller's error (KraftError, NotControllerError, ...)
+                event.future.set_exception(exc)
+            else:
+                event.future.set_result(result)
+            processed = self.processed
+            processed.append(event.name)
+            if len(processed) > self.history_limit:
+                del processed[: len(processed) - self.history_limit]
+            urgent_run = urgent_run + 1 if event.priority == EventPriority.URGENT else URGENT_BURST
+            if urgent_run >= URGENT_BURST:
+                urgent_run = 0
+                await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        """Fail every queued event and stop the runner."""
+        self._closed = True
+        for lane in self._lanes:
+            while lane:
+                event = lane.popleft()
+                if not event.future.done():
+                    event.future.set_exception(EventQueueClosedError(f"event queue closed ({event.name})"))
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

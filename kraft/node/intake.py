@@ -1,0 +1,216 @@
+"""The request plane: a controller node's gRPC server on its own thread and event loop.
+
+grpc.aio takes in few new calls per loop turn, so on one loop a long turn of the state machine (a bulk
+slice, a commit's replay) holds back every heartbeat that arrives meanwhile.  Measured with
+``python -m bench.intake`` (2 cores, 16 clients, 50 µs of state-machine work per request, 5 ms bulk
+slices back to back on the state machine's loop): one loop answers 40 calls/s at p50 452 ms; the server on
+an intake thread 564 calls/s at p50 24 ms (docs/internals/raft-performance.md, "Request plane").
+
+:class:`IntakeLoop` runs that loop.  :class:`HopInterceptor`, installed on the server, runs every handler
+— RaftService, ControllerService, health, test services alike — on the node's *main* loop (where Raft,
+the controller and every servicer's state live) and carries its answer back, so no servicer changes:
+
+- unary requests: one hop there, one back;
+- request streams: each ``__anext__`` of the request iterator hops back to the intake loop;
+- response streams (async generators, or handlers calling ``context.write``): each item hops back;
+- ``context.abort`` / ``write`` / ``read`` run on the intake loop (the call belongs to it); the setters
+  and getters (``set_code``, ``peer``, ``auth_context``, ...) are called directly;
+- a cancelled call (deadline, client gone) cancels the handler's task on the main loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from kraft.runtime import check_choices
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]  # generic in the stubs only
+else:
+    _ServerInterceptor = grpc.aio.ServerInterceptor
+
+STOP_TIMEOUT_S = 5.0
+
+
+class IntakeLoop:
+    """A daemon thread running an event loop of the configured kind (uvloop by default)."""
+
+    def __init__(self, name: str = "grpc-intake") -> None:
+        factory = check_choices() or asyncio.new_event_loop
+        self.loop: asyncio.AbstractEventLoop = factory()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the intake loop; await its result from the caller's loop."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def close(self) -> None:
+        """Stop the loop and join the thread (after the server on it stopped)."""
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(STOP_TIMEOUT_S)
+        if not self._thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: Any) -> None:
+        super().__init__(details)
+        self.code, self.details, self.trailing_metadata = code, details, trailing_metadata
+
+
+async def _hop(coro: Awaitable[T], loop: asyncio.AbstractEventLoop) -> T:
+    """Await ``coro`` on ``loop`` from the current loop; cancelling the waiter cancels it there."""
+    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(_as_coro(coro), loop)
+    return await asyncio.wrap_future(future)
+
+
+async def _as_coro(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def _aclose(generator: Any) -> None:
+    with contextlib.suppress(Exception):  # e.g. still running its cancelled step: it ends by itself
+        await generator.aclose()
+
+
+def _close_later(generator: Any, loop: asyncio.AbstractEventLoop) -> None:
+    task = loop.create_task(_aclose(generator))
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+_closing: set[asyncio.Task[None]] = set()
+
+
+class MainLoopContext:
+    """The servicer context a handler on the main loop sees: call-level operations go to the intake loop."""
+
+    def __init__(
+        self, context: grpc.aio.ServicerContext[Any, Any], intake: asyncio.AbstractEventLoop
+    ) -> None:
+        self._context = context
+        self._intake = intake
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise _Abort(code, details, trailing_metadata)  # the intake side aborts the real call
+
+    async def write(self, message: Any) -> None:
+        await _hop(self._context.write(message), self._intake)
+
+    async def read(self) -> Any:
+        return await _hop(self._context.read(), self._intake)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+class _RequestsFromIntake:
+    """The request stream of a call, read from the main loop (each item fetched on the intake loop)."""
+
+    def __init__(self, requests: AsyncIterator[Any], intake: asyncio.AbstractEventLoop) -> None:
+        self._requests = requests
+        self._intake = intake
+
+    def __aiter__(self) -> _RequestsFromIntake:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await _hop(self._requests.__anext__(), self._intake)
+
+
+class HopInterceptor(_ServerInterceptor):
+    """Runs every handler of the server on ``main`` (see the module docstring)."""
+
+    def __init__(self, main: asyncio.AbstractEventLoop, intake: asyncio.AbstractEventLoop) -> None:
+        self._main = main
+        self._intake = intake
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._streaming(handler.unary_stream, stream_in=False),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(handler.stream_unary, stream_in=True),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        assert handler.stream_stream is not None
+        return grpc.stream_stream_rpc_method_handler(
+            self._streaming(handler.stream_stream, stream_in=True),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _inputs(self, request: Any, context: Any, stream_in: bool) -> tuple[Any, MainLoopContext]:
+        main_context = MainLoopContext(context, self._intake)
+        return (_RequestsFromIntake(request, self._intake) if stream_in else request), main_context
+
+    def _unary(self, behavior: Callable[..., Any], stream_in: bool = False) -> Callable[..., Any]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            inputs = self._inputs(request, context, stream_in)
+            try:
+                return await _hop(behavior(*inputs), self._main)
+            except _Abort as abort:
+                await context.abort(abort.code, abort.details, abort.trailing_metadata)
+
+        return handle
+
+    def _streaming(self, behavior: Callable[..., Any], stream_in: bool) -> Callable[..., Any]:
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            inputs = self._inputs(request, context, stream_in)
+            try:
+                result = behavior(*inputs)
+                if not inspect.isasyncgen(result):
+                    await _hop(result, self._main)  # writes through context.write, returns None
+                    return
+                responses = result
+                try:
+                    while True:
+                        try:
+                            item = await _hop(responses.__anext__(), self._main)
+                        except StopAsyncIteration:
+                            return
+                        yield item
+                finally:
+                    # the call ended early (cancelled, client gone): close the generator where it runs
+                    self._main.call_soon_threadsafe(_close_later, responses, self._main)
+            except _Abort as abort:
+                await context.abort(abort.code, abort.details, abort.trailing_metadata)
+
+        return handle
