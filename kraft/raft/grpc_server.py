@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -117,21 +117,13 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         handler: RequestHandler,
         *,
         cluster_id: str,
-        local_directory: tuple[int, str] | None = None,
         endpoints: Mapping[int, tuple[str, int]] | None = None,
-        voters: Collection[int] | None = None,
     ) -> None:
-        """``local_directory`` is (our node id, our directory.id); ``endpoints`` node id → (host, port);
-        ``voters`` (default: the ids in ``endpoints``) are the only replicas whose directory ids are kept."""
+        """``endpoints`` node id → (host, port): the controllers a response advertises for redirects.
+        Directory ids travel in the messages themselves (KIP-853): the core tracks them."""
         self._handler = handler
         self._cluster_id = cluster_id
         self._nodes = node_refs(endpoints or {})
-        self._voters = frozenset(voters if voters is not None else (endpoints or {}))
-        # voter id → directory.id, learned from Fetch requests (the core does not track it).  Only voters:
-        # observers are unbounded in number and an unauthenticated caller may claim any id.
-        self._directory_ids: dict[int, str] = {}
-        if local_directory is not None:
-            self._directory_ids[local_directory[0]] = local_directory[1]
         self._bad_requests = RateLimitedLog()
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
@@ -148,6 +140,16 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             )
 
     async def Vote(self, request: raft_pb2.VoteRequest, context: ServicerContext) -> raft_pb2.VoteResponse:
+        if not (
+            valid_directory_id(request.candidate_directory_id)
+            and valid_directory_id(request.voter_directory_id)
+        ):
+            message = "directory ids must be empty or 22-character base64url UUIDs"
+            return codec.vote_response_to_pb(
+                m.VoteResponse(
+                    ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER, False, request.pre_vote
+                )
+            )
         response = await self._handle(codec.vote_request_from_pb(request), context)
         assert isinstance(response, m.VoteResponse)
         return codec.vote_response_to_pb(response)
@@ -155,6 +157,11 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     async def BeginQuorumEpoch(
         self, request: raft_pb2.BeginQuorumEpochRequest, context: ServicerContext
     ) -> raft_pb2.BeginQuorumEpochResponse:
+        if not valid_directory_id(request.voter_directory_id):
+            message = "voter_directory_id must be empty or a 22-character base64url UUID"
+            return codec.begin_response_to_pb(
+                m.BeginQuorumEpochResponse(ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER)
+            )
         response = await self._handle(codec.begin_request_from_pb(request), context)
         assert isinstance(response, m.BeginQuorumEpochResponse)
         return codec.begin_response_to_pb(response)
@@ -169,8 +176,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     async def _fetch(
         self, request: raft_pb2.FetchRequest, context: ServicerContext
     ) -> raft_pb2.FetchResponse:
-        directory_id = request.replica_directory_id
-        if not valid_directory_id(directory_id):
+        if not valid_directory_id(request.replica_directory_id):
             # Refused before the core sees it; the fetcher's request-error rule retries after a backoff.
             message = "replica_directory_id must be empty or a 22-character base64url UUID"
             return codec.fetch_response_to_pb(
@@ -178,8 +184,6 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             )
         response = await self._handle(codec.fetch_request_from_pb(request), context)
         assert isinstance(response, m.FetchResponse)
-        if directory_id and request.replica_id in self._voters and response.error_code is ErrorCode.NONE:
-            self._directory_ids[request.replica_id] = directory_id
         return codec.fetch_response_to_pb(response)
 
     async def Fetch(self, request: raft_pb2.FetchRequest, context: ServicerContext) -> raft_pb2.FetchResponse:
@@ -206,7 +210,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         cluster_id = request.cluster_id or self._cluster_id
         response = await self._handle(m.DescribeQuorumRequest(cluster_id=cluster_id), context)
         assert isinstance(response, m.DescribeQuorumResponse)
-        out = codec.describe_response_to_pb(response, self._directory_ids)
+        out = codec.describe_response_to_pb(response)
         out.cluster_id = self._cluster_id
         out.nodes.extend(self._nodes)
         return out

@@ -80,6 +80,8 @@ class VoteRequest(_message.Message):
     LAST_OFFSET_EPOCH_FIELD_NUMBER: _builtins.int
     LAST_OFFSET_FIELD_NUMBER: _builtins.int
     PRE_VOTE_FIELD_NUMBER: _builtins.int
+    CANDIDATE_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     candidate_epoch: _builtins.int
     candidate_id: _builtins.int
@@ -87,6 +89,11 @@ class VoteRequest(_message.Message):
     last_offset_epoch: _builtins.int
     last_offset: _builtins.int
     pre_vote: _builtins.bool
+    candidate_directory_id: _builtins.str
+    """KIP-853: the candidate's meta.properties directory.id, and the receiver's as the candidate's voter
+    set knows it ("" = unknown / static voter; a receiver with another directory id refuses).
+    """
+    voter_directory_id: _builtins.str
     def __init__(
         self,
         *,
@@ -97,10 +104,12 @@ class VoteRequest(_message.Message):
         last_offset_epoch: _builtins.int = ...,
         last_offset: _builtins.int = ...,
         pre_vote: _builtins.bool = ...,
+        candidate_directory_id: _builtins.str = ...,
+        voter_directory_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_epoch", b"candidate_epoch", "candidate_id", b"candidate_id", "cluster_id", b"cluster_id", "last_offset", b"last_offset", "last_offset_epoch", b"last_offset_epoch", "pre_vote", b"pre_vote", "voter_id", b"voter_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_directory_id", b"candidate_directory_id", "candidate_epoch", b"candidate_epoch", "candidate_id", b"candidate_id", "cluster_id", b"cluster_id", "last_offset", b"last_offset", "last_offset_epoch", b"last_offset_epoch", "pre_vote", b"pre_vote", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -148,10 +157,13 @@ class BeginQuorumEpochRequest(_message.Message):
     LEADER_ID_FIELD_NUMBER: _builtins.int
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     VOTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     leader_id: _builtins.int
     leader_epoch: _builtins.int
     voter_id: _builtins.int
+    voter_directory_id: _builtins.str
+    """The receiver's directory.id in the leader's voter set ("" matches any)."""
     def __init__(
         self,
         *,
@@ -159,10 +171,11 @@ class BeginQuorumEpochRequest(_message.Message):
         leader_id: _builtins.int = ...,
         leader_epoch: _builtins.int = ...,
         voter_id: _builtins.int = ...,
+        voter_directory_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "voter_id", b"voter_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -276,7 +289,9 @@ class FetchRequest(_message.Message):
     max_wait_ms: _builtins.int
     max_bytes: _builtins.int
     replica_directory_id: _builtins.str
-    """The fetcher's meta.properties directory.id (shown by `quorum describe --replication`)."""
+    """The fetcher's meta.properties directory.id: a voter counts toward the high watermark only with the
+    directory id it was added with (KIP-853); also shown by `quorum describe --replication`.
+    """
     def __init__(
         self,
         *,

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kraft.clock import ManualClock
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
@@ -121,7 +121,7 @@ class LoopbackCluster:
         self.network = LoopbackNetwork(self.clock)
         self.stores = {node_id: NodeStores() for node_id in self.voters}
         self.drivers: dict[int, RaftDriver] = {}
-        self.timings = {**FAST_TIMINGS, **overrides}
+        self.timings: dict[str, Any] = {**FAST_TIMINGS, **overrides}
 
     async def start(self, node_id: int) -> RaftDriver:
         stores = self.stores[node_id]
