@@ -10,9 +10,32 @@ from __future__ import annotations
 from kraft.raft.voters import Endpoint, Voter, VoterSet
 from kraft.storage.batch import RecordBatch, iter_batches
 from kraft.storage.control import KRaftVersionRecord, VoterEndpoint, VoterRecordEntry, VotersRecord
+from kraft.storage.ids import is_valid_uuid
+
+MAX_ENDPOINTS = 16
+MAX_ENDPOINT_TEXT = 255
 
 KRAFT_VERSION_DYNAMIC = 1
 """kraft.version 1: the voter set lives in the log (0 is the static ``controller.quorum.voters``)."""
+
+
+def voter_problem(node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...] = ()) -> str | None:
+    """Why a voter named by an operator (AddRaftVoter, ...) cannot go into a VotersRecord, or None —
+    checked where the request enters, before anything is appended."""
+    if not 0 <= node_id < 1 << 31:
+        return f"voter id {node_id} is not a non-negative int32"
+    if not is_valid_uuid(directory_id):
+        return f"directory id {directory_id!r} is not a 22-character base64url UUID"
+    if len(endpoints) > MAX_ENDPOINTS:
+        return f"at most {MAX_ENDPOINTS} endpoints"
+    for endpoint in endpoints:
+        if not endpoint.name or not endpoint.host:
+            return "an endpoint needs a listener name and a host"
+        if max(len(endpoint.name), len(endpoint.host)) > MAX_ENDPOINT_TEXT:
+            return f"endpoint names and hosts are at most {MAX_ENDPOINT_TEXT} characters"
+        if not 0 < endpoint.port < 65536:
+            return f"port {endpoint.port} is not in 1-65535"
+    return None
 
 
 def voters_record_of(voters: VoterSet) -> VotersRecord:

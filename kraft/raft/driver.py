@@ -41,8 +41,9 @@ from kraft.raft.api import (
     RaftShutdownError,
     SnapshotChunk,
     SnapshotNotFoundError,
+    VoterChangeError,
 )
-from kraft.raft.control_codec import voters_in_batch, voters_record_of
+from kraft.raft.control_codec import voter_problem, voters_in_batch, voters_record_of
 from kraft.raft.core import RaftCore
 from kraft.raft.core_log import EpochEntry, LogMeta
 from kraft.raft.core_output import (
@@ -121,6 +122,12 @@ def voter_history_of(
                 history = VoterSetHistory(voters)
             history.add_at(header.base_offset, voters)
     return history
+
+
+def _check_voter(node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...] = ()) -> None:
+    problem = voter_problem(node_id, directory_id, endpoints)
+    if problem is not None:
+        raise VoterChangeError(ErrorCode.INVALID_REQUEST, problem)
 
 
 # --- events the driver task consumes ---
@@ -446,22 +453,34 @@ class RaftDriver:
 
     # ------------------------------------------------------------------ voter changes (KIP-853)
 
+    @property
+    def voter_set(self) -> VoterSet:
+        """The voter set in force (the last in the log, committed or not)."""
+        return self._core.voter_set
+
+    @property
+    def kraft_version(self) -> int:
+        return self._core.kraft_version
+
     async def add_voter(self, voter: Voter) -> int:
         """Add ``voter`` (it must be fetching as an observer and caught up); resolves with the offset of
         the VotersRecord once it is committed.  Raises :class:`VoterChangeError`, :class:`NotLeaderError`."""
         self._check_running()
+        _check_voter(voter.node_id, voter.directory_id, voter.endpoints)
         offset = self._core.add_voter(voter, self._clock.monotonic_ms())
         return await self._await_voter_change(offset, "added", voter.node_id, voter.directory_id)
 
     async def remove_voter(self, node_id: int, directory_id: str) -> int:
         """Remove voter (``node_id``, ``directory_id``); a leader removing itself resigns once committed."""
         self._check_running()
+        _check_voter(node_id, directory_id)
         offset = self._core.remove_voter(node_id, directory_id, self._clock.monotonic_ms())
         return await self._await_voter_change(offset, "removed", node_id, directory_id)
 
     async def update_voter(self, node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...]) -> int:
         """Record new endpoints for voter (``node_id``, ``directory_id``) (after it moved)."""
         self._check_running()
+        _check_voter(node_id, directory_id, endpoints)
         offset = self._core.update_voter(node_id, directory_id, endpoints, self._clock.monotonic_ms())
         return await self._await_voter_change(offset, "updated", node_id, directory_id)
 

@@ -122,11 +122,19 @@ class LoopbackCluster:
         self.stores = {node_id: NodeStores() for node_id in self.voters}
         self.drivers: dict[int, RaftDriver] = {}
         self.timings: dict[str, Any] = {**FAST_TIMINGS, **overrides}
+        self.directory_ids: dict[int, str] = {}
+        """Each node's metadata directory id (KIP-853); "" when unset."""
 
     async def start(self, node_id: int) -> RaftDriver:
         stores = self.stores[node_id]
         driver = RaftDriver(
-            RaftConfig(node_id=node_id, voters=self.voters, cluster_id="test-cluster", **self.timings),
+            RaftConfig(
+                node_id=node_id,
+                voters=self.voters,
+                cluster_id="test-cluster",
+                directory_id=self.directory_ids.get(node_id, ""),
+                **self.timings,
+            ),
             transport=self.network.transport(node_id),
             log=stores.log,
             elections=stores.elections,
