@@ -296,6 +296,7 @@ class ControllerNode:
             self._raft,
             cluster_id=self._meta.cluster_id,
             endpoints=endpoints,
+            voter_changes=self._raft,
         )
         add_raft_service(raft_servicer, server)
         self._health = await add_health_service(server, (RAFT_SERVICE,))

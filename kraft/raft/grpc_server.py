@@ -13,6 +13,7 @@ message, logged at most once per :data:`BAD_REQUEST_LOG_INTERVAL_S` per peer hos
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -26,8 +27,9 @@ from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
-from kraft.raft.api import RaftShutdownError
-from kraft.raft.transport import RequestHandler
+from kraft.raft.api import NotLeaderError, RaftShutdownError, VoterChangeError
+from kraft.raft.transport import RequestHandler, VoterChangeHandler
+from kraft.raft.voters import Endpoint, Voter
 from kraft.storage.ids import parse_uuid
 from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 
@@ -118,12 +120,16 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         *,
         cluster_id: str,
         endpoints: Mapping[int, tuple[str, int]] | None = None,
+        voter_changes: VoterChangeHandler | None = None,
     ) -> None:
-        """``endpoints`` node id → (host, port): the controllers a response advertises for redirects.
-        Directory ids travel in the messages themselves (KIP-853): the core tracks them."""
+        """``endpoints`` node id → (host, port): the controllers a response advertises for redirects
+        (with a dynamic quorum the voter set's own endpoints are added).  Directory ids travel in the
+        messages themselves (KIP-853): the core tracks them.  ``voter_changes`` serves AddRaftVoter,
+        RemoveRaftVoter and UpdateRaftVoter (None: refused as UNSUPPORTED_VERSION)."""
         self._handler = handler
         self._cluster_id = cluster_id
-        self._nodes = node_refs(endpoints or {})
+        self._endpoints = dict(endpoints or {})
+        self._voter_changes = voter_changes
         self._bad_requests = RateLimitedLog()
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
@@ -212,8 +218,91 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         assert isinstance(response, m.DescribeQuorumResponse)
         out = codec.describe_response_to_pb(response)
         out.cluster_id = self._cluster_id
-        out.nodes.extend(self._nodes)
+        out.nodes.extend(self._nodes())
         return out
+
+    def _nodes(self) -> list[common_pb2.NodeRef]:
+        """The controllers a response advertises: the configured ones, and the voter set's endpoints."""
+        endpoints = dict(self._endpoints)
+        if self._voter_changes is not None:
+            for voter in self._voter_changes.voter_set:
+                if voter.endpoints:
+                    endpoints[voter.node_id] = (voter.endpoints[0].host, voter.endpoints[0].port)
+        return node_refs(endpoints)
+
+    # -- KIP-853 voter changes
+
+    async def AddRaftVoter(
+        self, request: raft_pb2.AddRaftVoterRequest, context: ServicerContext
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        endpoints = tuple(Endpoint(e.name, e.host, e.port) for e in request.listeners)
+        voter = Voter(request.voter_id, request.voter_directory_id, endpoints)
+        return await self._voter_change(
+            request.cluster_id, request.timeout_ms, lambda changes: changes.add_voter(voter)
+        )
+
+    async def RemoveRaftVoter(
+        self, request: raft_pb2.RemoveRaftVoterRequest, context: ServicerContext
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        return await self._voter_change(
+            request.cluster_id,
+            request.timeout_ms,
+            lambda changes: changes.remove_voter(request.voter_id, request.voter_directory_id),
+        )
+
+    async def UpdateRaftVoter(
+        self, request: raft_pb2.UpdateRaftVoterRequest, context: ServicerContext
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        endpoints = tuple(Endpoint(e.name, e.host, e.port) for e in request.listeners)
+        return await self._voter_change(
+            request.cluster_id,
+            request.timeout_ms,
+            lambda changes: changes.update_voter(request.voter_id, request.voter_directory_id, endpoints),
+        )
+
+    async def _voter_change(
+        self, cluster_id: str, timeout_ms: int, attempt: Callable[[VoterChangeHandler], Awaitable[int]]
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        """Run one voter change on the leader, asking again while the answer is "not yet"
+        (REQUEST_TIMED_OUT: epoch or previous change uncommitted, new voter still catching up) until
+        ``timeout_ms`` (default 30 s, at most 10 min)."""
+        changes = self._voter_changes
+
+        def answer(code: ErrorCode, message: str, offset: int = -1) -> raft_pb2.RaftVoterChangeResponse:
+            leader = changes.leader_and_epoch if changes is not None else None
+            return raft_pb2.RaftVoterChangeResponse(
+                error_code=int(code),
+                error_message=message,
+                leader_id=leader.leader_id if leader is not None else m.NO_LEADER,
+                leader_epoch=leader.epoch if leader is not None else m.NO_LEADER,
+                offset=offset,
+                nodes=self._nodes() if code is ErrorCode.NOT_LEADER_OR_FOLLOWER else (),
+            )
+
+        if cluster_id and cluster_id != self._cluster_id:
+            return answer(ErrorCode.INCONSISTENT_CLUSTER_ID, f"cluster id {cluster_id!r} is not ours")
+        if changes is None:
+            return answer(ErrorCode.UNSUPPORTED_VERSION, "this node does not serve voter changes")
+        if timeout_ms < 0:
+            return answer(ErrorCode.INVALID_REQUEST, "timeout_ms must not be negative")
+        deadline = time.monotonic() + min(timeout_ms or 30_000, 600_000) / 1000.0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                async with asyncio.timeout(max(remaining, 0.001)):
+                    offset = await attempt(changes)
+                return answer(ErrorCode.NONE, "", offset)
+            except VoterChangeError as exc:
+                if exc.code is ErrorCode.REQUEST_TIMED_OUT and deadline - time.monotonic() > 0.1:
+                    await asyncio.sleep(0.1)
+                    continue
+                return answer(exc.code, exc.message)
+            except NotLeaderError as exc:
+                return answer(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc))
+            except TimeoutError:
+                return answer(ErrorCode.REQUEST_TIMED_OUT, "the change did not commit within the timeout")
+            except RaftShutdownError:
+                return answer(ErrorCode.BROKER_NOT_AVAILABLE, "raft node is shutting down")
 
     # -- decoding under our control (see add_raft_service)
 
@@ -286,6 +375,13 @@ def add_raft_service(servicer: RaftServicer, server: grpc.aio.Server) -> None:
         ),
         "DescribeQuorum": _unary(
             servicer, "DescribeQuorum", raft_pb2.DescribeQuorumRequest, servicer.DescribeQuorum
+        ),
+        "AddRaftVoter": _unary(servicer, "AddRaftVoter", raft_pb2.AddRaftVoterRequest, servicer.AddRaftVoter),
+        "RemoveRaftVoter": _unary(
+            servicer, "RemoveRaftVoter", raft_pb2.RemoveRaftVoterRequest, servicer.RemoveRaftVoter
+        ),
+        "UpdateRaftVoter": _unary(
+            servicer, "UpdateRaftVoter", raft_pb2.UpdateRaftVoterRequest, servicer.UpdateRaftVoter
         ),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
