@@ -676,7 +676,10 @@ class RaftCore:
             self._leader = LeaderRole(
                 self.config, self.epoch, self.log.end_offset, granting_voters, self.voter_set
             )
-            self._apply(self._leader.start(now))
+            history = self.voter_history
+            # Formatted with a voter set the log does not hold yet (the bootstrap checkpoint): write it.
+            unwritten = not history.static and history.latest_offset < 0 and self.log.start_offset == 0
+            self._apply(self._leader.start(now, self.voter_set if unwritten else None))
         elif state is StateKind.FOLLOWER:
             fetcher = self._fetcher = FetcherRole(
                 self.config,

@@ -146,8 +146,12 @@ class LeaderRole:
 
     # -- lifecycle
 
-    def start(self, now_ms: int) -> Decisions:
-        """Open the epoch: append the LeaderChange batch and announce it with BeginQuorumEpoch."""
+    def start(self, now_ms: int, bootstrap_voters: VoterSet | None = None) -> Decisions:
+        """Open the epoch: append the LeaderChange batch and announce it with BeginQuorumEpoch.
+
+        ``bootstrap_voters``: the voter set this node was formatted with, when no VotersRecord is in the
+        log yet — appended right after the LeaderChange, so that a node formatted without initial
+        controllers learns it by fetching (as Kafka's first leader writes its bootstrap records)."""
         if self.has_other_voters():
             self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
         self.last_contact_ms = dict.fromkeys(self.begin_unacked, now_ms)
@@ -156,6 +160,10 @@ class LeaderRole:
             base, self.epoch, self.node_id, tuple(sorted(self.voters)), self.granting_voters
         )
         decisions: Decisions = [AppendToLog(op, (BatchInfo(base, base, self.epoch),))]
+        if bootstrap_voters is not None:
+            at = base + 1
+            voters_op = AppendVoters(at, self.epoch, bootstrap_voters)
+            decisions.append(AppendToLog(voters_op, (BatchInfo(at, at, self.epoch, bootstrap_voters),)))
         decisions.extend(self._send_begin_quorum(voter, now_ms) for voter in sorted(self.begin_unacked))
         return decisions
 

@@ -84,14 +84,21 @@ def requests(out: Output, kind: type[Any]) -> list[OutboundRequest]:
     ]
 
 
+END = 2
+"""A sole leader's log end once it opened its first epoch: LeaderChange at 0, then the bootstrap voter
+set at 1 (the first leader writes the set it was formatted with, so joining nodes learn it by fetching)."""
+
+
 def sole_leader(base: VoterSet) -> tuple[RaftCore, int]:
-    """Node 1 ("d1"), the only voter of ``base``: leader with its LeaderChange committed."""
+    """Node 1 ("d1"), the only voter of ``base``: leader with its first two records committed."""
     core = make_core(1, "d1", base)
     core.start(0)
-    core.poll(1)
+    out = core.poll(1)
     assert state_of(core) is StateKind.LEADER
-    core.on_flushed(1, 2)
-    assert core.high_watermark == 1
+    assert [op.base_offset for op in out.log_ops if isinstance(op, AppendVoters)] == [1]
+    assert core.voter_history.entries() == [(1, base)]
+    core.on_flushed(END, 2)
+    assert core.high_watermark == END
     return core, 2
 
 
@@ -297,43 +304,43 @@ def test_adding_a_voter_waits_for_it_to_catch_up_then_puts_the_new_set_in_force_
     core, now = sole_leader(voters((1, "d1")))
     with pytest.raises(VoterChangeError, match="has not caught up"):
         core.add_voter(Voter(2, "d2"), now)
-    fetch(core, 2, "other", 1, now)  # caught up, but under another directory id
+    fetch(core, 2, "other", END, now)  # caught up, but under another directory id
     with pytest.raises(VoterChangeError, match="has not caught up"):
         core.add_voter(Voter(2, "d2"), now)
-    fetch(core, 2, "d2", 1, now, request_id=8)
+    fetch(core, 2, "d2", END, now, request_id=8)
     offset = core.add_voter(Voter(2, "d2", (Endpoint("CONTROLLER", "h2", 9092),)), now)
     out = core.take_output(now)
     [op] = [op for op in out.log_ops if isinstance(op, AppendVoters)]
-    assert op.base_offset == offset == 1 and op.voters.ids == (1, 2)
+    assert op.base_offset == offset == END and op.voters.ids == (1, 2)
     assert core.voter_set.ids == (1, 2)  # in force before it commits (KIP-853)
     with pytest.raises(VoterChangeError, match="another voter change"):
         core.remove_voter(2, "d2", now)
     with pytest.raises(VoterChangeError) as duplicate:
-        core.on_flushed(2, now)
-        fetch(core, 2, "d2", 2, now + 1, request_id=9)
+        core.on_flushed(END + 1, now)
+        fetch(core, 2, "d2", END + 1, now + 1, request_id=9)
         core.add_voter(Voter(2, "d3"), now + 1)
     assert duplicate.value.code is ErrorCode.DUPLICATE_VOTER
-    assert core.high_watermark == 2  # the leader alone no longer commits: node 2 counted
+    assert core.high_watermark == END + 1  # the leader alone no longer commits: node 2 counted
 
 
 def test_the_new_set_needs_the_new_voter_for_a_majority() -> None:
     core, now = sole_leader(voters((1, "d1")))
-    fetch(core, 2, "d2", 1, now)
+    fetch(core, 2, "d2", END, now)
     core.add_voter(Voter(2, "d2"), now)
     core.take_output(now)
-    core.on_flushed(2, now)
-    assert core.high_watermark == 1  # {1, 2} needs both: the VotersRecord at 1 is not committed yet
-    fetch(core, 2, "d2", 2, now + 1, request_id=8)
-    assert core.high_watermark == 2
+    core.on_flushed(END + 1, now)
+    assert core.high_watermark == END  # {1, 2} needs both: the VotersRecord at END is not committed yet
+    fetch(core, 2, "d2", END + 1, now + 1, request_id=8)
+    assert core.high_watermark == END + 1
 
 
 def test_a_removed_leader_leads_until_the_removal_commits_then_resigns() -> None:
     core, now = sole_leader(voters((1, "d1")))
-    fetch(core, 2, "d2", 1, now)
+    fetch(core, 2, "d2", END, now)
     core.add_voter(Voter(2, "d2"), now)
     core.take_output(now)
-    core.on_flushed(2, now)
-    fetch(core, 2, "d2", 2, now + 1, request_id=8)
+    core.on_flushed(END + 1, now)
+    fetch(core, 2, "d2", END + 1, now + 1, request_id=8)
     with pytest.raises(VoterChangeError) as unknown:
         core.remove_voter(1, "wrong", now + 1)
     assert unknown.value.code is ErrorCode.VOTER_NOT_FOUND
@@ -414,3 +421,16 @@ def test_a_snapshot_holds_the_voter_set_and_a_restart_rebuilds_the_history(kind:
     assert voter_history_of(MemoryLogStore(), snapshots, None) is None  # static: nothing in the log
     data = build_control_batch(0, voter_control_messages(grown), leader_epoch=1, timestamp_ms=0)
     assert voters_in_snapshot(data) == grown and len(list(iter_batches(data))) == 1
+
+
+def test_a_bootstrap_checkpoint_at_offset_zero_is_the_base_of_the_history(tmp_path: Path) -> None:
+    """Kafka's layout for ``kafka-storage format --standalone/--initial-controllers``: a
+    ``00000000000000000000-0000000000.checkpoint`` holding only KRaftVersion and Voters."""
+    snapshots = FileSnapshotStore(tmp_path)
+    formatted = voters((1, random_uuid()))
+    snapshots.write(SnapshotId(0, 0), -1, [], 0, formatted)
+    assert (tmp_path / "00000000000000000000-0000000000.checkpoint").exists()
+    history = voter_history_of(MemoryLogStore(), snapshots, snapshots.latest())
+    assert history is not None and history.latest == formatted and not history.static
+    with pytest.raises(ValueError, match="at least one voter"):
+        make_core(1, formatted.voters[0].directory_id, None)  # neither a voter set nor static voters
