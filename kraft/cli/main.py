@@ -42,7 +42,11 @@ importlib.import_module("kraft.cli.metadata_shell")  # adds `kraft metadata shel
 _register("broker", "broker", "Brokers: run one, list, describe, unregister, controlled shutdown.")
 _register("topic", "topic", "Topics: create, list, describe, delete, elect-leaders.")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
-_register("quorum", "quorum", "Describe the controller quorum (kafka-metadata-quorum.sh).")
+_register(
+    "quorum",
+    "quorum",
+    "Describe the controller quorum; add and remove controllers (kafka-metadata-quorum.sh).",
+)
 _register("acl", "acl", "ACLs in the metadata log: add, list, remove (kafka-acls.sh).")
 app.command("produce")(importlib.import_module("kraft.cli.produce").produce_command)
 app.command("consume")(importlib.import_module("kraft.cli.consume").consume_command)

@@ -1,7 +1,10 @@
-"""``kraft quorum describe`` — kafka-metadata-quorum.sh for kraft (answers come from the leader)."""
+"""``kraft quorum describe|add-controller|remove-controller`` — kafka-metadata-quorum.sh for kraft
+(answers come from the leader)."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,9 +21,19 @@ from kraft.cli.common import (
     print_key_values,
     print_table,
 )
-from kraft.client.quorum import describe_quorum, quorum_status, replication_rows
+from kraft.client.quorum import (
+    ControllerEndpoint,
+    add_controller,
+    describe_quorum,
+    quorum_status,
+    remove_controller,
+    replication_rows,
+)
+from kraft.config import load_config
+from kraft.storage.ids import parse_uuid
+from kraft.storage.meta_properties import read_meta_properties
 
-app = typer.Typer(no_args_is_help=True, help="Describe the controller quorum.")
+app = typer.Typer(no_args_is_help=True, help="Describe the controller quorum; add and remove controllers.")
 
 _REPLICATION_COLUMNS = [
     "NodeId",
@@ -80,6 +93,8 @@ def describe_command(
                 ("MaxFollowerLagTimeMs", view.max_follower_lag_time_ms),
                 ("CurrentVoters", "[" + ",".join(str(v) for v in view.current_voters) + "]"),
                 ("CurrentObservers", "[" + ",".join(str(o) for o in view.current_observers) + "]"),
+                ("Voters", ", ".join(_describe_replica(v) for v in view.voters) or "-"),
+                ("Observers", ", ".join(_describe_replica(o) for o in view.observers) or "-"),
             ]
         )
         return
@@ -101,4 +116,92 @@ def describe_command(
             ]
             for row in rows
         ],
+    )
+
+
+def _describe_replica(replica: dict[str, object]) -> str:
+    """``id@directoryId NAME://host:port`` (``-`` for an unknown directory id)."""
+    endpoints = replica.get("endpoints") or []
+    assert isinstance(endpoints, list)
+    text = f"{replica['id']}@{replica['directory_id'] or '-'}"
+    return " ".join([text, *(str(e) for e in endpoints)])
+
+
+_TimeoutOption = Annotated[
+    int, typer.Option("--timeout-ms", min=100, help="Give up if the change has not committed by then.")
+]
+
+
+@app.command("add-controller")
+@handle_errors
+def add_controller_command(
+    bootstrap_controller: BootstrapControllerOption,
+    command_config: Annotated[
+        Path,
+        typer.Option(
+            "--command-config",
+            help="The joining controller's .properties (node.id, its CONTROLLER listener, metadata.log.dir).",
+            show_default=False,
+        ),
+    ],
+    timeout_ms: _TimeoutOption = 30_000,
+) -> None:
+    """Add a running controller to the voters (KIP-853, kafka-metadata-quorum.sh add-controller).
+
+    The joining controller must be formatted (its meta.properties holds its directory id) and running:
+    it fetches as an observer, and the leader adds it once it has caught up.  One change at a time.
+
+    Example:
+
+      kraft quorum add-controller --bootstrap-controller h1:9093 --command-config controller-2.properties
+    """
+    cfg = load_config(command_config)
+    if not cfg.is_controller or cfg.controller_listener is None or cfg.metadata_log_dir is None:
+        raise CliError(f"{command_config} is not a controller's config (process.roles, CONTROLLER listener)")
+    meta = read_meta_properties(cfg.metadata_log_dir)
+    listener = cfg.controller_listener
+    host = listener.host if listener.host not in ("", "0.0.0.0", "::") else socket.getfqdn()
+    endpoint = ControllerEndpoint(listener.name, host, listener.port)
+    targets = [e.target for e in parse_bootstrap(bootstrap_controller)]
+    with WaitSpinner(f"adding controller {cfg.node_id} (waits for it to catch up)…"):
+        offset = add_controller(targets, cfg.node_id, meta.directory_id, [endpoint], timeout_ms / 1000.0)
+    typer.echo(
+        f"Added controller {cfg.node_id} with directory id {meta.directory_id} and endpoint "
+        f"{endpoint.name}://{endpoint.host}:{endpoint.port} (VotersRecord at offset {offset})"
+    )
+
+
+@app.command("remove-controller")
+@handle_errors
+def remove_controller_command(
+    bootstrap_controller: BootstrapControllerOption,
+    controller_id: Annotated[int, typer.Option("--controller-id", min=0, help="The voter's node id.")],
+    controller_directory_id: Annotated[
+        str,
+        typer.Option(
+            "--controller-directory-id",
+            help="The voter's directory id (quorum describe --replication shows it).",
+            show_default=False,
+        ),
+    ],
+    timeout_ms: _TimeoutOption = 30_000,
+) -> None:
+    """Remove a voter (KIP-853, kafka-metadata-quorum.sh remove-controller); a leader removing itself
+    hands over once the change commits.
+
+    Example:
+
+      kraft quorum remove-controller --bootstrap-controller h1:9093 --controller-id 3 \\
+        --controller-directory-id 8xCd4lEkRcOvtdUSbkVc2g
+    """
+    try:
+        parse_uuid(controller_directory_id)
+    except ValueError as exc:
+        raise CliError(f"--controller-directory-id: {exc}") from None
+    targets = [e.target for e in parse_bootstrap(bootstrap_controller)]
+    with WaitSpinner(f"removing controller {controller_id}…"):
+        offset = remove_controller(targets, controller_id, controller_directory_id, timeout_ms / 1000.0)
+    typer.echo(
+        f"Removed controller {controller_id} with directory id {controller_directory_id} "
+        f"(VotersRecord at offset {offset})"
     )

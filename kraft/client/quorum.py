@@ -1,4 +1,5 @@
-"""Admin-side helpers for RaftService: find the leader from any controller and describe the quorum.
+"""Admin-side helpers for RaftService: find the leader from any controller, describe the quorum, and
+add or remove controllers (KIP-853 AddRaftVoter / RemoveRaftVoter).
 
 Blocking gRPC (the CLI and test harnesses have no event loop); every call has a deadline and the whole
 operation is bounded by ``timeout_s``.  Used by ``kraft quorum describe`` and reusable by tooling that
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import Message
 
 from kraft.client.channel import open_blocking_channel
 from kraft.errors import ErrorCode, KraftError
@@ -32,6 +34,10 @@ class QuorumStatus:
     max_follower_lag_time_ms: int
     current_voters: list[int]
     current_observers: list[int]
+    voters: list[dict[str, object]]
+    """Each voter's ``id``, ``directory_id`` and ``endpoints`` (``NAME://host:port``), KIP-853 style."""
+    observers: list[dict[str, object]]
+    """Each observer's ``id`` and ``directory_id`` (a wiped voter shows up here until re-added)."""
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -43,6 +49,8 @@ class QuorumStatus:
             "max_follower_lag_time_ms": self.max_follower_lag_time_ms,
             "current_voters": self.current_voters,
             "current_observers": self.current_observers,
+            "voters": self.voters,
+            "observers": self.observers,
         }
 
 
@@ -177,7 +185,24 @@ def quorum_status(response: raft_pb2.DescribeQuorumResponse) -> QuorumStatus:
         max_follower_lag_time_ms=max_lag_time_ms,
         current_voters=[v.replica_id for v in response.current_voters],
         current_observers=[o.replica_id for o in response.observers],
+        voters=[
+            {
+                "id": v.replica_id,
+                "directory_id": v.directory_id,
+                "endpoints": _endpoints_of(response, v.replica_id),
+            }
+            for v in response.current_voters
+        ],
+        observers=[{"id": o.replica_id, "directory_id": o.directory_id} for o in response.observers],
     )
+
+
+def _endpoints_of(response: raft_pb2.DescribeQuorumResponse, node_id: int) -> list[str]:
+    return [
+        f"{node.endpoint.name or 'CONTROLLER'}://{node.endpoint.host}:{node.endpoint.port}"
+        for node in response.nodes
+        if node.node_id == node_id and node.endpoint.port > 0
+    ]
 
 
 def replication_rows(response: raft_pb2.DescribeQuorumResponse) -> list[ReplicationRow]:
@@ -200,3 +225,87 @@ def replication_rows(response: raft_pb2.DescribeQuorumResponse) -> list[Replicat
     rows += [row(v, "Follower") for v in response.current_voters if v.replica_id != response.leader_id]
     rows += [row(o, "Observer") for o in response.observers]
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerEndpoint:
+    """A listener of a controller as a VotersRecord stores it."""
+
+    name: str
+    host: str
+    port: int
+
+
+def _voter_change_once(
+    target: str, method: str, request: Message, timeout_s: float
+) -> raft_pb2.RaftVoterChangeResponse:
+    with open_blocking_channel(target, [("grpc.enable_retries", 0)]) as channel:
+        stub = raft_pb2_grpc.RaftServiceStub(channel)
+        response: raft_pb2.RaftVoterChangeResponse = getattr(stub, method)(request, timeout=timeout_s)
+        return response
+
+
+def _change_voters(bootstrap: Sequence[str], method: str, request: Message, timeout_s: float) -> int:
+    """Send one voter change to the leader (found from ``bootstrap``, following redirects); returns the
+    offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error."""
+    deadline = time.monotonic() + timeout_s
+    last_problem = "no leader answered"
+    while time.monotonic() < deadline:
+        described = describe_quorum(bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1))
+        leader = _leader_target(described)
+        # The leader refuses an empty cluster id (issue #15); DescribeQuorum told us ours.
+        request.cluster_id = described.cluster_id  # type: ignore[attr-defined]
+        if leader is None:
+            raise KraftError(
+                ErrorCode.LEADER_NOT_AVAILABLE, f"leader {described.leader_id} has no known endpoint"
+            )
+        try:
+            # The leader waits (up to the request's timeout_ms) for the change to commit.
+            response = _voter_change_once(
+                leader, method, request, max(deadline - time.monotonic(), 0.1) + 1.0
+            )
+        except grpc.RpcError as exc:
+            status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
+            last_problem = f"{leader}: {status}"
+            time.sleep(0.1)
+            continue
+        code = ErrorCode.from_wire(response.error_code)
+        if code is ErrorCode.NONE:
+            return response.offset
+        if code in _REDIRECTABLE:
+            last_problem = f"{leader} is no longer the leader"
+            time.sleep(0.1)
+            continue
+        raise KraftError(code, response.error_message or code.name)
+    raise KraftError(
+        ErrorCode.REQUEST_TIMED_OUT,
+        f"the voter change did not complete within {timeout_s:g} s ({last_problem})",
+    )
+
+
+def add_controller(
+    bootstrap: Sequence[str],
+    node_id: int,
+    directory_id: str,
+    endpoints: Sequence[ControllerEndpoint],
+    timeout_s: float = 30.0,
+) -> int:
+    """AddRaftVoter (KIP-853): make the controller (``node_id``, ``directory_id``), which must already be
+    running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset."""
+    request = raft_pb2.AddRaftVoterRequest(
+        timeout_ms=int(timeout_s * 1000),
+        voter_id=node_id,
+        voter_directory_id=directory_id,
+        listeners=[raft_pb2.RaftVoterEndpoint(name=e.name, host=e.host, port=e.port) for e in endpoints],
+    )
+    return _change_voters(bootstrap, "AddRaftVoter", request, timeout_s)
+
+
+def remove_controller(
+    bootstrap: Sequence[str], node_id: int, directory_id: str, timeout_s: float = 30.0
+) -> int:
+    """RemoveRaftVoter (KIP-853); a leader that removes itself hands over once the change commits."""
+    request = raft_pb2.RemoveRaftVoterRequest(
+        timeout_ms=int(timeout_s * 1000), voter_id=node_id, voter_directory_id=directory_id
+    )
+    return _change_voters(bootstrap, "RemoveRaftVoter", request, timeout_s)

@@ -112,10 +112,11 @@ def check_storage(config: NodeConfig) -> MetaProperties:
     return found[config.metadata_log_dir]
 
 
-def raft_config(config: NodeConfig, cluster_id: str) -> RaftConfig:
-    """The core's settings from the node's ``controller.quorum.*`` keys."""
+def raft_config(config: NodeConfig, cluster_id: str, directory_id: str = "") -> RaftConfig:
+    """The core's settings from the node's ``controller.quorum.*`` keys and its ``directory.id``."""
     return RaftConfig(
         node_id=config.node_id,
+        directory_id=directory_id,
         voters=tuple(voter.id for voter in config.voters),
         cluster_id=cluster_id,
         election_timeout_ms=config.controller_quorum_election_timeout_ms,
@@ -145,7 +146,7 @@ def open_raft(config: NodeConfig, meta: MetaProperties, transport: GrpcTransport
     log = SegmentedLogStore.open(directory, log_config)
     try:
         return RaftDriver(
-            raft_config(config, meta.cluster_id),
+            raft_config(config, meta.cluster_id, meta.directory_id),
             transport=transport,
             log=log,
             elections=FileElectionStore(directory),
@@ -263,7 +264,6 @@ class ControllerNode:
         peers = {voter.id: voter.target for voter in cfg.voters if voter.id != cfg.node_id}
         self._transport = GrpcTransport(
             peers,
-            directory_id=self._meta.directory_id,
             retry_backoff_ms=cfg.controller_quorum_retry_backoff_ms,
             max_backoff_ms=max(cfg.controller_quorum_election_backoff_max_ms, 100),
             max_message_bytes=cfg.grpc_max_message_bytes,
@@ -322,8 +322,8 @@ class ControllerNode:
         raft_servicer = RaftServicer(
             self._raft,
             cluster_id=self._meta.cluster_id,
-            local_directory=(cfg.node_id, self._meta.directory_id),
             endpoints=endpoints,
+            voter_changes=self._raft,
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None

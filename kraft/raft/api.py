@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from kraft.errors import ErrorCode
 from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
 
 
@@ -96,6 +97,16 @@ class NotLeaderError(RaftError):
     def __init__(self, leader: LeaderAndEpoch, message: str = "not the raft leader") -> None:
         super().__init__(f"{message} (leader={leader.leader_id}, epoch={leader.epoch})")
         self.leader = leader
+
+
+class VoterChangeError(RaftError):
+    """A voter change (AddRaftVoter / RemoveRaftVoter / UpdateRaftVoter, KIP-853) was refused: ``code``
+    says why (DUPLICATE_VOTER, VOTER_NOT_FOUND, REQUEST_TIMED_OUT for "not yet, retry", ...)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class RaftShutdownError(RaftError):

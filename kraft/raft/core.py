@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import assert_never
 
 from kraft.errors import ErrorCode
-from kraft.raft.api import LeaderAndEpoch, NotLeaderError
+from kraft.raft.api import LeaderAndEpoch, NotLeaderError, VoterChangeError
 from kraft.raft.core_decisions import (
     AdvanceHighWatermark,
     AppendToLog,
@@ -95,6 +95,7 @@ from kraft.raft.state import (
     StateKind,
     check_transition,
 )
+from kraft.raft.voters import Endpoint, Voter, VoterSet, VoterSetHistory
 
 
 class RaftCore:
@@ -111,7 +112,11 @@ class RaftCore:
         self.config = config
         self.rng = rng
         self.scan_batches = scan_batches
-        self.voters = frozenset(config.voters)
+        if log.voters is None:
+            # No VotersRecord in the log, its snapshot or a bootstrap checkpoint: the static quorum.
+            if not config.voters:
+                raise ValueError("a Raft quorum needs at least one voter (controller.quorum.voters)")
+            log.voters = VoterSetHistory(VoterSet.static(config.voters), static=True)
         self.log = log
         self.high_watermark = log.start_offset if log.snapshot is not None else 0
         self.now_ms = 0
@@ -138,7 +143,7 @@ class RaftCore:
         if election.epoch < log.last_epoch:
             self.election = ElectionState(log.last_epoch)
             self.state = StateKind.UNATTACHED
-        elif election.leader_id == config.node_id and config.is_voter:
+        elif election.leader_id == config.node_id and self.is_voter:
             # Led this epoch before a restart: it voted for itself, so it must not vote again here.
             self.election = election
             self.state = StateKind.RESIGNED
@@ -156,8 +161,27 @@ class RaftCore:
         return self.config.node_id
 
     @property
+    def voter_history(self) -> VoterSetHistory:
+        return self.log.voter_history
+
+    @property
+    def voter_set(self) -> VoterSet:
+        """The voter set in force: the last one in the log, committed or not (KIP-853)."""
+        return self.log.voter_history.latest
+
+    @property
+    def voters(self) -> frozenset[int]:
+        return frozenset(self.voter_set.ids)
+
+    @property
     def is_voter(self) -> bool:
-        return self.config.is_voter
+        """Whether this replica — node id *and* directory id — is a voter of the set in force."""
+        return self.voter_set.is_voter(self.node_id, self.config.directory_id)
+
+    @property
+    def kraft_version(self) -> int:
+        """0: static voters (``controller.quorum.voters``); 1: the voter set lives in the log."""
+        return self.log.voter_history.kraft_version
 
     @property
     def epoch(self) -> int:
@@ -240,7 +264,13 @@ class RaftCore:
         ):
             self._fetcher.abandon_download()  # the leader moved on to a newer snapshot: start over
         verdict = common_response_verdict(
-            response, self.epoch, self.node_id, self.election.leader_id, self.state, self.config
+            response,
+            self.epoch,
+            self.node_id,
+            self.election.leader_id,
+            self.state,
+            self.config,
+            voters=self.log.voters,
         )
         if verdict.transition is not None:
             self._become(verdict.transition)
@@ -320,6 +350,111 @@ class RaftCore:
             self._become(BecomeResigned())
         return self._take_output()
 
+    # ------------------------------------------------------------------ voter changes (KIP-853)
+
+    def add_voter(self, voter: Voter, now_ms: int) -> int:
+        """Leader: append a VotersRecord adding ``voter``; returns its offset (the change is done when
+        the high watermark passes it).  Effects land in the next :meth:`take_output`.  Raises
+        :class:`NotLeaderError` or :class:`VoterChangeError` (see :meth:`_check_voter_change`)."""
+        self._advance(now_ms)
+        leader = self._check_voter_change()
+        if not voter.directory_id:
+            raise VoterChangeError(ErrorCode.INVALID_REQUEST, "a new voter needs its directory id")
+        if voter.node_id in self.voter_set:
+            raise VoterChangeError(ErrorCode.DUPLICATE_VOTER, f"node {voter.node_id} is already a voter")
+        if not leader.caught_up(voter.node_id, voter.directory_id, self.log, self.now_ms):
+            message = (
+                f"replica ({voter.node_id}, {voter.directory_id}) has not caught up with the leader's log"
+                " (it must fetch as an observer first)"
+            )
+            raise VoterChangeError(ErrorCode.REQUEST_TIMED_OUT, message)
+        return self._append_voters(leader, self.voter_set.with_voter(voter))
+
+    def remove_voter(self, node_id: int, directory_id: str, now_ms: int) -> int:
+        """Leader: append a VotersRecord without voter (``node_id``, ``directory_id``); returns its
+        offset.  A leader that removes itself resigns once the change commits."""
+        self._advance(now_ms)
+        leader = self._check_voter_change()
+        if not self.voter_set.is_voter(node_id, directory_id) or not directory_id:
+            raise VoterChangeError(ErrorCode.VOTER_NOT_FOUND, f"({node_id}, {directory_id}) is not a voter")
+        if len(self.voter_set) == 1:
+            raise VoterChangeError(ErrorCode.INVALID_REQUEST, "cannot remove the last voter")
+        return self._append_voters(leader, self.voter_set.without_voter(node_id, directory_id))
+
+    def update_voter(
+        self, node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...], now_ms: int
+    ) -> int:
+        """Leader: append a VotersRecord with new endpoints for an existing voter (after a move)."""
+        self._advance(now_ms)
+        leader = self._check_voter_change()
+        voter = self.voter_set.get(node_id)
+        if voter is None or voter.directory_id != directory_id or not directory_id:
+            raise VoterChangeError(ErrorCode.VOTER_NOT_FOUND, f"({node_id}, {directory_id}) is not a voter")
+        if voter.endpoints == endpoints:
+            return self.voter_history.latest_offset
+        return self._append_voters(leader, self.voter_set.with_endpoints(node_id, directory_id, endpoints))
+
+    def _check_voter_change(self) -> LeaderRole:
+        """The rules every voter change follows (KIP-853, Raft dissertation §4.1, Ongaro's single-server
+        change bug): only the leader; only a dynamic quorum; the leader has committed an entry of its own
+        epoch (its LeaderChange), so no change of an older leader is pending unseen; one change at a time
+        (the last VotersRecord is committed)."""
+        leader = self._leader
+        if leader is None:
+            raise NotLeaderError(self.leader_and_epoch)
+        if self.voter_history.static:
+            raise VoterChangeError(
+                ErrorCode.UNSUPPORTED_VERSION,
+                "the voter set is static (controller.quorum.voters, kraft.version 0)",
+            )
+        if self.high_watermark <= leader.epoch_start_offset:
+            raise VoterChangeError(ErrorCode.REQUEST_TIMED_OUT, "the leader has not committed its epoch yet")
+        if self.voter_history.latest_offset >= self.high_watermark:
+            raise VoterChangeError(ErrorCode.REQUEST_TIMED_OUT, "another voter change is not committed yet")
+        return leader
+
+    def _append_voters(self, leader: LeaderRole, voter_set: VoterSet) -> int:
+        decisions = leader.append_voters(voter_set, self.log, self.high_watermark)
+        self._apply(decisions)
+        return self.voter_history.latest_offset
+
+    def on_snapshot_voters(self, snapshot_id: SnapshotId, voters: VoterSet | None, now_ms: int) -> Output:
+        """The driver loaded the voter set of a snapshot it installed (``InstallSnapshot``): it is the
+        base of the voter history.  Until this input the set in force before the install stays."""
+        self._advance(now_ms)
+        history = self.voter_history
+        if voters is not None and self.log.snapshot == snapshot_id and history.base != voters:
+            before = self.voter_set
+            history.replace_base(voters)
+            if self.voter_set != before:
+                self._on_voters_changed()
+        return self._take_output()
+
+    def _on_voters_changed(self) -> None:
+        """The voter set in force changed (a VotersRecord appended or truncated, a snapshot loaded)."""
+        voter_set = self.voter_set
+        is_voter = self.is_voter
+        if self._leader is not None:
+            self._apply(self._leader.update_voters(voter_set, self.now_ms))
+        if self._fetcher is not None:
+            self._fetcher.is_voter = is_voter
+            self._fetcher.voter_ids = voter_set.ids
+        if self.state in (StateKind.PROSPECTIVE, StateKind.CANDIDATE) and not is_voter:
+            self._become(BecomeUnattached(self.epoch, self.election.voted_id))
+        elif self.state is StateKind.UNATTACHED and is_voter == (self._fetcher is not None):
+            # An observer that became a voter starts its election timer; a voter that became an
+            # observer starts fetching.  Same state and epoch: nothing to persist.
+            self._exit_state()
+            self._enter_state()
+
+    def _removed_leader_due(self) -> bool:
+        """A leader that removed itself hands over once the VotersRecord without it is committed."""
+        return (
+            self._leader is not None
+            and not self.is_voter
+            and self.voter_history.latest_offset < self.high_watermark
+        )
+
     def validate_snapshot_id(self, end_offset: int, epoch: int) -> None:
         """Raise ``ValueError`` unless a snapshot at (``end_offset``, ``epoch``) is allowed now."""
         if end_offset > self.high_watermark:
@@ -372,6 +507,7 @@ class RaftCore:
     def _apply(self, decisions: Decisions) -> None:
         """The one place where a role's decisions change state and become effects, in order."""
         out = self._out
+        voters_before = self.voter_set
         for decision in decisions:
             match decision:
                 case SendRequest(dest, request, after_persist):
@@ -388,12 +524,18 @@ class RaftCore:
                     self._respond_error(request_id, request, code, message)
                 case AppendToLog(op, batches):
                     for batch in batches:
-                        self.log.append(batch.base_offset, batch.last_offset, batch.epoch)
+                        self.log.append(batch.base_offset, batch.last_offset, batch.epoch, batch.voters)
                     out.log_ops.append(op)
                     out.flush = True
+                    if self.voter_set != voters_before:
+                        voters_before = self.voter_set
+                        self._on_voters_changed()
                 case TruncateLog(end_offset):
                     self.log.truncate_to(end_offset)
                     out.log_ops.append(TruncateTo(end_offset))
+                    if self.voter_set != voters_before:
+                        voters_before = self.voter_set
+                        self._on_voters_changed()
                 case WriteChunk(op):
                     out.log_ops.append(op)
                 case ResetToSnapshot(snapshot_id):
@@ -404,6 +546,8 @@ class RaftCore:
                     if offset > self.high_watermark:  # it never goes back
                         self.high_watermark = offset
                         out.high_watermark = offset
+                        if self._removed_leader_due():
+                            self._become(BecomeResigned())
                 case ResetElectionRetries():
                     self._timer.lost_elections = 0
                 case FetchAgain():
@@ -510,16 +654,18 @@ class RaftCore:
         state = self.state
         if state is StateKind.UNATTACHED:
             if not self.is_voter:
-                self._fetcher = FetcherRole(self.config, self.epoch, self.rng, None)
+                self._fetcher = FetcherRole(
+                    self.config, self.epoch, self.rng, None, is_voter=False, voter_ids=self.voter_set.ids
+                )
                 self._apply(self._fetcher.start(now, self.log))
-            elif len(self.voters) == 1:
+            elif self.voters == {self.node_id}:
                 self._timer.fire_now(now)
             else:
                 self._timer.restart(now)
         elif state in (StateKind.PROSPECTIVE, StateKind.CANDIDATE):
             self._timer.restart(now)
             election = self._election = ElectionRole(
-                self.config, self.epoch, pre_vote=state is StateKind.PROSPECTIVE
+                self.config, self.epoch, pre_vote=state is StateKind.PROSPECTIVE, voter_set=self.voter_set
             )
             if election.outcome() is ElectionOutcome.WON:
                 self._become(election.transition_for_win())
@@ -527,16 +673,28 @@ class RaftCore:
                 self._apply(election.start(self.log))
         elif state is StateKind.LEADER:
             self._timer.lost_elections = 0
-            self._leader = LeaderRole(self.config, self.epoch, self.log.end_offset, granting_voters)
-            self._apply(self._leader.start(now))
+            self._leader = LeaderRole(
+                self.config, self.epoch, self.log.end_offset, granting_voters, self.voter_set
+            )
+            history = self.voter_history
+            # Formatted with a voter set the log does not hold yet (the bootstrap checkpoint): write it.
+            unwritten = not history.static and history.latest_offset < 0 and self.log.start_offset == 0
+            self._apply(self._leader.start(now, self.voter_set if unwritten else None))
         elif state is StateKind.FOLLOWER:
-            fetcher = self._fetcher = FetcherRole(self.config, self.epoch, self.rng, self.election.leader_id)
+            fetcher = self._fetcher = FetcherRole(
+                self.config,
+                self.epoch,
+                self.rng,
+                self.election.leader_id,
+                is_voter=self.is_voter,
+                voter_ids=self.voter_set.ids,
+            )
             resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
             backoff_ms = self._timer.backoff_ms() if resigned else None
             self._apply(fetcher.start(now, self.log, leader_resigned_backoff_ms=backoff_ms))
         else:  # RESIGNED
             # A sole voter has nobody to hand over to: re-elect itself at once (cf. KAFKA-19130).
-            if len(self.voters) == 1:
+            if self.voters == {self.node_id}:
                 self._timer.fire_now(now)
             else:
                 self._timer.restart(now)
@@ -613,7 +771,7 @@ class RaftCore:
     # ------------------------------------------------------------------ requests and vote responses
 
     def _handle_vote_request(self, request_id: int, request: VoteRequest) -> None:
-        error = vote_request_error(request, self.config, self.epoch)
+        error = vote_request_error(request, self.config, self.epoch, voters=self.log.voters)
         if error is not None:
             self._respond_error(request_id, request, *error)
             return
@@ -658,7 +816,7 @@ class RaftCore:
         in this follower state that has not resigned (EndQuorumEpoch: the graceful handover) and whose
         fetches are not being refused — the same test that refuses pre-votes (KIP-996)."""
         if self._leader is not None:
-            return len(self.voters) > 1 and not self._leader.check_quorum_expired(self.now_ms)
+            return self._leader.has_other_voters() and not self._leader.check_quorum_expired(self.now_ms)
         fetcher = self._fetcher
         return (
             self.state is StateKind.FOLLOWER
@@ -685,7 +843,7 @@ class RaftCore:
     def _handle_quorum_epoch_request(
         self, request_id: int, request: BeginQuorumEpochRequest | EndQuorumEpochRequest
     ) -> None:
-        error = quorum_epoch_request_error(request, self.config, self.epoch)
+        error = quorum_epoch_request_error(request, self.config, self.epoch, voters=self.log.voters)
         if error is not None:
             self._respond_error(request_id, request, *error)
             return

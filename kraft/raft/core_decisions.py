@@ -22,6 +22,7 @@ from kraft.raft.core_output import (
     AppendFetched,
     AppendLeaderChange,
     AppendRecords,
+    AppendVoters,
     LogRead,
     SnapshotRead,
     WriteSnapshotChunk,
@@ -80,7 +81,7 @@ class RespondError:
 class AppendToLog:
     """Append ``op`` (whose batches are ``batches``) and flush."""
 
-    op: AppendRecords | AppendLeaderChange | AppendFetched
+    op: AppendRecords | AppendLeaderChange | AppendVoters | AppendFetched
     batches: tuple[BatchInfo, ...]
 
 

@@ -15,7 +15,7 @@ from kraft.raft.core_log import LogMeta
 from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.messages import VoteRequest, VoteResponse
-from kraft.raft.quorum import majority
+from kraft.raft.voters import VoterSet
 
 
 class ElectionOutcome(enum.Enum):
@@ -25,12 +25,19 @@ class ElectionOutcome(enum.Enum):
 
 
 class ElectionRole:
-    def __init__(self, config: RaftConfig, epoch: int, *, pre_vote: bool) -> None:
+    def __init__(
+        self, config: RaftConfig, epoch: int, *, pre_vote: bool, voter_set: VoterSet | None = None
+    ) -> None:
+        """``voter_set``: the set in force (default: the static ``config.voters``)."""
+        voter_set = voter_set if voter_set is not None else VoterSet.static(config.voters)
         self.config = config
         self.pre_vote = pre_vote
         self.vote_epoch = epoch + 1 if pre_vote else epoch
-        self.voters = frozenset(config.voters)
-        self.majority = majority(len(config.voters))
+        self.voter_set = voter_set
+        """The voter set in force when the election started (a candidate appends nothing, so only a
+        loaded snapshot could change it, and the core then ends the election)."""
+        self.voters = frozenset(voter_set.ids)
+        self.majority = voter_set.majority
         self.granted: set[int] = {config.node_id}
         self.rejected: set[int] = set()
         self.retry_at_ms: dict[int, int] = {}
@@ -48,6 +55,8 @@ class ElectionRole:
         return [self._ask(voter, log) for voter in sorted(self.voters - {self.config.node_id})]
 
     def _ask(self, voter: int, log: LogMeta) -> SendRequest:
+        known = self.voter_set.get(voter)
+        voter_directory_id = known.directory_id if known is not None else ""
         request = VoteRequest(
             self.config.cluster_id,
             self.vote_epoch,
@@ -56,6 +65,8 @@ class ElectionRole:
             log.last_epoch,
             log.end_offset,
             self.pre_vote,
+            self.config.directory_id,
+            voter_directory_id,
         )
         self.retry_at_ms.pop(voter, None)
         # A standard vote request relies on our own persisted vote; a pre-vote relies on nothing.
@@ -65,6 +76,8 @@ class ElectionRole:
         return request.pre_vote == self.pre_vote and request.candidate_epoch == self.vote_epoch
 
     def tally(self, voter: int, response: VoteResponse) -> ElectionOutcome:
+        if voter not in self.voters:
+            return self.outcome()
         (self.granted if response.vote_granted else self.rejected).add(voter)
         return self.outcome()
 

@@ -79,8 +79,21 @@ def continues_log(batches: list[BatchInfo], end_offset: int, last_epoch: int, le
 
 
 class FetcherRole:
-    def __init__(self, config: RaftConfig, epoch: int, rng: Rng, leader_id: int | None) -> None:
+    def __init__(
+        self,
+        config: RaftConfig,
+        epoch: int,
+        rng: Rng,
+        leader_id: int | None,
+        *,
+        is_voter: bool | None = None,
+        voter_ids: tuple[int, ...] | None = None,
+    ) -> None:
         self.config = config
+        self.is_voter = config.is_voter if is_voter is None else is_voter
+        """Whether this node is a voter of the set in force (the core updates it as the log changes)."""
+        self.voter_ids = config.voters if voter_ids is None else voter_ids
+        """Whom a leaderless observer asks for the leader."""
         self.epoch = epoch
         self.rng = rng
         self.leader_id = leader_id
@@ -120,6 +133,9 @@ class FetcherRole:
             return []
         self.retry_at_ms = NEVER_MS
         if self.leader_id is None:
+            if not any(voter != self.config.node_id for voter in self.voter_ids):
+                self.retry_at_ms = now_ms + self.config.fetch_timeout_ms  # nobody to ask (yet)
+                return []
             return [self._discovery_fetch(log)]
         return self.next_fetch(now_ms, log)
 
@@ -157,7 +173,7 @@ class FetcherRole:
             grace_ms = random_election_timeout_ms(self.config.election_timeout_ms, self.rng) // 2
             self.unreachable_until_ms = now_ms + grace_ms
         self.unreachable_failures += 1
-        if self.unreachable_failures >= UNREACHABLE_MIN_FAILURES and self.config.is_voter:
+        if self.unreachable_failures >= UNREACHABLE_MIN_FAILURES and self.is_voter:
             self.unreachable_deadline_ms = max(now_ms, self.unreachable_until_ms)
 
     def _clear_unreachable(self) -> None:
@@ -199,11 +215,12 @@ class FetcherRole:
             log.last_epoch,
             config.fetch_max_wait_ms,
             config.fetch_max_bytes,
+            config.directory_id,
         )
         return [SendFetch(self.leader_id, request, extra_timeout_ms=config.fetch_max_wait_ms)]
 
     def _discovery_fetch(self, log: LogMeta) -> SendFetch:
-        voters = sorted(self.config.voters)
+        voters = sorted(voter for voter in self.voter_ids if voter != self.config.node_id)
         voter = voters[int(self.rng.random() * len(voters))]
         request = FetchRequest(
             self.config.cluster_id,
@@ -213,6 +230,7 @@ class FetcherRole:
             log.last_epoch,
             0,
             self.config.fetch_max_bytes,
+            self.config.directory_id,
         )
         return SendFetch(voter, request)
 

@@ -23,7 +23,7 @@ from kraft.raft.core_decisions import (
     SendRequest,
 )
 from kraft.raft.core_log import LogMeta
-from kraft.raft.core_output import AppendLeaderChange, AppendRecords, LogRead, SnapshotRead
+from kraft.raft.core_output import AppendLeaderChange, AppendRecords, AppendVoters, LogRead, SnapshotRead
 from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import BatchInfo, RaftConfig
 from kraft.raft.messages import (
@@ -37,7 +37,8 @@ from kraft.raft.messages import (
     ReplicaState,
     SnapshotId,
 )
-from kraft.raft.quorum import majority, majority_offset
+from kraft.raft.quorum import majority_offset
+from kraft.raft.voters import VoterSet
 
 
 @dataclass(slots=True)
@@ -46,6 +47,8 @@ class ReplicaProgress:
     """The replica's last fetch offset: durable on it (followers fetch only after flushing)."""
     last_fetch_ms: int = -1
     last_caught_up_ms: int = -1
+    directory_id: str = ""
+    """The directory id of the replica's last fetch: a voter's offset counts only under its own."""
 
 
 @dataclass(slots=True)
@@ -67,18 +70,24 @@ def next_high_watermark(
 
 
 class LeaderRole:
-    def __init__(self, config: RaftConfig, epoch: int, log_end_offset: int, granting_voters: tuple[int, ...]):
+    def __init__(
+        self,
+        config: RaftConfig,
+        epoch: int,
+        log_end_offset: int,
+        granting_voters: tuple[int, ...],
+        voter_set: VoterSet | None = None,
+    ):
+        """``voter_set``: the set in force (default: the static ``config.voters``)."""
         self.config = config
         self.node_id = config.node_id
         self.epoch = epoch
-        self.voters = frozenset(config.voters)
-        self.majority = majority(len(config.voters))
         self.granting_voters = granting_voters
         self.epoch_start_offset = log_end_offset
-        self.replicas = {voter: ReplicaProgress() for voter in config.voters if voter != config.node_id}
+        self.replicas: dict[int, ReplicaProgress] = {}
         self.check_quorum_deadline_ms = NEVER_MS
         self.check_quorum_fetchers: set[int] = set()
-        self.begin_unacked = {voter for voter in config.voters if voter != config.node_id}
+        self.begin_unacked: set[int] = set()
         self.begin_next_send_ms: dict[int, int] = {}
         self.last_contact_ms: dict[int, int] = {}
         """When each other voter last fetched (or the epoch started): one silent for a fetch timeout gets
@@ -88,12 +97,62 @@ class LeaderRole:
         self.linger_deadline_ms = NEVER_MS
         """When the pending records are cut even if a flush is still in flight (the linger bound)."""
         self.parked: dict[int, ParkedFetch] = {}
+        self.voter_set = voter_set if voter_set is not None else VoterSet.static(config.voters)
+        self.voters: frozenset[int] = frozenset()
+        self.majority = 1
+        self.is_voter = False
+        self._set_voters(self.voter_set, None)
+
+    def _set_voters(self, voter_set: VoterSet, now_ms: int | None) -> list[int]:
+        """Adopt ``voter_set`` (the last in the log); returns the voters new to this leader, which get
+        BeginQuorumEpoch.  Voters that left keep their progress as observers."""
+        self.voter_set = voter_set
+        old = self.voters
+        self.voters = frozenset(voter_set.ids)
+        self.majority = voter_set.majority
+        self.is_voter = voter_set.is_voter(self.node_id, self.config.directory_id)
+        others = self.voters - {self.node_id}
+        for voter in others:
+            self.replicas.setdefault(voter, ReplicaProgress())
+        added = sorted(others - old)
+        self.begin_unacked &= others
+        self.check_quorum_fetchers &= others
+        for gone in set(self.last_contact_ms) - others:
+            del self.last_contact_ms[gone]
+        if now_ms is not None:
+            for voter in added:
+                self.begin_unacked.add(voter)
+                self.last_contact_ms[voter] = now_ms
+        else:
+            self.begin_unacked = set(others)
+        return added
+
+    def update_voters(self, voter_set: VoterSet, now_ms: int) -> Decisions:
+        """The voter set in force changed (this leader appended a VotersRecord): new voters get
+        BeginQuorumEpoch, majorities count the new set at once (KIP-853, dissertation §4.1)."""
+        added = self._set_voters(voter_set, now_ms)
+        if not self.has_other_voters():
+            self.check_quorum_deadline_ms = NEVER_MS
+        elif self.check_quorum_deadline_ms == NEVER_MS:
+            self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
+        return [self._send_begin_quorum(voter, now_ms) for voter in added]
+
+    def has_other_voters(self) -> bool:
+        return bool(self.voters - {self.node_id})
+
+    def counts_toward_quorum(self, replica_id: int, directory_id: str) -> bool:
+        """Whether a fetch from this replica counts: a voter of the set in force, under its directory id."""
+        return replica_id != self.node_id and self.voter_set.is_voter(replica_id, directory_id)
 
     # -- lifecycle
 
-    def start(self, now_ms: int) -> Decisions:
-        """Open the epoch: append the LeaderChange batch and announce it with BeginQuorumEpoch."""
-        if len(self.voters) > 1:
+    def start(self, now_ms: int, bootstrap_voters: VoterSet | None = None) -> Decisions:
+        """Open the epoch: append the LeaderChange batch and announce it with BeginQuorumEpoch.
+
+        ``bootstrap_voters``: the voter set this node was formatted with, when no VotersRecord is in the
+        log yet — appended right after the LeaderChange, so that a node formatted without initial
+        controllers learns it by fetching (as Kafka's first leader writes its bootstrap records)."""
+        if self.has_other_voters():
             self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
         self.last_contact_ms = dict.fromkeys(self.begin_unacked, now_ms)
         base = self.epoch_start_offset
@@ -101,6 +160,10 @@ class LeaderRole:
             base, self.epoch, self.node_id, tuple(sorted(self.voters)), self.granting_voters
         )
         decisions: Decisions = [AppendToLog(op, (BatchInfo(base, base, self.epoch),))]
+        if bootstrap_voters is not None:
+            at = base + 1
+            voters_op = AppendVoters(at, self.epoch, bootstrap_voters)
+            decisions.append(AppendToLog(voters_op, (BatchInfo(at, at, self.epoch, bootstrap_voters),)))
         decisions.extend(self._send_begin_quorum(voter, now_ms) for voter in sorted(self.begin_unacked))
         return decisions
 
@@ -150,14 +213,18 @@ class LeaderRole:
 
     def preferred_successors(self) -> tuple[int, ...]:
         """Other voters by descending fetch offset (EndQuorumEpoch's order)."""
-        others = [voter for voter in self.config.voters if voter != self.node_id]
+        others = [voter for voter in self.voter_set.ids if voter != self.node_id]
         others.sort(key=lambda voter: (-self.replicas.get(voter, ReplicaProgress()).end_offset, voter))
         return tuple(others)
 
     # -- BeginQuorumEpoch
 
     def _send_begin_quorum(self, voter: int, now_ms: int) -> SendRequest:
-        request = BeginQuorumEpochRequest(self.config.cluster_id, self.node_id, self.epoch, voter)
+        known = self.voter_set.get(voter)
+        directory_id = known.directory_id if known is not None else ""
+        request = BeginQuorumEpochRequest(
+            self.config.cluster_id, self.node_id, self.epoch, voter, directory_id
+        )
         self.begin_next_send_ms[voter] = now_ms + max(1, self.config.fetch_timeout_ms // 2)
         return SendRequest(voter, request, after_persist=True)
 
@@ -231,15 +298,36 @@ class LeaderRole:
         decisions.extend(self._complete_parked(log, end_offset, high_watermark, data_only=True))
         return decisions, end_offset
 
+    def append_voters(self, voter_set: VoterSet, log: LogMeta, high_watermark: int) -> Decisions:
+        """Append a VotersRecord for ``voter_set`` (after any pending records, which are cut first so
+        offsets stay in order); the core validated the change (:mod:`kraft.raft.voters`)."""
+        decisions: Decisions = []
+        end_offset = log.end_offset
+        if self.pending_records:
+            decisions, end_offset = self.drain_accumulator(log, high_watermark)
+        batch = BatchInfo(end_offset, end_offset, self.epoch, voter_set)
+        decisions.append(AppendToLog(AppendVoters(end_offset, self.epoch, voter_set), (batch,)))
+        decisions.extend(self._complete_parked(log, end_offset + 1, high_watermark, data_only=True))
+        return decisions
+
+    def caught_up(self, replica_id: int, directory_id: str, log: LogMeta, now_ms: int) -> bool:
+        """Whether a replica may join the voters: within the last fetch timeout it fetched under
+        ``directory_id`` from the log end as it was then (Kafka's ``isReplicaCaughtUp``), so adding it
+        cannot stall the high watermark behind a voter far behind."""
+        progress = self.replicas.get(replica_id)
+        return (
+            progress is not None
+            and progress.directory_id == directory_id
+            and progress.last_caught_up_ms >= 0
+            and now_ms - progress.last_caught_up_ms <= self.config.fetch_timeout_ms
+        )
+
     # -- high watermark and check-quorum
 
     def maybe_advance_high_watermark(self, log: LogMeta, high_watermark: int) -> tuple[Decisions, int]:
         """Advance the HWM by :func:`next_high_watermark`, counting the leader by its *flushed* end;
         long polls answer once it moves.  Returns the decisions and the high watermark after them."""
-        offsets = [
-            log.flushed_end if voter == self.node_id else self.replicas[voter].end_offset
-            for voter in self.config.voters
-        ]
+        offsets = [self._counted_offset(voter.node_id, voter.directory_id, log) for voter in self.voter_set]
         advanced = next_high_watermark(offsets, self.epoch_start_offset, high_watermark)
         if advanced is None:
             return [], high_watermark
@@ -247,16 +335,26 @@ class LeaderRole:
         decisions.extend(self._complete_parked(log, log.end_offset, advanced, data_only=False))
         return decisions, advanced
 
+    def _counted_offset(self, voter_id: int, directory_id: str, log: LogMeta) -> int:
+        """A voter's durable end as the HWM counts it: the leader's flushed end (when it is that voter),
+        a follower's last fetch offset only under the voter's own directory id, else -1."""
+        if voter_id == self.node_id:
+            return log.flushed_end if self.is_voter else -1
+        progress = self.replicas.get(voter_id)
+        if progress is None or directory_id not in ("", progress.directory_id):
+            return -1
+        return progress.end_offset
+
     def _check_quorum_timeout_ms(self) -> int:
         return self.config.fetch_timeout_ms * 3 // 2
 
-    def record_voter_contact(self, replica_id: int, now_ms: int) -> None:
-        if replica_id not in self.voters or replica_id == self.node_id:
+    def record_voter_contact(self, replica_id: int, directory_id: str, now_ms: int) -> None:
+        if not self.counts_toward_quorum(replica_id, directory_id):
             return
         self.begin_unacked.discard(replica_id)
         self.last_contact_ms[replica_id] = now_ms
         self.check_quorum_fetchers.add(replica_id)
-        if len(self.check_quorum_fetchers) + 1 >= self.majority:
+        if len(self.check_quorum_fetchers) + (1 if self.is_voter else 0) >= self.majority:
             self.check_quorum_fetchers.clear()
             self.check_quorum_deadline_ms = now_ms + self._check_quorum_timeout_ms()
 
@@ -265,7 +363,7 @@ class LeaderRole:
     def handle_fetch(
         self, request_id: int, request: FetchRequest, now_ms: int, log: LogMeta, high_watermark: int
     ) -> Decisions:
-        self.record_voter_contact(request.replica_id, now_ms)
+        self.record_voter_contact(request.replica_id, request.replica_directory_id, now_ms)
         if request.fetch_offset < log.start_offset and log.snapshot is not None:
             return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
         end_for_epoch = log.end_offset_for_epoch(request.last_fetched_epoch)
@@ -278,7 +376,12 @@ class LeaderRole:
             response = self._fetch_response(log, high_watermark, diverging_epoch=end_for_epoch)
             return [Respond(request_id, response)]
         decisions, high_watermark = self._update_progress(
-            request.replica_id, request.fetch_offset, now_ms, log, high_watermark
+            request.replica_id,
+            request.replica_directory_id,
+            request.fetch_offset,
+            now_ms,
+            log,
+            high_watermark,
         )
         if request.fetch_offset < log.end_offset or request.max_wait_ms == 0:
             decisions.append(self._data_response(request_id, request, log, log.end_offset, high_watermark))
@@ -323,13 +426,16 @@ class LeaderRole:
         progress = self.replicas.get(replica_id)
         if progress is not None:
             return progress
-        observers = len(self.replicas) - len(self.voters) + 1  # replicas holds the other voters
-        if observers >= self.config.max_observers:
+        if self._observer_count() >= self.config.max_observers:
             self.forget_observers(now_ms - self.config.observer_forget_ms)
-            if len(self.replicas) - len(self.voters) + 1 >= self.config.max_observers:
+            if self._observer_count() >= self.config.max_observers:
                 return None
         progress = self.replicas[replica_id] = ReplicaProgress()
         return progress
+
+    def _observer_count(self) -> int:
+        # replicas holds every other voter (see _set_voters); the rest are observers.
+        return len(self.replicas) - len(self.voters - {self.node_id})
 
     def forget_observers(self, seen_before_ms: int) -> None:
         """Drop the observers last seen before ``seen_before_ms``."""
@@ -340,13 +446,20 @@ class LeaderRole:
             del self.replicas[replica_id]
 
     def _update_progress(
-        self, replica_id: int, fetch_offset: int, now_ms: int, log: LogMeta, high_watermark: int
+        self,
+        replica_id: int,
+        directory_id: str,
+        fetch_offset: int,
+        now_ms: int,
+        log: LogMeta,
+        high_watermark: int,
     ) -> tuple[Decisions, int]:
         progress = self._progress_of(replica_id, now_ms)
         if progress is None:
             return [], high_watermark
         progress.end_offset = fetch_offset
         progress.last_fetch_ms = now_ms
+        progress.directory_id = directory_id
         if fetch_offset >= log.end_offset:
             progress.last_caught_up_ms = now_ms
         if replica_id in self.voters:
@@ -368,7 +481,9 @@ class LeaderRole:
     def handle_fetch_snapshot(
         self, request_id: int, request: FetchSnapshotRequest, now_ms: int, log: LogMeta
     ) -> Decisions:
-        self.record_voter_contact(request.replica_id, now_ms)
+        progress = self.replicas.get(request.replica_id)
+        # FetchSnapshot carries no directory id: it counts as the directory the replica last fetched with.
+        self.record_voter_contact(request.replica_id, progress.directory_id if progress else "", now_ms)
         if log.snapshot != request.snapshot_id:
             message = f"no snapshot {request.snapshot_id}"
             return [RespondError(request_id, request, ErrorCode.SNAPSHOT_NOT_FOUND, message)]
@@ -389,18 +504,40 @@ class LeaderRole:
         self.forget_observers(now_ms - self.config.observer_expiry_ms)
         voters: list[ReplicaState] = []
         observers: list[ReplicaState] = []
-        for replica_id in sorted(set(self.replicas) | self.voters):
-            if replica_id == self.node_id:
-                voters.append(ReplicaState(replica_id, log.end_offset, now_ms, now_ms))
+        own_directory = self.config.directory_id
+        for voter in self.voter_set:
+            if voter.node_id == self.node_id and self.is_voter:
+                voters.append(ReplicaState(voter.node_id, log.end_offset, now_ms, now_ms, own_directory))
                 continue
-            progress = self.replicas.get(replica_id, ReplicaProgress())
-            state = ReplicaState(
-                replica_id, progress.end_offset, progress.last_fetch_ms, progress.last_caught_up_ms
+            progress = self.replicas.get(voter.node_id, ReplicaProgress())
+            if voter.directory_id not in ("", progress.directory_id):
+                progress = ReplicaProgress()  # that id fetches under another directory: an observer
+            directory_id = voter.directory_id or progress.directory_id
+            voters.append(
+                ReplicaState(
+                    voter.node_id,
+                    progress.end_offset,
+                    progress.last_fetch_ms,
+                    progress.last_caught_up_ms,
+                    directory_id,
+                )
             )
-            if replica_id in self.voters:
-                voters.append(state)
-            elif now_ms - progress.last_fetch_ms <= self.config.observer_expiry_ms:
-                observers.append(state)
+        if not self.is_voter:
+            observers.append(ReplicaState(self.node_id, log.end_offset, now_ms, now_ms, own_directory))
+        for replica_id in sorted(self.replicas):
+            progress = self.replicas[replica_id]
+            if self.voter_set.is_voter(replica_id, progress.directory_id) or progress.last_fetch_ms < 0:
+                continue
+            if now_ms - progress.last_fetch_ms <= self.config.observer_expiry_ms:
+                observers.append(
+                    ReplicaState(
+                        replica_id,
+                        progress.end_offset,
+                        progress.last_fetch_ms,
+                        progress.last_caught_up_ms,
+                        progress.directory_id,
+                    )
+                )
         return DescribeQuorumResponse(
             ErrorCode.NONE, "", self.node_id, self.epoch, high_watermark, tuple(voters), tuple(observers)
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kraft.raft.messages import EpochEndOffset, SnapshotId
+from kraft.raft.voters import VoterSet, VoterSetHistory
 
 
 class LogInvariantError(Exception):
@@ -30,6 +31,16 @@ class LogMeta:
     epochs: list[EpochEntry] = field(default_factory=list)
     snapshot: SnapshotId | None = None
     """The latest snapshot; when ``start_offset > 0`` it ends exactly at ``start_offset``."""
+    voters: VoterSetHistory | None = None
+    """Every voter set in the log by offset, over the snapshot's (or bootstrap, or static) set; the core
+    fills in the static configuration when the driver found none.  Moves with the log: a truncation
+    reverts it, a snapshot compacts it."""
+
+    @property
+    def voter_history(self) -> VoterSetHistory:
+        if self.voters is None:
+            raise LogInvariantError("the log has no voter set history")
+        return self.voters
 
     @property
     def last_epoch(self) -> int:
@@ -43,13 +54,15 @@ class LogMeta:
             return self.snapshot.epoch
         return 0
 
-    def append(self, base_offset: int, last_offset: int, epoch: int) -> None:
+    def append(self, base_offset: int, last_offset: int, epoch: int, voters: VoterSet | None = None) -> None:
         if base_offset != self.end_offset or last_offset < base_offset:
             raise LogInvariantError(
                 f"append [{base_offset}, {last_offset}] does not continue the log ending at {self.end_offset}"
             )
         if epoch < self.last_epoch:
             raise LogInvariantError(f"append of epoch {epoch} after epoch {self.last_epoch}")
+        if voters is not None:
+            self.voter_history.add_at(base_offset, voters)
         if not self.epochs or self.epochs[-1].epoch != epoch:
             self.epochs.append(EpochEntry(epoch, base_offset))
         self.end_offset = last_offset + 1
@@ -61,6 +74,8 @@ class LogMeta:
             return
         self.end_offset = end_offset
         self.flushed_end = min(self.flushed_end, end_offset)
+        if self.voters is not None:
+            self.voters.truncate_to(end_offset)
         while self.epochs and self.epochs[-1].start_offset >= end_offset:
             self.epochs.pop()
 
@@ -94,8 +109,12 @@ class LogMeta:
                 return entry.epoch
         return self._base_epoch()
 
-    def reset_to_snapshot(self, snapshot_id: SnapshotId) -> None:
-        """Replace everything by a snapshot: the log restarts empty at its end offset."""
+    def reset_to_snapshot(self, snapshot_id: SnapshotId, voters: VoterSet | None = None) -> None:
+        """Replace everything by a snapshot: the log restarts empty at its end offset.  ``voters`` is the
+        snapshot's voter set; None while unknown (the core learns it when the snapshot is loaded), and
+        meanwhile the set in force before stays."""
+        if self.voters is not None:
+            self.voters.reset(voters or self.voters.latest, static=voters is None and self.voters.static)
         self.snapshot = snapshot_id
         self.start_offset = self.end_offset = self.flushed_end = snapshot_id.end_offset
         self.epochs = []
@@ -113,3 +132,5 @@ class LogMeta:
                 keep.append(EpochEntry(entry.epoch, max(entry.start_offset, start_offset)))
         self.epochs = keep
         self.start_offset = start_offset
+        if self.voters is not None:
+            self.voters.compact_before(start_offset)

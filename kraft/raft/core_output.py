@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.messages import RaftRequest, RaftResponse, SnapshotId
 from kraft.raft.state import ElectionState
+from kraft.raft.voters import VoterSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,15 @@ class AppendLeaderChange:
     leader_id: int
     voters: tuple[int, ...]
     granting_voters: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AppendVoters:
+    """Leader: append a control batch with one VotersRecord (KIP-853) that puts ``voters`` in force."""
+
+    base_offset: int
+    epoch: int
+    voters: VoterSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +89,15 @@ class InstallSnapshot:
     snapshot_id: SnapshotId
 
 
-LogOp = AppendRecords | AppendLeaderChange | AppendFetched | TruncateTo | WriteSnapshotChunk | InstallSnapshot
+LogOp = (
+    AppendRecords
+    | AppendLeaderChange
+    | AppendVoters
+    | AppendFetched
+    | TruncateTo
+    | WriteSnapshotChunk
+    | InstallSnapshot
+)
 
 
 @dataclass(frozen=True, slots=True)

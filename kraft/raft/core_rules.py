@@ -27,6 +27,7 @@ from kraft.raft.messages import (
     VoteResponse,
 )
 from kraft.raft.state import ElectionState, StateKind
+from kraft.raft.voters import VoterSetHistory
 
 RequestError = tuple[ErrorCode, str]
 """An error code and message to answer a request with."""
@@ -36,6 +37,7 @@ _REQUEST_ERRORS = frozenset(
         ErrorCode.INCONSISTENT_CLUSTER_ID,
         ErrorCode.INVALID_REQUEST,
         ErrorCode.INCONSISTENT_VOTER_SET,
+        ErrorCode.INVALID_VOTER_KEY,
         ErrorCode.UNKNOWN_SERVER_ERROR,
     }
 )
@@ -90,8 +92,25 @@ def epoch_bound_error(request_epoch: int, epoch: int, config: RaftConfig) -> Req
 # ------------------------------------------------------------------------------ Vote
 
 
-def vote_request_error(request: VoteRequest, config: RaftConfig, epoch: int) -> RequestError | None:
-    """Why a (pre-)vote request must be refused with an error before its log is even compared."""
+def voter_key_error(directory_id: str, config: RaftConfig) -> RequestError | None:
+    """KIP-853: a Vote or BeginQuorumEpoch names the receiver's directory id as the sender's voter set
+    knows it; a receiver with another one (its disk was wiped and reformatted) is not that voter."""
+    if directory_id and directory_id != config.directory_id:
+        return ErrorCode.INVALID_VOTER_KEY, f"directory id {directory_id} is not ours"
+    return None
+
+
+def vote_request_error(
+    request: VoteRequest, config: RaftConfig, epoch: int, *, voters: VoterSetHistory | None = None
+) -> RequestError | None:
+    """Why a (pre-)vote request must be refused with an error before its log is even compared.
+
+    With a static voter set (``voters`` None or kraft.version 0) candidate and receiver must both be
+    voters.  With a dynamic one (KIP-853) neither is required: a voter set is in force as soon as it is
+    in a log, so a newly added voter may campaign before the receiver has replicated its addition, and
+    the candidate counts only the votes of its own voter set — but the receiver must be the replica the
+    candidate asked (:func:`voter_key_error`), and a candidate that is a voter here only under another
+    directory id is refused."""
     if (
         request.candidate_id < 0
         or request.last_offset < 0
@@ -99,8 +118,23 @@ def vote_request_error(request: VoteRequest, config: RaftConfig, epoch: int) -> 
         or request.last_offset_epoch >= request.candidate_epoch
     ):
         return ErrorCode.INVALID_REQUEST, "invalid vote request"
-    if not config.is_voter or request.voter_id != config.node_id or request.candidate_id not in config.voters:
+    if request.voter_id != config.node_id:
         return ErrorCode.INCONSISTENT_VOTER_SET, "candidate or receiver is not a voter"
+    if voters is None or voters.static:
+        voter_ids = voters.latest.ids if voters is not None else config.voters
+        is_voter = config.node_id in voter_ids
+        if not is_voter or request.candidate_id not in voter_ids:
+            return ErrorCode.INCONSISTENT_VOTER_SET, "candidate or receiver is not a voter"
+    else:
+        candidate = voters.latest.get(request.candidate_id)
+        if candidate is not None and not candidate.matches(
+            request.candidate_id, request.candidate_directory_id
+        ):
+            message = f"candidate {request.candidate_id} is a voter with another directory id"
+            return ErrorCode.INVALID_VOTER_KEY, message
+    key_error = voter_key_error(request.voter_directory_id, config)
+    if key_error is not None:
+        return key_error
     if request.candidate_epoch < epoch:
         return ErrorCode.FENCED_LEADER_EPOCH, "stale candidate epoch"
     return epoch_bound_error(request.candidate_epoch, epoch, config)
@@ -127,17 +161,29 @@ def may_grant_vote(state: StateKind, election: ElectionState, candidate_id: int)
 
 
 def quorum_epoch_request_error(
-    request: BeginQuorumEpochRequest | EndQuorumEpochRequest, config: RaftConfig, epoch: int
+    request: BeginQuorumEpochRequest | EndQuorumEpochRequest,
+    config: RaftConfig,
+    epoch: int,
+    *,
+    voters: VoterSetHistory | None = None,
 ) -> RequestError | None:
-    """Shared checks of BeginQuorumEpoch and EndQuorumEpoch: addressed to us, from a voter, not stale."""
-    if request.voter_id != config.node_id or request.leader_id not in config.voters:
+    """Shared checks of BeginQuorumEpoch and EndQuorumEpoch: addressed to us, not stale, and — with a
+    static voter set — from a voter.  A dynamic voter set (KIP-853) may lag the leader's: a new voter
+    that leads before our log holds its addition must still be followed."""
+    static = voters is None or voters.static
+    voter_ids = config.voters if voters is None else voters.latest.ids
+    if request.voter_id != config.node_id or (static and request.leader_id not in voter_ids):
         return ErrorCode.INCONSISTENT_VOTER_SET, "leader or receiver is not a voter"
+    if isinstance(request, BeginQuorumEpochRequest):
+        key_error = voter_key_error(request.voter_directory_id, config)
+        if key_error is not None:
+            return key_error
     if request.leader_epoch < epoch:
         return ErrorCode.FENCED_LEADER_EPOCH, "stale leader epoch"
     if isinstance(request, EndQuorumEpochRequest):
         successors = request.preferred_successors
         # A resigning leader lists the other voters once each; anything else is not from a leader.
-        if len(set(successors)) != len(successors) or not set(successors) <= set(config.voters):
+        if len(set(successors)) != len(successors) or (static and not set(successors) <= set(voter_ids)):
             return ErrorCode.INVALID_REQUEST, "preferred successors must be distinct voters"
     return epoch_bound_error(request.leader_epoch, epoch, config)
 
@@ -202,16 +248,21 @@ def common_response_verdict(
     known_leader: int,
     state: StateKind,
     config: RaftConfig | None = None,
+    *,
+    voters: VoterSetHistory | None = None,
 ) -> ResponseVerdict:
     """Apply the rules every response follows before its own handler sees it.
 
-    With ``config``, a response naming a leader that is no voter, or an epoch we must never adopt
-    (:func:`epoch_bound_error`), is dropped whole: it moves nothing and persists nothing."""
+    With ``config``, a response naming a leader that is no voter (of a static voter set: a dynamic one
+    may lag the leader's), or an epoch we must never adopt (:func:`epoch_bound_error`), is dropped
+    whole: it moves nothing and persists nothing."""
     if response.error_code in _REQUEST_ERRORS:
         return ResponseVerdict(usable=False)
     leader = response.leader_id
+    static = voters is None or voters.static
+    voter_ids = voters.latest.ids if voters is not None else config.voters if config is not None else ()
     if config is not None and (
-        (leader != NO_LEADER and leader not in config.voters)
+        (leader != NO_LEADER and static and leader not in voter_ids)
         or epoch_bound_error(response.leader_epoch, epoch, config) is not None
     ):
         return ResponseVerdict(usable=False)

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from kraft.raft.voters import VoterSet
+
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
@@ -13,6 +15,9 @@ class RaftConfig:
 
     node_id: int
     voters: tuple[int, ...]
+    """The static voters (``controller.quorum.voters``, kraft.version 0): the voter set in force until
+    the log (or its snapshot, or the bootstrap checkpoint) holds a VotersRecord — see
+    :mod:`kraft.raft.voters`.  Empty with a dynamic quorum: the log decides."""
     cluster_id: str
     election_timeout_ms: int = 1000
     fetch_timeout_ms: int = 2000
@@ -35,10 +40,10 @@ class RaftConfig:
     """A request or response may move our epoch at most this far at once.  One election moves it by one;
     the bound must still let a voter that was down through many elections rejoin (2^20 elections at
     one per second is 12 days of uninterrupted churn), while a forged message cannot leap to the top."""
+    directory_id: str = ""
+    """This node's metadata ``directory.id`` (meta.properties): with the node id, its replica key."""
 
     def __post_init__(self) -> None:
-        if not self.voters:
-            raise ValueError("a Raft quorum needs at least one voter")
         if len(set(self.voters)) != len(self.voters):
             raise ValueError(f"duplicate voter ids in {self.voters}")
         if min(self.election_timeout_ms, self.fetch_timeout_ms, self.request_timeout_ms) <= 0:
@@ -50,6 +55,7 @@ class RaftConfig:
 
     @property
     def is_voter(self) -> bool:
+        """Whether this node is a *static* voter; the core asks its voter set in force instead."""
         return self.node_id in self.voters
 
     @property
@@ -59,11 +65,14 @@ class RaftConfig:
 
 
 class BatchInfo(NamedTuple):
-    """What the core needs of one fetched batch (the driver's codec reads it from the header)."""
+    """What the core needs of one fetched batch (the driver's codec reads it from the header, and
+    decodes the records of a control batch only)."""
 
     base_offset: int
     last_offset: int
     epoch: int
+    voters: VoterSet | None = None
+    """The last VotersRecord of a control batch: the voter set it puts in force."""
 
 
 BatchScanner = Callable[[bytes], list[BatchInfo]]

@@ -41,13 +41,16 @@ from kraft.raft.api import (
     RaftShutdownError,
     SnapshotChunk,
     SnapshotNotFoundError,
+    VoterChangeError,
 )
+from kraft.raft.control_codec import voter_problem, voters_in_batch, voters_record_of
 from kraft.raft.core import RaftCore
 from kraft.raft.core_log import EpochEntry, LogMeta
 from kraft.raft.core_output import (
     AppendFetched,
     AppendLeaderChange,
     AppendRecords,
+    AppendVoters,
     InstallSnapshot,
     LogOp,
     Outbound,
@@ -72,15 +75,59 @@ from kraft.raft.messages import (
 from kraft.raft.ports import ElectionStore, LogStore, SnapshotStore
 from kraft.raft.state import ElectionState, StateKind
 from kraft.raft.transport import Transport, TransportError
-from kraft.storage.batch import LeaderChangeMessage, build_batch, build_control_batch, iter_batch_headers
+from kraft.raft.voters import Endpoint, Voter, VoterSet, VoterSetHistory
+from kraft.storage.batch import (
+    LeaderChangeMessage,
+    build_batch,
+    build_control_batch,
+    decode_batch,
+    iter_batch_headers,
+)
 
 
 def scan_kafka_batches(data: bytes) -> list[BatchInfo]:
-    """The core's batch scanner for Kafka v2 bytes (CRC-checked: the bytes come from the network)."""
-    return [
-        BatchInfo(header.base_offset, header.last_offset, header.partition_leader_epoch)
-        for _position, header in iter_batch_headers(data)
-    ]
+    """The core's batch scanner for Kafka v2 bytes (CRC-checked: the bytes come from the network).
+    Only control batches are decoded, for the voter set of a VotersRecord (KIP-853)."""
+    out: list[BatchInfo] = []
+    for position, header in iter_batch_headers(data):
+        voters = None
+        if header.is_control:
+            batch, _ = decode_batch(data, position)
+            voters = voters_in_batch(batch)
+        out.append(BatchInfo(header.base_offset, header.last_offset, header.partition_leader_epoch, voters))
+    return out
+
+
+def voter_history_of(
+    log: LogStore, snapshots: SnapshotStore, snapshot: SnapshotId | None
+) -> VoterSetHistory | None:
+    """The voter history a restarting node rebuilds (Kafka's KRaftControlRecordStateMachine): the
+    snapshot's voter set, then every VotersRecord in the log.  None when neither holds one: a static
+    quorum (kraft.version 0).  Reads the whole log once; only control batches are decoded."""
+    base = snapshots.read_voters(snapshot) if snapshot is not None else None
+    history = VoterSetHistory(base) if base is not None else None
+    offset, end = log.start_offset, log.end_offset
+    while offset < end:
+        data = log.read(offset, 1 << 20)
+        if not data:
+            break
+        for position, header in iter_batch_headers(data):
+            offset = header.next_offset
+            if not header.is_control:
+                continue
+            voters = voters_in_batch(decode_batch(data, position)[0])
+            if voters is None:
+                continue
+            if history is None:
+                history = VoterSetHistory(voters)
+            history.add_at(header.base_offset, voters)
+    return history
+
+
+def _check_voter(node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...] = ()) -> None:
+    problem = voter_problem(node_id, directory_id, endpoints)
+    if problem is not None:
+        raise VoterChangeError(ErrorCode.INVALID_REQUEST, problem)
 
 
 # --- events the driver task consumes ---
@@ -213,7 +260,15 @@ class _Resign:
     pass
 
 
-_Event = _Inbound | _Response | _SendFailed | _Wakeup | _SnapshotFrozen | _Resign
+@dataclass(frozen=True, slots=True)
+class _SnapshotVoters:
+    """The voter set of a snapshot just installed (read from its file), for the core."""
+
+    snapshot_id: SnapshotId
+    voters: VoterSet | None
+
+
+_Event = _Inbound | _Response | _SendFailed | _Wakeup | _SnapshotFrozen | _Resign | _SnapshotVoters
 
 
 class _DriverSnapshotWriter:
@@ -316,7 +371,8 @@ class RaftDriver:
             self._log.reset_to(snapshot.end_offset)
         end = self._log.end_offset
         epochs = [EpochEntry(epoch, start) for epoch, start in self._log.epoch_entries() if start < end]
-        meta = LogMeta(self._log.start_offset, end, end, epochs, snapshot)
+        voters = voter_history_of(self._log, self._snapshots, snapshot)
+        meta = LogMeta(self._log.start_offset, end, end, epochs, snapshot, voters)
         election = self._elections.read() or ElectionState(0)
         return RaftCore(self.config, self._rng, scan_kafka_batches, election, meta)
 
@@ -332,7 +388,7 @@ class RaftDriver:
         every task."""
         if self._stopped:
             return
-        if self._core.is_leader and len(self.config.voters) > 1 and self._task is not None:
+        if self._core.is_leader and self._core.voters - {self.node_id} and self._task is not None:
             self._push(_Resign())
             deadline = self._clock.monotonic_ms() + timeout_ms
             while self._clock.monotonic_ms() < deadline:
@@ -481,6 +537,52 @@ class RaftDriver:
         self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
         return await future
 
+    # ------------------------------------------------------------------ voter changes (KIP-853)
+
+    @property
+    def voter_set(self) -> VoterSet:
+        """The voter set in force (the last in the log, committed or not)."""
+        return self._core.voter_set
+
+    @property
+    def kraft_version(self) -> int:
+        return self._core.kraft_version
+
+    async def add_voter(self, voter: Voter) -> int:
+        """Add ``voter`` (it must be fetching as an observer and caught up); resolves with the offset of
+        the VotersRecord once it is committed.  Raises :class:`VoterChangeError`, :class:`NotLeaderError`."""
+        self._check_running()
+        _check_voter(voter.node_id, voter.directory_id, voter.endpoints)
+        offset = self._core.add_voter(voter, self._clock.monotonic_ms())
+        return await self._await_voter_change(offset, "added", voter.node_id, voter.directory_id)
+
+    async def remove_voter(self, node_id: int, directory_id: str) -> int:
+        """Remove voter (``node_id``, ``directory_id``); a leader removing itself resigns once committed."""
+        self._check_running()
+        _check_voter(node_id, directory_id)
+        offset = self._core.remove_voter(node_id, directory_id, self._clock.monotonic_ms())
+        return await self._await_voter_change(offset, "removed", node_id, directory_id)
+
+    async def update_voter(self, node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...]) -> int:
+        """Record new endpoints for voter (``node_id``, ``directory_id``) (after it moved)."""
+        self._check_running()
+        _check_voter(node_id, directory_id, endpoints)
+        offset = self._core.update_voter(node_id, directory_id, endpoints, self._clock.monotonic_ms())
+        return await self._await_voter_change(offset, "updated", node_id, directory_id)
+
+    async def _await_voter_change(self, offset: int, action: str, node_id: int, directory_id: str) -> int:
+        self._logger.info(
+            "voter_change_appended", action=action, voter=node_id, directory_id=directory_id, offset=offset
+        )
+        if offset < self._core.high_watermark:
+            return offset  # nothing to change (the same endpoints): that record is committed already
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
+        if not self._wakeup_queued:
+            self._wakeup_queued = True
+            self._push(_Wakeup())
+        return await future
+
     def create_snapshot(
         self, end_offset: int, epoch: int, last_contained_timestamp_ms: int
     ) -> _DriverSnapshotWriter:
@@ -494,8 +596,10 @@ class RaftDriver:
         self, snapshot_id: SnapshotId, last_contained_ms: int, records: list[bytes]
     ) -> None:
         self._check_running()
+        history = self._core.voter_history
+        voters = None if history.static else history.voters_at(snapshot_id.end_offset - 1)
         await asyncio.to_thread(
-            self._snapshots.write, snapshot_id, last_contained_ms, records, self._clock.wall_ms()
+            self._snapshots.write, snapshot_id, last_contained_ms, records, self._clock.wall_ms(), voters
         )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._push(_SnapshotFrozen(snapshot_id, done))
@@ -611,6 +715,8 @@ class RaftDriver:
             return out
         if isinstance(event, _Resign):
             return core.resign(now_ms)
+        if isinstance(event, _SnapshotVoters):
+            return core.on_snapshot_voters(event.snapshot_id, event.voters, now_ms)
         self._wakeup_queued = False
         return core.take_output(now_ms)
 
@@ -646,6 +752,14 @@ class RaftDriver:
                 op.base_offset, [message], leader_epoch=op.epoch, timestamp_ms=self._clock.wall_ms()
             )
             self._log.append(data)
+        elif isinstance(op, AppendVoters):
+            data = build_control_batch(
+                op.base_offset,
+                [voters_record_of(op.voters)],
+                leader_epoch=op.epoch,
+                timestamp_ms=self._clock.wall_ms(),
+            )
+            self._log.append(data)
         elif isinstance(op, AppendFetched):
             self._log.append(op.data)
             self._metrics.fetch_records.inc(op.last_offset - op.base_offset + 1)
@@ -655,15 +769,19 @@ class RaftDriver:
         elif isinstance(op, WriteSnapshotChunk):
             await asyncio.to_thread(self._snapshots.write_chunk, op.snapshot_id, op.position, op.data)
         else:
-            await asyncio.to_thread(self._install_snapshot, op)
+            voters = await asyncio.to_thread(self._install_snapshot, op)
+            # Fed to the core before any other event: until then it keeps the voter set it had.
+            self._events.appendleft(_SnapshotVoters(op.snapshot_id, voters))
+            self._wake.set()
 
-    def _install_snapshot(self, op: InstallSnapshot) -> None:
+    def _install_snapshot(self, op: InstallSnapshot) -> VoterSet | None:
         self._snapshots.finish_download(op.snapshot_id)
         self._log.reset_to(op.snapshot_id.end_offset)
         self._snapshots.delete_before(op.snapshot_id)
         self._logger.info(
             "snapshot_installed", end_offset=op.snapshot_id.end_offset, snapshot_epoch=op.snapshot_id.epoch
         )
+        return self._snapshots.read_voters(op.snapshot_id)
 
     def _deliver(self, message: Outbound) -> None:
         if isinstance(message, OutboundRequest):

@@ -6,7 +6,6 @@ differs; every other dataclass field is copied as is.  The differences, each sta
 - ``error_code`` is an :class:`ErrorCode` on the dataclass side and a plain ``int`` on the wire;
 - repeated fields are tuples on the dataclass side (frozen dataclasses stay hashable);
 - sub-messages are dataclasses; an ``optional`` one is ``None`` on the dataclass side when unset on the wire;
-- a few protobuf fields exist only on the wire (directory ids): the transport passes them separately.
 
 Fetch runs thousands of times a second, so a spec resolves its fields once at import: encoding or
 decoding a message is one small call per field and one constructor call, no per-call reflection.  Measured
@@ -18,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -185,6 +184,7 @@ end_request_from_pb = _END_REQUEST.from_pb
 end_response_to_pb = _END_RESPONSE.to_pb
 end_response_from_pb = _END_RESPONSE.from_pb
 
+fetch_request_to_pb = _FETCH_REQUEST.to_pb
 fetch_request_from_pb = _FETCH_REQUEST.from_pb
 fetch_response_to_pb = _FETCH_RESPONSE.to_pb
 fetch_response_from_pb = _FETCH_RESPONSE.from_pb
@@ -196,21 +196,5 @@ fetch_snapshot_response_from_pb = _FETCH_SNAPSHOT_RESPONSE.from_pb
 
 # The server reads DescribeQuorumRequest.cluster_id itself (empty means "this cluster"): no decoder.
 describe_request_to_pb = _DESCRIBE_REQUEST.to_pb
+describe_response_to_pb = _DESCRIBE_RESPONSE.to_pb
 describe_response_from_pb = _DESCRIBE_RESPONSE.from_pb
-
-
-def fetch_request_to_pb(value: m.FetchRequest, directory_id: str = "") -> pb.FetchRequest:
-    """``directory_id`` is the fetcher's meta.properties directory.id, which the core does not track."""
-    return pb.FetchRequest(**_FETCH_REQUEST.fields_of(value), replica_directory_id=directory_id)
-
-
-def describe_response_to_pb(
-    value: m.DescribeQuorumResponse, directory_ids: dict[int, str] | None = None
-) -> pb.DescribeQuorumResponse:
-    """``directory_ids`` (replica id → meta.properties directory.id) fills what the core does not track."""
-    encoded = _DESCRIBE_RESPONSE.to_pb(value)
-    if directory_ids:
-        replicas: Sequence[pb.ReplicaState] = [*encoded.current_voters, *encoded.observers]
-        for replica in replicas:
-            replica.directory_id = directory_ids.get(replica.replica_id, "")
-    return encoded

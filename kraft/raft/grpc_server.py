@@ -13,8 +13,10 @@ message, logged at most once per :data:`BAD_REQUEST_LOG_INTERVAL_S` per peer hos
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import grpc
@@ -25,9 +27,10 @@ from kraft.grpc_errors import grpc_status_for
 from kraft.grpc_service import RequestDecoder, ServicerContext, abort, register_service
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
-from kraft.raft.api import RaftShutdownError
+from kraft.raft.api import NotLeaderError, RaftShutdownError, VoterChangeError
 from kraft.raft.core_rules import claimed_sender
-from kraft.raft.transport import RequestHandler
+from kraft.raft.transport import RequestHandler, VoterChangeHandler
+from kraft.raft.voters import Endpoint, Voter
 from kraft.security.principal import NodeRole, is_tls, node_identity, principal_of
 from kraft.storage.ids import parse_uuid
 from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
@@ -89,21 +92,17 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         handler: RequestHandler,
         *,
         cluster_id: str,
-        local_directory: tuple[int, str] | None = None,
         endpoints: Mapping[int, tuple[str, int]] | None = None,
-        voters: Collection[int] | None = None,
+        voter_changes: VoterChangeHandler | None = None,
     ) -> None:
-        """``local_directory`` is (our node id, our directory.id); ``endpoints`` node id → (host, port);
-        ``voters`` (default: the ids in ``endpoints``) are the only replicas whose directory ids are kept."""
+        """``endpoints`` node id → (host, port): the controllers a response advertises for redirects
+        (with a dynamic quorum the voter set's own endpoints are added).  Directory ids travel in the
+        messages themselves (KIP-853): the core tracks them.  ``voter_changes`` serves AddRaftVoter,
+        RemoveRaftVoter and UpdateRaftVoter (None: refused as UNSUPPORTED_VERSION)."""
         self._handler = handler
         self._cluster_id = cluster_id
-        self._nodes = node_refs(endpoints or {})
-        self._voters = frozenset(voters if voters is not None else (endpoints or {}))
-        # voter id → directory.id, learned from Fetch requests (the core does not track it).  Only voters:
-        # observers are unbounded in number and an unauthenticated caller may claim any id.
-        self._directory_ids: dict[int, str] = {}
-        if local_directory is not None:
-            self._directory_ids[local_directory[0]] = local_directory[1]
+        self._endpoints = dict(endpoints or {})
+        self._voter_changes = voter_changes
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
         peer_id = authenticated_peer_id(context)
@@ -129,6 +128,16 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             )
 
     async def Vote(self, request: raft_pb2.VoteRequest, context: ServicerContext) -> raft_pb2.VoteResponse:
+        if not (
+            valid_directory_id(request.candidate_directory_id)
+            and valid_directory_id(request.voter_directory_id)
+        ):
+            message = "directory ids must be empty or 22-character base64url UUIDs"
+            return codec.vote_response_to_pb(
+                m.VoteResponse(
+                    ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER, False, request.pre_vote
+                )
+            )
         response = await self._handle(codec.vote_request_from_pb(request), context)
         assert isinstance(response, m.VoteResponse)
         return codec.vote_response_to_pb(response)
@@ -136,6 +145,11 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     async def BeginQuorumEpoch(
         self, request: raft_pb2.BeginQuorumEpochRequest, context: ServicerContext
     ) -> raft_pb2.BeginQuorumEpochResponse:
+        if not valid_directory_id(request.voter_directory_id):
+            message = "voter_directory_id must be empty or a 22-character base64url UUID"
+            return codec.begin_response_to_pb(
+                m.BeginQuorumEpochResponse(ErrorCode.INVALID_REQUEST, message, m.NO_LEADER, m.NO_LEADER)
+            )
         response = await self._handle(codec.begin_request_from_pb(request), context)
         assert isinstance(response, m.BeginQuorumEpochResponse)
         return codec.begin_response_to_pb(response)
@@ -150,8 +164,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     async def _fetch(
         self, request: raft_pb2.FetchRequest, context: ServicerContext
     ) -> raft_pb2.FetchResponse:
-        directory_id = request.replica_directory_id
-        if not valid_directory_id(directory_id):
+        if not valid_directory_id(request.replica_directory_id):
             # Refused before the core sees it; the fetcher's request-error rule retries after a backoff.
             message = "replica_directory_id must be empty or a 22-character base64url UUID"
             return codec.fetch_response_to_pb(
@@ -162,8 +175,6 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         request.max_wait_ms = min(request.max_wait_ms, MAX_FETCH_WAIT_MS)
         response = await self._handle(codec.fetch_request_from_pb(request), context)
         assert isinstance(response, m.FetchResponse)
-        if directory_id and request.replica_id in self._voters and response.error_code is ErrorCode.NONE:
-            self._directory_ids[request.replica_id] = directory_id
         return codec.fetch_response_to_pb(response)
 
     async def Fetch(self, request: raft_pb2.FetchRequest, context: ServicerContext) -> raft_pb2.FetchResponse:
@@ -190,10 +201,107 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         # even then, which is how admin tools that were not told it learn it (kraft.client.quorum).
         response = await self._handle(m.DescribeQuorumRequest(cluster_id=request.cluster_id), context)
         assert isinstance(response, m.DescribeQuorumResponse)
-        out = codec.describe_response_to_pb(response, self._directory_ids)
+        out = codec.describe_response_to_pb(response)
         out.cluster_id = self._cluster_id
-        out.nodes.extend(self._nodes)
+        out.nodes.extend(self._nodes())
         return out
+
+    def _nodes(self) -> list[common_pb2.NodeRef]:
+        """The controllers a response advertises: the configured ones, and the voter set's endpoints."""
+        endpoints = dict(self._endpoints)
+        if self._voter_changes is not None:
+            for voter in self._voter_changes.voter_set:
+                if voter.endpoints:
+                    endpoints[voter.node_id] = (voter.endpoints[0].host, voter.endpoints[0].port)
+        return node_refs(endpoints)
+
+    # -- KIP-853 voter changes
+
+    async def AddRaftVoter(
+        self, request: raft_pb2.AddRaftVoterRequest, context: ServicerContext
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        endpoints = tuple(Endpoint(e.name, e.host, e.port) for e in request.listeners)
+        voter = Voter(request.voter_id, request.voter_directory_id, endpoints)
+        return await self._voter_change(
+            context, request.cluster_id, request.timeout_ms, lambda changes: changes.add_voter(voter)
+        )
+
+    async def RemoveRaftVoter(
+        self, request: raft_pb2.RemoveRaftVoterRequest, context: ServicerContext
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        return await self._voter_change(
+            context,
+            request.cluster_id,
+            request.timeout_ms,
+            lambda changes: changes.remove_voter(request.voter_id, request.voter_directory_id),
+        )
+
+    async def UpdateRaftVoter(
+        self, request: raft_pb2.UpdateRaftVoterRequest, context: ServicerContext
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        endpoints = tuple(Endpoint(e.name, e.host, e.port) for e in request.listeners)
+        return await self._voter_change(
+            context,
+            request.cluster_id,
+            request.timeout_ms,
+            lambda changes: changes.update_voter(request.voter_id, request.voter_directory_id, endpoints),
+        )
+
+    async def _voter_change(
+        self,
+        context: ServicerContext,
+        cluster_id: str,
+        timeout_ms: int,
+        attempt: Callable[[VoterChangeHandler], Awaitable[int]],
+    ) -> raft_pb2.RaftVoterChangeResponse:
+        """Run one voter change on the leader, asking again while the answer is "not yet"
+        (REQUEST_TIMED_OUT: epoch or previous change uncommitted, new voter still catching up) until
+        ``timeout_ms`` (default 30 s, at most 10 min)."""
+        if is_tls(context) and authenticated_peer_id(context) is None:
+            # Changing the voter set moves Raft like a Vote does: on TLS it needs a controller certificate
+            # (`kraft quorum add-controller --command-config` passes the joining controller's own).
+            await abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"voter changes need a controller certificate (caller is {principal_of(context)})",
+            )
+        changes = self._voter_changes
+
+        def answer(code: ErrorCode, message: str, offset: int = -1) -> raft_pb2.RaftVoterChangeResponse:
+            leader = changes.leader_and_epoch if changes is not None else None
+            return raft_pb2.RaftVoterChangeResponse(
+                error_code=int(code),
+                error_message=message,
+                leader_id=leader.leader_id if leader is not None else m.NO_LEADER,
+                leader_epoch=leader.epoch if leader is not None else m.NO_LEADER,
+                offset=offset,
+                nodes=self._nodes() if code is ErrorCode.NOT_LEADER_OR_FOLLOWER else (),
+            )
+
+        if cluster_id != self._cluster_id:  # an empty one too (issue #15)
+            return answer(ErrorCode.INCONSISTENT_CLUSTER_ID, f"cluster id {cluster_id!r} is not ours")
+        if changes is None:
+            return answer(ErrorCode.UNSUPPORTED_VERSION, "this node does not serve voter changes")
+        if timeout_ms < 0:
+            return answer(ErrorCode.INVALID_REQUEST, "timeout_ms must not be negative")
+        deadline = time.monotonic() + min(timeout_ms or 30_000, 600_000) / 1000.0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                async with asyncio.timeout(max(remaining, 0.001)):
+                    offset = await attempt(changes)
+                return answer(ErrorCode.NONE, "", offset)
+            except VoterChangeError as exc:
+                if exc.code is ErrorCode.REQUEST_TIMED_OUT and deadline - time.monotonic() > 0.1:
+                    await asyncio.sleep(0.1)
+                    continue
+                return answer(exc.code, exc.message)
+            except NotLeaderError as exc:
+                return answer(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc))
+            except TimeoutError:
+                return answer(ErrorCode.REQUEST_TIMED_OUT, "the change did not commit within the timeout")
+            except RaftShutdownError:
+                return answer(ErrorCode.BROKER_NOT_AVAILABLE, "raft node is shutting down")
 
 
 def add_raft_service(servicer: RaftServicer, server: grpc.aio.Server) -> None:

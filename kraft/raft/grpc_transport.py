@@ -88,17 +88,15 @@ class GrpcTransport:
         self,
         peers: dict[int, str],
         *,
-        directory_id: str = "",
         retry_backoff_ms: int = 20,
         max_backoff_ms: int = 1000,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         security: ChannelSecurity | None = None,
     ) -> None:
-        """``peers`` maps node id → ``host:port``; ``directory_id`` is sent in our Fetch requests;
-        ``security`` is how the peers' controller listener is dialled (None: the process default)."""
+        """``peers`` maps node id → ``host:port``; ``security`` is how the peers' controller listener is
+        dialled (None: the process default)."""
         self._security = security
         self._addresses = dict(peers)
-        self._directory_id = directory_id
         self._retry_backoff_s = max(retry_backoff_ms, 1) / 1000.0
         self._max_backoff_s = max(max_backoff_ms, retry_backoff_ms) / 1000.0
         self._options = channel_options(max_message_bytes, max(max_backoff_ms, 100))
@@ -135,7 +133,7 @@ class GrpcTransport:
         stub = peer.stub
         # Ordered by frequency: Fetch dominates every running cluster.
         if isinstance(request, m.FetchRequest):
-            pb_fetch = codec.fetch_request_to_pb(request, self._directory_id)
+            pb_fetch = codec.fetch_request_to_pb(request)
             if peer.stream_unsupported:
                 fetched = await self._call(dest, peer, stub.Fetch, pb_fetch, deadline)
             else:

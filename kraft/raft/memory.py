@@ -13,9 +13,11 @@ from typing import Any
 
 from kraft.clock import Clock, SystemClock
 from kraft.raft.api import RaftShutdownError
+from kraft.raft.control_codec import voter_control_messages, voters_in_snapshot
 from kraft.raft.messages import RaftRequest, RaftResponse, SnapshotId
 from kraft.raft.state import ElectionState
 from kraft.raft.transport import RequestHandler, TransportError
+from kraft.raft.voters import VoterSet
 from kraft.storage.batch import (
     SnapshotFooterRecord,
     SnapshotHeaderRecord,
@@ -159,10 +161,20 @@ class MemorySnapshotStore:
     def read_records(self, snapshot_id: SnapshotId) -> tuple[int, list[bytes]]:
         return decode_snapshot(self._frozen[snapshot_id])
 
+    def read_voters(self, snapshot_id: SnapshotId) -> VoterSet | None:
+        return voters_in_snapshot(self._frozen[snapshot_id])
+
     def write(
-        self, snapshot_id: SnapshotId, last_contained_timestamp_ms: int, records: Sequence[bytes], now_ms: int
+        self,
+        snapshot_id: SnapshotId,
+        last_contained_timestamp_ms: int,
+        records: Sequence[bytes],
+        now_ms: int,
+        voters: VoterSet | None = None,
     ) -> None:
-        self._frozen[snapshot_id] = encode_snapshot(snapshot_id, last_contained_timestamp_ms, records, now_ms)
+        self._frozen[snapshot_id] = encode_snapshot(
+            snapshot_id, last_contained_timestamp_ms, records, now_ms, voters
+        )
 
     def write_chunk(self, snapshot_id: SnapshotId, position: int, data: bytes) -> None:
         if position == 0:
@@ -187,9 +199,14 @@ class MemorySnapshotStore:
 
 
 def encode_snapshot(
-    snapshot_id: SnapshotId, last_contained_timestamp_ms: int, records: Sequence[bytes], now_ms: int
+    snapshot_id: SnapshotId,
+    last_contained_timestamp_ms: int,
+    records: Sequence[bytes],
+    now_ms: int,
+    voters: VoterSet | None = None,
 ) -> bytes:
-    """Kafka's snapshot layout: header control batch, one data batch, footer control batch."""
+    """Kafka's snapshot layout: header control batch, with a dynamic quorum a control batch with
+    KRaftVersion and Voters (KIP-853), one data batch, footer control batch."""
     parts = [
         build_control_batch(
             0,
@@ -199,9 +216,15 @@ def encode_snapshot(
         )
     ]
     next_offset = 1
+    if voters is not None:
+        control = voter_control_messages(voters)
+        parts.append(
+            build_control_batch(next_offset, control, leader_epoch=snapshot_id.epoch, timestamp_ms=now_ms)
+        )
+        next_offset += len(control)
     if records:
         inputs = [(None, value) for value in records]
-        parts.append(build_batch(1, inputs, leader_epoch=snapshot_id.epoch, timestamp_ms=now_ms))
+        parts.append(build_batch(next_offset, inputs, leader_epoch=snapshot_id.epoch, timestamp_ms=now_ms))
         next_offset += len(records)
     parts.append(
         build_control_batch(

@@ -69,6 +69,11 @@ class VoteRequest:
     last_offset: int
     """The candidate's log end offset."""
     pre_vote: bool = False
+    candidate_directory_id: str = ""
+    """The candidate's metadata ``directory.id`` (KIP-853; "" when unknown)."""
+    voter_directory_id: str = ""
+    """The directory id the candidate believes the receiver has: a receiver with another one (its disk
+    was wiped) refuses with INVALID_VOTER_KEY; "" matches any."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,8 @@ class BeginQuorumEpochRequest:
     leader_id: int
     leader_epoch: int
     voter_id: int
+    voter_directory_id: str = ""
+    """The receiver's directory id in the leader's voter set ("" matches any), as in Vote."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +140,9 @@ class FetchRequest:
     """Epoch of the fetcher's last record (or of its latest snapshot when its log is empty)."""
     max_wait_ms: int = 500
     max_bytes: int = 8 * 1024 * 1024
+    replica_directory_id: str = ""
+    """The fetcher's metadata ``directory.id``: a voter counts toward the high watermark only with the
+    directory id it was added with (KIP-853); "" when unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +198,8 @@ class ReplicaState:
     """-1 when the replica never fetched."""
     last_caught_up_timestamp_ms: int
     """Last time the replica's fetch reached the leader's end offset as of that time; -1 if never."""
+    directory_id: str = ""
+    """The replica's directory id ("" when unknown: a static voter that never fetched)."""
 
 
 @dataclass(frozen=True, slots=True)

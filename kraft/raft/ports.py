@@ -14,6 +14,7 @@ from typing import Protocol
 
 from kraft.raft.messages import SnapshotId
 from kraft.raft.state import ElectionState
+from kraft.raft.voters import VoterSet
 
 
 class LogStore(Protocol):
@@ -82,10 +83,20 @@ class SnapshotStore(Protocol):
         """(last contained log timestamp, every data record value) of a frozen snapshot."""
         ...
 
+    def read_voters(self, snapshot_id: SnapshotId) -> VoterSet | None:
+        """The voter set a frozen snapshot holds (KIP-853), None for a static quorum's snapshot."""
+        ...
+
     def write(
-        self, snapshot_id: SnapshotId, last_contained_timestamp_ms: int, records: Sequence[bytes], now_ms: int
+        self,
+        snapshot_id: SnapshotId,
+        last_contained_timestamp_ms: int,
+        records: Sequence[bytes],
+        now_ms: int,
+        voters: VoterSet | None = None,
     ) -> None:
-        """Write and freeze a snapshot from record values."""
+        """Write and freeze a snapshot from record values (and, with a dynamic quorum, the voter set at
+        its end offset: KRaftVersion and Voters control records after the header, as Kafka writes)."""
         ...
 
     def write_chunk(self, snapshot_id: SnapshotId, position: int, data: bytes) -> None:

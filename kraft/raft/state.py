@@ -86,7 +86,8 @@ class InvalidTransitionError(Exception):
 def check_transition(current: StateKind, target: StateKind, *, is_voter: bool) -> None:
     if target not in ALLOWED_TRANSITIONS[current]:
         raise InvalidTransitionError(f"{current.value} -> {target.value} is not a Raft transition")
-    if not is_voter and target not in OBSERVER_STATES:
+    # A leader removed from the voter set (KIP-853) resigns as a non-voter once the removal commits.
+    if not is_voter and target not in OBSERVER_STATES and target is not StateKind.RESIGNED:
         raise InvalidTransitionError(f"an observer cannot become {target.value}")
 
 

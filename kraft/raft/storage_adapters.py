@@ -6,9 +6,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from kraft.raft.control_codec import voter_control_messages, voters_in_snapshot
 from kraft.raft.memory import decode_snapshot
 from kraft.raft.messages import NO_LEADER, SnapshotId
 from kraft.raft.state import ElectionState
+from kraft.raft.voters import VoterSet
 from kraft.storage.errors import StorageStateError
 from kraft.storage.log import LogConfig, SegmentedLog
 from kraft.storage.quorum_state import QuorumState, QuorumStateStore
@@ -116,8 +118,17 @@ class FileSnapshotStore:
         self._path(snapshot_id)
         return decode_snapshot(self._files.read_verified(_storage_id(snapshot_id)))
 
+    def read_voters(self, snapshot_id: SnapshotId) -> VoterSet | None:
+        self._path(snapshot_id)
+        return voters_in_snapshot(self._files.read_verified(_storage_id(snapshot_id)))
+
     def write(
-        self, snapshot_id: SnapshotId, last_contained_timestamp_ms: int, records: Sequence[bytes], now_ms: int
+        self,
+        snapshot_id: SnapshotId,
+        last_contained_timestamp_ms: int,
+        records: Sequence[bytes],
+        now_ms: int,
+        voters: VoterSet | None = None,
     ) -> None:
         writer = self._files.create(
             _storage_id(snapshot_id),
@@ -125,6 +136,8 @@ class FileSnapshotStore:
             timestamp_ms=now_ms,
         )
         try:
+            if voters is not None:
+                writer.append_control(voter_control_messages(voters))
             if records:
                 writer.append_records([(None, value) for value in records])
             writer.freeze()

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.messages import RaftRequest, RaftResponse
+from kraft.raft.voters import Endpoint, Voter, VoterSet
 
 
 class TransportError(Exception):
@@ -40,6 +42,24 @@ class Transport(Protocol):
     async def close(self) -> None:
         """Release channels; pending sends fail with :class:`TransportError`."""
         ...
+
+
+class VoterChangeHandler(Protocol):
+    """The admin side of KIP-853 (implemented by :class:`kraft.raft.driver.RaftDriver`): each call
+    resolves with the offset of the VotersRecord once it is committed, or raises
+    :class:`kraft.raft.api.VoterChangeError` / :class:`kraft.raft.api.NotLeaderError`."""
+
+    @property
+    def voter_set(self) -> VoterSet: ...
+
+    @property
+    def leader_and_epoch(self) -> LeaderAndEpoch: ...
+
+    async def add_voter(self, voter: Voter) -> int: ...
+
+    async def remove_voter(self, node_id: int, directory_id: str) -> int: ...
+
+    async def update_voter(self, node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...]) -> int: ...
 
 
 class RequestHandler(Protocol):

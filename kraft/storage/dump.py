@@ -30,9 +30,11 @@ from typing import Any
 from kraft.storage.batch import STORED_BATCH_MAX_BYTES, RecordBatch, decode_batch
 from kraft.storage.control import (
     ControlMessage,
+    KRaftVersionRecord,
     LeaderChangeMessage,
     SnapshotFooterRecord,
     SnapshotHeaderRecord,
+    VotersRecord,
     decode_control_key,
     decode_control_message,
 )
@@ -81,6 +83,21 @@ def _describe_control(message: ControlMessage | None, record_type: int) -> dict[
         }
     if isinstance(message, SnapshotFooterRecord):
         return {"type": "SnapshotFooter", "version": message.version}
+    if isinstance(message, KRaftVersionRecord):
+        return {"type": "KRaftVersion", "version": message.version, "kRaftVersion": message.kraft_version}
+    if isinstance(message, VotersRecord):
+        return {
+            "type": "Voters",
+            "version": message.version,
+            "voters": [
+                {
+                    "voterId": voter.voter_id,
+                    "voterDirectoryId": voter.directory_id,
+                    "endpoints": [f"{e.name}://{e.host}:{e.port}" for e in voter.endpoints],
+                }
+                for voter in message.voters
+            ],
+        }
     return {"type": f"ControlType{record_type}"}
 
 

@@ -19,6 +19,13 @@ def _encode(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
+def uuid_string(raw: bytes) -> str:
+    """The Kafka UUID string of 16 raw bytes."""
+    if len(raw) != 16:
+        raise ValueError(f"a UUID is 16 bytes, got {len(raw)}")
+    return _encode(raw)
+
+
 def random_uuid() -> str:
     while True:
         text = _encode(os.urandom(16))

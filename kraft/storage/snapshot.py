@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from kraft.storage.batch import (
     HEADER_SIZE,
+    ControlMessage,
     ControlRecordType,
     RecordBatch,
     RecordInput,
@@ -132,11 +133,15 @@ class RecordsSnapshotWriter:
         return self._part.snapshot_id
 
     def _append_control(self, message: SnapshotHeaderRecord | SnapshotFooterRecord) -> None:
+        self.append_control([message])
+
+    def append_control(self, messages: Sequence[ControlMessage]) -> None:
+        """One control batch (after the header: KIP-853's KRaftVersion and Voters records)."""
         data = build_control_batch(
-            self.next_offset, [message], leader_epoch=self.snapshot_id.epoch, timestamp_ms=self._timestamp_ms
+            self.next_offset, messages, leader_epoch=self.snapshot_id.epoch, timestamp_ms=self._timestamp_ms
         )
         self._part.write(data)
-        self.next_offset += 1
+        self.next_offset += len(messages)
 
     def append_records(self, records: Sequence[RecordInput]) -> None:
         data = build_batch(

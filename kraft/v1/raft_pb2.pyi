@@ -80,6 +80,8 @@ class VoteRequest(_message.Message):
     LAST_OFFSET_EPOCH_FIELD_NUMBER: _builtins.int
     LAST_OFFSET_FIELD_NUMBER: _builtins.int
     PRE_VOTE_FIELD_NUMBER: _builtins.int
+    CANDIDATE_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     candidate_epoch: _builtins.int
     candidate_id: _builtins.int
@@ -87,6 +89,11 @@ class VoteRequest(_message.Message):
     last_offset_epoch: _builtins.int
     last_offset: _builtins.int
     pre_vote: _builtins.bool
+    candidate_directory_id: _builtins.str
+    """KIP-853: the candidate's meta.properties directory.id, and the receiver's as the candidate's voter
+    set knows it ("" = unknown / static voter; a receiver with another directory id refuses).
+    """
+    voter_directory_id: _builtins.str
     def __init__(
         self,
         *,
@@ -97,10 +104,12 @@ class VoteRequest(_message.Message):
         last_offset_epoch: _builtins.int = ...,
         last_offset: _builtins.int = ...,
         pre_vote: _builtins.bool = ...,
+        candidate_directory_id: _builtins.str = ...,
+        voter_directory_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_epoch", b"candidate_epoch", "candidate_id", b"candidate_id", "cluster_id", b"cluster_id", "last_offset", b"last_offset", "last_offset_epoch", b"last_offset_epoch", "pre_vote", b"pre_vote", "voter_id", b"voter_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_directory_id", b"candidate_directory_id", "candidate_epoch", b"candidate_epoch", "candidate_id", b"candidate_id", "cluster_id", b"cluster_id", "last_offset", b"last_offset", "last_offset_epoch", b"last_offset_epoch", "pre_vote", b"pre_vote", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -148,10 +157,13 @@ class BeginQuorumEpochRequest(_message.Message):
     LEADER_ID_FIELD_NUMBER: _builtins.int
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     VOTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     leader_id: _builtins.int
     leader_epoch: _builtins.int
     voter_id: _builtins.int
+    voter_directory_id: _builtins.str
+    """The receiver's directory.id in the leader's voter set ("" matches any)."""
     def __init__(
         self,
         *,
@@ -159,10 +171,11 @@ class BeginQuorumEpochRequest(_message.Message):
         leader_id: _builtins.int = ...,
         leader_epoch: _builtins.int = ...,
         voter_id: _builtins.int = ...,
+        voter_directory_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "voter_id", b"voter_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -276,7 +289,9 @@ class FetchRequest(_message.Message):
     max_wait_ms: _builtins.int
     max_bytes: _builtins.int
     replica_directory_id: _builtins.str
-    """The fetcher's meta.properties directory.id (shown by `quorum describe --replication`)."""
+    """The fetcher's meta.properties directory.id: a voter counts toward the high watermark only with the
+    directory id it was added with (KIP-853); also shown by `quorum describe --replication`.
+    """
     def __init__(
         self,
         *,
@@ -528,6 +543,163 @@ class DescribeQuorumResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeQuorumResponse: _TypeAlias = DescribeQuorumResponse  # noqa: Y015
+
+@_typing.final
+class RaftVoterEndpoint(_message.Message):
+    """A listener of a voter as the VotersRecord stores it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    host: _builtins.str
+    port: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        host: _builtins.str = ...,
+        port: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "name", b"name", "port", b"port"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftVoterEndpoint: _TypeAlias = RaftVoterEndpoint  # noqa: Y015
+
+@_typing.final
+class AddRaftVoterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    VOTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
+    LISTENERS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    """May be empty (this cluster); a non-empty mismatch is rejected."""
+    timeout_ms: _builtins.int
+    """How long the leader waits for the new voter to catch up and the change to commit."""
+    voter_id: _builtins.int
+    voter_directory_id: _builtins.str
+    @_builtins.property
+    def listeners(self) -> _containers.RepeatedCompositeFieldContainer[Global___RaftVoterEndpoint]: ...
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        timeout_ms: _builtins.int = ...,
+        voter_id: _builtins.int = ...,
+        voter_directory_id: _builtins.str = ...,
+        listeners: _abc.Iterable[Global___RaftVoterEndpoint] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "listeners", b"listeners", "timeout_ms", b"timeout_ms", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddRaftVoterRequest: _TypeAlias = AddRaftVoterRequest  # noqa: Y015
+
+@_typing.final
+class RemoveRaftVoterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    voter_id: _builtins.int
+    voter_directory_id: _builtins.str
+    timeout_ms: _builtins.int
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        voter_id: _builtins.int = ...,
+        voter_directory_id: _builtins.str = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "timeout_ms", b"timeout_ms", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveRaftVoterRequest: _TypeAlias = RemoveRaftVoterRequest  # noqa: Y015
+
+@_typing.final
+class UpdateRaftVoterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_ID_FIELD_NUMBER: _builtins.int
+    VOTER_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
+    LISTENERS_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    voter_id: _builtins.int
+    voter_directory_id: _builtins.str
+    timeout_ms: _builtins.int
+    @_builtins.property
+    def listeners(self) -> _containers.RepeatedCompositeFieldContainer[Global___RaftVoterEndpoint]: ...
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        voter_id: _builtins.int = ...,
+        voter_directory_id: _builtins.str = ...,
+        listeners: _abc.Iterable[Global___RaftVoterEndpoint] | None = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "listeners", b"listeners", "timeout_ms", b"timeout_ms", "voter_directory_id", b"voter_directory_id", "voter_id", b"voter_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateRaftVoterRequest: _TypeAlias = UpdateRaftVoterRequest  # noqa: Y015
+
+@_typing.final
+class RaftVoterChangeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    NODES_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    error_message: _builtins.str
+    leader_id: _builtins.int
+    leader_epoch: _builtins.int
+    offset: _builtins.int
+    """Offset of the committed VotersRecord (-1 on error)."""
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeRef]: ...
+    def __init__(
+        self,
+        *,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        leader_id: _builtins.int = ...,
+        leader_epoch: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        nodes: _abc.Iterable[_common_pb2.NodeRef] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "nodes", b"nodes", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RaftVoterChangeResponse: _TypeAlias = RaftVoterChangeResponse  # noqa: Y015
 
 @_typing.final
 class TestAppendRequest(_message.Message):

@@ -69,6 +69,21 @@ class RaftServiceStub:
                 request_serializer=kraft_dot_v1_dot_raft__pb2.FetchRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_raft__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.AddRaftVoter = channel.unary_unary(
+                '/kraft.v1.RaftService/AddRaftVoter',
+                request_serializer=kraft_dot_v1_dot_raft__pb2.AddRaftVoterRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.FromString,
+                _registered_method=True)
+        self.RemoveRaftVoter = channel.unary_unary(
+                '/kraft.v1.RaftService/RemoveRaftVoter',
+                request_serializer=kraft_dot_v1_dot_raft__pb2.RemoveRaftVoterRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.FromString,
+                _registered_method=True)
+        self.UpdateRaftVoter = channel.unary_unary(
+                '/kraft.v1.RaftService/UpdateRaftVoter',
+                request_serializer=kraft_dot_v1_dot_raft__pb2.UpdateRaftVoterRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.FromString,
+                _registered_method=True)
 
 
 class RaftServiceServicer:
@@ -121,6 +136,28 @@ class RaftServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddRaftVoter(self, request, context):
+        """KIP-853 voter changes, answered by the leader once the VotersRecord is committed (others answer
+        NOT_LEADER_OR_FOLLOWER with leader_id and `nodes`).  One change at a time: REQUEST_TIMED_OUT means
+        "not yet" (the leader's epoch or the previous change is not committed, or the new voter has not
+        caught up within timeout_ms) — ask again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveRaftVoter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateRaftVoter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +195,21 @@ def add_RaftServiceServicer_to_server(servicer, server):
                     servicer.FetchStream,
                     request_deserializer=kraft_dot_v1_dot_raft__pb2.FetchRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_raft__pb2.FetchResponse.SerializeToString,
+            ),
+            'AddRaftVoter': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddRaftVoter,
+                    request_deserializer=kraft_dot_v1_dot_raft__pb2.AddRaftVoterRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.SerializeToString,
+            ),
+            'RemoveRaftVoter': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveRaftVoter,
+                    request_deserializer=kraft_dot_v1_dot_raft__pb2.RemoveRaftVoterRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.SerializeToString,
+            ),
+            'UpdateRaftVoter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateRaftVoter,
+                    request_deserializer=kraft_dot_v1_dot_raft__pb2.UpdateRaftVoterRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +401,87 @@ class RaftService:
             '/kraft.v1.RaftService/FetchStream',
             kraft_dot_v1_dot_raft__pb2.FetchRequest.SerializeToString,
             kraft_dot_v1_dot_raft__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddRaftVoter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.RaftService/AddRaftVoter',
+            kraft_dot_v1_dot_raft__pb2.AddRaftVoterRequest.SerializeToString,
+            kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveRaftVoter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.RaftService/RemoveRaftVoter',
+            kraft_dot_v1_dot_raft__pb2.RemoveRaftVoterRequest.SerializeToString,
+            kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateRaftVoter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.RaftService/UpdateRaftVoter',
+            kraft_dot_v1_dot_raft__pb2.UpdateRaftVoterRequest.SerializeToString,
+            kraft_dot_v1_dot_raft__pb2.RaftVoterChangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

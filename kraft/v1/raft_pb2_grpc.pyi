@@ -50,6 +50,14 @@ class RaftServiceStub:
     message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
     and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
     """
+    AddRaftVoter: _grpc.UnaryUnaryMultiCallable[_raft_pb2.AddRaftVoterRequest, _raft_pb2.RaftVoterChangeResponse]
+    """KIP-853 voter changes, answered by the leader once the VotersRecord is committed (others answer
+    NOT_LEADER_OR_FOLLOWER with leader_id and `nodes`).  One change at a time: REQUEST_TIMED_OUT means
+    "not yet" (the leader's epoch or the previous change is not committed, or the new voter has not
+    caught up within timeout_ms) — ask again.
+    """
+    RemoveRaftVoter: _grpc.UnaryUnaryMultiCallable[_raft_pb2.RemoveRaftVoterRequest, _raft_pb2.RaftVoterChangeResponse]
+    UpdateRaftVoter: _grpc.UnaryUnaryMultiCallable[_raft_pb2.UpdateRaftVoterRequest, _raft_pb2.RaftVoterChangeResponse]
 
 @_typing.type_check_only
 class RaftServiceAsyncStub(RaftServiceStub):
@@ -67,6 +75,14 @@ class RaftServiceAsyncStub(RaftServiceStub):
     message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
     and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
     """
+    AddRaftVoter: _aio.UnaryUnaryMultiCallable[_raft_pb2.AddRaftVoterRequest, _raft_pb2.RaftVoterChangeResponse]  # type: ignore[assignment]
+    """KIP-853 voter changes, answered by the leader once the VotersRecord is committed (others answer
+    NOT_LEADER_OR_FOLLOWER with leader_id and `nodes`).  One change at a time: REQUEST_TIMED_OUT means
+    "not yet" (the leader's epoch or the previous change is not committed, or the new voter has not
+    caught up within timeout_ms) — ask again.
+    """
+    RemoveRaftVoter: _aio.UnaryUnaryMultiCallable[_raft_pb2.RemoveRaftVoterRequest, _raft_pb2.RaftVoterChangeResponse]  # type: ignore[assignment]
+    UpdateRaftVoter: _aio.UnaryUnaryMultiCallable[_raft_pb2.UpdateRaftVoterRequest, _raft_pb2.RaftVoterChangeResponse]  # type: ignore[assignment]
 
 class RaftServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -123,6 +139,32 @@ class RaftServiceServicer(metaclass=_abc_1.ABCMeta):
         message, in order, with Fetch's semantics.  A stream round trip costs less than half a unary call,
         and Fetch is the replication hot path.  Callers bound each round trip themselves (no call deadline).
         """
+
+    @_abc_1.abstractmethod
+    def AddRaftVoter(
+        self,
+        request: _raft_pb2.AddRaftVoterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_raft_pb2.RaftVoterChangeResponse, _abc.Awaitable[_raft_pb2.RaftVoterChangeResponse]]:
+        """KIP-853 voter changes, answered by the leader once the VotersRecord is committed (others answer
+        NOT_LEADER_OR_FOLLOWER with leader_id and `nodes`).  One change at a time: REQUEST_TIMED_OUT means
+        "not yet" (the leader's epoch or the previous change is not committed, or the new voter has not
+        caught up within timeout_ms) — ask again.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveRaftVoter(
+        self,
+        request: _raft_pb2.RemoveRaftVoterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_raft_pb2.RaftVoterChangeResponse, _abc.Awaitable[_raft_pb2.RaftVoterChangeResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def UpdateRaftVoter(
+        self,
+        request: _raft_pb2.UpdateRaftVoterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_raft_pb2.RaftVoterChangeResponse, _abc.Awaitable[_raft_pb2.RaftVoterChangeResponse]]: ...
 
 def add_RaftServiceServicer_to_server(servicer: RaftServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -32,6 +32,7 @@ from kraft.raft.core_output import (
     AppendFetched,
     AppendLeaderChange,
     AppendRecords,
+    AppendVoters,
     InstallSnapshot,
     LogOp,
     Outbound,
@@ -52,9 +53,13 @@ from kraft.raft.messages import (
     SnapshotId,
 )
 from kraft.raft.state import ElectionState, StateKind
+from kraft.raft.voters import Voter, VoterSet, VoterSetHistory
 
-SimBatch = tuple[int, int, int, tuple[bytes | None, ...]]
-"""(base_offset, last_offset, epoch, values) — ``None`` values are control records."""
+SimValue = bytes | VoterSet | None
+"""A record: data bytes, a VotersRecord (the voter set itself), or ``None`` for other control records."""
+
+SimBatch = tuple[int, int, int, tuple[SimValue, ...]]
+"""(base_offset, last_offset, epoch, values)."""
 
 
 class InvariantViolation(AssertionError):
@@ -70,11 +75,19 @@ def decode_batches(data: bytes) -> list[SimBatch]:
     return batches
 
 
+def batch_voters(values: tuple[SimValue, ...]) -> VoterSet | None:
+    found = [value for value in values if isinstance(value, VoterSet)]
+    return found[-1] if found else None
+
+
 def scan_batches(data: bytes) -> list[BatchInfo]:
-    return [BatchInfo(base, last, epoch) for base, last, epoch, _ in decode_batches(data)]
+    return [
+        BatchInfo(base, last, epoch, batch_voters(values))
+        for base, last, epoch, values in decode_batches(data)
+    ]
 
 
-def sim_config(node_id: int, voters: tuple[int, ...], **overrides: int) -> RaftConfig:
+def sim_config(node_id: int, voters: tuple[int, ...], directory_id: str = "", **overrides: int) -> RaftConfig:
     """Timings scaled down ~20x from Kafka's defaults so a run covers many elections quickly."""
     settings: dict[str, int] = {
         "election_timeout_ms": 50,
@@ -88,7 +101,9 @@ def sim_config(node_id: int, voters: tuple[int, ...], **overrides: int) -> RaftC
         "fetch_max_bytes": 4096,
     }
     settings.update(overrides)
-    return RaftConfig(node_id=node_id, voters=voters, cluster_id="sim-cluster", **settings)
+    return RaftConfig(
+        node_id=node_id, voters=voters, cluster_id="sim-cluster", directory_id=directory_id, **settings
+    )
 
 
 # ---------------------------------------------------------------------------------------------- storage
@@ -141,7 +156,7 @@ class SimLog:
         size = 0
         while index < len(self.batches):
             batch = self.batches[index]
-            batch_size = 24 + sum(len(v) if v else 8 for v in batch[3])
+            batch_size = 24 + sum(len(v) if isinstance(v, bytes) else 8 for v in batch[3])
             if out and size + batch_size > max_bytes:
                 break
             out.append(batch)
@@ -164,16 +179,22 @@ class SimLog:
         self.durable_batches = 0
         self.start_offset = start_offset
 
-    def meta(self, snapshot: SnapshotId | None) -> LogMeta:
+    def meta(self, snapshot: SnapshotId | None, base_voters: VoterSet | None = None) -> LogMeta:
+        """What a restarting driver rebuilds: offsets, epochs and — with a dynamic quorum (a bootstrap
+        or snapshot voter set) — the voter history from every VotersRecord in the log."""
         epochs: list[EpochEntry] = []
-        for base, _last, epoch, _values in self.batches:
+        history = VoterSetHistory(base_voters) if base_voters is not None else None
+        for base, _last, epoch, values in self.batches:
             if not epochs or epochs[-1].epoch != epoch:
                 epochs.append(EpochEntry(epoch, base))
+            voters = batch_voters(values)
+            if voters is not None and history is not None:
+                history.add_at(base, voters)
         end = self.end_offset
-        return LogMeta(self.start_offset, end, end, epochs, snapshot)
+        return LogMeta(self.start_offset, end, end, epochs, snapshot, history)
 
-    def values(self, start: int, end: int) -> list[bytes | None]:
-        out: list[bytes | None] = []
+    def values(self, start: int, end: int) -> list[SimValue]:
+        out: list[SimValue] = []
         index = max(0, bisect.bisect_right(self.bases, start) - 1)
         while index < len(self.batches) and self.batches[index][0] < end:
             base, _last, _epoch, values = self.batches[index]
@@ -187,8 +208,10 @@ class SimLog:
 @dataclass
 class SimSnapshot:
     snapshot_id: SnapshotId
-    values: tuple[bytes | None, ...]
+    values: tuple[SimValue, ...]
     data: bytes
+    voters: VoterSet | None = None
+    """The voter set at the snapshot's end (a dynamic quorum writes it into every snapshot)."""
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -248,10 +271,16 @@ class NodeStats:
 
 
 class SimNode:
-    def __init__(self, sim: Simulation, node_id: int, voters: tuple[int, ...]) -> None:
+    def __init__(
+        self, sim: Simulation, node_id: int, voters: tuple[int, ...], bootstrap: VoterSet | None = None
+    ) -> None:
         self.sim = sim
         self.node_id = node_id
         self.voters = voters
+        self.bootstrap = bootstrap
+        """The voter set this node was formatted with (dynamic quorum); None: static ``voters``."""
+        self.wipes = 0
+        self.directory_id = self._directory_id()
         self.log = SimLog()
         self.election = ElectionState(0)
         self.snapshot: SimSnapshot | None = None
@@ -259,7 +288,7 @@ class SimNode:
         self.running = False
         self.incarnation = 0
         self.core: RaftCore | None = None
-        self.values: list[bytes | None] = []
+        self.values: list[SimValue] = []
         """The state machine: committed values by offset (index = offset)."""
         self.applied_end = 0
         self.high_watermark = 0
@@ -288,13 +317,15 @@ class SimNode:
         self.incarnation += 1
         self.running = True
         snapshot_id = self.snapshot.snapshot_id if self.snapshot else None
-        config = sim_config(self.node_id, self.voters, **self.sim.config_overrides)
+        static = self.voters if self.bootstrap is None else ()
+        config = sim_config(self.node_id, static, self.directory_id, **self.sim.config_overrides)
+        base = self.snapshot.voters if self.snapshot and self.snapshot.voters else self.bootstrap
         self.core = RaftCore(
             config,
             random.Random(self.sim.rng.random()),
             scan_batches,
             self.election,
-            self.log.meta(snapshot_id),
+            self.log.meta(snapshot_id, base),
         )
         self.values = list(self.snapshot.values) if self.snapshot else []
         self.applied_end = len(self.values)
@@ -316,9 +347,20 @@ class SimNode:
             self.sim.refuse(self.node_id, origin)
         self.pending_requests.clear()
 
+    def _directory_id(self) -> str:
+        """A fresh directory id per format (a wiped disk is reformatted with a new one)."""
+        return f"dir-{self.node_id}-{self.wipes}" if self.bootstrap is not None else ""
+
+    @property
+    def key(self) -> Voter:
+        return Voter(self.node_id, self.directory_id)
+
     def wipe(self) -> None:
-        """Crash and lose the disk: log, snapshots and quorum-state."""
+        """Crash and lose the disk: log, snapshots and quorum-state (and, with a dynamic quorum, get a
+        new directory id: the reformatted node is an observer until it is added again)."""
         self.crash()
+        self.wipes += 1
+        self.directory_id = self._directory_id()
         self.log = SimLog()
         self.snapshot = None
         self.election = ElectionState(0)
@@ -345,6 +387,8 @@ class SimNode:
         elif isinstance(op, AppendLeaderChange):
             self.log.append((op.base_offset, op.base_offset, op.epoch, (None,)))
             self.stats.elections_won += 1
+        elif isinstance(op, AppendVoters):
+            self.log.append((op.base_offset, op.base_offset, op.epoch, (op.voters,)))
         elif isinstance(op, AppendFetched):
             for batch in decode_batches(op.data):
                 self.log.append(batch)
@@ -360,12 +404,16 @@ class SimNode:
                 raise InvariantViolation("snapshot chunk out of order")
             self.download += op.data
         elif isinstance(op, InstallSnapshot):
-            end, epoch, values = pickle.loads(bytes(self.download))
+            end, epoch, values, voters = pickle.loads(bytes(self.download))
             if SnapshotId(end, epoch) != op.snapshot_id:
                 raise InvariantViolation("downloaded snapshot does not match its id")
-            self.snapshot = SimSnapshot(op.snapshot_id, values, bytes(self.download))
+            self.snapshot = SimSnapshot(op.snapshot_id, values, bytes(self.download), voters)
             self.log.reset(op.snapshot_id.end_offset)
             self.stats.snapshots_installed += 1
+            if voters is not None:
+                # As the driver does: the installed snapshot's voter set reaches the core as its own input.
+                incarnation = self.incarnation
+                self.sim.schedule(0, lambda: self._snapshot_voters(op.snapshot_id, voters, incarnation))
 
     async def _persist_election(self, election: ElectionState) -> None:
         if election.epoch < self.election.epoch:
@@ -401,6 +449,10 @@ class SimNode:
             self.sim.check_committed(self.node_id, offset, value)
         self.values = list(values)
         self.applied_end = len(values)
+
+    def _snapshot_voters(self, snapshot_id: SnapshotId, voters: VoterSet, incarnation: int) -> None:
+        if self.running and incarnation == self.incarnation:
+            self.process(self.live_core.on_snapshot_voters(snapshot_id, voters, self.sim.now_ms))
 
     def _flush(self, incarnation: int) -> None:
         if not self.running or incarnation != self.incarnation:
@@ -439,8 +491,10 @@ class SimNode:
             return
         values = tuple(self.values[:end])
         snapshot_id = SnapshotId(end, epoch)
-        data = pickle.dumps((end, epoch, values), protocol=pickle.HIGHEST_PROTOCOL)
-        self.snapshot = SimSnapshot(snapshot_id, values, data)
+        history = core.voter_history
+        voters = None if history.static else history.voters_at(end - 1)
+        data = pickle.dumps((end, epoch, values, voters), protocol=pickle.HIGHEST_PROTOCOL)
+        self.snapshot = SimSnapshot(snapshot_id, values, data, voters)
         self.log.delete_before(end)
         self.process(core.on_snapshot_frozen(snapshot_id, end, self.sim.now_ms))
 
@@ -553,18 +607,37 @@ class Simulation:
         self.max_events = max_events
         self.config_overrides = config_overrides
         voter_ids = tuple(range(1, voters + 1))
+        self.dynamic = False
         self.nodes: dict[int, SimNode] = {}
         for node_id in range(1, voters + observers + 1):
             self.nodes[node_id] = SimNode(self, node_id, voter_ids)
         self.voter_ids = voter_ids
         self.majority = voters // 2 + 1
+        self.committed_voters: dict[int, VoterSet] = {}
+        """Offset -> the VotersRecord committed there (every node must agree)."""
+        self.hwm_voters: tuple[int, ...] = voter_ids
+        """The voter set (ids) the leader counted when it reached :attr:`max_high_watermark`."""
         self.router = Router(self.rng)
-        self.committed: dict[int, bytes | None] = {}
+        self.committed: dict[int, SimValue] = {}
         self.acked: dict[int, bytes] = {}
         self.leaders_by_epoch: dict[int, int] = {}
         self.max_high_watermark = 0
         self.next_value = 0
         self.append_interval_ms = 4
+
+    @classmethod
+    def dynamic_quorum(
+        cls, seed: int, voters: int = 1, observers: int = 2, **config_overrides: int
+    ) -> Simulation:
+        """A KIP-853 quorum: every node is formatted with the first ``voters`` nodes (and their directory
+        ids) as its bootstrap voter set; the others start as observers that may be added."""
+        sim = cls(seed, voters=voters, observers=observers, **config_overrides)
+        sim.dynamic = True
+        bootstrap = VoterSet(tuple(Voter(i, f"dir-{i}-0") for i in sim.voter_ids))
+        for node in sim.nodes.values():
+            node.bootstrap = bootstrap
+            node.directory_id = node._directory_id()
+        return sim
 
     # -- scheduling
 
@@ -634,8 +707,9 @@ class Simulation:
         core = leader.live_core
         if core.high_watermark <= core.epoch_start_offset:
             return False
+        voter_ids = core.voter_set.ids if self.dynamic else self.voter_ids
         for node in self.nodes.values():
-            if node.running and node is not leader and node.node_id in self.voter_ids:
+            if node.running and node is not leader and node.node_id in voter_ids:
                 other = node.live_core
                 if other.epoch != core.epoch or other.election.leader_id != leader.node_id:
                     return False
@@ -643,6 +717,34 @@ class Simulation:
 
     def crash(self, node_id: int) -> None:
         self.nodes[node_id].crash()
+
+    # -- voter changes (dynamic quorum)
+
+    def add_voter(self, node_id: int) -> int:
+        """Ask the leader to add ``node_id`` under its current directory id; returns the offset of the
+        VotersRecord.  Raises ``VoterChangeError`` / ``NotLeaderError`` as the core does."""
+        leader = self.leader()
+        if leader is None:
+            raise InvariantViolation(f"seed {self.seed}: no leader to add voter {node_id}")
+        core = leader.live_core
+        offset = core.add_voter(self.nodes[node_id].key, self.now_ms)
+        leader.process(core.take_output(self.now_ms))
+        return offset
+
+    def remove_voter(self, node_id: int, directory_id: str | None = None) -> int:
+        leader = self.leader()
+        if leader is None:
+            raise InvariantViolation(f"seed {self.seed}: no leader to remove voter {node_id}")
+        core = leader.live_core
+        voter = core.voter_set.get(node_id)
+        directory = directory_id if directory_id is not None else voter.directory_id if voter else ""
+        offset = core.remove_voter(node_id, directory, self.now_ms)
+        leader.process(core.take_output(self.now_ms))
+        return offset
+
+    def voter_change_committed(self, offset: int) -> bool:
+        """Whether the VotersRecord at ``offset`` is committed (some leader's high watermark passed it)."""
+        return self.max_high_watermark > offset and offset in self.committed
 
     def restart(self, node_id: int) -> None:
         node = self.nodes[node_id]
@@ -699,7 +801,7 @@ class Simulation:
 
     # -- invariants
 
-    def check_committed(self, node_id: int, offset: int, value: bytes | None) -> None:
+    def check_committed(self, node_id: int, offset: int, value: SimValue) -> None:
         previous = self.committed.setdefault(offset, value)
         if previous != value:
             raise InvariantViolation(
@@ -719,8 +821,13 @@ class Simulation:
                 raise InvariantViolation(
                     f"seed {self.seed}: nodes {holder} and {node.node_id} both lead epoch {core.epoch}"
                 )
-            if node.node_id in self.voter_ids and core.high_watermark > self.max_high_watermark:
+            if core.is_voter and core.high_watermark > self.max_high_watermark:
                 self.max_high_watermark = core.high_watermark
+                self.hwm_voters = core.voter_set.ids
+            elif self.dynamic and core.high_watermark > self.max_high_watermark:
+                # A leader that removed itself commits with the others' majority.
+                self.max_high_watermark = core.high_watermark
+                self.hwm_voters = core.voter_set.ids
 
     def check_invariants(self) -> None:
         """After every event: committed data (high watermark) is durable on a majority of voters."""
@@ -728,10 +835,11 @@ class Simulation:
         if target == 0:
             return
         holders = 0
-        for node_id in self.voter_ids:
+        voters = self.hwm_voters
+        for node_id in voters:
             if self.nodes[node_id].log.durable_end >= target:
                 holders += 1
-        if holders < self.majority:
+        if holders < len(voters) // 2 + 1:
             raise InvariantViolation(
                 f"seed {self.seed}: high watermark {target} is durable on only {holders} voters"
             )

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kraft.errors import ErrorCode
+from kraft.raft.api import NotLeaderError, VoterChangeError
 from kraft.raft.state import StateKind
+from kraft.raft.voters import VoterSet
 from sim.harness import InvariantViolation, SimNode, Simulation
 
 ELECTION_BOUND_MS = 2000
@@ -317,6 +320,194 @@ def dead_leader_detected_before_fetch_timeout(seed: int) -> None:
     sim.check_final()
 
 
+# --------------------------------------------------------------------------- dynamic quorum (KIP-853)
+
+VOTER_CHANGE_BOUND_MS = 6000
+"""Virtual-time bound for one voter change to commit, retried across elections and crashes."""
+
+
+def _started_dynamic(seed: int, voters: int, observers: int, **overrides: int) -> Simulation:
+    sim = Simulation.dynamic_quorum(seed, voters=voters, observers=observers, **overrides)
+    sim.start_all()
+    sim.start_workload()
+    sim.run_until_condition(sim.has_stable_leader, ELECTION_BOUND_MS, "the initial election")
+    return sim
+
+
+def _committed_voters(sim: Simulation) -> VoterSet | None:
+    """The current leader's voter set once its last VotersRecord is committed, else None."""
+    leader = sim.leader()
+    if leader is None:
+        return None
+    core = leader.live_core
+    history = core.voter_history
+    if history.latest_offset >= core.high_watermark or core.high_watermark <= core.epoch_start_offset:
+        return None
+    return history.latest
+
+
+def _change_voters(
+    sim: Simulation, done: Callable[[VoterSet], bool], change: Callable[[], int], what: str
+) -> None:
+    """Ask the leader for ``change`` until its committed voter set satisfies ``done``: a change refused
+    as "not yet" (epoch not committed, another change pending, the new voter not caught up), or lost
+    with its leader, is asked again — as an operator's tool retries."""
+    deadline = sim.now_ms + VOTER_CHANGE_BOUND_MS
+    while True:
+        voters = _committed_voters(sim)
+        if voters is not None and done(voters):
+            return
+        if sim.now_ms >= deadline:
+            _fail(sim, f"{what} did not commit within {VOTER_CHANGE_BOUND_MS} ms")
+        leader = sim.leader()
+        if leader is not None and not done(leader.live_core.voter_set):
+            try:
+                change()
+            except NotLeaderError:
+                pass
+            except VoterChangeError as exc:
+                if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
+                    raise
+        sim.run_for(10)
+
+
+def _add(sim: Simulation, node_id: int) -> None:
+    node = sim.nodes[node_id]
+    _change_voters(
+        sim,
+        lambda voters: voters.is_voter(node_id, node.directory_id),
+        lambda: sim.add_voter(node_id),
+        f"adding voter {node_id}",
+    )
+
+
+def _remove(sim: Simulation, node_id: int, directory_id: str) -> None:
+    _change_voters(
+        sim,
+        lambda voters: not voters.is_voter(node_id, directory_id),
+        lambda: sim.remove_voter(node_id, directory_id),
+        f"removing voter {node_id}",
+    )
+
+
+def _check_voter_sets_agree(sim: Simulation) -> None:
+    """After check_final every node has applied the same log: the same voter set is in force on all."""
+    sets = {node.node_id: node.live_core.voter_set for node in sim.nodes.values()}
+    if len(set(sets.values())) != 1:
+        _fail(sim, f"voter sets differ after convergence: {sets}")
+
+
+def dynamic_grow_one_to_three(seed: int) -> None:
+    """Format one node standalone, add two observers one at a time while the leader writes, then the
+    three-voter quorum survives the loss of its leader."""
+    sim = _started_dynamic(seed, voters=1, observers=2)
+    sim.run_for(sim.rng.randint(20, 100))
+    _add(sim, 2)
+    if sim.rng.random() < 0.5:
+        sim.crash(2)  # the new voter restarts: it must rebuild the voter set from its own log
+        sim.run_for(sim.rng.randint(5, 50))
+        sim.nodes[2].start()
+    _add(sim, 3)
+    sim.run_for(sim.rng.randint(20, 100))
+    old = _leader(sim)
+    old_epoch = old.live_core.epoch
+    sim.crash(old.node_id)
+    _wait_new_leader(sim, old_epoch, exclude={old.node_id})
+    sim.run_for(100)
+    sim.check_final()
+    _check_voter_sets_agree(sim)
+    if sim.leader() is None or len(_leader(sim).live_core.voter_set) != 3:
+        _fail(sim, "the quorum did not end with three voters")
+
+
+def dynamic_removed_leader_hands_over(seed: int) -> None:
+    """The leader removes itself: it keeps leading until the change commits (counting the others'
+    majority only), then resigns; the remaining voters elect a leader and it stays an observer."""
+    sim = _started_dynamic(seed, voters=3, observers=0)
+    sim.run_for(sim.rng.randint(20, 100))
+    old = _leader(sim)
+    old_epoch = old.live_core.epoch
+    _remove(sim, old.node_id, old.directory_id)
+    new = _wait_new_leader(sim, old_epoch, exclude={old.node_id})
+    if old.live_core.is_voter or old.live_core.is_leader:
+        _fail(sim, "the removed leader still votes or leads")
+    if len(new.live_core.voter_set) != 2:
+        _fail(sim, f"expected two voters, got {new.live_core.voter_set.ids}")
+    sim.run_for(200)
+    sim.check_final()
+    _check_voter_sets_agree(sim)
+
+
+def dynamic_replace_wiped_voter(seed: int) -> None:
+    """A voter loses its disk and is reformatted (new directory id): it rejoins as an observer and
+    cannot vote or count toward the high watermark; removing its old key and adding the new one makes
+    it a voter again, while the leader keeps writing."""
+    sim = _started_dynamic(seed, voters=3, observers=0)
+    sim.run_for(sim.rng.randint(50, 200))
+    leader = _leader(sim)
+    victim = sim.nodes[sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])]
+    old_directory = victim.directory_id
+    others = [sim.nodes[n] for n in sim.voter_ids if n != victim.node_id]
+
+    def others_hold_everything_the_victim_has() -> bool:
+        needed = max(sim.max_high_watermark, victim.log.durable_end)
+        return all(node.log.durable_end >= needed for node in others)
+
+    # Losing a disk loses that copy: only safe while the other copies are intact (as in
+    # committed_data_lost_on_one_node).  What directory ids add: the wiped node no longer counts.
+    sim.router.isolate(victim.node_id)
+    sim.run_until_condition(
+        others_hold_everything_the_victim_has, ELECTION_BOUND_MS, "the others catching up"
+    )
+    victim.wipe()
+    sim.router.heal()
+    victim.start()
+    sim.run_for(sim.rng.randint(20, 100))
+    if victim.live_core.is_voter:
+        _fail(sim, "a wiped node is a voter under its new directory id")
+    _remove(sim, victim.node_id, old_directory)
+    _add(sim, victim.node_id)
+    sim.run_for(100)
+    if not victim.live_core.is_voter:
+        _fail(sim, "the re-added node is not a voter")
+    sim.check_final()
+    _check_voter_sets_agree(sim)
+
+
+def dynamic_membership_churn_under_faults(seed: int) -> None:
+    """Adds and removes interleaved with crashes, partitions and snapshots: after each change the
+    committed voter set is the one asked for, and everything stays safe (one leader per epoch, committed
+    data durable on a majority of the set that committed it, identical logs)."""
+    sim = Simulation.dynamic_quorum(seed, voters=3, observers=2)
+    for node in sim.nodes.values():
+        node.snapshot_every = 60
+    sim.start_all()
+    sim.start_workload()
+    sim.run_until_condition(sim.has_stable_leader, ELECTION_BOUND_MS, "the initial election")
+    for _round in range(4):
+        voters = _leader(sim).live_core.voter_set
+        spares = [n for n in sim.nodes if n not in voters]
+        fault = sim.rng.choice(["crash", "partition", "none"])
+        victim = sim.rng.choice(list(sim.nodes))
+        if fault == "crash":
+            sim.crash(victim)
+        elif fault == "partition":
+            sim.router.isolate(victim)
+        sim.run_for(sim.rng.randint(0, 40))
+        # Heal before the change so a majority of old and new sets can be reached (liveness only).
+        if fault == "crash":
+            sim.nodes[victim].start()
+        sim.router.heal()
+        if spares and (len(voters) < 4 or sim.rng.random() < 0.5):
+            _add(sim, sim.rng.choice(spares))
+        else:
+            gone = sim.rng.choice(voters.voters)
+            _remove(sim, gone.node_id, gone.directory_id)
+        sim.run_for(sim.rng.randint(20, 80))
+    sim.check_final()
+    _check_voter_sets_agree(sim)
+
+
 SCENARIOS: dict[str, Callable[[int], None]] = {
     "initial_election": initial_election,
     "leader_failure": leader_failure,
@@ -334,4 +525,8 @@ SCENARIOS: dict[str, Callable[[int], None]] = {
     "follower_catches_up_by_snapshot": follower_catches_up_by_snapshot,
     "graceful_resignation_hands_over_quickly": graceful_resignation_hands_over_quickly,
     "dead_leader_detected_before_fetch_timeout": dead_leader_detected_before_fetch_timeout,
+    "dynamic_grow_one_to_three": dynamic_grow_one_to_three,
+    "dynamic_removed_leader_hands_over": dynamic_removed_leader_hands_over,
+    "dynamic_replace_wiped_voter": dynamic_replace_wiped_voter,
+    "dynamic_membership_churn_under_faults": dynamic_membership_churn_under_faults,
 }

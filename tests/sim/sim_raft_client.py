@@ -218,11 +218,11 @@ class ListenerFeed:
                 continue
             if last >= node.applied_end:
                 break
-            control = values == (None,)
+            control = all(not isinstance(v, bytes) for v in values)
             records = (
                 []
                 if control
-                else [CommittedRecord(base + i, v) for i, v in enumerate(values) if v is not None]
+                else [CommittedRecord(base + i, v) for i, v in enumerate(values) if isinstance(v, bytes)]
             )
             self._queue.put_nowait(CommittedBatch(base, last, epoch, records, 0, control))
             self.next_offset = last + 1

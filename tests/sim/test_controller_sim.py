@@ -262,7 +262,7 @@ class ControllerSimulation(Simulation):
             start = min(self._fencing_checked.get(node_id, 0), node.applied_end)
             for offset in range(start, node.applied_end):
                 value = node.values[offset]
-                problem = None if value is None else self.false_fencing.get((offset, value))
+                problem = self.false_fencing.get((offset, value)) if isinstance(value, bytes) else None
                 if problem is not None:
                     raise InvariantViolation(f"seed {self.seed}: {problem}, committed at offset {offset}")
             self._fencing_checked[node_id] = node.applied_end

@@ -9,10 +9,10 @@ from kraft.raft.core_output import AppendFetched, AppendLeaderChange, AppendReco
 from kraft.raft.executor import OutputPorts, execute_output_now
 from kraft.raft.state import ElectionState
 from sim import harness
-from sim.harness import InvariantViolation, Simulation
+from sim.harness import InvariantViolation, Simulation, SimValue
 
 
-def _run(seed: int) -> tuple[int, dict[int, bytes | None], int]:
+def _run(seed: int) -> tuple[int, dict[int, SimValue], int]:
     sim = Simulation(seed, voters=3)
     sim.start_all()
     sim.start_workload()

@@ -74,11 +74,28 @@ def test_fetch_request_round_trips(value: m.FetchRequest) -> None:
     assert codec.fetch_request_from_pb(_through_wire(codec.fetch_request_to_pb(value))) == value
 
 
-@given(st.builds(m.FetchRequest, text, int32, int32, int64, int32, int32, int32), text)
-def test_fetch_request_carries_the_fetchers_directory_id(value: m.FetchRequest, directory_id: str) -> None:
-    encoded = _through_wire(codec.fetch_request_to_pb(value, directory_id))
-    assert encoded.replica_directory_id == directory_id
+@given(st.builds(m.FetchRequest, text, int32, int32, int64, int32, int32, int32, text))
+def test_fetch_request_carries_the_fetchers_directory_id(value: m.FetchRequest) -> None:
+    encoded = _through_wire(codec.fetch_request_to_pb(value))
+    assert encoded.replica_directory_id == value.replica_directory_id
     assert codec.fetch_request_from_pb(encoded) == value
+
+
+@given(st.builds(m.VoteRequest, text, int32, int32, int32, int32, int64, st.booleans(), text, text))
+def test_vote_request_carries_both_directory_ids(value: m.VoteRequest) -> None:
+    encoded = _through_wire(codec.vote_request_to_pb(value))
+    assert (encoded.candidate_directory_id, encoded.voter_directory_id) == (
+        value.candidate_directory_id,
+        value.voter_directory_id,
+    )
+    assert codec.vote_request_from_pb(encoded) == value
+
+
+@given(st.builds(m.BeginQuorumEpochRequest, text, int32, int32, int32, text))
+def test_begin_quorum_epoch_request_carries_the_voters_directory_id(value: m.BeginQuorumEpochRequest) -> None:
+    encoded = _through_wire(codec.begin_request_to_pb(value))
+    assert encoded.voter_directory_id == value.voter_directory_id
+    assert codec.begin_request_from_pb(encoded) == value
 
 
 @given(
@@ -162,10 +179,10 @@ def test_describe_quorum_response_round_trips(value: m.DescribeQuorumResponse) -
 
 
 def test_describe_quorum_response_carries_known_directory_ids() -> None:
-    voters = (m.ReplicaState(1, 10, 5, 5), m.ReplicaState(2, 9, 4, 4))
-    observers = (m.ReplicaState(7, 0, -1, -1),)
+    voters = (m.ReplicaState(1, 10, 5, 5, "dir-1"), m.ReplicaState(2, 9, 4, 4))
+    observers = (m.ReplicaState(7, 0, -1, -1, "dir-7"),)
     value = m.DescribeQuorumResponse(ErrorCode.NONE, "", 1, 3, 10, voters, observers)
-    encoded = codec.describe_response_to_pb(value, {1: "dir-1", 7: "dir-7"})
+    encoded = codec.describe_response_to_pb(value)
     assert [r.directory_id for r in encoded.current_voters] == ["dir-1", ""]
     assert [r.directory_id for r in encoded.observers] == ["dir-7"]
 
@@ -180,7 +197,7 @@ def test_unknown_error_code_from_a_newer_peer_decodes_as_unknown_server_error() 
 # Captured from the hand-written codec this module replaced; any change here is a wire format change that
 # breaks mixed-version clusters.
 _REPLICAS = (
-    m.ReplicaState(1, 4000, 1700000000000, 1700000000000),
+    m.ReplicaState(1, 4000, 1700000000000, 1700000000000, "dir-1"),
     m.ReplicaState(2, 3990, 1700000000001, -1),
 )
 _GOLDEN: list[tuple[str, Any, str]] = [
@@ -216,7 +233,7 @@ _GOLDEN: list[tuple[str, Any, str]] = [
     ),
     (
         "fetch_request",
-        codec.fetch_request_to_pb(m.FetchRequest("cluster-a", 2, 9, 4096, 8, 500, 1048576), "dir-2"),
+        codec.fetch_request_to_pb(m.FetchRequest("cluster-a", 2, 9, 4096, 8, 500, 1048576, "dir-2")),
         "0a09636c75737465722d6110021809208020280830f4033880804042056469722d32",
     ),
     (
@@ -259,9 +276,8 @@ _GOLDEN: list[tuple[str, Any, str]] = [
         "describe_quorum_response",
         codec.describe_response_to_pb(
             m.DescribeQuorumResponse(
-                ErrorCode.NONE, "", 1, 9, 4000, _REPLICAS, (m.ReplicaState(7, 0, -1, -1),)
+                ErrorCode.NONE, "", 1, 9, 4000, _REPLICAS, (m.ReplicaState(7, 0, -1, -1, "dir-7"),)
             ),
-            {1: "dir-1", 7: "dir-7"},
         ),
         "1801200928a01f321a080110a01f1880d095ffbc312080d095ffbc312a056469722d313217080210961f1881d095ffbc3120"
         "ffffffffffffffffff013a1f080718ffffffffffffffffff0120ffffffffffffffffff012a056469722d37",
@@ -281,8 +297,6 @@ def test_encoding_is_byte_identical_to_the_pinned_wire_format(encoded: Any, gold
 # Protobuf fields that have no dataclass counterpart on purpose: the transport adds them, the core never
 # sees them.
 _PROTOBUF_ONLY_FIELDS = {
-    raft_pb2.FetchRequest: {"replica_directory_id"},
-    raft_pb2.ReplicaState: {"directory_id"},
     raft_pb2.DescribeQuorumResponse: {"cluster_id", "nodes"},
 }
 _PAIRS = [

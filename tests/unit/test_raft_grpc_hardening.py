@@ -189,19 +189,26 @@ async def test_fetch_stream_with_garbage_ends_with_invalid_argument(node: Node) 
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_a_bad_directory_id_is_refused_and_only_voters_ids_are_kept(node: Node) -> None:
+async def test_a_bad_directory_id_is_refused_in_fetch_vote_and_begin_quorum_epoch(node: Node) -> None:
+    huge = "d" * 65536
     async with grpc.aio.insecure_channel(f"127.0.0.1:{node.port}") as channel:
-        call = _raw_call(channel, "Fetch")
-        huge = raft_pb2.FetchRequest(
-            cluster_id=CLUSTER, replica_id=9, fetch_offset=0, max_bytes=1, replica_directory_id="d" * 65536
+        fetch = raft_pb2.FetchRequest(
+            cluster_id=CLUSTER, replica_id=9, fetch_offset=0, max_bytes=1, replica_directory_id=huge
         )
-        code, answer = await _status_of(call, huge.SerializeToString())
+        code, answer = await _status_of(_raw_call(channel, "Fetch"), fetch.SerializeToString())
         assert code is grpc.StatusCode.OK
         assert raft_pb2.FetchResponse.FromString(answer).error_code == ErrorCode.INVALID_REQUEST
-        observer = raft_pb2.FetchRequest(
-            cluster_id=CLUSTER, replica_id=9, fetch_offset=0, max_bytes=1, replica_directory_id=DIRECTORY
+        vote = raft_pb2.VoteRequest(
+            cluster_id=CLUSTER, candidate_id=2, voter_id=1, candidate_directory_id=huge
         )
-        await _status_of(call, observer.SerializeToString())
-    assert 9 not in node.servicer._directory_ids
+        code, answer = await _status_of(_raw_call(channel, "Vote"), vote.SerializeToString())
+        assert code is grpc.StatusCode.OK
+        assert raft_pb2.VoteResponse.FromString(answer).error_code == ErrorCode.INVALID_REQUEST
+        begin = raft_pb2.BeginQuorumEpochRequest(
+            cluster_id=CLUSTER, leader_id=2, leader_epoch=1, voter_id=1, voter_directory_id="dir-1"
+        )
+        code, answer = await _status_of(_raw_call(channel, "BeginQuorumEpoch"), begin.SerializeToString())
+        assert code is grpc.StatusCode.OK
+        assert raft_pb2.BeginQuorumEpochResponse.FromString(answer).error_code == ErrorCode.INVALID_REQUEST
     assert valid_directory_id("") and valid_directory_id(DIRECTORY)
     assert not valid_directory_id("dir-1") and not valid_directory_id(DIRECTORY + "A")

@@ -60,9 +60,7 @@ async def _start_server(handler: ScriptedHandler, max_message_bytes: int = 1 << 
     servicer = RaftServicer(
         handler,
         cluster_id=CLUSTER,
-        local_directory=(1, DIR_1),
         endpoints={1: ("127.0.0.1", port)},
-        voters=(1, 2, 3),
     )
     add_raft_service(servicer, server)
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -81,7 +79,7 @@ async def server() -> AsyncIterator[Server]:
 
 @pytest.fixture
 async def transport(server: Server) -> AsyncIterator[GrpcTransport]:
-    client = GrpcTransport({1: f"127.0.0.1:{server.port}"}, directory_id=DIR_2, max_message_bytes=1 << 20)
+    client = GrpcTransport({1: f"127.0.0.1:{server.port}"}, max_message_bytes=1 << 20)
     try:
         yield client
     finally:
@@ -210,12 +208,14 @@ async def test_describe_quorum_names_the_cluster_nodes_and_fetchers_directory_id
 ) -> None:
     async def describe(request: m.RaftRequest) -> m.RaftResponse:
         if isinstance(request, m.DescribeQuorumRequest):
-            voters = (m.ReplicaState(1, 5, 1, 1), m.ReplicaState(2, 5, 1, 1))
+            voters = (m.ReplicaState(1, 5, 1, 1, DIR_1), m.ReplicaState(2, 5, 1, 1, DIR_2))
             return m.DescribeQuorumResponse(ErrorCode.NONE, "", 1, 7, 5, voters)
         return m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
 
     server.handler.respond = describe
-    await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 0, 0), timeout_ms=2000)
+    fetch = m.FetchRequest(CLUSTER, 2, 7, 0, 0, replica_directory_id=DIR_2)
+    await transport.send(1, fetch, timeout_ms=2000)
+    assert fetch in server.handler.received  # the fetcher's directory id reaches the core
     async with open_channel(f"127.0.0.1:{server.port}") as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         answer = await stub.DescribeQuorum(raft_pb2.DescribeQuorumRequest(cluster_id=CLUSTER), timeout=2)

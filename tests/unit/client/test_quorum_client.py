@@ -13,7 +13,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.netutil import free_port
 from kraft.raft import messages as m
 from kraft.raft.grpc_server import RaftServicer, node_refs
-from kraft.v1 import raft_pb2, raft_pb2_grpc
+from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 
 
 def _replica(
@@ -40,6 +40,11 @@ def _answer() -> raft_pb2.DescribeQuorumResponse:
             _replica(3, 100, 1_040, 1_040, "d3"),
         ],
         observers=[_replica(101, 70, 1_010, 700)],
+        nodes=[
+            common_pb2.NodeRef(
+                node_id=2, endpoint=common_pb2.Endpoint(name="CONTROLLER", host="h2", port=9093)
+            )
+        ],
     )
 
 
@@ -54,6 +59,12 @@ def test_status_reports_the_most_lagging_voter_as_kafka_does() -> None:
         "max_follower_lag_time_ms": 150,
         "current_voters": [1, 2, 3],
         "current_observers": [101],
+        "voters": [
+            {"id": 1, "directory_id": "d1", "endpoints": []},
+            {"id": 2, "directory_id": "d2", "endpoints": ["CONTROLLER://h2:9093"]},
+            {"id": 3, "directory_id": "d3", "endpoints": []},
+        ],
+        "observers": [{"id": 101, "directory_id": ""}],
     }
 
 

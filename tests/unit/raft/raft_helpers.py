@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kraft.clock import ManualClock
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
@@ -121,12 +121,20 @@ class LoopbackCluster:
         self.network = LoopbackNetwork(self.clock)
         self.stores = {node_id: NodeStores() for node_id in self.voters}
         self.drivers: dict[int, RaftDriver] = {}
-        self.timings = {**FAST_TIMINGS, **overrides}
+        self.timings: dict[str, Any] = {**FAST_TIMINGS, **overrides}
+        self.directory_ids: dict[int, str] = {}
+        """Each node's metadata directory id (KIP-853); "" when unset."""
 
     async def start(self, node_id: int) -> RaftDriver:
         stores = self.stores[node_id]
         driver = RaftDriver(
-            RaftConfig(node_id=node_id, voters=self.voters, cluster_id="test-cluster", **self.timings),
+            RaftConfig(
+                node_id=node_id,
+                voters=self.voters,
+                cluster_id="test-cluster",
+                directory_id=self.directory_ids.get(node_id, ""),
+                **self.timings,
+            ),
             transport=self.network.transport(node_id),
             log=stores.log,
             elections=stores.elections,

@@ -6,6 +6,8 @@ decisions to a :class:`LogMeta` and a high watermark the way the core does.
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -53,7 +55,7 @@ class FixedRng:
         return 0.5
 
 
-def config(node_id: int = 1, voters: tuple[int, ...] = (1, 2, 3), **overrides: int) -> RaftConfig:
+def config(node_id: int = 1, voters: tuple[int, ...] = (1, 2, 3), **overrides: Any) -> RaftConfig:
     return RaftConfig(node_id=node_id, voters=voters, cluster_id=CLUSTER, **overrides)
 
 

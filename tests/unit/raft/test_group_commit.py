@@ -8,6 +8,8 @@ step passes its time explicitly, so these are statements about the core alone, n
 
 from __future__ import annotations
 
+from typing import Any
+
 from kraft.errors import ErrorCode
 from kraft.raft.core import RaftCore
 from kraft.raft.core_log import EpochEntry, LogMeta
@@ -39,7 +41,11 @@ def leader(voters: tuple[int, ...] = (1, 2, 3), **overrides: int) -> tuple[RaftC
 
     Its LeaderChange batch is written and its flush asked for, but not yet reported: a flush is in flight.
     """
-    settings = {"election_timeout_ms": 100, "fetch_timeout_ms": 200, "append_linger_ms": LINGER_MS}
+    settings: dict[str, Any] = {
+        "election_timeout_ms": 100,
+        "fetch_timeout_ms": 200,
+        "append_linger_ms": LINGER_MS,
+    }
     config = RaftConfig(node_id=1, voters=voters, cluster_id=CLUSTER, **{**settings, **overrides})
     log = LogMeta(0, 10, 10, [EpochEntry(1, 0), EpochEntry(3, 5)])
     core = RaftCore(config, FixedRng(), scan_kafka_batches, ElectionState(3), log)
@@ -62,7 +68,7 @@ def leader(voters: tuple[int, ...] = (1, 2, 3), **overrides: int) -> tuple[RaftC
     return core, now
 
 
-def idle_leader(**overrides: int) -> tuple[RaftCore, int]:
+def idle_leader(**overrides: Any) -> tuple[RaftCore, int]:
     """A leader whose every write is durable (its LeaderChange flush came back): no flush in flight."""
     core, now = leader(**overrides)
     out = core.on_flushed(LEADER_CHANGE_AT + 1, now)

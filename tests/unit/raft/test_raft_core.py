@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import pytest
 
@@ -53,7 +53,7 @@ def make_core(
     log: LogMeta | None = None,
     **overrides: int,
 ) -> RaftCore:
-    settings = {
+    settings: dict[str, Any] = {
         "election_timeout_ms": ELECTION_MS,
         "fetch_timeout_ms": FETCH_TIMEOUT_MS,
         "request_timeout_ms": 50,
