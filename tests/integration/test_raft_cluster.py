@@ -70,7 +70,17 @@ def test_three_controllers_elect_exactly_one_leader_and_describe_shows_it(quorum
         "MaxFollowerLagTimeMs": fields["MaxFollowerLagTimeMs"].strip(),
         "CurrentVoters": "[1,2,3]",
         "CurrentObservers": "[]",
+        "Voters": fields["Voters"].strip(),
+        "Observers": "-",
     }
+    # KIP-853's Voters line: id@directory-id and the endpoint of each voter.
+    voters = [entry.strip() for entry in fields["Voters"].split(",")]
+    assert [entry.split("@", 1)[0] for entry in voters] == ["1", "2", "3"]
+    for entry in voters:
+        node_id, rest = entry.split("@", 1)
+        directory_id, endpoint = rest.split(" ", 1)
+        assert len(directory_id) == 22
+        assert endpoint == f"CONTROLLER://{quorum.nodes[int(node_id)].target}"
 
 
 def test_a_request_from_another_cluster_is_refused_with_inconsistent_cluster_id(
