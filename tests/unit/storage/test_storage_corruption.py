@@ -38,6 +38,7 @@ from kraft.storage.meta_properties import (
     read_meta_properties,
     write_meta_properties,
 )
+from kraft.storage.quorum_state import QUORUM_STATE_FILE, QuorumState, QuorumStateStore
 from kraft.storage.snapshot import SnapshotDirectory, SnapshotFileId
 
 CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=512)
@@ -524,3 +525,69 @@ def test_a_legacy_offsets_checkpoint_is_read_once_then_replaced(tmp_path: Path) 
         assert log.end_offset == pristine.end_offset
     assert not (directory / LEGACY_OFFSETS_CHECKPOINT_FILE).exists()
     assert (directory / RECOVERY_POINT_FILE).exists()
+
+
+# --- quorum-state ---------------------------------------------------------------------------------
+
+
+def _quorum_state(tmp_path: Path) -> tuple[QuorumState, bytes]:
+    state = QuorumState(leader_epoch=1234, leader_id=None, voted_id=2, voted_directory_id=random_uuid())
+    QuorumStateStore(tmp_path).write(state)
+    return state, (tmp_path / QUORUM_STATE_FILE).read_bytes()
+
+
+@pytest.mark.parametrize("mask", [0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0xFF])
+def test_every_flipped_byte_of_quorum_state_is_refused_or_harmless(tmp_path: Path, mask: int) -> None:
+    """A flipped digit in the epoch or the vote is still valid JSON: the checksum catches it.  The only
+    flips that may pass are those that leave the same state (whitespace JSON also accepts)."""
+    state, pristine = _quorum_state(tmp_path)
+    path = tmp_path / QUORUM_STATE_FILE
+    refused = 0
+    for position in range(len(pristine)):
+        damaged = bytearray(pristine)
+        damaged[position] ^= mask
+        path.write_bytes(bytes(damaged))
+        try:
+            assert QuorumStateStore(tmp_path).read() == state, bytes(damaged)
+        except StorageStateError as exc:
+            assert "corrupt" in exc.message and str(path) in exc.message and "\n" not in exc.message
+            refused += 1
+        assert path.read_bytes() == bytes(damaged)  # never reset or rewritten
+    assert refused >= len(pristine) - 8  # only a few whitespace flips can be harmless
+
+
+def test_a_changed_epoch_or_vote_in_quorum_state_fails_its_checksum(tmp_path: Path) -> None:
+    _state, pristine = _quorum_state(tmp_path)
+    path = tmp_path / QUORUM_STATE_FILE
+    for old, new in ((b"1234", b"1235"), (b'"votedId": 2', b'"votedId": 3'), (b"1234", b"4")):
+        path.write_bytes(pristine.replace(old, new))
+        with pytest.raises(StorageStateError, match="CRC-32C mismatch"):
+            QuorumStateStore(tmp_path).read()
+
+
+def test_truncated_zeroed_or_extended_quorum_state_is_refused_or_the_same(tmp_path: Path) -> None:
+    state, pristine = _quorum_state(tmp_path)
+    path = tmp_path / QUORUM_STATE_FILE
+    variants = [pristine[:i] for i in range(len(pristine))]
+    variants += [pristine[:i] + b"\x00" + pristine[i + 1 :] for i in range(len(pristine))]
+    variants += [pristine + extra for extra in (b"\n", b" ", b"}", b"x", b"\x00")]
+    for variant in variants:
+        path.write_bytes(variant)
+        try:
+            assert QuorumStateStore(tmp_path).read() == state, variant
+        except StorageStateError as exc:
+            assert "corrupt" in exc.message
+
+
+def test_quorum_state_without_a_checksum_is_accepted_only_with_known_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older kraft's (or Kafka's) file has no checksum; a damaged key name cannot pass as one."""
+    path = tmp_path / QUORUM_STATE_FILE
+    path.write_text('{"leaderId": 1, "leaderEpoch": 7, "votedId": -1, "data_version": 1}')
+    with caplog.at_level(logging.WARNING, logger="kraft.storage"):
+        assert QuorumStateStore(tmp_path).read() == QuorumState(leader_epoch=7, leader_id=1)
+    assert [r.getMessage() for r in caplog.records] == ["quorum_state_unchecked"]
+    path.write_text('{"leaderId": 1, "leaderEpoch": 7, "votedId": -1, "data_version": 1, "crc32s": 5}')
+    with pytest.raises(StorageStateError, match="unknown field 'crc32s'"):
+        QuorumStateStore(tmp_path).read()
