@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from kraft.broker.partitions import Partition, PartitionManager
+from kraft.broker.partitions import Partition, PartitionManager, is_storage_failure
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
@@ -142,7 +142,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             limit, source = self._produce_limit(request.topic)
             try:
                 base_offset = partition.log.append_records(records, partition.leader_epoch, limit)
-            except KraftError as err:
+            except Exception as err:
+                if is_storage_failure(err):
+                    self._partitions.storage_failed(partition, err)
+                    raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
+                if not isinstance(err, KraftError):
+                    raise
                 message = err.message
                 if err.code is ErrorCode.MESSAGE_TOO_LARGE:
                     message = f"{partition.tp}: {message} ({source})"
@@ -200,7 +205,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     partition = self._fetchable(request)
             try:
                 records = partition.log.read_records(request.offset, max_bytes)
-            except KraftError as err:
+            except Exception as err:
+                if is_storage_failure(err):
+                    # Kafka's KafkaStorageException: the log dir goes offline, the controller (told by
+                    # the next heartbeat) moves leadership; the client gets KAFKA_STORAGE_ERROR.
+                    self._partitions.storage_failed(partition, err)
+                    raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
+                if not isinstance(err, KraftError):
+                    raise
                 raise _Rejected(err.code, err.message) from err
         except _Rejected as rejected:
             return pb.BrokerFetchResponse(

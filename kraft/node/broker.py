@@ -26,7 +26,11 @@ Fail-stop (issue #14): with a :class:`~kraft.node.supervisor.Supervisor` (``run_
 one), a watched task (heartbeats, fetcher, gRPC server) that raises or ends unexpectedly, or an error of
 the catch-up, ends the process with one ``event=fatal`` line and exit status 70 after
 :meth:`BrokerServer.abort` (crash-like: partition logs are not closed cleanly).  Failing to start or to
-register stays a startup error (one ``error:`` line, exit 1).
+register stays a startup error (one ``error:`` line, exit 1).  A storage error while serving one
+partition (corrupt data, a failed write) takes that partition's log dir offline instead
+(:meth:`~kraft.broker.partitions.PartitionManager.storage_failed`; heartbeats report it and the controller
+moves the leaderships); only when the last log dir goes offline does the process stop
+(``reason=all_log_dirs_offline``).
 Shutdown (``stop`` event, e.g. SIGTERM): PENDING_CONTROLLED_SHUTDOWN → heartbeat want_shut_down until
 the controller answers should_shut_down (bounded by ``controlled_shutdown_timeout_s``) → SHUTTING_DOWN →
 stop tasks and server, close logs and store → NOT_RUNNING.
@@ -221,7 +225,11 @@ class BrokerServer:
             ),
             caught_up=self._caught_up,
             on_fenced=self._on_fenced,
+            offline=self.partitions.offline_report,
         )
+        if supervisor is not None:
+            # A storage error while serving took the last log dir offline: nothing can be hosted.
+            self.partitions.on_all_offline = lambda error: supervisor.fail("all_log_dirs_offline", error)
         self.fetcher = MetadataFetcher(
             s.broker_id,
             s.cluster_id,

@@ -591,3 +591,51 @@ def test_quorum_state_without_a_checksum_is_accepted_only_with_known_fields(
     path.write_text('{"leaderId": 1, "leaderEpoch": 7, "votedId": -1, "data_version": 1, "crc32s": 5}')
     with pytest.raises(StorageStateError, match="unknown field 'crc32s'"):
         QuorumStateStore(tmp_path).read()
+
+
+# --- recovery without a recovery point; torn tails --------------------------------------------------
+
+
+def test_without_a_recovery_point_damage_in_an_old_segment_stops_the_open(tmp_path: Path) -> None:
+    """Issue #14's measured failure: no clean-shutdown marker, a flipped byte in an old segment, and the
+    log was cut there (~31,000 committed records gone, nothing logged).  Even with the recovery point
+    lost, only the newest segment may hold a torn tail: older damage refuses the open, naming the file."""
+    pristine = _pristine(False)
+    directory = _copy(pristine, tmp_path)
+    (directory / RECOVERY_POINT_FILE).unlink()
+    path, start, end = _locations(directory)[3]  # the first segment
+    assert path != segment_files(directory)[-1]
+    before = [p.read_bytes() for p in segment_files(directory)]
+    _damage(path, start + 100, end, "flip", 0x10)
+    with pytest.raises(CorruptLogError, match="CRC-32C mismatch") as caught:
+        SegmentedLog.open(directory, CONFIG)
+    assert caught.value.path == str(path) and caught.value.position == start
+    # Nothing was truncated or deleted: the operator can still restore or re-replicate.
+    after = [p.read_bytes() for p in segment_files(directory)]
+    assert len(after) == len(before) and all(len(a) == len(b) for a, b in zip(after, before, strict=True))
+
+
+@pytest.mark.parametrize("recovery_point", ["kept", "lost"])
+def test_a_torn_tail_is_truncated_with_a_line_naming_file_offset_and_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recovery_point: str
+) -> None:
+    pristine = _pristine(False)
+    directory = _copy(pristine, tmp_path)
+    if recovery_point == "lost":
+        (directory / RECOVERY_POINT_FILE).unlink()
+    path, start, end = _locations(directory)[-1]  # the newest batch, above the recovery point
+    last = pristine.batches[-1]
+    assert last.base_offset >= pristine.recovery_point
+    cut = start + (end - start) // 2
+    with path.open("r+b") as out:
+        out.truncate(cut)  # a torn write: half a batch
+    with caplog.at_level(logging.INFO, logger="kraft.storage"):
+        log = SegmentedLog.open(directory, CONFIG)
+    with log:
+        assert log.end_offset == last.base_offset
+        assert log.read_all_batches() == b"".join(b.data for b in pristine.batches[:-1])
+    [record] = [r for r in caplog.records if r.getMessage() == "log_truncated"]
+    fields = record.kraft_fields  # type: ignore[attr-defined]
+    assert fields["file"] == str(path) and fields["offset"] == last.base_offset
+    assert fields["position"] == start and fields["bytes_dropped"] == cut - start
+    assert "torn batch" in fields["reason"]
