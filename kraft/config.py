@@ -434,6 +434,8 @@ class NodeConfig(BaseModel):
     max_broker_partitions: Positive = _key("max.broker.partitions", default=10_000)
     # Largest record batch a Produce may append (Kafka's default); a topic's max.message.bytes overrides it.
     message_max_bytes: NonNegative = _key("message.max.bytes", default=DEFAULT_MESSAGE_MAX_BYTES)
+    # Segment files a broker keeps open at once (an LRU, reopened on use); 0 = half the open-file limit.
+    log_open_segment_files_max: NonNegative = _key("log.open.segment.files.max", default=0)
     metrics_port: Port = _key("metrics.port", default=0)
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_parse_level)] = _key(
         "log.level", default="INFO"

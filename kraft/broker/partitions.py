@@ -41,7 +41,8 @@ while the broker was down is never re-created or even opened.  Directory work is
 (:meth:`PartitionManager.apply_paced`): at most :data:`PARTITIONS_PER_TURN` partitions per event-loop
 turn, so a bulk create of thousands of partitions does not starve heartbeats into a fence.
 
-Log dir failure (Kafka's ``LogDirFailure``): an ``OSError`` while creating, opening or deleting one
+Log dir failure (Kafka's ``LogDirFailure``): an ``OSError`` or a storage error (a failed write or
+fsync, a segment that cannot be opened, corrupt flushed data) while creating, opening or deleting one
 partition — or a storage error (``CorruptLogError``, a failed write or fsync) while serving or
 replicating it (:meth:`PartitionManager.storage_failed`) — marks that partition and its log dir offline
 (one ``log_dir_offline`` line); the partitions of that dir are closed and no longer served, new
@@ -71,7 +72,7 @@ from kraft.broker.types import (
     local_changes_between,
 )
 from kraft.observability.logging import get_logger
-from kraft.storage.errors import CorruptLogError, FatalStorageError
+from kraft.storage.errors import CorruptLogError, FatalStorageError, StorageError
 from kraft.storage.fileio import MAX_FILE_NAME_BYTES
 
 STATE_FILE = "partition.state"
@@ -274,7 +275,7 @@ class PartitionManager:
                     removed += 1
                     continue
                 self._add(Partition(tp, log_dir, self._open_log(log_dir / tp.dir_name), assignment, role))
-            except OSError as exc:
+            except (OSError, StorageError) as exc:  # KafkaStorageException
                 self._partition_failed(tp, log_dir, exc)
         if removed:
             self._log.info("stale_partition_dirs_removed", count=removed)
@@ -363,11 +364,12 @@ class PartitionManager:
             online_dirs=len(self.online_dirs),
         )
         if not self.online_dirs:
-            errno = exc.errno if isinstance(exc, OSError) else None
-            why = (exc.strerror if isinstance(exc, OSError) else None) or exc
-            raise AllLogDirsOfflineError(
-                errno, f"every log dir is offline (last: {log_dir}: {why})", str(log_dir)
-            ) from exc
+            message = f"every log dir is offline (last: {log_dir}: "
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise AllLogDirsOfflineError(
+                    exc.errno, f"{message}{exc.strerror or exc})", str(log_dir)
+                ) from exc
+            raise AllLogDirsOfflineError(f"{message}{exc})") from exc
 
     # --- applying metadata -----------------------------------------------------------------------
 
@@ -449,7 +451,7 @@ class PartitionManager:
                 log_dir = self._placement()
                 try:
                     self._create(tp, assignment, role, log_dir)
-                except OSError as exc:
+                except (OSError, StorageError) as exc:  # KafkaStorageException
                     self._partition_failed(tp, log_dir, exc)
                     continue
                 created.append(tp)
@@ -459,7 +461,7 @@ class PartitionManager:
                 partition.role = role
                 try:
                     _write_state(partition.path, tp, assignment, role)
-                except OSError as exc:
+                except (OSError, StorageError) as exc:  # KafkaStorageException
                     self._partition_failed(tp, partition.log_dir, exc)
                     continue
                 # A reader parked on this partition must re-check its epoch and role.
@@ -499,7 +501,7 @@ class PartitionManager:
         try:
             partition.log.close()
             self._remove_dir(partition.log_dir, tp)
-        except OSError as exc:
+        except (OSError, StorageError) as exc:  # KafkaStorageException
             self._partition_failed(tp, partition.log_dir, exc)
         return True
 

@@ -52,6 +52,7 @@ import grpc
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.image_adapter import ImageMetadataView
 from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
+from kraft.broker.open_files import open_segment_files_capacity
 from kraft.broker.partition_log import PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
@@ -72,6 +73,7 @@ from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
 from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.storage.meta_properties import check_meta_properties
+from kraft.storage.open_files import OpenFileCache
 from kraft.v1 import broker_pb2_grpc
 from kraft.v1.common_pb2 import Endpoint
 
@@ -123,6 +125,8 @@ class BrokerSettings:
     max_message_bytes: int  # grpc.max.message.bytes
     metrics_port: int
     message_max_bytes: int = DEFAULT_MESSAGE_MAX_BYTES  # message.max.bytes: largest batch a Produce appends
+    open_segment_files_max: int = 0
+    """log.open.segment.files.max: segment files kept open at once (0 = half the open-file soft limit)."""
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -158,6 +162,7 @@ class BrokerSettings:
             max_message_bytes=config.grpc_max_message_bytes,
             metrics_port=config.metrics_port,
             message_max_bytes=config.message_max_bytes,
+            open_segment_files_max=config.log_open_segment_files_max,
         )
 
 
@@ -176,8 +181,11 @@ class BrokerServer:
         self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms, clock=SystemClock())
         self.status.incarnation_id = str(uuid.uuid4())
         self.metrics = BrokerMetrics.for_node(s.broker_id)
+        self.open_files = OpenFileCache(open_segment_files_capacity(s.open_segment_files_max))
         self.partitions = PartitionManager(
-            s.broker_id, s.log_dirs, open_log or segmented_log_opener(s.log_segment_bytes)
+            s.broker_id,
+            s.log_dirs,
+            open_log or segmented_log_opener(s.log_segment_bytes, open_files=self.open_files),
         )
         self.client = ControllerClient(s.voters, max_message_bytes=s.max_message_bytes)
         self.replicas = ReplicaManager(
@@ -441,6 +449,7 @@ class BrokerServer:
             port=self.port,
             event_loop=running_loop_name(),
             grpc_io=grpc_io_name(),
+            open_segment_files_max=self.open_files.capacity,
         )
 
     # --- callbacks ----------------------------------------------------------------------------------
