@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -914,7 +915,7 @@ def test_a_broker_limited_to_512_files_hosts_2000_partitions_and_restarts(cluste
     assert broker.process is not None and broker.alive, broker.log_tail()
     touched = range(0, MANY_PARTITIONS, 97)
     for partition in touched:
-        _until_ok(lambda p=partition: _produce_to(cluster, p), f"a produce to wide-{partition}", broker)
+        _until_ok(partial(_produce_to, cluster, partition), f"a produce to wide-{partition}", broker)
     assert _open_fds(broker.process.pid) < LOW_FD_LIMIT
     assert "open_segment_files_max=256" in broker.log_text()
 
@@ -925,10 +926,69 @@ def test_a_broker_limited_to_512_files_hosts_2000_partitions_and_restarts(cluste
     for partition in touched:
         # A restarted leader reports a high watermark of 0 until its next append (a replication issue of
         # its own, not of file handles): append once more, then both records must read back.
-        _until_ok(lambda p=partition: _produce_to(cluster, p, b"w"), f"a produce to wide-{partition}", broker)
+        _until_ok(partial(_produce_to, cluster, partition, b"w"), f"a produce to wide-{partition}", broker)
         fetched = _until_ok(
-            lambda p=partition: _fetch_from(cluster, p), f"a fetch from wide-{partition}", broker
+            partial(_fetch_from, cluster, partition), f"a fetch from wide-{partition}", broker
         )
         assert [r.value for r in fetched.records] == [b"v%d" % partition, b"w%d" % partition], fetched
     assert broker.process is not None and _open_fds(broker.process.pid) < LOW_FD_LIMIT
     assert "Too many open files" not in broker.log_text()
+
+
+def test_corrupt_data_read_by_a_consumer_takes_the_log_dir_offline_and_leadership_moves(
+    cluster: Cluster,
+) -> None:
+    """Issue #14, Kafka's LogDirFailure end to end: a flipped byte in a leader's flushed segment is caught
+    by the read's CRC check; the broker answers KAFKA_STORAGE_ERROR, takes that log dir offline (its
+    other dir keeps serving), reports it in its heartbeats, and the controller moves the leadership to
+    the other ISR member."""
+    base = cluster.base_dir / "broker161"
+    dirs = f"{base}/d1,{base}/d2"
+    cluster.start_broker(161, {"log.dirs": dirs})
+    cluster.start_broker(162)
+    cluster.wait_broker_state(161, "RUNNING")
+    cluster.wait_broker_state(162, "RUNNING")
+    cluster.create_topic("frail", {0: [161, 162], 1: [161, 162], 2: [161, 162]})
+    poll(lambda: list(cluster.describe_topic("frail").partitions[0].isr) == [161, 162] or None, "ISR")
+    _leader, epoch = cluster.leader_of("frail", 0)
+    answer = poll(
+        lambda: (
+            ((a := cluster.produce(161, "frail", 0, epoch, b"precious" * 50)).error_code == 0 and a) or None
+        ),
+        "the produce to frail-0",
+    )
+    assert answer.base_offset == 0
+    described = cluster.describe_broker(161)
+    assert described is not None
+    homes = {(p.topic, p.partition): p.log_dir for p in described.partitions}
+    frail_dir = Path(homes[("frail", 0)])
+    others = {Path(d) for key, d in homes.items() if Path(d) != frail_dir}
+    segment = frail_dir / "frail-0" / "00000000000000000000.log"
+    with segment.open("r+b") as out:  # a payload byte: only the batch CRC notices
+        out.seek(100)
+        byte = out.read(1)
+        out.seek(100)
+        out.write(bytes([byte[0] ^ 0x55]))
+    fetched = cluster.broker_stub(161).Fetch(
+        bpb.BrokerFetchRequest(
+            cluster_id=cluster.quorum.cluster_id,
+            topic="frail",
+            partition=0,
+            max_bytes=1 << 20,
+            leader_epoch=-1,
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert fetched.error_code == ErrorCode.KAFKA_STORAGE_ERROR, fetched
+    assert "CRC-32C mismatch" in fetched.error_message
+    moved = poll(
+        lambda: ((p := cluster.describe_topic("frail").partitions[0]).leader == 162 and p) or None,
+        "the controller to move frail-0's leadership to 162",
+    )
+    assert list(moved.isr) == [162]
+    text = cluster.brokers[161].log_text()
+    assert "event=log_dir_offline" in text and str(frail_dir) in text
+    assert cluster.brokers[161].alive, cluster.brokers[161].log_tail()
+    # Partitions on the other dir are still led by 161 and served.
+    still = cluster.describe_broker(161)
+    assert still is not None and {Path(p.log_dir) for p in still.partitions} <= others
