@@ -540,6 +540,8 @@ class NodeConfig(BaseModel):
         "replica.high.watermark.checkpoint.interval.ms", default=5000
     )
     unclean_leader_election_enable: Bool = _key("unclean.leader.election.enable", default=False)
+    # Segment files a broker keeps open at once (an LRU, reopened on use); 0 = half the open-file limit.
+    log_open_segment_files_max: NonNegative = _key("log.open.segment.files.max", default=0)
     metrics_port: Port = _key("metrics.port", default=0)
     # Transport security (kraft.security.tls, docs/security.md): Kafka's names, PEM only.
     listener_security_protocol_map: Annotated[

@@ -7,8 +7,10 @@ record arrives, so a half-applied transaction is never visible).  When the contr
 ``snapshot_id`` (the broker is below its log start), the snapshot is downloaded chunk by chunk, replayed
 into an empty image, published as a whole, and fetching continues at its end offset.
 
-A record that cannot be decoded stops the fetcher with the error (counted in the apply-error metric by
-the publisher's caller): applying around a corrupt record would silently diverge from the controllers.
+A record that cannot be decoded, or that does not fit the image (a change for an unknown topic, …), stops
+the fetcher with the error — the broker's supervisor then stops the process with one ``event=fatal`` line
+(``reason=task_failed``): applying around a committed record would silently diverge from the controllers
+(issue #14).  Nothing of such a response is published.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from dataclasses import dataclass
 from kraft.broker.publisher import MetadataPublisher
 from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.clock import Clock
-from kraft.errors import ErrorCode
-from kraft.metadata.delta import MetadataDelta
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import decode_value
 from kraft.observability.logging import get_logger
@@ -135,19 +137,25 @@ class MetadataFetcher:
                 self._on_drained(generation)
             return True
         delta = self._pending or MetadataDelta(self._publisher.image)
+        undecodable: list[tuple[int, str]] = []
         for record in response.records:
-            delta.replay(decode_value(record.value), record.offset, record.leader_epoch)
+            try:
+                decoded = decode_value(record.value)
+            except KraftError as exc:
+                undecodable.append((record.offset, exc.message))
+                continue
+            delta.replay(decoded, record.offset, record.leader_epoch)
+        error = unreplayable("metadata", response.records[-1].offset, undecodable, list(delta.replay_errors))
+        if error is not None:
+            if self._metrics is not None:
+                self._metrics.metadata_apply_errors.inc(len(undecodable) + len(delta.replay_errors))
+            self._log.error("metadata_replay_failed", error=error.message)
+            raise error
         self._fetch_offset = response.records[-1].offset + 1
         if delta.in_transaction:
             self._pending = delta
             return True
         self._pending = None
-        if delta.replay_errors:
-            # Records the image could not take (e.g. a change for an unknown topic): the controllers
-            # skip them the same way, so this is logged, not fatal.
-            self._log.warning(
-                "metadata_records_skipped", count=len(delta.replay_errors), first=delta.replay_errors[0]
-            )
         await self._publisher.publish(delta, response.records[-1].append_time_ms)
         self._on_applied(self._publisher.offset)
         if drained:
@@ -186,6 +194,15 @@ class MetadataFetcher:
                 records += len(response.snapshot_records)
                 await asyncio.sleep(0)  # one chunk at a time: heartbeats and serving run in between
                 if response.snapshot_done:
+                    error = unreplayable(
+                        f"snapshot {snapshot.end_offset}-{snapshot.epoch}",
+                        last_offset,
+                        [],
+                        delta.replay_errors,
+                    )
+                    if error is not None:
+                        self._log.error("metadata_replay_failed", error=error.message)
+                        raise error
                     image = delta.apply()
                     self.last_snapshot_replay_s = (self._clock.monotonic_ms() - started_ms) / 1000
                     took_s = round(self.last_snapshot_replay_s, 3)

@@ -77,6 +77,7 @@ class BrokerLifecycle:
         caught_up: Callable[[], bool],
         on_fenced: Callable[[], None] = lambda: None,
         rng: random.Random | None = None,
+        offline: Callable[[], tuple[list[str], list[tuple[str, int]]]] = lambda: ([], []),
     ) -> None:
         self._status = status
         self._client = client
@@ -84,6 +85,8 @@ class BrokerLifecycle:
         self._timings = timings
         self._caught_up = caught_up
         self._on_fenced = on_fenced
+        self._offline = offline
+        """(offline log dirs, (topic, partition) that were on them): reported in every heartbeat."""
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
         self._want_shut_down = False
@@ -190,6 +193,11 @@ class BrokerLifecycle:
             want_fence=not self._caught_up() and not self._want_shut_down,
             want_shut_down=self._want_shut_down,
         )
+        offline_dirs, offline_partitions = self._offline()
+        if offline_dirs:
+            request.offline_log_dirs.extend(offline_dirs)
+            for topic, partition in offline_partitions:
+                request.offline_partitions.add(topic=topic, partition=partition)
         sent_at_ms = status.monotonic_ms()
         try:
             response = await self._client.call(

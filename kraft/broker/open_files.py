@@ -1,9 +1,11 @@
-"""Raise the process's open-file limit before the broker opens its partition logs.
+"""The broker's file descriptors: raise the open-file limit, size the LRU of open segment files.
 
-Every hosted partition keeps one file descriptor per log segment, so the common soft limit of 1,024 is
-exhausted by a few hundred partitions (a 100,000-partition topic over three brokers ended every broker
-with "Too many open files").  Raising the soft limit to the hard limit needs no privilege; the limit the
-broker ends up with is logged so an operator can compare it with ``max.broker.partitions``.
+A segment kept its file open for the life of the log, so the common soft limit of 1,024 was exhausted by
+a few hundred partitions (a 100,000-partition topic over three brokers ended every broker with "Too many
+open files").  Now (issue #14) the broker's partition logs share one
+:class:`~kraft.storage.open_files.OpenFileCache` of :func:`open_segment_files_capacity` files, so an idle
+partition costs no descriptor, and the soft limit is still raised to the hard limit at start (no
+privilege needed; logged) for the sockets and files around them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,22 @@ def raise_open_file_limit() -> OpenFileLimit:
             log.warning("open_file_limit_not_raised", soft=soft, hard=hard, error=str(err))
     log.info("open_file_limit", before=soft, after=after, hard=hard)
     return OpenFileLimit(soft, after, hard)
+
+
+MIN_OPEN_SEGMENT_FILES = 64
+MAX_AUTO_OPEN_SEGMENT_FILES = 16_384
+
+
+def open_segment_files_capacity(configured: int) -> int:
+    """How many segment files a broker keeps open (``log.open.segment.files.max``; 0 = auto): auto is half
+    the current soft RLIMIT_NOFILE (the rest is for sockets, the image store, checkpoints), between
+    :data:`MIN_OPEN_SEGMENT_FILES` and :data:`MAX_AUTO_OPEN_SEGMENT_FILES`."""
+    if configured > 0:
+        return configured
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_AUTO_OPEN_SEGMENT_FILES
+    return max(MIN_OPEN_SEGMENT_FILES, min(soft // 2, MAX_AUTO_OPEN_SEGMENT_FILES))
 
 
 def _nr_open() -> int | None:

@@ -41,10 +41,14 @@ while the broker was down is never re-created or even opened.  Directory work is
 (:meth:`PartitionManager.apply_paced`): at most :data:`PARTITIONS_PER_TURN` partitions per event-loop
 turn, so a bulk create of thousands of partitions does not starve heartbeats into a fence.
 
-Log dir failure (Kafka's ``LogDirFailure``): an ``OSError`` while creating, opening or deleting one
-partition marks that partition and its log dir offline (one ``log_dir_offline`` line); the partitions of
-that dir are closed and no longer served, new partitions go to the dirs still online, and when no log dir
-is left :class:`AllLogDirsOfflineError` stops the broker (fail-stop).
+Log dir failure (Kafka's ``LogDirFailure``): an ``OSError`` or a storage error (a failed write or
+fsync, a segment that cannot be opened, corrupt flushed data) while creating, opening or deleting one
+partition — or a storage error (``CorruptLogError``, a failed write or fsync) while serving or
+replicating it (:meth:`PartitionManager.storage_failed`) — marks that partition and its log dir offline
+(one ``log_dir_offline`` line); the partitions of that dir are closed and no longer served, new
+partitions go to the dirs still online, every heartbeat reports the offline dirs and their partitions
+(:meth:`PartitionManager.offline_report`) so the controller moves their leadership away, and when no log
+dir is left :class:`AllLogDirsOfflineError` stops the broker (fail-stop).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +72,7 @@ from kraft.broker.types import (
     local_changes_between,
 )
 from kraft.observability.logging import get_logger
+from kraft.storage.errors import CorruptLogError, FatalStorageError, StorageError
 from kraft.storage.fileio import MAX_FILE_NAME_BYTES
 
 STATE_FILE = "partition.state"
@@ -99,6 +104,15 @@ PARTITIONS_PER_TURN = 64
 
 class AllLogDirsOfflineError(OSError):
     """Every log dir of the broker failed: it cannot host any partition (the process must stop)."""
+
+
+def is_storage_failure(error: BaseException) -> bool:
+    """A failure of the local disk or of the data on it (Kafka's KafkaStorageException): durable data
+    that no longer verifies, a failed write or fsync, any other I/O error — not a caller's mistake such as
+    an offset out of range or a bad batch received from a leader."""
+    if isinstance(error, AllLogDirsOfflineError):
+        return False
+    return isinstance(error, CorruptLogError | FatalStorageError | OSError)
 
 
 class Partition:
@@ -185,6 +199,10 @@ class PartitionManager:
         """Log dirs taken offline after an I/O error → the error (never used again by this process)."""
         self.offline: dict[TopicPartition, str] = {}
         """Partitions that could not be created or opened (or whose log dir went offline) → why."""
+        self._offline_dir_of: dict[TopicPartition, Path] = {}
+        self.on_all_offline: Callable[[AllLogDirsOfflineError], None] | None = None
+        """Called by :meth:`storage_failed` when the last log dir went offline (the process must stop);
+        without it the error is raised."""
         self._log = get_logger("broker.partitions", node=broker_id)
 
     # --- queries -------------------------------------------------------------------------------
@@ -257,7 +275,7 @@ class PartitionManager:
                     removed += 1
                     continue
                 self._add(Partition(tp, log_dir, self._open_log(log_dir / tp.dir_name), assignment, role))
-            except OSError as exc:
+            except (OSError, StorageError) as exc:  # KafkaStorageException
                 self._partition_failed(tp, log_dir, exc)
         if removed:
             self._log.info("stale_partition_dirs_removed", count=removed)
@@ -290,21 +308,49 @@ class PartitionManager:
     def online_dirs(self) -> tuple[Path, ...]:
         return tuple(d for d in self.log_dirs if d not in self.offline_dirs)
 
-    def _partition_failed(self, tp: TopicPartition, log_dir: Path, exc: OSError) -> None:
+    def storage_failed(self, partition: Partition, exc: BaseException) -> None:
+        """A read, append or flush of ``partition``'s log failed with a storage error (corrupt data, a
+        failed write or fsync): take its log dir offline, as Kafka does for a KafkaStorageException.
+        Nothing more happens for a partition that is no longer hosted (already offline)."""
+        if self._partitions.get(partition.tp) is not partition:
+            return
+        try:
+            self._partition_failed(partition.tp, partition.log_dir, exc)
+        except AllLogDirsOfflineError as error:
+            if self.on_all_offline is None:
+                raise
+            self.on_all_offline(error)
+
+    def offline_report(self) -> tuple[list[str], list[tuple[str, int]]]:
+        """(offline log dirs, (topic, partition) that were on them) for the heartbeat."""
+        if not self.offline_dirs:
+            return [], []
+        partitions = [
+            (tp.topic, tp.partition)
+            for tp in sorted(self._offline_dir_of)
+            if self._offline_dir_of[tp] in self.offline_dirs
+        ]
+        return [str(d) for d in sorted(self.offline_dirs)], partitions
+
+    def _partition_failed(self, tp: TopicPartition, log_dir: Path, exc: BaseException) -> None:
         self.offline[tp] = f"{type(exc).__name__}: {exc}"
+        self._offline_dir_of[tp] = log_dir
         self._dir_failed(log_dir, exc, tp)
 
-    def _dir_failed(self, log_dir: Path, exc: OSError, tp: TopicPartition | None = None) -> None:
+    def _dir_failed(self, log_dir: Path, exc: BaseException, tp: TopicPartition | None = None) -> None:
         """Take ``log_dir`` offline (Kafka's LogDirFailure): close and stop serving its partitions."""
         if log_dir in self.offline_dirs:
             return
         self.offline_dirs[log_dir] = f"{type(exc).__name__}: {exc}"
         closed = 0
+        # A partition that failed while being created or opened is not hosted yet: counted on its own.
+        extra = 1 if tp is not None and tp not in self._partitions else 0
         for other, partition in list(self._partitions.items()):
             if partition.log_dir == log_dir:
                 del self._partitions[other]
                 self._load_by_dir[log_dir] -= 1
                 self.offline[other] = f"log dir {log_dir} offline"
+                self._offline_dir_of[other] = log_dir
                 partition.notify_appended()
                 with contextlib.suppress(Exception):
                     partition.log.close()
@@ -314,13 +360,16 @@ class PartitionManager:
             log_dir=str(log_dir),
             partition=str(tp) if tp is not None else None,
             error=f"{type(exc).__name__}: {exc}",
-            partitions_offline=closed + (1 if tp is not None else 0),
+            partitions_offline=closed + extra,
             online_dirs=len(self.online_dirs),
         )
         if not self.online_dirs:
-            raise AllLogDirsOfflineError(
-                exc.errno, f"every log dir is offline (last: {log_dir}: {exc.strerror or exc})", str(log_dir)
-            ) from exc
+            message = f"every log dir is offline (last: {log_dir}: "
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise AllLogDirsOfflineError(
+                    exc.errno, f"{message}{exc.strerror or exc})", str(log_dir)
+                ) from exc
+            raise AllLogDirsOfflineError(f"{message}{exc})") from exc
 
     # --- applying metadata -----------------------------------------------------------------------
 
@@ -402,7 +451,7 @@ class PartitionManager:
                 log_dir = self._placement()
                 try:
                     self._create(tp, assignment, role, log_dir)
-                except OSError as exc:
+                except (OSError, StorageError) as exc:  # KafkaStorageException
                     self._partition_failed(tp, log_dir, exc)
                     continue
                 created.append(tp)
@@ -412,7 +461,7 @@ class PartitionManager:
                 partition.role = role
                 try:
                     _write_state(partition.path, tp, assignment, role)
-                except OSError as exc:
+                except (OSError, StorageError) as exc:  # KafkaStorageException
                     self._partition_failed(tp, partition.log_dir, exc)
                     continue
                 # A reader parked on this partition must re-check its epoch and role.
@@ -452,7 +501,7 @@ class PartitionManager:
         try:
             partition.log.close()
             self._remove_dir(partition.log_dir, tp)
-        except OSError as exc:
+        except (OSError, StorageError) as exc:  # KafkaStorageException
             self._partition_failed(tp, partition.log_dir, exc)
         return True
 

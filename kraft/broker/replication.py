@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 
 from kraft.broker import hwm_checkpoint
-from kraft.broker.partitions import Partition, PartitionManager
+from kraft.broker.partitions import Partition, PartitionManager, is_storage_failure
 from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
 from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.client.controller import ControllerUnavailable
@@ -555,7 +555,15 @@ class ReplicaManager:
         out.high_watermark = state.high_watermark
         self._maybe_expand(led)
         if budget > 0 and wanted.fetch_offset < state.leader_end_offset:
-            out.records = log.read_batches(wanted.fetch_offset, budget, state.leader_end_offset)
+            try:
+                out.records = log.read_batches(wanted.fetch_offset, budget, state.leader_end_offset)
+            except Exception as exc:
+                if not is_storage_failure(exc):
+                    raise
+                # The log dir goes offline (the heartbeat tells the controller, which moves leadership).
+                self._partitions.storage_failed(partition, exc)
+                out.error_message = f"{tp}: {exc}"
+                return ErrorCode.KAFKA_STORAGE_ERROR
         return ErrorCode.NONE
 
     # --- leader: ISR changes ---------------------------------------------------------------------
@@ -800,12 +808,14 @@ class ReplicaManager:
                     continue
                 try:
                     self._apply_fetched(tp, entry, answer)
-                except (FatalStorageError, OSError) as exc:  # the disk failed: fail-stop
+                except (FatalStorageError, OSError) as exc:  # the disk failed a write: fail-stop
                     self.storage_failed(entry[0].partition, exc, "replica_append_failed")
                     return
                 except Exception as exc:  # a bad batch: this partition backs off
                     self._log.error("replica_fetch_apply_failed", partition=str(tp), error=repr(exc))
                     entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
+                    if is_storage_failure(exc):  # corrupt local data: its log dir goes offline
+                        self._partitions.storage_failed(entry[0].partition, exc)
             self._update_fetcher_lag()
 
     def _apply_fetched(

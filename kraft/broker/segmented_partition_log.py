@@ -32,6 +32,7 @@ from kraft.storage.batch import (
     iter_batches,
 )
 from kraft.storage.log import LogConfig, SegmentedLog
+from kraft.storage.open_files import OpenFileCache
 
 
 class SegmentedPartitionLog:
@@ -133,11 +134,17 @@ class SegmentedPartitionLog:
 
 
 def segmented_log_opener(
-    segment_bytes: int, max_stored_batch_bytes: int = STORED_BATCH_MAX_BYTES
+    segment_bytes: int,
+    max_stored_batch_bytes: int = STORED_BATCH_MAX_BYTES,
+    *,
+    open_files: OpenFileCache | None = None,
 ) -> PartitionLogOpener:
     """Opens partition directories as segmented logs rolling at ``segment_bytes`` (log.segment.bytes);
-    reads and recovery accept batches up to ``max_stored_batch_bytes``."""
-    config = LogConfig(segment_bytes=segment_bytes, max_batch_bytes=max_stored_batch_bytes)
+    reads and recovery accept batches up to ``max_stored_batch_bytes``.  With ``open_files`` every log
+    shares that LRU of open segment files, so idle partitions hold no file descriptor (issue #14)."""
+    config = LogConfig(
+        segment_bytes=segment_bytes, max_batch_bytes=max_stored_batch_bytes, open_files=open_files
+    )
     log = get_logger("broker.partition_log")
 
     def open_log(path: Path) -> PartitionLog:

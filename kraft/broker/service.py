@@ -32,7 +32,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from kraft.broker.partitions import Partition, PartitionManager
+from kraft.broker.partitions import Partition, PartitionManager, is_storage_failure
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
@@ -199,7 +199,12 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 if self._replicas is not None:
                     self._replicas.storage_failed(partition, err, "partition_append_failed")
                 raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
-            except KraftError as err:
+            except Exception as err:
+                if is_storage_failure(err):  # e.g. corrupt data met on the way: its log dir goes offline
+                    self._partitions.storage_failed(partition, err)
+                    raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
+                if not isinstance(err, KraftError):
+                    raise
                 message = err.message
                 if err.code is ErrorCode.MESSAGE_TOO_LARGE:
                     message = f"{partition.tp}: {message} ({source})"
@@ -271,7 +276,14 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                     self._parked -= 1
             try:
                 records = partition.log.read_records(request.offset, max_bytes)
-            except KraftError as err:
+            except Exception as err:
+                if is_storage_failure(err):
+                    # Kafka's KafkaStorageException: the log dir goes offline, the controller (told by
+                    # the next heartbeat) moves leadership; the client gets KAFKA_STORAGE_ERROR.
+                    self._partitions.storage_failed(partition, err)
+                    raise _Rejected(ErrorCode.KAFKA_STORAGE_ERROR, f"{partition.tp}: {err}") from err
+                if not isinstance(err, KraftError):
+                    raise
                 raise _Rejected(err.code, err.message) from err
         except _Rejected as rejected:
             return pb.BrokerFetchResponse(

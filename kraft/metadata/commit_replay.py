@@ -1,5 +1,12 @@
 """Replay of a committed batch the controller did not build itself (followers, other epochs, anything
-that does not line up with its own appends) into the next committed image."""
+that does not line up with its own appends) into the next committed image.
+
+A committed record that does not decode or does not fit the image (its CRC was fine: it was written like
+that, or damaged before the CRC was computed) can never be applied; a controller or broker that skipped it
+would serve an image that differs from every other node's.  :meth:`ReplayedBatch.check` turns such a
+batch into :class:`~kraft.metadata.delta.UnreplayableRecordError`, which is fatal (fail-stop, issue #14),
+as a replay failure is on Kafka's controllers (``fatalFaultHandler``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from dataclasses import dataclass
 
 from kraft.errors import KraftError
 from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.raft.api import CommittedBatch
 
@@ -26,6 +33,12 @@ class ReplayedBatch:
     """(offset, error) of values that are not metadata records (e.g. the test-only raw append RPC)."""
     replay_errors: list[str]
     """Records that decoded but did not fit the image (skipped by the delta)."""
+
+    def check(self, last_offset: int) -> None:
+        """Raise :class:`UnreplayableRecordError` if any record was left out."""
+        error = unreplayable("batch", last_offset, self.undecodable, self.replay_errors)
+        if error is not None:
+            raise error
 
 
 async def replay_batch(committed: MetadataImage, batch: CommittedBatch) -> ReplayedBatch:

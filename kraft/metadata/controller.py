@@ -5,7 +5,10 @@ what they own (all on one event loop, so no locks; shared state in :class:`Contr
 
 - **Raft listener** (driven by Raft's own per-listener task; this class): ``handle_commit`` replays
   committed batches into ``committed`` (the committed image; :mod:`commit_replay`), hands them to the
-  fetch window, resolves write waiters; ``handle_leader_change`` activates or deactivates.
+  fetch window, resolves write waiters; ``handle_leader_change`` activates or deactivates.  A committed
+  record (or snapshot record) that does not decode or apply raises ``UnreplayableRecordError``: the Raft
+  listener then fails and the node stops (``reason=raft_listener_failed``), never leading or serving an
+  image without it.
 - **Activation** (:mod:`controller_activation`, one task per won epoch): appends a NoOp, waits for it to
   commit — so ``committed`` holds everything of earlier epochs — then resets the logic from it (fresh
   heartbeat sessions for every broker) and starts answering.
@@ -73,7 +76,7 @@ from kraft.metadata.controller_state import (
     WriteOutcomeUnknown,
 )
 from kraft.metadata.controller_writes import WritePath
-from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
@@ -308,18 +311,12 @@ class QuorumController:
             return
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead
         replayed = await replay_batch(state.committed, batch)
-        if replayed.undecodable:
-            self.metrics.metadata_errors.inc(len(replayed.undecodable))
-            first_offset, first_error = replayed.undecodable[0]
-            self.log.warning(
-                "undecodable_records",
-                count=len(replayed.undecodable),
-                first_offset=first_offset,
-                error=first_error,
-            )
-        for error in replayed.replay_errors:
-            self.metrics.metadata_errors.inc()
-            self.log.warning("replay_error", offset=batch.last_offset, error=error)
+        problems = len(replayed.undecodable) + len(replayed.replay_errors)
+        if problems:
+            # Fatal: the listener fails, the node stops (one event=fatal line) instead of running with an
+            # image that lacks committed records (the committed image is left as it was).
+            self.metrics.metadata_errors.inc(problems)
+            replayed.check(batch.last_offset)
         self._apply_committed(batch, replayed.image, replayed.values)
 
     def _apply_committed(
@@ -345,7 +342,7 @@ class QuorumController:
         if last <= state.committed.offset:
             return
         delta = MetadataDelta(MetadataImage.empty())
-        errors: list[KraftError] = []  # values that are not metadata records (test-only raw appends)
+        errors: list[KraftError] = []  # values that are not metadata records
         values = reader.records
         for start in range(0, len(values), YIELD_EVERY_RECORDS):
             # Bulk replay in bounded chunks: a million-partition snapshot must not stall Raft for seconds.
@@ -353,10 +350,18 @@ class QuorumController:
             await asyncio.sleep(0)
         if last <= state.committed.offset:
             return  # commits arrived while this ran (they are newer than the snapshot)
-        undecodable = len(errors)
-        if undecodable:
-            self.metrics.metadata_errors.inc(undecodable)
-            self.log.warning("undecodable_snapshot_records", count=undecodable)
+        problems = len(errors) + len(delta.replay_errors)
+        if problems:
+            # As for a committed batch: a snapshot the image cannot take whole is fatal (fail-stop).
+            self.metrics.metadata_errors.inc(problems)
+            error = unreplayable(
+                f"snapshot {reader.snapshot_id.end_offset}-{reader.snapshot_id.epoch}",
+                last,
+                [(-1, e.message) for e in errors],
+                list(delta.replay_errors),
+            )
+            assert error is not None
+            raise error
         delta.offset = last
         delta.epoch = reader.snapshot_id.epoch
         state.committed = delta.apply()

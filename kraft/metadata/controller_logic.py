@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -472,6 +472,30 @@ class ControllerLogic:
             if job.position >= len(partitions):
                 del self._rejoining[job.broker_id]
 
+    def _leave_offline_replicas(
+        self, batch: _Batch, broker_id: int, offline: Iterable[cpb.OfflinePartition]
+    ) -> None:
+        """The broker's replicas of ``offline`` (on a log dir it took offline, Kafka's
+        ``handleDirectoriesOffline``): out of their ISRs, leadership to another acceptable ISR member, or
+        none (an offline partition) when it was the last.  Idempotent: later heartbeats repeating the
+        list change nothing."""
+        image = batch.view()
+        acceptable = self.acceptable_in(image)
+
+        def elsewhere(replica: int) -> bool:
+            return replica != broker_id and acceptable(replica)
+
+        for ref in offline:
+            topic_id = image.topic_ids_by_name.get(ref.topic)
+            current = None if topic_id is None else image.partition(topic_id, ref.partition)
+            if topic_id is None or current is None or broker_id not in current.replicas:
+                continue
+            if broker_id not in current.isr and current.leader != broker_id:
+                continue
+            change = build_change(topic_id, ref.partition, current, elsewhere, remove_from_isr=broker_id)
+            if change is not None:
+                batch.add(change)
+
     def _fence(self, batch: _Batch, broker: BrokerRegistration) -> None:
         # The registration change comes first so no election picks the broker while it leaves its ISRs.
         batch.add(
@@ -605,6 +629,8 @@ class ControllerLogic:
         caught_up = req.current_metadata_offset >= broker.epoch
         response.is_caught_up = caught_up
         batch = _Batch(self, next_offset)
+        if req.offline_partitions and not broker.fenced:
+            self._leave_offline_replicas(batch, broker.broker_id, req.offline_partitions)
         if broker.fenced:
             response.is_fenced = True
             if req.want_shut_down or broker.in_controlled_shutdown:

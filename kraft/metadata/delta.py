@@ -5,9 +5,11 @@ changed topics' partition tuples, so an image follows a log of any length at a c
 changes.  ``local_changes(broker_id)`` tells a broker what to do with its partition logs (Kafka's
 ``TopicsDelta.localChanges``): delete what it no longer hosts, then lead, then follow.
 
-Replay is lenient by design: a record that does not fit the image (a change for an unknown topic, an
-unregister with a stale epoch) is skipped and described in ``replay_errors`` instead of stopping a broker
-or controller that must keep following the committed log.
+A record that does not fit the image (a change for an unknown topic, an unregister with a stale epoch) is
+skipped and described in ``replay_errors`` rather than raised, so a caller sees every problem of a batch;
+the callers that replay *committed* data (the controller's listener, the broker's metadata fetcher) turn
+any of them into :class:`UnreplayableRecordError` and stop the process (fail-stop, issue #14): a node that
+skipped a committed record would serve an image that differs from every other node's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kraft.errors import KraftError
+from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
 from kraft.metadata.image import (
     BrokerFeatureRange,
@@ -103,6 +105,33 @@ class _TopicDelta:
         if self.base is not None and partition_id < len(self.base.partitions):
             return self.base.partitions[partition_id]
         return None
+
+
+class UnreplayableRecordError(KraftError):
+    """A committed record that cannot be decoded or applied: the state machine can never get past it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CORRUPT_MESSAGE, message)
+
+
+def unreplayable(
+    what: str, last_offset: int, undecodable: list[tuple[int, str]], replay_errors: list[str]
+) -> UnreplayableRecordError | None:
+    """The error for a replay that left records out (None when every record applied): one line naming
+    the first problem and how many there were."""
+    if not undecodable and not replay_errors:
+        return None
+    problems = len(undecodable) + len(replay_errors)
+    if undecodable:
+        offset, error = undecodable[0]
+        where = f" at offset {offset}" if offset >= 0 else ""
+        first = f"record{where} does not decode: {error}"
+    else:
+        first = f"record in the batch ending at offset {last_offset} does not apply: {replay_errors[0]}"
+    return UnreplayableRecordError(
+        f"committed {what} cannot be replayed ({problems} bad record{'s' if problems > 1 else ''}; "
+        f"first: {first})"
+    )
 
 
 class MetadataDelta:

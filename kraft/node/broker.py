@@ -26,7 +26,11 @@ Fail-stop (issue #14): with a :class:`~kraft.node.supervisor.Supervisor` (``run_
 one), a watched task (heartbeats, fetcher, gRPC server) that raises or ends unexpectedly, or an error of
 the catch-up, ends the process with one ``event=fatal`` line and exit status 70 after
 :meth:`BrokerServer.abort` (crash-like: partition logs are not closed cleanly).  Failing to start or to
-register stays a startup error (one ``error:`` line, exit 1).
+register stays a startup error (one ``error:`` line, exit 1).  A storage error while serving one
+partition (corrupt data, a failed write) takes that partition's log dir offline instead
+(:meth:`~kraft.broker.partitions.PartitionManager.storage_failed`; heartbeats report it and the controller
+moves the leaderships); only when the last log dir goes offline does the process stop
+(``reason=all_log_dirs_offline``).
 Shutdown (``stop`` event, e.g. SIGTERM): PENDING_CONTROLLED_SHUTDOWN → heartbeat want_shut_down until
 the controller answers should_shut_down (bounded by ``controlled_shutdown_timeout_s``) → SHUTTING_DOWN →
 stop tasks and server, close logs and store → NOT_RUNNING.
@@ -48,6 +52,7 @@ import grpc
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.image_adapter import ImageMetadataView
 from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
+from kraft.broker.open_files import open_segment_files_capacity
 from kraft.broker.partition_log import PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import ImageStore, MetadataPublisher
@@ -88,6 +93,7 @@ from kraft.security.tls import (
     outbound_security,
 )
 from kraft.storage.meta_properties import check_meta_properties
+from kraft.storage.open_files import OpenFileCache
 from kraft.v1.common_pb2 import Endpoint
 
 _SHUTDOWN_GRACE_S = 1.0
@@ -147,6 +153,8 @@ class BrokerSettings:
     server_limits: ServerLimits = field(default_factory=ServerLimits)
     max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)  # replica.*, min.insync…
+    open_segment_files_max: int = 0
+    """log.open.segment.files.max: segment files kept open at once (0 = half the open-file soft limit)."""
 
     @property
     def controlled_shutdown_timeout_s(self) -> float:
@@ -209,6 +217,7 @@ class BrokerSettings:
                 min_insync_replicas=config.min_insync_replicas,
                 hwm_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
             ),
+            open_segment_files_max=config.log_open_segment_files_max,
         )
 
 
@@ -227,8 +236,11 @@ class BrokerServer:
         self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms, clock=SystemClock())
         self.status.incarnation_id = str(uuid.uuid4())
         self.metrics = BrokerMetrics.for_node(s.broker_id)
+        self.open_files = OpenFileCache(open_segment_files_capacity(s.open_segment_files_max))
         self.partitions = PartitionManager(
-            s.broker_id, s.log_dirs, open_log or segmented_log_opener(s.log_segment_bytes)
+            s.broker_id,
+            s.log_dirs,
+            open_log or segmented_log_opener(s.log_segment_bytes, open_files=self.open_files),
         )
         self.client = ControllerClient(
             s.voters, max_message_bytes=s.max_message_bytes, security=s.controller_security
@@ -286,7 +298,11 @@ class BrokerServer:
             ),
             caught_up=self._caught_up,
             on_fenced=self._on_fenced,
+            offline=self.partitions.offline_report,
         )
+        if supervisor is not None:
+            # A storage error while serving took the last log dir offline: nothing can be hosted.
+            self.partitions.on_all_offline = lambda error: supervisor.fail("all_log_dirs_offline", error)
         self.fetcher = MetadataFetcher(
             s.broker_id,
             s.cluster_id,
@@ -508,6 +524,7 @@ class BrokerServer:
             port=self.port,
             event_loop=running_loop_name(),
             grpc_io=grpc_io_name(),
+            open_segment_files_max=self.open_files.capacity,
         )
 
     # --- callbacks ----------------------------------------------------------------------------------

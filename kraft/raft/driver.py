@@ -83,6 +83,7 @@ from kraft.storage.batch import (
     decode_batch,
     iter_batch_headers,
 )
+from kraft.storage.errors import CorruptLogError, OffsetOutOfRangeError
 
 
 def scan_kafka_batches(data: bytes) -> list[BatchInfo]:
@@ -476,7 +477,10 @@ class RaftDriver:
     def idle(self) -> bool:
         """Parked until its next event or deadline with nothing left to do.  Tests on a manual clock wait
         for this after :meth:`recheck_timers`, so "the deadline has not fired yet" is asserted after the
-        driver looked at the new time, not after some wall-clock sleep."""
+        driver looked at the new time, not after some wall-clock sleep.  A failed driver does nothing more:
+        it is idle."""
+        if self._fatal is not None:
+            return True
         return self._parked and not self._wake.is_set() and not self._events
 
     def recheck_timers(self) -> None:
@@ -618,7 +622,12 @@ class RaftDriver:
             raise OffsetBelowLogStartError(offset, start, self._snapshots.latest())
         if offset >= high_watermark:
             return CommittedSlice(b"", offset, high_watermark, start)
-        data = self._log.read(offset, max_bytes, high_watermark)
+        try:
+            data = self._log.read(offset, max_bytes, high_watermark)
+        except CorruptLogError as exc:
+            # Committed data that no longer verifies (a broker's MetadataFetch read it): fail-stop.
+            self._report_fatal("raft_log_corrupt", exc)
+            raise
         next_offset = offset
         for _position, header in iter_batch_headers(data):
             next_offset = header.next_offset
@@ -814,8 +823,10 @@ class RaftDriver:
         if message.read_log is not None and isinstance(response, FetchResponse):
             try:
                 data = self._log.read(message.read_log.offset, message.read_log.max_bytes)
-            except Exception as exc:
+            except (OffsetOutOfRangeError, ValueError) as exc:  # the file log's / the memory log's
                 # The log moved under the fetch (e.g. prefix deleted): an empty answer makes it fetch again.
+                # Anything else — CorruptLogError above all — fails the driver (fail-stop, issue #14): a
+                # leader must not go on serving around committed data it can no longer read.
                 self._logger.warning("fetch_read_failed", offset=message.read_log.offset, error=str(exc))
                 data = b""
             return replace(response, records=data)

@@ -15,7 +15,10 @@ Offsets: ``start_offset`` ≤ ``flushed_offset`` ≤ ``end_offset`` (``flushed_o
 (paced: after a roll or every ``recovery_point_interval_bytes``).  After an unclean shutdown, segments
 wholly below it are trusted (their batches are verified when read), the rest are scanned batch by batch
 (size, magic, CRC, offset continuity, leader epoch): damage at or above the recovery point is truncated
-(and logged), damage below it raises CorruptLogError — flushed data is never silently dropped.
+(and logged with file, offset and bytes), damage below it raises CorruptLogError — flushed data is never
+silently dropped.  Scans always start at a segment's first batch, never at a byte position inside it.
+Without a readable recovery-point checkpoint every segment is scanned and only the newest may be cut
+(damage in an older segment, which was complete when the next one was rolled, raises).
 
 Threading: every method must be called from one thread, except :meth:`flush`, which may run in a worker
 thread (``asyncio.to_thread``) concurrently with appends and reads — not with truncation, deletion or
@@ -29,7 +32,7 @@ import struct
 import threading
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -64,6 +67,7 @@ from kraft.storage.offset_checkpoint import (
     read_offset_checkpoint,
     write_offset_checkpoint,
 )
+from kraft.storage.open_files import OpenFileCache
 from kraft.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, PROTECT_ALL, TIMEINDEX_SUFFIX, LogSegment
 
 CLEAN_SHUTDOWN_FILE = ".kraft_cleanshutdown"
@@ -94,6 +98,10 @@ class LogConfig:
     """A flush rewrites the recovery-point checkpoint (two extra fsyncs) once this many bytes were
     appended since the last one, and always after a roll.  Smaller: less flushed data is exposed to
     truncation after a crash and less is scanned; larger: fewer checkpoint writes on the flush path."""
+    open_files: OpenFileCache | None = field(default=None, compare=False)
+    """Keep at most this cache's capacity of segment files open (an LRU shared by many logs, reopened on
+    use; :mod:`kraft.storage.open_files`); None = every segment keeps its file open.  With a cache, every
+    call — :meth:`SegmentedLog.flush` included — must come from one thread."""
     preallocate_bytes: int = 0
     """Zero-filled space kept ahead of the active segment's data so flushes do not grow the file (see
     :mod:`kraft.storage.segment`); 0 = off.  The metadata log uses :data:`METADATA_LOG_PREALLOCATE_BYTES`."""
@@ -261,8 +269,15 @@ class SegmentedLog:
             not full_scan and (clean or (i + 1 < len(bases) and bases[i + 1] <= recovery_point))
             for i in range(len(bases))
         ]
-        # After a clean close everything was flushed, whatever the checkpoint says.
-        protect_below = _EVERYTHING if clean else recovery_point
+        # After a clean close everything was flushed, whatever the checkpoint says.  Without a recovery
+        # point (its file lost or unreadable) only the newest segment can hold an unflushed tail: every
+        # older one was complete when the next was rolled, so damage there is corruption, not a torn write.
+        if clean:
+            protect_below = _EVERYTHING
+        elif recovery_point < 0 and bases:
+            protect_below = bases[-1]
+        else:
+            protect_below = recovery_point
         first_scanned = next((b for b, t in zip(bases, trusted, strict=True) if not t), None)
         if first_scanned is not None:
             epochs_changed |= self._epochs.truncate_from_end(first_scanned)
@@ -405,8 +420,7 @@ class SegmentedLog:
 
     def _read_offsets_checkpoints(self, clean: bool) -> tuple[int, int]:
         """(log start offset, recovery point); -1 for what is missing or unreadable.  A recovery point of
-        -1 makes every segment scanned and nothing protected (the behaviour before the checkpoint
-        existed), so it is logged."""
+        -1 makes every segment scanned, with every segment but the newest protected (logged)."""
         start = read_offset_checkpoint(self.dir / LOG_START_OFFSET_FILE)
         recovery = read_offset_checkpoint(self.dir / RECOVERY_POINT_FILE)
         if start.offset is not None and recovery.offset is not None:
@@ -422,7 +436,7 @@ class SegmentedLog:
                 "recovery_point_unknown",
                 file=str(self.dir / RECOVERY_POINT_FILE),
                 problem=recovery.problem,
-                action="scanning every segment; damage anywhere is truncated",
+                action="scanning every segment; damage before the newest segment stops the open",
             )
         return start_offset, -1
 
@@ -452,7 +466,9 @@ class SegmentedLog:
 
     def _segment(self, base_offset: int) -> LogSegment:
         config = self.config
-        return LogSegment(self.dir, base_offset, config.index_interval_bytes, config.preallocate_bytes)
+        return LogSegment(
+            self.dir, base_offset, config.index_interval_bytes, config.preallocate_bytes, config.open_files
+        )
 
     def _new_segment(self, base_offset: int) -> LogSegment:
         segment = self._segment(base_offset)

@@ -33,6 +33,7 @@ from kraft.storage.batch import HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader, p
 from kraft.storage.errors import CorruptLogError, FatalStorageError, StorageStateError
 from kraft.storage.fileio import fdatasync_fd, fsync_fd, pread_exact, pwrite_all
 from kraft.storage.index import OffsetIndex, TimeIndex
+from kraft.storage.open_files import OpenFileCache
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -71,6 +72,8 @@ class LogSegment:
         "_allocated",
         "_bytes_since_index",
         "_fd",
+        "_files",
+        "_live",
         "base_offset",
         "dirty",
         "epoch_problem",
@@ -87,7 +90,12 @@ class LogSegment:
     )
 
     def __init__(
-        self, directory: Path, base_offset: int, index_interval_bytes: int, preallocate_bytes: int = 0
+        self,
+        directory: Path,
+        base_offset: int,
+        index_interval_bytes: int,
+        preallocate_bytes: int = 0,
+        open_files: OpenFileCache | None = None,
     ) -> None:
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
@@ -95,12 +103,16 @@ class LogSegment:
         self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         self.index = OffsetIndex(directory / segment_file_name(base_offset, INDEX_SUFFIX), base_offset)
         self.time_index = TimeIndex(directory / segment_file_name(base_offset, TIMEINDEX_SUFFIX), base_offset)
+        self._files = open_files
+        self._live = True  # until close()/delete(): the file may be reopened after an eviction
         try:
             self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise StorageStateError(f"cannot open segment {self.log_path}: {exc.strerror}") from exc
         # Until loaded/recovered, the whole file counts as data; recovery cuts a preallocated tail.
         self.size = os.fstat(self._fd).st_size
+        if open_files is not None:
+            open_files.opened(self)
         self._allocated = self.size
         self.preallocated_tail = 0  # bytes of zero tail the last recovery cut (not damage)
         self.next_offset = base_offset
@@ -109,6 +121,39 @@ class LogSegment:
         self._bytes_since_index = 0
         self.dirty = False  # written since the last fsync
         self.epoch_problem = ""  # why the last scan refused a batch's leader epoch
+
+    # --- the file descriptor (kept open, or through an OpenFileCache) -------------------------------
+
+    def _file(self) -> int:
+        """The open descriptor of the ``.log`` file, reopened if the open-file cache closed it."""
+        fd = self._fd
+        files = self._files
+        if fd >= 0:
+            if files is not None:
+                files.used(self)
+            return fd
+        if not self._live:
+            raise StorageStateError(f"segment {self.log_path} is closed")
+        try:
+            fd = os.open(self.log_path, os.O_RDWR)  # no O_CREAT: a deleted file is never recreated
+        except OSError as exc:
+            raise FatalStorageError(f"cannot reopen segment {self.log_path}: {exc.strerror}") from exc
+        self._fd = fd
+        if files is not None:
+            files.opened(self)
+        return fd
+
+    def release_file(self) -> None:
+        """Close the descriptor for the open-file cache (flushed first if written since the last flush:
+        never leave unflushed data behind a closed descriptor)."""
+        fd = self._fd
+        if fd < 0:
+            return
+        if self.dirty:
+            self.dirty = False
+            fdatasync_fd(fd, str(self.log_path))  # FatalStorageError: the caller's log dir goes offline
+        os.close(fd)
+        self._fd = -1
 
     # --- opening -----------------------------------------------------------------------------------
 
@@ -142,7 +187,7 @@ class LogSegment:
 
     def _read_first_timestamp(self) -> bool:
         """Set ``first_timestamp`` from the first batch; False if its header is not plausible."""
-        raw = pread_exact(self._fd, HEADER_SIZE, 0)
+        raw = pread_exact(self._file(), HEADER_SIZE, 0)
         if len(raw) < HEADER_SIZE:
             return False
         base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, max_ts = _SCAN.unpack_from(raw)
@@ -161,7 +206,7 @@ class LogSegment:
         expected: int | None = self.base_offset if last is None else None
         next_offset = self.base_offset
         while position < self.size:
-            raw = pread_exact(self._fd, HEADER_SIZE, position)
+            raw = pread_exact(self._file(), HEADER_SIZE, position)
             if len(raw) < HEADER_SIZE:
                 return False
             base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, batch_max_ts = _SCAN.unpack_from(raw)
@@ -215,7 +260,7 @@ class LogSegment:
         # no copies.  Nothing else touches the file while the log is being opened.
         # MAP_POPULATE maps every page in one go instead of faulting them in one by one.
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        with mmap.mmap(self._fd, self.size, flags=flags, prot=mmap.PROT_READ) as mapped:
+        with mmap.mmap(self._file(), self.size, flags=flags, prot=mmap.PROT_READ) as mapped:
             view = memoryview(mapped)
             try:
                 valid_end = self._scan(view, check_epoch, max_batch_bytes)
@@ -274,7 +319,7 @@ class LogSegment:
         """True if every byte from ``position`` to the end of the file is zero (a preallocated tail)."""
         zeros = bytes(_ZERO_CHECK_CHUNK)
         while position < self.size:
-            chunk = pread_exact(self._fd, min(_ZERO_CHECK_CHUNK, self.size - position), position)
+            chunk = pread_exact(self._file(), min(_ZERO_CHECK_CHUNK, self.size - position), position)
             if not chunk or chunk != zeros[: len(chunk)]:
                 return False
             position += len(chunk)
@@ -340,7 +385,7 @@ class LogSegment:
         """Append whole, already validated batches whose headers are ``headers`` (in order)."""
         position = self.size
         end = position + len(data)
-        pwrite_all(self._fd, data, position, str(self.log_path))
+        pwrite_all(self._file(), data, position, str(self.log_path))
         if end > self._allocated:
             self._allocated = end
             if self.preallocate_bytes > 0:
@@ -366,13 +411,13 @@ class LogSegment:
         fallocate: blocks fallocate reserves are "unwritten" and the first write to each still costs a
         journal commit at flush time."""
         target = (end + self.preallocate_bytes + _PAGE - 1) // _PAGE * _PAGE
-        pwrite_all(self._fd, bytes(target - end), end, str(self.log_path))
+        pwrite_all(self._file(), bytes(target - end), end, str(self.log_path))
         self._allocated = target
 
     def trim(self) -> None:
         """Cut the preallocated tail off (durably), leaving exactly the batches: before a segment stops
         being the active one and before a clean shutdown."""
-        if self._allocated > self.size and self._fd >= 0:
+        if self._allocated > self.size and self._live:
             self._truncate_file(self.size)
 
     def fits_relative(self, last_offset: int) -> bool:
@@ -381,7 +426,7 @@ class LogSegment:
     def flush(self) -> None:
         if self.dirty:
             self.dirty = False
-            fdatasync_fd(self._fd, str(self.log_path))
+            fdatasync_fd(self._file(), str(self.log_path))
 
     # --- reading -----------------------------------------------------------------------------------
 
@@ -445,7 +490,7 @@ class LogSegment:
         # the batch at P ends at L.
         expected: int | None = self.base_offset if entry_last is None else None
         while position < self.size:
-            raw = pread_exact(self._fd, min(_LOOKUP_READ_BYTES, self.size - position), position)
+            raw = pread_exact(self._file(), min(_LOOKUP_READ_BYTES, self.size - position), position)
             chunk_pos = 0
             while len(raw) - chunk_pos >= HEADER_SIZE:
                 base, length, _epoch, magic, _crc, _attrs, delta, _base_ts, _max_ts = _SCAN.unpack_from(
@@ -474,7 +519,7 @@ class LogSegment:
         ``max_bytes`` in total and only batches whose base offset is below ``max_offset``.
         Returns the bytes and the offset after the last batch included."""
         limit = min(max(first.size_in_bytes, max_bytes), self.size - position)
-        raw = pread_exact(self._fd, limit, position)
+        raw = pread_exact(self._file(), limit, position)
         end = first.size_in_bytes
         next_offset = first.next_offset
         while len(raw) - end >= HEADER_SIZE:
@@ -488,7 +533,7 @@ class LogSegment:
         return (raw if end == len(raw) else raw[:end]), next_offset
 
     def read_all(self) -> bytes:
-        return pread_exact(self._fd, self.size, 0)
+        return pread_exact(self._file(), self.size, 0)
 
     # --- truncation and deletion -------------------------------------------------------------------
 
@@ -516,13 +561,13 @@ class LogSegment:
 
     def _truncate_file(self, position: int) -> None:
         try:
-            os.ftruncate(self._fd, position)
+            os.ftruncate(self._file(), position)
         except OSError as exc:
             raise FatalStorageError(f"truncate of {self.log_path} failed ({exc.strerror}); stopping") from exc
         self.size = position
         self._allocated = position
         # Truncation must be durable before anything new is written over the old bytes.
-        fsync_fd(self._fd, str(self.log_path))
+        fsync_fd(self._file(), str(self.log_path))
         self.dirty = False
 
     def write_indexes(self) -> None:
@@ -530,6 +575,9 @@ class LogSegment:
         self.time_index.write()
 
     def close(self) -> None:
+        self._live = False
+        if self._files is not None:
+            self._files.closed(self)
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -111,6 +111,8 @@ class BrokerHeartbeatRequest(_message.Message):
     CURRENT_METADATA_OFFSET_FIELD_NUMBER: _builtins.int
     WANT_FENCE_FIELD_NUMBER: _builtins.int
     WANT_SHUT_DOWN_FIELD_NUMBER: _builtins.int
+    OFFLINE_LOG_DIRS_FIELD_NUMBER: _builtins.int
+    OFFLINE_PARTITIONS_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     broker_id: _builtins.int
     broker_epoch: _builtins.int
@@ -118,6 +120,17 @@ class BrokerHeartbeatRequest(_message.Message):
     """offset of the last metadata record the broker applied"""
     want_fence: _builtins.bool
     want_shut_down: _builtins.bool
+    @_builtins.property
+    def offline_log_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Log dirs this broker took offline after an I/O or corruption error (Kafka's
+        BrokerHeartbeatRequest.OfflineLogDirs), and the partitions that were on them: kraft keeps no
+        replica-to-directory assignment in the metadata, so the broker names them (Kafka's controller
+        finds them from AssignReplicasToDirs).  The controller moves their leadership away and takes the
+        broker out of their ISRs.
+        """
+
+    @_builtins.property
+    def offline_partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___OfflinePartition]: ...
     def __init__(
         self,
         *,
@@ -127,14 +140,38 @@ class BrokerHeartbeatRequest(_message.Message):
         current_metadata_offset: _builtins.int = ...,
         want_fence: _builtins.bool = ...,
         want_shut_down: _builtins.bool = ...,
+        offline_log_dirs: _abc.Iterable[_builtins.str] | None = ...,
+        offline_partitions: _abc.Iterable[Global___OfflinePartition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "current_metadata_offset", b"current_metadata_offset", "want_fence", b"want_fence", "want_shut_down", b"want_shut_down"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "current_metadata_offset", b"current_metadata_offset", "offline_log_dirs", b"offline_log_dirs", "offline_partitions", b"offline_partitions", "want_fence", b"want_fence", "want_shut_down", b"want_shut_down"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerHeartbeatRequest: _TypeAlias = BrokerHeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class OfflinePartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfflinePartition: _TypeAlias = OfflinePartition  # noqa: Y015
 
 @_typing.final
 class BrokerHeartbeatResponse(_message.Message):

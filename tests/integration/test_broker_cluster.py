@@ -18,6 +18,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -54,6 +55,8 @@ class BrokerProc:
     voters: str
     process: subprocess.Popen[bytes] | None = None
     extra_config: dict[str, str] = field(default_factory=dict)
+    open_file_limit: int | None = None
+    """Soft and hard RLIMIT_NOFILE of the process (``ulimit -n``); None: inherited."""
 
     @property
     def config_path(self) -> Path:
@@ -95,8 +98,12 @@ class BrokerProc:
         )
 
     def start(self) -> None:
+        command = [*KRAFT_COMMAND, "broker", "start", "--config", str(self.config_path)]
+        if self.open_file_limit is not None:
+            limit = str(self.open_file_limit)
+            command = ["sh", "-c", f'ulimit -n {limit} && exec "$@"', "sh", *command]
         self.process = spawn_logged(
-            [*KRAFT_COMMAND, "broker", "start", "--config", str(self.config_path)],
+            command,
             self.log_path,
             banner=f"--- start broker {self.broker_id} at {time.time():.3f} ---",
             cwd=REPO_ROOT,
@@ -149,11 +156,18 @@ class Cluster:
     def voters(self) -> str:
         return ",".join(f"{n.node_id}@127.0.0.1:{n.port}" for n in self.quorum.nodes.values())
 
-    def start_broker(self, broker_id: int, extra_config: dict[str, str] | None = None) -> BrokerProc:
+    def start_broker(
+        self, broker_id: int, extra_config: dict[str, str] | None = None, open_file_limit: int | None = None
+    ) -> BrokerProc:
         broker = self.brokers.get(broker_id)
         if broker is None:
             broker = BrokerProc(
-                broker_id, free_port(), self.base_dir, self.voters, extra_config=extra_config or {}
+                broker_id,
+                free_port(),
+                self.base_dir,
+                self.voters,
+                extra_config=extra_config or {},
+                open_file_limit=open_file_limit,
             )
             broker.write_config()
             result = run_kraft(
@@ -938,3 +952,149 @@ def test_min_insync_replicas_refuses_acks_all_with_two_brokers_down_and_loses_no
     assert consumed.returncode == 0, consumed.stderr
     records = [(r["offset"], r["value"]) for r in map(json.loads, consumed.stdout.splitlines())]
     assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "b3"), (4, "c4")]
+
+
+LOW_FD_LIMIT = 512
+MANY_PARTITIONS = 2000
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+R = TypeVar("R", bpb.ProduceResponse, bpb.BrokerFetchResponse)
+
+
+def _until_ok(call: Callable[[], R], what: str, broker: BrokerProc) -> R:
+    """Repeat ``call`` until it answers without an error (leadership settles after fences/restarts)."""
+    answers: list[R] = []
+
+    def attempt() -> R | None:
+        answers.append(call())
+        return answers[-1] if answers[-1].error_code == 0 else None
+
+    try:
+        return poll(attempt, what)
+    except AssertionError:
+        raise AssertionError(f"{what}: last answer {answers[-1:]}\n{broker.log_tail()}") from None
+
+
+def _produce_to(cluster: Cluster, partition: int, prefix: bytes = b"v") -> bpb.ProduceResponse:
+    _leader, epoch = cluster.leader_of("wide", partition)
+    return cluster.produce(141, "wide", partition, epoch, prefix + b"%d" % partition)
+
+
+def _fetch_record(cluster: Cluster, partition: int) -> bpb.BrokerFetchResponse:
+    """The fetch answer once it holds exactly the record produced before the restart (else an error
+    code, so :func:`_until_ok` asks again)."""
+    fetched = _fetch_from(cluster, partition)
+    if fetched.error_code == 0 and [r.value for r in fetched.records] != [b"v%d" % partition]:
+        fetched.error_code = -1
+        fetched.error_message = f"records {[r.value for r in fetched.records]}, hwm {fetched.high_watermark}"
+    return fetched
+
+
+def _fetch_from(cluster: Cluster, partition: int) -> bpb.BrokerFetchResponse:
+    request = bpb.BrokerFetchRequest(
+        cluster_id=cluster.quorum.cluster_id,
+        topic="wide",
+        partition=partition,
+        max_bytes=1024,
+        leader_epoch=-1,
+    )
+    return cluster.broker_stub(141).Fetch(request, timeout=RPC_TIMEOUT_S)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_a_broker_limited_to_512_files_hosts_2000_partitions_and_restarts(cluster: Cluster) -> None:
+    """Issue #14: partitions cost no descriptor while idle (an LRU of open segment files, half the
+    limit), so a broker under ``ulimit -n 512`` hosts 2,000 partitions, serves them and reopens them all
+    after a restart — before, every partition held its segment file open and the broker died with
+    "Too many open files"."""
+    broker = cluster.start_broker(141, open_file_limit=LOW_FD_LIMIT)
+    cluster.wait_broker_state(141, "RUNNING")
+    cluster.create_topic("wide", {p: [141] for p in range(MANY_PARTITIONS)})
+
+    def hosted() -> int | None:
+        described = cluster.describe_broker(141)
+        return 1 if described is not None and len(described.partitions) == MANY_PARTITIONS else None
+
+    poll(hosted, f"broker 141 hosting {MANY_PARTITIONS} partitions", timeout_s=180)
+    assert broker.process is not None and broker.alive, broker.log_tail()
+    touched = range(0, MANY_PARTITIONS, 97)
+    for partition in touched:
+        _until_ok(partial(_produce_to, cluster, partition), f"a produce to wide-{partition}", broker)
+    assert _open_fds(broker.process.pid) < LOW_FD_LIMIT
+    assert "open_segment_files_max=256" in broker.log_text()
+
+    assert broker.terminate() == 0, broker.log_tail()
+    broker.start()
+    cluster.wait_broker_state(141, "RUNNING", timeout_s=180)
+    poll(hosted, "the partitions reopened after the restart", timeout_s=180)
+    for partition in touched:
+        # Until the restarted broker has applied all its leaderships (paced), a partition already LEADER
+        # has no replication state yet and answers with a high watermark of 0: poll for the record.
+        _until_ok(
+            partial(_fetch_record, cluster, partition), f"the record of wide-{partition} read back", broker
+        )
+    assert broker.process is not None and _open_fds(broker.process.pid) < LOW_FD_LIMIT
+    assert "Too many open files" not in broker.log_text()
+
+
+def test_corrupt_data_read_by_a_consumer_takes_the_log_dir_offline_and_leadership_moves(
+    cluster: Cluster,
+) -> None:
+    """Issue #14, Kafka's LogDirFailure end to end: a flipped byte in a leader's flushed segment is caught
+    by the read's CRC check; the broker answers KAFKA_STORAGE_ERROR, takes that log dir offline (its
+    other dir keeps serving), reports it in its heartbeats, and the controller moves the leadership to
+    the other ISR member."""
+    base = cluster.base_dir / "broker161"
+    dirs = f"{base}/d1,{base}/d2"
+    cluster.start_broker(161, {"log.dirs": dirs})
+    cluster.start_broker(162)
+    cluster.wait_broker_state(161, "RUNNING")
+    cluster.wait_broker_state(162, "RUNNING")
+    cluster.create_topic("frail", {0: [161, 162], 1: [161, 162], 2: [161, 162]})
+    poll(lambda: list(cluster.describe_topic("frail").partitions[0].isr) == [161, 162] or None, "ISR")
+    _leader, epoch = cluster.leader_of("frail", 0)
+    answer = poll(
+        lambda: (
+            ((a := cluster.produce(161, "frail", 0, epoch, b"precious" * 50)).error_code == 0 and a) or None
+        ),
+        "the produce to frail-0",
+    )
+    assert answer.base_offset == 0
+    described = cluster.describe_broker(161)
+    assert described is not None
+    homes = {(p.topic, p.partition): p.log_dir for p in described.partitions}
+    frail_dir = Path(homes[("frail", 0)])
+    others = {Path(d) for key, d in homes.items() if Path(d) != frail_dir}
+    segment = frail_dir / "frail-0" / "00000000000000000000.log"
+    with segment.open("r+b") as out:  # a payload byte: only the batch CRC notices
+        out.seek(100)
+        byte = out.read(1)
+        out.seek(100)
+        out.write(bytes([byte[0] ^ 0x55]))
+    fetched = cluster.broker_stub(161).Fetch(
+        bpb.BrokerFetchRequest(
+            cluster_id=cluster.quorum.cluster_id,
+            topic="frail",
+            partition=0,
+            max_bytes=1 << 20,
+            leader_epoch=-1,
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    assert fetched.error_code == ErrorCode.KAFKA_STORAGE_ERROR, fetched
+    assert "CRC-32C mismatch" in fetched.error_message
+    moved = poll(
+        lambda: ((p := cluster.describe_topic("frail").partitions[0]).leader == 162 and p) or None,
+        "the controller to move frail-0's leadership to 162",
+    )
+    assert list(moved.isr) == [162]
+    text = cluster.brokers[161].log_text()
+    assert "event=log_dir_offline" in text and str(frail_dir) in text
+    assert cluster.brokers[161].alive, cluster.brokers[161].log_tail()
+    # Partitions on the other dir are still led by 161 and served.
+    still = cluster.describe_broker(161)
+    assert still is not None and {Path(p.log_dir) for p in still.partitions} <= others

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from broker_fakes import MemoryLogOpener
 
-from kraft.broker.partitions import STATE_FILE, PartitionManager, read_partition_state
+from kraft.broker.partition_log import PartitionLog
+from kraft.broker.partitions import (
+    STATE_FILE,
+    AllLogDirsOfflineError,
+    PartitionManager,
+    read_partition_state,
+)
 from kraft.broker.types import (
     LocalChanges,
     PartitionAssignment,
@@ -14,6 +21,7 @@ from kraft.broker.types import (
     TopicPartition,
     local_changes_between,
 )
+from kraft.storage.errors import FatalStorageError, StorageStateError
 
 ME = 1
 T0 = TopicPartition("orders", 0)
@@ -182,3 +190,33 @@ def test_split_puts_removals_before_and_additions_after_the_image_commit(tmp_pat
     assert dict(revocations.deletes) == {T1: "id-orders"} and set(revocations.followers) == {T0}
     assert not revocations.leaders
     assert set(grants.leaders) == {T2} and set(grants.followers) == {t3} and not grants.deletes
+
+
+def test_a_storage_error_while_creating_takes_the_log_dir_offline_not_the_broker(tmp_path: Path) -> None:
+    """A FatalStorageError (a failed write/fsync, EMFILE) or a segment that cannot be opened is Kafka's
+    KafkaStorageException: that log dir goes offline and new partitions go to the others; only when no
+    dir is left does AllLogDirsOfflineError stop the broker."""
+    dirs = [tmp_path / "d0", tmp_path / "d1"]
+    memory = MemoryLogOpener()
+
+    def opener(path: Path) -> PartitionLog:
+        if path.parent == dirs[0]:
+            raise FatalStorageError(f"write to {path}/00000000000000000000.log failed (No space left)")
+        return memory(path)
+
+    manager = PartitionManager(ME, dirs, opener)
+    manager.load()
+    manager.apply(LocalChanges(leaders={T0: assignment(ME)}))  # placed on d0 (both empty): fails there
+    assert manager.offline_dirs.keys() == {dirs[0]} and T0 in manager.offline
+    manager.apply(LocalChanges(leaders={T1: assignment(ME)}))
+    hosted = manager.get(T1)
+    assert hosted is not None and hosted.log_dir == dirs[1]
+    assert manager.offline_report() == ([str(dirs[0])], [("orders", 0)])
+
+    def failing(path: Path) -> PartitionLog:
+        raise StorageStateError(f"cannot open segment {path}/00000000000000000000.log: Too many open files")
+
+    alone = PartitionManager(ME, [tmp_path / "only"], failing)
+    alone.load()
+    with pytest.raises(AllLogDirsOfflineError, match=r"every log dir is offline .*Too many open files"):
+        alone.apply(LocalChanges(leaders={T2: assignment(ME)}))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 from fake_controller import FakeController, Registration
+from google.protobuf.message import Message
 
 from kraft.broker.lifecycle import RegistrationFailed
 from kraft.broker.partitions import PartitionManager
@@ -29,11 +30,12 @@ from kraft.broker.types import (
 )
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
-from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.delta import MetadataDelta, UnreplayableRecordError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
 from kraft.metadata.store import SqliteImageStore
 from kraft.node.broker import BrokerServer, BrokerSettings
+from kraft.node.supervisor import Supervisor
 from kraft.v1 import metadata_pb2 as mpb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
 
@@ -88,9 +90,15 @@ class RunningBroker:
 
 @contextlib.asynccontextmanager
 async def broker(
-    tmp_path: Path, store: MemoryImageStore, *targets: str, opener: MemoryLogOpener | None = None
+    tmp_path: Path,
+    store: MemoryImageStore,
+    *targets: str,
+    opener: MemoryLogOpener | None = None,
+    supervisor: Supervisor | None = None,
 ) -> AsyncIterator[RunningBroker]:
-    server = BrokerServer(settings(tmp_path, *targets), store, opener or MemoryLogOpener())
+    server = BrokerServer(
+        settings(tmp_path, *targets), store, opener or MemoryLogOpener(), supervisor=supervisor
+    )
     running = RunningBroker(server, asyncio.Event(), asyncio.create_task(asyncio.sleep(0)))
     server.status.on_transition(lambda old, new: running.transitions.append((old, new)))
     running.task = asyncio.create_task(server.run(running.stop))
@@ -455,3 +463,38 @@ async def test_a_stored_image_ahead_of_the_controller_is_discarded_and_rebuilt(
         assert store.image.offset == image.offset == controller.next_offset - 1
         assert not (tmp_path / "logs" / "EVIL-orders-0").exists()
         assert {p.tp.topic for p in b.server.partitions.partitions()} == {"orders"}
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (
+            mpb.PartitionChangeRecord(topic_id="nope", partition_id=0, leader=ME),
+            "change of unknown partition",
+        ),
+        (mpb.TopicRecord(name="orders", topic_id="other-id"), "topic orders already exists"),
+    ],
+)
+async def test_a_committed_record_that_does_not_apply_stops_the_broker(
+    tmp_path: Path, controller: FakeController, payload: Message, problem: str
+) -> None:
+    """Issue #14: a broker that skipped a committed record would serve an image unlike the controllers'.
+    The fetcher fails on it, nothing of that response is published, and the supervisor fails the process
+    (``run_broker`` then logs the one ``event=fatal`` line and exits 70)."""
+    orders_topic(controller, partitions=1)
+    supervisor = Supervisor()
+    # run() re-raises the fetcher's error when it ends (run_broker has stopped the process by then).
+    with pytest.raises(UnreplayableRecordError):
+        async with broker(tmp_path, MemoryImageStore(), target(controller), supervisor=supervisor) as b:
+            await wait_for(lambda: is_running(b), "RUNNING")
+            applied = b.server.publisher.offset
+            controller.append(mpb.TopicRecord(name="later", topic_id="later-id"), payload)
+            await wait_for(lambda: supervisor.failure is not None, "the fetcher's failure")
+            failure = supervisor.failure
+            assert failure is not None and failure.reason == "task_failed", failure
+            assert failure.fields["task"] == "metadata-fetcher"
+            error = str(failure.fields["error"])
+            assert "UnreplayableRecordError" in error and problem in error, error
+            assert b.server.publisher.offset == applied
+            assert b.server.publisher.image.topic("later") is None
+            await b.server.abort()  # what run_broker's fail_stop does before it exits

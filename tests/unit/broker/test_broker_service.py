@@ -20,6 +20,7 @@ from kraft.client.channel import open_channel
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
+from kraft.storage.errors import CorruptLogError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
 
@@ -222,3 +223,30 @@ async def test_metadata_and_describe_broker(harness: Harness) -> None:
         ("orders", 0, "LEADER"),
         ("orders", 1, "FOLLOWER"),
     ]
+
+
+async def test_a_corrupt_log_on_fetch_takes_its_log_dir_offline_and_is_reported(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's KafkaStorageException path (issue #14): the client gets KAFKA_STORAGE_ERROR, the log dir and
+    its partitions go offline (never served again by this process), the heartbeat report names them, and
+    losing the only log dir asks the process to stop."""
+    await produce(harness, LED, 5, b"a")
+    partition = harness.manager.get(LED)
+    assert partition is not None
+
+    def corrupt(offset: int, max_bytes: int) -> list[object]:
+        raise CorruptLogError("orders-0/00000000000000000000.log", 0, "CRC-32C mismatch on read", offset=0)
+
+    monkeypatch.setattr(partition.log, "read_records", corrupt)
+    stops: list[OSError] = []
+    harness.manager.on_all_offline = stops.append
+    answer = await fetch(harness, 0)
+    assert answer.error_code == ErrorCode.KAFKA_STORAGE_ERROR and "CRC-32C mismatch" in answer.error_message
+    assert harness.manager.get(LED) is None and harness.manager.get(FOLLOWED) is None
+    dirs, partitions = harness.manager.offline_report()
+    assert dirs == [str(partition.log_dir)] and partitions == [("orders", 0), ("orders", 1)]
+    assert len(stops) == 1 and "every log dir is offline" in str(stops[0])
+    again = await fetch(harness, 0)  # no longer hosted: never read again
+    assert again.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert (await produce(harness, LED, 5, b"b")).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER

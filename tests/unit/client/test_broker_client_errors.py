@@ -81,8 +81,10 @@ async def broker() -> AsyncIterator[tuple[_Broker, str]]:
         await server.stop(None)
 
 
-async def _produce(target: str, topic: str, partition: int, value: bytes) -> pb.ProduceResponse:
-    async with BrokerClient([target], unknown_topic_grace_s=GRACE_S) as client:
+async def _produce(
+    target: str, topic: str, partition: int, value: bytes, grace_s: float = GRACE_S
+) -> pb.ProduceResponse:
+    async with BrokerClient([target], unknown_topic_grace_s=grace_s) as client:
         return await client.produce(topic, partition, [(None, value)], deadline_s=20.0)
 
 
@@ -115,8 +117,12 @@ async def test_fetch_on_an_unknown_topic_fails_fast_too(broker: tuple[_Broker, s
 
 async def test_a_topic_that_appears_within_the_grace_is_produced_to(broker: tuple[_Broker, str]) -> None:
     servicer, target = broker
-    response = await _produce(target, "late", 0, b"v")
+    # The topic appears at the third Metadata answer; a grace far above the time that takes (however
+    # loaded the machine) makes this about the rule — produced to once it appears — not about timing.
+    started = time.monotonic()
+    response = await _produce(target, "late", 0, b"v", grace_s=15.0)
     assert response.error_code == ErrorCode.NONE and response.base_offset == 7
+    assert time.monotonic() - started < 15.0
     assert servicer.metadata_calls > 2
 
 

@@ -9,15 +9,16 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from google.protobuf.message import Message
 
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
-from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.delta import MetadataDelta, UnreplayableRecordError
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_values
-from kraft.raft.api import LoadedSnapshot
+from kraft.raft.api import CommittedBatch, CommittedRecord, LoadedSnapshot
 from kraft.raft.messages import SnapshotId
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
@@ -457,7 +458,7 @@ async def test_image_store_survives_restart_and_skips_applied_batches(tmp_path: 
         await second.stop()
 
 
-async def test_a_loaded_snapshot_becomes_the_committed_image_and_skips_undecodable_values() -> None:
+def _big_snapshot_values() -> tuple[MetadataImage, list[bytes]]:
     source = MetadataDelta(MetadataImage.empty())
     source.replay(records.wrap(pb.TopicRecord(name="big", topic_id="B")))
     for p in range(45_000):  # more than two bulk-replay chunks
@@ -465,17 +466,84 @@ async def test_a_loaded_snapshot_becomes_the_committed_image_and_skips_undecodab
             records.wrap(pb.PartitionRecord(partition_id=p, topic_id="B", replicas=[1, 2], leader=1))
         )
     expected = source.apply()
-    values = list(image_values(expected))
-    values.insert(30_000, b"raw test append, not a metadata record")
+    return expected, list(image_values(expected))
+
+
+async def test_a_loaded_snapshot_becomes_the_committed_image() -> None:
+    expected, values = _big_snapshot_values()
     _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
     try:
-        errors_before = controller.metrics.metadata_errors._value.get()
         await controller.handle_load_snapshot(
             LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values)
         )
         image = controller.committed
         assert (image.offset, image.epoch) == (49_999, 3)
         assert image.topics_by_id == expected.topics_by_id and image.brokers == expected.brokers
+    finally:
+        await controller.stop()
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        (b"raw bytes, not a metadata record", "does not decode"),
+        (
+            records.encode_value(records.wrap(pb.PartitionRecord(partition_id=0, topic_id="nope"))),
+            "partition 0 of unknown topic nope",
+        ),
+    ],
+)
+async def test_a_snapshot_with_a_record_that_cannot_be_replayed_is_fatal_and_changes_nothing(
+    bad: bytes, problem: str
+) -> None:
+    """Issue #14: skipping a snapshot record would serve an image unlike every other node's."""
+    _expected, values = _big_snapshot_values()
+    values.insert(30_000, bad)
+    _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        before = controller.committed
+        errors_before = controller.metrics.metadata_errors._value.get()
+        with pytest.raises(
+            UnreplayableRecordError, match="committed snapshot 50000-3 cannot be replayed"
+        ) as e:
+            await controller.handle_load_snapshot(
+                LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values)
+            )
+        assert problem in e.value.message and "\n" not in e.value.message
+        assert controller.committed is before
+        assert controller.metrics.metadata_errors._value.get() == errors_before + 1
+    finally:
+        await controller.stop()
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        (pb.PartitionChangeRecord(topic_id="nope", partition_id=0, leader=1), "change of unknown partition"),
+        (pb.TopicRecord(name="dup", topic_id="D2"), "topic dup already exists"),
+        (pb.FenceBrokerRecord(id=9, epoch=1), "unknown broker 9"),
+    ],
+)
+async def test_a_committed_record_that_does_not_apply_is_fatal_and_changes_nothing(
+    payload: Message, problem: str
+) -> None:
+    """A valid-CRC committed record the image cannot take (a follower replaying the leader's batch):
+    the listener raises — the node's supervisor stops the process — instead of warning and going on."""
+    _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        dup = records.encode_value(records.wrap(pb.TopicRecord(name="dup", topic_id="D1")))
+        await controller.handle_commit(CommittedBatch(0, 0, 1, [CommittedRecord(0, dup)], 0))
+        assert controller.committed.topic("dup") is not None
+        before = controller.committed
+        errors_before = controller.metrics.metadata_errors._value.get()
+        bad = records.encode_value(records.wrap(payload))
+        good = records.encode_value(records.wrap(pb.TopicRecord(name="fine", topic_id="F")))
+        batch = CommittedBatch(1, 2, 1, [CommittedRecord(1, good), CommittedRecord(2, bad)], 0)
+        with pytest.raises(UnreplayableRecordError, match="ending at offset 2") as caught:
+            await controller.handle_commit(batch)
+        assert problem in caught.value.message
+        assert controller.committed is before  # not even the good record of the batch was applied
+        assert controller.committed.topic("fine") is None
         assert controller.metrics.metadata_errors._value.get() == errors_before + 1
     finally:
         await controller.stop()

@@ -82,6 +82,7 @@ class Harness:
         offset: int | None = None,
         want_fence: bool = False,
         want_shut_down: bool = False,
+        offline: Sequence[tuple[str, int]] = (),
     ) -> cpb.BrokerHeartbeatResponse:
         broker = self.image.brokers.get(broker_id)
         req = cpb.BrokerHeartbeatRequest(
@@ -92,6 +93,10 @@ class Harness:
             want_fence=want_fence,
             want_shut_down=want_shut_down,
         )
+        if offline:
+            req.offline_log_dirs.append("/data")
+            for topic, partition in offline:
+                req.offline_partitions.add(topic=topic, partition=partition)
         return self.run(self.logic.broker_heartbeat(req, self.now_ms, self.next_offset))
 
     def active_brokers(self, *ids: int) -> None:
@@ -356,6 +361,35 @@ def test_fencing_the_last_isr_member_leaves_the_partition_offline_not_empty(h: H
     assert partition.leader == NO_PARTITION_LEADER and partition.isr == (1,)
     h.heartbeat(1)
     assert h.topic("t").partitions[0].leader == 1
+
+
+def test_replicas_on_an_offline_log_dir_lose_leadership_and_isr_and_nothing_else_moves(h: Harness) -> None:
+    """Kafka's handleDirectoriesOffline: the heartbeat names the partitions of the broker's offline dir;
+    those (and only those) get another leader from their ISR, or none when the broker was the last."""
+    h.active_brokers(1, 2, 3)
+    h.create(
+        "t",
+        assignments=[
+            cpb.ReplicaAssignment(partition=0, broker_ids=[1, 2]),
+            cpb.ReplicaAssignment(partition=1, broker_ids=[2, 1]),
+            cpb.ReplicaAssignment(partition=2, broker_ids=[1, 3]),
+        ],
+        partitions=-1,
+        rf=-1,
+    )
+    h.create("solo", partitions=-1, rf=-1, assignments=[cpb.ReplicaAssignment(partition=0, broker_ids=[1])])
+    before = h.topic("t").partitions[2]
+    h.heartbeat(1, offline=[("t", 0), ("t", 1), ("solo", 0), ("gone", 0), ("t", 9)])
+    p0, p1, p2 = h.topic("t").partitions
+    assert (p0.leader, p0.isr) == (2, (2,))
+    assert (p1.leader, p1.isr) == (2, (2,))
+    assert p2 == before  # on a dir still online: untouched
+    solo = h.topic("solo").partitions[0]
+    assert (solo.leader, solo.isr) == (NO_PARTITION_LEADER, (1,))  # offline, never emptied
+    assert not h.image.brokers[1].fenced  # the broker serves its other partitions
+    logged = len(h.log)
+    h.heartbeat(1, offline=[("t", 0), ("t", 1), ("solo", 0)])
+    assert len(h.log) == logged  # idempotent: repeated reports write nothing
 
 
 def test_unregister_removes_the_broker_and_unknown_ids_are_reported(h: Harness) -> None:

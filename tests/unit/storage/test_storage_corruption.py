@@ -38,6 +38,7 @@ from kraft.storage.meta_properties import (
     read_meta_properties,
     write_meta_properties,
 )
+from kraft.storage.quorum_state import QUORUM_STATE_FILE, QuorumState, QuorumStateStore
 from kraft.storage.snapshot import SnapshotDirectory, SnapshotFileId
 
 CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=512)
@@ -524,3 +525,117 @@ def test_a_legacy_offsets_checkpoint_is_read_once_then_replaced(tmp_path: Path) 
         assert log.end_offset == pristine.end_offset
     assert not (directory / LEGACY_OFFSETS_CHECKPOINT_FILE).exists()
     assert (directory / RECOVERY_POINT_FILE).exists()
+
+
+# --- quorum-state ---------------------------------------------------------------------------------
+
+
+def _quorum_state(tmp_path: Path) -> tuple[QuorumState, bytes]:
+    state = QuorumState(leader_epoch=1234, leader_id=None, voted_id=2, voted_directory_id=random_uuid())
+    QuorumStateStore(tmp_path).write(state)
+    return state, (tmp_path / QUORUM_STATE_FILE).read_bytes()
+
+
+@pytest.mark.parametrize("mask", [0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0xFF])
+def test_every_flipped_byte_of_quorum_state_is_refused_or_harmless(tmp_path: Path, mask: int) -> None:
+    """A flipped digit in the epoch or the vote is still valid JSON: the checksum catches it.  The only
+    flips that may pass are those that leave the same state (whitespace JSON also accepts)."""
+    state, pristine = _quorum_state(tmp_path)
+    path = tmp_path / QUORUM_STATE_FILE
+    refused = 0
+    for position in range(len(pristine)):
+        damaged = bytearray(pristine)
+        damaged[position] ^= mask
+        path.write_bytes(bytes(damaged))
+        try:
+            assert QuorumStateStore(tmp_path).read() == state, bytes(damaged)
+        except StorageStateError as exc:
+            assert "corrupt" in exc.message and str(path) in exc.message and "\n" not in exc.message
+            refused += 1
+        assert path.read_bytes() == bytes(damaged)  # never reset or rewritten
+    assert refused >= len(pristine) - 8  # only a few whitespace flips can be harmless
+
+
+def test_a_changed_epoch_or_vote_in_quorum_state_fails_its_checksum(tmp_path: Path) -> None:
+    _state, pristine = _quorum_state(tmp_path)
+    path = tmp_path / QUORUM_STATE_FILE
+    for old, new in ((b"1234", b"1235"), (b'"votedId": 2', b'"votedId": 3'), (b"1234", b"4")):
+        path.write_bytes(pristine.replace(old, new))
+        with pytest.raises(StorageStateError, match="CRC-32C mismatch"):
+            QuorumStateStore(tmp_path).read()
+
+
+def test_truncated_zeroed_or_extended_quorum_state_is_refused_or_the_same(tmp_path: Path) -> None:
+    state, pristine = _quorum_state(tmp_path)
+    path = tmp_path / QUORUM_STATE_FILE
+    variants = [pristine[:i] for i in range(len(pristine))]
+    variants += [pristine[:i] + b"\x00" + pristine[i + 1 :] for i in range(len(pristine))]
+    variants += [pristine + extra for extra in (b"\n", b" ", b"}", b"x", b"\x00")]
+    for variant in variants:
+        path.write_bytes(variant)
+        try:
+            assert QuorumStateStore(tmp_path).read() == state, variant
+        except StorageStateError as exc:
+            assert "corrupt" in exc.message
+
+
+def test_quorum_state_without_a_checksum_is_accepted_only_with_known_fields(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An older kraft's (or Kafka's) file has no checksum; a damaged key name cannot pass as one."""
+    path = tmp_path / QUORUM_STATE_FILE
+    path.write_text('{"leaderId": 1, "leaderEpoch": 7, "votedId": -1, "data_version": 1}')
+    with caplog.at_level(logging.WARNING, logger="kraft.storage"):
+        assert QuorumStateStore(tmp_path).read() == QuorumState(leader_epoch=7, leader_id=1)
+    assert [r.getMessage() for r in caplog.records] == ["quorum_state_unchecked"]
+    path.write_text('{"leaderId": 1, "leaderEpoch": 7, "votedId": -1, "data_version": 1, "crc32s": 5}')
+    with pytest.raises(StorageStateError, match="unknown field 'crc32s'"):
+        QuorumStateStore(tmp_path).read()
+
+
+# --- recovery without a recovery point; torn tails --------------------------------------------------
+
+
+def test_without_a_recovery_point_damage_in_an_old_segment_stops_the_open(tmp_path: Path) -> None:
+    """Issue #14's measured failure: no clean-shutdown marker, a flipped byte in an old segment, and the
+    log was cut there (~31,000 committed records gone, nothing logged).  Even with the recovery point
+    lost, only the newest segment may hold a torn tail: older damage refuses the open, naming the file."""
+    pristine = _pristine(False)
+    directory = _copy(pristine, tmp_path)
+    (directory / RECOVERY_POINT_FILE).unlink()
+    path, start, end = _locations(directory)[3]  # the first segment
+    assert path != segment_files(directory)[-1]
+    before = [p.read_bytes() for p in segment_files(directory)]
+    _damage(path, start + 100, end, "flip", 0x10)
+    with pytest.raises(CorruptLogError, match="CRC-32C mismatch") as caught:
+        SegmentedLog.open(directory, CONFIG)
+    assert caught.value.path == str(path) and caught.value.position == start
+    # Nothing was truncated or deleted: the operator can still restore or re-replicate.
+    after = [p.read_bytes() for p in segment_files(directory)]
+    assert len(after) == len(before) and all(len(a) == len(b) for a, b in zip(after, before, strict=True))
+
+
+@pytest.mark.parametrize("recovery_point", ["kept", "lost"])
+def test_a_torn_tail_is_truncated_with_a_line_naming_file_offset_and_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, recovery_point: str
+) -> None:
+    pristine = _pristine(False)
+    directory = _copy(pristine, tmp_path)
+    if recovery_point == "lost":
+        (directory / RECOVERY_POINT_FILE).unlink()
+    path, start, end = _locations(directory)[-1]  # the newest batch, above the recovery point
+    last = pristine.batches[-1]
+    assert last.base_offset >= pristine.recovery_point
+    cut = start + (end - start) // 2
+    with path.open("r+b") as out:
+        out.truncate(cut)  # a torn write: half a batch
+    with caplog.at_level(logging.INFO, logger="kraft.storage"):
+        log = SegmentedLog.open(directory, CONFIG)
+    with log:
+        assert log.end_offset == last.base_offset
+        assert log.read_all_batches() == b"".join(b.data for b in pristine.batches[:-1])
+    [record] = [r for r in caplog.records if r.getMessage() == "log_truncated"]
+    fields = record.kraft_fields  # type: ignore[attr-defined]
+    assert fields["file"] == str(path) and fields["offset"] == last.base_offset
+    assert fields["position"] == start and fields["bytes_dropped"] == cut - start
+    assert "torn batch" in fields["reason"]

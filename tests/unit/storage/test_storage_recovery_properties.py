@@ -79,12 +79,16 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
         log.abandon()  # crash: no flush, no clean-shutdown marker
 
         lose_checkpoint = data.draw(st.booleans(), label="lose_checkpoint")
+        all_files = segment_files(directory)
+        protected = recovery_point
         if lose_checkpoint:
             (directory / RECOVERY_POINT_FILE).unlink()
-            recovery_point = 0
+            recovery_point = 0  # every segment is scanned: damage may go anywhere
+            # Without the checkpoint only the newest segment may hold a torn tail: every older one is
+            # protected (issue #14: a flipped byte in an old segment must not cut the log there).
+            protected = int(all_files[-1].stem)
         # Segments wholly below the recovery point are not scanned on open (test_storage_corruption
         # covers them); damage goes to the segment holding the recovery point or a later one.
-        all_files = segment_files(directory)
         files = [
             p
             for i, p in enumerate(all_files)
@@ -120,14 +124,14 @@ def test_recovery_returns_exactly_a_valid_prefix_after_any_tail_damage(
             log = SegmentedLog.open(directory, config)
         except CorruptLogError as exc:
             # Only flushed data (below the recovery point) is worth refusing to open for.
-            assert first_damaged < recovery_point, exc
+            assert first_damaged < protected, exc
             assert Path(exc.path).parent == directory
             return
         try:
             survivors = scan_batches(log)
             assert [raw for _, raw in survivors] == [b.data for b in model.batches[: len(survivors)]]
             assert len(survivors) >= intact
-            assert log.end_offset >= recovery_point
+            assert log.end_offset >= protected
             model.truncate_to(survivors[-1][0].next_offset if survivors else 0)
             assert log.end_offset == model.end_offset
             assert log.flushed_offset == log.end_offset
