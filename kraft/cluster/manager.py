@@ -180,8 +180,8 @@ class LocalCluster:
 
         Pass ``spec`` (from :func:`plan_cluster`) to use ports planned earlier — e.g. to set up proxies
         first; the sizing arguments are then ignored.  ``authorizer`` (default: ``tls``) configures the
-        StandardAuthorizer with the cluster's own certificates as ``super.users``.  Refuses a directory that already holds a cluster,
-        and ports that are already taken.
+        StandardAuthorizer with the cluster's own certificates as ``super.users``.  Refuses a directory
+        that already holds a cluster, and ports that are already taken.
         """
         layout = ClusterLayout(root.resolve())
         if layout.state_path.exists():
