@@ -22,9 +22,16 @@ What is measured (results in ``bench/results/controller.json``):
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
-Run: ``python -m bench.controller [--quick]`` (``--quick``: 200 brokers, 20,000 partitions, shorter windows;
-``--brokers N`` / ``--partitions N`` override the sizes, ``--no-image-memory`` skips that part, ``--set
-KEY=VALUE`` overrides a controller config key for A/B runs).
+- **tls** (``--tls``, instead of the above): the same 3-controller quorum over PLAINTEXT and then as
+  ``kraft cluster up --tls`` runs it — mutual TLS on every link and the StandardAuthorizer (the clients
+  use the admin certificate, a super user; brokers are simulated by the same client, as above): CreateTopics
+  latency with 1 and 16 clients and the heartbeat latency of a fleet (200 brokers with ``--quick``, else
+  1,000) every 2 s; the TLS cost is the difference of each p50/p99 (results in
+  ``bench/results/controller-tls.json``).
+
+Run: ``python -m bench.controller [--quick] [--tls]`` (``--quick``: 200 brokers, 20,000 partitions,
+shorter windows; ``--brokers N`` / ``--partitions N`` override the sizes, ``--no-image-memory`` skips
+that part, ``--set KEY=VALUE`` overrides a controller config key for A/B runs).
 """
 
 from __future__ import annotations
@@ -45,16 +52,20 @@ from pathlib import Path
 from typing import Any
 
 from kraft.client.admin import AdminClient
+from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.cluster.spec import ADMIN_CLIENT, certificate_principal
 from kraft.errors import ErrorCode
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
+from kraft.security.authorizer import STANDARD_AUTHORIZER
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "controller.json"
+TLS_RESULTS_PATH = REPO_ROOT / "bench" / "results" / "controller-tls.json"
 
 PROFILE = {
     # The Raft settings are the shipped defaults (append linger included: group commit bounds it, it no
@@ -384,6 +395,101 @@ async def cluster_benchmarks(
             return results
 
 
+async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float) -> dict[str, Any]:
+    """Admin latency (1 and 16 clients) and a heartbeating fleet's latency against a started quorum."""
+    quorum.wait_for_leader(timeout_s=60)
+    targets = [node.target for node in quorum.nodes.values()]
+    async with AdminClient(targets, timeout_s=120, clock=SystemClock()) as client:
+        beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
+        fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            # broker 1 hosts the topics and keeps its session alive while the admin benchmark runs
+            await fleet.register(1)
+            tasks.append(asyncio.create_task(fleet.run_one(1, 0.0)))
+            one = await admin_ops(client, window_s, workers=1, prefix="one")
+            many = await admin_ops(client, window_s, workers=16, prefix="many")
+            await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
+            tasks += [
+                asyncio.create_task(fleet.run_one(b, (b % brokers) * fleet.interval_s / brokers))
+                for b in fleet.epochs
+                if b != 1
+            ]
+            start = time.monotonic()
+            await asyncio.sleep(2 * window_s)
+            end = time.monotonic()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await beats.close()
+    return {
+        "admin_ops_one_client": one,
+        "admin_ops": many,
+        "heartbeats": {"brokers": brokers, **fleet.window(start, end), "errors": fleet.errors},
+    }
+
+
+def tls_overrides(quorum_size: int) -> dict[str, str]:
+    """What ``kraft cluster up --tls`` adds to a node's config beyond TLS: the authorizer, with the
+    controllers and the admin client as super users."""
+    names = [f"controller-{i}" for i in range(1, quorum_size + 1)] + [ADMIN_CLIENT]
+    return {
+        "authorizer.class.name": STANDARD_AUTHORIZER,
+        "super.users": ";".join(certificate_principal(name) for name in names),
+    }
+
+
+def tls_comparison(quick: bool, base: Path, brokers: int | None = None) -> dict[str, Any]:
+    """:func:`security_point` on a PLAINTEXT quorum, then on an mTLS + authorizer one (one at a time)."""
+    brokers = brokers or (200 if quick else 1000)
+    window_s = 5.0 if quick else 10.0
+    points: dict[str, Any] = {}
+    for name, tls in (("plaintext", False), ("tls", True)):
+        overrides = {**PROFILE, **(tls_overrides(3) if tls else {})}
+        with ControllerQuorum(base / name, overrides=overrides, test_append=False, tls=tls) as quorum:
+            quorum.start()
+            set_default_security(quorum.client_security())
+            try:
+                points[name] = asyncio.run(security_point(quorum, brokers, window_s))
+            finally:
+                set_default_security(PLAINTEXT_SECURITY)
+    cost: dict[str, float] = {}
+    for part in ("admin_ops_one_client", "admin_ops", "heartbeats"):
+        for stat in ("p50_ms", "p99_ms"):
+            cost[f"{part}_{stat}"] = round(points["tls"][part][stat] - points["plaintext"][part][stat], 2)
+    cost["admin_ops_16_clients_throughput"] = round(
+        1 - points["tls"]["admin_ops"]["ops_per_second"] / points["plaintext"]["admin_ops"]["ops_per_second"],
+        4,
+    )
+    return {**points, "tls_cost": cost}
+
+
+def run_tls(
+    quick: bool, results_path: Path, work_dir: Path | None = None, brokers: int | None = None
+) -> dict[str, Any]:
+    if work_dir is not None:
+        comparison = tls_comparison(quick, work_dir, brokers)
+    else:
+        with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-tls-") as tmp:
+            comparison = tls_comparison(quick, Path(tmp), brokers)
+    results: dict[str, Any] = {
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "quick": quick,
+        "profile": dict(PROFILE),
+        **comparison,
+    }
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
 def run(
     quick: bool = False,
     results_path: Path = RESULTS_PATH,
@@ -417,7 +523,12 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller fleet and image, shorter windows")
-    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="compare PLAINTEXT with mTLS + authorizer (admin and heartbeat latency) instead",
+    )
+    parser.add_argument("--out", type=Path, help=f"default {RESULTS_PATH} ({TLS_RESULTS_PATH} with --tls)")
     parser.add_argument("--work-dir", type=Path, help="keep the quorum's data and logs here")
     parser.add_argument("--brokers", type=int, help="simulated brokers (default 1,000; --quick 200)")
     parser.add_argument(
@@ -446,8 +557,17 @@ def main(argv: list[str] | None = None) -> int:
     # This one process plays 1,000 brokers: like the controllers (kraft.node.metadata_layer), let gRPC's
     # completion-queue thread get the GIL often, or the harness itself delays the heartbeats it measures.
     sys.setswitchinterval(0.0001)
+    if args.tls:
+        results = run_tls(args.quick, args.out or TLS_RESULTS_PATH, args.work_dir, args.brokers)
+        print(json.dumps(results, indent=2))
+        return 0
     results = run(
-        args.quick, args.out, args.work_dir, args.brokers, args.partitions, not args.no_image_memory
+        args.quick,
+        args.out or RESULTS_PATH,
+        args.work_dir,
+        args.brokers,
+        args.partitions,
+        not args.no_image_memory,
     )
     print(json.dumps(results, indent=2))
     return 0

@@ -579,7 +579,7 @@ class NodeConfig(BaseModel):
     )
     grpc_max_message_bytes: Annotated[int, _int_rule(1024)] = _key("grpc.max.message.bytes", default=16777216)
     kraft_test_append_enable: Bool = _key("kraft.test.append.enable", default=False)
-    # Authorization (docs/security-acls.md): empty = no authorizer, everything allowed (development).
+    # Authorization (docs/security.md): empty = no authorizer, everything allowed (development).
     authorizer_class_name: Annotated[str, BeforeValidator(_parse_authorizer)] = _key(
         "authorizer.class.name", default=""
     )

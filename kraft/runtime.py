@@ -23,9 +23,10 @@ children it spawns inherit the environment.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import sys
-from collections.abc import Callable, Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -88,6 +89,41 @@ def configure_grpc_io(environ: MutableMapping[str, str] | None = None) -> str:
     if environ is None:
         _grpc_io_effective = effective
     return effective
+
+
+GRPC_VERBOSITY_ENV = "GRPC_VERBOSITY"
+KRAFT_GRPC_VERBOSITY_ENV = "KRAFT_GRPC_VERBOSITY_DEFAULT"
+"""The ``GRPC_VERBOSITY`` kraft itself chose for this process; a child that finds the two equal knows the
+value is its parent's default, not the operator's, and chooses its own."""
+NODE_GRPC_VERBOSITY = "ERROR"
+CLI_GRPC_VERBOSITY = "NONE"
+_NODE_ROLES = frozenset({"controller", "broker"})
+
+
+def is_node_command(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs a node (``kraft controller start …``, ``kraft broker start …``)."""
+    return any(role in _NODE_ROLES and after == "start" for role, after in itertools.pairwise(argv[1:]))
+
+
+def configure_grpc_logging(argv: Sequence[str], environ: MutableMapping[str, str] | None = None) -> str:
+    """Choose gRPC's C-core log level (``GRPC_VERBOSITY``, read once when grpc is imported) for the
+    ``kraft`` command about to run; returns it.
+
+    gRPC's default writes INFO lines on stderr — among them one ``Handshake failed …`` line per refused
+    TLS handshake, which anyone who can reach an mTLS port can repeat without limit (a log growth attack).
+    A node (``controller start``/``broker start``) runs at ``ERROR``: the handshake lines (INFO) go, the
+    core's real errors still reach the node's log.  Every other command runs at ``NONE``: kraft reports its
+    failures itself in one line (the core would add e.g. ``add_port.cc:83] Failed to add port …`` before
+    it).  An operator's own ``GRPC_VERBOSITY`` (e.g. ``debug``) always wins; a value this function set in
+    a parent process (``kraft cluster up`` spawning nodes) does not count as the operator's.
+    """
+    env = os.environ if environ is None else environ
+    own = env.get(GRPC_VERBOSITY_ENV)
+    if own is not None and env.get(KRAFT_GRPC_VERBOSITY_ENV) != own:
+        return own
+    chosen = NODE_GRPC_VERBOSITY if is_node_command(argv) else CLI_GRPC_VERBOSITY
+    env[GRPC_VERBOSITY_ENV] = env[KRAFT_GRPC_VERBOSITY_ENV] = chosen
+    return chosen
 
 
 def grpc_io_name() -> str:

@@ -16,7 +16,7 @@ the first record and, like Kafka, the whole first batch even when it is larger t
 stops early where the response would outgrow ``grpc.max.message.bytes``, so every accepted batch can be
 fetched.
 
-Authorization (docs/security-acls.md): each handler first asks the :class:`RequestGuard` — Produce needs
+Authorization (docs/security.md): each handler first asks the :class:`RequestGuard` — Produce needs
 TOPIC WRITE, Fetch TOPIC READ, ListOffsets TOPIC DESCRIBE, DescribeBroker CLUSTER DESCRIBE, ReplicaFetch
 CLUSTER CLUSTER_ACTION as the broker the caller is; Metadata lists only the topics the caller may DESCRIBE.
 A refusal is the one case this service aborts: gRPC PERMISSION_DENIED, ``TOPIC_AUTHORIZATION_FAILED: …``.

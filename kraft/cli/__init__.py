@@ -1,13 +1,12 @@
 """The `kraft` command line (typer): one sub-app module per command group, registered in main.py."""
 
-import os
+import sys
 
-from kraft.runtime import configure_grpc_io
+from kraft.runtime import configure_grpc_io, configure_grpc_logging
 
-# Before any command module imports grpc: gRPC reads its I/O-layer choice once, at import (kraft.runtime).
+# Before any command module imports grpc: gRPC reads its I/O-layer choice and its log level once, at
+# import.  The log level is ERROR for a node (no per-handshake INFO lines an attacker can multiply) and
+# NONE for every other command (kraft reports each failure itself in one line); an operator's own
+# GRPC_VERBOSITY (e.g. debug, as the core's messages suggest) wins (kraft.runtime).
 configure_grpc_io()
-# gRPC's C core prints its own log lines on stderr (e.g. "E1124 … add_port.cc:83] Failed to add port …"
-# before kraft's one `error: cannot listen on …` line for the same failure).  kraft reports every failure
-# itself, so the CLI keeps the core quiet unless the operator asks (GRPC_VERBOSITY=debug, as its
-# messages suggest).  Read once, when grpc is first imported.
-os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+configure_grpc_logging(sys.argv)

@@ -19,6 +19,7 @@ import typer
 from kraft.cli.common import (
     BootstrapControllerOption,
     CliError,
+    CommandConfigOption,
     JsonOption,
     handle_errors,
     parse_bootstrap,
@@ -242,6 +243,7 @@ def add_command(
     cluster: ClusterOption = False,
     resource_pattern_type: PatternOption = None,
     host: HostOption = None,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Add ACLs: one for every principal, operation and resource named.
 
@@ -255,6 +257,9 @@ def add_command(
 
       kraft acl add --bootstrap-controller 127.0.0.1:9093 --allow-principal User:broker-101 \\
         --operation ClusterAction --cluster
+
+      kraft acl add --bootstrap-controller 127.0.0.1:9093 --command-config DIR/client.properties \\
+        --allow-principal 'User:CN=alice,O=kraft' --operation Write --topic t
     """
     acls = build_acls(
         resources(topic or [], group or [], transactional_id or [], cluster),
@@ -289,6 +294,7 @@ def list_command(
     resource_pattern_type: PatternOption = None,
     principal: Annotated[list[str] | None, typer.Option("--principal", help="Only this principal's.")] = None,
     json_output: JsonOption = False,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """List ACLs (all, or those of the resources / principals named).
 
@@ -328,6 +334,7 @@ def remove_command(
     cluster: ClusterOption = False,
     resource_pattern_type: PatternOption = None,
     host: HostOption = None,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Remove the ACLs of the resources named (only the principals / operations / host named, if any).
 

@@ -122,6 +122,14 @@ def up_command(
             help="Mutual TLS on every listener: a local CA in DIR/tls, DIR/client.properties for the CLI.",
         ),
     ] = False,
+    no_authorizer: Annotated[
+        bool,
+        typer.Option(
+            "--no-authorizer",
+            help="With --tls: no authorizer (any certificate of the CA may do anything). By default a TLS "
+            "cluster denies everyone but its nodes and the admin certificate unless an ACL allows.",
+        ),
+    ] = False,
     timeout_s: TimeoutOption = 60.0,
     keep_on_failure: Annotated[
         bool,
@@ -145,11 +153,17 @@ def up_command(
       kraft cluster up --dir /tmp/c --base-port 19090
 
       kraft cluster up --dir /tmp/c --tls   # the CLI then takes --command-config /tmp/c/client.properties
+
+      kraft cluster up --dir /tmp/c --tls --no-authorizer   # mTLS without ACLs
     """
     if profile not in PROFILES:
         raise CliError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    if no_authorizer and not tls:
+        raise CliError("--no-authorizer goes with --tls (a PLAINTEXT cluster has no authorizer)")
     try:
-        cluster = _create_or_reopen(directory, controllers, brokers, base_port, profile, metrics, tls)
+        cluster = _create_or_reopen(
+            directory, controllers, brokers, base_port, profile, metrics, tls, authorizer=not no_authorizer
+        )
         try:
             status = _start_in_order(cluster, timeout_s)
         except (ClusterError, KeyboardInterrupt) as exc:
@@ -197,6 +211,8 @@ def _create_or_reopen(
     profile: str,
     metrics: bool,
     tls: bool = False,
+    *,
+    authorizer: bool = True,
 ) -> LocalCluster:
     try:
         existing = _open(directory)
@@ -210,12 +226,18 @@ def _create_or_reopen(
                 profile=profile,
                 metrics=metrics,
                 tls=tls,
+                authorizer=tls and authorizer,
             )
         )
     if tls and not existing.spec.tls:
         raise ClusterError(
             f"{existing.layout.root} holds a PLAINTEXT cluster; use another --dir for --tls "
             "or `kraft cluster down --purge` it first"
+        )
+    if tls and not authorizer and existing.spec.authorizer:
+        raise ClusterError(
+            f"{existing.layout.root} holds a TLS cluster with an authorizer; use another --dir for "
+            "--no-authorizer or `kraft cluster down --purge` it first"
         )
     running = existing.running()
     if running:

@@ -174,12 +174,14 @@ class LocalCluster:
         extra_env: Mapping[str, str] | None = None,
         spec: ClusterSpec | None = None,
         tls: bool = False,
+        authorizer: bool | None = None,
     ) -> LocalCluster:
         """Plan ids and ports, write every config, format every node's storage, save ``cluster.json``.
 
         Pass ``spec`` (from :func:`plan_cluster`) to use ports planned earlier — e.g. to set up proxies
-        first; the sizing arguments are then ignored.  Refuses a directory that already holds a cluster,
-        and ports that are already taken.
+        first; the sizing arguments are then ignored.  ``authorizer`` (default: ``tls``) configures the
+        StandardAuthorizer with the cluster's own certificates as ``super.users``.  Refuses a directory
+        that already holds a cluster, and ports that are already taken.
         """
         layout = ClusterLayout(root.resolve())
         if layout.state_path.exists():
@@ -198,6 +200,7 @@ class LocalCluster:
                 metrics=metrics,
                 overrides=overrides,
                 tls=tls,
+                authorizer=authorizer,
             )
         except ValueError as exc:
             raise ClusterError(str(exc)) from None

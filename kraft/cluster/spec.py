@@ -18,6 +18,8 @@ from typing import Any, Final
 from kraft.cluster.profiles import profile_overrides
 from kraft.config import NodeConfig
 from kraft.netutil import free_port
+from kraft.security.authorizer import STANDARD_AUTHORIZER
+from kraft.security.ca import ORGANIZATION
 
 AddressOf = Callable[[int, int], tuple[str, int]]
 
@@ -64,6 +66,9 @@ class ClusterSpec:
     overrides: Mapping[str, str] = field(default_factory=dict)
     tls: bool = False
     """Every listener SSL with mutual TLS; certificates from a local CA in ``<dir>/tls``."""
+    authorizer: bool = False
+    """With ``tls``: the StandardAuthorizer on every node, ``super.users`` = the cluster's own node and
+    admin certificates (:func:`super_users`), so everyone else is denied unless an ACL allows."""
 
     @property
     def controllers(self) -> tuple[NodeSpec, ...]:
@@ -87,6 +92,7 @@ class ClusterSpec:
             "profile": self.profile,
             "overrides": dict(self.overrides),
             "tls": self.tls,
+            "authorizer": self.authorizer,
             "nodes": [
                 {
                     "id": n.node_id,
@@ -113,6 +119,7 @@ class ClusterSpec:
             str(data["profile"]),
             dict(data.get("overrides", {})),
             bool(data.get("tls", False)),
+            bool(data.get("authorizer", False)),  # clusters created before it existed had none
         )
 
 
@@ -175,8 +182,12 @@ def plan_cluster(
     metrics: bool = False,
     overrides: Mapping[str, str] | None = None,
     tls: bool = False,
+    authorizer: bool | None = None,
 ) -> ClusterSpec:
     """Ids and ports for a new cluster.
+
+    ``authorizer`` (default: ``tls``) turns the StandardAuthorizer on; it needs ``tls`` (on PLAINTEXT
+    every caller is ``User:ANONYMOUS``, so there is nobody to grant anything to).
 
     With ``base_port`` P: controllers listen on P, P+1, …, brokers on the next ports, metrics (when
     enabled) on the ports after those.  Without it every port comes from :func:`free_port`.
@@ -185,6 +196,9 @@ def plan_cluster(
         raise ValueError("a cluster needs at least one controller")
     if brokers < 0:
         raise ValueError("the number of brokers cannot be negative")
+    authorizer = tls if authorizer is None else authorizer
+    if authorizer and not tls:
+        raise ValueError("an authorizer needs TLS: on PLAINTEXT nobody is authenticated")
     profile_overrides(profile)  # validate the name early
     count = controllers + brokers
     ports = _ports(count * (2 if metrics else 1), base_port, host)
@@ -194,7 +208,7 @@ def plan_cluster(
         NodeSpec(node_id, role, host, ports[i], ports[count + i] if metrics else 0)
         for i, (node_id, role) in enumerate(zip(ids, roles, strict=True))
     )
-    return ClusterSpec(cluster_id, nodes, profile, dict(overrides or {}), tls)
+    return ClusterSpec(cluster_id, nodes, profile, dict(overrides or {}), tls, authorizer)
 
 
 def _ports(count: int, base_port: int | None, host: str) -> list[int]:
@@ -224,6 +238,18 @@ def tls_properties(layout: ClusterLayout, name: str) -> dict[str, str]:
         "ssl.truststore.location": str(layout.tls_dir / "ca.pem"),
         "ssl.client.auth": "required",
     }
+
+
+def certificate_principal(name: str) -> str:
+    """The principal a certificate of the local CA (:mod:`kraft.security.ca`) authenticates as under the
+    DEFAULT ``ssl.principal.mapping.rules``: its subject in RFC 2253 form, ``User:CN=broker-101,O=kraft``."""
+    return f"User:CN={name},O={ORGANIZATION}"
+
+
+def super_users(spec: ClusterSpec) -> str:
+    """``super.users`` of a local TLS cluster: every controller and broker, and the CLI's admin client."""
+    names = [node.name for node in spec.nodes] + [ADMIN_CLIENT]
+    return ";".join(certificate_principal(name) for name in names)
 
 
 def client_properties(layout: ClusterLayout) -> dict[str, str]:
@@ -258,6 +284,9 @@ def node_properties(
     }
     if spec.tls:
         props.update(tls_properties(layout, node.name))
+    if spec.authorizer:
+        props["authorizer.class.name"] = STANDARD_AUTHORIZER
+        props["super.users"] = super_users(spec)
     data_dir = str(layout.data_dir(node))
     if node.role is NodeRole.CONTROLLER:
         props["metadata.log.dir"] = data_dir

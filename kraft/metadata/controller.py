@@ -132,6 +132,10 @@ class ControllerOptions:
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     metadata_fetch_max_wait_ms: int = 10_000  # metadata.fetch.max.wait.ms: cap of a MetadataFetch long-poll
     max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
+    # the controller listener redirects (NodeRefs) name: controller.listener.names[0] and its protocol in
+    # listener.security.protocol.map
+    controller_listener_name: str = "CONTROLLER"
+    controller_security_protocol: str = "PLAINTEXT"
 
 
 def _topic_chunks(req: cpb.CreateTopicsRequest, max_records: int) -> list[list[cpb.CreatableTopic]]:
@@ -391,7 +395,10 @@ class QuorumController:
         if endpoint is not None:
             ref.endpoint.CopyFrom(
                 common_pb2.Endpoint(
-                    name="CONTROLLER", host=endpoint[0], port=endpoint[1], security_protocol="PLAINTEXT"
+                    name=self.options.controller_listener_name,
+                    host=endpoint[0],
+                    port=endpoint[1],
+                    security_protocol=self.options.controller_security_protocol,
                 )
             )
         return ref

@@ -8,7 +8,7 @@ request over ``max.request.topics``/``max.request.partitions``); only bugs becom
 with the exception text, and undecodable bytes INVALID_ARGUMENT (:func:`add_controller_service`).
 
 Every handler first asks the :class:`~kraft.security.guard.RequestGuard` (identity binding, ACLs against
-this controller's committed image; docs/security-acls.md has the RPC → resource/operation table); a refusal
+this controller's committed image; docs/security.md has the RPC → resource/operation table); a refusal
 aborts the call with PERMISSION_DENIED and ``TOPIC_AUTHORIZATION_FAILED: …`` or
 ``CLUSTER_AUTHORIZATION_FAILED: …`` before anything else happens.
 """

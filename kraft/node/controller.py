@@ -324,6 +324,8 @@ class ControllerNode:
             cluster_id=self._meta.cluster_id,
             endpoints=endpoints,
             voter_changes=self._raft,
+            listener_name=cfg.controller_listener_names[0],
+            security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
@@ -333,7 +335,12 @@ class ControllerNode:
             snapshot_every = 0 if self._installers else cfg.metadata_log_max_record_bytes_between_snapshots
             self.test_state = DigestStateMachine(self._raft, snapshot_every_bytes=snapshot_every)
             test_servicer = RaftTestServicer(
-                self._raft, self.test_state, cluster_id=self._meta.cluster_id, endpoints=endpoints
+                self._raft,
+                self.test_state,
+                cluster_id=self._meta.cluster_id,
+                endpoints=endpoints,
+                listener_name=cfg.controller_listener_names[0],
+                security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
             )
         address = cfg.controller_listener.bind_address
         name = cfg.controller_listener.name

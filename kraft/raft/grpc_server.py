@@ -71,13 +71,20 @@ def valid_directory_id(directory_id: str) -> bool:
     return True
 
 
-def node_refs(endpoints: Mapping[int, tuple[str, int]]) -> list[common_pb2.NodeRef]:
-    """``NodeRef`` messages for the controller endpoints a response advertises (for redirects)."""
+def node_refs(
+    endpoints: Mapping[int, tuple[str, int]],
+    *,
+    listener_name: str = "CONTROLLER",
+    security_protocol: str = "PLAINTEXT",
+) -> list[common_pb2.NodeRef]:
+    """``NodeRef`` messages for the controller endpoints a response advertises (for redirects): every
+    controller on the listener ``listener_name`` with its ``security_protocol`` (``PLAINTEXT`` or ``SSL``,
+    from ``listener.security.protocol.map``; a quorum's controllers share one controller listener)."""
     return [
         common_pb2.NodeRef(
             node_id=node_id,
             endpoint=common_pb2.Endpoint(
-                name="CONTROLLER", host=host, port=port, security_protocol="PLAINTEXT"
+                name=listener_name, host=host, port=port, security_protocol=security_protocol
             ),
         )
         for node_id, (host, port) in sorted(endpoints.items())
@@ -94,15 +101,20 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         cluster_id: str,
         endpoints: Mapping[int, tuple[str, int]] | None = None,
         voter_changes: VoterChangeHandler | None = None,
+        listener_name: str = "CONTROLLER",
+        security_protocol: str = "PLAINTEXT",
     ) -> None:
         """``endpoints`` node id → (host, port): the controllers a response advertises for redirects
-        (with a dynamic quorum the voter set's own endpoints are added).  Directory ids travel in the
+        (with a dynamic quorum the voter set's own endpoints are added), on ``listener_name`` with
+        ``security_protocol`` (the controller listener's, from the node config).  Directory ids travel in the
         messages themselves (KIP-853): the core tracks them.  ``voter_changes`` serves AddRaftVoter,
         RemoveRaftVoter and UpdateRaftVoter (None: refused as UNSUPPORTED_VERSION)."""
         self._handler = handler
         self._cluster_id = cluster_id
         self._endpoints = dict(endpoints or {})
         self._voter_changes = voter_changes
+        self._listener_name = listener_name
+        self._security_protocol = security_protocol
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
         peer_id = authenticated_peer_id(context)
@@ -213,7 +225,9 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             for voter in self._voter_changes.voter_set:
                 if voter.endpoints:
                     endpoints[voter.node_id] = (voter.endpoints[0].host, voter.endpoints[0].port)
-        return node_refs(endpoints)
+        return node_refs(
+            endpoints, listener_name=self._listener_name, security_protocol=self._security_protocol
+        )
 
     # -- KIP-853 voter changes
 

@@ -119,12 +119,16 @@ class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
         cluster_id: str,
         endpoints: dict[int, tuple[str, int]] | None = None,
         max_values: int = 100_000,
+        listener_name: str = "CONTROLLER",
+        security_protocol: str = "PLAINTEXT",
     ) -> None:
         self._client = client
         self._state = state_machine
         self._state_registered = False
         self._cluster_id = cluster_id
-        self._nodes = node_refs(endpoints or {})
+        self._nodes = node_refs(
+            endpoints or {}, listener_name=listener_name, security_protocol=security_protocol
+        )
         self._max_values = max_values
 
     def _error(self, code: ErrorCode, message: str, leader: LeaderAndEpoch) -> raft_pb2.TestAppendResponse:

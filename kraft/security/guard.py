@@ -8,7 +8,7 @@ independent checks:
   AlterPartition, ReplicaFetch) must name the caller's own id, authorizer or not.  With an authorizer
   configured these requests *need* a node principal (or a super user): nobody else may speak for a node;
 * **ACLs** — with an authorizer configured (``authorizer.class.name``), the action the RPC maps to
-  (Kafka's mapping, docs/security-acls.md) must be allowed by :class:`~kraft.security.authorizer.Authorizer`.
+  (Kafka's mapping, docs/security.md) must be allowed by :class:`~kraft.security.authorizer.Authorizer`.
   Without one everything is allowed (PLAINTEXT development mode).
 
 A refusal is :class:`AccessDenied` carrying TOPIC_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED;

@@ -179,7 +179,7 @@ class ControllerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateAcls(self, request, context):
-        """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller.
+        """ACLs in the metadata log (KIP-801; docs/security.md), written through the active controller.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -49,7 +49,7 @@ class ControllerServiceStub:
     AlterPartition: _grpc.UnaryUnaryMultiCallable[_controller_pb2.AlterPartitionRequest, _controller_pb2.AlterPartitionResponse]
     """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
     CreateAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.CreateAclsRequest, _controller_pb2.CreateAclsResponse]
-    """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller."""
+    """ACLs in the metadata log (KIP-801; docs/security.md), written through the active controller."""
     DescribeAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DescribeAclsRequest, _controller_pb2.DescribeAclsResponse]
     DeleteAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DeleteAclsRequest, _controller_pb2.DeleteAclsResponse]
 
@@ -72,7 +72,7 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     AlterPartition: _aio.UnaryUnaryMultiCallable[_controller_pb2.AlterPartitionRequest, _controller_pb2.AlterPartitionResponse]  # type: ignore[assignment]
     """A partition leader proposes a new ISR (KIP-497); fenced by the partition epoch (compare-and-set)."""
     CreateAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.CreateAclsRequest, _controller_pb2.CreateAclsResponse]  # type: ignore[assignment]
-    """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller."""
+    """ACLs in the metadata log (KIP-801; docs/security.md), written through the active controller."""
     DescribeAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.DescribeAclsRequest, _controller_pb2.DescribeAclsResponse]  # type: ignore[assignment]
     DeleteAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.DeleteAclsRequest, _controller_pb2.DeleteAclsResponse]  # type: ignore[assignment]
 
@@ -164,7 +164,7 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.CreateAclsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.CreateAclsResponse, _abc.Awaitable[_controller_pb2.CreateAclsResponse]]:
-        """ACLs in the metadata log (KIP-801; docs/security-acls.md), written through the active controller."""
+        """ACLs in the metadata log (KIP-801; docs/security.md), written through the active controller."""
 
     @_abc_1.abstractmethod
     def DescribeAcls(

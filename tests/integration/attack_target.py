@@ -2,14 +2,19 @@
 
 :func:`started_target` yields an :class:`AttackTarget`: the node endpoints, the cluster id, a channel
 factory, and what the attacks check (leader and epoch, each controller's quorum-state bytes, the high
-watermark, RSS).  Tests get it through a module fixture parametrized over :data:`TARGET_KINDS`; only
-``PLAINTEXT`` exists today.  A TLS variant adds its kind here and, in :func:`started_target`, the cluster
-overrides and an ``open_channel`` that presents the client certificate — the attacks stay as they are.
+watermark, RSS).  Tests get it through a module fixture parametrized over :data:`TARGET_KINDS`:
+
+* ``PLAINTEXT`` — no authentication: the attacker is anyone who can reach a port;
+* ``SSL`` — ``kraft cluster up --tls``: mutual TLS on every listener and the StandardAuthorizer with the
+  cluster's own certificates as ``super.users``.  ``open_channel`` presents the CLI's admin certificate
+  (a super user: the strongest credential that is no node's); :meth:`AttackTarget.channel_as` presents
+  any certificate of the cluster's CA (a node's, or one :meth:`AttackTarget.issue` makes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -18,13 +23,24 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from kraft.client.channel import (
+    PLAINTEXT_SECURITY,
+    SSL,
+    ChannelSecurity,
+    KeyStore,
+    PemSource,
+    TrustStore,
+    set_default_security,
+)
 from kraft.cluster.manager import LocalCluster
+from kraft.cluster.spec import ADMIN_CLIENT
 from kraft.errors import ErrorCode
+from kraft.security.ca import load_ca, write_private
 from kraft.storage.log import METADATA_LOG_DIR_NAME
 from kraft.storage.quorum_state import QUORUM_STATE_FILE
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
-TARGET_KINDS = ("PLAINTEXT",)
+TARGET_KINDS = ("PLAINTEXT", "SSL")
 
 OVERRIDES: Mapping[str, str] = {
     # Small enough that the capped long-poll is seen quickly.
@@ -49,6 +65,21 @@ def plaintext_aio_channel(target: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
 
 
+def tls_security(tls_dir: Path, name: str | None) -> ChannelSecurity:
+    """TLS that trusts the cluster's CA and presents ``<tls_dir>/<name>.pem`` (None: no certificate)."""
+    keystore = KeyStore.from_file(tls_dir / f"{name}.pem") if name else None
+    return ChannelSecurity(SSL, TrustStore(PemSource(path=tls_dir / "ca.pem")), keystore)
+
+
+def tls_channel(tls_dir: Path, name: str | None, target: str) -> grpc.Channel:
+    return grpc.secure_channel(target, tls_security(tls_dir, name).credentials(), options=_CHANNEL_OPTIONS)
+
+
+def tls_aio_channel(tls_dir: Path, name: str | None, target: str) -> grpc.aio.Channel:
+    credentials = tls_security(tls_dir, name).credentials()
+    return grpc.aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+
+
 @dataclass
 class AttackTarget:
     kind: str
@@ -61,6 +92,10 @@ class AttackTarget:
     open_channel: ChannelFactory
     open_aio_channel: AioChannelFactory
 
+    @property
+    def tls(self) -> bool:
+        return self.kind == "SSL"
+
     @contextlib.contextmanager
     def channel(self, target: str) -> Iterator[grpc.Channel]:
         channel = self.open_channel(target)
@@ -68,6 +103,60 @@ class AttackTarget:
             yield channel
         finally:
             channel.close()
+
+    @contextlib.contextmanager
+    def channel_as(self, name: str | None, target: str) -> Iterator[grpc.Channel]:
+        """SSL only: a channel presenting the certificate ``name`` (``controller-2``, ``broker-101``, one
+        :meth:`issue` made; None: TLS without a client certificate)."""
+        assert self.tls, "certificates exist only on an SSL target"
+        channel = tls_channel(self.cluster.layout.tls_dir, name, target)
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+    def issue(self, name: str) -> None:
+        """SSL only: a certificate ``CN=<name>,O=kraft`` from the cluster's CA, for :meth:`channel_as`."""
+        tls_dir = self.cluster.layout.tls_dir
+        path = tls_dir / f"{name}.pem"
+        if not path.exists():
+            write_private(path, load_ca(tls_dir).issue(name).keystore_pem)
+
+    def raft_identities(self, node_id: int) -> list[str | None]:
+        """Who forges Raft requests at controller ``node_id``: on PLAINTEXT the anonymous caller (None);
+        on SSL the admin certificate (a super user, but no controller), a broker's, and the certificate
+        of another voter (a stolen controller key: it may speak Raft, but only as itself)."""
+        if not self.tls:
+            return [None]
+        other_voter = min(v for v in self.controllers if v != node_id)
+        return [ADMIN_CLIENT, f"broker-{min(self.brokers)}", f"controller-{other_voter}"]
+
+    def service_identity(self, service: str) -> str | None:
+        """The certificate requests to ``service`` present on SSL beyond the admin's (None: the admin's):
+        RaftService answers only controllers, so Raft-level attacks (bad bytes, cluster ids, fuzzing) come
+        with a controller's certificate and reach the real checks."""
+        return f"controller-{max(self.controllers)}" if self.tls and service == "RaftService" else None
+
+    @contextlib.contextmanager
+    def service_channel(self, service: str, target: str) -> Iterator[grpc.Channel]:
+        with self.raft_channel(self.service_identity(service), target) as channel:
+            yield channel
+
+    def open_service_aio_channel(self, service: str, target: str) -> grpc.aio.Channel:
+        identity = self.service_identity(service)
+        if identity is None:
+            return self.open_aio_channel(target)
+        return tls_aio_channel(self.cluster.layout.tls_dir, identity, target)
+
+    @contextlib.contextmanager
+    def raft_channel(self, identity: str | None, target: str) -> Iterator[grpc.Channel]:
+        """A channel for :meth:`raft_identities`'s ``identity``."""
+        if identity is None:
+            with self.channel(target) as channel:
+                yield channel
+        else:
+            with self.channel_as(identity, target) as channel:
+                yield channel
 
     def describe_quorum(self, node_id: int) -> raft_pb2.DescribeQuorumResponse:
         with self.channel(self.controllers[node_id]) as channel:
@@ -131,10 +220,25 @@ class AttackTarget:
 
 @contextlib.contextmanager
 def started_target(root: Path, kind: str) -> Iterator[AttackTarget]:
-    if kind != "PLAINTEXT":
-        raise ValueError(f"no {kind} attack target yet")
-    cluster = LocalCluster.create(root, controllers=3, brokers=1, profile="fast", overrides=OVERRIDES)
+    if kind not in TARGET_KINDS:
+        raise ValueError(f"no {kind} attack target (known: {', '.join(TARGET_KINDS)})")
+    tls = kind == "SSL"
+    cluster = LocalCluster.create(
+        root, controllers=3, brokers=1, profile="fast", overrides=OVERRIDES, tls=tls
+    )
+    tls_dir = cluster.layout.tls_dir
+    assert cluster.spec.authorizer is tls  # `cluster up --tls` configures the authorizer
+    open_channel: ChannelFactory = (
+        functools.partial(tls_channel, tls_dir, ADMIN_CLIENT) if tls else plaintext_channel
+    )
+    open_aio: AioChannelFactory = (
+        functools.partial(tls_aio_channel, tls_dir, ADMIN_CLIENT) if tls else plaintext_aio_channel
+    )
+    set_default_security(cluster.client_security())  # the cluster's own probes, as `kraft cluster` does
     try:
+        # Controllers first, brokers once a leader is elected (what `kraft cluster up` does).
+        cluster.start([n.node_id for n in cluster.spec.controllers])
+        cluster.wait_until(lambda s: s.leader_id >= 0, 90.0, what="a quorum leader")
         cluster.start()
         cluster.wait_healthy(timeout_s=90)
         yield AttackTarget(
@@ -143,8 +247,11 @@ def started_target(root: Path, kind: str) -> Iterator[AttackTarget]:
             cluster.spec.cluster_id,
             {n.node_id: n.target for n in cluster.spec.controllers},
             {n.node_id: n.target for n in cluster.spec.brokers},
-            plaintext_channel,
-            plaintext_aio_channel,
+            open_channel,
+            open_aio,
         )
     finally:
-        cluster.down(timeout_s=15)
+        try:
+            cluster.down(timeout_s=15)
+        finally:
+            set_default_security(PLAINTEXT_SECURITY)

@@ -20,7 +20,7 @@ from kraft.cli.main import app
 from kraft.cluster.manager import ClusterError, LocalCluster
 from kraft.cluster.process import NodeProcess, pid_alive
 from kraft.cluster.spec import ClusterLayout, ClusterSpec, NodeRole, node_properties, plan_cluster
-from kraft.config import ConfigError, load_config
+from kraft.config import ConfigError, NodeConfig, load_config
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import read_meta_properties
 
@@ -61,6 +61,32 @@ def test_generated_configs_are_valid_and_address_of_rewrites_voters(tmp_path: Pa
     assert ClusterSpec.from_json(json.loads(cluster.layout.state_path.read_text())) == cluster.spec
     with pytest.raises(ClusterError, match="already holds a cluster"):
         LocalCluster.create(tmp_path / "c")
+
+
+def test_a_tls_cluster_is_default_deny_but_for_its_own_certificates(tmp_path: Path) -> None:
+    spec = plan_cluster(random_uuid(), 1, 1, base_port=20000, tls=True)
+    layout = ClusterLayout(tmp_path)
+    cfg = NodeConfig.from_properties(node_properties(spec, spec.node(101), layout))
+    assert cfg.authorizer_settings.enabled and not cfg.authorizer_settings.allow_everyone_if_no_acl_found
+    # The DEFAULT mapping gives the certificate's RFC 2253 subject: CN first, then O.
+    assert cfg.super_users == {
+        "User:CN=controller-1,O=kraft",
+        "User:CN=broker-101,O=kraft",
+        "User:CN=admin,O=kraft",
+    }
+    assert ClusterSpec.from_json(spec.to_json()) == spec
+    opted_out = plan_cluster(random_uuid(), 1, 1, base_port=20000, tls=True, authorizer=False)
+    plaintext = plan_cluster(random_uuid(), 1, 1, base_port=20000)
+    for other in (opted_out, plaintext):
+        props = node_properties(other, other.node(1), layout)
+        assert "authorizer.class.name" not in props and "super.users" not in props
+    with pytest.raises(ValueError, match="needs TLS"):
+        plan_cluster(random_uuid(), 1, 1, base_port=20000, authorizer=True)
+    # A cluster.json written before the authorizer existed reads back without one.
+    legacy = {k: v for k, v in spec.to_json().items() if k != "authorizer"}
+    assert not ClusterSpec.from_json(legacy).authorizer
+    result = runner.invoke(app, ["cluster", "up", "--dir", str(tmp_path / "x"), "--no-authorizer"])
+    assert result.exit_code != 0 and "--no-authorizer goes with --tls" in result.output
 
 
 def test_a_bad_override_fails_before_anything_starts(tmp_path: Path) -> None:

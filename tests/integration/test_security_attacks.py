@@ -1,36 +1,46 @@
-"""Issue #15's attacks against a real cluster (3 controllers, 1 broker; see attack_target.py).
+"""Issue #15's attacks against a real cluster (3 controllers, 1 broker; see attack_target.py), once over
+PLAINTEXT and once as ``kraft cluster up --tls`` makes it (mutual TLS, StandardAuthorizer, the cluster's
+own certificates as super users).
 
-Forged Raft requests (from a non-voter, impersonating a voter where plaintext can, with huge epochs) are
-refused and move nothing: same leader and epoch, same quorum-state bytes on every controller, a high
-watermark never past the leader's log.  Admin bombs are refused by their shape within a second and with
-bounded memory.  Undecodable bytes to every method get INVALID_ARGUMENT; an empty or wrong cluster id is
-refused by every method.  Last, a bounded fuzzer (fixed seed, ~2,000 calls of random bytes and extreme
-field values to every method of every service) finds no crash, no leader change, only documented status
-codes and no memory growth beyond :data:`FUZZ_RSS_BOUND_BYTES` per process.
-
-Impersonating a voter with a plausible epoch (BeginQuorumEpoch/EndQuorumEpoch/Fetch claiming voter 2)
-cannot be refused without authentication: that is the TLS variant's part of this suite.
+Forged Raft requests (from a non-voter, impersonating a voter, with huge epochs) are refused and move
+nothing: same leader and epoch, same quorum-state bytes on every controller, a high watermark never past
+the leader's log.  On SSL they come from the admin and a broker certificate (refused outright: only
+controllers speak Raft) and from another voter's certificate (it may speak only as itself).  Admin bombs
+are refused by their shape within a second and with bounded memory.  Undecodable bytes to every method
+get INVALID_ARGUMENT; an empty or wrong cluster id is refused by every method.  Controller NodeRefs name
+the listener's real security protocol.  TLS only: a node certificate cannot register or heartbeat as
+another broker, a client certificate is denied until ``kraft acl add`` allows it (and then only that),
+an unauthenticated client cannot connect, and refused handshakes do not grow the nodes' logs.  Last, a
+bounded fuzzer (fixed seed, ~2,000 calls of random bytes and extreme field values to every method of
+every service) finds no crash, no leader change, only documented status codes and no memory growth
+beyond :data:`FUZZ_RSS_BOUND_BYTES` per process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import socket
+import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
-from attack_target import TARGET_KINDS, AttackTarget, started_target
+from attack_target import TARGET_KINDS, AttackTarget, plaintext_channel, started_target, tls_channel
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
 
 from kraft.errors import ErrorCode
-from kraft.v1 import broker_pb2, controller_pb2, raft_pb2, raft_pb2_grpc
+from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, raft_pb2, raft_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc as cpb_grpc
 
@@ -83,66 +93,100 @@ def _assert_nothing_moved(target: AttackTarget, before: Baseline) -> None:
 # ------------------------------------------------------------------------------ forged Raft requests
 
 
+def _forged(target: AttackTarget, call: Any, request: Message) -> Any:
+    """Send a forged request: its answer, or None when an SSL target refused the caller outright
+    (PERMISSION_DENIED: a certificate that is no controller's may not speak Raft)."""
+    try:
+        return call(request, timeout=5)
+    except grpc.RpcError as error:
+        if target.tls and error.code() is grpc.StatusCode.PERMISSION_DENIED:
+            return None
+        raise
+
+
 def test_forged_raft_requests_are_refused_and_move_nothing(target: AttackTarget) -> None:
+    """On PLAINTEXT from the anonymous caller; on SSL from the admin and a broker certificate (refused
+    outright) and from another voter's certificate (a stolen controller key: it may only speak as itself,
+    and then the Raft rules refuse the same forgeries as on PLAINTEXT)."""
     before = _baseline(target)
     epoch, cid = before.epoch, target.cluster_id
     voters = sorted(target.controllers)
+    outright = 0
     for node_id, address in target.controllers.items():
         other_voter = next(v for v in voters if v != node_id)
-        with target.channel(address) as channel:
-            stub = raft_pb2_grpc.RaftServiceStub(channel)
-            # Vote: from a non-voter, and from a voter (impersonated: plaintext cannot tell), at the next
-            # epoch and at 2^31-1, with a log that looks far ahead.  A live leader is known: refused.
-            for candidate in (99, other_voter):
-                for candidate_epoch in (epoch + 1, INT32_MAX):
-                    vote = stub.Vote(
-                        raft_pb2.VoteRequest(
-                            cluster_id=cid,
-                            candidate_epoch=candidate_epoch,
-                            candidate_id=candidate,
-                            voter_id=node_id,
-                            last_offset_epoch=epoch,
-                            last_offset=10**12,
+        for identity in target.raft_identities(node_id):
+            with target.raft_channel(identity, address) as channel:
+                stub = raft_pb2_grpc.RaftServiceStub(channel)
+                answers: list[Any] = []
+                # Vote: from a non-voter, and from a voter (impersonated unless the certificate is its
+                # own), at the next epoch and at 2^31-1, with a log that looks far ahead.  A live leader
+                # is known: refused.
+                for candidate in (99, other_voter):
+                    for candidate_epoch in (epoch + 1, INT32_MAX):
+                        vote = _forged(
+                            target,
+                            stub.Vote,
+                            raft_pb2.VoteRequest(
+                                cluster_id=cid,
+                                candidate_epoch=candidate_epoch,
+                                candidate_id=candidate,
+                                voter_id=node_id,
+                                last_offset_epoch=epoch,
+                                last_offset=10**12,
+                            ),
+                        )
+                        answers.append(vote)
+                        assert vote is None or not vote.vote_granted, (node_id, identity, candidate)
+                # BeginQuorumEpoch / EndQuorumEpoch: from a non-voter at the next epoch, and from anyone at
+                # a huge epoch (the issue's brick: 2^31-1 persisted in every quorum-state).
+                for leader_id, leader_epoch in ((99, epoch + 1), (other_voter, INT32_MAX), (99, INT32_MAX)):
+                    begin = _forged(
+                        target,
+                        stub.BeginQuorumEpoch,
+                        raft_pb2.BeginQuorumEpochRequest(
+                            cluster_id=cid, leader_id=leader_id, leader_epoch=leader_epoch, voter_id=node_id
                         ),
-                        timeout=5,
                     )
-                    assert not vote.vote_granted, (node_id, candidate, candidate_epoch)
-            # BeginQuorumEpoch / EndQuorumEpoch: from a non-voter at the next epoch, and from anyone at a
-            # huge epoch (the issue's brick: 2^31-1 persisted in every quorum-state).
-            for leader_id, leader_epoch in ((99, epoch + 1), (other_voter, INT32_MAX), (99, INT32_MAX)):
-                begin = stub.BeginQuorumEpoch(
-                    raft_pb2.BeginQuorumEpochRequest(
-                        cluster_id=cid, leader_id=leader_id, leader_epoch=leader_epoch, voter_id=node_id
-                    ),
-                    timeout=5,
-                )
-                assert begin.error_code != ErrorCode.NONE, (node_id, leader_id, leader_epoch)
-                end = stub.EndQuorumEpoch(
-                    raft_pb2.EndQuorumEpochRequest(
-                        cluster_id=cid,
-                        leader_id=leader_id,
-                        leader_epoch=leader_epoch,
-                        voter_id=node_id,
-                        preferred_successors=[other_voter],
-                    ),
-                    timeout=5,
-                )
-                assert end.error_code != ErrorCode.NONE, (node_id, leader_id, leader_epoch)
-            # Fetch far past the log, as a non-voter and as a voter, at the current epoch.
-            for replica_id in (99, other_voter):
-                fetch = stub.Fetch(
-                    raft_pb2.FetchRequest(
-                        cluster_id=cid,
-                        replica_id=replica_id,
-                        current_leader_epoch=epoch,
-                        fetch_offset=1 << 40,
-                        last_fetched_epoch=epoch,
-                        max_wait_ms=0,
-                        max_bytes=1024,
-                    ),
-                    timeout=5,
-                )
-                assert fetch.high_watermark < 1 << 40
+                    assert begin is None or begin.error_code != ErrorCode.NONE, (node_id, identity, leader_id)
+                    end = _forged(
+                        target,
+                        stub.EndQuorumEpoch,
+                        raft_pb2.EndQuorumEpochRequest(
+                            cluster_id=cid,
+                            leader_id=leader_id,
+                            leader_epoch=leader_epoch,
+                            voter_id=node_id,
+                            preferred_successors=[other_voter],
+                        ),
+                    )
+                    assert end is None or end.error_code != ErrorCode.NONE, (node_id, identity, leader_id)
+                    answers += [begin, end]
+                # Fetch far past the log, as a non-voter and as a voter, at the current epoch.
+                for replica_id in (99, other_voter):
+                    fetch = _forged(
+                        target,
+                        stub.Fetch,
+                        raft_pb2.FetchRequest(
+                            cluster_id=cid,
+                            replica_id=replica_id,
+                            current_leader_epoch=epoch,
+                            fetch_offset=1 << 40,
+                            last_fetched_epoch=epoch,
+                            max_wait_ms=0,
+                            max_bytes=1024,
+                        ),
+                    )
+                    answers.append(fetch)
+                    assert fetch is None or fetch.high_watermark < 1 << 40
+                refused_outright = [a is None for a in answers]
+                if identity is not None and not identity.startswith("controller-"):
+                    # No controller certificate: nothing reaches Raft at all.
+                    assert all(refused_outright), (node_id, identity)
+                else:
+                    # A controller's certificate (or none needed): the Raft rules refused each one.
+                    assert not any(refused_outright), (node_id, identity)
+                outright += sum(refused_outright)
+    assert (outright > 0) is target.tls
     _assert_nothing_moved(target, before)
 
 
@@ -236,7 +280,7 @@ def test_undecodable_bytes_to_every_method_get_invalid_argument(target: AttackTa
     before = _baseline(target)
     for service, where in SERVICES.values():
         for address in _targets_of(target, where):
-            with target.channel(address) as channel:
+            with target.service_channel(service.name, address) as channel:
                 for method in service.methods:
                     if method.client_streaming:
                         call = channel.stream_stream(f"/{service.full_name}/{method.name}", None, None)
@@ -263,7 +307,7 @@ def test_an_empty_or_wrong_cluster_id_is_refused_by_every_method(
     }
     for service, where in SERVICES.values():
         for address in addresses[where]:
-            with target.channel(address) as channel:
+            with target.service_channel(service.name, address) as channel:
                 for method in service.methods:
                     if method.client_streaming:
                         continue
@@ -271,6 +315,221 @@ def test_an_empty_or_wrong_cluster_id_is_refused_by_every_method(
                     raw = _raw_unary(channel, service, method.name)(request.SerializeToString(), timeout=5)
                     answer: Any = GetMessageClass(method.output_type).FromString(raw)
                     assert answer.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID, (method.full_name, answer)
+    _assert_nothing_moved(target, before)
+
+
+# ------------------------------------------------------------------------------ identities and ACLs (SSL)
+
+HANDSHAKES = 50
+HANDSHAKE_LOG_LINES_BOUND = 5
+"""New lines a node's log may gain from :data:`HANDSHAKES` refused handshakes (gRPC's default verbosity
+wrote one ``Handshake failed`` line each: a log growth attack)."""
+
+
+def _tls_only(target: AttackTarget) -> None:
+    if not target.tls:
+        pytest.skip("mTLS only: on PLAINTEXT nobody is authenticated")
+
+
+def _denied(call: Any, request: Message) -> str:
+    """The call is refused with PERMISSION_DENIED; its details."""
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request, timeout=10)
+    assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED, caught.value
+    return str(caught.value.details())
+
+
+def test_advertised_controllers_name_the_listeners_security_protocol(target: AttackTarget) -> None:
+    """DescribeQuorum's nodes and a follower's NOT_CONTROLLER redirect name PLAINTEXT or SSL as the
+    controller listener really is (they said PLAINTEXT always)."""
+    answer = target.leader_answer()
+    assert answer.nodes and {n.endpoint.security_protocol for n in answer.nodes} == {target.kind}
+    leader_id, _ = target.leader()
+    follower = next(n for n in target.controllers if n != leader_id)
+    channel, stub = _controller_stub(target, follower)
+    try:
+        redirect = stub.CreateTopics(
+            cpb.CreateTopicsRequest(cluster_id=target.cluster_id, validate_only=True), timeout=5
+        )
+    finally:
+        channel.close()
+    assert redirect.error_code == ErrorCode.NOT_CONTROLLER, redirect
+    assert redirect.controller.node_id == leader_id
+    assert redirect.controller.endpoint.security_protocol == target.kind
+
+
+def _broker(target: AttackTarget, broker_id: int) -> cpb.BrokerDescription:
+    channel, stub = _controller_stub(target, target.leader()[0])
+    try:
+        cluster = stub.DescribeCluster(cpb.DescribeClusterRequest(cluster_id=target.cluster_id), timeout=5)
+    finally:
+        channel.close()
+    return next(b for b in cluster.brokers if b.broker_id == broker_id)
+
+
+def test_a_node_certificate_cannot_speak_for_another_broker(target: AttackTarget) -> None:
+    """Real mTLS calls: a certificate for broker 102 cannot heartbeat (shut down, fence) or register as
+    broker 101, broker 101's cannot register a phantom 102, a controller's cannot heartbeat as a broker."""
+    _tls_only(target)
+    target.issue("broker-102")
+    cid = target.cluster_id
+    broker = _broker(target, 101)
+    leader = target.controllers[target.leader()[0]]
+    beat = cpb.BrokerHeartbeatRequest(
+        cluster_id=cid, broker_id=101, broker_epoch=broker.broker_epoch, want_shut_down=True
+    )
+    fence = cpb.BrokerHeartbeatRequest(
+        cluster_id=cid, broker_id=101, broker_epoch=broker.broker_epoch, want_fence=True
+    )
+    attempts: list[tuple[str, str, Message]] = [
+        ("broker-102", "BrokerHeartbeat", beat),
+        ("broker-102", "BrokerHeartbeat", fence),
+        ("broker-102", "RegisterBroker", cpb.RegisterBrokerRequest(cluster_id=cid, broker_id=101)),
+        ("broker-102", "UnregisterBroker", cpb.UnregisterBrokerRequest(cluster_id=cid, broker_id=101)),
+        ("broker-101", "RegisterBroker", cpb.RegisterBrokerRequest(cluster_id=cid, broker_id=102)),
+        (f"controller-{min(target.controllers)}", "BrokerHeartbeat", beat),
+    ]
+    for identity, method, request in attempts:
+        with target.channel_as(identity, leader) as channel:
+            details = _denied(getattr(cpb_grpc.ControllerServiceStub(channel), method), request)
+        assert details.startswith("CLUSTER_AUTHORIZATION_FAILED"), (identity, method, details)
+    after = _broker(target, 101)
+    assert (after.state, after.broker_epoch) == ("ACTIVE", broker.broker_epoch)
+
+
+def _produce(channel: grpc.Channel, cid: str, topic: str) -> broker_pb2.ProduceResponse:
+    request = broker_pb2.ProduceRequest(
+        cluster_id=cid,
+        topic=topic,
+        partition=0,
+        leader_epoch=-1,
+        acks=1,
+        records=[broker_pb2.BrokerRecord(value=b"from alice", has_value=True)],
+    )
+    answer: broker_pb2.ProduceResponse = broker_pb2_grpc.BrokerServiceStub(channel).Produce(
+        request, timeout=10
+    )
+    return answer
+
+
+def test_acls_deny_a_client_certificate_until_the_cli_allows_it(target: AttackTarget) -> None:
+    """``User:CN=alice,O=kraft`` (a certificate of the cluster's CA, no super user) is denied CreateTopics
+    and Produce; after ``kraft acl add --allow-principal … --operation Write --topic t`` (the CLI with the
+    admin client.properties) she may produce to ``t`` — and still nothing else."""
+    _tls_only(target)
+    target.issue("alice")
+    cid = target.cluster_id
+    leader = target.controllers[target.leader()[0]]
+    broker = target.brokers[101]
+    create_t = cpb.CreateTopicsRequest(
+        cluster_id=cid, topics=[cpb.CreatableTopic(name="t", num_partitions=1, replication_factor=1)]
+    )
+    with target.channel_as("alice", leader) as channel:
+        details = _denied(cpb_grpc.ControllerServiceStub(channel).CreateTopics, create_t)
+    assert "AUTHORIZATION_FAILED" in details and "User:CN=alice,O=kraft" in details
+    with target.channel(leader) as channel:  # the admin creates it
+        created = cpb_grpc.ControllerServiceStub(channel).CreateTopics(create_t, timeout=30)
+    assert created.error_code == ErrorCode.NONE and created.topics[0].error_code == ErrorCode.NONE, created
+    with target.channel_as("alice", broker) as channel:
+        details = _denied(
+            broker_pb2_grpc.BrokerServiceStub(channel).Produce,
+            broker_pb2.ProduceRequest(cluster_id=cid, topic="t", partition=0, leader_epoch=-1, acks=1),
+        )
+    assert details.startswith("TOPIC_AUTHORIZATION_FAILED") and "WRITE" in details, details
+
+    controllers = ",".join(target.controllers.values())
+    client_properties = str(target.cluster.layout.client_properties)
+    added = subprocess.run(
+        [sys.executable, "-m", "kraft.cli.main", "acl", "add", "--allow-principal", "User:CN=alice,O=kraft",
+         "--operation", "Write", "--topic", "t", "--bootstrap-controller", controllers,
+         "--command-config", client_properties],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+
+    # The broker applies the ACL record with the metadata it fetches: allowed within a bounded wait.
+    deadline = time.monotonic() + 30
+    answer: broker_pb2.ProduceResponse | None = None
+    with target.channel_as("alice", broker) as channel:
+        while time.monotonic() < deadline:
+            try:
+                answer = _produce(channel, cid, "t")
+            except grpc.RpcError as error:
+                assert error.code() is grpc.StatusCode.PERMISSION_DENIED, error
+                answer = None
+            if answer is not None and answer.error_code == ErrorCode.NONE:
+                break
+            time.sleep(0.2)
+        assert answer is not None and answer.error_code == ErrorCode.NONE, answer
+        assert answer.base_offset >= 0
+        # Write on t grants nothing else: another topic, and creating one, stay denied.
+        details = _denied(
+            broker_pb2_grpc.BrokerServiceStub(channel).Produce,
+            broker_pb2.ProduceRequest(cluster_id=cid, topic="u", partition=0, leader_epoch=-1, acks=1),
+        )
+        assert details.startswith("TOPIC_AUTHORIZATION_FAILED"), details
+    with target.channel_as("alice", leader) as channel:
+        create_u = cpb.CreateTopicsRequest(
+            cluster_id=cid, topics=[cpb.CreatableTopic(name="u", num_partitions=1)]
+        )
+        _denied(cpb_grpc.ControllerServiceStub(channel).CreateTopics, create_u)
+
+
+def _refused_handshake(address: str, tls_dir: Path, kind: int) -> None:
+    """One connection whose TLS handshake the node refuses: bytes that are no TLS record (``kind`` 0) or a
+    proper TLS client that presents no certificate (``kind`` 1)."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as raw:
+        if kind == 0:
+            raw.sendall(b"\x16\x03\x01garbage" * 8)
+            with contextlib.suppress(OSError):
+                raw.recv(1024)
+            return
+        context = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+        context.set_alpn_protocols(["h2"])
+        with (
+            contextlib.suppress(ssl.SSLError, OSError),
+            context.wrap_socket(raw, server_hostname=host) as tls,
+        ):
+            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            tls.recv(1024)  # TLS 1.3: the server refuses the missing certificate after the handshake
+
+
+def _log_lines(target: AttackTarget, node_id: int) -> list[str]:
+    path = target.cluster.layout.log_path(target.cluster.spec.node(node_id))
+    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def test_an_unauthenticated_client_cannot_connect_and_leaves_no_log_trail(target: AttackTarget) -> None:
+    """No certificate (TLS without one, or PLAINTEXT): UNAVAILABLE at every node, nothing reaches a
+    service.  Then :data:`HANDSHAKES` refused handshakes per node add fewer than
+    :data:`HANDSHAKE_LOG_LINES_BOUND` lines to its log (node processes run gRPC at ERROR verbosity)."""
+    _tls_only(target)
+    before = _baseline(target)
+    tls_dir = target.cluster.layout.tls_dir
+    cid = target.cluster_id
+    nodes = {**target.controllers, **target.brokers}
+    for node_id, address in nodes.items():
+        for channel in (tls_channel(tls_dir, None, address), plaintext_channel(address)):
+            with channel, pytest.raises(grpc.RpcError) as caught:
+                if node_id in target.controllers:
+                    raft_pb2_grpc.RaftServiceStub(channel).DescribeQuorum(
+                        raft_pb2.DescribeQuorumRequest(cluster_id=cid), timeout=5
+                    )
+                else:
+                    broker_pb2_grpc.BrokerServiceStub(channel).DescribeBroker(
+                        broker_pb2.DescribeBrokerRequest(cluster_id=cid), timeout=5
+                    )
+            assert caught.value.code() is grpc.StatusCode.UNAVAILABLE, (node_id, caught.value)
+    lines_before = {node_id: len(_log_lines(target, node_id)) for node_id in nodes}
+    for i in range(HANDSHAKES):
+        for address in nodes.values():
+            _refused_handshake(address, tls_dir, i % 2)
+    time.sleep(1.0)  # the core logs asynchronously to the handshake's end
+    for node_id in nodes:
+        added = _log_lines(target, node_id)[lines_before[node_id] :]
+        assert len(added) < HANDSHAKE_LOG_LINES_BOUND, (node_id, added)
+        assert not [line for line in added if "andshake" in line], (node_id, added)
     _assert_nothing_moved(target, before)
 
 
@@ -374,12 +633,14 @@ async def _fuzz(target: AttackTarget, rng: random.Random, calls: int) -> FuzzTal
             payload = _extreme(rng, method.input_type, strings).SerializeToString()
         plan.append((address, service, method, payload))
     tally = FuzzTally(statuses={}, error_codes=set())
-    channels = {a: target.open_aio_channel(a) for a in {p[0] for p in plan}}
+    channels = {
+        (name, a): target.open_service_aio_channel(name, a) for name, a in {(p[1].name, p[0]) for p in plan}
+    }
     limit = asyncio.Semaphore(16)
 
     async def one(address: str, service: ServiceDescriptor, method: Any, payload: bytes) -> None:
         async with limit:
-            await _fuzz_one(channels[address], service, method, payload, tally)
+            await _fuzz_one(channels[service.name, address], service, method, payload, tally)
 
     try:
         await asyncio.gather(*(one(*entry) for entry in plan))

@@ -17,6 +17,8 @@ from kraft.runtime import (
     EventLoopChoiceError,
     GrpcIoChoiceError,
     configure_grpc_io,
+    configure_grpc_logging,
+    is_node_command,
     loop_factory,
     run_server,
     running_loop_name,
@@ -130,3 +132,23 @@ def test_too_late_to_choose_reports_what_grpc_runs_on() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "event-engine -"
+
+
+def test_a_node_logs_grpc_errors_only_and_other_commands_nothing() -> None:
+    node = ["kraft", "controller", "start", "--config", "c.properties"]
+    assert is_node_command(node) and is_node_command(["kraft", "broker", "start", "-c", "b"])
+    assert not is_node_command(["kraft", "cluster", "start", "1"])
+    assert not is_node_command(["kraft", "broker", "list"])
+    env: dict[str, str] = {}
+    assert configure_grpc_logging(node, env) == "ERROR" and env["GRPC_VERBOSITY"] == "ERROR"
+    cli: dict[str, str] = {}
+    assert configure_grpc_logging(["kraft", "cluster", "up"], cli) == "NONE"
+    # A node spawned by `cluster up` inherits the CLI's NONE, which is kraft's choice, not the
+    # operator's: the node chooses ERROR (the handshake lines go, the core's errors stay).
+    child = dict(cli)
+    assert configure_grpc_logging(node, child) == "ERROR" and child["GRPC_VERBOSITY"] == "ERROR"
+    # The operator's own value always wins, in the CLI and in the nodes it spawns.
+    operator = {"GRPC_VERBOSITY": "debug"}
+    assert configure_grpc_logging(["kraft", "cluster", "up"], operator) == "debug"
+    assert configure_grpc_logging(node, dict(operator)) == "debug"
+    assert operator == {"GRPC_VERBOSITY": "debug"}

@@ -161,3 +161,9 @@ def test_node_refs_name_each_controller_endpoint() -> None:
         (1, "h1", 9001, "CONTROLLER"),
         (3, "h3", 9003, "CONTROLLER"),
     ]
+
+
+def test_node_refs_carry_the_controller_listeners_security_protocol() -> None:
+    refs = node_refs({1: ("h1", 9001)}, listener_name="CTRL", security_protocol="SSL")
+    assert [(r.endpoint.name, r.endpoint.security_protocol) for r in refs] == [("CTRL", "SSL")]
+    assert node_refs({1: ("h1", 9001)})[0].endpoint.security_protocol == "PLAINTEXT"

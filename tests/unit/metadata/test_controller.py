@@ -108,6 +108,23 @@ async def test_a_controller_that_is_not_active_redirects_to_the_leader() -> None
         assert response.controller.node_id == 2 and response.controller.endpoint.port == 9102
         fetch = await controller.metadata_fetch(cpb.MetadataFetchRequest(cluster_id=CLUSTER))
         assert fetch.error_code == ErrorCode.NOT_CONTROLLER
+        assert response.controller.endpoint.security_protocol == "PLAINTEXT"
+    finally:
+        await controller.stop()
+
+
+async def test_a_redirect_names_the_controller_listeners_security_protocol() -> None:
+    options = ControllerOptions(
+        noop_interval_ms=0, controller_listener_name="CTRL", controller_security_protocol="SSL"
+    )
+    raft, controller = await started(options)
+    try:
+        raft.lose_leadership(2)
+        await until(lambda: controller.state.leader.leader_id == 2)
+        response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER))
+        assert response.error_code == ErrorCode.NOT_CONTROLLER
+        endpoint = response.controller.endpoint
+        assert (endpoint.name, endpoint.port, endpoint.security_protocol) == ("CTRL", 9102, "SSL")
     finally:
         await controller.stop()
 

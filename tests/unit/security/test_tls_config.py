@@ -17,6 +17,7 @@ from kraft.client.channel import (
     set_default_security,
 )
 from kraft.config import ConfigError, NodeConfig, format_properties, load_config, parse_properties
+from kraft.node.metadata_layer import options_from_config
 from kraft.security.ca import create_ca, write_cluster_tls, write_private
 from kraft.security.tls import (
     TlsError,
@@ -238,3 +239,13 @@ def test_the_cli_hints_at_tls_when_a_plaintext_client_meets_an_ssl_listener(tls_
         assert "--command-config" not in error_message(closed)
     finally:
         set_default_security(PLAINTEXT_SECURITY)
+
+
+def test_the_controller_options_name_the_controller_listeners_protocol(tls_dir: Path) -> None:
+    cfg = NodeConfig.from_properties(controller(tls_dir))
+    options = options_from_config(cfg)
+    assert (options.controller_listener_name, options.controller_security_protocol) == ("CONTROLLER", "SSL")
+    plain = NodeConfig.from_properties(
+        {k: v for k, v in controller(tls_dir).items() if not k.startswith(("ssl", "listener.s"))}
+    )
+    assert options_from_config(plain).controller_security_protocol == "PLAINTEXT"
