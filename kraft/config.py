@@ -175,6 +175,11 @@ def _split_host_port(text: str) -> tuple[str, int]:
     return host, port
 
 
+def split_host_port(text: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port); raises ValueError with the rule."""
+    return _split_host_port(text)
+
+
 def _join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -253,6 +258,26 @@ def parse_listeners(text: str) -> tuple[Listener, ...]:
     if len(set(names)) != len(names):
         raise ValueError("listener names must be unique")
     return tuple(listeners)
+
+
+def parse_bootstrap_servers(text: str) -> tuple[str, ...]:
+    """``h1:9093,h2:9093`` (``controller.quorum.bootstrap.servers``) → ``host:port`` targets."""
+    servers: list[str] = []
+    for entry in _comma_list(text):
+        host, port = _split_host_port(entry)
+        if not host or port == 0:
+            raise ValueError(f"entry {entry!r} needs a host and a port in 1..65535")
+        servers.append(_join_host_port(host, port))
+    if not servers:
+        raise ValueError("must list at least one controller as host:port")
+    if len(set(servers)) != len(servers):
+        raise ValueError("entries must be unique")
+    return tuple(servers)
+
+
+def bootstrap_server_id(index: int) -> int:
+    """The pseudo node id of the ``index``-th bootstrap server (Kafka: -2, -3, …; -1 is "no leader")."""
+    return -2 - index
 
 
 def _comma_list(text: str) -> list[str]:
@@ -464,8 +489,11 @@ class NodeConfig(BaseModel):
     process_roles: Annotated[frozenset[Role], BeforeValidator(_parse_roles)] = _key("process.roles")
     node_id: NonNegative = _key("node.id")
     controller_quorum_voters: Annotated[tuple[Voter, ...], _typed_or_parsed(parse_voters, Voter)] = _key(
-        "controller.quorum.voters"
+        "controller.quorum.voters", default=()
     )
+    controller_quorum_bootstrap_servers: Annotated[
+        tuple[str, ...], _typed_or_parsed(parse_bootstrap_servers, str)
+    ] = _key("controller.quorum.bootstrap.servers", default=())
     listeners: Annotated[tuple[Listener, ...], _typed_or_parsed(parse_listeners, Listener)] = _key(
         "listeners"
     )
@@ -654,6 +682,23 @@ class NodeConfig(BaseModel):
         return self.controller_quorum_voters
 
     @property
+    def dynamic_quorum(self) -> bool:
+        """No static ``controller.quorum.voters``: the voter set lives in the metadata log (KIP-853) and
+        the quorum is found through ``controller.quorum.bootstrap.servers``."""
+        return not self.controller_quorum_voters
+
+    @property
+    def controller_addresses(self) -> tuple[tuple[int, str], ...]:
+        """(node id, ``host:port``) of the controllers a client dials first: the static voters, or the
+        bootstrap servers under pseudo ids (:func:`bootstrap_server_id`)."""
+        if self.controller_quorum_voters:
+            return tuple((v.id, v.target) for v in self.controller_quorum_voters)
+        return tuple(
+            (bootstrap_server_id(i), target)
+            for i, target in enumerate(self.controller_quorum_bootstrap_servers)
+        )
+
+    @property
     def voter_ids(self) -> frozenset[int]:
         return frozenset(v.id for v in self.controller_quorum_voters)
 
@@ -741,7 +786,7 @@ class NodeConfig(BaseModel):
         out: dict[str, str] = {}
         for name, field in type(self).model_fields.items():
             value = getattr(self, name)
-            if value is None:
+            if value is None or (value == () and name in _EMPTY_MEANS_UNSET):
                 continue
             if not include_defaults and name not in self.model_fields_set and name != "metadata_log_dir":
                 continue
@@ -751,6 +796,10 @@ class NodeConfig(BaseModel):
     def to_properties(self, *, header: str | None = None, include_defaults: bool = False) -> str:
         """The ``.properties`` text of this config; ``load_config`` of it gives an equal config."""
         return format_properties(self.to_properties_dict(include_defaults=include_defaults), header)
+
+
+_EMPTY_MEANS_UNSET: Final = frozenset({"controller_quorum_voters", "controller_quorum_bootstrap_servers"})
+"""Keys whose empty default is "not set" (one of the two is required): an empty value is refused."""
 
 
 def _render(value: object) -> str:
@@ -788,8 +837,21 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
     roles_text = _render(cfg.process_roles)
     controller_names = set(cfg.controller_listener_names)
     listener_names = {lst.name for lst in cfg.listeners}
+    if cfg.controller_quorum_voters and cfg.controller_quorum_bootstrap_servers:
+        raise ConfigError.for_key(
+            "controller.quorum.bootstrap.servers",
+            ",".join(cfg.controller_quorum_bootstrap_servers),
+            "set either controller.quorum.voters (a static quorum) or controller.quorum.bootstrap.servers "
+            "(a dynamic one, KIP-853), not both",
+        )
+    if not cfg.controller_quorum_voters and not cfg.controller_quorum_bootstrap_servers:
+        raise ConfigError(
+            "missing required config key controller.quorum.voters "
+            "(or controller.quorum.bootstrap.servers for a dynamic quorum)",
+            key="controller.quorum.voters",
+        )
     if cfg.is_controller:
-        if cfg.node_id not in cfg.voter_ids:
+        if cfg.controller_quorum_voters and cfg.node_id not in cfg.voter_ids:
             raise ConfigError.for_key(
                 "node.id",
                 str(cfg.node_id),

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from kraft.cli.common import CliError, ConfigOption, JsonOption, handle_errors, print_json, print_table
-from kraft.cluster.formatting import format_node_storage
+from kraft.cluster.formatting import FormatError, format_node_storage
 from kraft.config import load_config
 from kraft.storage.ids import parse_uuid, random_uuid
 from kraft.storage.meta_properties import META_PROPERTIES_FILE, read_meta_properties
@@ -38,24 +38,66 @@ def format_command(
         bool,
         typer.Option("--ignore-formatted", "-g", help="Skip directories already formatted for this cluster."),
     ] = False,
+    standalone: Annotated[
+        bool,
+        typer.Option(
+            "--standalone", "-s", help="Dynamic quorum: format this controller as a one-voter quorum."
+        ),
+    ] = False,
+    initial_controllers: Annotated[
+        str | None,
+        typer.Option(
+            "--initial-controllers",
+            "-I",
+            help="Dynamic quorum: the first voters, id@host:port:DIRECTORY_ID,… (the same on each of them).",
+            show_default=False,
+        ),
+    ] = None,
+    no_initial_controllers: Annotated[
+        bool,
+        typer.Option(
+            "--no-initial-controllers",
+            "-N",
+            help="Dynamic quorum: a controller that joins later (kraft quorum add-controller).",
+        ),
+    ] = False,
 ) -> None:
     """Write meta.properties into every log directory and the metadata directory of a node.
 
     Refuses a directory that is already formatted (unless --ignore-formatted) and, always, one formatted
     for another cluster id; nothing is written unless every directory passes.
 
+    A controller without controller.quorum.voters belongs to a dynamic quorum (KIP-853) and needs
+    exactly one of --standalone, --initial-controllers or --no-initial-controllers; the first two write
+    the first voter set (the bootstrap checkpoint) into the metadata log directory.
+
     Examples:
 
       kraft storage format -c controller-1.properties --cluster-id "$ID"
 
       kraft storage format -c broker-101.properties -t "$ID" --ignore-formatted
+
+      kraft storage format -c controller-1.properties -t "$ID" --standalone
+
+      kraft storage format -c controller-2.properties -t "$ID" --no-initial-controllers
     """
     cfg = load_config(config)
     try:
         parse_uuid(cluster_id)
     except ValueError as exc:
         raise CliError(f"--cluster-id: {exc}; generate one with `kraft storage random-uuid`") from None
-    for result in format_node_storage(cfg, cluster_id, ignore_formatted=ignore_formatted):
+    try:
+        results = format_node_storage(
+            cfg,
+            cluster_id,
+            ignore_formatted=ignore_formatted,
+            standalone=standalone,
+            initial_controllers=initial_controllers,
+            no_initial_controllers=no_initial_controllers,
+        )
+    except FormatError as exc:
+        raise CliError(str(exc)) from None
+    for result in results:
         if result.skipped:
             typer.echo(f"{result.path} is already formatted for cluster {cluster_id}; skipped")
         else:

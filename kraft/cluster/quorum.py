@@ -35,7 +35,9 @@ from kraft.client.channel import (
     TrustStore,
     open_blocking_channel,
 )
+from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.spec import FIRST_BROKER_ID, ClusterLayout, tls_properties
+from kraft.config import load_config
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, reap, spawn_logged
@@ -220,6 +222,10 @@ class ControllerQuorum:
     test_append: bool = True
     tls: bool = False
     """Mutual TLS on every node (a local CA under ``base_dir/tls``); queries use the ``admin`` cert."""
+    dynamic: bool = False
+    """A dynamic quorum (KIP-853): every node finds it through node 1 (``controller.quorum.bootstrap.
+    servers``); node 1 is formatted ``--standalone``, the others ``--no-initial-controllers`` and join as
+    observers until ``kraft quorum add-controller`` adds them."""
     nodes: dict[int, ControllerProc] = field(default_factory=dict)
     _channels: dict[int, grpc.Channel] = field(default_factory=dict)
 
@@ -263,10 +269,15 @@ class ControllerQuorum:
     def config_text(self, node_id: int) -> str:
         node = self.nodes[node_id]
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.port}" for n in self.nodes.values())
+        quorum = (
+            {"controller.quorum.bootstrap.servers": self.nodes[min(self.nodes)].target}
+            if self.dynamic
+            else {"controller.quorum.voters": voters}
+        )
         keys: dict[str, str] = {
             "process.roles": "controller",
             "node.id": str(node_id),
-            "controller.quorum.voters": voters,
+            **quorum,
             "listeners": f"CONTROLLER://127.0.0.1:{node.port}",
             "metadata.log.dir": str(node.metadata_dir),
             "kraft.test.append.enable": "true" if self.test_append else "false",
@@ -278,6 +289,15 @@ class ControllerQuorum:
     def format(self, node_id: int) -> None:
         """What ``kraft storage format`` does, in-process (a CLI run per node costs a second)."""
         node = self.nodes[node_id]
+        if self.dynamic:
+            first = node_id == min(self.nodes)
+            format_node_storage(
+                load_config(node.config_path),
+                self.cluster_id,
+                standalone=first,
+                no_initial_controllers=not first,
+            )
+            return
         format_log_dir(node.metadata_dir, cluster_id=self.cluster_id, node_id=node_id)
 
     def start(self, timeout_s: float = 30.0) -> None:

@@ -170,7 +170,7 @@ class BrokerSettings:
         return cls(
             broker_id=config.node_id,
             cluster_id=cluster_id,
-            voters=tuple((v.id, v.target) for v in config.voters),
+            voters=config.controller_addresses,
             bind_address=listener.bind_address,
             listeners=tuple(
                 Endpoint(

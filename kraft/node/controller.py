@@ -118,6 +118,7 @@ def raft_config(config: NodeConfig, cluster_id: str, directory_id: str = "") -> 
         node_id=config.node_id,
         directory_id=directory_id,
         voters=tuple(voter.id for voter in config.voters),
+        bootstrap_ids=tuple(node_id for node_id, _ in config.controller_addresses if node_id < -1),
         cluster_id=cluster_id,
         election_timeout_ms=config.controller_quorum_election_timeout_ms,
         fetch_timeout_ms=config.controller_quorum_fetch_timeout_ms,
@@ -250,6 +251,20 @@ class ControllerNode:
         """Voter id → (host, port), as advertised in DescribeQuorum / redirects."""
         return {voter.id: (voter.host, voter.port) for voter in self.config.voters}
 
+    def _voter_address(self, node_id: int) -> str | None:
+        """``host:port`` of a voter of the set in force (its CONTROLLER endpoint); None if unknown."""
+        raft = self._raft
+        voter = raft.voter_set.get(node_id) if raft is not None and node_id >= 0 else None
+        if voter is None or not voter.endpoints:
+            return None
+        names = self.config.controller_listener_names
+        endpoint = next((e for e in voter.endpoints if e.name in names), voter.endpoints[0])
+        return (
+            f"[{endpoint.host}]:{endpoint.port}"
+            if ":" in endpoint.host
+            else f"{endpoint.host}:{endpoint.port}"
+        )
+
     # --- lifecycle ---
 
     async def start(self) -> None:
@@ -261,9 +276,13 @@ class ControllerNode:
             raise StartupError(f"cannot use the TLS configuration: {exc}") from None
         if self._tls is not None:
             install_principal_mapper(self._tls.mapper())
-        peers = {voter.id: voter.target for voter in cfg.voters if voter.id != cfg.node_id}
+        # Static voters, or (a dynamic quorum) the bootstrap servers under pseudo ids; the voter set in
+        # force is asked first (_voter_address).
+        peers = {node_id: target for node_id, target in cfg.controller_addresses if node_id != cfg.node_id}
         self._transport = GrpcTransport(
             peers,
+            resolve=self._voter_address,
+            cluster_id=self._meta.cluster_id,
             retry_backoff_ms=cfg.controller_quorum_retry_backoff_ms,
             max_backoff_ms=max(cfg.controller_quorum_election_backoff_max_ms, 100),
             max_message_bytes=cfg.grpc_max_message_bytes,

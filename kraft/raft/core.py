@@ -112,10 +112,17 @@ class RaftCore:
         self.config = config
         self.rng = rng
         self.scan_batches = scan_batches
-        if log.voters is None:
+        if log.voters is None and not config.voters and config.bootstrap_ids:
+            # A dynamic quorum's joiner (--no-initial-controllers): an observer that learns the voter
+            # set from the log it fetches through a bootstrap server.
+            log.voters = VoterSetHistory(VoterSet.unknown())
+        elif log.voters is None:
             # No VotersRecord in the log, its snapshot or a bootstrap checkpoint: the static quorum.
             if not config.voters:
-                raise ValueError("a Raft quorum needs at least one voter (controller.quorum.voters)")
+                raise ValueError(
+                    "a Raft quorum needs at least one voter (controller.quorum.voters) or, for a node "
+                    "that joins a dynamic quorum, bootstrap servers"
+                )
             log.voters = VoterSetHistory(VoterSet.static(config.voters), static=True)
         self.log = log
         self.high_watermark = log.start_offset if log.snapshot is not None else 0
@@ -438,7 +445,7 @@ class RaftCore:
             self._apply(self._leader.update_voters(voter_set, self.now_ms))
         if self._fetcher is not None:
             self._fetcher.is_voter = is_voter
-            self._fetcher.voter_ids = voter_set.ids
+            self._fetcher.voter_ids = self._discovery_ids()
         if self.state in (StateKind.PROSPECTIVE, StateKind.CANDIDATE) and not is_voter:
             self._become(BecomeUnattached(self.epoch, self.election.voted_id))
         elif self.state is StateKind.UNATTACHED and is_voter == (self._fetcher is not None):
@@ -446,6 +453,12 @@ class RaftCore:
             # observer starts fetching.  Same state and epoch: nothing to persist.
             self._exit_state()
             self._enter_state()
+
+    def _discovery_ids(self) -> tuple[int, ...]:
+        """Whom a leaderless observer asks for the leader: the other voters in force, else (a joiner that
+        knows none yet) the bootstrap servers."""
+        ids = tuple(voter for voter in self.voter_set.ids if voter != self.node_id)
+        return ids or self.config.bootstrap_ids
 
     def _removed_leader_due(self) -> bool:
         """A leader that removed itself hands over once the VotersRecord without it is committed."""
@@ -655,7 +668,7 @@ class RaftCore:
         if state is StateKind.UNATTACHED:
             if not self.is_voter:
                 self._fetcher = FetcherRole(
-                    self.config, self.epoch, self.rng, None, is_voter=False, voter_ids=self.voter_set.ids
+                    self.config, self.epoch, self.rng, None, is_voter=False, voter_ids=self._discovery_ids()
                 )
                 self._apply(self._fetcher.start(now, self.log))
             elif self.voters == {self.node_id}:
@@ -687,7 +700,7 @@ class RaftCore:
                 self.rng,
                 self.election.leader_id,
                 is_voter=self.is_voter,
-                voter_ids=self.voter_set.ids,
+                voter_ids=self._discovery_ids(),
             )
             resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
             backoff_ms = self._timer.backoff_ms() if resigned else None

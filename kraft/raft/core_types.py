@@ -42,10 +42,15 @@ class RaftConfig:
     one per second is 12 days of uninterrupted churn), while a forged message cannot leap to the top."""
     directory_id: str = ""
     """This node's metadata ``directory.id`` (meta.properties): with the node id, its replica key."""
+    bootstrap_ids: tuple[int, ...] = ()
+    """The pseudo node ids (negative, ``controller.quorum.bootstrap.servers``) a leaderless observer asks
+    for the leader while it knows no voter (KIP-853: a node formatted with ``--no-initial-controllers``)."""
 
     def __post_init__(self) -> None:
         if len(set(self.voters)) != len(self.voters):
             raise ValueError(f"duplicate voter ids in {self.voters}")
+        if any(pseudo >= -1 for pseudo in self.bootstrap_ids):
+            raise ValueError(f"bootstrap server ids must be below -1, not {self.bootstrap_ids}")
         if min(self.election_timeout_ms, self.fetch_timeout_ms, self.request_timeout_ms) <= 0:
             raise ValueError("election, fetch and request timeouts must be positive")
         if self.max_observers < 0 or self.max_epoch_jump < 1:

@@ -13,12 +13,19 @@
   doubling per consecutive failure up to ``max_backoff_ms`` (bounded by the call's own deadline), so a
   dead peer costs a few calls per second instead of a busy loop.  One success clears it.
 - Message size is bounded both ways by ``max_message_bytes`` (``grpc.max.message.bytes``).
+- Addresses (KIP-853): ``resolve(node id)`` first — the endpoints of the voter set in force, so a voter
+  added, or moved by UpdateRaftVoter, is dialled where the log says (a changed address gets a new
+  channel) — then the static ``peers``.  Bootstrap servers are peers under pseudo ids below -1.  A node
+  id known to neither (the leader a joining observer just learned of, before it fetched the VotersRecord
+  naming it) is looked up with DescribeQuorum on the bootstrap servers, whose answer lists every
+  controller's endpoint (``nodes``), within the call's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -92,11 +99,21 @@ class GrpcTransport:
         max_backoff_ms: int = 1000,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         security: ChannelSecurity | None = None,
+        resolve: Callable[[int], str | None] | None = None,
+        cluster_id: str = "",
     ) -> None:
-        """``peers`` maps node id → ``host:port``; ``security`` is how the peers' controller listener is
-        dialled (None: the process default)."""
+        """``peers`` maps node id → ``host:port`` (bootstrap servers under ids below -1); ``security`` is
+        how the peers' controller listener is dialled (None: the process default); ``resolve`` gives a
+        node's address from the voter set in force (None: unknown); ``cluster_id`` goes with the
+        DescribeQuorum that looks up an address nobody knows."""
         self._security = security
         self._addresses = dict(peers)
+        self._resolve = resolve
+        self._cluster_id = cluster_id
+        self._learned: dict[int, str] = {}
+        """Addresses learned from a bootstrap server's DescribeQuorum answer."""
+        self._retired: list[grpc.aio.Channel] = []
+        """Channels to an address a voter moved away from (closed with the transport)."""
         self._retry_backoff_s = max(retry_backoff_ms, 1) / 1000.0
         self._max_backoff_s = max(max_backoff_ms, retry_backoff_ms) / 1000.0
         self._options = channel_options(max_message_bytes, max(max_backoff_ms, 100))
@@ -105,25 +122,52 @@ class GrpcTransport:
 
     def address_of(self, dest: int) -> str | None:
         """The ``host:port`` this transport dials for node ``dest`` (for log lines that name it)."""
-        return self._addresses.get(dest)
+        address = self._resolve(dest) if self._resolve is not None else None
+        return address or self._addresses.get(dest) or self._learned.get(dest)
 
     def _peer(self, dest: int) -> _Peer:
+        address = self.address_of(dest)
         peer = self._peers.get(dest)
-        if peer is None:
-            address = self._addresses.get(dest)
-            if address is None:
-                raise TransportError(dest, "unknown node id")
-            channel = open_channel(address, self._options, self._security)
-            peer = _Peer(address, channel, raft_pb2_grpc.RaftServiceStub(channel))
-            self._peers[dest] = peer
+        if peer is not None and (address is None or address == peer.address):
+            return peer
+        if address is None:
+            raise TransportError(dest, "unknown node id")
+        if peer is not None:  # the voter moved (UpdateRaftVoter): dial its new address
+            peer.drop_fetch_stream()
+            self._retired.append(peer.channel)
+        channel = open_channel(address, self._options, self._security)
+        peer = _Peer(address, channel, raft_pb2_grpc.RaftServiceStub(channel))
+        self._peers[dest] = peer
         return peer
+
+    async def _look_up(self, dest: int, deadline: float) -> None:
+        """Ask the bootstrap servers (DescribeQuorum) for the endpoint of ``dest``, within ``deadline``."""
+        for pseudo_id in sorted((i for i in self._addresses if i < -1), reverse=True):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or dest in self._learned:
+                return
+            stub = self._peer(pseudo_id).stub
+            try:
+                answer = await stub.DescribeQuorum(
+                    raft_pb2.DescribeQuorumRequest(cluster_id=self._cluster_id), timeout=remaining
+                )
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError):
+                continue
+            for node in answer.nodes:
+                if node.node_id >= 0 and node.endpoint.host and 0 < node.endpoint.port < 65536:
+                    host = node.endpoint.host
+                    self._learned[node.node_id] = (
+                        f"[{host}]:{node.endpoint.port}" if ":" in host else f"{host}:{node.endpoint.port}"
+                    )
 
     async def send(self, dest: int, request: m.RaftRequest, timeout_ms: int) -> m.RaftResponse:
         if self._closed:
             raise TransportError(dest, "transport closed")
-        peer = self._peer(dest)
         timeout_s = max(timeout_ms, 1) / 1000.0
         deadline = time.monotonic() + timeout_s
+        if dest >= 0 and self.address_of(dest) is None:
+            await self._look_up(dest, deadline)
+        peer = self._peer(dest)
         if peer.retry_at:
             wait_s = peer.retry_at - time.monotonic()
             if wait_s >= timeout_s:
@@ -260,3 +304,6 @@ class GrpcTransport:
         for peer in peers.values():
             peer.drop_fetch_stream()
             await peer.channel.close(grace=None)
+        retired, self._retired = self._retired, []
+        for channel in retired:
+            await channel.close(grace=None)

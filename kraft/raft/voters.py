@@ -77,6 +77,15 @@ class VoterSet:
         object.__setattr__(self, "_by_id", by_id)
 
     @classmethod
+    def unknown(cls) -> VoterSet:
+        """The set of a node formatted with ``--no-initial-controllers`` before its log holds one: no
+        voters (the node is an observer that finds the quorum through its bootstrap servers)."""
+        empty = object.__new__(cls)
+        object.__setattr__(empty, "voters", ())
+        object.__setattr__(empty, "_by_id", {})
+        return empty
+
+    @classmethod
     def static(cls, ids: Iterable[int]) -> VoterSet:
         """Voters without directory ids (``controller.quorum.voters``, kraft.version 0)."""
         return cls(tuple(Voter(node_id) for node_id in ids))
@@ -173,7 +182,10 @@ class VoterSetHistory:
         """Record the voter set introduced at ``offset`` (past every entry; at most one voter changed)."""
         if self._offsets and offset <= self._offsets[-1]:
             raise VoterSetError(f"voter set at {offset} does not follow the one at {self._offsets[-1]}")
-        if not self.latest.overlaps_majority(voters):
+        if not voters.voters:
+            raise VoterSetError(f"the voter set at {offset} is empty")
+        # The first set an unformatted joiner learns (its base is unknown) may be any size.
+        if self.latest.voters and not self.latest.overlaps_majority(voters):
             raise VoterSetError(
                 f"voter set at {offset} changes more than one voter: {self.latest.ids} -> {voters.ids}"
             )

@@ -349,7 +349,30 @@ def test_each_rule_fails_with_one_line_naming_key_value_and_rule(
 
 @pytest.mark.parametrize("missing", ["process.roles", "node.id", "controller.quorum.voters", "listeners"])
 def test_missing_required_key_is_named(missing: str) -> None:
-    assert str(_error_for(_without(CONTROLLER, missing))) == f"missing required config key {missing}"
+    expected = f"missing required config key {missing}"
+    if missing == "controller.quorum.voters":  # or the bootstrap servers of a dynamic quorum (KIP-853)
+        expected += " (or controller.quorum.bootstrap.servers for a dynamic quorum)"
+    assert str(_error_for(_without(CONTROLLER, missing))) == expected
+
+
+def test_a_dynamic_quorum_takes_bootstrap_servers_instead_of_voters() -> None:
+    dynamic = {
+        **_without(CONTROLLER, "controller.quorum.voters"),
+        "controller.quorum.bootstrap.servers": "h:1,[::1]:2",
+    }
+    cfg = NodeConfig.from_properties(dynamic)
+    assert cfg.dynamic_quorum and cfg.controller_quorum_bootstrap_servers == ("h:1", "[::1]:2")
+    assert cfg.controller_addresses == ((-2, "h:1"), (-3, "[::1]:2"))
+    both = {**CONTROLLER, "controller.quorum.bootstrap.servers": "h:1"}
+    assert "not both" in str(_error_for(both))
+    for bad, rule in (
+        ("h", "host:port"),
+        ("h:0", "1..65535"),
+        ("h:1,h:1", "unique"),
+        (" , ", "at least one"),
+    ):
+        message = str(_error_for({**dynamic, "controller.quorum.bootstrap.servers": bad}))
+        assert "controller.quorum.bootstrap.servers" in message and rule in message, message
 
 
 def test_unknown_key_suggests_the_closest_known_key() -> None:

@@ -302,3 +302,31 @@ async def test_fetch_falls_back_to_unary_when_the_stream_ended_before_the_first_
         assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
         assert peer.stream_unsupported
         assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5]
+
+
+async def test_addresses_follow_the_voter_set_and_an_unknown_leader_is_looked_up_on_a_bootstrap_server(
+    server: Server,
+) -> None:
+    """KIP-853: node 1 is known to nobody but the bootstrap server (pseudo id -2), whose DescribeQuorum
+    answer names its endpoint; once the voter set in force (``resolve``) puts node 1 elsewhere — it moved
+    — the transport dials the new address."""
+    moved = await _start_server(ScriptedHandler())
+    where: dict[int, str] = {}
+    client = GrpcTransport(
+        {-2: f"127.0.0.1:{server.port}"}, max_message_bytes=1 << 20, resolve=where.get, cluster_id=CLUSTER
+    )
+    fetch = m.FetchRequest(CLUSTER, 2, 3, 40, 2, max_wait_ms=10)
+    try:
+        assert client.address_of(1) is None
+        await client.send(1, fetch, timeout_ms=2000)
+        assert [type(r) for r in server.handler.received] == [m.DescribeQuorumRequest, m.FetchRequest]
+        assert client.address_of(1) == f"127.0.0.1:{server.port}"
+
+        where[1] = f"127.0.0.1:{moved.port}"
+        await client.send(1, fetch, timeout_ms=2000)
+        assert moved.handler.received == [fetch] and len(server.handler.received) == 2
+        with pytest.raises(TransportError, match="unknown node id"):
+            await client.send(9, fetch, timeout_ms=500)  # the bootstrap server does not know it either
+    finally:
+        await client.close()
+        await moved.server.stop(grace=None)

@@ -124,16 +124,21 @@ class LoopbackCluster:
         self.timings: dict[str, Any] = {**FAST_TIMINGS, **overrides}
         self.directory_ids: dict[int, str] = {}
         """Each node's metadata directory id (KIP-853); "" when unset."""
+        self.config_overrides: dict[int, dict[str, Any]] = {}
+        """Per node RaftConfig fields (e.g. a dynamic joiner's ``voters=()``, ``bootstrap_ids``)."""
 
     async def start(self, node_id: int) -> RaftDriver:
         stores = self.stores[node_id]
         driver = RaftDriver(
             RaftConfig(
                 node_id=node_id,
-                voters=self.voters,
                 cluster_id="test-cluster",
-                directory_id=self.directory_ids.get(node_id, ""),
-                **self.timings,
+                **{
+                    "voters": self.voters,
+                    "directory_id": self.directory_ids.get(node_id, ""),
+                    **self.timings,
+                    **self.config_overrides.get(node_id, {}),
+                },
             ),
             transport=self.network.transport(node_id),
             log=stores.log,

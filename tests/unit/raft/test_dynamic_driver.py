@@ -71,3 +71,45 @@ async def test_a_one_voter_quorum_grows_survives_a_restart_and_its_leader_hands_
         assert not cluster.drivers[1].voter_set.is_voter(1, directories[1])
     finally:
         await cluster.close()
+
+
+async def test_a_joiner_without_a_voter_set_finds_the_quorum_through_a_bootstrap_server() -> None:
+    """``--no-initial-controllers``: no static voters, no voter set in its log; it asks a bootstrap
+    server (pseudo id -2) for the leader, learns the voter set from the log it fetches, never campaigns
+    while it is no voter, and votes once it is added."""
+    cluster = LoopbackCluster(2)
+    directories = {1: random_uuid(), 2: random_uuid()}
+    cluster.directory_ids = directories
+    endpoints = (Endpoint("CONTROLLER", "localhost", 9093),)
+    cluster.config_overrides = {1: {"voters": ()}, 2: {"voters": (), "bootstrap_ids": (-2,)}}
+    first = VoterSet((Voter(1, directories[1], endpoints),))
+    cluster.stores[1].log.append(
+        build_control_batch(0, [voters_record_of(first)], leader_epoch=0, timestamp_ms=0)
+    )
+    cluster.stores[1].log.flush()  # node 2's log stays empty: a joiner
+    try:
+        await cluster.start(1)
+        await cluster.run_until(lambda: cluster.leader() is not None, "node 1 leading alone", 2000)
+        leader = cluster.drivers[1]
+        cluster.network.register(-2, leader)  # controller.quorum.bootstrap.servers names node 1
+        joiner = await cluster.start(2)  # its first discovery Fetch already went out while starting
+        await cluster.run_until(
+            lambda: joiner.voter_set.ids == (1,) and joiner.leader_and_epoch.leader_id == 1,
+            "the joiner learning the leader and the voter set",
+            2000,
+        )
+        await cluster.advance(1000)  # several election timeouts: an observer never campaigns
+        assert leader.leader_and_epoch.epoch == joiner.leader_and_epoch.epoch
+        assert not joiner.voter_set.is_voter(2, directories[2])
+
+        await add_when_caught_up(cluster, leader, Voter(2, directories[2], endpoints))
+        await cluster.run_until(
+            lambda: joiner.voter_set.ids == (1, 2), "the joiner seeing itself added", 2000
+        )
+        await cluster.stop(2)
+        await cluster.start(2)  # restarts as a voter: the set is in its own log now
+        assert cluster.drivers[2].voter_set == leader.voter_set and cluster.drivers[2].kraft_version == 1
+        await cluster.complete(leader.remove_voter(1, directories[1]), "node 1's removal to commit")
+        await cluster.run_until(lambda: cluster.leader() is cluster.drivers[2], "node 2 leading alone", 3000)
+    finally:
+        await cluster.close()

@@ -434,3 +434,19 @@ def test_a_bootstrap_checkpoint_at_offset_zero_is_the_base_of_the_history(tmp_pa
     assert history is not None and history.latest == formatted and not history.static
     with pytest.raises(ValueError, match="at least one voter"):
         make_core(1, formatted.voters[0].directory_id, None)  # neither a voter set nor static voters
+
+
+def test_a_joiner_with_an_unknown_voter_set_takes_the_first_set_it_fetches_whatever_its_size() -> None:
+    """--no-initial-controllers: the base is empty; the first VotersRecord may name any number of voters
+    (it is the quorum's current set, not a change), later ones still change one voter at a time."""
+    history = VoterSetHistory(VoterSet.unknown())
+    assert history.latest.ids == () and not history.latest.is_voter(1, "")
+    three = VoterSet.static((1, 2, 3))
+    history.add_at(5, three)
+    assert history.latest == three
+    with pytest.raises(VoterSetError, match="more than one"):
+        history.add_at(9, VoterSet.static((1,)))
+    with pytest.raises(VoterSetError, match="empty"):
+        history.add_at(9, VoterSet.unknown())
+    history.truncate_to(5)
+    assert history.latest.ids == ()

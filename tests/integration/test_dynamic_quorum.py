@@ -1,0 +1,175 @@
+"""A dynamic controller quorum (KIP-853) built the way an operator builds one, with real processes:
+controller 1 formatted ``--standalone``, controllers 2 and 3 ``--no-initial-controllers`` (they start as
+observers that find the quorum through ``controller.quorum.bootstrap.servers``), ``kraft quorum
+add-controller`` for each, a topic created through a broker that also only knows the bootstrap server,
+then the leader removed with ``kraft quorum remove-controller`` — the two remaining voters elect a leader
+and the next write succeeds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import TEST_PROFILE
+
+from kraft.cluster.formatting import format_node_storage
+from kraft.cluster.quorum import REPO_ROOT, ControllerQuorum
+from kraft.config import load_config
+from kraft.netutil import free_port, wait_for_port
+from kraft.procutil import log_tail, reap, spawn_logged
+from kraft.storage.meta_properties import read_meta_properties
+
+CALL_TIMEOUT_S = 45.0
+
+
+def kraft(*args: str) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "kraft.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=CALL_TIMEOUT_S,
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    print(f"[{time.monotonic() - started:5.1f} s] exit {result.returncode}: kraft {' '.join(args)}")
+    assert result.returncode == 0, f"kraft {' '.join(args)}: {result.stdout}{result.stderr}"
+    return result
+
+
+def status(bootstrap: str) -> dict[str, Any]:
+    described: dict[str, Any] = json.loads(
+        kraft("quorum", "describe", "--status", "--json", "--bootstrap-controller", bootstrap).stdout
+    )
+    return described
+
+
+def test_grow_one_to_three_create_a_topic_and_remove_the_leader(tmp_path: Path) -> None:
+    started = time.monotonic()
+    quorum = ControllerQuorum(
+        tmp_path / "quorum", size=3, overrides=TEST_PROFILE, test_append=False, dynamic=True
+    )
+    broker = None
+    try:
+        quorum.prepare()
+        first_dir = (quorum.nodes[1].metadata_dir / "__cluster_metadata-0").iterdir()
+        assert [p.name for p in first_dir if p.suffix == ".checkpoint"] == [
+            "00000000000000000000-0000000000.checkpoint"
+        ]
+        quorum.start()
+        bootstrap = quorum.nodes[1].target
+        assert quorum.wait_for_leader(30).leader_id == 1
+
+        for node_id in (2, 3):
+            added = kraft(
+                "quorum", "add-controller", "--bootstrap-controller", bootstrap,
+                "--command-config", str(quorum.nodes[node_id].config_path),
+            )  # fmt: skip
+            assert f"Added controller {node_id}" in added.stdout
+        every = ",".join(node.target for node in quorum.nodes.values())
+        view = status(every)
+        directory_ids = {
+            node_id: read_meta_properties(quorum.nodes[node_id].metadata_dir).directory_id
+            for node_id in (1, 2, 3)
+        }
+        assert sorted(view["current_voters"]) == [1, 2, 3]
+        assert {(v["id"], v["directory_id"]) for v in view["voters"]} == set(directory_ids.items())
+        assert all(v["endpoints"] for v in view["voters"]), view["voters"]
+
+        # A broker that only knows the bootstrap server registers; a topic is created.
+        broker_port = free_port()
+        broker_config = tmp_path / "broker.properties"
+        broker_config.write_text(
+            "process.roles=broker\nnode.id=101\n"
+            f"controller.quorum.bootstrap.servers={bootstrap}\n"
+            f"listeners=PLAINTEXT://127.0.0.1:{broker_port}\nlog.dirs={tmp_path / 'broker-logs'}\n"
+            "broker.heartbeat.interval.ms=200\n",
+            encoding="utf-8",
+        )
+        format_node_storage(load_config(broker_config), quorum.cluster_id)
+        broker = spawn_logged(
+            [sys.executable, "-m", "kraft.cli.main", "broker", "start", "--config", str(broker_config)],
+            tmp_path / "broker.log",
+            banner="--- broker 101 ---",
+            cwd=REPO_ROOT,
+        )
+        assert wait_for_port("127.0.0.1", broker_port, 30), log_tail(tmp_path / "broker.log", 30)
+        _wait_for_broker(every)
+        kraft(
+            "topic",
+            "create",
+            "before",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+            "--bootstrap-controller",
+            every,
+        )
+
+        # Remove the leader: it hands over once the change commits; the other two stay a quorum.
+        kraft(
+            "quorum", "remove-controller", "--bootstrap-controller", every,
+            "--controller-id", "1", "--controller-directory-id", directory_ids[1],
+        )  # fmt: skip
+        after = quorum.wait_for_leader(30, exclude=[1])
+        assert after.leader_id in (2, 3)
+        view = status(every)
+        assert sorted(view["current_voters"]) == [2, 3]
+        kraft(
+            "topic",
+            "create",
+            "after",
+            "--partitions",
+            "1",
+            "--replication-factor",
+            "1",
+            "--bootstrap-controller",
+            every,
+        )
+        listed = kraft("topic", "list", "--bootstrap-controller", every).stdout
+        assert "before" in listed and "after" in listed
+        assert time.monotonic() - started < 90, (
+            "the scenario should stay well under a minute on an idle machine"
+        )
+    except BaseException:
+        print(quorum.diagnostics(lines=40))
+        if (tmp_path / "broker.log").exists():
+            print(log_tail(tmp_path / "broker.log", 30))
+        raise
+    finally:
+        if broker is not None:
+            broker.kill()
+            reap(broker)
+        quorum.close()
+
+
+def _wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kraft.cli.main",
+                "broker",
+                "list",
+                "--json",
+                "--bootstrap-controller",
+                bootstrap,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=CALL_TIMEOUT_S,
+            cwd=REPO_ROOT,
+            check=False,
+        )
+        if result.returncode == 0 and any(b["state"] == "ACTIVE" for b in json.loads(result.stdout)):
+            return
+        time.sleep(0.3)
+    raise AssertionError("broker 101 never became ACTIVE")
