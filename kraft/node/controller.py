@@ -333,6 +333,8 @@ class ControllerNode:
             cluster_id=self._meta.cluster_id,
             endpoints=endpoints,
             voter_changes=self._raft,
+            node_id=cfg.node_id,
+            peer_problems=self._raft.peer_problems.reports,
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
