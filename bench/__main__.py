@@ -16,7 +16,15 @@ import traceback
 from pathlib import Path
 
 # Known benchmarks, run in this order when no name is given.  Add yours here.
-BENCHMARKS: tuple[str, ...] = ("storage", "raft", "controller", "broker", "pipeline", "open_files")
+BENCHMARKS: tuple[str, ...] = (
+    "storage",
+    "raft",
+    "controller",
+    "broker",
+    "partition_stop",
+    "pipeline",
+    "open_files",
+)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 

@@ -52,6 +52,8 @@ def start(config: ConfigOption) -> None:
         raise CliError(str(err)) from None
     try:
         run_server(run_broker(cfg, cluster_id))
+    except BrokerStartupError as err:
+        raise CliError(str(err)) from None
     except RegistrationFailed as err:
         raise CliError(f"broker {cfg.node_id}: {err}") from err
     except RuntimeChoiceError as err:

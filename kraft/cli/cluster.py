@@ -47,6 +47,9 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
             typer.echo(
                 f"{node.name} {node.state} (exit {code}): {node.last_error or 'no fatal line in its log'}"
             )
+    for node in status.nodes:
+        for problem in node.peer_problems:
+            typer.echo(f"{node.name} peer problem: {problem}")
     client = Path(status.dir) / "client.properties"
     tls = f" --command-config {client}" if client.exists() else ""
     typer.echo(f"--bootstrap-controller {status.bootstrap(NodeRole.CONTROLLER)}{tls}")

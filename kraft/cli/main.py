@@ -52,6 +52,7 @@ app.command("produce")(importlib.import_module("kraft.cli.produce").produce_comm
 app.command("consume")(importlib.import_module("kraft.cli.consume").consume_command)
 _register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")
 _register("pipeline", "pipeline", "PySpark jobs over kraft logs: metadata report, exact compaction.")
+app.command("health")(importlib.import_module("kraft.cli.health").health_command)
 app.command("demo")(importlib.import_module("kraft.cli.demo").demo_command)
 
 

@@ -24,16 +24,22 @@ from kraft.cli.common import (
 from kraft.client.quorum import (
     ControllerEndpoint,
     add_controller,
+    controller_targets,
     describe_quorum,
+    gather_peer_problems,
     quorum_status,
     remove_controller,
     replication_rows,
 )
 from kraft.config import load_config
+from kraft.errors import KraftError
 from kraft.storage.ids import parse_uuid
 from kraft.storage.meta_properties import read_meta_properties
 
 app = typer.Typer(no_args_is_help=True, help="Describe the controller quorum; add and remove controllers.")
+
+_PROBE_TIMEOUT_S = 2.0
+"""Per controller, when each is asked for its peer problems (all at once)."""
 
 _REPLICATION_COLUMNS = [
     "NodeId",
@@ -76,12 +82,23 @@ def describe_command(
     if status == replication:
         raise CliError("give exactly one of --status or --replication")
     targets = [endpoint.target for endpoint in parse_bootstrap(bootstrap_controller)]
-    with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
-        response = describe_quorum(targets, timeout_s=timeout_ms / 1000.0)
+    try:
+        with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
+            response = describe_quorum(targets, timeout_s=timeout_ms / 1000.0)
+    except KraftError as exc:
+        # No leader: what the controllers say about their peers is usually why (wrong voter ports, a
+        # data dir of another cluster).
+        found = gather_peer_problems(targets, _PROBE_TIMEOUT_S)
+        if not found.problems:
+            raise
+        listed = "; ".join(str(p) for p in found.problems)
+        raise CliError(f"{exc.code.name}: {exc.message}; peer problems: {listed}") from None
     if status:
         view = quorum_status(response)
+        # Every controller is asked for its own peer problems: a misconfigured one is not the leader.
+        problems = gather_peer_problems([*targets, *controller_targets(response)], _PROBE_TIMEOUT_S)
         if as_json:
-            print_json(view.as_json())
+            print_json({**view.as_json(), **problems.as_json()})
             return
         print_key_values(
             [
@@ -95,6 +112,8 @@ def describe_command(
                 ("CurrentObservers", "[" + ",".join(str(o) for o in view.current_observers) + "]"),
                 ("Voters", ", ".join(_describe_replica(v) for v in view.voters) or "-"),
                 ("Observers", ", ".join(_describe_replica(o) for o in view.observers) or "-"),
+                ("PeerProblems", "; ".join(str(p) for p in problems.problems) or "-"),
+                ("UnansweredControllers", ",".join(problems.unanswered) or "-"),
             ]
         )
         return

@@ -9,7 +9,8 @@ needs the leader (``kraft cluster status``, chaos checkers).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
@@ -154,6 +155,87 @@ def describe_quorum(bootstrap: Sequence[str], timeout_s: float = 10.0) -> raft_p
                 f"no quorum leader found within {timeout_s:g} s ({last_problem})",
             )
         time.sleep(0.1)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProblemView:
+    """A problem one controller (``reporter_id``) has with a peer: DescribeQuorum's ``peer_problems``."""
+
+    reporter_id: int
+    peer_id: int
+    address: str
+    kind: str
+    """``unreachable``, or the refusal's error code (INCONSISTENT_CLUSTER_ID, INCONSISTENT_VOTER_SET, …)."""
+    detail: str
+
+    def __str__(self) -> str:
+        how = (
+            f"unreachable at {self.address}"
+            if self.kind == "unreachable"
+            else f"{self.kind} from {self.address}"
+        )
+        return f"controller {self.reporter_id} -> {self.peer_id}: {how} ({self.detail})"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "reporter_id": self.reporter_id,
+            "peer_id": self.peer_id,
+            "address": self.address,
+            "kind": self.kind,
+            "detail": self.detail,
+        }
+
+
+def peer_problems_of(response: raft_pb2.DescribeQuorumResponse) -> list[PeerProblemView]:
+    """The answering controller's own peer problems."""
+    return [
+        PeerProblemView(response.responder_id, p.peer_id, p.address, p.kind, p.detail)
+        for p in response.peer_problems
+    ]
+
+
+def controller_targets(response: raft_pb2.DescribeQuorumResponse) -> list[str]:
+    """``host:port`` of every controller the response advertises."""
+    targets: list[str] = []
+    for node in response.nodes:
+        if node.endpoint.port > 0:
+            host = node.endpoint.host or "127.0.0.1"
+            target = f"[{host}]:{node.endpoint.port}" if ":" in host else f"{host}:{node.endpoint.port}"
+            if target not in targets:
+                targets.append(target)
+    return targets
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumProblems:
+    """What every asked controller reports about its peers, and the controllers that did not answer."""
+
+    problems: list[PeerProblemView]
+    unanswered: list[str]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "peer_problems": [p.as_json() for p in self.problems],
+            "unanswered_controllers": self.unanswered,
+        }
+
+
+def gather_peer_problems(targets: Iterable[str], timeout_s: float = 2.0) -> QuorumProblems:
+    """DescribeQuorum on each target itself (no redirect), all at once, each bounded by ``timeout_s``."""
+    unique = list(dict.fromkeys(targets))
+    if not unique:
+        return QuorumProblems([], [])
+    with ThreadPoolExecutor(max_workers=min(len(unique), 8)) as pool:
+        answers = list(pool.map(lambda target: describe_quorum_at(target, timeout_s), unique))
+    problems: dict[tuple[int, int], PeerProblemView] = {}
+    unanswered: list[str] = []
+    for target, answer in zip(unique, answers, strict=True):
+        if answer is None:
+            unanswered.append(target)
+            continue
+        for problem in peer_problems_of(answer):
+            problems[(problem.reporter_id, problem.peer_id)] = problem
+    return QuorumProblems([problems[key] for key in sorted(problems)], unanswered)
 
 
 def _leader_state(response: raft_pb2.DescribeQuorumResponse) -> raft_pb2.ReplicaState | None:

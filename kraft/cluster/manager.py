@@ -66,6 +66,9 @@ class NodeStatus:
     """For a ``failed`` node: its last ``event=fatal`` line (or ``error:`` line) from its log."""
     metrics_port: int = 0
     """Its Prometheus port (0: none; ``cluster up --metrics`` gives every node one)."""
+    peer_problems: tuple[str, ...] = ()
+    """For a running controller: what it reports about its peers (an unreachable voter with the address
+    it dials, INCONSISTENT_CLUSTER_ID / INCONSISTENT_VOTER_SET refusals), from DescribeQuorum."""
 
     @property
     def ready(self) -> bool:
@@ -83,6 +86,7 @@ class NodeStatus:
             "exit_code": self.exit_code,
             "last_error": self.last_error,
             "metrics_port": self.metrics_port or None,
+            "peer_problems": list(self.peer_problems),
         }
 
 
@@ -388,10 +392,12 @@ class LocalCluster:
                 # only the broker itself knows whether this process is serving yet.
                 if state == "active" and not broker_serving(node.target, probe_timeout_s):
                     state = "starting"
+            view = views.get(node.node_id)
             nodes.append(
                 NodeStatus(
                     node.node_id, node.role, node.name, pid, node.target, state, log,
                     metrics_port=node.metrics_port,
+                    peer_problems=view.peer_problems if view is not None else (),
                 )
             )  # fmt: skip
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))

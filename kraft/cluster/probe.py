@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 
 from kraft.client.channel import open_blocking_channel
-from kraft.client.quorum import describe_quorum_at
+from kraft.client.quorum import describe_quorum_at, peer_problems_of
 from kraft.errors import ErrorCode
 from kraft.observability.health import BROKER_SERVICE, HealthStatus, check_health_sync
 from kraft.v1 import controller_pb2, controller_pb2_grpc
@@ -28,6 +28,8 @@ class QuorumView:
     leader_epoch: int
     high_watermark: int
     error: ErrorCode
+    peer_problems: tuple[str, ...] = ()
+    """What this controller reports about its peers right now (unreachable voters, refusals)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +56,11 @@ def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
     if reply is None:
         return None
     return QuorumView(
-        reply.leader_id, reply.leader_epoch, reply.high_watermark, ErrorCode.from_wire(reply.error_code)
+        reply.leader_id,
+        reply.leader_epoch,
+        reply.high_watermark,
+        ErrorCode.from_wire(reply.error_code),
+        tuple(str(problem) for problem in peer_problems_of(reply)),
     )
 
 

@@ -92,6 +92,7 @@ from kraft.security.tls import (
     listener_settings,
     outbound_security,
 )
+from kraft.storage.dir_lock import DirectoryLocks
 from kraft.storage.meta_properties import check_meta_properties
 from kraft.storage.open_files import OpenFileCache
 from kraft.v1.common_pb2 import Endpoint
@@ -600,6 +601,17 @@ async def run_broker(config: NodeConfig, cluster_id: str) -> None:
     Raises RegistrationFailed when it cannot register in time.  A fatal error at run time does not
     return: one ``fatal`` line, exit status 70 (:mod:`kraft.node.supervisor`)."""
     supervisor = Supervisor(get_logger("broker", node=config.node_id))
+    # Before anything is opened: a second broker with this node's config must not recover (and so
+    # truncate) the running broker's partition logs or touch its image store.
+    try:
+        locks = DirectoryLocks.acquire(config.all_log_dirs, "broker")
+    except KraftError as exc:
+        raise BrokerStartupError(exc.message) from None
+    with locks:
+        await _run_broker_locked(config, cluster_id, supervisor)
+
+
+async def _run_broker_locked(config: NodeConfig, cluster_id: str, supervisor: Supervisor) -> None:
     store = await SqliteImageStore.open(image_store_path(config), clock=SystemClock())
     server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store, supervisor=supervisor)
     stop = asyncio.Event()

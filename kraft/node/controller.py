@@ -67,6 +67,7 @@ from kraft.security.tls import (
     listener_settings,
     outbound_security,
 )
+from kraft.storage.dir_lock import DirectoryLocks
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
 
@@ -172,6 +173,7 @@ class ControllerNode:
         self._stop_hooks: list[NodeHook] = []
         self._stop_requested = asyncio.Event()
         self._meta: MetaProperties | None = None
+        self._locks: DirectoryLocks | None = None
         self._transport: GrpcTransport | None = None
         self._raft: RaftDriver | None = None
         self._server: grpc.aio.Server | None = None
@@ -270,9 +272,16 @@ class ControllerNode:
     async def start(self) -> None:
         cfg = self.config
         self._meta = check_storage(cfg)
+        # Before anything is opened: a second process with this node's config must not recover (and so
+        # truncate) the running node's log.
+        try:
+            self._locks = DirectoryLocks.acquire(cfg.all_log_dirs, "controller")
+        except KraftError as exc:
+            raise StartupError(exc.message) from None
         try:
             self._tls = check_node_tls(cfg)
         except TlsError as exc:
+            self._release_locks()
             raise StartupError(f"cannot use the TLS configuration: {exc}") from None
         if self._tls is not None:
             install_principal_mapper(self._tls.mapper())
@@ -345,6 +354,8 @@ class ControllerNode:
             voter_changes=self._raft,
             listener_name=cfg.controller_listener_names[0],
             security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
+            node_id=cfg.node_id,
+            peer_problems=self._raft.peer_problems.reports,
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
@@ -480,6 +491,13 @@ class ControllerNode:
         if self._transport is not None:
             await self._transport.close()
             self._transport = None
+        # The directory locks stay held: the process exits next and the kernel drops them only then,
+        # so no second process opens the log while this one may still hold unflushed state.
+
+    def _release_locks(self) -> None:
+        if self._locks is not None:
+            self._locks.release()
+            self._locks = None
 
     async def _close_resources(self) -> None:
         # The server watch is not cancelled: cancelling grpc's wait_for_termination cancels the server's
@@ -495,6 +513,7 @@ class ControllerNode:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        self._release_locks()
 
 
 async def run_controller(config: NodeConfig) -> None:

@@ -171,6 +171,24 @@ _REFUSALS = frozenset(
 """Answers that mean a peer refuses our requests for good (a configuration problem, not a race)."""
 
 
+@dataclass(frozen=True, slots=True)
+class PeerProblem:
+    """What is wrong with one peer right now: ``kind`` is ``unreachable`` or the refusal's error code name."""
+
+    peer_id: int
+    address: str
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        if self.kind == UNREACHABLE:
+            return f"unreachable at {self.address}: {self.detail}"
+        return f"{self.kind} from {self.address}: {self.detail}"
+
+
+UNREACHABLE = "unreachable"
+
+
 class PeerProblems:
     """Warnings about peers this node cannot use, so misconfiguration is visible within seconds instead
     of an election loop with no explanation.
@@ -182,7 +200,8 @@ class PeerProblems:
       INCONSISTENT_VOTER_SET / INVALID_REQUEST answers (a data dir of another cluster, different
       ``controller.quorum.voters``, a port that belongs to another voter), rate-limited the same way.
 
-    :meth:`problems` is the latest problem per peer (for diagnostics).  Pure bookkeeping on a clock the
+    :meth:`problems` is the latest problem per peer (DescribeQuorum's ``peer_problems``, so that
+    ``kraft quorum describe --status`` and ``kraft cluster status`` show it).  Pure bookkeeping on a clock the
     caller passes; logging through ``logger``.
     """
 
@@ -198,10 +217,15 @@ class PeerProblems:
         self._failures: dict[int, int] = {}
         self._last_warning_ms: dict[tuple[int, str], int] = {}
         self._warned_unreachable: set[int] = set()
-        self._problems: dict[int, str] = {}
+        self._problems: dict[int, PeerProblem] = {}
 
     def problems(self) -> dict[int, str]:
-        return dict(self._problems)
+        """Peer id → one line saying what is wrong with it."""
+        return {peer: str(problem) for peer, problem in self._problems.items()}
+
+    def reports(self) -> tuple[PeerProblem, ...]:
+        """The current problems, by peer id."""
+        return tuple(self._problems[peer] for peer in sorted(self._problems))
 
     def _due(self, key: tuple[int, str], now_ms: int) -> bool:
         last = self._last_warning_ms.get(key)
@@ -216,7 +240,7 @@ class PeerProblems:
         address = self._address_of(dest) or "unknown"
         if failures < PEER_FAILURES_BEFORE_WARNING:
             return
-        self._problems[dest] = f"unreachable at {address}: {reason}"
+        self._problems[dest] = PeerProblem(dest, address, UNREACHABLE, reason)
         if self._due((dest, "unreachable"), now_ms):
             self._warned_unreachable.add(dest)
             self._logger.warning(
@@ -238,7 +262,7 @@ class PeerProblems:
             self._problems.pop(dest, None)
             return
         address = self._address_of(dest) or "unknown"
-        self._problems[dest] = f"{code.name} from {address}: {message}"
+        self._problems[dest] = PeerProblem(dest, address, code.name, message)
         if self._due((dest, code.name), now_ms):
             self._logger.warning(
                 "raft_peer_refused", peer=dest, address=address, code=code.name, message=message

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
 import grpc
@@ -29,6 +29,7 @@ from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.api import NotLeaderError, RaftShutdownError, VoterChangeError
 from kraft.raft.core_rules import claimed_sender
+from kraft.raft.driver import PeerProblem
 from kraft.raft.transport import RequestHandler, VoterChangeHandler
 from kraft.raft.voters import Endpoint, Voter
 from kraft.security.principal import NodeRole, is_tls, node_identity, principal_of
@@ -103,18 +104,24 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         voter_changes: VoterChangeHandler | None = None,
         listener_name: str = "CONTROLLER",
         security_protocol: str = "PLAINTEXT",
+        node_id: int = -1,
+        peer_problems: Callable[[], Iterable[PeerProblem]] | None = None,
     ) -> None:
         """``endpoints`` node id → (host, port): the controllers a response advertises for redirects
         (with a dynamic quorum the voter set's own endpoints are added), on ``listener_name`` with
         ``security_protocol`` (the controller listener's, from the node config).  Directory ids travel in the
         messages themselves (KIP-853): the core tracks them.  ``voter_changes`` serves AddRaftVoter,
-        RemoveRaftVoter and UpdateRaftVoter (None: refused as UNSUPPORTED_VERSION)."""
+        RemoveRaftVoter and UpdateRaftVoter (None: refused as UNSUPPORTED_VERSION).  ``node_id`` and
+        ``peer_problems`` (the driver's :meth:`~kraft.raft.driver.PeerProblems.reports`) fill
+        DescribeQuorum's ``responder_id`` and ``peer_problems`` in every answer, leader or not."""
         self._handler = handler
         self._cluster_id = cluster_id
         self._endpoints = dict(endpoints or {})
         self._voter_changes = voter_changes
         self._listener_name = listener_name
         self._security_protocol = security_protocol
+        self._node_id = node_id
+        self._peer_problems = peer_problems
 
     async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
         peer_id = authenticated_peer_id(context)
@@ -216,6 +223,12 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         out = codec.describe_response_to_pb(response)
         out.cluster_id = self._cluster_id
         out.nodes.extend(self._nodes())
+        out.responder_id = self._node_id
+        if self._peer_problems is not None:
+            out.peer_problems.extend(
+                raft_pb2.PeerProblem(peer_id=p.peer_id, address=p.address, kind=p.kind, detail=p.detail)
+                for p in self._peer_problems()
+            )
         return out
 
     def _nodes(self) -> list[common_pb2.NodeRef]:

@@ -510,6 +510,8 @@ class DescribeQuorumResponse(_message.Message):
     OBSERVERS_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     NODES_FIELD_NUMBER: _builtins.int
+    RESPONDER_ID_FIELD_NUMBER: _builtins.int
+    PEER_PROBLEMS_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
     leader_id: _builtins.int
@@ -517,12 +519,18 @@ class DescribeQuorumResponse(_message.Message):
     high_watermark: _builtins.int
     cluster_id: _builtins.str
     """Filled by every responder: the cluster id and the controller endpoints it knows (for redirects)."""
+    responder_id: _builtins.int
+    """Filled by every responder, leader or not: its own node id and the problems it has with its peers
+    right now (what `kraft quorum describe --status` and `kraft cluster status` show).
+    """
     @_builtins.property
     def current_voters(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaState]: ...
     @_builtins.property
     def observers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaState]: ...
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.NodeRef]: ...
+    @_builtins.property
+    def peer_problems(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerProblem]: ...
     def __init__(
         self,
         *,
@@ -535,14 +543,53 @@ class DescribeQuorumResponse(_message.Message):
         observers: _abc.Iterable[Global___ReplicaState] | None = ...,
         cluster_id: _builtins.str = ...,
         nodes: _abc.Iterable[_common_pb2.NodeRef] | None = ...,
+        responder_id: _builtins.int = ...,
+        peer_problems: _abc.Iterable[Global___PeerProblem] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_voters", b"current_voters", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "nodes", b"nodes", "observers", b"observers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_voters", b"current_voters", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "nodes", b"nodes", "observers", b"observers", "peer_problems", b"peer_problems", "responder_id", b"responder_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DescribeQuorumResponse: _TypeAlias = DescribeQuorumResponse  # noqa: Y015
+
+@_typing.final
+class PeerProblem(_message.Message):
+    """A peer this controller cannot use: unreachable at the address it dials (after a few consecutive
+    failures), or refusing its requests for good (a configuration problem, not a race).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PEER_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    peer_id: _builtins.int
+    address: _builtins.str
+    """The host:port this controller dials for the peer (from its controller.quorum.voters)."""
+    kind: _builtins.str
+    """"unreachable", or the refusal's error code: INCONSISTENT_CLUSTER_ID, INCONSISTENT_VOTER_SET,
+    INVALID_REQUEST.
+    """
+    detail: _builtins.str
+    """The transport's reason or the peer's error message."""
+    def __init__(
+        self,
+        *,
+        peer_id: _builtins.int = ...,
+        address: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "detail", b"detail", "kind", b"kind", "peer_id", b"peer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerProblem: _TypeAlias = PeerProblem  # noqa: Y015
 
 @_typing.final
 class RaftVoterEndpoint(_message.Message):

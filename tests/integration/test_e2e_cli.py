@@ -149,6 +149,15 @@ def test_user_story_up_topic_produce_consume_failover_down(cluster_dir: Path) ->
         i: n["pid"] for i, n in nodes.items()
     }
 
+    # grpc.health.v1 of every node: the process, RaftService on controllers, BrokerService on brokers.
+    health = ok_json("health", "--dir", d, "--json")
+    assert health["healthy"] is True
+    assert {(c["node"], c["service"]) for c in health["checks"] if c["status"] == "SERVING"} == {
+        (n["name"], service)
+        for n in started["nodes"]
+        for service in ("", "kraft.v1.RaftService" if n["role"] == "controller" else "kraft.v1.BrokerService")
+    }
+
     # The quorum and the brokers, as kafka-metadata-quorum.sh / kafka-broker-api-versions would show them.
     status = ok_json("quorum", "describe", "--status", "--json", "--bootstrap-controller", controllers)
     assert status["cluster_id"] == started["cluster_id"]

@@ -297,7 +297,7 @@ def test_encoding_is_byte_identical_to_the_pinned_wire_format(encoded: Any, gold
 # Protobuf fields that have no dataclass counterpart on purpose: the transport adds them, the core never
 # sees them.
 _PROTOBUF_ONLY_FIELDS = {
-    raft_pb2.DescribeQuorumResponse: {"cluster_id", "nodes"},
+    raft_pb2.DescribeQuorumResponse: {"cluster_id", "nodes", "responder_id", "peer_problems"},
 }
 _PAIRS = [
     (m.SnapshotId, raft_pb2.SnapshotId),

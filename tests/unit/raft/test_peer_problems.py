@@ -6,13 +6,19 @@ is a warning after a few consecutive failures; both repeat at most once per inte
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+import grpc
+import grpc.aio
 import pytest
 
+from kraft.client.quorum import PeerProblemView, describe_quorum_at, peer_problems_of
 from kraft.errors import ErrorCode
 from kraft.observability.logging import KeyValueFormatter, get_logger
-from kraft.raft.driver import PEER_FAILURES_BEFORE_WARNING, PeerProblems
+from kraft.raft.driver import PEER_FAILURES_BEFORE_WARNING, PeerProblem, PeerProblems
+from kraft.raft.grpc_server import RaftServicer, add_raft_service
+from kraft.raft.messages import DescribeQuorumResponse
 
 ADDRESSES = {2: "127.0.0.1:9102", 3: "127.0.0.1:9103"}
 
@@ -74,3 +80,39 @@ def test_ordinary_errors_are_not_refusals(problems: PeerProblems, caplog: pytest
     problems.answered(2, ErrorCode.FENCED_LEADER_EPOCH, "", 0)
     problems.answered(2, ErrorCode.NOT_LEADER_OR_FOLLOWER, "", 0)
     assert _lines(caplog) == [] and problems.problems() == {}
+
+
+def test_reports_are_structured_for_describe_quorum(problems: PeerProblems) -> None:
+    for attempt in range(PEER_FAILURES_BEFORE_WARNING):
+        problems.send_failed(3, "UNAVAILABLE: connection refused", attempt)
+    problems.answered(2, ErrorCode.INCONSISTENT_VOTER_SET, "voter 2 is not in my voter set", 10)
+    assert problems.reports() == (
+        PeerProblem(2, "127.0.0.1:9102", "INCONSISTENT_VOTER_SET", "voter 2 is not in my voter set"),
+        PeerProblem(3, "127.0.0.1:9103", "unreachable", "UNAVAILABLE: connection refused"),
+    )
+
+
+async def test_describe_quorum_carries_the_responders_peer_problems() -> None:
+    """Every DescribeQuorum answer — here a non-leader's — names its responder and its problems."""
+    reported = (PeerProblem(1, "127.0.0.1:1", "unreachable", "UNAVAILABLE: connection refused"),)
+
+    class NotLeader:
+        async def handle_request(self, request: object, peer_id: int | None = None) -> DescribeQuorumResponse:
+            return DescribeQuorumResponse(ErrorCode.NOT_LEADER_OR_FOLLOWER, "", leader_id=-1, leader_epoch=3)
+
+    servicer = RaftServicer(NotLeader(), cluster_id="cid", node_id=3, peer_problems=lambda: reported)
+    server = grpc.aio.server()
+    add_raft_service(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        answer = await asyncio.to_thread(describe_quorum_at, f"127.0.0.1:{port}", 2.0)
+    finally:
+        await server.stop(None)
+    assert answer is not None
+    assert peer_problems_of(answer) == [
+        PeerProblemView(3, 1, "127.0.0.1:1", "unreachable", "UNAVAILABLE: connection refused")
+    ]
+    assert str(peer_problems_of(answer)[0]) == (
+        "controller 3 -> 1: unreachable at 127.0.0.1:1 (UNAVAILABLE: connection refused)"
+    )
