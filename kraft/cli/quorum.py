@@ -179,6 +179,13 @@ def add_controller_command(
         raise CliError(f"{command_config} is not a controller's config (process.roles, CONTROLLER listener)")
     meta = read_meta_properties(cfg.metadata_log_dir)
     listener = cfg.controller_listener
+    # On TLS the leader takes voter changes only from a controller certificate: dial as the joining
+    # controller does (its own keystore and truststore from this config).  Imported here: TLS pulls in
+    # cryptography, which `kraft --help` does not need.
+    from kraft.client.channel import set_default_security
+    from kraft.security.tls import outbound_security
+
+    set_default_security(outbound_security(cfg, listener.name))
     host = listener.host if listener.host not in ("", "0.0.0.0", "::") else socket.getfqdn()
     endpoint = ControllerEndpoint(listener.name, host, listener.port)
     targets = [e.target for e in parse_bootstrap(bootstrap_controller)]
@@ -204,6 +211,7 @@ def remove_controller_command(
         ),
     ],
     timeout_ms: _TimeoutOption = 30_000,
+    command_config: CommandConfigOption = None,
 ) -> None:
     """Remove a voter (KIP-853, kafka-metadata-quorum.sh remove-controller); a leader removing itself
     hands over once the change commits.
@@ -212,6 +220,9 @@ def remove_controller_command(
 
       kraft quorum remove-controller --bootstrap-controller h1:9093 --controller-id 3 \\
         --controller-directory-id 8xCd4lEkRcOvtdUSbkVc2g
+
+    On a TLS quorum ``--command-config`` must name a controller's certificate (ssl.keystore.*): voter
+    changes, like every Raft RPC that moves the quorum, are taken only from controllers.
     """
     try:
         parse_uuid(controller_directory_id)
