@@ -72,6 +72,9 @@ def test_three_controllers_elect_exactly_one_leader_and_describe_shows_it(quorum
         "CurrentObservers": "[]",
         "Voters": fields["Voters"].strip(),
         "Observers": "-",
+        # A healthy quorum: every controller answered and none reports a peer problem.
+        "PeerProblems": "-",
+        "UnansweredControllers": "-",
     }
     # KIP-853's Voters line: id@directory-id and the endpoint of each voter.
     voters = [entry.strip() for entry in fields["Voters"].split(",")]
