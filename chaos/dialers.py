@@ -133,8 +133,12 @@ class DialerRouter:
         pid_of: Callable[[str], int | None],
         owns: Callable[[int, int], bool] = pid_owns_socket,
         inode_of: Callable[[tuple[str, int], tuple[str, int]], int | None] = socket_inode,
+        advertised: frozenset[str] = frozenset(),
     ) -> None:
+        """``advertised``: nodes that advertise their client proxy (brokers, see ``ChaosCluster``): other
+        nodes dial ``client_to_<node>`` too, so connections on those client links are routed as well."""
         self._topology = topology
+        self._advertised = advertised
         self._pid_of = pid_of
         self._owns = owns
         self._inode_of = inode_of
@@ -158,7 +162,9 @@ class DialerRouter:
 
     def __call__(self, proxy: str, dialer: tuple[str, int]) -> str | None:
         link = self._by_name.get(proxy)
-        if link is None or link.source not in self._topology.listeners:
+        if link is None:
+            return None
+        if link.source not in self._topology.listeners and link.target not in self._advertised:
             return None  # client links: only the harness dials them
         try:
             node = self.dialer_of(link, dialer)

@@ -7,7 +7,9 @@
    the proxy ``A_to_B`` as B's address (``controller.quorum.voters``);
 4. creates the proxies (``/populate``), starts every node and waits until the cluster is healthy.
 With our own proxy server, a :class:`~chaos.dialers.DialerRouter` sends a connection that arrives on
-another node's link (a broker following a NOT_CONTROLLER hint) through the dialer's own link.
+another node's link (a broker following a NOT_CONTROLLER hint) through the dialer's own link.  Brokers
+advertise their ``client_to_<broker>`` proxy (``advertised.listeners``): a follower's ReplicaFetch to its
+leader arrives there and is routed through ``<follower>_to_<leader>``, so replication can be cut too.
 
 The harness itself watches the cluster through the nodes' real listeners (never cut by a nemesis); the
 workload dials through the ``client_to_<node>`` proxies.
@@ -75,12 +77,15 @@ class ChaosCluster:
             listeners,
             kraft_links([c.name for c in spec.controllers], [b.name for b in spec.brokers]),
         )
-        self.cluster = LocalCluster(planned.layout, spec, address_of=self._address_of_ids)
+        self.cluster = LocalCluster(
+            planned.layout, spec, address_of=self._address_of_ids, advertised_of=self._advertised_of
+        )
         self.cluster.write_configs()
         self.proxies.populate(self.topology.populate_body())
         if self._server is not None and self._route_dialers:
             # Only our own proxy can route by dialer; a real Toxiproxy keeps the known inaccuracy.
-            self.router = DialerRouter(self.topology, self._pid_of)
+            brokers = frozenset(b.name for b in spec.brokers)
+            self.router = DialerRouter(self.topology, self._pid_of, advertised=brokers)
             self._server.server.collection.router = self.router
         self.cluster.start()
         return self.cluster.wait_healthy(timeout_s)
@@ -121,6 +126,12 @@ class ChaosCluster:
         cluster, topology = self._require()
         viewer, target = cluster.spec.node(viewer_id), cluster.spec.node(target_id)
         return topology.address_of(viewer.name, target.name)
+
+    def _advertised_of(self, broker_id: int) -> tuple[str, int]:
+        """Brokers advertise their client proxy: clients dial it as before, and another broker's
+        connection to it is routed through that broker's own link (``chaos.dialers``)."""
+        cluster, topology = self._require()
+        return topology.address_of(CLIENT, cluster.spec.node(broker_id).name)
 
     def _pid_of(self, node: str) -> int | None:
         if self.cluster is None or node not in {n.name for n in self.cluster.spec.nodes}:

@@ -33,15 +33,22 @@ from chaos.checkers import (
     check_no_lost_acknowledged,
     check_single_leader_per_epoch,
 )
+from chaos.checkers.data_plane import (
+    PartitionRead,
+    ReplicaLog,
+    check_acknowledged_at_their_offsets,
+    check_replicas_identical_below_hwm,
+)
 from chaos.checkers.verdict import unknown
 from chaos.collect import broker_registration_offsets, image_digests_at, iter_metadata_log, node_log
+from chaos.data_plane import DataPlaneWorkload, create_data_topic, read_final, read_replica_logs
 from chaos.harness import ChaosCluster
 from chaos.history import HISTORY_FILE, HistoryStore, Operation
 from chaos.monitor import ClusterMonitor
 from chaos.nemesis import NemesisEvent, NemesisScheduler
 from chaos.produce import ProduceWorkload, create_produce_topic, fencing_intervals
 from chaos.report import RunReport, write_report
-from chaos.scenarios import SCENARIOS
+from chaos.scenarios import DATA_PLANE_MIN_BROKERS, DATA_PLANE_SCENARIOS, SCENARIOS
 from chaos.workload import TopicWorkload, WorkloadOptions, describe_all_topics
 from kraft.client.quorum import describe_quorum_at
 
@@ -128,6 +135,9 @@ class _Collected:
     broker_of: dict[int, int] = field(default_factory=dict)  # producer process -> broker id
     # broker id -> offsets of its committed registration records (None: no committed log was read)
     registrations: dict[int, list[int]] | None = None
+    data_plane: bool = False
+    data_final: dict[int, PartitionRead] | None = None  # the data-plane topic read from its final leaders
+    replica_logs: list[ReplicaLog] = field(default_factory=list)
 
 
 async def _final_topics(cluster: ChaosCluster, deadline: float) -> TopicObservation | None:
@@ -195,6 +205,12 @@ async def _exercise(
     targets = {c.node_id: cluster.client_target(c) for c in cluster.controllers}
     broker_ids = [b.node_id for b in cluster.brokers]
     producers: ProduceWorkload | None = None
+    data: DataPlaneWorkload | None = None
+    if options.scenario in DATA_PLANE_SCENARIOS:
+        await create_data_topic(cluster.cluster_id, [c.target for c in cluster.controllers])
+        data = DataPlaneWorkload(
+            store, cluster.cluster_id, {b.node_id: cluster.client_target(b) for b in cluster.brokers}
+        )
     if broker_ids:
         await create_produce_topic(cluster.cluster_id, [c.target for c in cluster.controllers], broker_ids)
         producers = ProduceWorkload(
@@ -211,6 +227,7 @@ async def _exercise(
         await asyncio.gather(
             workload.run(options.duration_s),
             producers.run(options.duration_s) if producers is not None else asyncio.sleep(0),
+            data.run(options.duration_s) if data is not None else asyncio.sleep(0),
             scheduler.run(
                 options.duration_s, lambda e: progress(f"  {e.action} {e.nemesis}: {e.description}")
             ),
@@ -238,6 +255,11 @@ async def _exercise(
 
 
 async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
+    if options.scenario in DATA_PLANE_SCENARIOS and options.brokers < DATA_PLANE_MIN_BROKERS:
+        raise ValueError(
+            f"scenario {options.scenario} needs at least {DATA_PLANE_MIN_BROKERS} brokers "
+            f"(replication factor 3), got {options.brokers}"
+        )
     report_dir = options.report_dir
     report_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -245,7 +267,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
     await store.set_meta("scenario", options.scenario)
     await store.set_meta("seed", options.seed)
     await store.set_meta("reproduce", options.reproduce_command())
-    collected = _Collected()
+    collected = _Collected(data_plane=options.scenario in DATA_PLANE_SCENARIOS)
     cluster = ChaosCluster(
         report_dir / "work",
         controllers=options.controllers,
@@ -264,6 +286,10 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         await asyncio.to_thread(cluster.start)
         monitor = await _exercise(options, cluster, store, progress, collected)
         collected.final = await _final_topics(cluster, time.monotonic() + FINAL_READ_TIMEOUT_S)
+        if collected.data_plane:
+            progress("reading the replicated topic from its final leaders")
+            direct = {b.node_id: b.target for b in cluster.brokers}
+            collected.data_final = await read_final(cluster.cluster_id, direct, FINAL_READ_TIMEOUT_S)
         high_watermark = await asyncio.to_thread(_settled_high_watermark, cluster, SETTLE_TIMEOUT_S)
     finally:
         progress("stopping the cluster")
@@ -278,6 +304,9 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         if monitor is not None:
             collected.images = _images(cluster, monitor, high_watermark)
         collected.registrations = _registrations(cluster, high_watermark)
+    if cluster.cluster is not None and collected.data_plane:
+        data_dirs = {b.node_id: cluster.metadata_log_dir(b) for b in cluster.brokers}
+        collected.replica_logs = await asyncio.to_thread(read_replica_logs, data_dirs)
     verdicts = run_checkers(options, collected, monitor)
     report = RunReport(
         scenario=options.scenario,
@@ -310,6 +339,15 @@ def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMon
     verdicts.append(check_committed_logs_identical(collected.logs))
     if collected.broker_ids:
         verdicts.append(check_images_match(collected.images))
+    if collected.data_plane:
+        if collected.data_final is None:
+            for checker in ("acks-all-at-their-offsets", "replicas-identical-below-hwm"):
+                verdicts.append(
+                    unknown(checker, "no partition reached a leader with a whole ISR after the heal")
+                )
+        else:
+            verdicts.append(check_acknowledged_at_their_offsets(ops, collected.data_final))
+            verdicts.append(check_replicas_identical_below_hwm(collected.replica_logs, collected.data_final))
     if monitor is not None:
         verdicts.append(check_single_leader_per_epoch(monitor.leaders))
         if collected.broker_of and collected.registrations is None:

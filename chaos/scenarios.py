@@ -122,6 +122,23 @@ def pause(cluster: ChaosCluster) -> list[Nemesis]:
     ]
 
 
+def data_plane(cluster: ChaosCluster) -> list[Nemesis]:
+    """Broker faults under acks=all producers (issue #16): kill or pause one broker, or cut one off from
+    the controllers and the other brokers (its followers stop fetching, it is fenced, its partitions move,
+    and until its lease lapses it still believes it leads — the zombie leader; clients still reach it)."""
+    proxies, topology, controllers, brokers = _parts(cluster)
+    everyone = [*controllers, *brokers]
+
+    def shape(rng: random.Random) -> grudges.Cuts:
+        return grudges.isolate(rng.choice(brokers), everyone)
+
+    return [
+        KillNemesis("kill-broker", cluster, brokers, Targets.ONE),
+        PauseNemesis("pause-broker", cluster, brokers, Targets.ONE),
+        PartitionNemesis("isolate-broker", proxies, topology, shape),
+    ]
+
+
 def mixed(cluster: ChaosCluster) -> list[Nemesis]:
     return [
         *isolate_leader(cluster),
@@ -144,8 +161,14 @@ SCENARIOS: Mapping[str, ScenarioBuilder] = MappingProxyType(
         "kill": kill,
         "pause": pause,
         "mixed": mixed,
+        "data-plane": data_plane,
     }
 )
+
+
+DATA_PLANE_SCENARIOS = frozenset({"data-plane"})
+"""Scenarios that also run the replicated acks=all workload and its checkers (3 brokers or more)."""
+DATA_PLANE_MIN_BROKERS = 3
 
 
 def scenario_names(selection: str) -> list[str]:

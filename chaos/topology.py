@@ -87,9 +87,12 @@ def kraft_links(
     controllers: Sequence[str], brokers: Sequence[str], clients: Sequence[str] = (CLIENT,)
 ) -> list[tuple[str, str]]:
     """The directed links of a KRaft cluster: controller→controller (Raft), broker→controller
-    (registration, heartbeats, MetadataFetch) and client→every node.  Controllers never dial brokers."""
+    (registration, heartbeats, MetadataFetch), broker→broker (ReplicaFetch: a broker dials the endpoint
+    its leader advertised, the ``client_to_<leader>`` proxy, and the dialer router sends the connection
+    through ``<follower>_to_<leader>``) and client→every node.  Controllers never dial brokers."""
     links = [(a, b) for a in controllers for b in controllers if a != b]
     links += [(b, c) for b in brokers for c in controllers]
+    links += [(a, b) for a in brokers for b in brokers if a != b]
     links += [(client, node) for client in clients for node in [*controllers, *brokers]]
     return links
 

@@ -243,6 +243,11 @@ def parse_voters(text: str) -> tuple[Voter, ...]:
     return tuple(voters)
 
 
+def parse_advertised_listeners(text: str) -> tuple[Listener, ...]:
+    """Like :func:`parse_listeners`, but empty means none (every listener advertises itself)."""
+    return parse_listeners(text) if text.strip() else ()
+
+
 def parse_listeners(text: str) -> tuple[Listener, ...]:
     """``CONTROLLER://h:9093,PLAINTEXT://:9092`` → listeners; names are upper-cased as Kafka does."""
     listeners: list[Listener] = []
@@ -497,6 +502,12 @@ class NodeConfig(BaseModel):
     listeners: Annotated[tuple[Listener, ...], _typed_or_parsed(parse_listeners, Listener)] = _key(
         "listeners"
     )
+    advertised_listeners: Annotated[
+        tuple[Listener, ...], _typed_or_parsed(parse_advertised_listeners, Listener)
+    ] = _key("advertised.listeners", default=())
+    """What a broker registers (and clients and other brokers dial) for a listener, when that differs from
+    where it binds (NAT, a proxy in front): Kafka's ``advertised.listeners``; unnamed listeners advertise
+    their ``listeners`` address."""
     controller_listener_names: Annotated[tuple[str, ...], BeforeValidator(_parse_names)] = _key(
         "controller.listener.names", default=("CONTROLLER",)
     )
@@ -707,6 +718,10 @@ class NodeConfig(BaseModel):
 
     def listener(self, name: str) -> Listener | None:
         return next((lst for lst in self.listeners if lst.name == name.upper()), None)
+
+    def advertised(self, listener: Listener) -> Listener:
+        """The address registered for ``listener``: its ``advertised.listeners`` entry, else itself."""
+        return next((a for a in self.advertised_listeners if a.name == listener.name), listener)
 
     @property
     def controller_listener(self) -> Listener | None:
@@ -920,6 +935,14 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
                 f"must be less than broker.session.timeout.ms ({cfg.broker_session_timeout_ms})",
             )
     _check_ssl_rules(cfg)
+    for advertised in cfg.advertised_listeners:
+        if advertised.name not in listener_names - controller_names or not advertised.host:
+            raise ConfigError.for_key(
+                "advertised.listeners",
+                _render(cfg.advertised_listeners),
+                f"{advertised.name} must name a broker listener of 'listeners' "
+                f"({','.join(sorted(listener_names - controller_names)) or 'none'}) with a host",
+            )
     if not cfg.is_controller and listener_names & controller_names:
         raise ConfigError.for_key(
             "listeners",

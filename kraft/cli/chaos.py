@@ -120,13 +120,17 @@ def run_command(
       kraft chaos run --scenario kill --brokers 3 --clients 8 --recovery 60
     """
     from chaos.runner import RunOptions, failed_verdicts, run_scenario
-    from chaos.scenarios import scenario_names
+    from chaos.scenarios import DATA_PLANE_MIN_BROKERS, DATA_PLANE_SCENARIOS, scenario_names
     from chaos.workload import WorkloadOptions
 
     try:
         names = scenario_names(scenario)
     except ValueError as exc:
         raise CliError(f"--scenario: {exc}") from None
+    if scenario in DATA_PLANE_SCENARIOS and brokers < DATA_PLANE_MIN_BROKERS:
+        raise CliError(
+            f"--brokers: {scenario} needs at least {DATA_PLANE_MIN_BROKERS} (replication factor 3)"
+        )
     invalid: list[str] = []
     rows: list[list[object]] = []
     for name in names:
@@ -136,7 +140,8 @@ def run_command(
             duration_s=duration,
             report_dir=report / name,
             controllers=controllers,
-            brokers=brokers,
+            # "all" runs the replicated data-plane scenario with the 3 brokers it needs.
+            brokers=max(brokers, DATA_PLANE_MIN_BROKERS) if name in DATA_PLANE_SCENARIOS else brokers,
             recovery_bound_s=recovery,
             workload=WorkloadOptions(clients=clients),
         )

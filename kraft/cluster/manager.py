@@ -28,6 +28,7 @@ from kraft.cluster.process import NodeProcess, ProcessError
 from kraft.cluster.spec import (
     ADMIN_CLIENT,
     AddressOf,
+    AdvertisedOf,
     ClusterLayout,
     ClusterSpec,
     NodeRole,
@@ -153,10 +154,14 @@ class LocalCluster:
         *,
         address_of: AddressOf | None = None,
         extra_env: Mapping[str, str] | None = None,
+        advertised_of: AdvertisedOf | None = None,
     ) -> None:
+        """``advertised_of``: a broker's ``advertised.listeners`` address by node id (e.g. a proxy in
+        front of it); None = brokers advertise their ``listeners``."""
         self.layout = layout
         self.spec = spec
         self.address_of = address_of
+        self.advertised_of = advertised_of
         self._processes = {n.node_id: NodeProcess(n, layout, dict(extra_env or {})) for n in spec.nodes}
 
     # --- creation -------------------------------------------------------------------------------------
@@ -260,7 +265,8 @@ class LocalCluster:
         """(Re)write every node's ``.properties`` from the spec (and ``address_of``, if given)."""
         # Render (and validate) all of them before writing any: a bad override leaves nothing behind.
         rendered = {
-            node: node_properties(self.spec, node, self.layout, self.address_of) for node in self.spec.nodes
+            node: node_properties(self.spec, node, self.layout, self.address_of, self.advertised_of)
+            for node in self.spec.nodes
         }
         for node, props in rendered.items():
             path = self.layout.config_path(node)

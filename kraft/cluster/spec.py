@@ -22,6 +22,8 @@ from kraft.security.authorizer import STANDARD_AUTHORIZER
 from kraft.security.ca import ORGANIZATION
 
 AddressOf = Callable[[int, int], tuple[str, int]]
+AdvertisedOf = Callable[[int], tuple[str, int]]
+"""A broker's advertised address by node id (what it registers; clients and other brokers dial it)."""
 
 FIRST_BROKER_ID: Final = 101
 STATE_FILE: Final = "cluster.json"
@@ -264,7 +266,11 @@ def client_properties(layout: ClusterLayout) -> dict[str, str]:
 
 
 def node_properties(
-    spec: ClusterSpec, node: NodeSpec, layout: ClusterLayout, address_of: AddressOf | None = None
+    spec: ClusterSpec,
+    node: NodeSpec,
+    layout: ClusterLayout,
+    address_of: AddressOf | None = None,
+    advertised_of: AdvertisedOf | None = None,
 ) -> dict[str, str]:
     """The Kafka-style config of ``node`` (validated by :class:`NodeConfig` before it is returned)."""
 
@@ -282,6 +288,9 @@ def node_properties(
         "controller.quorum.voters": ",".join(voter_address(c) for c in spec.controllers),
         "listeners": f"{listener}://{node.host}:{node.port}",
     }
+    if advertised_of is not None and node.role is NodeRole.BROKER:
+        host, port = advertised_of(node.node_id)
+        props["advertised.listeners"] = f"{listener}://{host}:{port}"
     if spec.tls:
         props.update(tls_properties(layout, node.name))
     if spec.authorizer:

@@ -86,6 +86,11 @@ class Activation:
         if state.logic is not None:
             if self._writes.lease_expired():
                 raise NotControllerError(NO_LEADER)
+            if not self._raft.has_leader_lease():
+                # Raft's leader lease lapsed: another controller may lead already (and may have fenced
+                # the broker asking); answer nothing a deposed controller must not answer.
+                self._metrics.lease_refusals.inc()
+                raise NotControllerError(NO_LEADER)
             return state.logic
         if state.is_leader and not state.stopping:
             if self._activated is None:

@@ -176,8 +176,8 @@ class BrokerSettings:
             listeners=tuple(
                 Endpoint(
                     name=lst.name,
-                    host=lst.host or "127.0.0.1",
-                    port=lst.port,
+                    host=config.advertised(lst).host or "127.0.0.1",
+                    port=config.advertised(lst).port,
                     security_protocol=config.security_protocol(lst.name),
                 )
                 for lst in config.listeners

@@ -22,14 +22,14 @@ SUITE_RECOVERY_S = 40.0
 
 
 def suite_options(
-    tmp_path: Path, scenario: str, seed: int, duration_s: float = SUITE_DURATION_S
+    tmp_path: Path, scenario: str, seed: int, duration_s: float = SUITE_DURATION_S, brokers: int = 1
 ) -> RunOptions:
     return RunOptions(
         scenario=scenario,
         seed=seed,
         duration_s=duration_s,
         report_dir=tmp_path / scenario,
-        brokers=1,
+        brokers=brokers,
         recovery_bound_s=SUITE_RECOVERY_S,
     )
 

@@ -15,7 +15,7 @@ import pytest
 from chaos_checked_run import run_checked, suite_options
 
 from chaos.history import EventType, Operation, load_events, pair_operations
-from chaos.scenarios import SCENARIOS
+from chaos.scenarios import DATA_PLANE_SCENARIOS, SCENARIOS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -31,6 +31,7 @@ SUITE_SEEDS = {
     "kill": 22,
     "pause": 38,
     "mixed": 29,
+    "data-plane": 32,
 }
 # Checkers every run must report (all must PASS); the runner adds them only when their inputs exist.
 REQUIRED_CHECKERS = {
@@ -43,6 +44,8 @@ REQUIRED_CHECKERS = {
     "fenced-broker-never-acks",
     "liveness-after-heal",
 }
+# The data-plane scenario (acks=all producers on a replication-factor-3 topic over 3 brokers) adds these.
+DATA_PLANE_CHECKERS = {"acks-all-at-their-offsets", "replicas-identical-below-hwm"}
 
 
 def test_every_scenario_has_a_suite_seed() -> None:
@@ -51,14 +54,19 @@ def test_every_scenario_has_a_suite_seed() -> None:
 
 @pytest.mark.parametrize("scenario", list(SUITE_SEEDS))
 async def test_scenario_passes_every_checker(tmp_path: Path, scenario: str) -> None:
-    options = suite_options(tmp_path, scenario, SUITE_SEEDS[scenario])
+    data_plane = scenario in DATA_PLANE_SCENARIOS
+    options = suite_options(tmp_path, scenario, SUITE_SEEDS[scenario], brokers=3 if data_plane else 1)
     report = await run_checked(options)
-    assert {v.checker for v in report.verdicts} == REQUIRED_CHECKERS
+    required = REQUIRED_CHECKERS | (DATA_PLANE_CHECKERS if data_plane else set())
+    assert {v.checker for v in report.verdicts} == required
     assert any(e.action == "start" for e in report.nemesis_events), "no fault was injected"
     assert report.nemesis_events[-1].action == "heal", "the run ended with a fault still active"
     acknowledged = [op for op in report.operations if op.outcome is EventType.OK]
     assert sum(op.f in ("create", "delete") for op in acknowledged) >= 10, "almost no topic progress"
     assert any(op.f == "produce" for op in acknowledged), "no produce was acknowledged"
+    if data_plane:
+        acked_all = sum(op.f == "produce-all" for op in acknowledged)
+        assert acked_all >= 10, f"only {acked_all} acks=all produces were acknowledged"
     await _assert_artefacts(options.report_dir, scenario, options.reproduce_command(), report.operations)
 
 

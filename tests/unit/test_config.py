@@ -492,3 +492,22 @@ def test_replication_keys_have_kafkas_defaults_and_reach_the_broker_settings() -
         min_insync_replicas=2,
         hwm_checkpoint_interval_ms=1000,
     )
+
+
+def test_advertised_listeners_are_what_a_broker_registers_and_it_still_binds_its_listeners() -> None:
+    cfg = NodeConfig.from_properties({**BROKER, "advertised.listeners": "PLAINTEXT://proxy.example:19092"})
+    settings = BrokerSettings.from_config(cfg, "c")
+    assert settings.bind_address == "127.0.0.1:9092"
+    assert [(e.name, e.host, e.port) for e in settings.listeners] == [("PLAINTEXT", "proxy.example", 19092)]
+    plain = BrokerSettings.from_config(NodeConfig.from_properties(BROKER), "c")
+    assert [(e.host, e.port) for e in plain.listeners] == [("127.0.0.1", 9092)]
+
+
+@pytest.mark.parametrize(
+    "advertised",
+    ["OTHER://h:1", "PLAINTEXT://:19092", "CONTROLLER://h:1"],
+    ids=["unknown", "no-host", "controller"],
+)
+def test_advertised_listeners_must_name_a_broker_listener_with_a_host(advertised: str) -> None:
+    with pytest.raises(ConfigError, match=r"advertised\.listeners"):
+        NodeConfig.from_properties({**BROKER, "advertised.listeners": advertised})

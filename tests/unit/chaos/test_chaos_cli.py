@@ -91,3 +91,14 @@ def test_run_rejects_an_unknown_scenario_in_one_line(tmp_path: Path) -> None:
     lines = result.stderr.decode().strip().splitlines()
     assert lines == [lines[0]] and lines[0].startswith("error: --scenario: unknown scenario 'nope'")
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_run_refuses_the_data_plane_scenario_with_too_few_brokers_in_one_line(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "kraft.cli.main", "chaos", "run", "--scenario", "data-plane"]
+    result = subprocess.run(
+        [*command, "--brokers", "2", "--report", str(tmp_path)], check=False, capture_output=True, timeout=60
+    )
+    assert result.returncode == 1
+    lines = result.stderr.decode().strip().splitlines()
+    assert lines == ["error: --brokers: data-plane needs at least 3 (replication factor 3)"]
+    assert not any(tmp_path.iterdir()), "nothing may start before the input is checked"

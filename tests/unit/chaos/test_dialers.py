@@ -13,7 +13,7 @@ import pytest
 from chaos.dialers import DialerRouter, netlink_socket_inode, pid_owns_socket, proc_socket_inode, socket_inode
 from chaos.proxy import BackgroundProxyServer
 from chaos.proxy.client import ToxiproxyClient
-from chaos.topology import build_topology
+from chaos.topology import CLIENT, build_topology
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/proc/net/tcp").exists(), reason="needs Linux /proc"
@@ -88,5 +88,35 @@ def test_a_connection_on_another_nodes_link_goes_through_the_dialers_own_link(ec
             pids["a"], pids["b"] = pids.pop("b"), -1
             assert _round_trip(theirs.listen) == b"ping"
             assert len(router.rerouted) == 2
+        finally:
+            client.close()
+
+
+def test_a_broker_dialing_another_brokers_advertised_client_proxy_rides_its_own_link(
+    echo_address: str,
+) -> None:
+    """Brokers advertise ``client_to_<broker>``: a follower (this process, node ``b``) dialing it for a
+    ReplicaFetch must go through ``b_to_t``, so cutting that link cuts replication; the harness (no node)
+    keeps the client link."""
+    host, port = echo_address.rsplit(":", 1)
+    listeners = {"b": ("127.0.0.1", 2), "t": (host, int(port))}
+    topology = build_topology(listeners, [("b", "t"), (CLIENT, "t")])
+    client_link, own = topology.link(CLIENT, "t"), topology.link("b", "t")
+    with BackgroundProxyServer(port=0, seed=1) as server:
+        client = ToxiproxyClient(server.url)
+        try:
+            client.populate(topology.populate_body())
+            not_advertised = DialerRouter(topology, {"b": os.getpid()}.get)
+            server.server.collection.router = not_advertised
+            assert _round_trip(client_link.listen) == b"ping" and not_advertised.rerouted == []
+            router = DialerRouter(topology, {"b": os.getpid()}.get, advertised=frozenset({"t"}))
+            server.server.collection.router = router
+            assert _round_trip(client_link.listen) == b"ping"
+            assert router.rerouted == [(client_link.name, "b", own.name)]
+            client.set_enabled(own.name, False)
+            assert _round_trip(client_link.listen) == b""
+            harness = DialerRouter(topology, {"b": -1}.get, advertised=frozenset({"t"}))
+            server.server.collection.router = harness
+            assert _round_trip(client_link.listen) == b"ping" and harness.rerouted == []
         finally:
             client.close()

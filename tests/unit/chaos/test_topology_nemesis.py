@@ -88,8 +88,9 @@ class FakeProcesses:
 
 def test_every_directed_link_gets_its_own_proxy() -> None:
     topology = _topology()
-    # 3*2 controller links + 2*3 broker->controller + 5 client links
-    assert len(topology.links) == 6 + 6 + 5
+    # 3*2 controller links + 2*3 broker->controller + 2 broker->broker (replication) + 5 client links
+    assert len(topology.links) == 6 + 6 + 2 + 5
+    assert ("broker-101", "broker-102") in topology.links and ("broker-102", "broker-101") in topology.links
     ports = [link.listen_port for link in topology.links.values()]
     assert len(set(ports)) == len(ports)
     link = topology.link("controller-1", "controller-2")
