@@ -101,11 +101,6 @@ CONTROLLER_LAST_APPLIED_RECORD_LAG_SECONDS = Gauge(
 CONTROLLER_NEW_ACTIVE_CONTROLLERS = Counter(
     "kraft_controller_new_active_controllers", "Times a new active controller was observed", _NODE
 )
-CONTROLLER_LEASE_REFUSALS = Counter(
-    "kraft_controller_lease_refusals",
-    "Requests the active controller answered NOT_CONTROLLER because its Raft leader lease had lapsed",
-    _NODE,
-)
 CONTROLLER_METADATA_ERRORS = Counter(
     "kraft_controller_metadata_errors", "Errors while replaying or generating metadata records", _NODE
 )
@@ -231,7 +226,6 @@ class ControllerMetrics:
     last_applied_record_lag_seconds: Gauge
     new_active_controllers: Counter
     metadata_errors: Counter
-    lease_refusals: Counter
 
     @classmethod
     def for_node(cls, node: int | str) -> ControllerMetrics:
@@ -250,7 +244,6 @@ class ControllerMetrics:
             last_applied_record_lag_seconds=CONTROLLER_LAST_APPLIED_RECORD_LAG_SECONDS.labels(label),
             new_active_controllers=CONTROLLER_NEW_ACTIVE_CONTROLLERS.labels(label),
             metadata_errors=CONTROLLER_METADATA_ERRORS.labels(label),
-            lease_refusals=CONTROLLER_LEASE_REFUSALS.labels(label),
         )
 
 
