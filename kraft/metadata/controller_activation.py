@@ -84,9 +84,7 @@ class Activation:
         """The logic to run a request on; waits out an activation in progress, else NotControllerError."""
         state = self._state
         if state.logic is not None:
-            if self._writes.lease_expired() or not self._raft.has_leader_lease():
-                # Raft's leader lease lapsed: another controller may lead already (and may have fenced
-                # the broker asking); answer nothing a deposed controller must not answer.
+            if self._writes.lease_expired():
                 raise NotControllerError(NO_LEADER)
             return state.logic
         if state.is_leader and not state.stopping:

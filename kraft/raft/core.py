@@ -137,15 +137,6 @@ class RaftCore:
         self._last_epoch_start_offset = -1
         self._resigned_leader: tuple[int, int] | None = None
         """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
-        self._vote_promise_until_ms = 0
-        """The leader lease's other half: until then this node grants no standard vote in a higher epoch
-        and does not campaign — it sent a Fetch to its leader less than ``vote_promise_ms`` ago (or
-        restarted as a follower, having perhaps just sent one).  docs/internals/raft.md "Leader lease"."""
-        self._promise_before_fetch: tuple[int, int] | None = None
-        """(correlation id, promise before it) of the fetch in flight: a fetch refused as unreachable
-        never reached the leader, and takes its promise back."""
-        self._candidacy_held = False
-        """A won pre-vote waiting for the promise to end before the candidacy."""
 
         if not 0 <= election.epoch <= MAX_EPOCH + 1 or not 0 <= log.last_epoch <= MAX_EPOCH:
             # Only a forged or corrupt quorum-state (or log) holds such an epoch — a node itself reaches
@@ -208,13 +199,6 @@ class RaftCore:
         return self.state is StateKind.LEADER
 
     @property
-    def leader_lease_until_ms(self) -> int:
-        """Until when (exclusive, on the clock ``now_ms`` comes from) this node is sure to be the only
-        leader: -1 when it does not lead or a majority has not fetched from it yet in this epoch
-        (:meth:`LeaderRole.lease_until_ms`).  The active controller answers only inside it."""
-        return -1 if self._leader is None else self._leader.lease_until_ms()
-
-    @property
     def leader_and_epoch(self) -> LeaderAndEpoch:
         if self.state in (StateKind.LEADER, StateKind.FOLLOWER):
             return LeaderAndEpoch(self.election.leader_id, self.election.epoch)
@@ -236,9 +220,6 @@ class RaftCore:
         self.now_ms = now_ms
         if self.election != self._persisted and self.state in PERSISTED_STATES:
             self._persist(self.election)
-        if self.state is StateKind.FOLLOWER and self.is_voter and self.voters != {self.node_id}:
-            # We may have sent our leader a Fetch just before we stopped: keep that promise.
-            self._vote_promise_until_ms = now_ms + self.config.vote_promise_ms
         self._enter_state()
         return self._take_output()
 
@@ -525,8 +506,6 @@ class RaftCore:
         out = self._out
         self._out = Output()
         deadline = min(self._timer.deadline_ms, self._inflight.next_deadline_ms())
-        if self._candidacy_held:
-            deadline = min(deadline, self._vote_promise_until_ms)
         for role in (self._election, self._leader, self._fetcher):
             if role is not None:
                 deadline = min(deadline, role.next_deadline_ms())
@@ -552,12 +531,6 @@ class RaftCore:
                     )
                     if self._fetcher is not None:
                         self._fetcher.on_sent(correlation_id)
-                        fetcher = self._fetcher
-                        if fetcher.leader_id == dest and self.is_voter and not fetcher.leader_resigned:
-                            self._promise_before_fetch = (correlation_id, self._vote_promise_until_ms)
-                            self._vote_promise_until_ms = max(
-                                self._vote_promise_until_ms, self.now_ms + self.config.vote_promise_ms
-                            )
                 case Respond():
                     self._respond(decision)
                 case RespondError(request_id, request, code, message):
@@ -684,7 +657,6 @@ class RaftCore:
         self._election = None
         self._leader = None
         self._fetcher = None
-        self._candidacy_held = False
         # Responses to requests of the old state are meaningless now.
         self._inflight.clear()
 
@@ -709,7 +681,7 @@ class RaftCore:
                 self.config, self.epoch, pre_vote=state is StateKind.PROSPECTIVE, voter_set=self.voter_set
             )
             if election.outcome() is ElectionOutcome.WON:
-                self._win(election)
+                self._become(election.transition_for_win())
             else:
                 self._apply(election.start(self.log))
         elif state is StateKind.LEADER:
@@ -745,18 +717,6 @@ class RaftCore:
                     self.config.cluster_id, self.node_id, self.epoch, voter, successors
                 )
                 self._send(voter, request, after_persist=True)
-
-    def _win(self, election: ElectionRole) -> None:
-        """Act on a won (pre-)election; a candidacy waits for this node's vote promise to end (the
-        leader lease: the leader it fetched from may still act as leader until then)."""
-        transition = election.transition_for_win()
-        if isinstance(transition, BecomeCandidate) and self._vote_promised():
-            self._candidacy_held = True  # _poll_state campaigns when the promise ends
-            return
-        self._become(transition)
-
-    def _vote_promised(self) -> bool:
-        return self.now_ms < self._vote_promise_until_ms and self.voters != {self.node_id}
 
     def _back_off_after_failed_election(self) -> None:
         """Lost a (pre-)election: fall back and wait a randomized, growing backoff."""
@@ -795,10 +755,7 @@ class RaftCore:
             elif self._timer.expired(now):
                 self._become(BecomeProspective())
         elif state is StateKind.PROSPECTIVE:
-            if self._candidacy_held and not self._vote_promised():
-                self._candidacy_held = False
-                self._become(BecomeCandidate())
-            elif self._timer.expired(now):
+            if self._timer.expired(now):
                 self._back_off_after_failed_election()
             elif self._election is not None:
                 self._apply(self._election.poll(now, self.log))
@@ -816,9 +773,6 @@ class RaftCore:
         retry_at = self.now_ms + self.config.retry_backoff_ms
         request = inflight.request
         if isinstance(request, FetchRequest | FetchSnapshotRequest):
-            before = self._promise_before_fetch
-            if unreachable and before is not None and before[0] == correlation_id:
-                self._vote_promise_until_ms = before[1]  # it never reached the leader
             if self._fetcher is not None:
                 self._fetcher.on_failed(correlation_id, retry_at, self.now_ms, unreachable=unreachable)
         elif isinstance(request, VoteRequest):
@@ -876,8 +830,6 @@ class RaftCore:
         fetches are not being refused — the same test that refuses pre-votes (KIP-996)."""
         if self._leader is not None:
             return self._leader.has_other_voters() and not self._leader.check_quorum_expired(self.now_ms)
-        if self._vote_promised():
-            return True  # the leader lease: we fetched from a leader that may still act on it
         fetcher = self._fetcher
         return (
             self.state is StateKind.FOLLOWER
@@ -897,7 +849,7 @@ class RaftCore:
             return
         outcome = election.tally(inflight.dest, response)
         if outcome is ElectionOutcome.WON:
-            self._win(election)
+            self._become(election.transition_for_win())
         elif outcome is ElectionOutcome.LOST and not election.lost:
             self._back_off_after_failed_election()
 
@@ -926,8 +878,6 @@ class RaftCore:
                 self.node_id, request.preferred_successors, self.config.election_backoff_max_ms
             )
             self._resigned_leader = (request.leader_id, request.leader_epoch)
-            if self.election.leader_id == request.leader_id:
-                self._vote_promise_until_ms = 0  # it gave up its lease when it resigned
             if self._fetcher is not None and self.election.leader_id == request.leader_id:
                 self._fetcher.on_leader_resigned(backoff_ms, self.now_ms)
             elif self.state is StateKind.UNATTACHED and self.is_voter:

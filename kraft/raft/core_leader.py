@@ -87,8 +87,6 @@ class LeaderRole:
         self.replicas: dict[int, ReplicaProgress] = {}
         self.check_quorum_deadline_ms = NEVER_MS
         self.check_quorum_fetchers: set[int] = set()
-        self.lease_contact_ms: dict[int, int] = {}
-        """When each other voter's Fetch last arrived (real contacts only): the leader lease."""
         self.begin_unacked: set[int] = set()
         self.begin_next_send_ms: dict[int, int] = {}
         self.last_contact_ms: dict[int, int] = {}
@@ -182,22 +180,6 @@ class LeaderRole:
 
     def check_quorum_expired(self, now_ms: int) -> bool:
         return now_ms >= self.check_quorum_deadline_ms
-
-    def lease_until_ms(self) -> int:
-        """Until when this leader is sure no other leader exists (exclusive): the arrival of the Fetch
-        that completed the latest majority, plus ``leader_lease_ms``.  Every voter that fetched promised
-        not to vote or campaign in a higher epoch for ``vote_promise_ms`` after it sent that Fetch, and
-        every possible new leader needs one of those voters (quorum intersection).  ``-1`` until a
-        majority has fetched in this epoch; ``NEVER_MS`` for a sole voter."""
-        needed = self.majority - (1 if self.is_voter else 0)
-        if needed <= 0:
-            return NEVER_MS
-        contacts = sorted(
-            (ms for voter, ms in self.lease_contact_ms.items() if voter in self.voters), reverse=True
-        )
-        if len(contacts) < needed:
-            return -1
-        return contacts[needed - 1] + self.config.leader_lease_ms
 
     def poll(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
         decisions: Decisions = []
@@ -371,7 +353,6 @@ class LeaderRole:
             return
         self.begin_unacked.discard(replica_id)
         self.last_contact_ms[replica_id] = now_ms
-        self.lease_contact_ms[replica_id] = now_ms
         self.check_quorum_fetchers.add(replica_id)
         if len(self.check_quorum_fetchers) + (1 if self.is_voter else 0) >= self.majority:
             self.check_quorum_fetchers.clear()
@@ -405,12 +386,7 @@ class LeaderRole:
         if request.fetch_offset < log.end_offset or request.max_wait_ms == 0:
             decisions.append(self._data_response(request_id, request, log, log.end_offset, high_watermark))
         else:
-            wait_ms = request.max_wait_ms
-            if self.counts_toward_quorum(request.replica_id, request.replica_directory_id):
-                # A voter's long poll ends within half a lease, so an idle quorum renews the lease
-                # (its next Fetch arrives) before it runs out.
-                wait_ms = min(wait_ms, max(1, self.config.leader_lease_ms // 2))
-            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + wait_ms)
+            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + request.max_wait_ms)
         return decisions
 
     def _fetch_response(

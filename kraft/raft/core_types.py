@@ -64,22 +64,6 @@ class RaftConfig:
         return self.node_id in self.voters
 
     @property
-    def vote_promise_ms(self) -> int:
-        """How long a voter that sent a Fetch to its leader promises not to vote, nor campaign, in a
-        higher epoch (measured from the send): ``min(fetch timeout, election timeout / 2)`` — what the
-        fetch timeout and the fast dead-leader path (a grace of at least half an election timeout) already
-        waited before; the promise makes it hold in every state, including right after a restart."""
-        return max(2, min(self.fetch_timeout_ms, self.election_timeout_ms // 2))
-
-    @property
-    def leader_lease_ms(self) -> int:
-        """How long a leader may act on a majority's Fetch without hearing again: half the voters'
-        promise, so the promise still holds when the lease ends as long as a Fetch takes less than the
-        other half (``vote_promise_ms - leader_lease_ms``) to arrive, clock drift included (Raft
-        dissertation §6.4.1's lease bound).  docs/internals/raft.md "Leader lease"."""
-        return self.vote_promise_ms // 2
-
-    @property
     def observer_forget_ms(self) -> int:
         """An observer not seen for this long is gone (a live one fetches at least every max wait)."""
         return 3 * self.fetch_timeout_ms

@@ -488,9 +488,6 @@ class RaftDriver:
     def high_watermark(self) -> int:
         return self._core.high_watermark
 
-    def has_leader_lease(self) -> bool:
-        return self._clock.monotonic_ms() < self._core.leader_lease_until_ms
-
     @property
     def log_end_offset(self) -> int:
         """The local log's end offset (nothing at or above it was ever committed through this log)."""

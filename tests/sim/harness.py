@@ -624,9 +624,6 @@ class Simulation:
         self.max_high_watermark = 0
         self.next_value = 0
         self.append_interval_ms = 4
-        self.lease_unbounded: set[int] = set()
-        """Nodes that handled requests long after they were sent (a paused process): outside the lease's
-        bounded-delay assumption, so :meth:`check_leases` skips them (docs/internals/raft.md)."""
 
     @classmethod
     def dynamic_quorum(
@@ -833,9 +830,7 @@ class Simulation:
                 self.hwm_voters = core.voter_set.ids
 
     def check_invariants(self) -> None:
-        """After every event: no node holds a leader lease while a leader of a newer epoch exists, and
-        committed data (high watermark) is durable on a majority of voters."""
-        self.check_leases()
+        """After every event: committed data (high watermark) is durable on a majority of voters."""
         target = self.max_high_watermark
         if target == 0:
             return
@@ -848,26 +843,6 @@ class Simulation:
             raise InvariantViolation(
                 f"seed {self.seed}: high watermark {target} is durable on only {holders} voters"
             )
-
-    def check_leases(self) -> None:
-        """The leader lease (docs/internals/raft.md): a leader that still holds its lease is the newest
-        leader — no node leads a higher epoch.  A deposed leader must lose its lease before anyone else
-        can win an election, partitioned or not."""
-        leaders = [
-            n.live_core for n in self.nodes.values() if n.running and n.core is not None and n.core.is_leader
-        ]
-        for core in leaders:
-            if core.config.node_id in self.lease_unbounded:
-                continue
-            if core.leader_lease_until_ms > self.now_ms:
-                newer = [other for other in leaders if other.epoch > core.epoch]
-                if newer:
-                    other = newer[0]
-                    raise InvariantViolation(
-                        f"seed {self.seed}: node {core.config.node_id} holds its lease of epoch {core.epoch} "
-                        f"until {core.leader_lease_until_ms} while node {other.config.node_id} leads "
-                        f"epoch {other.epoch} at {self.now_ms}"
-                    )
 
     def check_final(self, settle_ms: int = 3000) -> None:
         """Heal, restart every node, let the cluster converge, then compare all committed data."""

@@ -139,10 +139,6 @@ class SimRaftClient:
     def high_watermark(self) -> int:
         return self._node.high_watermark
 
-    def has_leader_lease(self) -> bool:
-        core = self._node.core
-        return core is not None and self._node.sim.now_ms < core.leader_lease_until_ms
-
     def register_listener(self, listener: RaftListener) -> None:
         feed = ListenerFeed(self._node, listener)
         self._feeds[id(listener)] = feed

@@ -123,7 +123,6 @@ class ControllerSimulation(Simulation):
 
     def pause(self, node_id: int) -> None:
         self.paused.add(node_id)
-        self.lease_unbounded.add(node_id)  # it will handle Fetches sent long before
 
     def resume(self, node_id: int) -> None:
         """Like an event loop after SIGCONT: what arrived on the network is handled before expired timers

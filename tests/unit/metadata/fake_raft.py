@@ -49,7 +49,6 @@ class FakeRaft:
     def __init__(self, node_id: int = 1) -> None:
         self._node_id = node_id
         self._leader = LeaderAndEpoch(-1, 0)
-        self.lease_lost = False
         self.log: list[CommittedBatch] = []
         self.end_offset = 0
         self._hwm = 0
@@ -94,10 +93,6 @@ class FakeRaft:
     @property
     def high_watermark(self) -> int:
         return self._hwm
-
-    def has_leader_lease(self) -> bool:
-        """Leading holds the lease unless a test took it away (``lease_lost``)."""
-        return self._leader.leader_id == self._node_id and not self.lease_lost
 
     def register_listener(self, listener: RaftListener) -> None:
         queue: asyncio.Queue[object] = asyncio.Queue()

@@ -267,29 +267,6 @@ async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
         await controller.stop()
 
 
-async def test_a_controller_without_its_raft_leader_lease_answers_not_controller() -> None:
-    """A deposed controller that does not know it yet (partitioned: its lease lapsed before any other
-    node could be elected) must not extend a broker's session nor answer reads."""
-    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
-    try:
-        raft.elect()
-        await until(lambda: controller.is_active)
-        epoch = await activate_broker(controller, 1)
-        beat = cpb.BrokerHeartbeatRequest(
-            cluster_id=CLUSTER, broker_id=1, broker_epoch=epoch, current_metadata_offset=epoch
-        )
-        assert (await controller.broker_heartbeat(beat)).error_code == ErrorCode.NONE
-        raft.lease_lost = True
-        refused = await controller.broker_heartbeat(beat)
-        assert refused.error_code == ErrorCode.NOT_CONTROLLER and refused.controller.node_id == -1
-        described = await controller.describe_cluster(cpb.DescribeClusterRequest(cluster_id=CLUSTER))
-        assert described.error_code == ErrorCode.NOT_CONTROLLER
-        raft.lease_lost = False  # a majority fetched again
-        assert (await controller.broker_heartbeat(beat)).error_code == ErrorCode.NONE
-    finally:
-        await controller.stop()
-
-
 async def test_wrong_cluster_id_is_rejected(active: tuple[FakeRaft, QuorumController]) -> None:
     _, controller = active
     response = await controller.register_broker(
