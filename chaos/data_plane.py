@@ -30,6 +30,7 @@ import grpc
 
 from chaos.checkers.data_plane import DATA_PRODUCE, PartitionRead, ReplicaLog
 from chaos.history import EventType, HistoryStore
+from chaos.produce import produce_acks_all
 from kraft.broker.types import TopicPartition
 from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
@@ -144,23 +145,13 @@ class DataPlaneWorkload:
             await asyncio.sleep(self._pause_s)
 
     async def _produce(self, stub: Any, partition: int, value: str) -> tuple[EventType, Any, str | None]:
-        record = broker_pb2.BrokerRecord(value=value.encode(), has_value=True)
-        request = broker_pb2.ProduceRequest(
-            cluster_id=self._cluster_id,
-            topic=DATA_TOPIC,
-            partition=partition,
-            leader_epoch=-1,
-            records=[record],
-            acks=-1,
+        code, offset, message = await produce_acks_all(
+            stub, self._cluster_id, DATA_TOPIC, partition, value.encode(), self._op_timeout_s
         )
-        try:
-            response = await stub.Produce(request, timeout=self._op_timeout_s)
-        except grpc.aio.AioRpcError as err:
-            return EventType.INFO, None, err.code().name
-        code = ErrorCode.from_wire(response.error_code)
+        if code is None:
+            return EventType.INFO, None, message
         if code is ErrorCode.NONE:
-            return EventType.OK, int(response.base_offset), None
-        message = f"{code.name} {response.error_message}"
+            return EventType.OK, offset, None
         if code is ErrorCode.NOT_ENOUGH_REPLICAS:
             return EventType.FAIL, None, message
         return EventType.INFO, None, message

@@ -105,23 +105,31 @@ class ProduceWorkload:
                 await asyncio.sleep(self._pause_s)
 
     async def _produce(self, stub: Any, partition: int, sequence: int) -> tuple[EventType, Any, str | None]:
-        record = broker_pb2.BrokerRecord(value=str(sequence).encode(), has_value=True)
-        request = broker_pb2.ProduceRequest(
-            cluster_id=self._cluster_id,
-            topic=PRODUCE_TOPIC,
-            partition=partition,
-            leader_epoch=-1,
-            records=[record],
-            acks=-1,
+        code, offset, message = await produce_acks_all(
+            stub, self._cluster_id, PRODUCE_TOPIC, partition, str(sequence).encode(), self._op_timeout_s
         )
-        try:
-            response = await stub.Produce(request, timeout=self._op_timeout_s)
-        except grpc.aio.AioRpcError as err:
-            return EventType.INFO, None, err.code().name
-        code = ErrorCode.from_wire(response.error_code)
+        if code is None:
+            return EventType.INFO, None, message
         if code is ErrorCode.NONE:
-            return EventType.OK, int(response.base_offset), None
-        return EventType.FAIL, None, f"{code.name} {response.error_message}"
+            return EventType.OK, offset, None
+        return EventType.FAIL, None, message
+
+
+async def produce_acks_all(
+    stub: Any, cluster_id: str, topic: str, partition: int, value: bytes, timeout_s: float
+) -> tuple[ErrorCode | None, int, str]:
+    """One acks=all Produce of one record: (error code, base offset, message).  The code is None when
+    the RPC itself failed — the outcome is unknown — and the message is then the gRPC status name."""
+    record = broker_pb2.BrokerRecord(value=value, has_value=True)
+    request = broker_pb2.ProduceRequest(
+        cluster_id=cluster_id, topic=topic, partition=partition, leader_epoch=-1, records=[record], acks=-1
+    )
+    try:
+        response = await stub.Produce(request, timeout=timeout_s)
+    except grpc.aio.AioRpcError as err:
+        return None, -1, err.code().name
+    code = ErrorCode.from_wire(response.error_code)
+    return code, int(response.base_offset), f"{code.name} {response.error_message}"
 
 
 def fencing_intervals(
