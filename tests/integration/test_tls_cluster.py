@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -140,7 +140,7 @@ def test_rotating_every_certificate_under_load_keeps_the_quorum_up(
     thread = threading.Thread(target=writer, name="writer")
     thread.start()
     try:
-        time.sleep(1.0)
+        _wait_until(lambda: len(appended) >= 5 or bool(errors), 30.0, "the writer to be appending")
         ca = load_ca(quorum.tls_dir)
         for node_id in quorum.nodes:
             write_private(
@@ -154,7 +154,10 @@ def test_rotating_every_certificate_under_load_keeps_the_quorum_up(
                 _describe(quorum.nodes[node_id].target, quorum.client_security()).cluster_id
                 == quorum.cluster_id
             )
-        time.sleep(2.0)
+        # The writer keeps committing through the rotation (it fails the wait if an append errs).
+        _wait_until(
+            lambda: len(appended) > rotated_at + 5 or bool(errors), 30.0, "appends after the rotation"
+        )
     finally:
         stop.set()
         thread.join(timeout=30)
@@ -164,3 +167,11 @@ def test_rotating_every_certificate_under_load_keeps_the_quorum_up(
     assert (after.leader_id, after.leader_epoch) == (leader.leader_id, leader.leader_epoch)
     for node_id in quorum.nodes:
         assert "tls_certificates_reloaded" in quorum.nodes[node_id].log_path.read_text()
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
