@@ -64,7 +64,7 @@ class WritePath:
         self._leader_lease_ms = leader_lease_ms
         self._on_not_leader = on_not_leader
         self._log = log
-        self.next_offset = 0
+        self._next_offset = 0
         self.last_write_ms = 0
         self._oldest_pending_ms: int | None = None
         # (offset, seq, epoch the offset was appended in, future): a waiter resolves when its offset commits
@@ -84,6 +84,21 @@ class WritePath:
 
     # ---- appends ----
 
+    @property
+    def next_offset(self) -> int:
+        """The offset the next appended record gets, which the logic builds its records for (a broker
+        epoch is the offset of its registration).  While active it is read from Raft, never counted
+        here: the Raft leader appends control records of its own between ours (a VotersRecord when a
+        voter is added or removed, KIP-853), and a count of our own appends would then predict offsets
+        the records do not get (the controller used to resign on every voter change)."""
+        if self._state.logic is not None:
+            return self._raft.next_append_offset
+        return self._next_offset
+
+    @next_offset.setter
+    def next_offset(self, offset: int) -> None:
+        self._next_offset = offset
+
     def append(self, records: list[pb.MetadataRecord], first_offset: int) -> int:
         """Schedule records at the offsets the logic predicted; returns the last offset."""
         values = [rec.encode_value(r) for r in records]
@@ -93,7 +108,7 @@ class WritePath:
             self._on_not_leader(exc.leader.leader_id)
             raise NotControllerError(exc.leader.leader_id) from exc
         expected = first_offset + len(values) - 1
-        self.next_offset = last + 1
+        self._next_offset = last + 1
         self.last_write_ms = self._timers.now_ms()
         if self._oldest_pending_ms is None:
             self._oldest_pending_ms = self.last_write_ms

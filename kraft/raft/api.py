@@ -168,6 +168,13 @@ class RaftClient(Protocol):
 
     def unregister_listener(self, listener: RaftListener) -> None: ...
 
+    @property
+    def next_append_offset(self) -> int:
+        """The offset :meth:`schedule_append` would give the next record now (leader: log end plus the
+        records waiting for the next batch).  Raft appends control records of its own (a VotersRecord
+        for a voter change), so a writer predicting its offsets must read this rather than count."""
+        ...
+
     def schedule_append(self, records: Sequence[bytes]) -> int:
         """Queue records for the next batch; returns the offset the last one will get.
 

@@ -199,6 +199,14 @@ class RaftCore:
         return self.state is StateKind.LEADER
 
     @property
+    def next_append_offset(self) -> int:
+        """The offset the next appended record gets: the log end plus, on a leader, the records
+        accumulated for the next batch.  Control records the leader appends itself (VotersRecord, KIP-853)
+        take offsets too, so a writer that predicts its offsets reads this instead of counting its own."""
+        pending = len(self._leader.pending_records) if self._leader is not None else 0
+        return self.log.end_offset + pending
+
+    @property
     def leader_and_epoch(self) -> LeaderAndEpoch:
         if self.state in (StateKind.LEADER, StateKind.FOLLOWER):
             return LeaderAndEpoch(self.election.leader_id, self.election.epoch)

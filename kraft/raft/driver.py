@@ -489,6 +489,10 @@ class RaftDriver:
         return self._core.high_watermark
 
     @property
+    def next_append_offset(self) -> int:
+        return self._core.next_append_offset
+
+    @property
     def log_end_offset(self) -> int:
         """The local log's end offset (nothing at or above it was ever committed through this log)."""
         return self._log.end_offset

@@ -139,6 +139,13 @@ class SimRaftClient:
     def high_watermark(self) -> int:
         return self._node.high_watermark
 
+    @property
+    def next_append_offset(self) -> int:
+        core = self._node.core
+        if core is None:
+            raise NotLeaderError(self.leader_and_epoch)
+        return core.next_append_offset
+
     def register_listener(self, listener: RaftListener) -> None:
         feed = ListenerFeed(self._node, listener)
         self._feeds[id(listener)] = feed

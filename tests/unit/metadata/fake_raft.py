@@ -70,6 +70,14 @@ class FakeRaft:
         self._commit_batch([], control=True)
         self._broadcast(self._leader)
 
+    def append_control(self) -> int:
+        """Raft appends a control record of its own (a VotersRecord): pending records are cut first, as
+        the real leader's accumulator does; returns its offset."""
+        self._flush_pending()
+        offset = self.end_offset
+        self._commit_batch([], control=True)
+        return offset
+
     def release(self) -> None:
         self.hold_commits = False
         self._flush_pending()
@@ -93,6 +101,10 @@ class FakeRaft:
     @property
     def high_watermark(self) -> int:
         return self._hwm
+
+    @property
+    def next_append_offset(self) -> int:
+        return self.end_offset
 
     def register_listener(self, listener: RaftListener) -> None:
         queue: asyncio.Queue[object] = asyncio.Queue()

@@ -750,3 +750,23 @@ async def test_a_controller_that_regains_leadership_resumes_a_sliced_shutdown_le
         assert led is not None and all(p.isr == (2, 3) for p in led.partitions)
     finally:
         await controller.stop()
+
+
+async def test_a_voter_change_between_writes_does_not_make_the_controller_resign(
+    active: tuple[FakeRaft, QuorumController],
+) -> None:
+    """Raft appends a VotersRecord (KIP-853) of its own between two controller writes: the next write's
+    records get offsets one later than a count of the controller's own appends says.  The controller
+    predicted from its count and resigned on every voter change (CI: test_dynamic_quorum's second
+    add-controller found node 3 already a voter after the leader it asked had resigned)."""
+    raft, controller = active
+    first = await controller.register_broker(registration(1))
+    control_offset = raft.append_control()
+    await settle()
+    second = await controller.register_broker(registration(2))
+    assert first.error_code == second.error_code == ErrorCode.NONE
+    # a broker epoch is the offset of its registration record: the one after the control record
+    assert second.broker_epoch > control_offset
+    assert controller.committed.brokers[2].epoch == second.broker_epoch
+    assert raft.resigned == 0
+    assert controller.is_active
