@@ -450,3 +450,17 @@ def test_a_joiner_with_an_unknown_voter_set_takes_the_first_set_it_fetches_whate
         history.add_at(9, VoterSet.unknown())
     history.truncate_to(5)
     assert history.latest.ids == ()
+
+
+def test_next_append_offset_counts_pending_records_and_the_leaders_own_voters_record() -> None:
+    """The controller predicts its records' offsets from ``next_append_offset``: it must move past the
+    records waiting for the next batch and past a VotersRecord the leader appends itself."""
+    core, now = sole_leader(voters((1, "d1")))
+    assert core.next_append_offset == END
+    assert core.append([b"a", b"b"], now) == END + 1
+    assert core.next_append_offset == END + 2  # accumulated, not cut yet
+    fetch(core, 2, "d2", END, now)
+    offset = core.add_voter(Voter(2, "d2"), now)
+    assert offset == END + 2  # pending records are cut first, the VotersRecord follows them
+    assert core.next_append_offset == END + 3
+    assert core.append([b"c"], now) == core.next_append_offset - 1 == END + 3
