@@ -151,6 +151,12 @@ _TimeoutOption = Annotated[
 ]
 
 
+def _record_at(offset: int | None) -> str:
+    if offset is None:  # a retry found the change in force: the leader that took it lost leadership
+        return "in force: an attempt whose answer was lost had committed it"
+    return f"VotersRecord at offset {offset}"
+
+
 @app.command("add-controller")
 @handle_errors
 def add_controller_command(
@@ -193,7 +199,7 @@ def add_controller_command(
         offset = add_controller(targets, cfg.node_id, meta.directory_id, [endpoint], timeout_ms / 1000.0)
     typer.echo(
         f"Added controller {cfg.node_id} with directory id {meta.directory_id} and endpoint "
-        f"{endpoint.name}://{endpoint.host}:{endpoint.port} (VotersRecord at offset {offset})"
+        f"{endpoint.name}://{endpoint.host}:{endpoint.port} ({_record_at(offset)})"
     )
 
 
@@ -233,5 +239,5 @@ def remove_controller_command(
         offset = remove_controller(targets, controller_id, controller_directory_id, timeout_ms / 1000.0)
     typer.echo(
         f"Removed controller {controller_id} with directory id {controller_directory_id} "
-        f"(VotersRecord at offset {offset})"
+        f"({_record_at(offset)})"
     )

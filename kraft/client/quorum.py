@@ -9,7 +9,7 @@ needs the leader (``kraft cluster status``, chaos checkers).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -327,11 +327,25 @@ def _voter_change_once(
         return response
 
 
-def _change_voters(bootstrap: Sequence[str], method: str, request: Message, timeout_s: float) -> int:
+def _change_voters(
+    bootstrap: Sequence[str],
+    method: str,
+    request: Message,
+    timeout_s: float,
+    already_done: tuple[ErrorCode, Callable[[raft_pb2.DescribeQuorumResponse], bool]],
+) -> int | None:
     """Send one voter change to the leader (found from ``bootstrap``, following redirects); returns the
-    offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error."""
+    offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error.
+
+    A leader can append the VotersRecord and then lose leadership before answering: the change may
+    commit under the next leader, which then refuses the retry (DUPLICATE_VOTER for an add,
+    VOTER_NOT_FOUND for a remove).  ``already_done`` is that error and a check of the voter set: after an
+    attempt whose outcome is unknown, that refusal with the change in force is success (None: the
+    offset of the earlier attempt's VotersRecord is not known)."""
     deadline = time.monotonic() + timeout_s
     last_problem = "no leader answered"
+    outcome_unknown = False
+    refusal, in_force = already_done
     while time.monotonic() < deadline:
         described = describe_quorum(bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1))
         leader = _leader_target(described)
@@ -349,6 +363,7 @@ def _change_voters(bootstrap: Sequence[str], method: str, request: Message, time
         except grpc.RpcError as exc:
             status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
             last_problem = f"{leader}: {status}"
+            outcome_unknown = True
             time.sleep(0.1)
             continue
         code = ErrorCode.from_wire(response.error_code)
@@ -356,8 +371,13 @@ def _change_voters(bootstrap: Sequence[str], method: str, request: Message, time
             return response.offset
         if code in _REDIRECTABLE:
             last_problem = f"{leader} is no longer the leader"
+            outcome_unknown = True
             time.sleep(0.1)
             continue
+        if code is refusal and outcome_unknown:
+            now = describe_quorum(bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1))
+            if in_force(now):
+                return None
         raise KraftError(code, response.error_message or code.name)
     raise KraftError(
         ErrorCode.REQUEST_TIMED_OUT,
@@ -371,23 +391,38 @@ def add_controller(
     directory_id: str,
     endpoints: Sequence[ControllerEndpoint],
     timeout_s: float = 30.0,
-) -> int:
+) -> int | None:
     """AddRaftVoter (KIP-853): make the controller (``node_id``, ``directory_id``), which must already be
-    running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset."""
+    running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset
+    (None when an earlier attempt's change turned out to be in force, see :func:`_change_voters`)."""
     request = raft_pb2.AddRaftVoterRequest(
         timeout_ms=int(timeout_s * 1000),
         voter_id=node_id,
         voter_directory_id=directory_id,
         listeners=[raft_pb2.RaftVoterEndpoint(name=e.name, host=e.host, port=e.port) for e in endpoints],
     )
-    return _change_voters(bootstrap, "AddRaftVoter", request, timeout_s)
+
+    def added(described: raft_pb2.DescribeQuorumResponse) -> bool:
+        return any(
+            v.replica_id == node_id and v.directory_id == directory_id for v in described.current_voters
+        )
+
+    return _change_voters(bootstrap, "AddRaftVoter", request, timeout_s, (ErrorCode.DUPLICATE_VOTER, added))
 
 
 def remove_controller(
     bootstrap: Sequence[str], node_id: int, directory_id: str, timeout_s: float = 30.0
-) -> int:
+) -> int | None:
     """RemoveRaftVoter (KIP-853); a leader that removes itself hands over once the change commits."""
     request = raft_pb2.RemoveRaftVoterRequest(
         timeout_ms=int(timeout_s * 1000), voter_id=node_id, voter_directory_id=directory_id
     )
-    return _change_voters(bootstrap, "RemoveRaftVoter", request, timeout_s)
+
+    def removed(described: raft_pb2.DescribeQuorumResponse) -> bool:
+        return not any(
+            v.replica_id == node_id and v.directory_id == directory_id for v in described.current_voters
+        )
+
+    return _change_voters(
+        bootstrap, "RemoveRaftVoter", request, timeout_s, (ErrorCode.VOTER_NOT_FOUND, removed)
+    )

@@ -37,6 +37,9 @@ class FakeLeader:
     not_yet: int = 0
     """How many calls answer REQUEST_TIMED_OUT ("not caught up") before one succeeds."""
     refuse: VoterChangeError | NotLeaderError | None = None
+    lose_after_append: bool = False
+    """The first change is put in force, then answered NOT_LEADER (appended, then leadership lost); a
+    retry is refused as the real leader refuses it (DUPLICATE_VOTER, VOTER_NOT_FOUND)."""
     calls: list[tuple[str, object]] = field(default_factory=list)
     voters: VoterSet = field(default_factory=lambda: VoterSet((Voter(1, DIR_1),)))
 
@@ -50,7 +53,8 @@ class FakeLeader:
 
     async def handle_request(self, request: m.RaftRequest, *, peer_id: int | None = None) -> m.RaftResponse:
         assert isinstance(request, m.DescribeQuorumRequest)
-        return m.DescribeQuorumResponse(ErrorCode.NONE, "", 1, 3, 10, (m.ReplicaState(1, 10, 0, 0, DIR_1),))
+        states = tuple(m.ReplicaState(v.node_id, 10, 0, 0, v.directory_id) for v in self.voters)
+        return m.DescribeQuorumResponse(ErrorCode.NONE, "", 1, 3, 10, states)
 
     def _answer(self, action: str, subject: object) -> int:
         self.calls.append((action, subject))
@@ -62,9 +66,24 @@ class FakeLeader:
         return 11
 
     async def add_voter(self, voter: Voter) -> int:
+        if self.lose_after_append:
+            if voter.node_id in self.voters:
+                self.calls.append(("add", voter))
+                raise VoterChangeError(ErrorCode.DUPLICATE_VOTER, f"node {voter.node_id} is already a voter")
+            self.voters = self.voters.with_voter(voter)
+            self.calls.append(("add", voter))
+            raise NotLeaderError(LeaderAndEpoch(-1, 3))
         return self._answer("add", voter)
 
     async def remove_voter(self, node_id: int, directory_id: str) -> int:
+        if self.lose_after_append:
+            self.calls.append(("remove", (node_id, directory_id)))
+            if not self.voters.is_voter(node_id, directory_id):
+                raise VoterChangeError(
+                    ErrorCode.VOTER_NOT_FOUND, f"({node_id}, {directory_id}) is not a voter"
+                )
+            self.voters = self.voters.without_voter(node_id, directory_id)
+            raise NotLeaderError(LeaderAndEpoch(-1, 3))
         return self._answer("remove", (node_id, directory_id))
 
     async def update_voter(self, node_id: int, directory_id: str, endpoints: tuple[Endpoint, ...]) -> int:
@@ -101,6 +120,31 @@ async def test_add_is_asked_again_while_the_new_voter_catches_up(running: Runnin
     assert offset == 11
     expected = Voter(2, DIR_2, (Endpoint("CONTROLLER", "h2", 9094),))
     assert running.leader.calls == [("add", expected)] * 3
+
+
+async def test_a_change_put_in_force_by_an_attempt_whose_answer_was_lost_is_success(
+    running: Running,
+) -> None:
+    """The leader appended the VotersRecord, then lost leadership and answered NOT_LEADER; the retry is
+    refused because the change is in force.  The operator asked for exactly that state: success, once
+    DescribeQuorum shows it (CI: add-controller failed with DUPLICATE_VOTER after such a resignation)."""
+    running.leader.lose_after_append = True
+    endpoint = ControllerEndpoint("CONTROLLER", "h2", 9094)
+    assert await asyncio.to_thread(add_controller, [running.target], 2, DIR_2, [endpoint], 5.0) is None
+    assert [action for action, _ in running.leader.calls] == ["add", "add"]
+    assert await asyncio.to_thread(remove_controller, [running.target], 2, DIR_2, 5.0) is None
+    assert running.leader.voters.ids == (1,)
+
+
+async def test_a_refusal_without_an_earlier_lost_answer_is_an_error_even_if_in_force(
+    running: Running,
+) -> None:
+    running.leader.lose_after_append = True
+    running.leader.voters = running.leader.voters.with_voter(Voter(2, DIR_2))
+    endpoint = ControllerEndpoint("CONTROLLER", "h2", 9094)
+    with pytest.raises(KraftError) as refused:
+        await asyncio.to_thread(add_controller, [running.target], 2, DIR_2, [endpoint], 5.0)
+    assert refused.value.code is ErrorCode.DUPLICATE_VOTER
 
 
 async def test_a_refusal_comes_back_as_its_error_code(running: Running) -> None:
