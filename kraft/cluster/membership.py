@@ -8,7 +8,6 @@ config; the leader adds it once it has caught up (AddRaftVoter waits for that, b
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from kraft.client.channel import ChannelSecurity
 from kraft.client.quorum import ControllerEndpoint, add_controller
 from kraft.config import NodeConfig, load_config
 from kraft.errors import ErrorCode, KraftError
+from kraft.netutil import advertised_host
 from kraft.storage.meta_properties import read_meta_properties
 
 
@@ -54,11 +54,10 @@ def joining_controller_of(cfg: NodeConfig, source: Path | str = "the config") ->
     # Imported here: TLS pulls in cryptography, which `kraft --help` does not need.
     from kraft.security.tls import outbound_security
 
-    host = listener.host if listener.host not in ("", "0.0.0.0", "::") else socket.getfqdn()
     return JoiningController(
         cfg.node_id,
         meta.directory_id,
-        ControllerEndpoint(listener.name, host, listener.port),
+        ControllerEndpoint(listener.name, advertised_host(listener.host), listener.port),
         outbound_security(cfg, listener.name),
     )
 
