@@ -51,13 +51,14 @@ def joining_controller_of(cfg: NodeConfig, source: Path | str = "the config") ->
             f"{source} is not a controller's config (process.roles, CONTROLLER listener)",
         )
     meta = read_meta_properties(cfg.metadata_log_dir)
+    advertised = cfg.advertised(listener)  # advertised.listeners may name the CONTROLLER listener
     # Imported here: TLS pulls in cryptography, which `kraft --help` does not need.
     from kraft.security.tls import outbound_security
 
     return JoiningController(
         cfg.node_id,
         meta.directory_id,
-        ControllerEndpoint(listener.name, advertised_host(listener.host), listener.port),
+        ControllerEndpoint(listener.name, advertised_host(advertised.host), advertised.port),
         outbound_security(cfg, listener.name),
     )
 

@@ -23,7 +23,8 @@ from kraft.security.ca import ORGANIZATION
 
 AddressOf = Callable[[int, int], tuple[str, int]]
 AdvertisedOf = Callable[[int], tuple[str, int]]
-"""A broker's advertised address by node id (what it registers; clients and other brokers dial it)."""
+"""A broker's advertised address by node id (what it registers; clients and other brokers dial it); on a
+dynamic quorum also a controller's (its endpoint in the VotersRecord, which the other voters dial)."""
 
 FIRST_BROKER_ID: Final = 101
 STATE_FILE: Final = "cluster.json"
@@ -304,7 +305,9 @@ def node_properties(
         quorum[0]: quorum[1],
         "listeners": f"{listener}://{node.host}:{node.port}",
     }
-    if advertised_of is not None and node.role is NodeRole.BROKER:
+    # A broker advertises what it registers; a controller of a dynamic quorum what goes into the
+    # VotersRecord (the address the other voters dial).
+    if advertised_of is not None and (node.role is NodeRole.BROKER or spec.dynamic):
         host, port = advertised_of(node.node_id)
         props["advertised.listeners"] = f"{listener}://{host}:{port}"
     if spec.tls:

@@ -438,10 +438,14 @@ class ControllerNode:
             self._intake = None
 
     def own_endpoints(self) -> tuple[Endpoint, ...]:
-        """This controller's endpoints as a VotersRecord stores them (the bound port; a wildcard bind
-        advertises the FQDN), as ``kraft quorum add-controller`` sends them."""
+        """This controller's endpoints as a VotersRecord stores them, as ``kraft quorum add-controller``
+        sends them: its ``advertised.listeners`` entry for the CONTROLLER listener if any, else the
+        listener (the bound port; a wildcard bind advertises the FQDN)."""
         listener = self.config.controller_listener
         assert listener is not None
+        advertised = self.config.advertised(listener)
+        if advertised is not listener:
+            return (Endpoint(listener.name, advertised.host, advertised.port),)
         return (Endpoint(listener.name, advertised_host(listener.host), self._bound_port or listener.port),)
 
     def _voter_endpoint_updater(self) -> VoterEndpointUpdater:
