@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,25 @@ def test_every_scenario_has_a_suite_seed() -> None:
     assert set(SUITE_SEEDS) == set(SCENARIOS)
 
 
-@pytest.mark.parametrize("scenario", list(SUITE_SEEDS))
+# Costlier than the others (~65 s against ~35 s on an idle 2-core box: the quorum is grown with two adds,
+# and a removal under a partition can stall it until the heal, as it should), so it runs only when asked:
+# KRAFT_CHAOS_ALL=1, or `kraft chaos run --scenario membership --seed 41 --duration 8`.
+OPT_IN = {"membership"}
+OPT_IN_ENV = "KRAFT_CHAOS_ALL"
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.skipif(
+                name in OPT_IN and not os.environ.get(OPT_IN_ENV), reason=f"opt-in: set {OPT_IN_ENV}=1"
+            ),
+        )
+        for name in SUITE_SEEDS
+    ],
+)
 async def test_scenario_passes_every_checker(tmp_path: Path, scenario: str) -> None:
     data_plane = scenario in DATA_PLANE_SCENARIOS
     options = suite_options(tmp_path, scenario, SUITE_SEEDS[scenario], brokers=3 if data_plane else 1)
