@@ -45,6 +45,7 @@ from kraft.netutil import port_in_use
 from kraft.security.ca import write_cluster_tls
 from kraft.security.tls import load_client_security
 from kraft.storage.ids import random_uuid
+from kraft.storage.meta_properties import read_meta_properties
 
 _FATAL = " event=fatal "
 CONTROLLER_READY = frozenset({"leader", "follower", "observer"})
@@ -432,7 +433,7 @@ class LocalCluster:
         ]
         leader_id = max(claims)[1] if claims else -1
         leader_view = views.get(leader_id)
-        voters = set(leader_view.voters) if leader_view is not None else set()
+        voters = dict(leader_view.voters) if leader_view is not None else {}
         brokers = None
         if leader_id >= 0 and self.spec.brokers:
             leader = self.spec.node(leader_id)
@@ -463,7 +464,8 @@ class LocalCluster:
                 elif view.leader_id == node.node_id:
                     state = "leader"
                 else:
-                    state = "observer" if voters and node.node_id not in voters else "follower"
+                    voter = node.node_id in voters and voters[node.node_id] in ("", self._directory_id(node))
+                    state = "observer" if voters and not voter else "follower"
             elif brokers is None:
                 state = "starting"
             else:
@@ -482,6 +484,13 @@ class LocalCluster:
                 )
             )  # fmt: skip
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))
+
+    def _directory_id(self, node: NodeSpec) -> str | None:
+        """The directory id in a node's ``meta.properties`` (None if it cannot be read)."""
+        try:
+            return read_meta_properties(self.layout.data_dir(node)).directory_id
+        except KraftError:
+            return None
 
     def _check_alive(self, expected: Iterable[NodeProcess]) -> None:
         for proc in expected:

@@ -118,13 +118,30 @@ def check_storage(config: NodeConfig) -> MetaProperties:
     return found[config.metadata_log_dir]
 
 
+def peer_addresses(config: NodeConfig) -> tuple[tuple[int, str], ...]:
+    """(node id, ``host:port``) of the other controllers to dial first: the static voters but this node,
+    or the bootstrap servers under pseudo ids but this node's own address (one bootstrap list for every
+    node, as Kafka's docs suggest, names each node too; dialing itself would only be refused)."""
+    listener = config.controller_listener
+    own = (
+        {f"{lst.host}:{lst.port}" for lst in (listener, config.advertised(listener))}
+        if listener is not None
+        else set()
+    )
+    return tuple(
+        (node_id, target)
+        for node_id, target in config.controller_addresses
+        if node_id != config.node_id and target not in own
+    )
+
+
 def raft_config(config: NodeConfig, cluster_id: str, directory_id: str = "") -> RaftConfig:
     """The core's settings from the node's ``controller.quorum.*`` keys and its ``directory.id``."""
     return RaftConfig(
         node_id=config.node_id,
         directory_id=directory_id,
         voters=tuple(voter.id for voter in config.voters),
-        bootstrap_ids=tuple(node_id for node_id, _ in config.controller_addresses if node_id < -1),
+        bootstrap_ids=tuple(node_id for node_id, _ in peer_addresses(config) if node_id < -1),
         cluster_id=cluster_id,
         election_timeout_ms=config.controller_quorum_election_timeout_ms,
         fetch_timeout_ms=config.controller_quorum_fetch_timeout_ms,
@@ -293,7 +310,7 @@ class ControllerNode:
             install_principal_mapper(self._tls.mapper())
         # Static voters, or (a dynamic quorum) the bootstrap servers under pseudo ids; the voter set in
         # force is asked first (_voter_address).
-        peers = {node_id: target for node_id, target in cfg.controller_addresses if node_id != cfg.node_id}
+        peers = dict(peer_addresses(cfg))
         self._transport = GrpcTransport(
             peers,
             resolve=self._voter_address,

@@ -195,6 +195,7 @@ def test_replace_a_wiped_controller_while_writing_then_fail_over(cluster: LocalC
             assert time.monotonic() < deadline, view
             time.sleep(0.1)
         assert (victim, old_directory) in voter_keys(cluster)
+        assert cluster.status().node(victim).state == "observer"  # `kraft cluster status` says so too
         acked_before = len(writer.acked)
         writer.wait_for_acks(acked_before + 3)  # the two intact voters keep committing
 
