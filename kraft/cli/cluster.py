@@ -52,6 +52,13 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
             typer.echo(f"{node.name} peer problem: {problem}")
     client = Path(status.dir) / "client.properties"
     tls = f" --command-config {client}" if client.exists() else ""
+    for node in status.nodes:
+        if node.state == "observer":  # a dynamic quorum's controller that is not (or no longer) a voter
+            config = Path(status.dir) / "config" / f"{node.name}.properties"
+            typer.echo(
+                f"{node.name} is not a voter; to add it: kraft quorum add-controller "
+                f"--bootstrap-controller {status.bootstrap(NodeRole.CONTROLLER)} --command-config {config}"
+            )
     typer.echo(f"--bootstrap-controller {status.bootstrap(NodeRole.CONTROLLER)}{tls}")
     if status.bootstrap(NodeRole.BROKER):
         typer.echo(f"--bootstrap-server {status.bootstrap(NodeRole.BROKER)}{tls}")
