@@ -68,7 +68,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalClust
             print(f"--- {node.name}\n" + "\n".join(opened.process(node.node_id).log_tail(30)))
         raise
     finally:
-        opened.down(timeout_s=5.0)
+        opened.down(timeout_s=2.0)  # SIGKILL after that: nothing to keep
 
 
 @pytest.fixture
