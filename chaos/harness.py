@@ -13,6 +13,12 @@ leader arrives there and is routed through ``<follower>_to_<leader>``, so replic
 
 The harness itself watches the cluster through the nodes' real listeners (never cut by a nemesis); the
 workload dials through the ``client_to_<node>`` proxies.
+
+``dynamic=True`` runs a dynamic quorum (KIP-853) instead: the configs name the proxies in
+``controller.quorum.bootstrap.servers``, controllers advertise their ``client_to_<controller>`` proxy
+(the endpoint the VotersRecord holds, so a voter dialing another is routed through its own link by the
+:class:`~chaos.dialers.DialerRouter`, which a dynamic run always uses), the quorum is grown from
+controller 1 with add-controller, and :class:`~chaos.nemesis.MembershipControl` removes and adds voters.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ from chaos.dialers import DialerRouter
 from chaos.proxy import BackgroundProxyServer
 from chaos.proxy.client import ToxiproxyClient, ToxiproxyError, external_toxiproxy_url
 from chaos.topology import CLIENT, Topology, build_topology, kraft_links
+from kraft.client.quorum import describe_quorum, remove_controller
 from kraft.cluster.manager import ClusterStatus, LocalCluster
 from kraft.cluster.spec import NodeRole, NodeSpec
 
 STARTUP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
+MEMBERSHIP_DESCRIBE_TIMEOUT_S = 5.0
 
 
 class ChaosCluster:
@@ -45,9 +53,13 @@ class ChaosCluster:
         proxy_seed: int | None = None,
         proxy_url: str | None = None,
         route_dialers: bool = False,
+        dynamic: bool = False,
     ) -> None:
         self.root = root
-        self._route_dialers = route_dialers
+        self.dynamic = dynamic
+        # The voters' endpoints come from the log, the same for every dialer: only routing by dialer
+        # keeps a dynamic quorum's controller links behind their own proxies.
+        self._route_dialers = route_dialers or dynamic
         self._controllers = controllers
         self._brokers = brokers
         self._profile = profile
@@ -69,7 +81,11 @@ class ChaosCluster:
             url = self._proxy_url
         self.proxies = ToxiproxyClient(url)
         planned = LocalCluster.create(
-            self.root / "cluster", controllers=self._controllers, brokers=self._brokers, profile=self._profile
+            self.root / "cluster",
+            controllers=self._controllers,
+            brokers=self._brokers,
+            profile=self._profile,
+            dynamic=self.dynamic,
         )
         spec = planned.spec
         listeners = {node.name: (node.host, node.port) for node in spec.nodes}
@@ -84,9 +100,17 @@ class ChaosCluster:
         self.proxies.populate(self.topology.populate_body())
         if self._server is not None and self._route_dialers:
             # Only our own proxy can route by dialer; a real Toxiproxy keeps the known inaccuracy.
-            brokers = frozenset(b.name for b in spec.brokers)
-            self.router = DialerRouter(self.topology, self._pid_of, advertised=brokers)
+            advertised = spec.brokers + (spec.controllers if self.dynamic else ())
+            self.router = DialerRouter(
+                self.topology, self._pid_of, advertised=frozenset(n.name for n in advertised)
+            )
             self._server.server.collection.router = self.router
+        if self.dynamic:
+            if self.router is None:
+                raise RuntimeError(
+                    "a dynamic quorum needs the built-in proxy (routing by dialer): unset TOXIPROXY_URL"
+                )
+            self.cluster.grow_quorum(timeout_s)
         self.cluster.start()
         return self.cluster.wait_healthy(timeout_s)
 
@@ -171,6 +195,30 @@ class ChaosCluster:
 
     def resume(self, node: str) -> None:
         self._require()[0].process(node).resume()
+
+    # --- MembershipControl (chaos.nemesis), dynamic quorums only ---
+
+    def voters(self) -> dict[str, str]:
+        """Voter name → directory id, as the leader describes the voter set in force (real listeners)."""
+        cluster = self._require()[0]
+        described = describe_quorum(
+            [c.target for c in cluster.spec.controllers], MEMBERSHIP_DESCRIBE_TIMEOUT_S
+        )
+        return {cluster.spec.node(v.replica_id).name: v.directory_id for v in described.current_voters}
+
+    def remove_voter(self, node: str, directory_id: str, timeout_s: float) -> int | None:
+        """RemoveRaftVoter (through the real listeners); the VotersRecord's offset once committed."""
+        cluster = self._require()[0]
+        targets = [c.target for c in cluster.spec.controllers]
+        return remove_controller(targets, cluster.spec.node(node).node_id, directory_id, timeout_s)
+
+    def add_voter(self, node: str, timeout_s: float) -> int | None:
+        """AddRaftVoter for a running controller, as ``kraft quorum add-controller`` does."""
+        return self._require()[0].add_controller(node, timeout_s)
+
+    @property
+    def controller_names(self) -> list[str]:
+        return [c.name for c in self.controllers]
 
     def leader(self) -> str | None:
         status = self._require()[0].status(probe_timeout_s=0.5)

@@ -288,6 +288,83 @@ class PauseNemesis(ProcessNemesis):
         self._control.resume(node)
 
 
+class MembershipControl(Protocol):
+    """How the membership nemesis changes a dynamic quorum's voters; the cluster harness implements it."""
+
+    @property
+    def controller_names(self) -> list[str]: ...
+
+    def voters(self) -> dict[str, str]:
+        """Voter name → directory id of the voter set in force (raises when no leader answers)."""
+        ...
+
+    def remove_voter(self, node: str, directory_id: str, timeout_s: float) -> int | None: ...
+
+    def add_voter(self, node: str, timeout_s: float) -> int | None: ...
+
+
+class MembershipNemesis(Nemesis):
+    """Removes a voter and adds it back (KIP-853), optionally under another fault.
+
+    ``start``: start ``under`` (a partition, say), then RemoveRaftVoter for a voter the seeded RNG picks
+    (the leader included).  ``heal``: AddRaftVoter for every controller that is not a voter, still under
+    the fault; then heal the fault and add again whatever is still missing.  A change that the fault
+    stops (no leader reachable, the new set cannot commit, the joiner cannot catch up) fails within
+    ``change_timeout_s`` and is recorded as such: the checkers judge the run, not each change.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        control: MembershipControl,
+        under: Nemesis | None = None,
+        change_timeout_s: float = 8.0,
+    ) -> None:
+        super().__init__(name)
+        self._control = control
+        self._under = under
+        self._timeout_s = change_timeout_s
+
+    def _start(self, rng: random.Random) -> str:
+        done = [self._under.start(rng)] if self._under is not None else []
+        try:
+            voters = self._control.voters()
+        except Exception as exc:  # a run goes on whatever the quorum answers
+            return "; ".join([*done, f"no voter set to change ({_short(exc)})"])
+        victim = rng.choice(sorted(voters))
+        try:
+            offset = self._control.remove_voter(victim, voters[victim], self._timeout_s)
+            done.append(f"removed {victim} (VotersRecord at {offset})")
+        except Exception as exc:
+            done.append(f"remove {victim} failed: {_short(exc)}")
+        return "; ".join(done)
+
+    def _add_missing(self) -> list[str]:
+        try:
+            missing = sorted(set(self._control.controller_names) - set(self._control.voters()))
+        except Exception as exc:
+            return [f"voters unknown ({_short(exc)})"]
+        done: list[str] = []
+        for node in missing:
+            try:
+                offset = self._control.add_voter(node, self._timeout_s)
+                done.append(f"added {node} (VotersRecord at {offset})")
+            except Exception as exc:
+                done.append(f"add {node} failed: {_short(exc)}")
+        return done
+
+    def _heal(self) -> str:
+        done = self._add_missing()
+        if self._under is not None:
+            done.append(self._under.heal())
+            done += self._add_missing()
+        return "; ".join(done) or "every controller is a voter"
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]
+
+
 @dataclass(frozen=True, slots=True)
 class NemesisEvent:
     time_ns: int

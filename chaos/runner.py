@@ -12,6 +12,7 @@ Phases (each bounded):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from chaos.checkers.data_plane import (
     check_acknowledged_at_their_offsets,
     check_replicas_identical_below_hwm,
 )
-from chaos.checkers.verdict import unknown
+from chaos.checkers.verdict import failed, passed, unknown
 from chaos.collect import broker_registration_offsets, image_digests_at, iter_metadata_log, node_log
 from chaos.data_plane import DataPlaneWorkload, create_data_topic, read_final, read_replica_logs
 from chaos.harness import ChaosCluster
@@ -48,9 +49,12 @@ from chaos.monitor import ClusterMonitor
 from chaos.nemesis import NemesisEvent, NemesisScheduler
 from chaos.produce import ProduceWorkload, create_produce_topic, fencing_intervals
 from chaos.report import RunReport, write_report
-from chaos.scenarios import DATA_PLANE_MIN_BROKERS, DATA_PLANE_SCENARIOS, SCENARIOS
+from chaos.scenarios import DATA_PLANE_MIN_BROKERS, DATA_PLANE_SCENARIOS, DYNAMIC_SCENARIOS, SCENARIOS
 from chaos.workload import TopicWorkload, WorkloadOptions, describe_all_topics
 from kraft.client.quorum import describe_quorum_at
+from kraft.cluster.manager import ClusterError
+from kraft.errors import KraftError
+from kraft.storage.meta_properties import read_meta_properties
 
 Progress = Callable[[str], None]
 FINAL_READ_TIMEOUT_S = 20.0
@@ -138,6 +142,32 @@ class _Collected:
     data_plane: bool = False
     data_final: dict[int, PartitionRead] | None = None  # the data-plane topic read from its final leaders
     replica_logs: list[ReplicaLog] = field(default_factory=list)
+    dynamic: bool = False
+    # a dynamic run: voter name -> directory id after the recovery (None: no leader described them), and
+    # each controller's own directory id (meta.properties)
+    final_voters: dict[str, str] | None = None
+    directory_ids: dict[str, str] = field(default_factory=dict)
+
+
+def _restore_voters(cluster: ChaosCluster, timeout_s: float) -> dict[str, str] | None:
+    """After the heal: add back (one at a time) every controller that is not a voter, until all are or
+    ``timeout_s`` passes; the voter set then in force (None when no leader described it)."""
+    deadline = time.monotonic() + timeout_s
+    voters: dict[str, str] | None = None
+    while True:
+        try:
+            voters = cluster.voters()
+        except KraftError:
+            voters = None
+        missing = sorted(set(cluster.controller_names) - set(voters or {}))
+        if voters is not None and not missing:
+            return voters
+        if time.monotonic() >= deadline:
+            return voters
+        for node in missing if voters is not None else []:
+            with contextlib.suppress(KraftError, ClusterError):
+                cluster.add_voter(node, max(1.0, min(10.0, deadline - time.monotonic())))
+        time.sleep(0.3)
 
 
 async def _final_topics(cluster: ChaosCluster, deadline: float) -> TopicObservation | None:
@@ -251,6 +281,13 @@ async def _exercise(
         lambda s: s.leader_id is not None and all(s.fenced.get(b) is False for b in brokers),
         options.recovery_bound_s,
     )
+    if collected.dynamic:
+        progress("restoring every controller to the voter set")
+        collected.final_voters = await asyncio.to_thread(_restore_voters, cluster, options.recovery_bound_s)
+        collected.directory_ids = {
+            c.name: read_meta_properties(cluster.metadata_log_dir(c)).directory_id
+            for c in cluster.controllers
+        }
     return monitor
 
 
@@ -267,7 +304,8 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
     await store.set_meta("scenario", options.scenario)
     await store.set_meta("seed", options.seed)
     await store.set_meta("reproduce", options.reproduce_command())
-    collected = _Collected(data_plane=options.scenario in DATA_PLANE_SCENARIOS)
+    dynamic = options.scenario in DYNAMIC_SCENARIOS
+    collected = _Collected(data_plane=options.scenario in DATA_PLANE_SCENARIOS, dynamic=dynamic)
     cluster = ChaosCluster(
         report_dir / "work",
         controllers=options.controllers,
@@ -275,6 +313,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         profile=options.profile,
         proxy_seed=options.seed,
         route_dialers=options.route_dialers,
+        dynamic=dynamic,
     )
     monitor: ClusterMonitor | None = None
     high_watermark: int | None = None
@@ -348,6 +387,8 @@ def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMon
         else:
             verdicts.append(check_acknowledged_at_their_offsets(ops, collected.data_final))
             verdicts.append(check_replicas_identical_below_hwm(collected.replica_logs, collected.data_final))
+    if collected.dynamic:
+        verdicts.append(check_voters_restored(collected.final_voters, collected.directory_ids))
     if monitor is not None:
         verdicts.append(check_single_leader_per_epoch(monitor.leaders))
         if collected.broker_of and collected.registrations is None:
@@ -366,6 +407,23 @@ def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMon
             )
         )
     return verdicts
+
+
+def check_voters_restored(voters: dict[str, str] | None, directory_ids: dict[str, str]) -> Verdict:
+    """A dynamic run ends with every controller a voter again under the directory id of its own
+    metadata directory (voter changes stay possible after the faults, and no stale voter key lingers)."""
+    name = "voters-restored"
+    if voters is None:
+        return unknown(name, "no leader described the voter set after the recovery")
+    wrong = sorted(
+        f"{node}: voter {voters.get(node, 'missing')}, directory {directory}"
+        for node, directory in directory_ids.items()
+        if voters.get(node) != directory
+    )
+    extra = sorted(set(voters) - set(directory_ids))
+    if wrong or extra:
+        return failed(name, "the voter set is not every controller", [*wrong, *extra], voters=voters)
+    return passed(name, f"{len(voters)} voters, each with its own directory id", voters=voters)
 
 
 def failed_verdicts(report: RunReport) -> list[Verdict]:

@@ -18,6 +18,7 @@ from chaos.nemesis import (
     FlakyLinkNemesis,
     FlakySpec,
     KillNemesis,
+    MembershipNemesis,
     Nemesis,
     PartitionNemesis,
     PauseNemesis,
@@ -139,6 +140,40 @@ def data_plane(cluster: ChaosCluster) -> list[Nemesis]:
     ]
 
 
+def membership(cluster: ChaosCluster) -> list[Nemesis]:
+    """Voter changes (KIP-853) on a dynamic quorum: remove a voter (the leader too) and add it back —
+    alone, with one controller or the leader cut off, or across a majority split; the removal and the
+    first add happen while the cut is in place (``chaos.nemesis.MembershipNemesis``)."""
+    proxies, topology, controllers, brokers = _parts(cluster)
+    everyone = [*controllers, *brokers]
+
+    def one(rng: random.Random) -> grudges.Cuts:
+        return grudges.isolate(rng.choice(controllers), everyone)
+
+    def leader(rng: random.Random) -> grudges.Cuts:
+        return grudges.isolate(cluster.leader() or rng.choice(controllers), everyone)
+
+    def split(rng: random.Random) -> grudges.Cuts:
+        return grudges.majority_split(controllers, brokers, rng)[2]
+
+    return [
+        MembershipNemesis("remove-add", cluster),
+        MembershipNemesis(
+            "remove-add-isolated-one", cluster, PartitionNemesis("isolate-one", proxies, topology, one)
+        ),
+        MembershipNemesis(
+            "remove-add-isolated-leader",
+            cluster,
+            PartitionNemesis("isolate-leader", proxies, topology, leader),
+        ),
+        MembershipNemesis(
+            "remove-add-majority-split",
+            cluster,
+            PartitionNemesis("majority-split", proxies, topology, split),
+        ),
+    ]
+
+
 def mixed(cluster: ChaosCluster) -> list[Nemesis]:
     return [
         *isolate_leader(cluster),
@@ -162,6 +197,7 @@ SCENARIOS: Mapping[str, ScenarioBuilder] = MappingProxyType(
         "pause": pause,
         "mixed": mixed,
         "data-plane": data_plane,
+        "membership": membership,
     }
 )
 
@@ -169,6 +205,9 @@ SCENARIOS: Mapping[str, ScenarioBuilder] = MappingProxyType(
 DATA_PLANE_SCENARIOS = frozenset({"data-plane"})
 """Scenarios that also run the replicated acks=all workload and its checkers (3 brokers or more)."""
 DATA_PLANE_MIN_BROKERS = 3
+DYNAMIC_SCENARIOS = frozenset({"membership"})
+"""Scenarios run on a dynamic quorum (KIP-853: grown with add-controller, voters changed by the nemesis);
+they add the ``voters-restored`` checker."""
 
 
 def scenario_names(selection: str) -> list[str]:

@@ -935,13 +935,20 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
                 f"must be less than broker.session.timeout.ms ({cfg.broker_session_timeout_ms})",
             )
     _check_ssl_rules(cfg)
+    # A controller of a dynamic quorum may advertise its CONTROLLER listener too (Kafka 3.9, KIP-853): that
+    # address goes into the VotersRecord (add-controller, UpdateRaftVoter) and the other voters dial it.
+    dynamic_controller = cfg.is_controller and not cfg.controller_quorum_voters
+    advertisable = (listener_names - controller_names) | (
+        listener_names & controller_names if dynamic_controller else set()
+    )
     for advertised in cfg.advertised_listeners:
-        if advertised.name not in listener_names - controller_names or not advertised.host:
+        if advertised.name not in advertisable or not advertised.host:
             raise ConfigError.for_key(
                 "advertised.listeners",
                 _render(cfg.advertised_listeners),
-                f"{advertised.name} must name a broker listener of 'listeners' "
-                f"({','.join(sorted(listener_names - controller_names)) or 'none'}) with a host",
+                f"{advertised.name} must name a listener of 'listeners' "
+                f"({','.join(sorted(advertisable)) or 'none'}) with a host (a controller listener only "
+                "on a controller of a dynamic quorum)",
             )
     if not cfg.is_controller and listener_names & controller_names:
         raise ConfigError.for_key(

@@ -35,3 +35,11 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
         except OSError:
             time.sleep(0.05)
     return False
+
+
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
+
+
+def advertised_host(host: str) -> str:
+    """The host a listener bound to ``host`` is reached at: the machine's FQDN for a wildcard bind."""
+    return socket.getfqdn() if host in WILDCARD_HOSTS else host

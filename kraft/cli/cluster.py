@@ -52,6 +52,13 @@ def _print_status(status: ClusterStatus, as_json: bool) -> None:
             typer.echo(f"{node.name} peer problem: {problem}")
     client = Path(status.dir) / "client.properties"
     tls = f" --command-config {client}" if client.exists() else ""
+    for node in status.nodes:
+        if node.state == "observer":  # a dynamic quorum's controller that is not (or no longer) a voter
+            config = Path(status.dir) / "config" / f"{node.name}.properties"
+            typer.echo(
+                f"{node.name} is not a voter; to add it: kraft quorum add-controller "
+                f"--bootstrap-controller {status.bootstrap(NodeRole.CONTROLLER)} --command-config {config}"
+            )
     typer.echo(f"--bootstrap-controller {status.bootstrap(NodeRole.CONTROLLER)}{tls}")
     if status.bootstrap(NodeRole.BROKER):
         typer.echo(f"--bootstrap-server {status.bootstrap(NodeRole.BROKER)}{tls}")
@@ -133,6 +140,14 @@ def up_command(
             "cluster denies everyone but its nodes and the admin certificate unless an ACL allows.",
         ),
     ] = False,
+    dynamic: Annotated[
+        bool,
+        typer.Option(
+            "--dynamic",
+            help="A dynamic quorum (KIP-853): controller 1 formatted --standalone, the others "
+            "--no-initial-controllers, started and added one at a time (kraft quorum add-controller).",
+        ),
+    ] = False,
     timeout_s: TimeoutOption = 60.0,
     keep_on_failure: Annotated[
         bool,
@@ -158,17 +173,27 @@ def up_command(
       kraft cluster up --dir /tmp/c --tls   # the CLI then takes --command-config /tmp/c/client.properties
 
       kraft cluster up --dir /tmp/c --tls --no-authorizer   # mTLS without ACLs
+
+      kraft cluster up --dir /tmp/c --controllers 3 --dynamic   # grow a quorum 1 -> 3 with add-controller
     """
     if profile not in PROFILES:
         raise CliError(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
     if no_authorizer and not tls:
         raise CliError("--no-authorizer goes with --tls (a PLAINTEXT cluster has no authorizer)")
     try:
-        cluster = _create_or_reopen(
-            directory, controllers, brokers, base_port, profile, metrics, tls, authorizer=not no_authorizer
+        cluster, created = _create_or_reopen(
+            directory,
+            controllers,
+            brokers,
+            base_port,
+            profile,
+            metrics,
+            tls,
+            authorizer=not no_authorizer,
+            dynamic=dynamic,
         )
         try:
-            status = _start_in_order(cluster, timeout_s)
+            status = _start_in_order(cluster, timeout_s, grow=created and cluster.spec.dynamic)
         except (ClusterError, KeyboardInterrupt) as exc:
             # Leave nothing half-started behind unless asked to (e.g. to read a stuck node's state).
             if not keep_on_failure:
@@ -181,12 +206,24 @@ def up_command(
     _print_status(status, as_json)
 
 
-def _start_in_order(cluster: LocalCluster, timeout_s: float) -> ClusterStatus:
+def _start_in_order(cluster: LocalCluster, timeout_s: float, *, grow: bool = False) -> ClusterStatus:
     """Controllers first; brokers once a leader is elected, so they register at the first attempt
     instead of retrying against an electing quorum (on a loaded machine such retries could exhaust the
-    broker's registration timeout).  Both waits share ``timeout_s``."""
+    broker's registration timeout).  Every wait shares ``timeout_s``.
+
+    ``grow`` (a new dynamic cluster): the first controller starts alone as a one-voter quorum, the
+    others start as observers and are added one at a time (:meth:`LocalCluster.grow_quorum`)."""
     deadline = time.monotonic() + timeout_s
     controllers = [node.node_id for node in cluster.spec.controllers]
+    if grow:
+        console = Console(stderr=True)
+        with console.status("growing the quorum from controller 1…") as spinner:
+            added = cluster.grow_quorum(
+                timeout_s, on_status=lambda s: spinner.update(f"growing the quorum: {s.summary()}")
+            )
+        for name, offset in added:
+            where = f" (VotersRecord at offset {offset})" if offset is not None else ""
+            typer.echo(f"added {name} to the voters{where}", err=True)
     cluster.start(controllers)
     if cluster.spec.brokers:
         _wait_with_progress(
@@ -216,7 +253,9 @@ def _create_or_reopen(
     tls: bool = False,
     *,
     authorizer: bool = True,
-) -> LocalCluster:
+    dynamic: bool = False,
+) -> tuple[LocalCluster, bool]:
+    """The cluster to start and whether it was created now (False: an existing, stopped one)."""
     try:
         existing = _open(directory)
     except ClusterError:
@@ -230,7 +269,13 @@ def _create_or_reopen(
                 metrics=metrics,
                 tls=tls,
                 authorizer=tls and authorizer,
+                dynamic=dynamic,
             )
+        ), True
+    if dynamic and not existing.spec.dynamic:
+        raise ClusterError(
+            f"{existing.layout.root} holds a static quorum (controller.quorum.voters); use another --dir "
+            "for --dynamic or `kraft cluster down --purge` it first"
         )
     if tls and not existing.spec.tls:
         raise ClusterError(
@@ -258,7 +303,7 @@ def _create_or_reopen(
             f"{len(spec.brokers)} brokers; use another --dir or `kraft cluster down --purge` it first"
         )
     typer.echo(f"starting the existing cluster {spec.cluster_id} in {existing.layout.root}", err=True)
-    return existing
+    return existing, False
 
 
 @app.command("status")

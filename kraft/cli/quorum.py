@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -22,8 +21,6 @@ from kraft.cli.common import (
     print_table,
 )
 from kraft.client.quorum import (
-    ControllerEndpoint,
-    add_controller,
     controller_targets,
     describe_quorum,
     gather_peer_problems,
@@ -31,10 +28,9 @@ from kraft.client.quorum import (
     remove_controller,
     replication_rows,
 )
-from kraft.config import load_config
+from kraft.cluster.membership import add_joining_controller, joining_controller
 from kraft.errors import KraftError
 from kraft.storage.ids import parse_uuid
-from kraft.storage.meta_properties import read_meta_properties
 
 app = typer.Typer(no_args_is_help=True, help="Describe the controller quorum; add and remove controllers.")
 
@@ -180,27 +176,11 @@ def add_controller_command(
 
       kraft quorum add-controller --bootstrap-controller h1:9093 --command-config controller-2.properties
     """
-    cfg = load_config(command_config)
-    if not cfg.is_controller or cfg.controller_listener is None or cfg.metadata_log_dir is None:
-        raise CliError(f"{command_config} is not a controller's config (process.roles, CONTROLLER listener)")
-    meta = read_meta_properties(cfg.metadata_log_dir)
-    listener = cfg.controller_listener
-    # On TLS the leader takes voter changes only from a controller certificate: dial as the joining
-    # controller does (its own keystore and truststore from this config).  Imported here: TLS pulls in
-    # cryptography, which `kraft --help` does not need.
-    from kraft.client.channel import set_default_security
-    from kraft.security.tls import outbound_security
-
-    set_default_security(outbound_security(cfg, listener.name))
-    host = listener.host if listener.host not in ("", "0.0.0.0", "::") else socket.getfqdn()
-    endpoint = ControllerEndpoint(listener.name, host, listener.port)
+    joiner = joining_controller(command_config)
     targets = [e.target for e in parse_bootstrap(bootstrap_controller)]
-    with WaitSpinner(f"adding controller {cfg.node_id} (waits for it to catch up)…"):
-        offset = add_controller(targets, cfg.node_id, meta.directory_id, [endpoint], timeout_ms / 1000.0)
-    typer.echo(
-        f"Added controller {cfg.node_id} with directory id {meta.directory_id} and endpoint "
-        f"{endpoint.name}://{endpoint.host}:{endpoint.port} ({_record_at(offset)})"
-    )
+    with WaitSpinner(f"adding controller {joiner.node_id} (waits for it to catch up)…"):
+        offset = add_joining_controller(targets, joiner, timeout_ms / 1000.0)
+    typer.echo(f"Added {joiner.describe()} ({_record_at(offset)})")
 
 
 @app.command("remove-controller")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf.message import Message
 
-from kraft.client.channel import open_blocking_channel
+from kraft.client.channel import ChannelSecurity, open_blocking_channel
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -80,10 +80,13 @@ class ReplicationRow:
         }
 
 
-def _describe_once(target: str, timeout_s: float, cluster_id: str = "") -> raft_pb2.DescribeQuorumResponse:
+def _describe_once(
+    target: str, timeout_s: float, cluster_id: str = "", security: ChannelSecurity | None = None
+) -> raft_pb2.DescribeQuorumResponse:
     """One DescribeQuorum.  Without ``cluster_id`` the first answer is a refusal that states the node's
-    cluster id (every request must name it, issue #15); the call is then made again with that id."""
-    with open_blocking_channel(target, [("grpc.enable_retries", 0)]) as channel:
+    cluster id (every request must name it, issue #15); the call is then made again with that id.
+    ``security``: None = the process default (:func:`kraft.client.channel.set_default_security`)."""
+    with open_blocking_channel(target, [("grpc.enable_retries", 0)], security) as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         response: raft_pb2.DescribeQuorumResponse = stub.DescribeQuorum(
             raft_pb2.DescribeQuorumRequest(cluster_id=cluster_id), timeout=timeout_s
@@ -113,7 +116,9 @@ def _leader_target(response: raft_pb2.DescribeQuorumResponse) -> str | None:
     return None
 
 
-def describe_quorum(bootstrap: Sequence[str], timeout_s: float = 10.0) -> raft_pb2.DescribeQuorumResponse:
+def describe_quorum(
+    bootstrap: Sequence[str], timeout_s: float = 10.0, security: ChannelSecurity | None = None
+) -> raft_pb2.DescribeQuorumResponse:
     """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets).
 
     Follows NOT_LEADER_OR_FOLLOWER redirects and retries while an election is in progress, until
@@ -128,7 +133,7 @@ def describe_quorum(bootstrap: Sequence[str], timeout_s: float = 10.0) -> raft_p
             if remaining <= 0:
                 break
             try:
-                response = _describe_once(target, min(2.0, remaining))
+                response = _describe_once(target, min(2.0, remaining), security=security)
             except grpc.RpcError as exc:
                 status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                 last_problem = f"{target}: {status}"
@@ -142,7 +147,9 @@ def describe_quorum(bootstrap: Sequence[str], timeout_s: float = 10.0) -> raft_p
             last_problem = f"{target} is not the leader (leader {response.leader_id})"
             if leader is not None and leader != target:
                 try:
-                    redirected = _describe_once(leader, min(2.0, max(deadline - time.monotonic(), 0.05)))
+                    redirected = _describe_once(
+                        leader, min(2.0, max(deadline - time.monotonic(), 0.05)), security=security
+                    )
                 except grpc.RpcError as exc:
                     code_name = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                     last_problem = f"leader {leader}: {code_name}"
@@ -319,9 +326,9 @@ class ControllerEndpoint:
 
 
 def _voter_change_once(
-    target: str, method: str, request: Message, timeout_s: float
+    target: str, method: str, request: Message, timeout_s: float, security: ChannelSecurity | None
 ) -> raft_pb2.RaftVoterChangeResponse:
-    with open_blocking_channel(target, [("grpc.enable_retries", 0)]) as channel:
+    with open_blocking_channel(target, [("grpc.enable_retries", 0)], security) as channel:
         stub = raft_pb2_grpc.RaftServiceStub(channel)
         response: raft_pb2.RaftVoterChangeResponse = getattr(stub, method)(request, timeout=timeout_s)
         return response
@@ -333,6 +340,7 @@ def _change_voters(
     request: Message,
     timeout_s: float,
     already_done: tuple[ErrorCode, Callable[[raft_pb2.DescribeQuorumResponse], bool]],
+    security: ChannelSecurity | None = None,
 ) -> int | None:
     """Send one voter change to the leader (found from ``bootstrap``, following redirects); returns the
     offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error.
@@ -347,7 +355,9 @@ def _change_voters(
     outcome_unknown = False
     refusal, in_force = already_done
     while time.monotonic() < deadline:
-        described = describe_quorum(bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1))
+        described = describe_quorum(
+            bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+        )
         leader = _leader_target(described)
         # The leader refuses an empty cluster id (issue #15); DescribeQuorum told us ours.
         request.cluster_id = described.cluster_id  # type: ignore[attr-defined]
@@ -358,7 +368,7 @@ def _change_voters(
         try:
             # The leader waits (up to the request's timeout_ms) for the change to commit.
             response = _voter_change_once(
-                leader, method, request, max(deadline - time.monotonic(), 0.1) + 1.0
+                leader, method, request, max(deadline - time.monotonic(), 0.1) + 1.0, security
             )
         except grpc.RpcError as exc:
             status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
@@ -375,7 +385,9 @@ def _change_voters(
             time.sleep(0.1)
             continue
         if code is refusal and outcome_unknown:
-            now = describe_quorum(bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1))
+            now = describe_quorum(
+                bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+            )
             if in_force(now):
                 return None
         raise KraftError(code, response.error_message or code.name)
@@ -391,10 +403,13 @@ def add_controller(
     directory_id: str,
     endpoints: Sequence[ControllerEndpoint],
     timeout_s: float = 30.0,
+    security: ChannelSecurity | None = None,
 ) -> int | None:
     """AddRaftVoter (KIP-853): make the controller (``node_id``, ``directory_id``), which must already be
-    running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset
-    (None when an earlier attempt's change turned out to be in force, see :func:`_change_voters`)."""
+    running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset (None when
+    an earlier attempt's change turned out to be in force, see :func:`_change_voters`).
+    ``security``: how to dial (on TLS the leader takes voter changes only from a controller
+    certificate); None = the process default."""
     request = raft_pb2.AddRaftVoterRequest(
         timeout_ms=int(timeout_s * 1000),
         voter_id=node_id,
@@ -407,7 +422,9 @@ def add_controller(
             v.replica_id == node_id and v.directory_id == directory_id for v in described.current_voters
         )
 
-    return _change_voters(bootstrap, "AddRaftVoter", request, timeout_s, (ErrorCode.DUPLICATE_VOTER, added))
+    return _change_voters(
+        bootstrap, "AddRaftVoter", request, timeout_s, (ErrorCode.DUPLICATE_VOTER, added), security
+    )
 
 
 def remove_controller(

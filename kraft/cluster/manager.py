@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
+from kraft.client.quorum import describe_quorum
 from kraft.cluster.formatting import format_node_storage
+from kraft.cluster.membership import add_joining_controller, joining_controller
 from kraft.cluster.probe import broker_serving, cluster_view, quorum_view
 from kraft.cluster.process import NodeProcess, ProcessError
 from kraft.cluster.spec import (
@@ -38,13 +40,17 @@ from kraft.cluster.spec import (
     plan_cluster,
 )
 from kraft.config import ConfigError, format_properties, load_config
+from kraft.errors import KraftError
 from kraft.netutil import port_in_use
 from kraft.security.ca import write_cluster_tls
 from kraft.security.tls import load_client_security
 from kraft.storage.ids import random_uuid
+from kraft.storage.meta_properties import read_meta_properties
 
 _FATAL = " event=fatal "
-CONTROLLER_READY = frozenset({"leader", "follower"})
+CONTROLLER_READY = frozenset({"leader", "follower", "observer"})
+"""``observer``: a controller of a dynamic quorum that follows the leader but is not a voter (not added
+yet, or removed)."""
 BROKER_READY = frozenset({"active"})
 
 
@@ -96,11 +102,12 @@ class ClusterStatus:
     """A point-in-time view of every node.
 
     Controller states: ``stopped``, ``starting`` (process up, not answering), ``electing`` (no leader
-    known), ``leader``, ``follower``.  Any node: ``failed`` (it exited by itself with a ``fatal`` or
-    ``error:`` line or a non-zero status: see ``exit_code`` / ``last_error``), ``exited`` (it is gone
-    without saying why, e.g. SIGKILL).  Broker states: ``stopped``, ``starting`` (no active controller to
-    ask), ``registering`` (not registered yet), or the controller's view lower-cased: ``fenced``,
-    ``active``, ``controlled_shutdown``, ``offline``.
+    known), ``leader``, ``follower``, ``observer`` (follows the leader but is not a voter: a dynamic
+    quorum's controller not added yet, or removed).  Any node: ``failed`` (it exited by itself with a
+    ``fatal`` or ``error:`` line or a non-zero status: see ``exit_code`` / ``last_error``), ``exited``
+    (it is gone without saying why, e.g. SIGKILL).  Broker states: ``stopped``, ``starting`` (no active
+    controller to ask), ``registering`` (not registered yet), or the controller's view lower-cased:
+    ``fenced``, ``active``, ``controlled_shutdown``, ``offline``.
     """
 
     cluster_id: str
@@ -184,8 +191,12 @@ class LocalCluster:
         spec: ClusterSpec | None = None,
         tls: bool = False,
         authorizer: bool | None = None,
+        dynamic: bool = False,
     ) -> LocalCluster:
         """Plan ids and ports, write every config, format every node's storage, save ``cluster.json``.
+
+        ``dynamic``: a KIP-853 quorum — only the first controller is a voter until :meth:`grow_quorum`
+        adds the others (``kraft cluster up --dynamic`` does).
 
         Pass ``spec`` (from :func:`plan_cluster`) to use ports planned earlier — e.g. to set up proxies
         first; the sizing arguments are then ignored.  ``authorizer`` (default: ``tls``) configures the
@@ -210,6 +221,7 @@ class LocalCluster:
                 overrides=overrides,
                 tls=tls,
                 authorizer=authorizer,
+                dynamic=dynamic,
             )
         except ValueError as exc:
             raise ClusterError(str(exc)) from None
@@ -275,9 +287,69 @@ class LocalCluster:
             path.write_text(format_properties(props, header=header), encoding="utf-8")
 
     def format_storage(self) -> None:
+        """``kraft storage format`` for every node; on a dynamic quorum the first controller
+        ``--standalone`` (a one-voter quorum), the other controllers ``--no-initial-controllers``."""
+        first = min((c.node_id for c in self.spec.controllers), default=None)
         for node in self.spec.nodes:
             cfg = load_config(self.layout.config_path(node))
-            format_node_storage(cfg, self.spec.cluster_id, ignore_formatted=True)
+            dynamic_controller = self.spec.dynamic and node.role is NodeRole.CONTROLLER
+            format_node_storage(
+                cfg,
+                self.spec.cluster_id,
+                ignore_formatted=True,
+                standalone=dynamic_controller and node.node_id == first,
+                no_initial_controllers=dynamic_controller and node.node_id != first,
+            )
+
+    # --- a dynamic quorum (KIP-853) -------------------------------------------------------------------
+
+    def voters(self, timeout_s: float = 10.0) -> tuple[int, ...]:
+        """The ids of the voter set in force, as the leader describes it."""
+        described = describe_quorum(
+            [c.target for c in self.spec.controllers], timeout_s, self.client_security()
+        )
+        return tuple(sorted(v.replica_id for v in described.current_voters))
+
+    def add_controller(self, key: int | str, timeout_s: float = 30.0) -> int | None:
+        """Make a running controller of a dynamic quorum a voter, as ``kraft quorum add-controller
+        --command-config <its config>`` does; returns the committed VotersRecord's offset."""
+        proc = self.process(key)
+        if proc.node.role is not NodeRole.CONTROLLER:
+            raise ClusterError(f"{proc.node.name} is not a controller")
+        try:
+            joiner = joining_controller(self.layout.config_path(proc.node))
+            return add_joining_controller([c.target for c in self.spec.controllers], joiner, timeout_s)
+        except (KraftError, OSError) as exc:
+            raise ClusterError(f"cannot add {proc.node.name} to the voters: {exc}") from None
+
+    def grow_quorum(
+        self, timeout_s: float, on_status: Callable[[ClusterStatus], None] | None = None
+    ) -> list[tuple[str, int | None]]:
+        """Build a new dynamic quorum: start the first controller (a one-voter quorum), wait for it to
+        lead, start the others (observers) and add them one at a time (each once it has caught up: one
+        voter change at a time, KIP-853).  Bounded by ``timeout_s`` in all; returns (name, offset) per
+        added controller."""
+        if not self.spec.dynamic:
+            raise ClusterError("grow_quorum is for a dynamic quorum (cluster up --dynamic)")
+        deadline = time.monotonic() + timeout_s
+        first, *joiners = sorted(c.node_id for c in self.spec.controllers)
+        self.start([first])
+        self.wait_until(
+            lambda s: s.leader_id == first,
+            timeout_s,
+            what=f"controller-{first} to lead its one-voter quorum",
+            expect_running=[first],
+            on_status=on_status,
+        )
+        self.start(joiners)
+        added: list[tuple[str, int | None]] = []
+        for node_id in joiners:
+            if node_id in self.voters(max(deadline - time.monotonic(), 1.0)):
+                continue  # already a voter
+            self._check_alive([self.process(node_id)])
+            offset = self.add_controller(node_id, max(deadline - time.monotonic(), 1.0))
+            added.append((self.process(node_id).node.name, offset))
+        return added
 
     def check_ports_free(self, nodes: Iterable[NodeSpec]) -> None:
         for node in nodes:
@@ -360,6 +432,8 @@ class LocalCluster:
             if v is not None and v.leader_id == node_id
         ]
         leader_id = max(claims)[1] if claims else -1
+        leader_view = views.get(leader_id)
+        voters = dict(leader_view.voters) if leader_view is not None else {}
         brokers = None
         if leader_id >= 0 and self.spec.brokers:
             leader = self.spec.node(leader_id)
@@ -387,8 +461,11 @@ class LocalCluster:
                     state = "starting"
                 elif view.leader_id < 0:
                     state = "electing"
+                elif view.leader_id == node.node_id:
+                    state = "leader"
                 else:
-                    state = "leader" if view.leader_id == node.node_id else "follower"
+                    voter = node.node_id in voters and voters[node.node_id] in ("", self._directory_id(node))
+                    state = "observer" if voters and not voter else "follower"
             elif brokers is None:
                 state = "starting"
             else:
@@ -407,6 +484,13 @@ class LocalCluster:
                 )
             )  # fmt: skip
         return ClusterStatus(self.spec.cluster_id, str(self.layout.root), leader_id, tuple(nodes))
+
+    def _directory_id(self, node: NodeSpec) -> str | None:
+        """The directory id in a node's ``meta.properties`` (None if it cannot be read)."""
+        try:
+            return read_meta_properties(self.layout.data_dir(node)).directory_id
+        except KraftError:
+            return None
 
     def _check_alive(self, expected: Iterable[NodeProcess]) -> None:
         for proc in expected:

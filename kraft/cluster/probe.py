@@ -30,6 +30,9 @@ class QuorumView:
     error: ErrorCode
     peer_problems: tuple[str, ...] = ()
     """What this controller reports about its peers right now (unreachable voters, refusals)."""
+    voters: tuple[tuple[int, str], ...] = ()
+    """The (id, directory id) voters in this controller's answer (the voter set in force when it is the
+    leader; a static quorum's directory ids are empty)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,7 @@ def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
         reply.high_watermark,
         ErrorCode.from_wire(reply.error_code),
         tuple(str(problem) for problem in peer_problems_of(reply)),
+        tuple(sorted((v.replica_id, v.directory_id) for v in reply.current_voters)),
     )
 
 

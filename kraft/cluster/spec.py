@@ -23,7 +23,8 @@ from kraft.security.ca import ORGANIZATION
 
 AddressOf = Callable[[int, int], tuple[str, int]]
 AdvertisedOf = Callable[[int], tuple[str, int]]
-"""A broker's advertised address by node id (what it registers; clients and other brokers dial it)."""
+"""A broker's advertised address by node id (what it registers; clients and other brokers dial it); on a
+dynamic quorum also a controller's (its endpoint in the VotersRecord, which the other voters dial)."""
 
 FIRST_BROKER_ID: Final = 101
 STATE_FILE: Final = "cluster.json"
@@ -71,6 +72,10 @@ class ClusterSpec:
     authorizer: bool = False
     """With ``tls``: the StandardAuthorizer on every node, ``super.users`` = the cluster's own node and
     admin certificates (:func:`super_users`), so everyone else is denied unless an ACL allows."""
+    dynamic: bool = False
+    """A dynamic quorum (KIP-853): every node finds the quorum through ``controller.quorum.bootstrap.
+    servers`` (the controllers' addresses); the first controller is formatted ``--standalone``, the others
+    ``--no-initial-controllers`` and join with AddRaftVoter (:mod:`kraft.cluster.membership`)."""
 
     @property
     def controllers(self) -> tuple[NodeSpec, ...]:
@@ -95,6 +100,7 @@ class ClusterSpec:
             "overrides": dict(self.overrides),
             "tls": self.tls,
             "authorizer": self.authorizer,
+            "dynamic": self.dynamic,
             "nodes": [
                 {
                     "id": n.node_id,
@@ -122,6 +128,7 @@ class ClusterSpec:
             dict(data.get("overrides", {})),
             bool(data.get("tls", False)),
             bool(data.get("authorizer", False)),  # clusters created before it existed had none
+            bool(data.get("dynamic", False)),
         )
 
 
@@ -185,8 +192,9 @@ def plan_cluster(
     overrides: Mapping[str, str] | None = None,
     tls: bool = False,
     authorizer: bool | None = None,
+    dynamic: bool = False,
 ) -> ClusterSpec:
-    """Ids and ports for a new cluster.
+    """Ids and ports for a new cluster (``dynamic``: see :attr:`ClusterSpec.dynamic`).
 
     ``authorizer`` (default: ``tls``) turns the StandardAuthorizer on; it needs ``tls`` (on PLAINTEXT
     every caller is ``User:ANONYMOUS``, so there is nobody to grant anything to).
@@ -210,7 +218,7 @@ def plan_cluster(
         NodeSpec(node_id, role, host, ports[i], ports[count + i] if metrics else 0)
         for i, (node_id, role) in enumerate(zip(ids, roles, strict=True))
     )
-    return ClusterSpec(cluster_id, nodes, profile, dict(overrides or {}), tls, authorizer)
+    return ClusterSpec(cluster_id, nodes, profile, dict(overrides or {}), tls, authorizer, dynamic)
 
 
 def _ports(count: int, base_port: int | None, host: str) -> list[int]:
@@ -274,21 +282,32 @@ def node_properties(
 ) -> dict[str, str]:
     """The Kafka-style config of ``node`` (validated by :class:`NodeConfig` before it is returned)."""
 
-    def voter_address(controller: NodeSpec) -> str:
+    def controller_address(controller: NodeSpec) -> str:
         host, port = (
             address_of(node.node_id, controller.node_id) if address_of else (controller.host, controller.port)
         )
-        return f"{controller.node_id}@{host}:{port}"
+        return f"{host}:{port}"
 
     # With TLS the broker listener is named SSL (Kafka's default map makes SSL an SSL listener).
     listener = "SSL" if spec.tls and node.role is NodeRole.BROKER else node.listener_name
+    # Dynamic: where to find the quorum (who votes is in the log, VotersRecord); static: the voters.
+    quorum = (
+        ("controller.quorum.bootstrap.servers", ",".join(controller_address(c) for c in spec.controllers))
+        if spec.dynamic
+        else (
+            "controller.quorum.voters",
+            ",".join(f"{c.node_id}@{controller_address(c)}" for c in spec.controllers),
+        )
+    )
     props: dict[str, str] = {
         "process.roles": str(node.role),
         "node.id": str(node.node_id),
-        "controller.quorum.voters": ",".join(voter_address(c) for c in spec.controllers),
+        quorum[0]: quorum[1],
         "listeners": f"{listener}://{node.host}:{node.port}",
     }
-    if advertised_of is not None and node.role is NodeRole.BROKER:
+    # A broker advertises what it registers; a controller of a dynamic quorum what goes into the
+    # VotersRecord (the address the other voters dial).
+    if advertised_of is not None and (node.role is NodeRole.BROKER or spec.dynamic):
         host, port = advertised_of(node.node_id)
         props["advertised.listeners"] = f"{listener}://{host}:{port}"
     if spec.tls:

@@ -37,13 +37,16 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from kraft.client.channel import open_channel
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
+from kraft.netutil import advertised_host
 from kraft.node.intake import HopInterceptor, IntakeLoop
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
+from kraft.node.voter_endpoint import VoterEndpointUpdater
 from kraft.observability.health import RAFT_SERVICE, HealthReporter
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
@@ -55,6 +58,7 @@ from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer, a
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
+from kraft.raft.voters import Endpoint
 from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.security.principal import install_principal_mapper
 from kraft.security.tls import (
@@ -70,6 +74,7 @@ from kraft.security.tls import (
 from kraft.storage.dir_lock import DirectoryLocks
 from kraft.storage.log import METADATA_LOG_DIR_NAME, METADATA_LOG_PREALLOCATE_BYTES, LogConfig
 from kraft.storage.meta_properties import MetaProperties, read_meta_properties
+from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 T = TypeVar("T")
 
@@ -113,13 +118,30 @@ def check_storage(config: NodeConfig) -> MetaProperties:
     return found[config.metadata_log_dir]
 
 
+def peer_addresses(config: NodeConfig) -> tuple[tuple[int, str], ...]:
+    """(node id, ``host:port``) of the other controllers to dial first: the static voters but this node,
+    or the bootstrap servers under pseudo ids but this node's own address (one bootstrap list for every
+    node, as Kafka's docs suggest, names each node too; dialing itself would only be refused)."""
+    listener = config.controller_listener
+    own = (
+        {f"{lst.host}:{lst.port}" for lst in (listener, config.advertised(listener))}
+        if listener is not None
+        else set()
+    )
+    return tuple(
+        (node_id, target)
+        for node_id, target in config.controller_addresses
+        if node_id != config.node_id and target not in own
+    )
+
+
 def raft_config(config: NodeConfig, cluster_id: str, directory_id: str = "") -> RaftConfig:
     """The core's settings from the node's ``controller.quorum.*`` keys and its ``directory.id``."""
     return RaftConfig(
         node_id=config.node_id,
         directory_id=directory_id,
         voters=tuple(voter.id for voter in config.voters),
-        bootstrap_ids=tuple(node_id for node_id, _ in config.controller_addresses if node_id < -1),
+        bootstrap_ids=tuple(node_id for node_id, _ in peer_addresses(config) if node_id < -1),
         cluster_id=cluster_id,
         election_timeout_ms=config.controller_quorum_election_timeout_ms,
         fetch_timeout_ms=config.controller_quorum_fetch_timeout_ms,
@@ -182,6 +204,7 @@ class ControllerNode:
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._endpoint_updater: asyncio.Task[None] | None = None
         self._server_watch: asyncio.Task[Any] | None = None
         self._bound_port = 0
         self._tls: SslSettings | None = None
@@ -287,7 +310,7 @@ class ControllerNode:
             install_principal_mapper(self._tls.mapper())
         # Static voters, or (a dynamic quorum) the bootstrap servers under pseudo ids; the voter set in
         # force is asked first (_voter_address).
-        peers = {node_id: target for node_id, target in cfg.controller_addresses if node_id != cfg.node_id}
+        peers = dict(peer_addresses(cfg))
         self._transport = GrpcTransport(
             peers,
             resolve=self._voter_address,
@@ -313,6 +336,11 @@ class ControllerNode:
             raise
         self._watcher = asyncio.create_task(self._watch_leadership(), name="controller-health-watcher")
         self.watch(self._watcher, "controller-health-watcher")
+        if not cfg.controller_quorum_voters:  # a dynamic quorum: endpoints live in the log
+            self._endpoint_updater = asyncio.create_task(
+                self._voter_endpoint_updater().run(), name="voter-endpoint-updater"
+            )
+            self.watch(self._endpoint_updater, "voter-endpoint-updater")
         if self._server is not None:
             server = self._server
             self._server_watch = asyncio.create_task(
@@ -426,6 +454,44 @@ class ControllerNode:
             self._intake.close()
             self._intake = None
 
+    def own_endpoints(self) -> tuple[Endpoint, ...]:
+        """This controller's endpoints as a VotersRecord stores them, as ``kraft quorum add-controller``
+        sends them: its ``advertised.listeners`` entry for the CONTROLLER listener if any, else the
+        listener (the bound port; a wildcard bind advertises the FQDN)."""
+        listener = self.config.controller_listener
+        assert listener is not None
+        advertised = self.config.advertised(listener)
+        if advertised is not listener:
+            return (Endpoint(listener.name, advertised.host, advertised.port),)
+        return (Endpoint(listener.name, advertised_host(listener.host), self._bound_port or listener.port),)
+
+    def _voter_endpoint_updater(self) -> VoterEndpointUpdater:
+        assert self._raft is not None and self._meta is not None
+        security = outbound_security(self.config, self.config.controller_listener_names[0])
+
+        async def send(
+            target: str, request: raft_pb2.UpdateRaftVoterRequest, timeout_s: float
+        ) -> raft_pb2.RaftVoterChangeResponse:
+            channel = open_channel(target, [("grpc.enable_retries", 0)], security)
+            try:
+                stub = raft_pb2_grpc.RaftServiceStub(channel)
+                response: raft_pb2.RaftVoterChangeResponse = await stub.UpdateRaftVoter(
+                    request, timeout=timeout_s
+                )
+                return response
+            finally:
+                await channel.close(None)
+
+        return VoterEndpointUpdater(
+            self._raft,
+            node_id=self.config.node_id,
+            directory_id=self._meta.directory_id,
+            cluster_id=self._meta.cluster_id,
+            endpoints=self.own_endpoints,
+            resolve=self._voter_address,
+            send=send,
+        )
+
     async def _watch_leadership(self) -> None:
         """Keep ``kraft.v1.RaftService`` health SERVING exactly while a leader is known."""
         serving: bool | None = None
@@ -452,10 +518,11 @@ class ControllerNode:
             await self._health.shutdown()
         for hook in reversed(self._stop_hooks):
             await self._run_stop_hook(hook)
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for task in (self._watcher, self._endpoint_updater):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._raft is not None:
             try:
                 await self._raft.shutdown(timeout_ms)
@@ -483,8 +550,9 @@ class ControllerNode:
         """After a fatal error: release the port and stop Raft like a crash — no resignation, no hooks, and
         the log is NOT closed (closing writes the clean-shutdown marker, a promise that the data on disk is
         complete, which a failed write or fsync broke; the next start recovers the log instead)."""
-        if self._watcher is not None:
-            self._watcher.cancel()
+        for task in (self._watcher, self._endpoint_updater):
+            if task is not None:
+                task.cancel()
         await self._stop_server(grace=0)
         if self._raft is not None:
             await self._raft.stop()

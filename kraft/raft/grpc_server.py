@@ -272,6 +272,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
             request.cluster_id,
             request.timeout_ms,
             lambda changes: changes.update_voter(request.voter_id, request.voter_directory_id, endpoints),
+            only_for=request.voter_id,
         )
 
     async def _voter_change(
@@ -280,10 +281,13 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         cluster_id: str,
         timeout_ms: int,
         attempt: Callable[[VoterChangeHandler], Awaitable[int]],
+        *,
+        only_for: int | None = None,
     ) -> raft_pb2.RaftVoterChangeResponse:
         """Run one voter change on the leader, asking again while the answer is "not yet"
         (REQUEST_TIMED_OUT: epoch or previous change uncommitted, new voter still catching up) until
-        ``timeout_ms`` (default 30 s, at most 10 min)."""
+        ``timeout_ms`` (default 30 s, at most 10 min).  ``only_for``: on TLS only that controller's
+        certificate may ask (UpdateRaftVoter: a voter moves only its own endpoint)."""
         if is_tls(context) and authenticated_peer_id(context) is None:
             # Changing the voter set moves Raft like a Vote does: on TLS it needs a controller certificate
             # (`kraft quorum add-controller --command-config` passes the joining controller's own).
@@ -307,6 +311,12 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
 
         if cluster_id != self._cluster_id:  # an empty one too (issue #15)
             return answer(ErrorCode.INCONSISTENT_CLUSTER_ID, f"cluster id {cluster_id!r} is not ours")
+        caller = authenticated_peer_id(context) if is_tls(context) else None
+        if only_for is not None and caller is not None and caller != only_for:
+            return answer(
+                ErrorCode.INVALID_REQUEST,
+                f"controller {caller} may update only its own endpoints, not voter {only_for}'s",
+            )
         if changes is None:
             return answer(ErrorCode.UNSUPPORTED_VERSION, "this node does not serve voter changes")
         if timeout_ms < 0:

@@ -180,3 +180,28 @@ def test_status_shows_a_node_that_could_not_start_as_failed_with_exit_1(tmp_path
     [failed] = status.nodes
     assert failed.state == "failed" and failed.exit_code == 1, failed
     assert failed.last_error.startswith("error:") and "meta.properties" in failed.last_error
+
+
+def test_a_dynamic_cluster_names_bootstrap_servers_and_formats_one_standalone_voter(tmp_path: Path) -> None:
+    spec = plan_cluster(random_uuid(), 3, 1, base_port=20000, dynamic=True)
+    assert ClusterSpec.from_json(spec.to_json()) == spec and spec.dynamic
+    layout = ClusterLayout(tmp_path)
+    controller = node_properties(
+        spec, spec.node(2), layout, advertised_of=lambda node_id: ("10.9.9.9", 30000 + node_id)
+    )
+    assert "controller.quorum.voters" not in controller
+    assert (
+        controller["controller.quorum.bootstrap.servers"] == "127.0.0.1:20000,127.0.0.1:20001,127.0.0.1:20002"
+    )
+    assert controller["advertised.listeners"] == "CONTROLLER://10.9.9.9:30002"  # its VotersRecord endpoint
+    cluster = LocalCluster.create(tmp_path / "c", controllers=3, brokers=1, dynamic=True)
+    checkpoints = {
+        node.node_id: [
+            p.name for p in (cluster.layout.data_dir(node) / "__cluster_metadata-0").glob("*.checkpoint")
+        ]
+        for node in cluster.spec.controllers
+    }
+    # Only controller 1 starts with a voter set (itself); 2 and 3 join with add-controller.
+    assert checkpoints == {1: ["00000000000000000000-0000000000.checkpoint"], 2: [], 3: []}
+    with pytest.raises(ClusterError, match="dynamic quorum"):
+        LocalCluster.create(tmp_path / "s", controllers=1, brokers=0).grow_quorum(1.0)

@@ -121,6 +121,9 @@ def test_grow_one_to_three_create_a_topic_and_remove_the_leader(tmp_path: Path) 
         assert after.leader_id in (2, 3)
         view = status(every)
         assert sorted(view["current_voters"]) == [2, 3]
+        # Under load the broker's session can lapse during the handover (it is fenced until its next
+        # heartbeat reaches the new leader): wait until it is ACTIVE again, as an operator would.
+        _wait_for_broker(every)
         kraft(
             "topic",
             "create",

@@ -511,3 +511,15 @@ def test_advertised_listeners_are_what_a_broker_registers_and_it_still_binds_its
 def test_advertised_listeners_must_name_a_broker_listener_with_a_host(advertised: str) -> None:
     with pytest.raises(ConfigError, match=r"advertised\.listeners"):
         NodeConfig.from_properties({**BROKER, "advertised.listeners": advertised})
+
+
+def test_a_dynamic_quorum_controller_may_advertise_its_controller_listener() -> None:
+    dynamic = {k: v for k, v in CONTROLLER.items() if k != "controller.quorum.voters"}
+    dynamic["controller.quorum.bootstrap.servers"] = "127.0.0.1:9093"
+    cfg = NodeConfig.from_properties({**dynamic, "advertised.listeners": "CONTROLLER://proxy.example:19093"})
+    listener = cfg.controller_listener
+    assert listener is not None and (listener.host, listener.port) == ("127.0.0.1", 9093)  # where it binds
+    assert (cfg.advertised(listener).host, cfg.advertised(listener).port) == ("proxy.example", 19093)
+    # A static quorum's voters are its config: there is nothing to advertise to.
+    with pytest.raises(ConfigError, match=r"advertised\.listeners"):
+        NodeConfig.from_properties({**CONTROLLER, "advertised.listeners": "CONTROLLER://proxy.example:1"})

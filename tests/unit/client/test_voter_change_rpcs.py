@@ -22,6 +22,12 @@ from kraft.raft import messages as m
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError, VoterChangeError
 from kraft.raft.grpc_server import RaftServicer, add_raft_service
 from kraft.raft.voters import Endpoint, Voter, VoterSet
+from kraft.security.principal import (
+    PRINCIPAL_TYPE_USER,
+    Principal,
+    TlsPrincipalExtractor,
+    install_principal_extractor,
+)
 from kraft.storage.meta_properties import read_meta_properties
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -241,3 +247,36 @@ async def test_the_cli_reports_a_refused_removal_on_one_line(
     bad = ["quorum", "remove-controller", "--bootstrap-controller", running.target, "--controller-id", "1"]
     assert await asyncio.to_thread(cli_main.run, [*bad, "--controller-directory-id", "nope"]) == 1
     assert "--controller-directory-id" in capsys.readouterr().err
+
+
+class TlsContext:
+    """A servicer context of a call over mTLS (the principal comes from the installed extractor)."""
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {"transport_security_type": [b"ssl"]}
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise AssertionError(f"aborted {code}: {details}")
+
+
+async def test_on_tls_a_voter_updates_only_its_own_endpoint() -> None:
+    leader = FakeLeader()
+    servicer = RaftServicer(leader, cluster_id=CLUSTER, endpoints={}, voter_changes=leader)
+    request = raft_pb2.UpdateRaftVoterRequest(
+        cluster_id=CLUSTER,
+        voter_id=2,
+        voter_directory_id=DIR_2,
+        listeners=[raft_pb2.RaftVoterEndpoint(name="CONTROLLER", host="h2", port=9094)],
+        timeout_ms=500,
+    )
+    try:
+        install_principal_extractor(lambda context: Principal(PRINCIPAL_TYPE_USER, "CN=controller-3,O=kraft"))
+        forged = await servicer.UpdateRaftVoter(request, TlsContext())  # type: ignore[arg-type]
+        assert forged.error_code == ErrorCode.INVALID_REQUEST and "only its own" in forged.error_message
+        assert leader.calls == []
+        install_principal_extractor(lambda context: Principal(PRINCIPAL_TYPE_USER, "CN=controller-2,O=kraft"))
+        own = await servicer.UpdateRaftVoter(request, TlsContext())  # type: ignore[arg-type]
+        assert own.error_code == ErrorCode.NONE
+        assert leader.calls == [("update", (2, DIR_2, (Endpoint("CONTROLLER", "h2", 9094),)))]
+    finally:
+        install_principal_extractor(TlsPrincipalExtractor())

@@ -14,7 +14,7 @@ from kraft.client.channel import open_channel
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
-from kraft.node.controller import ControllerNode, StartupError, check_storage
+from kraft.node.controller import ControllerNode, StartupError, check_storage, peer_addresses, raft_config
 from kraft.observability.health import RAFT_SERVICE, HealthStatus, check_health
 from kraft.raft.grpc_test_service import chain_digest
 from kraft.storage.ids import random_uuid
@@ -156,3 +156,17 @@ async def test_a_port_in_use_refuses_the_start(tmp_path: Path) -> None:
             await node.start()
     finally:
         await blocker.stop(grace=None)
+
+
+def test_a_dynamic_controller_does_not_dial_itself_through_the_shared_bootstrap_list() -> None:
+    cfg = NodeConfig.from_properties(
+        {
+            "process.roles": "controller",
+            "node.id": "2",
+            "controller.quorum.bootstrap.servers": "127.0.0.1:9001,127.0.0.1:9002,127.0.0.1:9003",
+            "listeners": "CONTROLLER://127.0.0.1:9002",
+            "metadata.log.dir": "/var/kraft/c2",
+        }
+    )
+    assert peer_addresses(cfg) == ((-2, "127.0.0.1:9001"), (-4, "127.0.0.1:9003"))
+    assert raft_config(cfg, random_uuid()).bootstrap_ids == (-2, -4)
