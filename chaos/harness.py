@@ -18,6 +18,7 @@ workload dials through the ``client_to_<node>`` proxies.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -45,8 +46,10 @@ class ChaosCluster:
         proxy_seed: int | None = None,
         proxy_url: str | None = None,
         route_dialers: bool = False,
+        overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.root = root
+        self._overrides = dict(overrides or {})
         self._route_dialers = route_dialers
         self._controllers = controllers
         self._brokers = brokers
@@ -69,7 +72,11 @@ class ChaosCluster:
             url = self._proxy_url
         self.proxies = ToxiproxyClient(url)
         planned = LocalCluster.create(
-            self.root / "cluster", controllers=self._controllers, brokers=self._brokers, profile=self._profile
+            self.root / "cluster",
+            controllers=self._controllers,
+            brokers=self._brokers,
+            profile=self._profile,
+            overrides=self._overrides,
         )
         spec = planned.spec
         listeners = {node.name: (node.host, node.port) for node in spec.nodes}

@@ -210,6 +210,7 @@ class Targets(enum.Enum):
     ONE = "one"
     LEADER = "leader"
     MINORITY = "minority"
+    ALL_BUT_ONE = "all-but-one"  # e.g. two of three brokers: below min.insync.replicas=2
 
 
 def choose_targets(
@@ -220,6 +221,8 @@ def choose_targets(
     if targets is Targets.MINORITY:
         count = max(1, (len(candidates) - 1) // 2)
         return sorted(rng.sample(list(candidates), count))
+    if targets is Targets.ALL_BUT_ONE:
+        return sorted(rng.sample(list(candidates), max(1, len(candidates) - 1)))
     return [rng.choice(list(candidates))]
 
 

@@ -180,6 +180,9 @@ def test_process_nemeses_target_and_undo() -> None:
     assert [c[0] for c in control.calls] == ["kill", "restart", "pause", "resume"]
     assert control.calls[2][1] == control.calls[3][1]
     assert len(choose_targets(Targets.MINORITY, ["a", "b", "c", "d", "e"], random.Random(0), None)) == 2
+    for seed in range(5):  # two of three brokers: below min.insync.replicas=2 for every partition
+        two = choose_targets(Targets.ALL_BUT_ONE, ["b1", "b2", "b3"], random.Random(seed), None)
+        assert len(set(two)) == 2 and set(two) < {"b1", "b2", "b3"}
 
 
 async def test_scheduler_runs_seeded_rounds_and_always_heals() -> None:
