@@ -72,7 +72,14 @@ class ProcessControl(Protocol):
 
 
 class Nemesis(abc.ABC):
-    """A fault.  ``start`` returns a one-line description of what it did; ``heal`` undoes exactly that."""
+    """A fault.  ``start`` returns a one-line description of what it did; ``heal`` undoes exactly that.
+
+    ``min_hold_s``: the scheduler holds this fault at least that long (the run's end permitting), for
+    faults that only matter once they outlast a timeout — e.g. a broker isolated past its session, so
+    that it is fenced and replaced while it still believes it leads.
+    """
+
+    min_hold_s: float = 0.0
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -349,7 +356,8 @@ class NemesisScheduler:
                 self._record(active, "start", description)
                 if on_event is not None:
                     on_event(self.events[-1])
-                hold = min(self.rng.uniform(*self._fault_s), max(deadline - time.monotonic(), 0.0))
+                drawn = max(self.rng.uniform(*self._fault_s), active.min_hold_s)
+                hold = min(drawn, max(deadline - time.monotonic(), 0.0))
                 await asyncio.sleep(hold)
                 current, active = active, None
                 await self._heal(current)

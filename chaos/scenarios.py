@@ -27,6 +27,7 @@ from chaos.proxy.client import ToxiproxyClient
 from chaos.topology import Topology
 
 ScenarioBuilder = Callable[[ChaosCluster], list[Nemesis]]
+ISOLATE_BROKER_MIN_HOLD_S = 5.0
 
 
 def _parts(cluster: ChaosCluster) -> tuple[ToxiproxyClient, Topology, list[str], list[str]]:
@@ -145,10 +146,14 @@ def data_plane(cluster: ChaosCluster) -> list[Nemesis]:
         return grudges.isolate(rng.choice(brokers), brokers)
 
     links = topology.links_between(brokers, brokers)
+    isolated = PartitionNemesis("isolate-broker", proxies, topology, shape)
+    # Past the broker session (fast profile: 3 s), an election and the new leader's metadata: the
+    # isolated broker is replaced while it still believes it leads (and serves its consumers).
+    isolated.min_hold_s = ISOLATE_BROKER_MIN_HOLD_S
     return [
         KillNemesis("kill-broker", cluster, brokers, Targets.ONE),
         PauseNemesis("pause-broker", cluster, brokers, Targets.ONE),
-        PartitionNemesis("isolate-broker", proxies, topology, shape),
+        isolated,
         KillNemesis("kill-two-brokers", cluster, brokers, Targets.ALL_BUT_ONE),
         PartitionNemesis("cut-replication", proxies, topology, replication),
         FlakyLinkNemesis(

@@ -210,6 +210,18 @@ async def test_scheduler_runs_seeded_rounds_and_always_heals() -> None:
     assert [e.description for e in first.events[:shared]] == [e.description for e in replay.events[:shared]]
 
 
+async def test_scheduler_holds_a_fault_at_least_its_min_hold() -> None:
+    nemesis = PartitionNemesis(
+        "cut", FakeProxies(), _topology(), lambda rng: grudges.one_way("controller-1", "controller-2")
+    )
+    nemesis.min_hold_s = 0.2
+    scheduler = NemesisScheduler([nemesis], seed=1, quiet_s=(0.0, 0.01), fault_s=(0.01, 0.02))
+    await asyncio.wait_for(scheduler.run(0.5), timeout=10)
+    start, heal = scheduler.events[0], scheduler.events[1]
+    assert (start.action, heal.action) == ("start", "heal")
+    assert heal.time_ns - start.time_ns >= 200_000_000  # drawn 10-20 ms, held 200 ms
+
+
 async def test_cancelled_scheduler_heals_the_active_fault() -> None:
     proxies = FakeProxies()
     nemesis = PartitionNemesis(
