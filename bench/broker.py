@@ -49,6 +49,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "broker.json"
+CATCH_UP_PATH = REPO_ROOT / "bench" / "results" / "catch_up.json"  # --catch-up-only: before/after runs
 if str(REPO_ROOT) not in sys.path:  # the fake controller lives with the unit tests
     sys.path.insert(0, str(REPO_ROOT))
 
@@ -407,6 +408,21 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
     }
 
 
+async def bench_catch_up(quick: bool) -> dict[str, Any]:
+    """Only the follower catch-up of :func:`bench_replication`, on a fresh cluster."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster.create(Path(tmp) / "cluster", controllers=1, brokers=3, profile="fast")
+        cluster.start()
+        try:
+            await asyncio.to_thread(cluster.wait_healthy, 90)
+            bootstrap = ",".join(b.target for b in cluster.spec.brokers)
+            return await _catch_up(
+                cluster, bootstrap, cluster.spec.controllers[0].target, 64 if quick else 256
+            )
+        finally:
+            cluster.down()
+
+
 async def bench_replication(quick: bool) -> dict[str, Any]:
     seconds = 3.0 if quick else 8.0
     with tempfile.TemporaryDirectory() as tmp:
@@ -472,7 +488,23 @@ def main() -> None:
     parser.add_argument(
         "--replication-only", action="store_true", help="only the replication section (merged into the file)"
     )
+    parser.add_argument(
+        "--catch-up-only",
+        metavar="LABEL",
+        help=f"only the follower catch-up, --repeat times; recorded under LABEL in {CATCH_UP_PATH.name}",
+    )
+    parser.add_argument("--repeat", type=int, default=2, help="catch-up runs per --catch-up-only label")
     args = parser.parse_args()
+    if args.catch_up_only:
+        runs = [asyncio.run(bench_catch_up(args.quick)) for _ in range(args.repeat)]
+        recorded = json.loads(CATCH_UP_PATH.read_text()) if CATCH_UP_PATH.exists() else {}
+        recorded[args.catch_up_only] = {
+            "runs": runs,
+            "best_mb_per_second": max(r["mb_per_second"] for r in runs),
+        }
+        CATCH_UP_PATH.write_text(json.dumps(recorded, indent=2) + "\n")
+        print(json.dumps(recorded[args.catch_up_only], indent=2))
+        return
     if args.replication_only:
         results = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
         results["replication"] = asyncio.run(bench_replication(args.quick))
