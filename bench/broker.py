@@ -374,8 +374,12 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
     failed = [a for a in answers if a.error_code]
     if failed:
         raise RuntimeError(f"catch-up produce failed: {failed[0].error_code} {failed[0].error_message}")
-    target_end = await asyncio.to_thread(_describe_log_end, leader.target, "catchup")
-    assert target_end is not None
+    target_end = None
+    deadline = time.perf_counter() + TIMEOUT_S
+    while target_end is None and time.perf_counter() < deadline:  # a busy leader may miss the 2 s bound
+        target_end = await asyncio.to_thread(_describe_log_end, leader.target, "catchup")
+    if target_end is None:
+        raise RuntimeError("the leader did not describe its log")
     lag_bytes = requests * per_request * (record_bytes + 8)  # approximate stored bytes (value + overhead)
     start_before = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
     restarted = time.perf_counter()
