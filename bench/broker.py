@@ -325,11 +325,13 @@ async def _produce_load(
     }
 
 
-def _describe_log_end(target: str, topic: str) -> int | None:
+def _describe_log_end(target: str, topic: str, cluster_id: str) -> int | None:
     channel = open_blocking_channel(target)
     try:
+        # The broker refuses a DescribeBroker without the cluster id (INCONSISTENT_CLUSTER_ID, no
+        # partitions), which read here as "no such partition" and left the catch-up waiting forever.
         answer = broker_pb2_grpc.BrokerServiceStub(channel).DescribeBroker(
-            bpb.DescribeBrokerRequest(), timeout=2
+            bpb.DescribeBrokerRequest(cluster_id=cluster_id), timeout=2
         )
     except Exception:
         return None
@@ -377,17 +379,21 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
     target_end = None
     deadline = time.perf_counter() + TIMEOUT_S
     while target_end is None and time.perf_counter() < deadline:  # a busy leader may miss the 2 s bound
-        target_end = await asyncio.to_thread(_describe_log_end, leader.target, "catchup")
+        target_end = await asyncio.to_thread(
+            _describe_log_end, leader.target, "catchup", cluster.spec.cluster_id
+        )
     if target_end is None:
         raise RuntimeError("the leader did not describe its log")
     lag_bytes = requests * per_request * (record_bytes + 8)  # approximate stored bytes (value + overhead)
-    start_before = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
+    start_before = await asyncio.to_thread(
+        _describe_log_end, follower.target, "catchup", cluster.spec.cluster_id
+    )
     restarted = time.perf_counter()
     cluster.start([follower.node_id])
     first_progress: float | None = None
     begin_offset: int | None = None
     while True:
-        end = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
+        end = await asyncio.to_thread(_describe_log_end, follower.target, "catchup", cluster.spec.cluster_id)
         now = time.perf_counter()
         if end is not None:
             if begin_offset is None:
