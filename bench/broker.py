@@ -49,6 +49,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "broker.json"
+CATCH_UP_PATH = REPO_ROOT / "bench" / "results" / "catch_up.json"  # --catch-up-only: before/after runs
 if str(REPO_ROOT) not in sys.path:  # the fake controller lives with the unit tests
     sys.path.insert(0, str(REPO_ROOT))
 
@@ -324,11 +325,13 @@ async def _produce_load(
     }
 
 
-def _describe_log_end(target: str, topic: str) -> int | None:
+def _describe_log_end(target: str, topic: str, cluster_id: str) -> int | None:
     channel = open_blocking_channel(target)
     try:
+        # The broker refuses a DescribeBroker without the cluster id (INCONSISTENT_CLUSTER_ID, no
+        # partitions), which read here as "no such partition" and left the catch-up waiting forever.
         answer = broker_pb2_grpc.BrokerServiceStub(channel).DescribeBroker(
-            bpb.DescribeBrokerRequest(), timeout=2
+            bpb.DescribeBrokerRequest(cluster_id=cluster_id), timeout=2
         )
     except Exception:
         return None
@@ -373,16 +376,24 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
     failed = [a for a in answers if a.error_code]
     if failed:
         raise RuntimeError(f"catch-up produce failed: {failed[0].error_code} {failed[0].error_message}")
-    target_end = await asyncio.to_thread(_describe_log_end, leader.target, "catchup")
-    assert target_end is not None
+    target_end = None
+    deadline = time.perf_counter() + TIMEOUT_S
+    while target_end is None and time.perf_counter() < deadline:  # a busy leader may miss the 2 s bound
+        target_end = await asyncio.to_thread(
+            _describe_log_end, leader.target, "catchup", cluster.spec.cluster_id
+        )
+    if target_end is None:
+        raise RuntimeError("the leader did not describe its log")
     lag_bytes = requests * per_request * (record_bytes + 8)  # approximate stored bytes (value + overhead)
-    start_before = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
+    start_before = await asyncio.to_thread(
+        _describe_log_end, follower.target, "catchup", cluster.spec.cluster_id
+    )
     restarted = time.perf_counter()
     cluster.start([follower.node_id])
     first_progress: float | None = None
     begin_offset: int | None = None
     while True:
-        end = await asyncio.to_thread(_describe_log_end, follower.target, "catchup")
+        end = await asyncio.to_thread(_describe_log_end, follower.target, "catchup", cluster.spec.cluster_id)
         now = time.perf_counter()
         if end is not None:
             if begin_offset is None:
@@ -405,6 +416,21 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
         "seconds_copying": round(copying_s, 2),
         "mb_per_second": round(lag_bytes * copied_fraction / copying_s / 1e6, 1),
     }
+
+
+async def bench_catch_up(quick: bool) -> dict[str, Any]:
+    """Only the follower catch-up of :func:`bench_replication`, on a fresh cluster."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cluster = LocalCluster.create(Path(tmp) / "cluster", controllers=1, brokers=3, profile="fast")
+        cluster.start()
+        try:
+            await asyncio.to_thread(cluster.wait_healthy, 90)
+            bootstrap = ",".join(b.target for b in cluster.spec.brokers)
+            return await _catch_up(
+                cluster, bootstrap, cluster.spec.controllers[0].target, 64 if quick else 256
+            )
+        finally:
+            cluster.down()
 
 
 async def bench_replication(quick: bool) -> dict[str, Any]:
@@ -472,7 +498,23 @@ def main() -> None:
     parser.add_argument(
         "--replication-only", action="store_true", help="only the replication section (merged into the file)"
     )
+    parser.add_argument(
+        "--catch-up-only",
+        metavar="LABEL",
+        help=f"only the follower catch-up, --repeat times; recorded under LABEL in {CATCH_UP_PATH.name}",
+    )
+    parser.add_argument("--repeat", type=int, default=2, help="catch-up runs per --catch-up-only label")
     args = parser.parse_args()
+    if args.catch_up_only:
+        runs = [asyncio.run(bench_catch_up(args.quick)) for _ in range(args.repeat)]
+        recorded = json.loads(CATCH_UP_PATH.read_text()) if CATCH_UP_PATH.exists() else {}
+        recorded[args.catch_up_only] = {
+            "runs": runs,
+            "best_mb_per_second": max(r["mb_per_second"] for r in runs),
+        }
+        CATCH_UP_PATH.write_text(json.dumps(recorded, indent=2) + "\n")
+        print(json.dumps(recorded[args.catch_up_only], indent=2))
+        return
     if args.replication_only:
         results = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
         results["replication"] = asyncio.run(bench_replication(args.quick))

@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from chaos.checkers.data_plane import DATA_PRODUCE, PartitionRead, ReplicaLog
+from chaos.checkers.data_plane import DATA_CONSUME, DATA_PRODUCE, IsrSample, PartitionRead, ReplicaLog
 from chaos.history import EventType, HistoryStore
 from chaos.produce import produce_acks_all
 from kraft.broker.types import TopicPartition
@@ -41,7 +41,26 @@ from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2
 DATA_TOPIC = "chaos-data"
 DATA_PARTITIONS = 2
 DATA_REPLICATION = 3
+# acks=all needs two replicas: with two of three brokers down (or a leader cut off from its followers)
+# writes are refused with NOT_ENOUGH_REPLICAS, never acknowledged by the leader alone.
+DATA_MIN_INSYNC_REPLICAS = 2
 DATA_PROCESS_BASE = 2_000_000  # process ids of data-plane producers
+CONSUMER_PROCESS_BASE = 3_000_000  # process ids of data-plane consumers
+CONSUME_WAIT_MS = 200
+CONSUME_MAX_BYTES = 64 * 1024
+ISR_PROBE_INTERVAL_S = 0.1
+# No gRPC-level retries (each request is one operation), and reconnect attempts at most 500 ms apart:
+# with gRPC's default backoff (1 s growing to 120 s) a channel to a broker that was killed and restarted,
+# or cut off for a while, answers UNAVAILABLE at once for many seconds after it is back.
+CHANNEL_OPTIONS = (
+    ("grpc.enable_retries", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 500),
+)
+# Broker settings of a data-plane run: followers that stop fetching leave the ISR within the short
+# pace's faults (Kafka's default, 30 s, would outlast them all).
+DATA_PLANE_OVERRIDES = {"replica.lag.time.max.ms": "1500", "replica.fetch.wait.max.ms": "200"}
 SETUP_TIMEOUT_S = 20.0
 READ_BATCH_BYTES = 1 << 20
 
@@ -53,7 +72,10 @@ def data_key(partition: int) -> str:
 async def create_data_topic(cluster_id: str, controller_targets: Sequence[str]) -> None:
     """Create ``chaos-data`` (RF 3); retries every controller until one accepts it."""
     topic = controller_pb2.CreatableTopic(
-        name=DATA_TOPIC, num_partitions=DATA_PARTITIONS, replication_factor=DATA_REPLICATION
+        name=DATA_TOPIC,
+        num_partitions=DATA_PARTITIONS,
+        replication_factor=DATA_REPLICATION,
+        configs=[controller_pb2.TopicConfig(name="min.insync.replicas", value=str(DATA_MIN_INSYNC_REPLICAS))],
     )
     request = controller_pb2.CreateTopicsRequest(cluster_id=cluster_id, topics=[topic])
     deadline = time.monotonic() + SETUP_TIMEOUT_S
@@ -75,21 +97,42 @@ async def create_data_topic(cluster_id: str, controller_targets: Sequence[str]) 
     raise TimeoutError(f"could not create {DATA_TOPIC}: {last}")
 
 
-async def _leaders(stub: Any, cluster_id: str) -> dict[int, tuple[int, int, int]] | None:
-    """partition → (leader, leader epoch, ISR size) from one broker's Metadata; None on an error."""
+async def _partitions(
+    stub: Any, cluster_id: str, timeout_s: float = 2.0
+) -> dict[int, tuple[int, int, tuple[int, ...]]] | None:
+    """partition → (leader, leader epoch, ISR) from one broker's Metadata; None on an error."""
     request = broker_pb2.BrokerMetadataRequest(cluster_id=cluster_id, topics=[DATA_TOPIC])
     try:
-        response = await stub.Metadata(request, timeout=2.0)
+        response = await stub.Metadata(request, timeout=timeout_s)
     except grpc.aio.AioRpcError:
         return None
     if response.error_code != 0:
         return None
-    found: dict[int, tuple[int, int, int]] = {}
+    found: dict[int, tuple[int, int, tuple[int, ...]]] = {}
     for topic in response.topics:
         if topic.name == DATA_TOPIC:
             for p in topic.partitions:
-                found[p.partition] = (p.leader, p.leader_epoch, len(p.isr))
+                found[p.partition] = (p.leader, p.leader_epoch, tuple(p.isr))
     return found
+
+
+async def _leaders(stub: Any, cluster_id: str) -> dict[int, tuple[int, int, int]] | None:
+    """partition → (leader, leader epoch, ISR size) from one broker's Metadata; None on an error."""
+    found = await _partitions(stub, cluster_id)
+    if found is None:
+        return None
+    return {p: (leader, epoch, len(isr)) for p, (leader, epoch, isr) in found.items()}
+
+
+async def find_leader(stubs: Mapping[int, Any], cluster_id: str, partition: int, attempt: int) -> int:
+    """Who leads ``partition`` according to the brokers' Metadata (asked in turn from ``attempt``);
+    a broker in turn when none names a known one."""
+    brokers = sorted(stubs)
+    for i in range(len(brokers)):
+        leaders = await _leaders(stubs[brokers[(attempt + i) % len(brokers)]], cluster_id)
+        if leaders is not None and leaders.get(partition, (-1, -1, 0))[0] in stubs:
+            return leaders[partition][0]
+    return brokers[attempt % len(brokers)]
 
 
 class DataPlaneWorkload:
@@ -107,9 +150,11 @@ class DataPlaneWorkload:
         self._op_timeout_s = op_timeout_s
         self._pause_s = pause_s
         self._next_process = DATA_PROCESS_BASE
+        self.broker_of: dict[int, int] = {}  # producer process -> the broker it sends to
 
-    def _new_process(self) -> int:
+    def _new_process(self, broker: int) -> int:
         process, self._next_process = self._next_process, self._next_process + 1
+        self.broker_of[process] = broker
         return process
 
     async def run(self, duration_s: float) -> None:
@@ -118,30 +163,25 @@ class DataPlaneWorkload:
             stubs = await _broker_stubs(stack, self._targets)
             await asyncio.gather(*(self._producer(p, stubs, deadline) for p in range(DATA_PARTITIONS)))
 
-    async def _find_leader(self, stubs: Mapping[int, Any], partition: int, attempt: int) -> int:
-        brokers = sorted(stubs)
-        for i in range(len(brokers)):
-            leaders = await _leaders(stubs[brokers[(attempt + i) % len(brokers)]], self._cluster_id)
-            if leaders is not None and leaders.get(partition, (-1, -1, 0))[0] in stubs:
-                return leaders[partition][0]
-        return brokers[attempt % len(brokers)]
-
     async def _producer(self, partition: int, stubs: Mapping[int, Any], deadline: float) -> None:
-        process = self._new_process()
         sequence = 0
         attempt = 0
-        leader = await self._find_leader(stubs, partition, 0)
+        leader = await find_leader(stubs, self._cluster_id, partition, 0)
+        process = self._new_process(leader)
         while time.monotonic() < deadline:
             value = f"p{partition}-{sequence}"
             invoked = await self._store.invoke(process, DATA_PRODUCE, data_key(partition), value)
             outcome, result, error = await self._produce(stubs[leader], partition, value)
             await self._store.complete(invoked.op_id, outcome, result, error)
             sequence += 1
-            if outcome is EventType.INFO:
-                process = self._new_process()
             if outcome is not EventType.OK:
                 attempt += 1
-                leader = await self._find_leader(stubs, partition, attempt)
+                found = await find_leader(stubs, self._cluster_id, partition, attempt)
+                # A new process per target broker (the checkers tell whom a produce went to), and
+                # after an info, whose request may still take effect.
+                if outcome is EventType.INFO or found != leader:
+                    process = self._new_process(found)
+                leader = found
             await asyncio.sleep(self._pause_s)
 
     async def _produce(self, stub: Any, partition: int, value: str) -> tuple[EventType, Any, str | None]:
@@ -155,6 +195,108 @@ class DataPlaneWorkload:
         if code is ErrorCode.NOT_ENOUGH_REPLICAS:
             return EventType.FAIL, None, message
         return EventType.INFO, None, message
+
+
+class DataConsumers:
+    """One consumer per partition reading from the broker it believes leads, through the client proxies
+    (never cut): a leader cut off from the quorum keeps answering it until it learns otherwise.  Each
+    consumer Fetch (long-poll) is one operation, ``f = "consume"``, value = the fetch offset; ``ok`` with
+    result ``{"broker", "hwm", "records": [[offset, value], ...]}``, ``fail`` with the error otherwise
+    (a read has no effect).  The consumer moves on from the last record read; on an error it asks a
+    broker's Metadata who leads and goes there (a new process per broker)."""
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        cluster_id: str,
+        broker_targets: Mapping[int, str],
+        op_timeout_s: float = 3.0,
+    ) -> None:
+        self._store = store
+        self._cluster_id = cluster_id
+        self._targets = dict(broker_targets)
+        self._op_timeout_s = op_timeout_s
+        self._next_process = CONSUMER_PROCESS_BASE
+
+    async def run(self, duration_s: float) -> None:
+        deadline = time.monotonic() + duration_s
+        async with contextlib.AsyncExitStack() as stack:
+            stubs = await _broker_stubs(stack, self._targets)
+            await asyncio.gather(*(self._consumer(p, stubs, deadline) for p in range(DATA_PARTITIONS)))
+
+    async def _consumer(self, partition: int, stubs: Mapping[int, Any], deadline: float) -> None:
+        offset = 0
+        attempt = 0
+        broker = await find_leader(stubs, self._cluster_id, partition, 0)
+        process = self._new_process()
+        while time.monotonic() < deadline:
+            invoked = await self._store.invoke(process, DATA_CONSUME, data_key(partition), offset)
+            request = broker_pb2.BrokerFetchRequest(
+                cluster_id=self._cluster_id,
+                topic=DATA_TOPIC,
+                partition=partition,
+                offset=offset,
+                max_bytes=CONSUME_MAX_BYTES,
+                leader_epoch=-1,
+                max_wait_ms=CONSUME_WAIT_MS,
+            )
+            error: str | None
+            try:
+                response = await stubs[broker].Fetch(request, timeout=self._op_timeout_s)
+            except grpc.aio.AioRpcError as err:
+                response, error = None, err.code().name
+            else:
+                code = ErrorCode.from_wire(response.error_code)
+                error = None if code is ErrorCode.NONE else f"{code.name} {response.error_message}"
+            if response is not None and error is None:
+                read = [
+                    (int(r.offset), bytes(r.value).decode()) for r in response.records if r.offset >= offset
+                ]
+                records = [[o, v] for o, v in read]
+                result = {"broker": broker, "hwm": int(response.high_watermark), "records": records}
+                await self._store.complete(invoked.op_id, EventType.OK, result)
+                if read:
+                    offset = read[-1][0] + 1
+                continue
+            await self._store.complete(invoked.op_id, EventType.FAIL, {"broker": broker}, error)
+            if response is not None and response.error_code == ErrorCode.OFFSET_OUT_OF_RANGE.value:
+                offset = max(offset, int(response.log_start_offset))
+            attempt += 1
+            found = await find_leader(stubs, self._cluster_id, partition, attempt)
+            if found != broker:
+                process = self._new_process()
+            broker = found
+            await asyncio.sleep(0.05)
+
+    def _new_process(self) -> int:
+        process, self._next_process = self._next_process, self._next_process + 1
+        return process
+
+
+class IsrProbe:
+    """Samples every broker's own view of the data topic (Metadata on its real listener, never cut)
+    every :data:`ISR_PROBE_INTERVAL_S`: the leader, leader epoch and ISR its image holds, with the
+    send and answer times, for :func:`chaos.checkers.data_plane.under_min_isr_intervals`."""
+
+    def __init__(self, cluster_id: str, broker_targets: Mapping[int, str]) -> None:
+        self._cluster_id = cluster_id
+        self._targets = dict(broker_targets)
+        self.samples: list[IsrSample] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            stubs = await _broker_stubs(stack, self._targets)
+            await asyncio.gather(*(self._probe(b, stub, stop) for b, stub in stubs.items()))
+
+    async def _probe(self, broker: int, stub: Any, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            sent = time.monotonic_ns()
+            found = await _partitions(stub, self._cluster_id, timeout_s=1.0)
+            answered = time.monotonic_ns()
+            for partition, (leader, epoch, isr) in sorted((found or {}).items()):
+                self.samples.append(IsrSample(broker, partition, sent, answered, leader, epoch, isr))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), ISR_PROBE_INTERVAL_S)
 
 
 async def read_final(
@@ -227,10 +369,11 @@ async def _read_partition(
 
 
 async def _broker_stubs(stack: contextlib.AsyncExitStack, targets: Mapping[int, str]) -> dict[int, Any]:
-    """broker → BrokerService stub over a channel that ``stack`` closes (no gRPC-level retries)."""
+    """broker → BrokerService stub over a channel that ``stack`` closes (no gRPC-level retries, and
+    reconnects at most :data:`CHANNEL_OPTIONS`' 500 ms apart)."""
     stubs: dict[int, Any] = {}
     for broker, target in targets.items():
-        channel = await stack.enter_async_context(open_channel(target, options=[("grpc.enable_retries", 0)]))
+        channel = await stack.enter_async_context(open_channel(target, options=CHANNEL_OPTIONS))
         stubs[broker] = broker_pb2_grpc.BrokerServiceStub(channel)
     return stubs
 

@@ -24,6 +24,7 @@ controller 1 with add-controller, and :class:`~chaos.nemesis.MembershipControl` 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -54,9 +55,11 @@ class ChaosCluster:
         proxy_url: str | None = None,
         route_dialers: bool = False,
         dynamic: bool = False,
+        overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.root = root
         self.dynamic = dynamic
+        self._overrides = dict(overrides or {})
         # The voters' endpoints come from the log, the same for every dialer: only routing by dialer
         # keeps a dynamic quorum's controller links behind their own proxies.
         self._route_dialers = route_dialers or dynamic
@@ -86,6 +89,7 @@ class ChaosCluster:
             brokers=self._brokers,
             profile=self._profile,
             dynamic=self.dynamic,
+            overrides=self._overrides,
         )
         spec = planned.spec
         listeners = {node.name: (node.host, node.port) for node in spec.nodes}

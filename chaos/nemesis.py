@@ -72,7 +72,14 @@ class ProcessControl(Protocol):
 
 
 class Nemesis(abc.ABC):
-    """A fault.  ``start`` returns a one-line description of what it did; ``heal`` undoes exactly that."""
+    """A fault.  ``start`` returns a one-line description of what it did; ``heal`` undoes exactly that.
+
+    ``min_hold_s``: the scheduler holds this fault at least that long (the run's end permitting), for
+    faults that only matter once they outlast a timeout — e.g. a broker isolated past its session, so
+    that it is fenced and replaced while it still believes it leads.
+    """
+
+    min_hold_s: float = 0.0
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -210,6 +217,7 @@ class Targets(enum.Enum):
     ONE = "one"
     LEADER = "leader"
     MINORITY = "minority"
+    ALL_BUT_ONE = "all-but-one"  # e.g. two of three brokers: below min.insync.replicas=2
 
 
 def choose_targets(
@@ -220,6 +228,8 @@ def choose_targets(
     if targets is Targets.MINORITY:
         count = max(1, (len(candidates) - 1) // 2)
         return sorted(rng.sample(list(candidates), count))
+    if targets is Targets.ALL_BUT_ONE:
+        return sorted(rng.sample(list(candidates), max(1, len(candidates) - 1)))
     return [rng.choice(list(candidates))]
 
 
@@ -423,7 +433,8 @@ class NemesisScheduler:
                 self._record(active, "start", description)
                 if on_event is not None:
                     on_event(self.events[-1])
-                hold = min(self.rng.uniform(*self._fault_s), max(deadline - time.monotonic(), 0.0))
+                drawn = max(self.rng.uniform(*self._fault_s), active.min_hold_s)
+                hold = min(drawn, max(deadline - time.monotonic(), 0.0))
                 await asyncio.sleep(hold)
                 current, active = active, None
                 await self._heal(current)

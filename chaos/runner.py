@@ -35,14 +35,28 @@ from chaos.checkers import (
     check_single_leader_per_epoch,
 )
 from chaos.checkers.data_plane import (
+    IsrSample,
     PartitionRead,
     ReplicaLog,
     check_acknowledged_at_their_offsets,
+    check_acks_all_refused_under_min_isr,
+    check_consumed_in_final_log,
+    check_refused_never_written,
     check_replicas_identical_below_hwm,
+    under_min_isr_intervals,
 )
 from chaos.checkers.verdict import failed, passed, unknown
 from chaos.collect import broker_registration_offsets, image_digests_at, iter_metadata_log, node_log
-from chaos.data_plane import DataPlaneWorkload, create_data_topic, read_final, read_replica_logs
+from chaos.data_plane import (
+    DATA_MIN_INSYNC_REPLICAS,
+    DATA_PLANE_OVERRIDES,
+    DataConsumers,
+    DataPlaneWorkload,
+    IsrProbe,
+    create_data_topic,
+    read_final,
+    read_replica_logs,
+)
 from chaos.harness import ChaosCluster
 from chaos.history import HISTORY_FILE, HistoryStore, Operation
 from chaos.monitor import ClusterMonitor
@@ -142,6 +156,8 @@ class _Collected:
     data_plane: bool = False
     data_final: dict[int, PartitionRead] | None = None  # the data-plane topic read from its final leaders
     replica_logs: list[ReplicaLog] = field(default_factory=list)
+    data_broker_of: dict[int, int] = field(default_factory=dict)  # acks=all producer process -> broker
+    isr_samples: list[IsrSample] = field(default_factory=list)  # each broker's own view of the data topic
     dynamic: bool = False
     # a dynamic run: voter name -> directory id after the recovery (None: no leader described them), and
     # each controller's own directory id (meta.properties)
@@ -236,11 +252,14 @@ async def _exercise(
     broker_ids = [b.node_id for b in cluster.brokers]
     producers: ProduceWorkload | None = None
     data: DataPlaneWorkload | None = None
+    consumers: DataConsumers | None = None
+    probe: IsrProbe | None = None
     if options.scenario in DATA_PLANE_SCENARIOS:
         await create_data_topic(cluster.cluster_id, [c.target for c in cluster.controllers])
-        data = DataPlaneWorkload(
-            store, cluster.cluster_id, {b.node_id: cluster.client_target(b) for b in cluster.brokers}
-        )
+        proxied = {b.node_id: cluster.client_target(b) for b in cluster.brokers}
+        data = DataPlaneWorkload(store, cluster.cluster_id, proxied)
+        consumers = DataConsumers(store, cluster.cluster_id, proxied)
+        probe = IsrProbe(cluster.cluster_id, {b.node_id: b.target for b in cluster.brokers})
     if broker_ids:
         await create_produce_topic(cluster.cluster_id, [c.target for c in cluster.controllers], broker_ids)
         producers = ProduceWorkload(
@@ -252,12 +271,14 @@ async def _exercise(
     )
     stop = asyncio.Event()
     watching = asyncio.create_task(monitor.run(stop))
+    probing = asyncio.create_task(probe.run(stop)) if probe is not None else None
     try:
         progress(f"running workload and nemeses for {options.duration_s:g} s")
         await asyncio.gather(
             workload.run(options.duration_s),
             producers.run(options.duration_s) if producers is not None else asyncio.sleep(0),
             data.run(options.duration_s) if data is not None else asyncio.sleep(0),
+            consumers.run(options.duration_s) if consumers is not None else asyncio.sleep(0),
             scheduler.run(
                 options.duration_s, lambda e: progress(f"  {e.action} {e.nemesis}: {e.description}")
             ),
@@ -265,7 +286,12 @@ async def _exercise(
     finally:
         stop.set()
         await watching
+        if probing is not None:
+            await probing
     collected.events = list(scheduler.events)
+    if data is not None and probe is not None:
+        collected.data_broker_of = dict(data.broker_of)
+        collected.isr_samples = list(probe.samples)
     collected.broker_of = dict(producers.broker_of) if producers is not None else {}
     collected.healed_ns = scheduler.last_heal_ns or time.monotonic_ns()
     progress(f"healed; waiting up to {options.recovery_bound_s:g} s for recovery")
@@ -314,6 +340,7 @@ async def run_scenario(options: RunOptions, progress: Progress) -> RunReport:
         proxy_seed=options.seed,
         route_dialers=options.route_dialers,
         dynamic=dynamic,
+        overrides=DATA_PLANE_OVERRIDES if options.scenario in DATA_PLANE_SCENARIOS else None,
     )
     monitor: ClusterMonitor | None = None
     high_watermark: int | None = None
@@ -380,13 +407,25 @@ def run_checkers(options: RunOptions, collected: _Collected, monitor: ClusterMon
         verdicts.append(check_images_match(collected.images))
     if collected.data_plane:
         if collected.data_final is None:
-            for checker in ("acks-all-at-their-offsets", "replicas-identical-below-hwm"):
+            for checker in (
+                "acks-all-at-their-offsets",
+                "replicas-identical-below-hwm",
+                "consumed-records-in-final-log",
+            ):
                 verdicts.append(
                     unknown(checker, "no partition reached a leader with a whole ISR after the heal")
                 )
         else:
             verdicts.append(check_acknowledged_at_their_offsets(ops, collected.data_final))
             verdicts.append(check_replicas_identical_below_hwm(collected.replica_logs, collected.data_final))
+            verdicts.append(check_consumed_in_final_log(ops, collected.data_final))
+        intervals = under_min_isr_intervals(collected.isr_samples, DATA_MIN_INSYNC_REPLICAS)
+        verdicts.append(
+            check_acks_all_refused_under_min_isr(
+                ops, intervals, collected.data_broker_of, DATA_MIN_INSYNC_REPLICAS
+            )
+        )
+        verdicts.append(check_refused_never_written(ops, collected.replica_logs))
     if collected.dynamic:
         verdicts.append(check_voters_restored(collected.final_voters, collected.directory_ids))
     if monitor is not None:

@@ -28,6 +28,7 @@ from chaos.proxy.client import ToxiproxyClient
 from chaos.topology import Topology
 
 ScenarioBuilder = Callable[[ChaosCluster], list[Nemesis]]
+ISOLATE_BROKER_MIN_HOLD_S = 5.0
 
 
 def _parts(cluster: ChaosCluster) -> tuple[ToxiproxyClient, Topology, list[str], list[str]]:
@@ -124,19 +125,43 @@ def pause(cluster: ChaosCluster) -> list[Nemesis]:
 
 
 def data_plane(cluster: ChaosCluster) -> list[Nemesis]:
-    """Broker faults under acks=all producers (issue #16): kill or pause one broker, or cut one off from
-    the controllers and the other brokers (its followers stop fetching, it is fenced, its partitions move,
-    and until its lease lapses it still believes it leads — the zombie leader; clients still reach it)."""
+    """Broker faults under acks=all producers and consumers (issue #16) on a topic with
+    ``min.insync.replicas=2``:
+
+    - kill or pause one broker, or cut one off from the controllers and the other brokers (its followers
+      stop fetching, it is fenced, its partitions move, and until its lease lapses it still believes it
+      leads — the zombie leader; clients, consumers included, still reach it);
+    - kill two of the three brokers: the survivor's ISRs fall below the minimum, acks=all is refused;
+    - cut one broker's replication links only (it keeps the controllers): as leader it shrinks its ISR
+      to itself and must refuse acks=all; as follower it leaves the ISR;
+    - slow and lossy replication links on half of the broker→broker links: latency, a bandwidth cap, or
+      connections that stall and close (Toxiproxy ``timeout`` drawn per connection).
+    """
     proxies, topology, controllers, brokers = _parts(cluster)
     everyone = [*controllers, *brokers]
 
     def shape(rng: random.Random) -> grudges.Cuts:
         return grudges.isolate(rng.choice(brokers), everyone)
 
+    def replication(rng: random.Random) -> grudges.Cuts:
+        return grudges.isolate(rng.choice(brokers), brokers)
+
+    links = topology.links_between(brokers, brokers)
+    isolated = PartitionNemesis("isolate-broker", proxies, topology, shape)
+    # Past the broker session (fast profile: 3 s), an election and the new leader's metadata: the
+    # isolated broker is replaced while it still believes it leads (and serves its consumers).
+    isolated.min_hold_s = ISOLATE_BROKER_MIN_HOLD_S
     return [
         KillNemesis("kill-broker", cluster, brokers, Targets.ONE),
         PauseNemesis("pause-broker", cluster, brokers, Targets.ONE),
-        PartitionNemesis("isolate-broker", proxies, topology, shape),
+        isolated,
+        KillNemesis("kill-two-brokers", cluster, brokers, Targets.ALL_BUT_ONE),
+        PartitionNemesis("cut-replication", proxies, topology, replication),
+        FlakyLinkNemesis(
+            "slow-replication", proxies, links, FlakySpec("latency", {"latency": 150, "jitter": 100})
+        ),
+        FlakyLinkNemesis("narrow-replication", proxies, links, FlakySpec("bandwidth", {"rate": 16})),
+        FlakyLinkNemesis("lossy-replication", proxies, links, FlakySpec("timeout", {"timeout": 300}, 0.5)),
     ]
 
 

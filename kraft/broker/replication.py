@@ -99,6 +99,10 @@ class ReplicationSettings:
     min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
     produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
     hwm_checkpoint_interval_ms: int = 5_000  # replica.high.watermark.checkpoint.interval.ms
+    # A follower behind its leader flushes once this much is appended unflushed (and whenever a fetch
+    # leaves it caught up), not after every fetch; its fetches report the flushed offset as
+    # durable_offset, which is what the leader counts.  kraft's own (Kafka followers never fsync).
+    catch_up_flush_bytes: int = 8 << 20
 
 
 @dataclass(slots=True)
@@ -120,6 +124,7 @@ class _Followed:
     retry_at_ms: int = 0
     leader_log_end: int = -1  # the leader's durable log end in its last answer (-1: none yet)
     stopped: bool = False  # a truncation below the high watermark was refused: never fetch again
+    unflushed_bytes: int = 0  # appended since the last flush (catch_up_flush_bytes)
 
 
 def leader_and_isr(assignment: PartitionAssignment) -> LeaderAndIsr:
@@ -544,8 +549,16 @@ class ReplicaManager:
             out.error_message = f"{tp}: offset {wanted.fetch_offset} is below the log start"
             return ErrorCode.OFFSET_OUT_OF_RANGE
         before = state.high_watermark
+        # The follower's durable position counts (its flushed offset; everything it fetched if it does
+        # not say): below the fetch offset, which must itself be on this leader's durable log.
+        durable = wanted.fetch_offset
+        if wanted.HasField("durable_offset"):
+            if not 0 <= wanted.fetch_offset <= state.leader_end_offset:
+                out.error_message = f"{tp}: fetch at {wanted.fetch_offset} refused"
+                return ErrorCode.OFFSET_OUT_OF_RANGE
+            durable = min(max(wanted.durable_offset, 0), wanted.fetch_offset)
         result = state.on_follower_fetch(
-            request.replica_id, wanted.fetch_offset, wanted.current_leader_epoch, now_ms, request.broker_epoch
+            request.replica_id, durable, wanted.current_leader_epoch, now_ms, request.broker_epoch
         )
         if result.error is not ErrorCode.NONE:
             out.error_message = f"{tp}: fetch at {wanted.fetch_offset} refused"
@@ -783,6 +796,7 @@ class ReplicaManager:
                     fetch_offset=offset,
                     last_fetched_epoch=_latest_epoch(entries),
                     partition_max_bytes=self.settings.fetch_max_bytes,
+                    durable_offset=min(log.flushed_offset, offset),
                 )
                 sent[tp] = (followed, followed.leader_epoch, offset)
             timeout_s = (self.settings.fetch_max_wait_ms + self.settings.request_timeout_ms) / 1000.0
@@ -866,13 +880,24 @@ class ReplicaManager:
             self._log.info("follower_truncated", partition=str(tp), offset=new_end, leader_epoch=epoch)
             return
         followed.leader_log_end = answer.log_end_offset
-        if answer.records:
-            self.metrics.replica_fetcher_bytes.inc(len(answer.records))
-            log.append_batches(answer.records)
+        records = answer.records
+        if records:
+            self.metrics.replica_fetcher_bytes.inc(len(records))
+            log.append_batches(records)
+            followed.unflushed_bytes += len(records)
+        # The next fetch reports the flushed offset as durable: flush once caught up (so acks=all never
+        # waits on it) or every catch_up_flush_bytes while behind (one fsync per few MiB, not per fetch).
+        # (The log, not unflushed_bytes, says whether anything is unflushed: a follower state created
+        # for a new leader epoch starts at 0 over a log that may hold an unflushed tail.)
+        if log.flushed_offset < log.log_end_offset and (
+            log.log_end_offset >= answer.log_end_offset
+            or followed.unflushed_bytes >= self.settings.catch_up_flush_bytes
+        ):
             try:
-                log.flush()  # the next fetch offset is a durable position
+                log.flush()
             except Exception as exc:  # whatever the log raised, what is on disk is unknown
                 raise FatalStorageError(f"flush of {tp} failed: {exc!r}") from exc
+            followed.unflushed_bytes = 0
         followed.high_watermark = max(followed.high_watermark, min(answer.high_watermark, log.log_end_offset))
 
     # --- shutdown --------------------------------------------------------------------------------

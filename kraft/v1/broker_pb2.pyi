@@ -644,16 +644,22 @@ class ReplicaFetchRequest(_message.Message):
         FETCH_OFFSET_FIELD_NUMBER: _builtins.int
         LAST_FETCHED_EPOCH_FIELD_NUMBER: _builtins.int
         PARTITION_MAX_BYTES_FIELD_NUMBER: _builtins.int
+        DURABLE_OFFSET_FIELD_NUMBER: _builtins.int
         topic: _builtins.str
         partition: _builtins.int
         current_leader_epoch: _builtins.int
         """the follower's leader epoch of the partition (fenced when stale)"""
         fetch_offset: _builtins.int
-        """the follower's log end: everything below is on its disk (flushed)"""
+        """the follower's log end: where to read from"""
         last_fetched_epoch: _builtins.int
         """epoch of the batch before fetch_offset; -1 = empty log (no check)"""
         partition_max_bytes: _builtins.int
         """replica.fetch.max.bytes; 0 = only the request's max_bytes bounds it"""
+        durable_offset: _builtins.int
+        """The follower's flushed offset: everything below is on its disk.  What the leader counts toward
+        the high watermark and the ISR (at most fetch_offset).  Absent = fetch_offset (the follower
+        flushed everything it fetched).  A follower catching up flushes every few MiB, not per fetch.
+        """
         def __init__(
             self,
             *,
@@ -663,12 +669,15 @@ class ReplicaFetchRequest(_message.Message):
             fetch_offset: _builtins.int = ...,
             last_fetched_epoch: _builtins.int = ...,
             partition_max_bytes: _builtins.int = ...,
+            durable_offset: _builtins.int | None = ...,
         ) -> None: ...
-        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        _HasFieldArgType: _TypeAlias = _typing.Literal["_durable_offset", b"_durable_offset", "durable_offset", b"durable_offset"]  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["_durable_offset", b"_durable_offset", "current_leader_epoch", b"current_leader_epoch", "durable_offset", b"durable_offset", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "partition", b"partition", "partition_max_bytes", b"partition_max_bytes", "topic", b"topic"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-        def WhichOneof(self, oneof_group: _Never) -> None: ...
+        _WhichOneofReturnType__durable_offset: _TypeAlias = _typing.Literal["durable_offset"]  # noqa: Y015
+        _WhichOneofArgType__durable_offset: _TypeAlias = _typing.Literal["_durable_offset", b"_durable_offset"]  # noqa: Y015
+        def WhichOneof(self, oneof_group: _WhichOneofArgType__durable_offset) -> _WhichOneofReturnType__durable_offset | None: ...
 
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int

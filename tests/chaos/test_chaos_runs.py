@@ -32,7 +32,9 @@ SUITE_SEEDS = {
     "kill": 22,
     "pause": 38,
     "mixed": 29,
-    "data-plane": 32,
+    # cut-replication held 3 s (the leader shrinks its ISR below min.insync.replicas=2 and refuses
+    # acks=all), lossy replication links, then an isolated broker (a zombie leader consumers still read).
+    "data-plane": 50,
     "membership": 41,
 }
 # Checkers every run must report (all must PASS); the runner adds them only when their inputs exist.
@@ -47,7 +49,13 @@ REQUIRED_CHECKERS = {
     "liveness-after-heal",
 }
 # The data-plane scenario (acks=all producers on a replication-factor-3 topic over 3 brokers) adds these.
-DATA_PLANE_CHECKERS = {"acks-all-at-their-offsets", "replicas-identical-below-hwm"}
+DATA_PLANE_CHECKERS = {
+    "acks-all-at-their-offsets",
+    "replicas-identical-below-hwm",
+    "consumed-records-in-final-log",
+    "acks-all-refused-under-min-isr",
+    "refused-records-never-written",
+}
 # Scenarios on a dynamic quorum (voters removed and added by the nemesis) add this one.
 DYNAMIC_CHECKERS = {"voters-restored"}
 
@@ -93,6 +101,8 @@ async def test_scenario_passes_every_checker(tmp_path: Path, scenario: str) -> N
     if data_plane:
         acked_all = sum(op.f == "produce-all" for op in acknowledged)
         assert acked_all >= 10, f"only {acked_all} acks=all produces were acknowledged"
+        refused = next(v for v in report.verdicts if v.checker == "acks-all-refused-under-min-isr")
+        assert refused.details["refused"] >= 1, "no acks=all produce was refused under min.insync.replicas"
     await _assert_artefacts(options.report_dir, scenario, options.reproduce_command(), report.operations)
 
 

@@ -23,6 +23,7 @@ class MemoryPartitionLog:
         self.closed = False
         self.start_offset = 0
         self.flushed = 0
+        self.flush_calls = 0  # how many times flush() ran (a follower catching up flushes less often)
 
     @property
     def log_start_offset(self) -> int:
@@ -64,6 +65,7 @@ class MemoryPartitionLog:
 
     def flush(self) -> None:
         self.flushed = self.log_end_offset
+        self.flush_calls += 1
 
     @property
     def flushed_offset(self) -> int:

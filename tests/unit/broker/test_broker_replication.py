@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -558,3 +558,50 @@ async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h
     h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1, 2])))
     assert _sample("kraft_broker_isr_expands_total", 1) == expands + 1
     assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
+
+
+async def test_the_leader_counts_a_followers_durable_offset_not_its_fetch_offset(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()  # fetches by hand
+    assert (await h.produce(1, b"a", b"b", b"c")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 3, "the leader to flush")
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None
+
+    async def fetch(fetch_offset: int, durable_offset: int | None) -> pb.ReplicaFetchResponse.Partition:
+        request = pb.ReplicaFetchRequest(cluster_id=CLUSTER, replica_id=2, broker_epoch=102)
+        request.partitions.add(
+            topic=TP.topic, partition=0, current_leader_epoch=3, fetch_offset=fetch_offset,
+            last_fetched_epoch=-1, durable_offset=durable_offset,  # -1: no divergence check
+        )  # fmt: skip
+        [answer] = (await h.nodes[1].replicas.replica_fetch(request)).partitions
+        return answer
+
+    # Fetched all three, flushed one: only the flushed one is on two disks.
+    assert (await fetch(3, 1)).error_code == ErrorCode.NONE
+    assert state.high_watermark == 1
+    assert (await fetch(3, 7)).error_code == ErrorCode.NONE  # never past the fetch offset
+    assert state.high_watermark == 3
+    beyond = await fetch(4, 3)  # the fetch offset itself must be on the leader's durable log
+    assert beyond.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and state.high_watermark == 3
+
+
+async def test_a_follower_catching_up_flushes_every_few_bytes_and_once_caught_up(h: Harness) -> None:
+    follower = h.nodes.pop(2)  # it learns about the partition only once the leader is far ahead
+    _create(h, isr=[1])
+    for i in range(6):
+        assert (await h.produce(1, bytes([65 + i]) * 100)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 6, "the leader to flush")
+    size = len(h.nodes[1].log().batches[0][1])
+    # One batch per fetch (the first batch always goes); a flush once 2.5 batches are unflushed.
+    follower.replicas.settings = replace(
+        follower.replicas.settings, fetch_max_bytes=1, catch_up_flush_bytes=size * 5 // 2
+    )
+    h.nodes[2] = follower
+    h.replay()  # the follower applies the image: it follows partition 0 from offset 0
+    await until(lambda: follower.log().flushed == 6, "the follower to copy and flush 6 batches")
+    assert follower.log().flush_calls == 2  # after the third batch (2.5 reached) and once caught up
+    assert _batches(follower.log(), 6) == _batches(h.nodes[1].log(), 6)
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None
+    await until(lambda: state.high_watermark == 6, "the leader to count the follower's durable end")

@@ -180,6 +180,9 @@ def test_process_nemeses_target_and_undo() -> None:
     assert [c[0] for c in control.calls] == ["kill", "restart", "pause", "resume"]
     assert control.calls[2][1] == control.calls[3][1]
     assert len(choose_targets(Targets.MINORITY, ["a", "b", "c", "d", "e"], random.Random(0), None)) == 2
+    for seed in range(5):  # two of three brokers: below min.insync.replicas=2 for every partition
+        two = choose_targets(Targets.ALL_BUT_ONE, ["b1", "b2", "b3"], random.Random(seed), None)
+        assert len(set(two)) == 2 and set(two) < {"b1", "b2", "b3"}
 
 
 async def test_scheduler_runs_seeded_rounds_and_always_heals() -> None:
@@ -205,6 +208,18 @@ async def test_scheduler_runs_seeded_rounds_and_always_heals() -> None:
     await asyncio.wait_for(replay.run(0.3), timeout=10)
     shared = min(len(first.events), len(replay.events))
     assert [e.description for e in first.events[:shared]] == [e.description for e in replay.events[:shared]]
+
+
+async def test_scheduler_holds_a_fault_at_least_its_min_hold() -> None:
+    nemesis = PartitionNemesis(
+        "cut", FakeProxies(), _topology(), lambda rng: grudges.one_way("controller-1", "controller-2")
+    )
+    nemesis.min_hold_s = 0.2
+    scheduler = NemesisScheduler([nemesis], seed=1, quiet_s=(0.0, 0.01), fault_s=(0.01, 0.02))
+    await asyncio.wait_for(scheduler.run(0.5), timeout=10)
+    start, heal = scheduler.events[0], scheduler.events[1]
+    assert (start.action, heal.action) == ("start", "heal")
+    assert heal.time_ns - start.time_ns >= 200_000_000  # drawn 10-20 ms, held 200 ms
 
 
 async def test_cancelled_scheduler_heals_the_active_fault() -> None:
