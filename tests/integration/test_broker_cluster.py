@@ -643,7 +643,11 @@ def test_a_249_character_topic_is_produced_consumed_and_deleted_with_every_broke
     assert isinstance(response, cpb.DeleteTopicsResponse) and response.topics[0].error_code == 0
     for broker_id in ids:
         log_dir = cluster.brokers[broker_id].log_dir
-        poll(lambda d=log_dir: not any(p.name.startswith("LLL") for p in d.iterdir()) or None, "dirs deleted")
+
+        def deleted(d: Path = log_dir) -> bool | None:
+            return not any(p.name.startswith("LLL") for p in d.iterdir()) or None
+
+        poll(deleted, "dirs deleted")
 
     assert cluster.brokers[192].terminate() == 0
     cluster.start_broker(192)
@@ -791,10 +795,11 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
         cluster.assert_dirs_match_image(broker_id, ["repl"])
     assert cluster.leader_of("repl", 0)[0] == 151
     for i in range(5):
-        poll(
-            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
-            "produce",
-        )
+
+        def produced(i: int = i) -> bool | None:
+            return cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None
+
+        poll(produced, "produce")
 
     def replicated() -> bool:
         leader = _segment_bytes(cluster.brokers[151], "repl-0")
@@ -821,10 +826,11 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
         "153 out of the ISR",
     )
     for i in range(5, 8):
-        poll(
-            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
-            "produce",
-        )
+
+        def produced(i: int = i) -> bool | None:
+            return cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None
+
+        poll(produced, "produce")
     cluster.start_broker(153)
     cluster.wait_broker_state(153, "RUNNING")
     poll(
