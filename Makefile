@@ -45,8 +45,11 @@ lint: $(STAMP)
 	MYPYPATH=tests/integration:tests/chaos $(BIN)/mypy tests/integration tests/chaos
 	MYPYPATH=tests/spark $(BIN)/mypy tests/spark
 
+# Two xdist workers (tests/conftest.py groups them): one runs every test that starts processes, serially
+# and in file order; the other the in-process tests meanwhile.  TEST_WORKERS=0 runs it all in one process.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/pytest -x -q -m "not spark and not chaos and not integration" $(PYTEST_ARGS)

@@ -27,7 +27,9 @@ import pytest
 from tmpfs import fill, small_tmpfs
 
 from kraft.client.channel import open_blocking_channel
+from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
+from kraft.config import load_config
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, spawn_logged
@@ -170,17 +172,9 @@ class Cluster:
                 open_file_limit=open_file_limit,
             )
             broker.write_config()
-            result = run_kraft(
-                [
-                    "storage",
-                    "format",
-                    "--config",
-                    str(broker.config_path),
-                    "--cluster-id",
-                    self.quorum.cluster_id,
-                ]
-            )
-            assert result.returncode == 0, result.stderr
+            # What `kraft storage format` does, in-process: an interpreter start per broker costs seconds
+            # on a loaded 2-core host (the CLI itself is tested in tests/unit/test_cli_storage.py).
+            format_node_storage(load_config(broker.config_path), self.quorum.cluster_id)
             self.brokers[broker_id] = broker
         broker.start()
         return broker
