@@ -32,13 +32,24 @@ proto: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(PY) -m grpc_tools.protoc -Iproto \
 	  --python_out=. --grpc_python_out=. --mypy_out=. --mypy_grpc_out=. $(PROTOS)
 
+# tests/ is not a package: pytest puts each test file's dir on sys.path, so helper modules are imported by
+# basename and several dirs hold a conftest.py.  mypy (strict, from pyproject) checks them in groups whose
+# module names do not clash, each with its helper dirs on MYPYPATH.  bench imports tests.unit.broker.
+UNIT_HELPER_DIRS := $(subst $(eval) ,:,$(patsubst %/,%,$(filter-out tests/unit/chaos/ tests/unit/__pycache__/,$(wildcard tests/unit/*/))))
 lint: $(STAMP)
 	$(BIN)/ruff check kraft chaos tests bench
 	$(BIN)/ruff format --check kraft chaos tests bench
-	$(BIN)/mypy kraft chaos
+	$(BIN)/mypy kraft chaos bench
+	MYPYPATH=tests:$(UNIT_HELPER_DIRS) $(BIN)/mypy --exclude '^tests/unit/chaos/' tests/conftest.py tests/unit tests/sim
+	MYPYPATH=tests/unit/chaos $(BIN)/mypy tests/unit/chaos
+	MYPYPATH=tests/integration:tests/chaos $(BIN)/mypy tests/integration tests/chaos
+	MYPYPATH=tests/spark $(BIN)/mypy tests/spark
 
+# Two xdist workers (tests/conftest.py groups them): one runs every test that starts processes, serially
+# and in file order; the other the in-process tests meanwhile.  TEST_WORKERS=0 runs it all in one process.
+TEST_WORKERS ?= 2
 test: setup lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/pytest -x -q -m "not spark and not chaos and not integration" $(PYTEST_ARGS)

@@ -1,5 +1,8 @@
 """Test-session setup shared by every suite."""
 
+from typing import Any
+
+import pytest
 from hypothesis import settings
 
 from kraft.runtime import configure_grpc_io
@@ -13,3 +16,54 @@ configure_grpc_io()
 # on a loaded 2-core CI host it fails examples that are correct (DeadlineExceeded / Flaky).
 settings.register_profile("kraft", deadline=None)
 settings.load_profile("kraft")
+
+
+# `make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``) with the scheduler
+# below.  Every test that starts real processes (clusters, chaos runs, the CLI's proxy) runs on one worker,
+# one at a time and in file order exactly as in a serial run: module-scoped clusters stay shared and
+# timing bounds keep meaning "one cluster at a time".  The other worker takes the in-process tests (unit,
+# sim) meanwhile; the spark tests stay together so they share one session JVM.  (xdist's own loadgroup
+# reads ``item._nodeid``, which pytest 9 no longer has, so the grouping is done here, by path.)
+PROCESS_TEST_PATHS = (
+    "tests/integration/",
+    "tests/chaos/",
+    "tests/unit/chaos/test_chaos_cli.py",
+    "tests/spark/test_metadata_report_cluster.py",
+)
+SPARK_TEST_PATHS = ("tests/spark/",)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    path = item.nodeid.split("::", 1)[0]
+    if path.startswith(("tests/integration/", "tests/chaos/")):
+        item.add_marker(pytest.mark.integration)  # what `make test-fast` deselects
+    if (item.get_closest_marker("integration") or item.get_closest_marker("chaos")) and not path.startswith(
+        PROCESS_TEST_PATHS
+    ):
+        raise pytest.UsageError(
+            f"{path} starts processes (marked integration/chaos): add it to PROCESS_TEST_PATHS in "
+            "tests/conftest.py so that xdist runs it with the other process tests, never beside them"
+        )
+
+
+def xdist_work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: ``processes``, ``spark``, or the test alone."""
+    path = nodeid.split("::", 1)[0]
+    if path.startswith(PROCESS_TEST_PATHS):
+        return "processes"
+    if path.startswith(SPARK_TEST_PATHS):
+        return "spark"
+    return nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ProcessGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_work_unit(nodeid)
+
+    return ProcessGroupScheduling(config, log)

@@ -27,7 +27,9 @@ import pytest
 from tmpfs import fill, small_tmpfs
 
 from kraft.client.channel import open_blocking_channel
+from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
+from kraft.config import load_config
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, spawn_logged
@@ -170,17 +172,9 @@ class Cluster:
                 open_file_limit=open_file_limit,
             )
             broker.write_config()
-            result = run_kraft(
-                [
-                    "storage",
-                    "format",
-                    "--config",
-                    str(broker.config_path),
-                    "--cluster-id",
-                    self.quorum.cluster_id,
-                ]
-            )
-            assert result.returncode == 0, result.stderr
+            # What `kraft storage format` does, in-process: an interpreter start per broker costs seconds
+            # on a loaded 2-core host (the CLI itself is tested in tests/unit/test_cli_storage.py).
+            format_node_storage(load_config(broker.config_path), self.quorum.cluster_id)
             self.brokers[broker_id] = broker
         broker.start()
         return broker
@@ -643,7 +637,11 @@ def test_a_249_character_topic_is_produced_consumed_and_deleted_with_every_broke
     assert isinstance(response, cpb.DeleteTopicsResponse) and response.topics[0].error_code == 0
     for broker_id in ids:
         log_dir = cluster.brokers[broker_id].log_dir
-        poll(lambda d=log_dir: not any(p.name.startswith("LLL") for p in d.iterdir()) or None, "dirs deleted")
+
+        def deleted(d: Path = log_dir) -> bool | None:
+            return not any(p.name.startswith("LLL") for p in d.iterdir()) or None
+
+        poll(deleted, "dirs deleted")
 
     assert cluster.brokers[192].terminate() == 0
     cluster.start_broker(192)
@@ -791,10 +789,11 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
         cluster.assert_dirs_match_image(broker_id, ["repl"])
     assert cluster.leader_of("repl", 0)[0] == 151
     for i in range(5):
-        poll(
-            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
-            "produce",
-        )
+
+        def produced(i: int = i) -> bool | None:
+            return cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None
+
+        poll(produced, "produce")
 
     def replicated() -> bool:
         leader = _segment_bytes(cluster.brokers[151], "repl-0")
@@ -821,10 +820,11 @@ def test_followers_copy_the_leaders_batches_and_a_restarted_follower_rejoins_the
         "153 out of the ISR",
     )
     for i in range(5, 8):
-        poll(
-            lambda i=i: cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None,
-            "produce",
-        )
+
+        def produced(i: int = i) -> bool | None:
+            return cluster.produce(151, "repl", 0, -1, f"r{i}".encode()).error_code == 0 or None
+
+        poll(produced, "produce")
     cluster.start_broker(153)
     cluster.wait_broker_state(153, "RUNNING")
     poll(

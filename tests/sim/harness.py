@@ -24,6 +24,7 @@ import pickle
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.core import RaftCore
@@ -89,7 +90,7 @@ def scan_batches(data: bytes) -> list[BatchInfo]:
 
 def sim_config(node_id: int, voters: tuple[int, ...], directory_id: str = "", **overrides: int) -> RaftConfig:
     """Timings scaled down ~20x from Kafka's defaults so a run covers many elections quickly."""
-    settings: dict[str, int] = {
+    settings: dict[str, Any] = {  # Any: RaftConfig(**settings) fills int fields only
         "election_timeout_ms": 50,
         "fetch_timeout_ms": 100,
         "election_backoff_max_ms": 50,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_an_unknown_loop_is_an_error_and_the_coroutine_is_not_left_dangling(
         EventLoopChoiceError, match=r"KRAFT_EVENT_LOOP='trio': must be one of uvloop, asyncio"
     ):
         run_server(coroutine)
-    assert coroutine.cr_frame is None  # closed, so no "never awaited" warning
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # so no "never awaited" warning
 
 
 # --- the gRPC I/O layer ---------------------------------------------------------------------------
@@ -100,7 +101,7 @@ def test_an_unknown_grpc_io_changes_nothing_and_the_server_refuses_to_start(
     coroutine = _loop_name()
     with pytest.raises(GrpcIoChoiceError, match=r"KRAFT_GRPC_IO='epoll': must be one of iomgr, event-engine"):
         run_server(coroutine)
-    assert coroutine.cr_frame is None
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED
 
 
 def _probe_process(extra_env: dict[str, str]) -> str:

@@ -204,6 +204,15 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
     async def ElectLeaders(self, request: cpb.ElectLeadersRequest, context: Context) -> NoReturn:
         await self._unsupported(context)
 
+    async def CreateAcls(self, request: cpb.CreateAclsRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
+    async def DescribeAcls(self, request: cpb.DescribeAclsRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
+    async def DeleteAcls(self, request: cpb.DeleteAclsRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
     def _records_from(self, request: cpb.MetadataFetchRequest) -> list[cpb.CommittedRecord]:
         # The real controller's default page (controller.py DEFAULT_FETCH_RECORDS).
         limit = request.max_records if request.max_records > 0 else 10_000

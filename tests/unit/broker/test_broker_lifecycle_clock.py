@@ -77,7 +77,7 @@ async def test_the_lease_runs_from_when_the_accepted_heartbeat_was_sent_not_answ
     lifecycle = _lifecycle(clock, client, registration_timeout_s=10.0)
     await lifecycle.register()
     status = lifecycle._status
-    assert status.state is BrokerState.RECOVERY and status.broker_epoch == 7
+    assert (status.state, status.broker_epoch) == (BrokerState.RECOVERY, 7)
     assert await lifecycle._heartbeat_once()
     heartbeat_sent_ms = client.sent_at_ms[-1]
     assert clock.monotonic_ms() == heartbeat_sent_ms + 500  # the answer came 500 ms after it was sent

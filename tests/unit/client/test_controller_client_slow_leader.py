@@ -43,15 +43,15 @@ class _Controller(controller_pb2_grpc.ControllerServiceServicer):
 
 async def _serve(servicer: _Controller) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()
-    controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)  # type: ignore[arg-type]
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
     await server.start()
     return server, f"127.0.0.1:{port}"
 
 
 async def test_a_slow_active_controller_stays_active_and_a_dead_one_is_left() -> None:
-    leader = _Controller(None, delay_s=0.0)
-    follower = _Controller(redirect_to=1)
+    leader = _Controller(None, delay_s=0.0)  # type: ignore[abstract]
+    follower = _Controller(redirect_to=1)  # type: ignore[abstract]
     leader_server, leader_target = await _serve(leader)
     follower_server, follower_target = await _serve(follower)
     client = ControllerClient([(1, leader_target), (2, follower_target)])

@@ -35,7 +35,7 @@ def registration(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
         isr = [r for r in replicas if draw(st.booleans())]
     else:
         isr = draw(ID_LISTS)
-    leader = draw(st.sampled_from(replicas) if replicas and draw(st.integers(0, 3)) else IDS)
+    leader = draw(st.sampled_from(replicas) if replicas and draw(st.integers(0, 3)) != 0 else IDS)
     return replicas, isr, leader
 
 

@@ -45,8 +45,17 @@ def test_flushes_within_the_preallocated_space_use_fdatasync_and_keep_the_file_s
         physical = info.path.stat().st_size
         calls: list[str] = []
         real_fsync, real_fdatasync = os.fsync, os.fdatasync
-        monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
-        monkeypatch.setattr(os, "fdatasync", lambda fd: (calls.append("fdatasync"), real_fdatasync(fd))[1])
+
+        def fsync(fd: int) -> None:
+            calls.append("fsync")
+            real_fsync(fd)
+
+        def fdatasync(fd: int) -> None:
+            calls.append("fdatasync")
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
         for _ in range(10):
             _append(log, 3)
             log.flush()
