@@ -496,6 +496,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 leader=self._view.node_ref(self._status.broker_id),
                 epoch=epoch,
             )
+        if self._replicas is not None and not self._replicas.leads(partition):
+            # Becoming the leader: the partition is open but its replication state (high watermark, ISR
+            # progress) is not set up yet.  Answering now would show HWM 0 — an empty partition.
+            raise _Rejected(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"broker {self._status.broker_id} is becoming the leader of {tp} (epoch {epoch}): "
+                "its replication state is not set up yet, retry",
+                leader=self._view.node_ref(self._status.broker_id),
+                epoch=epoch,
+            )
         return partition
 
 
