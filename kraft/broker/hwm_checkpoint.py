@@ -47,8 +47,8 @@ Entries = Mapping[tuple[TopicPartition, str], int]
 
 # ``topic partition offset topic_id``: Kafka topic names are [a-zA-Z0-9._-]; decimal numbers without
 # sign or leading zeros (a byte damaged into another digit is caught by the checksum, not by this).
-_ENTRY = re.compile(rb"([A-Za-z0-9._-]+) (0|[1-9][0-9]{0,9}) (0|[1-9][0-9]{0,18}) (\S+)")
-_COUNT = re.compile(rb"0|[1-9][0-9]{0,9}")
+_ENTRY = re.compile(r"([A-Za-z0-9._-]+) (0|[1-9][0-9]{0,9}) (0|[1-9][0-9]{0,18}) ([!-~]+)")
+_COUNT = re.compile(r"0|[1-9][0-9]{0,9}")
 _CRC_LINE = re.compile(rb"crc32c ([0-9a-f]{8})")
 
 
@@ -80,21 +80,23 @@ def decode(data: bytes) -> dict[tuple[TopicPartition, str], int]:
         lines = lines[:-1]
     elif version != b"%d" % _LEGACY_VERSION:
         raise ValueError(f"unknown version {version[:16]!r}")
-    if len(lines) < 2 or _COUNT.fullmatch(lines[1]) is None:
+    text = b"\n".join(lines).decode("ascii")  # every valid line is ASCII: anything else is damage
+    lines_text = text.split("\n")
+    if len(lines_text) < 2 or _COUNT.fullmatch(lines_text[1]) is None:
         raise ValueError("no entry count")
-    count = int(lines[1])
-    if len(lines) != count + 2:
-        raise ValueError(f"announces {count} entries, holds {len(lines) - 2}")
+    count = int(lines_text[1])
+    if len(lines_text) != count + 2:
+        raise ValueError(f"announces {count} entries, holds {len(lines_text) - 2}")
     entries: dict[tuple[TopicPartition, str], int] = {}
-    for number, line in enumerate(lines[2:], start=3):
-        match = _ENTRY.fullmatch(line)
+    match_entry = _ENTRY.fullmatch
+    for number, line in enumerate(lines_text[2:], start=3):
+        match = match_entry(line)
         if match is None:
             raise ValueError(f"line {number} is malformed: {line[:80]!r}")
         topic, partition, offset, topic_id = match.groups()
-        key = (TopicPartition(topic.decode(), int(partition)), topic_id.decode("ascii", "replace"))
-        if key in entries:
-            raise ValueError(f"line {number} repeats {key[0]}")
-        entries[key] = int(offset)
+        entries[(TopicPartition(topic, int(partition)), topic_id)] = int(offset)
+    if len(entries) != count:
+        raise ValueError(f"{count - len(entries)} partitions are listed more than once")
     return entries
 
 

@@ -383,6 +383,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             controller_id=status.controller_id,
             image_digest=self._view.digest(),
             partitions=[self._describe_partition(p) for p in self._partitions.partitions()],
+            offline_log_dirs=[f"{d}: {why}" for d, why in sorted(self._partitions.offline_dirs.items())],
         )
 
     def _describe_partition(self, p: Partition) -> pb.DescribeBrokerResponse.LocalPartition:
