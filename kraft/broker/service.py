@@ -342,6 +342,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 offset = partition.log.log_start_offset
             elif request.timestamp == LATEST_TIMESTAMP:
                 offset = self._high_watermark(partition)  # Kafka's LATEST for consumers: the HWM
+                self._check_high_watermark_caught_up(partition, offset)
             else:
                 raise _Rejected(
                     ErrorCode.INVALID_REQUEST,
@@ -446,6 +447,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             source = f"grpc.max.message.bytes minus {GRPC_ENVELOPE_BYTES} bytes of envelope on broker "
             source += str(self._status.broker_id)
         return limit, source
+
+    def _check_high_watermark_caught_up(self, partition: Partition, high_watermark: int) -> None:
+        """KIP-207: a new leader whose high watermark is still below the start offset of its own epoch
+        (its followers have not fetched since it took over, e.g. right after a restart) does not know the
+        committed end yet; LATEST would go backwards.  OFFSET_NOT_AVAILABLE (retriable) until it does."""
+        state = None if self._replicas is None else self._replicas.leader_state(partition.tp)
+        if state is not None and high_watermark < state.leader_epoch_start_offset:
+            raise _Rejected(
+                ErrorCode.OFFSET_NOT_AVAILABLE,
+                f"{partition.tp}: the high watermark ({high_watermark}) is below the start offset of "
+                f"leader epoch {state.leader_epoch} ({state.leader_epoch_start_offset}); retry",
+                epoch=partition.leader_epoch,
+            )
 
     def _check_cluster(self, cluster_id: str) -> None:
         if cluster_id != self._status.cluster_id:

@@ -401,12 +401,16 @@ async def test_a_restarted_leader_serves_consumers_up_to_its_checkpointed_hwm(h:
     assert [r.value for r in (await h.consume(1)).records] == [b"a", b"b"]
 
 
-async def _list_latest(h: Harness, broker: int) -> pb.ListOffsetsResponse:
+async def _list_offsets(h: Harness, broker: int, timestamp: int) -> pb.ListOffsetsResponse:
     async with _Stub(h.nodes[broker].port) as stub:
         request = pb.ListOffsetsRequest(
-            cluster_id=CLUSTER, topic=TP.topic, partition=TP.partition, timestamp=-1, leader_epoch=-1
+            cluster_id=CLUSTER, topic=TP.topic, partition=TP.partition, timestamp=timestamp, leader_epoch=-1
         )
         return await stub.ListOffsets(request, timeout=TIMEOUT_S)
+
+
+async def _list_latest(h: Harness, broker: int) -> pb.ListOffsetsResponse:
+    return await _list_offsets(h, broker, -1)
 
 
 async def test_a_leader_without_replication_state_answers_not_leader_until_it_is_set_up(h: Harness) -> None:
@@ -465,6 +469,32 @@ async def test_a_parked_fetch_answers_not_leader_when_the_leader_state_goes_away
         partition.notify_appended()
         answer = await parked
     assert answer.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and answer.high_watermark == -1
+
+
+async def test_latest_offset_is_not_available_while_the_hwm_is_below_the_leader_epoch_start(
+    h: Harness,
+) -> None:
+    """KIP-207: a leader whose high watermark has not reached the start of its own epoch yet (its ISR
+    followers have not fetched since it took over) answers ListOffsets LATEST with the retriable
+    OFFSET_NOT_AVAILABLE — not a stale end — and the committed end once they have."""
+    _create(h, isr=[1, 2])
+    follower = h.nodes[2].replicas
+    await follower.close()  # the follower stops fetching
+    assert (await h.produce(1, b"a", b"b", acks=1)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 2, "broker 1 to flush")
+    assert (await _list_latest(h, 1)).offset == 0  # epoch 3 started at 0: nothing committed yet
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=1))  # epoch 4 starts at 2
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.leader_epoch_start_offset == 2 and state.high_watermark == 0
+    latest = await _list_latest(h, 1)
+    assert latest.error_code == ErrorCode.OFFSET_NOT_AVAILABLE and latest.offset == -1, latest
+    assert "below the start offset of leader epoch 4" in latest.error_message
+    earliest = await _list_offsets(h, 1, -2)  # EARLIEST is not affected (as in Kafka)
+    assert earliest.error_code == ErrorCode.NONE and earliest.offset == 0
+    h.nodes[2].replicas = await _restart_replicas(h, 2)  # the follower fetches again: HWM reaches 2
+    await until(lambda: state.high_watermark == 2, "the HWM to reach the epoch start")
+    latest = await _list_latest(h, 1)
+    assert latest.error_code == ErrorCode.NONE and latest.offset == 2
 
 
 async def test_a_broker_stopped_before_its_partitions_opened_keeps_its_hwm_checkpoint(h: Harness) -> None:
