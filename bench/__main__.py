@@ -24,6 +24,7 @@ BENCHMARKS: tuple[str, ...] = (
     "partition_stop",
     "pipeline",
     "open_files",
+    "hwm_checkpoint",
 )
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"

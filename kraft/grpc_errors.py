@@ -32,6 +32,7 @@ _STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.REQUEST_TIMED_OUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorCode.BROKER_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.LEADER_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.OFFSET_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.NOT_ENOUGH_REPLICAS: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.NOT_LEADER_OR_FOLLOWER: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorCode.NOT_CONTROLLER: grpc.StatusCode.FAILED_PRECONDITION,

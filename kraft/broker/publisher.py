@@ -101,6 +101,9 @@ class MetadataPublisher:
         await self.flush()
         applied = await self._partitions.open_to(local_assignments(self.image, self.broker_id))
         self.deferred = False
+        # The view callback saw this image while no partition was open: show it again now that they
+        # are, so replication sets up their leader/follower state at once, not at the next delta.
+        self._on_view(ImageMetadataView(self.image, self._listener))
         return applied
 
     async def discard_image(self, reason: str) -> None:

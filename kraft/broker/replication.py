@@ -181,6 +181,7 @@ class ReplicaManager:
         self._progress = asyncio.Event()
         self._next_request_id = 0
         self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
+        self.checkpoints = hwm_checkpoint.CheckpointWriter()
         self._closed = False
         self._on_fatal = on_fatal
         self.metrics = metrics or ReplicationMetrics.for_node(broker_id)
@@ -191,8 +192,19 @@ class ReplicaManager:
 
     # --- queries ---------------------------------------------------------------------------------
 
+    def leads(self, partition: Partition) -> bool:
+        """True once this broker's leader state of ``partition`` is set up (its high watermark is known).
+
+        False in the window where the partition manager already made the partition a leader but the
+        image has not reached replication yet (a paced apply yields in between; after a restart the
+        partitions are opened before the next image): the service answers NOT_LEADER_OR_FOLLOWER then,
+        as Kafka does for a partition whose become-leader has not completed — never HWM 0."""
+        led = self._led.get(partition.tp)
+        return led is not None and led.partition is partition
+
     def high_watermark(self, partition: Partition) -> int:
-        """Where consumers may read up to on a partition this broker leads (0 while it has no state)."""
+        """Where consumers may read up to on a partition this broker leads (0 while it has no state:
+        the service asks :meth:`leads` first)."""
         led = self._led.get(partition.tp)
         if led is None or led.partition is not partition:
             return 0
@@ -618,7 +630,7 @@ class ReplicaManager:
         interval_s = max(self.settings.hwm_checkpoint_interval_ms, 10) / 1000.0
         while True:
             await asyncio.sleep(interval_s)
-            self.checkpoint_high_watermarks()
+            await self.checkpoints.write_changed(self._checkpoint_entries())
 
     # --- high-watermark checkpoint ---------------------------------------------------------------
 
@@ -631,8 +643,19 @@ class ReplicaManager:
         return max(self._restored.get((partition.tp, partition.topic_id), 0), 0)
 
     def checkpoint_high_watermarks(self) -> None:
-        """Write every log dir's ``replication-offset-checkpoint`` (empty for a dir without partitions)."""
-        by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {d: {} for d in self._partitions.log_dirs}
+        """Write every online log dir's ``replication-offset-checkpoint`` that changed since its last write
+        (empty for a dir without partitions), after any periodic write still in progress."""
+        self.checkpoints.write_now(self._checkpoint_entries())
+
+    def _checkpoint_entries(self) -> dict[Path, dict[tuple[TopicPartition, str], int]]:
+        """Every online log dir → its partitions' high watermarks (an offline dir is never written).
+        Nothing before the stored checkpoint was read (no partition state yet, e.g. stopped during the
+        start-up catch-up): the files on disk are still the latest word and must not be replaced."""
+        if self._restored is None:
+            return {}
+        by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {
+            d: {} for d in self._partitions.online_dirs
+        }
         for tp, led in self._led.items():
             by_dir.setdefault(led.partition.log_dir, {})[(tp, led.partition.topic_id)] = (
                 led.state.high_watermark
@@ -640,8 +663,7 @@ class ReplicaManager:
         for tp, followed in self._followed.items():
             key = (tp, followed.partition.topic_id)
             by_dir.setdefault(followed.partition.log_dir, {})[key] = followed.high_watermark
-        for log_dir, entries in by_dir.items():
-            hwm_checkpoint.write(log_dir, entries)
+        return by_dir
 
     def _propose(self, led: _Led, new_isr: Iterable[int]) -> None:
         if self._send_alter_partition is None or led.state.pending is not None:

@@ -342,6 +342,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 offset = partition.log.log_start_offset
             elif request.timestamp == LATEST_TIMESTAMP:
                 offset = self._high_watermark(partition)  # Kafka's LATEST for consumers: the HWM
+                self._check_high_watermark_caught_up(partition, offset)
             else:
                 raise _Rejected(
                     ErrorCode.INVALID_REQUEST,
@@ -383,6 +384,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             controller_id=status.controller_id,
             image_digest=self._view.digest(),
             partitions=[self._describe_partition(p) for p in self._partitions.partitions()],
+            offline_log_dirs=[f"{d}: {why}" for d, why in sorted(self._partitions.offline_dirs.items())],
         )
 
     def _describe_partition(self, p: Partition) -> pb.DescribeBrokerResponse.LocalPartition:
@@ -446,6 +448,19 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             source += str(self._status.broker_id)
         return limit, source
 
+    def _check_high_watermark_caught_up(self, partition: Partition, high_watermark: int) -> None:
+        """KIP-207: a new leader whose high watermark is still below the start offset of its own epoch
+        (its followers have not fetched since it took over, e.g. right after a restart) does not know the
+        committed end yet; LATEST would go backwards.  OFFSET_NOT_AVAILABLE (retriable) until it does."""
+        state = None if self._replicas is None else self._replicas.leader_state(partition.tp)
+        if state is not None and high_watermark < state.leader_epoch_start_offset:
+            raise _Rejected(
+                ErrorCode.OFFSET_NOT_AVAILABLE,
+                f"{partition.tp}: the high watermark ({high_watermark}) is below the start offset of "
+                f"leader epoch {state.leader_epoch} ({state.leader_epoch_start_offset}); retry",
+                epoch=partition.leader_epoch,
+            )
+
     def _check_cluster(self, cluster_id: str) -> None:
         if cluster_id != self._status.cluster_id:
             raise _Rejected(
@@ -493,6 +508,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
             raise _Rejected(
                 code,
                 f"leader epoch {client_epoch} of {tp} does not match the current epoch {epoch}",
+                leader=self._view.node_ref(self._status.broker_id),
+                epoch=epoch,
+            )
+        if self._replicas is not None and not self._replicas.leads(partition):
+            # Becoming the leader: the partition is open but its replication state (high watermark, ISR
+            # progress) is not set up yet.  Answering now would show HWM 0 — an empty partition.
+            raise _Rejected(
+                ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                f"broker {self._status.broker_id} is becoming the leader of {tp} (epoch {epoch}): "
+                "its replication state is not set up yet, retry",
                 leader=self._view.node_ref(self._status.broker_id),
                 epoch=epoch,
             )

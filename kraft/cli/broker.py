@@ -154,6 +154,8 @@ async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
     if own is None or own.error_code != 0:
         own = None
     result["broker_state"] = own.state if own is not None and own.state else UNKNOWN_STATE
+    # Log dirs the broker took offline (I/O or corruption error): None when it cannot be asked.
+    result["offline_log_dirs"] = None if own is None else list(own.offline_log_dirs)
     # What the broker itself reports per partition (log end, high watermark, lag): None when it cannot be
     # asked — the controller's view (leader, ISR) is shown anyway.
     local = {} if own is None else {(p.topic, p.partition): p for p in own.partitions}
@@ -221,6 +223,8 @@ def describe_command(
     Per partition the broker also reports its log end (``LogEnd``), the high watermark (``Hwm``: the
     leader's, or what a follower learned) and ``Lag`` in records: a follower's lag behind its leader's log
     end at its last fetch; on a leader, every follower's as ``broker:lag`` (``?`` = not known yet).
+    ``OfflineLogDirs`` lists the log dirs the broker took offline after an I/O or corruption error, with
+    the error; they stay offline until the broker is restarted (docs/operations.md, "A log dir failed").
 
     Examples:
 
@@ -243,6 +247,7 @@ def describe_command(
             ("Endpoints", ",".join(broker["endpoints"])),
             ("MetadataOffset", broker["metadata_offset"]),
             ("LastHeartbeatMsAgo", broker["last_heartbeat_ms_ago"]),
+            ("OfflineLogDirs", _offline_text(broker["offline_log_dirs"])),
         ]
     )
     print_table(
@@ -263,6 +268,13 @@ def describe_command(
             for p in broker["partitions"]
         ],
     )
+
+
+def _offline_text(dirs: list[str] | None) -> str:
+    """``none``, ``?`` (the broker did not answer) or the dirs with their errors, ``; ``-separated."""
+    if dirs is None:
+        return "?"
+    return "; ".join(dirs) if dirs else "none"
 
 
 def _or_unknown(value: object) -> object:

@@ -3,8 +3,9 @@
 Used by ``kraft produce`` / ``kraft consume``, the broker benchmark and the integration tests.  Metadata
 comes from any reachable, unfenced broker of the bootstrap list (and every broker it names).  A request
 answered with a retriable error — NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH,
-LEADER_NOT_AVAILABLE, BROKER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (metadata may still be
-propagating) — or a transport error refreshes the metadata and is retried until the deadline.
+LEADER_NOT_AVAILABLE, OFFSET_NOT_AVAILABLE (a new leader's high watermark not caught up yet),
+BROKER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (metadata may still be propagating) — or a transport
+error refreshes the metadata and is retried until the deadline.
 
 A partition that no broker's metadata knows fails fast with UNKNOWN_TOPIC_OR_PARTITION: the topic (or
 that partition index) must stay unknown for ``unknown_topic_grace_s`` (1 s) of metadata answers — time
@@ -40,6 +41,7 @@ RETRIABLE = frozenset(
         ErrorCode.FENCED_LEADER_EPOCH,
         ErrorCode.UNKNOWN_LEADER_EPOCH,
         ErrorCode.LEADER_NOT_AVAILABLE,
+        ErrorCode.OFFSET_NOT_AVAILABLE,
         ErrorCode.BROKER_NOT_AVAILABLE,
         ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
         ErrorCode.REQUEST_TIMED_OUT,

@@ -243,6 +243,8 @@ class BrokerServer:
             s.log_dirs,
             open_log or segmented_log_opener(s.log_segment_bytes, open_files=self.open_files),
         )
+        partitions = self.partitions
+        self.metrics.offline_log_dirs.set_function(lambda: len(partitions.offline_dirs))
         self.client = ControllerClient(
             s.voters, max_message_bytes=s.max_message_bytes, security=s.controller_security
         )

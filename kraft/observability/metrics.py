@@ -167,6 +167,11 @@ BROKER_METADATA_APPLY_ERRORS = Counter(
     "Errors applying metadata deltas (Kafka metadata-apply-error-count)",
     _NODE,
 )
+BROKER_OFFLINE_LOG_DIRS = Gauge(
+    "kraft_broker_offline_log_dirs",
+    "Log dirs taken offline after an I/O or corruption error, until a restart (OfflineLogDirectoryCount)",
+    _NODE,
+)
 
 # --- Broker replication (Kafka: kafka.server ReplicaManager / ReplicaFetcherManager) ---
 REPLICA_LEADER_COUNT = Gauge("kraft_broker_leader_count", "Partitions this broker leads (LeaderCount)", _NODE)
@@ -302,6 +307,7 @@ class BrokerMetrics:
     last_applied_record_lag_seconds: Gauge
     metadata_lag_records: Gauge
     metadata_apply_errors: Counter
+    offline_log_dirs: Gauge
 
     @classmethod
     def for_node(cls, node: int | str) -> BrokerMetrics:
@@ -312,6 +318,7 @@ class BrokerMetrics:
             last_applied_record_lag_seconds=BROKER_LAST_APPLIED_RECORD_LAG_SECONDS.labels(label),
             metadata_lag_records=BROKER_METADATA_LAG_RECORDS.labels(label),
             metadata_apply_errors=BROKER_METADATA_APPLY_ERRORS.labels(label),
+            offline_log_dirs=BROKER_OFFLINE_LOG_DIRS.labels(label),
         )
 
 

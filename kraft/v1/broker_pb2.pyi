@@ -564,6 +564,7 @@ class DescribeBrokerResponse(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
+    OFFLINE_LOG_DIRS_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
     broker_id: _builtins.int
@@ -581,6 +582,12 @@ class DescribeBrokerResponse(_message.Message):
     """SHA-256 of the applied image's content (equal images ⇔ equal digests)"""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DescribeBrokerResponse.LocalPartition]: ...
+    @_builtins.property
+    def offline_log_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Log dirs this broker took offline after an I/O or corruption error ("<dir>: <error>"); they stay
+        offline until the broker restarts (as in Kafka).  Their partitions are not served here.
+        """
+
     def __init__(
         self,
         *,
@@ -596,10 +603,11 @@ class DescribeBrokerResponse(_message.Message):
         partitions: _abc.Iterable[Global___DescribeBrokerResponse.LocalPartition] | None = ...,
         cluster_id: _builtins.str = ...,
         image_digest: _builtins.str = ...,
+        offline_log_dirs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "controller_id", b"controller_id", "error_code", b"error_code", "error_message", b"error_message", "fenced", b"fenced", "image_digest", b"image_digest", "incarnation_id", b"incarnation_id", "metadata_offset", b"metadata_offset", "partitions", b"partitions", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "controller_id", b"controller_id", "error_code", b"error_code", "error_message", b"error_message", "fenced", b"fenced", "image_digest", b"image_digest", "incarnation_id", b"incarnation_id", "metadata_offset", b"metadata_offset", "offline_log_dirs", b"offline_log_dirs", "partitions", b"partitions", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

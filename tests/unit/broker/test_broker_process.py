@@ -16,6 +16,7 @@ import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 from fake_controller import FakeController, Registration
 from google.protobuf.message import Message
+from prometheus_client import REGISTRY
 
 from kraft.broker.lifecycle import RegistrationFailed
 from kraft.broker.partitions import PartitionManager
@@ -268,6 +269,18 @@ async def test_not_controller_answers_are_followed_to_the_active_controller(
             assert ME in controller.brokers and ME not in inactive.brokers
     finally:
         await inactive.stop()
+
+
+def test_the_offline_log_dir_gauge_counts_the_broker_s_offline_dirs(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    """``kraft_broker_offline_log_dirs`` (Kafka's OfflineLogDirectoryCount) reads the partition manager's
+    offline dirs at scrape time: an operator sees a failed dir without reading the log."""
+    server = BrokerServer(settings(tmp_path, target(controller)), MemoryImageStore(), MemoryLogOpener())
+    labels = {"node": str(ME)}
+    assert REGISTRY.get_sample_value("kraft_broker_offline_log_dirs", labels) == 0
+    server.partitions.offline_dirs[tmp_path / "d1"] = "FatalStorageError: fsync failed (EIO)"
+    assert REGISTRY.get_sample_value("kraft_broker_offline_log_dirs", labels) == 1
 
 
 async def test_wrong_cluster_id_stops_the_broker(tmp_path: Path, controller: FakeController) -> None:

@@ -120,3 +120,21 @@ async def test_a_snapshot_granting_a_partition_is_stored_before_it_is_served(tmp
     finally:
         store.gate.set()
         manager.close()
+
+
+async def test_opening_the_partitions_shows_the_view_again_with_them_open(tmp_path: Path) -> None:
+    """After a restart the stored image reached the view callback while no partition was open; once
+    they are, the callback runs again (replication sets up leader state at once, not at the next delta)."""
+    store = MemoryImageStore()
+    store.image = _image(10, leader=ME)
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    seen: list[tuple[int, int]] = []  # (image offset, partitions open) at each view
+    publisher = MetadataPublisher(
+        ME, manager, store, "PLAINTEXT", lambda view: seen.append((view.image.offset, len(manager))),
+        clock=ManualClock(),
+    )  # fmt: skip
+    await publisher.start()
+    assert seen == [(10, 0)]
+    await publisher.open_partitions()
+    assert seen == [(10, 0), (10, 1)]
+    manager.close()

@@ -21,7 +21,7 @@ from kraft.broker.partitions import PartitionManager
 from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
-from kraft.broker.types import BrokerState, ProducedRecord, TopicPartition
+from kraft.broker.types import BrokerState, ProducedRecord, ReplicaRole, TopicPartition
 from kraft.client.channel import open_channel
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
@@ -399,6 +399,123 @@ async def test_a_restarted_leader_serves_consumers_up_to_its_checkpointed_hwm(h:
     state = h.nodes[1].replicas.leader_state(TP)
     assert state is not None and state.high_watermark == 2
     assert [r.value for r in (await h.consume(1)).records] == [b"a", b"b"]
+
+
+async def _list_offsets(h: Harness, broker: int, timestamp: int) -> pb.ListOffsetsResponse:
+    async with _Stub(h.nodes[broker].port) as stub:
+        request = pb.ListOffsetsRequest(
+            cluster_id=CLUSTER, topic=TP.topic, partition=TP.partition, timestamp=timestamp, leader_epoch=-1
+        )
+        return await stub.ListOffsets(request, timeout=TIMEOUT_S)
+
+
+async def _list_latest(h: Harness, broker: int) -> pb.ListOffsetsResponse:
+    return await _list_offsets(h, broker, -1)
+
+
+async def test_a_leader_without_replication_state_answers_not_leader_until_it_is_set_up(h: Harness) -> None:
+    """The restart window: the partition is open as LEADER, but the image has not reached replication
+    yet.  Fetch, ListOffsets and Produce answer the retriable NOT_LEADER_OR_FOLLOWER — never HWM 0 (an
+    empty partition to a consumer) — and serve normally once the state is set up."""
+    _create(h, isr=[1, 2])
+    assert (await h.produce(1, b"a", b"b", acks=-1)).error_code == ErrorCode.NONE
+    await h.nodes[1].replicas.close()  # writes the checkpoint: HWM 2
+    node = h.nodes[1]
+    old = node.replicas
+    replicas = ReplicaManager(
+        1, CLUSTER, node.manager, clock=h.clock, broker_epoch=lambda: 101,
+        send_alter_partition=old._send_alter_partition, settings=old.settings,
+    )  # fmt: skip
+    node.service._replicas = node.replicas = replicas  # restarted; no image reached it yet
+    partition = node.manager.get(TP)
+    assert partition is not None and partition.role is ReplicaRole.LEADER and not replicas.leads(partition)
+
+    consumed = await h.consume(1)
+    assert consumed.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER, consumed
+    assert "becoming the leader" in consumed.error_message and not consumed.records
+    assert consumed.high_watermark == -1 and consumed.leader_epoch == 3
+    latest = await _list_latest(h, 1)
+    assert latest.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and latest.offset == -1
+    produced = await h.produce(1, b"c")
+    assert produced.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and produced.base_offset == -1
+    assert node.log().log_end_offset == 2  # nothing appended while refused
+
+    replicas.on_image(h.image)
+    assert replicas.leads(partition)
+    consumed = await h.consume(1)
+    assert consumed.error_code == ErrorCode.NONE and consumed.high_watermark == 2
+    assert [r.value for r in consumed.records] == [b"a", b"b"]
+    assert (await _list_latest(h, 1)).offset == 2
+
+
+async def test_a_parked_fetch_answers_not_leader_when_the_leader_state_goes_away(h: Harness) -> None:
+    """A consumer long-polling at the HWM is re-checked when woken: a leader state dropped under it (the
+    partition replaced, e.g. re-created) is NOT_LEADER_OR_FOLLOWER, not an empty answer at HWM 0."""
+    _create(h, isr=[1])
+    assert (await h.produce(1, b"a")).error_code == ErrorCode.NONE
+    node = h.nodes[1]
+    await until(lambda: node.replicas.leader_state(TP) is not None, "the leader state")
+    await until(lambda: node.replicas.high_watermark(node.manager.get(TP)) == 1, "HWM 1")  # type: ignore[arg-type]
+    async with _Stub(node.port) as stub:
+        request = pb.BrokerFetchRequest(
+            cluster_id=CLUSTER, topic=TP.topic, partition=TP.partition, offset=1, max_bytes=1 << 20,
+            leader_epoch=-1, max_wait_ms=3_000,
+        )  # fmt: skip
+        parked = asyncio.ensure_future(stub.Fetch(request, timeout=TIMEOUT_S))
+        await until(lambda: node.service._parked == 1, "the fetch to park")
+        node.replicas._drop_led(TP)  # as on_image does when the state no longer matches the partition
+        partition = node.manager.get(TP)
+        assert partition is not None
+        partition.notify_appended()
+        answer = await parked
+    assert answer.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and answer.high_watermark == -1
+
+
+async def test_latest_offset_is_not_available_while_the_hwm_is_below_the_leader_epoch_start(
+    h: Harness,
+) -> None:
+    """KIP-207: a leader whose high watermark has not reached the start of its own epoch yet (its ISR
+    followers have not fetched since it took over) answers ListOffsets LATEST with the retriable
+    OFFSET_NOT_AVAILABLE — not a stale end — and the committed end once they have."""
+    _create(h, isr=[1, 2])
+    follower = h.nodes[2].replicas
+    await follower.close()  # the follower stops fetching
+    assert (await h.produce(1, b"a", b"b", acks=1)).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[1].log().flushed == 2, "broker 1 to flush")
+    assert (await _list_latest(h, 1)).offset == 0  # epoch 3 started at 0: nothing committed yet
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=1))  # epoch 4 starts at 2
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.leader_epoch_start_offset == 2 and state.high_watermark == 0
+    latest = await _list_latest(h, 1)
+    assert latest.error_code == ErrorCode.OFFSET_NOT_AVAILABLE and latest.offset == -1, latest
+    assert "below the start offset of leader epoch 4" in latest.error_message
+    earliest = await _list_offsets(h, 1, -2)  # EARLIEST is not affected (as in Kafka)
+    assert earliest.error_code == ErrorCode.NONE and earliest.offset == 0
+    h.nodes[2].replicas = await _restart_replicas(h, 2)  # the follower fetches again: HWM reaches 2
+    await until(lambda: state.high_watermark == 2, "the HWM to reach the epoch start")
+    latest = await _list_latest(h, 1)
+    assert latest.error_code == ErrorCode.NONE and latest.offset == 2
+
+
+async def test_a_broker_stopped_before_its_partitions_opened_keeps_its_hwm_checkpoint(h: Harness) -> None:
+    """Stopped during the start-up catch-up (no partition state yet): the checkpoint was never read, so
+    it is not replaced by an empty one — the next start still begins from HWM 2."""
+    _create(h, isr=[1, 2])
+    assert (await h.produce(1, b"a", b"b", acks=-1)).error_code == ErrorCode.NONE
+    await h.nodes[1].replicas.close()  # writes the checkpoint: HWM 2
+    log_dir = h.nodes[1].manager.get(TP).log_dir  # type: ignore[union-attr]
+    stored = hwm_checkpoint.read_checked(log_dir)
+    assert stored.entries == {(TP, TOPIC_ID): 2}
+    node = h.nodes[1]
+    stopped_early = ReplicaManager(
+        1, CLUSTER, node.manager, clock=h.clock, broker_epoch=lambda: 101, send_alter_partition=None
+    )
+    assert await stopped_early.checkpoints.write_changed(stopped_early._checkpoint_entries()) == 0
+    await stopped_early.close()
+    assert hwm_checkpoint.read_checked(log_dir) == stored
+    h.nodes[1].replicas = await _restart_replicas(h, 1)
+    state = h.nodes[1].replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 2
 
 
 def _failing_flush(log: MemoryPartitionLog) -> list[int]:

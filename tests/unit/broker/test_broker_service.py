@@ -250,3 +250,9 @@ async def test_a_corrupt_log_on_fetch_takes_its_log_dir_offline_and_is_reported(
     again = await fetch(harness, 0)  # no longer hosted: never read again
     assert again.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert (await produce(harness, LED, 5, b"b")).error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    described = await harness.stub.DescribeBroker(
+        pb.DescribeBrokerRequest(cluster_id=CLUSTER), timeout=TIMEOUT_S
+    )  # what `kraft broker describe` shows as OfflineLogDirs, with the reason
+    assert len(described.offline_log_dirs) == 1
+    assert described.offline_log_dirs[0].startswith(f"{partition.log_dir}: CorruptLogError")
+    assert "CRC-32C mismatch" in described.offline_log_dirs[0] and not described.partitions

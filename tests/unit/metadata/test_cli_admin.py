@@ -65,13 +65,18 @@ class FakeBrokerService(broker_pb2_grpc.BrokerServiceServicer):
     state: str = "PENDING_CONTROLLED_SHUTDOWN"
     cluster_ids: list[str] = field(default_factory=list)
     partitions: list[broker_pb2.DescribeBrokerResponse.LocalPartition] = field(default_factory=list)
+    offline_log_dirs: list[str] = field(default_factory=list)
 
     def DescribeBroker(
         self, request: broker_pb2.DescribeBrokerRequest, context: Any
     ) -> broker_pb2.DescribeBrokerResponse:
         self.cluster_ids.append(request.cluster_id)
         return broker_pb2.DescribeBrokerResponse(
-            broker_id=1, state=self.state, cluster_id=CLUSTER, partitions=self.partitions
+            broker_id=1,
+            state=self.state,
+            cluster_id=CLUSTER,
+            partitions=self.partitions,
+            offline_log_dirs=self.offline_log_dirs,
         )
 
 
@@ -119,6 +124,20 @@ def test_broker_describe_shows_the_broker_side_state(fakes: Fakes) -> None:
     table = runner.invoke(app, args)
     assert table.exit_code == 0, table.output
     assert "BrokerState" in table.stdout and "PENDING_CONTROLLED_SHUTDOWN" in table.stdout
+    assert described["offline_log_dirs"] == []
+    assert "OfflineLogDirs" in table.stdout and "none" in table.stdout
+
+
+def test_broker_describe_shows_offline_log_dirs_with_their_errors(fakes: Fakes) -> None:
+    assert fakes.broker is not None
+    fakes.broker.offline_log_dirs = ["/data/d1: FatalStorageError: fsync of d1/orders-0 failed (EIO)"]
+    args = ["broker", "describe", "1", "--bootstrap-controller", fakes.bootstrap]
+    described = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert described["offline_log_dirs"] == fakes.broker.offline_log_dirs
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    line = next(ln for ln in table.stdout.splitlines() if ln.startswith("OfflineLogDirs"))
+    assert "/data/d1: FatalStorageError: fsync of d1/orders-0 failed (EIO)" in line
 
 
 @pytest.mark.parametrize("fakes", [False], indirect=True, ids=["broker-down"])
@@ -129,6 +148,7 @@ def test_broker_describe_shows_unknown_when_the_broker_does_not_answer(fakes: Fa
     assert result.exit_code == 0, result.output
     described = json.loads(result.stdout)
     assert described["broker_state"] == UNKNOWN_STATE
+    assert described["offline_log_dirs"] is None  # not known: the broker did not answer
     assert described["partitions"][0]["role"] == "leader"
 
 
