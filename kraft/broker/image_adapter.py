@@ -91,6 +91,9 @@ class ImageMetadataView:
     def topic_config(self, topic: str, name: str) -> str | None:
         return self.image.topic_configs(topic).get(name)
 
+    def broker_config(self, broker_id: int, name: str) -> str | None:
+        return self.image.broker_config(broker_id, name)
+
     def node_ref(self, broker_id: int) -> NodeRef:
         registration = self.image.brokers.get(broker_id)
         if registration is None:

@@ -53,6 +53,7 @@ DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # grpc.max.message.bytes defa
 # and length (6), offset (11), timestamp (11), key and value tags and lengths (12), flags (4), epoch (11).
 RECORD_WIRE_OVERHEAD = 64
 TOPIC_MAX_MESSAGE_BYTES = "max.message.bytes"
+BROKER_MESSAGE_MAX_BYTES = "message.max.bytes"  # dynamic: kraft config alter --entity-type brokers
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
@@ -77,6 +78,11 @@ class MetadataView(Protocol):
 
     def topic_config(self, topic: str, name: str) -> str | None:
         """A topic config value set on the topic (None when unset)."""
+        ...
+
+    def broker_config(self, broker_id: int, name: str) -> str | None:
+        """A dynamic broker config from the metadata (the broker's own, else the cluster default; None when
+        neither is set: the broker's .properties decide)."""
         ...
 
     def digest(self) -> str:
@@ -438,8 +444,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         if topic_limit is not None:
             limit, source = topic_limit, f"max.message.bytes={configured} of topic {topic}"
         else:
-            limit = self._message_max_bytes
-            source = f"message.max.bytes={limit} of broker {self._status.broker_id}"
+            dynamic = self._view.broker_config(self._status.broker_id, BROKER_MESSAGE_MAX_BYTES)
+            dynamic_limit = _parse_int(dynamic) if dynamic is not None else None
+            if dynamic_limit is not None:
+                limit = dynamic_limit
+                source = (
+                    f"message.max.bytes={limit} (dynamic broker config) of broker {self._status.broker_id}"
+                )
+            else:
+                limit = self._message_max_bytes
+                source = f"message.max.bytes={limit} of broker {self._status.broker_id}"
         if limit > self._wire_max_bytes:
             limit = self._wire_max_bytes
             source = f"grpc.max.message.bytes minus {GRPC_ENVELOPE_BYTES} bytes of envelope on broker "

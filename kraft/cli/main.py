@@ -40,7 +40,8 @@ _register("cluster", "cluster", "Run a local cluster: up, status, down, restart,
 _register("metadata", "metadata", "Inspect the metadata log offline: dump segments and snapshots.")
 importlib.import_module("kraft.cli.metadata_shell")  # adds `kraft metadata shell` to the metadata group
 _register("broker", "broker", "Brokers: run one, list, describe, unregister, controlled shutdown.")
-_register("topic", "topic", "Topics: create, list, describe, delete, elect-leaders.")
+_register("topic", "topic", "Topics: create, list, describe, alter, delete, elect-leaders.")
+_register("configs", "config", "Topic and dynamic broker configs: describe, alter (kafka-configs.sh).")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
 _register(
     "quorum",

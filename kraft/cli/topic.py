@@ -1,4 +1,4 @@
-"""``kraft topic create | list | describe | delete | elect-leaders`` through the active controller."""
+"""``kraft topic create | list | describe | alter | delete | elect-leaders`` through the active controller."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ from typing import Annotated, Any
 import typer
 
 from kraft.cli.common import (
+    DEFAULT_TIMEOUT_S,
     BootstrapControllerOption,
     CliError,
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapControllerOption,
+    TimeoutOption,
     VerboseOption,
+    bootstrap_from,
     handle_errors,
     parse_bootstrap,
     print_json,
@@ -26,15 +31,17 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(
-    no_args_is_help=True, help="Topics: create, list, describe, delete, elect preferred leaders."
+    no_args_is_help=True,
+    help="Topics: create, list, describe, alter (add partitions), delete, elect preferred leaders.",
 )
 
 TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_default=False)]
 
 
-def _client(bootstrap: str, verbose: bool = False) -> AdminClient:
+def _client(bootstrap: str, verbose: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
     return AdminClient(
         [hp.target for hp in parse_bootstrap(bootstrap)],
+        timeout_s,
         clock=SystemClock(),
         on_retry=verbose_printer(verbose),
     )
@@ -324,6 +331,79 @@ def _print_topic(described: dict[str, Any]) -> None:
             for p in described["partitions"]
         ],
     )  # fmt: skip
+
+
+async def _grow(
+    bootstrap: str, request: cpb.CreatePartitionsRequest, verbose: bool, timeout_s: float
+) -> cpb.CreatePartitionsTopicResult:
+    async with _client(bootstrap, verbose, timeout_s) as client:
+        response = await client.create_partitions(request)
+    return response.topics[0]
+
+
+def alter_json(
+    name: str, count: int, result: cpb.CreatePartitionsTopicResult, validate_only: bool
+) -> dict[str, Any]:
+    """The ``topic alter --json`` object: the new count and where the new partitions went."""
+    return {
+        "name": name,
+        "result": "validated" if validate_only else "altered",
+        "partitions": count,
+        "new_partitions": [
+            {"partition": a.partition, "replicas": list(a.broker_ids)} for a in result.assignments
+        ],
+    }
+
+
+@app.command("alter")
+@handle_errors
+def alter_command(
+    topic: Annotated[str, typer.Option("--topic", help="The topic to grow.", show_default=False)],
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions", "-p", help="The new total partition count (larger than now).", show_default=False
+        ),
+    ],
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    validate_only: Annotated[bool, typer.Option("--validate-only", help="Check only; add nothing.")] = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    command_config: CommandConfigOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Add partitions to a topic (kafka-topics.sh --alter --partitions); partitions can only be added.
+
+    The new partitions get the topic's replication factor and are placed like a new topic's (spread
+    evenly and rack-aware over the unfenced brokers); their brokers create them as they apply the
+    metadata.  Records with keys hash to other partitions afterwards, as in Kafka.
+
+    Examples:
+
+      kraft topic alter --bootstrap-controller 127.0.0.1:9093 --topic orders --partitions 12
+
+      kraft topic alter --cluster-dir /tmp/c --topic orders --partitions 12 --validate-only --json
+    """
+    if partitions < 1:
+        raise CliError(f"--partitions {partitions}: the new partition count must be positive")
+    bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
+    request = cpb.CreatePartitionsRequest(
+        topics=[cpb.CreatePartitionsTopic(name=topic, count=partitions)], validate_only=validate_only
+    )
+    result = run_async(_grow(bootstrap, request, verbose, timeout))
+    code = ErrorCode.from_wire(result.error_code)
+    if code != ErrorCode.NONE:
+        raise KraftError(code, result.error_message)
+    described = alter_json(topic, partitions, result, validate_only)
+    if as_json:
+        print_json(described)
+        return
+    verb = "would have" if validate_only else "now has"
+    placed = "; ".join(
+        f"{p['partition']} on {','.join(map(str, p['replicas']))}" for p in described["new_partitions"]
+    )
+    typer.echo(f"topic {topic} {verb} {partitions} partitions (new: {placed})")
 
 
 async def _delete(bootstrap: str, name: str, verbose: bool) -> cpb.DeletableTopicResult:
