@@ -558,3 +558,20 @@ async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h
     h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1, 2])))
     assert _sample("kraft_broker_isr_expands_total", 1) == expands + 1
     assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
+
+
+async def test_the_dynamic_broker_min_insync_replicas_applies_below_the_topic_config(h: Harness) -> None:
+    """``kraft config alter --entity-type brokers``: the cluster default, then this broker's own value, each
+    replacing the .properties value at once; a topic's own min.insync.replicas still wins."""
+    _create(h, isr=[1])
+    assert (await h.produce(1, b"a", acks=-1)).error_code == ErrorCode.NONE
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="", name="min.insync.replicas", value="2"))
+    refused = await h.produce(1, b"x", acks=-1)
+    assert refused.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="2", name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NOT_ENOUGH_REPLICAS, "broker 2's only"
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="2"))
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"y", acks=-1)).error_code == ErrorCode.NONE, "the topic config wins"
