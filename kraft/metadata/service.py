@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 
+from kraft.api_versions import api_versions
 from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
 from kraft.grpc_service import RequestDecoder, register_service
@@ -32,8 +34,8 @@ from kraft.observability.logging import get_logger
 from kraft.security.acl import AclOperation, StandardAcl
 from kraft.security.authorizer import Authorizer, AuthorizerSettings
 from kraft.security.guard import AccessDenied, RequestGuard
+from kraft.v1 import common_pb2, controller_pb2_grpc, raft_pb2
 from kraft.v1 import controller_pb2 as cpb
-from kraft.v1 import controller_pb2_grpc
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -312,6 +314,30 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             lambda: _check_config_resources(
                 guard, context, AclOperation.ALTER_CONFIGS, [r.resource for r in request.resources]
             ),
+        )
+
+    async def ApiVersions(
+        self, request: common_pb2.ApiVersionsRequest, context: ServicerContext
+    ) -> common_pb2.ApiVersionsResponse:
+        """Any controller answers, active or not (no authorization, as Kafka's ApiVersions)."""
+        controller = self._controller
+        if controller is None:
+            return common_pb2.ApiVersionsResponse(
+                error_code=int(ErrorCode.NOT_CONTROLLER), error_message="the controller is starting"
+            )
+        image = controller.committed
+        return api_versions(
+            controller.cluster_id,
+            request,
+            controller.node_id,
+            "controller",
+            [
+                raft_pb2.DESCRIPTOR.services_by_name["RaftService"],
+                cpb.DESCRIPTOR.services_by_name["ControllerService"],
+                health_pb2.DESCRIPTOR.services_by_name["Health"],
+            ],
+            image.features,
+            image.offset,
         )
 
 

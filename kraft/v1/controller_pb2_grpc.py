@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from kraft.v1 import common_pb2 as kraft_dot_v1_dot_common__pb2
 from kraft.v1 import controller_pb2 as kraft_dot_v1_dot_controller__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -119,6 +120,11 @@ class ControllerServiceStub:
                 request_serializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsResponse.FromString,
                 _registered_method=True)
+        self.ApiVersions = channel.unary_unary(
+                '/kraft.v1.ControllerService/ApiVersions',
+                request_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -233,6 +239,13 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ApiVersions(self, request, context):
+        """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -320,6 +333,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.IncrementalAlterConfigs,
                     request_deserializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsResponse.SerializeToString,
+            ),
+            'ApiVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApiVersions,
+                    request_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -781,6 +799,33 @@ class ControllerService:
             '/kraft.v1.ControllerService/IncrementalAlterConfigs',
             kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsRequest.SerializeToString,
             kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApiVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/ApiVersions',
+            kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
+            kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

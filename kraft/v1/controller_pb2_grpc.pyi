@@ -7,6 +7,7 @@ NOT_CONTROLLER with `controller` pointing at the active controller.  Never reuse
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from kraft.v1 import common_pb2 as _common_pb2
 from kraft.v1 import controller_pb2 as _controller_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -59,6 +60,8 @@ class ControllerServiceStub:
     kafka-configs.sh): ConfigRecords written through the active controller.
     """
     IncrementalAlterConfigs: _grpc.UnaryUnaryMultiCallable[_controller_pb2.IncrementalAlterConfigsRequest, _controller_pb2.IncrementalAlterConfigsResponse]
+    ApiVersions: _grpc.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]
+    """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
 
 @_typing.type_check_only
 class ControllerServiceAsyncStub(ControllerServiceStub):
@@ -89,6 +92,8 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     kafka-configs.sh): ConfigRecords written through the active controller.
     """
     IncrementalAlterConfigs: _aio.UnaryUnaryMultiCallable[_controller_pb2.IncrementalAlterConfigsRequest, _controller_pb2.IncrementalAlterConfigsResponse]  # type: ignore[assignment]
+    ApiVersions: _aio.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]  # type: ignore[assignment]
+    """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
 
 class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -218,5 +223,13 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.IncrementalAlterConfigsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.IncrementalAlterConfigsResponse, _abc.Awaitable[_controller_pb2.IncrementalAlterConfigsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ApiVersions(
+        self,
+        request: _common_pb2.ApiVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.ApiVersionsResponse, _abc.Awaitable[_common_pb2.ApiVersionsResponse]]:
+        """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
 
 def add_ControllerServiceServicer_to_server(servicer: ControllerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

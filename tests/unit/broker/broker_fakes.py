@@ -173,6 +173,9 @@ class StaticMetadataView:
     def broker_config(self, broker_id: int, name: str) -> str | None:
         return self.broker_configs.get(name)
 
+    def finalized_features(self) -> tuple[dict[str, int], int]:
+        return {"metadata.version": 1}, 10
+
     def digest(self) -> str:
         return f"static-{sorted(self.topics.items())}"
 
