@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import kraft.cli.main as cli_main
+from kraft import __version__ as kraft_version
 from kraft.cluster.manager import LocalCluster
 from kraft.cluster.spec import NodeRole
 
@@ -168,7 +169,7 @@ def test_config_alter_and_describe_round_trip_and_brokers_apply_them(
     assert {(e["name"], e["value"], e["source"]) for e in broker_view["configs"]} >= {
         ("min.insync.replicas", "3", "DYNAMIC_DEFAULT_BROKER_CONFIG")
     }
-    refused = produce(capsys, c, "cfg", 0, "y", "--timeout", "3")
+    refused = produce(capsys, c, "cfg", 0, "y", "--timeout", "1")
     assert refused.code == 1 and "NOT_ENOUGH_REPLICAS" in refused.err, refused
     ok_json(capsys, "config", "alter", *default, "--delete-config", "min.insync.replicas", *bootstrap)
     assert produce(capsys, c, "cfg", 0, "y", "--timeout", "10").code == 0
@@ -194,3 +195,48 @@ def test_config_alter_and_describe_round_trip_and_brokers_apply_them(
     assert ok_json(capsys, "config", "describe", *topic, *bootstrap)["configs"] == [
         {**left, "applied": False, "read_only": False}
     ]
+
+
+def test_offsets_log_dirs_and_api_versions_read_every_node(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = cluster
+    at = ("--cluster-dir", str(c.directory))
+    ok_json(capsys, "topic", "create", "offs", "-p", "2", "-r", "2", "--bootstrap-controller", c.controllers)
+    produced = produce(capsys, c, "offs", 0, "a", "--value", "b", "--value", "c")
+    assert produced.code == 0, produced.err
+    latest = ok_json(capsys, "offsets", "get", "--topic", "offs", *at)
+    assert [(r["partition"], r["offset"]) for r in latest] == [(0, 3), (1, 0)]
+    earliest = ok_json(
+        capsys, "offsets", "get", "--topic", "offs", "--time", "earliest", "--partitions", "0", *at
+    )
+    assert earliest == [{"topic": "offs", "partition": 0, "offset": 0}]
+    text = kraft(
+        capsys, "offsets", "get", "--topic", "offs", "--bootstrap-server", c.brokers, "--timeout", "10"
+    )
+    assert text.code == 0 and text.out.splitlines() == ["offs:0:3", "offs:1:0"], text
+    one_error(
+        kraft(capsys, "offsets", "get", "--topic", "offs", "--time", "1700000000000", *at), "not supported"
+    )
+    one_error(kraft(capsys, "offsets", "get", "--topic", "offs", "--partitions", "5", *at), "no partition 5")
+    one_error(kraft(capsys, "offsets", "get", "--topic", "nosuch", *at), "UNKNOWN_TOPIC_OR_PARTITION")
+
+    described = ok_json(capsys, "log-dirs", "describe", "--topic", "offs", *at)
+    assert [b["broker"] for b in described] == [101, 102] and not any(b["error"] for b in described)
+    for broker in described:
+        (log_dir,) = broker["log_dirs"]
+        assert log_dir["error"] is None and log_dir["usable_bytes"] > 0
+        sizes = {p["partition"]: p["size"] for p in log_dir["partitions"]}
+        assert set(sizes) == {0, 1} and sizes[0] > sizes[1], sizes  # acks=all: 3 records on both replicas
+    one_error(kraft(capsys, "log-dirs", "describe", "--broker", "999", *at), "broker 999 is not registered")
+
+    nodes = ok_json(capsys, "api-versions", *at)
+    assert [(n["role"], n["node_id"]) for n in nodes] == [("controller", 1), ("broker", 101), ("broker", 102)]
+    for node in nodes:
+        assert node["error"] is None and node["software_version"] == kraft_version
+        assert node["finalized_features"] == {"metadata.version": 1}
+        assert node["supported_features"] == {"metadata.version": [1, 1]}
+    assert "CreatePartitions" in nodes[0]["services"]["kraft.v1.ControllerService"]
+    assert "DescribeLogDirs" in nodes[1]["services"]["kraft.v1.BrokerService"]
+    wrong = kraft(capsys, "api-versions", "--bootstrap-server", c.controllers.split(",")[0], "--timeout", "5")
+    one_error(wrong, "1 of 1 nodes did not answer", "serves no broker ApiVersions")
