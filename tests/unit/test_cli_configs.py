@@ -1,4 +1,5 @@
-"""``kraft topic alter`` and ``kraft config describe|alter`` without a cluster: option parsing (Kafka's
+"""``kraft topic alter``, ``kraft config describe|alter``, ``offsets get``, ``log-dirs describe`` and
+``api-versions`` without a cluster: option parsing (Kafka's
 kafka-configs.sh syntax), the JSON shapes, and every bad input as one ``error:`` line with exit 1 before any
 connection is tried."""
 
@@ -9,6 +10,10 @@ from pathlib import Path
 import pytest
 
 import kraft.cli.main as cli_main
+from kraft import __version__ as kraft_version
+from kraft.api_versions import api_versions
+from kraft.broker.log_dirs import HostedPartition, directory_bytes, measure
+from kraft.cli.api_versions import node_json
 from kraft.cli.common import CliError, bootstrap_from
 from kraft.cli.configs import (
     BROKER_RESOURCE,
@@ -21,7 +26,11 @@ from kraft.cli.configs import (
     parse_entity,
     split_config_list,
 )
+from kraft.cli.log_dirs import log_dir_json
+from kraft.cli.offsets import parse_partitions, parse_time
 from kraft.cli.topic import alter_json
+from kraft.errors import ErrorCode
+from kraft.v1 import broker_pb2, common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
 
@@ -176,3 +185,73 @@ def test_the_cluster_dir_comes_from_kraft_cluster_dir(
     assert cli_main.run(["config", "describe", "--entity-type", "topics", "--entity-name", "t"]) == 1
     err = capsys.readouterr().err
     assert "no cluster in" in err and str(tmp_path / "none") in err
+
+
+def test_offsets_times_and_partitions_parse_like_kafka_get_offsets() -> None:
+    assert [parse_time(t) for t in ("earliest", "-2", "LATEST", "-1")] == [-2, -2, -1, -1]
+    with pytest.raises(CliError, match="by timestamp is not supported"):
+        parse_time("1700000000000")
+    with pytest.raises(CliError, match="is not earliest, latest"):
+        parse_time("yesterday")
+    assert parse_partitions(None) is None
+    assert parse_partitions("2, 0,2") == [2, 0]
+    with pytest.raises(CliError, match="'x' is not a partition number"):
+        parse_partitions("0,x")
+
+
+def test_log_dirs_measure_partition_bytes_and_report_offline_dirs(tmp_path: Path) -> None:
+    online, offline = tmp_path / "a", tmp_path / "b"
+    (online / "t-0").mkdir(parents=True)
+    (online / "t-0" / "00000000000000000000.log").write_bytes(b"x" * 1000)
+    (online / "t-0" / "leader-epoch-checkpoint").write_bytes(b"y" * 24)
+    (online / "t-1").mkdir()
+    hosted = [
+        HostedPartition("t", 1, online, online / "t-1", 5),
+        HostedPartition("t", 0, online, online / "t-0", 0),
+        HostedPartition("gone", 0, online, online / "gone-0", -1),  # deleted meanwhile: 0 bytes
+    ]
+    measured = measure([online, offline], {offline: "fsync failed: EIO"}, hosted)
+    first, second = (log_dir_json(d) for d in measured)
+    assert (
+        first["error"] is None and first["usable_bytes"] > 0 and first["total_bytes"] >= first["usable_bytes"]
+    )
+    assert [(p["topic"], p["partition"], p["size"], p["offset_lag"]) for p in first["partitions"]] == [
+        ("gone", 0, 0, -1),
+        ("t", 0, 1024, 0),
+        ("t", 1, 0, 5),
+    ]
+    assert (
+        second["partitions"] == []
+        and second["error"] == f"KAFKA_STORAGE_ERROR: log dir {offline} is offline: fsync failed: EIO"
+    )
+    assert directory_bytes(tmp_path / "nowhere") == 0
+
+
+def test_api_versions_lists_the_served_methods_and_refuses_another_cluster() -> None:
+    service = broker_pb2.DESCRIPTOR.services_by_name["BrokerService"]
+    refused = api_versions(
+        "c1", common_pb2.ApiVersionsRequest(cluster_id=""), 101, "broker", [service], {}, -1
+    )
+    assert refused.error_code == ErrorCode.INCONSISTENT_CLUSTER_ID and refused.cluster_id == "c1"
+    assert not refused.services
+    answer = api_versions(
+        "c1",
+        common_pb2.ApiVersionsRequest(cluster_id="c1"),
+        101,
+        "broker",
+        [service],
+        {"metadata.version": 1},
+        42,
+    )
+    assert answer.error_code == ErrorCode.NONE and answer.software_version == kraft_version
+    described = node_json("broker", "h:1", answer, None)
+    assert described["services"]["kraft.v1.BrokerService"][:4] == [
+        "Metadata",
+        "Produce",
+        "Fetch",
+        "ListOffsets",
+    ]
+    assert "DescribeLogDirs" in described["services"]["kraft.v1.BrokerService"]
+    assert described["finalized_features"] == {"metadata.version": 1}
+    assert described["supported_features"] == {"metadata.version": [1, 1]}
+    assert answer.finalized_features_epoch == 42
