@@ -8,7 +8,6 @@ import typer
 
 from kraft.cli.common import (
     DEFAULT_TIMEOUT_S,
-    BootstrapControllerOption,
     CliError,
     ClusterDirOption,
     CommandConfigOption,
@@ -72,9 +71,9 @@ def parse_assignment(text: str) -> list[cpb.ReplicaAssignment]:
 
 
 async def _create(
-    bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool, verbose: bool
+    bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool, verbose: bool, timeout_s: float
 ) -> cpb.CreatableTopicResult:
-    async with _client(bootstrap, verbose) as client:
+    async with _client(bootstrap, verbose, timeout_s) as client:
         response = await client.create_topics(
             cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
         )
@@ -85,7 +84,9 @@ async def _create(
 @handle_errors
 def create_command(
     name: TopicArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     partitions: Annotated[int, typer.Option("--partitions", "-p", help="-1 = num.partitions.")] = -1,
     replication_factor: Annotated[
         int, typer.Option("--replication-factor", "-r", help="-1 = default.replication.factor.")
@@ -129,7 +130,9 @@ def create_command(
     if replica_assignment:
         topic.assignments.extend(parse_assignment(replica_assignment))
         topic.num_partitions = topic.replication_factor = -1
-    result = run_async(_create(bootstrap_controller, topic, validate_only, verbose))
+    result = run_async(
+        _create(bootstrap_from(bootstrap_controller, cluster_dir), topic, validate_only, verbose, timeout)
+    )
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.TOPIC_ALREADY_EXISTS and if_not_exists:
         if as_json:
@@ -157,8 +160,10 @@ def create_command(
     )
 
 
-async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.DescribeTopicsResponse:
-    async with _client(bootstrap) as client:
+async def _describe(
+    bootstrap: str, names: list[str], partitions: bool, timeout_s: float
+) -> cpb.DescribeTopicsResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.call(
             lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=names, include_partitions=partitions)
         )
@@ -167,7 +172,9 @@ async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.D
 @app.command("list")
 @handle_errors
 def list_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:
@@ -179,7 +186,7 @@ def list_command(
 
       kraft topic list --bootstrap-controller 127.0.0.1:9093 --json
     """
-    response = run_async(_describe(bootstrap_controller, [], False))
+    response = run_async(_describe(bootstrap_from(bootstrap_controller, cluster_dir), [], False, timeout))
     topics = [
         {
             "name": t.name,
@@ -235,9 +242,9 @@ LIVE_BROKER_STATES = ("ACTIVE", "CONTROLLED_SHUTDOWN")  # registered and unfence
 
 
 async def _describe_with_brokers(
-    bootstrap: str, names: list[str], with_brokers: bool
+    bootstrap: str, names: list[str], with_brokers: bool, timeout_s: float
 ) -> tuple[cpb.DescribeTopicsResponse, set[int]]:
-    async with _client(bootstrap) as client:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         topics = await client.call(
             lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=names, include_partitions=True)
         )
@@ -250,7 +257,9 @@ async def _describe_with_brokers(
 @app.command("describe")
 @handle_errors
 def describe_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     name: Annotated[
         str | None, typer.Argument(help="The topic name (every topic when left out).", show_default=False)
     ] = None,
@@ -287,7 +296,9 @@ def describe_command(
       kraft topic describe --bootstrap-controller 127.0.0.1:9093 --unavailable-partitions
     """
     names = [] if name is None else [name]
-    response, live = run_async(_describe_with_brokers(bootstrap_controller, names, unavailable))
+    response, live = run_async(
+        _describe_with_brokers(bootstrap_from(bootstrap_controller, cluster_dir), names, unavailable, timeout)
+    )
     described_all: list[dict[str, Any]] = []
     for topic in response.topics:
         if topic.error_code != ErrorCode.NONE:
@@ -406,8 +417,8 @@ def alter_command(
     typer.echo(f"topic {topic} {verb} {partitions} partitions (new: {placed})")
 
 
-async def _delete(bootstrap: str, name: str, verbose: bool) -> cpb.DeletableTopicResult:
-    async with _client(bootstrap, verbose) as client:
+async def _delete(bootstrap: str, name: str, verbose: bool, timeout_s: float) -> cpb.DeletableTopicResult:
+    async with _client(bootstrap, verbose, timeout_s) as client:
         response = await client.delete_topics(cpb.DeleteTopicsRequest(names=[name]))
     return response.topics[0]
 
@@ -416,7 +427,9 @@ async def _delete(bootstrap: str, name: str, verbose: bool) -> cpb.DeletableTopi
 @handle_errors
 def delete_command(
     name: TopicArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     if_exists: Annotated[bool, typer.Option("--if-exists", help="A missing topic is not an error.")] = False,
     command_config: CommandConfigOption = None,
     as_json: JsonOption = False,
@@ -430,7 +443,7 @@ def delete_command(
 
       kraft topic delete --bootstrap-controller 127.0.0.1:9093 old --if-exists --json
     """
-    result = run_async(_delete(bootstrap_controller, name, verbose))
+    result = run_async(_delete(bootstrap_from(bootstrap_controller, cluster_dir), name, verbose, timeout))
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and if_exists:
         if as_json:
@@ -481,8 +494,10 @@ def election_failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in results if r["result"] not in ("ELECTED", ErrorCode.ELECTION_NOT_NEEDED.name)]
 
 
-async def _elect(bootstrap: str, request: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
-    async with _client(bootstrap) as client:
+async def _elect(
+    bootstrap: str, request: cpb.ElectLeadersRequest, timeout_s: float
+) -> cpb.ElectLeadersResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.call(lambda s: s.ElectLeaders, request)
 
 
@@ -501,7 +516,9 @@ Examples:
 @app.command("elect-leaders", epilog=ELECT_EXAMPLES)
 @handle_errors
 def elect_leaders_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     topic: Annotated[
         str | None, typer.Option("--topic", help="Only this topic's partitions (default: every topic).")
     ] = None,
@@ -519,7 +536,7 @@ def elect_leaders_command(
     failure).
     """
     request = elect_request(topic, partition)
-    response = run_async(_elect(bootstrap_controller, request))
+    response = run_async(_elect(bootstrap_from(bootstrap_controller, cluster_dir), request, timeout))
     results = election_rows(response)
     if as_json:
         print_json(results)
