@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
 from kraft.errors import ErrorCode
@@ -90,6 +91,12 @@ class ImageMetadataView:
 
     def topic_config(self, topic: str, name: str) -> str | None:
         return self.image.topic_configs(topic).get(name)
+
+    def broker_config(self, broker_id: int, name: str) -> str | None:
+        return self.image.broker_config(broker_id, name)
+
+    def finalized_features(self) -> tuple[Mapping[str, int], int]:
+        return self.image.features, self.image.offset
 
     def node_ref(self, broker_id: int) -> NodeRef:
         registration = self.image.brokers.get(broker_id)

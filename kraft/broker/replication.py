@@ -428,10 +428,15 @@ class ReplicaManager:
     # --- leader: produce acknowledgement ---------------------------------------------------------
 
     def _min_insync_replicas(self, topic: str) -> int:
-        value = self._image.topic_configs(topic).get(MIN_INSYNC_REPLICAS)
-        if value is not None:
-            with contextlib.suppress(ValueError):
-                return int(value)
+        # the topic's own value, else the dynamic broker config (this broker's, else the cluster default),
+        # else min.insync.replicas of the .properties
+        for value in (
+            self._image.topic_configs(topic).get(MIN_INSYNC_REPLICAS),
+            self._image.broker_config(self.broker_id, MIN_INSYNC_REPLICAS),
+        ):
+            if value is not None:
+                with contextlib.suppress(ValueError):
+                    return int(value)
         return self.settings.min_insync_replicas
 
     def admit_produce(self, partition: Partition, acks: Acks) -> ErrorCode:

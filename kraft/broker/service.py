@@ -28,10 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import Any, NoReturn, Protocol
 
 import grpc
+from grpc_health.v1 import health_pb2
 
+from kraft.api_versions import api_versions
+from kraft.broker.log_dirs import HostedPartition, measure
 from kraft.broker.partitions import Partition, PartitionManager, is_storage_failure
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.status import BrokerStatus
@@ -45,7 +49,7 @@ from kraft.security.acl import AclOperation
 from kraft.security.guard import AccessDenied, RequestGuard
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
-from kraft.v1 import broker_pb2_grpc
+from kraft.v1 import broker_pb2_grpc, common_pb2
 from kraft.v1.common_pb2 import NodeRef
 
 DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # grpc.max.message.bytes default
@@ -53,6 +57,7 @@ DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # grpc.max.message.bytes defa
 # and length (6), offset (11), timestamp (11), key and value tags and lengths (12), flags (4), epoch (11).
 RECORD_WIRE_OVERHEAD = 64
 TOPIC_MAX_MESSAGE_BYTES = "max.message.bytes"
+BROKER_MESSAGE_MAX_BYTES = "message.max.bytes"  # dynamic: kraft config alter --entity-type brokers
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
@@ -79,8 +84,17 @@ class MetadataView(Protocol):
         """A topic config value set on the topic (None when unset)."""
         ...
 
+    def broker_config(self, broker_id: int, name: str) -> str | None:
+        """A dynamic broker config from the metadata (the broker's own, else the cluster default; None when
+        neither is set: the broker's .properties decide)."""
+        ...
+
     def digest(self) -> str:
         """A digest of the image's content (equal images, equal digests)."""
+        ...
+
+    def finalized_features(self) -> tuple[Mapping[str, int], int]:
+        """The features finalized in the image (metadata.version …) and the image's offset."""
         ...
 
 
@@ -431,6 +445,49 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         finally:
             self._parked -= 1
 
+    async def DescribeLogDirs(
+        self, request: pb.DescribeLogDirsRequest, context: Context
+    ) -> pb.DescribeLogDirsResponse:
+        """Every log dir, the size of each hosted partition, the offline dirs (CLUSTER Describe, as Kafka)."""
+        try:
+            self._guard.check_cluster(context, AclOperation.DESCRIBE)
+        except AccessDenied as denied:
+            await self._denied(context, denied)
+        try:
+            self._check_cluster(request.cluster_id)
+        except _Rejected as rejected:
+            return pb.DescribeLogDirsResponse(error_code=rejected.code, error_message=rejected.message)
+        wanted = set(request.topics)
+        hosted = []
+        for p in self._partitions.partitions():
+            if wanted and p.tp.topic not in wanted:
+                continue
+            lag = -1
+            if self._replicas is not None:
+                lag = 0 if p.role is ReplicaRole.LEADER else self._replicas.replica_lag(p.tp)[1]
+            hosted.append(HostedPartition(p.tp.topic, p.tp.partition, p.log_dir, p.path, lag))
+        manager = self._partitions
+        log_dirs = await asyncio.to_thread(measure, manager.log_dirs, dict(manager.offline_dirs), hosted)
+        return pb.DescribeLogDirsResponse(broker_id=self._status.broker_id, log_dirs=log_dirs)
+
+    async def ApiVersions(
+        self, request: common_pb2.ApiVersionsRequest, context: Context
+    ) -> common_pb2.ApiVersionsResponse:
+        """What this broker serves (no authorization, as Kafka's ApiVersions)."""
+        features, offset = self._view.finalized_features()
+        return api_versions(
+            self._status.cluster_id,
+            request,
+            self._status.broker_id,
+            "broker",
+            [
+                pb.DESCRIPTOR.services_by_name["BrokerService"],
+                health_pb2.DESCRIPTOR.services_by_name["Health"],
+            ],
+            features,
+            offset,
+        )
+
     # --- validation ------------------------------------------------------------------------------
 
     def _produce_limit(self, topic: str) -> tuple[int, str]:
@@ -440,8 +497,16 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         if topic_limit is not None:
             limit, source = topic_limit, f"max.message.bytes={configured} of topic {topic}"
         else:
-            limit = self._message_max_bytes
-            source = f"message.max.bytes={limit} of broker {self._status.broker_id}"
+            dynamic = self._view.broker_config(self._status.broker_id, BROKER_MESSAGE_MAX_BYTES)
+            dynamic_limit = _parse_int(dynamic) if dynamic is not None else None
+            if dynamic_limit is not None:
+                limit = dynamic_limit
+                source = (
+                    f"message.max.bytes={limit} (dynamic broker config) of broker {self._status.broker_id}"
+                )
+            else:
+                limit = self._message_max_bytes
+                source = f"message.max.bytes={limit} of broker {self._status.broker_id}"
         if limit > self._wire_max_bytes:
             limit = self._wire_max_bytes
             source = f"grpc.max.message.bytes minus {GRPC_ENVELOPE_BYTES} bytes of envelope on broker "

@@ -17,10 +17,14 @@ from typing import Annotated, Any
 import typer
 
 from kraft.cli.common import (
-    BootstrapControllerOption,
+    DEFAULT_TIMEOUT_S,
     CliError,
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapControllerOption,
+    TimeoutOption,
+    bootstrap_from,
     handle_errors,
     parse_bootstrap,
     print_json,
@@ -77,8 +81,8 @@ OperationOption = Annotated[
 HostOption = Annotated[str | None, typer.Option("--host", help="Client address the entry applies to ('*').")]
 
 
-def _client(bootstrap: str) -> AdminClient:
-    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], clock=SystemClock())
+def _client(bootstrap: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
+    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], timeout_s, clock=SystemClock())
 
 
 def resources(
@@ -211,29 +215,37 @@ def _describe(acl_json_row: dict[str, Any]) -> str:
     )
 
 
-async def _add(bootstrap: str, acls: list[StandardAcl]) -> cpb.CreateAclsResponse:
-    async with _client(bootstrap) as client:
+async def _add(
+    bootstrap: str, acls: list[StandardAcl], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> cpb.CreateAclsResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.create_acls([binding_of(a) for a in acls])
 
 
-async def _list(bootstrap: str, filters: list[AclFilter]) -> list[cpb.AclDescription]:
+async def _list(
+    bootstrap: str, filters: list[AclFilter], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[cpb.AclDescription]:
     found: dict[str, cpb.AclDescription] = {}
-    async with _client(bootstrap) as client:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         for acl_filter in filters:
             for description in await client.describe_acls(filter_of(acl_filter)):
                 found.setdefault(description.id, description)
     return list(found.values())
 
 
-async def _remove(bootstrap: str, filters: list[AclFilter]) -> cpb.DeleteAclsResponse:
-    async with _client(bootstrap) as client:
+async def _remove(
+    bootstrap: str, filters: list[AclFilter], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> cpb.DeleteAclsResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.delete_acls([filter_of(f) for f in filters])
 
 
 @app.command("add")
 @handle_errors
 def add_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     allow_principal: AllowOption = None,
     deny_principal: DenyOption = None,
     operation: OperationOption = None,
@@ -268,7 +280,7 @@ def add_command(
         _operations(operation or []),
         host or WILDCARD,
     )
-    response = run_async(_add(bootstrap_controller, acls))
+    response = run_async(_add(bootstrap_from(bootstrap_controller, cluster_dir), acls, timeout_s=timeout))
     failures = []
     for acl, result in zip(acls, response.results, strict=True):
         if result.error_code != ErrorCode.NONE:
@@ -286,7 +298,9 @@ def add_command(
 @app.command("list")
 @handle_errors
 def list_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     topic: TopicOption = None,
     group: GroupOption = None,
     transactional_id: TransactionalIdOption = None,
@@ -311,7 +325,12 @@ def list_command(
         [],
         None,
     )
-    rows = [acl_json(d) for d in run_async(_list(bootstrap_controller, filters))]
+    rows = [
+        acl_json(d)
+        for d in run_async(
+            _list(bootstrap_from(bootstrap_controller, cluster_dir), filters, timeout_s=timeout)
+        )
+    ]
     rows.sort(key=lambda r: (r["resource_type"], r["resource_name"], r["principal"], r["id"]))
     if json_output:
         print_json(rows)
@@ -324,7 +343,9 @@ def list_command(
 @app.command("remove")
 @handle_errors
 def remove_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     allow_principal: AllowOption = None,
     deny_principal: DenyOption = None,
     operation: OperationOption = None,
@@ -355,7 +376,9 @@ def remove_command(
         _operations(operation or []),
         host,
     )
-    response = run_async(_remove(bootstrap_controller, filters))
+    response = run_async(
+        _remove(bootstrap_from(bootstrap_controller, cluster_dir), filters, timeout_s=timeout)
+    )
     removed = 0
     for result in response.filter_results:
         if result.error_code != ErrorCode.NONE:

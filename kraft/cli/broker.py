@@ -11,11 +11,15 @@ from typing import Annotated, Any
 import typer
 
 from kraft.cli.common import (
-    BootstrapControllerOption,
+    DEFAULT_TIMEOUT_S,
     CliError,
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapControllerOption,
+    TimeoutOption,
     VerboseOption,
+    bootstrap_from,
     handle_errors,
     parse_bootstrap,
     print_json,
@@ -49,9 +53,10 @@ BROKER_STATE_TIMEOUT_S = 2.0
 UNKNOWN_STATE = "unknown"
 
 
-def _client(bootstrap: str, verbose: bool = False) -> AdminClient:
+def _client(bootstrap: str, verbose: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
     return AdminClient(
         [hp.target for hp in parse_bootstrap(bootstrap)],
+        timeout_s,
         clock=SystemClock(),
         on_retry=verbose_printer(verbose),
     )
@@ -73,15 +78,19 @@ def broker_json(broker: cpb.BrokerDescription) -> dict[str, Any]:
     }
 
 
-async def _describe_cluster(bootstrap: str) -> cpb.DescribeClusterResponse:
-    async with _client(bootstrap) as client:
+async def _describe_cluster(
+    bootstrap: str, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> cpb.DescribeClusterResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
 
 
 @app.command("list")
 @handle_errors
 def list_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:
@@ -95,7 +104,9 @@ def list_command(
 
       kraft broker list --bootstrap-controller 127.0.0.1:9093 --json
     """
-    cluster = run_async(_describe_cluster(bootstrap_controller))
+    cluster = run_async(
+        _describe_cluster(bootstrap_from(bootstrap_controller, cluster_dir), timeout_s=timeout)
+    )
     brokers = [broker_json(b) for b in cluster.brokers]
     if as_json:
         print_json(brokers)
@@ -137,8 +148,10 @@ async def broker_side_state(
     return response.state
 
 
-async def _describe_broker(bootstrap: str, broker_id: int) -> dict[str, Any]:
-    async with _client(bootstrap) as client:
+async def _describe_broker(
+    bootstrap: str, broker_id: int, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[str, Any]:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
         found = [b for b in cluster.brokers if b.broker_id == broker_id]
         if not found:
@@ -211,7 +224,9 @@ def _lag_text(p: dict[str, Any]) -> str:
 @handle_errors
 def describe_command(
     broker_id: BrokerIdArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:
@@ -232,7 +247,9 @@ def describe_command(
 
       kraft broker describe --bootstrap-controller 127.0.0.1:9093 101 --json
     """
-    broker = run_async(_describe_broker(bootstrap_controller, broker_id))
+    broker = run_async(
+        _describe_broker(bootstrap_from(bootstrap_controller, cluster_dir), broker_id, timeout_s=timeout)
+    )
     if as_json:
         print_json(broker)
         return
@@ -281,8 +298,10 @@ def _or_unknown(value: object) -> object:
     return "?" if value is None else value
 
 
-async def _unregister(bootstrap: str, broker_id: int, verbose: bool) -> None:
-    async with _client(bootstrap, verbose) as client:
+async def _unregister(
+    bootstrap: str, broker_id: int, verbose: bool, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> None:
+    async with _client(bootstrap, verbose, timeout_s) as client:
         await client.unregister_broker(cpb.UnregisterBrokerRequest(broker_id=broker_id))
 
 
@@ -290,7 +309,9 @@ async def _unregister(bootstrap: str, broker_id: int, verbose: bool) -> None:
 @handle_errors
 def unregister_command(
     broker_id: BrokerIdArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     command_config: CommandConfigOption = None,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
@@ -303,15 +324,19 @@ def unregister_command(
 
       kraft broker unregister --bootstrap-controller 127.0.0.1:9093 103 --json
     """
-    run_async(_unregister(bootstrap_controller, broker_id, verbose))
+    run_async(
+        _unregister(bootstrap_from(bootstrap_controller, cluster_dir), broker_id, verbose, timeout_s=timeout)
+    )
     if as_json:
         print_json({"id": broker_id, "result": "unregistered"})
     else:
         typer.echo(f"broker {broker_id} unregistered")
 
 
-async def _shutdown(bootstrap: str, broker_id: int, verbose: bool) -> int:
-    async with _client(bootstrap, verbose) as client:
+async def _shutdown(
+    bootstrap: str, broker_id: int, verbose: bool, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> int:
+    async with _client(bootstrap, verbose, timeout_s) as client:
         # Idempotent: a resend asks for the shutdown that is already under way.
         response = await client.call(
             lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=broker_id)
@@ -323,7 +348,9 @@ async def _shutdown(bootstrap: str, broker_id: int, verbose: bool) -> int:
 @handle_errors
 def shutdown_command(
     broker_id: BrokerIdArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     command_config: CommandConfigOption = None,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
@@ -336,7 +363,9 @@ def shutdown_command(
 
       kraft broker shutdown --bootstrap-controller 127.0.0.1:9093 102 --json
     """
-    remaining = run_async(_shutdown(bootstrap_controller, broker_id, verbose))
+    remaining = run_async(
+        _shutdown(bootstrap_from(bootstrap_controller, cluster_dir), broker_id, verbose, timeout_s=timeout)
+    )
     if as_json:
         print_json({"id": broker_id, "result": "controlled_shutdown", "leaderships_remaining": remaining})
     else:

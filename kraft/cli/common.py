@@ -47,6 +47,30 @@ BootstrapControllerOption = Annotated[
     ),
 ]
 
+OptionalBootstrapControllerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap-controller",
+        help="Controller endpoint(s): host:port[,host:port…] (default: the controllers of --cluster-dir).",
+        show_default=False,
+    ),
+]
+ClusterDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cluster-dir",
+        envvar="KRAFT_CLUSTER_DIR",
+        help="A local cluster directory (kraft cluster up): its nodes and client.properties are used when no "
+        "bootstrap list is given.",
+        show_default=False,
+    ),
+]
+DEFAULT_TIMEOUT_S = 15.0
+TimeoutOption = Annotated[
+    float,
+    typer.Option("--timeout", min=0.1, help="Seconds to wait for the answer, retries included."),
+]
+
 VerboseOption = Annotated[
     bool,
     typer.Option("--verbose", help="Print each retry (redirects, unknown outcomes, resends) on stderr."),
@@ -300,3 +324,29 @@ class WaitSpinner:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def bootstrap_from(bootstrap: str | None, cluster_dir: Path | None, *, brokers: bool = False) -> str:
+    """``bootstrap`` when given, else the controllers (``brokers``: the brokers) of the local cluster in
+    ``cluster_dir`` (``--cluster-dir`` / ``KRAFT_CLUSTER_DIR``); a TLS cluster's ``client.properties`` is
+    then used unless ``--command-config`` already set the channel security."""
+    option = "--bootstrap-server" if brokers else "--bootstrap-controller"
+    if bootstrap:
+        return bootstrap
+    if cluster_dir is None:
+        raise CliError(f"give {option} host:port[,host:port…] or --cluster-dir (or set KRAFT_CLUSTER_DIR)")
+    from kraft.client.channel import default_security, set_default_security
+    from kraft.cluster.manager import ClusterError, LocalCluster
+    from kraft.cluster.spec import NodeRole
+
+    try:
+        cluster = LocalCluster.open(cluster_dir)
+        if cluster.spec.tls and not default_security().is_ssl:
+            set_default_security(cluster.client_security())
+    except ClusterError as exc:
+        raise CliError(str(exc)) from None
+    role = NodeRole.BROKER if brokers else NodeRole.CONTROLLER
+    targets = [n.target for n in cluster.spec.nodes if n.role is role]
+    if not targets:
+        raise CliError(f"the cluster in {cluster_dir} has no {role.value}s")
+    return ",".join(targets)

@@ -40,7 +40,10 @@ _register("cluster", "cluster", "Run a local cluster: up, status, down, restart,
 _register("metadata", "metadata", "Inspect the metadata log offline: dump segments and snapshots.")
 importlib.import_module("kraft.cli.metadata_shell")  # adds `kraft metadata shell` to the metadata group
 _register("broker", "broker", "Brokers: run one, list, describe, unregister, controlled shutdown.")
-_register("topic", "topic", "Topics: create, list, describe, delete, elect-leaders.")
+_register("topic", "topic", "Topics: create, list, describe, alter, delete, elect-leaders.")
+_register("configs", "config", "Topic and dynamic broker configs: describe, alter (kafka-configs.sh).")
+_register("offsets", "offsets", "Partition offsets: get (kafka-get-offsets.sh).")
+_register("log_dirs", "log-dirs", "Brokers' log dirs: describe sizes and offline dirs (kafka-log-dirs.sh).")
 _register("controller", "controller", "Run a controller node (Raft quorum member).")
 _register(
     "quorum",
@@ -53,6 +56,7 @@ app.command("consume")(importlib.import_module("kraft.cli.consume").consume_comm
 _register("chaos", "chaos", "Chaos testing: Toxiproxy-compatible proxy, nemeses, checked runs.")
 _register("pipeline", "pipeline", "PySpark jobs over kraft logs: metadata report, exact compaction.")
 app.command("health")(importlib.import_module("kraft.cli.health").health_command)
+app.command("api-versions")(importlib.import_module("kraft.cli.api_versions").api_versions_command)
 app.command("demo")(importlib.import_module("kraft.cli.demo").demo_command)
 
 

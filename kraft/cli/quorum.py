@@ -11,9 +11,12 @@ import typer
 from kraft.cli.common import (
     BootstrapControllerOption,
     CliError,
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapControllerOption,
     WaitSpinner,
+    bootstrap_from,
     handle_errors,
     parse_bootstrap,
     print_json,
@@ -51,7 +54,8 @@ _REPLICATION_COLUMNS = [
 @app.command("describe")
 @handle_errors
 def describe_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
     status: Annotated[bool, typer.Option("--status", help="Leader, epoch, high watermark, lag.")] = False,
     replication: Annotated[
         bool, typer.Option("--replication", help="One row per voter and observer.")
@@ -77,7 +81,8 @@ def describe_command(
     """
     if status == replication:
         raise CliError("give exactly one of --status or --replication")
-    targets = [endpoint.target for endpoint in parse_bootstrap(bootstrap_controller)]
+    bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
+    targets = [endpoint.target for endpoint in parse_bootstrap(bootstrap)]
     try:
         with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
             response = describe_quorum(targets, timeout_s=timeout_ms / 1000.0)

@@ -1,4 +1,4 @@
-"""``kraft topic create | list | describe | delete | elect-leaders`` through the active controller."""
+"""``kraft topic create | list | describe | alter | delete | elect-leaders`` through the active controller."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ from typing import Annotated, Any
 import typer
 
 from kraft.cli.common import (
-    BootstrapControllerOption,
+    DEFAULT_TIMEOUT_S,
     CliError,
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapControllerOption,
+    TimeoutOption,
     VerboseOption,
+    bootstrap_from,
     handle_errors,
     parse_bootstrap,
     print_json,
@@ -26,15 +30,17 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(
-    no_args_is_help=True, help="Topics: create, list, describe, delete, elect preferred leaders."
+    no_args_is_help=True,
+    help="Topics: create, list, describe, alter (add partitions), delete, elect preferred leaders.",
 )
 
 TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_default=False)]
 
 
-def _client(bootstrap: str, verbose: bool = False) -> AdminClient:
+def _client(bootstrap: str, verbose: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
     return AdminClient(
         [hp.target for hp in parse_bootstrap(bootstrap)],
+        timeout_s,
         clock=SystemClock(),
         on_retry=verbose_printer(verbose),
     )
@@ -65,9 +71,9 @@ def parse_assignment(text: str) -> list[cpb.ReplicaAssignment]:
 
 
 async def _create(
-    bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool, verbose: bool
+    bootstrap: str, topic: cpb.CreatableTopic, validate_only: bool, verbose: bool, timeout_s: float
 ) -> cpb.CreatableTopicResult:
-    async with _client(bootstrap, verbose) as client:
+    async with _client(bootstrap, verbose, timeout_s) as client:
         response = await client.create_topics(
             cpb.CreateTopicsRequest(topics=[topic], validate_only=validate_only)
         )
@@ -78,7 +84,9 @@ async def _create(
 @handle_errors
 def create_command(
     name: TopicArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     partitions: Annotated[int, typer.Option("--partitions", "-p", help="-1 = num.partitions.")] = -1,
     replication_factor: Annotated[
         int, typer.Option("--replication-factor", "-r", help="-1 = default.replication.factor.")
@@ -122,7 +130,9 @@ def create_command(
     if replica_assignment:
         topic.assignments.extend(parse_assignment(replica_assignment))
         topic.num_partitions = topic.replication_factor = -1
-    result = run_async(_create(bootstrap_controller, topic, validate_only, verbose))
+    result = run_async(
+        _create(bootstrap_from(bootstrap_controller, cluster_dir), topic, validate_only, verbose, timeout)
+    )
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.TOPIC_ALREADY_EXISTS and if_not_exists:
         if as_json:
@@ -150,8 +160,10 @@ def create_command(
     )
 
 
-async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.DescribeTopicsResponse:
-    async with _client(bootstrap) as client:
+async def _describe(
+    bootstrap: str, names: list[str], partitions: bool, timeout_s: float
+) -> cpb.DescribeTopicsResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.call(
             lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=names, include_partitions=partitions)
         )
@@ -160,7 +172,9 @@ async def _describe(bootstrap: str, names: list[str], partitions: bool) -> cpb.D
 @app.command("list")
 @handle_errors
 def list_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:
@@ -172,7 +186,7 @@ def list_command(
 
       kraft topic list --bootstrap-controller 127.0.0.1:9093 --json
     """
-    response = run_async(_describe(bootstrap_controller, [], False))
+    response = run_async(_describe(bootstrap_from(bootstrap_controller, cluster_dir), [], False, timeout))
     topics = [
         {
             "name": t.name,
@@ -228,9 +242,9 @@ LIVE_BROKER_STATES = ("ACTIVE", "CONTROLLED_SHUTDOWN")  # registered and unfence
 
 
 async def _describe_with_brokers(
-    bootstrap: str, names: list[str], with_brokers: bool
+    bootstrap: str, names: list[str], with_brokers: bool, timeout_s: float
 ) -> tuple[cpb.DescribeTopicsResponse, set[int]]:
-    async with _client(bootstrap) as client:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         topics = await client.call(
             lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=names, include_partitions=True)
         )
@@ -243,7 +257,9 @@ async def _describe_with_brokers(
 @app.command("describe")
 @handle_errors
 def describe_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     name: Annotated[
         str | None, typer.Argument(help="The topic name (every topic when left out).", show_default=False)
     ] = None,
@@ -280,7 +296,9 @@ def describe_command(
       kraft topic describe --bootstrap-controller 127.0.0.1:9093 --unavailable-partitions
     """
     names = [] if name is None else [name]
-    response, live = run_async(_describe_with_brokers(bootstrap_controller, names, unavailable))
+    response, live = run_async(
+        _describe_with_brokers(bootstrap_from(bootstrap_controller, cluster_dir), names, unavailable, timeout)
+    )
     described_all: list[dict[str, Any]] = []
     for topic in response.topics:
         if topic.error_code != ErrorCode.NONE:
@@ -326,8 +344,81 @@ def _print_topic(described: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
-async def _delete(bootstrap: str, name: str, verbose: bool) -> cpb.DeletableTopicResult:
-    async with _client(bootstrap, verbose) as client:
+async def _grow(
+    bootstrap: str, request: cpb.CreatePartitionsRequest, verbose: bool, timeout_s: float
+) -> cpb.CreatePartitionsTopicResult:
+    async with _client(bootstrap, verbose, timeout_s) as client:
+        response = await client.create_partitions(request)
+    return response.topics[0]
+
+
+def alter_json(
+    name: str, count: int, result: cpb.CreatePartitionsTopicResult, validate_only: bool
+) -> dict[str, Any]:
+    """The ``topic alter --json`` object: the new count and where the new partitions went."""
+    return {
+        "name": name,
+        "result": "validated" if validate_only else "altered",
+        "partitions": count,
+        "new_partitions": [
+            {"partition": a.partition, "replicas": list(a.broker_ids)} for a in result.assignments
+        ],
+    }
+
+
+@app.command("alter")
+@handle_errors
+def alter_command(
+    topic: Annotated[str, typer.Option("--topic", help="The topic to grow.", show_default=False)],
+    partitions: Annotated[
+        int,
+        typer.Option(
+            "--partitions", "-p", help="The new total partition count (larger than now).", show_default=False
+        ),
+    ],
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    validate_only: Annotated[bool, typer.Option("--validate-only", help="Check only; add nothing.")] = False,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
+    command_config: CommandConfigOption = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+) -> None:
+    """Add partitions to a topic (kafka-topics.sh --alter --partitions); partitions can only be added.
+
+    The new partitions get the topic's replication factor and are placed like a new topic's (spread
+    evenly and rack-aware over the unfenced brokers); their brokers create them as they apply the
+    metadata.  Records with keys hash to other partitions afterwards, as in Kafka.
+
+    Examples:
+
+      kraft topic alter --bootstrap-controller 127.0.0.1:9093 --topic orders --partitions 12
+
+      kraft topic alter --cluster-dir /tmp/c --topic orders --partitions 12 --validate-only --json
+    """
+    if partitions < 1:
+        raise CliError(f"--partitions {partitions}: the new partition count must be positive")
+    bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
+    request = cpb.CreatePartitionsRequest(
+        topics=[cpb.CreatePartitionsTopic(name=topic, count=partitions)], validate_only=validate_only
+    )
+    result = run_async(_grow(bootstrap, request, verbose, timeout))
+    code = ErrorCode.from_wire(result.error_code)
+    if code != ErrorCode.NONE:
+        raise KraftError(code, result.error_message)
+    described = alter_json(topic, partitions, result, validate_only)
+    if as_json:
+        print_json(described)
+        return
+    verb = "would have" if validate_only else "now has"
+    placed = "; ".join(
+        f"{p['partition']} on {','.join(map(str, p['replicas']))}" for p in described["new_partitions"]
+    )
+    typer.echo(f"topic {topic} {verb} {partitions} partitions (new: {placed})")
+
+
+async def _delete(bootstrap: str, name: str, verbose: bool, timeout_s: float) -> cpb.DeletableTopicResult:
+    async with _client(bootstrap, verbose, timeout_s) as client:
         response = await client.delete_topics(cpb.DeleteTopicsRequest(names=[name]))
     return response.topics[0]
 
@@ -336,7 +427,9 @@ async def _delete(bootstrap: str, name: str, verbose: bool) -> cpb.DeletableTopi
 @handle_errors
 def delete_command(
     name: TopicArgument,
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     if_exists: Annotated[bool, typer.Option("--if-exists", help="A missing topic is not an error.")] = False,
     command_config: CommandConfigOption = None,
     as_json: JsonOption = False,
@@ -350,7 +443,7 @@ def delete_command(
 
       kraft topic delete --bootstrap-controller 127.0.0.1:9093 old --if-exists --json
     """
-    result = run_async(_delete(bootstrap_controller, name, verbose))
+    result = run_async(_delete(bootstrap_from(bootstrap_controller, cluster_dir), name, verbose, timeout))
     code = ErrorCode.from_wire(result.error_code)
     if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and if_exists:
         if as_json:
@@ -401,8 +494,10 @@ def election_failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in results if r["result"] not in ("ELECTED", ErrorCode.ELECTION_NOT_NEEDED.name)]
 
 
-async def _elect(bootstrap: str, request: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
-    async with _client(bootstrap) as client:
+async def _elect(
+    bootstrap: str, request: cpb.ElectLeadersRequest, timeout_s: float
+) -> cpb.ElectLeadersResponse:
+    async with _client(bootstrap, timeout_s=timeout_s) as client:
         return await client.call(lambda s: s.ElectLeaders, request)
 
 
@@ -421,7 +516,9 @@ Examples:
 @app.command("elect-leaders", epilog=ELECT_EXAMPLES)
 @handle_errors
 def elect_leaders_command(
-    bootstrap_controller: BootstrapControllerOption,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: TimeoutOption = DEFAULT_TIMEOUT_S,
     topic: Annotated[
         str | None, typer.Option("--topic", help="Only this topic's partitions (default: every topic).")
     ] = None,
@@ -439,7 +536,7 @@ def elect_leaders_command(
     failure).
     """
     request = elect_request(topic, partition)
-    response = run_async(_elect(bootstrap_controller, request))
+    response = run_async(_elect(bootstrap_from(bootstrap_controller, cluster_dir), request, timeout))
     results = election_rows(response)
     if as_json:
         print_json(results)

@@ -240,6 +240,48 @@ class AdminClient:
                 result.error_message = ""
         return response
 
+    async def create_partitions(self, request: cpb.CreatePartitionsRequest) -> cpb.CreatePartitionsResponse:
+        """CreatePartitions; after an unknown outcome it is resent, and INVALID_PARTITIONS for a topic that
+        now has exactly the requested count counts as done (by the first attempt)."""
+        if request.validate_only:
+            return await self.call(lambda s: s.CreatePartitions, request)
+        response, resent = await self._send(lambda s: s.CreatePartitions, request, "CreatePartitions")
+        if not resent:
+            return response
+        wanted = {t.name: t.count for t in request.topics}
+        refused = [r.name for r in response.topics if r.error_code == ErrorCode.INVALID_PARTITIONS]
+        if not refused:
+            return response
+        described = await self.call(lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=refused))
+        counts = {t.name: len(t.partitions) for t in described.topics if t.error_code == ErrorCode.NONE}
+        for result in response.topics:
+            if (
+                result.error_code == ErrorCode.INVALID_PARTITIONS
+                and counts.get(result.name) == wanted[result.name]
+            ):
+                self._retrying(
+                    f"topic {result.name} has {wanted[result.name]} partitions: grown by the first attempt"
+                )
+                result.error_code = ErrorCode.NONE
+                result.error_message = ""
+        return response
+
+    async def describe_configs(
+        self, resources: Sequence[cpb.DescribeConfigsResource]
+    ) -> cpb.DescribeConfigsResponse:
+        """Per-resource results (check each ``error_code``)."""
+        return await self.call(lambda s: s.DescribeConfigs, cpb.DescribeConfigsRequest(resources=resources))
+
+    async def incremental_alter_configs(
+        self, resources: Sequence[cpb.AlterConfigsResource], validate_only: bool = False
+    ) -> cpb.IncrementalAlterConfigsResponse:
+        """Per-resource results; idempotent (the same SET/DELETE applied twice gives the same configs), so a
+        call with an unknown outcome is simply resent.  APPEND/SUBTRACT are not: a request with them is sent
+        once."""
+        idempotent = all(c.op in (0, 1) for r in resources for c in r.configs)
+        request = cpb.IncrementalAlterConfigsRequest(resources=resources, validate_only=validate_only)
+        return await self.call(lambda s: s.IncrementalAlterConfigs, request, idempotent=idempotent)
+
     async def unregister_broker(self, request: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         """UnregisterBroker (errors raise KraftError); after an unknown outcome it is resent, and
         BROKER_ID_NOT_REGISTERED then means the first attempt unregistered it."""

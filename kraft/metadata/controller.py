@@ -55,7 +55,7 @@ from google.protobuf.message import Message
 from kraft.clock import Clock
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES
 from kraft.errors import ErrorCode, KraftError
-from kraft.metadata import acl_control
+from kraft.metadata import acl_control, config_control, partition_growth
 from kraft.metadata.commit_replay import replay_batch
 from kraft.metadata.controller_activation import Activation
 from kraft.metadata.controller_gauges import ControllerGauges
@@ -643,6 +643,29 @@ class QuorumController:
         return await self._serve(
             cpb.DeleteAclsResponse(), lambda lg: acl_control.delete_acls(lg, req, self.writes.next_offset)
         )
+
+    async def create_partitions(self, req: cpb.CreatePartitionsRequest) -> cpb.CreatePartitionsResponse:
+        return await self._serve(
+            cpb.CreatePartitionsResponse(),
+            lambda lg: partition_growth.create_partitions(lg, req, self.writes.next_offset),
+            name="create-partitions",
+        )
+
+    async def incremental_alter_configs(
+        self, req: cpb.IncrementalAlterConfigsRequest
+    ) -> cpb.IncrementalAlterConfigsResponse:
+        return await self._serve(
+            cpb.IncrementalAlterConfigsResponse(),
+            lambda lg: config_control.incremental_alter_configs(lg, req, self.writes.next_offset),
+            name="alter-configs",
+        )
+
+    async def describe_configs(self, req: cpb.DescribeConfigsRequest) -> cpb.DescribeConfigsResponse:
+        got = await self._read(cpb.DescribeConfigsResponse(), req.cluster_id)
+        if not isinstance(got, tuple):
+            return got
+        _, image = got
+        return config_control.describe_configs(image, req)
 
     async def describe_acls(self, req: cpb.DescribeAclsRequest) -> cpb.DescribeAclsResponse:
         got = await self._read(cpb.DescribeAclsResponse(), req.cluster_id)

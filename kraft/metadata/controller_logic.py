@@ -759,7 +759,7 @@ class ControllerLogic:
                 assignment = self._assignment_for(topic, cursor)
                 by_broker = Counter(b for replicas in assignment for b in replicas)
                 self._check_partition_counts(topic, len(assignment), cursor, by_broker, hosted, added)
-                self._check_some_replica_acceptable(assignment)
+                self.check_some_replica_acceptable(assignment)
                 configs = validate_topic_configs(
                     [(c.name, c.value) for c in topic.configs], len(assignment[0])
                 )
@@ -843,10 +843,10 @@ class ControllerLogic:
             if not b.fenced and not b.in_controlled_shutdown
         ]
         if factor > len(usable):
-            raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self._too_few_brokers(factor, len(usable)))
+            raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(usable)))
         return place_replicas(usable, partitions, factor, cursor)
 
-    def _too_few_brokers(self, factor: int, usable: int) -> str:
+    def too_few_brokers(self, factor: int, usable: int) -> str:
         """Why ``factor`` replicas cannot be placed: which registered brokers are not usable right now."""
         brokers = self.image.brokers.values()
         fenced = sorted(b.broker_id for b in brokers if b.fenced)
@@ -863,7 +863,7 @@ class ControllerLogic:
             text += " — a broker that just started or restarted is fenced until it catches up; retry shortly"
         return text
 
-    def _check_some_replica_acceptable(self, assignment: list[tuple[int, ...]]) -> None:
+    def check_some_replica_acceptable(self, assignment: list[tuple[int, ...]]) -> None:
         acceptable = self.acceptable_in(self.image)
         for partition_id, replicas in enumerate(assignment):
             if not any(acceptable(r) for r in replicas):
@@ -882,9 +882,23 @@ class ControllerLogic:
         configs: dict[str, str],
     ) -> None:
         batch.add(pb.TopicRecord(name=name, topic_id=topic_id))
+        self.add_partition_records(batch, topic_id, 0, assignment)
+        for key, value in sorted(configs.items()):
+            batch.add(
+                pb.ConfigRecord(
+                    resource_type=rec.ConfigResourceType.TOPIC, resource_name=name, name=key, value=value
+                )
+            )
+
+    def add_partition_records(
+        self, batch: _Batch, topic_id: str, first_id: int, assignment: list[tuple[int, ...]]
+    ) -> None:
+        """PartitionRecords for partitions ``first_id``, ``first_id + 1``, … of a topic (a new topic, or
+        CreatePartitions growing one), replicas as ``assignment`` says."""
         acceptable = self.acceptable_in(self.image)
         add_partition = batch.add_partition
-        for partition_id, replicas in enumerate(assignment):
+        for offset, replicas in enumerate(assignment):
+            partition_id = first_id + offset
             # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence);
             # the leader is the first of them (choose_leader with no current leader).
             isr = [r for r in replicas if acceptable(r)]
@@ -901,12 +915,6 @@ class ControllerLogic:
                 replica_ids, replica_ids if len(isr) == len(replicas) else shared_ids(isr), leader, 0, 0
             )
             add_partition(record, topic_id, partition_id, registration)
-        for key, value in sorted(configs.items()):
-            batch.add(
-                pb.ConfigRecord(
-                    resource_type=rec.ConfigResourceType.TOPIC, resource_name=name, name=key, value=value
-                )
-            )
 
     def delete_topics(
         self, req: cpb.DeleteTopicsRequest, next_offset: int

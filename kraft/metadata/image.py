@@ -129,6 +129,14 @@ class MetadataImage:
     def topic_configs(self, name: str) -> Mapping[str, str]:
         return self.configs.get(ConfigKey(ConfigResourceType.TOPIC, name), {})
 
+    def broker_config(self, broker_id: int, name: str) -> str | None:
+        """A dynamic broker config (``kraft config alter --entity-type brokers``): the broker's own value,
+        else the cluster-wide default (resource name ``""``), else None (the broker's .properties decide)."""
+        value = self.configs.get(ConfigKey(ConfigResourceType.BROKER, str(broker_id)), {}).get(name)
+        if value is None:
+            value = self.configs.get(ConfigKey(ConfigResourceType.BROKER, ""), {}).get(name)
+        return value
+
 
 EMPTY_IMAGE = MetadataImage(
     offset=-1, epoch=-1, brokers={}, topics_by_id={}, topic_ids_by_name={}, configs={}, features={}

@@ -22,17 +22,20 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
 
+from kraft.api_versions import api_versions
 from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
 from kraft.grpc_service import RequestDecoder, register_service
 from kraft.metadata.controller import QuorumController
+from kraft.metadata.records import ConfigResourceType
 from kraft.observability.logging import get_logger
 from kraft.security.acl import AclOperation, StandardAcl
 from kraft.security.authorizer import Authorizer, AuthorizerSettings
 from kraft.security.guard import AccessDenied, RequestGuard
+from kraft.v1 import common_pb2, controller_pb2_grpc, raft_pb2
 from kraft.v1 import controller_pb2 as cpb
-from kraft.v1 import controller_pb2_grpc
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -272,6 +275,84 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             lambda c: c.delete_acls,
             lambda: guard.check_cluster(context, AclOperation.ALTER),
         )
+
+    async def CreatePartitions(
+        self, request: cpb.CreatePartitionsRequest, context: ServicerContext
+    ) -> cpb.CreatePartitionsResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.CreatePartitionsResponse,
+            lambda c: c.create_partitions,
+            lambda: guard.check_topics(context, AclOperation.ALTER, [t.name for t in request.topics]),
+        )
+
+    async def DescribeConfigs(
+        self, request: cpb.DescribeConfigsRequest, context: ServicerContext
+    ) -> cpb.DescribeConfigsResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.DescribeConfigsResponse,
+            lambda c: c.describe_configs,
+            lambda: _check_config_resources(
+                guard, context, AclOperation.DESCRIBE_CONFIGS, [r.resource for r in request.resources]
+            ),
+        )
+
+    async def IncrementalAlterConfigs(
+        self, request: cpb.IncrementalAlterConfigsRequest, context: ServicerContext
+    ) -> cpb.IncrementalAlterConfigsResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.IncrementalAlterConfigsResponse,
+            lambda c: c.incremental_alter_configs,
+            lambda: _check_config_resources(
+                guard, context, AclOperation.ALTER_CONFIGS, [r.resource for r in request.resources]
+            ),
+        )
+
+    async def ApiVersions(
+        self, request: common_pb2.ApiVersionsRequest, context: ServicerContext
+    ) -> common_pb2.ApiVersionsResponse:
+        """Any controller answers, active or not (no authorization, as Kafka's ApiVersions)."""
+        controller = self._controller
+        if controller is None:
+            return common_pb2.ApiVersionsResponse(
+                error_code=int(ErrorCode.NOT_CONTROLLER), error_message="the controller is starting"
+            )
+        image = controller.committed
+        return api_versions(
+            controller.cluster_id,
+            request,
+            controller.node_id,
+            "controller",
+            [
+                raft_pb2.DESCRIPTOR.services_by_name["RaftService"],
+                cpb.DESCRIPTOR.services_by_name["ControllerService"],
+                health_pb2.DESCRIPTOR.services_by_name["Health"],
+            ],
+            image.features,
+            image.offset,
+        )
+
+
+def _check_config_resources(
+    guard: RequestGuard,
+    context: ServicerContext,
+    operation: AclOperation,
+    resources: list[cpb.ConfigResource],
+) -> None:
+    """Kafka's rule for DescribeConfigs / IncrementalAlterConfigs: ``operation`` on each TOPIC resource, on
+    CLUSTER for BROKER resources (any other type is the controller's INVALID_REQUEST, checked as CLUSTER)."""
+    topics = [r.resource_name for r in resources if r.resource_type == ConfigResourceType.TOPIC]
+    if len(topics) < len(resources):
+        guard.check_cluster(context, operation)
+    guard.check_topics(context, operation, topics)
 
 
 def add_controller_service(server: grpc.aio.Server, servicer: ControllerServicer) -> None:

@@ -126,7 +126,7 @@ def _one_of(*choices: str) -> Callable[[str], bool]:
     return check
 
 
-_TOPIC_CONFIGS: Mapping[str, tuple[Callable[[str], bool], str]] = {
+TOPIC_CONFIG_RULES: Mapping[str, tuple[Callable[[str], bool], str]] = {
     "cleanup.policy": (_one_of("delete", "compact"), "delete and/or compact"),
     "retention.ms": (_long(-1), "an integer ≥ -1"),
     "retention.bytes": (_long(-1), "an integer ≥ -1"),
@@ -152,7 +152,7 @@ _TOPIC_CONFIGS: Mapping[str, tuple[Callable[[str], bool], str]] = {
 def validate_topic_configs(configs: list[tuple[str, str]], replication_factor: int) -> dict[str, str]:
     result: dict[str, str] = {}
     for name, value in configs:
-        rule = _TOPIC_CONFIGS.get(name)
+        rule = TOPIC_CONFIG_RULES.get(name)
         if rule is None:
             raise KraftError(ErrorCode.INVALID_CONFIG, f"unknown topic config {name!r}")
         if name in result:
@@ -163,10 +163,14 @@ def validate_topic_configs(configs: list[tuple[str, str]], replication_factor: i
                 ErrorCode.INVALID_CONFIG, f"invalid value {value!r} for {name}: expected {expected}"
             )
         result[name] = value
-    min_isr = result.get("min.insync.replicas")
+    check_min_insync(result.get("min.insync.replicas"), replication_factor)
+    return result
+
+
+def check_min_insync(min_isr: str | None, replication_factor: int) -> None:
+    """A topic's min.insync.replicas may not exceed its replication factor (acks=all could never succeed)."""
     if min_isr is not None and int(min_isr) > replication_factor:
         raise KraftError(
             ErrorCode.INVALID_CONFIG,
             f"min.insync.replicas {min_isr} is larger than the replication factor {replication_factor}",
         )
-    return result

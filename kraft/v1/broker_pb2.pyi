@@ -797,3 +797,123 @@ class ReplicaFetchResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReplicaFetchResponse: _TypeAlias = ReplicaFetchResponse  # noqa: Y015
+
+@_typing.final
+class DescribeLogDirsRequest(_message.Message):
+    """---- log dirs (Kafka's DescribeLogDirs; kraft log-dirs describe) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty = every hosted partition"""
+
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeLogDirsRequest: _TypeAlias = DescribeLogDirsRequest  # noqa: Y015
+
+@_typing.final
+class DescribeLogDirsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PartitionSize(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        TOPIC_FIELD_NUMBER: _builtins.int
+        PARTITION_FIELD_NUMBER: _builtins.int
+        SIZE_BYTES_FIELD_NUMBER: _builtins.int
+        OFFSET_LAG_FIELD_NUMBER: _builtins.int
+        topic: _builtins.str
+        partition: _builtins.int
+        size_bytes: _builtins.int
+        """bytes of the partition's directory (segments, indexes, checkpoints)"""
+        offset_lag: _builtins.int
+        """a follower's lag behind its leader's log end; 0 on the leader; -1 unknown"""
+        def __init__(
+            self,
+            *,
+            topic: _builtins.str = ...,
+            partition: _builtins.int = ...,
+            size_bytes: _builtins.int = ...,
+            offset_lag: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["offset_lag", b"offset_lag", "partition", b"partition", "size_bytes", b"size_bytes", "topic", b"topic"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class LogDir(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        PATH_FIELD_NUMBER: _builtins.int
+        ERROR_CODE_FIELD_NUMBER: _builtins.int
+        ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+        PARTITIONS_FIELD_NUMBER: _builtins.int
+        TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+        USABLE_BYTES_FIELD_NUMBER: _builtins.int
+        path: _builtins.str
+        error_code: _builtins.int
+        """KAFKA_STORAGE_ERROR: the dir is offline (error_message says why)"""
+        error_message: _builtins.str
+        total_bytes: _builtins.int
+        """of the file system holding it; -1 unknown"""
+        usable_bytes: _builtins.int
+        """free for this process; -1 unknown"""
+        @_builtins.property
+        def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DescribeLogDirsResponse.PartitionSize]: ...
+        def __init__(
+            self,
+            *,
+            path: _builtins.str = ...,
+            error_code: _builtins.int = ...,
+            error_message: _builtins.str = ...,
+            partitions: _abc.Iterable[Global___DescribeLogDirsResponse.PartitionSize] | None = ...,
+            total_bytes: _builtins.int = ...,
+            usable_bytes: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "partitions", b"partitions", "path", b"path", "total_bytes", b"total_bytes", "usable_bytes", b"usable_bytes"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    LOG_DIRS_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    error_message: _builtins.str
+    broker_id: _builtins.int
+    @_builtins.property
+    def log_dirs(self) -> _containers.RepeatedCompositeFieldContainer[Global___DescribeLogDirsResponse.LogDir]: ...
+    def __init__(
+        self,
+        *,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        broker_id: _builtins.int = ...,
+        log_dirs: _abc.Iterable[Global___DescribeLogDirsResponse.LogDir] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "error_code", b"error_code", "error_message", b"error_message", "log_dirs", b"log_dirs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeLogDirsResponse: _TypeAlias = DescribeLogDirsResponse  # noqa: Y015

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from kraft.v1 import broker_pb2 as kraft_dot_v1_dot_broker__pb2
+from kraft.v1 import common_pb2 as kraft_dot_v1_dot_common__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -64,6 +65,16 @@ class BrokerServiceStub:
                 request_serializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/kraft.v1.BrokerService/DescribeLogDirs',
+                request_serializer=kraft_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
+        self.ApiVersions = channel.unary_unary(
+                '/kraft.v1.BrokerService/ApiVersions',
+                request_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServiceServicer:
@@ -112,6 +123,20 @@ class BrokerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeLogDirs(self, request, context):
+        """Log dirs with every hosted partition's size on disk, and the offline dirs (Kafka's DescribeLogDirs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApiVersions(self, request, context):
+        """What this broker serves (no authorization, as Kafka's ApiVersions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +169,16 @@ def add_BrokerServiceServicer_to_server(servicer, server):
                     servicer.ReplicaFetch,
                     request_deserializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_broker__pb2.ReplicaFetchResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=kraft_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
+            ),
+            'ApiVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApiVersions,
+                    request_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -308,6 +343,60 @@ class BrokerService:
             '/kraft.v1.BrokerService/ReplicaFetch',
             kraft_dot_v1_dot_broker__pb2.ReplicaFetchRequest.SerializeToString,
             kraft_dot_v1_dot_broker__pb2.ReplicaFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.BrokerService/DescribeLogDirs',
+            kraft_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+            kraft_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApiVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.BrokerService/ApiVersions',
+            kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
+            kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,6 +11,7 @@ they never clash with the other files of package kraft.v1.
 from collections import abc as _abc
 from grpc import aio as _aio
 from kraft.v1 import broker_pb2 as _broker_pb2
+from kraft.v1 import common_pb2 as _common_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -50,6 +51,10 @@ class BrokerServiceStub:
     """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
     request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
     """
+    DescribeLogDirs: _grpc.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]
+    """Log dirs with every hosted partition's size on disk, and the offline dirs (Kafka's DescribeLogDirs)."""
+    ApiVersions: _grpc.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]
+    """What this broker serves (no authorization, as Kafka's ApiVersions)."""
 
 @_typing.type_check_only
 class BrokerServiceAsyncStub(BrokerServiceStub):
@@ -68,6 +73,10 @@ class BrokerServiceAsyncStub(BrokerServiceStub):
     """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
     request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
     """
+    DescribeLogDirs: _aio.UnaryUnaryMultiCallable[_broker_pb2.DescribeLogDirsRequest, _broker_pb2.DescribeLogDirsResponse]  # type: ignore[assignment]
+    """Log dirs with every hosted partition's size on disk, and the offline dirs (Kafka's DescribeLogDirs)."""
+    ApiVersions: _aio.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]  # type: ignore[assignment]
+    """What this broker serves (no authorization, as Kafka's ApiVersions)."""
 
 class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -119,5 +128,21 @@ class BrokerServiceServicer(metaclass=_abc_1.ABCMeta):
         """A follower's fetch from the leader (Kafka's Fetch with a replica id, v12+): many partitions per
         request, record batches as stored (byte for byte, with their leader epochs), the divergence check.
         """
+
+    @_abc_1.abstractmethod
+    def DescribeLogDirs(
+        self,
+        request: _broker_pb2.DescribeLogDirsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_broker_pb2.DescribeLogDirsResponse, _abc.Awaitable[_broker_pb2.DescribeLogDirsResponse]]:
+        """Log dirs with every hosted partition's size on disk, and the offline dirs (Kafka's DescribeLogDirs)."""
+
+    @_abc_1.abstractmethod
+    def ApiVersions(
+        self,
+        request: _common_pb2.ApiVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.ApiVersionsResponse, _abc.Awaitable[_common_pb2.ApiVersionsResponse]]:
+        """What this broker serves (no authorization, as Kafka's ApiVersions)."""
 
 def add_BrokerServiceServicer_to_server(servicer: BrokerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kraft/v1/common.proto\x12\x08kraft.v1\"O\n\x08\x45ndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x19\n\x11security_protocol\x18\x04 \x01(\t\"@\n\x07NodeRef\x12\x0f\n\x07node_id\x18\x01 \x01(\x05\x12$\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x12.kraft.v1.Endpointb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kraft/v1/common.proto\x12\x08kraft.v1\"O\n\x08\x45ndpoint\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x19\n\x11security_protocol\x18\x04 \x01(\t\"@\n\x07NodeRef\x12\x0f\n\x07node_id\x18\x01 \x01(\x05\x12$\n\x08\x65ndpoint\x18\x02 \x01(\x0b\x32\x12.kraft.v1.Endpoint\"(\n\x12\x41piVersionsRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\".\n\rServedService\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07methods\x18\x02 \x03(\t\"F\n\x0c\x46\x65\x61tureRange\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x05\x12\x13\n\x0bmax_version\x18\x03 \x01(\x05\"/\n\x10\x46inalizedFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05level\x18\x02 \x01(\x05\"\xc6\x02\n\x13\x41piVersionsResponse\x12\x12\n\nerror_code\x18\x01 \x01(\x05\x12\x15\n\rerror_message\x18\x02 \x01(\t\x12\x12\n\ncluster_id\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\x05\x12\x0c\n\x04role\x18\x05 \x01(\t\x12\x18\n\x10software_version\x18\x06 \x01(\t\x12)\n\x08services\x18\x07 \x03(\x0b\x32\x17.kraft.v1.ServedService\x12\x32\n\x12supported_features\x18\x08 \x03(\x0b\x32\x16.kraft.v1.FeatureRange\x12\x36\n\x12\x66inalized_features\x18\t \x03(\x0b\x32\x1a.kraft.v1.FinalizedFeature\x12 \n\x18\x66inalized_features_epoch\x18\n \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,4 +35,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENDPOINT']._serialized_end=114
   _globals['_NODEREF']._serialized_start=116
   _globals['_NODEREF']._serialized_end=180
+  _globals['_APIVERSIONSREQUEST']._serialized_start=182
+  _globals['_APIVERSIONSREQUEST']._serialized_end=222
+  _globals['_SERVEDSERVICE']._serialized_start=224
+  _globals['_SERVEDSERVICE']._serialized_end=270
+  _globals['_FEATURERANGE']._serialized_start=272
+  _globals['_FEATURERANGE']._serialized_end=342
+  _globals['_FINALIZEDFEATURE']._serialized_start=344
+  _globals['_FINALIZEDFEATURE']._serialized_end=391
+  _globals['_APIVERSIONSRESPONSE']._serialized_start=394
+  _globals['_APIVERSIONSRESPONSE']._serialized_end=720
 # @@protoc_insertion_point(module_scope)

@@ -3,8 +3,10 @@
 isort:skip_file
 Types shared by every kraft gRPC service.  Never reuse a field number."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -73,3 +75,157 @@ class NodeRef(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NodeRef: _TypeAlias = NodeRef  # noqa: Y015
+
+@_typing.final
+class ApiVersionsRequest(_message.Message):
+    """---- ApiVersions (Kafka's ApiVersions; kraft api-versions) ----
+    Served by every node on its own service (ControllerService on controllers — active or not — and
+    BrokerService on brokers), without authorization as in Kafka; refused like every request when
+    cluster_id is not the node's (the answer states the node's cluster id either way).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApiVersionsRequest: _TypeAlias = ApiVersionsRequest  # noqa: Y015
+
+@_typing.final
+class ServedService(_message.Message):
+    """One gRPC service the node serves and its methods (the gRPC counterpart of Kafka's api keys; a
+    method an older node lacks is missing here).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    METHODS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """e.g. kraft.v1.BrokerService"""
+    @_builtins.property
+    def methods(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        methods: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["methods", b"methods", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServedService: _TypeAlias = ServedService  # noqa: Y015
+
+@_typing.final
+class FeatureRange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    MIN_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_VERSION_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    min_version: _builtins.int
+    max_version: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        min_version: _builtins.int = ...,
+        max_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_version", b"max_version", "min_version", b"min_version", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeatureRange: _TypeAlias = FeatureRange  # noqa: Y015
+
+@_typing.final
+class FinalizedFeature(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    LEVEL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    level: _builtins.int
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        level: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["level", b"level", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FinalizedFeature: _TypeAlias = FinalizedFeature  # noqa: Y015
+
+@_typing.final
+class ApiVersionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    SOFTWARE_VERSION_FIELD_NUMBER: _builtins.int
+    SERVICES_FIELD_NUMBER: _builtins.int
+    SUPPORTED_FEATURES_FIELD_NUMBER: _builtins.int
+    FINALIZED_FEATURES_FIELD_NUMBER: _builtins.int
+    FINALIZED_FEATURES_EPOCH_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    error_message: _builtins.str
+    cluster_id: _builtins.str
+    node_id: _builtins.int
+    role: _builtins.str
+    """controller | broker"""
+    software_version: _builtins.str
+    """kraft.__version__"""
+    finalized_features_epoch: _builtins.int
+    """offset of that image (-1 none)"""
+    @_builtins.property
+    def services(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServedService]: ...
+    @_builtins.property
+    def supported_features(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeatureRange]: ...
+    @_builtins.property
+    def finalized_features(self) -> _containers.RepeatedCompositeFieldContainer[Global___FinalizedFeature]:
+        """from the node's metadata image"""
+
+    def __init__(
+        self,
+        *,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        cluster_id: _builtins.str = ...,
+        node_id: _builtins.int = ...,
+        role: _builtins.str = ...,
+        software_version: _builtins.str = ...,
+        services: _abc.Iterable[Global___ServedService] | None = ...,
+        supported_features: _abc.Iterable[Global___FeatureRange] | None = ...,
+        finalized_features: _abc.Iterable[Global___FinalizedFeature] | None = ...,
+        finalized_features_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "error_code", b"error_code", "error_message", b"error_message", "finalized_features", b"finalized_features", "finalized_features_epoch", b"finalized_features_epoch", "node_id", b"node_id", "role", b"role", "services", b"services", "software_version", b"software_version", "supported_features", b"supported_features"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApiVersionsResponse: _TypeAlias = ApiVersionsResponse  # noqa: Y015

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from kraft.v1 import common_pb2 as kraft_dot_v1_dot_common__pb2
 from kraft.v1 import controller_pb2 as kraft_dot_v1_dot_controller__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -104,6 +105,26 @@ class ControllerServiceStub:
                 request_serializer=kraft_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/kraft.v1.ControllerService/CreatePartitions',
+                request_serializer=kraft_dot_v1_dot_controller__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_controller__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/kraft.v1.ControllerService/DescribeConfigs',
+                request_serializer=kraft_dot_v1_dot_controller__pb2.DescribeConfigsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_controller__pb2.DescribeConfigsResponse.FromString,
+                _registered_method=True)
+        self.IncrementalAlterConfigs = channel.unary_unary(
+                '/kraft.v1.ControllerService/IncrementalAlterConfigs',
+                request_serializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsResponse.FromString,
+                _registered_method=True)
+        self.ApiVersions = channel.unary_unary(
+                '/kraft.v1.ControllerService/ApiVersions',
+                request_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -197,6 +218,34 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreatePartitions(self, request, context):
+        """Grow topics to more partitions (Kafka's CreatePartitions; kafka-topics.sh --alter --partitions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeConfigs(self, request, context):
+        """Topic and broker configs in the metadata log (Kafka's DescribeConfigs / IncrementalAlterConfigs;
+        kafka-configs.sh): ConfigRecords written through the active controller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IncrementalAlterConfigs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApiVersions(self, request, context):
+        """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -269,6 +318,26 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=kraft_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=kraft_dot_v1_dot_controller__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_controller__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=kraft_dot_v1_dot_controller__pb2.DescribeConfigsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_controller__pb2.DescribeConfigsResponse.SerializeToString,
+            ),
+            'IncrementalAlterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.IncrementalAlterConfigs,
+                    request_deserializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsResponse.SerializeToString,
+            ),
+            'ApiVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApiVersions,
+                    request_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -649,6 +718,114 @@ class ControllerService:
             '/kraft.v1.ControllerService/DeleteAcls',
             kraft_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
             kraft_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/CreatePartitions',
+            kraft_dot_v1_dot_controller__pb2.CreatePartitionsRequest.SerializeToString,
+            kraft_dot_v1_dot_controller__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/DescribeConfigs',
+            kraft_dot_v1_dot_controller__pb2.DescribeConfigsRequest.SerializeToString,
+            kraft_dot_v1_dot_controller__pb2.DescribeConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IncrementalAlterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/IncrementalAlterConfigs',
+            kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsRequest.SerializeToString,
+            kraft_dot_v1_dot_controller__pb2.IncrementalAlterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApiVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/ApiVersions',
+            kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
+            kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ NOT_CONTROLLER with `controller` pointing at the active controller.  Never reuse
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from kraft.v1 import common_pb2 as _common_pb2
 from kraft.v1 import controller_pb2 as _controller_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -52,6 +53,15 @@ class ControllerServiceStub:
     """ACLs in the metadata log (KIP-801; docs/security.md), written through the active controller."""
     DescribeAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DescribeAclsRequest, _controller_pb2.DescribeAclsResponse]
     DeleteAcls: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DeleteAclsRequest, _controller_pb2.DeleteAclsResponse]
+    CreatePartitions: _grpc.UnaryUnaryMultiCallable[_controller_pb2.CreatePartitionsRequest, _controller_pb2.CreatePartitionsResponse]
+    """Grow topics to more partitions (Kafka's CreatePartitions; kafka-topics.sh --alter --partitions)."""
+    DescribeConfigs: _grpc.UnaryUnaryMultiCallable[_controller_pb2.DescribeConfigsRequest, _controller_pb2.DescribeConfigsResponse]
+    """Topic and broker configs in the metadata log (Kafka's DescribeConfigs / IncrementalAlterConfigs;
+    kafka-configs.sh): ConfigRecords written through the active controller.
+    """
+    IncrementalAlterConfigs: _grpc.UnaryUnaryMultiCallable[_controller_pb2.IncrementalAlterConfigsRequest, _controller_pb2.IncrementalAlterConfigsResponse]
+    ApiVersions: _grpc.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]
+    """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
 
 @_typing.type_check_only
 class ControllerServiceAsyncStub(ControllerServiceStub):
@@ -75,6 +85,15 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     """ACLs in the metadata log (KIP-801; docs/security.md), written through the active controller."""
     DescribeAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.DescribeAclsRequest, _controller_pb2.DescribeAclsResponse]  # type: ignore[assignment]
     DeleteAcls: _aio.UnaryUnaryMultiCallable[_controller_pb2.DeleteAclsRequest, _controller_pb2.DeleteAclsResponse]  # type: ignore[assignment]
+    CreatePartitions: _aio.UnaryUnaryMultiCallable[_controller_pb2.CreatePartitionsRequest, _controller_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
+    """Grow topics to more partitions (Kafka's CreatePartitions; kafka-topics.sh --alter --partitions)."""
+    DescribeConfigs: _aio.UnaryUnaryMultiCallable[_controller_pb2.DescribeConfigsRequest, _controller_pb2.DescribeConfigsResponse]  # type: ignore[assignment]
+    """Topic and broker configs in the metadata log (Kafka's DescribeConfigs / IncrementalAlterConfigs;
+    kafka-configs.sh): ConfigRecords written through the active controller.
+    """
+    IncrementalAlterConfigs: _aio.UnaryUnaryMultiCallable[_controller_pb2.IncrementalAlterConfigsRequest, _controller_pb2.IncrementalAlterConfigsResponse]  # type: ignore[assignment]
+    ApiVersions: _aio.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]  # type: ignore[assignment]
+    """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
 
 class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -179,5 +198,38 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.DeleteAclsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.DeleteAclsResponse, _abc.Awaitable[_controller_pb2.DeleteAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreatePartitions(
+        self,
+        request: _controller_pb2.CreatePartitionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.CreatePartitionsResponse, _abc.Awaitable[_controller_pb2.CreatePartitionsResponse]]:
+        """Grow topics to more partitions (Kafka's CreatePartitions; kafka-topics.sh --alter --partitions)."""
+
+    @_abc_1.abstractmethod
+    def DescribeConfigs(
+        self,
+        request: _controller_pb2.DescribeConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.DescribeConfigsResponse, _abc.Awaitable[_controller_pb2.DescribeConfigsResponse]]:
+        """Topic and broker configs in the metadata log (Kafka's DescribeConfigs / IncrementalAlterConfigs;
+        kafka-configs.sh): ConfigRecords written through the active controller.
+        """
+
+    @_abc_1.abstractmethod
+    def IncrementalAlterConfigs(
+        self,
+        request: _controller_pb2.IncrementalAlterConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.IncrementalAlterConfigsResponse, _abc.Awaitable[_controller_pb2.IncrementalAlterConfigsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ApiVersions(
+        self,
+        request: _common_pb2.ApiVersionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.ApiVersionsResponse, _abc.Awaitable[_common_pb2.ApiVersionsResponse]]:
+        """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
 
 def add_ControllerServiceServicer_to_server(servicer: ControllerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -142,10 +142,12 @@ class StaticMetadataView:
         brokers: dict[int, int],
         topics: dict[str, int],
         configs: dict[str, dict[str, str]] | None = None,
+        broker_configs: dict[str, str] | None = None,
     ) -> None:
         self.brokers = brokers  # broker id -> port
         self.topics = topics  # topic -> partition count
         self.configs = configs or {}  # topic -> topic configs
+        self.broker_configs = broker_configs or {}  # dynamic broker configs (every broker)
 
     def metadata_response(self, topics: list[str]) -> pb.BrokerMetadataResponse:
         response = pb.BrokerMetadataResponse(metadata_offset=10)
@@ -169,6 +171,12 @@ class StaticMetadataView:
 
     def topic_config(self, topic: str, name: str) -> str | None:
         return self.configs.get(topic, {}).get(name)
+
+    def broker_config(self, broker_id: int, name: str) -> str | None:
+        return self.broker_configs.get(name)
+
+    def finalized_features(self) -> tuple[dict[str, int], int]:
+        return {"metadata.version": 1}, 10
 
     def digest(self) -> str:
         return f"static-{sorted(self.topics.items())}"

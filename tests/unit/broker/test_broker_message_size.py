@@ -125,6 +125,7 @@ def test_recovery_after_a_crash_keeps_a_batch_above_the_old_8_mib_cap(tmp_path: 
 class Harness:
     stub: BrokerServiceAsyncStub
     manager: PartitionManager
+    view: StaticMetadataView
 
 
 @pytest.fixture
@@ -154,7 +155,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
     await server.start()
     channel = open_channel(f"127.0.0.1:{port}", options=limits)
     try:
-        yield Harness(broker_pb2_grpc.BrokerServiceStub(channel), manager)
+        yield Harness(broker_pb2_grpc.BrokerServiceStub(channel), manager, view)
     finally:
         await channel.close(None)
         await server.stop(None)
@@ -189,6 +190,24 @@ async def test_message_max_bytes_is_checked_at_produce(harness: Harness) -> None
     assert "1001 bytes" in refused.error_message and "\n" not in refused.error_message
     partition = harness.manager.get(SMALL)
     assert partition is not None and partition.log.log_end_offset == 1
+
+
+async def test_a_dynamic_broker_message_max_bytes_replaces_the_properties_value(harness: Harness) -> None:
+    """``kraft config alter --entity-type brokers --add-config message.max.bytes=…`` reaches the broker as a
+    metadata config: the Produce limit of topics without max.message.bytes follows it at once."""
+    view = harness.view
+    view.broker_configs["message.max.bytes"] = str(MESSAGE_MAX + 500)
+    accepted = await produce(harness, SMALL, value_for(MESSAGE_MAX + 500))
+    assert accepted.error_code == 0
+    refused = await produce(harness, SMALL, value_for(MESSAGE_MAX + 501))
+    assert refused.error_code == ErrorCode.MESSAGE_TOO_LARGE
+    assert (
+        f"message.max.bytes={MESSAGE_MAX + 500} (dynamic broker config) of broker 1" in refused.error_message
+    )
+    view.broker_configs.clear()
+    assert (
+        await produce(harness, SMALL, value_for(MESSAGE_MAX + 1))
+    ).error_code == ErrorCode.MESSAGE_TOO_LARGE
 
 
 async def test_the_topic_override_allows_the_largest_servable_batch_and_fetch_returns_it_whole(

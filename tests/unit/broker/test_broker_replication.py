@@ -722,3 +722,20 @@ async def test_a_follower_catching_up_flushes_every_few_bytes_and_once_caught_up
     state = h.nodes[1].replicas.leader_state(TP)
     assert state is not None
     await until(lambda: state.high_watermark == 6, "the leader to count the follower's durable end")
+
+
+async def test_the_dynamic_broker_min_insync_replicas_applies_below_the_topic_config(h: Harness) -> None:
+    """``kraft config alter --entity-type brokers``: the cluster default, then this broker's own value, each
+    replacing the .properties value at once; a topic's own min.insync.replicas still wins."""
+    _create(h, isr=[1])
+    assert (await h.produce(1, b"a", acks=-1)).error_code == ErrorCode.NONE
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="", name="min.insync.replicas", value="2"))
+    refused = await h.produce(1, b"x", acks=-1)
+    assert refused.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="2", name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NOT_ENOUGH_REPLICAS, "broker 2's only"
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="2"))
+    h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
+    assert (await h.produce(1, b"y", acks=-1)).error_code == ErrorCode.NONE, "the topic config wins"

@@ -259,3 +259,89 @@ async def test_a_refusal_reaches_the_admin_client_as_its_error_at_once() -> None
         await server.stop(None)
     assert refused.value.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
     assert "User:ANONYMOUS may not DESCRIBE cluster" in refused.value.message
+
+
+async def test_partition_growth_and_configs_need_kafkas_acl_operations(secured: ControllerServicer) -> None:
+    """CreatePartitions: TOPIC Alter; IncrementalAlterConfigs: AlterConfigs and DescribeConfigs:
+    DescribeConfigs on each TOPIC resource, on CLUSTER for BROKER resources (Kafka's mapping)."""
+    create = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER, topics=[cpb.CreatableTopic(name="orders", num_partitions=1, replication_factor=1)]
+    )
+    assert (await call(secured.CreateTopics, create, ADMIN)).topics[0].error_code == ErrorCode.NONE
+    grow = cpb.CreatePartitionsRequest(
+        cluster_id=CLUSTER, topics=[cpb.CreatePartitionsTopic(name="orders", count=2)]
+    )
+    topic = cpb.ConfigResource(resource_type=2, resource_name="orders")
+    broker = cpb.ConfigResource(resource_type=4, resource_name="1")
+    alter_topic = cpb.IncrementalAlterConfigsRequest(
+        cluster_id=CLUSTER,
+        resources=[
+            cpb.AlterConfigsResource(
+                resource=topic, configs=[cpb.AlterableConfig(name="retention.ms", value="1")]
+            )
+        ],
+    )
+    alter_broker = cpb.IncrementalAlterConfigsRequest(
+        cluster_id=CLUSTER,
+        resources=[
+            cpb.AlterConfigsResource(
+                resource=broker, configs=[cpb.AlterableConfig(name="message.max.bytes", value="9")]
+            )
+        ],
+    )
+    describe_topic = cpb.DescribeConfigsRequest(
+        cluster_id=CLUSTER, resources=[cpb.DescribeConfigsResource(resource=topic)]
+    )
+    describe_both = cpb.DescribeConfigsRequest(
+        cluster_id=CLUSTER,
+        resources=[cpb.DescribeConfigsResource(resource=topic), cpb.DescribeConfigsResource(resource=broker)],
+    )
+    for method, request, refusal in (
+        (
+            secured.CreatePartitions,
+            grow,
+            "TOPIC_AUTHORIZATION_FAILED: User:alice may not ALTER topic 'orders'",
+        ),
+        (
+            secured.IncrementalAlterConfigs,
+            alter_topic,
+            "TOPIC_AUTHORIZATION_FAILED: User:alice may not ALTER_CONFIGS",
+        ),
+        (
+            secured.IncrementalAlterConfigs,
+            alter_broker,
+            "CLUSTER_AUTHORIZATION_FAILED: User:alice may not ALTER_CONFIGS",
+        ),
+        (
+            secured.DescribeConfigs,
+            describe_topic,
+            "TOPIC_AUTHORIZATION_FAILED: User:alice may not DESCRIBE_CONFIGS",
+        ),
+    ):
+        with pytest.raises(Aborted) as refused:
+            await call(method, request, ALICE)
+        assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED
+        assert refused.value.details.startswith(refusal), refused.value.details
+    # ALTER_CONFIGS on the topic implies DESCRIBE_CONFIGS of it, not of the brokers (CLUSTER)
+    await add_acls(
+        secured, acl("User:alice", AclOperation.ALTER_CONFIGS), acl("User:alice", AclOperation.ALTER)
+    )
+    assert (await call(secured.IncrementalAlterConfigs, alter_topic, ALICE)).results[
+        0
+    ].error_code == ErrorCode.NONE
+    assert (await call(secured.DescribeConfigs, describe_topic, ALICE)).results[
+        0
+    ].error_code == ErrorCode.NONE
+    with pytest.raises(Aborted) as refused:
+        await call(secured.DescribeConfigs, describe_both, ALICE)
+    assert refused.value.details.startswith(
+        "CLUSTER_AUTHORIZATION_FAILED: User:alice may not DESCRIBE_CONFIGS"
+    )
+    grown = await call(secured.CreatePartitions, grow, ALICE)
+    assert grown.error_code == ErrorCode.NONE and grown.topics[0].error_code == ErrorCode.NONE
+    await add_acls(
+        secured, acl("User:alice", AclOperation.ALTER_CONFIGS, ResourceType.CLUSTER, "kafka-cluster")
+    )
+    assert (await call(secured.IncrementalAlterConfigs, alter_broker, ALICE)).results[
+        0
+    ].error_code == ErrorCode.NONE
