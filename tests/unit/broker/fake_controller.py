@@ -18,8 +18,8 @@ from google.protobuf.message import Message
 from kraft.errors import ErrorCode
 from kraft.metadata.records import encode_value, wrap
 from kraft.netutil import free_port
+from kraft.v1 import common_pb2, controller_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
-from kraft.v1 import controller_pb2_grpc
 from kraft.v1 import metadata_pb2 as mpb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
 
@@ -211,6 +211,20 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
         await self._unsupported(context)
 
     async def DeleteAcls(self, request: cpb.DeleteAclsRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
+    async def CreatePartitions(self, request: cpb.CreatePartitionsRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
+    async def DescribeConfigs(self, request: cpb.DescribeConfigsRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
+    async def IncrementalAlterConfigs(
+        self, request: cpb.IncrementalAlterConfigsRequest, context: Context
+    ) -> NoReturn:
+        await self._unsupported(context)
+
+    async def ApiVersions(self, request: common_pb2.ApiVersionsRequest, context: Context) -> NoReturn:
         await self._unsupported(context)
 
     def _records_from(self, request: cpb.MetadataFetchRequest) -> list[cpb.CommittedRecord]:
