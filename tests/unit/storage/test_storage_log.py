@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_helpers import LogModel, scan_batches
 
+from kraft.storage import shutdown_marker
 from kraft.storage.batch import build_batch, iter_batches, peek_batch_header
 from kraft.storage.epoch_cache import LeaderEpochCache
 from kraft.storage.errors import (
@@ -24,7 +25,6 @@ from kraft.storage.errors import (
     RecordTooLargeError,
     StorageStateError,
 )
-from kraft.storage import shutdown_marker
 from kraft.storage.log import CLEAN_SHUTDOWN_FILE, LogConfig, SegmentedLog
 
 SMALL = LogConfig(segment_bytes=2048, index_interval_bytes=200)
