@@ -82,9 +82,15 @@ def counting_fsyncs() -> Iterator[dict[str, int]]:
         fileio._SYNCFS = real_syncfs
 
 
+_cpu: list[float] = [0.0]
+
+
 def _timed(action: Callable[[], object]) -> float:
-    started = time.perf_counter()
+    """Wall seconds of ``action``; its CPU seconds (this process, every thread) go to ``_cpu[0]``: on a
+    shared machine the wall time includes waiting for a core, the CPU time does not."""
+    started, cpu = time.perf_counter(), time.process_time()
     action()
+    _cpu[0] = time.process_time() - cpu
     return time.perf_counter() - started
 
 
@@ -114,6 +120,7 @@ def _close(logs: list[PartitionLog]) -> dict[str, float]:
     return {
         "s": round(seconds, 3),
         "ms_per_partition": round(seconds * 1000 / partitions, 3),
+        "cpu_s": round(_cpu[0], 3),
         "syncs_per_partition": round(syncs / partitions, 3),
         "fsync_calls": counts["fsync"],
         "fdatasync_calls": counts["fdatasync"],
@@ -131,7 +138,11 @@ def _open(opener: PartitionLogOpener, dirs: list[Path]) -> tuple[list[PartitionL
 
         seconds = _timed(open_all)
     syncs = counts["fsync"] + counts["fdatasync"] + counts["syncfs"]
-    return logs, {"s": round(seconds, 3), "syncs_per_partition": round(syncs / len(dirs), 3)}
+    return logs, {
+        "s": round(seconds, 3),
+        "cpu_s": round(_cpu[0], 3),
+        "syncs_per_partition": round(syncs / len(dirs), 3),
+    }
 
 
 def _append_unflushed(logs: list[PartitionLog], batch: bytes) -> None:
@@ -216,7 +227,12 @@ def main() -> dict[str, object]:
         shutil.rmtree(root, ignore_errors=True)
     return {
         "benchmark": "partition_stop",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "tmp": str(root.parent)},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "tmp": str(root.parent),
+            "load_average_1m": round(os.getloadavg()[0], 1),
+        },
         "target_s": TARGET_S,
         "result": result,
     }
