@@ -1075,6 +1075,8 @@ def close_logs(logs: Sequence[SegmentedLog], *, sync_threads: int = CLOSE_SYNC_T
     for log in logs:
         if log._closed:
             continue
+        with log._flush_lock:
+            pass  # a flush still running in a worker thread finishes first (as close() always waited)
         if log._failed is not None:
             log.abandon()  # never mark a failed log clean: the next open must recover it
             continue
