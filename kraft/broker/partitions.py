@@ -58,12 +58,17 @@ import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kraft.broker.partition_log import PartitionLog, PartitionLogOpener
+from kraft.broker.segmented_partition_log import (
+    close_partition_logs,
+    sync_recovered_partition_logs,
+)
 from kraft.broker.types import (
     LocalChanges,
     PartitionAssignment,
@@ -262,6 +267,8 @@ class PartitionManager:
         remove the directories of all others, then create what is missing — paced."""
         found, self._found = self._found, {}
         removed = 0
+        opened: list[Partition] = []
+        started = time.monotonic()
         for index, (tp, (log_dir, assignment, role)) in enumerate(sorted(found.items())):
             if index % PARTITIONS_PER_TURN == PARTITIONS_PER_TURN - 1:
                 await asyncio.sleep(0)
@@ -274,9 +281,24 @@ class PartitionManager:
                     self._remove_dir(log_dir, tp)
                     removed += 1
                     continue
-                self._add(Partition(tp, log_dir, self._open_log(log_dir / tp.dir_name), assignment, role))
+                partition = Partition(tp, log_dir, self._open_log(log_dir / tp.dir_name), assignment, role)
+                self._add(partition)
+                opened.append(partition)
             except (OSError, StorageError) as exc:  # KafkaStorageException
                 self._partition_failed(tp, log_dir, exc)
+        # After a crash each log's recovery scan left its newest segment to be fdatasync'ed: all at once,
+        # in parallel, before any partition is led, followed or served.
+        failed = sync_recovered_partition_logs([p.log for p in opened])
+        for partition in opened:
+            error = failed.get(partition.log)
+            if error is not None:
+                self.storage_failed(partition, error)
+        self._log.info(
+            "partition_logs_opened",
+            count=len(opened),
+            duration_ms=round((time.monotonic() - started) * 1000),
+            sync_failures=len(failed),
+        )
         if removed:
             self._log.info("stale_partition_dirs_removed", count=removed)
         applied = await self.apply_paced(self.changes_to(desired))
@@ -419,10 +441,19 @@ class PartitionManager:
         return revocations, grants
 
     def close(self) -> None:
-        for partition in self._partitions.values():
-            partition.notify_appended()
-            partition.log.close()
+        """Close every partition log together (:func:`close_partition_logs`: flush, one sync barrier,
+        then the clean-shutdown markers), not one by one with several fsyncs each."""
+        partitions = list(self._partitions.values())
         self._partitions.clear()
+        for partition in partitions:
+            partition.notify_appended()
+        started = time.monotonic()
+        close_partition_logs([partition.log for partition in partitions])
+        self._log.info(
+            "partition_logs_closed",
+            count=len(partitions),
+            duration_ms=round((time.monotonic() - started) * 1000),
+        )
 
     # --- internals -------------------------------------------------------------------------------
 

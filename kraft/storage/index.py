@@ -7,8 +7,10 @@
   timestamp seen so far in the segment and the last offset of the batch that carried it.
 
 Indexes are held in memory (two int arrays per index) and written to disk whole when a segment is rolled
-or the log is closed; they are not fsynced on the append path because recovery rebuilds any index that is
-missing or fails :meth:`OffsetIndex.is_consistent`.
+or the log is closed — at close only if they changed since they were loaded or last written
+(``persisted``), and without an fsync of their own (one barrier for every log: kraft.storage.log,
+"Closing"); they are not fsynced on the append path because recovery rebuilds any index that is missing
+or fails the load checks.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ def _big_endian_int32s(values: array[int]) -> bytes:
 class OffsetIndex:
     """Relative last offset → position of the batch start; lookups find where to start scanning."""
 
-    __slots__ = ("base_offset", "offsets", "path", "positions")
+    __slots__ = ("base_offset", "offsets", "path", "persisted", "positions")
 
     def __init__(self, path: Path, base_offset: int) -> None:
         self.path = path
         self.base_offset = base_offset
+        self.persisted = False
+        """True while the file holds exactly these entries (loaded or written, unchanged since)."""
         self.offsets: array[int] = array("i")  # relative last offsets, strictly increasing
         self.positions: array[int] = array("i")  # batch start positions, strictly increasing
 
@@ -51,6 +55,7 @@ class OffsetIndex:
     def append(self, last_offset: int, position: int) -> None:
         self.offsets.append(last_offset - self.base_offset)
         self.positions.append(position)
+        self.persisted = False
 
     def lookup(self, offset: int) -> int:
         """A file position at or before the batch holding ``offset`` (0 if no entry is small enough).
@@ -71,12 +76,15 @@ class OffsetIndex:
     def truncate_to_position(self, position: int) -> None:
         """Drop entries for batches starting at or after ``position``."""
         keep = bisect.bisect_left(self.positions, position)
+        if keep < len(self.offsets):
+            self.persisted = False
         del self.offsets[keep:]
         del self.positions[keep:]
 
     def clear(self) -> None:
         del self.offsets[:]
         del self.positions[:]
+        self.persisted = False
 
     def last_entry(self) -> tuple[int, int] | None:
         if not self.offsets:
@@ -106,23 +114,30 @@ class OffsetIndex:
             previous_offset, previous_position = rel, pos
         self.offsets = offsets
         self.positions = positions
+        self.persisted = True
         return True
 
-    def write(self) -> None:
+    def encode(self) -> bytes:
         interleaved = array("i", bytes(8 * len(self.offsets)))
         interleaved[0::2] = self.offsets
         interleaved[1::2] = self.positions
-        atomic_write(self.path, _big_endian_int32s(interleaved))
+        return _big_endian_int32s(interleaved)
+
+    def write(self) -> None:
+        atomic_write(self.path, self.encode())
+        self.persisted = True
 
 
 class TimeIndex:
     """(max timestamp so far, relative last offset) entries; answers "first offset with time >= t"."""
 
-    __slots__ = ("base_offset", "offsets", "path", "timestamps")
+    __slots__ = ("base_offset", "offsets", "path", "persisted", "timestamps")
 
     def __init__(self, path: Path, base_offset: int) -> None:
         self.path = path
         self.base_offset = base_offset
+        self.persisted = False
+        """True while the file holds exactly these entries (loaded or written, unchanged since)."""
         self.timestamps: array[int] = array("q")
         self.offsets: array[int] = array("i")
 
@@ -133,6 +148,7 @@ class TimeIndex:
         if not self.timestamps or max_timestamp > self.timestamps[-1]:
             self.timestamps.append(max_timestamp)
             self.offsets.append(last_offset - self.base_offset)
+            self.persisted = False
 
     def lookup(self, timestamp: int) -> int | None:
         """An offset at or before the first batch whose max timestamp is >= ``timestamp``."""
@@ -145,12 +161,15 @@ class TimeIndex:
 
     def truncate_to_offset(self, next_offset: int) -> None:
         keep = bisect.bisect_left(self.offsets, next_offset - self.base_offset)
+        if keep < len(self.offsets):
+            self.persisted = False
         del self.timestamps[keep:]
         del self.offsets[keep:]
 
     def clear(self) -> None:
         del self.timestamps[:]
         del self.offsets[:]
+        self.persisted = False
 
     def load(self) -> bool:
         self.clear()
@@ -169,8 +188,13 @@ class TimeIndex:
             self.timestamps.append(ts)
             self.offsets.append(rel)
             previous_ts, previous_rel = ts, rel
+        self.persisted = True
         return True
 
-    def write(self) -> None:
+    def encode(self) -> bytes:
         pairs = zip(self.timestamps, self.offsets, strict=True)
-        atomic_write(self.path, b"".join(_TIME_STRUCT.pack(ts, rel) for ts, rel in pairs))
+        return b"".join(_TIME_STRUCT.pack(ts, rel) for ts, rel in pairs)
+
+    def write(self) -> None:
+        atomic_write(self.path, self.encode())
+        self.persisted = True

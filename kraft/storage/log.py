@@ -7,7 +7,7 @@ Directory contents::
     leader-epoch-checkpoint                             epoch → start offset (kraft.storage.epoch_cache)
     recovery-point-offset-checkpoint                    Kafka's format, this log's entry (offset_checkpoint)
     log-start-offset-checkpoint                         Kafka's format, this log's entry
-    .kraft_cleanshutdown                                present only while the log is cleanly closed
+    .kraft_cleanshutdown                                clean or dirty, with the end offset (shutdown_marker)
 
 Offsets: ``start_offset`` ≤ ``flushed_offset`` ≤ ``end_offset`` (``flushed_offset`` may briefly lag
 ``start_offset`` only right after a ``truncate_fully_and_start_at``).  The recovery point ≤
@@ -31,14 +31,17 @@ import os
 import struct
 import threading
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
 from crc32c import crc32c
 
 from kraft.observability.logging import get_logger
+from kraft.storage import shutdown_marker
 from kraft.storage.batch import (
     DEFAULT_MAX_BATCH_BYTES,
     HEADER_SIZE,
@@ -60,17 +63,25 @@ from kraft.storage.errors import (
     OffsetOutOfRangeError,
     StorageStateError,
 )
-from kraft.storage.fileio import atomic_write, fsync_dir
+from kraft.storage.fileio import (
+    SyncBarrier,
+    fdatasync_fd,
+    fdatasync_path,
+    fsync_dir,
+    overwrite_unsynced,
+    replace_unsynced,
+)
 from kraft.storage.offset_checkpoint import (
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
+    offset_checkpoint_bytes,
     read_offset_checkpoint,
     write_offset_checkpoint,
 )
 from kraft.storage.open_files import OpenFileCache
 from kraft.storage.segment import INDEX_SUFFIX, LOG_SUFFIX, PROTECT_ALL, TIMEINDEX_SUFFIX, LogSegment
 
-CLEAN_SHUTDOWN_FILE = ".kraft_cleanshutdown"
+CLEAN_SHUTDOWN_FILE = shutdown_marker.MARKER_FILE
 LEGACY_OFFSETS_CHECKPOINT_FILE = "log-offsets-checkpoint"
 """Before the Kafka-format checkpoints: "0\\n<log start>\\n<recovery point>\\n"; read once, then removed."""
 RECOVERY_POINT_INTERVAL_BYTES = 1 << 20
@@ -102,6 +113,10 @@ class LogConfig:
     """Keep at most this cache's capacity of segment files open (an LRU shared by many logs, reopened on
     use; :mod:`kraft.storage.open_files`); None = every segment keeps its file open.  With a cache, every
     call — :meth:`SegmentedLog.flush` included — must come from one thread."""
+    defer_recovery_sync: bool = False
+    """After a recovery scan, leave the fdatasync of the scanned segments to :func:`sync_recovered_logs`
+    (many logs' syncs at once, in parallel) — or, if it is not called, to the first use of the log.
+    Until then ``flushed_offset`` stays at the recovery point.  The broker opens its partitions so."""
     preallocate_bytes: int = 0
     """Zero-filled space kept ahead of the active segment's data so flushes do not grow the file (see
     :mod:`kraft.storage.segment`); 0 = off.  The metadata log uses :data:`METADATA_LOG_PREALLOCATE_BYTES`."""
@@ -206,6 +221,14 @@ class SegmentedLog:
         self._flushed_offset = 0
         self._recovery_point = 0
         self._dir_dirty = False
+        # The clean-shutdown marker still says "clean" on disk (read so at open): it is rewritten "dirty"
+        # before the first change to the log (:meth:`_settle_marker`), so it never outlives a change.
+        self._marker_says_clean = False
+        # Segments kept by a recovery scan and not fsynced yet (LogConfig.defer_recovery_sync).
+        self._unsynced: list[LogSegment] = []
+        # The offsets the checkpoint files hold (None: unknown), so a close rewrites only what changed.
+        self._checkpointed_start: int | None = None
+        self._checkpointed_recovery: int | None = None
         self._lock = threading.Lock()  # guards the segment list against a concurrent flush()
         self._flush_lock = threading.Lock()
         self._closed = False
@@ -242,13 +265,19 @@ class SegmentedLog:
         return log
 
     def _load(self) -> None:
-        for stray in self.dir.glob("*.tmp"):
-            stray.unlink()
-        bases = sorted(_parse_segment_base(p.name) for p in self.dir.glob(f"*{LOG_SUFFIX}"))
-        self._remove_orphan_indexes(set(bases))
-        marker = self.dir / CLEAN_SHUTDOWN_FILE
-        clean = marker.exists()
-        start_offset, recovery_point = self._read_offsets_checkpoints(clean)
+        # One listing, not a glob per suffix: a broker opens thousands of these directories at start.
+        names = os.listdir(self.dir)
+        for name in names:
+            if name.endswith(".tmp"):
+                (self.dir / name).unlink()
+        bases = sorted(_parse_segment_base(name) for name in names if name.endswith(LOG_SUFFIX))
+        self._remove_orphan_indexes(names, set(bases))
+        marker = shutdown_marker.read(self.dir)
+        clean = marker.clean
+        start_offset, recovery_point = self._read_offsets_checkpoints(clean, bool(bases))
+        if clean:
+            # The marker holds the end offset of the clean close, the recovery point it vouches for.
+            recovery_point = marker.end_offset
         epochs_ok = self._epochs.load()
         first_entry = self._epochs.first_offset
         if epochs_ok and bases and first_entry is not None and first_entry > max(start_offset, bases[0]):
@@ -303,23 +332,62 @@ class SegmentedLog:
         self._start_offset = min(max(start_offset, self._segments[0].base_offset), end)
         epochs_changed |= self._epochs.truncate_from_start(self._start_offset)
         epochs_changed |= self._epochs.truncate_from_end(end)
-        if epochs_changed or not epochs_ok:
+        # A recovery scan re-derives the entries of the segments it scanned: usually the same ones, and
+        # then the file is not rewritten (two fsyncs per partition after every crash).
+        if not epochs_ok or (epochs_changed and self._epochs.entries() != reference):
             self._epochs.save()
-        # Whatever survived recovery may still sit only in the page cache: make it durable now, so the
-        # flushed offset and recovery point can start at the end.
-        for segment in self._segments:
-            segment.dirty = True
-            segment.flush()
-        self._flushed_offset = end
-        if clean:
-            marker.unlink()
+        # What a recovery scan kept may still sit only in the page cache (written by the crashed process):
+        # make it durable now, so the flushed offset can start at the end.  Trusted segments need no sync:
+        # they lie below the recovery point or were synced before the clean-shutdown marker was written.
+        if not clean and first_scanned is not None:
+            self._unsynced = [s for s in self._segments if s.base_offset >= first_scanned]
+        if self._unsynced and not self.config.defer_recovery_sync:
+            self._sync_recovered()
+        # Until the recovered segments are synced (sync_recovered_logs, or the first use of the log),
+        # the recovery point is what is known flushed.
+        self._flushed_offset = end if not self._unsynced else max(min(recovery_point, end), 0)
+        # "Dirty" is written lazily, before the first change (_settle_marker): a clean open syncs nothing.
+        self._marker_says_clean = clean
+        if not marker.exists:
+            # Created once, dirty (creating a file is what costs at close; rewriting it is cheap).  Made
+            # durable by the next directory fsync; if a crash loses it, the log is simply recovered.
+            shutdown_marker.write(self.dir, clean=False, end_offset=-1, sync=False)
             self._dir_dirty = True
         if self._dir_dirty:
             fsync_dir(self.dir)
             self._dir_dirty = False
-        self._recovery_point = end
-        self._write_offsets_checkpoint()
-        (self.dir / LEGACY_OFFSETS_CHECKPOINT_FILE).unlink(missing_ok=True)
+        # After a clean close the recovery point is the end (the marker's); after a crash the one read
+        # stays valid (a lower bound: everything below it is still flushed) and advances with the next
+        # flush.  The checkpoint file is written only when it is unreadable.
+        self._recovery_point = end if clean or recovery_point < 0 else recovery_point
+        if self._checkpointed_recovery is None:
+            self._write_recovery_point()
+        if self._start_offset != self._checkpointed_start:
+            self._write_start_offset()
+        legacy = self.dir / LEGACY_OFFSETS_CHECKPOINT_FILE
+        if legacy.exists():
+            legacy.unlink()
+            fsync_dir(self.dir)
+
+    def _sync_recovered(self) -> None:
+        """fdatasync the segments a recovery scan kept (they may hold a crashed process's page-cache
+        writes); from then on everything up to the end is flushed."""
+        unsynced, self._unsynced = self._unsynced, []
+        try:
+            for segment in unsynced:
+                segment.dirty = True
+                segment.flush()
+        except FatalStorageError as exc:
+            self._failed = exc
+            raise
+        self._flushed_offset = max(self._flushed_offset, self.end_offset)
+
+    def _settle_marker(self) -> None:
+        """Before the first change after a clean open: rewrite the marker "dirty" and fdatasync it, so a
+        crash can never leave a "clean" marker vouching for a log that changed after it was written."""
+        if self._marker_says_clean:
+            shutdown_marker.write(self.dir, clean=False, end_offset=-1, sync=True)
+            self._marker_says_clean = False
 
     def _open_segments(
         self,
@@ -410,19 +478,22 @@ class SegmentedLog:
                 doomed.delete()
             self._dir_dirty = True
 
-    def _remove_orphan_indexes(self, bases: set[int]) -> None:
+    def _remove_orphan_indexes(self, names: list[str], bases: set[int]) -> None:
         for suffix in (INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-            for path in self.dir.glob(f"*{suffix}"):
-                stem = path.name[: -len(suffix)]
+            for name in names:
+                if not name.endswith(suffix):
+                    continue
+                stem = name[: -len(suffix)]
                 if not (len(stem) == 20 and stem.isdigit() and int(stem) in bases):
-                    path.unlink()
+                    (self.dir / name).unlink()
                     self._dir_dirty = True
 
-    def _read_offsets_checkpoints(self, clean: bool) -> tuple[int, int]:
+    def _read_offsets_checkpoints(self, clean: bool, has_segments: bool) -> tuple[int, int]:
         """(log start offset, recovery point); -1 for what is missing or unreadable.  A recovery point of
         -1 makes every segment scanned, with every segment but the newest protected (logged)."""
         start = read_offset_checkpoint(self.dir / LOG_START_OFFSET_FILE)
         recovery = read_offset_checkpoint(self.dir / RECOVERY_POINT_FILE)
+        self._checkpointed_start, self._checkpointed_recovery = start.offset, recovery.offset
         if start.offset is not None and recovery.offset is not None:
             return start.offset, recovery.offset
         legacy = self._read_legacy_offsets_checkpoint()
@@ -431,7 +502,7 @@ class SegmentedLog:
             return start_offset, recovery.offset
         if legacy[1] >= 0:
             return start_offset, legacy[1]
-        if not clean and any(self.dir.glob(f"*{LOG_SUFFIX}")):
+        if not clean and has_segments:
             _log.warning(
                 "recovery_point_unknown",
                 file=str(self.dir / RECOVERY_POINT_FILE),
@@ -458,10 +529,14 @@ class SegmentedLog:
         self._write_recovery_point()
 
     def _write_start_offset(self) -> None:
-        write_offset_checkpoint(self.dir / LOG_START_OFFSET_FILE, self._start_offset)
+        start = self._start_offset
+        write_offset_checkpoint(self.dir / LOG_START_OFFSET_FILE, start)
+        self._checkpointed_start = start
 
     def _write_recovery_point(self, appended: int | None = None) -> None:
-        write_offset_checkpoint(self.dir / RECOVERY_POINT_FILE, self._recovery_point)
+        point = self._recovery_point
+        write_offset_checkpoint(self.dir / RECOVERY_POINT_FILE, point)
+        self._checkpointed_recovery = point
         self._checkpointed_bytes = self._appended_bytes if appended is None else appended
 
     def _segment(self, base_offset: int) -> LogSegment:
@@ -475,6 +550,11 @@ class SegmentedLog:
         if segment.size:
             # A stale file with this name (cannot happen after recovery) must not be appended to.
             raise StorageStateError(f"segment {segment.log_path} already exists with {segment.size} bytes")
+        # Empty index files now, with the segment (made durable with it by the next directory fsync), so
+        # a close only ever rewrites existing files in place: creating a file is what costs there.
+        for index in (segment.index, segment.time_index):
+            overwrite_unsynced(index.path, b"")
+            index.persisted = True
         self._dir_dirty = True
         return segment
 
@@ -490,6 +570,8 @@ class SegmentedLog:
 
     @property
     def flushed_offset(self) -> int:
+        if self._unsynced:
+            self._sync_recovered()
         return self._flushed_offset
 
     @property
@@ -595,6 +677,7 @@ class SegmentedLog:
         return headers
 
     def _write(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
+        self._settle_marker()
         # The epoch checkpoint goes to disk before the batches of a new epoch: recovery relies on it
         # covering every batch (and trims entries beyond the recovered end).
         epochs_changed = False
@@ -645,6 +728,7 @@ class SegmentedLog:
         """Start a new segment at ``end_offset`` now (no-op if the active segment is empty)."""
         self._check_open()
         if self._segments[-1].size:
+            self._settle_marker()
             self._roll(self.end_offset)
 
     # --- durability --------------------------------------------------------------------------------
@@ -788,6 +872,7 @@ class SegmentedLog:
         if offset < self._start_offset:
             self.truncate_fully_and_start_at(offset)
             return self.end_offset
+        self._settle_marker()
         old_end, old_size = self.end_offset, self.size_in_bytes
         # The recovery point must never lie above the log's end on disk (the next open would call the
         # log damaged): lower it durably *before* cutting, to the base of the segment that keeps the end.
@@ -838,6 +923,7 @@ class SegmentedLog:
             raise OffsetOutOfRangeError(f"cannot start the log at {offset}, beyond its end {self.end_offset}")
         if offset <= self._start_offset:
             return 0
+        self._settle_marker()
         deleted = 0
         with self._lock:
             self._start_offset = offset
@@ -858,6 +944,7 @@ class SegmentedLog:
         self._check_open()
         if offset < 0:
             raise InvalidAppendError(f"log cannot start at negative offset {offset}")
+        self._settle_marker()
         # As in truncate_to: a crash after the deletion must not find a recovery point above the log.
         safe = min(self._recovery_point, self._start_offset, offset)
         if self._recovery_point > safe:
@@ -890,30 +977,62 @@ class SegmentedLog:
     # --- closing -----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Flush, persist indexes and checkpoints, then write the clean-shutdown marker."""
-        if self._closed:
-            return
-        if self._failed is not None:
-            self.abandon()  # never mark a failed log clean: the next open must recover it
-            return
-        self.flush()
+        """Flush, persist what changed, then write the clean-shutdown marker (:func:`close_logs`)."""
+        close_logs([self])
+
+    # The phases of close_logs, one log at a time.
+
+    def _close_flush_jobs(self) -> tuple[list[LogSegment], bool]:
+        """Phase 1, on the caller's thread: trim preallocated tails, return the dirty segments to sync
+        and whether the directory needs an fsync (segments created since the last flush)."""
         for segment in self._segments:
             segment.trim()
-            segment.write_indexes()
+        return [s for s in self._segments if s.dirty], self._dir_dirty
+
+    def _close_write_metadata(self, barrier: SyncBarrier) -> None:
+        """Phase 2: write (unsynced) the indexes and checkpoints that changed; the barrier syncs them."""
+        self._dir_dirty = False
+        self._flushed_offset = self.end_offset
+        for segment in self._segments:
+            for index in (segment.index, segment.time_index):
+                if not index.persisted:
+                    # In place (no new file: creating one is the expensive part): a crash before the
+                    # barrier may leave it torn, and indexes are checked when loaded and when used.
+                    overwrite_unsynced(index.path, index.encode())
+                    index.persisted = True
+                    barrier.add(index.path)
         self._recovery_point = self.end_offset
-        self._write_offsets_checkpoint()
-        atomic_write(self.dir / CLEAN_SHUTDOWN_FILE, b"")
+        if self._checkpointed_recovery != self._recovery_point:
+            # In place too: one write of a few bytes after O_TRUNC leaves, after a crash, the old file,
+            # an empty or zero-filled one, a prefix or the new one — and the reader accepts only a
+            # complete file (exact lines, final newline), so the worst case is "unknown", never a wrong
+            # value.  Phase 1 synced the data it covers, so it never runs ahead of the log.
+            path = self.dir / RECOVERY_POINT_FILE
+            overwrite_unsynced(path, offset_checkpoint_bytes(path, self._recovery_point))
+            self._checkpointed_recovery = self._recovery_point
+            barrier.add(path)
+        if self._checkpointed_start != self._start_offset:
+            path = self.dir / LOG_START_OFFSET_FILE
+            replace_unsynced(path, offset_checkpoint_bytes(path, self._start_offset))
+            self._checkpointed_start = self._start_offset
+            barrier.add(path)
+
+    def _close_files(self) -> None:
         for segment in self._segments:
             segment.close()
         self._closed = True
 
     def abandon(self) -> None:
         """Close the files without flushing or marking a clean shutdown (tests: simulate a crash)."""
+        if self._closed:
+            return
         for segment in self._segments:
             segment.close()
         self._closed = True
 
     def _check_open(self) -> None:
+        if self._unsynced and self._failed is None and not self._closed:
+            self._sync_recovered()  # every use of the log comes after the deferred sync
         if self._failed is not None:
             raise FatalStorageError(
                 f"log {self.dir} failed earlier and must not be used: {self._failed.message}"
@@ -926,6 +1045,153 @@ class SegmentedLog:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+CLOSE_SYNC_THREADS = 16
+"""Threads that fdatasync dirty segments at close: concurrent syncs share the filesystem's journal
+commits and keep the device's queue full, where one-by-one they pay a full round trip each."""
+
+
+def close_logs(logs: Sequence[SegmentedLog], *, sync_threads: int = CLOSE_SYNC_THREADS) -> None:
+    """Close ``logs`` cleanly with a few syncs in all, instead of several fsyncs per log.
+
+    The phases, each finished for every log before the next starts (the order is what makes a crash at
+    any point safe; docs/internals/storage.md, "Clean shutdown"):
+
+    1. **data**: every segment written since its last flush is fdatasync'ed (in parallel, through the
+       descriptor that wrote it, so a writeback error is reported), new segments' directories fsynced;
+    2. **metadata**: the indexes and offset checkpoints that changed are written by rename *without* an
+       fsync each, then one barrier (``syncfs`` per filesystem for many logs; :class:`SyncBarrier`) makes
+       them durable.  A crash here leaves no marker: the next open recovers, verifying or rebuilding
+       these files — and a recovery point on disk never runs ahead of data, which phase 1 already synced;
+    3. **markers**: only then each log's ``.kraft_cleanshutdown`` is created, and a second barrier makes
+       the markers durable (a marker lost to a crash only costs a recovery).
+
+    A log that failed before, or whose phase-1 sync fails, is closed without a marker (abandoned) while
+    the others proceed; the first error is raised at the end.  A failed barrier leaves every log of that
+    call without a marker."""
+    errors: list[FatalStorageError] = []
+    live: list[SegmentedLog] = []
+    for log in logs:
+        if log._closed:
+            continue
+        with log._flush_lock:
+            pass  # a flush still running in a worker thread finishes first (as close() always waited)
+        if log._failed is not None:
+            log.abandon()  # never mark a failed log clean: the next open must recover it
+            continue
+        live.append(log)
+    # Phase 1: data.
+    syncs: list[tuple[SegmentedLog, LogSegment]] = []
+    dir_syncs: list[SegmentedLog] = []
+    ready: list[SegmentedLog] = []
+    for log in live:
+        try:
+            dirty, dir_dirty = log._close_flush_jobs()
+        except FatalStorageError as exc:
+            log._failed = exc
+            errors.append(exc)
+            log.abandon()
+            continue
+        syncs.extend((log, segment) for segment in dirty)
+        if dir_dirty:
+            dir_syncs.append(log)
+        ready.append(log)
+    failed = _sync_in_parallel(syncs, dir_syncs, sync_threads)
+    for log, error in failed.items():
+        log._failed = error
+        errors.append(error)
+        log.abandon()
+    ready = [log for log in ready if log not in failed]
+    if ready:
+        try:
+            # Phase 2: changed metadata, one barrier.
+            with SyncBarrier([log.dir for log in ready]) as barrier:
+                for log in ready:
+                    log._close_write_metadata(barrier)
+                barrier.sync()
+            # Phase 3: the markers, vouching only for what phases 1 and 2 made durable.
+            with SyncBarrier([log.dir for log in ready]) as barrier:
+                for log in ready:
+                    marker = shutdown_marker.write(log.dir, clean=True, end_offset=log.end_offset, sync=False)
+                    barrier.add(marker)
+                barrier.sync()
+        except FatalStorageError as exc:
+            errors.append(exc)
+            for log in ready:
+                log._failed = exc
+                log.abandon()
+            ready = []
+    for log in ready:
+        log._close_files()
+    if errors:
+        raise errors[0]
+
+
+def sync_recovered_logs(
+    logs: Sequence[SegmentedLog], *, sync_threads: int = CLOSE_SYNC_THREADS
+) -> dict[SegmentedLog, FatalStorageError]:
+    """The deferred fdatasyncs of freshly opened logs (``LogConfig.defer_recovery_sync``), in parallel:
+    after a crash every partition's newest segment is scanned, and one sync after another took most of
+    a broker's start.  Returns the logs whose sync failed (they refuse every further use) → the error."""
+    # By path, each on its own short-lived descriptor: thousands of segments may not all be open at once
+    # (the open-file cache), and fdatasync reaches a file's pages whichever descriptor wrote them.
+    jobs = [
+        (log, partial(fdatasync_path, segment.log_path))
+        for log in logs
+        if log._failed is None
+        for segment in log._unsynced
+    ]
+    failed = _run_in_parallel(jobs, sync_threads)
+    for log in logs:
+        if not log._unsynced:
+            continue
+        log._unsynced = []
+        error = failed.get(log)
+        if error is not None:
+            log._failed = error
+        else:
+            log._flushed_offset = max(log._flushed_offset, log.end_offset)
+    return failed
+
+
+def _sync_in_parallel(
+    syncs: Sequence[tuple[SegmentedLog, LogSegment]], dir_syncs: Sequence[SegmentedLog], threads: int
+) -> dict[SegmentedLog, FatalStorageError]:
+    """fdatasync the given segments and fsync the given logs' directories, ``threads`` at a time; the
+    logs whose sync failed → the error.  The descriptors are taken here, on the caller's thread (the
+    open-file cache is single-threaded; a dirty segment's descriptor is always open)."""
+    jobs: list[tuple[SegmentedLog, Callable[[], None]]] = []
+    for log, segment in syncs:
+        segment.dirty = False
+        fd = segment.file_descriptor()
+        jobs.append((log, partial(fdatasync_fd, fd, str(segment.log_path))))
+    for log in dir_syncs:
+        jobs.append((log, partial(fsync_dir, log.dir)))
+    return _run_in_parallel(jobs, threads)
+
+
+def _run_in_parallel(
+    jobs: Sequence[tuple[SegmentedLog, Callable[[], None]]], threads: int
+) -> dict[SegmentedLog, FatalStorageError]:
+    failed: dict[SegmentedLog, FatalStorageError] = {}
+
+    def run(job: tuple[SegmentedLog, Callable[[], None]]) -> FatalStorageError | None:
+        try:
+            job[1]()
+        except FatalStorageError as exc:
+            return exc
+        return None
+
+    if len(jobs) <= 1 or threads <= 1:
+        results = [run(job) for job in jobs]
+    else:
+        with ThreadPoolExecutor(max_workers=min(threads, len(jobs)), thread_name_prefix="log-sync") as pool:
+            results = list(pool.map(run, jobs))
+    for (log, _job), error in zip(jobs, results, strict=True):
+        if error is not None and log not in failed:
+            failed[log] = error
+    return failed
 
 
 __all__ = [
@@ -941,5 +1207,7 @@ __all__ = [
     "ReadResult",
     "SegmentInfo",
     "SegmentedLog",
+    "close_logs",
     "partition_dir_name",
+    "sync_recovered_logs",
 ]

@@ -39,10 +39,15 @@ def topic_partition_of(directory: Path) -> tuple[str, int]:
     return directory.name, 0
 
 
+def offset_checkpoint_bytes(path: Path, offset: int) -> bytes:
+    """The content of the checkpoint at ``path`` (its directory names the entry) holding ``offset``."""
+    topic, partition = topic_partition_of(path.parent)
+    return f"{_VERSION}\n1\n{topic} {partition} {offset}\n".encode("ascii")
+
+
 def write_offset_checkpoint(path: Path, offset: int) -> None:
     """Atomically (temp, fsync, rename, dir fsync) replace ``path`` with this log's single entry."""
-    topic, partition = topic_partition_of(path.parent)
-    atomic_write(path, f"{_VERSION}\n1\n{topic} {partition} {offset}\n".encode("ascii"))
+    atomic_write(path, offset_checkpoint_bytes(path, offset))
 
 
 def read_offset_checkpoint(path: Path) -> CheckpointRead:

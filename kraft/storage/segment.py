@@ -143,6 +143,10 @@ class LogSegment:
             files.opened(self)
         return fd
 
+    def file_descriptor(self) -> int:
+        """The open descriptor (reopened if the open-file cache closed it), for a sync elsewhere."""
+        return self._file()
+
     def release_file(self) -> None:
         """Close the descriptor for the open-file cache (flushed first if written since the last flush:
         never leave unflushed data behind a closed descriptor)."""

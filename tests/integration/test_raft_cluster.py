@@ -14,6 +14,7 @@ import pytest
 from kraft.client.channel import open_blocking_channel
 from kraft.cluster.quorum import ControllerQuorum, QuorumFactory, run_kraft, wait_until
 from kraft.errors import ErrorCode
+from kraft.storage import shutdown_marker
 from kraft.storage.meta_properties import MetaProperties, write_meta_properties
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -187,7 +188,7 @@ def test_graceful_shutdown_of_the_leader_hands_over_fast(quorum_factory: QuorumF
     handover_s = time.monotonic() - started
     assert node.wait_exit(20) == 0
     assert handover_s < 4.0, f"handover took {handover_s:.2f} s"
-    assert (node.metadata_dir / "__cluster_metadata-0" / ".kraft_cleanshutdown").exists()
+    assert shutdown_marker.read(node.metadata_dir / "__cluster_metadata-0").clean
 
     quorum.restart(first.node_id)
     _append_batches(quorum, 1)

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
+import threading
 from pathlib import Path
 
 import pytest
 from broker_fakes import MemoryLogOpener, MemoryPartitionLog
 
 from kraft.broker.partitions import PARTITIONS_PER_TURN, AllLogDirsOfflineError, PartitionManager
-from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
+from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmented_log_opener
+from kraft.broker.types import LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
+from kraft.storage import shutdown_marker
 
 ME = 1
 
@@ -92,3 +96,42 @@ async def test_no_log_dir_left_is_fatal(tmp_path: Path) -> None:
     manager.load()
     with pytest.raises(AllLogDirsOfflineError, match="every log dir is offline"):
         manager.apply(LocalChanges(leaders={TopicPartition("t", 0): assignment()}))
+
+
+async def test_segmented_logs_restart_after_a_crash_with_one_parallel_sync_pass_then_close_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opener = segmented_log_opener(1 << 20)
+    first = PartitionManager(ME, [tmp_path / "logs"], opener)
+    first.load()
+    tps = [TopicPartition("t", p) for p in range(4)]
+    first.apply(LocalChanges(leaders={tp: assignment() for tp in tps}))
+    for partition in first.partitions():
+        partition.log.append_records([ProducedRecord(b"k", b"v", 0)], leader_epoch=0)
+        partition.log.flush()
+        partition.log.append_records([ProducedRecord(b"k", b"unflushed", 0)], leader_epoch=0)
+    for partition in first.partitions():  # kill -9: no close, no marker
+        log = partition.log
+        assert isinstance(log, SegmentedPartitionLog)
+        log._log.abandon()
+
+    synced_in: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced_in.append(threading.current_thread().name)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    again = PartitionManager(ME, [tmp_path / "logs"], opener)
+    assert again.scan() == 4
+    await again.open_to({tp: assignment() for tp in tps})
+    # Each recovered newest segment synced once, by the parallel pass, before anything used the logs.
+    assert len(synced_in) == 4
+    assert all(name.startswith("log-sync") for name in synced_in)
+    for partition in again.partitions():
+        assert partition.log.flushed_offset == partition.log.log_end_offset == 2
+    monkeypatch.undo()
+    again.close()
+    for tp in tps:
+        assert shutdown_marker.read(tmp_path / "logs" / tp.dir_name).clean

@@ -17,6 +17,7 @@ from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode, StartupError, check_storage, peer_addresses, raft_config
 from kraft.observability.health import RAFT_SERVICE, HealthStatus, check_health
 from kraft.raft.grpc_test_service import chain_digest
+from kraft.storage import shutdown_marker
 from kraft.storage.ids import random_uuid
 from kraft.storage.log import CLEAN_SHUTDOWN_FILE, METADATA_LOG_DIR_NAME
 from kraft.storage.meta_properties import format_log_dir
@@ -116,6 +117,7 @@ async def test_a_one_voter_node_commits_test_appends_and_stops_cleanly(tmp_path:
     finally:
         await node.stop(timeout_ms=2000)
     assert (tmp_path / "meta" / METADATA_LOG_DIR_NAME / CLEAN_SHUTDOWN_FILE).exists()
+    assert shutdown_marker.read(tmp_path / "meta" / METADATA_LOG_DIR_NAME).clean
 
 
 async def test_the_test_service_is_not_served_unless_enabled(tmp_path: Path) -> None:

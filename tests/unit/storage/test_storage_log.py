@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_helpers import LogModel, scan_batches
 
+from kraft.storage import shutdown_marker
 from kraft.storage.batch import build_batch, iter_batches, peek_batch_header
 from kraft.storage.epoch_cache import LeaderEpochCache
 from kraft.storage.errors import (
@@ -158,7 +159,7 @@ def test_failed_fsync_is_fatal_and_never_retried(tmp_path: Path, monkeypatch: py
         log.append_records([(None, b"x")], leader_epoch=1, timestamp_ms=0)
     assert log.flushed_offset == 0
     log.close()  # a failed log is never marked clean: the next open recovers it
-    assert not (tmp_path / "p-0" / CLEAN_SHUTDOWN_FILE).exists()
+    assert not shutdown_marker.read(tmp_path / "p-0").clean
 
 
 def test_flush_may_run_in_a_worker_thread_while_appends_continue(tmp_path: Path) -> None:
@@ -245,17 +246,24 @@ def test_truncate_fully_and_start_at_restarts_an_empty_log(tmp_path: Path) -> No
         assert (log.start_offset, log.end_offset, log.epoch_entries()) == (1000, 1001, [(9, 1000)])
 
 
-def test_clean_shutdown_marker_exists_only_while_closed(tmp_path: Path) -> None:
+def test_clean_shutdown_marker_says_clean_only_while_closed_and_unchanged(tmp_path: Path) -> None:
     directory = tmp_path / "p-0"
     log = SegmentedLog.open(directory, SMALL)
-    assert not (directory / CLEAN_SHUTDOWN_FILE).exists()
+    assert (directory / CLEAN_SHUTDOWN_FILE).exists()  # created once, dirty
+    assert not shutdown_marker.read(directory).clean
     _fill(log, 3)
     log.close()
-    assert (directory / CLEAN_SHUTDOWN_FILE).exists()
+    assert shutdown_marker.read(directory) == (True, 6, True)
     log = SegmentedLog.open(directory, SMALL)
-    assert not (directory / CLEAN_SHUTDOWN_FILE).exists()
-    assert log.end_offset == 6
+    # Still clean on disk while nothing changed (a clean open syncs nothing) ...
+    assert shutdown_marker.read(directory).clean
+    assert log.read(0, 1 << 20).next_offset > 0
+    # ... and dirty, durably, before the first change.
+    _fill(log, 1)
+    assert not shutdown_marker.read(directory).clean
+    assert log.end_offset == 8
     log.close()
+    assert shutdown_marker.read(directory) == (True, 8, True)
 
 
 def test_missing_epoch_checkpoint_is_rebuilt_from_the_segments(tmp_path: Path) -> None:
