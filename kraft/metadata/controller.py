@@ -87,7 +87,7 @@ from kraft.metadata.isr_changes import alter_partition
 from kraft.metadata.request_limits import RequestLimits, check_create_topics
 from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
-from kraft.metadata.store_writer import StoreWriter
+from kraft.metadata.store_writer import FatalReporter, StoreWriter
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics, StageRecorder
@@ -164,8 +164,11 @@ class QuorumController:
         *,
         clock: Clock,
         new_topic_id: Callable[[], str] | None = None,
+        on_fatal: FatalReporter | None = None,
     ) -> None:
-        """``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default."""
+        """``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default.
+        ``on_fatal`` (the node's ``Supervisor.fail``) is told when the image store or a snapshot cannot be
+        written (fail-stop, issue #14)."""
         self.raft = raft
         self.node_id = raft.node_id
         self.cluster_id = cluster_id
@@ -218,7 +221,9 @@ class QuorumController:
             log=log,
         )
         self.noops = IdleNoOps(state, self.writes, self.timers, interval_ms=options.noop_interval_ms)
-        self.store = StoreWriter(store_path, self.timers, lambda: state.committed, metrics=metrics, log=log)
+        self.store = StoreWriter(
+            store_path, self.timers, lambda: state.committed, metrics=metrics, log=log, on_fatal=on_fatal
+        )
         self.snapshotter = Snapshotter(
             raft,
             clock,
@@ -226,6 +231,7 @@ class QuorumController:
             interval_ms=options.snapshot_interval_ms,
             metrics=metrics,
             log=log,
+            on_fatal=on_fatal,
         )
         self.fetches = FetchServer(
             state,

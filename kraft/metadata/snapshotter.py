@@ -1,6 +1,12 @@
 """Snapshotter: a Raft snapshot of the committed image every ``snapshot_max_bytes`` bytes of committed
 records or every ``snapshot_interval_ms`` (checked at each commit); Raft may then delete the log below it.
-At most one snapshot is written at a time, in its own task, yielding every ``YIELD_EVERY_RECORDS``."""
+At most one snapshot is written at a time, in its own task, yielding every ``YIELD_EVERY_RECORDS``.
+
+Fail-stop (issue #14, as Kafka's controller treats a snapshot generation fault): a snapshot that cannot be
+written for a storage failure (``ENOSPC``, an I/O error on the ``.checkpoint`` file) is reported to
+``on_fatal`` — one ``event=fatal reason=snapshot_write_failed …`` line, exit 70.  Without ``on_fatal``
+(unit tests, the simulation), and for any other error (a snapshot id Raft no longer accepts), it is
+logged (``snapshot_failed``) and the next due snapshot tries again."""
 
 from __future__ import annotations
 
@@ -10,9 +16,14 @@ from kraft.clock import Clock
 from kraft.metadata.controller_state import YIELD_EVERY_RECORDS
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_values
+from kraft.metadata.store import is_storage_failure
+from kraft.metadata.store_writer import FatalReporter
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.api import RaftClient, RaftError
+
+SNAPSHOT_FATAL = "snapshot_write_failed"
+"""The ``reason=`` of the fatal line when a metadata snapshot cannot be written."""
 
 
 class Snapshotter:
@@ -25,8 +36,10 @@ class Snapshotter:
         interval_ms: int,
         metrics: ControllerMetrics,
         log: StructLogger,
+        on_fatal: FatalReporter | None = None,
     ) -> None:
         self._raft = raft
+        self._on_fatal = on_fatal
         self._clock = clock
         self._max_bytes = max_bytes
         self._interval_ms = interval_ms
@@ -75,7 +88,16 @@ class Snapshotter:
             snapshot_id = await writer.freeze()
             self._log.info("snapshot_written", end_offset=snapshot_id.end_offset, epoch=snapshot_id.epoch)
         except Exception as exc:
-            self._metrics.metadata_errors.inc()
-            self._log.error("snapshot_failed", end_offset=image.offset + 1, error=str(exc))
+            self._failed(image, exc)
         finally:
-            await writer.close()
+            try:
+                await writer.close()
+            except Exception as exc:  # deleting the unfinished file failed: the disk is failing too
+                self._failed(image, exc)
+
+    def _failed(self, image: MetadataImage, error: Exception) -> None:
+        self._metrics.metadata_errors.inc()
+        if self._on_fatal is not None and is_storage_failure(error):
+            self._on_fatal(SNAPSHOT_FATAL, error, end_offset=image.offset + 1)
+        else:
+            self._log.error("snapshot_failed", end_offset=image.offset + 1, error=str(error))

@@ -37,7 +37,9 @@ line, every row deleted — and the image is rebuilt from the log (the controlle
 the broker's fetch from the controller). A store *ahead* of the log (an offset the log never committed) is
 discarded by the caller, which knows the log: :meth:`SqliteImageStore.discard_file` before opening
 (controller: at or above its local log end), or saving the empty image (broker: at or above the controller's
-high watermark).
+high watermark). A storage failure (:func:`is_storage_failure`: disk full, I/O error) is never a reason to
+discard: :meth:`SqliteImageStore.open` and :meth:`SqliteImageStore.load` raise it, and the controller
+fail-stops on it (:mod:`kraft.metadata.store_writer`).
 """
 
 from __future__ import annotations
@@ -123,6 +125,34 @@ IMAGE_STORE_FILE = "metadata-image.sqlite"
 
 class ImageStoreError(Exception):
     """The store file is unusable (newer schema, corrupt)."""
+
+
+_STORAGE_ERROR_CODES = frozenset(
+    {sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY}
+)
+
+
+def is_storage_failure(error: BaseException) -> bool:
+    """True when ``error`` says the disk failed (an OSError, SQLite's I/O error, disk full, cannot open,
+    read-only) rather than that the file holds something unusable: deleting the store fixes the latter,
+    never the former (and discarding a good cache on a full disk only hides why the node must stop)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:  # the cause chain: a wrapped OSError counts
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return True
+        code = getattr(current, "sqlite_errorcode", None)
+        if isinstance(current, sqlite3.Error) and code is not None and code & 0xFF in _STORAGE_ERROR_CODES:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def storage_error_fields(error: BaseException) -> dict[str, object]:
+    """``sqlite_error=SQLITE_FULL`` (the primary result code's name) for a fatal line, when known."""
+    name = getattr(error, "sqlite_errorname", None)
+    return {} if not isinstance(error, sqlite3.Error) or not name else {"sqlite_error": name}
 
 
 _MASK64 = (1 << 64) - 1
@@ -303,6 +333,8 @@ class SqliteImageStore:
         try:
             return await cls._open(path, clock)
         except (sqlite3.DatabaseError, ValueError) as exc:
+            if is_storage_failure(exc):
+                raise  # a full or failing disk: the file may be fine, and a new one would fail the same way
             # Not a database any more (damaged, truncated, overwritten): a cache, so start it afresh.
             cls.discard_file(path, f"unreadable: {type(exc).__name__}: {exc}")
             return await cls._open(path, clock)
@@ -359,6 +391,8 @@ class SqliteImageStore:
         try:
             return await self._load_verified()
         except (ImageStoreError, sqlite3.Error, ValueError, KeyError, TypeError) as exc:
+            if is_storage_failure(exc):
+                raise
             reason = (
                 str(exc) if isinstance(exc, ImageStoreError) else f"unreadable: {type(exc).__name__}: {exc}"
             )

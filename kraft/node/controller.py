@@ -20,7 +20,8 @@ server still answers, then stops the server, closes the transport and the storag
 Fail-stop (issue #14): with a :class:`~kraft.node.supervisor.Supervisor` (``run_controller`` always passes
 one), a Raft driver failure (write/fsync error, ENOSPC, impossible state), committed data the metadata
 layer cannot load or apply, an exception in any watched task (leadership watcher, gRPC server, the
-controller's own tasks) ends the process: one ``event=fatal reason=…`` line, :meth:`ControllerNode.abort`
+controller's own tasks), an image store or snapshot that cannot be written, a start hook that fails after
+Raft started, ends the process: one ``event=fatal reason=…`` line, :meth:`ControllerNode.abort`
 (crash-like: the log is not closed, so no clean-shutdown marker is written over storage that failed),
 exit status 70.
 """
@@ -610,7 +611,15 @@ async def run_controller(config: NodeConfig) -> None:
     # Handlers stay until the loop closes: a second SIGTERM during shutdown must not kill the process.
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, node.request_stop)
-    await node.start()
+    try:
+        await node.start()
+    except StartupError:
+        raise  # nothing runs yet: one `error:` line, exit 1
+    except Exception as exc:
+        # A start hook failed with Raft and the server already running (the image store cannot be opened
+        # on a full disk): fatal like the same error a second later — a component that knows why reported
+        # it first (image_store_write_failed), anything else is start_failed; never a traceback and exit 1.
+        supervisor.fail("start_failed", exc)
     failure = await supervisor.wait(node.wait_stop_requested())
     if failure is not None:
         await supervisor.fail_stop(node.abort)

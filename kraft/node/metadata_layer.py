@@ -90,6 +90,7 @@ class MetadataLayer:
             options_from_config(node.config),
             store_path=image_store_path(node.config),
             clock=SystemClock(),
+            on_fatal=None if node.supervisor is None else node.supervisor.fail,
         )
         await controller.start()
         self.controller = controller
