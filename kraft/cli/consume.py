@@ -15,7 +15,6 @@ from typing import Annotated
 
 import typer
 
-from kraft.broker.service import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from kraft.cli.common import (
     ClusterDirOption,
     CommandConfigOption,
@@ -27,7 +26,7 @@ from kraft.cli.common import (
     require_bootstrap,
     run_async,
 )
-from kraft.client.broker import BrokerClient
+from kraft.client.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerClient
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 

@@ -19,7 +19,10 @@ from typer._click import Context
 import kraft.cli.main as cli_main
 
 # The modules that register command groups or single commands (kraft.cli.common & co are helpers).
-COMMAND_MODULES = {f"kraft.cli.{entry.module}" for entry in cli_main.ENTRIES} | {"kraft.cli.metadata_shell"}
+COMMAND_MODULES = {f"kraft.cli.{entry.module}" for entry in cli_main.ENTRIES} | {
+    "kraft.cli.metadata_shell",
+    "kraft.cli.broker_start",
+}
 
 
 def _imported_after(argv: list[str]) -> tuple[int, set[str]]:
@@ -45,11 +48,23 @@ def test_root_help_imports_no_command_module_and_no_grpc() -> None:
     assert {"grpc", "cryptography", "pydantic", "kraft.cli.common"} & modules == set()
 
 
-def test_a_command_imports_its_own_group_only() -> None:
-    rc, modules = _imported_after(["topic", "list", "--help"])
+@pytest.mark.parametrize(
+    ("argv", "own", "not_needed"),
+    [
+        # `kraft cluster`'s local-cluster machinery is no business of `topic list`.
+        (["topic", "list", "--help"], {"kraft.cli.topic"}, "kraft.cluster.manager"),
+        # consume is a client: the broker's server side stays unimported.
+        (["consume", "--help"], {"kraft.cli.consume"}, "kraft.broker.service"),
+        # `broker start` imports the broker node when it runs, not when `broker list` does.
+        (["broker", "list", "--help"], {"kraft.cli.broker", "kraft.cli.broker_start"}, "kraft.node.broker"),
+    ],
+    ids=["topic", "consume", "broker"],
+)
+def test_a_command_imports_its_own_group_only(argv: list[str], own: set[str], not_needed: str) -> None:
+    rc, modules = _imported_after(argv)
     assert rc == 0
-    assert modules & COMMAND_MODULES == {"kraft.cli.topic"}
-    assert "kraft.cluster.manager" not in modules  # the local-cluster machinery of `kraft cluster`
+    assert modules & COMMAND_MODULES == own
+    assert not_needed not in modules
 
 
 def test_metadata_group_still_carries_the_shell() -> None:
