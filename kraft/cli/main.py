@@ -155,8 +155,9 @@ class LazyCommands(MutableMapping[str, Command]):
         self._loaded[name] = command
 
     def __delitem__(self, name: str) -> None:
-        self._entries.pop(name, None)
-        del self._loaded[name]
+        if self._entries.pop(name, None) is None and name not in self._loaded:
+            raise KeyError(name)
+        self._loaded.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
         yield from self._entries
