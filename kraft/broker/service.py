@@ -40,6 +40,7 @@ from kraft.broker.partitions import Partition, PartitionManager, is_storage_fail
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.status import BrokerStatus
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
+from kraft.client.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES, DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
 from kraft.grpc_errors import grpc_status_for
@@ -58,8 +59,6 @@ DEFAULT_GRPC_MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # grpc.max.message.bytes defa
 RECORD_WIRE_OVERHEAD = 64
 TOPIC_MAX_MESSAGE_BYTES = "max.message.bytes"
 BROKER_MESSAGE_MAX_BYTES = "message.max.bytes"  # dynamic: kraft config alter --entity-type brokers
-EARLIEST_TIMESTAMP = -2
-LATEST_TIMESTAMP = -1
 DEFAULT_FETCH_MAX_BYTES = 1 << 20
 MAX_FETCH_WAIT_MS = 10_000
 _NO_EPOCH_CHECK = -1

@@ -55,6 +55,14 @@ OptionalBootstrapControllerOption = Annotated[
         show_default=False,
     ),
 ]
+OptionalBootstrapServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--bootstrap-server",
+        help="Broker endpoint(s): host:port[,host:port…] (default: the brokers of --cluster-dir).",
+        show_default=False,
+    ),
+]
 ClusterDirOption = Annotated[
     Path | None,
     typer.Option(
@@ -324,6 +332,30 @@ class WaitSpinner:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def require_bootstrap(bootstrap: str | None, cluster_dir: Path | None, *, brokers: bool = False) -> str:
+    """:func:`bootstrap_from` for a command whose bootstrap list was a required option: neither it nor
+    ``--cluster-dir`` given is a usage error of that command, as the missing option was."""
+    if not bootstrap and cluster_dir is None:
+        from typer._click.exceptions import UsageError
+        from typer._click.globals import get_current_context
+
+        option = "--bootstrap-server" if brokers else "--bootstrap-controller"
+        raise UsageError(
+            f"Missing option '{option}' (or --cluster-dir, or KRAFT_CLUSTER_DIR)",
+            ctx=get_current_context(silent=True),
+        )
+    return bootstrap_from(bootstrap, cluster_dir, brokers=brokers)
+
+
+def timeout_seconds(timeout_s: float | None, timeout_ms: int | None, default_s: float) -> float:
+    """The wait of a command that takes both ``--timeout`` (seconds) and its older ``--timeout-ms``."""
+    if timeout_s is not None and timeout_ms is not None:
+        raise CliError("give --timeout (seconds) or --timeout-ms, not both")
+    if timeout_s is not None:
+        return timeout_s
+    return timeout_ms / 1000.0 if timeout_ms is not None else default_s
 
 
 def bootstrap_from(bootstrap: str | None, cluster_dir: Path | None, *, brokers: bool = False) -> str:

@@ -15,17 +15,18 @@ from typing import Annotated
 
 import typer
 
-from kraft.broker.service import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from kraft.cli.common import (
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapServerOption,
     WaitSpinner,
     handle_errors,
     parse_bootstrap,
+    require_bootstrap,
     run_async,
 )
-from kraft.cli.produce import BootstrapServerOption
-from kraft.client.broker import BrokerClient
+from kraft.client.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerClient
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 
@@ -34,8 +35,9 @@ _POLL_WAIT_MS = 500
 
 @handle_errors
 def consume_command(
-    bootstrap_server: BootstrapServerOption,
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic name.", show_default=False)],
+    bootstrap_server: OptionalBootstrapServerOption = None,
+    cluster_dir: ClusterDirOption = None,
     partition: Annotated[int, typer.Option("--partition", "-p", min=0, help="Partition index.")] = 0,
     offset: Annotated[int | None, typer.Option("--offset", min=0, help="First offset to read.")] = None,
     from_beginning: Annotated[
@@ -72,7 +74,8 @@ def consume_command(
     """
     if offset is not None and from_beginning:
         raise KraftError(ErrorCode.INVALID_REQUEST, "--offset and --from-beginning exclude each other")
-    targets = [hp.target for hp in parse_bootstrap(bootstrap_server, "--bootstrap-server")]
+    bootstrap = require_bootstrap(bootstrap_server, cluster_dir, brokers=True)
+    targets = [hp.target for hp in parse_bootstrap(bootstrap, "--bootstrap-server")]
     start = offset if offset is not None else (EARLIEST_TIMESTAMP if from_beginning else LATEST_TIMESTAMP)
     with WaitSpinner(f"waiting for records of {topic}-{partition}…") as spinner:
         printed, first_position = run_async(

@@ -15,12 +15,15 @@ from typing import Annotated
 import typer
 
 from kraft.cli.common import (
+    ClusterDirOption,
     CommandConfigOption,
     JsonOption,
+    OptionalBootstrapServerOption,
     WaitSpinner,
     handle_errors,
     parse_bootstrap,
     print_json,
+    require_bootstrap,
     run_async,
 )
 from kraft.client.broker import BrokerClient
@@ -35,20 +38,12 @@ class AcksOption(enum.StrEnum):
 
 ACKS_VALUES = {AcksOption.ALL: -1, AcksOption.LEADER: 1, AcksOption.NONE: 0}
 
-BootstrapServerOption = Annotated[
-    str,
-    typer.Option(
-        "--bootstrap-server",
-        help="Broker endpoint(s): host:port[,host:port…]; leaders are found through Metadata.",
-        show_default=False,
-    ),
-]
-
 
 @handle_errors
 def produce_command(
-    bootstrap_server: BootstrapServerOption,
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic name.", show_default=False)],
+    bootstrap_server: OptionalBootstrapServerOption = None,
+    cluster_dir: ClusterDirOption = None,
     partition: Annotated[int, typer.Option("--partition", "-p", min=0, help="Partition index.")] = 0,
     value: Annotated[
         list[str] | None,
@@ -91,10 +86,12 @@ def produce_command(
       kraft produce --bootstrap-server localhost:9092 -t orders -k k1 -v x --json
     """
     acks_value = ACKS_VALUES[acks]
+    # The bootstrap list first: without one, reading stdin would wait for input that goes nowhere.
+    bootstrap = require_bootstrap(bootstrap_server, cluster_dir, brokers=True)
+    targets = [hp.target for hp in parse_bootstrap(bootstrap, "--bootstrap-server")]
     values = list(value) if value else [line.rstrip("\n") for line in sys.stdin]
     if not values:
         raise KraftError(ErrorCode.INVALID_REQUEST, "nothing to produce: give --value or lines on stdin")
-    targets = [hp.target for hp in parse_bootstrap(bootstrap_server, "--bootstrap-server")]
     key_bytes = None if key is None else key.encode()
     payload = [(key_bytes, v.encode()) for v in values]
     where = f"{topic}-{partition}"

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from kraft.cli.common import (
-    BootstrapControllerOption,
     CliError,
     ClusterDirOption,
     CommandConfigOption,
@@ -22,6 +21,8 @@ from kraft.cli.common import (
     print_json,
     print_key_values,
     print_table,
+    require_bootstrap,
+    timeout_seconds,
 )
 from kraft.client.quorum import (
     controller_targets,
@@ -36,6 +37,16 @@ from kraft.errors import KraftError
 from kraft.storage.ids import parse_uuid
 
 app = typer.Typer(no_args_is_help=True, help="Describe the controller quorum; add and remove controllers.")
+
+_DESCRIBE_TIMEOUT_S = 10.0
+_CHANGE_TIMEOUT_S = 30.0
+
+_TimeoutSecondsOption = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout", min=0.1, help="Seconds to wait (as the other commands' --timeout).", show_default=False
+    ),
+]
 
 _PROBE_TIMEOUT_S = 2.0
 """Per controller, when each is asked for its peer problems (all at once)."""
@@ -61,15 +72,22 @@ def describe_command(
         bool, typer.Option("--replication", help="One row per voter and observer.")
     ] = False,
     as_json: JsonOption = False,
+    timeout: _TimeoutSecondsOption = None,
     timeout_ms: Annotated[
-        int, typer.Option("--timeout-ms", min=100, help="Give up finding the leader after this long.")
-    ] = 10_000,
+        int | None,
+        typer.Option(
+            "--timeout-ms",
+            min=100,
+            help="Give up finding the leader after this long (default 10000; --timeout in ms).",
+            show_default=False,
+        ),
+    ] = None,
     command_config: CommandConfigOption = None,
 ) -> None:
     """Describe the quorum as its leader sees it (kafka-metadata-quorum.sh).
 
     Any controller works: a non-leader's answer redirects to the leader.
-    Waits up to --timeout-ms for a leader, with a spinner on a terminal.
+    Waits up to --timeout seconds (or --timeout-ms) for a leader, with a spinner on a terminal.
 
     Examples:
 
@@ -81,11 +99,12 @@ def describe_command(
     """
     if status == replication:
         raise CliError("give exactly one of --status or --replication")
+    timeout_s = timeout_seconds(timeout, timeout_ms, _DESCRIBE_TIMEOUT_S)
     bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
     targets = [endpoint.target for endpoint in parse_bootstrap(bootstrap)]
     try:
         with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
-            response = describe_quorum(targets, timeout_s=timeout_ms / 1000.0)
+            response = describe_quorum(targets, timeout_s=timeout_s)
     except KraftError as exc:
         # No leader: what the controllers say about their peers is usually why (wrong voter ports, a
         # data dir of another cluster).
@@ -147,8 +166,14 @@ def _describe_replica(replica: dict[str, object]) -> str:
     return " ".join([text, *(str(e) for e in endpoints)])
 
 
-_TimeoutOption = Annotated[
-    int, typer.Option("--timeout-ms", min=100, help="Give up if the change has not committed by then.")
+_TimeoutMsOption = Annotated[
+    int | None,
+    typer.Option(
+        "--timeout-ms",
+        min=100,
+        help="Give up if the change has not committed by then (default 30000; --timeout in ms).",
+        show_default=False,
+    ),
 ]
 
 
@@ -161,7 +186,6 @@ def _record_at(offset: int | None) -> str:
 @app.command("add-controller")
 @handle_errors
 def add_controller_command(
-    bootstrap_controller: BootstrapControllerOption,
     command_config: Annotated[
         Path,
         typer.Option(
@@ -170,7 +194,10 @@ def add_controller_command(
             show_default=False,
         ),
     ],
-    timeout_ms: _TimeoutOption = 30_000,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: _TimeoutSecondsOption = None,
+    timeout_ms: _TimeoutMsOption = None,
 ) -> None:
     """Add a running controller to the voters (KIP-853, kafka-metadata-quorum.sh add-controller).
 
@@ -180,18 +207,20 @@ def add_controller_command(
     Example:
 
       kraft quorum add-controller --bootstrap-controller h1:9093 --command-config controller-2.properties
+
+      kraft quorum add-controller --cluster-dir /tmp/c --command-config c-2.properties --timeout 60
     """
+    timeout_s = timeout_seconds(timeout, timeout_ms, _CHANGE_TIMEOUT_S)
+    targets = [e.target for e in parse_bootstrap(require_bootstrap(bootstrap_controller, cluster_dir))]
     joiner = joining_controller(command_config)
-    targets = [e.target for e in parse_bootstrap(bootstrap_controller)]
     with WaitSpinner(f"adding controller {joiner.node_id} (waits for it to catch up)…"):
-        offset = add_joining_controller(targets, joiner, timeout_ms / 1000.0)
+        offset = add_joining_controller(targets, joiner, timeout_s)
     typer.echo(f"Added {joiner.describe()} ({_record_at(offset)})")
 
 
 @app.command("remove-controller")
 @handle_errors
 def remove_controller_command(
-    bootstrap_controller: BootstrapControllerOption,
     controller_id: Annotated[int, typer.Option("--controller-id", min=0, help="The voter's node id.")],
     controller_directory_id: Annotated[
         str,
@@ -201,7 +230,10 @@ def remove_controller_command(
             show_default=False,
         ),
     ],
-    timeout_ms: _TimeoutOption = 30_000,
+    bootstrap_controller: OptionalBootstrapControllerOption = None,
+    cluster_dir: ClusterDirOption = None,
+    timeout: _TimeoutSecondsOption = None,
+    timeout_ms: _TimeoutMsOption = None,
     command_config: CommandConfigOption = None,
 ) -> None:
     """Remove a voter (KIP-853, kafka-metadata-quorum.sh remove-controller); a leader removing itself
@@ -212,6 +244,9 @@ def remove_controller_command(
       kraft quorum remove-controller --bootstrap-controller h1:9093 --controller-id 3 \\
         --controller-directory-id 8xCd4lEkRcOvtdUSbkVc2g
 
+      kraft quorum remove-controller --cluster-dir /tmp/c --controller-id 3 \\
+        --controller-directory-id 8xCd4lEkRcOvtdUSbkVc2g --timeout 60
+
     On a TLS quorum ``--command-config`` must name a controller's certificate (ssl.keystore.*): voter
     changes, like every Raft RPC that moves the quorum, are taken only from controllers.
     """
@@ -219,9 +254,10 @@ def remove_controller_command(
         parse_uuid(controller_directory_id)
     except ValueError as exc:
         raise CliError(f"--controller-directory-id: {exc}") from None
-    targets = [e.target for e in parse_bootstrap(bootstrap_controller)]
+    timeout_s = timeout_seconds(timeout, timeout_ms, _CHANGE_TIMEOUT_S)
+    targets = [e.target for e in parse_bootstrap(require_bootstrap(bootstrap_controller, cluster_dir))]
     with WaitSpinner(f"removing controller {controller_id}…"):
-        offset = remove_controller(targets, controller_id, controller_directory_id, timeout_ms / 1000.0)
+        offset = remove_controller(targets, controller_id, controller_directory_id, timeout_s)
     typer.echo(
         f"Removed controller {controller_id} with directory id {controller_directory_id} "
         f"({_record_at(offset)})"

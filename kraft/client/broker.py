@@ -35,6 +35,11 @@ from kraft.v1 import broker_pb2_grpc
 if TYPE_CHECKING:
     from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
+# ListOffsetsRequest.timestamp sentinels (Kafka's ListOffsets): the earliest / the latest offset.  The
+# broker's service uses these names too; they live here so that `kraft consume` need not import it.
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+
 RETRIABLE = frozenset(
     {
         ErrorCode.NOT_LEADER_OR_FOLLOWER,
