@@ -23,8 +23,10 @@ children it spawns inherit the environment.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import itertools
 import os
+import signal
 import sys
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from typing import Any, TypeVar
@@ -170,8 +172,18 @@ def run_server(main: Coroutine[Any, Any, T]) -> T:
     except RuntimeChoiceError:
         main.close()  # never started: do not leave a "coroutine was never awaited" warning behind
         raise
+    enable_stack_dumps()
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
+
+
+def enable_stack_dumps() -> None:
+    """``kill -USR2 <pid>`` writes every thread's Python stack to the node's stderr (its log), like a
+    JVM's thread dump: the way to see where a node that stopped answering is stuck.  faulthandler does
+    it from C, so it works while the event loop or the GIL holder is stuck; the node goes on running.
+    The cluster manager sends it to a node that ignores SIGTERM before it sends SIGKILL."""
+    if hasattr(signal, "SIGUSR2"):
+        faulthandler.register(signal.SIGUSR2, all_threads=True, chain=False)
 
 
 def running_loop_name() -> str:

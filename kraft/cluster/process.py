@@ -191,6 +191,10 @@ class NodeProcess:
             return "not running"
         outcome = "stopped"
         if not self._wait_gone(pid, timeout_s):
+            # A node that ignored SIGTERM is stuck: its stacks (runtime.enable_stack_dumps) go to its
+            # log first, so the kill leaves a record of where.
+            self._signal(pid, signal.SIGUSR2)
+            self._wait_gone(pid, 0.5)
             self._signal(pid, signal.SIGKILL)
             outcome = "killed"
             if not self._wait_gone(pid, 5.0):

@@ -153,3 +153,23 @@ def test_a_node_logs_grpc_errors_only_and_other_commands_nothing() -> None:
     assert configure_grpc_logging(["kraft", "cluster", "up"], operator) == "debug"
     assert configure_grpc_logging(node, dict(operator)) == "debug"
     assert operator == {"GRPC_VERBOSITY": "debug"}
+
+
+def test_sigusr2_dumps_every_threads_stack_to_stderr_and_the_node_goes_on() -> None:
+    """``kill -USR2`` on a node: where every thread is, in its log, without stopping it (a node stuck in
+    a deadlock gets this from the cluster manager before SIGKILL)."""
+    script = (
+        "import os, signal, threading, time\n"
+        "from kraft.runtime import enable_stack_dumps\n"
+        "enable_stack_dumps()\n"
+        "def parked_in_a_thread(): time.sleep(2)\n"
+        "threading.Thread(target=parked_in_a_thread, daemon=True).start()\n"
+        "time.sleep(0.1)\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"
+        "print('still running')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "still running"
+    assert "parked_in_a_thread" in done.stderr and "Current thread" in done.stderr
