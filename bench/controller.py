@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.stages import CpuWindow, MeteredQuorum, scrape, summarise
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -279,11 +278,9 @@ async def cluster_benchmarks(
     brokers = brokers or (200 if quick else 1000)
     partitions = partitions or (20_000 if quick else 100_000)
     idle_s = 10.0 if quick else 30.0
-    metered = MeteredQuorum(base, overrides=PROFILE, test_append=False)
-    with metered as quorum:
+    with ControllerQuorum(base, overrides=PROFILE, test_append=False) as quorum:
         quorum.start()
-        leader = quorum.wait_for_leader(timeout_s=60)
-        leader_metrics = metered.metrics_ports[leader.leader_id]
+        quorum.wait_for_leader(timeout_s=60)
         targets = [node.target for node in quorum.nodes.values()]
         async with AdminClient(targets, timeout_s=300, clock=SystemClock()) as client:
             # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
@@ -295,12 +292,8 @@ async def cluster_benchmarks(
             try:
                 results: dict[str, Any] = {}
                 results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
-                one_before = await scrape(leader_metrics)
                 results["admin_ops_one_client"] = await admin_ops(
                     client, 5.0 if quick else 10.0, workers=1, prefix="admin-one"
-                )
-                results["admin_one_client_stages"] = summarise(
-                    one_before, await scrape(leader_metrics), ("CreateTopics", "create-topics")
                 )
                 # The bulk requests are built now: building 100,000 assignments takes the harness's own
                 # event loop for a second, which would show up as heartbeat latency in the bulk window.
@@ -329,10 +322,6 @@ async def cluster_benchmarks(
                 idle_start = time.monotonic()
                 await asyncio.sleep(idle_s)
                 idle_end = time.monotonic()
-                stages_before = await scrape(leader_metrics)
-                bulk_wall_start = time.time()
-                cpu = CpuWindow({n: p.pid for n, p in quorum.nodes.items() if p.pid is not None})
-                cpu.begin()
                 before = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
 
                 start = time.monotonic()
@@ -351,9 +340,6 @@ async def cluster_benchmarks(
                 )
                 shutdown_s = time.monotonic() - start
                 bulk_end = time.monotonic()
-                results["cpu_during_bulk"] = cpu.end(leader.leader_id)
-                stages_after = await scrape(leader_metrics)
-                results["bulk_wall_clock"] = [round(bulk_wall_start, 3), round(time.time(), 3)]
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
@@ -385,19 +371,6 @@ async def cluster_benchmarks(
                 and not fleet.fenced_after_unfence,
                 "meets_target_during_bulk": fleet.window(idle_end, bulk_end)["p99_ms"] <= 50,
             }
-            # Where the heartbeats' time went on the active controller during the bulk phase.
-            results["heartbeat_stages_during_bulk"] = summarise(
-                stages_before,
-                stages_after,
-                (
-                    "BrokerHeartbeat",
-                    "broker-heartbeat",
-                    "CreateTopics",
-                    "create-topics",
-                    "ShutdownBroker",
-                    "bulk-slice",
-                ),
-            )
             # A Raft leader change during the bulk phase shows up as a newer controller epoch.
             results["controller_epochs"] = {
                 "before_bulk": before.controller_epoch,

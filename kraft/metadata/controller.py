@@ -90,7 +90,7 @@ from kraft.metadata.snapshotter import Snapshotter
 from kraft.metadata.store_writer import FatalReporter, StoreWriter
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
-from kraft.observability.metrics import ControllerMetrics, StageRecorder
+from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient
 from kraft.raft.messages import NO_LEADER
 from kraft.v1 import common_pb2
@@ -198,7 +198,6 @@ class QuorumController:
             on_not_leader=self._deactivate,
             log=log,
             max_uncommitted_records=options.max_uncommitted_bulk_records,
-            stages=StageRecorder(self.node_id),
         )
         self.activation = Activation(
             state,

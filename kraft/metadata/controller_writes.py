@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
@@ -26,7 +25,6 @@ from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
-from kraft.observability.metrics import StageRecorder
 from kraft.raft.api import CommittedBatch, NotLeaderError, RaftClient
 from kraft.raft.messages import NO_LEADER
 from kraft.v1 import metadata_pb2 as pb
@@ -58,7 +56,6 @@ class WritePath:
         on_not_leader: Callable[[int], None],
         log: StructLogger,
         max_uncommitted_records: int = MAX_UNCOMMITTED_RECORDS,
-        stages: StageRecorder | None = None,
     ) -> None:
         self._state = state
         self._raft = raft
@@ -80,17 +77,10 @@ class WritePath:
         """(first offset, values) of each append whose image is in ``_own_images``, in offset order."""
         self.resignations: list[asyncio.Task[None]] = []
         self._max_uncommitted = max_uncommitted_records
-        self._stages = stages
-        self.queue = ControllerEventQueue(self._observe_event if stages is not None else None)
+        self.queue = ControllerEventQueue()
         """Every computation on the logic runs as an event here (see event_queue.py)."""
         self._driver: asyncio.Task[int] | None = None
         self._driver_logic: ControllerLogic | None = None
-
-    def _observe_event(self, name: str, queued_s: float, ran_s: float) -> None:
-        stages = self._stages
-        assert stages is not None
-        stages.observe(name, "queue_wait", queued_s)
-        stages.observe(name, "event", ran_s)
 
     # ---- appends ----
 
@@ -154,18 +144,6 @@ class WritePath:
         TimeoutError when the records did not commit within the commit timeout (outcome unknown too).
         """
         outcome, last, logic = await self.queue.run(priority, name, lambda: self._run_event(build))
-        ran = time.perf_counter()
-        try:
-            return await self._committed(outcome, last, logic, wait_for_jobs)
-        finally:
-            if self._stages is not None:
-                # commit_wait: its own records; dependency_wait: none, only earlier writes it depends on
-                stage = "commit_wait" if last is not None else "dependency_wait"
-                self._stages.observe(name, stage, time.perf_counter() - ran)
-
-    async def _committed(
-        self, outcome: Outcome[R], last: int | None, logic: ControllerLogic, wait_for_jobs: bool
-    ) -> R:
         if last is not None:
             try:
                 if logic.has_bulk_jobs():

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ class _Event:
     name: str
     run: Callable[[], Any]
     future: asyncio.Future[Any]
-    submitted: float
 
 
 class EventQueueClosedError(Exception):
@@ -57,9 +55,7 @@ class EventQueueClosedError(Exception):
 
 
 class ControllerEventQueue:
-    def __init__(self, observe: Callable[[str, float, float], None] | None = None) -> None:
-        self._observe = observe
-        """Called after each event with its name, seconds queued and seconds run (stage metrics)."""
+    def __init__(self) -> None:
         self._lanes: tuple[deque[_Event], deque[_Event]] = (deque(), deque())
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -79,7 +75,7 @@ class ControllerEventQueue:
         if self._closed:
             future.set_exception(EventQueueClosedError(f"event queue closed ({name})"))
             return future
-        self._lanes[priority].append(_Event(priority, name, run, future, time.perf_counter()))
+        self._lanes[priority].append(_Event(priority, name, run, future))
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name="controller-event-queue")
         wakeup, self._wakeup = self._wakeup, None
@@ -88,38 +84,13 @@ class ControllerEventQueue:
         return future
 
     async def run(self, priority: EventPriority, name: str, run: Callable[[], T]) -> T:
-        """Submit and wait for the result.
-
-        An urgent event with no other urgent event queued runs at once, in the caller's task: every event
-        is a synchronous function on this one loop, so none is half-run while the caller runs, and the
-        order is what the queue would give (it would run next, before every normal event).  That saves the
-        loop turns of handing it to the runner task and the result back — each as long as whatever else
-        runs in that turn (a bulk slice, a commit's replay) — which is most of a heartbeat's latency
-        under bulk work (docs/internals/raft-performance.md, "Where a heartbeat's time goes").
-        """
-        if priority == EventPriority.URGENT and not self._lanes[EventPriority.URGENT] and not self._closed:
-            return self._run_inline(name, run)
+        """Submit and wait for the result."""
         future = self.submit(priority, name, run)
         try:
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the runner skips it
             raise
-
-    def _run_inline(self, name: str, run: Callable[[], T]) -> T:
-        started = time.perf_counter()
-        try:
-            return run()
-        finally:
-            self._record(name)
-            if self._observe is not None:
-                self._observe(name, 0.0, time.perf_counter() - started)
-
-    def _record(self, name: str) -> None:
-        processed = self.processed
-        processed.append(name)
-        if len(processed) > self.history_limit:
-            del processed[: len(processed) - self.history_limit]
 
     def _pop(self) -> _Event | None:
         for lane in self._lanes:
@@ -137,16 +108,16 @@ class ControllerEventQueue:
                 self._wakeup = asyncio.get_running_loop().create_future()
                 await self._wakeup
                 continue
-            started = time.perf_counter()
             try:
                 result = event.run()
             except Exception as exc:  # the caller's error (KraftError, NotControllerError, ...)
                 event.future.set_exception(exc)
             else:
                 event.future.set_result(result)
-            if self._observe is not None:
-                self._observe(event.name, started - event.submitted, time.perf_counter() - started)
-            self._record(event.name)
+            processed = self.processed
+            processed.append(event.name)
+            if len(processed) > self.history_limit:
+                del processed[: len(processed) - self.history_limit]
             urgent_run = urgent_run + 1 if event.priority == EventPriority.URGENT else URGENT_BURST
             if urgent_run >= URGENT_BURST:
                 urgent_run = 0

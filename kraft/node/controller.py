@@ -50,7 +50,7 @@ from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.node.voter_endpoint import VoterEndpointUpdater
 from kraft.observability.health import RAFT_SERVICE, HealthReporter
 from kraft.observability.logging import get_logger
-from kraft.observability.metrics import MetricsServer, StageRecorder, start_metrics_server
+from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
@@ -90,12 +90,6 @@ SHUTDOWN_TIMEOUT_MS = 5000
 STOP_HOOK_TIMEOUT_S = 5.0
 # Room for the protobuf envelope around a Fetch response's record bytes.
 _FETCH_ENVELOPE_BYTES = 64 * 1024
-
-
-# Started in the intake hop's own callback on the main loop (kraft.node.intake.start_eagerly): a broker's
-# session must not wait an extra turn of a busy loop.  Their handlers (kraft/metadata/service.py →
-# QuorumController) need no current task in their first step — no asyncio.timeout, no current_task.
-EAGER_METHODS = frozenset({"BrokerHeartbeat", "RegisterBroker"})
 
 
 class StartupError(Exception):
@@ -435,12 +429,7 @@ class ControllerNode:
         if cfg.controller_request_intake_thread:
             intake = self._intake = IntakeLoop()
             intake.start()
-            hop = HopInterceptor(
-                asyncio.get_running_loop(),
-                intake.loop,
-                StageRecorder(cfg.node_id),
-                eager_methods=EAGER_METHODS,
-            )
+            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])

@@ -25,14 +25,12 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
 
-from kraft.observability.metrics import StageRecorder
 from kraft.runtime import check_choices
 
 T = TypeVar("T")
@@ -79,102 +77,10 @@ class _Abort(Exception):
         self.code, self.details, self.trailing_metadata = code, details, trailing_metadata
 
 
-async def _hop(coro: Awaitable[T], loop: asyncio.AbstractEventLoop, eager: bool = False) -> T:
-    """Await ``coro`` on ``loop`` from the current loop; cancelling the waiter cancels it there.  With
-    ``eager`` its first step runs in the callback that receives it (:func:`start_eagerly`)."""
-    future: concurrent.futures.Future[T] = (
-        start_eagerly(coro, loop) if eager else asyncio.run_coroutine_threadsafe(_as_coro(coro), loop)
-    )
+async def _hop(coro: Awaitable[T], loop: asyncio.AbstractEventLoop) -> T:
+    """Await ``coro`` on ``loop`` from the current loop; cancelling the waiter cancels it there."""
+    future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(_as_coro(coro), loop)
     return await asyncio.wrap_future(future)
-
-
-def start_eagerly(coro: Awaitable[T], loop: asyncio.AbstractEventLoop) -> concurrent.futures.Future[T]:
-    """Like ``run_coroutine_threadsafe``, but the coroutine's first step runs in the callback itself
-    rather than in a task's first step one loop turn later (Python 3.12's eager tasks, by hand for 3.11).
-    A coroutine that finishes without suspending — a heartbeat that changes nothing — thus costs the
-    loop one turn, not two; one that suspends goes on as a task.  Each turn of a busy main loop is as
-    long as everything else ready in it, which is most of a heartbeat's latency under bulk work.
-
-    The first step runs outside any task: only for handlers that need no current task there (no
-    ``asyncio.timeout``, ``asyncio.current_task``) — see ``HopInterceptor(eager_methods=...)``.
-    """
-    future: concurrent.futures.Future[T] = concurrent.futures.Future()
-    steps = _as_coro(coro)
-
-    def start() -> None:
-        if future.cancelled():  # the call ended before it got here: never run it
-            steps.close()
-            if inspect.iscoroutine(coro):
-                coro.close()
-            return
-        try:
-            yielded = steps.send(None)
-        except StopIteration as done:
-            _settle(future, done.value, None)
-            return
-        except BaseException as exc:
-            _settle(future, None, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        task = loop.create_task(_resume(steps, yielded))
-        task.add_done_callback(lambda t: _settle_from_task(future, t))
-        future.add_done_callback(lambda f: loop.call_soon_threadsafe(task.cancel) if f.cancelled() else None)
-
-    loop.call_soon_threadsafe(start)
-    return future
-
-
-def _settle(future: concurrent.futures.Future[T], value: Any, exc: BaseException | None) -> None:
-    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
-
-
-def _settle_from_task(future: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
-    if task.cancelled():
-        future.cancel()
-    else:
-        exc = task.exception()
-        _settle(future, None if exc is not None else task.result(), exc)
-
-
-class _Resumed:
-    """Awaitable that goes on with a coroutine whose first step ran outside any task: it hands the task
-    what the coroutine last yielded (a future to wait for, or None for a bare yield) and, once the task
-    resumes, resumes the coroutine — what the task would have done with the coroutine itself."""
-
-    __slots__ = ("_coro", "_yielded")
-
-    def __init__(self, coro: Coroutine[Any, Any, T], yielded: Any) -> None:
-        self._coro = coro
-        self._yielded = yielded
-
-    def __await__(self) -> Any:
-        coro, yielded = self._coro, self._yielded
-        while True:
-            try:
-                yield yielded
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # thrown in by the task (a cancellation)
-                try:
-                    yielded = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    yielded = coro.send(None)
-                except StopIteration as done:
-                    return done.value
-
-
-async def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
-    result: T = await _Resumed(coro, yielded)
-    return result
 
 
 async def _as_coro(awaitable: Awaitable[T]) -> T:
@@ -234,19 +140,9 @@ class _RequestsFromIntake:
 class HopInterceptor(_ServerInterceptor):
     """Runs every handler of the server on ``main`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        main: asyncio.AbstractEventLoop,
-        intake: asyncio.AbstractEventLoop,
-        stages: StageRecorder | None = None,
-        eager_methods: frozenset[str] = frozenset(),
-    ) -> None:
+    def __init__(self, main: asyncio.AbstractEventLoop, intake: asyncio.AbstractEventLoop) -> None:
         self._main = main
         self._intake = intake
-        self._stages = stages
-        self._eager_methods = eager_methods
-        """Unary methods whose handlers start in the hop's own callback (:func:`start_eagerly`)."""
-        """Where unary calls' hop_in / handler / hop_out / total times go (per method)."""
 
     async def intercept_service(
         self,
@@ -257,9 +153,8 @@ class HopInterceptor(_ServerInterceptor):
         if handler is None:
             return handler
         if handler.unary_unary is not None:
-            method = handler_call_details.method.rpartition("/")[2]
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary, method=method, eager=method in self._eager_methods),
+                self._unary(handler.unary_unary),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -286,50 +181,15 @@ class HopInterceptor(_ServerInterceptor):
         main_context = MainLoopContext(context, self._intake)
         return (_RequestsFromIntake(request, self._intake) if stream_in else request), main_context
 
-    def _unary(
-        self,
-        behavior: Callable[..., Any],
-        stream_in: bool = False,
-        method: str | None = None,
-        eager: bool = False,
-    ) -> Callable[..., Any]:
-        stages = self._stages if method is not None else None
-
+    def _unary(self, behavior: Callable[..., Any], stream_in: bool = False) -> Callable[..., Any]:
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             inputs = self._inputs(request, context, stream_in)
             try:
-                return await _hop(behavior(*inputs), self._main, eager)
+                return await _hop(behavior(*inputs), self._main)
             except _Abort as abort:
                 await context.abort(abort.code, abort.details, abort.trailing_metadata)
 
-        if stages is None or method is None:
-            return handle
-
-        async def timed(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            start = time.perf_counter()
-            marks = [start, start]  # on the main loop: handler start, handler end
-
-            async def on_main() -> Any:
-                marks[0] = time.perf_counter()
-                try:
-                    return await behavior(*inputs)
-                finally:
-                    marks[1] = time.perf_counter()
-
-            inputs = self._inputs(request, context, stream_in)
-            try:
-                return await _hop(on_main(), self._main, eager)
-            except _Abort as abort:
-                await context.abort(abort.code, abort.details, abort.trailing_metadata)
-            finally:
-                end = time.perf_counter()
-                if marks[1] > start:
-                    stages.observe(method, "hop_in", marks[0] - start)
-                    stages.observe(method, "handler", marks[1] - marks[0])
-                    stages.observe(method, "hop_out", end - marks[1])
-                stages.observe(method, "total", end - start)
-
-        return timed
+        return handle
 
     def _streaming(self, behavior: Callable[..., Any], stream_in: bool) -> Callable[..., Any]:
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:

@@ -66,52 +66,6 @@ RAFT_POLL_IDLE_SECONDS = Counter(
     "kraft_raft_poll_idle_seconds", "Time the Raft driver spent idle waiting for work", _NODE
 )
 
-# --- Request stages (where a request's time goes on a controller; docs/internals/raft-performance.md) ---
-_STAGE_BUCKETS: Final = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-)
-REQUEST_STAGE_SECONDS = Histogram(
-    "kraft_request_stage_seconds",
-    "Time a request spends in each stage on this node: hop_in (intake thread to the main loop), "
-    "handler (all of its main-loop time), hop_out (back to the intake thread), total (intake handler "
-    "entry to answer); controller events also queue_wait (event queue), event (logic + append), and "
-    "commit_wait (its own records) or dependency_wait (no records: earlier writes it depends on)",
-    (*_NODE, "request", "stage"),
-    buckets=_STAGE_BUCKETS,
-)
-
-
-class StageRecorder:
-    """Observes stage durations into :data:`REQUEST_STAGE_SECONDS`, children bound once per (request,
-    stage).  Thread-safe: the intake thread and the main loop both record."""
-
-    __slots__ = ("_bound", "_node")
-
-    def __init__(self, node: int | str) -> None:
-        self._node = str(node)
-        self._bound: dict[tuple[str, str], Histogram] = {}
-
-    def observe(self, request: str, stage: str, seconds: float) -> None:
-        child = self._bound.get((request, stage))
-        if child is None:
-            child = self._bound[(request, stage)] = REQUEST_STAGE_SECONDS.labels(self._node, request, stage)
-        child.observe(seconds)
-
-
 # --- Controller (Kafka: kafka.controller:type=KafkaController) ---
 CONTROLLER_ACTIVE_CONTROLLER_COUNT = Gauge(
     "kraft_controller_active_controller_count", "1 on the active controller, 0 elsewhere", _NODE

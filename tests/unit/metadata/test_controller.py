@@ -663,45 +663,6 @@ async def test_a_heartbeat_is_answered_while_a_sliced_controlled_shutdown_is_in_
         await controller.stop()
 
 
-async def test_a_heartbeat_that_changes_nothing_is_answered_without_a_loop_turn_during_bulk_work() -> None:
-    """A controlled shutdown is in progress (commits held, its next slice queued behind the pacing); a
-    heartbeat of another broker runs as an urgent event at once in its own task and, appending nothing
-    and depending only on committed records, completes in the coroutine's first step: no loop turn for
-    the event-queue runner or a commit, so a long turn elsewhere cannot delay it."""
-    options = ControllerOptions(
-        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4, max_uncommitted_bulk_records=4
-    )
-    raft, controller = await started(options)
-    try:
-        raft.elect()
-        await until(lambda: controller.is_active)
-        epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
-        topic = cpb.CreatableTopic(name="led-by-1")
-        for p in range(40):
-            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
-        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
-        raft.hold_commits = True
-        shutdown = asyncio.create_task(
-            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1))
-        )
-        await settle()
-        assert not shutdown.done() and controller.logic is not None and controller.logic.has_bulk_jobs()
-        beat = controller.broker_heartbeat(
-            cpb.BrokerHeartbeatRequest(
-                cluster_id=CLUSTER, broker_id=2, broker_epoch=epochs[2], current_metadata_offset=epochs[2]
-            )
-        )
-        with pytest.raises(StopIteration) as done:
-            beat.send(None)  # one step: it must not suspend
-        answer = done.value.value
-        assert answer.error_code == ErrorCode.NONE and not answer.is_fenced
-        assert controller.writes.queue.processed[-1] == "broker-heartbeat"
-        raft.release()
-        assert (await asyncio.wait_for(shutdown, 5)).leaderships_remaining == 0
-    finally:
-        await controller.stop()
-
-
 async def test_a_heartbeat_queued_behind_bulk_requests_runs_before_them() -> None:
     """Two big CreateTopics parts and a ShutdownBroker reach the event queue before a heartbeat in the
     same loop turn; the heartbeat (urgent lane) is computed first, the bulk work after it, in order."""

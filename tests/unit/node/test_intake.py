@@ -14,8 +14,7 @@ import grpc.aio
 import pytest
 
 from kraft.netutil import free_port
-from kraft.node.intake import HopInterceptor, IntakeLoop, start_eagerly
-from kraft.observability.metrics import StageRecorder
+from kraft.node.intake import HopInterceptor, IntakeLoop
 
 SERVICE = "test.Intake"
 
@@ -72,18 +71,12 @@ def _server(handlers: Handlers, port: int, interceptors: list[Any]) -> grpc.aio.
     return server
 
 
-@pytest.mark.parametrize("eager", [False, True], ids=["task", "eager"])
-async def test_handlers_run_on_the_main_loop_and_answer_through_the_intake_thread(eager: bool) -> None:
+async def test_handlers_run_on_the_main_loop_and_answer_through_the_intake_thread() -> None:
     handlers = Handlers()
     port = free_port()
     intake = IntakeLoop(name="test-intake")
     intake.start()
-    hop = HopInterceptor(
-        asyncio.get_running_loop(),
-        intake.loop,
-        StageRecorder("intake-test"),
-        eager_methods=frozenset({"Echo", "Refuse", "Hang"} if eager else ()),
-    )
+    hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
 
     async def start() -> grpc.aio.Server:
         server = _server(handlers, port, [hop])
@@ -120,68 +113,3 @@ async def test_handlers_run_on_the_main_loop_and_answer_through_the_intake_threa
         await intake.run(server.stop(grace=0))
         intake.close()
     assert not intake.loop.is_running()
-
-
-async def test_an_eager_start_runs_the_first_step_in_the_hops_callback() -> None:
-    """start_eagerly: a coroutine that does not suspend is done after the one callback; one that suspends
-    (on a future, on a bare yield) goes on as a task with its result or exception; the loop runs no task
-    for the first step."""
-    loop = asyncio.get_running_loop()
-    steps: list[str] = []
-
-    async def quick() -> str:
-        steps.append("quick")
-        return "done"
-
-    future = start_eagerly(quick(), loop)
-    await asyncio.sleep(0)  # the call_soon_threadsafe callback runs in this turn
-    assert future.done() and future.result() == "done" and steps == ["quick"]
-
-    gate: asyncio.Future[str] = loop.create_future()
-
-    async def waits() -> str:
-        steps.append("before")
-        value = await gate
-        await asyncio.sleep(0)  # a bare yield after the first step
-        steps.append("after")
-        return value + "!"
-
-    future = start_eagerly(waits(), loop)
-    await asyncio.sleep(0)
-    assert steps[-1] == "before" and not future.done()
-    gate.set_result("opened")
-    assert await asyncio.wrap_future(future) == "opened!" and steps[-1] == "after"
-
-    async def fails() -> None:
-        await asyncio.sleep(0)
-        raise ValueError("stale epoch")
-
-    with pytest.raises(ValueError, match="stale epoch"):
-        await asyncio.wrap_future(start_eagerly(fails(), loop))
-
-
-async def test_cancelling_an_eagerly_started_call_cancels_its_task() -> None:
-    loop = asyncio.get_running_loop()
-    cancelled = asyncio.Event()
-
-    async def hangs() -> None:
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
-    future = start_eagerly(hangs(), loop)
-    await asyncio.sleep(0)
-    assert future.cancel()
-    await asyncio.wait_for(cancelled.wait(), 5)
-
-    ran: list[str] = []
-
-    async def never() -> None:
-        ran.append("ran")
-
-    late = start_eagerly(never(), loop)
-    late.cancel()  # before its callback ran: the coroutine is closed, never run
-    await asyncio.sleep(0)
-    assert ran == [] and late.cancelled()
