@@ -45,9 +45,12 @@ lint: $(STAMP)
 	MYPYPATH=tests/integration:tests/chaos $(BIN)/mypy tests/integration tests/chaos
 	MYPYPATH=tests/spark $(BIN)/mypy tests/spark
 
-# Two xdist workers (tests/conftest.py groups them): one runs every test that starts processes, serially
-# and in file order; the other the in-process tests meanwhile.  TEST_WORKERS=0 runs it all in one process.
-TEST_WORKERS ?= 2
+# TEST_WORKERS=2 runs pytest on two xdist workers (tests/conftest.py groups them): one runs every test
+# that starts processes, serially and in file order; the other the in-process tests meanwhile (~15% faster
+# on 2 cores).  Off by default: in two of three full runs with it a chaos `pause` run found a controller
+# that stopped logging after a SIGSTOP/SIGCONT (issue #17's session note); until that is understood the
+# process tests run as they always did, with nothing beside them.
+TEST_WORKERS ?= 0
 test: setup lint
 	$(BIN)/pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
