@@ -174,7 +174,21 @@ def run_server(main: Coroutine[Any, Any, T]) -> T:
         raise
     enable_stack_dumps()
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(main)
+        return runner.run(_watched(main))
+
+
+async def _watched(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` with a :class:`LoopStallMonitor` on its loop: a loop that stops turning is reported with
+    every thread's stack instead of going silent."""
+    from kraft.observability.logging import get_logger
+    from kraft.observability.loop_stall import LoopStallMonitor
+
+    monitor = LoopStallMonitor(asyncio.get_running_loop(), get_logger("runtime"))
+    monitor.start()
+    try:
+        return await main
+    finally:
+        monitor.stop()
 
 
 def enable_stack_dumps() -> None:

@@ -163,6 +163,9 @@ def is_unreachable(error: TransportError) -> bool:
     return error.reason.startswith(_UNREACHABLE_REASONS)
 
 
+SPIN_REPORT_POLLS = 10_000
+"""Polls in a row with an already-due deadline and no event after which ``raft_poll_spinning`` is logged."""
+
 PEER_WARNING_INTERVAL_MS = 30_000
 PEER_FAILURES_BEFORE_WARNING = 3
 _REFUSALS = frozenset(
@@ -701,9 +704,28 @@ class RaftDriver:
     async def _run(self) -> None:
         try:
             await execute_output(self._core.start(self._clock.monotonic_ms()), self._ports)
+            due_polls = 0  # polls in a row whose deadline was already due with no event queued
             while True:
                 if not self._events:
-                    await self._sleep_until_deadline()
+                    if await self._sleep_until_deadline():
+                        due_polls = 0
+                    else:
+                        # The core asked to be polled now.  Give the event loop one turn first: a core
+                        # that kept handing out a due deadline would otherwise spin here without ever
+                        # yielding (no log line, no SIGTERM handling: a frozen-looking node).  Say so if
+                        # it lasts, with what the deadline is, instead of hiding it.
+                        due_polls += 1
+                        if due_polls == SPIN_REPORT_POLLS:
+                            self._logger.error(
+                                "raft_poll_spinning",
+                                polls=due_polls,
+                                deadline_ms=self._deadline_ms,
+                                now_ms=self._clock.monotonic_ms(),
+                                state=self._core.state.name,
+                            )
+                        await asyncio.sleep(0)
+                else:
+                    due_polls = 0
                 while self._events:
                     event = self._events.popleft()
                     await execute_output(self._dispatch(event, self._clock.monotonic_ms()), self._ports)
@@ -717,10 +739,11 @@ class RaftDriver:
             self._fail_everything(RaftShutdownError(f"raft failed: {exc}"))
             self._report_fatal("raft_driver_failed", exc)
 
-    async def _sleep_until_deadline(self) -> None:
+    async def _sleep_until_deadline(self) -> bool:
+        """Wait for the core's deadline or an event; False without waiting when the deadline is due."""
         timeout_s = max(0.0, (self._deadline_ms - self._clock.monotonic_ms()) / 1000)
         if timeout_s <= 0:
-            return
+            return False
         started_ms = self._clock.monotonic_ms()
         self._wake.clear()
         if not self._events:
@@ -733,6 +756,7 @@ class RaftDriver:
             finally:
                 self._parked = False
         self._metrics.poll_idle_seconds.inc(max(0, self._clock.monotonic_ms() - started_ms) / 1000)
+        return True
 
     def _dispatch(self, event: _Event, now_ms: int) -> Output:
         core = self._core

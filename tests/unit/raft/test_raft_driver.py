@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from pathlib import Path
 
@@ -508,3 +509,39 @@ async def test_on_disk_stores_survive_a_restart_with_a_snapshot(tmp_path: Path) 
     finally:
         await second.shutdown(1000)
         second.close()
+
+
+async def test_a_core_that_keeps_asking_to_be_polled_never_starves_the_loop_and_is_reported(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node resumed from SIGSTOP once went silent with no log line and ignored SIGTERM.  Whatever the
+    # core's deadlines say, the driver must yield to the event loop between polls (signal handlers, the
+    # gRPC server and logging run there), and a deadline that stays due must be reported.
+    import kraft.raft.driver as driver_module
+    from kraft.raft.core_output import Output
+
+    monkeypatch.setattr(driver_module, "SPIN_REPORT_POLLS", 50)
+    caplog.set_level(logging.ERROR, logger="kraft.raft")
+    clock = ManualClock()
+    driver = _single_voter(clock=clock)
+    await driver.start()
+    try:
+        polls = 0
+
+        def always_due(now_ms: int) -> Output:
+            nonlocal polls
+            polls += 1
+            return Output(next_deadline_ms=now_ms)  # "poll me again now", forever
+
+        monkeypatch.setattr(driver._core, "poll", always_due)
+        driver._wake.set()
+        turns = 0
+        for _ in range(200):  # other tasks keep getting turns while the core spins
+            await asyncio.sleep(0)
+            turns += 1
+        assert turns == 200 and polls >= 50
+        spinning = [r for r in caplog.records if "raft_poll_spinning" in r.getMessage()]
+        assert len(spinning) == 1, [r.getMessage() for r in caplog.records]
+    finally:
+        monkeypatch.undo()
+        await driver.stop()
