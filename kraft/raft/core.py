@@ -758,10 +758,18 @@ class RaftCore:
             else:
                 self._become(BecomeUnattached(self.epoch))
         elif state is StateKind.UNATTACHED:
-            if self._fetcher is not None:
+            if self._fetcher is None:
+                if self._timer.expired(now):
+                    self._become(BecomeProspective())
+            elif self._timer.expired(now) and self.is_voter:
+                self._become(BecomeProspective())  # became a voter while unattached: campaign
+            else:
+                if self._timer.expired(now):
+                    # A non-voter never campaigns: the timer a vote it granted armed (KIP-853 lets
+                    # non-voters vote) is moot.  Left armed, its past deadline would be handed out on
+                    # every poll, and the driver would poll again at once, forever.
+                    self._timer.stop()
                 self._apply(self._fetcher.poll(now, self.log))
-            elif self._timer.expired(now):
-                self._become(BecomeProspective())
         elif state is StateKind.PROSPECTIVE:
             if self._timer.expired(now):
                 self._back_off_after_failed_election()
