@@ -187,8 +187,8 @@ _REQUEST_COUNTERS: Final = (
     ),
     (
         "bytes_out",
-        "Bytes of the records Fetch responses carried to consumers: keys, values and at most 64 bytes of "
-        "framing each (BytesOutPerSec)",
+        "Bytes of the records Fetch responses carried to consumers: keys and values plus 64 bytes a record "
+        "for framing, an upper bound of the wire size (BytesOutPerSec)",
     ),
     ("produce_requests", "Produce requests answered (TotalProduceRequestsPerSec)"),
     ("fetch_requests", "Fetch requests answered (TotalFetchRequestsPerSec)"),
