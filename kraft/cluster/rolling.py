@@ -37,6 +37,8 @@ from kraft.v1 import raft_pb2
 
 STOP_TIMEOUT_S = 15.0
 """SIGTERM → SIGKILL for each node (as ``kraft cluster stop``), at most the per-node timeout."""
+HEALTHY_WAIT_S = 10.0
+"""How long a rolling restart of the whole cluster waits for it to be healthy before it refuses."""
 _POLL_INTERVAL_S = 0.2
 _PROBE_TIMEOUT_S = 1.0
 
@@ -175,12 +177,16 @@ class RollingRestart:
             named = [self.cluster.process(key).node for key in keys]  # every name resolved before any stop
             remaining = list({node.node_id: node for node in named}.values())
         else:
-            status = self.cluster.status()
-            if not status.healthy:
-                raise ClusterError(
-                    f"the cluster is not healthy ({status.summary()}); a rolling restart would take more "
-                    "nodes away: fix it first, or restart the nodes named (kraft cluster restart ID…)"
+            try:
+                # Polled briefly, not read once: on a loaded machine one slow probe reads as "starting".
+                self.cluster.wait_until(
+                    lambda s: s.healthy, min(self.timeout_s, HEALTHY_WAIT_S), what="a healthy cluster"
                 )
+            except ClusterError as exc:
+                raise ClusterError(
+                    f"{exc}; a rolling restart would take more nodes away: fix it first, or restart the "
+                    "nodes named (kraft cluster restart ID…)"
+                ) from None
             remaining = list(self.cluster.spec.nodes)
         done: list[Restarted] = []
         total = len(remaining)
