@@ -28,10 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from typing import Any, NoReturn, Protocol
 
 import grpc
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
 from kraft.api_versions import api_versions
@@ -44,7 +47,8 @@ from kraft.client.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES, DEFAULT_MESSAGE_MAX_BYTES, GRPC_ENVELOPE_BYTES
 from kraft.errors import ErrorCode, KraftError
 from kraft.grpc_errors import grpc_status_for
-from kraft.grpc_service import RequestDecoder, register_service
+from kraft.grpc_service import RequestDecoder, ServicerContext, register_service
+from kraft.observability.metrics import BrokerRequestMetrics
 from kraft.replication.acks import Acks, answered_at_append
 from kraft.security.acl import AclOperation
 from kraft.security.guard import AccessDenied, RequestGuard
@@ -119,10 +123,13 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         replicas: ReplicaManager | None = None,
         guard: RequestGuard | None = None,
         max_parked: int = DEFAULT_MAX_PARKED_FETCHES,
+        request_metrics: BrokerRequestMetrics | None = None,
     ) -> None:
         """Without ``replicas`` partitions are leader-only (the high watermark is the log end: tests of
         the serving rules); a broker process always passes its :class:`ReplicaManager`.  ``guard``:
-        the process's authorization checks (default: no authorizer, identity binding only)."""
+        the process's authorization checks (default: no authorizer, identity binding only).
+        ``request_metrics``: the Produce/Fetch series (default: those of ``status.broker_id``)."""
+        self._request_metrics = request_metrics or BrokerRequestMetrics(status.broker_id)
         self._guard = guard or RequestGuard()
         self._status = status
         self._replicas = replicas
@@ -137,6 +144,11 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
     def set_view(self, view: MetadataView) -> None:
         """Swap in the view of a newly applied image (called by the metadata publisher)."""
         self._view = view
+        self._request_metrics.retain_topics(view.topic_exists)
+
+    def _metric_topic(self, topic: str) -> str | None:
+        """``topic`` when it has per-topic series: a topic of the image (bounded by what exists)."""
+        return topic if self._view.topic_exists(topic) else None
 
     # --- handlers --------------------------------------------------------------------------------
 
@@ -179,6 +191,25 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         return response
 
     async def Produce(self, request: pb.ProduceRequest, context: Context) -> pb.ProduceResponse:
+        started = time.perf_counter()
+        wire_bytes = _REQUEST_WIRE_BYTES.get()
+        _REQUEST_WIRE_BYTES.set(None)
+        metrics = self._request_metrics
+        try:
+            response = await self._produce(request, context)
+        except BaseException:  # a refusal by abort (PERMISSION_DENIED), an internal error, cancellation
+            metrics.produce_failed(self._metric_topic(request.topic), time.perf_counter() - started)
+            raise
+        elapsed = time.perf_counter() - started
+        if response.error_code:
+            metrics.produce_failed(self._metric_topic(request.topic), elapsed)
+        else:
+            if wire_bytes is None:  # called without the broker's decoder (tests): measure it here
+                wire_bytes = request.ByteSize()
+            metrics.produced(self._metric_topic(request.topic), len(request.records), wire_bytes, elapsed)
+        return response
+
+    async def _produce(self, request: pb.ProduceRequest, context: Context) -> pb.ProduceResponse:
         try:
             self._guard.check_topic(context, AclOperation.WRITE, request.topic)
         except AccessDenied as denied:
@@ -254,6 +285,24 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
         )
 
     async def Fetch(self, request: pb.BrokerFetchRequest, context: Context) -> pb.BrokerFetchResponse:
+        started = time.perf_counter()
+        metrics = self._request_metrics
+        try:
+            response, sent_bytes = await self._fetch(request, context)
+        except BaseException:  # a refusal by abort (PERMISSION_DENIED), an internal error, cancellation
+            metrics.fetch_failed(self._metric_topic(request.topic), time.perf_counter() - started)
+            raise
+        elapsed = time.perf_counter() - started
+        if response.error_code:
+            metrics.fetch_failed(self._metric_topic(request.topic), elapsed)
+        else:
+            metrics.fetched(self._metric_topic(request.topic), sent_bytes, elapsed)
+        return response
+
+    async def _fetch(
+        self, request: pb.BrokerFetchRequest, context: Context
+    ) -> tuple[pb.BrokerFetchResponse, int]:
+        """The response and the bytes of its records (keys, values, framing bound) for the metrics."""
         max_bytes = request.max_bytes if request.max_bytes > 0 else DEFAULT_FETCH_MAX_BYTES
         max_bytes = min(max_bytes, self._wire_max_bytes)
         try:
@@ -307,7 +356,7 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 log_end_offset=-1,
                 leader_epoch=rejected.leader_epoch,
                 current_leader=rejected.leader,
-            )
+            ), 0
         log = partition.log
         high_watermark = self._high_watermark(partition)
         response = pb.BrokerFetchResponse(
@@ -323,9 +372,10 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 break  # not on every ISR member yet: consumers never see it (Kafka's read isolation)
             # The first record always goes (it fits: Produce bounds batches by the same budget); later
             # ones only while the response stays sendable.  The client fetches the rest next time.
-            budget -= len(r.key or b"") + len(r.value or b"") + RECORD_WIRE_OVERHEAD
-            if budget < 0 and response.records:
+            size = len(r.key or b"") + len(r.value or b"") + RECORD_WIRE_OVERHEAD
+            if size > budget and response.records:
                 break
+            budget -= size
             add(
                 offset=r.offset,
                 timestamp_ms=r.timestamp_ms,
@@ -335,7 +385,8 @@ class BrokerService(broker_pb2_grpc.BrokerServiceServicer):
                 has_value=r.value is not None,
                 leader_epoch=r.leader_epoch,
             )
-        return response
+        # What the budget spent is the bytes sent (kraft_broker_bytes_out): no extra work per record.
+        return response, self._wire_max_bytes - budget
 
     def _high_watermark(self, partition: Partition) -> int:
         if self._replicas is None:
@@ -614,5 +665,21 @@ def add_broker_service(server: grpc.aio.Server, service: BrokerService) -> None:
         server,
         service,
         pb.DESCRIPTOR.services_by_name["BrokerService"],
-        RequestDecoder(_log, "broker_bad_request"),
+        _SizingDecoder(_log, "broker_bad_request"),
     )
+
+
+_REQUEST_WIRE_BYTES: ContextVar[int | None] = ContextVar("broker_request_wire_bytes", default=None)
+"""The size of the request being handled as it came off the wire (kraft_broker_bytes_in), set by
+:class:`_SizingDecoder` in the request's own task and read by the handler before its first await."""
+
+
+class _SizingDecoder(RequestDecoder):
+    """The broker's decoder also notes each request's wire size: known here for free, whereas measuring
+    the decoded message again (``ByteSize``) would re-encode every record of a Produce."""
+
+    async def decode(
+        self, raw: bytes, pb_type: type[Message], method: str, context: ServicerContext
+    ) -> Message:
+        _REQUEST_WIRE_BYTES.set(len(raw))
+        return await super().decode(raw, pb_type, method, context)

@@ -256,6 +256,7 @@ def add_command(
     resource_pattern_type: PatternOption = None,
     host: HostOption = None,
     command_config: CommandConfigOption = None,
+    json_output: JsonOption = False,
 ) -> None:
     """Add ACLs: one for every principal, operation and resource named.
 
@@ -272,6 +273,8 @@ def add_command(
 
       kraft acl add --bootstrap-controller 127.0.0.1:9093 --command-config DIR/client.properties \\
         --allow-principal 'User:CN=alice,O=kraft' --operation Write --topic t
+
+      kraft acl add --cluster-dir /tmp/c --allow-principal User:bob --operation Read --topic t --json
     """
     acls = build_acls(
         resources(topic or [], group or [], transactional_id or [], cluster),
@@ -282,11 +285,29 @@ def add_command(
     )
     response = run_async(_add(bootstrap_from(bootstrap_controller, cluster_dir), acls, timeout_s=timeout))
     failures = []
+    added: list[dict[str, Any]] = []
     for acl, result in zip(acls, response.results, strict=True):
         if result.error_code != ErrorCode.NONE:
             failures.append((acl, result))
             continue
-        typer.echo(f"ACL {result.id}: {acl}")
+        added.append(acl_json(cpb.AclDescription(id=result.id, binding=binding_of(acl))))
+        if not json_output:
+            typer.echo(f"ACL {result.id}: {acl}")
+    if json_output:
+        # Printed before a partial failure's error line, so a script sees what was added.
+        print_json(
+            {
+                "added": added,
+                "failed": [
+                    {
+                        "acl": str(acl),
+                        "error_code": ErrorCode.from_wire(result.error_code).name,
+                        "error_message": result.error_message,
+                    }
+                    for acl, result in failures
+                ],
+            }
+        )
     if failures:
         acl, result = failures[0]
         raise KraftError(
@@ -356,6 +377,7 @@ def remove_command(
     resource_pattern_type: PatternOption = None,
     host: HostOption = None,
     command_config: CommandConfigOption = None,
+    json_output: JsonOption = False,
 ) -> None:
     """Remove the ACLs of the resources named (only the principals / operations / host named, if any).
 
@@ -365,6 +387,8 @@ def remove_command(
         --operation Write --topic orders
 
       kraft acl remove --bootstrap-controller 127.0.0.1:9093 --topic orders
+
+      kraft acl remove --cluster-dir /tmp/c --topic orders --json
     """
     targets = resources(topic or [], group or [], transactional_id or [], cluster)
     if not targets:
@@ -379,11 +403,15 @@ def remove_command(
     response = run_async(
         _remove(bootstrap_from(bootstrap_controller, cluster_dir), filters, timeout_s=timeout)
     )
-    removed = 0
+    removed: list[dict[str, Any]] = []
     for result in response.filter_results:
         if result.error_code != ErrorCode.NONE:
             raise KraftError(ErrorCode.from_wire(result.error_code), result.error_message)
         for description in result.matching_acls:
-            removed += 1
-            typer.echo(f"removed ACL {description.id}: {_describe(acl_json(description))}")
-    typer.echo(f"{removed} ACL{'s' if removed != 1 else ''} removed")
+            removed.append(acl_json(description))
+            if not json_output:
+                typer.echo(f"removed ACL {description.id}: {_describe(removed[-1])}")
+    if json_output:
+        print_json({"removed": removed, "count": len(removed)})
+        return
+    typer.echo(f"{len(removed)} ACL{'s' if len(removed) != 1 else ''} removed")

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from kraft.cli.common import CliError, handle_errors, print_table
+from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
 
 app = typer.Typer(no_args_is_help=True, help="Chaos testing: a Toxiproxy-compatible proxy and checked runs.")
 
@@ -104,6 +104,7 @@ def run_command(
     recovery: Annotated[
         float, typer.Option("--recovery", min=1.0, help="Seconds allowed to recover.")
     ] = 30.0,
+    as_json: JsonOption = False,
 ) -> None:
     """Run checked chaos scenarios; print the verdicts; exit 1 if any checker found a violation.
 
@@ -132,6 +133,7 @@ def run_command(
             f"--brokers: {scenario} needs at least {DATA_PLANE_MIN_BROKERS} (replication factor 3)"
         )
     invalid: list[str] = []
+    reproduce: dict[str, str] = {}
     rows: list[list[object]] = []
     for name in names:
         options = RunOptions(
@@ -151,8 +153,20 @@ def run_command(
         rows += [[name, v.checker, v.status.value.upper(), v.summary] for v in result.verdicts]
         if failed_verdicts(result):
             invalid.append(name)
-            _progress(f"[{name}] VIOLATION (seed {seed}); reproduce with: {options.reproduce_command()}")
-    print_table(["scenario", "checker", "status", "summary"], rows, title=f"chaos verdicts (seed {seed})")
-    typer.echo(f"reports: {report}/<scenario>/report.html")
+            reproduce[name] = options.reproduce_command()
+            _progress(f"[{name}] VIOLATION (seed {seed}); reproduce with: {reproduce[name]}")
+    if as_json:
+        columns = ("scenario", "checker", "status", "summary")
+        print_json(
+            {
+                "seed": seed,
+                "verdicts": [dict(zip(columns, row, strict=True)) for row in rows],
+                "reports": {name: str(report / name / "report.html") for name in names},
+                "violations": [{"scenario": n, "reproduce": reproduce[n]} for n in invalid],
+            }
+        )
+    else:
+        print_table(["scenario", "checker", "status", "summary"], rows, title=f"chaos verdicts (seed {seed})")
+        typer.echo(f"reports: {report}/<scenario>/report.html")
     if invalid:
         raise CliError(f"violations found in {', '.join(invalid)}; see {report}/<scenario>/report.html")

@@ -11,11 +11,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
+from kraft.cli.common import CliError, JsonOption, WaitSpinner, handle_errors, print_json, print_table
 from kraft.client.channel import set_default_security
 from kraft.cluster.manager import ClusterError, ClusterStatus, LocalCluster
 from kraft.cluster.process import ProcessError
 from kraft.cluster.profiles import PROFILES
+from kraft.cluster.rolling import Restarted, RollingRestart
 from kraft.cluster.spec import NodeRole
 
 app = typer.Typer(no_args_is_help=True, help="Run a local cluster: controllers and brokers as processes.")
@@ -308,7 +309,18 @@ def _create_or_reopen(
 
 @app.command("status")
 @handle_errors
-def status_command(directory: DirOption = _DEFAULT_DIR, as_json: JsonOption = False) -> None:
+def status_command(
+    directory: DirOption = _DEFAULT_DIR,
+    timeout_s: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="Seconds each node's answer may take (one that does not answer in time shows as starting).",
+        ),
+    ] = 1.0,
+    as_json: JsonOption = False,
+) -> None:
     """Show every node: pid, endpoint, state (leader/follower, active/fenced, stopped…) and log file.
 
     Examples:
@@ -316,9 +328,11 @@ def status_command(directory: DirOption = _DEFAULT_DIR, as_json: JsonOption = Fa
       kraft cluster status --dir /tmp/c
 
       kraft cluster status --dir /tmp/c --json | jq .leader_id
+
+      kraft cluster status --dir /tmp/c --timeout 5    # a loaded machine: give each node longer
     """
     try:
-        status = _open(directory).status()
+        status = _open(directory).status(timeout_s)
     except ClusterError as exc:
         raise _cluster_error(exc) from None
     _print_status(status, as_json)
@@ -371,29 +385,56 @@ def down_command(
 @app.command("restart")
 @handle_errors
 def restart_command(
-    node: Annotated[str, typer.Argument(help="Node id (1, 101) or name (controller-1, broker-101).")],
+    nodes: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Node ids (1, 101) or names (controller-1, broker-101); none: every node.",
+            show_default=False,
+        ),
+    ] = None,
     directory: DirOption = _DEFAULT_DIR,
-    timeout_s: TimeoutOption = 60.0,
+    timeout_s: Annotated[
+        float,
+        typer.Option("--timeout", min=1.0, help="Seconds each node may take to stop and come back healthy."),
+    ] = 60.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Stop one node gracefully, start it again and wait until it is ready.
+    """Rolling restart: stop each node gracefully, start it, wait until it is healthy, then the next.
+
+    With no ids every node, in Kafka's order: brokers, then the controllers
+    that are not active, the active controller last (only from a healthy
+    cluster).  Ids given are restarted in that same order.  Between nodes:
+    grpc.health SERVING; a broker registered and unfenced; a controller
+    back in the quorum with its log caught up to the high watermark.  A
+    node not back within --timeout stops the roll with one error line.
 
     Examples:
 
+      kraft cluster restart --dir /tmp/c           # every node, one at a time
+
       kraft cluster restart 101 --dir /tmp/c
 
-      kraft cluster restart controller-2 --dir /tmp/c --json
+      kraft cluster restart controller-2 broker-102 --dir /tmp/c --json
     """
     try:
         cluster = _open(directory)
-        proc = cluster.process(node)
-        cluster.restart(node, timeout_s=min(timeout_s, 15.0))
-        status = _wait_with_progress(
-            lambda report: cluster.wait_node_ready(node, timeout_s, on_status=report), f"{proc.node.name}"
-        )
-    except ClusterError as exc:
-        raise _cluster_error(exc) from None
-    _print_status(status, as_json)
+        # WaitSpinner, not console.status: that one would redirect the per-node lines on stdout to stderr.
+        with WaitSpinner("rolling restart…") as spinner:
+
+            def restarted(node: Restarted) -> None:
+                if not as_json:
+                    with spinner.hidden():
+                        typer.echo(node.describe())
+
+            roll = RollingRestart(cluster, timeout_s, on_status=spinner.update, on_restarted=restarted)
+            done = roll.run(nodes or None)
+        status = cluster.status()
+    except (ClusterError, ProcessError) as exc:
+        raise CliError(str(exc)) from None
+    if as_json:
+        print_json({**status.as_json(), "restarted": [node.as_json() for node in done]})
+        return
+    _print_status(status, as_json=False)
 
 
 NodesArgument = Annotated[

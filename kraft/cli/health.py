@@ -137,8 +137,10 @@ def health_command(
         typer.Option(
             "--dir",
             "-d",
+            "--cluster-dir",
             envvar="KRAFT_CLUSTER_DIR",
-            help="A local cluster directory: check every node (when no endpoint is given).",
+            help="A local cluster directory: check every node (when no endpoint is given); --cluster-dir "
+            "as the other commands spell it.",
             show_default=False,
         ),
     ] = None,
@@ -162,7 +164,7 @@ def health_command(
 
     Examples:
 
-      kraft health --dir /tmp/c
+      kraft health --dir /tmp/c        # or --cluster-dir /tmp/c, or KRAFT_CLUSTER_DIR=/tmp/c
 
       kraft health --bootstrap-controller h1:9093,h2:9093,h3:9093 --json
 

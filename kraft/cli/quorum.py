@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from kraft.cli.common import (
     CommandConfigOption,
     JsonOption,
     OptionalBootstrapControllerOption,
+    VerboseOption,
     WaitSpinner,
     bootstrap_from,
     handle_errors,
@@ -23,6 +25,7 @@ from kraft.cli.common import (
     print_table,
     require_bootstrap,
     timeout_seconds,
+    verbose_printer,
 )
 from kraft.client.quorum import (
     controller_targets,
@@ -177,6 +180,34 @@ _TimeoutMsOption = Annotated[
 ]
 
 
+def _retry_printer(verbose: bool, spinner: WaitSpinner) -> Callable[[str], None] | None:
+    """``--verbose``'s ``retry: …`` lines on stderr, drawn around the spinner."""
+    show = verbose_printer(verbose)
+    if show is None:
+        return None
+
+    def print_retry(line: str) -> None:
+        with spinner.hidden():
+            show(line)
+
+    return print_retry
+
+
+def _change_json(
+    change: str, node_id: int, directory_id: str, offset: int | None, **extra: object
+) -> dict[str, object]:
+    """``--json`` of add-/remove-controller: ``voters_record_offset`` null when a retry found the change
+    already in force (an attempt whose answer was lost had committed it)."""
+    return {
+        "change": change,
+        "controller_id": node_id,
+        "directory_id": directory_id,
+        **extra,
+        "voters_record_offset": offset,
+        "in_force_after_unknown_outcome": offset is None,
+    }
+
+
 def _record_at(offset: int | None) -> str:
     if offset is None:  # a retry found the change in force: the leader that took it lost leadership
         return "in force: an attempt whose answer was lost had committed it"
@@ -198,6 +229,8 @@ def add_controller_command(
     cluster_dir: ClusterDirOption = None,
     timeout: _TimeoutSecondsOption = None,
     timeout_ms: _TimeoutMsOption = None,
+    verbose: VerboseOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Add a running controller to the voters (KIP-853, kafka-metadata-quorum.sh add-controller).
 
@@ -209,12 +242,19 @@ def add_controller_command(
       kraft quorum add-controller --bootstrap-controller h1:9093 --command-config controller-2.properties
 
       kraft quorum add-controller --cluster-dir /tmp/c --command-config c-2.properties --timeout 60
+
+      kraft quorum add-controller --cluster-dir /tmp/c --command-config c-2.properties --json --verbose
     """
     timeout_s = timeout_seconds(timeout, timeout_ms, _CHANGE_TIMEOUT_S)
     targets = [e.target for e in parse_bootstrap(require_bootstrap(bootstrap_controller, cluster_dir))]
     joiner = joining_controller(command_config)
-    with WaitSpinner(f"adding controller {joiner.node_id} (waits for it to catch up)…"):
-        offset = add_joining_controller(targets, joiner, timeout_s)
+    with WaitSpinner(f"adding controller {joiner.node_id} (waits for it to catch up)…") as spinner:
+        offset = add_joining_controller(targets, joiner, timeout_s, on_retry=_retry_printer(verbose, spinner))
+    if as_json:
+        e = joiner.endpoint
+        endpoint = f"{e.name}://{e.host}:{e.port}"
+        print_json(_change_json("added", joiner.node_id, joiner.directory_id, offset, endpoint=endpoint))
+        return
     typer.echo(f"Added {joiner.describe()} ({_record_at(offset)})")
 
 
@@ -235,6 +275,8 @@ def remove_controller_command(
     timeout: _TimeoutSecondsOption = None,
     timeout_ms: _TimeoutMsOption = None,
     command_config: CommandConfigOption = None,
+    verbose: VerboseOption = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Remove a voter (KIP-853, kafka-metadata-quorum.sh remove-controller); a leader removing itself
     hands over once the change commits.
@@ -256,8 +298,17 @@ def remove_controller_command(
         raise CliError(f"--controller-directory-id: {exc}") from None
     timeout_s = timeout_seconds(timeout, timeout_ms, _CHANGE_TIMEOUT_S)
     targets = [e.target for e in parse_bootstrap(require_bootstrap(bootstrap_controller, cluster_dir))]
-    with WaitSpinner(f"removing controller {controller_id}…"):
-        offset = remove_controller(targets, controller_id, controller_directory_id, timeout_s)
+    with WaitSpinner(f"removing controller {controller_id}…") as spinner:
+        offset = remove_controller(
+            targets,
+            controller_id,
+            controller_directory_id,
+            timeout_s,
+            on_retry=_retry_printer(verbose, spinner),
+        )
+    if as_json:
+        print_json(_change_json("removed", controller_id, controller_directory_id, offset))
+        return
     typer.echo(
         f"Removed controller {controller_id} with directory id {controller_directory_id} "
         f"({_record_at(offset)})"

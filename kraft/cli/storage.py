@@ -17,14 +17,20 @@ app = typer.Typer(no_args_is_help=True, help="Format and inspect node storage di
 
 @app.command("random-uuid")
 @handle_errors
-def random_uuid_command() -> None:
+def random_uuid_command(as_json: JsonOption = False) -> None:
     """Print a new random cluster id (Kafka's 22-character base64url UUID).
 
-    Example:
+    Examples:
 
       CLUSTER_ID=$(kraft storage random-uuid)
+
+      kraft storage random-uuid --json      # {"cluster_id": "…"}
     """
-    typer.echo(random_uuid())
+    cluster_id = random_uuid()
+    if as_json:
+        print_json({"cluster_id": cluster_id})
+        return
+    typer.echo(cluster_id)
 
 
 @app.command("format")
@@ -61,6 +67,7 @@ def format_command(
             help="Dynamic quorum: a controller that joins later (kraft quorum add-controller).",
         ),
     ] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Write meta.properties into every log directory and the metadata directory of a node.
 
@@ -80,6 +87,8 @@ def format_command(
       kraft storage format -c controller-1.properties -t "$ID" --standalone
 
       kraft storage format -c controller-2.properties -t "$ID" --no-initial-controllers
+
+      kraft storage format -c broker-101.properties -t "$ID" -g --json
     """
     cfg = load_config(config)
     try:
@@ -97,6 +106,22 @@ def format_command(
         )
     except FormatError as exc:
         raise CliError(str(exc)) from None
+    if as_json:
+        print_json(
+            {
+                "cluster_id": cluster_id,
+                "node_id": cfg.node_id,
+                "dirs": [
+                    {
+                        "dir": str(result.path),
+                        "outcome": "skipped" if result.skipped else "formatted",
+                        "directory_id": result.meta.directory_id,
+                    }
+                    for result in results
+                ],
+            }
+        )
+        return
     for result in results:
         if result.skipped:
             typer.echo(f"{result.path} is already formatted for cluster {cluster_id}; skipped")

@@ -341,6 +341,7 @@ def _change_voters(
     timeout_s: float,
     already_done: tuple[ErrorCode, Callable[[raft_pb2.DescribeQuorumResponse], bool]],
     security: ChannelSecurity | None = None,
+    on_retry: Callable[[str], None] | None = None,
 ) -> int | None:
     """Send one voter change to the leader (found from ``bootstrap``, following redirects); returns the
     offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error.
@@ -349,7 +350,9 @@ def _change_voters(
     commit under the next leader, which then refuses the retry (DUPLICATE_VOTER for an add,
     VOTER_NOT_FOUND for a remove).  ``already_done`` is that error and a check of the voter set: after an
     attempt whose outcome is unknown, that refusal with the change in force is success (None: the
-    offset of the earlier attempt's VotersRecord is not known)."""
+    offset of the earlier attempt's VotersRecord is not known).  ``on_retry`` is told each retry and
+    why, one line each (the CLI's ``--verbose``)."""
+    retry = on_retry or (lambda line: None)
     deadline = time.monotonic() + timeout_s
     last_problem = "no leader answered"
     outcome_unknown = False
@@ -374,6 +377,7 @@ def _change_voters(
             status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
             last_problem = f"{leader}: {status}"
             outcome_unknown = True
+            retry(f"{method} to leader {leader}: {status}; the outcome is unknown, asking the leader again")
             time.sleep(0.1)
             continue
         code = ErrorCode.from_wire(response.error_code)
@@ -382,6 +386,7 @@ def _change_voters(
         if code in _REDIRECTABLE:
             last_problem = f"{leader} is no longer the leader"
             outcome_unknown = True
+            retry(f"{method} to {leader}: {code.name} (no longer the leader); finding the new leader")
             time.sleep(0.1)
             continue
         if code is refusal and outcome_unknown:
@@ -389,6 +394,7 @@ def _change_voters(
                 bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
             )
             if in_force(now):
+                retry(f"{method}: {code.name} after an unknown outcome, and the change is in force: done")
                 return None
         raise KraftError(code, response.error_message or code.name)
     raise KraftError(
@@ -404,6 +410,7 @@ def add_controller(
     endpoints: Sequence[ControllerEndpoint],
     timeout_s: float = 30.0,
     security: ChannelSecurity | None = None,
+    on_retry: Callable[[str], None] | None = None,
 ) -> int | None:
     """AddRaftVoter (KIP-853): make the controller (``node_id``, ``directory_id``), which must already be
     running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset (None when
@@ -423,12 +430,16 @@ def add_controller(
         )
 
     return _change_voters(
-        bootstrap, "AddRaftVoter", request, timeout_s, (ErrorCode.DUPLICATE_VOTER, added), security
+        bootstrap, "AddRaftVoter", request, timeout_s, (ErrorCode.DUPLICATE_VOTER, added), security, on_retry
     )
 
 
 def remove_controller(
-    bootstrap: Sequence[str], node_id: int, directory_id: str, timeout_s: float = 30.0
+    bootstrap: Sequence[str],
+    node_id: int,
+    directory_id: str,
+    timeout_s: float = 30.0,
+    on_retry: Callable[[str], None] | None = None,
 ) -> int | None:
     """RemoveRaftVoter (KIP-853); a leader that removes itself hands over once the change commits."""
     request = raft_pb2.RemoveRaftVoterRequest(
@@ -441,5 +452,10 @@ def remove_controller(
         )
 
     return _change_voters(
-        bootstrap, "RemoveRaftVoter", request, timeout_s, (ErrorCode.VOTER_NOT_FOUND, removed)
+        bootstrap,
+        "RemoveRaftVoter",
+        request,
+        timeout_s,
+        (ErrorCode.VOTER_NOT_FOUND, removed),
+        on_retry=on_retry,
     )

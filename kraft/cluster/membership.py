@@ -8,7 +8,7 @@ config; the leader adds it once it has caught up (AddRaftVoter waits for that, b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,10 +64,20 @@ def joining_controller_of(cfg: NodeConfig, source: Path | str = "the config") ->
 
 
 def add_joining_controller(
-    bootstrap: Sequence[str], joiner: JoiningController, timeout_s: float = 30.0
+    bootstrap: Sequence[str],
+    joiner: JoiningController,
+    timeout_s: float = 30.0,
+    on_retry: Callable[[str], None] | None = None,
 ) -> int | None:
     """AddRaftVoter for ``joiner`` (running and fetching as an observer); waits until the leader has
-    added it (it must catch up first) and the VotersRecord committed.  Returns that record's offset."""
+    added it (it must catch up first) and the VotersRecord committed.  Returns that record's offset.
+    ``on_retry``: one line per retry (``--verbose``)."""
     return add_controller(
-        bootstrap, joiner.node_id, joiner.directory_id, [joiner.endpoint], timeout_s, joiner.security
+        bootstrap,
+        joiner.node_id,
+        joiner.directory_id,
+        [joiner.endpoint],
+        timeout_s,
+        joiner.security,
+        on_retry=on_retry,
     )

@@ -25,12 +25,19 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    disable_created_metrics,
     generate_latest,
     make_wsgi_app,
     start_http_server,
 )
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import CollectorRegistry
+
+# No ``*_created`` series: they double what a scrape carries for every counter and histogram child (one
+# Unix timestamp per series, which Prometheus itself ignores — it derives resets from the values), and
+# Kafka has no such metric.  prometheus_client reads this flag when it renders, so it holds for every
+# registry of the process.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client 0.26
 
 # Raft quorum states as Kafka names them (KIP-595 + KIP-996); exactly one is 1 per node.
 RAFT_STATES: Final = ("unattached", "prospective", "candidate", "leader", "follower", "resigned")
@@ -165,6 +172,42 @@ REPLICA_FETCHER_MAX_LAG = Gauge(
 )
 REPLICA_FETCHER_BYTES = Counter(
     "kraft_broker_replica_fetcher_bytes", "Record batch bytes copied from leaders (BytesPerSec)", _NODE
+)
+
+# --- Broker requests (Kafka: kafka.server:type=BrokerTopicMetrics, kafka.network:type=RequestMetrics) ---
+# Each counter twice: all topics (Kafka's series without a topic tag) and per topic.  Per-topic series
+# exist only for topics in the broker's metadata image and go when the topic does, so a client naming
+# random topics cannot grow the exposition; requests for unknown topics count in the totals only.
+_TOPIC: Final = (*_NODE, "topic")
+_REQUEST_COUNTERS: Final = (
+    ("messages_in", "Records appended by Produce requests (MessagesInPerSec)"),
+    (
+        "bytes_in",
+        "Bytes of the Produce requests that appended records, as received on the wire (BytesInPerSec)",
+    ),
+    (
+        "bytes_out",
+        "Bytes of the records Fetch responses carried to consumers: keys and values plus 64 bytes a record "
+        "for framing, an upper bound of the wire size (BytesOutPerSec)",
+    ),
+    ("produce_requests", "Produce requests answered (TotalProduceRequestsPerSec)"),
+    ("fetch_requests", "Fetch requests answered (TotalFetchRequestsPerSec)"),
+    ("failed_produce_requests", "Produce requests answered with an error (FailedProduceRequestsPerSec)"),
+    ("failed_fetch_requests", "Fetch requests answered with an error (FailedFetchRequestsPerSec)"),
+)
+BROKER_REQUEST_TOTALS: Final = {
+    name: Counter(f"kraft_broker_{name}", f"{text}, all topics", _NODE) for name, text in _REQUEST_COUNTERS
+}
+BROKER_REQUEST_TOPICS: Final = {
+    name: Counter(f"kraft_broker_topic_{name}", f"{text}, per topic", _TOPIC)
+    for name, text in _REQUEST_COUNTERS
+}
+BROKER_REQUEST_LATENCY = Histogram(
+    "kraft_broker_request_latency_seconds",
+    "Time from receiving a Produce or Fetch request to answering it, a Fetch's long-poll and an acks=all "
+    "Produce's wait for the ISR included (RequestMetrics TotalTimeMs)",
+    (*_NODE, "request"),
+    buckets=_LATENCY_BUCKETS,
 )
 
 
@@ -388,3 +431,92 @@ class ReplicationMetrics:
             replica_fetcher_max_lag=REPLICA_FETCHER_MAX_LAG.labels(label),
             replica_fetcher_bytes=REPLICA_FETCHER_BYTES.labels(label),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCounters:
+    """The BrokerTopicMetrics counters of one scope (every topic, or one), bound to their children."""
+
+    messages_in: Counter
+    bytes_in: Counter
+    bytes_out: Counter
+    produce_requests: Counter
+    fetch_requests: Counter
+    failed_produce_requests: Counter
+    failed_fetch_requests: Counter
+
+
+class BrokerRequestMetrics:
+    """Produce/Fetch request, record and byte counts of one broker, all topics and per topic, and the
+    request latency histograms (Kafka's BrokerTopicMetrics and RequestMetrics).
+
+    One call per request, none per record: the handler passes counts it already has (records in the
+    request, bytes on the wire).  Used from the broker's event loop only (the per-topic cache is a dict)."""
+
+    __slots__ = ("_node", "_topics", "all_topics", "fetch_latency", "produce_latency")
+
+    def __init__(self, node: int | str) -> None:
+        self._node = str(node)
+        self.all_topics = RequestCounters(
+            **{n: c.labels(self._node) for n, c in BROKER_REQUEST_TOTALS.items()}
+        )
+        self.produce_latency: Histogram = BROKER_REQUEST_LATENCY.labels(self._node, "Produce")
+        self.fetch_latency: Histogram = BROKER_REQUEST_LATENCY.labels(self._node, "Fetch")
+        self._topics: dict[str, RequestCounters] = {}
+
+    def topic(self, topic: str) -> RequestCounters:
+        """The counters of ``topic`` (created on first use; the caller checks the topic exists)."""
+        counters = self._topics.get(topic)
+        if counters is None:
+            counters = self._topics[topic] = RequestCounters(
+                **{n: c.labels(self._node, topic) for n, c in BROKER_REQUEST_TOPICS.items()}
+            )
+        return counters
+
+    def produced(self, topic: str | None, records: int, wire_bytes: int, seconds: float) -> None:
+        """A Produce that appended ``records`` (``topic`` None: not a topic of the image)."""
+        self._count(self.all_topics, records, wire_bytes)
+        if topic is not None:
+            self._count(self.topic(topic), records, wire_bytes)
+        self.produce_latency.observe(seconds)
+
+    def produce_failed(self, topic: str | None, seconds: float) -> None:
+        self.all_topics.produce_requests.inc()
+        self.all_topics.failed_produce_requests.inc()
+        if topic is not None:
+            counters = self.topic(topic)
+            counters.produce_requests.inc()
+            counters.failed_produce_requests.inc()
+        self.produce_latency.observe(seconds)
+
+    def fetched(self, topic: str | None, sent_bytes: int, seconds: float) -> None:
+        self.all_topics.fetch_requests.inc()
+        self.all_topics.bytes_out.inc(sent_bytes)
+        if topic is not None:
+            counters = self.topic(topic)
+            counters.fetch_requests.inc()
+            counters.bytes_out.inc(sent_bytes)
+        self.fetch_latency.observe(seconds)
+
+    def fetch_failed(self, topic: str | None, seconds: float) -> None:
+        self.all_topics.fetch_requests.inc()
+        self.all_topics.failed_fetch_requests.inc()
+        if topic is not None:
+            counters = self.topic(topic)
+            counters.fetch_requests.inc()
+            counters.failed_fetch_requests.inc()
+        self.fetch_latency.observe(seconds)
+
+    def retain_topics(self, exists: Callable[[str], bool]) -> None:
+        """Drop the series of topics that no longer exist (called with each new metadata image)."""
+        gone = [topic for topic in self._topics if not exists(topic)]
+        for topic in gone:
+            del self._topics[topic]
+            for family in BROKER_REQUEST_TOPICS.values():
+                family.remove(self._node, topic)
+
+    @staticmethod
+    def _count(counters: RequestCounters, records: int, wire_bytes: int) -> None:
+        counters.produce_requests.inc()
+        counters.messages_in.inc(records)
+        counters.bytes_in.inc(wire_bytes)

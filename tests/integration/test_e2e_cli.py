@@ -1,8 +1,9 @@
 """End-to-end: the ``kraft`` CLI run as a user runs it (every command a subprocess), plus its error cases.
 
 One test walks the whole story on one cluster — ``cluster up`` → describe → topic → produce/consume →
-crash the active controller → a new leader → ``cluster start`` / ``restart`` → ``cluster down`` leaves
-no process — because each step needs the previous one (and a cluster start is the expensive part).
+crash the active controller → a new leader → ``cluster start`` → a rolling ``restart`` of every node →
+``cluster down`` leaves no process — because each step needs the previous one (and a cluster start is
+the expensive part).
 The error-case tests are independent and start at most one short-lived node.  Every cluster directory
 is torn down by a fixture finalizer (``down`` finds the nodes by pid file) even when an assertion fails
 half-way.
@@ -216,15 +217,20 @@ def test_user_story_up_topic_produce_consume_failover_down(cluster_dir: Path) ->
     back = {n["id"]: n for n in json.loads(restarted.stdout)["nodes"]}[old_leader]
     assert back["state"] in ("follower", "leader") and back["pid"] != nodes[old_leader]["pid"]
 
-    # A graceful restart of the current leader: it resigns, another takes over, it rejoins.
-    leader_now = new_status["leader_id"]
-    old_pid = {n["id"]: n["pid"] for n in cluster_status["nodes"]}[leader_now]
-    restart = kraft(
-        "cluster", "restart", str(leader_now), "--dir", d, "--timeout", "90", "--json", timeout_s=150
-    )
+    # A rolling restart of every node: the brokers, then the controllers that follow, the active one last
+    # (it resigns, another takes over, it rejoins); each is back (grpc.health SERVING, a broker unfenced,
+    # a controller caught up) before the next goes down.
+    old_pids = {n["id"]: n["pid"] for n in ok_json("cluster", "status", "--dir", d, "--json")["nodes"]}
+    restart = kraft("cluster", "restart", "--dir", d, "--timeout", "60", "--json", timeout_s=330)
     assert restart.returncode == 0, restart.stderr + log_tails(cluster_dir)
-    again_back = {n["id"]: n for n in json.loads(restart.stdout)["nodes"]}[leader_now]
-    assert again_back["state"] in ("follower", "leader") and again_back["pid"] != old_pid
+    rolled = json.loads(restart.stdout)
+    assert rolled["healthy"] is True
+    steps = rolled["restarted"]
+    assert [s["role"] for s in steps] == ["broker", "broker", "controller", "controller", "controller"]
+    assert [s["was_active_controller"] for s in steps] == [False, False, False, False, True]
+    assert sorted(s["id"] for s in steps) == sorted(old_pids)
+    assert all(s["old_pid"] == old_pids[s["id"]] != s["pid"] for s in steps), steps
+    assert {n["id"]: n["pid"] for n in rolled["nodes"]} == {s["id"]: s["pid"] for s in steps}
 
     # `cluster down` leaves no process and no pid file behind.
     pids = node_pids(cluster_dir)
