@@ -111,12 +111,14 @@ def parse_marker(body: str, where: str, line: int) -> Marker:
     except ValueError as exc:
         raise MarkupError(f"{where}: doc-test marker is not shell-quoted correctly: {exc}") from None
     if not words or words[0] not in KINDS:
-        raise MarkupError(f"{where}: doc-test marker kind must be one of {sorted(KINDS)}, got {body.strip()!r}")
+        raise MarkupError(
+            f"{where}: doc-test marker kind must be one of {sorted(KINDS)}, got {body.strip()!r}"
+        )
     kind, attrs = words[0], {}
     for word in words[1:]:
         key, sep, value = word.partition("=")
         if not sep or not value.strip():
-            raise MarkupError(f"{where}: doc-test {kind}: {word!r} is not key=\"value\"")
+            raise MarkupError(f'{where}: doc-test {kind}: {word!r} is not key="value"')
         attrs[key] = value.strip()
     required, optional = KINDS[kind]
     missing, unknown = required - attrs.keys(), attrs.keys() - required - optional
@@ -157,8 +159,8 @@ def _join_continued(lines: Sequence[str], start: int, first: str) -> tuple[str, 
     return strip_comment(" ".join(parts)), index
 
 
-def block_examples(lines: Sequence[str], where: str, first_line: int) -> list[Example]:
-    """The examples of one block's lines (``first_line``: the document line of ``lines[0]``)."""
+def block_examples(lines: Sequence[str], path: str, first_line: int) -> list[Example]:
+    """The examples of one block's lines (``first_line``: the line of ``lines[0]`` in document ``path``)."""
     examples: list[Example] = []
     if any(_PROMPT.match(line) for line in lines):
         index = 0
@@ -174,7 +176,7 @@ def block_examples(lines: Sequence[str], where: str, first_line: int) -> list[Ex
                 output.append(lines[index])
                 index += 1
             if runs_kraft(command):
-                examples.append(Example(f"{where.split(':')[0]}:{first_line + start}", command, tuple(output)))
+                examples.append(Example(f"{path}:{first_line + start}", command, tuple(output)))
         return examples
     index = 0
     while index < len(lines):
@@ -182,17 +184,20 @@ def block_examples(lines: Sequence[str], where: str, first_line: int) -> list[Ex
         if text.startswith("kraft "):
             start = index
             command, index = _join_continued(lines, index, text)
-            examples.append(Example(f"{where.split(':')[0]}:{first_line + start}", command, ()))
+            examples.append(Example(f"{path}:{first_line + start}", command, ()))
         else:
             index += 1
     return examples
 
 
-def _apply_markers(block_where: str, lines: tuple[str, ...], examples: list[Example], markers: list[Marker]) -> Block:
+def _apply_markers(
+    path: str, line: int, lines: tuple[str, ...], examples: list[Example], markers: list[Marker]
+) -> Block:
     setup: list[tuple[str, str]] = []
     phase = MIDDLE
-    for marker in markers:
-        at = f"{block_where.split(':')[0]}:{marker.line}"
+    # output-of first: it makes the example that a skip marker of the same block may name
+    for marker in sorted(markers, key=lambda m: m.kind != "output-of"):
+        at = f"{path}:{marker.line}"
         if marker.kind == "skip":
             prefix = marker.attrs.get("command")
             matched = False
@@ -215,7 +220,7 @@ def _apply_markers(block_where: str, lines: tuple[str, ...], examples: list[Exam
             examples.append(Example(at, command, lines))
         else:
             phase = FIRST if marker.kind == "run-first" else LAST
-    return Block(block_where, lines, tuple(examples), tuple(setup), phase, tuple(markers))
+    return Block(f"{path}:{line}", lines, tuple(examples), tuple(setup), phase, tuple(markers))
 
 
 def parse_document(text: str, path: str) -> list[Block]:
@@ -238,9 +243,8 @@ def parse_document(text: str, path: str) -> list[Block]:
             if end == len(lines):
                 raise MarkupError(f"{path}:{index + 1}: code block is never closed")
             body = tuple(lines[index + 1 : end])
-            where = f"{path}:{index + 1}"
-            examples = block_examples(body, where, index + 2)
-            blocks.append(_apply_markers(where, body, examples, pending))
+            examples = block_examples(body, path, index + 2)
+            blocks.append(_apply_markers(path, index + 1, body, examples, pending))
             pending = []
             index = end
         elif pending and line.strip():
@@ -438,10 +442,10 @@ def shape_problems(example: Example, code: int, stdout: str, stderr: str) -> lis
             values = [v for v in real_json_values(stdout) if isinstance(v, dict | list)]
         except ValueError as exc:
             problems.append(f"the doc shows JSON; stdout is not JSON ({exc}): {stdout[:200]!r}")
-            values = []
-        if values and len(values) < len(doc_json):
+            values = None
+        if values is not None and len(values) < len(doc_json):
             problems.append(f"the doc shows {len(doc_json)} JSON values, stdout has {len(values)}")
-        for sample, value in zip(doc_json, values, strict=False):
+        for sample, value in zip(doc_json, values or [], strict=False):
             keys, elided = sample_json_keys(sample)
             real = _real_keys(value)
             if real is None or not set(keys) <= set(real) or (not elided and real and set(keys) != set(real)):
@@ -450,12 +454,32 @@ def shape_problems(example: Example, code: int, stdout: str, stderr: str) -> lis
         doc_keys = keys_of_key_values(shown)
         real_keys = keys_of_key_values(real_lines)
         elided = any(ELISION in line for line in shown)
-        if doc_keys and (
-            not _is_subsequence(doc_keys, real_keys) or (not elided and doc_keys != real_keys)
-        ):
+        if doc_keys and (not _is_subsequence(doc_keys, real_keys) or (not elided and doc_keys != real_keys)):
             problems.append(f"keys {real_keys}, the doc shows {doc_keys}")
     real_sentences = {skeleton(line) for line in stdout.splitlines() + stderr.splitlines()}
     for line in sentence_lines(shown):
         if skeleton(line) not in real_sentences:
             problems.append(f"no line shaped like {skeleton(line)!r} (the doc shows {line.strip()!r})")
     return problems
+
+
+# --- event names -------------------------------------------------------------------------------------
+
+_EVENT_REF = re.compile(r"event=([a-z][a-z0-9_]*)")
+_TABLE_EVENT = re.compile(r"`([a-z][a-z0-9_]*)`")
+
+
+def documented_events(text: str) -> set[str]:
+    """``event=NAME`` anywhere in a document, and the names in the first column of a Markdown table whose
+    first header cell is ``event``."""
+    names = set(_EVENT_REF.findall(text))
+    in_event_table = False
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not cells:
+            in_event_table = False
+        elif cells[0] == "event":
+            in_event_table = True
+        elif in_event_table and not set(cells[0]) <= set("-: "):
+            names.update(_TABLE_EVENT.findall(cells[0]))
+    return names
