@@ -327,39 +327,146 @@ def _bracket_balance(text: str) -> int:
     return depth
 
 
-def sample_json_keys(text: str) -> tuple[list[str], bool]:
-    """Top-level keys of a (possibly elided, not necessarily valid) JSON sample and whether it elides
-    keys at that level (a ``…`` there).  For an array, the keys of its first object."""
-    depth, in_string, escaped = 0, False, False
-    target = 2 if text.lstrip().startswith("[") else 1
-    keys: list[str] = []
-    elided = False
-    current: list[str] = []
-    for index, char in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-                rest = text[index + 1 :].lstrip()
-                if depth == target and rest.startswith(":"):
-                    keys.append("".join(current))
-            else:
-                current.append(char)
-            continue
+@dataclass(frozen=True)
+class SampleObject:
+    """A JSON object of a sample: its keys (with their sample values) and whether ``…`` stands for more."""
+
+    fields: dict[str, object]
+    elided: bool
+
+
+@dataclass(frozen=True)
+class SampleArray:
+    items: list[object]
+    elided: bool
+
+
+class _SampleParser:
+    """JSON as docs show it: ``…`` may stand for a value, for more keys or items, or open a free-text
+    remark (``… one object per partition …``) that runs to the next ``,``, ``]`` or ``}``."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.at = text, 0
+
+    def _skip(self) -> str:
+        while self.at < len(self.text) and self.text[self.at].isspace():
+            self.at += 1
+        return self.text[self.at] if self.at < len(self.text) else ""
+
+    def _expect(self, char: str) -> None:
+        if self._skip() != char:
+            raise ValueError(f"expected {char!r} at {self.at} of {self.text[:80]!r}")
+        self.at += 1
+
+    def _remark(self) -> None:
+        depth = 0
+        while self.at < len(self.text):
+            char = self.text[self.at]
+            if char in "{[":
+                depth += 1
+            elif char in "}]" and depth:
+                depth -= 1
+            elif char in ",}]" and not depth:
+                return
+            self.at += 1
+
+    def _string(self) -> str:
+        self._expect('"')
+        start = self.at
+        while self.text[self.at] != '"':
+            self.at += 2 if self.text[self.at] == "\\" else 1
+        self.at += 1
+        return str(json.loads(self.text[start - 1 : self.at]))
+
+    def value(self) -> object:
+        char = self._skip()
+        if char == "{":
+            return self._object()
+        if char == "[":
+            return self._array()
         if char == '"':
-            in_string, current = True, []
-        elif char in "{[":
-            depth += 1
-        elif char in "}]":
-            depth -= 1
-            if target == 2 and depth == 1:
-                break  # only the first element of an array
-        elif char == ELISION and depth == target:
-            elided = True
-    return keys, elided
+            return self._string()
+        if char == ELISION:
+            self._remark()
+            return ELISION
+        start = self.at
+        while (
+            self.at < len(self.text) and self.text[self.at] not in ",]}" and not self.text[self.at].isspace()
+        ):
+            self.at += 1
+        return json.loads(self.text[start : self.at])  # a number, true, false or null
+
+    def _object(self) -> SampleObject:
+        self._expect("{")
+        fields: dict[str, object] = {}
+        elided = False
+        while self._skip() != "}":
+            if self._skip() == ELISION:
+                self._remark()
+                elided = True
+            else:
+                key = self._string()
+                self._expect(":")
+                fields[key] = self.value()
+            if self._skip() == ",":
+                self.at += 1
+        self.at += 1
+        return SampleObject(fields, elided)
+
+    def _array(self) -> SampleArray:
+        self._expect("[")
+        items: list[object] = []
+        elided = False
+        while self._skip() != "]":
+            if self._skip() == ELISION:
+                self._remark()
+                elided = True
+            else:
+                items.append(self.value())
+            if self._skip() == ",":
+                self.at += 1
+        self.at += 1
+        return SampleArray(items, elided)
+
+
+def parse_sample_json(text: str) -> object:
+    """A JSON sample of the docs as :class:`SampleObject` / :class:`SampleArray` / scalars; raises
+    ``ValueError`` when it is not JSON even allowing for ``…``."""
+    try:
+        return _SampleParser(text).value()
+    except (IndexError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"not a JSON sample ({exc}): {text[:80]!r}") from exc
+
+
+def json_shape_problems(sample: object, real: object, path: str = "$") -> list[str]:
+    """Where ``real`` (parsed output) lacks the structure of ``sample``: the keys of every object the
+    sample shows (all of them unless it elides some with ``…``), arrays, objects and their nesting.
+    Values are not compared, and an empty sample object (``{}``) is a map whose keys are data."""
+    if isinstance(sample, SampleObject):
+        if not isinstance(real, dict):
+            return [f"{path}: an object in the doc, {type(real).__name__} in the output"]
+        if not sample.fields:
+            return []
+        shown, got = list(sample.fields), list(real)
+        if not set(shown) <= set(got) or (not sample.elided and set(shown) != set(got)):
+            more = " and more (…)" if sample.elided else ""
+            return [f"{path}: keys {got}, the doc shows {shown}{more}"]
+        return [
+            p
+            for key, value in sample.fields.items()
+            for p in json_shape_problems(value, real[key], f"{path}.{key}")
+        ]
+    if isinstance(sample, SampleArray):
+        if not isinstance(real, list):
+            return [f"{path}: an array in the doc, {type(real).__name__} in the output"]
+        if not real:
+            return []
+        return [
+            p
+            for index, item in enumerate(sample.items)
+            for p in json_shape_problems(item, real[min(index, len(real) - 1)], f"{path}[{index}]")
+        ]
+    return []
 
 
 def real_json_values(text: str) -> list[object]:
@@ -396,14 +503,6 @@ def sentence_lines(lines: Sequence[str]) -> list[str]:
         and not _EXIT.match(line)
         and ELISION not in line
     ]
-
-
-def _real_keys(value: object) -> list[str] | None:
-    if isinstance(value, dict):
-        return list(value)
-    if isinstance(value, list) and value and isinstance(value[0], dict):
-        return list(value[0])
-    return [] if isinstance(value, list) else None
 
 
 def _is_subsequence(small: Sequence[str], big: Sequence[str]) -> bool:
@@ -446,10 +545,10 @@ def shape_problems(example: Example, code: int, stdout: str, stderr: str) -> lis
         if values is not None and len(values) < len(doc_json):
             problems.append(f"the doc shows {len(doc_json)} JSON values, stdout has {len(values)}")
         for sample, value in zip(doc_json, values or [], strict=False):
-            keys, elided = sample_json_keys(sample)
-            real = _real_keys(value)
-            if real is None or not set(keys) <= set(real) or (not elided and real and set(keys) != set(real)):
-                problems.append(f"JSON keys {real}, the doc shows {keys}{' …' if elided else ''}")
+            try:
+                problems.extend(json_shape_problems(parse_sample_json(sample), value))
+            except ValueError as exc:
+                problems.append(f"the doc's JSON sample cannot be read: {exc}")
     else:
         doc_keys = keys_of_key_values(shown)
         real_keys = keys_of_key_values(real_lines)

@@ -14,10 +14,13 @@ from doc_examples import (
     MIDDLE,
     Example,
     MarkupError,
+    SampleArray,
+    SampleObject,
     documented_events,
+    json_shape_problems,
     load_blocks,
     parse_document,
-    sample_json_keys,
+    parse_sample_json,
     shape_problems,
     skeleton,
     strip_comment,
@@ -219,18 +222,63 @@ def test_errors_are_one_line_with_the_code_shown() -> None:
     assert sample("error: X: y", "(exit 0)").expected_exit == 0
 
 
-def test_json_samples_compare_top_level_keys_even_when_elided() -> None:
-    text = '{"name": "orders", "topic_id": "c1", "configs": {},\n "partitions": [{"partition": 0}, … ]}'
-    assert sample_json_keys(text) == (["name", "topic_id", "configs", "partitions"], False)
-    assert sample_json_keys('{"a": 1, …}') == (["a"], True)
-    assert sample_json_keys('[{"id": 1, "state": "ACTIVE"}, …]') == (["id", "state"], False)
-    shown = sample(*text.splitlines())
-    real = {"name": "o", "topic_id": "x", "configs": {}, "partitions": []}
+def test_json_samples_parse_with_elisions_and_remarks() -> None:
+    text = (
+        '{"name": "orders", "configs": {}, "n": -1.5,\n'
+        ' "partitions": [{"partition": 0, "isr": [1]},\n    … one object per partition …]}'
+    )
+    assert parse_sample_json(text) == SampleObject(
+        {
+            "name": "orders",
+            "configs": SampleObject({}, False),
+            "n": -1.5,
+            "partitions": SampleArray(
+                [SampleObject({"partition": 0, "isr": SampleArray([1], False)}, False)], True
+            ),
+        },
+        False,
+    )
+    assert parse_sample_json('{"cluster_id": …, "a\\"b": true, …}') == SampleObject(
+        {"cluster_id": "…", 'a"b': True}, True
+    )
+    with pytest.raises(ValueError, match="not a JSON sample"):
+        parse_sample_json('{"a" 1}')
+
+
+def test_json_shapes_compare_keys_at_every_level() -> None:
+    sample = parse_sample_json(
+        '{"nodes": [{"id": 1, "role": "controller"}, …], "configs": {}, "leader_id": 1}'
+    )
+    real = {
+        "nodes": [{"id": 1, "role": "controller"}, {"id": 2, "role": "broker"}],
+        "configs": {"x": "1"},
+        "leader_id": None,
+    }
+    assert json_shape_problems(sample, real) == []
+    renamed = {**real, "nodes": [{"id": 1, "kind": "controller"}]}
+    assert json_shape_problems(sample, renamed) == [
+        "$.nodes[0]: keys ['id', 'kind'], the doc shows ['id', 'role']"
+    ]
+    (added,) = json_shape_problems(sample, {**real, "healthy": True})
+    assert added.endswith("'leader_id', 'healthy'], the doc shows ['nodes', 'configs', 'leader_id']")
+    assert json_shape_problems(sample, {**real, "nodes": {}}) == [
+        "$.nodes: an array in the doc, dict in the output"
+    ]
+    assert json_shape_problems(parse_sample_json('{"a": 1, …}'), {"a": 2, "b": 3}) == []
+    assert json_shape_problems(parse_sample_json('{"a": 1, …}'), {"b": 3}) == [
+        "$: keys ['b'], the doc shows ['a'] and more (…)"
+    ]
+
+
+def test_json_samples_in_output_are_compared_in_order() -> None:
+    shown = sample(
+        '{"name": "orders", "topic_id": "c1", "configs": {},', ' "partitions": [{"partition": 0}, … ]}'
+    )
+    real = {"name": "o", "topic_id": "x", "configs": {}, "partitions": [{"partition": 3}]}
     assert shape_problems(shown, 0, json.dumps(real, indent=2), "") == []
     extra = json.dumps({**real, "new_field": 1})
-    assert shape_problems(shown, 0, extra, "")[0].startswith("JSON keys ['name', 'topic_id', 'configs'")
-    assert shape_problems(sample('{"name": "o", …}'), 0, extra, "") == []
-    # jq -c prints several values: compared in order, scalars (true) only as sentences
+    assert shape_problems(shown, 0, extra, "")[0].startswith("$: keys ['name', 'topic_id', 'configs'")
+    # jq -c prints several values: objects and arrays compared in order, scalars (true) as sentences
     lines = sample("true", '{"node": "controller-1", "status": "SERVING"}')
     assert shape_problems(lines, 0, 'true\n{"node":"c","status":"SERVING"}\n', "") == []
     assert shape_problems(lines, 0, "true\n", "") == ["the doc shows 1 JSON values, stdout has 0"]
