@@ -21,8 +21,10 @@ document order (``run-first`` ones before all others, ``run-last`` ones after). 
 malformed, not followed by a block, or (``skip command=``) matches no command of its block is an error,
 so markers cannot silently go stale.
 
-**Shape** (:func:`shape_problems`): what a sample shows is checked, not its values — table header columns,
-``Key: value`` keys, the top-level keys of JSON output, ``error: CODE`` lines and the exit status.
+**Shape** (:func:`shape_problems`): what a sample shows is checked, not its values — the exit status
+(0 unless the sample shows an ``error:`` line or ``(exit N)``), one ``error: CODE`` line with the code
+shown, table header columns, ``Key: value`` keys, the keys of JSON output at every level (a ``…`` stands
+for more), and every free-text line as a *skeleton*: its words with numbers, ids and paths masked.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MARKER_PREFIX = "doc-test:"
 KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # kind: (required attributes, optional attributes)
     "skip": (frozenset({"reason"}), frozenset({"command"})),

@@ -1,6 +1,7 @@
 """Executed docs: every ``kraft`` command shown in README.md and docs/operations.md runs against one live
-local cluster, and its output must have the shape the doc shows (table columns, ``Key: value`` keys,
-top-level JSON keys, ``error: CODE`` lines, exit status) — so the docs cannot drift from the CLI again.
+local cluster, and its output must have the shape the doc shows (exit status, ``error: CODE`` lines, table
+columns, ``Key: value`` keys, JSON keys, the wording of each sample sentence) — so the docs cannot drift
+from the CLI again.
 
 How the docs are read (prompts, sample output, the ``<!-- doc-test: … -->`` markers that skip a command
 with its reason, add setup, or order a block) is ``doc_examples.py``.  A command shown in those docs is
@@ -28,6 +29,7 @@ import shlex
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +103,12 @@ class Session:
             assert words[0] == "kraft", command
             out_buffer, err_buffer = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out_buffer), contextlib.redirect_stderr(err_buffer):
-                code = cli_main.run(words[1:])
+                try:
+                    code = cli_main.run(words[1:])
+                except Exception:
+                    # A crash is a finding like any other: report it with the rest, keep going.
+                    code = -1
+                    traceback.print_exc()
             out, err = out_buffer.getvalue(), err_buffer.getvalue()
         self.timings.append((time.monotonic() - started, command))
         return code, out, err
