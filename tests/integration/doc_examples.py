@@ -59,6 +59,7 @@ ELISION = "…"
 _BOX = frozenset("┏┃┡│└┗╇━─┳┻┓┛┩┘┐┌")
 # Words whose value differs from run to run: anything with a digit (ids, ports, offsets, counts), paths,
 # and the 22-character base64 ids of clusters and directories.
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 _VARIABLE_WORD = re.compile(r"^\W*(?:\S*\d\S*|\.?/\S*|[A-Za-z0-9_-]{22})\W*$")
 
 
@@ -484,8 +485,10 @@ def real_json_values(text: str) -> list[object]:
 
 
 def skeleton(line: str) -> str:
-    """``line`` with every word whose value varies (see ``_VARIABLE_WORD``) replaced by ``#``: the shape
-    of a sentence the CLI prints, e.g. ``produced # record(s) to # at offsets #``."""
+    """``line`` with every double-quoted string (JSON-ish data) and every word whose value varies (see
+    ``_VARIABLE_WORD``) replaced by ``#``: the shape of a sentence the CLI prints, e.g. ``produced #
+    record(s) to # at offsets #``."""
+    line = _QUOTED.sub('"#"', line)
     return " ".join("#" if _VARIABLE_WORD.match(word) else word for word in line.split())
 
 

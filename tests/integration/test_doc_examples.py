@@ -295,6 +295,10 @@ def test_skeletons_hide_values_but_keep_the_words() -> None:
         "broker # # # of # bytes usable"
     )
     assert skeleton("cluster rMMtcdxgeffNNGTLRzaeQa in ./kc") == "cluster # in #"
+    assert (
+        skeleton('| offset: 0 payload: {"key": {"text": "a \\"b\\""}}')
+        == '| offset: # payload: {"#": {"#": "#"}}'
+    )
 
 
 def test_event_names_come_from_event_fields_and_event_tables() -> None:
