@@ -114,7 +114,12 @@ def _fault_windows(report: RunReport, origin: int) -> list[tuple[float, float, s
     return windows
 
 
-_LEGEND_OUTSIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8}
+_LEGEND_OUTSIDE: dict[str, Any] = {
+    "loc": "upper left",
+    "bbox_to_anchor": (1.01, 1.0),
+    "borderaxespad": 0.0,
+    "fontsize": 8,
+}
 _MAX_PROCESS_TICKS = 24  # up to this many client processes, each row is labelled with its id
 
 

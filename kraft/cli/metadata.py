@@ -128,7 +128,16 @@ def _filter_offsets(dump: dict[str, Any], first: int, last: int) -> dict[str, An
 
 def _resolve_inputs(log_dir: Path | None, files: list[str] | None, ranged: bool) -> list[Path]:
     if (log_dir is None) == (not files):
-        raise CliError("give either --log-dir DIR or --files FILE[,FILE…]")
+        from typer._click.exceptions import UsageError
+        from typer._click.globals import get_current_context
+
+        # As a missing required option was before --files existed: a usage error of this command.
+        problem = (
+            "Missing option '--log-dir' (or --files)"
+            if log_dir is None
+            else "give --log-dir or --files, not both"
+        )
+        raise UsageError(problem, ctx=get_current_context(silent=True))
     if log_dir is not None:
         if not log_dir.is_dir():
             raise CliError(f"--log-dir {log_dir}: not a directory")

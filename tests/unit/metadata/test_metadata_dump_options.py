@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
-from kraft.cli.main import app
+from kraft.cli.main import app, run
 from kraft.cli.metadata import render_bytes
 from kraft.metadata import records as metadata_records
 from kraft.storage.log import METADATA_LOG_DIR_NAME, SegmentedLog
@@ -117,8 +118,6 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     directory = _partition_log(tmp_path)
     segment = str(directory / "00000000000000000000.log")
     for args, message in (
-        ([], "give either --log-dir DIR or --files FILE"),
-        (["--log-dir", str(directory), "--files", segment], "give either --log-dir DIR or --files FILE"),
         (["--files", str(tmp_path / "nope.log")], "not a file"),
         (["--files", str(directory / "00000000000000000000.index")], "not a segment"),
         (["--files", segment, "--offsets-from", "5", "--offsets-to", "4"], "--offsets-from 5 is past"),
@@ -126,6 +125,21 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
         result = runner.invoke(app, ["metadata", "dump", *args])
         assert result.exit_code == 1, args
         assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
+def test_neither_or_both_inputs_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    directory = _partition_log(tmp_path)
+    segment = str(directory / "00000000000000000000.log")
+    for args, message in (
+        ([], "kraft metadata dump: Missing option '--log-dir' (or --files)"),
+        (
+            ["--log-dir", str(directory), "--files", segment],
+            "kraft metadata dump: give --log-dir or --files, not both",
+        ),
+    ):
+        assert run(["metadata", "dump", *args]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
 
 
 def test_render_bytes_prefers_text_and_falls_back_to_hex() -> None:
