@@ -16,6 +16,7 @@ offset, stamped with the snapshot's last contained timestamp, and marked ``sourc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -124,16 +125,23 @@ def _write_table(df: DataFrame, out: Path, name: str, report: MetadataReport) ->
     report.tables[name] = str(path)
 
 
+def _cell(value: object) -> str:
+    """A table cell: missing values (None, pandas' NaN for a state never entered) as ``-``, and whole
+    floats (pandas turns an int column with gaps into floats) without ``.0``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _markdown_table(frame: pd.DataFrame, limit: int = _TABLE_ROWS_IN_SUMMARY) -> str:
     if frame.empty:
         return "_none_\n"
     shown = frame.head(limit)
     header = "| " + " | ".join(str(c) for c in shown.columns) + " |"
     rule = "|" + "|".join("---" for _ in shown.columns) + "|"
-    body = [
-        "| " + " | ".join("" if v is None else str(v) for v in row) + " |"
-        for row in shown.itertuples(index=False)
-    ]
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
     more = f"\n_{len(frame) - limit} more rows in the Parquet table_\n" if len(frame) > limit else "\n"
     return "\n".join([header, rule, *body]) + "\n" + more
 
