@@ -16,6 +16,7 @@ outside the range are not read at all.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,18 +97,23 @@ def _base_offset(path: Path) -> int | None:
 def _segments_in_range(files: list[Path], first: int, last: int) -> list[Path]:
     """Drop the segments wholly outside [first, last], judged by base offsets in file names (a
     segment ends where the next one of the same directory begins)."""
+    bases: dict[Path, list[int]] = {}
+    for path in files:
+        base = _base_offset(path)
+        if base is not None:
+            bases.setdefault(path.parent, []).append(base)
+    for values in bases.values():
+        values.sort()
     kept: list[Path] = []
-    for i, path in enumerate(files):
+    for path in files:
         base = _base_offset(path)
         if base is None:
             kept.append(path)
             continue
-        following = [
-            b
-            for p in files[i + 1 :]
-            if p.parent == path.parent and (b := _base_offset(p)) is not None and b > base
-        ]
-        if base > last or (following and min(following) <= first):
+        siblings = bases[path.parent]
+        after = bisect.bisect_right(siblings, base)
+        next_base = siblings[after] if after < len(siblings) else None
+        if base > last or (next_base is not None and next_base <= first):
             continue
         kept.append(path)
     return kept
@@ -213,8 +219,9 @@ def dump_command(
 
     A damaged file is reported at its first invalid batch (exit status 0).
     Reads files only: safe on a running node's directory.
-    With --offsets-from/--offsets-to only the batches and records in that range are shown, and a
-    --log-dir's snapshots are left out (their records carry no log offsets).
+    With --offsets-from/--offsets-to only the batches and records in that range are shown; a
+    --log-dir's snapshots are left out (their records carry no log offsets), one named in --files is
+    shown whole.
 
     Examples:
 

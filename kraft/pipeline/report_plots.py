@@ -254,8 +254,9 @@ def figure_partition_leaders(events: pd.DataFrame, origin_ms: int, end_ms: int) 
     events = events.sort_values(["topic", "partition", "offset"])
     keys = list(dict.fromkeys(zip(events["topic"].fillna("?"), events["partition"], strict=True)))
     keys = keys[:MAX_ROWS_PLOTTED]
+    wanted = set(keys)
     plotted = events[
-        [(t, p) in set(keys) for t, p in zip(events["topic"].fillna("?"), events["partition"], strict=True)]
+        [(t, p) in wanted for t, p in zip(events["topic"].fillna("?"), events["partition"], strict=True)]
     ]
     brokers = sorted({int(v) for v in plotted["leader"].dropna() if int(v) != -1})
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.4 * len(keys)))

@@ -109,9 +109,13 @@ def test_offset_range_selects_records_and_skips_whole_segments(tmp_path: Path) -
     dumps = _dump("--log-dir", str(directory), "--offsets-from", "2", "--offsets-to", "3", "--headers-only")
     assert [(b["baseOffset"]) for d in dumps for b in d["batches"]] == [2, 3]
     # Only an upper bound; metadata log: its snapshot (records without log offsets) is left out.
-    dumps = _dump("--log-dir", str(_metadata_log(tmp_path)), "--offsets-to", "1")
+    metadata = _metadata_log(tmp_path)
+    dumps = _dump("--log-dir", str(metadata), "--offsets-to", "1")
     assert [d["kind"] for d in dumps] == ["segment"]
     assert [r["offset"] for r in _records(dumps)] == [0, 1]
+    # A snapshot named in --files is shown whole whatever the range.
+    snapshot = str(next(metadata.glob("*.checkpoint")))
+    assert _dump("--files", snapshot, "--offsets-from", "50") == _dump("--files", snapshot)
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
