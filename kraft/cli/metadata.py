@@ -219,9 +219,9 @@ def dump_command(
 
     A damaged file is reported at its first invalid batch (exit status 0).
     Reads files only: safe on a running node's directory.
-    With --offsets-from/--offsets-to only the batches and records in that range are shown; a
-    --log-dir's snapshots are left out (their records carry no log offsets), one named in --files is
-    shown whole.
+    --offsets-from/--offsets-to: only the batches and records in that range.
+    A --log-dir's snapshots are then left out (no log offsets in them);
+    a snapshot named in --files is shown whole.
 
     Examples:
 
@@ -231,9 +231,11 @@ def dump_command(
 
       kraft metadata dump --log-dir data/controller-1 --json | jq length
 
-      kraft metadata dump --files data/broker-101/orders-0/00000000000000000000.log --print-data-log
+      kraft metadata dump --print-data-log \\
+          --files data/broker-101/orders-0/00000000000000000000.log
 
-      kraft metadata dump --log-dir data/controller-1 --offsets-from 100 --offsets-to 120
+      kraft metadata dump --log-dir data/controller-1 --offsets-from 10 \\
+          --offsets-to 20
     """
     ranged = offsets_from is not None or offsets_to is not None
     first = offsets_from if offsets_from is not None else 0

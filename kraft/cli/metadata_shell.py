@@ -246,16 +246,18 @@ def shell_command(
 ) -> None:
     """Browse metadata offline: SQL over an image store, or a snapshot / metadata log as a tree.
 
-    SQL mode (--db or --config): without -c it reads statements from stdin (a prompt on a terminal);
+    SQL mode (--db or --config): without -c it reads statements from stdin.
     .help there lists the tables and dot commands.
 
-    Tree mode (--snapshot or --log-dir), like kafka-metadata-shell.sh: ls, cat and tree over
-    /brokers, /topics/<name>/<partition>, /configs, /features, /acls and /cluster; without a command
-    it reads commands from stdin (help lists them).
+    Tree mode (--snapshot or --log-dir), like kafka-metadata-shell.sh:
+    ls, cat and tree over /brokers, /topics/<name>/<partition>, /configs,
+    /features, /acls and /cluster.
+    Without a command it reads commands from stdin (help lists them).
 
     Examples:
 
-      kraft metadata shell --snapshot 00000000000000000120-0000000002.checkpoint ls /topics
+      kraft metadata shell --snapshot 00000000000000000120-0000000002.checkpoint \\
+          ls /topics
 
       kraft metadata shell --log-dir data/controller-1 cat /topics/orders/0/data
 
