@@ -16,6 +16,11 @@ from chaos.nemesis import NemesisEvent
 OPS_PLOT = "operations.png"
 LEADERS_PLOT = "leaders.png"
 OUTCOME_COLORS = {EventType.OK: "tab:green", EventType.FAIL: "tab:red", EventType.INFO: "tab:orange"}
+_OUTCOME_MEANING = {
+    EventType.OK: "ok (done)",
+    EventType.FAIL: "fail (not done)",
+    EventType.INFO: "info (outcome unknown)",
+}
 
 
 @dataclass(slots=True)
@@ -109,18 +114,26 @@ def _fault_windows(report: RunReport, origin: int) -> list[tuple[float, float, s
     return windows
 
 
-def _plot(report: RunReport, directory: Path) -> list[str]:
-    """Operations over time (per process, by outcome) and the leader epoch each controller reported."""
-    import matplotlib
+_LEGEND_OUTSIDE: dict[str, Any] = {
+    "loc": "upper left",
+    "bbox_to_anchor": (1.01, 1.0),
+    "borderaxespad": 0.0,
+    "fontsize": 8,
+}
+_MAX_PROCESS_TICKS = 24  # up to this many client processes, each row is labelled with its id
 
-    matplotlib.use("Agg")
+
+def _plot_operations(report: RunReport, origin: int, windows: list[tuple[float, float, str]]) -> Any:
+    """One row per client process, one dot per operation at its invoke time, coloured by outcome."""
     import matplotlib.pyplot as plt
 
-    origin = report.origin_ns()
-    windows = _fault_windows(report, origin)
-    # Process ids are sparse (producers start at 1,000,000): plot each at its rank instead.
-    rank = {process: i for i, process in enumerate(sorted({op.process for op in report.operations}))}
-    figure, axes = plt.subplots(figsize=(11, 4))
+    from chaos.produce import PRODUCER_PROCESS_BASE
+
+    # Process ids are sparse (producers start at PRODUCER_PROCESS_BASE, and a process that saw an
+    # `info` continues under a new id): each is drawn at its rank, and the axis says so.
+    processes = sorted({op.process for op in report.operations})
+    rank = {process: i for i, process in enumerate(processes)}
+    figure, axes = plt.subplots(figsize=(11, 4.5))
     for outcome, color in OUTCOME_COLORS.items():
         chosen = [op for op in report.operations if op.outcome is outcome]
         axes.scatter(
@@ -128,32 +141,100 @@ def _plot(report: RunReport, directory: Path) -> list[str]:
             [rank[op.process] for op in chosen],
             s=8,
             color=color,
-            label=outcome.value,
+            label=_OUTCOME_MEANING[outcome],
         )
     for start, end, name in windows:
         axes.axvspan(start, end, color="grey", alpha=0.2)
         axes.text(start, axes.get_ylim()[1], name, fontsize=7, va="top")
-    axes.set_xlabel("seconds since the first operation")
-    axes.set_ylabel("client process (by id order)")
-    axes.set_title(f"{report.scenario}: operations by outcome (grey: faults)")
-    axes.legend(loc="upper right", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(directory / OPS_PLOT, dpi=90)
-    plt.close(figure)
-    figure, axes = plt.subplots(figsize=(11, 3))
-    for observer in sorted({o.observer for o in report.leaders}):
-        seen = [o for o in report.leaders if o.observer == observer]
-        axes.step(
-            [(o.time_ns - origin) / 1e9 for o in seen], [o.epoch for o in seen], where="post", label=observer
+    producers = [p for p in processes if p >= PRODUCER_PROCESS_BASE]
+    if producers and len(producers) < len(processes):
+        boundary = rank[producers[0]] - 0.5
+        axes.axhline(boundary, color="black", linewidth=0.6, linestyle="--")
+        axes.text(
+            0.0,
+            boundary,
+            " producers above, topic clients below",
+            fontsize=7,
+            va="bottom",
+            transform=axes.get_yaxis_transform(),
         )
-    for start, end, _ in windows:
-        axes.axvspan(start, end, color="grey", alpha=0.2)
-    axes.set_xlabel("seconds since the first operation")
-    axes.set_ylabel("leader epoch")
-    axes.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(directory / LEADERS_PLOT, dpi=90)
-    plt.close(figure)
+    if len(processes) <= _MAX_PROCESS_TICKS:
+        axes.set_yticks(range(len(processes)), [f"p{p}" for p in processes], fontsize=7)
+        axes.set_ylabel("client process id")
+    else:
+        axes.set_ylabel(f"client process, by rank of its id\n({len(processes)} processes, lowest id = 0)")
+    axes.set_xlabel("seconds since the first operation (invoke time)")
+    axes.text(
+        0.0,
+        1.02,
+        "one dot per operation; a process that got `info` continues under a new id; grey: fault windows",
+        transform=axes.transAxes,
+        fontsize=7,
+        va="bottom",
+    )
+    axes.set_title(f"{report.scenario}: operations by outcome", loc="left", pad=14)
+    axes.legend(title="outcome", **_LEGEND_OUTSIDE)
+    return figure
+
+
+def _plot_leaders(report: RunReport, origin: int, windows: list[tuple[float, float, str]]) -> Any:
+    """Two panels over the same time: each controller's reported epoch, and whom it named leader."""
+    import matplotlib.pyplot as plt
+
+    observers = sorted({o.observer for o in report.leaders})
+    figure, (epochs, leaders) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True)
+    for i, observer in enumerate(observers):
+        seen = [o for o in report.leaders if o.observer == observer]
+        times = [(o.time_ns - origin) / 1e9 for o in seen]
+        # Controllers that agree would draw one line over another: shift each a little.
+        shift = (i - (len(observers) - 1) / 2) * 0.05
+        epochs.step(times, [o.epoch + shift for o in seen], where="post", label=observer)
+        leaders.step(
+            times,
+            [(-1 if o.leader_id is None else o.leader_id) + shift for o in seen],
+            where="post",
+            label=observer,
+        )
+    for axes in (epochs, leaders):
+        for start, end, _ in windows:
+            axes.axvspan(start, end, color="grey", alpha=0.2)
+    epochs.set_title(
+        "Raft leader epoch and leader as each controller reported them (DescribeQuorum polls)", loc="left"
+    )
+    epochs.set_ylabel("epoch it reports")
+    epochs.text(
+        0.0,
+        -0.02,
+        "a step up = that controller learned of a new election; lines drawn slightly apart where "
+        "controllers agree; far apart = they disagree (a partitioned node lags or runs ahead)",
+        transform=epochs.transAxes,
+        fontsize=7,
+        va="top",
+    )
+    epochs.legend(title="reported by", **_LEGEND_OUTSIDE)
+    leader_ids = sorted({o.leader_id for o in report.leaders if o.leader_id is not None})
+    leaders.set_yticks([-1, *leader_ids], ["none known", *[str(i) for i in leader_ids]])
+    leaders.set_ylabel("leader (controller id)\nit names")
+    leaders.set_xlabel("seconds since the first operation (grey: fault windows)")
+    return figure
+
+
+def _plot(report: RunReport, directory: Path) -> list[str]:
+    """Operations over time (per process, by outcome) and what each controller said about leadership."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    origin = report.origin_ns()
+    windows = _fault_windows(report, origin)
+    for name, figure in (
+        (OPS_PLOT, _plot_operations(report, origin, windows)),
+        (LEADERS_PLOT, _plot_leaders(report, origin, windows)),
+    ):
+        # bbox_inches="tight" makes room for the outside legends (tight_layout would warn instead).
+        figure.savefig(directory / name, dpi=90, bbox_inches="tight")
+        plt.close(figure)
     return [OPS_PLOT, LEADERS_PLOT]
 
 

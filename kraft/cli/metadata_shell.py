@@ -1,11 +1,16 @@
-"""``kraft metadata shell``: query an image store (SQLite) read-only with SQL.
+"""``kraft metadata shell``: browse metadata offline — SQL over an image store, or a tree of a snapshot.
 
-The store is the applied metadata image a controller or broker keeps in
-``<metadata.log.dir>/metadata-image.sqlite``; its tables are documented in
-:mod:`kraft.metadata.store` (``meta``, ``brokers``, ``topics``, ``partitions``, ``configs``, ``features``).
-``-c SQL`` runs statements and exits; otherwise statements are read from stdin (``;``-terminated, plus
-``.tables``, ``.schema [TABLE]``, ``.help``, ``.quit``).  The file is opened with ``mode=ro``: nothing
-here can change it.
+SQL mode (``--db``/``--config``): the store is the applied metadata image a controller or broker keeps
+in ``<metadata.log.dir>/metadata-image.sqlite``; its tables are documented in
+:mod:`kraft.metadata.store` (``meta``, ``brokers``, ``topics``, ``partitions``, ``configs``,
+``features``).  ``-c SQL`` runs statements and exits; otherwise statements are read from stdin
+(``;``-terminated, plus ``.tables``, ``.schema [TABLE]``, ``.help``, ``.quit``).  The file is opened with
+``mode=ro``: nothing here can change it.
+
+Tree mode (``--snapshot F`` or ``--log-dir D``), as kafka-metadata-shell.sh: the image rebuilt from the
+files (see :mod:`kraft.cli.metadata_tree`) is browsed with ``ls``, ``cat``, ``tree`` — given as
+arguments (``kraft metadata shell --snapshot F ls /topics``) or, without them, read line by line from
+stdin (plus ``cd``, ``pwd``, ``help``, ``exit``).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import typer
 
 from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
 from kraft.cli.metadata import app
+from kraft.cli.metadata_tree import ImageLoader, Tree, cat, lookup, ls, render, resolve, tree_lines
 from kraft.config import load_config
 from kraft.metadata.store import IMAGE_STORE_FILE
 
@@ -115,9 +121,118 @@ def interactive(db: sqlite3.Connection, as_json: bool) -> None:
         _print(*run_statement(db, buffer), as_json)
 
 
+TREE_HELP = """\
+Paths: /brokers /topics/<name>/<partition> /configs /features /acls /cluster
+  ls [PATH]      list a directory (directories end in /)
+  cat PATH       print a file
+  tree [PATH]    everything under PATH
+  cd [PATH]      change directory (default /)
+  pwd            print the directory
+  help           this text
+  exit           leave"""
+
+TREE_COMMANDS = ("ls", "cat", "tree")
+
+
+def _tree_command(tree: Tree, cwd: str, words: list[str], as_json: bool) -> None:
+    """Run one of ls/cat/tree and print its result."""
+    command, args = words[0], words[1:]
+    if command not in TREE_COMMANDS:
+        raise CliError(f"unknown command {command!r} (one of {', '.join(TREE_COMMANDS)})")
+    if len(args) > 1 or (command == "cat" and not args):
+        raise CliError(f"usage: {command} {'PATH' if command == 'cat' else '[PATH]'}")
+    path = resolve(cwd, args[0] if args else None)
+    if command == "ls":
+        names = ls(tree, path)
+        if as_json:
+            print_json(names)
+        else:
+            for name in names:
+                typer.echo(name)
+    elif command == "cat":
+        value = cat(tree, path)
+        if as_json:
+            print_json(value)
+        else:
+            typer.echo(render(value))
+    elif as_json:
+        print_json(lookup(tree, path))
+    else:
+        for line in tree_lines(tree, path):
+            typer.echo(line)
+
+
+def tree_interactive(tree: Tree, as_json: bool) -> None:
+    prompt = sys.stdin.isatty()
+    cwd = "/"
+    while True:
+        if prompt:
+            sys.stdout.write(f"kraft:{cwd}> ")
+            sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line:
+            break
+        words = line.split()
+        if not words:
+            continue
+        if words[0] in ("exit", "quit", ".quit"):
+            break
+        try:
+            if words[0] == "help":
+                typer.echo(TREE_HELP)
+            elif words[0] == "pwd":
+                typer.echo(cwd)
+            elif words[0] == "cd":
+                target = resolve(cwd, words[1] if len(words) > 1 else "/")
+                if not isinstance(lookup(tree, target), Tree):
+                    raise CliError(f"{target}: not a directory")
+                cwd = target
+            else:
+                _tree_command(tree, cwd, words, as_json)
+        except CliError as exc:
+            # one bad command must not end an interactive session
+            sys.stderr.write(f"error: {exc}\n")
+
+
+def _load_tree(snapshot: Path | None, log_dir: Path | None) -> Tree:
+    loader = ImageLoader()
+    if snapshot is not None:
+        loader.load_snapshot(snapshot)
+    else:
+        assert log_dir is not None
+        loader.load_log_dir(log_dir)
+    tree = loader.tree()
+    if loader.problem_count:
+        sys.stderr.write(
+            f"warning: {loader.problem_count} records could not be read or replayed "
+            "(cat /cluster/replayErrors)\n"
+        )
+    return tree
+
+
 @app.command("shell")
 @handle_errors
 def shell_command(
+    words: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Tree mode: one command (ls [PATH] | cat PATH | tree [PATH]); "
+            "none: commands are read from stdin.",
+            show_default=False,
+        ),
+    ] = None,
+    snapshot: Annotated[
+        Path | None,
+        typer.Option("--snapshot", help="Browse this snapshot (*.checkpoint) as a tree.", show_default=False),
+    ] = None,
+    log_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--log-dir",
+            help="Browse a metadata log directory as a tree (newest snapshot + segments after it).",
+            show_default=False,
+        ),
+    ] = None,
     db: Annotated[
         Path | None, typer.Option("--db", help="The image store file (metadata-image.sqlite).")
     ] = None,
@@ -129,12 +244,24 @@ def shell_command(
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Query a metadata image store read-only with SQL (tables: meta, brokers, topics, partitions, …).
+    """Browse metadata offline: SQL over an image store, or a snapshot / metadata log as a tree.
 
-    Without -c it reads statements from stdin (a prompt on a terminal);
+    SQL mode (--db or --config): without -c it reads statements from stdin.
     .help there lists the tables and dot commands.
 
+    Tree mode (--snapshot or --log-dir), like kafka-metadata-shell.sh:
+    ls, cat and tree over /brokers, /topics/<name>/<partition>, /configs,
+    /features, /acls and /cluster.
+    Without a command it reads commands from stdin (help lists them).
+
     Examples:
+
+      kraft metadata shell --snapshot 00000000000000000120-0000000002.checkpoint \\
+          ls /topics
+
+      kraft metadata shell --log-dir data/controller-1 cat /topics/orders/0/data
+
+      kraft metadata shell --log-dir data/controller-1 tree /brokers --json
 
       kraft metadata shell --config config/broker-101.properties
 
@@ -143,6 +270,19 @@ def shell_command(
       kraft metadata shell --config config/controller-1.properties \\
           -c "SELECT broker_id, fenced FROM brokers;" --json
     """
+    if snapshot is not None or log_dir is not None:
+        if snapshot is not None and log_dir is not None:
+            raise CliError("give --snapshot F or --log-dir D, not both")
+        if db is not None or config is not None or command:
+            raise CliError("--db/--config/-c are the SQL mode; --snapshot/--log-dir the tree mode")
+        tree = _load_tree(snapshot, log_dir)
+        if words:
+            _tree_command(tree, "/", words, as_json)
+        else:
+            tree_interactive(tree, as_json)
+        return
+    if words:
+        raise CliError(f"{' '.join(words)}: commands like ls/cat/tree need --snapshot F or --log-dir D")
     path = resolve_store(db, config)
     connection = open_read_only(path)
     try:

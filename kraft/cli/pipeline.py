@@ -115,7 +115,7 @@ def metadata_report_command(
       kraft pipeline metadata-report --log-dir kc --out r --master local[2]
     """
     from kraft.pipeline.layout import find_partition_dirs
-    from kraft.pipeline.metadata_report import SUMMARY_FILE, metadata_report, report_json
+    from kraft.pipeline.metadata_report import SUMMARY_FILE, metadata_report, offset_range, report_json
 
     find_partition_dirs(log_dir)  # a missing/empty dir fails here, before a JVM starts
     started = time.monotonic()
@@ -130,7 +130,7 @@ def metadata_report_command(
         [
             ("MetadataLog", report.metadata_dir),
             ("Records", report.records),
-            ("Offsets", f"{report.log_start_offset}..{report.log_end_offset}"),
+            ("Offsets", offset_range(report).removeprefix("offsets ")),  # inclusive at both ends
             ("ControllerEpochs", report.epochs),
             ("Brokers", report.brokers),
             ("BrokerEvents", report.broker_events),

@@ -16,6 +16,7 @@ offset, stamped with the snapshot's last contained timestamp, and marked ``sourc
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -124,18 +125,54 @@ def _write_table(df: DataFrame, out: Path, name: str, report: MetadataReport) ->
     report.tables[name] = str(path)
 
 
+def _cell(value: object) -> str:
+    """A table cell: missing values (None, pandas' NaN for a state never entered) as ``-``, and whole
+    floats (pandas turns an int column with gaps into floats) without ``.0``."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _markdown_table(frame: pd.DataFrame, limit: int = _TABLE_ROWS_IN_SUMMARY) -> str:
     if frame.empty:
         return "_none_\n"
     shown = frame.head(limit)
     header = "| " + " | ".join(str(c) for c in shown.columns) + " |"
     rule = "|" + "|".join("---" for _ in shown.columns) + "|"
-    body = [
-        "| " + " | ".join("" if v is None else str(v) for v in row) + " |"
-        for row in shown.itertuples(index=False)
-    ]
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in shown.itertuples(index=False)]
     more = f"\n_{len(frame) - limit} more rows in the Parquet table_\n" if len(frame) > limit else "\n"
     return "\n".join([header, rule, *body]) + "\n" + more
+
+
+def offset_range(report: MetadataReport) -> str:
+    """The offsets the report covers, both ends inclusive (``log_end_offset`` is exclusive, as Kafka's)."""
+    if report.records == 0:
+        return "no offsets"
+    return f"offsets {report.log_start_offset}..{report.log_end_offset - 1}"
+
+
+def _shortened_labels(leader_events: pd.DataFrame) -> list[str]:
+    """A table of the partition lanes whose topic name the plot had to shorten, with the full name."""
+    if leader_events.empty:
+        return []
+    keys = dict.fromkeys(zip(leader_events["topic"].fillna("?"), leader_events["partition"], strict=True))
+    rows = [
+        (plots.partition_label(topic, int(partition)), f"{topic}-{int(partition)}")
+        for topic, partition in keys
+        if plots.partition_label(topic, int(partition)) != f"{topic}-{int(partition)}"
+    ]
+    if not rows:
+        return []
+    return [
+        "Partition labels shortened in the plot:",
+        "",
+        "| label | partition |",
+        "|---|---|",
+        *[f"| {label} | {full} |" for label, full in sorted(rows)],
+        "",
+    ]
 
 
 def _summary_markdown(
@@ -143,13 +180,13 @@ def _summary_markdown(
     epochs: pd.DataFrame,
     broker_summary: pd.DataFrame,
     offline: pd.DataFrame,
+    leader_events: pd.DataFrame,
 ) -> str:
     lines = [
         "# kraft metadata report",
         "",
         f"- metadata log: `{report.metadata_dir}`",
-        f"- records: {report.records} (offsets {report.log_start_offset}..{report.log_end_offset}), "
-        f"{report.undecodable_records} undecodable",
+        f"- records: {report.records} ({offset_range(report)}), {report.undecodable_records} undecodable",
         f"- time span: {report.first_timestamp_ms} .. {report.last_timestamp_ms} ms "
         f"({(report.last_timestamp_ms - report.first_timestamp_ms) / 1000:.1f} s)",
         f"- controller epochs: {report.epochs}; brokers: {report.brokers} ({report.broker_events} lifecycle "
@@ -172,7 +209,9 @@ def _summary_markdown(
         "",
         "## Broker lifecycle",
         "",
-        "Time spent in each state (ms) and the state at the end of the log:",
+        "Time spent in each state (ms) and the state at the end of the log.  States are named as "
+        "`kraft broker list` names them: FENCED = registered, not yet unfenced (catching up); "
+        "OFFLINE = fenced after being active (session expired, or controlled shutdown done).",
         "",
         _markdown_table(broker_summary),
         "![broker timeline](plots/broker_timeline.png)",
@@ -182,6 +221,7 @@ def _summary_markdown(
         _markdown_table(offline),
         "![partition leaders](plots/partition_leaders.png)",
         "",
+        *_shortened_labels(leader_events),
     ]
     return "\n".join(lines)
 
@@ -247,7 +287,7 @@ def metadata_report(spark: SparkSession, log_dir: str, out_dir: str) -> Metadata
         states_table = spark_read.parquet(report.tables["broker_states"])
         broker_summary = _pandas(
             states_table.groupBy("broker_id")
-            .pivot("state", ["ACTIVE", "FENCED", "CONTROLLED_SHUTDOWN", "UNREGISTERED"])
+            .pivot("state", list(plots.STATE_COLORS))
             .agg(F.sum("duration_ms"))
             .join(
                 states_table.where(F.col("is_open")).select("broker_id", F.col("state").alias("final_state")),
@@ -298,7 +338,7 @@ def metadata_report(spark: SparkSession, log_dir: str, out_dir: str) -> Metadata
     finally:
         rows.unpersist()
 
-    (out / SUMMARY_FILE).write_text(_summary_markdown(report, epochs, broker_summary, offline))
+    (out / SUMMARY_FILE).write_text(_summary_markdown(report, epochs, broker_summary, offline, leader_events))
     (out / REPORT_JSON).write_text(json.dumps(report_json(report), indent=2) + "\n")
     return report
 

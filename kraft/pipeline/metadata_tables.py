@@ -5,7 +5,13 @@ Input: the reader's rows for ``__cluster_metadata`` (``offset``, ``leader_epoch`
 per-entity windows ordered by offset — so the report scales with the log, not with driver memory.
 Durations use record timestamps (ms); ordering always uses offsets (timestamps may tie).
 
-States shown for brokers follow ``kraft broker list``: FENCED, ACTIVE, CONTROLLED_SHUTDOWN, UNREGISTERED.
+States shown for brokers follow ``kraft broker list``: FENCED, ACTIVE, CONTROLLED_SHUTDOWN, OFFLINE,
+plus UNREGISTERED.  The log records "fenced", not why; the CLI shows a fenced broker as FENCED while it
+still heartbeats (registered and catching up) and OFFLINE once its session is gone.  So a broker that
+registers fenced is FENCED, and one fenced after it was unfenced is OFFLINE: the controller fences an
+active broker when its session expires or when its controlled shutdown completes (the process then
+exits).  The one exception, a live broker that asks to be fenced because it fell behind, cannot be told
+apart in the log and is shown OFFLINE too.
 """
 
 from __future__ import annotations
@@ -108,7 +114,7 @@ def broker_events(rows: DataFrame) -> DataFrame:
             F.col("event") == "registered", F.when(F.col("registered_fenced"), "FENCED").otherwise("ACTIVE")
         )
         .when(F.col("event") == "unregistered", F.lit("UNREGISTERED"))
-        .when(F.col("event") == "fenced", F.lit("FENCED"))
+        .when(F.col("event") == "fenced", F.lit("OFFLINE"))
         .when(F.col("event") == "unfenced", F.lit("ACTIVE"))
         .when(F.col("event") == "controlled_shutdown", F.lit("CONTROLLED_SHUTDOWN"))
     )
