@@ -8,6 +8,7 @@ Kafka's seven (``RaftEventSimulationTest``) come first, then kraft's additions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NoReturn
 
 from kraft.errors import ErrorCode
 from kraft.raft.api import NotLeaderError, VoterChangeError
@@ -48,7 +49,7 @@ def _wait_new_leader(sim: Simulation, old_epoch: int, exclude: set[int] | None =
     return _leader(sim)
 
 
-def _fail(sim: Simulation, message: str) -> None:
+def _fail(sim: Simulation, message: str) -> NoReturn:
     raise InvariantViolation(f"seed {sim.seed}: {message}")
 
 
@@ -524,10 +525,9 @@ def _append_change(sim: Simulation, change: Callable[[], int], what: str) -> tup
                     raise
         sim.run_for(5)
     _fail(sim, f"{what} was never appended within {VOTER_CHANGE_BOUND_MS} ms")
-    raise AssertionError("unreachable")
 
 
-def _lose_leader_before_commit(sim: Simulation, leader: SimNode, offset: int) -> str:
+def _lose_leader_before_commit(sim: Simulation, leader: SimNode, offset: int) -> None:
     """Crash or cut off ``leader`` while its VotersRecord at ``offset`` is uncommitted — at once or after
     a millisecond or two, so the record may have reached some followers, none or all — and bring it back
     later (a scheduled restart or heal, while the others elect and the operator retries)."""
@@ -536,7 +536,7 @@ def _lose_leader_before_commit(sim: Simulation, leader: SimNode, offset: int) ->
             break
         sim.run_for(1)
     if leader.live_core.high_watermark > offset:
-        return "none"  # committed already: the change went through before any fault (rare)
+        return  # committed already: the change went through before any fault (rare)
     fault = sim.rng.choice(["crash", "partition"])
     back_after = sim.rng.randint(50, 400)
     if fault == "crash":
@@ -545,7 +545,6 @@ def _lose_leader_before_commit(sim: Simulation, leader: SimNode, offset: int) ->
     else:
         sim.router.isolate(leader.node_id)
         sim.schedule(back_after, lambda: sim.router.isolated.discard(leader.node_id))
-    return fault
 
 
 def _wipe_once_others_hold_its_log(sim: Simulation, victim: SimNode) -> bool:
