@@ -24,6 +24,7 @@ controller 1 with add-controller, and :class:`~chaos.nemesis.MembershipControl` 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -33,8 +34,11 @@ from chaos.proxy import BackgroundProxyServer
 from chaos.proxy.client import ToxiproxyClient, ToxiproxyError, external_toxiproxy_url
 from chaos.topology import CLIENT, Topology, build_topology, kraft_links
 from kraft.client.quorum import describe_quorum, remove_controller
+from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.manager import ClusterStatus, LocalCluster
 from kraft.cluster.spec import NodeRole, NodeSpec
+from kraft.config import load_config
+from kraft.storage.meta_properties import read_meta_properties
 
 STARTUP_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 10.0
@@ -219,6 +223,24 @@ class ChaosCluster:
     def add_voter(self, node: str, timeout_s: float) -> int | None:
         """AddRaftVoter for a running controller, as ``kraft quorum add-controller`` does."""
         return self._require()[0].add_controller(node, timeout_s)
+
+    def directory_id(self, node: str) -> str:
+        cluster = self._require()[0]
+        return read_meta_properties(cluster.layout.data_dir(cluster.spec.node(node))).directory_id
+
+    def wipe(self, node: str) -> str:
+        """The disk dies: SIGKILL, delete the metadata directory, format a new one the way a joining
+        controller is formatted (``--no-initial-controllers``: a new directory id), start again."""
+        cluster = self._require()[0]
+        spec = cluster.spec.node(node)
+        if spec.role is not NodeRole.CONTROLLER:
+            raise ValueError(f"{node} is not a controller")
+        cluster.kill(node)
+        shutil.rmtree(cluster.layout.data_dir(spec))
+        config = load_config(cluster.layout.config_path(spec))
+        format_node_storage(config, cluster.spec.cluster_id, no_initial_controllers=True)
+        cluster.start([node])
+        return self.directory_id(node)
 
     @property
     def controller_names(self) -> list[str]:

@@ -312,15 +312,27 @@ class MembershipControl(Protocol):
 
     def add_voter(self, node: str, timeout_s: float) -> int | None: ...
 
+    def directory_id(self, node: str) -> str:
+        """The directory id in ``node``'s meta.properties now (a new one after :meth:`wipe`)."""
+        ...
+
+    def wipe(self, node: str) -> str:
+        """Kill ``node``, lose its metadata disk, format a new one to join (a new directory id) and
+        restart it: an observer until it is added again; returns the new directory id."""
+        ...
+
 
 class MembershipNemesis(Nemesis):
-    """Removes a voter and adds it back (KIP-853), optionally under another fault.
+    """Voter changes (KIP-853), optionally under another fault.
 
-    ``start``: start ``under`` (a partition, say), then RemoveRaftVoter for a voter the seeded RNG picks
-    (the leader included).  ``heal``: AddRaftVoter for every controller that is not a voter, still under
-    the fault; then heal the fault and add again whatever is still missing.  A change that the fault
-    stops (no leader reachable, the new set cannot commit, the joiner cannot catch up) fails within
-    ``change_timeout_s`` and is recorded as such: the checkers judge the run, not each change.
+    ``start``: start ``under`` (a partition, say), then, for a voter the seeded RNG picks (the leader
+    included), RemoveRaftVoter — or, with ``wipe``, replace its disk by a newly formatted one (a new
+    directory id: the old voter key stays in the set and no process can vote for it any more).
+    ``heal``: restore, still under the fault — remove every voter key that is not its controller's
+    directory id now, then AddRaftVoter for every controller that is not a voter — then heal the fault
+    and restore again whatever is left.  A change that the fault stops (no leader reachable, the new set
+    cannot commit, the joiner cannot catch up) fails within ``change_timeout_s`` and is recorded as
+    such: the checkers judge the run, not each change.
     """
 
     def __init__(
@@ -329,11 +341,14 @@ class MembershipNemesis(Nemesis):
         control: MembershipControl,
         under: Nemesis | None = None,
         change_timeout_s: float = 8.0,
+        *,
+        wipe: bool = False,
     ) -> None:
         super().__init__(name)
         self._control = control
         self._under = under
         self._timeout_s = change_timeout_s
+        self._wipe = wipe
 
     def _start(self, rng: random.Random) -> str:
         done = [self._under.start(rng)] if self._under is not None else []
@@ -342,6 +357,13 @@ class MembershipNemesis(Nemesis):
         except Exception as exc:  # a run goes on whatever the quorum answers
             return "; ".join([*done, f"no voter set to change ({_short(exc)})"])
         victim = rng.choice(sorted(voters))
+        if self._wipe:
+            try:
+                directory = self._control.wipe(victim)
+                done.append(f"wiped {victim}'s disk: back as directory {directory} (voter {voters[victim]})")
+            except Exception as exc:
+                done.append(f"wipe {victim} failed: {_short(exc)}")
+            return "; ".join(done)
         try:
             offset = self._control.remove_voter(victim, voters[victim], self._timeout_s)
             done.append(f"removed {victim} (VotersRecord at {offset})")
@@ -349,13 +371,23 @@ class MembershipNemesis(Nemesis):
             done.append(f"remove {victim} failed: {_short(exc)}")
         return "; ".join(done)
 
-    def _add_missing(self) -> list[str]:
+    def _restore(self) -> list[str]:
+        """Replace stale voter keys (a wiped disk's), then add every controller that is no voter."""
         try:
-            missing = sorted(set(self._control.controller_names) - set(self._control.voters()))
+            voters = self._control.voters()
         except Exception as exc:
             return [f"voters unknown ({_short(exc)})"]
         done: list[str] = []
-        for node in missing:
+        for node, directory in sorted(voters.items()):
+            try:
+                if self._control.directory_id(node) == directory:
+                    continue
+                offset = self._control.remove_voter(node, directory, self._timeout_s)
+                done.append(f"removed stale {node} {directory} (VotersRecord at {offset})")
+                del voters[node]
+            except Exception as exc:
+                done.append(f"remove stale {node} {directory} failed: {_short(exc)}")
+        for node in sorted(set(self._control.controller_names) - set(voters)):
             try:
                 offset = self._control.add_voter(node, self._timeout_s)
                 done.append(f"added {node} (VotersRecord at {offset})")
@@ -364,10 +396,10 @@ class MembershipNemesis(Nemesis):
         return done
 
     def _heal(self) -> str:
-        done = self._add_missing()
+        done = self._restore()
         if self._under is not None:
             done.append(self._under.heal())
-            done += self._add_missing()
+            done += self._restore()
         return "; ".join(done) or "every controller is a voter"
 
 

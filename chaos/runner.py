@@ -166,8 +166,10 @@ class _Collected:
 
 
 def _restore_voters(cluster: ChaosCluster, timeout_s: float) -> dict[str, str] | None:
-    """After the heal: add back (one at a time) every controller that is not a voter, until all are or
-    ``timeout_s`` passes; the voter set then in force (None when no leader described it)."""
+    """After the heal, as an operator would: remove every voter key that is not its controller's
+    directory id any more (a wiped disk's), then add back (one at a time) every controller that is not a
+    voter, until all are or ``timeout_s`` passes; the voter set then in force (None when no leader
+    described it)."""
     deadline = time.monotonic() + timeout_s
     voters: dict[str, str] | None = None
     while True:
@@ -176,10 +178,18 @@ def _restore_voters(cluster: ChaosCluster, timeout_s: float) -> dict[str, str] |
         except KraftError:
             voters = None
         missing = sorted(set(cluster.controller_names) - set(voters or {}))
-        if voters is not None and not missing:
+        stale = sorted(
+            (node, directory)
+            for node, directory in (voters or {}).items()
+            if directory != cluster.directory_id(node)
+        )
+        if voters is not None and not missing and not stale:
             return voters
         if time.monotonic() >= deadline:
             return voters
+        for node, directory in stale:
+            with contextlib.suppress(KraftError, ClusterError):
+                cluster.remove_voter(node, directory, max(1.0, min(10.0, deadline - time.monotonic())))
         for node in missing if voters is not None else []:
             with contextlib.suppress(KraftError, ClusterError):
                 cluster.add_voter(node, max(1.0, min(10.0, deadline - time.monotonic())))

@@ -168,7 +168,9 @@ def data_plane(cluster: ChaosCluster) -> list[Nemesis]:
 def membership(cluster: ChaosCluster) -> list[Nemesis]:
     """Voter changes (KIP-853) on a dynamic quorum: remove a voter (the leader too) and add it back —
     alone, with one controller or the leader cut off, or across a majority split; the removal and the
-    first add happen while the cut is in place (``chaos.nemesis.MembershipNemesis``)."""
+    first add happen while the cut is in place — or wipe a voter's disk (it comes back under a new
+    directory id, an observer, while its old key is still a voter) and replace the stale key by the new
+    one (``chaos.nemesis.MembershipNemesis``)."""
     proxies, topology, controllers, brokers = _parts(cluster)
     everyone = [*controllers, *brokers]
 
@@ -183,6 +185,7 @@ def membership(cluster: ChaosCluster) -> list[Nemesis]:
 
     return [
         MembershipNemesis("remove-add", cluster),
+        MembershipNemesis("replace-wiped", cluster, wipe=True),
         MembershipNemesis(
             "remove-add-isolated-one", cluster, PartitionNemesis("isolate-one", proxies, topology, one)
         ),

@@ -810,6 +810,8 @@ class RaftCore:
             # or persisting anything; our older epoch in the answer tells the candidate it is a refusal.
             leader = self.leader_and_epoch.leader_id
             message = f"leader {leader} of epoch {self.epoch} is live"
+            if self._leader is not None:
+                self._leader.announce_to_refused_candidate(request.candidate_id, self.now_ms)
             self._respond(
                 Respond(request_id, VoteResponse(ErrorCode.NONE, message, leader, self.epoch, False, False))
             )

@@ -228,13 +228,27 @@ class LeaderRole:
         self.begin_next_send_ms[voter] = now_ms + max(1, self.config.fetch_timeout_ms // 2)
         return SendRequest(voter, request, after_persist=True)
 
+    def announce_to_refused_candidate(self, candidate_id: int, now_ms: int) -> None:
+        """A standard vote at a higher epoch was refused because we are live: announce ourselves to that
+        candidate too, voter of our set or not.  A voter removed by a VotersRecord its log never got
+        still thinks it votes; if it reached candidate (a pre-vote granted just before a partition
+        healed) its epoch passed ours, and no leader of ours ever announces to a non-voter, so it could
+        never follow or be added again.  Its FENCED_LEADER_EPOCH answer makes us step down and the next
+        epoch reaches it; a forged vote gets an honest answer from the real node and changes nothing."""
+        if candidate_id == self.node_id:
+            return
+        self.begin_unacked.add(candidate_id)
+        self.begin_next_send_ms[candidate_id] = now_ms
+
     def on_begin_quorum_acknowledged(self, voter: int, now_ms: int) -> None:
         self.begin_unacked.discard(voter)
         if voter in self.last_contact_ms:
             self.last_contact_ms[voter] = now_ms
 
     def on_begin_quorum_failed(self, voter: int, retry_at_ms: int) -> None:
-        if voter in self.begin_unacked:
+        if voter not in self.voters:
+            self.begin_unacked.discard(voter)  # a refused non-voter candidate is told once, not chased
+        elif voter in self.begin_unacked:
             self.begin_next_send_ms[voter] = retry_at_ms
 
     # -- appends: group commit

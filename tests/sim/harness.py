@@ -52,6 +52,8 @@ from kraft.raft.messages import (
     RaftRequest,
     RaftResponse,
     SnapshotId,
+    VoteRequest,
+    VoteResponse,
 )
 from kraft.raft.state import ElectionState, StateKind
 from kraft.raft.voters import Voter, VoterSet, VoterSetHistory
@@ -295,6 +297,8 @@ class SimNode:
         self.high_watermark = 0
         self.pending_appends: dict[int, bytes] = {}
         self.pending_requests: dict[int, tuple[int, int, int]] = {}
+        self.pending_votes: dict[int, VoteRequest] = {}
+        """Vote requests being answered, so a grant can be checked against the key it was asked for."""
         self.next_request_id = 1
         self.scheduled_polls: set[int] = set()
         self.stats = NodeStats()
@@ -333,6 +337,7 @@ class SimNode:
         self.high_watermark = self.core.high_watermark
         self.pending_appends.clear()
         self.pending_requests.clear()
+        self.pending_votes.clear()
         self.scheduled_polls.clear()
         self.download = bytearray()
         self.process(self.core.start(self.sim.now_ms))
@@ -347,6 +352,7 @@ class SimNode:
         for origin in self.pending_requests.values():
             self.sim.refuse(self.node_id, origin)
         self.pending_requests.clear()
+        self.pending_votes.clear()
 
     def _directory_id(self) -> str:
         """A fresh directory id per format (a wiped disk is reformatted with a new one)."""
@@ -506,6 +512,9 @@ class SimNode:
         origin = self.pending_requests.pop(message.request_id, None)
         if origin is None:
             raise InvariantViolation(f"node {self.node_id} answered unknown request {message.request_id}")
+        vote = self.pending_votes.pop(message.request_id, None)
+        if vote is not None and isinstance(message.response, VoteResponse) and message.response.vote_granted:
+            self.sim.record_vote_grant(self, vote)
         response = self._fill_reads(message)
         self.sim.send_response(self.node_id, origin, response)
 
@@ -566,6 +575,8 @@ class SimNode:
         request_id = self.next_request_id
         self.next_request_id += 1
         self.pending_requests[request_id] = (src, src_incarnation, correlation_id)
+        if isinstance(request, VoteRequest):
+            self.pending_votes[request_id] = request
         # The simulated network knows the sender: every request is checked as mTLS would check it.
         self.process(self.live_core.handle_request(request_id, request, self.sim.now_ms, peer_id=src))
 
@@ -616,12 +627,16 @@ class Simulation:
         self.majority = voters // 2 + 1
         self.committed_voters: dict[int, VoterSet] = {}
         """Offset -> the VotersRecord committed there (every node must agree)."""
-        self.hwm_voters: tuple[int, ...] = voter_ids
-        """The voter set (ids) the leader counted when it reached :attr:`max_high_watermark`."""
+        self.hwm_voters: VoterSet = VoterSet.static(voter_ids)
+        """The voter set (keys) the leader counted when it reached :attr:`max_high_watermark`."""
+        self.vote_grants: dict[tuple[int, int], set[tuple[int, str]]] = {}
+        """(epoch, candidate) -> the replicas (id, directory id at the time) that granted it a standard
+        vote (dynamic quorum only)."""
         self.router = Router(self.rng)
         self.committed: dict[int, SimValue] = {}
         self.acked: dict[int, bytes] = {}
         self.leaders_by_epoch: dict[int, int] = {}
+        self.checked_leaders: dict[int, set[int]] = {}
         self.max_high_watermark = 0
         self.next_value = 0
         self.append_interval_ms = 4
@@ -822,27 +837,70 @@ class Simulation:
                 raise InvariantViolation(
                     f"seed {self.seed}: nodes {holder} and {node.node_id} both lead epoch {core.epoch}"
                 )
+            if holder == node.node_id and node.node_id not in self.checked_leaders.get(core.epoch, ()):
+                self.checked_leaders.setdefault(core.epoch, set()).add(node.node_id)
+                self.check_election(node)
             if core.is_voter and core.high_watermark > self.max_high_watermark:
                 self.max_high_watermark = core.high_watermark
-                self.hwm_voters = core.voter_set.ids
+                self.hwm_voters = core.voter_set
             elif self.dynamic and core.high_watermark > self.max_high_watermark:
                 # A leader that removed itself commits with the others' majority.
                 self.max_high_watermark = core.high_watermark
-                self.hwm_voters = core.voter_set.ids
+                self.hwm_voters = core.voter_set
+
+    def record_vote_grant(self, node: SimNode, request: VoteRequest) -> None:
+        """A (pre-)vote granted by ``node``: with a dynamic quorum it must answer for the replica the
+        candidate asked — its current directory id.  A wiped and reformatted voter (new directory id)
+        that granted a vote meant for its old one would count a copy of the log that no longer exists."""
+        if not self.dynamic:
+            return
+        if request.voter_directory_id != node.directory_id:
+            kind = "pre-vote" if request.pre_vote else "vote"
+            raise InvariantViolation(
+                f"seed {self.seed}: node {node.node_id} (directory {node.directory_id}, wiped {node.wipes}x)"
+                f" granted a {kind} in epoch {request.candidate_epoch} to {request.candidate_id} asked"
+                f" for directory {request.voter_directory_id!r}"
+            )
+        if not request.pre_vote:
+            key = (request.candidate_epoch, request.candidate_id)
+            self.vote_grants.setdefault(key, set()).add(node.key.key)
+
+    def check_election(self, leader: SimNode) -> None:
+        """A new leader (dynamic quorum): it is a voter under its current directory id, and a majority of
+        the voter set in force — keys with directory ids — granted it this epoch's vote (or is itself):
+        no vote of a stale (wiped) replica, nor of a node outside that set, made it leader."""
+        if not self.dynamic:
+            return
+        core = leader.live_core
+        voters = core.voter_set
+        if not voters.is_voter(leader.node_id, leader.directory_id):
+            raise InvariantViolation(
+                f"seed {self.seed}: node {leader.node_id} leads epoch {core.epoch} but"
+                f" ({leader.node_id}, {leader.directory_id}) is not a voter of {voters}"
+            )
+        granted = self.vote_grants.get((core.epoch, leader.node_id), set()) | {leader.key.key}
+        counted = [voter for voter in voters if voter.key in granted]
+        if len(counted) < voters.majority:
+            raise InvariantViolation(
+                f"seed {self.seed}: node {leader.node_id} leads epoch {core.epoch} with votes of"
+                f" {sorted(granted)}, not a majority of {voters}"
+            )
 
     def check_invariants(self) -> None:
-        """After every event: committed data (high watermark) is durable on a majority of voters."""
+        """After every event: committed data (high watermark) is durable on a majority of the voters
+        that committed it — counted by key: a wiped node (new directory id) is not the voter it was."""
         target = self.max_high_watermark
         if target == 0:
             return
         holders = 0
         voters = self.hwm_voters
-        for node_id in voters:
-            if self.nodes[node_id].log.durable_end >= target:
+        for voter in voters:
+            node = self.nodes[voter.node_id]
+            if voter.matches(node.node_id, node.directory_id) and node.log.durable_end >= target:
                 holders += 1
-        if holders < len(voters) // 2 + 1:
+        if holders < voters.majority:
             raise InvariantViolation(
-                f"seed {self.seed}: high watermark {target} is durable on only {holders} voters"
+                f"seed {self.seed}: high watermark {target} is durable on only {holders} voters of {voters}"
             )
 
     def check_final(self, settle_ms: int = 3000) -> None:

@@ -8,6 +8,7 @@ Kafka's seven (``RaftEventSimulationTest``) come first, then kraft's additions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NoReturn
 
 from kraft.errors import ErrorCode
 from kraft.raft.api import NotLeaderError, VoterChangeError
@@ -48,7 +49,7 @@ def _wait_new_leader(sim: Simulation, old_epoch: int, exclude: set[int] | None =
     return _leader(sim)
 
 
-def _fail(sim: Simulation, message: str) -> None:
+def _fail(sim: Simulation, message: str) -> NoReturn:
     raise InvariantViolation(f"seed {sim.seed}: {message}")
 
 
@@ -508,6 +509,115 @@ def dynamic_membership_churn_under_faults(seed: int) -> None:
     _check_voter_sets_agree(sim)
 
 
+def _append_change(sim: Simulation, change: Callable[[], int], what: str) -> tuple[SimNode, int]:
+    """Ask the leader for ``change`` until it appends the VotersRecord (refusals "not yet" are retried,
+    as an operator's tool does); returns that leader and the record's offset, still uncommitted."""
+    deadline = sim.now_ms + VOTER_CHANGE_BOUND_MS
+    while sim.now_ms < deadline:
+        leader = sim.leader()
+        if leader is not None:
+            try:
+                return leader, change()
+            except NotLeaderError:
+                pass
+            except VoterChangeError as exc:
+                if exc.code is not ErrorCode.REQUEST_TIMED_OUT:
+                    raise
+        sim.run_for(5)
+    _fail(sim, f"{what} was never appended within {VOTER_CHANGE_BOUND_MS} ms")
+
+
+def _lose_leader_before_commit(sim: Simulation, leader: SimNode, offset: int) -> None:
+    """Crash or cut off ``leader`` while its VotersRecord at ``offset`` is uncommitted — at once or after
+    a millisecond or two, so the record may have reached some followers, none or all — and bring it back
+    later (a scheduled restart or heal, while the others elect and the operator retries)."""
+    for _ in range(sim.rng.randint(0, 2)):
+        if leader.live_core.high_watermark > offset:
+            break
+        sim.run_for(1)
+    if leader.live_core.high_watermark > offset:
+        return  # committed already: the change went through before any fault (rare)
+    fault = sim.rng.choice(["crash", "partition"])
+    back_after = sim.rng.randint(50, 400)
+    if fault == "crash":
+        sim.crash(leader.node_id)
+        sim.schedule(back_after, lambda: None if leader.running else leader.start())
+    else:
+        sim.router.isolate(leader.node_id)
+        sim.schedule(back_after, lambda: sim.router.isolated.discard(leader.node_id))
+
+
+def _wipe_once_others_hold_its_log(sim: Simulation, victim: SimNode) -> bool:
+    """Cut ``victim`` off and wipe its disk (new directory id) once every other node whose copy counts
+    toward the high watermark holds everything the victim has (losing a disk loses that copy: only safe
+    while the others are intact).  False, and no wipe, if that does not happen within the bound."""
+    others = [sim.nodes[voter.node_id] for voter in sim.hwm_voters if voter.node_id != victim.node_id]
+    sim.router.isolate(victim.node_id)
+    deadline = sim.now_ms + ELECTION_BOUND_MS
+    while True:
+        needed = max(sim.max_high_watermark, victim.log.durable_end)
+        if all(node.log.durable_end >= needed for node in others):
+            break
+        if sim.now_ms >= deadline:
+            sim.router.isolated.discard(victim.node_id)
+            return False
+        sim.run_for(5)
+    victim.wipe()
+    sim.router.isolated.discard(victim.node_id)
+    victim.start()
+    return True
+
+
+def _check_final_voters(sim: Simulation, expected: set[tuple[int, str]]) -> None:
+    sim.check_final()
+    _check_voter_sets_agree(sim)
+    keys = {voter.key for voter in _leader(sim).live_core.voter_set}
+    if keys != expected:
+        _fail(sim, f"the quorum ended with voters {sorted(keys)}, expected {sorted(expected)}")
+
+
+def dynamic_leader_lost_during_add(seed: int) -> None:
+    """The leader appends a VotersRecord adding an observer, then crashes or is cut off before it
+    commits; sometimes the joining node's disk is wiped meanwhile.  The others elect a leader with or
+    without the record (the set in force is the last in each log), the old leader comes back and keeps
+    or truncates it; the operator retries until the node is a voter under its current directory id —
+    first removing a stale key if the add of the wiped copy committed."""
+    sim = _started_dynamic(seed, voters=3, observers=1)
+    sim.run_for(sim.rng.randint(20, 100))
+    joiner = sim.nodes[4]
+    joined_as = joiner.directory_id
+    leader, offset = _append_change(sim, lambda: sim.add_voter(4), "adding voter 4")
+    _lose_leader_before_commit(sim, leader, offset)
+    wiped = sim.rng.random() < 0.4 and _wipe_once_others_hold_its_log(sim, joiner)
+    if wiped:
+        # The add of the old copy may commit: that key can never vote again; replace it.
+        _remove(sim, 4, joined_as)
+    _add(sim, 4)
+    sim.run_for(sim.rng.randint(20, 100))
+    _check_final_voters(sim, {(node.node_id, node.directory_id) for node in sim.nodes.values()})
+
+
+def dynamic_leader_lost_during_remove(seed: int) -> None:
+    """The leader appends a VotersRecord removing a follower or itself, then crashes or is cut off
+    before it commits; sometimes the removed follower's disk is wiped meanwhile (replacing a failed
+    controller during a failover).  The operator retries the removal until it commits under whichever
+    leader, then adds the node back under its current directory id: three voters again."""
+    sim = _started_dynamic(seed, voters=3, observers=0)
+    sim.run_for(sim.rng.randint(20, 100))
+    gone = sim.nodes[sim.rng.choice(sim.voter_ids)]  # the leader itself a third of the time
+    gone_as = gone.directory_id
+    leader, offset = _append_change(
+        sim, lambda: sim.remove_voter(gone.node_id, gone_as), f"removing voter {gone.node_id}"
+    )
+    _lose_leader_before_commit(sim, leader, offset)
+    if gone is not leader and sim.rng.random() < 0.4:
+        _wipe_once_others_hold_its_log(sim, gone)
+    _remove(sim, gone.node_id, gone_as)
+    _add(sim, gone.node_id)
+    sim.run_for(sim.rng.randint(20, 100))
+    _check_final_voters(sim, {(node.node_id, node.directory_id) for node in sim.nodes.values()})
+
+
 SCENARIOS: dict[str, Callable[[int], None]] = {
     "initial_election": initial_election,
     "leader_failure": leader_failure,
@@ -529,4 +639,6 @@ SCENARIOS: dict[str, Callable[[int], None]] = {
     "dynamic_removed_leader_hands_over": dynamic_removed_leader_hands_over,
     "dynamic_replace_wiped_voter": dynamic_replace_wiped_voter,
     "dynamic_membership_churn_under_faults": dynamic_membership_churn_under_faults,
+    "dynamic_leader_lost_during_add": dynamic_leader_lost_during_add,
+    "dynamic_leader_lost_during_remove": dynamic_leader_lost_during_remove,
 }

@@ -17,6 +17,10 @@ REGRESSION_SEEDS: list[tuple[str, int]] = [
     ("figure8_churn_on_unreliable_network", 4),
     # A minority follower may still learn commits the majority side acknowledged before the cut.
     ("no_commit_without_majority", 3),
+    # A follower removed by a VotersRecord it never got reached candidate at a higher epoch as the
+    # partitioned leader healed; the live leader refused its vote and never announced to a non-voter, so
+    # it stayed stuck at that epoch and could never be added back.
+    ("dynamic_leader_lost_during_remove", 187),
 ]
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
+import kraft.cli.main as cli_main
+from chaos.scenarios import SCENARIOS
 from kraft.netutil import free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
@@ -102,3 +104,12 @@ def test_run_refuses_the_data_plane_scenario_with_too_few_brokers_in_one_line(tm
     lines = result.stderr.decode().strip().splitlines()
     assert lines == ["error: --brokers: data-plane needs at least 3 (replication factor 3)"]
     assert not any(tmp_path.iterdir()), "nothing may start before the input is checked"
+
+
+def test_run_help_lists_every_registered_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    # The list comes from the registry when help is shown: a new scenario cannot be left out of it.
+    capsys.readouterr()
+    assert cli_main.run(["chaos", "run", "--help"]) == 0
+    words = " ".join(capsys.readouterr().out.split())
+    assert f"Scenarios: {', '.join(SCENARIOS)}, or all." in words
+    assert {"data-plane", "membership"} <= set(SCENARIOS)

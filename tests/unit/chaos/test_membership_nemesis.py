@@ -1,5 +1,6 @@
-"""The membership nemesis (remove a voter, add it back, optionally under another fault) and the
-``voters-restored`` checker of dynamic chaos runs, against fakes."""
+"""The membership nemesis (remove a voter and add it back, or wipe a voter's disk and replace its stale
+key, optionally under another fault) and the ``voters-restored`` checker of dynamic chaos runs, against
+fakes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class FakeQuorum:
 
     def __init__(self) -> None:
         self.voter_set = dict(DIRS)
+        self.disks = dict(DIRS)
+        """Each controller's directory id now (meta.properties)."""
         self.blocked = False
         self.calls: list[str] = []
 
@@ -32,6 +35,8 @@ class FakeQuorum:
         self.calls.append(f"remove {node} {directory_id}")
         if self.blocked:
             raise KraftError(ErrorCode.REQUEST_TIMED_OUT, "the change did not commit")
+        if self.voter_set.get(node) != directory_id:
+            raise KraftError(ErrorCode.VOTER_NOT_FOUND, f"({node}, {directory_id}) is not a voter")
         del self.voter_set[node]
         return 10
 
@@ -39,8 +44,18 @@ class FakeQuorum:
         self.calls.append(f"add {node}")
         if self.blocked:
             raise KraftError(ErrorCode.REQUEST_TIMED_OUT, "not caught up")
-        self.voter_set[node] = DIRS[node]
+        if node in self.voter_set:
+            raise KraftError(ErrorCode.DUPLICATE_VOTER, f"{node} is already a voter")
+        self.voter_set[node] = self.disks[node]
         return 11
+
+    def directory_id(self, node: str) -> str:
+        return self.disks[node]
+
+    def wipe(self, node: str) -> str:
+        self.calls.append(f"wipe {node}")
+        self.disks[node] = f"new-{node}"
+        return self.disks[node]
 
 
 class Cut(Nemesis):
@@ -98,3 +113,29 @@ def test_voters_restored_checker() -> None:
     verdict = check_voters_restored(stale, dict(DIRS))
     assert verdict.status is Status.FAIL and "controller-3" in verdict.offending[0]
     assert check_voters_restored(None, dict(DIRS)).status is Status.UNKNOWN
+
+
+def test_a_wiped_voter_is_replaced_its_stale_key_removed_then_its_new_one_added() -> None:
+    quorum = FakeQuorum()
+    nemesis = MembershipNemesis("replace-wiped", quorum, wipe=True)
+    started = nemesis.start(random.Random(3))
+    wiped = next(name for name in DIRS if quorum.disks[name] != DIRS[name])
+    assert started == f"wiped {wiped}'s disk: back as directory new-{wiped} (voter {DIRS[wiped]})"
+    assert quorum.voter_set == DIRS, "a wipe changes no voter: the old key stays until it is removed"
+    healed = nemesis.heal()
+    assert healed == (
+        f"removed stale {wiped} {DIRS[wiped]} (VotersRecord at 10); added {wiped} (VotersRecord at 11)"
+    )
+    assert quorum.calls == [f"wipe {wiped}", f"remove {wiped} {DIRS[wiped]}", f"add {wiped}"]
+    assert quorum.voter_set == quorum.disks and quorum.voter_set[wiped] == f"new-{wiped}"
+
+
+def test_a_stale_key_the_fault_keeps_is_replaced_after_the_heal() -> None:
+    quorum = FakeQuorum()
+    nemesis = MembershipNemesis("replace-wiped-cut", quorum, Cut(quorum), wipe=True)
+    nemesis.start(random.Random(5))
+    quorum.blocked = True
+    healed = nemesis.heal()
+    assert "remove stale controller-" in healed and "failed" in healed  # under the cut: nothing added
+    assert healed.index("healed") < healed.rindex("removed stale controller-") < healed.rindex("added")
+    assert quorum.voter_set == quorum.disks != DIRS

@@ -24,6 +24,7 @@ from kraft.raft.driver import scan_kafka_batches, voter_history_of
 from kraft.raft.memory import MemoryLogStore, MemorySnapshotStore
 from kraft.raft.messages import (
     BeginQuorumEpochRequest,
+    BeginQuorumEpochResponse,
     EndQuorumEpochRequest,
     FetchRequest,
     FetchResponse,
@@ -464,3 +465,44 @@ def test_next_append_offset_counts_pending_records_and_the_leaders_own_voters_re
     assert offset == END + 2  # pending records are cut first, the VotersRecord follows them
     assert core.next_append_offset == END + 3
     assert core.append([b"c"], now) == core.next_append_offset - 1 == END + 3
+
+
+def two_voter_leader() -> tuple[RaftCore, int]:
+    """Node 1 leads {1: d1, 2: d2} (grown from standalone), every record committed, 2 fetching."""
+    core, now = sole_leader(voters((1, "d1")))
+    fetch(core, 2, "d2", END, now)
+    core.add_voter(Voter(2, "d2"), now)
+    core.take_output(now)
+    core.on_flushed(END + 1, now)
+    fetch(core, 2, "d2", END + 1, now + 1, request_id=8)
+    assert core.high_watermark == END + 1 and core.voter_set.ids == (1, 2)
+    return core, now + 1
+
+
+@pytest.mark.parametrize("answer", ["fenced", "unreachable"])
+def test_a_live_leader_announces_itself_to_a_refused_higher_epoch_candidate_outside_its_voter_set(
+    answer: str,
+) -> None:
+    # Node 3 was removed by a VotersRecord its log never got; a pre-vote granted just before a partition
+    # healed took it to candidate at epoch 2.  The live leader refuses its vote (KIP-996 stickiness) and
+    # would never announce to a non-voter: without this announcement node 3 stays at epoch 2 for good.
+    core, now = two_voter_leader()
+    epoch = core.epoch
+    vote = VoteRequest(CLUSTER, epoch + 1, 3, 1, epoch, END, False, "d3", "d1")
+    out = core.handle_request(20, vote, now, peer_id=3)
+    [refusal] = responses(out)
+    assert isinstance(refusal.response, VoteResponse) and not refusal.response.vote_granted
+    assert core.is_leader and core.epoch == epoch and out.election_state is None
+    [announce] = requests(core.poll(now + 1), BeginQuorumEpochRequest)
+    assert isinstance(announce.request, BeginQuorumEpochRequest)
+    assert announce.dest == 3 and announce.request.leader_epoch == epoch
+    if answer == "fenced":
+        fenced = BeginQuorumEpochResponse(ErrorCode.FENCED_LEADER_EPOCH, "stale leader epoch", -1, epoch + 1)
+        core.handle_response(announce.correlation_id, fenced, now + 2)
+        assert state_of(core) is StateKind.UNATTACHED and core.epoch == epoch + 1
+    else:
+        core.handle_send_failure(announce.correlation_id, now + 2, unreachable=True)
+        later = core.poll(now + 2 + FETCH_TIMEOUT_MS)
+        to_3 = [r for r in requests(later, BeginQuorumEpochRequest) if r.dest == 3]
+        assert to_3 == [], "a non-voter is told once, not chased"
+        assert core.is_leader
