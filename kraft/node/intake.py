@@ -13,8 +13,9 @@ the controller and every servicer's state live) and carries its answer back, so 
 - unary requests: one hop there, one back;
 - request streams: each ``__anext__`` of the request iterator hops back to the intake loop;
 - response streams (async generators, or handlers calling ``context.write``): each item hops back;
-- ``context.abort`` / ``write`` / ``read`` run on the intake loop (the call belongs to it); the setters
-  and getters (``set_code``, ``peer``, ``auth_context``, ...) are called directly;
+- ``context.abort`` / ``write`` / ``read`` run on the intake loop (the call belongs to it); the getters
+  (``peer``, ``auth_context``) are read there before the hop and the setters (``set_code``,
+  ``set_details``) applied there after it — the main thread never touches the call (:class:`MainLoopContext`);
 - a cancelled call (deadline, client gone) cancels the handler's task on the main loop.
 """
 
@@ -102,13 +103,46 @@ _closing: set[asyncio.Task[None]] = set()
 
 
 class MainLoopContext:
-    """The servicer context a handler on the main loop sees: call-level operations go to the intake loop."""
+    """The servicer context a handler on the main loop sees.  The handler never touches the real call:
+    a grpc.aio call is not thread-safe, and one read from the main thread while the intake loop ended it
+    crashed a controller (SIGSEGV in ``auth_context()`` on a MetadataFetch whose deadline passed while the
+    process was SIGSTOPped, chaos ``pause``).  So what a handler reads (``auth_context``, ``peer``) is
+    taken on the intake loop before the hop, what it sets (``set_code``, ``set_details``) is kept here and
+    applied on the intake loop when the handler returns (:meth:`apply_status`), and call-level operations
+    (``abort``, ``write``, ``read``) run there.  Anything else a handler needs of the call must be added
+    here the same way; there is deliberately no pass-through."""
 
     def __init__(
         self, context: grpc.aio.ServicerContext[Any, Any], intake: asyncio.AbstractEventLoop
     ) -> None:
         self._context = context
         self._intake = intake
+        self._auth_context = context.auth_context()
+        self._peer = context.peer()
+        self._code: grpc.StatusCode | None = None
+        self._details: str | None = None
+
+    def auth_context(self) -> Any:
+        return self._auth_context
+
+    def peer(self) -> str:
+        return self._peer
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._code = code
+
+    def set_details(self, details: str) -> None:
+        self._details = details
+
+    def apply_status(self) -> None:
+        """On the intake loop: hand the status the handler set to the real call."""
+        if self._code is not None:
+            self._context.set_code(self._code)
+        if self._details is not None:
+            self._context.set_details(self._details)
+
+    def discard_status(self) -> None:
+        self._code = self._details = None
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
         raise _Abort(code, details, trailing_metadata)  # the intake side aborts the real call
@@ -118,9 +152,6 @@ class MainLoopContext:
 
     async def read(self) -> Any:
         return await _hop(self._context.read(), self._intake)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
 
 
 class _RequestsFromIntake:
@@ -187,7 +218,10 @@ class HopInterceptor(_ServerInterceptor):
             try:
                 return await _hop(behavior(*inputs), self._main)
             except _Abort as abort:
+                inputs[1].discard_status()  # the abort's status is the call's
                 await context.abort(abort.code, abort.details, abort.trailing_metadata)
+            finally:
+                inputs[1].apply_status()
 
         return handle
 
@@ -211,6 +245,9 @@ class HopInterceptor(_ServerInterceptor):
                     # the call ended early (cancelled, client gone): close the generator where it runs
                     self._main.call_soon_threadsafe(_close_later, responses, self._main)
             except _Abort as abort:
+                inputs[1].discard_status()  # the abort's status is the call's
                 await context.abort(abort.code, abort.details, abort.trailing_metadata)
+            finally:
+                inputs[1].apply_status()
 
         return handle

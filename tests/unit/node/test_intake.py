@@ -24,6 +24,8 @@ class Handlers:
         self.threads: list[int] = []
         self.cancelled = asyncio.Event()
         self.started = asyncio.Event()
+        self.seen_peer = ""
+        self.seen_auth: dict[str, list[bytes]] = {}
 
     async def echo(self, request: bytes, context: Any) -> bytes:
         self.threads.append(threading.get_ident())
@@ -41,6 +43,14 @@ class Handlers:
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+        return b""
+
+    async def status(self, request: bytes, context: Any) -> bytes:
+        # What handlers do with the context besides abort: read who called, set a status and answer.
+        self.seen_peer = context.peer()
+        self.seen_auth = context.auth_context()
+        context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+        context.set_details(f"not now: {request.decode()}")
         return b""
 
     async def watch(self, request: bytes, context: Any) -> None:
@@ -64,6 +74,7 @@ def _server(handlers: Handlers, port: int, interceptors: list[Any]) -> grpc.aio.
         "Refuse": grpc.unary_unary_rpc_method_handler(handlers.refuse),
         "Hang": grpc.unary_unary_rpc_method_handler(handlers.hang),
         "Watch": grpc.unary_stream_rpc_method_handler(handlers.watch),
+        "Status": grpc.unary_unary_rpc_method_handler(handlers.status),
         "Doubled": grpc.stream_stream_rpc_method_handler(handlers.doubled),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, methods),))
@@ -95,6 +106,13 @@ async def test_handlers_run_on_the_main_loop_and_answer_through_the_intake_threa
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert refused.value.details() == "bad input"
 
+            with pytest.raises(grpc.aio.AioRpcError) as refused_by_status:
+                await channel.unary_unary(f"/{SERVICE}/Status", _raw, _raw)(b"later", timeout=5)
+            assert refused_by_status.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert refused_by_status.value.details() == "not now: later"
+            assert handlers.seen_peer.startswith("ipv4:127.0.0.1:")
+            assert handlers.seen_auth.get("transport_security_type") == [b"insecure"]  # plaintext
+
             watched = [m async for m in channel.unary_stream(f"/{SERVICE}/Watch", _raw, _raw)(b"", timeout=5)]
             assert watched == [b"w0", b"w1", b"w2"]
 
@@ -113,3 +131,71 @@ async def test_handlers_run_on_the_main_loop_and_answer_through_the_intake_threa
         await intake.run(server.stop(grace=0))
         intake.close()
     assert not intake.loop.is_running()
+
+
+class _ThreadCheckingContext:
+    """A servicer context that records which thread touches it (grpc.aio calls are not thread-safe)."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.status: list[tuple[str, object]] = []
+
+    def _touch(self) -> None:
+        self.threads.add(threading.get_ident())
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        self._touch()
+        return {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=controller-2"]}
+
+    def peer(self) -> str:
+        self._touch()
+        return "ipv4:127.0.0.1:1"
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self._touch()
+        self.status.append(("code", code))
+
+    def set_details(self, details: str) -> None:
+        self._touch()
+        self.status.append(("details", details))
+
+
+async def test_a_handler_on_the_main_loop_never_touches_the_call_from_the_main_thread() -> None:
+    # A controller crashed with SIGSEGV in auth_context() read from the main thread on a call the intake
+    # loop was ending (its deadline passed while the process was SIGSTOPped).  Every read and write of the
+    # real call must happen on the intake loop's thread.
+    intake = IntakeLoop(name="test-intake-thread-check")
+    intake.start()
+    main_thread = threading.get_ident()
+    seen: dict[str, Any] = {}
+
+    async def behavior(request: bytes, context: Any) -> bytes:
+        seen["thread"] = threading.get_ident()
+        seen["auth"] = context.auth_context()
+        seen["peer"] = context.peer()
+        context.set_code(grpc.StatusCode.UNAVAILABLE)
+        context.set_details("shutting down")
+        return request
+
+    handler = grpc.unary_unary_rpc_method_handler(behavior)
+    hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
+    fake = _ThreadCheckingContext()
+
+    async def call_on_intake() -> bytes:
+        async def continuation(_details: Any) -> Any:
+            return handler
+
+        wrapped = await hop.intercept_service(continuation, None)  # type: ignore[arg-type]
+        unary = wrapped.unary_unary
+        assert unary is not None
+        result: bytes = await unary(b"req", fake)  # type: ignore[arg-type]
+        return result
+
+    try:
+        assert await intake.run(call_on_intake()) == b"req"
+    finally:
+        intake.close()
+    assert seen["thread"] == main_thread  # the handler ran on the main loop ...
+    assert seen["auth"]["x509_subject"] == [b"CN=controller-2"] and seen["peer"] == "ipv4:127.0.0.1:1"
+    assert main_thread not in fake.threads and len(fake.threads) == 1  # ... the call only on the intake's
+    assert fake.status == [("code", grpc.StatusCode.UNAVAILABLE), ("details", "shutting down")]
