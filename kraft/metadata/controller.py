@@ -75,7 +75,7 @@ from kraft.metadata.controller_state import (
     NotControllerError,
     WriteOutcomeUnknown,
 )
-from kraft.metadata.controller_writes import WritePath
+from kraft.metadata.controller_writes import LeadershipNotConfirmed, WritePath
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.fetch_server import FetchServer
@@ -417,12 +417,20 @@ class QuorumController:
         priority: EventPriority = EventPriority.NORMAL,
         name: str = "request",
         wait_for_jobs: bool = True,
+        confirm_unchanged: bool = False,
     ) -> R:
         """Run one mutating request as an event of the queue: activation check, logic, append, wait for
-        the commit, map errors."""
+        the commit (or, with ``confirm_unchanged``, Raft's confirmation of leadership when it appends
+        nothing: ``WritePath.write``), map errors."""
         try:
             await self.activation.active_logic()
-            return await self.writes.write(build, priority=priority, name=name, wait_for_jobs=wait_for_jobs)
+            return await self.writes.write(
+                build,
+                priority=priority,
+                name=name,
+                wait_for_jobs=wait_for_jobs,
+                confirm_unchanged=confirm_unchanged,
+            )
         except WriteOutcomeUnknown as exc:
             return self._outcome_unknown(response, exc.leader_id)
         except (NotControllerError, EventQueueClosedError) as exc:
@@ -433,6 +441,13 @@ class QuorumController:
                 response,
                 ErrorCode.REQUEST_TIMED_OUT,
                 f"controller {self.node_id}: the metadata write did not commit in time; outcome unknown",
+            )
+        except LeadershipNotConfirmed:
+            return error_response(
+                response,
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"controller {self.node_id}: a majority of the quorum did not confirm it is still the active"
+                " controller in time; retry",
             )
         except KraftError as exc:
             return error_response(response, exc.code, exc.message)
@@ -471,6 +486,7 @@ class QuorumController:
             priority=EventPriority.URGENT,
             name="register-broker",
             wait_for_jobs=False,
+            confirm_unchanged=True,
         )
 
     async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
@@ -487,6 +503,7 @@ class QuorumController:
             priority=EventPriority.URGENT,
             name="broker-heartbeat",
             wait_for_jobs=False,
+            confirm_unchanged=True,
         )
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:

@@ -25,7 +25,7 @@ from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
-from kraft.raft.api import CommittedBatch, NotLeaderError, RaftClient
+from kraft.raft.api import CommittedBatch, NotLeaderError, RaftClient, RaftShutdownError
 from kraft.raft.messages import NO_LEADER
 from kraft.v1 import metadata_pb2 as pb
 
@@ -36,6 +36,11 @@ R = TypeVar("R", bound=Message)
 # ControllerOptions.max_uncommitted_bulk_records): Raft batches stay small and the event loop serves
 # heartbeats and fetches in between, instead of the leader racing far ahead of its followers.
 MAX_UNCOMMITTED_RECORDS = 10_000
+
+
+class LeadershipNotConfirmed(Exception):
+    """Raft did not confirm this controller's leadership within the commit timeout (a majority out of
+    reach, or slow): the answer is withheld, the caller retries (REQUEST_TIMED_OUT)."""
 
 
 def _retrieve(task: asyncio.Task[int]) -> None:
@@ -129,6 +134,7 @@ class WritePath:
         priority: EventPriority = EventPriority.NORMAL,
         name: str = "write",
         wait_for_jobs: bool = True,
+        confirm_unchanged: bool = False,
     ) -> R:
         """Run ``build`` on the active logic as one event of the queue, append its records, and answer
         once they (and everything before) committed.
@@ -142,6 +148,13 @@ class WritePath:
         Raises NotControllerError when nothing was appended (the request may go to the new leader as it
         is), :class:`WriteOutcomeUnknown` when leadership was lost after its records were appended, and
         TimeoutError when the records did not commit within the commit timeout (outcome unknown too).
+
+        ``confirm_unchanged``: an answer that appends nothing (a heartbeat that changes nothing) is given
+        only once Raft confirmed, after the event ran, that this node still leads
+        (:meth:`confirm_leadership`): a deposed controller that does not know it yet must not extend a
+        broker's session that the new controller may already have fenced.  One that appends is confirmed
+        by its commit.  Raises :class:`LeadershipNotConfirmed` when that takes longer than the commit
+        timeout.
         """
         outcome, last, logic = await self.queue.run(priority, name, lambda: self._run_event(build))
         if last is not None:
@@ -157,7 +170,29 @@ class WritePath:
         else:
             depends_on = outcome.wait_offset if outcome.wait_offset is not None else self.next_offset - 1
             await self.wait_committed(depends_on)
+            if confirm_unchanged:
+                await self.confirm_leadership()
         return outcome.response
+
+    async def confirm_leadership(self) -> None:
+        """Wait for a Raft leadership-confirmation round that starts now (ReadIndex: a majority of voters
+        fetched at this epoch after it started, so no newer leader was elected before this call); every
+        caller waiting at the same time shares one round.  NotControllerError when leadership is lost,
+        :class:`LeadershipNotConfirmed` after the commit timeout."""
+        confirmation = asyncio.ensure_future(self._raft.confirm_leadership())
+        try:
+            confirmed = await self._timers.wait(confirmation, self._timers.now_ms() + self._commit_timeout_ms)
+        finally:
+            if not confirmation.done():
+                confirmation.cancel()
+        if not confirmed:
+            raise LeadershipNotConfirmed
+        try:
+            confirmation.result()
+        except NotLeaderError as exc:
+            raise NotControllerError(exc.leader.leader_id) from exc
+        except RaftShutdownError as exc:  # this node is stopping: nothing was done, ask another
+            raise NotControllerError(NO_LEADER) from exc
 
     def _run_event(
         self, build: Callable[[ControllerLogic], Outcome[R]]

@@ -186,6 +186,13 @@ class RaftClient(Protocol):
         """:meth:`schedule_append` and wait until committed; returns the last record's offset."""
         ...
 
+    async def confirm_leadership(self) -> None:
+        """Return once a majority of voters confirmed, after this call, that this node still leads its
+        epoch (a ReadIndex round: no clock is trusted); until then no newer leader can have been elected
+        before the call.  Raises :class:`NotLeaderError` when not the leader or when leadership is lost
+        first.  It may wait as long as a majority is out of reach: bound it with the caller's deadline."""
+        ...
+
     def create_snapshot(
         self, end_offset: int, epoch: int, last_contained_timestamp_ms: int
     ) -> SnapshotWriter:

@@ -38,6 +38,7 @@ from kraft.raft.core_decisions import (
     BecomeProspective,
     BecomeResigned,
     BecomeUnattached,
+    ConfirmReadRound,
     Decisions,
     FetchAgain,
     ResetElectionRetries,
@@ -137,6 +138,9 @@ class RaftCore:
         self._last_epoch_start_offset = -1
         self._resigned_leader: tuple[int, int] | None = None
         """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
+        self._last_read_round = 0
+        """The last leadership-confirmation round id handed out: ids never repeat on this node, so a
+        caller's round of a lost epoch cannot be mistaken for a later epoch's."""
 
         if not 0 <= election.epoch <= MAX_EPOCH + 1 or not 0 <= log.last_epoch <= MAX_EPOCH:
             # Only a forged or corrupt quorum-state (or log) holds such an epoch — a node itself reaches
@@ -339,6 +343,22 @@ class RaftCore:
         last_offset, decisions = self._leader.append(records, self.now_ms, self.log, self.high_watermark)
         self._apply(decisions)
         return last_offset
+
+    def confirm_leadership(self, now_ms: int) -> int:
+        """Ask for this leader's leadership to be confirmed (ReadIndex, Raft dissertation §6.4): returns
+        the id of the round that answers it, a round started at or after this call.  Its confirmation
+        arrives as ``Output.confirmed_read_round`` >= that id once a majority of voters (this leader
+        included) fetched at this epoch echoing it — proof that no newer leader was elected before the
+        call.  Losing leadership first ends every round unconfirmed (``Output.lost_leadership``).
+        Callers arriving while a round is in flight share the next one.  Effects (answers to the parked
+        fetches of voters, or a confirmation at once for a sole voter) land in the next output
+        (:meth:`take_output`).  Raises :class:`NotLeaderError` unless leader."""
+        self._advance(now_ms)
+        if self._leader is None:
+            raise NotLeaderError(self.leader_and_epoch)
+        read_round, decisions = self._leader.request_read_round(self.log, self.high_watermark)
+        self._apply(decisions)
+        return read_round
 
     def take_output(self, now_ms: int) -> Output:
         """Effects produced by :meth:`append` (the pending batch when it is due) with a fresh deadline."""
@@ -574,6 +594,8 @@ class RaftCore:
                 case FetchAgain():
                     if self._fetcher is not None:
                         self._apply(self._fetcher.next_fetch(self.now_ms, self.log))
+                case ConfirmReadRound(read_round):
+                    out.confirmed_read_round = max(out.confirmed_read_round or 0, read_round)
                 case _:
                     assert_never(decision)
 
@@ -662,6 +684,8 @@ class RaftCore:
         self._timer.stop()
         if self._leader is not None:
             self._last_epoch_start_offset = self._leader.epoch_start_offset
+            leader = self._leader
+            self._last_read_round = max(leader.read_round_started, leader.read_round_next)
         self._election = None
         self._leader = None
         self._fetcher = None
@@ -695,7 +719,12 @@ class RaftCore:
         elif state is StateKind.LEADER:
             self._timer.lost_elections = 0
             self._leader = LeaderRole(
-                self.config, self.epoch, self.log.end_offset, granting_voters, self.voter_set
+                self.config,
+                self.epoch,
+                self.log.end_offset,
+                granting_voters,
+                self.voter_set,
+                last_read_round=self._last_read_round,
             )
             history = self.voter_history
             # Formatted with a voter set the log does not hold yet (the bootstrap checkpoint): write it.

@@ -123,6 +123,14 @@ class FetchAgain:
     """Ask the fetcher for its next request once the decisions before this one are applied."""
 
 
+@dataclass(frozen=True, slots=True)
+class ConfirmReadRound:
+    """Leadership-confirmation round ``read_round`` (and every earlier one) is confirmed: a majority of
+    voters, the leader included, was still in this leader's epoch after the round started."""
+
+    read_round: int
+
+
 Decision = (
     SendRequest
     | SendFetch
@@ -135,6 +143,7 @@ Decision = (
     | AdvanceHighWatermark
     | ResetElectionRetries
     | FetchAgain
+    | ConfirmReadRound
 )
 
 Decisions = list[Decision]

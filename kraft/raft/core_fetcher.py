@@ -107,6 +107,9 @@ class FetcherRole:
         """When the streak of refused fetches may end the fetch timeout (first refusal + grace)."""
         self.unreachable_failures = 0
         self.unreachable_deadline_ms = NEVER_MS
+        self.read_round = 0
+        """The highest leadership-confirmation round the leader of ``epoch`` sent us: echoed in every
+        Fetch, which is how that leader confirms its rounds (``LeaderRole.request_read_round``)."""
 
     def start(self, now_ms: int, log: LogMeta, *, leader_resigned_backoff_ms: int | None = None) -> Decisions:
         """Begin fetching.  ``leader_resigned_backoff_ms`` is set when this leader already announced its
@@ -216,6 +219,7 @@ class FetcherRole:
             config.fetch_max_wait_ms,
             config.fetch_max_bytes,
             config.directory_id,
+            self.read_round,
         )
         return [SendFetch(self.leader_id, request, extra_timeout_ms=config.fetch_max_wait_ms)]
 
@@ -261,6 +265,9 @@ class FetcherRole:
             self.retry_at_ms = now_ms
             return []
         decisions: Decisions = [self._note_success(now_ms)]
+        if response.leader_epoch == self.epoch:
+            # Only our leader's rounds: this fetcher lives for one epoch, the rounds' ids are its leader's.
+            self.read_round = max(self.read_round, response.read_round)
         if request.fetch_offset != log.end_offset:
             decisions.append(FetchAgain())
         elif response.diverging_epoch is not None:

@@ -17,6 +17,7 @@ from kraft.errors import ErrorCode
 from kraft.raft.core_decisions import (
     AdvanceHighWatermark,
     AppendToLog,
+    ConfirmReadRound,
     Decisions,
     Respond,
     RespondError,
@@ -77,8 +78,10 @@ class LeaderRole:
         log_end_offset: int,
         granting_voters: tuple[int, ...],
         voter_set: VoterSet | None = None,
+        last_read_round: int = 0,
     ):
-        """``voter_set``: the set in force (default: the static ``config.voters``)."""
+        """``voter_set``: the set in force (default: the static ``config.voters``); ``last_read_round``:
+        the last leadership-confirmation round id this node handed out (ids never repeat on a node)."""
         self.config = config
         self.node_id = config.node_id
         self.epoch = epoch
@@ -97,6 +100,15 @@ class LeaderRole:
         self.linger_deadline_ms = NEVER_MS
         """When the pending records are cut even if a flush is still in flight (the linger bound)."""
         self.parked: dict[int, ParkedFetch] = {}
+        # Leadership confirmation (ReadIndex, Raft dissertation §6.4; docs/internals/raft.md).
+        self.read_round_started = last_read_round
+        """The latest round started (every FetchResponse carries it); rounds up to it are handed out."""
+        self.read_round_in_flight = 0
+        """The round waiting for a majority's echo (0: none); one at a time."""
+        self.read_round_next = 0
+        """The round that callers arriving while one is in flight joined (0: none asked yet)."""
+        self.read_echo: dict[int, int] = {}
+        """Per voter (counted under its directory id): the highest round it echoed in this epoch."""
         self.voter_set = voter_set if voter_set is not None else VoterSet.static(config.voters)
         self.voters: frozenset[int] = frozenset()
         self.majority = 1
@@ -117,6 +129,8 @@ class LeaderRole:
         added = sorted(others - old)
         self.begin_unacked &= others
         self.check_quorum_fetchers &= others
+        # A voter re-added under another directory id must earn its echo again.
+        self.read_echo.clear()
         for gone in set(self.last_contact_ms) - others:
             del self.last_contact_ms[gone]
         if now_ms is not None:
@@ -377,7 +391,18 @@ class LeaderRole:
     def handle_fetch(
         self, request_id: int, request: FetchRequest, now_ms: int, log: LogMeta, high_watermark: int
     ) -> Decisions:
+        if request.read_round > self.read_round_started:
+            # No leader of this epoch handed that round out (ids are this node's, and it alone leads
+            # the epoch): a forged echo must not confirm a round nobody acknowledged.
+            message = f"read round {request.read_round} was never started (latest {self.read_round_started})"
+            return [RespondError(request_id, request, ErrorCode.INVALID_REQUEST, message)]
         self.record_voter_contact(request.replica_id, request.replica_directory_id, now_ms)
+        confirmed = self._record_read_echo(request, log, high_watermark)
+        return confirmed + self._handle_fetch(request_id, request, now_ms, log, high_watermark)
+
+    def _handle_fetch(
+        self, request_id: int, request: FetchRequest, now_ms: int, log: LogMeta, high_watermark: int
+    ) -> Decisions:
         if request.fetch_offset < log.start_offset and log.snapshot is not None:
             return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
         end_for_epoch = log.end_offset_for_epoch(request.last_fetched_epoch)
@@ -397,10 +422,83 @@ class LeaderRole:
             log,
             high_watermark,
         )
-        if request.fetch_offset < log.end_offset or request.max_wait_ms == 0:
+        if (
+            request.fetch_offset < log.end_offset
+            or request.max_wait_ms == 0
+            or self._owes_read_echo(request.replica_id, request.replica_directory_id, request.read_round)
+        ):
             decisions.append(self._data_response(request_id, request, log, log.end_offset, high_watermark))
         else:
             self.parked[request_id] = ParkedFetch(request_id, request, now_ms + request.max_wait_ms)
+        return decisions
+
+    # -- leadership confirmation (ReadIndex)
+    #
+    # A round R started at time T is confirmed once a majority of voters — the leader counts itself —
+    # sent a Fetch at this epoch echoing a round >= R.  The echo matters: it proves the Fetch was sent
+    # after the voter received a response written after T, so at some moment after T that voter was still
+    # in this epoch; a newer leader needs the vote of one of them (quorum intersection), hence was elected
+    # after T.  No clock is trusted: a paused leader confirms nothing new, whatever it believes.
+
+    def request_read_round(self, log: LogMeta, high_watermark: int) -> tuple[int, Decisions]:
+        """A caller wants leadership confirmed from now on: the id of the round that answers it (one
+        that starts now, or the next one when a round is in flight: it started before this call)."""
+        if self.read_round_in_flight:
+            if not self.read_round_next:
+                self.read_round_next = self.read_round_started + 1
+            return self.read_round_next, []
+        return self.read_round_started + 1, self._start_read_round(log, high_watermark)
+
+    def _start_read_round(self, log: LogMeta, high_watermark: int) -> Decisions:
+        self.read_round_started += 1
+        self.read_round_in_flight = self.read_round_started
+        self.read_round_next = 0
+        decisions = self._check_read_round(log, high_watermark)
+        if self.read_round_in_flight:
+            # Voters' parked long polls answer now, carrying the round, so they echo it at once instead
+            # of after their max wait.
+            for request_id, parked in list(self.parked.items()):
+                request = parked.request
+                if self.counts_toward_quorum(request.replica_id, request.replica_directory_id):
+                    del self.parked[request_id]
+                    decisions.append(
+                        self._data_response(request_id, request, log, log.end_offset, high_watermark)
+                    )
+        return decisions
+
+    def _owes_read_echo(self, replica_id: int, directory_id: str, read_round: int) -> bool:
+        """A voter that has not yet seen the round in flight gets an answer now, not a long poll."""
+        return (
+            self.read_round_in_flight > 0
+            and read_round < self.read_round_in_flight
+            and self.counts_toward_quorum(replica_id, directory_id)
+        )
+
+    def _record_read_echo(self, request: FetchRequest, log: LogMeta, high_watermark: int) -> Decisions:
+        if request.read_round <= 0 or not self.counts_toward_quorum(
+            request.replica_id, request.replica_directory_id
+        ):
+            return []
+        echoed = self.read_echo.get(request.replica_id, 0)
+        if request.read_round <= echoed:
+            return []
+        self.read_echo[request.replica_id] = request.read_round
+        return self._check_read_round(log, high_watermark)
+
+    def _check_read_round(self, log: LogMeta, high_watermark: int) -> Decisions:
+        """Confirm the round in flight once a majority echoed it; then start the one callers queued."""
+        read_round = self.read_round_in_flight
+        if not read_round:
+            return []
+        echoes = sum(
+            1 for voter in self.voters if voter != self.node_id and self.read_echo.get(voter, 0) >= read_round
+        )
+        if echoes + (1 if self.is_voter else 0) < self.majority:
+            return []
+        self.read_round_in_flight = 0
+        decisions: Decisions = [ConfirmReadRound(read_round)]
+        if self.read_round_next:
+            decisions.extend(self._start_read_round(log, high_watermark))
         return decisions
 
     def _fetch_response(
@@ -421,6 +519,7 @@ class LeaderRole:
             b"",
             diverging_epoch,
             snapshot_id,
+            self.read_round_started,
         )
 
     def _data_response(

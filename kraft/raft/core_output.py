@@ -147,6 +147,8 @@ class Output:
     leader_change: LeaderAndEpoch | None = None
     lost_leadership: bool = False
     installed_snapshot: SnapshotId | None = None
+    confirmed_read_round: int | None = None
+    """Every leadership-confirmation round up to this one is confirmed (``RaftCore.confirm_leadership``)."""
     next_deadline_ms: int = 0
 
     def is_empty(self) -> bool:
@@ -160,4 +162,5 @@ class Output:
             or self.leader_change is not None
             or self.lost_leadership
             or self.installed_snapshot is not None
+            or self.confirmed_read_round is not None
         )

@@ -203,6 +203,7 @@ def fetch_request_error(request: FetchRequest | FetchSnapshotRequest) -> Request
             or request.last_fetched_epoch > request.current_leader_epoch
             or request.max_bytes <= 0
             or request.max_wait_ms < 0
+            or request.read_round < 0
         ):
             return ErrorCode.INVALID_REQUEST, "invalid fetch request"
         return None

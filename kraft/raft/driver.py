@@ -366,6 +366,8 @@ class RaftDriver:
         # (last offset, future, monotonic ms of the append) of append() callers waiting on commit, in
         # offset order: offsets are handed out in increasing order, so commits pop from the left.
         self._pending_appends: deque[tuple[int, asyncio.Future[int], int]] = deque()
+        # confirm_leadership() callers by the round that answers them (round ids only grow).
+        self._read_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._wakeup_queued = False
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
@@ -387,6 +389,7 @@ class RaftDriver:
             load_snapshot=self._on_snapshot_installed,
             commit=self._on_high_watermark,
             fail_pending_appends=self._fail_pending_appends,
+            confirm_read_round=self._on_read_round_confirmed,
             announce_leader=self._on_leader_change,
             wait_until=self._wait_until,
             flush=self._flush,
@@ -476,6 +479,7 @@ class RaftDriver:
             if not pending.done():
                 pending.set_exception(error)
         self._pending_appends.clear()
+        self._fail_read_waiters(error)
 
     # ------------------------------------------------------------------ RaftClient: views
 
@@ -571,6 +575,31 @@ class RaftDriver:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
         return await future
+
+    async def confirm_leadership(self) -> None:
+        self._check_running()
+        read_round = self._core.confirm_leadership(self._clock.monotonic_ms())
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._read_waiters.setdefault(read_round, [])
+        waiters[:] = [waiter for waiter in waiters if not waiter.done()]  # callers that gave up
+        waiters.append(future)
+        if not self._wakeup_queued:  # the round's effects (answered long polls) are in the next output
+            self._wakeup_queued = True
+            self._push(_Wakeup())
+        await future
+
+    def _on_read_round_confirmed(self, read_round: int) -> None:
+        for waiting in sorted(r for r in self._read_waiters if r <= read_round):
+            for future in self._read_waiters.pop(waiting):
+                if not future.done():
+                    future.set_result(None)
+
+    def _fail_read_waiters(self, error: BaseException) -> None:
+        for waiters in self._read_waiters.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(error)
+        self._read_waiters.clear()
 
     # ------------------------------------------------------------------ voter changes (KIP-853)
 
@@ -917,6 +946,9 @@ class RaftDriver:
             if not future.done():
                 future.set_exception(error)
         self._pending_appends.clear()
+        self._fail_read_waiters(
+            NotLeaderError(self._core.leader_and_epoch, "leadership lost before it was confirmed")
+        )
 
     def _on_snapshot_installed(self, _snapshot_id: SnapshotId) -> None:
         self._listeners.wake_all()  # each listener sees it is behind the log start and loads the snapshot

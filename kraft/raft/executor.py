@@ -15,7 +15,9 @@ The order, and why:
    they leave only after step 3 (persist before send; a crash must not let a node vote twice).
 5. Notifications: ``installed_snapshot`` (the state machine reloads; first, because a high watermark in
    the same Output may point at the snapshot's end), ``high_watermark`` (deliver committed batches,
-   complete pending appends), ``lost_leadership`` (fail the appends still pending), ``leader_change``.
+   complete pending appends), ``confirmed_read_round`` (wake the ``confirm_leadership`` callers; before
+   ``lost_leadership``, since a round confirmed while this node led stays confirmed),
+   ``lost_leadership`` (fail the appends and leadership confirmations still pending), ``leader_change``.
 6. ``next_deadline_ms`` — when to poll the core next.
 7. ``flush`` — make the log durable, then report ``core.on_flushed(end)``: a new input whose Output is
    executed by this same function.  The driver does it at once (no other input reaches the core while
@@ -46,6 +48,10 @@ from kraft.raft.messages import SnapshotId
 from kraft.raft.state import ElectionState
 
 
+def _no_reader(_read_round: int) -> None:
+    """Nobody waits for leadership confirmations on this node."""
+
+
 @dataclass(frozen=True, slots=True)
 class OutputPorts:
     """What performs each effect.  The IO effects are awaitables (the driver runs them in worker
@@ -62,7 +68,8 @@ class OutputPorts:
     commit: Callable[[int], None]
     """The high watermark rose to this offset: deliver committed batches, complete pending appends."""
     fail_pending_appends: Callable[[], None]
-    """Leadership is lost: appends not yet committed fail (they may still commit)."""
+    """Leadership is lost: appends not yet committed fail (they may still commit), and so do the
+    leadership confirmations not yet confirmed."""
     announce_leader: Callable[[LeaderAndEpoch], None]
     """The known leader or epoch changed."""
     wait_until: Callable[[int], None]
@@ -70,6 +77,9 @@ class OutputPorts:
     flush: Callable[[], Awaitable[None]]
     """Make the log durable, then feed ``core.on_flushed(end)`` and execute that Output with
     :func:`execute_output` — at once or later, but never before this call."""
+    confirm_read_round: Callable[[int], None] = _no_reader
+    """Every leadership-confirmation round up to this one is confirmed (``RaftCore.confirm_leadership``);
+    ports whose node never asks for one (the plain Raft simulation) leave the default."""
 
 
 async def execute_output(out: Output, ports: OutputPorts) -> None:
@@ -86,6 +96,8 @@ async def execute_output(out: Output, ports: OutputPorts) -> None:
         ports.load_snapshot(out.installed_snapshot)
     if out.high_watermark is not None:
         ports.commit(out.high_watermark)
+    if out.confirmed_read_round is not None:
+        ports.confirm_read_round(out.confirmed_read_round)
     if out.lost_leadership:
         ports.fail_pending_appends()
     if out.leader_change is not None:

@@ -143,6 +143,9 @@ class FetchRequest:
     replica_directory_id: str = ""
     """The fetcher's metadata ``directory.id``: a voter counts toward the high watermark only with the
     directory id it was added with (KIP-853); "" when unknown."""
+    read_round: int = 0
+    """The highest ``FetchResponse.read_round`` this fetcher got from the leader of
+    ``current_leader_epoch`` (0: none): the echo that confirms the leader's leadership rounds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,8 @@ class FetchResponse:
     """Set when the fetcher's log diverged: truncate to at most ``end_offset`` and fetch again."""
     snapshot_id: SnapshotId | None = None
     """Set when the fetcher is below the leader's log start: download this snapshot first."""
+    read_round: int = 0
+    """The leader's latest started leadership-confirmation round (0: none), for the fetcher to echo."""
 
 
 # --- FetchSnapshot (KIP-630) ---

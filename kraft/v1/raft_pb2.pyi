@@ -281,6 +281,7 @@ class FetchRequest(_message.Message):
     MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     REPLICA_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
+    READ_ROUND_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     replica_id: _builtins.int
     current_leader_epoch: _builtins.int
@@ -291,6 +292,10 @@ class FetchRequest(_message.Message):
     replica_directory_id: _builtins.str
     """The fetcher's meta.properties directory.id: a voter counts toward the high watermark only with the
     directory id it was added with (KIP-853); also shown by `quorum describe --replication`.
+    """
+    read_round: _builtins.int
+    """ReadIndex leadership confirmation: the highest read_round this fetcher saw in a FetchResponse of
+    the current leader epoch (0: none).  The leader counts a round confirmed once a majority echoed it.
     """
     def __init__(
         self,
@@ -303,10 +308,11 @@ class FetchRequest(_message.Message):
         max_wait_ms: _builtins.int = ...,
         max_bytes: _builtins.int = ...,
         replica_directory_id: _builtins.str = ...,
+        read_round: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "replica_directory_id", b"replica_directory_id", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "read_round", b"read_round", "replica_directory_id", b"replica_directory_id", "replica_id", b"replica_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -325,6 +331,7 @@ class FetchResponse(_message.Message):
     RECORDS_FIELD_NUMBER: _builtins.int
     DIVERGING_EPOCH_FIELD_NUMBER: _builtins.int
     SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
+    READ_ROUND_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
     leader_id: _builtins.int
@@ -333,6 +340,10 @@ class FetchResponse(_message.Message):
     log_start_offset: _builtins.int
     records: _builtins.bytes
     """Whole encoded record batches (Kafka v2 framing)."""
+    read_round: _builtins.int
+    """The leader's latest started leadership-confirmation round (0: none); the follower echoes it in its
+    next FetchRequest (docs/internals/raft.md "Confirming leadership").
+    """
     @_builtins.property
     def diverging_epoch(self) -> Global___EpochEndOffset: ...
     @_builtins.property
@@ -349,10 +360,11 @@ class FetchResponse(_message.Message):
         records: _builtins.bytes = ...,
         diverging_epoch: Global___EpochEndOffset | None = ...,
         snapshot_id: Global___SnapshotId | None = ...,
+        read_round: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "_snapshot_id", b"_snapshot_id", "diverging_epoch", b"diverging_epoch", "snapshot_id", b"snapshot_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "_snapshot_id", b"_snapshot_id", "diverging_epoch", b"diverging_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "log_start_offset", b"log_start_offset", "records", b"records", "snapshot_id", b"snapshot_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch", "_snapshot_id", b"_snapshot_id", "diverging_epoch", b"diverging_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "log_start_offset", b"log_start_offset", "read_round", b"read_round", "records", b"records", "snapshot_id", b"snapshot_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__diverging_epoch: _TypeAlias = _typing.Literal["diverging_epoch"]  # noqa: Y015
     _WhichOneofArgType__diverging_epoch: _TypeAlias = _typing.Literal["_diverging_epoch", b"_diverging_epoch"]  # noqa: Y015

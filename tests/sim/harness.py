@@ -532,6 +532,7 @@ class SimNode:
                 data,
                 response.diverging_epoch,
                 response.snapshot_id,
+                response.read_round,
             )
         if message.read_snapshot is not None and isinstance(response, FetchSnapshotResponse):
             read = message.read_snapshot

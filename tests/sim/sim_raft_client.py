@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextvars
+import dataclasses
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,14 +34,19 @@ from kraft.raft.api import (
     LoadedSnapshot,
     NotLeaderError,
     RaftListener,
+    RaftShutdownError,
     SnapshotChunk,
     SnapshotWriter,
 )
+from kraft.raft.executor import OutputPorts
 from kraft.raft.listeners import leader_change_due
 from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
 from sim.harness import InvariantViolation, SimNode
 
 MAX_LOOP_TURNS_PER_EVENT = 100_000
+
+_NODE_PORTS: weakref.WeakKeyDictionary[SimNode, OutputPorts] = weakref.WeakKeyDictionary()
+"""Each node's ports as the harness built them (before any :class:`SimRaftClient` wrapped them)."""
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -116,8 +123,33 @@ class SimRaftClient:
         self._on_append = on_append
         self._feeds: dict[int, ListenerFeed] = {}
         self.resignations = 0
+        # confirm_leadership() callers by (node incarnation, round): a restarted core counts rounds
+        # from 1 again, so a round id alone could match a waiter of the incarnation before.
+        self._read_waiters: dict[tuple[int, int], list[asyncio.Future[None]]] = {}
+        # The node's effects reach these waiters as the driver's do (OutputPorts); the plain Raft
+        # simulation has nobody waiting and keeps the default ports.  A restarted controller gets a new
+        # client on the same node: wrap the node's own ports, never the previous client's.
+        ports = _NODE_PORTS.setdefault(node, node.ports)
+        fail_appends = ports.fail_pending_appends
+
+        def lost_leadership() -> None:
+            fail_appends()
+            self._fail_read_waiters()
+
+        node.ports = dataclasses.replace(
+            ports, confirm_read_round=self._on_read_round_confirmed, fail_pending_appends=lost_leadership
+        )
 
     # ---- what the simulation calls ----
+
+    def stop(self) -> None:
+        """The node crashed or the controller stops: callers still waiting for a leadership confirmation
+        fail, as the driver's do when it stops (their round can no longer be confirmed)."""
+        error = RaftShutdownError("raft is shut down")
+        for key in list(self._read_waiters):
+            for future in self._read_waiters.pop(key):
+                if not future.done():
+                    future.set_exception(error)
 
     def pump(self) -> None:
         """Hand every listener what its node has committed and its leader changes (after every event)."""
@@ -171,6 +203,35 @@ class SimRaftClient:
 
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
+
+    async def confirm_leadership(self) -> None:
+        node = self._node
+        core = node.core
+        if not node.running or core is None or not core.is_leader:
+            raise NotLeaderError(self.leader_and_epoch)
+        now_ms = node.sim.now_ms
+        read_round = core.confirm_leadership(now_ms)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._read_waiters.setdefault((node.incarnation, read_round), []).append(future)
+        node.process(core.take_output(now_ms))
+        await future
+
+    def _on_read_round_confirmed(self, read_round: int) -> None:
+        incarnation = self._node.incarnation
+        for key in sorted(self._read_waiters):
+            if key[0] != incarnation:
+                self._fail_read_waiters(key)  # that core crashed: its rounds never confirm
+            elif key[1] <= read_round:
+                for future in self._read_waiters.pop(key):
+                    if not future.done():
+                        future.set_result(None)
+
+    def _fail_read_waiters(self, only: tuple[int, int] | None = None) -> None:
+        error = NotLeaderError(self.leader_and_epoch, "leadership lost before it was confirmed")
+        for key in [only] if only is not None else list(self._read_waiters):
+            for future in self._read_waiters.pop(key, []):
+                if not future.done():
+                    future.set_exception(error)
 
     def create_snapshot(
         self, end_offset: int, epoch: int, last_contained_timestamp_ms: int

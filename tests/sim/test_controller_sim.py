@@ -219,6 +219,7 @@ class ControllerSimulation(Simulation):
 
     def _stop_controller(self, node_id: int) -> None:
         entry = self.controllers.pop(node_id)
+        entry.raft.stop()
         entry.loop.run_until_complete(entry.controller.stop())
         entry.loop.run_ready()
         entry.loop.close()

@@ -60,6 +60,11 @@ class FakeRaft:
         self.resigned = 0
         self.hold_commits = False
         """While True appended records stay uncommitted (a slow quorum); :meth:`release` commits them."""
+        self.hold_confirmations = False
+        """While True ``confirm_leadership`` waits (a majority out of reach); :meth:`confirm` answers."""
+        self.confirmations = 0
+        """How many times ``confirm_leadership`` was called."""
+        self._confirm_waiters: list[asyncio.Future[None]] = []
 
     # ---- test controls ----
 
@@ -86,7 +91,19 @@ class FakeRaft:
         self.end_offset -= len(self._pending)  # the uncommitted tail is truncated by the new leader
         self._pending.clear()
         self._leader = LeaderAndEpoch(new_leader, self._leader.epoch + 1)
+        for waiter in self._confirm_waiters:
+            if not waiter.done():
+                waiter.set_exception(NotLeaderError(self._leader, "leadership lost before it was confirmed"))
+        self._confirm_waiters.clear()
         self._broadcast(self._leader)
+
+    def confirm(self) -> None:
+        """A majority confirmed the leadership: every held ``confirm_leadership`` returns."""
+        self.hold_confirmations = False
+        for waiter in self._confirm_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._confirm_waiters.clear()
 
     # ---- RaftClient ----
 
@@ -134,6 +151,17 @@ class FakeRaft:
 
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
+
+    async def confirm_leadership(self) -> None:
+        """Confirmed at once (a single voter) unless ``hold_confirmations``."""
+        if self._leader.leader_id != self._node_id:
+            raise NotLeaderError(self._leader)
+        self.confirmations += 1
+        if not self.hold_confirmations:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._confirm_waiters.append(waiter)
+        await waiter
 
     def create_snapshot(
         self, end_offset: int, epoch: int, last_contained_timestamp_ms: int

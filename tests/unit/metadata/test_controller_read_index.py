@@ -1,0 +1,79 @@
+"""The active controller answers a heartbeat that changes nothing only after Raft confirmed its leadership
+(a ReadIndex round started after the heartbeat arrived): a deposed controller that does not know it yet
+cannot extend a broker's session that the new controller may already have fenced."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kraft.errors import ErrorCode
+from kraft.metadata.controller import ControllerOptions
+from kraft.v1 import controller_pb2 as cpb
+
+from .test_controller import CLUSTER, activate_broker, registration, settle, started, step, until
+
+
+def _beat(broker_id: int, epoch: int) -> cpb.BrokerHeartbeatRequest:
+    return cpb.BrokerHeartbeatRequest(
+        cluster_id=CLUSTER, broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=epoch
+    )
+
+
+async def test_an_unchanged_heartbeat_is_answered_only_after_leadership_is_confirmed() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = await activate_broker(controller, 1)
+        raft.hold_confirmations = True
+        before = raft.confirmations
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await settle()
+        assert not pending.done() and raft.confirmations == before + 1
+        raft.confirm()
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NONE and not answer.is_fenced
+        # A registration that changes something is confirmed by its commit, not by a round.
+        before = raft.confirmations
+        registered = await controller.register_broker(registration(2))
+        assert registered.error_code == ErrorCode.NONE and raft.confirmations == before
+    finally:
+        await controller.stop()
+
+
+async def test_a_heartbeat_waiting_for_confirmation_answers_not_controller_when_leadership_is_lost() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = await activate_broker(controller, 1)
+        raft.hold_confirmations = True
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await settle()
+        assert not pending.done()
+        raft.lose_leadership(2)
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NOT_CONTROLLER
+    finally:
+        await controller.stop()
+
+
+async def test_a_heartbeat_not_confirmed_within_the_commit_timeout_is_retriable() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, commit_timeout_ms=100))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = await activate_broker(controller, 1)
+        raft.hold_confirmations = True  # e.g. partitioned from the majority, check-quorum not yet over
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await settle()
+        await step(controller, 99)
+        assert not pending.done()
+        await step(controller, 1)
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
+        assert "did not confirm" in answer.error_message
+        raft.confirm()  # a majority answers again
+        assert (await controller.broker_heartbeat(_beat(1, epoch))).error_code == ErrorCode.NONE
+    finally:
+        await controller.stop()

@@ -1,0 +1,48 @@
+"""``RaftDriver.confirm_leadership`` over the loopback network on a manual clock: a live majority confirms
+without waiting for a long poll; a leader cut off from its majority never confirms, and its callers fail
+with NotLeaderError once check-quorum deposes it; followers are refused at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from raft_helpers import LoopbackCluster
+
+from kraft.raft.api import NotLeaderError
+
+
+async def test_a_live_majority_confirms_within_one_fetch_round_trip_not_a_long_poll() -> None:
+    cluster = LoopbackCluster(3, fetch_max_wait_ms=5000, fetch_timeout_ms=20_000, election_timeout_ms=10_000)
+    try:
+        await cluster.start_all()
+        leader = await cluster.elect(max_ms=60_000, step_ms=100)
+        await cluster.complete(leader.append([b"x"]), "a committed append", max_ms=1000)
+        # Followers' long polls wait up to 5 s; a round answers them at once, so no clock needs to move.
+        callers = [asyncio.ensure_future(leader.confirm_leadership()) for _ in range(3)]
+        await cluster.settle()
+        assert all(caller.done() for caller in callers)
+        for caller in callers:
+            await caller
+        follower = next(d for d in cluster.drivers.values() if d is not leader)
+        with pytest.raises(NotLeaderError):
+            await follower.confirm_leadership()
+    finally:
+        await cluster.close()
+
+
+async def test_a_leader_without_its_majority_never_confirms_and_fails_its_callers_when_deposed() -> None:
+    cluster = LoopbackCluster(3)
+    try:
+        await cluster.start_all()
+        leader = await cluster.elect()
+        for node_id in [n for n in cluster.drivers if n != leader.node_id]:
+            await cluster.stop(node_id)
+        caller = asyncio.ensure_future(leader.confirm_leadership())
+        await cluster.advance(100)  # a third of check-quorum's 1.5 fetch timeouts: still leader
+        assert not caller.done() and leader.leader_and_epoch.leader_id == leader.node_id
+        await cluster.run_until(caller.done, "the caller's failure", 1000)
+        with pytest.raises(NotLeaderError):
+            await caller
+    finally:
+        await cluster.close()
