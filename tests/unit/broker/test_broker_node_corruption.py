@@ -21,6 +21,7 @@ build take ~15 s.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import random
@@ -222,7 +223,9 @@ _built: list[Pristine] = []
 async def _pristine() -> Pristine:
     """Built once per test session, copied by every case."""
     if not _built:
-        log_dir = Path(tempfile.mkdtemp(prefix="kraft-broker-corruption-")) / "logs"
+        root = Path(tempfile.mkdtemp(prefix="kraft-broker-corruption-"))
+        atexit.register(shutil.rmtree, root, True)  # built once, removed when the test run ends
+        log_dir = root / "logs"
         _built.append(await _build(log_dir))
     return _built[0]
 

@@ -18,6 +18,7 @@ and the build take ~10 s.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import random
 import shutil
 import sys
@@ -204,7 +205,9 @@ _built: list[Pristine] = []
 async def _pristine() -> Pristine:
     """Built once per test session, copied by every case (building it takes ~2 s)."""
     if not _built:
-        meta_dir = Path(tempfile.mkdtemp(prefix="kraft-node-corruption-")) / "meta"
+        root = Path(tempfile.mkdtemp(prefix="kraft-node-corruption-"))
+        atexit.register(shutil.rmtree, root, True)  # built once, removed when the test run ends
+        meta_dir = root / "meta"
         _built.append(await _build(meta_dir))
     return _built[0]
 
