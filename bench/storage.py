@@ -15,17 +15,21 @@ What is measured (results in ``bench/results/storage.json``):
   Reported with the segment files in the page cache ("hot") and evicted from it with
   ``posix_fadvise(DONTNEED)`` ("cold"; only our files are evicted).  Target ≥ 500 MB/s.  Wall-clock and
   CPU-time rates are both reported: on a shared machine the wall clock mostly measures the run queue.
-- **recovery after an unclean stop, full scan vs recovery-point scan**: a log of the same size in
-  ``RECOVERY_POINT_SEGMENT_MB`` segments, flushed (the recovery point follows the flushes), then an
-  unflushed tail of ``UNFLUSHED_TAIL_MB`` is appended and the process "crashes".  Opened once with the
-  ``recovery-point-offset-checkpoint`` removed (every segment scanned: what happened before the recovery
-  point existed) and once with it (only the segment holding the recovery point and the tail after it
-  are scanned; older segments are trusted, their batches verified when read).  Both hot (page cache).
-  ``mb_per_s`` is log size / seconds to open; ``scanned_mb`` is what the recovery actually CRC-checked.
+- **recovery after an unclean stop, full scan vs recovery-point scan**: a log of the same size,
+  flushed (the recovery point follows the flushes), then an unflushed tail of ``UNFLUSHED_TAIL_MB`` is
+  appended and the process "crashes".  Opened once with the ``recovery-point-offset-checkpoint`` removed
+  (every segment scanned: what happened before the recovery point existed) and once with it (only the
+  segment holding the recovery point and the segments after it are scanned; older segments are
+  trusted, their batches verified when read).  Both hot (page cache).  Run twice: with the default
+  ``log.segment.bytes`` (1 GiB, so a 1 GiB log is one or two segments and the recovery point's segment
+  is most of the log) and with ``RECOVERY_POINT_SEGMENT_MB`` segments.  Reported per open: ``seconds``,
+  ``scanned_mb`` (the bytes of the segments the recovery CRC-checked) and ``scanned_mb_per_s`` (scanned
+  / seconds — the scan rate, never the whole log's size over a tail scan's time).
 - **index lookup**: mean cost of ``OffsetIndex.lookup`` and of a whole ``SegmentedLog.read(offset, 1)``
   (lookup + header walk + pread) at random offsets of a 64 MiB log of 1 KiB batches.
 
-Run: ``python -m bench.storage [--quick]`` (``--quick``: shorter rounds, 128 MiB recovery log).
+Run: ``python -m bench.storage [--quick] [--only SECTION ...]`` (``--quick``: shorter rounds, 128 MiB
+recovery log; ``--only``: run just those sections and merge them into the existing results file).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import struct
 import tempfile
 import time
@@ -185,6 +190,7 @@ def bench_recovery(root: Path, total_mb: int) -> dict[str, Any]:
 
 RECOVERY_POINT_SEGMENT_MB = 64
 UNFLUSHED_TAIL_MB = 4
+DEFAULT_SEGMENT_BYTES = 1 << 30  # log.segment.bytes' default (Kafka's)
 
 
 def _timed_open(directory: Path, config: LogConfig) -> tuple[float, int, int]:
@@ -196,10 +202,21 @@ def _timed_open(directory: Path, config: LogConfig) -> tuple[float, int, int]:
     return elapsed, end, size
 
 
-def bench_recovery_point(root: Path, total_mb: int) -> dict[str, Any]:
-    """Unclean stop with an unflushed tail: full scan vs a scan from the recovery point's segment."""
-    config = LogConfig(segment_bytes=RECOVERY_POINT_SEGMENT_MB * MIB)
-    directory = root / "recovery-point-0"
+def _scanned_bytes(directory: Path, recovery_point: int | None) -> int:
+    """Bytes of the segments a crashed open CRC-checks: every one without a recovery point, else the
+    segment holding it and every later one (the rule of ``SegmentedLog.open``: a segment is trusted
+    only when the next segment's base offset is at or below the recovery point)."""
+    segments = sorted(directory.glob("*.log"))
+    return sum(
+        path.stat().st_size
+        for i, path in enumerate(segments)
+        if recovery_point is None or i + 1 == len(segments) or int(segments[i + 1].stem) > recovery_point
+    )
+
+
+def _recovery_point_case(root: Path, total_mb: int, segment_bytes: int) -> dict[str, Any]:
+    config = LogConfig(segment_bytes=segment_bytes)
+    directory = root / f"recovery-point-{segment_bytes}-0"
     batch = _batch_of_size(16 * 1024)
     log = SegmentedLog.open(directory, config)
     for _ in range(total_mb * MIB // len(batch)):
@@ -213,36 +230,44 @@ def bench_recovery_point(root: Path, total_mb: int) -> dict[str, Any]:
     expected_end, size = log.end_offset, log.size_in_bytes
     log.abandon()  # crash: the tail was written but never flushed (it is in the page cache)
     checkpoint = (directory / RECOVERY_POINT_FILE).read_bytes()
-    tail_segments = sorted(directory.glob("*.log"))
-    scanned_with_point = sum(
-        p.stat().st_size
-        for i, p in enumerate(tail_segments)
-        if i + 1 == len(tail_segments) or int(tail_segments[i + 1].stem) > recovery_point
-    )
     results: dict[str, Any] = {
-        "log_bytes": size,
-        "segment_bytes": config.segment_bytes,
+        "log_mb": round(size / 1e6, 1),
+        "segment_bytes": segment_bytes,
+        "segments": len(list(directory.glob("*.log"))),
         "recovery_point": recovery_point,
-        "unflushed_tail_bytes": UNFLUSHED_TAIL_MB * MIB,
+        "unflushed_tail_mb": round(UNFLUSHED_TAIL_MB * MIB / 1e6, 1),
     }
     for label in ("full_scan", "recovery_point_scan"):
         if label == "full_scan":
             (directory / RECOVERY_POINT_FILE).unlink()
+            scanned = _scanned_bytes(directory, None)
         else:
             (directory / RECOVERY_POINT_FILE).write_bytes(checkpoint)
+            scanned = _scanned_bytes(directory, recovery_point)
         seconds, end, _ = _timed_open(directory, config)
         if end != expected_end:
             raise RuntimeError(f"recovery lost data: end {end}, expected {expected_end}")
-        scanned = size if label == "full_scan" else scanned_with_point
         results[label] = {
             "seconds": round(seconds, 3),
-            "mb_per_s": round(size / seconds / 1e6, 1),
             "scanned_mb": round(scanned / 1e6, 1),
+            "scanned_mb_per_s": round(scanned / seconds / 1e6, 1),
         }
         # Every open ends with the recovery point at the end: put the crash state back for the next.
         (directory / RECOVERY_POINT_FILE).write_bytes(checkpoint)
     results["speedup"] = round(results["full_scan"]["seconds"] / results["recovery_point_scan"]["seconds"], 1)
+    shutil.rmtree(directory)  # the next case needs the disk space (and the page cache)
     return results
+
+
+def bench_recovery_point(root: Path, total_mb: int) -> dict[str, Any]:
+    """Unclean stop with an unflushed tail: full scan vs a scan from the recovery point's segment, with
+    the default segment size and with small segments."""
+    return {
+        "default_segments": _recovery_point_case(root, total_mb, DEFAULT_SEGMENT_BYTES),
+        f"segments_{RECOVERY_POINT_SEGMENT_MB}MiB": _recovery_point_case(
+            root, total_mb, RECOVERY_POINT_SEGMENT_MB * MIB
+        ),
+    }
 
 
 def bench_index_lookup(root: Path, total_mb: int, lookups: int) -> dict[str, Any]:
@@ -273,7 +298,10 @@ def bench_index_lookup(root: Path, total_mb: int, lookups: int) -> dict[str, Any
     return results
 
 
-def run(quick: bool) -> dict[str, Any]:
+SECTIONS = ("append_fsync_per_batch", "recovery_scan", "recovery_point_scan", "index_lookup")
+
+
+def run(quick: bool, only: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
     recovery_mb = int(os.environ.get("KRAFT_BENCH_STORAGE_RECOVERY_MB", "128" if quick else "1024"))
     results: dict[str, Any] = {
         "machine": {
@@ -283,23 +311,38 @@ def run(quick: bool) -> dict[str, Any]:
         },
         "quick": quick,
     }
+    sections: dict[str, Callable[[Path], dict[str, Any]]] = {
+        "append_fsync_per_batch": lambda root: bench_append(root, 3.0 if quick else 12.0),
+        "recovery_scan": lambda root: bench_recovery(root, recovery_mb),
+        "recovery_point_scan": lambda root: bench_recovery_point(root, recovery_mb),
+        "index_lookup": lambda root: bench_index_lookup(root, 16 if quick else 64, 20_000),
+    }
     with tempfile.TemporaryDirectory(
         prefix="kraft-bench-storage-", dir=os.environ.get("KRAFT_BENCH_DIR")
     ) as tmp:
-        root = Path(tmp)
-        results["append_fsync_per_batch"] = bench_append(root, 3.0 if quick else 12.0)
-        results["recovery_scan"] = bench_recovery(root, recovery_mb)
-        results["recovery_point_scan"] = bench_recovery_point(root, recovery_mb)
-        results["index_lookup"] = bench_index_lookup(root, 16 if quick else 64, 20_000)
+        for name in SECTIONS:
+            if name in only:
+                results[name] = sections[name](Path(tmp))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.storage", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter rounds and a 128 MiB recovery log")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SECTIONS,
+        help="run only these sections; the other sections of the results file are kept",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
-    results = run(args.quick)
+    results = run(args.quick, tuple(args.only) if args.only else SECTIONS)
+    if args.only and args.out.exists():
+        # A partial run updates its sections of the last full run; the machine line is this run's.
+        merged = json.loads(args.out.read_text())
+        merged.update(results)
+        results = merged
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -29,7 +29,7 @@ from kraft.cli.common import (
     verbose_printer,
 )
 from kraft.client.admin import AdminClient
-from kraft.client.broker import describe_broker
+from kraft.client.broker import broker_state, describe_broker
 from kraft.clock import SystemClock
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
@@ -142,7 +142,7 @@ async def broker_side_state(
     endpoint now belongs to another cluster's broker)."""
     if target is None:
         return UNKNOWN_STATE
-    response = await describe_broker(target, cluster_id, timeout_s)
+    response = await broker_state(target, cluster_id, timeout_s)
     if response is None or response.error_code != 0 or not response.state:
         return UNKNOWN_STATE
     return response.state

@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kraft.client.broker import describe_broker
+from kraft.client.broker import broker_state
 from kraft.client.controller import (
     ControllerClient,
     ControllerUnavailable,
@@ -318,7 +318,7 @@ class AdminClient:
             self._on_retry(line)
 
     async def _not_a_controller(self, target: str) -> str:
-        answer = await describe_broker(target, "", _PROBE_TIMEOUT_S)
+        answer = await broker_state(target, "", _PROBE_TIMEOUT_S)
         if answer is not None:
             return (
                 f"{target} is a broker, not a controller: --bootstrap-controller takes the controllers' "

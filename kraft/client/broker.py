@@ -15,7 +15,8 @@ RESOURCE_EXHAUSTED for a request above ``grpc.max.message.bytes``), never retrie
 
 Delivery is at least once: a Produce whose answer is lost is sent again (Kafka without idempotence).
 
-:func:`describe_broker` asks one broker for its own lifecycle state (``kraft broker describe``).
+:func:`describe_broker` asks one broker for its own lifecycle state and hosted partitions, page by page
+(``kraft broker describe``); :func:`broker_state` for the state alone.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ RETRIABLE = frozenset(
 )
 _RETRY_PAUSE_S = 0.1
 UNKNOWN_TOPIC_GRACE_S = 1.0
+# grpc.max.message.bytes' default (kraft.config is not imported here: the CLI imports this module lazily).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 _UNLIMITED = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
@@ -68,18 +71,58 @@ class _ResponseWithError(Protocol):
 ResponseT = TypeVar("ResponseT", bound=_ResponseWithError)
 
 
-async def describe_broker(target: str, cluster_id: str, timeout_s: float) -> pb.DescribeBrokerResponse | None:
-    """DescribeBroker answered by the broker at ``target`` itself (its own lifecycle state); None when it
-    cannot be asked (unreachable, timeout).  An error answer is returned as it is."""
+async def describe_broker(
+    target: str,
+    cluster_id: str,
+    timeout_s: float,
+    *,
+    max_partitions: int | None = None,
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+) -> pb.DescribeBrokerResponse | None:
+    """DescribeBroker answered by the broker at ``target`` itself (its own lifecycle state and hosted
+    partitions); None when it cannot be asked (unreachable, timeout).  An error answer is returned as it
+    is.  The broker answers its partitions in pages (any number of partitions: a broker may host
+    100,000); they are asked for one after another, each within ``timeout_s``, and returned as one response —
+    all of them, or the first ``max_partitions`` (0: none, the state only; ``more_partitions`` tells
+    whether some were left out, ``partition_count`` how many there are)."""
+    # Pages are at most 1 MiB; the configured limit still applies to the channel (never gRPC's default
+    # 4 MiB, which one answer with every partition once outgrew).
+    options = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    request = pb.DescribeBrokerRequest(cluster_id=cluster_id, without_partitions=max_partitions == 0)
+    merged: pb.DescribeBrokerResponse | None = None
     try:
-        async with open_channel(target) as channel:
+        async with open_channel(target, options) as channel:
             stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
-            response: pb.DescribeBrokerResponse = await stub.DescribeBroker(
-                pb.DescribeBrokerRequest(cluster_id=cluster_id), timeout=timeout_s
-            )
+            while True:
+                if max_partitions:
+                    request.max_partitions = max_partitions - (len(merged.partitions) if merged else 0)
+                # Per page (bounded work on the broker), so describing 100,000 partitions is not cut off
+                # by a timeout meant for one answer (the CLI's 2 s for the broker's state).
+                page: pb.DescribeBrokerResponse = await stub.DescribeBroker(request, timeout=timeout_s)
+                if merged is None:
+                    merged = page
+                else:
+                    if page.error_code != 0:
+                        return page
+                    merged.partitions.extend(page.partitions)
+                    merged.more_partitions = page.more_partitions
+                    merged.partition_count = page.partition_count
+                done = max_partitions is not None and len(merged.partitions) >= max_partitions
+                if page.error_code != 0 or not page.more_partitions or not page.partitions or done:
+                    return merged
+                last = page.partitions[-1]
+                request.partitions_after_topic = last.topic
+                request.partitions_after_partition = last.partition
     except (grpc.RpcError, OSError):
         return None
-    return response
+
+
+async def broker_state(target: str, cluster_id: str, timeout_s: float) -> pb.DescribeBrokerResponse | None:
+    """DescribeBroker without partitions: the broker's own lifecycle state, one small answer."""
+    return await describe_broker(target, cluster_id, timeout_s, max_partitions=0)
 
 
 @dataclass(frozen=True, slots=True)

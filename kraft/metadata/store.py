@@ -33,13 +33,16 @@ it does not depend on ``PYTHONHASHSEED``; it may change with the Python version,
 store once (a cache). (Text CRCs made a bulk save of 200,000 partitions about 3 times slower.)
 :meth:`SqliteImageStore.load` recomputes the sum; a store that cannot be read, fails its checksum, has none
 (an older build) or is otherwise inconsistent is *discarded* — one ``event=image_store_discarded reason=…``
-line, every row deleted — and the image is rebuilt from the log (the controller's local snapshot + log, or
+line, the file deleted and created empty (a damaged page can outlive deleted rows) — and the image is
+rebuilt from the log (the controller's local snapshot + log, or
 the broker's fetch from the controller). A store *ahead* of the log (an offset the log never committed) is
 discarded by the caller, which knows the log: :meth:`SqliteImageStore.discard_file` before opening
 (controller: at or above its local log end), or saving the empty image (broker: at or above the controller's
 high watermark). A storage failure (:func:`is_storage_failure`: disk full, I/O error) is never a reason to
 discard: :meth:`SqliteImageStore.open` and :meth:`SqliteImageStore.load` raise it, and the controller
-fail-stops on it (:mod:`kraft.metadata.store_writer`).
+fail-stops on it (:mod:`kraft.metadata.store_writer`). Damage that loading cannot see (a page it never
+reads, e.g. the topic-name index) surfaces as SQLite's "malformed" error on the next save: the file is
+started afresh and the whole image written (:meth:`SqliteImageStore.save`), never a reason to stop.
 """
 
 from __future__ import annotations
@@ -400,16 +403,20 @@ class SqliteImageStore:
             return MetadataImage.empty()
 
     async def clear(self, reason: str) -> None:
-        """Delete every row (one ``image_store_discarded`` line): the image is rebuilt from the log."""
-        _log.warning("image_store_discarded", path=str(self.path), reason=reason)
+        """Start the store afresh (one ``image_store_discarded`` line): the image is rebuilt from the log.
+
+        The file is deleted and created again, never merely emptied with DELETEs: a damaged page can
+        outlive the rows (a b-tree or free-list page the next save reuses), and then every later load
+        found the damage again and discarded the store for good (the byte-damage tests found this)."""
         self.discarded = reason
-        db = self._db
-        if db.in_transaction:
-            await db.execute("ROLLBACK")
-        await db.execute("BEGIN")
-        for table in ("meta", "brokers", "topics", "partitions", "configs", "features", "acls"):
-            await db.execute(f"DELETE FROM {table}")
-        await db.execute("COMMIT")
+        try:
+            await self._db.close()
+        except sqlite3.Error as exc:
+            if is_storage_failure(exc):
+                raise
+            # Closing a damaged database may complain; the file is deleted next anyway.
+        self.discard_file(self.path, reason)
+        self._db = (await self._open(self.path, self._clock))._db
         self._saved = MetadataImage.empty()
         self._sums = _RowSum()
 
@@ -510,7 +517,21 @@ class SqliteImageStore:
         return image
 
     async def save(self, image: MetadataImage) -> None:
-        """Persist ``image`` in one transaction, writing only what changed since the last save/load."""
+        """Persist ``image`` in one transaction, writing only what changed since the last save/load.
+
+        A file found damaged while writing (SQLite's "database disk image is malformed": damage in a page
+        :meth:`load` never reads, such as the topic-name index) is started afresh and the whole image
+        written to it — a cache, so never a reason to stop the node (it used to fail every save, so a
+        controller stopped at each restart).  A storage failure (disk full, I/O error) is raised."""
+        try:
+            await self._save(image)
+        except sqlite3.DatabaseError as exc:
+            if is_storage_failure(exc):
+                raise
+            await self.clear(f"damaged, found while saving: {type(exc).__name__}: {exc}")
+            await self._save(image)
+
+    async def _save(self, image: MetadataImage) -> None:
         previous = self._saved if self._saved is not None else MetadataImage.empty()
         db = self._db
         if db.in_transaction:  # a save cancelled half-way (shutdown) left its transaction open

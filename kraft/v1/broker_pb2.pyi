@@ -456,15 +456,35 @@ class DescribeBrokerRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_AFTER_TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITIONS_AFTER_PARTITION_FIELD_NUMBER: _builtins.int
+    MAX_PARTITIONS_FIELD_NUMBER: _builtins.int
+    WITHOUT_PARTITIONS_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
+    partitions_after_topic: _builtins.str
+    """Partitions come in pages, in (topic, partition) order: an answer holds those after this cursor
+    (no topic: from the first) until max_partitions or the page's byte budget (1 MiB, so a page fits
+    any client's default 4 MiB receive limit) is reached; more_partitions says whether to ask again
+    after the last one listed.  A broker may host hundreds of thousands of partitions.
+    """
+    partitions_after_partition: _builtins.int
+    """with partitions_after_topic"""
+    max_partitions: _builtins.int
+    """0 = as many as fit in the page"""
+    without_partitions: _builtins.bool
+    """the broker's state only (no partitions at all)"""
     def __init__(
         self,
         *,
         cluster_id: _builtins.str = ...,
+        partitions_after_topic: _builtins.str = ...,
+        partitions_after_partition: _builtins.int = ...,
+        max_partitions: _builtins.int = ...,
+        without_partitions: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "max_partitions", b"max_partitions", "partitions_after_partition", b"partitions_after_partition", "partitions_after_topic", b"partitions_after_topic", "without_partitions", b"without_partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -565,6 +585,8 @@ class DescribeBrokerResponse(_message.Message):
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     IMAGE_DIGEST_FIELD_NUMBER: _builtins.int
     OFFLINE_LOG_DIRS_FIELD_NUMBER: _builtins.int
+    MORE_PARTITIONS_FIELD_NUMBER: _builtins.int
+    PARTITION_COUNT_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
     broker_id: _builtins.int
@@ -580,6 +602,10 @@ class DescribeBrokerResponse(_message.Message):
     cluster_id: _builtins.str
     image_digest: _builtins.str
     """SHA-256 of the applied image's content (equal images ⇔ equal digests)"""
+    more_partitions: _builtins.bool
+    """the page ended before the last hosted partition"""
+    partition_count: _builtins.int
+    """every partition this broker hosts (all pages)"""
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DescribeBrokerResponse.LocalPartition]: ...
     @_builtins.property
@@ -604,10 +630,12 @@ class DescribeBrokerResponse(_message.Message):
         cluster_id: _builtins.str = ...,
         image_digest: _builtins.str = ...,
         offline_log_dirs: _abc.Iterable[_builtins.str] | None = ...,
+        more_partitions: _builtins.bool = ...,
+        partition_count: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "controller_id", b"controller_id", "error_code", b"error_code", "error_message", b"error_message", "fenced", b"fenced", "image_digest", b"image_digest", "incarnation_id", b"incarnation_id", "metadata_offset", b"metadata_offset", "offline_log_dirs", b"offline_log_dirs", "partitions", b"partitions", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "controller_id", b"controller_id", "error_code", b"error_code", "error_message", b"error_message", "fenced", b"fenced", "image_digest", b"image_digest", "incarnation_id", b"incarnation_id", "metadata_offset", b"metadata_offset", "more_partitions", b"more_partitions", "offline_log_dirs", b"offline_log_dirs", "partition_count", b"partition_count", "partitions", b"partitions", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
