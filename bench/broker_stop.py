@@ -166,7 +166,7 @@ async def _run(root: Path, partitions: int) -> dict[str, Any]:
             assert pid is not None
             exit_s = _wait_exit(pid, started)
             assert proc.finish_stop(pid, 5.0) == "stopped"
-            trial = {"touch_s": round(touch_s, 2), "exit_s": round(exit_s, 3)}
+            trial: dict[str, Any] = {"touch_s": round(touch_s, 2), "exit_s": round(exit_s, 3)}
             trial["events_s"] = _events_since(proc.log_path, offset, wall)
             trial["restart_after_stop"] = _restart_timed(proc)
             stops.append(trial)

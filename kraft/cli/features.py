@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kraft.cli.api_versions import ask_node
 from kraft.cli.common import (
     DEFAULT_TIMEOUT_S,
     CliError,
@@ -35,7 +36,6 @@ from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import METADATA_VERSION_FEATURE, release_of, requested_levels
 from kraft.metadata.feature_control import SAFE_DOWNGRADE, UPGRADE
-from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(
@@ -66,14 +66,16 @@ def _client(bootstrap: str, verbose: bool, timeout_s: float) -> AdminClient:
     )
 
 
-def features_json(answer: common_pb2.ApiVersionsResponse) -> dict[str, Any]:
-    """The ``features describe --json`` object: per feature, the supported range and finalized level."""
-    finalized = {f.name: f.level for f in answer.finalized_features}
-    names = sorted({f.name for f in answer.supported_features} | finalized.keys())
-    supported = {f.name: (f.min_version, f.max_version) for f in answer.supported_features}
+def features_json(node: dict[str, Any]) -> dict[str, Any]:
+    """The ``features describe --json`` object from a controller's ApiVersions (as
+    :func:`kraft.cli.api_versions.node_json` shows it): per feature, the supported range and finalized
+    level."""
+    finalized: dict[str, int] = node["finalized_features"]
+    supported: dict[str, list[int]] = node["supported_features"]
+    names = sorted(supported.keys() | finalized.keys())
     rows = []
     for name in names:
-        low, high = supported.get(name, (None, None))
+        low, high = supported.get(name, [None, None])
         level = finalized.get(name)
         row: dict[str, Any] = {
             "feature": name,
@@ -84,15 +86,18 @@ def features_json(answer: common_pb2.ApiVersionsResponse) -> dict[str, Any]:
         if name == METADATA_VERSION_FEATURE:
             row["release"] = None if level is None else release_of(level)
         rows.append(row)
-    return {"controller_id": answer.node_id, "features": rows}
+    return {"controller_id": node["node_id"], "features": rows}
 
 
-async def _describe(bootstrap: str, timeout_s: float) -> common_pb2.ApiVersionsResponse:
-    async with _client(bootstrap, False, timeout_s) as client:
-        answer: common_pb2.ApiVersionsResponse = await client.call(
-            lambda s: s.ApiVersions, common_pb2.ApiVersionsRequest()
-        )
-    return answer
+async def _describe(bootstrap: str, timeout_s: float) -> dict[str, Any]:
+    """ApiVersions of the first listed controller that answers (any controller does, active or not)."""
+    problems = []
+    for endpoint in parse_bootstrap(bootstrap):
+        node = await ask_node("controller", endpoint.target, timeout_s)
+        if node["error"] is None:
+            return node
+        problems.append(f"{endpoint.target}: {node['error']}")
+    raise CliError(f"no controller answered ApiVersions ({'; '.join(problems)})")
 
 
 @app.command("describe")
