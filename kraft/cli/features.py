@@ -171,7 +171,7 @@ def _run_update(
     if refused:
         # The refused update's own reason, not the "not applied" of the others.
         first = min(refused, key=lambda r: r.error_code == ErrorCode.INVALID_REQUEST)
-        raise KraftError(ErrorCode.from_wire(first.error_code), f"{first.feature}: {first.error_message}")
+        raise KraftError(ErrorCode.from_wire(first.error_code), first.error_message)
     outcome = "validated" if dry_run else "finalized"
     if as_json:
         print_json({"result": outcome, "features": levels})

@@ -102,7 +102,7 @@ def update_features(
         try:
             if repeats[update.feature] > 1:
                 raise KraftError(
-                    ErrorCode.INVALID_REQUEST, "the feature appears more than once in the request"
+                    ErrorCode.INVALID_REQUEST, f"{update.feature} appears more than once in the request"
                 )
             levels[update.feature] = check_update(logic, update)
         except KraftError as exc:
