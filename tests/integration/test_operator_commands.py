@@ -289,3 +289,25 @@ def test_features_describe_upgrade_and_refused_changes(
     one_error(kraft(capsys, "features", "upgrade", *at), "nothing to change")
     after = ok_json(capsys, "features", "describe", *at)
     assert after["features"][0]["finalized_level"] == 1
+
+
+def test_a_broker_restarted_after_kill_9_registers_without_waiting_out_its_old_session(
+    cluster: Cluster,
+) -> None:
+    """kraft.broker.incarnation: the new process names its predecessor on the same log dirs, so the
+    controller replaces the registration at once; before, the first attempt was refused
+    (DUPLICATE_BROKER_REGISTRATION) until the dead process's session expired.  Runs last in this file:
+    the broker is back and unfenced before it returns."""
+    local = LocalCluster.open(cluster.directory)
+    broker = local.process(102)
+    assert local.kill(102)
+    offset = broker.log_path.stat().st_size
+    local.start([102])
+    local.wait_node_ready(102, timeout_s=30)
+    with broker.log_path.open("rb") as f:
+        f.seek(offset)
+        restarted = f.read().decode("utf-8", "replace")
+    assert "event=registered" in restarted and "event=unfenced" in restarted, restarted
+    assert "DUPLICATE_BROKER_REGISTRATION" not in restarted and "registration_retry" not in restarted, (
+        restarted
+    )
