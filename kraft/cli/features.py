@@ -109,8 +109,11 @@ def describe_command(
     command_config: CommandConfigOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Each feature: the levels the controller's software supports and the level finalized in the cluster
-    (kafka-features.sh describe), as the answering controller's committed image holds it.
+    """Supported and finalized feature levels (kafka-features.sh describe).
+
+    Per feature: the levels the controller's software supports and the
+    level finalized in the cluster, as the answering controller's committed
+    image holds it.
 
     Examples:
 
@@ -193,16 +196,19 @@ def upgrade_command(
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
 ) -> None:
-    """Finalize a higher feature level (kafka-features.sh upgrade); the same level again is a no-op.
+    """Finalize a higher feature level (kafka-features.sh upgrade).
 
-    The active controller refuses a level its software or any registered broker does not support, and
-    a lower one (use downgrade).
+    The active controller refuses a level its software or any registered
+    broker does not support, and a lower one (use downgrade); the level the
+    cluster is at again is a no-op.
 
     Examples:
 
-      kraft features upgrade --bootstrap-controller 127.0.0.1:9093 --release-version 0.1
+      kraft features upgrade --bootstrap-controller 127.0.0.1:9093 \\
+          --release-version 0.1
 
-      kraft features upgrade --cluster-dir /tmp/c --feature metadata.version=1 --dry-run
+      kraft features upgrade --cluster-dir /tmp/c \\
+          --feature metadata.version=1 --dry-run
     """
     bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
     _run_update(UPGRADE, release_version, feature, dry_run, bootstrap, verbose, timeout, as_json)
@@ -221,14 +227,17 @@ def downgrade_command(
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
 ) -> None:
-    """Finalize a lower feature level, only where nothing is lost (kafka-features.sh downgrade).
+    """Finalize a lower feature level where nothing is lost (kafka-features.sh
+    downgrade).
 
-    Refused when a level between the two changed what the metadata log holds (the lower level could not
-    represent it), when the level is below what the software or a broker supports, and for a higher one.
+    Refused when a level between the two changed what the metadata log
+    holds (the lower level could not represent it), when the level is below
+    what the software or a broker supports, and for a higher one.
 
     Examples:
 
-      kraft features downgrade --bootstrap-controller 127.0.0.1:9093 --feature metadata.version=1
+      kraft features downgrade --bootstrap-controller 127.0.0.1:9093 \\
+          --feature metadata.version=1
     """
     bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
     _run_update(SAFE_DOWNGRADE, release_version, feature, dry_run, bootstrap, verbose, timeout, as_json)

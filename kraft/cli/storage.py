@@ -98,9 +98,10 @@ def format_command(
     exactly one of --standalone, --initial-controllers or --no-initial-controllers; the first two write
     the first voter set (the bootstrap checkpoint) into the metadata log directory.
 
-    --release-version / --feature (a controller; every controller of a new cluster alike) write
-    bootstrap.checkpoint into the metadata directory: the feature levels the first active controller
-    writes (kafka-storage.sh format --release-version).  An unknown or unsupported one is refused.
+    --release-version / --feature (on every controller of a new cluster
+    alike) write bootstrap.checkpoint into the metadata directory: the
+    feature levels the first active controller writes (kafka-storage.sh
+    format --release-version).  An unknown or unsupported one is refused.
 
     Examples:
 
