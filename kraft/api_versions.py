@@ -16,11 +16,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 
 import kraft
 from kraft.errors import ErrorCode
+from kraft.features import SUPPORTED_FEATURES
 from kraft.v1 import common_pb2
-
-METADATA_VERSION_FEATURE = "metadata.version"
-SUPPORTED_METADATA_VERSION = (1, 1)
-"""The metadata.version levels this software reads and writes (kraft.metadata.controller_logic writes 1)."""
 
 
 def api_versions(
@@ -43,8 +40,8 @@ def api_versions(
     response.software_version = kraft.__version__
     for service in services:
         response.services.add(name=service.full_name, methods=[m.name for m in service.methods])
-    low, high = SUPPORTED_METADATA_VERSION
-    response.supported_features.add(name=METADATA_VERSION_FEATURE, min_version=low, max_version=high)
+    for name, (low, high) in sorted(SUPPORTED_FEATURES.items()):
+        response.supported_features.add(name=name, min_version=low, max_version=high)
     for name in sorted(finalized):
         response.finalized_features.add(name=name, level=finalized[name])
     response.finalized_features_epoch = image_offset

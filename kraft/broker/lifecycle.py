@@ -5,7 +5,9 @@ Theory of operation
 :meth:`BrokerLifecycle.register` sends RegisterBroker with this process's incarnation id until the
 active controller accepts it (backoff between tries; fatal answers — wrong cluster id, invalid
 registration — stop the broker; DUPLICATE_BROKER_REGISTRATION is retried because the previous process's
-session may still be expiring).  Success moves STARTING → RECOVERY: registered, fenced, catching up.
+session may still be expiring, unless the request names that process as this one's predecessor on the
+same log dirs: :mod:`kraft.broker.incarnation`).  Success moves STARTING → RECOVERY: registered, fenced,
+catching up.
 
 :meth:`BrokerLifecycle.run_heartbeats` is the one task that writes :class:`BrokerStatus`.  Every
 ``broker.heartbeat.interval.ms`` (or at once when woken: catch-up reached, shutdown requested) it sends
@@ -15,7 +17,10 @@ BrokerHeartbeat{epoch, current metadata offset, want_fence = not caught up, want
   ``is_fenced = False`` → RUNNING; ``is_fenced = True`` while RUNNING → RECOVERY (fenced by the controller);
 - STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED → the registration is gone or replaced: stop serving at
   once (fenced, lease revoked, RECOVERY) and register again (a new broker epoch);
-- ``should_shut_down`` while shutting down → :attr:`shutdown_granted` is set.
+- ``should_shut_down`` while shutting down → :attr:`shutdown_granted` is set.  Until then the heartbeats
+  come every :data:`PENDING_SHUTDOWN_INTERVAL_S`, not every interval: the controller grants on a later
+  heartbeat than the one asking (once the shutdown record is committed and seen), and waiting a whole
+  interval for it made every SIGTERM take ≥ 2 s (issue #19; Kafka shortens the first wait to 50 ms).
 
 Transport trouble is retried at the next tick; the lease simply runs out if it lasts, which stops
 serving without any message from the controller.
@@ -33,9 +38,11 @@ from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.errors import ErrorCode
+from kraft.features import SUPPORTED_FEATURES
 from kraft.observability.logging import get_logger
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1.common_pb2 import Endpoint
+from kraft.v1.metadata_pb2 import BrokerFeature
 
 _FATAL_REGISTRATION_ERRORS = frozenset(
     {
@@ -46,6 +53,8 @@ _FATAL_REGISTRATION_ERRORS = frozenset(
     }
 )
 _REREGISTER_ERRORS = frozenset({ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED})
+PENDING_SHUTDOWN_INTERVAL_S = 0.05
+"""Heartbeat interval while a controlled shutdown waits for the controller's grant."""
 
 
 class RegistrationFailed(Exception):
@@ -131,6 +140,13 @@ class BrokerLifecycle:
                 listeners=list(self._info.listeners),
                 log_dirs=list(self._info.log_dirs),
                 previous_broker_epoch=previous_epoch,
+                previous_incarnation_id=status.previous_incarnation_id,
+                # what this software reads: the controller refuses a cluster level outside it, and an
+                # upgrade past any registered broker's range (kraft.metadata.feature_control)
+                features=[
+                    BrokerFeature(name=name, min_supported_version=low, max_supported_version=high)
+                    for name, (low, high) in sorted(SUPPORTED_FEATURES.items())
+                ],
             )
             if self._info.rack is not None:
                 request.rack = self._info.rack
@@ -175,7 +191,10 @@ class BrokerLifecycle:
                 return
             if ok:
                 attempt = 0
-                await self._sleep(self._timings.heartbeat_interval_s)
+                interval = self._timings.heartbeat_interval_s
+                if self._want_shut_down:
+                    interval = min(interval, PENDING_SHUTDOWN_INTERVAL_S)
+                await self._sleep(interval)
             else:
                 await self._sleep(min(self._backoff_s(attempt), self._timings.heartbeat_interval_s))
                 attempt += 1

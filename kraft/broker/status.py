@@ -55,6 +55,8 @@ class BrokerStatus:
         self.session_timeout_ms = session_timeout_ms
         self.state = BrokerState.NOT_RUNNING
         self.incarnation_id = ""
+        # the process this one replaced on the same log dirs (kraft.broker.incarnation); "" when unknown
+        self.previous_incarnation_id = ""
         self.broker_epoch = -1
         self.fenced = True
         self.metadata_offset = -1  # last applied metadata offset

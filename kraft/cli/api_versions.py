@@ -50,7 +50,7 @@ def node_json(
     }
 
 
-async def _ask(role: str, target: str, timeout_s: float) -> dict[str, Any]:
+async def ask_node(role: str, target: str, timeout_s: float) -> dict[str, Any]:
     """ApiVersions of one node; the cluster id is learned from the node's own refusal of an empty one."""
     channel = open_channel(target)
     try:
@@ -80,7 +80,7 @@ async def _ask(role: str, target: str, timeout_s: float) -> dict[str, Any]:
 
 
 async def _ask_all(nodes: list[tuple[str, str]], timeout_s: float) -> list[dict[str, Any]]:
-    return [await _ask(role, target, timeout_s) for role, target in nodes]
+    return [await ask_node(role, target, timeout_s) for role, target in nodes]
 
 
 @handle_errors

@@ -8,6 +8,12 @@ clean stop, 1 with one ``error:`` line when the broker cannot start or register.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+from typing import NoReturn
+
 from kraft.cli.broker import app
 from kraft.cli.common import CliError, ConfigOption, handle_errors
 from kraft.config import load_config
@@ -61,3 +67,16 @@ def start(config: ConfigOption) -> None:
         raise CliError(f"broker {cfg.node_id}: {err}") from err
     except RuntimeChoiceError as err:
         raise CliError(str(err)) from None
+    _exit_after_clean_stop()
+
+
+def _exit_after_clean_stop() -> NoReturn:
+    """End the process at once after a clean stop.  By now every partition log, checkpoint and the image
+    store are closed and synced (``BrokerServer._shut_down``) and the event loop is closed; what is left is
+    the interpreter tearing down the broker's objects, 0.2-0.5 s with 2,000 partitions — a quarter of the
+    2 s stop budget (issue #19, bench/results/broker_stop.json).  Output is flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)

@@ -114,6 +114,9 @@ ENTRIES: tuple[LazyEntry, ...] = (
     ),
     LazyEntry("offsets", "offsets", "app", "Partition offsets: get (kafka-get-offsets.sh)."),
     LazyEntry(
+        "features", "features", "app", "Feature levels: describe, upgrade, downgrade (kafka-features.sh)."
+    ),
+    LazyEntry(
         "log-dirs",
         "log_dirs",
         "app",

@@ -9,6 +9,7 @@ import typer
 from kraft.cli.common import CliError, ConfigOption, JsonOption, handle_errors, print_json, print_table
 from kraft.cluster.formatting import FormatError, format_node_storage
 from kraft.config import load_config
+from kraft.features import requested_levels
 from kraft.storage.ids import parse_uuid, random_uuid
 from kraft.storage.meta_properties import META_PROPERTIES_FILE, read_meta_properties
 
@@ -67,6 +68,25 @@ def format_command(
             help="Dynamic quorum: a controller that joins later (kraft quorum add-controller).",
         ),
     ] = False,
+    release_version: Annotated[
+        str | None,
+        typer.Option(
+            "--release-version",
+            "-r",
+            help="The metadata.version a new cluster starts at, by release (e.g. 0.1 or 0.1-IV0); "
+            "default: the latest this software supports.",
+            show_default=False,
+        ),
+    ] = None,
+    feature: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--feature",
+            "-f",
+            help="A feature level a new cluster starts at, name=level (repeatable), e.g. metadata.version=1.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Write meta.properties into every log directory and the metadata directory of a node.
@@ -77,6 +97,11 @@ def format_command(
     A controller without controller.quorum.voters belongs to a dynamic quorum (KIP-853) and needs
     exactly one of --standalone, --initial-controllers or --no-initial-controllers; the first two write
     the first voter set (the bootstrap checkpoint) into the metadata log directory.
+
+    --release-version / --feature (on every controller of a new cluster
+    alike) write bootstrap.checkpoint into the metadata directory: the
+    feature levels the first active controller writes (kafka-storage.sh
+    format --release-version).  An unknown or unsupported one is refused.
 
     Examples:
 
@@ -89,12 +114,18 @@ def format_command(
       kraft storage format -c controller-2.properties -t "$ID" --no-initial-controllers
 
       kraft storage format -c broker-101.properties -t "$ID" -g --json
+
+      kraft storage format -c controller-1.properties -t "$ID" --release-version 0.1
     """
     cfg = load_config(config)
     try:
         parse_uuid(cluster_id)
     except ValueError as exc:
         raise CliError(f"--cluster-id: {exc}; generate one with `kraft storage random-uuid`") from None
+    try:
+        levels = requested_levels(release_version, list(feature or []))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     try:
         results = format_node_storage(
             cfg,
@@ -103,6 +134,7 @@ def format_command(
             standalone=standalone,
             initial_controllers=initial_controllers,
             no_initial_controllers=no_initial_controllers,
+            bootstrap_features=levels,
         )
     except FormatError as exc:
         raise CliError(str(exc)) from None
@@ -111,6 +143,7 @@ def format_command(
             {
                 "cluster_id": cluster_id,
                 "node_id": cfg.node_id,
+                "bootstrap_features": levels if cfg.is_controller else {},
                 "dirs": [
                     {
                         "dir": str(result.path),

@@ -282,6 +282,14 @@ class AdminClient:
         request = cpb.IncrementalAlterConfigsRequest(resources=resources, validate_only=validate_only)
         return await self.call(lambda s: s.IncrementalAlterConfigs, request, idempotent=idempotent)
 
+    async def update_features(
+        self, updates: Sequence[cpb.FeatureUpdate], validate_only: bool = False
+    ) -> cpb.UpdateFeaturesResponse:
+        """Per-feature results; idempotent (finalizing the same level twice writes it once), so a call
+        with an unknown outcome is simply resent."""
+        request = cpb.UpdateFeaturesRequest(updates=updates, validate_only=validate_only)
+        return await self.call(lambda s: s.UpdateFeatures, request, idempotent=True)
+
     async def unregister_broker(self, request: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         """UnregisterBroker (errors raise KraftError); after an unknown outcome it is resent, and
         BROKER_ID_NOT_REGISTERED then means the first attempt unregistered it."""

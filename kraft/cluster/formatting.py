@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from kraft.config import NodeConfig, split_host_port
+from kraft.metadata.bootstrap import write_bootstrap_features
 from kraft.raft.control_codec import voter_problem
 from kraft.raft.messages import SnapshotId
 from kraft.raft.storage_adapters import FileSnapshotStore
@@ -187,9 +189,14 @@ def format_node_storage(
     standalone: bool = False,
     initial_controllers: str | None = None,
     no_initial_controllers: bool = False,
+    bootstrap_features: Mapping[str, int] | None = None,
 ) -> list[FormattedDir]:
     """Write ``meta.properties`` into every log dir and the metadata dir of ``cfg``'s node, and for a
-    dynamic-quorum controller the bootstrap checkpoint (see the module docstring)."""
+    dynamic-quorum controller the bootstrap checkpoint (see the module docstring).
+
+    ``bootstrap_features`` (``--release-version`` / ``--feature``, checked by the caller): the levels a new
+    cluster starts at, written into a controller's metadata dir as ``bootstrap.checkpoint``
+    (kraft.metadata.bootstrap); a broker-only node has no use for them and gets none."""
     try:
         parse_uuid(cluster_id)
     except ValueError as exc:
@@ -248,4 +255,6 @@ def format_node_storage(
     if voters is not None and metadata_dir is not None and existing_metadata is None:
         # A metadata directory skipped under --ignore-formatted keeps whatever it was formatted with.
         write_bootstrap_checkpoint(metadata_dir, voters)
+    if bootstrap_features and cfg.is_controller and metadata_dir is not None and existing_metadata is None:
+        write_bootstrap_features(metadata_dir, bootstrap_features)
     return results

@@ -55,7 +55,8 @@ from google.protobuf.message import Message
 from kraft.clock import Clock
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES
 from kraft.errors import ErrorCode, KraftError
-from kraft.metadata import acl_control, config_control, partition_growth
+from kraft.features import LATEST_METADATA_VERSION, METADATA_VERSION_FEATURE
+from kraft.metadata import acl_control, config_control, feature_control, partition_growth
 from kraft.metadata.commit_replay import replay_batch
 from kraft.metadata.controller_activation import Activation
 from kraft.metadata.controller_gauges import ControllerGauges
@@ -136,6 +137,11 @@ class ControllerOptions:
     # listener.security.protocol.map
     controller_listener_name: str = "CONTROLLER"
     controller_security_protocol: str = "PLAINTEXT"
+    # the levels a brand-new cluster starts at: the bootstrap checkpoint (kraft storage format
+    # --release-version / --feature, kraft.metadata.bootstrap), else the latest metadata.version
+    bootstrap_features: Mapping[str, int] = field(
+        default_factory=lambda: {METADATA_VERSION_FEATURE: LATEST_METADATA_VERSION}
+    )
 
 
 def _topic_chunks(req: cpb.CreateTopicsRequest, max_records: int) -> list[list[cpb.CreatableTopic]]:
@@ -188,6 +194,7 @@ class QuorumController:
             max_broker_partitions=options.max_broker_partitions,
             request_limits=options.request_limits,
             max_changes_per_write=options.max_work_unit_records,
+            bootstrap_features=dict(options.bootstrap_features),
         )
         self.writes = WritePath(
             state,
@@ -680,6 +687,13 @@ class QuorumController:
             cpb.IncrementalAlterConfigsResponse(),
             lambda lg: config_control.incremental_alter_configs(lg, req, self.writes.next_offset),
             name="alter-configs",
+        )
+
+    async def update_features(self, req: cpb.UpdateFeaturesRequest) -> cpb.UpdateFeaturesResponse:
+        return await self._serve(
+            cpb.UpdateFeaturesResponse(),
+            lambda lg: feature_control.update_features(lg, req, self.writes.next_offset),
+            name="update-features",
         )
 
     async def describe_configs(self, req: cpb.DescribeConfigsRequest) -> cpb.DescribeConfigsResponse:

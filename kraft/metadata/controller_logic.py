@@ -36,6 +36,13 @@ from typing import Generic, TypeVar
 from google.protobuf.message import Message
 
 from kraft.errors import ErrorCode, KraftError
+from kraft.features import (
+    LATEST_METADATA_VERSION,
+    METADATA_VERSION_FEATURE,
+    METADATA_VERSIONS,
+    SUPPORTED_FEATURES,
+    MetadataVersion,
+)
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, shared_ids
 from kraft.metadata.heartbeats import HeartbeatTracker
@@ -71,8 +78,6 @@ from kraft.v1 import metadata_pb2 as pb
 
 R = TypeVar("R", bound=Message)
 
-METADATA_VERSION_FEATURE = "metadata.version"
-METADATA_VERSION = 1
 # Defaults of max.partitions / max.broker.partitions (kraft/config.py has the keys): the image is measured
 # up to 1,000,000 partitions; a broker keeps at least one open file per hosted partition, so 10,000 stays
 # well inside a typical open-file limit once the broker has raised it to the hard limit.
@@ -100,6 +105,18 @@ class ControllerSettings:
     """``max.broker.partitions``: partition replicas assigned to one broker (each is an open log there)."""
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     """``max.request.topics`` / ``max.request.partitions``: checked before any work of a request."""
+    bootstrap_features: Mapping[str, int] = field(
+        default_factory=lambda: {METADATA_VERSION_FEATURE: LATEST_METADATA_VERSION}
+    )
+    """Levels a brand-new cluster starts at (the bootstrap checkpoint: ``kraft storage format
+    --release-version``; kraft.metadata.bootstrap)."""
+    supported_features: Mapping[str, tuple[int, int]] = field(
+        default_factory=lambda: dict(SUPPORTED_FEATURES)
+    )
+    """What this controller's software supports (kraft.features); UpdateFeatures stays inside it."""
+    metadata_versions: tuple[MetadataVersion, ...] = METADATA_VERSIONS
+    """The metadata.version levels it knows, with what each changed (a safe downgrade must not cross one
+    that changed the metadata)."""
 
 
 @dataclass(slots=True)
@@ -251,10 +268,13 @@ class ControllerLogic:
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
-        """What a newly active controller writes on a brand-new cluster: the metadata.version level."""
+        """What a newly active controller writes on a brand-new cluster: the feature levels of the bootstrap
+        checkpoint (metadata.version first, as Kafka's bootstrap metadata)."""
         batch = _Batch(self, next_offset)
-        if METADATA_VERSION_FEATURE not in self.image.features:
-            batch.add(pb.FeatureLevelRecord(name=METADATA_VERSION_FEATURE, feature_level=METADATA_VERSION))
+        levels = self.settings.bootstrap_features
+        if METADATA_VERSION_FEATURE not in self.image.features:  # a cluster bootstraps once, never again
+            for name in sorted(levels, key=lambda n: (n != METADATA_VERSION_FEATURE, n)):
+                batch.add(pb.FeatureLevelRecord(name=name, feature_level=levels[name]))
         return batch.finish()
 
     def noop_records(self, next_offset: int) -> list[pb.MetadataRecord]:
@@ -552,7 +572,16 @@ class ControllerLogic:
                 self.heartbeats.touch(req.broker_id, now_ms, -1)
                 response.broker_epoch = existing.epoch
                 return Outcome([], response)
-            if not existing.fenced and self.heartbeats.has_valid_session(req.broker_id, now_ms):
+            # A live session blocks a new incarnation unless the request names the registered one as its
+            # predecessor on the same log dirs: that process is gone (kraft.broker.incarnation).
+            replaces = (
+                bool(req.previous_incarnation_id) and req.previous_incarnation_id == existing.incarnation_id
+            )
+            if (
+                not existing.fenced
+                and not replaces
+                and self.heartbeats.has_valid_session(req.broker_id, now_ms)
+            ):
                 return Outcome(
                     [],
                     error_response(
@@ -575,7 +604,8 @@ class ControllerLogic:
         if req.HasField("rack"):
             record.rack = req.rack
         if existing is not None and not existing.fenced:
-            # The old incarnation's session expired but it was not fenced yet: fence it first.
+            # The old incarnation's session expired (or it is gone: see above) but it was not fenced yet:
+            # fence it first.
             self._fence(batch, existing)
         record.broker_epoch = batch.next_offset + len(batch.records)
         batch.add(record)

@@ -316,6 +316,18 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             ),
         )
 
+    async def UpdateFeatures(
+        self, request: cpb.UpdateFeaturesRequest, context: ServicerContext
+    ) -> cpb.UpdateFeaturesResponse:
+        guard = self.guard
+        return await self._call(
+            context,
+            request,
+            cpb.UpdateFeaturesResponse,
+            lambda c: c.update_features,
+            lambda: guard.check_cluster(context, AclOperation.ALTER),  # Kafka: ALTER on CLUSTER
+        )
+
     async def ApiVersions(
         self, request: common_pb2.ApiVersionsRequest, context: ServicerContext
     ) -> common_pb2.ApiVersionsResponse:

@@ -51,6 +51,7 @@ import grpc
 
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.image_adapter import ImageMetadataView
+from kraft.broker.incarnation import take_over_incarnation
 from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
 from kraft.broker.open_files import open_segment_files_capacity
 from kraft.broker.partition_log import PartitionLogOpener
@@ -614,8 +615,13 @@ async def run_broker(config: NodeConfig, cluster_id: str) -> None:
 
 
 async def _run_broker_locked(config: NodeConfig, cluster_id: str, supervisor: Supervisor) -> None:
-    store = await SqliteImageStore.open(image_store_path(config), clock=SystemClock())
+    store_path = image_store_path(config)
+    store = await SqliteImageStore.open(store_path, clock=SystemClock())
     server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store, supervisor=supervisor)
+    # Under the directory locks: the process that stored the previous id is gone (kraft.broker.incarnation).
+    server.status.previous_incarnation_id = take_over_incarnation(
+        store_path.parent, server.status.incarnation_id
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

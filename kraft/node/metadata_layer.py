@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
+from kraft.metadata.bootstrap import read_bootstrap_features
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.request_limits import RequestLimits
 from kraft.metadata.service import ControllerServicer, add_controller_service
@@ -36,7 +38,11 @@ if TYPE_CHECKING:
 
 
 def options_from_config(config: NodeConfig) -> ControllerOptions:
-    return ControllerOptions(
+    """The controller's options; StorageStateError when the bootstrap checkpoint is damaged."""
+    bootstrap = (
+        None if config.metadata_log_dir is None else read_bootstrap_features(Path(config.metadata_log_dir))
+    )
+    options = ControllerOptions(
         session_timeout_ms=config.broker_session_timeout_ms,
         heartbeat_interval_ms=config.broker_heartbeat_interval_ms,
         noop_interval_ms=config.metadata_max_idle_interval_ms,
@@ -54,6 +60,7 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         controller_listener_name=config.controller_listener_names[0],
         controller_security_protocol=config.security_protocol(config.controller_listener_names[0]),
     )
+    return options if bootstrap is None else replace(options, bootstrap_features=bootstrap)
 
 
 def image_store_path(config: NodeConfig) -> Path | None:

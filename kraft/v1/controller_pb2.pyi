@@ -36,12 +36,17 @@ class RegisterBrokerRequest(_message.Message):
     RACK_FIELD_NUMBER: _builtins.int
     LOG_DIRS_FIELD_NUMBER: _builtins.int
     PREVIOUS_BROKER_EPOCH_FIELD_NUMBER: _builtins.int
+    PREVIOUS_INCARNATION_ID_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     broker_id: _builtins.int
     incarnation_id: _builtins.str
     rack: _builtins.str
     previous_broker_epoch: _builtins.int
     """-1 when none"""
+    previous_incarnation_id: _builtins.str
+    """The incarnation this process took over on its log dirs ("" when none): stored there by the previous
+    process of this broker, read after taking their locks, so that process is gone (docs/internals/broker.md).
+    """
     @_builtins.property
     def listeners(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]: ...
     @_builtins.property
@@ -59,10 +64,11 @@ class RegisterBrokerRequest(_message.Message):
         rack: _builtins.str | None = ...,
         log_dirs: _abc.Iterable[_builtins.str] | None = ...,
         previous_broker_epoch: _builtins.int = ...,
+        previous_incarnation_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "rack", b"rack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "features", b"features", "incarnation_id", b"incarnation_id", "listeners", b"listeners", "log_dirs", b"log_dirs", "previous_broker_epoch", b"previous_broker_epoch", "rack", b"rack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "features", b"features", "incarnation_id", b"incarnation_id", "listeners", b"listeners", "log_dirs", b"log_dirs", "previous_broker_epoch", b"previous_broker_epoch", "previous_incarnation_id", b"previous_incarnation_id", "rack", b"rack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__rack: _TypeAlias = _typing.Literal["rack"]  # noqa: Y015
     _WhichOneofArgType__rack: _TypeAlias = _typing.Literal["_rack", b"_rack"]  # noqa: Y015
@@ -2034,3 +2040,115 @@ class IncrementalAlterConfigsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___IncrementalAlterConfigsResponse: _TypeAlias = IncrementalAlterConfigsResponse  # noqa: Y015
+
+@_typing.final
+class FeatureUpdate(_message.Message):
+    """---- features (Kafka's UpdateFeatures; docs/operations.md "Feature levels") ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FEATURE_FIELD_NUMBER: _builtins.int
+    MAX_VERSION_LEVEL_FIELD_NUMBER: _builtins.int
+    UPGRADE_TYPE_FIELD_NUMBER: _builtins.int
+    feature: _builtins.str
+    """e.g. "metadata.version" """
+    max_version_level: _builtins.int
+    """the level to finalize (≥ 1)"""
+    upgrade_type: _builtins.int
+    """1 UPGRADE, 2 SAFE_DOWNGRADE, 3 UNSAFE_DOWNGRADE (Kafka's numbers)"""
+    def __init__(
+        self,
+        *,
+        feature: _builtins.str = ...,
+        max_version_level: _builtins.int = ...,
+        upgrade_type: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["feature", b"feature", "max_version_level", b"max_version_level", "upgrade_type", b"upgrade_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeatureUpdate: _TypeAlias = FeatureUpdate  # noqa: Y015
+
+@_typing.final
+class UpdateFeaturesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_ID_FIELD_NUMBER: _builtins.int
+    UPDATES_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    cluster_id: _builtins.str
+    validate_only: _builtins.bool
+    @_builtins.property
+    def updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeatureUpdate]: ...
+    def __init__(
+        self,
+        *,
+        cluster_id: _builtins.str = ...,
+        updates: _abc.Iterable[Global___FeatureUpdate] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "updates", b"updates", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateFeaturesRequest: _TypeAlias = UpdateFeaturesRequest  # noqa: Y015
+
+@_typing.final
+class FeatureUpdateResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FEATURE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    feature: _builtins.str
+    error_code: _builtins.int
+    """INVALID_UPDATE_VERSION, INVALID_REQUEST, …"""
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        feature: _builtins.str = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "feature", b"feature"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FeatureUpdateResult: _TypeAlias = FeatureUpdateResult  # noqa: Y015
+
+@_typing.final
+class UpdateFeaturesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    CONTROLLER_FIELD_NUMBER: _builtins.int
+    RESULTS_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.int
+    error_message: _builtins.str
+    @_builtins.property
+    def controller(self) -> _common_pb2.NodeRef: ...
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___FeatureUpdateResult]: ...
+    def __init__(
+        self,
+        *,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+        controller: _common_pb2.NodeRef | None = ...,
+        results: _abc.Iterable[Global___FeatureUpdateResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "error_code", b"error_code", "error_message", b"error_message", "results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateFeaturesResponse: _TypeAlias = UpdateFeaturesResponse  # noqa: Y015

@@ -125,6 +125,11 @@ class ControllerServiceStub:
                 request_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
                 _registered_method=True)
+        self.UpdateFeatures = channel.unary_unary(
+                '/kraft.v1.ControllerService/UpdateFeatures',
+                request_serializer=kraft_dot_v1_dot_controller__pb2.UpdateFeaturesRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_controller__pb2.UpdateFeaturesResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServiceServicer:
@@ -246,6 +251,14 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateFeatures(self, request, context):
+        """Finalized feature levels (Kafka's UpdateFeatures; kafka-features.sh upgrade/downgrade):
+        FeatureLevelRecords written through the active controller.  Levels are read with ApiVersions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -338,6 +351,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.ApiVersions,
                     request_deserializer=kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.SerializeToString,
+            ),
+            'UpdateFeatures': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateFeatures,
+                    request_deserializer=kraft_dot_v1_dot_controller__pb2.UpdateFeaturesRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_controller__pb2.UpdateFeaturesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -826,6 +844,33 @@ class ControllerService:
             '/kraft.v1.ControllerService/ApiVersions',
             kraft_dot_v1_dot_common__pb2.ApiVersionsRequest.SerializeToString,
             kraft_dot_v1_dot_common__pb2.ApiVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateFeatures(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kraft.v1.ControllerService/UpdateFeatures',
+            kraft_dot_v1_dot_controller__pb2.UpdateFeaturesRequest.SerializeToString,
+            kraft_dot_v1_dot_controller__pb2.UpdateFeaturesResponse.FromString,
             options,
             channel_credentials,
             insecure,

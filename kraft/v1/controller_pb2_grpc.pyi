@@ -62,6 +62,10 @@ class ControllerServiceStub:
     IncrementalAlterConfigs: _grpc.UnaryUnaryMultiCallable[_controller_pb2.IncrementalAlterConfigsRequest, _controller_pb2.IncrementalAlterConfigsResponse]
     ApiVersions: _grpc.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]
     """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
+    UpdateFeatures: _grpc.UnaryUnaryMultiCallable[_controller_pb2.UpdateFeaturesRequest, _controller_pb2.UpdateFeaturesResponse]
+    """Finalized feature levels (Kafka's UpdateFeatures; kafka-features.sh upgrade/downgrade):
+    FeatureLevelRecords written through the active controller.  Levels are read with ApiVersions.
+    """
 
 @_typing.type_check_only
 class ControllerServiceAsyncStub(ControllerServiceStub):
@@ -94,6 +98,10 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     IncrementalAlterConfigs: _aio.UnaryUnaryMultiCallable[_controller_pb2.IncrementalAlterConfigsRequest, _controller_pb2.IncrementalAlterConfigsResponse]  # type: ignore[assignment]
     ApiVersions: _aio.UnaryUnaryMultiCallable[_common_pb2.ApiVersionsRequest, _common_pb2.ApiVersionsResponse]  # type: ignore[assignment]
     """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
+    UpdateFeatures: _aio.UnaryUnaryMultiCallable[_controller_pb2.UpdateFeaturesRequest, _controller_pb2.UpdateFeaturesResponse]  # type: ignore[assignment]
+    """Finalized feature levels (Kafka's UpdateFeatures; kafka-features.sh upgrade/downgrade):
+    FeatureLevelRecords written through the active controller.  Levels are read with ApiVersions.
+    """
 
 class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -231,5 +239,15 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_common_pb2.ApiVersionsResponse, _abc.Awaitable[_common_pb2.ApiVersionsResponse]]:
         """What this controller serves (any controller answers; no authorization, as Kafka's ApiVersions)."""
+
+    @_abc_1.abstractmethod
+    def UpdateFeatures(
+        self,
+        request: _controller_pb2.UpdateFeaturesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_controller_pb2.UpdateFeaturesResponse, _abc.Awaitable[_controller_pb2.UpdateFeaturesResponse]]:
+        """Finalized feature levels (Kafka's UpdateFeatures; kafka-features.sh upgrade/downgrade):
+        FeatureLevelRecords written through the active controller.  Levels are read with ApiVersions.
+        """
 
 def add_ControllerServiceServicer_to_server(servicer: ControllerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

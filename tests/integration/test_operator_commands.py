@@ -2,8 +2,10 @@
 brokers, PLAINTEXT) shared by every test of this file: ``kraft topic alter --partitions``
 (kafka-topics.sh --alter), ``kraft config describe|alter`` (kafka-configs.sh), ``kraft offsets get``
 (kafka-get-offsets.sh), ``kraft log-dirs describe`` (kafka-log-dirs.sh), ``kraft api-versions``
-(kafka-broker-api-versions.sh).  Commands run in-process (``kraft.cli.main.run``), one cluster start for
-the file; each check waits on the cluster with a bound, never a fixed sleep."""
+(kafka-broker-api-versions.sh), ``kraft features`` (kafka-features.sh; the controller is formatted with a
+bootstrap checkpoint, as ``kraft storage format --release-version`` writes it).  Commands run in-process
+(``kraft.cli.main.run``), one cluster start for the file; each check waits on the cluster with a bound,
+never a fixed sleep."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import kraft.cli.main as cli_main
 from kraft import __version__ as kraft_version
 from kraft.cluster.manager import LocalCluster
 from kraft.cluster.spec import NodeRole
+from kraft.config import load_config
+from kraft.metadata.bootstrap import write_bootstrap_features
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +48,9 @@ class Ran:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     directory = tmp_path_factory.mktemp("ops") / "cluster"
     local = LocalCluster.create(directory, controllers=1, brokers=2, profile="fast")
+    controller = load_config(local.process(1).config_path)
+    assert controller.metadata_log_dir is not None
+    write_bootstrap_features(Path(controller.metadata_log_dir), {"metadata.version": 1})
     try:
         local.start()
         local.wait_healthy(UP_TIMEOUT_S)
@@ -240,3 +247,67 @@ def test_offsets_log_dirs_and_api_versions_read_every_node(
     assert "DescribeLogDirs" in nodes[1]["services"]["kraft.v1.BrokerService"]
     wrong = kraft(capsys, "api-versions", "--bootstrap-server", c.controllers.split(",")[0], "--timeout", "5")
     one_error(wrong, "1 of 1 nodes did not answer", "serves no broker ApiVersions")
+
+
+def test_features_describe_upgrade_and_refused_changes(
+    capsys: pytest.CaptureFixture[str], cluster: Cluster
+) -> None:
+    at = ("--bootstrap-controller", cluster.controllers, "--timeout", "10")
+    described = ok_json(capsys, "features", "describe", *at)
+    assert described == {
+        "controller_id": 1,
+        "features": [
+            {
+                "feature": "metadata.version",
+                "supported_min": 1,
+                "supported_max": 1,
+                "finalized_level": 1,  # from the bootstrap checkpoint, written by the first activation
+                "release": "0.1-IV0",
+            }
+        ],
+    }
+    table = kraft(capsys, "features", "describe", *at)
+    assert table.code == 0 and "metadata.version" in table.out and "0.1-IV0" in table.out, table
+    # The level it is at: accepted, nothing changes (a resent upgrade is harmless).
+    assert ok_json(capsys, "features", "upgrade", "--release-version", "0.1", *at) == {
+        "result": "finalized",
+        "features": {"metadata.version": 1},
+    }
+    one_error(
+        kraft(capsys, "features", "upgrade", "--feature", "metadata.version=2", *at),
+        "INVALID_UPDATE_VERSION",
+        "metadata.version level 2 is not supported by this controller (1..1)",
+    )
+    one_error(
+        kraft(capsys, "features", "downgrade", "--feature", "metadata.version=0", *at),
+        "INVALID_UPDATE_VERSION",
+        "level 0 is not supported",
+    )
+    one_error(
+        kraft(capsys, "features", "upgrade", "--release-version", "9.9", *at), "unknown release version"
+    )
+    one_error(kraft(capsys, "features", "upgrade", *at), "nothing to change")
+    after = ok_json(capsys, "features", "describe", *at)
+    assert after["features"][0]["finalized_level"] == 1
+
+
+def test_a_broker_restarted_after_kill_9_registers_without_waiting_out_its_old_session(
+    cluster: Cluster,
+) -> None:
+    """kraft.broker.incarnation: the new process names its predecessor on the same log dirs, so the
+    controller replaces the registration at once; before, the first attempt was refused
+    (DUPLICATE_BROKER_REGISTRATION) until the dead process's session expired.  Runs last in this file:
+    the broker is back and unfenced before it returns."""
+    local = LocalCluster.open(cluster.directory)
+    broker = local.process(102)
+    assert local.kill(102)
+    offset = broker.log_path.stat().st_size
+    local.start([102])
+    local.wait_node_ready(102, timeout_s=30)
+    with broker.log_path.open("rb") as f:
+        f.seek(offset)
+        restarted = f.read().decode("utf-8", "replace")
+    assert "event=registered" in restarted and "event=unfenced" in restarted, restarted
+    assert "DUPLICATE_BROKER_REGISTRATION" not in restarted and "registration_retry" not in restarted, (
+        restarted
+    )

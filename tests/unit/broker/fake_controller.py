@@ -227,6 +227,9 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
     async def ApiVersions(self, request: common_pb2.ApiVersionsRequest, context: Context) -> NoReturn:
         await self._unsupported(context)
 
+    async def UpdateFeatures(self, request: cpb.UpdateFeaturesRequest, context: Context) -> NoReturn:
+        await self._unsupported(context)
+
     def _records_from(self, request: cpb.MetadataFetchRequest) -> list[cpb.CommittedRecord]:
         # The real controller's default page (controller.py DEFAULT_FETCH_RECORDS).
         limit = request.max_records if request.max_records > 0 else 10_000
