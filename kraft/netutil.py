@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
+import random
 import socket
 import time
+from collections import deque
+from pathlib import Path
+
+_EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PICKED_PORT = 10_000
+_recently_picked: deque[int] = deque(maxlen=4096)
+_picker = random.Random()  # seeded from the OS: two processes pick different sequences
+
+
+def _ephemeral_range() -> tuple[int, int] | None:
+    try:
+        low, high = (int(part) for part in Path(_EPHEMERAL_RANGE_FILE).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind to 0, read it back, release it)."""
+    """A TCP port that was free a moment ago, for a listener that a test or ``kraft cluster`` starts.
+
+    Picked below the kernel's ephemeral range where there is room (Linux: 32768-60999 by default): a
+    listener port from that range can be taken, while its node is down for a restart, as the source port
+    of any outgoing connection on the machine, and the restart then fails with "address in use" (seen in
+    the suite).  Ports handed out recently by this process are not handed out again.  Elsewhere: bind to
+    port 0 and read it back."""
+    ephemeral = _ephemeral_range()
+    if ephemeral is not None and ephemeral[0] - 1 > _LOWEST_PICKED_PORT + 1000:
+        for _ in range(200):
+            port = _picker.randrange(_LOWEST_PICKED_PORT, ephemeral[0])
+            if port in _recently_picked or not _bindable(host, port):
+                continue
+            _recently_picked.append(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        _recently_picked.append(picked)
+        return picked
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_in_use(host: str, port: int) -> bool:
