@@ -16,7 +16,9 @@ Offsets: ``start_offset`` ≤ ``flushed_offset`` ≤ ``end_offset`` (``flushed_o
 wholly below it are trusted (their batches are verified when read), the rest are scanned batch by batch
 (size, magic, CRC, offset continuity, leader epoch): damage at or above the recovery point is truncated
 (and logged with file, offset and bytes), damage below it raises CorruptLogError — flushed data is never
-silently dropped.  Scans always start at a segment's first batch, never at a byte position inside it.
+silently dropped.  In the segment holding the recovery point, the batches below it get a header walk
+(which rebuilds the indexes) and the CRC scan starts at the recovery point's batch, once its position is
+verified (the CRC of the batch ending just before it; else the whole segment is scanned).
 Without a readable recovery-point checkpoint every segment is scanned and only the newest may be cut
 (damage in an older segment, which was complete when the next one was rolled, raises).
 
@@ -200,6 +202,10 @@ class _RecoveryEpochCheck:
         self._cache.assign(epoch, base_offset)
         return next_check
 
+    def rewind(self, offset: int) -> None:
+        self._cache.truncate_from_end(offset)
+        self._last_epoch = self._cache.latest_epoch
+
 
 _NO_CHECK = 2**63
 # base offset, length, partition leader epoch, magic, CRC, attributes, last offset delta: what a read
@@ -235,6 +241,9 @@ class SegmentedLog:
         # Set by the first failed fsync/write: every later call re-raises it (fsyncgate: never retry).
         self._failed: FatalStorageError | None = None
         self.recovered_bytes_truncated = 0  # for logs/metrics: bytes cut off by the last recovery
+        # Bytes the open's recovery CRC-checked (segments scanned, from the recovery point inside the
+        # segment holding it): what a crash costs to reopen.
+        self.recovered_bytes_scanned = 0
         # Bytes ever appended (written by the appending thread only) and the count at the last
         # recovery-point checkpoint (written by the flushing thread): their difference paces checkpoints.
         self._appended_bytes = 0
@@ -312,7 +321,14 @@ class SegmentedLog:
             epochs_changed |= self._epochs.truncate_from_end(first_scanned)
         try:
             self._open_segments(
-                bases, trusted, _RecoveryEpochCheck(self._epochs, reference), protect_below, recovery_point
+                bases,
+                trusted,
+                _RecoveryEpochCheck(self._epochs, reference),
+                protect_below,
+                recovery_point,
+                # The segment holding the recovery point is CRC-scanned from the recovery point on
+                # (segment.recover, resume_at): what lies below it was flushed.
+                resume_at=recovery_point if not clean and not full_scan and recovery_point > 0 else None,
             )
         except BaseException:
             for segment in self._segments:
@@ -396,9 +412,11 @@ class SegmentedLog:
         check: _RecoveryEpochCheck,
         protect_below: int,
         recovery_point: int,
+        resume_at: int | None = None,
     ) -> None:
         """Load trusted segments, recover the others; drop everything after the first damage above the
-        recovery point (``protect_below``), raise CorruptLogError for damage below it."""
+        recovery point (``protect_below``), raise CorruptLogError for damage below it.  The first
+        recovered segment is CRC-scanned from offset ``resume_at`` on when it holds it."""
         truncated_at: int | None = None
         for i, base in enumerate(bases):
             segment = self._segment(base)
@@ -408,7 +426,11 @@ class SegmentedLog:
                     segment.load_trusted()
                     cut = False
                 else:
-                    cut = segment.recover(check, self.config.max_batch_bytes, protect_below=protect_below)
+                    cut = segment.recover(
+                        check, self.config.max_batch_bytes, protect_below=protect_below, resume_at=resume_at
+                    )
+                    resume_at = None  # only the first recovered segment can hold the recovery point
+                    self.recovered_bytes_scanned += segment.scanned_bytes
             except BaseException:
                 segment.close()
                 raise

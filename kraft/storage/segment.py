@@ -62,6 +62,9 @@ class EpochCheck(Protocol):
 
     def __call__(self, epoch: int, base_offset: int, /) -> int: ...
 
+    def rewind(self, offset: int, /) -> None:
+        """Forget what the calls for batches at or after ``offset`` recorded (a segment is rescanned)."""
+
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
@@ -85,6 +88,7 @@ class LogSegment:
         "next_offset",
         "preallocate_bytes",
         "preallocated_tail",
+        "scanned_bytes",
         "size",
         "time_index",
     )
@@ -115,6 +119,7 @@ class LogSegment:
             open_files.opened(self)
         self._allocated = self.size
         self.preallocated_tail = 0  # bytes of zero tail the last recovery cut (not damage)
+        self.scanned_bytes = 0  # bytes the last recovery CRC-checked (from where its scan started)
         self.next_offset = base_offset
         self.first_timestamp: int | None = None
         self.max_timestamp = -1
@@ -231,7 +236,12 @@ class LogSegment:
         return True
 
     def recover(
-        self, check_epoch: EpochCheck | None, max_batch_bytes: int = 2**31 - 1, *, protect_below: int
+        self,
+        check_epoch: EpochCheck | None,
+        max_batch_bytes: int = 2**31 - 1,
+        *,
+        protect_below: int,
+        resume_at: int | None = None,
     ) -> bool:
         """Validate every batch (size, magic, CRC, offset continuity, leader epoch), rebuild both indexes,
         and truncate the file at the first bad batch.  Returns True if damaged bytes were truncated.
@@ -243,13 +253,31 @@ class LogSegment:
         ``check_epoch(epoch, base_offset)`` is called for the first batch, whenever the leader epoch
         changes, and at the offsets it asks for; it rebuilds the leader-epoch cache and may reject a batch
         (the epoch field is outside the CRC, so only such a cross-check can catch it being damaged).
+
+        ``resume_at`` (the recovery point, when it lies inside this segment): the batches below it were
+        flushed and are trusted as a segment below the recovery point is, so the CRC scan starts at the
+        batch holding it instead of at byte 0.  Its position is found by a header walk from the start
+        (magic, lengths, offset continuity, leader epochs — the indexes are rebuilt from those headers)
+        and verified: the batch before it must pass its CRC and end exactly at offset ``resume_at``, and
+        the batch at it must pass the scan (or be a preallocated zero tail).  Any mismatch falls back to
+        the whole-segment scan (logged ``recovery_resume_refused``), whose rules then decide.
+        ``scanned_bytes`` says how many bytes the CRC scan covered.
         """
-        self.index.clear()
-        self.time_index.clear()
-        self._bytes_since_index = 0
-        self.max_timestamp = -1
-        self.first_timestamp = None
-        self.preallocated_tail = 0
+        if resume_at is not None and self.base_offset < resume_at and self.size > 0:
+            resumed = self._recover_from(check_epoch, max_batch_bytes, resume_at)
+            if not isinstance(resumed, str):
+                return self._finish_recovery(protect_below, *resumed)
+            problem = resumed
+            _log.warning(
+                "recovery_resume_refused",
+                file=str(self.log_path),
+                recovery_point=resume_at,
+                reason=problem,
+                action="scanning the whole segment",
+            )
+            if check_epoch is not None:
+                check_epoch.rewind(self.base_offset)
+        self._reset_recovery_state()
         if self.size == 0:
             self.next_offset = self.base_offset
             if self.base_offset < protect_below:
@@ -267,10 +295,51 @@ class LogSegment:
         with mmap.mmap(self._file(), self.size, flags=flags, prot=mmap.PROT_READ) as mapped:
             view = memoryview(mapped)
             try:
-                valid_end = self._scan(view, check_epoch, max_batch_bytes)
+                valid_end = self._scan(view, check_epoch, max_batch_bytes)[0]
                 reason = "" if valid_end == self.size else self._damage(view, valid_end, max_batch_bytes)
             finally:
                 view.release()
+        self.scanned_bytes = self.size
+        return self._finish_recovery(protect_below, valid_end, reason)
+
+    def _recover_from(
+        self, check_epoch: EpochCheck | None, max_batch_bytes: int, resume_at: int
+    ) -> tuple[int, str] | str:
+        """The scan of :meth:`recover` with CRCs checked from the recovery point ``resume_at`` on:
+        (valid end, why the batch there was refused) — or, as a plain string, why the position of the
+        recovery point could not be verified (the caller then scans the whole segment)."""
+        self._reset_recovery_state()
+        # No MAP_POPULATE: below the recovery point only the headers are read, a page in four or fewer.
+        with mmap.mmap(self._file(), self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                valid_end, crc_start, resume_position = self._scan(
+                    view, check_epoch, max_batch_bytes, crc_from=resume_at
+                )
+                reason = "" if valid_end == self.size else self._damage(view, valid_end, max_batch_bytes)
+            finally:
+                view.release()
+        if self.next_offset < resume_at:
+            return f"the batch headers stop at offset {self.next_offset}, position {valid_end}: {reason}"
+        if valid_end <= resume_position and valid_end < self.size and not self._is_zero(valid_end):
+            # The first batch at the recovery point is refused: let the whole-segment scan judge (it
+            # reaches the same cut if everything below is sound, and raises if not).
+            return f"the batch at the recovery point (position {valid_end}) is refused: {reason}"
+        self.scanned_bytes = self.size - crc_start
+        return valid_end, reason
+
+    def _reset_recovery_state(self) -> None:
+        self.index.clear()
+        self.time_index.clear()
+        self._bytes_since_index = 0
+        self.max_timestamp = -1
+        self.first_timestamp = None
+        self.preallocated_tail = 0
+        self.scanned_bytes = 0
+
+    def _finish_recovery(self, protect_below: int, valid_end: int, reason: str) -> bool:
+        """Apply the rules to where the scan stopped (``valid_end``, refused for ``reason``): raise below
+        the recovery point, else cut the tail (logged).  True if damaged (non-zero) bytes were cut."""
         if valid_end == self.size:
             return False
         zero_tail = self._is_zero(valid_end)
@@ -329,8 +398,15 @@ class LogSegment:
             position += len(chunk)
         return True
 
-    def _scan(self, view: memoryview, check_epoch: EpochCheck | None, max_batch_bytes: int) -> int:
-        """Walk the batches in ``view``; returns the end of the valid prefix (sets next_offset etc.)."""
+    def _scan(
+        self, view: memoryview, check_epoch: EpochCheck | None, max_batch_bytes: int, crc_from: int = -1
+    ) -> tuple[int, int, int]:
+        """Walk the batches in ``view``; returns (the end of the valid prefix, the position of the first
+        CRC-checked batch, the position of the first batch at or after offset ``crc_from``) and sets
+        next_offset etc.  Batches ending before ``crc_from - 1`` get the header checks only (their CRC is
+        checked when read); -1 checks every CRC."""
+        crc_start = -1
+        resume_position = -1
         size = len(view)
         expected = self.base_offset
         self.epoch_problem = ""
@@ -354,9 +430,17 @@ class LogSegment:
                 or base != expected
                 or delta < 0
                 or base + delta - self.base_offset > MAX_RELATIVE_OFFSET
-                or crc32c(view[position + 21 : position + batch_size]) != crc
             ):
                 break
+            if base + delta >= crc_from - 1:
+                # From the batch ending just before crc_from on (its CRC vouches for the position the
+                # header walk found), every batch is CRC-checked.
+                if crc_start < 0:
+                    crc_start = position
+                if resume_position < 0 and base >= crc_from:
+                    resume_position = position
+                if crc32c(view[position + 21 : position + batch_size]) != crc:
+                    break
             if last_epoch is not None and epoch < last_epoch:
                 # The epoch is outside the CRC: a decrease along the log can only be damage.
                 self.epoch_problem = f"below the previous batch's epoch {last_epoch}"
@@ -381,7 +465,11 @@ class LogSegment:
         self.max_timestamp = max_ts
         self._bytes_since_index = since_index
         self.next_offset = expected
-        return position
+        return (
+            position,
+            position if crc_start < 0 else crc_start,
+            position if resume_position < 0 else resume_position,
+        )
 
     # --- appending ---------------------------------------------------------------------------------
 
