@@ -112,11 +112,13 @@ class ControllerClient:
         security: ChannelSecurity | None = None,
         on_retry: Callable[[str], None] | None = None,
         log: PoolLog | None = None,
+        channels: ChannelPool | None = None,
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
         how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``);
         ``on_retry`` is told, one line each, why a call moves to another controller (``--verbose``);
-        ``log`` hears of certificate rotations."""
+        ``log`` hears of certificate rotations; ``channels`` replaces the pool built from ``security``
+        (tests pace its checks with a clock)."""
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         self._voters = list(voters)
@@ -129,7 +131,7 @@ class ControllerClient:
             ("grpc.min_reconnect_backoff_ms", initial_backoff_ms),
             ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
         ]
-        self._channels = ChannelPool(options, security, log=log, name="controller_client")
+        self._channels = channels or ChannelPool(options, security, log=log, name="controller_client")
         # One stub per channel: building one creates a callable per RPC (a heartbeat's worth of CPU).
         self._stubs: dict[str, tuple[grpc.aio.Channel, ControllerServiceAsyncStub]] = {}
         self._active: tuple[int, str] | None = None

@@ -31,6 +31,7 @@ from kraft.client.channel import (
     PemSource,
     TrustStore,
 )
+from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
@@ -44,6 +45,8 @@ from kraft.security.ca import LocalCa, load_ca, write_cluster_tls, write_private
 from kraft.security.mapping import SslPrincipalMapper
 from kraft.security.principal import TlsPrincipalExtractor, install_principal_extractor
 from kraft.security.tls import SslSettings, add_port
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import controller_pb2_grpc
 
 CLUSTER = "rotation-cluster"
 
@@ -96,12 +99,27 @@ class _CertificateRecorder(health_pb2_grpc.HealthServicer):  # type: ignore[misc
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
 
+class _DescribingController(controller_pb2_grpc.ControllerServiceServicer):
+    """Answers DescribeCluster, remembering the client certificate's serial number."""
+
+    def __init__(self) -> None:
+        self.serials: list[int] = []
+
+    async def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> cpb.DescribeClusterResponse:
+        (pem, *_) = context.auth_context()["x509_pem_cert"]
+        self.serials.append(x509.load_pem_x509_certificate(pem).serial_number)
+        return cpb.DescribeClusterResponse(cluster_id=CLUSTER)
+
+
 @dataclass
 class Server:
     target: str
     tls_dir: Path
     ca: LocalCa
     recorder: _CertificateRecorder
+    controller: _DescribingController
 
     @property
     def client_keystore(self) -> Path:
@@ -144,6 +162,8 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
     )
     recorder = _CertificateRecorder()
     health_pb2_grpc.add_HealthServicer_to_server(recorder, grpc_server)
+    controller = _DescribingController()  # type: ignore[abstract]
+    controller_pb2_grpc.add_ControllerServiceServicer_to_server(controller, grpc_server)
     settings = SslSettings(
         keystore=KeyStore.from_file(tls_dir / "controller-1.pem"),
         truststore=TrustStore(PemSource(path=tls_dir / "ca.pem")),
@@ -152,7 +172,7 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
     port, _ = add_port(grpc_server, f"127.0.0.1:{free_port()}", settings, "CONTROLLER")
     assert port > 0
     await grpc_server.start()
-    served = Server(f"127.0.0.1:{port}", tls_dir, load_ca(tls_dir), recorder)
+    served = Server(f"127.0.0.1:{port}", tls_dir, load_ca(tls_dir), recorder, controller)
     write_private(served.client_keystore, (tls_dir / "controller-2.pem").read_bytes())
     try:
         yield served
@@ -282,3 +302,20 @@ async def test_the_raft_transport_dials_again_with_a_rotated_certificate(server:
         assert pool.rotations == 1
     finally:
         await transport.close()
+
+
+async def test_a_kept_controller_client_presents_the_rotated_certificate(server: Server) -> None:
+    """A broker's ControllerClient lives as long as the broker: its cached stub follows the pool's new
+    channel after a rotation."""
+    clock = PoolClock()
+    pool = ChannelPool(security=server.client_security(), clock=clock, name="controller_client")
+    client = ControllerClient([(1, server.target)], channels=pool)
+    request = cpb.DescribeClusterRequest(cluster_id=CLUSTER)
+    try:
+        await client.call(lambda stub: stub.DescribeCluster, request, 5.0)
+        new_serial = server.rotate_client("controller-2")
+        clock.next_check()
+        await client.call(lambda stub: stub.DescribeCluster, request, 5.0)
+        assert server.controller.serials == [_serial_of(server.tls_dir / "controller-2.pem"), new_serial]
+    finally:
+        await client.close()
