@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import ssl
 import threading
 import time
@@ -161,9 +163,20 @@ def test_rotating_to_a_new_ca_under_load_moves_the_raft_links_without_a_restart(
         _wait_reopened(quorum, leader.leader_id, trusted_cas=2)
         rotated_at = len(appended)
         _wait_until(lambda: len(appended) > rotated_at + 5 or bool(errors), 30.0, "appends after (1)")
-        # (2) The old CA leaves the truststores.
+        # (2) The old CA leaves the truststores.  Each follower's TCP connections to the leader now:
+        # a pool that really re-dials opens a new one (gRPC never re-verifies an open connection, so a
+        # follower keeping its old channel would go on replicating over a link nobody could open now).
+        followers = [n for n in quorum.nodes if n != leader.leader_id]
+        leader_port = quorum.nodes[leader.leader_id].port
+        links_before = {f: _links(quorum.nodes[f].pid, leader_port) for f in followers}
+        assert all(links_before.values()), links_before
         write_private(tls_dir / "ca.pem", new_ca.cert_pem)
         _wait_reopened(quorum, leader.leader_id, trusted_cas=1)
+        _wait_until(
+            lambda: all(_links(quorum.nodes[f].pid, leader_port) - links_before[f] for f in followers),
+            15.0,
+            "every follower to open a new connection to the leader",
+        )
         dropped_at = len(appended)
         _wait_until(lambda: len(appended) > dropped_at + 5 or bool(errors), 30.0, "appends after (2)")
     finally:
@@ -206,6 +219,26 @@ def _wait_reopened(quorum: ControllerQuorum, leader_id: int, *, trusted_cas: int
 
     followers = [n for n in quorum.nodes if n != leader_id]
     _wait_until(lambda: all(reopened(n) for n in followers), 30.0, f"Raft links with {trusted_cas} CAs")
+
+
+def _links(pid: int | None, port: int) -> set[int]:
+    """The local ports of process ``pid``'s established TCP connections to ``port`` on loopback (Linux
+    ``/proc``: the process's socket inodes matched against the kernel's TCP tables)."""
+    assert pid is not None
+    inodes: set[str] = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, state, inode = fields[1], fields[2], fields[3], fields[9]
+            if inode in inodes and state == "01" and int(remote.rsplit(":", 1)[1], 16) == port:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+    return ports
 
 
 def _wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
