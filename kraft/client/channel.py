@@ -184,6 +184,7 @@ class ChannelSecurity:
         key, chain = self.keystore.read() if self.keystore is not None else (b"", b"")
         # Imported here: only a rotation check needs it, and `kraft --help` must not pay for it.
         from cryptography import x509
+        from cryptography.exceptions import UnsupportedAlgorithm
         from cryptography.hazmat.primitives import serialization
 
         subject = issuer = ""
@@ -200,7 +201,7 @@ class ChannelSecurity:
                         f"certificate {leaf.subject.rfc4514_string()}"
                     )
                 subject, issuer = leaf.subject.rfc4514_string(), leaf.issuer.rfc4514_string()
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             raise TlsMaterialError(f"cannot parse the TLS material: {exc}") from None
         digest = hashlib.sha256(b"\0".join((key, chain, roots))).hexdigest()
         return MaterialFingerprint(digest, subject, issuer, trusted)
