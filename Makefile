@@ -70,11 +70,14 @@ chaos: setup
 bench: setup
 	$(PY) -m bench
 
+# TLS=1 runs the demo over mutual TLS; only exactly 1 turns it on (TLS=0 or TLS= stay PLAINTEXT).
+DEMO_TLS := $(filter 1,$(TLS))
+
 demo: setup
-	$(BIN)/kraft demo --dir demo-cluster$(if $(TLS),-tls --tls)
+	$(BIN)/kraft demo --dir demo-cluster$(if $(DEMO_TLS),-tls --tls)
 
 demo-down:
-	$(BIN)/kraft cluster down --dir demo-cluster$(if $(TLS),-tls)
+	$(BIN)/kraft cluster down --dir demo-cluster$(if $(DEMO_TLS),-tls)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

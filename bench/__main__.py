@@ -1,8 +1,10 @@
 """Run kraft benchmarks: ``python -m bench [--quick] [name …]`` (no names: all of them, in order).
 
-Each name is a module ``bench/<name>.py`` whose ``main()`` runs it; ``--quick`` is passed through to
-every benchmark (smaller sizes).  Results land in ``bench/results/<name>.json``.  Exit status 1 if any
-benchmark failed (the others still run), 2 for an unknown name.
+Each name is a module ``bench/<name>.py`` whose ``main()`` runs it, or a variant of one
+(:data:`VARIANTS`: ``raft-tls``, ``controller-tls`` run ``--tls``, PLAINTEXT against mutual TLS);
+``--quick`` is passed through to every benchmark (smaller sizes).  Results land in
+``bench/results/<name>.json``.  Exit status 1 if any benchmark failed (the others still run), 2 for an
+unknown name.
 """
 
 from __future__ import annotations
@@ -25,15 +27,24 @@ BENCHMARKS: tuple[str, ...] = (
     "pipeline",
     "open_files",
     "hwm_checkpoint",
+    "raft-tls",
+    "controller-tls",
 )
+
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "raft-tls": ("raft", ("--tls",)),
+    "controller-tls": ("controller", ("--tls",)),
+}
+"""A benchmark name → (its module, the options it runs with); each writes ``bench/results/<name>.json``."""
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def run_one(name: str, quick: bool) -> bool:
-    module = importlib.import_module(f"bench.{name}")
+    module_name, options = VARIANTS.get(name, (name, ()))
+    module = importlib.import_module(f"bench.{module_name}")
     saved_argv = sys.argv
-    sys.argv = [f"python -m bench.{name}", *(["--quick"] if quick else [])]
+    sys.argv = [f"python -m bench.{module_name}", *options, *(["--quick"] if quick else [])]
     started = time.monotonic()
     try:
         outcome = module.main()

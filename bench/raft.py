@@ -491,7 +491,8 @@ def format_tls(result: Mapping[str, Any]) -> str:
                 f"  {name:<9} clients={p['clients']:<3} {p['writes_per_s']:>9.0f} writes/s "
                 f"p50={p['p50_ms']:.3f} ms p99={p['p99_ms']:.3f} ms errors={p['errors']}"
             )
-    lines.append("  " + ", ".join(f"{k}={v}" for k, v in result.items() if k not in ("points", "targets")))
+    costs = {k: v for k, v in result.items() if k.startswith(("throughput_cost", "p50_cost"))}
+    lines.append("  " + ", ".join(f"{k}={v}" for k, v in costs.items()))
     lines.append("  targets: " + ", ".join(f"{k}={v}" for k, v in result["targets"].items()))
     return "\n".join(lines)
 
@@ -552,8 +553,25 @@ def main(argv: list[str] | None = None) -> int:
             profile[key] = value
     if args.tls:
         duration_s, warmup_s, repeats = (2.0, 0.5, 1) if args.quick else (3.0, 0.5, 3)
+        started, load_before = time.time(), os.getloadavg()
         with tempfile.TemporaryDirectory(prefix="kraft-bench-tls-") as tmp:
             tls_result = bench_tls(Path(tmp), duration_s, warmup_s, repeats)
+        tls_result = {
+            "benchmark": "raft-tls",
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "duration_s": round(time.time() - started, 1),
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                # A shared host: the 1/5/15-minute load averages around the run say how comparable it is.
+                "load_average_before": [round(v, 2) for v in load_before],
+                "load_average_after": [round(v, 2) for v in os.getloadavg()],
+            },
+            "quick": args.quick,
+            "record_bytes": len(VALUE),
+            **tls_result,
+        }
         out = args.out.with_name("raft-tls.json") if args.out == RESULTS_PATH else args.out
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(tls_result, indent=2) + "\n")

@@ -128,6 +128,19 @@ def _stream(decoder: RequestDecoder, name: str, pb_type: type[Message], method: 
     return handle
 
 
+WritingMethod = Callable[[Any, ServicerContext], Awaitable[None]]
+
+
+def _unary_stream(
+    decoder: RequestDecoder, name: str, pb_type: type[Message], method: WritingMethod
+) -> WritingMethod:
+    async def handle(raw: bytes, context: ServicerContext) -> None:
+        request = await decoder.decode(raw, pb_type, name, context)
+        await method(request, context)
+
+    return handle
+
+
 def register_service(
     server: grpc.aio.Server,
     servicer: object,
@@ -137,7 +150,8 @@ def register_service(
     """Register every method of ``service`` with handlers that decode inside the call.
 
     Same methods and wire format as the generated ``add_<Service>Servicer_to_server``; ``servicer`` has one
-    coroutine method per RPC named like it (unary-unary, or stream-stream taking an async iterator).
+    coroutine method per RPC named like it (unary-unary, stream-stream taking an async iterator, or
+    unary-stream answering with ``context.write`` as grpc.health.v1's Watch does).
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in service.methods:
@@ -151,8 +165,12 @@ def register_service(
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
                 _unary(decoder, method.name, pb_type, implementation), response_serializer=_serialize
             )
-        else:  # pragma: no cover - no such RPC in kraft.v1
-            raise ValueError(f"{service.full_name}/{method.name}: only unary and bidi methods are served")
+        elif method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _unary_stream(decoder, method.name, pb_type, implementation), response_serializer=_serialize
+            )
+        else:  # pragma: no cover - no such RPC in kraft.v1 or grpc.health.v1
+            raise ValueError(f"{service.full_name}/{method.name}: client-streaming methods are not served")
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
 
 

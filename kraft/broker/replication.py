@@ -44,7 +44,7 @@ import grpc
 from kraft.broker import hwm_checkpoint
 from kraft.broker.partitions import Partition, PartitionManager, is_storage_failure
 from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
-from kraft.client.channel import ChannelSecurity, open_channel
+from kraft.client.channel import ChannelPool, ChannelSecurity
 from kraft.client.controller import ControllerUnavailable
 from kraft.clock import Clock
 from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
@@ -173,7 +173,13 @@ class ReplicaManager:
         self._followed: dict[TopicPartition, _Followed] = {}
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._fetcher_wake: dict[int, asyncio.Event] = {}
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # Follows a rotation of the broker's TLS files (kraft.client.channel.ChannelPool).
+        self._channels = ChannelPool(
+            self._channel_options,
+            security,
+            log=get_logger("broker.replication", node=broker_id),
+            name="replica_fetcher",
+        )
         self._dirty: set[TopicPartition] = set()
         self._flush_scheduled = False
         # Set (and replaced) whenever a led partition's flushed end or high watermark moves: wakes the
@@ -781,10 +787,7 @@ class ReplicaManager:
         target = self._endpoint_of(leader_id)
         if target is None:
             return None
-        channel = self._channels.get(target)
-        if channel is None:
-            channel = self._channels[target] = open_channel(target, self._channel_options, self._security)
-        return broker_pb2_grpc.BrokerServiceStub(channel)
+        return broker_pb2_grpc.BrokerServiceStub(self._channels.get(target))
 
     async def _run_fetcher(self, leader_id: int) -> None:
         backoff_s = self.settings.fetch_backoff_ms / 1000.0
@@ -946,6 +949,4 @@ class ReplicaManager:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            await channel.close(None)
+        await self._channels.close()

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import grpc
 
-from kraft.client.channel import open_channel
+from kraft.client.channel import ChannelPool, open_channel
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
@@ -149,7 +149,10 @@ class BrokerClient:
         self._cluster_id = cluster_id
         self._timeout_s = request_timeout_s
         self._unknown_grace_s = unknown_topic_grace_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # No client-side size cap: the broker bounds what it accepts and what it sends
+        # (grpc.max.message.bytes), and a consumer must be able to read any batch it accepted.  A pool: a
+        # long-running `kraft consume` follows a rotation of its --command-config certificate files.
+        self._channels = ChannelPool(_UNLIMITED, name="broker_client")
         self._brokers: dict[int, str] = {}
         self._leaders: dict[tuple[str, int], LeaderInfo] = {}
         # topic → why the last metadata answer does not know a partition of it (None: it knows them all)
@@ -163,18 +166,10 @@ class BrokerClient:
         await self.close()
 
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
-        for channel in channels.values():
-            await channel.close(None)
+        await self._channels.close()
 
     def stub(self, target: str) -> BrokerServiceAsyncStub:
-        channel = self._channels.get(target)
-        if channel is None:
-            # No client-side size cap: the broker bounds what it accepts and what it sends
-            # (grpc.max.message.bytes), and a consumer must be able to read any batch it accepted.
-            channel = open_channel(target, options=_UNLIMITED)
-            self._channels[target] = channel
-        stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(channel)
+        stub: BrokerServiceAsyncStub = broker_pb2_grpc.BrokerServiceStub(self._channels.get(target))
         return stub
 
     # --- metadata ---------------------------------------------------------------------------------

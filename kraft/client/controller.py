@@ -12,6 +12,8 @@ Channels are kept per controller, so gRPC's own reconnect backoff must stay shor
 with UNAVAILABLE "failed to connect to all addresses" for up to ~4 s after that controller is back — and if
 it is the new active controller, it fences this broker for a missed session meanwhile.  Bounded like
 Kafka's ``reconnect.backoff.ms`` / ``reconnect.backoff.max.ms`` (and like the Raft transport's channels).
+The channels come from a :class:`kraft.client.channel.ChannelPool`, so a broker's long-lived client
+follows a rotation of its keystore/truststore files without a restart.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from kraft.client.channel import ChannelSecurity, open_channel
+from kraft.client.channel import ChannelPool, ChannelSecurity, PoolLog
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
@@ -109,26 +111,29 @@ class ControllerClient:
         max_reconnect_backoff_ms: int = MAX_RECONNECT_BACKOFF_MS,
         security: ChannelSecurity | None = None,
         on_retry: Callable[[str], None] | None = None,
+        log: PoolLog | None = None,
+        channels: ChannelPool | None = None,
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
         how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``);
-        ``on_retry`` is told, one line each, why a call moves to another controller (``--verbose``)."""
-        self._security = security
+        ``on_retry`` is told, one line each, why a call moves to another controller (``--verbose``);
+        ``log`` hears of certificate rotations; ``channels`` replaces the pool built from ``security``
+        (tests pace its checks with a clock)."""
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         self._voters = list(voters)
         self._voter_targets = dict(self._voters)
         initial_backoff_ms = min(RECONNECT_BACKOFF_MS, max_reconnect_backoff_ms)
-        self._options = [
+        self._options = options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", initial_backoff_ms),
             ("grpc.min_reconnect_backoff_ms", initial_backoff_ms),
             ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
         ]
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = channels or ChannelPool(options, security, log=log, name="controller_client")
         # One stub per channel: building one creates a callable per RPC (a heartbeat's worth of CPU).
-        self._stubs: dict[str, ControllerServiceAsyncStub] = {}
+        self._stubs: dict[str, tuple[grpc.aio.Channel, ControllerServiceAsyncStub]] = {}
         self._active: tuple[int, str] | None = None
         self._next_voter = 0
         self._on_retry = on_retry
@@ -220,10 +225,8 @@ class ControllerClient:
         return await self.call(lambda stub: stub.AlterPartition, request, timeout_s)
 
     async def close(self) -> None:
-        channels, self._channels = self._channels, {}
         self._stubs = {}
-        for channel in channels.values():
-            await channel.close(None)
+        await self._channels.close()
 
     def _current(self) -> tuple[int, str]:
         if self._active is None:
@@ -244,15 +247,10 @@ class ControllerClient:
             self._active = None
 
     def _stub(self, target: str) -> ControllerServiceAsyncStub:
-        stub = self._stubs.get(target)
-        if stub is None:
-            stub = controller_pb2_grpc.ControllerServiceStub(self._channel(target))
-            self._stubs[target] = stub
-        return stub
-
-    def _channel(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
-        if channel is None:
-            channel = open_channel(target, self._options, self._security)
-            self._channels[target] = channel
-        return channel
+        cached = self._stubs.get(target)
+        if cached is not None and cached[0] is channel:
+            return cached[1]
+        stub = controller_pb2_grpc.ControllerServiceStub(channel)
+        self._stubs[target] = (channel, stub)
+        return stub

@@ -247,7 +247,10 @@ class BrokerServer:
         partitions = self.partitions
         self.metrics.offline_log_dirs.set_function(lambda: len(partitions.offline_dirs))
         self.client = ControllerClient(
-            s.voters, max_message_bytes=s.max_message_bytes, security=s.controller_security
+            s.voters,
+            max_message_bytes=s.max_message_bytes,
+            security=s.controller_security,
+            log=get_logger("broker", node=s.broker_id),
         )
         self.replicas = ReplicaManager(
             s.broker_id,

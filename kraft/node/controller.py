@@ -320,6 +320,7 @@ class ControllerNode:
             max_backoff_ms=max(cfg.controller_quorum_election_backoff_max_ms, 100),
             max_message_bytes=cfg.grpc_max_message_bytes,
             security=outbound_security(cfg, cfg.controller_listener_names[0]),
+            log=self._log,
         )
         try:
             try:

@@ -6,12 +6,17 @@ Service names and what SERVING means (the deployment tooling waits on these):
 - ``kraft.v1.RaftService``: this controller knows the current leader (it is leader or follower).
 - ``kraft.v1.ControllerService``: this node is the active controller (the Raft leader).
 - ``kraft.v1.BrokerService``: this broker is unfenced (BrokerState RUNNING) and serves clients.
+
+The service is registered like kraft's own (:func:`kraft.grpc_service.register_service`): bytes that are
+no request answer ``INVALID_ARGUMENT`` with one rate-limited warning, not ``UNKNOWN`` with a traceback at
+error level (issue #15's fuzzer).  ``List`` (every service name and its status) is implemented.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 from typing import Final
 
 import grpc
@@ -21,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer as AioHealthServicer
 
 from kraft.client.channel import open_blocking_channel, open_channel
+from kraft.grpc_service import RequestDecoder, ServicerContext, register_service
 
 OVERALL: Final = ""
 RAFT_SERVICE: Final = "kraft.v1.RaftService"
@@ -46,11 +52,29 @@ _FROM_PB: Final = {
 }
 
 
+class _Servicer(AioHealthServicer):  # type: ignore[misc]
+    """grpc_health's servicer, plus ``List`` (its asyncio servicer answers UNIMPLEMENTED)."""
+
+    async def List(
+        self, request: health_pb2.HealthListRequest, context: ServicerContext
+    ) -> health_pb2.HealthListResponse:
+        return health_pb2.HealthListResponse(
+            statuses={
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in self._server_status.items()
+            }
+        )
+
+
+_HEALTH = health_pb2.DESCRIPTOR.services_by_name["Health"]
+_log = logging.getLogger(__name__)
+
+
 class HealthReporter:
     """Owns the grpc.health.v1 servicer of one grpc.aio server; set statuses per service name."""
 
     def __init__(self) -> None:
-        self._servicer = AioHealthServicer()
+        self._servicer = _Servicer()
 
     @property
     def servicer(self) -> health_pb2_grpc.HealthServicer:
@@ -58,7 +82,7 @@ class HealthReporter:
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add the servicer to ``server`` (before it starts)."""
-        health_pb2_grpc.add_HealthServicer_to_server(self._servicer, server)
+        register_service(server, self._servicer, _HEALTH, RequestDecoder(_log, "health_bad_request"))
 
     async def set_serving(self, service: str, serving: bool) -> None:
         status = (

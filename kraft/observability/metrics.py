@@ -12,13 +12,10 @@ Hot paths should bind once and keep the children: ``m = RaftMetrics.for_node(1)`
 
 from __future__ import annotations
 
-import socket
 import ssl
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import Final
 
 from prometheus_client import (
     REGISTRY,
@@ -28,10 +25,10 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
     make_wsgi_app,
-    start_http_server,
 )
-from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import CollectorRegistry
+
+from kraft.observability.http_server import HttpLimits, serve
 
 # No ``*_created`` series: they double what a scrape carries for every counter and histogram child (one
 # Unix timestamp per series, which Prometheus itself ignores — it derives resets from the values), and
@@ -319,35 +316,11 @@ class BrokerMetrics:
         )
 
 
-class _SilentHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes are not logged (prometheus_client's handler does the same)."""
-
-
-class _TlsWsgiServer(ThreadingWSGIServer):
-    """HTTPS: each accepted connection is wrapped with the context ``tls_context()`` returns *now* (so a
-    rotated certificate serves the next scrape); the handshake runs in the connection's own thread
-    (``do_handshake_on_connect=False``), so a client that never finishes one cannot stall ``accept``."""
-
-    tls_context: Callable[[], ssl.SSLContext]
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        sock, address = self.socket.accept()
-        try:
-            wrapped = self.tls_context().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        except (OSError, ValueError):
-            sock.close()
-            raise
-        return wrapped, address
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A failed handshake (no or a wrong client certificate, plaintext HTTP) is the client's problem."""
-
-
 class MetricsServer:
     """A running ``/metrics`` HTTP endpoint (a daemon thread); :meth:`close` stops it.
 
-    ``tls_context`` (a function returning the current ``ssl.SSLContext``) makes it HTTPS."""
+    ``tls_context`` (a function returning the current ``ssl.SSLContext``) makes it HTTPS.  Connections are
+    bounded in number, I/O time and lifetime (:mod:`kraft.observability.http_server`)."""
 
     def __init__(
         self,
@@ -355,25 +328,26 @@ class MetricsServer:
         addr: str,
         registry: CollectorRegistry,
         tls_context: Callable[[], ssl.SSLContext] | None = None,
+        limits: HttpLimits | None = None,
     ) -> None:
-        self._server: WSGIServer
-        if tls_context is None:
-            self._server, self._thread = start_http_server(port, addr=addr, registry=registry)
-        else:
-
-            class Server(_TlsWsgiServer):
-                address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-
-            Server.tls_context = staticmethod(tls_context)
-            self._server = make_server(
-                addr, port, make_wsgi_app(registry), Server, handler_class=_SilentHandler
-            )
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, name="metrics-https", daemon=True
-            )
-            self._thread.start()
+        self._server, self._thread = serve(
+            addr,
+            port,
+            make_wsgi_app(registry),
+            tls_context=tls_context,
+            limits=limits,
+            name="metrics-https" if tls_context is not None else "metrics-http",
+        )
         self.port: int = self._server.server_port
         self.tls = tls_context is not None
+
+    @property
+    def open_connections(self) -> int:
+        return self._server.open_connections
+
+    @property
+    def refused_connections(self) -> int:
+        return self._server.refused
 
     def close(self) -> None:
         self._server.shutdown()
@@ -386,6 +360,7 @@ def start_metrics_server(
     addr: str = "127.0.0.1",
     registry: CollectorRegistry = REGISTRY,
     tls_context: Callable[[], ssl.SSLContext] | None = None,
+    limits: HttpLimits | None = None,
 ) -> MetricsServer | None:
     """Serve ``/metrics`` on ``addr:port`` (HTTPS with ``tls_context``); ``port == 0`` means metrics are
     off (``metrics.port`` default).  Nodes pass ``metrics.host`` (default: their listener's host); nothing
@@ -395,7 +370,7 @@ def start_metrics_server(
     """
     if port == 0:
         return None
-    return MetricsServer(port, addr, registry, tls_context)
+    return MetricsServer(port, addr, registry, tls_context, limits)
 
 
 def render_metrics(registry: CollectorRegistry = REGISTRY) -> str:

@@ -2,7 +2,10 @@
 
 - One persistent ``grpc.aio`` channel per peer, opened on first use and kept for the node's lifetime
   (gRPC reconnects it by itself; the reconnect backoff is capped low so a restarted peer is reachable
-  again within ~``max_backoff_ms``, not gRPC's default two minutes).
+  again within ~``max_backoff_ms``, not gRPC's default two minutes).  The channels come from a
+  :class:`kraft.client.channel.ChannelPool`: when the node's keystore or truststore files are rotated,
+  the peers are dialled again with the new files within about a second (calls in flight on the old
+  channels finish first), so the Raft links follow a certificate rotation without a restart.
 - Every call has a deadline (the ``timeout_ms`` the driver passes; for a Fetch that already includes the
   long-poll wait).
 - Fetch goes over one long-lived ``FetchStream`` per peer (one request in flight, answers in order):
@@ -32,7 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 import grpc.aio
 
-from kraft.client.channel import ChannelSecurity, open_channel
+from kraft.client.channel import ChannelPool, ChannelSecurity, PoolLog
 from kraft.raft import grpc_codec as codec
 from kraft.raft import messages as m
 from kraft.raft.transport import TransportError
@@ -101,22 +104,23 @@ class GrpcTransport:
         security: ChannelSecurity | None = None,
         resolve: Callable[[int], str | None] | None = None,
         cluster_id: str = "",
+        log: PoolLog | None = None,
+        channels: ChannelPool | None = None,
     ) -> None:
         """``peers`` maps node id → ``host:port`` (bootstrap servers under ids below -1); ``security`` is
         how the peers' controller listener is dialled (None: the process default); ``resolve`` gives a
         node's address from the voter set in force (None: unknown); ``cluster_id`` goes with the
-        DescribeQuorum that looks up an address nobody knows."""
-        self._security = security
+        DescribeQuorum that looks up an address nobody knows; ``log`` hears of certificate rotations;
+        ``channels`` replaces the pool built from ``security`` (tests pace its checks with a clock)."""
         self._addresses = dict(peers)
         self._resolve = resolve
         self._cluster_id = cluster_id
         self._learned: dict[int, str] = {}
         """Addresses learned from a bootstrap server's DescribeQuorum answer."""
-        self._retired: list[grpc.aio.Channel] = []
-        """Channels to an address a voter moved away from (closed with the transport)."""
         self._retry_backoff_s = max(retry_backoff_ms, 1) / 1000.0
         self._max_backoff_s = max(max_backoff_ms, retry_backoff_ms) / 1000.0
-        self._options = channel_options(max_message_bytes, max(max_backoff_ms, 100))
+        options = channel_options(max_message_bytes, max(max_backoff_ms, 100))
+        self._channels = channels or ChannelPool(options, security, log=log, name="raft")
         self._peers: dict[int, _Peer] = {}
         self._closed = False
 
@@ -128,17 +132,25 @@ class GrpcTransport:
     def _peer(self, dest: int) -> _Peer:
         address = self.address_of(dest)
         peer = self._peers.get(dest)
-        if peer is not None and (address is None or address == peer.address):
-            return peer
         if address is None:
-            raise TransportError(dest, "unknown node id")
-        if peer is not None:  # the voter moved (UpdateRaftVoter): dial its new address
+            if peer is None:
+                raise TransportError(dest, "unknown node id")
+            address = peer.address
+        channel = self._channels.get(address)
+        if peer is not None and peer.channel is channel:
+            return peer
+        if peer is not None and peer.address != address:
+            # The voter moved (UpdateRaftVoter): dial its new address; the old channel is retired.
             peer.drop_fetch_stream()
-            self._retired.append(peer.channel)
-        channel = open_channel(address, self._options, self._security)
-        peer = _Peer(address, channel, raft_pb2_grpc.RaftServiceStub(channel))
-        self._peers[dest] = peer
-        return peer
+            self._channels.discard(peer.address)
+        fresh = _Peer(address, channel, raft_pb2_grpc.RaftServiceStub(channel))
+        if peer is not None and peer.address == address:
+            # New TLS material (the pool replaced the channel): the peer's state carries over; its old
+            # fetch stream ends when the pool closes the old channel, after any round trip in flight.
+            fresh.stream_unsupported = peer.stream_unsupported
+            fresh.failures, fresh.retry_at = peer.failures, peer.retry_at
+        self._peers[dest] = fresh
+        return fresh
 
     async def _look_up(self, dest: int, deadline: float) -> None:
         """Ask the bootstrap servers (DescribeQuorum) for the endpoint of ``dest``, within ``deadline``."""
@@ -303,7 +315,4 @@ class GrpcTransport:
         peers, self._peers = self._peers, {}
         for peer in peers.values():
             peer.drop_fetch_stream()
-            await peer.channel.close(grace=None)
-        retired, self._retired = self._retired, []
-        for channel in retired:
-            await channel.close(grace=None)
+        await self._channels.close()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -45,6 +47,9 @@ TARGET_KINDS = ("PLAINTEXT", "SSL")
 OVERRIDES: Mapping[str, str] = {
     # Small enough that the capped long-poll is seen quickly.
     "metadata.fetch.max.wait.ms": "2000",
+    # Followers may be paused (SIGSTOP) for a few seconds without anyone timing out: the leader keeps its
+    # quorum (check-quorum: 1.5 times this) and the resumed followers do not start an election.
+    "controller.quorum.fetch.timeout.ms": "6000",
 }
 
 ChannelFactory = Callable[[str], grpc.Channel]
@@ -196,6 +201,19 @@ class AttackTarget:
 
     def quorum_states(self) -> dict[int, bytes]:
         return {node_id: self.quorum_state(node_id) for node_id in self.controllers}
+
+    @contextlib.contextmanager
+    def paused(self, node_ids: list[int]) -> Iterator[None]:
+        """SIGSTOP the nodes for the block (SIGCONT on the way out, whatever happens)."""
+        pids = [self.pids()[node_id] for node_id in node_ids]
+        try:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def pids(self) -> dict[int, int]:
         found: dict[int, int] = {}

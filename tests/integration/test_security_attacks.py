@@ -11,8 +11,10 @@ get INVALID_ARGUMENT; an empty or wrong cluster id is refused by every method.  
 the listener's real security protocol.  TLS only: a node certificate cannot register or heartbeat as
 another broker, a client certificate is denied until ``kraft acl add`` allows it (and then only that),
 an unauthenticated client cannot connect, and refused handshakes do not grow the nodes' logs.  Last, a
-bounded fuzzer (fixed seed, ~2,000 calls of random bytes and extreme field values to every method of
-every service) finds no crash, no leader change, only documented status codes and no memory growth
+bounded fuzzer (fixed seed, 2,000 calls of random bytes and extreme field values to every method of
+every service, grpc.health.v1 included; on SSL 600 more with an unprivileged certificate) finds no
+crash, no leader change, only documented gRPC statuses, only :class:`ErrorCode` members other than
+UNKNOWN_SERVER_ERROR in every ``error_code`` of an answer (nested ones included), and no memory growth
 beyond :data:`FUZZ_RSS_BOUND_BYTES` per process.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import socket
 import ssl
@@ -34,11 +37,20 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from attack_target import TARGET_KINDS, AttackTarget, plaintext_channel, started_target, tls_channel
+from attack_target import (
+    TARGET_KINDS,
+    AttackTarget,
+    plaintext_channel,
+    started_target,
+    tls_aio_channel,
+    tls_channel,
+)
 from google.protobuf.descriptor import Descriptor, FieldDescriptor, ServiceDescriptor
 from google.protobuf.message import Message
 from google.protobuf.message_factory import GetMessageClass
+from grpc_health.v1 import health_pb2
 
+from kraft.cluster.spec import ADMIN_CLIENT as ADMIN
 from kraft.errors import ErrorCode
 from kraft.v1 import broker_pb2, broker_pb2_grpc, controller_pb2, raft_pb2, raft_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
@@ -59,6 +71,12 @@ SERVICES: dict[str, tuple[ServiceDescriptor, str]] = {
     "ControllerService": (controller_pb2.DESCRIPTOR.services_by_name["ControllerService"], "controller"),
     "BrokerService": (broker_pb2.DESCRIPTOR.services_by_name["BrokerService"], "broker"),
 }
+"""kraft's own services (every request carries a cluster id, every answer an ``error_code``)."""
+ALL_SERVICES: dict[str, tuple[ServiceDescriptor, str]] = {
+    **SERVICES,
+    "Health": (health_pb2.DESCRIPTOR.services_by_name["Health"], "node"),
+}
+"""Every service a node serves: kraft's and grpc.health.v1 (on every node)."""
 
 
 @pytest.fixture(scope="module", params=TARGET_KINDS)
@@ -190,6 +208,77 @@ def test_forged_raft_requests_are_refused_and_move_nothing(target: AttackTarget)
     _assert_nothing_moved(target, before)
 
 
+PLAINTEXT_FETCH_HOLE = (
+    "known hole on PLAINTEXT: nobody is authenticated, so a Fetch claiming to be voter N counts toward the "
+    "high watermark as N's (docs/security.md, 'What PLAINTEXT cannot stop'); only mTLS binds replica_id"
+)
+
+
+def test_forged_fetches_for_paused_followers_do_not_commit(target: AttackTarget) -> None:
+    """The issue's divergence: both followers paused, the leader holds an uncommitted record; believable
+    Fetch requests (the current epoch, the leader's end offset, the voter's own directory id) claiming to
+    be each follower must not move the high watermark.  On SSL they come from the other follower's
+    certificate (INVALID_REQUEST: it names someone else), the admin's and a broker's (PERMISSION_DENIED).
+    The same request with the follower's own certificate does commit: the forgeries differ only in who
+    sent them."""
+    if not target.tls:
+        pytest.skip(PLAINTEXT_FETCH_HOLE)
+    leader_id, epoch = target.leader()
+    followers = sorted(n for n in target.controllers if n != leader_id)
+    leader = target.controllers[leader_id]
+    cid = target.cluster_id
+    with target.paused(followers):
+        # One record only the leader has: a CreateTopics that cannot commit (its caller gives up).
+        channel, stub = _controller_stub(target, leader_id)
+        with channel, contextlib.suppress(grpc.RpcError):
+            stub.CreateTopics(
+                cpb.CreateTopicsRequest(
+                    cluster_id=cid, topics=[cpb.CreatableTopic(name="paused", num_partitions=1)]
+                ),
+                timeout=0.5,
+            )
+        deadline = time.monotonic() + 5
+        while True:
+            answer = target.describe_quorum(leader_id)
+            leader_end = next(v.log_end_offset for v in answer.current_voters if v.replica_id == leader_id)
+            if leader_end > answer.high_watermark:
+                break
+            assert time.monotonic() < deadline, "the leader never appended the record"
+            time.sleep(0.02)
+        hwm = answer.high_watermark
+        directories = {v.replica_id: v.directory_id for v in answer.current_voters}
+
+        def fetch(identity: str, claimed: int) -> Any:
+            request = raft_pb2.FetchRequest(
+                cluster_id=cid,
+                replica_id=claimed,
+                current_leader_epoch=epoch,
+                fetch_offset=leader_end,
+                last_fetched_epoch=epoch,
+                max_wait_ms=0,
+                max_bytes=1024,
+                replica_directory_id=directories[claimed],
+            )
+            with target.channel_as(identity, leader) as forged_channel:
+                return _forged(target, raft_pb2_grpc.RaftServiceStub(forged_channel).Fetch, request)
+
+        for claimed in followers:
+            other = next(f for f in followers if f != claimed)
+            impostor = fetch(f"controller-{other}", claimed)
+            assert impostor is not None and impostor.error_code == ErrorCode.INVALID_REQUEST, impostor
+            assert f"claims to be node {claimed}" in impostor.error_message
+            for outsider in (ADMIN, f"broker-{min(target.brokers)}"):
+                assert fetch(outsider, claimed) is None, (outsider, claimed)
+            now = target.describe_quorum(leader_id)
+            assert (now.leader_id, now.leader_epoch, now.high_watermark) == (leader_id, epoch, hwm), now
+
+        # The follower's own certificate: the same request is heard and commits the record.
+        honest = fetch(f"controller-{followers[0]}", followers[0])
+        assert honest is not None and honest.error_code == ErrorCode.NONE, honest
+        assert target.describe_quorum(leader_id).high_watermark == leader_end
+    target.leader()  # the resumed followers agree on a leader again
+
+
 # ------------------------------------------------------------------------------ admin bombs
 
 
@@ -269,6 +358,8 @@ def test_admin_bombs_are_refused_quickly_with_bounded_memory(target: AttackTarge
 
 
 def _targets_of(target: AttackTarget, where: str) -> list[str]:
+    if where == "node":
+        return [*target.controllers.values(), *target.brokers.values()]
     return list((target.controllers if where == "controller" else target.brokers).values())
 
 
@@ -278,7 +369,7 @@ def _raw_unary(channel: grpc.Channel, service: ServiceDescriptor, method: str) -
 
 def test_undecodable_bytes_to_every_method_get_invalid_argument(target: AttackTarget) -> None:
     before = _baseline(target)
-    for service, where in SERVICES.values():
+    for service, where in ALL_SERVICES.values():
         for address in _targets_of(target, where):
             with target.service_channel(service.name, address) as channel:
                 for method in service.methods:
@@ -286,6 +377,10 @@ def test_undecodable_bytes_to_every_method_get_invalid_argument(target: AttackTa
                         call = channel.stream_stream(f"/{service.full_name}/{method.name}", None, None)
                         with pytest.raises(grpc.RpcError) as error:
                             list(call(iter([b"\x0f"]), timeout=5))
+                    elif method.server_streaming:
+                        streamed = channel.unary_stream(f"/{service.full_name}/{method.name}", None, None)
+                        with pytest.raises(grpc.RpcError) as error:
+                            list(streamed(b"\x0f", timeout=5))
                     else:
                         with pytest.raises(grpc.RpcError) as error:
                             _raw_unary(channel, service, method.name)(b"\x0f", timeout=5)
@@ -590,40 +685,98 @@ def _extreme(rng: random.Random, descriptor: Descriptor, strings: tuple[str, ...
     return message
 
 
+DOCUMENTED_CODES = frozenset(code.value for code in ErrorCode) - {ErrorCode.UNKNOWN_SERVER_ERROR.value}
+"""What an ``error_code`` anywhere in an answer may hold: a code of :class:`ErrorCode` (the strict enum,
+not :meth:`ErrorCode.from_wire`, which maps anything unknown to UNKNOWN_SERVER_ERROR), never
+UNKNOWN_SERVER_ERROR itself (an unexpected exception, by kraft's convention)."""
+DOCUMENTED_STATUSES = frozenset({grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT})
+"""gRPC statuses any fuzzed call may end with: an answer, or undecodable bytes refused."""
+HEALTH_STATUSES = frozenset({grpc.StatusCode.NOT_FOUND})
+"""grpc.health.v1: Check of a service name the node does not report (the protocol's own answer)."""
+UNPRIVILEGED_STATUSES = frozenset({grpc.StatusCode.PERMISSION_DENIED})
+"""A certificate of the cluster's CA without ACLs: refused by the authorizer (or Raft's identity check)."""
+UNPRIVILEGED = "fuzzer"
+"""``CN=fuzzer,O=kraft``: a certificate of the cluster's CA that is no node's, no super user, no ACL."""
+UNPRIVILEGED_FUZZ_CALLS = 600
+
+
 @dataclass
 class FuzzTally:
     calls: int = 0
-    statuses: dict[str, int] | None = None
-    error_codes: set[int] | None = None
+    statuses: dict[str, int] = dataclasses.field(default_factory=dict)
+    error_codes: set[int] = dataclasses.field(default_factory=set)
+    """Every ``error_code`` value seen in an answer, at any depth."""
+    nested_error_codes: set[int] = dataclasses.field(default_factory=set)
+    """Those seen below the top level (per topic, per partition, …): the walk does go down."""
+
+
+def _error_codes(message: Message, depth: int = 0) -> Iterator[tuple[int, int]]:
+    """(depth, value) of every ``error_code`` field set in ``message`` and its sub-messages."""
+    for descriptor, value in message.ListFields():
+        if descriptor.name == "error_code" and descriptor.type != descriptor.TYPE_MESSAGE:
+            yield depth, int(value)
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
+            assert descriptor.message_type is not None
+            if descriptor.message_type.GetOptions().map_entry:
+                entries = (
+                    value.values() if descriptor.message_type.fields_by_name["value"].message_type else []
+                )
+                children: list[Message] = list(entries)
+            elif descriptor.is_repeated:
+                children = list(value)
+            else:
+                children = [value]
+            for child in children:
+                yield from _error_codes(child, depth + 1)
 
 
 async def _fuzz_one(
-    channel: grpc.aio.Channel, service: ServiceDescriptor, method: Any, payload: bytes, tally: FuzzTally
+    channel: grpc.aio.Channel,
+    service: ServiceDescriptor,
+    method: Any,
+    payload: bytes,
+    tally: FuzzTally,
+    allowed: frozenset[grpc.StatusCode],
 ) -> None:
     path = f"/{service.full_name}/{method.name}"
     try:
         if method.client_streaming:
             call = channel.stream_stream(path, None, None)(iter([payload]), timeout=15)
             raws = [raw async for raw in call]
+        elif method.server_streaming:
+            # Health/Watch streams until cancelled: its first answer is the answer.
+            watch = channel.unary_stream(path, None, None)(payload, timeout=15)
+            raws = []
+            async for raw in watch:
+                raws.append(raw)
+                break
+            watch.cancel()
         else:
             raws = [await channel.unary_unary(path, None, None)(payload, timeout=15)]
         status = grpc.StatusCode.OK
     except grpc.aio.AioRpcError as error:
         status, raws = error.code(), []
-    assert tally.statuses is not None and tally.error_codes is not None
     tally.calls += 1
     tally.statuses[status.name] = tally.statuses.get(status.name, 0) + 1
-    assert status in (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT), (path, status)
+    health = service.name == "Health"
+    assert status in allowed | (HEALTH_STATUSES if health else frozenset()), (path, status)
     for raw in raws:
         answer: Any = GetMessageClass(method.output_type).FromString(raw)
-        tally.error_codes.add(answer.error_code)
-        ErrorCode.from_wire(answer.error_code)  # a documented code (raises on an unknown one)
+        for depth, code in _error_codes(answer):
+            assert code in DOCUMENTED_CODES, (path, code, answer)
+            tally.error_codes.add(code)
+            if depth > 0:
+                tally.nested_error_codes.add(code)
 
 
-async def _fuzz(target: AttackTarget, rng: random.Random, calls: int) -> FuzzTally:
+async def _fuzz(
+    target: AttackTarget, rng: random.Random, calls: int, identity: str | None = None
+) -> FuzzTally:
+    """``calls`` random calls to every method of every service; as the strongest credentials that are no
+    node's (``identity`` None: the admin's, a controller's for Raft) or as ``identity``'s certificate."""
     strings = _strings(target.cluster_id)
     plan: list[tuple[str, ServiceDescriptor, Any, bytes]] = []
-    methods = [(service, where, m) for service, where in SERVICES.values() for m in service.methods]
+    methods = [(service, where, m) for service, where in ALL_SERVICES.values() for m in service.methods]
     for _ in range(calls):
         service, where, method = rng.choice(methods)
         address = rng.choice(_targets_of(target, where))
@@ -632,15 +785,20 @@ async def _fuzz(target: AttackTarget, rng: random.Random, calls: int) -> FuzzTal
         else:
             payload = _extreme(rng, method.input_type, strings).SerializeToString()
         plan.append((address, service, method, payload))
-    tally = FuzzTally(statuses={}, error_codes=set())
-    channels = {
-        (name, a): target.open_service_aio_channel(name, a) for name, a in {(p[1].name, p[0]) for p in plan}
-    }
+    tally = FuzzTally()
+    allowed = DOCUMENTED_STATUSES | (UNPRIVILEGED_STATUSES if identity is not None else frozenset())
+
+    def open_aio(service: str, address: str) -> grpc.aio.Channel:
+        if identity is None:
+            return target.open_service_aio_channel(service, address)
+        return tls_aio_channel(target.cluster.layout.tls_dir, identity, address)
+
+    channels = {(name, a): open_aio(name, a) for name, a in {(p[1].name, p[0]) for p in plan}}
     limit = asyncio.Semaphore(16)
 
     async def one(address: str, service: ServiceDescriptor, method: Any, payload: bytes) -> None:
         async with limit:
-            await _fuzz_one(channels[service.name, address], service, method, payload, tally)
+            await _fuzz_one(channels[service.name, address], service, method, payload, tally, allowed)
 
     try:
         await asyncio.gather(*(one(*entry) for entry in plan))
@@ -651,12 +809,28 @@ async def _fuzz(target: AttackTarget, rng: random.Random, calls: int) -> FuzzTal
 
 
 def test_fuzzing_every_method_of_every_service_is_bounded_and_harmless(target: AttackTarget) -> None:
+    """Random bytes and extreme field values to every method of every service (kraft's and
+    grpc.health.v1), with the strongest credentials that are no node's; on SSL then again with an
+    unprivileged certificate.  Only documented statuses and error codes (at every depth of an answer),
+    no crash, no leader change, bounded memory."""
     before = _baseline(target)
     rss_before = target.rss_bytes()
     tally = asyncio.run(_fuzz(target, random.Random(FUZZ_SEED), FUZZ_CALLS))
     assert tally.calls == FUZZ_CALLS
-    assert tally.statuses is not None and set(tally.statuses) <= {"OK", "INVALID_ARGUMENT"}
+    assert set(tally.statuses) <= {s.name for s in DOCUMENTED_STATUSES | HEALTH_STATUSES}, tally.statuses
     assert tally.statuses.get("OK", 0) > 0 and tally.statuses.get("INVALID_ARGUMENT", 0) > 0
+    assert tally.error_codes <= DOCUMENTED_CODES, tally.error_codes
+    # The fuzzer reached the real checks: wrong cluster ids refused, bad values refused per item.
+    assert ErrorCode.INCONSISTENT_CLUSTER_ID.value in tally.error_codes, tally.error_codes
+    assert tally.nested_error_codes - {ErrorCode.NONE.value}, tally.error_codes
+    if target.tls:
+        target.issue(UNPRIVILEGED)
+        unprivileged = asyncio.run(
+            _fuzz(target, random.Random(FUZZ_SEED + 1), UNPRIVILEGED_FUZZ_CALLS, identity=UNPRIVILEGED)
+        )
+        assert unprivileged.calls == UNPRIVILEGED_FUZZ_CALLS
+        assert unprivileged.statuses.get("PERMISSION_DENIED", 0) > 0, unprivileged.statuses
+        assert unprivileged.error_codes <= DOCUMENTED_CODES, unprivileged.error_codes
     growth = {n: rss - rss_before[n] for n, rss in target.rss_bytes().items()}
     assert max(growth.values()) < FUZZ_RSS_BOUND_BYTES, f"RSS growth by node: {growth}"
     assert target.leader() == (before.leader_id, before.epoch), "the fuzzer moved the leader"

@@ -10,7 +10,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import grpc
+import grpc.aio
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kraft.netutil import free_port
 from kraft.observability import health
@@ -261,3 +263,45 @@ async def test_sync_health_check_matches_async() -> None:
         await server.stop(grace=None)
     unreachable = health.check_health_sync(f"127.0.0.1:{free_port()}", timeout_s=0.5)
     assert unreachable is health.HealthStatus.UNREACHABLE
+
+
+async def test_health_refuses_undecodable_bytes_and_lists_its_services(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Like kraft's own services: INVALID_ARGUMENT and one warning, not UNKNOWN with a traceback logged
+    at error level for each request (the issue #15 fuzzer found this on grpc.health.v1)."""
+    caplog.set_level(logging.WARNING)
+    server = grpc.aio.server()
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    await health.add_health_service(server, (health.RAFT_SERVICE,))
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for method in ("Check", "List"):
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await channel.unary_unary(f"/grpc.health.v1.Health/{method}", None, None)(
+                        b"\x0f", timeout=5
+                    )
+                assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT, method
+            watch = channel.unary_stream("/grpc.health.v1.Health/Watch", None, None)(b"\x0f", timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await watch.read()
+            assert error.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            listed = await health_pb2_grpc.HealthStub(channel).List(health_pb2.HealthListRequest(), timeout=5)
+            assert {name: r.status for name, r in listed.statuses.items()} == {
+                "": health_pb2.HealthCheckResponse.SERVING,
+                health.RAFT_SERVICE: health_pb2.HealthCheckResponse.NOT_SERVING,
+            }
+            # Watch still streams a service's status.
+            watching = health_pb2_grpc.HealthStub(channel).Watch(
+                health_pb2.HealthCheckRequest(service=health.RAFT_SERVICE), timeout=5
+            )
+            first = await watching.read()
+            assert isinstance(first, health_pb2.HealthCheckResponse)
+            assert first.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            watching.cancel()
+    finally:
+        await server.stop(grace=None)
+    warnings = [r for r in caplog.records if r.name == "kraft.observability.health"]
+    assert len(warnings) == 1 and "health_bad_request" in warnings[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
