@@ -813,6 +813,28 @@ async def test_a_leader_whose_lease_lapsed_refuses_followers_holds_its_hwm_and_f
     assert (await h.produce(1, b"c", acks=-1)).error_code == ErrorCode.NONE
 
 
+async def test_a_replica_fetch_parked_when_the_lease_lapses_is_answered_refused_at_once(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    leader = h.nodes[1]
+    await h.nodes[2].replicas.close()
+    async with _Stub(leader.port) as stub:
+        request = pb.ReplicaFetchRequest(
+            cluster_id=CLUSTER, replica_id=2, broker_epoch=102, max_wait_ms=3_000
+        )
+        request.partitions.add(
+            topic=TP.topic, partition=TP.partition, current_leader_epoch=3, fetch_offset=0,
+            last_fetched_epoch=-1, partition_max_bytes=1 << 20, durable_offset=0,
+        )  # fmt: skip
+        parked = asyncio.ensure_future(stub.ReplicaFetch(request, timeout=TIMEOUT_S))
+        await until(lambda: leader.service._parked == 1, "the fetch to park")
+        h.clock.advance(leader.status.lease_duration_ms)
+        assert not leader.replicas.check_lease()
+        started = asyncio.get_running_loop().time()
+        answer = await parked
+    assert asyncio.get_running_loop().time() - started < 2.0, "answered at the lapse, not at max_wait_ms"
+    assert answer.partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
 async def test_the_lease_watch_releases_held_high_watermarks_when_a_heartbeat_is_accepted(h: Harness) -> None:
     """No fetch or flush needed: the watch notices the lease is back (it polls while lapsed)."""
     _create(h, isr=[1])
