@@ -716,7 +716,9 @@ class ReplicaManager:
             delay_ms = LEASE_POLL_MS
             expires_ms = lease.lease_expires_at_ms()
             if not self._lease_lapsed and expires_ms is not None:
-                delay_ms = max(expires_ms - self._clock.monotonic_ms(), 1)
+                # Until the lease ends, but at least once a second: a revoked lease (re-registration)
+                # has no end to wait for.
+                delay_ms = min(max(expires_ms - self._clock.monotonic_ms(), 1), 1000)
             await asyncio.sleep(delay_ms / 1000.0)
 
     async def _run_isr_checks(self) -> None:
