@@ -28,9 +28,12 @@ What is measured (results in ``bench/results/broker.json``):
   acks=1 writes, the follower restarts; MB/s from its first copied byte to its log end reaching the
   leader's (``DescribeBroker``), and the time from its restart (process start and registration included).
 
-Run: ``python -m bench.broker [--quick] [--replication-only]`` (``--quick``: 100,000 partitions, fewer
-records, a 64 MiB lag instead of 256 MiB; ``--replication-only``: only the replication section, merged
-into the existing ``broker.json``).
+Run: ``python -m bench.broker [--quick] [--replication-only] [--catch-up-lag-mib N]`` (``--quick``:
+100,000 partitions, fewer records, a 64 MiB lag instead of 256 MiB; ``--replication-only``: only the
+replication section, merged into the existing ``broker.json``; ``--catch-up-lag-mib``: the follower's
+lag, e.g. 1024 for the issue's "after a 1 GiB lag").  ``--catch-up-merge``: only the catch-up, once, on a
+fresh cluster, merged into ``broker.json`` as ``replication.follower_catch_up`` (the one it replaces is
+kept as ``follower_catch_up_previous``) with the load average before and after (the host is shared).
 """
 
 from __future__ import annotations
@@ -253,7 +256,7 @@ async def bench_produce_fetch(base: Path, batches: int) -> dict[str, Any]:
     }
 
 
-async def run(quick: bool) -> dict[str, Any]:
+async def run(quick: bool, lag_mib: int | None = None) -> dict[str, Any]:
     configure_logging("WARNING")
     results: dict[str, Any] = {
         "machine": {
@@ -273,7 +276,7 @@ async def run(quick: bool) -> dict[str, Any]:
         )
     with tempfile.TemporaryDirectory() as tmp:
         results["produce_fetch"] = await bench_produce_fetch(Path(tmp) / "data", 200 if quick else 1000)
-    results["replication"] = await bench_replication(quick)
+    results["replication"] = await bench_replication(quick, lag_mib)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     return results
 
@@ -364,6 +367,7 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
     record_bytes, per_request = 1024, 64
     batch = [(None, os.urandom(record_bytes)) for _ in range(per_request)]
     requests = lag_mib * (1 << 20) // (record_bytes * per_request)
+    producing = time.perf_counter()
     async with BrokerClient([leader.target], request_timeout_s=30.0) as client:
         pending: set[asyncio.Task[Any]] = set()
         answers = []
@@ -376,6 +380,7 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
     failed = [a for a in answers if a.error_code]
     if failed:
         raise RuntimeError(f"catch-up produce failed: {failed[0].error_code} {failed[0].error_message}")
+    produced_s = time.perf_counter() - producing
     target_end = None
     deadline = time.perf_counter() + TIMEOUT_S
     while target_end is None and time.perf_counter() < deadline:  # a busy leader may miss the 2 s bound
@@ -415,10 +420,15 @@ async def _catch_up(cluster: Any, bootstrap: str, admin_target: str, lag_mib: in
         "seconds_from_restart": round(done_at - restarted, 2),
         "seconds_copying": round(copying_s, 2),
         "mb_per_second": round(lag_bytes * copied_fraction / copying_s / 1e6, 1),
+        "seconds_producing_the_lag": round(produced_s, 2),
     }
 
 
-async def bench_catch_up(quick: bool) -> dict[str, Any]:
+def _lag_mib(quick: bool, lag_mib: int | None) -> int:
+    return lag_mib if lag_mib is not None else 64 if quick else 256
+
+
+async def bench_catch_up(quick: bool, lag_mib: int | None = None) -> dict[str, Any]:
     """Only the follower catch-up of :func:`bench_replication`, on a fresh cluster."""
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster.create(Path(tmp) / "cluster", controllers=1, brokers=3, profile="fast")
@@ -427,13 +437,13 @@ async def bench_catch_up(quick: bool) -> dict[str, Any]:
             await asyncio.to_thread(cluster.wait_healthy, 90)
             bootstrap = ",".join(b.target for b in cluster.spec.brokers)
             return await _catch_up(
-                cluster, bootstrap, cluster.spec.controllers[0].target, 64 if quick else 256
+                cluster, bootstrap, cluster.spec.controllers[0].target, _lag_mib(quick, lag_mib)
             )
         finally:
             cluster.down()
 
 
-async def bench_replication(quick: bool) -> dict[str, Any]:
+async def bench_replication(quick: bool, lag_mib: int | None = None) -> dict[str, Any]:
     seconds = 3.0 if quick else 8.0
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster.create(Path(tmp) / "cluster", controllers=1, brokers=3, profile="fast")
@@ -480,7 +490,7 @@ async def bench_replication(quick: bool) -> dict[str, Any]:
                     ratios[f"{size}B_{producers}p"] = round(
                         pair["all"]["records_per_second"] / pair["1"]["records_per_second"], 2
                     )
-            catch_up = await _catch_up(cluster, bootstrap, controller, 64 if quick else 256)
+            catch_up = await _catch_up(cluster, bootstrap, controller, _lag_mib(quick, lag_mib))
         finally:
             cluster.down()
     return {
@@ -490,6 +500,28 @@ async def bench_replication(quick: bool) -> dict[str, Any]:
         "acks_all_vs_acks_1": ratios,
         "follower_catch_up": catch_up,
     }
+
+
+def _catch_up_merge(quick: bool, lag_mib: int | None) -> None:
+    """One catch-up on a fresh cluster, merged into broker.json's replication section."""
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result = asyncio.run(bench_catch_up(quick, lag_mib))
+    result["measured"] = {
+        "run": "python -m bench.broker --catch-up-merge (only the catch-up, fresh cluster, not niced)",
+        "started_utc": started,
+        "load_average_before": load_before,
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "cpus": os.cpu_count(),
+    }
+    results = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
+    replication = results.setdefault("replication", {})
+    if "follower_catch_up" in replication:
+        replication["follower_catch_up_previous"] = replication["follower_catch_up"]
+    replication["follower_catch_up"] = result
+    RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
 
 
 def main() -> None:
@@ -504,9 +536,26 @@ def main() -> None:
         help=f"only the follower catch-up, --repeat times; recorded under LABEL in {CATCH_UP_PATH.name}",
     )
     parser.add_argument("--repeat", type=int, default=2, help="catch-up runs per --catch-up-only label")
+    parser.add_argument(
+        "--catch-up-lag-mib",
+        type=int,
+        metavar="N",
+        help="the follower's lag in MiB for the catch-up (default 256, 64 with --quick)",
+    )
+    parser.add_argument(
+        "--catch-up-merge",
+        action="store_true",
+        help="only the follower catch-up, once; merged into broker.json as replication.follower_catch_up",
+    )
     args = parser.parse_args()
+    lag_mib: int | None = args.catch_up_lag_mib
+    if lag_mib is not None and not 1 <= lag_mib <= 64 << 10:
+        parser.error(f"--catch-up-lag-mib must be between 1 and {64 << 10}, not {lag_mib}")
+    if args.catch_up_merge:
+        _catch_up_merge(args.quick, lag_mib)
+        return
     if args.catch_up_only:
-        runs = [asyncio.run(bench_catch_up(args.quick)) for _ in range(args.repeat)]
+        runs = [asyncio.run(bench_catch_up(args.quick, lag_mib)) for _ in range(args.repeat)]
         recorded = json.loads(CATCH_UP_PATH.read_text()) if CATCH_UP_PATH.exists() else {}
         recorded[args.catch_up_only] = {
             "runs": runs,
@@ -517,9 +566,9 @@ def main() -> None:
         return
     if args.replication_only:
         results = json.loads(RESULTS_PATH.read_text()) if RESULTS_PATH.exists() else {}
-        results["replication"] = asyncio.run(bench_replication(args.quick))
+        results["replication"] = asyncio.run(bench_replication(args.quick, lag_mib))
     else:
-        results = asyncio.run(run(args.quick))
+        results = asyncio.run(run(args.quick, lag_mib))
     RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)
     RESULTS_PATH.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

@@ -25,6 +25,17 @@ epoch (``next_truncation_step``; the next fetch carries the truncated log's last
 KIP-279 conversation happens over successive fetches); a step below the follower's high watermark is
 refused and the partition stops replicating, loudly — it would delete committed records.
 
+**The heartbeat lease** (:class:`kraft.broker.status.BrokerStatus`; ``lease``): a broker whose lease has
+lapsed may already be fenced, with a new leader taking writes, so while it lapsed this broker as leader
+refuses replica fetches (NOT_LEADER_OR_FOLLOWER: the follower backs off ``replica.fetch.backoff.ms``),
+holds every high watermark (``PartitionLeaderState.hold_high_watermark``: nothing more becomes committed
+or visible), proposes no ISR shrink (its followers lag because it refuses them) and fails the acks=all
+requests waiting (NOT_LEADER_OR_FOLLOWER, retriable; the records may or may not commit, as after a
+leader change).  Every path that could advance a high watermark or answer a waiter checks the lease
+first (:meth:`ReplicaManager.check_lease`), so correctness never depends on a timer; the lease watch in
+:meth:`ReplicaManager.run` only makes the lapse (failing waiters) and the return (releasing held high
+watermarks) prompt.
+
 **High-watermark checkpoint** (:mod:`kraft.broker.hwm_checkpoint`): written every 5 s and at close; a
 new leader state starts from max(HWM learned as a follower, checkpointed HWM), capped by the flushed end;
 a followed partition's truncation floor starts from the checkpointed value, capped by its log end.
@@ -72,10 +83,20 @@ if TYPE_CHECKING:
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNKNOWN_EPOCH_RETRY_MS = 50
+# While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
+LEASE_POLL_MS = 100
 
 # Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
 # ControllerUnavailable when none answered.
 AlterPartitionSender = Callable[[cpb.AlterPartitionRequest], Awaitable[cpb.AlterPartitionResponse]]
+
+
+class Lease(Protocol):
+    """The broker's heartbeat lease (:class:`kraft.broker.status.BrokerStatus`)."""
+
+    def lease_valid(self) -> bool: ...
+
+    def lease_expires_at_ms(self) -> int | None: ...
 
 
 class FatalReporter(Protocol):
@@ -157,7 +178,9 @@ class ReplicaManager:
         security: ChannelSecurity | None = None,
         on_fatal: FatalReporter | None = None,
         metrics: ReplicationMetrics | None = None,
+        lease: Lease | None = None,
     ) -> None:
+        """``lease``: the broker's heartbeat lease; None (tests of other rules) leads as if always held."""
         self.broker_id = broker_id
         self._security = security
         self.cluster_id = cluster_id
@@ -194,7 +217,45 @@ class ReplicaManager:
         # The first failed flush or write of a partition log (fsyncgate: the page cache state is unknown,
         # never retried).  From then on nothing is acknowledged, served or flushed; the process exits.
         self._storage_failure: BaseException | None = None
+        self._lease = lease
+        # What check_lease last applied; a lease not granted yet starts lapsed, without a log line.
+        self._lease_lapsed = lease is not None and not lease.lease_valid()
         self._log = get_logger("broker.replication", node=broker_id)
+
+    # --- the lease -------------------------------------------------------------------------------
+
+    def check_lease(self) -> bool:
+        """Apply the lease as it is now; True while it is held.  Called first by every path that could
+        advance a high watermark, answer an acks=all waiter or serve a follower.
+
+        On a lapse: every led partition's high watermark is held and its waiting acks=all requests fail
+        with NOT_LEADER_OR_FOLLOWER; parked replica fetches are woken (to be refused).  On its return:
+        the high watermarks are released (advancing to what the followers' recorded positions allow)."""
+        held = self._lease is None or self._lease.lease_valid()
+        if held != self._lease_lapsed:
+            return held  # no change
+        self._lease_lapsed = not held
+        if not held:
+            failed = 0
+            for led in self._led.values():
+                led.state.hold_high_watermark()
+                completions = led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                failed += len(completions)
+                self._complete(led, completions)
+            self._log.warning(
+                "replication_lease_lapsed",
+                reason="no heartbeat accepted within the lease: this broker may be fenced; as leader it "
+                "serves no follower fetch, holds its high watermarks and fails waiting acks=all requests",
+                led_partitions=len(self._led),
+                acks_all_failed=failed,
+            )
+        else:
+            for led in list(self._led.values()):
+                if led.state.release_high_watermark():
+                    self._high_watermark_advanced(led)
+            self._log.info("replication_lease_held", led_partitions=len(self._led))
+        self._wake_replica_fetches()
+        return held
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -287,6 +348,7 @@ class ReplicaManager:
     def on_image(self, image: MetadataImage) -> None:
         """Bring the replication state in line with the partition manager after an image was applied."""
         self._image = image
+        self.check_lease()  # a state created below starts held if the lease has lapsed
         now_ms = self._clock.monotonic_ms()
         hosted = {p.tp: p for p in self._partitions.partitions()}
         for tp in [tp for tp, led in self._led.items() if hosted.get(tp) is not led.partition]:
@@ -335,6 +397,7 @@ class ReplicaManager:
                 high_watermark=min(followed_hwm, flushed),
                 now_ms=now_ms,
                 broker_epoch=self._broker_epoch(),
+                high_watermark_held=self._lease_lapsed,
             ),
         )
         self._led[tp] = led
@@ -381,6 +444,7 @@ class ReplicaManager:
 
     def _flush_dirty(self) -> None:
         self._flush_scheduled = False
+        self.check_lease()
         dirty, self._dirty = self._dirty, set()
         for tp in sorted(dirty):
             led = self._led.get(tp)
@@ -459,7 +523,7 @@ class ReplicaManager:
         if self._storage_failure is not None:
             return ErrorCode.KAFKA_STORAGE_ERROR
         led = self._led.get(partition.tp)
-        if led is None or led.partition is not partition:
+        if led is None or led.partition is not partition or not self.check_lease():
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         request_id = self._next_request_id
         self._next_request_id += 1
@@ -505,6 +569,20 @@ class ReplicaManager:
         if self._storage_failure is not None:
             response.error_code = ErrorCode.KAFKA_STORAGE_ERROR
             response.error_message = f"broker {self.broker_id}: a partition log failed; stopping"
+            return response, True
+        if not self.check_lease():
+            # Per partition, as Kafka answers a broker that does not lead: the follower backs off
+            # (replica.fetch.backoff.ms) and its position is not recorded (no HWM, no ISR change).
+            for wanted in request.partitions:
+                partition = self._partitions.get(TopicPartition(wanted.topic, wanted.partition))
+                response.partitions.add(
+                    topic=wanted.topic,
+                    partition=wanted.partition,
+                    high_watermark=-1,
+                    leader_epoch=-1 if partition is None else partition.leader_epoch,
+                    error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    error_message=f"broker {self.broker_id} has no live session: it may have been fenced",
+                )
             return response, True
         # Kafka's fetch sizing: the response carries at most max_bytes, a partition at most its
         # partition_max_bytes — except the first batch of the first partition with records, which always
@@ -620,6 +698,8 @@ class ReplicaManager:
 
     def check_isr_shrinks(self) -> None:
         """One pass of the periodic check: propose lagging ISR members out."""
+        if not self.check_lease():
+            return  # its followers lag because it refuses them: not theirs to pay for
         now_ms = self._clock.monotonic_ms()
         for led in list(self._led.values()):
             lagging = led.state.isr_shrink_candidates(now_ms, self.settings.replica_lag_time_max_ms)
@@ -628,8 +708,24 @@ class ReplicaManager:
 
     async def run(self) -> None:
         """The periodic tasks: the ISR shrink check every ``replica.lag.time.max.ms / 2`` (Kafka's
-        cadence) and the high-watermark checkpoint."""
-        await asyncio.gather(self._run_isr_checks(), self._run_checkpoints())
+        cadence), the high-watermark checkpoint and the lease watch."""
+        await asyncio.gather(self._run_isr_checks(), self._run_checkpoints(), self._run_lease_watch())
+
+    async def _run_lease_watch(self) -> None:
+        """Apply the lease when it runs out (failing waiters at once, not at their timeout) and when it
+        is back (releasing held high watermarks without waiting for the next fetch or flush)."""
+        lease = self._lease
+        if lease is None:
+            return
+        while True:
+            self.check_lease()
+            delay_ms = LEASE_POLL_MS
+            expires_ms = lease.lease_expires_at_ms()
+            if not self._lease_lapsed and expires_ms is not None:
+                # Until the lease ends, but at least once a second: a revoked lease (re-registration)
+                # has no end to wait for.
+                delay_ms = min(max(expires_ms - self._clock.monotonic_ms(), 1), 1000)
+            await asyncio.sleep(delay_ms / 1000.0)
 
     async def _run_isr_checks(self) -> None:
         interval_s = max(self.settings.replica_lag_time_max_ms / 2, 10) / 1000.0
@@ -693,6 +789,7 @@ class ReplicaManager:
         backoff_s = self.settings.alter_partition_backoff_ms / 1000.0
         while led.state.pending is request and self._led.get(led.partition.tp) is led:
             result = await self._send_one_alter(led, request)
+            self.check_lease()  # a lapse while the request was out holds the HWM before the answer
             before = led.state.high_watermark
             follow_up = led.state.on_alter_partition_response(request, result)
             if led.state.high_watermark > before:

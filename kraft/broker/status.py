@@ -2,14 +2,26 @@
 
 One :class:`BrokerStatus` per process, written only by the lifecycle task (:mod:`kraft.broker.lifecycle`)
 and read by the BrokerService handlers.  Serving needs three things at once: the RUNNING state, an
-unfenced registration, and a *lease*: the last heartbeat the controller accepted is younger than the
-session timeout.  The lease is what stops a broker that was paused (SIGSTOP, a long GC-like stall) from
-answering a Produce in the instant after it resumes and before its next heartbeat tells it that it was
-fenced: the monotonic clock kept running while it was stopped, so the lease has already expired.
+unfenced registration, and a *lease*: the last heartbeat the controller accepted was sent less than
+:func:`lease_duration_ms` ago — the session timeout less a safety margin (below).  The lease is what
+stops a broker that was paused (SIGSTOP, a long GC-like stall) from answering a Produce in the instant
+after it resumes and before its next heartbeat tells it that it was fenced: the monotonic clock kept
+running while it was stopped, so the lease has already expired.
 
 A lapsed lease (or a fence) also sets ``resync_required``: the broker serves again only after a metadata
 fetch sent *after* that moment came back with nothing left to apply, so leaderships it lost while it was
 away are applied before it can accept a Produce for them.
+
+The lease also gates replication (:class:`kraft.broker.replication.ReplicaManager`): while it has lapsed a
+leader serves no follower fetch, holds its high watermarks and fails waiting acks=all requests.
+
+Why a margin: the controller fences a broker once ``broker.session.timeout.ms`` passed *on its own clock*
+since the heartbeat arrived (no earlier than it was sent), and only then may a new leader take over.  The
+broker must stop strictly before that on *its* clock, whose rate may differ from the controller's (NTP
+slews a clock by at most 500 ppm; a crystal drifts ~100 ppm).  A tenth of the session (900 ms of Kafka's
+9 s) is far above any rate difference, costs nothing while heartbeats flow (one every
+``broker.heartbeat.interval.ms``, 2 s by default); the Raft thesis's leader lease (§6.4.1) shortens its
+lease by a clock-drift bound the same way.  See docs/internals/replication.md.
 """
 
 from __future__ import annotations
@@ -35,6 +47,16 @@ _ALLOWED: dict[BrokerState, frozenset[BrokerState]] = {
 }
 
 
+# The lease ends this fraction of the session timeout before the controller can fence the broker.
+LEASE_SAFETY_FRACTION = 0.1
+
+
+def lease_duration_ms(session_timeout_ms: int) -> int:
+    """How long after an accepted heartbeat was sent the broker may act on it: the session timeout less
+    :data:`LEASE_SAFETY_FRACTION` of it (at least 1 ms less)."""
+    return session_timeout_ms - max(int(session_timeout_ms * LEASE_SAFETY_FRACTION), 1)
+
+
 class IllegalStateTransition(RuntimeError):
     pass
 
@@ -53,6 +75,7 @@ class BrokerStatus:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
         self.session_timeout_ms = session_timeout_ms
+        self.lease_duration_ms = lease_duration_ms(session_timeout_ms)
         self.state = BrokerState.NOT_RUNNING
         self.incarnation_id = ""
         # the process this one replaced on the same log dirs (kraft.broker.incarnation); "" when unknown
@@ -91,10 +114,11 @@ class BrokerStatus:
 
     def heartbeat_accepted(self, sent_at_ms: int) -> None:
         """Extend the lease from when the accepted heartbeat was *sent* (the controller's clock started
-        no earlier than that), never from when its answer arrived.  ``sent_at_ms`` is
-        :meth:`monotonic_ms` read before the heartbeat went out."""
+        no earlier than that), never from when its answer arrived, by :attr:`lease_duration_ms` (the
+        session timeout less the safety margin).  ``sent_at_ms`` is :meth:`monotonic_ms` read before the
+        heartbeat went out."""
         self.last_heartbeat_accepted_ms = max(self.last_heartbeat_accepted_ms, sent_at_ms)
-        expires_ms = sent_at_ms + self.session_timeout_ms
+        expires_ms = sent_at_ms + self.lease_duration_ms
         if self._lease_expires_at_ms is None or expires_ms > self._lease_expires_at_ms:
             self._lease_expires_at_ms = expires_ms
 
@@ -113,6 +137,10 @@ class BrokerStatus:
             self.resync_required = False
             return True
         return False
+
+    def lease_expires_at_ms(self) -> int | None:
+        """:meth:`monotonic_ms` at which the lease ends (None: none granted, or revoked)."""
+        return self._lease_expires_at_ms
 
     def revoke_lease(self) -> None:
         self._lease_expires_at_ms = None

@@ -258,6 +258,7 @@ class BrokerServer:
             self.partitions,
             clock=SystemClock(),
             broker_epoch=lambda: self.status.broker_epoch,
+            lease=self.status,
             send_alter_partition=lambda request: self.client.alter_partition(
                 request, s.request_timeout_ms / 1000.0
             ),

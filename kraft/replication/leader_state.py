@@ -133,10 +133,11 @@ class PartitionLeaderState:
         high_watermark: int,
         now_ms: int,
         broker_epoch: int = NO_BROKER_EPOCH,
+        high_watermark_held: bool = False,
     ) -> None:
         """Kafka's ``makeLeader`` for a new leader: the epoch starts at the log end; every follower's
         position is unknown; ISR members count as caught up now (so they are not dropped at once),
-        the others as never caught up."""
+        the others as never caught up.  ``high_watermark_held``: start held (the lease has lapsed)."""
         if partition.leader != broker_id:
             raise ValueError(f"broker {broker_id} is not the leader of {partition}")
         if not 0 <= high_watermark <= leader_end_offset:
@@ -148,6 +149,7 @@ class PartitionLeaderState:
         self._high_watermark = high_watermark
         self._epoch_start_offset = leader_end_offset
         self._pending: AlterPartitionRequest | None = None
+        self._held = high_watermark_held
         self._followers: dict[int, FollowerProgress] = {
             replica: FollowerProgress(
                 replica, last_caught_up_time_ms=now_ms if replica in partition.isr else 0
@@ -192,6 +194,10 @@ class PartitionLeaderState:
         return self._high_watermark
 
     @property
+    def high_watermark_held(self) -> bool:
+        return self._held
+
+    @property
     def leader_end_offset(self) -> int:
         return self._leader_end_offset
 
@@ -206,6 +212,16 @@ class PartitionLeaderState:
         return [self._followers[r] for r in sorted(self._followers)]
 
     # --- events ----------------------------------------------------------------------------------
+
+    def hold_high_watermark(self) -> None:
+        """Stop advancing the high watermark (the broker's lease lapsed); events are still recorded."""
+        self._held = True
+
+    def release_high_watermark(self) -> bool:
+        """Advance again (the lease is back): returns whether the high watermark moved at once, to what
+        the events recorded while held allow."""
+        self._held = False
+        return self._maybe_advance_high_watermark()
 
     def on_leader_end_offset(self, end_offset: int) -> bool:
         """The leader's own log end moved (append, or flush — see docs: what counts is what is durable).
@@ -386,6 +402,8 @@ class PartitionLeaderState:
         return candidate
 
     def _maybe_advance_high_watermark(self) -> bool:
+        if self._held:
+            return False
         candidate = self._high_watermark_candidate()
         if candidate > self._high_watermark:
             self._high_watermark = candidate

@@ -33,7 +33,7 @@ from kraft.config import load_config
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, spawn_logged
-from kraft.storage.batch import build_batch
+from kraft.storage.batch import build_batch, iter_batches
 from kraft.v1 import broker_pb2 as bpb
 from kraft.v1 import broker_pb2_grpc, controller_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
@@ -881,6 +881,33 @@ def test_acks_all_records_survive_kill_9_of_the_leader_and_no_offset_is_reused(c
     )  # fmt: skip
     assert produced.returncode == 0, produced.stderr
     assert json.loads(produced.stdout)["base_offset"] == 3
+
+    # The killed leader returns as a follower: it keeps a1..a3 at 0..2 (committed, nothing to truncate),
+    # copies a4, rejoins the ISR, and its segment file then holds the new leader's batches byte for byte.
+    new_leader = cluster.leader_of("acks", 0)[0]
+    cluster.start_broker(161)
+    cluster.wait_broker_state(161, "RUNNING")
+    poll(lambda: 161 in cluster.describe_topic("acks").partitions[0].isr or None, "161 back in the ISR")
+
+    def identical() -> bytes | None:
+        mine = _segment_bytes(cluster.brokers[161], "acks-0")
+        return mine if mine and mine == _segment_bytes(cluster.brokers[new_leader], "acks-0") else None
+
+    segment = poll(identical, "161's segment file to match the new leader's")
+    fetch = cluster.broker_stub(new_leader).Fetch(
+        bpb.BrokerFetchRequest(
+            cluster_id=cluster.quorum.cluster_id, topic="acks", partition=0, offset=0, max_bytes=1 << 20,
+            leader_epoch=-1,
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )  # fmt: skip
+    assert fetch.error_code == 0 and fetch.high_watermark == 4  # every batch of the file is below it
+    assert [(b.base_offset + r.offset_delta, r.value) for b in iter_batches(segment) for r in b.records] == [
+        (0, b"a1"),
+        (1, b"a2"),
+        (2, b"a3"),
+        (3, b"a4"),
+    ]
 
 
 def test_min_insync_replicas_refuses_acks_all_with_two_brokers_down_and_loses_nothing_when_they_return(

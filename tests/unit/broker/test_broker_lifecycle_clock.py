@@ -82,9 +82,9 @@ async def test_the_lease_runs_from_when_the_accepted_heartbeat_was_sent_not_answ
     heartbeat_sent_ms = client.sent_at_ms[-1]
     assert clock.monotonic_ms() == heartbeat_sent_ms + 500  # the answer came 500 ms after it was sent
     assert status.state is BrokerState.RUNNING and status.serving_error() is None
-    clock.advance(SESSION_MS - 500 - 1)
+    clock.advance(status.lease_duration_ms - 500 - 1)
     assert status.serving_error() is None
-    clock.advance(1)  # session.timeout.ms after the *send*, 500 ms before send + timeout + latency
+    clock.advance(1)  # the lease after the *send*, 500 ms before send + lease + latency
     assert status.lease_lapsed()
 
 

@@ -5,6 +5,7 @@ long-polls are bounded by small real waits."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,6 +45,7 @@ TOPIC_ID = "tid"
 TP = TopicPartition("t", 0)
 TIMEOUT_S = 5.0
 LAG_MS = 10_000
+SESSION_MS = 100_000  # each broker's heartbeat session: its lease is 90_000 ms (BrokerStatus)
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Node:
     replicas: ReplicaManager
     service: BrokerService
     server: grpc.aio.Server
+    status: BrokerStatus
 
     def log(self) -> MemoryPartitionLog:
         partition = self.manager.get(TP)
@@ -127,7 +130,7 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = TIM
 
 
 async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) -> Node:
-    status = BrokerStatus(broker_id, CLUSTER, session_timeout_ms=10**9, clock=clock)
+    status = BrokerStatus(broker_id, CLUSTER, session_timeout_ms=SESSION_MS, clock=clock)
     for state in (BrokerState.STARTING, BrokerState.RECOVERY, BrokerState.RUNNING):
         status.transition(state)
     status.fenced = False
@@ -157,13 +160,14 @@ async def _node(broker_id: int, clock: ManualClock, tmp_path: Path, h: Harness) 
             replica_lag_time_max_ms=LAG_MS, fetch_max_wait_ms=50, fetch_backoff_ms=50, produce_timeout_ms=3000
         ),
         on_fatal=on_fatal,
+        lease=status,
     )
     service = BrokerService(status, manager, ImageMetadataView(MetadataImage.empty()), replicas=replicas)
     server = grpc.aio.server()
     broker_pb2_grpc.add_BrokerServiceServicer_to_server(service, server)
     port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
     await server.start()
-    return Node(broker_id, port, manager, opener, replicas, service, server)
+    return Node(broker_id, port, manager, opener, replicas, service, server, status)
 
 
 @pytest.fixture
@@ -284,6 +288,7 @@ async def _restart_replicas(h: Harness, broker_id: int) -> ReplicaManager:
         broker_epoch=lambda: 100 + broker_id,
         send_alter_partition=old._send_alter_partition,
         settings=old.settings,
+        lease=node.status,
     )
     node.service._replicas = replicas
     replicas.on_image(h.image)
@@ -739,3 +744,119 @@ async def test_the_dynamic_broker_min_insync_replicas_applies_below_the_topic_co
     h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="2"))
     h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
     assert (await h.produce(1, b"y", acks=-1)).error_code == ErrorCode.NONE, "the topic config wins"
+
+
+async def _replica_fetch(
+    h: Harness, leader: int, follower: int, offset: int, epoch: int = 3
+) -> pb.ReplicaFetchResponse:
+    """One ReplicaFetch as ``follower`` would send it (in ``epoch``, everything below ``offset`` durable)."""
+    async with _Stub(h.nodes[leader].port) as stub:
+        request = pb.ReplicaFetchRequest(
+            cluster_id=CLUSTER, replica_id=follower, broker_epoch=100 + follower, max_wait_ms=0
+        )
+        request.partitions.add(
+            topic=TP.topic, partition=TP.partition, current_leader_epoch=epoch, fetch_offset=offset,
+            last_fetched_epoch=3, partition_max_bytes=1 << 20, durable_offset=offset,
+        )  # fmt: skip
+        return await stub.ReplicaFetch(request, timeout=TIMEOUT_S)
+
+
+async def test_a_leader_whose_lease_lapsed_refuses_followers_holds_its_hwm_and_fails_acks_all(
+    h: Harness,
+) -> None:
+    """A leader whose heartbeat lease ran out may already be fenced, with a new leader taking writes: it
+    serves no replica fetch, commits nothing more and answers no acks=all waiter with success — and
+    picks up where it was once a heartbeat is accepted again."""
+    _create(h, isr=[1, 2])
+    leader, follower = h.nodes[1], h.nodes[2]
+    assert (await h.produce(1, b"a", acks=-1)).error_code == ErrorCode.NONE
+    await follower.replicas.close()  # the follower stops at offset 1
+    state = leader.replicas.leader_state(TP)
+    assert state is not None and state.high_watermark == 1
+    waiting = asyncio.create_task(h.produce(1, b"b", acks=-1))
+    await until(lambda: leader.log().flushed == 2, "the append of b")
+    assert not waiting.done()
+
+    # The leader's lease lapses (no heartbeat accepted for 90% of the session); the follower's does not.
+    h.clock.advance(leader.status.lease_duration_ms)
+    follower.status.heartbeat_accepted(h.clock.monotonic_ms())
+    assert not leader.replicas.check_lease()
+    answer = await asyncio.wait_for(waiting, TIMEOUT_S)
+    assert answer.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER, "retriable, never success"
+    assert state.high_watermark_held
+
+    refused = await _replica_fetch(h, 1, 2, 2)
+    assert refused.error_code == ErrorCode.NONE
+    (part,) = refused.partitions
+    assert part.error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and part.records == b""
+    progress = state.follower(2)
+    assert progress is not None and progress.log_end_offset == 1, "a refused fetch is not recorded"
+    # 2 has not fetched for longer than replica.lag.time.max.ms, but that is the leader's doing.
+    leader.replicas.check_isr_shrinks()
+    assert h.alters == []
+    # The controller commits ISR [1] meanwhile: the leader alone would be at 2 at once; it stays at 1.
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1])))
+    assert state.isr == (1,) and state.high_watermark == 1
+    partition = leader.manager.get(TP)
+    assert partition is not None and leader.replicas.high_watermark(partition) == 1
+    assert (await h.produce(1, b"c", acks=-1)).error_code == ErrorCode.BROKER_NOT_AVAILABLE
+    assert (await leader.replicas.wait_for_acks(partition, 2)) is ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    # A heartbeat is accepted again: the HWM goes to what the events allow, followers are served.
+    leader.status.heartbeat_accepted(h.clock.monotonic_ms())
+    assert leader.replicas.check_lease()
+    assert not state.high_watermark_held and state.high_watermark == 2
+    assert [r.value for r in (await h.consume(1)).records] == [b"a", b"b"]
+    served = await _replica_fetch(h, 1, 2, 1, epoch=4)  # kraft bumps the epoch on every ISR change
+    assert served.partitions[0].error_code == ErrorCode.NONE
+    assert served.partitions[0].high_watermark == 2 and served.partitions[0].records
+    assert (await h.produce(1, b"c", acks=-1)).error_code == ErrorCode.NONE
+
+
+async def test_a_replica_fetch_parked_when_the_lease_lapses_is_answered_refused_at_once(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    leader = h.nodes[1]
+    await h.nodes[2].replicas.close()
+    async with _Stub(leader.port) as stub:
+        request = pb.ReplicaFetchRequest(
+            cluster_id=CLUSTER, replica_id=2, broker_epoch=102, max_wait_ms=3_000
+        )
+        request.partitions.add(
+            topic=TP.topic, partition=TP.partition, current_leader_epoch=3, fetch_offset=0,
+            last_fetched_epoch=-1, partition_max_bytes=1 << 20, durable_offset=0,
+        )  # fmt: skip
+        parked = asyncio.ensure_future(stub.ReplicaFetch(request, timeout=TIMEOUT_S))
+        await until(lambda: leader.service._parked == 1, "the fetch to park")
+        h.clock.advance(leader.status.lease_duration_ms)
+        assert not leader.replicas.check_lease()
+        started = asyncio.get_running_loop().time()
+        answer = await parked
+    assert asyncio.get_running_loop().time() - started < 2.0, "answered at the lapse, not at max_wait_ms"
+    assert answer.partitions[0].error_code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def test_the_lease_watch_releases_held_high_watermarks_when_a_heartbeat_is_accepted(h: Harness) -> None:
+    """No fetch or flush needed: the watch notices the lease is back (it polls while lapsed)."""
+    _create(h, isr=[1])
+    leader = h.nodes[1]
+    await h.nodes[2].replicas.close()
+    assert (await h.produce(1, b"a")).error_code == ErrorCode.NONE
+    state = leader.replicas.leader_state(TP)
+    assert state is not None
+    await until(lambda: state.high_watermark == 1, "HWM 1")
+    h.clock.advance(leader.status.lease_duration_ms)
+    assert not leader.replicas.check_lease()
+    partition = leader.manager.get(TP)
+    assert partition is not None
+    leader.log().append_records([_produced(b"b")], 3)  # accepted just before the lapse
+    leader.replicas.on_appended(partition)
+    await until(lambda: leader.log().flushed == 2, "the flush of b")
+    assert state.high_watermark == 1  # flushed, but a lapsed leader commits nothing
+    watch = asyncio.create_task(leader.replicas._run_lease_watch())
+    try:
+        leader.status.heartbeat_accepted(h.clock.monotonic_ms())
+        await until(lambda: state.high_watermark == 2, "the watch to release the HWM")
+    finally:
+        watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watch

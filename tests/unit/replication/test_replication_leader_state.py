@@ -11,6 +11,7 @@ from replication_events import Event, events, initial_isrs, run
 from kraft.errors import ErrorCode
 from kraft.replication.leader_state import (
     AlterPartitionFollowUp,
+    FetchResult,
     FollowerProgress,
     PartitionLeaderState,
 )
@@ -196,6 +197,37 @@ def test_a_pending_shrink_does_not_release_the_high_watermark_until_committed() 
     assert state.on_alter_partition_response(request, reply) is AlterPartitionFollowUp.APPLIED
     assert state.isr == (1, 2) and state.partition_epoch == 8
     assert state.high_watermark == 10
+
+
+def test_a_held_high_watermark_moves_on_no_event_and_catches_up_when_released() -> None:
+    """The lease lapsed: fetches, flushes, metadata and AlterPartition answers are recorded, but nothing
+    more is committed until the hold ends — then the HWM goes straight to what they allow."""
+    state = leader((1, 2, 3), end=10)
+    state.on_follower_fetch(2, 6, EPOCH, 0)
+    state.on_follower_fetch(3, 6, EPOCH, 0)
+    assert state.high_watermark == 6
+    state.hold_high_watermark()
+    assert state.high_watermark_held
+    assert state.on_follower_fetch(2, 10, EPOCH, 0) == FetchResult(ErrorCode.NONE, False)
+    assert not state.on_follower_fetch(3, 10, EPOCH, 0).high_watermark_advanced
+    assert not state.on_leader_end_offset(12)
+    request = state.propose_isr((1, 2))
+    reply = LeaderAndIsr(1, EPOCH, 8, (1, 2, 3), (1, 2))
+    assert state.on_alter_partition_response(request, reply) is AlterPartitionFollowUp.APPLIED
+    assert state.on_metadata(LeaderAndIsr(1, EPOCH, 9, (1, 2, 3), (1,)), 0)
+    assert (state.high_watermark, state.isr, state.leader_end_offset) == (6, (1,), 12)
+    assert state.release_high_watermark()
+    assert not state.high_watermark_held and state.high_watermark == 12  # the leader alone in its ISR
+    assert not state.release_high_watermark()  # nothing more to advance
+
+
+def test_a_state_created_held_keeps_its_starting_high_watermark() -> None:
+    partition = LeaderAndIsr(1, EPOCH, 7, (1, 2, 3), (1,))
+    state = PartitionLeaderState(
+        1, partition, leader_end_offset=10, high_watermark=3, now_ms=0, high_watermark_held=True
+    )
+    assert state.high_watermark == 3  # a leader alone in its ISR would otherwise be at 10 at once
+    assert state.release_high_watermark() and state.high_watermark == 10
 
 
 # --- AlterPartition answers and metadata ----------------------------------------------------------------
