@@ -34,12 +34,21 @@ class ProcessError(Exception):
 
 
 def _is_zombie(pid: int) -> bool:
+    """A zombie all of whose threads have exited.  The thread-group leader shows ``Z`` as soon as it
+    exits, while the process's other threads — which share its open files, listening sockets included —
+    may still be exiting: a node killed with SIGKILL looked gone while its port was still bound, and its
+    restart failed with "address in use"."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
     # The state letter follows the parenthesised command name, which may itself contain spaces.
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] == "Z"
+    if stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] != "Z":
+        return False
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except OSError:
+        return True  # reaped meanwhile
 
 
 def pid_alive(pid: int) -> bool:
