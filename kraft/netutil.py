@@ -27,8 +27,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Picked below the kernel's ephemeral range where there is room (Linux: 32768-60999 by default): a
     listener port from that range can be taken, while its node is down for a restart, as the source port
-    of any outgoing connection on the machine, and the restart then fails with "address in use" (seen in
-    the suite).  Ports handed out recently by this process are not handed out again.  Elsewhere: bind to
+    of any outgoing connection on the machine, and the restart then fails with "address in use" (a risk on
+    a busy host).  Ports handed out recently by this process are not handed out again.  Elsewhere: bind to
     port 0 and read it back."""
     ephemeral = _ephemeral_range()
     if ephemeral is not None and ephemeral[0] - 1 > _LOWEST_PICKED_PORT + 1000:
