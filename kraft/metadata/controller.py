@@ -711,16 +711,28 @@ class QuorumController:
         return acl_control.describe_acls(image.acls, req)
 
     async def _read(self, response: R, cluster_id: str) -> tuple[ControllerLogic, MetadataImage] | R:
-        """Reads answer from the committed image, after every pending write committed."""
+        """Reads answer from the committed image, after every pending write committed and after Raft
+        confirmed that this node still leads (a ReadIndex round started after the request arrived, shared
+        by every caller waiting at the time): reads are linearizable.  Without the round, a deposed
+        controller that does not know it yet would answer from an image the new controller has moved on
+        from (e.g. a broker shown unfenced that the new controller fenced, an ISR that has shrunk)."""
         try:
             logic = await self.activation.active_logic()
             logic.check_cluster_id(cluster_id)
             await self.writes.wait_committed(self.writes.next_offset - 1)
+            await self.writes.confirm_leadership()
         except NotControllerError as exc:
             return self._not_controller(response, exc.leader_id)
         except TimeoutError:
             return error_response(
                 response, ErrorCode.REQUEST_TIMED_OUT, "pending metadata writes did not commit"
+            )
+        except LeadershipNotConfirmed:
+            return error_response(
+                response,
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"controller {self.node_id}: a majority of the quorum did not confirm it is still the active"
+                " controller in time; retry",
             )
         except KraftError as exc:
             return error_response(response, exc.code, exc.message)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from google.protobuf.message import Message
+
 from kraft.errors import ErrorCode
 from kraft.metadata.controller import ControllerOptions
+from kraft.security.acl import AclOperation, AclPermissionType, PatternType, ResourceType
 from kraft.v1 import controller_pb2 as cpb
 
 from .test_controller import CLUSTER, activate_broker, registration, settle, started, step, until
@@ -75,5 +78,87 @@ async def test_a_heartbeat_not_confirmed_within_the_commit_timeout_is_retriable(
         assert "did not confirm" in answer.error_message
         raft.confirm()  # a majority answers again
         assert (await controller.broker_heartbeat(_beat(1, epoch))).error_code == ErrorCode.NONE
+    finally:
+        await controller.stop()
+
+
+def _reads() -> list[tuple[str, Message]]:
+    """Every read the active controller serves from its image, as (name, request)."""
+    return [
+        ("describe_topics", cpb.DescribeTopicsRequest(cluster_id=CLUSTER)),
+        ("describe_cluster", cpb.DescribeClusterRequest(cluster_id=CLUSTER)),
+        ("describe_configs", cpb.DescribeConfigsRequest(cluster_id=CLUSTER)),
+        (
+            "describe_acls",
+            cpb.DescribeAclsRequest(
+                cluster_id=CLUSTER,
+                filter=cpb.AclFilter(
+                    resource_type=ResourceType.ANY,
+                    pattern_type=PatternType.ANY,
+                    operation=AclOperation.ANY,
+                    permission_type=AclPermissionType.ANY,
+                ),
+            ),
+        ),
+    ]
+
+
+async def test_reads_are_answered_only_after_leadership_is_confirmed() -> None:
+    """ReadIndex for reads too: a deposed controller must not describe an image the new one moved on from."""
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        for name, request in _reads():
+            raft.hold_confirmations = True
+            before = raft.confirmations
+            pending = asyncio.create_task(getattr(controller, name)(request))
+            await settle()
+            assert not pending.done(), f"{name} answered before leadership was confirmed"
+            assert raft.confirmations == before + 1, name
+            raft.confirm()
+            answer = await asyncio.wait_for(pending, 5)
+            assert answer.error_code == ErrorCode.NONE, (name, answer.error_message)
+    finally:
+        await controller.stop()
+
+
+async def test_a_read_waiting_for_confirmation_answers_not_controller_when_leadership_is_lost() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        raft.hold_confirmations = True
+        pending = asyncio.create_task(
+            controller.describe_cluster(cpb.DescribeClusterRequest(cluster_id=CLUSTER))
+        )
+        await settle()
+        assert not pending.done()
+        raft.lose_leadership(2)
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NOT_CONTROLLER
+        assert answer.controller.node_id == 2
+    finally:
+        await controller.stop()
+
+
+async def test_a_read_not_confirmed_within_the_commit_timeout_is_retriable() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, commit_timeout_ms=100))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        raft.hold_confirmations = True
+        pending = asyncio.create_task(
+            controller.describe_topics(cpb.DescribeTopicsRequest(cluster_id=CLUSTER))
+        )
+        await settle()
+        await step(controller, 100)
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.REQUEST_TIMED_OUT
+        assert "did not confirm" in answer.error_message
+        raft.confirm()
+        again = await controller.describe_topics(cpb.DescribeTopicsRequest(cluster_id=CLUSTER))
+        assert again.error_code == ErrorCode.NONE
     finally:
         await controller.stop()
