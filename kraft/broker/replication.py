@@ -155,6 +155,7 @@ def leader_and_isr(assignment: PartitionAssignment) -> LeaderAndIsr:
         assignment.partition_epoch,
         tuple(assignment.replicas),
         tuple(assignment.isr),
+        assignment.leader_recovery_state,
     )
 
 
@@ -364,7 +365,25 @@ class ReplicaManager:
                 if tp in self._led:
                     self._drop_led(tp)
                 self._follow(partition)
+        self._apply_min_isr()
+        self._finish_recoveries()
         self._update_gauges()
+
+    def _finish_recoveries(self) -> None:
+        """KIP-704: a leader from an unclean election (its partition RECOVERING) reports RECOVERED by an
+        AlterPartition of its ISR (itself) before it may expand the ISR: its log is the partition's
+        history from now on, there is nothing else to recover.  Retried with the next image while the
+        answer is pending or refused."""
+        for led in self._led.values():
+            if led.state.recovery_report_needed():
+                self._propose(led, led.state.isr)
+
+    def _apply_min_isr(self) -> None:
+        """Each led partition's effective min.insync.replicas into its state, after every image (ISRs and
+        configs change only with metadata): below it the HWM is frozen (KIP-966, leader_state)."""
+        for tp, led in self._led.items():
+            if led.state.set_min_isr(self._min_insync_replicas(tp.topic)):
+                self._high_watermark_advanced(led)
 
     def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> None:
         tp = partition.tp
@@ -819,6 +838,7 @@ class ReplicaManager:
                     partition=tp.partition,
                     leader_epoch=request.leader_epoch,
                     partition_epoch=request.partition_epoch,
+                    leader_recovery_state=request.leader_recovery_state,
                     new_isr=[
                         cpb.AlterPartitionRequest.IsrMember(
                             broker_id=m.broker_id,
