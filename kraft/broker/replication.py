@@ -417,6 +417,7 @@ class ReplicaManager:
                 now_ms=now_ms,
                 broker_epoch=self._broker_epoch(),
                 high_watermark_held=self._lease_lapsed,
+                min_isr=self._min_insync_replicas(tp.topic),
             ),
         )
         self._led[tp] = led

@@ -138,10 +138,13 @@ class PartitionLeaderState:
         now_ms: int,
         broker_epoch: int = NO_BROKER_EPOCH,
         high_watermark_held: bool = False,
+        min_isr: int = 1,
     ) -> None:
         """Kafka's ``makeLeader`` for a new leader: the epoch starts at the log end; every follower's
         position is unknown; ISR members count as caught up now (so they are not dropped at once),
-        the others as never caught up.  ``high_watermark_held``: start held (the lease has lapsed)."""
+        the others as never caught up.  ``high_watermark_held``: start held (the lease has lapsed).
+        ``min_isr``: the topic's min.insync.replicas (``set_min_isr``) — given here, not after: a leader
+        alone in its ISR (elected from the ELR) would otherwise advance the HWM to its log end at once."""
         if partition.leader != broker_id:
             raise ValueError(f"broker {broker_id} is not the leader of {partition}")
         if not 0 <= high_watermark <= leader_end_offset:
@@ -154,7 +157,8 @@ class PartitionLeaderState:
         self._epoch_start_offset = leader_end_offset
         self._pending: AlterPartitionRequest | None = None
         self._held = high_watermark_held
-        self._min_isr = 1  # effective min.insync.replicas (set_min_isr): the HWM is frozen below it
+        # effective min.insync.replicas (set_min_isr): the HWM is frozen below it
+        self._min_isr = max(1, min(min_isr, len(partition.replicas)))
         self._followers: dict[int, FollowerProgress] = {
             replica: FollowerProgress(
                 replica, last_caught_up_time_ms=now_ms if replica in partition.isr else 0

@@ -381,6 +381,18 @@ def test_the_describe_answer_carries_the_elr() -> None:
 # ---- the leader's high watermark (the broker side of KIP-966) ----
 
 
+def test_a_leader_elected_alone_into_its_isr_starts_with_its_high_watermark_frozen() -> None:
+    """Found by the replication sim: the constructor advances the HWM of a leader alone in its ISR, so
+    min ISR must be known before that (an ELR leader would expose records other ELR members lack)."""
+    from kraft.replication.leader_state import PartitionLeaderState
+    from kraft.replication.types import LeaderAndIsr
+
+    alone = LeaderAndIsr(3, 14, 14, (1, 2, 3), (3,))
+    assert PartitionLeaderState(3, alone, leader_end_offset=9, high_watermark=5, now_ms=0).high_watermark == 9
+    frozen = PartitionLeaderState(3, alone, leader_end_offset=9, high_watermark=5, now_ms=0, min_isr=2)
+    assert frozen.high_watermark == 5
+
+
 def test_the_high_watermark_is_frozen_while_the_isr_is_below_min_isr() -> None:
     """What makes an ELR member a safe leader: nothing a consumer could read is missing on it."""
     from kraft.replication.leader_state import PartitionLeaderState
