@@ -862,3 +862,27 @@ async def test_the_lease_watch_releases_held_high_watermarks_when_a_heartbeat_is
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
+
+
+async def test_a_leader_from_an_unclean_election_reports_recovered_before_it_expands(h: Harness) -> None:
+    """KIP-704: the partition comes as RECOVERING (unclean election); its leader proposes its ISR as it
+    is with RECOVERED, and asks for no expansion until that is committed."""
+    h.replay(
+        mpb.TopicRecord(name=TP.topic, topic_id=TOPIC_ID),
+        mpb.PartitionRecord(
+            partition_id=0, topic_id=TOPIC_ID, replicas=[1, 2], isr=[1], leader=1, leader_epoch=3,
+            partition_epoch=3, leader_recovery_state=1,
+        ),
+    )  # fmt: skip
+    await until(lambda: len(h.alters) >= 1, "the RECOVERED report")
+    report = h.alters[0].partitions[0]
+    assert [m.broker_id for m in report.new_isr] == [1] and report.leader_recovery_state == 0
+    assert (report.leader_epoch, report.partition_epoch) == (3, 3)
+    # 2 catches up meanwhile: no expansion while RECOVERING (the report is still unanswered)
+    assert (await h.produce(1, b"x")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[2].log().log_end_offset == 1, "broker 2 to catch up")
+    assert all(len(a.partitions[0].new_isr) == 1 for a in h.alters)
+    # RECOVERED committed: the expansion follows
+    h.alters.clear()
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader_recovery_state=0))
+    await until(lambda: any(len(a.partitions[0].new_isr) == 2 for a in h.alters), "an expansion")
