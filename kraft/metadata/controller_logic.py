@@ -573,6 +573,7 @@ class ControllerLogic:
             topics = image.topics_by_id
             changes: list[pb.PartitionChangeRecord] = []
             partitions = job.partitions
+            rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
             while job.position < len(partitions) and len(changes) < budget and scan_budget > 0:
                 topic_id, partition_id = partitions[job.position]
                 job.position += 1
@@ -580,7 +581,10 @@ class ControllerLogic:
                 topic = topics.get(topic_id)
                 if topic is None or partition_id >= len(topic.partitions):
                     continue  # deleted meanwhile
-                min_isr, unclean = self.election_rules(image, topic.name)
+                topic_rules = rules.get(topic_id)
+                if topic_rules is None:
+                    topic_rules = rules[topic_id] = self.election_rules(image, topic.name)
+                min_isr, unclean = topic_rules
                 current = topic.partitions[partition_id]
                 change = build_change(
                     topic_id, partition_id, current, acceptable, min_isr=min_isr, unclean_election=unclean

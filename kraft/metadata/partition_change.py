@@ -56,7 +56,10 @@ def in_replica_order(replicas: tuple[int, ...], members: Iterable[int]) -> list[
     """``members`` sorted by replica position (a repeated replica: its last position), non-replicas last
     in their order, so records are deterministic whatever order members came back in."""
     order = {r: i for i, r in enumerate(replicas)}
-    return sorted(members, key=lambda r: order.get(r, len(order)))
+    try:
+        return sorted(members, key=order.__getitem__)  # all replicas: the usual case, no Python key
+    except KeyError:
+        return sorted(members, key=lambda r: order.get(r, len(order)))
 
 
 def eligible_after(
@@ -137,9 +140,9 @@ def change_record(
     topic_id: str, partition_id: int, current: PartitionRegistration, target: Target
 ) -> pb.PartitionChangeRecord | None:
     """The PartitionChangeRecord moving ``current`` to ``target``; None when nothing changes."""
-    isr_changed = target.isr != tuple(current.isr)
-    elr_changed = target.elr != tuple(current.elr)
-    lke_changed = target.last_known_elr != tuple(current.last_known_elr)
+    isr_changed = target.isr != current.isr
+    elr_changed = target.elr != current.elr
+    lke_changed = target.last_known_elr != current.last_known_elr
     leader_changed = target.leader != current.leader
     recovery_changed = target.leader_recovery_state != current.leader_recovery_state
     if not (isr_changed or elr_changed or lke_changed or leader_changed or recovery_changed):

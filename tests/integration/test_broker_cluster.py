@@ -1048,6 +1048,74 @@ def test_an_eligible_leader_that_left_the_isr_first_brings_the_partition_back_wi
     assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "b3"), (4, "c4")]
 
 
+def test_turning_unclean_election_on_elects_a_replica_outside_the_isr_which_reports_recovered(
+    cluster: Cluster,
+) -> None:
+    """unclean.leader.election.enable with real processes: the only live replica (193) left the ISR while
+    it was at min ISR, so it is not eligible and the partition stays offline; `kraft config alter` turning
+    the config on elects it at once (RECOVERING, ISR = it), its broker reports RECOVERED, and it takes
+    writes at the offset after what it held — b3, acknowledged while 193 was down, is lost (the
+    documented price)."""
+    ids = (191, 192, 193)
+    tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
+    for broker_id in ids:
+        cluster.start_broker(broker_id, tuned)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
+    created = run_kraft(
+        ["topic", "create", "unc", "--bootstrap-controller", bootstrap_controller,
+         "--replica-assignment", "191:192:193", "--config", "min.insync.replicas=2"]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["unc"])
+    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+
+    def produced_at(acks: str, *values: str) -> int | None:
+        args = ["produce", "--bootstrap-server", all_brokers, "--topic", "unc", "--partition", "0",
+                "--acks", acks, "--json"]  # fmt: skip
+        for value in values:
+            args += ["--value", value]
+        result = run_kraft(args)
+        return int(json.loads(result.stdout)["base_offset"]) if result.returncode == 0 else None
+
+    def described() -> dict[str, object]:
+        result = run_kraft(
+            ["topic", "describe", "unc", "--bootstrap-controller", bootstrap_controller, "--json"]
+        )
+        assert result.returncode == 0, result.stderr
+        partition: dict[str, object] = json.loads(result.stdout)["partitions"][0]
+        return partition
+
+    assert poll(lambda: produced_at("all", "a0", "a1", "a2"), "acks=all with the whole ISR") == 0
+    cluster.brokers[193].kill()
+    poll(lambda: described()["isr"] == [191, 192] or None, "193 out of the ISR")
+    assert poll(lambda: produced_at("all", "b3"), "acks=all at min ISR") == 3
+    cluster.brokers[191].kill()
+    poll(lambda: described()["elr"] == [191] or None, "191 eligible")
+    cluster.brokers[192].kill()
+    poll(lambda: described()["leader"] == -1 or None, "the partition offline")
+    cluster.start_broker(193, tuned)
+    cluster.wait_broker_state(193, "RUNNING")  # unfenced: its election ran, and found it not eligible
+    assert (described()["leader"], described()["elr"]) == (-1, [191, 192])
+
+    altered = run_kraft(
+        ["config", "alter", "--bootstrap-controller", bootstrap_controller, "--entity-type", "topics",
+         "--entity-name", "unc", "--add-config", "unclean.leader.election.enable=true"]
+    )  # fmt: skip
+    assert altered.returncode == 0, altered.stderr
+
+    def led_by_193() -> dict[str, object] | None:
+        partition = described()
+        return partition if partition["leader"] == 193 else None
+
+    partition = poll(led_by_193, "193 elected uncleanly")
+    assert (partition["isr"], partition["elr"]) == ([193], [])
+    poll(lambda: described()["leader_recovery_state"] == "RECOVERED" or None, "193's RECOVERED report")
+    assert poll(lambda: produced_at("1", "z"), "acks=1 to the new leader") == 3  # b3's offset, reused
+
+
 LOW_FD_LIMIT = 512
 MANY_PARTITIONS = 2000
 
