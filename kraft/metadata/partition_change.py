@@ -177,6 +177,28 @@ def build_change(
     unclean_election: bool = False,
 ) -> pb.PartitionChangeRecord | None:
     """The record moving ``current`` to its next state, or None when nothing would change."""
+    replicas, isr = current.replicas, current.isr
+    if (
+        remove_from_isr is None
+        and add_to_isr == ()
+        and isr
+        and not current.elr
+        and not current.last_known_elr
+        and current.leader_recovery_state == LEADER_RECOVERED
+        and len(isr) >= effective_min_isr(min_isr, replicas)
+        and (
+            len(set(replicas)) == len(replicas)
+            if isr is replicas or isr == replicas
+            else in_replica_order(replicas, isr) == list(isr)
+        )
+    ):
+        # Only the leader can change (the election of an unfence or a resumed job over a healthy ISR,
+        # most of what a rejoin runs): decided without building the target (same decision, tested).
+        leader = choose_leader(replicas, isr, current.leader, acceptable)
+        if leader == current.leader:
+            return None
+        if leader != NO_PARTITION_LEADER or not unclean_election:
+            return pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id, leader=leader)
     target = target_state(
         current,
         acceptable,

@@ -18,7 +18,13 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage, PartitionRegistration
 from kraft.metadata.image_records import image_records, image_values
 from kraft.metadata.isr_changes import alter_partition
-from kraft.metadata.partition_change import build_change, effective_min_isr, leave_change, target_state
+from kraft.metadata.partition_change import (
+    build_change,
+    change_record,
+    effective_min_isr,
+    leave_change,
+    target_state,
+)
 from kraft.metadata.store import SqliteImageStore
 from kraft.observability.logging import _FIELDS_ATTR
 from kraft.v1 import controller_pb2 as cpb
@@ -140,6 +146,36 @@ def test_leave_change_decides_as_build_change_with_elr(
     record, registration = got
     assert record.partition_change == expected
     assert registration == _replayed(current, record)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    current=_partitions(),
+    acceptable=st.sets(_ids),
+    min_isr=st.integers(1, 4),
+    unclean_election=st.booleans(),
+    recovering=st.booleans(),
+    unordered=st.booleans(),
+)
+def test_build_change_fast_path_decides_as_the_full_rules(
+    current: PartitionRegistration,
+    acceptable: set[int],
+    min_isr: int,
+    unclean_election: bool,
+    recovering: bool,
+    unordered: bool,
+) -> None:
+    if recovering:
+        current = current._replace(leader_recovery_state=1)
+    if unordered:
+        current = current._replace(isr=tuple(reversed(current.isr)))
+    got = build_change(
+        "T", 0, current, acceptable.__contains__, min_isr=min_isr, unclean_election=unclean_election
+    )
+    target = target_state(
+        current, acceptable.__contains__, min_isr=min_isr, unclean_election=unclean_election
+    )
+    assert got == change_record("T", 0, current, target)
 
 
 def _image_with(partition: PartitionRegistration) -> MetadataImage:
