@@ -226,6 +226,19 @@ def test_the_new_fields_survive_replay_snapshot_records_and_the_image_store(
     assert delta.apply().partition("T", 0) == current
 
 
+def test_metadata_dump_shows_the_new_fields() -> None:
+    change = pb.PartitionChangeRecord(topic_id="T", partition_id=0, leader=3, leader_recovery_state=1)
+    change.isr.ids.append(3)
+    change.eligible_leader_replicas.SetInParent()
+    shown = records.describe_value(records.encode_value(records.wrap(change)))["data"]
+    assert shown["eligible_leader_replicas"] == {"ids": []} and shown["leader_recovery_state"] == 1
+    partition = pb.PartitionRecord(
+        topic_id="T", replicas=[1, 2, 3], leader=-1, eligible_leader_replicas=[1, 2]
+    )
+    shown = records.describe_value(records.encode_value(records.wrap(partition)))["data"]
+    assert shown["eligible_leader_replicas"] == [1, 2] and shown["last_known_elr"] == []
+
+
 def test_the_image_store_keeps_elr_rows_and_drops_them_when_they_clear(tmp_path: Path) -> None:
     async def scenario() -> None:
         path = tmp_path / "store.sqlite"
