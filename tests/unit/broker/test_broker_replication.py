@@ -886,3 +886,31 @@ async def test_a_leader_from_an_unclean_election_reports_recovered_before_it_exp
     h.alters.clear()
     h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader_recovery_state=0))
     await until(lambda: any(len(a.partitions[0].new_isr) == 2 for a in h.alters), "an expansion")
+
+
+async def test_with_unclean_election_enabled_a_follower_truncates_below_its_high_watermark(
+    h: Harness,
+) -> None:
+    """After an unclean election the new leader lacks the follower's committed tail: with the topic's
+    unclean.leader.election.enable the follower truncates to it (Kafka's behaviour, a warning), lowers its
+    HWM and replicates again; the refusal above stays the rule without it."""
+    _create(h, isr=[1, 2], leader=2, epoch=3)
+    h.replay(
+        mpb.ConfigRecord(
+            resource_type=2, resource_name=TP.topic, name="unclean.leader.election.enable", value="true"
+        )
+    )
+    await h.nodes[1].replicas.close()
+    assert (await h.produce(2, b"a", b"b")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[2].log().flushed == 2, "broker 2 to flush")
+    h.nodes[1].log().append_records([_produced(b"x"), _produced(b"y")], 2)  # a tail the new leader lacks
+    h.nodes[1].log().flush()
+    h.nodes[1].replicas = await _restart_replicas(h, 1)
+    followed = h.nodes[1].replicas._followed[TP]
+    followed.high_watermark = 2
+    h.nodes[1].replicas._ensure_fetcher(2)
+    await until(
+        lambda: [r.value for r in h.nodes[1].log().records] == [b"a", b"b"], "the follower to converge"
+    )
+    assert not h.nodes[1].replicas.is_stopped(TP)
+    assert h.nodes[1].replicas._followed[TP].high_watermark <= 2
