@@ -1114,6 +1114,23 @@ def test_turning_unclean_election_on_elects_a_replica_outside_the_isr_which_repo
     assert (partition["isr"], partition["elr"]) == ([193], [])
     poll(lambda: described()["leader_recovery_state"] == "RECOVERED" or None, "193's RECOVERED report")
     assert poll(lambda: produced_at("1", "z"), "acks=1 to the new leader") == 3  # b3's offset, reused
+    # 191 returns holding b3 below its high watermark: it truncates (the config is on) and rejoins.
+    cluster.start_broker(191, tuned)
+    cluster.wait_broker_state(191, "RUNNING")
+    poll(lambda: described()["isr"] == [191, 193] or None, "191 back in the ISR")
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", cluster.brokers[193].target, "--topic", "unc", "--partition", "0",
+         "--from-beginning", "--max-records", "4", "--idle-timeout", "10", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    records = [(r["offset"], r["value"]) for r in map(json.loads, consumed.stdout.splitlines())]
+    assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "z")]
+
+    def converged() -> bool:
+        leader = _segment_bytes(cluster.brokers[193], "unc-0")
+        return bool(leader) and _segment_bytes(cluster.brokers[191], "unc-0") == leader
+
+    poll(converged, "191's segment identical to the new leader's")
 
 
 LOW_FD_LIMIT = 512
