@@ -884,13 +884,6 @@ def _check_cross_field_rules(cfg: NodeConfig) -> None:
             raise ConfigError.for_key(
                 "metadata.log.dir", "", "a controller needs metadata.log.dir or log.dirs"
             )
-    if cfg.unclean_leader_election_enable:
-        raise ConfigError.for_key(
-            "unclean.leader.election.enable",
-            "true",
-            "kraft elects partition leaders only from the ISR (the last ISR members stay eligible); "
-            "unclean election, which loses acknowledged records, is not supported",
-        )
     if cfg.is_broker:
         if not cfg.log_dirs:
             raise ConfigError.for_key("log.dirs", "", "a broker needs at least one log directory")

@@ -27,6 +27,7 @@ def _assignment(topic_id: str, registration: PartitionRegistration) -> Partition
         partition_epoch=registration.partition_epoch,
         replicas=registration.replicas,
         isr=registration.isr,
+        leader_recovery_state=registration.leader_recovery_state,
     )
 
 

@@ -71,7 +71,7 @@ from kraft.replication.epochs import (
     with_leader_epoch,
 )
 from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
-from kraft.replication.truncation import TruncationKind, next_truncation_step
+from kraft.replication.truncation import TruncationKind, TruncationStep, next_truncation_step
 from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
@@ -82,6 +82,7 @@ if TYPE_CHECKING:
     from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
 UNKNOWN_EPOCH_RETRY_MS = 50
 # While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
 LEASE_POLL_MS = 100
@@ -118,6 +119,9 @@ class ReplicationSettings:
     request_timeout_ms: int = 30_000  # replica.socket.timeout.ms
     alter_partition_backoff_ms: int = 100
     min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
+    # unclean.leader.election.enable, the broker default (topic config, then the dynamic cluster default,
+    # override): with it a follower truncates below its HWM (an unclean election's loss), else refuses
+    unclean_leader_election_enable: bool = False
     produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
     hwm_checkpoint_interval_ms: int = 5_000  # replica.high.watermark.checkpoint.interval.ms
     # A follower behind its leader flushes once this much is appended unflushed (and whenever a fetch
@@ -155,6 +159,7 @@ def leader_and_isr(assignment: PartitionAssignment) -> LeaderAndIsr:
         assignment.partition_epoch,
         tuple(assignment.replicas),
         tuple(assignment.isr),
+        assignment.leader_recovery_state,
     )
 
 
@@ -364,7 +369,54 @@ class ReplicaManager:
                 if tp in self._led:
                     self._drop_led(tp)
                 self._follow(partition)
+        self._apply_min_isr()
+        self._finish_recoveries()
         self._update_gauges()
+
+    def _finish_recoveries(self) -> None:
+        """KIP-704: a leader from an unclean election (its partition RECOVERING) reports RECOVERED by an
+        AlterPartition of its ISR (itself) before it may expand the ISR: its log is the partition's
+        history from now on, there is nothing else to recover.  Retried with the next image while the
+        answer is pending or refused."""
+        for led in self._led.values():
+            if led.state.recovery_report_needed():
+                self._propose(led, led.state.isr)
+
+    def _unclean_allowed(self, topic: str) -> bool:
+        """unclean.leader.election.enable for ``topic``: its own value, else the dynamic broker config
+        (this broker's, else the cluster default), else the .properties value."""
+        for value in (
+            self._image.topic_configs(topic).get(UNCLEAN_LEADER_ELECTION_ENABLE),
+            self._image.broker_config(self.broker_id, UNCLEAN_LEADER_ELECTION_ENABLE),
+        ):
+            if value is not None:
+                return value.strip().lower() == "true"
+        return self.settings.unclean_leader_election_enable
+
+    def _truncate_below_high_watermark(
+        self, followed: _Followed, tp: TopicPartition, diverging: EpochEndOffset
+    ) -> TruncationStep:
+        """An unclean election (allowed by the topic) made a replica without our committed tail leader:
+        truncate to it as Kafka's followers do, with a warning naming what is lost, and lower our HWM
+        (and its checkpoint) with it.  Without the config this stays refused (a bug, never data loss)."""
+        log = followed.partition.log
+        step = next_truncation_step(log.epoch_entries(), log.log_end_offset, 0, diverging)
+        self._log.warning(
+            "truncation_below_high_watermark",
+            partition=str(tp),
+            offset=step.offset,
+            high_watermark=followed.high_watermark,
+            reason="unclean.leader.election.enable",
+        )
+        followed.high_watermark = min(followed.high_watermark, step.offset)
+        return step
+
+    def _apply_min_isr(self) -> None:
+        """Each led partition's effective min.insync.replicas into its state, after every image (ISRs and
+        configs change only with metadata): below it the HWM is frozen (KIP-966, leader_state)."""
+        for tp, led in self._led.items():
+            if led.state.set_min_isr(self._min_insync_replicas(tp.topic)):
+                self._high_watermark_advanced(led)
 
     def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> None:
         tp = partition.tp
@@ -398,6 +450,7 @@ class ReplicaManager:
                 now_ms=now_ms,
                 broker_epoch=self._broker_epoch(),
                 high_watermark_held=self._lease_lapsed,
+                min_isr=self._min_insync_replicas(tp.topic),
             ),
         )
         self._led[tp] = led
@@ -819,6 +872,7 @@ class ReplicaManager:
                     partition=tp.partition,
                     leader_epoch=request.leader_epoch,
                     partition_epoch=request.partition_epoch,
+                    leader_recovery_state=request.leader_recovery_state,
                     new_isr=[
                         cpb.AlterPartitionRequest.IsrMember(
                             broker_id=m.broker_id,
@@ -994,6 +1048,12 @@ class ReplicaManager:
                 min(followed.high_watermark, log.log_end_offset),
                 EpochEndOffset(answer.diverging_epoch.epoch, answer.diverging_epoch.end_offset),
             )
+            if step.kind is TruncationKind.BELOW_HIGH_WATERMARK and self._unclean_allowed(tp.topic):
+                step = self._truncate_below_high_watermark(
+                    followed,
+                    tp,
+                    EpochEndOffset(answer.diverging_epoch.epoch, answer.diverging_epoch.end_offset),
+                )
             if step.kind is TruncationKind.BELOW_HIGH_WATERMARK:
                 followed.stopped = True
                 self._log.error(

@@ -52,6 +52,7 @@ class PartitionAssignment:
     partition_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    leader_recovery_state: int = 0  # KIP-704: 1 = RECOVERING after an unclean election (not persisted)
 
 
 @dataclass(frozen=True, slots=True)

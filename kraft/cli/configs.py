@@ -298,8 +298,10 @@ def alter_command(
     """Set or remove configs of a topic or broker, incrementally (kafka-configs.sh --alter).
 
     Every key and value is checked by the controller against the known configs first; one bad one
-    changes nothing.  Broker configs: only the dynamic ones (message.max.bytes, min.insync.replicas),
-    per broker (--entity-name ID) or for every broker (--entity-default); brokers apply them at once.
+    changes nothing.  Broker configs: only the dynamic ones (message.max.bytes, min.insync.replicas,
+    unclean.leader.election.enable), per broker (--entity-name ID) or for every broker (--entity-default);
+    brokers apply them at once, the controller the election ones.  Turning unclean.leader.election.enable
+    on elects a live replica for every offline partition it covers at once (records may be lost).
 
     Examples:
 

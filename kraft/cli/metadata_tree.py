@@ -13,7 +13,8 @@ Layout (directories end in ``/`` in ``ls``)::
     /brokers/<id>/fenced             true | false
     /brokers/<id>/inControlledShutdown
     /topics/<name>/id                the topic id
-    /topics/<name>/<partition>/data  replicas, isr, leader, leaderEpoch, partitionEpoch (JSON)
+    /topics/<name>/<partition>/data  replicas, isr, leader, leaderEpoch, partitionEpoch,
+                                     eligibleLeaderReplicas, lastKnownElr, leaderRecoveryState (JSON)
     /topics/<name>/configs/<key>     topic configs set in the metadata
     /configs/<type>/<name>/<key>     every config resource (BROKER "" = cluster-wide default)
     /features/<name>                 finalized feature level
@@ -192,6 +193,9 @@ def build_tree(
                     "leader": partition.leader,
                     "leaderEpoch": partition.leader_epoch,
                     "partitionEpoch": partition.partition_epoch,
+                    "eligibleLeaderReplicas": list(partition.elr),
+                    "lastKnownElr": list(partition.last_known_elr),
+                    "leaderRecoveryState": partition.leader_recovery_state,
                 }
             )
         configs = dict(image.topic_configs(name))

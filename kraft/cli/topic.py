@@ -205,6 +205,9 @@ def list_command(
     )
 
 
+LEADER_RECOVERY_STATES = {0: "RECOVERED", 1: "RECOVERING"}  # KIP-704's LeaderRecoveryState
+
+
 def topic_json(topic: cpb.TopicDescription) -> dict[str, Any]:
     """The ``topic describe --json`` object (ARCHITECTURE.md §7)."""
     return {
@@ -218,6 +221,11 @@ def topic_json(topic: cpb.TopicDescription) -> dict[str, Any]:
                 "leader_epoch": p.leader_epoch,
                 "replicas": list(p.replicas),
                 "isr": list(p.isr),
+                # KIP-966 (kafka-topics.sh --describe's Elr / LastKnownElr): eligible leaders while the
+                # ISR is below min.insync.replicas, and those that stopped being eligible since
+                "elr": list(p.eligible_leader_replicas),
+                "last_known_elr": list(p.last_known_elr),
+                "leader_recovery_state": LEADER_RECOVERY_STATES.get(p.leader_recovery_state, "UNKNOWN"),
             }
             for p in topic.partitions
         ],
@@ -279,7 +287,8 @@ def describe_command(
         ),
     ] = False,
 ) -> None:
-    """A topic's id, configs and every partition's leader, leader epoch, replicas and ISR.
+    """A topic's id, configs and every partition's leader, leader epoch, replicas, ISR, ELR and last known
+    ELR (KIP-966: the replicas still eligible to lead while the ISR is below min.insync.replicas).
 
     Without a name every topic is described; with --under-replicated-partitions or
     --unavailable-partitions (kafka-topics.sh's flags, both may be given) only the matching partitions
@@ -334,14 +343,18 @@ def _print_topic(described: dict[str, Any]) -> None:
             ("Configs", ",".join(f"{k}={v}" for k, v in described["configs"].items()) or None),
         ]
     )
-    print_table(
-        ["Partition", "Leader", "LeaderEpoch", "Replicas", "Isr"],
-        [
-            [p["partition"], p["leader"], p["leader_epoch"], ",".join(map(str, p["replicas"])),
-             ",".join(map(str, p["isr"]))]
-            for p in described["partitions"]
-        ],
-    )  # fmt: skip
+    recovering = any(p["leader_recovery_state"] != "RECOVERED" for p in described["partitions"])
+    headers = ["Partition", "Leader", "LeaderEpoch", "Replicas", "Isr", "Elr", "LastKnownElr"]
+    rows = [
+        [p["partition"], p["leader"], p["leader_epoch"], ",".join(map(str, p["replicas"])),
+         ",".join(map(str, p["isr"])), ",".join(map(str, p["elr"])), ",".join(map(str, p["last_known_elr"]))]
+        for p in described["partitions"]
+    ]  # fmt: skip
+    if recovering:  # only after an unclean election (KIP-704): the column stays out otherwise
+        headers.append("LeaderRecoveryState")
+        for row, p in zip(rows, described["partitions"], strict=True):
+            row.append(p["leader_recovery_state"])
+    print_table(headers, rows)
 
 
 async def _grow(

@@ -91,7 +91,12 @@ _TOPIC_DEFAULTS: Mapping[str, tuple[str, bool, str]] = {
     ),
     "min.insync.replicas": ("1", True, "in-sync replicas an acks=all Produce needs (NOT_ENOUGH_REPLICAS)"),
     "compression.type": ("producer", False, "stored; brokers keep batches as produced"),
-    "unclean.leader.election.enable": ("false", True, "only false: kraft elects leaders only from the ISR"),
+    "unclean.leader.election.enable": (
+        "false",
+        True,
+        "true: a partition with no live ISR or eligible (ELR) replica elects any live replica — records "
+        "acknowledged by the lost ones may be gone (the controller applies it)",
+    ),
     "delete.retention.ms": ("86400000", False, "tombstone retention when compacting (stored only)"),
     "min.compaction.lag.ms": ("0", False, "stored only"),
     "message.timestamp.type": ("CreateTime", False, "stored; brokers keep the producer's timestamps"),
@@ -129,6 +134,16 @@ BROKER_DYNAMIC_CONFIGS: Mapping[str, ConfigSpec] = {
         True,
         False,
         "in-sync replicas an acks=all Produce needs on a topic without its own min.insync.replicas",
+    ),
+    "unclean.leader.election.enable": ConfigSpec(
+        "unclean.leader.election.enable",
+        lambda value: value.strip().lower() in ("true", "false"),
+        "true or false",
+        None,
+        True,
+        False,
+        "the cluster-wide default (--entity-default) for topics without their own value: true lets the "
+        "controller elect a replica outside the ISR and ELR when none of those is live (data loss)",
     ),
 }
 

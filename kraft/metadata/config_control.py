@@ -35,6 +35,7 @@ from kraft.metadata.config_catalog import (
     specs_for,
 )
 from kraft.metadata.controller_logic import ControllerLogic, Outcome, _Batch, error_response
+from kraft.metadata.election_config import UNCLEAN_LEADER_ELECTION_ENABLE
 from kraft.metadata.image import ConfigKey, MetadataImage
 from kraft.metadata.records import ConfigResourceType
 from kraft.metadata.topic_rules import validate_topic_name
@@ -201,6 +202,12 @@ def incremental_alter_configs(
             if value is not None:
                 record.value = value
             batch.add(record)
+        if (changes.get(UNCLEAN_LEADER_ELECTION_ENABLE) or "").strip().lower() == "true":
+            # Turned on: offline partitions elect a live replica now, not at the next fence/unfence.
+            if item.resource.resource_type == ConfigResourceType.TOPIC:
+                logic.elect_leaderless(batch, [item.resource.resource_name])
+            else:  # a broker default: any topic without its own value may be concerned
+                logic.elect_leaderless(batch, None)
     return Outcome(batch.finish(), response, next_offset)
 
 

@@ -129,6 +129,10 @@ class ControllerOptions:
     default_replication_factor: int = 1  # default.replication.factor
     max_partitions: int = DEFAULT_MAX_PARTITIONS  # max.partitions
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS  # max.broker.partitions
+    min_insync_replicas: int = (
+        1  # min.insync.replicas: the ELR rule's default (kraft.metadata.election_config)
+    )
+    unclean_leader_election_enable: bool = False  # unclean.leader.election.enable: its default
     # max.request.topics / max.request.partitions
     request_limits: RequestLimits = field(default_factory=RequestLimits)
     metadata_fetch_max_wait_ms: int = 10_000  # metadata.fetch.max.wait.ms: cap of a MetadataFetch long-poll
@@ -195,6 +199,8 @@ class QuorumController:
             request_limits=options.request_limits,
             max_changes_per_write=options.max_work_unit_records,
             bootstrap_features=dict(options.bootstrap_features),
+            min_insync_replicas=options.min_insync_replicas,
+            unclean_leader_election_enable=options.unclean_leader_election_enable,
         )
         self.writes = WritePath(
             state,

@@ -45,8 +45,10 @@ from kraft.features import (
 )
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, shared_ids
+from kraft.metadata.election_config import min_isr_for, unclean_election_for
 from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import (
+    LEADER_RECOVERING,
     NO_PARTITION_LEADER,
     BrokerRegistration,
     BrokerRegistrationState,
@@ -72,6 +74,7 @@ from kraft.metadata.topic_rules import (
     validate_topic_configs,
     validate_topic_name,
 )
+from kraft.observability.logging import get_logger
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -88,6 +91,25 @@ DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 LEAVE_SCAN_PARTITIONS = 10_000
 # Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
 INDEX_SLICE_PARTITIONS = 5_000
+
+
+_election_log = get_logger("controller.elections")
+
+
+def note_unclean_election(
+    topic_name: str, partition_id: int, current: PartitionRegistration, change: pb.PartitionChangeRecord
+) -> None:
+    """The one warning an unclean election gets (records the lost replicas acknowledged may be gone).
+    Logged when the active controller proposes it; the record commits or the controller is deposed."""
+    if change.HasField("leader") and change.leader_recovery_state == LEADER_RECOVERING:
+        _election_log.warning(
+            "unclean_leader_elected",
+            partition=f"{topic_name}-{partition_id}",
+            old_leader=current.leader,
+            old_isr=list(current.isr),
+            old_elr=list(current.elr),
+            new_leader=change.leader,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +139,11 @@ class ControllerSettings:
     metadata_versions: tuple[MetadataVersion, ...] = METADATA_VERSIONS
     """The metadata.version levels it knows, with what each changed (a safe downgrade must not cross one
     that changed the metadata)."""
+    min_insync_replicas: int = 1
+    """``min.insync.replicas`` for a topic with no value of its own nor a cluster-wide dynamic default:
+    below it the ISR's departed members stay eligible leaders (KIP-966, kraft.metadata.election_config)."""
+    unclean_leader_election_enable: bool = False
+    """``unclean.leader.election.enable`` for a topic with no value of its own nor a cluster-wide default."""
 
 
 @dataclass(slots=True)
@@ -129,6 +156,9 @@ class _LeaveJob:
     position: int = 0  # index into topic_ids
     partition_position: int = 0  # next partition of topic_ids[position]
     tail: list[Message] = field(default_factory=list)
+    unclean: bool = False
+    """The broker's data may be gone (a registration that cannot prove it kept its log dirs, an
+    unregistration): it also leaves every ELR, so it is never elected from one (KIP-966)."""
 
 
 @dataclass(slots=True)
@@ -310,6 +340,14 @@ class ControllerLogic:
 
         return acceptable
 
+    def election_rules(self, image: MetadataImage, topic_name: str) -> tuple[int, bool]:
+        """(min.insync.replicas, unclean.leader.election.enable) for the topic's elections."""
+        settings = self.settings
+        return (
+            min_isr_for(image, topic_name, settings.min_insync_replicas),
+            unclean_election_for(image, topic_name, settings.unclean_leader_election_enable),
+        )
+
     def _resume_bulk_jobs(self) -> None:
         """A previous active controller may have stopped half-way through a bulk job; what is left is
         derivable from the image, found in one scan: fenced or shutting-down brokers still leading or in
@@ -320,6 +358,7 @@ class ControllerLogic:
         pending: set[int] = set()
         electable: list[tuple[str, int]] = []
         for topic in self.image.topics_by_id.values():
+            min_isr, unclean = self.election_rules(self.image, topic.name)
             for partition_id, partition in enumerate(topic.partitions):
                 leader = partition.leader
                 if leader in gone:
@@ -328,7 +367,15 @@ class ControllerLogic:
                     pending.update(gone.intersection(partition.isr))
                 if leader in gone or (leader != NO_PARTITION_LEADER and leader == partition.replicas[0]):
                     continue  # a leave job moves it / the preferred leader leads: no election to run
-                if build_change(topic.topic_id, partition_id, partition, acceptable) is not None:
+                change = build_change(
+                    topic.topic_id,
+                    partition_id,
+                    partition,
+                    acceptable,
+                    min_isr=min_isr,
+                    unclean_election=unclean,
+                )
+                if change is not None:
                     electable.append((topic.topic_id, partition_id))
         topic_ids = list(self.image.topics_by_id)
         for broker_id in sorted(pending):
@@ -350,6 +397,31 @@ class ControllerLogic:
         self._run_leave_jobs(batch)
         self._run_rejoin_jobs(batch)
         return batch.finish()
+
+    def elect_leaderless(self, batch: _Batch, topic_names: Iterable[str] | None) -> None:
+        """Queue elections for the leaderless partitions of ``topic_names`` (every topic: None) — after
+        ``unclean.leader.election.enable`` was turned on (Kafka elects offline partitions then too); the
+        records follow in this write and the bulk job's next chunks, each decided on its chunk's image."""
+        image = batch.view()
+        topics = (
+            list(image.topics_by_id.values())
+            if topic_names is None
+            else [t for t in map(image.topic, topic_names) if t is not None]
+        )
+        leaderless = [
+            (topic.topic_id, partition_id)
+            for topic in topics
+            for partition_id, partition in enumerate(topic.partitions)
+            if partition.leader == NO_PARTITION_LEADER
+        ]
+        if not leaderless:
+            return
+        job = self._rejoining.get(NO_PARTITION_LEADER)
+        if job is None:
+            self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, leaderless)
+        else:
+            job.partitions.extend(leaderless)
+        self._run_rejoin_jobs(batch)
 
     def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         """Partitions listing ``broker_id`` as a replica (a full scan: ~1 s per million partitions); the
@@ -399,15 +471,19 @@ class ControllerLogic:
             return self._committed_counts.update(committed.topics_by_id, limit)
         return self._speculative_counts.update(self.image.topics_by_id, limit)
 
-    def _leave_isrs(self, batch: _Batch, broker_id: int, tail: tuple[Message, ...] = ()) -> None:
-        """Start removing the broker from every ISR and moving its leaderships; as much as fits in
-        this write happens now, the rest through :meth:`continue_bulk_jobs`."""
+    def _leave_isrs(
+        self, batch: _Batch, broker_id: int, tail: tuple[Message, ...] = (), *, unclean: bool = False
+    ) -> None:
+        """Start removing the broker from every ISR (and, ``unclean``, every ELR) and moving its
+        leaderships; as much as fits in this write happens now, the rest through
+        :meth:`continue_bulk_jobs`."""
         job = self._leaving.get(broker_id)
         if job is None:
             job = self._leaving[broker_id] = _LeaveJob(broker_id, list(self.image.topics_by_id))
         else:  # already leaving: rescan from the start, the state may have changed meanwhile
             job.topic_ids, job.position, job.partition_position = list(self.image.topics_by_id), 0, 0
         job.tail.extend(tail)
+        job.unclean = job.unclean or unclean
         self._run_leave_jobs(batch)
 
     def _run_leave_jobs(self, batch: _Batch) -> None:
@@ -420,19 +496,40 @@ class ControllerLogic:
             acceptable = self.acceptable_in(image)
             topics = image.topics_by_id
             broker_id = job.broker_id
+            unclean_shutdown = job.unclean
             changes: list[tuple[pb.MetadataRecord, str, int, PartitionRegistration]] = []
             while job.position < len(job.topic_ids) and len(changes) < budget and scan_budget > 0:
                 topic = topics.get(job.topic_ids[job.position])
                 partitions = () if topic is None else topic.partitions
+                min_isr, unclean_election = (
+                    (1, False) if topic is None else self.election_rules(image, topic.name)
+                )
                 index = job.partition_position
                 end = min(len(partitions), index + scan_budget)
                 scan_budget -= end - index + 1
                 while index < end and len(changes) < budget:
                     partition = partitions[index]
-                    if broker_id in partition.isr or partition.leader == broker_id:
+                    if (
+                        broker_id in partition.isr
+                        or partition.leader == broker_id
+                        or (unclean_shutdown and broker_id in partition.elr)
+                    ):
                         assert topic is not None
-                        change = leave_change(topic.topic_id, index, partition, acceptable, broker_id)
+                        change = leave_change(
+                            topic.topic_id,
+                            index,
+                            partition,
+                            acceptable,
+                            broker_id,
+                            min_isr=min_isr,
+                            unclean_shutdown=unclean_shutdown,
+                            unclean_election=unclean_election,
+                        )
                         if change is not None:
+                            if unclean_election:
+                                note_unclean_election(
+                                    topic.name, index, partition, change[0].partition_change
+                                )
                             changes.append((change[0], topic.topic_id, index, change[1]))
                     index += 1
                 if index < len(partitions):
@@ -476,6 +573,7 @@ class ControllerLogic:
             topics = image.topics_by_id
             changes: list[pb.PartitionChangeRecord] = []
             partitions = job.partitions
+            rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
             while job.position < len(partitions) and len(changes) < budget and scan_budget > 0:
                 topic_id, partition_id = partitions[job.position]
                 job.position += 1
@@ -483,8 +581,17 @@ class ControllerLogic:
                 topic = topics.get(topic_id)
                 if topic is None or partition_id >= len(topic.partitions):
                     continue  # deleted meanwhile
-                change = build_change(topic_id, partition_id, topic.partitions[partition_id], acceptable)
+                topic_rules = rules.get(topic_id)
+                if topic_rules is None:
+                    topic_rules = rules[topic_id] = self.election_rules(image, topic.name)
+                min_isr, unclean = topic_rules
+                current = topic.partitions[partition_id]
+                change = build_change(
+                    topic_id, partition_id, current, acceptable, min_isr=min_isr, unclean_election=unclean
+                )
                 if change is not None:
+                    if unclean:
+                        note_unclean_election(topic.name, partition_id, current, change)
                     changes.append(change)
             for change in changes:
                 batch.add(change)
@@ -512,8 +619,21 @@ class ControllerLogic:
                 continue
             if broker_id not in current.isr and current.leader != broker_id:
                 continue
-            change = build_change(topic_id, ref.partition, current, elsewhere, remove_from_isr=broker_id)
+            # The replica joins the ELR like any departing member (the dir's data is unreachable, not known
+            # lost: a restart on the repaired dir proves its incarnation as any restart does).
+            min_isr, unclean = self.election_rules(image, ref.topic)
+            change = build_change(
+                topic_id,
+                ref.partition,
+                current,
+                elsewhere,
+                remove_from_isr=broker_id,
+                min_isr=min_isr,
+                unclean_election=unclean,
+            )
             if change is not None:
+                if unclean:
+                    note_unclean_election(ref.topic, ref.partition, current, change)
                 batch.add(change)
 
     def _fence(self, batch: _Batch, broker: BrokerRegistration) -> None:
@@ -566,6 +686,7 @@ class ControllerLogic:
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
         existing = self.image.brokers.get(req.broker_id)
+        replaces = False
         if existing is not None:
             if existing.incarnation_id == req.incarnation_id:
                 # A retried registration of the same process keeps its epoch and state.
@@ -609,6 +730,11 @@ class ControllerLogic:
             self._fence(batch, existing)
         record.broker_epoch = batch.next_offset + len(batch.records)
         batch.add(record)
+        if existing is not None and not replaces:
+            # KIP-966's unclean shutdown, kraft's way: a new incarnation that does not name the registered
+            # one as its predecessor cannot prove it runs on the same log dirs (wiped, replaced, another
+            # host), so what it had replicated may be gone: out of every ELR (docs/internals/replication.md).
+            self._leave_isrs(batch, req.broker_id, unclean=True)
         self._shutdown_offsets.pop(req.broker_id, None)
         self.heartbeats.register(req.broker_id, now_ms)
         response.broker_epoch = record.broker_epoch
@@ -707,7 +833,9 @@ class ControllerLogic:
             return Outcome([], error_response(response, exc.code, exc.message))
         batch = _Batch(self, next_offset)
         unregister = pb.UnregisterBrokerRecord(broker_id=broker.broker_id, broker_epoch=broker.epoch)
-        self._leave_isrs(batch, broker.broker_id, tail=(unregister,))
+        # Unregistered, it can never prove its data survived (a later registration has no predecessor to
+        # name): out of every ELR too.
+        self._leave_isrs(batch, broker.broker_id, tail=(unregister,), unclean=True)
         self.heartbeats.remove(broker.broker_id)
         self._shutdown_offsets.pop(broker.broker_id, None)
         return Outcome(batch.finish(), response, next_offset)
@@ -1080,6 +1208,9 @@ def describe_topic(image: MetadataImage, topic: TopicImage, include_partitions: 
                 partition_epoch=partition.partition_epoch,
                 replicas=partition.replicas,
                 isr=partition.isr,
+                eligible_leader_replicas=partition.elr,
+                last_known_elr=partition.last_known_elr,
+                leader_recovery_state=partition.leader_recovery_state,
             )
     else:
         for partition_id, partition in enumerate(topic.partitions):

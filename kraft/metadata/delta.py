@@ -21,6 +21,7 @@ from typing import Any
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
 from kraft.metadata.image import (
+    LEADER_RECOVERED,
     BrokerFeatureRange,
     BrokerRegistration,
     ConfigKey,
@@ -60,12 +61,43 @@ def shared_ids(ids: Iterable[int]) -> tuple[int, ...]:
 
 
 def make_partition(
-    replicas: tuple[int, ...], isr: tuple[int, ...], leader: int, leader_epoch: int, partition_epoch: int
+    replicas: tuple[int, ...],
+    isr: tuple[int, ...],
+    leader: int,
+    leader_epoch: int,
+    partition_epoch: int,
+    elr: tuple[int, ...] = (),
+    last_known_elr: tuple[int, ...] = (),
+    leader_recovery_state: int = LEADER_RECOVERED,
 ) -> PartitionRegistration:
     """A registration whose ``isr`` shares the ``replicas`` tuple when they are equal."""
     if isr == replicas:
         isr = replicas
-    return PartitionRegistration(replicas, isr, leader, leader_epoch, partition_epoch)
+    if not elr and not last_known_elr and leader_recovery_state == LEADER_RECOVERED:
+        return PartitionRegistration(replicas, isr, leader, leader_epoch, partition_epoch)
+    return PartitionRegistration(
+        replicas, isr, leader, leader_epoch, partition_epoch, elr, last_known_elr, leader_recovery_state
+    )
+
+
+def apply_partition_change(
+    current: PartitionRegistration, r: pb.PartitionChangeRecord
+) -> PartitionRegistration:
+    """``current`` after ``r`` (absent fields unchanged).  kraft bumps both epochs on every change, not
+    only on a leader change, so any change fences stale leaders."""
+    replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
+    isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
+    leader = r.leader if r.HasField("leader") else current.leader
+    elr = (
+        shared_ids(r.eligible_leader_replicas.ids) if r.HasField("eligible_leader_replicas") else current.elr
+    )
+    lke = shared_ids(r.last_known_elr.ids) if r.HasField("last_known_elr") else current.last_known_elr
+    recovery = (
+        r.leader_recovery_state if r.HasField("leader_recovery_state") else current.leader_recovery_state
+    )
+    return make_partition(
+        replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1, elr, lke, recovery
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,9 +368,22 @@ class MetadataDelta:
             return
         replicas = shared_ids(r.replicas)
         isr = shared_ids(r.isr)
-        topic.changed[partition_id] = PartitionRegistration(
-            replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
-        )
+        if r.eligible_leader_replicas or r.last_known_elr or r.leader_recovery_state:
+            registration = make_partition(
+                replicas,
+                isr,
+                r.leader,
+                r.leader_epoch,
+                r.partition_epoch,
+                shared_ids(r.eligible_leader_replicas),
+                shared_ids(r.last_known_elr),
+                r.leader_recovery_state,
+            )
+            topic.changed[partition_id] = registration
+        else:
+            topic.changed[partition_id] = PartitionRegistration(
+                replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
+            )
         if partition_id >= topic.count:
             topic.count = partition_id + 1
 
@@ -350,14 +395,7 @@ class MetadataDelta:
         if topic is None or current is None:
             self.replay_errors.append(f"change of unknown partition {topic_id}/{partition_id}")
             return
-        replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
-        isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
-        leader = r.leader if r.HasField("leader") else current.leader
-        # kraft bumps both epochs on every change, not only on a leader change, so any change fences stale
-        # leaders.
-        topic.changed[partition_id] = make_partition(
-            replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
-        )
+        topic.changed[partition_id] = apply_partition_change(current, r)
 
     def _replay_remove_topic(self, r: pb.RemoveTopicRecord) -> None:
         topic = self._topics.pop(r.topic_id, None)

@@ -21,6 +21,12 @@ NO_PARTITION_LEADER = -1
 """A partition's ``leader`` when no replica leads it (Kafka's ``LeaderConstants.NO_LEADER``); the Raft
 quorum's "no leader known" is :data:`kraft.raft.messages.NO_LEADER`."""
 
+LEADER_RECOVERED = 0
+"""``leader_recovery_state`` (Kafka's LeaderRecoveryState, KIP-704): the leader's log is consistent."""
+LEADER_RECOVERING = 1
+"""The leader came from an unclean election and has not yet reported RECOVERED by AlterPartition: it
+must not expand the ISR, and followers must not fetch from it as if its log were committed history."""
+
 
 class BrokerRegistrationState(enum.Enum):
     """The state ``kraft broker list`` shows; OFFLINE (session expired) needs heartbeats, see controller."""
@@ -61,13 +67,20 @@ class BrokerRegistration:
 
 class PartitionRegistration(NamedTuple):
     """One partition's replica set and leadership.  ``isr`` is usually the very same tuple as
-    ``replicas`` (shared, not copied) — the common case costs one tuple."""
+    ``replicas`` (shared, not copied) — the common case costs one tuple.
+
+    ``elr``/``last_known_elr`` (KIP-966, :mod:`kraft.metadata.partition_change`) are the shared empty
+    tuple unless the ISR is below min.insync.replicas; ``leader_recovery_state`` is
+    :data:`LEADER_RECOVERING` only after an unclean election."""
 
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
     leader: int
     leader_epoch: int
     partition_epoch: int
+    elr: tuple[int, ...] = ()
+    last_known_elr: tuple[int, ...] = ()
+    leader_recovery_state: int = LEADER_RECOVERED
 
     @property
     def preferred_leader(self) -> int:

@@ -61,6 +61,9 @@ def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.
                     leader=p.leader,
                     leader_epoch=p.leader_epoch,
                     partition_epoch=p.partition_epoch,
+                    eligible_leader_replicas=p.elr,
+                    last_known_elr=p.last_known_elr,
+                    leader_recovery_state=p.leader_recovery_state,
                 )
             )
     for key, values in image.configs.items():
@@ -95,6 +98,9 @@ def image_values(image: MetadataImage) -> Iterator[bytes]:
                 leader=p.leader,
                 leader_epoch=p.leader_epoch,
                 partition_epoch=p.partition_epoch,
+                eligible_leader_replicas=p.elr,
+                last_known_elr=p.last_known_elr,
+                leader_recovery_state=p.leader_recovery_state,
             ).SerializeToString()
             yield partition_prefix(len(payload)) + payload
 

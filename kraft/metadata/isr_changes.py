@@ -7,6 +7,11 @@ what has committed.  An accepted proposal writes a PartitionChangeRecord carryin
 election runs, so the requester stays leader (``partition_change.build_change`` is deliberately not used:
 its preferred-leader restore would move the leadership away from the broker that asked).
 
+KIP-966: the record also carries the ELR and last known ELR the new ISR implies
+(:func:`kraft.metadata.partition_change.eligible_after`): a shrink below min.insync.replicas moves the
+dropped members into the ELR (they hold everything below the frozen high watermark), an expansion takes
+the joining members out of it, and an ISR back at min ISR clears both.
+
 Replay bumps the leader epoch as well as the partition epoch (kraft bumps both on every change, see
 docs/internals/replication.md, "Leader epoch bumps"): the answer carries the replayed partition, and the
 leader waits for that metadata before it uses the new ISR.
@@ -23,6 +28,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, Outcome, error_response
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
+from kraft.metadata.partition_change import eligible_after
 from kraft.replication.alter_partition import (
     AlterPartitionRejected,
     BrokerStatus,
@@ -40,6 +46,7 @@ def leader_and_isr(partition: PartitionRegistration) -> LeaderAndIsr:
         partition.partition_epoch,
         tuple(partition.replicas),
         tuple(partition.isr),
+        partition.leader_recovery_state,
     )
 
 
@@ -90,6 +97,7 @@ def alter_partition(
             data.leader_epoch,
             data.partition_epoch,
             tuple(IsrMember(m.broker_id, m.broker_epoch) for m in data.new_isr),
+            data.leader_recovery_state,
         )
         verdict = validate_alter_partition(
             request,
@@ -101,9 +109,25 @@ def alter_partition(
             result.error_message = f"{data.topic_id}-{data.partition}: {verdict.reason}"
             continue
         assert current is not None  # validation refuses an unknown partition
-        if verdict.changed:
+        topic = image.topics_by_id[data.topic_id]
+        min_isr, _ = logic.election_rules(image, topic.name)
+        elr, lke = eligible_after(current, verdict.new_isr, min_isr)
+        elr_changed = tuple(elr) != tuple(current.elr)
+        lke_changed = tuple(lke) != tuple(current.last_known_elr)
+        isr_changed = verdict.new_isr != tuple(current.isr)
+        recovered = data.leader_recovery_state != current.leader_recovery_state
+        if isr_changed or recovered or elr_changed or lke_changed:
             change = pb.PartitionChangeRecord(topic_id=data.topic_id, partition_id=data.partition)
-            change.isr.ids.extend(verdict.new_isr)
+            if isr_changed:
+                change.isr.ids.extend(verdict.new_isr)
+            if recovered:  # KIP-704: the uncleanly elected leader reports its log consistent
+                change.leader_recovery_state = data.leader_recovery_state
+            if elr_changed:
+                change.eligible_leader_replicas.SetInParent()
+                change.eligible_leader_replicas.ids.extend(elr)
+            if lke_changed:
+                change.last_known_elr.SetInParent()
+                change.last_known_elr.ids.extend(lke)
             record = rec.wrap(change)
             delta = MetadataDelta(image)
             delta.replay(record, next_offset + len(records))

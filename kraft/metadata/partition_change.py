@@ -1,20 +1,40 @@
-"""Partition change builder: ISR and leader decisions as PartitionChangeRecords (pure).
+"""Partition change builder: ISR, ELR and leader decisions as PartitionChangeRecords (pure).
 
-Rules (Kafka's PartitionChangeBuilder, KIP-631):
-- the leader is the first acceptable replica, in replica order, that is in the ISR — so the preferred
-  leader (``replicas[0]``) is restored automatically whenever it is acceptable and in the ISR; an
-  acceptable current leader is kept otherwise (no needless leadership churn);
-- the ISR is never shrunk to empty: removing its last member leaves it in place with leader -1
-  (an offline partition) until it comes back;
+Rules (Kafka's PartitionChangeBuilder, KIP-631, with KIP-966's eligible leader replicas always on):
+
+- the **ISR** is the current one less the replica leaving and plus the ones joining, in replica order; it
+  may become empty;
+- the **ELR** (eligible leader replicas) holds, while the ISR is below ``min.insync.replicas``, the
+  members the ISR lost since it dropped below: every ISR member had every record below the high
+  watermark, and the leader stops advancing the high watermark below min ISR (KIP-966), so an ELR member
+  still has everything committed.  ``ELR = (ELR | old ISR) - new ISR - unclean`` where *unclean* are
+  replicas whose data may be gone (a new broker incarnation that cannot prove it kept its log dirs,
+  :mod:`kraft.metadata.controller_logic`).  An ISR back at min ISR clears the ELR;
+- **last_known_elr** keeps, for operators and unclean recovery, the members that were eligible since
+  the ISR dropped below min ISR and are no longer (``(ELR | old ISR | LKE) - new ISR - new ELR``);
+  cleared with the ELR when the ISR reaches min ISR again;
+- the **leader** is the first acceptable replica, in replica order, that is in the ISR — or in the ELR
+  when the ISR is empty (then the ISR becomes that leader alone and it leaves the ELR).  The preferred
+  leader (``replicas[0]``) is restored automatically whenever it is acceptable and eligible; an acceptable
+  current leader is kept otherwise (no needless leadership churn);
+- with ``unclean.leader.election.enable`` a partition left without an eligible acceptable replica elects
+  the first acceptable replica (KIP-704): ISR = that leader, ELR and LKE cleared,
+  ``leader_recovery_state`` RECOVERING until the new leader reports RECOVERED by AlterPartition;
 - a record is produced only when something changes (each change bumps both epochs on replay).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
+from typing import NamedTuple
 
-from kraft.metadata.delta import make_partition, shared_ids
-from kraft.metadata.image import NO_PARTITION_LEADER, PartitionRegistration
+from kraft.metadata.delta import apply_partition_change, make_partition, shared_ids
+from kraft.metadata.image import (
+    LEADER_RECOVERED,
+    LEADER_RECOVERING,
+    NO_PARTITION_LEADER,
+    PartitionRegistration,
+)
 from kraft.v1 import metadata_pb2 as pb
 
 IsAcceptable = Callable[[int], bool]
@@ -32,6 +52,118 @@ def choose_leader(
     return current
 
 
+def in_replica_order(replicas: tuple[int, ...], members: Iterable[int]) -> list[int]:
+    """``members`` sorted by replica position (a repeated replica: its last position), non-replicas last
+    in their order, so records are deterministic whatever order members came back in."""
+    order = {r: i for i, r in enumerate(replicas)}
+    try:
+        return sorted(members, key=order.__getitem__)  # all replicas: the usual case, no Python key
+    except KeyError:
+        return sorted(members, key=lambda r: order.get(r, len(order)))
+
+
+def eligible_after(
+    current: PartitionRegistration,
+    new_isr: Collection[int],
+    min_isr: int,
+    unclean: Collection[int] = (),
+) -> tuple[list[int], list[int]]:
+    """(ELR, last known ELR) once the ISR is ``new_isr`` (see the module docstring), in replica order.
+    ``min_isr`` is capped at the replica count (Kafka's effective min ISR)."""
+    if len(new_isr) >= effective_min_isr(min_isr, current.replicas):
+        return [], []
+    isr_set = set(new_isr)
+    elr = [r for r in dict.fromkeys((*current.elr, *current.isr)) if r not in isr_set and r not in unclean]
+    elr_set = set(elr)
+    lke = [
+        r
+        for r in dict.fromkeys((*current.elr, *current.isr, *current.last_known_elr))
+        if r not in isr_set and r not in elr_set
+    ]
+    return in_replica_order(current.replicas, elr), in_replica_order(current.replicas, lke)
+
+
+def effective_min_isr(min_isr: int, replicas: tuple[int, ...]) -> int:
+    return max(1, min(min_isr, len(replicas)))
+
+
+class Target(NamedTuple):
+    isr: tuple[int, ...]
+    elr: tuple[int, ...]
+    last_known_elr: tuple[int, ...]
+    leader: int
+    leader_recovery_state: int
+    unclean: bool  # the leader comes from an unclean election
+
+
+def target_state(
+    current: PartitionRegistration,
+    acceptable: IsAcceptable,
+    remove_from_isr: int | None = None,
+    add_to_isr: Iterable[int] = (),
+    *,
+    min_isr: int = 1,
+    unclean_shutdown: Collection[int] = (),
+    unclean_election: bool = False,
+) -> Target:
+    """The state ``current`` moves to (the rules of the module docstring)."""
+    replicas = current.replicas
+    isr = [r for r in current.isr if r != remove_from_isr and r not in unclean_shutdown]
+    for broker_id in add_to_isr:
+        if broker_id in replicas and broker_id not in isr:
+            isr.append(broker_id)
+    isr = in_replica_order(replicas, isr)
+    elr, lke = eligible_after(current, isr, min_isr, unclean_shutdown)
+    recovery = current.leader_recovery_state
+    if isr:
+        leader = choose_leader(replicas, isr, current.leader, acceptable)
+    else:
+        leader = choose_leader(replicas, elr, current.leader, acceptable)
+        if leader != NO_PARTITION_LEADER:  # elected from the ELR: it alone is in sync now
+            isr = [leader]
+            elr = [r for r in elr if r != leader]
+            if len(isr) >= effective_min_isr(min_isr, replicas):  # min ISR 1: nothing to keep
+                elr, lke = [], []
+    unclean = False
+    # Unclean only when nobody eligible is acceptable: an acceptable ELR member behind a not yet removed
+    # ISR member is elected cleanly once the ISR empties (the member is being moved out right now).
+    if leader == NO_PARTITION_LEADER and unclean_election and not any(acceptable(r) for r in (*isr, *elr)):
+        live = [r for r in replicas if acceptable(r)]
+        if live:
+            leader, unclean = live[0], True
+            isr, elr, lke = [leader], [], []
+            recovery = LEADER_RECOVERING
+    return Target(tuple(isr), tuple(elr), tuple(lke), leader, recovery, unclean)
+
+
+def change_record(
+    topic_id: str, partition_id: int, current: PartitionRegistration, target: Target
+) -> pb.PartitionChangeRecord | None:
+    """The PartitionChangeRecord moving ``current`` to ``target``; None when nothing changes."""
+    isr_changed = target.isr != current.isr
+    elr_changed = target.elr != current.elr
+    lke_changed = target.last_known_elr != current.last_known_elr
+    leader_changed = target.leader != current.leader
+    recovery_changed = target.leader_recovery_state != current.leader_recovery_state
+    if not (isr_changed or elr_changed or lke_changed or leader_changed or recovery_changed):
+        return None
+    record = pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id)
+    if isr_changed:
+        record.isr.SetInParent()  # an empty ISR is a change too (presence, not contents)
+        record.isr.ids.extend(target.isr)
+    if leader_changed:
+        record.leader = target.leader
+    if elr_changed:
+        record.eligible_leader_replicas.SetInParent()
+        record.eligible_leader_replicas.ids.extend(target.elr)
+    if lke_changed:
+        record.last_known_elr.SetInParent()
+        record.last_known_elr.ids.extend(target.last_known_elr)
+    if recovery_changed:
+        record.leader_recovery_state = target.leader_recovery_state
+    return record
+
+
 def build_change(
     topic_id: str,
     partition_id: int,
@@ -39,27 +171,44 @@ def build_change(
     acceptable: IsAcceptable,
     remove_from_isr: int | None = None,
     add_to_isr: Iterable[int] = (),
+    *,
+    min_isr: int = 1,
+    unclean_shutdown: Collection[int] = (),
+    unclean_election: bool = False,
 ) -> pb.PartitionChangeRecord | None:
     """The record moving ``current`` to its next state, or None when nothing would change."""
-    isr = [r for r in current.isr if r != remove_from_isr]
-    if not isr:
-        isr = list(current.isr)  # never empty: keep the last member, the partition goes offline
-    for broker_id in add_to_isr:
-        if broker_id in current.replicas and broker_id not in isr:
-            isr.append(broker_id)
-    # Keep the ISR in replica order so records are deterministic whatever order members came back in.
-    order = {r: i for i, r in enumerate(current.replicas)}
-    isr.sort(key=lambda r: order.get(r, len(order)))
-    leader = choose_leader(current.replicas, isr, current.leader, acceptable)
-    isr_changed = tuple(isr) != current.isr
-    if not isr_changed and leader == current.leader:
-        return None
-    record = pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id)
-    if isr_changed:
-        record.isr.ids.extend(isr)
-    if leader != current.leader:
-        record.leader = leader
-    return record
+    replicas, isr = current.replicas, current.isr
+    if (
+        remove_from_isr is None
+        and add_to_isr == ()
+        and isr
+        and not current.elr
+        and not current.last_known_elr
+        and current.leader_recovery_state == LEADER_RECOVERED
+        and len(isr) >= effective_min_isr(min_isr, replicas)
+        and (
+            len(set(replicas)) == len(replicas)
+            if isr is replicas or isr == replicas
+            else in_replica_order(replicas, isr) == list(isr)
+        )
+    ):
+        # Only the leader can change (the election of an unfence or a resumed job over a healthy ISR,
+        # most of what a rejoin runs): decided without building the target (same decision, tested).
+        leader = choose_leader(replicas, isr, current.leader, acceptable)
+        if leader == current.leader:
+            return None
+        if leader != NO_PARTITION_LEADER or not unclean_election:
+            return pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id, leader=leader)
+    target = target_state(
+        current,
+        acceptable,
+        remove_from_isr,
+        add_to_isr,
+        min_isr=min_isr,
+        unclean_shutdown=unclean_shutdown,
+        unclean_election=unclean_election,
+    )
+    return change_record(topic_id, partition_id, current, target)
 
 
 def leave_change(
@@ -68,22 +217,46 @@ def leave_change(
     current: PartitionRegistration,
     acceptable: IsAcceptable,
     broker_id: int,
+    *,
+    min_isr: int = 1,
+    unclean_shutdown: bool = False,
+    unclean_election: bool = False,
 ) -> tuple[pb.MetadataRecord, PartitionRegistration] | None:
-    """``build_change(..., remove_from_isr=broker_id)`` for the bulk path of a broker leaving its ISRs:
-    the wrapped record and the registration replaying it gives (so the caller need not replay it), or
-    None when nothing changes.  Same decisions as :func:`build_change` (property-tested)."""
+    """``build_change(..., remove_from_isr=broker_id)`` for the bulk path of a broker leaving its ISRs
+    (``unclean_shutdown``: its data may be gone, it leaves the ELR too): the wrapped record and the
+    registration replaying it gives (so the caller need not replay it), or None when nothing changes.
+    Same decisions as :func:`build_change` (property-tested).  The common case — no ELR involved, the
+    ISR stays at or above min ISR — is decided inline (a fence changes every partition of the broker)."""
     replicas = current.replicas
     isr = current.isr
-    if broker_id in isr and len(isr) > 1:
-        kept = [r for r in isr if r != broker_id]
-    else:
-        kept = list(isr)  # never empty: the last member stays, the partition goes offline
+    kept = [r for r in isr if r != broker_id]
+    if (
+        len(kept) < effective_min_isr(min_isr, replicas)
+        or not kept
+        or current.elr
+        or current.last_known_elr
+        or current.leader_recovery_state != LEADER_RECOVERED
+    ):
+        return _general_leave(
+            topic_id,
+            partition_id,
+            current,
+            acceptable,
+            broker_id,
+            min_isr,
+            unclean_shutdown,
+            unclean_election,
+        )
     # ISR in replica order (members that are not replicas last, in their order), as build_change.
     ordered = [r for r in replicas if r in kept]
     candidates = [r for r in ordered if acceptable(r)]  # replicas only, in replica order
     if len(ordered) != len(kept):
         ordered += [r for r in kept if r not in replicas]
     if not candidates:
+        if unclean_election:  # no eligible leader: the general path runs the unclean election
+            return _general_leave(
+                topic_id, partition_id, current, acceptable, broker_id, min_isr, unclean_shutdown, True
+            )
         leader = NO_PARTITION_LEADER
     elif candidates[0] == replicas[0] or current.leader not in candidates:
         leader = candidates[0]
@@ -106,3 +279,30 @@ def leave_change(
         replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
     )
     return record, registration
+
+
+def _general_leave(
+    topic_id: str,
+    partition_id: int,
+    current: PartitionRegistration,
+    acceptable: IsAcceptable,
+    broker_id: int,
+    min_isr: int,
+    unclean_shutdown: bool,
+    unclean_election: bool,
+) -> tuple[pb.MetadataRecord, PartitionRegistration] | None:
+    change = build_change(
+        topic_id,
+        partition_id,
+        current,
+        acceptable,
+        remove_from_isr=broker_id,
+        min_isr=min_isr,
+        unclean_shutdown=(broker_id,) if unclean_shutdown else (),
+        unclean_election=unclean_election,
+    )
+    if change is None:
+        return None
+    record = pb.MetadataRecord()
+    record.partition_change.CopyFrom(change)
+    return record, apply_partition_change(current, change)

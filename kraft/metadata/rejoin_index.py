@@ -8,8 +8,9 @@ current leader.  This index holds, per broker, the partitions where that may fai
 broker's state:
 
 - **flagged for B**: B is a replica not in the ISR, or the partition is *unsettled* — its leader is not
-  ``replicas[0]`` (leaderless, or a preferred leader to restore), the leader is not in the ISR, or the
-  ISR is out of replica order.  Every replica of an unsettled partition is flagged.
+  ``replicas[0]`` (leaderless, or a preferred leader to restore), the leader is not in the ISR, the
+  ISR is out of replica order, or it has an ELR or last known ELR (KIP-966: an ELR member returning
+  leads a partition whose ISR is empty).  Every replica of an unsettled partition is flagged.
 - the rest (settled, B in the ISR) change only when their leader — the preferred replica — is *not
   acceptable*: a broker being moved out of its ISRs right now, or one not registered.  Acceptability is
   the controller's state, so these are found at unfence time: :attr:`RejoinIndex.leader_counts` says
@@ -81,7 +82,9 @@ def flagged_replicas(partition: PartitionRegistration) -> tuple[int, ...]:
     if not replicas:
         return ()  # no broker can be added to its ISR
     settled = (
-        leader == replicas[0]
+        not partition.elr  # an ELR (or its trace) may be recomputed by any election: unsettled
+        and not partition.last_known_elr
+        and leader == replicas[0]
         and leader != NO_PARTITION_LEADER
         and leader in isr
         and _isr_in_replica_order(replicas, isr)
@@ -237,8 +240,8 @@ class RejoinIndex:
         flags: dict[int, tuple[int, ...]] = {}
         for partition_id, partition in enumerate(partitions):
             # flagged_replicas' common case inlined: a rebuild visits every partition (a million).
-            replicas, isr, leader, _, _ = partition
-            if isr is replicas and leader != NO_PARTITION_LEADER:
+            replicas, isr, leader, _, _, elr, lke, _ = partition
+            if isr is replicas and leader != NO_PARTITION_LEADER and not elr and not lke:
                 if len(replicas) == 3:  # replication factor 3 without a call
                     first, second, third = replicas
                     if leader == first and first != second and third not in (first, second):

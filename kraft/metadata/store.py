@@ -16,6 +16,11 @@ endpoints JSON, features JSON, log_dirs JSON)``
     arrays of broker ids (``[1,2,3]``; ``json_each(replicas)`` in SQL).  No secondary index: the bulk
     write of a snapshot is the hot path (an index on ``leader`` doubled it); a scan of 1,000,000 rows
     takes well under a second.
+``partition_elr(topic_id, partition_id, elr JSON, last_known_elr JSON, leader_recovery_state)``
+    KIP-966's eligible leader replicas and KIP-704's recovery state, one row only for a partition where
+    any differs from its default (ELR empty, RECOVERED): nearly always none, so the hot ``partitions``
+    rows stay as they were.  Added without a schema version change: a store written before it has no
+    rows, which is what its log held (its partition digests differ, so it is discarded once anyway).
 ``configs(resource_type, resource_name, name, value)``
     resource_type 2 = topic, 4 = broker; primary key (resource_type, resource_name, name).
 ``features(name PRIMARY KEY, level)``
@@ -101,6 +106,14 @@ CREATE TABLE IF NOT EXISTS partitions (
     PRIMARY KEY (topic_id, partition_id)
 ) WITHOUT ROWID;
 DROP INDEX IF EXISTS partitions_by_leader;
+CREATE TABLE IF NOT EXISTS partition_elr (
+    topic_id TEXT NOT NULL,
+    partition_id INTEGER NOT NULL,
+    elr TEXT NOT NULL,
+    last_known_elr TEXT NOT NULL,
+    leader_recovery_state INTEGER NOT NULL,
+    PRIMARY KEY (topic_id, partition_id)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS configs (
     resource_type INTEGER NOT NULL,
     resource_name TEXT NOT NULL,
@@ -274,7 +287,7 @@ def _partition_row(
     partition_id: int,
     partition: PartitionRegistration,
 ) -> tuple[Any, ...]:
-    replicas, isr, leader, leader_epoch, partition_epoch = partition
+    replicas, isr, leader, leader_epoch, partition_epoch, _, _, _ = partition
     replicas_text = texts.get(replicas)
     if replicas_text is None:
         replicas_text = texts[replicas] = _ids(replicas)
@@ -293,8 +306,25 @@ def _partition_row(
     )
 
 
+def _has_elr_row(partition: PartitionRegistration) -> bool:
+    return bool(partition.elr or partition.last_known_elr or partition.leader_recovery_state)
+
+
+def _elr_row(topic_id: str, partition_id: int, partition: PartitionRegistration) -> tuple[Any, ...]:
+    return (
+        topic_id,
+        partition_id,
+        _ids(partition.elr),
+        _ids(partition.last_known_elr),
+        partition.leader_recovery_state,
+    )
+
+
 def _changed_partition_rows(
-    changed: list[tuple[TopicImage, TopicImage | None]], sums: _RowSum
+    changed: list[tuple[TopicImage, TopicImage | None]],
+    sums: _RowSum,
+    elr_rows: list[tuple[Any, ...]],
+    elr_gone: list[tuple[str, int]],
 ) -> Iterator[tuple[Any, ...]]:
     # Images share one tuple per distinct replica list, so each list's text is built once per save
     # (a million rows have a few thousand distinct lists); the text is the same as _ids() gives.
@@ -312,8 +342,12 @@ def _changed_partition_rows(
                     continue
                 total -= _partition_digest(key, partition_id, old[partition_id])
                 count -= 1
+                if _has_elr_row(old[partition_id]) and not _has_elr_row(partition):
+                    elr_gone.append((topic_id, partition_id))
             total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
             count += 1
+            if partition.elr or partition.last_known_elr or partition.leader_recovery_state:
+                elr_rows.append(_elr_row(topic_id, partition_id, partition))
             yield _partition_row(texts, topic_id, partition_id, partition)
         sums.add_digests(count, total)
 
@@ -445,6 +479,9 @@ class SqliteImageStore:
                 log_dirs=tuple(json.loads(row[8])),
             )
         partitions: dict[str, list[PartitionRegistration]] = {}
+        extras: dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
+        async for topic_id, partition_id, elr, lke, recovery in _rows(db, "SELECT * FROM partition_elr"):
+            extras[(topic_id, partition_id)] = (_parse_ids(elr), _parse_ids(lke), recovery)
         query = "SELECT * FROM partitions "
         # One shared tuple per distinct list text, as images built by replay share them (memory, speed).
         parsed: dict[str, tuple[int, ...]] = {}
@@ -467,6 +504,12 @@ class SqliteImageStore:
             replica_ids = _parse_shared(parsed, replicas)
             isr_ids = replica_ids if isr == replicas else _parse_shared(parsed, isr)
             registration = PartitionRegistration(replica_ids, isr_ids, leader, leader_epoch, partition_epoch)
+            if extras:
+                extra = extras.pop((topic_id, partition_id), None)
+                if extra is not None:
+                    registration = PartitionRegistration(
+                        replica_ids, isr_ids, leader, leader_epoch, partition_epoch, *extra
+                    )
             partitions.setdefault(topic_id, []).append(registration)
             key = keys.get(topic_id)
             if key is None:
@@ -474,6 +517,10 @@ class SqliteImageStore:
             p_total += hash((key, partition_id, registration))  # _partition_digest, inlined (hot loop)
             p_count += 1
         sums.add_digests(p_count, p_total)
+        if extras:
+            raise ImageStoreError(
+                f"{self.path}: partition_elr rows without a partition: {sorted(extras)[:3]}"
+            )
         topics: dict[str, TopicImage] = {}
         names: dict[str, str] = {}
         async for topic_id, name, count in _rows(db, "SELECT topic_id, name, partitions FROM topics"):
@@ -601,6 +648,7 @@ class SqliteImageStore:
             sums.add_digests(-len(old.partitions), -total)
         await self._db.executemany("DELETE FROM topics WHERE topic_id = ?", gone)
         await self._db.executemany("DELETE FROM partitions WHERE topic_id = ?", gone)
+        await self._db.executemany("DELETE FROM partition_elr WHERE topic_id = ?", gone)
         changed = [
             (topic, previous.topics_by_id.get(topic_id))
             for topic_id, topic in image.topics_by_id.items()
@@ -613,10 +661,17 @@ class SqliteImageStore:
         topic_rows = [(t.topic_id, t.name, len(t.partitions)) for t, _ in changed]
         await self._db.executemany("INSERT OR REPLACE INTO topics VALUES (?, ?, ?)", topic_rows)
         # A generator: the rows are built on the SQLite thread, not on the event loop.
+        elr_rows: list[tuple[Any, ...]] = []
+        elr_gone: list[tuple[str, int]] = []
         await self._db.executemany(
             "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)",
-            _changed_partition_rows(changed, sums),
+            _changed_partition_rows(changed, sums, elr_rows, elr_gone),
         )
+        # Filled while the rows above were produced.
+        await self._db.executemany(
+            "DELETE FROM partition_elr WHERE topic_id = ? AND partition_id = ?", elr_gone
+        )
+        await self._db.executemany("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?)", elr_rows)
 
     async def _save_acls(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         gone = [(i,) for i in previous.acls if i not in image.acls]

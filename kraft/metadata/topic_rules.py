@@ -119,6 +119,10 @@ def _long(minimum: int, maximum: int = MAX_LONG) -> Callable[[str], bool]:
     return check
 
 
+def _bool_text(value: str) -> bool:
+    return value.strip().lower() in ("true", "false")  # Kafka's ConfigDef BOOLEAN: case-insensitive
+
+
 def _one_of(*choices: str) -> Callable[[str], bool]:
     def check(value: str) -> bool:
         return all(part.strip() in choices for part in value.split(",")) and bool(value)
@@ -138,11 +142,8 @@ TOPIC_CONFIG_RULES: Mapping[str, tuple[Callable[[str], bool], str]] = {
         _one_of("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
         "uncompressed, zstd, lz4, snappy, gzip or producer",
     ),
-    # kraft elects only from the ISR (docs/configuration.md): "true" would promise data loss it never does.
-    "unclean.leader.election.enable": (
-        _one_of("false"),
-        "false (kraft elects leaders only from the ISR; unclean election is not supported)",
-    ),
+    # true: a partition with no live ISR or ELR member elects any live replica (data loss; KIP-704 recovery)
+    "unclean.leader.election.enable": (_bool_text, "true or false"),
     "delete.retention.ms": (_long(0), "an integer ≥ 0"),
     "min.compaction.lag.ms": (_long(0), "an integer ≥ 0"),
     "message.timestamp.type": (_one_of("CreateTime", "LogAppendTime"), "CreateTime or LogAppendTime"),

@@ -53,6 +53,8 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         leader_lease_ms=config.controller_quorum_fetch_timeout_ms,
         max_partitions=config.max_partitions,
         max_broker_partitions=config.max_broker_partitions,
+        min_insync_replicas=config.min_insync_replicas,
+        unclean_leader_election_enable=config.unclean_leader_election_enable,
         request_limits=RequestLimits(config.max_request_topics, config.max_request_partitions),
         metadata_fetch_max_wait_ms=config.metadata_fetch_max_wait_ms,
         max_parked_fetches=config.fetch_max_parked_requests,

@@ -17,7 +17,10 @@ new ISR with each member's broker epoch)``. The controller checks it against the
 6. an older partition epoch → INVALID_UPDATE_VERSION (the compare-and-set: the ISR changed since the
    leader read it — it waits for the metadata and decides again);
 7. a new ISR that is empty, has duplicates or non-replicas, or lacks the leader → INVALID_REQUEST;
-8. a member that is not registered, fenced, in controlled shutdown, or whose broker epoch (when given,
+8. leader recovery state (KIP-704): a request that says RECOVERING for a RECOVERED partition, or a
+   RECOVERING request whose ISR is not the leader alone → INVALID_REQUEST (a leader elected uncleanly
+   first reports RECOVERED, then expands);
+9. a member that is not registered, fenced, in controlled shutdown, or whose broker epoch (when given,
    KIP-903) is not its registered one → INELIGIBLE_REPLICA (KIP-841: the leader's view of a broker may
    be stale; the controller's is not).
 
@@ -27,7 +30,8 @@ PartitionChangeRecord with the ISR only — the leader and its epoch stay (only 
 and no election runs; a wiring must not reuse ``partition_change.build_change``, whose preferred-leader
 restore would move the leadership away from the requester.
 
-Not modelled: leader recovery state (kraft has no unclean election), ELR (KIP-966), reassignment.
+Not modelled here: ELR (KIP-966: the controller derives it from the accepted ISR,
+``kraft.metadata.isr_changes``), reassignment.
 """
 
 from __future__ import annotations
@@ -36,7 +40,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kraft.errors import ErrorCode
-from kraft.replication.types import NO_BROKER_EPOCH, AlterPartitionRequest, LeaderAndIsr
+from kraft.replication.types import (
+    NO_BROKER_EPOCH,
+    RECOVERED,
+    RECOVERING,
+    AlterPartitionRequest,
+    LeaderAndIsr,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +61,7 @@ class BrokerStatus:
 @dataclass(frozen=True, slots=True)
 class IsrChange:
     new_isr: tuple[int, ...]  # in replica order
-    changed: bool  # False: nothing to write; answer with the partition as it is
+    changed: bool  # False: nothing to write (ISR and leader recovery state as they are)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +145,22 @@ def _isr_well_formed(ctx: _Context) -> AlterPartitionRejected | None:
     return None
 
 
+def _recovery_state_valid(ctx: _Context) -> AlterPartitionRejected | None:
+    assert ctx.partition is not None
+    state = ctx.request.leader_recovery_state
+    if state not in (RECOVERED, RECOVERING):
+        return AlterPartitionRejected(ErrorCode.INVALID_REQUEST, f"unknown leader recovery state {state}")
+    if state == RECOVERING and ctx.partition.leader_recovery_state == RECOVERED:
+        return AlterPartitionRejected(
+            ErrorCode.INVALID_REQUEST, "a recovered partition cannot go back to RECOVERING"
+        )
+    if state == RECOVERING and len(ctx.request.new_isr) > 1:
+        return AlterPartitionRejected(
+            ErrorCode.INVALID_REQUEST, "the ISR cannot expand while the leader is RECOVERING"
+        )
+    return None
+
+
 def _members_eligible(ctx: _Context) -> AlterPartitionRejected | None:
     reasons: list[str] = []
     for member in ctx.request.new_isr:
@@ -161,6 +187,7 @@ CHECKS: tuple[AlterPartitionCheck, ...] = (
     _requester_is_leader,
     _partition_epoch_current,
     _isr_well_formed,
+    _recovery_state_valid,
     _members_eligible,
 )
 
@@ -180,4 +207,5 @@ def validate_alter_partition(
     assert partition is not None
     order = {replica: index for index, replica in enumerate(partition.replicas)}
     new_isr = tuple(sorted(request.new_isr_ids, key=order.__getitem__))
-    return IsrChange(new_isr, changed=new_isr != partition.isr)
+    recovered = request.leader_recovery_state != partition.leader_recovery_state
+    return IsrChange(new_isr, changed=new_isr != partition.isr or recovered)

@@ -31,7 +31,10 @@ Rules and their source (Kafka's ``Partition.scala`` / ``Replica`` as of 3.x to 4
   counted at once, which only makes the HWM more conservative; a pending shrink is not applied until the
   controller commits it, because the request may fail). It never decreases. A follower whose log end is
   not known yet in this leadership holds it where it is; a leader whose ISR is only itself advances it
-  alone.
+  alone.  It does not advance while the committed ISR is below the effective ``min.insync.replicas``
+  (KIP-966, ``set_min_isr``): the eligible leader replicas the controller keeps then (members that left
+  the ISR since it dropped below min ISR) hold everything below it, so electing one loses nothing a
+  consumer has read.
 - **acks=all** (``Partition.checkEnoughReplicasReachOffset``): see :mod:`kraft.replication.acks`; it reads
   the committed ISR size before the append (:attr:`~PartitionLeaderState.isr`) and the maximal ISR size
   when the HWM passes the request (:attr:`~PartitionLeaderState.maximal_isr`).
@@ -58,6 +61,7 @@ from kraft.errors import ErrorCode
 from kraft.replication.types import (
     NO_BROKER_EPOCH,
     NO_LEADER_EPOCH,
+    RECOVERING,
     UNKNOWN_OFFSET,
     AlterPartitionRequest,
     IsrMember,
@@ -134,10 +138,13 @@ class PartitionLeaderState:
         now_ms: int,
         broker_epoch: int = NO_BROKER_EPOCH,
         high_watermark_held: bool = False,
+        min_isr: int = 1,
     ) -> None:
         """Kafka's ``makeLeader`` for a new leader: the epoch starts at the log end; every follower's
         position is unknown; ISR members count as caught up now (so they are not dropped at once),
-        the others as never caught up.  ``high_watermark_held``: start held (the lease has lapsed)."""
+        the others as never caught up.  ``high_watermark_held``: start held (the lease has lapsed).
+        ``min_isr``: the topic's min.insync.replicas (``set_min_isr``) — given here, not after: a leader
+        alone in its ISR (elected from the ELR) would otherwise advance the HWM to its log end at once."""
         if partition.leader != broker_id:
             raise ValueError(f"broker {broker_id} is not the leader of {partition}")
         if not 0 <= high_watermark <= leader_end_offset:
@@ -150,6 +157,8 @@ class PartitionLeaderState:
         self._epoch_start_offset = leader_end_offset
         self._pending: AlterPartitionRequest | None = None
         self._held = high_watermark_held
+        # effective min.insync.replicas (set_min_isr): the HWM is frozen below it
+        self._min_isr = max(1, min(min_isr, len(partition.replicas)))
         self._followers: dict[int, FollowerProgress] = {
             replica: FollowerProgress(
                 replica, last_caught_up_time_ms=now_ms if replica in partition.isr else 0
@@ -216,6 +225,12 @@ class PartitionLeaderState:
     def hold_high_watermark(self) -> None:
         """Stop advancing the high watermark (the broker's lease lapsed); events are still recorded."""
         self._held = True
+
+    def set_min_isr(self, min_isr: int) -> bool:
+        """The topic's min.insync.replicas (capped at the replication factor, as Kafka's effective min ISR);
+        returns whether the high watermark advanced at once (a lowered minimum)."""
+        self._min_isr = max(1, min(min_isr, len(self._partition.replicas)))
+        return self._maybe_advance_high_watermark()
 
     def release_high_watermark(self) -> bool:
         """Advance again (the lease is back): returns whether the high watermark moved at once, to what
@@ -326,9 +341,15 @@ class PartitionLeaderState:
             )
         )
 
+    def recovery_report_needed(self) -> bool:
+        """The partition is RECOVERING (KIP-704, after an unclean election) and no AlterPartition is in
+        flight: propose the ISR as it is; every proposal says RECOVERED (``propose_isr``)."""
+        return self._pending is None and self._partition.leader_recovery_state == RECOVERING
+
     def isr_expand_candidates(self, eligible: IsrEligibility = _always_eligible) -> frozenset[int]:
-        """Replicas outside the ISR that may join it now (none while an AlterPartition is in flight)."""
-        if self._pending is not None:
+        """Replicas outside the ISR that may join it now (none while an AlterPartition is in flight, nor
+        while the partition is RECOVERING: the leader first reports RECOVERED)."""
+        if self._pending is not None or self._partition.leader_recovery_state == RECOVERING:
             return frozenset()
         isr = frozenset(self._partition.isr)
         return frozenset(
@@ -341,7 +362,9 @@ class PartitionLeaderState:
         )
 
     def propose_isr(self, new_isr: Iterable[int]) -> AlterPartitionRequest:
-        """Start an ISR change: the request to send; it stays pending until answered or superseded."""
+        """Start an ISR change: the request to send; it stays pending until answered or superseded.  It
+        says RECOVERED: a leader's log is the partition's history, so a leader elected uncleanly has
+        nothing to recover before its first proposal (KIP-704; ``recovery_report_needed``)."""
         if self._pending is not None:
             raise ValueError("an AlterPartition is already in flight")
         ids = tuple(dict.fromkeys(new_isr))
@@ -402,7 +425,7 @@ class PartitionLeaderState:
         return candidate
 
     def _maybe_advance_high_watermark(self) -> bool:
-        if self._held:
+        if self._held or len(self._partition.isr) < self._min_isr:
             return False
         candidate = self._high_watermark_candidate()
         if candidate > self._high_watermark:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 UNKNOWN_OFFSET = -1  # a follower's log end before its first fetch in this leadership
 NO_BROKER_EPOCH = -1  # "do not check the broker epoch" (KIP-903's wildcard)
 NO_LEADER_EPOCH = -1  # a request that carries no leader epoch (skips the epoch check, as in Kafka)
+RECOVERED = 0  # leader recovery state (KIP-704, Kafka's LeaderRecoveryState): the usual one
+RECOVERING = 1  # after an unclean election, until the leader reports RECOVERED by AlterPartition
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,7 @@ class LeaderAndIsr:
     partition_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    leader_recovery_state: int = RECOVERED
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,7 @@ class AlterPartitionRequest:
     leader_epoch: int  # the leader epoch the leader is in
     partition_epoch: int  # the partition epoch the proposal is based on (compare-and-set)
     new_isr: tuple[IsrMember, ...]
+    leader_recovery_state: int = RECOVERED  # RECOVERED ends an unclean election's RECOVERING
 
     @property
     def new_isr_ids(self) -> tuple[int, ...]:

@@ -738,14 +738,25 @@ class PartitionDescription(_message.Message):
     PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     ISR_FIELD_NUMBER: _builtins.int
+    ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _builtins.int
+    LAST_KNOWN_ELR_FIELD_NUMBER: _builtins.int
+    LEADER_RECOVERY_STATE_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader: _builtins.int
     leader_epoch: _builtins.int
     partition_epoch: _builtins.int
+    leader_recovery_state: _builtins.int
+    """0 = RECOVERED, 1 = RECOVERING (after an unclean election)"""
     @_builtins.property
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def eligible_leader_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """KIP-966: eligible leaders while the ISR is below min ISR"""
+
+    @_builtins.property
+    def last_known_elr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -755,10 +766,13 @@ class PartitionDescription(_message.Message):
         partition_epoch: _builtins.int = ...,
         replicas: _abc.Iterable[_builtins.int] | None = ...,
         isr: _abc.Iterable[_builtins.int] | None = ...,
+        eligible_leader_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        last_known_elr: _abc.Iterable[_builtins.int] | None = ...,
+        leader_recovery_state: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["isr", b"isr", "leader", b"leader", "leader_epoch", b"leader_epoch", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "leader", b"leader", "leader_epoch", b"leader_epoch", "leader_recovery_state", b"leader_recovery_state", "partition", b"partition", "partition_epoch", b"partition_epoch", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1151,12 +1165,15 @@ class AlterPartitionRequest(_message.Message):
         LEADER_EPOCH_FIELD_NUMBER: _builtins.int
         PARTITION_EPOCH_FIELD_NUMBER: _builtins.int
         NEW_ISR_FIELD_NUMBER: _builtins.int
+        LEADER_RECOVERY_STATE_FIELD_NUMBER: _builtins.int
         topic_id: _builtins.str
         partition: _builtins.int
         leader_epoch: _builtins.int
         """the leader epoch the requester leads in"""
         partition_epoch: _builtins.int
         """the partition epoch the proposal is based on"""
+        leader_recovery_state: _builtins.int
+        """KIP-704: 0 = RECOVERED (ends an unclean election's RECOVERING)"""
         @_builtins.property
         def new_isr(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlterPartitionRequest.IsrMember]: ...
         def __init__(
@@ -1167,10 +1184,11 @@ class AlterPartitionRequest(_message.Message):
             leader_epoch: _builtins.int = ...,
             partition_epoch: _builtins.int = ...,
             new_isr: _abc.Iterable[Global___AlterPartitionRequest.IsrMember] | None = ...,
+            leader_recovery_state: _builtins.int = ...,
         ) -> None: ...
         _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
         def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-        _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "new_isr", b"new_isr", "partition", b"partition", "partition_epoch", b"partition_epoch", "topic_id", b"topic_id"]  # noqa: Y015
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "leader_recovery_state", b"leader_recovery_state", "new_isr", b"new_isr", "partition", b"partition", "partition_epoch", b"partition_epoch", "topic_id", b"topic_id"]  # noqa: Y015
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -981,6 +981,158 @@ def test_min_insync_replicas_refuses_acks_all_with_two_brokers_down_and_loses_no
     assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "b3"), (4, "c4")]
 
 
+def test_an_eligible_leader_that_left_the_isr_first_brings_the_partition_back_with_every_record(
+    cluster: Cluster,
+) -> None:
+    """KIP-966 with real processes: RF=3, min.insync.replicas=2. 183 dies (ISR at min ISR, not eligible),
+    then the leader 181 (the ISR drops below min ISR: 181 stays eligible), then 182 (the whole ISR is
+    gone: offline, ELR 181,182). Restarting 181 — not the last ISR member — brings the partition back
+    with every acks=all record at its offset (before, the ISR kept only 182 and 181's return did nothing)."""
+    ids = (181, 182, 183)
+    tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
+    for broker_id in ids:
+        cluster.start_broker(broker_id, tuned)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
+    created = run_kraft(
+        ["topic", "create", "elr", "--bootstrap-controller", bootstrap_controller,
+         "--replica-assignment", "181:182:183", "--config", "min.insync.replicas=2"]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["elr"])
+    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+
+    def produced_at(*values: str) -> int | None:
+        args = ["produce", "--bootstrap-server", all_brokers, "--topic", "elr", "--partition", "0",
+                "--acks", "all", "--json"]  # fmt: skip
+        for value in values:
+            args += ["--value", value]
+        result = run_kraft(args)
+        return int(json.loads(result.stdout)["base_offset"]) if result.returncode == 0 else None
+
+    def state() -> tuple[int, list[int], list[int]]:
+        p = cluster.describe_topic("elr").partitions[0]
+        return p.leader, sorted(p.isr), sorted(p.eligible_leader_replicas)
+
+    assert poll(lambda: produced_at("a0", "a1", "a2"), "acks=all with the whole ISR") == 0
+    cluster.brokers[183].kill()
+    poll(lambda: state() == (181, [181, 182], []) or None, "183 out of the ISR, nobody eligible yet")
+    assert poll(lambda: produced_at("b3"), "acks=all at min ISR") == 3
+    cluster.brokers[181].kill()
+    poll(lambda: state() == (182, [182], [181]) or None, "182 leads, 181 eligible")
+    cluster.brokers[182].kill()
+    poll(lambda: state() == (-1, [], [181, 182]) or None, "offline with 181 and 182 eligible")
+    described = run_kraft(
+        ["topic", "describe", "elr", "--bootstrap-controller", bootstrap_controller, "--json"]
+    )
+    assert described.returncode == 0, described.stderr
+    [partition] = json.loads(described.stdout)["partitions"]
+    assert (partition["isr"], partition["elr"], partition["leader"]) == ([], [181, 182], -1)
+
+    cluster.start_broker(181, tuned)
+    cluster.wait_broker_state(181, "RUNNING")
+    poll(lambda: state()[0] == 181 or None, "181 elected from the ELR")
+    # Below min ISR the high watermark is frozen (KIP-966): 183 catching up puts the ISR back at 2.
+    cluster.start_broker(183, tuned)
+    cluster.wait_broker_state(183, "RUNNING")
+    poll(lambda: state() == (181, [181, 183], []) or None, "183 back in the ISR, the ELR cleared")
+    assert poll(lambda: produced_at("c4"), "acks=all once the ISR is back at min ISR") == 4
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", cluster.brokers[181].target, "--topic", "elr", "--partition", "0",
+         "--from-beginning", "--max-records", "5", "--idle-timeout", "10", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    records = [(r["offset"], r["value"]) for r in map(json.loads, consumed.stdout.splitlines())]
+    assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "b3"), (4, "c4")]
+
+
+def test_turning_unclean_election_on_elects_a_replica_outside_the_isr_which_reports_recovered(
+    cluster: Cluster,
+) -> None:
+    """unclean.leader.election.enable with real processes: the only live replica (193) left the ISR while
+    it was at min ISR, so it is not eligible and the partition stays offline; `kraft config alter` turning
+    the config on elects it at once (RECOVERING, ISR = it), its broker reports RECOVERED, and it takes
+    writes at the offset after what it held — b3, acknowledged while 193 was down, is lost (the
+    documented price)."""
+    ids = (191, 192, 193)
+    tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
+    for broker_id in ids:
+        cluster.start_broker(broker_id, tuned)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
+    created = run_kraft(
+        ["topic", "create", "unc", "--bootstrap-controller", bootstrap_controller,
+         "--replica-assignment", "191:192:193", "--config", "min.insync.replicas=2"]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["unc"])
+    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+
+    def produced_at(acks: str, *values: str) -> int | None:
+        args = ["produce", "--bootstrap-server", all_brokers, "--topic", "unc", "--partition", "0",
+                "--acks", acks, "--json"]  # fmt: skip
+        for value in values:
+            args += ["--value", value]
+        result = run_kraft(args)
+        return int(json.loads(result.stdout)["base_offset"]) if result.returncode == 0 else None
+
+    def described() -> dict[str, object]:
+        result = run_kraft(
+            ["topic", "describe", "unc", "--bootstrap-controller", bootstrap_controller, "--json"]
+        )
+        assert result.returncode == 0, result.stderr
+        partition: dict[str, object] = json.loads(result.stdout)["partitions"][0]
+        return partition
+
+    assert poll(lambda: produced_at("all", "a0", "a1", "a2"), "acks=all with the whole ISR") == 0
+    cluster.brokers[193].kill()
+    poll(lambda: described()["isr"] == [191, 192] or None, "193 out of the ISR")
+    assert poll(lambda: produced_at("all", "b3"), "acks=all at min ISR") == 3
+    cluster.brokers[191].kill()
+    poll(lambda: described()["elr"] == [191] or None, "191 eligible")
+    cluster.brokers[192].kill()
+    poll(lambda: described()["leader"] == -1 or None, "the partition offline")
+    cluster.start_broker(193, tuned)
+    cluster.wait_broker_state(193, "RUNNING")  # unfenced: its election ran, and found it not eligible
+    assert (described()["leader"], described()["elr"]) == (-1, [191, 192])
+
+    altered = run_kraft(
+        ["config", "alter", "--bootstrap-controller", bootstrap_controller, "--entity-type", "topics",
+         "--entity-name", "unc", "--add-config", "unclean.leader.election.enable=true"]
+    )  # fmt: skip
+    assert altered.returncode == 0, altered.stderr
+
+    def led_by_193() -> dict[str, object] | None:
+        partition = described()
+        return partition if partition["leader"] == 193 else None
+
+    partition = poll(led_by_193, "193 elected uncleanly")
+    assert (partition["isr"], partition["elr"]) == ([193], [])
+    poll(lambda: described()["leader_recovery_state"] == "RECOVERED" or None, "193's RECOVERED report")
+    assert poll(lambda: produced_at("1", "z"), "acks=1 to the new leader") == 3  # b3's offset, reused
+    # 191 returns holding b3 below its high watermark: it truncates (the config is on) and rejoins.
+    cluster.start_broker(191, tuned)
+    cluster.wait_broker_state(191, "RUNNING")
+    poll(lambda: described()["isr"] == [191, 193] or None, "191 back in the ISR")
+    consumed = run_kraft(
+        ["consume", "--bootstrap-server", cluster.brokers[193].target, "--topic", "unc", "--partition", "0",
+         "--from-beginning", "--max-records", "4", "--idle-timeout", "10", "--json"]
+    )  # fmt: skip
+    assert consumed.returncode == 0, consumed.stderr
+    records = [(r["offset"], r["value"]) for r in map(json.loads, consumed.stdout.splitlines())]
+    assert records == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "z")]
+
+    def converged() -> bool:
+        leader = _segment_bytes(cluster.brokers[193], "unc-0")
+        return bool(leader) and _segment_bytes(cluster.brokers[191], "unc-0") == leader
+
+    poll(converged, "191's segment identical to the new leader's")
+
+
 LOW_FD_LIMIT = 512
 MANY_PARTITIONS = 2000
 

@@ -327,11 +327,6 @@ def _without(props: dict[str, str], key: str) -> dict[str, str]:
             "replica.fetch.wait.max.ms",
             "less than replica.socket.timeout.ms (500)",
         ),
-        (
-            {**CONTROLLER, "unclean.leader.election.enable": "true"},
-            "unclean.leader.election.enable",
-            "only from the ISR",
-        ),
     ],
 )
 def test_each_rule_fails_with_one_line_naming_key_value_and_rule(
@@ -523,3 +518,16 @@ def test_a_dynamic_quorum_controller_may_advertise_its_controller_listener() -> 
     # A static quorum's voters are its config: there is nothing to advertise to.
     with pytest.raises(ConfigError, match=r"advertised\.listeners"):
         NodeConfig.from_properties({**CONTROLLER, "advertised.listeners": "CONTROLLER://proxy.example:1"})
+
+
+def test_unclean_leader_election_and_min_isr_reach_the_controller() -> None:
+    """The controller's defaults for topics without their own value (KIP-966's min ISR, unclean election)."""
+    from kraft.node.metadata_layer import options_from_config
+
+    cfg = NodeConfig.from_properties(
+        {**CONTROLLER, "unclean.leader.election.enable": "true", "min.insync.replicas": "2"}
+    )
+    options = options_from_config(cfg)
+    assert options.unclean_leader_election_enable is True and options.min_insync_replicas == 2
+    default = options_from_config(NodeConfig.from_properties(dict(CONTROLLER)))
+    assert default.unclean_leader_election_enable is False and default.min_insync_replicas == 1

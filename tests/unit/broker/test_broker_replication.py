@@ -676,7 +676,9 @@ async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h
     assert _sample("kraft_broker_under_replicated_partitions", 1) == 1
     assert _sample("kraft_broker_under_min_isr_partition_count", 1) == 1
     hwm, lag, followers = h.nodes[1].replicas.replica_lag(TP)
-    assert (hwm, lag) == (3, 0) and followers == [(2, 2, 1, False)]
+    # KIP-966: the HWM stays at 2 while the ISR is below min ISR (the acks=1 record is not readable yet;
+    # the eligible leader 2 holds everything below the HWM)
+    assert (hwm, lag) == (2, 0) and followers == [(2, 2, 1, False)]
     h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1, 2])))
     assert _sample("kraft_broker_isr_expands_total", 1) == expands + 1
     assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
@@ -860,3 +862,55 @@ async def test_the_lease_watch_releases_held_high_watermarks_when_a_heartbeat_is
         watch.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watch
+
+
+async def test_a_leader_from_an_unclean_election_reports_recovered_before_it_expands(h: Harness) -> None:
+    """KIP-704: the partition comes as RECOVERING (unclean election); its leader proposes its ISR as it
+    is with RECOVERED, and asks for no expansion until that is committed."""
+    h.replay(
+        mpb.TopicRecord(name=TP.topic, topic_id=TOPIC_ID),
+        mpb.PartitionRecord(
+            partition_id=0, topic_id=TOPIC_ID, replicas=[1, 2], isr=[1], leader=1, leader_epoch=3,
+            partition_epoch=3, leader_recovery_state=1,
+        ),
+    )  # fmt: skip
+    await until(lambda: len(h.alters) >= 1, "the RECOVERED report")
+    report = h.alters[0].partitions[0]
+    assert [m.broker_id for m in report.new_isr] == [1] and report.leader_recovery_state == 0
+    assert (report.leader_epoch, report.partition_epoch) == (3, 3)
+    # 2 catches up meanwhile: no expansion while RECOVERING (the report is still unanswered)
+    assert (await h.produce(1, b"x")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[2].log().log_end_offset == 1, "broker 2 to catch up")
+    assert all(len(a.partitions[0].new_isr) == 1 for a in h.alters)
+    # RECOVERED committed: the expansion follows
+    h.alters.clear()
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader_recovery_state=0))
+    await until(lambda: any(len(a.partitions[0].new_isr) == 2 for a in h.alters), "an expansion")
+
+
+async def test_with_unclean_election_enabled_a_follower_truncates_below_its_high_watermark(
+    h: Harness,
+) -> None:
+    """After an unclean election the new leader lacks the follower's committed tail: with the topic's
+    unclean.leader.election.enable the follower truncates to it (Kafka's behaviour, a warning), lowers its
+    HWM and replicates again; the refusal above stays the rule without it."""
+    _create(h, isr=[1, 2], leader=2, epoch=3)
+    h.replay(
+        mpb.ConfigRecord(
+            resource_type=2, resource_name=TP.topic, name="unclean.leader.election.enable", value="true"
+        )
+    )
+    await h.nodes[1].replicas.close()
+    assert (await h.produce(2, b"a", b"b")).error_code == ErrorCode.NONE
+    await until(lambda: h.nodes[2].log().flushed == 2, "broker 2 to flush")
+    h.nodes[1].log().append_records([_produced(b"x"), _produced(b"y")], 2)  # a tail the new leader lacks
+    h.nodes[1].log().flush()
+    h.nodes[1].replicas = await _restart_replicas(h, 1)
+    followed = h.nodes[1].replicas._followed[TP]
+    followed.high_watermark = 2
+    h.nodes[1].replicas._ensure_fetcher(2)
+    await until(
+        lambda: [r.value for r in h.nodes[1].log().records] == [b"a", b"b"], "the follower to converge"
+    )
+    assert not h.nodes[1].replicas.is_stopped(TP)
+    assert h.nodes[1].replicas._followed[TP].high_watermark <= 2

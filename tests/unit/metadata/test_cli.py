@@ -97,10 +97,23 @@ def test_json_shapes_match_the_contract() -> None:
     assert contract | {"last_heartbeat_ms_ago"} <= set(shaped)
     assert shaped["endpoints"] == ["PLAINTEXT://h:9092"]
     topic = cpb.TopicDescription(name="t", topic_id="T")
-    topic.partitions.add(partition=0, leader=1, leader_epoch=2, replicas=[1, 2], isr=[1])
+    topic.partitions.add(
+        partition=0, leader=1, leader_epoch=2, replicas=[1, 2, 3], isr=[1], eligible_leader_replicas=[2]
+    )
     assert topic_json(topic) == {
         "name": "t",
         "topic_id": "T",
         "configs": {},
-        "partitions": [{"partition": 0, "leader": 1, "leader_epoch": 2, "replicas": [1, 2], "isr": [1]}],
+        "partitions": [
+            {
+                "partition": 0,
+                "leader": 1,
+                "leader_epoch": 2,
+                "replicas": [1, 2, 3],
+                "isr": [1],
+                "elr": [2],
+                "last_known_elr": [],
+                "leader_recovery_state": "RECOVERED",
+            }
+        ],
     }

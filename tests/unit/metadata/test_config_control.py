@@ -226,6 +226,7 @@ def test_describe_shows_own_values_defaults_and_broker_fallbacks_with_their_sour
     assert broker == {
         "message.max.bytes": ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
         "min.insync.replicas": ("2", "DYNAMIC_BROKER_CONFIG"),
+        "unclean.leader.election.enable": (None, "STATIC_BROKER_CONFIG"),  # the controllers' .properties
     }
     default = entries(describe(h, BROKER, ""))
     assert default["message.max.bytes"] == ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG")

@@ -353,14 +353,16 @@ def test_an_unfenced_broker_is_not_put_back_into_isrs_its_leader_adds_it(h: Harn
     assert partition.leader_epoch > epochs[0] and partition.partition_epoch > epochs[1]
 
 
-def test_fencing_the_last_isr_member_leaves_the_partition_offline_not_empty(h: Harness) -> None:
+def test_fencing_the_last_isr_member_leaves_the_partition_offline_with_it_eligible(h: Harness) -> None:
+    """KIP-966: the last member leaves the ISR (empty) for the ELR; its return elects it from there."""
     h.active_brokers(1)
     h.create("t", partitions=1, rf=1)
     h.heartbeat(1, want_fence=True)
     partition = h.topic("t").partitions[0]
-    assert partition.leader == NO_PARTITION_LEADER and partition.isr == (1,)
+    assert partition.leader == NO_PARTITION_LEADER and partition.isr == () and partition.elr == (1,)
     h.heartbeat(1)
-    assert h.topic("t").partitions[0].leader == 1
+    partition = h.topic("t").partitions[0]
+    assert (partition.leader, partition.isr, partition.elr) == (1, (1,), ())
 
 
 def test_replicas_on_an_offline_log_dir_lose_leadership_and_isr_and_nothing_else_moves(h: Harness) -> None:
@@ -385,7 +387,8 @@ def test_replicas_on_an_offline_log_dir_lose_leadership_and_isr_and_nothing_else
     assert (p1.leader, p1.isr) == (2, (2,))
     assert p2 == before  # on a dir still online: untouched
     solo = h.topic("solo").partitions[0]
-    assert (solo.leader, solo.isr) == (NO_PARTITION_LEADER, (1,))  # offline, never emptied
+    # offline, the replica still eligible (KIP-966: out of the ISR, into the ELR)
+    assert (solo.leader, solo.isr, solo.elr) == (NO_PARTITION_LEADER, (), (1,))
     assert not h.image.brokers[1].fenced  # the broker serves its other partitions
     logged = len(h.log)
     h.heartbeat(1, offline=[("t", 0), ("t", 1), ("solo", 0)])

@@ -105,14 +105,15 @@ def test_topic_config_integers_are_bounded_like_kafkas() -> None:
         assert refused.value.code is ErrorCode.INVALID_CONFIG
 
 
-def test_unclean_leader_election_cannot_be_enabled_on_a_topic() -> None:
-    assert validate_topic_configs([("unclean.leader.election.enable", "false")], 1) == {
-        "unclean.leader.election.enable": "false"
-    }
+def test_unclean_leader_election_takes_a_boolean_on_a_topic() -> None:
+    for value in ("false", "true", "TRUE"):
+        assert validate_topic_configs([("unclean.leader.election.enable", value)], 1) == {
+            "unclean.leader.election.enable": value
+        }
     with pytest.raises(KraftError) as refused:
-        validate_topic_configs([("unclean.leader.election.enable", "true")], 1)
+        validate_topic_configs([("unclean.leader.election.enable", "yes")], 1)
     assert refused.value.code is ErrorCode.INVALID_CONFIG
-    assert "only from the ISR" in refused.value.message
+    assert "true or false" in refused.value.message
 
 
 # --- partition limits -------------------------------------------------------------------------------------

@@ -75,7 +75,9 @@ def test_build_change_only_emits_what_changes() -> None:
     assert change is not None and list(change.isr.ids) == [2] and change.leader == 2
     offline = PartitionRegistration((1, 2), (1,), 1, 0, 0)
     last = build_change("T", 0, offline, lambda b: False, remove_from_isr=1)
-    assert last is not None and not last.HasField("isr") and last.leader == NO_PARTITION_LEADER
+    # KIP-966: the last member leaves the ISR (now empty) and stays eligible in the ELR.
+    assert last is not None and last.HasField("isr") and list(last.isr.ids) == []
+    assert list(last.eligible_leader_replicas.ids) == [1] and last.leader == NO_PARTITION_LEADER
 
 
 def test_tracker_orders_by_contact_and_expires_one_at_a_time() -> None:

@@ -206,3 +206,22 @@ def test_the_safety_property_catches_a_missing_check(dropped: str) -> None:
         settings=settings(max_examples=3000, database=None, deadline=None, derandomize=True),
     )
     assert not _acceptance_is_safe(counterexample, broken)
+
+
+def test_leader_recovery_state_kip_704() -> None:
+    """A RECOVERING partition (unclean election): RECOVERED with the ISR as it is is a change; RECOVERING
+    may not expand; a RECOVERED partition may not go back; unknown states are refused."""
+    from dataclasses import replace
+
+    recovering = LeaderAndIsr(leader=1, leader_epoch=5, partition_epoch=9, replicas=(1, 2, 3), isr=(1,))
+    recovering = replace(recovering, leader_recovery_state=1)
+    alone = request(isr=(1,))
+    assert validate_alter_partition(alone, recovering, BROKERS) == IsrChange((1,), changed=True)
+    still = replace(alone, leader_recovery_state=1)
+    assert validate_alter_partition(still, recovering, BROKERS) == IsrChange((1,), changed=False)
+    grow = replace(request(isr=(1, 2)), leader_recovery_state=1)
+    assert error_of(validate_alter_partition(grow, recovering, BROKERS)) is ErrorCode.INVALID_REQUEST
+    back = replace(request(isr=(1, 2)), leader_recovery_state=1)
+    assert error_of(validate_alter_partition(back, PARTITION, BROKERS)) is ErrorCode.INVALID_REQUEST
+    odd = replace(request(isr=(1, 2)), leader_recovery_state=7)
+    assert error_of(validate_alter_partition(odd, PARTITION, BROKERS)) is ErrorCode.INVALID_REQUEST

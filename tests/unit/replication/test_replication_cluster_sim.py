@@ -12,10 +12,13 @@ broker shell does (``kraft/broker/replication.py``), on a virtual clock with a s
   fetches serve only flushed batches;
 - followers check ``diverging_epoch`` at fetch time and truncate with ``next_truncation_step``; a fetch
   answer is applied only if the follower's epoch and log end did not change while it was in flight;
-- the controller fences a broker whose heartbeats stop (out of the ISR, never emptying it; a new leader
-  only from the ISR), fences and removes a re-registered broker (new broker epoch), unfences on a
-  heartbeat and brings an offline partition back with an ISR member, and answers AlterPartition with
-  ``validate_alter_partition`` (Kafka's KIP-497 epochs, or kraft's bump-on-every-change);
+- the controller fences a broker whose heartbeats stop (out of the ISR; a new leader from the ISR, else
+  from the eligible leader replicas — KIP-966, kraft's own ``partition_change.target_state`` with
+  min.insync.replicas 2), fences and removes a re-registered broker (new broker epoch: a crash keeps the
+  flushed log, so it stays eligible as kraft's incarnation rule says), unfences on a heartbeat and brings
+  an offline partition back with an ISR or ELR member, and answers AlterPartition with
+  ``validate_alter_partition`` (Kafka's KIP-497 epochs, or kraft's bump-on-every-change) and the ELR
+  ``eligible_after`` gives; leaders freeze their HWM below min ISR (``set_min_isr``);
 - **crashes** (the unflushed tail is lost, a new broker epoch at restart) and **network partitions** are
   drawn from the seed; acks=all produces (min.insync.replicas 2) run throughout.
 
@@ -27,8 +30,9 @@ Checked after every event (a violation names the seed, so any failure replays ex
 At the end the network heals and every broker restarts: the ISR is full again, the replicas are equal up
 to the high watermark, which reaches the leader's end, and every acknowledged record is in it.
 
-Mutation checks: a controller that elects outside the ISR (unclean election) and followers that fetch
-without their last epoch (so never truncate a diverged tail) must be caught within a few seeds.
+Mutation checks: a controller that elects outside the ISR and ELR (unclean election), followers that
+fetch without their last epoch (so never truncate a diverged tail) and leaders that advance the HWM below
+min ISR (what makes an ELR member a safe leader) must be caught within a few seeds.
 ``KRAFT_REPLICATION_SIM_SEEDS`` runs more seeds (12 by default).
 """
 
@@ -45,6 +49,8 @@ import pytest
 from replication_worlds import entries_of
 
 from kraft.errors import ErrorCode
+from kraft.metadata.image import PartitionRegistration
+from kraft.metadata.partition_change import eligible_after, target_state
 from kraft.replication.acks import Acks, AcksAllWaiters, Completion, admit_produce
 from kraft.replication.alter_partition import BrokerStatus, IsrChange, validate_alter_partition
 from kraft.replication.epochs import UNDEFINED_EPOCH, EpochEndOffset, diverging_epoch, with_leader_epoch
@@ -103,6 +109,8 @@ class Controller:
     registered: dict[int, int]  # broker id → registered broker epoch
     fenced: dict[int, bool]
     last_heartbeat: dict[int, int]
+    elr: tuple[int, ...] = ()  # KIP-966 eligible leader replicas
+    last_known_elr: tuple[int, ...] = ()
 
 
 @dataclass
@@ -111,6 +119,7 @@ class Sim:
     bump_leader_epoch_always: bool = False
     unclean: bool = False  # mutation: elect any unfenced replica when the ISR has none
     skip_divergence_check: bool = False  # mutation: followers fetch without their last epoch (no truncation)
+    no_hwm_freeze: bool = False  # mutation: leaders advance the HWM below min ISR (unsafe with ELR)
     now: int = 0
     rng: random.Random = field(init=False)
     queue: list[tuple[int, int, Callable[[], None]]] = field(default_factory=list)
@@ -178,20 +187,36 @@ class Sim:
         bump = leader != p.leader or self.bump_leader_epoch_always
         self._commit(LeaderAndIsr(leader, p.leader_epoch + int(bump), p.partition_epoch + 1, p.replicas, isr))
 
-    def _fence(self, b: int, reason: str) -> None:
+    def _registration(self) -> PartitionRegistration:
         c = self.controller
-        c.fenced[b] = True
         p = c.partition
-        isr = tuple(r for r in p.isr if r != b) or p.isr  # never empty: the last member stays eligible
-        leader = p.leader
-        if leader == b:
-            candidates = [r for r in isr if not c.fenced[r]]
-            if not candidates and self.unclean:
-                candidates = [r for r in p.replicas if not c.fenced[r]]
-                if candidates:
-                    isr = (candidates[0],)
-            leader = candidates[0] if candidates else -1
-        self._change(isr, leader)
+        return PartitionRegistration(
+            p.replicas, p.isr, p.leader, p.leader_epoch, p.partition_epoch, c.elr, c.last_known_elr
+        )
+
+    def _elect(self, remove: int | None) -> None:
+        """kraft's election rules (ISR, else ELR; ``unclean``: else any unfenced replica)."""
+        c = self.controller
+        before = self._registration()
+        target = target_state(
+            before,
+            lambda r: not c.fenced[r],
+            remove_from_isr=remove,
+            min_isr=MIN_ISR,
+            unclean_election=self.unclean,
+        )
+        c.elr, c.last_known_elr = target.elr, target.last_known_elr
+        if (
+            target.leader not in (-1, before.leader)
+            and target.leader not in before.isr
+            and not target.unclean
+        ):
+            self.stats["elr_elections"] = self.stats.get("elr_elections", 0) + 1
+        self._change(target.isr, target.leader)
+
+    def _fence(self, b: int, reason: str) -> None:
+        self.controller.fenced[b] = True
+        self._elect(b)
         self.stats[reason] = self.stats.get(reason, 0) + 1
 
     def controller_heartbeat(self, b: int, broker_epoch: int) -> None:
@@ -204,9 +229,8 @@ class Sim:
         c.last_heartbeat[b] = self.now
         if c.fenced[b]:
             c.fenced[b] = False
-            p = c.partition
-            if p.leader == -1 and b in p.isr:
-                self._change(p.isr, b)
+            if c.partition.leader == -1:  # an offline partition's election (kraft's rejoin path)
+                self._elect(None)
         p = c.partition
         self.send(CONTROLLER, b, lambda: self._apply_metadata(self.brokers[b], p))
 
@@ -222,6 +246,8 @@ class Sim:
         result = validate_alter_partition(request, c.partition, statuses)
         answer: LeaderAndIsr | ErrorCode
         if isinstance(result, IsrChange):
+            elr, lke = eligible_after(self._registration(), result.new_isr, MIN_ISR)
+            c.elr, c.last_known_elr = tuple(elr), tuple(lke)
             if result.changed:
                 p = c.partition
                 bump = int(self.bump_leader_epoch_always)
@@ -252,6 +278,7 @@ class Sim:
                     high_watermark=min(broker.hwm, broker.flushed),
                     now_ms=self.now,
                     broker_epoch=broker.broker_epoch,
+                    min_isr=1 if self.no_hwm_freeze else MIN_ISR,
                 )
                 if len(broker.log) > broker.flushed:
                     self._schedule_flush(broker)
@@ -615,24 +642,33 @@ class Sim:
                 self.fail(f"acknowledged record {record} at {offset} is not in the final log")
 
 
-def run(seed: int, *, bump: bool = False, unclean: bool = False, skip_divergence_check: bool = False) -> Sim:
-    sim = Sim(seed, bump, unclean, skip_divergence_check)
+def run(
+    seed: int,
+    *,
+    bump: bool = False,
+    unclean: bool = False,
+    skip_divergence_check: bool = False,
+    no_hwm_freeze: bool = False,
+) -> Sim:
+    sim = Sim(seed, bump, unclean, skip_divergence_check, no_hwm_freeze)
     sim.run()
     return sim
 
 
 @pytest.mark.parametrize("bump", [False, True], ids=["kafka-epochs", "bump-on-every-change"])
 def test_no_acknowledged_record_is_lost_and_no_offset_diverges_below_the_hwm(bump: bool) -> None:
-    acknowledged = crashes = partitions = truncations = 0
+    acknowledged = crashes = partitions = truncations = elr_elections = 0
     for seed in range(SEEDS):
         sim = run(seed, bump=bump)
         acknowledged += len(sim.acknowledged)
         crashes += sim.stats.get("crashes", 0)
         partitions += sim.stats.get("partitions", 0)
         truncations += sim.stats.get("truncations", 0)
-    # Guards against passing vacuously: the runs acknowledge, crash, partition and truncate.
+        elr_elections += sim.stats.get("elr_elections", 0)
+    # Guards against passing vacuously: the runs acknowledge, crash, partition, truncate and elect from
+    # the ELR.
     assert acknowledged > 100 * SEEDS and crashes > 5 * SEEDS and partitions > 5 * SEEDS
-    assert truncations > 0
+    assert truncations > 0 and elr_elections > 0
 
 
 def test_a_run_replays_exactly_from_its_seed() -> None:
@@ -641,10 +677,17 @@ def test_a_run_replays_exactly_from_its_seed() -> None:
     assert {b: x.log for b, x in first.brokers.items()} == {b: x.log for b, x in second.brokers.items()}
 
 
-def _first_violation(*, unclean: bool = False, skip_divergence_check: bool = False) -> str | None:
+def _first_violation(
+    *, unclean: bool = False, skip_divergence_check: bool = False, no_hwm_freeze: bool = False
+) -> str | None:
     for seed in range(60):
         try:
-            run(seed, unclean=unclean, skip_divergence_check=skip_divergence_check)
+            run(
+                seed,
+                unclean=unclean,
+                skip_divergence_check=skip_divergence_check,
+                no_hwm_freeze=no_hwm_freeze,
+            )
         except Violation as violation:
             return str(violation)
     return None
@@ -658,3 +701,10 @@ def test_the_simulation_catches_unclean_leader_election() -> None:
 def test_the_simulation_catches_followers_that_skip_the_divergence_check() -> None:
     found = _first_violation(skip_divergence_check=True)
     assert found is not None and "after healing" not in found, found  # a safety violation, not liveness
+
+
+def test_the_simulation_catches_a_high_watermark_advancing_below_min_isr() -> None:
+    """KIP-966's broker rule is what makes an ELR member a safe leader: without it, a leader alone in the
+    ISR moves the HWM past what the eligible replicas hold, and electing one of them loses it."""
+    found = _first_violation(no_hwm_freeze=True)
+    assert found is not None and "after healing" not in found, found
