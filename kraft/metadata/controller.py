@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from kraft.clock import Clock
+from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, Deadline
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import LATEST_METADATA_VERSION, METADATA_VERSION_FEATURE
@@ -79,6 +79,7 @@ from kraft.metadata.controller_state import (
 from kraft.metadata.controller_writes import LeadershipNotConfirmed, WritePath
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
+from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
@@ -100,6 +101,7 @@ from kraft.v1 import controller_pb2 as cpb
 R = TypeVar("R", bound=Message)
 
 COUNT_SLICE_PARTITIONS = 1_000  # per-broker partition counts: recounted this many per loop turn
+SNAPSHOT_PIECE_RECORDS = 200  # a loaded snapshot is replayed this many records between budget checks
 
 
 async def _next_loop_turn() -> None:
@@ -123,6 +125,9 @@ class ControllerOptions:
     # (CreateTopics parts, DeleteTopics parts by partitions removed, slices of ISR removals and unfence
     # elections); bulk work continues in further events, behind heartbeats
     max_work_unit_records: int = 1_000
+    # controller.max.event.time.ms: the time budget of one such event (and of each slice of a committed
+    # batch's replay), on the injected clock; whichever bound comes first ends the slice (0 = records only)
+    max_event_time_ms: int = DEFAULT_WORK_UNIT_MS
     # bulk work computes no further slice while this many appended records are not committed yet
     max_uncommitted_bulk_records: int = 10_000
     default_num_partitions: int = 1  # num.partitions
@@ -194,6 +199,7 @@ class QuorumController:
             max_broker_partitions=options.max_broker_partitions,
             request_limits=options.request_limits,
             max_changes_per_write=options.max_work_unit_records,
+            max_event_time_ms=options.max_event_time_ms,
             bootstrap_features=dict(options.bootstrap_features),
         )
         self.writes = WritePath(
@@ -206,6 +212,8 @@ class QuorumController:
             log=log,
             max_uncommitted_records=options.max_uncommitted_bulk_records,
         )
+        self.event_timings = EventTimings(self.node_id, clock, options.max_event_time_ms, log)
+        self.writes.queue.observe(clock, self.event_timings.record)
         self.activation = Activation(
             state,
             raft,
@@ -327,7 +335,7 @@ class QuorumController:
             self._apply_committed(batch, own, values)
             return
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead
-        replayed = await replay_batch(state.committed, batch)
+        replayed = await replay_batch(state.committed, batch, self.clock, self.options.max_event_time_ms)
         problems = len(replayed.undecodable) + len(replayed.replay_errors)
         if problems:
             # Fatal: the listener fails, the node stops (one event=fatal line) instead of running with an
@@ -361,10 +369,18 @@ class QuorumController:
         delta = MetadataDelta(MetadataImage.empty())
         errors: list[KraftError] = []  # values that are not metadata records
         values = reader.records
-        for start in range(0, len(values), YIELD_EVERY_RECORDS):
-            # Bulk replay in bounded chunks: a million-partition snapshot must not stall Raft for seconds.
-            delta.replay_values(values[start : start + YIELD_EVERY_RECORDS], on_error=errors.append)
-            await asyncio.sleep(0)
+        deadline = Deadline(self.clock, self.options.max_event_time_ms)
+        since_yield = 0
+        for start in range(0, len(values), SNAPSHOT_PIECE_RECORDS):
+            # Bulk replay in bounded chunks (records and time): a million-partition snapshot must not
+            # stall Raft for seconds.
+            piece = values[start : start + SNAPSHOT_PIECE_RECORDS]
+            delta.replay_values(piece, on_error=errors.append)
+            since_yield += len(piece)
+            if since_yield >= YIELD_EVERY_RECORDS or deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(self.clock, self.options.max_event_time_ms)
+                since_yield = 0
         if last <= state.committed.offset:
             return  # commits arrived while this ran (they are newer than the snapshot)
         problems = len(errors) + len(delta.replay_errors)
@@ -555,26 +571,29 @@ class QuorumController:
         except KraftError as exc:
             return error_response(cpb.CreateTopicsResponse(), exc.code, exc.message)
         chunks = _topic_chunks(req, self.options.max_work_unit_records)
-        if len(chunks) == 1:
-            return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
         counts = Counter(t.name for t in req.topics)
         tally = CreateTally()  # a dry run's parts see what the earlier parts would have created
-        writes = []
-        for chunk in chunks:
-            topics = [t for t in chunk if counts[t.name] == 1]
-            part = cpb.CreateTopicsRequest(
-                cluster_id=req.cluster_id, topics=topics, validate_only=req.validate_only
-            )
-            # Yields first, so the previous part computes and appends; on a timeout this part's own
-            # commit wait answers REQUEST_TIMED_OUT.
-            with contextlib.suppress(TimeoutError):
-                await self.writes.wait_for_room()
-            writes.append(asyncio.ensure_future(self._create_part(part, tally)))
+        parts = [
+            cpb.CreateTopicsRequest(cluster_id=req.cluster_id, topics=topics, validate_only=req.validate_only)
+            for topics in ([t for t in chunk if counts[t.name] == 1] for chunk in chunks)
+            if topics
+        ] or [cpb.CreateTopicsRequest(cluster_id=req.cluster_id, validate_only=req.validate_only)]
+        if len(parts) == 1:
+            answers = [await self._create_part(parts[0], tally)]
+        else:
+            writes = []
+            for part in parts:
+                # Yields first, so the previous part computes and appends; on a timeout this part's own
+                # commit wait answers REQUEST_TIMED_OUT.
+                with contextlib.suppress(TimeoutError):
+                    await self.writes.wait_for_room()
+                writes.append(asyncio.ensure_future(self._create_part(part, tally)))
+            answers = await asyncio.gather(*writes)
         results: dict[str, cpb.CreatableTopicResult] = {}
-        for answer in await asyncio.gather(*writes):
+        for answer in answers:
             if answer.error_code != ErrorCode.NONE:
                 return answer
             results.update((r.name, r) for r in answer.topics)
@@ -592,11 +611,30 @@ class QuorumController:
     async def _create_part(
         self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
     ) -> cpb.CreateTopicsResponse:
-        return await self._serve(
-            cpb.CreateTopicsResponse(),
-            lambda lg: lg.create_topics(req, self.writes.next_offset, tally),
-            name="create-topics",
-        )
+        """One part (names unique), as one event; when the event's time budget ends it before its last
+        topic, the rest is queued as a further part from inside the event (behind whatever is queued
+        already) and its answer is merged into this one."""
+        rest: list[asyncio.Task[cpb.CreateTopicsResponse]] = []
+
+        def build(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
+            outcome = logic.create_topics(req, self.writes.next_offset, tally)
+            done = len(outcome.response.topics)
+            if outcome.response.error_code == ErrorCode.NONE and 0 < done < len(req.topics):
+                leftover = cpb.CreateTopicsRequest(
+                    cluster_id=req.cluster_id, topics=req.topics[done:], validate_only=req.validate_only
+                )
+                rest.append(asyncio.ensure_future(self._create_part(leftover, tally)))
+            return outcome
+
+        answer = await self._serve(cpb.CreateTopicsResponse(), build, name="create-topics")
+        for task in rest:
+            more = await task
+            if answer.error_code == ErrorCode.NONE:
+                if more.error_code != ErrorCode.NONE:
+                    answer = more
+                else:
+                    answer.topics.extend(more.topics)
+        return answer
 
     async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
         names = list(dict.fromkeys(req.names))

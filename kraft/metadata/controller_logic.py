@@ -35,6 +35,7 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import (
     LATEST_METADATA_VERSION,
@@ -99,6 +100,10 @@ class ControllerSettings:
     max_changes_per_write: int = 250
     """Partition changes per append when a broker leaves its ISRs or unfence elections run (a bulk job
     slice, ``controller.max.work.unit.records``); the rest follow in later appends."""
+    max_event_time_ms: int = DEFAULT_WORK_UNIT_MS
+    """``controller.max.event.time.ms``: the time budget of one event's bulk part (ISR removals, unfence
+    elections, the topics of a CreateTopics part), read on the logic's clock; a slice stops at whichever
+    of this and ``max_changes_per_write`` comes first (0 = records only)."""
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     """``max.partitions``: partitions in the cluster (each counted once, whatever its replication factor)."""
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
@@ -171,6 +176,11 @@ class _Batch:
     next_offset: int
     records: list[pb.MetadataRecord] = field(default_factory=list)
     delta: MetadataDelta | None = None
+    deadline: Deadline = field(init=False)
+    """The event's time budget, started when the event began building its records."""
+
+    def __post_init__(self) -> None:
+        self.deadline = Deadline(self.logic.clock, self.logic.settings.max_event_time_ms)
 
     def add(self, payload: Message) -> None:
         record = rec.wrap(payload)
@@ -233,8 +243,12 @@ class ControllerLogic:
         image: MetadataImage,
         now_ms: int,
         new_topic_id: Callable[[], str] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock`` times each event's bulk part against ``settings.max_event_time_ms`` (None: bounded
+        by record counts only)."""
         self.settings = settings
+        self.clock = clock
         self.image = image
         self.heartbeats = HeartbeatTracker(settings.session_timeout_ms)
         self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
@@ -413,6 +427,8 @@ class ControllerLogic:
     def _run_leave_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS  # bounds a chunk that finds few changes (a long scan)
+        deadline = batch.deadline
+        ticks = 0
         for job in list(self._leaving.values()):
             if budget <= 0 or scan_budget <= 0:
                 return
@@ -435,6 +451,12 @@ class ControllerLogic:
                         if change is not None:
                             changes.append((change[0], topic.topic_id, index, change[1]))
                     index += 1
+                    ticks += 1
+                    if ticks >= CHECK_EVERY:
+                        ticks = 0
+                        if deadline.expired():  # the event's time budget: the rest in the next slice
+                            scan_budget = 0
+                            break
                 if index < len(partitions):
                     job.partition_position = index  # budget used up inside this topic
                 else:
@@ -468,6 +490,8 @@ class ControllerLogic:
     def _run_rejoin_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS
+        deadline = batch.deadline
+        ticks = 0
         for job in list(self._rejoining.values()):
             if budget <= 0 or scan_budget <= 0:
                 return
@@ -486,6 +510,11 @@ class ControllerLogic:
                 change = build_change(topic_id, partition_id, topic.partitions[partition_id], acceptable)
                 if change is not None:
                     changes.append(change)
+                ticks += 1
+                if ticks >= CHECK_EVERY:
+                    ticks = 0
+                    if deadline.expired():  # the event's time budget: the rest in the next slice
+                        scan_budget = 0
             for change in changes:
                 batch.add(change)
             budget -= len(changes)
@@ -746,7 +775,10 @@ class ControllerLogic:
         self, req: cpb.CreateTopicsRequest, next_offset: int, tally: CreateTally | None = None
     ) -> Outcome[cpb.CreateTopicsResponse]:
         """``tally`` carries a validate_only request's earlier parts (the shell splits big requests into
-        parts; a dry run writes nothing, so later parts would not see earlier ones in the image)."""
+        parts; a dry run writes nothing, so later parts would not see earlier ones in the image).
+
+        Stops after the topic during which the event's time budget ran out: the response then lists only
+        the first topics of ``req`` (at least one), in order, and the caller asks again for the rest."""
         response = cpb.CreateTopicsResponse()
         try:
             self.check_cluster_id(req.cluster_id)
@@ -765,6 +797,10 @@ class ControllerLogic:
         created: set[str] = dry_run.names if dry_run else set()
         added: Counter[int] = dry_run.replicas if dry_run else Counter()
         for topic in req.topics:
+            if response.topics and batch.deadline.expired():
+                # The event's time budget is spent: the response lists the topics handled so far and the
+                # shell sends the rest as the next part (a topic is never split here).
+                break
             result = response.topics.add(name=topic.name)
             try:
                 if counts[topic.name] > 1:
