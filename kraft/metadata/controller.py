@@ -67,6 +67,7 @@ from kraft.metadata.controller_logic import (
     ControllerSettings,
     CreateTally,
     Outcome,
+    TopicPlan,
     describe_topic,
     error_response,
 )
@@ -570,11 +571,42 @@ class QuorumController:
             check_create_topics(req, self.options.request_limits, self.options.default_num_partitions)
         except KraftError as exc:
             return error_response(cpb.CreateTopicsResponse(), exc.code, exc.message)
+        counts = Counter(t.name for t in req.topics)
+        logic = self.state.logic
+        big = (
+            [] if logic is None else [t for t in req.topics if counts[t.name] == 1 and logic.is_big_topic(t)]
+        )
+        if big:
+            # A topic bigger than a work unit is planned and written in slices of its own (see
+            # _create_big_topic); the others go in parts as below, at the same time.
+            big_names = {t.name for t in big}
+            rest = cpb.CreateTopicsRequest(
+                cluster_id=req.cluster_id,
+                topics=[t for t in req.topics if t.name not in big_names],
+                validate_only=req.validate_only,
+            )
+            answers = await asyncio.gather(
+                *(self._create_big_topic(req, t) for t in big),
+                *([self.create_topics(rest)] if rest.topics else []),
+            )
+            by_name: dict[str, cpb.CreatableTopicResult] = {}
+            duplicates: list[cpb.CreatableTopicResult] = []
+            for answer in answers:
+                if answer.error_code != ErrorCode.NONE:
+                    return answer
+                for result in answer.topics:
+                    if counts[result.name] > 1:
+                        duplicates.append(result)
+                    else:
+                        by_name[result.name] = result
+            response = cpb.CreateTopicsResponse()
+            for topic in req.topics:
+                response.topics.append(by_name[topic.name] if counts[topic.name] == 1 else duplicates.pop(0))
+            return response
         chunks = _topic_chunks(req, self.options.max_work_unit_records)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
-        counts = Counter(t.name for t in req.topics)
         tally = CreateTally()  # a dry run's parts see what the earlier parts would have created
         parts = [
             cpb.CreateTopicsRequest(cluster_id=req.cluster_id, topics=topics, validate_only=req.validate_only)
@@ -607,6 +639,47 @@ class QuorumController:
             else:
                 response.topics.append(results[topic.name])
         return response
+
+    async def _create_big_topic(
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic
+    ) -> cpb.CreateTopicsResponse:
+        """One topic of more partitions than a work unit: checks and plan (one event, nothing written),
+        placement counted per broker in events of at most a work unit (records and time), then the limits
+        again and the records — BeginTransaction, the topic, configs, the first partitions — with the
+        rest written by the bulk job driver, EndTransaction last; answered once that committed.  A
+        failover before the first records: nothing was written, the client retries.  After: the new
+        active controller finishes the transaction from its plan (ControllerLogic._resume_transaction)."""
+        one = cpb.CreateTopicsRequest(
+            cluster_id=req.cluster_id, topics=[topic], validate_only=req.validate_only
+        )
+        plans: list[TopicPlan] = []
+
+        def plan(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
+            outcome, planned = logic.plan_topic(one, self.writes.next_offset)
+            if planned is not None:
+                plans.append(planned)
+            return outcome
+
+        answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
+        if not plans:
+            return answer
+        topic_plan = plans[0]
+        budget_ms = self.options.max_event_time_ms
+        limit = self.options.max_work_unit_records
+        try:
+            while not await self.writes.queue.run(
+                EventPriority.NORMAL,
+                "create-topic-plan",
+                lambda: topic_plan.place_some(Deadline(self.clock, budget_ms), limit),
+            ):
+                pass
+        except EventQueueClosedError:
+            return self._not_controller(cpb.CreateTopicsResponse(), self.state.leader.leader_id)
+        return await self._serve(
+            cpb.CreateTopicsResponse(),
+            lambda lg: lg.create_planned_topic(topic_plan, req.validate_only, self.writes.next_offset),
+            name="create-topics",
+        )
 
     async def _create_part(
         self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None

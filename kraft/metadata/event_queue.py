@@ -14,7 +14,8 @@ Here one asyncio task plays the thread and two lanes give the order:
   the meantime runs first.
 
 An event is a synchronous function (compute records against the speculative image and append them):
-it must be bounded — the bulk paths slice themselves by ``controller.max.work.unit.records``.  Waiting
+it must be bounded — the bulk paths slice themselves by ``controller.max.work.unit.records`` and
+``controller.max.event.time.ms`` (whichever comes first).  Waiting
 for commits happens outside the queue, in the caller's task.  After each normal event, and after every
 ``URGENT_BURST`` urgent ones, the runner yields a loop turn so gRPC intake and Raft run in between.
 

@@ -14,8 +14,10 @@ from prometheus_client import REGISTRY
 
 from kraft.clock import CHECK_EVERY, Deadline, ManualClock
 from kraft.errors import ErrorCode
+from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
-from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
+from kraft.metadata.controller_logic import CREATE_TOPIC_TRANSACTION, ControllerLogic, ControllerSettings
+from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.image import MetadataImage
@@ -244,3 +246,149 @@ async def test_event_durations_are_measured_per_kind_and_a_slow_one_is_counted()
     longest = "kraft_controller_event_queue_longest_event_seconds"
     assert _sample(longest, "901", "slow") == 0.04
     assert _sample(longest, "901", "quick") == 0.001
+
+
+# ---- a topic bigger than a work unit: planned, then written in slices inside a transaction ----
+
+
+def _replay(log: list[pb.MetadataRecord]) -> MetadataImage:
+    delta = MetadataDelta(MetadataImage.empty())
+    for offset, record in enumerate(log):
+        delta.replay(records.decode_value(records.encode_value(record)), offset)
+    assert not delta.replay_errors
+    return delta.apply()
+
+
+def _big_topic_request(partitions: int) -> cpb.CreateTopicsRequest:
+    return cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER,
+        topics=[
+            cpb.CreatableTopic(
+                name="huge",
+                num_partitions=partitions,
+                replication_factor=2,
+                configs=[cpb.TopicConfig(name="retention.ms", value="1000")],
+            )
+        ],
+    )
+
+
+def _start_big_topic(logic: ControllerLogic, log: list[pb.MetadataRecord], partitions: int) -> int:
+    """Plan (in slices) and write the first slice; returns how many slices planning took."""
+    request = _big_topic_request(partitions)
+    assert logic.is_big_topic(request.topics[0])
+    outcome, plan = logic.plan_topic(request, len(log))
+    assert plan is not None and not outcome.records
+    slices = 1
+    while not plan.place_some(Deadline(None, 0), logic.settings.max_changes_per_write):
+        slices += 1
+    first = logic.create_planned_topic(plan, False, len(log))
+    assert first.response.topics[0].error_code == ErrorCode.NONE
+    log.extend(first.records)
+    return slices
+
+
+def test_a_big_topic_is_written_in_slices_inside_one_transaction_as_the_unsliced_one() -> None:
+    sliced = _logic(None, budget_ms=0, max_changes=10)
+    sliced_log = _cluster_with_a_topic(sliced, 3)
+    whole = _logic(None, budget_ms=0, max_changes=10_000)
+    whole_log = _cluster_with_a_topic(whole, 3)
+    plan_slices = _start_big_topic(sliced, sliced_log, 95)
+    assert plan_slices == 10
+    sizes = [len(sliced_log) - len(whole_log)]
+    while sliced.has_bulk_jobs():
+        assert sliced.image.transaction.startswith(CREATE_TOPIC_TRANSACTION)
+        assert sliced.creating(sliced.image.topic_ids_by_name["huge"])
+        more = sliced.continue_bulk_jobs(len(sliced_log))
+        sizes.append(len(more))
+        sliced_log.extend(more)
+    assert max(sizes) <= 10 and len(sizes) >= 10, sizes
+    kinds = [r.WhichOneof("record") for r in sliced_log[len(whole_log) :]]
+    assert kinds[:3] == ["begin_transaction", "topic", "config"] and kinds[-1] == "end_transaction"
+    assert not sliced.image.transaction
+    whole_log.extend(whole.create_topics(_big_topic_request(95), len(whole_log)).records)
+    replayed, expected = _replay(sliced_log), _replay(whole_log)
+    assert not replayed.transaction
+    assert replayed.topic("huge") is not None and expected.topic("huge") is not None
+    assert replayed.topic("huge").partitions == expected.topic("huge").partitions  # type: ignore[union-attr]
+    assert replayed.configs == expected.configs
+
+
+def test_a_new_active_controller_resumes_a_half_written_big_topic_from_its_image() -> None:
+    """The first controller writes three slices and is gone; a logic reset on the committed image (the
+    prefix of the log) finds the open transaction, writes the rest from the plan and closes it."""
+    first = _logic(None, budget_ms=0, max_changes=10)
+    log = _cluster_with_a_topic(first, 3)
+    whole = _logic(None, budget_ms=0, max_changes=10_000)
+    whole_log = _cluster_with_a_topic(whole, 3)
+    _start_big_topic(first, log, 95)
+    for _ in range(2):
+        log.extend(first.continue_bulk_jobs(len(log)))
+    committed = _replay(log)
+    huge = committed.topic("huge")
+    assert huge is not None and 0 < len(huge.partitions) < 95 and committed.transaction
+    second = ControllerLogic(ControllerSettings(CLUSTER, max_changes_per_write=7), committed, 0)
+    assert second.has_bulk_jobs() and second.creating(huge.topic_id)
+    while second.has_bulk_jobs():
+        log.extend(second.continue_bulk_jobs(len(log)))
+    whole_log.extend(whole.create_topics(_big_topic_request(95), len(whole_log)).records)
+    replayed, expected = _replay(log), _replay(whole_log)
+    assert not replayed.transaction
+    assert replayed.topic("huge").partitions == expected.topic("huge").partitions  # type: ignore[union-attr]
+    assert [r.WhichOneof("record") for r in log].count("end_transaction") == 1
+
+
+def test_a_broker_delta_holds_a_transaction_open_across_batches() -> None:
+    logic = _logic(None, budget_ms=0, max_changes=10)
+    log = _cluster_with_a_topic(logic, 3)
+    base = _replay(log)
+    _start_big_topic(logic, log, 40)
+    delta = MetadataDelta(base)
+    for offset in range(base.offset + 1, len(log)):
+        delta.replay(log[offset], offset)
+    assert delta.in_transaction
+    while logic.has_bulk_jobs():
+        more = logic.continue_bulk_jobs(len(log))
+        for record in more:
+            delta.replay(record, len(log))
+            log.append(record)
+    assert not delta.in_transaction
+    topic = delta.apply().topic("huge")
+    assert topic is not None and len(topic.partitions) == 40
+
+
+async def test_a_big_topic_through_the_controller_is_answered_once_complete() -> None:
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=8)
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        request = cpb.CreateTopicsRequest(
+            cluster_id=CLUSTER,
+            topics=[
+                cpb.CreatableTopic(name="small", num_partitions=2, replication_factor=2),
+                cpb.CreatableTopic(name="huge", num_partitions=50, replication_factor=3),
+                cpb.CreatableTopic(name="small", num_partitions=2, replication_factor=2),
+            ],
+        )
+        start = len(controller.writes.queue.processed)
+        response = await asyncio.wait_for(controller.create_topics(request), 10)
+        assert [t.name for t in response.topics] == ["small", "huge", "small"]
+        assert [t.error_code for t in response.topics] == [
+            ErrorCode.INVALID_REQUEST,
+            ErrorCode.NONE,
+            ErrorCode.INVALID_REQUEST,
+        ]
+        huge = controller.committed.topic("huge")
+        assert huge is not None and len(huge.partitions) == 50 and not controller.committed.transaction
+        processed = controller.writes.queue.processed[start:]
+        assert processed.count("create-topic-plan") == 1 + 7 and processed.count("bulk-slice") >= 5
+        grow = await controller.create_partitions(
+            cpb.CreatePartitionsRequest(
+                cluster_id=CLUSTER, topics=[cpb.CreatePartitionsTopic(name="huge", count=51)]
+            )
+        )
+        assert grow.topics[0].error_code == ErrorCode.NONE  # no longer being created
+    finally:
+        await controller.stop()
