@@ -68,6 +68,7 @@ from kraft.metadata.controller_logic import (
     CreateTally,
     Outcome,
     TopicPlan,
+    TopicTransactionBusy,
     describe_topic,
     error_response,
 )
@@ -675,11 +676,27 @@ class QuorumController:
                 pass
         except EventQueueClosedError:
             return self._not_controller(cpb.CreateTopicsResponse(), self.state.leader.leader_id)
-        return await self._serve(
-            cpb.CreateTopicsResponse(),
-            lambda lg: lg.create_planned_topic(topic_plan, req.validate_only, self.writes.next_offset),
-            name="create-topics",
-        )
+        while True:
+            try:
+                return await self._serve(
+                    cpb.CreateTopicsResponse(),
+                    lambda lg: lg.create_planned_topic(
+                        topic_plan, req.validate_only, self.writes.next_offset
+                    ),
+                    name="create-topics",
+                )
+            except TopicTransactionBusy:
+                # One big topic at a time (transactions never interleave): its slices commit often; try
+                # again after the next commit, or give up when none comes within the commit timeout.
+                now_ms = self.timers.now_ms()
+                if not await self.timers.wait(
+                    self.state.next_commit(), now_ms + self.options.commit_timeout_ms
+                ):
+                    return error_response(
+                        cpb.CreateTopicsResponse(),
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"controller {self.node_id}: another big topic was still being created; retry",
+                    )
 
     async def _create_part(
         self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None

@@ -221,6 +221,11 @@ class TopicPlan:
             return None
 
 
+class TopicTransactionBusy(Exception):
+    """Another big topic's transaction is still open: transactions never interleave (a reader keeps one
+    open delta, and a resume knows one plan), so the caller waits for a commit and asks again."""
+
+
 @dataclass(slots=True)
 class _TopicJob:
     """The partitions of a planned topic still to write; ``plan`` None closes an open transaction this
@@ -1020,7 +1025,10 @@ class ControllerLogic:
     ) -> Outcome[cpb.CreateTopicsResponse]:
         """The checks again with the per-broker counts of the complete plan, against the image as it is
         now; then (unless ``validate_only``) BeginTransaction, the topic, its configs and the first
-        partitions — the rest as a bulk job (:meth:`continue_bulk_jobs`), EndTransaction last."""
+        partitions — the rest as a bulk job (:meth:`continue_bulk_jobs`), EndTransaction last.  Raises
+        :class:`TopicTransactionBusy` while another big topic is being written."""
+        if self._topic_jobs and not validate_only:
+            raise TopicTransactionBusy
         response = cpb.CreateTopicsResponse()
         result = response.topics.add(name=plan.name)
         batch = _Batch(self, next_offset)

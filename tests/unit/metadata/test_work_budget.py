@@ -360,7 +360,7 @@ def test_a_broker_delta_holds_a_transaction_open_across_batches() -> None:
 async def test_a_big_topic_through_the_controller_is_answered_once_complete() -> None:
     clock = ManualClock()
     options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=8)
-    _raft, controller = await _started(options, clock)
+    raft, controller = await _started(options, clock)
     try:
         for broker_id in (1, 2, 3):
             await activate_broker(controller, broker_id)
@@ -370,20 +370,33 @@ async def test_a_big_topic_through_the_controller_is_answered_once_complete() ->
                 cpb.CreatableTopic(name="small", num_partitions=2, replication_factor=2),
                 cpb.CreatableTopic(name="huge", num_partitions=50, replication_factor=3),
                 cpb.CreatableTopic(name="small", num_partitions=2, replication_factor=2),
+                cpb.CreatableTopic(name="huge2", num_partitions=30, replication_factor=2),
+                cpb.CreatableTopic(name="other", num_partitions=3, replication_factor=2),
             ],
         )
         start = len(controller.writes.queue.processed)
         response = await asyncio.wait_for(controller.create_topics(request), 10)
-        assert [t.name for t in response.topics] == ["small", "huge", "small"]
+        assert [t.name for t in response.topics] == ["small", "huge", "small", "huge2", "other"]
         assert [t.error_code for t in response.topics] == [
             ErrorCode.INVALID_REQUEST,
             ErrorCode.NONE,
             ErrorCode.INVALID_REQUEST,
+            ErrorCode.NONE,
+            ErrorCode.NONE,
         ]
-        huge = controller.committed.topic("huge")
-        assert huge is not None and len(huge.partitions) == 50 and not controller.committed.transaction
+        for name, count in (("huge", 50), ("huge2", 30), ("other", 3)):
+            topic = controller.committed.topic(name)
+            assert topic is not None and len(topic.partitions) == count
+        assert not controller.committed.transaction
         processed = controller.writes.queue.processed[start:]
-        assert processed.count("create-topic-plan") == 1 + 7 and processed.count("bulk-slice") >= 5
+        # one checking event and ceil(n / 8) placing events per big topic, slices for the rest
+        assert (
+            processed.count("create-topic-plan") == (1 + 7) + (1 + 4) and processed.count("bulk-slice") >= 8
+        )
+        # the two transactions one after the other, never nested
+        kinds = [records.decode_value(r.value).WhichOneof("record") for b in raft.log for r in b.records]
+        markers = [k for k in kinds if k in ("begin_transaction", "end_transaction")]
+        assert markers == ["begin_transaction", "end_transaction"] * 2
         grow = await controller.create_partitions(
             cpb.CreatePartitionsRequest(
                 cluster_id=CLUSTER, topics=[cpb.CreatePartitionsTopic(name="huge", count=51)]
