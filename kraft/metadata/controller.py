@@ -71,6 +71,7 @@ from kraft.metadata.controller_logic import (
     TopicTransactionBusy,
     describe_topic,
     error_response,
+    is_big_topic,
 )
 from kraft.metadata.controller_state import (
     YIELD_EVERY_RECORDS,
@@ -573,10 +574,13 @@ class QuorumController:
         except KraftError as exc:
             return error_response(cpb.CreateTopicsResponse(), exc.code, exc.message)
         counts = Counter(t.name for t in req.topics)
-        logic = self.state.logic
-        big = (
-            [] if logic is None else [t for t in req.topics if counts[t.name] == 1 and logic.is_big_topic(t)]
-        )
+        options = self.options
+        big = [
+            t
+            for t in req.topics
+            if counts[t.name] == 1
+            and is_big_topic(t, options.max_work_unit_records, options.default_num_partitions)
+        ]
         if big:
             # A topic bigger than a work unit is planned and written in slices of its own (see
             # _create_big_topic); the others go in parts as below, at the same time.

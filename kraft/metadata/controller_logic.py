@@ -221,6 +221,16 @@ class TopicPlan:
             return None
 
 
+def is_big_topic(topic: cpb.CreatableTopic, max_records: int, default_partitions: int) -> bool:
+    """Auto-placed with more partitions than one work unit: planned and written in slices.  A topic with
+    an explicit assignment is written whole (its plan is the assignment itself, which no record could
+    carry for a resume; the request limits bound it)."""
+    if topic.assignments:
+        return False
+    partitions = default_partitions if topic.num_partitions == -1 else topic.num_partitions
+    return partitions > max_records
+
+
 class TopicTransactionBusy(Exception):
     """Another big topic's transaction is still open: transactions never interleave (a reader keeps one
     open delta, and a resume knows one plan), so the caller waits for a commit and asks again."""
@@ -976,12 +986,8 @@ class ControllerLogic:
         return Outcome(batch.finish(), response, next_offset)
 
     def is_big_topic(self, topic: cpb.CreatableTopic) -> bool:
-        """Auto-placed with more partitions than one work unit: planned and written in slices.  A topic
-        with an explicit assignment is written whole (its plan is the assignment itself, which no
-        record could carry for a resume; the request limits bound it)."""
-        return (
-            not topic.assignments and self._requested_partitions(topic) > self.settings.max_changes_per_write
-        )
+        settings = self.settings
+        return is_big_topic(topic, settings.max_changes_per_write, settings.default_num_partitions)
 
     def plan_topic(
         self, req: cpb.CreateTopicsRequest, next_offset: int
