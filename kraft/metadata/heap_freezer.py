@@ -13,22 +13,9 @@ import gc
 
 from kraft.clock import Clock
 
-GC_THRESHOLDS = (50_000, 10, 10)
-"""``gc.set_threshold`` of a controller process, chosen by bench/results/gc_thresholds.json (500,000
-partitions, a fence/unfence workload of ~190,000 records, the heap frozen as below; same runs, 2-core
-host at load 3-4): against the default (700, 10, 10) the time in GC went 1,420 → 241 ms and the workload
-10.3 → 8.5-8.8 s; pauses over 10 ms went from 32 (27 gen-1 collections of ~20 ms, 5 full ones) to the
-freezer's 4 full collections.  The longest pause stays ~65-70 ms either way: it is the freezer's own
-``gc.collect()``.  Gen 1 and 2 keep their default ratios, so full collections still come after 100
-young ones (5M net allocations) besides the freezer's."""
 FREEZE_AFTER_RECORDS = 20_000
 FREEZE_MIN_INTERVAL_MS = 2_000
 THAW_EVERY_FREEZES = 30
-
-
-def tune_gc() -> None:
-    """Process-wide: set :data:`GC_THRESHOLDS` (the composition root calls it for a controller node)."""
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def freeze_heap() -> None:

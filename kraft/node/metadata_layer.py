@@ -26,7 +26,6 @@ from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.metadata.bootstrap import read_bootstrap_features
 from kraft.metadata.controller import ControllerOptions, QuorumController
-from kraft.metadata.heap_freezer import tune_gc
 from kraft.metadata.request_limits import RequestLimits
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
@@ -141,7 +140,6 @@ GIL_SWITCH_INTERVAL_S = 0.0001
 
 def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    tune_gc()  # fewer, cheaper young collections beside a large frozen image (heap_freezer.GC_THRESHOLDS)
     layer = MetadataLayer(node.config.authorizer_settings)
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
     node.on_start(layer.start)
