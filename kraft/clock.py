@@ -44,3 +44,29 @@ class ManualClock:
 
     def advance(self, delta_ms: int) -> None:
         self.now_ms += delta_ms
+
+
+DEFAULT_WORK_UNIT_MS = 5
+"""The default time budget of one bounded work unit (``controller.max.event.time.ms``): an event of the
+controller, a slice of a committed batch's replay, a slice of a broker's metadata replay."""
+
+CHECK_EVERY = 32
+"""Items a budgeted loop handles between two clock reads (a read costs ~0.2 µs, an item 2 to 20 µs)."""
+
+
+class Deadline:
+    """The time budget of one work unit, started on creation: :meth:`expired` once ``budget_ms`` have
+    passed on ``clock``.  ``budget_ms <= 0`` (or no clock) never expires: the unit is bounded by its
+    record count only.  A unit checks it between items, so it always makes progress (at least one item)
+    and overruns by at most one item (or ``CHECK_EVERY`` of them where it checks less often)."""
+
+    __slots__ = ("_clock", "_until_ms", "started_ms")
+
+    def __init__(self, clock: Clock | None, budget_ms: int) -> None:
+        self._clock = clock if budget_ms > 0 else None
+        self.started_ms = 0 if self._clock is None else self._clock.monotonic_ms()
+        self._until_ms = self.started_ms + budget_ms
+
+    def expired(self) -> bool:
+        clock = self._clock
+        return clock is not None and clock.monotonic_ms() >= self._until_ms

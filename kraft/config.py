@@ -533,6 +533,9 @@ class NodeConfig(BaseModel):
     # DeleteTopics, a broker leaving 100,000 ISRs, unfence elections) continue in further events, with
     # heartbeats and registrations served first in between (kraft/metadata/event_queue.py).
     controller_max_work_unit_records: Positive = _key("controller.max.work.unit.records", default=1000)
+    # The time budget of one such event (and of each slice of a committed batch's replay), read on the
+    # controller's clock; a slice ends at whichever of the two bounds comes first.  0 = records only.
+    controller_max_event_time_ms: NonNegative = _key("controller.max.event.time.ms", default=5)
     # The request plane apart from the state machine: the controller node's gRPC server runs on its own
     # thread and event loop; every handler still runs on the main loop (kraft/node/intake.py).
     controller_request_intake_thread: Bool = _key("controller.request.intake.thread", default=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kraft.broker.publisher import MetadataPublisher
 from kraft.client.controller import ControllerClient, ControllerUnavailable
-from kraft.clock import Clock
+from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
@@ -138,13 +138,19 @@ class MetadataFetcher:
             return True
         delta = self._pending or MetadataDelta(self._publisher.image)
         undecodable: list[tuple[int, str]] = []
-        for record in response.records:
+        # A response holds up to a MiB of records (thousands of partition changes): replayed in slices of
+        # at most the work-unit time budget, so this broker's heartbeats and replica fetches run between.
+        deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
+        for count, record in enumerate(response.records, 1):
             try:
                 decoded = decode_value(record.value)
             except KraftError as exc:
                 undecodable.append((record.offset, exc.message))
                 continue
             delta.replay(decoded, record.offset, record.leader_epoch)
+            if count % CHECK_EVERY == 0 and deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
         error = unreplayable("metadata", response.records[-1].offset, undecodable, list(delta.replay_errors))
         if error is not None:
             if self._metrics is not None:

@@ -13,15 +13,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from kraft.clock import Clock, Deadline
 from kraft.errors import KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.raft.api import CommittedBatch
 
-# Big batches are decoded and replayed this many records per loop turn, so heartbeats and Raft fetches
-# get in meanwhile.
+# Big batches are decoded and replayed at most this many records per loop turn (and for at most the
+# time budget, checked every REPLAY_PIECE_RECORDS), so heartbeats and Raft fetches get in meanwhile.
 REPLAY_SLICE_RECORDS = 200
+REPLAY_PIECE_RECORDS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +43,24 @@ class ReplayedBatch:
             raise error
 
 
-async def replay_batch(committed: MetadataImage, batch: CommittedBatch) -> ReplayedBatch:
+async def replay_batch(
+    committed: MetadataImage, batch: CommittedBatch, clock: Clock | None = None, budget_ms: int = 0
+) -> ReplayedBatch:
+    """Replay ``batch`` on ``committed``, yielding the loop after every ``REPLAY_SLICE_RECORDS`` records
+    or ``budget_ms`` on ``clock``, whichever comes first."""
     fresh = [r for r in batch.records if r.offset > committed.offset]
     delta = MetadataDelta(committed)
     values: list[tuple[int, bytes]] = []
     undecodable: list[tuple[int, str]] = []
-    for start in range(0, len(fresh), REPLAY_SLICE_RECORDS):
-        if start:
+    deadline = Deadline(clock, budget_ms)
+    since_yield = 0
+    for start in range(0, len(fresh), REPLAY_PIECE_RECORDS):
+        if since_yield >= REPLAY_SLICE_RECORDS or (since_yield and deadline.expired()):
             await asyncio.sleep(0)
-        piece = fresh[start : start + REPLAY_SLICE_RECORDS]
+            deadline = Deadline(clock, budget_ms)
+            since_yield = 0
+        piece = fresh[start : start + REPLAY_PIECE_RECORDS]
+        since_yield += len(piece)
         try:  # the bulk decoder first; a slice with a bad value is redone record by record
             decoded = list(rec.decode_values([r.value for r in piece]))
         except KraftError:

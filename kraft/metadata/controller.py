@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from kraft.clock import Clock
+from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, Deadline
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import LATEST_METADATA_VERSION, METADATA_VERSION_FEATURE
@@ -67,8 +67,11 @@ from kraft.metadata.controller_logic import (
     ControllerSettings,
     CreateTally,
     Outcome,
+    TopicPlan,
+    TopicTransactionBusy,
     describe_topic,
     error_response,
+    is_big_topic,
 )
 from kraft.metadata.controller_state import (
     YIELD_EVERY_RECORDS,
@@ -79,6 +82,7 @@ from kraft.metadata.controller_state import (
 from kraft.metadata.controller_writes import LeadershipNotConfirmed, WritePath
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
+from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
@@ -100,6 +104,7 @@ from kraft.v1 import controller_pb2 as cpb
 R = TypeVar("R", bound=Message)
 
 COUNT_SLICE_PARTITIONS = 1_000  # per-broker partition counts: recounted this many per loop turn
+SNAPSHOT_PIECE_RECORDS = 200  # a loaded snapshot is replayed this many records between budget checks
 
 
 async def _next_loop_turn() -> None:
@@ -123,6 +128,9 @@ class ControllerOptions:
     # (CreateTopics parts, DeleteTopics parts by partitions removed, slices of ISR removals and unfence
     # elections); bulk work continues in further events, behind heartbeats
     max_work_unit_records: int = 1_000
+    # controller.max.event.time.ms: the time budget of one such event (and of each slice of a committed
+    # batch's replay), on the injected clock; whichever bound comes first ends the slice (0 = records only)
+    max_event_time_ms: int = DEFAULT_WORK_UNIT_MS
     # bulk work computes no further slice while this many appended records are not committed yet
     max_uncommitted_bulk_records: int = 10_000
     default_num_partitions: int = 1  # num.partitions
@@ -198,6 +206,7 @@ class QuorumController:
             max_broker_partitions=options.max_broker_partitions,
             request_limits=options.request_limits,
             max_changes_per_write=options.max_work_unit_records,
+            max_event_time_ms=options.max_event_time_ms,
             bootstrap_features=dict(options.bootstrap_features),
             min_insync_replicas=options.min_insync_replicas,
             unclean_leader_election_enable=options.unclean_leader_election_enable,
@@ -212,6 +221,8 @@ class QuorumController:
             log=log,
             max_uncommitted_records=options.max_uncommitted_bulk_records,
         )
+        self.event_timings = EventTimings(self.node_id, clock, options.max_event_time_ms, log)
+        self.writes.queue.observe(clock, self.event_timings.record)
         self.activation = Activation(
             state,
             raft,
@@ -333,7 +344,7 @@ class QuorumController:
             self._apply_committed(batch, own, values)
             return
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead
-        replayed = await replay_batch(state.committed, batch)
+        replayed = await replay_batch(state.committed, batch, self.clock, self.options.max_event_time_ms)
         problems = len(replayed.undecodable) + len(replayed.replay_errors)
         if problems:
             # Fatal: the listener fails, the node stops (one event=fatal line) instead of running with an
@@ -367,10 +378,18 @@ class QuorumController:
         delta = MetadataDelta(MetadataImage.empty())
         errors: list[KraftError] = []  # values that are not metadata records
         values = reader.records
-        for start in range(0, len(values), YIELD_EVERY_RECORDS):
-            # Bulk replay in bounded chunks: a million-partition snapshot must not stall Raft for seconds.
-            delta.replay_values(values[start : start + YIELD_EVERY_RECORDS], on_error=errors.append)
-            await asyncio.sleep(0)
+        deadline = Deadline(self.clock, self.options.max_event_time_ms)
+        since_yield = 0
+        for start in range(0, len(values), SNAPSHOT_PIECE_RECORDS):
+            # Bulk replay in bounded chunks (records and time): a million-partition snapshot must not
+            # stall Raft for seconds.
+            piece = values[start : start + SNAPSHOT_PIECE_RECORDS]
+            delta.replay_values(piece, on_error=errors.append)
+            since_yield += len(piece)
+            if since_yield >= YIELD_EVERY_RECORDS or deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(self.clock, self.options.max_event_time_ms)
+                since_yield = 0
         if last <= state.committed.offset:
             return  # commits arrived while this ran (they are newer than the snapshot)
         problems = len(errors) + len(delta.replay_errors)
@@ -560,27 +579,64 @@ class QuorumController:
             check_create_topics(req, self.options.request_limits, self.options.default_num_partitions)
         except KraftError as exc:
             return error_response(cpb.CreateTopicsResponse(), exc.code, exc.message)
+        counts = Counter(t.name for t in req.topics)
+        options = self.options
+        big = [
+            t
+            for t in req.topics
+            if counts[t.name] == 1
+            and is_big_topic(t, options.max_work_unit_records, options.default_num_partitions)
+        ]
+        if big:
+            # A topic bigger than a work unit is planned and written in slices of its own (see
+            # _create_big_topic); the others go in parts as below, at the same time.
+            big_names = {t.name for t in big}
+            rest = cpb.CreateTopicsRequest(
+                cluster_id=req.cluster_id,
+                topics=[t for t in req.topics if t.name not in big_names],
+                validate_only=req.validate_only,
+            )
+            answers = await asyncio.gather(
+                *(self._create_big_topic(req, t) for t in big),
+                *([self.create_topics(rest)] if rest.topics else []),
+            )
+            by_name: dict[str, cpb.CreatableTopicResult] = {}
+            duplicates: list[cpb.CreatableTopicResult] = []
+            for answer in answers:
+                if answer.error_code != ErrorCode.NONE:
+                    return answer
+                for result in answer.topics:
+                    if counts[result.name] > 1:
+                        duplicates.append(result)
+                    else:
+                        by_name[result.name] = result
+            response = cpb.CreateTopicsResponse()
+            for topic in req.topics:
+                response.topics.append(by_name[topic.name] if counts[topic.name] == 1 else duplicates.pop(0))
+            return response
         chunks = _topic_chunks(req, self.options.max_work_unit_records)
-        if len(chunks) == 1:
-            return await self._create_part(req)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
-        counts = Counter(t.name for t in req.topics)
         tally = CreateTally()  # a dry run's parts see what the earlier parts would have created
-        writes = []
-        for chunk in chunks:
-            topics = [t for t in chunk if counts[t.name] == 1]
-            part = cpb.CreateTopicsRequest(
-                cluster_id=req.cluster_id, topics=topics, validate_only=req.validate_only
-            )
-            # Yields first, so the previous part computes and appends; on a timeout this part's own
-            # commit wait answers REQUEST_TIMED_OUT.
-            with contextlib.suppress(TimeoutError):
-                await self.writes.wait_for_room()
-            writes.append(asyncio.ensure_future(self._create_part(part, tally)))
+        parts = [
+            cpb.CreateTopicsRequest(cluster_id=req.cluster_id, topics=topics, validate_only=req.validate_only)
+            for topics in ([t for t in chunk if counts[t.name] == 1] for chunk in chunks)
+            if topics
+        ] or [cpb.CreateTopicsRequest(cluster_id=req.cluster_id, validate_only=req.validate_only)]
+        if len(parts) == 1:
+            answers = [await self._create_part(parts[0], tally)]
+        else:
+            writes = []
+            for part in parts:
+                # Yields first, so the previous part computes and appends; on a timeout this part's own
+                # commit wait answers REQUEST_TIMED_OUT.
+                with contextlib.suppress(TimeoutError):
+                    await self.writes.wait_for_room()
+                writes.append(asyncio.ensure_future(self._create_part(part, tally)))
+            answers = await asyncio.gather(*writes)
         results: dict[str, cpb.CreatableTopicResult] = {}
-        for answer in await asyncio.gather(*writes):
+        for answer in answers:
             if answer.error_code != ErrorCode.NONE:
                 return answer
             results.update((r.name, r) for r in answer.topics)
@@ -595,14 +651,90 @@ class QuorumController:
                 response.topics.append(results[topic.name])
         return response
 
+    async def _create_big_topic(
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic
+    ) -> cpb.CreateTopicsResponse:
+        """One topic of more partitions than a work unit: checks and plan (one event, nothing written),
+        placement counted per broker in events of at most a work unit (records and time), then the limits
+        again and the records — BeginTransaction, the topic, configs, the first partitions — with the
+        rest written by the bulk job driver, EndTransaction last; answered once that committed.  A
+        failover before the first records: nothing was written, the client retries.  After: the new
+        active controller finishes the transaction from its plan (ControllerLogic._resume_transaction)."""
+        one = cpb.CreateTopicsRequest(
+            cluster_id=req.cluster_id, topics=[topic], validate_only=req.validate_only
+        )
+        plans: list[TopicPlan] = []
+
+        def plan(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
+            outcome, planned = logic.plan_topic(one, self.writes.next_offset)
+            if planned is not None:
+                plans.append(planned)
+            return outcome
+
+        answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
+        if not plans:
+            return answer
+        topic_plan = plans[0]
+        budget_ms = self.options.max_event_time_ms
+        limit = self.options.max_work_unit_records
+        try:
+            while not await self.writes.queue.run(
+                EventPriority.NORMAL,
+                "create-topic-plan",
+                lambda: topic_plan.place_some(Deadline(self.clock, budget_ms), limit),
+            ):
+                pass
+        except EventQueueClosedError:
+            return self._not_controller(cpb.CreateTopicsResponse(), self.state.leader.leader_id)
+        while True:
+            try:
+                return await self._serve(
+                    cpb.CreateTopicsResponse(),
+                    lambda lg: lg.create_planned_topic(
+                        topic_plan, req.validate_only, self.writes.next_offset
+                    ),
+                    name="create-topics",
+                )
+            except TopicTransactionBusy:
+                # One big topic at a time (transactions never interleave): its slices commit often; try
+                # again after the next commit, or give up when none comes within the commit timeout.
+                now_ms = self.timers.now_ms()
+                if not await self.timers.wait(
+                    self.state.next_commit(), now_ms + self.options.commit_timeout_ms
+                ):
+                    return error_response(
+                        cpb.CreateTopicsResponse(),
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"controller {self.node_id}: another big topic was still being created; retry",
+                    )
+
     async def _create_part(
         self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
     ) -> cpb.CreateTopicsResponse:
-        return await self._serve(
-            cpb.CreateTopicsResponse(),
-            lambda lg: lg.create_topics(req, self.writes.next_offset, tally),
-            name="create-topics",
-        )
+        """One part (names unique), as one event; when the event's time budget ends it before its last
+        topic, the rest is queued as a further part from inside the event (behind whatever is queued
+        already) and its answer is merged into this one."""
+        rest: list[asyncio.Task[cpb.CreateTopicsResponse]] = []
+
+        def build(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
+            outcome = logic.create_topics(req, self.writes.next_offset, tally)
+            done = len(outcome.response.topics)
+            if outcome.response.error_code == ErrorCode.NONE and 0 < done < len(req.topics):
+                leftover = cpb.CreateTopicsRequest(
+                    cluster_id=req.cluster_id, topics=req.topics[done:], validate_only=req.validate_only
+                )
+                rest.append(asyncio.ensure_future(self._create_part(leftover, tally)))
+            return outcome
+
+        answer = await self._serve(cpb.CreateTopicsResponse(), build, name="create-topics")
+        for task in rest:
+            more = await task
+            if answer.error_code == ErrorCode.NONE:
+                if more.error_code != ErrorCode.NONE:
+                    answer = more
+                else:
+                    answer.topics.extend(more.topics)
+        return answer
 
     async def delete_topics(self, req: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
         names = list(dict.fromkeys(req.names))

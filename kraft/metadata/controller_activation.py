@@ -119,7 +119,11 @@ class Activation:
             return
         writes.next_offset = state.committed.offset + 1
         logic = ControllerLogic(
-            self._settings, state.committed, self._timers.now_ms(), new_topic_id=self._new_topic_id
+            self._settings,
+            state.committed,
+            self._timers.now_ms(),
+            new_topic_id=self._new_topic_id,
+            clock=self._timers.clock,
         )
         state.logic = logic
         activated, self._activated = self._activated, None

@@ -27,6 +27,7 @@ Caught up = the broker's reported metadata offset ≥ its broker epoch (the offs
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -35,6 +36,7 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
 
+from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import (
     LATEST_METADATA_VERSION,
@@ -58,7 +60,12 @@ from kraft.metadata.image import (
 )
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
-from kraft.metadata.placement import UsableBroker, place_replicas, validate_assignment
+from kraft.metadata.placement import (
+    UsableBroker,
+    place_replica_range,
+    place_replicas,
+    validate_assignment,
+)
 from kraft.metadata.rejoin_index import RejoinIndex
 from kraft.metadata.request_limits import (
     MAX_PARTITIONS_PER_TOPIC,
@@ -121,6 +128,10 @@ class ControllerSettings:
     max_changes_per_write: int = 250
     """Partition changes per append when a broker leaves its ISRs or unfence elections run (a bulk job
     slice, ``controller.max.work.unit.records``); the rest follow in later appends."""
+    max_event_time_ms: int = DEFAULT_WORK_UNIT_MS
+    """``controller.max.event.time.ms``: the time budget of one event's bulk part (ISR removals, unfence
+    elections, the topics of a CreateTopics part), read on the logic's clock; a slice stops at whichever
+    of this and ``max_changes_per_write`` comes first (0 = records only)."""
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     """``max.partitions``: partitions in the cluster (each counted once, whatever its replication factor)."""
     max_broker_partitions: int = DEFAULT_MAX_BROKER_PARTITIONS
@@ -172,6 +183,99 @@ class _RejoinJob:
     position: int = 0
 
 
+CREATE_TOPIC_TRANSACTION = "CreateTopic "
+"""Prefix of the BeginTransactionRecord name of a sliced topic creation; JSON of its plan follows."""
+
+
+@dataclass(slots=True)
+class TopicPlan:
+    """A topic too big for one work unit (auto-placed, more partitions than
+    ``controller.max.work.unit.records``): placed slice by slice to count replicas per broker for the
+    limits before any record is written (:meth:`place_some`), then written slice by slice inside a
+    metadata transaction whose BeginTransactionRecord names this plan, so that a new active controller
+    resumes it from the image (placement is a function of the plan: the same tuples either way)."""
+
+    name: str
+    partitions: int
+    replication_factor: int
+    start_index: int
+    brokers: list[UsableBroker]
+    """The usable brokers when it was planned, in the order given to placement."""
+    configs: dict[str, str]
+    planned: int = 0
+    by_broker: Counter[int] = field(default_factory=Counter)
+
+    def place(self, first: int, count: int) -> list[tuple[int, ...]]:
+        return place_replica_range(self.brokers, first, count, self.replication_factor, self.start_index)
+
+    def place_some(self, deadline: Deadline, max_partitions: int) -> bool:
+        """Place (and count) up to ``max_partitions`` more partitions, or fewer when ``deadline``
+        expires; True once every partition was counted."""
+        end = min(self.partitions, self.planned + max_partitions)
+        while self.planned < end:
+            step = min(CHECK_EVERY, end - self.planned)
+            self.by_broker.update(b for replicas in self.place(self.planned, step) for b in replicas)
+            self.planned += step
+            if deadline.expired():
+                break
+        return self.planned >= self.partitions
+
+    def transaction_name(self, topic_id: str) -> str:
+        plan = {
+            "topic_id": topic_id,
+            "name": self.name,
+            "partitions": self.partitions,
+            "replication_factor": self.replication_factor,
+            "start_index": self.start_index,
+            "brokers": [[b.broker_id, b.rack] for b in self.brokers],
+        }
+        return CREATE_TOPIC_TRANSACTION + json.dumps(plan, separators=(",", ":"))
+
+    @staticmethod
+    def parse(transaction: str) -> tuple[str, TopicPlan] | None:
+        """(topic id, plan) from a transaction name, None when it is not a topic creation's."""
+        if not transaction.startswith(CREATE_TOPIC_TRANSACTION):
+            return None
+        try:
+            plan = json.loads(transaction[len(CREATE_TOPIC_TRANSACTION) :])
+            brokers = [UsableBroker(int(b), None if r is None else str(r)) for b, r in plan["brokers"]]
+            return str(plan["topic_id"]), TopicPlan(
+                str(plan["name"]),
+                int(plan["partitions"]),
+                int(plan["replication_factor"]),
+                int(plan["start_index"]),
+                brokers,
+                {},
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def is_big_topic(topic: cpb.CreatableTopic, max_records: int, default_partitions: int) -> bool:
+    """Auto-placed with more partitions than one work unit: planned and written in slices.  A topic with
+    an explicit assignment is written whole (its plan is the assignment itself, which no record could
+    carry for a resume; the request limits bound it)."""
+    if topic.assignments:
+        return False
+    partitions = default_partitions if topic.num_partitions == -1 else topic.num_partitions
+    return partitions > max_records
+
+
+class TopicTransactionBusy(Exception):
+    """Another big topic's transaction is still open: transactions never interleave (a reader keeps one
+    open delta, and a resume knows one plan), so the caller waits for a commit and asks again."""
+
+
+@dataclass(slots=True)
+class _TopicJob:
+    """The partitions of a planned topic still to write; ``plan`` None closes an open transaction this
+    controller cannot resume (a record of it is never expected: kraft writes only topic creations)."""
+
+    topic_id: str
+    plan: TopicPlan | None
+    written: int
+
+
 @dataclass(slots=True)
 class CreateTally:
     """What the earlier parts of one validate_only CreateTopics request would have created."""
@@ -201,6 +305,11 @@ class _Batch:
     next_offset: int
     records: list[pb.MetadataRecord] = field(default_factory=list)
     delta: MetadataDelta | None = None
+    deadline: Deadline = field(init=False)
+    """The event's time budget, started when the event began building its records."""
+
+    def __post_init__(self) -> None:
+        self.deadline = Deadline(self.logic.clock, self.logic.settings.max_event_time_ms)
 
     def add(self, payload: Message) -> None:
         record = rec.wrap(payload)
@@ -263,8 +372,12 @@ class ControllerLogic:
         image: MetadataImage,
         now_ms: int,
         new_topic_id: Callable[[], str] | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``clock`` times each event's bulk part against ``settings.max_event_time_ms`` (None: bounded
+        by record counts only)."""
         self.settings = settings
+        self.clock = clock
         self.image = image
         self.heartbeats = HeartbeatTracker(settings.session_timeout_ms)
         self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
@@ -280,6 +393,7 @@ class ControllerLogic:
         self.rejoin_index = RejoinIndex()
         self._leaving: dict[int, _LeaveJob] = {}
         self._rejoining: dict[int, _RejoinJob] = {}
+        self._topic_jobs: dict[str, _TopicJob] = {}
         self.reset(image, now_ms)
 
     # ---- lifecycle of the logic itself ----
@@ -294,7 +408,9 @@ class ControllerLogic:
         self.broker_offsets.clear()
         self._leaving.clear()
         self._rejoining.clear()
+        self._topic_jobs.clear()
         self._resume_bulk_jobs()
+        self._resume_transaction()
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
@@ -383,12 +499,32 @@ class ControllerLogic:
         if electable:
             self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, electable)
 
+    def _resume_transaction(self) -> None:
+        """The committed log ends inside a metadata transaction: a previous active controller was writing
+        a big topic when it stopped.  Its plan is in the transaction's name and what it wrote is in the
+        image, so the rest follows as a bulk job (resume, not restart) and the transaction closes."""
+        transaction = self.image.transaction
+        if not transaction:
+            return
+        parsed = TopicPlan.parse(transaction)
+        if parsed is None:
+            self._topic_jobs[""] = _TopicJob("", None, 0)
+            return
+        topic_id, plan = parsed
+        topic = self.image.topics_by_id.get(topic_id)
+        written = 0 if topic is None else len(topic.partitions)
+        self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, written)
+
+    def creating(self, topic_id: str) -> bool:
+        """Whether the topic is being written in slices (its partition count is not final yet)."""
+        return topic_id in self._topic_jobs
+
     def index_some(self, limit: int = INDEX_SLICE_PARTITIONS) -> bool:
         """One slice of the rejoin index's rebuild after a reset; True once it follows the image."""
         return self.rejoin_index.rebuild_some(self.image.topics_by_id, limit)
 
     def has_bulk_jobs(self) -> bool:
-        return bool(self._leaving or self._rejoining)
+        return bool(self._leaving or self._rejoining or self._topic_jobs)
 
     def continue_bulk_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
         """The next chunk of ISR removals and unfence elections (the shell calls this until
@@ -396,6 +532,7 @@ class ControllerLogic:
         batch = _Batch(self, next_offset)
         self._run_leave_jobs(batch)
         self._run_rejoin_jobs(batch)
+        self._run_topic_jobs(batch)
         return batch.finish()
 
     def elect_leaderless(self, batch: _Batch, topic_names: Iterable[str] | None) -> None:
@@ -422,6 +559,32 @@ class ControllerLogic:
         else:
             job.partitions.extend(leaderless)
         self._run_rejoin_jobs(batch)
+
+    def _run_topic_jobs(self, batch: _Batch) -> None:
+        """The next partitions of the topics being written in slices; the last slice of each closes its
+        transaction.  A topic deleted meanwhile (inside the transaction) just closes it."""
+        budget = self.settings.max_changes_per_write - len(batch.records)
+        deadline = batch.deadline
+        for key, job in list(self._topic_jobs.items()):
+            if budget <= 0 or deadline.expired():
+                return
+            plan = job.plan
+            if plan is not None and job.topic_id in batch.view().topics_by_id:
+                end = min(plan.partitions, job.written + budget)
+                while job.written < end:
+                    step = min(CHECK_EVERY, end - job.written)
+                    self.add_partition_records(
+                        batch, job.topic_id, job.written, plan.place(job.written, step)
+                    )
+                    job.written += step
+                    budget -= step
+                    if deadline.expired():
+                        break
+                if job.written < plan.partitions:
+                    return
+            del self._topic_jobs[key]
+            batch.add(pb.EndTransactionRecord())
+            budget -= 1
 
     def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         """Partitions listing ``broker_id`` as a replica (a full scan: ~1 s per million partitions); the
@@ -489,6 +652,8 @@ class ControllerLogic:
     def _run_leave_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS  # bounds a chunk that finds few changes (a long scan)
+        deadline = batch.deadline
+        ticks = 0
         for job in list(self._leaving.values()):
             if budget <= 0 or scan_budget <= 0:
                 return
@@ -532,6 +697,12 @@ class ControllerLogic:
                                 )
                             changes.append((change[0], topic.topic_id, index, change[1]))
                     index += 1
+                    ticks += 1
+                    if ticks >= CHECK_EVERY:
+                        ticks = 0
+                        if deadline.expired():  # the event's time budget: the rest in the next slice
+                            scan_budget = 0
+                            break
                 if index < len(partitions):
                     job.partition_position = index  # budget used up inside this topic
                 else:
@@ -565,6 +736,8 @@ class ControllerLogic:
     def _run_rejoin_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS
+        deadline = batch.deadline
+        ticks = 0
         for job in list(self._rejoining.values()):
             if budget <= 0 or scan_budget <= 0:
                 return
@@ -593,6 +766,11 @@ class ControllerLogic:
                     if unclean:
                         note_unclean_election(topic.name, partition_id, current, change)
                     changes.append(change)
+                ticks += 1
+                if ticks >= CHECK_EVERY:
+                    ticks = 0
+                    if deadline.expired():  # the event's time budget: the rest in the next slice
+                        scan_budget = 0
             for change in changes:
                 batch.add(change)
             budget -= len(changes)
@@ -874,7 +1052,10 @@ class ControllerLogic:
         self, req: cpb.CreateTopicsRequest, next_offset: int, tally: CreateTally | None = None
     ) -> Outcome[cpb.CreateTopicsResponse]:
         """``tally`` carries a validate_only request's earlier parts (the shell splits big requests into
-        parts; a dry run writes nothing, so later parts would not see earlier ones in the image)."""
+        parts; a dry run writes nothing, so later parts would not see earlier ones in the image).
+
+        Stops after the topic during which the event's time budget ran out: the response then lists only
+        the first topics of ``req`` (at least one), in order, and the caller asks again for the rest."""
         response = cpb.CreateTopicsResponse()
         try:
             self.check_cluster_id(req.cluster_id)
@@ -893,23 +1074,17 @@ class ControllerLogic:
         created: set[str] = dry_run.names if dry_run else set()
         added: Counter[int] = dry_run.replicas if dry_run else Counter()
         for topic in req.topics:
+            if response.topics and batch.deadline.expired():
+                # The event's time budget is spent: the response lists the topics handled so far and the
+                # shell sends the rest as the next part (a topic is never split here).
+                break
             result = response.topics.add(name=topic.name)
             try:
                 if counts[topic.name] > 1:
                     raise KraftError(
                         ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} appears more than once"
                     )
-                validate_topic_name(topic.name)
-                if topic.name in self.image.topic_ids_by_name or topic.name in created:
-                    raise KraftError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {topic.name!r} already exists")
-                clash = colliding_name(topic.name, self.image.topic_ids_by_name) or colliding_name(
-                    topic.name, created
-                )
-                if clash is not None:
-                    raise KraftError(
-                        ErrorCode.INVALID_TOPIC_EXCEPTION,
-                        f"topic {topic.name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
-                    )
+                self._check_new_name(topic.name, created)
                 # Checked before placement too, so a huge request costs nothing before it is refused.
                 self._check_partition_counts(
                     topic, self._requested_partitions(topic), cursor, {}, hosted, added
@@ -937,6 +1112,103 @@ class ControllerLogic:
                 continue
             self._add_topic_records(batch, topic.name, topic_id, assignment, configs)
         return Outcome(batch.finish(), response, next_offset)
+
+    def is_big_topic(self, topic: cpb.CreatableTopic) -> bool:
+        settings = self.settings
+        return is_big_topic(topic, settings.max_changes_per_write, settings.default_num_partitions)
+
+    def plan_topic(
+        self, req: cpb.CreateTopicsRequest, next_offset: int
+    ) -> tuple[Outcome[cpb.CreateTopicsResponse], TopicPlan | None]:
+        """The first step of a big topic (``req`` holds just it): every check that needs no placement,
+        and its plan — or its error in the response.  Writes nothing."""
+        response = cpb.CreateTopicsResponse()
+        try:
+            self.check_cluster_id(req.cluster_id)
+            check_create_topics(req, self.settings.request_limits, self.settings.default_num_partitions)
+        except KraftError as exc:
+            return Outcome([], error_response(response, exc.code, exc.message)), None
+        (topic,) = req.topics
+        result = response.topics.add(name=topic.name)
+        partitions, hosted = self._placement_counts()
+        try:
+            self._check_new_name(topic.name, set())
+            requested = self._requested_partitions(topic)
+            self._check_partition_counts(topic, requested, partitions, {}, hosted, {})
+            if requested > MAX_PARTITIONS_PER_TOPIC:
+                self._assignment_for(topic, partitions)  # raises INVALID_PARTITIONS (before placing)
+            factor = topic.replication_factor
+            if factor == -1:
+                factor = self.settings.default_replication_factor
+            if factor <= 0:
+                self._assignment_for(topic, partitions)  # raises INVALID_REPLICATION_FACTOR
+            usable = self._usable_brokers()
+            if factor > len(usable):
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(usable))
+                )
+            configs = validate_topic_configs([(c.name, c.value) for c in topic.configs], factor)
+        except KraftError as exc:
+            error_response(result, exc.code, exc.message)
+            return Outcome([], response, next_offset), None
+        plan = TopicPlan(topic.name, requested, factor, partitions, usable, configs)
+        return Outcome([], response, next_offset), plan
+
+    def create_planned_topic(
+        self, plan: TopicPlan, validate_only: bool, next_offset: int
+    ) -> Outcome[cpb.CreateTopicsResponse]:
+        """The checks again with the per-broker counts of the complete plan, against the image as it is
+        now; then (unless ``validate_only``) BeginTransaction, the topic, its configs and the first
+        partitions — the rest as a bulk job (:meth:`continue_bulk_jobs`), EndTransaction last.  Raises
+        :class:`TopicTransactionBusy` while another big topic is being written."""
+        if self._topic_jobs and not validate_only:
+            raise TopicTransactionBusy
+        response = cpb.CreateTopicsResponse()
+        result = response.topics.add(name=plan.name)
+        batch = _Batch(self, next_offset)
+        partitions, hosted = self._placement_counts()
+        try:
+            self._check_new_name(plan.name, set())
+            topic = cpb.CreatableTopic(name=plan.name)
+            self._check_partition_counts(topic, plan.partitions, partitions, plan.by_broker, hosted, {})
+        except KraftError as exc:
+            error_response(result, exc.code, exc.message)
+            return Outcome([], response, next_offset)
+        topic_id = self._new_topic_id()
+        result.topic_id = topic_id
+        result.num_partitions = plan.partitions
+        result.replication_factor = plan.replication_factor
+        if validate_only:
+            return Outcome([], response, next_offset)
+        batch.add(pb.BeginTransactionRecord(name=plan.transaction_name(topic_id)))
+        batch.add(pb.TopicRecord(name=plan.name, topic_id=topic_id))
+        for key, value in sorted(plan.configs.items()):
+            batch.add(
+                pb.ConfigRecord(
+                    resource_type=rec.ConfigResourceType.TOPIC, resource_name=plan.name, name=key, value=value
+                )
+            )
+        self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, 0)
+        self._run_topic_jobs(batch)
+        return Outcome(batch.finish(), response, next_offset)
+
+    def _check_new_name(self, name: str, created: set[str]) -> None:
+        validate_topic_name(name)
+        if name in self.image.topic_ids_by_name or name in created:
+            raise KraftError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+        clash = colliding_name(name, self.image.topic_ids_by_name) or colliding_name(name, created)
+        if clash is not None:
+            raise KraftError(
+                ErrorCode.INVALID_TOPIC_EXCEPTION,
+                f"topic {name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
+            )
+
+    def _usable_brokers(self) -> list[UsableBroker]:
+        return [
+            UsableBroker(b.broker_id, b.rack)
+            for b in self.image.brokers.values()
+            if not b.fenced and not b.in_controlled_shutdown
+        ]
 
     def _requested_partitions(self, topic: cpb.CreatableTopic) -> int:
         if topic.assignments:
@@ -995,11 +1267,7 @@ class ControllerLogic:
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"replication factor must be positive (or -1: default), got {topic.replication_factor}",
             )
-        usable = [
-            UsableBroker(b.broker_id, b.rack)
-            for b in self.image.brokers.values()
-            if not b.fenced and not b.in_controlled_shutdown
-        ]
+        usable = self._usable_brokers()
         if factor > len(usable):
             raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(usable)))
         return place_replicas(usable, partitions, factor, cursor)

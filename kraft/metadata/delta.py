@@ -173,7 +173,8 @@ class MetadataDelta:
         self.image = image
         self.offset = image.offset
         self.epoch = image.epoch
-        self.in_transaction = False
+        self.transaction = image.transaction
+        """The open metadata transaction's name ("" = none; kept across batches through the image)."""
         self.replay_errors: list[str] = []
         self._brokers: dict[int, BrokerRegistration | None] = {}
         self._topics: dict[str, _TopicDelta] = {}
@@ -441,15 +442,19 @@ class MetadataDelta:
             return
         self._acls[r.id] = None
 
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.transaction)
+
     def _replay_begin_transaction(self, r: pb.BeginTransactionRecord) -> None:
-        self.in_transaction = True
+        self.transaction = r.name or "unnamed"
 
     def _replay_end_transaction(self, r: pb.EndTransactionRecord) -> None:
-        self.in_transaction = False
+        self.transaction = ""
 
     def _replay_abort_transaction(self, r: pb.AbortTransactionRecord) -> None:
         # Aborted groups are never written by kraft's controller; a reader only needs to leave the group.
-        self.in_transaction = False
+        self.transaction = ""
 
     # ---- what changed (for indexes that follow images incrementally) ----
 
@@ -529,6 +534,7 @@ class MetadataDelta:
             configs=configs,
             features=features,
             acls=acls,
+            transaction=self.transaction,
         )
 
     # ---- what a broker must do ----

@@ -14,9 +14,14 @@ Here one asyncio task plays the thread and two lanes give the order:
   the meantime runs first.
 
 An event is a synchronous function (compute records against the speculative image and append them):
-it must be bounded — the bulk paths slice themselves by ``controller.max.work.unit.records``.  Waiting
+it must be bounded — the bulk paths slice themselves by ``controller.max.work.unit.records`` and
+``controller.max.event.time.ms`` (whichever comes first).  Waiting
 for commits happens outside the queue, in the caller's task.  After each normal event, and after every
 ``URGENT_BURST`` urgent ones, the runner yields a loop turn so gRPC intake and Raft run in between.
+
+Each event is timed on the injected clock (:meth:`ControllerEventQueue.observe`): the shell turns the
+durations into the per-kind histogram (Kafka's ``EventQueueProcessingTimeMs``) and the
+``controller_event_slow`` log line.
 
 IO-free apart from asyncio; deterministic: the order depends only on the order of :meth:`submit` calls.
 """
@@ -30,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, TypeVar
+
+from kraft.clock import Clock
 
 T = TypeVar("T")
 
@@ -63,6 +70,13 @@ class ControllerEventQueue:
         self.processed: list[str] = []
         """Names of the last events run, oldest first (bounded; tests and debugging read it)."""
         self.history_limit = 1_000
+        self._clock: Clock | None = None
+        self._on_event: Callable[[str, int], None] | None = None
+
+    def observe(self, clock: Clock, on_event: Callable[[str, int], None]) -> None:
+        """Time every event on ``clock``; ``on_event(name, duration_ms)`` after each one ran."""
+        self._clock = clock
+        self._on_event = on_event
 
     def __len__(self) -> int:
         return len(self._lanes[0]) + len(self._lanes[1])
@@ -108,12 +122,16 @@ class ControllerEventQueue:
                 self._wakeup = asyncio.get_running_loop().create_future()
                 await self._wakeup
                 continue
+            clock = self._clock
+            started_ms = 0 if clock is None else clock.monotonic_ms()
             try:
                 result = event.run()
             except Exception as exc:  # the caller's error (KraftError, NotControllerError, ...)
                 event.future.set_exception(exc)
             else:
                 event.future.set_result(result)
+            if clock is not None and self._on_event is not None:
+                self._on_event(event.name, clock.monotonic_ms() - started_ms)
             processed = self.processed
             processed.append(event.name)
             if len(processed) > self.history_limit:

@@ -116,6 +116,9 @@ class MetadataImage:
     acls: Mapping[str, StandardAcl] = field(default_factory=dict)
     """ACL id (a UUID string) → binding, from AccessControlEntryRecords (kraft.security.authorizer reads
     them); the mapping is shared by every image until an ACL record changes it."""
+    transaction: str = ""
+    """The name of the metadata transaction open at ``offset`` (its BeginTransactionRecord's), "" when
+    none is: a reader publishes nothing inside one; the controller resumes it (controller_logic)."""
 
     @staticmethod
     def empty() -> MetadataImage:

@@ -81,6 +81,10 @@ def create_partitions(
             found = image.topic(topic.name)
             if found is None:
                 raise KraftError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic.name!r} does not exist")
+            if logic.creating(found.topic_id):
+                raise KraftError(
+                    ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} is still being created; retry"
+                )
             current = len(found.partitions)
             if topic.count <= current:
                 raise KraftError(

@@ -52,13 +52,27 @@ def place_replicas(
             ErrorCode.INVALID_REPLICATION_FACTOR,
             f"replication factor {replication_factor} is larger than the {len(brokers)} available brokers",
         )
+    return place_replica_range(brokers, 0, num_partitions, replication_factor, start_index)
+
+
+def place_replica_range(
+    brokers: Sequence[UsableBroker],
+    first_partition: int,
+    partitions: int,
+    replication_factor: int,
+    start_index: int,
+) -> list[tuple[int, ...]]:
+    """Partitions ``first_partition`` … ``first_partition + partitions - 1`` of what
+    :func:`place_replicas` places from ``start_index`` (the same tuples: a huge topic is placed slice
+    by slice, and resumed after a failover, without placing its earlier partitions again).  The caller
+    checked the arguments."""
     ordered = rack_alternated(brokers)
     count = len(ordered)
     rack_count = len({b.rack or "" for b in ordered})
     start = start_index % count
     shift_base = start_index // count
     result: list[tuple[int, ...]] = []
-    for partition in range(num_partitions):
+    for partition in range(first_partition, first_partition + partitions):
         first = (start + partition) % count
         shift = (shift_base + partition // count) % max(count - 1, 1)
         chosen = [ordered[first]]

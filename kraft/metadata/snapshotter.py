@@ -58,8 +58,8 @@ class Snapshotter:
 
     def maybe_snapshot(self, image: MetadataImage) -> None:
         """Start a snapshot of ``image`` (just committed) if one is due and none is being written."""
-        if self.task is not None and not self.task.done():
-            return
+        if (self.task is not None and not self.task.done()) or image.transaction:
+            return  # (never inside a metadata transaction: a reader of the snapshot would miss its Begin)
         now = self._clock.monotonic_ms()
         due_bytes = self._bytes_since_snapshot >= self._max_bytes
         due_time = self._bytes_since_snapshot > 0 and now - self._last_snapshot_ms >= self._interval_ms

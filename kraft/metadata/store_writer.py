@@ -81,6 +81,11 @@ class StoreWriter:
             await self._dirty.wait()
             self._dirty.clear()
             image = self._committed()
+            if image.transaction:
+                # Never inside a metadata transaction: loaded after a restart, the image would lack the
+                # open transaction (its Begin is below the stored offset).  The commit closing it marks
+                # the store dirty again.
+                continue
             started_ms = self._timers.now_ms()
             try:
                 await store.save(image)
@@ -110,7 +115,9 @@ class StoreWriter:
         """A last save of the committed image (best effort), then close; call after :meth:`run` ended."""
         if self._store is None:
             return
-        with contextlib.suppress(Exception):
-            await self._store.save(self._committed())
+        image = self._committed()
+        if not image.transaction:
+            with contextlib.suppress(Exception):
+                await self._store.save(image)
         await self._store.close()
         self._store = None

@@ -59,6 +59,7 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         metadata_fetch_max_wait_ms=config.metadata_fetch_max_wait_ms,
         max_parked_fetches=config.fetch_max_parked_requests,
         max_work_unit_records=config.controller_max_work_unit_records,
+        max_event_time_ms=config.controller_max_event_time_ms,
         controller_listener_name=config.controller_listener_names[0],
         controller_security_protocol=config.security_protocol(config.controller_listener_names[0]),
     )

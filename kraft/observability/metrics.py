@@ -108,6 +108,19 @@ CONTROLLER_NEW_ACTIVE_CONTROLLERS = Counter(
 CONTROLLER_METADATA_ERRORS = Counter(
     "kraft_controller_metadata_errors", "Errors while replaying or generating metadata records", _NODE
 )
+CONTROLLER_EVENT_PROCESSING_TIME = Histogram(
+    "kraft_controller_event_queue_processing_time_seconds",
+    "Time one event of the controller's event queue ran, by kind (Kafka EventQueueProcessingTimeMs); "
+    "measured in whole milliseconds of the controller's clock",
+    (*_NODE, "kind"),
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+CONTROLLER_EVENT_LONGEST = Gauge(
+    "kraft_controller_event_queue_longest_event_seconds",
+    "The longest event of the controller's event queue, by kind, since the start of the current "
+    "60-second window (a window starts with the first event after the previous one ended)",
+    (*_NODE, "kind"),
+)
 
 # --- Broker (Kafka: broker-metadata-metrics) ---
 BROKER_STATE = Gauge("kraft_broker_state", "BrokerState as Kafka numbers it (3 = RUNNING)", _NODE)

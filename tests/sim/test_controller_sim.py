@@ -38,6 +38,7 @@ from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.controller_logic import CREATE_TOPIC_TRANSACTION, ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
 from kraft.raft.core_output import OutboundRequest
 from kraft.raft.messages import RaftResponse
@@ -742,7 +743,58 @@ def scenario_sliced_topic_requests_finish_after_failover(sim: ControllerSimulati
     sim.check_identical_images()
 
 
+def scenario_sliced_big_topic_resumes_after_failover(sim: ControllerSimulation) -> None:
+    """One CreateTopics of a single auto-placed topic of BULK_PARTITIONS partitions (12 work units of 4):
+    planned, then written in slices inside a metadata transaction; the active controller crashes when
+    part of it committed.  Nobody retries: the new active controller finds the open transaction in its
+    image, resumes from its plan and closes it.  The topic equals the unsliced operation's — the
+    placement and ISRs a single-event creation on the image before the request gives."""
+    before = sim.leader_image()
+    unsliced = ControllerLogic(
+        ControllerSettings(CLUSTER, default_replication_factor=2, max_changes_per_write=10 * BULK_PARTITIONS),
+        before,
+        0,
+        new_topic_id=lambda: "unsliced",
+    )
+    request = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER,
+        topics=[cpb.CreatableTopic(name="big", num_partitions=BULK_PARTITIONS, replication_factor=2)],
+    )
+    expected = unsliced.create_topics(request, before.offset + 1)
+    assert expected.response.topics[0].error_code == ErrorCode.NONE
+    expected_topic = unsliced.image.topic("big")
+    assert expected_topic is not None
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].create_topics(request))
+    sim._sync_controllers()
+
+    def written(image: MetadataImage) -> int:
+        topic = image.topic("big")
+        return 0 if topic is None else len(topic.partitions)
+
+    _crash_active_mid_way(sim, written, "the big topic")
+    if not sim.leader_image().transaction.startswith(CREATE_TOPIC_TRANSACTION):
+        raise InvariantViolation(f"seed {sim.seed}: no open transaction after the crash mid-way")
+
+    def done() -> bool:
+        image = sim.leader_image()
+        return written(image) == BULK_PARTITIONS and not image.transaction
+
+    sim.run_until_condition(done, BOUND_MS, "the big topic resumed to its end")
+    topic = sim.leader_image().topic("big")
+    assert topic is not None
+    if topic.partitions != expected_topic.partitions:
+        raise InvariantViolation(
+            f"seed {sim.seed}: the resumed topic differs from the unsliced one: {topic.partitions} != "
+            f"{expected_topic.partitions}"
+        )
+    sim.wait_all_active("brokers active after the failover")
+    sim.check_identical_images()
+
+
 SCENARIOS = {
+    "sliced_big_topic_resumes_after_failover": scenario_sliced_big_topic_resumes_after_failover,
     "sliced_topic_requests_finish_after_failover": scenario_sliced_topic_requests_finish_after_failover,
     "sliced_controlled_shutdown_resumes_after_failover": (
         scenario_sliced_controlled_shutdown_resumes_after_failover

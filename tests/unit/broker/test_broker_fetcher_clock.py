@@ -3,6 +3,7 @@ measured on the broker's injected clock, so a test can assert it exactly."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, cast
 
@@ -80,3 +81,84 @@ async def test_the_snapshot_replay_time_is_measured_on_the_injected_clock(tmp_pa
     finally:
         await publisher.flush()
         manager.close()
+
+
+class CostClock(ManualClock):
+    """Every read of the clock costs ``cost_ms`` (a stand-in for slow replay)."""
+
+    def __init__(self, cost_ms: int) -> None:
+        super().__init__()
+        self.cost_ms = cost_ms
+
+    def monotonic_ms(self) -> int:
+        self.now_ms += self.cost_ms
+        return self.now_ms
+
+
+class RecordsController:
+    """Answers one MetadataFetch with ``count`` TopicRecords at offsets 0..count-1."""
+
+    def __init__(self, count: int) -> None:
+        self.active_controller_id = 1
+        self.records = [
+            cpb.CommittedRecord(
+                offset=i,
+                leader_epoch=1,
+                value=encode_value(wrap(mpb.TopicRecord(name=f"r{i}", topic_id=f"R{i}"))),
+            )
+            for i in range(count)
+        ]
+
+    async def call(self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float) -> Any:
+        return cpb.MetadataFetchResponse(
+            error_code=ErrorCode.NONE, high_watermark=len(self.records), records=self.records
+        )
+
+
+async def _loop_turns_while_replaying(tmp_path: Path, clock: ManualClock, count: int) -> int:
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    publisher = MetadataPublisher(
+        ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
+    )
+    await publisher.start()
+    await publisher.open_partitions()
+    fetcher = MetadataFetcher(
+        ME,
+        "c",
+        cast(ControllerClient, RecordsController(count)),
+        publisher,
+        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
+        lambda offset: None,
+        clock=clock,
+    )
+    turns = 0
+    replaying = True
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while replaying:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    try:
+        start = turns
+        assert await fetcher.fetch_once()
+        replaying = False
+        assert all(publisher.image.topic(f"r{i}") is not None for i in range(count))
+        return turns - start
+    finally:
+        replaying = False
+        await ticker
+        await publisher.flush()
+        manager.close()
+
+
+async def test_a_big_metadata_response_is_replayed_in_slices_of_the_time_budget(tmp_path: Path) -> None:
+    """1,000 records in one response: on a clock where replay costs time (1 ms per read, a read per 32
+    records) the replay yields the loop every ~5 ms of it (the broker's heartbeats and replica fetches run
+    between); on a clock where it costs nothing it is one turn, as before."""
+    free = await _loop_turns_while_replaying(tmp_path / "free", ManualClock(), 1000)
+    costly = await _loop_turns_while_replaying(tmp_path / "costly", CostClock(1), 1000)
+    assert costly >= free + 5, (free, costly)
