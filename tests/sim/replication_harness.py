@@ -44,7 +44,9 @@ and every acknowledged record is there.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import functools
 import random
 import shutil
 from collections.abc import Callable, Coroutine, Sequence
@@ -327,6 +329,8 @@ class Broker:
     verified: dict[TopicPartition, set[int]] = field(default_factory=dict)
     # (tp) → offset below which this incarnation's log equals the committed reference
     matched: dict[TopicPartition, int] = field(default_factory=dict)
+    # (tp) → ReplicationSim.version when every acknowledged record was last found in this log
+    checked_version: dict[TopicPartition, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -398,7 +402,6 @@ class ReplicationSim:
         )
         self.controller.write(self.controller.logic.bootstrap_records(0))
         self.acked: dict[TopicPartition, dict[int, bytes]] = {tp: {} for tp in self.tps}
-        self.new_acks = False
         self.reference: dict[TopicPartition, Reference] = {tp: Reference() for tp in self.tps}
         self.next_value = 0
         self.stats: dict[str, int] = {}
@@ -406,7 +409,11 @@ class ReplicationSim:
         self.tasks: set[asyncio.Task[Any]] = set()  # the sim's own (producers, faults, controller)
         self.events: list[str] = []  # the last events, for a failure message
         self.error: BaseException | None = None  # the first exception a task raised
-        self._reference_checked: set[tuple[TopicPartition, int]] = set()
+        # Acknowledged offsets not compared with the committed reference yet (it had not reached them).
+        self.unreferenced: dict[TopicPartition, list[int]] = {tp: [] for tp in self.tps}
+        # Bumped by every acknowledgement, truncation and restart: a replica whose acknowledged records
+        # were verified at the current version need not be looked at again.
+        self.version = 0
 
     @property
     def tps(self) -> list[TopicPartition]:
@@ -415,12 +422,14 @@ class ReplicationSim:
     def note(self, event: str) -> None:
         self.events.append(f"t={self.clock.now_ms - 1_000_000} {event}")
         del self.events[:-30]
-        self.stats[event.split()[0]] = self.stats.get(event.split()[0], 0) + 1
+        kind = event.split(maxsplit=1)[0]
+        self.stats[kind] = self.stats.get(kind, 0) + 1
 
     def fail(self, message: str) -> InvariantViolation:
         recent = "\n  ".join(self.events[-15:])
         return InvariantViolation(
-            f"seed {self.seed} at t={self.clock.now_ms - 1_000_000} ms: {message}\n  recent events:\n  {recent}"
+            f"seed {self.seed} at t={self.clock.now_ms - 1_000_000} ms: {message}\n"
+            f"  recent events:\n  {recent}"
         )
 
     # --- processes ---------------------------------------------------------------------------------
@@ -454,6 +463,8 @@ class ReplicationSim:
         broker.running = True
         broker.verified = {}
         broker.matched = {}
+        broker.checked_version = {}
+        self.version += 1
         broker.image = MetadataImage.empty()
         broker.metadata_offset = -1
         status = BrokerStatus(broker_id, CLUSTER, SESSION_MS, clock=self.clock)
@@ -473,8 +484,15 @@ class ReplicationSim:
             lease=status,
             transport=SimTransport(self, broker_id),
         )
-        service = BrokerService(status, partitions, ImageMetadataView(MetadataImage.empty()), replicas=replicas)
-        broker.status, broker.partitions, broker.replicas, broker.service = status, partitions, replicas, service
+        service = BrokerService(
+            status, partitions, ImageMetadataView(MetadataImage.empty()), replicas=replicas
+        )
+        broker.status, broker.partitions, broker.replicas, broker.service = (
+            status,
+            partitions,
+            replicas,
+            service,
+        )
         self.note(f"start broker={broker_id} incarnation={broker.incarnation}")
         self.spawn(broker_id, self._lifecycle(broker, previous))
         self.spawn(broker_id, self._metadata_fetcher(broker))
@@ -489,6 +507,7 @@ class ReplicationSim:
             tp = _tp_of(path)
 
             def on_truncate(offset: int) -> None:
+                self.version += 1
                 verified = broker.verified.get(tp)
                 if verified is not None:
                     broker.verified[tp] = {o for o in verified if o < offset}
@@ -509,9 +528,11 @@ class ReplicationSim:
         # The process is gone: no checkpoint, no answer to anyone; its fetchers and AlterPartition
         # tasks die with it (close() would write the HWM checkpoint, which a crash does not).
         replicas._closed = True
-        for task in [*replicas._fetchers.values(), *(led.alter_task for led in replicas._led.values())]:
-            if task is not None:
-                task.cancel()
+        doomed: list[asyncio.Task[None] | None] = [*replicas._fetchers.values()]
+        doomed += [led.alter_task for led in replicas._led.values()]
+        for doomed_task in doomed:
+            if doomed_task is not None:
+                doomed_task.cancel()
         lost = []
         for partition in broker.partitions.partitions():
             log = partition.log
@@ -546,7 +567,9 @@ class ReplicationSim:
         while True:
 
             async def do_register() -> cpb.RegisterBrokerResponse:
-                outcome = logic.register_broker(register, self.clock.monotonic_ms(), len(self.controller.records))
+                outcome = logic.register_broker(
+                    register, self.clock.monotonic_ms(), len(self.controller.records)
+                )
                 self.controller.write(outcome.records)
                 return outcome.response
 
@@ -566,20 +589,24 @@ class ReplicationSim:
             )
             sent_at = self.clock.monotonic_ms()
 
-            async def do_heartbeat(request: cpb.BrokerHeartbeatRequest = request) -> cpb.BrokerHeartbeatResponse:
-                outcome = logic.broker_heartbeat(request, self.clock.monotonic_ms(), len(self.controller.records))
+            async def do_heartbeat(
+                request: cpb.BrokerHeartbeatRequest = request,
+            ) -> cpb.BrokerHeartbeatResponse:
+                outcome = logic.broker_heartbeat(
+                    request, self.clock.monotonic_ms(), len(self.controller.records)
+                )
                 self.controller.write(outcome.records)
                 return outcome.response
 
             with contextlib.suppress(RpcFailed):
-                answer = await self._rpc(broker.id, CONTROLLER, do_heartbeat)
-                if answer.error_code == ErrorCode.NONE:
+                beat = await self._rpc(broker.id, CONTROLLER, do_heartbeat)
+                if beat.error_code == ErrorCode.NONE:
                     status.heartbeat_accepted(sent_at)
-                    if answer.is_fenced and not status.fenced:
+                    if beat.is_fenced and not status.fenced:
                         status.fenced = True
                         status.transition(BrokerState.RECOVERY)
                         self.note(f"fenced broker={broker.id}")
-                    elif not answer.is_fenced and status.fenced:
+                    elif not beat.is_fenced and status.fenced:
                         status.fenced = False
                         status.transition(BrokerState.RUNNING)
                         self.note(f"unfenced broker={broker.id}")
@@ -626,7 +653,9 @@ class ReplicationSim:
             if ticks % (CHECKPOINT_MS // LEASE_CHECK_MS) == 0:
                 replicas.checkpoint_high_watermarks()
 
-    async def _alter_partition(self, broker_id: int, request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
+    async def _alter_partition(
+        self, broker_id: int, request: cpb.AlterPartitionRequest
+    ) -> cpb.AlterPartitionResponse:
         async def handle() -> cpb.AlterPartitionResponse:
             outcome = alter_partition(self.controller.logic, request, len(self.controller.records))
             self.controller.write(outcome.records)
@@ -688,7 +717,9 @@ class ReplicationSim:
             return await service.Produce(request, None)  # type: ignore[arg-type]  # no authorizer: unused
 
         try:
-            answer = await self.network.call(PRODUCER, leader, handle, 2 * PRODUCE_TIMEOUT_MS / 1000.0, self.spawn)
+            answer = await self.network.call(
+                PRODUCER, leader, handle, 2 * PRODUCE_TIMEOUT_MS / 1000.0, self.spawn
+            )
         except RpcFailed:
             return
         if answer.error_code != ErrorCode.NONE:
@@ -702,9 +733,13 @@ class ReplicationSim:
             previous = acked.get(offset)
             if previous is not None and previous != value:
                 raise self.fail(f"{tp} offset {offset} acknowledged twice: {previous!r} and {value!r}")
+            if offset not in acked:
+                self.unreferenced[tp].append(offset)
             acked[offset] = value
-        self.new_acks = True
-        self.note(f"acked {tp} offsets={answer.base_offset}..{answer.base_offset + len(values) - 1} leader={leader}")
+        self.version += 1
+        self.note(
+            f"acked {tp} offsets={answer.base_offset}..{answer.base_offset + len(values) - 1} leader={leader}"
+        )
 
     # --- faults ------------------------------------------------------------------------------------------
 
@@ -724,13 +759,15 @@ class ReplicationSim:
                 victim = rng.choice(BROKERS)
                 self.network.isolated.add(victim)
                 self.note(f"isolate broker={victim}")
-                self.spawn(CONTROLLER, self._heal_later(lambda v=victim: self.network.isolated.discard(v)))
+                self.spawn(
+                    CONTROLLER, self._heal_later(functools.partial(self.network.isolated.discard, victim))
+                )
             elif roll < 0.7:
                 a, b = rng.sample([CONTROLLER, *BROKERS], 2)
                 link = frozenset((a, b))
                 self.network.cut.add(link)
                 self.note(f"cut {a}-{b}")
-                self.spawn(CONTROLLER, self._heal_later(lambda link=link: self.network.cut.discard(link)))
+                self.spawn(CONTROLLER, self._heal_later(functools.partial(self.network.cut.discard, link)))
             elif roll < 0.8:
                 self.network.cut.clear()
                 self.network.isolated.clear()
@@ -892,9 +929,11 @@ class ReplicationSim:
             acked = self.acked[tp]
             for member in sorted({*registration.isr, registration.leader} - {-1}):
                 self._check_acked(self.brokers[member], tp, acked)
-            for offset, value in acked.items():
-                if offset < reference.end:
-                    self._check_reference_holds(tp, offset, value)
+            pending = self.unreferenced[tp]
+            if pending and min(pending) < reference.end:
+                for offset in [o for o in pending if o < reference.end]:
+                    self._check_reference_holds(tp, offset, acked[offset])
+                self.unreferenced[tp] = [o for o in pending if o >= reference.end]
 
     def _check_matches(self, broker: Broker, tp: TopicPartition, upto: int) -> None:
         """``broker``'s log below ``upto`` (a committed batch boundary or the reference end) equals the
@@ -921,7 +960,7 @@ class ReplicationSim:
 
     def _check_acked(self, broker: Broker, tp: TopicPartition, acked: dict[int, bytes]) -> None:
         log = self._log_of(broker, tp)
-        if log is None:
+        if log is None or broker.checked_version.get(tp) == self.version:
             return
         verified = broker.verified.setdefault(tp, set())
         for offset in sorted(set(acked) - verified):
@@ -942,21 +981,17 @@ class ReplicationSim:
                     verified.add(record.offset)
             if offset not in verified:
                 raise self.fail(f"{tp} acknowledged offset {offset} not readable on broker {broker.id}")
+        broker.checked_version[tp] = self.version
 
     def _check_reference_holds(self, tp: TopicPartition, offset: int, value: bytes) -> None:
         reference = self.reference[tp]
-        key = (tp, offset)
-        if key in self._reference_checked:
-            return
-        for base, last, raw in reference.batches:
-            if base <= offset <= last:
-                batch = next(iter(iter_batches(raw)))
-                record = batch.records[offset - base]
-                if record.value != value:
-                    raise self.fail(f"{tp} committed offset {offset} holds {record.value!r}, acked {value!r}")
-                self._reference_checked.add(key)
-                return
-        raise self.fail(f"{tp} acknowledged offset {offset} not in the committed log")
+        base_index = bisect.bisect_right([b for b, _, _ in reference.batches], offset) - 1
+        base, last, raw = reference.batches[base_index]
+        if not base <= offset <= last:
+            raise self.fail(f"{tp} acknowledged offset {offset} not in the committed log")
+        record = next(iter(iter_batches(raw))).records[offset - base]
+        if record.value != value:
+            raise self.fail(f"{tp} committed offset {offset} holds {record.value!r}, acknowledged {value!r}")
 
     def _converged(self) -> bool:
         image = self.controller.image
@@ -983,7 +1018,9 @@ class ReplicationSim:
         parts = []
         for tp in self.tps:
             registration = image.partition(TOPIC_ID, tp.partition)
-            ends = {b: (lg.log_end_offset if (lg := self._log_of(self.brokers[b], tp)) else None) for b in BROKERS}
+            ends = {
+                b: (lg.log_end_offset if (lg := self._log_of(self.brokers[b], tp)) else None) for b in BROKERS
+            }
             current = self._leader_of(tp)
             hwm = current[1].high_watermark if current else None
             parts.append(f"{tp}: {registration} hwm={hwm} ends={ends}")
@@ -1006,6 +1043,7 @@ class ReplicationSim:
             self._check_matches(leader, tp, min(state.high_watermark, self.reference[tp].end))
             for b in BROKERS:
                 self.brokers[b].verified.pop(tp, None)
+                self.brokers[b].checked_version.pop(tp, None)
                 self._check_acked(self.brokers[b], tp, self.acked[tp])
 
 
@@ -1025,4 +1063,3 @@ def run_seed(seed: int, root: Path) -> ReplicationSim:
     finally:
         sim.close()
     return sim
-
