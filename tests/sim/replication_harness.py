@@ -107,15 +107,15 @@ def replication_settings() -> ReplicationSettings:
     return ReplicationSettings(
         replica_lag_time_max_ms=LAG_MS,
         fetch_max_wait_ms=40,
-        fetch_max_bytes=1024,  # several fetches per catch-up
-        fetch_response_max_bytes=4096,
+        fetch_max_bytes=512,  # several fetches per catch-up
+        fetch_response_max_bytes=2048,
         fetch_backoff_ms=30,
         request_timeout_ms=200,
         alter_partition_backoff_ms=40,
         min_insync_replicas=MIN_ISR,
         produce_timeout_ms=PRODUCE_TIMEOUT_MS,
         hwm_checkpoint_interval_ms=CHECKPOINT_MS,
-        catch_up_flush_bytes=1024,  # followers also hold unflushed data while behind
+        catch_up_flush_bytes=4096,  # a follower catching up holds unflushed fetches: what a crash loses
     )
 
 
@@ -542,6 +542,12 @@ class ReplicationSim:
             end = segmented.end_offset
             segmented.abandon()
             kept, torn = lose_unflushed(segmented.dir, flushed, self.rng)
+            if end > kept:
+                self.stats["lost_unflushed_batches"] = self.stats.get("lost_unflushed_batches", 0) + 1
+            if kept > flushed:
+                self.stats["kept_unflushed_batches"] = self.stats.get("kept_unflushed_batches", 0) + 1
+            if torn:
+                self.stats["torn_batches"] = self.stats.get("torn_batches", 0) + 1
             lost.append(f"{partition.tp}:flushed={flushed},end={end},kept={kept}{',torn' if torn else ''}")
         broker.partitions = broker.replicas = broker.service = broker.status = None
         self.note(f"crash broker={broker_id} {' '.join(lost)}")
@@ -780,8 +786,18 @@ class ReplicationSim:
 
     async def _restart_later(self, broker_id: int, delay_ms: int) -> None:
         await asyncio.sleep(delay_ms / 1000.0)
-        if not self.brokers[broker_id].running:
-            self.start_broker(broker_id)
+        if self.brokers[broker_id].running:
+            return
+        self.start_broker(broker_id)
+        if self.rng.random() < 0.4:
+            # Crash it again while it recovers and catches up: a follower behind its leader holds fetched
+            # batches it has not flushed yet (catch_up_flush_bytes), which is what a crash loses.
+            await asyncio.sleep(self.rng.randint(20, 400) / 1000.0)
+            running = [b for b in BROKERS if self.brokers[b].running]
+            broker = self.brokers[broker_id]
+            if self.faults and broker.running and len(running) >= 2:
+                self.crash_broker(broker_id)
+                self.spawn(CONTROLLER, self._restart_later(broker_id, self.rng.randint(50, 600)))
 
     # --- driving -----------------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import pytest
 from kraft.broker import replication
 from kraft.broker.partitions import Partition
 from kraft.broker.replication import ReplicaManager
+from kraft.broker.segmented_partition_log import SegmentedPartitionLog
 from kraft.errors import ErrorCode
 from kraft.replication.epochs import UNDEFINED_EPOCH
 from sim.harness import InvariantViolation
@@ -113,3 +114,13 @@ def test_a_seed_replays_exactly(sim_root: Path) -> None:
     assert first.events == second.events
     assert first.acked == second.acked
     assert first.clock.now_ms == second.clock.now_ms
+
+
+def test_counting_unflushed_follower_data_as_durable_is_caught(
+    sim_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every partition log claims its whole end is on disk: followers never flush and report unflushed
+    # batches as durable, so the leader acknowledges records a follower's crash then loses.
+    monkeypatch.setattr(SegmentedPartitionLog, "flushed_offset", property(lambda self: self.log_end_offset))
+    caught = _first_caught(sim_root)
+    assert caught is not None, f"unflushed data counted as durable survived {MUTATION_SEEDS} seeds"
