@@ -387,10 +387,11 @@ def split_batches(data: bytes) -> list[tuple[int, int, bytes]]:
 
 
 class ReplicationSim:
-    def __init__(self, seed: int, root: Path, *, faults: bool = True) -> None:
+    def __init__(self, seed: int, root: Path, *, run_ms: int = RUN_MS) -> None:
         self.seed = seed
+        self.run_ms = run_ms
         self.root = root
-        self.faults = faults
+        self.faults = True  # cleared for the final heal
         self.rng = random.Random(seed)
         self.clock = ManualClock(start_ms=1_000_000)
         self.loop = VirtualTimeLoop(self.clock)
@@ -825,7 +826,7 @@ class ReplicationSim:
         return until is None
 
     def run(self) -> None:
-        """Start, write with faults for RUN_MS, then heal and check convergence."""
+        """Start, write with faults for ``run_ms``, then heal and check convergence."""
         for b in BROKERS:
             self.start_broker(b)
         self.spawn(CONTROLLER, self._controller_timers())
@@ -838,7 +839,7 @@ class ReplicationSim:
         for tp in self.tps:
             self.spawn(CONTROLLER, self._producer(tp))
         self.spawn(CONTROLLER, self._faults())
-        self.run_for(RUN_MS)
+        self.run_for(self.run_ms)
         self.finish()
 
     def finish(self) -> None:

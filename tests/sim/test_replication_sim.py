@@ -102,8 +102,8 @@ def test_followers_that_never_truncate_by_leader_epoch_are_caught(
 
 def test_a_seed_replays_exactly(sim_root: Path) -> None:
     """Same seed, same run: what replaying a failure relies on."""
-    first = ReplicationSim(5, sim_root / "a")
-    second = ReplicationSim(5, sim_root / "b")
+    first = ReplicationSim(5, sim_root / "a", run_ms=2_000)
+    second = ReplicationSim(5, sim_root / "b", run_ms=2_000)
     try:
         first.run()
         second.run()
