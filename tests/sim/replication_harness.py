@@ -49,6 +49,7 @@ import contextlib
 import functools
 import random
 import shutil
+import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,13 +227,23 @@ class Network:
     incarnation: Callable[[int], int]
     cut: set[frozenset[int]] = field(default_factory=set)
     isolated: set[int] = field(default_factory=set)
+    # node → extra delay (ms) of every message it sends or receives: a stalled process or a congested
+    # link, whose requests arrive (and are acted on) long after their sender gave up on them
+    slow: dict[int, int] = field(default_factory=dict)
+    drop_probability: float = 0.02
 
     def connected(self, a: int, b: int) -> bool:
         return a not in self.isolated and b not in self.isolated and frozenset((a, b)) not in self.cut
 
-    def delay_s(self) -> float:
+    def delay_s(self, a: int, b: int) -> float:
         ms = self.rng.randint(1, 5) if self.rng.random() < 0.9 else self.rng.randint(10, 40)
+        extra = max(self.slow.get(a, 0), self.slow.get(b, 0))
+        if extra:
+            ms += self.rng.randint(0, extra)
         return ms / 1000.0
+
+    def dropped(self) -> bool:
+        return self.rng.random() < self.drop_probability
 
     async def call(
         self,
@@ -250,7 +261,9 @@ class Network:
 
         async def serve() -> None:
             result = await handler()
-            await asyncio.sleep(self.delay_s())
+            if not self.alive(dst, dst_inc) or self.dropped():
+                return  # what a process computed after it crashed is never sent
+            await asyncio.sleep(self.delay_s(dst, src))
             if self.connected(src, dst) and self.alive(src, src_inc) and not answer.done():
                 answer.set_result(result)
 
@@ -258,12 +271,19 @@ class Network:
             if self.connected(src, dst) and self.alive(dst, dst_inc):
                 spawn(dst, serve())
 
-        if self.connected(src, dst):
-            loop.call_later(self.delay_s(), deliver)
+        def expire() -> None:
+            if not answer.done():
+                answer.set_exception(RpcFailed(f"{src} -> {dst}: no answer"))
+
+        if self.connected(src, dst) and not self.dropped():
+            loop.call_later(self.delay_s(src, dst), deliver)
+        # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as the answer
+        # does, and a crashed process's task would run on.
+        timer = loop.call_later(timeout_s, expire)
         try:
-            return await asyncio.wait_for(answer, timeout_s)
-        except TimeoutError:
-            raise RpcFailed(f"{src} -> {dst}: no answer") from None
+            return await answer
+        finally:
+            timer.cancel()
 
 
 # ------------------------------------------------------------------------------------------ nodes
@@ -776,9 +796,18 @@ class ReplicationSim:
                 self.note(f"cut {a}-{b}")
                 self.spawn(CONTROLLER, self._heal_later(functools.partial(self.network.cut.discard, link)))
             elif roll < 0.8:
+                victim = rng.choice(BROKERS)
+                self.network.slow[victim] = rng.randint(100, 900)
+                self.note(f"slow broker={victim} extra_ms={self.network.slow[victim]}")
+                self.spawn(CONTROLLER, self._heal_later(functools.partial(self._unslow, victim)))
+            elif roll < 0.9:
                 self.network.cut.clear()
                 self.network.isolated.clear()
+                self.network.slow.clear()
                 self.note("heal all")
+
+    def _unslow(self, broker_id: int) -> None:
+        self.network.slow.pop(broker_id, None)
 
     async def _heal_later(self, heal: Callable[[], None]) -> None:
         await asyncio.sleep(self.rng.randint(100, 1500) / 1000.0)
@@ -806,7 +835,8 @@ class ReplicationSim:
         """Run everything due now, check, then move the clock to the next timer."""
         self.loop.run_ready()
         if self.error is not None:
-            raise self.fail(f"a task failed: {self.error!r}") from self.error
+            where = "".join(traceback.format_exception(self.error)[-6:])
+            raise self.fail(f"a task failed: {self.error!r}\n{where}") from self.error
         self.check()
         next_ms = self.loop.next_timer_ms()
         if next_ms is None:
@@ -847,6 +877,7 @@ class ReplicationSim:
         self.producing = False
         self.network.cut.clear()
         self.network.isolated.clear()
+        self.network.slow.clear()
         self.note("final heal")
         for b in BROKERS:
             if not self.brokers[b].running:
