@@ -579,34 +579,13 @@ class ReplicationSim:
         return await self.network.call(src, dst, handler, RPC_TIMEOUT_MS / 1000.0, self.spawn)
 
     async def _lifecycle(self, broker: Broker, previous_incarnation: str) -> None:
+        """Registration and heartbeats with the rules of :class:`kraft.broker.lifecycle.BrokerLifecycle`:
+        the lease runs from when an accepted heartbeat was sent; fenced → RECOVERY, unfenced → RUNNING;
+        STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED (the registration was replaced, e.g. by a request
+        of this broker's previous process that arrived late) → stop serving at once and register again."""
         status = broker.status
         assert status is not None
-        logic = self.controller.logic
-        register = cpb.RegisterBrokerRequest(
-            cluster_id=CLUSTER,
-            broker_id=broker.id,
-            incarnation_id=broker.incarnation_id,
-            listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9000 + broker.id)],
-            log_dirs=[str(broker.directory)],
-            previous_broker_epoch=-1,
-            previous_incarnation_id=previous_incarnation,
-        )
-        while True:
-
-            async def do_register() -> cpb.RegisterBrokerResponse:
-                outcome = logic.register_broker(
-                    register, self.clock.monotonic_ms(), len(self.controller.records)
-                )
-                self.controller.write(outcome.records)
-                return outcome.response
-
-            with contextlib.suppress(RpcFailed):
-                answer = await self._rpc(broker.id, CONTROLLER, do_register)
-                if answer.error_code == ErrorCode.NONE:
-                    status.broker_epoch = answer.broker_epoch
-                    break
-            await asyncio.sleep(HEARTBEAT_MS / 1000.0)
-        status.transition(BrokerState.RECOVERY)
+        await self._register(broker, previous_incarnation)
         while True:
             request = cpb.BrokerHeartbeatRequest(
                 cluster_id=CLUSTER,
@@ -619,7 +598,7 @@ class ReplicationSim:
             async def do_heartbeat(
                 request: cpb.BrokerHeartbeatRequest = request,
             ) -> cpb.BrokerHeartbeatResponse:
-                outcome = logic.broker_heartbeat(
+                outcome = self.controller.logic.broker_heartbeat(
                     request, self.clock.monotonic_ms(), len(self.controller.records)
                 )
                 self.controller.write(outcome.records)
@@ -627,7 +606,16 @@ class ReplicationSim:
 
             with contextlib.suppress(RpcFailed):
                 beat = await self._rpc(broker.id, CONTROLLER, do_heartbeat)
-                if beat.error_code == ErrorCode.NONE:
+                assert broker.replicas is not None
+                if beat.error_code in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
+                    status.fenced = True
+                    status.revoke_lease()
+                    if status.state is BrokerState.RUNNING:
+                        status.transition(BrokerState.RECOVERY)
+                    broker.replicas.check_lease()
+                    self.note(f"reregister broker={broker.id} stale_epoch={status.broker_epoch}")
+                    await self._register(broker, previous_incarnation)
+                elif beat.error_code == ErrorCode.NONE:
                     status.heartbeat_accepted(sent_at)
                     if beat.is_fenced and not status.fenced:
                         status.fenced = True
@@ -637,8 +625,37 @@ class ReplicationSim:
                         status.fenced = False
                         status.transition(BrokerState.RUNNING)
                         self.note(f"unfenced broker={broker.id}")
-                    assert broker.replicas is not None
                     broker.replicas.check_lease()
+            await asyncio.sleep(HEARTBEAT_MS / 1000.0)
+
+    async def _register(self, broker: Broker, previous_incarnation: str) -> None:
+        status = broker.status
+        assert status is not None
+        register = cpb.RegisterBrokerRequest(
+            cluster_id=CLUSTER,
+            broker_id=broker.id,
+            incarnation_id=broker.incarnation_id,
+            listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9000 + broker.id)],
+            log_dirs=[str(broker.directory)],
+            previous_broker_epoch=-1,
+            previous_incarnation_id=previous_incarnation,
+        )
+
+        async def do_register() -> cpb.RegisterBrokerResponse:
+            outcome = self.controller.logic.register_broker(
+                register, self.clock.monotonic_ms(), len(self.controller.records)
+            )
+            self.controller.write(outcome.records)
+            return outcome.response
+
+        while True:
+            with contextlib.suppress(RpcFailed):
+                answer = await self._rpc(broker.id, CONTROLLER, do_register)
+                if answer.error_code == ErrorCode.NONE:
+                    status.broker_epoch = answer.broker_epoch
+                    if status.state is BrokerState.STARTING:
+                        status.transition(BrokerState.RECOVERY)
+                    return
             await asyncio.sleep(HEARTBEAT_MS / 1000.0)
 
     async def _metadata_fetcher(self, broker: Broker) -> None:
