@@ -55,9 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kraft.broker.image_adapter import ImageMetadataView, local_assignments
+from kraft.broker.image_adapter import ImageMetadataView
 from kraft.broker.partition_log import PartitionLog, PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
+from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmented_log_opener
@@ -331,6 +332,22 @@ class SimTransport:
         return None
 
 
+class MemoryImageStore:
+    """The broker's image store (SQLite in a broker process): what was saved survives a crash."""
+
+    def __init__(self) -> None:
+        self.image = MetadataImage.empty()
+
+    async def load(self) -> MetadataImage:
+        return self.image
+
+    async def save(self, image: MetadataImage) -> None:
+        self.image = image
+
+    async def close(self) -> None:
+        return None
+
+
 @dataclass
 class Broker:
     id: int
@@ -342,7 +359,8 @@ class Broker:
     replicas: ReplicaManager | None = None
     service: BrokerService | None = None
     status: BrokerStatus | None = None
-    image: MetadataImage = field(default_factory=MetadataImage.empty)
+    store: MemoryImageStore = field(default_factory=MemoryImageStore)
+    publisher: MetadataPublisher | None = None
     metadata_offset: int = -1
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # (tp) → offsets verified present with their acknowledged value in this incarnation's log
@@ -486,14 +504,12 @@ class ReplicationSim:
         broker.matched = {}
         broker.checked_version = {}
         self.version += 1
-        broker.image = MetadataImage.empty()
         broker.metadata_offset = -1
         status = BrokerStatus(broker_id, CLUSTER, SESSION_MS, clock=self.clock)
         status.incarnation_id = broker.incarnation_id
         status.transition(BrokerState.STARTING)
         opener = self._opener(broker)
         partitions = PartitionManager(broker_id, [broker.directory], opener)
-        partitions.load()
         replicas = ReplicaManager(
             broker_id,
             CLUSTER,
@@ -514,10 +530,26 @@ class ReplicationSim:
             replicas,
             service,
         )
+
+        def on_view(view: ImageMetadataView) -> None:  # BrokerServer._on_view
+            service.set_view(view)
+            replicas.on_image(view.image)
+
+        broker.publisher = MetadataPublisher(
+            broker_id, partitions, broker.store, "PLAINTEXT", on_view, clock=self.clock
+        )
         self.note(f"start broker={broker_id} incarnation={broker.incarnation}")
-        self.spawn(broker_id, self._lifecycle(broker, previous))
-        self.spawn(broker_id, self._metadata_fetcher(broker))
-        self.spawn(broker_id, self._periodic(broker))
+        self.spawn(broker_id, self._start(broker, previous))
+
+    async def _start(self, broker: Broker, previous_incarnation: str) -> None:
+        """BrokerServer.start's order: the stored image and a scan of the log dirs (no log opened), then
+        registration, heartbeats and the metadata catch-up, which opens the partitions."""
+        assert broker.publisher is not None
+        await broker.publisher.start()
+        broker.metadata_offset = broker.publisher.offset
+        self.spawn(broker.id, self._lifecycle(broker, previous_incarnation))
+        self.spawn(broker.id, self._metadata_fetcher(broker))
+        self.spawn(broker.id, self._periodic(broker))
 
     def _opener(self, broker: Broker) -> PartitionLogOpener:
         real = segmented_log_opener(SEGMENT_BYTES)
@@ -571,6 +603,7 @@ class ReplicationSim:
                 self.stats["torn_batches"] = self.stats.get("torn_batches", 0) + 1
             lost.append(f"{partition.tp}:flushed={flushed},end={end},kept={kept}{',torn' if torn else ''}")
         broker.partitions = broker.replicas = broker.service = broker.status = None
+        broker.publisher = None
         self.note(f"crash broker={broker_id} {' '.join(lost)}")
 
     # --- broker processes (the parts of kraft/node/broker.py this simulation drives) -----------------
@@ -592,6 +625,7 @@ class ReplicationSim:
                 broker_id=broker.id,
                 broker_epoch=status.broker_epoch,
                 current_metadata_offset=broker.metadata_offset,
+                want_fence=not self._caught_up(broker),
             )
             sent_at = self.clock.monotonic_ms()
 
@@ -628,6 +662,14 @@ class ReplicationSim:
                     broker.replicas.check_lease()
             await asyncio.sleep(HEARTBEAT_MS / 1000.0)
 
+    @staticmethod
+    def _caught_up(broker: Broker) -> bool:
+        """BrokerServer._caught_up: the image holds this broker's registration and its partitions are
+        open (the real one also waits for a fence by the controller to show in the image)."""
+        status, publisher = broker.status, broker.publisher
+        assert status is not None and publisher is not None
+        return 0 <= status.broker_epoch <= broker.metadata_offset and not publisher.deferred
+
     async def _register(self, broker: Broker, previous_incarnation: str) -> None:
         status = broker.status
         assert status is not None
@@ -659,28 +701,29 @@ class ReplicationSim:
             await asyncio.sleep(HEARTBEAT_MS / 1000.0)
 
     async def _metadata_fetcher(self, broker: Broker) -> None:
+        """The MetadataFetcher's part: fetch the controller's records after the applied offset and
+        publish them (the real MetadataPublisher: revocations, image store, grants, view); once caught up
+        with the controller's log, open the partitions (``open_partitions``)."""
+        publisher = broker.publisher
+        assert publisher is not None
         while True:
-            start = broker.metadata_offset + 1
+            start = publisher.offset + 1
 
-            async def fetch(start: int = start) -> list[mpb.MetadataRecord]:
-                return list(self.controller.records[start:])
+            async def fetch(start: int = start) -> tuple[list[mpb.MetadataRecord], int]:
+                return list(self.controller.records[start:]), len(self.controller.records) - 1
 
             with contextlib.suppress(RpcFailed):
-                records = await self._rpc(broker.id, CONTROLLER, fetch)
-                if records and broker.metadata_offset + 1 == start:
-                    self._apply_metadata(broker, start, records)
+                records, end = await self._rpc(broker.id, CONTROLLER, fetch)
+                if records and publisher.offset + 1 == start:
+                    delta = MetadataDelta(publisher.image)
+                    for i, record in enumerate(records):
+                        delta.replay(record, start + i)
+                    await publisher.publish(delta)
+                    broker.metadata_offset = publisher.offset
+                if publisher.deferred and publisher.offset >= end:
+                    await publisher.open_partitions()
+                    self.note(f"partitions_opened broker={broker.id} offset={publisher.offset}")
             await asyncio.sleep(METADATA_POLL_MS / 1000.0)
-
-    def _apply_metadata(self, broker: Broker, start: int, records: list[mpb.MetadataRecord]) -> None:
-        assert broker.partitions is not None and broker.replicas is not None and broker.service is not None
-        delta = MetadataDelta(broker.image)
-        for i, record in enumerate(records):
-            delta.replay(record, start + i)
-        broker.image = delta.apply()
-        broker.metadata_offset = start + len(records) - 1
-        broker.partitions.reconcile(local_assignments(broker.image, broker.id))
-        broker.service.set_view(ImageMetadataView(broker.image))
-        broker.replicas.on_image(broker.image)
 
     async def _periodic(self, broker: Broker) -> None:
         """ReplicaManager.run's duties (the ISR shrink check, the lease watch, the HWM checkpoint), with the
