@@ -673,15 +673,7 @@ class ReplicationSim:
     async def _register(self, broker: Broker, previous_incarnation: str) -> None:
         status = broker.status
         assert status is not None
-        register = cpb.RegisterBrokerRequest(
-            cluster_id=CLUSTER,
-            broker_id=broker.id,
-            incarnation_id=broker.incarnation_id,
-            listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9000 + broker.id)],
-            log_dirs=[str(broker.directory)],
-            previous_broker_epoch=-1,
-            previous_incarnation_id=previous_incarnation,
-        )
+        register = registration_request(broker, broker.incarnation_id, previous_incarnation)
 
         async def do_register() -> cpb.RegisterBrokerResponse:
             outcome = self.controller.logic.register_broker(
@@ -915,8 +907,9 @@ class ReplicationSim:
                 return True
         return until is None
 
-    def run(self) -> None:
-        """Start, write with faults for ``run_ms``, then heal and check convergence."""
+    def run(self, script: Callable[[ReplicationSim], None] | None = None) -> None:
+        """Start, write with faults for ``run_ms`` (or run ``script`` instead of the random faults), then
+        heal and check convergence."""
         for b in BROKERS:
             self.start_broker(b)
         self.spawn(CONTROLLER, self._controller_timers())
@@ -928,8 +921,11 @@ class ReplicationSim:
         self.producing = True
         for tp in self.tps:
             self.spawn(CONTROLLER, self._producer(tp))
-        self.spawn(CONTROLLER, self._faults())
-        self.run_for(self.run_ms)
+        if script is None:
+            self.spawn(CONTROLLER, self._faults())
+            self.run_for(self.run_ms)
+        else:
+            script(self)
         self.finish()
 
     def finish(self) -> None:
@@ -1153,6 +1149,18 @@ class ReplicationSim:
                 self.brokers[b].verified.pop(tp, None)
                 self.brokers[b].checked_version.pop(tp, None)
                 self._check_acked(self.brokers[b], tp, self.acked[tp])
+
+
+def registration_request(broker: Broker, incarnation_id: str, previous: str) -> cpb.RegisterBrokerRequest:
+    return cpb.RegisterBrokerRequest(
+        cluster_id=CLUSTER,
+        broker_id=broker.id,
+        incarnation_id=incarnation_id,
+        listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9000 + broker.id)],
+        log_dirs=[str(broker.directory)],
+        previous_broker_epoch=-1,
+        previous_incarnation_id=previous,
+    )
 
 
 def _tp_of(path: Path) -> TopicPartition:
