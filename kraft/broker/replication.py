@@ -48,14 +48,17 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-import grpc
+from typing import Protocol
 
 from kraft.broker import hwm_checkpoint
 from kraft.broker.partitions import Partition, PartitionManager, is_storage_failure
+from kraft.broker.replica_transport import (
+    GrpcReplicaFetchTransport,
+    ReplicaFetchFailed,
+    ReplicaFetchTransport,
+)
 from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
-from kraft.client.channel import ChannelPool, ChannelSecurity
+from kraft.client.channel import ChannelSecurity
 from kraft.client.controller import ControllerUnavailable
 from kraft.clock import Clock
 from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
@@ -75,11 +78,7 @@ from kraft.replication.truncation import TruncationKind, TruncationStep, next_tr
 from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
-from kraft.v1 import broker_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
-
-if TYPE_CHECKING:
-    from kraft.v1.broker_pb2_grpc import BrokerServiceAsyncStub
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
@@ -184,8 +183,11 @@ class ReplicaManager:
         on_fatal: FatalReporter | None = None,
         metrics: ReplicationMetrics | None = None,
         lease: Lease | None = None,
+        transport: ReplicaFetchTransport | None = None,
     ) -> None:
-        """``lease``: the broker's heartbeat lease; None (tests of other rules) leads as if always held."""
+        """``lease``: the broker's heartbeat lease; None (tests of other rules) leads as if always held.
+        ``transport``: how this broker's fetchers reach their leaders; None: gRPC to the listener the
+        image gives (the deterministic simulation passes its own network)."""
         self.broker_id = broker_id
         self._security = security
         self.cluster_id = cluster_id
@@ -201,12 +203,8 @@ class ReplicaManager:
         self._followed: dict[TopicPartition, _Followed] = {}
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._fetcher_wake: dict[int, asyncio.Event] = {}
-        # Follows a rotation of the broker's TLS files (kraft.client.channel.ChannelPool).
-        self._channels = ChannelPool(
-            self._channel_options,
-            security,
-            log=get_logger("broker.replication", node=broker_id),
-            name="replica_fetcher",
+        self._transport: ReplicaFetchTransport = transport or GrpcReplicaFetchTransport(
+            broker_id, self._endpoint_of, channel_options=self._channel_options, security=security
         )
         self._dirty: set[TopicPartition] = set()
         self._flush_scheduled = False
@@ -934,12 +932,6 @@ class ReplicaManager:
         chosen = chosen or registration.endpoints[0]
         return f"{chosen.host or '127.0.0.1'}:{chosen.port}"
 
-    def _stub(self, leader_id: int) -> BrokerServiceAsyncStub | None:
-        target = self._endpoint_of(leader_id)
-        if target is None:
-            return None
-        return broker_pb2_grpc.BrokerServiceStub(self._channels.get(target))
-
     async def _run_fetcher(self, leader_id: int) -> None:
         backoff_s = self.settings.fetch_backoff_ms / 1000.0
         while not self._closed and self._storage_failure is None:
@@ -950,10 +942,6 @@ class ReplicaManager:
                     del self._fetchers[leader_id]
                 return
             ready = {tp: f for tp, f in mine.items() if f.retry_at_ms <= now_ms}
-            stub = self._stub(leader_id)
-            if stub is None:
-                await self._pause(leader_id, backoff_s)
-                continue
             if not ready:
                 first_ms = min(f.retry_at_ms for f in mine.values())
                 await self._pause(leader_id, min((first_ms - now_ms) / 1000.0, backoff_s))
@@ -982,9 +970,9 @@ class ReplicaManager:
                 sent[tp] = (followed, followed.leader_epoch, offset)
             timeout_s = (self.settings.fetch_max_wait_ms + self.settings.request_timeout_ms) / 1000.0
             try:
-                response = await stub.ReplicaFetch(request, timeout=timeout_s)
-            except grpc.aio.AioRpcError as err:
-                self._log.debug("replica_fetch_failed", leader=leader_id, code=err.code().name)
+                response = await self._transport.replica_fetch(leader_id, request, timeout_s)
+            except ReplicaFetchFailed as err:
+                self._log.debug("replica_fetch_failed", leader=leader_id, code=err.code)
                 await self._pause(leader_id, backoff_s)
                 continue
             if response.error_code != ErrorCode.NONE:
@@ -1106,4 +1094,4 @@ class ReplicaManager:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self._channels.close()
+        await self._transport.close()

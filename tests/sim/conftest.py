@@ -1,5 +1,7 @@
 """Options of the deterministic simulation: ``--seed N`` replays one seed, ``--sim-seeds N`` sets how many
-seeds each scenario runs (CI default 200; ``make sim SEEDS=N`` runs more)."""
+seeds each scenario runs (CI default 200; ``make sim SEEDS=N`` runs more).  The replication simulation
+(test_replication_sim.py, seconds per seed) takes its count from ``KRAFT_REPLICATION_SIM_SEEDS`` instead
+and replays with ``--seed N`` too."""
 
 from __future__ import annotations
 

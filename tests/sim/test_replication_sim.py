@@ -1,0 +1,172 @@
+"""Deterministic simulation of partition replication over the real broker shell (issue #16).
+
+Three brokers run the real ReplicaManager, BrokerService and segmented partition logs, the active
+controller's real state machine decides ISRs and leaders, all on a virtual-time loop with seeded message
+delays, crashes (unflushed bytes lost, the log reopened through recovery) and network partitions, while
+producers write with acks=all and min.insync.replicas 2 (tests/sim/replication_harness.py says what is
+checked).  A failure names its seed; replay it with::
+
+    pytest tests/sim/test_replication_sim.py --seed N
+
+``KRAFT_REPLICATION_SIM_SEEDS`` sets how many seeds run (default 3, ~15 s);
+``KRAFT_REPLICATION_SIM_FIRST_SEED`` where they start (to split a long run across processes).
+The mutation tests plant known bugs in the real code and require the checker to catch each within a few
+seeds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kraft.broker import replication
+from kraft.broker.partitions import Partition
+from kraft.broker.replication import ReplicaManager
+from kraft.broker.segmented_partition_log import SegmentedPartitionLog
+from kraft.errors import ErrorCode
+from kraft.replication.epochs import UNDEFINED_EPOCH
+from sim.harness import InvariantViolation
+from sim.replication_harness import BROKERS, ReplicationSim, registration_request, run_seed
+
+SEEDS = int(os.environ.get("KRAFT_REPLICATION_SIM_SEEDS", "3"))
+FIRST_SEED = int(os.environ.get("KRAFT_REPLICATION_SIM_FIRST_SEED", "0"))
+MUTATION_SEEDS = 8  # a planted bug must be caught within this many seeds
+# Seeds that once failed, run every time (none on the code: the one failure so far, seed 197, was the
+# harness's own lifecycle: see test_a_late_registration_of_a_crashed_process_is_survived).
+REGRESSION_SEEDS: tuple[int, ...] = ()
+
+
+@pytest.fixture
+def sim_root(tmp_path: Path) -> Iterator[Path]:
+    """A directory for the brokers' logs: in /dev/shm where there is one (the simulation decides what a
+    crash loses from each log's flushed offset, not from the file system, and tmpfs is ~3x faster)."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else tmp_path
+    root = Path(tempfile.mkdtemp(prefix="kraft-replication-sim-", dir=base))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _seeds(sim_seeds: list[int]) -> list[int]:
+    if len(sim_seeds) == 1:  # --seed N
+        return sim_seeds
+    fresh = range(FIRST_SEED, FIRST_SEED + SEEDS)
+    return [*fresh, *(seed for seed in REGRESSION_SEEDS if seed not in fresh)]
+
+
+def test_acknowledged_records_survive_crashes_and_partitions(sim_seeds: list[int], sim_root: Path) -> None:
+    for seed in _seeds(sim_seeds):
+        try:
+            sim = run_seed(seed, sim_root / f"seed-{seed}")
+        except InvariantViolation as exc:
+            replay = f"pytest tests/sim/test_replication_sim.py --seed {seed}"
+            pytest.fail(f"replication simulation failed with seed {seed}: {exc}\nreplay: {replay}")
+        # The run did what it is for: records acknowledged, faults injected, and leaders moved.
+        assert sum(len(a) for a in sim.acked.values()) > 0, sim.stats
+        assert sim.stats.get("crash", 0) + sim.stats.get("isolate", 0) + sim.stats.get("cut", 0) > 0
+
+
+def _first_caught(sim_root: Path) -> tuple[int, str] | None:
+    for seed in range(MUTATION_SEEDS):
+        try:
+            run_seed(seed, sim_root / f"mutant-{seed}")
+        except InvariantViolation as exc:
+            return seed, str(exc)
+    return None
+
+
+def test_acknowledging_before_the_followers_have_the_records_is_caught(
+    sim_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def ack_at_once(self: ReplicaManager, partition: Partition, required_offset: int) -> ErrorCode:
+        return ErrorCode.NONE  # acks=all answered like acks=1
+
+    monkeypatch.setattr(ReplicaManager, "wait_for_acks", ack_at_once)
+    caught = _first_caught(sim_root)
+    assert caught is not None, f"acks=all answered at append survived {MUTATION_SEEDS} seeds"
+    assert "acknowledged" in caught[1], caught
+
+
+def test_followers_that_never_truncate_by_leader_epoch_are_caught(
+    sim_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Fetches without the last fetched epoch: the leader never answers diverging_epoch, so a deposed
+    # leader's unreplicated tail stays under the new leader's records.
+    monkeypatch.setattr(replication, "_latest_epoch", lambda entries: UNDEFINED_EPOCH)
+    caught = _first_caught(sim_root)
+    assert caught is not None, f"followers that skip truncation survived {MUTATION_SEEDS} seeds"
+
+
+def test_a_seed_replays_exactly(sim_root: Path) -> None:
+    """Same seed, same run: what replaying a failure relies on."""
+    first = ReplicationSim(5, sim_root / "a", run_ms=2_000)
+    second = ReplicationSim(5, sim_root / "b", run_ms=2_000)
+    try:
+        first.run()
+        second.run()
+    finally:
+        first.close()
+        second.close()
+    assert first.stats == second.stats
+    assert first.events == second.events
+    assert first.acked == second.acked
+    assert first.clock.now_ms == second.clock.now_ms
+
+
+def test_counting_unflushed_follower_data_as_durable_is_caught(
+    sim_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every partition log claims its whole end is on disk: followers never flush and report unflushed
+    # batches as durable, so the leader acknowledges records a follower's crash then loses.
+    monkeypatch.setattr(SegmentedPartitionLog, "flushed_offset", property(lambda self: self.log_end_offset))
+    caught = _first_caught(sim_root)
+    assert caught is not None, f"unflushed data counted as durable survived {MUTATION_SEEDS} seeds"
+
+
+def test_a_late_registration_of_a_crashed_process_is_survived(sim_root: Path) -> None:
+    """Found by seed 197 (before the harness's lifecycle had BrokerLifecycle's re-registration): a
+    RegisterBroker sent by a process just before it crashed, delayed on a slow link, reaches the
+    controller after the restarted process registered but before it was unfenced, and replaces that
+    registration (a fenced registration may be replaced).  The live broker's heartbeats then get
+    STALE_BROKER_EPOCH; it must stop serving, register again and rejoin every ISR, losing nothing."""
+
+    def late_registration(sim: ReplicationSim) -> None:
+        sim.run_for(400)
+        broker = sim.brokers[3]
+        crashed_incarnation = broker.incarnation_id
+        sim.crash_broker(3)
+        sim.run_for(100)
+        sim.start_broker(3)
+        status = broker.status
+        assert status is not None
+        assert sim.run_for(1_000, lambda: status.broker_epoch >= 0), "broker 3 never registered"
+        live_epoch = status.broker_epoch
+        logic = sim.controller.logic
+        outcome = logic.register_broker(
+            registration_request(broker, crashed_incarnation, ""),
+            sim.clock.monotonic_ms(),
+            len(sim.controller.records),
+        )
+        sim.controller.write(outcome.records)
+        assert outcome.response.error_code == ErrorCode.NONE, outcome.response
+        assert sim.controller.image.brokers[3].epoch != live_epoch
+        assert sim.run_for(2_000, lambda: status.broker_epoch not in (-1, live_epoch)), "no re-registration"
+        sim.run_for(1_000)
+
+    sim = ReplicationSim(11, sim_root / "late-registration")
+    try:
+        sim.run(late_registration)
+    finally:
+        sim.close()
+    assert sim.stats.get("reregister") == 1, sim.stats
+    registration = sim.controller.image.brokers[3]
+    assert registration.incarnation_id == sim.brokers[3].incarnation_id and not registration.fenced
+    # finish() found every ISR full again (broker 3 included) and every acknowledged record on it
+    assert sorted(BROKERS) == sorted(sim.controller.image.brokers)
