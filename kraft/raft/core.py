@@ -553,12 +553,15 @@ class RaftCore:
             match decision:
                 case SendRequest(dest, request, after_persist):
                     self._send(dest, request, after_persist=after_persist)
-                case SendFetch(dest, request, extra_timeout_ms):
+                case SendFetch(dest, request, extra_timeout_ms, echo):
                     correlation_id = self._send(
                         dest, request, after_persist=False, extra_timeout_ms=extra_timeout_ms
                     )
                     if self._fetcher is not None:
-                        self._fetcher.on_sent(correlation_id)
+                        if echo:
+                            self._fetcher.on_echo_sent(correlation_id)
+                        else:
+                            self._fetcher.on_sent(correlation_id)
                 case Respond():
                     self._respond(decision)
                 case RespondError(request_id, request, code, message):

@@ -398,6 +398,10 @@ class LeaderRole:
             return [RespondError(request_id, request, ErrorCode.INVALID_REQUEST, message)]
         self.record_voter_contact(request.replica_id, request.replica_directory_id, now_ms)
         confirmed = self._record_read_echo(request, log, high_watermark)
+        if request.echo_only:
+            # The fetcher is still writing what it fetched: its fetch_offset is behind its log, so it is
+            # no progress report (it would move the replica's end back), and it wants no records.
+            return [*confirmed, Respond(request_id, self._fetch_response(log, high_watermark))]
         return confirmed + self._handle_fetch(request_id, request, now_ms, log, high_watermark)
 
     def _handle_fetch(
