@@ -84,13 +84,33 @@ class ControllerEventQueue:
         return future
 
     async def run(self, priority: EventPriority, name: str, run: Callable[[], T]) -> T:
-        """Submit and wait for the result."""
+        """Submit and wait for the result.
+
+        An urgent event with no other urgent event queued runs at once, in the caller's task: every event
+        is a synchronous function on this one loop, so none is half-run while the caller runs, and the
+        order is what the queue would give (it would run next, before every normal event).  That saves
+        the loop turns of handing it to the runner task and the result back — each as long as whatever
+        else runs in that turn (a bulk slice, a commit's replay) — which a heartbeat pays during bulk work
+        (re-landed from 481808f after A/B, docs/internals/raft-performance.md; it runs in the caller's
+        task, never outside one).
+        """
+        if priority == EventPriority.URGENT and not self._lanes[EventPriority.URGENT] and not self._closed:
+            try:
+                return run()
+            finally:
+                self._record(name)
         future = self.submit(priority, name, run)
         try:
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the runner skips it
             raise
+
+    def _record(self, name: str) -> None:
+        processed = self.processed
+        processed.append(name)
+        if len(processed) > self.history_limit:
+            del processed[: len(processed) - self.history_limit]
 
     def _pop(self) -> _Event | None:
         for lane in self._lanes:
@@ -114,10 +134,7 @@ class ControllerEventQueue:
                 event.future.set_exception(exc)
             else:
                 event.future.set_result(result)
-            processed = self.processed
-            processed.append(event.name)
-            if len(processed) > self.history_limit:
-                del processed[: len(processed) - self.history_limit]
+            self._record(event.name)
             urgent_run = urgent_run + 1 if event.priority == EventPriority.URGENT else URGENT_BURST
             if urgent_run >= URGENT_BURST:
                 urgent_run = 0
