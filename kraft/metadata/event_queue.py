@@ -17,6 +17,7 @@ An event is a synchronous function (compute records against the speculative imag
 it must be bounded — the bulk paths slice themselves by ``controller.max.work.unit.records``.  Waiting
 for commits happens outside the queue, in the caller's task.  After each normal event, and after every
 ``URGENT_BURST`` urgent ones, the runner yields a loop turn so gRPC intake and Raft run in between.
+An urgent event with no urgent one queued skips the runner and runs in the caller's task (:meth:`run`).
 
 IO-free apart from asyncio; deterministic: the order depends only on the order of :meth:`submit` calls.
 """
