@@ -185,23 +185,39 @@ class WritePath:
         it costs the longer of the two.  A commit failure wins (as when they ran in turn) and ends the round
         wait.
         """
-        confirmation = asyncio.ensure_future(self.confirm_leadership())
+        deadline_ms = self._timers.now_ms() + self._commit_timeout_ms
+        confirmation = self._start_confirmation()
         try:
             await self.wait_committed(depends_on)
         except BaseException:
             confirmation.cancel()
             confirmation.add_done_callback(_retrieve)
             raise
-        await confirmation
+        await self._confirmed(confirmation, deadline_ms)
 
     async def confirm_leadership(self) -> None:
         """Wait for a Raft leadership-confirmation round that starts now (ReadIndex: a majority of voters
         fetched at this epoch after it started, so no newer leader was elected before this call); every
         caller waiting at the same time shares one round.  NotControllerError when leadership is lost,
         :class:`LeadershipNotConfirmed` after the commit timeout."""
-        confirmation = asyncio.ensure_future(self._raft.confirm_leadership())
+        deadline_ms = self._timers.now_ms() + self._commit_timeout_ms
+        await self._confirmed(self._start_confirmation(), deadline_ms)
+
+    def _start_confirmation(self) -> asyncio.Future[None]:
+        """Ask Raft for a round now, in this step: a task would ask a loop turn later, and under bulk work
+        a turn of this loop is long (issue #17).  A refusal comes back as the future's exception."""
         try:
-            confirmed = await self._timers.wait(confirmation, self._timers.now_ms() + self._commit_timeout_ms)
+            # A future already (no task is made for it): the round was asked for in this call.
+            return asyncio.ensure_future(self._raft.confirm_leadership())
+        except (NotLeaderError, RaftShutdownError) as exc:
+            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(exc)
+            return refused
+
+    async def _confirmed(self, confirmation: asyncio.Future[None], deadline_ms: int) -> None:
+        """Watch the round's future (not through a task: each task in between costs loop turns)."""
+        try:
+            confirmed = await self._timers.wait(confirmation, deadline_ms)
         finally:
             if not confirmation.done():
                 confirmation.cancel()

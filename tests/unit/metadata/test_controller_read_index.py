@@ -127,3 +127,23 @@ async def test_a_heartbeat_whose_commit_wait_fails_ends_its_round_wait() -> None
         await asyncio.wait_for(unfencing, 5)
     finally:
         await controller.stop()
+
+
+async def test_the_round_is_asked_for_in_the_heartbeats_own_step() -> None:
+    """No task between the heartbeat and Raft (issue #17): the round starts in the step that ran the
+    heartbeat's event, not loop turns later — under bulk work every turn of the loop is long."""
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = await activate_broker(controller, 1)
+        raft.hold_confirmations = True
+        before = raft.confirmations
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await asyncio.sleep(0)  # the heartbeat's task runs its first step, and nothing it scheduled yet
+        assert raft.confirmations == before + 1 and not pending.done()
+        raft.confirm()
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NONE and not answer.is_fenced
+    finally:
+        await controller.stop()
