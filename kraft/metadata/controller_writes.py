@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
@@ -43,8 +43,9 @@ class LeadershipNotConfirmed(Exception):
     reach, or slow): the answer is withheld, the caller retries (REQUEST_TIMED_OUT)."""
 
 
-def _retrieve(task: asyncio.Task[int]) -> None:
-    """The job driver's outcome is read by whoever waits for it, if anyone: never "never retrieved"."""
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """An outcome read by whoever waits for it, if anyone (the job driver), or not wanted at all (a round
+    wait given up): never reported as "never retrieved"."""
     if not task.cancelled():
         task.exception()
 
@@ -169,19 +170,54 @@ class WritePath:
                 raise WriteOutcomeUnknown(exc.leader_id) from exc
         else:
             depends_on = outcome.wait_offset if outcome.wait_offset is not None else self.next_offset - 1
-            await self.wait_committed(depends_on)
             if confirm_unchanged:
-                await self.confirm_leadership()
+                await self._committed_and_confirmed(depends_on)
+            else:
+                await self.wait_committed(depends_on)
         return outcome.response
+
+    async def _committed_and_confirmed(self, depends_on: int) -> None:
+        """Wait for ``depends_on`` to commit and for a leadership round, both at once.
+
+        The round may start before the commit: what it must follow is the event that read the state the
+        answer comes from, which already ran.  Waiting for them one after the other cost their sum — during
+        bulk work a commit of the bulk records the answer depends on, then a whole round (issue #17); now
+        it costs the longer of the two.  A commit failure wins (as when they ran in turn) and ends the round
+        wait.
+        """
+        deadline_ms = self._timers.now_ms() + self._commit_timeout_ms
+        confirmation = self._start_confirmation()
+        try:
+            await self.wait_committed(depends_on)
+        except BaseException:
+            confirmation.cancel()
+            confirmation.add_done_callback(_retrieve)
+            raise
+        await self._confirmed(confirmation, deadline_ms)
 
     async def confirm_leadership(self) -> None:
         """Wait for a Raft leadership-confirmation round that starts now (ReadIndex: a majority of voters
         fetched at this epoch after it started, so no newer leader was elected before this call); every
         caller waiting at the same time shares one round.  NotControllerError when leadership is lost,
         :class:`LeadershipNotConfirmed` after the commit timeout."""
-        confirmation = asyncio.ensure_future(self._raft.confirm_leadership())
+        deadline_ms = self._timers.now_ms() + self._commit_timeout_ms
+        await self._confirmed(self._start_confirmation(), deadline_ms)
+
+    def _start_confirmation(self) -> asyncio.Future[None]:
+        """Ask Raft for a round now, in this step: a task would ask a loop turn later, and under bulk work
+        a turn of this loop is long (issue #17).  A refusal comes back as the future's exception."""
         try:
-            confirmed = await self._timers.wait(confirmation, self._timers.now_ms() + self._commit_timeout_ms)
+            # A future already (no task is made for it): the round was asked for in this call.
+            return asyncio.ensure_future(self._raft.confirm_leadership())
+        except (NotLeaderError, RaftShutdownError) as exc:
+            refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            refused.set_exception(exc)
+            return refused
+
+    async def _confirmed(self, confirmation: asyncio.Future[None], deadline_ms: int) -> None:
+        """Watch the round's future (not through a task: each task in between costs loop turns)."""
+        try:
+            confirmed = await self._timers.wait(confirmation, deadline_ms)
         finally:
             if not confirmation.done():
                 confirmation.cancel()

@@ -18,6 +18,7 @@ it must be bounded — the bulk paths slice themselves by ``controller.max.work.
 ``controller.max.event.time.ms`` (whichever comes first).  Waiting
 for commits happens outside the queue, in the caller's task.  After each normal event, and after every
 ``URGENT_BURST`` urgent ones, the runner yields a loop turn so gRPC intake and Raft run in between.
+An urgent event with no urgent one queued skips the runner and runs in the caller's task (:meth:`run`).
 
 Each event is timed on the injected clock (:meth:`ControllerEventQueue.observe`): the shell turns the
 durations into the per-kind histogram (Kafka's ``EventQueueProcessingTimeMs``) and the
@@ -98,13 +99,37 @@ class ControllerEventQueue:
         return future
 
     async def run(self, priority: EventPriority, name: str, run: Callable[[], T]) -> T:
-        """Submit and wait for the result."""
+        """Submit and wait for the result.
+
+        An urgent event with no other urgent event queued runs at once, in the caller's task: every event
+        is a synchronous function on this one loop, so none is half-run while the caller runs, and the
+        order is what the queue would give (it would run next, before every normal event).  That saves
+        the loop turns of handing it to the runner task and the result back — each as long as whatever
+        else runs in that turn (a bulk slice, a commit's replay) — which a heartbeat pays during bulk work
+        (re-landed from 481808f after A/B, docs/internals/raft-performance.md; it runs in the caller's
+        task, never outside one).
+        """
+        if priority == EventPriority.URGENT and not self._lanes[EventPriority.URGENT] and not self._closed:
+            clock = self._clock
+            started_ms = 0 if clock is None else clock.monotonic_ms()
+            try:
+                return run()
+            finally:
+                self._record(name, clock, started_ms)
         future = self.submit(priority, name, run)
         try:
             return await future
         except asyncio.CancelledError:
             future.cancel()  # the runner skips it
             raise
+
+    def _record(self, name: str, clock: Clock | None, started_ms: int) -> None:
+        if clock is not None and self._on_event is not None:
+            self._on_event(name, clock.monotonic_ms() - started_ms)
+        processed = self.processed
+        processed.append(name)
+        if len(processed) > self.history_limit:
+            del processed[: len(processed) - self.history_limit]
 
     def _pop(self) -> _Event | None:
         for lane in self._lanes:
@@ -130,12 +155,7 @@ class ControllerEventQueue:
                 event.future.set_exception(exc)
             else:
                 event.future.set_result(result)
-            if clock is not None and self._on_event is not None:
-                self._on_event(event.name, clock.monotonic_ms() - started_ms)
-            processed = self.processed
-            processed.append(event.name)
-            if len(processed) > self.history_limit:
-                del processed[: len(processed) - self.history_limit]
+            self._record(event.name, clock, started_ms)
             urgent_run = urgent_run + 1 if event.priority == EventPriority.URGENT else URGENT_BURST
             if urgent_run >= URGENT_BURST:
                 urgent_run = 0

@@ -21,7 +21,7 @@ Semantics:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -186,11 +186,14 @@ class RaftClient(Protocol):
         """:meth:`schedule_append` and wait until committed; returns the last record's offset."""
         ...
 
-    async def confirm_leadership(self) -> None:
-        """Return once a majority of voters confirmed, after this call, that this node still leads its
-        epoch (a ReadIndex round: no clock is trusted); until then no newer leader can have been elected
-        before the call.  Raises :class:`NotLeaderError` when not the leader or when leadership is lost
-        first.  It may wait as long as a majority is out of reach: bound it with the caller's deadline."""
+    def confirm_leadership(self) -> Awaitable[None]:
+        """An awaitable (a future, in every implementation) that completes once a majority of voters
+        confirmed, after this call, that this node still leads its epoch (a ReadIndex round: no clock is
+        trusted); until then no newer leader can have been elected before the call.  The round is asked
+        for in this call, not when the result is first awaited (issue #17: a task in between costs loop
+        turns).  Raises :class:`NotLeaderError` when not the leader; the awaitable fails with it when
+        leadership is lost first.  It may wait as long as a majority is out of reach: bound it with the
+        caller's deadline; cancelling the future gives up the wait."""
         ...
 
     def create_snapshot(

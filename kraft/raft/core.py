@@ -346,12 +346,13 @@ class RaftCore:
 
     def confirm_leadership(self, now_ms: int) -> int:
         """Ask for this leader's leadership to be confirmed (ReadIndex, Raft dissertation §6.4): returns
-        the id of the round that answers it, a round started at or after this call.  Its confirmation
+        the id of the round that answers it, one no voter can have echoed before this call.  Its confirmation
         arrives as ``Output.confirmed_read_round`` >= that id once a majority of voters (this leader
         included) fetched at this epoch echoing it — proof that no newer leader was elected before the
         call.  Losing leadership first ends every round unconfirmed (``Output.lost_leadership``).
-        Callers arriving while a round is in flight share the next one.  Effects (answers to the parked
-        fetches of voters, or a confirmation at once for a sole voter) land in the next output
+        A caller joins the latest round while no response carried it yet, else starts the next one at
+        once (rounds overlap; an echo of a round confirms every earlier one).  Effects (answers to the
+        parked fetches of voters, or a confirmation at once for a sole voter) land in the next output
         (:meth:`take_output`).  Raises :class:`NotLeaderError` unless leader."""
         self._advance(now_ms)
         if self._leader is None:
@@ -553,12 +554,15 @@ class RaftCore:
             match decision:
                 case SendRequest(dest, request, after_persist):
                     self._send(dest, request, after_persist=after_persist)
-                case SendFetch(dest, request, extra_timeout_ms):
+                case SendFetch(dest, request, extra_timeout_ms, echo):
                     correlation_id = self._send(
                         dest, request, after_persist=False, extra_timeout_ms=extra_timeout_ms
                     )
                     if self._fetcher is not None:
-                        self._fetcher.on_sent(correlation_id)
+                        if echo:
+                            self._fetcher.on_echo_sent(correlation_id)
+                        else:
+                            self._fetcher.on_sent(correlation_id)
                 case Respond():
                     self._respond(decision)
                 case RespondError(request_id, request, code, message):
@@ -685,7 +689,7 @@ class RaftCore:
         if self._leader is not None:
             self._last_epoch_start_offset = self._leader.epoch_start_offset
             leader = self._leader
-            self._last_read_round = max(leader.read_round_started, leader.read_round_next)
+            self._last_read_round = leader.read_round_started
         self._election = None
         self._leader = None
         self._fetcher = None

@@ -54,6 +54,8 @@ class SendFetch:
     dest: int
     request: FetchRequest | FetchSnapshotRequest
     extra_timeout_ms: int = 0
+    echo: bool = False
+    """A read-round echo (``FetchRequest.echo_only``) sent beside the one fetch in flight, not as it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,6 +110,13 @@ class FetcherRole:
         self.read_round = 0
         """The highest leadership-confirmation round the leader of ``epoch`` sent us: echoed in every
         Fetch, which is how that leader confirms its rounds (``LeaderRole.request_read_round``)."""
+        self.sent_read_round = 0
+        """The highest round a Fetch sent to this leader carried (an ordinary one or an echo)."""
+        self.echo_inflight: int | None = None
+        """The correlation id of the read-round echo in flight (at most one, beside ``inflight``)."""
+        self.durable_position: tuple[int, int] | None = None
+        """(fetch_offset, last_fetched_epoch) of the last ordinary Fetch sent: durable here (it went only
+        once everything fetched before was flushed), so an echo may carry it."""
 
     def start(self, now_ms: int, log: LogMeta, *, leader_resigned_backoff_ms: int | None = None) -> Decisions:
         """Begin fetching.  ``leader_resigned_backoff_ms`` is set when this leader already announced its
@@ -160,7 +167,16 @@ class FetcherRole:
         """The core sent our :class:`SendFetch` under ``correlation_id``."""
         self.inflight = correlation_id
 
+    def on_echo_sent(self, correlation_id: int) -> None:
+        """The core sent our read-round echo (``SendFetch(echo=True)``) under ``correlation_id``."""
+        self.echo_inflight = correlation_id
+
     def on_failed(self, correlation_id: int, retry_at_ms: int, now_ms: int, *, unreachable: bool) -> None:
+        if self.echo_inflight == correlation_id:
+            # The ordinary fetch carries the round too, once the flush allows it; its own failures are
+            # what retries and leader-death detection go by.
+            self.echo_inflight = None
+            return
         if self.inflight == correlation_id:
             self.inflight = None
             self.retry_at_ms = retry_at_ms
@@ -221,7 +237,46 @@ class FetcherRole:
             config.directory_id,
             self.read_round,
         )
+        self.sent_read_round = max(self.sent_read_round, self.read_round)
+        self.durable_position = (request.fetch_offset, request.last_fetched_epoch)
         return [SendFetch(self.leader_id, request, extra_timeout_ms=config.fetch_max_wait_ms)]
+
+    def _echo_if_blocked(self, log: LogMeta, *, appending: bool = False) -> Decisions:
+        """A read-round echo, sent now, when this voter holds a round it has not echoed yet and its next
+        Fetch must wait for a flush (``appending``: a batch just fetched is about to be written).
+
+        The echo proves only that this voter, after receiving the round, still followed this leader's
+        epoch — it needs nothing durable, so it need not wait for the write, the flush or the listeners'
+        replay of a big batch (docs/internals/raft.md, "Confirming leadership").  It carries the last
+        offset reported durable, which the leader does not take as progress anyway.
+        """
+        if (
+            not self.is_voter  # an observer's echo counts for nothing
+            or self.leader_id is None
+            or self.echo_inflight is not None
+            or self.inflight is not None
+            or self.download is not None
+            or self.durable_position is None
+            or self.read_round <= self.sent_read_round
+            or not (appending or log.flushed_end < log.end_offset)
+        ):
+            return []
+        config = self.config
+        fetch_offset, last_fetched_epoch = self.durable_position
+        self.sent_read_round = self.read_round
+        request = FetchRequest(
+            config.cluster_id,
+            config.node_id,
+            self.epoch,
+            fetch_offset,
+            last_fetched_epoch,
+            0,
+            config.fetch_max_bytes,
+            config.directory_id,
+            self.read_round,
+            echo_only=True,
+        )
+        return [SendFetch(self.leader_id, request, echo=True)]
 
     def _discovery_fetch(self, log: LogMeta) -> SendFetch:
         voters = sorted(voter for voter in self.voter_ids if voter != self.config.node_id)
@@ -258,6 +313,8 @@ class FetcherRole:
         high_watermark: int,
         scan_batches: BatchScanner,
     ) -> Decisions:
+        if correlation_id == self.echo_inflight:
+            return self._handle_echo_response(dest, response, now_ms, log)
         if self.inflight != correlation_id:
             return []
         self.inflight = None
@@ -284,9 +341,24 @@ class FetcherRole:
                     self.retry_at_ms = now_ms + self.config.retry_backoff_ms
                     return decisions
                 decisions.append(append)
+                # Before the batch's write: the echo goes out in this same output, ahead of its flush.
+                decisions += self._echo_if_blocked(log, appending=True)
                 end_offset = append.batches[-1].last_offset + 1
             decisions += [AdvanceHighWatermark(min(response.high_watermark, end_offset)), FetchAgain()]
         return decisions
+
+    def _handle_echo_response(
+        self, dest: int, response: FetchResponse, now_ms: int, log: LogMeta
+    ) -> Decisions:
+        """The answer to a read-round echo: no records, only the leader's latest round (which may call
+        for another echo while the flush still holds the ordinary fetch back)."""
+        self.echo_inflight = None
+        if dest != self.leader_id:
+            return []
+        decisions: Decisions = [self._note_success(now_ms)]
+        if response.leader_epoch == self.epoch:
+            self.read_round = max(self.read_round, response.read_round)
+        return decisions + self._echo_if_blocked(log)
 
     def _append(
         self, data: bytes, log: LogMeta, leader_epoch: int, scan_batches: BatchScanner

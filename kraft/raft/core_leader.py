@@ -103,10 +103,12 @@ class LeaderRole:
         # Leadership confirmation (ReadIndex, Raft dissertation §6.4; docs/internals/raft.md).
         self.read_round_started = last_read_round
         """The latest round started (every FetchResponse carries it); rounds up to it are handed out."""
-        self.read_round_in_flight = 0
-        """The round waiting for a majority's echo (0: none); one at a time."""
-        self.read_round_next = 0
-        """The round that callers arriving while one is in flight joined (0: none asked yet)."""
+        self.read_round_confirmed = last_read_round
+        """Every round up to this one is confirmed (those up to ``last_read_round`` belonged to earlier
+        epochs: nobody waits for them any more)."""
+        self.read_round_published = last_read_round
+        """The latest round a FetchResponse carried.  While the latest round started is not published yet,
+        no voter can echo it, so a new caller may join it instead of starting another."""
         self.read_echo: dict[int, int] = {}
         """Per voter (counted under its directory id): the highest round it echoed in this epoch."""
         self.voter_set = voter_set if voter_set is not None else VoterSet.static(config.voters)
@@ -397,7 +399,11 @@ class LeaderRole:
             message = f"read round {request.read_round} was never started (latest {self.read_round_started})"
             return [RespondError(request_id, request, ErrorCode.INVALID_REQUEST, message)]
         self.record_voter_contact(request.replica_id, request.replica_directory_id, now_ms)
-        confirmed = self._record_read_echo(request, log, high_watermark)
+        confirmed = self._record_read_echo(request)
+        if request.echo_only:
+            # The fetcher is still writing what it fetched: its fetch_offset is behind its log, so it is
+            # no progress report (it would move the replica's end back), and it wants no records.
+            return [*confirmed, Respond(request_id, self._fetch_response(log, high_watermark))]
         return confirmed + self._handle_fetch(request_id, request, now_ms, log, high_watermark)
 
     def _handle_fetch(
@@ -440,20 +446,26 @@ class LeaderRole:
     # in this epoch; a newer leader needs the vote of one of them (quorum intersection), hence was elected
     # after T.  No clock is trusted: a paused leader confirms nothing new, whatever it believes.
 
+    @property
+    def read_round_in_flight(self) -> int:
+        """The latest round started and not yet confirmed (0: none)."""
+        return self.read_round_started if self.read_round_started > self.read_round_confirmed else 0
+
     def request_read_round(self, log: LogMeta, high_watermark: int) -> tuple[int, Decisions]:
-        """A caller wants leadership confirmed from now on: the id of the round that answers it (one
-        that starts now, or the next one when a round is in flight: it started before this call)."""
-        if self.read_round_in_flight:
-            if not self.read_round_next:
-                self.read_round_next = self.read_round_started + 1
-            return self.read_round_next, []
+        """A caller wants leadership confirmed from now on: the id of the round that answers it.
+
+        Rounds overlap (issue #17): a caller arriving while a round is in flight starts the next one at
+        once rather than waiting for the one in flight to confirm first — a round's confirmation only
+        needs echoes of it or of any later round, so the earlier one confirms no later than before.
+        Callers still share rounds: one that arrives before any FetchResponse carried the latest round
+        joins it, since every echo of that round is then sent after this call."""
+        if self.read_round_in_flight and self.read_round_published < self.read_round_started:
+            return self.read_round_started, []
         return self.read_round_started + 1, self._start_read_round(log, high_watermark)
 
     def _start_read_round(self, log: LogMeta, high_watermark: int) -> Decisions:
         self.read_round_started += 1
-        self.read_round_in_flight = self.read_round_started
-        self.read_round_next = 0
-        decisions = self._check_read_round(log, high_watermark)
+        decisions = self._check_read_round()
         if self.read_round_in_flight:
             # Voters' parked long polls answer now, carrying the round, so they echo it at once instead
             # of after their max wait.
@@ -474,7 +486,7 @@ class LeaderRole:
             and self.counts_toward_quorum(replica_id, directory_id)
         )
 
-    def _record_read_echo(self, request: FetchRequest, log: LogMeta, high_watermark: int) -> Decisions:
+    def _record_read_echo(self, request: FetchRequest) -> Decisions:
         if request.read_round <= 0 or not self.counts_toward_quorum(
             request.replica_id, request.replica_directory_id
         ):
@@ -483,23 +495,30 @@ class LeaderRole:
         if request.read_round <= echoed:
             return []
         self.read_echo[request.replica_id] = request.read_round
-        return self._check_read_round(log, high_watermark)
+        return self._check_read_round()
 
-    def _check_read_round(self, log: LogMeta, high_watermark: int) -> Decisions:
-        """Confirm the round in flight once a majority echoed it; then start the one callers queued."""
-        read_round = self.read_round_in_flight
-        if not read_round:
+    def _check_read_round(self) -> Decisions:
+        """Confirm the latest round a majority echoed (an echo of round R also echoes every round before
+        it: the response that carried R was written after they started)."""
+        if not self.read_round_in_flight:
             return []
-        echoes = sum(
-            1 for voter in self.voters if voter != self.node_id and self.read_echo.get(voter, 0) >= read_round
+        echoes = sorted(
+            (self.read_echo.get(voter, 0) for voter in self.voters if voter != self.node_id), reverse=True
         )
-        if echoes + (1 if self.is_voter else 0) < self.majority:
+        if self.is_voter:
+            echoes.insert(0, self.read_round_started)
+        if len(echoes) < self.majority:
             return []
-        self.read_round_in_flight = 0
-        decisions: Decisions = [ConfirmReadRound(read_round)]
-        if self.read_round_next:
-            decisions.extend(self._start_read_round(log, high_watermark))
-        return decisions
+        confirmed = echoes[self.majority - 1]
+        if confirmed <= self.read_round_confirmed:
+            return []
+        self.read_round_confirmed = confirmed
+        return [ConfirmReadRound(confirmed)]
+
+    def _publish_read_round(self) -> int:
+        """The round a FetchResponse carries: the latest started, which from now on a voter may echo."""
+        self.read_round_published = self.read_round_started
+        return self.read_round_started
 
     def _fetch_response(
         self,
@@ -519,7 +538,7 @@ class LeaderRole:
             b"",
             diverging_epoch,
             snapshot_id,
-            self.read_round_started,
+            self._publish_read_round(),
         )
 
     def _data_response(

@@ -576,7 +576,7 @@ class RaftDriver:
         self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
         return await future
 
-    async def confirm_leadership(self) -> None:
+    def confirm_leadership(self) -> asyncio.Future[None]:
         self._check_running()
         read_round = self._core.confirm_leadership(self._clock.monotonic_ms())
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -586,7 +586,7 @@ class RaftDriver:
         if not self._wakeup_queued:  # the round's effects (answered long polls) are in the next output
             self._wakeup_queued = True
             self._push(_Wakeup())
-        await future
+        return future
 
     def _on_read_round_confirmed(self, read_round: int) -> None:
         for waiting in sorted(r for r in self._read_waiters if r <= read_round):

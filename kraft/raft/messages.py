@@ -146,6 +146,10 @@ class FetchRequest:
     read_round: int = 0
     """The highest ``FetchResponse.read_round`` this fetcher got from the leader of
     ``current_leader_epoch`` (0: none): the echo that confirms the leader's leadership rounds."""
+    echo_only: bool = False
+    """Only the read-round echo (``FetcherRole`` sends it while a fetched batch is still being appended
+    and flushed): the leader records the echo, answers at once without records and does not take
+    ``fetch_offset`` as progress."""
 
 
 @dataclass(frozen=True, slots=True)

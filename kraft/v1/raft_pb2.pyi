@@ -282,6 +282,7 @@ class FetchRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     REPLICA_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
     READ_ROUND_FIELD_NUMBER: _builtins.int
+    ECHO_ONLY_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     replica_id: _builtins.int
     current_leader_epoch: _builtins.int
@@ -297,6 +298,13 @@ class FetchRequest(_message.Message):
     """ReadIndex leadership confirmation: the highest read_round this fetcher saw in a FetchResponse of
     the current leader epoch (0: none).  The leader counts a round confirmed once a majority echoed it.
     """
+    echo_only: _builtins.bool
+    """A read-round echo only (docs/internals/raft.md "Confirming leadership"): a voter busy appending and
+    flushing a fetched batch sends this at once so the leader's round need not wait for the flush.  The
+    leader records the echo and contact, answers at once with no records, and leaves the fetcher's
+    progress alone (fetch_offset is the last offset the fetcher reported durable; an older leader that
+    ignores this field serves it as an ordinary fetch, which is still safe).
+    """
     def __init__(
         self,
         *,
@@ -309,10 +317,11 @@ class FetchRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         replica_directory_id: _builtins.str = ...,
         read_round: _builtins.int = ...,
+        echo_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_leader_epoch", b"current_leader_epoch", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "read_round", b"read_round", "replica_directory_id", b"replica_directory_id", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_leader_epoch", b"current_leader_epoch", "echo_only", b"echo_only", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "read_round", b"read_round", "replica_directory_id", b"replica_directory_id", "replica_id", b"replica_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -204,7 +204,7 @@ class SimRaftClient:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
-    async def confirm_leadership(self) -> None:
+    def confirm_leadership(self) -> asyncio.Future[None]:
         node = self._node
         core = node.core
         if not node.running or core is None or not core.is_leader:
@@ -214,7 +214,7 @@ class SimRaftClient:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._read_waiters.setdefault((node.incarnation, read_round), []).append(future)
         node.process(core.take_output(now_ms))
-        await future
+        return future
 
     def _on_read_round_confirmed(self, read_round: int) -> None:
         incarnation = self._node.incarnation

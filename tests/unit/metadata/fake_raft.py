@@ -152,16 +152,17 @@ class FakeRaft:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
-    async def confirm_leadership(self) -> None:
+    def confirm_leadership(self) -> asyncio.Future[None]:
         """Confirmed at once (a single voter) unless ``hold_confirmations``."""
         if self._leader.leader_id != self._node_id:
             raise NotLeaderError(self._leader)
         self.confirmations += 1
-        if not self.hold_confirmations:
-            return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._confirm_waiters.append(waiter)
-        await waiter
+        if self.hold_confirmations:
+            self._confirm_waiters.append(waiter)
+        else:
+            waiter.set_result(None)
+        return waiter
 
     def create_snapshot(
         self, end_offset: int, epoch: int, last_contained_timestamp_ms: int

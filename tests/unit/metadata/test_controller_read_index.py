@@ -82,6 +82,76 @@ async def test_a_heartbeat_not_confirmed_within_the_commit_timeout_is_retriable(
         await controller.stop()
 
 
+async def test_the_round_runs_while_the_heartbeat_still_waits_for_its_brokers_record_to_commit() -> None:
+    """Commit wait and leadership round overlap (issue #17): an unchanged heartbeat that depends on its
+    broker's uncommitted record (the unfencing just before it) asks for its round at once, and is
+    answered only when both the commit and the round are done."""
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = (await controller.register_broker(registration(1))).broker_epoch
+        raft.hold_commits = True  # a slow quorum: the unfencing below stays uncommitted
+        raft.hold_confirmations = True
+        unfencing = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await settle()
+        assert not unfencing.done()
+        before = raft.confirmations
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))  # changes nothing now
+        await settle()
+        assert not pending.done() and raft.confirmations == before + 1  # asked before the commit
+        raft.confirm()
+        await settle()
+        assert not pending.done()  # confirmed, but the unfencing it depends on is not committed
+        raft.release()
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NONE and not answer.is_fenced
+        assert not (await asyncio.wait_for(unfencing, 5)).is_fenced
+    finally:
+        await controller.stop()
+
+
+async def test_a_heartbeat_whose_commit_wait_fails_ends_its_round_wait() -> None:
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = (await controller.register_broker(registration(1))).broker_epoch
+        raft.hold_commits = True
+        raft.hold_confirmations = True
+        unfencing = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await settle()
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await settle()
+        assert raft.confirmations >= 1 and not pending.done()
+        raft.lose_leadership(2)  # the uncommitted unfencing is truncated; the round fails too
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NOT_CONTROLLER
+        await asyncio.wait_for(unfencing, 5)
+    finally:
+        await controller.stop()
+
+
+async def test_the_round_is_asked_for_in_the_heartbeats_own_step() -> None:
+    """No task between the heartbeat and Raft (issue #17): the round starts in the step that ran the
+    heartbeat's event, not loop turns later — under bulk work every turn of the loop is long."""
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        epoch = await activate_broker(controller, 1)
+        raft.hold_confirmations = True
+        before = raft.confirmations
+        pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
+        await asyncio.sleep(0)  # the heartbeat's task runs its first step, and nothing it scheduled yet
+        assert raft.confirmations == before + 1 and not pending.done()
+        raft.confirm()
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.error_code == ErrorCode.NONE and not answer.is_fenced
+    finally:
+        await controller.stop()
+
+
 def _reads() -> list[tuple[str, Message]]:
     """Every read the active controller serves from its image, as (name, request)."""
     return [

@@ -123,3 +123,58 @@ async def test_a_burst_of_urgent_events_yields_the_loop_between_bursts() -> None
     assert len(set(seen[:URGENT_BURST])) == 1 and len(set(seen[URGENT_BURST:])) == 1
     assert seen[URGENT_BURST] > seen[0]
     await queue.close()
+
+
+async def test_an_urgent_event_with_none_queued_runs_at_once_in_the_callers_task() -> None:
+    """Re-landed from 481808f (issue #17): no loop turn to hand a heartbeat to the runner and back."""
+    queue = ControllerEventQueue()
+    ran: list[str] = []
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    queued = queue.submit(NORMAL, "bulk-slice", lambda: ran.append("bulk-slice"))  # not run yet
+    before = turns
+
+    def beat() -> str:
+        ran.append("heartbeat")
+        return "answered"
+
+    assert await queue.run(URGENT, "heartbeat", beat) == "answered"
+    assert turns == before  # no loop turn: not handed to the runner task and back
+    assert ran == ["heartbeat"]  # ahead of the queued normal event, as the queue would order it
+    await queued
+    assert ran == ["heartbeat", "bulk-slice"]
+    assert queue.processed == ran
+    counter.cancel()
+    await queue.close()
+
+
+async def test_an_urgent_event_goes_behind_urgent_events_already_queued() -> None:
+    queue = ControllerEventQueue()
+    ran: list[str] = []
+    earlier = [queue.submit(URGENT, f"beat{i}", lambda i=i: ran.append(f"beat{i}")) for i in range(2)]  # type: ignore[misc]
+    await queue.run(URGENT, "late", lambda: ran.append("late"))
+    await asyncio.gather(*earlier)
+    assert ran == ["beat0", "beat1", "late"]
+    await queue.close()
+
+
+async def test_urgent_events_are_refused_once_closed_and_errors_of_inline_ones_reach_the_caller() -> None:
+    queue = ControllerEventQueue()
+
+    def fail() -> None:
+        raise ValueError("stale epoch")
+
+    with pytest.raises(ValueError, match="stale epoch"):
+        await queue.run(URGENT, "beat", fail)
+    assert queue.processed == ["beat"]
+    await queue.close()
+    with pytest.raises(EventQueueClosedError):
+        await queue.run(URGENT, "after-close", lambda: None)

@@ -1,8 +1,9 @@
 """Leadership confirmation (ReadIndex): ``RaftCore.confirm_leadership`` and the leader's rounds.
 
 A round confirms only once a majority of voters, the leader included, fetched at the leader's epoch
-*echoing* it; callers arriving while a round is in flight share the next one; losing leadership ends
-every round unconfirmed; a sole voter confirms at once.  docs/internals/raft.md "Confirming leadership".
+*echoing* it (or a later round); callers share a round until a response carried it, and start the next
+one at once after that; losing leadership ends every round unconfirmed; a sole voter confirms at once.
+docs/internals/raft.md "Confirming leadership".
 """
 
 from __future__ import annotations
@@ -89,21 +90,37 @@ def test_a_round_needs_a_majority_echo_not_just_a_later_fetch() -> None:
     assert out.confirmed_read_round == read_round  # voter 2 and the leader: 2 of 3
 
 
-def test_callers_during_a_round_share_the_next_one_which_starts_when_it_confirms() -> None:
+def test_callers_join_a_round_no_voter_has_seen_and_otherwise_start_the_next_at_once() -> None:
+    """Rounds overlap (issue #17): a caller arriving after the round in flight was published starts the
+    next round at once instead of waiting for that one to confirm; until a response carried a round,
+    new callers share it.  An echo of a later round confirms every earlier one."""
     core, now = _leader()
     first = core.confirm_leadership(now)
     core.take_output(now)
-    second = core.confirm_leadership(now + 1)
-    assert core.confirm_leadership(now + 2) == second == first + 1
-    # Only one round in flight: responses still carry the first.
-    assert _responses(core.handle_request(1, _fetch(2, 0), now + 3))[1].read_round == first
-    core.handle_request(2, _fetch(3, 0, wait_ms=30), now + 3)  # answered: 3 owes an echo too
-    parked = core.handle_request(4, _fetch(3, first), now + 4)
-    assert parked.confirmed_read_round == first
-    # The queued round started as the first confirmed: voter 3's fetch (it echoed) is answered with it.
-    assert _responses(parked)[4].read_round == second
-    assert core.confirm_leadership(now + 5) == second + 1  # the second is in flight now
-    assert core.handle_request(5, _fetch(3, second), now + 6).confirmed_read_round == second
+    assert core.confirm_leadership(now + 1) == first  # no response carried it: nobody echoed it yet
+    # Voter 2 fetches: answered at once (it owes an echo), carrying the round — now it is published.
+    assert _responses(core.handle_request(1, _fetch(2, 0), now + 2))[1].read_round == first
+    second = core.confirm_leadership(now + 3)
+    assert second == first + 1  # started now, with the first still in flight
+    assert core.confirm_leadership(now + 4) == second
+    assert _responses(core.handle_request(2, _fetch(3, 0), now + 5))[2].read_round == second
+    # Voter 2 echoes the first only: the first confirms (2 of 3 with the leader), the second does not.
+    assert core.handle_request(3, _fetch(2, first), now + 6).confirmed_read_round == first
+    assert core.handle_request(4, _fetch(3, second), now + 7).confirmed_read_round == second
+    assert core.confirm_leadership(now + 8) == second + 1  # nothing in flight: a new round
+
+
+def test_an_echo_of_the_later_round_confirms_the_earlier_one_too() -> None:
+    core, now = _leader()
+    first = core.confirm_leadership(now)
+    core.take_output(now)
+    core.handle_request(1, _fetch(2, 0), now + 1)  # publishes the first
+    second = core.confirm_leadership(now + 2)
+    core.take_output(now + 2)
+    assert _responses(core.handle_request(2, _fetch(3, 0), now + 3))[2].read_round == second
+    # Voter 3 never echoed the first; its echo of the second covers it.
+    assert second > first
+    assert core.handle_request(3, _fetch(3, second), now + 4).confirmed_read_round == second
 
 
 def test_five_voters_need_two_echoes_besides_the_leader_and_observers_do_not_count() -> None:
@@ -210,12 +227,14 @@ def test_rounds_confirm_only_after_a_majority_echoed_them_and_every_caller_is_se
 
     for kind, replica in steps:
         if kind == "ask":
+            started_before = role.read_round_started
             read_round, decisions = role.request_read_round(log, 0)
-            # The caller's round started with this call, or is the one queued behind the round in flight.
+            # The caller's round started with this call, or it joined the latest one, which no response
+            # carried yet (so no voter can have echoed it before the call).
             assert read_round > confirmed
-            assert read_round == role.read_round_started or (
-                role.read_round_in_flight and read_round == role.read_round_started + 1
-            )
+            assert read_round == role.read_round_started
+            if read_round == started_before:
+                assert role.read_round_published < read_round
             asked.append(read_round)
             absorb(list(decisions))
         elif replica in voters:
