@@ -19,8 +19,9 @@ Rules and their source (Kafka's ``Partition.scala`` / ``Replica`` as of 3.x to 4
   log end means the follower is caught up *now*; a fetch at or past the leader's log end *at the time of
   the follower's previous fetch* means it was caught up *then*. Never moves backwards.
 - **ISR shrink** (``Partition.getOutOfSyncReplicas``, ``replica.lag.time.max.ms``): an ISR member other
-  than the leader whose log end differs from the leader's and that has not been caught up for more than
-  the maximum lag. Nothing is proposed while an AlterPartition is in flight.
+  than the leader whose log end is below the leader's (durable) end — not "differs": a leader that serves
+  unflushed batches can have followers durable past its own flushed end — and that has not been caught
+  up for more than the maximum lag. Nothing is proposed while an AlterPartition is in flight.
 - **ISR expand** (``Partition.isFollowerInSync`` + ``isReplicaIsrEligible``, KAFKA-7128, KIP-841): a
   replica outside the ISR whose log end ≥ the high watermark *and* ≥ the start offset of the current
   leader epoch (it has caught up into this leadership — otherwise committed data between the HWM and the
