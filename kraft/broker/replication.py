@@ -7,9 +7,19 @@ carries their decisions out.  All on the broker's event loop, so no locks.
 - the leader's own position is its log's *flushed* offset — appends are flushed right after (one fsync
   per partition per loop turn, however many Produce requests came in it), so "in the high watermark"
   means "on disk on every ISR member";
-- ``ReplicaFetch`` serves only flushed batches (a follower can never be ahead of the leader's counted
-  position), checks the follower's position against the leader's epochs (``diverging_epoch``), records it
-  (``on_follower_fetch``) and answers with the high watermark;
+- ``ReplicaFetch`` serves the leader's whole log, flushed or not (Kafka's followers fetch from the
+  leader's log end): an append wakes the parked replica fetches at once, so the followers' append+fsync
+  overlaps the leader's own flush instead of following it.  What *counts* stays durable: the leader by
+  its flushed end, a follower by the ``durable_offset`` its fetch reports (its flushed end; it flushes
+  before it fetches again once caught up).  A follower may so be durable past the leader's flushed end;
+  the high watermark, the minimum over the ISR, never is.  A leader that crashes before its flush can
+  lose only unacknowledged records, and a follower holding them truncates them by leader epoch when it
+  next fetches (docs/internals/replication.md, "Serving unflushed batches");
+- the fetch checks the follower's position against the leader's epochs (``diverging_epoch``), records
+  it (``on_follower_fetch``) and answers with the high watermark.  A high watermark that advances does
+  not wake parked replica fetches: followers learn it with the next batches or at the end of the
+  long-poll (Kafka's: a follower's fetch is not completed by a high-watermark change), which spares two
+  empty round trips per acks=all request;
 - every ``replica.lag.time.max.ms / 2`` (Kafka's cadence) lagging ISR members are proposed out; after a
   follower fetch, caught-up replicas are proposed in (eligibility from the image: registered, unfenced, not
   shutting down, fetching with their registered broker epoch).  Proposals go to the active controller as
@@ -146,7 +156,7 @@ class _Followed:
     leader_epoch: int
     high_watermark: int = 0
     retry_at_ms: int = 0
-    leader_log_end: int = -1  # the leader's durable log end in its last answer (-1: none yet)
+    leader_log_end: int = -1  # the leader's log end in its last answer, flushed or not (-1: none yet)
     stopped: bool = False  # a truncation below the high watermark was refused: never fetch again
     unflushed_bytes: int = 0  # appended since the last flush (catch_up_flush_bytes)
 
@@ -164,6 +174,11 @@ def leader_and_isr(assignment: PartitionAssignment) -> LeaderAndIsr:
 
 def _latest_epoch(entries: list[tuple[int, int]]) -> int:
     return entries[-1][0] if entries else UNDEFINED_EPOCH
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class ReplicaManager:
@@ -208,9 +223,9 @@ class ReplicaManager:
         )
         self._dirty: set[TopicPartition] = set()
         self._flush_scheduled = False
-        # Set (and replaced) whenever a led partition's flushed end or high watermark moves: wakes the
-        # replica fetches parked at this leader.
-        self._progress = asyncio.Event()
+        # The replica fetches parked at this leader (long-poll); an append, a lease change or a storage
+        # failure resolves them all (_wake_replica_fetches).
+        self._parked_fetches: set[asyncio.Future[None]] = set()
         self._next_request_id = 0
         self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
         self.checkpoints = hwm_checkpoint.CheckpointWriter()
@@ -484,7 +499,11 @@ class ReplicaManager:
     # --- leader: appends, flushes, the high watermark --------------------------------------------
 
     def on_appended(self, partition: Partition) -> None:
-        """A Produce appended to a led partition: flush it soon (coalesced per loop turn)."""
+        """A Produce appended to a led partition: wake the parked replica fetches (they serve unflushed
+        batches), then flush it (coalesced per loop turn).  The wake comes first: the fetch handlers
+        resume in the next loop turn ahead of the flush, so their answers are on the wire while this
+        leader fsyncs."""
+        self._wake_replica_fetches()
         self._schedule_flush(partition.tp)
 
     def _schedule_flush(self, tp: TopicPartition) -> None:
@@ -509,7 +528,6 @@ class ReplicaManager:
                 return
             if led.state.on_leader_end_offset(log.flushed_offset):
                 self._high_watermark_advanced(led)
-        self._wake_replica_fetches()
 
     @property
     def storage_failure(self) -> BaseException | None:
@@ -540,11 +558,14 @@ class ReplicaManager:
             led, led.waiters.on_high_watermark(state.high_watermark, len(state.maximal_isr), min_isr)
         )
         led.partition.notify_appended()  # consumers long-polling at the old high watermark
-        self._wake_replica_fetches()
+        # Parked replica fetches are not woken: the followers learn the new high watermark with their
+        # next batches or when the long-poll ends (as Kafka's), not with an empty round trip each.
 
     def _wake_replica_fetches(self) -> None:
-        event, self._progress = self._progress, asyncio.Event()
-        event.set()
+        parked, self._parked_fetches = self._parked_fetches, set()
+        for waiter in parked:
+            if not waiter.done():
+                waiter.set_result(None)
 
     # --- leader: produce acknowledgement ---------------------------------------------------------
 
@@ -607,13 +628,24 @@ class ReplicaManager:
     async def replica_fetch(self, request: pb.ReplicaFetchRequest) -> pb.ReplicaFetchResponse:
         """Answer a follower's fetch; long-poll while nothing is new for any of its partitions."""
         wait_ms = min(max(request.max_wait_ms, 0), REPLICA_FETCH_WAIT_MAX_MS)
-        progress = self._progress
-        response, anything = self._answer_replica_fetch(request)
-        if anything or wait_ms == 0:
-            return response
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(progress.wait(), wait_ms / 1000.0)
-        return self._answer_replica_fetch(request)[0]
+        loop = asyncio.get_running_loop()
+        # Parked before the first answer, so a wake while answering (a lease change) is not missed.  A
+        # bare future and a timer, not wait_for over an Event: the handler resumes one loop turn after
+        # the wake (ahead of the flush the same append scheduled) and no task is created per poll.
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._parked_fetches.add(waiter)
+        timer: asyncio.TimerHandle | None = None
+        try:
+            response, anything = self._answer_replica_fetch(request)
+            if anything or wait_ms == 0:
+                return response
+            timer = loop.call_later(wait_ms / 1000.0, _resolve, waiter)
+            await waiter
+            return self._answer_replica_fetch(request)[0]
+        finally:
+            self._parked_fetches.discard(waiter)
+            if timer is not None:
+                timer.cancel()
 
     def _answer_replica_fetch(self, request: pb.ReplicaFetchRequest) -> tuple[pb.ReplicaFetchResponse, bool]:
         response = pb.ReplicaFetchResponse()
@@ -688,7 +720,7 @@ class ReplicaManager:
         log = partition.log
         log_end = log.log_end_offset
         out.log_start_offset = log.log_start_offset
-        out.log_end_offset = state.leader_end_offset
+        out.log_end_offset = log_end  # flushed or not: what the follower can fetch up to
         out.high_watermark = state.high_watermark
         if wanted.last_fetched_epoch != UNDEFINED_EPOCH:
             entries = with_leader_epoch(log.epoch_entries(), state.leader_epoch, log_end)
@@ -702,15 +734,22 @@ class ReplicaManager:
             return ErrorCode.OFFSET_OUT_OF_RANGE
         before = state.high_watermark
         # The follower's durable position counts (its flushed offset; everything it fetched if it does
-        # not say): below the fetch offset, which must itself be on this leader's durable log.
+        # not say): below the fetch offset, which must itself be on this leader's log (flushed or not:
+        # this leader serves its unflushed tail too).  The state keeps the high watermark at or below
+        # this leader's own flushed end however far the follower is.
         durable = wanted.fetch_offset
         if wanted.HasField("durable_offset"):
-            if not 0 <= wanted.fetch_offset <= state.leader_end_offset:
+            if not 0 <= wanted.fetch_offset <= log_end:
                 out.error_message = f"{tp}: fetch at {wanted.fetch_offset} refused"
                 return ErrorCode.OFFSET_OUT_OF_RANGE
             durable = min(max(wanted.durable_offset, 0), wanted.fetch_offset)
         result = state.on_follower_fetch(
-            request.replica_id, durable, wanted.current_leader_epoch, now_ms, request.broker_epoch
+            request.replica_id,
+            durable,
+            wanted.current_leader_epoch,
+            now_ms,
+            request.broker_epoch,
+            leader_log_end=log_end,
         )
         if result.error is not ErrorCode.NONE:
             out.error_message = f"{tp}: fetch at {wanted.fetch_offset} refused"
@@ -719,9 +758,9 @@ class ReplicaManager:
             self._high_watermark_advanced(led)
         out.high_watermark = state.high_watermark
         self._maybe_expand(led)
-        if budget > 0 and wanted.fetch_offset < state.leader_end_offset:
+        if budget > 0 and wanted.fetch_offset < log_end:
             try:
-                out.records = log.read_batches(wanted.fetch_offset, budget, state.leader_end_offset)
+                out.records = log.read_batches(wanted.fetch_offset, budget, log_end)
             except Exception as exc:
                 if not is_storage_failure(exc):
                     raise

@@ -19,8 +19,9 @@ Rules and their source (Kafka's ``Partition.scala`` / ``Replica`` as of 3.x to 4
   log end means the follower is caught up *now*; a fetch at or past the leader's log end *at the time of
   the follower's previous fetch* means it was caught up *then*. Never moves backwards.
 - **ISR shrink** (``Partition.getOutOfSyncReplicas``, ``replica.lag.time.max.ms``): an ISR member other
-  than the leader whose log end differs from the leader's and that has not been caught up for more than
-  the maximum lag. Nothing is proposed while an AlterPartition is in flight.
+  than the leader whose log end is below the leader's (durable) end — not "differs": a leader that serves
+  unflushed batches can have followers durable past its own flushed end — and that has not been caught
+  up for more than the maximum lag. Nothing is proposed while an AlterPartition is in flight.
 - **ISR expand** (``Partition.isFollowerInSync`` + ``isReplicaIsrEligible``, KAFKA-7128, KIP-841): a
   replica outside the ISR whose log end ≥ the high watermark *and* ≥ the start offset of the current
   leader epoch (it has caught up into this leadership — otherwise committed data between the HWM and the
@@ -89,8 +90,9 @@ class FollowerProgress:
     broker_epoch: int = NO_BROKER_EPOCH  # the broker epoch its last fetch carried
 
     def is_caught_up(self, leader_end_offset: int, now_ms: int, max_lag_ms: int) -> bool:
-        """Kafka's ``ReplicaState.isCaughtUp``: at the leader's end, or caught up within the lag."""
-        return self.log_end_offset == leader_end_offset or now_ms - self.last_caught_up_time_ms <= max_lag_ms
+        """Kafka's ``ReplicaState.isCaughtUp``: at (or past: it may hold batches the leader has not
+        flushed yet) the leader's durable end, or caught up within the lag."""
+        return self.log_end_offset >= leader_end_offset or now_ms - self.last_caught_up_time_ms <= max_lag_ms
 
     def after_fetch(
         self, fetch_offset: int, now_ms: int, leader_end_offset: int, broker_epoch: int
@@ -268,8 +270,16 @@ class PartitionLeaderState:
         leader_epoch: int,
         now_ms: int,
         broker_epoch: int = NO_BROKER_EPOCH,
+        leader_log_end: int | None = None,
     ) -> FetchResult:
-        """Record a follower's fetch at ``fetch_offset`` (its log end: everything below is on its disk).
+        """Record a follower's fetch at ``fetch_offset`` (its durable position: everything below is on
+        its disk).
+
+        ``leader_log_end``: the leader's whole log end, flushed or not, when it serves batches above its
+        durable end (Kafka's followers fetch from the leader's log end): a follower may then be durable
+        past the leader's :attr:`leader_end_offset`.  Its position is recorded as it is, but the high
+        watermark still never passes the leader's durable end (it is one of the minimum's terms).
+        None: the leader serves only durable batches, so a position past its durable end is refused.
 
         Call it only for a fetch whose position passed the divergence check
         (:func:`kraft.replication.epochs.diverging_epoch`), as Kafka does.
@@ -277,7 +287,12 @@ class PartitionLeaderState:
         error = self.check_fetch_epoch(replica_id, leader_epoch)
         if error is not ErrorCode.NONE:
             return FetchResult(error)
-        if not 0 <= fetch_offset <= self._leader_end_offset:
+        highest = (
+            self._leader_end_offset
+            if leader_log_end is None
+            else max(leader_log_end, self._leader_end_offset)
+        )
+        if not 0 <= fetch_offset <= highest:
             return FetchResult(ErrorCode.OFFSET_OUT_OF_RANGE)
         progress = self._followers[replica_id]
         self._followers[replica_id] = progress.after_fetch(

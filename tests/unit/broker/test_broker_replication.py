@@ -706,8 +706,94 @@ async def test_the_leader_counts_a_followers_durable_offset_not_its_fetch_offset
     assert state.high_watermark == 1
     assert (await fetch(3, 7)).error_code == ErrorCode.NONE  # never past the fetch offset
     assert state.high_watermark == 3
-    beyond = await fetch(4, 3)  # the fetch offset itself must be on the leader's durable log
+    beyond = await fetch(4, 3)  # the fetch offset itself must be on the leader's log
     assert beyond.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and state.high_watermark == 3
+
+
+def _hold_flushes(log: MemoryPartitionLog) -> Callable[[], None]:
+    """Make ``log.flush`` do nothing (a flush that has not happened yet); returns the release."""
+    real = log.flush
+    log.flush = lambda: None  # type: ignore[method-assign]
+
+    def release() -> None:
+        log.flush = real  # type: ignore[method-assign]
+
+    return release
+
+
+async def test_a_follower_is_served_batches_the_leader_has_not_flushed_but_the_hwm_counts_only_flushed(
+    h: Harness,
+) -> None:
+    _create(h, isr=[1, 2])
+    await h.nodes[2].replicas.close()  # fetches by hand
+    leader = h.nodes[1]
+    release = _hold_flushes(leader.log())
+    assert (await h.produce(1, b"a", b"b", b"c")).error_code == ErrorCode.NONE
+    assert leader.log().flushed == 0 and leader.log().log_end_offset == 3
+    state = leader.replicas.leader_state(TP)
+    assert state is not None
+    first = (await _replica_fetch(h, 1, 2, 0)).partitions[0]
+    assert first.error_code == ErrorCode.NONE
+    assert [r.value for batch in iter_batches(first.records) for r in batch.records] == [b"a", b"b", b"c"]
+    assert first.log_end_offset == 3  # the whole log, flushed or not
+    # The follower flushed all three and says so: recorded, but the leader has none on its disk, so
+    # nothing is committed (a leader counting its appended end would put the HWM at 3 here).
+    second = (await _replica_fetch(h, 1, 2, 3)).partitions[0]
+    assert second.error_code == ErrorCode.NONE
+    follower = state.follower(2)
+    assert follower is not None and follower.log_end_offset == 3
+    assert state.high_watermark == 0 and second.high_watermark == 0
+    assert list((await h.consume(1)).records) == []
+    release()
+    assert (await h.produce(1, b"d")).error_code == ErrorCode.NONE  # its flush covers a..d
+    await until(lambda: leader.log().flushed == 4, "the leader to flush")
+    assert state.high_watermark == 3  # the follower's durable end: the minimum over the ISR
+
+
+async def test_acks_all_is_answered_only_once_the_leader_itself_flushed(h: Harness) -> None:
+    _create(h, isr=[1, 2])
+    leader, follower = h.nodes[1], h.nodes[2]
+    release = _hold_flushes(leader.log())
+    produce = asyncio.create_task(h.produce(1, b"a", acks=-1))
+    # The follower copies the unflushed batch, flushes it and reports it durable ...
+    state = leader.replicas.leader_state(TP)
+    assert state is not None
+    await until(lambda: follower.log().flushed == 1, "the follower to copy and flush the batch")
+    await until(
+        lambda: (f := state.follower(2)) is not None and f.log_end_offset == 1,
+        "the leader to record the follower's durable end",
+    )
+    await asyncio.sleep(0.05)
+    # ... but the record is not on the leader's disk yet: not acknowledged.
+    assert not produce.done() and state.high_watermark == 0
+    release()
+    assert (await h.produce(1, b"b")).error_code == ErrorCode.NONE  # acks=1; its flush covers both
+    assert (await asyncio.wait_for(produce, TIMEOUT_S)).error_code == ErrorCode.NONE
+    assert leader.log().flushed >= 1
+
+
+async def test_a_follower_truncates_the_unflushed_tail_a_restarted_leader_lost(h: Harness) -> None:
+    # Broker 1 leads epoch 3; broker 2 copies (and flushes) b and c, which broker 1 never flushed.
+    _create(h, isr=[1, 2])
+    leader, follower = h.nodes[1], h.nodes[2]
+    assert (await h.produce(1, b"a", acks=-1)).error_code == ErrorCode.NONE
+    release = _hold_flushes(leader.log())
+    assert (await h.produce(1, b"b", b"c")).error_code == ErrorCode.NONE
+    await until(lambda: follower.log().flushed == 3, "the follower to copy and flush b and c")
+    assert leader.log().flushed == 1
+    # Broker 1's machine crashes: its page cache, so b and c, is gone.  It restarts and is elected
+    # again (epoch 5); broker 2's b and c were never acknowledged and must go.
+    await leader.replicas.close()
+    await follower.replicas.close()
+    leader.log().truncate_to(1)
+    release()
+    leader.replicas = await _restart_replicas(h, 1)
+    follower.replicas = await _restart_replicas(h, 2)
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=2))
+    h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, leader=1))  # epoch 5
+    assert (await h.produce(1, b"d", acks=-1)).error_code == ErrorCode.NONE
+    assert [r.value for r in follower.log().records] == [b"a", b"d"]
+    assert follower.log().batches == leader.log().batches
 
 
 async def test_a_follower_catching_up_flushes_every_few_bytes_and_once_caught_up(h: Harness) -> None:

@@ -8,8 +8,10 @@ broker shell does (``kraft/broker/replication.py``), on a virtual clock with a s
   AlterPartition and its answer, produce requests;
 - brokers act on **stale metadata**: they learn the partition (LeaderAndIsr) only from heartbeat answers;
 - the leader's appends are flushed **asynchronously** (a crash before the flush loses them) and only its
-  flushed end counts (``on_leader_end_offset``); followers append and flush before their next fetch, and
-  fetches serve only flushed batches;
+  flushed end counts (``on_leader_end_offset``); fetches serve the leader's whole log, **unflushed
+  batches included** (so a follower may hold, even durably, records the leader loses in a crash);
+  followers append, flush once caught up (or at random while behind, as the broker's
+  ``catch_up_flush_bytes``) and report their flushed end as the durable position their fetch counts at;
 - followers check ``diverging_epoch`` at fetch time and truncate with ``next_truncation_step``; a fetch
   answer is applied only if the follower's epoch and log end did not change while it was in flight;
 - the controller fences a broker whose heartbeats stop (out of the ISR; a new leader from the ISR, else
@@ -120,6 +122,7 @@ class Sim:
     unclean: bool = False  # mutation: elect any unfenced replica when the ISR has none
     skip_divergence_check: bool = False  # mutation: followers fetch without their last epoch (no truncation)
     no_hwm_freeze: bool = False  # mutation: leaders advance the HWM below min ISR (unsafe with ELR)
+    count_unflushed: bool = False  # mutation: the leader counts its appended end, not its flushed end
     now: int = 0
     rng: random.Random = field(init=False)
     queue: list[tuple[int, int, Callable[[], None]]] = field(default_factory=list)
@@ -310,6 +313,8 @@ class Sim:
         request = self.next_request
         self.next_request += 1
         broker.requests[request] = records
+        if self.count_unflushed and state.on_leader_end_offset(len(broker.log)):
+            self._hwm_moved(broker)
         self._schedule_flush(broker)
         done = broker.waiters.add(
             request, len(broker.log), self.now + PRODUCE_TIMEOUT_MS, state.high_watermark,
@@ -331,7 +336,9 @@ class Sim:
             if broker.state is not None and broker.state.on_leader_end_offset(broker.flushed):
                 self._hwm_moved(broker)
 
-        self.at(self.now + self.rng.randint(0, 3), flush)
+        # Sometimes slower than a fetch round trip: followers then hold (and flush) what the leader has
+        # not flushed yet, the case serving unflushed batches creates.
+        self.at(self.now + self.rng.randint(0, 12), flush)
 
     def _hwm_moved(self, broker: Broker) -> None:
         state = broker.state
@@ -355,7 +362,14 @@ class Sim:
                 self.new_acks.append((offset, record))
 
     def serve_fetch(
-        self, leader: Broker, follower: int, broker_epoch: int, epoch: int, offset: int, last: int
+        self,
+        leader: Broker,
+        follower: int,
+        broker_epoch: int,
+        epoch: int,
+        offset: int,
+        last: int,
+        durable: int,
     ) -> None:
         state = leader.state
         target = self.brokers[follower]
@@ -366,10 +380,11 @@ class Sim:
             records: list[tuple[int, int]] | None = None,
             hwm: int = 0,
         ) -> None:
+            leader_end = len(leader.log)
             self.send(
                 leader.id,
                 follower,
-                lambda: self.fetched(target, epoch, offset, error, diverged, records, hwm),
+                lambda: self.fetched(target, epoch, offset, error, diverged, records, hwm, leader_end),
             )
 
         if state is None:
@@ -386,7 +401,13 @@ class Sim:
             if diverged is not None:
                 reply(ErrorCode.NONE, diverged)
                 return
-        result = state.on_follower_fetch(follower, offset, epoch, self.now, broker_epoch)
+        if offset > end:
+            reply(ErrorCode.OFFSET_OUT_OF_RANGE)
+            return
+        # The follower counts at its durable position; the leader's whole log bounds the fetch offset.
+        result = state.on_follower_fetch(
+            follower, min(durable, offset), epoch, self.now, broker_epoch, leader_log_end=end
+        )
         if result.error is not ErrorCode.NONE:
             reply(result.error)
             return
@@ -395,7 +416,8 @@ class Sim:
         joining = state.isr_expand_candidates(lambda r, e: e == self.brokers[r].broker_epoch)
         if joining:
             self._propose(leader, (*state.isr, min(joining)))
-        records = leader.log[offset : min(state.leader_end_offset, offset + self.rng.randint(1, 6))]
+        # Unflushed batches are served too (Kafka's followers fetch from the leader's log end).
+        records = leader.log[offset : min(end, offset + self.rng.randint(1, 6))]
         reply(ErrorCode.NONE, None, records, state.high_watermark)
 
     def _propose(self, leader: Broker, isr: tuple[int, ...]) -> None:
@@ -439,6 +461,7 @@ class Sim:
         diverged: EpochEndOffset | None = None,
         records: list[tuple[int, int]] | None = None,
         hwm: int = 0,
+        leader_end: int = 0,
     ) -> None:
         follower.fetching = False
         view = follower.view
@@ -465,7 +488,10 @@ class Sim:
             self.stats["truncations"] = self.stats.get("truncations", 0) + 1
             return
         follower.log.extend(records or [])
-        follower.flushed = len(follower.log)  # flushed before the next fetch
+        # Flushed once caught up with the leader's log end (so acks=all never waits on it), and now and
+        # then while behind (the broker: every catch_up_flush_bytes); the next fetch reports it.
+        if len(follower.log) >= leader_end or self.rng.random() < 0.5:
+            follower.flushed = len(follower.log)
         follower.hwm = max(follower.hwm, min(hwm, len(follower.log)))
 
     def broker_tick(self, broker: Broker) -> None:
@@ -484,11 +510,11 @@ class Sim:
             leader = self.brokers[view.leader]
             offset = len(broker.log)
             last = broker.log[-1][0] if broker.log and not self.skip_divergence_check else UNDEFINED_EPOCH
-            epoch, broker_epoch = view.leader_epoch, broker.broker_epoch
+            epoch, broker_epoch, durable = view.leader_epoch, broker.broker_epoch, broker.flushed
             self.send(
                 broker.id,
                 leader.id,
-                lambda: self.serve_fetch(leader, broker.id, broker_epoch, epoch, offset, last),
+                lambda: self.serve_fetch(leader, broker.id, broker_epoch, epoch, offset, last, durable),
             )
             # A lost request or answer: fetch again after a timeout.
             self.at(self.now + 4 * HEARTBEAT_MS, lambda: self._fetch_timeout(broker, seq))
@@ -649,8 +675,9 @@ def run(
     unclean: bool = False,
     skip_divergence_check: bool = False,
     no_hwm_freeze: bool = False,
+    count_unflushed: bool = False,
 ) -> Sim:
-    sim = Sim(seed, bump, unclean, skip_divergence_check, no_hwm_freeze)
+    sim = Sim(seed, bump, unclean, skip_divergence_check, no_hwm_freeze, count_unflushed)
     sim.run()
     return sim
 
@@ -678,7 +705,11 @@ def test_a_run_replays_exactly_from_its_seed() -> None:
 
 
 def _first_violation(
-    *, unclean: bool = False, skip_divergence_check: bool = False, no_hwm_freeze: bool = False
+    *,
+    unclean: bool = False,
+    skip_divergence_check: bool = False,
+    no_hwm_freeze: bool = False,
+    count_unflushed: bool = False,
 ) -> str | None:
     for seed in range(60):
         try:
@@ -687,6 +718,7 @@ def _first_violation(
                 unclean=unclean,
                 skip_divergence_check=skip_divergence_check,
                 no_hwm_freeze=no_hwm_freeze,
+                count_unflushed=count_unflushed,
             )
         except Violation as violation:
             return str(violation)
@@ -707,4 +739,11 @@ def test_the_simulation_catches_a_high_watermark_advancing_below_min_isr() -> No
     """KIP-966's broker rule is what makes an ELR member a safe leader: without it, a leader alone in the
     ISR moves the HWM past what the eligible replicas hold, and electing one of them loses it."""
     found = _first_violation(no_hwm_freeze=True)
+    assert found is not None and "after healing" not in found, found
+
+
+def test_the_simulation_catches_a_leader_that_counts_its_unflushed_end() -> None:
+    # Fetches serve unflushed batches, so only the flushed end may count: a leader counting what it
+    # appended acknowledges records that its crash then loses.
+    found = _first_violation(count_unflushed=True)
     assert found is not None and "after healing" not in found, found
