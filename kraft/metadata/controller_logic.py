@@ -73,6 +73,7 @@ from kraft.metadata.request_limits import (
     check_create_topics,
     check_delete_topics,
     check_elect_leaders,
+    check_register_broker,
 )
 from kraft.metadata.topic_rules import (
     check_partition_dir_names,
@@ -871,10 +872,13 @@ class ControllerLogic:
                 self.heartbeats.touch(req.broker_id, now_ms, -1)
                 response.broker_epoch = existing.epoch
                 return Outcome([], response)
-            # A live session blocks a new incarnation unless the request names the registered one as its
-            # predecessor on the same log dirs: that process is gone (kraft.broker.incarnation).
-            replaces = (
-                bool(req.previous_incarnation_id) and req.previous_incarnation_id == existing.incarnation_id
+            # A live session blocks a new incarnation unless the request names the registered one among
+            # its predecessors on the same log dirs (the previous one, or an earlier one whose successors
+            # all died before their registration was answered): that process is gone, and this one has
+            # its log dirs (kraft.broker.incarnation).
+            replaces = bool(existing.incarnation_id) and existing.incarnation_id in (
+                req.previous_incarnation_id,
+                *req.earlier_incarnation_ids,
             )
             if (
                 not existing.fenced
@@ -910,7 +914,7 @@ class ControllerLogic:
         batch.add(record)
         if existing is not None and not replaces:
             # KIP-966's unclean shutdown, kraft's way: a new incarnation that does not name the registered
-            # one as its predecessor cannot prove it runs on the same log dirs (wiped, replaced, another
+            # one among its predecessors cannot prove it runs on the same log dirs (wiped, replaced, another
             # host), so what it had replicated may be gone: out of every ELR (docs/internals/replication.md).
             self._leave_isrs(batch, req.broker_id, unclean=True)
         self._shutdown_offsets.pop(req.broker_id, None)
@@ -923,6 +927,7 @@ class ControllerLogic:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"broker id must be ≥ 0, got {req.broker_id}")
         if not req.incarnation_id:
             raise KraftError(ErrorCode.INVALID_REGISTRATION, "incarnation id is empty")
+        check_register_broker(req)
         if any(not d for d in req.log_dirs):
             raise KraftError(ErrorCode.INVALID_REGISTRATION, "a log dir is empty")
         for endpoint in req.listeners:
