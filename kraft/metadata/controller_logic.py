@@ -384,6 +384,11 @@ class ControllerLogic:
         self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
         # offset of the last record of each broker's controlled shutdown (soft state, like Kafka's)
         self._shutdown_offsets: dict[int, int] = {}
+        # per broker, the incarnations its latest accepted registration named as predecessors on its log
+        # dirs (kraft.broker.incarnation): provably dead, so a RegisterBroker of theirs still on the wire
+        # is refused (soft state: a new active controller forgets it and accepts such a request as any
+        # other — an unclean re-registration, the safe side)
+        self._superseded: dict[int, frozenset[str]] = {}
         # offset of the latest (maybe pending) record about each broker's registration: a heartbeat that
         # writes nothing waits only for that, not for unrelated bulk writes
         self.broker_offsets: dict[int, int] = {}
@@ -406,6 +411,7 @@ class ControllerLogic:
         # counts come from PartitionCounts till then, and an unfence meanwhile finishes it at once
         self.rejoin_index.start_rebuild(committed.topics_by_id)
         self._shutdown_offsets.clear()
+        self._superseded.clear()
         self.broker_offsets.clear()
         self._leaving.clear()
         self._rejoining.clear()
@@ -872,6 +878,20 @@ class ControllerLogic:
                 self.heartbeats.touch(req.broker_id, now_ms, -1)
                 response.broker_epoch = existing.epoch
                 return Outcome([], response)
+            if req.incarnation_id in self._superseded.get(req.broker_id, ()):
+                # A request of a process its successor on the same log dirs already named (found by the
+                # replication sim, seed 48: a crashed process's RegisterBroker, delayed on the network,
+                # arrived after its successor registered).  Accepting it would judge the broker unclean
+                # — it names only older predecessors — and take it out of every ELR for nothing.
+                return Outcome(
+                    [],
+                    error_response(
+                        response,
+                        ErrorCode.INVALID_REGISTRATION,
+                        f"broker {req.broker_id} incarnation {req.incarnation_id} was superseded by "
+                        f"{existing.incarnation_id} on the same log dirs",
+                    ),
+                )
             # A live session blocks a new incarnation unless the request names the registered one among
             # its predecessors on the same log dirs (the previous one, or an earlier one whose successors
             # all died before their registration was answered): that process is gone, and this one has
@@ -918,6 +938,9 @@ class ControllerLogic:
             # host), so what it had replicated may be gone: out of every ELR (docs/internals/replication.md).
             self._leave_isrs(batch, req.broker_id, unclean=True)
         self._shutdown_offsets.pop(req.broker_id, None)
+        self._superseded[req.broker_id] = frozenset(
+            i for i in (req.previous_incarnation_id, *req.earlier_incarnation_ids) if i
+        )
         self.heartbeats.register(req.broker_id, now_ms)
         response.broker_epoch = record.broker_epoch
         return Outcome(batch.finish(), response, next_offset)

@@ -462,6 +462,26 @@ def test_an_earlier_predecessor_also_proves_a_fast_takeover_of_a_live_session() 
     assert h.image.brokers[1].incarnation_id == "inc-1-c"
 
 
+def test_a_late_registration_of_a_superseded_incarnation_is_refused() -> None:
+    """Found by the replication sim (seed 48): inc-2-b's RegisterBroker, delayed on the network, arrives
+    after its successor inc-2-c (which named it) registered; accepted, it would be an unclean
+    re-registration and take broker 2 out of every ELR."""
+    h, topic_id = _harness_rf3_min2()
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    assert _reregister(h, 2, "inc-2-c", "inc-2-b", "inc-2").error_code == ErrorCode.NONE
+    epoch = h.image.brokers[2].epoch
+    late = _reregister(h, 2, "inc-2-b", "inc-2")
+    assert late.error_code == ErrorCode.INVALID_REGISTRATION
+    assert (h.image.brokers[2].incarnation_id, h.image.brokers[2].epoch) == ("inc-2-c", epoch)
+    assert _partition(h, topic_id).elr == (1, 2)
+    # a newly active controller forgets (soft state): the same request is then an unclean re-registration
+    h.logic.reset(h.image, h.now_ms)
+    assert _reregister(h, 2, "inc-2-b", "inc-2").error_code == ErrorCode.NONE
+    assert _partition(h, topic_id).elr == (1,)
+
+
 def test_hostile_incarnation_chains_are_invalid_requests() -> None:
     from kraft.broker.incarnation import MAX_PREDECESSORS
     from kraft.metadata.request_limits import MAX_EARLIER_INCARNATION_IDS, MAX_INCARNATION_ID_CHARS
