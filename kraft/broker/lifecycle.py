@@ -5,8 +5,8 @@ Theory of operation
 :meth:`BrokerLifecycle.register` sends RegisterBroker with this process's incarnation id until the
 active controller accepts it (backoff between tries; fatal answers — wrong cluster id, invalid
 registration — stop the broker; DUPLICATE_BROKER_REGISTRATION is retried because the previous process's
-session may still be expiring, unless the request names that process as this one's predecessor on the
-same log dirs: :mod:`kraft.broker.incarnation`).  Success moves STARTING → RECOVERY: registered, fenced,
+session may still be expiring, unless the request names that process among this one's predecessors on
+the same log dirs: :mod:`kraft.broker.incarnation`).  Success moves STARTING → RECOVERY: registered, fenced,
 catching up.
 
 :meth:`BrokerLifecycle.run_heartbeats` is the one task that writes :class:`BrokerStatus`.  Every
@@ -141,6 +141,7 @@ class BrokerLifecycle:
                 log_dirs=list(self._info.log_dirs),
                 previous_broker_epoch=previous_epoch,
                 previous_incarnation_id=status.previous_incarnation_id,
+                earlier_incarnation_ids=list(status.earlier_incarnation_ids),
                 # what this software reads: the controller refuses a cluster level outside it, and an
                 # upgrade past any registered broker's range (kraft.metadata.feature_control)
                 features=[

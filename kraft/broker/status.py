@@ -80,6 +80,9 @@ class BrokerStatus:
         self.incarnation_id = ""
         # the process this one replaced on the same log dirs (kraft.broker.incarnation); "" when unknown
         self.previous_incarnation_id = ""
+        # the processes before that one on the same log dirs, newest first, since the last one the
+        # controller accepted (each died before its registration was answered)
+        self.earlier_incarnation_ids: tuple[str, ...] = ()
         self.broker_epoch = -1
         self.fenced = True
         self.metadata_offset = -1  # last applied metadata offset

@@ -73,6 +73,7 @@ from kraft.metadata.request_limits import (
     check_create_topics,
     check_delete_topics,
     check_elect_leaders,
+    check_register_broker,
 )
 from kraft.metadata.topic_rules import (
     check_partition_dir_names,
@@ -383,6 +384,11 @@ class ControllerLogic:
         self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
         # offset of the last record of each broker's controlled shutdown (soft state, like Kafka's)
         self._shutdown_offsets: dict[int, int] = {}
+        # per broker, the incarnations its latest accepted registration named as predecessors on its log
+        # dirs (kraft.broker.incarnation): provably dead, so a RegisterBroker of theirs still on the wire
+        # is refused (soft state: a new active controller forgets it and accepts such a request as any
+        # other — an unclean re-registration, the safe side)
+        self._superseded: dict[int, frozenset[str]] = {}
         # offset of the latest (maybe pending) record about each broker's registration: a heartbeat that
         # writes nothing waits only for that, not for unrelated bulk writes
         self.broker_offsets: dict[int, int] = {}
@@ -405,6 +411,7 @@ class ControllerLogic:
         # counts come from PartitionCounts till then, and an unfence meanwhile finishes it at once
         self.rejoin_index.start_rebuild(committed.topics_by_id)
         self._shutdown_offsets.clear()
+        self._superseded.clear()
         self.broker_offsets.clear()
         self._leaving.clear()
         self._rejoining.clear()
@@ -871,10 +878,27 @@ class ControllerLogic:
                 self.heartbeats.touch(req.broker_id, now_ms, -1)
                 response.broker_epoch = existing.epoch
                 return Outcome([], response)
-            # A live session blocks a new incarnation unless the request names the registered one as its
-            # predecessor on the same log dirs: that process is gone (kraft.broker.incarnation).
-            replaces = (
-                bool(req.previous_incarnation_id) and req.previous_incarnation_id == existing.incarnation_id
+            if req.incarnation_id in self._superseded.get(req.broker_id, ()):
+                # A request of a process its successor on the same log dirs already named (found by the
+                # replication sim, seed 48: a crashed process's RegisterBroker, delayed on the network,
+                # arrived after its successor registered).  Accepting it would judge the broker unclean
+                # — it names only older predecessors — and take it out of every ELR for nothing.
+                return Outcome(
+                    [],
+                    error_response(
+                        response,
+                        ErrorCode.INVALID_REGISTRATION,
+                        f"broker {req.broker_id} incarnation {req.incarnation_id} was superseded by "
+                        f"{existing.incarnation_id} on the same log dirs",
+                    ),
+                )
+            # A live session blocks a new incarnation unless the request names the registered one among
+            # its predecessors on the same log dirs (the previous one, or an earlier one whose successors
+            # all died before their registration was answered): that process is gone, and this one has
+            # its log dirs (kraft.broker.incarnation).
+            replaces = bool(existing.incarnation_id) and existing.incarnation_id in (
+                req.previous_incarnation_id,
+                *req.earlier_incarnation_ids,
             )
             if (
                 not existing.fenced
@@ -910,10 +934,13 @@ class ControllerLogic:
         batch.add(record)
         if existing is not None and not replaces:
             # KIP-966's unclean shutdown, kraft's way: a new incarnation that does not name the registered
-            # one as its predecessor cannot prove it runs on the same log dirs (wiped, replaced, another
+            # one among its predecessors cannot prove it runs on the same log dirs (wiped, replaced, another
             # host), so what it had replicated may be gone: out of every ELR (docs/internals/replication.md).
             self._leave_isrs(batch, req.broker_id, unclean=True)
         self._shutdown_offsets.pop(req.broker_id, None)
+        self._superseded[req.broker_id] = frozenset(
+            i for i in (req.previous_incarnation_id, *req.earlier_incarnation_ids) if i
+        )
         self.heartbeats.register(req.broker_id, now_ms)
         response.broker_epoch = record.broker_epoch
         return Outcome(batch.finish(), response, next_offset)
@@ -923,6 +950,7 @@ class ControllerLogic:
             raise KraftError(ErrorCode.INVALID_REQUEST, f"broker id must be ≥ 0, got {req.broker_id}")
         if not req.incarnation_id:
             raise KraftError(ErrorCode.INVALID_REGISTRATION, "incarnation id is empty")
+        check_register_broker(req)
         if any(not d for d in req.log_dirs):
             raise KraftError(ErrorCode.INVALID_REGISTRATION, "a log dir is empty")
         for endpoint in req.listeners:

@@ -17,6 +17,11 @@ from kraft.v1 import controller_pb2 as cpb
 
 MAX_PARTITIONS_PER_TOPIC = 1_000_000
 """Also kraft.metadata.controller_logic's (which imports this module)."""
+MAX_EARLIER_INCARNATION_IDS = 64
+"""RegisterBroker's ``earlier_incarnation_ids`` at most (a broker sends up to 15:
+kraft.broker.incarnation.MAX_PREDECESSORS); more is INVALID_REQUEST."""
+MAX_INCARNATION_ID_CHARS = 64
+"""An incarnation id's length at most (a broker sends a 36-character UUID); longer is INVALID_REQUEST."""
 DEFAULT_MAX_REQUEST_TOPICS = 10_000
 DEFAULT_MAX_REQUEST_PARTITIONS = 200_000
 
@@ -80,3 +85,21 @@ def check_elect_leaders(
                 limits.max_partitions,
                 "max.request.partitions",
             )
+
+
+def check_register_broker(req: cpb.RegisterBrokerRequest) -> None:
+    """The incarnation ids a RegisterBroker names: fixed protocol bounds, not configs, so a request over
+    one is malformed (INVALID_REQUEST), not a policy refusal.  The controller compares each earlier id
+    with the registered one, so an unbounded list would be unbounded work on the controller."""
+    if len(req.earlier_incarnation_ids) > MAX_EARLIER_INCARNATION_IDS:
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"RegisterBroker names {len(req.earlier_incarnation_ids)} earlier incarnations; "
+            f"the limit is {MAX_EARLIER_INCARNATION_IDS}",
+        )
+    ids = (req.incarnation_id, req.previous_incarnation_id, *req.earlier_incarnation_ids)
+    if any(len(i) > MAX_INCARNATION_ID_CHARS for i in ids):
+        raise KraftError(
+            ErrorCode.INVALID_REQUEST,
+            f"RegisterBroker names an incarnation id longer than {MAX_INCARNATION_ID_CHARS} characters",
+        )

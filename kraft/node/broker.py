@@ -51,7 +51,7 @@ import grpc
 
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.image_adapter import ImageMetadataView
-from kraft.broker.incarnation import take_over_incarnation
+from kraft.broker.incarnation import accept_incarnation, take_over_incarnation
 from kraft.broker.lifecycle import BrokerLifecycle, LifecycleTimings, RegistrationFailed, RegistrationInfo
 from kraft.broker.open_files import open_segment_files_capacity
 from kraft.broker.partition_log import PartitionLogOpener
@@ -94,6 +94,7 @@ from kraft.security.tls import (
     outbound_security,
 )
 from kraft.storage.dir_lock import DirectoryLocks
+from kraft.storage.errors import StorageError
 from kraft.storage.meta_properties import check_meta_properties
 from kraft.storage.open_files import OpenFileCache
 from kraft.v1.common_pb2 import Endpoint
@@ -238,6 +239,9 @@ class BrokerServer:
         s = settings
         self.status = BrokerStatus(s.broker_id, s.cluster_id, s.session_timeout_ms, clock=SystemClock())
         self.status.incarnation_id = str(uuid.uuid4())
+        # The log dir holding this process's incarnation file (kraft.broker.incarnation), set by
+        # run_broker after taking it over under the directory locks; None: no file (tests).
+        self.incarnation_dir: Path | None = None
         self.metrics = BrokerMetrics.for_node(s.broker_id)
         self.open_files = OpenFileCache(open_segment_files_capacity(s.open_segment_files_max))
         self.partitions = PartitionManager(
@@ -362,6 +366,7 @@ class BrokerServer:
             registered = await self._until_stopped(self.lifecycle.register(), stop, "registration")
             if not registered:
                 return
+            await self._accept_incarnation()
             heartbeats = asyncio.create_task(self.lifecycle.run_heartbeats(), name="heartbeats")
             tasks.append(heartbeats)
             # Heartbeats end by themselves only when the controller granted a shutdown: not a failure.
@@ -438,6 +443,21 @@ class BrokerServer:
         )
         self.lifecycle.wake()
         return True
+
+    async def _accept_incarnation(self) -> None:
+        """The controller accepted this incarnation: the file forgets its predecessors
+        (kraft.broker.incarnation).  An fsync'd small write, off the event loop."""
+        directory = self.incarnation_dir
+        if directory is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, accept_incarnation, directory, self.status.incarnation_id
+            )
+        except (OSError, StorageError) as exc:
+            # The file still holds this id first and a true chain after it: the next process sends a
+            # longer list than needed, nothing worse.
+            self._log.warning("incarnation_file_not_rewritten", error=str(exc))
 
     async def _until_stopped(self, work: Coroutine[Any, Any, Any], stop: asyncio.Event, what: str) -> bool:
         """Await ``work`` unless ``stop`` comes first; True when it completed (its error is raised)."""
@@ -623,10 +643,11 @@ async def _run_broker_locked(config: NodeConfig, cluster_id: str, supervisor: Su
     store_path = image_store_path(config)
     store = await SqliteImageStore.open(store_path, clock=SystemClock())
     server = BrokerServer(BrokerSettings.from_config(config, cluster_id), store, supervisor=supervisor)
-    # Under the directory locks: the process that stored the previous id is gone (kraft.broker.incarnation).
-    server.status.previous_incarnation_id = take_over_incarnation(
-        store_path.parent, server.status.incarnation_id
-    )
+    # Under the directory locks: the processes that stored these ids are gone (kraft.broker.incarnation).
+    predecessors = take_over_incarnation(store_path.parent, server.status.incarnation_id)
+    server.status.previous_incarnation_id = predecessors[0] if predecessors else ""
+    server.status.earlier_incarnation_ids = predecessors[1:]
+    server.incarnation_dir = store_path.parent
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -37,6 +37,7 @@ class RegisterBrokerRequest(_message.Message):
     LOG_DIRS_FIELD_NUMBER: _builtins.int
     PREVIOUS_BROKER_EPOCH_FIELD_NUMBER: _builtins.int
     PREVIOUS_INCARNATION_ID_FIELD_NUMBER: _builtins.int
+    EARLIER_INCARNATION_IDS_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     broker_id: _builtins.int
     incarnation_id: _builtins.str
@@ -53,6 +54,13 @@ class RegisterBrokerRequest(_message.Message):
     def features(self) -> _containers.RepeatedCompositeFieldContainer[_metadata_pb2.BrokerFeature]: ...
     @_builtins.property
     def log_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def earlier_incarnation_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The incarnations that ran on these log dirs before previous_incarnation_id, newest first, since the last
+        one the controller accepted: each crashed before its registration was answered, so the registered
+        incarnation may be any of them (bounded; kraft.broker.incarnation).
+        """
+
     def __init__(
         self,
         *,
@@ -65,10 +73,11 @@ class RegisterBrokerRequest(_message.Message):
         log_dirs: _abc.Iterable[_builtins.str] | None = ...,
         previous_broker_epoch: _builtins.int = ...,
         previous_incarnation_id: _builtins.str = ...,
+        earlier_incarnation_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "rack", b"rack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "features", b"features", "incarnation_id", b"incarnation_id", "listeners", b"listeners", "log_dirs", b"log_dirs", "previous_broker_epoch", b"previous_broker_epoch", "previous_incarnation_id", b"previous_incarnation_id", "rack", b"rack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "broker_id", b"broker_id", "cluster_id", b"cluster_id", "earlier_incarnation_ids", b"earlier_incarnation_ids", "features", b"features", "incarnation_id", b"incarnation_id", "listeners", b"listeners", "log_dirs", b"log_dirs", "previous_broker_epoch", b"previous_broker_epoch", "previous_incarnation_id", b"previous_incarnation_id", "rack", b"rack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__rack: _TypeAlias = _typing.Literal["rack"]  # noqa: Y015
     _WhichOneofArgType__rack: _TypeAlias = _typing.Literal["_rack", b"_rack"]  # noqa: Y015

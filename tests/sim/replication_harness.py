@@ -50,12 +50,14 @@ import functools
 import random
 import shutil
 import traceback
+import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kraft.broker.image_adapter import ImageMetadataView
+from kraft.broker.incarnation import accept_incarnation, take_over_incarnation
 from kraft.broker.partition_log import PartitionLog, PartitionLogOpener
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
@@ -497,8 +499,11 @@ class ReplicationSim:
     def start_broker(self, broker_id: int) -> None:
         broker = self.brokers[broker_id]
         broker.incarnation += 1
-        previous = broker.incarnation_id
-        broker.incarnation_id = f"b{broker_id}-i{broker.incarnation}"
+        # A UUID, as a real broker's, fixed by (broker, incarnation) so a seed replays exactly.
+        broker.incarnation_id = str(uuid.UUID(int=(broker_id << 64) | broker.incarnation))
+        # run_broker's take-over of the incarnation file on the broker's (never wiped) log dir: the
+        # processes before this one, including those that crashed before their registration was answered.
+        predecessors = take_over_incarnation(broker.directory, broker.incarnation_id)
         broker.running = True
         broker.verified = {}
         broker.matched = {}
@@ -539,15 +544,15 @@ class ReplicationSim:
             broker_id, partitions, broker.store, "PLAINTEXT", on_view, clock=self.clock
         )
         self.note(f"start broker={broker_id} incarnation={broker.incarnation}")
-        self.spawn(broker_id, self._start(broker, previous))
+        self.spawn(broker_id, self._start(broker, predecessors))
 
-    async def _start(self, broker: Broker, previous_incarnation: str) -> None:
+    async def _start(self, broker: Broker, predecessors: tuple[str, ...]) -> None:
         """BrokerServer.start's order: the stored image and a scan of the log dirs (no log opened), then
         registration, heartbeats and the metadata catch-up, which opens the partitions."""
         assert broker.publisher is not None
         await broker.publisher.start()
         broker.metadata_offset = broker.publisher.offset
-        self.spawn(broker.id, self._lifecycle(broker, previous_incarnation))
+        self.spawn(broker.id, self._lifecycle(broker, predecessors))
         self.spawn(broker.id, self._metadata_fetcher(broker))
         self.spawn(broker.id, self._periodic(broker))
 
@@ -611,14 +616,14 @@ class ReplicationSim:
     async def _rpc(self, src: int, dst: int, handler: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return await self.network.call(src, dst, handler, RPC_TIMEOUT_MS / 1000.0, self.spawn)
 
-    async def _lifecycle(self, broker: Broker, previous_incarnation: str) -> None:
+    async def _lifecycle(self, broker: Broker, predecessors: tuple[str, ...]) -> None:
         """Registration and heartbeats with the rules of :class:`kraft.broker.lifecycle.BrokerLifecycle`:
         the lease runs from when an accepted heartbeat was sent; fenced → RECOVERY, unfenced → RUNNING;
         STALE_BROKER_EPOCH / BROKER_ID_NOT_REGISTERED (the registration was replaced, e.g. by a request
         of this broker's previous process that arrived late) → stop serving at once and register again."""
         status = broker.status
         assert status is not None
-        await self._register(broker, previous_incarnation)
+        await self._register(broker, predecessors)
         while True:
             request = cpb.BrokerHeartbeatRequest(
                 cluster_id=CLUSTER,
@@ -648,7 +653,7 @@ class ReplicationSim:
                         status.transition(BrokerState.RECOVERY)
                     broker.replicas.check_lease()
                     self.note(f"reregister broker={broker.id} stale_epoch={status.broker_epoch}")
-                    await self._register(broker, previous_incarnation)
+                    await self._register(broker, predecessors)
                 elif beat.error_code == ErrorCode.NONE:
                     status.heartbeat_accepted(sent_at)
                     if beat.is_fenced and not status.fenced:
@@ -670,10 +675,14 @@ class ReplicationSim:
         assert status is not None and publisher is not None
         return 0 <= status.broker_epoch <= broker.metadata_offset and not publisher.deferred
 
-    async def _register(self, broker: Broker, previous_incarnation: str) -> None:
+    async def _register(self, broker: Broker, predecessors: tuple[str, ...]) -> None:
+        """BrokerLifecycle.register, then BrokerServer's rewrite of the incarnation file once accepted (a
+        crash before it keeps the chain)."""
         status = broker.status
         assert status is not None
-        register = registration_request(broker, broker.incarnation_id, previous_incarnation)
+        register = registration_request(
+            broker, broker.incarnation_id, predecessors[0] if predecessors else "", predecessors[1:]
+        )
 
         async def do_register() -> cpb.RegisterBrokerResponse:
             outcome = self.controller.logic.register_broker(
@@ -689,6 +698,7 @@ class ReplicationSim:
                     status.broker_epoch = answer.broker_epoch
                     if status.state is BrokerState.STARTING:
                         status.transition(BrokerState.RECOVERY)
+                    accept_incarnation(broker.directory, broker.incarnation_id)
                     return
             await asyncio.sleep(HEARTBEAT_MS / 1000.0)
 
@@ -1151,7 +1161,9 @@ class ReplicationSim:
                 self._check_acked(self.brokers[b], tp, self.acked[tp])
 
 
-def registration_request(broker: Broker, incarnation_id: str, previous: str) -> cpb.RegisterBrokerRequest:
+def registration_request(
+    broker: Broker, incarnation_id: str, previous: str, earlier: Sequence[str] = ()
+) -> cpb.RegisterBrokerRequest:
     return cpb.RegisterBrokerRequest(
         cluster_id=CLUSTER,
         broker_id=broker.id,
@@ -1160,6 +1172,7 @@ def registration_request(broker: Broker, incarnation_id: str, previous: str) -> 
         log_dirs=[str(broker.directory)],
         previous_broker_epoch=-1,
         previous_incarnation_id=previous,
+        earlier_incarnation_ids=list(earlier),
     )
 
 

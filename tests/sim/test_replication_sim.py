@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,9 +37,13 @@ from sim.replication_harness import BROKERS, ReplicationSim, registration_reques
 SEEDS = int(os.environ.get("KRAFT_REPLICATION_SIM_SEEDS", "3"))
 FIRST_SEED = int(os.environ.get("KRAFT_REPLICATION_SIM_FIRST_SEED", "0"))
 MUTATION_SEEDS = 8  # a planted bug must be caught within this many seeds
-# Seeds that once failed, run every time (none on the code: the one failure so far, seed 197, was the
-# harness's own lifecycle: see test_a_late_registration_of_a_crashed_process_is_survived).
-REGRESSION_SEEDS: tuple[int, ...] = ()
+# Seeds that once failed, run every time.  Seed 3: a broker crashed twice in a row, the second time before
+# its registration reached the controller, and its next incarnation was judged an unclean shutdown (out of
+# every ELR: a partition offline forever) — fixed by the incarnation file's chain (kraft.broker.incarnation).
+# Seed 48: a crashed process's RegisterBroker, delayed on the network, reached the controller after its
+# successor registered and was accepted as an unclean re-registration (same outcome) — now refused.
+# (Seed 197 was the harness's own lifecycle: see test_a_late_registration_of_a_crashed_process_is_survived.)
+REGRESSION_SEEDS: tuple[int, ...] = (3, 48)
 
 
 @pytest.fixture
@@ -133,9 +138,12 @@ def test_counting_unflushed_follower_data_as_durable_is_caught(
 def test_a_late_registration_of_a_crashed_process_is_survived(sim_root: Path) -> None:
     """Found by seed 197 (before the harness's lifecycle had BrokerLifecycle's re-registration): a
     RegisterBroker sent by a process just before it crashed, delayed on a slow link, reaches the
-    controller after the restarted process registered but before it was unfenced, and replaces that
-    registration (a fenced registration may be replaced).  The live broker's heartbeats then get
-    STALE_BROKER_EPOCH; it must stop serving, register again and rejoin every ISR, losing nothing."""
+    controller after the restarted process registered but before it was unfenced.  Since seed 48 the
+    controller refuses it: the restarted process named it as its predecessor, so it is dead (accepting it
+    judged the broker unclean, out of every ELR).  A registration the controller cannot tell apart —
+    another process claiming the id — still replaces a fenced registration; the live broker's heartbeats
+    then get STALE_BROKER_EPOCH, and it must stop serving, register again and rejoin every ISR, losing
+    nothing."""
 
     def late_registration(sim: ReplicationSim) -> None:
         sim.run_for(400)
@@ -149,8 +157,16 @@ def test_a_late_registration_of_a_crashed_process_is_survived(sim_root: Path) ->
         assert sim.run_for(1_000, lambda: status.broker_epoch >= 0), "broker 3 never registered"
         live_epoch = status.broker_epoch
         logic = sim.controller.logic
-        outcome = logic.register_broker(
+        late = logic.register_broker(
             registration_request(broker, crashed_incarnation, ""),
+            sim.clock.monotonic_ms(),
+            len(sim.controller.records),
+        )
+        assert late.response.error_code == ErrorCode.INVALID_REGISTRATION and not late.records, late.response
+        assert sim.controller.image.brokers[3].epoch == live_epoch
+        stranger = str(uuid.UUID(int=999))
+        outcome = logic.register_broker(
+            registration_request(broker, stranger, ""),
             sim.clock.monotonic_ms(),
             len(sim.controller.records),
         )

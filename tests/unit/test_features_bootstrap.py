@@ -116,8 +116,8 @@ def test_a_broker_only_node_gets_no_bootstrap_checkpoint(tmp_path: Path) -> None
 def test_the_incarnation_file_hands_the_previous_id_to_the_next_process(tmp_path: Path) -> None:
     first = "0b6f8b4e-3a43-4f7e-9b55-2f9f3f2a3e10"
     second = "5d1c1c8e-7e53-4a0b-8d4e-0c1f4b7a9d22"
-    assert take_over_incarnation(tmp_path, first) == ""
-    assert take_over_incarnation(tmp_path, second) == first
+    assert take_over_incarnation(tmp_path, first) == ()
+    assert take_over_incarnation(tmp_path, second) == (first,)
     (tmp_path / INCARNATION_FILE).write_text("not a uuid\n", encoding="ascii")
-    assert take_over_incarnation(tmp_path, first) == ""  # damaged: no proof, the session rule applies
+    assert take_over_incarnation(tmp_path, first) == ()  # damaged: no proof, the session rule applies
     assert (tmp_path / INCARNATION_FILE).read_text(encoding="ascii") == f"{first}\n"

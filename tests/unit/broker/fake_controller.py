@@ -55,6 +55,7 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
         self.redirect_to: NodeRef | None = None
         self.blocked = False  # answer heartbeats and fetches with UNAVAILABLE (like a SIGSTOPped broker)
         self.fetch_requests: list[cpb.MetadataFetchRequest] = []
+        self.register_requests: list[cpb.RegisterBrokerRequest] = []
         self._appended = asyncio.Event()
         self.server: grpc.aio.Server | None = None
         self.port = -1
@@ -106,6 +107,7 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
     ) -> cpb.RegisterBrokerResponse:
         if (hint := self._not_controller()) is not None:
             return cpb.RegisterBrokerResponse(error_code=ErrorCode.NOT_CONTROLLER, controller=hint)
+        self.register_requests.append(request)
         if request.cluster_id != self.cluster_id:
             return cpb.RegisterBrokerResponse(
                 error_code=ErrorCode.INCONSISTENT_CLUSTER_ID, error_message="no"

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import shutil
 import socket
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from fake_controller import FakeController, Registration
 from google.protobuf.message import Message
 from prometheus_client import REGISTRY
 
+from kraft.broker.incarnation import read_incarnations, take_over_incarnation
 from kraft.broker.lifecycle import RegistrationFailed
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
@@ -96,10 +98,12 @@ async def broker(
     *targets: str,
     opener: MemoryLogOpener | None = None,
     supervisor: Supervisor | None = None,
+    prepare: Callable[[BrokerServer], None] = lambda server: None,
 ) -> AsyncIterator[RunningBroker]:
     server = BrokerServer(
         settings(tmp_path, *targets), store, opener or MemoryLogOpener(), supervisor=supervisor
     )
+    prepare(server)  # what run_broker does before run()
     running = RunningBroker(server, asyncio.Event(), asyncio.create_task(asyncio.sleep(0)))
     server.status.on_transition(lambda old, new: running.transitions.append((old, new)))
     running.task = asyncio.create_task(server.run(running.stop))
@@ -190,6 +194,29 @@ async def test_stale_broker_epoch_stops_serving_and_registers_again(
         await wait_for(lambda: b.server.status.broker_epoch != old_epoch and is_running(b), "re-registration")
         assert b.server.status.broker_epoch > old_epoch
         assert b.server.status.incarnation_id == controller.brokers[ME].incarnation_id
+
+
+async def test_registration_names_the_incarnation_chain_and_the_file_forgets_it_once_accepted(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    """kraft.broker.incarnation: a process that took over after two crashes in a row sends both
+    predecessors; once the controller accepted it, the file holds just its own id."""
+    directory = tmp_path / "incarnation"
+    older, newer = (str(uuid.UUID(int=i)) for i in (1, 2))
+    take_over_incarnation(directory, older)
+    take_over_incarnation(directory, newer)
+
+    def prepare(server: BrokerServer) -> None:  # run_broker's take-over
+        predecessors = take_over_incarnation(directory, server.status.incarnation_id)
+        server.status.previous_incarnation_id = predecessors[0]
+        server.status.earlier_incarnation_ids = predecessors[1:]
+        server.incarnation_dir = directory
+
+    async with broker(tmp_path, MemoryImageStore(), target(controller), prepare=prepare) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        request = controller.register_requests[-1]
+        assert request.previous_incarnation_id == newer and list(request.earlier_incarnation_ids) == [older]
+        assert read_incarnations(directory) == (b.server.status.incarnation_id,)
 
 
 async def test_a_broker_below_the_log_start_bootstraps_from_a_chunked_snapshot(

@@ -415,6 +415,90 @@ def test_a_new_incarnation_that_cannot_name_its_predecessor_leaves_the_elr() -> 
     assert (p.isr, p.elr, p.leader) == ((2,), (), 2)
 
 
+def _reregister(
+    h: Harness, broker_id: int, incarnation: str, previous: str, *earlier: str
+) -> cpb.RegisterBrokerResponse:
+    h.now_ms += 1
+    request = cpb.RegisterBrokerRequest(
+        cluster_id=CLUSTER,
+        broker_id=broker_id,
+        incarnation_id=incarnation,
+        previous_incarnation_id=previous,
+        earlier_incarnation_ids=list(earlier),
+        log_dirs=["/data"],
+    )
+    return h.run(h.logic.register_broker(request, h.now_ms, h.next_offset))
+
+
+def test_an_incarnation_naming_the_registered_one_among_earlier_predecessors_stays_in_the_elr() -> None:
+    """Found by the replication sim (seed 3): a broker that crashed twice in a row, the second process
+    before its registration reached the controller, runs on the same log dirs; its incarnation file's
+    chain names the registered incarnation as an earlier predecessor (kraft.broker.incarnation)."""
+    h, topic_id = _harness_rf3_min2()
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    assert _partition(h, topic_id).elr == (1, 2)
+    # inc-2-b took over from inc-2 and died unregistered; inc-2-c took over from it
+    assert _reregister(h, 2, "inc-2-c", "inc-2-b", "inc-2").error_code == ErrorCode.NONE
+    assert h.image.brokers[2].incarnation_id == "inc-2-c"
+    assert _partition(h, topic_id).elr == (1, 2)
+    # a chain that names only processes the controller never held proves nothing: out of the ELR
+    assert _reregister(h, 1, "inc-1-c", "inc-1-b", "inc-1-a").error_code == ErrorCode.NONE
+    p = _partition(h, topic_id)
+    assert (p.elr, p.last_known_elr) == ((2,), (1,))
+    h.heartbeat(2)
+    p = _partition(h, topic_id)
+    assert (p.isr, p.elr, p.leader) == ((2,), (), 2)
+
+
+def test_an_earlier_predecessor_also_proves_a_fast_takeover_of_a_live_session() -> None:
+    """The DUPLICATE_BROKER_REGISTRATION bypass has the same proof: the registered process is gone."""
+    h = Harness()
+    h.active_brokers(1)
+    duplicate = _reregister(h, 1, "inc-1-c", "inc-1-b", "someone-else")
+    assert duplicate.error_code == ErrorCode.DUPLICATE_BROKER_REGISTRATION
+    assert _reregister(h, 1, "inc-1-c", "inc-1-b", "someone-else", "inc-1").error_code == ErrorCode.NONE
+    assert h.image.brokers[1].incarnation_id == "inc-1-c"
+
+
+def test_a_late_registration_of_a_superseded_incarnation_is_refused() -> None:
+    """Found by the replication sim (seed 48): inc-2-b's RegisterBroker, delayed on the network, arrives
+    after its successor inc-2-c (which named it) registered; accepted, it would be an unclean
+    re-registration and take broker 2 out of every ELR."""
+    h, topic_id = _harness_rf3_min2()
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    assert _reregister(h, 2, "inc-2-c", "inc-2-b", "inc-2").error_code == ErrorCode.NONE
+    epoch = h.image.brokers[2].epoch
+    late = _reregister(h, 2, "inc-2-b", "inc-2")
+    assert late.error_code == ErrorCode.INVALID_REGISTRATION
+    assert (h.image.brokers[2].incarnation_id, h.image.brokers[2].epoch) == ("inc-2-c", epoch)
+    assert _partition(h, topic_id).elr == (1, 2)
+    # a newly active controller forgets (soft state): the same request is then an unclean re-registration
+    h.logic.reset(h.image, h.now_ms)
+    assert _reregister(h, 2, "inc-2-b", "inc-2").error_code == ErrorCode.NONE
+    assert _partition(h, topic_id).elr == (1,)
+
+
+def test_hostile_incarnation_chains_are_invalid_requests() -> None:
+    from kraft.broker.incarnation import MAX_PREDECESSORS
+    from kraft.metadata.request_limits import MAX_EARLIER_INCARNATION_IDS, MAX_INCARNATION_ID_CHARS
+
+    assert MAX_PREDECESSORS - 1 <= MAX_EARLIER_INCARNATION_IDS  # what a broker sends always fits
+    h = Harness()
+    h.active_brokers(1)
+    longest = [f"other-{i}" for i in range(MAX_EARLIER_INCARNATION_IDS)]
+    assert _reregister(h, 1, "inc-1-b", "x", *longest, "inc-1").error_code == ErrorCode.INVALID_REQUEST
+    assert _reregister(h, 1, "inc-1-b", "x", *longest).error_code == ErrorCode.DUPLICATE_BROKER_REGISTRATION
+    too_long = "i" * (MAX_INCARNATION_ID_CHARS + 1)
+    assert _reregister(h, 1, "inc-1-b", "x", too_long).error_code == ErrorCode.INVALID_REQUEST
+    assert _reregister(h, 1, "inc-1-b", too_long).error_code == ErrorCode.INVALID_REQUEST
+    assert _reregister(h, 1, too_long, "inc-1").error_code == ErrorCode.INVALID_REQUEST
+    assert h.image.brokers[1].incarnation_id == "inc-1"
+
+
 def test_the_describe_answer_carries_the_elr() -> None:
     h, topic_id = _harness_rf3_min2()
     _expire(h, 3, 1, 2)
