@@ -224,8 +224,9 @@ class ReplicaManager:
         self._dirty: set[TopicPartition] = set()
         self._flush_scheduled = False
         # The replica fetches parked at this leader (long-poll); an append, a lease change or a storage
-        # failure resolves them all (_wake_replica_fetches).
-        self._parked_fetches: set[asyncio.Future[None]] = set()
+        # failure resolves them all (_wake_replica_fetches).  A dict (insertion-ordered), not a set: a set of
+        # futures iterates in address order, which made wake order, and so the simulation, non-replayable.
+        self._parked_fetches: dict[asyncio.Future[None], None] = {}
         self._next_request_id = 0
         self._restored: dict[tuple[TopicPartition, str], int] | None = None  # replication-offset-checkpoint
         self.checkpoints = hwm_checkpoint.CheckpointWriter()
@@ -562,7 +563,7 @@ class ReplicaManager:
         # next batches or when the long-poll ends (as Kafka's), not with an empty round trip each.
 
     def _wake_replica_fetches(self) -> None:
-        parked, self._parked_fetches = self._parked_fetches, set()
+        parked, self._parked_fetches = self._parked_fetches, {}
         for waiter in parked:
             if not waiter.done():
                 waiter.set_result(None)
@@ -633,7 +634,7 @@ class ReplicaManager:
         # bare future and a timer, not wait_for over an Event: the handler resumes one loop turn after
         # the wake (ahead of the flush the same append scheduled) and no task is created per poll.
         waiter: asyncio.Future[None] = loop.create_future()
-        self._parked_fetches.add(waiter)
+        self._parked_fetches[waiter] = None
         timer: asyncio.TimerHandle | None = None
         try:
             response, anything = self._answer_replica_fetch(request)
@@ -643,7 +644,7 @@ class ReplicaManager:
             await waiter
             return self._answer_replica_fetch(request)[0]
         finally:
-            self._parked_fetches.discard(waiter)
+            self._parked_fetches.pop(waiter, None)
             if timer is not None:
                 timer.cancel()
 
