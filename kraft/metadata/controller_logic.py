@@ -637,8 +637,13 @@ class ControllerLogic:
         speculative image's changed topics; True once the counts are current.  The shell calls this
         with the event loop free in between, so :meth:`describe_brokers` / :meth:`leader_count` find
         little left to count after bulk writes."""
+        current = self.rejoin_index.current_for
         if committed is not None:
+            if current is committed.topics_by_id:
+                return True  # describe_brokers reads the index's counts, kept delta by delta
             return self._committed_counts.update(committed.topics_by_id, limit)
+        if current is self.image.topics_by_id:
+            return True  # leader_count / the placement counts read the index: nothing to recount
         return self._speculative_counts.update(self.image.topics_by_id, limit)
 
     def _leave_isrs(
@@ -1461,9 +1466,16 @@ class ControllerLogic:
         return BrokerRegistrationState.ACTIVE
 
     def describe_brokers(self, image: MetadataImage, now_ms: int) -> list[cpb.BrokerDescription]:
-        counts = self._committed_counts
-        counts.update(image.topics_by_id)
-        leaders, replicas = counts.leaders, counts.replicas
+        index = self.rejoin_index
+        if index.current_for is image.topics_by_id:
+            # The active controller's committed image is its speculative one once nothing is pending (its
+            # own batches commit without replay): the index's counts are exact for it, and recounting
+            # every topic a bulk operation touched (all of them, after a controlled shutdown) is not free.
+            leaders, replicas = index.leader_counts, index.replica_counts
+        else:
+            counts = self._committed_counts
+            counts.update(image.topics_by_id)
+            leaders, replicas = counts.leaders, counts.replicas
         result = []
         for broker in sorted(image.brokers.values(), key=lambda b: b.broker_id):
             contact = self.heartbeats.contact(broker.broker_id)
