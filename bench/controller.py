@@ -92,15 +92,9 @@ def rss_bytes() -> int:
 # ---------------------------------------------------------------------------------------------- memory
 
 
-def image_memory_child(topics: int, partitions_per_topic: int, brokers: int) -> dict[str, Any]:
-    """Build the image through the controller logic; runs in its own process for a clean RSS."""
-    gc.collect()
-    before = rss_bytes()
-    # Brokers are simulated (no partition logs), so the per-broker limit does not apply here.
-    settings = ControllerSettings(
-        "bench", max_partitions=topics * partitions_per_topic, max_broker_partitions=10**9
-    )
-    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
+def register_active_brokers(logic: ControllerLogic, brokers: int) -> int:
+    """Register brokers 1..``brokers`` (10 racks) and unfence them through the controller logic; the next
+    offset."""
     offset = 0
     for broker_id in range(1, brokers + 1):
         request = cpb.RegisterBrokerRequest(
@@ -116,6 +110,19 @@ def image_memory_child(topics: int, partitions_per_topic: int, brokers: int) -> 
             current_metadata_offset=offset,
         )
         offset += len(logic.broker_heartbeat(beat, 0, offset).records)
+    return offset
+
+
+def image_memory_child(topics: int, partitions_per_topic: int, brokers: int) -> dict[str, Any]:
+    """Build the image through the controller logic; runs in its own process for a clean RSS."""
+    gc.collect()
+    before = rss_bytes()
+    # Brokers are simulated (no partition logs), so the per-broker limit does not apply here.
+    settings = ControllerSettings(
+        "bench", max_partitions=topics * partitions_per_topic, max_broker_partitions=10**9
+    )
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
+    offset = register_active_brokers(logic, brokers)
     start = time.perf_counter()
     for index in range(topics):
         topic = cpb.CreatableTopic(

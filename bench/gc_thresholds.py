@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.controller import register_active_brokers
 from kraft.clock import SystemClock
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.heap_freezer import HeapFreezer, freeze_heap
@@ -61,20 +62,7 @@ def _build(partitions: int, brokers: int) -> tuple[ControllerLogic, int]:
         "bench", max_partitions=partitions, max_broker_partitions=10**9, max_changes_per_write=1000
     )
     logic = ControllerLogic(settings, MetadataImage.empty(), 0)
-    offset = 0
-    for broker_id in range(1, brokers + 1):
-        request = cpb.RegisterBrokerRequest(
-            cluster_id="bench", broker_id=broker_id, incarnation_id=f"i{broker_id}", rack=f"r{broker_id % 10}"
-        )
-        out = logic.register_broker(request, 0, offset)
-        offset += len(out.records)
-        beat = cpb.BrokerHeartbeatRequest(
-            cluster_id="bench",
-            broker_id=broker_id,
-            broker_epoch=out.response.broker_epoch,
-            current_metadata_offset=offset,
-        )
-        offset += len(logic.broker_heartbeat(beat, 0, offset).records)
+    offset = register_active_brokers(logic, brokers)
     for index in range(topics):
         topic = cpb.CreatableTopic(name=f"topic-{index}", num_partitions=1000, replication_factor=3)
         created = logic.create_topics(cpb.CreateTopicsRequest(cluster_id="bench", topics=[topic]), offset)
