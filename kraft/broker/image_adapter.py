@@ -62,6 +62,8 @@ def image_digest(image: MetadataImage) -> str:
         b = image.brokers[broker_id]
         h.update(repr((b.broker_id, b.epoch, b.incarnation_id, b.endpoints, b.rack, b.fenced)).encode())
         h.update(repr((b.in_controlled_shutdown, b.features, b.log_dirs)).encode())
+        if b.unclean_shutdown:  # (an image without it keeps the digest it had before the flag existed)
+            h.update(b"unclean_shutdown")
     for name in sorted(image.topic_ids_by_name):
         topic = image.topics_by_id[image.topic_ids_by_name[name]]
         h.update(repr((name, topic.topic_id, topic.partitions)).encode())

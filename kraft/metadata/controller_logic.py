@@ -170,7 +170,11 @@ class _LeaveJob:
     tail: list[Message] = field(default_factory=list)
     unclean: bool = False
     """The broker's data may be gone (a registration that cannot prove it kept its log dirs, an
-    unregistration): it also leaves every ELR, so it is never elected from one (KIP-966)."""
+    unregistration): it also leaves every ELR, so it is never elected from one (KIP-966).  A registration's
+    reason is in the log too (``BrokerRegistration.unclean_shutdown``), so a job resumed by a new active
+    controller is unclean as well; an unregistration's is not needed there: its record, the tail, is
+    written only once the job is done, so after a failover the broker is still registered, with the proof
+    (or not) of its incarnation chain, and the retried request starts the job again."""
 
 
 @dataclass(slots=True)
@@ -475,10 +479,17 @@ class ControllerLogic:
         """A previous active controller may have stopped half-way through a bulk job; what is left is
         derivable from the image, found in one scan: fenced or shutting-down brokers still leading or in
         a shared ISR (a leave job each), and partitions whose election would change their leader, other
-        than those (the elections an unfence had still to run: one rejoin job)."""
-        gone = {b.broker_id for b in self.image.brokers.values() if b.fenced or b.in_controlled_shutdown}
+        than those (the elections an unfence had still to run: one rejoin job).
+
+        A broker registered with ``unclean_shutdown`` (its data may be gone) still in any ISR or ELR gets
+        an unclean leave job: the registration's job may have stopped half-way, and left in an ELR it
+        could be elected with lost data once unfenced (the job blocks its unfence until done)."""
+        brokers = self.image.brokers.values()
+        gone = {b.broker_id for b in brokers if b.fenced or b.in_controlled_shutdown}
+        data_lost = {b.broker_id for b in brokers if b.unclean_shutdown}
         acceptable = self.acceptable_in(self.image)
         pending: set[int] = set()
+        pending_unclean: set[int] = set()
         electable: list[tuple[str, int]] = []
         for topic in self.image.topics_by_id.values():
             min_isr, unclean = self.election_rules(self.image, topic.name)
@@ -488,6 +499,10 @@ class ControllerLogic:
                     pending.add(leader)
                 if len(partition.isr) > 1 and gone:
                     pending.update(gone.intersection(partition.isr))
+                if data_lost:  # (the leader is an ISR member)
+                    pending_unclean.update(data_lost.intersection(partition.isr))
+                    if partition.elr:
+                        pending_unclean.update(data_lost.intersection(partition.elr))
                 if leader in gone or (leader != NO_PARTITION_LEADER and leader == partition.replicas[0]):
                     continue  # a leave job moves it / the preferred leader leads: no election to run
                 change = build_change(
@@ -501,8 +516,10 @@ class ControllerLogic:
                 if change is not None:
                     electable.append((topic.topic_id, partition_id))
         topic_ids = list(self.image.topics_by_id)
-        for broker_id in sorted(pending):
-            self._leaving[broker_id] = _LeaveJob(broker_id, list(topic_ids))
+        for broker_id in sorted(pending | pending_unclean):
+            self._leaving[broker_id] = _LeaveJob(
+                broker_id, list(topic_ids), unclean=broker_id in pending_unclean
+            )
         if electable:
             self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, electable)
 
@@ -920,6 +937,13 @@ class ControllerLogic:
                     ),
                 )
         batch = _Batch(self, next_offset)
+        # KIP-966's unclean shutdown, kraft's way: a new incarnation that does not name the registered one
+        # among its predecessors cannot prove it runs on the same log dirs (wiped, replaced, another host),
+        # so what it had replicated may be gone: out of every ELR (docs/internals/replication.md).  In the
+        # record, not only in this controller's job: a failover in the middle of the sliced removal must
+        # not leave it in the ELRs still to do.  A successor on the same dirs inherits a flag not yet
+        # cleared (by the unfence): it has the very same dirs.
+        unclean = existing is not None and (not replaces or existing.unclean_shutdown)
         record = pb.RegisterBrokerRecord(
             broker_id=req.broker_id,
             incarnation_id=req.incarnation_id,
@@ -928,6 +952,7 @@ class ControllerLogic:
             features=list(req.features),
             fenced=True,
             log_dirs=list(req.log_dirs),
+            unclean_shutdown=unclean,
         )
         if req.HasField("rack"):
             record.rack = req.rack
@@ -937,10 +962,7 @@ class ControllerLogic:
             self._fence(batch, existing)
         record.broker_epoch = batch.next_offset + len(batch.records)
         batch.add(record)
-        if existing is not None and not replaces:
-            # KIP-966's unclean shutdown, kraft's way: a new incarnation that does not name the registered
-            # one among its predecessors cannot prove it runs on the same log dirs (wiped, replaced, another
-            # host), so what it had replicated may be gone: out of every ELR (docs/internals/replication.md).
+        if unclean:
             self._leave_isrs(batch, req.broker_id, unclean=True)
         self._shutdown_offsets.pop(req.broker_id, None)
         self._superseded[req.broker_id] = frozenset(

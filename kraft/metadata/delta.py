@@ -294,6 +294,7 @@ class MetadataDelta:
                 for f in r.features
             ),
             log_dirs=tuple(r.log_dirs),
+            unclean_shutdown=r.unclean_shutdown,
         )
 
     def _replay_unregister_broker(self, r: pb.UnregisterBrokerRecord) -> None:
@@ -324,6 +325,8 @@ class MetadataDelta:
             new_shutdown,
             current.features,
             current.log_dirs,
+            # The unfence clears it: the controller unfences only a broker that left every ELR.
+            current.unclean_shutdown and new_fenced,
         )
 
     def _replay_fence_broker(self, r: pb.FenceBrokerRecord) -> None:

@@ -63,6 +63,10 @@ class BrokerRegistration:
     in_controlled_shutdown: bool
     features: tuple[BrokerFeatureRange, ...] = ()
     log_dirs: tuple[str, ...] = ()
+    unclean_shutdown: bool = False
+    """KIP-966: registered by an incarnation that could not prove it kept the log dirs (its data may be
+    gone).  Only while fenced: the controller takes it out of every ISR and ELR before the unfence, which
+    clears it — in the log, so a new active controller resumes that removal (controller_logic)."""
 
 
 class PartitionRegistration(NamedTuple):

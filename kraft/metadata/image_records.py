@@ -43,6 +43,7 @@ def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.
             fenced=broker.fenced,
             in_controlled_shutdown=broker.in_controlled_shutdown,
             log_dirs=broker.log_dirs,
+            unclean_shutdown=broker.unclean_shutdown,
         )
         if broker.rack is not None:
             record.rack = broker.rack

@@ -8,8 +8,12 @@ The tables are plain so an operator can query them (``kraft metadata shell``):
 ``meta(key PRIMARY KEY, value)``
     ``offset`` (last applied record, -1 = none), ``epoch``, ``schema_version``, ``updated_at_ms``.
 ``brokers(broker_id PRIMARY KEY, epoch, incarnation_id, rack, fenced, in_controlled_shutdown,
-endpoints JSON, features JSON, log_dirs JSON)``
-    one row per registered broker; ``fenced``/``in_controlled_shutdown`` are 0/1.
+endpoints JSON, features JSON, log_dirs JSON, unclean_shutdown)``
+    one row per registered broker; ``fenced``/``in_controlled_shutdown``/``unclean_shutdown`` are 0/1
+    (``unclean_shutdown``: KIP-966, a registration whose data may be gone, kept until its unfence).  The
+    last column was added without a schema version change (an older build can still open the file): a
+    store whose ``brokers`` lacks it was written by an older build, which may have dropped the flag of
+    records it replayed, so it is discarded when opened and rebuilt from the log (once).
 ``topics(topic_id PRIMARY KEY, name UNIQUE, partitions)``
 ``partitions(topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas JSON, isr JSON)``
     primary key (topic_id, partition_id); ``leader`` -1 = offline.  ``replicas``/``isr`` are JSON
@@ -88,7 +92,8 @@ CREATE TABLE IF NOT EXISTS brokers (
     in_controlled_shutdown INTEGER NOT NULL,
     endpoints TEXT NOT NULL,
     features TEXT NOT NULL,
-    log_dirs TEXT NOT NULL
+    log_dirs TEXT NOT NULL,
+    unclean_shutdown INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS topics (
     topic_id TEXT PRIMARY KEY,
@@ -278,6 +283,7 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
         json.dumps([[e.name, e.host, e.port, e.security_protocol] for e in b.endpoints]),
         json.dumps([[f.name, f.min_version, f.max_version] for f in b.features]),
         json.dumps(list(b.log_dirs)),
+        int(b.unclean_shutdown),
     )
 
 
@@ -378,6 +384,18 @@ class SqliteImageStore:
 
     @classmethod
     async def _open(cls, path: Path, clock: Clock) -> SqliteImageStore:
+        db, current = await cls._connect(path)
+        if not current:
+            await db.close()
+            # An older build's tables: CREATE TABLE IF NOT EXISTS keeps them as they are, and what it
+            # saved may lack what it could not know (a broker's unclean_shutdown flag).
+            cls.discard_file(path, "written by an older build: brokers has no unclean_shutdown column")
+            db, _ = await cls._connect(path)
+        return cls(db, path, clock)
+
+    @staticmethod
+    async def _connect(path: Path) -> tuple[aiosqlite.Connection, bool]:
+        """The connection, tables created, and whether they have every column of :data:`SCHEMA`."""
         # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
         db = await aiosqlite.connect(path, isolation_level=None)
         try:
@@ -390,10 +408,12 @@ class SqliteImageStore:
                 raise ImageStoreError(
                     f"{path}: schema version {row[0]} is newer than this build ({SCHEMA_VERSION})"
                 )
+            async with db.execute("SELECT name FROM pragma_table_info('brokers')") as cursor:
+                columns = {name async for (name,) in cursor}
         except BaseException:
             await db.close()
             raise
-        return cls(db, path, clock)
+        return db, "unclean_shutdown" in columns
 
     @staticmethod
     def discard_file(path: Path, reason: str) -> None:
@@ -477,6 +497,7 @@ class SqliteImageStore:
                 endpoints=tuple(Endpoint(n, h, p, s) for n, h, p, s in json.loads(row[6])),
                 features=tuple(BrokerFeatureRange(n, lo, hi) for n, lo, hi in json.loads(row[7])),
                 log_dirs=tuple(json.loads(row[8])),
+                unclean_shutdown=bool(row[9]),
             )
         partitions: dict[str, list[PartitionRegistration]] = {}
         extras: dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
@@ -633,7 +654,7 @@ class SqliteImageStore:
             sums.add("b", row)
         await self._db.executemany("DELETE FROM brokers WHERE broker_id = ?", gone)
         await self._db.executemany(
-            "INSERT OR REPLACE INTO brokers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", changed
+            "INSERT OR REPLACE INTO brokers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", changed
         )
 
     async def _save_topics(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:

@@ -68,6 +68,7 @@ class RegisterBrokerRecord(_message.Message):
     FENCED_FIELD_NUMBER: _builtins.int
     IN_CONTROLLED_SHUTDOWN_FIELD_NUMBER: _builtins.int
     LOG_DIRS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_SHUTDOWN_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     incarnation_id: _builtins.str
     """a UUID, fresh per broker process start"""
@@ -76,6 +77,13 @@ class RegisterBrokerRecord(_message.Message):
     fenced: _builtins.bool
     """true for every new registration"""
     in_controlled_shutdown: _builtins.bool
+    unclean_shutdown: _builtins.bool
+    """KIP-966's unclean shutdown: this incarnation could not prove it runs on the log dirs of the one it
+    replaced (it did not name it among its predecessors), so what it replicated may be gone.  The active
+    controller takes the broker out of every ISR and ELR before unfencing it; the flag survives a failover
+    in the middle of that sliced job (a new active controller resumes it from the image), is carried to a
+    later registration of the broker until then, and is cleared by the unfence (fenced = -1 below).
+    """
     @_builtins.property
     def endpoints(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]: ...
     @_builtins.property
@@ -94,10 +102,11 @@ class RegisterBrokerRecord(_message.Message):
         fenced: _builtins.bool = ...,
         in_controlled_shutdown: _builtins.bool = ...,
         log_dirs: _abc.Iterable[_builtins.str] | None = ...,
+        unclean_shutdown: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "rack", b"rack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "endpoints", b"endpoints", "features", b"features", "fenced", b"fenced", "in_controlled_shutdown", b"in_controlled_shutdown", "incarnation_id", b"incarnation_id", "log_dirs", b"log_dirs", "rack", b"rack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rack", b"_rack", "broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "endpoints", b"endpoints", "features", b"features", "fenced", b"fenced", "in_controlled_shutdown", b"in_controlled_shutdown", "incarnation_id", b"incarnation_id", "log_dirs", b"log_dirs", "rack", b"rack", "unclean_shutdown", b"unclean_shutdown"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__rack: _TypeAlias = _typing.Literal["rack"]  # noqa: Y015
     _WhichOneofArgType__rack: _TypeAlias = _typing.Literal["_rack", b"_rack"]  # noqa: Y015
@@ -433,8 +442,8 @@ Global___FeatureLevelRecord: _TypeAlias = FeatureLevelRecord  # noqa: Y015
 
 @_typing.final
 class BrokerRegistrationChangeRecord(_message.Message):
-    """api key 17.  fenced: 1 = fence, -1 = unfence, 0 = unchanged; in_controlled_shutdown: 1 = enter,
-    0 = unchanged.
+    """api key 17.  fenced: 1 = fence, -1 = unfence (also clears RegisterBrokerRecord.unclean_shutdown), 0 =
+    unchanged; in_controlled_shutdown: 1 = enter, 0 = unchanged.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
