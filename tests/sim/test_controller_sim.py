@@ -567,9 +567,13 @@ def scenario_paused_controller_never_acknowledges_an_overwritten_write(sim: Cont
     assert sim.nodes[old].stats.truncations > truncations, "the old leader's write was never overwritten"
 
 
-def _create_assigned(sim: ControllerSimulation, name: str, assignment: list[list[int]]) -> None:
+def _create_assigned(
+    sim: ControllerSimulation, name: str, assignment: list[list[int]], configs: dict[str, str] | None = None
+) -> None:
     """CreateTopics with an explicit assignment on the active controller; waits for the answer."""
     topic = cpb.CreatableTopic(name=name)
+    for key, value in (configs or {}).items():
+        topic.configs.add(name=key, value=value)
     for partition_id, replicas in enumerate(assignment):
         topic.assignments.add(partition=partition_id, broker_ids=replicas)
     request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
@@ -675,6 +679,61 @@ def scenario_sliced_unfence_elections_resume_after_failover(sim: ControllerSimul
     _crash_active_mid_way(sim, led, "the unfence elections")
     sim.run_until_condition(lambda: led(sim.leader_image()) == BULK_PARTITIONS, BOUND_MS, "every election")
     sim.wait_all_active("brokers active after the failover")
+    sim.check_identical_images()
+
+
+def scenario_unclean_reregistration_leaves_every_elr_across_failover(sim: ControllerSimulation) -> None:
+    """KIP-966's unclean shutdown across a failover.  Brokers 101-103 hold BULK_PARTITIONS partitions
+    (min ISR 2); 103 then 102 die: ISR (101,), ELR (102,).  102 comes back on wiped log dirs — a new
+    incarnation naming no predecessor — so it must leave every ELR before its unfence, a work unit at a
+    time; the active controller crashes half-way.  The new one knows from the registration record that the
+    removal is unclean and finishes it; then 101 dies and no partition is ever led by 102 (every one waits
+    offline for 101, its only eligible leader)."""
+    _create_assigned(
+        sim,
+        "elr",
+        [[101, 102, 103] for _ in range(BULK_PARTITIONS)],
+        {"min.insync.replicas": "2"},
+    )
+
+    def partitions() -> tuple[Any, ...]:
+        topic = sim.leader_image().topic("elr")
+        assert topic is not None
+        return topic.partitions
+
+    for victim, isr, elr in ((103, (101, 102), ()), (102, (101,), (102,))):
+        sim.brokers[victim].alive = False
+        sim.run_until_condition(
+            lambda isr=isr, elr=elr: all((p.isr, p.elr) == (isr, elr) for p in partitions()),  # type: ignore[misc]
+            BOUND_MS,
+            f"broker {victim} fenced out of the ISRs",
+        )
+    broker = sim.brokers[102]
+    broker.incarnation, broker.epoch, broker.alive = "inc-102-wiped", -1, True
+    sim.reachable_since[102] = sim.now_ms
+
+    def left(image: MetadataImage) -> int:
+        topic = image.topic("elr")
+        return 0 if topic is None else sum(1 for p in topic.partitions if 102 not in p.elr)
+
+    _crash_active_mid_way(sim, left, "the unclean ELR removal")
+    sim.run_until_condition(
+        lambda: left(sim.leader_image()) == BULK_PARTITIONS,
+        BOUND_MS,
+        "the unclean removal resumed to its end",
+    )
+    sim.wait_all_active("broker 102 unfenced after its removal")
+    if sim.leader_image().brokers[102].unclean_shutdown:
+        raise InvariantViolation(f"seed {sim.seed}: the unfence did not clear unclean_shutdown")
+    sim.brokers[101].alive = False
+    sim.run_until_condition(
+        lambda: all(p.leader == -1 and p.elr == (101,) for p in partitions()),
+        BOUND_MS,
+        "every partition offline, waiting for 101",
+    )
+    led_by_102 = [i for i, p in enumerate(partitions()) if p.leader == 102 or 102 in p.isr]
+    if led_by_102:
+        raise InvariantViolation(f"seed {sim.seed}: wiped broker 102 elected for partitions {led_by_102}")
     sim.check_identical_images()
 
 
@@ -801,6 +860,9 @@ SCENARIOS = {
     ),
     "sliced_unfence_elections_resume_after_failover": scenario_sliced_unfence_elections_resume_after_failover,
     "failover_never_fences_live_brokers": scenario_failover_never_fences_live_brokers,
+    "unclean_reregistration_leaves_every_elr_across_failover": (
+        scenario_unclean_reregistration_leaves_every_elr_across_failover
+    ),
     "partitioned_controller_loses_its_pending_state": scenario_partitioned_controller_loses_its_pending_state,
     "deposed_controller_never_acknowledges_its_write": (
         scenario_deposed_controller_never_acknowledges_its_write
