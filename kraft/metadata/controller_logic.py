@@ -483,7 +483,8 @@ class ControllerLogic:
 
         A broker registered with ``unclean_shutdown`` (its data may be gone) still in any ISR or ELR gets
         an unclean leave job: the registration's job may have stopped half-way, and left in an ELR it
-        could be elected with lost data once unfenced (the job blocks its unfence until done)."""
+        could be elected with lost data once unfenced (the job blocks its unfence until done).  Found by a
+        second scan, only while some broker has the flag."""
         brokers = self.image.brokers.values()
         gone = {b.broker_id for b in brokers if b.fenced or b.in_controlled_shutdown}
         data_lost = {b.broker_id for b in brokers if b.unclean_shutdown}
@@ -499,10 +500,6 @@ class ControllerLogic:
                     pending.add(leader)
                 if len(partition.isr) > 1 and gone:
                     pending.update(gone.intersection(partition.isr))
-                if data_lost:  # (the leader is an ISR member)
-                    pending_unclean.update(data_lost.intersection(partition.isr))
-                    if partition.elr:
-                        pending_unclean.update(data_lost.intersection(partition.elr))
                 if leader in gone or (leader != NO_PARTITION_LEADER and leader == partition.replicas[0]):
                     continue  # a leave job moves it / the preferred leader leads: no election to run
                 change = build_change(
@@ -515,6 +512,8 @@ class ControllerLogic:
                 )
                 if change is not None:
                     electable.append((topic.topic_id, partition_id))
+        if data_lost:  # rare (a wiped broker not yet unfenced): a scan of its own, the one above stays lean
+            pending_unclean = self._still_eligible(data_lost)
         topic_ids = list(self.image.topics_by_id)
         for broker_id in sorted(pending | pending_unclean):
             self._leaving[broker_id] = _LeaveJob(
@@ -522,6 +521,19 @@ class ControllerLogic:
             )
         if electable:
             self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, electable)
+
+    def _still_eligible(self, brokers: set[int]) -> set[int]:
+        """Those of ``brokers`` still in some ISR or ELR of the image (the leader is an ISR member)."""
+        found: set[int] = set()
+        for topic in self.image.topics_by_id.values():
+            for partition in topic.partitions:
+                if not brokers.isdisjoint(partition.isr):
+                    found.update(brokers.intersection(partition.isr))
+                if partition.elr and not brokers.isdisjoint(partition.elr):
+                    found.update(brokers.intersection(partition.elr))
+                if len(found) == len(brokers):
+                    return found
+        return found
 
     def _resume_transaction(self) -> None:
         """The committed log ends inside a metadata transaction: a previous active controller was writing
