@@ -325,8 +325,12 @@ def test_an_image_store_written_before_the_flag_is_discarded_once(tmp_path: Path
         await store.close()
 
     asyncio.run(saved())
-    with sqlite3.connect(path) as db:  # what the older build's table looked like
-        db.execute("ALTER TABLE brokers DROP COLUMN unclean_shutdown")
+    with sqlite3.connect(path) as db:  # what the older build's table looked like (its rows, its columns)
+        columns = "broker_id, epoch, incarnation_id, rack, fenced, in_controlled_shutdown, endpoints, "
+        columns += "features, log_dirs"
+        db.execute(f"CREATE TABLE older AS SELECT {columns} FROM brokers")
+        db.execute("DROP TABLE brokers")
+        db.execute("ALTER TABLE older RENAME TO brokers")
 
     async def reopened() -> None:
         store = await SqliteImageStore.open(path, clock=ManualClock())
