@@ -568,14 +568,17 @@ def elect_leaders_command(
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:
-    """Leader election, as kafka-leader-election.sh: preferred (default) or unclean.
+    """Leader election (kafka-leader-election.sh): preferred or unclean.
 
-    preferred: each partition's first replica leads again when it is live and in sync.  unclean: a
-    partition without a leader elects a live eligible replica (ISR, then ELR) if there is one, else the
-    first live replica — which may lack acknowledged records (it starts RECOVERING, alone in its ISR) —
-    whatever the topic's unclean.leader.election.enable says.  Without --topic every partition is
-    considered and only those whose election was needed are listed; with --topic/--partition each named
-    partition gets a result.  Exit status 1 when the request or any election failed
+    preferred: each partition's first replica leads again if live and in sync.
+    unclean: a partition without a leader elects a live replica — from the
+    ISR or the eligible leaders if one is live, else the first live replica,
+    which may lack acknowledged records (it starts RECOVERING, alone in its
+    ISR) — whatever the topic's unclean.leader.election.enable says.
+    Without --topic every partition is considered and only those whose
+    election was needed are listed; with --topic/--partition each named
+    partition gets a result.
+    Exit status 1 when the request or any election failed
     (ELECTION_NOT_NEEDED is not a failure).
     """
     request = elect_request(topic, partition, election_type)
