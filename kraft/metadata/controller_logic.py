@@ -355,6 +355,14 @@ class _Batch:
         return self.records
 
 
+def _leaderless(partition: PartitionRegistration) -> bool:
+    return partition.leader == NO_PARTITION_LEADER
+
+
+def _holds_elr(partition: PartitionRegistration) -> bool:
+    return bool(partition.elr or partition.last_known_elr)
+
+
 def _broker_of(payload: Message) -> int | None:
     """The broker a registration record is about (None for other records)."""
     if isinstance(
@@ -581,8 +589,8 @@ class ControllerLogic:
         minimum guaranteed and the new one may not (a lower one lets a smaller ISR commit); kept, the
         stale members would be carried into every later ELR.  One atomic write, so no election ever sees
         the new minimum with the old ELR; the partitions are found through the rejoin index (those with
-        an ELR are flagged there), so the cost is what is cleared, not the cluster's size.  Returns the
-        partitions changed."""
+        an ELR are flagged there), so the cost is the flagged partitions, not the cluster's size.  Returns
+        the partitions changed."""
         image = batch.view()
         topic_ids = (
             None
@@ -591,11 +599,9 @@ class ControllerLogic:
         )
         own_value: dict[str, bool] = {}  # per topic: its own min.insync.replicas hides the default
         cleared = 0
-        for topic, partition_id, partition in list(
-            self.rejoin_index.unsettled(image.topics_by_id, topic_ids)
+        for topic, partition_id, partition in self.rejoin_index.unsettled(
+            image.topics_by_id, _holds_elr, topic_ids
         ):
-            if not partition.elr and not partition.last_known_elr:
-                continue
             if topic_names is None:
                 overridden = own_value.get(topic.topic_id)
                 if overridden is None:
@@ -1481,6 +1487,13 @@ class ControllerLogic:
                 topic = self.image.topic(entry.topic)
                 ids = list(entry.partitions) or (list(range(len(topic.partitions))) if topic else [0])
                 targets.append((entry.topic, ids))
+        elif unclean:
+            # Only leaderless partitions can need an unclean election, and the rejoin index flags every
+            # one of them (see rejoin_index): found without a scan of every partition, in scan order.
+            leaderless: dict[str, list[int]] = {}
+            for topic, partition_id, _ in self.rejoin_index.unsettled(self.image.topics_by_id, _leaderless):
+                leaderless.setdefault(topic.name, []).append(partition_id)
+            targets = list(leaderless.items())
         else:
             targets = [(t.name, list(range(len(t.partitions)))) for t in self.image.topics_by_id.values()]
         # A partition named twice gets its first result again, not a second record (decisions read the

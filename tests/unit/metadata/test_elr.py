@@ -883,3 +883,24 @@ def test_validate_only_clears_nothing() -> None:
     item.configs.add(name="min.insync.replicas", op=0, value="3")
     out = incremental_alter_configs(h.logic, request, h.next_offset)
     assert out.records == [] and _partition(h, topic_id).elr == (1,)
+
+
+def test_an_implicit_unclean_election_finds_every_leaderless_partition_right_after_a_failover() -> None:
+    h = Harness()
+    h.active_brokers(1, 2, 3)
+    replicas = [cpb.ReplicaAssignment(partition=p, broker_ids=[1, 2, 3]) for p in range(3)]
+    for name in ("a", "b"):
+        assert h.create(name, partitions=-1, rf=-1, assignments=replicas).error_code == ErrorCode.NONE
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    h.heartbeat(3)
+    assert h.create("healthy", partitions=2, rf=1).error_code == ErrorCode.NONE  # led by 3
+    h.logic.reset(h.image, h.now_ms)  # a new active controller: its rejoin index is being rebuilt
+    assert h.logic.rejoin_index.building
+    response, records_ = _elect(h, 1)
+    expected = [(name, p, ErrorCode.NONE) for name in ("a", "b") for p in range(3)]
+    assert _result(response) == expected and len(records_) == 6
+    for name in ("a", "b"):
+        for p in h.topic(name).partitions:
+            assert (p.leader, p.isr, p.leader_recovery_state) == (3, (3,), 1)
