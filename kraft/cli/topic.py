@@ -583,6 +583,12 @@ def elect_leaders_command(
     """
     request = elect_request(topic, partition, election_type)
     response = run_async(_elect(bootstrap_from(bootstrap_controller, cluster_dir), request, timeout))
+    if response.election_type != request.election_type:
+        # A controller that predates election types ignores the field and runs a preferred election.
+        raise CliError(
+            f"the active controller ran a {'preferred' if response.election_type == 0 else 'different'} "
+            f"election, not {election_type.value}: it predates --election-type (upgrade the controllers)"
+        )
     results = election_rows(response)
     if as_json:
         print_json(results)

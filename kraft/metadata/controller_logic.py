@@ -1478,6 +1478,7 @@ class ControllerLogic:
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
         unclean = req.election_type == UNCLEAN_ELECTION
+        response.election_type = req.election_type  # what ran (a tool tells an older controller by 0)
         acceptable = self.acceptable_in(self.image)
         batch = _Batch(self, next_offset)
         explicit = bool(req.topic_partitions)

@@ -1124,8 +1124,13 @@ class ElectLeadersResponse(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     CONTROLLER_FIELD_NUMBER: _builtins.int
     TOPICS_FIELD_NUMBER: _builtins.int
+    ELECTION_TYPE_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
+    election_type: _builtins.int
+    """The election type the controller ran (the request's): a controller that predates election_type
+    ignores the field and runs PREFERRED, answering 0 here, so a tool asking UNCLEAN can tell.
+    """
     @_builtins.property
     def controller(self) -> _common_pb2.NodeRef: ...
     @_builtins.property
@@ -1137,10 +1142,11 @@ class ElectLeadersResponse(_message.Message):
         error_message: _builtins.str = ...,
         controller: _common_pb2.NodeRef | None = ...,
         topics: _abc.Iterable[Global___TopicElectionResults] | None = ...,
+        election_type: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "error_code", b"error_code", "error_message", b"error_message", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "election_type", b"election_type", "error_code", b"error_code", "error_message", b"error_message", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

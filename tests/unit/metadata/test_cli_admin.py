@@ -41,6 +41,7 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
     elect_results: list[cpb.TopicElectionResults] = field(default_factory=list)
     elect_requests: list[cpb.ElectLeadersRequest] = field(default_factory=list)
     elect_error: tuple[ErrorCode, str] | None = None  # a request-level error to answer with
+    predates_election_type: bool = False  # an older controller: ignores election_type, runs PREFERRED
     topics: list[cpb.TopicDescription] | None = None  # None: one fully in-sync topic "orders"
     broker_port2: int = 0  # a second broker (2) registered but fenced
 
@@ -67,7 +68,8 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
         if self.elect_error is not None:
             code, message = self.elect_error
             return cpb.ElectLeadersResponse(error_code=code.value, error_message=message)
-        return cpb.ElectLeadersResponse(topics=self.elect_results)
+        ran = 0 if self.predates_election_type else request.election_type
+        return cpb.ElectLeadersResponse(topics=self.elect_results, election_type=ran)
 
 
 @dataclass
@@ -415,3 +417,20 @@ def test_elect_leaders_rejects_an_unknown_election_type(fakes: Fakes) -> None:
 def test_elect_request_carries_the_election_type() -> None:
     assert elect_request("t", 0, ElectionType.UNCLEAN).election_type == 1
     assert elect_request(None, None, ElectionType.PREFERRED) == cpb.ElectLeadersRequest()
+
+
+def test_elect_leaders_unclean_refuses_an_answer_from_a_controller_that_ran_a_preferred_election(
+    fakes: Fakes,
+) -> None:
+    fakes.controller.predates_election_type = True
+    fakes.controller.elect_results = [
+        cpb.TopicElectionResults(topic="orders", partitions=[cpb.PartitionElectionResult(partition=0)])
+    ]
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--election-type", "unclean"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "ELECTED" not in result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert "ran a preferred election, not unclean" in line and "predates --election-type" in line
+    # a preferred request is what such a controller serves
+    result = runner.invoke(app, args[:-2])
+    assert result.exit_code == 0, result.output

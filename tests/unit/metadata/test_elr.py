@@ -698,7 +698,7 @@ def test_an_unclean_election_request_elects_a_live_replica_whatever_the_topic_co
     response, records_ = _elect(h, 0, ("t", 0))  # preferred: 1 is not live
     assert _result(response) == [("t", 0, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)] and records_ == []
     response, records_ = _elect(h, 1, ("t", 0))
-    assert _result(response) == [("t", 0, ErrorCode.NONE)]
+    assert _result(response) == [("t", 0, ErrorCode.NONE)] and response.election_type == 1
     [record] = records_
     assert record.partition_change.leader == 3 and record.partition_change.leader_recovery_state == 1
     p = _partition(h, topic_id)
