@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any
 
 import typer
@@ -31,7 +32,7 @@ from kraft.v1 import controller_pb2 as cpb
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Topics: create, list, describe, alter (add partitions), delete, elect preferred leaders.",
+    help="Topics: create, list, describe, alter (add partitions), delete, elect leaders.",
 )
 
 TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_default=False)]
@@ -472,13 +473,26 @@ def delete_command(
         typer.echo(f"topic {name} deleted")
 
 
-def elect_request(topic: str | None, partition: int | None) -> cpb.ElectLeadersRequest:
+class ElectionType(enum.StrEnum):
+    """kafka-leader-election.sh's ``--election-type``."""
+
+    PREFERRED = "preferred"
+    UNCLEAN = "unclean"
+
+
+# ElectLeadersRequest.election_type: Kafka's ElectionType numbers (controller.proto).
+ELECTION_TYPE_VALUES = {ElectionType.PREFERRED: 0, ElectionType.UNCLEAN: 1}
+
+
+def elect_request(
+    topic: str | None, partition: int | None, election_type: ElectionType = ElectionType.PREFERRED
+) -> cpb.ElectLeadersRequest:
     """The ElectLeaders request for ``--topic``/``--partition`` (neither = every partition)."""
     if partition is not None and topic is None:
         raise CliError("--partition needs --topic")
     if partition is not None and partition < 0:
         raise CliError(f"--partition {partition} is negative")
-    request = cpb.ElectLeadersRequest()
+    request = cpb.ElectLeadersRequest(election_type=ELECTION_TYPE_VALUES[election_type])
     if topic is not None:
         request.topic_partitions.append(
             cpb.TopicPartitions(topic=topic, partitions=[] if partition is None else [partition])
@@ -503,7 +517,8 @@ def election_json(topic: str, result: cpb.PartitionElectionResult) -> dict[str, 
 
 
 def election_failures(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Outcomes that are errors (a preferred leader that already leads is not one, as in Kafka)."""
+    """Outcomes that are errors (a preferred leader that already leads, or a partition that has a leader
+    for an unclean election, is not one, as in Kafka's LeaderElectionCommand)."""
     return [r for r in results if r["result"] not in ("ELECTED", ErrorCode.ELECTION_NOT_NEEDED.name)]
 
 
@@ -523,6 +538,9 @@ Examples:
 
   kraft topic elect-leaders --bootstrap-controller 127.0.0.1:9093 \\
       --topic orders --partition 3 --json
+
+  kraft topic elect-leaders --bootstrap-controller 127.0.0.1:9093 \\
+      --election-type unclean --topic orders --partition 0
 """
 
 
@@ -538,18 +556,39 @@ def elect_leaders_command(
     partition: Annotated[
         int | None, typer.Option("--partition", help="Only this partition of --topic.")
     ] = None,
+    election_type: Annotated[
+        ElectionType,
+        typer.Option(
+            "--election-type",
+            help="preferred: the first replica leads again; unclean: a leaderless partition elects a "
+            "live replica, in sync or not (may lose acknowledged records).",
+            case_sensitive=False,
+        ),
+    ] = ElectionType.PREFERRED,
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:
-    """Preferred leader election: make each partition's first replica its leader again.
+    """Leader election (kafka-leader-election.sh): preferred or unclean.
 
-    Without --topic every partition whose preferred leader is live and in sync but not leading is
-    moved back (partitions already led by it are not listed); with --topic/--partition each named
-    partition gets a result.  Exit status 1 when any election failed (ELECTION_NOT_NEEDED is not a
-    failure).
+    preferred: each partition's first replica leads again if live and in sync.
+    unclean: a partition without a leader elects a live replica — from the
+    ISR or the eligible leaders if one is live, else the first live replica,
+    which may lack acknowledged records (it starts RECOVERING, alone in its
+    ISR) — whatever the topic's unclean.leader.election.enable says.
+    Without --topic every partition is considered and only those whose
+    election was needed are listed; with --topic/--partition each named
+    partition gets a result.
+    Exit status 1 when the request or any election failed
+    (ELECTION_NOT_NEEDED is not a failure).
     """
-    request = elect_request(topic, partition)
+    request = elect_request(topic, partition, election_type)
     response = run_async(_elect(bootstrap_from(bootstrap_controller, cluster_dir), request, timeout))
+    if response.election_type != request.election_type:
+        # A controller that predates election types ignores the field and runs a preferred election.
+        raise CliError(
+            f"the active controller ran a {'preferred' if response.election_type == 0 else 'different'} "
+            f"election, not {election_type.value}: it predates --election-type (upgrade the controllers)"
+        )
     results = election_rows(response)
     if as_json:
         print_json(results)
@@ -559,7 +598,10 @@ def elect_leaders_command(
             [[r["topic"], r["partition"], r["result"], r["message"]] for r in results],
         )
     else:
-        typer.echo("no partition needed a preferred leader election")
+        typer.echo(
+            f"no partition needed {'an' if election_type is ElectionType.UNCLEAN else 'a'} "
+            f"{election_type.value} leader election"
+        )
     failures = election_failures(results)
     if failures:
         first = failures[0]

@@ -5,8 +5,9 @@ Two resource types, Kafka's numbers (:class:`kraft.metadata.records.ConfigResour
 * **TOPIC** (resource name: the topic) — every key of :data:`kraft.metadata.topic_rules` may be set at
   creation (``topic create --config``) or later (``config alter``).  Brokers *apply* two of them, read from
   their metadata image on every request: ``max.message.bytes`` (the largest batch a Produce appends) and
-  ``min.insync.replicas`` (acks=all needs that many in-sync replicas); ``unclean.leader.election.enable``
-  only takes ``false``, which is what the controller always does.  The others are validated, stored,
+  ``min.insync.replicas`` (acks=all needs that many in-sync replicas, and a change clears the partitions'
+  eligible leader replicas); ``unclean.leader.election.enable`` is applied by the controller's elections
+  and by followers truncating below their high watermark.  The others are validated, stored,
   replicated and shown, but no broker enforces them yet (kraft has no retention, compaction or log roll by
   time) — :attr:`ConfigSpec.applied` says so, and ``config describe`` prints it.
 * **BROKER** (resource name: a broker id, or ``""`` for the cluster-wide default of every broker; Kafka's

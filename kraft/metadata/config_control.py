@@ -7,7 +7,10 @@ set, and what brokers apply, is :mod:`kraft.metadata.config_catalog`.
 IncrementalAlterConfigs is per resource, as in Kafka: every operation on a resource is validated first
 (unknown key, static broker key, bad value, duplicate name, APPEND/SUBTRACT on a non-list key, and the
 topic's cross-key rule min.insync.replicas ≤ replication factor on the result), then all of that resource's
-ConfigRecords are written in one batch — or none, and the resource's result carries the error.  The request
+ConfigRecords are written in one batch — or none, and the resource's result carries the error.  A changed
+``min.insync.replicas`` (a topic's, or the cluster-wide default) clears the ELR and last known ELR of the
+partitions it governs in that same batch (KIP-966; :meth:`ControllerLogic.clear_elr`); turning
+``unclean.leader.election.enable`` on elects the offline partitions it concerns.  The request
 is bounded before any work (``MAX_CONFIG_RESOURCES_PER_REQUEST`` resources, POLICY_VIOLATION).  Setting a
 key to its current value writes nothing; the operation is idempotent, so clients may resend it.
 """
@@ -35,7 +38,7 @@ from kraft.metadata.config_catalog import (
     specs_for,
 )
 from kraft.metadata.controller_logic import ControllerLogic, Outcome, _Batch, error_response
-from kraft.metadata.election_config import UNCLEAN_LEADER_ELECTION_ENABLE
+from kraft.metadata.election_config import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE
 from kraft.metadata.image import ConfigKey, MetadataImage
 from kraft.metadata.records import ConfigResourceType
 from kraft.metadata.topic_rules import validate_topic_name
@@ -202,6 +205,12 @@ def incremental_alter_configs(
             if value is not None:
                 record.value = value
             batch.add(record)
+        if MIN_INSYNC_REPLICAS in changes:
+            # A new minimum invalidates the ELRs kept under the old one (KIP-966): cleared in this write.
+            if item.resource.resource_type == ConfigResourceType.TOPIC:
+                logic.clear_elr(batch, [item.resource.resource_name])
+            elif not item.resource.resource_name:  # the cluster-wide default; a broker's own is not used
+                logic.clear_elr(batch, None)
         if (changes.get(UNCLEAN_LEADER_ELECTION_ENABLE) or "").strip().lower() == "true":
             # Turned on: offline partitions elect a live replica now, not at the next fence/unfence.
             if item.resource.resource_type == ConfigResourceType.TOPIC:

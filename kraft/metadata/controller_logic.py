@@ -46,8 +46,14 @@ from kraft.features import (
     MetadataVersion,
 )
 from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta, shared_ids
-from kraft.metadata.election_config import min_isr_for, unclean_election_for
+from kraft.metadata.delta import MetadataDelta, apply_partition_change, shared_ids
+from kraft.metadata.election_config import (
+    MIN_INSYNC_REPLICAS,
+    PREFERRED_ELECTION,
+    UNCLEAN_ELECTION,
+    min_isr_for,
+    unclean_election_for,
+)
 from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import (
     LEADER_RECOVERING,
@@ -353,6 +359,14 @@ class _Batch:
         return self.records
 
 
+def _leaderless(partition: PartitionRegistration) -> bool:
+    return partition.leader == NO_PARTITION_LEADER
+
+
+def _holds_elr(partition: PartitionRegistration) -> bool:
+    return bool(partition.elr or partition.last_known_elr)
+
+
 def _broker_of(payload: Message) -> int | None:
     """The broker a registration record is about (None for other records)."""
     if isinstance(
@@ -595,6 +609,47 @@ class ControllerLogic:
         else:
             job.partitions.extend(leaderless)
         self._run_rejoin_jobs(batch)
+
+    def clear_elr(self, batch: _Batch, topic_names: Iterable[str] | None) -> int:
+        """After ``min.insync.replicas`` changed for ``topic_names`` (None: the cluster-wide default, so
+        every topic without a value of its own): clear each of their partitions' ELR and last known ELR
+        in ``batch``, the write holding the ConfigRecord (KIP-966, Kafka's ClearElrRecord).  An ELR
+        member is safe only while the leader cannot advance the high watermark without it, which the old
+        minimum guaranteed and the new one may not (a lower one lets a smaller ISR commit); kept, the
+        stale members would be carried into every later ELR.  One atomic write, so no election ever sees
+        the new minimum with the old ELR; the partitions are found through the rejoin index (those with
+        an ELR are flagged there), so the cost is the flagged partitions, not the cluster's size.  Returns
+        the partitions changed."""
+        image = batch.view()
+        topic_ids = (
+            None
+            if topic_names is None
+            else [t.topic_id for t in map(image.topic, topic_names) if t is not None]
+        )
+        own_value: dict[str, bool] = {}  # per topic: its own min.insync.replicas hides the default
+        cleared = 0
+        for topic, partition_id, partition in self.rejoin_index.unsettled(
+            image.topics_by_id, _holds_elr, topic_ids
+        ):
+            if topic_names is None:
+                overridden = own_value.get(topic.topic_id)
+                if overridden is None:
+                    overridden = MIN_INSYNC_REPLICAS in image.topic_configs(topic.name)
+                    own_value[topic.topic_id] = overridden
+                if overridden:
+                    continue
+            change = pb.PartitionChangeRecord(topic_id=topic.topic_id, partition_id=partition_id)
+            if partition.elr:
+                change.eligible_leader_replicas.SetInParent()  # present and empty: cleared
+            if partition.last_known_elr:
+                change.last_known_elr.SetInParent()
+            record = pb.MetadataRecord()
+            record.partition_change.CopyFrom(change)
+            batch.add_partition(
+                record, topic.topic_id, partition_id, apply_partition_change(partition, change)
+            )
+            cleared += 1
+        return cleared
 
     def _run_topic_jobs(self, batch: _Batch) -> None:
         """The next partitions of the topics being written in slices; the last slice of each closes its
@@ -1435,16 +1490,29 @@ class ControllerLogic:
     def elect_leaders(
         self, req: cpb.ElectLeadersRequest, next_offset: int
     ) -> Outcome[cpb.ElectLeadersResponse]:
-        """Preferred leader election for the listed partitions (all when none are listed).
+        """Preferred or unclean leader election (``election_type``, Kafka's ElectionType) for the listed
+        partitions (all when none are listed).
 
-        Results are grouped by topic (the name once per topic, issue #15); an explicit request lists every
-        partition it named, an implicit one only the partitions whose election was needed."""
+        PREFERRED moves leadership back to the first replica when it is live and in the ISR.  UNCLEAN
+        (Kafka's ReplicationControlManager.electLeader) acts only on a partition without a leader: an
+        eligible live replica (ISR, then ELR) is elected cleanly, else the first live replica uncleanly
+        (RECOVERING, ISR = that leader alone) — whatever ``unclean.leader.election.enable`` says, which
+        is the operator's way out of an offline partition.  Results are grouped by topic (the name once
+        per topic, issue #15); an explicit request lists every partition it named, an implicit one only
+        the partitions whose election was needed."""
         response = cpb.ElectLeadersResponse()
         try:
             self.check_cluster_id(req.cluster_id)
+            if req.election_type not in (PREFERRED_ELECTION, UNCLEAN_ELECTION):
+                raise KraftError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"unknown election type {req.election_type} (0 = preferred, 1 = unclean)",
+                )
             check_elect_leaders(req, self.settings.request_limits, self._partition_count)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
+        unclean = req.election_type == UNCLEAN_ELECTION
+        response.election_type = req.election_type  # what ran (a tool tells an older controller by 0)
         acceptable = self.acceptable_in(self.image)
         batch = _Batch(self, next_offset)
         explicit = bool(req.topic_partitions)
@@ -1454,8 +1522,18 @@ class ControllerLogic:
                 topic = self.image.topic(entry.topic)
                 ids = list(entry.partitions) or (list(range(len(topic.partitions))) if topic else [0])
                 targets.append((entry.topic, ids))
+        elif unclean:
+            # Only leaderless partitions can need an unclean election, and the rejoin index flags every
+            # one of them (see rejoin_index): found without a scan of every partition, in scan order.
+            leaderless: dict[str, list[int]] = {}
+            for topic, partition_id, _ in self.rejoin_index.unsettled(self.image.topics_by_id, _leaderless):
+                leaderless.setdefault(topic.name, []).append(partition_id)
+            targets = list(leaderless.items())
         else:
             targets = [(t.name, list(range(len(t.partitions)))) for t in self.image.topics_by_id.values()]
+        # A partition named twice gets its first result again, not a second record (decisions read the
+        # image as it was before this request).
+        decided: dict[tuple[str, int], tuple[ErrorCode, str]] = {}
         for name, partition_ids in targets:
             topic = self.image.topic(name)
             group: cpb.TopicElectionResults | None = None
@@ -1464,6 +1542,10 @@ class ControllerLogic:
                 code, message = ErrorCode.NONE, ""
                 if topic is None or partition is None:
                     code, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "no such topic or partition"
+                elif explicit and (topic.topic_id, partition_id) in decided:
+                    code, message = decided[topic.topic_id, partition_id]
+                elif unclean:
+                    code, message = self._elect_unclean(batch, topic, partition_id, partition, acceptable)
                 elif partition.leader == partition.preferred_leader:
                     code, message = ErrorCode.ELECTION_NOT_NEEDED, "the preferred leader already leads"
                 elif partition.preferred_leader not in partition.isr or not acceptable(
@@ -1476,11 +1558,39 @@ class ControllerLogic:
                         topic_id=topic.topic_id, partition_id=partition_id, leader=partition.preferred_leader
                     )
                     batch.add(change)
+                if explicit and topic is not None and partition is not None:
+                    decided.setdefault((topic.topic_id, partition_id), (code, message))
                 if explicit or code != ErrorCode.ELECTION_NOT_NEEDED:
                     if group is None:
                         group = response.topics.add(topic=name)
                     group.partitions.add(partition=partition_id, error_code=int(code), error_message=message)
         return Outcome(batch.finish(), response, next_offset)
+
+    def _elect_unclean(
+        self,
+        batch: _Batch,
+        topic: TopicImage,
+        partition_id: int,
+        partition: PartitionRegistration,
+        acceptable: Callable[[int], bool],
+    ) -> tuple[ErrorCode, str]:
+        """One partition of an UNCLEAN ElectLeaders: the result, and the change added to ``batch``."""
+        if partition.leader != NO_PARTITION_LEADER:
+            return ErrorCode.ELECTION_NOT_NEEDED, f"the partition has a leader ({partition.leader})"
+        min_isr, _ = self.election_rules(self.image, topic.name)
+        # The rules of every other election, with the unclean fallback forced on (the request is the
+        # operator's consent): an eligible live replica still wins over any other.
+        change = build_change(
+            topic.topic_id, partition_id, partition, acceptable, min_isr=min_isr, unclean_election=True
+        )
+        if change is None or not change.HasField("leader") or change.leader == NO_PARTITION_LEADER:
+            return (
+                ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE,
+                f"no replica of {list(partition.replicas)} is live",
+            )
+        note_unclean_election(topic.name, partition_id, partition, change)
+        batch.add(change)
+        return ErrorCode.NONE, ""
 
     def _partition_count(self, name: str) -> int:
         """Partitions an ElectLeaders entry without a partition list stands for (1 for an unknown topic:

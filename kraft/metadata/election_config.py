@@ -19,6 +19,10 @@ from kraft.metadata.image import MetadataImage
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
 
+# ElectLeadersRequest.election_type: Kafka's ElectionType values (KIP-460).
+PREFERRED_ELECTION = 0
+UNCLEAN_ELECTION = 1
+
 
 def _topic_or_cluster(image: MetadataImage, topic_name: str, name: str) -> str | None:
     value = image.topic_configs(topic_name).get(name)

@@ -195,8 +195,8 @@ def build_change(
         # Only the leader can change (the election of an unfence or a resumed job over a healthy ISR,
         # most of what a rejoin runs): decided without building the target (same decision, tested).
         leader = choose_leader(replicas, isr, current.leader, acceptable)
-        if leader == current.leader:
-            return None
+        if leader == current.leader and (leader != NO_PARTITION_LEADER or not unclean_election):
+            return None  # (leaderless with unclean elections allowed: the full rules may elect)
         if leader != NO_PARTITION_LEADER or not unclean_election:
             return pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id, leader=leader)
     target = target_state(

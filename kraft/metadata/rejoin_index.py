@@ -39,7 +39,7 @@ PartitionCounts; :meth:`candidates` finishes the build at once).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from itertools import chain, pairwise
 from operator import attrgetter
 
@@ -324,16 +324,44 @@ class RejoinIndex:
     def flagged_count(self, broker_id: int) -> int:
         return sum(len(ids) for ids in self._by_broker.get(broker_id, {}).values())
 
+    def _follow(self, topics_by_id: Mapping[str, TopicImage]) -> None:
+        """Make the index reflect ``topics_by_id`` before a query (finish a sliced build, or rebuild)."""
+        if self._topics is not topics_by_id:
+            if self._pending is not None and self._building_for is topics_by_id:
+                self.rebuild_some(topics_by_id, 1 << 62)  # a query mid-build: finish it now
+            else:
+                self.rebuild(topics_by_id)
+
+    def unsettled(
+        self,
+        topics_by_id: Mapping[str, TopicImage],
+        wanted: Callable[[PartitionRegistration], bool],
+        topic_ids: Collection[str] | None = None,
+    ) -> list[tuple[TopicImage, int, PartitionRegistration]]:
+        """The ``wanted`` unsettled partitions (of ``topic_ids``; None = all topics), in scan order.
+        Unsettled is a superset of the partitions without a leader or holding an ELR or a last known
+        ELR (see :func:`flagged_replicas`), so ``wanted`` picks those without a scan of every partition:
+        the cost is the flagged partitions (~0.5 µs each), none in a healthy cluster."""
+        self._follow(topics_by_id)
+        flags = self._flags
+        picked = flags if topic_ids is None else [t for t in topic_ids if t in flags]
+        ordinal = self._ordinal
+        found = []
+        for topic_id in sorted(picked, key=ordinal.__getitem__):
+            topic = topics_by_id[topic_id]
+            partitions = topic.partitions
+            for partition_id in sorted(flags[topic_id]):
+                partition = partitions[partition_id]
+                if wanted(partition):
+                    found.append((topic, partition_id, partition))
+        return found
+
     def candidates(
         self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]
     ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         """A superset, in scan order, of the partitions listing ``broker_id`` as a replica that
         ``build_change(..., add_to_isr=(broker_id,))`` changes, given that ``broker_id`` is acceptable."""
-        if self._topics is not topics_by_id:
-            if self._pending is not None and self._building_for is topics_by_id:
-                self.rebuild_some(topics_by_id, 1 << 62)  # an unfence mid-build: finish it now
-            else:
-                self.rebuild(topics_by_id)
+        self._follow(topics_by_id)  # an unfence mid-build finishes the build at once
         picked: dict[str, set[int]] = {
             topic_id: set(ids) for topic_id, ids in self._by_broker.get(broker_id, {}).items()
         }

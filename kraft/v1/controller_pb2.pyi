@@ -1034,7 +1034,13 @@ class ElectLeadersRequest(_message.Message):
 
     CLUSTER_ID_FIELD_NUMBER: _builtins.int
     TOPIC_PARTITIONS_FIELD_NUMBER: _builtins.int
+    ELECTION_TYPE_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
+    election_type: _builtins.int
+    """Kafka's ElectionType (KIP-460): 0 = PREFERRED (the first replica leads again, if live and in sync),
+    1 = UNCLEAN (a leaderless partition elects an eligible live replica, else any live replica, whatever
+    unclean.leader.election.enable says).  Any other value is INVALID_REQUEST.
+    """
     @_builtins.property
     def topic_partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicPartitions]:
         """empty = every partition"""
@@ -1044,10 +1050,11 @@ class ElectLeadersRequest(_message.Message):
         *,
         cluster_id: _builtins.str = ...,
         topic_partitions: _abc.Iterable[Global___TopicPartitions] | None = ...,
+        election_type: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "topic_partitions", b"topic_partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "election_type", b"election_type", "topic_partitions", b"topic_partitions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1062,8 +1069,9 @@ class PartitionElectionResult(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     error_code: _builtins.int
-    """ELECTION_NOT_NEEDED / PREFERRED_LEADER_NOT_AVAILABLE / …"""
+    """ELECTION_NOT_NEEDED / PREFERRED_LEADER_NOT_AVAILABLE /"""
     error_message: _builtins.str
+    """ELIGIBLE_LEADERS_NOT_AVAILABLE / …"""
     def __init__(
         self,
         *,
@@ -1116,8 +1124,13 @@ class ElectLeadersResponse(_message.Message):
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     CONTROLLER_FIELD_NUMBER: _builtins.int
     TOPICS_FIELD_NUMBER: _builtins.int
+    ELECTION_TYPE_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
+    election_type: _builtins.int
+    """The election type the controller ran (the request's): a controller that predates election_type
+    ignores the field and runs PREFERRED, answering 0 here, so a tool asking UNCLEAN can tell.
+    """
     @_builtins.property
     def controller(self) -> _common_pb2.NodeRef: ...
     @_builtins.property
@@ -1129,10 +1142,11 @@ class ElectLeadersResponse(_message.Message):
         error_message: _builtins.str = ...,
         controller: _common_pb2.NodeRef | None = ...,
         topics: _abc.Iterable[Global___TopicElectionResults] | None = ...,
+        election_type: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "error_code", b"error_code", "error_message", b"error_message", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "election_type", b"election_type", "error_code", b"error_code", "error_message", b"error_message", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

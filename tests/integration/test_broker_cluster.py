@@ -1133,6 +1133,88 @@ def test_turning_unclean_election_on_elects_a_replica_outside_the_isr_which_repo
     poll(converged, "191's segment identical to the new leader's")
 
 
+def test_a_min_isr_change_clears_the_elr_and_an_unclean_election_request_brings_an_offline_partition_back(
+    cluster: Cluster,
+) -> None:
+    """With real processes and the CLI: `kraft config alter` raising min.insync.replicas clears the ELR in
+    the same write (KIP-966), and `kraft topic elect-leaders --election-type unclean` elects the only live
+    replica of an offline partition although unclean.leader.election.enable is false (Kafka's
+    kafka-leader-election.sh --election-type unclean): RECOVERING, then RECOVERED, then it takes writes."""
+    ids = (185, 186, 187)
+    tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
+    for broker_id in ids:
+        cluster.start_broker(broker_id, tuned)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
+    created = run_kraft(
+        ["topic", "create", "unc-cli", "--bootstrap-controller", bootstrap_controller,
+         "--replica-assignment", "185:186:187", "--config", "min.insync.replicas=2"]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, ["unc-cli"])
+    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+
+    def described() -> dict[str, object]:
+        result = run_kraft(
+            ["topic", "describe", "unc-cli", "--bootstrap-controller", bootstrap_controller, "--json"]
+        )
+        assert result.returncode == 0, result.stderr
+        partition: dict[str, object] = json.loads(result.stdout)["partitions"][0]
+        return partition
+
+    def elect(election_type: str) -> subprocess.CompletedProcess[str]:
+        return run_kraft(
+            ["topic", "elect-leaders", "--bootstrap-controller", bootstrap_controller, "--topic", "unc-cli",
+             "--partition", "0", "--election-type", election_type, "--json"]
+        )  # fmt: skip
+
+    poll(lambda: described()["isr"] == [185, 186, 187] or None, "the whole ISR")
+    cluster.brokers[187].kill()
+    poll(lambda: described()["isr"] == [185, 186] or None, "187 out of the ISR")
+    cluster.brokers[185].kill()
+    poll(lambda: described()["elr"] == [185] or None, "185 eligible")
+    raised = run_kraft(
+        ["config", "alter", "--bootstrap-controller", bootstrap_controller, "--entity-type", "topics",
+         "--entity-name", "unc-cli", "--add-config", "min.insync.replicas=3"]
+    )  # fmt: skip
+    assert raised.returncode == 0, raised.stderr
+    # The config write carries the clear; nothing else would change the partition now (185 and 187 are
+    # down, the leader has nobody to add), so before the fix its ELR stayed [185] until the next change.
+    poll(lambda: described()["elr"] == [] or None, "the ELR cleared")
+    partition = described()
+    assert (partition["leader"], partition["isr"], partition["elr"]) == (186, [186], [])
+    cluster.brokers[186].kill()
+    poll(lambda: described()["leader"] == -1 or None, "the partition offline")
+    cluster.start_broker(187, tuned)
+    cluster.wait_broker_state(187, "RUNNING")  # unfenced: its election ran, and found it not eligible
+    assert described()["leader"] == -1
+
+    preferred = elect("preferred")
+    assert preferred.returncode == 1
+    assert json.loads(preferred.stdout)[0]["result"] == "PREFERRED_LEADER_NOT_AVAILABLE"
+    unclean = elect("unclean")
+    assert unclean.returncode == 0, unclean.stderr
+    assert json.loads(unclean.stdout) == [
+        {"topic": "unc-cli", "partition": 0, "result": "ELECTED", "message": None}
+    ]
+    partition = described()
+    assert (partition["leader"], partition["isr"], partition["elr"]) == (187, [187], [])
+    poll(lambda: described()["leader_recovery_state"] == "RECOVERED" or None, "187's RECOVERED report")
+    again = elect("unclean")
+    assert again.returncode == 0 and json.loads(again.stdout)[0]["result"] == "ELECTION_NOT_NEEDED"
+
+    def produced() -> int | None:
+        result = run_kraft(
+            ["produce", "--bootstrap-server", all_brokers, "--topic", "unc-cli", "--partition", "0",
+             "--acks", "1", "--value", "after", "--json"]
+        )  # fmt: skip
+        return int(json.loads(result.stdout)["base_offset"]) if result.returncode == 0 else None
+
+    assert poll(produced, "acks=1 to the uncleanly elected leader") == 0
+
+
 LOW_FD_LIMIT = 512
 MANY_PARTITIONS = 2000
 

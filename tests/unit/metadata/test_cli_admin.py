@@ -17,7 +17,13 @@ from typer.testing import CliRunner
 from kraft.cli.broker import UNKNOWN_STATE, client_endpoint
 from kraft.cli.common import CliError
 from kraft.cli.main import app
-from kraft.cli.topic import elect_request, election_failures, only_under_replicated, topic_json
+from kraft.cli.topic import (
+    ElectionType,
+    elect_request,
+    election_failures,
+    only_under_replicated,
+    topic_json,
+)
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import broker_pb2, broker_pb2_grpc
@@ -34,6 +40,8 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
     broker_port: int
     elect_results: list[cpb.TopicElectionResults] = field(default_factory=list)
     elect_requests: list[cpb.ElectLeadersRequest] = field(default_factory=list)
+    elect_error: tuple[ErrorCode, str] | None = None  # a request-level error to answer with
+    predates_election_type: bool = False  # an older controller: ignores election_type, runs PREFERRED
     topics: list[cpb.TopicDescription] | None = None  # None: one fully in-sync topic "orders"
     broker_port2: int = 0  # a second broker (2) registered but fenced
 
@@ -57,7 +65,11 @@ class FakeControllerService(cpb_grpc.ControllerServiceServicer):
 
     def ElectLeaders(self, request: cpb.ElectLeadersRequest, context: Any) -> cpb.ElectLeadersResponse:
         self.elect_requests.append(request)
-        return cpb.ElectLeadersResponse(topics=self.elect_results)
+        if self.elect_error is not None:
+            code, message = self.elect_error
+            return cpb.ElectLeadersResponse(error_code=code.value, error_message=message)
+        ran = 0 if self.predates_election_type else request.election_type
+        return cpb.ElectLeadersResponse(topics=self.elect_results, election_type=ran)
 
 
 @dataclass
@@ -332,3 +344,93 @@ def test_broker_describe_shows_per_partition_log_end_high_watermark_and_lag(fake
     table = runner.invoke(app, args)
     assert table.exit_code == 0, table.output
     assert "Lag" in table.stdout and "2:3,3:?" in table.stdout
+
+
+def test_elect_leaders_unclean_sends_the_election_type_and_prints_a_line_per_result(fakes: Fakes) -> None:
+    fakes.controller.elect_results = [
+        cpb.TopicElectionResults(
+            topic="orders",
+            partitions=[
+                cpb.PartitionElectionResult(partition=0),
+                cpb.PartitionElectionResult(
+                    partition=1,
+                    error_code=ErrorCode.ELECTION_NOT_NEEDED.value,
+                    error_message="the partition has a leader (2)",
+                ),
+            ],
+        )
+    ]
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--topic", "orders"]
+    result = runner.invoke(app, [*args, "--election-type", "UNCLEAN"])  # case-insensitive, as Kafka's
+    assert result.exit_code == 0, result.output
+    assert fakes.controller.elect_requests[0].election_type == 1
+    rows = [line for line in result.stdout.splitlines() if "orders" in line]
+    assert len(rows) == 2 and "ELECTED" in rows[0] and "ELECTION_NOT_NEEDED" in rows[1]
+    # the default stays preferred (0)
+    assert runner.invoke(app, args).exit_code == 0
+    assert fakes.controller.elect_requests[1].election_type == 0
+
+
+def test_elect_leaders_unclean_without_a_live_replica_fails_in_one_line(fakes: Fakes) -> None:
+    fakes.controller.elect_results = [
+        cpb.TopicElectionResults(
+            topic="orders",
+            partitions=[
+                cpb.PartitionElectionResult(
+                    partition=0,
+                    error_code=ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE.value,
+                    error_message="no replica of [1, 2, 3] is live",
+                )
+            ],
+        )
+    ]
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--election-type"]
+    result = runner.invoke(app, [*args, "unclean", "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == [
+        {
+            "topic": "orders",
+            "partition": 0,
+            "result": "ELIGIBLE_LEADERS_NOT_AVAILABLE",
+            "message": "no replica of [1, 2, 3] is live",
+        }
+    ]
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: 1 of 1 elections failed; first: orders-0 ELIGIBLE_LEADERS_NOT_AVAILABLE")
+
+
+def test_elect_leaders_request_error_exits_non_zero(fakes: Fakes) -> None:
+    fakes.controller.elect_error = (ErrorCode.POLICY_VIOLATION, "ElectLeaders names 2 topics; the limit is 1")
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--election-type", "unclean"]
+    result = runner.invoke(app, args)
+    assert result.exit_code != 0
+    [line] = result.stderr.strip().splitlines()
+    assert "POLICY_VIOLATION" in line and "the limit is 1" in line
+
+
+def test_elect_leaders_rejects_an_unknown_election_type(fakes: Fakes) -> None:
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--election-type", "dirty"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and fakes.controller.elect_requests == []
+
+
+def test_elect_request_carries_the_election_type() -> None:
+    assert elect_request("t", 0, ElectionType.UNCLEAN).election_type == 1
+    assert elect_request(None, None, ElectionType.PREFERRED) == cpb.ElectLeadersRequest()
+
+
+def test_elect_leaders_unclean_refuses_an_answer_from_a_controller_that_ran_a_preferred_election(
+    fakes: Fakes,
+) -> None:
+    fakes.controller.predates_election_type = True
+    fakes.controller.elect_results = [
+        cpb.TopicElectionResults(topic="orders", partitions=[cpb.PartitionElectionResult(partition=0)])
+    ]
+    args = ["topic", "elect-leaders", "--bootstrap-controller", fakes.bootstrap, "--election-type", "unclean"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "ELECTED" not in result.stdout
+    [line] = result.stderr.strip().splitlines()
+    assert "ran a preferred election, not unclean" in line and "predates --election-type" in line
+    # a preferred request is what such a controller serves
+    result = runner.invoke(app, args[:-2])
+    assert result.exit_code == 0, result.output

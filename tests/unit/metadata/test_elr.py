@@ -4,6 +4,7 @@ store, and the controller's fence / rejoin / re-registration paths on a manual c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -653,3 +654,253 @@ def test_a_recovering_leader_reports_recovered_before_it_expands() -> None:
     state.on_metadata(LeaderAndIsr(3, 6, 10, (1, 2, 3), (3,)), now_ms=2)  # RECOVERED committed
     state.on_follower_fetch(1, 4, 6, now_ms=3)
     assert state.isr_expand_candidates() == frozenset({1})
+
+
+# ---- ElectLeaders with election_type UNCLEAN (kafka-leader-election.sh --election-type unclean) ----
+
+
+def _elect(
+    h: Harness, election_type: int, *partitions: tuple[str, int]
+) -> tuple[cpb.ElectLeadersResponse, list[pb.MetadataRecord]]:
+    request = cpb.ElectLeadersRequest(cluster_id=CLUSTER, election_type=election_type)
+    for topic, partition in partitions:
+        request.topic_partitions.add(topic=topic, partitions=[partition])
+    out = h.logic.elect_leaders(request, h.next_offset)
+    return h.run(out), out.records
+
+
+def _result(response: cpb.ElectLeadersResponse) -> list[tuple[str, int, ErrorCode]]:
+    return [
+        (group.topic, r.partition, ErrorCode(r.error_code))
+        for group in response.topics
+        for r in group.partitions
+    ]
+
+
+def _offline_rf3_min2() -> tuple[Harness, str]:
+    """RF 3, min ISR 2, unclean.leader.election.enable left false: 3, then 1, then 2 fenced — offline
+    with 1 and 2 eligible; then 3 returns (not eligible: no clean leader)."""
+    h, topic_id = _harness_rf3_min2()
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    h.heartbeat(3)
+    p = _partition(h, topic_id)
+    assert (p.leader, p.isr, p.elr) == (NO_PARTITION_LEADER, (), (1, 2))
+    return h, topic_id
+
+
+def test_an_unclean_election_request_elects_a_live_replica_whatever_the_topic_config(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kraft.controller.elections")
+    h, topic_id = _offline_rf3_min2()
+    response, records_ = _elect(h, 0, ("t", 0))  # preferred: 1 is not live
+    assert _result(response) == [("t", 0, ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE)] and records_ == []
+    response, records_ = _elect(h, 1, ("t", 0))
+    assert _result(response) == [("t", 0, ErrorCode.NONE)] and response.election_type == 1
+    [record] = records_
+    assert record.partition_change.leader == 3 and record.partition_change.leader_recovery_state == 1
+    p = _partition(h, topic_id)
+    assert (p.leader, p.isr, p.elr, p.last_known_elr, p.leader_recovery_state) == (3, (3,), (), (), 1)
+    [warning] = [r for r in caplog.records if "unclean_leader_elected" in r.getMessage()]
+    fields = getattr(warning, _FIELDS_ATTR)
+    assert (fields["partition"], fields["new_leader"], fields["old_elr"]) == ("t-0", 3, [1, 2])
+    # led now: a second request has nothing to do and is no failure
+    response, records_ = _elect(h, 1, ("t", 0))
+    assert _result(response) == [("t", 0, ErrorCode.ELECTION_NOT_NEEDED)] and records_ == []
+
+
+def test_an_unclean_election_request_elects_an_eligible_replica_cleanly_when_one_is_live(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="kraft.controller.elections")
+    h, topic_id = _offline_rf3_min2()
+    # ELR member 2 unfenced behind the controller's back (a new active controller's image): the
+    # partition is leaderless although an eligible replica is live
+    delta = MetadataDelta(h.image)
+    delta.replay(records.wrap(pb.UnfenceBrokerRecord(id=2, epoch=h.image.brokers[2].epoch)), h.next_offset)
+    h.commit([records.wrap(pb.UnfenceBrokerRecord(id=2, epoch=h.image.brokers[2].epoch))])
+    h.logic.reset(delta.apply(), h.now_ms)
+    response, records_ = _elect(h, 1, ("t", 0))
+    assert _result(response) == [("t", 0, ErrorCode.NONE)]
+    assert [r.partition_change.leader for r in records_] == [2]
+    p = _partition(h, topic_id)
+    assert (p.leader, p.isr, p.elr, p.leader_recovery_state) == (2, (2,), (1,), 0)  # clean: RECOVERED
+    assert not [r for r in caplog.records if "unclean_leader_elected" in r.getMessage()]
+
+
+def test_an_unclean_election_without_a_live_replica_is_eligible_leaders_not_available() -> None:
+    h, topic_id = _offline_rf3_min2()
+    _expire(h, 3)
+    assert all(h.image.brokers[b].fenced for b in (1, 2, 3))
+    before = _partition(h, topic_id)
+    response, records_ = _elect(h, 1, ("t", 0))
+    assert _result(response) == [("t", 0, ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE)]
+    assert ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE.value == 83  # Kafka's number
+    assert records_ == [] and _partition(h, topic_id) == before
+
+
+def test_an_implicit_unclean_election_lists_only_leaderless_partitions_and_repeats_are_one() -> None:
+    h, _ = _offline_rf3_min2()
+    assert h.create("healthy", rf=1).error_code == ErrorCode.NONE  # led by 3, the live broker
+    response, records_ = _elect(h, 1)
+    assert _result(response) == [("t", 0, ErrorCode.NONE)] and len(records_) == 1
+    h2, _ = _offline_rf3_min2()
+    response, records_ = _elect(h2, 1, ("t", 0), ("t", 0))  # named twice: one election, two results
+    assert _result(response) == [("t", 0, ErrorCode.NONE)] * 2 and len(records_) == 1
+
+
+def test_an_unknown_election_type_is_an_invalid_request() -> None:
+    h, _ = _offline_rf3_min2()
+    response, records_ = _elect(h, 2, ("t", 0))
+    assert response.error_code == ErrorCode.INVALID_REQUEST and records_ == []
+    assert not response.topics
+
+
+def test_unclean_requests_are_bounded_like_preferred_ones() -> None:
+    h, _ = _offline_rf3_min2()
+    from kraft.metadata.request_limits import RequestLimits
+
+    h.logic.settings = dataclasses.replace(
+        h.logic.settings, request_limits=RequestLimits(max_topics=1, max_partitions=1)
+    )
+    response, records_ = _elect(h, 1, ("t", 0), ("t", 0))
+    assert response.error_code == ErrorCode.POLICY_VIOLATION and records_ == []
+
+
+def test_the_fast_path_runs_an_unclean_election_of_a_leaderless_partition_with_a_dead_isr() -> None:
+    # Found by the fast-path property test: the only ISR member is not acceptable, the partition has no
+    # leader, unclean elections are allowed — the fast path returned "no change" instead of electing 1.
+    current = PartitionRegistration((1, 2, 3, 4), (4,), NO_PARTITION_LEADER, 0, 0, (), (), 0)
+    change = build_change("T", 0, current, {1}.__contains__, min_isr=1, unclean_election=True)
+    assert change is not None and change.leader == 1 and change.leader_recovery_state == 1
+    assert build_change("T", 0, current, {1}.__contains__, min_isr=1) is None
+
+
+# ---- a changed min.insync.replicas clears the ELR at once (KIP-966, Kafka's ClearElrRecord) ----
+
+
+def _alter_min_isr(h: Harness, kind: int, name: str, value: str | None) -> list[pb.MetadataRecord]:
+    from kraft.metadata.config_control import incremental_alter_configs
+
+    request = cpb.IncrementalAlterConfigsRequest(cluster_id=CLUSTER)
+    item = request.resources.add()
+    item.resource.resource_type = kind
+    item.resource.resource_name = name
+    config = item.configs.add(name="min.insync.replicas", op=0 if value is not None else 1)
+    if value is not None:
+        config.value = value
+    out = incremental_alter_configs(h.logic, request, h.next_offset)
+    response = h.run(out)
+    assert [r.error_code for r in response.results] == [ErrorCode.NONE]
+    return out.records
+
+
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4
+
+
+def test_a_topic_min_isr_change_clears_its_elr_in_the_same_write() -> None:
+    h, topic_id = _harness_rf3_min2()
+    assert h.create("other", rf=1).error_code == ErrorCode.NONE
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    p = _partition(h, topic_id)
+    assert (p.leader, p.isr, p.elr) == (2, (2,), (1,))
+    written = _alter_min_isr(h, TOPIC_RESOURCE, "t", "3")
+    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
+    change = written[1].partition_change
+    assert change.HasField("eligible_leader_replicas") and list(change.eligible_leader_replicas.ids) == []
+    assert not change.HasField("isr") and not change.HasField("leader")
+    after = _partition(h, topic_id)
+    assert (after.leader, after.isr, after.elr, after.last_known_elr) == (2, (2,), (), ())
+    assert after.partition_epoch == p.partition_epoch + 1
+    # a setting that changes nothing writes nothing, and nothing is left to clear anyway
+    assert _alter_min_isr(h, TOPIC_RESOURCE, "t", "3") == []
+
+
+def test_a_cluster_default_change_clears_the_elr_of_topics_without_their_own_value() -> None:
+    h = Harness()
+    h.active_brokers(1, 2, 3)
+    _alter_min_isr(h, BROKER_RESOURCE, "", "2")
+    replicas = [cpb.ReplicaAssignment(partition=0, broker_ids=[1, 2, 3])]
+    assert h.create("d", partitions=-1, rf=-1, assignments=replicas).error_code == ErrorCode.NONE
+    own = [cpb.TopicConfig(name="min.insync.replicas", value="2")]
+    assert h.create("o", partitions=-1, rf=-1, assignments=replicas, configs=own).error_code == 0
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    d, o = (h.image.topic_ids_by_name[n] for n in ("d", "o"))
+    assert _partition(h, d).elr == (1,) and _partition(h, o).elr == (1,)
+    written = _alter_min_isr(h, BROKER_RESOURCE, "", "3")
+    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
+    assert written[1].partition_change.topic_id == d
+    assert _partition(h, d).elr == () and _partition(h, o).elr == (1,)  # o's minimum did not change
+    # a broker's own value is not what the controller's elections use: nothing cleared
+    assert [r.WhichOneof("record") for r in _alter_min_isr(h, BROKER_RESOURCE, "2", "1")] == ["config"]
+    # deleting the topic's own value moves it to the default: its ELR goes too
+    written = _alter_min_isr(h, TOPIC_RESOURCE, "o", None)
+    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
+    assert _partition(h, o).elr == ()
+
+
+def test_an_offline_partition_loses_its_elr_and_last_known_elr_even_right_after_a_failover() -> None:
+    h, topic_id = _harness_rf3_min2()
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    # give the partition a last known ELR too (as an unclean shutdown of an ELR member would)
+    shaped = pb.PartitionChangeRecord(topic_id=topic_id, partition_id=0)
+    shaped.eligible_leader_replicas.ids.extend([1])
+    shaped.last_known_elr.ids.extend([2])
+    delta = MetadataDelta(h.image)
+    delta.replay(records.wrap(shaped), h.next_offset)
+    h.commit([records.wrap(shaped)])
+    h.logic.reset(delta.apply(), h.now_ms)  # a new active controller: its rejoin index is being rebuilt
+    assert h.logic.rejoin_index.building
+    p = _partition(h, topic_id)
+    assert (p.leader, p.isr, p.elr, p.last_known_elr) == (NO_PARTITION_LEADER, (), (1,), (2,))
+    written = _alter_min_isr(h, TOPIC_RESOURCE, "t", "1")
+    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
+    p = _partition(h, topic_id)
+    assert (p.leader, p.isr, p.elr, p.last_known_elr) == (NO_PARTITION_LEADER, (), (), ())
+    # as in Kafka: with its ELR gone the partition waits for an unclean election, not for 1
+    h.heartbeat(1)
+    assert _partition(h, topic_id).leader == NO_PARTITION_LEADER
+    response, _ = _elect(h, 1, ("t", 0))
+    assert _result(response) == [("t", 0, ErrorCode.NONE)] and _partition(h, topic_id).leader == 1
+
+
+def test_validate_only_clears_nothing() -> None:
+    from kraft.metadata.config_control import incremental_alter_configs
+
+    h, topic_id = _harness_rf3_min2()
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    request = cpb.IncrementalAlterConfigsRequest(cluster_id=CLUSTER, validate_only=True)
+    item = request.resources.add()
+    item.resource.resource_type = TOPIC_RESOURCE
+    item.resource.resource_name = "t"
+    item.configs.add(name="min.insync.replicas", op=0, value="3")
+    out = incremental_alter_configs(h.logic, request, h.next_offset)
+    assert out.records == [] and _partition(h, topic_id).elr == (1,)
+
+
+def test_an_implicit_unclean_election_finds_every_leaderless_partition_right_after_a_failover() -> None:
+    h = Harness()
+    h.active_brokers(1, 2, 3)
+    replicas = [cpb.ReplicaAssignment(partition=p, broker_ids=[1, 2, 3]) for p in range(3)]
+    for name in ("a", "b"):
+        assert h.create(name, partitions=-1, rf=-1, assignments=replicas).error_code == ErrorCode.NONE
+    _expire(h, 3, 1, 2)
+    _expire(h, 1, 2)
+    _expire(h, 2)
+    h.heartbeat(3)
+    assert h.create("healthy", partitions=2, rf=1).error_code == ErrorCode.NONE  # led by 3
+    h.logic.reset(h.image, h.now_ms)  # a new active controller: its rejoin index is being rebuilt
+    assert h.logic.rejoin_index.building
+    response, records_ = _elect(h, 1)
+    expected = [(name, p, ErrorCode.NONE) for name in ("a", "b") for p in range(3)]
+    assert _result(response) == expected and len(records_) == 6
+    for name in ("a", "b"):
+        for p in h.topic(name).partitions:
+            assert (p.leader, p.isr, p.leader_recovery_state) == (3, (3,), 1)

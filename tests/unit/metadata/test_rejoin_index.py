@@ -81,6 +81,12 @@ def records(draw: st.DrawFn) -> list[pb.MetadataRecord]:
         change.leader = leader
     if draw(st.integers(0, 4)) == 0:
         change.replicas.ids.extend(replicas)
+    if draw(st.integers(0, 3)) == 0:  # KIP-966 fields: set, or cleared (present and empty)
+        change.eligible_leader_replicas.SetInParent()
+        change.eligible_leader_replicas.ids.extend(draw(ID_LISTS))
+    if draw(st.integers(0, 3)) == 0:
+        change.last_known_elr.SetInParent()
+        change.last_known_elr.ids.extend(draw(ID_LISTS))
     return [pb.MetadataRecord(partition_change=change)]
 
 
@@ -134,6 +140,31 @@ def assert_same_structure(index: RejoinIndex, image: MetadataImage) -> None:
     assert set(index._ordinal) == set(image.topics_by_id)
 
 
+def _holds_elr(partition: PartitionRegistration) -> bool:
+    return bool(partition.elr or partition.last_known_elr)
+
+
+def _leaderless(partition: PartitionRegistration) -> bool:
+    return partition.leader == -1
+
+
+def assert_unsettled_queries_match_a_scan(index: RejoinIndex, image: MetadataImage) -> None:
+    """``unsettled`` finds, in scan order, every partition with replicas that holds an ELR / LKE or has
+    no leader (what the ELR clear and an implicit unclean ElectLeaders look for), for all topics or some."""
+    for wanted in (_holds_elr, _leaderless):
+        expected = [
+            (topic.topic_id, partition_id)
+            for topic, partition_id, partition in image.iter_partitions()
+            if partition.replicas and wanted(partition)
+        ]
+        got = index.unsettled(image.topics_by_id, wanted)
+        assert [(t.topic_id, p) for t, p, _ in got] == expected
+        assert all(partition is image.partition(t.topic_id, p) for t, p, partition in got)
+        some = TOPIC_IDS[1:]
+        got = index.unsettled(image.topics_by_id, wanted, some)
+        assert [(t.topic_id, p) for t, p, _ in got] == [e for e in expected if e[0] in some]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     groups=st.lists(st.lists(records(), min_size=1, max_size=5), min_size=1, max_size=8),
@@ -164,6 +195,7 @@ def test_index_candidates_give_the_scans_records(
                     image, broker_id, acceptable
                 )
         assert_same_structure(index, image)
+        assert_unsettled_queries_match_a_scan(index, image)
 
 
 @settings(max_examples=300, deadline=None)
