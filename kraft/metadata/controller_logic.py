@@ -58,7 +58,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
-from kraft.metadata.offline_replicas import OfflineReplicaGuard
+from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import (
@@ -490,7 +490,7 @@ class ControllerLogic:
         gone = {b.broker_id for b in brokers if b.fenced or b.in_controlled_shutdown}
         data_lost = {b.broker_id for b in brokers if b.unclean_shutdown}
         acceptable = self.acceptable_in(self.image)
-        guard = OfflineReplicaGuard(self.image)
+        guard = guard_for(self.image)
         pending: set[int] = set()
         pending_unclean: set[int] = set()
         electable: list[tuple[str, int]] = []
@@ -508,7 +508,7 @@ class ControllerLogic:
                     topic.topic_id,
                     partition_id,
                     partition,
-                    guard.for_partition(acceptable, topic.topic_id, partition_id, partition)
+                    guard.for_partition(acceptable, topic.topic_id, partition_id)
                     if guard.active
                     else acceptable,
                     min_isr=min_isr,
@@ -704,7 +704,7 @@ class ControllerLogic:
                 return
             image = batch.view()  # fresh per job: two jobs may touch the same partition
             acceptable = self.acceptable_in(image)
-            guard = OfflineReplicaGuard(image)
+            guard = guard_for(image)
             topics = image.topics_by_id
             broker_id = job.broker_id
             unclean_shutdown = job.unclean
@@ -730,7 +730,7 @@ class ControllerLogic:
                             topic.topic_id,
                             index,
                             partition,
-                            guard.for_partition(acceptable, topic.topic_id, index, partition)
+                            guard.for_partition(acceptable, topic.topic_id, index)
                             if guard.active
                             else acceptable,
                             broker_id,
@@ -791,7 +791,7 @@ class ControllerLogic:
                 return
             image = batch.view()
             acceptable = self.acceptable_in(image)
-            guard = OfflineReplicaGuard(image)
+            guard = guard_for(image)
             topics = image.topics_by_id
             changes: list[pb.PartitionChangeRecord] = []
             partitions = job.partitions
@@ -812,9 +812,7 @@ class ControllerLogic:
                     topic_id,
                     partition_id,
                     current,
-                    guard.for_partition(acceptable, topic_id, partition_id, current)
-                    if guard.active
-                    else acceptable,
+                    guard.for_partition(acceptable, topic_id, partition_id) if guard.active else acceptable,
                     min_isr=min_isr,
                     unclean_election=unclean,
                 )
@@ -868,7 +866,7 @@ class ControllerLogic:
         partition) when it was the last.  Idempotent: later heartbeats repeating the list change nothing."""
         image = batch.view()
         acceptable = self.acceptable_in(image)
-        guard = OfflineReplicaGuard(image)
+        guard = guard_for(image)
         for ref in offline:
             topic_id = image.topic_ids_by_name.get(ref.topic)
             current = None if topic_id is None else image.partition(topic_id, ref.partition)
@@ -884,7 +882,7 @@ class ControllerLogic:
                 topic_id,
                 ref.partition,
                 current,
-                guard.for_partition(acceptable, topic_id, ref.partition, current),
+                guard.for_partition(acceptable, topic_id, ref.partition),
                 remove_from_isr=broker_id,
                 min_isr=min_isr,
                 unclean_election=unclean,
@@ -1489,7 +1487,7 @@ class ControllerLogic:
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
         acceptable = self.acceptable_in(self.image)
-        guard = OfflineReplicaGuard(self.image)
+        guard = guard_for(self.image)
         batch = _Batch(self, next_offset)
         explicit = bool(req.topic_partitions)
         targets: list[tuple[str, list[int]]] = []

@@ -28,7 +28,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, Outcome, error_response
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
-from kraft.metadata.offline_replicas import OfflineReplicaGuard
+from kraft.metadata.offline_replicas import OfflineReplicaGuard, guard_for
 from kraft.metadata.partition_change import eligible_after
 from kraft.replication.alter_partition import (
     AlterPartitionRejected,
@@ -103,7 +103,7 @@ def alter_partition(
             ),
         )
     statuses = broker_statuses(logic, image)  # registrations do not change below, only partitions
-    guard = OfflineReplicaGuard(image)
+    guard = guard_for(image)
     records: list[pb.MetadataRecord] = []
     for data in req.partitions:
         result = response.partitions.add(topic_id=data.topic_id, partition=data.partition)

@@ -16,9 +16,9 @@ metadata holds no replica-to-directory assignment, so the registration holds the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from kraft.metadata.image import MetadataImage, PartitionRegistration
+from kraft.metadata.image import BrokerRegistration, MetadataImage
 
 IsAcceptable = Callable[[int], bool]
 
@@ -26,19 +26,22 @@ IsAcceptable = Callable[[int], bool]
 class OfflineReplicaGuard:
     """The offline replicas of an image's brokers, for elections over its partitions.
 
-    Built per slice of work (one pass over the brokers, not the partitions).  :meth:`for_partition` returns
-    the broker-level predicate itself when no broker has an offline dir (the usual case: the hot paths stay
-    as they were) or when none of the partition's replicas is offline; otherwise a predicate that also
-    refuses those replicas — one set lookup per replica of the partition, never a scan."""
+    Indexed once per registrations mapping (:func:`guard_for` reuses it while ``image.brokers`` is the
+    same object: partition changes do not touch it), in proportion to the offline replicas, never to the
+    partitions.  :meth:`for_partition` returns the broker-level predicate itself when no replica of the
+    partition is offline (at most two dict lookups; callers skip even that while :attr:`active` is
+    False, the usual case), otherwise one that also refuses those replicas."""
 
-    __slots__ = ("_offline", "active")
+    __slots__ = ("_by_topic", "_offline", "active")
 
-    def __init__(self, image: MetadataImage) -> None:
-        self._offline = {
-            broker.broker_id: broker.offline_replicas
-            for broker in image.brokers.values()
-            if broker.offline_replicas
-        }
+    def __init__(self, brokers: Mapping[int, BrokerRegistration]) -> None:
+        self._offline = {b.broker_id: b.offline_replicas for b in brokers.values() if b.offline_replicas}
+        by_topic: dict[str, dict[int, tuple[int, ...]]] = {}
+        for broker_id, replicas in self._offline.items():
+            for topic_id, partition_id in replicas:
+                partitions = by_topic.setdefault(topic_id, {})
+                partitions[partition_id] = (*partitions.get(partition_id, ()), broker_id)
+        self._by_topic = by_topic
         self.active = bool(self._offline)
         """Whether some broker has a replica on an offline dir (callers skip the guard when not)."""
 
@@ -47,20 +50,39 @@ class OfflineReplicaGuard:
         replicas = self._offline.get(broker_id)
         return replicas is not None and (topic_id, partition_id) in replicas
 
-    def for_partition(
-        self, acceptable: IsAcceptable, topic_id: str, partition_id: int, partition: PartitionRegistration
-    ) -> IsAcceptable:
-        """``acceptable`` narrowed to the replicas of the partition that are on an online dir."""
-        offline = self._offline
-        if not offline:
+    def for_partition(self, acceptable: IsAcceptable, topic_id: str, partition_id: int) -> IsAcceptable:
+        """``acceptable`` narrowed to the brokers whose replica of the partition is on an online dir."""
+        partitions = self._by_topic.get(topic_id)
+        excluded = None if partitions is None else partitions.get(partition_id)
+        if excluded is None:
             return acceptable
-        key = (topic_id, partition_id)
-        members = (*partition.replicas, *partition.isr, *partition.elr)  # any candidate of an election
-        excluded = frozenset(r for r in members if r in offline and key in offline[r])
-        if not excluded:
-            return acceptable
+        if len(excluded) == 1:
+            (gone,) = excluded
 
-        def online_and_acceptable(broker_id: int) -> bool:
+            def online_and_acceptable(broker_id: int) -> bool:
+                return broker_id != gone and acceptable(broker_id)
+
+            return online_and_acceptable
+
+        def all_online_and_acceptable(broker_id: int) -> bool:
             return broker_id not in excluded and acceptable(broker_id)
 
-        return online_and_acceptable
+        return all_online_and_acceptable
+
+
+_NO_GUARD = OfflineReplicaGuard({})
+_last: list[tuple[Mapping[int, BrokerRegistration], OfflineReplicaGuard]] = []
+
+
+def guard_for(image: MetadataImage) -> OfflineReplicaGuard:
+    """The guard of ``image``'s registrations: built again only when they changed (a bulk job asks per
+    slice, on a new image each time, whose ``brokers`` is usually the previous one's)."""
+    brokers = image.brokers
+    if _last and _last[0][0] is brokers:
+        return _last[0][1]
+    if not any(b.offline_replicas for b in brokers.values()):
+        guard = _NO_GUARD
+    else:
+        guard = OfflineReplicaGuard(brokers)
+    _last[:] = [(brokers, guard)]
+    return guard
