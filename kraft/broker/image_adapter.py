@@ -64,6 +64,8 @@ def image_digest(image: MetadataImage) -> str:
         h.update(repr((b.in_controlled_shutdown, b.features, b.log_dirs)).encode())
         if b.unclean_shutdown:  # (an image without it keeps the digest it had before the flag existed)
             h.update(b"unclean_shutdown")
+        if b.offline_replicas:  # (likewise)
+            h.update(repr(sorted(b.offline_replicas)).encode())
     for name in sorted(image.topic_ids_by_name):
         topic = image.topics_by_id[image.topic_ids_by_name[name]]
         h.update(repr((name, topic.topic_id, topic.partitions)).encode())

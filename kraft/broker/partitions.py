@@ -264,7 +264,15 @@ class PartitionManager:
 
     async def open_to(self, desired: Mapping[TopicPartition, PartitionAssignment]) -> AppliedChanges:
         """After :meth:`scan`: open the found partitions ``desired`` still assigns here (same topic id),
-        remove the directories of all others, then create what is missing — paced."""
+        remove the directories of all others, then create what is missing — paced.
+
+        Except when a log dir could not be read by the scan: the partitions ``desired`` assigns that were
+        found nowhere may be on it, and a replica created empty elsewhere would stand for one that holds
+        the partition's data — the controller could elect it from the ELR (its registration still proves
+        it kept its dirs) and lose acknowledged records.  They are held back as offline partitions of that
+        dir instead (reported by every heartbeat, never elected, not hosted until a restart finds the dir
+        readable); a partition that really is new to this broker waits for that restart too."""
+        unreadable = sorted(self.offline_dirs)  # taken offline by the scan: their contents are unknown
         found, self._found = self._found, {}
         removed = 0
         opened: list[Partition] = []
@@ -272,9 +280,13 @@ class PartitionManager:
         for index, (tp, (log_dir, assignment, role)) in enumerate(sorted(found.items())):
             if index % PARTITIONS_PER_TURN == PARTITIONS_PER_TURN - 1:
                 await asyncio.sleep(0)
-            if log_dir in self.offline_dirs:
-                continue
             wanted = desired.get(tp)
+            if log_dir in self.offline_dirs:
+                if wanted is not None and wanted.topic_id == assignment.topic_id and tp not in self.offline:
+                    # Its dir failed while others opened: offline with it, not re-created elsewhere empty.
+                    self.offline[tp] = f"log dir {log_dir} offline"
+                    self._offline_dir_of[tp] = log_dir
+                continue
             try:
                 if wanted is None or wanted.topic_id != assignment.topic_id:
                     # Deleted (or moved away) while this broker was down: never opened, never served.
@@ -301,6 +313,8 @@ class PartitionManager:
         )
         if removed:
             self._log.info("stale_partition_dirs_removed", count=removed)
+        if unreadable:
+            self._hold_back(desired, found, unreadable[0])
         applied = await self.apply_paced(self.changes_to(desired))
         self._log.info("partitions_opened", count=len(self._partitions), offline=len(self.offline))
         return applied
@@ -353,6 +367,24 @@ class PartitionManager:
             if self._offline_dir_of[tp] in self.offline_dirs
         ]
         return [str(d) for d in sorted(self.offline_dirs)], partitions
+
+    def _hold_back(
+        self,
+        desired: Mapping[TopicPartition, PartitionAssignment],
+        found: Mapping[TopicPartition, object],
+        log_dir: Path,
+    ) -> None:
+        """Mark the ``desired`` partitions found on no readable dir offline on ``log_dir`` (unreadable)."""
+        held = [
+            tp
+            for tp in sorted(desired)
+            if tp not in found and tp not in self._partitions and tp not in self.offline
+        ]
+        for tp in held:
+            self.offline[tp] = f"log dir {log_dir} was unreadable at start-up and may hold it"
+            self._offline_dir_of[tp] = log_dir
+        if held:
+            self._log.warning("partitions_held_back", log_dir=str(log_dir), count=len(held))
 
     def _partition_failed(self, tp: TopicPartition, log_dir: Path, exc: BaseException) -> None:
         self.offline[tp] = f"{type(exc).__name__}: {exc}"

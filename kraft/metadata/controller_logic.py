@@ -64,6 +64,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
+from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.placement import (
@@ -503,6 +504,7 @@ class ControllerLogic:
         gone = {b.broker_id for b in brokers if b.fenced or b.in_controlled_shutdown}
         data_lost = {b.broker_id for b in brokers if b.unclean_shutdown}
         acceptable = self.acceptable_in(self.image)
+        guard = guard_for(self.image)
         pending: set[int] = set()
         pending_unclean: set[int] = set()
         electable: list[tuple[str, int]] = []
@@ -520,7 +522,9 @@ class ControllerLogic:
                     topic.topic_id,
                     partition_id,
                     partition,
-                    acceptable,
+                    guard.for_partition(acceptable, topic.topic_id, partition_id)
+                    if guard.active
+                    else acceptable,
                     min_isr=min_isr,
                     unclean_election=unclean,
                 )
@@ -755,6 +759,7 @@ class ControllerLogic:
                 return
             image = batch.view()  # fresh per job: two jobs may touch the same partition
             acceptable = self.acceptable_in(image)
+            guard = guard_for(image)
             topics = image.topics_by_id
             broker_id = job.broker_id
             unclean_shutdown = job.unclean
@@ -780,7 +785,9 @@ class ControllerLogic:
                             topic.topic_id,
                             index,
                             partition,
-                            acceptable,
+                            guard.for_partition(acceptable, topic.topic_id, index)
+                            if guard.active
+                            else acceptable,
                             broker_id,
                             min_isr=min_isr,
                             unclean_shutdown=unclean_shutdown,
@@ -839,6 +846,7 @@ class ControllerLogic:
                 return
             image = batch.view()
             acceptable = self.acceptable_in(image)
+            guard = guard_for(image)
             topics = image.topics_by_id
             changes: list[pb.PartitionChangeRecord] = []
             partitions = job.partitions
@@ -856,7 +864,12 @@ class ControllerLogic:
                 min_isr, unclean = topic_rules
                 current = topic.partitions[partition_id]
                 change = build_change(
-                    topic_id, partition_id, current, acceptable, min_isr=min_isr, unclean_election=unclean
+                    topic_id,
+                    partition_id,
+                    current,
+                    guard.for_partition(acceptable, topic_id, partition_id) if guard.active else acceptable,
+                    min_isr=min_isr,
+                    unclean_election=unclean,
                 )
                 if change is not None:
                     if unclean:
@@ -873,19 +886,42 @@ class ControllerLogic:
             if job.position >= len(partitions):
                 del self._rejoining[job.broker_id]
 
+    def _record_offline_replicas(
+        self, batch: _Batch, broker: BrokerRegistration, offline: Iterable[cpb.OfflinePartition]
+    ) -> None:
+        """Write the broker's replicas of ``offline`` (on a log dir it took offline) that its registration
+        does not list yet into it: from then on no election picks them
+        (:mod:`kraft.metadata.offline_replicas`), on this controller and on any later one (the log has
+        them).  Nothing when all are listed (later heartbeats repeat the same report)."""
+        image = batch.view()
+        listed = broker.offline_replicas
+        new: set[tuple[str, int]] = set()
+        for ref in offline:
+            topic_id = image.topic_ids_by_name.get(ref.topic)
+            if topic_id is None or (topic_id, ref.partition) in listed:
+                continue
+            current = image.partition(topic_id, ref.partition)
+            if current is not None and broker.broker_id in current.replicas:
+                new.add((topic_id, ref.partition))
+        if new:
+            batch.add(
+                pb.BrokerRegistrationChangeRecord(
+                    broker_id=broker.broker_id,
+                    broker_epoch=broker.epoch,
+                    offline_replicas=rec.offline_replicas_records(new),
+                )
+            )
+
     def _leave_offline_replicas(
         self, batch: _Batch, broker_id: int, offline: Iterable[cpb.OfflinePartition]
     ) -> None:
         """The broker's replicas of ``offline`` (on a log dir it took offline, Kafka's
-        ``handleDirectoriesOffline``): out of their ISRs, leadership to another acceptable ISR member, or
-        none (an offline partition) when it was the last.  Idempotent: later heartbeats repeating the
-        list change nothing."""
+        ``handleDirectoriesOffline``; :meth:`_record_offline_replicas` wrote them into its registration
+        first): out of their ISRs, leadership to another acceptable ISR member, or none (an offline
+        partition) when it was the last.  Idempotent: later heartbeats repeating the list change nothing."""
         image = batch.view()
         acceptable = self.acceptable_in(image)
-
-        def elsewhere(replica: int) -> bool:
-            return replica != broker_id and acceptable(replica)
-
+        guard = guard_for(image)
         for ref in offline:
             topic_id = image.topic_ids_by_name.get(ref.topic)
             current = None if topic_id is None else image.partition(topic_id, ref.partition)
@@ -894,13 +930,14 @@ class ControllerLogic:
             if broker_id not in current.isr and current.leader != broker_id:
                 continue
             # The replica joins the ELR like any departing member (the dir's data is unreachable, not known
-            # lost: a restart on the repaired dir proves its incarnation as any restart does).
+            # lost: a restart on the repaired dir proves its incarnation as any restart does); the
+            # registration's offline_replicas keeps it from being elected — here (the guard) and later.
             min_isr, unclean = self.election_rules(image, ref.topic)
             change = build_change(
                 topic_id,
                 ref.partition,
                 current,
-                elsewhere,
+                guard.for_partition(acceptable, topic_id, ref.partition),
                 remove_from_isr=broker_id,
                 min_isr=min_isr,
                 unclean_election=unclean,
@@ -1085,8 +1122,12 @@ class ControllerLogic:
         caught_up = req.current_metadata_offset >= broker.epoch
         response.is_caught_up = caught_up
         batch = _Batch(self, next_offset)
-        if req.offline_partitions and not broker.fenced:
-            self._leave_offline_replicas(batch, broker.broker_id, req.offline_partitions)
+        if req.offline_partitions:
+            # Recorded even while fenced (the broker may still be in ELRs, and an unfence in this very
+            # heartbeat runs elections): before anything below elects.
+            self._record_offline_replicas(batch, broker, req.offline_partitions)
+            if not broker.fenced:
+                self._leave_offline_replicas(batch, broker.broker_id, req.offline_partitions)
         if broker.fenced:
             response.is_fenced = True
             if req.want_shut_down or broker.in_controlled_shutdown:
@@ -1514,6 +1555,7 @@ class ControllerLogic:
         unclean = req.election_type == UNCLEAN_ELECTION
         response.election_type = req.election_type  # what ran (a tool tells an older controller by 0)
         acceptable = self.acceptable_in(self.image)
+        guard = guard_for(self.image)
         batch = _Batch(self, next_offset)
         explicit = bool(req.topic_partitions)
         targets: list[tuple[str, list[int]]] = []
@@ -1548,8 +1590,10 @@ class ControllerLogic:
                     code, message = self._elect_unclean(batch, topic, partition_id, partition, acceptable)
                 elif partition.leader == partition.preferred_leader:
                     code, message = ErrorCode.ELECTION_NOT_NEEDED, "the preferred leader already leads"
-                elif partition.preferred_leader not in partition.isr or not acceptable(
-                    partition.preferred_leader
+                elif (
+                    partition.preferred_leader not in partition.isr
+                    or not acceptable(partition.preferred_leader)
+                    or guard.offline(partition.preferred_leader, topic.topic_id, partition_id)
                 ):
                     code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
                     message = f"preferred leader {partition.preferred_leader} is not live and in sync"

@@ -308,7 +308,14 @@ class MetadataDelta:
         else:
             self._brokers[r.broker_id] = None
 
-    def _change_broker(self, broker_id: int, epoch: int, fenced: bool | None, shutdown: bool | None) -> None:
+    def _change_broker(
+        self,
+        broker_id: int,
+        epoch: int,
+        fenced: bool | None,
+        shutdown: bool | None,
+        offline: Iterable[pb.OfflineReplicas] = (),
+    ) -> None:
         current = self.broker(broker_id)
         if current is None or current.epoch != epoch:
             self.replay_errors.append(f"registration change for unknown broker {broker_id} epoch {epoch}")
@@ -327,6 +334,13 @@ class MetadataDelta:
             current.log_dirs,
             # The unfence clears it: the controller unfences only a broker that left every ELR.
             current.unclean_shutdown and new_fenced,
+            # Added to, never removed from: a log dir taken offline stays offline until a restart, which
+            # re-registers (a RegisterBrokerRecord starts empty).
+            current.offline_replicas.union(
+                (o.topic_id, partition) for o in offline for partition in o.partitions
+            )
+            if offline
+            else current.offline_replicas,
         )
 
     def _replay_fence_broker(self, r: pb.FenceBrokerRecord) -> None:
@@ -338,7 +352,7 @@ class MetadataDelta:
     def _replay_broker_registration_change(self, r: pb.BrokerRegistrationChangeRecord) -> None:
         fenced = None if r.fenced == 0 else r.fenced > 0
         shutdown = True if r.in_controlled_shutdown == 1 else None
-        self._change_broker(r.broker_id, r.broker_epoch, fenced, shutdown)
+        self._change_broker(r.broker_id, r.broker_epoch, fenced, shutdown, r.offline_replicas)
 
     def _replay_topic(self, r: pb.TopicRecord) -> None:
         if self.topic_id(r.name) is not None:

@@ -67,6 +67,11 @@ class BrokerRegistration:
     """KIP-966: registered by an incarnation that could not prove it kept the log dirs (its data may be
     gone).  Only while fenced: the controller takes it out of every ISR and ELR before the unfence, which
     clears it — in the log, so a new active controller resumes that removal (controller_logic)."""
+    offline_replicas: frozenset[tuple[str, int]] = frozenset()
+    """(topic id, partition) of this registration's replicas on a log dir the broker took offline
+    (BrokerRegistrationChangeRecord.offline_replicas, kraft's stand-in for KIP-858's replica directories):
+    never elected nor let into an ISR while it holds them; empty again once the broker re-registers.  A
+    set, so the election's check per candidate is one lookup (controller_logic's ``OfflineReplicaGuard``)."""
 
 
 class PartitionRegistration(NamedTuple):

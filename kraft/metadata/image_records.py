@@ -48,6 +48,14 @@ def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.
         if broker.rack is not None:
             record.rack = broker.rack
         yield wrap(record)
+        if broker.offline_replicas:  # only then: snapshots of brokers without any keep their bytes
+            yield wrap(
+                pb.BrokerRegistrationChangeRecord(
+                    broker_id=broker.broker_id,
+                    broker_epoch=broker.epoch,
+                    offline_replicas=rec.offline_replicas_records(broker.offline_replicas),
+                )
+            )
     for topic in image.topics_by_id.values():
         yield wrap(pb.TopicRecord(name=topic.name, topic_id=topic.topic_id))
         if not partitions:

@@ -28,10 +28,12 @@ from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, Outcome, error_response
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration
+from kraft.metadata.offline_replicas import OfflineReplicaGuard, guard_for
 from kraft.metadata.partition_change import eligible_after
 from kraft.replication.alter_partition import (
     AlterPartitionRejected,
     BrokerStatus,
+    IsrChange,
     validate_alter_partition,
 )
 from kraft.replication.types import AlterPartitionRequest, IsrMember, LeaderAndIsr
@@ -64,6 +66,20 @@ def broker_statuses(logic: ControllerLogic, image: MetadataImage) -> dict[int, B
     }
 
 
+def _online_members(
+    verdict: IsrChange, guard: OfflineReplicaGuard, topic_id: str, partition_id: int
+) -> IsrChange | AlterPartitionRejected:
+    """A replica on a log dir its broker took offline cannot be in sync (it is not fetching): refused
+    like a fenced member (INELIGIBLE_REPLICA), after the checks of
+    :func:`~kraft.replication.alter_partition.validate_alter_partition`."""
+    offline = [r for r in verdict.new_isr if guard.offline(r, topic_id, partition_id)]
+    if offline:
+        return AlterPartitionRejected(
+            ErrorCode.INELIGIBLE_REPLICA, "; ".join(f"{r}: replica on an offline log dir" for r in offline)
+        )
+    return verdict
+
+
 def alter_partition(
     logic: ControllerLogic, req: cpb.AlterPartitionRequest, next_offset: int
 ) -> Outcome[cpb.AlterPartitionResponse]:
@@ -87,6 +103,7 @@ def alter_partition(
             ),
         )
     statuses = broker_statuses(logic, image)  # registrations do not change below, only partitions
+    guard = guard_for(image)
     records: list[pb.MetadataRecord] = []
     for data in req.partitions:
         result = response.partitions.add(topic_id=data.topic_id, partition=data.partition)
@@ -104,6 +121,8 @@ def alter_partition(
             None if current is None else leader_and_isr(current),
             statuses,
         )
+        if not isinstance(verdict, AlterPartitionRejected) and guard.active:
+            verdict = _online_members(verdict, guard, data.topic_id, data.partition)
         if isinstance(verdict, AlterPartitionRejected):
             result.error_code = int(verdict.error)
             result.error_message = f"{data.topic_id}-{data.partition}: {verdict.reason}"

@@ -76,6 +76,18 @@ def wrap(payload: Message) -> pb.MetadataRecord:
     return record
 
 
+def offline_replicas_records(replicas: Iterable[tuple[str, int]]) -> list[pb.OfflineReplicas]:
+    """(topic id, partition) pairs as BrokerRegistrationChangeRecord.offline_replicas: one entry per
+    topic, topics and partitions sorted (deterministic bytes; the topic id once per topic)."""
+    by_topic: dict[str, list[int]] = {}
+    for topic_id, partition in replicas:
+        by_topic.setdefault(topic_id, []).append(partition)
+    return [
+        pb.OfflineReplicas(topic_id=topic_id, partitions=sorted(partitions))
+        for topic_id, partitions in sorted(by_topic.items())
+    ]
+
+
 def kind(record: pb.MetadataRecord) -> str:
     """The oneof field name of a record (``"topic"``, ``"partition_change"``, …); raises if unset."""
     field = record.WhichOneof(_ONEOF)

@@ -8,12 +8,14 @@ The tables are plain so an operator can query them (``kraft metadata shell``):
 ``meta(key PRIMARY KEY, value)``
     ``offset`` (last applied record, -1 = none), ``epoch``, ``schema_version``, ``updated_at_ms``.
 ``brokers(broker_id PRIMARY KEY, epoch, incarnation_id, rack, fenced, in_controlled_shutdown,
-endpoints JSON, features JSON, log_dirs JSON, unclean_shutdown)``
+endpoints JSON, features JSON, log_dirs JSON, unclean_shutdown, offline_replicas JSON)``
     one row per registered broker; ``fenced``/``in_controlled_shutdown``/``unclean_shutdown`` are 0/1
-    (``unclean_shutdown``: KIP-966, a registration whose data may be gone, kept until its unfence).  The
-    last column was added without a schema version change (an older build can still open the file): a
-    store whose ``brokers`` lacks it was written by an older build, which may have dropped the flag of
-    records it replayed, so it is discarded when opened and rebuilt from the log (once).
+    (``unclean_shutdown``: KIP-966, a registration whose data may be gone, kept until its unfence);
+    ``offline_replicas``: ``[[topic_id, partition], …]`` sorted, the broker's replicas on a log dir it took
+    offline (never elected while there).  The last two columns were added without a schema version change
+    (an older build can still open the file): a store whose ``brokers`` lacks one was written by an older
+    build, which may have dropped what it did not know of records it replayed, so it is discarded when
+    opened and rebuilt from the log (once).
 ``topics(topic_id PRIMARY KEY, name UNIQUE, partitions)``
 ``partitions(topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas JSON, isr JSON)``
     primary key (topic_id, partition_id); ``leader`` -1 = offline.  ``replicas``/``isr`` are JSON
@@ -93,7 +95,8 @@ CREATE TABLE IF NOT EXISTS brokers (
     endpoints TEXT NOT NULL,
     features TEXT NOT NULL,
     log_dirs TEXT NOT NULL,
-    unclean_shutdown INTEGER NOT NULL DEFAULT 0
+    unclean_shutdown INTEGER NOT NULL DEFAULT 0,
+    offline_replicas TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS topics (
     topic_id TEXT PRIMARY KEY,
@@ -284,6 +287,7 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
         json.dumps([[f.name, f.min_version, f.max_version] for f in b.features]),
         json.dumps(list(b.log_dirs)),
         int(b.unclean_shutdown),
+        json.dumps(sorted(b.offline_replicas)),
     )
 
 
@@ -388,8 +392,8 @@ class SqliteImageStore:
         if not current:
             await db.close()
             # An older build's tables: CREATE TABLE IF NOT EXISTS keeps them as they are, and what it
-            # saved may lack what it could not know (a broker's unclean_shutdown flag).
-            cls.discard_file(path, "written by an older build: brokers has no unclean_shutdown column")
+            # saved may lack what it could not know (a broker's unclean_shutdown flag, its offline replicas).
+            cls.discard_file(path, "written by an older build: brokers lacks a column of this build")
             db, _ = await cls._connect(path)
         return cls(db, path, clock)
 
@@ -413,7 +417,7 @@ class SqliteImageStore:
         except BaseException:
             await db.close()
             raise
-        return db, "unclean_shutdown" in columns
+        return db, columns.issuperset(("unclean_shutdown", "offline_replicas"))
 
     @staticmethod
     def discard_file(path: Path, reason: str) -> None:
@@ -498,6 +502,7 @@ class SqliteImageStore:
                 features=tuple(BrokerFeatureRange(n, lo, hi) for n, lo, hi in json.loads(row[7])),
                 log_dirs=tuple(json.loads(row[8])),
                 unclean_shutdown=bool(row[9]),
+                offline_replicas=frozenset((t, p) for t, p in json.loads(row[10])),
             )
         partitions: dict[str, list[PartitionRegistration]] = {}
         extras: dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
@@ -654,7 +659,7 @@ class SqliteImageStore:
             sums.add("b", row)
         await self._db.executemany("DELETE FROM brokers WHERE broker_id = ?", gone)
         await self._db.executemany(
-            "INSERT OR REPLACE INTO brokers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", changed
+            "INSERT OR REPLACE INTO brokers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", changed
         )
 
     async def _save_topics(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:

@@ -453,12 +453,23 @@ class BrokerRegistrationChangeRecord(_message.Message):
     FENCED_FIELD_NUMBER: _builtins.int
     IN_CONTROLLED_SHUTDOWN_FIELD_NUMBER: _builtins.int
     LOG_DIRS_FIELD_NUMBER: _builtins.int
+    OFFLINE_REPLICAS_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     broker_epoch: _builtins.int
     fenced: _builtins.int
     in_controlled_shutdown: _builtins.int
     @_builtins.property
     def log_dirs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def offline_replicas(self) -> _containers.RepeatedCompositeFieldContainer[Global___OfflineReplicas]:
+        """Replicas of this registration on a log dir the broker took offline (its heartbeat's
+        offline_partitions; kraft's stand-in for KIP-858's per-replica directories): *added* to those the
+        registration already has — a dir offline stays offline until the process restarts, so the set only
+        grows; a new RegisterBrokerRecord starts empty.  The controller never elects such a replica (from the
+        ISR, the ELR, or uncleanly) nor lets it join the ISR; it stays in the ELR (its data is unreachable,
+        not known lost), electable again once the broker re-registers on repaired dirs.
+        """
+
     def __init__(
         self,
         *,
@@ -467,14 +478,40 @@ class BrokerRegistrationChangeRecord(_message.Message):
         fenced: _builtins.int = ...,
         in_controlled_shutdown: _builtins.int = ...,
         log_dirs: _abc.Iterable[_builtins.str] | None = ...,
+        offline_replicas: _abc.Iterable[Global___OfflineReplicas] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "fenced", b"fenced", "in_controlled_shutdown", b"in_controlled_shutdown", "log_dirs", b"log_dirs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_epoch", b"broker_epoch", "broker_id", b"broker_id", "fenced", b"fenced", "in_controlled_shutdown", b"in_controlled_shutdown", "log_dirs", b"log_dirs", "offline_replicas", b"offline_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerRegistrationChangeRecord: _TypeAlias = BrokerRegistrationChangeRecord  # noqa: Y015
+
+@_typing.final
+class OfflineReplicas(_message.Message):
+    """The partitions of one topic that are on offline log dirs of a broker (BrokerRegistrationChangeRecord)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    topic_id: _builtins.str
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        topic_id: _builtins.str = ...,
+        partitions: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "topic_id", b"topic_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfflineReplicas: _TypeAlias = OfflineReplicas  # noqa: Y015
 
 @_typing.final
 class AccessControlEntryRecord(_message.Message):

@@ -83,6 +83,10 @@ class SimBroker:
     in_flight: bool = False
     stale_answers: int = 0
     other_answers: int = 0
+    previous_incarnation: str = ""
+    """Named in its registration: a restart on the same log dirs (kraft.broker.incarnation)."""
+    offline: tuple[tuple[str, int], ...] = ()
+    """(topic, partition) on a log dir it took offline: carried by every heartbeat."""
 
 
 @dataclass
@@ -300,7 +304,10 @@ class ControllerSimulation(Simulation):
         try:
             if broker.epoch < 0 and not broker.zombie:
                 request = cpb.RegisterBrokerRequest(
-                    cluster_id=CLUSTER, broker_id=broker.broker_id, incarnation_id=broker.incarnation
+                    cluster_id=CLUSTER,
+                    broker_id=broker.broker_id,
+                    incarnation_id=broker.incarnation,
+                    previous_incarnation_id=broker.previous_incarnation,
                 )
                 request.listeners.add(name="PLAINTEXT", host="127.0.0.1", port=broker.broker_id)
                 registered = await asyncio.wait_for(controller.register_broker(request), timeout_s)
@@ -313,6 +320,8 @@ class ControllerSimulation(Simulation):
                 broker_epoch=broker.epoch,
                 current_metadata_offset=controller.committed.offset,
             )
+            for topic, partition in broker.offline:
+                heartbeat.offline_partitions.add(topic=topic, partition=partition)
             beat = await asyncio.wait_for(controller.broker_heartbeat(heartbeat), timeout_s)
             if beat.error_code == ErrorCode.STALE_BROKER_EPOCH:
                 broker.stale_answers += 1
@@ -737,6 +746,68 @@ def scenario_unclean_reregistration_leaves_every_elr_across_failover(sim: Contro
     sim.check_identical_images()
 
 
+def scenario_offline_dir_replica_never_elected_across_failover(sim: ControllerSimulation) -> None:
+    """A replica on an offline log dir (JBOD) is not elected, whichever controller is active.  Brokers
+    101-103 hold BULK_PARTITIONS partitions (min ISR 2); 103 dies: ISR (101, 102).  102's dir holding them
+    all goes offline while 102 stays live: ISR (101,), ELR (102,), and its registration lists them.  The
+    active controller crashes; under the new one 101 dies: every partition waits offline, 102 (live,
+    eligible) is never elected — its data is unreachable.  102 restarts on the repaired dir (same dirs:
+    it names its incarnation) and, still in the ELR, leads every partition."""
+    _create_assigned(
+        sim,
+        "jbod",
+        [[101, 102, 103] for _ in range(BULK_PARTITIONS)],
+        {"min.insync.replicas": "2"},
+    )
+    led_by_102: set[int] = set()
+
+    def partitions() -> tuple[Any, ...]:
+        topic = sim.leader_image().topic("jbod")
+        assert topic is not None
+        led_by_102.update(i for i, p in enumerate(topic.partitions) if p.leader == 102)
+        return topic.partitions
+
+    sim.brokers[103].alive = False
+    sim.run_until_condition(
+        lambda: all(p.isr == (101, 102) for p in partitions()), BOUND_MS, "broker 103 fenced out of the ISRs"
+    )
+    sim.brokers[102].offline = tuple(("jbod", p) for p in range(BULK_PARTITIONS))
+    sim.run_until_condition(
+        lambda: (
+            all((p.isr, p.elr) == ((101,), (102,)) for p in partitions())
+            and len(sim.leader_image().brokers[102].offline_replicas) == BULK_PARTITIONS
+        ),
+        BOUND_MS,
+        "broker 102's offline replicas out of the ISRs, into the ELRs and its registration",
+    )
+    target = sim.active_controller()
+    assert target is not None
+    sim.crash(target[0])
+    sim.run_until_condition(
+        lambda old=target[0]: (t := sim.active_controller()) is not None and t[0] != old,  # type: ignore[misc]
+        BOUND_MS,
+        "a new active controller",
+    )
+    sim.restart(target[0])
+    sim.brokers[101].alive = False
+    sim.run_until_condition(
+        lambda: all((p.leader, p.isr, p.elr) == (-1, (), (101, 102)) for p in partitions()),
+        BOUND_MS,
+        "every partition offline, 102 eligible but on an offline dir",
+    )
+    if led_by_102:
+        raise InvariantViolation(f"seed {sim.seed}: 102 elected on its offline dir for {sorted(led_by_102)}")
+    broker = sim.brokers[102]
+    broker.previous_incarnation, broker.incarnation = broker.incarnation, "inc-102-repaired"
+    broker.epoch, broker.offline = -1, ()
+    sim.run_until_condition(
+        lambda: all((p.leader, p.isr) == (102, (102,)) for p in partitions()),
+        BOUND_MS,
+        "102, restarted on the repaired dir, elected from the ELR",
+    )
+    sim.check_identical_images()
+
+
 def _request_until(
     sim: ControllerSimulation, key: str, call: Callable[[QuorumController], Any], done: Callable[[], bool]
 ) -> None:
@@ -862,6 +933,9 @@ SCENARIOS = {
     "failover_never_fences_live_brokers": scenario_failover_never_fences_live_brokers,
     "unclean_reregistration_leaves_every_elr_across_failover": (
         scenario_unclean_reregistration_leaves_every_elr_across_failover
+    ),
+    "offline_dir_replica_never_elected_across_failover": (
+        scenario_offline_dir_replica_never_elected_across_failover
     ),
     "partitioned_controller_loses_its_pending_state": scenario_partitioned_controller_loses_its_pending_state,
     "deposed_controller_never_acknowledges_its_write": (

@@ -135,3 +135,38 @@ async def test_segmented_logs_restart_after_a_crash_with_one_parallel_sync_pass_
     again.close()
     for tp in tps:
         assert shutdown_marker.read(tmp_path / "logs" / tp.dir_name).clean
+
+
+async def test_a_log_dir_unreadable_at_start_up_holds_back_what_it_may_hold(tmp_path: Path) -> None:
+    """A dir the scan cannot read may hold partitions the image assigns here: they are reported offline on
+    it (so the controller never elects this replica) instead of being created empty on another dir, where
+    they would pass for the replica that holds the data."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    opener = MemoryLogOpener()
+    first = PartitionManager(ME, [good, bad], opener)
+    first.load()
+    first.apply(LocalChanges(leaders={TopicPartition("t", p): assignment() for p in range(4)}))
+    on_bad = {p.tp for p in first.partitions() if p.log_dir == bad}
+    assert on_bad and len(on_bad) < 4  # spread over both dirs
+    first.close()
+    os.rename(bad, tmp_path / "bad-disk")
+    bad.write_bytes(b"")  # the dir's path cannot be listed (a failed mount): taken offline by the scan
+
+    again = PartitionManager(ME, [good, bad], opener)
+    again.scan()
+    assert bad in again.offline_dirs
+    desired = {TopicPartition("t", p): assignment() for p in range(4)}
+    applied = await again.open_to(desired)
+    assert not applied.created, "nothing re-created empty"
+    assert {p.tp for p in again.partitions()} == set(desired) - on_bad
+    assert on_bad <= again.offline.keys()
+    dirs, partitions = again.offline_report()
+    assert dirs == [str(bad)] and {TopicPartition(t, p) for t, p in partitions} == on_bad
+    # repaired, restarted: found again, opened where they are
+    bad.unlink()
+    os.rename(tmp_path / "bad-disk", bad)
+    repaired = PartitionManager(ME, [good, bad], opener)
+    repaired.scan()
+    applied = await repaired.open_to(desired)
+    assert not applied.created and not repaired.offline
+    assert {p.tp: p.log_dir for p in repaired.partitions() if p.tp in on_bad} == dict.fromkeys(on_bad, bad)
