@@ -1587,7 +1587,15 @@ class ControllerLogic:
                 elif explicit and (topic.topic_id, partition_id) in decided:
                     code, message = decided[topic.topic_id, partition_id]
                 elif unclean:
-                    code, message = self._elect_unclean(batch, topic, partition_id, partition, acceptable)
+                    code, message = self._elect_unclean(
+                        batch,
+                        topic,
+                        partition_id,
+                        partition,
+                        guard.for_partition(acceptable, topic.topic_id, partition_id)
+                        if guard.active
+                        else acceptable,
+                    )
                 elif partition.leader == partition.preferred_leader:
                     code, message = ErrorCode.ELECTION_NOT_NEEDED, "the preferred leader already leads"
                 elif (

@@ -386,3 +386,20 @@ def test_an_image_store_without_the_column_is_discarded_once(tmp_path: Path) -> 
         await store.close()
 
     asyncio.run(reopened())
+
+
+def test_an_unclean_elect_leaders_request_skips_a_replica_on_an_offline_dir() -> None:
+    """ElectLeaders UNCLEAN (the operator's consent) still never picks a replica whose dir is offline:
+    with 2 the only live replica, the answer is ELIGIBLE_LEADERS_NOT_AVAILABLE and nothing is written."""
+    c = _cluster()
+    c.settle(3, want_fence=True)
+    c.settle(1, want_fence=True)  # ISR (2,), ELR (1,)
+    c.settle(2, offline=OFFLINE)  # offline, eligible, not electable
+    assert c.state() == [(NO_PARTITION_LEADER, (), (1, 2))] * PARTITIONS
+    c.failover()
+    request = cpb.ElectLeadersRequest(cluster_id=CLUSTER, election_type=1)  # UNCLEAN
+    request.topic_partitions.add(topic="t")
+    outcome = c.logic.elect_leaders(request, c.next_offset)
+    assert outcome.records == []
+    results = [p.error_code for t in outcome.response.topics for p in t.partitions]
+    assert results == [ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE] * PARTITIONS
