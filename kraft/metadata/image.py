@@ -75,7 +75,10 @@ class PartitionRegistration(NamedTuple):
 
     ``elr``/``last_known_elr`` (KIP-966, :mod:`kraft.metadata.partition_change`) are the shared empty
     tuple unless the ISR is below min.insync.replicas; ``leader_recovery_state`` is
-    :data:`LEADER_RECOVERING` only after an unclean election."""
+    :data:`LEADER_RECOVERING` only after an unclean election.  ``last_unclean_leader_epoch`` is the leader
+    epoch the partition's latest unclean election gave it (0 = never: every election bumps the epoch past
+    0): a follower may truncate below its high watermark only records of an older epoch — the loss that
+    election accepted (:meth:`kraft.broker.replication.ReplicaManager` ``_apply_fetched``)."""
 
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
@@ -85,6 +88,7 @@ class PartitionRegistration(NamedTuple):
     elr: tuple[int, ...] = ()
     last_known_elr: tuple[int, ...] = ()
     leader_recovery_state: int = LEADER_RECOVERED
+    last_unclean_leader_epoch: int = 0
 
     @property
     def preferred_leader(self) -> int:
