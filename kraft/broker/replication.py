@@ -571,15 +571,16 @@ class ReplicaManager:
     # --- leader: produce acknowledgement ---------------------------------------------------------
 
     def _min_insync_replicas(self, topic: str) -> int:
-        # the topic's own value, else the dynamic broker config (this broker's, else the cluster default),
-        # else min.insync.replicas of the .properties
-        for value in (
-            self._image.topic_configs(topic).get(MIN_INSYNC_REPLICAS),
-            self._image.broker_config(self.broker_id, MIN_INSYNC_REPLICAS),
-        ):
-            if value is not None:
-                with contextlib.suppress(ValueError):
-                    return int(value)
+        # The topic's own value, else the cluster-wide dynamic default, else the .properties: resolved as
+        # the controller's elections resolve it (kraft.metadata.election_config), never from a per-broker
+        # dynamic value.  ELR (KIP-966) is safe only if every leader freezes its HWM below the minimum the
+        # controller used when a member left the ISR; a lower per-broker value would let the HWM pass
+        # records an ELR member lacks.  Such values are refused when written (config_control) and one
+        # stored before is ignored here.
+        value = self._image.topic_or_cluster_config(topic, MIN_INSYNC_REPLICAS)
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                return max(1, int(value))
         return self.settings.min_insync_replicas
 
     def admit_produce(self, partition: Partition, acks: Acks) -> ErrorCode:

@@ -153,6 +153,15 @@ class MetadataImage:
     def topic_configs(self, name: str) -> Mapping[str, str]:
         return self.configs.get(ConfigKey(ConfigResourceType.TOPIC, name), {})
 
+    def topic_or_cluster_config(self, topic_name: str, name: str) -> str | None:
+        """The topic's own value, else the cluster-wide dynamic broker default (``--entity-default``) —
+        never a per-broker value: what the controller's elections and every broker agree on (a topic's
+        ``min.insync.replicas``, kraft.metadata.election_config), else None (the .properties decide)."""
+        value = self.configs.get(ConfigKey(ConfigResourceType.TOPIC, topic_name), {}).get(name)
+        if value is None:
+            value = self.configs.get(ConfigKey(ConfigResourceType.BROKER, ""), {}).get(name)
+        return value
+
     def broker_config(self, broker_id: int, name: str) -> str | None:
         """A dynamic broker config (``kraft config alter --entity-type brokers``): the broker's own value,
         else the cluster-wide default (resource name ``""``), else None (the broker's .properties decide)."""
