@@ -66,6 +66,11 @@ PER_BROKER_MIN_ISR_REFUSED = (
     "(--entity-type topics) or cluster-wide (--entity-type brokers --entity-default)"
 )
 
+CLUSTER_MIN_ISR_DELETE_REFUSED = (
+    "the cluster-wide min.insync.replicas cannot be removed: every broker and controller reads it instead "
+    "of its own .properties (eligible leader replicas, KIP-966, need one minimum); set another value"
+)
+
 
 def _check_resource_count(count: int, what: str) -> None:
     if count > MAX_CONFIG_RESOURCES_PER_REQUEST:
@@ -174,6 +179,15 @@ def _resource_changes(image: MetadataImage, item: cpb.AlterConfigsResource) -> d
         # Kafka refuses it too once ELR is enabled (ConfigurationControlManager); kraft's ELR is always
         # on.  Deleting a value stored before is allowed (brokers ignore it anyway: replication.py).
         raise KraftError(ErrorCode.INVALID_CONFIG, PER_BROKER_MIN_ISR_REFUSED)
+    if (
+        resource.resource_type == ConfigResourceType.BROKER
+        and not resource.resource_name
+        and MIN_INSYNC_REPLICAS in changes
+        and changes[MIN_INSYNC_REPLICAS] is None
+    ):
+        # The active controller wrote it (bootstrap_records); without it each node would fall back to
+        # its own .properties, which may differ (Kafka refuses this too).
+        raise KraftError(ErrorCode.INVALID_CONFIG, CLUSTER_MIN_ISR_DELETE_REFUSED)
     if resource.resource_type == ConfigResourceType.TOPIC:
         topic = image.topic(resource.resource_name)
         assert topic is not None  # _check_resource

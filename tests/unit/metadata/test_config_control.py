@@ -12,6 +12,7 @@ from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.config_catalog import MAX_CONFIG_RESOURCES_PER_REQUEST, AlterOp, apply_ops
 from kraft.metadata.config_control import (
+    CLUSTER_MIN_ISR_DELETE_REFUSED,
     PER_BROKER_MIN_ISR_REFUSED,
     describe_configs,
     incremental_alter_configs,
@@ -214,6 +215,22 @@ def test_a_per_broker_min_insync_replicas_is_refused_and_one_stored_before_may_b
     assert h.image.broker_config(1, "min.insync.replicas") == "2"
 
 
+def test_the_controller_writes_the_cluster_wide_min_insync_replicas_and_it_cannot_be_removed() -> None:
+    """Kafka's ELR safety records: the active controller writes the cluster-wide min.insync.replicas from
+    its own .properties when the log has none, so no node falls back to a .properties value that may
+    differ (a broker's static value is never read then); removing it is refused, changing it is not."""
+    fresh = Harness()  # bootstrap_records committed at activation
+    assert fresh.image.topic_or_cluster_config("any", "min.insync.replicas") == "1"
+    assert fresh.logic.bootstrap_records(fresh.next_offset) == []  # once: present now
+    before = fresh.next_offset
+    removed = alter(fresh, resource(BROKER, "", [("min.insync.replicas", AlterOp.DELETE, None)]))
+    assert removed.results[0].error_code == ErrorCode.INVALID_CONFIG
+    assert removed.results[0].error_message == CLUSTER_MIN_ISR_DELETE_REFUSED and fresh.next_offset == before
+    changed = alter(fresh, resource(BROKER, "", [("min.insync.replicas", AlterOp.SET, "2")]))
+    assert changed.results[0].error_code == ErrorCode.NONE
+    assert fresh.image.topic_or_cluster_config("any", "min.insync.replicas") == "2"
+
+
 def test_validate_only_checks_everything_and_writes_nothing(h: Harness) -> None:
     before = h.next_offset
     good = alter(h, resource(TOPIC, "orders", [("retention.ms", 0, "1")]), validate_only=True)
@@ -260,18 +277,19 @@ def test_describe_shows_own_values_defaults_and_broker_fallbacks_with_their_sour
     assert topic["retention.ms"] == ("1000", "DYNAMIC_TOPIC_CONFIG")
     assert topic["cleanup.policy"] == ("delete", "DEFAULT_CONFIG")
     assert topic["max.message.bytes"] == ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG")
-    assert topic["min.insync.replicas"] == (None, "STATIC_BROKER_CONFIG")
+    # written by the active controller from its .properties (bootstrap_records: one minimum for all)
+    assert topic["min.insync.replicas"] == ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG")
     applied = {e.name for e in describe(h, TOPIC, "orders").configs if e.applied}
     assert applied == {"max.message.bytes", "min.insync.replicas", "unclean.leader.election.enable"}
     broker = entries(describe(h, BROKER, "2"))
     assert broker == {
         "message.max.bytes": ("4096", "DYNAMIC_BROKER_CONFIG"),
-        "min.insync.replicas": (None, "STATIC_BROKER_CONFIG"),
+        "min.insync.replicas": ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
         "unclean.leader.election.enable": (None, "STATIC_BROKER_CONFIG"),  # the controllers' .properties
     }
     default = entries(describe(h, BROKER, ""))
     assert default["message.max.bytes"] == ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG")
-    assert default["min.insync.replicas"] == (None, "STATIC_BROKER_CONFIG")
+    assert default["min.insync.replicas"] == ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG")
     assert list(entries(describe(h, TOPIC, "orders", ["retention.ms"]))) == ["retention.ms"]
     unknown = describe(h, TOPIC, "orders", ["nope"])
     assert unknown.error_code == ErrorCode.INVALID_CONFIG

@@ -907,8 +907,7 @@ def test_a_cluster_default_change_clears_the_elr_of_topics_without_their_own_val
     assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
     assert written[1].partition_change.topic_id == d
     assert _partition(h, d).elr == () and _partition(h, o).elr == (1,)  # o's minimum did not change
-    # a broker's own value is not what the controller's elections use: nothing cleared
-    assert [r.WhichOneof("record") for r in _alter_min_isr(h, BROKER_RESOURCE, "2", "1")] == ["config"]
+    # (a broker's own value is refused: test_config_control)
     # deleting the topic's own value moves it to the default: its ELR goes too
     written = _alter_min_isr(h, TOPIC_RESOURCE, "o", None)
     assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
