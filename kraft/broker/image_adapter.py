@@ -28,6 +28,7 @@ def _assignment(topic_id: str, registration: PartitionRegistration) -> Partition
         replicas=registration.replicas,
         isr=registration.isr,
         leader_recovery_state=registration.leader_recovery_state,
+        last_unclean_leader_epoch=registration.last_unclean_leader_epoch,
     )
 
 

@@ -33,7 +33,10 @@ and leader epochs: ``append_batches`` validates CRC, contiguity and epochs) and 
 fetch, whose offset is therefore a durable position.  A ``diverging_epoch`` answer truncates by leader
 epoch (``next_truncation_step``; the next fetch carries the truncated log's last epoch, so a multi-step
 KIP-279 conversation happens over successive fetches); a step below the follower's high watermark is
-refused and the partition stops replicating, loudly — it would delete committed records.
+refused and the partition stops replicating, loudly — it would delete committed records — unless every
+committed record it drops was written before the partition's latest unclean election (the image's
+``last_unclean_leader_epoch``): the loss that election accepted, truncated with one warning
+(:func:`kraft.replication.truncation.unclean_loss_allowed`).
 
 **The heartbeat lease** (:class:`kraft.broker.status.BrokerStatus`; ``lease``): a broker whose lease has
 lapsed may already be fenced, with a new leader taking writes, so while it lapsed this broker as leader
@@ -84,14 +87,18 @@ from kraft.replication.epochs import (
     with_leader_epoch,
 )
 from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
-from kraft.replication.truncation import TruncationKind, TruncationStep, next_truncation_step
+from kraft.replication.truncation import (
+    TruncationKind,
+    TruncationStep,
+    next_truncation_step,
+    unclean_loss_allowed,
+)
 from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
-UNCLEAN_LEADER_ELECTION_ENABLE = "unclean.leader.election.enable"
 UNKNOWN_EPOCH_RETRY_MS = 50
 # While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
 LEASE_POLL_MS = 100
@@ -128,9 +135,6 @@ class ReplicationSettings:
     request_timeout_ms: int = 30_000  # replica.socket.timeout.ms
     alter_partition_backoff_ms: int = 100
     min_insync_replicas: int = 1  # min.insync.replicas, the broker default (topic config overrides)
-    # unclean.leader.election.enable, the broker default (topic config, then the dynamic cluster default,
-    # override): with it a follower truncates below its HWM (an unclean election's loss), else refuses
-    unclean_leader_election_enable: bool = False
     produce_timeout_ms: int = 30_000  # how long an acks=all produce waits (the producer's request timeout)
     hwm_checkpoint_interval_ms: int = 5_000  # replica.high.watermark.checkpoint.interval.ms
     # A follower behind its leader flushes once this much is appended unflushed (and whenever a fetch
@@ -396,23 +400,14 @@ class ReplicaManager:
             if led.state.recovery_report_needed():
                 self._propose(led, led.state.isr)
 
-    def _unclean_allowed(self, topic: str) -> bool:
-        """unclean.leader.election.enable for ``topic``: its own value, else the dynamic broker config
-        (this broker's, else the cluster default), else the .properties value."""
-        for value in (
-            self._image.topic_configs(topic).get(UNCLEAN_LEADER_ELECTION_ENABLE),
-            self._image.broker_config(self.broker_id, UNCLEAN_LEADER_ELECTION_ENABLE),
-        ):
-            if value is not None:
-                return value.strip().lower() == "true"
-        return self.settings.unclean_leader_election_enable
-
     def _truncate_below_high_watermark(
-        self, followed: _Followed, tp: TopicPartition, diverging: EpochEndOffset
+        self, followed: _Followed, tp: TopicPartition, diverging: EpochEndOffset, unclean_epoch: int
     ) -> TruncationStep:
-        """An unclean election (allowed by the topic) made a replica without our committed tail leader:
-        truncate to it as Kafka's followers do, with a warning naming what is lost, and lower our HWM
-        (and its checkpoint) with it.  Without the config this stays refused (a bug, never data loss)."""
+        """An unclean election (at leader epoch ``unclean_epoch``, the image's
+        ``last_unclean_leader_epoch``) made a replica without our committed tail leader, and that tail was
+        written before it: truncate to it as Kafka's followers do, with a warning naming what is lost,
+        and lower our HWM (and its checkpoint) with it.  Any other such step stays refused (a bug, never
+        data loss; :func:`kraft.replication.truncation.unclean_loss_allowed`)."""
         log = followed.partition.log
         step = next_truncation_step(log.epoch_entries(), log.log_end_offset, 0, diverging)
         self._log.warning(
@@ -420,7 +415,9 @@ class ReplicaManager:
             partition=str(tp),
             offset=step.offset,
             high_watermark=followed.high_watermark,
-            reason="unclean.leader.election.enable",
+            lost_offsets=f"{step.offset}..{min(followed.high_watermark, log.log_end_offset) - 1}",
+            unclean_leader_epoch=unclean_epoch,
+            reason="unclean_election",
         )
         followed.high_watermark = min(followed.high_watermark, step.offset)
         return step
@@ -491,6 +488,9 @@ class ReplicaManager:
         else:
             if followed.leader != assignment.leader or followed.leader_epoch != assignment.leader_epoch:
                 followed.retry_at_ms = 0  # a new leader or epoch: fetch at once
+                # A refused truncation is decided again under the new epoch: the change may be an
+                # unclean election that accepts the loss (last_unclean_leader_epoch); refused again if not.
+                followed.stopped = False
                 self._wake_fetcher(assignment.leader)
             followed.leader = assignment.leader
             followed.leader_epoch = assignment.leader_epoch
@@ -571,15 +571,16 @@ class ReplicaManager:
     # --- leader: produce acknowledgement ---------------------------------------------------------
 
     def _min_insync_replicas(self, topic: str) -> int:
-        # the topic's own value, else the dynamic broker config (this broker's, else the cluster default),
-        # else min.insync.replicas of the .properties
-        for value in (
-            self._image.topic_configs(topic).get(MIN_INSYNC_REPLICAS),
-            self._image.broker_config(self.broker_id, MIN_INSYNC_REPLICAS),
-        ):
-            if value is not None:
-                with contextlib.suppress(ValueError):
-                    return int(value)
+        # The topic's own value, else the cluster-wide dynamic default, else the .properties: resolved as
+        # the controller's elections resolve it (kraft.metadata.election_config), never from a per-broker
+        # dynamic value.  ELR (KIP-966) is safe only if every leader freezes its HWM below the minimum the
+        # controller used when a member left the ISR; a lower per-broker value would let the HWM pass
+        # records an ELR member lacks.  Such values are refused when written (config_control) and one
+        # stored before is ignored here.
+        value = self._image.topic_or_cluster_config(topic, MIN_INSYNC_REPLICAS)
+        if value is not None:
+            with contextlib.suppress(ValueError):
+                return max(1, int(value))
         return self.settings.min_insync_replicas
 
     def admit_produce(self, partition: Partition, acks: Acks) -> ErrorCode:
@@ -1076,19 +1077,24 @@ class ReplicaManager:
                 min(followed.high_watermark, log.log_end_offset),
                 EpochEndOffset(answer.diverging_epoch.epoch, answer.diverging_epoch.end_offset),
             )
-            if step.kind is TruncationKind.BELOW_HIGH_WATERMARK and self._unclean_allowed(tp.topic):
+            unclean_epoch = partition.assignment.last_unclean_leader_epoch
+            if step.kind is TruncationKind.BELOW_HIGH_WATERMARK and unclean_loss_allowed(
+                log.epoch_entries(), log.log_end_offset, followed.high_watermark, step.offset, unclean_epoch
+            ):
                 step = self._truncate_below_high_watermark(
                     followed,
                     tp,
                     EpochEndOffset(answer.diverging_epoch.epoch, answer.diverging_epoch.end_offset),
+                    unclean_epoch,
                 )
             if step.kind is TruncationKind.BELOW_HIGH_WATERMARK:
-                followed.stopped = True
+                followed.stopped = True  # until a new leader epoch (another unclean election may allow it)
                 self._log.error(
                     "truncation_below_high_watermark_refused",
                     partition=str(tp),
                     offset=step.offset,
                     high_watermark=followed.high_watermark,
+                    last_unclean_leader_epoch=unclean_epoch,
                 )
                 return
             new_end = log.truncate_to(step.offset)

@@ -53,6 +53,9 @@ class PartitionAssignment:
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
     leader_recovery_state: int = 0  # KIP-704: 1 = RECOVERING after an unclean election (not persisted)
+    # The leader epoch of the partition's latest unclean election (0 = none): a follower may truncate
+    # below its high watermark only records written in an older epoch (kraft.replication.truncation).
+    last_unclean_leader_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

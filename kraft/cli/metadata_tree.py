@@ -196,6 +196,7 @@ def build_tree(
                     "eligibleLeaderReplicas": list(partition.elr),
                     "lastKnownElr": list(partition.last_known_elr),
                     "leaderRecoveryState": partition.leader_recovery_state,
+                    "lastUncleanLeaderEpoch": partition.last_unclean_leader_epoch,
                 }
             )
         configs = dict(image.topic_configs(name))

@@ -13,7 +13,9 @@ Two resource types, Kafka's numbers (:class:`kraft.metadata.records.ConfigResour
 * **BROKER** (resource name: a broker id, or ``""`` for the cluster-wide default of every broker; Kafka's
   ``--entity-default``) — only the *dynamic* keys below may be set, the ones a running broker really
   re-reads: ``message.max.bytes`` and ``min.insync.replicas``.  A per-broker value wins over the cluster
-  default, which wins over the broker's ``.properties``; a topic's own value wins over all of them.  Every
+  default, which wins over the broker's ``.properties``; a topic's own value wins over all of them — except
+  that ``min.insync.replicas`` is never per broker (refused when written, ignored if stored: the ELR rules
+  need every broker to use the controller's minimum, :mod:`kraft.metadata.config_control`).  Every
   other broker key is static (``.properties`` and a restart): refused with INVALID_CONFIG saying so.
 """
 
@@ -134,7 +136,8 @@ BROKER_DYNAMIC_CONFIGS: Mapping[str, ConfigSpec] = {
         None,
         True,
         False,
-        "in-sync replicas an acks=all Produce needs on a topic without its own min.insync.replicas",
+        "in-sync replicas an acks=all Produce needs on a topic without its own min.insync.replicas "
+        "(cluster-wide default only: a per-broker value is refused)",
     ),
     "unclean.leader.election.enable": ConfigSpec(
         "unclean.leader.election.enable",

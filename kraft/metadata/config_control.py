@@ -7,7 +7,10 @@ set, and what brokers apply, is :mod:`kraft.metadata.config_catalog`.
 IncrementalAlterConfigs is per resource, as in Kafka: every operation on a resource is validated first
 (unknown key, static broker key, bad value, duplicate name, APPEND/SUBTRACT on a non-list key, and the
 topic's cross-key rule min.insync.replicas ≤ replication factor on the result), then all of that resource's
-ConfigRecords are written in one batch — or none, and the resource's result carries the error.  A changed
+ConfigRecords are written in one batch — or none, and the resource's result carries the error.  A
+per-broker ``min.insync.replicas`` (``--entity-name N``) is refused (INVALID_CONFIG; deleting one is
+allowed): ELR is always on, and its rules need every broker to resolve the minimum as the controller does
+(topic, else cluster-wide default — Kafka refuses it too once ELR is enabled).  A changed
 ``min.insync.replicas`` (a topic's, or the cluster-wide default) clears the ELR and last known ELR of the
 partitions it governs in that same batch (KIP-966; :meth:`ControllerLogic.clear_elr`); turning
 ``unclean.leader.election.enable`` on elects the offline partitions it concerns.  The request
@@ -55,6 +58,18 @@ TOPIC_TO_BROKER_KEY: Mapping[str, str] = {
     "min.insync.replicas": "min.insync.replicas",
 }
 """Topic keys whose value, when the topic sets none, comes from the broker's config of this name."""
+
+
+PER_BROKER_MIN_ISR_REFUSED = (
+    "min.insync.replicas cannot be set for one broker: eligible leader replicas (KIP-966, always on) are "
+    "safe only if every broker uses the minimum the controller's elections use; set it per topic "
+    "(--entity-type topics) or cluster-wide (--entity-type brokers --entity-default)"
+)
+
+CLUSTER_MIN_ISR_DELETE_REFUSED = (
+    "the cluster-wide min.insync.replicas cannot be removed: every broker and controller reads it instead "
+    "of its own .properties (eligible leader replicas, KIP-966, need one minimum); set another value"
+)
 
 
 def _check_resource_count(count: int, what: str) -> None:
@@ -156,6 +171,23 @@ def _resource_changes(image: MetadataImage, item: cpb.AlterConfigsResource) -> d
     current = image.configs.get(ConfigKey(resource.resource_type, resource.resource_name), {})
     ops = [(c.name, c.op, c.value if c.HasField("value") else None) for c in item.configs]
     changes = apply_ops(resource.resource_type, current, ops, STATIC_BROKER_KEYS)
+    if (
+        resource.resource_type == ConfigResourceType.BROKER
+        and resource.resource_name
+        and changes.get(MIN_INSYNC_REPLICAS) is not None
+    ):
+        # Kafka refuses it too once ELR is enabled (ConfigurationControlManager); kraft's ELR is always
+        # on.  Deleting a value stored before is allowed (brokers ignore it anyway: replication.py).
+        raise KraftError(ErrorCode.INVALID_CONFIG, PER_BROKER_MIN_ISR_REFUSED)
+    if (
+        resource.resource_type == ConfigResourceType.BROKER
+        and not resource.resource_name
+        and MIN_INSYNC_REPLICAS in changes
+        and changes[MIN_INSYNC_REPLICAS] is None
+    ):
+        # The active controller wrote it (bootstrap_records); without it each node would fall back to
+        # its own .properties, which may differ (Kafka refuses this too).
+        raise KraftError(ErrorCode.INVALID_CONFIG, CLUSTER_MIN_ISR_DELETE_REFUSED)
     if resource.resource_type == ConfigResourceType.TOPIC:
         topic = image.topic(resource.resource_name)
         assert topic is not None  # _check_resource

@@ -441,12 +441,25 @@ class ControllerLogic:
 
     def bootstrap_records(self, next_offset: int) -> list[pb.MetadataRecord]:
         """What a newly active controller writes on a brand-new cluster: the feature levels of the bootstrap
-        checkpoint (metadata.version first, as Kafka's bootstrap metadata)."""
+        checkpoint (metadata.version first, as Kafka's bootstrap metadata).  On any cluster without one, it
+        also writes the cluster-wide ``min.insync.replicas`` from its own ``.properties`` (Kafka's
+        ``maybeGenerateElrSafetyRecords``): from then on every broker and every controller resolve the
+        minimum from the log (topic, else that value), never from their own ``.properties``, which may
+        differ — a broker with a lower one would advance HWMs the ELR rules assume frozen."""
         batch = _Batch(self, next_offset)
         levels = self.settings.bootstrap_features
         if METADATA_VERSION_FEATURE not in self.image.features:  # a cluster bootstraps once, never again
             for name in sorted(levels, key=lambda n: (n != METADATA_VERSION_FEATURE, n)):
                 batch.add(pb.FeatureLevelRecord(name=name, feature_level=levels[name]))
+        if self.image.broker_config(-1, MIN_INSYNC_REPLICAS) is None:  # (no broker -1: the cluster default)
+            batch.add(
+                pb.ConfigRecord(
+                    resource_type=rec.ConfigResourceType.BROKER,
+                    resource_name="",
+                    name=MIN_INSYNC_REPLICAS,
+                    value=str(max(1, self.settings.min_insync_replicas)),
+                )
+            )
         return batch.finish()
 
     def noop_records(self, next_offset: int) -> list[pb.MetadataRecord]:

@@ -69,14 +69,28 @@ def make_partition(
     elr: tuple[int, ...] = (),
     last_known_elr: tuple[int, ...] = (),
     leader_recovery_state: int = LEADER_RECOVERED,
+    last_unclean_leader_epoch: int = 0,
 ) -> PartitionRegistration:
     """A registration whose ``isr`` shares the ``replicas`` tuple when they are equal."""
     if isr == replicas:
         isr = replicas
-    if not elr and not last_known_elr and leader_recovery_state == LEADER_RECOVERED:
+    if (
+        not elr
+        and not last_known_elr
+        and leader_recovery_state == LEADER_RECOVERED
+        and not last_unclean_leader_epoch
+    ):
         return PartitionRegistration(replicas, isr, leader, leader_epoch, partition_epoch)
     return PartitionRegistration(
-        replicas, isr, leader, leader_epoch, partition_epoch, elr, last_known_elr, leader_recovery_state
+        replicas,
+        isr,
+        leader,
+        leader_epoch,
+        partition_epoch,
+        elr,
+        last_known_elr,
+        leader_recovery_state,
+        last_unclean_leader_epoch,
     )
 
 
@@ -95,8 +109,21 @@ def apply_partition_change(
     recovery = (
         r.leader_recovery_state if r.HasField("leader_recovery_state") else current.leader_recovery_state
     )
+    unclean_epoch = (
+        r.last_unclean_leader_epoch
+        if r.HasField("last_unclean_leader_epoch")
+        else current.last_unclean_leader_epoch
+    )
     return make_partition(
-        replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1, elr, lke, recovery
+        replicas,
+        isr,
+        leader,
+        current.leader_epoch + 1,
+        current.partition_epoch + 1,
+        elr,
+        lke,
+        recovery,
+        unclean_epoch,
     )
 
 
@@ -386,7 +413,12 @@ class MetadataDelta:
             return
         replicas = shared_ids(r.replicas)
         isr = shared_ids(r.isr)
-        if r.eligible_leader_replicas or r.last_known_elr or r.leader_recovery_state:
+        if (
+            r.eligible_leader_replicas
+            or r.last_known_elr
+            or r.leader_recovery_state
+            or r.last_unclean_leader_epoch
+        ):
             registration = make_partition(
                 replicas,
                 isr,
@@ -396,6 +428,7 @@ class MetadataDelta:
                 shared_ids(r.eligible_leader_replicas),
                 shared_ids(r.last_known_elr),
                 r.leader_recovery_state,
+                r.last_unclean_leader_epoch,
             )
             topic.changed[partition_id] = registration
         else:

@@ -25,10 +25,7 @@ UNCLEAN_ELECTION = 1
 
 
 def _topic_or_cluster(image: MetadataImage, topic_name: str, name: str) -> str | None:
-    value = image.topic_configs(topic_name).get(name)
-    if value is None:
-        value = image.broker_config(-1, name)  # no broker -1: the cluster-wide default ("")
-    return value
+    return image.topic_or_cluster_config(topic_name, name)
 
 
 def min_isr_for(image: MetadataImage, topic_name: str, default: int) -> int:

@@ -80,7 +80,10 @@ class PartitionRegistration(NamedTuple):
 
     ``elr``/``last_known_elr`` (KIP-966, :mod:`kraft.metadata.partition_change`) are the shared empty
     tuple unless the ISR is below min.insync.replicas; ``leader_recovery_state`` is
-    :data:`LEADER_RECOVERING` only after an unclean election."""
+    :data:`LEADER_RECOVERING` only after an unclean election.  ``last_unclean_leader_epoch`` is the leader
+    epoch the partition's latest unclean election gave it (0 = never: every election bumps the epoch past
+    0): a follower may truncate below its high watermark only records of an older epoch — the loss that
+    election accepted (:meth:`kraft.broker.replication.ReplicaManager` ``_apply_fetched``)."""
 
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
@@ -90,6 +93,7 @@ class PartitionRegistration(NamedTuple):
     elr: tuple[int, ...] = ()
     last_known_elr: tuple[int, ...] = ()
     leader_recovery_state: int = LEADER_RECOVERED
+    last_unclean_leader_epoch: int = 0
 
     @property
     def preferred_leader(self) -> int:
@@ -153,6 +157,15 @@ class MetadataImage:
 
     def topic_configs(self, name: str) -> Mapping[str, str]:
         return self.configs.get(ConfigKey(ConfigResourceType.TOPIC, name), {})
+
+    def topic_or_cluster_config(self, topic_name: str, name: str) -> str | None:
+        """The topic's own value, else the cluster-wide dynamic broker default (``--entity-default``) —
+        never a per-broker value: what the controller's elections and every broker agree on (a topic's
+        ``min.insync.replicas``, kraft.metadata.election_config), else None (the .properties decide)."""
+        value = self.configs.get(ConfigKey(ConfigResourceType.TOPIC, topic_name), {}).get(name)
+        if value is None:
+            value = self.configs.get(ConfigKey(ConfigResourceType.BROKER, ""), {}).get(name)
+        return value
 
     def broker_config(self, broker_id: int, name: str) -> str | None:
         """A dynamic broker config (``kraft config alter --entity-type brokers``): the broker's own value,

@@ -73,6 +73,7 @@ def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.
                     eligible_leader_replicas=p.elr,
                     last_known_elr=p.last_known_elr,
                     leader_recovery_state=p.leader_recovery_state,
+                    last_unclean_leader_epoch=p.last_unclean_leader_epoch,
                 )
             )
     for key, values in image.configs.items():
@@ -110,6 +111,7 @@ def image_values(image: MetadataImage) -> Iterator[bytes]:
                 eligible_leader_replicas=p.elr,
                 last_known_elr=p.last_known_elr,
                 leader_recovery_state=p.leader_recovery_state,
+                last_unclean_leader_epoch=p.last_unclean_leader_epoch,
             ).SerializeToString()
             yield partition_prefix(len(payload)) + payload
 

@@ -19,7 +19,9 @@ Rules (Kafka's PartitionChangeBuilder, KIP-631, with KIP-966's eligible leader r
   current leader is kept otherwise (no needless leadership churn);
 - with ``unclean.leader.election.enable`` a partition left without an eligible acceptable replica elects
   the first acceptable replica (KIP-704): ISR = that leader, ELR and LKE cleared,
-  ``leader_recovery_state`` RECOVERING until the new leader reports RECOVERED by AlterPartition;
+  ``leader_recovery_state`` RECOVERING until the new leader reports RECOVERED by AlterPartition, and
+  ``last_unclean_leader_epoch`` the leader epoch of that change (kept until the next unclean election):
+  followers truncate below their high watermark only records written before it;
 - a record is produced only when something changes (each change bumps both epochs on replay).
 """
 
@@ -161,6 +163,10 @@ def change_record(
         record.last_known_elr.ids.extend(target.last_known_elr)
     if recovery_changed:
         record.leader_recovery_state = target.leader_recovery_state
+    if target.unclean:
+        # The durable marker of this election (the epoch the change gives the partition: every change
+        # bumps it by one): followers may truncate below their HWM only what was written before it.
+        record.last_unclean_leader_epoch = current.leader_epoch + 1
     return record
 
 
@@ -276,7 +282,12 @@ def leave_change(
     if leader != current.leader:
         change.leader = leader
     registration = make_partition(
-        replicas, isr, leader, current.leader_epoch + 1, current.partition_epoch + 1
+        replicas,
+        isr,
+        leader,
+        current.leader_epoch + 1,
+        current.partition_epoch + 1,
+        last_unclean_leader_epoch=current.last_unclean_leader_epoch,
     )
     return record, registration
 

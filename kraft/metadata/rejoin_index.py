@@ -240,7 +240,7 @@ class RejoinIndex:
         flags: dict[int, tuple[int, ...]] = {}
         for partition_id, partition in enumerate(partitions):
             # flagged_replicas' common case inlined: a rebuild visits every partition (a million).
-            replicas, isr, leader, _, _, elr, lke, _ = partition
+            replicas, isr, leader, _, _, elr, lke, _, _ = partition
             if isr is replicas and leader != NO_PARTITION_LEADER and not elr and not lke:
                 if len(replicas) == 3:  # replication factor 3 without a call
                     first, second, third = replicas

@@ -22,11 +22,15 @@ endpoints JSON, features JSON, log_dirs JSON, unclean_shutdown, offline_replicas
     arrays of broker ids (``[1,2,3]``; ``json_each(replicas)`` in SQL).  No secondary index: the bulk
     write of a snapshot is the hot path (an index on ``leader`` doubled it); a scan of 1,000,000 rows
     takes well under a second.
-``partition_elr(topic_id, partition_id, elr JSON, last_known_elr JSON, leader_recovery_state)``
-    KIP-966's eligible leader replicas and KIP-704's recovery state, one row only for a partition where
-    any differs from its default (ELR empty, RECOVERED): nearly always none, so the hot ``partitions``
-    rows stay as they were.  Added without a schema version change: a store written before it has no
-    rows, which is what its log held (its partition digests differ, so it is discarded once anyway).
+``partition_elr(topic_id, partition_id, elr JSON, last_known_elr JSON, leader_recovery_state,
+last_unclean_leader_epoch)``
+    KIP-966's eligible leader replicas, KIP-704's recovery state and the leader epoch of the partition's
+    latest unclean election (0 = none), one row only for a partition where any differs from its default
+    (ELR empty, RECOVERED, 0): nearly always none, so the hot ``partitions`` rows stay as they were.
+    Added without a schema version change: a store written before the table has no rows, which is what
+    its log held (its partition digests differ, so it is discarded once anyway); one whose table lacks
+    ``last_unclean_leader_epoch`` is discarded when opened, like a ``brokers`` table without
+    ``unclean_shutdown``.
 ``configs(resource_type, resource_name, name, value)``
     resource_type 2 = topic, 4 = broker; primary key (resource_type, resource_name, name).
 ``features(name PRIMARY KEY, level)``
@@ -120,6 +124,7 @@ CREATE TABLE IF NOT EXISTS partition_elr (
     elr TEXT NOT NULL,
     last_known_elr TEXT NOT NULL,
     leader_recovery_state INTEGER NOT NULL,
+    last_unclean_leader_epoch INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (topic_id, partition_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS configs (
@@ -297,7 +302,7 @@ def _partition_row(
     partition_id: int,
     partition: PartitionRegistration,
 ) -> tuple[Any, ...]:
-    replicas, isr, leader, leader_epoch, partition_epoch, _, _, _ = partition
+    replicas, isr, leader, leader_epoch, partition_epoch, _, _, _, _ = partition
     replicas_text = texts.get(replicas)
     if replicas_text is None:
         replicas_text = texts[replicas] = _ids(replicas)
@@ -317,7 +322,12 @@ def _partition_row(
 
 
 def _has_elr_row(partition: PartitionRegistration) -> bool:
-    return bool(partition.elr or partition.last_known_elr or partition.leader_recovery_state)
+    return bool(
+        partition.elr
+        or partition.last_known_elr
+        or partition.leader_recovery_state
+        or partition.last_unclean_leader_epoch
+    )
 
 
 def _elr_row(topic_id: str, partition_id: int, partition: PartitionRegistration) -> tuple[Any, ...]:
@@ -327,6 +337,7 @@ def _elr_row(topic_id: str, partition_id: int, partition: PartitionRegistration)
         _ids(partition.elr),
         _ids(partition.last_known_elr),
         partition.leader_recovery_state,
+        partition.last_unclean_leader_epoch,
     )
 
 
@@ -356,7 +367,12 @@ def _changed_partition_rows(
                     elr_gone.append((topic_id, partition_id))
             total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
             count += 1
-            if partition.elr or partition.last_known_elr or partition.leader_recovery_state:
+            if (
+                partition.elr
+                or partition.last_known_elr
+                or partition.leader_recovery_state
+                or partition.last_unclean_leader_epoch
+            ):
                 elr_rows.append(_elr_row(topic_id, partition_id, partition))
             yield _partition_row(texts, topic_id, partition_id, partition)
         sums.add_digests(count, total)
@@ -392,8 +408,13 @@ class SqliteImageStore:
         if not current:
             await db.close()
             # An older build's tables: CREATE TABLE IF NOT EXISTS keeps them as they are, and what it
-            # saved may lack what it could not know (a broker's unclean_shutdown flag, its offline replicas).
-            cls.discard_file(path, "written by an older build: brokers lacks a column of this build")
+            # saved may lack what it could not know (a broker's unclean_shutdown flag, its offline replicas,
+            # a partition's last unclean leader epoch).
+            cls.discard_file(
+                path,
+                "written by an older build: brokers lacks unclean_shutdown/offline_replicas"
+                " or partition_elr lacks last_unclean_leader_epoch",
+            )
             db, _ = await cls._connect(path)
         return cls(db, path, clock)
 
@@ -414,10 +435,14 @@ class SqliteImageStore:
                 )
             async with db.execute("SELECT name FROM pragma_table_info('brokers')") as cursor:
                 columns = {name async for (name,) in cursor}
+            async with db.execute("SELECT name FROM pragma_table_info('partition_elr')") as cursor:
+                partition_columns = {name async for (name,) in cursor}
         except BaseException:
             await db.close()
             raise
-        return db, columns.issuperset(("unclean_shutdown", "offline_replicas"))
+        return db, columns.issuperset(("unclean_shutdown", "offline_replicas")) and (
+            "last_unclean_leader_epoch" in partition_columns
+        )
 
     @staticmethod
     def discard_file(path: Path, reason: str) -> None:
@@ -505,9 +530,11 @@ class SqliteImageStore:
                 offline_replicas=frozenset((t, p) for t, p in json.loads(row[10])),
             )
         partitions: dict[str, list[PartitionRegistration]] = {}
-        extras: dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], int]] = {}
-        async for topic_id, partition_id, elr, lke, recovery in _rows(db, "SELECT * FROM partition_elr"):
-            extras[(topic_id, partition_id)] = (_parse_ids(elr), _parse_ids(lke), recovery)
+        extras: dict[tuple[str, int], tuple[tuple[int, ...], tuple[int, ...], int, int]] = {}
+        async for topic_id, partition_id, elr, lke, recovery, unclean_epoch in _rows(
+            db, "SELECT * FROM partition_elr"
+        ):
+            extras[(topic_id, partition_id)] = (_parse_ids(elr), _parse_ids(lke), recovery, unclean_epoch)
         query = "SELECT * FROM partitions "
         # One shared tuple per distinct list text, as images built by replay share them (memory, speed).
         parsed: dict[str, tuple[int, ...]] = {}
@@ -697,7 +724,7 @@ class SqliteImageStore:
         await self._db.executemany(
             "DELETE FROM partition_elr WHERE topic_id = ? AND partition_id = ?", elr_gone
         )
-        await self._db.executemany("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?)", elr_rows)
+        await self._db.executemany("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?, ?)", elr_rows)
 
     async def _save_acls(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         gone = [(i,) for i in previous.acls if i not in image.acls]

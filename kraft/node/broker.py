@@ -218,7 +218,6 @@ class BrokerSettings:
                 fetch_backoff_ms=config.replica_fetch_backoff_ms,
                 request_timeout_ms=config.replica_socket_timeout_ms,
                 min_insync_replicas=config.min_insync_replicas,
-                unclean_leader_election_enable=config.unclean_leader_election_enable,
                 hwm_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
             ),
             open_segment_files_max=config.log_open_segment_files_max,

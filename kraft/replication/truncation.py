@@ -21,14 +21,20 @@ floor: a step that would truncate below the follower's high watermark is *refuse
 (:attr:`TruncationKind.BELOW_HIGH_WATERMARK`) instead of applied. With clean elections — kraft elects only
 ISR members, and a replica joins the ISR only once its log end reaches the high watermark — every record
 below a follower's high watermark is on every later leader, so the epoch rule never lands below it. If
-it does, acknowledged records would be deleted: Kafka's data plane warns and truncates anyway (it allows
-unclean election); KRaft's own log treats it as fatal (KafkaRaftClient). kraft has no unclean election and
-promises that acknowledged means durable, so it takes KRaft's rule: the caller stops replicating the
-partition and reports it, it never deletes committed data.
+it does, acknowledged records would be deleted: Kafka's data plane warns and truncates anyway; KRaft's
+own log treats it as fatal (KafkaRaftClient). kraft promises that acknowledged means durable, so it takes
+KRaft's rule — the caller stops replicating the partition and reports it — with one exception,
+:func:`unclean_loss_allowed`: an unclean election (``unclean.leader.election.enable`` or ElectLeaders
+UNCLEAN) elected a replica that may lack committed records, and the metadata records its leader epoch
+``E`` (``PartitionRegistration.last_unclean_leader_epoch``). A follower may drop committed records written
+in an epoch older than ``E`` — the loss that election accepted, as Kafka's followers do — and never a
+committed record of epoch ``E`` or later: after the unclean election only clean ones (ISR/ELR members)
+follow until the next unclean one, so such a divergence is a bug, not an accepted loss.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +79,29 @@ def next_truncation_step(
     if step.offset < high_watermark:
         return TruncationStep(TruncationKind.BELOW_HIGH_WATERMARK, step.offset)
     return step
+
+
+def epoch_at(entries: EpochEntries, offset: int) -> int:
+    """The leader epoch the record at ``offset`` was written in (UNDEFINED when no entry covers it)."""
+    index = bisect.bisect_right(entries, offset, key=lambda entry: entry[1]) - 1
+    return entries[index][0] if index >= 0 else UNDEFINED_EPOCH
+
+
+def unclean_loss_allowed(
+    entries: EpochEntries,
+    log_end: int,
+    high_watermark: int,
+    truncate_to: int,
+    last_unclean_leader_epoch: int,
+) -> bool:
+    """Whether truncating to ``truncate_to`` drops only committed records (below ``high_watermark``) that
+    were written in an epoch older than the partition's latest unclean election (0 = none: never).
+    Epochs only grow along a log, so the last committed record dropped has the largest epoch of them."""
+    last_dropped = min(high_watermark, log_end) - 1
+    if truncate_to > last_dropped:
+        return True  # nothing committed goes
+    epoch = epoch_at(entries, last_dropped)
+    return epoch != UNDEFINED_EPOCH and epoch < last_unclean_leader_epoch
 
 
 def find_truncation(

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kraft.v1 import common_pb2 as kraft_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kraft/v1/metadata.proto\x12\x08kraft.v1\x1a\x15kraft/v1/common.proto\"[\n\rBrokerFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x15min_supported_version\x18\x02 \x01(\x05\x12\x1d\n\x15max_supported_version\x18\x03 \x01(\x05\"\xa1\x02\n\x14RegisterBrokerRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x16\n\x0eincarnation_id\x18\x02 \x01(\t\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12%\n\tendpoints\x18\x04 \x03(\x0b\x32\x12.kraft.v1.Endpoint\x12)\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x17.kraft.v1.BrokerFeature\x12\x11\n\x04rack\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06\x66\x65nced\x18\x07 \x01(\x08\x12\x1e\n\x16in_controlled_shutdown\x18\x08 \x01(\x08\x12\x10\n\x08log_dirs\x18\t \x03(\t\x12\x18\n\x10unclean_shutdown\x18\n \x01(\x08\x42\x07\n\x05_rack\"A\n\x16UnregisterBrokerRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\"-\n\x0bTopicRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08topic_id\x18\x02 \x01(\t\"\xb9\x02\n\x0fPartitionRecord\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x19\n\x11removing_replicas\x18\x05 \x03(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\x06 \x03(\x05\x12\x0e\n\x06leader\x18\x07 \x01(\x05\x12\x1d\n\x15leader_recovery_state\x18\x08 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\t \x01(\x05\x12\x17\n\x0fpartition_epoch\x18\n \x01(\x05\x12\x13\n\x0b\x64irectories\x18\x0b \x03(\t\x12 \n\x18\x65ligible_leader_replicas\x18\x0c \x03(\x05\x12\x16\n\x0elast_known_elr\x18\r \x03(\x05\"h\n\x0c\x43onfigRecord\x12\x15\n\rresource_type\x18\x01 \x01(\x05\x12\x15\n\rresource_name\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\x05value\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_value\"\x1b\n\x0c\x42rokerIdList\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xba\x03\n\x15PartitionChangeRecord\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12#\n\x03isr\x18\x03 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12\x13\n\x06leader\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12(\n\x08replicas\x18\x05 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12\x31\n\x11removing_replicas\x18\x06 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12/\n\x0f\x61\x64\x64ing_replicas\x18\x07 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12\"\n\x15leader_recovery_state\x18\x08 \x01(\x05H\x01\x88\x01\x01\x12\x38\n\x18\x65ligible_leader_replicas\x18\t \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12.\n\x0elast_known_elr\x18\n \x01(\x0b\x32\x16.kraft.v1.BrokerIdListB\t\n\x07_leaderB\x18\n\x16_leader_recovery_state\".\n\x11\x46\x65nceBrokerRecord\x12\n\n\x02id\x18\x01 \x01(\x05\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"0\n\x13UnfenceBrokerRecord\x12\n\n\x02id\x18\x01 \x01(\x05\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"%\n\x11RemoveTopicRecord\x12\x10\n\x08topic_id\x18\x01 \x01(\t\"9\n\x12\x46\x65\x61tureLevelRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rfeature_level\x18\x02 \x01(\x05\"\xc0\x01\n\x1e\x42rokerRegistrationChangeRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x03 \x01(\x05\x12\x1e\n\x16in_controlled_shutdown\x18\x04 \x01(\x05\x12\x10\n\x08log_dirs\x18\x05 \x03(\t\x12\x33\n\x10offline_replicas\x18\x06 \x03(\x0b\x32\x19.kraft.v1.OfflineReplicas\"7\n\x0fOfflineReplicas\x12\x10\n\x08topic_id\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"\xb7\x01\n\x18\x41\x63\x63\x65ssControlEntryRecord\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rresource_type\x18\x02 \x01(\x05\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12\x14\n\x0cpattern_type\x18\x04 \x01(\x05\x12\x11\n\tprincipal\x18\x05 \x01(\t\x12\x0c\n\x04host\x18\x06 \x01(\t\x12\x11\n\toperation\x18\x07 \x01(\x05\x12\x17\n\x0fpermission_type\x18\x08 \x01(\x05\",\n\x1eRemoveAccessControlEntryRecord\x12\n\n\x02id\x18\x01 \x01(\t\"\x0c\n\nNoOpRecord\"&\n\x16\x42\x65ginTransactionRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x45ndTransactionRecord\"\x18\n\x16\x41\x62ortTransactionRecord\"\xf2\x07\n\x0eMetadataRecord\x12\x39\n\x0fregister_broker\x18\n \x01(\x0b\x32\x1e.kraft.v1.RegisterBrokerRecordH\x00\x12=\n\x11unregister_broker\x18\x0b \x01(\x0b\x32 .kraft.v1.UnregisterBrokerRecordH\x00\x12&\n\x05topic\x18\x0c \x01(\x0b\x32\x15.kraft.v1.TopicRecordH\x00\x12.\n\tpartition\x18\r \x01(\x0b\x32\x19.kraft.v1.PartitionRecordH\x00\x12(\n\x06\x63onfig\x18\x0e \x01(\x0b\x32\x16.kraft.v1.ConfigRecordH\x00\x12;\n\x10partition_change\x18\x0f \x01(\x0b\x32\x1f.kraft.v1.PartitionChangeRecordH\x00\x12\x33\n\x0c\x66\x65nce_broker\x18\x11 \x01(\x0b\x32\x1b.kraft.v1.FenceBrokerRecordH\x00\x12\x37\n\x0eunfence_broker\x18\x12 \x01(\x0b\x32\x1d.kraft.v1.UnfenceBrokerRecordH\x00\x12\x33\n\x0cremove_topic\x18\x13 \x01(\x0b\x32\x1b.kraft.v1.RemoveTopicRecordH\x00\x12\x35\n\rfeature_level\x18\x16 \x01(\x0b\x32\x1c.kraft.v1.FeatureLevelRecordH\x00\x12N\n\x1a\x62roker_registration_change\x18\x1b \x01(\x0b\x32(.kraft.v1.BrokerRegistrationChangeRecordH\x00\x12\x42\n\x14\x61\x63\x63\x65ss_control_entry\x18\x1c \x01(\x0b\x32\".kraft.v1.AccessControlEntryRecordH\x00\x12O\n\x1bremove_access_control_entry\x18\x1d \x01(\x0b\x32(.kraft.v1.RemoveAccessControlEntryRecordH\x00\x12%\n\x05no_op\x18\x1e \x01(\x0b\x32\x14.kraft.v1.NoOpRecordH\x00\x12=\n\x11\x62\x65gin_transaction\x18! \x01(\x0b\x32 .kraft.v1.BeginTransactionRecordH\x00\x12\x39\n\x0f\x65nd_transaction\x18\" \x01(\x0b\x32\x1e.kraft.v1.EndTransactionRecordH\x00\x12=\n\x11\x61\x62ort_transaction\x18# \x01(\x0b\x32 .kraft.v1.AbortTransactionRecordH\x00\x42\x08\n\x06recordb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kraft/v1/metadata.proto\x12\x08kraft.v1\x1a\x15kraft/v1/common.proto\"[\n\rBrokerFeature\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x15min_supported_version\x18\x02 \x01(\x05\x12\x1d\n\x15max_supported_version\x18\x03 \x01(\x05\"\xa1\x02\n\x14RegisterBrokerRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x16\n\x0eincarnation_id\x18\x02 \x01(\t\x12\x14\n\x0c\x62roker_epoch\x18\x03 \x01(\x03\x12%\n\tendpoints\x18\x04 \x03(\x0b\x32\x12.kraft.v1.Endpoint\x12)\n\x08\x66\x65\x61tures\x18\x05 \x03(\x0b\x32\x17.kraft.v1.BrokerFeature\x12\x11\n\x04rack\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x0e\n\x06\x66\x65nced\x18\x07 \x01(\x08\x12\x1e\n\x16in_controlled_shutdown\x18\x08 \x01(\x08\x12\x10\n\x08log_dirs\x18\t \x03(\t\x12\x18\n\x10unclean_shutdown\x18\n \x01(\x08\x42\x07\n\x05_rack\"A\n\x16UnregisterBrokerRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\"-\n\x0bTopicRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08topic_id\x18\x02 \x01(\t\"\xdc\x02\n\x0fPartitionRecord\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x19\n\x11removing_replicas\x18\x05 \x03(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\x06 \x03(\x05\x12\x0e\n\x06leader\x18\x07 \x01(\x05\x12\x1d\n\x15leader_recovery_state\x18\x08 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\t \x01(\x05\x12\x17\n\x0fpartition_epoch\x18\n \x01(\x05\x12\x13\n\x0b\x64irectories\x18\x0b \x03(\t\x12 \n\x18\x65ligible_leader_replicas\x18\x0c \x03(\x05\x12\x16\n\x0elast_known_elr\x18\r \x03(\x05\x12!\n\x19last_unclean_leader_epoch\x18\x0e \x01(\x05\"h\n\x0c\x43onfigRecord\x12\x15\n\rresource_type\x18\x01 \x01(\x05\x12\x15\n\rresource_name\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\x05value\x18\x04 \x01(\tH\x00\x88\x01\x01\x42\x08\n\x06_value\"\x1b\n\x0c\x42rokerIdList\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x80\x04\n\x15PartitionChangeRecord\x12\x14\n\x0cpartition_id\x18\x01 \x01(\x05\x12\x10\n\x08topic_id\x18\x02 \x01(\t\x12#\n\x03isr\x18\x03 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12\x13\n\x06leader\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12(\n\x08replicas\x18\x05 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12\x31\n\x11removing_replicas\x18\x06 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12/\n\x0f\x61\x64\x64ing_replicas\x18\x07 \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12\"\n\x15leader_recovery_state\x18\x08 \x01(\x05H\x01\x88\x01\x01\x12\x38\n\x18\x65ligible_leader_replicas\x18\t \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12.\n\x0elast_known_elr\x18\n \x01(\x0b\x32\x16.kraft.v1.BrokerIdList\x12&\n\x19last_unclean_leader_epoch\x18\x0b \x01(\x05H\x02\x88\x01\x01\x42\t\n\x07_leaderB\x18\n\x16_leader_recovery_stateB\x1c\n\x1a_last_unclean_leader_epoch\".\n\x11\x46\x65nceBrokerRecord\x12\n\n\x02id\x18\x01 \x01(\x05\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"0\n\x13UnfenceBrokerRecord\x12\n\n\x02id\x18\x01 \x01(\x05\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\"%\n\x11RemoveTopicRecord\x12\x10\n\x08topic_id\x18\x01 \x01(\t\"9\n\x12\x46\x65\x61tureLevelRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rfeature_level\x18\x02 \x01(\x05\"\xc0\x01\n\x1e\x42rokerRegistrationChangeRecord\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x14\n\x0c\x62roker_epoch\x18\x02 \x01(\x03\x12\x0e\n\x06\x66\x65nced\x18\x03 \x01(\x05\x12\x1e\n\x16in_controlled_shutdown\x18\x04 \x01(\x05\x12\x10\n\x08log_dirs\x18\x05 \x03(\t\x12\x33\n\x10offline_replicas\x18\x06 \x03(\x0b\x32\x19.kraft.v1.OfflineReplicas\"7\n\x0fOfflineReplicas\x12\x10\n\x08topic_id\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x03(\x05\"\xb7\x01\n\x18\x41\x63\x63\x65ssControlEntryRecord\x12\n\n\x02id\x18\x01 \x01(\t\x12\x15\n\rresource_type\x18\x02 \x01(\x05\x12\x15\n\rresource_name\x18\x03 \x01(\t\x12\x14\n\x0cpattern_type\x18\x04 \x01(\x05\x12\x11\n\tprincipal\x18\x05 \x01(\t\x12\x0c\n\x04host\x18\x06 \x01(\t\x12\x11\n\toperation\x18\x07 \x01(\x05\x12\x17\n\x0fpermission_type\x18\x08 \x01(\x05\",\n\x1eRemoveAccessControlEntryRecord\x12\n\n\x02id\x18\x01 \x01(\t\"\x0c\n\nNoOpRecord\"&\n\x16\x42\x65ginTransactionRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x45ndTransactionRecord\"\x18\n\x16\x41\x62ortTransactionRecord\"\xf2\x07\n\x0eMetadataRecord\x12\x39\n\x0fregister_broker\x18\n \x01(\x0b\x32\x1e.kraft.v1.RegisterBrokerRecordH\x00\x12=\n\x11unregister_broker\x18\x0b \x01(\x0b\x32 .kraft.v1.UnregisterBrokerRecordH\x00\x12&\n\x05topic\x18\x0c \x01(\x0b\x32\x15.kraft.v1.TopicRecordH\x00\x12.\n\tpartition\x18\r \x01(\x0b\x32\x19.kraft.v1.PartitionRecordH\x00\x12(\n\x06\x63onfig\x18\x0e \x01(\x0b\x32\x16.kraft.v1.ConfigRecordH\x00\x12;\n\x10partition_change\x18\x0f \x01(\x0b\x32\x1f.kraft.v1.PartitionChangeRecordH\x00\x12\x33\n\x0c\x66\x65nce_broker\x18\x11 \x01(\x0b\x32\x1b.kraft.v1.FenceBrokerRecordH\x00\x12\x37\n\x0eunfence_broker\x18\x12 \x01(\x0b\x32\x1d.kraft.v1.UnfenceBrokerRecordH\x00\x12\x33\n\x0cremove_topic\x18\x13 \x01(\x0b\x32\x1b.kraft.v1.RemoveTopicRecordH\x00\x12\x35\n\rfeature_level\x18\x16 \x01(\x0b\x32\x1c.kraft.v1.FeatureLevelRecordH\x00\x12N\n\x1a\x62roker_registration_change\x18\x1b \x01(\x0b\x32(.kraft.v1.BrokerRegistrationChangeRecordH\x00\x12\x42\n\x14\x61\x63\x63\x65ss_control_entry\x18\x1c \x01(\x0b\x32\".kraft.v1.AccessControlEntryRecordH\x00\x12O\n\x1bremove_access_control_entry\x18\x1d \x01(\x0b\x32(.kraft.v1.RemoveAccessControlEntryRecordH\x00\x12%\n\x05no_op\x18\x1e \x01(\x0b\x32\x14.kraft.v1.NoOpRecordH\x00\x12=\n\x11\x62\x65gin_transaction\x18! \x01(\x0b\x32 .kraft.v1.BeginTransactionRecordH\x00\x12\x39\n\x0f\x65nd_transaction\x18\" \x01(\x0b\x32\x1e.kraft.v1.EndTransactionRecordH\x00\x12=\n\x11\x61\x62ort_transaction\x18# \x01(\x0b\x32 .kraft.v1.AbortTransactionRecordH\x00\x42\x08\n\x06recordb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,37 +41,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICRECORD']._serialized_start=512
   _globals['_TOPICRECORD']._serialized_end=557
   _globals['_PARTITIONRECORD']._serialized_start=560
-  _globals['_PARTITIONRECORD']._serialized_end=873
-  _globals['_CONFIGRECORD']._serialized_start=875
-  _globals['_CONFIGRECORD']._serialized_end=979
-  _globals['_BROKERIDLIST']._serialized_start=981
-  _globals['_BROKERIDLIST']._serialized_end=1008
-  _globals['_PARTITIONCHANGERECORD']._serialized_start=1011
-  _globals['_PARTITIONCHANGERECORD']._serialized_end=1453
-  _globals['_FENCEBROKERRECORD']._serialized_start=1455
-  _globals['_FENCEBROKERRECORD']._serialized_end=1501
-  _globals['_UNFENCEBROKERRECORD']._serialized_start=1503
-  _globals['_UNFENCEBROKERRECORD']._serialized_end=1551
-  _globals['_REMOVETOPICRECORD']._serialized_start=1553
-  _globals['_REMOVETOPICRECORD']._serialized_end=1590
-  _globals['_FEATURELEVELRECORD']._serialized_start=1592
-  _globals['_FEATURELEVELRECORD']._serialized_end=1649
-  _globals['_BROKERREGISTRATIONCHANGERECORD']._serialized_start=1652
-  _globals['_BROKERREGISTRATIONCHANGERECORD']._serialized_end=1844
-  _globals['_OFFLINEREPLICAS']._serialized_start=1846
-  _globals['_OFFLINEREPLICAS']._serialized_end=1901
-  _globals['_ACCESSCONTROLENTRYRECORD']._serialized_start=1904
-  _globals['_ACCESSCONTROLENTRYRECORD']._serialized_end=2087
-  _globals['_REMOVEACCESSCONTROLENTRYRECORD']._serialized_start=2089
-  _globals['_REMOVEACCESSCONTROLENTRYRECORD']._serialized_end=2133
-  _globals['_NOOPRECORD']._serialized_start=2135
-  _globals['_NOOPRECORD']._serialized_end=2147
-  _globals['_BEGINTRANSACTIONRECORD']._serialized_start=2149
-  _globals['_BEGINTRANSACTIONRECORD']._serialized_end=2187
-  _globals['_ENDTRANSACTIONRECORD']._serialized_start=2189
-  _globals['_ENDTRANSACTIONRECORD']._serialized_end=2211
-  _globals['_ABORTTRANSACTIONRECORD']._serialized_start=2213
-  _globals['_ABORTTRANSACTIONRECORD']._serialized_end=2237
-  _globals['_METADATARECORD']._serialized_start=2240
-  _globals['_METADATARECORD']._serialized_end=3250
+  _globals['_PARTITIONRECORD']._serialized_end=908
+  _globals['_CONFIGRECORD']._serialized_start=910
+  _globals['_CONFIGRECORD']._serialized_end=1014
+  _globals['_BROKERIDLIST']._serialized_start=1016
+  _globals['_BROKERIDLIST']._serialized_end=1043
+  _globals['_PARTITIONCHANGERECORD']._serialized_start=1046
+  _globals['_PARTITIONCHANGERECORD']._serialized_end=1558
+  _globals['_FENCEBROKERRECORD']._serialized_start=1560
+  _globals['_FENCEBROKERRECORD']._serialized_end=1606
+  _globals['_UNFENCEBROKERRECORD']._serialized_start=1608
+  _globals['_UNFENCEBROKERRECORD']._serialized_end=1656
+  _globals['_REMOVETOPICRECORD']._serialized_start=1658
+  _globals['_REMOVETOPICRECORD']._serialized_end=1695
+  _globals['_FEATURELEVELRECORD']._serialized_start=1697
+  _globals['_FEATURELEVELRECORD']._serialized_end=1754
+  _globals['_BROKERREGISTRATIONCHANGERECORD']._serialized_start=1757
+  _globals['_BROKERREGISTRATIONCHANGERECORD']._serialized_end=1949
+  _globals['_OFFLINEREPLICAS']._serialized_start=1951
+  _globals['_OFFLINEREPLICAS']._serialized_end=2006
+  _globals['_ACCESSCONTROLENTRYRECORD']._serialized_start=2009
+  _globals['_ACCESSCONTROLENTRYRECORD']._serialized_end=2192
+  _globals['_REMOVEACCESSCONTROLENTRYRECORD']._serialized_start=2194
+  _globals['_REMOVEACCESSCONTROLENTRYRECORD']._serialized_end=2238
+  _globals['_NOOPRECORD']._serialized_start=2240
+  _globals['_NOOPRECORD']._serialized_end=2252
+  _globals['_BEGINTRANSACTIONRECORD']._serialized_start=2254
+  _globals['_BEGINTRANSACTIONRECORD']._serialized_end=2292
+  _globals['_ENDTRANSACTIONRECORD']._serialized_start=2294
+  _globals['_ENDTRANSACTIONRECORD']._serialized_end=2316
+  _globals['_ABORTTRANSACTIONRECORD']._serialized_start=2318
+  _globals['_ABORTTRANSACTIONRECORD']._serialized_end=2342
+  _globals['_METADATARECORD']._serialized_start=2345
+  _globals['_METADATARECORD']._serialized_end=3355
 # @@protoc_insertion_point(module_scope)

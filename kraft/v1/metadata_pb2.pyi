@@ -182,6 +182,7 @@ class PartitionRecord(_message.Message):
     DIRECTORIES_FIELD_NUMBER: _builtins.int
     ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _builtins.int
     LAST_KNOWN_ELR_FIELD_NUMBER: _builtins.int
+    LAST_UNCLEAN_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     topic_id: _builtins.str
     leader: _builtins.int
@@ -189,6 +190,11 @@ class PartitionRecord(_message.Message):
     leader_recovery_state: _builtins.int
     leader_epoch: _builtins.int
     partition_epoch: _builtins.int
+    last_unclean_leader_epoch: _builtins.int
+    """The leader epoch of the partition's latest unclean election (the config's or ElectLeaders UNCLEAN),
+    0 = none (an election always bumps the epoch past 0).  A follower may truncate below its high
+    watermark only records written in an older epoch: the loss that election accepted.
+    """
     @_builtins.property
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -219,10 +225,11 @@ class PartitionRecord(_message.Message):
         directories: _abc.Iterable[_builtins.str] | None = ...,
         eligible_leader_replicas: _abc.Iterable[_builtins.int] | None = ...,
         last_known_elr: _abc.Iterable[_builtins.int] | None = ...,
+        last_unclean_leader_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "directories", b"directories", "eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "leader", b"leader", "leader_epoch", b"leader_epoch", "leader_recovery_state", b"leader_recovery_state", "partition_epoch", b"partition_epoch", "partition_id", b"partition_id", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "directories", b"directories", "eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "last_unclean_leader_epoch", b"last_unclean_leader_epoch", "leader", b"leader", "leader_epoch", b"leader_epoch", "leader_recovery_state", b"leader_recovery_state", "partition_epoch", b"partition_epoch", "partition_id", b"partition_id", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -301,11 +308,14 @@ class PartitionChangeRecord(_message.Message):
     LEADER_RECOVERY_STATE_FIELD_NUMBER: _builtins.int
     ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _builtins.int
     LAST_KNOWN_ELR_FIELD_NUMBER: _builtins.int
+    LAST_UNCLEAN_LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     partition_id: _builtins.int
     topic_id: _builtins.str
     leader: _builtins.int
     """absent = unchanged; -1 = none"""
     leader_recovery_state: _builtins.int
+    last_unclean_leader_epoch: _builtins.int
+    """Set (to the leader epoch this change gives the partition) by an unclean election; absent = unchanged."""
     @_builtins.property
     def isr(self) -> Global___BrokerIdList: ...
     @_builtins.property
@@ -331,15 +341,20 @@ class PartitionChangeRecord(_message.Message):
         leader_recovery_state: _builtins.int | None = ...,
         eligible_leader_replicas: Global___BrokerIdList | None = ...,
         last_known_elr: Global___BrokerIdList | None = ...,
+        last_unclean_leader_epoch: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_leader", b"_leader", "_leader_recovery_state", b"_leader_recovery_state", "adding_replicas", b"adding_replicas", "eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "leader", b"leader", "leader_recovery_state", b"leader_recovery_state", "removing_replicas", b"removing_replicas", "replicas", b"replicas"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_last_unclean_leader_epoch", b"_last_unclean_leader_epoch", "_leader", b"_leader", "_leader_recovery_state", b"_leader_recovery_state", "adding_replicas", b"adding_replicas", "eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "last_unclean_leader_epoch", b"last_unclean_leader_epoch", "leader", b"leader", "leader_recovery_state", b"leader_recovery_state", "removing_replicas", b"removing_replicas", "replicas", b"replicas"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leader", b"_leader", "_leader_recovery_state", b"_leader_recovery_state", "adding_replicas", b"adding_replicas", "eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "leader", b"leader", "leader_recovery_state", b"leader_recovery_state", "partition_id", b"partition_id", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "topic_id", b"topic_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_last_unclean_leader_epoch", b"_last_unclean_leader_epoch", "_leader", b"_leader", "_leader_recovery_state", b"_leader_recovery_state", "adding_replicas", b"adding_replicas", "eligible_leader_replicas", b"eligible_leader_replicas", "isr", b"isr", "last_known_elr", b"last_known_elr", "last_unclean_leader_epoch", b"last_unclean_leader_epoch", "leader", b"leader", "leader_recovery_state", b"leader_recovery_state", "partition_id", b"partition_id", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__last_unclean_leader_epoch: _TypeAlias = _typing.Literal["last_unclean_leader_epoch"]  # noqa: Y015
+    _WhichOneofArgType__last_unclean_leader_epoch: _TypeAlias = _typing.Literal["_last_unclean_leader_epoch", b"_last_unclean_leader_epoch"]  # noqa: Y015
     _WhichOneofReturnType__leader: _TypeAlias = _typing.Literal["leader"]  # noqa: Y015
     _WhichOneofArgType__leader: _TypeAlias = _typing.Literal["_leader", b"_leader"]  # noqa: Y015
     _WhichOneofReturnType__leader_recovery_state: _TypeAlias = _typing.Literal["leader_recovery_state"]  # noqa: Y015
     _WhichOneofArgType__leader_recovery_state: _TypeAlias = _typing.Literal["_leader_recovery_state", b"_leader_recovery_state"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_unclean_leader_epoch) -> _WhichOneofReturnType__last_unclean_leader_epoch | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__leader) -> _WhichOneofReturnType__leader | None: ...
     @_typing.overload

@@ -178,8 +178,19 @@ def test_config_alter_and_describe_round_trip_and_brokers_apply_them(
     }
     refused = produce(capsys, c, "cfg", 0, "y", "--timeout", "1")
     assert refused.code == 1 and "NOT_ENOUGH_REPLICAS" in refused.err, refused
-    ok_json(capsys, "config", "alter", *default, "--delete-config", "min.insync.replicas", *bootstrap)
+    # the cluster-wide default cannot be removed (every node reads it, not its .properties): set back
+    one_error(
+        kraft(capsys, "config", "alter", *default, "--delete-config", "min.insync.replicas", *bootstrap),
+        "INVALID_CONFIG", "the cluster-wide min.insync.replicas cannot be removed",
+    )  # fmt: skip
+    ok_json(capsys, "config", "alter", *default, "--add-config", "min.insync.replicas=1", *bootstrap)
     assert produce(capsys, c, "cfg", 0, "y", "--timeout", "10").code == 0
+    # nor set for one broker (eligible leader replicas need one minimum)
+    one_error(
+        kraft(capsys, "config", "alter", "--entity-type", "brokers", "--entity-name", "101",
+              "--add-config", "min.insync.replicas=1", *bootstrap),
+        "INVALID_CONFIG", "min.insync.replicas cannot be set for one broker",
+    )  # fmt: skip
     # bad input: one line, nothing changed
     one_error(
         kraft(capsys, "config", "alter", *topic, "--add-config", "retention.mss=1", *bootstrap),

@@ -30,6 +30,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.netutil import free_port
+from kraft.observability.logging import _FIELDS_ATTR
 from kraft.storage.batch import iter_batches
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
@@ -372,6 +373,20 @@ async def test_acks_all_below_min_insync_replicas_is_refused_before_the_append(h
     assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
     assert h.nodes[1].log().log_end_offset == 0
     assert (await h.produce(1, b"x", acks=1)).error_code == ErrorCode.NONE
+
+
+async def test_a_stored_per_broker_min_insync_replicas_is_ignored_the_cluster_default_applies(
+    h: Harness,
+) -> None:
+    """The broker resolves min.insync.replicas as the controller's elections do (topic, else cluster-wide
+    default): a per-broker value (refused when written now, but an older build stored it) is ignored —
+    below the controller's minimum it would let the HWM pass records an eligible leader lacks."""
+    _create(h, isr=[1])
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="", name="min.insync.replicas", value="2"))
+    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="1"))
+    answer = await h.produce(1, b"x", acks=-1)
+    assert answer.error_code == ErrorCode.NOT_ENOUGH_REPLICAS  # 2 (cluster default), not 1 (broker 1's)
+    assert h.nodes[1].log().log_end_offset == 0
 
 
 async def test_acks_all_waiters_get_not_leader_when_the_leadership_moves(h: Harness) -> None:
@@ -818,18 +833,14 @@ async def test_a_follower_catching_up_flushes_every_few_bytes_and_once_caught_up
 
 
 async def test_the_dynamic_broker_min_insync_replicas_applies_below_the_topic_config(h: Harness) -> None:
-    """``kraft config alter --entity-type brokers``: the cluster default, then this broker's own value, each
-    replacing the .properties value at once; a topic's own min.insync.replicas still wins."""
+    """``kraft config alter --entity-type brokers --entity-default``: the cluster default replaces the
+    .properties value at once; a topic's own min.insync.replicas still wins.  (A per-broker value is
+    refused when written and ignored if stored: the test above.)"""
     _create(h, isr=[1])
     assert (await h.produce(1, b"a", acks=-1)).error_code == ErrorCode.NONE
     h.replay(mpb.ConfigRecord(resource_type=4, resource_name="", name="min.insync.replicas", value="2"))
     refused = await h.produce(1, b"x", acks=-1)
     assert refused.error_code == ErrorCode.NOT_ENOUGH_REPLICAS
-    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="2", name="min.insync.replicas", value="1"))
-    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NOT_ENOUGH_REPLICAS, "broker 2's only"
-    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="1"))
-    assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE
-    h.replay(mpb.ConfigRecord(resource_type=4, resource_name="1", name="min.insync.replicas", value="2"))
     h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="1"))
     assert (await h.produce(1, b"y", acks=-1)).error_code == ErrorCode.NONE, "the topic config wins"
 
@@ -974,29 +985,68 @@ async def test_a_leader_from_an_unclean_election_reports_recovered_before_it_exp
     await until(lambda: any(len(a.partitions[0].new_isr) == 2 for a in h.alters), "an expansion")
 
 
-async def test_with_unclean_election_enabled_a_follower_truncates_below_its_high_watermark(
-    h: Harness,
-) -> None:
-    """After an unclean election the new leader lacks the follower's committed tail: with the topic's
-    unclean.leader.election.enable the follower truncates to it (Kafka's behaviour, a warning), lowers its
-    HWM and replicates again; the refusal above stays the rule without it."""
-    _create(h, isr=[1, 2], leader=2, epoch=3)
+async def _diverged_follower(
+    h: Harness, *, unclean_epoch: int, tail_epoch: int = 2, unclean_config: bool = False
+) -> Node:
+    """Broker 2 leads at epoch 3 with [a, b]; broker 1 returns holding [x, y], written in ``tail_epoch``,
+    below its HWM of 2 — the new leader lacks its committed tail.  The partition's latest unclean election
+    is at ``unclean_epoch`` (0 = none)."""
     h.replay(
-        mpb.ConfigRecord(
-            resource_type=2, resource_name=TP.topic, name="unclean.leader.election.enable", value="true"
+        mpb.TopicRecord(name=TP.topic, topic_id=TOPIC_ID),
+        mpb.PartitionRecord(
+            partition_id=0, topic_id=TOPIC_ID, replicas=[1, 2], isr=[1, 2], leader=2, leader_epoch=3,
+            partition_epoch=3, last_unclean_leader_epoch=unclean_epoch,
+        ),
+    )  # fmt: skip
+    if unclean_config:
+        h.replay(
+            mpb.ConfigRecord(
+                resource_type=2, resource_name=TP.topic, name="unclean.leader.election.enable", value="true"
+            )
         )
-    )
     await h.nodes[1].replicas.close()
     assert (await h.produce(2, b"a", b"b")).error_code == ErrorCode.NONE
     await until(lambda: h.nodes[2].log().flushed == 2, "broker 2 to flush")
-    h.nodes[1].log().append_records([_produced(b"x"), _produced(b"y")], 2)  # a tail the new leader lacks
+    h.nodes[1].log().append_records([_produced(b"x"), _produced(b"y")], tail_epoch)  # the new leader lacks it
     h.nodes[1].log().flush()
     h.nodes[1].replicas = await _restart_replicas(h, 1)
     followed = h.nodes[1].replicas._followed[TP]
     followed.high_watermark = 2
     h.nodes[1].replicas._ensure_fetcher(2)
-    await until(
-        lambda: [r.value for r in h.nodes[1].log().records] == [b"a", b"b"], "the follower to converge"
-    )
-    assert not h.nodes[1].replicas.is_stopped(TP)
-    assert h.nodes[1].replicas._followed[TP].high_watermark <= 2
+    return h.nodes[1]
+
+
+async def test_after_an_unclean_election_a_follower_truncates_its_older_committed_tail(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The partition's last unclean election is at epoch 3 (its record says so, whatever the topic's
+    unclean.leader.election.enable says: it is unset here, as after ElectLeaders UNCLEAN): the follower's
+    committed tail, written in epoch 2, is the loss that election accepted — it truncates to the new
+    leader (Kafka's behaviour), with one warning naming the lost offsets, lowers its HWM and replicates."""
+    follower = await _diverged_follower(h, unclean_epoch=3)
+    await until(lambda: [r.value for r in follower.log().records] == [b"a", b"b"], "the follower to converge")
+    assert not follower.replicas.is_stopped(TP)
+    assert follower.replicas._followed[TP].high_watermark <= 2
+    [warning] = [r for r in caplog.records if "truncation_below_high_watermark" in r.getMessage()]
+    fields = getattr(warning, _FIELDS_ATTR)
+    assert warning.levelname == "WARNING" and warning.getMessage() == "truncation_below_high_watermark"
+    assert (fields["lost_offsets"], fields["unclean_leader_epoch"], fields["offset"]) == ("0..1", 3, 0)
+
+
+async def test_the_unclean_config_alone_never_truncates_below_the_high_watermark(h: Harness) -> None:
+    """unclean.leader.election.enable=true but no unclean election recorded (a clean leader change): a
+    divergence below the HWM is a bug, never an accepted loss — refused, nothing deleted."""
+    follower = await _diverged_follower(h, unclean_epoch=0, unclean_config=True)
+    await until(lambda: follower.replicas.is_stopped(TP), "the follower to stop the partition")
+    assert [r.value for r in follower.log().records] == [b"x", b"y"]
+
+
+async def test_a_committed_tail_written_at_or_after_the_unclean_election_is_never_truncated(
+    h: Harness,
+) -> None:
+    """The unclean election was at epoch 2 and the tail was written in epoch 2, by that election's
+    leader: a later (clean) leader lacking it would lose records acknowledged after the election —
+    refused, nothing deleted."""
+    follower = await _diverged_follower(h, unclean_epoch=2, tail_epoch=2)
+    await until(lambda: follower.replicas.is_stopped(TP), "the follower to stop the partition")
+    assert [r.value for r in follower.log().records] == [b"x", b"y"]

@@ -9,12 +9,19 @@ from collections.abc import Sequence
 import pytest
 
 from kraft.errors import ErrorCode
+from kraft.metadata import records
 from kraft.metadata.config_catalog import MAX_CONFIG_RESOURCES_PER_REQUEST, AlterOp, apply_ops
-from kraft.metadata.config_control import describe_configs, incremental_alter_configs
+from kraft.metadata.config_control import (
+    CLUSTER_MIN_ISR_DELETE_REFUSED,
+    PER_BROKER_MIN_ISR_REFUSED,
+    describe_configs,
+    incremental_alter_configs,
+)
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import ConfigResourceType
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
 
 from .test_controller_logic import CLUSTER, Harness
 
@@ -173,6 +180,57 @@ def test_only_dynamic_broker_configs_may_be_set_and_a_static_one_says_so(h: Harn
     assert h.image.broker_config(2, "segment.ms") is None
 
 
+def test_a_per_broker_min_insync_replicas_is_refused_and_one_stored_before_may_be_deleted(
+    h: Harness,
+) -> None:
+    """KIP-966 (ELR, always on in kraft): Kafka's ConfigurationControlManager refuses a broker-level
+    min.insync.replicas once ELR is enabled; the cluster-wide default and a topic's value stay allowed."""
+    before = h.next_offset
+    refused = alter(h, resource(BROKER, "1", [("min.insync.replicas", AlterOp.SET, "1")]))
+    assert refused.results[0].error_code == ErrorCode.INVALID_CONFIG
+    assert refused.results[0].error_message == PER_BROKER_MIN_ISR_REFUSED
+    # with another key in the same resource: the whole resource is refused, nothing written
+    mixed = alter(
+        h, resource(BROKER, "1", [("message.max.bytes", 0, "4096"), ("min.insync.replicas", 0, "2")])
+    )
+    assert mixed.results[0].error_code == ErrorCode.INVALID_CONFIG and h.next_offset == before
+    assert (
+        "set it per topic" in PER_BROKER_MIN_ISR_REFUSED and "--entity-default" in PER_BROKER_MIN_ISR_REFUSED
+    )
+    ok = alter(h, resource(BROKER, "", [("min.insync.replicas", 0, "2")]))  # the cluster-wide default
+    assert ok.results[0].error_code == ErrorCode.NONE
+    assert h.image.topic_or_cluster_config("orders", "min.insync.replicas") == "2"
+    # a value an older build stored is deleted without complaint
+    stored = records.wrap(
+        pb.ConfigRecord(resource_type=BROKER, resource_name="1", name="min.insync.replicas", value="1")
+    )
+    delta = MetadataDelta(h.image)
+    delta.replay(stored, h.next_offset)
+    h.commit([stored])
+    h.logic.reset(delta.apply(), h.now_ms)
+    assert h.image.broker_config(1, "min.insync.replicas") == "1"
+    assert h.image.topic_or_cluster_config("orders", "min.insync.replicas") == "2"  # not what rules read
+    deleted = alter(h, resource(BROKER, "1", [("min.insync.replicas", AlterOp.DELETE, None)]))
+    assert deleted.results[0].error_code == ErrorCode.NONE
+    assert h.image.broker_config(1, "min.insync.replicas") == "2"
+
+
+def test_the_controller_writes_the_cluster_wide_min_insync_replicas_and_it_cannot_be_removed() -> None:
+    """Kafka's ELR safety records: the active controller writes the cluster-wide min.insync.replicas from
+    its own .properties when the log has none, so no node falls back to a .properties value that may
+    differ (a broker's static value is never read then); removing it is refused, changing it is not."""
+    fresh = Harness()  # bootstrap_records committed at activation
+    assert fresh.image.topic_or_cluster_config("any", "min.insync.replicas") == "1"
+    assert fresh.logic.bootstrap_records(fresh.next_offset) == []  # once: present now
+    before = fresh.next_offset
+    removed = alter(fresh, resource(BROKER, "", [("min.insync.replicas", AlterOp.DELETE, None)]))
+    assert removed.results[0].error_code == ErrorCode.INVALID_CONFIG
+    assert removed.results[0].error_message == CLUSTER_MIN_ISR_DELETE_REFUSED and fresh.next_offset == before
+    changed = alter(fresh, resource(BROKER, "", [("min.insync.replicas", AlterOp.SET, "2")]))
+    assert changed.results[0].error_code == ErrorCode.NONE
+    assert fresh.image.topic_or_cluster_config("any", "min.insync.replicas") == "2"
+
+
 def test_validate_only_checks_everything_and_writes_nothing(h: Harness) -> None:
     before = h.next_offset
     good = alter(h, resource(TOPIC, "orders", [("retention.ms", 0, "1")]), validate_only=True)
@@ -213,24 +271,25 @@ def test_describe_shows_own_values_defaults_and_broker_fallbacks_with_their_sour
         h,
         resource(TOPIC, "orders", [("retention.ms", 0, "1000")]),
         resource(BROKER, "", [("message.max.bytes", 0, "2097152")]),
-        resource(BROKER, "2", [("min.insync.replicas", 0, "2")]),
+        resource(BROKER, "2", [("message.max.bytes", 0, "4096")]),
     )
     topic = entries(describe(h, TOPIC, "orders"))
     assert topic["retention.ms"] == ("1000", "DYNAMIC_TOPIC_CONFIG")
     assert topic["cleanup.policy"] == ("delete", "DEFAULT_CONFIG")
     assert topic["max.message.bytes"] == ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG")
-    assert topic["min.insync.replicas"] == (None, "STATIC_BROKER_CONFIG")
+    # written by the active controller from its .properties (bootstrap_records: one minimum for all)
+    assert topic["min.insync.replicas"] == ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG")
     applied = {e.name for e in describe(h, TOPIC, "orders").configs if e.applied}
     assert applied == {"max.message.bytes", "min.insync.replicas", "unclean.leader.election.enable"}
     broker = entries(describe(h, BROKER, "2"))
     assert broker == {
-        "message.max.bytes": ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
-        "min.insync.replicas": ("2", "DYNAMIC_BROKER_CONFIG"),
+        "message.max.bytes": ("4096", "DYNAMIC_BROKER_CONFIG"),
+        "min.insync.replicas": ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG"),
         "unclean.leader.election.enable": (None, "STATIC_BROKER_CONFIG"),  # the controllers' .properties
     }
     default = entries(describe(h, BROKER, ""))
     assert default["message.max.bytes"] == ("2097152", "DYNAMIC_DEFAULT_BROKER_CONFIG")
-    assert default["min.insync.replicas"] == (None, "STATIC_BROKER_CONFIG")
+    assert default["min.insync.replicas"] == ("1", "DYNAMIC_DEFAULT_BROKER_CONFIG")
     assert list(entries(describe(h, TOPIC, "orders", ["retention.ms"]))) == ["retention.ms"]
     unknown = describe(h, TOPIC, "orders", ["nope"])
     assert unknown.error_code == ErrorCode.INVALID_CONFIG

@@ -4,8 +4,10 @@ store, and the controller's fence / rejoin / re-registration paths on a manual c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -195,6 +197,7 @@ def _image_with(partition: PartitionRegistration) -> MetadataImage:
                 eligible_leader_replicas=partition.elr,
                 last_known_elr=partition.last_known_elr,
                 leader_recovery_state=partition.leader_recovery_state,
+                last_unclean_leader_epoch=partition.last_unclean_leader_epoch,
             )
         )
     )
@@ -210,12 +213,13 @@ def _replayed(current: PartitionRegistration, record: pb.MetadataRecord) -> Part
 
 
 @settings(max_examples=200, deadline=None)
-@given(current=_partitions(), recovering=st.booleans())
+@given(current=_partitions(), recovering=st.booleans(), unclean_epoch=st.integers(0, 1 << 20))
 def test_the_new_fields_survive_replay_snapshot_records_and_the_image_store(
-    current: PartitionRegistration, recovering: bool
+    current: PartitionRegistration, recovering: bool, unclean_epoch: int
 ) -> None:
     if recovering:
         current = current._replace(leader_recovery_state=1)
+    current = current._replace(last_unclean_leader_epoch=unclean_epoch)
     image = _image_with(current)
     assert image.partition("T", 0) == current
     # a snapshot (image_records / image_values, byte for byte) replays to the same partition
@@ -267,6 +271,62 @@ def test_the_image_store_keeps_elr_rows_and_drops_them_when_they_clear(tmp_path:
         partition = again.partition("T", 0)
         assert partition is not None and partition.elr == () and partition.last_known_elr == ()
         assert partition == cleared.partition("T", 0)
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_last_unclean_leader_epoch_is_kept_by_every_later_change_and_set_only_when_present() -> None:
+    image = _image_with(PartitionRegistration((1, 2, 3), (3,), 3, 7, 7, last_unclean_leader_epoch=7))
+    clean = pb.PartitionChangeRecord(topic_id="T", partition_id=0, leader=1)
+    clean.isr.ids.extend([1, 3])
+    current = image.partition("T", 0)
+    assert current is not None
+    after = _replayed(current, records.wrap(clean))
+    assert (after.leader_epoch, after.last_unclean_leader_epoch) == (8, 7)  # absent = unchanged
+    unclean = pb.PartitionChangeRecord(topic_id="T", partition_id=0, leader=2, last_unclean_leader_epoch=9)
+    assert _replayed(after, records.wrap(unclean)).last_unclean_leader_epoch == 9
+    shown = records.describe_value(records.encode_value(records.wrap(unclean)))["data"]
+    assert shown["last_unclean_leader_epoch"] == 9  # kraft metadata dump shows it
+
+
+def test_the_image_store_keeps_the_last_unclean_leader_epoch_and_discards_an_older_table(
+    tmp_path: Path,
+) -> None:
+    """The marker alone (no ELR, RECOVERED) gets a partition_elr row; a store written before the column
+    existed is discarded when opened (rebuilt from the log), never read without the marker."""
+
+    async def scenario() -> None:
+        path = tmp_path / "store.sqlite"
+        store = await SqliteImageStore.open(path, clock=ManualClock())
+        marked = _image_with(PartitionRegistration((1, 2, 3), (1,), 1, 6, 6, last_unclean_leader_epoch=5))
+        await store.save(marked)
+        await store.close()
+        store = await SqliteImageStore.open(path, clock=ManualClock())
+        loaded = await store.load()
+        assert store.discarded is None
+        partition = loaded.partition("T", 0)
+        assert partition == marked.partition("T", 0) and partition is not None
+        assert partition.last_unclean_leader_epoch == 5
+        await store.close()
+        # an older build's partition_elr (no last_unclean_leader_epoch column)
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            db.execute("DROP TABLE partition_elr")
+            db.execute(
+                "CREATE TABLE partition_elr (topic_id TEXT NOT NULL, partition_id INTEGER NOT NULL,"
+                " elr TEXT NOT NULL, last_known_elr TEXT NOT NULL, leader_recovery_state INTEGER NOT NULL,"
+                " PRIMARY KEY (topic_id, partition_id)) WITHOUT ROWID"
+            )
+            db.commit()
+        store = await SqliteImageStore.open(path, clock=ManualClock())
+        with contextlib.closing(sqlite3.connect(path)) as db:  # the file was started afresh
+            columns = {row[1] for row in db.execute("PRAGMA table_info(partition_elr)")}
+        assert "last_unclean_leader_epoch" in columns
+        assert (await store.load()).offset == -1  # discarded: empty, rebuilt from the log
+        await store.save(marked)
+        await store.close()
+        store = await SqliteImageStore.open(path, clock=ManualClock())
+        assert (await store.load()).partition("T", 0) == marked.partition("T", 0)
         await store.close()
 
     asyncio.run(scenario())
@@ -587,6 +647,9 @@ def test_unclean_election_elects_a_live_non_isr_replica_recovering_then_recovere
     assert (p.leader, p.isr, p.elr, p.last_known_elr, p.leader_recovery_state) == (3, (3,), (), (), 1)
     record = h.log[-1].partition_change
     assert record.leader == 3 and record.leader_recovery_state == 1
+    # the durable marker: the leader epoch this election gave the partition (followers may drop what
+    # was committed before it)
+    assert record.last_unclean_leader_epoch == p.leader_epoch == p.last_unclean_leader_epoch > 0
     [warning] = [r for r in caplog.records if "unclean_leader_elected" in r.getMessage()]
     fields = getattr(warning, _FIELDS_ATTR)
     assert fields["partition"] == "t-0" and fields["new_leader"] == 3
@@ -604,6 +667,7 @@ def test_unclean_election_elects_a_live_non_isr_replica_recovering_then_recovere
     )
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.leader_recovery_state) == (3, (3,), 0)
+    assert 0 < p.last_unclean_leader_epoch < p.leader_epoch  # kept by the later (clean) change
     # a RECOVERED partition cannot go back
     back = _isr_request(h, topic_id, 3, [3])
     back.partitions[0].leader_recovery_state = 1
@@ -617,6 +681,7 @@ def test_unclean_election_waits_for_an_eligible_replica_when_one_is_live() -> No
     h.heartbeat(2)  # an ELR member: a clean election, nothing recovering
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.elr, p.leader_recovery_state) == (2, (2,), (1,), 0)
+    assert p.last_unclean_leader_epoch == 0  # a clean election leaves no marker
 
 
 def test_turning_unclean_election_on_elects_an_offline_partition_at_once() -> None:
@@ -637,6 +702,7 @@ def test_turning_unclean_election_on_elects_an_offline_partition_at_once() -> No
     assert all(r.error_code == ErrorCode.NONE for r in response.results)
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.leader_recovery_state) == (3, (3,), 1)
+    assert p.last_unclean_leader_epoch == p.leader_epoch > 0
 
 
 def test_a_recovering_leader_reports_recovered_before_it_expands() -> None:
@@ -703,6 +769,9 @@ def test_an_unclean_election_request_elects_a_live_replica_whatever_the_topic_co
     assert record.partition_change.leader == 3 and record.partition_change.leader_recovery_state == 1
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.elr, p.last_known_elr, p.leader_recovery_state) == (3, (3,), (), (), 1)
+    # set with the config off too: a returning replica may drop what was committed before this epoch
+    assert record.partition_change.last_unclean_leader_epoch == p.leader_epoch == p.last_unclean_leader_epoch
+    assert p.leader_epoch > 0
     [warning] = [r for r in caplog.records if "unclean_leader_elected" in r.getMessage()]
     fields = getattr(warning, _FIELDS_ATTR)
     assert (fields["partition"], fields["new_leader"], fields["old_elr"]) == ("t-0", 3, [1, 2])
@@ -727,6 +796,9 @@ def test_an_unclean_election_request_elects_an_eligible_replica_cleanly_when_one
     assert [r.partition_change.leader for r in records_] == [2]
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.elr, p.leader_recovery_state) == (2, (2,), (1,), 0)  # clean: RECOVERED
+    assert p.last_unclean_leader_epoch == 0 and not records_[0].partition_change.HasField(
+        "last_unclean_leader_epoch"
+    )
     assert not [r for r in caplog.records if "unclean_leader_elected" in r.getMessage()]
 
 
@@ -835,8 +907,7 @@ def test_a_cluster_default_change_clears_the_elr_of_topics_without_their_own_val
     assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
     assert written[1].partition_change.topic_id == d
     assert _partition(h, d).elr == () and _partition(h, o).elr == (1,)  # o's minimum did not change
-    # a broker's own value is not what the controller's elections use: nothing cleared
-    assert [r.WhichOneof("record") for r in _alter_min_isr(h, BROKER_RESOURCE, "2", "1")] == ["config"]
+    # (a broker's own value is refused: test_config_control)
     # deleting the topic's own value moves it to the default: its ELR goes too
     written = _alter_min_isr(h, TOPIC_RESOURCE, "o", None)
     assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]

@@ -89,6 +89,7 @@ def test_ls_cat_and_tree_over_a_snapshot(tmp_path: Path) -> None:
         "eligibleLeaderReplicas": [],
         "lastKnownElr": [],
         "leaderRecoveryState": 0,
+        "lastUncleanLeaderEpoch": 0,
     }
     assert _run("--snapshot", str(snapshot), "cat", "/topics/orders/configs/retention.ms") == "1000\n"
     assert _run("--snapshot", str(snapshot), "cat", "/brokers/102/fenced") == "true\n"

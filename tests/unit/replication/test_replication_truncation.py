@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 from replication_worlds import World, entries_of, worlds
 
@@ -22,8 +23,10 @@ from kraft.replication.epochs import (
 from kraft.replication.truncation import (
     TruncationKind,
     TruncationStep,
+    epoch_at,
     find_truncation,
     next_truncation_step,
+    unclean_loss_allowed,
 )
 
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -111,6 +114,21 @@ def test_truncation_below_the_high_watermark_is_refused() -> None:
     assert step == TruncationStep(TruncationKind.BELOW_HIGH_WATERMARK, 20)
 
 
+def test_an_unclean_election_allows_dropping_only_committed_records_older_than_its_epoch() -> None:
+    entries = ((1, 0), (3, 10), (6, 25))  # offsets 0..9 epoch 1, 10..24 epoch 3, 25..29 epoch 6
+    # committed up to 20 (HWM 21), truncating to 12 drops 12..20, all written in epoch 3
+    assert unclean_loss_allowed(entries, 30, 21, 12, last_unclean_leader_epoch=4)
+    assert not unclean_loss_allowed(entries, 30, 21, 12, last_unclean_leader_epoch=3)  # same epoch: a bug
+    assert not unclean_loss_allowed(entries, 30, 21, 12, last_unclean_leader_epoch=0)  # no unclean election
+    # a committed record of epoch 6 (HWM 27) is dropped: only an election after epoch 6 accepts that
+    assert not unclean_loss_allowed(entries, 30, 27, 12, last_unclean_leader_epoch=4)
+    assert unclean_loss_allowed(entries, 30, 27, 12, last_unclean_leader_epoch=7)
+    assert unclean_loss_allowed(entries, 30, 21, 21, last_unclean_leader_epoch=0)  # nothing committed goes
+    assert not unclean_loss_allowed((), 5, 5, 0, last_unclean_leader_epoch=9)  # no epochs known: refused
+    assert [epoch_at(entries, o) for o in (0, 9, 10, 24, 25, 29)] == [1, 1, 3, 3, 6, 6]
+    assert epoch_at(((2, 5),), 4) == -1
+
+
 def test_an_empty_follower_has_nothing_to_truncate() -> None:
     assert find_truncation((), 0, 0, lambda e: UNDEFINED) == TruncationStep(TruncationKind.DONE, 0)
 
@@ -167,6 +185,24 @@ def test_truncation_is_refused_exactly_when_it_would_remove_committed_records(wo
         assert step.offset < world.follower_high_watermark
     else:
         assert step == TruncationStep(TruncationKind.DONE, world.divergence)
+
+
+@PROPERTY
+@given(worlds(consistent_high_watermark=False), st.integers(0, 20))
+def test_an_unclean_election_accepts_exactly_the_loss_of_records_written_before_it(
+    world: World, unclean_epoch: int
+) -> None:
+    """Each refused step is allowed exactly when every committed record it drops (the follower's log
+    holds each record's epoch) was written in an epoch older than the unclean election's."""
+    step = _truncate(world)
+    if step.kind is not TruncationKind.BELOW_HIGH_WATERMARK:
+        return
+    end = len(world.follower_log)
+    dropped = world.follower_log[step.offset : min(world.follower_high_watermark, end)]
+    allowed = unclean_loss_allowed(
+        world.follower_entries, end, world.follower_high_watermark, step.offset, unclean_epoch
+    )
+    assert dropped and allowed == all(epoch < unclean_epoch for epoch in dropped), world
 
 
 @PROPERTY
