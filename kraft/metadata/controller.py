@@ -655,7 +655,8 @@ class QuorumController:
         self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic
     ) -> cpb.CreateTopicsResponse:
         """One topic of more partitions than a work unit: checks and plan (one event, nothing written),
-        placement counted per broker in events of at most a work unit (records and time), then the limits
+        placement counted per broker (an explicit assignment's entries checked) in events of at most a
+        work unit (records and time), then the limits
         again and the records — BeginTransaction, the topic, configs, the first partitions — with the
         rest written by the bulk job driver, EndTransaction last; answered once that committed.  A
         failover before the first records: nothing was written, the client retries.  After: the new
@@ -686,6 +687,10 @@ class QuorumController:
                 pass
         except EventQueueClosedError:
             return self._not_controller(cpb.CreateTopicsResponse(), self.state.leader.leader_id)
+        except KraftError as exc:  # an explicit assignment's entry refused (checked while placing)
+            response = cpb.CreateTopicsResponse()
+            error_response(response.topics.add(name=topic.name), exc.code, exc.message)
+            return response
         while True:
             try:
                 return await self._serve(

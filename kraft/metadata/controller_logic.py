@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -205,24 +205,73 @@ class TopicPlan:
     configs: dict[str, str]
     planned: int = 0
     by_broker: Counter[int] = field(default_factory=Counter)
+    explicit: bool = False
+    """An explicit replica assignment (the request's): checked slice by slice into :attr:`assignment`
+    by :meth:`place_some`.  Its plan is not in the transaction's name (up to ~3 MB of replica lists for
+    ``max.request.partitions``), so a new active controller cannot resume it: it removes what was
+    written and closes the transaction (the client's retry creates the topic)."""
+    source: Sequence[cpb.ReplicaAssignment] = ()
+    check_replicas: Callable[[int, tuple[int, ...]], None] | None = None
+    """Raises the KraftError an unsliced CreateTopics gives for partition ``p``'s replicas."""
+    assignment: list[tuple[int, ...]] = field(default_factory=list)
+    """Partition id → replicas of an explicit assignment (``()`` until its entry was checked)."""
 
     def place(self, first: int, count: int) -> list[tuple[int, ...]]:
+        if self.explicit:
+            return self.assignment[first : first + count]
         return place_replica_range(self.brokers, first, count, self.replication_factor, self.start_index)
 
     def place_some(self, deadline: Deadline, max_partitions: int) -> bool:
         """Place (and count) up to ``max_partitions`` more partitions, or fewer when ``deadline``
-        expires; True once every partition was counted."""
+        expires; True once every partition was counted.  An explicit assignment's entries are checked
+        on the way (a refusal raises KraftError, as the unsliced CreateTopics refuses the topic)."""
         end = min(self.partitions, self.planned + max_partitions)
         while self.planned < end:
             step = min(CHECK_EVERY, end - self.planned)
-            self.by_broker.update(b for replicas in self.place(self.planned, step) for b in replicas)
+            if self.explicit:
+                placed = self._check_explicit(self.planned, step)
+            else:
+                placed = self.place(self.planned, step)
+            self.by_broker.update(b for replicas in placed for b in replicas)
             self.planned += step
             if deadline.expired():
                 break
         return self.planned >= self.partitions
 
+    def _check_explicit(self, first: int, count: int) -> list[tuple[int, ...]]:
+        """Entries ``first…first+count-1`` of the request (in request order), checked like
+        ``validate_assignment`` + ``check_some_replica_acceptable`` and put at their partition id."""
+        if not self.assignment:
+            self.assignment = [()] * self.partitions
+        assignment = self.assignment
+        factor = self.replication_factor
+        check = self.check_replicas
+        placed: list[tuple[int, ...]] = []
+        for entry in self.source[first : first + count]:
+            partition = entry.partition
+            if not 0 <= partition < self.partitions or assignment[partition]:
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT, "assignment partitions must be 0..n-1, each once"
+                )
+            replicas = tuple(entry.broker_ids)
+            if not replicas:
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"partition {partition} has no replicas"
+                )
+            if len(replicas) != factor:
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICATION_FACTOR,
+                    f"partition {partition} has {len(replicas)} replicas, partition "
+                    f"{self.source[0].partition} has {factor}",
+                )
+            if check is not None:
+                check(partition, replicas)
+            assignment[partition] = replicas
+            placed.append(replicas)
+        return placed
+
     def transaction_name(self, topic_id: str) -> str:
-        plan = {
+        plan: dict[str, object] = {
             "topic_id": topic_id,
             "name": self.name,
             "partitions": self.partitions,
@@ -230,6 +279,8 @@ class TopicPlan:
             "start_index": self.start_index,
             "brokers": [[b.broker_id, b.rack] for b in self.brokers],
         }
+        if self.explicit:
+            plan["explicit"] = True
         return CREATE_TOPIC_TRANSACTION + json.dumps(plan, separators=(",", ":"))
 
     @staticmethod
@@ -247,17 +298,17 @@ class TopicPlan:
                 int(plan["start_index"]),
                 brokers,
                 {},
+                explicit=bool(plan.get("explicit", False)),
             )
         except (ValueError, KeyError, TypeError):
             return None
 
 
 def is_big_topic(topic: cpb.CreatableTopic, max_records: int, default_partitions: int) -> bool:
-    """Auto-placed with more partitions than one work unit: planned and written in slices.  A topic with
-    an explicit assignment is written whole (its plan is the assignment itself, which no record could
-    carry for a resume; the request limits bound it)."""
+    """More partitions than one work unit (auto-placed or an explicit assignment): planned and written in
+    slices."""
     if topic.assignments:
-        return False
+        return len(topic.assignments) > max_records
     partitions = default_partitions if topic.num_partitions == -1 else topic.num_partitions
     return partitions > max_records
 
@@ -270,7 +321,8 @@ class TopicTransactionBusy(Exception):
 @dataclass(slots=True)
 class _TopicJob:
     """The partitions of a planned topic still to write; ``plan`` None closes an open transaction this
-    controller cannot resume (a record of it is never expected: kraft writes only topic creations)."""
+    controller cannot resume: what it wrote of topic ``topic_id`` (an explicit assignment's) is removed
+    first (an unknown transaction name has no topic: kraft writes only topic creations)."""
 
     topic_id: str
     plan: TopicPlan | None
@@ -518,6 +570,11 @@ class ControllerLogic:
             self._topic_jobs[""] = _TopicJob("", None, 0)
             return
         topic_id, plan = parsed
+        if plan.explicit:
+            # The assignment is not in the log: undo (RemoveTopicRecord inside the transaction, so no
+            # broker ever sees the topic) and close; the client's retry creates it whole.
+            self._topic_jobs[topic_id] = _TopicJob(topic_id, None, 0)
+            return
         topic = self.image.topics_by_id.get(topic_id)
         written = 0 if topic is None else len(topic.partitions)
         self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, written)
@@ -589,6 +646,9 @@ class ControllerLogic:
                         break
                 if job.written < plan.partitions:
                     return
+            elif plan is None and job.topic_id in batch.view().topics_by_id:
+                batch.add(pb.RemoveTopicRecord(topic_id=job.topic_id))
+                budget -= 1
             del self._topic_jobs[key]
             batch.add(pb.EndTransactionRecord())
             budget -= 1
@@ -1168,6 +1228,8 @@ class ControllerLogic:
             self._check_new_name(topic.name, set())
             requested = self._requested_partitions(topic)
             self._check_partition_counts(topic, requested, partitions, {}, hosted, {})
+            if topic.assignments:
+                return self._plan_explicit(topic, requested, partitions, response, next_offset)
             if requested > MAX_PARTITIONS_PER_TOPIC:
                 self._assignment_for(topic, partitions)  # raises INVALID_PARTITIONS (before placing)
             factor = topic.replication_factor
@@ -1185,6 +1247,62 @@ class ControllerLogic:
             error_response(result, exc.code, exc.message)
             return Outcome([], response, next_offset), None
         plan = TopicPlan(topic.name, requested, factor, partitions, usable, configs)
+        return Outcome([], response, next_offset), plan
+
+    def _plan_explicit(
+        self,
+        topic: cpb.CreatableTopic,
+        requested: int,
+        cursor: int,
+        response: cpb.CreateTopicsResponse,
+        next_offset: int,
+    ) -> tuple[Outcome[cpb.CreateTopicsResponse], TopicPlan | None]:
+        """plan_topic for an explicit assignment: the checks that need no pass over it; its entries are
+        checked by :meth:`TopicPlan.place_some`, a slice per event.  Raises KraftError."""
+        if topic.num_partitions not in (-1, 0) or topic.replication_factor not in (-1, 0):
+            raise KraftError(
+                ErrorCode.INVALID_REQUEST,
+                "give either an explicit assignment or partitions/replication factor, not both",
+            )
+        factor = len(topic.assignments[0].broker_ids)
+        if factor == 0:
+            raise KraftError(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                f"partition {topic.assignments[0].partition} has no replicas",
+            )
+        configs = validate_topic_configs([(c.name, c.value) for c in topic.configs], factor)
+        registered = self.image.brokers
+        acceptable = self.acceptable_in(self.image)
+
+        def check(partition: int, replicas: tuple[int, ...]) -> None:
+            if len(set(replicas)) != len(replicas):
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"partition {partition} repeats a broker"
+                )
+            unknown = [b for b in replicas if b not in registered]
+            if unknown:
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"partition {partition} names unregistered brokers {unknown}",
+                )
+            if not any(acceptable(r) for r in replicas):
+                raise KraftError(
+                    ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                    f"every broker assigned to partition {partition} ({list(replicas)}) is fenced, "
+                    f"shutting down or leaving",
+                )
+
+        plan = TopicPlan(
+            topic.name,
+            requested,
+            factor,
+            cursor,
+            [],
+            configs,
+            explicit=True,
+            source=topic.assignments,
+            check_replicas=check,
+        )
         return Outcome([], response, next_offset), plan
 
     def create_planned_topic(
