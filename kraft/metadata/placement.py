@@ -66,7 +66,21 @@ def place_replica_range(
     :func:`place_replicas` places from ``start_index`` (the same tuples: a huge topic is placed slice
     by slice, and resumed after a failover, without placing its earlier partitions again).  The caller
     checked the arguments."""
-    ordered = rack_alternated(brokers)
+    return place_ordered_range(
+        rack_alternated(brokers), first_partition, partitions, replication_factor, start_index
+    )
+
+
+def place_ordered_range(
+    ordered: Sequence[UsableBroker],
+    first_partition: int,
+    partitions: int,
+    replication_factor: int,
+    start_index: int,
+) -> list[tuple[int, ...]]:
+    """:func:`place_replica_range` with the brokers already :func:`rack_alternated` — for callers that
+    place one topic in many small slices (ordering 1,000 brokers costs ~1 ms; placing 32 partitions
+    ~0.05 ms)."""
     count = len(ordered)
     rack_count = len({b.rack or "" for b in ordered})
     start = start_index % count

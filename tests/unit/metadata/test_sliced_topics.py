@@ -13,8 +13,14 @@ import pytest
 from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.controller import ControllerOptions
-from kraft.metadata.controller_logic import CREATE_TOPIC_TRANSACTION, ControllerLogic, ControllerSettings
+from kraft.metadata.controller_logic import (
+    CREATE_TOPIC_TRANSACTION,
+    ControllerLogic,
+    ControllerSettings,
+    TopicPlan,
+)
 from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.placement import UsableBroker, place_replicas
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -195,3 +201,19 @@ async def test_a_heartbeat_is_answered_while_an_explicit_big_topic_is_being_writ
         assert not controller.committed.transaction
     finally:
         await controller.stop()
+
+
+@pytest.mark.parametrize(
+    ("brokers", "racks", "factor", "start"), [(7, 1, 3, 0), (40, 4, 3, 1234), (9, 3, 2, 17)]
+)
+def test_a_plan_placed_in_slices_gives_the_unsliced_placement(
+    brokers: int, racks: int, factor: int, start: int
+) -> None:
+    """A big topic's plan places its partitions slice by slice (from one rack-alternated order, computed
+    once): exactly the tuples one place_replicas call gives."""
+    usable = [UsableBroker(b, f"r{b % racks}") for b in range(1, brokers + 1)]
+    plan = TopicPlan("t", 500, factor, start, usable, {})
+    sliced: list[tuple[int, ...]] = []
+    for first in range(0, 500, 7):
+        sliced.extend(plan.place(first, min(7, 500 - first)))
+    assert sliced == place_replicas(usable, 500, factor, start)
