@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.controller import register_active_brokers
+from kraft.clock import Deadline, SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
@@ -50,7 +51,7 @@ def build(brokers: int, partitions: int, work_unit: int) -> tuple[ControllerLogi
     settings = ControllerSettings(
         CLUSTER, max_partitions=10**9, max_broker_partitions=10**9, max_changes_per_write=work_unit
     )
-    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0, clock=SystemClock())
     offset = register_active_brokers(logic, brokers)
     topic = cpb.CreatableTopic(name="big", num_partitions=partitions, replication_factor=3)
     out = logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), offset)
@@ -75,6 +76,40 @@ def replay_events(image: MetadataImage, records: list[Any]) -> list[float]:
     delta.apply()
     durations[-1] += (time.perf_counter() - started) * 1000
     return durations
+
+
+def _renamed(topic: cpb.CreatableTopic, name: str) -> cpb.CreatableTopic:
+    copy = cpb.CreatableTopic()
+    copy.CopyFrom(topic)
+    copy.name = name
+    return copy
+
+
+def sliced_creation(
+    logic: ControllerLogic, topic: cpb.CreatableTopic, offset: int
+) -> tuple[list[float], float]:
+    """The events of a big topic's sliced creation, as the shell runs them (plan, placing events of a
+    work unit and the time budget, the first write, then bulk slices): each one's duration, and the sum."""
+    request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
+    ms, (outcome, plan) = timed(lambda: logic.plan_topic(request, offset))
+    assert plan is not None, outcome.response
+    events = [ms]
+    limit = logic.settings.max_changes_per_write
+    budget = logic.settings.max_event_time_ms
+    while True:
+        ms, done = timed(lambda: plan.place_some(Deadline(logic.clock, budget), limit))
+        events.append(ms)
+        if done:
+            break
+    ms, first = timed(lambda: logic.create_planned_topic(plan, False, offset))
+    events.append(ms)
+    written = len(first.records)
+    while logic.has_bulk_jobs():
+        started = time.perf_counter()
+        more = logic.continue_bulk_jobs(offset + written)
+        events.append((time.perf_counter() - started) * 1000)
+        written += len(more)
+    return events, sum(events)
 
 
 def one_round(brokers: int, partitions: int, work_unit: int) -> dict[str, float]:
@@ -126,6 +161,16 @@ def one_round(brokers: int, partitions: int, work_unit: int) -> dict[str, float]
     create = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
     ms, outcome = timed(lambda: logic.create_topics(create, offset))
     out["explicit_active_event_ms"] = ms
+    # --- the sliced path of a big topic (plan, placing events, slices), if the logic has it ---
+    for label, big_topic in (
+        ("sliced_auto", cpb.CreatableTopic(name="auto2", num_partitions=partitions, replication_factor=3)),
+        ("sliced_explicit", _renamed(topic, "explicit2")),
+    ):
+        if logic.is_big_topic(big_topic):
+            events, started = sliced_creation(logic, big_topic, offset)
+            out[f"{label}_max_event_ms"] = max(events)
+            out[f"{label}_events"] = len(events)
+            out[f"{label}_total_ms"] = started
     # --- a 1,000-partition topic ---
     image = logic.image
     small = cpb.CreatableTopic(name="small", num_partitions=1000, replication_factor=3)

@@ -584,6 +584,11 @@ class MetadataDelta:
 def _build_topic(topic: _TopicDelta) -> TopicImage:
     if topic.base is not None and not topic.changed and topic.count == len(topic.base.partitions):
         return topic.base
+    if topic.base is not None and min(topic.changed, default=0) >= len(topic.base.partitions):
+        # Only new partitions (a big topic written slice by slice, CreatePartitions): one copy of the
+        # base, not two — each slice's apply copies the whole topic so far (0.5-1 ms at 100,000).
+        added = tuple(topic.changed[p] for p in sorted(topic.changed))
+        return TopicImage(topic.name, topic.topic_id, topic.base.partitions + added)
     partitions = list(topic.base.partitions) if topic.base is not None else []
     for partition_id in sorted(topic.changed):
         registration = topic.changed[partition_id]
