@@ -178,6 +178,24 @@ def one_round(brokers: int, partitions: int, work_unit: int) -> dict[str, float]
         lambda: logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[small]), offset)
     )
     out["small_topic_active_event_ms"] = ms
+    if hasattr(logic, "prepare_some"):  # the prepared path: plan, bounded preparing events, one write
+        mid = cpb.CreateTopicsRequest(
+            cluster_id=CLUSTER,
+            topics=[cpb.CreatableTopic(name="small-prepared", num_partitions=1000, replication_factor=3)],
+        )
+        ms, (_, plan) = timed(lambda: logic.plan_topic(mid, offset, prepared=True))
+        assert plan is not None
+        prepared = [ms]
+        budget = logic.settings.max_event_time_ms
+        while True:
+            ms, done = timed(lambda: logic.prepare_some(plan, Deadline(logic.clock, budget), 1000))
+            prepared.append(ms)
+            if done:
+                break
+        ms, _ = timed(lambda: logic.create_prepared_topic(plan, False, offset))
+        out["small_topic_prepared_write_ms"] = ms
+        out["small_topic_prepared_max_event_ms"] = max([*prepared, ms])
+        out["small_topic_prepared_events"] = len(prepared) + 1
     out["small_topic_follower_max_slice_ms"] = max(replay_events(image, list(outcome.records)))
     gc.unfreeze()
     return out

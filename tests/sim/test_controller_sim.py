@@ -66,6 +66,9 @@ OPTIONS = ControllerOptions(
     # tiny work units: every bulk operation of the scenarios runs in many slices, paced by commits
     max_work_unit_records=4,
     max_uncommitted_bulk_records=8,
+    # topics of 3-4 partitions are prepared in bounded events and written in one (1-2 are written in
+    # parts, 5+ in a transaction)
+    prepared_topic_min_partitions=3,
 )
 BULK_PARTITIONS = 48
 UNANSWERED = (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT)
@@ -853,8 +856,43 @@ def scenario_sliced_explicit_big_topic_is_undone_and_retried_after_failover(
     sim.check_identical_images()
 
 
+def scenario_prepared_topics_are_whole_after_failover(sim: ControllerSimulation) -> None:
+    """One CreateTopics of BULK_PARTITIONS / 4 topics of 4 partitions, each prepared (placed, its records
+    built) in bounded events and written in one append, paced by commits; the active controller crashes
+    when some are written.  Each topic is there complete or not at all; the client's retry creates the
+    rest (that prepared topics equal unsliced ones is tests/unit/metadata/test_sliced_topics.py's)."""
+    names = [f"prep-{i}" for i in range(BULK_PARTITIONS // 4)]
+    create = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER,
+        topics=[cpb.CreatableTopic(name=n, num_partitions=4, replication_factor=2) for n in names],
+    )
+
+    def existing(image: MetadataImage) -> int:
+        count = 0
+        for name in names:
+            topic = image.topic(name)
+            if topic is None:
+                continue
+            if len(topic.partitions) != 4 or any(len(set(p.replicas)) != 2 for p in topic.partitions):
+                raise InvariantViolation(f"seed {sim.seed}: topic {name} is partly written: {topic}")
+            count += 1
+        return count
+
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].create_topics(create))
+    sim._sync_controllers()
+    _crash_active_mid_way(sim, lambda image: existing(image) * 4, "the prepared topics")
+    _request_until(
+        sim, "prepared", lambda c: c.create_topics(create), lambda: existing(sim.leader_image()) == len(names)
+    )
+    sim.wait_all_active("brokers active after the failover")
+    sim.check_identical_images()
+
+
 SCENARIOS = {
     "sliced_big_topic_resumes_after_failover": scenario_sliced_big_topic_resumes_after_failover,
+    "prepared_topics_are_whole_after_failover": scenario_prepared_topics_are_whole_after_failover,
     "sliced_explicit_big_topic_is_undone_and_retried_after_failover": (
         scenario_sliced_explicit_big_topic_is_undone_and_retried_after_failover
     ),

@@ -12,12 +12,15 @@ import pytest
 
 from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode, KraftError
+from kraft.metadata import records
 from kraft.metadata.controller import ControllerOptions
 from kraft.metadata.controller_logic import (
     CREATE_TOPIC_TRANSACTION,
+    PREPARED_TOPIC_MIN_PARTITIONS,
     ControllerLogic,
     ControllerSettings,
     TopicPlan,
+    is_prepared_topic,
 )
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.placement import UsableBroker, place_replicas
@@ -25,7 +28,7 @@ from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 from .test_controller import CLUSTER, activate_broker, settle
-from .test_work_budget import _cluster_with_a_topic, _logic, _replay, _started
+from .test_work_budget import CostClock, _cluster_with_a_topic, _logic, _replay, _started
 
 
 def _assigned(name: str, assignment: list[list[int]], order: list[int] | None = None) -> cpb.CreatableTopic:
@@ -217,3 +220,130 @@ def test_a_plan_placed_in_slices_gives_the_unsliced_placement(
     for first in range(0, 500, 7):
         sliced.extend(plan.place(first, min(7, 500 - first)))
     assert sliced == place_replicas(usable, 500, factor, start)
+
+
+def _values(outcome_records: list[pb.MetadataRecord]) -> list[bytes]:
+    return [records.encode_value(r) for r in outcome_records]
+
+
+def test_a_prepared_topic_is_built_in_bounded_events_and_written_in_one_append_as_the_unsliced_one() -> None:
+    """Placement and records in events cut by the time budget (1 ms per clock read, 5 ms budget), nothing
+    written until the last step, whose one append is byte for byte what one CreateTopics event writes."""
+    clock = CostClock()
+    prepared = _logic(clock, budget_ms=5)
+    log = _cluster_with_a_topic(prepared, 3)
+    whole = _logic(None, budget_ms=0)
+    whole_log = _cluster_with_a_topic(whole, 3)
+    topic = cpb.CreatableTopic(
+        name="mid",
+        num_partitions=600,
+        replication_factor=2,
+        configs=[cpb.TopicConfig(name="retention.ms", value="9")],
+    )
+    request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
+    assert is_prepared_topic(topic, 1_000, 1, PREPARED_TOPIC_MIN_PARTITIONS)
+    outcome, plan = prepared.plan_topic(request, len(log), prepared=True)
+    assert plan is not None and not outcome.records
+    clock.cost_ms = 1
+    events = 1
+    while not prepared.prepare_some(plan, Deadline(clock, 5), 1_000):
+        events += 1
+        assert prepared.image.topic("mid") is None  # nothing written while preparing
+    clock.cost_ms = 0
+    assert events > 3
+    written = prepared.create_prepared_topic(plan, False, len(log))
+    expected = whole.create_topics(request, len(whole_log))
+    assert written.response == expected.response
+    assert _values(written.records) == _values(expected.records)
+    assert prepared.image.topic("mid") == whole.image.topic("mid")
+
+
+def test_a_prepared_topic_takes_the_brokers_as_they_are_when_it_is_written() -> None:
+    """A broker starts a controlled shutdown between the preparation and the write: the records built
+    earlier are rebuilt, and no partition has it in its ISR or as its leader."""
+    logic = _logic(None, budget_ms=0)
+    log = _cluster_with_a_topic(logic, 3)
+    request = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER, topics=[cpb.CreatableTopic(name="mid", num_partitions=300, replication_factor=3)]
+    )
+    _, plan = logic.plan_topic(request, len(log), prepared=True)
+    assert plan is not None
+    while not logic.prepare_some(plan, Deadline(None, 0), 100):
+        pass
+    shutdown = logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=3), len(log))
+    log.extend(shutdown.records)
+    while logic.has_bulk_jobs():
+        log.extend(logic.continue_bulk_jobs(len(log)))
+    written = logic.create_prepared_topic(plan, False, len(log))
+    assert written.response.topics[0].error_code == ErrorCode.NONE
+    topic = logic.image.topic("mid")
+    assert topic is not None and len(topic.partitions) == 300
+    assert all(3 not in p.isr and p.leader != 3 and p.isr for p in topic.partitions)
+    assert any(3 in p.replicas for p in topic.partitions)
+
+
+def test_topics_planned_together_are_placed_one_after_the_other() -> None:
+    """Two plans before either is written: the second's placement starts after the first's partitions,
+    as consecutive topics of one request would (not every topic's leaders from the same broker)."""
+    logic = _logic(None, budget_ms=0)
+    log = _cluster_with_a_topic(logic, 3)
+
+    def planned(name: str) -> TopicPlan:
+        request = cpb.CreateTopicsRequest(
+            cluster_id=CLUSTER,
+            topics=[cpb.CreatableTopic(name=name, num_partitions=301, replication_factor=1)],
+        )
+        _, plan = logic.plan_topic(request, len(log), prepared=True)
+        assert plan is not None
+        return plan
+
+    first, second = planned("a"), planned("b")
+    assert second.start_index == first.start_index + 301
+    for plan in (first, second):
+        while not logic.prepare_some(plan, Deadline(None, 0), 1_000):
+            pass
+        log.extend(logic.create_prepared_topic(plan, False, len(log)).records)
+    a, b = logic.image.topic("a"), logic.image.topic("b")
+    assert a is not None and b is not None
+    assert a.partitions[0].leader != b.partitions[0].leader
+    assert planned("c").start_index == 3 + 301 + 301  # nothing planned ahead any more
+
+
+async def test_a_prepared_topic_through_the_controller_is_one_append_after_bounded_events() -> None:
+    clock = ManualClock()
+    raft, controller = await _started(ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000), clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        start = len(controller.writes.queue.processed)
+        batches = len(raft.log)
+        request = cpb.CreateTopicsRequest(
+            cluster_id=CLUSTER,
+            topics=[
+                cpb.CreatableTopic(name="mid", num_partitions=300, replication_factor=2),
+                cpb.CreatableTopic(name="small", num_partitions=2, replication_factor=2),
+                _assigned("mid-assigned", [[1, 2]] * 280),
+            ],
+        )
+        response = await asyncio.wait_for(controller.create_topics(request), 10)
+        assert [t.name for t in response.topics] == ["mid", "small", "mid-assigned"]
+        assert all(t.error_code == ErrorCode.NONE for t in response.topics)
+        processed = controller.writes.queue.processed[start:]
+        assert processed.count("create-topic-plan") == 2 and processed.count("create-topic-prepare") >= 2
+        for name, count in (("mid", 300), ("mid-assigned", 280)):
+            topic = controller.committed.topic(name)
+            assert topic is not None and len(topic.partitions) == count
+            # every record of the topic in one batch (one append)
+            holding = [
+                b
+                for b in raft.log[batches:]
+                if any(
+                    records.decode_value(r.value).WhichOneof("record") == "partition"
+                    and records.decode_value(r.value).partition.topic_id == topic.topic_id
+                    for r in b.records
+                )
+            ]
+            assert len(holding) == 1
+        assert not controller.committed.transaction
+    finally:
+        await controller.stop()
