@@ -1404,11 +1404,18 @@ class ControllerLogic:
         """One event of a prepared topic: place (or check, for an explicit assignment) up to
         ``max_partitions`` more partitions, fewer when ``deadline`` expires, and build their records;
         True once all are.  Writes nothing; an explicit entry's refusal raises KraftError."""
-        first = plan.planned
-        done = plan.place_some(deadline, max_partitions)
-        if plan.prepared is not None and plan.planned > first:
-            self._prepare_records(plan, first, plan.place(first, plan.planned - first))
-        return done
+        end = min(plan.partitions, plan.planned + max_partitions)
+        unbounded = Deadline(None, 0)
+        while plan.planned < end:
+            # placing and building interleaved, so the deadline covers both (~2 + ~4 µs per partition)
+            first = plan.planned
+            step = min(CHECK_EVERY, end - first)
+            plan.place_some(unbounded, step)
+            if plan.prepared is not None:
+                self._prepare_records(plan, first, plan.place(first, step))
+            if deadline.expired():
+                break
+        return plan.planned >= plan.partitions
 
     def _prepare_records(self, plan: TopicPlan, first: int, placed: list[tuple[int, ...]]) -> None:
         assert plan.prepared is not None
