@@ -675,8 +675,8 @@ class QuorumController:
     ) -> cpb.CreateTopicsResponse:
         """One topic of more partitions than a work unit: checks and plan (one event, nothing written),
         placement counted per broker (an explicit assignment's entries checked) in events of at most a
-        work unit (records and time), then the limits
-        again and the records — BeginTransaction, the topic, configs, the first partitions — with the
+        work unit (records and time), then the limits again and the records — BeginTransaction, the
+        topic, configs, the first partitions — with the
         rest written by the bulk job driver, EndTransaction last; answered once that committed.  A
         failover before the first records: nothing was written, the client retries.  After: the new
         active controller finishes the transaction from its plan (ControllerLogic._resume_transaction)."""

@@ -1404,18 +1404,29 @@ class ControllerLogic:
         """One event of a prepared topic: place (or check, for an explicit assignment) up to
         ``max_partitions`` more partitions, fewer when ``deadline`` expires, and build their records;
         True once all are.  Writes nothing; an explicit entry's refusal raises KraftError."""
-        end = min(plan.partitions, plan.planned + max_partitions)
         unbounded = Deadline(None, 0)
-        while plan.planned < end:
+        prepared = plan.prepared
+        work = 0
+        while work < max_partitions:
             # placing and building interleaved, so the deadline covers both (~2 + ~4 µs per partition)
-            first = plan.planned
-            step = min(CHECK_EVERY, end - first)
-            plan.place_some(unbounded, step)
-            if plan.prepared is not None:
+            if plan.planned < plan.partitions:
+                first = plan.planned
+                step = min(CHECK_EVERY, plan.partitions - first, max_partitions - work)
+                plan.place_some(unbounded, step)
+                if prepared is not None and not plan.explicit:
+                    self._prepare_records(plan, first, plan.place(first, step))
+            elif prepared is not None and len(prepared) < plan.partitions:
+                # an explicit assignment's records once every entry was checked (entries come in any
+                # order, each naming its partition)
+                first = len(prepared)
+                step = min(CHECK_EVERY, plan.partitions - first, max_partitions - work)
                 self._prepare_records(plan, first, plan.place(first, step))
+            else:
+                break
+            work += step
             if deadline.expired():
                 break
-        return plan.planned >= plan.partitions
+        return plan.planned >= plan.partitions and (prepared is None or len(prepared) >= plan.partitions)
 
     def _prepare_records(self, plan: TopicPlan, first: int, placed: list[tuple[int, ...]]) -> None:
         assert plan.prepared is not None

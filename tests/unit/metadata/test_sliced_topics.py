@@ -347,3 +347,26 @@ async def test_a_prepared_topic_through_the_controller_is_one_append_after_bound
         assert not controller.committed.transaction
     finally:
         await controller.stop()
+
+
+def test_a_prepared_explicit_assignment_in_any_order_is_the_unsliced_one() -> None:
+    """Entries in shuffled order, checked a few per event: the records are built once every entry was
+    checked, and the append is byte for byte what one CreateTopics event writes."""
+    order = list(range(300))
+    random.Random(3).shuffle(order)
+    topic = _assigned("assigned", _rotating(300), order)
+    request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
+    prepared = _logic(None, budget_ms=0)
+    log = _cluster_with_a_topic(prepared, 3)
+    whole = _logic(None, budget_ms=0)
+    whole_log = _cluster_with_a_topic(whole, 3)
+    _, plan = prepared.plan_topic(request, len(log), prepared=True)
+    assert plan is not None
+    events = 1
+    while not prepared.prepare_some(plan, Deadline(None, 0), 64):
+        events += 1
+    assert events >= 300 * 2 // 64  # checking, then building
+    written = prepared.create_prepared_topic(plan, False, len(log))
+    expected = whole.create_topics(request, len(whole_log))
+    assert written.response == expected.response
+    assert _values(written.records) == _values(expected.records)
