@@ -41,6 +41,8 @@ _ID_CACHE: dict[int, int] = {}
 # which only costs sharing, never correctness.
 _LIST_CACHE: dict[tuple[int, ...], tuple[int, ...]] = {}
 _LIST_CACHE_MAX = 1 << 18
+LOCAL_CHANGES_STEP = 256
+"""Partitions :meth:`MetadataDelta.local_changes_in_steps` looks at between two pauses (~20-80 µs)."""
 
 
 def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
@@ -591,12 +593,32 @@ class MetadataDelta:
 
     def local_changes(self, broker_id: int) -> LocalReplicaChanges:
         changes = LocalReplicaChanges()
+        for _ in self.local_changes_in_steps(broker_id, changes):
+            pass
+        return changes
+
+    def local_changes_in_steps(self, broker_id: int, changes: LocalReplicaChanges) -> Iterator[None]:
+        """:meth:`local_changes` into ``changes``, pausing (yielding) after every ``LOCAL_CHANGES_STEP``
+        partitions looked at, so a caller can bound its event-loop turns: a removed topic of 100,000
+        partitions is one RemoveTopicRecord but ~7 ms of scanning for the replicas a broker hosts.  The
+        delta must not change until the iterator is exhausted."""
+        step = LOCAL_CHANGES_STEP
         for topic_id, removed in self._removed_topics.items():
-            for partition_id, partition in enumerate(removed.partitions):
-                if broker_id in partition.replicas:
-                    changes.deletes.append(LocalPartition(removed.name, topic_id, partition_id, partition))
+            partitions = removed.partitions
+            for start in range(0, len(partitions), step):
+                for partition_id in range(start, min(start + step, len(partitions))):
+                    partition = partitions[partition_id]
+                    if broker_id in partition.replicas:
+                        changes.deletes.append(
+                            LocalPartition(removed.name, topic_id, partition_id, partition)
+                        )
+                yield
+        seen = 0
         for topic in self._topics.values():
             for partition_id, partition in topic.changed.items():
+                seen += 1
+                if seen % step == 0:
+                    yield
                 local = LocalPartition(topic.name, topic.topic_id, partition_id, partition)
                 if broker_id in partition.replicas:
                     if partition.leader == broker_id:
@@ -607,12 +629,16 @@ class MetadataDelta:
                     before = topic.before(partition_id)
                     if before is not None and broker_id in before.replicas:
                         changes.deletes.append(local)
-        return changes
 
 
 def _build_topic(topic: _TopicDelta) -> TopicImage:
     if topic.base is not None and not topic.changed and topic.count == len(topic.base.partitions):
         return topic.base
+    if topic.base is not None and min(topic.changed, default=0) >= len(topic.base.partitions):
+        # Only new partitions (a big topic written slice by slice, CreatePartitions): one copy of the
+        # base, not two — each slice's apply copies the whole topic so far (0.5-1 ms at 100,000).
+        added = tuple(topic.changed[p] for p in sorted(topic.changed))
+        return TopicImage(topic.name, topic.topic_id, topic.base.partitions + added)
     partitions = list(topic.base.partitions) if topic.base is not None else []
     for partition_id in sorted(topic.changed):
         registration = topic.changed[partition_id]

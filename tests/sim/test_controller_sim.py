@@ -66,6 +66,9 @@ OPTIONS = ControllerOptions(
     # tiny work units: every bulk operation of the scenarios runs in many slices, paced by commits
     max_work_unit_records=4,
     max_uncommitted_bulk_records=8,
+    # topics of 3-4 partitions are prepared in bounded events and written in one (1-2 are written in
+    # parts, 5+ in a transaction)
+    prepared_topic_min_partitions=3,
 )
 BULK_PARTITIONS = 48
 UNANSWERED = (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT)
@@ -923,8 +926,106 @@ def scenario_sliced_big_topic_resumes_after_failover(sim: ControllerSimulation) 
     sim.check_identical_images()
 
 
+def scenario_sliced_explicit_big_topic_is_undone_and_retried_after_failover(
+    sim: ControllerSimulation,
+) -> None:
+    """One CreateTopics of a single topic with an explicit assignment of BULK_PARTITIONS partitions: its
+    entries checked and its records written in slices of a work unit (4) inside a metadata transaction;
+    the active controller crashes when part of it committed.  The assignment is not in the log, so the
+    new active controller removes what was written inside the transaction and closes it (no broker ever
+    sees a partial topic); the client's retry creates it.  The topic then equals what one unsliced
+    CreateTopics on the image before the request gives (replicas, ISRs, leaders)."""
+    brokers = sorted(sim.brokers)
+    assignment = [
+        [brokers[p % len(brokers)], brokers[(p + 1) % len(brokers)]] for p in range(BULK_PARTITIONS)
+    ]
+    topic = cpb.CreatableTopic(name="big-assigned")
+    for partition_id in reversed(range(BULK_PARTITIONS)):  # any order: entries name their partition
+        topic.assignments.add(partition=partition_id, broker_ids=assignment[partition_id])
+    request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
+    before = sim.leader_image()
+    unsliced = ControllerLogic(
+        ControllerSettings(CLUSTER, max_changes_per_write=10 * BULK_PARTITIONS), before, 0
+    )
+    expected = unsliced.create_topics(request, before.offset + 1)
+    assert expected.response.topics[0].error_code == ErrorCode.NONE
+    expected_topic = unsliced.image.topic("big-assigned")
+    assert expected_topic is not None
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].create_topics(request))
+    sim._sync_controllers()
+
+    def written(image: MetadataImage) -> int:
+        found = image.topic("big-assigned")
+        count = 0 if found is None else len(found.partitions)
+        if 0 < count < BULK_PARTITIONS and not image.transaction.startswith(CREATE_TOPIC_TRANSACTION):
+            raise InvariantViolation(f"seed {sim.seed}: a partial topic outside its transaction")
+        return count
+
+    _crash_active_mid_way(sim, written, "the explicit big topic")
+    sim.run_until_condition(
+        lambda: not sim.leader_image().transaction and written(sim.leader_image()) == 0,
+        BOUND_MS,
+        "the partial topic removed and its transaction closed",
+    )
+    _request_until(
+        sim,
+        "big-assigned",
+        lambda c: c.create_topics(request),
+        lambda: written(sim.leader_image()) == BULK_PARTITIONS and not sim.leader_image().transaction,
+    )
+    created = sim.leader_image().topic("big-assigned")
+    assert created is not None
+    if created.partitions != expected_topic.partitions:
+        raise InvariantViolation(
+            f"seed {sim.seed}: the retried topic differs from the unsliced one: {created.partitions} != "
+            f"{expected_topic.partitions}"
+        )
+    sim.wait_all_active("brokers active after the failover")
+    sim.check_identical_images()
+
+
+def scenario_prepared_topics_are_whole_after_failover(sim: ControllerSimulation) -> None:
+    """One CreateTopics of BULK_PARTITIONS / 4 topics of 4 partitions, each prepared (placed, its records
+    built) in bounded events and written in one append, paced by commits; the active controller crashes
+    when some are written.  Each topic is there complete or not at all; the client's retry creates the
+    rest (that prepared topics equal unsliced ones is tests/unit/metadata/test_sliced_topics.py's)."""
+    names = [f"prep-{i}" for i in range(BULK_PARTITIONS // 4)]
+    create = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER,
+        topics=[cpb.CreatableTopic(name=n, num_partitions=4, replication_factor=2) for n in names],
+    )
+
+    def existing(image: MetadataImage) -> int:
+        count = 0
+        for name in names:
+            topic = image.topic(name)
+            if topic is None:
+                continue
+            if len(topic.partitions) != 4 or any(len(set(p.replicas)) != 2 for p in topic.partitions):
+                raise InvariantViolation(f"seed {sim.seed}: topic {name} is partly written: {topic}")
+            count += 1
+        return count
+
+    target = sim.active_controller()
+    assert target is not None
+    sim.controllers[target[0]].loop.create_task(target[1].create_topics(create))
+    sim._sync_controllers()
+    _crash_active_mid_way(sim, lambda image: existing(image) * 4, "the prepared topics")
+    _request_until(
+        sim, "prepared", lambda c: c.create_topics(create), lambda: existing(sim.leader_image()) == len(names)
+    )
+    sim.wait_all_active("brokers active after the failover")
+    sim.check_identical_images()
+
+
 SCENARIOS = {
     "sliced_big_topic_resumes_after_failover": scenario_sliced_big_topic_resumes_after_failover,
+    "prepared_topics_are_whole_after_failover": scenario_prepared_topics_are_whole_after_failover,
+    "sliced_explicit_big_topic_is_undone_and_retried_after_failover": (
+        scenario_sliced_explicit_big_topic_is_undone_and_retried_after_failover
+    ),
     "sliced_topic_requests_finish_after_failover": scenario_sliced_topic_requests_finish_after_failover,
     "sliced_controlled_shutdown_resumes_after_failover": (
         scenario_sliced_controlled_shutdown_resumes_after_failover

@@ -138,3 +138,48 @@ async def test_opening_the_partitions_shows_the_view_again_with_them_open(tmp_pa
     await publisher.open_partitions()
     assert seen == [(10, 0), (10, 1)]
     manager.close()
+
+
+class CostClock(ManualClock):
+    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
+
+    def monotonic_ms(self) -> int:
+        self.advance(1)
+        return super().monotonic_ms()
+
+
+async def test_a_big_topic_deletion_is_looked_through_in_bounded_turns(tmp_path: Path) -> None:
+    """One RemoveTopicRecord of a big topic: the scan for this broker's replicas (a few of its thousands
+    of partitions) yields the event loop whenever the work-unit budget ran out, and finds what the
+    one-go ``local_changes`` finds."""
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(wrap(mpb.TopicRecord(name="big", topic_id="B")))
+    for partition_id in range(5000):
+        replicas = [ME, 1, 2] if partition_id % 10 == 0 else [1, 2, 3]
+        delta.replay(
+            wrap(
+                mpb.PartitionRecord(partition_id=partition_id, topic_id="B", replicas=replicas, isr=replicas)
+            )
+        )
+    delta.replay(wrap(mpb.NoOpRecord()), 1, 1)
+    image = delta.apply()
+    clock = CostClock()
+    _, publisher = await _publisher(tmp_path, GatedStore(), clock)
+    removal = MetadataDelta(image)
+    removal.replay(wrap(mpb.RemoveTopicRecord(topic_id="B")), 2, 1)
+    turns = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    changes = await publisher._local_changes(removal)
+    done = True
+    await ticking
+    assert turns >= 2  # the loop ran other tasks while the scan was under way
+    assert changes.deletes == {TopicPartition("big", p): "B" for p in range(0, 5000, 10)}
+    assert not changes.leaders and not changes.followers

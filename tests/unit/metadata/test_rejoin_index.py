@@ -5,11 +5,13 @@ broker states, with the index following the images delta by delta or rebuilt fro
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kraft.metadata import rejoin_index
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.partition_change import build_change
@@ -21,6 +23,14 @@ BROKERS = list(range(6))
 TOPIC_IDS = ["t0", "t1", "t2"]
 IDS = st.integers(-1, 6)  # -1: no leader; 6: a broker that is not registered
 ID_LISTS = st.lists(st.integers(0, 6), max_size=4)  # repeats and non-replica ISR members on purpose
+BIG_TOPIC = 3  # topics of 3+ partitions keep their own counts here (both paths are exercised)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_big_topics() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rejoin_index, "TOPIC_COUNTS_MIN_PARTITIONS", BIG_TOPIC)
+        yield
 
 
 @st.composite
@@ -138,6 +148,14 @@ def assert_same_structure(index: RejoinIndex, image: MetadataImage) -> None:
     assert nonzero(fresh.replica_counts) == nonzero(counts.replicas)
     assert sorted(image.topics_by_id, key=index._ordinal.__getitem__) == list(image.topics_by_id)
     assert set(index._ordinal) == set(image.topics_by_id)
+    # big topics' own counts (what a removal subtracts) equal a recount of the topic
+    big = {t for t, topic in image.topics_by_id.items() if len(topic.partitions) >= BIG_TOPIC}
+    assert set(index._topic_counts) == big
+    for topic_id, (leaders, replicas) in index._topic_counts.items():
+        recount = PartitionCounts()
+        recount.update({topic_id: image.topics_by_id[topic_id]})
+        assert nonzero(leaders) == nonzero(recount.leaders)
+        assert nonzero(replicas) == nonzero(recount.replicas)
 
 
 def _holds_elr(partition: PartitionRegistration) -> bool:
