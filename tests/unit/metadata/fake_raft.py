@@ -152,7 +152,7 @@ class FakeRaft:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
-    def confirm_leadership(self) -> asyncio.Future[None]:
+    def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         """Confirmed at once (a single voter) unless ``hold_confirmations``."""
         if self._leader.leader_id != self._node_id:
             raise NotLeaderError(self._leader)
