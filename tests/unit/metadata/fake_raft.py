@@ -63,6 +63,8 @@ class FakeRaft:
         self.hold_confirmations = False
         """While True ``confirm_leadership`` waits (a majority out of reach); :meth:`confirm` answers."""
         self.confirmations = 0
+        self.lease_asks = 0
+        """Confirmations asked with ``lease=True`` (answered like any: this fake has no lease)."""
         """How many times ``confirm_leadership`` was called."""
         self._confirm_waiters: list[asyncio.Future[None]] = []
 
@@ -157,6 +159,7 @@ class FakeRaft:
         if self._leader.leader_id != self._node_id:
             raise NotLeaderError(self._leader)
         self.confirmations += 1
+        self.lease_asks += lease
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.hold_confirmations:
             self._confirm_waiters.append(waiter)
