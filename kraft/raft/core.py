@@ -554,6 +554,8 @@ class RaftCore:
 
     def _advance(self, now_ms: int) -> None:
         self.now_ms = max(self.now_ms, now_ms)
+        if self._leader is not None:
+            self._leader.now_ms = self.now_ms  # responses built in this input are stamped with it
 
     def _take_output(self) -> Output:
         out = self._out
@@ -754,6 +756,7 @@ class RaftCore:
                 self.voter_set,
                 last_read_round=self._last_read_round,
             )
+            self._leader.now_ms = now
             history = self.voter_history
             # Formatted with a voter set the log does not hold yet (the bootstrap checkpoint): write it.
             unwritten = not history.static and history.latest_offset < 0 and self.log.start_offset == 0

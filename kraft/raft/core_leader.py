@@ -122,7 +122,16 @@ class LeaderRole:
         ``config.vote_protection_ms`` of its own clock.  Bounded (:data:`LEASE_ROUND_MEMORY`); an echo of a
         forgotten round only renews nothing."""
         self.lease_basis_ms: dict[int, int] = {}
-        """Per voter of the set in force: the start of the latest round it echoed (the leader's clock)."""
+        """Per voter of the set in force: a time (the leader's clock) after which it took the response that
+        brought it the latest round it echoed — that round's start, or later the first response to it that
+        carried the round (:attr:`first_carried_ms`), whichever is later."""
+        self.first_carried_ms: dict[int, dict[int, int]] = {}
+        """Per voter: when the first response to it carrying each round it has not echoed yet was built.
+        During bulk work a voter's next Fetch comes long after a round starts (it is writing and replaying
+        a big batch), so the response's time is a much later — still sound — basis than the start."""
+        self.now_ms = 0
+        """The time of the input being handled (the core sets it before every input): responses built now
+        were built no earlier than this."""
         self.voter_set = voter_set if voter_set is not None else VoterSet.static(config.voters)
         self.voters: frozenset[int] = frozenset()
         self.majority = 1
@@ -146,6 +155,7 @@ class LeaderRole:
         # A voter re-added under another directory id must earn its echo again.
         self.read_echo.clear()
         self.lease_basis_ms.clear()  # a new majority must echo again before a lease counts it
+        self.first_carried_ms.clear()
         for gone in set(self.last_contact_ms) - others:
             del self.last_contact_ms[gone]
         if now_ms is not None:
@@ -416,22 +426,37 @@ class LeaderRole:
         if request.echo_only:
             # The fetcher is still writing what it fetched: its fetch_offset is behind its log, so it is
             # no progress report (it would move the replica's end back), and it wants no records.
-            return [*confirmed, Respond(request_id, self._fetch_response(log, high_watermark))]
+            return [
+                *confirmed,
+                Respond(request_id, self._fetch_response(request.replica_id, log, high_watermark)),
+            ]
         return confirmed + self._handle_fetch(request_id, request, now_ms, log, high_watermark)
 
     def _handle_fetch(
         self, request_id: int, request: FetchRequest, now_ms: int, log: LogMeta, high_watermark: int
     ) -> Decisions:
         if request.fetch_offset < log.start_offset and log.snapshot is not None:
-            return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
+            return [
+                Respond(
+                    request_id,
+                    self._fetch_response(request.replica_id, log, high_watermark, snapshot_id=log.snapshot),
+                )
+            ]
         end_for_epoch = log.end_offset_for_epoch(request.last_fetched_epoch)
         if end_for_epoch is None and log.snapshot is not None:
-            return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
+            return [
+                Respond(
+                    request_id,
+                    self._fetch_response(request.replica_id, log, high_watermark, snapshot_id=log.snapshot),
+                )
+            ]
         if end_for_epoch is not None and (
             end_for_epoch.epoch != request.last_fetched_epoch
             or end_for_epoch.end_offset < request.fetch_offset
         ):
-            response = self._fetch_response(log, high_watermark, diverging_epoch=end_for_epoch)
+            response = self._fetch_response(
+                request.replica_id, log, high_watermark, diverging_epoch=end_for_epoch
+            )
             return [Respond(request_id, response)]
         decisions, high_watermark = self._update_progress(
             request.replica_id,
@@ -517,11 +542,18 @@ class LeaderRole:
         if request.read_round <= echoed:
             return []
         self.read_echo[request.replica_id] = request.read_round
-        started_ms = self.round_started_ms.get(request.read_round)
-        if started_ms is not None:
-            # The echoed round is the highest this voter took, from a response written after it started.
-            self.lease_basis_ms[request.replica_id] = started_ms
+        self._renew_lease_basis(request.replica_id, request.read_round)
         return self._check_read_round()
+
+    def _renew_lease_basis(self, voter: int, echoed: int) -> None:
+        """The echoed round is the highest this voter took, so it took a response carrying it: one written
+        after the round started, and no earlier than the first response to this voter that carried it."""
+        carried = self.first_carried_ms.get(voter, {})
+        basis = max(self.round_started_ms.get(echoed, -1), carried.get(echoed, -1))
+        for read_round in [r for r in carried if r <= echoed]:
+            del carried[read_round]
+        if basis >= 0:
+            self.lease_basis_ms[voter] = basis
 
     # -- check-quorum leader lease (issue #17)
     #
@@ -591,12 +623,22 @@ class LeaderRole:
 
     def _fetch_response(
         self,
+        to: int,
         log: LogMeta,
         high_watermark: int,
         *,
         diverging_epoch: EpochEndOffset | None = None,
         snapshot_id: SnapshotId | None = None,
     ) -> FetchResponse:
+        """A FetchResponse to replica ``to``; the first one to a voter carrying a round is remembered
+        for the lease (:meth:`_renew_lease_basis`)."""
+        read_round = self._publish_read_round()
+        if read_round > 0 and to in self.voters and to != self.node_id and self.config.lease_ms > 0:
+            carried = self.first_carried_ms.setdefault(to, {})
+            if read_round not in carried:
+                carried[read_round] = self.now_ms
+                if len(carried) > LEASE_ROUND_MEMORY:
+                    del carried[min(carried)]
         return FetchResponse(
             ErrorCode.NONE,
             "",
@@ -607,7 +649,7 @@ class LeaderRole:
             b"",
             diverging_epoch,
             snapshot_id,
-            self._publish_read_round(),
+            read_round,
         )
 
     def _data_response(
@@ -616,7 +658,9 @@ class LeaderRole:
         read = None
         if request.fetch_offset < end_offset:
             read = LogRead(request.fetch_offset, min(request.max_bytes, self.config.fetch_max_bytes))
-        return Respond(request_id, self._fetch_response(log, high_watermark), read_log=read)
+        return Respond(
+            request_id, self._fetch_response(request.replica_id, log, high_watermark), read_log=read
+        )
 
     def _progress_of(self, replica_id: int, now_ms: int) -> ReplicaProgress | None:
         """The tracked progress of ``replica_id``, or None for an observer that does not fit.

@@ -83,6 +83,23 @@ def test_the_lease_runs_from_the_rounds_start_not_from_the_echos_arrival() -> No
     assert core.confirm_leadership(now + LEASE_MS, lease=True) > 0
 
 
+def test_the_lease_runs_from_the_first_response_that_carried_the_round_when_that_is_later() -> None:
+    """During bulk work a voter's next Fetch comes long after the round started: the response that
+    brought it the round was built then, and the voter's promise started after that — not after a later
+    response carrying the same round, which it may not be the one it took."""
+    core, now = _leader()
+    read_round = core.confirm_leadership(now)
+    core.take_output(now)
+    assert _responses(core.handle_request(1, _fetch(2, 0, wait_ms=0), now + 10))[1].read_round == read_round
+    assert _responses(core.handle_request(2, _fetch(2, 0, wait_ms=0), now + 15))[2].read_round == read_round
+    core.handle_request(3, _fetch(2, read_round), now + 20)
+    assert core.leader_lease_expiry_ms() == now + 10 + LEASE_MS
+    # A response to another voter says nothing about this one: voter 3's echo counts from its own.
+    assert _responses(core.handle_request(4, _fetch(3, 0, wait_ms=0), now + 21))[4].read_round == read_round
+    core.handle_request(5, _fetch(3, read_round), now + 22)
+    assert core.leader_lease_expiry_ms() == now + 21 + LEASE_MS  # one other voter is a majority of 3
+
+
 def test_a_fetch_without_a_fresh_echo_renews_nothing() -> None:
     core, now = _leader()
     read_round, expiry = _leased(core, now)
