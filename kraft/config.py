@@ -525,6 +525,11 @@ class NodeConfig(BaseModel):
     # or when this bound (counted from the first waiting append) expires.  0 = never wait.
     controller_quorum_append_linger_ms: NonNegative = _key("controller.quorum.append.linger.ms", default=25)
     controller_quorum_request_timeout_ms: Ms = _key("controller.quorum.request.timeout.ms", default=2000)
+    # Check-quorum leader lease (kraft only, issue #17): the active controller answers a heartbeat that
+    # changes nothing without a leadership round while a majority of voters is provably still refusing to
+    # vote for anyone else (docs/internals/raft.md "Leader lease").  false: every such answer waits for
+    # a round.  The promise it relies on (voters refusing votes) is kept either way.
+    controller_quorum_leader_lease_enable: Bool = _key("controller.quorum.leader.lease.enable", default=True)
     controller_quorum_retry_backoff_ms: NonNegative = _key("controller.quorum.retry.backoff.ms", default=20)
     controller_quorum_fetch_max_wait_ms: NonNegative = _key(
         "controller.quorum.fetch.max.wait.ms", default=500

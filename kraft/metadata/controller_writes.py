@@ -186,7 +186,7 @@ class WritePath:
         wait.
         """
         deadline_ms = self._timers.now_ms() + self._commit_timeout_ms
-        confirmation = self._start_confirmation()
+        confirmation = self._start_confirmation(lease=True)
         try:
             await self.wait_committed(depends_on)
         except BaseException:
@@ -203,12 +203,16 @@ class WritePath:
         deadline_ms = self._timers.now_ms() + self._commit_timeout_ms
         await self._confirmed(self._start_confirmation(), deadline_ms)
 
-    def _start_confirmation(self) -> asyncio.Future[None]:
+    def _start_confirmation(self, *, lease: bool = False) -> asyncio.Future[None]:
         """Ask Raft for a round now, in this step: a task would ask a loop turn later, and under bulk work
-        a turn of this loop is long (issue #17).  A refusal comes back as the future's exception."""
+        a turn of this loop is long (issue #17).  A refusal comes back as the future's exception.
+
+        ``lease``: Raft may confirm at once from its check-quorum leader lease (a majority of voters is
+        provably still refusing to vote for anyone else: docs/internals/raft.md "Leader lease"); it
+        falls back to a round when the lease lapsed, never answers stale."""
         try:
             # A future already (no task is made for it): the round was asked for in this call.
-            return asyncio.ensure_future(self._raft.confirm_leadership())
+            return asyncio.ensure_future(self._raft.confirm_leadership(lease=lease))
         except (NotLeaderError, RaftShutdownError) as exc:
             refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             refused.set_exception(exc)

@@ -186,14 +186,18 @@ class RaftClient(Protocol):
         """:meth:`schedule_append` and wait until committed; returns the last record's offset."""
         ...
 
-    def confirm_leadership(self) -> Awaitable[None]:
+    def confirm_leadership(self, *, lease: bool = False) -> Awaitable[None]:
         """An awaitable (a future, in every implementation) that completes once a majority of voters
         confirmed, after this call, that this node still leads its epoch (a ReadIndex round: no clock is
         trusted); until then no newer leader can have been elected before the call.  The round is asked
         for in this call, not when the result is first awaited (issue #17: a task in between costs loop
         turns).  Raises :class:`NotLeaderError` when not the leader; the awaitable fails with it when
         leadership is lost first.  It may wait as long as a majority is out of reach: bound it with the
-        caller's deadline; cancelling the future gives up the wait."""
+        caller's deadline; cancelling the future gives up the wait.
+
+        ``lease=True``: answered at once (a completed future) while the leader's check-quorum lease holds
+        — a majority of voters is provably still refusing to vote for anyone else; docs/internals/raft.md
+        "Leader lease" — else by a round as above (never stale: without a lease the caller waits)."""
         ...
 
     def create_snapshot(

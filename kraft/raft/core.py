@@ -139,6 +139,9 @@ class RaftCore:
         self._resigned_leader: tuple[int, int] | None = None
         """(leader id, epoch) of the last EndQuorumEpoch received: that leader will not come back."""
         self._last_read_round = 0
+        self._vote_embargo_until_ms = 0
+        """Until then (set at :meth:`start`) this node grants no (pre-)vote: before a restart it may have
+        taken a response from a leader that counts it in its lease, and it forgot that (issue #17)."""
         """The last leadership-confirmation round id handed out: ids never repeat on this node, so a
         caller's round of a lost epoch cannot be mistaken for a later epoch's."""
 
@@ -230,9 +233,15 @@ class RaftCore:
     def start(self, now_ms: int) -> Output:
         """Run the entry actions of the initial state; call once before anything else."""
         self.now_ms = now_ms
+        if self.voters != {self.node_id}:
+            # A sole voter protects nobody's lease; anyone else may have, before this start.
+            self._vote_embargo_until_ms = now_ms + self.config.vote_protection_ms
         if self.election != self._persisted and self.state in PERSISTED_STATES:
             self._persist(self.election)
         self._enter_state()
+        # Nor does it campaign (vote for itself) before then.  Every start state's own timer fires
+        # later anyway (election timeout >= T, fetch timeout); this keeps it so if those change.
+        self._timer.not_before(self._vote_embargo_until_ms)
         return self._take_output()
 
     def poll(self, now_ms: int) -> Output:
@@ -344,7 +353,7 @@ class RaftCore:
         self._apply(decisions)
         return last_offset
 
-    def confirm_leadership(self, now_ms: int) -> int:
+    def confirm_leadership(self, now_ms: int, *, lease: bool = False) -> int:
         """Ask for this leader's leadership to be confirmed (ReadIndex, Raft dissertation §6.4): returns
         the id of the round that answers it, one no voter can have echoed before this call.  Its confirmation
         arrives as ``Output.confirmed_read_round`` >= that id once a majority of voters (this leader
@@ -353,13 +362,28 @@ class RaftCore:
         A caller joins the latest round while no response carried it yet, else starts the next one at
         once (rounds overlap; an echo of a round confirms every earlier one).  Effects (answers to the
         parked fetches of voters, or a confirmation at once for a sole voter) land in the next output
-        (:meth:`take_output`).  Raises :class:`NotLeaderError` unless leader."""
+        (:meth:`take_output`).  Raises :class:`NotLeaderError` unless leader.
+
+        ``lease``: a caller that may be answered from the check-quorum leader lease gets 0 — confirmed
+        now, no round — while it holds (a majority of voters echoed a round started less than
+        ``config.lease_ms`` ago: docs/internals/raft.md "Leader lease"); a round then starts in the
+        background once a quarter of the lease is spent, so the lease is kept.  Without a lease it gets
+        a round like any caller: a leader never answers stale, it waits."""
         self._advance(now_ms)
-        if self._leader is None:
+        leader = self._leader
+        if leader is None:
             raise NotLeaderError(self.leader_and_epoch)
-        read_round, decisions = self._leader.request_read_round(self.log, self.high_watermark)
+        if lease and leader.lease_holds(self.now_ms):
+            if leader.lease_wants_renewal(self.now_ms):
+                self._apply(leader.request_read_round(self.log, self.high_watermark, self.now_ms)[1])
+            return 0
+        read_round, decisions = leader.request_read_round(self.log, self.high_watermark, self.now_ms)
         self._apply(decisions)
         return read_round
+
+    def leader_lease_expiry_ms(self) -> int:
+        """When this leader's lease ends on its clock (-1: none; never while not leader)."""
+        return self._leader.lease_expiry_ms() if self._leader is not None else -1
 
     def take_output(self, now_ms: int) -> Output:
         """Effects produced by :meth:`append` (the pending batch when it is due) with a fresh deadline."""
@@ -530,6 +554,8 @@ class RaftCore:
 
     def _advance(self, now_ms: int) -> None:
         self.now_ms = max(self.now_ms, now_ms)
+        if self._leader is not None:
+            self._leader.now_ms = self.now_ms  # responses built in this input are stamped with it
 
     def _take_output(self) -> Output:
         out = self._out
@@ -730,6 +756,7 @@ class RaftCore:
                 self.voter_set,
                 last_read_round=self._last_read_round,
             )
+            self._leader.now_ms = now
             history = self.voter_history
             # Formatted with a voter set the log does not hold yet (the bootstrap checkpoint): write it.
             unwritten = not history.static and history.latest_offset < 0 and self.log.start_offset == 0
@@ -837,6 +864,14 @@ class RaftCore:
         if error is not None:
             self._respond_error(request_id, request, *error)
             return
+        if self.now_ms < self._vote_embargo_until_ms:
+            # Started less than the vote protection ago: it may have protected a leader's lease before.
+            # Refuse like a protecting follower: nothing adopted or persisted.
+            message = f"node {self.node_id} started less than {self.config.vote_protection_ms} ms ago"
+            leader = self.leader_and_epoch.leader_id
+            response = VoteResponse(ErrorCode.NONE, message, leader, self.epoch, False, request.pre_vote)
+            self._respond(Respond(request_id, response))
+            return
         if not request.pre_vote and request.candidate_epoch > self.epoch and self._protects_live_leader():
             # KIP-996 / etcd's leader lease: while we hear from a live leader a standard vote would only
             # depose it (issue #15: one forged Vote did).  Refuse without adopting the candidate's epoch
@@ -853,7 +888,7 @@ class RaftCore:
             request.last_offset_epoch, request.last_offset, self.log.last_epoch, self.log.end_offset
         )
         if request.pre_vote:
-            protects = self._fetcher is not None and not self._fetcher.can_grant_pre_vote()
+            protects = self._fetcher is not None and not self._fetcher.can_grant_pre_vote(self.now_ms)
             granted = up_to_date and may_grant_pre_vote(self.state, protects)
             leader = self.leader_and_epoch.leader_id
             self._respond(
@@ -885,7 +920,7 @@ class RaftCore:
         return (
             self.state is StateKind.FOLLOWER
             and fetcher is not None
-            and not fetcher.can_grant_pre_vote()
+            and not fetcher.can_grant_pre_vote(self.now_ms)
             and not fetcher.fetch_timed_out(self.now_ms)
         )
 

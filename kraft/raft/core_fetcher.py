@@ -100,6 +100,9 @@ class FetcherRole:
         self.inflight: int | None = None
         self.retry_at_ms = NEVER_MS
         self.has_fetched_from_leader = False
+        self.last_success_ms = NEVER_MS
+        """When we last took an answer from the leader: we promised (its lease counts on it) to refuse
+        votes for ``config.vote_protection_ms`` from then on, whatever happens to our fetches."""
         self.leader_resigned = False
         self.download: SnapshotDownload | None = None
         self.fetch_deadline_ms = NEVER_MS
@@ -149,14 +152,18 @@ class FetcherRole:
             return [self._discovery_fetch(log)]
         return self.next_fetch(now_ms, log)
 
-    def can_grant_pre_vote(self) -> bool:
+    def can_grant_pre_vote(self, now_ms: int) -> bool:
         # KIP-996: a follower that hears from a live leader protects it from a disruptive rejoiner.
-        # One whose own fetches are being refused (the leader's process is gone) has nothing to protect;
-        # a granted pre-vote changes no state, the real vote still decides.
+        # One whose own fetches are being refused (the leader's process is gone) has nothing to protect,
+        # but only once the vote protection since its last answer from the leader is over: the leader's
+        # lease counts on that promise, and refusals alone do not prove the leader is gone (issue #17).
         return (
             self.leader_resigned
             or not self.has_fetched_from_leader
-            or self.unreachable_failures >= UNREACHABLE_MIN_FAILURES
+            or (
+                self.unreachable_failures >= UNREACHABLE_MIN_FAILURES
+                and now_ms >= self.last_success_ms + self.config.vote_protection_ms
+            )
         )
 
     def on_leader_resigned(self, backoff_ms: int, now_ms: int) -> None:
@@ -193,7 +200,12 @@ class FetcherRole:
             self.unreachable_until_ms = now_ms + grace_ms
         self.unreachable_failures += 1
         if self.unreachable_failures >= UNREACHABLE_MIN_FAILURES and self.is_voter:
-            self.unreachable_deadline_ms = max(now_ms, self.unreachable_until_ms)
+            # The grace (>= T/2) already starts after the last answer; the explicit bound keeps the
+            # vote protection whatever the grace becomes.
+            protected_until = (
+                self.last_success_ms + self.config.vote_protection_ms if self.has_fetched_from_leader else 0
+            )
+            self.unreachable_deadline_ms = max(now_ms, self.unreachable_until_ms, protected_until)
 
     def _clear_unreachable(self) -> None:
         """Any answer (or a mere timeout, which a slow leader also causes) ends the evidence."""
@@ -297,6 +309,7 @@ class FetcherRole:
 
     def _note_success(self, now_ms: int) -> ResetElectionRetries:
         self.has_fetched_from_leader = True
+        self.last_success_ms = now_ms
         self._clear_unreachable()
         if not self.leader_resigned:  # a late answer from a resigned leader must not delay the election
             self.fetch_deadline_ms = now_ms + self.config.fetch_timeout_ms

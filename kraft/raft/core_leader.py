@@ -59,6 +59,10 @@ class ParkedFetch:
     deadline_ms: int
 
 
+LEASE_ROUND_MEMORY = 1024
+"""Round start times a leader keeps for its lease: far more than are ever in flight at once."""
+
+
 def next_high_watermark(
     voter_end_offsets: Sequence[int], epoch_start_offset: int, high_watermark: int
 ) -> int | None:
@@ -111,6 +115,23 @@ class LeaderRole:
         no voter can echo it, so a new caller may join it instead of starting another."""
         self.read_echo: dict[int, int] = {}
         """Per voter (counted under its directory id): the highest round it echoed in this epoch."""
+        # Check-quorum leader lease (issue #17; docs/internals/raft.md "Leader lease").
+        self.round_started_ms: dict[int, int] = {}
+        """When each recent round of this epoch started, on this leader's clock: a voter's echo of round R
+        proves it took a response written after that time, and from then on refuses votes for at least
+        ``config.vote_protection_ms`` of its own clock.  Bounded (:data:`LEASE_ROUND_MEMORY`); an echo of a
+        forgotten round only renews nothing."""
+        self.lease_basis_ms: dict[int, int] = {}
+        """Per voter of the set in force: a time (the leader's clock) after which it took the response that
+        brought it the latest round it echoed — that round's start, or later the first response to it that
+        carried the round (:attr:`first_carried_ms`), whichever is later."""
+        self.first_carried_ms: dict[int, dict[int, int]] = {}
+        """Per voter: when the first response to it carrying each round it has not echoed yet was built.
+        During bulk work a voter's next Fetch comes long after a round starts (it is writing and replaying
+        a big batch), so the response's time is a much later — still sound — basis than the start."""
+        self.now_ms = 0
+        """The time of the input being handled (the core sets it before every input): responses built now
+        were built no earlier than this."""
         self.voter_set = voter_set if voter_set is not None else VoterSet.static(config.voters)
         self.voters: frozenset[int] = frozenset()
         self.majority = 1
@@ -133,6 +154,8 @@ class LeaderRole:
         self.check_quorum_fetchers &= others
         # A voter re-added under another directory id must earn its echo again.
         self.read_echo.clear()
+        self.lease_basis_ms.clear()  # a new majority must echo again before a lease counts it
+        self.first_carried_ms.clear()
         for gone in set(self.last_contact_ms) - others:
             del self.last_contact_ms[gone]
         if now_ms is not None:
@@ -403,22 +426,37 @@ class LeaderRole:
         if request.echo_only:
             # The fetcher is still writing what it fetched: its fetch_offset is behind its log, so it is
             # no progress report (it would move the replica's end back), and it wants no records.
-            return [*confirmed, Respond(request_id, self._fetch_response(log, high_watermark))]
+            return [
+                *confirmed,
+                Respond(request_id, self._fetch_response(request.replica_id, log, high_watermark)),
+            ]
         return confirmed + self._handle_fetch(request_id, request, now_ms, log, high_watermark)
 
     def _handle_fetch(
         self, request_id: int, request: FetchRequest, now_ms: int, log: LogMeta, high_watermark: int
     ) -> Decisions:
         if request.fetch_offset < log.start_offset and log.snapshot is not None:
-            return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
+            return [
+                Respond(
+                    request_id,
+                    self._fetch_response(request.replica_id, log, high_watermark, snapshot_id=log.snapshot),
+                )
+            ]
         end_for_epoch = log.end_offset_for_epoch(request.last_fetched_epoch)
         if end_for_epoch is None and log.snapshot is not None:
-            return [Respond(request_id, self._fetch_response(log, high_watermark, snapshot_id=log.snapshot))]
+            return [
+                Respond(
+                    request_id,
+                    self._fetch_response(request.replica_id, log, high_watermark, snapshot_id=log.snapshot),
+                )
+            ]
         if end_for_epoch is not None and (
             end_for_epoch.epoch != request.last_fetched_epoch
             or end_for_epoch.end_offset < request.fetch_offset
         ):
-            response = self._fetch_response(log, high_watermark, diverging_epoch=end_for_epoch)
+            response = self._fetch_response(
+                request.replica_id, log, high_watermark, diverging_epoch=end_for_epoch
+            )
             return [Respond(request_id, response)]
         decisions, high_watermark = self._update_progress(
             request.replica_id,
@@ -451,20 +489,29 @@ class LeaderRole:
         """The latest round started and not yet confirmed (0: none)."""
         return self.read_round_started if self.read_round_started > self.read_round_confirmed else 0
 
-    def request_read_round(self, log: LogMeta, high_watermark: int) -> tuple[int, Decisions]:
+    def request_read_round(
+        self, log: LogMeta, high_watermark: int, now_ms: int | None = None
+    ) -> tuple[int, Decisions]:
         """A caller wants leadership confirmed from now on: the id of the round that answers it.
 
         Rounds overlap (issue #17): a caller arriving while a round is in flight starts the next one at
         once rather than waiting for the one in flight to confirm first — a round's confirmation only
         needs echoes of it or of any later round, so the earlier one confirms no later than before.
         Callers still share rounds: one that arrives before any FetchResponse carried the latest round
-        joins it, since every echo of that round is then sent after this call."""
+        joins it, since every echo of that round is then sent after this call.
+
+        ``now_ms``: when the round starts, kept for the lease (None: the round renews no lease)."""
         if self.read_round_in_flight and self.read_round_published < self.read_round_started:
             return self.read_round_started, []
-        return self.read_round_started + 1, self._start_read_round(log, high_watermark)
+        return self.read_round_started + 1, self._start_read_round(log, high_watermark, now_ms)
 
-    def _start_read_round(self, log: LogMeta, high_watermark: int) -> Decisions:
+    def _start_read_round(self, log: LogMeta, high_watermark: int, now_ms: int | None) -> Decisions:
         self.read_round_started += 1
+        if now_ms is not None and self.config.lease_ms > 0:
+            started = self.round_started_ms
+            started[self.read_round_started] = now_ms
+            if len(started) > LEASE_ROUND_MEMORY:
+                del started[min(started)]
         decisions = self._check_read_round()
         if self.read_round_in_flight:
             # Voters' parked long polls answer now, carrying the round, so they echo it at once instead
@@ -495,7 +542,61 @@ class LeaderRole:
         if request.read_round <= echoed:
             return []
         self.read_echo[request.replica_id] = request.read_round
+        self._renew_lease_basis(request.replica_id, request.read_round)
         return self._check_read_round()
+
+    def _renew_lease_basis(self, voter: int, echoed: int) -> None:
+        """The echoed round is the highest this voter took, so it took a response carrying it: one written
+        after the round started, and no earlier than the first response to this voter that carried it."""
+        carried = self.first_carried_ms.get(voter, {})
+        basis = max(self.round_started_ms.get(echoed, -1), carried.get(echoed, -1))
+        for read_round in [r for r in carried if r <= echoed]:
+            del carried[read_round]
+        if basis >= 0:
+            self.lease_basis_ms[voter] = basis
+
+    # -- check-quorum leader lease (issue #17)
+    #
+    # A voter that takes a response from its leader refuses every (pre-)vote and does not campaign for at
+    # least ``vote_protection_ms`` of its own clock (its fetch timeout; the refused-fetch path and a
+    # restart are bounded to the same; core_fetcher.py, RaftCore.start).  Its echo of round R proves it
+    # took a response written after R started, so no vote of it for a newer epoch can exist before
+    # ``start(R) + vote_protection_ms``.  A majority of such voters (the leader counts itself: it votes
+    # for nobody while it leads) means no newer leader before the majority-th latest such start plus the
+    # protection; the lease ends a clock-drift margin earlier (``RaftConfig.max_lease_ms``).
+
+    def lease_expiry_ms(self) -> int:
+        """When the lease ends on this leader's clock (-1: no lease: not enough voters echoed a round of
+        this epoch with a known start, or the lease is off)."""
+        lease_ms = self.config.lease_ms
+        if lease_ms <= 0:
+            return -1
+        basis = self.lease_basis_ms
+        bases = sorted(
+            (basis[voter] for voter in self.voters if voter != self.node_id and voter in basis), reverse=True
+        )
+        needed = self.majority - (1 if self.is_voter else 0)
+        if needed <= 0:
+            return NEVER_MS  # a sole voter: nobody else can be elected
+        if len(bases) < needed:
+            return -1
+        return bases[needed - 1] + lease_ms
+
+    def lease_holds(self, now_ms: int) -> bool:
+        return now_ms < self.lease_expiry_ms()
+
+    def lease_wants_renewal(self, now_ms: int) -> bool:
+        """Start a round in the background once a quarter of the lease is spent, so a leader answering
+        from its lease keeps it without callers waiting for a round.  Rounds overlap (the lease counts
+        the latest round each voter echoed), so a slow round does not hold the next one back — under
+        bulk work an echo takes hundreds of ms, and rounds one after the other would let the lease lapse
+        (issue #17) — but one starts at most every eighth of the lease."""
+        lease_ms = self.config.lease_ms
+        expiry = self.lease_expiry_ms()
+        if expiry == NEVER_MS or expiry - now_ms >= lease_ms * 3 // 4:
+            return False
+        latest = self.round_started_ms.get(self.read_round_started)
+        return latest is None or now_ms - latest >= lease_ms // 8
 
     def _check_read_round(self) -> Decisions:
         """Confirm the latest round a majority echoed (an echo of round R also echoes every round before
@@ -522,12 +623,22 @@ class LeaderRole:
 
     def _fetch_response(
         self,
+        to: int,
         log: LogMeta,
         high_watermark: int,
         *,
         diverging_epoch: EpochEndOffset | None = None,
         snapshot_id: SnapshotId | None = None,
     ) -> FetchResponse:
+        """A FetchResponse to replica ``to``; the first one to a voter carrying a round is remembered
+        for the lease (:meth:`_renew_lease_basis`)."""
+        read_round = self._publish_read_round()
+        if read_round > 0 and to in self.voters and to != self.node_id and self.config.lease_ms > 0:
+            carried = self.first_carried_ms.setdefault(to, {})
+            if read_round not in carried:
+                carried[read_round] = self.now_ms
+                if len(carried) > LEASE_ROUND_MEMORY:
+                    del carried[min(carried)]
         return FetchResponse(
             ErrorCode.NONE,
             "",
@@ -538,7 +649,7 @@ class LeaderRole:
             b"",
             diverging_epoch,
             snapshot_id,
-            self._publish_read_round(),
+            read_round,
         )
 
     def _data_response(
@@ -547,7 +658,9 @@ class LeaderRole:
         read = None
         if request.fetch_offset < end_offset:
             read = LogRead(request.fetch_offset, min(request.max_bytes, self.config.fetch_max_bytes))
-        return Respond(request_id, self._fetch_response(log, high_watermark), read_log=read)
+        return Respond(
+            request_id, self._fetch_response(request.replica_id, log, high_watermark), read_log=read
+        )
 
     def _progress_of(self, replica_id: int, now_ms: int) -> ReplicaProgress | None:
         """The tracked progress of ``replica_id``, or None for an observer that does not fit.

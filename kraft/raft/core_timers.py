@@ -36,6 +36,11 @@ class ElectionTimer:
         """Fire no later than ``at_ms`` (EndQuorumEpoch's successor backoff)."""
         self.deadline_ms = min(self.deadline_ms, at_ms)
 
+    def not_before(self, at_ms: int) -> None:
+        """Fire no earlier than ``at_ms`` (a stopped timer stays stopped)."""
+        if self.deadline_ms != NEVER_MS:
+            self.deadline_ms = max(self.deadline_ms, at_ms)
+
     def restart(self, now_ms: int) -> None:
         """A fresh randomized election timeout in ``[T, 2T)``."""
         self.deadline_ms = now_ms + random_election_timeout_ms(self.config.election_timeout_ms, self.rng)

@@ -8,6 +8,11 @@ from typing import NamedTuple
 
 from kraft.raft.voters import VoterSet
 
+LEASE_DRIFT_MARGIN_DIVISOR = 5
+"""The leader lease is the vote protection minus a fifth of it: the margin for clocks that run at
+different rates (a lease of 0.8 P measured on the leader's clock ends before a protection of P measured
+on a voter's clock as long as each rate is within 1/9 of real time)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RaftConfig:
@@ -42,6 +47,11 @@ class RaftConfig:
     one per second is 12 days of uninterrupted churn), while a forged message cannot leap to the top."""
     directory_id: str = ""
     """This node's metadata ``directory.id`` (meta.properties): with the node id, its replica key."""
+    leader_lease_ms: int | None = None
+    """Check-quorum leader lease (issue #17): how long after the start of a leadership round that a
+    majority of voters echoed the leader may confirm its leadership without a new round
+    (``RaftCore.confirm_leadership(lease=True)``).  None: :attr:`vote_protection_ms` minus the clock-drift
+    margin (:attr:`lease_ms`); 0: no lease, every confirmation is a round.  Never more than that bound."""
     bootstrap_ids: tuple[int, ...] = ()
     """The pseudo node ids (negative, ``controller.quorum.bootstrap.servers``) a leaderless observer asks
     for the leader while it knows no voter (KIP-853: a node formatted with ``--no-initial-controllers``)."""
@@ -57,6 +67,32 @@ class RaftConfig:
             raise ValueError("max observers must not be negative and the epoch jump must be positive")
         if self.append_linger_ms < 0 or self.retry_backoff_ms < 0 or self.fetch_max_wait_ms < 0:
             raise ValueError("linger, retry backoff and fetch max wait must not be negative")
+        if self.leader_lease_ms is not None and not 0 <= self.leader_lease_ms <= self.max_lease_ms:
+            raise ValueError(
+                f"leader lease {self.leader_lease_ms} ms must be between 0 and {self.max_lease_ms} ms "
+                "(the vote protection minus its clock-drift margin)"
+            )
+
+    @property
+    def vote_protection_ms(self) -> int:
+        """The least time a voter refuses every (pre-)vote and does not campaign after it took a response
+        from its leader (its fetch timeout, or the refused-fetch path's bound of half an election
+        timeout, whichever is shorter), and after it starts (a restarted voter forgot whom it protected).
+        The leader lease is built on this promise (docs/internals/raft.md, "Leader lease")."""
+        return min(self.fetch_timeout_ms, self.election_timeout_ms // 2)
+
+    @property
+    def max_lease_ms(self) -> int:
+        """:attr:`vote_protection_ms` minus the clock-drift margin (a fifth of it): safe while every clock
+        runs at a rate within r = 1/9 of real time (L / (1 - r) <= P / (1 + r): the leader's L ms of a
+        slow clock end before a voter's P ms of a fast one)."""
+        protection = self.vote_protection_ms
+        return protection - protection // LEASE_DRIFT_MARGIN_DIVISOR
+
+    @property
+    def lease_ms(self) -> int:
+        """The leader lease in force (0: none)."""
+        return self.max_lease_ms if self.leader_lease_ms is None else self.leader_lease_ms
 
     @property
     def is_voter(self) -> bool:

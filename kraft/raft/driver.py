@@ -576,10 +576,16 @@ class RaftDriver:
         self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
         return await future
 
-    def confirm_leadership(self) -> asyncio.Future[None]:
+    def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()
-        read_round = self._core.confirm_leadership(self._clock.monotonic_ms())
+        read_round = self._core.confirm_leadership(self._clock.monotonic_ms(), lease=lease)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if read_round == 0:  # the lease holds: confirmed now (a renewal round may have started)
+            future.set_result(None)
+            if not self._wakeup_queued:
+                self._wakeup_queued = True
+                self._push(_Wakeup())
+            return future
         waiters = self._read_waiters.setdefault(read_round, [])
         waiters[:] = [waiter for waiter in waiters if not waiter.done()]  # callers that gave up
         waiters.append(future)

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import pickle
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from kraft.raft.api import LeaderAndEpoch
@@ -232,6 +234,13 @@ class Router:
     isolated: set[int] = field(default_factory=set)
     blocked: set[tuple[int, int]] = field(default_factory=set)
     """One-way (src, dst) links that drop everything."""
+    refusing: set[tuple[int, int]] = field(default_factory=set)
+    """One-way (src, dst) links whose requests come back refused (``refuses``)."""
+
+    def refuses(self, src: int, dst: int) -> bool:
+        """Requests on this link come back refused (connection refused or reset) although ``dst`` runs:
+        what a follower sees of a live leader behind a broken proxy or a full accept queue."""
+        return (src, dst) in self.refusing
 
     def allows(self, src: int, dst: int) -> bool:
         return src not in self.isolated and dst not in self.isolated and (src, dst) not in self.blocked
@@ -257,6 +266,7 @@ class Router:
     def heal(self) -> None:
         self.isolated.clear()
         self.blocked.clear()
+        self.refusing.clear()
         self.drop_probability = 0.0
         self.duplicate_probability = 0.0
 
@@ -303,6 +313,8 @@ class SimNode:
         self.scheduled_polls: set[int] = set()
         self.stats = NodeStats()
         self.snapshot_every = 0
+        self.clock_rate = Fraction(1)
+        self.clock_offset_ms = 0
         """Create a snapshot (and delete the log below it) every this many applied offsets; 0 = never."""
         self.ports = OutputPorts(
             write_log=self._write_log,
@@ -315,6 +327,18 @@ class SimNode:
             wait_until=self._wait_until,
             flush=self._start_flush,
         )
+
+    # -- the node's own clock (drift)
+
+    def clock_ms(self) -> int:
+        """This node's monotonic clock: ``clock_offset_ms + floor(sim time * clock_rate)``.  Rate 1 and
+        offset 0 (the default) is the simulation's time; other values model clocks that drift apart, which
+        only the leader lease relies on being bounded (``RaftConfig.max_lease_ms``)."""
+        return self.clock_offset_ms + math.floor(self.sim.now_ms * self.clock_rate)
+
+    def sim_time_of(self, clock_ms: int) -> int:
+        """The first simulation millisecond at which :meth:`clock_ms` reads at least ``clock_ms``."""
+        return max(self.sim.now_ms, math.ceil((clock_ms - self.clock_offset_ms) / self.clock_rate))
 
     # -- lifecycle
 
@@ -340,7 +364,7 @@ class SimNode:
         self.pending_votes.clear()
         self.scheduled_polls.clear()
         self.download = bytearray()
-        self.process(self.core.start(self.sim.now_ms))
+        self.process(self.core.start(self.clock_ms()))
 
     def crash(self) -> None:
         """Stop without warning: unflushed batches are lost, pending work vanishes; requests it was
@@ -459,13 +483,13 @@ class SimNode:
 
     def _snapshot_voters(self, snapshot_id: SnapshotId, voters: VoterSet, incarnation: int) -> None:
         if self.running and incarnation == self.incarnation:
-            self.process(self.live_core.on_snapshot_voters(snapshot_id, voters, self.sim.now_ms))
+            self.process(self.live_core.on_snapshot_voters(snapshot_id, voters, self.clock_ms()))
 
     def _flush(self, incarnation: int) -> None:
         if not self.running or incarnation != self.incarnation:
             return
         end = self.log.flush()
-        self.process(self.live_core.on_flushed(end, self.sim.now_ms))
+        self.process(self.live_core.on_flushed(end, self.clock_ms()))
 
     def _apply_committed(self) -> None:
         if self.high_watermark <= self.applied_end:
@@ -503,7 +527,7 @@ class SimNode:
         data = pickle.dumps((end, epoch, values, voters), protocol=pickle.HIGHEST_PROTOCOL)
         self.snapshot = SimSnapshot(snapshot_id, values, data, voters)
         self.log.delete_before(end)
-        self.process(core.on_snapshot_frozen(snapshot_id, end, self.sim.now_ms))
+        self.process(core.on_snapshot_frozen(snapshot_id, end, self.clock_ms()))
 
     def _dispatch(self, message: Outbound) -> None:
         if isinstance(message, OutboundRequest):
@@ -555,18 +579,19 @@ class SimNode:
     def _schedule_poll(self, deadline_ms: int) -> None:
         if deadline_ms >= 1 << 60:
             return
-        deadline_ms = max(deadline_ms, self.sim.now_ms)
+        deadline_ms = max(deadline_ms, self.clock_ms())
         if deadline_ms in self.scheduled_polls:
             return
         self.scheduled_polls.add(deadline_ms)
         incarnation = self.incarnation
-        self.sim.schedule(deadline_ms - self.sim.now_ms, lambda: self._poll(deadline_ms, incarnation))
+        delay_ms = self.sim_time_of(deadline_ms) - self.sim.now_ms
+        self.sim.schedule(delay_ms, lambda: self._poll(deadline_ms, incarnation))
 
     def _poll(self, deadline_ms: int, incarnation: int) -> None:
         if not self.running or incarnation != self.incarnation:
             return
         self.scheduled_polls.discard(deadline_ms)
-        self.process(self.live_core.poll(self.sim.now_ms))
+        self.process(self.live_core.poll(self.clock_ms()))
 
     # -- inbound
 
@@ -579,23 +604,23 @@ class SimNode:
         if isinstance(request, VoteRequest):
             self.pending_votes[request_id] = request
         # The simulated network knows the sender: every request is checked as mTLS would check it.
-        self.process(self.live_core.handle_request(request_id, request, self.sim.now_ms, peer_id=src))
+        self.process(self.live_core.handle_request(request_id, request, self.clock_ms(), peer_id=src))
 
     def receive_response(self, correlation_id: int, response: RaftResponse) -> None:
         if response.error_code == 0 and isinstance(response, FetchResponse) and response.diverging_epoch:
             self.stats.diverging_responses += 1
-        self.process(self.live_core.handle_response(correlation_id, response, self.sim.now_ms))
+        self.process(self.live_core.handle_response(correlation_id, response, self.clock_ms()))
 
     def receive_refusal(self, correlation_id: int) -> None:
         self.stats.refusals += 1
         core = self.live_core
-        self.process(core.handle_send_failure(correlation_id, self.sim.now_ms, unreachable=True))
+        self.process(core.handle_send_failure(correlation_id, self.clock_ms(), unreachable=True))
 
     def client_append(self, value: bytes) -> int:
         core = self.live_core
-        offset = core.append([value], self.sim.now_ms)
+        offset = core.append([value], self.clock_ms())
         self.pending_appends[offset] = value
-        self.process(core.take_output(self.sim.now_ms))
+        self.process(core.take_output(self.clock_ms()))
         return offset
 
 
@@ -744,8 +769,8 @@ class Simulation:
         if leader is None:
             raise InvariantViolation(f"seed {self.seed}: no leader to add voter {node_id}")
         core = leader.live_core
-        offset = core.add_voter(self.nodes[node_id].key, self.now_ms)
-        leader.process(core.take_output(self.now_ms))
+        offset = core.add_voter(self.nodes[node_id].key, leader.clock_ms())
+        leader.process(core.take_output(leader.clock_ms()))
         return offset
 
     def remove_voter(self, node_id: int, directory_id: str | None = None) -> int:
@@ -755,8 +780,8 @@ class Simulation:
         core = leader.live_core
         voter = core.voter_set.get(node_id)
         directory = directory_id if directory_id is not None else voter.directory_id if voter else ""
-        offset = core.remove_voter(node_id, directory, self.now_ms)
-        leader.process(core.take_output(self.now_ms))
+        offset = core.remove_voter(node_id, directory, leader.clock_ms())
+        leader.process(core.take_output(leader.clock_ms()))
         return offset
 
     def voter_change_committed(self, offset: int) -> bool:
@@ -784,7 +809,7 @@ class Simulation:
         node = self.nodes[dst]
         if not self.router.allows(src, dst):
             return
-        if node.running:
+        if node.running and not self.router.refuses(src, dst):
             node.receive_request(src, incarnation, message.correlation_id, message.request)
         else:
             self.refuse(dst, (src, incarnation, message.correlation_id))

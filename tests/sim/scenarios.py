@@ -288,7 +288,7 @@ def graceful_resignation_hands_over_quickly(seed: int) -> None:
     sim.run_for(sim.rng.randint(10, 100))
     old = _leader(sim)
     old_epoch = old.live_core.epoch
-    old.process(old.live_core.resign(sim.now_ms))
+    old.process(old.live_core.resign(old.clock_ms()))
     # EndQuorumEpoch lets the preferred successor campaign at once: well under the 100 ms fetch timeout.
     resigned_at = sim.now_ms
     new = _wait_new_leader(sim, old_epoch, exclude={old.node_id})

@@ -195,7 +195,7 @@ class SimRaftClient:
             raise NotLeaderError(self.leader_and_epoch)
         if not records:
             raise ValueError("empty append")
-        now_ms = node.sim.now_ms
+        now_ms = node.clock_ms()
         last = core.append(list(records), now_ms)
         self._on_append(last - len(records) + 1, records)
         node.process(core.take_output(now_ms))
@@ -204,14 +204,18 @@ class SimRaftClient:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
-    def confirm_leadership(self) -> asyncio.Future[None]:
+    def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         node = self._node
         core = node.core
         if not node.running or core is None or not core.is_leader:
             raise NotLeaderError(self.leader_and_epoch)
-        now_ms = node.sim.now_ms
-        read_round = core.confirm_leadership(now_ms)
+        now_ms = node.clock_ms()
+        read_round = core.confirm_leadership(now_ms, lease=lease)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if read_round == 0:  # confirmed by the leader lease
+            future.set_result(None)
+            node.process(core.take_output(now_ms))
+            return future
         self._read_waiters.setdefault((node.incarnation, read_round), []).append(future)
         node.process(core.take_output(now_ms))
         return future

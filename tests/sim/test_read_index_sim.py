@@ -84,8 +84,14 @@ class ReadIndexSimulation(Simulation):
             )
         self.confirmed[key] = read_round
         rounds = self.asked.get(key, {})
+        current_epoch = node.live_core.epoch
         for asked_id in sorted(r for r in rounds if r <= read_round):
             asked = rounds.pop(asked_id)
+            if asked.epoch != current_epoch:
+                # Asked while leading an earlier epoch: leadership was lost before it confirmed, which
+                # failed it (the driver's lost_leadership).  Ids never repeat, so a later epoch's
+                # confirmation covers it only numerically: it answers nobody.
+                continue
             self.confirmations += 1
             for epoch, elected in self.elected_event.items():
                 if epoch > asked.epoch and elected < asked.started_event:

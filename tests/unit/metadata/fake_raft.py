@@ -63,6 +63,8 @@ class FakeRaft:
         self.hold_confirmations = False
         """While True ``confirm_leadership`` waits (a majority out of reach); :meth:`confirm` answers."""
         self.confirmations = 0
+        self.lease_asks = 0
+        """Confirmations asked with ``lease=True`` (answered like any: this fake has no lease)."""
         """How many times ``confirm_leadership`` was called."""
         self._confirm_waiters: list[asyncio.Future[None]] = []
 
@@ -152,11 +154,12 @@ class FakeRaft:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
-    def confirm_leadership(self) -> asyncio.Future[None]:
+    def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         """Confirmed at once (a single voter) unless ``hold_confirmations``."""
         if self._leader.leader_id != self._node_id:
             raise NotLeaderError(self._leader)
         self.confirmations += 1
+        self.lease_asks += lease
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.hold_confirmations:
             self._confirm_waiters.append(waiter)

@@ -33,6 +33,8 @@ async def test_an_unchanged_heartbeat_is_answered_only_after_leadership_is_confi
         pending = asyncio.create_task(controller.broker_heartbeat(_beat(1, epoch)))
         await settle()
         assert not pending.done() and raft.confirmations == before + 1
+        # Asked with the lease allowed (issue #17): Raft answers at once while its lease holds.
+        assert raft.lease_asks == raft.confirmations
         raft.confirm()
         answer = await asyncio.wait_for(pending, 5)
         assert answer.error_code == ErrorCode.NONE and not answer.is_fenced

@@ -39,6 +39,9 @@ RequestT = TypeVar("RequestT")
 CLUSTER = "c1"
 ELECTION_MS = 100  # FixedRng → every election timeout is 150 ms
 FETCH_TIMEOUT_MS = 200
+STARTED_MS = min(FETCH_TIMEOUT_MS, ELECTION_MS // 2)
+"""A started voter grants no (pre-)vote for its vote protection (the leader lease's promise): vote tests
+send their requests this long after ``start(0)``."""
 
 
 class FixedRng:
@@ -126,12 +129,12 @@ def elect(core: RaftCore, now_ms: int = 0) -> int:
 def test_a_vote_is_granted_once_per_epoch_and_only_after_persisting() -> None:
     core = make_core()
     core.start(0)
-    out = core.handle_request(1, VoteRequest(CLUSTER, 1, 2, 1, 0, 0), 1)
+    out = core.handle_request(1, VoteRequest(CLUSTER, 1, 2, 1, 0, 0), STARTED_MS + 1)
     assert out.election_state == ElectionState(1, -1, 2)
     response = only_response(out)
     assert out.send_after_persist == [response]
     assert isinstance(response.response, VoteResponse) and response.response.vote_granted
-    out = core.handle_request(2, VoteRequest(CLUSTER, 1, 3, 1, 0, 0), 2)
+    out = core.handle_request(2, VoteRequest(CLUSTER, 1, 3, 1, 0, 0), STARTED_MS + 2)
     second = only_response(out).response
     assert isinstance(second, VoteResponse) and not second.vote_granted
     assert out.election_state is None
@@ -140,8 +143,9 @@ def test_a_vote_is_granted_once_per_epoch_and_only_after_persisting() -> None:
 def test_a_vote_for_a_less_up_to_date_log_is_rejected() -> None:
     core = make_core(log=log_with([(1, 0), (2, 5)], 10), election=ElectionState(2))
     core.start(0)
-    stale_epoch = only_response(core.handle_request(1, VoteRequest(CLUSTER, 3, 2, 1, 1, 20), 1)).response
-    shorter = only_response(core.handle_request(2, VoteRequest(CLUSTER, 3, 3, 1, 2, 9), 1)).response
+    now = STARTED_MS + 1
+    stale_epoch = only_response(core.handle_request(1, VoteRequest(CLUSTER, 3, 2, 1, 1, 20), now)).response
+    shorter = only_response(core.handle_request(2, VoteRequest(CLUSTER, 3, 3, 1, 2, 9), now)).response
     assert isinstance(stale_epoch, VoteResponse) and not stale_epoch.vote_granted
     assert isinstance(shorter, VoteResponse) and not shorter.vote_granted
     assert core.epoch == 3  # a higher epoch is adopted even when the vote is refused
@@ -165,7 +169,7 @@ def test_a_vote_request_whose_log_epoch_is_not_below_its_epoch_is_invalid() -> N
 def test_a_pre_vote_changes_no_state_and_is_not_persisted() -> None:
     core = make_core(election=ElectionState(2))
     core.start(0)
-    out = core.handle_request(1, VoteRequest(CLUSTER, 3, 2, 1, 0, 0, pre_vote=True), 1)
+    out = core.handle_request(1, VoteRequest(CLUSTER, 3, 2, 1, 0, 0, pre_vote=True), STARTED_MS + 1)
     response = only_response(out).response
     assert isinstance(response, VoteResponse) and response.vote_granted and response.pre_vote
     assert out.election_state is None and out.send_now
@@ -175,14 +179,14 @@ def test_a_pre_vote_changes_no_state_and_is_not_persisted() -> None:
 def test_a_follower_that_hears_from_its_leader_rejects_pre_votes_until_the_leader_resigns() -> None:
     core = make_core()
     out = core.start(0)
-    out = core.handle_request(1, BeginQuorumEpochRequest(CLUSTER, 2, 1, 1), 1)
+    out = core.handle_request(1, BeginQuorumEpochRequest(CLUSTER, 2, 1, 1), STARTED_MS + 1)
     fetch = sent_requests(out, FetchRequest)[0]
-    core.handle_response(fetch.correlation_id, FetchResponse(ErrorCode.NONE, "", 2, 1, 0, 0), 2)
+    core.handle_response(fetch.correlation_id, FetchResponse(ErrorCode.NONE, "", 2, 1, 0, 0), STARTED_MS + 2)
     pre_vote = VoteRequest(CLUSTER, 2, 3, 1, 0, 0, pre_vote=True)
-    rejected = only_response(core.handle_request(2, pre_vote, 3)).response
+    rejected = only_response(core.handle_request(2, pre_vote, STARTED_MS + 3)).response
     assert isinstance(rejected, VoteResponse) and not rejected.vote_granted
-    core.handle_request(3, EndQuorumEpochRequest(CLUSTER, 2, 1, 1, (3, 1)), 4)
-    granted = only_response(core.handle_request(4, pre_vote, 5)).response
+    core.handle_request(3, EndQuorumEpochRequest(CLUSTER, 2, 1, 1, (3, 1)), STARTED_MS + 4)
+    granted = only_response(core.handle_request(4, pre_vote, STARTED_MS + 5)).response
     assert isinstance(granted, VoteResponse) and granted.vote_granted
 
 

@@ -126,6 +126,7 @@ def test_a_leader_that_lost_its_quorum_no_longer_protects_itself() -> None:
 
 def test_a_graceful_handover_still_gets_its_vote() -> None:
     core, now = _follower()
+    now = core.config.vote_protection_ms + 1  # past the vote protection after start (the lease's)
     core.handle_request(1, EndQuorumEpochRequest(CLUSTER, 1, 1, 2, (3, 2)), now)
     out = core.handle_request(2, VoteRequest(CLUSTER, 2, 3, 2, 0, 0), now + 1)
     response = only_response(out).response

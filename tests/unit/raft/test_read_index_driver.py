@@ -46,3 +46,27 @@ async def test_a_leader_without_its_majority_never_confirms_and_fails_its_caller
             await caller
     finally:
         await cluster.close()
+
+
+async def test_the_lease_answers_at_once_and_a_leader_that_lost_it_waits_for_a_round() -> None:
+    """``confirm_leadership(lease=True)`` (issue #17): done in the call while a majority echoed a round
+    started less than the lease ago; once the lease ended (no clock-free renewal when the majority is
+    gone) the caller waits for a round like any other — and a leader without its majority never answers."""
+    cluster = LoopbackCluster(3, fetch_max_wait_ms=5000, fetch_timeout_ms=2000, election_timeout_ms=1000)
+    try:
+        await cluster.start_all()
+        leader = await cluster.elect(max_ms=60_000, step_ms=100)
+        await cluster.complete(leader.append([b"x"]), "a committed append", max_ms=1000)
+        await cluster.complete(leader.confirm_leadership(), "a confirmed round", max_ms=1000)
+        assert leader.confirm_leadership(lease=True).done()  # no clock moved: the lease holds
+        for node_id in [n for n in cluster.drivers if n != leader.node_id]:
+            await cluster.stop(node_id)
+        await cluster.advance(400)  # the lease: 0.8 x min(2000, 1000 // 2) = 400 ms since the round's start
+        caller = leader.confirm_leadership(lease=True)
+        await cluster.settle()
+        assert not caller.done() and leader.leader_and_epoch.leader_id == leader.node_id
+        await cluster.run_until(caller.done, "the caller's failure", 5000)
+        with pytest.raises(NotLeaderError):
+            await caller
+    finally:
+        await cluster.close()
