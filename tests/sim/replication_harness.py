@@ -11,21 +11,42 @@ Three brokers, each with the production pieces wired as ``kraft/node/broker.py``
 - the real :class:`~kraft.broker.service.BrokerService` answering Produce (admission, append, acks=all)
   and a :class:`~kraft.broker.status.BrokerStatus` holding the lease.
 
-The controller is the active controller's real state machine — :class:`~kraft.metadata.controller_logic.
-ControllerLogic` (registration, heartbeats, session expiry fencing with leader election from the ISR,
-topic creation) and :func:`kraft.metadata.isr_changes.alter_partition` — without its Raft quorum: one
-controller that never fails (it can be cut off), whose records commit as they are written.  Brokers learn
-them by fetching the controller's record log (stale metadata: they apply what reached them) and apply them
-as the partition manager and replica manager are driven by the publisher: ``reconcile`` then
-``on_image``.
+The metadata quorum (the default, ``quorum=True``) is the controller simulation's
+(tests/sim/test_controller_sim.py, :class:`ControllerQuorum`): three production
+:class:`~kraft.metadata.controller.QuorumController` nodes over the Raft simulation (tests/sim/harness.py:
+real ``RaftCore`` per node, a simulated log that loses unflushed batches on a crash, its own seeded
+network), each on its own ``VirtualTimeLoop`` on the same clock.  Brokers register, heartbeat, send
+AlterPartition and MetadataFetch to the node they believe active (the real ``ControllerService`` methods,
+run as tasks of that node's loop: a paused node answers late, a crashed one never); NOT_CONTROLLER names
+the active one, no answer moves them to the next node.  So what the real controller does on a failover
+happens here: uncommitted records are truncated away, the new active controller activates through
+``controller_activation`` (a NoOp committed, the logic rebuilt from the committed image, fresh broker
+sessions, half-written bulk jobs resumed, the rejoin index rebuilt in slices), and requests in flight to
+the old one are answered NOT_CONTROLLER / REQUEST_TIMED_OUT or not at all.  Records reach brokers only
+once committed (the real fetch server serves the committed window); an answer only once its records
+commit.  Not covered: controller snapshots (off: every broker fetches from the window), voter changes,
+a controller's disk lost, and the metadata fetch's long-poll (brokers poll every 20 ms).
 
-Everything runs on one :class:`~sim.sim_raft_client.VirtualTimeLoop`; every message (heartbeats,
+``quorum=False`` keeps the earlier single controller: the active controller's state machine
+(:class:`~kraft.metadata.controller_logic.ControllerLogic` and
+:func:`kraft.metadata.isr_changes.alter_partition`) that never fails (it can be cut off), whose records
+commit as they are written, behind the same requests (:class:`Controller`).  Either way brokers apply
+what reached them (stale metadata) as the partition manager and replica manager are driven by the
+publisher: ``reconcile`` then ``on_image``.
+
+The brokers run on one :class:`~sim.sim_raft_client.VirtualTimeLoop`; every message (heartbeats,
 metadata fetches, replica fetches and their answers, AlterPartition, produce requests) goes through a
-seeded network with random delays that can cut links.  Faults drawn from the seed: **crashes** (the
-broker's tasks vanish, its logs are abandoned without a flush, and every byte above the log's flushed
-offset may be lost: a random number of unflushed batches is kept, sometimes with a torn batch after them;
-the restart reopens them through the real recovery path) and **network partitions** (a broker isolated,
-or one link cut).  Producers write with acks=all (min.insync.replicas 2) throughout.
+seeded network with random delays that can cut links.  :meth:`ReplicationSim.step` runs the brokers'
+loop and the controllers' loops in turn until all are idle, then moves the clock to the next timer of the
+brokers' loop or event of the quorum's queue.  Faults drawn from the seed: **crashes** (the broker's
+tasks vanish, its logs are abandoned without a flush, and every byte above the log's flushed offset may
+be lost: a random number of unflushed batches is kept, sometimes with a torn batch after them; the
+restart reopens them through the real recovery path), **network partitions** (a broker isolated, or one
+link cut) and, with the quorum, **controller faults** (a share of the fault events): crash a controller
+(the active one 70 % of the time: a failover) and restart it, pause one (SIGSTOP), isolate one, cut a
+controller-controller link; the active controller is also crashed around a crashed broker's session
+expiry (30 % of broker crashes) and, half of the time, at the moment the committed metadata first names a
+fenced leader (its ISR removals half written).  Producers write with acks=all (min.insync.replicas 2).
 
 Checked after every step of virtual time (:meth:`ReplicationSim.check`), read through the logs' real read
 API (``read_records`` / ``read_batches``):
@@ -35,7 +56,11 @@ API (``read_records`` / ``read_batches``):
   reference log the first time they are seen; what any current leader holds below its high watermark must
   equal it byte for byte, and so must every live ISR member's log below that high watermark;
 - no offset is acknowledged twice with different records, and every acknowledged record is in the
-  reference once the reference reaches it.
+  reference once the reference reaches it;
+- a fenced broker leads a partition in the committed metadata for at most ``FENCED_LEADER_BOUND_MS``
+  while one controller stays active (its ISR removal must reach it: a lost bulk job shows here);
+- with the quorum, the Raft simulation's own invariant (committed data durable on a majority) after
+  every Raft event.
 At the end (:meth:`ReplicationSim.finish`) the network heals, every broker runs again, and within a bound
 the ISR is full, every replica's log equals the leader's up to a high watermark that reached the log end,
 and every acknowledged record is there.
@@ -109,6 +134,7 @@ HEAL_BOUND_MS = 8_000
 START_BOUND_MS = 3_000
 RPC_TIMEOUT_MS = 300
 MAX_STEPS = 2_000_000
+FENCED_LEADER_BOUND_MS = 300
 CONTROLLER_FAULT_SHARE = 0.35  # quorum mode: the share of fault events that hit a controller
 
 
@@ -585,6 +611,8 @@ class ReplicationSim:
         # Bumped by every acknowledgement, truncation and restart: a replica whose acknowledged records
         # were verified at the current version need not be looked at again.
         self.version = 0
+        # tp → (virtual ms, active controller) since when the committed image names a fenced leader
+        self._fenced_leader: dict[TopicPartition, tuple[int, tuple[int, int] | None]] = {}
 
     @property
     def controller(self) -> Controller:
@@ -787,7 +815,11 @@ class ReplicationSim:
         except RpcFailed:
             self.controller_hint[src] = CONTROLLER_NODES[node % len(CONTROLLER_NODES)]
             raise
-        if getattr(answer, "error_code", ErrorCode.NONE) == ErrorCode.NOT_CONTROLLER:
+        code = getattr(answer, "error_code", ErrorCode.NONE)
+        if code in (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT):
+            name = f"controller_answered_{ErrorCode(code).name}"
+            self.stats[name] = self.stats.get(name, 0) + 1
+        if code == ErrorCode.NOT_CONTROLLER:
             named = answer.controller.node_id  # type: ignore[attr-defined]  # every controller answer has it
             self.controller_hint[src] = (
                 named if named in CONTROLLER_NODES else CONTROLLER_NODES[node % len(CONTROLLER_NODES)]
@@ -1031,6 +1063,11 @@ class ReplicationSim:
                 victim = rng.choice(running)
                 self.crash_broker(victim)
                 self.spawn(CONTROLLER, self._restart_later(victim, rng.randint(50, 1200)))
+                if self.quorum is not None and rng.random() < 0.3:
+                    # The active controller fails around the victim's session expiry: the new one finds
+                    # the fence (or not) and the ISR removals half written, and must finish them.
+                    delay = rng.randint(SESSION_MS - 200, SESSION_MS + 300)
+                    self.quorum.schedule(delay, self._crash_active_controller)
             elif roll < 0.5:
                 victim = rng.choice(BROKERS)
                 self.network.isolated.add(victim)
@@ -1095,6 +1132,17 @@ class ReplicationSim:
             self.note(f"controller_cut {a}-{b}")
             quorum.schedule(0, functools.partial(quorum.router.cut, {a}, {b}))
             quorum.schedule(rng.randint(100, 1500), functools.partial(self._uncut_controllers, a, b))
+
+    def _crash_active_controller(self, why: str = "at a session expiry") -> None:
+        quorum = self.quorum
+        assert quorum is not None
+        active = quorum.active_controller()
+        up = [n for n in CONTROLLER_NODES if quorum.nodes[n].running and n not in quorum.paused]
+        if not self.faults or active is None or len(up) < len(CONTROLLER_NODES):
+            return
+        self.note(f"controller_crash node={active[0]} active={active[0]} ({why})")
+        quorum.crash(active[0])
+        quorum.schedule(self.rng.randint(50, 1000), functools.partial(self._start_controller_node, active[0]))
 
     def _start_controller_node(self, node_id: int) -> None:
         assert self.quorum is not None
@@ -1249,6 +1297,9 @@ class ReplicationSim:
         if not self.run_for(HEAL_BOUND_MS, self._converged):
             raise self.fail(f"no convergence after healing: {self._convergence_report()}")
         self.check_final()
+        if self.quorum is not None:
+            truncations = sum(node.stats.truncations for node in self.quorum.nodes.values())
+            self.stats["controller_log_truncations"] = truncations
 
     def close(self) -> None:
         """Stop every task and abandon the logs (the tmp dir goes away with them)."""
@@ -1330,10 +1381,12 @@ class ReplicationSim:
 
     def check(self) -> None:
         image = self.image
+        active = self._active_key()
         for tp in self.tps:
             registration = image.partition(TOPIC_ID, tp.partition)
             if registration is None:
                 continue
+            self._check_fenced_leader(tp, image, registration.leader, active)
             reference = self.reference[tp]
             current = self._leader_of(tp)
             if current is not None:
@@ -1359,6 +1412,38 @@ class ReplicationSim:
                 for offset in [o for o in pending if o < reference.end]:
                     self._check_reference_holds(tp, offset, acked[offset])
                 self.unreferenced[tp] = [o for o in pending if o >= reference.end]
+
+    def _active_key(self) -> tuple[int, int] | None:
+        """The controller that answers now: (node, active epoch); None while no controller is active."""
+        if self.quorum is None:
+            return (CONTROLLER, 0)
+        active = self.quorum.active_controller()
+        return None if active is None else (active[0], active[1].state.active_epoch)
+
+    def _check_fenced_leader(
+        self, tp: TopicPartition, image: MetadataImage, leader: int, active: tuple[int, int] | None
+    ) -> None:
+        """A fenced broker leads a partition only until the active controller's ISR removal reaches it
+        (a slice of a bulk job): a controller that stays active for FENCED_LEADER_BOUND_MS with a fenced
+        leader in the committed image lost that job (e.g. a new active controller that never resumed the
+        ISR removals its predecessor left half written)."""
+        broker = image.brokers.get(leader) if leader >= 0 else None
+        if broker is None or not broker.fenced:
+            self._fenced_leader.pop(tp, None)
+            return
+        since = self._fenced_leader.get(tp)
+        now = self.clock.now_ms
+        if since is None or since[1] != active or active is None:
+            self._fenced_leader[tp] = (now, active)
+            if since is None and self.quorum is not None and self.faults and self.rng.random() < 0.5:
+                # The worst moment for a failover: the fence committed, the ISR removals are half
+                # written.  The next active controller must find the job in the image and finish it.
+                self.quorum.schedule(0, functools.partial(self._crash_active_controller, "mid ISR removal"))
+        elif now - since[0] > FENCED_LEADER_BOUND_MS:
+            raise self.fail(
+                f"{tp} is led by fenced broker {leader} in the committed metadata for {now - since[0]} ms "
+                f"while controller {active} is active"
+            )
 
     def _check_matches(self, broker: Broker, tp: TopicPartition, upto: int) -> None:
         """``broker``'s log below ``upto`` (a committed batch boundary or the reference end) equals the
@@ -1496,8 +1581,8 @@ def _describe(data: bytes) -> str:
     return str([(base, last, len(raw)) for base, last, raw in split_batches(data)])
 
 
-def run_seed(seed: int, root: Path) -> ReplicationSim:
-    sim = ReplicationSim(seed, root)
+def run_seed(seed: int, root: Path, *, quorum: bool = True) -> ReplicationSim:
+    sim = ReplicationSim(seed, root, quorum=quorum)
     try:
         sim.run()
     finally:
