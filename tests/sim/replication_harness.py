@@ -389,7 +389,7 @@ def quorum_options() -> ControllerOptions:
         # small work units: a broker's ISR removals and unfence elections run in several slices, so a
         # failover can land between them and the new active controller must resume them
         max_work_unit_records=1,
-        max_uncommitted_bulk_records=2,
+        max_uncommitted_bulk_records=1,
     )
 
 
@@ -1227,13 +1227,14 @@ class ReplicationSim:
         request to a controller is a task of its loop, its answer resolves a future of the brokers' loop."""
         quorum = self.quorum
         for _ in range(10_000):
-            self.loop.run_ready()
-            if quorum is None:
+            self.loop.run_ready()  # returns with nothing of the brokers' ready or due
+            # Raft events sync the controllers themselves (ControllerSimulation.check_invariants): only
+            # requests the brokers just handed to a controller's loop are left to run here.
+            if quorum is None or not quorum.has_ready():
+                if quorum is not None:
+                    self._note_active(quorum)
                 return
             quorum._sync_controllers()
-            self._note_active(quorum)
-            if not self.loop._has_ready() and not quorum.has_ready():
-                return
         raise self.fail("the event loops never went idle")
 
     def _note_active(self, quorum: ControllerQuorum) -> None:
@@ -1435,7 +1436,9 @@ class ReplicationSim:
         now = self.clock.now_ms
         if since is None or since[1] != active or active is None:
             self._fenced_leader[tp] = (now, active)
-            if since is None and self.quorum is not None and self.faults and self.rng.random() < 0.5:
+            if since is None:
+                self.note(f"fenced_leader {tp} broker={leader}")
+            if since is None and self.quorum is not None and self.faults and self.rng.random() < 0.75:
                 # The worst moment for a failover: the fence committed, the ISR removals are half
                 # written.  The next active controller must find the job in the image and finish it.
                 self.quorum.schedule(0, functools.partial(self._crash_active_controller, "mid ISR removal"))

@@ -98,10 +98,12 @@ def test_the_single_controller_mode_still_holds(sim_seeds: list[int], sim_root: 
             pytest.fail(f"single-controller replication simulation failed with seed {seed}: {exc}")
 
 
-def _first_caught(sim_root: Path) -> tuple[int, str] | None:
+def _first_caught(sim_root: Path, *, quorum: bool = False) -> tuple[int, str] | None:
+    """The first seed that catches a planted bug.  Broker-side bugs are hunted with the single
+    controller (~3x cheaper a seed; the controller quorum adds nothing to them)."""
     for seed in range(MUTATION_SEEDS):
         try:
-            run_seed(seed, sim_root / f"mutant-{seed}")
+            run_seed(seed, sim_root / f"mutant-{seed}", quorum=quorum)
         except InvariantViolation as exc:
             return seed, str(exc)
     return None
@@ -135,7 +137,7 @@ def test_a_new_active_controller_that_never_resumes_isr_removals_is_caught(
     # The activation path's reset finds no half-written bulk job: the ISR removals (and leader moves)
     # the failed controller left unfinished never happen, and a fenced broker keeps leading.
     monkeypatch.setattr(ControllerLogic, "_resume_bulk_jobs", lambda self: None)
-    caught = _first_caught(sim_root)
+    caught = _first_caught(sim_root, quorum=True)
     assert caught is not None, f"bulk jobs lost on failover survived {MUTATION_SEEDS} seeds"
     assert "led by fenced broker" in caught[1], caught
 
