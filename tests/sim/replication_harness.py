@@ -45,8 +45,10 @@ restart reopens them through the real recovery path), **network partitions** (a 
 link cut) and, with the quorum, **controller faults** (a share of the fault events): crash a controller
 (the active one 70 % of the time: a failover) and restart it, pause one (SIGSTOP), isolate one, cut a
 controller-controller link; the active controller is also crashed around a crashed broker's session
-expiry (30 % of broker crashes) and, half of the time, at the moment the committed metadata first names a
-fenced leader (its ISR removals half written).  Producers write with acks=all (min.insync.replicas 2).
+expiry (30 % of broker crashes) and, 75 % of the time, at the moment the committed metadata first names
+a fenced leader: the fence committed, the next slice of ISR removals (work units of one record, one
+uncommitted bulk record at a time) appended on the active controller only, so the crash loses it.
+Producers write with acks=all (min.insync.replicas 2).
 
 Checked after every step of virtual time (:meth:`ReplicationSim.check`), read through the logs' real read
 API (``read_records`` / ``read_batches``):
@@ -508,7 +510,6 @@ class Broker:
     store: MemoryImageStore = field(default_factory=MemoryImageStore)
     publisher: MetadataPublisher | None = None
     metadata_offset: int = -1
-    controller_hint: int = CONTROLLER_NODES[0]  # the controller node it sends requests to (quorum mode)
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
     # (tp) → offsets verified present with their acknowledged value in this incarnation's log
     verified: dict[TopicPartition, set[int]] = field(default_factory=dict)
