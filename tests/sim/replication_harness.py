@@ -99,8 +99,9 @@ from kraft.errors import ErrorCode
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.metadata.isr_changes import alter_partition
+from kraft.metadata.partition_change import effective_min_isr
 from kraft.metadata.records import decode_value, encode_value
 from kraft.storage.batch import LOG_OVERHEAD, iter_batches, peek_batch_header
 from kraft.v1 import broker_pb2 as pb
@@ -138,6 +139,7 @@ RPC_TIMEOUT_MS = 300
 MAX_STEPS = 2_000_000
 FENCED_LEADER_BOUND_MS = 300
 CONTROLLER_FAULT_SHARE = 0.35  # quorum mode: the share of fault events that hit a controller
+WIPE_SHARE = 0.15  # quorum mode: the share of broker crashes that also lose the disk
 
 
 def replication_settings() -> ReplicationSettings:
@@ -386,6 +388,9 @@ def quorum_options() -> ControllerOptions:
         activation_wait_ms=250,
         leader_lease_ms=100,  # the simulated Raft's fetch timeout
         default_replication_factor=3,
+        # the brokers' min.insync.replicas (one .properties value, as a deployment shares it): the ELR
+        # rule needs the controller's and the leaders' minimum to agree (kraft.metadata.election_config)
+        min_insync_replicas=MIN_ISR,
         snapshot_max_bytes=1 << 40,  # no snapshots: MetadataFetch serves every record from its window
         snapshot_interval_ms=1 << 40,
         # small work units: a broker's ISR removals and unfence elections run in several slices, so a
@@ -511,6 +516,8 @@ class Broker:
     publisher: MetadataPublisher | None = None
     metadata_offset: int = -1
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    wiped: bool = False  # this incarnation started on an empty disk (until its registration is committed)
+    disk: int = 0  # how many times this broker's disk was lost (the generation of its log dirs)
     # (tp) → offsets verified present with their acknowledged value in this incarnation's log
     verified: dict[TopicPartition, set[int]] = field(default_factory=dict)
     # (tp) → offset below which this incarnation's log equals the committed reference
@@ -589,7 +596,9 @@ class ReplicationSim:
             # Its own random stream: the Raft nodes' timers and the quorum's network draw from it.
             self.quorum = ControllerQuorum(seed * 104_729 + 3, self.clock)
         else:
-            settings = ControllerSettings(cluster_id=CLUSTER, session_timeout_ms=SESSION_MS)
+            settings = ControllerSettings(
+                cluster_id=CLUSTER, session_timeout_ms=SESSION_MS, min_insync_replicas=MIN_ISR
+            )
             logic = ControllerLogic(
                 settings, MetadataImage.empty(), self.clock.monotonic_ms(), lambda: TOPIC_ID
             )
@@ -614,6 +623,10 @@ class ReplicationSim:
         self.version = 0
         # tp → (virtual ms, active controller) since when the committed image names a fenced leader
         self._fenced_leader: dict[TopicPartition, tuple[int, tuple[int, int] | None]] = {}
+        # incarnation id → (broker, disk generation it started on): whether an unclean registration's
+        # broker really lost its data (:meth:`_eligibility_lost`)
+        self.incarnation_disk: dict[str, tuple[int, int]] = {}
+        self.offline: list[TopicPartition] = []  # partitions finish() accepted as lost (see there)
 
     @property
     def controller(self) -> Controller:
@@ -688,6 +701,7 @@ class ReplicationSim:
         # run_broker's take-over of the incarnation file on the broker's (never wiped) log dir: the
         # processes before this one, including those that crashed before their registration was answered.
         predecessors = take_over_incarnation(broker.directory, broker.incarnation_id)
+        self.incarnation_disk[broker.incarnation_id] = (broker_id, broker.disk)
         broker.running = True
         broker.verified = {}
         broker.matched = {}
@@ -1063,6 +1077,8 @@ class ReplicationSim:
             if roll < 0.3 and len(running) >= 2:
                 victim = rng.choice(running)
                 self.crash_broker(victim)
+                if self.quorum is not None and rng.random() < WIPE_SHARE:
+                    self._wipe(victim)
                 self.spawn(CONTROLLER, self._restart_later(victim, rng.randint(50, 1200)))
                 if self.quorum is not None and rng.random() < 0.3:
                     # The active controller fails around the victim's session expiry: the new one finds
@@ -1094,6 +1110,37 @@ class ReplicationSim:
                 if self.quorum is not None:
                     self.quorum.schedule(0, self._heal_quorum)
                 self.note("heal all")
+
+    def _wipe(self, broker_id: int) -> None:
+        """The crashed broker's disk is replaced: logs, checkpoints, incarnation file and stored image
+        are gone.  Its next incarnation names no predecessor: the controller must treat it as an unclean
+        shutdown (out of every ISR and ELR) before it counts for anything."""
+        broker = self.brokers[broker_id]
+        shutil.rmtree(broker.directory, ignore_errors=True)
+        broker.directory.mkdir(parents=True)
+        broker.store = MemoryImageStore()
+        broker.wiped = True
+        broker.disk += 1
+        self.note(f"wipe broker={broker_id}")
+
+    def _counts(self, broker_id: int, image: MetadataImage) -> bool:
+        """Whether ``broker_id`` is the replica the metadata means: a wiped disk's incarnation only once
+        the controller unfenced its registration — until then the image's ISR may name the lost disk (the
+        registration is committed before the ISR removals of its unclean shutdown, in slices); from then
+        on it may be elected, so it must hold everything acknowledged if it is still in an ISR."""
+        broker = self.brokers[broker_id]
+        if not broker.wiped:
+            return True
+        registration = image.brokers.get(broker_id)
+        if (
+            broker.running  # else incarnation_id is still the crashed one's, whose disk this is not
+            and registration is not None
+            and registration.incarnation_id == broker.incarnation_id
+            and not registration.fenced
+        ):
+            broker.wiped = False
+            return True
+        return False
 
     def _controller_net_ids(self) -> list[int]:
         if self.quorum is None:
@@ -1405,10 +1452,12 @@ class ReplicationSim:
                     reference.add(read_range(log, reference.end, hwm))
                 members = {registration.leader, *registration.isr}
                 for member in sorted(members):
-                    self._check_matches(self.brokers[member], tp, min(hwm, reference.end))
+                    if self._counts(member, image):
+                        self._check_matches(self.brokers[member], tp, min(hwm, reference.end))
             acked = self.acked[tp]
             for member in sorted({*registration.isr, registration.leader} - {-1}):
-                self._check_acked(self.brokers[member], tp, acked)
+                if self._counts(member, image):
+                    self._check_acked(self.brokers[member], tp, acked)
             pending = self.unreferenced[tp]
             if pending and min(pending) < reference.end:
                 for offset in [o for o in pending if o < reference.end]:
@@ -1511,6 +1560,8 @@ class ReplicationSim:
         image = self.image
         for tp in self.tps:
             registration = image.partition(TOPIC_ID, tp.partition)
+            if registration is not None and _lost(registration):
+                continue  # final: nothing re-enters an empty ISR and ELR (check_final judges it)
             if registration is None or sorted(registration.isr) != list(BROKERS):
                 return False
             current = self._leader_of(tp)
@@ -1540,8 +1591,85 @@ class ReplicationSim:
             parts.append(f"{tp}: {registration} hwm={hwm} ends={ends}")
         return "; ".join(parts)
 
+    def _committed_records(self) -> list[tuple[int, mpb.MetadataRecord]]:
+        """The whole committed metadata log, in order: the single controller's records, or the quorum's
+        (read from a node whose Raft log holds every committed offset: no snapshots here, so the log
+        starts at 0, and committed entries are the same on every node that has them)."""
+        if self.single is not None:
+            return list(enumerate(self.single.records))
+        assert self.quorum is not None
+        last = self.image.offset
+        for node in self.quorum.nodes.values():
+            log = node.log
+            if log.start_offset != 0 or log.end_offset <= last:
+                continue
+            out: list[tuple[int, mpb.MetadataRecord]] = []
+            for base, _last, _epoch, values in log.batches:
+                for offset, value in enumerate(values, base):
+                    if offset <= last and isinstance(value, bytes):
+                        out.append((offset, decode_value(value)))
+            return out
+        raise self.fail(f"no controller node holds the committed log up to {last}")
+
+    def _eligibility_lost(self, tp: TopicPartition) -> list[str]:
+        """Replays the committed log and returns every way ``tp``'s eligible replicas (ISR and ELR) lost a
+        member that KIP-966 does not allow: an empty list proves that when the partition ended with no
+        eligible replica, none that could hold the acknowledged records remained.  A member may leave
+        only (a) with the new ISR at or above min ISR (records acknowledged from then on need that ISR,
+        which holds every earlier one: the leaver may lack them), or (b) as the unclean shutdown of an
+        incarnation that really lost the disk — started on a disk generation other than the broker's
+        registration before it (``incarnation_disk``; a wipe in between).  An unclean judgement of a broker
+        whose disk was intact, or any other drop, is reported: then data that survived was given up."""
+        delta = MetadataDelta(MetadataImage.empty())
+        registered: dict[int, str] = {}  # broker → incarnation of its latest RegisterBrokerRecord
+        previous: dict[int, str] = {}  # broker → the incarnation registered before that one
+        wrong: list[str] = []
+        for offset, record in self._committed_records():
+            kind = record.WhichOneof("record")
+            if kind == "register_broker":
+                r = record.register_broker
+                if r.broker_id in registered:
+                    previous[r.broker_id] = registered[r.broker_id]
+                registered[r.broker_id] = r.incarnation_id
+            before = delta.partition(TOPIC_ID, tp.partition)
+            delta.replay(record, offset)
+            after = delta.partition(TOPIC_ID, tp.partition)
+            if before is None or after is None or after is before:
+                continue
+            lost = {*before.isr, *before.elr} - {*after.isr, *after.elr}
+            if not lost or len(after.isr) >= effective_min_isr(MIN_ISR, after.replicas):
+                continue  # (a)
+            for member in sorted(lost):
+                broker = delta.broker(member)
+                now = registered.get(member)
+                if broker is not None and broker.unclean_shutdown and now is not None:
+                    disk_then = self.incarnation_disk.get(previous.get(member, ""), (member, 0))
+                    disk_now = self.incarnation_disk.get(now)
+                    if disk_now is not None and disk_now[1] != disk_then[1]:
+                        continue  # (b)
+                wrong.append(
+                    f"offset {offset}: broker {member} left {tp}'s ISR/ELR "
+                    f"({before.isr}/{before.elr} -> {after.isr}/{after.elr}) with its data"
+                )
+        return wrong
+
+    def _check_lost(self, tp: TopicPartition) -> None:
+        """``tp`` ended with no eligible replica (KIP-966: offline rather than lose acknowledged
+        records, unclean election being off).  Accepted only where the record history proves it: every
+        eligible replica it lost left legitimately (:meth:`_eligibility_lost`)."""
+        wrong = self._eligibility_lost(tp)
+        if wrong:
+            raise self.fail(f"{tp} offline, but eligible replicas were dropped: " + "; ".join(wrong))
+        self.offline.append(tp)
+        self.note(f"offline {tp} (every replica that held its acknowledged records lost its disk)")
+
     def check_final(self) -> None:
+        image = self.image
         for tp in self.tps:
+            registration = image.partition(TOPIC_ID, tp.partition)
+            if registration is not None and _lost(registration):
+                self._check_lost(tp)
+                continue
             current = self._leader_of(tp)
             assert current is not None
             leader, state = current
@@ -1559,6 +1687,12 @@ class ReplicationSim:
                 self.brokers[b].verified.pop(tp, None)
                 self.brokers[b].checked_version.pop(tp, None)
                 self._check_acked(self.brokers[b], tp, self.acked[tp])
+
+
+def _lost(registration: PartitionRegistration) -> bool:
+    """No leader and nobody eligible (ISR and ELR empty): without unclean election (off here) nothing
+    can elect a leader again, the state is final."""
+    return registration.leader < 0 and not registration.isr and not registration.elr
 
 
 def registration_request(
