@@ -25,7 +25,11 @@ sessions, half-written bulk jobs resumed, the rejoin index rebuilt in slices), a
 the old one are answered NOT_CONTROLLER / REQUEST_TIMED_OUT or not at all.  Records reach brokers only
 once committed (the real fetch server serves the committed window); an answer only once its records
 commit.  Not covered: controller snapshots (off: every broker fetches from the window), voter changes,
-a controller's disk lost, and the metadata fetch's long-poll (brokers poll every 20 ms).
+a controller's disk lost, and the metadata fetch's long-poll (brokers poll every 20 ms).  Both modes
+give the controller the brokers' ``min.insync.replicas`` (2), as one shared .properties value does: with
+the controller's default of 1 a member leaving an ISR of two was not kept as an eligible leader
+(KIP-966), and a lost disk of the one left then took the partition offline although the leaver held
+every acknowledged record (the first runs of the wipe fault, seeds 0 and 10).
 
 ``quorum=False`` keeps the earlier single controller: the active controller's state machine
 (:class:`~kraft.metadata.controller_logic.ControllerLogic` and
@@ -41,7 +45,10 @@ loop and the controllers' loops in turn until all are idle, then moves the clock
 brokers' loop or event of the quorum's queue.  Faults drawn from the seed: **crashes** (the broker's
 tasks vanish, its logs are abandoned without a flush, and every byte above the log's flushed offset may
 be lost: a random number of unflushed batches is kept, sometimes with a torn batch after them; the
-restart reopens them through the real recovery path), **network partitions** (a broker isolated, or one
+restart reopens them through the real recovery path), **lost disks** (quorum mode: 15 % of broker
+crashes also wipe the broker's dir — logs, checkpoints, incarnation file, stored image — so its next
+incarnation names no predecessor and the controller must judge it unclean: out of every ISR and ELR),
+**network partitions** (a broker isolated, or one
 link cut) and, with the quorum, **controller faults** (a share of the fault events): crash a controller
 (the active one 70 % of the time: a failover) and restart it, pause one (SIGSTOP), isolate one, cut a
 controller-controller link; the active controller is also crashed around a crashed broker's session
@@ -63,9 +70,15 @@ API (``read_records`` / ``read_batches``):
   while one controller stays active (its ISR removal must reach it: a lost bulk job shows here);
 - with the quorum, the Raft simulation's own invariant (committed data durable on a majority) after
   every Raft event.
+A wiped broker's new incarnation counts as the replica the metadata names only once its registration is
+unfenced (before that the ISR may still name the lost disk: :meth:`ReplicationSim._counts`).
 At the end (:meth:`ReplicationSim.finish`) the network heals, every broker runs again, and within a bound
 the ISR is full, every replica's log equals the leader's up to a high watermark that reached the log end,
-and every acknowledged record is there.
+and every acknowledged record is there — except in a partition left with no leader and an empty ISR and
+ELR (KIP-966: offline rather than lose acknowledged records, unclean election being off), which is
+accepted only where the committed record history proves that no eligible replica with the data remained:
+each member left ISR and ELR either while the new ISR stayed at min ISR or by the unclean registration of
+an incarnation whose disk was really wiped (:meth:`ReplicationSim._eligibility_lost`).
 """
 
 from __future__ import annotations

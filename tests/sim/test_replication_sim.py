@@ -2,10 +2,10 @@
 
 Three brokers run the real ReplicaManager, BrokerService and segmented partition logs; a quorum of three
 real QuorumControllers over the simulated Raft decides ISRs and leaders; all on virtual time with seeded
-message delays, broker crashes (unflushed bytes lost, the log reopened through recovery), controller
-crashes, pauses and isolations (failovers), and network partitions, while producers write with acks=all
-and min.insync.replicas 2 (tests/sim/replication_harness.py says what is checked).  The single-controller
-mode (``quorum=False``: one ControllerLogic whose records commit at once) still runs the seeds it found
+message delays, broker crashes (unflushed bytes lost, the log reopened through recovery), lost broker
+disks, controller crashes, pauses and isolations (failovers), and network partitions, while producers
+write with acks=all and min.insync.replicas 2 (tests/sim/replication_harness.py says what is checked).
+The single-controller mode (``quorum=False``: one ControllerLogic whose records commit at once) still runs the seeds it found
 bugs with and the scripted late-registration test.  A failure names its seed; replay it with::
 
     pytest tests/sim/test_replication_sim.py --seed N
@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,10 @@ from kraft.broker.partitions import Partition
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.segmented_partition_log import SegmentedPartitionLog
 from kraft.errors import ErrorCode
+from kraft.metadata import isr_changes, partition_change
 from kraft.metadata.controller_logic import ControllerLogic
+from kraft.metadata.image import PartitionRegistration
+from kraft.metadata.partition_change import eligible_after
 from kraft.replication.epochs import UNDEFINED_EPOCH
 from sim.harness import InvariantViolation
 from sim.replication_harness import BROKERS, ReplicationSim, registration_request, run_seed
@@ -220,3 +223,23 @@ def test_a_late_registration_of_a_crashed_process_is_survived(sim_root: Path) ->
     assert registration.incarnation_id == sim.brokers[3].incarnation_id and not registration.fenced
     # finish() found every ISR full again (broker 3 included) and every acknowledged record on it
     assert sorted(BROKERS) == sorted(sim.controller.image.brokers)
+
+
+def test_a_controller_that_drops_eligible_replicas_is_caught(
+    sim_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ELR is never kept: a partition whose last ISR member is fenced ends with no eligible replica
+    # although its replicas kept every acknowledged record.  finish() accepts a partition left with no
+    # eligible replica only where the record history proves each one left legitimately (a lost disk, or
+    # the ISR at min ISR without it): this must not pass as such a loss.
+    def no_elr(
+        current: PartitionRegistration, new_isr: Collection[int], min_isr: int, unclean: Collection[int] = ()
+    ) -> tuple[list[int], list[int]]:
+        elr, lke = eligible_after(current, new_isr, min_isr, unclean)
+        return [], [*elr, *lke]
+
+    monkeypatch.setattr(partition_change, "eligible_after", no_elr)
+    monkeypatch.setattr(isr_changes, "eligible_after", no_elr)
+    caught = _first_caught(sim_root)
+    assert caught is not None, f"a controller dropping every ELR survived {MUTATION_SEEDS} seeds"
+    assert "eligible replicas were dropped" in caught[1], caught
