@@ -5,8 +5,9 @@ real QuorumControllers over the simulated Raft decides ISRs and leaders; all on 
 message delays, broker crashes (unflushed bytes lost, the log reopened through recovery), lost broker
 disks, controller crashes, pauses and isolations (failovers), and network partitions, while producers
 write with acks=all and min.insync.replicas 2 (tests/sim/replication_harness.py says what is checked).
-The single-controller mode (``quorum=False``: one ControllerLogic whose records commit at once) still runs the seeds it found
-bugs with and the scripted late-registration test.  A failure names its seed; replay it with::
+The single-controller mode (``quorum=False``: one ControllerLogic whose records commit at once) still
+runs the seeds it found bugs with and the scripted late-registration test.  A failure names its seed;
+replay it with::
 
     pytest tests/sim/test_replication_sim.py --seed N
 
