@@ -1091,7 +1091,7 @@ class ReplicationSim:
                 victim = rng.choice(running)
                 self.crash_broker(victim)
                 if self.quorum is not None and rng.random() < WIPE_SHARE:
-                    self._wipe(victim)
+                    self.wipe_broker(victim)
                 self.spawn(CONTROLLER, self._restart_later(victim, rng.randint(50, 1200)))
                 if self.quorum is not None and rng.random() < 0.3:
                     # The active controller fails around the victim's session expiry: the new one finds
@@ -1124,7 +1124,7 @@ class ReplicationSim:
                     self.quorum.schedule(0, self._heal_quorum)
                 self.note("heal all")
 
-    def _wipe(self, broker_id: int) -> None:
+    def wipe_broker(self, broker_id: int) -> None:
         """The crashed broker's disk is replaced: logs, checkpoints, incarnation file and stored image
         are gone.  Its next incarnation names no predecessor: the controller must treat it as an unclean
         shutdown (out of every ISR and ELR) before it counts for anything."""

@@ -23,7 +23,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,7 @@ from kraft.metadata.image import PartitionRegistration
 from kraft.metadata.partition_change import eligible_after
 from kraft.replication.epochs import UNDEFINED_EPOCH
 from sim.harness import InvariantViolation
-from sim.replication_harness import BROKERS, ReplicationSim, registration_request, run_seed
+from sim.replication_harness import BROKERS, TOPIC_ID, ReplicationSim, registration_request, run_seed
 
 SEEDS = int(os.environ.get("KRAFT_REPLICATION_SIM_SEEDS", "3"))
 FIRST_SEED = int(os.environ.get("KRAFT_REPLICATION_SIM_FIRST_SEED", "0"))
@@ -244,3 +244,51 @@ def test_a_controller_that_drops_eligible_replicas_is_caught(
     caught = _first_caught(sim_root)
     assert caught is not None, f"a controller dropping every ELR survived {MUTATION_SEEDS} seeds"
     assert "eligible replicas were dropped" in caught[1], caught
+
+
+@pytest.mark.parametrize("disks_lost", [True, False])
+def test_a_partition_whose_eligible_replicas_all_lost_their_disks_stays_offline(
+    sim_root: Path, disks_lost: bool
+) -> None:
+    """KIP-966 with unclean election off: broker 3 leaves the ISR while it is still at min ISR (2), so it
+    may lack what is acknowledged next — and is; then 2 and 1 fail in turn (the ISR empties into the ELR).
+    With their disks lost both come back unclean, leave the ELR, and the partitions must stay offline
+    (finish() accepts that only by proving it from the record history); with their disks intact the
+    ELR elects one of them and nothing is lost."""
+
+    def isr_is(sim: ReplicationSim, members: list[int]) -> Callable[[], bool]:
+        def check() -> bool:
+            image = sim.image
+            registrations = [image.partition(TOPIC_ID, tp.partition) for tp in sim.tps]
+            return all(r is not None and sorted(r.isr) == members for r in registrations)
+
+        return check
+
+    def lose_every_copy(sim: ReplicationSim) -> None:
+        sim.run_for(500)
+        sim.crash_broker(3)
+        assert sim.run_for(3_000, isr_is(sim, [1, 2])), "broker 3 never left the ISR"
+        acked = sum(len(a) for a in sim.acked.values())
+        sim.run_for(300)
+        assert sum(len(a) for a in sim.acked.values()) > acked, "nothing acknowledged without broker 3"
+        for victim, rest in ((2, [1]), (1, [])):
+            sim.crash_broker(victim)
+            if disks_lost:
+                sim.wipe_broker(victim)
+            assert sim.run_for(3_000, isr_is(sim, rest)), f"broker {victim} never left the ISR"
+
+    sim = ReplicationSim(7, sim_root / "lost-disks")
+    try:
+        sim.run(lose_every_copy)
+    finally:
+        sim.close()
+    image = sim.image
+    for tp in sim.tps:
+        registration = image.partition(TOPIC_ID, tp.partition)
+        assert registration is not None
+        if disks_lost:
+            assert (registration.leader, registration.isr, registration.elr) == (-1, (), ()), registration
+            assert {1, 2} <= set(registration.last_known_elr), registration
+        else:
+            assert sorted(registration.isr) == list(BROKERS), registration
+    assert sim.offline == (sim.tps if disks_lost else []), sim.offline
