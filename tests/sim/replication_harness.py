@@ -11,21 +11,44 @@ Three brokers, each with the production pieces wired as ``kraft/node/broker.py``
 - the real :class:`~kraft.broker.service.BrokerService` answering Produce (admission, append, acks=all)
   and a :class:`~kraft.broker.status.BrokerStatus` holding the lease.
 
-The controller is the active controller's real state machine — :class:`~kraft.metadata.controller_logic.
-ControllerLogic` (registration, heartbeats, session expiry fencing with leader election from the ISR,
-topic creation) and :func:`kraft.metadata.isr_changes.alter_partition` — without its Raft quorum: one
-controller that never fails (it can be cut off), whose records commit as they are written.  Brokers learn
-them by fetching the controller's record log (stale metadata: they apply what reached them) and apply them
-as the partition manager and replica manager are driven by the publisher: ``reconcile`` then
-``on_image``.
+The metadata quorum (the default, ``quorum=True``) is the controller simulation's
+(tests/sim/test_controller_sim.py, :class:`ControllerQuorum`): three production
+:class:`~kraft.metadata.controller.QuorumController` nodes over the Raft simulation (tests/sim/harness.py:
+real ``RaftCore`` per node, a simulated log that loses unflushed batches on a crash, its own seeded
+network), each on its own ``VirtualTimeLoop`` on the same clock.  Brokers register, heartbeat, send
+AlterPartition and MetadataFetch to the node they believe active (the real ``ControllerService`` methods,
+run as tasks of that node's loop: a paused node answers late, a crashed one never); NOT_CONTROLLER names
+the active one, no answer moves them to the next node.  So what the real controller does on a failover
+happens here: uncommitted records are truncated away, the new active controller activates through
+``controller_activation`` (a NoOp committed, the logic rebuilt from the committed image, fresh broker
+sessions, half-written bulk jobs resumed, the rejoin index rebuilt in slices), and requests in flight to
+the old one are answered NOT_CONTROLLER / REQUEST_TIMED_OUT or not at all.  Records reach brokers only
+once committed (the real fetch server serves the committed window); an answer only once its records
+commit.  Not covered: controller snapshots (off: every broker fetches from the window), voter changes,
+a controller's disk lost, and the metadata fetch's long-poll (brokers poll every 20 ms).
 
-Everything runs on one :class:`~sim.sim_raft_client.VirtualTimeLoop`; every message (heartbeats,
+``quorum=False`` keeps the earlier single controller: the active controller's state machine
+(:class:`~kraft.metadata.controller_logic.ControllerLogic` and
+:func:`kraft.metadata.isr_changes.alter_partition`) that never fails (it can be cut off), whose records
+commit as they are written, behind the same requests (:class:`Controller`).  Either way brokers apply
+what reached them (stale metadata) as the partition manager and replica manager are driven by the
+publisher: ``reconcile`` then ``on_image``.
+
+The brokers run on one :class:`~sim.sim_raft_client.VirtualTimeLoop`; every message (heartbeats,
 metadata fetches, replica fetches and their answers, AlterPartition, produce requests) goes through a
-seeded network with random delays that can cut links.  Faults drawn from the seed: **crashes** (the
-broker's tasks vanish, its logs are abandoned without a flush, and every byte above the log's flushed
-offset may be lost: a random number of unflushed batches is kept, sometimes with a torn batch after them;
-the restart reopens them through the real recovery path) and **network partitions** (a broker isolated,
-or one link cut).  Producers write with acks=all (min.insync.replicas 2) throughout.
+seeded network with random delays that can cut links.  :meth:`ReplicationSim.step` runs the brokers'
+loop and the controllers' loops in turn until all are idle, then moves the clock to the next timer of the
+brokers' loop or event of the quorum's queue.  Faults drawn from the seed: **crashes** (the broker's
+tasks vanish, its logs are abandoned without a flush, and every byte above the log's flushed offset may
+be lost: a random number of unflushed batches is kept, sometimes with a torn batch after them; the
+restart reopens them through the real recovery path), **network partitions** (a broker isolated, or one
+link cut) and, with the quorum, **controller faults** (a share of the fault events): crash a controller
+(the active one 70 % of the time: a failover) and restart it, pause one (SIGSTOP), isolate one, cut a
+controller-controller link; the active controller is also crashed around a crashed broker's session
+expiry (30 % of broker crashes) and, 75 % of the time, at the moment the committed metadata first names
+a fenced leader: the fence committed, the next slice of ISR removals (work units of one record, one
+uncommitted bulk record at a time) appended on the active controller only, so the crash loses it.
+Producers write with acks=all (min.insync.replicas 2).
 
 Checked after every step of virtual time (:meth:`ReplicationSim.check`), read through the logs' real read
 API (``read_records`` / ``read_batches``):
@@ -35,7 +58,11 @@ API (``read_records`` / ``read_batches``):
   reference log the first time they are seen; what any current leader holds below its high watermark must
   equal it byte for byte, and so must every live ISR member's log below that high watermark;
 - no offset is acknowledged twice with different records, and every acknowledged record is in the
-  reference once the reference reaches it.
+  reference once the reference reaches it;
+- a fenced broker leads a partition in the committed metadata for at most ``FENCED_LEADER_BOUND_MS``
+  while one controller stays active (its ISR removal must reach it: a lost bulk job shows here);
+- with the quorum, the Raft simulation's own invariant (committed data durable on a majority) after
+  every Raft event.
 At the end (:meth:`ReplicationSim.finish`) the network heals, every broker runs again, and within a bound
 the ISR is full, every replica's log equals the leader's up to a high watermark that reached the log end,
 and every acknowledged record is there.
@@ -69,23 +96,28 @@ from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState, ProducedRecord, StoredRecord, TopicPartition
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
+from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.isr_changes import alter_partition
+from kraft.metadata.records import decode_value, encode_value
 from kraft.storage.batch import LOG_OVERHEAD, iter_batches, peek_batch_header
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as mpb
 from sim.harness import InvariantViolation
-from sim.sim_raft_client import VirtualTimeLoop
+from sim.sim_raft_client import SimRaftClient, VirtualTimeLoop
+from sim.test_controller_sim import ControllerSimulation, NodeController
 
 T = TypeVar("T")
 
 CLUSTER = "sim-replication"
-CONTROLLER = 0
-PRODUCER = 9
+CONTROLLER = 0  # the single controller's network id (and the owner of the simulation's own tasks)
+PRODUCER = 9  # producers and the admin client that creates the topic
+CONTROLLER_NODES = (1, 2, 3)  # the quorum's Raft node ids
+CONTROLLER_NET = 100  # controller node n is network node CONTROLLER_NET + n
 BROKERS = (1, 2, 3)
 TOPIC = "orders"
 TOPIC_ID = "orders-topic-id"
@@ -103,7 +135,9 @@ RUN_MS = 6_000
 HEAL_BOUND_MS = 8_000
 START_BOUND_MS = 3_000
 RPC_TIMEOUT_MS = 300
-MAX_STEPS = 400_000
+MAX_STEPS = 2_000_000
+FENCED_LEADER_BOUND_MS = 300
+CONTROLLER_FAULT_SHARE = 0.35  # quorum mode: the share of fault events that hit a controller
 
 
 def replication_settings() -> ReplicationSettings:
@@ -292,18 +326,130 @@ class Network:
 # ------------------------------------------------------------------------------------------ nodes
 
 
-@dataclass
 class Controller:
-    logic: ControllerLogic
-    records: list[mpb.MetadataRecord] = field(default_factory=list)
+    """The single-controller mode (``quorum=False``): the active controller's state machine without a
+    quorum — it never fails (it can be cut off), and what the logic generates commits at once, in order.
+    Serves the same requests as :class:`~kraft.metadata.controller.QuorumController` (the quorum mode), so
+    the brokers' code is the same in both modes."""
+
+    def __init__(self, logic: ControllerLogic, clock: ManualClock) -> None:
+        self.logic = logic
+        self.clock = clock
+        self.records: list[mpb.MetadataRecord] = []
 
     @property
     def image(self) -> MetadataImage:
         return self.logic.image
 
     def write(self, records: Sequence[mpb.MetadataRecord]) -> None:
-        """The quorum is not simulated here: what the logic generated commits at once, in order."""
         self.records.extend(records)
+
+    async def register_broker(self, request: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
+        outcome = self.logic.register_broker(request, self.clock.monotonic_ms(), len(self.records))
+        self.write(outcome.records)
+        return outcome.response
+
+    async def broker_heartbeat(self, request: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
+        outcome = self.logic.broker_heartbeat(request, self.clock.monotonic_ms(), len(self.records))
+        self.write(outcome.records)
+        return outcome.response
+
+    async def alter_partition(self, request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
+        outcome = alter_partition(self.logic, request, len(self.records))
+        self.write(outcome.records)
+        return outcome.response
+
+    async def create_topics(self, request: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
+        outcome = self.logic.create_topics(request, len(self.records))
+        self.write(outcome.records)
+        return outcome.response
+
+    async def metadata_fetch(self, request: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
+        response = cpb.MetadataFetchResponse(high_watermark=len(self.records))
+        for offset in range(request.fetch_offset, len(self.records)):
+            response.records.add(offset=offset, value=encode_value(self.records[offset]))
+        return response
+
+
+ControllerApi = Controller | QuorumController
+"""What a broker's controller RPC runs on: the single controller or one node's QuorumController."""
+
+
+def quorum_options() -> ControllerOptions:
+    """The production controller's knobs scaled like the Raft simulation's timings (and the controller
+    simulation's, tests/sim/test_controller_sim.py): sessions and heartbeats are the replication sim's."""
+    return ControllerOptions(
+        session_timeout_ms=SESSION_MS,
+        heartbeat_interval_ms=HEARTBEAT_MS,
+        noop_interval_ms=100,
+        commit_timeout_ms=1_500,
+        activation_wait_ms=250,
+        leader_lease_ms=100,  # the simulated Raft's fetch timeout
+        default_replication_factor=3,
+        snapshot_max_bytes=1 << 40,  # no snapshots: MetadataFetch serves every record from its window
+        snapshot_interval_ms=1 << 40,
+        # small work units: a broker's ISR removals and unfence elections run in several slices, so a
+        # failover can land between them and the new active controller must resume them
+        max_work_unit_records=1,
+        max_uncommitted_bulk_records=1,
+    )
+
+
+class ControllerQuorum(ControllerSimulation):
+    """Three production :class:`QuorumController` nodes over the Raft simulation, as the controller
+    simulation runs them (each on its own :class:`VirtualTimeLoop`, so a paused node stands still), on
+    the replication simulation's clock; its event queue is driven by :meth:`ReplicationSim.step`."""
+
+    def __init__(self, seed: int, clock: ManualClock) -> None:
+        super().__init__(seed, brokers=0)
+        self.clock = clock
+        self.now_ms = clock.now_ms
+        self.max_events = 50_000_000  # bounded by the replication sim's steps instead
+        self.options = quorum_options()
+
+    def _start_controller(self, node_id: int) -> None:
+        node = self.nodes[node_id]
+        raft = SimRaftClient(node, self._note_fencing_decisions)
+        controller = QuorumController(
+            raft, CLUSTER, {}, self.options, clock=self.clock, new_topic_id=lambda: TOPIC_ID
+        )
+        loop = VirtualTimeLoop(self.clock)
+        self.controllers[node_id] = NodeController(node.incarnation, raft, controller, loop)
+        loop.run_until_complete(controller.start())
+
+    def has_ready(self) -> bool:
+        return any(e.loop._has_ready() for n, e in self.controllers.items() if n not in self.paused)
+
+    def next_event_ms(self) -> int | None:
+        return self.events[0][0] if self.events else None
+
+    def committed_image(self) -> MetadataImage | None:
+        """The newest committed image any controller holds (they are prefixes of one log)."""
+        images = [e.controller.committed for e in self.controllers.values()]
+        return max(images, key=lambda image: image.offset, default=None)
+
+    async def serve(
+        self, node_id: int, incarnation: int, op: Callable[[ControllerApi], Coroutine[Any, Any, T]]
+    ) -> T:
+        """Run ``op`` on ``node_id``'s controller, as a task of that controller's own loop (it runs when
+        the simulation runs that loop: never while the node is paused); a crash leaves it unanswered."""
+        answer: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        entry = self.controllers.get(node_id)
+        if entry is None or entry.incarnation != incarnation:
+            return await answer  # the process is gone: no answer (the caller times out)
+        task = entry.loop.create_task(op(entry.controller))
+
+        def done(finished: asyncio.Task[T]) -> None:
+            if answer.done() or finished.cancelled():
+                return
+            error = finished.exception()
+            if error is not None:
+                answer.set_exception(error)
+            else:
+                answer.set_result(finished.result())
+
+        task.add_done_callback(done)
+        return await answer
 
 
 class SimTransport:
@@ -427,7 +573,7 @@ def split_batches(data: bytes) -> list[tuple[int, int, bytes]]:
 
 
 class ReplicationSim:
-    def __init__(self, seed: int, root: Path, *, run_ms: int = RUN_MS) -> None:
+    def __init__(self, seed: int, root: Path, *, run_ms: int = RUN_MS, quorum: bool = True) -> None:
         self.seed = seed
         self.run_ms = run_ms
         self.root = root
@@ -437,11 +583,22 @@ class ReplicationSim:
         self.loop = VirtualTimeLoop(self.clock)
         self.brokers = {b: Broker(b, root / f"broker-{b}") for b in BROKERS}
         self.network = Network(random.Random(seed * 7919 + 1), self._alive, self._incarnation_of)
-        settings = ControllerSettings(cluster_id=CLUSTER, session_timeout_ms=SESSION_MS)
-        self.controller = Controller(
-            ControllerLogic(settings, MetadataImage.empty(), self.clock.monotonic_ms(), lambda: TOPIC_ID)
-        )
-        self.controller.write(self.controller.logic.bootstrap_records(0))
+        self.single: Controller | None = None
+        self.quorum: ControllerQuorum | None = None
+        if quorum:
+            # Its own random stream: the Raft nodes' timers and the quorum's network draw from it.
+            self.quorum = ControllerQuorum(seed * 104_729 + 3, self.clock)
+        else:
+            settings = ControllerSettings(cluster_id=CLUSTER, session_timeout_ms=SESSION_MS)
+            logic = ControllerLogic(
+                settings, MetadataImage.empty(), self.clock.monotonic_ms(), lambda: TOPIC_ID
+            )
+            self.single = Controller(logic, self.clock)
+            self.single.write(logic.bootstrap_records(0))
+        self._image = MetadataImage.empty()
+        self.active: tuple[int, int] | None = None  # (node, active epoch) of the quorum's active controller
+        # requester (broker id or PRODUCER) → the controller node it sends requests to (quorum mode)
+        self.controller_hint: dict[int, int] = {}
         self.acked: dict[TopicPartition, dict[int, bytes]] = {tp: {} for tp in self.tps}
         self.reference: dict[TopicPartition, Reference] = {tp: Reference() for tp in self.tps}
         self.next_value = 0
@@ -455,6 +612,26 @@ class ReplicationSim:
         # Bumped by every acknowledgement, truncation and restart: a replica whose acknowledged records
         # were verified at the current version need not be looked at again.
         self.version = 0
+        # tp → (virtual ms, active controller) since when the committed image names a fenced leader
+        self._fenced_leader: dict[TopicPartition, tuple[int, tuple[int, int] | None]] = {}
+
+    @property
+    def controller(self) -> Controller:
+        """The single controller (``quorum=False`` only)."""
+        if self.single is None:
+            raise AssertionError("this simulation runs a controller quorum")
+        return self.single
+
+    @property
+    def image(self) -> MetadataImage:
+        """The committed metadata: the single controller's, or the newest any quorum node applied."""
+        if self.single is not None:
+            return self.single.image
+        assert self.quorum is not None
+        image = self.quorum.committed_image()
+        if image is not None and image.offset >= self._image.offset:
+            self._image = image
+        return self._image
 
     @property
     def tps(self) -> list[TopicPartition]:
@@ -478,10 +655,17 @@ class ReplicationSim:
     def _alive(self, node: int, incarnation: int) -> bool:
         if node in (CONTROLLER, PRODUCER):
             return True
+        if node > CONTROLLER_NET:
+            assert self.quorum is not None
+            raft_node = self.quorum.nodes[node - CONTROLLER_NET]
+            return raft_node.running and raft_node.incarnation == incarnation
         broker = self.brokers[node]
         return broker.running and broker.incarnation == incarnation
 
     def _incarnation_of(self, node: int) -> int:
+        if node > CONTROLLER_NET:
+            assert self.quorum is not None
+            return self.quorum.nodes[node - CONTROLLER_NET].incarnation
         return self.brokers[node].incarnation if node in self.brokers else 0
 
     def spawn(self, node: int, coro: Coroutine[Any, Any, None]) -> None:
@@ -616,6 +800,33 @@ class ReplicationSim:
     async def _rpc(self, src: int, dst: int, handler: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return await self.network.call(src, dst, handler, RPC_TIMEOUT_MS / 1000.0, self.spawn)
 
+    async def _controller_call(self, src: int, op: Callable[[ControllerApi], Coroutine[Any, Any, T]]) -> T:
+        """One controller request from ``src`` (raises RpcFailed without an answer).  Quorum mode: to the
+        controller ``src`` believes active, as the real ControllerClient does — a NOT_CONTROLLER answer
+        names the active one (or none yet), no answer moves on to the next node."""
+        if self.single is not None:
+            single = self.single
+            return await self._rpc(src, CONTROLLER, lambda: op(single))
+        quorum = self.quorum
+        assert quorum is not None
+        node = self.controller_hint.get(src, CONTROLLER_NODES[src % len(CONTROLLER_NODES)])
+        incarnation = quorum.nodes[node].incarnation
+        try:
+            answer = await self._rpc(src, CONTROLLER_NET + node, lambda: quorum.serve(node, incarnation, op))
+        except RpcFailed:
+            self.controller_hint[src] = CONTROLLER_NODES[node % len(CONTROLLER_NODES)]
+            raise
+        code = getattr(answer, "error_code", ErrorCode.NONE)
+        if code in (ErrorCode.NOT_CONTROLLER, ErrorCode.REQUEST_TIMED_OUT):
+            name = f"controller_answered_{ErrorCode(code).name}"
+            self.stats[name] = self.stats.get(name, 0) + 1
+        if code == ErrorCode.NOT_CONTROLLER:
+            named = answer.controller.node_id  # type: ignore[attr-defined]  # every controller answer has it
+            self.controller_hint[src] = (
+                named if named in CONTROLLER_NODES else CONTROLLER_NODES[node % len(CONTROLLER_NODES)]
+            )
+        return answer
+
     async def _lifecycle(self, broker: Broker, predecessors: tuple[str, ...]) -> None:
         """Registration and heartbeats with the rules of :class:`kraft.broker.lifecycle.BrokerLifecycle`:
         the lease runs from when an accepted heartbeat was sent; fenced → RECOVERY, unfenced → RUNNING;
@@ -635,16 +846,12 @@ class ReplicationSim:
             sent_at = self.clock.monotonic_ms()
 
             async def do_heartbeat(
-                request: cpb.BrokerHeartbeatRequest = request,
+                controller: ControllerApi, request: cpb.BrokerHeartbeatRequest = request
             ) -> cpb.BrokerHeartbeatResponse:
-                outcome = self.controller.logic.broker_heartbeat(
-                    request, self.clock.monotonic_ms(), len(self.controller.records)
-                )
-                self.controller.write(outcome.records)
-                return outcome.response
+                return await controller.broker_heartbeat(request)
 
             with contextlib.suppress(RpcFailed):
-                beat = await self._rpc(broker.id, CONTROLLER, do_heartbeat)
+                beat = await self._controller_call(broker.id, do_heartbeat)
                 assert broker.replicas is not None
                 if beat.error_code in (ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED):
                     status.fenced = True
@@ -684,16 +891,12 @@ class ReplicationSim:
             broker, broker.incarnation_id, predecessors[0] if predecessors else "", predecessors[1:]
         )
 
-        async def do_register() -> cpb.RegisterBrokerResponse:
-            outcome = self.controller.logic.register_broker(
-                register, self.clock.monotonic_ms(), len(self.controller.records)
-            )
-            self.controller.write(outcome.records)
-            return outcome.response
+        async def do_register(controller: ControllerApi) -> cpb.RegisterBrokerResponse:
+            return await controller.register_broker(register)
 
         while True:
             with contextlib.suppress(RpcFailed):
-                answer = await self._rpc(broker.id, CONTROLLER, do_register)
+                answer = await self._controller_call(broker.id, do_register)
                 if answer.error_code == ErrorCode.NONE:
                     status.broker_epoch = answer.broker_epoch
                     if status.state is BrokerState.STARTING:
@@ -703,28 +906,43 @@ class ReplicationSim:
             await asyncio.sleep(HEARTBEAT_MS / 1000.0)
 
     async def _metadata_fetcher(self, broker: Broker) -> None:
-        """The MetadataFetcher's part: fetch the controller's records after the applied offset and
-        publish them (the real MetadataPublisher: revocations, image store, grants, view); once caught up
-        with the controller's log, open the partitions (``open_partitions``)."""
+        """The MetadataFetcher's part: MetadataFetch the committed records after the applied offset (the
+        real controller's fetch server in quorum mode) and publish them (the real MetadataPublisher:
+        revocations, image store, grants, view), a transaction's records only once it ends; once caught
+        up with the high watermark, open the partitions (``open_partitions``)."""
         publisher = broker.publisher
         assert publisher is not None
+        fetch_offset = publisher.offset + 1
+        pending: MetadataDelta | None = None
         while True:
-            start = publisher.offset + 1
+            request = cpb.MetadataFetchRequest(
+                cluster_id=CLUSTER, broker_id=broker.id, fetch_offset=fetch_offset
+            )
 
-            async def fetch(start: int = start) -> tuple[list[mpb.MetadataRecord], int]:
-                return list(self.controller.records[start:]), len(self.controller.records) - 1
+            async def fetch(
+                controller: ControllerApi, request: cpb.MetadataFetchRequest = request
+            ) -> cpb.MetadataFetchResponse:
+                return await controller.metadata_fetch(request)
 
             with contextlib.suppress(RpcFailed):
-                records, end = await self._rpc(broker.id, CONTROLLER, fetch)
-                if records and publisher.offset + 1 == start:
-                    delta = MetadataDelta(publisher.image)
-                    for i, record in enumerate(records):
-                        delta.replay(record, start + i)
-                    await publisher.publish(delta)
-                    broker.metadata_offset = publisher.offset
-                if publisher.deferred and publisher.offset >= end:
-                    await publisher.open_partitions()
-                    self.note(f"partitions_opened broker={broker.id} offset={publisher.offset}")
+                answer = await self._controller_call(broker.id, fetch)
+                if answer.error_code == ErrorCode.NONE:
+                    if answer.HasField("snapshot_id"):
+                        raise self.fail(f"broker {broker.id} was offered a snapshot (snapshots are off)")
+                    if answer.records:  # one fetch at a time: it answers from fetch_offset on
+                        delta = pending or MetadataDelta(publisher.image)
+                        for record in answer.records:
+                            delta.replay(decode_value(record.value), record.offset, record.leader_epoch)
+                        if delta.replay_errors:
+                            raise self.fail(f"broker {broker.id} cannot replay: {list(delta.replay_errors)}")
+                        fetch_offset = answer.records[-1].offset + 1
+                        pending = delta if delta.in_transaction else None
+                        if pending is None:
+                            await publisher.publish(delta)
+                            broker.metadata_offset = publisher.offset
+                    if publisher.deferred and pending is None and fetch_offset >= answer.high_watermark:
+                        await publisher.open_partitions()
+                        self.note(f"partitions_opened broker={broker.id} offset={publisher.offset}")
             await asyncio.sleep(METADATA_POLL_MS / 1000.0)
 
     async def _periodic(self, broker: Broker) -> None:
@@ -745,19 +963,18 @@ class ReplicationSim:
     async def _alter_partition(
         self, broker_id: int, request: cpb.AlterPartitionRequest
     ) -> cpb.AlterPartitionResponse:
-        async def handle() -> cpb.AlterPartitionResponse:
-            outcome = alter_partition(self.controller.logic, request, len(self.controller.records))
-            self.controller.write(outcome.records)
-            return outcome.response
+        async def handle(controller: ControllerApi) -> cpb.AlterPartitionResponse:
+            return await controller.alter_partition(request)
 
         try:
-            return await self._rpc(broker_id, CONTROLLER, handle)
+            return await self._controller_call(broker_id, handle)
         except RpcFailed:
             return cpb.AlterPartitionResponse(error_code=ErrorCode.REQUEST_TIMED_OUT)
 
     # --- the controller's timers ---------------------------------------------------------------------
 
     async def _controller_timers(self) -> None:
+        """The single controller's session checker and bulk job driver (a QuorumController has its own)."""
         logic = self.controller.logic
         while True:
             await asyncio.sleep(HEARTBEAT_MS / 1000.0 / 2)
@@ -783,7 +1000,7 @@ class ReplicationSim:
             self.spawn(PRODUCER, self._produce_once(tp))
 
     async def _produce_once(self, tp: TopicPartition) -> None:
-        partition = self.controller.image.partition(TOPIC_ID, tp.partition)
+        partition = self.image.partition(TOPIC_ID, tp.partition)
         leader = partition.leader if partition is not None else -1
         if self.rng.random() < 0.1 or leader < 0:
             leader = self.rng.choice(BROKERS)
@@ -838,12 +1055,20 @@ class ReplicationSim:
             await asyncio.sleep(rng.randint(150, 700) / 1000.0)
             if not self.faults:
                 continue
+            if self.quorum is not None and rng.random() < CONTROLLER_FAULT_SHARE:
+                self._controller_fault(self.quorum)
+                continue
             running = [b for b in BROKERS if self.brokers[b].running]
             roll = rng.random()
             if roll < 0.3 and len(running) >= 2:
                 victim = rng.choice(running)
                 self.crash_broker(victim)
                 self.spawn(CONTROLLER, self._restart_later(victim, rng.randint(50, 1200)))
+                if self.quorum is not None and rng.random() < 0.3:
+                    # The active controller fails around the victim's session expiry: the new one finds
+                    # the fence (or not) and the ISR removals half written, and must finish them.
+                    delay = rng.randint(SESSION_MS - 200, SESSION_MS + 300)
+                    self.quorum.schedule(delay, self._crash_active_controller)
             elif roll < 0.5:
                 victim = rng.choice(BROKERS)
                 self.network.isolated.add(victim)
@@ -852,7 +1077,7 @@ class ReplicationSim:
                     CONTROLLER, self._heal_later(functools.partial(self.network.isolated.discard, victim))
                 )
             elif roll < 0.7:
-                a, b = rng.sample([CONTROLLER, *BROKERS], 2)
+                a, b = rng.sample([*self._controller_net_ids(), *BROKERS], 2)
                 link = frozenset((a, b))
                 self.network.cut.add(link)
                 self.note(f"cut {a}-{b}")
@@ -866,7 +1091,89 @@ class ReplicationSim:
                 self.network.cut.clear()
                 self.network.isolated.clear()
                 self.network.slow.clear()
+                if self.quorum is not None:
+                    self.quorum.schedule(0, self._heal_quorum)
                 self.note("heal all")
+
+    def _controller_net_ids(self) -> list[int]:
+        if self.quorum is None:
+            return [CONTROLLER]
+        return [CONTROLLER_NET + n for n in CONTROLLER_NODES]
+
+    def _controller_fault(self, quorum: ControllerQuorum) -> None:
+        """A fault of the metadata quorum: crash a controller (the active one more often than not: a
+        failover) and restart it later, pause one (SIGSTOP: its requests wait, stale, until it resumes),
+        isolate one from everyone, or cut one controller-controller link.  Acted on as events of the
+        quorum's queue (outside every event loop), at most one controller down or paused at a time."""
+        rng = self.rng
+        roll = rng.random()
+        up = [n for n in CONTROLLER_NODES if quorum.nodes[n].running and n not in quorum.paused]
+        active = quorum.active_controller()
+        target = active[0] if active is not None and rng.random() < 0.7 else rng.choice(CONTROLLER_NODES)
+        if roll < 0.45:
+            if len(up) < len(CONTROLLER_NODES):
+                return
+            self.note(f"controller_crash node={target} active={active[0] if active else None}")
+            quorum.schedule(0, functools.partial(quorum.crash, target))
+            quorum.schedule(rng.randint(50, 1500), functools.partial(self._start_controller_node, target))
+        elif roll < 0.6:
+            if len(up) < len(CONTROLLER_NODES):
+                return
+            self.note(f"controller_pause node={target}")
+            quorum.schedule(0, functools.partial(quorum.pause, target))
+            quorum.schedule(rng.randint(50, 1000), functools.partial(self._resume_controller, target))
+        elif roll < 0.85:
+            self.note(f"controller_isolate node={target}")
+            quorum.schedule(0, functools.partial(self._isolate_controller, target, True))
+            quorum.schedule(
+                rng.randint(100, 1500), functools.partial(self._isolate_controller, target, False)
+            )
+        else:
+            a, b = rng.sample(CONTROLLER_NODES, 2)
+            self.note(f"controller_cut {a}-{b}")
+            quorum.schedule(0, functools.partial(quorum.router.cut, {a}, {b}))
+            quorum.schedule(rng.randint(100, 1500), functools.partial(self._uncut_controllers, a, b))
+
+    def _crash_active_controller(self, why: str = "at a session expiry") -> None:
+        quorum = self.quorum
+        assert quorum is not None
+        active = quorum.active_controller()
+        up = [n for n in CONTROLLER_NODES if quorum.nodes[n].running and n not in quorum.paused]
+        if not self.faults or active is None or len(up) < len(CONTROLLER_NODES):
+            return
+        self.note(f"controller_crash node={active[0]} active={active[0]} ({why})")
+        quorum.crash(active[0])
+        quorum.schedule(self.rng.randint(50, 1000), functools.partial(self._start_controller_node, active[0]))
+
+    def _start_controller_node(self, node_id: int) -> None:
+        assert self.quorum is not None
+        if not self.quorum.nodes[node_id].running:
+            self.quorum.nodes[node_id].start()
+            self.note(f"controller_restart node={node_id}")
+
+    def _resume_controller(self, node_id: int) -> None:
+        assert self.quorum is not None
+        if node_id in self.quorum.paused:
+            self.quorum.resume(node_id)
+            self.note(f"controller_resume node={node_id}")
+
+    def _isolate_controller(self, node_id: int, isolated: bool) -> None:
+        assert self.quorum is not None
+        if isolated:
+            self.quorum.router.isolated.add(node_id)
+            self.network.isolated.add(CONTROLLER_NET + node_id)
+        else:
+            self.quorum.router.isolated.discard(node_id)
+            self.network.isolated.discard(CONTROLLER_NET + node_id)
+
+    def _uncut_controllers(self, a: int, b: int) -> None:
+        assert self.quorum is not None
+        self.quorum.router.blocked -= {(a, b), (b, a)}
+
+    def _heal_quorum(self) -> None:
+        assert self.quorum is not None
+        self.quorum.router.isolated.clear()
+        self.quorum.router.blocked.clear()
 
     def _unslow(self, broker_id: int) -> None:
         self.network.slow.pop(broker_id, None)
@@ -894,16 +1201,49 @@ class ReplicationSim:
     # --- driving -----------------------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Run everything due now, check, then move the clock to the next timer."""
-        self.loop.run_ready()
+        """Run everything due now, check, then move the clock to the next timer (of the brokers' loop or
+        the quorum's event queue, whose events — Raft messages and timers, the controllers' loops' timers —
+        run at exactly their time)."""
+        self._settle()
         if self.error is not None:
             where = "".join(traceback.format_exception(self.error)[-6:])
             raise self.fail(f"a task failed: {self.error!r}\n{where}") from self.error
         self.check()
-        next_ms = self.loop.next_timer_ms()
+        timers = [self.loop.next_timer_ms()]
+        if self.quorum is not None:
+            timers.append(self.quorum.next_event_ms())
+        next_ms = min((t for t in timers if t is not None), default=None)
         if next_ms is None:
             raise self.fail("nothing left to run")
-        self.clock.now_ms = max(next_ms, self.clock.now_ms)
+        next_ms = max(next_ms, self.clock.now_ms)
+        if self.quorum is not None:
+            try:
+                self.quorum.run_until(next_ms)  # the events due then (each followed by the controllers' turn)
+            except InvariantViolation as exc:
+                raise self.fail(f"controller quorum: {exc}") from exc
+        self.clock.now_ms = next_ms
+
+    def _settle(self) -> None:
+        """Run the brokers' loop and the controllers' loops in turn until none has anything ready now: a
+        request to a controller is a task of its loop, its answer resolves a future of the brokers' loop."""
+        quorum = self.quorum
+        for _ in range(10_000):
+            self.loop.run_ready()  # returns with nothing of the brokers' ready or due
+            # Raft events sync the controllers themselves (ControllerSimulation.check_invariants): only
+            # requests the brokers just handed to a controller's loop are left to run here.
+            if quorum is None or not quorum.has_ready():
+                if quorum is not None:
+                    self._note_active(quorum)
+                return
+            quorum._sync_controllers()
+        raise self.fail("the event loops never went idle")
+
+    def _note_active(self, quorum: ControllerQuorum) -> None:
+        active = quorum.active_controller()
+        if active is not None and (self.active is None or active[1].state.active_epoch > self.active[1]):
+            if self.active is not None:
+                self.note(f"controller_failover node={active[0]} epoch={active[1].state.active_epoch}")
+            self.active = (active[0], active[1].state.active_epoch)
 
     def run_for(self, ms: int, until: Callable[[], bool] | None = None) -> bool:
         deadline = self.clock.now_ms + ms
@@ -920,12 +1260,15 @@ class ReplicationSim:
     def run(self, script: Callable[[ReplicationSim], None] | None = None) -> None:
         """Start, write with faults for ``run_ms`` (or run ``script`` instead of the random faults), then
         heal and check convergence."""
+        if self.quorum is not None:
+            self.quorum.start_all()
+        else:
+            self.spawn(CONTROLLER, self._controller_timers())
         for b in BROKERS:
             self.start_broker(b)
-        self.spawn(CONTROLLER, self._controller_timers())
         if not self.run_for(START_BOUND_MS, self._all_unfenced):
             raise self.fail("the brokers never registered and unfenced")
-        self._create_topic()
+        self.spawn(CONTROLLER, self._create_topic())
         if not self.run_for(START_BOUND_MS, self._converged):
             raise self.fail("the topic never became fully replicated")
         self.producing = True
@@ -945,12 +1288,20 @@ class ReplicationSim:
         self.network.isolated.clear()
         self.network.slow.clear()
         self.note("final heal")
+        if self.quorum is not None:
+            self._heal_quorum()
+            for node_id in CONTROLLER_NODES:
+                self._resume_controller(node_id)
+                self._start_controller_node(node_id)
         for b in BROKERS:
             if not self.brokers[b].running:
                 self.start_broker(b)
         if not self.run_for(HEAL_BOUND_MS, self._converged):
             raise self.fail(f"no convergence after healing: {self._convergence_report()}")
         self.check_final()
+        if self.quorum is not None:
+            truncations = sum(node.stats.truncations for node in self.quorum.nodes.values())
+            self.stats["controller_log_truncations"] = truncations
 
     def close(self) -> None:
         """Stop every task and abandon the logs (the tmp dir goes away with them)."""
@@ -973,30 +1324,43 @@ class ReplicationSim:
                     assert isinstance(log, TrackedLog)
                     log.inner._log.abandon()
         self.loop.close()
+        if self.quorum is not None:
+            self.quorum.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
     def _all_unfenced(self) -> bool:
-        brokers = self.controller.image.brokers
+        brokers = self.image.brokers
         return all(b in brokers and not brokers[b].fenced for b in BROKERS) and all(
             self.brokers[b].status is not None and not self.brokers[b].status.fenced  # type: ignore[union-attr]
             for b in BROKERS
         )
 
-    def _create_topic(self) -> None:
+    async def _create_topic(self) -> None:
+        """The admin client's CreateTopics, retried until the topic is in the committed metadata (an
+        answer lost to a failover says nothing about whether it was created)."""
         request = cpb.CreateTopicsRequest(
             cluster_id=CLUSTER,
             topics=[cpb.CreatableTopic(name=TOPIC, num_partitions=PARTITIONS, replication_factor=3)],
         )
-        outcome = self.controller.logic.create_topics(request, len(self.controller.records))
-        if outcome.response.error_code or any(t.error_code for t in outcome.response.topics):
-            raise self.fail(f"create topic failed: {outcome.response}")
-        self.controller.write(outcome.records)
+
+        async def create(controller: ControllerApi) -> cpb.CreateTopicsResponse:
+            return await controller.create_topics(request)
+
+        while self.image.topic(TOPIC) is None:
+            with contextlib.suppress(RpcFailed):
+                answer = await self._controller_call(PRODUCER, create)
+                if answer.topics and answer.topics[0].error_code not in (
+                    ErrorCode.NONE,
+                    ErrorCode.TOPIC_ALREADY_EXISTS,
+                ):
+                    raise self.fail(f"create topic failed: {answer}")
+            await asyncio.sleep(HEARTBEAT_MS / 1000.0)
 
     # --- checks ------------------------------------------------------------------------------------------
 
     def _leader_of(self, tp: TopicPartition) -> tuple[Broker, Any] | None:
         """The broker the controller names leader of ``tp`` if it runs and leads that epoch."""
-        registration = self.controller.image.partition(TOPIC_ID, tp.partition)
+        registration = self.image.partition(TOPIC_ID, tp.partition)
         if registration is None or registration.leader < 0:
             return None
         broker = self.brokers[registration.leader]
@@ -1018,11 +1382,13 @@ class ReplicationSim:
         return log
 
     def check(self) -> None:
-        image = self.controller.image
+        image = self.image
+        active = self._active_key()
         for tp in self.tps:
             registration = image.partition(TOPIC_ID, tp.partition)
             if registration is None:
                 continue
+            self._check_fenced_leader(tp, image, registration.leader, active)
             reference = self.reference[tp]
             current = self._leader_of(tp)
             if current is not None:
@@ -1048,6 +1414,40 @@ class ReplicationSim:
                 for offset in [o for o in pending if o < reference.end]:
                     self._check_reference_holds(tp, offset, acked[offset])
                 self.unreferenced[tp] = [o for o in pending if o >= reference.end]
+
+    def _active_key(self) -> tuple[int, int] | None:
+        """The controller that answers now: (node, active epoch); None while no controller is active."""
+        if self.quorum is None:
+            return (CONTROLLER, 0)
+        active = self.quorum.active_controller()
+        return None if active is None else (active[0], active[1].state.active_epoch)
+
+    def _check_fenced_leader(
+        self, tp: TopicPartition, image: MetadataImage, leader: int, active: tuple[int, int] | None
+    ) -> None:
+        """A fenced broker leads a partition only until the active controller's ISR removal reaches it
+        (a slice of a bulk job): a controller that stays active for FENCED_LEADER_BOUND_MS with a fenced
+        leader in the committed image lost that job (e.g. a new active controller that never resumed the
+        ISR removals its predecessor left half written)."""
+        broker = image.brokers.get(leader) if leader >= 0 else None
+        if broker is None or not broker.fenced:
+            self._fenced_leader.pop(tp, None)
+            return
+        since = self._fenced_leader.get(tp)
+        now = self.clock.now_ms
+        if since is None or since[1] != active or active is None:
+            self._fenced_leader[tp] = (now, active)
+            if since is None:
+                self.note(f"fenced_leader {tp} broker={leader}")
+            if since is None and self.quorum is not None and self.faults and self.rng.random() < 0.75:
+                # The worst moment for a failover: the fence committed, the ISR removals are half
+                # written.  The next active controller must find the job in the image and finish it.
+                self.quorum.schedule(0, functools.partial(self._crash_active_controller, "mid ISR removal"))
+        elif now - since[0] > FENCED_LEADER_BOUND_MS:
+            raise self.fail(
+                f"{tp} is led by fenced broker {leader} in the committed metadata for {now - since[0]} ms "
+                f"while controller {active} is active"
+            )
 
     def _check_matches(self, broker: Broker, tp: TopicPartition, upto: int) -> None:
         """``broker``'s log below ``upto`` (a committed batch boundary or the reference end) equals the
@@ -1108,7 +1508,7 @@ class ReplicationSim:
             raise self.fail(f"{tp} committed offset {offset} holds {record.value!r}, acknowledged {value!r}")
 
     def _converged(self) -> bool:
-        image = self.controller.image
+        image = self.image
         for tp in self.tps:
             registration = image.partition(TOPIC_ID, tp.partition)
             if registration is None or sorted(registration.isr) != list(BROKERS):
@@ -1128,7 +1528,7 @@ class ReplicationSim:
         return self._all_unfenced()
 
     def _convergence_report(self) -> str:
-        image = self.controller.image
+        image = self.image
         parts = []
         for tp in self.tps:
             registration = image.partition(TOPIC_ID, tp.partition)
@@ -1185,8 +1585,8 @@ def _describe(data: bytes) -> str:
     return str([(base, last, len(raw)) for base, last, raw in split_batches(data)])
 
 
-def run_seed(seed: int, root: Path) -> ReplicationSim:
-    sim = ReplicationSim(seed, root)
+def run_seed(seed: int, root: Path, *, quorum: bool = True) -> ReplicationSim:
+    sim = ReplicationSim(seed, root, quorum=quorum)
     try:
         sim.run()
     finally:

@@ -1,14 +1,16 @@
 """Deterministic simulation of partition replication over the real broker shell (issue #16).
 
-Three brokers run the real ReplicaManager, BrokerService and segmented partition logs, the active
-controller's real state machine decides ISRs and leaders, all on a virtual-time loop with seeded message
-delays, crashes (unflushed bytes lost, the log reopened through recovery) and network partitions, while
-producers write with acks=all and min.insync.replicas 2 (tests/sim/replication_harness.py says what is
-checked).  A failure names its seed; replay it with::
+Three brokers run the real ReplicaManager, BrokerService and segmented partition logs; a quorum of three
+real QuorumControllers over the simulated Raft decides ISRs and leaders; all on virtual time with seeded
+message delays, broker crashes (unflushed bytes lost, the log reopened through recovery), controller
+crashes, pauses and isolations (failovers), and network partitions, while producers write with acks=all
+and min.insync.replicas 2 (tests/sim/replication_harness.py says what is checked).  The single-controller
+mode (``quorum=False``: one ControllerLogic whose records commit at once) still runs the seeds it found
+bugs with and the scripted late-registration test.  A failure names its seed; replay it with::
 
     pytest tests/sim/test_replication_sim.py --seed N
 
-``KRAFT_REPLICATION_SIM_SEEDS`` sets how many seeds run (default 3, ~15 s);
+``KRAFT_REPLICATION_SIM_SEEDS`` sets how many seeds run (default 3, ~2.5 s each);
 ``KRAFT_REPLICATION_SIM_FIRST_SEED`` where they start (to split a long run across processes).
 The mutation tests plant known bugs in the real code and require the checker to catch each within a few
 seeds.
@@ -30,6 +32,7 @@ from kraft.broker.partitions import Partition
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.segmented_partition_log import SegmentedPartitionLog
 from kraft.errors import ErrorCode
+from kraft.metadata.controller_logic import ControllerLogic
 from kraft.replication.epochs import UNDEFINED_EPOCH
 from sim.harness import InvariantViolation
 from sim.replication_harness import BROKERS, ReplicationSim, registration_request, run_seed
@@ -43,7 +46,10 @@ MUTATION_SEEDS = 8  # a planted bug must be caught within this many seeds
 # Seed 48: a crashed process's RegisterBroker, delayed on the network, reached the controller after its
 # successor registered and was accepted as an unclean re-registration (same outcome) — now refused.
 # (Seed 197 was the harness's own lifecycle: see test_a_late_registration_of_a_crashed_process_is_survived.)
-REGRESSION_SEEDS: tuple[int, ...] = (3, 48)
+# Both were found by the single-controller mode (quorum=False) and run in it.
+SINGLE_CONTROLLER_REGRESSION_SEEDS: tuple[int, ...] = (3, 48)
+# Seeds of the quorum mode (controller failovers) that once failed, run every time.
+REGRESSION_SEEDS: tuple[int, ...] = ()
 
 
 @pytest.fixture
@@ -66,7 +72,10 @@ def _seeds(sim_seeds: list[int]) -> list[int]:
     return [*fresh, *(seed for seed in REGRESSION_SEEDS if seed not in fresh)]
 
 
-def test_acknowledged_records_survive_crashes_and_partitions(sim_seeds: list[int], sim_root: Path) -> None:
+def test_acknowledged_records_survive_crashes_partitions_and_controller_failovers(
+    sim_seeds: list[int], sim_root: Path
+) -> None:
+    failovers = 0
     for seed in _seeds(sim_seeds):
         try:
             sim = run_seed(seed, sim_root / f"seed-{seed}")
@@ -76,12 +85,25 @@ def test_acknowledged_records_survive_crashes_and_partitions(sim_seeds: list[int
         # The run did what it is for: records acknowledged, faults injected, and leaders moved.
         assert sum(len(a) for a in sim.acked.values()) > 0, sim.stats
         assert sim.stats.get("crash", 0) + sim.stats.get("isolate", 0) + sim.stats.get("cut", 0) > 0
+        failovers += sim.stats.get("controller_failover", 0)
+    assert failovers > 0, "no seed moved the active controller"
 
 
-def _first_caught(sim_root: Path) -> tuple[int, str] | None:
+def test_the_single_controller_mode_still_holds(sim_seeds: list[int], sim_root: Path) -> None:
+    seeds = sim_seeds if len(sim_seeds) == 1 else SINGLE_CONTROLLER_REGRESSION_SEEDS
+    for seed in seeds:
+        try:
+            run_seed(seed, sim_root / f"single-{seed}", quorum=False)
+        except InvariantViolation as exc:
+            pytest.fail(f"single-controller replication simulation failed with seed {seed}: {exc}")
+
+
+def _first_caught(sim_root: Path, *, quorum: bool = False) -> tuple[int, str] | None:
+    """The first seed that catches a planted bug.  Broker-side bugs are hunted with the single
+    controller (~3x cheaper a seed; the controller quorum adds nothing to them)."""
     for seed in range(MUTATION_SEEDS):
         try:
-            run_seed(seed, sim_root / f"mutant-{seed}")
+            run_seed(seed, sim_root / f"mutant-{seed}", quorum=quorum)
         except InvariantViolation as exc:
             return seed, str(exc)
     return None
@@ -109,10 +131,22 @@ def test_followers_that_never_truncate_by_leader_epoch_are_caught(
     assert caught is not None, f"followers that skip truncation survived {MUTATION_SEEDS} seeds"
 
 
+def test_a_new_active_controller_that_never_resumes_isr_removals_is_caught(
+    sim_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The activation path's reset finds no half-written bulk job: the ISR removals (and leader moves)
+    # the failed controller left unfinished never happen, and a fenced broker keeps leading.
+    monkeypatch.setattr(ControllerLogic, "_resume_bulk_jobs", lambda self: None)
+    caught = _first_caught(sim_root, quorum=True)
+    assert caught is not None, f"bulk jobs lost on failover survived {MUTATION_SEEDS} seeds"
+    assert "led by fenced broker" in caught[1], caught
+
+
 def test_a_seed_replays_exactly(sim_root: Path) -> None:
     """Same seed, same run: what replaying a failure relies on."""
     first = ReplicationSim(5, sim_root / "a", run_ms=2_000)
     second = ReplicationSim(5, sim_root / "b", run_ms=2_000)
+    assert first.quorum is not None
     try:
         first.run()
         second.run()
@@ -176,7 +210,7 @@ def test_a_late_registration_of_a_crashed_process_is_survived(sim_root: Path) ->
         assert sim.run_for(2_000, lambda: status.broker_epoch not in (-1, live_epoch)), "no re-registration"
         sim.run_for(1_000)
 
-    sim = ReplicationSim(11, sim_root / "late-registration")
+    sim = ReplicationSim(11, sim_root / "late-registration", quorum=False)
     try:
         sim.run(late_registration)
     finally:
