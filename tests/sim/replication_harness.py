@@ -38,24 +38,23 @@ commit as they are written, behind the same requests (:class:`Controller`).  Eit
 what reached them (stale metadata) as the partition manager and replica manager are driven by the
 publisher: ``reconcile`` then ``on_image``.
 
-The brokers run on one :class:`~sim.sim_raft_client.VirtualTimeLoop`; every message (heartbeats,
-metadata fetches, replica fetches and their answers, AlterPartition, produce requests) goes through a
-seeded network with random delays that can cut links.  :meth:`ReplicationSim.step` runs the brokers'
-loop and the controllers' loops in turn until all are idle, then moves the clock to the next timer of the
-brokers' loop or event of the quorum's queue.  Faults drawn from the seed: **crashes** (the broker's
-tasks vanish, its logs are abandoned without a flush, and every byte above the log's flushed offset may
-be lost: a random number of unflushed batches is kept, sometimes with a torn batch after them; the
-restart reopens them through the real recovery path), **lost disks** (quorum mode: 15 % of broker
-crashes also wipe the broker's dir — logs, checkpoints, incarnation file, stored image — so its next
-incarnation names no predecessor and the controller must judge it unclean: out of every ISR and ELR),
-**network partitions** (a broker isolated, or one
-link cut) and, with the quorum, **controller faults** (a share of the fault events): crash a controller
-(the active one 70 % of the time: a failover) and restart it, pause one (SIGSTOP), isolate one, cut a
-controller-controller link; the active controller is also crashed around a crashed broker's session
-expiry (30 % of broker crashes) and, 75 % of the time, at the moment the committed metadata first names
-a fenced leader: the fence committed, the next slice of ISR removals (work units of one record, one
-uncommitted bulk record at a time) appended on the active controller only, so the crash loses it.
-Producers write with acks=all (min.insync.replicas 2).
+The brokers run on one :class:`~sim.sim_raft_client.VirtualTimeLoop`; every message (heartbeats, metadata
+fetches, replica fetches and their answers, AlterPartition, produce requests) goes through a seeded
+network with random delays that can cut links.  :meth:`ReplicationSim.step` runs the brokers' loop and the
+controllers' loops in turn until all are idle, then moves the clock to the next timer of the brokers' loop
+or event of the quorum's queue.  Faults drawn from the seed: **crashes** (the broker's tasks vanish, its
+logs are abandoned without a flush, and every byte above the log's flushed offset may be lost: a random
+number of unflushed batches is kept, sometimes with a torn batch after them; the restart reopens them
+through the real recovery path), **lost disks** (quorum mode: 15 % of broker crashes also wipe the
+broker's dir — logs, checkpoints, incarnation file, stored image — so its next incarnation names no
+predecessor and the controller must judge it unclean: out of every ISR and ELR), **network partitions** (a
+broker isolated, or one link cut) and, with the quorum, **controller faults** (a share of the fault
+events): crash a controller (the active one 70 % of the time: a failover) and restart it, pause one
+(SIGSTOP), isolate one, cut a controller-controller link; the active controller is also crashed around a
+crashed broker's session expiry (30 % of broker crashes) and, 75 % of the time, at the moment the
+committed metadata first names a fenced leader: the fence committed, the next slice of ISR removals (work
+units of one record, one uncommitted bulk record at a time) appended on the active controller only, so the
+crash loses it. Producers write with acks=all (min.insync.replicas 2).
 
 Checked after every step of virtual time (:meth:`ReplicationSim.check`), read through the logs' real read
 API (``read_records`` / ``read_batches``):
@@ -529,7 +528,7 @@ class Broker:
     publisher: MetadataPublisher | None = None
     metadata_offset: int = -1
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    wiped: bool = False  # this incarnation started on an empty disk (until its registration is committed)
+    wiped: bool = False  # started on a wiped disk, until a registration of it is unfenced (_counts)
     disk: int = 0  # how many times this broker's disk was lost (the generation of its log dirs)
     # (tp) → offsets verified present with their acknowledged value in this incarnation's log
     verified: dict[TopicPartition, set[int]] = field(default_factory=dict)
@@ -711,8 +710,9 @@ class ReplicationSim:
         broker.incarnation += 1
         # A UUID, as a real broker's, fixed by (broker, incarnation) so a seed replays exactly.
         broker.incarnation_id = str(uuid.UUID(int=(broker_id << 64) | broker.incarnation))
-        # run_broker's take-over of the incarnation file on the broker's (never wiped) log dir: the
-        # processes before this one, including those that crashed before their registration was answered.
+        # run_broker's take-over of the incarnation file on the broker's log dir: the processes before
+        # this one, including those that crashed before their registration was answered (none after a
+        # wipe: the file went with the disk).
         predecessors = take_over_incarnation(broker.directory, broker.incarnation_id)
         self.incarnation_disk[broker.incarnation_id] = (broker_id, broker.disk)
         broker.running = True
