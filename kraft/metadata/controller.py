@@ -670,6 +670,25 @@ class QuorumController:
                 response.topics.append(results[topic.name])
         return response
 
+    async def _plan_topic(
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic, *, prepared: bool
+    ) -> tuple[cpb.CreateTopicsResponse, TopicPlan | None]:
+        """The checks and plan of one big or prepared topic, as one event that writes nothing: the
+        answer, and the plan (None: the answer is final — refused, validate-only, or not active)."""
+        one = cpb.CreateTopicsRequest(
+            cluster_id=req.cluster_id, topics=[topic], validate_only=req.validate_only
+        )
+        plans: list[TopicPlan] = []
+
+        def plan(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
+            outcome, planned = logic.plan_topic(one, self.writes.next_offset, prepared=prepared)
+            if planned is not None:
+                plans.append(planned)
+            return outcome
+
+        answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
+        return answer, (plans[0] if plans else None)
+
     async def _create_big_topic(
         self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic
     ) -> cpb.CreateTopicsResponse:
@@ -680,21 +699,9 @@ class QuorumController:
         rest written by the bulk job driver, EndTransaction last; answered once that committed.  A
         failover before the first records: nothing was written, the client retries.  After: the new
         active controller finishes the transaction from its plan (ControllerLogic._resume_transaction)."""
-        one = cpb.CreateTopicsRequest(
-            cluster_id=req.cluster_id, topics=[topic], validate_only=req.validate_only
-        )
-        plans: list[TopicPlan] = []
-
-        def plan(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
-            outcome, planned = logic.plan_topic(one, self.writes.next_offset)
-            if planned is not None:
-                plans.append(planned)
-            return outcome
-
-        answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
-        if not plans:
+        answer, topic_plan = await self._plan_topic(req, topic, prepared=False)
+        if topic_plan is None:
             return answer
-        topic_plan = plans[0]
         budget_ms = self.options.max_event_time_ms
         limit = self.options.max_work_unit_records
         try:
@@ -740,21 +747,9 @@ class QuorumController:
         at most a work unit's time, then the checks again and every record in one append — one event of
         ~2-3 ms instead of ~10 ms for 1,000 partitions.  A failover before the append: nothing was
         written, the client retries; after it: the topic is there, whole."""
-        one = cpb.CreateTopicsRequest(
-            cluster_id=req.cluster_id, topics=[topic], validate_only=req.validate_only
-        )
-        plans: list[TopicPlan] = []
-
-        def plan(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
-            outcome, planned = logic.plan_topic(one, self.writes.next_offset, prepared=True)
-            if planned is not None:
-                plans.append(planned)
-            return outcome
-
-        answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
-        if not plans:
+        answer, topic_plan = await self._plan_topic(req, topic, prepared=True)
+        if topic_plan is None:
             return answer
-        topic_plan = plans[0]
         budget_ms = self.options.max_event_time_ms
         limit = self.options.max_work_unit_records
 

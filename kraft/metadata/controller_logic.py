@@ -1504,6 +1504,21 @@ class ControllerLogic:
         )
         return Outcome([], response, next_offset), plan
 
+    def _recheck_plan(self, plan: TopicPlan, result: cpb.CreatableTopicResult) -> bool:
+        """A planned topic's name and partition limits checked again against the image as it is now
+        (with the per-broker counts of the complete plan); its partitions stop counting as planned
+        ahead either way.  False: refused, the error set on ``result``."""
+        self._planned_ahead = max(0, self._planned_ahead - plan.partitions)
+        partitions, hosted = self._placement_counts()
+        try:
+            self._check_new_name(plan.name, set())
+            topic = cpb.CreatableTopic(name=plan.name)
+            self._check_partition_counts(topic, plan.partitions, partitions, plan.by_broker, hosted, {})
+        except KraftError as exc:
+            error_response(result, exc.code, exc.message)
+            return False
+        return True
+
     def create_planned_topic(
         self, plan: TopicPlan, validate_only: bool, next_offset: int
     ) -> Outcome[cpb.CreateTopicsResponse]:
@@ -1513,18 +1528,11 @@ class ControllerLogic:
         :class:`TopicTransactionBusy` while another big topic is being written."""
         if self._topic_jobs and not validate_only:
             raise TopicTransactionBusy
-        self._planned_ahead = max(0, self._planned_ahead - plan.partitions)
         response = cpb.CreateTopicsResponse()
         result = response.topics.add(name=plan.name)
-        batch = _Batch(self, next_offset)
-        partitions, hosted = self._placement_counts()
-        try:
-            self._check_new_name(plan.name, set())
-            topic = cpb.CreatableTopic(name=plan.name)
-            self._check_partition_counts(topic, plan.partitions, partitions, plan.by_broker, hosted, {})
-        except KraftError as exc:
-            error_response(result, exc.code, exc.message)
+        if not self._recheck_plan(plan, result):
             return Outcome([], response, next_offset)
+        batch = _Batch(self, next_offset)
         topic_id = self._new_topic_id()
         result.topic_id = topic_id
         result.num_partitions = plan.partitions
@@ -1589,16 +1597,9 @@ class ControllerLogic:
         """The write of a prepared topic (placed and built by :meth:`prepare_some`): the checks again
         against the image as it is now, then its records in one append — the records one CreateTopics
         event gives for it (partitions placed from the plan's cursor)."""
-        self._planned_ahead = max(0, self._planned_ahead - plan.partitions)
         response = cpb.CreateTopicsResponse()
         result = response.topics.add(name=plan.name)
-        partitions, hosted = self._placement_counts()
-        try:
-            self._check_new_name(plan.name, set())
-            topic = cpb.CreatableTopic(name=plan.name)
-            self._check_partition_counts(topic, plan.partitions, partitions, plan.by_broker, hosted, {})
-        except KraftError as exc:
-            error_response(result, exc.code, exc.message)
+        if not self._recheck_plan(plan, result):
             return Outcome([], response, next_offset)
         result.topic_id = plan.topic_id
         result.num_partitions = plan.partitions
