@@ -768,6 +768,28 @@ def test_a_broker_whose_only_log_dir_is_full_exits_with_one_fatal_line(cluster: 
     assert "exit_code=70" in fatal[0] and "reason=" in fatal[0]
 
 
+def _three_replica_topic(
+    cluster: Cluster, ids: tuple[int, int, int], tuned: dict[str, str], topic: str
+) -> tuple[str, str]:
+    """Brokers ``ids`` started with ``tuned`` and RUNNING, then ``topic`` created with one partition on
+    them (in that order, the first the preferred leader) and min.insync.replicas=2, its dirs on every
+    broker: the bootstrap controller and the brokers' bootstrap list."""
+    for broker_id in ids:
+        cluster.start_broker(broker_id, tuned)
+    for broker_id in ids:
+        cluster.wait_broker_state(broker_id, "RUNNING")
+    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
+    assignment = ":".join(str(b) for b in ids)
+    created = run_kraft(
+        ["topic", "create", topic, "--bootstrap-controller", bootstrap_controller,
+         "--replica-assignment", assignment, "--config", "min.insync.replicas=2"]
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    for broker_id in ids:
+        cluster.assert_dirs_match_image(broker_id, [topic])
+    return bootstrap_controller, ",".join(cluster.brokers[b].target for b in ids)
+
+
 def _segment_bytes(broker: BrokerProc, partition_dir: str) -> bytes:
     path = broker.log_dir / partition_dir / "00000000000000000000.log"
     try:
@@ -919,19 +941,7 @@ def test_min_insync_replicas_refuses_acks_all_with_two_brokers_down_and_loses_no
     and after a kill -9 of the leader the new leader serves every acknowledged record at its offset."""
     ids = (171, 172, 173)
     tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
-    for broker_id in ids:
-        cluster.start_broker(broker_id, tuned)
-    for broker_id in ids:
-        cluster.wait_broker_state(broker_id, "RUNNING")
-    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
-    created = run_kraft(
-        ["topic", "create", "mir", "--bootstrap-controller", bootstrap_controller,
-         "--replica-assignment", "171:172:173", "--config", "min.insync.replicas=2"]
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    for broker_id in ids:
-        cluster.assert_dirs_match_image(broker_id, ["mir"])
-    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+    _, all_brokers = _three_replica_topic(cluster, ids, tuned, "mir")
 
     def produce(acks: str, *values: str) -> subprocess.CompletedProcess[str]:
         args = ["produce", "--bootstrap-server", all_brokers, "--topic", "mir", "--partition", "0",
@@ -990,19 +1000,7 @@ def test_an_eligible_leader_that_left_the_isr_first_brings_the_partition_back_wi
     with every acks=all record at its offset (before, the ISR kept only 182 and 181's return did nothing)."""
     ids = (181, 182, 183)
     tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
-    for broker_id in ids:
-        cluster.start_broker(broker_id, tuned)
-    for broker_id in ids:
-        cluster.wait_broker_state(broker_id, "RUNNING")
-    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
-    created = run_kraft(
-        ["topic", "create", "elr", "--bootstrap-controller", bootstrap_controller,
-         "--replica-assignment", "181:182:183", "--config", "min.insync.replicas=2"]
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    for broker_id in ids:
-        cluster.assert_dirs_match_image(broker_id, ["elr"])
-    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+    bootstrap_controller, all_brokers = _three_replica_topic(cluster, ids, tuned, "elr")
 
     def produced_at(*values: str) -> int | None:
         args = ["produce", "--bootstrap-server", all_brokers, "--topic", "elr", "--partition", "0",
@@ -1058,19 +1056,7 @@ def test_turning_unclean_election_on_elects_a_replica_outside_the_isr_which_repo
     documented price)."""
     ids = (191, 192, 193)
     tuned = {"replica.lag.time.max.ms": "3000", "replica.fetch.wait.max.ms": "200"}
-    for broker_id in ids:
-        cluster.start_broker(broker_id, tuned)
-    for broker_id in ids:
-        cluster.wait_broker_state(broker_id, "RUNNING")
-    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
-    created = run_kraft(
-        ["topic", "create", "unc", "--bootstrap-controller", bootstrap_controller,
-         "--replica-assignment", "191:192:193", "--config", "min.insync.replicas=2"]
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    for broker_id in ids:
-        cluster.assert_dirs_match_image(broker_id, ["unc"])
-    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+    bootstrap_controller, all_brokers = _three_replica_topic(cluster, ids, tuned, "unc")
 
     def produced_at(acks: str, *values: str) -> int | None:
         args = ["produce", "--bootstrap-server", all_brokers, "--topic", "unc", "--partition", "0",
@@ -1149,19 +1135,7 @@ def test_a_min_isr_change_clears_the_elr_and_an_unclean_election_request_brings_
         "replica.fetch.wait.max.ms": "200",
         "replica.high.watermark.checkpoint.interval.ms": "200",  # 186's HWM 2 is on disk at its kill
     }
-    for broker_id in ids:
-        cluster.start_broker(broker_id, tuned)
-    for broker_id in ids:
-        cluster.wait_broker_state(broker_id, "RUNNING")
-    bootstrap_controller = cluster.quorum.nodes[min(cluster.quorum.live_ids)].target
-    created = run_kraft(
-        ["topic", "create", "unc-cli", "--bootstrap-controller", bootstrap_controller,
-         "--replica-assignment", "185:186:187", "--config", "min.insync.replicas=2"]
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    for broker_id in ids:
-        cluster.assert_dirs_match_image(broker_id, ["unc-cli"])
-    all_brokers = ",".join(cluster.brokers[b].target for b in ids)
+    bootstrap_controller, all_brokers = _three_replica_topic(cluster, ids, tuned, "unc-cli")
 
     def described() -> dict[str, object]:
         result = run_kraft(
