@@ -702,6 +702,16 @@ class QuorumController:
         answer, topic_plan = await self._plan_topic(req, topic, prepared=False)
         if topic_plan is None:
             return answer
+        try:
+            return await self._place_and_write_big_topic(req, topic, topic_plan)
+        finally:
+            # Its reservation of partitions ends with its write's check; a plan given up before (the call
+            # cancelled, not active any more) must not keep reserving them.
+            topic_plan.release()
+
+    async def _place_and_write_big_topic(
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic, topic_plan: TopicPlan
+    ) -> cpb.CreateTopicsResponse:
         budget_ms = self.options.max_event_time_ms
         limit = self.options.max_work_unit_records
         try:
@@ -750,6 +760,14 @@ class QuorumController:
         answer, topic_plan = await self._plan_topic(req, topic, prepared=True)
         if topic_plan is None:
             return answer
+        try:
+            return await self._prepare_and_write_topic(req, topic, topic_plan)
+        finally:
+            topic_plan.release()  # as for a big topic: a plan given up stops reserving its partitions
+
+    async def _prepare_and_write_topic(
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic, topic_plan: TopicPlan
+    ) -> cpb.CreateTopicsResponse:
         budget_ms = self.options.max_event_time_ms
         limit = self.options.max_work_unit_records
 

@@ -67,6 +67,7 @@ from kraft.metadata.image import (
 from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
+from kraft.metadata.partition_reservations import PartitionReservations, Reservation
 from kraft.metadata.placement import (
     UsableBroker,
     place_ordered_range,
@@ -239,6 +240,16 @@ class TopicPlan:
     ordered: tuple[list[UsableBroker], int] | None = None
     """:attr:`brokers` rack-alternated and their rack count, once: placing in slices of CHECK_EVERY
     partitions re-ordered 1,000 brokers per slice before (35-40 ms per 1,000 partitions, not ~1.7 ms)."""
+    reservation: Reservation | None = None
+    """Its partitions, reserved from the plan to its write (:meth:`ControllerLogic.plan_topic`): other
+    requests are checked as if they existed; its replicas count per broker as :meth:`place_some` counts
+    them.  Released when it is checked again for its write, when refused, or by :meth:`release`."""
+
+    def release(self) -> None:
+        """Drop the plan's reservation (refused, abandoned or written); idempotent."""
+        if self.reservation is not None:
+            self.reservation.release()
+            self.reservation = None
 
     def place(self, first: int, count: int) -> list[tuple[int, ...]]:
         if self.explicit:
@@ -259,12 +270,18 @@ class TopicPlan:
         while self.planned < end:
             step = min(CHECK_EVERY, end - self.planned)
             if self.explicit:
-                placed = self._check_explicit(self.planned, step)
+                try:
+                    placed = self._check_explicit(self.planned, step)
+                except KraftError:
+                    self.release()  # refused: reserves nothing any more
+                    raise
             else:
                 placed = self.place(self.planned, step)
                 if self.prepared is not None:
                     self.placed.extend(placed)
             self.by_broker.update(b for replicas in placed for b in replicas)
+            if self.reservation is not None:
+                self.reservation.add_replicas(placed)
             self.planned += step
             if deadline.expired():
                 break
@@ -377,6 +394,12 @@ class _TopicJob:
     topic_id: str
     plan: TopicPlan | None
     written: int
+    reservation: Reservation | None = None
+    """The partitions ``written…`` of the plan, reserved for the limit checks of other requests."""
+    counting: Counter[int] | None = None
+    """A resumed plan's replicas per broker of its unwritten partitions, counted from :attr:`counted` on
+    before the writing resumes (meanwhile the reservation holds a conservative bound)."""
+    counted: int = 0
 
 
 @dataclass(slots=True)
@@ -512,6 +535,8 @@ class ControllerLogic:
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
         self._planned_ahead = 0
+        # ...and the same partitions for the limits of other requests (with their replicas per broker)
+        self.reservations = PartitionReservations()
         self.reset(image, now_ms)
 
     # ---- lifecycle of the logic itself ----
@@ -529,6 +554,7 @@ class ControllerLogic:
         self._rejoining.clear()
         self._topic_jobs.clear()
         self._planned_ahead = 0
+        self.reservations.clear()
         self._resume_bulk_jobs()
         self._resume_transaction()
         self.heartbeats.reset(((b.broker_id, b.fenced) for b in committed.brokers.values()), now_ms)
@@ -679,7 +705,17 @@ class ControllerLogic:
             return
         topic = self.image.topics_by_id.get(topic_id)
         written = 0 if topic is None else len(topic.partitions)
-        self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, written)
+        job = _TopicJob(topic_id, plan, written)
+        if topic is not None and written < plan.partitions:
+            # The rest is reserved again for the limits of other requests.  Its replicas per broker are
+            # counted from the plan in slices before the writing resumes (_run_topic_jobs); until then
+            # each of the plan's brokers may host one replica of every remaining partition (an upper
+            # bound, O(brokers) here instead of placing the rest in one event).
+            rest = plan.partitions - written
+            job.reservation = self.reservations.reserve(rest, {b.broker_id: rest for b in plan.brokers})
+            job.counting = Counter()
+            job.counted = written
+        self._topic_jobs[topic_id] = job
 
     def creating(self, topic_id: str) -> bool:
         """Whether the topic is being written in slices (its partition count is not final yet)."""
@@ -776,13 +812,19 @@ class ControllerLogic:
             if budget <= 0 or deadline.expired():
                 return
             plan = job.plan
+            reservation = job.reservation
             if plan is not None and job.topic_id in batch.view().topics_by_id:
+                if job.counting is not None:
+                    budget = self._count_resumed(job, plan, budget, deadline)
+                    if job.counting is not None or budget <= 0 or deadline.expired():
+                        return
                 end = min(plan.partitions, job.written + budget)
                 while job.written < end:
                     step = min(CHECK_EVERY, end - job.written)
-                    self.add_partition_records(
-                        batch, job.topic_id, job.written, plan.place(job.written, step)
-                    )
+                    placed = plan.place(job.written, step)
+                    self.add_partition_records(batch, job.topic_id, job.written, placed)
+                    if reservation is not None:
+                        reservation.consume(placed)
                     job.written += step
                     budget -= step
                     if deadline.expired():
@@ -792,9 +834,31 @@ class ControllerLogic:
             elif plan is None and job.topic_id in batch.view().topics_by_id:
                 batch.add(pb.RemoveTopicRecord(topic_id=job.topic_id))
                 budget -= 1
+            if reservation is not None:
+                reservation.release()  # written, or deleted meanwhile
             del self._topic_jobs[key]
             batch.add(pb.EndTransactionRecord())
             budget -= 1
+
+    def _count_resumed(self, job: _TopicJob, plan: TopicPlan, budget: int, deadline: Deadline) -> int:
+        """Count a resumed plan's unwritten replicas per broker, up to ``budget`` partitions or the
+        ``deadline``; once all are counted the reservation holds the exact counts instead of its bound.
+        The budget left."""
+        counting = job.counting
+        assert counting is not None
+        end = min(plan.partitions, job.counted + budget)
+        while job.counted < end:
+            step = min(CHECK_EVERY, end - job.counted)
+            counting.update(b for replicas in plan.place(job.counted, step) for b in replicas)
+            job.counted += step
+            budget -= step
+            if deadline.expired():
+                break
+        if job.counted >= plan.partitions:
+            if job.reservation is not None:
+                job.reservation.set_replicas(counting)
+            job.counting = None
+        return budget
 
     def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         """Partitions listing ``broker_id`` as a replica (a full scan: ~1 s per million partitions); the
@@ -1406,6 +1470,8 @@ class ControllerLogic:
         if plan is not None:
             plan.start_index += self._planned_ahead
             self._planned_ahead += plan.partitions
+            if not req.validate_only:  # a dry run holds nothing
+                plan.reservation = self.reservations.reserve(plan.partitions)
             if prepared:
                 plan.topic_id = self._new_topic_id()
                 plan.prepared = [] if not req.validate_only else None
@@ -1509,6 +1575,7 @@ class ControllerLogic:
         (with the per-broker counts of the complete plan); its partitions stop counting as planned
         ahead either way.  False: refused, the error set on ``result``."""
         self._planned_ahead = max(0, self._planned_ahead - plan.partitions)
+        plan.release()  # checked below like any other request's; a big topic's write reserves anew
         partitions, hosted = self._placement_counts()
         try:
             self._check_new_name(plan.name, set())
@@ -1547,7 +1614,8 @@ class ControllerLogic:
                     resource_type=rec.ConfigResourceType.TOPIC, resource_name=plan.name, name=key, value=value
                 )
             )
-        self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, 0)
+        reservation = self.reservations.reserve(plan.partitions, plan.by_broker)
+        self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, 0, reservation)
         self._run_topic_jobs(batch)
         return Outcome(batch.finish(), response, next_offset)
 
@@ -1661,6 +1729,7 @@ class ControllerLogic:
         if partitions <= 0 or partitions > MAX_PARTITIONS_PER_TOPIC:
             return  # _assignment_for refuses it with INVALID_PARTITIONS
         check_partition_dir_names(topic.name, partitions)
+        reserved = self.reservations
         check_partition_limits(
             topic.name,
             partitions,
@@ -1669,6 +1738,8 @@ class ControllerLogic:
             by_broker,
             lambda b: hosted.get(b, 0) + added.get(b, 0),
             self.settings.max_broker_partitions,
+            reserved.partitions,
+            reserved.replicas_on,
         )
 
     def _assignment_for(self, topic: cpb.CreatableTopic, cursor: int) -> list[tuple[int, ...]]:
@@ -1804,6 +1875,11 @@ class ControllerLogic:
             if topic_id not in removed:
                 removed.add(topic_id)
                 batch.add(pb.RemoveTopicRecord(topic_id=topic_id))
+                job = self._topic_jobs.get(topic_id)
+                if job is not None and job.reservation is not None:
+                    # deleted while being written: its rest will never be (the job only closes the
+                    # transaction), so it stops counting at once
+                    job.reservation.release()
         return Outcome(batch.finish(), response, next_offset)
 
     def elect_leaders(

@@ -6,8 +6,10 @@ topics and ``max.request.partitions`` new partitions in all (POLICY_VIOLATION), 
 ``MAX_PARTITIONS_PER_TOPIC`` or whose partition directory names would not fit (INVALID_PARTITIONS) — then
 the new partitions are placed exactly like a new topic's (:func:`kraft.metadata.placement.place_replicas`
 over the unfenced brokers not shutting down, with the topic's replication factor, rack-aware), checked
-against ``max.partitions`` / ``max.broker.partitions``, and written as PartitionRecords with ids from the
-current count up.  Brokers see new partitions in their metadata delta and create (lead or follow) them.
+against ``max.partitions`` / ``max.broker.partitions`` (counting the partitions reserved by topics still
+being created: :mod:`kraft.metadata.partition_reservations`), and written as PartitionRecords with ids
+from the current count up.  Brokers see new partitions in their metadata delta and create (lead or
+follow) them.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def create_partitions(
     names = Counter(t.name for t in req.topics)
     batch = _Batch(logic, next_offset)
     cluster_partitions, hosted = logic._placement_counts()
+    reserved = logic.reservations
     cursor = cluster_partitions
     added: Counter[int] = Counter()
     usable = [
@@ -100,8 +103,18 @@ def create_partitions(
             check_partition_dir_names(topic.name, topic.count)
             new = topic.count - current
             factor = len(found.partitions[0].replicas) if found.partitions else 1
-            # the limits by count first (costs nothing), then by broker once placed
-            check_partition_limits(topic.name, new, cursor, logic.settings.max_partitions, {}, lambda b: 0, 1)
+            # the limits by count first (costs nothing), then by broker once placed; partitions of topics
+            # still being created count as if they existed (reserved)
+            check_partition_limits(
+                topic.name,
+                new,
+                cursor,
+                logic.settings.max_partitions,
+                {},
+                lambda b: 0,
+                1,
+                reserved.partitions,
+            )
             if factor > len(usable):
                 raise KraftError(
                     ErrorCode.INVALID_REPLICATION_FACTOR, logic.too_few_brokers(factor, len(usable))
@@ -116,6 +129,8 @@ def create_partitions(
                 by_broker,
                 lambda b: hosted.get(b, 0) + added.get(b, 0),
                 logic.settings.max_broker_partitions,
+                reserved.partitions,
+                reserved.replicas_on,
             )
             logic.check_some_replica_acceptable(assignment)
         except KraftError as exc:

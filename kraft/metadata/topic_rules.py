@@ -51,24 +51,34 @@ def check_partition_limits(
     added_by_broker: Mapping[int, int],
     broker_partitions: Callable[[int], int],
     max_broker_partitions: int,
+    reserved_partitions: int = 0,
+    broker_reserved: Callable[[int], int] | None = None,
 ) -> None:
     """``max.partitions`` (partitions in the cluster) and ``max.broker.partitions`` (replicas on one broker):
     refuse a topic that would take the cluster or any broker past its limit (POLICY_VIOLATION, naming the
     limit and the request).  ``cluster_partitions`` and ``broker_partitions`` include what this request
-    already created; ``added_by_broker`` is this topic's replicas per broker."""
-    if cluster_partitions + partitions > max_partitions:
+    already created; ``added_by_broker`` is this topic's replicas per broker.  ``reserved_partitions`` and
+    ``broker_reserved`` are what topics still being created will add (counted as if they existed:
+    :mod:`kraft.metadata.partition_reservations`)."""
+    if cluster_partitions + reserved_partitions + partitions > max_partitions:
+        reserved = (
+            f" (+{reserved_partitions} reserved by topics being created)" if reserved_partitions else ""
+        )
         raise KraftError(
             ErrorCode.POLICY_VIOLATION,
-            f"topic {name!r} would add {partitions} partitions to the cluster's {cluster_partitions}, "
-            f"above max.partitions={max_partitions}",
+            f"topic {name!r} would add {partitions} partitions to the cluster's "
+            f"{cluster_partitions + reserved_partitions}{reserved}, above max.partitions={max_partitions}",
         )
     for broker_id in sorted(added_by_broker):
         hosted = broker_partitions(broker_id)
-        if hosted + added_by_broker[broker_id] > max_broker_partitions:
+        held = broker_reserved(broker_id) if broker_reserved is not None else 0
+        if hosted + held + added_by_broker[broker_id] > max_broker_partitions:
+            reserved = f" (+{held} reserved by topics being created)" if held else ""
             raise KraftError(
                 ErrorCode.POLICY_VIOLATION,
                 f"topic {name!r} would add {added_by_broker[broker_id]} partition replicas to broker "
-                f"{broker_id}, which hosts {hosted}, above max.broker.partitions={max_broker_partitions}",
+                f"{broker_id}, which hosts {hosted + held}{reserved}, above "
+                f"max.broker.partitions={max_broker_partitions}",
             )
 
 

@@ -1,0 +1,125 @@
+"""Partitions reserved by topics still being created, for the partition limits (issue #17).
+
+A big topic is counted against ``max.partitions`` / ``max.broker.partitions`` with all its partitions
+when it is planned, but written in slices over many events (inside a metadata transaction), and a
+prepared topic is placed in events before its one write.  Meanwhile every other CreateTopics and
+CreatePartitions must be checked as if the pending topic's partitions already existed, or the two
+together could exceed a limit by up to the unwritten rest.  A :class:`Reservation` holds a pending
+topic's partitions not yet in the image — their count and their replicas per broker — and
+:class:`PartitionReservations` keeps the totals over all reservations, so that a check costs O(1) for
+the cluster and O(1) per broker it looks at, never O(partitions).
+
+Soft state of the active controller: cleared with the logic's other pending state on ``reset``; a new
+active controller rebuilds the reservation of a transaction it resumes from the plan in the log.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+
+class Reservation:
+    """One pending topic's partitions not in the image yet, and their replicas per broker as far as
+    known (a plan counts its placement in slices: :meth:`add_replicas`).  Released exactly once
+    (:meth:`release`, idempotent); a reservation of a cleared registry does nothing."""
+
+    __slots__ = ("_owner", "partitions", "replicas")
+
+    def __init__(self, owner: PartitionReservations, partitions: int) -> None:
+        self._owner = owner
+        self.partitions = partitions
+        self.replicas: Counter[int] = Counter()
+
+    @property
+    def held(self) -> bool:
+        return self in self._owner._held
+
+    def add_replicas(self, placed: Iterable[tuple[int, ...]]) -> None:
+        """Replicas of partitions counted (placed, not written): they now count per broker."""
+        if not self.held:
+            return
+        counted = Counter(b for replicas in placed for b in replicas)
+        self.replicas.update(counted)
+        self._owner._replicas.update(counted)
+
+    def set_replicas(self, by_broker: Mapping[int, int]) -> None:
+        """Replace the per-broker counts (a conservative bound replaced by the exact count): O(brokers)."""
+        if not self.held:
+            return
+        owner = self._owner
+        before = self.replicas
+        owner._replicas.subtract(before)
+        self.replicas = Counter(by_broker)
+        owner._replicas.update(self.replicas)
+        owner._drop_zeros(before.keys() | self.replicas.keys())
+
+    def consume(self, written: Iterable[tuple[int, ...]]) -> None:
+        """Partitions now written (in the image): they stop counting as reserved, O(their replicas)."""
+        if not self.held:
+            return
+        owner = self._owner
+        count = 0
+        for replicas in written:
+            count += 1
+            for broker_id in replicas:
+                # never below zero: a conservative bound may be smaller than a broker's actual share
+                if self.replicas[broker_id] > 0:
+                    self.replicas[broker_id] -= 1
+                    owner._replicas[broker_id] -= 1
+        count = min(count, self.partitions)
+        self.partitions -= count
+        owner._partitions -= count
+
+    def release(self) -> None:
+        """The topic is written, deleted, undone or refused: nothing of it is reserved any more."""
+        if not self.held:
+            return
+        owner = self._owner
+        owner._held.discard(self)
+        owner._partitions -= self.partitions
+        owner._replicas.subtract(self.replicas)
+        owner._drop_zeros(self.replicas.keys())
+        self.partitions = 0
+        self.replicas = Counter()
+
+
+class PartitionReservations:
+    """Totals over the held reservations: :attr:`partitions` (each reserved partition once) and
+    :meth:`replicas_on` (reserved replicas on one broker)."""
+
+    def __init__(self) -> None:
+        self._held: set[Reservation] = set()
+        self._partitions = 0
+        self._replicas: Counter[int] = Counter()
+
+    def reserve(self, partitions: int, by_broker: Mapping[int, int] | None = None) -> Reservation:
+        reservation = Reservation(self, partitions)
+        self._held.add(reservation)
+        self._partitions += partitions
+        if by_broker:
+            reservation.replicas.update(by_broker)
+            self._replicas.update(by_broker)
+        return reservation
+
+    @property
+    def partitions(self) -> int:
+        return self._partitions
+
+    def replicas_on(self, broker_id: int) -> int:
+        return self._replicas.get(broker_id, 0)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def clear(self) -> None:
+        """Drop every reservation (a reset: pending work is gone or rebuilt); their later calls are no-ops."""
+        self._held.clear()
+        self._partitions = 0
+        self._replicas.clear()
+
+    def _drop_zeros(self, brokers: Iterable[int]) -> None:
+        replicas = self._replicas
+        for broker_id in list(brokers):
+            if replicas.get(broker_id, 0) <= 0:
+                replicas.pop(broker_id, None)

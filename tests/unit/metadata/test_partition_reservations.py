@@ -1,0 +1,330 @@
+"""Partitions of topics still being created count for the partition limits of every other request
+(issue #17): while a big topic is written in slices, and while a big or prepared topic's plan waits for
+its write, CreateTopics and CreatePartitions are checked against ``max.partitions`` /
+``max.broker.partitions`` as if all its partitions existed — released when it is written, deleted
+mid-way, undone or refused, and rebuilt by a new active controller that resumes the transaction."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from kraft.clock import Deadline
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, TopicPlan
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.partition_growth import create_partitions
+from kraft.metadata.partition_reservations import PartitionReservations
+from kraft.metadata.placement import UsableBroker, place_replicas
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
+
+from .test_controller import CLUSTER
+from .test_sliced_topics import _assigned, _rotating
+from .test_work_budget import _cluster_with_a_topic, _replay
+
+BIG = 95  # partitions of the big topic, rf 2 over brokers 1-3, written 10 per slice
+SLICE = 10
+
+
+def _logic(max_partitions: int = 1_000_000, max_broker_partitions: int = 10_000) -> ControllerLogic:
+    ids = (f"topic-{i}" for i in itertools.count())
+    return ControllerLogic(
+        _settings(max_partitions, max_broker_partitions),
+        MetadataImage.empty(),
+        0,
+        new_topic_id=lambda: next(ids),
+    )
+
+
+def _settings(max_partitions: int, max_broker_partitions: int) -> ControllerSettings:
+    return ControllerSettings(
+        CLUSTER,
+        max_changes_per_write=SLICE,
+        max_event_time_ms=0,
+        max_partitions=max_partitions,
+        max_broker_partitions=max_broker_partitions,
+    )
+
+
+def _big_request(name: str = "huge", validate_only: bool = False) -> cpb.CreateTopicsRequest:
+    topic = cpb.CreatableTopic(name=name, num_partitions=BIG, replication_factor=2)
+    return cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic], validate_only=validate_only)
+
+
+def _planned(logic: ControllerLogic, request: cpb.CreateTopicsRequest, prepared: bool = False) -> TopicPlan:
+    outcome, plan = logic.plan_topic(request, 0, prepared=prepared)
+    assert plan is not None, outcome.response
+    return plan
+
+
+def _start_big(logic: ControllerLogic, log: list[pb.MetadataRecord]) -> None:
+    """Plan and count the big topic (slices of a work unit), then its first slice."""
+    plan = _planned(logic, _big_request())
+    while not plan.place_some(Deadline(None, 0), SLICE):
+        pass
+    first = logic.create_planned_topic(plan, False, len(log))
+    assert first.response.topics[0].error_code == ErrorCode.NONE
+    log.extend(first.records)
+
+
+def _slices(logic: ControllerLogic, log: list[pb.MetadataRecord], count: int) -> None:
+    for _ in range(count):
+        log.extend(logic.continue_bulk_jobs(len(log)))
+
+
+def _create(
+    logic: ControllerLogic, log: list[pb.MetadataRecord], partitions: int, rf: int, name: str = "small"
+) -> cpb.CreatableTopicResult:
+    topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=rf)
+    out = logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), len(log))
+    log.extend(out.records)
+    return out.response.topics[0]
+
+
+def _written(logic: ControllerLogic, name: str = "huge") -> int:
+    topic = logic.image.topic(name)
+    return 0 if topic is None else len(topic.partitions)
+
+
+def _replicas_written(logic: ControllerLogic) -> Counter[int]:
+    topic = logic.image.topic("huge")
+    assert topic is not None
+    return Counter(b for partition in topic.partitions for b in partition.replicas)
+
+
+def _big_by_broker() -> Counter[int]:
+    """The big topic's replicas per broker: placed after the 3 partitions of ``big`` (the cursor)."""
+    brokers = [UsableBroker(b, None) for b in (1, 2, 3)]
+    return Counter(b for replicas in place_replicas(brokers, BIG, 2, 3) for b in replicas)
+
+
+def _limits_broker_tight() -> int:
+    """max.broker.partitions leaving room for 2 more replicas on the fullest broker once the big
+    topic is complete (each broker hosts 3 replicas of ``big``)."""
+    return 3 + max(_big_by_broker().values()) + 2
+
+
+def test_the_big_topic_counts_whole_for_max_partitions_while_written_and_not_after_its_deletion() -> None:
+    limit = 3 + BIG + 5  # ``big`` (3) + the big topic + room for 5
+    logic = _logic(max_partitions=limit)
+    log = _cluster_with_a_topic(logic, 3)
+    _start_big(logic, log)
+    _slices(logic, log, 2)
+    assert 0 < _written(logic) < BIG and logic.image.transaction
+    assert logic.reservations.partitions == BIG - _written(logic)
+    refused = _create(logic, log, 6, 1)
+    assert refused.error_code == ErrorCode.POLICY_VIOLATION  # counted only as written: 3 + 30 + 6 fits
+    assert "max.partitions" in refused.error_message and "reserved by topics being created" in (
+        refused.error_message
+    )
+    assert _create(logic, log, 5, 1).error_code == ErrorCode.NONE  # exactly up to the limit
+    assert _create(logic, log, 1, 1, name="one-more").error_code == ErrorCode.POLICY_VIOLATION
+    deleted = logic.delete_topics(cpb.DeleteTopicsRequest(cluster_id=CLUSTER, names=["huge"]), len(log))
+    log.extend(deleted.records)
+    assert logic.reservations.partitions == 0  # released with the deletion, not at the next slice
+    assert _create(logic, log, 6, 1, name="after").error_code == ErrorCode.NONE
+    while logic.has_bulk_jobs():  # the job only closes the transaction
+        log.extend(logic.continue_bulk_jobs(len(log)))
+    assert not logic.image.transaction and logic.image.topic("huge") is None
+
+
+def test_the_big_topic_counts_whole_per_broker_while_written() -> None:
+    logic = _logic(max_broker_partitions=_limits_broker_tight())
+    log = _cluster_with_a_topic(logic, 3)
+    _start_big(logic, log)
+    _slices(logic, log, 1)
+    assert logic.image.transaction
+    refused = _create(logic, log, 3, 3)  # one replica on each broker, 3 per broker: one too many
+    assert refused.error_code == ErrorCode.POLICY_VIOLATION
+    assert "max.broker.partitions" in refused.error_message
+    assert _create(logic, log, 2, 3).error_code == ErrorCode.NONE
+    while logic.has_bulk_jobs():
+        log.extend(logic.continue_bulk_jobs(len(log)))
+    # written: the same limit from the image, nothing reserved any more
+    assert logic.reservations.partitions == 0 and len(logic.reservations) == 0
+    assert logic.reservations.replicas_on(1) == logic.reservations.replicas_on(2) == 0
+    assert _create(logic, log, 1, 3, name="full").error_code == ErrorCode.POLICY_VIOLATION
+
+
+def test_create_partitions_counts_the_big_topic_whole_while_it_is_written() -> None:
+    logic = _logic(max_partitions=3 + BIG + 2)
+    log = _cluster_with_a_topic(logic, 3)
+    _start_big(logic, log)
+
+    def grow(count: int) -> cpb.CreatePartitionsTopicResult:
+        request = cpb.CreatePartitionsRequest(
+            cluster_id=CLUSTER, topics=[cpb.CreatePartitionsTopic(name="big", count=count)]
+        )
+        out = create_partitions(logic, request, len(log))
+        log.extend(out.records)
+        return out.response.topics[0]
+
+    refused = grow(3 + 3)
+    assert refused.error_code == ErrorCode.POLICY_VIOLATION and "max.partitions" in refused.error_message
+    assert grow(3 + 2).error_code == ErrorCode.NONE
+
+
+@pytest.mark.parametrize("per_broker", [False, True])
+def test_a_new_active_controller_resuming_the_big_topic_still_counts_it_whole(per_broker: bool) -> None:
+    """Failover mid-way: the committed image holds part of the big topic and the open transaction;
+    the new controller's reset reserves the rest from the plan in the log (per broker: an upper bound,
+    then the exact count of the rest before it writes again)."""
+    limits = (
+        {"max_broker_partitions": _limits_broker_tight()} if per_broker else {"max_partitions": 3 + BIG + 2}
+    )
+    first = _logic(**limits)
+    log = _cluster_with_a_topic(first, 3)
+    _start_big(first, log)
+    _slices(first, log, 2)
+    committed = _replay(log)
+    written = committed.topic("huge")
+    assert written is not None and committed.transaction
+    done = len(written.partitions)
+    second = ControllerLogic(
+        _settings(limits.get("max_partitions", 1_000_000), limits.get("max_broker_partitions", 10_000)),
+        committed,
+        0,
+        new_topic_id=lambda: "after-failover",
+    )
+    assert second.reservations.partitions == BIG - done
+    small = (3, 3) if per_broker else (3, 1)
+    assert _create(second, log, *small).error_code == ErrorCode.POLICY_VIOLATION
+    # the rest is counted per broker before the writing resumes: then the reservation is exact
+    full = _big_by_broker()
+    exact_while_unwritten = False
+    while second.has_bulk_jobs():
+        # never below the replicas still to be written on a broker; exact once counted
+        rest = {b: full[b] - _replicas_written(second)[b] for b in (1, 2, 3)}
+        reserved = {b: second.reservations.replicas_on(b) for b in (1, 2, 3)}
+        assert all(reserved[b] >= rest[b] for b in rest), (reserved, rest)
+        if reserved == rest and _written(second) < BIG:
+            exact_while_unwritten = True
+            if _written(second) < BIG - 2:
+                assert _create(second, log, *small, name="still").error_code == ErrorCode.POLICY_VIOLATION
+        assert second.reservations.partitions == BIG - _written(second)
+        log.extend(second.continue_bulk_jobs(len(log)))
+    assert exact_while_unwritten
+    assert second.reservations.partitions == 0 and not second.image.transaction
+    huge = _replay(log).topic("huge")
+    assert huge is not None and len(huge.partitions) == BIG
+    allowed = (2, 3) if per_broker else (2, 1)
+    assert _create(second, log, *allowed, name="fits").error_code == ErrorCode.NONE
+
+
+def test_a_new_active_controller_undoing_an_explicit_big_topic_reserves_nothing() -> None:
+    limit = 3 + 95 + 2
+    first = _logic(max_partitions=limit)
+    log = _cluster_with_a_topic(first, 3)
+    plan = _planned(
+        first, cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[_assigned("pinned", _rotating(95))])
+    )
+    while not plan.place_some(Deadline(None, 0), SLICE):
+        pass
+    log.extend(first.create_planned_topic(plan, False, len(log)).records)
+    assert first.reservations.partitions == 95 - _written(first, "pinned") > 0
+    assert _create(first, log, 3, 1).error_code == ErrorCode.POLICY_VIOLATION
+    _slices(first, log, 2)
+    second = ControllerLogic(_settings(limit, 10_000), _replay(log), 0, new_topic_id=lambda: "again")
+    assert second.reservations.partitions == 0  # undone: its rest is never written
+    while second.has_bulk_jobs():
+        log.extend(second.continue_bulk_jobs(len(log)))
+    assert _create(second, log, 3, 1).error_code == ErrorCode.NONE
+
+
+def test_a_plan_waiting_for_its_write_reserves_its_partitions_and_replicas_as_counted() -> None:
+    logic = _logic(max_partitions=3 + BIG + 2)
+    log = _cluster_with_a_topic(logic, 3)
+    plan = _planned(logic, _big_request())
+    assert logic.reservations.partitions == BIG and logic.reservations.replicas_on(1) == 0
+    assert _create(logic, log, 3, 1).error_code == ErrorCode.POLICY_VIOLATION
+    while not plan.place_some(Deadline(None, 0), SLICE):
+        pass
+    assert {b: logic.reservations.replicas_on(b) for b in (1, 2, 3)} == dict(_big_by_broker())
+    # its own check for the write does not count itself; then the written rest stays reserved
+    first = logic.create_planned_topic(plan, False, len(log))
+    assert first.response.topics[0].error_code == ErrorCode.NONE
+    log.extend(first.records)
+    assert logic.reservations.partitions == BIG - _written(logic) and len(logic.reservations) == 1
+    plan.release()  # what the shell does when the call ends: the write's reservation is not the plan's
+    assert logic.reservations.partitions == BIG - _written(logic)
+
+
+def test_a_prepared_topic_and_a_big_topic_pending_together_each_count_the_other() -> None:
+    prepared_size = 300
+    logic = _logic(max_partitions=3 + BIG + prepared_size + 2)
+    log = _cluster_with_a_topic(logic, 3)
+    _start_big(logic, log)
+    topic = cpb.CreatableTopic(name="prepared", num_partitions=prepared_size, replication_factor=1)
+    prepared = _planned(logic, cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), prepared=True)
+    assert logic.reservations.partitions == BIG - _written(logic) + prepared_size
+    while not logic.prepare_some(prepared, Deadline(None, 0), 1_000):
+        pass
+    assert _create(logic, log, 3, 1).error_code == ErrorCode.POLICY_VIOLATION
+    assert _create(logic, log, 2, 1).error_code == ErrorCode.NONE  # exactly up to the limit
+    # the prepared topic's own write counts the big topic's unwritten rest (and not itself)
+    written = logic.create_prepared_topic(prepared, False, len(log))
+    assert written.response.topics[0].error_code == ErrorCode.NONE
+    log.extend(written.records)
+    assert logic.reservations.partitions == BIG - _written(logic)
+    while logic.has_bulk_jobs():
+        log.extend(logic.continue_bulk_jobs(len(log)))
+    assert logic.reservations.partitions == 0
+    assert logic.image.partition_count() == 3 + BIG + prepared_size + 2
+
+
+def test_a_prepared_topic_that_no_longer_fits_is_refused_at_its_write_and_reserves_nothing() -> None:
+    """Before a plan's placement is counted its replicas per broker are not known, so a request in
+    between may take the room on a broker; the plan's own check for its write refuses it then."""
+    logic = _logic(max_broker_partitions=3 + 100 + 2)
+    log = _cluster_with_a_topic(logic, 3)
+    topic = cpb.CreatableTopic(name="prepared", num_partitions=300, replication_factor=1)  # 100 each
+    prepared = _planned(logic, cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), prepared=True)
+    assert _create(logic, log, 3, 3).error_code == ErrorCode.NONE  # counted before the placement
+    while not logic.prepare_some(prepared, Deadline(None, 0), 1_000):
+        pass
+    assert _create(logic, log, 1, 3, name="more").error_code == ErrorCode.POLICY_VIOLATION  # counted now
+    refused = logic.create_prepared_topic(prepared, False, len(log))
+    assert refused.response.topics[0].error_code == ErrorCode.POLICY_VIOLATION and not refused.records
+    assert logic.reservations.partitions == 0 and len(logic.reservations) == 0
+    assert _create(logic, log, 2, 3, name="fits").error_code == ErrorCode.NONE
+
+
+def test_a_refused_or_dry_run_plan_reserves_nothing() -> None:
+    logic = _logic()
+    log = _cluster_with_a_topic(logic, 3)
+    _planned(logic, _big_request(validate_only=True))
+    assert logic.reservations.partitions == 0
+    bad = cpb.CreatableTopic(name="bad")
+    for partition_id in range(29):
+        bad.assignments.add(partition=partition_id, broker_ids=[1, 2])
+    bad.assignments.add(partition=29, broker_ids=[2, 9])  # an unregistered broker
+    plan = _planned(logic, cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[bad]))
+    assert logic.reservations.partitions == 30
+    with pytest.raises(KraftError):
+        while not plan.place_some(Deadline(None, 0), SLICE):
+            pass
+    assert logic.reservations.partitions == 0 and logic.reservations.replicas_on(1) == 0
+    assert log
+
+
+def test_reservations_release_once_and_a_cleared_registry_ignores_old_ones() -> None:
+    registry = PartitionReservations()
+    first = registry.reserve(4, {1: 4, 2: 4})
+    second = registry.reserve(2)
+    second.add_replicas([(1, 3), (3, 1)])
+    assert registry.partitions == 6 and registry.replicas_on(1) == 6 and registry.replicas_on(3) == 2
+    first.consume([(1, 2)])
+    assert registry.partitions == 5 and registry.replicas_on(1) == 5 and registry.replicas_on(2) == 3
+    first.set_replicas({2: 1})
+    assert registry.replicas_on(1) == 2 and registry.replicas_on(2) == 1
+    first.release()
+    first.release()
+    assert registry.partitions == 2 and registry.replicas_on(2) == 0 and len(registry) == 1
+    registry.clear()
+    second.release()
+    second.add_replicas([(1,)])
+    fresh = registry.reserve(1, {1: 1})
+    assert registry.partitions == 1 and registry.replicas_on(1) == 1 and fresh.held and not second.held
