@@ -686,7 +686,13 @@ class QuorumController:
                 plans.append(planned)
             return outcome
 
-        answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
+        try:
+            answer = await self._serve(cpb.CreateTopicsResponse(), plan, name="create-topic-plan")
+        except BaseException:
+            # cancelled (or failed) after the event made the plan: it reserved partitions nobody will write
+            for planned in plans:
+                planned.release()
+            raise
         return answer, (plans[0] if plans else None)
 
     async def _create_big_topic(

@@ -67,7 +67,7 @@ from kraft.metadata.image import (
 from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
-from kraft.metadata.partition_reservations import PartitionReservations, Reservation
+from kraft.metadata.partition_reservations import PartitionReservations, Reservation, placement_bound
 from kraft.metadata.placement import (
     UsableBroker,
     place_ordered_range,
@@ -708,11 +708,11 @@ class ControllerLogic:
         job = _TopicJob(topic_id, plan, written)
         if topic is not None and written < plan.partitions:
             # The rest is reserved again for the limits of other requests.  Its replicas per broker are
-            # counted from the plan in slices before the writing resumes (_run_topic_jobs); until then
-            # each of the plan's brokers may host one replica of every remaining partition (an upper
-            # bound, O(brokers) here instead of placing the rest in one event).
+            # counted from the plan in slices before the writing resumes (_run_topic_jobs); until then an
+            # upper bound holds (O(brokers) here instead of placing the rest in one event).
             rest = plan.partitions - written
-            job.reservation = self.reservations.reserve(rest, {b.broker_id: rest for b in plan.brokers})
+            bound = placement_bound(plan.brokers, rest, plan.replication_factor)
+            job.reservation = self.reservations.reserve(rest, bound)
             job.counting = Counter()
             job.counted = written
         self._topic_jobs[topic_id] = job

@@ -16,7 +16,9 @@ active controller rebuilds the reservation of a transaction it resumes from the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+
+from kraft.metadata.placement import UsableBroker, rack_count
 
 
 class Reservation:
@@ -123,3 +125,20 @@ class PartitionReservations:
         for broker_id in list(brokers):
             if replicas.get(broker_id, 0) <= 0:
                 replicas.pop(broker_id, None)
+
+
+def placement_bound(
+    brokers: Sequence[UsableBroker], partitions: int, replication_factor: int
+) -> dict[int, int]:
+    """An upper bound, per broker, of the replicas that ``partitions`` consecutive partitions of a plan
+    place on it (:func:`kraft.metadata.placement.place_ordered_range`), in O(brokers) — for a resumed
+    plan until its exact count is known.  Without racks (one rack) each block of ``len(brokers)``
+    partitions sharing a follower shift puts exactly ``replication_factor`` replicas on every broker, and
+    the range touches at most ``partitions // len(brokers) + 2`` blocks; with racks, a broker alone in its
+    rack may be picked for nearly every partition, so only ``partitions`` (one replica each) bounds it."""
+    if not brokers:
+        return {}
+    bound = partitions
+    if rack_count(brokers) == 1:
+        bound = min(partitions, replication_factor * (partitions // len(brokers) + 2))
+    return {broker.broker_id: bound for broker in brokers}

@@ -6,24 +6,27 @@ mid-way, undone or refused, and rebuilt by a new active controller that resumes 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 from collections import Counter
 
 import pytest
 
-from kraft.clock import Deadline
+from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, TopicPlan
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.partition_growth import create_partitions
-from kraft.metadata.partition_reservations import PartitionReservations
+from kraft.metadata.partition_reservations import PartitionReservations, placement_bound
 from kraft.metadata.placement import UsableBroker, place_replicas
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
-from .test_controller import CLUSTER
+from .test_controller import CLUSTER, activate_broker, settle
 from .test_sliced_topics import _assigned, _rotating
-from .test_work_budget import _cluster_with_a_topic, _replay
+from .test_work_budget import _cluster_with_a_topic, _replay, _started
 
 BIG = 95  # partitions of the big topic, rf 2 over brokers 1-3, written 10 per slice
 SLICE = 10
@@ -328,3 +331,116 @@ def test_reservations_release_once_and_a_cleared_registry_ignores_old_ones() -> 
     second.add_replicas([(1,)])
     fresh = registry.reserve(1, {1: 1})
     assert registry.partitions == 1 and registry.replicas_on(1) == 1 and fresh.held and not second.held
+
+
+@pytest.mark.parametrize("racks", [None, ["a"], ["a", "b"], ["a", "a", "b"]])
+def test_the_resumed_plans_bound_per_broker_is_never_below_its_placement(racks: list[str] | None) -> None:
+    """:func:`placement_bound` against the placement itself, every range of small plans."""
+    for count in range(1, 8):
+        brokers = [UsableBroker(b, None if racks is None else racks[b % len(racks)]) for b in range(count)]
+        for factor in range(1, count + 1):
+            for start in (0, 1, count, 2 * count + 1, 17):
+                placed = place_replicas(brokers, 3 * count * count, factor, start)
+                for first in range(0, len(placed), max(1, count // 2)):
+                    for length in (1, count - 1, count, count + 1, 2 * count + 3, len(placed) - first):
+                        rest = placed[first : first + length]
+                        if not rest:
+                            continue
+                        actual = Counter(b for replicas in rest for b in replicas)
+                        bound = placement_bound(brokers, len(rest), factor)
+                        assert all(actual[b] <= bound[b] for b in actual), (count, factor, start, first)
+
+
+def _reserved(controller: QuorumController) -> int:
+    logic = controller.state.logic
+    assert logic is not None
+    return logic.reservations.partitions
+
+
+async def test_through_the_controller_a_request_during_a_big_topics_write_counts_it_whole() -> None:
+    clock = ManualClock()
+    options = ControllerOptions(
+        noop_interval_ms=0,
+        session_timeout_ms=60_000,
+        max_work_unit_records=4,
+        max_uncommitted_bulk_records=4,
+        max_partitions=40 + 3,
+    )
+    raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        big = cpb.CreatableTopic(name="huge", num_partitions=40, replication_factor=2)
+        create = asyncio.create_task(
+            controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[big]))
+        )
+
+        def written() -> int:
+            found = controller.committed.topic("huge")
+            return 0 if found is None else len(found.partitions)
+
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            if 0 < written() < 40:
+                break
+        raft.hold_commits = True
+        await settle()
+        assert not create.done() and 0 < written() < 40 and _reserved(controller) > 0
+
+        def small(name: str, partitions: int) -> cpb.CreateTopicsRequest:
+            topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=1)
+            return cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic])
+
+        over = asyncio.create_task(controller.create_topics(small("over", 4)))
+        fits = asyncio.create_task(controller.create_topics(small("fits", 3)))
+        await settle()
+        raft.release()
+        assert (await asyncio.wait_for(create, 5)).topics[0].error_code == ErrorCode.NONE
+        refused = (await asyncio.wait_for(over, 5)).topics[0]
+        assert (
+            refused.error_code == ErrorCode.POLICY_VIOLATION and "max.partitions=43" in refused.error_message
+        )
+        assert (await asyncio.wait_for(fits, 5)).topics[0].error_code == ErrorCode.NONE
+        assert written() == 40 and _reserved(controller) == 0
+    finally:
+        await controller.stop()
+
+
+@pytest.mark.parametrize("placing", [False, True])
+@pytest.mark.parametrize(("partitions", "work_unit"), [(300, 1_000), (40, 32)])  # prepared; big
+async def test_a_plan_given_up_by_its_caller_stops_reserving(
+    partitions: int, work_unit: int, placing: bool
+) -> None:
+    """The caller's CreateTopics is cancelled once the plan was made, or while it is placed (before its
+    write): the reservation made with the plan is released, not held until the next failover."""
+    clock = ManualClock()
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=work_unit
+    )
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        start = len(controller.writes.queue.processed)
+        topic = cpb.CreatableTopic(name="given-up", num_partitions=partitions, replication_factor=2)
+        create = asyncio.create_task(
+            controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        )
+
+        def placing_started() -> bool:
+            processed = controller.writes.queue.processed[start:]
+            return "create-topic-prepare" in processed or processed.count("create-topic-plan") >= 2
+
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            if _reserved(controller) > 0 and (placing_started() or not placing):
+                break
+        assert _reserved(controller) == partitions and controller.committed.topic("given-up") is None
+        assert placing_started() == placing and not create.done()
+        create.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await create
+        await settle()
+        assert _reserved(controller) == 0 and controller.committed.topic("given-up") is None
+    finally:
+        await controller.stop()
