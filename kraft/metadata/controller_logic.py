@@ -1739,7 +1739,7 @@ class ControllerLogic:
             lambda b: hosted.get(b, 0) + added.get(b, 0),
             self.settings.max_broker_partitions,
             reserved.partitions,
-            reserved.replicas_on,
+            reserved.replicas_on if len(reserved) else None,  # nothing pending: no lookups per broker
         )
 
     def _assignment_for(self, topic: cpb.CreatableTopic, cursor: int) -> list[tuple[int, ...]]:
