@@ -244,6 +244,8 @@ class TopicPlan:
     """Its partitions, reserved from the plan to its write (:meth:`ControllerLogic.plan_topic`): other
     requests are checked as if they existed; its replicas count per broker as :meth:`place_some` counts
     them.  Released when it is checked again for its write, when refused, or by :meth:`release`."""
+    seq: int = 0
+    """Its place among the reservations (a dry run's too): its write's check leaves out later plans'."""
 
     def release(self) -> None:
         """Drop the plan's reservation (refused, abandoned or written); idempotent."""
@@ -1470,8 +1472,9 @@ class ControllerLogic:
         if plan is not None:
             plan.start_index += self._planned_ahead
             self._planned_ahead += plan.partitions
+            plan.seq = self.reservations.next_seq()
             if not req.validate_only:  # a dry run holds nothing
-                plan.reservation = self.reservations.reserve(plan.partitions)
+                plan.reservation = self.reservations.reserve(plan.partitions, planned=True)
             if prepared:
                 plan.topic_id = self._new_topic_id()
                 plan.prepared = [] if not req.validate_only else None
@@ -1575,12 +1578,17 @@ class ControllerLogic:
         (with the per-broker counts of the complete plan); its partitions stop counting as planned
         ahead either way.  False: refused, the error set on ``result``."""
         self._planned_ahead = max(0, self._planned_ahead - plan.partitions)
-        plan.release()  # checked below like any other request's; a big topic's write reserves anew
+        # checked like any other request's, but plans made after it wait for it (request order, as the
+        # unsliced request); a big topic's write reserves anew
+        plan.release()
+        later = self.reservations.planned_after(plan.seq)
         partitions, hosted = self._placement_counts()
         try:
             self._check_new_name(plan.name, set())
             topic = cpb.CreatableTopic(name=plan.name)
-            self._check_partition_counts(topic, plan.partitions, partitions, plan.by_broker, hosted, {})
+            self._check_partition_counts(
+                topic, plan.partitions, partitions, plan.by_broker, hosted, {}, later
+            )
         except KraftError as exc:
             error_response(result, exc.code, exc.message)
             return False
@@ -1725,11 +1733,20 @@ class ControllerLogic:
         by_broker: Mapping[int, int],
         hosted: Mapping[int, int],
         added: Mapping[int, int],
+        left_out: tuple[int, Mapping[int, int]] | None = None,
     ) -> None:
+        """The limits, counting the partitions reserved by topics still being created (less
+        ``left_out``: what plans made after the one checked hold)."""
         if partitions <= 0 or partitions > MAX_PARTITIONS_PER_TOPIC:
             return  # _assignment_for refuses it with INVALID_PARTITIONS
         check_partition_dir_names(topic.name, partitions)
         reserved = self.reservations
+        broker_reserved: Callable[[int], int] | None = None
+        if left_out is not None and (left_out[0] or left_out[1]):
+            later = left_out[1]
+            broker_reserved = lambda b: reserved.replicas_on(b) - later.get(b, 0)  # noqa: E731
+        elif len(reserved):  # nothing pending: no lookups per broker
+            broker_reserved = reserved.replicas_on
         check_partition_limits(
             topic.name,
             partitions,
@@ -1738,8 +1755,8 @@ class ControllerLogic:
             by_broker,
             lambda b: hosted.get(b, 0) + added.get(b, 0),
             self.settings.max_broker_partitions,
-            reserved.partitions,
-            reserved.replicas_on if len(reserved) else None,  # nothing pending: no lookups per broker
+            reserved.partitions - (left_out[0] if left_out is not None else 0),
+            broker_reserved,
         )
 
     def _assignment_for(self, topic: cpb.CreatableTopic, cursor: int) -> list[tuple[int, ...]]:

@@ -9,6 +9,11 @@ topic's partitions not yet in the image — their count and their replicas per b
 :class:`PartitionReservations` keeps the totals over all reservations, so that a check costs O(1) for
 the cluster and O(1) per broker it looks at, never O(partitions).
 
+A plan's own check for its write counts the reservations of writes under way and of plans made before
+it, not of plans made after it (:meth:`PartitionReservations.planned_after`): the topics of one request
+of many prepared topics are admitted in request order, as the unsliced request admits them, instead of
+the first being refused for the room the later ones hold.
+
 Soft state of the active controller: cleared with the logic's other pending state on ``reset``; a new
 active controller rebuilds the reservation of a transaction it resumes from the plan in the log.
 """
@@ -26,12 +31,16 @@ class Reservation:
     known (a plan counts its placement in slices: :meth:`add_replicas`).  Released exactly once
     (:meth:`release`, idempotent); a reservation of a cleared registry does nothing."""
 
-    __slots__ = ("_owner", "partitions", "replicas")
+    __slots__ = ("_owner", "partitions", "planned", "replicas", "seq")
 
-    def __init__(self, owner: PartitionReservations, partitions: int) -> None:
+    def __init__(self, owner: PartitionReservations, partitions: int, seq: int, planned: bool) -> None:
         self._owner = owner
         self.partitions = partitions
         self.replicas: Counter[int] = Counter()
+        self.seq = seq
+        """Order of reservation (plans made later have larger ones)."""
+        self.planned = planned
+        """A plan waiting for its write (yields to earlier ones), not a write under way."""
 
     @property
     def held(self) -> bool:
@@ -94,9 +103,15 @@ class PartitionReservations:
         self._held: set[Reservation] = set()
         self._partitions = 0
         self._replicas: Counter[int] = Counter()
+        self._seq = 0
 
-    def reserve(self, partitions: int, by_broker: Mapping[int, int] | None = None) -> Reservation:
-        reservation = Reservation(self, partitions)
+    def reserve(
+        self, partitions: int, by_broker: Mapping[int, int] | None = None, *, planned: bool = False
+    ) -> Reservation:
+        """Hold ``partitions`` (and ``by_broker`` replicas): ``planned`` for a plan waiting for its write,
+        otherwise a write under way (an admitted topic, counted by every check)."""
+        self._seq += 1
+        reservation = Reservation(self, partitions, self._seq, planned)
         self._held.add(reservation)
         self._partitions += partitions
         if by_broker:
@@ -110,6 +125,22 @@ class PartitionReservations:
 
     def replicas_on(self, broker_id: int) -> int:
         return self._replicas.get(broker_id, 0)
+
+    def next_seq(self) -> int:
+        """The order the next reservation will get (a dry-run plan takes its place without one)."""
+        return self._seq + 1
+
+    def planned_after(self, seq: int) -> tuple[int, Counter[int]]:
+        """Partitions and replicas per broker held by plans made after ``seq`` (still waiting for their
+        write): a plan's own check leaves them out.  O(pending reservations and their brokers), once per
+        plan's write."""
+        partitions = 0
+        replicas: Counter[int] = Counter()
+        for reservation in self._held:
+            if reservation.planned and reservation.seq > seq:
+                partitions += reservation.partitions
+                replicas.update(reservation.replicas)
+        return partitions, replicas
 
     def __len__(self) -> int:
         return len(self._held)

@@ -444,3 +444,58 @@ async def test_a_plan_given_up_by_its_caller_stops_reserving(
         assert _reserved(controller) == 0 and controller.committed.topic("given-up") is None
     finally:
         await controller.stop()
+
+
+@pytest.mark.parametrize("per_broker", [False, True])
+def test_plans_pending_together_are_admitted_in_request_order_as_the_unsliced_request(
+    per_broker: bool,
+) -> None:
+    """Three prepared topics of one request, all planned and placed before the first is written, with
+    room for two: the first two are created and the third refused — what one unsliced CreateTopics of
+    the three gives — not the first refused for the room the later plans hold."""
+    limits = {"max_broker_partitions": 3 + 2 * 300 // 3} if per_broker else {"max_partitions": 3 + 2 * 300}
+    topics = [cpb.CreatableTopic(name=f"p{i}", num_partitions=300, replication_factor=1) for i in range(3)]
+    whole = _logic(**limits)
+    whole_log = _cluster_with_a_topic(whole, 3)
+    unsliced = whole.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics), len(whole_log))
+    expected = [t.error_code for t in unsliced.response.topics]
+    assert expected == [ErrorCode.NONE, ErrorCode.NONE, ErrorCode.POLICY_VIOLATION]
+    logic = _logic(**limits)
+    log = _cluster_with_a_topic(logic, 3)
+    got: dict[str, int] = {}
+    plans: list[TopicPlan] = []
+    for topic in topics:  # refused when planned already, for the cluster-wide count (known at once)
+        outcome, plan = logic.plan_topic(
+            cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), len(log), prepared=True
+        )
+        if plan is None:
+            got[topic.name] = outcome.response.topics[0].error_code
+        else:
+            plans.append(plan)
+    assert len(plans) == (3 if per_broker else 2)
+    for plan in plans:
+        while not logic.prepare_some(plan, Deadline(None, 0), 1_000):
+            pass
+    for plan in plans:
+        out = logic.create_prepared_topic(plan, False, len(log))
+        log.extend(out.records)
+        got[plan.name] = out.response.topics[0].error_code
+    assert [got[t.name] for t in topics] == expected
+    assert logic.reservations.partitions == 0 and len(logic.reservations) == 0
+    for name in ("p0", "p1"):
+        created, want = logic.image.topic(name), _replay(whole_log + unsliced.records).topic(name)
+        assert created is not None and want is not None and len(created.partitions) == 300
+
+
+def test_a_plans_check_leaves_out_only_plans_made_after_it() -> None:
+    registry = PartitionReservations()
+    earlier = registry.reserve(3, {1: 3}, planned=True)
+    writing = registry.reserve(5, {1: 5, 2: 5})  # a write under way: counted by every check
+    seq = registry.next_seq()
+    later = registry.reserve(7, {2: 7}, planned=True)
+    after_that = registry.reserve(1, {1: 1}, planned=True)
+    assert registry.planned_after(seq - 1) == (8, {1: 1, 2: 7})
+    assert registry.planned_after(earlier.seq) == (8, {1: 1, 2: 7})  # not the write under way
+    later.release()
+    assert registry.planned_after(earlier.seq) == (1, {1: 1})
+    assert writing.seq < seq <= after_that.seq
