@@ -91,6 +91,7 @@ from kraft.metadata.heap_freezer import HeapFreezer
 from kraft.metadata.idle_noops import IdleNoOps
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.isr_changes import alter_partition
+from kraft.metadata.partition_reservations import RequestOrder
 from kraft.metadata.request_limits import RequestLimits, check_create_topics
 from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
@@ -573,7 +574,10 @@ class QuorumController:
             response.leaderships_remaining = logic.leader_count(req.broker_id)  # after every chunk
         return response
 
-    async def create_topics(self, req: cpb.CreateTopicsRequest) -> cpb.CreateTopicsResponse:
+    async def create_topics(
+        self, req: cpb.CreateTopicsRequest, order: RequestOrder | None = None
+    ) -> cpb.CreateTopicsResponse:
+        """``order``: set for the rest of a request whose big or prepared topics go apart (below)."""
         # Shape limits before anything else (the chunking below is a pass over every topic); the logic
         # checks the cluster id and the limits again for each part.
         try:
@@ -609,15 +613,18 @@ class QuorumController:
             # _create_big_topic), one of a few hundred partitions or more is prepared in bounded events
             # and written in one (_create_prepared_topic); the others go in parts as below, all at once.
             own_names = {t.name for t in big} | {t.name for t in prepared}
+            # The request's positions: its plans reserve their partitions, and a topic listed before one
+            # (or a plan made before it) does not count it — the request's order, as if unsliced.
+            order = RequestOrder({t.name: i for i, t in enumerate(req.topics) if counts[t.name] == 1})
             rest = cpb.CreateTopicsRequest(
                 cluster_id=req.cluster_id,
                 topics=[t for t in req.topics if t.name not in own_names],
                 validate_only=req.validate_only,
             )
             answers = await asyncio.gather(
-                *(self._create_big_topic(req, t) for t in big),
-                *(self._create_prepared_topic(req, t) for t in prepared),
-                *([self.create_topics(rest)] if rest.topics else []),
+                *(self._create_big_topic(req, t, order) for t in big),
+                *(self._create_prepared_topic(req, t, order) for t in prepared),
+                *([self.create_topics(rest, order)] if rest.topics else []),
             )
             by_name: dict[str, cpb.CreatableTopicResult] = {}
             duplicates: list[cpb.CreatableTopicResult] = []
@@ -644,7 +651,7 @@ class QuorumController:
             if topics
         ] or [cpb.CreateTopicsRequest(cluster_id=req.cluster_id, validate_only=req.validate_only)]
         if len(parts) == 1:
-            answers = [await self._create_part(parts[0], tally)]
+            answers = [await self._create_part(parts[0], tally, order)]
         else:
             writes = []
             for part in parts:
@@ -652,7 +659,7 @@ class QuorumController:
                 # commit wait answers REQUEST_TIMED_OUT.
                 with contextlib.suppress(TimeoutError):
                     await self.writes.wait_for_room()
-                writes.append(asyncio.ensure_future(self._create_part(part, tally)))
+                writes.append(asyncio.ensure_future(self._create_part(part, tally, order)))
             answers = await asyncio.gather(*writes)
         results: dict[str, cpb.CreatableTopicResult] = {}
         for answer in answers:
@@ -671,7 +678,12 @@ class QuorumController:
         return response
 
     async def _plan_topic(
-        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic, *, prepared: bool
+        self,
+        req: cpb.CreateTopicsRequest,
+        topic: cpb.CreatableTopic,
+        order: RequestOrder,
+        *,
+        prepared: bool,
     ) -> tuple[cpb.CreateTopicsResponse, TopicPlan | None]:
         """The checks and plan of one big or prepared topic, as one event that writes nothing: the
         answer, and the plan (None: the answer is final — refused, validate-only, or not active)."""
@@ -681,7 +693,7 @@ class QuorumController:
         plans: list[TopicPlan] = []
 
         def plan(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
-            outcome, planned = logic.plan_topic(one, self.writes.next_offset, prepared=prepared)
+            outcome, planned = logic.plan_topic(one, self.writes.next_offset, prepared, order)
             if planned is not None:
                 plans.append(planned)
             return outcome
@@ -696,7 +708,7 @@ class QuorumController:
         return answer, (plans[0] if plans else None)
 
     async def _create_big_topic(
-        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic, order: RequestOrder
     ) -> cpb.CreateTopicsResponse:
         """One topic of more partitions than a work unit: checks and plan (one event, nothing written),
         placement counted per broker (an explicit assignment's entries checked) in events of at most a
@@ -705,7 +717,7 @@ class QuorumController:
         rest written by the bulk job driver, EndTransaction last; answered once that committed.  A
         failover before the first records: nothing was written, the client retries.  After: the new
         active controller finishes the transaction from its plan (ControllerLogic._resume_transaction)."""
-        answer, topic_plan = await self._plan_topic(req, topic, prepared=False)
+        answer, topic_plan = await self._plan_topic(req, topic, order, prepared=False)
         if topic_plan is None:
             return answer
         try:
@@ -756,14 +768,14 @@ class QuorumController:
                     )
 
     async def _create_prepared_topic(
-        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic
+        self, req: cpb.CreateTopicsRequest, topic: cpb.CreatableTopic, order: RequestOrder
     ) -> cpb.CreateTopicsResponse:
         """One topic of a few hundred partitions up to a work unit: checks and plan (one event, nothing
         written), then placement (or the explicit assignment's checks) and its records built in events of
         at most a work unit's time, then the checks again and every record in one append — one event of
         ~2-3 ms instead of ~10 ms for 1,000 partitions.  A failover before the append: nothing was
         written, the client retries; after it: the topic is there, whole."""
-        answer, topic_plan = await self._plan_topic(req, topic, prepared=True)
+        answer, topic_plan = await self._plan_topic(req, topic, order, prepared=True)
         if topic_plan is None:
             return answer
         try:
@@ -813,7 +825,10 @@ class QuorumController:
         return await write
 
     async def _create_part(
-        self, req: cpb.CreateTopicsRequest, tally: CreateTally | None = None
+        self,
+        req: cpb.CreateTopicsRequest,
+        tally: CreateTally | None = None,
+        order: RequestOrder | None = None,
     ) -> cpb.CreateTopicsResponse:
         """One part (names unique), as one event; when the event's time budget ends it before its last
         topic, the rest is queued as a further part from inside the event (behind whatever is queued
@@ -821,13 +836,13 @@ class QuorumController:
         rest: list[asyncio.Task[cpb.CreateTopicsResponse]] = []
 
         def build(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
-            outcome = logic.create_topics(req, self.writes.next_offset, tally)
+            outcome = logic.create_topics(req, self.writes.next_offset, tally, order)
             done = len(outcome.response.topics)
             if outcome.response.error_code == ErrorCode.NONE and 0 < done < len(req.topics):
                 leftover = cpb.CreateTopicsRequest(
                     cluster_id=req.cluster_id, topics=req.topics[done:], validate_only=req.validate_only
                 )
-                rest.append(asyncio.ensure_future(self._create_part(leftover, tally)))
+                rest.append(asyncio.ensure_future(self._create_part(leftover, tally, order)))
             return outcome
 
         answer = await self._serve(cpb.CreateTopicsResponse(), build, name="create-topics")

@@ -67,7 +67,12 @@ from kraft.metadata.image import (
 from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
-from kraft.metadata.partition_reservations import PartitionReservations, Reservation, placement_bound
+from kraft.metadata.partition_reservations import (
+    PartitionReservations,
+    RequestOrder,
+    Reservation,
+    placement_bound,
+)
 from kraft.metadata.placement import (
     UsableBroker,
     place_ordered_range,
@@ -246,6 +251,8 @@ class TopicPlan:
     them.  Released when it is checked again for its write, when refused, or by :meth:`release`."""
     seq: int = 0
     """Its place among the reservations (a dry run's too): its write's check leaves out later plans'."""
+    order: RequestOrder | None = None
+    """Its request's topic positions (its write's check leaves out the request's plans listed after it)."""
 
     def release(self) -> None:
         """Drop the plan's reservation (refused, abandoned or written); idempotent."""
@@ -1393,10 +1400,16 @@ class ControllerLogic:
     # ---- topics ----
 
     def create_topics(
-        self, req: cpb.CreateTopicsRequest, next_offset: int, tally: CreateTally | None = None
+        self,
+        req: cpb.CreateTopicsRequest,
+        next_offset: int,
+        tally: CreateTally | None = None,
+        order: RequestOrder | None = None,
     ) -> Outcome[cpb.CreateTopicsResponse]:
         """``tally`` carries a validate_only request's earlier parts (the shell splits big requests into
         parts; a dry run writes nothing, so later parts would not see earlier ones in the image).
+        ``order``: the client's request when its big or prepared topics were planned apart (a topic
+        does not count the partitions they reserve when it is listed before them).
 
         Stops after the topic during which the event's time budget ran out: the response then lists only
         the first topics of ``req`` (at least one), in order, and the caller asks again for the rest."""
@@ -1429,13 +1442,19 @@ class ControllerLogic:
                         ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} appears more than once"
                     )
                 self._check_new_name(topic.name, created)
+                left_out = None
+                if order is not None:
+                    position = order.positions.get(topic.name, 0)
+                    left_out = self.reservations.left_out(None, order, position)
                 # Checked before placement too, so a huge request costs nothing before it is refused.
                 self._check_partition_counts(
-                    topic, self._requested_partitions(topic), cursor, {}, hosted, added
+                    topic, self._requested_partitions(topic), cursor, {}, hosted, added, left_out
                 )
                 assignment = self._assignment_for(topic, cursor)
                 by_broker = Counter(b for replicas in assignment for b in replicas)
-                self._check_partition_counts(topic, len(assignment), cursor, by_broker, hosted, added)
+                self._check_partition_counts(
+                    topic, len(assignment), cursor, by_broker, hosted, added, left_out
+                )
                 self.check_some_replica_acceptable(assignment)
                 configs = validate_topic_configs(
                     [(c.name, c.value) for c in topic.configs], len(assignment[0])
@@ -1462,10 +1481,15 @@ class ControllerLogic:
         return is_big_topic(topic, settings.max_changes_per_write, settings.default_num_partitions)
 
     def plan_topic(
-        self, req: cpb.CreateTopicsRequest, next_offset: int, prepared: bool = False
+        self,
+        req: cpb.CreateTopicsRequest,
+        next_offset: int,
+        prepared: bool = False,
+        order: RequestOrder | None = None,
     ) -> tuple[Outcome[cpb.CreateTopicsResponse], TopicPlan | None]:
-        """The first step of a big or a ``prepared`` topic (``req`` holds just it): every check that
-        needs no placement, and its plan — or its error in the response.  Writes nothing.  Plans made
+        """The first step of a big or a ``prepared`` topic (``req`` holds just it; ``order``: the
+        positions in the client's request): every check that needs no placement, and its plan — or its
+        error in the response.  Writes nothing; reserves its partitions until its write.  Plans made
         before earlier ones were written start their placement after them (as consecutive topics of
         one request would), so concurrent topics do not all rotate leaders from the same broker."""
         outcome, plan = self._plan_topic(req, next_offset)
@@ -1473,8 +1497,14 @@ class ControllerLogic:
             plan.start_index += self._planned_ahead
             self._planned_ahead += plan.partitions
             plan.seq = self.reservations.next_seq()
+            plan.order = order
             if not req.validate_only:  # a dry run holds nothing
-                plan.reservation = self.reservations.reserve(plan.partitions, planned=True)
+                plan.reservation = self.reservations.reserve(
+                    plan.partitions,
+                    planned=True,
+                    order=order,
+                    position=order.positions.get(plan.name, 0) if order is not None else 0,
+                )
             if prepared:
                 plan.topic_id = self._new_topic_id()
                 plan.prepared = [] if not req.validate_only else None
@@ -1581,7 +1611,9 @@ class ControllerLogic:
         # checked like any other request's, but plans made after it wait for it (request order, as the
         # unsliced request); a big topic's write reserves anew
         plan.release()
-        later = self.reservations.planned_after(plan.seq)
+        order = plan.order
+        position = order.positions.get(plan.name, 0) if order is not None else 0
+        later = self.reservations.left_out(plan.seq, order, position)
         partitions, hosted = self._placement_counts()
         try:
             self._check_new_name(plan.name, set())

@@ -9,10 +9,12 @@ topic's partitions not yet in the image — their count and their replicas per b
 :class:`PartitionReservations` keeps the totals over all reservations, so that a check costs O(1) for
 the cluster and O(1) per broker it looks at, never O(partitions).
 
-A plan's own check for its write counts the reservations of writes under way and of plans made before
-it, not of plans made after it (:meth:`PartitionReservations.planned_after`): the topics of one request
-of many prepared topics are admitted in request order, as the unsliced request admits them, instead of
-the first being refused for the room the later ones hold.
+Order: a plan's own check for its write counts the writes under way and the plans made before it, not
+those made after it; and within one CreateTopics request (whose big and prepared topics are planned
+apart from its other topics) a topic does not count the request's plans listed after it
+(:meth:`PartitionReservations.left_out`).  So the topics of one request are admitted in request order,
+as the unsliced request admits them, instead of an earlier one being refused for the room a later one
+holds.
 
 Soft state of the active controller: cleared with the logic's other pending state on ``reset``; a new
 active controller rebuilds the reservation of a transaction it resumes from the plan in the log.
@@ -26,15 +28,36 @@ from collections.abc import Iterable, Mapping, Sequence
 from kraft.metadata.placement import UsableBroker, rack_count
 
 
+class RequestOrder:
+    """The positions of the topics of one CreateTopics request (by name; names are unique there).  Its
+    identity groups the request's plans."""
+
+    __slots__ = ("positions",)
+
+    def __init__(self, positions: Mapping[str, int]) -> None:
+        self.positions = positions
+
+
 class Reservation:
     """One pending topic's partitions not in the image yet, and their replicas per broker as far as
     known (a plan counts its placement in slices: :meth:`add_replicas`).  Released exactly once
     (:meth:`release`, idempotent); a reservation of a cleared registry does nothing."""
 
-    __slots__ = ("_owner", "partitions", "planned", "replicas", "seq")
+    __slots__ = ("_owner", "order", "partitions", "planned", "position", "replicas", "seq")
 
-    def __init__(self, owner: PartitionReservations, partitions: int, seq: int, planned: bool) -> None:
+    def __init__(
+        self,
+        owner: PartitionReservations,
+        partitions: int,
+        seq: int,
+        planned: bool,
+        order: RequestOrder | None = None,
+        position: int = 0,
+    ) -> None:
         self._owner = owner
+        self.order = order
+        self.position = position
+        """The plan's topic's place in its request (``order``)."""
         self.partitions = partitions
         self.replicas: Counter[int] = Counter()
         self.seq = seq
@@ -88,6 +111,12 @@ class Reservation:
             return
         owner = self._owner
         owner._held.discard(self)
+        if self.order is not None:
+            group = owner._by_order.get(self.order)
+            if group is not None:
+                group.discard(self)
+                if not group:
+                    del owner._by_order[self.order]
         owner._partitions -= self.partitions
         owner._replicas.subtract(self.replicas)
         owner._drop_zeros(self.replicas.keys())
@@ -104,15 +133,25 @@ class PartitionReservations:
         self._partitions = 0
         self._replicas: Counter[int] = Counter()
         self._seq = 0
+        self._by_order: dict[RequestOrder, set[Reservation]] = {}
 
     def reserve(
-        self, partitions: int, by_broker: Mapping[int, int] | None = None, *, planned: bool = False
+        self,
+        partitions: int,
+        by_broker: Mapping[int, int] | None = None,
+        *,
+        planned: bool = False,
+        order: RequestOrder | None = None,
+        position: int = 0,
     ) -> Reservation:
-        """Hold ``partitions`` (and ``by_broker`` replicas): ``planned`` for a plan waiting for its write,
-        otherwise a write under way (an admitted topic, counted by every check)."""
+        """Hold ``partitions`` (and ``by_broker`` replicas): ``planned`` for a plan waiting for its write
+        (of the topic at ``position`` of the request ``order``), otherwise a write under way (an
+        admitted topic, counted by every check)."""
         self._seq += 1
-        reservation = Reservation(self, partitions, self._seq, planned)
+        reservation = Reservation(self, partitions, self._seq, planned, order, position)
         self._held.add(reservation)
+        if order is not None:
+            self._by_order.setdefault(order, set()).add(reservation)
         self._partitions += partitions
         if by_broker:
             reservation.replicas.update(by_broker)
@@ -130,14 +169,30 @@ class PartitionReservations:
         """The order the next reservation will get (a dry-run plan takes its place without one)."""
         return self._seq + 1
 
-    def planned_after(self, seq: int) -> tuple[int, Counter[int]]:
-        """Partitions and replicas per broker held by plans made after ``seq`` (still waiting for their
-        write): a plan's own check leaves them out.  O(pending reservations and their brokers), once per
-        plan's write."""
+    def left_out(
+        self, seq: int | None, order: RequestOrder | None, position: int = 0
+    ) -> tuple[int, Counter[int]]:
+        """Partitions and replicas per broker that a check leaves out: plans (still waiting for their
+        write) of request ``order`` listed after ``position``, and — for a plan's own check for its write
+        (``seq``: its place) — plans of other requests made after it.  A plan's check: O(pending
+        reservations and their brokers), once per write; a topic of a request with plans (``seq`` None):
+        O(the request's plans).  Writes under way are never left out."""
         partitions = 0
         replicas: Counter[int] = Counter()
-        for reservation in self._held:
-            if reservation.planned and reservation.seq > seq:
+        if seq is not None:
+            candidates: Iterable[Reservation] = self._held
+        elif order is not None:
+            candidates = self._by_order.get(order, ())
+        else:
+            return partitions, replicas
+        for reservation in candidates:
+            if not reservation.planned:
+                continue
+            if order is not None and reservation.order is order:
+                later = reservation.position > position
+            else:
+                later = seq is not None and reservation.seq > seq
+            if later:
                 partitions += reservation.partitions
                 replicas.update(reservation.replicas)
         return partitions, replicas
@@ -148,6 +203,7 @@ class PartitionReservations:
     def clear(self) -> None:
         """Drop every reservation (a reset: pending work is gone or rebuilt); their later calls are no-ops."""
         self._held.clear()
+        self._by_order.clear()
         self._partitions = 0
         self._replicas.clear()
 

@@ -494,8 +494,44 @@ def test_a_plans_check_leaves_out_only_plans_made_after_it() -> None:
     seq = registry.next_seq()
     later = registry.reserve(7, {2: 7}, planned=True)
     after_that = registry.reserve(1, {1: 1}, planned=True)
-    assert registry.planned_after(seq - 1) == (8, {1: 1, 2: 7})
-    assert registry.planned_after(earlier.seq) == (8, {1: 1, 2: 7})  # not the write under way
+    assert registry.left_out(seq - 1, None) == (8, {1: 1, 2: 7})
+    assert registry.left_out(earlier.seq, None) == (8, {1: 1, 2: 7})  # not the write under way
     later.release()
-    assert registry.planned_after(earlier.seq) == (1, {1: 1})
+    assert registry.left_out(earlier.seq, None) == (1, {1: 1})
     assert writing.seq < seq <= after_that.seq
+
+
+@pytest.mark.parametrize("big_first", [True, False])
+@pytest.mark.parametrize(("partitions", "work_unit"), [(300, 1_000), (40, 32)])  # prepared; big
+async def test_a_request_mixing_planned_and_small_topics_is_admitted_in_its_order(
+    partitions: int, work_unit: int, big_first: bool
+) -> None:
+    """Room for the planned topic or the small one, not both: whichever the request lists first is
+    created, as one unsliced CreateTopics does — though the planned topic reserves its partitions before
+    the small one is checked, and the small one is written before the planned one's write."""
+    limit = partitions + 2
+    planned = cpb.CreatableTopic(name="planned", num_partitions=partitions, replication_factor=2)
+    small = cpb.CreatableTopic(name="small", num_partitions=5, replication_factor=2)
+    request = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER, topics=[planned, small] if big_first else [small, planned]
+    )
+    whole = _logic(max_partitions=limit)
+    whole_log = _cluster_with_a_topic(whole, 0)  # three brokers (a topic of 0 partitions is refused)
+    expected = {t.name: t.error_code for t in whole.create_topics(request, len(whole_log)).response.topics}
+    assert sorted(expected.values()) == [ErrorCode.NONE, ErrorCode.POLICY_VIOLATION]
+    clock = ManualClock()
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=work_unit, max_partitions=limit
+    )
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        start = len(controller.writes.queue.processed)
+        response = await asyncio.wait_for(controller.create_topics(request), 10)
+        assert {t.name: t.error_code for t in response.topics} == expected
+        processed = controller.writes.queue.processed[start:]
+        assert processed.count("create-topic-plan") >= 1  # planned apart from the small topic
+        assert _reserved(controller) == 0
+    finally:
+        await controller.stop()
