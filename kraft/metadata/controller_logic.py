@@ -1496,15 +1496,17 @@ class ControllerLogic:
         if plan is not None:
             plan.start_index += self._planned_ahead
             self._planned_ahead += plan.partitions
-            plan.seq = self.reservations.next_seq()
             plan.order = order
-            if not req.validate_only:  # a dry run holds nothing
+            if req.validate_only:  # a dry run holds nothing
+                plan.seq = self.reservations.take_seq()
+            else:
                 plan.reservation = self.reservations.reserve(
                     plan.partitions,
                     planned=True,
                     order=order,
                     position=order.positions.get(plan.name, 0) if order is not None else 0,
                 )
+                plan.seq = plan.reservation.seq
             if prepared:
                 plan.topic_id = self._new_topic_id()
                 plan.prepared = [] if not req.validate_only else None

@@ -165,9 +165,10 @@ class PartitionReservations:
     def replicas_on(self, broker_id: int) -> int:
         return self._replicas.get(broker_id, 0)
 
-    def next_seq(self) -> int:
-        """The order the next reservation will get (a dry-run plan takes its place without one)."""
-        return self._seq + 1
+    def take_seq(self) -> int:
+        """A place in the order without a reservation (a dry-run plan's)."""
+        self._seq += 1
+        return self._seq
 
     def left_out(
         self, seq: int | None, order: RequestOrder | None, position: int = 0

@@ -491,7 +491,7 @@ def test_a_plans_check_leaves_out_only_plans_made_after_it() -> None:
     registry = PartitionReservations()
     earlier = registry.reserve(3, {1: 3}, planned=True)
     writing = registry.reserve(5, {1: 5, 2: 5})  # a write under way: counted by every check
-    seq = registry.next_seq()
+    seq = registry.take_seq()
     later = registry.reserve(7, {2: 7}, planned=True)
     after_that = registry.reserve(1, {1: 1}, planned=True)
     assert registry.left_out(seq - 1, None) == (8, {1: 1, 2: 7})
