@@ -298,8 +298,13 @@ def test_a_prepared_topic_that_no_longer_fits_is_refused_at_its_write_and_reserv
 def test_a_refused_or_dry_run_plan_reserves_nothing() -> None:
     logic = _logic()
     log = _cluster_with_a_topic(logic, 3)
-    _planned(logic, _big_request(validate_only=True))
+    dry = _planned(logic, _big_request(validate_only=True))
     assert logic.reservations.partitions == 0
+    while not dry.place_some(Deadline(None, 0), SLICE):
+        pass
+    answer = logic.create_planned_topic(dry, True, len(log))
+    assert answer.response.topics[0].error_code == ErrorCode.NONE and not answer.records
+    assert logic.reservations.partitions == 0 and not logic.has_bulk_jobs()
     bad = cpb.CreatableTopic(name="bad")
     for partition_id in range(29):
         bad.assignments.add(partition=partition_id, broker_ids=[1, 2])
@@ -310,7 +315,6 @@ def test_a_refused_or_dry_run_plan_reserves_nothing() -> None:
         while not plan.place_some(Deadline(None, 0), SLICE):
             pass
     assert logic.reservations.partitions == 0 and logic.reservations.replicas_on(1) == 0
-    assert log
 
 
 def test_reservations_release_once_and_a_cleared_registry_ignores_old_ones() -> None:
