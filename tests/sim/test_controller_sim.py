@@ -909,12 +909,31 @@ def scenario_sliced_big_topic_resumes_after_failover(sim: ControllerSimulation) 
     _crash_active_mid_way(sim, written, "the big topic")
     if not sim.leader_image().transaction.startswith(CREATE_TOPIC_TRANSACTION):
         raise InvariantViolation(f"seed {sim.seed}: no open transaction after the crash mid-way")
+    reserved_seen = False
+
+    def reserves_the_rest() -> None:
+        """The new active controller reserves the big topic's unwritten rest for the limits of other
+        requests (rebuilt by its reset from the plan in the log) and nothing once it is written."""
+        nonlocal reserved_seen
+        active = sim.active_controller()
+        logic = None if active is None else active[1].state.logic
+        if logic is None:
+            return
+        rest = BULK_PARTITIONS - written(logic.image) if logic.image.transaction else 0
+        if logic.reservations.partitions != rest:
+            raise InvariantViolation(
+                f"seed {sim.seed}: {logic.reservations.partitions} partitions reserved, {rest} unwritten"
+            )
+        reserved_seen = reserved_seen or rest > 0
 
     def done() -> bool:
+        reserves_the_rest()
         image = sim.leader_image()
         return written(image) == BULK_PARTITIONS and not image.transaction
 
     sim.run_until_condition(done, BOUND_MS, "the big topic resumed to its end")
+    if not reserved_seen:
+        raise InvariantViolation(f"seed {sim.seed}: the resumed rest was never seen reserved")
     topic = sim.leader_image().topic("big")
     assert topic is not None
     if topic.partitions != expected_topic.partitions:
