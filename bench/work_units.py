@@ -243,10 +243,21 @@ def apply_costs(partitions: int, brokers: int, slice_size: int, slices: int) -> 
       big topic's sliced creation, as every controller and broker applies it), the topic growing slice
       by slice; ``slice_replay_apply_ms`` adds the replay of those records;
     - ``change_apply_ms``: ``apply()`` of a delta of one PartitionChangeRecord on the big topic;
+    - ``new_topic_apply_ms``: ``apply()`` of a delta creating the whole topic (a snapshot's load),
+      best of 3;
     - ``iterate_ms``: one pass over the topic's partitions; ``lookup_us``: one ``partitions[i]`` at a
       random ``i`` (mean over ``partitions`` lookups); each the best of 3 passes."""
     image = _image_with_topic(partitions, brokers)
     rng = random.Random(7)
+    # A delta creating the whole topic (a snapshot load, a broker's first fetch): apply() builds it.
+    whole = MetadataDelta(MetadataImage.empty())
+    whole.replay(rec.wrap(mpb.TopicRecord(name="big", topic_id="big-id")))
+    for partition_id, registration in enumerate(image.topics_by_id["big-id"].partitions):
+        whole.set_partition("big-id", partition_id, registration)
+    gc.collect()
+    new_topic_ms = min(timed(whole.apply)[0] for _ in range(3))  # apply() leaves the delta as it is
+    assert len(whole.apply().topics_by_id["big-id"].partitions) == partitions
+    del whole
     slice_apply: list[float] = []
     slice_total: list[float] = []
     for _ in range(slices):
@@ -295,6 +306,7 @@ def apply_costs(partitions: int, brokers: int, slice_size: int, slices: int) -> 
         "slice_replay_apply_ms": round(statistics.median(slice_total), 3),
         "change_apply_ms": round(statistics.median(change_apply), 3),
         "change_apply_max_ms": round(max(change_apply), 3),
+        "new_topic_apply_ms": round(new_topic_ms, 2),
         "iterate_ms": round(ms, 2),
         "lookup_us": round(lookup_ms * 1000 / partitions, 3),
     }

@@ -188,9 +188,12 @@ class MetadataImage:
 
     def partition(self, topic_id: str, partition_id: int) -> PartitionRegistration | None:
         topic = self.topics_by_id.get(topic_id)
-        if topic is None or not 0 <= partition_id < len(topic.partitions):
+        if topic is None or partition_id < 0:
             return None
-        return topic.partitions[partition_id]
+        try:  # one lookup (a chunked sequence's len() would be a second Python-level call)
+            return topic.partitions[partition_id]
+        except IndexError:
+            return None
 
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics_by_id.values())
