@@ -206,4 +206,36 @@ class ChunkedSequence(Sequence[T], Generic[T]):
         return ChunkedSequence._of(tuple(chunks), length)
 
 
-EMPTY: ChunkedSequence[Any] = ChunkedSequence()
+Compact = tuple[T, ...] | ChunkedSequence[T]
+"""A sequence as :func:`compact` keeps it: a plain tuple up to :data:`CHUNK` items (one chunk: an update
+copies it whole either way, and a tuple's lookups are C-speed and it needs no index), a
+:class:`ChunkedSequence` above."""
+
+
+def compact(items: Iterable[T]) -> Compact[T]:
+    """``items`` as a tuple when they fit in one chunk, else as a ChunkedSequence (shared, not copied,
+    when ``items`` already is one of either)."""
+    if isinstance(items, ChunkedSequence):
+        if items._len > CHUNK:
+            return items
+        return items._chunks[0] if items._chunks else ()
+    flat = items if isinstance(items, tuple) else tuple(items)
+    return ChunkedSequence(flat) if len(flat) > CHUNK else flat
+
+
+def with_changes(seq: Compact[T], changes: Mapping[int, T], length: int | None = None) -> Compact[T]:
+    """:meth:`ChunkedSequence.updated` for a compact sequence, the result compact too: a tuple grows
+    into a ChunkedSequence when it outgrows one chunk (that one conversion copies it)."""
+    if isinstance(seq, ChunkedSequence):
+        return seq.updated(changes, length)
+    # a tuple that fits one chunk is that chunk (no copy); a longer one (not compact) is chunked first
+    base = ChunkedSequence._of((seq,) if seq else (), len(seq)) if len(seq) <= CHUNK else ChunkedSequence(seq)
+    return compact(base.updated(changes, length))
+
+
+def chunks_of(seq: Compact[T]) -> tuple[tuple[T, ...], ...]:
+    """The chunks of a compact sequence (a tuple is its own only chunk): two versions' chunks at the
+    same position are the same object where no change fell into them."""
+    if isinstance(seq, ChunkedSequence):
+        return seq._chunks
+    return (seq,) if seq else ()

@@ -22,7 +22,7 @@ from typing import Any
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
-from kraft.metadata.chunked import EMPTY as EMPTY_PARTITIONS
+from kraft.metadata.chunked import with_changes
 from kraft.metadata.image import (
     LEADER_RECOVERED,
     BrokerFeatureRange,
@@ -641,12 +641,12 @@ class MetadataDelta:
 def _build_topic(topic: _TopicDelta) -> TopicImage:
     base = topic.base
     if base is None:
-        return TopicImage(topic.name, topic.topic_id, EMPTY_PARTITIONS.updated(topic.changed, topic.count))
+        return TopicImage(topic.name, topic.topic_id, with_changes((), topic.changed, topic.count))
     if not topic.changed and topic.count == len(base.partitions):
         return base
     # Copies only the chunks of 1,024 partitions that changed (and the chunk index), so a slice of a big
     # topic creation, or a PartitionChangeRecord on a huge topic, costs what it changed, not the topic.
-    return TopicImage(topic.name, topic.topic_id, base.partitions.updated(topic.changed, topic.count))
+    return TopicImage(topic.name, topic.topic_id, with_changes(base.partitions, topic.changed, topic.count))
 
 
 _HANDLERS: dict[str, Callable[[MetadataDelta, Any], None]] = {

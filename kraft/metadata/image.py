@@ -3,10 +3,10 @@
 Images are never mutated.  A :class:`~kraft.metadata.delta.MetadataDelta` produces the next image and
 shares every unchanged sub-map and every unchanged topic with the previous one, so building a new image
 costs in proportion to what changed — down to within a topic: a topic's partitions (indexed by partition
-id, dense 0..n-1) are a :class:`~kraft.metadata.chunked.ChunkedSequence` of chunks of 1,024, and the
-next version of a topic shares every chunk the delta did not touch.  Each partition is a
-:class:`PartitionRegistration` named tuple — about 150 bytes per partition, which is what keeps an image
-of 1,000,000 partitions far below 1 GiB.
+id, dense 0..n-1) above 1,024 are a :class:`~kraft.metadata.chunked.ChunkedSequence` of chunks of 1,024
+(a tuple below), and the next version of a topic shares every chunk the delta did not touch.  Each
+partition is a :class:`PartitionRegistration` named tuple — about 150 bytes per partition, which is what
+keeps an image of 1,000,000 partitions far below 1 GiB.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from kraft.metadata.chunked import ChunkedSequence
+from kraft.metadata.chunked import Compact, compact
 from kraft.metadata.records import ConfigResourceType
 from kraft.security.acl import StandardAcl
 
@@ -103,29 +103,31 @@ class PartitionRegistration(NamedTuple):
         return self.replicas[0] if self.replicas else NO_PARTITION_LEADER
 
 
+Partitions = Compact[PartitionRegistration]
+"""A topic's partitions: a tuple, or a ChunkedSequence above 1,024 (``kraft.metadata.chunked.compact``)."""
+
+
 class TopicImage:
     """One topic: its partitions indexed by partition id (dense, 0..n-1).
 
-    ``partitions`` is a :class:`~kraft.metadata.chunked.ChunkedSequence` (any iterable given is made
-    one), so the next image's version of a topic of a million partitions shares every chunk of 1,024
-    partitions that the delta did not touch: applying a change of k partitions costs O(k), not the
-    topic's size (a sliced topic creation, a PartitionChangeRecord on a huge topic).  Immutable."""
+    ``partitions`` is kept :func:`~kraft.metadata.chunked.compact` (any iterable given is made so): a
+    tuple up to 1,024 partitions, above that a :class:`~kraft.metadata.chunked.ChunkedSequence`, so the
+    next image's version of a topic of a million partitions shares every chunk of 1,024 partitions that
+    the delta did not touch: applying a change of k partitions costs O(k), not the topic's size (a
+    sliced topic creation, a PartitionChangeRecord on a huge topic).  Read it as a Sequence (len,
+    index, iteration, slices); :func:`~kraft.metadata.chunked.chunks_of` gives its chunks.  Immutable."""
 
     __slots__ = ("name", "partitions", "topic_id")
 
     name: str
     topic_id: str
-    partitions: ChunkedSequence[PartitionRegistration]
+    partitions: Partitions
 
     def __init__(self, name: str, topic_id: str, partitions: Iterable[PartitionRegistration]) -> None:
         set_ = object.__setattr__
         set_(self, "name", name)
         set_(self, "topic_id", topic_id)
-        set_(
-            self,
-            "partitions",
-            partitions if isinstance(partitions, ChunkedSequence) else ChunkedSequence(partitions),
-        )
+        set_(self, "partitions", compact(partitions))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"TopicImage is immutable (cannot set {name})")

@@ -73,7 +73,7 @@ from typing import Any
 import aiosqlite
 
 from kraft.clock import Clock
-from kraft.metadata.chunked import CHUNK
+from kraft.metadata.chunked import CHUNK, chunks_of
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -357,9 +357,9 @@ def _changed_partition_rows(
         key = _topic_key(topic_id)
         # Versions of a topic share every chunk of partitions no delta touched since (the same tuple
         # object, at the same position): only the other chunks are compared, partition by partition.
-        old_chunks = before.partitions.chunks() if before is not None else ()
+        old_chunks = chunks_of(before.partitions) if before is not None else ()
         count = total = 0
-        for c, chunk in enumerate(topic.partitions.chunks()):
+        for c, chunk in enumerate(chunks_of(topic.partitions)):
             old = old_chunks[c] if c < len(old_chunks) else ()
             if chunk is old:
                 continue

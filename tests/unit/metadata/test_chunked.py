@@ -1,7 +1,8 @@
-"""ChunkedSequence against a plain list: the same items after any mix of updates and appends, every
-older version unchanged, untouched chunks shared, and the tuple-like reads (index, slice, iteration,
-equality, hash) the image's users rely on.  Chunks of 4 here (module fixture), so a few dozen items
-cross many chunk boundaries; test_delta.py covers topics at the real chunk size."""
+"""ChunkedSequence (and the compact form images keep: a tuple up to one chunk) against a plain list: the
+same items after any mix of updates and appends, every older version unchanged, untouched chunks shared,
+and the tuple-like reads (index, slice, iteration, equality, hash) the image's users rely on.  Chunks of
+4 here (module fixture), so a few dozen items cross many chunk boundaries; test_chunked_topics.py covers
+topics at the real chunk size."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.metadata import chunked
-from kraft.metadata.chunked import ChunkedSequence
+from kraft.metadata.chunked import ChunkedSequence, Compact, chunks_of, compact, with_changes
 
 SMALL_SHIFT = 2  # chunks of 4
 
@@ -147,3 +148,50 @@ def test_pickles_to_an_equal_sequence() -> None:
     seq = ChunkedSequence(range(13)).updated({2: 99, 13: 100})
     copy = pickle.loads(pickle.dumps(seq))
     assert copy == seq and list(copy) == list(seq)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(), max_size=10), STEPS)
+def test_compact_sequences_are_tuples_up_to_a_chunk_and_follow_a_list(
+    initial: list[int], steps: list[tuple[list[tuple[int, int]], int]]
+) -> None:
+    seq: Compact[int] = compact(initial)
+    model = list(initial)
+    versions = [(seq, list(model))]
+    counter = 10**9
+    for updates, appends in steps:
+        changes = {where % len(model): value for where, value in updates} if model else {}
+        changes.update({len(model) + i: counter + i for i in range(appends)})
+        counter += appends
+        before_chunks = chunks_of(seq)
+        new = with_changes(seq, changes, len(model) + appends)
+        for position, value in changes.items():
+            if position < len(model):
+                model[position] = value
+        model.extend(sorted(v for p, v in changes.items() if p >= len(model)))
+        assert isinstance(new, tuple) == (len(model) <= chunked.CHUNK)
+        assert list(new) == model and new == tuple(model) and len(new) == len(model)
+        assert [new[i] for i in range(len(model))] == model
+        if isinstance(new, ChunkedSequence):
+            check_equal(new, model)
+            touched = {position >> chunked.SHIFT for position in changes}
+            for c, chunk in enumerate(before_chunks):
+                if c not in touched and isinstance(seq, ChunkedSequence):
+                    assert chunks_of(new)[c] is chunk
+        seq = new
+        versions.append((seq, list(model)))
+    for version, snapshot in versions:
+        assert list(version) == snapshot
+
+
+def test_compact_shares_what_it_is_given() -> None:
+    small = (1, 2, 3)
+    assert compact(small) is small
+    big = ChunkedSequence(range(10))
+    assert compact(big) is big
+    one_chunk = ChunkedSequence(range(3))
+    assert compact(one_chunk) == (0, 1, 2) and isinstance(compact(one_chunk), tuple)
+    assert compact(iter(range(10))) == big and isinstance(compact(range(10)), ChunkedSequence)
+    assert compact([]) == () and chunks_of(()) == () and chunks_of(small) == (small,)
+    # a tuple longer than a chunk (not compact) is chunked before the update
+    assert with_changes(tuple(range(9)), {9: 9}) == tuple(range(10))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kraft.clock import ManualClock
 from kraft.metadata import records
-from kraft.metadata.chunked import CHUNK, ChunkedSequence
+from kraft.metadata.chunked import CHUNK, ChunkedSequence, chunks_of
 from kraft.metadata.delta import LOCAL_CHANGES_STEP, LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.store import SqliteImageStore
@@ -61,7 +61,7 @@ def test_a_slice_appended_to_a_big_topic_shares_every_full_chunk() -> None:
     after = _topic(grown)
     assert len(after.partitions) == BIG + 1000 and len(before.partitions) == BIG
     assert tuple(before.partitions) == kept  # the old image is unchanged
-    old_chunks, new_chunks = before.partitions.chunks(), after.partitions.chunks()
+    old_chunks, new_chunks = chunks_of(before.partitions), chunks_of(after.partitions)
     assert new_chunks[0] is old_chunks[0] and new_chunks[1] is old_chunks[1]  # untouched: shared
     assert new_chunks[2] is not old_chunks[2]  # the partly filled chunk took the first appended ones
     assert after.partitions[:BIG] == kept
@@ -82,7 +82,7 @@ def test_a_partition_change_on_a_big_topic_replaces_one_chunk_only() -> None:
     assert after.partitions[target].leader == _replicas(target)[1]
     assert after.partitions[target].leader_epoch == old_registration.leader_epoch + 1
     assert before.partitions[target] is old_registration  # the older image still has the old one
-    old_chunks, new_chunks = before.partitions.chunks(), after.partitions.chunks()
+    old_chunks, new_chunks = chunks_of(before.partitions), chunks_of(after.partitions)
     assert new_chunks[0] is old_chunks[0] and new_chunks[2] is old_chunks[2]
     assert new_chunks[1] is not old_chunks[1]
     assert all(
@@ -141,6 +141,7 @@ def test_images_follow_a_plain_list_model_and_older_images_never_change(
         topic = _topic(image)
         assert list(topic.partitions) == model
         assert topic.partitions == ChunkedSequence(model) == tuple(model)
+        assert isinstance(topic.partitions, tuple) == (len(model) <= CHUNK)  # compact: a tuple up to a chunk
         history.append((image, list(model)))
     for old_image, snapshot in history:
         assert list(_topic(old_image).partitions) == snapshot
