@@ -1,16 +1,17 @@
 """A persistent (immutable, structurally shared) sequence in fixed-size chunks.
 
-A topic's partitions live in one of these (:class:`~kraft.metadata.image.TopicImage`): the next image
-changes a few partitions of a topic of a million, and a flat tuple would have to be copied whole for
-that (10+ ms per slice of a big sliced topic creation at 1,000,000 partitions).  Here the items sit in
+A big topic's partitions live in one of these (:class:`~kraft.metadata.image.TopicImage`; up to one
+chunk they stay a plain tuple, see :func:`compact`): the next image changes a few partitions of a topic
+of a million, and a flat tuple would have to be copied whole for that (5-9 ms per slice of a big sliced
+topic creation at 1,000,000 partitions, on every controller and broker).  Here the items sit in
 immutable tuples of :data:`CHUNK` items, and :meth:`ChunkedSequence.updated` copies only the chunks it
 touches plus the index of chunks (one pointer per chunk, ~1,000 at a million items): changing k items
 costs O(k + touched chunks x CHUNK + n / CHUNK) and every older version stays valid and unchanged,
 sharing all untouched chunks with the new one.
 
 Reads stay close to a tuple's: iteration chains the chunk tuples in C (as fast as a tuple), ``len`` is
-a stored count, and an index is two tuple lookups (a Python-level ``__getitem__``, ~0.1 µs more than a
-tuple's).  Memory is a tuple's plus one small tuple per chunk (~0.1 % at 1,024 items per chunk).
+a stored count, and an index is two tuple lookups (a Python-level ``__getitem__``, ~0.15 µs more than
+a tuple's).  Memory is a tuple's plus one small tuple per chunk (~0.1 % at 1,024 items per chunk).
 
 Invariant: every chunk but the last holds exactly :data:`CHUNK` items and the last holds 1..CHUNK (no
 chunk when empty), so an item's chunk is ``index >> SHIFT`` and a too-large index fails in a lookup.
