@@ -15,6 +15,11 @@ Builds, through ``ControllerLogic``, an image of ``--brokers`` unfenced brokers 
 With ``--sliced`` the sliced paths are timed instead (the largest single event of each). Prints JSON
 (median and max over ``--rounds`` rounds, ms, with the load average).
 
+With ``--apply-costs [PARTITIONS ...]`` only ``MetadataDelta.apply()`` is timed, per slice of a big
+topic's creation and per PartitionChangeRecord, on topics of 100,000 and 1,000,000 partitions (and the
+reads of the topic: a pass over it, a lookup by id) — the cost that chunked partition sequences make
+independent of the topic's size.
+
 Run: ``python -m bench.work_units`` (100,000 partitions over 1,000 brokers; ~1 min).
 """
 
@@ -24,9 +29,11 @@ import argparse
 import gc
 import json
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from bench.controller import register_active_brokers
@@ -34,9 +41,10 @@ from kraft.clock import Deadline, SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.store import _partition_digest, _topic_key
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as mpb
 
 CLUSTER = "bench"
 SMALL_TOPICS = 10
@@ -216,13 +224,117 @@ def one_round(brokers: int, partitions: int, work_unit: int) -> dict[str, float]
     return out
 
 
+def _image_with_topic(partitions: int, brokers: int) -> MetadataImage:
+    """An image holding one topic of ``partitions`` partitions (RF 3, replica lists shared like a replayed
+    image's), built directly: a million PartitionRecords would take longer to replay than to measure."""
+    lists = [tuple((i + k) % brokers + 1 for k in range(3)) for i in range(brokers)]
+    registrations = [PartitionRegistration(r, r, r[0], 0, 0) for r in lists]
+    topic = TopicImage("big", "big-id", tuple(registrations[i % brokers] for i in range(partitions)))
+    return replace(
+        MetadataImage.empty(), offset=0, topics_by_id={"big-id": topic}, topic_ids_by_name={"big": "big-id"}
+    )
+
+
+def apply_costs(partitions: int, brokers: int, slice_size: int, slices: int) -> dict[str, float]:
+    """What a delta's ``apply()`` costs on a topic of ``partitions`` partitions, median over ``slices``
+    deltas (ms), and what reading the topic costs:
+
+    - ``slice_apply_ms``: ``apply()`` of a delta appending ``slice_size`` PartitionRecords (one slice of a
+      big topic's sliced creation, as every controller and broker applies it), the topic growing slice
+      by slice; ``slice_replay_apply_ms`` adds the replay of those records;
+    - ``change_apply_ms``: ``apply()`` of a delta of one PartitionChangeRecord on the big topic;
+    - ``new_topic_apply_ms``: ``apply()`` of a delta creating the whole topic (a snapshot's load),
+      best of 3;
+    - ``iterate_ms``: one pass over the topic's partitions; ``lookup_us``: one ``partitions[i]`` at a
+      random ``i`` (mean over ``partitions`` lookups); each the best of 3 passes."""
+    image = _image_with_topic(partitions, brokers)
+    rng = random.Random(7)
+    # A delta creating the whole topic (a snapshot load, a broker's first fetch): apply() builds it.
+    whole = MetadataDelta(MetadataImage.empty())
+    whole.replay(rec.wrap(mpb.TopicRecord(name="big", topic_id="big-id")))
+    for partition_id, registration in enumerate(image.topics_by_id["big-id"].partitions):
+        whole.set_partition("big-id", partition_id, registration)
+    gc.collect()
+    new_topic_ms = min(timed(whole.apply)[0] for _ in range(3))  # apply() leaves the delta as it is
+    assert len(whole.apply().topics_by_id["big-id"].partitions) == partitions
+    del whole
+    slice_apply: list[float] = []
+    slice_total: list[float] = []
+    for _ in range(slices):
+        count = len(image.topics_by_id["big-id"].partitions)
+        records = [
+            rec.wrap(
+                mpb.PartitionRecord(
+                    partition_id=count + i,
+                    topic_id="big-id",
+                    replicas=[1, 2, 3],
+                    isr=[1, 2, 3],
+                    leader=1,
+                )
+            )
+            for i in range(slice_size)
+        ]
+        started = time.perf_counter()
+        delta = MetadataDelta(image)
+        for record in records:
+            delta.replay(record)
+        replayed = time.perf_counter()
+        image = delta.apply()
+        done = time.perf_counter()
+        slice_apply.append((done - replayed) * 1000)
+        slice_total.append((done - started) * 1000)
+    change_apply: list[float] = []
+    for _ in range(slices):
+        delta = MetadataDelta(image)
+        delta.replay(
+            rec.wrap(
+                mpb.PartitionChangeRecord(partition_id=rng.randrange(partitions), topic_id="big-id", leader=2)
+            )
+        )
+        started = time.perf_counter()
+        image = delta.apply()
+        change_apply.append((time.perf_counter() - started) * 1000)
+    topic = image.topics_by_id["big-id"]
+    seq = topic.partitions
+    # reads: the best of 3 (the host is shared; the least disturbed pass is the cost)
+    ms = min(timed(lambda: sum(1 for _ in seq))[0] for _ in range(3))
+    positions = [rng.randrange(partitions) for _ in range(partitions)]
+    lookup_ms = min(timed(lambda: [seq[i] for i in positions])[0] for _ in range(3))
+    return {
+        "slice_apply_ms": round(statistics.median(slice_apply), 3),
+        "slice_apply_max_ms": round(max(slice_apply), 3),
+        "slice_replay_apply_ms": round(statistics.median(slice_total), 3),
+        "change_apply_ms": round(statistics.median(change_apply), 3),
+        "change_apply_max_ms": round(max(change_apply), 3),
+        "new_topic_apply_ms": round(new_topic_ms, 2),
+        "iterate_ms": round(ms, 2),
+        "lookup_us": round(lookup_ms * 1000 / partitions, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--brokers", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=100_000)
     parser.add_argument("--work-unit", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--apply-costs",
+        type=int,
+        nargs="*",
+        metavar="PARTITIONS",
+        help="only time apply() per slice (--work-unit partitions) and per change on topics of these sizes "
+        "(default 100000 1000000), and reads of the topic",
+    )
     args = parser.parse_args()
+    if args.apply_costs is not None:
+        sizes = args.apply_costs or [100_000, 1_000_000]
+        results = {}
+        for size in sizes:
+            gc.collect()
+            results[str(size)] = apply_costs(size, args.brokers, args.work_unit, 20)
+        print(json.dumps({"loadavg": os.getloadavg(), "slice": args.work_unit, "results": results}, indent=1))
+        return
     rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
     summary = {
         key: {

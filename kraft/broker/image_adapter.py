@@ -69,7 +69,8 @@ def image_digest(image: MetadataImage) -> str:
             h.update(repr(sorted(b.offline_replicas)).encode())
     for name in sorted(image.topic_ids_by_name):
         topic = image.topics_by_id[image.topic_ids_by_name[name]]
-        h.update(repr((name, topic.topic_id, topic.partitions)).encode())
+        # (as a tuple: the digest images had before partitions were chunked sequences)
+        h.update(repr((name, topic.topic_id, tuple(topic.partitions))).encode())
     for key in sorted(image.configs):
         h.update(repr((key, sorted(image.configs[key].items()))).encode())
     h.update(repr(sorted(image.features.items())).encode())

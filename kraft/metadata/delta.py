@@ -1,9 +1,11 @@
 """MetadataDelta: replay records on top of an image, then ``apply()`` the next image.
 
-Only what changed is held here; ``apply()`` copies just the changed top-level maps and rebuilds just the
-changed topics' partition tuples, so an image follows a log of any length at a cost proportional to the
-changes.  ``local_changes(broker_id)`` tells a broker what to do with its partition logs (Kafka's
-``TopicsDelta.localChanges``): delete what it no longer hosts, then lead, then follow.
+Only what changed is held here; ``apply()`` copies just the changed top-level maps and, of each changed
+topic, just the chunks of its partition sequence (:mod:`kraft.metadata.chunked`) that hold a changed
+partition, so an image follows a log of any length at a cost proportional to the changes — also within
+a topic of a million partitions.  ``local_changes(broker_id)`` tells a broker what to do with its
+partition logs (Kafka's ``TopicsDelta.localChanges``): delete what it no longer hosts, then lead, then
+follow.
 
 A record that does not fit the image (a change for an unknown topic, an unregister with a stale epoch) is
 skipped and described in ``replay_errors`` rather than raised, so a caller sees every problem of a batch;
@@ -20,6 +22,7 @@ from typing import Any
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
+from kraft.metadata.chunked import with_changes
 from kraft.metadata.image import (
     LEADER_RECOVERED,
     BrokerFeatureRange,
@@ -605,9 +608,13 @@ class MetadataDelta:
         step = LOCAL_CHANGES_STEP
         for topic_id, removed in self._removed_topics.items():
             partitions = removed.partitions
-            for start in range(0, len(partitions), step):
-                for partition_id in range(start, min(start + step, len(partitions))):
-                    partition = partitions[partition_id]
+            count = len(partitions)
+            walk = iter(partitions)  # iterated, not indexed: a chunked sequence iterates at tuple speed
+            for start in range(0, count, step):
+                # (zip takes from the range first: it stops at the step's end without consuming more)
+                for partition_id, partition in zip(
+                    range(start, min(start + step, count)), walk, strict=False
+                ):
                     if broker_id in partition.replicas:
                         changes.deletes.append(
                             LocalPartition(removed.name, topic_id, partition_id, partition)
@@ -632,21 +639,14 @@ class MetadataDelta:
 
 
 def _build_topic(topic: _TopicDelta) -> TopicImage:
-    if topic.base is not None and not topic.changed and topic.count == len(topic.base.partitions):
-        return topic.base
-    if topic.base is not None and min(topic.changed, default=0) >= len(topic.base.partitions):
-        # Only new partitions (a big topic written slice by slice, CreatePartitions): one copy of the
-        # base, not two — each slice's apply copies the whole topic so far (0.5-1 ms at 100,000).
-        added = tuple(topic.changed[p] for p in sorted(topic.changed))
-        return TopicImage(topic.name, topic.topic_id, topic.base.partitions + added)
-    partitions = list(topic.base.partitions) if topic.base is not None else []
-    for partition_id in sorted(topic.changed):
-        registration = topic.changed[partition_id]
-        if partition_id < len(partitions):
-            partitions[partition_id] = registration
-        else:
-            partitions.append(registration)
-    return TopicImage(topic.name, topic.topic_id, tuple(partitions))
+    base = topic.base
+    if base is None:
+        return TopicImage(topic.name, topic.topic_id, with_changes((), topic.changed, topic.count))
+    if not topic.changed and topic.count == len(base.partitions):
+        return base
+    # Copies only the chunks of 1,024 partitions that changed (and the chunk index), so a slice of a big
+    # topic creation, or a PartitionChangeRecord on a huge topic, costs what it changed, not the topic.
+    return TopicImage(topic.name, topic.topic_id, with_changes(base.partitions, topic.changed, topic.count))
 
 
 _HANDLERS: dict[str, Callable[[MetadataDelta, Any], None]] = {

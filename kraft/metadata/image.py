@@ -2,18 +2,21 @@
 
 Images are never mutated.  A :class:`~kraft.metadata.delta.MetadataDelta` produces the next image and
 shares every unchanged sub-map and every unchanged topic with the previous one, so building a new image
-costs in proportion to what changed.  Partitions are tuples indexed by partition id (ids are dense,
-0..n-1) of :class:`PartitionRegistration` named tuples — about 150 bytes per partition, which is what
+costs in proportion to what changed — down to within a topic: a topic's partitions (indexed by partition
+id, dense 0..n-1) above 1,024 are a :class:`~kraft.metadata.chunked.ChunkedSequence` of chunks of 1,024
+(a tuple below), and the next version of a topic shares every chunk the delta did not touch.  Each
+partition is a :class:`PartitionRegistration` named tuple — about 150 bytes per partition, which is what
 keeps an image of 1,000,000 partitions far below 1 GiB.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kraft.metadata.chunked import Compact, compact
 from kraft.metadata.records import ConfigResourceType
 from kraft.security.acl import StandardAcl
 
@@ -100,11 +103,55 @@ class PartitionRegistration(NamedTuple):
         return self.replicas[0] if self.replicas else NO_PARTITION_LEADER
 
 
-@dataclass(frozen=True, slots=True)
+Partitions = Compact[PartitionRegistration]
+"""A topic's partitions: a tuple, or a ChunkedSequence above 1,024 (``kraft.metadata.chunked.compact``)."""
+
+
 class TopicImage:
+    """One topic: its partitions indexed by partition id (dense, 0..n-1).
+
+    ``partitions`` is kept :func:`~kraft.metadata.chunked.compact` (any iterable given is made so): a
+    tuple up to 1,024 partitions, above that a :class:`~kraft.metadata.chunked.ChunkedSequence`, so the
+    next image's version of a topic of a million partitions shares every chunk of 1,024 partitions that
+    the delta did not touch: applying a change of k partitions costs O(k), not the topic's size (a
+    sliced topic creation, a PartitionChangeRecord on a huge topic).  Read it as a Sequence (len,
+    index, iteration, slices); :func:`~kraft.metadata.chunked.chunks_of` gives its chunks.  Immutable."""
+
+    __slots__ = ("name", "partitions", "topic_id")
+
     name: str
     topic_id: str
-    partitions: tuple[PartitionRegistration, ...]
+    partitions: Partitions
+
+    def __init__(self, name: str, topic_id: str, partitions: Iterable[PartitionRegistration]) -> None:
+        set_ = object.__setattr__
+        set_(self, "name", name)
+        set_(self, "topic_id", topic_id)
+        set_(self, "partitions", compact(partitions))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"TopicImage is immutable (cannot set {name})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"TopicImage is immutable (cannot delete {name})")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TopicImage):
+            return NotImplemented
+        return self is other or (
+            self.name == other.name
+            and self.topic_id == other.topic_id
+            and self.partitions == other.partitions
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.topic_id, self.partitions))
+
+    def __repr__(self) -> str:
+        return f"TopicImage(name={self.name!r}, topic_id={self.topic_id!r}, partitions={self.partitions!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (TopicImage, (self.name, self.topic_id, self.partitions))
 
 
 class ConfigKey(NamedTuple):
@@ -143,9 +190,12 @@ class MetadataImage:
 
     def partition(self, topic_id: str, partition_id: int) -> PartitionRegistration | None:
         topic = self.topics_by_id.get(topic_id)
-        if topic is None or not 0 <= partition_id < len(topic.partitions):
+        if topic is None or partition_id < 0:
             return None
-        return topic.partitions[partition_id]
+        try:  # one lookup (a chunked sequence's len() would be a second Python-level call)
+            return topic.partitions[partition_id]
+        except IndexError:
+            return None
 
     def partition_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics_by_id.values())

@@ -39,7 +39,7 @@ PartitionCounts; :meth:`candidates` finishes the build at once).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from itertools import chain, pairwise
 from operator import attrgetter
 
@@ -56,7 +56,7 @@ partition — 50-80 ms of one event for 100,000 partitions before.  Smaller topi
 counters for every topic would cost ~70 KB per topic at 1,000 brokers."""
 
 
-def _count_topic(partitions: tuple[PartitionRegistration, ...]) -> tuple[Counter[int], Counter[int]]:
+def _count_topic(partitions: Sequence[PartitionRegistration]) -> tuple[Counter[int], Counter[int]]:
     return (
         Counter(map(_leader_of, partitions)),
         Counter(chain.from_iterable(map(_replicas_of, partitions))),
@@ -253,7 +253,7 @@ class RejoinIndex:
                 self._topic_counts[topic_id] = _count_topic(grown)
         self._topics = topics_by_id
 
-    def _add_topic(self, topic_id: str, partitions: tuple[PartitionRegistration, ...]) -> None:
+    def _add_topic(self, topic_id: str, partitions: Sequence[PartitionRegistration]) -> None:
         if len(partitions) >= TOPIC_COUNTS_MIN_PARTITIONS:
             own = self._topic_counts[topic_id] = _count_topic(partitions)
             self.leader_counts.update(own[0])
@@ -280,7 +280,7 @@ class RejoinIndex:
         if flags:
             self._flags[topic_id] = flags
 
-    def _drop_topic(self, topic_id: str, partitions: tuple[PartitionRegistration, ...]) -> None:
+    def _drop_topic(self, topic_id: str, partitions: Sequence[PartitionRegistration]) -> None:
         counts = self._topic_counts.pop(topic_id, None)
         if counts is not None:
             self.leader_counts.subtract(counts[0])
@@ -303,7 +303,7 @@ class RejoinIndex:
     def _change_partitions(
         self,
         topic_id: str,
-        base: tuple[PartitionRegistration, ...],
+        base: Sequence[PartitionRegistration],
         changed: Mapping[int, PartitionRegistration],
     ) -> None:
         flags = self._flags.get(topic_id)

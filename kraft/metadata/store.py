@@ -73,6 +73,7 @@ from typing import Any
 import aiosqlite
 
 from kraft.clock import Clock
+from kraft.metadata.chunked import CHUNK, chunks_of
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -354,27 +355,36 @@ def _changed_partition_rows(
     for topic, before in changed:
         topic_id = topic.topic_id
         key = _topic_key(topic_id)
-        old = before.partitions if before is not None else ()
-        n_old = len(old)
+        # Versions of a topic share every chunk of partitions no delta touched since (the same tuple
+        # object, at the same position): only the other chunks are compared, partition by partition.
+        old_chunks = chunks_of(before.partitions) if before is not None else ()
         count = total = 0
-        for partition_id, partition in enumerate(topic.partitions):
-            if partition_id < n_old:
-                if old[partition_id] is partition:
-                    continue
-                total -= _partition_digest(key, partition_id, old[partition_id])
-                count -= 1
-                if _has_elr_row(old[partition_id]) and not _has_elr_row(partition):
-                    elr_gone.append((topic_id, partition_id))
-            total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
-            count += 1
-            if (
-                partition.elr
-                or partition.last_known_elr
-                or partition.leader_recovery_state
-                or partition.last_unclean_leader_epoch
-            ):
-                elr_rows.append(_elr_row(topic_id, partition_id, partition))
-            yield _partition_row(texts, topic_id, partition_id, partition)
+        for c, chunk in enumerate(chunks_of(topic.partitions)):
+            old = old_chunks[c] if c < len(old_chunks) else ()
+            if chunk is old:
+                continue
+            n_old = len(old)
+            first = c * CHUNK
+            for offset, partition in enumerate(chunk):
+                partition_id = first + offset
+                if offset < n_old:
+                    was = old[offset]
+                    if was is partition:
+                        continue
+                    total -= _partition_digest(key, partition_id, was)
+                    count -= 1
+                    if _has_elr_row(was) and not _has_elr_row(partition):
+                        elr_gone.append((topic_id, partition_id))
+                total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
+                count += 1
+                if (
+                    partition.elr
+                    or partition.last_known_elr
+                    or partition.leader_recovery_state
+                    or partition.last_unclean_leader_epoch
+                ):
+                    elr_rows.append(_elr_row(topic_id, partition_id, partition))
+                yield _partition_row(texts, topic_id, partition_id, partition)
         sums.add_digests(count, total)
 
 

@@ -708,7 +708,7 @@ def scenario_unclean_reregistration_leaves_every_elr_across_failover(sim: Contro
         {"min.insync.replicas": "2"},
     )
 
-    def partitions() -> tuple[Any, ...]:
+    def partitions() -> Sequence[Any]:
         topic = sim.leader_image().topic("elr")
         assert topic is not None
         return topic.partitions
@@ -764,7 +764,7 @@ def scenario_offline_dir_replica_never_elected_across_failover(sim: ControllerSi
     )
     led_by_102: set[int] = set()
 
-    def partitions() -> tuple[Any, ...]:
+    def partitions() -> Sequence[Any]:
         topic = sim.leader_image().topic("jbod")
         assert topic is not None
         led_by_102.update(i for i, p in enumerate(topic.partitions) if p.leader == 102)
