@@ -401,6 +401,23 @@ def _gone_topic_keys(previous: MetadataImage, gone: list[tuple[str]], sums: _Row
         yield row
 
 
+_META_KEYS = frozenset({"offset", "epoch", "schema_version", "updated_at_ms", "checksum"})
+
+
+def _checked_meta(rows: list[tuple[object, object]]) -> dict[str, str]:
+    """The meta rows as a dict, refused unless each is a known key with a text value, once: the
+    checksum covers ``offset`` and ``epoch`` but not the table's structure, and a damaged cell pointer
+    (found by the byte-damage property test: a flipped bit in page 2) reads back as an extra all-NULL row
+    — the next save's ``INSERT OR REPLACE`` then met that damage and wrote a store that failed its checksum
+    on the next start.  Refusing it here discards the file at load, and the save starts it afresh."""
+    meta: dict[str, str] = {}
+    for key, value in rows:
+        if not isinstance(key, str) or not isinstance(value, str) or key not in _META_KEYS or key in meta:
+            raise ImageStoreError(f"damaged meta table (row {key!r}={value!r})")
+        meta[key] = value
+    return meta
+
+
 class SqliteImageStore:
     """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
 
@@ -529,7 +546,7 @@ class SqliteImageStore:
     async def _load_verified(self) -> MetadataImage:
         db = self._db
         sums = _RowSum()
-        meta = {k: v async for k, v in _rows(db, "SELECT key, value FROM meta")}
+        meta = _checked_meta([row async for row in _rows(db, "SELECT key, value FROM meta")])
         if "offset" not in meta:
             self._saved = MetadataImage.empty()
             self._sums = sums

@@ -314,3 +314,19 @@ def test_a_damaged_index_page_that_load_never_reads_is_rebuilt_by_the_next_save(
     path.write_bytes(bytes(damaged))
     outcome, loaded = asyncio.run(_load_and_rebuild(path))
     assert outcome == "verified" and loaded == _bigger_sample()
+
+
+def test_a_damaged_meta_cell_pointer_is_discarded_and_the_next_save_verifies() -> None:
+    """Regression (found by the byte-damage property above, position 4110, one bit): a flipped bit in a
+    cell pointer of the meta table's page (page 2: header of 8 bytes, then 2-byte cell pointers) reads back
+    as an extra all-NULL meta row; the load verified (the checksum does not cover the table's structure)
+    and the next save wrote a store that failed its checksum on the following start."""
+    pristine = _pristine_store()
+    page_size = int.from_bytes(pristine[16:18], "big")
+    assert pristine[page_size] == 0x0D, "page 2 is the meta table's leaf page"
+    position = page_size + 8 + 2 * 3  # the fourth cell's pointer (updated_at_ms)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "image.sqlite"
+        path.write_bytes(_damaged(pristine, "flip", position, 1, 1))
+        outcome, _ = asyncio.run(_load_and_rebuild(path))
+    assert outcome == "discarded"
