@@ -19,7 +19,8 @@ Only one quorum is loaded at a time and both share the machine's load, so ``admi
 what the CreateTopics path costs outside the Raft commit.  ~40 s with ``--prefill 10``; run it under
 ``flock /tmp/kraft-bench.lock``.
 
-Run: ``python -m bench.admin_latency [--rounds N] [--seconds S] [--prefill S] [--set KEY=VALUE] [--json]``.
+Run: ``python -m bench.admin_latency [--rounds N] [--seconds S] [--prefill S] [--set KEY=VALUE] [--json]
+[--out PATH]``.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    parser.add_argument("--out", type=Path, help="also write the result JSON there")
     args = parser.parse_args(argv)
     overrides: dict[str, str] = {}
     for setting in args.set:
@@ -162,8 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides[key] = value
     started = time.time()
     result = run(args.rounds, args.seconds, overrides, args.prefill)
+    result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    result["prefill_s"] = args.prefill
     if args.json:
         print(json.dumps(result, indent=2))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     rounds = "/".join(
         str([r["p50_ms"] for r in result[f"{name}_rounds"]]) for name in ("admin", "stub", "append")
     )
