@@ -14,7 +14,9 @@ Task ownership (who touches what):
 - **inbound RPC tasks** (the transport's): :meth:`RaftDriver.handle_request` queues the request and awaits
   a future the driver task resolves (at once, after persistence, or after a long poll).
 - **raft-listener** tasks, one per registered listener (:mod:`kraft.raft.listeners`): read committed
-  batches from the log and call the listener.
+  batches from the log and call the listener.  A leader wakes them as soon as the high watermark rises
+  (commit answers wait on them); a follower only once the output that raised it ran to its end, log
+  fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
 - fsyncs and snapshot/quorum-state writes run in worker threads (``asyncio.to_thread``) awaited by the
   driver task, so the event loop never blocks on disk.
 """
@@ -369,6 +371,7 @@ class RaftDriver:
         # confirm_leadership() callers by the round that answers them (round ids only grow).
         self._read_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._wakeup_queued = False
+        self._listeners_due = False  # a follower's high watermark rose: wake the listeners after the output
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -739,6 +742,7 @@ class RaftDriver:
     async def _run(self) -> None:
         try:
             await execute_output(self._core.start(self._clock.monotonic_ms()), self._ports)
+            self._wake_due_listeners()
             due_polls = 0  # polls in a row whose deadline was already due with no event queued
             while True:
                 if not self._events:
@@ -764,7 +768,9 @@ class RaftDriver:
                 while self._events:
                     event = self._events.popleft()
                     await execute_output(self._dispatch(event, self._clock.monotonic_ms()), self._ports)
+                    self._wake_due_listeners()
                 await execute_output(self._core.poll(self._clock.monotonic_ms()), self._ports)
+                self._wake_due_listeners()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -944,7 +950,22 @@ class RaftDriver:
             self._metrics.commit_latency.observe(max(0, now_ms - appended_ms) / 1000)
             if not future.done():
                 future.set_result(offset)
-        self._listeners.wake_all()
+        if self._core.is_leader:
+            self._listeners.wake_all()  # commit answers (the controller's) wait on the listener
+        else:
+            # A follower learns the high watermark from the Fetch answer that brings the next records: a
+            # listener woken now applies the newly committed batches (a metadata replay: ~0.5 ms at
+            # thousands of topics) while this output still has to fsync those records and send the next
+            # Fetch — holding the GIL and the loop, it delayed both, and with them the leader's next
+            # commit, by ~0.8 ms (docs/internals/raft-performance.md, "Where a lone CreateTopics' time
+            # goes").  Woken once the output ran to its end (_wake_due_listeners); nothing waits on a
+            # follower's listeners but the state machine itself.
+            self._listeners_due = True
+
+    def _wake_due_listeners(self) -> None:
+        if self._listeners_due:
+            self._listeners_due = False
+            self._listeners.wake_all()
 
     def _fail_pending_appends(self) -> None:
         error = NotLeaderError(self._core.leader_and_epoch, "leadership lost before the append committed")

@@ -1,0 +1,97 @@
+"""When a follower's listeners run (issue #17, "Where a lone CreateTopics' time goes").
+
+A follower learns a higher high watermark from the Fetch answer that brings the next records.  Its
+listeners are handed the newly committed batches only once that output ran to its end — the records'
+log flush and the next Fetch included — so a state machine applying them (the metadata replay) never
+holds the loop and the GIL while the follower's fsync and its next Fetch, and with them the leader's next
+commit, wait.  A leader wakes its listeners at once: commit answers wait on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from raft_helpers import LoopbackCluster, NodeStores, RecordingListener, wait_until
+
+from kraft.raft.memory import MemoryLogStore
+
+GATE_TIMEOUT_S = 5.0
+
+
+class GatedLog(MemoryLogStore):
+    """A log whose flush (run in a worker thread by the driver) can be held until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = threading.Event()
+        self.open.set()
+        self.held = threading.Event()
+
+    def flush(self) -> int:
+        if not self.open.is_set():
+            self.held.set()
+            self.open.wait(GATE_TIMEOUT_S)  # bounded: a test that forgets to release still ends
+        return super().flush()
+
+
+async def _loop_turns(turns: int) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def test_a_follower_applies_a_commit_only_after_flushing_the_records_that_brought_it() -> None:
+    cluster = LoopbackCluster(2)  # one follower: its Fetch alone moves the high watermark
+    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        follower_id = next(n for n in cluster.voters if n != leader.node_id)
+        follower = cluster.drivers[follower_id]
+        listener = RecordingListener()
+        follower.register_listener(listener)
+        await cluster.settle()
+
+        first = leader.schedule_append([b"a"])
+        await cluster.settle()  # replicated and committed; no time passes, so no long poll expires
+        assert leader.high_watermark > first
+        # The follower's Fetch that committed `first` is parked at the leader: it learns the new high
+        # watermark only with the next records.
+        assert follower.high_watermark <= first
+        assert first not in listener.values
+
+        gate = logs[follower_id]
+        gate.open.clear()
+        second = leader.schedule_append([b"b"])
+        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing the second record")
+        await _loop_turns(50)
+        # Learned with the second record, but not applied while that record's flush is in flight.
+        assert follower.high_watermark > first
+        assert first not in listener.values
+
+        gate.open.set()
+        await cluster.run_until(lambda: first in listener.values, "the first record applied", 1000)
+        await cluster.run_until(lambda: second in listener.values, "the second record applied", 1000)
+        assert listener.values[first] == b"a" and listener.values[second] == b"b"
+    finally:
+        for log in logs.values():
+            log.open.set()
+        await cluster.close()
+
+
+async def test_a_leader_applies_a_commit_at_once() -> None:
+    cluster = LoopbackCluster(3)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        listener = RecordingListener()
+        leader.register_listener(listener)
+        await cluster.settle()
+        offset = await cluster.complete(leader.append([b"v"]), "the append committed")
+        # append() returns when the high watermark passed it; the listener was woken in the same step.
+        await _loop_turns(10)
+        assert listener.values.get(offset) == b"v"
+    finally:
+        await cluster.close()
