@@ -1,0 +1,364 @@
+"""CPU accounting for 64-client writes (issue #17): CPU seconds per write of every process and of the
+leader's threads, for the grpc.aio floor, kraft unary ``TestAppend`` and kraft ``TestAppendStream``.
+
+``bench.raft`` says *how fast*; this says *where the CPU goes*.  Per round and system, 64 closed-loop
+clients (the same client and 256-byte record as ``bench.raft``) run a warm-up, then a fixed window over
+which ``/proc/PID/stat`` (utime + stime) of the client process (this one), the floor server, the leader and
+each follower, and ``/proc/PID/task/TID/stat`` of every thread of the leader, are read at both ends.  The
+leader's Python threads are named from a ``py-spy dump`` when py-spy is available (``--py-spy PATH``),
+gRPC's C threads by their ``comm``.  Also reported: Raft batches written by the leader in the window and
+records per batch (from the leader's log segments after the run).
+
+Systems alternate inside each round (floor, kraft, kraft_stream, ...), so machine load hits them alike;
+run it under ``flock /tmp/kraft-bench.lock``.  Run: ``python -m bench.raft_cpu [--rounds 2] [--window 4]
+[--set KEY=VALUE] [--out bench/results/raft-cpu.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.raft import THROUGHPUT_PROFILE, KraftStreamWriter, KraftWriter
+from bench.raft_floor import FloorServer
+from kraft.cluster.quorum import ControllerQuorum
+from kraft.runtime import configure_grpc_io
+from kraft.storage.batch import iter_batch_headers
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RESULTS_PATH = REPO_ROOT / "bench" / "results" / "raft-cpu.json"
+CLIENTS = 64
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(stat_path: Path) -> float:
+    """utime + stime of a /proc stat file, in seconds (0 if the task is gone)."""
+    try:
+        text = stat_path.read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _threads(pid: int) -> dict[int, tuple[str, float]]:
+    out: dict[int, tuple[str, float]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            comm = (task / "comm").read_text().strip()
+            out[int(task.name)] = (comm, _cpu_s(task / "stat"))
+    return out
+
+
+def _python_thread_names(pid: int, py_spy: str | None) -> dict[int, str]:
+    """Native thread id → Python thread name, from ``py-spy dump`` (empty without py-spy)."""
+    if not py_spy:
+        return {}
+    try:
+        dump = subprocess.run(
+            [py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return {
+        int(m.group(1)): m.group(2) for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump, re.M)
+    }
+
+
+def _label(tid: int, pid: int, comm: str, names: dict[int, str]) -> str:
+    if tid == pid:
+        return "main loop (MainThread)"
+    name = names.get(tid)
+    if name is None:
+        return f"C: {comm}"
+    if name == "grpc-intake":
+        return "grpc intake loop"
+    if name.startswith(("asyncio_", "uvloop_")):
+        return "asyncio worker (fsync, to_thread)"
+    return f"py: {name}"
+
+
+async def _window(
+    call: Callable[[int], Awaitable[None]],
+    warmup_s: float,
+    window_s: float,
+    pids: dict[str, int],
+    threaded: dict[str, int],
+    profile: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """64 closed-loop clients; /proc counters read at the start and end of the window."""
+    done = 0
+    errors = 0
+    stop = False
+
+    async def worker(worker_id: int) -> None:
+        nonlocal done, errors
+        seq = worker_id << 32
+        while not stop:
+            seq += 1
+            try:
+                await call(seq)
+            except Exception:
+                errors += 1
+                await asyncio.sleep(0.001)
+                continue
+            done += 1
+
+    tasks = [asyncio.create_task(worker(i)) for i in range(CLIENTS)]
+    try:
+        await asyncio.sleep(warmup_s)
+        before = {name: _cpu_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
+        threads_before = {name: _threads(pid) for name, pid in threaded.items()}
+        if profile is not None:
+            profile()
+        done_before, started = done, time.perf_counter()
+        await asyncio.sleep(window_s)
+        writes, elapsed = done - done_before, time.perf_counter() - started
+        after = {name: _cpu_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
+        threads_after = {name: _threads(pid) for name, pid in threaded.items()}
+    finally:
+        stop = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+    threads = {
+        name: {
+            tid: (comm, cpu - threads_before[name].get(tid, (comm, 0.0))[1])
+            for tid, (comm, cpu) in threads_after[name].items()
+        }
+        for name in threaded
+    }
+    return {
+        "writes": writes,
+        "seconds": elapsed,
+        "writes_per_s": writes / elapsed,
+        "errors": errors,
+        "cpu_s": {name: after[name] - before[name] for name in pids},
+        "threads": threads,
+    }
+
+
+def _leader_log_batches(metadata_dir: Path, start: int, end: int) -> tuple[int, int]:
+    """(batches, records) the leader's log holds with base offset in [start, end)."""
+    batches = records = 0
+    for segment in sorted(metadata_dir.rglob("*.log")):
+        data = segment.read_bytes()
+        with contextlib.suppress(Exception):  # a preallocated tail (zeros) ends the scan
+            for _pos, header in iter_batch_headers(data):
+                if header.size_in_bytes <= 0:
+                    break
+                if start <= header.base_offset < end and not header.is_control:
+                    batches += 1
+                    records += header.last_offset - header.base_offset + 1
+    return batches, records
+
+
+def measure(
+    work_dir: Path,
+    rounds: int,
+    warmup_s: float,
+    window_s: float,
+    py_spy: str | None,
+    only: list[str] | None = None,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """``profile`` = ``SYSTEM:PATH``: py-spy records the leader (Python stacks, collapsed, at
+    PATH) in the first window of SYSTEM."""
+    with contextlib.ExitStack() as stack:
+        quorum = stack.enter_context(ControllerQuorum(work_dir / "kraft", overrides=THROUGHPUT_PROFILE))
+        quorum.start()
+        floor = stack.enter_context(FloorServer())
+        leader_id = quorum.wait_for_leader(30).node_id
+        procs = {node_id: node.process for node_id, node in quorum.nodes.items()}
+        leader_process = procs[leader_id]
+        assert leader_process is not None
+        floor_process = floor._process  # the bench owns the floor server's process
+        assert floor_process is not None
+        pids = {"client": os.getpid(), "floor_server": floor_process.pid, "leader": leader_process.pid}
+        for node_id, process in procs.items():
+            if node_id != leader_id and process is not None:
+                pids[f"follower_{node_id}"] = process.pid
+        threaded = {"leader": leader_process.pid, "floor_server": floor_process.pid}
+        target = quorum.nodes[leader_id].target
+        profiled: list[subprocess.Popen[bytes]] = []
+
+        def start_profile(path: str) -> Callable[[], None]:
+            def run() -> None:
+                assert py_spy is not None
+                command = [
+                    py_spy,
+                    "record",
+                    "--nonblocking",
+                    "--pid",
+                    str(leader_process.pid),
+                    "--rate",
+                    "200",
+                ]
+                command += [
+                    "--duration",
+                    str(int(window_s)),
+                    "--output",
+                    path,
+                    "--format",
+                    "raw",
+                ]
+                with open(path + ".log", "wb") as errors:
+                    profiled.append(subprocess.Popen(command, stdout=errors, stderr=errors))
+
+            return run
+
+        async def run_all() -> dict[str, list[dict[str, Any]]]:
+            writer = KraftWriter(target, quorum.cluster_id)
+            streamer = KraftStreamWriter(target, quorum.cluster_id)
+            floor_writer = KraftWriter(floor.target, quorum.cluster_id)
+            systems: dict[str, Callable[[int], Awaitable[None]]] = {
+                "floor": floor_writer.write_one,
+                "kraft_unary": writer.write_one,
+                "kraft_stream": streamer.write_one,
+            }
+            if only:
+                systems = {name: call for name, call in systems.items() if name in only}
+            out: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
+            try:
+                for round_index in range(rounds):
+                    for name, call in systems.items():
+                        hook = None
+                        if profile and round_index == 0 and profile.split(":", 1)[0] == name:
+                            hook = start_profile(profile.split(":", 1)[1])
+                        hw_before = quorum.describe(leader_id)
+                        window = await _window(call, warmup_s, window_s, pids, threaded, hook)
+                        hw_after = quorum.describe(leader_id)
+                        window["offsets"] = (
+                            hw_before.high_watermark if hw_before else 0,
+                            hw_after.high_watermark if hw_after else 0,
+                        )
+                        out[name].append(window)
+            finally:
+                await writer.close()
+                await streamer.close()
+                await floor_writer.close()
+            return out
+
+        names = {pid: _python_thread_names(pid, py_spy) for pid in threaded.values()}
+        runs = asyncio.run(run_all())
+        for process in profiled:
+            process.wait(timeout=60)
+        metadata_dir = quorum.nodes[leader_id].metadata_dir
+        for name, windows in runs.items():
+            for window in windows:
+                start, end = window.pop("offsets")
+                if name != "floor":
+                    batches, records = _leader_log_batches(metadata_dir, start, end)
+                    window["leader_batches"] = batches
+                    window["records_per_batch"] = round(records / batches, 2) if batches else None
+                window["threads"] = {
+                    proc: {
+                        f"{_label(tid, threaded[proc], comm, names[threaded[proc]])} [{tid}]": round(cpu, 3)
+                        for tid, (comm, cpu) in sorted(threads.items(), key=lambda t: -t[1][1])
+                        if cpu > 0
+                    }
+                    for proc, threads in window["threads"].items()
+                }
+    return _summarize(runs)
+
+
+def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per system and window: CPU µs per write of each process and of each thread group (leader, floor)."""
+    summary: dict[str, Any] = {}
+    for name, windows in runs.items():
+        rows = []
+        for window in windows:
+            writes = max(1, window["writes"])
+            per_write = {proc: round(cpu / writes * 1e6, 1) for proc, cpu in window["cpu_s"].items()}
+            thread_groups: dict[str, dict[str, float]] = {}
+            for proc, threads in window["threads"].items():
+                groups: dict[str, float] = {}
+                for label, cpu in threads.items():
+                    group = label.rsplit(" [", 1)[0]
+                    groups[group] = groups.get(group, 0.0) + cpu
+                thread_groups[proc] = {
+                    group: round(cpu / writes * 1e6, 1)
+                    for group, cpu in sorted(groups.items(), key=lambda g: -g[1])
+                }
+            rows.append(
+                {
+                    "writes_per_s": round(window["writes_per_s"], 1),
+                    "errors": window["errors"],
+                    "cpu_us_per_write": per_write,
+                    "cpu_us_per_write_all": round(sum(window["cpu_s"].values()) / writes * 1e6, 1),
+                    "cpu_share_of_window": {
+                        proc: round(cpu / window["seconds"], 3) for proc, cpu in window["cpu_s"].items()
+                    },
+                    "thread_groups_us_per_write": thread_groups,
+                    "threads_cpu_s": window["threads"],
+                    "leader_batches": window.get("leader_batches"),
+                    "records_per_batch": window.get("records_per_batch"),
+                }
+            )
+        summary[name] = rows
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.raft_cpu", description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--window", type=float, default=4.0)
+    parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy binary to name threads")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--only", action="append", help="floor, kraft_unary or kraft_stream (repeatable)")
+    parser.add_argument("--profile", help="SYSTEM:PATH — py-spy collapsed stacks of the leader, 1st window")
+    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    args = parser.parse_args(argv)
+    for setting in args.set:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            parser.error(f"--set wants KEY=VALUE, got {setting!r}")
+        THROUGHPUT_PROFILE[key] = value
+    load_before = os.getloadavg()
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="kraft-bench-raft-cpu-") as tmp:
+        runs = measure(Path(tmp), args.rounds, args.warmup, args.window, args.py_spy, args.only, args.profile)
+    result = {
+        "benchmark": "raft-cpu",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_before": [round(v, 2) for v in load_before],
+            "load_average_after": [round(v, 2) for v in os.getloadavg()],
+        },
+        "clients": CLIENTS,
+        "window_s": args.window,
+        "kraft_grpc_io": configure_grpc_io(dict(os.environ)),
+        "kraft_config": THROUGHPUT_PROFILE,
+        "systems": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for name, rows in runs.items():
+        for row in rows:
+            print(
+                f"{name:<13} {row['writes_per_s']:>7.0f} w/s  µs/write {row['cpu_us_per_write']} "
+                f"all={row['cpu_us_per_write_all']} batches={row['leader_batches']} "
+                f"rpb={row['records_per_batch']}"
+            )
+            for proc, groups in row["thread_groups_us_per_write"].items():
+                if sum(groups.values()) > 5:
+                    print(f"              {proc} threads µs/write {groups}")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
