@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from itertools import chain
 from typing import Protocol
 
-from kraft.broker.image_adapter import ImageMetadataView, local_assignments, to_local_changes
+from kraft.broker.image_adapter import ImageMetadataView, local_assignments, to_local_changes_in_steps
 from kraft.broker.partitions import AppliedChanges, PartitionManager
 from kraft.broker.types import LocalChanges
 from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, Deadline, SystemClock
@@ -131,14 +132,20 @@ class MetadataPublisher:
     async def _local_changes(self, delta: MetadataDelta) -> LocalChanges:
         """This broker's part of ``delta``, yielding the event loop whenever a work unit's time budget
         ran out: one RemoveTopicRecord of a 100,000-partition topic is ~7 ms of scanning for the few
-        replicas hosted here (deleting the partitions themselves is paced: ``apply_paced``)."""
+        replicas hosted here, and where this broker hosts most of it (a 3-broker cluster) ~75 ms of
+        converting its 100,000 deletes — both in steps (ordering and deleting the partitions
+        themselves are paced as well: ``apply_paced``)."""
         changes = LocalReplicaChanges()
+        local = LocalChanges({}, {}, {})
         deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
-        for _ in delta.local_changes_in_steps(self.broker_id, changes):
+        steps = chain(
+            delta.local_changes_in_steps(self.broker_id, changes), to_local_changes_in_steps(changes, local)
+        )
+        for _ in steps:
             if deadline.expired():
                 await asyncio.sleep(0)
                 deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
-        return to_local_changes(changes)
+        return local
 
     async def _save(self, image: MetadataImage) -> None:
         try:
