@@ -15,28 +15,44 @@ Builds, through ``ControllerLogic``, an image of ``--brokers`` unfenced brokers 
 With ``--sliced`` the sliced paths are timed instead (the largest single event of each). Prints JSON
 (median and max over ``--rounds`` rounds, ms, with the load average).
 
+``--broker-only``: a broker hosting *all* of the deleted topic (3 brokers, RF 3) — the longest event-loop
+stretch of scanning, converting and ordering its deletes in one go (the code before) and in steps; the
+paced deletion of ``--deletion-partitions`` real partition logs, 64 per turn (before) or within the work
+unit's budget; and freeing the deleted topic's objects when the last image holding it goes, in one go
+(before) or by :mod:`kraft.reaper` (its longest turn) — wall and CPU (``time.thread_time``) time.
+
 Run: ``python -m bench.work_units`` (100,000 partitions over 1,000 brokers; ~1 min).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from itertools import chain
+from pathlib import Path
 from typing import Any
 
 from bench.controller import register_active_brokers
-from kraft.clock import Deadline, SystemClock
+from kraft.broker.image_adapter import _entry, to_local_changes_in_steps
+from kraft.broker.partitions import Pacer, PartitionManager, in_order
+from kraft.broker.segmented_partition_log import segmented_log_opener
+from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
+from kraft.clock import DEFAULT_WORK_UNIT_MS, Deadline, SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, TopicImage
 from kraft.metadata.store import _partition_digest, _topic_key
+from kraft.reaper import SLICE_MS, Reaper
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
 
 CLUSTER = "bench"
 SMALL_TOPICS = 10
@@ -216,14 +232,153 @@ def one_round(brokers: int, partitions: int, work_unit: int) -> dict[str, float]
     return out
 
 
+async def _stretches(work: Callable[[], Awaitable[Any]]) -> tuple[float, float, int]:
+    """Run ``work`` beside a task that takes a turn whenever the loop lets it: the longest stretch the
+    loop ran without it (wall ms, CPU ms by ``time.thread_time``) and the number of turns — one
+    uninterrupted event-loop stretch of ``work`` each."""
+    walls: list[float] = []
+    cpus: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        while not done:
+            await asyncio.sleep(0)
+            now_wall, now_cpu = time.perf_counter(), time.thread_time()
+            walls.append((now_wall - wall) * 1000)
+            cpus.append((now_cpu - cpu) * 1000)
+            wall, cpu = now_wall, now_cpu
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    await work()
+    done = True
+    await ticking
+    return max(walls), max(cpus), len(walls)
+
+
+def _fresh_copy(topic: TopicImage) -> TopicImage:
+    """``topic`` as a node that replayed its records holds it: its own registrations (sharing the replica
+    tuples, as replay's interning does), held by nobody else."""
+    return TopicImage(topic.name, topic.topic_id, tuple(p._replace() for p in topic.partitions))
+
+
+def _to_local_changes_before(changes: LocalReplicaChanges) -> LocalChanges:
+    """``to_local_changes`` as it was before it was sliced (main at 8917bf5), for the one-go rows."""
+    return LocalChanges(
+        deletes={TopicPartition(p.topic_name, p.partition_id): p.topic_id for p in changes.deletes},
+        leaders=dict(_entry(p) for p in changes.leaders),
+        followers=dict(_entry(p) for p in changes.followers),
+    )
+
+
+def _convert_and_sort_one_go(delta: MetadataDelta) -> dict[str, float]:
+    """The two parts of the one-go code, each timed alone (wall)."""
+    changes = delta.local_changes(1)
+    convert_ms, local = timed(lambda: _to_local_changes_before(changes))
+    sort_ms, _ = timed(lambda: sorted(local.deletes.items()))
+    return {"broker_all_convert_one_go_ms": convert_ms, "broker_all_sort_one_go_ms": sort_ms}
+
+
+def broker_round(partitions: int, deletion_partitions: int) -> dict[str, float]:
+    """A broker hosting all of a deleted topic (3 brokers, RF 3): its deletes converted and ordered, in one
+    go (the code before) and in steps (``_local_changes``, ``in_order``); the paced deletion of
+    ``deletion_partitions`` real partition logs (64 per turn before, the work unit's budget after); and
+    freeing the deleted topic's objects when the last image goes, in one go and by the reaper."""
+    logic, _ = build(3, partitions, 1000)
+    big = logic.image.topic("big")
+    assert big is not None
+    copies = [_fresh_copy(big) for _ in range(2)]
+    gc.collect()
+    gc.freeze()
+    out: dict[str, float] = {}
+    delta = MetadataDelta(logic.image)
+    delta.replay(rec.wrap(pb.RemoveTopicRecord(topic_id=big.topic_id)))
+    clock = SystemClock()
+
+    async def one_go() -> None:
+        local = _to_local_changes_before(delta.local_changes(1))
+        assert len(sorted(local.deletes.items())) == partitions
+
+    async def in_steps() -> None:
+        changes = LocalReplicaChanges()
+        local = LocalChanges({}, {}, {})
+        deadline = Deadline(clock, DEFAULT_WORK_UNIT_MS)
+        for _ in chain(delta.local_changes_in_steps(1, changes), to_local_changes_in_steps(changes, local)):
+            if deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(clock, DEFAULT_WORK_UNIT_MS)
+        assert len(await in_order(local.deletes, Pacer(clock, DEFAULT_WORK_UNIT_MS))) == partitions
+
+    out.update(_convert_and_sort_one_go(delta))
+    for label, work in (("one_go", one_go), ("steps", in_steps)):
+        wall, cpu, turns = asyncio.run(_stretches(work))
+        out[f"broker_all_scan_convert_order_{label}_longest_ms"] = wall
+        out[f"broker_all_scan_convert_order_{label}_longest_cpu_ms"] = cpu
+        out[f"broker_all_scan_convert_order_{label}_turns"] = turns
+    # --- the paced deletion of real partition logs ---
+    with tempfile.TemporaryDirectory(prefix="work-units-") as root:
+        for label, work_unit_ms in (("per_64", 0), ("budget", DEFAULT_WORK_UNIT_MS)):
+            manager = PartitionManager(
+                1, [Path(root) / label], segmented_log_opener(1 << 20), work_unit_ms=work_unit_ms
+            )
+            manager.load()
+            tps = [TopicPartition("big", p) for p in range(deletion_partitions)]
+            assignment = PartitionAssignment("B", 1, 1, 1, (1, 2, 3), (1, 2, 3))
+            manager.apply(LocalChanges(leaders=dict.fromkeys(tps, assignment)))
+
+            async def delete(manager: PartitionManager = manager, tps: list[TopicPartition] = tps) -> None:
+                await manager.apply_paced(LocalChanges(deletes=dict.fromkeys(tps, "B")))
+
+            wall, cpu, turns = asyncio.run(_stretches(delete))
+            out[f"broker_delete_logs_{label}_longest_ms"] = wall
+            out[f"broker_delete_logs_{label}_longest_cpu_ms"] = cpu
+            out[f"broker_delete_logs_{label}_turns"] = turns
+            manager.close()
+    # --- freeing the deleted topic when the last image holding it goes ---
+    one = copies.pop()
+    started, started_cpu = time.perf_counter(), time.thread_time()
+    del one
+    out["free_topic_one_go_ms"] = (time.perf_counter() - started) * 1000
+    out["free_topic_one_go_cpu_ms"] = (time.thread_time() - started_cpu) * 1000
+    reaper = Reaper(clock)
+    reaper.adopt(copies)
+    copies.clear()
+    walls: list[float] = []
+    cpus: list[float] = []
+    while True:
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        done = reaper.release_some(Deadline(clock, SLICE_MS))
+        walls.append((time.perf_counter() - started) * 1000)
+        cpus.append((time.thread_time() - started_cpu) * 1000)
+        if done:
+            break
+    assert reaper.idle
+    out["free_topic_reaper_longest_turn_ms"] = max(walls)
+    out["free_topic_reaper_longest_turn_cpu_ms"] = max(cpus)
+    out["free_topic_reaper_turns"] = len(walls)
+    out["free_topic_reaper_total_cpu_ms"] = sum(cpus)
+    gc.unfreeze()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--brokers", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=100_000)
     parser.add_argument("--work-unit", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--broker-only",
+        action="store_true",
+        help="only the broker-side deletion (3 brokers: one hosts all of it) and the freeing of the topic",
+    )
+    parser.add_argument("--deletion-partitions", type=int, default=2000, help="real logs deleted")
     args = parser.parse_args()
-    rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
+    if args.broker_only:
+        rounds = [broker_round(args.partitions, args.deletion_partitions) for _ in range(args.rounds)]
+    else:
+        rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
     summary = {
         key: {
             "median": round(statistics.median(r[key] for r in rounds), 2),
