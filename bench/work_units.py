@@ -17,8 +17,9 @@ With ``--sliced`` the sliced paths are timed instead (the largest single event o
 
 ``--broker-only``: a broker hosting *all* of the deleted topic (3 brokers, RF 3) — the longest event-loop
 stretch of scanning, converting and ordering its deletes in one go (the code before) and in steps; the
-paced deletion of ``--deletion-partitions`` real partition logs, 64 per turn (before) or within the work
-unit's budget; and freeing the deleted topic's objects when the last image holding it goes, in one go
+paced deletion of ``--deletion-partitions`` real partition logs, 64 per turn and each log closed
+(synced) first (before), within the work unit's budget so, and within the budget with the logs discarded
+unsynced (now); and freeing the deleted topic's objects when the last image holding it goes, in one go
 (before) or by :mod:`kraft.reaper` (its longest turn) — wall and CPU (``time.thread_time``) time.
 
 Run: ``python -m bench.work_units`` (100,000 partitions over 1,000 brokers; ~1 min).
@@ -42,7 +43,7 @@ from typing import Any
 from bench.controller import register_active_brokers
 from kraft.broker.image_adapter import _entry, to_local_changes_in_steps
 from kraft.broker.partitions import Pacer, PartitionManager, in_order
-from kraft.broker.segmented_partition_log import segmented_log_opener
+from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmented_log_opener
 from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
 from kraft.clock import DEFAULT_WORK_UNIT_MS, Deadline, SystemClock
 from kraft.metadata import records as rec
@@ -55,6 +56,7 @@ from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 CLUSTER = "bench"
+_discard = SegmentedPartitionLog.discard
 SMALL_TOPICS = 10
 
 
@@ -318,7 +320,16 @@ def broker_round(partitions: int, deletion_partitions: int) -> dict[str, float]:
         out[f"broker_all_scan_convert_order_{label}_turns"] = turns
     # --- the paced deletion of real partition logs ---
     with tempfile.TemporaryDirectory(prefix="work-units-") as root:
-        for label, work_unit_ms in (("per_64", 0), ("budget", DEFAULT_WORK_UNIT_MS)):
+        variants = (
+            ("per_64_close", 0, True),  # the code before: 64 a turn, each log closed (synced) first
+            ("budget_close", DEFAULT_WORK_UNIT_MS, True),
+            ("budget", DEFAULT_WORK_UNIT_MS, False),  # now: the budget, logs discarded unsynced
+        )
+        for label, work_unit_ms, synced in variants:
+            if synced:  # (the code before this change closed the log it deleted)
+                SegmentedPartitionLog.discard = SegmentedPartitionLog.close  # type: ignore[method-assign]
+            else:
+                SegmentedPartitionLog.discard = _discard  # type: ignore[method-assign]
             manager = PartitionManager(
                 1, [Path(root) / label], segmented_log_opener(1 << 20), work_unit_ms=work_unit_ms
             )
@@ -335,6 +346,7 @@ def broker_round(partitions: int, deletion_partitions: int) -> dict[str, float]:
             out[f"broker_delete_logs_{label}_longest_cpu_ms"] = cpu
             out[f"broker_delete_logs_{label}_turns"] = turns
             manager.close()
+    SegmentedPartitionLog.discard = _discard  # type: ignore[method-assign]
     # --- freeing the deleted topic when the last image holding it goes ---
     one = copies.pop()
     started, started_cpu = time.perf_counter(), time.thread_time()

@@ -70,6 +70,7 @@ from typing import Any
 
 from kraft.broker.partition_log import PartitionLog, PartitionLogOpener
 from kraft.broker.segmented_partition_log import (
+    SegmentedPartitionLog,
     close_partition_logs,
     sync_recovered_partition_logs,
 )
@@ -663,7 +664,12 @@ class PartitionManager:
         self._load_by_dir[partition.log_dir] -= 1
         partition.notify_appended()
         try:
-            partition.log.close()
+            log = partition.log
+            if isinstance(log, SegmentedPartitionLog):
+                log.discard()  # its data is going: no syncs (a crash before the rename leaves it unclean,
+                # and a directory the image no longer assigns is removed unopened at start-up)
+            else:
+                log.close()
             self._remove_dir(partition.log_dir, tp)
         except (OSError, StorageError) as exc:  # KafkaStorageException
             self._partition_failed(tp, partition.log_dir, exc)

@@ -7,15 +7,18 @@ restart. Manual clocks only: :class:`CostClock` makes every clock read cost 1 ms
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from pathlib import Path
 
+import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 
 from kraft.broker.image_adapter import to_local_changes_in_steps
 from kraft.broker.partitions import PARTITIONS_PER_TURN, Pacer, PartitionManager, in_order
 from kraft.broker.publisher import MetadataPublisher
-from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
+from kraft.broker.segmented_partition_log import segmented_log_opener
+from kraft.broker.types import LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
 from kraft.clock import ManualClock
 from kraft.metadata.delta import LocalPartition, LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -243,4 +246,35 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
         await asyncio.sleep(0.01)
     assert reaper.idle
     assert reaper.pieces >= count // 512
+    manager.close()
+
+
+def test_a_segmented_log_is_deleted_without_syncing_and_a_recreated_topic_starts_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting a partition closes its log without the flush/fsyncs/clean marker of ``close`` (its data is
+    going), and the directory goes; the same name under a new topic id starts from an empty log."""
+    manager = PartitionManager(ME, [tmp_path / "logs"], segmented_log_opener(1 << 20))
+    manager.load()
+    tp = TopicPartition("big", 0)
+    manager.apply(LocalChanges(leaders={tp: _assignment("old")}))
+    partition = manager.get(tp)
+    assert partition is not None
+    partition.log.append_records([ProducedRecord(None, b"v", 0)], leader_epoch=1)  # not flushed
+    syncs: list[int] = []
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        syncs.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    monkeypatch.setattr(os, "fdatasync", counted)
+    applied = manager.apply(LocalChanges(deletes={tp: "old"}))
+    assert applied.deleted == (tp,) and not syncs
+    assert not any((tmp_path / "logs").iterdir())
+    monkeypatch.undo()
+    manager.apply(LocalChanges(leaders={tp: _assignment("new")}))
+    recreated = manager.get(tp)
+    assert recreated is not None and recreated.log.log_end_offset == 0
     manager.close()
