@@ -282,7 +282,7 @@ def _convert_and_sort_one_go(delta: MetadataDelta) -> dict[str, float]:
     return {"broker_all_convert_one_go_ms": convert_ms, "broker_all_sort_one_go_ms": sort_ms}
 
 
-def broker_round(partitions: int, deletion_partitions: int) -> dict[str, float]:
+def broker_round(partitions: int, deletion_partitions: int, collect: bool = True) -> dict[str, float]:
     """A broker hosting all of a deleted topic (3 brokers, RF 3): its deletes converted and ordered, in one
     go (the code before) and in steps (``_local_changes``, ``in_order``); the paced deletion of
     ``deletion_partitions`` real partition logs (64 per turn before, the work unit's budget after); and
@@ -293,6 +293,8 @@ def broker_round(partitions: int, deletion_partitions: int) -> dict[str, float]:
     copies = [_fresh_copy(big) for _ in range(2)]
     gc.collect()
     gc.freeze()
+    if not collect:  # (--no-gc: what is left of a stretch without the collections it triggers)
+        gc.disable()
     out: dict[str, float] = {}
     delta = MetadataDelta(logic.image)
     delta.replay(rec.wrap(pb.RemoveTopicRecord(topic_id=big.topic_id)))
@@ -371,6 +373,7 @@ def broker_round(partitions: int, deletion_partitions: int) -> dict[str, float]:
     out["free_topic_reaper_turns"] = len(walls)
     out["free_topic_reaper_total_cpu_ms"] = sum(cpus)
     gc.unfreeze()
+    gc.enable()
     return out
 
 
@@ -386,9 +389,13 @@ def main() -> None:
         help="only the broker-side deletion (3 brokers: one hosts all of it) and the freeing of the topic",
     )
     parser.add_argument("--deletion-partitions", type=int, default=2000, help="real logs deleted")
+    parser.add_argument("--no-gc", action="store_true", help="--broker-only with garbage collection off")
     args = parser.parse_args()
     if args.broker_only:
-        rounds = [broker_round(args.partitions, args.deletion_partitions) for _ in range(args.rounds)]
+        rounds = [
+            broker_round(args.partitions, args.deletion_partitions, not args.no_gc)
+            for _ in range(args.rounds)
+        ]
     else:
         rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
     summary = {
