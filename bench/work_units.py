@@ -304,15 +304,13 @@ def broker_round(partitions: int, deletion_partitions: int, collect: bool = True
         local = _to_local_changes_before(delta.local_changes(1))
         assert len(sorted(local.deletes.items())) == partitions
 
-    async def in_steps() -> None:
+    async def in_steps() -> None:  # as MetadataPublisher.publish: one pacer through to the ordering
+        pacer = Pacer(clock, DEFAULT_WORK_UNIT_MS)
         changes = LocalReplicaChanges()
         local = LocalChanges({}, {}, {})
-        deadline = Deadline(clock, DEFAULT_WORK_UNIT_MS)
         for _ in chain(delta.local_changes_in_steps(1, changes), to_local_changes_in_steps(changes, local)):
-            if deadline.expired():
-                await asyncio.sleep(0)
-                deadline = Deadline(clock, DEFAULT_WORK_UNIT_MS)
-        assert len(await in_order(local.deletes, Pacer(clock, DEFAULT_WORK_UNIT_MS))) == partitions
+            await pacer.tick()
+        assert len(await in_order(local.deletes, pacer)) == partitions
 
     out.update(_convert_and_sort_one_go(delta))
     for label, work in (("one_go", one_go), ("steps", in_steps)):

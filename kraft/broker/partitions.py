@@ -140,6 +140,10 @@ class Pacer:
         """A new turn starts (the caller yielded on its own)."""
         self._deadline = Deadline(self._clock, self._budget_ms)
 
+    def expired(self) -> bool:
+        """The turn's budget ran out (the caller yields, then :meth:`restart` s)."""
+        return self._deadline.expired()
+
     async def tick(self) -> None:
         if self._deadline.expired():
             self.pauses += 1
@@ -394,13 +398,14 @@ class PartitionManager:
         self._log.info("partitions_opened", count=len(self._partitions), offline=len(self.offline))
         return applied
 
-    async def apply_paced(self, changes: LocalChanges) -> AppliedChanges:
+    async def apply_paced(self, changes: LocalChanges, pacer: Pacer | None = None) -> AppliedChanges:
         """:meth:`apply` in event-loop turns of at most :data:`PARTITIONS_PER_TURN` partitions and the
         work unit's time budget (checked every :data:`PACE_STEP` partitions), in the same order: all
         deletes, then leaders, then followers, each kind by partition. The ordering is sliced too
         (:func:`in_order`): a broker hosting a deleted 100,000-partition topic sorted its deletes for
-        ~50 ms in one go."""
-        pacer = Pacer(self._clock, self.work_unit_ms)
+        ~50 ms in one go. ``pacer``: the caller's turn, if it did work in it without yielding (the
+        publisher's conversion of the same deletes), so the two together stay within one budget."""
+        pacer = pacer or Pacer(self._clock, self.work_unit_ms)
         deleted: list[TopicPartition] = []
         leaders: list[TopicPartition] = []
         followers: list[TopicPartition] = []
@@ -415,14 +420,13 @@ class PartitionManager:
             order = await in_order(mapping, pacer)
             start = 0
             while start < len(order):
-                deadline = Deadline(self._clock, self.work_unit_ms)
                 end = start
                 turn = AppliedChanges()
                 while end < len(order) and end - start < PARTITIONS_PER_TURN:
                     piece = order[end : min(end + PACE_STEP, start + PARTITIONS_PER_TURN)]
                     turn = turn.then(self._apply_quietly(as_changes({tp: mapping[tp] for tp in piece})))
                     end += len(piece)
-                    if deadline.expired():
+                    if pacer.expired():  # (the turn began where the ordering's last step left it)
                         break
                 self._log_applied(turn)
                 deleted.extend(turn.deleted)
