@@ -19,7 +19,7 @@ from kraft.broker.partitions import PARTITIONS_PER_TURN, Pacer, PartitionManager
 from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.types import LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
-from kraft.clock import ManualClock
+from kraft.clock import DEFAULT_WORK_UNIT_MS, ManualClock
 from kraft.metadata.delta import LocalPartition, LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
@@ -208,8 +208,9 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
 ) -> None:
     count = 5000  # above kraft.reaper.MIN_ITEMS: the topic and the broker's changes are handed over
     store = MemoryImageStore()
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener(), clock=CostClock())
-    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=CostClock())
+    clock = CostClock()  # one clock: the publisher's and the manager's reads are one budget's cost
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener(), clock=clock)
+    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
     await publisher.start()
     await publisher.open_partitions()
     created = MetadataDelta(publisher.image)
@@ -222,12 +223,16 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
     removal.replay(wrap(mpb.RemoveTopicRecord(topic_id="B")), 2, 1)
     turns = 0
     done = False
+    stretches: list[int] = []  # clock reads (1 ms each) between two turns of the ticker
 
     async def ticker() -> None:
         nonlocal turns
+        last = clock.now_ms
         while not done:
             turns += 1
             await asyncio.sleep(0)
+            stretches.append(clock.now_ms - last)
+            last = clock.now_ms
 
     ticking = asyncio.create_task(ticker())
     applied = await publisher.publish(removal)
@@ -236,6 +241,9 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
     assert len(applied.deleted) == count and len(manager) == 0
     assert not any((tmp_path / "logs").iterdir())
     assert turns >= count // PARTITIONS_PER_TURN
+    # Scan, conversion, ordering and deletion share one budget: no stretch spans two (the budget, plus
+    # the read that found it spent and the next turn's start).
+    assert max(stretches) <= DEFAULT_WORK_UNIT_MS + 2
     reaper = reaper_of(asyncio.get_running_loop())
     assert reaper.waiting >= 2  # the removed topic, the broker's changes (and what it applied)
     del removal, applied
