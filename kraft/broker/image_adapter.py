@@ -76,7 +76,8 @@ def to_local_changes_in_steps(changes: LocalReplicaChanges, out: LocalChanges) -
                     tp, assignment = _entry(p)
                     into[tp] = assignment
             del piece
-            yield
+            if source:  # (not after the last piece: a small delta converts without a pause, and its
+                yield  # revocations are applied before anything else runs, as before the slicing)
 
 
 def local_assignments(image: MetadataImage, broker_id: int) -> dict[TopicPartition, PartitionAssignment]:

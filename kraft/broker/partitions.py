@@ -159,8 +159,9 @@ async def in_order(partitions: Iterable[TopicPartition], pacer: Pacer) -> list[T
     runs: list[list[TopicPartition]] = []
     items = iter(partitions)
     while run := sorted(islice(items, SORT_RUN), key=_ORDER):
+        if runs:  # (pauses only between steps: a small change is ordered without one)
+            await pacer.tick()
         runs.append(run)
-        await pacer.tick()
     if len(runs) <= 1:
         return runs[0] if runs else []
     ordered: list[TopicPartition] = []
@@ -170,8 +171,8 @@ async def in_order(partitions: Iterable[TopicPartition], pacer: Pacer) -> list[T
         return ordered
     merged = heapq.merge(*runs, key=_ORDER)
     while piece := list(islice(merged, MERGE_STEP)):
-        ordered.extend(piece)
         await pacer.tick()
+        ordered.extend(piece)
     return ordered
 
 
@@ -399,10 +400,10 @@ class PartitionManager:
         return applied
 
     async def apply_paced(self, changes: LocalChanges, pacer: Pacer | None = None) -> AppliedChanges:
-        """:meth:`apply` in event-loop turns of at most :data:`PARTITIONS_PER_TURN` partitions and the
-        work unit's time budget (checked every :data:`PACE_STEP` partitions), in the same order: all
-        deletes, then leaders, then followers, each kind by partition. The ordering is sliced too
-        (:func:`in_order`): a broker hosting a deleted 100,000-partition topic sorted its deletes for
+        """:meth:`apply` in event-loop turns of at most :data:`PARTITIONS_PER_TURN` partitions — and,
+        for deletions, the work unit's time budget (checked every :data:`PACE_STEP` partitions) — in
+        the same order: all deletes, then leaders, then followers, each kind by partition. The
+        ordering is sliced too (:func:`in_order`): a broker hosting a deleted 100,000-partition topic sorted its deletes for
         ~50 ms in one go. ``pacer``: the caller's turn, if it did work in it without yielding (the
         publisher's conversion of the same deletes), so the two together stay within one budget."""
         pacer = pacer or Pacer(self._clock, self.work_unit_ms)
@@ -410,13 +411,13 @@ class PartitionManager:
         leaders: list[TopicPartition] = []
         followers: list[TopicPartition] = []
         created: list[TopicPartition] = []
-        kinds: tuple[tuple[Mapping[TopicPartition, Any], _AsChanges], ...]
+        kinds: tuple[tuple[Mapping[TopicPartition, Any], _AsChanges, bool], ...]
         kinds = (
-            (changes.deletes, lambda part: LocalChanges(deletes=part)),
-            (changes.leaders, lambda part: LocalChanges(leaders=part)),
-            (changes.followers, lambda part: LocalChanges(followers=part)),
+            (changes.deletes, lambda part: LocalChanges(deletes=part), True),
+            (changes.leaders, lambda part: LocalChanges(leaders=part), False),
+            (changes.followers, lambda part: LocalChanges(followers=part), False),
         )
-        for mapping, as_changes in kinds:
+        for mapping, as_changes, budgeted in kinds:
             order = await in_order(mapping, pacer)
             start = 0
             while start < len(order):
@@ -426,7 +427,11 @@ class PartitionManager:
                     piece = order[end : min(end + PACE_STEP, start + PARTITIONS_PER_TURN)]
                     turn = turn.then(self._apply_quietly(as_changes({tp: mapping[tp] for tp in piece})))
                     end += len(piece)
-                    if pacer.expired():  # (the turn began where the ordering's last step left it)
+                    # Deletions end a turn on the budget too (a turn began where the ordering's last
+                    # step left it): removing a directory is 0.1 to tens of ms. Leaderships and
+                    # followings keep whole turns of 64, as before: a demotion must not wait turns
+                    # behind a budget that the host's load, not this work, used up.
+                    if budgeted and pacer.expired():
                         break
                 self._log_applied(turn)
                 deleted.extend(turn.deleted)
