@@ -403,8 +403,8 @@ class PartitionManager:
         """:meth:`apply` in event-loop turns of at most :data:`PARTITIONS_PER_TURN` partitions — and,
         for deletions, the work unit's time budget (checked every :data:`PACE_STEP` partitions) — in
         the same order: all deletes, then leaders, then followers, each kind by partition. The
-        ordering is sliced too (:func:`in_order`): a broker hosting a deleted 100,000-partition topic sorted its deletes for
-        ~50 ms in one go. ``pacer``: the caller's turn, if it did work in it without yielding (the
+        ordering is sliced too (:func:`in_order`): a broker hosting a deleted 100,000-partition topic
+        sorted its deletes for ~50 ms in one go. ``pacer``: the caller's turn, if it did work in it without yielding (the
         publisher's conversion of the same deletes), so the two together stay within one budget."""
         pacer = pacer or Pacer(self._clock, self.work_unit_ms)
         deleted: list[TopicPartition] = []
