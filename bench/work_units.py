@@ -300,9 +300,15 @@ def broker_round(partitions: int, deletion_partitions: int, collect: bool = True
     delta.replay(rec.wrap(pb.RemoveTopicRecord(topic_id=big.topic_id)))
     clock = SystemClock()
 
+    # What each side built is kept past its stretch: freeing it is not this row (the publisher hands it
+    # to kraft.reaper: the free_topic rows measure that kind of release).
+    kept: list[object] = []
+
     async def one_go() -> None:
         local = _to_local_changes_before(delta.local_changes(1))
-        assert len(sorted(local.deletes.items())) == partitions
+        ordered = sorted(local.deletes.items())
+        assert len(ordered) == partitions
+        kept.append((local, ordered))
 
     async def in_steps() -> None:  # as MetadataPublisher.publish: one pacer through to the ordering
         pacer = Pacer(clock, DEFAULT_WORK_UNIT_MS)
@@ -310,7 +316,9 @@ def broker_round(partitions: int, deletion_partitions: int, collect: bool = True
         local = LocalChanges({}, {}, {})
         for _ in chain(delta.local_changes_in_steps(1, changes), to_local_changes_in_steps(changes, local)):
             await pacer.tick()
-        assert len(await in_order(local.deletes, pacer)) == partitions
+        ordered = await in_order(local.deletes, pacer)
+        assert len(ordered) == partitions
+        kept.append((local, ordered))
 
     out.update(_convert_and_sort_one_go(delta))
     for label, work in (("one_go", one_go), ("steps", in_steps)):
@@ -318,6 +326,7 @@ def broker_round(partitions: int, deletion_partitions: int, collect: bool = True
         out[f"broker_all_scan_convert_order_{label}_longest_ms"] = wall
         out[f"broker_all_scan_convert_order_{label}_longest_cpu_ms"] = cpu
         out[f"broker_all_scan_convert_order_{label}_turns"] = turns
+        kept.clear()
     # --- the paced deletion of real partition logs ---
     with tempfile.TemporaryDirectory(prefix="work-units-") as root:
         variants = (

@@ -404,8 +404,9 @@ class PartitionManager:
         for deletions, the work unit's time budget (checked every :data:`PACE_STEP` partitions) — in
         the same order: all deletes, then leaders, then followers, each kind by partition. The
         ordering is sliced too (:func:`in_order`): a broker hosting a deleted 100,000-partition topic
-        sorted its deletes for ~50 ms in one go. ``pacer``: the caller's turn, if it did work in it without yielding (the
-        publisher's conversion of the same deletes), so the two together stay within one budget."""
+        sorted its deletes for ~50 ms in one go. ``pacer``: the caller's turn, if it did work in it
+        without yielding (the publisher's conversion of the same deletes), so the two together stay
+        within one budget."""
         pacer = pacer or Pacer(self._clock, self.work_unit_ms)
         deleted: list[TopicPartition] = []
         leaders: list[TopicPartition] = []
