@@ -252,7 +252,7 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
         if reaper.idle:
             break
         await asyncio.sleep(0.01)
-    assert reaper.idle
+    assert reaper.idle, f"waiting={reaper.waiting} pieces={reaper.pieces}"
     assert reaper.pieces >= count // 512
     manager.close()
 
