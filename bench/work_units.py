@@ -20,33 +20,51 @@ topic's creation and per PartitionChangeRecord, on topics of 100,000 and 1,000,0
 reads of the topic: a pass over it, a lookup by id) — the cost that chunked partition sequences make
 independent of the topic's size.
 
+``--broker-only``: a broker hosting *all* of the deleted topic (3 brokers, RF 3) — the longest event-loop
+stretch of scanning, converting and ordering its deletes in one go (the code before) and in steps; the
+paced deletion of ``--deletion-partitions`` real partition logs, 64 per turn and each log closed
+(synced) first (before), within the work unit's budget so, and within the budget with the logs discarded
+unsynced (now); and freeing the deleted topic's objects when the last image holding it goes, in one go
+(before) or by :mod:`kraft.reaper` (its longest turn) — wall and CPU (``time.thread_time``) time.
+
 Run: ``python -m bench.work_units`` (100,000 partitions over 1,000 brokers; ~1 min).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
 import random
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from itertools import chain
+from pathlib import Path
 from typing import Any
 
 from bench.controller import register_active_brokers
-from kraft.clock import Deadline, SystemClock
+from kraft.broker.image_adapter import _entry, to_local_changes_in_steps
+from kraft.broker.partitions import Pacer, PartitionManager, in_order
+from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmented_log_opener
+from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
+from kraft.clock import DEFAULT_WORK_UNIT_MS, Deadline, SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.store import _partition_digest, _topic_key
+from kraft.reaper import SLICE_MS, Reaper
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as mpb
+from kraft.v1 import metadata_pb2 as pb
 
 CLUSTER = "bench"
+_discard = SegmentedPartitionLog.discard
 SMALL_TOPICS = 10
 
 
@@ -312,6 +330,156 @@ def apply_costs(partitions: int, brokers: int, slice_size: int, slices: int) -> 
     }
 
 
+async def _stretches(work: Callable[[], Awaitable[Any]]) -> tuple[float, float, int]:
+    """Run ``work`` beside a task that takes a turn whenever the loop lets it: the longest stretch the
+    loop ran without it (wall ms, CPU ms by ``time.thread_time``) and the number of turns — one
+    uninterrupted event-loop stretch of ``work`` each."""
+    walls: list[float] = []
+    cpus: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        while not done:
+            await asyncio.sleep(0)
+            now_wall, now_cpu = time.perf_counter(), time.thread_time()
+            walls.append((now_wall - wall) * 1000)
+            cpus.append((now_cpu - cpu) * 1000)
+            wall, cpu = now_wall, now_cpu
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    await work()
+    done = True
+    await ticking
+    return max(walls), max(cpus), len(walls)
+
+
+def _fresh_copy(topic: TopicImage) -> TopicImage:
+    """``topic`` as a node that replayed its records holds it: its own registrations (sharing the replica
+    tuples, as replay's interning does), held by nobody else."""
+    return TopicImage(topic.name, topic.topic_id, tuple(p._replace() for p in topic.partitions))
+
+
+def _to_local_changes_before(changes: LocalReplicaChanges) -> LocalChanges:
+    """``to_local_changes`` as it was before it was sliced (main at 8917bf5), for the one-go rows."""
+    return LocalChanges(
+        deletes={TopicPartition(p.topic_name, p.partition_id): p.topic_id for p in changes.deletes},
+        leaders=dict(_entry(p) for p in changes.leaders),
+        followers=dict(_entry(p) for p in changes.followers),
+    )
+
+
+def _convert_and_sort_one_go(delta: MetadataDelta) -> dict[str, float]:
+    """The two parts of the one-go code, each timed alone (wall)."""
+    changes = delta.local_changes(1)
+    convert_ms, local = timed(lambda: _to_local_changes_before(changes))
+    sort_ms, _ = timed(lambda: sorted(local.deletes.items()))
+    return {"broker_all_convert_one_go_ms": convert_ms, "broker_all_sort_one_go_ms": sort_ms}
+
+
+def broker_round(partitions: int, deletion_partitions: int, collect: bool = True) -> dict[str, float]:
+    """A broker hosting all of a deleted topic (3 brokers, RF 3): its deletes converted and ordered, in one
+    go (the code before) and in steps (``_local_changes``, ``in_order``); the paced deletion of
+    ``deletion_partitions`` real partition logs (64 per turn before, the work unit's budget after); and
+    freeing the deleted topic's objects when the last image goes, in one go and by the reaper."""
+    logic, _ = build(3, partitions, 1000)
+    big = logic.image.topic("big")
+    assert big is not None
+    copies = [_fresh_copy(big) for _ in range(2)]
+    gc.collect()
+    gc.freeze()
+    if not collect:  # (--no-gc: what is left of a stretch without the collections it triggers)
+        gc.disable()
+    out: dict[str, float] = {}
+    delta = MetadataDelta(logic.image)
+    delta.replay(rec.wrap(pb.RemoveTopicRecord(topic_id=big.topic_id)))
+    clock = SystemClock()
+
+    # What each side built is kept past its stretch: freeing it is not this row (the publisher hands it
+    # to kraft.reaper: the free_topic rows measure that kind of release).
+    kept: list[object] = []
+
+    async def one_go() -> None:
+        local = _to_local_changes_before(delta.local_changes(1))
+        ordered = sorted(local.deletes.items())
+        assert len(ordered) == partitions
+        kept.append((local, ordered))
+
+    async def in_steps() -> None:  # as MetadataPublisher.publish: one pacer through to the ordering
+        pacer = Pacer(clock, DEFAULT_WORK_UNIT_MS)
+        changes = LocalReplicaChanges()
+        local = LocalChanges({}, {}, {})
+        for _ in chain(delta.local_changes_in_steps(1, changes), to_local_changes_in_steps(changes, local)):
+            await pacer.tick()
+        ordered = await in_order(local.deletes, pacer)
+        assert len(ordered) == partitions
+        kept.append((local, ordered))
+
+    out.update(_convert_and_sort_one_go(delta))
+    for label, work in (("one_go", one_go), ("steps", in_steps)):
+        wall, cpu, turns = asyncio.run(_stretches(work))
+        out[f"broker_all_scan_convert_order_{label}_longest_ms"] = wall
+        out[f"broker_all_scan_convert_order_{label}_longest_cpu_ms"] = cpu
+        out[f"broker_all_scan_convert_order_{label}_turns"] = turns
+        kept.clear()
+    # --- the paced deletion of real partition logs ---
+    with tempfile.TemporaryDirectory(prefix="work-units-") as root:
+        variants = (
+            ("per_64_close", 0, True),  # the code before: 64 a turn, each log closed (synced) first
+            ("budget_close", DEFAULT_WORK_UNIT_MS, True),
+            ("budget", DEFAULT_WORK_UNIT_MS, False),  # now: the budget, logs discarded unsynced
+        )
+        for label, work_unit_ms, synced in variants:
+            if synced:  # (the code before this change closed the log it deleted)
+                SegmentedPartitionLog.discard = SegmentedPartitionLog.close  # type: ignore[method-assign]
+            else:
+                SegmentedPartitionLog.discard = _discard  # type: ignore[method-assign]
+            manager = PartitionManager(
+                1, [Path(root) / label], segmented_log_opener(1 << 20), work_unit_ms=work_unit_ms
+            )
+            manager.load()
+            tps = [TopicPartition("big", p) for p in range(deletion_partitions)]
+            assignment = PartitionAssignment("B", 1, 1, 1, (1, 2, 3), (1, 2, 3))
+            manager.apply(LocalChanges(leaders=dict.fromkeys(tps, assignment)))
+
+            async def delete(manager: PartitionManager = manager, tps: list[TopicPartition] = tps) -> None:
+                await manager.apply_paced(LocalChanges(deletes=dict.fromkeys(tps, "B")))
+
+            wall, cpu, turns = asyncio.run(_stretches(delete))
+            out[f"broker_delete_logs_{label}_longest_ms"] = wall
+            out[f"broker_delete_logs_{label}_longest_cpu_ms"] = cpu
+            out[f"broker_delete_logs_{label}_turns"] = turns
+            manager.close()
+    SegmentedPartitionLog.discard = _discard  # type: ignore[method-assign]
+    # --- freeing the deleted topic when the last image holding it goes ---
+    one = copies.pop()
+    started, started_cpu = time.perf_counter(), time.thread_time()
+    del one
+    out["free_topic_one_go_ms"] = (time.perf_counter() - started) * 1000
+    out["free_topic_one_go_cpu_ms"] = (time.thread_time() - started_cpu) * 1000
+    reaper = Reaper(clock)
+    reaper.adopt(copies)
+    copies.clear()
+    walls: list[float] = []
+    cpus: list[float] = []
+    while True:
+        started, started_cpu = time.perf_counter(), time.thread_time()
+        done = reaper.release_some(Deadline(clock, SLICE_MS))
+        walls.append((time.perf_counter() - started) * 1000)
+        cpus.append((time.thread_time() - started_cpu) * 1000)
+        if done:
+            break
+    assert reaper.idle
+    out["free_topic_reaper_longest_turn_ms"] = max(walls)
+    out["free_topic_reaper_longest_turn_cpu_ms"] = max(cpus)
+    out["free_topic_reaper_turns"] = len(walls)
+    out["free_topic_reaper_total_cpu_ms"] = sum(cpus)
+    gc.unfreeze()
+    gc.enable()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--brokers", type=int, default=1000)
@@ -326,6 +494,13 @@ def main() -> None:
         help="only time apply() per slice (--work-unit partitions) and per change on topics of these sizes "
         "(default 100000 1000000), and reads of the topic",
     )
+    parser.add_argument(
+        "--broker-only",
+        action="store_true",
+        help="only the broker-side deletion (3 brokers: one hosts all of it) and the freeing of the topic",
+    )
+    parser.add_argument("--deletion-partitions", type=int, default=2000, help="real logs deleted")
+    parser.add_argument("--no-gc", action="store_true", help="--broker-only with garbage collection off")
     args = parser.parse_args()
     if args.apply_costs is not None:
         sizes = args.apply_costs or [100_000, 1_000_000]
@@ -335,7 +510,13 @@ def main() -> None:
             results[str(size)] = apply_costs(size, args.brokers, args.work_unit, 20)
         print(json.dumps({"loadavg": os.getloadavg(), "slice": args.work_unit, "results": results}, indent=1))
         return
-    rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
+    if args.broker_only:
+        rounds = [
+            broker_round(args.partitions, args.deletion_partitions, not args.no_gc)
+            for _ in range(args.rounds)
+        ]
+    else:
+        rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
     summary = {
         key: {
             "median": round(statistics.median(r[key] for r in rounds), 2),

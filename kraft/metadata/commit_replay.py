@@ -19,6 +19,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.raft.api import CommittedBatch
+from kraft.reaper import release_removed_topics
 
 # Big batches are decoded and replayed at most this many records per loop turn (and for at most the
 # time budget, checked every REPLAY_PIECE_RECORDS), so heartbeats and Raft fetches get in meanwhile.
@@ -77,4 +78,7 @@ async def replay_batch(
         delta.replay_decoded(decoded)
     delta.offset = batch.last_offset
     delta.epoch = batch.epoch
-    return ReplayedBatch(delta.apply(), values, undecodable, list(delta.replay_errors))
+    image = delta.apply()
+    # A deleted big topic's partitions are freed in slices once the last image holding it goes.
+    release_removed_topics(delta.removed_topics().values())
+    return ReplayedBatch(image, values, undecodable, list(delta.replay_errors))

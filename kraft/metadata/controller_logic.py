@@ -98,6 +98,7 @@ from kraft.metadata.topic_rules import (
     validate_topic_name,
 )
 from kraft.observability.logging import get_logger
+from kraft.reaper import release_removed_topics
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -473,6 +474,7 @@ class _Batch:
         """The image including what was added so far (cheap: only changed parts are rebuilt)."""
         if self.delta is not None:
             image = self.delta.apply()
+            release_removed_topics(self.delta.removed_topics().values())  # (freed in slices: kraft.reaper)
             self.logic.rejoin_index.advance(self.delta, image.topics_by_id)
             self.logic.image = image
             self.delta = None

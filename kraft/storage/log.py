@@ -1045,7 +1045,8 @@ class SegmentedLog:
         self._closed = True
 
     def abandon(self) -> None:
-        """Close the files without flushing or marking a clean shutdown (tests: simulate a crash)."""
+        """Close the files without flushing or marking a clean shutdown (tests: simulate a crash; the
+        broker: a partition log about to be deleted)."""
         if self._closed:
             return
         for segment in self._segments:
