@@ -20,6 +20,8 @@ from typing import Any
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
+from kraft.metadata.election_config import MIN_INSYNC_REPLICAS
+from kraft.metadata.elr_holders import elr_holders_of, next_elr_holders
 from kraft.metadata.image import (
     LEADER_RECOVERED,
     BrokerFeatureRange,
@@ -463,6 +465,65 @@ class MetadataDelta:
         # A topic's configs die with it; a topic re-created under the same name starts clean.
         self._configs[ConfigKey(ConfigResourceType.TOPIC, name)] = {}
 
+    def _replay_clear_elr(self, r: pb.ClearElrRecord) -> None:
+        """Empty the ELR and last known ELR of the named topic's partitions — or (no name) of every topic
+        without a ``min.insync.replicas`` of its own — bumping both epochs of each partition changed, as
+        the PartitionChangeRecord clearing them would.  Visits the partitions holding one (the base
+        image's ``elr_holders``) and those this delta changed, not every partition."""
+        if r.topic_name:
+            topic_id = self.topic_id(r.topic_name)
+            if topic_id is None:
+                self.replay_errors.append(f"ELR clear of unknown topic {r.topic_name}")
+                return
+            self._clear_topic_elr(topic_id)
+            return
+        holders = elr_holders_of(self.image)
+        base_topics = self.image.topics_by_id
+        # Base topics holding one (a removed one is skipped by _clear_topic_elr), then those only this
+        # delta touched; sorted for one order on every reader.
+        topic_ids = sorted(set(holders.topic_ids()).union(self._topics))
+        for topic_id in topic_ids:
+            topic = self._topics.get(topic_id)
+            name = topic.name if topic is not None else base_topics[topic_id].name
+            key = ConfigKey(ConfigResourceType.TOPIC, name)
+            configs = self._configs.get(key)
+            if configs is None:
+                configs = self.image.configs.get(key, {})
+            if MIN_INSYNC_REPLICAS not in configs:  # its own value hides the cluster-wide default
+                self._clear_topic_elr(topic_id)
+
+    def _clear_topic_elr(self, topic_id: str) -> None:
+        topic = self._topics.get(topic_id)
+        if topic is None:
+            if topic_id in self._removed_topics:
+                return
+            base_ids = elr_holders_of(self.image).partition_ids(topic_id)
+            if not base_ids:
+                return
+            topic = self._topic_delta(topic_id)
+            assert topic is not None  # a live base topic
+            candidates: Iterable[int] = base_ids
+        elif topic.base is None:  # created in this delta: every partition is in ``changed``
+            candidates = list(topic.changed)
+        else:
+            candidates = sorted(set(elr_holders_of(self.image).partition_ids(topic_id)).union(topic.changed))
+        changed = topic.changed
+        for partition_id in candidates:
+            current = topic.current(partition_id)
+            if current is None or not (current.elr or current.last_known_elr):
+                continue
+            changed[partition_id] = make_partition(
+                current.replicas,
+                current.isr,
+                current.leader,
+                current.leader_epoch + 1,
+                current.partition_epoch + 1,
+                (),
+                (),
+                current.leader_recovery_state,
+                current.last_unclean_leader_epoch,
+            )
+
     def _replay_config(self, r: pb.ConfigRecord) -> None:
         key = ConfigKey(r.resource_type, r.resource_name)
         configs = self._configs.get(key)
@@ -587,6 +648,7 @@ class MetadataDelta:
             features=features,
             acls=acls,
             transaction=self.transaction,
+            elr_holders=next_elr_holders(self),
         )
 
     # ---- what a broker must do ----
@@ -659,6 +721,7 @@ _HANDLERS: dict[str, Callable[[MetadataDelta, Any], None]] = {
     "partition": MetadataDelta._replay_partition,
     "partition_change": MetadataDelta._replay_partition_change,
     "remove_topic": MetadataDelta._replay_remove_topic,
+    "clear_elr": MetadataDelta._replay_clear_elr,
     "config": MetadataDelta._replay_config,
     "feature_level": MetadataDelta._replay_feature_level,
     "access_control_entry": MetadataDelta._replay_access_control_entry,

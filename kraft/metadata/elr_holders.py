@@ -1,0 +1,167 @@
+"""Which partitions hold an ELR or a last known ELR, per topic — kept with every image.
+
+A ``ClearElrRecord`` (KIP-966: a changed ``min.insync.replicas``) clears the ELR and last known ELR of a
+topic's (or every topic's) partitions.  Scanning for them would cost every partition of the topic — of
+the cluster for the cluster-wide default — in one replay on every reader (the active controller's
+speculative image, follower controllers, brokers); this index makes that replay cost the partitions
+that hold one, none in a healthy cluster.
+
+:class:`ElrHolders` is immutable, like the image that carries it (``MetadataImage.elr_holders``), and
+follows image to image in ``MetadataDelta.apply()`` at a cost in proportion to the changed partitions:
+per topic the partition ids are kept in *chunks* of :data:`CHUNK` ids (a frozenset each), so a change
+copies the topic's small chunk map and the chunks it touches, never a set as big as the topic (a topic of
+100,000 partitions all in ELR would otherwise copy 100,000 ids for each that leaves it).  A topic whose
+holders do not change keeps its chunk map (shared with the previous image).
+
+Images built without it (tests constructing ``MetadataImage`` directly) compute it by one scan on first
+use (:func:`elr_holders_of`, memoized on the image); the store loads it from its ``partition_elr`` rows
+and the empty image starts with an empty one, so real readers never scan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from kraft.metadata.delta import MetadataDelta
+    from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
+
+CHUNK_BITS: Final = 10
+CHUNK: Final = 1 << CHUNK_BITS
+"""Partition ids per chunk: a change copies at most this many ids, plus one entry per chunk of the topic
+holding any (at most ~100 for a topic of 100,000 partitions)."""
+
+_Chunks = Mapping[int, frozenset[int]]  # chunk number → partition ids of that chunk holding an ELR/LKE
+
+
+def holds_elr(partition: PartitionRegistration) -> bool:
+    """A ClearElrRecord changes this partition (an empty ELR and last known ELR are left as they are)."""
+    return bool(partition.elr or partition.last_known_elr)
+
+
+def _chunked(partition_ids: Iterable[int]) -> dict[int, frozenset[int]]:
+    grouped: dict[int, set[int]] = {}
+    for partition_id in partition_ids:
+        grouped.setdefault(partition_id >> CHUNK_BITS, set()).add(partition_id)
+    return {chunk: frozenset(ids) for chunk, ids in grouped.items()}
+
+
+class ElrHolders:
+    """Topic id → the ids of its partitions holding an ELR or a last known ELR (topics holding none are
+    absent).  Immutable: :meth:`advance` returns a new index sharing what did not change."""
+
+    __slots__ = ("_topics",)
+
+    def __init__(self, topics: Mapping[str, _Chunks]) -> None:
+        self._topics = topics
+
+    @staticmethod
+    def from_partitions(pairs: Iterable[tuple[str, int]]) -> ElrHolders:
+        """From (topic id, partition id) pairs of the partitions holding one (the image store's rows)."""
+        by_topic: dict[str, list[int]] = {}
+        for topic_id, partition_id in pairs:
+            by_topic.setdefault(topic_id, []).append(partition_id)
+        return ElrHolders({topic_id: _chunked(ids) for topic_id, ids in by_topic.items()})
+
+    @staticmethod
+    def scan(topics_by_id: Mapping[str, TopicImage]) -> ElrHolders:
+        """By one pass over every partition (an image built without the index)."""
+        return ElrHolders.from_partitions(
+            (topic_id, partition_id)
+            for topic_id, topic in topics_by_id.items()
+            for partition_id, partition in enumerate(topic.partitions)
+            if partition.elr or partition.last_known_elr
+        )
+
+    def topic_ids(self) -> Iterator[str]:
+        """The topics holding any (in no particular order)."""
+        return iter(self._topics)
+
+    def partition_ids(self, topic_id: str) -> list[int]:
+        """The partitions of ``topic_id`` holding one, ascending."""
+        chunks = self._topics.get(topic_id)
+        if not chunks:
+            return []
+        return sorted(p for chunk in chunks.values() for p in chunk)
+
+    def topic_count(self, topic_id: str) -> int:
+        """How many partitions of ``topic_id`` hold one."""
+        return sum(map(len, self._topics.get(topic_id, {}).values()))
+
+    def count(self) -> int:
+        return sum(len(chunk) for chunks in self._topics.values() for chunk in chunks.values())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ElrHolders) and self._topics == other._topics
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking equality; never a dict key
+
+    def __repr__(self) -> str:
+        return f"ElrHolders({ {t: self.partition_ids(t) for t in self._topics} })"
+
+    def advance(self, delta: MetadataDelta) -> ElrHolders:
+        """The index of ``delta.apply()``'s image, this being the index of ``delta.image``: each changed
+        partition looked at once, each touched chunk copied once."""
+        removed = delta.removed_topics()
+        changed = list(delta.changed_topics())
+        if not changed and not any(t in self._topics for t in removed):
+            return self
+        topics = dict(self._topics)
+        for topic_id in removed:
+            topics.pop(topic_id, None)
+        for topic_id, base, partitions in changed:
+            if base is None:  # (re)created in this delta: every partition it has is in ``partitions``
+                ids = [p for p, partition in partitions.items() if partition.elr or partition.last_known_elr]
+                if ids:
+                    topics[topic_id] = _chunked(ids)
+                else:
+                    topics.pop(topic_id, None)
+                continue
+            old = topics.get(topic_id) or {}
+            edits: dict[int, set[int]] = {}  # chunk → its ids after this delta (copied on first edit)
+            for partition_id, partition in partitions.items():
+                chunk_no = partition_id >> CHUNK_BITS
+                now = bool(partition.elr or partition.last_known_elr)
+                edited = edits.get(chunk_no)
+                current = edited if edited is not None else old.get(chunk_no, ())
+                if (partition_id in current) == now:
+                    continue
+                if edited is None:
+                    edited = edits[chunk_no] = set(old.get(chunk_no, ()))
+                if now:
+                    edited.add(partition_id)
+                else:
+                    edited.discard(partition_id)
+            if not edits:
+                continue
+            chunks = dict(old)
+            for chunk_no, ids in edits.items():
+                if ids:
+                    chunks[chunk_no] = frozenset(ids)
+                else:
+                    chunks.pop(chunk_no, None)
+            if chunks:
+                topics[topic_id] = chunks
+            else:
+                topics.pop(topic_id, None)
+        return ElrHolders(topics)
+
+
+EMPTY_ELR_HOLDERS: Final = ElrHolders({})
+
+
+def elr_holders_of(image: MetadataImage) -> ElrHolders:
+    """``image.elr_holders``, computed by one scan (and kept on the image) when it was built without."""
+    holders = image.elr_holders
+    if holders is None:
+        holders = ElrHolders.scan(image.topics_by_id)
+        object.__setattr__(image, "elr_holders", holders)  # a derived cache on a frozen dataclass
+    return holders
+
+
+def next_elr_holders(delta: MetadataDelta) -> ElrHolders | None:
+    """The index for ``delta.apply()``'s image: followed from the base image's, or None (computed on first
+    use) when the base has none either."""
+    base = delta.image.elr_holders
+    return None if base is None else base.advance(delta)
