@@ -486,9 +486,8 @@ class MetadataDelta:
             topic = self._topics.get(topic_id)
             name = topic.name if topic is not None else base_topics[topic_id].name
             key = ConfigKey(ConfigResourceType.TOPIC, name)
-            configs = self._configs.get(key)
-            if configs is None:
-                configs = self.image.configs.get(key, {})
+            replayed = self._configs.get(key)
+            configs = self.image.configs.get(key, {}) if replayed is None else replayed
             if MIN_INSYNC_REPLICAS not in configs:  # its own value hides the cluster-wide default
                 self._clear_topic_elr(topic_id)
 

@@ -136,9 +136,9 @@ class ElrHolders:
             if not edits:
                 continue
             chunks = dict(old)
-            for chunk_no, ids in edits.items():
-                if ids:
-                    chunks[chunk_no] = frozenset(ids)
+            for chunk_no, kept in edits.items():
+                if kept:
+                    chunks[chunk_no] = frozenset(kept)
                 else:
                     chunks.pop(chunk_no, None)
             if chunks:
