@@ -507,21 +507,20 @@ class MetadataDelta:
         else:
             candidates = sorted(set(elr_holders_of(self.image).partition_ids(topic_id)).union(topic.changed))
         changed = topic.changed
+        current_of = topic.current
         for partition_id in candidates:
-            current = topic.current(partition_id)
-            if current is None or not (current.elr or current.last_known_elr):
+            current = current_of(partition_id)
+            if current is None:
                 continue
-            changed[partition_id] = make_partition(
-                current.replicas,
-                current.isr,
-                current.leader,
-                current.leader_epoch + 1,
-                current.partition_epoch + 1,
-                (),
-                (),
-                current.leader_recovery_state,
-                current.last_unclean_leader_epoch,
-            )
+            replicas, isr, leader, leader_epoch, partition_epoch, elr, lke, recovery, unclean = current
+            if elr or lke:
+                # What apply_partition_change gives for a change with an empty ELR and/or LKE (the
+                # record kraft wrote per partition before), built directly: the same tuple, sharing.
+                if isr == replicas:
+                    isr = replicas
+                changed[partition_id] = PartitionRegistration(
+                    replicas, isr, leader, leader_epoch + 1, partition_epoch + 1, (), (), recovery, unclean
+                )
 
     def _replay_config(self, r: pb.ConfigRecord) -> None:
         key = ConfigKey(r.resource_type, r.resource_name)
