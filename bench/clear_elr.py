@@ -7,7 +7,8 @@ partitions with its own ``min.insync.replicas``, then times, per round:
 - ``active_event_ms``: the active controller's IncrementalAlterConfigs of the cluster-wide default (the
   ConfigRecord, the clear, the speculative image and the rejoin index following it — one event);
 - ``follower_max_slice_ms`` / ``follower_total_ms``: a follower controller's replay of those records
-  in commit_replay's slices of 200, then ``apply()`` (in the last slice);
+  in commit_replay's slices of 200 (a ClearElrRecord in its replay steps, where the code has them), then
+  ``apply()`` (in the last slice);
 - ``broker_local_changes_ms``: a broker's ``local_changes`` for that delta;
 - ``records``: how many records the change wrote;
 - ``snapshot_apply_ms``: ``apply()`` of a delta that created the big topic (a snapshot load's last step;
@@ -123,9 +124,17 @@ def one_round(brokers: int, partitions: int, holders: int) -> dict[str, float]:
     delta = MetadataDelta(committed)
     slices: list[float] = []
     for start in range(0, len(values), 200):
-        chunk = values[start : start + 200]
+        chunk = list(rec.decode_values(values[start : start + 200]))
+        clears = [r for r in chunk if r.WhichOneof("record") == "clear_elr"]
         started = time.perf_counter()
-        delta.replay_decoded(rec.decode_values(chunk))
+        if not clears or not hasattr(delta, "replay_steps"):
+            delta.replay_decoded(chunk)
+        else:  # as commit_replay: a ClearElrRecord in steps, a loop turn after each
+            delta.replay_decoded([r for r in chunk if r.WhichOneof("record") != "clear_elr"])
+            for clear in clears:
+                for _ in delta.replay_steps(clear):
+                    slices.append((time.perf_counter() - started) * 1000)
+                    started = time.perf_counter()
         slices.append((time.perf_counter() - started) * 1000)
     ms, follower = timed(delta.apply)
     slices[-1] += ms

@@ -45,6 +45,8 @@ _LIST_CACHE: dict[tuple[int, ...], tuple[int, ...]] = {}
 _LIST_CACHE_MAX = 1 << 18
 LOCAL_CHANGES_STEP = 256
 """Partitions :meth:`MetadataDelta.local_changes_in_steps` looks at between two pauses (~20-80 µs)."""
+CLEAR_ELR_STEP = 256
+"""Partitions a ClearElrRecord's :meth:`MetadataDelta.replay_steps` looks at between two pauses."""
 
 
 def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
@@ -465,7 +467,25 @@ class MetadataDelta:
         # A topic's configs die with it; a topic re-created under the same name starts clean.
         self._configs[ConfigKey(ConfigResourceType.TOPIC, name)] = {}
 
+    def replay_steps(self, record: pb.MetadataRecord, offset: int = -1, epoch: int = -1) -> Iterator[None]:
+        """:meth:`replay` of ``record``, pausing (yielding) after every :data:`CLEAR_ELR_STEP`
+        partitions a ClearElrRecord clears — one record may clear a topic of 100,000 partitions — so a
+        caller can bound its event-loop turns (follower controllers, brokers).  Any other record is
+        replayed at once.  The delta must not be used otherwise until the iterator is exhausted."""
+        if record.WhichOneof("record") != "clear_elr":
+            self.replay(record, offset, epoch)
+            return
+        if offset >= 0:
+            self.offset = offset
+        if epoch >= 0:
+            self.epoch = epoch
+        yield from self._clear_elr_steps(record.clear_elr)
+
     def _replay_clear_elr(self, r: pb.ClearElrRecord) -> None:
+        for _ in self._clear_elr_steps(r):
+            pass
+
+    def _clear_elr_steps(self, r: pb.ClearElrRecord) -> Iterator[None]:
         """Empty the ELR and last known ELR of the named topic's partitions — or (no name) of every topic
         without a ``min.insync.replicas`` of its own — bumping both epochs of each partition changed, as
         the PartitionChangeRecord clearing them would.  Visits the partitions holding one (the base
@@ -475,7 +495,7 @@ class MetadataDelta:
             if topic_id is None:
                 self.replay_errors.append(f"ELR clear of unknown topic {r.topic_name}")
                 return
-            self._clear_topic_elr(topic_id)
+            yield from self._clear_topic_elr(topic_id)
             return
         holders = elr_holders_of(self.image)
         base_topics = self.image.topics_by_id
@@ -489,9 +509,9 @@ class MetadataDelta:
             replayed = self._configs.get(key)
             configs = self.image.configs.get(key, {}) if replayed is None else replayed
             if MIN_INSYNC_REPLICAS not in configs:  # its own value hides the cluster-wide default
-                self._clear_topic_elr(topic_id)
+                yield from self._clear_topic_elr(topic_id)
 
-    def _clear_topic_elr(self, topic_id: str) -> None:
+    def _clear_topic_elr(self, topic_id: str) -> Iterator[None]:
         topic = self._topics.get(topic_id)
         if topic is None:
             if topic_id in self._removed_topics:
@@ -501,26 +521,39 @@ class MetadataDelta:
                 return
             topic = self._topic_delta(topic_id)
             assert topic is not None  # a live base topic
-            candidates: Iterable[int] = base_ids
+            candidates: list[int] = base_ids
         elif topic.base is None:  # created in this delta: every partition is in ``changed``
             candidates = list(topic.changed)
         else:
             candidates = sorted(set(elr_holders_of(self.image).partition_ids(topic_id)).union(topic.changed))
         changed = topic.changed
         current_of = topic.current
-        for partition_id in candidates:
-            current = current_of(partition_id)
-            if current is None:
-                continue
-            replicas, isr, leader, leader_epoch, partition_epoch, elr, lke, recovery, unclean = current
-            if elr or lke:
-                # What apply_partition_change gives for a change with an empty ELR and/or LKE (the
-                # record kraft wrote per partition before), built directly: the same tuple, sharing.
-                if isr == replicas:
-                    isr = replicas
-                changed[partition_id] = PartitionRegistration(
-                    replicas, isr, leader, leader_epoch + 1, partition_epoch + 1, (), (), recovery, unclean
+        step = CLEAR_ELR_STEP
+        for start in range(0, len(candidates), step):
+            for partition_id in candidates[start : start + step]:
+                current = current_of(partition_id)
+                if current is None:
+                    continue
+                replicas, isr, leader, leader_epoch, partition_epoch, elr, lke, recovery, unclean_epoch = (
+                    current
                 )
+                if elr or lke:
+                    # What apply_partition_change gives for a change with an empty ELR and/or LKE (the
+                    # record kraft wrote per partition before), built directly: the same tuple, sharing.
+                    if isr == replicas:
+                        isr = replicas
+                    changed[partition_id] = PartitionRegistration(
+                        replicas,
+                        isr,
+                        leader,
+                        leader_epoch + 1,
+                        partition_epoch + 1,
+                        (),
+                        (),
+                        recovery,
+                        unclean_epoch,
+                    )
+            yield
 
     def _replay_config(self, r: pb.ConfigRecord) -> None:
         key = ConfigKey(r.resource_type, r.resource_name)

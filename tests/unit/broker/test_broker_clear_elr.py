@@ -4,9 +4,11 @@ image, stored, and the same leader epochs on the partitions it hosts."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
@@ -16,6 +18,7 @@ from kraft.broker.types import TopicPartition
 from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
+from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.elr_holders import ElrHolders
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import ConfigResourceType, encode_value, wrap
@@ -136,3 +139,103 @@ async def test_a_broker_replays_one_clear_elr_record_as_the_per_partition_change
     assert image.elr_holders == ElrHolders.from_partitions([])
     # the partitions it cleared moved to a new leader epoch on this broker, the others stayed
     assert epochs == old_epochs == {0: 4, 1: 4, 2: 3, 3: 4, 4: 3, 5: 4}
+
+
+class CostClock(ManualClock):
+    """Every read of the clock costs ``cost_ms`` (a stand-in for slow replay)."""
+
+    def __init__(self, cost_ms: int) -> None:
+        super().__init__()
+        self.cost_ms = cost_ms
+
+    def monotonic_ms(self) -> int:
+        self.now_ms += self.cost_ms
+        return self.now_ms
+
+
+async def _turns_replaying_a_big_clear(
+    tmp_path: Path, clock: ManualClock, partitions: int, monkeypatch: pytest.MonkeyPatch
+) -> int:
+    """Loop turns other tasks get while the broker replays one ClearElrRecord of ``partitions`` (up to
+    the delta's ``apply()``: its local changes are paced on their own)."""
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    publisher = MetadataPublisher(
+        ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
+    )
+    await publisher.start()
+    await publisher.open_partitions()
+    log = [wrap(mpb.TopicRecord(name="big", topic_id="B"))]
+    log += [
+        wrap(
+            mpb.PartitionRecord(
+                topic_id="B",
+                partition_id=p,
+                replicas=[5, 6, 7],
+                isr=[5],
+                leader=5,
+                eligible_leader_replicas=[6],
+            )
+        )
+        for p in range(partitions)
+    ]
+    controller = LogController(log)
+    fetcher = MetadataFetcher(
+        ME,
+        "c",
+        cast(ControllerClient, controller),
+        publisher,
+        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
+        lambda offset: None,
+        clock=clock,
+    )
+    turns = 0
+    replaying = True
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while replaying:
+            turns += 1
+            await asyncio.sleep(0)
+
+    at_apply: list[int] = []
+    apply = MetadataDelta.apply
+
+    def noting_apply(delta: MetadataDelta) -> MetadataImage:
+        at_apply.append(turns)
+        return apply(delta)
+
+    try:
+        assert await fetcher.fetch_once()
+        monkeypatch.setattr(MetadataDelta, "apply", noting_apply)
+        controller.log.append(
+            cpb.CommittedRecord(
+                offset=len(controller.log),
+                leader_epoch=1,
+                value=encode_value(wrap(mpb.ClearElrRecord(topic_name="big"))),
+            )
+        )
+        ticker = asyncio.create_task(count_turns())
+        await asyncio.sleep(0)
+        start = turns
+        try:
+            assert await fetcher.fetch_once()
+        finally:
+            replaying = False
+            await ticker
+        monkeypatch.undo()
+        assert not any(p.elr for _, _, p in publisher.image.iter_partitions())
+        return at_apply[0] - start
+    finally:
+        await publisher.flush()
+        manager.close()
+
+
+async def test_a_broker_replays_a_big_clear_in_slices_of_the_time_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ClearElrRecord of 5,000 partitions: on a clock where replay costs time the broker yields the
+    loop in the middle of it (its heartbeats and replica fetches run between); where it costs nothing,
+    it does not."""
+    free = await _turns_replaying_a_big_clear(tmp_path / "free", ManualClock(), 5000, monkeypatch)
+    costly = await _turns_replaying_a_big_clear(tmp_path / "costly", CostClock(1), 5000, monkeypatch)
+    assert costly >= free + 3, (free, costly)

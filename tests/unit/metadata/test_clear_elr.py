@@ -17,13 +17,15 @@ from hypothesis import strategies as st
 from kraft.clock import ManualClock
 from kraft.metadata import elr_holders as elr_holders_module
 from kraft.metadata import records
-from kraft.metadata.delta import LocalPartition, MetadataDelta
+from kraft.metadata.commit_replay import replay_batch
+from kraft.metadata.delta import CLEAR_ELR_STEP, LocalPartition, MetadataDelta
 from kraft.metadata.election_config import MIN_INSYNC_REPLICAS
 from kraft.metadata.elr_holders import ElrHolders, elr_holders_of
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_records
 from kraft.metadata.records import ConfigResourceType
 from kraft.metadata.store import SqliteImageStore
+from kraft.raft.api import CommittedBatch, CommittedRecord
 from kraft.v1 import metadata_pb2 as pb
 
 TOPIC_IDS = ["t0", "t1", "t2", "t3"]
@@ -158,9 +160,9 @@ def _assert_index_follows(image: MetadataImage) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(scenario=scenarios(), index_on_base=st.booleans())
+@given(scenario=scenarios(), index_on_base=st.booleans(), stepped=st.booleans())
 def test_a_clear_elr_record_gives_what_the_per_partition_records_gave(
-    scenario: tuple[list[pb.MetadataRecord], list[pb.MetadataRecord], str], index_on_base: bool
+    scenario: tuple[list[pb.MetadataRecord], list[pb.MetadataRecord], str], index_on_base: bool, stepped: bool
 ) -> None:
     base_records, before, topic_name = scenario
     base = _replay(MetadataImage.empty(), base_records).apply()
@@ -177,7 +179,12 @@ def test_a_clear_elr_record_gives_what_the_per_partition_records_gave(
             base.features,
         )
     clear = records.wrap(pb.ClearElrRecord(topic_name=topic_name))
-    new = _replay(base, [*before, clear])
+    if stepped:  # as follower controllers and brokers replay it: in steps
+        new = _replay(base, before)
+        for _ in new.replay_steps(clear, base.offset + len(before) + 1, 1):
+            pass
+    else:
+        new = _replay(base, [*before, clear])
     # the oracle: the same records before, applied, then one change per partition holding one
     old_first = _replay(base, before)
     view = old_first.apply()
@@ -353,3 +360,109 @@ def test_a_cleared_image_round_trips_through_snapshot_records_and_the_image_stor
 def test_the_record_is_shown_by_metadata_dump() -> None:
     shown = records.describe_value(records.encode_value(records.wrap(pb.ClearElrRecord(topic_name="a"))))
     assert shown == {"type": "ClearElrRecord", "api_key": 28, "version": 0, "data": {"topic_name": "a"}}
+
+
+def _many_holders(partitions: int) -> MetadataImage:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(records.wrap(pb.TopicRecord(name="big", topic_id="B")), 0, 1)
+    for partition_id in range(partitions):
+        delta.replay(
+            records.wrap(
+                pb.PartitionRecord(
+                    topic_id="B",
+                    partition_id=partition_id,
+                    replicas=[1, 2, 3],
+                    isr=[1],
+                    leader=1,
+                    eligible_leader_replicas=[2],
+                    last_known_elr=[3] if partition_id % 2 else [],
+                )
+            ),
+            partition_id + 1,
+            1,
+        )
+    return delta.apply()
+
+
+def test_a_clear_of_many_partitions_is_replayed_in_steps() -> None:
+    image = _many_holders(3 * CLEAR_ELR_STEP + 1)
+    delta = MetadataDelta(image)
+    steps = delta.replay_steps(records.wrap(pb.ClearElrRecord(topic_name="big")), 9000, 2)
+    next(steps)  # the first step cleared one step's worth, not the topic
+    assert sum(1 for p in delta.changed_topics() for _ in p[2]) == CLEAR_ELR_STEP
+    assert sum(1 for _ in steps) == 3
+    stepped = delta.apply()
+    assert (stepped.offset, stepped.epoch) == (9000, 2)
+    at_once = MetadataDelta(image)
+    at_once.replay(records.wrap(pb.ClearElrRecord(topic_name="big")), 9000, 2)
+    assert stepped == at_once.apply()
+    assert not any(p.elr or p.last_known_elr for _, _, p in stepped.iter_partitions())
+    # any other record: replayed at once, nothing to step through
+    other = MetadataDelta(image)
+    assert list(other.replay_steps(records.wrap(pb.NoOpRecord()), 9001, 2)) == []
+    assert other.offset == 9001
+
+
+class _CostClock(ManualClock):
+    """Every read of the clock costs ``cost_ms`` (a stand-in for slow replay)."""
+
+    def __init__(self, cost_ms: int) -> None:
+        super().__init__()
+        self.cost_ms = cost_ms
+
+    def monotonic_ms(self) -> int:
+        self.now_ms += self.cost_ms
+        return self.now_ms
+
+
+async def _replay_turns(
+    image: MetadataImage, batch: CommittedBatch, clock: ManualClock, budget_ms: int
+) -> tuple[MetadataImage, int]:
+    turns = 0
+    replaying = True
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while replaying:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    start = turns
+    try:
+        replayed = await replay_batch(image, batch, clock, budget_ms)
+    finally:
+        replaying = False
+        await ticker
+    replayed.check(batch.last_offset)
+    return replayed.image, turns - start
+
+
+def test_a_follower_controller_replays_a_big_clear_over_several_loop_turns() -> None:
+    """commit_replay: the ConfigRecord and one ClearElrRecord of 2,000 partitions are one batch of two
+    records, yet the loop gets turns in the middle of the clear (each step counts as CLEAR_ELR_STEP
+    records against the slice); the image is the one replay gives at once."""
+    image = _many_holders(2000)
+    config = pb.ConfigRecord(
+        resource_type=ConfigResourceType.TOPIC, resource_name="big", name=MIN_INSYNC_REPLICAS
+    )
+    config.value = "1"
+    written = [records.wrap(config), records.wrap(pb.ClearElrRecord(topic_name="big"))]
+    base = image.offset + 1
+    batch = CommittedBatch(
+        base,
+        base + 1,
+        1,
+        [CommittedRecord(base + i, records.encode_value(r)) for i, r in enumerate(written)],
+        0,
+    )
+    at_once = _replay(image, written).apply()
+
+    async def scenario() -> None:
+        for clock, budget_ms in ((ManualClock(), 0), (_CostClock(1), 5)):
+            replayed, turns = await _replay_turns(image, batch, clock, budget_ms)
+            assert replayed == at_once
+            assert turns >= 2000 // CLEAR_ELR_STEP, turns
+
+    asyncio.run(scenario())
