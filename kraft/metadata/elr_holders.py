@@ -20,6 +20,7 @@ and the empty image starts with an empty one, so real readers never scan.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 from operator import attrgetter
 from typing import TYPE_CHECKING, Final
@@ -46,13 +47,17 @@ _lke_of = attrgetter("last_known_elr")
 
 
 def _chunked(partition_ids: Iterable[int]) -> dict[int, frozenset[int]]:
-    grouped: dict[int, list[int]] = {}
-    for partition_id in partition_ids:
-        ids = grouped.get(partition_id >> CHUNK_BITS)
-        if ids is None:
-            ids = grouped[partition_id >> CHUNK_BITS] = []
-        ids.append(partition_id)
-    return {chunk: frozenset(ids) for chunk, ids in grouped.items()}
+    """Sorted (linear for the usual ascending input), then cut at chunk boundaries: C-level work, not a
+    Python step per id (a topic of 100,000 partitions all in ELR, loaded from a snapshot)."""
+    ids = sorted(partition_ids)
+    chunks: dict[int, frozenset[int]] = {}
+    start = 0
+    while start < len(ids):
+        chunk = ids[start] >> CHUNK_BITS
+        end = bisect_left(ids, (chunk + 1) << CHUNK_BITS, start)
+        chunks[chunk] = frozenset(ids[start:end])
+        start = end
+    return chunks
 
 
 def _holders_of_new_topic(partitions: Mapping[int, PartitionRegistration]) -> list[int]:
