@@ -141,6 +141,12 @@ class ElrHolders:
                     topics.pop(topic_id, None)
                 continue
             old = topics.get(topic_id) or {}
+            if not old:
+                # The common case (a topic holding none, e.g. ISR-only changes): two C-level passes
+                # say whether any changed partition now holds one, instead of a Python step each.
+                values = partitions.values()
+                if not (any(map(_elr_of, values)) or any(map(_lke_of, values))):
+                    continue
             edits: dict[int, set[int]] = {}  # chunk → its ids after this delta (copied on first edit)
             for partition_id, partition in partitions.items():
                 chunk_no = partition_id >> CHUNK_BITS
