@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import compress
-from operator import attrgetter, or_
+from itertools import compress, repeat
+from operator import attrgetter, or_, rshift
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -82,15 +82,24 @@ def _bulk_advance(old: _Chunks, partitions: Mapping[int, PartitionRegistration])
     values = partitions.values()
     flags = map(or_, map(bool, map(_elr_of, values)), map(bool, map(_lke_of, values)))
     added = _chunked(compress(partitions.keys(), flags))
-    chunks: dict[int, frozenset[int]] = {}
-    for chunk_no, ids in old.items():
-        kept = ids.difference(changed)  # set_difference looks each id up in the dict: C-level
-        more = added.pop(chunk_no, None)
+    chunks = dict(old)
+    # The chunks a changed partition falls in — computed (~0.1 µs per changed partition) only when they
+    # are few against the holders; otherwise every chunk is looked at (~0.03 µs per holder, an
+    # untouched one stays the same object).
+    if len(changed) * 3 < sum(map(len, old.values())):
+        touched: Iterable[int] = set(map(rshift, changed, repeat(CHUNK_BITS)))
+    else:
+        touched = set(old).union(added)
+    for chunk_no in touched:
+        ids = old.get(chunk_no)
+        kept = frozenset() if ids is None else ids.difference(changed)  # C-level dict lookups
+        more = added.get(chunk_no)
         if more:
             kept |= more
         if kept:
-            chunks[chunk_no] = ids if kept == ids else kept
-    chunks.update(added)
+            chunks[chunk_no] = kept if ids is None or kept != ids else ids
+        else:
+            chunks.pop(chunk_no, None)
     return chunks
 
 
