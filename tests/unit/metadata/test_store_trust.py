@@ -4,6 +4,7 @@ checksum, has none, or is ahead of the log is discarded (one line) and the image
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import sqlite3
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from kraft.clock import ManualClock
 from kraft.metadata import records
+from kraft.metadata import store as store_module
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import SqliteImageStore
@@ -295,10 +297,21 @@ def test_damage_in_every_page_is_verified_or_discarded(kind: str) -> None:
         assert outcomes.get("discarded", 0) >= 1, outcomes
 
 
-def test_a_damaged_index_page_that_load_never_reads_is_rebuilt_by_the_next_save(tmp_path: Path) -> None:
-    """The topic-name index is not read by a load (its checksum covers rows, not indexes), so damage
-    there passes it; the next save then met "database disk image is malformed" and — a failed save is
-    fatal on a controller — the node stopped at every restart.  The save starts the file afresh."""
+@pytest.mark.parametrize("structure_check", [True, False], ids=["found-at-load", "found-by-the-save"])
+def test_a_damaged_index_page_that_load_never_reads_is_rebuilt_by_the_next_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, structure_check: bool
+) -> None:
+    """The topic-name index is not read by a load (its checksum covers rows, not indexes).  The load's
+    structural check (``PRAGMA quick_check``) finds the damaged page and discards the store.  Without it
+    (damage after the load: the check is switched off here) the next save met "database disk image is
+    malformed" and — a failed save is fatal on a controller — the node stopped at every restart; the save
+    starts the file afresh."""
+    if not structure_check:
+
+        async def unchecked(db: object) -> None:
+            return None
+
+        monkeypatch.setattr(store_module, "_check_structure", unchecked)
     pristine = _pristine_store()
     path = tmp_path / "image.sqlite"
     path.write_bytes(pristine)
@@ -313,7 +326,10 @@ def test_a_damaged_index_page_that_load_never_reads_is_rebuilt_by_the_next_save(
     damaged[start + page_size // 2 : start + page_size] = bytes(page_size // 2)
     path.write_bytes(bytes(damaged))
     outcome, loaded = asyncio.run(_load_and_rebuild(path))
-    assert outcome == "verified" and loaded == _bigger_sample()
+    if structure_check:
+        assert outcome == "discarded"
+    else:
+        assert outcome == "verified" and loaded == _bigger_sample()
 
 
 def test_a_damaged_meta_cell_pointer_is_discarded_and_the_next_save_verifies() -> None:
@@ -329,4 +345,39 @@ def test_a_damaged_meta_cell_pointer_is_discarded_and_the_next_save_verifies() -
         path = Path(tmp) / "image.sqlite"
         path.write_bytes(_damaged(pristine, "flip", position, 1, 1))
         outcome, _ = asyncio.run(_load_and_rebuild(path))
+    assert outcome == "discarded"
+
+
+def _with_root_page_moved(pristine: bytes, index: str, tmp: Path) -> bytes:
+    """``pristine`` with one bit of ``index``'s root page number in ``sqlite_master`` flipped so that it
+    names the page of the object after it (found by trying the bytes of page 1 that hold the number)."""
+    probe = tmp / "probe.sqlite"
+    probe.write_bytes(pristine)
+    with contextlib.closing(sqlite3.connect(probe)) as db:
+        (root,) = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (index,)).fetchone()
+        page_size = db.execute("PRAGMA page_size").fetchone()[0]
+    for position in range(100, page_size):
+        if pristine[position] != root:
+            continue
+        damaged = _damaged(pristine, "flip", position, 1, root ^ (root + 1))
+        probe.write_bytes(damaged)
+        try:
+            with contextlib.closing(sqlite3.connect(probe)) as db:
+                row = db.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (index,)).fetchone()
+        except sqlite3.DatabaseError:
+            continue  # a byte of another field: the schema no longer parses
+        if row == (root + 1,):
+            return damaged
+    raise AssertionError(f"no byte of page 1 holds {index}'s root page")
+
+
+def test_an_index_root_page_pointing_at_another_table_is_discarded_at_load(tmp_path: Path) -> None:
+    """Regression (found by the byte-damage property, position 2383, one bit): the flip made the features
+    index's root page the ``acls`` table's.  The load reads tables, not indexes, and verified; the next
+    save wrote index cells into the acls table, and the following start discarded the store.  The load's
+    structural check now discards it at once, and the save after it verifies."""
+    damaged = _with_root_page_moved(_pristine_store(), "sqlite_autoindex_features_1", tmp_path)
+    path = tmp_path / "image.sqlite"
+    path.write_bytes(damaged)
+    outcome, _ = asyncio.run(_load_and_rebuild(path))
     assert outcome == "discarded"
