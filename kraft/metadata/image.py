@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kraft.metadata.chunked import Compact, compact
+from kraft.metadata.pmap import persistent
 from kraft.metadata.records import ConfigResourceType
 from kraft.security.acl import StandardAcl
 
@@ -179,6 +180,13 @@ class MetadataImage:
     transaction: str = ""
     """The name of the metadata transaction open at ``offset`` (its BeginTransactionRecord's), "" when
     none is: a reader publishes nothing inside one; the controller resumes it (controller_logic)."""
+
+    def __post_init__(self) -> None:
+        # The two topic maps are persistent (kraft.metadata.pmap, structure-sharing, dict order): the next
+        # image's apply() sets just the touched topics instead of copying two dicts of every topic.
+        set_ = object.__setattr__
+        set_(self, "topics_by_id", persistent(self.topics_by_id))
+        set_(self, "topic_ids_by_name", persistent(self.topic_ids_by_name))
 
     @staticmethod
     def empty() -> MetadataImage:
