@@ -1,8 +1,9 @@
 """MetadataDelta: replay records on top of an image, then ``apply()`` the next image.
 
-Only what changed is held here; ``apply()`` copies just the changed top-level maps and, of each changed
-topic, just the chunks of its partition sequence (:mod:`kraft.metadata.chunked`) that hold a changed
-partition, so an image follows a log of any length at a cost proportional to the changes — also within
+Only what changed is held here; ``apply()`` copies just the changed top-level maps (the two topic maps
+are persistent, :mod:`kraft.metadata.pmap`: it sets just the touched topics) and, of each changed topic,
+just the chunks of its partition sequence (:mod:`kraft.metadata.chunked`) that hold a changed partition,
+so an image follows a log of any length at a cost proportional to the changes — also within
 a topic of a million partitions.  ``local_changes(broker_id)`` tells a broker what to do with its
 partition logs (Kafka's ``TopicsDelta.localChanges``): delete what it no longer hosts, then lead, then
 follow.
