@@ -1,8 +1,9 @@
 """MetadataDelta: replay records on top of an image, then ``apply()`` the next image.
 
-Only what changed is held here; ``apply()`` copies just the changed top-level maps and, of each changed
-topic, just the chunks of its partition sequence (:mod:`kraft.metadata.chunked`) that hold a changed
-partition, so an image follows a log of any length at a cost proportional to the changes — also within
+Only what changed is held here; ``apply()`` copies just the changed top-level maps (the two topic maps
+are persistent, :mod:`kraft.metadata.pmap`: it sets just the touched topics) and, of each changed topic,
+just the chunks of its partition sequence (:mod:`kraft.metadata.chunked`) that hold a changed partition,
+so an image follows a log of any length at a cost proportional to the changes — also within
 a topic of a million partitions.  ``local_changes(broker_id)`` tells a broker what to do with its
 partition logs (Kafka's ``TopicsDelta.localChanges``): delete what it no longer hosts, then lead, then
 follow.
@@ -35,6 +36,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
+from kraft.metadata.pmap import persistent
 from kraft.metadata.records import ConfigResourceType, decode_values
 from kraft.security.acl import AclError, StandardAcl
 from kraft.v1 import metadata_pb2 as pb
@@ -632,19 +634,14 @@ class MetadataDelta:
         topics: Mapping[str, TopicImage] = base.topics_by_id
         names: Mapping[str, str] = base.topic_ids_by_name
         if self._topics or self._removed_topics:
-            new_topics = dict(base.topics_by_id)
-            for topic_id in self._removed_topics:
-                new_topics.pop(topic_id, None)
-            for topic_id, topic in self._topics.items():
-                new_topics[topic_id] = _build_topic(topic)
-            topics = new_topics
-            new_names = dict(base.topic_ids_by_name)
-            for name, maybe_id in self._names.items():
-                if maybe_id is None:
-                    new_names.pop(name, None)
-                else:
-                    new_names[name] = maybe_id
-            names = new_names
+            # Persistent maps (kraft.metadata.pmap): only the touched topics are set, O(k log n).
+            topics = persistent(base.topics_by_id).with_changes(
+                self._removed_topics, [(tid, _build_topic(topic)) for tid, topic in self._topics.items()]
+            )
+            names = persistent(base.topic_ids_by_name).with_changes(
+                [name for name, maybe_id in self._names.items() if maybe_id is None],
+                [(name, maybe_id) for name, maybe_id in self._names.items() if maybe_id is not None],
+            )
         configs: Mapping[ConfigKey, Mapping[str, str]] = base.configs
         if self._configs:
             new_configs = dict(base.configs)

@@ -1,10 +1,12 @@
 """The immutable metadata image: what the committed metadata log says, as of one offset.
 
 Images are never mutated.  A :class:`~kraft.metadata.delta.MetadataDelta` produces the next image and
-shares every unchanged sub-map and every unchanged topic with the previous one, so building a new image
-costs in proportion to what changed — down to within a topic: a topic's partitions (indexed by partition
-id, dense 0..n-1) above 1,024 are a :class:`~kraft.metadata.chunked.ChunkedSequence` of chunks of 1,024
-(a tuple below), and the next version of a topic shares every chunk the delta did not touch.  Each
+shares every unchanged sub-map and every unchanged topic with the previous one (the two topic maps are
+:class:`~kraft.metadata.pmap.PersistentMap` objects: a new topic costs O(log n), not a copy of every
+topic), so building a new image costs in proportion to what changed — down to within a topic: a topic's
+partitions (indexed by partition id, dense 0..n-1) above 1,024 are a
+:class:`~kraft.metadata.chunked.ChunkedSequence` of chunks of 1,024 (a tuple below), and the next
+version of a topic shares every chunk the delta did not touch.  Each
 partition is a :class:`PartitionRegistration` named tuple — about 150 bytes per partition, which is what
 keeps an image of 1,000,000 partitions far below 1 GiB.
 """
@@ -18,6 +20,7 @@ from typing import NamedTuple
 
 from kraft.metadata.chunked import Compact, compact
 from kraft.metadata.elr_holders import EMPTY_ELR_HOLDERS, ElrHolders
+from kraft.metadata.pmap import persistent
 from kraft.metadata.records import ConfigResourceType
 from kraft.security.acl import StandardAcl
 
@@ -184,6 +187,13 @@ class MetadataImage:
     """The partitions holding an ELR or last known ELR (:mod:`kraft.metadata.elr_holders`, what a
     ClearElrRecord's replay visits); derived from ``topics_by_id``, so not compared.  None: computed on
     first use (``elr_holders_of``)."""
+
+    def __post_init__(self) -> None:
+        # The two topic maps are persistent (kraft.metadata.pmap, structure-sharing, dict order): the next
+        # image's apply() sets just the touched topics instead of copying two dicts of every topic.
+        set_ = object.__setattr__
+        set_(self, "topics_by_id", persistent(self.topics_by_id))
+        set_(self, "topic_ids_by_name", persistent(self.topic_ids_by_name))
 
     @staticmethod
     def empty() -> MetadataImage:
