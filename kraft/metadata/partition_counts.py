@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from itertools import chain, compress
+from operator import attrgetter, is_not
 
 from kraft.metadata.chunked import chunks_of
 from kraft.metadata.image import PartitionRegistration, TopicImage
@@ -32,26 +34,28 @@ class _TopicCounts:
         self.replicas: Counter[int] = Counter()
 
 
+_LEADER = attrgetter("leader")
+_REPLICAS = attrgetter("replicas")
+
+
 def _diff(old: _Chunk, new: _Chunk, leaders: Counter[int], replicas: Counter[int]) -> None:
     """Add to ``leaders``/``replicas`` what replacing chunk ``old`` by ``new`` changes (partitions
-    compared by identity: a delta builds a new registration only for a partition it changed)."""
-    n_old = len(old)
-    for index, partition in enumerate(new):
-        if index < n_old:
-            before = old[index]
-            if before is partition:
-                continue
-            leaders[before.leader] -= 1
-            for replica in before.replicas:
-                replicas[replica] -= 1
-        leaders[partition.leader] += 1
-        for replica in partition.replicas:
-            replicas[replica] += 1
-    for index in range(len(new), n_old):  # partitions never shrink; kept exact anyway
-        before = old[index]
-        leaders[before.leader] -= 1
-        for replica in before.replicas:
-            replicas[replica] -= 1
+    compared by identity: a delta builds a new registration only for a partition it changed).  Counted
+    with C-level passes (``Counter.update`` of mapped iterables): a new topic's partitions are counted as
+    fast as a whole-topic recount was, and a changed chunk costs one identity pass plus its changes."""
+    if not old:
+        leaders.update(map(_LEADER, new))
+        replicas.update(chain.from_iterable(map(_REPLICAS, new)))
+        return
+    shared = min(len(old), len(new))
+    gone = list(compress(old, map(is_not, old, new)))
+    came = list(compress(new, map(is_not, old, new)))
+    gone.extend(old[shared:])  # partitions never shrink; kept exact anyway
+    came.extend(new[shared:])
+    leaders.subtract(map(_LEADER, gone))
+    replicas.subtract(chain.from_iterable(map(_REPLICAS, gone)))
+    leaders.update(map(_LEADER, came))
+    replicas.update(chain.from_iterable(map(_REPLICAS, came)))
 
 
 class PartitionCounts:
@@ -106,15 +110,12 @@ class PartitionCounts:
                 known.chunks, known.topic = new_chunks, topic
             else:
                 known.chunks, known.topic = tuple(counted_chunks), None
-            # Only brokers whose counts moved: O(changed brokers), not O(brokers).
-            for delta, per_topic, total in (
-                (leaders, known.leaders, self.leaders),
-                (replicas, known.replicas, self.replicas),
-            ):
-                for broker_id, n in delta.items():
-                    if n:
-                        per_topic[broker_id] += n
-                        total[broker_id] += n
+            # Counter.update: a new topic's counts are copied at C level; the totals add only the
+            # brokers this change touched (a changed chunk's few brokers, not every broker).
+            known.leaders.update(leaders)
+            known.replicas.update(replicas)
+            self.leaders.update(leaders)
+            self.replicas.update(replicas)
             if not finished:
                 return False
         self._topics = topics_by_id
