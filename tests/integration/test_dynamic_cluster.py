@@ -256,8 +256,16 @@ def test_a_voter_on_a_new_port_updates_its_endpoint(cluster: LocalCluster) -> No
     while endpoints_of(moved_id) != [f"CONTROLLER://{moved.host}:{moved.port}"]:
         assert time.monotonic() < deadline, endpoints_of(moved_id)
         time.sleep(0.1)
-    log = cluster.layout.log_path(moved).read_text(encoding="utf-8")
-    assert "voter_endpoint_update" in log and "outcome=updated" in log
+
+    # The node logs the outcome after its update committed, and the describe above can see the commit
+    # first (a full-suite run read the log in between): wait for the line within the same deadline.
+    def update_logged() -> bool:
+        log = cluster.layout.log_path(moved).read_text(encoding="utf-8")
+        return "voter_endpoint_update" in log and "outcome=updated" in log
+
+    while not update_logged():
+        assert time.monotonic() < deadline, cluster.layout.log_path(moved).read_text(encoding="utf-8")[-2000:]
+        time.sleep(0.1)
 
     # The others reach it at its new address: with the leader gone, no leader can be elected without
     # its vote (or without it answering the other's fetches as the new leader).
