@@ -25,7 +25,7 @@ from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 from .test_controller import CLUSTER, activate_broker, settle
-from .test_sliced_topics import _assigned, _rotating
+from .test_sliced_topics import _assigned, _rotating, start_and_hold_part_written
 from .test_work_budget import _cluster_with_a_topic, _replay, _started
 
 BIG = 95  # partitions of the big topic, rf 2 over brokers 1-3, written 10 per slice
@@ -375,20 +375,7 @@ async def test_through_the_controller_a_request_during_a_big_topics_write_counts
         for broker_id in (1, 2, 3):
             await activate_broker(controller, broker_id)
         big = cpb.CreatableTopic(name="huge", num_partitions=40, replication_factor=2)
-        create = asyncio.create_task(
-            controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[big]))
-        )
-
-        def written() -> int:
-            found = controller.committed.topic("huge")
-            return 0 if found is None else len(found.partitions)
-
-        for _ in range(1000):
-            await asyncio.sleep(0)
-            if 0 < written() < 40:
-                break
-        raft.hold_commits = True
-        await settle()
+        create, written = await start_and_hold_part_written(raft, controller, big, 40)
         assert not create.done() and 0 < written() < 40 and _reserved(controller) > 0
 
         def small(name: str, partitions: int) -> cpb.CreateTopicsRequest:

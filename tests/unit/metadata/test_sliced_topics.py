@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 
 import pytest
 
 from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
-from kraft.metadata.controller import ControllerOptions
+from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import (
     CREATE_TOPIC_TRANSACTION,
     PREPARED_TOPIC_MIN_PARTITIONS,
@@ -27,6 +28,7 @@ from kraft.metadata.placement import UsableBroker, place_replicas
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
+from .fake_raft import FakeRaft
 from .test_controller import CLUSTER, activate_broker, settle
 from .test_work_budget import CostClock, _cluster_with_a_topic, _logic, _replay, _started
 
@@ -162,6 +164,29 @@ def test_a_new_active_controller_undoes_a_half_written_explicit_topic() -> None:
     assert retry.response.topics[0].error_code == ErrorCode.NONE
 
 
+async def start_and_hold_part_written(
+    raft: FakeRaft, controller: QuorumController, topic: cpb.CreatableTopic, total: int
+) -> tuple[asyncio.Task[cpb.CreateTopicsResponse], Callable[[], int]]:
+    """Start creating ``topic`` (a big one, written in slices), let it run until some but not all of its
+    ``total`` partitions are committed, then hold commits there: the create task and a count of what is
+    written."""
+    create = asyncio.create_task(
+        controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+    )
+
+    def written() -> int:
+        found = controller.committed.topic(topic.name)
+        return 0 if found is None else len(found.partitions)
+
+    for _ in range(1000):
+        await asyncio.sleep(0)
+        if 0 < written() < total:
+            break
+    raft.hold_commits = True
+    await settle()
+    return create, written
+
+
 async def test_a_heartbeat_is_answered_while_an_explicit_big_topic_is_being_written() -> None:
     """The topic's slices wait for their commits (a slow quorum); a heartbeat is answered meanwhile, and
     the creation is answered once its last slice committed."""
@@ -173,20 +198,7 @@ async def test_a_heartbeat_is_answered_while_an_explicit_big_topic_is_being_writ
     try:
         epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
         topic = _assigned("assigned", [[1, 2, 3]] * 40)
-        create = asyncio.create_task(
-            controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
-        )
-
-        def written() -> int:
-            found = controller.committed.topic("assigned")
-            return 0 if found is None else len(found.partitions)
-
-        for _ in range(1000):
-            await asyncio.sleep(0)
-            if 0 < written() < 40:
-                break
-        raft.hold_commits = True
-        await settle()
+        create, written = await start_and_hold_part_written(raft, controller, topic, 40)
         assert not create.done() and controller.committed.transaction
         beat = await asyncio.wait_for(
             controller.broker_heartbeat(
