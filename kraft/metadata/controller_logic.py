@@ -208,6 +208,18 @@ CREATE_TOPIC_TRANSACTION = "CreateTopic "
 """Prefix of the BeginTransactionRecord name of a sliced topic creation; JSON of its plan follows."""
 
 
+class PlannedAhead:
+    """Partitions of the plans made (:meth:`ControllerLogic.plan_topic`) and not yet checked for their
+    write, refused or given up: later plans start their placement after them.  Each plan counts here
+    once and uncounts itself once (:meth:`TopicPlan.release`); a reset starts a new one, so a plan of
+    the term before uncounts nothing from it."""
+
+    __slots__ = ("partitions",)
+
+    def __init__(self) -> None:
+        self.partitions = 0
+
+
 @dataclass(slots=True)
 class TopicPlan:
     """A topic too big for one work unit (auto-placed, more partitions than
@@ -254,9 +266,15 @@ class TopicPlan:
     """Its place among the reservations (a dry run's too): its write's check leaves out later plans'."""
     order: RequestOrder | None = None
     """Its request's topic positions (its write's check leaves out the request's plans listed after it)."""
+    ahead: PlannedAhead | None = None
+    """Where its partitions count as planned ahead, until :meth:`release`."""
 
     def release(self) -> None:
-        """Drop the plan's reservation (refused, abandoned or written); idempotent."""
+        """Drop the plan's reservation and its count ahead (checked for its write, refused or
+        abandoned); idempotent."""
+        if self.ahead is not None:
+            self.ahead.partitions -= self.partitions
+            self.ahead = None
         if self.reservation is not None:
             self.reservation.release()
             self.reservation = None
@@ -545,7 +563,7 @@ class ControllerLogic:
         self._rejoining: dict[int, _RejoinJob] = {}
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
-        self._planned_ahead = 0
+        self._planned_ahead = PlannedAhead()
         # ...and the same partitions for the limits of other requests (with their replicas per broker)
         self.reservations = PartitionReservations()
         self.reset(image, now_ms)
@@ -564,7 +582,7 @@ class ControllerLogic:
         self._leaving.clear()
         self._rejoining.clear()
         self._topic_jobs.clear()
-        self._planned_ahead = 0
+        self._planned_ahead = PlannedAhead()  # plans of the term before uncount themselves from the old one
         self.reservations.clear()
         self._resume_bulk_jobs()
         self._resume_transaction()
@@ -1478,6 +1496,24 @@ class ControllerLogic:
             self._add_topic_records(batch, topic.name, topic_id, assignment, configs)
         return Outcome(batch.finish(), response, next_offset)
 
+    @property
+    def planned_ahead(self) -> int:
+        """Partitions of the plans made and not yet checked for their write, refused or given up."""
+        return self._planned_ahead.partitions
+
+    def check_planned_ahead(self, pending: Iterable[TopicPlan]) -> None:
+        """Invariant (for tests): the count planned ahead is exactly ``pending``'s partitions — the
+        plans of this term the caller holds that were not checked for their write, refused or given up.
+        Raises AssertionError otherwise."""
+        plans = list(pending)
+        expected = sum(plan.partitions for plan in plans)
+        foreign = [plan.name for plan in plans if plan.ahead is not self._planned_ahead]
+        if foreign or self._planned_ahead.partitions != expected:
+            raise AssertionError(
+                f"planned_ahead={self._planned_ahead.partitions} expected={expected} "
+                f"pending={len(plans)} not_counted={foreign}"
+            )
+
     def is_big_topic(self, topic: cpb.CreatableTopic) -> bool:
         settings = self.settings
         return is_big_topic(topic, settings.max_changes_per_write, settings.default_num_partitions)
@@ -1496,8 +1532,9 @@ class ControllerLogic:
         one request would), so concurrent topics do not all rotate leaders from the same broker."""
         outcome, plan = self._plan_topic(req, next_offset)
         if plan is not None:
-            plan.start_index += self._planned_ahead
-            self._planned_ahead += plan.partitions
+            plan.start_index += self._planned_ahead.partitions
+            self._planned_ahead.partitions += plan.partitions
+            plan.ahead = self._planned_ahead
             plan.order = order
             if req.validate_only:  # a dry run holds nothing
                 plan.seq = self.reservations.take_seq()
@@ -1611,7 +1648,6 @@ class ControllerLogic:
         """A planned topic's name and partition limits checked again against the image as it is now
         (with the per-broker counts of the complete plan); its partitions stop counting as planned
         ahead either way.  False: refused, the error set on ``result``."""
-        self._planned_ahead = max(0, self._planned_ahead - plan.partitions)
         # checked like any other request's, but plans made after it wait for it (request order, as the
         # unsliced request); a big topic's write reserves anew
         plan.release()

@@ -1,0 +1,244 @@
+"""The placement cursor of big and prepared topics' plans (issue #17): a plan made while earlier plans are
+not written yet starts its placement after them (``ControllerLogic.planned_ahead``).  The count must be
+exactly the partitions of the plans made and not yet checked for their write, refused or given up — a
+plan refused while its explicit assignment is checked, or given up by its caller, used to stay counted
+until the next failover and shifted every later topic's leaders."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kraft.clock import Deadline, ManualClock
+from kraft.errors import ErrorCode, KraftError
+from kraft.metadata.controller import ControllerOptions
+from kraft.metadata.controller_logic import ControllerLogic, TopicPlan, TopicTransactionBusy
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
+
+from .test_controller import CLUSTER, activate_broker, settle
+from .test_partition_reservations import SLICE, _logic
+from .test_sliced_topics import _assigned, _rotating
+from .test_work_budget import _cluster_with_a_topic, _started
+
+
+def _request(topic: cpb.CreatableTopic, validate_only: bool = False) -> cpb.CreateTopicsRequest:
+    return cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic], validate_only=validate_only)
+
+
+def _auto(name: str, partitions: int) -> cpb.CreatableTopic:
+    return cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=2)
+
+
+def _bad_explicit(name: str, partitions: int, bad_entry: int) -> cpb.CreatableTopic:
+    """An explicit assignment whose entry ``bad_entry`` names an unregistered broker: refused only when
+    its slice is checked (TopicPlan.place_some), after the plan was made."""
+    assignment = _rotating(partitions)
+    assignment[bad_entry] = [1, 9]
+    return _assigned(name, assignment)
+
+
+def _plan(logic: ControllerLogic, request: cpb.CreateTopicsRequest, prepared: bool = False) -> TopicPlan:
+    outcome, plan = logic.plan_topic(request, 0, prepared=prepared)
+    assert plan is not None, outcome.response
+    return plan
+
+
+def _cursor(logic: ControllerLogic) -> int:
+    """Where the next plan's placement starts with nothing planned ahead: the image's partitions."""
+    partitions, _hosted = logic._placement_counts()
+    return partitions
+
+
+def test_a_plan_refused_while_its_explicit_assignment_is_checked_no_longer_counts_ahead() -> None:
+    logic = _logic()
+    _cluster_with_a_topic(logic, 3)
+    refused = _plan(logic, _request(_bad_explicit("bad", 40, 25)))
+    pending = _plan(logic, _request(_auto("pending", 30)))
+    assert pending.start_index == _cursor(logic) + 40
+    assert logic.planned_ahead == 70
+    try:
+        while not refused.place_some(Deadline(None, 0), SLICE):
+            pass
+    except KraftError as exc:
+        assert exc.code == ErrorCode.INVALID_REPLICA_ASSIGNMENT
+    else:
+        raise AssertionError("the unregistered broker was not refused")
+    logic.check_planned_ahead([pending])
+    # the next plan starts after the pending one only, as if the refused one had never been planned
+    assert _plan(logic, _request(_auto("next", 30))).start_index == _cursor(logic) + 30
+
+
+def test_a_plan_given_up_before_its_write_no_longer_counts_ahead() -> None:
+    logic = _logic()
+    _cluster_with_a_topic(logic, 3)
+    given_up = _plan(logic, _request(_auto("given-up", 40)), prepared=True)
+    dry = _plan(logic, _request(_auto("dry", 20), validate_only=True))
+    assert logic.planned_ahead == 60
+    given_up.release()  # what QuorumController._create_prepared_topic's finally does when cancelled
+    dry.release()
+    given_up.release()  # idempotent
+    logic.check_planned_ahead([])
+    assert _plan(logic, _request(_auto("next", 30))).start_index == _cursor(logic)
+
+
+def test_a_plan_made_before_a_reset_uncounts_nothing_after_it() -> None:
+    logic = _logic()
+    _cluster_with_a_topic(logic, 3)
+    old = _plan(logic, _request(_auto("old", 40)))
+    logic.reset(logic.image, 0)  # a new term: pending plans are the old term's
+    logic.check_planned_ahead([])
+    new = _plan(logic, _request(_auto("new", 30)))
+    old.release()  # the old term's caller gives up only now
+    logic.check_planned_ahead([new])
+    assert _plan(logic, _request(_auto("next", 11))).start_index == _cursor(logic) + 30
+
+
+async def test_a_prepared_topic_cancelled_through_the_controller_no_longer_counts_ahead() -> None:
+    """The caller's CreateTopics cancelled while its prepared topic is placed: the plan's partitions stop
+    counting ahead (before the fix the next topic's leaders started 300 partitions further on)."""
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000)
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        logic = controller.state.logic
+        assert logic is not None
+        create = asyncio.create_task(controller.create_topics(_request(_auto("given-up", 300))))
+        for _ in range(1000):
+            await asyncio.sleep(0)
+            if logic.planned_ahead:
+                break
+        assert logic.planned_ahead == 300 and not create.done()
+        create.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await create
+        await settle()
+        logic.check_planned_ahead([])
+    finally:
+        await controller.stop()
+
+
+_KINDS = ("big", "prepared", "explicit", "bad-explicit", "dry-run", "duplicate-name")
+
+
+class PlannedAheadModel(RuleBasedStateMachine):
+    """Random sequences of plans (big, prepared, explicit, refused while checked, dry runs, a name that
+    will be taken by its write), placing slices, cancellations, writes, small topics and resets: the
+    count planned ahead always equals the partitions of the plans the model holds pending, recomputed,
+    and every new plan starts exactly there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logic = _logic()
+        self.log: list[pb.MetadataRecord] = _cluster_with_a_topic(self.logic, 3)
+        self.pending: list[TopicPlan] = []  # planned; not checked for the write, refused or given up
+        self.stale: list[TopicPlan] = []  # made before a reset (a caller of the old term may release them)
+        self.validate_only: dict[int, bool] = {}
+        self.prepared: dict[int, bool] = {}
+        self.names = (f"t{i}" for i in itertools.count())
+
+    def _drop(self, plan: TopicPlan) -> None:
+        self.pending.remove(plan)
+
+    @rule(kind=st.sampled_from(_KINDS), partitions=st.integers(SLICE + 1, 45), data=st.data())
+    def plan(self, kind: str, partitions: int, data: st.DataObject) -> None:
+        name = next(self.names)
+        if kind == "duplicate-name" and self.pending:
+            name = data.draw(st.sampled_from(self.pending)).name  # refused at the later write's check
+        if kind == "explicit":
+            topic = _assigned(name, _rotating(partitions))
+        elif kind == "bad-explicit":
+            topic = _bad_explicit(name, partitions, data.draw(st.integers(0, partitions - 1)))
+        else:
+            topic = _auto(name, partitions)
+        prepared = data.draw(st.booleans())
+        expected_start = _cursor(self.logic) + sum(p.partitions for p in self.pending)
+        outcome, plan = self.logic.plan_topic(_request(topic, kind == "dry-run"), len(self.log), prepared)
+        assert plan is not None, outcome.response
+        assert plan.start_index == expected_start, (plan.start_index, expected_start)
+        self.pending.append(plan)
+        self.validate_only[id(plan)] = kind == "dry-run"
+        self.prepared[id(plan)] = prepared
+
+    def _place(self, plan: TopicPlan, whole: bool) -> bool:
+        """One slice (or all) of the plan's placement; False when its explicit assignment was refused."""
+        try:
+            if self.prepared[id(plan)]:
+                while not self.logic.prepare_some(plan, Deadline(None, 0), SLICE) and whole:
+                    pass
+            else:
+                while not plan.place_some(Deadline(None, 0), SLICE) and whole:
+                    pass
+        except KraftError:
+            event("refused while its explicit assignment was checked")
+            self._drop(plan)
+            return False
+        return True
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data())
+    def place_a_slice(self, data: st.DataObject) -> None:
+        self._place(data.draw(st.sampled_from(self.pending)), whole=False)
+
+    @precondition(lambda self: self.pending or self.stale)
+    @rule(data=st.data())
+    def give_up(self, data: st.DataObject) -> None:
+        plan = data.draw(st.sampled_from(self.pending + self.stale))
+        plan.release()
+        if plan in self.pending:
+            self._drop(plan)
+
+    @precondition(lambda self: self.pending)
+    @rule(data=st.data())
+    def write(self, data: st.DataObject) -> None:
+        plan = data.draw(st.sampled_from(self.pending))
+        if not self._place(plan, whole=True):
+            return
+        logic = self.logic
+        validate_only = self.validate_only[id(plan)]
+        if self.prepared[id(plan)]:
+            outcome = logic.create_prepared_topic(plan, validate_only, len(self.log))
+        else:
+            while True:
+                try:
+                    outcome = logic.create_planned_topic(plan, validate_only, len(self.log))
+                    break
+                except TopicTransactionBusy:  # another big topic is being written: finish it first
+                    self.finish_bulk_jobs()
+        self._drop(plan)  # checked for its write: written, or refused by the check
+        refused = outcome.response.topics[0].error_code != ErrorCode.NONE
+        event("refused at its write's check" if refused else "checked for its write")
+        self.log.extend(outcome.records)
+        plan.release()  # the shell's finally
+
+    @rule()
+    def finish_bulk_jobs(self) -> None:
+        while self.logic.has_bulk_jobs():
+            self.log.extend(self.logic.continue_bulk_jobs(len(self.log)))
+
+    @rule(partitions=st.integers(1, 5))
+    def small_topic(self, partitions: int) -> None:
+        request = _request(_auto(next(self.names), partitions))
+        self.log.extend(self.logic.create_topics(request, len(self.log)).records)
+
+    @rule()
+    def failover(self) -> None:
+        self.logic.reset(self.logic.image, 0)  # every record here counts as committed
+        self.stale.extend(self.pending)
+        self.pending.clear()
+
+    @invariant()
+    def counted_exactly(self) -> None:
+        self.logic.check_planned_ahead(self.pending)
+        assert self.logic.planned_ahead == sum(p.partitions for p in self.pending)
+
+
+PlannedAheadModel.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None)
+TestPlannedAheadModel = PlannedAheadModel.TestCase
