@@ -17,6 +17,8 @@ import time
 import traceback
 from pathlib import Path
 
+from kraft.procutil import reap_children_on_exit
+
 # Known benchmarks, run in this order when no name is given.  Add yours here.
 BENCHMARKS: tuple[str, ...] = (
     "storage",
@@ -62,6 +64,7 @@ def run_one(name: str, quick: bool) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(
         prog="python -m bench", description=__doc__.splitlines()[0] if __doc__ else None
     )

@@ -25,6 +25,7 @@ from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
 from kraft.cluster.manager import LocalCluster
 from kraft.observability.logging import configure_logging
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
 
@@ -80,6 +81,7 @@ async def run(label: str, seconds: float, reps: int) -> None:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("label")
     parser.add_argument("--seconds", type=float, default=2.0)

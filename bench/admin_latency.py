@@ -42,6 +42,7 @@ from kraft.client.channel import open_channel
 from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
 
@@ -140,6 +141,7 @@ def run(rounds: int, seconds: float, overrides: dict[str, str], prefill_s: float
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(
         prog="python -m bench.admin_latency", description=__doc__.splitlines()[0]
     )

@@ -67,6 +67,7 @@ from kraft.metadata.store import SqliteImageStore  # noqa: E402
 from kraft.netutil import free_port  # noqa: E402
 from kraft.node.broker import BrokerServer, BrokerSettings  # noqa: E402
 from kraft.observability.logging import configure_logging  # noqa: E402
+from kraft.procutil import reap_children_on_exit  # noqa: E402
 from kraft.v1 import broker_pb2 as bpb  # noqa: E402
 from kraft.v1 import broker_pb2_grpc  # noqa: E402
 from kraft.v1 import controller_pb2 as cpb  # noqa: E402
@@ -525,6 +526,7 @@ def _catch_up_merge(quick: bool, lag_mib: int | None) -> None:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument(

@@ -37,6 +37,7 @@ from kraft.cluster.process import NodeProcess, pid_alive
 from kraft.cluster.quorum import run_kraft
 from kraft.cluster.spec import NodeRole
 from kraft.errors import ErrorCode
+from kraft.procutil import reap_children_on_exit
 
 PARTITIONS = 2_000
 TOPIC_PARTITIONS = 1_000
@@ -197,6 +198,7 @@ async def _run(root: Path, partitions: int) -> dict[str, Any]:
 
 
 def main() -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--partitions", type=int, default=PARTITIONS)
     parser.add_argument("--quick", action="store_true", help="accepted for `python -m bench`; no effect")

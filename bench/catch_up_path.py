@@ -29,6 +29,7 @@ from typing import Any
 from kraft.broker.replication import ReplicationSettings
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.types import ProducedRecord
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import broker_pb2 as pb
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +116,7 @@ def run(lag_mib: int, repeat: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--lag-mib", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)

@@ -44,7 +44,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +59,7 @@ from kraft.cluster.spec import ADMIN_CLIENT, certificate_principal
 from kraft.errors import ErrorCode
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit, run_child
 from kraft.security.authorizer import STANDARD_AUTHORIZER
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
@@ -149,7 +149,7 @@ def image_memory_child(topics: int, partitions_per_topic: int, brokers: int) -> 
 
 def measure_image_memory(quick: bool) -> dict[str, Any]:
     topics, per_topic, brokers = (100, 1000, 1000) if quick else (1000, 1000, 1000)
-    result = subprocess.run(
+    result = run_child(
         [sys.executable, "-m", "bench.controller", "--image-memory-child", f"{topics},{per_topic},{brokers}"],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -543,6 +543,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller fleet and image, shorter windows")
     parser.add_argument(

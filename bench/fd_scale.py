@@ -43,6 +43,7 @@ from kraft.cluster.manager import LocalCluster
 from kraft.cluster.quorum import run_kraft
 from kraft.cluster.spec import NodeRole
 from kraft.errors import ErrorCode
+from kraft.procutil import reap_children_on_exit
 
 FD_LIMIT = 1024
 TOPIC_PARTITIONS = 1_000
@@ -228,6 +229,7 @@ async def _run(root: Path, per_broker: int, brokers_n: int, controllers_n: int) 
 
 
 def main() -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="2,000 partitions per broker")
     parser.add_argument("--partitions-per-broker", type=int, default=None)

@@ -24,7 +24,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from kraft.clock import SystemClock
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.heap_freezer import HeapFreezer, freeze_heap
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit, run_child
 from kraft.v1 import controller_pb2 as cpb
 
 RESULTS_PATH = Path(__file__).parent / "results" / "gc_thresholds.json"
@@ -144,6 +144,7 @@ def child(config: dict[str, Any], partitions: int, brokers: int, cycles: int) ->
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=200_000)
     parser.add_argument("--brokers", type=int, default=200)
@@ -159,7 +160,7 @@ def main() -> None:
     indexes = range(len(CONFIGS)) if not args.configs else [int(i) for i in args.configs.split(",")]
     for index in indexes:
         load = os.getloadavg()
-        out = subprocess.run(
+        out = run_child(
             [
                 sys.executable,
                 "-m",

@@ -36,6 +36,7 @@ from typing import Any
 
 from kraft.broker import hwm_checkpoint
 from kraft.broker.types import TopicPartition
+from kraft.procutil import reap_children_on_exit
 from kraft.storage.fileio import atomic_write
 
 SIZES = (1_000, 20_000, 100_000)
@@ -119,6 +120,7 @@ async def _run(count: int, root: Path) -> dict[str, Any]:
 
 
 def main() -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="1,000 and 20,000 partitions only")
     args = parser.parse_args()

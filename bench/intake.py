@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ import grpc
 import grpc.aio
 
 from kraft.netutil import free_port, wait_for_port
-from kraft.procutil import reap
+from kraft.procutil import reap, reap_children_on_exit, spawn_child
 from kraft.runtime import check_choices, configure_grpc_io, run_server
 from kraft.v1 import raft_pb2
 
@@ -140,7 +139,7 @@ def measure(shape: str, work_us: int, slice_ms: float, clients: int, seconds: fl
     port = free_port()
     argv = [sys.executable, "-m", "bench.intake", "--serve", str(port), "--shape", shape]
     argv += ["--work-us", str(work_us), "--slice-ms", str(slice_ms)]
-    server = subprocess.Popen(argv, cwd=REPO_ROOT)
+    server = spawn_child(argv, cwd=REPO_ROOT)
     try:
         wait_for_port("127.0.0.1", port, timeout_s=30)
         result = asyncio.run(load(f"127.0.0.1:{port}", clients, seconds))
@@ -151,6 +150,7 @@ def measure(shape: str, work_us: int, slice_ms: float, clients: int, seconds: fl
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.intake", description=__doc__.splitlines()[0])
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--shape", choices=("single", "thread", "intake"), default="single")

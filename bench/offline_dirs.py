@@ -20,6 +20,7 @@ from typing import Any
 
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, Outcome
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
 CLUSTER = "bench"
@@ -74,6 +75,7 @@ class Bench:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.offline_dirs", description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, default=100)
     parser.add_argument("--per-topic", type=int, default=1000)

@@ -38,6 +38,7 @@ from typing import Any
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.types import LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
+from kraft.procutil import reap_children_on_exit
 from kraft.storage.open_files import OpenFileCache
 
 FD_LIMIT = 1000
@@ -114,6 +115,7 @@ async def _run(count: int, root: Path) -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.open_files", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 partitions instead of 100,000")
     parser.add_argument("--partitions", type=int, default=0, help="override the partition count")

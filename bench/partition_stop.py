@@ -45,6 +45,7 @@ from kraft.broker.segmented_partition_log import (
     segmented_log_opener,
     sync_recovered_partition_logs,
 )
+from kraft.procutil import reap_children_on_exit
 from kraft.storage import fileio
 from kraft.storage.batch import build_batch
 
@@ -215,6 +216,7 @@ def run(partitions: int, root: Path) -> dict[str, object]:
 
 
 def main() -> dict[str, object]:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="500 partitions instead of 2,000")
     parser.add_argument("--partitions", type=int, default=0, help="override the partition count")

@@ -45,6 +45,7 @@ if str(REPO_ROOT) not in sys.path:
 from kraft.pipeline.compaction import CompactionOptions, compact  # noqa: E402
 from kraft.pipeline.reader import read_logs  # noqa: E402
 from kraft.pipeline.session import SparkSettings, spark_session  # noqa: E402
+from kraft.procutil import reap_children_on_exit  # noqa: E402
 from kraft.storage.batch import build_batch  # noqa: E402
 from kraft.storage.log import LogConfig, SegmentedLog  # noqa: E402
 
@@ -321,6 +322,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=10_000_000)
     parser.add_argument("--key-space", type=int, default=7_000_000)

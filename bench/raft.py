@@ -46,6 +46,7 @@ from bench.raft_floor import FloorServer
 from kraft.client.channel import ChannelSecurity, open_channel
 from kraft.cluster.quorum import ControllerQuorum
 from kraft.errors import ErrorCode
+from kraft.procutil import reap_children_on_exit
 from kraft.runtime import configure_grpc_io
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -530,6 +531,7 @@ def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.raft", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short points and 3 failover trials")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)

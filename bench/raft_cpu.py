@@ -34,6 +34,7 @@ from typing import Any
 from bench.raft import THROUGHPUT_PROFILE, KraftStreamWriter, KraftWriter
 from bench.raft_floor import FloorServer
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.procutil import reap_children_on_exit, spawn_child
 from kraft.runtime import configure_grpc_io
 from kraft.storage.batch import iter_batch_headers
 
@@ -190,7 +191,7 @@ def measure(
                 pids[f"follower_{node_id}"] = process.pid
         threaded = {"leader": leader_process.pid, "floor_server": floor_process.pid}
         target = quorum.nodes[leader_id].target
-        profiled: list[subprocess.Popen[bytes]] = []
+        profiled: list[subprocess.Popen[Any]] = []
 
         def start_profile(path: str) -> Callable[[], None]:
             def run() -> None:
@@ -213,7 +214,7 @@ def measure(
                     "raw",
                 ]
                 with open(path + ".log", "wb") as errors:
-                    profiled.append(subprocess.Popen(command, stdout=errors, stderr=errors))
+                    profiled.append(spawn_child(command, stdout=errors, stderr=errors))
 
             return run
 
@@ -310,6 +311,7 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.raft_cpu", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warmup", type=float, default=1.0)

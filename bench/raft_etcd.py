@@ -19,7 +19,7 @@ import grpc
 import grpc.aio
 
 from kraft.netutil import free_port, wait_for_port
-from kraft.procutil import reap
+from kraft.procutil import reap, spawn_child
 
 PUT_METHOD = "/etcdserverpb.KV/Put"
 
@@ -162,9 +162,7 @@ class EtcdCluster:
             "warn",
         ]
         with member.log_path.open("ab") as log:
-            member.process = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+            member.process = spawn_child(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def leader(self) -> EtcdMember | None:
         """The member etcd reports as leader (``etcdctl endpoint status``), or None."""

@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 
 from kraft.netutil import free_port, wait_for_port
-from kraft.procutil import reap
+from kraft.procutil import reap, reap_children_on_exit, spawn_child
 from kraft.runtime import configure_grpc_io, run_server
 from kraft.v1 import raft_pb2
 
@@ -71,7 +71,7 @@ class FloorServer:
     def __enter__(self) -> FloorServer:
         env = dict(os.environ)
         configure_grpc_io(env)  # the gRPC I/O layer kraft's own server processes run on
-        self._process = subprocess.Popen(
+        self._process = spawn_child(
             [sys.executable, "-m", "bench.raft_floor", str(self.port)],
             cwd=REPO_ROOT,
             env=env,
@@ -92,6 +92,7 @@ class FloorServer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not args[0].isdigit():
         print("usage: python -m bench.raft_floor PORT", file=sys.stderr)

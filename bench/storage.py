@@ -51,6 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kraft.procutil import reap_children_on_exit
 from kraft.storage.batch import build_batch, with_base_offset
 from kraft.storage.log import (
     METADATA_LOG_PREALLOCATE_BYTES,
@@ -316,6 +317,7 @@ def run(quick: bool, only: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.storage", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter rounds and a 128 MiB recovery log")
     parser.add_argument(

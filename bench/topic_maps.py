@@ -32,6 +32,7 @@ from collections.abc import Callable
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import metadata_pb2 as mpb
 
 
@@ -116,6 +117,7 @@ def measure(topics: int) -> dict[str, float]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--topics", type=int, nargs="+", default=[6000, 100_000])
     args = parser.parse_args()

@@ -22,6 +22,7 @@ from typing import Any
 
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
 CLUSTER = "bench"
@@ -98,6 +99,7 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.unfence", description=__doc__.splitlines()[0])
     parser.add_argument("--brokers", type=int, default=1000)
     parser.add_argument("--topics", type=int, default=1000)

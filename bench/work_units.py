@@ -58,6 +58,7 @@ from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.store import _partition_digest, _topic_key
+from kraft.procutil import reap_children_on_exit
 from kraft.reaper import SLICE_MS, Reaper
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as mpb
@@ -481,6 +482,7 @@ def broker_round(partitions: int, deletion_partitions: int, collect: bool = True
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser()
     parser.add_argument("--brokers", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=100_000)

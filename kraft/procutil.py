@@ -2,15 +2,154 @@
 
 One way to start a node-like child (own session, output appended to a log file), to stop one
 (SIGTERM, then SIGKILL if it overstays) and to quote the end of its log in an error message.
+
+A process that must not leave children behind when it ends however it ends — a benchmark killed by
+``timeout``, Ctrl-C, a closed terminal or SIGKILL — calls :func:`reap_children_on_exit` first: from
+then on every child started here (:func:`spawn_child`, :func:`spawn_logged`, so also the nodes of
+:class:`kraft.cluster.quorum.ControllerQuorum` and :class:`kraft.cluster.manager.LocalCluster`) is
+bound to it.  ``kraft cluster up`` never calls it: its nodes outlive the command by design.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import os
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import Any
+
+# prctl(2) option: the signal the calling process gets when its parent (the thread that forked it) dies
+_PR_SET_PDEATHSIG = 1
+_EXIT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# Children bound to this process (reap_children_on_exit): killed, their whole group, when it exits.
+_bound: list[subprocess.Popen[Any]] = []
+_bound_lock = threading.RLock()  # re-entrant: the signal handler may interrupt its holder
+_reaping = False
+_exiting = False
+
+
+def reap_children_on_exit() -> None:
+    """Bind every child this process starts through this module from now on to this process's life.
+
+    Each such child leads its own process group (as every child here does) and
+
+    - gets SIGKILL from the kernel when this process dies, even by SIGKILL (``PR_SET_PDEATHSIG`` on
+      Linux, set between fork and exec, for children started from the main thread: the kernel sends it
+      when the *thread* that forked the child ends, and only the main thread lives as long as the
+      process);
+    - has its process group killed and is reaped at interpreter exit (``atexit``) and on SIGTERM,
+      SIGINT or SIGHUP, whose handlers here kill the children first, then exit through ``SystemExit(128
+      + signal)`` so ``finally`` blocks and context managers still run (a second signal exits at once).
+
+    Call it from the main thread, once, before starting children (later calls do nothing); a
+    benchmark's ``main`` does.  Not for processes whose children are meant to outlive them.
+    """
+    global _reaping
+    if _reaping:
+        return
+    _reaping = True
+    atexit.register(kill_children)
+    for signum in _EXIT_SIGNALS:
+        signal.signal(signum, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, _frame: FrameType | None) -> None:
+    global _exiting
+    if _exiting:  # a second signal while unwinding: do not wait for slow cleanups
+        os._exit(128 + signum)
+    _exiting = True
+    kill_children()
+    raise SystemExit(128 + signum)
+
+
+def kill_children(wait_s: float = 5.0) -> int:
+    """SIGKILL the process group of every bound child still running and reap them (within ``wait_s``
+    in all); returns how many were running.  Safe to call more than once."""
+    with _bound_lock:
+        children = list(_bound)
+        _bound.clear()
+    running = [child for child in children if child.poll() is None]
+    for child in running:
+        # an unreaped child's pid is still its own, so the group id (= its pid: it leads its session)
+        # cannot name anybody else's processes
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    for child in running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    return len(running)
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """The ``preexec_fn`` that asks the kernel to SIGKILL the child when this process dies, or None
+    where that is not available (not Linux, not the main thread)."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody would signal us
+            os._exit(1)
+
+    return preexec
+
+
+def spawn_child(command: Sequence[str], **popen_args: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(command, **popen_args)`` in a session of its own (a terminal's Ctrl-C does not
+    reach it before its owner stops it; its process group can be signalled as a whole), bound to this
+    process once :func:`reap_children_on_exit` was called."""
+    preexec = _die_with_parent() if _reaping else None
+    # preexec_fn runs between fork and exec, where a lock held by another thread would deadlock the
+    # child: ours takes none (one prctl call through ctypes, getppid); kraft leaves gRPC's fork support
+    # (its at-fork hooks) off.  It also makes Popen fork instead of vfork: ~ms, once per child.
+    process: subprocess.Popen[Any] = subprocess.Popen(
+        command,
+        start_new_session=True,
+        preexec_fn=preexec,  # noqa: PLW1509
+        **popen_args,
+    )
+    if _reaping:
+        with _bound_lock:
+            _bound[:] = [child for child in _bound if child.returncode is None]  # drop reaped ones
+            _bound.append(process)
+    return process
+
+
+def run_child(
+    command: Sequence[str], *, timeout: float | None = None, check: bool = False, **popen_args: Any
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` for a long-running child (a benchmark's measuring process), started by
+    :func:`spawn_child`; on a timeout or any exception (the signal handlers' SystemExit too) its whole
+    process group is killed and reaped before the exception goes on."""
+    if popen_args.pop("capture_output", False):
+        popen_args["stdout"] = popen_args["stderr"] = subprocess.PIPE
+    with spawn_child(command, **popen_args) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
+    code = process.returncode
+    if check and code:
+        raise subprocess.CalledProcessError(code, list(command), stdout, stderr)
+    return subprocess.CompletedProcess(list(command), code, stdout, stderr)
 
 
 def spawn_logged(
@@ -31,14 +170,8 @@ def spawn_logged(
     with log_path.open("ab") as log:
         log.write(f"{banner}\n".encode())
         log.flush()
-        return subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
+        return spawn_child(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env
         )
 
 
