@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
+from kraft.broker.partitions import PartitionManager
+from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.types import ProducedRecord, StoredRecord
+from kraft.clock import Clock, ManualClock
 from kraft.metadata.image import MetadataImage
 from kraft.storage.batch import build_batch, encode_batch, iter_batches
 from kraft.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
+
+T = TypeVar("T")
 
 
 class MemoryPartitionLog:
@@ -200,3 +207,60 @@ class MemoryImageStore:
 
     async def close(self) -> None:
         self.closed = True
+
+
+class CostClock(ManualClock):
+    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
+
+    def monotonic_ms(self) -> int:
+        self.advance(1)
+        return super().monotonic_ms()
+
+
+async def started_publisher(
+    broker_id: int,
+    tmp_path: Path,
+    store: MemoryImageStore,
+    clock: Clock,
+    manager_clock: Clock | None = None,
+    opener: MemoryLogOpener | None = None,
+) -> tuple[PartitionManager, MetadataPublisher]:
+    """A PartitionManager (logs in memory — ``opener``'s, to reopen them after a restart — directories
+    under ``tmp_path/logs``) and a MetadataPublisher over it, started and caught up (nothing to fetch
+    here: it publishes normally from now on)."""
+    logs = MemoryLogOpener() if opener is None else opener
+    manager = PartitionManager(broker_id, [tmp_path / "logs"], logs, clock=manager_clock)
+    publisher = MetadataPublisher(broker_id, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
+    await publisher.start()
+    await publisher.open_partitions()
+    return manager, publisher
+
+
+class LoopTurns:
+    """The event loop's turns while some work is awaited, counted by a task that ticks once per turn:
+    work that yields the loop (paced, bounded work units) lets it tick in between.  With a ``clock``,
+    also how far the clock moved between two ticks (the longest stretch of work without a yield)."""
+
+    def __init__(self, clock: ManualClock | None = None) -> None:
+        self.clock = clock
+        self.turns = 0
+        self.stretches: list[int] = []
+
+    async def during(self, work: Awaitable[T]) -> T:
+        done = False
+
+        async def ticker() -> None:
+            last = self.clock.now_ms if self.clock is not None else 0
+            while not done:
+                self.turns += 1
+                await asyncio.sleep(0)
+                if self.clock is not None:
+                    self.stretches.append(self.clock.now_ms - last)
+                    last = self.clock.now_ms
+
+        ticking = asyncio.create_task(ticker())
+        try:
+            return await work
+        finally:
+            done = True
+            await ticking

@@ -12,14 +12,14 @@ import random
 from pathlib import Path
 
 import pytest
-from broker_fakes import MemoryImageStore, MemoryLogOpener
+from broker_fakes import CostClock, LoopTurns, MemoryImageStore, MemoryLogOpener, started_publisher
 
 from kraft.broker.image_adapter import to_local_changes_in_steps
 from kraft.broker.partitions import PARTITIONS_PER_TURN, Pacer, PartitionManager, in_order
 from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.segmented_partition_log import segmented_log_opener
 from kraft.broker.types import LocalChanges, PartitionAssignment, ProducedRecord, TopicPartition
-from kraft.clock import DEFAULT_WORK_UNIT_MS, ManualClock
+from kraft.clock import DEFAULT_WORK_UNIT_MS
 from kraft.metadata.delta import LocalPartition, LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
@@ -28,14 +28,6 @@ from kraft.v1 import metadata_pb2 as mpb
 
 ME = 1
 WAIT_S = 10.0
-
-
-class CostClock(ManualClock):
-    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
-
-    def monotonic_ms(self) -> int:
-        self.advance(1)
-        return super().monotonic_ms()
 
 
 def _assignment(topic_id: str) -> PartitionAssignment:
@@ -130,23 +122,12 @@ async def test_paced_deletion_yields_deletes_in_order_and_spares_a_recreated_top
             leaders={TopicPartition("big", p): _assignment("new" if p < 10 else "old") for p in range(count)}
         )
     )
-    turns = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal turns
-        while not done:
-            turns += 1
-            await asyncio.sleep(0)
-
-    ticking = asyncio.create_task(ticker())
+    loop = LoopTurns()
     deletes = {TopicPartition("big", p): "old" for p in reversed(range(count))}  # any order in
-    applied = await manager.apply_paced(LocalChanges(deletes=deletes))
-    done = True
-    await ticking
+    applied = await loop.during(manager.apply_paced(LocalChanges(deletes=deletes)))
     # What the one-go code deleted, in its order (sorted by partition), without the re-created ones.
     assert applied.deleted == tuple(sorted(TopicPartition("big", p) for p in range(10, count)))
-    assert turns >= (count - 10) // PARTITIONS_PER_TURN  # the loop ran other tasks between turns
+    assert loop.turns >= (count - 10) // PARTITIONS_PER_TURN  # the loop ran other tasks between turns
     assert [p.tp.partition for p in manager.partitions()] == list(range(10))
     assert all(p.topic_id == "new" for p in manager.partitions())
     left = sorted(d.name for d in (tmp_path / "logs").iterdir())
@@ -156,10 +137,7 @@ async def test_paced_deletion_yields_deletes_in_order_and_spares_a_recreated_top
 async def test_a_deletion_cut_short_by_a_crash_is_finished_on_restart(tmp_path: Path) -> None:
     store = MemoryImageStore()
     opener = MemoryLogOpener()
-    manager = PartitionManager(ME, [tmp_path / "logs"], opener, clock=CostClock())
-    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=CostClock())
-    await publisher.start()
-    await publisher.open_partitions()
+    manager, publisher = await started_publisher(ME, tmp_path, store, CostClock(), CostClock(), opener)
     created = MetadataDelta(publisher.image)
     for record in _records_of(_image_with({"big": ("B", 1000), "kept": ("K", 3)}, offset=1)):
         created.replay(record)
@@ -209,10 +187,7 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
     count = 5000  # above kraft.reaper.MIN_ITEMS: the topic and the broker's changes are handed over
     store = MemoryImageStore()
     clock = CostClock()  # one clock: the publisher's and the manager's reads are one budget's cost
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener(), clock=clock)
-    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
-    await publisher.start()
-    await publisher.open_partitions()
+    manager, publisher = await started_publisher(ME, tmp_path, store, clock, clock)
     created = MetadataDelta(publisher.image)
     for record in _records_of(_image_with({"big": ("B", count)}, offset=1)):
         created.replay(record)
@@ -221,29 +196,14 @@ async def test_a_big_deletion_is_published_in_bounded_turns_and_its_objects_go_t
     del created
     removal = MetadataDelta(publisher.image)
     removal.replay(wrap(mpb.RemoveTopicRecord(topic_id="B")), 2, 1)
-    turns = 0
-    done = False
-    stretches: list[int] = []  # clock reads (1 ms each) between two turns of the ticker
-
-    async def ticker() -> None:
-        nonlocal turns
-        last = clock.now_ms
-        while not done:
-            turns += 1
-            await asyncio.sleep(0)
-            stretches.append(clock.now_ms - last)
-            last = clock.now_ms
-
-    ticking = asyncio.create_task(ticker())
-    applied = await publisher.publish(removal)
-    done = True
-    await ticking
+    loop = LoopTurns(clock)  # and the clock reads (1 ms each) between two turns
+    applied = await loop.during(publisher.publish(removal))
     assert len(applied.deleted) == count and len(manager) == 0
     assert not any((tmp_path / "logs").iterdir())
-    assert turns >= count // PARTITIONS_PER_TURN
+    assert loop.turns >= count // PARTITIONS_PER_TURN
     # Scan, conversion, ordering and deletion share one budget: no stretch spans two (the budget, plus
     # the read that found it spent and the next turn's start).
-    assert max(stretches) <= DEFAULT_WORK_UNIT_MS + 2
+    assert max(loop.stretches) <= DEFAULT_WORK_UNIT_MS + 2
     reaper = reaper_of(asyncio.get_running_loop())
     assert reaper.waiting >= 2  # the removed topic, the broker's changes (and what it applied)
     del removal, applied

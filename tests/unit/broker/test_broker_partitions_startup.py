@@ -3,14 +3,13 @@ caught-up image assigns, paced directory work, one failing log dir taken offline
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import threading
 from pathlib import Path
 
 import pytest
-from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+from broker_fakes import LoopTurns, MemoryLogOpener, MemoryPartitionLog
 
 from kraft.broker.partitions import PARTITIONS_PER_TURN, AllLogDirsOfflineError, PartitionManager
 from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmented_log_opener
@@ -60,21 +59,10 @@ async def test_bulk_creation_is_paced_so_other_tasks_run_in_between(tmp_path: Pa
     manager.load()
     count = PARTITIONS_PER_TURN * 5
     changes = LocalChanges(leaders={TopicPartition("bulk", p): assignment() for p in range(count)})
-    ticks = 0
-    done = False
-
-    async def heartbeat() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    beat = asyncio.create_task(heartbeat())
-    applied = await manager.apply_paced(changes)
-    done = True
-    await beat
+    loop = LoopTurns()
+    applied = await loop.during(manager.apply_paced(changes))
     assert len(applied.created) == count == len(manager)
-    assert ticks >= 5  # the other task ran at least once per chunk
+    assert loop.turns >= 5  # the other task ran at least once per chunk
 
 
 async def test_a_failing_log_dir_goes_offline_and_the_other_dir_keeps_serving(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker_fakes import MemoryImageStore, MemoryLogOpener
+from broker_fakes import CostClock, LoopTurns, MemoryImageStore, MemoryLogOpener, started_publisher
 
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
@@ -54,20 +54,10 @@ async def _let_tasks_run() -> None:
         await asyncio.sleep(0)
 
 
-async def _publisher(
-    tmp_path: Path, store: GatedStore, clock: ManualClock
-) -> tuple[PartitionManager, MetadataPublisher]:
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
-    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
-    await publisher.start()
-    await publisher.open_partitions()  # caught up (nothing to fetch here): publish normally
-    return manager, publisher
-
-
 async def test_a_snapshot_granting_nothing_is_served_before_it_is_stored(tmp_path: Path) -> None:
     store = GatedStore()
     clock = ManualClock()
-    manager, publisher = await _publisher(tmp_path, store, clock)
+    manager, publisher = await started_publisher(ME, tmp_path, store, clock)
     try:
         await asyncio.wait_for(publisher.load_snapshot(_image(10, leader=1)), WAIT_S)
         assert publisher.image.offset == 10 and store.saves == 0  # served, not stored yet
@@ -105,7 +95,7 @@ async def test_a_snapshot_granting_nothing_is_served_before_it_is_stored(tmp_pat
 async def test_a_snapshot_granting_a_partition_is_stored_before_it_is_served(tmp_path: Path) -> None:
     store = GatedStore()
     clock = ManualClock()
-    manager, publisher = await _publisher(tmp_path, store, clock)
+    manager, publisher = await started_publisher(ME, tmp_path, store, clock)
     try:
         load = asyncio.create_task(publisher.load_snapshot(_image(10, leader=ME)))
         await _let_tasks_run()
@@ -140,14 +130,6 @@ async def test_opening_the_partitions_shows_the_view_again_with_them_open(tmp_pa
     manager.close()
 
 
-class CostClock(ManualClock):
-    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
-
-    def monotonic_ms(self) -> int:
-        self.advance(1)
-        return super().monotonic_ms()
-
-
 async def test_a_big_topic_deletion_is_looked_through_in_bounded_turns(tmp_path: Path) -> None:
     """One RemoveTopicRecord of a big topic: the scan for this broker's replicas (a few of its thousands
     of partitions) yields the event loop whenever the work-unit budget ran out, and finds what the
@@ -164,22 +146,11 @@ async def test_a_big_topic_deletion_is_looked_through_in_bounded_turns(tmp_path:
     delta.replay(wrap(mpb.NoOpRecord()), 1, 1)
     image = delta.apply()
     clock = CostClock()
-    _, publisher = await _publisher(tmp_path, GatedStore(), clock)
+    _, publisher = await started_publisher(ME, tmp_path, GatedStore(), clock)
     removal = MetadataDelta(image)
     removal.replay(wrap(mpb.RemoveTopicRecord(topic_id="B")), 2, 1)
-    turns = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal turns
-        while not done:
-            turns += 1
-            await asyncio.sleep(0)
-
-    ticking = asyncio.create_task(ticker())
-    changes = await publisher._local_changes(removal)
-    done = True
-    await ticking
-    assert turns >= 2  # the loop ran other tasks while the scan was under way
+    loop = LoopTurns()
+    changes = await loop.during(publisher._local_changes(removal))
+    assert loop.turns >= 2  # the loop ran other tasks while the scan was under way
     assert changes.deletes == {TopicPartition("big", p): "B" for p in range(0, 5000, 10)}
     assert not changes.leaders and not changes.followers
