@@ -77,6 +77,7 @@ from kraft.metadata.placement import (
     UsableBroker,
     place_ordered_range,
     place_replicas,
+    placed_replica_counts,
     rack_alternated,
     rack_count,
     validate_assignment,
@@ -289,6 +290,27 @@ class TopicPlan:
             self.ordered = brokers, rack_count(brokers)
         ordered, racks = self.ordered
         return place_ordered_range(ordered, racks, first, count, self.replication_factor, self.start_index)
+
+    def replica_counts(
+        self, first: int, count: int, max_placed: int, deadline: Deadline
+    ) -> Counter[int] | None:
+        """Replicas per broker of partitions ``first…first+count-1`` of an auto-placed plan, placing at
+        most ``max_placed`` partitions to count them (:func:`placed_replica_counts`); None if that is
+        not enough or ``deadline`` expires first."""
+        if self.ordered is None:  # ordered once, for the placement that follows too
+            brokers = rack_alternated(self.brokers)
+            self.ordered = brokers, rack_count(brokers)
+        ordered, racks = self.ordered
+        return placed_replica_counts(
+            ordered,
+            racks,
+            first,
+            count,
+            self.replication_factor,
+            self.start_index,
+            max_placed,
+            deadline.expired,
+        )
 
     def place_some(self, deadline: Deadline, max_partitions: int) -> bool:
         """Place (and count) up to ``max_partitions`` more partitions, or fewer when ``deadline``
@@ -736,14 +758,22 @@ class ControllerLogic:
         written = 0 if topic is None else len(topic.partitions)
         job = _TopicJob(topic_id, plan, written)
         if topic is not None and written < plan.partitions:
-            # The rest is reserved again for the limits of other requests.  Its replicas per broker are
-            # counted from the plan in slices before the writing resumes (_run_topic_jobs); until then an
+            # The rest is reserved again for the limits of other requests, with its replicas per broker
+            # counted exactly when that takes at most a work unit of placements and of time (placement
+            # repeats every brokers x (brokers - 1) partitions: a few brokers, any rest).  Otherwise (or
+            # when the event's time budget ran out counting) they are counted
+            # from the plan in slices before the writing resumes (_run_topic_jobs), and until then an
             # upper bound holds (O(brokers) here instead of placing the rest in one event).
             rest = plan.partitions - written
-            bound = placement_bound(plan.brokers, rest, plan.replication_factor)
-            job.reservation = self.reservations.reserve(rest, bound)
-            job.counting = Counter()
-            job.counted = written
+            budget = Deadline(self.clock, self.settings.max_event_time_ms)
+            exact = plan.replica_counts(written, rest, self.settings.max_changes_per_write, budget)
+            if exact is not None:
+                job.reservation = self.reservations.reserve(rest, exact)
+            else:
+                bound = placement_bound(plan.brokers, rest, plan.replication_factor)
+                job.reservation = self.reservations.reserve(rest, bound)
+                job.counting = Counter()
+                job.counted = written
         self._topic_jobs[topic_id] = job
 
     def creating(self, topic_id: str) -> bool:
