@@ -27,11 +27,10 @@ from kraft.metadata.placement import (
     rack_count,
 )
 from kraft.v1 import controller_pb2 as cpb
-from kraft.v1 import metadata_pb2 as pb
 
 from .test_controller import CLUSTER
 from .test_sliced_topics import _assigned
-from .test_work_budget import _replay
+from .test_work_budget import _replay, unfenced_brokers
 
 
 def _placed(
@@ -105,26 +104,6 @@ def _settings(max_broker_partitions: int) -> ControllerSettings:
     )
 
 
-def _racked_cluster(logic: ControllerLogic, racks: Sequence[str]) -> list[pb.MetadataRecord]:
-    """Unfenced brokers 1… with the given racks, every write committed at once."""
-    log: list[pb.MetadataRecord] = []
-    ids = range(1, len(racks) + 1)
-    for broker_id, rack in zip(ids, racks, strict=True):
-        request = cpb.RegisterBrokerRequest(
-            cluster_id=CLUSTER, broker_id=broker_id, incarnation_id="i", rack=rack
-        )
-        log.extend(logic.register_broker(request, 0, len(log)).records)
-    for broker_id in ids:
-        beat = cpb.BrokerHeartbeatRequest(
-            cluster_id=CLUSTER,
-            broker_id=broker_id,
-            broker_epoch=logic.image.brokers[broker_id].epoch,
-            current_metadata_offset=99,
-        )
-        log.extend(logic.broker_heartbeat(beat, 0, len(log)).records)
-    return log
-
-
 @pytest.mark.parametrize("racks", [["a", "a", "a", "b"], ["a", "b", "a", "b", "c"]])
 def test_a_new_active_controller_reserves_the_resumed_rest_exactly_per_broker_at_once(
     racks: list[str],
@@ -134,7 +113,7 @@ def test_a_new_active_controller_reserves_the_resumed_rest_exactly_per_broker_at
     topic that fits next to the rest on the least loaded broker is admitted before any slice is written."""
     ids = (f"topic-{i}" for i in itertools.count())
     first = ControllerLogic(_settings(10_000), MetadataImage.empty(), 0, new_topic_id=lambda: next(ids))
-    log = _racked_cluster(first, racks)
+    log = unfenced_brokers(first, racks)
     request = cpb.CreateTopicsRequest(
         cluster_id=CLUSTER, topics=[cpb.CreatableTopic(name="huge", num_partitions=BIG, replication_factor=2)]
     )

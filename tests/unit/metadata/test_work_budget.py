@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 from prometheus_client import REGISTRY
 
@@ -68,11 +69,23 @@ def _logic(clock: ManualClock | None, budget_ms: int, max_changes: int = 1_000) 
 
 def _cluster_with_a_topic(logic: ControllerLogic, partitions: int) -> list[pb.MetadataRecord]:
     """Three unfenced brokers and one topic of ``partitions`` (rf 3), every write committed at once."""
+    log = unfenced_brokers(logic, [None, None, None])
+    topic = cpb.CreatableTopic(name="big", num_partitions=partitions, replication_factor=3)
+    created = logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), len(log))
+    log.extend(created.records)
+    return log
+
+
+def unfenced_brokers(logic: ControllerLogic, racks: Sequence[str | None]) -> list[pb.MetadataRecord]:
+    """Brokers 1… registered with ``racks`` and unfenced, every write committed at once: the records."""
     log: list[pb.MetadataRecord] = []
-    for broker_id in (1, 2, 3):
-        request = cpb.RegisterBrokerRequest(cluster_id=CLUSTER, broker_id=broker_id, incarnation_id="i")
+    ids = range(1, len(racks) + 1)
+    for broker_id, rack in zip(ids, racks, strict=True):
+        request = cpb.RegisterBrokerRequest(
+            cluster_id=CLUSTER, broker_id=broker_id, incarnation_id="i", rack=rack
+        )
         log.extend(logic.register_broker(request, 0, len(log)).records)
-    for broker_id in (1, 2, 3):
+    for broker_id in ids:
         beat = cpb.BrokerHeartbeatRequest(
             cluster_id=CLUSTER,
             broker_id=broker_id,
@@ -80,9 +93,6 @@ def _cluster_with_a_topic(logic: ControllerLogic, partitions: int) -> list[pb.Me
             current_metadata_offset=99,
         )
         log.extend(logic.broker_heartbeat(beat, 0, len(log)).records)
-    topic = cpb.CreatableTopic(name="big", num_partitions=partitions, replication_factor=3)
-    created = logic.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), len(log))
-    log.extend(created.records)
     return log
 
 
