@@ -44,7 +44,7 @@ from kraft.config import NodeConfig
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
 from kraft.netutil import advertised_host
-from kraft.node.intake import HopInterceptor, IntakeLoop
+from kraft.node.intake import DriverBridge, HopInterceptor, IntakeLoop
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.node.voter_endpoint import VoterEndpointUpdater
@@ -54,7 +54,7 @@ from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
-from kraft.raft.grpc_server import RaftServicer, add_raft_service
+from kraft.raft.grpc_server import FETCH_METHODS, RaftServicer, add_raft_service
 from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer, add_raft_test_service
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
@@ -378,6 +378,10 @@ class ControllerNode:
         # Handshake and idle timeouts, keepalive, stream and connection caps: kraft.grpc_service.
         limits = server_limits(cfg)
         endpoints = self.endpoints()
+        intake = IntakeLoop() if cfg.controller_request_intake_thread else None
+        bridge = (
+            None if intake is None else DriverBridge(asyncio.get_running_loop(), self._raft.submit_request)
+        )
         raft_servicer = RaftServicer(
             self._raft,
             cluster_id=self._meta.cluster_id,
@@ -387,6 +391,7 @@ class ControllerNode:
             security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
             node_id=cfg.node_id,
             peer_problems=self._raft.peer_problems.reports,
+            fetch_handler=bridge,  # on the intake loop: Fetch is answered there (kraft.node.intake)
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
@@ -428,10 +433,10 @@ class ControllerNode:
 
         await health.set_serving(RAFT_SERVICE, False)
         self._health = health
-        if cfg.controller_request_intake_thread:
-            intake = self._intake = IntakeLoop()
+        if intake is not None:
+            self._intake = intake
             intake.start()
-            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
+            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop, native=FETCH_METHODS)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])
