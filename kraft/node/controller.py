@@ -378,9 +378,13 @@ class ControllerNode:
         # Handshake and idle timeouts, keepalive, stream and connection caps: kraft.grpc_service.
         limits = server_limits(cfg)
         endpoints = self.endpoints()
-        intake = IntakeLoop() if cfg.controller_request_intake_thread else None
+        main_loop = asyncio.get_running_loop()
+        # With the request plane on its own thread, Fetch is served there and reaches the driver through
+        # the bridge (kraft.node.intake); without it, the servicer calls the driver directly.
         bridge = (
-            None if intake is None else DriverBridge(asyncio.get_running_loop(), self._raft.submit_request)
+            DriverBridge(main_loop, self._raft.submit_request)
+            if cfg.controller_request_intake_thread
+            else None
         )
         raft_servicer = RaftServicer(
             self._raft,
@@ -391,7 +395,7 @@ class ControllerNode:
             security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
             node_id=cfg.node_id,
             peer_problems=self._raft.peer_problems.reports,
-            fetch_handler=bridge,  # on the intake loop: Fetch is answered there (kraft.node.intake)
+            fetch_handler=bridge,
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
@@ -433,10 +437,10 @@ class ControllerNode:
 
         await health.set_serving(RAFT_SERVICE, False)
         self._health = health
-        if intake is not None:
-            self._intake = intake
+        if cfg.controller_request_intake_thread:
+            intake = self._intake = IntakeLoop()
             intake.start()
-            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop, native=FETCH_METHODS)
+            hop = HopInterceptor(main_loop, intake.loop, native=FETCH_METHODS)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])
