@@ -36,6 +36,7 @@ CHUNK = 1 << CHUNK_BITS
 """Slots per chunk: a change copies one chunk (~128 references) per touched key's slot."""
 _MASK = CHUNK - 1
 _Chunk = tuple[tuple[Any, Any] | None, ...]
+_ABSENT: Any = object()
 
 
 class PersistentMap(Mapping[K, V]):
@@ -133,6 +134,42 @@ class PersistentMap(Mapping[K, V]):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (PersistentMap, (list(self._pairs()),))
+
+    def changes_since(self, previous: Mapping[K, V]) -> tuple[list[K], list[tuple[K, V]]]:
+        """What changed from ``previous`` to this map: (keys of ``previous`` not in this map, in
+        ``previous``'s order; ``(key, value)`` of this map whose value is not the very object ``previous``
+        holds for the key, in this map's order).
+
+        Versions derived from one another share every chunk that no change touched (the same tuple
+        object, at the same position), so only the other chunks are compared, slot by slot: O(n / CHUNK
+        + CHUNK * touched chunks) instead of a lookup per key (the image store's save compared 10,000
+        topics that way every 500 ms, ~5-10 ms of the event loop at a time).  Unrelated maps (or a
+        ``previous`` that is not a PersistentMap) are compared in full; the result is the same."""
+        if not isinstance(previous, PersistentMap):
+            gone = [key for key in previous if key not in self._values]
+            changed = [(key, value) for key, value in self._pairs() if previous.get(key) is not value]
+            return gone, changed
+        removed: list[K] = []
+        updated: list[tuple[K, V]] = []
+        mine, theirs = self._chunks, previous._chunks
+        values, old_values = self._values, previous._values
+        for number in range(max(len(mine), len(theirs))):
+            chunk = mine[number] if number < len(mine) else ()
+            old = theirs[number] if number < len(theirs) else ()
+            if chunk is old:
+                continue
+            for slot in range(max(len(chunk), len(old))):
+                pair = chunk[slot] if slot < len(chunk) else None
+                was = old[slot] if slot < len(old) else None
+                if pair is was:
+                    continue
+                # A key gone from this map left its slot (a hole or a re-packed slot); a key whose value
+                # changed holds its slot with a new pair (a pair of the same value object is no change).
+                if was is not None and was[0] not in values:
+                    removed.append(was[0])
+                if pair is not None and old_values.get(pair[0], _ABSENT) is not pair[1]:
+                    updated.append(pair)
+        return removed, updated  # slots in order: each list in its map's key order
 
     # ---- the next version ----
 

@@ -84,6 +84,7 @@ from kraft.metadata.image import (
     PartitionRegistration,
     TopicImage,
 )
+from kraft.metadata.pmap import persistent
 from kraft.observability.logging import get_logger
 from kraft.security.acl import AclOperation, AclPermissionType, PatternType, ResourceType, StandardAcl
 
@@ -747,7 +748,10 @@ class SqliteImageStore:
     async def _save_topics(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         if image.topics_by_id is previous.topics_by_id:
             return
-        gone = [(t,) for t in previous.topics_by_id if t not in image.topics_by_id]
+        # Only the chunks the versions do not share are compared (kraft.metadata.pmap): a pass over every
+        # topic was ~5-10 ms of the event loop per save at 10,000 topics, on every controller.
+        removed, updated = persistent(image.topics_by_id).changes_since(previous.topics_by_id)
+        gone = [(topic_id,) for topic_id in removed]
         for (topic_id,) in gone:
             old = previous.topics_by_id[topic_id]
             sums.remove("t", (old.topic_id, old.name, len(old.partitions)))
@@ -758,11 +762,7 @@ class SqliteImageStore:
             "DELETE FROM partitions WHERE topic_id = ?", _gone_topic_keys(previous, gone, sums)
         )
         await self._db.executemany("DELETE FROM partition_elr WHERE topic_id = ?", gone)
-        changed = [
-            (topic, previous.topics_by_id.get(topic_id))
-            for topic_id, topic in image.topics_by_id.items()
-            if previous.topics_by_id.get(topic_id) is not topic
-        ]
+        changed = [(topic, previous.topics_by_id.get(topic_id)) for topic_id, topic in updated]
         for topic, before in changed:
             if before is not None:
                 sums.remove("t", (before.topic_id, before.name, len(before.partitions)))

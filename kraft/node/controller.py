@@ -44,7 +44,7 @@ from kraft.config import NodeConfig
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
 from kraft.netutil import advertised_host
-from kraft.node.intake import HopInterceptor, IntakeLoop
+from kraft.node.intake import DriverBridge, HopInterceptor, IntakeLoop
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.node.voter_endpoint import VoterEndpointUpdater
@@ -54,7 +54,7 @@ from kraft.observability.metrics import MetricsServer, start_metrics_server
 from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
-from kraft.raft.grpc_server import RaftServicer, add_raft_service
+from kraft.raft.grpc_server import FETCH_METHODS, RaftServicer, add_raft_service
 from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer, add_raft_test_service
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
@@ -378,6 +378,14 @@ class ControllerNode:
         # Handshake and idle timeouts, keepalive, stream and connection caps: kraft.grpc_service.
         limits = server_limits(cfg)
         endpoints = self.endpoints()
+        main_loop = asyncio.get_running_loop()
+        # With the request plane on its own thread, Fetch is served there and reaches the driver through
+        # the bridge (kraft.node.intake); without it, the servicer calls the driver directly.
+        bridge = (
+            DriverBridge(main_loop, self._raft.submit_request)
+            if cfg.controller_request_intake_thread
+            else None
+        )
         raft_servicer = RaftServicer(
             self._raft,
             cluster_id=self._meta.cluster_id,
@@ -387,6 +395,7 @@ class ControllerNode:
             security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
             node_id=cfg.node_id,
             peer_problems=self._raft.peer_problems.reports,
+            fetch_handler=bridge,
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
@@ -431,7 +440,7 @@ class ControllerNode:
         if cfg.controller_request_intake_thread:
             intake = self._intake = IntakeLoop()
             intake.start()
-            hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
+            hop = HopInterceptor(main_loop, intake.loop, native=FETCH_METHODS)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])

@@ -17,6 +17,13 @@ the controller and every servicer's state live) and carries its answer back, so 
   (``peer``, ``auth_context``) are read there before the hop and the setters (``set_code``,
   ``set_details``) applied there after it — the main thread never touches the call (:class:`MainLoopContext`);
 - a cancelled call (deadline, client gone) cancels the handler's task on the main loop.
+
+Except the methods named in ``HopInterceptor(native=...)``: Raft's Fetch and FetchStream (every commit
+waits on one round trip of them) run on the intake loop itself, and only the request crosses, through a
+:class:`DriverBridge` — one ``call_soon_threadsafe`` to the driver and one back, called by the driver the
+moment it answers.  The generic hops cost a fetch four crossings and a task on each loop, and the answer
+left the main loop only after the driver had handed its fsync to a thread and the handler's task was woken
+(docs/internals/raft-performance.md, "A lone write's path").
 """
 
 from __future__ import annotations
@@ -27,11 +34,12 @@ import contextlib
 import inspect
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
+from kraft.raft.messages import RaftRequest, RaftResponse
 from kraft.runtime import check_choices
 
 T = TypeVar("T")
@@ -70,6 +78,62 @@ class IntakeLoop:
             self._thread.join(STOP_TIMEOUT_S)
         if not self._thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
+
+
+class DriverSubmit(Protocol):
+    """:meth:`kraft.raft.driver.RaftDriver.submit_request`: called on the main loop; calls ``reply`` on it
+    once, with ``(response, None)`` or ``(None, error)``."""
+
+    def __call__(
+        self,
+        request: RaftRequest,
+        *,
+        peer_id: int | None,
+        reply: Callable[[RaftResponse | None, BaseException | None], None],
+    ) -> None: ...
+
+
+def _settle(
+    future: asyncio.Future[RaftResponse], response: RaftResponse | None, error: BaseException | None
+) -> None:
+    if future.done():  # the call ended meanwhile (stream closed, deadline): nobody reads the answer
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        assert response is not None
+        future.set_result(response)
+
+
+class DriverBridge:
+    """A :class:`~kraft.raft.transport.RequestHandler` for servicer code running on the intake loop: the
+    request is handed to the driver on ``main`` and the answer posted back by the driver itself."""
+
+    def __init__(self, main: asyncio.AbstractEventLoop, submit: DriverSubmit) -> None:
+        self._main = main
+        self._submit = submit
+
+    async def handle_request(self, request: RaftRequest, *, peer_id: int | None = None) -> RaftResponse:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[RaftResponse] = loop.create_future()
+
+        def reply(response: RaftResponse | None, error: BaseException | None) -> None:  # on main
+            with contextlib.suppress(RuntimeError):  # the intake loop is closed: the server is gone
+                loop.call_soon_threadsafe(_settle, future, response, error)
+
+        self._main.call_soon_threadsafe(self._on_main, request, peer_id, reply)
+        return await future
+
+    def _on_main(
+        self,
+        request: RaftRequest,
+        peer_id: int | None,
+        reply: Callable[[RaftResponse | None, BaseException | None], None],
+    ) -> None:
+        try:
+            self._submit(request, peer_id=peer_id, reply=reply)
+        except Exception as exc:  # a driver bug must come back as an error, not leave the call hanging
+            reply(None, exc)
 
 
 class _Abort(Exception):
@@ -171,9 +235,18 @@ class _RequestsFromIntake:
 class HopInterceptor(_ServerInterceptor):
     """Runs every handler of the server on ``main`` (see the module docstring)."""
 
-    def __init__(self, main: asyncio.AbstractEventLoop, intake: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        main: asyncio.AbstractEventLoop,
+        intake: asyncio.AbstractEventLoop,
+        *,
+        native: frozenset[str] = frozenset(),
+    ) -> None:
+        """``native``: full method names (``/kraft.v1.RaftService/FetchStream``) whose handlers run on the
+        intake loop as they are — they must touch no main-loop state but through a :class:`DriverBridge`."""
         self._main = main
         self._intake = intake
+        self._native = native
 
     async def intercept_service(
         self,
@@ -181,7 +254,7 @@ class HopInterceptor(_ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
-        if handler is None:
+        if handler is None or (self._native and handler_call_details.method in self._native):
             return handler
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(

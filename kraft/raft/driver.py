@@ -66,6 +66,7 @@ from kraft.raft.core_types import BatchInfo, RaftConfig
 from kraft.raft.executor import OutputPorts, execute_output
 from kraft.raft.listeners import CommitView, ListenerSet
 from kraft.raft.messages import (
+    DescribeQuorumRequest,
     DescribeQuorumResponse,
     FetchResponse,
     FetchSnapshotResponse,
@@ -298,6 +299,32 @@ class _SnapshotVoters:
     voters: VoterSet | None
 
 
+class _CallbackReply:
+    """Where :meth:`RaftDriver.submit_request` answers: the callback is called on the driver's loop at
+    the moment the core's output answers the request (no task to wake, no loop turn in between)."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: ReplyCallback) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, response: RaftResponse) -> None:
+        self._done = True
+        self._callback(response, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done = True
+        self._callback(None, error)
+
+
+ReplyCallback = Callable[[RaftResponse | None, BaseException | None], None]
+"""``(response, None)`` or ``(None, error)``; called once, on the driver's loop, and must not block."""
+
+
 _Event = _Inbound | _Response | _SendFailed | _Wakeup | _SnapshotFrozen | _Resign | _SnapshotVoters
 
 
@@ -363,7 +390,7 @@ class RaftDriver:
         self._core = self._build_core()
         self._events: deque[_Event] = deque()
         self._wake = asyncio.Event()
-        self._inbound: dict[int, asyncio.Future[RaftResponse]] = {}
+        self._inbound: dict[int, asyncio.Future[RaftResponse] | _CallbackReply] = {}
         self._next_request_id = 1
         # (last offset, future, monotonic ms of the append) of append() callers waiting on commit, in
         # offset order: offsets are handed out in increasing order, so commits pop from the left.
@@ -727,6 +754,32 @@ class RaftDriver:
             return self._wall_clock_timestamps(response)
         return response
 
+    def submit_request(self, request: RaftRequest, *, peer_id: int | None, reply: ReplyCallback) -> None:
+        """:meth:`handle_request` without a task: ``reply`` is called (on this loop) as soon as the core
+        answers.  For a request plane on another thread (kraft.node.intake): its callback posts the answer
+        to that loop at once, before this driver goes on to fsync the batch the answer carries — through
+        :meth:`handle_request` the answer waited for the handler's task to be woken on a later turn of this
+        loop, after the fsync was handed to its thread (docs/internals/raft-performance.md, "A lone
+        write's path").  Must be called on the driver's loop; a driver shut down answers with the error."""
+        try:
+            self._check_running()
+        except RaftShutdownError as exc:
+            reply(None, exc)
+            return
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        if isinstance(request, DescribeQuorumRequest):
+
+            def wall_clock(response: RaftResponse | None, error: BaseException | None) -> None:
+                if isinstance(response, DescribeQuorumResponse):
+                    response = self._wall_clock_timestamps(response)
+                reply(response, error)
+
+            self._inbound[request_id] = _CallbackReply(wall_clock)
+        else:
+            self._inbound[request_id] = _CallbackReply(reply)
+        self._push(_Inbound(request_id, request, peer_id))
+
     # ------------------------------------------------------------------ the driver task
 
     def _check_running(self) -> None:
@@ -891,7 +944,7 @@ class RaftDriver:
             self._send_tasks.add(task)
             task.add_done_callback(self._send_tasks.discard)
             return
-        future = self._inbound.get(message.request_id)
+        future = self._inbound.pop(message.request_id, None)
         if future is None or future.done():
             return  # the caller gave up (deadline) — nothing to answer
         future.set_result(self._fill_reads(message))

@@ -44,6 +44,8 @@ SERVICE_NAME = "kraft.v1.RaftService"
 MAX_FETCH_WAIT_MS = 10_000
 """The longest a Raft Fetch may long-poll, whatever it asks for."""
 _SERVICE = raft_pb2.DESCRIPTOR.services_by_name["RaftService"]
+FETCH_METHODS = frozenset(f"/{_SERVICE.full_name}/{name}" for name in ("Fetch", "FetchStream"))
+"""The full gRPC names of the methods ``RaftServicer(fetch_handler=...)`` answers through that handler."""
 
 
 def authenticated_peer_id(context: ServicerContext) -> int | None:
@@ -106,6 +108,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         security_protocol: str = "PLAINTEXT",
         node_id: int = -1,
         peer_problems: Callable[[], Iterable[PeerProblem]] | None = None,
+        fetch_handler: RequestHandler | None = None,
     ) -> None:
         """``endpoints`` node id → (host, port): the controllers a response advertises for redirects
         (with a dynamic quorum the voter set's own endpoints are added), on ``listener_name`` with
@@ -113,8 +116,11 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         messages themselves (KIP-853): the core tracks them.  ``voter_changes`` serves AddRaftVoter,
         RemoveRaftVoter and UpdateRaftVoter (None: refused as UNSUPPORTED_VERSION).  ``node_id`` and
         ``peer_problems`` (the driver's :meth:`~kraft.raft.driver.PeerProblems.reports`) fill
-        DescribeQuorum's ``responder_id`` and ``peer_problems`` in every answer, leader or not."""
+        DescribeQuorum's ``responder_id`` and ``peer_problems`` in every answer, leader or not.
+        ``fetch_handler`` answers Fetch and FetchStream instead of ``handler`` (:data:`FETCH_METHODS`:
+        the node's request plane runs them on its own loop and reaches the driver through it)."""
         self._handler = handler
+        self._fetch_handler = fetch_handler or handler
         self._cluster_id = cluster_id
         self._endpoints = dict(endpoints or {})
         self._voter_changes = voter_changes
@@ -123,7 +129,9 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         self._node_id = node_id
         self._peer_problems = peer_problems
 
-    async def _handle(self, request: _Request, context: ServicerContext) -> m.RaftResponse:
+    async def _handle(
+        self, request: _Request, context: ServicerContext, handler: RequestHandler | None = None
+    ) -> m.RaftResponse:
         peer_id = authenticated_peer_id(context)
         if peer_id is None and claimed_sender(request) is not None and is_tls(context):
             # A TLS caller without a controller certificate (a broker, an admin, no certificate) must not
@@ -135,7 +143,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
                 f"(caller is {principal_of(context)})",
             )
         try:
-            return await self._handler.handle_request(request, peer_id=peer_id)
+            return await (handler or self._handler).handle_request(request, peer_id=peer_id)
         except RaftShutdownError:
             await abort(
                 context, grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE), "raft node is shutting down"
@@ -192,7 +200,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         # A parked Fetch lives in the leader's core until its deadline: a caller may not pick one of days
         # (issue #15).  Real fetchers ask for controller.quorum.fetch.max.wait.ms (500 ms).
         request.max_wait_ms = min(request.max_wait_ms, MAX_FETCH_WAIT_MS)
-        response = await self._handle(codec.fetch_request_from_pb(request), context)
+        response = await self._handle(codec.fetch_request_from_pb(request), context, self._fetch_handler)
         assert isinstance(response, m.FetchResponse)
         return codec.fetch_response_to_pb(response)
 

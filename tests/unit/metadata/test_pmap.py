@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -113,3 +114,35 @@ def test_images_after_random_deltas_equal_a_dict_model(batches: list[list[tuple[
         features={},
     )
     assert rebuilt == image and isinstance(rebuilt.topics_by_id, PersistentMap)
+
+
+def _brute_changes(
+    new: PersistentMap[int, object], old: Mapping[int, object]
+) -> tuple[list[int], list[tuple[int, object]]]:
+    """The image store's old full pass: a lookup per key of both maps."""
+    return [k for k in old if k not in new], [(k, v) for k, v in new.items() if old.get(k) is not v]
+
+
+@settings(max_examples=60, deadline=None)
+@given(initial=st.lists(st.tuples(KEYS, st.integers()), max_size=300), changes=st.lists(CHANGES, max_size=8))
+def test_changes_since_any_version_equal_a_full_comparison(
+    initial: list[tuple[int, int]], changes: list[tuple[list[int], list[tuple[int, int]]]]
+) -> None:
+    # Values are fresh objects, so "changed" means a new object, as for the image's TopicImages.
+    versions: list[PersistentMap[int, object]] = [PersistentMap((k, [v]) for k, v in initial)]
+    for removed, updated in changes:
+        versions.append(versions[-1].with_changes(removed, [(k, [v]) for k, v in updated]))
+    unrelated = PersistentMap(versions[-1].items())  # same items, no chunk shared
+    for new in [*versions, unrelated]:
+        for old in [*versions, unrelated, dict(versions[0].items())]:
+            assert new.changes_since(old) == _brute_changes(new, old)
+
+
+def test_changes_since_skips_the_shared_chunks() -> None:
+    old: PersistentMap[int, int] = PersistentMap((k, k) for k in range(10 * CHUNK))
+    new = old.with_changes([3], [(5 * CHUNK, -1), (10 * CHUNK, 7)])
+    assert new.changes_since(old) == ([3], [(5 * CHUNK, -1), (10 * CHUNK, 7)])
+    assert old.changes_since(old) == ([], [])
+    # Two chunks changed and one was added; the other eight are shared (the same objects), so skipped.
+    assert sum(a is not b for a, b in zip(new._chunks, old._chunks, strict=False)) == 2
+    assert len(new._chunks) == len(old._chunks) + 1
