@@ -1782,10 +1782,10 @@ class ControllerLogic:
         broker_reserved: Callable[[int], int] | None = None
         broker_left_out: Callable[[int], int] | None = None
         if left_out:
-            broker_reserved = reserved.replicas_on
+            broker_reserved = reserved.replicas_lookup()
             broker_left_out = left_out.replicas_on  # summed only for a broker the full count refuses
         elif len(reserved):  # nothing pending: no lookups per broker
-            broker_reserved = reserved.replicas_on
+            broker_reserved = reserved.replicas_lookup()
         check_partition_limits(
             topic.name,
             partitions,

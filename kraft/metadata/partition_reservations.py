@@ -23,7 +23,7 @@ active controller rebuilds the reservation of a transaction it resumes from the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kraft.metadata.placement import UsableBroker, rack_count
 
@@ -200,6 +200,13 @@ class PartitionReservations:
 
     def replicas_on(self, broker_id: int) -> int:
         return self._replicas.get(broker_id, 0)
+
+    def replicas_lookup(self) -> Callable[[int], int]:
+        """:meth:`replicas_on` as the Counter's own ``[]`` (a C call; 0 for a broker with none): a write's
+        check asks it once per broker of the topic — 100,000 calls for 100 topics of 1,000 partitions
+        over 1,000 brokers, ~30 ms through the Python method.  Valid while this registry lives (its
+        Counter is only ever changed in place)."""
+        return self._replicas.__getitem__
 
     def take_seq(self) -> int:
         """A place in the order without a reservation (a dry-run plan's)."""

@@ -494,6 +494,10 @@ def test_a_plans_check_leaves_out_only_plans_made_after_it() -> None:
     left_out = registry.left_out(earlier.seq, None)
     assert (left_out.partitions, left_out.replicas()) == (1, {1: 1})
     assert writing.seq < seq <= after_that.seq
+    lookup = registry.replicas_lookup()  # the checks' C-level replicas_on: 0 for a broker with none
+    assert [lookup(b) for b in (1, 2, 3)] == [registry.replicas_on(b) for b in (1, 2, 3)] == [9, 5, 0]
+    after_that.release()  # changed in place: the lookup follows
+    assert lookup(1) == 8 and 3 not in registry._replicas
 
 
 def test_a_checks_left_out_replicas_are_summed_only_for_a_broker_the_full_count_refuses() -> None:
