@@ -124,8 +124,15 @@ class Reservation:
                 if not group:
                     del owner._by_order[self.order]
         owner._partitions -= self.partitions
-        owner._replicas.subtract(self.replicas)
-        owner._drop_zeros(self.replicas.keys())
+        # one pass (Counter.subtract and then dropping zeros were two Python loops over the plan's
+        # brokers, once per prepared topic's write)
+        totals = owner._replicas
+        for broker_id, count in self.replicas.items():
+            left = totals.get(broker_id, 0) - count
+            if left > 0:
+                totals[broker_id] = left
+            else:
+                totals.pop(broker_id, None)
         self.partitions = 0
         self.replicas = Counter()
 
