@@ -68,6 +68,7 @@ from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import build_change, leave_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.partition_reservations import (
+    LeftOut,
     PartitionReservations,
     RequestOrder,
     Reservation,
@@ -329,9 +330,10 @@ class TopicPlan:
                 placed = self.place(self.planned, step)
                 if self.prepared is not None:
                     self.placed.extend(placed)
-            self.by_broker.update(b for replicas in placed for b in replicas)
+            replica_ids = [b for replicas in placed for b in replicas]
+            self.by_broker.update(replica_ids)
             if self.reservation is not None:
-                self.reservation.add_replicas(placed)
+                self.reservation.add_replica_ids(replica_ids)
             self.planned += step
             if deadline.expired():
                 break
@@ -1835,7 +1837,7 @@ class ControllerLogic:
         by_broker: Mapping[int, int],
         hosted: Mapping[int, int],
         added: Mapping[int, int],
-        left_out: tuple[int, Mapping[int, int]] | None = None,
+        left_out: LeftOut | None = None,
     ) -> None:
         """The limits, counting the partitions reserved by topics still being created (less
         ``left_out``: what plans made after the one checked hold)."""
@@ -1844,11 +1846,12 @@ class ControllerLogic:
         check_partition_dir_names(topic.name, partitions)
         reserved = self.reservations
         broker_reserved: Callable[[int], int] | None = None
-        if left_out is not None and (left_out[0] or left_out[1]):
-            later = left_out[1]
-            broker_reserved = lambda b: reserved.replicas_on(b) - later.get(b, 0)  # noqa: E731
+        broker_left_out: Callable[[int], int] | None = None
+        if left_out:
+            broker_reserved = reserved.replicas_lookup()
+            broker_left_out = left_out.replicas_on  # summed only for a broker the full count refuses
         elif len(reserved):  # nothing pending: no lookups per broker
-            broker_reserved = reserved.replicas_on
+            broker_reserved = reserved.replicas_lookup()
         check_partition_limits(
             topic.name,
             partitions,
@@ -1857,8 +1860,9 @@ class ControllerLogic:
             by_broker,
             lambda b: hosted.get(b, 0) + added.get(b, 0),
             self.settings.max_broker_partitions,
-            reserved.partitions - (left_out[0] if left_out is not None else 0),
+            reserved.partitions - (left_out.partitions if left_out is not None else 0),
             broker_reserved,
+            broker_left_out,
         )
 
     def _assignment_for(self, topic: cpb.CreatableTopic, cursor: int) -> list[tuple[int, ...]]:

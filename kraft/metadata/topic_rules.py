@@ -53,13 +53,16 @@ def check_partition_limits(
     max_broker_partitions: int,
     reserved_partitions: int = 0,
     broker_reserved: Callable[[int], int] | None = None,
+    broker_left_out: Callable[[int], int] | None = None,
 ) -> None:
     """``max.partitions`` (partitions in the cluster) and ``max.broker.partitions`` (replicas on one broker):
     refuse a topic that would take the cluster or any broker past its limit (POLICY_VIOLATION, naming the
     limit and the request).  ``cluster_partitions`` and ``broker_partitions`` include what this request
     already created; ``added_by_broker`` is this topic's replicas per broker.  ``reserved_partitions`` and
     ``broker_reserved`` are what topics still being created will add (counted as if they existed:
-    :mod:`kraft.metadata.partition_reservations`)."""
+    :mod:`kraft.metadata.partition_reservations`), less ``broker_left_out`` — asked only for a broker that
+    the full reserved count would refuse (what later plans hold is never negative, so any other broker
+    passes either way; summing it for every broker cost O(later plans x brokers) per check)."""
     if cluster_partitions + reserved_partitions + partitions > max_partitions:
         reserved = (
             f" (+{reserved_partitions} reserved by topics being created)" if reserved_partitions else ""
@@ -72,6 +75,8 @@ def check_partition_limits(
     for broker_id in sorted(added_by_broker):
         hosted = broker_partitions(broker_id)
         held = broker_reserved(broker_id) if broker_reserved is not None else 0
+        if broker_left_out is not None and hosted + held + added_by_broker[broker_id] > max_broker_partitions:
+            held -= broker_left_out(broker_id)
         if hosted + held + added_by_broker[broker_id] > max_broker_partitions:
             reserved = f" (+{held} reserved by topics being created)" if held else ""
             raise KraftError(

@@ -21,6 +21,7 @@ from kraft.metadata.image import MetadataImage
 from kraft.metadata.partition_growth import create_partitions
 from kraft.metadata.partition_reservations import PartitionReservations, placement_bound
 from kraft.metadata.placement import UsableBroker, place_replicas
+from kraft.metadata.topic_rules import check_partition_limits
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -485,11 +486,61 @@ def test_a_plans_check_leaves_out_only_plans_made_after_it() -> None:
     seq = registry.take_seq()
     later = registry.reserve(7, {2: 7}, planned=True)
     after_that = registry.reserve(1, {1: 1}, planned=True)
-    assert registry.left_out(seq - 1, None) == (8, {1: 1, 2: 7})
-    assert registry.left_out(earlier.seq, None) == (8, {1: 1, 2: 7})  # not the write under way
+    for left_out in (registry.left_out(seq - 1, None), registry.left_out(earlier.seq, None)):
+        # not the write under way
+        assert (left_out.partitions, left_out.replicas()) == (8, {1: 1, 2: 7})
+        assert (left_out.replicas_on(1), left_out.replicas_on(2), left_out.replicas_on(3)) == (1, 7, 0)
     later.release()
-    assert registry.left_out(earlier.seq, None) == (1, {1: 1})
+    left_out = registry.left_out(earlier.seq, None)
+    assert (left_out.partitions, left_out.replicas()) == (1, {1: 1})
     assert writing.seq < seq <= after_that.seq
+    lookup = registry.replicas_lookup()  # the checks' C-level replicas_on: 0 for a broker with none
+    assert [lookup(b) for b in (1, 2, 3)] == [registry.replicas_on(b) for b in (1, 2, 3)] == [9, 5, 0]
+    after_that.release()  # changed in place: the lookup follows
+    assert lookup(1) == 8 and 3 not in registry._replicas
+
+
+def test_a_checks_left_out_replicas_are_summed_only_for_a_broker_the_full_count_refuses() -> None:
+    """The later plans' replicas on a broker are asked for only where counting every reservation would
+    refuse (summing them for every broker was O(later plans x brokers) per write: ~0.5 s of the active
+    controller's CPU for one request of 100 topics x 1,000 partitions); the decision and the message
+    are those of the exact count."""
+    registry = PartitionReservations()
+    mine = registry.reserve(10, {1: 5, 2: 5}, planned=True)
+    registry.reserve(10, {1: 1, 2: 6}, planned=True)  # made later: left out of mine's check
+    left_out = registry.left_out(mine.seq, None)
+    mine.release()  # as _recheck_plan: its own reservation goes before its check
+    asked: list[int] = []
+
+    def later_on(broker_id: int) -> int:
+        asked.append(broker_id)
+        return left_out.replicas_on(broker_id)
+
+    def check(limit: int) -> None:
+        check_partition_limits(
+            "t",
+            10,
+            0,
+            1_000,
+            {1: 5, 2: 5},
+            lambda b: 0,
+            limit,
+            registry.partitions - left_out.partitions,
+            registry.replicas_on,
+            later_on,
+        )
+
+    check(10)  # broker 1: 5 + 1 fits; broker 2: 5 + 6 does not, less the later plan's 6 it does
+    assert asked == [2]
+    asked.clear()
+    check(11)  # the full count fits everywhere: nothing summed
+    assert asked == []
+    registry.reserve(6, {2: 6})  # a write under way: never left out
+    with pytest.raises(KraftError) as refused:
+        check(10)
+    assert refused.value.code == ErrorCode.POLICY_VIOLATION
+    assert "broker 2, which hosts 6 (+6 reserved by topics being created)" in refused.value.message
+    assert asked == [2]
 
 
 @pytest.mark.parametrize("big_first", [True, False])
