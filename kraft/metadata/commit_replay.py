@@ -16,20 +16,15 @@ from dataclasses import dataclass
 from kraft.clock import Clock, Deadline
 from kraft.errors import KraftError
 from kraft.metadata import records as rec
-from kraft.metadata.delta import CLEAR_ELR_STEP, MetadataDelta, unreplayable
+from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.raft.api import CommittedBatch
 from kraft.reaper import release_removed_topics
-from kraft.v1 import metadata_pb2 as pb
 
 # Big batches are decoded and replayed at most this many records per loop turn (and for at most the
 # time budget, checked every REPLAY_PIECE_RECORDS), so heartbeats and Raft fetches get in meanwhile.
 REPLAY_SLICE_RECORDS = 200
 REPLAY_PIECE_RECORDS = 50
-
-
-def _kind(record: pb.MetadataRecord) -> str | None:
-    return record.WhichOneof("record")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,21 +75,14 @@ async def replay_batch(
                 values.append((record.offset, record.value))
         else:
             values.extend((r.offset, r.value) for r in piece)
-        if "clear_elr" not in map(_kind, decoded):
-            delta.replay_decoded(decoded)
-            continue
         # A ClearElrRecord may clear thousands of partitions: replayed in steps of CLEAR_ELR_STEP, each
         # counted as that many records against the slice (and within the time budget).
-        for one in decoded:
-            if one.WhichOneof("record") != "clear_elr":
-                delta.replay_decoded((one,))
-                continue
-            for _ in delta.replay_steps(one):
-                since_yield += CLEAR_ELR_STEP
-                if since_yield >= REPLAY_SLICE_RECORDS or deadline.expired():
-                    await asyncio.sleep(0)
-                    deadline = Deadline(clock, budget_ms)
-                    since_yield = 0
+        for step in delta.replay_decoded_steps(decoded):
+            since_yield += step
+            if since_yield >= REPLAY_SLICE_RECORDS or deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(clock, budget_ms)
+                since_yield = 0
     delta.offset = batch.last_offset
     delta.epoch = batch.epoch
     image = delta.apply()

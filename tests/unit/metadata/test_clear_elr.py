@@ -18,10 +18,10 @@ from kraft.clock import ManualClock
 from kraft.metadata import elr_holders as elr_holders_module
 from kraft.metadata import records
 from kraft.metadata.commit_replay import replay_batch
-from kraft.metadata.delta import CLEAR_ELR_STEP, LocalPartition, MetadataDelta
+from kraft.metadata.delta import CLEAR_ELR_STEP, LocalPartition, MetadataDelta, make_partition, shared_ids
 from kraft.metadata.election_config import MIN_INSYNC_REPLICAS
 from kraft.metadata.elr_holders import ElrHolders, elr_holders_of
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.metadata.image_records import image_records
 from kraft.metadata.records import ConfigResourceType
 from kraft.metadata.store import SqliteImageStore
@@ -230,6 +230,112 @@ def test_the_index_follows_every_delta_as_a_full_scan_would(
                 name = data.draw(st.sampled_from(["", "nt0"]))
                 flat.append(records.wrap(pb.ClearElrRecord(topic_name=name)))
             image = _replay(image, flat).apply()
+            _assert_index_follows(image)
+
+
+_BIG_IDS = st.lists(st.integers(1, 4), max_size=2)
+
+
+@st.composite
+def _registration_of(draw: st.DrawFn, current: PartitionRegistration | None) -> PartitionRegistration:
+    """What the controller hands ``MetadataDelta.set_partition``: the next registration of a partition,
+    holding an ELR / LKE or not (often neither, as most controller changes)."""
+    replicas = current.replicas if current is not None else shared_ids([1, 2, 3])
+    holds = draw(st.integers(0, 3)) == 0
+    return make_partition(
+        replicas,
+        shared_ids(draw(_BIG_IDS)),
+        draw(st.integers(-1, 3)),
+        (current.leader_epoch + 1) if current is not None else 0,
+        (current.partition_epoch + 1) if current is not None else 0,
+        shared_ids(draw(_BIG_IDS)) if holds and draw(st.booleans()) else (),
+        shared_ids(draw(_BIG_IDS)) if holds and draw(st.booleans()) else (),
+    )
+
+
+@st.composite
+def _big_topic_step(draw: st.DrawFn, delta: MetadataDelta, sizes: dict[str, int], made: list[str]) -> None:
+    """One random step on ``delta`` through each way a partition changes: a replayed PartitionChange
+    (ISR-only mostly; sometimes setting or emptying the ELR / LKE), the controller's ``set_partition``,
+    a new partition, a removal, a re-creation, a ClearElrRecord."""
+    topic_id = draw(st.sampled_from(sorted(sizes)))
+    size = sizes[topic_id]
+    kind = draw(
+        st.sampled_from(["isr", "isr", "isr", "elr", "set", "set", "append", "remove", "recreate", "clear"])
+    )
+    if kind == "remove":
+        delta.replay(records.wrap(pb.RemoveTopicRecord(topic_id=topic_id)))
+        sizes.pop(topic_id)
+        return
+    if kind == "recreate":  # a new id, under a name nobody held
+        new_id = f"r{len(made)}"
+        made.append(new_id)
+        delta.replay(records.wrap(pb.TopicRecord(name=f"n{new_id}", topic_id=new_id)))
+        sizes[new_id] = 0
+        for _ in range(draw(st.integers(0, 9))):
+            delta.replay(draw(partition_record(new_id, sizes[new_id])))
+            sizes[new_id] += 1
+        return
+    if kind == "clear":
+        delta.replay(records.wrap(pb.ClearElrRecord(topic_name=draw(st.sampled_from(["", _name(topic_id)])))))
+        return
+    if kind == "append" or not size:
+        delta.replay(draw(partition_record(topic_id, size)))
+        sizes[topic_id] = size + 1
+        return
+    # several partitions of the topic, spread over its chunks
+    for partition_id in draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=6)):
+        if kind == "set":
+            current = delta.partition(topic_id, partition_id)
+            assert delta.set_partition(topic_id, partition_id, draw(_registration_of(current)))
+            continue
+        change = pb.PartitionChangeRecord(topic_id=topic_id, partition_id=partition_id)
+        change.isr.ids.extend(draw(_BIG_IDS))
+        if kind == "elr":
+            if draw(st.booleans()):
+                change.eligible_leader_replicas.SetInParent()
+                change.eligible_leader_replicas.ids.extend(draw(_BIG_IDS))
+            if draw(st.booleans()):
+                change.last_known_elr.SetInParent()
+                change.last_known_elr.ids.extend(draw(_BIG_IDS))
+        delta.replay(records.wrap(change))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    chunk_bits=st.sampled_from([0, 1, 2, elr_holders_module.CHUNK_BITS]),
+    bulk_from=st.sampled_from([1, 4, elr_holders_module.BULK_CHANGES]),
+    deltas=st.integers(1, 8),
+)
+def test_the_index_equals_a_brute_force_scan_after_random_changes_through_every_path(
+    data: st.DataObject, chunk_bits: int, bulk_from: int, deltas: int
+) -> None:
+    """Topics spanning several chunks (chunks shrunk to 1-4 ids here), changed delta after delta by
+    replayed records and the controller's ``set_partition``: the index each ``apply()`` follows (taking
+    the no-ELR shortcut where no changed partition holds one) equals a full scan of the image."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(elr_holders_module, "CHUNK_BITS", chunk_bits)
+        patch.setattr(elr_holders_module, "BULK_CHANGES", bulk_from)
+        delta = MetadataDelta(MetadataImage.empty())
+        sizes: dict[str, int] = {}
+        made: list[str] = []
+        for topic_id in ("b0", "b1", "b2"):
+            delta.replay(records.wrap(pb.TopicRecord(name=_name(topic_id), topic_id=topic_id)))
+            sizes[topic_id] = data.draw(st.integers(0, 12))
+            for partition_id in range(sizes[topic_id]):
+                delta.replay(data.draw(partition_record(topic_id, partition_id)))
+        image = delta.apply()
+        _assert_index_follows(image)
+        for _ in range(deltas):
+            delta = MetadataDelta(image)
+            for _ in range(data.draw(st.integers(1, 5))):
+                if not sizes:
+                    break
+                data.draw(_big_topic_step(delta, sizes, made))
+            assert delta.replay_errors == []
+            image = delta.apply()
+            assert image.elr_holders is not None  # followed, not scanned
             _assert_index_follows(image)
 
 
