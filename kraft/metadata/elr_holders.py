@@ -212,10 +212,10 @@ class ElrHolders:
     def advance(self, delta: MetadataDelta) -> ElrHolders:
         """The index of ``delta.apply()``'s image, this being the index of ``delta.image``.  A topic none
         of whose changed partitions holds one (``elr_set`` false: ISR and leader changes, new topics
-        without ELRs — a controlled shutdown's 100,000 changes) costs nothing per changed partition: a
+        without ELRs — a controlled shutdown's 100,000 changes) takes no step per changed partition: a
         topic holding none is skipped, one holding some loses those of its holders that changed (C-level
-        set operations over the smaller side).  Otherwise each changed partition is looked at once and
-        each touched chunk copied once."""
+        set operations over the smaller side: its holders or the changed ids).  Otherwise each changed
+        partition is looked at once and each touched chunk copied once."""
         topics: dict[str, _Chunks] | None = None  # copied on the first change (often there is none)
         for topic_id in delta.removed_topics():
             if topic_id in self._topics:
