@@ -166,10 +166,11 @@ class _TopicDelta:
     count: int  # partitions after this delta
     changed: dict[int, PartitionRegistration] = field(default_factory=dict)
     elr_set: bool = False
-    """A registration holding an ELR or last known ELR was put in ``changed`` (it may have been replaced
-    since: then merely conservative).  False: every changed partition holds neither, so the image's
-    ``elr_holders`` index follows this topic without looking at them (the common case: ISR and leader
-    changes, new topics without ELRs)."""
+    """A partition of this topic may have come to hold an ELR or last known ELR in this delta (a new
+    one holding either, or a change giving one to a partition that held neither; conservative).  False:
+    every changed partition holding one now held one in the base image, so the image's ``elr_holders``
+    index follows this topic by looking only at its changed holders (the common case: ISR and leader
+    changes, new topics without ELRs — none at all)."""
 
     def current(self, partition_id: int) -> PartitionRegistration | None:
         got = self.changed.get(partition_id)
@@ -299,9 +300,11 @@ class MetadataDelta:
         topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
         if topic is None or partition_id > topic.count:
             return False
+        if (registration.elr or registration.last_known_elr) and not topic.elr_set:
+            before = topic.current(partition_id)  # looked up only for a registration holding one
+            if before is None or not (before.elr or before.last_known_elr):
+                topic.elr_set = True
         topic.changed[partition_id] = registration
-        if registration.elr or registration.last_known_elr:
-            topic.elr_set = True
         if partition_id >= topic.count:
             topic.count = partition_id + 1
         return True
@@ -480,7 +483,8 @@ class MetadataDelta:
             return
         registration = apply_partition_change(current, r)
         topic.changed[partition_id] = registration
-        if registration.elr or registration.last_known_elr:  # (~40 ns: the elr_holders index's cost)
+        # (~40 ns when the registration holds neither: the elr_holders index's cost per change)
+        if (registration.elr or registration.last_known_elr) and not (current.elr or current.last_known_elr):
             topic.elr_set = True
 
     def _replay_remove_topic(self, r: pb.RemoveTopicRecord) -> None:

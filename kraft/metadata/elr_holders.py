@@ -104,11 +104,12 @@ def _bulk_advance(old: _Chunks, partitions: Mapping[int, PartitionRegistration])
     return chunks
 
 
-def _without(old: _Chunks, partitions: Mapping[int, PartitionRegistration]) -> _Chunks:
-    """``old`` less the ids of ``partitions`` (none of which holds one now); ``old`` itself when none of
-    them held one.  Each chunk holding any is checked by ``isdisjoint``, which iterates the smaller of
-    the chunk and the changed ids (C-level lookups, at most the holders in all) — unless the holders
-    outnumber the changed ids, then only the chunks a changed id falls in are."""
+def _after_changes(old: _Chunks, partitions: Mapping[int, PartitionRegistration]) -> _Chunks:
+    """``old`` after ``partitions`` changed, none of which came to hold one that did not before: the
+    changed holders that hold none now are dropped; ``old`` itself when none did.  Each chunk holding
+    any meets the changed ids by a C-level intersection over the smaller side (or, when the holders
+    outnumber the changed ids, only the chunks a changed id falls in do); then a Python step per changed
+    holder — the cost is what holds ELRs."""
     keys = partitions.keys()
     chunk_nos: Iterable[int] = old
     if len(keys) * 2 < sum(map(len, old.values())):
@@ -116,11 +117,12 @@ def _without(old: _Chunks, partitions: Mapping[int, PartitionRegistration]) -> _
     chunks: dict[int, frozenset[int]] | None = None
     for chunk_no in chunk_nos:
         ids = old[chunk_no]
-        if keys.isdisjoint(ids):
+        lost = [p for p in keys & ids if not holds_elr(partitions[p])]
+        if not lost:
             continue
         if chunks is None:
             chunks = dict(old)
-        kept = ids.difference(partitions)  # C-level: iterates the chunk, looks up the changed ids
+        kept = ids.difference(lost)
         if kept:
             chunks[chunk_no] = kept
         else:
@@ -210,12 +212,12 @@ class ElrHolders:
         return f"ElrHolders({ {t: self.partition_ids(t) for t in self._topics} })"
 
     def advance(self, delta: MetadataDelta) -> ElrHolders:
-        """The index of ``delta.apply()``'s image, this being the index of ``delta.image``.  A topic none
-        of whose changed partitions holds one (``elr_set`` false: ISR and leader changes, new topics
-        without ELRs — a controlled shutdown's 100,000 changes) takes no step per changed partition: a
-        topic holding none is skipped, one holding some loses those of its holders that changed (C-level
-        set operations over the smaller side: its holders or the changed ids).  Otherwise each changed
-        partition is looked at once and each touched chunk copied once."""
+        """The index of ``delta.apply()``'s image, this being the index of ``delta.image``.  A topic in
+        which no partition came to hold one (``elr_set`` false: ISR and leader changes — a controlled
+        shutdown's 100,000 — new topics without ELRs, changes of partitions keeping theirs) takes no
+        step per changed partition: skipped when it holds none, else only its changed holders are looked
+        at (found by C-level set operations over the smaller side).  Otherwise each changed partition is
+        looked at once and each touched chunk copied once."""
         topics: dict[str, _Chunks] | None = None  # copied on the first change (often there is none)
         for topic_id in delta.removed_topics():
             if topic_id in self._topics:
@@ -233,7 +235,7 @@ class ElrHolders:
             elif not elr_set:
                 if not old:
                     continue
-                chunks = _without(old, partitions)
+                chunks = _after_changes(old, partitions)
             elif not old and not (
                 any(map(_elr_of, partitions.values())) or any(map(_lke_of, partitions.values()))
             ):
