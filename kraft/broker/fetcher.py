@@ -147,6 +147,12 @@ class MetadataFetcher:
             except KraftError as exc:
                 undecodable.append((record.offset, exc.message))
                 continue
+            if decoded.WhichOneof("record") == "clear_elr":  # may clear thousands of partitions: in steps
+                for _ in delta.replay_steps(decoded, record.offset, record.leader_epoch):
+                    if deadline.expired():
+                        await asyncio.sleep(0)
+                        deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
+                continue
             delta.replay(decoded, record.offset, record.leader_epoch)
             if count % CHECK_EVERY == 0 and deadline.expired():
                 await asyncio.sleep(0)

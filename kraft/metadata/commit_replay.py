@@ -75,7 +75,14 @@ async def replay_batch(
                 values.append((record.offset, record.value))
         else:
             values.extend((r.offset, r.value) for r in piece)
-        delta.replay_decoded(decoded)
+        # A ClearElrRecord may clear thousands of partitions: replayed in steps of CLEAR_ELR_STEP, each
+        # counted as that many records against the slice (and within the time budget).
+        for step in delta.replay_decoded_steps(decoded):
+            since_yield += step
+            if since_yield >= REPLAY_SLICE_RECORDS or deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(clock, budget_ms)
+                since_yield = 0
     delta.offset = batch.last_offset
     delta.epoch = batch.epoch
     image = delta.apply()

@@ -46,7 +46,7 @@ from kraft.features import (
     MetadataVersion,
 )
 from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta, apply_partition_change, shared_ids
+from kraft.metadata.delta import MetadataDelta, shared_ids
 from kraft.metadata.election_config import (
     MIN_INSYNC_REPLICAS,
     PREFERRED_ELECTION,
@@ -54,6 +54,7 @@ from kraft.metadata.election_config import (
     min_isr_for,
     unclean_election_for,
 )
+from kraft.metadata.elr_holders import elr_holders_of
 from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.image import (
     LEADER_RECOVERING,
@@ -531,10 +532,6 @@ def _leaderless(partition: PartitionRegistration) -> bool:
     return partition.leader == NO_PARTITION_LEADER
 
 
-def _holds_elr(partition: PartitionRegistration) -> bool:
-    return bool(partition.elr or partition.last_known_elr)
-
-
 def _broker_of(payload: Message) -> int | None:
     """The broker a registration record is about (None for other records)."""
     if isinstance(
@@ -826,42 +823,31 @@ class ControllerLogic:
     def clear_elr(self, batch: _Batch, topic_names: Iterable[str] | None) -> int:
         """After ``min.insync.replicas`` changed for ``topic_names`` (None: the cluster-wide default, so
         every topic without a value of its own): clear each of their partitions' ELR and last known ELR
-        in ``batch``, the write holding the ConfigRecord (KIP-966, Kafka's ClearElrRecord).  An ELR
-        member is safe only while the leader cannot advance the high watermark without it, which the old
-        minimum guaranteed and the new one may not (a lower one lets a smaller ISR commit); kept, the
-        stale members would be carried into every later ELR.  One atomic write, so no election ever sees
-        the new minimum with the old ELR; the partitions are found through the rejoin index (those with
-        an ELR are flagged there), so the cost is the flagged partitions, not the cluster's size.  Returns
-        the partitions changed."""
+        in ``batch``, the write holding the ConfigRecord — one ``ClearElrRecord`` per topic named (one
+        with no name for the default), as Kafka (KIP-966), written only when a partition holds either.
+        An ELR member is safe only while the leader cannot advance the high watermark without it, which
+        the old minimum guaranteed and the new one may not (a lower one lets a smaller ISR commit); kept,
+        the stale members would be carried into every later ELR.  One atomic write, so no election ever
+        sees the new minimum with the old ELR.  Every reader's replay visits only the partitions holding
+        one (the image's ``elr_holders``), here too.  Returns the partitions changed."""
         image = batch.view()
-        topic_ids = (
-            None
-            if topic_names is None
-            else [t.topic_id for t in map(image.topic, topic_names) if t is not None]
-        )
-        own_value: dict[str, bool] = {}  # per topic: its own min.insync.replicas hides the default
-        cleared = 0
-        for topic, partition_id, partition in self.rejoin_index.unsettled(
-            image.topics_by_id, _holds_elr, topic_ids
-        ):
-            if topic_names is None:
-                overridden = own_value.get(topic.topic_id)
-                if overridden is None:
-                    overridden = MIN_INSYNC_REPLICAS in image.topic_configs(topic.name)
-                    own_value[topic.topic_id] = overridden
-                if overridden:
-                    continue
-            change = pb.PartitionChangeRecord(topic_id=topic.topic_id, partition_id=partition_id)
-            if partition.elr:
-                change.eligible_leader_replicas.SetInParent()  # present and empty: cleared
-            if partition.last_known_elr:
-                change.last_known_elr.SetInParent()
-            record = pb.MetadataRecord()
-            record.partition_change.CopyFrom(change)
-            batch.add_partition(
-                record, topic.topic_id, partition_id, apply_partition_change(partition, change)
+        holders = elr_holders_of(image)
+        if topic_names is None:
+            cleared = sum(
+                holders.topic_count(topic_id)
+                for topic_id in holders.topic_ids()
+                if MIN_INSYNC_REPLICAS not in image.topic_configs(image.topics_by_id[topic_id].name)
             )
-            cleared += 1
+            if cleared:
+                batch.add(pb.ClearElrRecord())
+            return cleared
+        cleared = 0
+        for name in topic_names:
+            topic = image.topic(name)
+            count = 0 if topic is None else holders.topic_count(topic.topic_id)
+            if count:
+                batch.add(pb.ClearElrRecord(topic_name=name))
+                cleared += count
         return cleared
 
     def _run_topic_jobs(self, batch: _Batch) -> None:

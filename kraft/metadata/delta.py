@@ -24,6 +24,8 @@ from typing import Any
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
 from kraft.metadata.chunked import with_changes
+from kraft.metadata.election_config import MIN_INSYNC_REPLICAS
+from kraft.metadata.elr_holders import elr_holders_of, next_elr_holders
 from kraft.metadata.image import (
     LEADER_RECOVERED,
     BrokerFeatureRange,
@@ -48,6 +50,8 @@ _LIST_CACHE: dict[tuple[int, ...], tuple[int, ...]] = {}
 _LIST_CACHE_MAX = 1 << 18
 LOCAL_CHANGES_STEP = 256
 """Partitions :meth:`MetadataDelta.local_changes_in_steps` looks at between two pauses (~20-80 µs)."""
+CLEAR_ELR_STEP = 256
+"""Partitions a ClearElrRecord's :meth:`MetadataDelta.replay_steps` looks at between two pauses."""
 
 
 def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
@@ -161,6 +165,12 @@ class _TopicDelta:
     base: TopicImage | None  # None for a topic created in this delta
     count: int  # partitions after this delta
     changed: dict[int, PartitionRegistration] = field(default_factory=dict)
+    elr_set: bool = False
+    """A partition of this topic may have come to hold an ELR or last known ELR in this delta (a new
+    one holding either, or a change giving one to a partition that held neither; conservative).  False:
+    every changed partition holding one now held one in the base image, so the image's ``elr_holders``
+    index follows this topic by looking only at its changed holders (the common case: ISR and leader
+    changes, new topics without ELRs — none at all)."""
 
     def current(self, partition_id: int) -> PartitionRegistration | None:
         got = self.changed.get(partition_id)
@@ -290,6 +300,10 @@ class MetadataDelta:
         topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
         if topic is None or partition_id > topic.count:
             return False
+        if (registration.elr or registration.last_known_elr) and not topic.elr_set:
+            before = topic.current(partition_id)  # looked up only for a registration holding one
+            if before is None or not (before.elr or before.last_known_elr):
+                topic.elr_set = True
         topic.changed[partition_id] = registration
         if partition_id >= topic.count:
             topic.count = partition_id + 1
@@ -298,6 +312,15 @@ class MetadataDelta:
     def replay_decoded(self, records: Iterable[pb.MetadataRecord]) -> None:
         """``replay(record)`` for each record, with partition records dispatched directly (the bulk of
         every big batch); offsets are the caller's to set."""
+        for _ in self.replay_decoded_steps(records):
+            pass
+
+    def replay_decoded_steps(self, records: Iterable[pb.MetadataRecord]) -> Iterator[int]:
+        """:meth:`replay_decoded`, pausing inside a ClearElrRecord after every :data:`CLEAR_ELR_STEP`
+        partitions it looks at (yielding that count, what the caller counts against its slice): one
+        record may clear a topic of 100,000 partitions.  Found in the one dispatch every record gets
+        anyway, so a batch without one costs no extra pass.  The delta must not be used otherwise until
+        the iterator is exhausted."""
         replay_partition = self._replay_partition
         replay_change = self._replay_partition_change
         handlers = _HANDLERS
@@ -307,6 +330,9 @@ class MetadataDelta:
                 replay_change(record.partition_change)
             elif kind == "partition":
                 replay_partition(record.partition)
+            elif kind == "clear_elr":
+                for _ in self._clear_elr_steps(record.clear_elr):
+                    yield CLEAR_ELR_STEP
             else:
                 handler = handlers.get(kind or "")
                 if handler is not None:
@@ -438,6 +464,8 @@ class MetadataDelta:
                 r.last_unclean_leader_epoch,
             )
             topic.changed[partition_id] = registration
+            if registration.elr or registration.last_known_elr:
+                topic.elr_set = True
         else:
             topic.changed[partition_id] = PartitionRegistration(
                 replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
@@ -453,7 +481,11 @@ class MetadataDelta:
         if topic is None or current is None:
             self.replay_errors.append(f"change of unknown partition {topic_id}/{partition_id}")
             return
-        topic.changed[partition_id] = apply_partition_change(current, r)
+        registration = apply_partition_change(current, r)
+        topic.changed[partition_id] = registration
+        # (~40 ns when the registration holds neither: the elr_holders index's cost per change)
+        if (registration.elr or registration.last_known_elr) and not (current.elr or current.last_known_elr):
+            topic.elr_set = True
 
     def _replay_remove_topic(self, r: pb.RemoveTopicRecord) -> None:
         topic = self._topics.pop(r.topic_id, None)
@@ -467,6 +499,94 @@ class MetadataDelta:
         self._names[name] = None
         # A topic's configs die with it; a topic re-created under the same name starts clean.
         self._configs[ConfigKey(ConfigResourceType.TOPIC, name)] = {}
+
+    def replay_steps(self, record: pb.MetadataRecord, offset: int = -1, epoch: int = -1) -> Iterator[None]:
+        """:meth:`replay` of ``record``, pausing (yielding) after every :data:`CLEAR_ELR_STEP`
+        partitions a ClearElrRecord clears — one record may clear a topic of 100,000 partitions — so a
+        caller can bound its event-loop turns (follower controllers, brokers).  Any other record is
+        replayed at once.  The delta must not be used otherwise until the iterator is exhausted."""
+        if record.WhichOneof("record") != "clear_elr":
+            self.replay(record, offset, epoch)
+            return
+        if offset >= 0:
+            self.offset = offset
+        if epoch >= 0:
+            self.epoch = epoch
+        yield from self._clear_elr_steps(record.clear_elr)
+
+    def _replay_clear_elr(self, r: pb.ClearElrRecord) -> None:
+        for _ in self._clear_elr_steps(r):
+            pass
+
+    def _clear_elr_steps(self, r: pb.ClearElrRecord) -> Iterator[None]:
+        """Empty the ELR and last known ELR of the named topic's partitions — or (no name) of every topic
+        without a ``min.insync.replicas`` of its own — bumping both epochs of each partition changed, as
+        the PartitionChangeRecord clearing them would.  Visits the partitions holding one (the base
+        image's ``elr_holders``) and those this delta changed, not every partition."""
+        if r.topic_name:
+            topic_id = self.topic_id(r.topic_name)
+            if topic_id is None:
+                self.replay_errors.append(f"ELR clear of unknown topic {r.topic_name}")
+                return
+            yield from self._clear_topic_elr(topic_id)
+            return
+        holders = elr_holders_of(self.image)
+        base_topics = self.image.topics_by_id
+        # Base topics holding one (a removed one is skipped by _clear_topic_elr), then those only this
+        # delta touched; sorted for one order on every reader.
+        topic_ids = sorted(set(holders.topic_ids()).union(self._topics))
+        for topic_id in topic_ids:
+            topic = self._topics.get(topic_id)
+            name = topic.name if topic is not None else base_topics[topic_id].name
+            key = ConfigKey(ConfigResourceType.TOPIC, name)
+            replayed = self._configs.get(key)
+            configs = self.image.configs.get(key, {}) if replayed is None else replayed
+            if MIN_INSYNC_REPLICAS not in configs:  # its own value hides the cluster-wide default
+                yield from self._clear_topic_elr(topic_id)
+
+    def _clear_topic_elr(self, topic_id: str) -> Iterator[None]:
+        topic = self._topics.get(topic_id)
+        if topic is None:
+            if topic_id in self._removed_topics:
+                return
+            base_ids = elr_holders_of(self.image).partition_ids(topic_id)
+            if not base_ids:
+                return
+            topic = self._topic_delta(topic_id)
+            assert topic is not None  # a live base topic
+            candidates: list[int] = base_ids
+        elif topic.base is None:  # created in this delta: every partition is in ``changed``
+            candidates = list(topic.changed)
+        else:
+            candidates = sorted(set(elr_holders_of(self.image).partition_ids(topic_id)).union(topic.changed))
+        changed = topic.changed
+        current_of = topic.current
+        step = CLEAR_ELR_STEP
+        for start in range(0, len(candidates), step):
+            for partition_id in candidates[start : start + step]:
+                current = current_of(partition_id)
+                if current is None:
+                    continue
+                replicas, isr, leader, leader_epoch, partition_epoch, elr, lke, recovery, unclean_epoch = (
+                    current
+                )
+                if elr or lke:
+                    # What apply_partition_change gives for a change with an empty ELR and/or LKE (the
+                    # record kraft wrote per partition before), built directly: the same tuple, sharing.
+                    if isr == replicas:
+                        isr = replicas
+                    changed[partition_id] = PartitionRegistration(
+                        replicas,
+                        isr,
+                        leader,
+                        leader_epoch + 1,
+                        partition_epoch + 1,
+                        (),
+                        (),
+                        recovery,
+                        unclean_epoch,
+                    )
+            yield
 
     def _replay_config(self, r: pb.ConfigRecord) -> None:
         key = ConfigKey(r.resource_type, r.resource_name)
@@ -525,6 +645,14 @@ class MetadataDelta:
         order ``apply()`` inserts them."""
         for topic_id, topic in self._topics.items():
             yield topic_id, topic.base, topic.changed
+
+    def elr_changed_topics(
+        self,
+    ) -> Iterator[tuple[str, TopicImage | None, Mapping[int, PartitionRegistration], bool]]:
+        """:meth:`changed_topics` with, for each, whether a changed partition may hold an ELR or last
+        known ELR (False: none does)."""
+        for topic_id, topic in self._topics.items():
+            yield topic_id, topic.base, topic.changed, topic.elr_set
 
     # ---- producing the next image ----
 
@@ -587,6 +715,7 @@ class MetadataDelta:
             features=features,
             acls=acls,
             transaction=self.transaction,
+            elr_holders=next_elr_holders(self),
         )
 
     # ---- what a broker must do ----
@@ -656,6 +785,7 @@ _HANDLERS: dict[str, Callable[[MetadataDelta, Any], None]] = {
     "partition": MetadataDelta._replay_partition,
     "partition_change": MetadataDelta._replay_partition_change,
     "remove_topic": MetadataDelta._replay_remove_topic,
+    "clear_elr": MetadataDelta._replay_clear_elr,
     "config": MetadataDelta._replay_config,
     "feature_level": MetadataDelta._replay_feature_level,
     "access_control_entry": MetadataDelta._replay_access_control_entry,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kraft.metadata.chunked import Compact, compact
+from kraft.metadata.elr_holders import EMPTY_ELR_HOLDERS, ElrHolders
 from kraft.metadata.pmap import persistent
 from kraft.metadata.records import ConfigResourceType
 from kraft.security.acl import StandardAcl
@@ -182,6 +183,10 @@ class MetadataImage:
     transaction: str = ""
     """The name of the metadata transaction open at ``offset`` (its BeginTransactionRecord's), "" when
     none is: a reader publishes nothing inside one; the controller resumes it (controller_logic)."""
+    elr_holders: ElrHolders | None = field(default=None, compare=False, repr=False)
+    """The partitions holding an ELR or last known ELR (:mod:`kraft.metadata.elr_holders`, what a
+    ClearElrRecord's replay visits); derived from ``topics_by_id``, so not compared.  None: computed on
+    first use (``elr_holders_of``)."""
 
     def __post_init__(self) -> None:
         # The two topic maps are persistent (kraft.metadata.pmap, structure-sharing, dict order): the next
@@ -237,5 +242,12 @@ class MetadataImage:
 
 
 EMPTY_IMAGE = MetadataImage(
-    offset=-1, epoch=-1, brokers={}, topics_by_id={}, topic_ids_by_name={}, configs={}, features={}
+    offset=-1,
+    epoch=-1,
+    brokers={},
+    topics_by_id={},
+    topic_ids_by_name={},
+    configs={},
+    features={},
+    elr_holders=EMPTY_ELR_HOLDERS,
 )

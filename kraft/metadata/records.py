@@ -44,6 +44,7 @@ class ApiKey(enum.IntEnum):
     BEGIN_TRANSACTION = 23
     END_TRANSACTION = 24
     ABORT_TRANSACTION = 25
+    CLEAR_ELR = 28
 
 
 class ConfigResourceType(enum.IntEnum):

@@ -39,7 +39,7 @@ PartitionCounts; :meth:`candidates` finishes the build at once).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, pairwise
 from operator import attrgetter
 
@@ -82,6 +82,8 @@ def _isr_in_replica_order(replicas: tuple[int, ...], isr: tuple[int, ...]) -> bo
     """Whether build_change's sort (replica order, last index of a repeated replica, non-replicas last
     in their order) leaves ``isr`` as it is."""
     if (isr is replicas or isr == replicas) and _distinct(replicas):
+        return True
+    if len(isr) < 2:  # nothing to reorder (an ISR shrunk to its leader: the common unsettled case)
         return True
     order = {r: i for i, r in enumerate(replicas)}
     keys = [order.get(r, len(order)) for r in isr]
@@ -334,10 +336,11 @@ class RejoinIndex:
             new = flagged_replicas(partition)
             if old == new:
                 continue
+            # Only the brokers that differ (an ELR cleared unflags the leader, keeps the others).
             if old:
-                self._unflag(topic_id, partition_id, old)
+                self._unflag(topic_id, partition_id, [b for b in old if b not in new] if new else old)
             if new:
-                self._flag(topic_id, partition_id, new)
+                self._flag(topic_id, partition_id, [b for b in new if b not in old] if old else new)
                 if flags is None:
                     flags = self._flags[topic_id] = {}
                 flags[partition_id] = new
@@ -347,7 +350,7 @@ class RejoinIndex:
         if flags is not None and not flags:
             del self._flags[topic_id]
 
-    def _flag(self, topic_id: str, partition_id: int, brokers: tuple[int, ...]) -> None:
+    def _flag(self, topic_id: str, partition_id: int, brokers: Iterable[int]) -> None:
         for broker_id in brokers:
             by_topic = self._by_broker.get(broker_id)
             if by_topic is None:
@@ -357,7 +360,7 @@ class RejoinIndex:
                 ids = by_topic[topic_id] = set()
             ids.add(partition_id)
 
-    def _unflag(self, topic_id: str, partition_id: int, brokers: tuple[int, ...]) -> None:
+    def _unflag(self, topic_id: str, partition_id: int, brokers: Iterable[int]) -> None:
         for broker_id in brokers:
             by_topic = self._by_broker[broker_id]
             ids = by_topic[topic_id]

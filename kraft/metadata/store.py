@@ -75,6 +75,7 @@ import aiosqlite
 
 from kraft.clock import Clock
 from kraft.metadata.chunked import CHUNK, chunks_of
+from kraft.metadata.elr_holders import ElrHolders
 from kraft.metadata.image import (
     BrokerFeatureRange,
     BrokerRegistration,
@@ -591,6 +592,8 @@ class SqliteImageStore:
             db, "SELECT * FROM partition_elr"
         ):
             extras[(topic_id, partition_id)] = (_parse_ids(elr), _parse_ids(lke), recovery, unclean_epoch)
+        # The rows hold every partition with an ELR or last known ELR: the image's index of them, for free.
+        elr_holders = ElrHolders.from_partitions(key for key, extra in extras.items() if extra[0] or extra[1])
         query = "SELECT * FROM partitions "
         # One shared tuple per distinct list text, as images built by replay share them (memory, speed).
         parsed: dict[str, tuple[int, ...]] = {}
@@ -667,6 +670,7 @@ class SqliteImageStore:
             configs=configs,
             features=levels,
             acls=acls,
+            elr_holders=elr_holders,
         )
         self._saved = image
         self._sums = sums

@@ -616,6 +616,34 @@ class NoOpRecord(_message.Message):
 Global___NoOpRecord: _TypeAlias = NoOpRecord  # noqa: Y015
 
 @_typing.final
+class ClearElrRecord(_message.Message):
+    """api key 28 (Kafka's ClearElrRecord, KIP-966), written with the ConfigRecord that changes a
+    min.insync.replicas: clears the eligible leader replicas and last known ELR of every partition of the
+    topic named — or, topic_name empty (the cluster-wide default changed), of every topic that has no
+    min.insync.replicas of its own at this point of the log (kraft's rule: only their minimum changed;
+    Kafka clears every topic).  Each partition it changes gets both epochs bumped, exactly as a
+    PartitionChangeRecord clearing its ELR / last known ELR would (kraft wrote one of those per partition
+    before).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_NAME_FIELD_NUMBER: _builtins.int
+    topic_name: _builtins.str
+    def __init__(
+        self,
+        *,
+        topic_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topic_name", b"topic_name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearElrRecord: _TypeAlias = ClearElrRecord  # noqa: Y015
+
+@_typing.final
 class BeginTransactionRecord(_message.Message):
     """api keys 23 / 24 / 25: an atomic group of records between Begin and End (or Abort)."""
 
@@ -687,6 +715,7 @@ class MetadataRecord(_message.Message):
     BEGIN_TRANSACTION_FIELD_NUMBER: _builtins.int
     END_TRANSACTION_FIELD_NUMBER: _builtins.int
     ABORT_TRANSACTION_FIELD_NUMBER: _builtins.int
+    CLEAR_ELR_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def register_broker(self) -> Global___RegisterBrokerRecord: ...
     @_builtins.property
@@ -721,6 +750,8 @@ class MetadataRecord(_message.Message):
     def end_transaction(self) -> Global___EndTransactionRecord: ...
     @_builtins.property
     def abort_transaction(self) -> Global___AbortTransactionRecord: ...
+    @_builtins.property
+    def clear_elr(self) -> Global___ClearElrRecord: ...
     def __init__(
         self,
         *,
@@ -741,12 +772,13 @@ class MetadataRecord(_message.Message):
         begin_transaction: Global___BeginTransactionRecord | None = ...,
         end_transaction: Global___EndTransactionRecord | None = ...,
         abort_transaction: Global___AbortTransactionRecord | None = ...,
+        clear_elr: Global___ClearElrRecord | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "access_control_entry", b"access_control_entry", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_access_control_entry", b"remove_access_control_entry", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "access_control_entry", b"access_control_entry", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "clear_elr", b"clear_elr", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_access_control_entry", b"remove_access_control_entry", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "access_control_entry", b"access_control_entry", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_access_control_entry", b"remove_access_control_entry", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["abort_transaction", b"abort_transaction", "access_control_entry", b"access_control_entry", "begin_transaction", b"begin_transaction", "broker_registration_change", b"broker_registration_change", "clear_elr", b"clear_elr", "config", b"config", "end_transaction", b"end_transaction", "feature_level", b"feature_level", "fence_broker", b"fence_broker", "no_op", b"no_op", "partition", b"partition", "partition_change", b"partition_change", "record", b"record", "register_broker", b"register_broker", "remove_access_control_entry", b"remove_access_control_entry", "remove_topic", b"remove_topic", "topic", b"topic", "unfence_broker", b"unfence_broker", "unregister_broker", b"unregister_broker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["register_broker", "unregister_broker", "topic", "partition", "config", "partition_change", "fence_broker", "unfence_broker", "remove_topic", "feature_level", "broker_registration_change", "access_control_entry", "remove_access_control_entry", "no_op", "begin_transaction", "end_transaction", "abort_transaction"]  # noqa: Y015
+    _WhichOneofReturnType_record: _TypeAlias = _typing.Literal["register_broker", "unregister_broker", "topic", "partition", "config", "partition_change", "fence_broker", "unfence_broker", "remove_topic", "feature_level", "broker_registration_change", "access_control_entry", "remove_access_control_entry", "no_op", "begin_transaction", "end_transaction", "abort_transaction", "clear_elr"]  # noqa: Y015
     _WhichOneofArgType_record: _TypeAlias = _typing.Literal["record", b"record"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_record) -> _WhichOneofReturnType_record | None: ...
 

@@ -880,13 +880,13 @@ def test_a_topic_min_isr_change_clears_its_elr_in_the_same_write() -> None:
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.elr) == (2, (2,), (1,))
     written = _alter_min_isr(h, TOPIC_RESOURCE, "t", "3")
-    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
-    change = written[1].partition_change
-    assert change.HasField("eligible_leader_replicas") and list(change.eligible_leader_replicas.ids) == []
-    assert not change.HasField("isr") and not change.HasField("leader")
+    # Kafka's one ClearElrRecord naming the topic, whatever its partition count
+    assert [r.WhichOneof("record") for r in written] == ["config", "clear_elr"]
+    assert written[1].clear_elr.topic_name == "t"
     after = _partition(h, topic_id)
     assert (after.leader, after.isr, after.elr, after.last_known_elr) == (2, (2,), (), ())
-    assert after.partition_epoch == p.partition_epoch + 1
+    # both epochs bumped, as the PartitionChangeRecord kraft wrote before bumped them
+    assert (after.leader_epoch, after.partition_epoch) == (p.leader_epoch + 1, p.partition_epoch + 1)
     # a setting that changes nothing writes nothing, and nothing is left to clear anyway
     assert _alter_min_isr(h, TOPIC_RESOURCE, "t", "3") == []
 
@@ -904,13 +904,14 @@ def test_a_cluster_default_change_clears_the_elr_of_topics_without_their_own_val
     d, o = (h.image.topic_ids_by_name[n] for n in ("d", "o"))
     assert _partition(h, d).elr == (1,) and _partition(h, o).elr == (1,)
     written = _alter_min_isr(h, BROKER_RESOURCE, "", "3")
-    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
-    assert written[1].partition_change.topic_id == d
+    assert [r.WhichOneof("record") for r in written] == ["config", "clear_elr"]
+    assert written[1].clear_elr.topic_name == ""  # every topic without its own value
     assert _partition(h, d).elr == () and _partition(h, o).elr == (1,)  # o's minimum did not change
     # (a broker's own value is refused: test_config_control)
     # deleting the topic's own value moves it to the default: its ELR goes too
     written = _alter_min_isr(h, TOPIC_RESOURCE, "o", None)
-    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
+    assert [r.WhichOneof("record") for r in written] == ["config", "clear_elr"]
+    assert written[1].clear_elr.topic_name == "o"
     assert _partition(h, o).elr == ()
 
 
@@ -931,7 +932,7 @@ def test_an_offline_partition_loses_its_elr_and_last_known_elr_even_right_after_
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.elr, p.last_known_elr) == (NO_PARTITION_LEADER, (), (1,), (2,))
     written = _alter_min_isr(h, TOPIC_RESOURCE, "t", "1")
-    assert [r.WhichOneof("record") for r in written] == ["config", "partition_change"]
+    assert [r.WhichOneof("record") for r in written] == ["config", "clear_elr"]
     p = _partition(h, topic_id)
     assert (p.leader, p.isr, p.elr, p.last_known_elr) == (NO_PARTITION_LEADER, (), (), ())
     # as in Kafka: with its ELR gone the partition waits for an unclean election, not for 1

@@ -47,9 +47,10 @@ SAMPLES = [
     pb.BeginTransactionRecord(name="x"),
     pb.EndTransactionRecord(),
     pb.AbortTransactionRecord(),
+    pb.ClearElrRecord(topic_name="t"),
 ]
 
-EXPECTED_KEYS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 17, 18, 19, 20, 23, 24, 25]
+EXPECTED_KEYS = [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 17, 18, 19, 20, 23, 24, 25, 28]
 
 
 @pytest.mark.parametrize(("payload", "key"), list(zip(SAMPLES, EXPECTED_KEYS, strict=True)))
