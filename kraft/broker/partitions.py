@@ -285,6 +285,8 @@ class PartitionManager:
         self.offline: dict[TopicPartition, str] = {}
         """Partitions that could not be created or opened (or whose log dir went offline) → why."""
         self._offline_dir_of: dict[TopicPartition, Path] = {}
+        # Each watcher's set of partitions whose hosting changed since it last looked (watch_changes).
+        self._watchers: list[set[TopicPartition]] = []
         self.on_all_offline: Callable[[AllLogDirsOfflineError], None] | None = None
         """Called by :meth:`storage_failed` when the last log dir went offline (the process must stop);
         without it the error is raised."""
@@ -303,6 +305,25 @@ class PartitionManager:
 
     def __len__(self) -> int:
         return len(self._partitions)
+
+    # --- change tracking -----------------------------------------------------------------------
+
+    def watch_changes(self) -> set[TopicPartition]:
+        """A set that collects every partition whose hosting changes from now on — added, removed, or its
+        role or assignment changed, by a metadata apply, a start-up open, a storage failure or close —
+        filled with the partitions hosted now (all are new to the watcher).  The watcher takes what it
+        needs and clears it; :meth:`unwatch` ends it.  So :class:`~kraft.broker.replication.ReplicaManager`
+        visits per image the partitions that changed, not every hosted one."""
+        touched = set(self._partitions)
+        self._watchers.append(touched)
+        return touched
+
+    def unwatch(self, touched: set[TopicPartition]) -> None:
+        self._watchers = [w for w in self._watchers if w is not touched]
+
+    def _touch(self, tp: TopicPartition) -> None:
+        for touched in self._watchers:
+            touched.add(tp)
 
     # --- startup -------------------------------------------------------------------------------
 
@@ -508,6 +529,7 @@ class PartitionManager:
         for other, partition in list(self._partitions.items()):
             if partition.log_dir == log_dir:
                 del self._partitions[other]
+                self._touch(other)
                 self._load_by_dir[log_dir] -= 1
                 self.offline[other] = f"log dir {log_dir} offline"
                 self._offline_dir_of[other] = log_dir
@@ -588,6 +610,8 @@ class PartitionManager:
         """Close every partition log together (:func:`close_partition_logs`: flush, one sync barrier,
         then the clean-shutdown markers), not one by one with several fsyncs each."""
         partitions = list(self._partitions.values())
+        for tp in self._partitions:
+            self._touch(tp)
         self._partitions.clear()
         for partition in partitions:
             partition.notify_appended()
@@ -634,6 +658,7 @@ class PartitionManager:
             elif partition.assignment != assignment or partition.role is not role:
                 partition.assignment = assignment
                 partition.role = role
+                self._touch(tp)
                 try:
                     _write_state(partition.path, tp, assignment, role)
                 except (OSError, StorageError) as exc:  # KafkaStorageException
@@ -671,6 +696,7 @@ class PartitionManager:
         if partition is None or (topic_id is not None and partition.topic_id != topic_id):
             return False
         del self._partitions[tp]
+        self._touch(tp)
         self._load_by_dir[partition.log_dir] -= 1
         partition.notify_appended()
         try:
@@ -692,6 +718,7 @@ class PartitionManager:
 
     def _add(self, partition: Partition) -> None:
         self._partitions[partition.tp] = partition
+        self._touch(partition.tp)
         self._load_by_dir[partition.log_dir] += 1
 
 
