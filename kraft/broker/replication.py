@@ -61,6 +61,7 @@ import contextlib
 import heapq
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Protocol
 
@@ -101,6 +102,7 @@ from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+_ORDER = attrgetter("topic", "partition")  # TopicPartition's order, compared in C
 UNKNOWN_EPOCH_RETRY_MS = 50
 # While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
 LEASE_POLL_MS = 100
@@ -185,9 +187,11 @@ class _MaxLag:
         if self._lags.get(tp) == lag:
             return
         self._lags[tp] = lag
+        if lag < 0:  # unknown: counted by max() only when no lag is known (most new followers)
+            return
         heapq.heappush(self._heap, (-lag, tp))
         if len(self._heap) > 2 * len(self._lags) + 64:  # stale entries: rebuild (amortized O(1) a set)
-            self._heap = [(-value, key) for key, value in self._lags.items()]
+            self._heap = [(-value, key) for key, value in self._lags.items() if value >= 0]
             heapq.heapify(self._heap)
 
     def discard(self, tp: TopicPartition) -> None:
@@ -204,7 +208,7 @@ class _MaxLag:
             if self._lags.get(tp) == -negative:
                 return -negative
             heapq.heappop(heap)
-        return 0
+        return -1 if self._lags else 0  # every lag kept is unknown (those have no heap entry)
 
 
 def min_isr_topics(before: MetadataImage, after: MetadataImage) -> set[str] | None:
@@ -470,23 +474,25 @@ class ReplicaManager:
         previous, self._image = self._image, image
         self.check_lease()  # a state created below starts held if the lease has lapsed
         now_ms = self._clock.monotonic_ms()
-        changed = sorted(self._touched | self._revisit)
+        self._touched.update(self._revisit)
+        changed = sorted(self._touched, key=_ORDER)
         self._touched.clear()  # (the partition manager's own set: cleared, not replaced)
         self._revisit.clear()
-        partitions = self._partitions
+        partitions, led_states, followed_states = self._partitions, self._led, self._followed
+        visits: list[Partition] = []
         for tp in changed:
             hosted = partitions.get(tp)
-            led = self._led.get(tp)
+            led = led_states.get(tp)
             if led is not None and led.partition is not hosted:
                 self._drop_led(tp, revisit=False)
-            followed = self._followed.get(tp)
+            followed = followed_states.get(tp)
             if followed is not None and followed.partition is not hosted:
                 self._remove_followed(tp)
+            if hosted is not None:
+                visits.append(hosted)
         touched_leds: list[_Led] = []
-        for tp in changed:
-            partition = partitions.get(tp)
-            if partition is None:
-                continue
+        for partition in visits:
+            tp = partition.tp
             if partition.role is ReplicaRole.LEADER:
                 followed = self._remove_followed(tp)
                 # A follower that becomes leader starts from the high watermark it learned (Kafka's).
