@@ -285,6 +285,9 @@ class PartitionManager:
         self.offline: dict[TopicPartition, str] = {}
         """Partitions that could not be created or opened (or whose log dir went offline) → why."""
         self._offline_dir_of: dict[TopicPartition, Path] = {}
+        # Directories renamed to their deletion name by a paced apply and not removed yet: apply_paced
+        # removes them on a thread between its turns (Kafka deletes on a background thread), not on the loop.
+        self._doomed: list[Path] | None = None
         # Each watcher's set of partitions whose hosting changed since it last looked (watch_changes).
         self._watchers: list[set[TopicPartition]] = []
         self.on_all_offline: Callable[[AllLogDirsOfflineError], None] | None = None
@@ -378,9 +381,13 @@ class PartitionManager:
         removed = 0
         opened: list[Partition] = []
         started = time.monotonic()
-        for index, (tp, (log_dir, assignment, role)) in enumerate(sorted(found.items())):
+        # Ordered in steps (a 100,000-partition broker's sorted() of what the scan found was one stretch of
+        # ~100 ms: bench/broker_open.py), then opened PARTITIONS_PER_TURN a turn.
+        ordered = await in_order(found, Pacer(self._clock, self.work_unit_ms))
+        for index, tp in enumerate(ordered):
             if index % PARTITIONS_PER_TURN == PARTITIONS_PER_TURN - 1:
                 await asyncio.sleep(0)
+            log_dir, assignment, role = found[tp]
             wanted = desired.get(tp)
             if log_dir in self.offline_dirs:
                 if wanted is not None and wanted.topic_id == assignment.topic_id and tp not in self.offline:
@@ -439,31 +446,57 @@ class PartitionManager:
             (changes.leaders, lambda part: LocalChanges(leaders=part), False),
             (changes.followers, lambda part: LocalChanges(followers=part), False),
         )
-        for mapping, as_changes, budgeted in kinds:
-            order = await in_order(mapping, pacer)
-            start = 0
-            while start < len(order):
-                end = start
-                turn = AppliedChanges()
-                while end < len(order) and end - start < PARTITIONS_PER_TURN:
-                    piece = order[end : min(end + PACE_STEP, start + PARTITIONS_PER_TURN)]
-                    turn = turn.then(self._apply_quietly(as_changes({tp: mapping[tp] for tp in piece})))
-                    end += len(piece)
-                    # Deletions end a turn on the budget too (a turn began where the ordering's last
-                    # step left it): removing a directory is 0.1 to tens of ms. Leaderships and
-                    # followings keep whole turns of 64, as before: a demotion must not wait turns
-                    # behind a budget that the host's load, not this work, used up.
-                    if budgeted and pacer.expired():
-                        break
-                self._log_applied(turn)
-                deleted.extend(turn.deleted)
-                leaders.extend(turn.became_leader)
-                followers.extend(turn.became_follower)
-                created.extend(turn.created)
-                start = end
-                await asyncio.sleep(0)
-                pacer.restart()
+        self._doomed = []
+        try:
+            for mapping, as_changes, budgeted in kinds:
+                await self._apply_kind(
+                    mapping, as_changes, budgeted, pacer, (deleted, leaders, followers, created)
+                )
+        finally:
+            doomed, self._doomed = self._doomed, None
+            if doomed:  # (an error mid-way: what was renamed goes anyway; start-up would remove it too)
+                await asyncio.to_thread(_remove_trees, doomed)
         return AppliedChanges(tuple(deleted), tuple(leaders), tuple(followers), tuple(created))
+
+    async def _apply_kind(
+        self,
+        mapping: Mapping[TopicPartition, Any],
+        as_changes: _AsChanges,
+        budgeted: bool,
+        pacer: Pacer,
+        out: tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition], list[TopicPartition]],
+    ) -> None:
+        deleted, leaders, followers, created = out
+        order = await in_order(mapping, pacer)
+        start = 0
+        while start < len(order):
+            end = start
+            turn = AppliedChanges()
+            while end < len(order) and end - start < PARTITIONS_PER_TURN:
+                piece = order[end : min(end + PACE_STEP, start + PARTITIONS_PER_TURN)]
+                turn = turn.then(self._apply_quietly(as_changes({tp: mapping[tp] for tp in piece})))
+                end += len(piece)
+                # Deletions end a turn on the budget too (a turn began where the ordering's last
+                # step left it): discarding a log and renaming its directory is 0.1 to ms. Leaderships and
+                # followings keep whole turns of 64, as before: a demotion must not wait turns
+                # behind a budget that the host's load, not this work, used up.
+                if budgeted and pacer.expired():
+                    break
+            self._log_applied(turn)
+            deleted.extend(turn.deleted)
+            leaders.extend(turn.became_leader)
+            followers.extend(turn.became_follower)
+            created.extend(turn.created)
+            start = end
+            doomed = self._doomed
+            if doomed:
+                # The turn's deleted directories (renamed already) are removed on a thread while
+                # the loop runs: an rmtree waits on the file system (a busy disk: tens of ms).
+                self._doomed = []
+                await asyncio.to_thread(_remove_trees, doomed)
+            else:
+                await asyncio.sleep(0)
+            pacer.restart()
 
     # --- log dir failure -------------------------------------------------------------------------
 
@@ -712,14 +745,26 @@ class PartitionManager:
         return True
 
     def _remove_dir(self, log_dir: Path, tp: TopicPartition) -> None:
+        """Rename the partition directory to its deletion name (atomic: it is gone from then on), then
+        remove it — later on a thread within a paced apply (:meth:`apply_paced`), here otherwise."""
         doomed = log_dir / deletion_dir_name(tp)
         os.replace(log_dir / tp.dir_name, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        if self._doomed is not None:
+            self._doomed.append(doomed)
+        else:
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def _add(self, partition: Partition) -> None:
         self._partitions[partition.tp] = partition
         self._touch(partition.tp)
         self._load_by_dir[partition.log_dir] += 1
+
+
+def _remove_trees(paths: Iterable[Path]) -> None:
+    """Remove renamed-away partition directories (on a worker thread; leftovers of a crash are removed
+    by the next :meth:`PartitionManager.scan`)."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_state(
