@@ -568,11 +568,12 @@ class ReplicaManager:
         targets: Iterable[_Led]
         if topics is None:
             targets = list(self._led.values())
+        elif not topics:
+            targets = touched  # (each a current state: visited once, nothing dropped since)
         else:
-            chosen = {id(led): led for led in touched if self._led.get(led.partition.tp) is led}
+            chosen = {led.partition.tp: led for led in touched}
             for topic in sorted(topics):
-                for led in self._led_by_topic.get(topic, {}).values():
-                    chosen[id(led)] = led
+                chosen.update(self._led_by_topic.get(topic, {}))
             targets = chosen.values()
         for led in targets:
             if led.state.set_min_isr(self._min_insync_replicas(led.partition.tp.topic)):
