@@ -1,6 +1,7 @@
 """Broker work kept off the event loop or cut into turns (issue #17, bounded work units): a paced apply
-removes deleted partition directories on a worker thread; start-up orders what the scan found in steps;
-a snapshot load hands the replaced image's big topics to the reaper.  Manual clocks, no timing."""
+removes deleted partition directories on a worker thread; start-up orders what the scan found and
+compares it with the image in steps; a snapshot load hands the replaced image's big topics to the
+reaper.  Manual clocks, no timing."""
 
 from __future__ import annotations
 
@@ -12,11 +13,20 @@ from pathlib import Path
 
 import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kraft.broker import partitions as partitions_module
+from kraft.broker import types as types_module
 from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.publisher import MetadataPublisher
-from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
+from kraft.broker.types import (
+    LocalChanges,
+    PartitionAssignment,
+    TopicPartition,
+    local_changes_between,
+    local_changes_between_in_steps,
+)
 from kraft.clock import ManualClock
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -119,3 +129,32 @@ async def test_a_snapshot_load_hands_the_replaced_images_big_topics_to_the_reape
     assert reaper.idle, f"waiting={reaper.waiting}"
     assert reaper.pieces - pieces >= MIN_ITEMS // 512  # taken apart in pieces
     manager.close()
+
+
+_ASSIGNMENTS = st.sampled_from(
+    [
+        PartitionAssignment("T", ME, 1, 1, (ME, 2), (ME, 2)),
+        PartitionAssignment("T", 2, 2, 2, (ME, 2), (ME, 2)),
+        PartitionAssignment("U", ME, 1, 1, (ME, 2), (ME,)),
+        PartitionAssignment("U", 2, 1, 1, (ME, 2), (2,)),
+    ]
+)
+_MAPS = st.dictionaries(st.builds(TopicPartition, st.sampled_from("ab"), st.integers(0, 40)), _ASSIGNMENTS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_MAPS, _MAPS, st.integers(1, 8))
+def test_local_changes_in_steps_equal_the_one_go_comparison(
+    before: dict[TopicPartition, PartitionAssignment],
+    after: dict[TopicPartition, PartitionAssignment],
+    step: int,
+) -> None:
+    expected = local_changes_between(ME, before, after)
+    out = LocalChanges({}, {}, {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(types_module, "CHANGES_STEP", step)
+        pauses = sum(1 for _ in local_changes_between_in_steps(ME, before, after, out))
+    assert pauses == len(before) // step + len(after) // step
+    for mine, theirs in ((out.deletes, expected.deletes), (out.leaders, expected.leaders)):
+        assert list(mine.items()) == list(theirs.items())  # same entries, same order
+    assert list(out.followers.items()) == list(expected.followers.items())
