@@ -6,7 +6,8 @@ Rows (median / max over ``--rounds``, ms of wall time, the heap frozen): ``sort_
 ``sorted(found.items())`` open_to did before; ``in_order_longest`` — the longest stretch of the sliced
 ordering it does now (:func:`kraft.broker.partitions.in_order`, the work unit's budget);
 ``changes_to_one_go`` — ``local_changes_between`` of the opened partitions against the image's when
-nothing differs (the usual restart).
+nothing differs (the usual restart), which open_to did before; ``changes_in_steps_longest`` — the longest
+stretch of ``local_changes_between_in_steps`` (what it does now).
 
 Run: ``python -m bench.broker_open --partitions 100000``.
 """
@@ -24,7 +25,14 @@ from pathlib import Path
 
 from bench.work_units import _stretches
 from kraft.broker.partitions import Pacer, in_order
-from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition, local_changes_between
+from kraft.broker.types import (
+    LocalChanges,
+    PartitionAssignment,
+    ReplicaRole,
+    TopicPartition,
+    local_changes_between,
+    local_changes_between_in_steps,
+)
 from kraft.clock import DEFAULT_WORK_UNIT_MS, SystemClock
 
 
@@ -53,6 +61,15 @@ def run(partitions: int, rounds: int) -> dict[str, float]:
         started = time.perf_counter()
         local_changes_between(1, desired, desired)
         rows.setdefault("changes_to_one_go_ms", []).append((time.perf_counter() - started) * 1000)
+
+        async def compared() -> None:
+            pacer = Pacer(SystemClock(), DEFAULT_WORK_UNIT_MS)
+            for _ in local_changes_between_in_steps(1, desired, desired, LocalChanges({}, {}, {})):
+                await pacer.tick()
+
+        wall, _cpu, turns = asyncio.run(_stretches(compared))
+        rows.setdefault("changes_in_steps_longest_ms", []).append(wall)
+        rows.setdefault("changes_in_steps_turns", []).append(turns)
     gc.unfreeze()
     out: dict[str, float] = {"partitions": len(tps)}
     for name, values in rows.items():

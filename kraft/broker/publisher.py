@@ -175,7 +175,7 @@ class MetadataPublisher:
             self.last_snapshot_apply_s = self._seconds_since(started_ms)
             self._log.info("snapshot_loaded", offset=image.offset, partitions=image.partition_count())
             return AppliedChanges()
-        changes = self._partitions.changes_to(local_assignments(image, self.broker_id))
+        changes = await self._partitions.changes_to_paced(local_assignments(image, self.broker_id))
         revocations, grants = self._partitions.split(changes)
         if grants.is_empty():
             await self.flush()
