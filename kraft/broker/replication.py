@@ -174,8 +174,8 @@ class _Followed:
 class _MaxLag:
     """The largest follower lag (the ``replica_fetcher_max_lag`` gauge), kept as single lags change: a
     max-heap with lazy deletion, so a fetch round updates the partitions it fetched, not every followed
-    one.  One lag per followed partition (-1: unknown yet, as the gauge has always shown it when no
-    followed partition has fetched); 0 when none is followed."""
+    one.  Only known lags (0 or more) are kept: with none known the gauge is -1 while something is
+    followed (a lag not known yet, as the gauge has always shown it) and 0 when nothing is."""
 
     __slots__ = ("_heap", "_lags")
 
@@ -184,14 +184,15 @@ class _MaxLag:
         self._heap: list[tuple[int, TopicPartition]] = []  # (-lag, partition); stale entries skipped
 
     def set(self, tp: TopicPartition, lag: int) -> None:
+        if lag < 0:  # unknown
+            self._lags.pop(tp, None)
+            return
         if self._lags.get(tp) == lag:
             return
         self._lags[tp] = lag
-        if lag < 0:  # unknown: counted by max() only when no lag is known (most new followers)
-            return
         heapq.heappush(self._heap, (-lag, tp))
         if len(self._heap) > 2 * len(self._lags) + 64:  # stale entries: rebuild (amortized O(1) a set)
-            self._heap = [(-value, key) for key, value in self._lags.items() if value >= 0]
+            self._heap = [(-value, key) for key, value in self._lags.items()]
             heapq.heapify(self._heap)
 
     def discard(self, tp: TopicPartition) -> None:
@@ -201,14 +202,15 @@ class _MaxLag:
         self._lags.clear()
         self._heap.clear()
 
-    def max(self) -> int:
+    def max(self, followed: int) -> int:
+        """The largest known lag; else -1 when ``followed`` (the number of followed partitions) > 0."""
         heap = self._heap
         while heap:
             negative, tp = heap[0]
             if self._lags.get(tp) == -negative:
                 return -negative
             heapq.heappop(heap)
-        return -1 if self._lags else 0  # every lag kept is unknown (those have no heap entry)
+        return -1 if followed else 0
 
 
 def min_isr_topics(before: MetadataImage, after: MetadataImage) -> set[str] | None:
@@ -440,7 +442,7 @@ class ReplicaManager:
         self._update_fetcher_lag()
 
     def _update_fetcher_lag(self) -> None:
-        self.metrics.replica_fetcher_max_lag.set(self._lags.max())
+        self.metrics.replica_fetcher_max_lag.set(self._lags.max(len(self._followed)))
 
     def _count(self, led: _Led) -> None:
         """(Re)count ``led`` in the ISR gauges: its assignment or its topic's min ISR may have changed."""
@@ -479,30 +481,33 @@ class ReplicaManager:
         self._touched.clear()  # (the partition manager's own set: cleared, not replaced)
         self._revisit.clear()
         partitions, led_states, followed_states = self._partitions, self._led, self._followed
-        visits: list[Partition] = []
+        # (Each partition's states are looked up once: a TopicPartition hashes in Python, ~0.4 µs a look.)
+        visits: list[tuple[Partition, _Led | None, _Followed | None]] = []
         for tp in changed:
             hosted = partitions.get(tp)
             led = led_states.get(tp)
             if led is not None and led.partition is not hosted:
                 self._drop_led(tp, revisit=False)
+                led = None
             followed = followed_states.get(tp)
             if followed is not None and followed.partition is not hosted:
                 self._remove_followed(tp)
+                followed = None
             if hosted is not None:
-                visits.append(hosted)
+                visits.append((hosted, led, followed))
         touched_leds: list[_Led] = []
-        for partition in visits:
+        for partition, led, followed in visits:
             tp = partition.tp
             if partition.role is ReplicaRole.LEADER:
-                followed = self._remove_followed(tp)
+                if followed is not None:
+                    self._remove_followed(tp)
                 # A follower that becomes leader starts from the high watermark it learned (Kafka's).
-                touched_leds.append(
-                    self._lead(partition, now_ms, 0 if followed is None else followed.high_watermark)
-                )
+                hwm = 0 if followed is None else followed.high_watermark
+                touched_leds.append(self._lead_as(partition, led, now_ms, hwm))
             else:
-                if tp in self._led:
+                if led is not None:
                     self._drop_led(tp, revisit=False)
-                self._follow(partition)
+                self._follow_as(partition, followed)
         self._apply_min_isr(touched_leds, min_isr_topics(previous, image))
         self._finish_recoveries()
         self._ensure_fetchers()
@@ -581,8 +586,11 @@ class ReplicaManager:
             self._count(led)
 
     def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> _Led:
+        return self._lead_as(partition, self._led.get(partition.tp), now_ms, followed_hwm)
+
+    def _lead_as(self, partition: Partition, led: _Led | None, now_ms: int, followed_hwm: int) -> _Led:
+        """Lead ``partition``; ``led``: its leader state now (None: none)."""
         tp = partition.tp
-        led = self._led.get(tp)
         assignment = partition.assignment
         if led is not None:
             if led.assignment is assignment or led.assignment == assignment:
@@ -618,7 +626,8 @@ class ReplicaManager:
         )
         self._led[tp] = led
         self._led_by_topic.setdefault(tp.topic, {})[tp] = led
-        self._note_recovery(led)
+        if assignment.leader_recovery_state == RECOVERING:  # (what the new state's partition says)
+            self._recovering[tp] = None
         if log.log_end_offset > flushed:
             self._schedule_flush(tp)
         if led.state.high_watermark > 0:
@@ -643,15 +652,19 @@ class ReplicaManager:
         self._complete(led, led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER))
 
     def _follow(self, partition: Partition) -> None:
+        self._follow_as(partition, self._followed.get(partition.tp))
+
+    def _follow_as(self, partition: Partition, followed: _Followed | None) -> None:
+        """Follow ``partition``; ``followed``: its follower state now (None: none)."""
         tp = partition.tp
         assignment = partition.assignment
-        followed = self._followed.get(tp)
         if followed is None:
             followed = self._followed[tp] = _Followed(partition, assignment.leader, assignment.leader_epoch)
             followed.high_watermark = min(
                 self._restored_high_watermark(partition), partition.log.log_end_offset
             )
             self._by_leader.setdefault(followed.leader, {})[tp] = followed
+            # (its lag is not known before its first fetch: nothing to keep in _lags)
         else:
             if followed.leader != assignment.leader or followed.leader_epoch != assignment.leader_epoch:
                 followed.retry_at_ms = 0  # a new leader or epoch: fetch at once
@@ -664,7 +677,7 @@ class ReplicaManager:
                 self._by_leader.setdefault(assignment.leader, {})[tp] = followed
             followed.leader = assignment.leader
             followed.leader_epoch = assignment.leader_epoch
-        self._lags.set(tp, self._follower_lag(followed))
+            self._lags.set(tp, self._follower_lag(followed))
         if followed.leader >= 0 and not followed.stopped:
             self._ensure_fetcher(followed.leader)
 
