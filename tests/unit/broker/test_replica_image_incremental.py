@@ -346,7 +346,7 @@ async def _run(data: st.DataObject, steps: int) -> None:
             await full.replicas.close()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_incremental_on_image_equals_a_full_visit_after_random_image_sequences(data: st.DataObject) -> None:
     asyncio.run(_run(data, steps=data.draw(st.integers(1, 25))))
