@@ -272,7 +272,8 @@ def _operation(data: st.DataObject, cluster: Cluster) -> tuple[str, tuple[object
         change = mpb.PartitionChangeRecord(topic_id=topic.topic_id, partition_id=index)
         what = data.draw(st.sampled_from(["leader", "isr", "recovering", "recovered", "none"]))
         if what == "leader":
-            change.leader = data.draw(st.sampled_from([*replicas, -1]))
+            # (from the ISR, as the controller elects: a leader outside it is no valid image)
+            change.leader = data.draw(st.sampled_from([*registration.isr, -1]))
         elif what == "isr":
             isr = [r for r in replicas if data.draw(st.booleans())] or replicas[:1]
             change.isr.ids.extend(isr)
