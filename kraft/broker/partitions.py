@@ -61,7 +61,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice, pairwise
 from operator import attrgetter
@@ -80,6 +80,7 @@ from kraft.broker.types import (
     ReplicaRole,
     TopicPartition,
     local_changes_between,
+    local_changes_between_in_steps,
 )
 from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, Deadline, SystemClock
 from kraft.observability.logging import get_logger
@@ -285,6 +286,11 @@ class PartitionManager:
         self.offline: dict[TopicPartition, str] = {}
         """Partitions that could not be created or opened (or whose log dir went offline) → why."""
         self._offline_dir_of: dict[TopicPartition, Path] = {}
+        # Directories renamed to their deletion name by a paced apply and not removed yet: apply_paced
+        # removes them on a thread between its turns (Kafka deletes on a background thread), not on the loop.
+        self._doomed: list[Path] | None = None
+        # Each watcher's set of partitions whose hosting changed since it last looked (watch_changes).
+        self._watchers: list[set[TopicPartition]] = []
         self.on_all_offline: Callable[[AllLogDirsOfflineError], None] | None = None
         """Called by :meth:`storage_failed` when the last log dir went offline (the process must stop);
         without it the error is raised."""
@@ -303,6 +309,25 @@ class PartitionManager:
 
     def __len__(self) -> int:
         return len(self._partitions)
+
+    # --- change tracking -----------------------------------------------------------------------
+
+    def watch_changes(self) -> set[TopicPartition]:
+        """A set that collects every partition whose hosting changes from now on — added, removed, or its
+        role or assignment changed, by a metadata apply, a start-up open, a storage failure or close —
+        filled with the partitions hosted now (all are new to the watcher).  The watcher takes what it
+        needs and clears it; :meth:`unwatch` ends it.  So :class:`~kraft.broker.replication.ReplicaManager`
+        visits per image the partitions that changed, not every hosted one."""
+        touched = set(self._partitions)
+        self._watchers.append(touched)
+        return touched
+
+    def unwatch(self, touched: set[TopicPartition]) -> None:
+        self._watchers = [w for w in self._watchers if w is not touched]
+
+    def _touch(self, tp: TopicPartition) -> None:
+        for touched in self._watchers:
+            touched.add(tp)
 
     # --- startup -------------------------------------------------------------------------------
 
@@ -357,9 +382,13 @@ class PartitionManager:
         removed = 0
         opened: list[Partition] = []
         started = time.monotonic()
-        for index, (tp, (log_dir, assignment, role)) in enumerate(sorted(found.items())):
+        # Ordered in steps (a 100,000-partition broker's sorted() of what the scan found was one stretch of
+        # ~550 ms: bench/broker_open.py), then opened PARTITIONS_PER_TURN a turn.
+        ordered = await in_order(found, Pacer(self._clock, self.work_unit_ms))
+        for index, tp in enumerate(ordered):
             if index % PARTITIONS_PER_TURN == PARTITIONS_PER_TURN - 1:
                 await asyncio.sleep(0)
+            log_dir, assignment, role = found[tp]
             wanted = desired.get(tp)
             if log_dir in self.offline_dirs:
                 if wanted is not None and wanted.topic_id == assignment.topic_id and tp not in self.offline:
@@ -395,7 +424,8 @@ class PartitionManager:
             self._log.info("stale_partition_dirs_removed", count=removed)
         if unreadable:
             self._hold_back(desired, found, unreadable[0])
-        applied = await self.apply_paced(self.changes_to(desired))
+        pacer = Pacer(self._clock, self.work_unit_ms)
+        applied = await self.apply_paced(await self.changes_to_paced(desired, pacer), pacer)
         self._log.info("partitions_opened", count=len(self._partitions), offline=len(self.offline))
         return applied
 
@@ -418,31 +448,57 @@ class PartitionManager:
             (changes.leaders, lambda part: LocalChanges(leaders=part), False),
             (changes.followers, lambda part: LocalChanges(followers=part), False),
         )
-        for mapping, as_changes, budgeted in kinds:
-            order = await in_order(mapping, pacer)
-            start = 0
-            while start < len(order):
-                end = start
-                turn = AppliedChanges()
-                while end < len(order) and end - start < PARTITIONS_PER_TURN:
-                    piece = order[end : min(end + PACE_STEP, start + PARTITIONS_PER_TURN)]
-                    turn = turn.then(self._apply_quietly(as_changes({tp: mapping[tp] for tp in piece})))
-                    end += len(piece)
-                    # Deletions end a turn on the budget too (a turn began where the ordering's last
-                    # step left it): removing a directory is 0.1 to tens of ms. Leaderships and
-                    # followings keep whole turns of 64, as before: a demotion must not wait turns
-                    # behind a budget that the host's load, not this work, used up.
-                    if budgeted and pacer.expired():
-                        break
-                self._log_applied(turn)
-                deleted.extend(turn.deleted)
-                leaders.extend(turn.became_leader)
-                followers.extend(turn.became_follower)
-                created.extend(turn.created)
-                start = end
-                await asyncio.sleep(0)
-                pacer.restart()
+        self._doomed = []
+        try:
+            for mapping, as_changes, budgeted in kinds:
+                await self._apply_kind(
+                    mapping, as_changes, budgeted, pacer, (deleted, leaders, followers, created)
+                )
+        finally:
+            doomed, self._doomed = self._doomed, None
+            if doomed:  # (an error mid-way: what was renamed goes anyway; start-up would remove it too)
+                await asyncio.to_thread(_remove_trees, doomed)
         return AppliedChanges(tuple(deleted), tuple(leaders), tuple(followers), tuple(created))
+
+    async def _apply_kind(
+        self,
+        mapping: Mapping[TopicPartition, Any],
+        as_changes: _AsChanges,
+        budgeted: bool,
+        pacer: Pacer,
+        out: tuple[list[TopicPartition], list[TopicPartition], list[TopicPartition], list[TopicPartition]],
+    ) -> None:
+        deleted, leaders, followers, created = out
+        order = await in_order(mapping, pacer)
+        start = 0
+        while start < len(order):
+            end = start
+            turn = AppliedChanges()
+            while end < len(order) and end - start < PARTITIONS_PER_TURN:
+                piece = order[end : min(end + PACE_STEP, start + PARTITIONS_PER_TURN)]
+                turn = turn.then(self._apply_quietly(as_changes({tp: mapping[tp] for tp in piece})))
+                end += len(piece)
+                # Deletions end a turn on the budget too (a turn began where the ordering's last
+                # step left it): discarding a log and renaming its directory is 0.1 to ms. Leaderships and
+                # followings keep whole turns of 64, as before: a demotion must not wait turns
+                # behind a budget that the host's load, not this work, used up.
+                if budgeted and pacer.expired():
+                    break
+            self._log_applied(turn)
+            deleted.extend(turn.deleted)
+            leaders.extend(turn.became_leader)
+            followers.extend(turn.became_follower)
+            created.extend(turn.created)
+            start = end
+            doomed = self._doomed
+            if doomed:
+                # The turn's deleted directories (renamed already) are removed on a thread while
+                # the loop runs: an rmtree waits on the file system (a busy disk: tens of ms).
+                self._doomed = []
+                await asyncio.to_thread(_remove_trees, doomed)
+            else:
+                await asyncio.sleep(0)
+            pacer.restart()
 
     # --- log dir failure -------------------------------------------------------------------------
 
@@ -508,6 +564,7 @@ class PartitionManager:
         for other, partition in list(self._partitions.items()):
             if partition.log_dir == log_dir:
                 del self._partitions[other]
+                self._touch(other)
                 self._load_by_dir[log_dir] -= 1
                 self.offline[other] = f"log dir {log_dir} offline"
                 self._offline_dir_of[other] = log_dir
@@ -564,6 +621,19 @@ class PartitionManager:
         """The local changes that :meth:`reconcile` would apply."""
         return local_changes_between(self.broker_id, self.assignments(), desired)
 
+    async def changes_to_paced(
+        self, desired: Mapping[TopicPartition, PartitionAssignment], pacer: Pacer | None = None
+    ) -> LocalChanges:
+        """:meth:`changes_to` in steps that yield the loop when the work unit ran out (``pacer``): at
+        start-up it compares every hosted partition with the image (~160 ms for 100,000 in one go).
+        Compares a copy of the hosted partitions taken at the start (``desired`` must not change)."""
+        pacer = pacer or Pacer(self._clock, self.work_unit_ms)
+        out = LocalChanges({}, {}, {})
+        hosted = _Assignments(dict(self._partitions))
+        for _ in local_changes_between_in_steps(self.broker_id, hosted, desired, out):
+            await pacer.tick()
+        return out
+
     def split(self, changes: LocalChanges) -> tuple[LocalChanges, LocalChanges]:
         """``(revocations, grants)``: what takes serving ability away (deletions, a leader becoming a
         follower) and what adds it (new partitions, new or re-epoched leaderships).
@@ -588,6 +658,8 @@ class PartitionManager:
         """Close every partition log together (:func:`close_partition_logs`: flush, one sync barrier,
         then the clean-shutdown markers), not one by one with several fsyncs each."""
         partitions = list(self._partitions.values())
+        for tp in self._partitions:
+            self._touch(tp)
         self._partitions.clear()
         for partition in partitions:
             partition.notify_appended()
@@ -634,6 +706,7 @@ class PartitionManager:
             elif partition.assignment != assignment or partition.role is not role:
                 partition.assignment = assignment
                 partition.role = role
+                self._touch(tp)
                 try:
                     _write_state(partition.path, tp, assignment, role)
                 except (OSError, StorageError) as exc:  # KafkaStorageException
@@ -671,6 +744,7 @@ class PartitionManager:
         if partition is None or (topic_id is not None and partition.topic_id != topic_id):
             return False
         del self._partitions[tp]
+        self._touch(tp)
         self._load_by_dir[partition.log_dir] -= 1
         partition.notify_appended()
         try:
@@ -686,13 +760,44 @@ class PartitionManager:
         return True
 
     def _remove_dir(self, log_dir: Path, tp: TopicPartition) -> None:
+        """Rename the partition directory to its deletion name (atomic: it is gone from then on), then
+        remove it — later on a thread within a paced apply (:meth:`apply_paced`), here otherwise."""
         doomed = log_dir / deletion_dir_name(tp)
         os.replace(log_dir / tp.dir_name, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        if self._doomed is not None:
+            self._doomed.append(doomed)
+        else:
+            shutil.rmtree(doomed, ignore_errors=True)
 
     def _add(self, partition: Partition) -> None:
         self._partitions[partition.tp] = partition
+        self._touch(partition.tp)
         self._load_by_dir[partition.log_dir] += 1
+
+
+class _Assignments(Mapping[TopicPartition, PartitionAssignment]):
+    """Partitions → their assignments, read through (no copy of 100,000 assignments in one go)."""
+
+    __slots__ = ("_partitions",)
+
+    def __init__(self, partitions: dict[TopicPartition, Partition]) -> None:
+        self._partitions = partitions
+
+    def __getitem__(self, tp: TopicPartition) -> PartitionAssignment:
+        return self._partitions[tp].assignment
+
+    def __iter__(self) -> Iterator[TopicPartition]:
+        return iter(self._partitions)
+
+    def __len__(self) -> int:
+        return len(self._partitions)
+
+
+def _remove_trees(paths: Iterable[Path]) -> None:
+    """Remove renamed-away partition directories (on a worker thread; leftovers of a crash are removed
+    by the next :meth:`PartitionManager.scan`)."""
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_state(

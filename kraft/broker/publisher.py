@@ -164,6 +164,10 @@ class MetadataPublisher:
     async def load_snapshot(self, image: MetadataImage) -> AppliedChanges:
         """Replace everything with a snapshot's image (the broker was below the log start)."""
         started_ms = self._clock.monotonic_ms()
+        # The snapshot's image shares nothing with the one it replaces: every big topic of the old image
+        # would be freed in one go where its last holder lets go (~5 ms per 100,000 partitions).
+        old_topics = self.image.topics_by_id
+        release_removed_topics(t for tid, t in old_topics.items() if image.topics_by_id.get(tid) is not t)
         if self.deferred:
             await self.flush()
             self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))
@@ -171,7 +175,7 @@ class MetadataPublisher:
             self.last_snapshot_apply_s = self._seconds_since(started_ms)
             self._log.info("snapshot_loaded", offset=image.offset, partitions=image.partition_count())
             return AppliedChanges()
-        changes = self._partitions.changes_to(local_assignments(image, self.broker_id))
+        changes = await self._partitions.changes_to_paced(local_assignments(image, self.broker_id))
         revocations, grants = self._partitions.split(changes)
         if grants.is_empty():
             await self.flush()
@@ -180,6 +184,8 @@ class MetadataPublisher:
         else:
             applied = await self._apply(image, changes)
             self.last_snapshot_store_s = self._seconds_since(started_ms)
+        if len(changes.deletes) + len(changes.leaders) + len(changes.followers) >= MIN_ITEMS:
+            release_later((changes, applied))
         self._set_image(image)
         self.last_snapshot_apply_s = self._seconds_since(started_ms)
         took_s = round(self.last_snapshot_apply_s, 3)

@@ -58,8 +58,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+import heapq
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Protocol
 
@@ -76,7 +78,8 @@ from kraft.client.controller import ControllerUnavailable
 from kraft.clock import Clock
 from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
 from kraft.errors import ErrorCode
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import ConfigKey, MetadataImage
+from kraft.metadata.records import ConfigResourceType
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ReplicationMetrics
 from kraft.replication.acks import Acks, AcksAllWaiters, Completion, admit_produce
@@ -93,12 +96,13 @@ from kraft.replication.truncation import (
     next_truncation_step,
     unclean_loss_allowed,
 )
-from kraft.replication.types import AlterPartitionRequest, LeaderAndIsr
+from kraft.replication.types import RECOVERING, AlterPartitionRequest, LeaderAndIsr
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
 
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
+_ORDER = attrgetter("topic", "partition")  # TopicPartition's order, compared in C
 UNKNOWN_EPOCH_RETRY_MS = 50
 # While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
 LEASE_POLL_MS = 100
@@ -151,6 +155,8 @@ class _Led:
     waiters: AcksAllWaiters = field(default_factory=AcksAllWaiters)
     futures: dict[int, asyncio.Future[ErrorCode]] = field(default_factory=dict)
     alter_task: asyncio.Task[None] | None = None
+    # How the ISR gauges count it now: (under-replicated, -1/0/1 for below/at/above min ISR); None: not yet.
+    counted: tuple[bool, int] | None = None
 
 
 @dataclass(slots=True)
@@ -163,6 +169,75 @@ class _Followed:
     leader_log_end: int = -1  # the leader's log end in its last answer, flushed or not (-1: none yet)
     stopped: bool = False  # a truncation below the high watermark was refused: never fetch again
     unflushed_bytes: int = 0  # appended since the last flush (catch_up_flush_bytes)
+
+
+class _MaxLag:
+    """The largest follower lag (the ``replica_fetcher_max_lag`` gauge), kept as single lags change: a
+    max-heap with lazy deletion, so a fetch round updates the partitions it fetched, not every followed
+    one.  Only known lags (0 or more) are kept: with none known the gauge is -1 while something is
+    followed (a lag not known yet, as the gauge has always shown it) and 0 when nothing is."""
+
+    __slots__ = ("_heap", "_lags")
+
+    def __init__(self) -> None:
+        self._lags: dict[TopicPartition, int] = {}
+        self._heap: list[tuple[int, TopicPartition]] = []  # (-lag, partition); stale entries skipped
+
+    def set(self, tp: TopicPartition, lag: int) -> None:
+        if lag < 0:  # unknown
+            self._lags.pop(tp, None)
+            return
+        if self._lags.get(tp) == lag:
+            return
+        self._lags[tp] = lag
+        heapq.heappush(self._heap, (-lag, tp))
+        if len(self._heap) > 2 * len(self._lags) + 64:  # stale entries: rebuild (amortized O(1) a set)
+            self._heap = [(-value, key) for key, value in self._lags.items()]
+            heapq.heapify(self._heap)
+
+    def discard(self, tp: TopicPartition) -> None:
+        self._lags.pop(tp, None)
+
+    def clear(self) -> None:
+        self._lags.clear()
+        self._heap.clear()
+
+    def max(self, followed: int) -> int:
+        """The largest known lag; else -1 when ``followed`` (the number of followed partitions) > 0."""
+        heap = self._heap
+        while heap:
+            negative, tp = heap[0]
+            if self._lags.get(tp) == -negative:
+                return -negative
+            heapq.heappop(heap)
+        return -1 if followed else 0
+
+
+def min_isr_topics(before: MetadataImage, after: MetadataImage) -> set[str] | None:
+    """The topics whose ``min.insync.replicas`` (as :meth:`ReplicaManager._min_insync_replicas` resolves
+    it) may differ between the images; None: every topic's (the cluster-wide default changed).  Costs
+    nothing when no config changed (the images share their configs) and a look per config resource
+    otherwise — never a look per partition."""
+    old, new = before.configs, after.configs
+    if old is new:
+        return set()
+    default = ConfigKey(ConfigResourceType.BROKER, "")
+    if _min_isr_value(old.get(default)) != _min_isr_value(new.get(default)):
+        return None
+    topics: set[str] = set()
+    for key, values in new.items():
+        changed = old.get(key) is not values and _min_isr_value(old.get(key)) != _min_isr_value(values)
+        if key.resource_type == ConfigResourceType.TOPIC and changed:
+            topics.add(key.resource_name)
+    for key, values in old.items():
+        gone = key not in new and _min_isr_value(values) is not None
+        if key.resource_type == ConfigResourceType.TOPIC and gone:
+            topics.add(key.resource_name)
+    return topics
+
+
+def _min_isr_value(values: Mapping[str, str] | None) -> str | None:
+    return None if values is None else values.get(MIN_INSYNC_REPLICAS)
 
 
 def leader_and_isr(assignment: PartitionAssignment) -> LeaderAndIsr:
@@ -220,6 +295,20 @@ class ReplicaManager:
         self._image = MetadataImage.empty()
         self._led: dict[TopicPartition, _Led] = {}
         self._followed: dict[TopicPartition, _Followed] = {}
+        # Indexes kept with _led/_followed so that an image costs what it changed, not what is hosted:
+        # the partitions whose hosting changed since the last image (filled by the partition manager),
+        # states dropped outside on_image (looked at again by the next), the led partitions by topic
+        # (a topic's min.insync.replicas changed), the RECOVERING ones (KIP-704 reports), the followed
+        # ones by leader (each fetcher's share), the ISR gauges' counts and the follower lags.
+        self._touched = partitions.watch_changes()
+        self._revisit: set[TopicPartition] = set()
+        self._led_by_topic: dict[str, dict[TopicPartition, _Led]] = {}
+        self._recovering: dict[TopicPartition, None] = {}
+        self._by_leader: dict[int, dict[TopicPartition, _Followed]] = {}
+        self._under_replicated = 0
+        self._under_min_isr = 0
+        self._at_min_isr = 0
+        self._lags = _MaxLag()
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._fetcher_wake: dict[int, asyncio.Event] = {}
         self._transport: ReplicaFetchTransport = transport or GrpcReplicaFetchTransport(
@@ -342,53 +431,86 @@ class ReplicaManager:
         return max(followed.leader_log_end - followed.partition.log.log_end_offset, 0)
 
     def _update_gauges(self) -> None:
-        """The partition-count gauges (after every image: ISRs and configs change only with metadata)."""
+        """The partition-count gauges (after every image: ISRs and configs change only with metadata),
+        from the counts :meth:`_count` keeps."""
         metrics = self.metrics
-        under_replicated = under_min = at_min = 0
-        for tp, led in self._led.items():
-            isr = len(led.assignment.isr)
-            if isr < len(led.assignment.replicas):
-                under_replicated += 1
-            min_isr = self._min_insync_replicas(tp.topic)
-            if isr < min_isr:
-                under_min += 1
-            elif isr == min_isr:
-                at_min += 1
         metrics.leader_count.set(len(self._led))
         metrics.partition_count.set(len(self._led) + len(self._followed))
-        metrics.under_replicated_partitions.set(under_replicated)
-        metrics.under_min_isr_partition_count.set(under_min)
-        metrics.at_min_isr_partition_count.set(at_min)
+        metrics.under_replicated_partitions.set(self._under_replicated)
+        metrics.under_min_isr_partition_count.set(self._under_min_isr)
+        metrics.at_min_isr_partition_count.set(self._at_min_isr)
         self._update_fetcher_lag()
 
     def _update_fetcher_lag(self) -> None:
-        self.metrics.replica_fetcher_max_lag.set(
-            max((self._follower_lag(f) for f in self._followed.values()), default=0)
-        )
+        self.metrics.replica_fetcher_max_lag.set(self._lags.max(len(self._followed)))
+
+    def _count(self, led: _Led) -> None:
+        """(Re)count ``led`` in the ISR gauges: its assignment or its topic's min ISR may have changed."""
+        self._uncount(led)
+        isr = len(led.assignment.isr)
+        min_isr = self._min_insync_replicas(led.partition.tp.topic)
+        counted = (isr < len(led.assignment.replicas), -1 if isr < min_isr else 0 if isr == min_isr else 1)
+        led.counted = counted
+        self._under_replicated += counted[0]
+        self._under_min_isr += counted[1] == -1
+        self._at_min_isr += counted[1] == 0
+
+    def _uncount(self, led: _Led) -> None:
+        counted, led.counted = led.counted, None
+        if counted is not None:
+            self._under_replicated -= counted[0]
+            self._under_min_isr -= counted[1] == -1
+            self._at_min_isr -= counted[1] == 0
 
     # --- metadata --------------------------------------------------------------------------------
 
     def on_image(self, image: MetadataImage) -> None:
-        """Bring the replication state in line with the partition manager after an image was applied."""
-        self._image = image
+        """Bring the replication state in line with the partition manager after an image was applied.
+
+        Proportional to what changed, not to what is hosted (issue #17): the partitions whose hosting
+        changed since the last image (:meth:`PartitionManager.watch_changes`) are visited; the min ISR is
+        re-applied to those and to the led partitions of topics whose ``min.insync.replicas`` changed
+        (all only when the cluster-wide default did); the gauges are counts kept as states change.  The
+        result equals a visit of every hosted partition (tests/unit/broker/test_replica_image_incremental.py
+        checks it against one after random image sequences)."""
+        previous, self._image = self._image, image
         self.check_lease()  # a state created below starts held if the lease has lapsed
         now_ms = self._clock.monotonic_ms()
-        hosted = {p.tp: p for p in self._partitions.partitions()}
-        for tp in [tp for tp, led in self._led.items() if hosted.get(tp) is not led.partition]:
-            self._drop_led(tp)
-        for tp in [tp for tp, f in self._followed.items() if hosted.get(tp) is not f.partition]:
-            del self._followed[tp]
-        for tp, partition in hosted.items():
+        self._touched.update(self._revisit)
+        changed = sorted(self._touched, key=_ORDER)
+        self._touched.clear()  # (the partition manager's own set: cleared, not replaced)
+        self._revisit.clear()
+        partitions, led_states, followed_states = self._partitions, self._led, self._followed
+        # (Each partition's states are looked up once: a TopicPartition hashes in Python, ~0.4 µs a look.)
+        visits: list[tuple[Partition, _Led | None, _Followed | None]] = []
+        for tp in changed:
+            hosted = partitions.get(tp)
+            led = led_states.get(tp)
+            if led is not None and led.partition is not hosted:
+                self._drop_led(tp, revisit=False)
+                led = None
+            followed = followed_states.get(tp)
+            if followed is not None and followed.partition is not hosted:
+                self._remove_followed(tp)
+                followed = None
+            if hosted is not None:
+                visits.append((hosted, led, followed))
+        touched_leds: list[_Led] = []
+        for partition, led, followed in visits:
+            tp = partition.tp
             if partition.role is ReplicaRole.LEADER:
-                followed = self._followed.pop(tp, None)
+                if followed is not None:
+                    self._remove_followed(tp)
                 # A follower that becomes leader starts from the high watermark it learned (Kafka's).
-                self._lead(partition, now_ms, 0 if followed is None else followed.high_watermark)
+                hwm = 0 if followed is None else followed.high_watermark
+                touched_leds.append(self._lead_as(partition, led, now_ms, hwm))
             else:
-                if tp in self._led:
-                    self._drop_led(tp)
-                self._follow(partition)
-        self._apply_min_isr()
+                if led is not None:
+                    self._drop_led(tp, revisit=False)
+                self._follow_as(partition, followed)
+        self._apply_min_isr(touched_leds, min_isr_topics(previous, image))
         self._finish_recoveries()
+        self._ensure_fetchers()
         self._update_gauges()
 
     def _finish_recoveries(self) -> None:
@@ -396,9 +518,30 @@ class ReplicaManager:
         AlterPartition of its ISR (itself) before it may expand the ISR: its log is the partition's
         history from now on, there is nothing else to recover.  Retried with the next image while the
         answer is pending or refused."""
-        for led in self._led.values():
+        for tp in list(self._recovering):
+            led = self._led[tp]
             if led.state.recovery_report_needed():
                 self._propose(led, led.state.isr)
+
+    def _note_recovery(self, led: _Led) -> None:
+        """Keep ``_recovering`` (the led partitions RECOVERING) after ``led``'s partition state changed."""
+        if self._led.get(led.partition.tp) is not led:
+            return  # dropped meanwhile (an answer that came back after a leader change)
+        if led.state.partition.leader_recovery_state == RECOVERING:
+            self._recovering[led.partition.tp] = None
+        else:
+            self._recovering.pop(led.partition.tp, None)
+
+    def _ensure_fetchers(self) -> None:
+        """A fetcher for every leader that this broker follows a partition of and that has none running
+        (one that ended, e.g. when all its partitions were stopped): per leader, not per partition."""
+        if self._closed or self._storage_failure is not None:
+            return
+        for leader, group in self._by_leader.items():
+            task = self._fetchers.get(leader)
+            idle = leader >= 0 and (task is None or task.done())
+            if idle and any(not followed.stopped for followed in group.values()):
+                self._ensure_fetcher(leader)
 
     def _truncate_below_high_watermark(
         self, followed: _Followed, tp: TopicPartition, diverging: EpochEndOffset, unclean_epoch: int
@@ -422,20 +565,36 @@ class ReplicaManager:
         followed.high_watermark = min(followed.high_watermark, step.offset)
         return step
 
-    def _apply_min_isr(self) -> None:
-        """Each led partition's effective min.insync.replicas into its state, after every image (ISRs and
-        configs change only with metadata): below it the HWM is frozen (KIP-966, leader_state)."""
-        for tp, led in self._led.items():
-            if led.state.set_min_isr(self._min_insync_replicas(tp.topic)):
+    def _apply_min_isr(self, touched: Iterable[_Led], topics: set[str] | None) -> None:
+        """The effective min.insync.replicas into the states of the led partitions it may have changed
+        for (ISRs and configs change only with metadata): ``touched`` (their replicas cap it), those of
+        ``topics`` (their config changed), every one when ``topics`` is None (the cluster-wide default
+        changed).  Below it the HWM is frozen (KIP-966, leader_state).  The ISR gauges count them again."""
+        targets: Iterable[_Led]
+        if topics is None:
+            targets = list(self._led.values())
+        elif not topics:
+            targets = touched  # (each a current state: visited once, nothing dropped since)
+        else:
+            chosen = {led.partition.tp: led for led in touched}
+            for topic in sorted(topics):
+                chosen.update(self._led_by_topic.get(topic, {}))
+            targets = chosen.values()
+        for led in targets:
+            if led.state.set_min_isr(self._min_insync_replicas(led.partition.tp.topic)):
                 self._high_watermark_advanced(led)
+            self._count(led)
 
-    def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> None:
+    def _lead(self, partition: Partition, now_ms: int, followed_hwm: int) -> _Led:
+        return self._lead_as(partition, self._led.get(partition.tp), now_ms, followed_hwm)
+
+    def _lead_as(self, partition: Partition, led: _Led | None, now_ms: int, followed_hwm: int) -> _Led:
+        """Lead ``partition``; ``led``: its leader state now (None: none)."""
         tp = partition.tp
-        led = self._led.get(tp)
         assignment = partition.assignment
         if led is not None:
             if led.assignment is assignment or led.assignment == assignment:
-                return
+                return led
             before = led.state.high_watermark
             old_isr, new_isr = set(led.assignment.isr), set(assignment.isr)
             if old_isr - new_isr:
@@ -444,9 +603,10 @@ class ReplicaManager:
                 self.metrics.isr_expands.inc()
             led.assignment = assignment
             led.state.on_metadata(leader_and_isr(assignment), now_ms)
+            self._note_recovery(led)
             if led.state.high_watermark > before:
                 self._high_watermark_advanced(led)
-            return
+            return led
         log = partition.log
         flushed = log.flushed_offset
         followed_hwm = max(followed_hwm, self._restored_high_watermark(partition))
@@ -465,26 +625,46 @@ class ReplicaManager:
             ),
         )
         self._led[tp] = led
+        self._led_by_topic.setdefault(tp.topic, {})[tp] = led
+        if assignment.leader_recovery_state == RECOVERING:  # (what the new state's partition says)
+            self._recovering[tp] = None
         if log.log_end_offset > flushed:
             self._schedule_flush(tp)
         if led.state.high_watermark > 0:
             self._high_watermark_advanced(led)
+        return led
 
-    def _drop_led(self, tp: TopicPartition) -> None:
+    def _drop_led(self, tp: TopicPartition, *, revisit: bool = True) -> None:
+        """Drop the leader state of ``tp``.  ``revisit``: the next image looks at ``tp`` again even if
+        nothing about it changed (a state dropped outside :meth:`on_image` is set up again as before)."""
         led = self._led.pop(tp)
+        topic = self._led_by_topic.get(tp.topic)
+        if topic is not None:
+            topic.pop(tp, None)
+            if not topic:
+                del self._led_by_topic[tp.topic]
+        self._recovering.pop(tp, None)
+        self._uncount(led)
+        if revisit:
+            self._revisit.add(tp)
         if led.alter_task is not None:
             led.alter_task.cancel()
         self._complete(led, led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER))
 
     def _follow(self, partition: Partition) -> None:
+        self._follow_as(partition, self._followed.get(partition.tp))
+
+    def _follow_as(self, partition: Partition, followed: _Followed | None) -> None:
+        """Follow ``partition``; ``followed``: its follower state now (None: none)."""
         tp = partition.tp
         assignment = partition.assignment
-        followed = self._followed.get(tp)
         if followed is None:
             followed = self._followed[tp] = _Followed(partition, assignment.leader, assignment.leader_epoch)
             followed.high_watermark = min(
                 self._restored_high_watermark(partition), partition.log.log_end_offset
             )
+            self._by_leader.setdefault(followed.leader, {})[tp] = followed
+            # (its lag is not known before its first fetch: nothing to keep in _lags)
         else:
             if followed.leader != assignment.leader or followed.leader_epoch != assignment.leader_epoch:
                 followed.retry_at_ms = 0  # a new leader or epoch: fetch at once
@@ -492,10 +672,28 @@ class ReplicaManager:
                 # unclean election that accepts the loss (last_unclean_leader_epoch); refused again if not.
                 followed.stopped = False
                 self._wake_fetcher(assignment.leader)
+            if followed.leader != assignment.leader:
+                self._leave_group(tp, followed)
+                self._by_leader.setdefault(assignment.leader, {})[tp] = followed
             followed.leader = assignment.leader
             followed.leader_epoch = assignment.leader_epoch
+            self._lags.set(tp, self._follower_lag(followed))
         if followed.leader >= 0 and not followed.stopped:
             self._ensure_fetcher(followed.leader)
+
+    def _remove_followed(self, tp: TopicPartition) -> _Followed | None:
+        followed = self._followed.pop(tp, None)
+        if followed is not None:
+            self._leave_group(tp, followed)
+            self._lags.discard(tp)
+        return followed
+
+    def _leave_group(self, tp: TopicPartition, followed: _Followed) -> None:
+        group = self._by_leader.get(followed.leader)
+        if group is not None:
+            group.pop(tp, None)
+            if not group:
+                del self._by_leader[followed.leader]
 
     # --- leader: appends, flushes, the high watermark --------------------------------------------
 
@@ -884,6 +1082,7 @@ class ReplicaManager:
             self.check_lease()  # a lapse while the request was out holds the HWM before the answer
             before = led.state.high_watermark
             follow_up = led.state.on_alter_partition_response(request, result)
+            self._note_recovery(led)  # an applied answer says RECOVERED
             if led.state.high_watermark > before:
                 self._high_watermark_advanced(led)
             if follow_up is not AlterPartitionFollowUp.RETRY:
@@ -977,7 +1176,8 @@ class ReplicaManager:
         backoff_s = self.settings.fetch_backoff_ms / 1000.0
         while not self._closed and self._storage_failure is None:
             now_ms = self._clock.monotonic_ms()
-            mine = {tp: f for tp, f in self._followed.items() if f.leader == leader_id and not f.stopped}
+            group = self._by_leader.get(leader_id, {})
+            mine = {tp: f for tp, f in group.items() if not f.stopped}
             if not mine:
                 if self._fetchers.get(leader_id) is asyncio.current_task():
                     del self._fetchers[leader_id]
@@ -1040,6 +1240,9 @@ class ReplicaManager:
                     entry[0].retry_at_ms = self._clock.monotonic_ms() + self.settings.fetch_backoff_ms
                     if is_storage_failure(exc):  # corrupt local data: its log dir goes offline
                         self._partitions.storage_failed(entry[0].partition, exc)
+            for tp, (followed, _, _) in sent.items():  # only a fetch changes a followed log's lag
+                if self._followed.get(tp) is followed:
+                    self._lags.set(tp, self._follower_lag(followed))
             self._update_fetcher_lag()
 
     def _apply_fetched(
@@ -1133,7 +1336,10 @@ class ReplicaManager:
         tasks = [*self._fetchers.values(), *(led.alter_task for led in self._led.values() if led.alter_task)]
         for tp in list(self._led):
             self._drop_led(tp)
+        self._revisit.update(self._followed)  # (a later image sets them up again, as it always did)
         self._followed.clear()
+        self._by_leader.clear()
+        self._lags.clear()
         self._fetchers.clear()
         for task in tasks:
             task.cancel()

@@ -8,7 +8,7 @@ touch pydantic.  The metadata module's image and delta are translated into these
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 
@@ -104,6 +104,39 @@ def local_changes_between(
         else:
             followers[tp] = new
     return LocalChanges(deletes=deletes, leaders=leaders, followers=followers)
+
+
+CHANGES_STEP = 1024
+"""Partitions :func:`local_changes_between_in_steps` compares between two pauses (~1-2 ms)."""
+
+
+def local_changes_between_in_steps(
+    broker_id: int,
+    before: Mapping[TopicPartition, PartitionAssignment],
+    after: Mapping[TopicPartition, PartitionAssignment],
+    out: LocalChanges,
+) -> Iterator[None]:
+    """:func:`local_changes_between` into ``out`` (whose mappings must be empty dicts), pausing (yielding)
+    after every :data:`CHANGES_STEP` partitions compared: a broker's start-up reconciliation of 100,000
+    partitions is ~160 ms in one go (bench/broker_open.py).  Neither map may change until the iterator is
+    exhausted; the result (and each mapping's order) equals the one-go function's."""
+    deletes, leaders, followers = out.deletes, out.leaders, out.followers
+    assert isinstance(deletes, dict) and isinstance(leaders, dict) and isinstance(followers, dict)
+    for count, (tp, old) in enumerate(before.items(), 1):
+        new_of = after.get(tp)
+        if new_of is None or new_of.topic_id != old.topic_id:
+            deletes[tp] = old.topic_id
+        if count % CHANGES_STEP == 0:
+            yield
+    for count, (tp, new) in enumerate(after.items(), 1):
+        if count % CHANGES_STEP == 0:
+            yield
+        if before.get(tp) == new and tp not in deletes:
+            continue
+        if new.leader == broker_id:
+            leaders[tp] = new
+        else:
+            followers[tp] = new
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,160 @@
+"""Broker work kept off the event loop or cut into turns (issue #17, bounded work units): a paced apply
+removes deleted partition directories on a worker thread; start-up orders what the scan found and
+compares it with the image in steps; a snapshot load hands the replaced image's big topics to the
+reaper.  Manual clocks, no timing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from broker_fakes import MemoryImageStore, MemoryLogOpener
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kraft.broker import partitions as partitions_module
+from kraft.broker import types as types_module
+from kraft.broker.partitions import Pacer, PartitionManager
+from kraft.broker.publisher import MetadataPublisher
+from kraft.broker.types import (
+    LocalChanges,
+    PartitionAssignment,
+    TopicPartition,
+    local_changes_between,
+    local_changes_between_in_steps,
+)
+from kraft.clock import ManualClock
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.records import wrap
+from kraft.reaper import MIN_ITEMS, reaper_of
+from kraft.v1 import metadata_pb2 as mpb
+
+ME = 1
+WAIT_S = 10.0
+
+
+class CostClock(ManualClock):
+    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
+
+    def monotonic_ms(self) -> int:
+        self.advance(1)
+        return super().monotonic_ms()
+
+
+def _assignment(topic_id: str = "T") -> PartitionAssignment:
+    return PartitionAssignment(topic_id, ME, 1, 1, (ME, 2, 3), (ME, 2, 3))
+
+
+async def test_a_paced_deletion_removes_the_directories_on_a_worker_thread_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = PartitionManager(ME, [tmp_path], MemoryLogOpener(), clock=CostClock())
+    tps = [TopicPartition("t", p) for p in range(150)]
+    manager.apply(LocalChanges(leaders=dict.fromkeys(tps, _assignment())))
+    removed_on: list[str] = []
+    rmtree = shutil.rmtree
+
+    def recording_rmtree(path: Path, ignore_errors: bool = False) -> None:
+        removed_on.append(threading.current_thread().name)
+        rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(shutil, "rmtree", recording_rmtree)  # (partitions calls shutil.rmtree)
+    applied = await manager.apply_paced(LocalChanges(deletes=dict.fromkeys(tps, "T")))
+    assert list(applied.deleted) == tps
+    assert not os.listdir(tmp_path)  # renamed and removed, all of them, before it returned
+    assert len(removed_on) == len(tps)
+    assert threading.main_thread().name not in removed_on  # never on the event loop's thread
+    # A plain (synchronous) apply still removes at once, on the caller's thread.
+    manager.apply(LocalChanges(leaders={TopicPartition("u", 0): _assignment("U")}))
+    manager.apply(LocalChanges(deletes={TopicPartition("u", 0): "U"}))
+    assert removed_on[-1] == threading.main_thread().name and not os.listdir(tmp_path)
+
+
+async def test_start_up_orders_the_partitions_it_found_in_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = partitions_module.SORT_RUN + 500  # two sorted runs, joined in a later step
+    tps = [TopicPartition("t", p) for p in range(count)]
+    first = PartitionManager(ME, [tmp_path], MemoryLogOpener())
+    first.apply(LocalChanges(leaders=dict.fromkeys(tps, _assignment())))
+    first.close()
+    pacers: list[Pacer] = []
+    in_order = partitions_module.in_order
+
+    async def recording_in_order(found: object, pacer: Pacer) -> list[TopicPartition]:
+        pacers.append(pacer)
+        return await in_order(found, pacer)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(partitions_module, "in_order", recording_in_order)
+    opener = MemoryLogOpener()
+    manager = PartitionManager(ME, [tmp_path], opener, clock=CostClock())
+    assert manager.scan() == count
+    await manager.open_to(dict.fromkeys(tps, _assignment()))
+    assert opener.opened == [tmp_path / tp.dir_name for tp in sorted(tps)]  # in partition order
+    assert pacers and pacers[0].pauses >= 1  # the ordering yielded the loop between its steps
+    manager.close()
+
+
+def _big_image(count: int, offset: int) -> MetadataImage:
+    """A topic of ``count`` partitions none of which is this broker's (replicas on broker 2)."""
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(wrap(mpb.TopicRecord(name="big", topic_id="B")))
+    for p in range(count):
+        delta.replay(wrap(mpb.PartitionRecord(partition_id=p, topic_id="B", replicas=[2], isr=[2], leader=2)))
+    delta.replay(wrap(mpb.NoOpRecord()), offset, 1)
+    return delta.apply()
+
+
+async def test_a_snapshot_load_hands_the_replaced_images_big_topics_to_the_reaper(tmp_path: Path) -> None:
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    publisher = MetadataPublisher(ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None)
+    await publisher.start()
+    await publisher.open_partitions()
+    await publisher.load_snapshot(_big_image(MIN_ITEMS + 10, offset=5))
+    reaper = reaper_of(asyncio.get_running_loop())
+    waiting, pieces = reaper.waiting, reaper.pieces
+    # A later snapshot (the broker fell below the log start again) holds its own copy of the topic.
+    await publisher.load_snapshot(_big_image(MIN_ITEMS + 10, offset=9))
+    await publisher.flush()
+    assert reaper.waiting == waiting + 1  # the first snapshot's topic, not freed in one go
+    for _ in range(int(WAIT_S / 0.01)):  # (it looks every POLL_S whether it is the last holder)
+        if reaper.idle:
+            break
+        await asyncio.sleep(0.01)
+    assert reaper.idle, f"waiting={reaper.waiting}"
+    assert reaper.pieces - pieces >= MIN_ITEMS // 512  # taken apart in pieces
+    manager.close()
+
+
+_ASSIGNMENTS = st.sampled_from(
+    [
+        PartitionAssignment("T", ME, 1, 1, (ME, 2), (ME, 2)),
+        PartitionAssignment("T", 2, 2, 2, (ME, 2), (ME, 2)),
+        PartitionAssignment("U", ME, 1, 1, (ME, 2), (ME,)),
+        PartitionAssignment("U", 2, 1, 1, (ME, 2), (2,)),
+    ]
+)
+_MAPS = st.dictionaries(st.builds(TopicPartition, st.sampled_from("ab"), st.integers(0, 40)), _ASSIGNMENTS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_MAPS, _MAPS, st.integers(1, 8))
+def test_local_changes_in_steps_equal_the_one_go_comparison(
+    before: dict[TopicPartition, PartitionAssignment],
+    after: dict[TopicPartition, PartitionAssignment],
+    step: int,
+) -> None:
+    expected = local_changes_between(ME, before, after)
+    out = LocalChanges({}, {}, {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(types_module, "CHANGES_STEP", step)
+        pauses = sum(1 for _ in local_changes_between_in_steps(ME, before, after, out))
+    assert pauses == len(before) // step + len(after) // step
+    for mine, theirs in ((out.deletes, expected.deletes), (out.leaders, expected.leaders)):
+        assert list(mine.items()) == list(theirs.items())  # same entries, same order
+    assert list(out.followers.items()) == list(expected.followers.items())
