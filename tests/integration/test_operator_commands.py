@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,26 @@ def produce(
     )  # fmt: skip
 
 
+def produce_until(
+    capsys: pytest.CaptureFixture[str],
+    c: Cluster,
+    done: Callable[[Ran], bool],
+    topic: str,
+    partition: int,
+    value: str,
+    *extra: str,
+) -> Ran:
+    """Produce until ``done`` holds for the outcome (at most 10 s): a config change reaches the brokers
+    with their next metadata fetch, after the controller acknowledged it (as in Kafka), and a refusal
+    such as MESSAGE_TOO_LARGE is final for one produce, so the test waits for the broker to apply it."""
+    deadline = time.monotonic() + 10.0
+    ran = produce(capsys, c, topic, partition, value, *extra)
+    while not done(ran) and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll interval inside the bounded wait
+        ran = produce(capsys, c, topic, partition, value, *extra)
+    return ran
+
+
 def test_topic_alter_adds_partitions_that_brokers_create_and_refuses_shrinking(
     cluster: Cluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -153,10 +173,10 @@ def test_config_alter_and_describe_round_trip_and_brokers_apply_them(
     assert every["retention.ms"]["source"] == "DEFAULT_CONFIG" and not every["retention.ms"]["applied"]
     assert every["max.message.bytes"]["applied"]
     # the broker applies the topic's max.message.bytes at once (from its metadata image)
-    too_big = produce(capsys, c, "cfg", 0, "x" * 300, "--timeout", "5")
+    too_big = produce_until(capsys, c, lambda r: r.code != 0, "cfg", 0, "x" * 300, "--timeout", "5")
     one_error(too_big, "MESSAGE_TOO_LARGE", "max.message.bytes=100 of topic cfg")
     ok_json(capsys, "config", "alter", *topic, "--delete-config", "max.message.bytes", *bootstrap)
-    fits = produce(capsys, c, "cfg", 0, "x" * 300, "--timeout", "10")
+    fits = produce_until(capsys, c, lambda r: r.code == 0, "cfg", 0, "x" * 300, "--timeout", "10")
     assert fits.code == 0, fits.err
     # a dynamic broker default: every broker re-reads min.insync.replicas (3 > the 2 replicas: refused)
     default = ("--entity-type", "brokers", "--entity-default")
