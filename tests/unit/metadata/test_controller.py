@@ -20,6 +20,7 @@ from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_values
 from kraft.raft.api import CommittedBatch, CommittedRecord, LoadedSnapshot
 from kraft.raft.messages import SnapshotId
+from kraft.reaper import CHUNK, MIN_ITEMS, reaper_of
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -496,6 +497,41 @@ async def test_a_loaded_snapshot_becomes_the_committed_image() -> None:
         image = controller.committed
         assert (image.offset, image.epoch) == (49_999, 3)
         assert image.topics_by_id == expected.topics_by_id and image.brokers == expected.brokers
+    finally:
+        await controller.stop()
+
+
+def _snapshot_of_big_topic(partitions: int) -> list[bytes]:
+    source = MetadataDelta(MetadataImage.empty())
+    source.replay(records.wrap(pb.TopicRecord(name="big", topic_id="B")))
+    for p in range(partitions):
+        source.replay(
+            records.wrap(pb.PartitionRecord(partition_id=p, topic_id="B", replicas=[1, 2], leader=1))
+        )
+    return list(image_values(source.apply()))
+
+
+async def test_a_loaded_snapshot_hands_the_replaced_images_big_topics_to_the_reaper() -> None:
+    """Issue #17: the snapshot's image shares nothing with the one it replaces, so the old image's
+    topics would all be freed in one go where its last holder lets go (hundreds of ms at a million
+    partitions); its big topics go to the reaper, which takes them apart in pieces."""
+    values = _snapshot_of_big_topic(MIN_ITEMS + 10)
+    _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=100, epoch=3), 0, values))
+        first = controller.committed.topic("big")
+        reaper = reaper_of(asyncio.get_running_loop())
+        waiting, pieces = reaper.waiting, reaper.pieces
+        # A later snapshot (the controller fell below the log start again) holds its own copy of the topic.
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=200, epoch=3), 0, values))
+        second = controller.committed.topic("big")
+        assert first is not None and second is not None and second is not first
+        assert reaper.waiting == waiting + 1  # the first snapshot's topic: kept until it can go in pieces
+        del first
+        assert reaper.release_some()  # (driven here: no waiting for the loop's turns)
+        assert reaper.idle
+        assert reaper.pieces - pieces >= MIN_ITEMS // CHUNK  # taken apart in pieces, not in one go
+        assert controller.committed.topic("big") is second and len(second.partitions) == MIN_ITEMS + 10
     finally:
         await controller.stop()
 
