@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,9 @@ from google.protobuf.message import Message
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records
-from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.controller import RELEASE_STEP_TOPICS, ControllerOptions, QuorumController
 from kraft.metadata.delta import MetadataDelta, UnreplayableRecordError
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.image_records import image_values
 from kraft.raft.api import CommittedBatch, CommittedRecord, LoadedSnapshot
 from kraft.raft.messages import SnapshotId
@@ -534,6 +535,53 @@ async def test_a_loaded_snapshot_hands_the_replaced_images_big_topics_to_the_rea
         assert controller.committed.topic("big") is second and len(second.partitions) == MIN_ITEMS + 10
     finally:
         await controller.stop()
+
+
+class _CostClock(ManualClock):
+    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
+
+    def monotonic_ms(self) -> int:
+        self.advance(1)
+        return super().monotonic_ms()
+
+
+async def test_the_replaced_images_topics_are_looked_at_in_steps() -> None:
+    """A replaced image of many topics is walked a step of RELEASE_STEP_TOPICS at a time, the loop
+    yielded whenever the work unit's budget ran out; the big topic at the end is still handed over."""
+    small = [
+        TopicImage(f"t{i}", f"T{i}", [PartitionRegistration((1,), (1,), 1, 0, 0)])
+        for i in range(2 * RELEASE_STEP_TOPICS + 1)
+    ]
+    big = TopicImage("big", "B", [PartitionRegistration((1,), (1,), 1, 0, 0)] * (MIN_ITEMS + 10))
+    topics = {t.topic_id: t for t in [*small, big]}
+    replaced = replace(
+        MetadataImage.empty(),
+        topics_by_id=topics,
+        topic_ids_by_name={t.name: t.topic_id for t in topics.values()},
+    )
+    options = ControllerOptions(max_event_time_ms=1)  # (spent by the first check after a step)
+    controller = QuorumController(FakeRaft(1), CLUSTER, ENDPOINTS, options, clock=_CostClock())
+    reaper = reaper_of(asyncio.get_running_loop())
+    waiting = reaper.waiting
+    turns = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    turns = 0
+    await controller._release_replaced(replaced)
+    done = True
+    await ticking
+    assert turns >= 3  # a yield after each of the 3 steps (each read of the clock costs 1 ms)
+    assert reaper.waiting == waiting + 1  # only the big topic (the others free in ~0.2 ms each)
+    del replaced, topics, big
+    assert reaper.release_some() and reaper.idle
 
 
 @pytest.mark.parametrize(
