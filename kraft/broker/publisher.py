@@ -115,6 +115,8 @@ class MetadataPublisher:
         await self.flush()
         self._log.warning("image_store_discarded", reason=reason, offset=self.image.offset)
         empty = MetadataImage.empty()
+        # Every topic of the discarded image goes: a big one is freed in slices (as by load_snapshot).
+        release_removed_topics(self.image.topics_by_id.values())
         await self._save(empty)  # deletes every row: the store diffs against what it holds
         self._set_image(empty)
 

@@ -47,6 +47,7 @@ import gc
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -101,6 +102,7 @@ from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient
 from kraft.raft.messages import NO_LEADER
+from kraft.reaper import release_removed_topics
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
@@ -108,6 +110,7 @@ R = TypeVar("R", bound=Message)
 
 COUNT_SLICE_PARTITIONS = 1_000  # per-broker partition counts: recounted this many per loop turn
 SNAPSHOT_PIECE_RECORDS = 200  # a loaded snapshot is replayed this many records between budget checks
+RELEASE_STEP_TOPICS = 2_000  # topics of a replaced image looked at between budget checks (~0.1 ms)
 
 
 async def _next_loop_turn() -> None:
@@ -413,7 +416,7 @@ class QuorumController:
             raise error
         delta.offset = last
         delta.epoch = reader.snapshot_id.epoch
-        state.committed = delta.apply()
+        replaced, state.committed = state.committed, delta.apply()
         self.fetches.forget_all()
         self.snapshotter.forget_counted()
         self.writes.resolve_waiters(last, reader.snapshot_id.epoch)
@@ -422,6 +425,23 @@ class QuorumController:
         self.log.info(
             "snapshot_loaded", end_offset=reader.snapshot_id.end_offset, epoch=reader.snapshot_id.epoch
         )
+        await self._release_replaced(replaced)
+
+    async def _release_replaced(self, replaced: MetadataImage) -> None:
+        """Hand the big topics of an image a snapshot replaced to the reaper (:mod:`kraft.reaper`).
+
+        The snapshot's image was built from the empty one, so it shares no topic with ``replaced``: when
+        the last holder of ``replaced`` (this frame, the image store's last save, a fetch) lets go, every
+        topic of it would be freed in one go — ~5 ms per 100,000 partitions, 50-56 ms at a million.
+        ``replaced`` is held here until every big topic is handed over, so none is freed before; the
+        topics are looked at in steps (200,000 small topics are an ~11 ms walk)."""
+        topics = iter(replaced.topics_by_id.values())
+        deadline = Deadline(self.clock, self.options.max_event_time_ms)
+        while step := list(islice(topics, RELEASE_STEP_TOPICS)):
+            release_removed_topics(step)
+            if deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(self.clock, self.options.max_event_time_ms)
 
     def _deactivate(self, leader_id: int) -> None:
         """Raft refused an append: leadership is gone (Activation exists only after the write path)."""

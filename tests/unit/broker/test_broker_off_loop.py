@@ -131,6 +131,28 @@ async def test_a_snapshot_load_hands_the_replaced_images_big_topics_to_the_reape
     manager.close()
 
 
+async def test_a_discarded_image_hands_its_big_topics_to_the_reaper(tmp_path: Path) -> None:
+    """The stored image ahead of the controller's log is replaced by the empty one: its big topics go to
+    the reaper too instead of being freed in one go."""
+    store = MemoryImageStore()
+    store.image = _big_image(MIN_ITEMS + 10, offset=5)
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None)
+    await publisher.start()
+    big = publisher.image.topic("big")
+    assert big is not None
+    reaper = reaper_of(asyncio.get_running_loop())
+    waiting, pieces = reaper.waiting, reaper.pieces
+    await publisher.discard_image("ahead of the controller")
+    assert publisher.image.offset == -1 and store.image.offset == -1
+    assert reaper.waiting == waiting + 1  # held by this test and the reaper
+    del big
+    assert reaper.release_some()  # (driven here: no waiting for the loop's turns)
+    assert reaper.idle
+    assert reaper.pieces - pieces >= MIN_ITEMS // 512
+    manager.close()
+
+
 _ASSIGNMENTS = st.sampled_from(
     [
         PartitionAssignment("T", ME, 1, 1, (ME, 2), (ME, 2)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ from google.protobuf.message import Message
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records
-from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.controller import RELEASE_STEP_TOPICS, ControllerOptions, QuorumController
 from kraft.metadata.delta import MetadataDelta, UnreplayableRecordError
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.image_records import image_values
 from kraft.raft.api import CommittedBatch, CommittedRecord, LoadedSnapshot
 from kraft.raft.messages import SnapshotId
+from kraft.reaper import CHUNK, MIN_ITEMS, reaper_of
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -498,6 +500,88 @@ async def test_a_loaded_snapshot_becomes_the_committed_image() -> None:
         assert image.topics_by_id == expected.topics_by_id and image.brokers == expected.brokers
     finally:
         await controller.stop()
+
+
+def _snapshot_of_big_topic(partitions: int) -> list[bytes]:
+    source = MetadataDelta(MetadataImage.empty())
+    source.replay(records.wrap(pb.TopicRecord(name="big", topic_id="B")))
+    for p in range(partitions):
+        source.replay(
+            records.wrap(pb.PartitionRecord(partition_id=p, topic_id="B", replicas=[1, 2], leader=1))
+        )
+    return list(image_values(source.apply()))
+
+
+async def test_a_loaded_snapshot_hands_the_replaced_images_big_topics_to_the_reaper() -> None:
+    """Issue #17: the snapshot's image shares nothing with the one it replaces, so the old image's
+    topics would all be freed in one go where its last holder lets go (hundreds of ms at a million
+    partitions); its big topics go to the reaper, which takes them apart in pieces."""
+    values = _snapshot_of_big_topic(MIN_ITEMS + 10)
+    _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
+    try:
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=100, epoch=3), 0, values))
+        first = controller.committed.topic("big")
+        reaper = reaper_of(asyncio.get_running_loop())
+        waiting, pieces = reaper.waiting, reaper.pieces
+        # A later snapshot (the controller fell below the log start again) holds its own copy of the topic.
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=200, epoch=3), 0, values))
+        second = controller.committed.topic("big")
+        assert first is not None and second is not None and second is not first
+        assert reaper.waiting == waiting + 1  # the first snapshot's topic: kept until it can go in pieces
+        del first
+        assert reaper.release_some()  # (driven here: no waiting for the loop's turns)
+        assert reaper.idle
+        assert reaper.pieces - pieces >= MIN_ITEMS // CHUNK  # taken apart in pieces, not in one go
+        assert controller.committed.topic("big") is second and len(second.partitions) == MIN_ITEMS + 10
+    finally:
+        await controller.stop()
+
+
+class _CostClock(ManualClock):
+    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
+
+    def monotonic_ms(self) -> int:
+        self.advance(1)
+        return super().monotonic_ms()
+
+
+async def test_the_replaced_images_topics_are_looked_at_in_steps() -> None:
+    """A replaced image of many topics is walked a step of RELEASE_STEP_TOPICS at a time, the loop
+    yielded whenever the work unit's budget ran out; the big topic at the end is still handed over."""
+    small = [
+        TopicImage(f"t{i}", f"T{i}", [PartitionRegistration((1,), (1,), 1, 0, 0)])
+        for i in range(2 * RELEASE_STEP_TOPICS + 1)
+    ]
+    big = TopicImage("big", "B", [PartitionRegistration((1,), (1,), 1, 0, 0)] * (MIN_ITEMS + 10))
+    topics = {t.topic_id: t for t in [*small, big]}
+    replaced = replace(
+        MetadataImage.empty(),
+        topics_by_id=topics,
+        topic_ids_by_name={t.name: t.topic_id for t in topics.values()},
+    )
+    options = ControllerOptions(max_event_time_ms=1)  # (spent by the first check after a step)
+    controller = QuorumController(FakeRaft(1), CLUSTER, ENDPOINTS, options, clock=_CostClock())
+    reaper = reaper_of(asyncio.get_running_loop())
+    waiting = reaper.waiting
+    turns = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal turns
+        while not done:
+            turns += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    turns = 0
+    await controller._release_replaced(replaced)
+    done = True
+    await ticking
+    assert turns >= 3  # a yield after each of the 3 steps (each read of the clock costs 1 ms)
+    assert reaper.waiting == waiting + 1  # only the big topic (the others free in ~0.2 ms each)
+    del replaced, topics, big
+    assert reaper.release_some() and reaper.idle
 
 
 @pytest.mark.parametrize(

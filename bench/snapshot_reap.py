@@ -1,0 +1,226 @@
+"""Microbenchmark: the longest event-loop stretch while a controller loads a snapshot that replaces an
+image of ``--topics`` x ``--partitions`` partitions (issue #17, bounded work units).
+
+The snapshot's image is built from the empty one, so it shares nothing with the image it replaces: when
+the last reference to the old image goes, every one of its topics is freed in one go (``before``), unless
+:meth:`QuorumController.handle_load_snapshot` handed its big topics to :mod:`kraft.reaper` first, which
+takes them apart in ~1 ms turns (``after``).  Each round loads a first snapshot (not timed), then times a
+second one of the same size beside a task that takes a turn whenever the loop lets it, through to the
+reaper having released everything: the longest stretch without that task (wall and CPU ms,
+``time.thread_time``).  ``before`` and ``after`` alternate in one process (``before`` replaces the
+hand-over with nothing); the replay of the snapshot itself is paced the same in both.
+
+Garbage collection makes stretches of its own, the same in both variants, that hide the one measured
+here: the controller's heap freezer (:mod:`kraft.metadata.heap_freezer`) runs one full collection after
+a snapshot load of 20,000+ records (at most every 2 s), and the automatic collections of a heap that
+grew by a million objects walk it.  So the plain rows run with automatic collection off and the heap
+freezer doing nothing, and the ``*_with_gc`` rows as on a node.
+
+Run: ``python -m bench.snapshot_reap`` (200 topics x 5,000 partitions; ~2 GB, a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from kraft.clock import SystemClock
+from kraft.metadata import records as rec
+from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.image_records import image_values
+from kraft.raft.api import (
+    CommittedSlice,
+    LeaderAndEpoch,
+    LoadedSnapshot,
+    NotLeaderError,
+    RaftListener,
+    SnapshotChunk,
+    SnapshotWriter,
+)
+from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
+from kraft.reaper import reaper_of
+from kraft.v1 import metadata_pb2 as pb
+
+_NO_LEADER = LeaderAndEpoch(NO_LEADER, 0)
+
+
+class _Follower:
+    """A Raft client of a follower that never leads and never writes: only listeners are registered."""
+
+    node_id = 1
+    leader_and_epoch = _NO_LEADER
+    high_watermark = 0
+    next_append_offset = 0
+
+    def register_listener(self, listener: RaftListener) -> None:
+        pass
+
+    def unregister_listener(self, listener: RaftListener) -> None:
+        pass
+
+    def schedule_append(self, records: Sequence[bytes]) -> int:
+        raise NotLeaderError(_NO_LEADER)
+
+    async def append(self, records: Sequence[bytes]) -> int:
+        raise NotLeaderError(_NO_LEADER)
+
+    def confirm_leadership(self, *, lease: bool = False) -> Awaitable[None]:
+        raise NotLeaderError(_NO_LEADER)
+
+    def create_snapshot(
+        self, end_offset: int, epoch: int, last_contained_timestamp_ms: int
+    ) -> SnapshotWriter:
+        raise NotLeaderError(_NO_LEADER)
+
+    async def read_committed(self, offset: int, max_bytes: int) -> CommittedSlice:
+        raise NotLeaderError(_NO_LEADER)
+
+    def latest_snapshot_id(self) -> SnapshotId | None:
+        return None
+
+    def describe_quorum(self) -> DescribeQuorumResponse:
+        raise NotLeaderError(_NO_LEADER)
+
+    async def resign(self) -> None:
+        pass
+
+    async def shutdown(self, timeout_ms: int) -> None:
+        pass
+
+    async def read_snapshot(self, snapshot_id: SnapshotId, position: int, max_bytes: int) -> SnapshotChunk:
+        raise NotLeaderError(_NO_LEADER)
+
+
+def snapshot_values(topics: int, partitions: int) -> list[bytes]:
+    delta = MetadataDelta(MetadataImage.empty())
+    for t in range(topics):
+        topic_id = f"T{t}"
+        delta.replay(rec.wrap(pb.TopicRecord(name=f"topic-{t}", topic_id=topic_id)))
+        for p in range(partitions):
+            replicas = [(t + p + i) % 30 for i in range(3)]
+            delta.replay(
+                rec.wrap(
+                    pb.PartitionRecord(
+                        partition_id=p, topic_id=topic_id, replicas=replicas, isr=replicas, leader=replicas[0]
+                    )
+                )
+            )
+    return list(image_values(delta.apply()))
+
+
+async def _nothing(self: QuorumController, replaced: MetadataImage) -> None:
+    pass
+
+
+def _no_freeze(records: int) -> None:
+    pass
+
+
+async def one_round(values: list[bytes], hand_over: bool, collect: bool) -> dict[str, float]:
+    # The real clock: the replay yields on its time budget (max_event_time_ms) as on a node.
+    controller = QuorumController(
+        _Follower(),
+        "bench",
+        {1: ("127.0.0.1", 1)},
+        ControllerOptions(noop_interval_ms=0),
+        clock=SystemClock(),
+    )
+    if not collect:
+        controller.heap.applied = _no_freeze  # type: ignore[method-assign]
+    release = QuorumController._release_replaced
+    if not hand_over:
+        QuorumController._release_replaced = _nothing  # type: ignore[method-assign]
+    try:
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(len(values), 1), 0, values))
+        reaper = reaper_of(asyncio.get_running_loop())
+        while not reaper.idle:  # noqa: ASYNC110 (the reaper has no event to wait on: it polls too)
+            await asyncio.sleep(0.01)
+        gc.collect()
+        walls: list[float] = []
+        cpus: list[float] = []
+        done = False
+
+        async def ticker() -> None:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            while not done:
+                await asyncio.sleep(0)
+                now_wall, now_cpu = time.perf_counter(), time.thread_time()
+                walls.append((now_wall - wall) * 1000)
+                cpus.append((now_cpu - cpu) * 1000)
+                wall, cpu = now_wall, now_cpu
+
+        if not collect:
+            gc.disable()
+        ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        started = time.perf_counter()
+        pieces = reaper.pieces
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, values))
+        loaded_s = time.perf_counter() - started
+        while not reaper.idle:  # noqa: ASYNC110 (it looks every POLL_S whether it is the last holder)
+            await asyncio.sleep(0.01)
+        done = True
+        await ticking
+        return {
+            "longest_stretch_ms": max(walls),
+            "longest_stretch_cpu_ms": max(cpus),
+            "load_s": loaded_s,
+            "reaper_pieces": float(reaper.pieces - pieces),
+        }
+    finally:
+        gc.enable()
+        QuorumController._release_replaced = release  # type: ignore[method-assign]
+        await controller.stop()
+        del controller
+        gc.collect()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--topics", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=5_000)
+    parser.add_argument("--rounds", type=int, default=2, help="before/after pairs, alternated")
+    args = parser.parse_args()
+    values = snapshot_values(args.topics, args.partitions)
+    rounds: dict[str, list[dict[str, float]]] = {}
+    loads: list[Any] = []
+    for _ in range(args.rounds):
+        for collect in (False, True):
+            for hand_over in (False, True):
+                name = ("after" if hand_over else "before") + ("_with_gc" if collect else "")
+                rounds.setdefault(name, []).append(asyncio.run(one_round(values, hand_over, collect)))
+                loads.append(os.getloadavg()[0])
+    summary = {
+        name: {
+            key: {
+                "median": round(statistics.median(r[key] for r in results), 2),
+                "max": round(max(r[key] for r in results), 2),
+            }
+            for key in results[0]
+        }
+        for name, results in rounds.items()
+    }
+    print(
+        json.dumps(
+            {
+                "topics": args.topics,
+                "partitions_per_topic": args.partitions,
+                "loadavg_per_run": loads,
+                "results": summary,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
