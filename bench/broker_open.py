@@ -34,6 +34,7 @@ from kraft.broker.types import (
     local_changes_between_in_steps,
 )
 from kraft.clock import DEFAULT_WORK_UNIT_MS, SystemClock
+from kraft.procutil import reap_children_on_exit
 
 
 def run(partitions: int, rounds: int) -> dict[str, float]:
@@ -79,6 +80,7 @@ def run(partitions: int, rounds: int) -> dict[str, float]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--partitions", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)

@@ -46,6 +46,7 @@ from kraft.metadata.commit_replay import REPLAY_SLICE_RECORDS
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
 CLUSTER = "bench"
@@ -151,6 +152,7 @@ def one_round(brokers: int, topics: int, per_topic: int) -> dict[str, float]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

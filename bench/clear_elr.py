@@ -38,6 +38,7 @@ from kraft.metadata.config_control import incremental_alter_configs
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -155,6 +156,7 @@ def one_round(brokers: int, partitions: int, holders: int) -> dict[str, float]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser()
     parser.add_argument("--brokers", type=int, default=30)
     parser.add_argument("--partitions", type=int, default=100_000)

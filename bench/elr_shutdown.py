@@ -29,6 +29,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -109,6 +110,7 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, index: 
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser()
     parser.add_argument("--brokers", type=int, default=1000)
     parser.add_argument("--topics", type=int, default=110)

@@ -44,6 +44,7 @@ from kraft.clock import SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import metadata_pb2 as mpb
 
@@ -218,6 +219,7 @@ def _changes(old: MetadataImage, new: MetadataImage) -> LocalChanges:
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=20)

@@ -37,6 +37,7 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_values
+from kraft.procutil import reap_children_on_exit
 from kraft.raft.api import (
     CommittedSlice,
     LeaderAndEpoch,
@@ -185,6 +186,7 @@ async def one_round(values: list[bytes], hand_over: bool, collect: bool) -> dict
 
 
 def main() -> None:
+    reap_children_on_exit()  # no node, server or child outlives the benchmark (kraft.procutil)
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=5_000)
