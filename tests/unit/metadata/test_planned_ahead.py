@@ -143,6 +143,7 @@ class PlannedAheadModel(RuleBasedStateMachine):
         self.validate_only: dict[int, bool] = {}
         self.prepared: dict[int, bool] = {}
         self.names = (f"t{i}" for i in itertools.count())
+        self.taken: set[str] = set()  # written or being written: a new plan for one is refused at once
 
     def _drop(self, plan: TopicPlan) -> None:
         self.pending.remove(plan)
@@ -150,8 +151,9 @@ class PlannedAheadModel(RuleBasedStateMachine):
     @rule(kind=st.sampled_from(_KINDS), partitions=st.integers(SLICE + 1, 45), data=st.data())
     def plan(self, kind: str, partitions: int, data: st.DataObject) -> None:
         name = next(self.names)
-        if kind == "duplicate-name" and self.pending:
-            name = data.draw(st.sampled_from(self.pending)).name  # refused at the later write's check
+        free = [p for p in self.pending if p.name not in self.taken]
+        if kind == "duplicate-name" and free:
+            name = data.draw(st.sampled_from(free)).name  # refused at the later write's check
         if kind == "explicit":
             topic = _assigned(name, _rotating(partitions))
         elif kind == "bad-explicit":
@@ -214,6 +216,8 @@ class PlannedAheadModel(RuleBasedStateMachine):
                     self.finish_bulk_jobs()
         self._drop(plan)  # checked for its write: written, or refused by the check
         refused = outcome.response.topics[0].error_code != ErrorCode.NONE
+        if not refused and not validate_only:
+            self.taken.add(plan.name)
         event("refused at its write's check" if refused else "checked for its write")
         self.log.extend(outcome.records)
         plan.release()  # the shell's finally
