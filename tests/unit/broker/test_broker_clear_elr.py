@@ -9,11 +9,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from broker_fakes import MemoryImageStore, MemoryLogOpener
+from broker_fakes import CostClock, MemoryImageStore, started_publisher
 
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
-from kraft.broker.partitions import PartitionManager
-from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.types import TopicPartition
 from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
@@ -92,11 +90,8 @@ class LogController:
 async def _replayed(tmp_path: Path, clear: list[mpb.MetadataRecord]) -> tuple[MetadataImage, dict[int, int]]:
     """The image the broker publishes and stores after the log, and its partitions' leader epochs."""
     clock = ManualClock()
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
     store = MemoryImageStore()
-    publisher = MetadataPublisher(ME, manager, store, "PLAINTEXT", lambda view: None, clock=clock)
-    await publisher.start()
-    await publisher.open_partitions()
+    manager, publisher = await started_publisher(ME, tmp_path, store, clock)
     controller = LogController(_log_start())
     fetcher = MetadataFetcher(
         ME,
@@ -141,29 +136,12 @@ async def test_a_broker_replays_one_clear_elr_record_as_the_per_partition_change
     assert epochs == old_epochs == {0: 4, 1: 4, 2: 3, 3: 4, 4: 3, 5: 4}
 
 
-class CostClock(ManualClock):
-    """Every read of the clock costs ``cost_ms`` (a stand-in for slow replay)."""
-
-    def __init__(self, cost_ms: int) -> None:
-        super().__init__()
-        self.cost_ms = cost_ms
-
-    def monotonic_ms(self) -> int:
-        self.now_ms += self.cost_ms
-        return self.now_ms
-
-
 async def _turns_replaying_a_big_clear(
     tmp_path: Path, clock: ManualClock, partitions: int, monkeypatch: pytest.MonkeyPatch
 ) -> int:
     """Loop turns other tasks get while the broker replays one ClearElrRecord of ``partitions`` (up to
     the delta's ``apply()``: its local changes are paced on their own)."""
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
-    publisher = MetadataPublisher(
-        ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
-    )
-    await publisher.start()
-    await publisher.open_partitions()
+    manager, publisher = await started_publisher(ME, tmp_path, MemoryImageStore(), clock)
     log = [wrap(mpb.TopicRecord(name="big", topic_id="B"))]
     log += [
         wrap(
@@ -237,5 +215,5 @@ async def test_a_broker_replays_a_big_clear_in_slices_of_the_time_budget(
     loop in the middle of it (its heartbeats and replica fetches run between); where it costs nothing,
     it does not."""
     free = await _turns_replaying_a_big_clear(tmp_path / "free", ManualClock(), 5000, monkeypatch)
-    costly = await _turns_replaying_a_big_clear(tmp_path / "costly", CostClock(1), 5000, monkeypatch)
+    costly = await _turns_replaying_a_big_clear(tmp_path / "costly", CostClock(), 5000, monkeypatch)
     assert costly >= free + 3, (free, costly)
