@@ -31,6 +31,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
+from bench.work_units import _stretches
 from kraft.clock import SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.controller import ControllerOptions, QuorumController
@@ -146,34 +147,25 @@ async def one_round(values: list[bytes], hand_over: bool, collect: bool) -> dict
         while not reaper.idle:  # noqa: ASYNC110 (the reaper has no event to wait on: it polls too)
             await asyncio.sleep(0.01)
         gc.collect()
-        walls: list[float] = []
-        cpus: list[float] = []
-        done = False
-
-        async def ticker() -> None:
-            wall, cpu = time.perf_counter(), time.thread_time()
-            while not done:
-                await asyncio.sleep(0)
-                now_wall, now_cpu = time.perf_counter(), time.thread_time()
-                walls.append((now_wall - wall) * 1000)
-                cpus.append((now_cpu - cpu) * 1000)
-                wall, cpu = now_wall, now_cpu
-
         if not collect:
             gc.disable()
-        ticking = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        started = time.perf_counter()
         pieces = reaper.pieces
-        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, values))
-        loaded_s = time.perf_counter() - started
-        while not reaper.idle:  # noqa: ASYNC110 (it looks every POLL_S whether it is the last holder)
-            await asyncio.sleep(0.01)
-        done = True
-        await ticking
+        loaded_s = 0.0
+        load = controller.handle_load_snapshot  # (the closure must not name `controller`: deleted below)
+
+        async def load_and_reap() -> None:
+            nonlocal loaded_s
+            started = time.perf_counter()
+            snapshot = LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, values)
+            await load(snapshot)
+            loaded_s = time.perf_counter() - started
+            while not reaper.idle:  # noqa: ASYNC110 (it looks every POLL_S whether it is the last holder)
+                await asyncio.sleep(0.01)
+
+        longest_ms, longest_cpu_ms, _turns = await _stretches(load_and_reap)
         return {
-            "longest_stretch_ms": max(walls),
-            "longest_stretch_cpu_ms": max(cpus),
+            "longest_stretch_ms": longest_ms,
+            "longest_stretch_cpu_ms": longest_cpu_ms,
             "load_s": loaded_s,
             "reaper_pieces": float(reaper.pieces - pieces),
         }
