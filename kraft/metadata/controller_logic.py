@@ -1519,6 +1519,21 @@ class ControllerLogic:
         """Partitions of the plans made and not yet checked for their write, refused or given up."""
         return self._planned_ahead.partitions
 
+    @property
+    def written_ahead(self) -> int:
+        """Partitions of the big topics being written in slices that are not in the image yet: a plan
+        made during such a write starts its placement after them, as it would after the unsliced
+        creation (the image holds only the slices written so far, and the plan stopped counting ahead
+        at its write's check).  O(topics being written): at most one, transactions do not interleave;
+        a topic deleted mid-way counts nothing more, and a resumed one its rest."""
+        ahead = 0
+        topics = self.image.topics_by_id
+        for job in self._topic_jobs.values():
+            plan = job.plan
+            if plan is not None and job.topic_id in topics:
+                ahead += plan.partitions - job.written
+        return ahead
+
     def check_planned_ahead(self, pending: Iterable[TopicPlan]) -> None:
         """Invariant (for tests): the count planned ahead is exactly ``pending``'s partitions — the
         plans of this term the caller holds that were not checked for their write, refused or given up.
@@ -1550,7 +1565,7 @@ class ControllerLogic:
         one request would), so concurrent topics do not all rotate leaders from the same broker."""
         outcome, plan = self._plan_topic(req, next_offset)
         if plan is not None:
-            plan.start_index += self._planned_ahead.partitions
+            plan.start_index += self._planned_ahead.partitions + self.written_ahead
             self._planned_ahead.partitions += plan.partitions
             plan.ahead = self._planned_ahead
             plan.order = order

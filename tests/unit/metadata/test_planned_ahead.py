@@ -2,29 +2,38 @@
 not written yet starts its placement after them (``ControllerLogic.planned_ahead``).  The count must be
 exactly the partitions of the plans made and not yet checked for their write, refused or given up — a
 plan refused while its explicit assignment is checked, or given up by its caller, used to stay counted
-until the next failover and shifted every later topic's leaders."""
+until the next failover and shifted every later topic's leaders.  A plan made while a big topic is
+being written in slices starts after that topic's unwritten rest too (``ControllerLogic.written_ahead``):
+it started at the image's count before, which holds only the slices written so far."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+from collections import Counter
 
-from hypothesis import event, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.controller import ControllerOptions
-from kraft.metadata.controller_logic import ControllerLogic, TopicPlan, TopicTransactionBusy
+from kraft.metadata.controller_logic import (
+    ControllerLogic,
+    ControllerSettings,
+    TopicPlan,
+    TopicTransactionBusy,
+)
+from kraft.metadata.image import MetadataImage
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 from .test_controller import CLUSTER, activate_broker, settle
 from .test_partition_reservations import SLICE, _logic
 from .test_sliced_topics import _assigned, _rotating
-from .test_work_budget import _cluster_with_a_topic, _started
+from .test_work_budget import _cluster_with_a_topic, _started, unfenced_brokers
 
 
 def _request(topic: cpb.CreatableTopic, validate_only: bool = False) -> cpb.CreateTopicsRequest:
@@ -125,6 +134,110 @@ async def test_a_prepared_topic_cancelled_through_the_controller_no_longer_count
         await controller.stop()
 
 
+def _unwritten(logic: ControllerLogic, plans: list[TopicPlan]) -> int:
+    """Partitions of ``plans`` (big topics whose write was admitted) not in the image yet; a deleted
+    one's count nothing (recomputed from the image, not from the logic's jobs)."""
+    unwritten = 0
+    for plan in plans:
+        topic = logic.image.topic(plan.name)
+        if topic is not None:
+            unwritten += plan.partitions - len(topic.partitions)
+    return unwritten
+
+
+def _admit_write(logic: ControllerLogic, plan: TopicPlan, log: list[pb.MetadataRecord]) -> None:
+    """Count the plan's placement whole, finish the big topic being written before it, and write its
+    first slice."""
+    while not plan.place_some(Deadline(None, 0), SLICE):
+        pass
+    while True:
+        try:
+            outcome = logic.create_planned_topic(plan, False, len(log))
+            break
+        except TopicTransactionBusy:
+            log.extend(logic.continue_bulk_jobs(len(log)))
+    assert outcome.response.topics[0].error_code == ErrorCode.NONE, outcome.response
+    log.extend(outcome.records)
+    plan.release()
+
+
+def test_a_plan_made_during_a_big_topics_write_starts_after_its_unwritten_rest() -> None:
+    logic = _logic()
+    log = _cluster_with_a_topic(logic, 3)
+    big = _plan(logic, _request(_auto("big-one", 45)))
+    _admit_write(logic, big, log)
+    log.extend(logic.continue_bulk_jobs(len(log)))  # a second slice
+    written = _cursor(logic) - 3
+    assert 0 < written < 45
+    assert logic.planned_ahead == 0 and logic.written_ahead == 45 - written
+    during = _plan(logic, _request(_auto("during", 30)))
+    assert during.start_index == 3 + 45  # where it starts after the unsliced creation of big-one
+    # a new active controller resuming the write counts the rest the same way
+    logic.reset(logic.image, 0)
+    assert logic.written_ahead == 45 - written
+    assert _plan(logic, _request(_auto("resumed", 30))).start_index == 3 + 45
+    # deleted mid-way: nothing of it is ahead any more
+    deleted = logic.delete_topics(cpb.DeleteTopicsRequest(cluster_id=CLUSTER, names=["big-one"]), len(log))
+    log.extend(deleted.records)
+    assert logic.written_ahead == 0
+    assert _plan(logic, _request(_auto("after", 30))).start_index == _cursor(logic) + 30
+
+
+def _settings_unsliced() -> ControllerSettings:
+    return ControllerSettings(CLUSTER, max_changes_per_write=10_000, max_event_time_ms=0)
+
+
+@given(
+    racks=st.lists(st.sampled_from([None, "a", "b", "c"]), min_size=2, max_size=7),
+    topics=st.lists(
+        st.tuples(st.integers(SLICE + 1, 60), st.integers(1, 3), st.integers(0, 6)), min_size=2, max_size=6
+    ),
+)
+@settings(max_examples=60, deadline=None)
+def test_plans_made_during_sliced_writes_place_as_the_creations_one_after_the_other(
+    racks: list[str | None], topics: list[tuple[int, int, int]]
+) -> None:
+    """Each big topic is planned while the one before it is mid-write (after ``slices`` of its slices):
+    every topic's replicas, and so every broker's replica and leader counts, equal those of the same
+    topics created one after the other in one event each.  Before, each plan started at the image's
+    count, which holds only the earlier topic's slices written so far: leaders piled up on the first
+    brokers of the rotation instead of continuing it."""
+    sliced = _logic()
+    log = unfenced_brokers(sliced, racks)
+    ids = (f"u-{i}" for i in itertools.count())
+    unsliced = ControllerLogic(_settings_unsliced(), MetadataImage.empty(), 0, new_topic_id=lambda: next(ids))
+    unsliced_log = unfenced_brokers(unsliced, racks)
+    names = []
+    for i, (partitions, wanted_factor, slices) in enumerate(topics):
+        name = f"t{i}"
+        names.append(name)
+        factor = min(wanted_factor, len(racks))
+        for _ in range(slices):  # the write before it goes on for a while
+            log.extend(sliced.continue_bulk_jobs(len(log)))
+        topic = cpb.CreatableTopic(name=name, num_partitions=partitions, replication_factor=factor)
+        _admit_write(sliced, _plan(sliced, _request(topic)), log)
+        created = unsliced.create_topics(_request(topic), len(unsliced_log))
+        assert created.response.topics[0].error_code == ErrorCode.NONE
+        unsliced_log.extend(created.records)
+    while sliced.has_bulk_jobs():
+        log.extend(sliced.continue_bulk_jobs(len(log)))
+    replicas: Counter[int] = Counter()
+    leaders: Counter[int] = Counter()
+    expected_replicas: Counter[int] = Counter()
+    expected_leaders: Counter[int] = Counter()
+    for name in names:
+        got, want = sliced.image.topic(name), unsliced.image.topic(name)
+        assert got is not None and want is not None
+        assert [p.replicas for p in got.partitions] == [p.replicas for p in want.partitions], name
+        for partition in got.partitions:
+            replicas.update(partition.replicas)
+            leaders[partition.replicas[0]] += 1
+        for partition in want.partitions:
+            expected_replicas.update(partition.replicas)
+            expected_leaders[partition.replicas[0]] += 1
+    assert replicas == expected_replicas and leaders == expected_leaders
+
+
 _KINDS = ("big", "prepared", "explicit", "bad-explicit", "dry-run", "duplicate-name")
 
 
@@ -144,6 +257,7 @@ class PlannedAheadModel(RuleBasedStateMachine):
         self.prepared: dict[int, bool] = {}
         self.names = (f"t{i}" for i in itertools.count())
         self.taken: set[str] = set()  # written or being written: a new plan for one is refused at once
+        self.writing: list[TopicPlan] = []  # big topics admitted for their write (maybe written whole)
 
     def _drop(self, plan: TopicPlan) -> None:
         self.pending.remove(plan)
@@ -161,7 +275,11 @@ class PlannedAheadModel(RuleBasedStateMachine):
         else:
             topic = _auto(name, partitions)
         prepared = data.draw(st.booleans())
-        expected_start = _cursor(self.logic) + sum(p.partitions for p in self.pending)
+        expected_start = (
+            _cursor(self.logic)
+            + sum(p.partitions for p in self.pending)
+            + _unwritten(self.logic, self.writing)
+        )
         outcome, plan = self.logic.plan_topic(_request(topic, kind == "dry-run"), len(self.log), prepared)
         assert plan is not None, outcome.response
         assert plan.start_index == expected_start, (plan.start_index, expected_start)
@@ -218,6 +336,8 @@ class PlannedAheadModel(RuleBasedStateMachine):
         refused = outcome.response.topics[0].error_code != ErrorCode.NONE
         if not refused and not validate_only:
             self.taken.add(plan.name)
+            if not self.prepared[id(plan)]:
+                self.writing.append(plan)
         event("refused at its write's check" if refused else "checked for its write")
         self.log.extend(outcome.records)
         plan.release()  # the shell's finally
@@ -237,6 +357,9 @@ class PlannedAheadModel(RuleBasedStateMachine):
         self.logic.reset(self.logic.image, 0)  # every record here counts as committed
         self.stale.extend(self.pending)
         self.pending.clear()
+        # an explicit assignment's write is not resumed (undone; the client's retry plans it anew), so
+        # its rest is ahead of nothing any more
+        self.writing = [p for p in self.writing if not p.explicit]
 
     @invariant()
     def counted_exactly(self) -> None:
