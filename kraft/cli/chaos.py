@@ -14,6 +14,7 @@ import typer.core
 from typer._click import Context, HelpFormatter
 
 from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
+from kraft.procutil import reap_children_on_exit
 
 app = typer.Typer(no_args_is_help=True, help="Chaos testing: a Toxiproxy-compatible proxy and checked runs.")
 
@@ -137,6 +138,9 @@ def run_command(
 
       kraft chaos run --scenario kill --brokers 3 --clients 8 --recovery 60
     """
+    # The run's controllers and brokers (and their process groups) end with it however it ends: Ctrl-C,
+    # ``timeout``'s SIGTERM, a closed terminal (before, they kept running after an interrupted run).
+    reap_children_on_exit()
     from chaos.runner import RunOptions, failed_verdicts, run_scenario
     from chaos.scenarios import DATA_PLANE_MIN_BROKERS, DATA_PLANE_SCENARIOS, scenario_names
     from chaos.workload import WorkloadOptions

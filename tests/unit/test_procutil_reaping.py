@@ -127,6 +127,25 @@ def test_children_are_not_bound_without_reap_children_on_exit(tmp_path: Path) ->
             os.killpg(pid, signal.SIGKILL)
 
 
+def _reaps_first(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether the function's first statement (after a docstring) is ``reap_children_on_exit()``."""
+    body = function.body
+    if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and len(body) > 1:
+        body = body[1:]  # after a docstring
+    first = body[0]
+    call = first.value if isinstance(first, ast.Expr) else None
+    return (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "reap_children_on_exit"
+    )
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)]
+
+
 def test_every_benchmark_main_binds_its_children_first() -> None:
     """Each ``bench/*.py`` entry point (its ``main``) calls ``reap_children_on_exit()`` as its first
     statement, so what it starts — directly, or through ControllerQuorum, LocalCluster, FloorServer,
@@ -135,15 +154,29 @@ def test_every_benchmark_main_binds_its_children_first() -> None:
     for path in sorted((REPO_ROOT / "bench").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == "main":
-                first = node.body[0]
-                if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
-                    first = node.body[1]  # after a docstring
-                call = first.value if isinstance(first, ast.Expr) else None
-                if not (
-                    isinstance(call, ast.Call)
-                    and isinstance(call.func, ast.Name)
-                    and call.func.id == "reap_children_on_exit"
-                ):
-                    missing.append(path.name)
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or node.name != "main":
+                continue
+            if not _reaps_first(node):
+                missing.append(path.name)
     assert not missing, f"bench mains that do not call reap_children_on_exit() first: {missing}"
+
+
+def _runs_scenarios(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "run_scenario"
+        for node in ast.walk(function)
+    )
+
+
+def test_every_chaos_runner_main_binds_its_children_first() -> None:
+    """The chaos runners' entry points — ``kraft chaos run`` (every command of kraft/cli/chaos.py that
+    runs scenarios) and any ``main`` under chaos/ — call ``reap_children_on_exit()`` first: a run's
+    LocalCluster nodes end with it however it ends.  The chaos test suite calls ``run_scenario`` from
+    pytest and must not: a test process keeps its own signal handling."""
+    cli = REPO_ROOT / "kraft" / "cli" / "chaos.py"
+    runners = [(cli.name, f) for f in _functions(cli) if _runs_scenarios(f)]
+    assert runners, "kraft/cli/chaos.py no longer runs scenarios: update this test"
+    for path in sorted((REPO_ROOT / "chaos").rglob("*.py")):
+        runners += [(path.name, f) for f in _functions(path) if f.name == "main"]
+    missing = [f"{name}:{function.name}" for name, function in runners if not _reaps_first(function)]
+    assert not missing, f"chaos runners that do not call reap_children_on_exit() first: {missing}"
