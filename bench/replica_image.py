@@ -28,9 +28,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from google.protobuf.message import Message
+
 from kraft.broker.image_adapter import _assignment, local_assignments
 from kraft.broker.partitions import Partition, PartitionManager
-from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.types import (
     LocalChanges,
@@ -41,12 +42,10 @@ from kraft.broker.types import (
     TopicPartition,
 )
 from kraft.clock import SystemClock
-from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.procutil import reap_children_on_exit
-from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import metadata_pb2 as mpb
+from tests.unit.broker.broker_fakes import SilentReplicaTransport, replayed
 
 BROKER = 1
 
@@ -85,22 +84,6 @@ class _Log:
         pass
 
 
-class _Silent:
-    """A transport whose leaders never answer: the fetchers wait (their work is not this bench)."""
-
-    def __init__(self) -> None:
-        self._never = asyncio.Event()
-
-    async def replica_fetch(
-        self, leader_id: int, request: pb.ReplicaFetchRequest, timeout_s: float
-    ) -> pb.ReplicaFetchResponse:
-        await self._never.wait()
-        raise ReplicaFetchFailed("closed")
-
-    async def close(self) -> None:
-        pass
-
-
 def _image(partitions: int) -> MetadataImage:
     lists = [(1, 2, 3), (2, 3, 1), (3, 1, 2)]
     registrations = [PartitionRegistration(r, r, r[0], 0, 0) for r in lists]
@@ -126,7 +109,7 @@ async def run(partitions: int, rounds: int) -> dict[str, float]:
             clock=SystemClock(),
             broker_epoch=lambda: 10,
             send_alter_partition=None,
-            transport=_Silent(),
+            transport=SilentReplicaTransport(),
         )
         for tp, assignment in local_assignments(image, BROKER).items():
             role = ReplicaRole.LEADER if assignment.leader == BROKER else ReplicaRole.FOLLOWER
@@ -143,13 +126,10 @@ async def run(partitions: int, rounds: int) -> dict[str, float]:
         offset = 1
         times: dict[str, list[float]] = {}
 
-        def step(label: str, *payloads: object) -> None:
+        def step(label: str, *payloads: Message) -> None:
             nonlocal image, offset
-            delta = MetadataDelta(image)
-            for payload in payloads:
-                delta.replay(rec.wrap(payload), offset)  # type: ignore[arg-type]
-                offset += 1
-            new = delta.apply()
+            new = replayed(image, offset, payloads)
+            offset += len(payloads)
             changes = _changes(image, new)
             image = new
             manager.apply(changes)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
+from google.protobuf.message import Message
+
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
+from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.types import ProducedRecord, StoredRecord
 from kraft.clock import Clock, ManualClock
+from kraft.metadata import records as rec
+from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.storage.batch import build_batch, encode_batch, iter_batches
 from kraft.storage.errors import OffsetOutOfRangeError, RecordTooLargeError
@@ -123,6 +128,32 @@ class MemoryPartitionLog:
 
     def close(self) -> None:
         self.closed = True
+
+
+class SilentReplicaTransport:
+    """A replica fetch transport whose leaders never answer: the fetchers wait, so a test or benchmark
+    sees only the replication shell's own work (bench.replica_image imports it too)."""
+
+    def __init__(self) -> None:
+        self._never = asyncio.Event()
+
+    async def replica_fetch(
+        self, leader_id: int, request: pb.ReplicaFetchRequest, timeout_s: float
+    ) -> pb.ReplicaFetchResponse:
+        await self._never.wait()
+        raise ReplicaFetchFailed("never")
+
+    async def close(self) -> None:
+        pass
+
+
+def replayed(image: MetadataImage, offset: int, payloads: Iterable[Message]) -> MetadataImage:
+    """``image`` after replaying record ``payloads`` (a ``TopicRecord``, a ``PartitionChangeRecord``...)
+    at offsets ``offset``, ``offset + 1``, ... in one delta."""
+    delta = MetadataDelta(image)
+    for index, payload in enumerate(payloads):
+        delta.replay(rec.wrap(payload), offset + index)
+    return delta.apply()
 
 
 class MemoryLogOpener:

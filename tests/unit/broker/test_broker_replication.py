@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 import pytest
-from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+from broker_fakes import MemoryLogOpener, MemoryPartitionLog, replayed
+from google.protobuf.message import Message
 from prometheus_client import REGISTRY
 
 from kraft.broker import hwm_checkpoint
@@ -26,8 +27,6 @@ from kraft.broker.types import BrokerState, ProducedRecord, ReplicaRole, TopicPa
 from kraft.client.channel import open_channel
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
-from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.netutil import free_port
 from kraft.observability.logging import _FIELDS_ATTR
@@ -78,12 +77,9 @@ class Harness:
     fatal: list[tuple[int, str, dict[str, object]]] = field(default_factory=list)  # (broker, reason, fields)
     alter_answer: Callable[[cpb.AlterPartitionRequest], cpb.AlterPartitionResponse] | None = None
 
-    def replay(self, *payloads: object) -> None:
-        delta = MetadataDelta(self.image)
-        for payload in payloads:
-            delta.replay(rec.wrap(payload), self.offset)  # type: ignore[arg-type]
-            self.offset += 1
-        self.image = delta.apply()
+    def replay(self, *payloads: Message) -> None:
+        self.image = replayed(self.image, self.offset, payloads)
+        self.offset += len(payloads)
         for node in self.nodes.values():
             node.manager.reconcile(local_assignments(self.image, node.broker_id))
             node.service.set_view(ImageMetadataView(self.image))

@@ -15,23 +15,21 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from broker_fakes import MemoryLogOpener
+from broker_fakes import MemoryLogOpener, SilentReplicaTransport, replayed
+from google.protobuf.message import Message
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kraft.broker.image_adapter import local_assignments
 from kraft.broker.partitions import PartitionManager
-from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.replication import ReplicaManager, min_isr_topics
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.observability.metrics import ReplicationMetrics
 from kraft.replication.types import RECOVERED, RECOVERING
-from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as mpb
 
@@ -93,22 +91,6 @@ class FullVisit(ReplicaManager):
         )
 
 
-class _Silent:
-    """Leaders that never answer a replica fetch."""
-
-    def __init__(self) -> None:
-        self._never = asyncio.Event()
-
-    async def replica_fetch(
-        self, leader_id: int, request: pb.ReplicaFetchRequest, timeout_s: float
-    ) -> pb.ReplicaFetchResponse:
-        await self._never.wait()
-        raise ReplicaFetchFailed("never")
-
-    async def close(self) -> None:
-        pass
-
-
 class Side:
     """One broker 1: partition manager, in-memory logs, replica manager; the proposals it sent."""
 
@@ -125,7 +107,7 @@ class Side:
             broker_epoch=lambda: 7,
             send_alter_partition=self._send,
             metrics=ReplicationMetrics.for_node(label),
-            transport=_Silent(),
+            transport=SilentReplicaTransport(),
         )
 
     async def _send(self, request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
@@ -219,12 +201,9 @@ class Cluster:
         self.offset = 0
         self.next_topic_id = 0
 
-    def replay(self, *payloads: object) -> None:
-        delta = MetadataDelta(self.image)
-        for payload in payloads:
-            delta.replay(rec.wrap(payload), self.offset)  # type: ignore[arg-type]
-            self.offset += 1
-        self.image = delta.apply()
+    def replay(self, *payloads: Message) -> None:
+        self.image = replayed(self.image, self.offset, payloads)
+        self.offset += len(payloads)
 
 
 def _operation(data: st.DataObject, cluster: Cluster) -> tuple[str, tuple[object, ...]] | str:
