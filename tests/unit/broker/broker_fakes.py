@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from google.protobuf.message import Message
 
+from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.types import ProducedRecord, StoredRecord
-from kraft.clock import Clock, ManualClock
+from kraft.client.controller import ControllerClient
+from kraft.clock import Clock
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -240,14 +242,6 @@ class MemoryImageStore:
         self.closed = True
 
 
-class CostClock(ManualClock):
-    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
-
-    def monotonic_ms(self) -> int:
-        self.advance(1)
-        return super().monotonic_ms()
-
-
 async def started_publisher(
     broker_id: int,
     tmp_path: Path,
@@ -267,31 +261,21 @@ async def started_publisher(
     return manager, publisher
 
 
-class LoopTurns:
-    """The event loop's turns while some work is awaited, counted by a task that ticks once per turn:
-    work that yields the loop (paced, bounded work units) lets it tick in between.  With a ``clock``,
-    also how far the clock moved between two ticks (the longest stretch of work without a yield)."""
-
-    def __init__(self, clock: ManualClock | None = None) -> None:
-        self.clock = clock
-        self.turns = 0
-        self.stretches: list[int] = []
-
-    async def during(self, work: Awaitable[T]) -> T:
-        done = False
-
-        async def ticker() -> None:
-            last = self.clock.now_ms if self.clock is not None else 0
-            while not done:
-                self.turns += 1
-                await asyncio.sleep(0)
-                if self.clock is not None:
-                    self.stretches.append(self.clock.now_ms - last)
-                    last = self.clock.now_ms
-
-        ticking = asyncio.create_task(ticker())
-        try:
-            return await work
-        finally:
-            done = True
-            await ticking
+def metadata_fetcher(
+    broker_id: int,
+    controller: object,
+    publisher: MetadataPublisher,
+    clock: Clock,
+    on_applied: Callable[[int], None] = lambda offset: None,
+) -> MetadataFetcher:
+    """A MetadataFetcher feeding ``publisher`` from ``controller`` (a fake answering ``call`` as
+    ControllerClient does), with no long-poll wait, for tests that drive it with ``fetch_once``."""
+    return MetadataFetcher(
+        broker_id,
+        "c",
+        cast(ControllerClient, controller),
+        publisher,
+        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
+        on_applied,
+        clock=clock,
+    )

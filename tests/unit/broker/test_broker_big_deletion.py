@@ -12,7 +12,8 @@ import random
 from pathlib import Path
 
 import pytest
-from broker_fakes import CostClock, LoopTurns, MemoryImageStore, MemoryLogOpener, started_publisher
+from broker_fakes import MemoryImageStore, MemoryLogOpener, started_publisher
+from loop_fakes import CostClock, LoopTurns
 
 from kraft.broker.image_adapter import to_local_changes_in_steps
 from kraft.broker.partitions import PARTITIONS_PER_TURN, Pacer, PartitionManager, in_order

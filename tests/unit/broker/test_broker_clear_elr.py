@@ -4,16 +4,14 @@ image, stored, and the same leader epochs on the partitions it hosts."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from broker_fakes import CostClock, MemoryImageStore, started_publisher
+from broker_fakes import MemoryImageStore, metadata_fetcher, started_publisher
+from loop_fakes import CostClock, LoopTurns
 
-from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.types import TopicPartition
-from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata.delta import MetadataDelta
@@ -93,15 +91,7 @@ async def _replayed(tmp_path: Path, clear: list[mpb.MetadataRecord]) -> tuple[Me
     store = MemoryImageStore()
     manager, publisher = await started_publisher(ME, tmp_path, store, clock)
     controller = LogController(_log_start())
-    fetcher = MetadataFetcher(
-        ME,
-        "c",
-        cast(ControllerClient, controller),
-        publisher,
-        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
-        lambda offset: None,
-        clock=clock,
-    )
+    fetcher = metadata_fetcher(ME, controller, publisher, clock)
     try:
         assert await fetcher.fetch_once()  # the topic, as a committed batch
         assert publisher.image.elr_holders == ElrHolders.from_partitions(
@@ -157,29 +147,13 @@ async def _turns_replaying_a_big_clear(
         for p in range(partitions)
     ]
     controller = LogController(log)
-    fetcher = MetadataFetcher(
-        ME,
-        "c",
-        cast(ControllerClient, controller),
-        publisher,
-        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
-        lambda offset: None,
-        clock=clock,
-    )
-    turns = 0
-    replaying = True
-
-    async def count_turns() -> None:
-        nonlocal turns
-        while replaying:
-            turns += 1
-            await asyncio.sleep(0)
-
+    fetcher = metadata_fetcher(ME, controller, publisher, clock)
+    loop = LoopTurns()
     at_apply: list[int] = []
     apply = MetadataDelta.apply
 
     def noting_apply(delta: MetadataDelta) -> MetadataImage:
-        at_apply.append(turns)
+        at_apply.append(loop.turns)
         return apply(delta)
 
     try:
@@ -192,17 +166,10 @@ async def _turns_replaying_a_big_clear(
                 value=encode_value(wrap(mpb.ClearElrRecord(topic_name="big"))),
             )
         )
-        ticker = asyncio.create_task(count_turns())
-        await asyncio.sleep(0)
-        start = turns
-        try:
-            assert await fetcher.fetch_once()
-        finally:
-            replaying = False
-            await ticker
+        assert await loop.during(fetcher.fetch_once())
         monkeypatch.undo()
         assert not any(p.elr for _, _, p in publisher.image.iter_partitions())
-        return at_apply[0] - start
+        return at_apply[0]
     finally:
         await publisher.flush()
         manager.close()

@@ -3,16 +3,12 @@ measured on the broker's injected clock, so a test can assert it exactly."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-from broker_fakes import MemoryImageStore, MemoryLogOpener
+from broker_fakes import MemoryImageStore, metadata_fetcher, started_publisher
+from loop_fakes import CostClock, LoopTurns
 
-from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
-from kraft.broker.partitions import PartitionManager
-from kraft.broker.publisher import MetadataPublisher
-from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata.records import encode_value, wrap
@@ -54,23 +50,10 @@ class SnapshotController:
 
 async def test_the_snapshot_replay_time_is_measured_on_the_injected_clock(tmp_path: Path) -> None:
     clock = ManualClock()
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
-    publisher = MetadataPublisher(
-        ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
-    )
-    await publisher.start()
-    await publisher.open_partitions()  # caught up (nothing to fetch here): publish normally
+    manager, publisher = await started_publisher(ME, tmp_path, MemoryImageStore(), clock)
     controller = SnapshotController(clock)
     applied: list[int] = []
-    fetcher = MetadataFetcher(
-        ME,
-        "c",
-        cast(ControllerClient, controller),
-        publisher,
-        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
-        applied.append,
-        clock=clock,
-    )
+    fetcher = metadata_fetcher(ME, controller, publisher, clock, applied.append)
     try:
         assert await fetcher.fetch_once()
         assert fetcher.snapshots_loaded == 1 and applied == [publisher.offset]
@@ -81,18 +64,6 @@ async def test_the_snapshot_replay_time_is_measured_on_the_injected_clock(tmp_pa
     finally:
         await publisher.flush()
         manager.close()
-
-
-class CostClock(ManualClock):
-    """Every read of the clock costs ``cost_ms`` (a stand-in for slow replay)."""
-
-    def __init__(self, cost_ms: int) -> None:
-        super().__init__()
-        self.cost_ms = cost_ms
-
-    def monotonic_ms(self) -> int:
-        self.now_ms += self.cost_ms
-        return self.now_ms
 
 
 class RecordsController:
@@ -116,41 +87,14 @@ class RecordsController:
 
 
 async def _loop_turns_while_replaying(tmp_path: Path, clock: ManualClock, count: int) -> int:
-    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
-    publisher = MetadataPublisher(
-        ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
-    )
-    await publisher.start()
-    await publisher.open_partitions()
-    fetcher = MetadataFetcher(
-        ME,
-        "c",
-        cast(ControllerClient, RecordsController(count)),
-        publisher,
-        FetcherTimings(max_wait_ms=0, request_timeout_s=1.0),
-        lambda offset: None,
-        clock=clock,
-    )
-    turns = 0
-    replaying = True
-
-    async def count_turns() -> None:
-        nonlocal turns
-        while replaying:
-            turns += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(count_turns())
-    await asyncio.sleep(0)
+    manager, publisher = await started_publisher(ME, tmp_path, MemoryImageStore(), clock)
+    fetcher = metadata_fetcher(ME, RecordsController(count), publisher, clock)
+    loop = LoopTurns()
     try:
-        start = turns
-        assert await fetcher.fetch_once()
-        replaying = False
+        assert await loop.during(fetcher.fetch_once())
         assert all(publisher.image.topic(f"r{i}") is not None for i in range(count))
-        return turns - start
+        return loop.turns
     finally:
-        replaying = False
-        await ticker
         await publisher.flush()
         manager.close()
 

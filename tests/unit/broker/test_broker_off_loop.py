@@ -15,6 +15,7 @@ import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_fakes import CostClock
 
 from kraft.broker import partitions as partitions_module
 from kraft.broker import types as types_module
@@ -27,7 +28,6 @@ from kraft.broker.types import (
     local_changes_between,
     local_changes_between_in_steps,
 )
-from kraft.clock import ManualClock
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
@@ -36,14 +36,6 @@ from kraft.v1 import metadata_pb2 as mpb
 
 ME = 1
 WAIT_S = 10.0
-
-
-class CostClock(ManualClock):
-    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
-
-    def monotonic_ms(self) -> int:
-        self.advance(1)
-        return super().monotonic_ms()
 
 
 def _assignment(topic_id: str = "T") -> PartitionAssignment:

@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from broker_fakes import LoopTurns, MemoryLogOpener, MemoryPartitionLog
+from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+from loop_fakes import LoopTurns
 
 from kraft.broker.partitions import PARTITIONS_PER_TURN, AllLogDirsOfflineError, PartitionManager
 from kraft.broker.segmented_partition_log import SegmentedPartitionLog, segmented_log_opener

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker_fakes import CostClock, LoopTurns, MemoryImageStore, MemoryLogOpener, started_publisher
+from broker_fakes import MemoryImageStore, MemoryLogOpener, started_publisher
+from loop_fakes import CostClock, LoopTurns
 
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.publisher import MetadataPublisher

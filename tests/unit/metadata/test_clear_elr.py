@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_fakes import CostClock, LoopTurns
 
 from kraft.clock import ManualClock
 from kraft.metadata import elr_holders as elr_holders_module
@@ -522,40 +523,13 @@ def test_a_clear_of_many_partitions_is_replayed_in_steps() -> None:
     assert other.offset == 9001
 
 
-class _CostClock(ManualClock):
-    """Every read of the clock costs ``cost_ms`` (a stand-in for slow replay)."""
-
-    def __init__(self, cost_ms: int) -> None:
-        super().__init__()
-        self.cost_ms = cost_ms
-
-    def monotonic_ms(self) -> int:
-        self.now_ms += self.cost_ms
-        return self.now_ms
-
-
 async def _replay_turns(
     image: MetadataImage, batch: CommittedBatch, clock: ManualClock, budget_ms: int
 ) -> tuple[MetadataImage, int]:
-    turns = 0
-    replaying = True
-
-    async def count_turns() -> None:
-        nonlocal turns
-        while replaying:
-            turns += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(count_turns())
-    await asyncio.sleep(0)
-    start = turns
-    try:
-        replayed = await replay_batch(image, batch, clock, budget_ms)
-    finally:
-        replaying = False
-        await ticker
+    loop = LoopTurns()
+    replayed = await loop.during(replay_batch(image, batch, clock, budget_ms))
     replayed.check(batch.last_offset)
-    return replayed.image, turns - start
+    return replayed.image, loop.turns
 
 
 def test_a_follower_controller_replays_a_big_clear_over_several_loop_turns() -> None:
@@ -579,7 +553,7 @@ def test_a_follower_controller_replays_a_big_clear_over_several_loop_turns() -> 
     at_once = _replay(image, written).apply()
 
     async def scenario() -> None:
-        for clock, budget_ms in ((ManualClock(), 0), (_CostClock(1), 5)):
+        for clock, budget_ms in ((ManualClock(), 0), (CostClock(1), 5)):
             replayed, turns = await _replay_turns(image, batch, clock, budget_ms)
             assert replayed == at_once
             assert turns >= 2000 // CLEAR_ELR_STEP, turns

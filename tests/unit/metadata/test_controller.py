@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from google.protobuf.message import Message
+from loop_fakes import CostClock
 
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
@@ -537,14 +538,6 @@ async def test_a_loaded_snapshot_hands_the_replaced_images_big_topics_to_the_rea
         await controller.stop()
 
 
-class _CostClock(ManualClock):
-    """Every read of the clock costs 1 ms (as if each step of work took that long)."""
-
-    def monotonic_ms(self) -> int:
-        self.advance(1)
-        return super().monotonic_ms()
-
-
 async def test_the_replaced_images_topics_are_looked_at_in_steps() -> None:
     """A replaced image of many topics is walked a step of RELEASE_STEP_TOPICS at a time, the loop
     yielded whenever the work unit's budget ran out; the big topic at the end is still handed over."""
@@ -560,7 +553,7 @@ async def test_the_replaced_images_topics_are_looked_at_in_steps() -> None:
         topic_ids_by_name={t.name: t.topic_id for t in topics.values()},
     )
     options = ControllerOptions(max_event_time_ms=1)  # (spent by the first check after a step)
-    controller = QuorumController(FakeRaft(1), CLUSTER, ENDPOINTS, options, clock=_CostClock())
+    controller = QuorumController(FakeRaft(1), CLUSTER, ENDPOINTS, options, clock=CostClock())
     reaper = reaper_of(asyncio.get_running_loop())
     waiting = reaper.waiting
     turns = 0
