@@ -26,12 +26,10 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import time
-from collections.abc import Callable
-from typing import Any
 
 from bench.controller import register_active_brokers
+from bench.work_units import median_and_max, timed
 from kraft.clock import SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.config_control import incremental_alter_configs
@@ -44,12 +42,6 @@ from kraft.v1 import metadata_pb2 as pb
 
 CLUSTER = "bench"
 OWN_TOPIC_PARTITIONS = 1000
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    started = time.perf_counter()
-    out = fn()
-    return (time.perf_counter() - started) * 1000, out
 
 
 def _topic_records(
@@ -164,13 +156,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rounds = [one_round(args.brokers, args.partitions, args.holders) for _ in range(args.rounds)]
-    summary = {
-        key: {
-            "median": round(statistics.median(r[key] for r in rounds), 2),
-            "max": round(max(r[key] for r in rounds), 2),
-        }
-        for key in rounds[0]
-    }
+    summary = median_and_max(rounds)
     print(
         json.dumps(
             {

@@ -26,12 +26,11 @@ import asyncio
 import gc
 import json
 import os
-import statistics
 import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from bench.work_units import _stretches
+from bench.work_units import _stretches, median_and_max
 from kraft.clock import SystemClock
 from kraft.metadata import records as rec
 from kraft.metadata.controller import ControllerOptions, QuorumController
@@ -193,16 +192,7 @@ def main() -> None:
                 name = ("after" if hand_over else "before") + ("_with_gc" if collect else "")
                 rounds.setdefault(name, []).append(asyncio.run(one_round(values, hand_over, collect)))
                 loads.append(os.getloadavg()[0])
-    summary = {
-        name: {
-            key: {
-                "median": round(statistics.median(r[key] for r in results), 2),
-                "max": round(max(r[key] for r in results), 2),
-            }
-            for key in results[0]
-        }
-        for name, results in rounds.items()
-    }
+    summary = {name: median_and_max(results) for name, results in rounds.items()}
     print(
         json.dumps(
             {

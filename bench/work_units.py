@@ -41,7 +41,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from itertools import chain
 from pathlib import Path
@@ -73,6 +73,18 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     started = time.perf_counter()
     out = fn()
     return (time.perf_counter() - started) * 1000, out
+
+
+def median_and_max(rounds: Sequence[Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """Each measure of ``rounds`` (one dict per round, the same keys) as its median and max, rounded to
+    0.01: the ``results`` of this bench's JSON, and of bench.clear_elr's and bench.snapshot_reap's."""
+    return {
+        key: {
+            "median": round(statistics.median(r[key] for r in rounds), 2),
+            "max": round(max(r[key] for r in rounds), 2),
+        }
+        for key in rounds[0]
+    }
 
 
 def build(brokers: int, partitions: int, work_unit: int) -> tuple[ControllerLogic, int]:
@@ -519,13 +531,7 @@ def main() -> None:
         ]
     else:
         rounds = [one_round(args.brokers, args.partitions, args.work_unit) for _ in range(args.rounds)]
-    summary = {
-        key: {
-            "median": round(statistics.median(r[key] for r in rounds), 2),
-            "max": round(max(r[key] for r in rounds), 2),
-        }
-        for key in rounds[0]
-    }
+    summary = median_and_max(rounds)
     print(
         json.dumps(
             {
