@@ -12,6 +12,7 @@ Hot paths should bind once and keep the children: ``m = RaftMetrics.for_node(1)`
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -419,6 +420,27 @@ class ReplicationMetrics:
             replica_fetcher_max_lag=REPLICA_FETCHER_MAX_LAG.labels(label),
             replica_fetcher_bytes=REPLICA_FETCHER_BYTES.labels(label),
         )
+
+    @staticmethod
+    def forget(node: int | str) -> None:
+        """Drop the node's series from every replication family (for a node that is gone for good
+        from this process: a test that builds one per example).  A label set stays in the process's
+        registry until removed, and every collection (a scrape, ``get_sample_value``) walks all of
+        them: after 47 examples of two such nodes each, one ``get_sample_value`` took ~10 ms, not ~1."""
+        label = str(node)
+        for family in (
+            REPLICA_LEADER_COUNT,
+            REPLICA_PARTITION_COUNT,
+            REPLICA_UNDER_REPLICATED_PARTITIONS,
+            REPLICA_UNDER_MIN_ISR_PARTITION_COUNT,
+            REPLICA_AT_MIN_ISR_PARTITION_COUNT,
+            REPLICA_ISR_SHRINKS,
+            REPLICA_ISR_EXPANDS,
+            REPLICA_FETCHER_MAX_LAG,
+            REPLICA_FETCHER_BYTES,
+        ):
+            with contextlib.suppress(KeyError):  # never created (or already dropped)
+                family.remove(label)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from kraft.observability.metrics import (
     BrokerMetrics,
     ControllerMetrics,
     RaftMetrics,
+    ReplicationMetrics,
     render_metrics,
     start_metrics_server,
 )
@@ -218,6 +219,21 @@ def test_raft_state_switch_leaves_exactly_one_state_set() -> None:
         s: _sample(text, "kraft_raft_current_state", node="72", state=s) for s in ("candidate", "follower")
     }
     assert states == {"candidate": 0, "follower": 1}
+
+
+def test_forgetting_a_nodes_replication_series_drops_them_from_the_registry_and_no_one_else_s() -> None:
+    gone, kept = ReplicationMetrics.for_node("forget-gone"), ReplicationMetrics.for_node("forget-kept")
+    gone.leader_count.set(3)
+    gone.isr_shrinks.inc()
+    kept.leader_count.set(5)
+    ReplicationMetrics.forget("forget-gone")
+    ReplicationMetrics.forget("forget-gone")  # idempotent
+    ReplicationMetrics.forget("forget-never")  # never created: nothing to drop
+    text = render_metrics()
+    assert 'node="forget-gone"' not in text
+    assert _sample(text, "kraft_broker_leader_count", node="forget-kept") == 5
+    ReplicationMetrics.forget("forget-kept")
+    assert 'node="forget-kept"' not in render_metrics()
 
 
 def test_metrics_port_zero_means_off() -> None:

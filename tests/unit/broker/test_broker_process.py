@@ -17,7 +17,7 @@ import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 from fake_controller import FakeController, Registration
 from google.protobuf.message import Message
-from prometheus_client import REGISTRY
+from metric_reads import family_sample
 
 from kraft.broker.incarnation import read_incarnations, take_over_incarnation
 from kraft.broker.lifecycle import RegistrationFailed
@@ -39,6 +39,7 @@ from kraft.metadata.records import wrap
 from kraft.metadata.store import SqliteImageStore
 from kraft.node.broker import BrokerServer, BrokerSettings
 from kraft.node.supervisor import Supervisor
+from kraft.observability.metrics import BROKER_OFFLINE_LOG_DIRS
 from kraft.v1 import metadata_pb2 as mpb
 from kraft.v1.common_pb2 import Endpoint, NodeRef
 
@@ -304,10 +305,10 @@ def test_the_offline_log_dir_gauge_counts_the_broker_s_offline_dirs(
     """``kraft_broker_offline_log_dirs`` (Kafka's OfflineLogDirectoryCount) reads the partition manager's
     offline dirs at scrape time: an operator sees a failed dir without reading the log."""
     server = BrokerServer(settings(tmp_path, target(controller)), MemoryImageStore(), MemoryLogOpener())
-    labels = {"node": str(ME)}
-    assert REGISTRY.get_sample_value("kraft_broker_offline_log_dirs", labels) == 0
+    # the one family (a callback gauge: no child to read), not a collection of the whole registry
+    assert family_sample(BROKER_OFFLINE_LOG_DIRS, "kraft_broker_offline_log_dirs", node=str(ME)) == 0
     server.partitions.offline_dirs[tmp_path / "d1"] = "FatalStorageError: fsync failed (EIO)"
-    assert REGISTRY.get_sample_value("kraft_broker_offline_log_dirs", labels) == 1
+    assert family_sample(BROKER_OFFLINE_LOG_DIRS, "kraft_broker_offline_log_dirs", node=str(ME)) == 1
 
 
 async def test_wrong_cluster_id_stops_the_broker(tmp_path: Path, controller: FakeController) -> None:

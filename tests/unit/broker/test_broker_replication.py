@@ -15,7 +15,8 @@ import grpc
 import pytest
 from broker_fakes import MemoryLogOpener, MemoryPartitionLog, replayed
 from google.protobuf.message import Message
-from prometheus_client import REGISTRY
+from metric_reads import series_value
+from prometheus_client import Counter, Gauge
 
 from kraft.broker import hwm_checkpoint
 from kraft.broker.image_adapter import ImageMetadataView, local_assignments
@@ -30,6 +31,17 @@ from kraft.errors import ErrorCode
 from kraft.metadata.image import MetadataImage
 from kraft.netutil import free_port
 from kraft.observability.logging import _FIELDS_ATTR
+from kraft.observability.metrics import (
+    REPLICA_AT_MIN_ISR_PARTITION_COUNT,
+    REPLICA_FETCHER_BYTES,
+    REPLICA_FETCHER_MAX_LAG,
+    REPLICA_ISR_EXPANDS,
+    REPLICA_ISR_SHRINKS,
+    REPLICA_LEADER_COUNT,
+    REPLICA_PARTITION_COUNT,
+    REPLICA_UNDER_MIN_ISR_PARTITION_COUNT,
+    REPLICA_UNDER_REPLICATED_PARTITIONS,
+)
 from kraft.storage.batch import iter_batches
 from kraft.storage.errors import FatalStorageError
 from kraft.v1 import broker_pb2 as pb
@@ -652,27 +664,26 @@ async def test_the_broker_default_min_insync_replicas_applies_without_a_topic_co
     assert (await h.produce(1, b"x", acks=-1)).error_code == ErrorCode.NONE, "the topic config overrides"
 
 
-def _sample(name: str, node: int) -> float:
-    value = REGISTRY.get_sample_value(name, {"node": str(node)})
-    return 0.0 if value is None else value
+def _sample(family: Gauge | Counter, node: int) -> float:
+    return series_value(family, node=str(node))
 
 
 async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h: Harness) -> None:
     shrinks, expands = (
-        _sample("kraft_broker_isr_shrinks_total", 1),
-        _sample("kraft_broker_isr_expands_total", 1),
+        _sample(REPLICA_ISR_SHRINKS, 1),
+        _sample(REPLICA_ISR_EXPANDS, 1),
     )
     _create(h, isr=[1, 2])
     h.replay(mpb.ConfigRecord(resource_type=2, resource_name=TP.topic, name="min.insync.replicas", value="2"))
     assert (await h.produce(1, b"a", b"b", acks=-1)).error_code == ErrorCode.NONE
-    assert _sample("kraft_broker_leader_count", 1) == 1 and _sample("kraft_broker_partition_count", 2) == 1
-    assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
-    assert _sample("kraft_broker_at_min_isr_partition_count", 1) == 1
+    assert _sample(REPLICA_LEADER_COUNT, 1) == 1 and _sample(REPLICA_PARTITION_COUNT, 2) == 1
+    assert _sample(REPLICA_UNDER_REPLICATED_PARTITIONS, 1) == 0
+    assert _sample(REPLICA_AT_MIN_ISR_PARTITION_COUNT, 1) == 1
     await until(
         lambda: h.nodes[2].replicas.replica_lag(TP) == (2, 0, []), "the follower to know it is caught up"
     )
-    assert _sample("kraft_broker_replica_fetcher_max_lag", 2) == 0
-    assert _sample("kraft_broker_replica_fetcher_bytes_total", 2) > 0
+    assert _sample(REPLICA_FETCHER_MAX_LAG, 2) == 0
+    assert _sample(REPLICA_FETCHER_BYTES, 2) > 0
     async with _Stub(h.nodes[1].port) as stub:
         described = await stub.DescribeBroker(pb.DescribeBrokerRequest(cluster_id=CLUSTER), timeout=TIMEOUT_S)
     [led] = described.partitions
@@ -683,16 +694,16 @@ async def test_replication_metrics_and_describe_broker_show_isr_health_and_lag(h
     assert (await h.produce(1, b"c", acks=1)).error_code == ErrorCode.NONE
     await until(lambda: h.nodes[1].log().flushed == 3, "the leader flush")
     h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1])))
-    assert _sample("kraft_broker_isr_shrinks_total", 1) == shrinks + 1
-    assert _sample("kraft_broker_under_replicated_partitions", 1) == 1
-    assert _sample("kraft_broker_under_min_isr_partition_count", 1) == 1
+    assert _sample(REPLICA_ISR_SHRINKS, 1) == shrinks + 1
+    assert _sample(REPLICA_UNDER_REPLICATED_PARTITIONS, 1) == 1
+    assert _sample(REPLICA_UNDER_MIN_ISR_PARTITION_COUNT, 1) == 1
     hwm, lag, followers = h.nodes[1].replicas.replica_lag(TP)
     # KIP-966: the HWM stays at 2 while the ISR is below min ISR (the acks=1 record is not readable yet;
     # the eligible leader 2 holds everything below the HWM)
     assert (hwm, lag) == (2, 0) and followers == [(2, 2, 1, False)]
     h.replay(mpb.PartitionChangeRecord(topic_id=TOPIC_ID, partition_id=0, isr=mpb.BrokerIdList(ids=[1, 2])))
-    assert _sample("kraft_broker_isr_expands_total", 1) == expands + 1
-    assert _sample("kraft_broker_under_replicated_partitions", 1) == 0
+    assert _sample(REPLICA_ISR_EXPANDS, 1) == expands + 1
+    assert _sample(REPLICA_UNDER_REPLICATED_PARTITIONS, 1) == 0
 
 
 async def test_the_leader_counts_a_followers_durable_offset_not_its_fetch_offset(h: Harness) -> None:

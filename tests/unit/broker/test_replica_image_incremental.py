@@ -326,6 +326,10 @@ async def _run(data: st.DataObject, steps: int) -> None:
         finally:
             await inc.replicas.close()
             await full.replicas.close()
+            # each example's series go with it: left in the registry, every later collection in this
+            # process (another test's get_sample_value, a scrape) walked them all
+            ReplicationMetrics.forget(inc.label)
+            ReplicationMetrics.forget(full.label)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,8 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
-from prometheus_client import REGISTRY
+from metric_reads import family_sample
+from prometheus_client.metrics import MetricWrapperBase
 
 from kraft.clock import CHECK_EVERY, Deadline, ManualClock
 from kraft.errors import ErrorCode
@@ -23,6 +24,7 @@ from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
+from kraft.observability.metrics import CONTROLLER_EVENT_LONGEST, CONTROLLER_EVENT_PROCESSING_TIME
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -229,8 +231,8 @@ async def test_a_heartbeat_is_answered_while_a_controlled_shutdown_is_in_progres
         await controller.stop()
 
 
-def _sample(name: str, node: str, kind: str) -> float | None:
-    return REGISTRY.get_sample_value(name, {"node": node, "kind": kind})
+def _sample(family: MetricWrapperBase, name: str, node: str, kind: str) -> float | None:
+    return family_sample(family, name, node=node, kind=kind)
 
 
 async def test_event_durations_are_measured_per_kind_and_a_slow_one_is_counted() -> None:
@@ -251,11 +253,11 @@ async def test_event_durations_are_measured_per_kind_and_a_slow_one_is_counted()
     assert timings.slow_threshold_ms == 20
     assert timings.slow_events == 1
     name = "kraft_controller_event_queue_processing_time_seconds"
-    assert _sample(f"{name}_count", "901", "quick") == 1
-    assert _sample(f"{name}_sum", "901", "slow") == 0.04
+    assert _sample(CONTROLLER_EVENT_PROCESSING_TIME, f"{name}_count", "901", "quick") == 1
+    assert _sample(CONTROLLER_EVENT_PROCESSING_TIME, f"{name}_sum", "901", "slow") == 0.04
     longest = "kraft_controller_event_queue_longest_event_seconds"
-    assert _sample(longest, "901", "slow") == 0.04
-    assert _sample(longest, "901", "quick") == 0.001
+    assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "slow") == 0.04
+    assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "quick") == 0.001
 
 
 # ---- a topic bigger than a work unit: planned, then written in slices inside a transaction ----
