@@ -257,6 +257,7 @@ def test_chaos_run_json_has_verdicts_reports_and_reproduce_commands(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import chaos.runner
+    import kraft.cli.chaos
     from chaos.checkers.verdict import Status, Verdict
     from chaos.report import RunReport
 
@@ -269,9 +270,14 @@ def test_chaos_run_json_has_verdicts_reports_and_reproduce_commands(
         return RunReport(options.scenario, options.seed, options.duration_s, 0.0, verdicts)
 
     monkeypatch.setattr(chaos.runner, "run_scenario", run_scenario)
+    # The command binds its children to itself first (kraft.procutil): here that would install its
+    # signal handlers and exit hook in the test process, so the call is only recorded.
+    bound: list[bool] = []
+    monkeypatch.setattr(kraft.cli.chaos, "reap_children_on_exit", lambda: bound.append(True))
     outcome = invoke(
         capsys, "chaos", "run", "--scenario", "kill", "--seed", "9", "--report", str(tmp_path), "--json"
     )
+    assert bound == [True]
     assert outcome.code == 1  # a violation: the JSON first, then the one error line
     report = json.loads(outcome.out)
     assert report["seed"] == 9
