@@ -8,7 +8,9 @@ import asyncio
 import weakref
 from dataclasses import dataclass
 
-from kraft.clock import Deadline, ManualClock
+from loop_fakes import CostClock
+
+from kraft.clock import Deadline
 from kraft.reaper import MIN_ITEMS, Reaper, reaper_of, release_later, release_removed_topics
 
 CHUNK = 512
@@ -88,11 +90,6 @@ def test_chunked_sequences_and_dicts_are_taken_apart_too() -> None:
 
 
 def test_a_turn_runs_pieces_until_its_budget_is_spent() -> None:
-    class CostClock(ManualClock):
-        def monotonic_ms(self) -> int:
-            self.advance(1)
-            return super().monotonic_ms()
-
     clock = CostClock()
     topic, refs = _topic(20_000)
     reaper = Reaper(clock=clock, chunk=CHUNK)

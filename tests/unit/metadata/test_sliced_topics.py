@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 
 import pytest
+from loop_fakes import CostClock
 
 from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode, KraftError
@@ -30,7 +31,7 @@ from kraft.v1 import metadata_pb2 as pb
 
 from .fake_raft import FakeRaft
 from .test_controller import CLUSTER, activate_broker, settle
-from .test_work_budget import CostClock, _cluster_with_a_topic, _logic, _replay, _started
+from .test_work_budget import _cluster_with_a_topic, _logic, _replay, _started
 
 
 def _assigned(name: str, assignment: list[list[int]], order: list[int] | None = None) -> cpb.CreatableTopic:
@@ -241,7 +242,7 @@ def _values(outcome_records: list[pb.MetadataRecord]) -> list[bytes]:
 def test_a_prepared_topic_is_built_in_bounded_events_and_written_in_one_append_as_the_unsliced_one() -> None:
     """Placement and records in events cut by the time budget (1 ms per clock read, 5 ms budget), nothing
     written until the last step, whose one append is byte for byte what one CreateTopics event writes."""
-    clock = CostClock()
+    clock = CostClock(0)  # free until the test sets a cost
     prepared = _logic(clock, budget_ms=5)
     log = _cluster_with_a_topic(prepared, 3)
     whole = _logic(None, budget_ms=0)

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import Sequence
 
+from loop_fakes import CostClock
 from metric_reads import family_sample
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -30,19 +31,6 @@ from kraft.v1 import metadata_pb2 as pb
 
 from .fake_raft import FakeRaft
 from .test_controller import CLUSTER, ENDPOINTS, activate_broker, settle, until
-
-
-class CostClock(ManualClock):
-    """A ManualClock that advances by ``cost_ms`` on every read of ``monotonic_ms`` (a fake per-item cost:
-    budgeted loops read it once per ``CHECK_EVERY`` items)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.cost_ms = 0
-
-    def monotonic_ms(self) -> int:
-        self.now_ms += self.cost_ms
-        return self.now_ms
 
 
 def test_a_deadline_expires_after_its_budget_and_never_without_one() -> None:
@@ -113,7 +101,7 @@ def _shutdown_in_slices(logic: ControllerLogic, log: list[pb.MetadataRecord]) ->
 def test_a_leave_job_slice_stops_at_the_time_budget_and_the_result_is_the_unbounded_one() -> None:
     # 1 ms per clock read = 1 ms per CHECK_EVERY partitions: a 5 ms budget ends a slice after ~5 reads,
     # long before the 1,000-record bound.
-    clock = CostClock()
+    clock = CostClock(0)  # free until the test sets a cost
     timed = _logic(clock, budget_ms=5)
     timed_log = _cluster_with_a_topic(timed, 900)
     untimed = _logic(None, budget_ms=5)
@@ -132,7 +120,7 @@ def test_a_leave_job_slice_stops_at_the_time_budget_and_the_result_is_the_unboun
 
 
 def test_a_create_topics_part_stops_at_the_time_budget_after_a_whole_topic() -> None:
-    clock = CostClock()
+    clock = CostClock(0)  # free until the test sets a cost
     logic = _logic(clock, budget_ms=5)
     log = _cluster_with_a_topic(logic, 3)
     clock.cost_ms = 2  # each topic reads the clock once: ~3 topics fit in 5 ms
@@ -159,7 +147,7 @@ async def _started(options: ControllerOptions, clock: ManualClock) -> tuple[Fake
 
 
 async def test_a_create_topics_cut_by_the_time_budget_still_answers_and_creates_every_topic() -> None:
-    clock = CostClock()
+    clock = CostClock(0)  # free until the test sets a cost
     _raft, controller = await _started(
         ControllerOptions(noop_interval_ms=0, session_timeout_ms=600_000), clock
     )
