@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
+import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -43,9 +44,9 @@ def reap_children_on_exit() -> None:
     Each such child leads its own process group (as every child here does) and
 
     - gets SIGKILL from the kernel when this process dies, even by SIGKILL (``PR_SET_PDEATHSIG`` on
-      Linux, set between fork and exec, for children started from the main thread: the kernel sends it
-      when the *thread* that forked the child ends, and only the main thread lives as long as the
-      process);
+      Linux, set by a tiny trampoline interpreter that then execs the command, for children started
+      from the main thread: the kernel sends it when the *thread* that started the child ends, and only
+      the main thread lives as long as the process);
     - has its process group killed and is reaped at interpreter exit (``atexit``) and on SIGTERM,
       SIGINT or SIGHUP, whose handlers here kill the children first, then exit through ``SystemExit(128
       + signal)`` so ``finally`` blocks and context managers still run (a second signal exits at once).
@@ -90,39 +91,48 @@ def kill_children(wait_s: float = 5.0) -> int:
     return len(running)
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """The ``preexec_fn`` that asks the kernel to SIGKILL the child when this process dies, or None
-    where that is not available (not Linux, not the main thread)."""
+# Runs as the child's first program: asks the kernel for SIGKILL when the parent (the thread that
+# started it) dies, gives up if that already happened, then becomes the real command (execvp keeps the
+# pid and the death signal).  A separate interpreter, so the parent never runs Python between fork and
+# exec: a ``preexec_fn`` makes Popen fork instead of vfork and runs the at-fork hooks of whatever the
+# parent loaded (gRPC's abort ~1 child in 250 with "epoll_wait error: Bad file descriptor" once the
+# parent has gRPC running), and any lock another thread held at the fork is held forever in the child.
+_TRAMPOLINE = (
+    "import ctypes,os,sys\n"
+    f"ctypes.CDLL(None,use_errno=True).prctl({_PR_SET_PDEATHSIG},{int(signal.SIGKILL)},0,0,0)\n"
+    "os.getppid()==int(sys.argv[1]) or os._exit(1)\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+def _bound_command(command: Sequence[str], popen_args: Mapping[str, Any]) -> list[str]:
+    """``command`` behind the death-signal trampoline where that works (Linux, started from the main
+    thread: the kernel signals when the *thread* that started the child ends, and only the main thread
+    lives as long as the process), else ``command`` unchanged."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the call: nobody would signal us
-            os._exit(1)
-
-    return preexec
+        return list(command)
+    program = command[0]
+    if os.sep not in program:  # looked up here, so a missing program raises here as Popen would
+        env = popen_args.get("env")
+        found = shutil.which(program, path=(env if env is not None else os.environ).get("PATH"))
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "no such program on PATH", program)
+        program = found
+    # -I -S: the trampoline's interpreter reads no PYTHON* variables, site or user packages (~10 ms);
+    # the command gets the environment unchanged
+    return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), program, *command[1:]]
 
 
 def spawn_child(command: Sequence[str], **popen_args: Any) -> subprocess.Popen[Any]:
     """``subprocess.Popen(command, **popen_args)`` in a session of its own (a terminal's Ctrl-C does not
     reach it before its owner stops it; its process group can be signalled as a whole), bound to this
     process once :func:`reap_children_on_exit` was called."""
-    preexec = _die_with_parent() if _reaping else None
-    # preexec_fn runs between fork and exec, where a lock held by another thread would deadlock the
-    # child: ours takes none (one prctl call through ctypes, getppid); kraft leaves gRPC's fork support
-    # (its at-fork hooks) off.  It also makes Popen fork instead of vfork: ~ms, once per child.
-    process: subprocess.Popen[Any] = subprocess.Popen(
-        command,
-        start_new_session=True,
-        preexec_fn=preexec,  # noqa: PLW1509
-        **popen_args,
-    )
+    if _reaping:
+        if popen_args.get("shell") or "executable" in popen_args:
+            raise ValueError("spawn_child binds an argv command: no shell=, no executable=")
+        command = _bound_command(command, popen_args)
+    # no preexec_fn: Popen starts the child with vfork/posix_spawn and runs no Python in it
+    process: subprocess.Popen[Any] = subprocess.Popen(command, start_new_session=True, **popen_args)
     if _reaping:
         with _bound_lock:
             _bound[:] = [child for child in _bound if child.returncode is None]  # drop reaped ones

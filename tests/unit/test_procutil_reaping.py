@@ -127,6 +127,47 @@ def test_children_are_not_bound_without_reap_children_on_exit(tmp_path: Path) ->
             os.killpg(pid, signal.SIGKILL)
 
 
+_FORK_HOOK_PROBE = """
+import os, sys
+from pathlib import Path
+from kraft.procutil import reap_children_on_exit, spawn_child
+
+marker = Path(sys.argv[1])
+# what gRPC's fork support and any other library's at-fork hooks do: run Python in a forked child
+os.register_at_fork(after_in_child=lambda: marker.write_text(str(os.getpid())))
+reap_children_on_exit()
+child = spawn_child([sys.executable, "-c", "pass"])
+print(child.wait(timeout=30), flush=True)
+"""
+
+
+def test_a_bound_child_runs_no_python_of_its_parent_between_fork_and_exec(tmp_path: Path) -> None:
+    """A ``preexec_fn`` (how the death signal used to be set) makes Popen fork and run the parent's
+    at-fork hooks in the child; with gRPC running in the parent, ~1 child in 250 then aborted
+    ("epoll_wait error: Bad file descriptor").  Bound children start through a trampoline instead."""
+    marker = tmp_path / "forked-child-ran-a-hook"
+    script = subprocess.run(
+        [sys.executable, "-c", _FORK_HOOK_PROBE, str(marker)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert script.stdout.split() == [b"0"], script.stderr
+    assert not marker.exists(), "an at-fork hook of the parent ran in the child"
+
+
+def test_a_bound_child_with_a_missing_program_fails_in_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As Popen does: the error is raised where the child is started, not as the trampoline's exit code."""
+    from kraft import procutil
+
+    monkeypatch.setattr(procutil, "_reaping", True)
+    monkeypatch.setattr(procutil, "_bound", [])
+    with pytest.raises(FileNotFoundError):
+        procutil.spawn_child(["kraft-no-such-program-on-path"], env={"PATH": str(REPO_ROOT)})
+
+
 def _reaps_first(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether the function's first statement (after a docstring) is ``reap_children_on_exit()``."""
     body = function.body
