@@ -143,6 +143,138 @@ def child_main(argv: list[str]) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ interleaved mode
+
+
+class _Live:
+    """A variant's quorum, running for the whole interleaved run, with its client and broker 1."""
+
+    def __init__(self, variant: Variant, base: Path) -> None:
+        import kraft.cluster.quorum as quorum_module
+        from bench.controller import PROFILE
+
+        self.variant = variant
+        self.quorum = quorum_module.ControllerQuorum(
+            base, overrides={**PROFILE, **variant.overrides}, test_append=False
+        )
+        # The nodes run the variant's tree: its root is their cwd (``-m kraft.cli.main`` imports from
+        # there first) and their PYTHONPATH; the quorum's files are the same in every tree measured.
+        saved_root, saved_path = quorum_module.REPO_ROOT, os.environ.get("PYTHONPATH")
+        quorum_module.REPO_ROOT = variant.tree
+        os.environ["PYTHONPATH"] = str(variant.tree)
+        try:
+            self.quorum.start()
+        finally:
+            quorum_module.REPO_ROOT = saved_root
+            if saved_path is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved_path
+        self.leader_id = -1
+
+    async def open(self) -> None:
+        from bench.controller import Fleet
+        from kraft.client.admin import AdminClient
+        from kraft.clock import SystemClock
+
+        targets = [node.target for node in self.quorum.nodes.values()]
+        self.client = AdminClient(targets, timeout_s=300, clock=SystemClock())
+        self.beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
+        self.fleet = Fleet(self.client, self.beats, self.quorum.cluster_id, interval_s=2.0)
+        await self.fleet.register(1)
+        self.heartbeats = asyncio.create_task(self.fleet.run_one(1, 0.0))
+
+    async def close(self) -> None:
+        self.fleet.stopped.add(1)
+        self.heartbeats.cancel()
+        await asyncio.gather(self.heartbeats, return_exceptions=True)
+        await self.beats.close()
+        await self.client.close()
+
+    async def window(self, seconds: float, workers: int, prefix: str) -> dict[str, Any]:
+        from bench.controller import admin_ops
+
+        pids = {f"node{node_id}": node.pid or 0 for node_id, node in self.quorum.nodes.items()}
+        pids["client"] = os.getpid()
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        start_ms = time.time() * 1000
+        result = await admin_ops(self.client, seconds, workers=workers, prefix=prefix)
+        end_ms = time.time() * 1000
+        after = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        if self.quorum.wait_for_leader(timeout_s=10).node_id != self.leader_id:
+            raise RuntimeError(f"{self.variant.label}: the Raft leader changed: not comparable")
+        ops = max(1, result["ops"])
+        cpu = {name: (after[name] - before[name]) * 1e6 / ops for name in pids}
+        result["cpu_us_per_op"] = {
+            "leader": round(cpu[f"node{self.leader_id}"]),
+            "followers": sorted(round(cpu[f"node{n}"]) for n in self.quorum.nodes if n != self.leader_id),
+            "client": round(cpu["client"]),
+        }
+        result["raft"] = log_batches(self.quorum.nodes[self.leader_id].metadata_dir, start_ms, end_ms)
+        result["load_average"] = [round(v, 2) for v in os.getloadavg()]
+        return result
+
+
+async def _interleave(lives: list[_Live], rounds: int, seconds: float) -> dict[str, Any]:
+    for live in lives:
+        await live.open()
+    try:
+        for live in lives:  # warm-up: channels, the client's active controller
+            await live.window(1.0, 16, f"warm-{live.variant.label}")
+        windows: dict[str, dict[str, list[dict[str, Any]]]] = {
+            live.variant.label: {"admin_ops": [], "admin_ops_one_client": []} for live in lives
+        }
+        for workers, part in ((16, "admin_ops"), (1, "admin_ops_one_client")):
+            for index in range(rounds):
+                order = lives if index % 2 == 0 else list(reversed(lives))
+                for live in order:
+                    label = live.variant.label
+                    result = await live.window(seconds, workers, f"{part}-{index}-{label}")
+                    windows[label][part].append(result)
+                    raft = result["raft"]
+                    print(
+                        f"part={part} round={index} variant={label} ops_per_s={result['ops_per_second']} "
+                        f"p50_ms={result['p50_ms']} p99_ms={result['p99_ms']} "
+                        f"cpu_us_per_op={result['cpu_us_per_op']} batches={raft['batches']} "
+                        f"records_per_batch={raft['records_per_batch']} load={result['load_average']}",
+                        flush=True,
+                    )
+        return windows
+    finally:
+        for live in lives:
+            await live.close()
+
+
+def interleaved(variants: list[Variant], rounds: int, seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ops-") as tmp, contextlib.ExitStack() as stack:
+        lives = []
+        for variant in variants:
+            live = _Live(variant, Path(tmp) / variant.label)
+            stack.enter_context(live.quorum)
+            lives.append(live)
+        # Only once every node is started: a node forked (kraft.procutil forks for its preexec_fn) while
+        # this process has gRPC running once aborted at start (epoll_wait: bad file descriptor).
+        for live in lives:
+            live.leader_id = live.quorum.wait_for_leader(timeout_s=60).node_id
+        windows = asyncio.run(_interleave(lives, rounds, seconds))
+    summary: dict[str, Any] = {}
+    for label, parts in windows.items():
+        many, one = parts["admin_ops"], parts["admin_ops_one_client"]
+        summary[label] = {
+            "ops_per_second": [w["ops_per_second"] for w in many],
+            "ops_per_second_median": round(statistics.median(w["ops_per_second"] for w in many), 1),
+            "leader_cpu_us_per_op_median": round(
+                statistics.median(w["cpu_us_per_op"]["leader"] for w in many)
+            ),
+            "records_per_batch_median": round(
+                statistics.median(w["raft"]["records_per_batch"] for w in many), 2
+            ),
+            "one_client_p50_ms": [w["p50_ms"] for w in one],
+            "one_client_p50_ms_median": round(statistics.median(w["p50_ms"] for w in one), 2),
+        }
+    return {"windows": windows, "summary": summary}
+
+
 # ------------------------------------------------------------------------------------------ the driver
 
 
@@ -226,12 +358,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds", type=float, default=10.0, help="each phase's window (default 10, as bench.controller)"
     )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="every variant's quorum up at once in this process, windows alternated (after one warm-up "
+        "window each; topics accumulate over the windows): less load drift between the compared windows",
+    )
     parser.add_argument("--out", type=Path, help="write every run and the summary there as JSON")
     args = parser.parse_args(argv)
     try:
         variants = [Variant.parse(text) for text in args.variant or ["this"]]
     except ValueError as exc:
         parser.error(str(exc))
+    if args.interleave:
+        document = interleaved(variants, args.rounds, args.seconds)
+        for label, values in document["summary"].items():
+            print(f"summary variant={label} " + " ".join(f"{k}={v}" for k, v in values.items()))
+        if args.out is not None:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            document["variants"] = {
+                v.label: {"tree": str(v.tree), "overrides": v.overrides} for v in variants
+            }
+            args.out.write_text(json.dumps(document, indent=2) + "\n")
+        return 0
     runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     for index in range(args.rounds):
         order = variants if index % 2 == 0 else list(reversed(variants))
