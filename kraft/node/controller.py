@@ -380,7 +380,8 @@ class ControllerNode:
         endpoints = self.endpoints()
         main_loop = asyncio.get_running_loop()
         # With the request plane on its own thread, Fetch is served there and reaches the driver through
-        # the bridge (kraft.node.intake); without it, the servicer calls the driver directly.
+        # the bridge (kraft.node.intake); without it, the servicer calls the driver directly.  The bridge
+        # can be switched off (controller.raft.fetch.on.intake) for A/B runs: Fetch then hops like the rest.
         fetch_on_intake = cfg.controller_request_intake_thread and cfg.controller_raft_fetch_on_intake
         bridge = DriverBridge(main_loop, self._raft.submit_request) if fetch_on_intake else None
         raft_servicer = RaftServicer(
