@@ -544,6 +544,10 @@ class NodeConfig(BaseModel):
     # The request plane apart from the state machine: the controller node's gRPC server runs on its own
     # thread and event loop; every handler still runs on the main loop (kraft/node/intake.py).
     controller_request_intake_thread: Bool = _key("controller.request.intake.thread", default=True)
+    # With the intake thread: Raft's Fetch/FetchStream are served on its loop and reach the driver through
+    # one hop each way (kraft.node.intake.DriverBridge); false: they hop to the main loop like every other
+    # handler.  A switch for A/B measurements (docs/internals/raft-performance.md).
+    controller_raft_fetch_on_intake: Bool = _key("controller.raft.fetch.on.intake", default=True)
     broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
     broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
     initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)

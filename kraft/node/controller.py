@@ -380,12 +380,10 @@ class ControllerNode:
         endpoints = self.endpoints()
         main_loop = asyncio.get_running_loop()
         # With the request plane on its own thread, Fetch is served there and reaches the driver through
-        # the bridge (kraft.node.intake); without it, the servicer calls the driver directly.
-        bridge = (
-            DriverBridge(main_loop, self._raft.submit_request)
-            if cfg.controller_request_intake_thread
-            else None
-        )
+        # the bridge (kraft.node.intake); without it, the servicer calls the driver directly.  The bridge
+        # can be switched off (controller.raft.fetch.on.intake) for A/B runs: Fetch then hops like the rest.
+        fetch_on_intake = cfg.controller_request_intake_thread and cfg.controller_raft_fetch_on_intake
+        bridge = DriverBridge(main_loop, self._raft.submit_request) if fetch_on_intake else None
         raft_servicer = RaftServicer(
             self._raft,
             cluster_id=self._meta.cluster_id,
@@ -440,7 +438,8 @@ class ControllerNode:
         if cfg.controller_request_intake_thread:
             intake = self._intake = IntakeLoop()
             intake.start()
-            hop = HopInterceptor(main_loop, intake.loop, native=FETCH_METHODS)
+            native = FETCH_METHODS if fetch_on_intake else frozenset[str]()
+            hop = HopInterceptor(main_loop, intake.loop, native=native)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])

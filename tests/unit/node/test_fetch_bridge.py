@@ -7,13 +7,19 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from kraft.client.channel import open_channel
 from kraft.clock import SystemClock
+from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
+from kraft.netutil import free_port
+from kraft.node.controller import ControllerNode
 from kraft.node.intake import DriverBridge, HopInterceptor, IntakeLoop
 from kraft.raft.api import RaftShutdownError
 from kraft.raft.core_types import RaftConfig
@@ -27,6 +33,9 @@ from kraft.raft.messages import (
     FetchResponse,
     RaftResponse,
 )
+from kraft.storage.ids import random_uuid
+from kraft.storage.meta_properties import format_log_dir
+from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 TIMEOUT_S = 5.0
 
@@ -182,3 +191,63 @@ async def test_native_methods_are_not_hopped_to_the_main_loop() -> None:
         assert await intake.run(wrapped("/kraft.v1.RaftService/Vote")) is not handler  # hopped
     finally:
         intake.close()
+
+
+@pytest.mark.parametrize("on_intake", [True, False])
+async def test_the_config_switch_picks_the_bridge_or_the_hop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_intake: bool
+) -> None:
+    """``controller.raft.fetch.on.intake`` (bench A/B switch): on, a Fetch reaches the driver through the
+    bridge (``submit_request``); off, it hops to the main loop like every other handler and reaches the
+    driver through ``handle_request``; either way the Fetch is answered."""
+    calls: list[str] = []
+    submit, handle = RaftDriver.submit_request, RaftDriver.handle_request
+
+    def counting_submit(self: RaftDriver, request: Any, **kwargs: Any) -> None:
+        calls.append(f"submit:{type(request).__name__}")
+        submit(self, request, **kwargs)
+
+    async def counting_handle(self: RaftDriver, request: Any, **kwargs: Any) -> RaftResponse:
+        calls.append(f"handle:{type(request).__name__}")
+        return await handle(self, request, **kwargs)
+
+    monkeypatch.setattr(RaftDriver, "submit_request", counting_submit)
+    monkeypatch.setattr(RaftDriver, "handle_request", counting_handle)
+    port = free_port()
+    cluster_id = random_uuid()
+    format_log_dir(tmp_path / "meta", cluster_id=cluster_id, node_id=1)
+    config = NodeConfig.build(
+        process_roles="controller",
+        node_id=1,
+        controller_quorum_voters=f"1@127.0.0.1:{port}",
+        listeners=f"CONTROLLER://127.0.0.1:{port}",
+        metadata_log_dir=tmp_path / "meta",
+        controller_raft_fetch_on_intake=on_intake,
+    )
+    node = ControllerNode(config)
+    await node.start()
+    try:
+        async with open_channel(f"127.0.0.1:{port}") as channel:
+            stub = raft_pb2_grpc.RaftServiceStub(channel)
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:  # bounded: the single voter elects itself on the system clock
+                described = await stub.DescribeQuorum(
+                    raft_pb2.DescribeQuorumRequest(cluster_id=cluster_id), timeout=TIMEOUT_S
+                )
+                if described.leader_id == 1 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.01)
+            assert described.leader_id == 1
+            fetch = raft_pb2.FetchRequest(
+                cluster_id=cluster_id,
+                replica_id=9,  # an observer
+                current_leader_epoch=described.leader_epoch,
+                max_wait_ms=0,
+                max_bytes=1 << 20,
+            )
+            answer = await stub.Fetch(fetch, timeout=TIMEOUT_S)
+            assert answer.error_code == ErrorCode.NONE
+    finally:
+        await node.stop(timeout_ms=2000)
+    fetches = [call for call in calls if call.endswith(":FetchRequest")]
+    assert fetches == (["submit:FetchRequest"] if on_intake else ["handle:FetchRequest"])
