@@ -9,7 +9,14 @@ import weakref
 from dataclasses import dataclass
 
 from kraft.clock import Deadline, ManualClock
-from kraft.reaper import MIN_ITEMS, Reaper, reaper_of, release_later, release_removed_topics
+from kraft.reaper import (
+    MIN_ITEMS,
+    Reaper,
+    reaper_of,
+    release_later,
+    release_removed_topics,
+    release_replaced_topics,
+)
 
 CHUNK = 512
 
@@ -130,3 +137,58 @@ def test_outside_a_loop_nothing_is_kept() -> None:
     assert not release_later([topic])
     del topic
     assert _alive(refs) == 0
+
+
+def _topics(counts: list[int]) -> tuple[list[Topic], list[weakref.ref[Item]]]:
+    topics: list[Topic] = []
+    refs: list[weakref.ref[Item]] = []
+    for count in counts:
+        topic, topic_refs = _topic(count)
+        topics.append(topic)
+        refs.extend(topic_refs)
+    return topics, refs
+
+
+def test_a_group_waits_until_it_alone_holds_its_items_and_the_others_go_on() -> None:
+    (first, second, third), refs = _topics([100, 100, 100])
+    reaper = Reaper(chunk=CHUNK)
+    pinned = second  # someone else (an image) still holds the second group's topic
+    reaper.adopt_groups([(first,), (second,), (third,)])
+    del first, second, third
+    assert reaper.release_some()
+    # The first group went; the second is still held elsewhere (moved to the back): the turn stops there.
+    assert reaper.waiting == 2 and _alive(refs) == 200
+    assert reaper.release_some()
+    assert reaper.waiting == 1 and _alive(refs) == 100  # the third; the second waits for its holder
+    assert reaper.release_some() and reaper.waiting == 1 and _alive(refs) == 100
+    del pinned
+    assert reaper.release_some()
+    assert reaper.idle and _alive(refs) == 0
+
+
+async def test_a_replaced_images_small_topics_go_in_groups_of_about_a_chunk() -> None:
+    """Issue #17: a snapshot replaces the whole image; its many small topics, freed together where the
+    image's last holder lets go, would be one long deallocation — so they are grouped (about CHUNK
+    partitions a group) and each group freed in one piece, once the image is gone."""
+    counts = [1] * 700 + [10] * 120 + [70] * 20 + [600] * 3 + [MIN_ITEMS + 1]
+    topics, refs = _topics(counts)
+    image = {f"T{i}": topic for i, topic in enumerate(topics)}  # the replaced image's holding
+    del topics
+    reaper = reaper_of(asyncio.get_running_loop())
+    waiting = reaper.waiting
+    release_replaced_topics(image.values())
+    assert waiting + 1 < reaper.waiting < waiting + len(counts) // 50  # one big topic, and a few groups
+    assert reaper.release_some() and _alive(refs) == sum(counts)  # nothing goes while the image holds it
+    del image
+    freed_per_piece: list[int] = []
+    while True:
+        before = _alive(refs)
+        done = reaper.release_some(max_pieces=1)
+        freed_per_piece.append(before - _alive(refs))
+        if done and reaper.idle:
+            break
+    assert _alive(refs) == 0
+    # A group closes once it holds CHUNK partitions: at most CHUNK - 1 plus its last topic's, and a
+    # topic of more than BIG (64) partitions is taken apart on its own.
+    assert max(freed_per_piece) <= CHUNK + 64
+    assert sum(1 for n in freed_per_piece if n) >= sum(counts) // (CHUNK + 64)
