@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, Deadline
+from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, Deadline, run_paced
 from kraft.config import DEFAULT_MAX_PARKED_FETCHES
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import LATEST_METADATA_VERSION, METADATA_VERSION_FEATURE
@@ -419,19 +419,10 @@ class QuorumController:
         delta.epoch = reader.snapshot_id.epoch
         # The image is built off to the side in steps (a million partitions: ~50-80 ms in one go, 100,000
         # small topics ~0.7 s) and published at once below: nothing reads it before.
-        steps = delta.apply_steps()
-        deadline = Deadline(self.clock, self.options.max_event_time_ms)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                image: MetadataImage = done.value
-                break
-            if deadline.expired():
-                self.heap.loading()
-                await asyncio.sleep(0)
-                deadline = Deadline(self.clock, self.options.max_event_time_ms)
-        del steps, delta
+        image = await run_paced(
+            delta.apply_steps(), self.clock, self.options.max_event_time_ms, self.heap.loading
+        )
+        del delta
         if last <= state.committed.offset:
             return  # commits arrived while it was built (they are newer than the snapshot)
         replaced, state.committed = state.committed, image
