@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from kraft.clock import Deadline, ManualClock
 from kraft.reaper import (
+    GROUPS_HELD_AHEAD,
     MIN_ITEMS,
+    Bundle,
     Reaper,
     reaper_of,
     release_later,
@@ -156,14 +158,32 @@ def test_a_group_waits_until_it_alone_holds_its_items_and_the_others_go_on() -> 
     reaper.adopt_groups([(first,), (second,), (third,)])
     del first, second, third
     assert reaper.release_some()
-    # The first group went; the second is still held elsewhere (moved to the back): the turn stops there.
-    assert reaper.waiting == 2 and _alive(refs) == 200
-    assert reaper.release_some()
-    assert reaper.waiting == 1 and _alive(refs) == 100  # the third; the second waits for its holder
+    assert reaper.waiting == 1 and _alive(refs) == 100  # the second waits for its holder, the others went
     assert reaper.release_some() and reaper.waiting == 1 and _alive(refs) == 100
     del pinned
     assert reaper.release_some()
     assert reaper.idle and _alive(refs) == 0
+
+
+def test_groups_handed_first_go_ahead_and_a_turn_stops_after_a_few_held_ones() -> None:
+    topics, refs = _topics([10] * (GROUPS_HELD_AHEAD + 5))
+    holders = [(topic,) for topic in topics]  # what holds each topic (as a map's part holds its topics)
+    reaper = Reaper(chunk=CHUNK)
+    reaper.adopt_groups([Bundle((topic,)) for topic in topics])
+    reaper.adopt_groups([Bundle((holder,)) for holder in holders], first=True)
+    del topics, holders
+    # First the holders' groups (free: only their bundles hold them), dropped; only then the topics.
+    assert reaper.release_some() and _alive(refs) == 10 * (GROUPS_HELD_AHEAD + 5)
+    assert reaper.waiting == GROUPS_HELD_AHEAD + 5
+    assert reaper.release_some() and reaper.idle and _alive(refs) == 0
+    held = [Bundle((Item((1,)),)) for _ in range(GROUPS_HELD_AHEAD + 3)]
+    keep = [group[0] for group in held]  # every group's item still held here
+    reaper.adopt_groups(held)
+    del held
+    reaper.release_some()
+    assert reaper.waiting == GROUPS_HELD_AHEAD + 3  # it looked at GROUPS_HELD_AHEAD, then stopped
+    del keep
+    assert reaper.release_some() and reaper.idle
 
 
 async def test_a_replaced_images_small_topics_go_in_groups_of_about_a_chunk() -> None:
@@ -177,7 +197,10 @@ async def test_a_replaced_images_small_topics_go_in_groups_of_about_a_chunk() ->
     reaper = reaper_of(asyncio.get_running_loop())
     waiting = reaper.waiting
     release_replaced_topics(image.values())
-    assert waiting + 1 < reaper.waiting < waiting + len(counts) // 50  # one big topic, and a few groups
+    # The big topic alone, each of the 23 topics of more than BIG partitions a group of its own, and the
+    # 820 small ones (weight: partitions + 1 each) in groups of about CHUNK.
+    small_weight = 700 * 2 + 120 * 11
+    assert waiting + 1 + 23 < reaper.waiting <= waiting + 1 + 23 + small_weight // CHUNK + 1
     assert reaper.release_some() and _alive(refs) == sum(counts)  # nothing goes while the image holds it
     del image
     freed_per_piece: list[int] = []
