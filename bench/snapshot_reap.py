@@ -144,7 +144,7 @@ async def one_round(values: list[bytes], collect: bool) -> dict[str, float]:
             if hasattr(controller.heap, name):
                 setattr(controller.heap, name, _no_freeze)
     try:
-        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(len(values), 1), 0, values))
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(len(values), 1), 0, list(values)))
         reaper = reaper_of(asyncio.get_running_loop())
         while not reaper.idle:  # noqa: ASYNC110 (the reaper has no event to wait on: it polls too)
             await asyncio.sleep(0.01)
@@ -156,11 +156,15 @@ async def one_round(values: list[bytes], collect: bool) -> dict[str, float]:
         loaded_s = 0.0
         load = controller.handle_load_snapshot  # (the closure must not name `controller`: deleted below)
 
+        # The snapshot's own copy of the records, made before the timing: one the controller may hand to
+        # the reaper (the records themselves are shared with ``values``, kept for the next round).
+        snapshot = LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, list(values))
+
         async def load_and_reap() -> None:
-            nonlocal loaded_s
+            nonlocal loaded_s, snapshot
             started = time.perf_counter()
-            snapshot = LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, values)
             await load(snapshot)
+            del snapshot  # as Raft's listener lets go of it
             loaded_s = time.perf_counter() - started
             while not reaper.idle:  # noqa: ASYNC110 (it looks every POLL_S whether it is the last holder)
                 await asyncio.sleep(0.01)

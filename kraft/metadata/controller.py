@@ -102,7 +102,7 @@ from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient
 from kraft.raft.messages import NO_LEADER
-from kraft.reaper import release_replaced_maps, release_replaced_topics
+from kraft.reaper import MIN_ITEMS, release_later, release_replaced_maps, release_replaced_topics
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
@@ -422,6 +422,7 @@ class QuorumController:
         image = await run_paced(
             delta.apply_steps(), self.clock, self.options.max_event_time_ms, self.heap.loading
         )
+        await run_paced(delta.discard_steps(), self.clock, self.options.max_event_time_ms)
         del delta
         if last <= state.committed.offset:
             return  # commits arrived while it was built (they are newer than the snapshot)
@@ -435,6 +436,10 @@ class QuorumController:
             "snapshot_loaded", end_offset=reader.snapshot_id.end_offset, epoch=reader.snapshot_id.epoch
         )
         await self._release_replaced(replaced)
+        if len(values) >= MIN_ITEMS:
+            # The snapshot's records (a million bytes objects: ~20-30 ms to free) go when Raft's
+            # listener lets go of the snapshot: in slices.
+            release_later([values])
 
     async def _release_replaced(self, replaced: MetadataImage) -> None:
         """Hand the topics of an image a snapshot replaced, and its topic maps, to the reaper

@@ -757,6 +757,26 @@ class MetadataDelta:
             elr_holders=elr_holders,
         )
 
+    def discard_steps(self) -> Generator[None, None, None]:
+        """Empty this delta in steps, pausing (yielding) as :meth:`apply_steps` does: a snapshot's delta
+        holds a dict entry per partition and an object and dict per topic (100,000 small topics: ~20-30
+        ms of freeing in one go where the delta's last reference goes, the image it built keeping the
+        registrations).  The delta is empty (and unusable) afterwards."""
+        topics = self._topics
+        work = 0
+        while topics:
+            _, topic = topics.popitem()
+            work += len(topic.changed) + APPLY_TOPIC_WORK
+            del topic  # (its dict of changed partitions goes here)
+            if work >= APPLY_STEP_WORK:
+                work = 0
+                yield
+        for entries in (self._names, self._removed_topics):
+            while entries:
+                for _ in range(min(len(entries), APPLY_STEP_WORK // 4)):
+                    entries.popitem()
+                yield
+
     # ---- what a broker must do ----
 
     def local_changes(self, broker_id: int) -> LocalReplicaChanges:

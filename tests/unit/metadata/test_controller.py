@@ -519,15 +519,23 @@ async def test_a_loaded_snapshot_hands_the_replaced_images_big_topics_to_the_rea
     values = _snapshot_of_big_topic(MIN_ITEMS + 10)
     _raft, controller = await started(ControllerOptions(noop_interval_ms=0))
     try:
-        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=100, epoch=3), 0, values))
+        # Each load gets its own list of records, as from Raft (handed to the reaper too: one bytes
+        # object per record, a million of them at a million partitions).
+        await controller.handle_load_snapshot(
+            LoadedSnapshot(SnapshotId(end_offset=100, epoch=3), 0, list(values))
+        )
         first = controller.committed.topic("big")
         reaper = reaper_of(asyncio.get_running_loop())
+        assert reaper.release_some()  # (the first load's records)
         waiting, pieces = reaper.waiting, reaper.pieces
         # A later snapshot (the controller fell below the log start again) holds its own copy of the topic.
-        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=200, epoch=3), 0, values))
+        await controller.handle_load_snapshot(
+            LoadedSnapshot(SnapshotId(end_offset=200, epoch=3), 0, list(values))
+        )
         second = controller.committed.topic("big")
         assert first is not None and second is not None and second is not first
-        assert reaper.waiting == waiting + 1  # the first snapshot's topic: kept until it can go in pieces
+        # The first snapshot's topic (kept until it can go in pieces) and the second one's records.
+        assert reaper.waiting == waiting + 2
         del first
         assert reaper.release_some()  # (driven here: no waiting for the loop's turns)
         assert reaper.idle
