@@ -711,11 +711,17 @@ class MetadataDelta:
             topics = yield from _with_changes_steps(
                 persistent(base.topics_by_id), self._removed_topics, built
             )
-            names = yield from _with_changes_steps(
-                persistent(base.topic_ids_by_name),
-                [name for name, maybe_id in self._names.items() if maybe_id is None],
-                [(name, maybe_id) for name, maybe_id in self._names.items() if maybe_id is not None],
-            )
+            unnamed: list[str] = []
+            named: list[tuple[str, str]] = []
+            # (100,000 new names: ~10 ms in one go)
+            for seen, (name, maybe_id) in enumerate(self._names.items(), 1):
+                if maybe_id is None:
+                    unnamed.append(name)
+                else:
+                    named.append((name, maybe_id))
+                if seen % APPLY_STEP_WORK == 0:
+                    yield
+            names = yield from _with_changes_steps(persistent(base.topic_ids_by_name), unnamed, named)
         configs: Mapping[ConfigKey, Mapping[str, str]] = base.configs
         if self._configs:
             new_configs = dict(base.configs)
