@@ -28,6 +28,10 @@ yields with ``call_soon``; while it only waits for other holders it looks every 
 Nothing is ever released early: the reaper only decides *where* a release that would happen anyway is
 cut, so it cannot change what a program computes — at worst memory lingers one poll longer.
 
+Many small structures that go together (the small topics of an image a snapshot replaced, the parts of
+its topic maps) are handed over in groups (:meth:`Reaper.adopt_groups`): a group waits until it alone
+holds its items, then goes in one piece (a :class:`Bundle`, about :data:`CHUNK` objects) or item by item.
+
 Only code on an asyncio event loop uses it (:func:`release_later` without a running loop does nothing:
 the structure is then freed the ordinary way). One :class:`Reaper` per loop.
 """

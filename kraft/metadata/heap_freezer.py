@@ -4,7 +4,9 @@ An image holds one GC-tracked object per partition (a NamedTuple is never untrac
 collection walked the whole image: 100-400 ms pauses, many of them during bulk writes, enough to delay
 heartbeats past their deadline and Raft fetches past ``fetch.timeout``.  After every
 ``FREEZE_AFTER_RECORDS`` applied records (at most every ``FREEZE_MIN_INTERVAL_MS``) the heap is frozen;
-every ``THAW_EVERY_FREEZES``-th time it is thawed instead.
+every ``THAW_EVERY_FREEZES``-th time it is thawed instead.  A snapshot load freezes at each of its
+pauses and at its end after collecting the young generations only (:meth:`HeapFreezer.loading`,
+:meth:`HeapFreezer.loaded`): never a full collection over the fresh image (issue #17).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def freeze_young() -> None:
     """Collect the young generations only, then freeze: bounded by what they hold (a few thousand
     objects, ~1 ms), never by the heap.  Cyclic garbage that already reached the old generation is
     frozen with the rest (kept until the next thaw); measured after a snapshot load
-    (``bench/snapshot_reap.py``): none there."""
+    (``bench/snapshot_reap.py``, a full collection after thawing): none."""
     gc.collect(1)
     gc.freeze()
 
