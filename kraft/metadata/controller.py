@@ -425,7 +425,10 @@ class QuorumController:
         await run_paced(delta.discard_steps(), self.clock, self.options.max_event_time_ms)
         del delta
         if last <= state.committed.offset:
-            return  # commits arrived while it was built (they are newer than the snapshot)
+            # Commits arrived while it was built (they are newer than the snapshot): the built image
+            # goes unused, and in slices too.
+            await self._release_replaced(image)
+            return
         replaced, state.committed = state.committed, image
         self.fetches.forget_all()
         self.snapshotter.forget_counted()
