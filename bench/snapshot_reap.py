@@ -7,14 +7,15 @@ the last reference to the old image goes, every one of its topics is freed in on
 takes them apart in ~1 ms turns (``after``).  Each round loads a first snapshot (not timed), then times a
 second one of the same size beside a task that takes a turn whenever the loop lets it, through to the
 reaper having released everything: the longest stretch without that task (wall and CPU ms,
-``time.thread_time``).  ``before`` and ``after`` alternate in one process (``before`` replaces the
-hand-over with nothing); the replay of the snapshot itself is paced the same in both.
+``time.thread_time``), the process's RSS after it, and what a full collection finds once the heap is
+thawed (cyclic garbage the heap freezer froze).  Two trees are compared by running this file
+alternately against each (``--label``; copy it into the other tree).
 
 Garbage collection makes stretches of its own, the same in both variants, that hide the one measured
 here: the controller's heap freezer (:mod:`kraft.metadata.heap_freezer`) runs one full collection after
 a snapshot load of 20,000+ records (at most every 2 s), and the automatic collections of a heap that
-grew by a million objects walk it.  So the plain rows run with automatic collection off and the heap
-freezer doing nothing, and the ``*_with_gc`` rows as on a node.
+grew by a million objects walk it.  So the ``no_gc`` rows run with automatic collection off and the heap
+freezer doing nothing, and the ``with_gc`` rows as on a node.
 
 Run: ``python -m bench.snapshot_reap`` (200 topics x 5,000 partitions; ~2 GB, a few minutes).
 """
@@ -118,15 +119,17 @@ def snapshot_values(topics: int, partitions: int) -> list[bytes]:
     return list(image_values(delta.apply()))
 
 
-async def _nothing(self: QuorumController, replaced: MetadataImage) -> None:
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _no_freeze(*_args: object) -> None:
     pass
 
 
-def _no_freeze(records: int) -> None:
-    pass
-
-
-async def one_round(values: list[bytes], hand_over: bool, collect: bool) -> dict[str, float]:
+async def one_round(values: list[bytes], collect: bool) -> dict[str, float]:
+    gc.collect()  # what earlier rounds left (a stopped controller's cycles) is not this round's garbage
     # The real clock: the replay yields on its time budget (max_event_time_ms) as on a node.
     controller = QuorumController(
         _Follower(),
@@ -136,41 +139,53 @@ async def one_round(values: list[bytes], hand_over: bool, collect: bool) -> dict
         clock=SystemClock(),
     )
     if not collect:
-        controller.heap.applied = _no_freeze  # type: ignore[method-assign]
-    release = QuorumController._release_replaced
-    if not hand_over:
-        QuorumController._release_replaced = _nothing  # type: ignore[method-assign]
+        for name in ("applied", "loading", "loaded"):  # (loading/loaded: only in trees that have them)
+            if hasattr(controller.heap, name):
+                setattr(controller.heap, name, _no_freeze)
     try:
-        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(len(values), 1), 0, values))
+        await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(len(values), 1), 0, list(values)))
         reaper = reaper_of(asyncio.get_running_loop())
         while not reaper.idle:  # noqa: ASYNC110 (the reaper has no event to wait on: it polls too)
             await asyncio.sleep(0.01)
         gc.collect()
+        gc.freeze()  # as the first load leaves it on a node (frozen by the heap freezer)
         if not collect:
             gc.disable()
         pieces = reaper.pieces
         loaded_s = 0.0
         load = controller.handle_load_snapshot  # (the closure must not name `controller`: deleted below)
 
+        # The snapshot's own copy of the records, made before the timing: one the controller may hand to
+        # the reaper (the records themselves are shared with ``values``, kept for the next round).
+        snapshot = LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, list(values))
+
         async def load_and_reap() -> None:
-            nonlocal loaded_s
+            nonlocal loaded_s, snapshot
             started = time.perf_counter()
-            snapshot = LoadedSnapshot(SnapshotId(2 * len(values), 1), 0, values)
             await load(snapshot)
+            del snapshot  # as Raft's listener lets go of it
             loaded_s = time.perf_counter() - started
             while not reaper.idle:  # noqa: ASYNC110 (it looks every POLL_S whether it is the last holder)
                 await asyncio.sleep(0.01)
 
         longest_ms, longest_cpu_ms, _turns = await _stretches(load_and_reap)
+        rss_mb = _rss_mb()
+        gc.enable()
+        # What a full collection finds once everything is thawed: cyclic garbage the heap freezer froze
+        # (kept until its next thaw) — the cost of freezing without a full collection first.
+        gc.unfreeze()
+        frozen_garbage = gc.collect()
         return {
             "longest_stretch_ms": longest_ms,
             "longest_stretch_cpu_ms": longest_cpu_ms,
             "load_s": loaded_s,
             "reaper_pieces": float(reaper.pieces - pieces),
+            "rss_after_load_mb": rss_mb,
+            "garbage_found_after_thaw": float(frozen_garbage),
         }
     finally:
         gc.enable()
-        QuorumController._release_replaced = release  # type: ignore[method-assign]
+        gc.unfreeze()
         await controller.stop()
         del controller
         gc.collect()
@@ -181,21 +196,24 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=200)
     parser.add_argument("--partitions", type=int, default=5_000)
-    parser.add_argument("--rounds", type=int, default=2, help="before/after pairs, alternated")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each row")
+    parser.add_argument(
+        "--rows", default="no_gc,with_gc", help="no_gc (collection off), with_gc (as on a node)"
+    )
+    parser.add_argument("--label", default="", help="what tree this is (for A/B runs of two trees)")
     args = parser.parse_args()
     values = snapshot_values(args.topics, args.partitions)
     rounds: dict[str, list[dict[str, float]]] = {}
     loads: list[Any] = []
     for _ in range(args.rounds):
-        for collect in (False, True):
-            for hand_over in (False, True):
-                name = ("after" if hand_over else "before") + ("_with_gc" if collect else "")
-                rounds.setdefault(name, []).append(asyncio.run(one_round(values, hand_over, collect)))
-                loads.append(os.getloadavg()[0])
+        for row in args.rows.split(","):
+            rounds.setdefault(row, []).append(asyncio.run(one_round(values, row == "with_gc")))
+            loads.append(os.getloadavg()[0])
     summary = {name: median_and_max(results) for name, results in rounds.items()}
     print(
         json.dumps(
             {
+                "label": args.label,
                 "topics": args.topics,
                 "partitions_per_topic": args.partitions,
                 "loadavg_per_run": loads,

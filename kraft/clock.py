@@ -7,8 +7,12 @@ fast the host happens to be.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Protocol
+from collections.abc import Callable, Generator
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class Clock(Protocol):
@@ -70,3 +74,25 @@ class Deadline:
     def expired(self) -> bool:
         clock = self._clock
         return clock is not None and clock.monotonic_ms() >= self._until_ms
+
+
+async def run_paced(
+    steps: Generator[None, None, T],
+    clock: Clock,
+    budget_ms: int,
+    on_pause: Callable[[], None] | None = None,
+) -> T:
+    """Run a stepped computation (a generator that yields between steps and returns its result, as
+    ``MetadataDelta.apply_steps``) to its end, yielding the event loop whenever ``budget_ms`` ran out
+    (checked after each step); ``on_pause`` runs before each such yield."""
+    deadline = Deadline(clock, budget_ms)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if deadline.expired():
+            if on_pause is not None:
+                on_pause()
+            await asyncio.sleep(0)
+            deadline = Deadline(clock, budget_ms)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kraft.broker.publisher import MetadataPublisher
 from kraft.client.controller import ControllerClient, ControllerUnavailable
-from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline
+from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline, run_paced
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
@@ -215,7 +215,9 @@ class MetadataFetcher:
                     if error is not None:
                         self._log.error("metadata_replay_failed", error=error.message)
                         raise error
-                    image = delta.apply()
+                    # Built in steps, the loop turning between them (a million partitions: ~50-80 ms in
+                    # one go, 100,000 small topics ~0.7 s); nothing sees it before it is returned.
+                    image = await run_paced(delta.apply_steps(), self._clock, DEFAULT_WORK_UNIT_MS)
                     self.last_snapshot_replay_s = (self._clock.monotonic_ms() - started_ms) / 1000
                     took_s = round(self.last_snapshot_replay_s, 3)
                     self._log.info("snapshot_replayed", records=records, took_s=took_s)

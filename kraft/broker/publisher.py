@@ -38,7 +38,13 @@ from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics
-from kraft.reaper import MIN_ITEMS, release_later, release_removed_topics
+from kraft.reaper import (
+    MIN_ITEMS,
+    release_later,
+    release_removed_topics,
+    release_replaced_maps,
+    release_replaced_topics,
+)
 
 
 class ImageStore(Protocol):
@@ -115,8 +121,9 @@ class MetadataPublisher:
         await self.flush()
         self._log.warning("image_store_discarded", reason=reason, offset=self.image.offset)
         empty = MetadataImage.empty()
-        # Every topic of the discarded image goes: a big one is freed in slices (as by load_snapshot).
-        release_removed_topics(self.image.topics_by_id.values())
+        # Every topic of the discarded image goes: freed in slices (big ones alone, small ones in groups).
+        release_replaced_topics(self.image.topics_by_id.values())
+        release_replaced_maps((self.image.topics_by_id, self.image.topic_ids_by_name))
         await self._save(empty)  # deletes every row: the store diffs against what it holds
         self._set_image(empty)
 
@@ -166,10 +173,12 @@ class MetadataPublisher:
     async def load_snapshot(self, image: MetadataImage) -> AppliedChanges:
         """Replace everything with a snapshot's image (the broker was below the log start)."""
         started_ms = self._clock.monotonic_ms()
-        # The snapshot's image shares nothing with the one it replaces: every big topic of the old image
-        # would be freed in one go where its last holder lets go (~5 ms per 100,000 partitions).
+        # The snapshot's image shares nothing with the one it replaces: every topic of the old image
+        # would be freed in one go where its last holder lets go (~5 ms per 100,000 partitions); the
+        # reaper frees them in slices (big topics alone, small ones in groups).
         old_topics = self.image.topics_by_id
-        release_removed_topics(t for tid, t in old_topics.items() if image.topics_by_id.get(tid) is not t)
+        release_replaced_topics(t for tid, t in old_topics.items() if image.topics_by_id.get(tid) is not t)
+        release_replaced_maps((old_topics, self.image.topic_ids_by_name))
         if self.deferred:
             await self.flush()
             self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))

@@ -59,6 +59,16 @@ class ChunkedSequence(Sequence[T], Generic[T]):
         seq._len = length
         return seq
 
+    @classmethod
+    def of_chunks(cls, chunks: tuple[tuple[T, ...], ...], length: int) -> ChunkedSequence[T]:
+        """The sequence made of ``chunks`` as they are (no copy): every chunk but the last must hold
+        exactly :data:`CHUNK` items and the last 1..CHUNK (the class invariant), ``length`` in all."""
+        if chunks and (len(chunks[-1]) + (len(chunks) - 1) * CHUNK != length or not chunks[-1]):
+            raise ValueError(f"{len(chunks)} chunks do not hold {length} items")
+        if any(len(chunk) != CHUNK for chunk in chunks[:-1]) or (not chunks and length):
+            raise ValueError("every chunk but the last must be full")
+        return cls._of(chunks, length)
+
     # ---- reads ----
 
     def __len__(self) -> int:

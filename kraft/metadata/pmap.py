@@ -20,6 +20,7 @@ amortized O(1) per removal.  Immutable; equal (``==``) to any Mapping of the sam
 
 from __future__ import annotations
 
+import gc
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from itertools import chain
 from operator import itemgetter
@@ -37,6 +38,22 @@ CHUNK = 1 << CHUNK_BITS
 _MASK = CHUNK - 1
 _Chunk = tuple[tuple[Any, Any] | None, ...]
 _ABSENT: Any = object()
+
+
+def _hamt_node_types() -> frozenset[type]:
+    """The types of an ``immutables.Map``'s inner nodes (C types with no public name), found by walking
+    a map big enough to have both kinds."""
+    found: set[type] = set()
+    todo: list[object] = gc.get_referents(immutables.Map({i: i for i in range(1_000)}))
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, int) and type(node) not in found:
+            found.add(type(node))
+        todo.extend(child for child in gc.get_referents(node) if not isinstance(child, int))
+    return frozenset(found)
+
+
+_HAMT_NODE_TYPES = _hamt_node_types()
 
 
 class PersistentMap(Mapping[K, V]):
@@ -170,6 +187,17 @@ class PersistentMap(Mapping[K, V]):
                 if pair is not None and old_values.get(pair[0], _ABSENT) is not pair[1]:
                     updated.append(pair)
         return removed, updated  # slots in order: each list in its map's key order
+
+    def parts(self) -> list[object]:
+        """What this map's memory can be freed in, a bounded share each, once nothing else holds the map
+        (:func:`kraft.reaper.release_replaced_maps`): its chunks of :data:`CHUNK` slots and the subtrees
+        under the roots of its two HAMTs (about 1/32 of the keys each; the roots of a big map are array
+        nodes).  Dropping a map of 100,000 keys in one go is ~20-30 ms; a part, under 1 ms."""
+        parts: list[object] = list(self._chunks)
+        for hamt in (self._values, self._pos):
+            for root in gc.get_referents(hamt):
+                parts.extend(child for child in gc.get_referents(root) if type(child) in _HAMT_NODE_TYPES)
+        return parts
 
     # ---- the next version ----
 

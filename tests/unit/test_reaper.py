@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from loop_fakes import CostClock
 
 from kraft.clock import Deadline
-from kraft.reaper import MIN_ITEMS, Reaper, reaper_of, release_later, release_removed_topics
+from kraft.reaper import (
+    GROUPS_HELD_AHEAD,
+    MIN_ITEMS,
+    Bundle,
+    Reaper,
+    reaper_of,
+    release_later,
+    release_removed_topics,
+    release_replaced_topics,
+)
 
 CHUNK = 512
 
@@ -127,3 +136,79 @@ def test_outside_a_loop_nothing_is_kept() -> None:
     assert not release_later([topic])
     del topic
     assert _alive(refs) == 0
+
+
+def _topics(counts: list[int]) -> tuple[list[Topic], list[weakref.ref[Item]]]:
+    topics: list[Topic] = []
+    refs: list[weakref.ref[Item]] = []
+    for count in counts:
+        topic, topic_refs = _topic(count)
+        topics.append(topic)
+        refs.extend(topic_refs)
+    return topics, refs
+
+
+def test_a_group_waits_until_it_alone_holds_its_items_and_the_others_go_on() -> None:
+    (first, second, third), refs = _topics([100, 100, 100])
+    reaper = Reaper(chunk=CHUNK)
+    pinned = second  # someone else (an image) still holds the second group's topic
+    reaper.adopt_groups([(first,), (second,), (third,)])
+    del first, second, third
+    assert reaper.release_some()
+    assert reaper.waiting == 1 and _alive(refs) == 100  # the second waits for its holder, the others went
+    assert reaper.release_some() and reaper.waiting == 1 and _alive(refs) == 100
+    del pinned
+    assert reaper.release_some()
+    assert reaper.idle and _alive(refs) == 0
+
+
+def test_groups_handed_first_go_ahead_and_a_turn_stops_after_a_few_held_ones() -> None:
+    topics, refs = _topics([10] * (GROUPS_HELD_AHEAD + 5))
+    holders = [(topic,) for topic in topics]  # what holds each topic (as a map's part holds its topics)
+    reaper = Reaper(chunk=CHUNK)
+    reaper.adopt_groups([Bundle((topic,)) for topic in topics])
+    reaper.adopt_groups([Bundle((holder,)) for holder in holders], first=True)
+    del topics, holders
+    # First the holders' groups (free: only their bundles hold them), dropped; only then the topics.
+    assert reaper.release_some() and _alive(refs) == 10 * (GROUPS_HELD_AHEAD + 5)
+    assert reaper.waiting == GROUPS_HELD_AHEAD + 5
+    assert reaper.release_some() and reaper.idle and _alive(refs) == 0
+    held = [Bundle((Item((1,)),)) for _ in range(GROUPS_HELD_AHEAD + 3)]
+    keep = [group[0] for group in held]  # every group's item still held here
+    reaper.adopt_groups(held)
+    del held
+    reaper.release_some()
+    assert reaper.waiting == GROUPS_HELD_AHEAD + 3  # it looked at GROUPS_HELD_AHEAD, then stopped
+    del keep
+    assert reaper.release_some() and reaper.idle
+
+
+async def test_a_replaced_images_small_topics_go_in_groups_of_about_a_chunk() -> None:
+    """Issue #17: a snapshot replaces the whole image; its many small topics, freed together where the
+    image's last holder lets go, would be one long deallocation — so they are grouped (about CHUNK
+    partitions a group) and each group freed in one piece, once the image is gone."""
+    counts = [1] * 700 + [10] * 120 + [70] * 20 + [600] * 3 + [MIN_ITEMS + 1]
+    topics, refs = _topics(counts)
+    image = {f"T{i}": topic for i, topic in enumerate(topics)}  # the replaced image's holding
+    del topics
+    reaper = reaper_of(asyncio.get_running_loop())
+    waiting = reaper.waiting
+    release_replaced_topics(image.values())
+    # The big topic alone, each of the 23 topics of more than BIG partitions a group of its own, and the
+    # 820 small ones (weight: partitions + 1 each) in groups of about CHUNK.
+    small_weight = 700 * 2 + 120 * 11
+    assert waiting + 1 + 23 < reaper.waiting <= waiting + 1 + 23 + small_weight // CHUNK + 1
+    assert reaper.release_some() and _alive(refs) == sum(counts)  # nothing goes while the image holds it
+    del image
+    freed_per_piece: list[int] = []
+    while True:
+        before = _alive(refs)
+        done = reaper.release_some(max_pieces=1)
+        freed_per_piece.append(before - _alive(refs))
+        if done and reaper.idle:
+            break
+    assert _alive(refs) == 0
+    # A group closes once it holds CHUNK partitions: at most CHUNK - 1 plus its last topic's, and a
+    # topic of more than BIG (64) partitions is taken apart on its own.
+    assert max(freed_per_piece) <= CHUNK + 64
+    assert sum(1 for n in freed_per_piece if n) >= sum(counts) // (CHUNK + 64)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pickle
+import weakref
 from collections.abc import Mapping
 
 from hypothesis import given, settings
@@ -146,3 +147,33 @@ def test_changes_since_skips_the_shared_chunks() -> None:
     # Two chunks changed and one was added; the other eight are shared (the same objects), so skipped.
     assert sum(a is not b for a, b in zip(new._chunks, old._chunks, strict=False)) == 2
     assert len(new._chunks) == len(old._chunks) + 1
+
+
+class _Value:
+    __slots__ = ("__weakref__",)
+
+
+def test_a_maps_parts_hold_all_it_holds_below_its_top_in_bounded_shares() -> None:
+    """``parts()`` (what the reaper frees a replaced image's topic maps in): with the parts kept,
+    dropping the map frees none of its keys' values; each part holds a bounded share of the entries."""
+    values = [_Value() for _ in range(20_000)]
+    refs = [weakref.ref(v) for v in values]
+    mapping = PersistentMap((f"T{i}", v) for i, v in enumerate(values))
+    del values
+    parts = mapping.parts()
+    chunk_parts = [p for p in parts if isinstance(p, tuple)]
+    node_parts = [p for p in parts if not isinstance(p, tuple)]
+    del parts
+    assert len(chunk_parts) == -(-20_000 // CHUNK) and len(node_parts) >= 2 * 16
+    del mapping
+    assert all(r() is not None for r in refs)  # everything is still held, by the parts
+    while chunk_parts:
+        chunk_parts.pop()
+    assert all(r() is not None for r in refs)  # (the values HAMT's nodes hold them too)
+    freed = 0
+    while node_parts:
+        node_parts.pop()
+        now = sum(1 for r in refs if r() is None)
+        assert now - freed <= 20_000 // 8  # a subtree under the root: a small share of the keys
+        freed = now
+    assert freed == 20_000
