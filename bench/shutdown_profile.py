@@ -1,9 +1,10 @@
 """Microbenchmark: where the CPU of ``bench.controller``'s controlled shutdown goes, phase by phase, on
 the active controller and on a follower controller.
 
-Builds, through ``ControllerLogic`` (as ``bench.elr_shutdown``), ``--brokers`` brokers and ``--topics``
-topics of 1,000 partitions led by broker 1 (RF 3), then runs broker 1's ShutdownBroker as the controller
-shell does — ``shutdown_broker``, then ``continue_bulk_jobs`` slices of at most ``--work-unit`` records or
+Builds, through ``ControllerLogic``, ``--brokers`` brokers, ``--small-topics`` one-partition topics whose
+only replica is broker 1 (``bench.controller``'s admin phase leaves ~10,000 such) and ``--topics`` topics
+of 1,000 partitions led by broker 1 (RF 3), then runs broker 1's ShutdownBroker as the controller shell
+does — ``shutdown_broker``, then ``continue_bulk_jobs`` slices of at most ``--work-unit`` records or
 ``--event-ms`` (the shipped ``controller.max.work.unit.records`` / ``controller.max.event.time.ms``) — and
 takes each slice through what the records cost after the logic: the leader's ``encode_value`` and Raft
 batch encoding, a follower's batch decoding, record decoding, replay (in commit_replay's pieces) and
@@ -33,7 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.elr_shutdown import build
+from bench.controller import register_active_brokers
+from bench.elr_shutdown import PER_TOPIC
+from kraft.clock import SystemClock
 from kraft.metadata import controller_logic
 from kraft.metadata import records as rec
 from kraft.metadata.commit_replay import REPLAY_PIECE_RECORDS
@@ -43,6 +46,7 @@ from kraft.metadata.image import MetadataImage
 from kraft.procutil import reap_children_on_exit
 from kraft.storage.batch import build_batch, decode_batch
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
 
 LEADER_PHASES = ("scan", "image", "rejoin_index", "encode", "batch_encode")
 FOLLOWER_PHASES = ("decode_batch", "decode_values", "replay", "apply")
@@ -70,6 +74,51 @@ class Phases:
             self._gc_started = time.thread_time_ns()
         else:
             self.add("gc", time.thread_time_ns() - self._gc_started)
+
+
+def build(
+    brokers: int, topics: int, small_topics: int, work_unit: int, event_ms: int
+) -> tuple[ControllerLogic, int, MetadataImage]:
+    """``small_topics`` one-partition topics with broker 1 their only replica (what ``bench.controller``'s
+    admin phase creates, ~10,000, before the other brokers register: the shutdown leaves each leaderless),
+    then ``topics`` topics of 1,000 partitions led by broker 1 (RF 3), in that order (the image's order is
+    the leave job's)."""
+    settings = ControllerSettings(
+        "bench",
+        max_partitions=10**9,
+        max_broker_partitions=10**9,
+        max_changes_per_write=work_unit,
+        max_event_time_ms=event_ms,
+    )
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0, clock=SystemClock())
+    offset = register_active_brokers(logic, brokers)
+    delta = MetadataDelta(logic.image)
+
+    def add(record: Any) -> None:
+        nonlocal offset
+        delta.replay(rec.wrap(record), offset)
+        offset += 1
+
+    for t in range(small_topics):
+        add(pb.TopicRecord(name=f"admin-{t}", topic_id=f"a{t}"))
+        add(pb.PartitionRecord(topic_id=f"a{t}", partition_id=0, replicas=[1], isr=[1], leader=1))
+    for t in range(topics):
+        add(pb.TopicRecord(name=f"led-by-1-{t}", topic_id=f"t{t}"))
+        for p in range(PER_TOPIC):
+            other = 2 + (t * PER_TOPIC + p) % (brokers - 3)
+            replicas = [1, other, other + 1]
+            add(
+                pb.PartitionRecord(
+                    topic_id=f"t{t}",
+                    partition_id=p,
+                    replicas=replicas,
+                    isr=replicas,
+                    leader=1,
+                    leader_epoch=1,
+                    partition_epoch=1,
+                )
+            )
+    return logic, offset, delta.apply()
 
 
 def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, work_unit: int) -> dict[str, float]:
@@ -164,25 +213,22 @@ def main() -> None:
     )
     parser.add_argument("--brokers", type=int, default=1000)
     parser.add_argument("--topics", type=int, default=110)
+    parser.add_argument(
+        "--small-topics", type=int, default=0, help="one-partition topics led by broker 1 alone (first)"
+    )
     parser.add_argument("--work-unit", type=int, default=1000)
     parser.add_argument("--event-ms", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     load_before = os.getloadavg()
-    logic, offset, image = build(args.brokers, args.topics, 0, args.work_unit)
-    logic.settings = ControllerSettings(
-        "bench",
-        max_partitions=10**9,
-        max_broker_partitions=10**9,
-        max_changes_per_write=args.work_unit,
-        max_event_time_ms=args.event_ms,
-    )
+    logic, offset, image = build(args.brokers, args.topics, args.small_topics, args.work_unit, args.event_ms)
     rounds = [one_round(logic, offset, image, args.work_unit) for _ in range(args.rounds)]
     result = {
         "benchmark": "shutdown_profile",
         "brokers": args.brokers,
         "topics": args.topics,
+        "small_topics": args.small_topics,
         "work_unit": args.work_unit,
         "event_ms": args.event_ms,
         "rounds": args.rounds,
