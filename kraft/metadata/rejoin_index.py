@@ -90,12 +90,25 @@ def _isr_in_replica_order(replicas: tuple[int, ...], isr: tuple[int, ...]) -> bo
     return all(a <= b for a, b in pairwise(keys))
 
 
+SHIFT_IN_C = 8  # changed partitions of a topic from which _shift counts in C
+
+
 def _shift(counts: Counter[int], old: list[int], new: list[int]) -> None:
-    """``counts`` minus one per item of ``old``, plus one per item of ``new``: ``update`` counts a list in
-    C; the old side (a leave job's: one leader, mostly) is subtracted per distinct value."""
-    counts.update(new)
-    for key, count in Counter(old).items():
-        counts[key] -= count
+    """``counts`` minus one per item of ``old``, plus one per item of ``new``.  Many items (a leave job's
+    slice of a big topic): ``update`` counts the list in C and the old side (one leader, mostly) is
+    subtracted per distinct value; a few (a one-partition topic): a step each, cheaper than building
+    a Counter."""
+    if len(new) < SHIFT_IN_C:
+        for key in new:
+            counts[key] += 1
+    else:
+        counts.update(new)
+    if len(old) < SHIFT_IN_C:
+        for key in old:
+            counts[key] -= 1
+    else:
+        for key, count in Counter(old).items():
+            counts[key] -= count
 
 
 def flagged_replicas(partition: PartitionRegistration) -> tuple[int, ...]:
