@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import proc_cpu
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -280,8 +281,35 @@ async def admin_ops(
     }
 
 
+def cpu_marks(quorum: ControllerQuorum) -> dict[str, proc_cpu.ProcessCpu | None]:
+    """CPU snapshots of every controller process and of this harness (``--cpu``)."""
+    marks = {
+        f"controller-{node_id}": proc_cpu.snapshot(node.pid)
+        for node_id, node in quorum.nodes.items()
+        if node.pid is not None
+    }
+    marks["harness"] = proc_cpu.snapshot(os.getpid())
+    return marks
+
+
+def cpu_between(
+    before: dict[str, proc_cpu.ProcessCpu | None],
+    after: dict[str, proc_cpu.ProcessCpu | None],
+    wall_s: float,
+    leader_id: int,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"wall_s": round(wall_s, 2), "active_controller": f"controller-{leader_id}"}
+    for name, mark in after.items():
+        out[name] = proc_cpu.spent(before.get(name), mark, wall_s)
+    return out
+
+
 async def cluster_benchmarks(
-    quick: bool, base: Path, brokers: int | None = None, partitions: int | None = None
+    quick: bool,
+    base: Path,
+    brokers: int | None = None,
+    partitions: int | None = None,
+    cpu: bool = False,
 ) -> dict[str, Any]:
     brokers = brokers or (200 if quick else 1000)
     partitions = partitions or (20_000 if quick else 100_000)
@@ -332,9 +360,14 @@ async def cluster_benchmarks(
                 idle_end = time.monotonic()
                 before = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
 
+                cpu_before = cpu_marks(quorum) if cpu else {}
                 start = time.monotonic()
                 created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=bulk))
                 create_s = time.monotonic() - start
+                if cpu:
+                    results["cpu_create_partitions"] = cpu_between(
+                        cpu_before, cpu_marks(quorum), create_s, before.controller_id
+                    )
                 check_created(created)
 
                 check_created(await client.call(lambda s: s.CreateTopics, led_request))
@@ -342,11 +375,16 @@ async def cluster_benchmarks(
                 leading = next(b.leader_count for b in cluster.brokers if b.broker_id == 1)
 
                 fleet.stopped.add(1)  # broker 1 is going away: it may (and will) be fenced
+                cpu_before = cpu_marks(quorum) if cpu else {}
                 start = time.monotonic()
                 shutdown = await client.call(
                     lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=1)
                 )
                 shutdown_s = time.monotonic() - start
+                if cpu:
+                    results["cpu_controlled_shutdown"] = cpu_between(
+                        cpu_before, cpu_marks(quorum), shutdown_s, cluster.controller_id
+                    )
                 bulk_end = time.monotonic()
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
@@ -519,12 +557,13 @@ def run(
     brokers: int | None = None,
     partitions: int | None = None,
     image_memory: bool = True,
+    cpu: bool = False,
 ) -> dict[str, Any]:
     if work_dir is not None:  # kept afterwards: node logs for diagnosis
-        cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions))
+        cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions, cpu))
     else:
         with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
-            cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions))
+            cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu))
     results: dict[str, Any] = {
         "machine": {
             "python": platform.python_version(),
@@ -559,6 +598,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-image-memory", action="store_true", help="skip the image memory child")
     parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also report each controller's and the harness's CPU (and busiest threads) during the bulk "
+        "creation and the controlled shutdown (/proc; extra keys cpu_create_partitions, "
+        "cpu_controlled_shutdown)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -591,6 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         args.brokers,
         args.partitions,
         not args.no_image_memory,
+        args.cpu,
     )
     print(json.dumps(results, indent=2))
     return 0

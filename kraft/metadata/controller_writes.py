@@ -38,6 +38,29 @@ R = TypeVar("R", bound=Message)
 MAX_UNCOMMITTED_RECORDS = 10_000
 
 
+@dataclasses.dataclass(slots=True)
+class BulkJobStats:
+    """One run of the bulk job driver (a controlled shutdown's ISR removals, unfence elections, a big
+    topic's parts): logged as ``bulk_jobs_done`` when it ends, so an operator (and the benchmarks) can
+    tell a bulk operation held back by commits (``room_wait_ms``: waiting while
+    ``max_uncommitted_bulk_records`` were not committed) from one that is CPU-bound (many slices, little
+    waiting)."""
+
+    started_ms: int
+    slices: int = 0
+    records: int = 0
+    room_wait_ms: int = 0
+
+    def log(self, log: StructLogger, now_ms: int, *, finished: bool) -> None:
+        log.info(
+            "bulk_jobs_done" if finished else "bulk_jobs_stopped",
+            slices=self.slices,
+            records=self.records,
+            duration_ms=now_ms - self.started_ms,
+            room_wait_ms=self.room_wait_ms,
+        )
+
+
 class LeadershipNotConfirmed(Exception):
     """Raft did not confirm this controller's leadership within the commit timeout (a majority out of
     reach, or slow): the answer is withheld, the caller retries (REQUEST_TIMED_OUT)."""
@@ -87,6 +110,8 @@ class WritePath:
         """Every computation on the logic runs as an event here (see event_queue.py)."""
         self._driver: asyncio.Task[int] | None = None
         self._driver_logic: ControllerLogic | None = None
+        self.last_bulk_run: BulkJobStats | None = None
+        """The job driver's last run (slices, records, time waiting for commits), once it ended."""
 
     # ---- appends ----
 
@@ -260,19 +285,26 @@ class WritePath:
     async def _run_jobs(self, logic: ControllerLogic) -> int:
         last = self.next_offset - 1
         state = self._state
+        stats = BulkJobStats(self._timers.now_ms())
 
         def next_slice() -> int | None:
             if logic is not state.logic:
                 raise NotControllerError(state.leader.leader_id)
             first = self.next_offset
             more = logic.continue_bulk_jobs(first)
+            stats.slices += 1
+            stats.records += len(more)
             return self.append(more, first) if more else None
 
-        while logic is state.logic and logic.has_bulk_jobs():
-            await self.wait_for_room()
-            appended = await self.queue.run(EventPriority.NORMAL, "bulk-slice", next_slice)
-            if appended is not None:
-                last = appended
+        try:
+            while logic is state.logic and logic.has_bulk_jobs():
+                stats.room_wait_ms += await self.wait_for_room()
+                appended = await self.queue.run(EventPriority.NORMAL, "bulk-slice", next_slice)
+                if appended is not None:
+                    last = appended
+        finally:
+            self.last_bulk_run = stats
+            stats.log(self._log, self._timers.now_ms(), finished=logic is state.logic)
         if logic is not state.logic:
             raise NotControllerError(state.leader.leader_id)
         return last
@@ -282,17 +314,22 @@ class WritePath:
         """The job driver task, if one was started (stop() cancels it)."""
         return self._driver
 
-    async def wait_for_room(self) -> None:
-        """Yield, then wait while too many appended records are not committed yet (bulk writes only)."""
+    async def wait_for_room(self) -> int:
+        """Yield, then wait while too many appended records are not committed yet (bulk writes only);
+        returns how long it waited for commits (ms, on the clock; 0 when there was room at once)."""
         await asyncio.sleep(0)
         state = self._state
-        deadline = self._timers.now_ms() + self._commit_timeout_ms
+        started = self._timers.now_ms()
+        deadline = started + self._commit_timeout_ms
+        waited = False
         while (
             state.logic is not None and self.next_offset - 1 - state.committed.offset > self._max_uncommitted
         ):
             if self._timers.now_ms() >= deadline:
                 raise TimeoutError
+            waited = True
             await self._timers.wait(state.next_commit(), deadline)
+        return self._timers.now_ms() - started if waited else 0
 
     # ---- waiting for commits ----
 

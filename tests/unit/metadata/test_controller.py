@@ -801,6 +801,48 @@ async def test_a_heartbeat_is_answered_while_a_sliced_controlled_shutdown_is_in_
         await controller.stop()
 
 
+async def test_the_job_driver_reports_its_slices_records_and_wait_for_commits() -> None:
+    """``bulk_jobs_done`` (the driver's BulkJobStats): how many slices and records a controlled shutdown's
+    bulk job took after the request's own event, and how long it waited for commits — what tells a bulk
+    operation held back by commit round trips from a CPU-bound one.  Broker 1 leads 40 partitions, moved
+    4 per slice with at most 4 records uncommitted; commits are held for 250 ms of the manual clock."""
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4, max_uncommitted_bulk_records=4
+    )
+    raft, controller = await started(options)
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        for b in (1, 2, 3):
+            await activate_broker(controller, b)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        created = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        assert created.topics[0].error_code == ErrorCode.NONE
+        before = raft.end_offset
+        raft.hold_commits = True
+        shutdown = asyncio.create_task(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1))
+        )
+        await settle()
+        await step(controller, 250)
+        raft.release()
+        response = await asyncio.wait_for(shutdown, 5)
+        assert response.error_code == ErrorCode.NONE and response.leaderships_remaining == 0
+        stats = controller.writes.last_bulk_run
+        assert stats is not None
+        first_event = controller.writes.queue.processed.index("shutdown-broker")
+        slices = controller.writes.queue.processed[first_event:].count("bulk-slice")
+        assert stats.slices == slices >= 9
+        # every record appended after the request's own event came from a slice (4 changes each at most)
+        own_event_records = 1 + 3  # the registration change, then 3 partition changes fill the work unit
+        assert stats.records == raft.end_offset - before - own_event_records == 37
+        assert stats.room_wait_ms >= 250  # the slices waited for the held commits, on the manual clock
+    finally:
+        await controller.stop()
+
+
 async def test_a_heartbeat_queued_behind_bulk_requests_runs_before_them() -> None:
     """Two big CreateTopics parts and a ShutdownBroker reach the event queue before a heartbeat in the
     same loop turn; the heartbeat (urgent lane) is computed first, the bulk work after it, in order."""

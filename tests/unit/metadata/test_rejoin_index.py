@@ -347,3 +347,22 @@ def test_an_unfence_during_a_sliced_rebuild_finishes_it() -> None:
     ok = {1, 2}.__contains__
     assert index_changes(index, image, 1, ok) == scan_changes(image, 1, ok) != []
     assert not index.building and index.current_for is image.topics_by_id
+
+
+@settings(max_examples=200)
+@given(
+    st.dictionaries(st.integers(-1, 6), st.integers(-3, 3), max_size=5),
+    st.lists(st.integers(-1, 6), max_size=30),
+    st.lists(st.integers(-1, 6), max_size=30),
+)
+def test_shift_counts_as_a_step_per_item(start: dict[int, int], old: list[int], new: list[int]) -> None:
+    """``_shift`` (a topic's changed partitions move the leader counts at once, in C from
+    ``SHIFT_IN_C`` items) leaves exactly the counts — zero entries included — of one step per item."""
+    stepped = Counter(start)
+    for key in old:
+        stepped[key] -= 1
+    for key in new:
+        stepped[key] += 1
+    shifted = Counter(start)
+    rejoin_index._shift(shifted, old, new)
+    assert dict(shifted) == dict(stepped)

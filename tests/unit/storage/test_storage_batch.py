@@ -231,3 +231,86 @@ def test_record_framing_errors_are_corrupt_records_even_with_a_valid_crc() -> No
 def test_empty_record_list_is_a_caller_error() -> None:
     with pytest.raises(ValueError, match="at least one record"):
         build_batch(0, [], leader_epoch=0, timestamp_ms=0)
+
+
+# The inline path of _decode_records (a value-only record: no key, no headers, small deltas) against
+# the general per-field decoder it falls back to: same records, or both refuse.
+
+value_only = st.lists(st.one_of(st.binary(max_size=70), st.binary(min_size=8100, max_size=8300)), max_size=12)
+
+
+def _general_only(data: bytes, count: int) -> tuple[Record, ...]:
+    from kraft.storage.batch import _decode_general
+
+    records, pos = [], 0
+    for _ in range(count):
+        record, pos = _decode_general(data, pos, len(data))
+        records.append(record)
+    if pos != len(data):
+        raise ValueError("stray bytes")
+    return tuple(records)
+
+
+def _outcome(decode: object, *args: object) -> object:
+    try:
+        return decode(*args)  # type: ignore[operator]
+    except (ValueError, IndexError, UnicodeDecodeError):
+        return "refused"
+
+
+@settings(max_examples=200)
+@given(value_only, st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4), st.data())
+def test_the_inline_record_path_decides_as_the_general_decoder(
+    values: list[bytes], edits: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    from kraft.storage.batch import _decode_records
+
+    # value-only records (the inline path), some with a key or a header (the general path) between them
+    inputs: list[Triple] = [
+        (
+            data.draw(st.sampled_from([None, None, b"k"])),
+            v,
+            data.draw(st.sampled_from([(), (), (("h", b"1"),)])),
+        )
+        for v in values
+    ] or [(None, b"", ())]
+    body = bytearray(build_batch(7, inputs, leader_epoch=1, timestamp_ms=5)[HEADER_SIZE:])
+    assert _decode_records(memoryview(bytes(body)), 0, len(body), len(inputs)) == tuple(
+        Record(i, 0, k, v, h) for i, (k, v, h) in enumerate(inputs)
+    )
+    for position, byte in edits:  # damaged bodies (a valid CRC over wrong bytes): the same decision
+        if body:
+            body[position % len(body)] = byte
+    count = data.draw(st.integers(0, len(inputs) + 1))
+    raw = bytes(body)
+    assert _outcome(_decode_records, memoryview(raw), 0, len(raw), count) == _outcome(
+        _general_only, raw, count
+    )
+
+
+def test_a_value_only_record_of_any_length_form_round_trips() -> None:
+    # record and value lengths of one, two and three varint bytes; offset deltas past one byte
+    values = [b"", b"x" * 63, b"y" * 64, b"z" * 8000, b"w" * 9000] + [b"v"] * 70
+    data = build_batch(0, [(None, v) for v in values], leader_epoch=1, timestamp_ms=0)
+    batch, _ = decode_batch(data)
+    assert [(r.offset_delta, r.key, r.value, r.headers) for r in batch.records] == [
+        (i, None, v, ()) for i, v in enumerate(values)
+    ]
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([None, b"k"]), st.one_of(st.none(), st.binary(max_size=9000))),
+        min_size=1,
+        max_size=80,
+    )
+)
+def test_value_only_records_are_encoded_byte_for_byte_as_the_general_encoder(
+    records: list[tuple[bytes | None, bytes | None]],
+) -> None:
+    from kraft.storage.batch import _encode_record
+
+    data = build_batch(3, records, leader_epoch=2, timestamp_ms=9)
+    general = b"".join(_encode_record(i, 0, k, v, ()) for i, (k, v) in enumerate(records))
+    assert data[HEADER_SIZE:] == general
