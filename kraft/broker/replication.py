@@ -65,7 +65,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Protocol
 
-from kraft.broker import hwm_checkpoint
+from kraft.broker import heap, hwm_checkpoint
 from kraft.broker.partitions import Pacer, Partition, PartitionManager, is_storage_failure
 from kraft.broker.replica_transport import (
     GrpcReplicaFetchTransport,
@@ -508,6 +508,14 @@ class ReplicaManager:
         changed = sorted(self._touched, key=_ORDER)
         self._touched.clear()  # (the partition manager's own set: cleared, not replaced)
         self._revisit.clear()
+        # Thousands of new states at once (the first image, a bulk creation): no full collection in the
+        # middle of them, and none walking them later (kraft.broker.heap).
+        with heap.big_change(len(changed)):
+            self._visit(previous, image, changed, now_ms)
+
+    def _visit(
+        self, previous: MetadataImage, image: MetadataImage, changed: list[TopicPartition], now_ms: int
+    ) -> None:
         partitions, led_states, followed_states = self._partitions, self._led, self._followed
         # (Each partition's states are looked up once: a TopicPartition hashes in Python, ~0.4 µs a look.)
         visits: list[tuple[Partition, _Led | None, _Followed | None]] = []
