@@ -350,6 +350,7 @@ class ReplicaManager:
         # While a paced checkpoint pass runs: the high watermarks an unclean truncation lowered meanwhile,
         # by log dir, so the pass never writes a value it collected before the truncation (_settle).
         self._lowered: dict[Path, dict[tuple[TopicPartition, str], int]] | None = None
+        self._checkpoint_passes = 0
         self.checkpoints = hwm_checkpoint.CheckpointWriter()
         self._closed = False
         self._on_fatal = on_fatal
@@ -1136,7 +1137,11 @@ class ReplicaManager:
         if self._restored is None:
             return 0  # the stored checkpoints were never read: they stay the latest word
         pacer = pacer or Pacer(self._clock, TIMER_WORK_UNIT_MS)
-        self._lowered = {}
+        # (Passes running side by side share one record, kept until the last ends: a value lowered
+        # before a pass started lowers what it read at most to a high watermark the partition had.)
+        if self._lowered is None:
+            self._lowered = {}
+        self._checkpoint_passes += 1
         try:
             by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {
                 d: {} for d in self._partitions.online_dirs
@@ -1158,7 +1163,9 @@ class ReplicaManager:
                 settle=self._settle,
             )
         finally:
-            self._lowered = None
+            self._checkpoint_passes -= 1
+            if not self._checkpoint_passes:
+                self._lowered = None
 
     def _settle(self, log_dir: Path, entries: dict[tuple[TopicPartition, str], int]) -> bool:
         """Lower the collected values that an unclean truncation lowered since the pass started; True when
