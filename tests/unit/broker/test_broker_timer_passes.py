@@ -6,14 +6,16 @@ turns.  Manual clocks; a pacer that yields at every look (and can act there) sta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import gc
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from broker_fakes import MemoryLogOpener, MemoryPartitionLog
 
-from kraft.broker import hwm_checkpoint
+from kraft.broker import heap, hwm_checkpoint
 from kraft.broker.image_adapter import local_assignments
 from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.replica_transport import ReplicaFetchFailed
@@ -291,3 +293,30 @@ async def test_paced_encoding_and_comparison_match_their_one_go_forms(count: int
         assert not await hwm_checkpoint.same_paced(fewer, entries, _YieldingPacer())
         other = {**fewer, (TopicPartition("other", 0), "x"): 0}
         assert not await hwm_checkpoint.same_paced(other, entries, _YieldingPacer())
+
+
+async def test_an_image_s_visit_runs_inside_heap_big_change_with_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The visit of the partitions an image changed is what kraft.broker.heap sizes: the first image
+    (every hosted partition) pauses the collector and freezes; one partition's change does not."""
+    sizes: list[int] = []
+    real = heap.big_change
+
+    @contextmanager
+    def recording(partitions: int) -> Iterator[None]:
+        sizes.append(partitions)
+        with real(partitions):
+            yield
+
+    monkeypatch.setattr(heap, "big_change", recording)
+    monkeypatch.setattr(heap, "BIG_CHANGE", PARTITIONS)
+    frozen = gc.get_freeze_count()
+    try:
+        broker = _Broker(tmp_path, set())
+        assert sizes == [PARTITIONS] and gc.get_freeze_count() > frozen and gc.isenabled()
+        broker.apply(_image({0: 2}))
+        assert sizes == [PARTITIONS, 1]
+        await broker.replicas.close()
+    finally:
+        gc.unfreeze()
