@@ -12,6 +12,9 @@ image applied).  Then, ``--rounds`` times, each beside a task that takes a turn 
   compared with the last write, encoded and written (temp file, fsync, rename on a worker thread);
 - ``checkpoint_idle``: the same tick when nothing moved (nothing is written).
 
+Each row also gives the pass's whole CPU on the loop's thread (``loop_cpu_ms``: all its turns together,
+the write on the writer thread not included).
+
 The checkpoint's log dir is on ``/dev/shm`` when there is one.  Runs against the tree on ``PYTHONPATH``:
 where the replica manager has no stepped pass (``check_isr_shrinks_paced`` / ``write_checkpoints``),
 the one-go calls of before are timed, so the same file measures both sides of an A/B.
@@ -28,6 +31,8 @@ import json
 import os
 import statistics
 import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +85,18 @@ async def run(partitions: int, rounds: int, base: str | None) -> dict[str, Any]:
         gc.freeze()
         await _checkpoint(replicas)  # the first write: every later tick compares with it
         rows: dict[str, list[tuple[float, float, int]]] = {}
+        cpu: dict[str, list[float]] = {}
+
+        async def measured(label: str, work: Callable[[], Awaitable[None]]) -> None:
+            started = time.thread_time()  # (the ticker's own turns included: a few µs each)
+            rows.setdefault(label, []).append(await _stretches(work))
+            cpu.setdefault(label, []).append((time.thread_time() - started) * 1000)
+
         for round_ in range(rounds):
-            rows.setdefault("isr_check", []).append(await _stretches(lambda: _isr_check(replicas)))
+            await measured("isr_check", lambda: _isr_check(replicas))
             followed[round_ % len(followed)].high_watermark += 1
-            rows.setdefault("checkpoint_changed", []).append(await _stretches(lambda: _checkpoint(replicas)))
-            rows.setdefault("checkpoint_idle", []).append(await _stretches(lambda: _checkpoint(replicas)))
+            await measured("checkpoint_changed", lambda: _checkpoint(replicas))
+            await measured("checkpoint_idle", lambda: _checkpoint(replicas))
         out["checkpoint_writes"] = replicas.checkpoints.writes
         for label, values in rows.items():
             walls = [v[0] for v in values]
@@ -92,6 +104,7 @@ async def run(partitions: int, rounds: int, base: str | None) -> dict[str, Any]:
             out[f"{label}_longest_stretch_ms_max"] = round(max(walls), 2)
             out[f"{label}_longest_cpu_ms_max"] = round(max(v[1] for v in values), 2)
             out[f"{label}_turns_median"] = statistics.median(v[2] for v in values)
+            out[f"{label}_loop_cpu_ms_median"] = round(statistics.median(cpu[label]), 1)
         await replicas.close()
         gc.unfreeze()
     return out
