@@ -166,6 +166,9 @@ class _Led:
     alter_task: asyncio.Task[None] | None = None
     # How the ISR gauges count it now: (under-replicated, -1/0/1 for below/at/above min ISR); None: not yet.
     counted: tuple[bool, int] | None = None
+    # Set when the state is dropped (_drop_led): a paced pass holding it skips it without a dict look
+    # (a TopicPartition hashes in Python: ~0.5 µs a look, 17 ms per pass over 33,000 led partitions).
+    dropped: bool = False
 
 
 @dataclass(slots=True)
@@ -679,6 +682,7 @@ class ReplicaManager:
         """Drop the leader state of ``tp``.  ``revisit``: the next image looks at ``tp`` again even if
         nothing about it changed (a state dropped outside :meth:`on_image` is set up again as before)."""
         led = self._led.pop(tp)
+        led.dropped = True
         topic = self._led_by_topic.get(tp.topic)
         if topic is not None:
             topic.pop(tp, None)
@@ -1051,7 +1055,7 @@ class ReplicaManager:
                 return  # (lapsed: its followers lag because it refuses them, not theirs to pay for)
             now_ms = self._clock.monotonic_ms()
             for led in states[start : start + CHECK_EVERY]:
-                if self._led.get(led.partition.tp) is led:
+                if not led.dropped:
                     self._shrink_lagging(led, now_ms)
 
     def _shrink_lagging(self, led: _Led, now_ms: int) -> None:
