@@ -8,8 +8,9 @@ design), written every 5 s and at shutdown.  For ``N`` partitions in one log dir
   keys) and the atomic write (temp file, fsync, rename, dir fsync) both on the event loop, on every tick,
   whether anything changed or not;
 - **after** (:class:`~kraft.broker.hwm_checkpoint.CheckpointWriter`): version 2 (a crc32c line), lines
-  sorted as strings, the write on a worker thread, nothing written on a tick where no high watermark
-  moved.  Measured for a tick where every partition changed and an idle tick;
+  in the entries' order (sorted as strings until session 9), the write on a worker thread, nothing
+  written on a tick where no high watermark moved.  Measured for a tick where every partition changed
+  and an idle tick (the one-go ``write_changed``; the broker's paced tick is ``bench.broker_timers``);
 - **read**: reading and verifying the file at start (strict parse and checksum).
 
 For each: wall seconds of the tick and the longest event-loop stall seen by a 1 ms ticker running beside

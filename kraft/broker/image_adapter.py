@@ -2,7 +2,8 @@
 
 - :func:`to_local_changes` (:func:`to_local_changes_in_steps`: in bounded steps) turns a delta's
   ``LocalReplicaChanges`` into :class:`LocalChanges`;
-- :func:`local_assignments` lists the image's partitions hosted by a broker (for full reconciliation);
+- :func:`local_assignments` (:func:`local_assignments_in_steps`: in bounded steps) lists the image's
+  partitions hosted by a broker (for full reconciliation);
 - :class:`ImageMetadataView` answers BrokerService's Metadata / leader look-ups from an image.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Mapping
+from itertools import islice
 
 from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
 from kraft.errors import ErrorCode
@@ -80,14 +82,40 @@ def to_local_changes_in_steps(changes: LocalReplicaChanges, out: LocalChanges) -
                 yield  # revocations are applied before anything else runs, as before the slicing)
 
 
+ASSIGNMENT_STEP = 256
+"""Partitions of the image :func:`local_assignments_in_steps` looks at between two pauses (~0.7 ms when
+all of them are hosted here: a ``TopicPartition`` and a ``PartitionAssignment`` made for each)."""
+
+
 def local_assignments(image: MetadataImage, broker_id: int) -> dict[TopicPartition, PartitionAssignment]:
     """Every partition of ``image`` that has ``broker_id`` among its replicas."""
     hosted: dict[TopicPartition, PartitionAssignment] = {}
-    for topic in image.topics_by_id.values():
-        for partition_id, registration in enumerate(topic.partitions):
-            if broker_id in registration.replicas:
-                hosted[TopicPartition(topic.name, partition_id)] = _assignment(topic.topic_id, registration)
+    for _ in local_assignments_in_steps(image, broker_id, hosted):
+        pass
     return hosted
+
+
+def local_assignments_in_steps(
+    image: MetadataImage, broker_id: int, hosted: dict[TopicPartition, PartitionAssignment]
+) -> Iterator[None]:
+    """:func:`local_assignments` into ``hosted`` (empty), pausing (yielding) after every
+    :data:`ASSIGNMENT_STEP` partitions looked at, however they are spread over topics: a broker hosting
+    100,000 partitions walked them in one ~0.3 s stretch before opening them at start-up or comparing
+    them with a snapshot's image.  Same entries in the same order; ``image`` is immutable, so the walk
+    sees one image throughout."""
+    step = ASSIGNMENT_STEP
+    looked_at = 0
+    for topic in image.topics_by_id.values():
+        name, topic_id = topic.name, topic.topic_id
+        numbered = enumerate(topic.partitions)
+        while piece := list(islice(numbered, step - looked_at)):
+            for partition_id, registration in piece:
+                if broker_id in registration.replicas:
+                    hosted[TopicPartition(name, partition_id)] = _assignment(topic_id, registration)
+            looked_at += len(piece)
+            if looked_at >= step:
+                looked_at = 0
+                yield
 
 
 def image_digest(image: MetadataImage) -> str:

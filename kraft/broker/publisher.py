@@ -30,9 +30,13 @@ from collections.abc import Callable
 from itertools import chain
 from typing import Protocol
 
-from kraft.broker.image_adapter import ImageMetadataView, local_assignments, to_local_changes_in_steps
+from kraft.broker.image_adapter import (
+    ImageMetadataView,
+    local_assignments_in_steps,
+    to_local_changes_in_steps,
+)
 from kraft.broker.partitions import AppliedChanges, Pacer, PartitionManager
-from kraft.broker.types import LocalChanges
+from kraft.broker.types import LocalChanges, PartitionAssignment, TopicPartition
 from kraft.clock import DEFAULT_WORK_UNIT_MS, Clock, SystemClock
 from kraft.metadata.delta import LocalReplicaChanges, MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -107,7 +111,7 @@ class MetadataPublisher:
         """Once caught up with the controller: open/create the partitions the image assigns here, remove
         the directories of the others (paced), and publish normally from then on."""
         await self.flush()
-        applied = await self._partitions.open_to(local_assignments(self.image, self.broker_id))
+        applied = await self._partitions.open_to(await self._local_assignments(self.image))
         self.deferred = False
         # The view callback saw this image while no partition was open: show it again now that they
         # are, so replication sets up their leader/follower state at once, not at the next delta.
@@ -162,6 +166,16 @@ class MetadataPublisher:
             await pacer.tick()
         return local
 
+    async def _local_assignments(self, image: MetadataImage) -> dict[TopicPartition, PartitionAssignment]:
+        """The partitions ``image`` assigns to this broker, yielding the event loop whenever a work
+        unit's time budget ran out (``local_assignments_in_steps``).  Nothing is opened, served or
+        removed until the whole list is known: the callers act on it only once this returns."""
+        pacer = Pacer(self._clock, DEFAULT_WORK_UNIT_MS)
+        hosted: dict[TopicPartition, PartitionAssignment] = {}
+        for _ in local_assignments_in_steps(image, self.broker_id, hosted):
+            await pacer.tick()
+        return hosted
+
     async def _save(self, image: MetadataImage) -> None:
         try:
             await self._store.save(image)
@@ -186,7 +200,7 @@ class MetadataPublisher:
             self.last_snapshot_apply_s = self._seconds_since(started_ms)
             self._log.info("snapshot_loaded", offset=image.offset, partitions=image.partition_count())
             return AppliedChanges()
-        changes = await self._partitions.changes_to_paced(local_assignments(image, self.broker_id))
+        changes = await self._partitions.changes_to_paced(await self._local_assignments(image))
         revocations, grants = self._partitions.split(changes)
         if grants.is_empty():
             await self.flush()

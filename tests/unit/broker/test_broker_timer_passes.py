@@ -1,0 +1,322 @@
+"""The replica manager's periodic passes over every hosted partition, in bounded loop turns (issue #17):
+the ISR shrink check (``check_isr_shrinks_paced``) and the high-watermark checkpoint
+(``write_checkpoints``) decide and write what their one-go forms do, whatever happens between their
+turns.  Manual clocks; a pacer that yields at every look (and can act there) stands for a busy loop."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+
+from kraft.broker import heap, hwm_checkpoint
+from kraft.broker.image_adapter import local_assignments
+from kraft.broker.partitions import Pacer, PartitionManager
+from kraft.broker.replica_transport import ReplicaFetchFailed
+from kraft.broker.replication import ReplicaManager, ReplicationSettings
+from kraft.broker.types import ProducedRecord, TopicPartition
+from kraft.clock import ManualClock
+from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.replication.epochs import EpochEndOffset
+from kraft.v1 import broker_pb2 as pb
+from kraft.v1 import controller_pb2 as cpb
+
+LAG_MS = 10_000
+PARTITIONS = 200  # several turns of CHECK_EVERY (32) and of the checkpoint's steps
+TOPIC = "t"
+TOPIC_ID = "tid"
+
+
+class _Silent:
+    """A transport whose leaders never answer (the followers' fetchers wait)."""
+
+    def __init__(self) -> None:
+        self._never = asyncio.Event()
+
+    async def replica_fetch(
+        self, leader_id: int, request: pb.ReplicaFetchRequest, timeout_s: float
+    ) -> pb.ReplicaFetchResponse:
+        await self._never.wait()
+        raise ReplicaFetchFailed("closed")
+
+    async def close(self) -> None:
+        pass
+
+
+class _Lease:
+    def __init__(self) -> None:
+        self.valid = True
+
+    def lease_valid(self) -> bool:
+        return self.valid
+
+    def lease_expires_at_ms(self) -> int | None:
+        return None
+
+
+class _YieldingPacer(Pacer):
+    """Yields at every look, after ``at_turn(number of the turn just ended)`` ran."""
+
+    def __init__(self, at_turn: Callable[[int], Awaitable[None]] | None = None) -> None:
+        super().__init__(ManualClock(), 1)
+        self._at_turn = at_turn
+
+    async def tick(self) -> None:
+        self.pauses += 1
+        if self._at_turn is not None:
+            await self._at_turn(self.pauses)
+        await asyncio.sleep(0)
+
+
+def _image(leaders: dict[int, int] | None = None) -> MetadataImage:
+    """One topic of PARTITIONS partitions on brokers 1-3; partition p led by broker 1 when p is even,
+    else by 2 (``leaders`` overrides)."""
+    chosen = leaders or {}
+    registrations = tuple(
+        PartitionRegistration((1, 2, 3), (1, 2, 3), chosen.get(p, 1 if p % 2 == 0 else 2), 0, 0)
+        for p in range(PARTITIONS)
+    )
+    return replace(
+        MetadataImage.empty(),
+        offset=0,
+        topics_by_id={TOPIC_ID: TopicImage(TOPIC, TOPIC_ID, registrations)},
+        topic_ids_by_name={TOPIC: TOPIC_ID},
+    )
+
+
+class _Broker:
+    """Broker 1's replica manager over in-memory logs; every AlterPartition it sends is recorded and
+    never answered (the proposal stays pending)."""
+
+    def __init__(self, root: Path, lagging: set[int], lease: _Lease | None = None) -> None:
+        self.clock = ManualClock()
+        self.alters: list[cpb.AlterPartitionRequest] = []
+        self.manager = PartitionManager(1, [root], MemoryLogOpener())
+        self.replicas = ReplicaManager(
+            1,
+            "c-1",
+            self.manager,
+            clock=self.clock,
+            broker_epoch=lambda: 7,
+            send_alter_partition=self._send,
+            settings=ReplicationSettings(replica_lag_time_max_ms=LAG_MS),
+            transport=_Silent(),
+            lease=lease,
+        )
+        self.image = _image()
+        self.manager.reconcile(local_assignments(self.image, 1))
+        for p in lagging:  # the leader holds a record its followers never fetched
+            log = self.log(p)
+            log.append_records([ProducedRecord(None, b"x", 0)], 0)
+            log.flush()
+        self.replicas.on_image(self.image)
+        for p in range(0, PARTITIONS, 2):  # the followers of the others fetched up to the leader's end
+            state = self.replicas.leader_state(TopicPartition(TOPIC, p))
+            assert state is not None
+            if p not in lagging:
+                for replica in (2, 3):
+                    state.on_follower_fetch(replica, state.leader_end_offset, 0, self.clock.monotonic_ms())
+
+    def log(self, p: int) -> MemoryPartitionLog:
+        partition = self.manager.get(TopicPartition(TOPIC, p))
+        assert partition is not None and isinstance(partition.log, MemoryPartitionLog)
+        return partition.log
+
+    async def _send(self, request: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
+        self.alters.append(request)
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    def apply(self, image: MetadataImage) -> None:
+        self.image = image
+        self.manager.reconcile(local_assignments(image, 1))
+        self.replicas.on_image(image)
+
+    async def proposals(self) -> dict[int, list[int]]:
+        """Partition → proposed ISR, once the proposals' sends ran."""
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return {
+            data.partition: [m.broker_id for m in data.new_isr]
+            for request in self.alters
+            for data in request.partitions
+        }
+
+
+LAGGING = {0, 2, 64, 66, 130, 198, 1}  # led here (even) and one led by broker 2 (odd: not ours to shrink)
+
+
+async def test_the_paced_isr_check_proposes_what_one_go_does(tmp_path: Path) -> None:
+    one_go = _Broker(tmp_path / "a", LAGGING)
+    paced = _Broker(tmp_path / "b", LAGGING)
+    for broker in (one_go, paced):
+        broker.clock.advance(LAG_MS)  # lagging exactly replica.lag.time.max.ms: still in sync
+    one_go.replicas.check_isr_shrinks()
+    pacer = _YieldingPacer()
+    await paced.replicas.check_isr_shrinks_paced(pacer)
+    assert await one_go.proposals() == await paced.proposals() == {}
+    for broker in (one_go, paced):
+        broker.clock.advance(1)
+    one_go.replicas.check_isr_shrinks()
+    await paced.replicas.check_isr_shrinks_paced(pacer)
+    expected = {p: [1] for p in LAGGING if p % 2 == 0}
+    assert await one_go.proposals() == await paced.proposals() == expected
+    assert pacer.pauses >= 2 * (PARTITIONS // 2 // 32)  # it did yield between its turns
+    for broker in (one_go, paced):
+        await broker.replicas.close()
+
+
+async def test_a_paced_isr_check_skips_a_leadership_lost_between_its_turns(tmp_path: Path) -> None:
+    """Partition 198 (last in the pass) lags, but broker 2 took its leadership while the pass yielded:
+    this broker no longer proposes anything for it; partition 0, checked before, was proposed."""
+    broker = _Broker(tmp_path, {0, 198})
+    broker.clock.advance(LAG_MS + 1)
+    old_state = broker.replicas.leader_state(TopicPartition(TOPIC, 198))
+
+    async def at_turn(turn: int) -> None:
+        if turn == 1:
+            broker.apply(_image({198: 2}))
+
+    await broker.replicas.check_isr_shrinks_paced(_YieldingPacer(at_turn))
+    assert await broker.proposals() == {0: [1]}
+    assert old_state is not None and old_state.pending is None  # not even proposed on the dropped state
+    assert broker.replicas.leader_state(TopicPartition(TOPIC, 198)) is None
+    await broker.replicas.close()
+
+
+async def test_a_paced_isr_check_ends_when_the_lease_lapses_between_its_turns(tmp_path: Path) -> None:
+    lease = _Lease()
+    broker = _Broker(tmp_path, {0, 198}, lease)
+    broker.clock.advance(LAG_MS + 1)
+
+    async def at_turn(turn: int) -> None:
+        lease.valid = False  # its followers lag because it refuses them: not theirs to pay for
+
+    await broker.replicas.check_isr_shrinks_paced(_YieldingPacer(at_turn))
+    assert await broker.proposals() == {0: [1]}
+    await broker.replicas.close()
+
+
+def _stored(broker: _Broker, root: Path) -> dict[tuple[TopicPartition, str], int]:
+    read = hwm_checkpoint.read_checked(root)
+    assert read.problem == ""
+    return read.entries
+
+
+async def test_the_paced_checkpoint_writes_what_one_go_would_and_skips_an_unchanged_tick(
+    tmp_path: Path,
+) -> None:
+    broker = _Broker(tmp_path, set())
+    replicas = broker.replicas
+    followed = replicas._followed[TopicPartition(TOPIC, 1)]
+    followed.high_watermark = 5
+    assert await replicas.write_checkpoints(_YieldingPacer()) == 1
+    expected = replicas._checkpoint_entries()[tmp_path]
+    assert len(expected) == PARTITIONS and expected[(TopicPartition(TOPIC, 1), TOPIC_ID)] == 5
+    assert _stored(broker, tmp_path) == expected
+    assert await replicas.write_checkpoints(_YieldingPacer()) == 0  # nothing moved: nothing written
+    followed.high_watermark = 6
+    assert await replicas.write_checkpoints(_YieldingPacer()) == 1
+    assert _stored(broker, tmp_path)[(TopicPartition(TOPIC, 1), TOPIC_ID)] == 6
+    assert replicas.checkpoints.writes == 2
+    await replicas.close()
+
+
+async def test_a_high_watermark_lowered_by_an_unclean_truncation_mid_pass_is_written_lowered(
+    tmp_path: Path,
+) -> None:
+    """The pass read 9 for partition 1; while it yielded, an unclean election's truncation lowered that
+    high watermark to 0: the file says 0, never 9.  Turn 1 ends after the led partitions were collected
+    (partition 1, followed, not yet), turn 2 after the followed ones (9 collected), turn 3 after the
+    entries were encoded (they are encoded again)."""
+    tp = TopicPartition(TOPIC, 1)
+    for lowered_at in (1, 2, 3):
+        root = tmp_path / str(lowered_at)
+        broker = _Broker(root, set())
+        followed = broker.replicas._followed[tp]
+        followed.high_watermark = 9
+        lowered: list[int] = []
+
+        async def at_turn(
+            turn: int, at: int = lowered_at, broker: _Broker = broker, lowered: list[int] = lowered
+        ) -> None:
+            if turn == at:
+                state = broker.replicas._followed[tp]
+                step = broker.replicas._truncate_below_high_watermark(state, tp, EpochEndOffset(0, 0), 1)
+                lowered.append(step.offset)
+
+        pacer = _YieldingPacer(at_turn)
+        assert await broker.replicas.write_checkpoints(pacer) == 1
+        assert lowered == [0] and followed.high_watermark == 0
+        assert pacer.pauses >= 3
+        assert _stored(broker, root)[(tp, TOPIC_ID)] == 0
+        await broker.replicas.close()
+
+
+async def test_a_paced_checkpoint_overtaken_by_close_writes_nothing_after_the_final_write(
+    tmp_path: Path,
+) -> None:
+    broker = _Broker(tmp_path, set())
+    replicas = broker.replicas
+    followed = replicas._followed[TopicPartition(TOPIC, 1)]
+    followed.high_watermark = 3
+
+    async def at_turn(turn: int) -> None:
+        if turn == 2:
+            followed.high_watermark = 4
+            await replicas.close()  # the final write: HWM 4
+
+    assert await replicas.write_checkpoints(_YieldingPacer(at_turn)) == 0
+    assert _stored(broker, tmp_path)[(TopicPartition(TOPIC, 1), TOPIC_ID)] == 4
+    assert replicas.checkpoints.writes == 1
+
+
+@pytest.mark.parametrize("count", [0, 1, 255, 256, 257, 1_000])
+async def test_paced_encoding_and_comparison_match_their_one_go_forms(count: int) -> None:
+    entries = {(TopicPartition(f"t{i % 7}", i), f"id-{i % 7}"): i * 3 for i in range(count)}
+    assert await hwm_checkpoint.encode_paced(entries, _YieldingPacer()) == hwm_checkpoint.encode(entries)
+    assert hwm_checkpoint.decode(hwm_checkpoint.encode(entries)) == entries
+    assert await hwm_checkpoint.same_paced(dict(entries), entries, _YieldingPacer())
+    assert not await hwm_checkpoint.same_paced(None, entries, _YieldingPacer())
+    if count:
+        key = next(reversed(entries))
+        moved = {**entries, key: entries[key] + 1}
+        assert not await hwm_checkpoint.same_paced(moved, entries, _YieldingPacer())
+        fewer = dict(entries)
+        del fewer[key]
+        assert not await hwm_checkpoint.same_paced(fewer, entries, _YieldingPacer())
+        other = {**fewer, (TopicPartition("other", 0), "x"): 0}
+        assert not await hwm_checkpoint.same_paced(other, entries, _YieldingPacer())
+
+
+async def test_an_image_s_visit_runs_inside_heap_big_change_with_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The visit of the partitions an image changed is what kraft.broker.heap sizes: the first image
+    (every hosted partition) pauses the collector and freezes; one partition's change does not."""
+    sizes: list[int] = []
+    real = heap.big_change
+
+    @contextmanager
+    def recording(partitions: int) -> Iterator[None]:
+        sizes.append(partitions)
+        with real(partitions):
+            yield
+
+    monkeypatch.setattr(heap, "big_change", recording)
+    monkeypatch.setattr(heap, "BIG_CHANGE", PARTITIONS)
+    frozen = gc.get_freeze_count()
+    try:
+        broker = _Broker(tmp_path, set())
+        assert sizes == [PARTITIONS] and gc.get_freeze_count() > frozen and gc.isenabled()
+        broker.apply(_image({0: 2}))
+        assert sizes == [PARTITIONS, 1]
+        await broker.replicas.close()
+    finally:
+        gc.unfreeze()
