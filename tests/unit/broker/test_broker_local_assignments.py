@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from broker_fakes import CostClock, LoopTurns, MemoryImageStore, MemoryLogOpener
+from broker_fakes import MemoryImageStore, MemoryLogOpener
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_fakes import CostClock, LoopTurns
 
 from kraft.broker.image_adapter import (
     ASSIGNMENT_STEP,
