@@ -899,14 +899,14 @@ class RaftDriver:
                 leader_epoch=op.epoch,
                 timestamp_ms=self._clock.wall_ms(),
             )
-            self._log.append(data)
+            self._log.append(data, built=True)
             self._metrics.append_records.inc(len(op.records))
         elif isinstance(op, AppendLeaderChange):
             message = LeaderChangeMessage(op.leader_id, op.voters, op.granting_voters)
             data = build_control_batch(
                 op.base_offset, [message], leader_epoch=op.epoch, timestamp_ms=self._clock.wall_ms()
             )
-            self._log.append(data)
+            self._log.append(data, built=True)
         elif isinstance(op, AppendVoters):
             data = build_control_batch(
                 op.base_offset,
@@ -914,7 +914,7 @@ class RaftDriver:
                 leader_epoch=op.epoch,
                 timestamp_ms=self._clock.wall_ms(),
             )
-            self._log.append(data)
+            self._log.append(data, built=True)
         elif isinstance(op, AppendFetched):
             self._log.append(op.data)
             self._metrics.fetch_records.inc(op.last_offset - op.base_offset + 1)
