@@ -534,6 +534,12 @@ class NodeConfig(BaseModel):
     controller_quorum_fetch_max_wait_ms: NonNegative = _key(
         "controller.quorum.fetch.max.wait.ms", default=500
     )
+    # kraft only (issue #17): a follower hands newly committed batches to its listeners (the metadata
+    # replay) this long after the first of them committed, all at once, instead of at once — off the
+    # moment the leader needs the cores to finish the write.  0 = at once.
+    controller_quorum_follower_listener_delay_ms: NonNegative = _key(
+        "controller.quorum.follower.listener.delay.ms", default=20
+    )
     # The most records one controller event computes and appends; bulk operations (large CreateTopics /
     # DeleteTopics, a broker leaving 100,000 ISRs, unfence elections) continue in further events, with
     # heartbeats and registrations served first in between (kraft/metadata/event_queue.py).

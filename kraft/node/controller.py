@@ -178,6 +178,7 @@ def open_raft(config: NodeConfig, meta: MetaProperties, transport: GrpcTransport
             elections=FileElectionStore(directory),
             snapshots=FileSnapshotStore(directory),
             clock=SystemClock(),
+            follower_listener_delay_ms=config.controller_quorum_follower_listener_delay_ms,
         )
     except BaseException:
         log.close()

@@ -373,7 +373,14 @@ class RaftDriver:
         snapshots: SnapshotStore,
         clock: Clock,
         rng: random.Random | None = None,
+        follower_listener_delay_ms: int = 0,
     ) -> None:
+        """``follower_listener_delay_ms``: while a follower, hand newly committed batches to the listeners
+        this long after the first of them committed, all at once, instead of right after the output that
+        raised the high watermark (0).  Nothing waits on a follower's listeners but its own state machine;
+        a leader, and a follower becoming one, wakes them at once."""
+        if follower_listener_delay_ms < 0:
+            raise ValueError("follower_listener_delay_ms must be >= 0")
         self.config = config
         self._transport = transport
         self._log = log
@@ -399,6 +406,8 @@ class RaftDriver:
         self._read_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._wakeup_queued = False
         self._listeners_due = False  # a follower's high watermark rose: wake the listeners after the output
+        self._follower_listener_delay_ms = follower_listener_delay_ms
+        self._listeners_wake_ms: int | None = None  # a follower's delayed listener wake-up is due then
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -834,8 +843,12 @@ class RaftDriver:
             self._report_fatal("raft_driver_failed", exc)
 
     async def _sleep_until_deadline(self) -> bool:
-        """Wait for the core's deadline or an event; False without waiting when the deadline is due."""
-        timeout_s = max(0.0, (self._deadline_ms - self._clock.monotonic_ms()) / 1000)
+        """Wait for the core's deadline (or a follower's delayed listener wake-up) or an event; False
+        without waiting when the deadline is due."""
+        deadline_ms = self._deadline_ms
+        if self._listeners_wake_ms is not None:
+            deadline_ms = min(deadline_ms, self._listeners_wake_ms)
+        timeout_s = max(0.0, (deadline_ms - self._clock.monotonic_ms()) / 1000)
         if timeout_s <= 0:
             return False
         started_ms = self._clock.monotonic_ms()
@@ -899,14 +912,14 @@ class RaftDriver:
                 leader_epoch=op.epoch,
                 timestamp_ms=self._clock.wall_ms(),
             )
-            self._log.append(data)
+            self._log.append(data, built=True)
             self._metrics.append_records.inc(len(op.records))
         elif isinstance(op, AppendLeaderChange):
             message = LeaderChangeMessage(op.leader_id, op.voters, op.granting_voters)
             data = build_control_batch(
                 op.base_offset, [message], leader_epoch=op.epoch, timestamp_ms=self._clock.wall_ms()
             )
-            self._log.append(data)
+            self._log.append(data, built=True)
         elif isinstance(op, AppendVoters):
             data = build_control_batch(
                 op.base_offset,
@@ -914,7 +927,7 @@ class RaftDriver:
                 leader_epoch=op.epoch,
                 timestamp_ms=self._clock.wall_ms(),
             )
-            self._log.append(data)
+            self._log.append(data, built=True)
         elif isinstance(op, AppendFetched):
             self._log.append(op.data)
             self._metrics.fetch_records.inc(op.last_offset - op.base_offset + 1)
@@ -1018,6 +1031,19 @@ class RaftDriver:
     def _wake_due_listeners(self) -> None:
         if self._listeners_due:
             self._listeners_due = False
+            if self._follower_listener_delay_ms == 0 or self._core.is_leader:
+                self._listeners.wake_all()
+            elif self._listeners_wake_ms is None:
+                # A follower's replay (~0.2 ms of CPU per batch in a metadata controller) started right
+                # after it sent its next Fetch — the moment the leader needs a core to take that Fetch and
+                # answer the client: on 2 cores three processes then competed for them on every lone
+                # write.  Delayed, the batches committed meanwhile are replayed in one wake-up, at some
+                # other moment (docs/internals/raft-performance.md, "A lone write's path", session 9).
+                self._listeners_wake_ms = self._clock.monotonic_ms() + self._follower_listener_delay_ms
+        if self._listeners_wake_ms is not None and (
+            self._core.is_leader or self._clock.monotonic_ms() >= self._listeners_wake_ms
+        ):
+            self._listeners_wake_ms = None
             self._listeners.wake_all()
 
     def _fail_pending_appends(self) -> None:

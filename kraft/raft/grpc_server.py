@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -60,6 +61,22 @@ def authenticated_peer_id(context: ServicerContext) -> int | None:
     if identity is None or identity.role is not NodeRole.CONTROLLER:
         return None
     return identity.node_id
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, from the call's auth context: ``peer_id`` (:func:`authenticated_peer_id`) and
+    whether the call came over TLS without proving a controller identity (its Raft requests are refused).
+    The same for every message of one call, so a FetchStream reads it once, not per Fetch (two auth
+    context reads, ~10 µs per message, on the leader's intake thread for every write)."""
+
+    peer_id: int | None
+    unproven_tls: bool
+
+
+def caller_of(context: ServicerContext) -> Caller:
+    peer_id = authenticated_peer_id(context)
+    return Caller(peer_id, peer_id is None and is_tls(context))
 
 
 def valid_directory_id(directory_id: str) -> bool:
@@ -130,10 +147,16 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         self._peer_problems = peer_problems
 
     async def _handle(
-        self, request: _Request, context: ServicerContext, handler: RequestHandler | None = None
+        self,
+        request: _Request,
+        context: ServicerContext,
+        handler: RequestHandler | None = None,
+        caller: Caller | None = None,
     ) -> m.RaftResponse:
-        peer_id = authenticated_peer_id(context)
-        if peer_id is None and claimed_sender(request) is not None and is_tls(context):
+        if caller is None:
+            caller = caller_of(context)
+        peer_id = caller.peer_id
+        if caller.unproven_tls and claimed_sender(request) is not None:
             # A TLS caller without a controller certificate (a broker, an admin, no certificate) must not
             # move Raft; on PLAINTEXT there is nothing to check (docs/security.md).
             await abort(
@@ -189,7 +212,7 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         return codec.end_response_to_pb(response)
 
     async def _fetch(
-        self, request: raft_pb2.FetchRequest, context: ServicerContext
+        self, request: raft_pb2.FetchRequest, context: ServicerContext, caller: Caller | None = None
     ) -> raft_pb2.FetchResponse:
         if not valid_directory_id(request.replica_directory_id):
             # Refused before the core sees it; the fetcher's request-error rule retries after a backoff.
@@ -200,7 +223,9 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
         # A parked Fetch lives in the leader's core until its deadline: a caller may not pick one of days
         # (issue #15).  Real fetchers ask for controller.quorum.fetch.max.wait.ms (500 ms).
         request.max_wait_ms = min(request.max_wait_ms, MAX_FETCH_WAIT_MS)
-        response = await self._handle(codec.fetch_request_from_pb(request), context, self._fetch_handler)
+        response = await self._handle(
+            codec.fetch_request_from_pb(request), context, self._fetch_handler, caller
+        )
         assert isinstance(response, m.FetchResponse)
         return codec.fetch_response_to_pb(response)
 
@@ -210,9 +235,13 @@ class RaftServicer(raft_pb2_grpc.RaftServiceServicer):
     async def FetchStream(
         self, request_iterator: AsyncIterator[raft_pb2.FetchRequest], context: ServicerContext
     ) -> AsyncIterator[raft_pb2.FetchResponse]:
-        # One request in flight per stream: the follower sends its next Fetch only after this answer.
+        # One request in flight per stream: the follower sends its next Fetch only after this answer.  The
+        # caller is the same for the whole stream: authenticated once.
+        caller: Caller | None = None
         async for request in request_iterator:
-            yield await self._fetch(request, context)
+            if caller is None:
+                caller = caller_of(context)
+            yield await self._fetch(request, context, caller)
 
     async def FetchSnapshot(
         self, request: raft_pb2.FetchSnapshotRequest, context: ServicerContext

@@ -51,7 +51,7 @@ class MemoryLogStore:
                 entries.append((epoch, max(base, self._start)))
         return entries
 
-    def append(self, data: bytes) -> None:
+    def append(self, data: bytes, *, built: bool = False) -> None:
         expected = self.end_offset
         parsed: list[tuple[int, int, int, bytes]] = []
         for position, header in iter_batch_headers(data):

@@ -30,8 +30,12 @@ class LogStore(Protocol):
         """(epoch, start offset) of every epoch in the log, ascending."""
         ...
 
-    def append(self, data: bytes) -> None:
-        """Append whole batches starting at ``end_offset`` (buffered; durable after :meth:`flush`)."""
+    def append(self, data: bytes, *, built: bool = False) -> None:
+        """Append whole batches starting at ``end_offset`` (buffered; durable after :meth:`flush`).
+
+        ``built``: the driver encoded ``data`` itself a moment ago (a leader's own batch), so a store
+        that checks fetched bytes (CRC, header chain) may skip that check; offsets must still continue
+        the log.  Bytes from the network are always appended with ``built=False``."""
         ...
 
     def flush(self) -> int:

@@ -36,9 +36,11 @@ class SegmentedLogStore:
     def epoch_entries(self) -> list[tuple[int, int]]:
         return self._log.epoch_entries()
 
-    def append(self, data: bytes) -> None:
-        # Fetched bytes come from the network: the log validates CRC and offsets before writing.
-        self._log.append_batch(data)
+    def append(self, data: bytes, *, built: bool = False) -> None:
+        # Fetched bytes come from the network: the log validates CRC and offsets before writing.  A batch
+        # the driver just built (a leader's own) skips the CRC pass — one checksum over the whole batch
+        # on a lone write's path; offsets and epochs are still checked by append_batch.
+        self._log.append_batch(data, validate=not built)
 
     def flush(self) -> int:
         return self._log.flush()

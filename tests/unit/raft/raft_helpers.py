@@ -126,6 +126,8 @@ class LoopbackCluster:
         """Each node's metadata directory id (KIP-853); "" when unset."""
         self.config_overrides: dict[int, dict[str, Any]] = {}
         """Per node RaftConfig fields (e.g. a dynamic joiner's ``voters=()``, ``bootstrap_ids``)."""
+        self.driver_options: dict[str, Any] = {}
+        """Keyword arguments of every node's RaftDriver (e.g. ``follower_listener_delay_ms``)."""
 
     async def start(self, node_id: int) -> RaftDriver:
         stores = self.stores[node_id]
@@ -146,6 +148,7 @@ class LoopbackCluster:
             snapshots=stores.snapshots,
             clock=self.clock,
             rng=random.Random(node_id),
+            **self.driver_options,
         )
         self.network.register(node_id, driver)
         await driver.start()

@@ -95,3 +95,78 @@ async def test_a_leader_applies_a_commit_at_once() -> None:
         assert listener.values.get(offset) == b"v"
     finally:
         await cluster.close()
+
+
+DELAY_MS = 20
+
+
+async def test_a_follower_with_a_listener_delay_applies_commits_that_long_later_all_at_once() -> None:
+    cluster = LoopbackCluster(2)
+    cluster.driver_options = {"follower_listener_delay_ms": DELAY_MS}
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        follower = next(d for n, d in cluster.drivers.items() if n != leader.node_id)
+        listener = RecordingListener()
+        follower.register_listener(listener)
+        await cluster.advance(DELAY_MS)  # whatever was committed before is applied
+        first = leader.schedule_append([b"a"])
+        await cluster.settle()
+        second = leader.schedule_append([b"b"])
+        await cluster.settle()  # the follower flushed `second` and learned that `first` committed
+        assert follower.high_watermark > first
+        await cluster.advance(DELAY_MS - 1)
+        assert first not in listener.values  # not before the delay ran out
+        third = leader.schedule_append([b"c"])
+        await cluster.settle()  # a further commit learned meanwhile does not push the wake-up back
+        assert follower.high_watermark > second
+        await cluster.advance(1)
+        await _loop_turns(20)
+        # Everything committed by then is applied in that one wake-up.
+        assert listener.values.get(first) == b"a" and listener.values.get(second) == b"b"
+        assert third not in listener.values
+        await cluster.run_until(lambda: third in listener.values, "the third record applied", 1000)
+    finally:
+        await cluster.close()
+
+
+async def test_a_leader_ignores_the_follower_listener_delay() -> None:
+    cluster = LoopbackCluster(3)
+    cluster.driver_options = {"follower_listener_delay_ms": DELAY_MS}
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        listener = RecordingListener()
+        leader.register_listener(listener)
+        await cluster.settle()
+        offset = await cluster.complete(leader.append([b"v"]), "the append committed")
+        await _loop_turns(10)
+        assert listener.values.get(offset) == b"v"  # no clock movement needed
+    finally:
+        await cluster.close()
+
+
+async def test_a_follower_that_becomes_leader_applies_what_it_held_back_at_once() -> None:
+    cluster = LoopbackCluster(3)
+    cluster.driver_options = {"follower_listener_delay_ms": 60_000}  # never runs out in this test
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        listeners = {n: RecordingListener() for n in cluster.drivers}
+        for node_id, driver in cluster.drivers.items():
+            driver.register_listener(listeners[node_id])
+        await cluster.settle()
+        offset = await cluster.complete(leader.append([b"v"]), "the append committed")
+        second = await cluster.complete(leader.append([b"w"]), "the second append committed")
+        await cluster.settle()
+        followers = [n for n in cluster.drivers if n != leader.node_id]
+        assert any(cluster.drivers[n].high_watermark > offset for n in followers)
+        assert all(offset not in listeners[n].values for n in followers)  # held back
+        await cluster.stop(leader.node_id)
+        successor = await cluster.elect(exclude=leader.node_id)
+        await cluster.settle()
+        await _loop_turns(20)
+        assert listeners[successor.node_id].values.get(offset) == b"v"
+        assert listeners[successor.node_id].values.get(second) == b"w"
+    finally:
+        await cluster.close()

@@ -1,0 +1,172 @@
+"""One-client CreateTopics of two source trees side by side, in one run (issue #17).
+
+On this shared 2-core host single ``bench.admin_latency`` runs scatter by ±0.3-0.5 ms between minutes,
+more than a change on a lone write's path moves.  This benchmark starts two metadata quorums at once —
+quorum A's controllers run the code of ``TREE_A``, quorum B's that of ``TREE_B`` (each controller process
+starts with its tree as working directory, so ``python -m kraft.cli.main`` imports that tree) — prefills
+both the same way (``bench.controller``'s 16-client ``admin_ops`` part, thousands of topics), then runs
+short one-client CreateTopics windows alternating A, B, B, A, … so both see the same host load.  Per
+window it reads the CPU (``/proc``, utime + stime) of every controller process and of this client, per
+CreateTopics.  Broker 1 is registered and heartbeats in both quorums, as in ``bench.controller``.
+
+The client code (this process) is the tree it is run from; only the controllers differ.  Run under
+``flock /tmp/kraft-bench.lock``:
+``python -m bench.admin_ab TREE_A TREE_B [--pairs N] [--seconds S] [--prefill S] [--out PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kraft.cluster.quorum as quorum_module
+from bench.controller import PROFILE, Fleet, admin_ops
+from kraft.client.admin import AdminClient
+from kraft.clock import SystemClock
+from kraft.cluster.quorum import ControllerQuorum
+from kraft.procutil import reap_children_on_exit
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+_SIDES = ("A", "B")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+@contextlib.contextmanager
+def code_of(tree: Path) -> Iterator[None]:
+    """Controllers started inside run ``tree``'s code (their working directory is the repository root)."""
+    saved = quorum_module.REPO_ROOT
+    quorum_module.REPO_ROOT = tree
+    try:
+        yield
+    finally:
+        quorum_module.REPO_ROOT = saved
+
+
+async def _window(
+    quorum: ControllerQuorum, client: AdminClient, seconds: float, prefix: str
+) -> dict[str, Any]:
+    pids = {node_id: node.pid for node_id, node in quorum.nodes.items() if node.pid is not None}
+    leader = quorum.wait_for_leader(timeout_s=10).node_id
+    load = os.getloadavg()[0]
+    before = {node_id: cpu_seconds(pid) for node_id, pid in pids.items()}
+    own_before = time.process_time()
+    result = await admin_ops(client, seconds, workers=1, prefix=prefix)
+    own = time.process_time() - own_before
+    ops = max(1, result["ops"])
+    cpu = {node_id: (cpu_seconds(pid) - before[node_id]) / ops * 1e6 for node_id, pid in pids.items()}
+    return {
+        "p50_ms": result["p50_ms"],
+        "p99_ms": result["p99_ms"],
+        "ops": result["ops"],
+        "leader_cpu_us": round(cpu.get(leader, 0.0)),
+        "followers_cpu_us": round(sum(v for node_id, v in cpu.items() if node_id != leader)),
+        "client_cpu_us": round(own / ops * 1e6),
+        "load_1m": round(load, 2),
+    }
+
+
+async def _run(
+    quorums: dict[str, ControllerQuorum], pairs: int, seconds: float, prefill_s: float
+) -> dict[str, Any]:
+    clients: dict[str, AdminClient] = {}
+    beats: dict[str, AdminClient] = {}
+    fleets: dict[str, Fleet] = {}
+    heartbeats: list[asyncio.Task[None]] = []
+    rows: dict[str, list[dict[str, Any]]] = {side: [] for side in _SIDES}
+    prefill: dict[str, Any] = {}
+    try:
+        for side, quorum in quorums.items():
+            quorum.wait_for_leader(timeout_s=60)
+            targets = [node.target for node in quorum.nodes.values()]
+            clients[side] = AdminClient(targets, timeout_s=30, clock=SystemClock())
+            beats[side] = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
+            fleets[side] = Fleet(clients[side], beats[side], quorum.cluster_id, interval_s=2.0)
+            await fleets[side].register(1)
+            heartbeats.append(asyncio.create_task(fleets[side].run_one(1, 0.0)))
+        for side in _SIDES:
+            if prefill_s > 0:
+                prefill[side] = await admin_ops(clients[side], prefill_s, workers=16, prefix="prefill")
+            await admin_ops(clients[side], 1.0, workers=1, prefix="warm")
+        for index in range(pairs):
+            for side in _SIDES if index % 2 == 0 else tuple(reversed(_SIDES)):
+                row = await _window(quorums[side], clients[side], seconds, f"w{index}")
+                rows[side].append(row)
+                print(f"pair {index} {side}: {row}", flush=True)
+    finally:
+        for fleet in fleets.values():
+            fleet.stopped.add(1)
+        for task in heartbeats:
+            task.cancel()
+        await asyncio.gather(*heartbeats, return_exceptions=True)
+        for client in (*beats.values(), *clients.values()):
+            await client.close()
+    summary = {
+        side: {
+            key: round(statistics.median(row[key] for row in rows[side]), 2)
+            for key in ("p50_ms", "p99_ms", "leader_cpu_us", "followers_cpu_us", "client_cpu_us", "load_1m")
+        }
+        for side in _SIDES
+        if rows[side]
+    }
+    b_better = sum(1 for a, b in zip(rows["A"], rows["B"], strict=True) if b["p50_ms"] < a["p50_ms"])
+    return {"summary": summary, "b_better_pairs": b_better, "rows": rows, "prefill": prefill}
+
+
+def run(tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ab-") as tmp:
+        quorums: dict[str, ControllerQuorum] = {}
+        try:
+            for side, tree in zip(_SIDES, (tree_a, tree_b), strict=True):
+                quorum = ControllerQuorum(Path(tmp) / side, overrides=dict(PROFILE), test_append=False)
+                quorums[side] = quorum
+                with code_of(tree):
+                    quorum.start()
+            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s))
+        finally:
+            for quorum in quorums.values():
+                quorum.close()
+    result["trees"] = {"A": str(tree_a), "B": str(tree_b)}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # no controller outlives the benchmark (kraft.procutil)
+    parser = argparse.ArgumentParser(prog="python -m bench.admin_ab", description=__doc__.splitlines()[0])
+    parser.add_argument("tree_a", type=Path, help="repository root whose code quorum A runs (the base)")
+    parser.add_argument("tree_b", type=Path, help="repository root whose code quorum B runs (the change)")
+    parser.add_argument("--pairs", type=int, default=10, help="alternated pairs of windows (default 10)")
+    parser.add_argument("--seconds", type=float, default=2.5, help="length of each window (default 2.5)")
+    parser.add_argument("--prefill", type=float, default=10.0, metavar="S", help="16-client prefill, each")
+    parser.add_argument("--out", type=Path, help="also write the result JSON there")
+    args = parser.parse_args(argv)
+    started = time.time()
+    result = run(args.tree_a.resolve(), args.tree_b.resolve(), args.pairs, args.seconds, args.prefill)
+    result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    summary = result["summary"]
+    print(
+        f"A p50={summary['A']['p50_ms']} ms  B p50={summary['B']['p50_ms']} ms  "
+        f"(medians of {args.pairs} pairs; B better in {result['b_better_pairs']})  "
+        f"A={summary['A']}  B={summary['B']}  took={time.time() - started:.0f}s"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""A leader appends the batches it builds itself without the log's CRC pass; fetched bytes keep it
+(issue #17, "A lone write's path": one checksum less on every write's path).
+
+``LogStore.append(data, built=True)`` is the driver saying "I encoded this a moment ago": the segmented
+log then skips ``check_batch`` (CRC-32C over the batch) but still checks that the offsets continue the
+log and the epochs do not go back.  A follower's append of what it fetched is never ``built``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from raft_helpers import LoopbackCluster, NodeStores
+
+from kraft.raft.memory import MemoryLogStore
+from kraft.raft.storage_adapters import SegmentedLogStore
+from kraft.storage.batch import build_batch
+from kraft.storage.errors import CorruptRecordError, InvalidAppendError
+
+
+class RecordingLog(MemoryLogStore):
+    """Remembers, per append, whether the driver said it built the bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appends: list[bool] = []
+
+    def append(self, data: bytes, *, built: bool = False) -> None:
+        self.appends.append(built)
+        super().append(data, built=built)
+
+
+async def test_the_leader_appends_its_own_batches_as_built_and_followers_their_fetched_ones_not() -> None:
+    cluster = LoopbackCluster(3)
+    logs = {node_id: RecordingLog() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        await cluster.settle()
+        for log in logs.values():
+            log.appends.clear()
+        offset = leader.schedule_append([b"a", b"b"])
+        await cluster.settle()
+        assert leader.high_watermark > offset
+        assert logs[leader.node_id].appends == [True]
+        for node_id, log in logs.items():
+            if node_id != leader.node_id:
+                assert log.appends and not any(log.appends), node_id
+    finally:
+        await cluster.close()
+
+
+def _corrupted(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF  # inside the records: covered by the CRC, not by any header check
+    return bytes(damaged)
+
+
+def test_segmented_store_skips_only_the_crc_pass_for_built_bytes() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SegmentedLogStore.open(Path(tmp) / "log")
+        try:
+            bad = _corrupted(build_batch(0, [(None, b"value")], leader_epoch=1, timestamp_ms=0))
+            with pytest.raises(CorruptRecordError):
+                store.append(bad)  # fetched bytes: CRC-checked, nothing written
+            assert store.end_offset == 0
+            # Built bytes are not checksummed again (the point of the flag), but must still continue
+            # the log: a batch at the wrong offset is refused either way.
+            with pytest.raises(InvalidAppendError):
+                store.append(build_batch(5, [(None, b"v")], leader_epoch=1, timestamp_ms=0), built=True)
+            store.append(build_batch(0, [(None, b"v")], leader_epoch=1, timestamp_ms=0), built=True)
+            assert store.end_offset == 1
+        finally:
+            store.close()
