@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.replica_image import BROKER, _image, _Log, _Silent
+from bench.replica_image import BROKER, _image, _Log
 from bench.work_units import _stretches
 from kraft.broker.image_adapter import local_assignments
 from kraft.broker.partitions import Partition, PartitionManager
@@ -44,6 +44,7 @@ from kraft.broker.replication import ReplicaManager
 from kraft.broker.types import ReplicaRole
 from kraft.clock import SystemClock
 from kraft.procutil import reap_children_on_exit
+from tests.unit.broker.broker_fakes import SilentReplicaTransport
 
 
 async def _isr_check(replicas: ReplicaManager) -> None:
@@ -74,7 +75,7 @@ async def run(partitions: int, rounds: int, base: str | None) -> dict[str, Any]:
             clock=SystemClock(),
             broker_epoch=lambda: 10,
             send_alter_partition=None,
-            transport=_Silent(),
+            transport=SilentReplicaTransport(),
         )
         for tp, assignment in local_assignments(image, BROKER).items():
             role = ReplicaRole.LEADER if assignment.leader == BROKER else ReplicaRole.FOLLOWER
