@@ -36,15 +36,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.replica_image import BROKER, _image, _Log
+from bench.replica_image import _image, hosted
 from bench.work_units import _stretches
-from kraft.broker.image_adapter import local_assignments
-from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.replication import ReplicaManager
-from kraft.broker.types import ReplicaRole
-from kraft.clock import SystemClock
 from kraft.procutil import reap_children_on_exit
-from tests.unit.broker.broker_fakes import SilentReplicaTransport
 
 
 async def _isr_check(replicas: ReplicaManager) -> None:
@@ -67,19 +62,7 @@ async def run(partitions: int, rounds: int, base: str | None) -> dict[str, Any]:
     image = _image(partitions)
     out: dict[str, Any] = {"partitions": partitions, "rounds": rounds}
     with tempfile.TemporaryDirectory(prefix="broker-timers-", dir=base) as root:
-        manager = PartitionManager(BROKER, [Path(root)], lambda path: _Log())
-        replicas = ReplicaManager(
-            BROKER,
-            "bench",
-            manager,
-            clock=SystemClock(),
-            broker_epoch=lambda: 10,
-            send_alter_partition=None,
-            transport=SilentReplicaTransport(),
-        )
-        for tp, assignment in local_assignments(image, BROKER).items():
-            role = ReplicaRole.LEADER if assignment.leader == BROKER else ReplicaRole.FOLLOWER
-            manager._add(Partition(tp, Path(root), _Log(), assignment, role))  # in memory, as replica_image
+        _, replicas = hosted(image, Path(root))
         replicas.on_image(image)
         followed = list(replicas._followed.values())
         gc.collect()

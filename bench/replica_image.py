@@ -97,24 +97,31 @@ def _image(partitions: int) -> MetadataImage:
     )
 
 
+def hosted(image: MetadataImage, root: Path) -> tuple[PartitionManager, ReplicaManager]:
+    """Broker ``BROKER``'s partitions of ``image`` hosted under ``root`` with in-memory logs and fetchers
+    whose leaders never answer (bench.broker_timers builds its broker the same way)."""
+    manager = PartitionManager(BROKER, [root], lambda path: _Log())
+    replicas = ReplicaManager(
+        BROKER,
+        "bench",
+        manager,
+        clock=SystemClock(),
+        broker_epoch=lambda: 10,
+        send_alter_partition=None,
+        transport=SilentReplicaTransport(),
+    )
+    for tp, assignment in local_assignments(image, BROKER).items():
+        role = ReplicaRole.LEADER if assignment.leader == BROKER else ReplicaRole.FOLLOWER
+        # Built in memory (private _add): creating 100,000 directories is not what is measured.
+        manager._add(Partition(tp, root, _Log(), assignment, role))
+    return manager, replicas
+
+
 async def run(partitions: int, rounds: int) -> dict[str, float]:
     image = _image(partitions)
     out: dict[str, float] = {"partitions": partitions}
     with tempfile.TemporaryDirectory(prefix="replica-image-") as root:
-        manager = PartitionManager(BROKER, [Path(root)], lambda path: _Log())
-        replicas = ReplicaManager(
-            BROKER,
-            "bench",
-            manager,
-            clock=SystemClock(),
-            broker_epoch=lambda: 10,
-            send_alter_partition=None,
-            transport=SilentReplicaTransport(),
-        )
-        for tp, assignment in local_assignments(image, BROKER).items():
-            role = ReplicaRole.LEADER if assignment.leader == BROKER else ReplicaRole.FOLLOWER
-            # Built in memory (private _add): creating 100,000 directories is not what is measured.
-            manager._add(Partition(tp, Path(root), _Log(), assignment, role))
+        manager, replicas = hosted(image, Path(root))
         for round_ in range(rounds):  # the partitions the images change get their state files written
             for index in (_led_of(round_, partitions), _led_of(round_, partitions) + 1):
                 (Path(root) / TopicPartition("big", index).dir_name).mkdir(exist_ok=True)

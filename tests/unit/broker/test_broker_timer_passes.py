@@ -13,40 +13,22 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from broker_fakes import MemoryLogOpener, MemoryPartitionLog
+from broker_fakes import MemoryLogOpener, MemoryPartitionLog, SilentReplicaTransport
 
 from kraft.broker import heap, hwm_checkpoint
 from kraft.broker.image_adapter import local_assignments
 from kraft.broker.partitions import Pacer, PartitionManager
-from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.types import ProducedRecord, TopicPartition
 from kraft.clock import ManualClock
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.replication.epochs import EpochEndOffset
-from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import controller_pb2 as cpb
 
 LAG_MS = 10_000
 PARTITIONS = 200  # several turns of CHECK_EVERY (32) and of the checkpoint's steps
 TOPIC = "t"
 TOPIC_ID = "tid"
-
-
-class _Silent:
-    """A transport whose leaders never answer (the followers' fetchers wait)."""
-
-    def __init__(self) -> None:
-        self._never = asyncio.Event()
-
-    async def replica_fetch(
-        self, leader_id: int, request: pb.ReplicaFetchRequest, timeout_s: float
-    ) -> pb.ReplicaFetchResponse:
-        await self._never.wait()
-        raise ReplicaFetchFailed("closed")
-
-    async def close(self) -> None:
-        pass
 
 
 class _Lease:
@@ -106,7 +88,7 @@ class _Broker:
             broker_epoch=lambda: 7,
             send_alter_partition=self._send,
             settings=ReplicationSettings(replica_lag_time_max_ms=LAG_MS),
-            transport=_Silent(),
+            transport=SilentReplicaTransport(),
             lease=lease,
         )
         self.image = _image()
