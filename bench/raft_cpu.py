@@ -31,12 +31,17 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from bench.raft import THROUGHPUT_PROFILE, KraftStreamWriter, KraftWriter
+import grpc
+
+from bench.raft import THROUGHPUT_PROFILE, VALUE, KraftStreamWriter, KraftWriter
 from bench.raft_floor import FloorServer
+from kraft.client.channel import open_channel
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.errors import ErrorCode
 from kraft.procutil import reap_children_on_exit, spawn_child
 from kraft.runtime import configure_grpc_io
 from kraft.storage.batch import iter_batch_headers
+from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_PATH = REPO_ROOT / "bench" / "results" / "raft-cpu.json"
@@ -149,6 +154,80 @@ async def _window(
     }
 
 
+class ForwardingWriter:
+    """What the 16-core design's intake processes would send the leader (raft-performance.md, "What would
+    reach it on 16 cores"): ``streams`` long-lived ``TestAppendStream`` calls, one per modelled intake
+    process; the clients' writes are spread over them, and every write that arrives while a stream's
+    message is in flight goes in its next message, as the values of one ``TestAppendRequest`` (one
+    message per intake loop turn).  Each client is answered when its message commits.  The leader then
+    pays its per-message costs once per ``k`` writes — what this measures, before the design is built."""
+
+    def __init__(self, target: str, cluster_id: str, streams: int) -> None:
+        self._channel = open_channel(target)
+        self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
+        self._cluster_id = cluster_id
+        self._count = streams
+        self._pending: list[list[asyncio.Future[None]]] = [[] for _ in range(streams)]
+        self._wake = [asyncio.Event() for _ in range(streams)]
+        self._pumps: list[asyncio.Task[None]] = []
+        self.messages = 0
+        self.values = 0
+
+    async def write_one(self, seq: int) -> None:
+        if not self._pumps:
+            self._pumps = [asyncio.create_task(self._pump(i)) for i in range(self._count)]
+        index = (seq >> 32) % self._count  # closed_loop numbers each worker's calls from worker_id << 32
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[index].append(done)
+        self._wake[index].set()
+        await done
+
+    async def _pump(self, index: int) -> None:
+        stream = self._stub.TestAppendStream(None)
+        try:
+            while True:
+                await self._wake[index].wait()
+                self._wake[index].clear()
+                batch, self._pending[index] = self._pending[index], []
+                if not batch:
+                    continue
+                self.messages += 1
+                self.values += len(batch)
+                error: BaseException | None = None
+                try:
+                    await stream.write(
+                        raft_pb2.TestAppendRequest(cluster_id=self._cluster_id, values=[VALUE] * len(batch))
+                    )
+                    response = await asyncio.wait_for(stream.read(), 5.0)
+                    if (
+                        not isinstance(response, raft_pb2.TestAppendResponse)
+                        or response.error_code != ErrorCode.NONE
+                    ):
+                        error = RuntimeError("TestAppendStream failed")
+                except (TimeoutError, grpc.RpcError) as exc:
+                    error = exc
+                for done in batch:
+                    if not done.done():
+                        if error is None:
+                            done.set_result(None)
+                        else:
+                            done.set_exception(error)
+                if error is not None:
+                    stream.cancel()
+                    stream = self._stub.TestAppendStream(None)
+        finally:
+            stream.cancel()
+
+    async def close(self) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for pending in self._pending:
+            for done in pending:
+                done.cancel()
+        await self._channel.close(grace=None)
+
+
 def _leader_log_batches(metadata_dir: Path, start: int, end: int) -> tuple[int, int]:
     """(batches, records) the leader's log holds with base offset in [start, end)."""
     batches = records = 0
@@ -172,9 +251,11 @@ def measure(
     py_spy: str | None,
     only: list[str] | None = None,
     profile: str | None = None,
+    forward_streams: tuple[int, ...] = (),
 ) -> dict[str, Any]:
-    """``profile`` = ``SYSTEM:PATH``: py-spy records the leader (Python stacks, collapsed, at
-    PATH) in the first window of SYSTEM."""
+    """``forward_streams``: also run :class:`ForwardingWriter` with each of these stream counts
+    (``kraft_forwarded_N``).  ``profile`` = ``SYSTEM:PATH``: py-spy records the leader (Python stacks,
+    collapsed, at PATH) in the first window of SYSTEM."""
     with contextlib.ExitStack() as stack:
         quorum = stack.enter_context(ControllerQuorum(work_dir / "kraft", overrides=THROUGHPUT_PROFILE))
         quorum.start()
@@ -222,11 +303,14 @@ def measure(
             writer = KraftWriter(target, quorum.cluster_id)
             streamer = KraftStreamWriter(target, quorum.cluster_id)
             floor_writer = KraftWriter(floor.target, quorum.cluster_id)
+            forwarders = {n: ForwardingWriter(target, quorum.cluster_id, n) for n in forward_streams}
             systems: dict[str, Callable[[int], Awaitable[None]]] = {
                 "floor": floor_writer.write_one,
                 "kraft_unary": writer.write_one,
                 "kraft_stream": streamer.write_one,
             }
+            for n, modelled in forwarders.items():
+                systems[f"kraft_forwarded_{n}"] = modelled.write_one
             if only:
                 systems = {name: call for name, call in systems.items() if name in only}
             out: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
@@ -237,7 +321,16 @@ def measure(
                         if profile and round_index == 0 and profile.split(":", 1)[0] == name:
                             hook = start_profile(profile.split(":", 1)[1])
                         hw_before = quorum.describe(leader_id)
+                        forwarder = (
+                            forwarders.get(int(name.rsplit("_", 1)[1])) if "forwarded" in name else None
+                        )
+                        sent = (forwarder.messages, forwarder.values) if forwarder else (0, 0)
                         window = await _window(call, warmup_s, window_s, pids, threaded, hook)
+                        if forwarder is not None:
+                            messages = forwarder.messages - sent[0]
+                            window["values_per_message"] = round(
+                                (forwarder.values - sent[1]) / max(1, messages), 2
+                            )
                         hw_after = quorum.describe(leader_id)
                         window["offsets"] = (
                             hw_before.high_watermark if hw_before else 0,
@@ -248,6 +341,8 @@ def measure(
                 await writer.close()
                 await streamer.close()
                 await floor_writer.close()
+                for each in forwarders.values():
+                    await each.close()
             return out
 
         names = {pid: _python_thread_names(pid, py_spy) for pid in threaded.values()}
@@ -304,6 +399,7 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     "threads_cpu_s": window["threads"],
                     "leader_batches": window.get("leader_batches"),
                     "records_per_batch": window.get("records_per_batch"),
+                    "values_per_message": window.get("values_per_message"),
                 }
             )
         summary[name] = rows
@@ -318,7 +414,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=4.0)
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy binary to name threads")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--only", action="append", help="floor, kraft_unary or kraft_stream (repeatable)")
+    parser.add_argument(
+        "--only", action="append", help="floor, kraft_unary, kraft_stream or kraft_forwarded_N (repeatable)"
+    )
+    parser.add_argument(
+        "--forward-streams",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="also model N intake processes forwarding batched appends (kraft_forwarded_N; repeatable)",
+    )
     parser.add_argument("--profile", help="SYSTEM:PATH — py-spy collapsed stacks of the leader, 1st window")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
@@ -330,7 +436,16 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kraft-bench-raft-cpu-") as tmp:
-        runs = measure(Path(tmp), args.rounds, args.warmup, args.window, args.py_spy, args.only, args.profile)
+        runs = measure(
+            Path(tmp),
+            args.rounds,
+            args.warmup,
+            args.window,
+            args.py_spy,
+            args.only,
+            args.profile,
+            tuple(args.forward_streams),
+        )
     result = {
         "benchmark": "raft-cpu",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -351,9 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows in runs.items():
         for row in rows:
             print(
-                f"{name:<13} {row['writes_per_s']:>7.0f} w/s  µs/write {row['cpu_us_per_write']} "
+                f"{name:<19} {row['writes_per_s']:>7.0f} w/s  µs/write {row['cpu_us_per_write']} "
                 f"all={row['cpu_us_per_write_all']} batches={row['leader_batches']} "
-                f"rpb={row['records_per_batch']}"
+                f"rpb={row['records_per_batch']} vpm={row['values_per_message']}"
             )
             for proc, groups in row["thread_groups_us_per_write"].items():
                 if sum(groups.values()) > 5:
