@@ -1466,6 +1466,10 @@ class ControllerLogic:
         # a dry run is bounded exactly like the real one), and the placement cursor.
         partitions, hosted = self._placement_counts()
         cursor = partitions + (dry_run.partitions if dry_run else 0)
+        # Placement starts after the plans made before this request and a big topic's unwritten rest, as
+        # it would after their unsliced creations (the limits count those through the reservations, so
+        # they are checked against ``cursor``).
+        place_at = cursor + self._planned_ahead.partitions + self.written_ahead
         created: set[str] = dry_run.names if dry_run else set()
         added: Counter[int] = dry_run.replicas if dry_run else Counter()
         for topic in req.topics:
@@ -1488,7 +1492,7 @@ class ControllerLogic:
                 self._check_partition_counts(
                     topic, self._requested_partitions(topic), cursor, {}, hosted, added, left_out
                 )
-                assignment = self._assignment_for(topic, cursor)
+                assignment = self._assignment_for(topic, place_at)
                 by_broker = Counter(b for replicas in assignment for b in replicas)
                 self._check_partition_counts(
                     topic, len(assignment), cursor, by_broker, hosted, added, left_out
@@ -1506,6 +1510,7 @@ class ControllerLogic:
             result.replication_factor = len(assignment[0])
             created.add(topic.name)
             cursor += len(assignment)
+            place_at += len(assignment)
             added.update(by_broker)
             if dry_run is not None:
                 dry_run.partitions += len(assignment)

@@ -4,7 +4,9 @@ exactly the partitions of the plans made and not yet checked for their write, re
 plan refused while its explicit assignment is checked, or given up by its caller, used to stay counted
 until the next failover and shifted every later topic's leaders.  A plan made while a big topic is
 being written in slices starts after that topic's unwritten rest too (``ControllerLogic.written_ahead``):
-it started at the image's count before, which holds only the slices written so far."""
+it started at the image's count before, which holds only the slices written so far.  Small topics created
+in one event (``create_topics``) start their placement at the same point: after the plans made before them
+and a big topic's unwritten rest."""
 
 from __future__ import annotations
 
@@ -183,6 +185,29 @@ def test_a_plan_made_during_a_big_topics_write_starts_after_its_unwritten_rest()
     assert _plan(logic, _request(_auto("after", 30))).start_index == _cursor(logic) + 30
 
 
+def test_a_small_topic_created_during_plans_and_a_sliced_write_is_placed_after_them() -> None:
+    """Before, a small topic started at the image's count: the same leaders as the pending plan's first
+    partitions and the written topic's unwritten rest (both start there too)."""
+    logic = _logic()
+    log = _cluster_with_a_topic(logic, 3)
+    big = _plan(logic, _request(_auto("big-one", 45)))
+    _admit_write(logic, big, log)
+    written = _cursor(logic) - 3
+    assert 0 < written < 45
+    pending = _plan(logic, _request(_auto("pending", 30)))
+    assert pending.start_index == 3 + 45
+    expected = logic._assignment_for(_auto("small", 4), 3 + 45 + 30)  # after both, unsliced
+    assert expected != logic._assignment_for(_auto("small", 4), _cursor(logic))
+    created = logic.create_topics(_request(_auto("small", 4)), len(log))
+    assert created.response.topics[0].error_code == ErrorCode.NONE, created.response
+    log.extend(created.records)
+    topic = logic.image.topic("small")
+    assert topic is not None
+    assert [p.replicas for p in topic.partitions] == expected
+    # the next plan starts after the small topic too
+    assert _plan(logic, _request(_auto("next", 30))).start_index == 3 + 45 + 30 + 4
+
+
 def _settings_unsliced() -> ControllerSettings:
     return ControllerSettings(CLUSTER, max_changes_per_write=10_000, max_event_time_ms=0)
 
@@ -349,8 +374,20 @@ class PlannedAheadModel(RuleBasedStateMachine):
 
     @rule(partitions=st.integers(1, 5))
     def small_topic(self, partitions: int) -> None:
-        request = _request(_auto(next(self.names), partitions))
-        self.log.extend(self.logic.create_topics(request, len(self.log)).records)
+        """Placed where the next plan would start: after every pending plan and unwritten rest."""
+        topic = _auto(next(self.names), partitions)
+        start = (
+            _cursor(self.logic)
+            + sum(p.partitions for p in self.pending)
+            + _unwritten(self.logic, self.writing)
+        )
+        expected = self.logic._assignment_for(topic, start)
+        outcome = self.logic.create_topics(_request(topic), len(self.log))
+        self.log.extend(outcome.records)
+        if outcome.response.topics[0].error_code == ErrorCode.NONE:
+            created = self.logic.image.topic(topic.name)
+            assert created is not None
+            assert [p.replicas for p in created.partitions] == expected
 
     @rule()
     def failover(self) -> None:
