@@ -22,6 +22,11 @@ What is measured (results in ``bench/results/controller.json``):
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
+- **cpu_probe** (unless ``--no-cpu-probe``): the host's CPU speed during each phase above, from a probe
+  process (:mod:`bench.cpu_probe`) beside the run; ``speed_factor`` 1.7 means the same CPU work took 1.7x
+  as long as at the reference (fast) speed; ``at_reference_speed`` scales the two bulk phases' seconds by
+  it (derived, beside the raw ``seconds``; see raft-performance.md, "CPU-speed probe (session 10)").
+
 - **tls** (``--tls``, instead of the above): the same 3-controller quorum over PLAINTEXT and then as
   ``kraft cluster up --tls`` runs it — mutual TLS on every link and the StandardAuthorizer (the clients
   use the admin certificate, a super user; brokers are simulated by the same client, as above): CreateTopics
@@ -52,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import proc_cpu
+from bench.cpu_probe import CpuProbe, at_reference_speed
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -310,8 +316,11 @@ async def cluster_benchmarks(
     brokers: int | None = None,
     partitions: int | None = None,
     cpu: bool = False,
+    probe: CpuProbe | None = None,
 ) -> dict[str, Any]:
     brokers = brokers or (200 if quick else 1000)
+    # without a probe the phases are marked on one nobody reads (never started: no process)
+    probe = probe or CpuProbe()
     partitions = partitions or (20_000 if quick else 100_000)
     idle_s = 10.0 if quick else 30.0
     with ControllerQuorum(base, overrides=PROFILE, test_append=False) as quorum:
@@ -327,10 +336,12 @@ async def cluster_benchmarks(
             tasks = [asyncio.create_task(fleet.run_one(1, 0.0))]
             try:
                 results: dict[str, Any] = {}
-                results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
-                results["admin_ops_one_client"] = await admin_ops(
-                    client, 5.0 if quick else 10.0, workers=1, prefix="admin-one"
-                )
+                with probe.phase("admin_ops"):
+                    results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
+                with probe.phase("admin_ops_one_client"):
+                    results["admin_ops_one_client"] = await admin_ops(
+                        client, 5.0 if quick else 10.0, workers=1, prefix="admin-one"
+                    )
                 # The bulk requests are built now: building 100,000 assignments takes the harness's own
                 # event loop for a second, which would show up as heartbeat latency in the bulk window.
                 per_topic = 1000
@@ -350,6 +361,7 @@ async def cluster_benchmarks(
                 start = time.monotonic()
                 await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
                 registration_s = time.monotonic() - start
+                probe.mark("registration", start, start + registration_s)
                 tasks += [
                     asyncio.create_task(fleet.run_one(b, (b % 1000) * fleet.interval_s / min(brokers, 1000)))
                     for b in fleet.epochs
@@ -358,19 +370,22 @@ async def cluster_benchmarks(
                 idle_start = time.monotonic()
                 await asyncio.sleep(idle_s)
                 idle_end = time.monotonic()
+                probe.mark("heartbeats_idle", idle_start, idle_end)
                 before = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
 
                 cpu_before = cpu_marks(quorum) if cpu else {}
                 start = time.monotonic()
                 created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=bulk))
                 create_s = time.monotonic() - start
+                probe.mark("create_partitions", start, start + create_s)
                 if cpu:
                     results["cpu_create_partitions"] = cpu_between(
                         cpu_before, cpu_marks(quorum), create_s, before.controller_id
                     )
                 check_created(created)
 
-                check_created(await client.call(lambda s: s.CreateTopics, led_request))
+                with probe.phase("create_led_by_1"):
+                    check_created(await client.call(lambda s: s.CreateTopics, led_request))
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
                 leading = next(b.leader_count for b in cluster.brokers if b.broker_id == 1)
 
@@ -381,6 +396,7 @@ async def cluster_benchmarks(
                     lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=1)
                 )
                 shutdown_s = time.monotonic() - start
+                probe.mark("controlled_shutdown", start, start + shutdown_s)
                 if cpu:
                     results["cpu_controlled_shutdown"] = cpu_between(
                         cpu_before, cpu_marks(quorum), shutdown_s, cluster.controller_id
@@ -388,6 +404,8 @@ async def cluster_benchmarks(
                 bulk_end = time.monotonic()
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
+                probe.mark("heartbeats_during_bulk", idle_end, bulk_end)
+                probe.mark("heartbeats_after_bulk", bulk_end, settle_end)
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
             finally:
                 for task in tasks:
@@ -550,6 +568,21 @@ def run_tls(
     return results
 
 
+def probe_report(probe: CpuProbe, results: dict[str, Any], reference_ms: float | None) -> dict[str, Any]:
+    """The CPU-speed probe's report (bench.cpu_probe) with the two bulk phases' seconds scaled to the
+    reference speed: derived figures, beside the raw ``seconds`` of create_partitions and
+    controlled_shutdown, never instead of them (how and when they hold: raft-performance.md, "CPU-speed
+    probe (session 10)")."""
+    report = probe.report(reference_ms)
+    phases = report["phases"]
+    report["at_reference_speed"] = {
+        f"{part}_seconds": at_reference_speed(results[part]["seconds"], phases[part])
+        for part in ("create_partitions", "controlled_shutdown")
+        if part in results and part in phases
+    }
+    return report
+
+
 def run(
     quick: bool = False,
     results_path: Path = RESULTS_PATH,
@@ -558,12 +591,24 @@ def run(
     partitions: int | None = None,
     image_memory: bool = True,
     cpu: bool = False,
+    cpu_probe: bool = True,
+    probe_reference_ms: float | None = None,
 ) -> dict[str, Any]:
-    if work_dir is not None:  # kept afterwards: node logs for diagnosis
-        cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions, cpu))
-    else:
-        with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
-            cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu))
+    probe = CpuProbe()
+    if cpu_probe:
+        probe.start()
+    try:
+        if work_dir is not None:  # kept afterwards: node logs for diagnosis
+            cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe))
+        else:
+            with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
+                cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe))
+        image = None
+        if image_memory:
+            with probe.phase("image_memory"):
+                image = measure_image_memory(quick)
+    finally:
+        probe.stop()
     results: dict[str, Any] = {
         "machine": {
             "python": platform.python_version(),
@@ -574,8 +619,10 @@ def run(
         "profile": dict(PROFILE),
         **cluster,
     }
-    if image_memory:
-        results["image_memory"] = measure_image_memory(quick)
+    if image is not None:
+        results["image_memory"] = image
+    if cpu_probe:
+        results["cpu_probe"] = probe_report(probe, results, probe_reference_ms)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -603,6 +650,18 @@ def main(argv: list[str] | None = None) -> int:
         help="also report each controller's and the harness's CPU (and busiest threads) during the bulk "
         "creation and the controlled shutdown (/proc; extra keys cpu_create_partitions, "
         "cpu_controlled_shutdown)",
+    )
+    parser.add_argument(
+        "--no-cpu-probe",
+        action="store_true",
+        help="run no CPU-speed probe beside the benchmark (bench.cpu_probe; by default it samples a fixed "
+        "loop every 0.25 s, ~2-4 %% of one core, and reports the host's speed per phase under cpu_probe)",
+    )
+    parser.add_argument(
+        "--probe-reference-ms",
+        type=float,
+        help="the probe's reference ms per sample (fast mode) shared by a series of runs; default the "
+        "run's own 10th percentile",
     )
     parser.add_argument(
         "--set",
@@ -638,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
         args.partitions,
         not args.no_image_memory,
         args.cpu,
+        not args.no_cpu_probe,
+        args.probe_reference_ms,
     )
     print(json.dumps(results, indent=2))
     return 0
