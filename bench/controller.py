@@ -22,10 +22,11 @@ What is measured (results in ``bench/results/controller.json``):
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
-- **cpu_probe** (unless ``--no-cpu-probe``): the host's CPU speed during each phase above, from a probe
-  process (:mod:`bench.cpu_probe`) beside the run; ``speed_factor`` 1.7 means the same CPU work took 1.7x
-  as long as at the reference (fast) speed; ``at_reference_speed`` scales the two bulk phases' seconds by
-  it (derived, beside the raw ``seconds``; see raft-performance.md, "CPU-speed probe (session 10)").
+- **cpu_probe** (unless ``--no-cpu-probe``): per phase above, the host's CPU speed from a probe process
+  beside the run (:mod:`bench.cpu_probe`; ``speed_factor`` 1.7 = the same CPU work took 1.7x as long as
+  at the reference, fast, speed) and the competition for the CPUs (``others_busy_cpus``: CPUs busy with
+  processes not of this benchmark).  How to read a run with them: raft-performance.md, "CPU-speed probe
+  (session 10)".
 
 - **tls** (``--tls``, instead of the above): the same 3-controller quorum over PLAINTEXT and then as
   ``kraft cluster up --tls`` runs it — mutual TLS on every link and the StandardAuthorizer (the clients
@@ -57,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import proc_cpu
-from bench.cpu_probe import CpuProbe, at_reference_speed
+from bench.cpu_probe import CpuProbe
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -568,21 +569,6 @@ def run_tls(
     return results
 
 
-def probe_report(probe: CpuProbe, results: dict[str, Any], reference_ms: float | None) -> dict[str, Any]:
-    """The CPU-speed probe's report (bench.cpu_probe) with the two bulk phases' seconds scaled to the
-    reference speed: derived figures, beside the raw ``seconds`` of create_partitions and
-    controlled_shutdown, never instead of them (how and when they hold: raft-performance.md, "CPU-speed
-    probe (session 10)")."""
-    report = probe.report(reference_ms)
-    phases = report["phases"]
-    report["at_reference_speed"] = {
-        f"{part}_seconds": at_reference_speed(results[part]["seconds"], phases[part])
-        for part in ("create_partitions", "controlled_shutdown")
-        if part in results and part in phases
-    }
-    return report
-
-
 def run(
     quick: bool = False,
     results_path: Path = RESULTS_PATH,
@@ -622,7 +608,7 @@ def run(
     if image is not None:
         results["image_memory"] = image
     if cpu_probe:
-        results["cpu_probe"] = probe_report(probe, results, probe_reference_ms)
+        results["cpu_probe"] = probe.report(probe_reference_ms)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     return results

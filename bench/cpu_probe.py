@@ -6,7 +6,10 @@ means little without the speed it was taken at.  The probe is a child process (b
 and reaped with it: :func:`kraft.procutil.spawn_child`) that every ``interval_s`` pins itself to the next
 allowed CPU in turn and runs a fixed pure-Python loop, recording (monotonic time, CPU ms of the loop,
 CPU).  It measures the loop's *CPU time* (``time.process_time``), not its wall time: a CPU busy with the
-benchmark delays the loop but does not make it cost more CPU; a slow CPU does.
+benchmark delays the loop but does not make it cost more CPU; a slow CPU does.  With each sample it also
+reads the host's busy and steal time (``/proc/stat``) and the CPU time of the benchmark's process tree
+(its parent and every descendant, from ``/proc``), so a phase also says how many CPUs *others* kept busy:
+the competition, which slows a benchmark without changing the speed factor.
 
 API (a benchmark's whole use of it)::
 
@@ -16,11 +19,14 @@ API (a benchmark's whole use of it)::
     report = probe.report()               # stops it; a JSON-ready dict (see :func:`summarize`)
 
 Per phase: the samples inside it, their mean / median / p10 / p90 ms, the share of samples in the slow
-mode, and ``speed_factor`` = mean sample ms / reference ms (1.0 = the reference speed, 1.7 = the same
-CPU work took 1.7x as long).  The reference is the run's 10th percentile of all samples (the fast mode,
-provided the run spent >= ~10 % of its samples in it) unless a fixed ``reference_ms`` is given, which a
-series of runs should share to be comparable.  Cost: one loop (~5 ms of CPU at fast speed) per
-``interval_s`` = 0.25 s, ~2-4 % of one core; ``report()["probe_cpu_share"]`` says what it was.
+mode, ``speed_factor`` = mean sample ms / reference ms (1.0 = the reference speed, 1.7 = the same CPU
+work took 1.7x as long), and :func:`host_load` (``host_busy_cpus``, ``bench_busy_cpus``,
+``others_busy_cpus``, ``steal_share``, ``probe_wall_over_cpu``).  The reference is the run's 10th
+percentile of all samples (the fast mode, provided the run spent >= ~10 % of its samples in it) unless a
+fixed ``reference_ms`` is given, which a series of runs should share to be comparable.
+
+Cost: one loop (~5 ms of CPU at fast speed) per ``interval_s`` = 0.25 s plus a ``/proc`` walk (~2 ms),
+~3 % of one core; ``report()["probe_cpu_share"]`` says what it was.
 
 ``python -m bench.cpu_probe [--seconds S]`` runs the probe alone and prints its samples and summary.
 """
@@ -44,6 +50,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 LOOP_ITERATIONS = 150_000
 """Iterations of the fixed loop per sample: ~5.4 ms of CPU in the fast mode of the 2-core host (Python
@@ -64,6 +71,13 @@ class Sample:
     """The CPU the probe was pinned to for it (-1: not pinned)."""
     wall_ms: float = 0.0
     """Wall time the loop took (more than ``cpu_ms`` when the CPU was shared: not a speed measure)."""
+    busy_ticks: int = -1
+    """The host's busy CPU time so far (``/proc/stat``: all but idle and iowait), clock ticks; -1 unknown."""
+    steal_ticks: int = -1
+    """The host's steal time so far (time a vCPU waited for the hypervisor), in clock ticks; -1 unknown."""
+    bench_ticks: int = -1
+    """CPU time so far of the benchmark's process tree (the probe's parent and all its descendants, the
+    probe included), in clock ticks; -1 unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +115,38 @@ def in_phase(samples: Sequence[Sample], start: float, end: float) -> tuple[list[
     return around, True
 
 
+def host_load(samples: Sequence[Sample]) -> dict[str, float | None]:
+    """From the first to the last of ``samples`` (time order): CPUs busy on average on the whole host
+    (this benchmark and anybody else), the share of that span the vCPUs lost to steal (summed over CPUs,
+    per CPU), and how much longer the probe's loops took in wall time than in CPU time (waiting for a
+    CPU).  What the speed factor does not see: a busy host delays work without making it cost more CPU."""
+    known = [s for s in samples if s.busy_ticks >= 0]
+    out: dict[str, float | None] = {
+        "host_busy_cpus": None,
+        "bench_busy_cpus": None,
+        "others_busy_cpus": None,
+        "steal_share": None,
+    }
+    if len(known) >= 2 and known[-1].at > known[0].at:
+        first, last = known[0], known[-1]
+        span_ticks = (last.at - first.at) / TICK_S
+        cpus = os.cpu_count() or 1
+        host = (last.busy_ticks - first.busy_ticks) / span_ticks
+        out["host_busy_cpus"] = round(host, 2)
+        if first.bench_ticks >= 0 and last.bench_ticks >= 0:
+            bench = (last.bench_ticks - first.bench_ticks) / span_ticks
+            out["bench_busy_cpus"] = round(bench, 2)
+            # everybody else on the host: the competition this benchmark had for its CPUs
+            out["others_busy_cpus"] = round(max(0.0, host - bench), 2)
+        out["steal_share"] = round((last.steal_ticks - first.steal_ticks) / span_ticks / cpus, 3)
+    cpu_ms = sum(s.cpu_ms for s in samples)
+    out["probe_wall_over_cpu"] = round(sum(s.wall_ms for s in samples) / cpu_ms, 2) if cpu_ms > 0 else None
+    return out
+
+
 def stats(samples: Sequence[Sample], reference_ms: float | None) -> dict[str, Any]:
-    """Statistics of a set of samples against a reference (ms per sample at the reference speed)."""
+    """Statistics of a set of samples against a reference (ms per sample at the reference speed), and
+    the host's load over them (:func:`host_load`)."""
     if not samples:
         return {"samples": 0, "speed_factor": None}
     ms = [s.cpu_ms for s in samples]
@@ -123,6 +167,7 @@ def stats(samples: Sequence[Sample], reference_ms: float | None) -> dict[str, An
             round(sum(1 for v in ms if v > SLOW_RATIO * reference_ms) / len(ms), 2) if reference_ms else None
         ),
         "per_cpu_mean_ms": {cpu: round(sum(v) / len(v), 2) for cpu, v in sorted(per_cpu.items())},
+        **host_load(samples),
     }
     return out
 
@@ -161,13 +206,6 @@ def summarize(
     }
 
 
-def at_reference_speed(seconds: float, phase: dict[str, Any]) -> float | None:
-    """``seconds`` scaled to the reference speed by a phase's ``speed_factor`` (None without one).  Valid
-    only for a phase whose wall time is CPU work on the probed CPUs (see raft-performance.md)."""
-    factor = phase.get("speed_factor")
-    return round(seconds / factor, 2) if factor else None
-
-
 # ------------------------------------------------------------------------------------------------ child
 
 
@@ -176,6 +214,62 @@ def _loop(iterations: int) -> float:
     for i in range(iterations):
         x = x * 0.999 + i
     return x
+
+
+def _host_ticks() -> tuple[int, int]:
+    """(busy, steal) clock ticks of the whole host so far from ``/proc/stat``'s ``cpu`` line; (-1, -1)
+    where there is none."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return -1, -1
+    # user nice system idle iowait irq softirq steal guest guest_nice; guest time is inside user
+    busy = sum(fields[:8]) - fields[3] - fields[4]
+    return busy, fields[7] if len(fields) > 7 else 0
+
+
+class _TreeCpu:
+    """CPU ticks used so far by a process and all its descendants (read from ``/proc``, ~2 ms per
+    reading with ~100 processes on the host).  A process that started since the last reading counts
+    with all its ticks, one that ended since counts up to the last reading."""
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self.total = 0
+        self.seen: dict[int, int] = {}
+
+    def ticks(self) -> int:
+        children: dict[int, list[int]] = {}
+        own: dict[int, int] = {}
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return -1
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/stat", "rb") as stat:
+                    text = stat.read()
+                # comm is in parentheses and may hold anything: the fields start after the last ')'
+                fields = text[text.rindex(b")") + 2 :].split()
+                pid = int(name)
+                children.setdefault(int(fields[1]), []).append(pid)
+                own[pid] = int(fields[11]) + int(fields[12])
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+        current: dict[int, int] = {}
+        stack = [self.root]
+        while stack:
+            pid = stack.pop()
+            if pid in own:
+                current[pid] = own[pid]
+            stack.extend(children.get(pid, ()))
+        for pid, ticks in current.items():
+            self.total += max(0, ticks - self.seen.get(pid, 0))
+        self.seen = current
+        return self.total
 
 
 def parse_samples(text: str) -> tuple[list[Sample], float | None]:
@@ -188,8 +282,11 @@ def parse_samples(text: str) -> tuple[list[Sample], float | None]:
         try:
             if len(fields) == 2 and fields[0] == "end":
                 total = float(fields[1])
-            elif len(fields) == 4:
-                samples.append(Sample(float(fields[0]), float(fields[1]), int(fields[2]), float(fields[3])))
+            elif len(fields) in (4, 6, 7):
+                ticks = tuple(int(v) for v in fields[4:]) + (-1,) * (7 - len(fields))
+                samples.append(
+                    Sample(float(fields[0]), float(fields[1]), int(fields[2]), float(fields[3]), *ticks)
+                )
         except ValueError:
             continue
     return samples, total
@@ -206,6 +303,7 @@ def child_main(out_path: Path, interval_s: float, iterations: int, pin: bool) ->
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     parent = os.getppid()
+    tree = _TreeCpu(parent)
     cpus = sorted(os.sched_getaffinity(0)) if pin and hasattr(os, "sched_setaffinity") else []
     turn = 0
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -226,7 +324,9 @@ def child_main(out_path: Path, interval_s: float, iterations: int, pin: bool) ->
             cpu1, wall1 = time.process_time(), time.monotonic()
             # one write per line: a kill leaves at most the last line cut short
             at, cpu_ms, wall_ms = (wall0 + wall1) / 2, (cpu1 - cpu0) * 1000, (wall1 - wall0) * 1000
-            os.write(fd, f"{at:.4f} {cpu_ms:.3f} {cpu} {wall_ms:.3f}\n".encode())
+            busy, steal = _host_ticks()
+            bench = tree.ticks()
+            os.write(fd, f"{at:.4f} {cpu_ms:.3f} {cpu} {wall_ms:.3f} {busy} {steal} {bench}\n".encode())
         os.write(fd, f"end {time.process_time():.4f}\n".encode())
     finally:
         os.close(fd)

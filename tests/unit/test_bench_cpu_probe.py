@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from bench.cpu_probe import (
+    TICK_S,
     CpuProbe,
     Phase,
     Sample,
-    at_reference_speed,
+    _TreeCpu,
+    host_load,
     in_phase,
     parse_samples,
     percentile,
@@ -105,9 +107,57 @@ def test_a_fixed_reference_replaces_the_run_p10() -> None:
     assert fixed["reference"] == "fixed" and fixed["phases"]["all"]["speed_factor"] == 1.7
 
 
-def test_at_reference_speed_divides_by_the_phase_factor() -> None:
-    assert at_reference_speed(8.5, {"speed_factor": 1.7}) == 5.0
-    assert at_reference_speed(8.5, {"speed_factor": None}) is None
+def test_host_load_reads_busy_cpus_steal_and_the_probes_wait() -> None:
+    ticks_per_s = round(1 / TICK_S)
+    cpus = os.cpu_count() or 1
+    # over 2 s the host used 3 CPU-seconds (1.5 CPUs busy) and lost 0.2 s to steal per CPU
+    first = Sample(10.0, 5.0, 0, 5.0, busy_ticks=1000, steal_ticks=50, bench_ticks=0)
+    last = Sample(
+        12.0,
+        5.0,
+        1,
+        15.0,
+        busy_ticks=1000 + 3 * ticks_per_s,
+        steal_ticks=50 + round(0.2 * cpus * ticks_per_s),
+        bench_ticks=2 * ticks_per_s,  # of the 3 CPU-seconds, 2 were the benchmark's own
+    )
+    load = host_load([first, last])
+    assert load["host_busy_cpus"] == 1.5
+    assert load["bench_busy_cpus"] == 1.0 and load["others_busy_cpus"] == 0.5
+    assert load["steal_share"] == 0.1
+    assert load["probe_wall_over_cpu"] == 2.0  # 20 ms of wall for 10 ms of CPU: it waited for a CPU
+    # unknown host ticks (an old sample format) or a single sample: no rate
+    assert host_load([Sample(10.0, 5.0, 0, 5.0), Sample(12.0, 5.0, 1, 5.0)])["host_busy_cpus"] is None
+    assert host_load([first])["host_busy_cpus"] is None
+
+
+_BURNER = """
+import sys, time
+start = time.process_time()
+while time.process_time() - start < 0.3:  # 0.3 s of CPU, however long that takes
+    pass
+print("burnt", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_the_bench_tree_counts_its_descendants_cpu_and_not_the_hosts() -> None:
+    tree = _TreeCpu(os.getpid())
+    before = tree.ticks()
+    burner = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert burner.stdout is not None and burner.stdin is not None
+    try:
+        ready, _, _ = select.select([burner.stdout], [], [], 60.0)
+        assert ready and burner.stdout.readline() == b"burnt\n", "the child burnt no CPU within 60 s"
+        during = tree.ticks()  # the child still runs: its 0.3 CPU-seconds count (10 ms ticks)
+        assert (during - before) * TICK_S >= 0.25
+        assert burner.pid in tree.seen
+    finally:
+        burner.stdin.close()
+        burner.wait(timeout=30)
+    after = tree.ticks()  # ended: counted once, not lost, not counted again
+    assert after >= during and burner.pid not in tree.seen
+    assert _TreeCpu(-5).ticks() == 0  # no such process: nothing counted
 
 
 def test_parse_samples_skips_a_line_cut_short_and_reads_the_total() -> None:
@@ -116,6 +166,7 @@ def test_parse_samples_skips_a_line_cut_short_and_reads_the_total() -> None:
     assert samples == [Sample(100.5, 5.25, 0, 5.4), Sample(100.75, 8.0, 1, 12.0)]
     assert total == 0.31
     assert parse_samples("100.5 5.250 0 5.4") == ([Sample(100.5, 5.25, 0, 5.4)], None)
+    assert parse_samples("100.5 5.250 0 5.4 700 3")[0] == [Sample(100.5, 5.25, 0, 5.4, 700, 3)]
 
 
 def test_the_probe_samples_marks_phases_and_stops() -> None:
@@ -131,6 +182,7 @@ def test_the_probe_samples_marks_phases_and_stops() -> None:
     assert process.returncode is not None  # reaped
     assert probe.process is None and len(probe.samples) >= 3
     assert probe.probe_cpu_s is not None  # it ended cleanly on SIGTERM and wrote its total
+    assert all(min(s.busy_ticks, s.steal_ticks, s.bench_ticks) >= 0 for s in probe.samples)  # /proc read
     report = probe.report()
     assert report["phases"]["sleep"]["samples"] >= 1
     allowed = {-1, *os.sched_getaffinity(0)}
