@@ -26,7 +26,7 @@ What is measured (results in ``bench/results/controller.json``):
   beside the run (:mod:`bench.cpu_probe`; ``speed_factor`` 1.7 = the same CPU work took 1.7x as long as
   at the reference, fast, speed) and the competition for the CPUs (``others_busy_cpus``: CPUs busy with
   processes not of this benchmark).  How to read a run with them: raft-performance.md, "CPU-speed probe
-  (session 10)".
+  (session 10)".  With ``--tls`` the same key reports each window as ``plaintext:PART`` / ``tls:PART``.
 
 - **tls** (``--tls``, instead of the above): the same 3-controller quorum over PLAINTEXT and then as
   ``kraft cluster up --tls`` runs it — mutual TLS on every link and the StandardAuthorizer (the clients
@@ -460,8 +460,11 @@ async def cluster_benchmarks(
             return results
 
 
-async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float) -> dict[str, Any]:
-    """Admin latency (1 and 16 clients) and a heartbeating fleet's latency against a started quorum."""
+async def security_point(
+    quorum: ControllerQuorum, brokers: int, window_s: float, probe: CpuProbe, name: str
+) -> dict[str, Any]:
+    """Admin latency (1 and 16 clients) and a heartbeating fleet's latency against a started quorum (each
+    window marked on ``probe`` as ``name:part``)."""
     quorum.wait_for_leader(timeout_s=60)
     targets = [node.target for node in quorum.nodes.values()]
     async with AdminClient(targets, timeout_s=120, clock=SystemClock()) as client:
@@ -472,9 +475,12 @@ async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float
             # broker 1 hosts the topics and keeps its session alive while the admin benchmark runs
             await fleet.register(1)
             tasks.append(asyncio.create_task(fleet.run_one(1, 0.0)))
-            one = await admin_ops(client, window_s, workers=1, prefix="one")
-            many = await admin_ops(client, window_s, workers=16, prefix="many")
-            most = await admin_ops(client, window_s, workers=64, prefix="most")
+            with probe.phase(f"{name}:admin_ops_one_client"):
+                one = await admin_ops(client, window_s, workers=1, prefix="one")
+            with probe.phase(f"{name}:admin_ops"):
+                many = await admin_ops(client, window_s, workers=16, prefix="many")
+            with probe.phase(f"{name}:admin_ops_64_clients"):
+                most = await admin_ops(client, window_s, workers=64, prefix="most")
             await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
             tasks += [
                 asyncio.create_task(fleet.run_one(b, (b % brokers) * fleet.interval_s / brokers))
@@ -484,6 +490,7 @@ async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float
             start = time.monotonic()
             await asyncio.sleep(2 * window_s)
             end = time.monotonic()
+            probe.mark(f"{name}:heartbeats", start, end)
         finally:
             for task in tasks:
                 task.cancel()
@@ -509,18 +516,21 @@ def tls_overrides(quorum_size: int) -> dict[str, str]:
     }
 
 
-def tls_comparison(quick: bool, base: Path, brokers: int | None = None) -> dict[str, Any]:
+def tls_comparison(
+    quick: bool, base: Path, brokers: int | None = None, probe: CpuProbe | None = None
+) -> dict[str, Any]:
     """:func:`security_point` on a PLAINTEXT quorum, then on an mTLS + authorizer one (one at a time)."""
     brokers = brokers or (200 if quick else 1000)
     window_s = 5.0 if quick else 10.0
     points: dict[str, Any] = {}
+    probe = probe or CpuProbe()  # without one the windows are marked on a probe never started
     for name, tls in (("plaintext", False), ("tls", True)):
         overrides = {**PROFILE, **(tls_overrides(3) if tls else {})}
         with ControllerQuorum(base / name, overrides=overrides, test_append=False, tls=tls) as quorum:
             quorum.start()
             set_default_security(quorum.client_security())
             try:
-                points[name] = asyncio.run(security_point(quorum, brokers, window_s))
+                points[name] = asyncio.run(security_point(quorum, brokers, window_s, probe, name))
             finally:
                 set_default_security(PLAINTEXT_SECURITY)
     cost: dict[str, float] = {}
@@ -540,15 +550,28 @@ def tls_comparison(quick: bool, base: Path, brokers: int | None = None) -> dict[
 
 
 def run_tls(
-    quick: bool, results_path: Path, work_dir: Path | None = None, brokers: int | None = None
+    quick: bool,
+    results_path: Path,
+    work_dir: Path | None = None,
+    brokers: int | None = None,
+    cpu_probe: bool = True,
+    probe_reference_ms: float | None = None,
 ) -> dict[str, Any]:
     started = time.time()
     load_before = os.getloadavg()
-    if work_dir is not None:
-        comparison = tls_comparison(quick, work_dir, brokers)
-    else:
-        with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-tls-") as tmp:
-            comparison = tls_comparison(quick, Path(tmp), brokers)
+    probe = CpuProbe()
+    if cpu_probe:
+        probe.start()
+    try:
+        if work_dir is not None:
+            comparison = tls_comparison(quick, work_dir, brokers, probe)
+        else:
+            with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-tls-") as tmp:
+                comparison = tls_comparison(quick, Path(tmp), brokers, probe)
+    finally:
+        probe.stop()
+    if cpu_probe:
+        comparison["cpu_probe"] = probe.report(probe_reference_ms)
     results: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
@@ -672,7 +695,14 @@ def main(argv: list[str] | None = None) -> int:
     # completion-queue thread get the GIL often, or the harness itself delays the heartbeats it measures.
     sys.setswitchinterval(0.0001)
     if args.tls:
-        results = run_tls(args.quick, args.out or TLS_RESULTS_PATH, args.work_dir, args.brokers)
+        results = run_tls(
+            args.quick,
+            args.out or TLS_RESULTS_PATH,
+            args.work_dir,
+            args.brokers,
+            not args.no_cpu_probe,
+            args.probe_reference_ms,
+        )
         print(json.dumps(results, indent=2))
         return 0
     results = run(
