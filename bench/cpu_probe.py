@@ -209,7 +209,8 @@ def summarize(
 # ------------------------------------------------------------------------------------------------ child
 
 
-def _loop(iterations: int) -> float:
+def probe_loop(iterations: int) -> float:
+    """The fixed work of one sample: interpreter dispatch and float arithmetic, no memory to speak of."""
     x = 0.0
     for i in range(iterations):
         x = x * 0.999 + i
@@ -308,7 +309,7 @@ def child_main(out_path: Path, interval_s: float, iterations: int, pin: bool) ->
     turn = 0
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        _loop(iterations)  # warm up (first-call costs) before the first recorded sample
+        probe_loop(iterations)  # warm up (first-call costs) before the first recorded sample
         while not stopping and os.getppid() == parent:  # an orphan stops: never outlive the benchmark
             cpu = -1
             if cpus:
@@ -320,7 +321,7 @@ def child_main(out_path: Path, interval_s: float, iterations: int, pin: bool) ->
             if stopping:
                 break
             wall0, cpu0 = time.monotonic(), time.process_time()
-            _loop(iterations)
+            probe_loop(iterations)
             cpu1, wall1 = time.process_time(), time.monotonic()
             # one write per line: a kill leaves at most the last line cut short
             at, cpu_ms, wall_ms = (wall0 + wall1) / 2, (cpu1 - cpu0) * 1000, (wall1 - wall0) * 1000

@@ -241,3 +241,24 @@ def test_a_benchmark_ending_any_way_takes_its_probe_with_it(how: str) -> None:
     finally:
         bench.kill()
         bench.wait(timeout=30)
+
+
+def test_the_check_bins_triples_by_the_loops_factor_and_normalises_units() -> None:
+    from bench.cpu_probe_check import analyse
+
+    rows: list[tuple[int, float, float, float]] = []
+    for i in range(100):
+        slow = i % 5 == 0  # a fifth of the triples (at both positions) slow: the loop and both units 1.6x
+        position = i % 2  # the logic unit costs twice as much at cycle position 1: normalised away
+        factor = 1.6 if slow else 1.0
+        rows.append((position, 5.0 * factor, (1.0 + position) * factor, 0.5 * factor))
+    result = analyse(rows)
+    assert result["triples"] == 100 and result["loop_reference_ms"] == 5.0
+    fast, slow_bin = result["bins"]
+    assert (fast["loop_factor_from"], fast["triples"]) == (0.0, 80)
+    assert (fast["loop"], fast["controller_logic"], fast["protobuf_parse"]) == (1.0, 1.0, 1.0)
+    assert (slow_bin["loop_factor_from"], slow_bin["loop_factor_below"]) == (1.5, None)
+    assert slow_bin["triples"] == 20
+    assert (slow_bin["loop"], slow_bin["controller_logic"], slow_bin["protobuf_parse"]) == (1.6, 1.6, 1.6)
+    assert result["pearson_loop_protobuf"] == 1.0
+    assert analyse([(0, 5.0, 1.0, 0.5)])["pearson_loop_protobuf"] is None  # one triple: no correlation
