@@ -116,10 +116,12 @@ def in_phase(samples: Sequence[Sample], start: float, end: float) -> tuple[list[
 
 
 def host_load(samples: Sequence[Sample]) -> dict[str, float | None]:
-    """From the first to the last of ``samples`` (time order): CPUs busy on average on the whole host
-    (this benchmark and anybody else), the share of that span the vCPUs lost to steal (summed over CPUs,
-    per CPU), and how much longer the probe's loops took in wall time than in CPU time (waiting for a
-    CPU).  What the speed factor does not see: a busy host delays work without making it cost more CPU."""
+    """The competition for the CPUs from the first to the last of ``samples`` (in time order), which the
+    speed factor does not see (a shared CPU delays work without making it cost more CPU): on average how
+    many CPUs the whole host kept busy (steal included), how many of them this benchmark's process tree,
+    how many everybody else (the difference), the share of each vCPU's time lost to steal, and how much
+    longer the probe's loops took in wall time than in CPU time (they waited for a CPU: the benchmark's
+    own processes count here too)."""
     known = [s for s in samples if s.busy_ticks >= 0]
     out: dict[str, float | None] = {
         "host_busy_cpus": None,
