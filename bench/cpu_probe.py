@@ -49,6 +49,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from kraft.procutil import reap_children_on_exit, spawn_child
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -364,8 +366,6 @@ class CpuProbe:
     def start(self) -> CpuProbe:
         """Start the probe process (bound to this process and reaped with it once the benchmark called
         :func:`kraft.procutil.reap_children_on_exit`; an orphaned probe also stops by itself)."""
-        from kraft.procutil import spawn_child  # the child imports no kraft code
-
         if self.process is not None:
             raise RuntimeError("probe already started")
         self._dir = tempfile.TemporaryDirectory(prefix="kraft-cpu-probe-")
@@ -450,6 +450,8 @@ class CpuProbe:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # as every benchmark's main (the probe child's own SIGTERM / SIGINT handlers replace these after)
+    reap_children_on_exit()
     parser = argparse.ArgumentParser(prog="python -m bench.cpu_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--interval", type=float, default=INTERVAL_S, help="seconds between samples")
@@ -460,9 +462,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.child is not None:
         return child_main(args.child, args.interval, args.iterations, not args.no_pin)
-    from kraft.procutil import reap_children_on_exit
-
-    reap_children_on_exit()
     probe = CpuProbe(interval_s=args.interval, iterations=args.iterations, pin=not args.no_pin).start()
     with probe.phase("all"):
         time.sleep(args.seconds)

@@ -29,6 +29,7 @@ from bench.controller import register_active_brokers
 from bench.cpu_probe import LOOP_ITERATIONS, percentile, probe_loop
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "bench" / "results" / "cpu_probe_check.json"
@@ -122,6 +123,7 @@ def _pearson(xs: list[float], ys: list[float]) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # as every benchmark's main (this one starts no child)
     parser = argparse.ArgumentParser(
         prog="python -m bench.cpu_probe_check", description=__doc__.splitlines()[0]
     )

@@ -212,7 +212,7 @@ def _alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
-@pytest.mark.parametrize("how", ["exit", "crash", "SIGKILL"])
+@pytest.mark.parametrize("how", ["exit", "crash", "SIGTERM", "SIGKILL"])
 def test_a_benchmark_ending_any_way_takes_its_probe_with_it(how: str) -> None:
     bench = subprocess.Popen(
         [sys.executable, "-c", _BENCH_WITH_PROBE, how],
@@ -228,8 +228,10 @@ def test_a_benchmark_ending_any_way_takes_its_probe_with_it(how: str) -> None:
         assert ready, "the bench-like script printed nothing within 30 s"
         probe_pid = int(bench.stdout.readline())
         assert _alive(probe_pid)
-        if how == "SIGKILL":
+        if how == "SIGKILL":  # the kernel's death signal (procutil's trampoline), or the orphan check
             bench.kill()
+        elif how == "SIGTERM":  # a `timeout`: reap_children_on_exit's handler kills the probe's group
+            bench.terminate()
         else:
             bench.stdin.write(b"go\n")
             bench.stdin.flush()
