@@ -7,7 +7,9 @@ starts with its tree as working directory, so ``python -m kraft.cli.main`` impor
 both the same way (``bench.controller``'s 16-client ``admin_ops`` part, thousands of topics), then runs
 short one-client CreateTopics windows alternating A, B, B, A, … so both see the same host load.  Per
 window it reads the CPU (``/proc``, utime + stime) of every controller process and of this client, per
-CreateTopics.  Broker 1 is registered and heartbeats in both quorums, as in ``bench.controller``.
+CreateTopics, and the host's CPU speed from a probe beside the run (:mod:`bench.cpu_probe`: ``speed_factor``
+per window, 1.7 = the same CPU work took 1.7x as long; off with ``--no-cpu-probe``).  Broker 1 is
+registered and heartbeats in both quorums, as in ``bench.controller``.
 
 The client code (this process) is the tree it is run from; only the controllers differ.  Run under
 ``flock /tmp/kraft-bench.lock``:
@@ -30,6 +32,7 @@ from typing import Any
 
 import kraft.cluster.quorum as quorum_module
 from bench.controller import PROFILE, Fleet, admin_ops
+from bench.cpu_probe import CpuProbe
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerQuorum
@@ -80,7 +83,7 @@ async def _window(
 
 
 async def _run(
-    quorums: dict[str, ControllerQuorum], pairs: int, seconds: float, prefill_s: float
+    quorums: dict[str, ControllerQuorum], pairs: int, seconds: float, prefill_s: float, probe: CpuProbe
 ) -> dict[str, Any]:
     clients: dict[str, AdminClient] = {}
     beats: dict[str, AdminClient] = {}
@@ -103,7 +106,8 @@ async def _run(
             await admin_ops(clients[side], 1.0, workers=1, prefix="warm")
         for index in range(pairs):
             for side in _SIDES if index % 2 == 0 else tuple(reversed(_SIDES)):
-                row = await _window(quorums[side], clients[side], seconds, f"w{index}")
+                with probe.phase(f"{side}{index}"):
+                    row = await _window(quorums[side], clients[side], seconds, f"w{index}")
                 rows[side].append(row)
                 print(f"pair {index} {side}: {row}", flush=True)
     finally:
@@ -126,19 +130,34 @@ async def _run(
     return {"summary": summary, "b_better_pairs": b_better, "rows": rows, "prefill": prefill}
 
 
-def run(tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float) -> dict[str, Any]:
+def run(
+    tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float, cpu_probe: bool = True
+) -> dict[str, Any]:
+    probe = CpuProbe()  # never started without cpu_probe: the windows are marked on it all the same
     with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ab-") as tmp:
         quorums: dict[str, ControllerQuorum] = {}
         try:
+            if cpu_probe:
+                probe.start()
             for side, tree in zip(_SIDES, (tree_a, tree_b), strict=True):
                 quorum = ControllerQuorum(Path(tmp) / side, overrides=dict(PROFILE), test_append=False)
                 quorums[side] = quorum
                 with code_of(tree):
                     quorum.start()
-            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s))
+            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, probe))
         finally:
+            probe.stop()
             for quorum in quorums.values():
                 quorum.close()
+    if cpu_probe:
+        report = probe.report()
+        for side, rows in result["rows"].items():
+            for index, row in enumerate(rows):
+                row["speed_factor"] = report["phases"][f"{side}{index}"]["speed_factor"]
+            factors = [row["speed_factor"] for row in rows if row["speed_factor"] is not None]
+            if side in result["summary"] and factors:
+                result["summary"][side]["speed_factor"] = round(statistics.median(factors), 3)
+        result["cpu_probe"] = report
     result["trees"] = {"A": str(tree_a), "B": str(tree_b)}
     return result
 
@@ -152,9 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.5, help="length of each window (default 2.5)")
     parser.add_argument("--prefill", type=float, default=10.0, metavar="S", help="16-client prefill, each")
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
+    parser.add_argument("--no-cpu-probe", action="store_true", help="no CPU-speed probe (bench.cpu_probe)")
     args = parser.parse_args(argv)
     started = time.time()
-    result = run(args.tree_a.resolve(), args.tree_b.resolve(), args.pairs, args.seconds, args.prefill)
+    result = run(
+        args.tree_a.resolve(),
+        args.tree_b.resolve(),
+        args.pairs,
+        args.seconds,
+        args.prefill,
+        not args.no_cpu_probe,
+    )
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,11 @@ A variant is ``LABEL[@TREE][:KEY=VALUE[,KEY=VALUE...]]`` (controller config over
     python -m bench.admin_ops --rounds 3 --variant on --variant off:controller.raft.fetch.on.intake=false
     python -m bench.admin_ops --variant old@/tmp/s9/wt-old --variant new
 
+The driver (this tree) runs a CPU-speed probe beside it all (:mod:`bench.cpu_probe`; off with
+``--no-cpu-probe``): every run (or, with ``--interleave``, every window) gains ``speed_factor``, the host's
+CPU speed during it against the probe's reference (1.7 = the same CPU work took 1.7x as long), and the
+document a ``cpu_probe`` report.
+
 Run it under ``flock /tmp/kraft-bench.lock``; ~35 s per run with the default 10 s windows.
 """
 
@@ -34,8 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# In a child running an older tree (before session 8) these do not exist: only the driver uses them.
+# In a child running an older tree (before session 8 / 10) these do not exist: only the driver uses them.
 with contextlib.suppress(ImportError):
+    from bench.cpu_probe import CpuProbe
     from kraft.procutil import reap_children_on_exit, run_child
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +221,7 @@ class _Live:
         return result
 
 
-async def _interleave(lives: list[_Live], rounds: int, seconds: float) -> dict[str, Any]:
+async def _interleave(lives: list[_Live], rounds: int, seconds: float, probe: CpuProbe) -> dict[str, Any]:
     for live in lives:
         await live.open()
     try:
@@ -229,7 +235,8 @@ async def _interleave(lives: list[_Live], rounds: int, seconds: float) -> dict[s
                 order = lives if index % 2 == 0 else list(reversed(lives))
                 for live in order:
                     label = live.variant.label
-                    result = await live.window(seconds, workers, f"{part}-{index}-{label}")
+                    with probe.phase(f"{part}-{index}-{label}"):
+                        result = await live.window(seconds, workers, f"{part}-{index}-{label}")
                     windows[label][part].append(result)
                     raft = result["raft"]
                     print(
@@ -245,8 +252,12 @@ async def _interleave(lives: list[_Live], rounds: int, seconds: float) -> dict[s
             await live.close()
 
 
-def interleaved(variants: list[Variant], rounds: int, seconds: float) -> dict[str, Any]:
+def interleaved(
+    variants: list[Variant], rounds: int, seconds: float, cpu_probe: bool = True
+) -> dict[str, Any]:
+    probe = CpuProbe()  # never started without cpu_probe: the windows are marked on it all the same
     with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ops-") as tmp, contextlib.ExitStack() as stack:
+        stack.callback(probe.stop)
         lives = []
         for variant in variants:
             live = _Live(variant, Path(tmp) / variant.label)
@@ -256,7 +267,15 @@ def interleaved(variants: list[Variant], rounds: int, seconds: float) -> dict[st
         # this process has gRPC running once aborted at start (epoll_wait: bad file descriptor).
         for live in lives:
             live.leader_id = live.quorum.wait_for_leader(timeout_s=60).node_id
-        windows = asyncio.run(_interleave(lives, rounds, seconds))
+        if cpu_probe:
+            probe.start()
+        windows = asyncio.run(_interleave(lives, rounds, seconds, probe))
+    report = probe.report() if cpu_probe else None
+    if report is not None:
+        for label, parts in windows.items():
+            for part, results in parts.items():
+                for index, result in enumerate(results):
+                    result["speed_factor"] = report["phases"][f"{part}-{index}-{label}"]["speed_factor"]
     summary: dict[str, Any] = {}
     for label, parts in windows.items():
         many, one = parts["admin_ops"], parts["admin_ops_one_client"]
@@ -272,7 +291,13 @@ def interleaved(variants: list[Variant], rounds: int, seconds: float) -> dict[st
             "one_client_p50_ms": [w["p50_ms"] for w in one],
             "one_client_p50_ms_median": round(statistics.median(w["p50_ms"] for w in one), 2),
         }
-    return {"windows": windows, "summary": summary}
+        if report is not None:
+            summary[label]["speed_factor"] = [w["speed_factor"] for w in many]
+            summary[label]["one_client_speed_factor"] = [w["speed_factor"] for w in one]
+    document: dict[str, Any] = {"windows": windows, "summary": summary}
+    if report is not None:
+        document["cpu_probe"] = report
+    return document
 
 
 # ------------------------------------------------------------------------------------------ the driver
@@ -341,7 +366,11 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ops = [r["admin_ops"]["ops_per_second"] for r in runs]
     one = [r["admin_ops_one_client"]["p50_ms"] for r in runs]
     leader = [r["cpu_us_per_op_16_clients"]["leader"] for r in runs]
+    speed = (
+        {"speed_factor": [r["speed_factor"] for r in runs]} if all("speed_factor" in r for r in runs) else {}
+    )
     return {
+        **speed,
         "ops_per_second": ops,
         "ops_per_second_median": round(statistics.median(ops), 1),
         "one_client_p50_ms": one,
@@ -365,13 +394,14 @@ def main(argv: list[str] | None = None) -> int:
         "window each; topics accumulate over the windows): less load drift between the compared windows",
     )
     parser.add_argument("--out", type=Path, help="write every run and the summary there as JSON")
+    parser.add_argument("--no-cpu-probe", action="store_true", help="no CPU-speed probe (bench.cpu_probe)")
     args = parser.parse_args(argv)
     try:
         variants = [Variant.parse(text) for text in args.variant or ["this"]]
     except ValueError as exc:
         parser.error(str(exc))
     if args.interleave:
-        document = interleaved(variants, args.rounds, args.seconds)
+        document = interleaved(variants, args.rounds, args.seconds, not args.no_cpu_probe)
         for label, values in document["summary"].items():
             print(f"summary variant={label} " + " ".join(f"{k}={v}" for k, v in values.items()))
         if args.out is not None:
@@ -382,10 +412,48 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(document, indent=2) + "\n")
         return 0
     runs: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
-    for index in range(args.rounds):
+    probe = CpuProbe()  # never started with --no-cpu-probe: the runs are marked on it all the same
+    if not args.no_cpu_probe:
+        probe.start()
+    try:
+        _sequential(variants, args.rounds, args.seconds, runs, probe)
+    finally:
+        probe.stop()
+    report = None if args.no_cpu_probe else probe.report()
+    if report is not None:
+        for label, values in runs.items():
+            for index, result in enumerate(values):
+                # the whole run: the child's quorum start and both windows
+                result["speed_factor"] = report["phases"][f"{index}-{label}"]["speed_factor"]
+    summaries = {label: summary(values) for label, values in runs.items()}
+    for label, values in summaries.items():
+        print(f"summary variant={label} " + " ".join(f"{k}={v}" for k, v in values.items()))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        document = {
+            "variants": {v.label: {"tree": str(v.tree), "overrides": v.overrides} for v in variants},
+            "runs": runs,
+            "summary": summaries,
+        }
+        if report is not None:
+            document["cpu_probe"] = report
+        args.out.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+def _sequential(
+    variants: list[Variant],
+    rounds: int,
+    seconds: float,
+    runs: dict[str, list[dict[str, Any]]],
+    probe: CpuProbe,
+) -> None:
+    """Every variant once per round in a child of its own, the order flipped every round."""
+    for index in range(rounds):
         order = variants if index % 2 == 0 else list(reversed(variants))
         for variant in order:
-            result = run_variant(variant, args.seconds)
+            with probe.phase(f"{index}-{variant.label}"):
+                result = run_variant(variant, seconds)
             runs[variant.label].append(result)
             cpu = result["cpu_us_per_op_16_clients"]
             print(
@@ -398,18 +466,6 @@ def main(argv: list[str] | None = None) -> int:
                 f"load={result['load_average_before']}",
                 flush=True,
             )
-    summaries = {label: summary(values) for label, values in runs.items()}
-    for label, values in summaries.items():
-        print(f"summary variant={label} " + " ".join(f"{k}={v}" for k, v in values.items()))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        document = {
-            "variants": {v.label: {"tree": str(v.tree), "overrides": v.overrides} for v in variants},
-            "runs": runs,
-            "summary": summaries,
-        }
-        args.out.write_text(json.dumps(document, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,12 @@ What is measured (results in ``bench/results/controller.json``):
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
+- **cpu_probe** (unless ``--no-cpu-probe``): per phase above, the host's CPU speed from a probe process
+  beside the run (:mod:`bench.cpu_probe`; ``speed_factor`` 1.7 = the same CPU work took 1.7x as long as
+  at the reference, fast, speed) and the competition for the CPUs (``others_busy_cpus``: CPUs busy with
+  processes not of this benchmark).  How to read a run with them: raft-performance.md, "CPU-speed probe
+  (session 10)".  With ``--tls`` the same key reports each window as ``plaintext:PART`` / ``tls:PART``.
+
 - **tls** (``--tls``, instead of the above): the same 3-controller quorum over PLAINTEXT and then as
   ``kraft cluster up --tls`` runs it — mutual TLS on every link and the StandardAuthorizer (the clients
   use the admin certificate, a super user; brokers are simulated by the same client, as above): CreateTopics
@@ -52,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import proc_cpu
+from bench.cpu_probe import CpuProbe
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -310,8 +317,11 @@ async def cluster_benchmarks(
     brokers: int | None = None,
     partitions: int | None = None,
     cpu: bool = False,
+    probe: CpuProbe | None = None,
 ) -> dict[str, Any]:
     brokers = brokers or (200 if quick else 1000)
+    # without a probe the phases are marked on one nobody reads (never started: no process)
+    probe = probe or CpuProbe()
     partitions = partitions or (20_000 if quick else 100_000)
     idle_s = 10.0 if quick else 30.0
     with ControllerQuorum(base, overrides=PROFILE, test_append=False) as quorum:
@@ -327,10 +337,12 @@ async def cluster_benchmarks(
             tasks = [asyncio.create_task(fleet.run_one(1, 0.0))]
             try:
                 results: dict[str, Any] = {}
-                results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
-                results["admin_ops_one_client"] = await admin_ops(
-                    client, 5.0 if quick else 10.0, workers=1, prefix="admin-one"
-                )
+                with probe.phase("admin_ops"):
+                    results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
+                with probe.phase("admin_ops_one_client"):
+                    results["admin_ops_one_client"] = await admin_ops(
+                        client, 5.0 if quick else 10.0, workers=1, prefix="admin-one"
+                    )
                 # The bulk requests are built now: building 100,000 assignments takes the harness's own
                 # event loop for a second, which would show up as heartbeat latency in the bulk window.
                 per_topic = 1000
@@ -350,6 +362,7 @@ async def cluster_benchmarks(
                 start = time.monotonic()
                 await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
                 registration_s = time.monotonic() - start
+                probe.mark("registration", start, start + registration_s)
                 tasks += [
                     asyncio.create_task(fleet.run_one(b, (b % 1000) * fleet.interval_s / min(brokers, 1000)))
                     for b in fleet.epochs
@@ -358,19 +371,22 @@ async def cluster_benchmarks(
                 idle_start = time.monotonic()
                 await asyncio.sleep(idle_s)
                 idle_end = time.monotonic()
+                probe.mark("heartbeats_idle", idle_start, idle_end)
                 before = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
 
                 cpu_before = cpu_marks(quorum) if cpu else {}
                 start = time.monotonic()
                 created = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=bulk))
                 create_s = time.monotonic() - start
+                probe.mark("create_partitions", start, start + create_s)
                 if cpu:
                     results["cpu_create_partitions"] = cpu_between(
                         cpu_before, cpu_marks(quorum), create_s, before.controller_id
                     )
                 check_created(created)
 
-                check_created(await client.call(lambda s: s.CreateTopics, led_request))
+                with probe.phase("create_led_by_1"):
+                    check_created(await client.call(lambda s: s.CreateTopics, led_request))
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
                 leading = next(b.leader_count for b in cluster.brokers if b.broker_id == 1)
 
@@ -381,6 +397,7 @@ async def cluster_benchmarks(
                     lambda s: s.ShutdownBroker, cpb.ShutdownBrokerRequest(broker_id=1)
                 )
                 shutdown_s = time.monotonic() - start
+                probe.mark("controlled_shutdown", start, start + shutdown_s)
                 if cpu:
                     results["cpu_controlled_shutdown"] = cpu_between(
                         cpu_before, cpu_marks(quorum), shutdown_s, cluster.controller_id
@@ -388,6 +405,8 @@ async def cluster_benchmarks(
                 bulk_end = time.monotonic()
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
+                probe.mark("heartbeats_during_bulk", idle_end, bulk_end)
+                probe.mark("heartbeats_after_bulk", bulk_end, settle_end)
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
             finally:
                 for task in tasks:
@@ -441,8 +460,11 @@ async def cluster_benchmarks(
             return results
 
 
-async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float) -> dict[str, Any]:
-    """Admin latency (1 and 16 clients) and a heartbeating fleet's latency against a started quorum."""
+async def security_point(
+    quorum: ControllerQuorum, brokers: int, window_s: float, probe: CpuProbe, name: str
+) -> dict[str, Any]:
+    """Admin latency (1 and 16 clients) and a heartbeating fleet's latency against a started quorum (each
+    window marked on ``probe`` as ``name:part``)."""
     quorum.wait_for_leader(timeout_s=60)
     targets = [node.target for node in quorum.nodes.values()]
     async with AdminClient(targets, timeout_s=120, clock=SystemClock()) as client:
@@ -453,9 +475,12 @@ async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float
             # broker 1 hosts the topics and keeps its session alive while the admin benchmark runs
             await fleet.register(1)
             tasks.append(asyncio.create_task(fleet.run_one(1, 0.0)))
-            one = await admin_ops(client, window_s, workers=1, prefix="one")
-            many = await admin_ops(client, window_s, workers=16, prefix="many")
-            most = await admin_ops(client, window_s, workers=64, prefix="most")
+            with probe.phase(f"{name}:admin_ops_one_client"):
+                one = await admin_ops(client, window_s, workers=1, prefix="one")
+            with probe.phase(f"{name}:admin_ops"):
+                many = await admin_ops(client, window_s, workers=16, prefix="many")
+            with probe.phase(f"{name}:admin_ops_64_clients"):
+                most = await admin_ops(client, window_s, workers=64, prefix="most")
             await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
             tasks += [
                 asyncio.create_task(fleet.run_one(b, (b % brokers) * fleet.interval_s / brokers))
@@ -465,6 +490,7 @@ async def security_point(quorum: ControllerQuorum, brokers: int, window_s: float
             start = time.monotonic()
             await asyncio.sleep(2 * window_s)
             end = time.monotonic()
+            probe.mark(f"{name}:heartbeats", start, end)
         finally:
             for task in tasks:
                 task.cancel()
@@ -490,18 +516,21 @@ def tls_overrides(quorum_size: int) -> dict[str, str]:
     }
 
 
-def tls_comparison(quick: bool, base: Path, brokers: int | None = None) -> dict[str, Any]:
+def tls_comparison(
+    quick: bool, base: Path, brokers: int | None = None, probe: CpuProbe | None = None
+) -> dict[str, Any]:
     """:func:`security_point` on a PLAINTEXT quorum, then on an mTLS + authorizer one (one at a time)."""
     brokers = brokers or (200 if quick else 1000)
     window_s = 5.0 if quick else 10.0
     points: dict[str, Any] = {}
+    probe = probe or CpuProbe()  # without one the windows are marked on a probe never started
     for name, tls in (("plaintext", False), ("tls", True)):
         overrides = {**PROFILE, **(tls_overrides(3) if tls else {})}
         with ControllerQuorum(base / name, overrides=overrides, test_append=False, tls=tls) as quorum:
             quorum.start()
             set_default_security(quorum.client_security())
             try:
-                points[name] = asyncio.run(security_point(quorum, brokers, window_s))
+                points[name] = asyncio.run(security_point(quorum, brokers, window_s, probe, name))
             finally:
                 set_default_security(PLAINTEXT_SECURITY)
     cost: dict[str, float] = {}
@@ -521,15 +550,28 @@ def tls_comparison(quick: bool, base: Path, brokers: int | None = None) -> dict[
 
 
 def run_tls(
-    quick: bool, results_path: Path, work_dir: Path | None = None, brokers: int | None = None
+    quick: bool,
+    results_path: Path,
+    work_dir: Path | None = None,
+    brokers: int | None = None,
+    cpu_probe: bool = True,
+    probe_reference_ms: float | None = None,
 ) -> dict[str, Any]:
     started = time.time()
     load_before = os.getloadavg()
-    if work_dir is not None:
-        comparison = tls_comparison(quick, work_dir, brokers)
-    else:
-        with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-tls-") as tmp:
-            comparison = tls_comparison(quick, Path(tmp), brokers)
+    probe = CpuProbe()
+    if cpu_probe:
+        probe.start()
+    try:
+        if work_dir is not None:
+            comparison = tls_comparison(quick, work_dir, brokers, probe)
+        else:
+            with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-tls-") as tmp:
+                comparison = tls_comparison(quick, Path(tmp), brokers, probe)
+    finally:
+        probe.stop()
+    if cpu_probe:
+        comparison["cpu_probe"] = probe.report(probe_reference_ms)
     results: dict[str, Any] = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "duration_s": round(time.time() - started, 1),
@@ -558,12 +600,24 @@ def run(
     partitions: int | None = None,
     image_memory: bool = True,
     cpu: bool = False,
+    cpu_probe: bool = True,
+    probe_reference_ms: float | None = None,
 ) -> dict[str, Any]:
-    if work_dir is not None:  # kept afterwards: node logs for diagnosis
-        cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions, cpu))
-    else:
-        with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
-            cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu))
+    probe = CpuProbe()
+    if cpu_probe:
+        probe.start()
+    try:
+        if work_dir is not None:  # kept afterwards: node logs for diagnosis
+            cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe))
+        else:
+            with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
+                cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe))
+        image = None
+        if image_memory:
+            with probe.phase("image_memory"):
+                image = measure_image_memory(quick)
+    finally:
+        probe.stop()
     results: dict[str, Any] = {
         "machine": {
             "python": platform.python_version(),
@@ -574,8 +628,10 @@ def run(
         "profile": dict(PROFILE),
         **cluster,
     }
-    if image_memory:
-        results["image_memory"] = measure_image_memory(quick)
+    if image is not None:
+        results["image_memory"] = image
+    if cpu_probe:
+        results["cpu_probe"] = probe.report(probe_reference_ms)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -605,6 +661,18 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_controlled_shutdown)",
     )
     parser.add_argument(
+        "--no-cpu-probe",
+        action="store_true",
+        help="run no CPU-speed probe beside the benchmark (bench.cpu_probe; by default it samples a fixed "
+        "loop every 0.25 s, ~2-4 %% of one core, and reports the host's speed per phase under cpu_probe)",
+    )
+    parser.add_argument(
+        "--probe-reference-ms",
+        type=float,
+        help="the probe's reference ms per sample (fast mode) shared by a series of runs; default the "
+        "run's own 10th percentile",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -627,7 +695,14 @@ def main(argv: list[str] | None = None) -> int:
     # completion-queue thread get the GIL often, or the harness itself delays the heartbeats it measures.
     sys.setswitchinterval(0.0001)
     if args.tls:
-        results = run_tls(args.quick, args.out or TLS_RESULTS_PATH, args.work_dir, args.brokers)
+        results = run_tls(
+            args.quick,
+            args.out or TLS_RESULTS_PATH,
+            args.work_dir,
+            args.brokers,
+            not args.no_cpu_probe,
+            args.probe_reference_ms,
+        )
         print(json.dumps(results, indent=2))
         return 0
     results = run(
@@ -638,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
         args.partitions,
         not args.no_image_memory,
         args.cpu,
+        not args.no_cpu_probe,
+        args.probe_reference_ms,
     )
     print(json.dumps(results, indent=2))
     return 0
