@@ -6,8 +6,9 @@ quorum A's controllers run the code of ``TREE_A``, quorum B's that of ``TREE_B``
 starts with its tree as working directory, so ``python -m kraft.cli.main`` imports that tree) — prefills
 both the same way (``bench.controller``'s 16-client ``admin_ops`` part, thousands of topics), then runs
 short one-client CreateTopics windows alternating A, B, B, A, … so both see the same host load.  Per
-window it reads the CPU (``/proc``, utime + stime) of every controller process and of this client, per
-CreateTopics.  Broker 1 is registered and heartbeats in both quorums, as in ``bench.controller``.
+window it reads the CPU (``/proc``, utime + stime) of every controller process (and of the leader's
+main thread apart) and of this client, per CreateTopics.  Broker 1 is registered and heartbeats in both
+quorums, as in ``bench.controller``.
 
 The client code (this process) is the tree it is run from; only the controllers differ.  Run under
 ``flock /tmp/kraft-bench.lock``:
@@ -45,6 +46,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def main_thread_cpu_seconds(pid: int) -> float:
+    """utime + stime of the main thread of process ``pid`` (the event loop of the controller's logic and
+    Raft driver; the rest is the gRPC intake thread, gRPC's own threads and the fsync workers)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 @contextlib.contextmanager
 def code_of(tree: Path) -> Iterator[None]:
     """Controllers started inside run ``tree``'s code (their working directory is the repository root)."""
@@ -63,16 +71,22 @@ async def _window(
     leader = quorum.wait_for_leader(timeout_s=10).node_id
     load = os.getloadavg()[0]
     before = {node_id: cpu_seconds(pid) for node_id, pid in pids.items()}
+    main_before = {node_id: main_thread_cpu_seconds(pid) for node_id, pid in pids.items()}
     own_before = time.process_time()
     result = await admin_ops(client, seconds, workers=1, prefix=prefix)
     own = time.process_time() - own_before
     ops = max(1, result["ops"])
     cpu = {node_id: (cpu_seconds(pid) - before[node_id]) / ops * 1e6 for node_id, pid in pids.items()}
+    main = {
+        node_id: (main_thread_cpu_seconds(pid) - main_before[node_id]) / ops * 1e6
+        for node_id, pid in pids.items()
+    }
     return {
         "p50_ms": result["p50_ms"],
         "p99_ms": result["p99_ms"],
         "ops": result["ops"],
         "leader_cpu_us": round(cpu.get(leader, 0.0)),
+        "leader_main_thread_cpu_us": round(main.get(leader, 0.0)),
         "followers_cpu_us": round(sum(v for node_id, v in cpu.items() if node_id != leader)),
         "client_cpu_us": round(own / ops * 1e6),
         "load_1m": round(load, 2),
@@ -117,7 +131,15 @@ async def _run(
     summary = {
         side: {
             key: round(statistics.median(row[key] for row in rows[side]), 2)
-            for key in ("p50_ms", "p99_ms", "leader_cpu_us", "followers_cpu_us", "client_cpu_us", "load_1m")
+            for key in (
+                "p50_ms",
+                "p99_ms",
+                "leader_cpu_us",
+                "leader_main_thread_cpu_us",
+                "followers_cpu_us",
+                "client_cpu_us",
+                "load_1m",
+            )
         }
         for side in _SIDES
         if rows[side]
