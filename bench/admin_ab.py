@@ -12,7 +12,8 @@ quorums, as in ``bench.controller``.
 
 The client code (this process) is the tree it is run from; only the controllers differ.  Run under
 ``flock /tmp/kraft-bench.lock``:
-``python -m bench.admin_ab TREE_A TREE_B [--pairs N] [--seconds S] [--prefill S] [--out PATH]``.
+``python -m bench.admin_ab TREE_A TREE_B [--pairs N] [--seconds S] [--prefill S] [--brokers N] [--out PATH]``
+(``--brokers``: that many brokers registered and heartbeating every 2 s in each quorum, not just broker 1).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import kraft.cluster.quorum as quorum_module
-from bench.controller import PROFILE, Fleet, admin_ops
+from bench.controller import PROFILE, Fleet, admin_ops, gather_limited
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerQuorum
@@ -94,7 +95,7 @@ async def _window(
 
 
 async def _run(
-    quorums: dict[str, ControllerQuorum], pairs: int, seconds: float, prefill_s: float
+    quorums: dict[str, ControllerQuorum], pairs: int, seconds: float, prefill_s: float, brokers: int = 1
 ) -> dict[str, Any]:
     clients: dict[str, AdminClient] = {}
     beats: dict[str, AdminClient] = {}
@@ -111,6 +112,15 @@ async def _run(
             fleets[side] = Fleet(clients[side], beats[side], quorum.cluster_id, interval_s=2.0)
             await fleets[side].register(1)
             heartbeats.append(asyncio.create_task(fleets[side].run_one(1, 0.0)))
+            if brokers > 1:
+                # more brokers, all unfenced and heartbeating (spread over the interval): a CreateTopics
+                # places its partitions over all of them (the same load on both quorums)
+                fleet = fleets[side]
+                await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
+                heartbeats.extend(
+                    asyncio.create_task(fleet.run_one(b, b * fleet.interval_s / brokers))
+                    for b in range(2, brokers + 1)
+                )
         for side in _SIDES:
             if prefill_s > 0:
                 prefill[side] = await admin_ops(clients[side], prefill_s, workers=16, prefix="prefill")
@@ -122,7 +132,7 @@ async def _run(
                 print(f"pair {index} {side}: {row}", flush=True)
     finally:
         for fleet in fleets.values():
-            fleet.stopped.add(1)
+            fleet.stopped.update(fleet.epochs)
         for task in heartbeats:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
@@ -148,7 +158,9 @@ async def _run(
     return {"summary": summary, "b_better_pairs": b_better, "rows": rows, "prefill": prefill}
 
 
-def run(tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float) -> dict[str, Any]:
+def run(
+    tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float, brokers: int = 1
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ab-") as tmp:
         quorums: dict[str, ControllerQuorum] = {}
         try:
@@ -157,7 +169,7 @@ def run(tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float
                 quorums[side] = quorum
                 with code_of(tree):
                     quorum.start()
-            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s))
+            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, brokers))
         finally:
             for quorum in quorums.values():
                 quorum.close()
@@ -173,10 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=10, help="alternated pairs of windows (default 10)")
     parser.add_argument("--seconds", type=float, default=2.5, help="length of each window (default 2.5)")
     parser.add_argument("--prefill", type=float, default=10.0, metavar="S", help="16-client prefill, each")
+    parser.add_argument(
+        "--brokers", type=int, default=1, help="registered, heartbeating brokers in each quorum (default 1)"
+    )
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     args = parser.parse_args(argv)
     started = time.time()
-    result = run(args.tree_a.resolve(), args.tree_b.resolve(), args.pairs, args.seconds, args.prefill)
+    result = run(
+        args.tree_a.resolve(), args.tree_b.resolve(), args.pairs, args.seconds, args.prefill, args.brokers
+    )
+    result["brokers"] = args.brokers
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
