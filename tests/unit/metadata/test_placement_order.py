@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kraft.errors import ErrorCode
-from kraft.metadata import controller_logic, placement
+from kraft.metadata import controller_logic, partition_growth, placement
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.placement import UsableBroker, place_replicas, rack_alternated
@@ -108,3 +108,29 @@ def unfenced_brokers_from(logic: ControllerLogic, log: list[pb.MetadataRecord], 
     log.extend(logic.broker_heartbeat(beat, 0, len(log)).records)
     assert not logic.image.brokers[broker_id].fenced
     return len(log) - before
+
+
+def test_create_partitions_places_from_the_same_kept_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    logic = ControllerLogic(ControllerSettings(CLUSTER), MetadataImage.empty(), 0)
+    log = unfenced_brokers(logic, ["a", "b", "c", "a"])
+    assert _create(logic, log, "grown", 2, 2).error_code == ErrorCode.NONE
+    calls: list[int] = []
+    original = rack_alternated
+
+    def counted(brokers: list[UsableBroker]) -> list[UsableBroker]:
+        calls.append(len(brokers))
+        return original(brokers)
+
+    monkeypatch.setattr(controller_logic, "rack_alternated", counted)
+    monkeypatch.setattr(placement, "rack_alternated", counted)
+    cursor = logic.image.partition_count()
+    request = cpb.CreatePartitionsRequest(
+        cluster_id=CLUSTER, topics=[cpb.CreatePartitionsTopic(name="grown", count=7)]
+    )
+    out = partition_growth.create_partitions(logic, request, len(log))
+    assert out.response.topics[0].error_code == ErrorCode.NONE
+    log.extend(out.records)
+    assert calls == []  # the order kept since the CreateTopics above (the brokers did not change)
+    expected = _expected(logic, 5, 2, cursor)
+    assert [tuple(a.broker_ids) for a in out.response.topics[0].assignments] == expected
+    assert _assignment(logic, "grown")[2:] == expected
