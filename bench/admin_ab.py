@@ -6,14 +6,16 @@ quorum A's controllers run the code of ``TREE_A``, quorum B's that of ``TREE_B``
 starts with its tree as working directory, so ``python -m kraft.cli.main`` imports that tree) — prefills
 both the same way (``bench.controller``'s 16-client ``admin_ops`` part, thousands of topics), then runs
 short one-client CreateTopics windows alternating A, B, B, A, … so both see the same host load.  Per
-window it reads the CPU (``/proc``, utime + stime) of every controller process and of this client, per
-CreateTopics, and the host's CPU speed from a probe beside the run (:mod:`bench.cpu_probe`: ``speed_factor``
-per window, 1.7 = the same CPU work took 1.7x as long; off with ``--no-cpu-probe``).  Broker 1 is
-registered and heartbeats in both quorums, as in ``bench.controller``.
+window it reads the CPU (``/proc``, utime + stime) of every controller process (and of the leader's
+main thread apart) and of this client, per CreateTopics, and the host's CPU speed from a probe beside the
+run (:mod:`bench.cpu_probe`: ``speed_factor`` per window, 1.7 = the same CPU work took 1.7x as long; off
+with ``--no-cpu-probe``).  Broker 1 is registered and heartbeats in both quorums, as in
+``bench.controller`` (``--brokers N`` registers more).
 
 The client code (this process) is the tree it is run from; only the controllers differ.  Run under
 ``flock /tmp/kraft-bench.lock``:
-``python -m bench.admin_ab TREE_A TREE_B [--pairs N] [--seconds S] [--prefill S] [--out PATH]``.
+``python -m bench.admin_ab TREE_A TREE_B [--pairs N] [--seconds S] [--prefill S] [--brokers N] [--out PATH]``
+(``--brokers``: that many brokers registered and heartbeating every 2 s in each quorum, not just broker 1).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import kraft.cluster.quorum as quorum_module
-from bench.controller import PROFILE, Fleet, admin_ops
+from bench.controller import PROFILE, Fleet, admin_ops, gather_limited
 from bench.cpu_probe import CpuProbe
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
@@ -45,6 +47,13 @@ _SIDES = ("A", "B")
 def cpu_seconds(pid: int) -> float:
     """utime + stime of process ``pid`` (all its threads), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def main_thread_cpu_seconds(pid: int) -> float:
+    """utime + stime of the main thread of process ``pid`` (the event loop of the controller's logic and
+    Raft driver; the rest is the gRPC intake thread, gRPC's own threads and the fsync workers)."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
@@ -66,16 +75,22 @@ async def _window(
     leader = quorum.wait_for_leader(timeout_s=10).node_id
     load = os.getloadavg()[0]
     before = {node_id: cpu_seconds(pid) for node_id, pid in pids.items()}
+    main_before = {node_id: main_thread_cpu_seconds(pid) for node_id, pid in pids.items()}
     own_before = time.process_time()
     result = await admin_ops(client, seconds, workers=1, prefix=prefix)
     own = time.process_time() - own_before
     ops = max(1, result["ops"])
     cpu = {node_id: (cpu_seconds(pid) - before[node_id]) / ops * 1e6 for node_id, pid in pids.items()}
+    main = {
+        node_id: (main_thread_cpu_seconds(pid) - main_before[node_id]) / ops * 1e6
+        for node_id, pid in pids.items()
+    }
     return {
         "p50_ms": result["p50_ms"],
         "p99_ms": result["p99_ms"],
         "ops": result["ops"],
         "leader_cpu_us": round(cpu.get(leader, 0.0)),
+        "leader_main_thread_cpu_us": round(main.get(leader, 0.0)),
         "followers_cpu_us": round(sum(v for node_id, v in cpu.items() if node_id != leader)),
         "client_cpu_us": round(own / ops * 1e6),
         "load_1m": round(load, 2),
@@ -83,7 +98,12 @@ async def _window(
 
 
 async def _run(
-    quorums: dict[str, ControllerQuorum], pairs: int, seconds: float, prefill_s: float, probe: CpuProbe
+    quorums: dict[str, ControllerQuorum],
+    pairs: int,
+    seconds: float,
+    prefill_s: float,
+    probe: CpuProbe,
+    brokers: int = 1,
 ) -> dict[str, Any]:
     clients: dict[str, AdminClient] = {}
     beats: dict[str, AdminClient] = {}
@@ -100,6 +120,15 @@ async def _run(
             fleets[side] = Fleet(clients[side], beats[side], quorum.cluster_id, interval_s=2.0)
             await fleets[side].register(1)
             heartbeats.append(asyncio.create_task(fleets[side].run_one(1, 0.0)))
+            if brokers > 1:
+                # more brokers, all unfenced and heartbeating (spread over the interval): a CreateTopics
+                # places its partitions over all of them (the same load on both quorums)
+                fleet = fleets[side]
+                await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
+                heartbeats.extend(
+                    asyncio.create_task(fleet.run_one(b, b * fleet.interval_s / brokers))
+                    for b in range(2, brokers + 1)
+                )
         for side in _SIDES:
             if prefill_s > 0:
                 prefill[side] = await admin_ops(clients[side], prefill_s, workers=16, prefix="prefill")
@@ -112,7 +141,7 @@ async def _run(
                 print(f"pair {index} {side}: {row}", flush=True)
     finally:
         for fleet in fleets.values():
-            fleet.stopped.add(1)
+            fleet.stopped.update(fleet.epochs)
         for task in heartbeats:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
@@ -121,7 +150,15 @@ async def _run(
     summary = {
         side: {
             key: round(statistics.median(row[key] for row in rows[side]), 2)
-            for key in ("p50_ms", "p99_ms", "leader_cpu_us", "followers_cpu_us", "client_cpu_us", "load_1m")
+            for key in (
+                "p50_ms",
+                "p99_ms",
+                "leader_cpu_us",
+                "leader_main_thread_cpu_us",
+                "followers_cpu_us",
+                "client_cpu_us",
+                "load_1m",
+            )
         }
         for side in _SIDES
         if rows[side]
@@ -131,7 +168,13 @@ async def _run(
 
 
 def run(
-    tree_a: Path, tree_b: Path, pairs: int, seconds: float, prefill_s: float, cpu_probe: bool = True
+    tree_a: Path,
+    tree_b: Path,
+    pairs: int,
+    seconds: float,
+    prefill_s: float,
+    cpu_probe: bool = True,
+    brokers: int = 1,
 ) -> dict[str, Any]:
     probe = CpuProbe()  # never started without cpu_probe: the windows are marked on it all the same
     with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ab-") as tmp:
@@ -144,7 +187,7 @@ def run(
                 quorums[side] = quorum
                 with code_of(tree):
                     quorum.start()
-            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, probe))
+            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, probe, brokers))
         finally:
             probe.stop()
             for quorum in quorums.values():
@@ -170,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=10, help="alternated pairs of windows (default 10)")
     parser.add_argument("--seconds", type=float, default=2.5, help="length of each window (default 2.5)")
     parser.add_argument("--prefill", type=float, default=10.0, metavar="S", help="16-client prefill, each")
+    parser.add_argument(
+        "--brokers", type=int, default=1, help="registered, heartbeating brokers in each quorum (default 1)"
+    )
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     parser.add_argument("--no-cpu-probe", action="store_true", help="no CPU-speed probe (bench.cpu_probe)")
     args = parser.parse_args(argv)
@@ -181,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds,
         args.prefill,
         not args.no_cpu_probe,
+        args.brokers,
     )
+    result["brokers"] = args.brokers
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

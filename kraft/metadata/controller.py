@@ -682,6 +682,10 @@ class QuorumController:
                 response.topics.append(by_name[topic.name] if counts[topic.name] == 1 else duplicates.pop(0))
             return response
         chunks = _topic_chunks(req, self.options.max_work_unit_records)
+        if len(chunks) == 1 and len(counts) == len(req.topics):
+            # One part, every name once (a lone CreateTopics): the part is the request itself and its
+            # answer lists the topics in the request's order — no copy of either (issue #17).
+            return await self._create_part(req, CreateTally(), order)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.

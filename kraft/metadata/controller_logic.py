@@ -28,7 +28,6 @@ Caught up = the broker's reported metadata offset ≥ its broker epoch (the offs
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,7 +77,6 @@ from kraft.metadata.partition_reservations import (
 from kraft.metadata.placement import (
     UsableBroker,
     place_ordered_range,
-    place_replicas,
     placed_replica_counts,
     rack_alternated,
     rack_count,
@@ -93,6 +91,7 @@ from kraft.metadata.request_limits import (
     check_elect_leaders,
     check_register_broker,
 )
+from kraft.metadata.topic_ids import TopicIds
 from kraft.metadata.topic_rules import (
     check_partition_dir_names,
     check_partition_limits,
@@ -564,7 +563,7 @@ class ControllerLogic:
         self.clock = clock
         self.image = image
         self.heartbeats = HeartbeatTracker(settings.session_timeout_ms)
-        self._new_topic_id = new_topic_id or (lambda: str(uuid.uuid4()))
+        self._new_topic_id = new_topic_id or TopicIds()
         # offset of the last record of each broker's controlled shutdown (soft state, like Kafka's)
         self._shutdown_offsets: dict[int, int] = {}
         # per broker, the incarnations its latest accepted registration named as predecessors on its log
@@ -584,6 +583,8 @@ class ControllerLogic:
         self._rejoining: dict[int, _RejoinJob] = {}
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
+        # (brokers map of the image it was ordered for, usable brokers rack-alternated, racks)
+        self._placement_cache: tuple[Mapping[int, BrokerRegistration], list[UsableBroker], int] | None = None
         self._planned_ahead = PlannedAhead()
         # ...and the same partitions for the limits of other requests (with their replicas per broker)
         self.reservations = PartitionReservations()
@@ -1901,10 +1902,24 @@ class ControllerLogic:
                 ErrorCode.INVALID_REPLICATION_FACTOR,
                 f"replication factor must be positive (or -1: default), got {topic.replication_factor}",
             )
-        usable = self._usable_brokers()
-        if factor > len(usable):
-            raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(usable)))
-        return place_replicas(usable, partitions, factor, cursor)
+        ordered, racks = self._placement_order()
+        if factor > len(ordered):
+            raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(ordered)))
+        # what place_replicas(self._usable_brokers(), ...) places, from the cached order
+        return place_ordered_range(ordered, racks, 0, partitions, factor, cursor)
+
+    def _placement_order(self) -> tuple[list[UsableBroker], int]:
+        """The usable brokers :func:`rack_alternated` and their rack count, for the speculative image's
+        brokers.  Ordering them is O(brokers log brokers) — ~1 ms at 1,000 brokers — and every
+        CreateTopics placed its partitions from a fresh order; the brokers change rarely.  An image's
+        broker map is never changed in place (a delta that changes a broker gives the next image a new
+        map), so that map object is the key; the cache holds it, so its id cannot be reused."""
+        brokers = self.image.brokers
+        cached = self._placement_cache
+        if cached is None or cached[0] is not brokers:
+            ordered = rack_alternated(self._usable_brokers())
+            cached = self._placement_cache = (brokers, ordered, rack_count(ordered))
+        return cached[1], cached[2]
 
     def too_few_brokers(self, factor: int, usable: int) -> str:
         """Why ``factor`` replicas cannot be placed: which registered brokers are not usable right now."""

@@ -342,7 +342,7 @@ class WritePath:
         # the same loop turn as a cancellation of the waiting task, swallowing the cancellation — the idle
         # NoOp task then kept running and stop() never returned (found by the controller simulation).
         try:
-            committed = await self._timers.wait(future, self._timers.now_ms() + self._commit_timeout_ms)
+            committed = await self._timers.wait_own(future, self._timers.now_ms() + self._commit_timeout_ms)
         except asyncio.CancelledError:
             future.cancel()  # resolve_waiters skips it
             raise

@@ -4,8 +4,9 @@ A topic only grows: ``count`` is the new total and must be larger than the curre
 otherwise, as in Kafka).  The request's shape is bounded before any placement — ``max.request.topics``
 topics and ``max.request.partitions`` new partitions in all (POLICY_VIOLATION), a count above
 ``MAX_PARTITIONS_PER_TOPIC`` or whose partition directory names would not fit (INVALID_PARTITIONS) — then
-the new partitions are placed exactly like a new topic's (:func:`kraft.metadata.placement.place_replicas`
-over the unfenced brokers not shutting down, with the topic's replication factor, rack-aware), checked
+the new partitions are placed exactly like a new topic's (what :func:`kraft.metadata.placement.place_replicas`
+places over the unfenced brokers not shutting down, from the order the logic keeps per broker map, with
+the topic's replication factor, rack-aware), checked
 against ``max.partitions`` / ``max.broker.partitions`` (counting the partitions reserved by topics still
 being created: :mod:`kraft.metadata.partition_reservations`), and written as PartitionRecords with ids
 from the current count up.  Brokers see new partitions in their metadata delta and create (lead or
@@ -18,7 +19,7 @@ from collections import Counter
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.controller_logic import ControllerLogic, Outcome, _Batch, error_response
-from kraft.metadata.placement import UsableBroker, place_replicas
+from kraft.metadata.placement import place_ordered_range
 from kraft.metadata.request_limits import MAX_PARTITIONS_PER_TOPIC, RequestLimits
 from kraft.metadata.topic_rules import check_partition_dir_names, check_partition_limits
 from kraft.v1 import controller_pb2 as cpb
@@ -71,11 +72,8 @@ def create_partitions(
     reserved = logic.reservations
     cursor = cluster_partitions
     added: Counter[int] = Counter()
-    usable = [
-        UsableBroker(b.broker_id, b.rack)
-        for b in image.brokers.values()
-        if not b.fenced and not b.in_controlled_shutdown
-    ]
+    # the usable brokers rack-alternated, kept by the logic per broker map (not sorted per request)
+    ordered, racks = logic._placement_order()
     for topic in req.topics:
         result = response.topics.add(name=topic.name)
         try:
@@ -115,11 +113,12 @@ def create_partitions(
                 1,
                 reserved.partitions,
             )
-            if factor > len(usable):
+            if factor > len(ordered):
                 raise KraftError(
-                    ErrorCode.INVALID_REPLICATION_FACTOR, logic.too_few_brokers(factor, len(usable))
+                    ErrorCode.INVALID_REPLICATION_FACTOR, logic.too_few_brokers(factor, len(ordered))
                 )
-            assignment = place_replicas(usable, new, factor, cursor)
+            # what place_replicas(usable brokers, new, factor, cursor) places
+            assignment = place_ordered_range(ordered, racks, 0, new, factor, cursor)
             by_broker = Counter(b for replicas in assignment for b in replicas)
             check_partition_limits(
                 topic.name,

@@ -30,6 +30,7 @@ class Timers:
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._sleepers: set[asyncio.Future[None]] = set()
+        self._checks: set[Callable[[], None]] = set()  # deadline checks of wait_own()
 
     def now_ms(self) -> int:
         return self.clock.monotonic_ms()
@@ -74,6 +75,54 @@ class Timers:
                 event.remove_done_callback(sleeper_waker)
         return True
 
+    async def wait_own(self, future: asyncio.Future[None], deadline_ms: int) -> bool:
+        """:meth:`wait` for a future that only the caller waits on (a commit waiter's): True once it
+        completes (its exception, if any, stays in it), False once the clock reaches ``deadline_ms``
+        (``future`` is then cancelled).  ``future`` itself is awaited, so its completion resumes the
+        caller on the next loop turn; :meth:`wait` goes through a second future and a done-callback, a
+        turn more between a commit and the request's answer (issue #17, a lone write's path).
+
+        Cancelling the caller cancels ``future`` and raises, even when the deadline passed or the
+        future completed in the same turn (``asyncio.wait_for`` on Python 3.11 swallowed such a
+        cancellation: see :meth:`wait`)."""
+        loop = asyncio.get_running_loop()
+        expired = False
+        handle: asyncio.TimerHandle | None = None
+
+        def check() -> None:
+            # the loop's timer fired, or the clock moved: expire once the clock says so, else re-arm
+            nonlocal expired, handle
+            if future.done():
+                return
+            remaining_ms = deadline_ms - self.clock.monotonic_ms()
+            if remaining_ms > 0:
+                if handle is not None:
+                    handle.cancel()
+                handle = loop.call_later(remaining_ms / 1000, check)
+                return
+            expired = True
+            future.cancel()
+
+        check()
+        if expired:
+            return False
+        self._checks.add(check)
+        try:
+            await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if expired and (task is None or not task.cancelling()):
+                return False
+            future.cancel()
+            raise
+        except Exception:  # completed with an error: it stays in the future, for the caller
+            pass
+        finally:
+            self._checks.discard(check)
+            if handle is not None:
+                handle.cancel()
+        return True
+
     async def sleep_ms(self, delay_ms: int) -> None:
         await self.sleep_until(self.clock.monotonic_ms() + delay_ms)
 
@@ -81,3 +130,5 @@ class Timers:
         """The clock jumped (a test moved a ManualClock): every sleeper checks its deadline again."""
         for sleeper in list(self._sleepers):
             _wake(sleeper)
+        for check in list(self._checks):
+            check()

@@ -247,6 +247,10 @@ class HopInterceptor(_ServerInterceptor):
         self._main = main
         self._intake = intake
         self._native = native
+        # method -> (the server's handler, its hopping wrapper): the wrapper holds no per-call state, so
+        # it is built once per method, not for every call (a lone CreateTopics built it anew each time).
+        # Only methods the server has a handler for get here: bounded by the services registered.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
         self,
@@ -254,8 +258,17 @@ class HopInterceptor(_ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)
-        if handler is None or (self._native and handler_call_details.method in self._native):
+        method = handler_call_details.method
+        if handler is None or (self._native and method in self._native):
             return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(handler.unary_unary),

@@ -239,6 +239,36 @@ async def test_a_chunked_validate_only_request_is_bounded_like_the_real_one() ->
         await controller.stop()
 
 
+async def test_a_one_part_request_is_answered_in_its_order(active: tuple[FakeRaft, QuorumController]) -> None:
+    """A request of one part (the lone CreateTopics) goes to the logic as it is and its answer is the
+    part's: topics in the request's order, a dry run writes nothing, repeated names still refused."""
+    raft, controller = active
+    await activate_broker(controller, 1)
+    names = ["b", "a", "bad/name", "c"]
+    topics = [cpb.CreatableTopic(name=n, num_partitions=1, replication_factor=1) for n in names]
+    before = len(raft.log)
+    for validate_only in (True, False):
+        request = cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics, validate_only=validate_only)
+        response = await controller.create_topics(request)
+        assert response.error_code == ErrorCode.NONE and [t.name for t in response.topics] == names
+        assert [t.error_code == ErrorCode.NONE for t in response.topics] == [True, True, False, True]
+        if validate_only:
+            assert len(raft.log) == before and not controller.committed.topic_ids_by_name
+    committed = controller.committed.topic_ids_by_name
+    assert sorted(committed) == ["a", "b", "c"]
+    assert [committed[t.name] for t in response.topics if t.name in committed] == [
+        t.topic_id for t in response.topics if t.error_code == ErrorCode.NONE
+    ]
+    repeated = [cpb.CreatableTopic(name=n, num_partitions=1, replication_factor=1) for n in ("x", "y", "x")]
+    response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=repeated))
+    assert [t.name for t in response.topics] == ["x", "y", "x"]
+    assert [t.error_code for t in response.topics] == [
+        ErrorCode.INVALID_REQUEST,
+        0,
+        ErrorCode.INVALID_REQUEST,
+    ]
+
+
 async def test_a_controller_whose_writes_stop_committing_steps_aside() -> None:
     raft, controller = await started(ControllerOptions(noop_interval_ms=0, leader_lease_ms=100))
     try:

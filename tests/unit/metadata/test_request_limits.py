@@ -76,7 +76,7 @@ def test_validate_only_million_partitions_is_refused_before_placement(
     def no_placement(*args: object, **kwargs: object) -> object:
         raise AssertionError("placement ran for a request over the limit")
 
-    monkeypatch.setattr(controller_logic, "place_replicas", no_placement)
+    monkeypatch.setattr(controller_logic, "place_ordered_range", no_placement)
     logic = _logic(RequestLimits())
     bomb = cpb.CreateTopicsRequest(
         cluster_id=CLUSTER,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -61,6 +62,11 @@ class Handlers:
         async for request in requests:
             self.threads.append(threading.get_ident())
             yield request * 2
+
+
+def _details(method: str) -> Any:
+    """What grpc.aio hands an interceptor for a call of ``method``."""
+    return SimpleNamespace(method=method, invocation_metadata=())
 
 
 def _raw(value: bytes) -> bytes:
@@ -185,7 +191,7 @@ async def test_a_handler_on_the_main_loop_never_touches_the_call_from_the_main_t
         async def continuation(_details: Any) -> Any:
             return handler
 
-        wrapped = await hop.intercept_service(continuation, None)  # type: ignore[arg-type]
+        wrapped = await hop.intercept_service(continuation, _details("/s/M"))
         unary = wrapped.unary_unary
         assert unary is not None
         result: bytes = await unary(b"req", fake)  # type: ignore[arg-type]
@@ -199,3 +205,63 @@ async def test_a_handler_on_the_main_loop_never_touches_the_call_from_the_main_t
     assert seen["auth"]["x509_subject"] == [b"CN=controller-2"] and seen["peer"] == "ipv4:127.0.0.1:1"
     assert main_thread not in fake.threads and len(fake.threads) == 1  # ... the call only on the intake's
     assert fake.status == [("code", grpc.StatusCode.UNAVAILABLE), ("details", "shutting down")]
+
+
+async def test_the_hopping_handler_is_built_once_per_method_and_keeps_no_call_state() -> None:
+    handlers = Handlers()
+    port = free_port()
+    intake = IntakeLoop(name="test-intake")
+    intake.start()
+    hop = HopInterceptor(asyncio.get_running_loop(), intake.loop)
+
+    async def start() -> grpc.aio.Server:
+        server = _server(handlers, port, [hop])
+        await server.start()
+        return server
+
+    server = await intake.run(start())
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary(f"/{SERVICE}/Echo", _raw, _raw)
+            status = channel.unary_unary(f"/{SERVICE}/Status", _raw, _raw)
+            for word in (b"one", b"two", b"three"):
+                assert await echo(word, timeout=5) == b"echo:" + word
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await status(word, timeout=5)
+                # each call's own status, though the calls share one wrapper
+                assert refused.value.details() == f"not now: {word.decode()}"
+            wrapped = dict(hop._wrapped)
+            assert sorted(wrapped) == [f"/{SERVICE}/Echo", f"/{SERVICE}/Status"]
+            assert await echo(b"four", timeout=5) == b"echo:four"
+            assert hop._wrapped[f"/{SERVICE}/Echo"][1] is wrapped[f"/{SERVICE}/Echo"][1]  # not rebuilt
+            with pytest.raises(grpc.aio.AioRpcError) as unknown:
+                await channel.unary_unary(f"/{SERVICE}/Nope", _raw, _raw)(b"", timeout=5)
+            assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert f"/{SERVICE}/Nope" not in hop._wrapped  # only methods the server has are kept
+    finally:
+        await intake.run(server.stop(grace=0))
+        intake.close()
+
+
+async def test_a_new_handler_object_for_a_method_is_wrapped_anew() -> None:
+    intake = IntakeLoop(name="test-intake")
+    intake.start()
+    try:
+        hop = HopInterceptor(asyncio.get_running_loop(), intake.loop, native=frozenset({"/s/Native"}))
+        first = grpc.unary_unary_rpc_method_handler(Handlers().echo)
+        second = grpc.unary_unary_rpc_method_handler(Handlers().echo)
+
+        async def serving(handler: Any) -> Any:
+            async def continuation(_: grpc.HandlerCallDetails) -> Any:
+                return handler
+
+            return continuation
+
+        a = await hop.intercept_service(await serving(first), _details("/s/M"))
+        assert await hop.intercept_service(await serving(first), _details("/s/M")) is a
+        b = await hop.intercept_service(await serving(second), _details("/s/M"))
+        assert b is not a and b.unary_unary is not None
+        assert await hop.intercept_service(await serving(first), _details("/s/Native")) is first
+        assert await hop.intercept_service(await serving(None), _details("/s/Gone")) is None
+    finally:
+        intake.close()
