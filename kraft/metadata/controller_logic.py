@@ -190,8 +190,9 @@ class _ClosingCost:
     measured on the logic's clock after each chunk.  The scan counts what its changes will cost to close
     against the event's time budget (``Deadline.expired(reserve_ms)``), so a chunk of ~500 one-partition
     topics no longer closes 10 ms after a 5-ms scan (session 9: slices of 6-16 ms).  The first
-    measurement replaces the initial guess; later ones move the estimate half-way (a chunk preempted while
-    closing raises it for a few chunks only)."""
+    measurement replaces the initial guess; later ones move the estimate half-way, a sample counted at
+    most at twice the estimate: a chunk preempted (or kept from the GIL) while closing raises it by half at
+    most, while a lasting rise is followed within a few chunks."""
 
     __slots__ = ("measured", "ms_per_unit")
 
@@ -204,7 +205,9 @@ class _ClosingCost:
             return
         sample = elapsed_ms / units
         if self.measured:
-            self.ms_per_unit = (self.ms_per_unit + sample) / 2
+            # (capped from the initial guess at least: a closing under 1 ms reads 0 on a ms clock)
+            cap = 2 * max(self.ms_per_unit, INITIAL_CLOSING_MS_PER_UNIT)
+            self.ms_per_unit = (self.ms_per_unit + min(sample, cap)) / 2
         else:
             self.ms_per_unit, self.measured = sample, True
 

@@ -363,3 +363,25 @@ def test_the_closing_estimate_follows_what_slices_measure() -> None:
     # ~1 ms per topic closed, a topic is 1 + TOPIC_CLOSING_UNITS units: ~0.11 ms per unit (and the two
     # reads measuring it)
     assert 0.08 < logic.closing_cost.ms_per_unit < 0.2
+
+
+def test_one_slow_closing_raises_the_estimate_by_half_at_most_and_a_lasting_rise_is_followed() -> None:
+    logic = ControllerLogic(ControllerSettings(CLUSTER), MetadataImage.empty(), 0)
+    cost = logic.closing_cost
+    cost.note(10, 1_000)  # the first measurement replaces the initial guess
+    assert cost.measured and cost.ms_per_unit == 0.01
+    cost.note(100, 1_000)  # one chunk preempted while closing: 10x
+    assert cost.ms_per_unit == 0.015
+    cost.note(10, 1_000)
+    assert cost.ms_per_unit == 0.0125
+    for _ in range(12):  # the closing really became 4x dearer: followed
+        cost.note(40, 1_000)
+    assert 0.035 < cost.ms_per_unit <= 0.04
+    cost.note(0, 1_000)  # a closing under 1 ms reads 0 on the ms clock ...
+    cost.note(0, 1_000)
+    cost.note(0, 1_000)
+    cost.note(0, 1_000)
+    assert cost.ms_per_unit < 0.003
+    for _ in range(20):  # ... and the estimate still grows back from there
+        cost.note(20, 1_000)
+    assert 0.019 < cost.ms_per_unit <= 0.02
