@@ -121,7 +121,9 @@ def build(
     return logic, offset, delta.apply()
 
 
-def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, work_unit: int) -> dict[str, float]:
+def one_round(
+    logic: ControllerLogic, offset: int, image: MetadataImage, work_unit: int, event_ms: int
+) -> dict[str, float]:
     logic.reset(image, 0)
     while not logic.index_some(10**9):  # the rejoin index follows the image (a controller active a while)
         pass
@@ -143,11 +145,13 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, work_un
     gc.freeze()  # as the heap freezer does after a load: the image is not traced by every collection
     gc.callbacks.append(phases.gc_callback)
     slices: list[tuple[list[Any], float]] = []
+    slice_cpu_ms: list[float] = []  # CPU of each slice (thread time), the scan and its closing view
     try:
         started_wall = time.perf_counter()
         started = time.thread_time_ns()
         out = logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id="bench", broker_id=1), offset)
         phases.add("slices", time.thread_time_ns() - started)
+        slice_cpu_ms.append((time.thread_time_ns() - started) / 1e6)
         slices.append((list(out.records), time.perf_counter() - started_wall))
         offset += len(out.records)
         while logic.has_bulk_jobs():
@@ -155,6 +159,7 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, work_un
             started = time.thread_time_ns()
             more = logic.continue_bulk_jobs(offset)
             phases.add("slices", time.thread_time_ns() - started)
+            slice_cpu_ms.append((time.thread_time_ns() - started) / 1e6)
             if more:
                 slices.append((list(more), time.perf_counter() - started_wall))
                 offset += len(more)
@@ -188,6 +193,11 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, work_un
         "slices": float(len(slices)),
         "records": float(sum(len(r) for r, _ in slices)),
         "longest_slice_ms": max(w for _, w in slices) * 1000,
+        # per-slice CPU (GC included): what the event-time budget is about, without preemption
+        "slice_cpu_p50_ms": statistics.median(slice_cpu_ms),
+        "slice_cpu_p95_ms": statistics.quantiles(slice_cpu_ms, n=20)[-1] if len(slice_cpu_ms) > 1 else 0.0,
+        "slice_cpu_max_ms": max(slice_cpu_ms),
+        "slices_over_budget": float(sum(1 for ms in slice_cpu_ms if ms > event_ms * 1.2)),
         "slices_cpu": ms.get("slices", 0.0),
         "scan": ms.get("slices", 0.0) - ms.get("image", 0.0),
         "image": ms.get("image", 0.0),
@@ -223,7 +233,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     logic, offset, image = build(args.brokers, args.topics, args.small_topics, args.work_unit, args.event_ms)
-    rounds = [one_round(logic, offset, image, args.work_unit) for _ in range(args.rounds)]
+    rounds = [one_round(logic, offset, image, args.work_unit, args.event_ms) for _ in range(args.rounds)]
     result = {
         "benchmark": "shutdown_profile",
         "brokers": args.brokers,

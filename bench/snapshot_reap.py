@@ -69,7 +69,7 @@ class _Follower:
     def unregister_listener(self, listener: RaftListener) -> None:
         pass
 
-    def schedule_append(self, records: Sequence[bytes]) -> int:
+    def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         raise NotLeaderError(_NO_LEADER)
 
     async def append(self, records: Sequence[bytes]) -> int:

@@ -71,9 +71,11 @@ class Deadline:
         self.started_ms = 0 if self._clock is None else self._clock.monotonic_ms()
         self._until_ms = self.started_ms + budget_ms
 
-    def expired(self) -> bool:
+    def expired(self, reserve_ms: float = 0.0) -> bool:
+        """``reserve_ms``: time the unit will still spend after it stops (work it already took on and
+        closes at the end, e.g. the speculative image of a bulk slice's changes), counted as spent now."""
         clock = self._clock
-        return clock is not None and clock.monotonic_ms() >= self._until_ms
+        return clock is not None and clock.monotonic_ms() + reserve_ms >= self._until_ms
 
 
 async def run_paced(

@@ -65,7 +65,7 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.metadata.offline_replicas import guard_for
-from kraft.metadata.partition_change import build_change, leave_change
+from kraft.metadata.partition_change import build_change, leave_change, rules_matter
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.partition_reservations import (
     LeftOut,
@@ -117,6 +117,13 @@ DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 LEAVE_SCAN_PARTITIONS = 10_000
 # Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
 INDEX_SLICE_PARTITIONS = 5_000
+# What closing a leave-job chunk costs after its scan (adding the changes to the speculative image, its
+# apply(), the rejoin and ELR indexes), in units of one changed partition: a touched topic costs this
+# many more (bench.shutdown_profile, session 10: ~2 µs per change of a big topic, ~18 µs for a
+# one-partition topic's change; the ratio matters, the unit's time is measured: _ClosingCost).
+TOPIC_CLOSING_UNITS = 8
+# The closing cost assumed before the first chunk measured it (ms per unit; ~2 µs on the 2-core host).
+INITIAL_CLOSING_MS_PER_UNIT = 0.002
 
 
 _election_log = get_logger("controller.elections")
@@ -174,6 +181,34 @@ class ControllerSettings:
     below it the ISR's departed members stay eligible leaders (KIP-966, kraft.metadata.election_config)."""
     unclean_leader_election_enable: bool = False
     """``unclean.leader.election.enable`` for a topic with no value of its own nor a cluster-wide default."""
+
+
+class _ClosingCost:
+    """The time a leave-job chunk spends after its scan (adding its changes, the speculative image and
+    its indexes: ``_Batch.view``), per unit (a change, or :data:`TOPIC_CLOSING_UNITS` per touched topic),
+    measured on the logic's clock after each chunk.  The scan counts what its changes will cost to close
+    against the event's time budget (``Deadline.expired(reserve_ms)``), so a chunk of ~500 one-partition
+    topics no longer closes 10 ms after a 5-ms scan (session 9: slices of 6-16 ms).  The first
+    measurement replaces the initial guess; later ones move the estimate half-way, a sample counted at
+    most at twice the estimate: a chunk preempted (or kept from the GIL) while closing raises it by half at
+    most, while a lasting rise is followed within a few chunks."""
+
+    __slots__ = ("measured", "ms_per_unit")
+
+    def __init__(self) -> None:
+        self.ms_per_unit = INITIAL_CLOSING_MS_PER_UNIT
+        self.measured = False
+
+    def note(self, elapsed_ms: int, units: int) -> None:
+        if units <= 0:
+            return
+        sample = elapsed_ms / units
+        if self.measured:
+            # (capped from the initial guess at least: a closing under 1 ms reads 0 on a ms clock)
+            cap = 2 * max(self.ms_per_unit, INITIAL_CLOSING_MS_PER_UNIT)
+            self.ms_per_unit = (self.ms_per_unit + min(sample, cap)) / 2
+        else:
+            self.ms_per_unit, self.measured = sample, True
 
 
 @dataclass(slots=True)
@@ -580,6 +615,8 @@ class ControllerLogic:
         # partitions an unfence may change, per broker, following the speculative image delta by delta
         self.rejoin_index = RejoinIndex()
         self._leaving: dict[int, _LeaveJob] = {}
+        # what closing a leave-job chunk costs per change (measured per chunk; a property of the host)
+        self.closing_cost = _ClosingCost()
         self._rejoining: dict[int, _RejoinJob] = {}
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
@@ -980,6 +1017,8 @@ class ControllerLogic:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS  # bounds a chunk that finds few changes (a long scan)
         deadline = batch.deadline
+        clock = self.clock if self.settings.max_event_time_ms > 0 else None
+        closing = self.closing_cost
         ticks = 0
         for job in list(self._leaving.values()):
             if budget <= 0 or scan_budget <= 0:
@@ -991,15 +1030,17 @@ class ControllerLogic:
             broker_id = job.broker_id
             unclean_shutdown = job.unclean
             changes: list[tuple[pb.MetadataRecord, str, int, PartitionRegistration]] = []
+            touched = 0  # topics with a change in ``changes`` (each costs its own share of the closing)
             while job.position < len(job.topic_ids) and len(changes) < budget and scan_budget > 0:
                 topic = topics.get(job.topic_ids[job.position])
                 partitions = () if topic is None else topic.partitions
-                min_isr, unclean_election = (
-                    (1, False) if topic is None else self.election_rules(image, topic.name)
-                )
+                # Looked up at the topic's first partition whose change may depend on them: a sole
+                # replica's leave never does (two config lookups saved per one-partition topic).
+                rules: tuple[int, bool] | None = None
                 index = job.partition_position
                 end = min(len(partitions), index + scan_budget)
                 scan_budget -= end - index + 1
+                had = len(changes)
                 while index < end and len(changes) < budget:
                     partition = partitions[index]
                     if (
@@ -1008,13 +1049,19 @@ class ControllerLogic:
                         or (unclean_shutdown and broker_id in partition.elr)
                     ):
                         assert topic is not None
+                        accept = (
+                            guard.for_partition(acceptable, topic.topic_id, index)
+                            if guard.active
+                            else acceptable
+                        )
+                        if rules is None and rules_matter(partition, accept, broker_id):
+                            rules = self.election_rules(image, topic.name)
+                        min_isr, unclean_election = (1, False) if rules is None else rules
                         change = leave_change(
                             topic.topic_id,
                             index,
                             partition,
-                            guard.for_partition(acceptable, topic.topic_id, index)
-                            if guard.active
-                            else acceptable,
+                            accept,
                             broker_id,
                             min_isr=min_isr,
                             unclean_shutdown=unclean_shutdown,
@@ -1030,16 +1077,28 @@ class ControllerLogic:
                     ticks += 1
                     if ticks >= CHECK_EVERY:
                         ticks = 0
-                        if deadline.expired():  # the event's time budget: the rest in the next slice
+                        # the event's time budget, what closing the changes so far will take counted
+                        # as spent: the rest in the next slice
+                        pending = len(changes) + TOPIC_CLOSING_UNITS * (touched + (len(changes) > had))
+                        if deadline.expired(closing.ms_per_unit * pending):
                             scan_budget = 0
                             break
+                if len(changes) > had:
+                    touched += 1
                 if index < len(partitions):
                     job.partition_position = index  # budget used up inside this topic
                 else:
                     job.position, job.partition_position = job.position + 1, 0
-            add_partition = batch.add_partition
-            for wrapped, topic_id, partition_id, registration in changes:
-                add_partition(wrapped, topic_id, partition_id, registration)
+            if changes:
+                started_ms = clock.monotonic_ms() if clock is not None else 0
+                add_partition = batch.add_partition
+                for wrapped, topic_id, partition_id, registration in changes:
+                    add_partition(wrapped, topic_id, partition_id, registration)
+                batch.view()  # closed here (not by whatever comes next), so its time is measured
+                if clock is not None:
+                    closing.note(
+                        clock.monotonic_ms() - started_ms, len(changes) + TOPIC_CLOSING_UNITS * touched
+                    )
             budget -= len(changes)
             if job.position >= len(job.topic_ids):
                 del self._leaving[broker_id]

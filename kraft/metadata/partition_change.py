@@ -235,6 +235,15 @@ def leave_change(
     ISR stays at or above min ISR — is decided inline (a fence changes every partition of the broker)."""
     replicas = current.replicas
     isr = current.isr
+    if (
+        isr == (broker_id,)
+        and not acceptable(broker_id)
+        and not current.elr
+        and not current.last_known_elr
+        and current.leader_recovery_state == LEADER_RECOVERED
+        and not (unclean_election and any(map(acceptable, replicas)))
+    ):
+        return _last_member_leave(topic_id, partition_id, current, broker_id, unclean_shutdown)
     kept = [r for r in isr if r != broker_id]
     if (
         len(kept) < effective_min_isr(min_isr, replicas)
@@ -288,6 +297,61 @@ def leave_change(
         current.leader_epoch + 1,
         current.partition_epoch + 1,
         last_unclean_leader_epoch=current.last_unclean_leader_epoch,
+    )
+    return record, registration
+
+
+def rules_matter(current: PartitionRegistration, acceptable: IsAcceptable, broker_id: int) -> bool:
+    """Whether :func:`leave_change` of ``broker_id`` may depend on ``min_isr`` / ``unclean_election``
+    (the topic's election rules, two config lookups).  False only where it cannot: the broker is the ISR's
+    only member, no ELR or last known ELR, recovered, and no replica acceptable — a sole replica's broker
+    leaving (the one-partition topics a single-broker cluster created, ~9,000 in bench.controller's
+    shutdown): the ISR empties, nobody is elected, and no unclean election has anyone to pick.  The caller
+    then passes any rules (property-tested: the same result for every ``min_isr`` and
+    ``unclean_election``)."""
+    return not (
+        current.isr == (broker_id,)
+        and not current.elr
+        and not current.last_known_elr
+        and current.leader_recovery_state == LEADER_RECOVERED
+        and not any(map(acceptable, current.replicas))
+        and not acceptable(broker_id)
+    )
+
+
+def _last_member_leave(
+    topic_id: str, partition_id: int, current: PartitionRegistration, broker_id: int, unclean_shutdown: bool
+) -> tuple[pb.MetadataRecord, PartitionRegistration]:
+    """:func:`leave_change` when ``broker_id`` is the ISR's only member and is not acceptable, with no ELR
+    or last known ELR, recovered, and no unclean election to run: the ISR empties, the leader goes (none
+    is eligible: the ELR is the broker alone), and the broker joins the ELR — or, its data maybe gone
+    (``unclean_shutdown``), the last known ELR.  What :func:`target_state` decides for it, without the
+    general path's lists and sets (a sole replica's leave costs ~4x a shared partition's there)."""
+    record = pb.MetadataRecord()
+    change = record.partition_change
+    change.partition_id = partition_id
+    change.topic_id = topic_id
+    change.isr.SetInParent()  # emptied: present with no ids
+    if current.leader != NO_PARTITION_LEADER:
+        change.leader = NO_PARTITION_LEADER
+    left = shared_ids((broker_id,))
+    if unclean_shutdown:
+        change.last_known_elr.ids.append(broker_id)
+        elr: tuple[int, ...] = ()
+        lke = left
+    else:
+        change.eligible_leader_replicas.ids.append(broker_id)
+        elr, lke = left, ()
+    registration = make_partition(
+        current.replicas,
+        shared_ids(()),
+        NO_PARTITION_LEADER,
+        current.leader_epoch + 1,
+        current.partition_epoch + 1,
+        elr,
+        lke,
+        LEADER_RECOVERED,
+        current.last_unclean_leader_epoch,
     )
     return record, registration
 

@@ -175,8 +175,11 @@ class RaftClient(Protocol):
         for a voter change), so a writer predicting its offsets must read this rather than count."""
         ...
 
-    def schedule_append(self, records: Sequence[bytes]) -> int:
+    def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         """Queue records for the next batch; returns the offset the last one will get.
+
+        ``hold``: bulk records that may wait (up to the append linger bound) for later bulk records to
+        share their batch, instead of being cut at the next output; any other append ends the wait.
 
         Raises :class:`NotLeaderError` when not the leader and ``ValueError`` for an empty sequence.
         """

@@ -336,20 +336,24 @@ class RaftCore:
             self._on_request_failed(correlation_id, inflight, unreachable=unreachable)
         return self._take_output()
 
-    def append(self, records: Sequence[bytes], now_ms: int) -> int:
+    def append(self, records: Sequence[bytes], now_ms: int, *, hold: bool = False) -> int:
         """Accumulate records for the next batch (leader only); returns the offset of the last one.
 
         Group commit: the batch is cut at the next :meth:`take_output` / :meth:`poll` when no flush is in
         flight, else when that flush completes (the first output after :meth:`on_flushed`, which asks to
-        be polled at once) or the linger bound expires; a full batch is cut at once.  Effects land in the
-        next output (:meth:`take_output`).
+        be polled at once) or the linger bound expires; a full batch is cut at once.  ``hold`` (bulk work):
+        while only held records are pending they wait for the linger bound or a full batch even with no
+        flush in flight, so consecutive bulk appends share a batch; any other append ends the hold.
+        Effects land in the next output (:meth:`take_output`).
         """
         self._advance(now_ms)
         if self._leader is None:
             raise NotLeaderError(self.leader_and_epoch)
         if not records:
             raise ValueError("append needs at least one record")
-        last_offset, decisions = self._leader.append(records, self.now_ms, self.log, self.high_watermark)
+        last_offset, decisions = self._leader.append(
+            records, self.now_ms, self.log, self.high_watermark, hold=hold
+        )
         self._apply(decisions)
         return last_offset
 

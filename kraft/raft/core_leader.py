@@ -103,6 +103,9 @@ class LeaderRole:
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
         """When the pending records are cut even if a flush is still in flight (the linger bound)."""
+        self.holding = False
+        """Every pending record was appended with ``hold`` (bulk work): they wait for the linger bound or
+        a full batch even with no flush in flight, so several bulk slices share one batch."""
         self.parked: dict[int, ParkedFetch] = {}
         # Leadership confirmation (ReadIndex, Raft dissertation §6.4; docs/internals/raft.md).
         self.read_round_started = last_read_round
@@ -298,6 +301,10 @@ class LeaderRole:
     # lone write pays no delay; while a flush is in flight they gather and are cut once it completes,
     # as one batch; a full batch is cut at once; and ``append_linger_ms`` (counted from the first pending
     # record) bounds the wait, so a slow flush cannot hold appends longer than that (0: never wait).
+    # Records appended with ``hold`` (the controller's bulk slices, each a few hundred records computed in
+    # a few ms: a batch each cost a fsync per node, a fetch round and a commit) wait for that bound or a
+    # full batch even with no flush in flight, while nothing else is pending; any other append ends the
+    # hold (a heartbeat's record is never delayed by bulk work).
 
     @staticmethod
     def flush_in_flight(log: LogMeta) -> bool:
@@ -307,9 +314,10 @@ class LeaderRole:
         return log.flushed_end < log.end_offset
 
     def batch_due(self, now_ms: int, log: LogMeta) -> bool:
-        """Cut the pending records now?  Yes with no flush to wait for, or once the linger bound ran out."""
+        """Cut the pending records now?  Yes with no flush to wait for (unless they are all held), or
+        once the linger bound ran out."""
         return bool(self.pending_records) and (
-            not self.flush_in_flight(log) or now_ms >= self.linger_deadline_ms
+            (not self.holding and not self.flush_in_flight(log)) or now_ms >= self.linger_deadline_ms
         )
 
     def cut_if_due(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
@@ -319,15 +327,19 @@ class LeaderRole:
         return self.drain_accumulator(log, high_watermark)[0]
 
     def append(
-        self, records: Sequence[bytes], now_ms: int, log: LogMeta, high_watermark: int
+        self, records: Sequence[bytes], now_ms: int, log: LogMeta, high_watermark: int, *, hold: bool = False
     ) -> tuple[int, Decisions]:
         """Accumulate ``records``; returns the offset of the last one and the batch to append if full.
 
         A batch that is not full is cut later, by :meth:`cut_if_due` or :meth:`poll`: deferring the cut to
-        the next output lets every append that arrives before the driver takes it share one batch."""
+        the next output lets every append that arrives before the driver takes it share one batch.
+        ``hold``: bulk records, kept for later bulk records up to the linger bound (see above)."""
         config = self.config
         if not self.pending_records:
             self.linger_deadline_ms = now_ms + config.append_linger_ms
+            self.holding = hold
+        elif not hold:
+            self.holding = False
         self.pending_records.extend(records)
         self.pending_bytes += sum(len(record) for record in records)
         last_offset = log.end_offset + len(self.pending_records) - 1
@@ -344,6 +356,7 @@ class LeaderRole:
         self.pending_records.clear()
         self.pending_bytes = 0
         self.linger_deadline_ms = NEVER_MS
+        self.holding = False
         base = log.end_offset
         end_offset = base + len(records)
         batch = BatchInfo(base, end_offset - 1, self.epoch)

@@ -601,9 +601,9 @@ class RaftDriver:
 
     # ------------------------------------------------------------------ RaftClient: writes
 
-    def schedule_append(self, records: Sequence[bytes]) -> int:
+    def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         self._check_running()
-        offset = self._core.append(list(records), self._clock.monotonic_ms())
+        offset = self._core.append(list(records), self._clock.monotonic_ms(), hold=hold)
         if not self._wakeup_queued:  # one wake-up serves any number of appends
             self._wakeup_queued = True
             self._push(_Wakeup())

@@ -143,6 +143,18 @@ class Record:
     headers: Headers = ()
 
 
+# A value-only record built by its slots' own descriptors: a frozen dataclass's __init__ sets each field
+# through object.__setattr__ from a Python frame (~0.85 µs of the ~1.3-1.7 µs the decoder spends per
+# record, which every follower controller and broker pays for every metadata record); this is the same
+# object (equal, same fields) for ~0.3 µs.  Only for fields that are all given (slots have no defaults).
+_new_record = object.__new__
+_set_offset_delta = Record.__dict__["offset_delta"].__set__
+_set_timestamp_delta = Record.__dict__["timestamp_delta"].__set__
+_set_key = Record.__dict__["key"].__set__
+_set_value = Record.__dict__["value"].__set__
+_set_headers = Record.__dict__["headers"].__set__
+
+
 @dataclass(frozen=True, slots=True)
 class RecordBatch:
     base_offset: int
@@ -540,14 +552,13 @@ def _decode_records(view: memoryview, pos: int, end: int, count: int) -> tuple[R
                     else:
                         value_length = -1
                     if value_length >= 0 and i + value_length + 1 == record_end and data[record_end - 1] == 0:
-                        append(
-                            Record(
-                                offset_delta,
-                                (timestamp >> 1) ^ -(timestamp & 1),
-                                None,
-                                data[i : i + value_length],
-                            )
-                        )
+                        record = _new_record(Record)  # Record(offset_delta, timestamp, None, value)
+                        _set_offset_delta(record, offset_delta)
+                        _set_timestamp_delta(record, (timestamp >> 1) ^ -(timestamp & 1))
+                        _set_key(record, None)
+                        _set_value(record, data[i : i + value_length])
+                        _set_headers(record, ())
+                        append(record)
                         i = record_end
                         continue
         record, i = _decode_general(data, start, size)

@@ -188,7 +188,7 @@ class SimRaftClient:
         if feed is not None:
             feed.close()
 
-    def schedule_append(self, records: Sequence[bytes]) -> int:
+    def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         node = self._node
         core = node.core
         if not node.running or core is None or not core.is_leader:
@@ -196,7 +196,7 @@ class SimRaftClient:
         if not records:
             raise ValueError("empty append")
         now_ms = node.clock_ms()
-        last = core.append(list(records), now_ms)
+        last = core.append(list(records), now_ms, hold=hold)
         self._on_append(last - len(records) + 1, records)
         node.process(core.take_output(now_ms))
         return last

@@ -58,6 +58,8 @@ class FakeRaft:
         self._flush: asyncio.Handle | None = None
         self.snapshots: dict[SnapshotId, list[bytes]] = {}
         self.resigned = 0
+        self.holds: list[bool] = []
+        """The ``hold`` of every append, in order."""
         self.hold_commits = False
         """While True appended records stay uncommitted (a slow quorum); :meth:`release` commits them."""
         self.hold_confirmations = False
@@ -140,7 +142,9 @@ class FakeRaft:
         if task is not None:
             task.cancel()
 
-    def schedule_append(self, records: Sequence[bytes]) -> int:
+    def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
+        """(``hold`` is only recorded: every append is flushed on the next loop turn.)"""
+        self.holds.append(hold)
         if self._leader.leader_id != self._node_id:
             raise NotLeaderError(self._leader)
         if not records:

@@ -219,6 +219,31 @@ async def test_a_heartbeat_is_answered_while_a_controlled_shutdown_is_in_progres
         await controller.stop()
 
 
+async def test_bulk_slices_ask_raft_to_hold_them_for_the_next_and_the_last_is_cut_at_once() -> None:
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        before = len(raft.holds)
+        answer = await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        assert answer.error_code == ErrorCode.NONE
+        holds = raft.holds[before:]
+        # the request's own event (registration change + first slice), then slices of 4: all but the
+        # last held for the next, the last cut at once (the answer waits for it)
+        assert holds[0] is False and holds[-1] is False
+        assert holds[1:-1] and all(holds[1:-1]), holds
+    finally:
+        await controller.stop()
+
+
 def _sample(family: MetricWrapperBase, name: str, node: str, kind: str) -> float | None:
     return family_sample(family, name, node=node, kind=kind)
 

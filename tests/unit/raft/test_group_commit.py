@@ -214,3 +214,41 @@ def test_a_batch_written_at_once_still_commits_only_once_it_is_durable() -> None
     assert appended(out) == [(11, (b"a",))] and out.high_watermark is None
     assert core.high_watermark == LEADER_CHANGE_AT + 1  # written, not durable: not committed
     assert core.on_flushed(12, now + 1).high_watermark == 12
+
+
+# ---- held (bulk) appends: consecutive bulk slices share a batch ----
+
+
+def test_held_appends_wait_for_the_linger_bound_even_with_no_flush_in_flight() -> None:
+    core, now = idle_leader()
+    assert core.append([b"a"], now, hold=True) == 11
+    out = core.take_output(now)
+    assert out.log_ops == [] and not out.flush  # idle, but held: not cut at the next output
+    assert out.next_deadline_ms <= now + LINGER_MS
+    core.append([b"b", b"c"], now + 10, hold=True)
+    assert core.take_output(now + 10).log_ops == [] and core.poll(now + LINGER_MS - 1).log_ops == []
+    cut = core.poll(now + LINGER_MS)  # the bound counts from the first held record
+    assert appended(cut) == [(11, (b"a", b"b", b"c"))] and cut.flush
+
+
+def test_an_append_that_is_not_held_ends_the_hold_and_takes_the_held_records_along() -> None:
+    # A heartbeat's record between two bulk slices is never delayed by them.
+    core, now = idle_leader()
+    core.append([b"bulk"], now, hold=True)
+    assert core.take_output(now).log_ops == []
+    assert core.append([b"beat"], now + 1) == 12
+    assert appended(core.take_output(now + 1)) == [(11, (b"bulk", b"beat"))]
+    # and the next held record starts a new hold (an idle log again once that flush came back)
+    core.on_flushed(13, now + 2)
+    core.append([b"more"], now + 3, hold=True)
+    assert core.take_output(now + 3).log_ops == []
+    core.append([b"last"], now + 4)  # the bulk job's last slice: not held
+    assert appended(core.take_output(now + 4)) == [(13, (b"more", b"last"))]
+
+
+def test_held_appends_are_cut_at_once_when_the_batch_is_full() -> None:
+    core, now = idle_leader(max_batch_records=4)
+    core.append([b"a", b"b"], now, hold=True)
+    assert core.take_output(now).log_ops == []
+    core.append([b"c", b"d"], now + 1, hold=True)
+    assert appended(core.take_output(now + 1)) == [(11, (b"a", b"b", b"c", b"d"))]

@@ -314,3 +314,14 @@ def test_value_only_records_are_encoded_byte_for_byte_as_the_general_encoder(
     data = build_batch(3, records, leader_epoch=2, timestamp_ms=9)
     general = b"".join(_encode_record(i, 0, k, v, ()) for i, (k, v) in enumerate(records))
     assert data[HEADER_SIZE:] == general
+
+
+def test_a_record_built_by_the_inline_path_is_a_record_like_any_other() -> None:
+    # (built from its slots' descriptors, not by __init__: every field set, still frozen, hashed alike)
+    data = build_batch(0, [(None, b"value")], leader_epoch=1, timestamp_ms=0)
+    (got,) = decode_batch(data)[0].records
+    made = Record(0, 0, None, b"value")
+    assert type(got) is Record and got == made and hash(got) == hash(made) and repr(got) == repr(made)
+    assert got.headers == () and got.key is None
+    with pytest.raises(AttributeError):
+        got.value = b"other"  # type: ignore[misc]
