@@ -18,7 +18,7 @@ from kraft.errors import KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
-from kraft.raft.api import CommittedBatch
+from kraft.raft.api import CommittedBatch, offset_values
 from kraft.reaper import release_removed_topics
 
 # Big batches are decoded and replayed at most this many records per loop turn (and for at most the
@@ -49,7 +49,8 @@ async def replay_batch(
 ) -> ReplayedBatch:
     """Replay ``batch`` on ``committed``, yielding the loop after every ``REPLAY_SLICE_RECORDS`` records
     or ``budget_ms`` on ``clock``, whichever comes first."""
-    fresh = [r for r in batch.records if r.offset > committed.offset]
+    after = committed.offset
+    fresh = [pair for pair in offset_values(batch.records) if pair[0] > after]
     delta = MetadataDelta(committed)
     values: list[tuple[int, bytes]] = []
     undecodable: list[tuple[int, str]] = []
@@ -63,18 +64,18 @@ async def replay_batch(
         piece = fresh[start : start + REPLAY_PIECE_RECORDS]
         since_yield += len(piece)
         try:  # the bulk decoder first; a slice with a bad value is redone record by record
-            decoded = list(rec.decode_values([r.value for r in piece]))
+            decoded = list(rec.decode_values([value for _, value in piece]))
         except KraftError:
             decoded = []
-            for record in piece:
+            for offset, value in piece:
                 try:
-                    decoded.append(rec.decode_value(record.value))
+                    decoded.append(rec.decode_value(value))
                 except KraftError as exc:
-                    undecodable.append((record.offset, exc.message))
+                    undecodable.append((offset, exc.message))
                     continue
-                values.append((record.offset, record.value))
+                values.append((offset, value))
         else:
-            values.extend((r.offset, r.value) for r in piece)
+            values.extend(piece)
         # A ClearElrRecord may clear thousands of partitions: replayed in steps of CLEAR_ELR_STEP, each
         # counted as that many records against the slice (and within the time budget).
         for step in delta.replay_decoded_steps(decoded):

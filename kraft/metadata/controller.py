@@ -100,7 +100,7 @@ from kraft.metadata.store_writer import FatalReporter, StoreWriter
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient, offset_values
 from kraft.raft.messages import NO_LEADER
 from kraft.reaper import MIN_ITEMS, release_later, release_replaced_maps, release_replaced_topics
 from kraft.v1 import common_pb2
@@ -350,7 +350,7 @@ class QuorumController:
             # always, the values: then the batch's records are never decoded).
             values = self.writes.own_values(batch)
             if values is None:
-                values = [(r.offset, r.value) for r in batch.records]
+                values = offset_values(batch.records)
             self._apply_committed(batch, own, values)
             return
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead

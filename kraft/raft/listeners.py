@@ -20,7 +20,7 @@ from kraft.observability.logging import StructLogger
 from kraft.raft.api import CommittedBatch, CommittedRecord, LeaderAndEpoch, LoadedSnapshot, RaftListener
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
-from kraft.storage.batch import decode_batch, iter_batch_headers
+from kraft.storage.batch import decode_offset_values, iter_batch_headers
 
 _READ_BYTES = 1024 * 1024
 LISTENER_ATTEMPTS = 3
@@ -37,18 +37,28 @@ class LazyRecords(Sequence[CommittedRecord]):
     the batches it wrote itself (it holds their values and the image they lead to).
     """
 
-    __slots__ = ("_data", "_position", "_records")
+    __slots__ = ("_data", "_position", "_pairs", "_records")
 
     def __init__(self, data: bytes, position: int) -> None:
         self._data = data
         self._position = position
+        self._pairs: list[tuple[int, bytes]] | None = None
         self._records: list[CommittedRecord] | None = None
+
+    def offset_values(self) -> list[tuple[int, bytes]]:
+        """``(offset, value)`` of every record, decoded without a record object each (what a metadata
+        replay reads: :func:`kraft.raft.api.offset_values`)."""
+        if self._pairs is None:
+            if self._records is not None:
+                self._pairs = [(r.offset, r.value) for r in self._records]
+            else:
+                self._pairs = decode_offset_values(self._data, self._position)
+                self._data = b""
+        return self._pairs
 
     def _decoded(self) -> list[CommittedRecord]:
         if self._records is None:
-            batch, _ = decode_batch(self._data, self._position)
-            self._records = [CommittedRecord(batch.record_offset(r), r.value or b"") for r in batch.records]
-            self._data = b""
+            self._records = [CommittedRecord(offset, value) for offset, value in self.offset_values()]
         return self._records
 
     def __len__(self) -> int:
