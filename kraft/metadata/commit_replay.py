@@ -11,6 +11,7 @@ as a replay failure is on Kafka's controllers (``fatalFaultHandler``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kraft.clock import Clock, Deadline
@@ -44,10 +45,19 @@ class ReplayedBatch:
             raise error
 
 
+async def _next_turn() -> None:
+    await asyncio.sleep(0)
+
+
 async def replay_batch(
-    committed: MetadataImage, batch: CommittedBatch, clock: Clock | None = None, budget_ms: int = 0
+    committed: MetadataImage,
+    batch: CommittedBatch,
+    clock: Clock | None = None,
+    budget_ms: int = 0,
+    pause: Callable[[], Awaitable[None]] = _next_turn,
 ) -> ReplayedBatch:
-    """Replay ``batch`` on ``committed``, yielding the loop after every ``REPLAY_SLICE_RECORDS`` records
+    """Replay ``batch`` on ``committed``, awaiting ``pause`` (one loop turn; a controller passes Raft's
+    ``yield_turn``, so a follower's next Fetch goes first) after every ``REPLAY_SLICE_RECORDS`` records
     or ``budget_ms`` on ``clock``, whichever comes first."""
     after = committed.offset
     fresh = [pair for pair in offset_values(batch.records) if pair[0] > after]
@@ -58,7 +68,7 @@ async def replay_batch(
     since_yield = 0
     for start in range(0, len(fresh), REPLAY_PIECE_RECORDS):
         if since_yield >= REPLAY_SLICE_RECORDS or (since_yield and deadline.expired()):
-            await asyncio.sleep(0)
+            await pause()
             deadline = Deadline(clock, budget_ms)
             since_yield = 0
         piece = fresh[start : start + REPLAY_PIECE_RECORDS]
@@ -81,7 +91,7 @@ async def replay_batch(
         for step in delta.replay_decoded_steps(decoded):
             since_yield += step
             if since_yield >= REPLAY_SLICE_RECORDS or deadline.expired():
-                await asyncio.sleep(0)
+                await pause()
                 deadline = Deadline(clock, budget_ms)
                 since_yield = 0
     delta.offset = batch.last_offset

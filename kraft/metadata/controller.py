@@ -354,7 +354,9 @@ class QuorumController:
             self._apply_committed(batch, own, values)
             return
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead
-        replayed = await replay_batch(state.committed, batch, self.clock, self.options.max_event_time_ms)
+        replayed = await replay_batch(
+            state.committed, batch, self.clock, self.options.max_event_time_ms, self.raft.yield_turn
+        )
         problems = len(replayed.undecodable) + len(replayed.replay_errors)
         if problems:
             # Fatal: the listener fails, the node stops (one event=fatal line) instead of running with an

@@ -178,6 +178,12 @@ class RaftClient(Protocol):
 
     def unregister_listener(self, listener: RaftListener) -> None: ...
 
+    async def yield_turn(self) -> None:
+        """What a listener awaits between the steps of applying a batch: at least one event-loop turn;
+        on a follower, also until Raft's own pending work (the turnaround of a Fetch response into the
+        next Fetch) is done, so a long replay never delays the follower's next Fetch."""
+        ...
+
     @property
     def next_append_offset(self) -> int:
         """The offset :meth:`schedule_append` would give the next record now (leader: log end plus the

@@ -413,13 +413,22 @@ class RaftDriver:
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
         self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
+        # Set while the driver has nothing to do (parked, stopped or failed); cleared by every event it is
+        # handed.  A follower's listeners wait for it between their steps (yield_turn).
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self._stopped = False
         self._fatal: BaseException | None = None
         self._leader_changed = asyncio.Event()
         self._last_state: StateKind | None = None
         self._fatal_callbacks: list[Callable[[str, BaseException], None]] = []
         self._listeners = ListenerSet(
-            log, snapshots, self._commit_view, self._logger, on_failure=self._listener_failed
+            log,
+            snapshots,
+            self._commit_view,
+            self._logger,
+            on_failure=self._listener_failed,
+            pause=self.yield_turn,
         )
         self._ports = OutputPorts(
             write_log=self._apply_log_op,
@@ -510,6 +519,7 @@ class RaftDriver:
         self._log.close()
 
     def _fail_everything(self, error: BaseException) -> None:
+        self._quiet.set()  # nothing more will run: a listener waiting in yield_turn goes on
         for future in self._inbound.values():
             if not future.done():
                 future.set_exception(error)
@@ -566,6 +576,22 @@ class RaftDriver:
 
     def register_listener(self, listener: RaftListener) -> None:
         self._listeners.register(listener)
+
+    async def yield_turn(self) -> None:
+        """Give the event loop a turn; on a follower, also wait until the driver has nothing to do.
+
+        A follower's listener (the metadata replay, in steps of a few ms) calls this between its steps.
+        Every event the driver is handed — above all the Fetch response that brings the next records —
+        is then handled to its end (append, fsync, the next Fetch sent) before the replay takes another
+        step: otherwise each hop of that turnaround (response, driver, flush thread, send task) waited
+        behind a replay step, and on 2 busy cores the follower's next Fetch, which the leader's lease
+        and its next commit wait on, came tens of ms later (docs/internals/raft-performance.md,
+        "Follower turns during bulk work").  The driver never waits on a listener, so this ends when
+        the driver parks, stops or fails.  A leader's listeners only take the loop turn: the active
+        controller's commit answers wait on them."""
+        await asyncio.sleep(0)
+        if not self._quiet.is_set() and not self._core.is_leader:
+            await self._quiet.wait()
 
     def unregister_listener(self, listener: RaftListener) -> None:
         self._listeners.unregister(listener)
@@ -799,6 +825,7 @@ class RaftDriver:
 
     def _push(self, event: _Event) -> None:
         self._events.append(event)
+        self._quiet.clear()
         self._wake.set()
 
     async def _run(self) -> None:
@@ -855,6 +882,7 @@ class RaftDriver:
         self._wake.clear()
         if not self._events:
             self._parked = True
+            self._quiet.set()
             try:
                 # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (gh-86296).
                 with contextlib.suppress(TimeoutError):

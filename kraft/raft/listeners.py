@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -37,7 +37,7 @@ class LazyRecords(Sequence[CommittedRecord]):
     the batches it wrote itself (it holds their values and the image they lead to).
     """
 
-    __slots__ = ("_data", "_position", "_pairs", "_records")
+    __slots__ = ("_data", "_pairs", "_position", "_records")
 
     def __init__(self, data: bytes, position: int) -> None:
         self._data = data
@@ -75,6 +75,10 @@ class LazyRecords(Sequence[CommittedRecord]):
 
     def __iter__(self) -> Iterator[CommittedRecord]:
         return iter(self._decoded())
+
+
+async def _next_turn() -> None:
+    await asyncio.sleep(0)
 
 
 def leader_change_due(
@@ -120,8 +124,12 @@ class ListenerSet:
         view: Callable[[], CommitView],
         logger: StructLogger,
         on_failure: Callable[[BaseException], None] | None = None,
+        pause: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """``pause``: awaited between two batches (the driver's ``yield_turn``); one loop turn by
+        default."""
         self._log = log
+        self._pause = pause if pause is not None else _next_turn
         self._snapshots = snapshots
         self._view = view
         self._log_struct = logger
@@ -223,8 +231,9 @@ class ListenerSet:
                 # One batch per event-loop turn: a listener that applies a batch without suspending
                 # (e.g. the active controller, which already holds the image) must not hold the loop
                 # for a whole read (up to _READ_BYTES of batches) — gRPC accepts about one new call
-                # per loop turn, so long turns starve heartbeats and Raft fetches.
-                await asyncio.sleep(0)
+                # per loop turn, so long turns starve heartbeats and Raft fetches.  On a follower the
+                # pause also lets Raft's own pending work (its next Fetch) finish first.
+                await self._pause()
             if cursor.next_offset == before:
                 break  # nothing deliverable (never expected): wait for the next wake-up, do not spin
         await self._maybe_report_leader(cursor, self._view())

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
-from kraft.metadata.commit_replay import replay_batch
+from kraft.metadata.commit_replay import REPLAY_SLICE_RECORDS, replay_batch
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_records, image_values
@@ -248,3 +248,20 @@ def test_a_log_backed_batch_replays_as_its_decoded_records(
             assert [(r.offset, r.value) for r in records_of] == offset_values(records_of)
         else:
             assert offset_values(records_of) == [(r.offset, r.value) for r in records_of]
+
+
+def test_a_long_batch_replays_in_steps_separated_by_the_given_pause() -> None:
+    # The controller hands Raft's yield_turn in: a follower's next Fetch goes before the next step.
+    count = 5 * REPLAY_SLICE_RECORDS
+    values = [records.encode_value(records.wrap(pb.NoOpRecord())) for _ in range(count)]
+    batch = CommittedBatch(0, count - 1, 1, [CommittedRecord(i, v) for i, v in enumerate(values)], 0)
+    pauses = 0
+
+    async def pause() -> None:
+        nonlocal pauses
+        pauses += 1
+        await asyncio.sleep(0)
+
+    replayed = asyncio.run(replay_batch(MetadataImage.empty(), batch, None, 0, pause))
+    assert replayed.image.offset == count - 1
+    assert pauses >= count // REPLAY_SLICE_RECORDS - 1  # one at least every slice of records
