@@ -68,7 +68,9 @@ from kraft.raft.listeners import CommitView, ListenerSet
 from kraft.raft.messages import (
     DescribeQuorumRequest,
     DescribeQuorumResponse,
+    FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
     FetchSnapshotResponse,
     RaftRequest,
     RaftResponse,
@@ -408,6 +410,7 @@ class RaftDriver:
         self._listeners_due = False  # a follower's high watermark rose: wake the listeners after the output
         self._follower_listener_delay_ms = follower_listener_delay_ms
         self._listeners_wake_ms: int | None = None  # a follower's delayed listener wake-up is due then
+        self._fetch_answered_ms: int | None = None  # when the last Fetch response came (fetch_turnaround)
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -981,6 +984,14 @@ class RaftDriver:
 
     def _deliver(self, message: Outbound) -> None:
         if isinstance(message, OutboundRequest):
+            if isinstance(message.request, FetchRequest) and self._fetch_answered_ms is not None:
+                # How long this follower took to turn the last Fetch response into this Fetch: while it
+                # runs the leader hears nothing from it (its lease and its commits wait on the next one).
+                turnaround_ms = self._clock.monotonic_ms() - self._fetch_answered_ms
+                self._metrics.fetch_turnaround.observe(max(0, turnaround_ms) / 1000)
+                self._fetch_answered_ms = None
+            elif isinstance(message.request, FetchSnapshotRequest):
+                self._fetch_answered_ms = None  # a snapshot download in between is not a turnaround
             task = asyncio.get_running_loop().create_task(self._send(message), name="raft-send")
             self._send_tasks.add(task)
             task.add_done_callback(self._send_tasks.discard)
@@ -1000,9 +1011,10 @@ class RaftDriver:
             self._logger.warning("raft_send_failed", dest=message.dest, error=f"{type(exc).__name__}: {exc}")
             self._push(_SendFailed(message.correlation_id))
         else:
-            self.peer_problems.answered(
-                message.dest, response.error_code, response.error_message, self._clock.monotonic_ms()
-            )
+            now_ms = self._clock.monotonic_ms()
+            self.peer_problems.answered(message.dest, response.error_code, response.error_message, now_ms)
+            if isinstance(response, FetchResponse) and response.error_code == ErrorCode.NONE:
+                self._fetch_answered_ms = now_ms
             self._push(_Response(message.correlation_id, response))
 
     def _fill_reads(self, message: OutboundResponse) -> RaftResponse:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+from metric_reads import family_sample
 from raft_helpers import LoopbackCluster, NodeStores, RecordingListener, wait_until
 
+from kraft.observability.metrics import RAFT_FETCH_TURNAROUND
 from kraft.raft.api import CommittedBatch
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import MemoryLogStore
@@ -247,4 +250,39 @@ async def test_a_follower_replay_waits_while_its_fetch_turnaround_runs() -> None
             log.open.set()
         if listener is not None:
             listener.finish.set()
+        await cluster.close()
+
+
+def _turnaround(node_id: int) -> tuple[float, float]:
+    node = str(node_id)
+    count = family_sample(RAFT_FETCH_TURNAROUND, "kraft_raft_fetch_turnaround_seconds_count", node=node)
+    total = family_sample(RAFT_FETCH_TURNAROUND, "kraft_raft_fetch_turnaround_seconds_sum", node=node)
+    return count or 0.0, total or 0.0
+
+
+async def test_a_followers_fetch_turnaround_is_measured_from_the_response_to_the_next_fetch() -> None:
+    cluster = LoopbackCluster(2)
+    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        follower_id = next(n for n in cluster.voters if n != leader.node_id)
+        await cluster.settle()
+        count, total = _turnaround(follower_id)
+        gate = logs[follower_id]
+        gate.open.clear()
+        offset = leader.schedule_append([b"a"])
+        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing the record")
+        cluster.clock.advance(30)  # the follower's fsync takes 30 ms of the manual clock
+        gate.open.set()
+        await wait_until(lambda: leader.high_watermark > offset, GATE_TIMEOUT_S, "the record committed")
+        after_count, after_total = _turnaround(follower_id)
+        assert after_count > count
+        # Only that turnaround took manual time: the response → flush → next Fetch
+        assert after_total - total == pytest.approx(0.030)
+    finally:
+        for log in logs.values():
+            log.open.set()
         await cluster.close()
