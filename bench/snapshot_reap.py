@@ -75,6 +75,9 @@ class _Follower:
     async def append(self, records: Sequence[bytes]) -> int:
         raise NotLeaderError(_NO_LEADER)
 
+    async def yield_turn(self) -> None:
+        await asyncio.sleep(0)
+
     def confirm_leadership(self, *, lease: bool = False) -> Awaitable[None]:
         raise NotLeaderError(_NO_LEADER)
 

@@ -11,6 +11,7 @@ as a replay failure is on Kafka's controllers (``fatalFaultHandler``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kraft.clock import Clock, Deadline
@@ -18,7 +19,7 @@ from kraft.errors import KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
-from kraft.raft.api import CommittedBatch
+from kraft.raft.api import CommittedBatch, offset_values
 from kraft.reaper import release_removed_topics
 
 # Big batches are decoded and replayed at most this many records per loop turn (and for at most the
@@ -44,12 +45,22 @@ class ReplayedBatch:
             raise error
 
 
+async def _next_turn() -> None:
+    await asyncio.sleep(0)
+
+
 async def replay_batch(
-    committed: MetadataImage, batch: CommittedBatch, clock: Clock | None = None, budget_ms: int = 0
+    committed: MetadataImage,
+    batch: CommittedBatch,
+    clock: Clock | None = None,
+    budget_ms: int = 0,
+    pause: Callable[[], Awaitable[None]] = _next_turn,
 ) -> ReplayedBatch:
-    """Replay ``batch`` on ``committed``, yielding the loop after every ``REPLAY_SLICE_RECORDS`` records
+    """Replay ``batch`` on ``committed``, awaiting ``pause`` (one loop turn; a controller passes Raft's
+    ``yield_turn``, so a follower's next Fetch goes first) after every ``REPLAY_SLICE_RECORDS`` records
     or ``budget_ms`` on ``clock``, whichever comes first."""
-    fresh = [r for r in batch.records if r.offset > committed.offset]
+    after = committed.offset
+    fresh = [pair for pair in offset_values(batch.records) if pair[0] > after]
     delta = MetadataDelta(committed)
     values: list[tuple[int, bytes]] = []
     undecodable: list[tuple[int, str]] = []
@@ -57,30 +68,30 @@ async def replay_batch(
     since_yield = 0
     for start in range(0, len(fresh), REPLAY_PIECE_RECORDS):
         if since_yield >= REPLAY_SLICE_RECORDS or (since_yield and deadline.expired()):
-            await asyncio.sleep(0)
+            await pause()
             deadline = Deadline(clock, budget_ms)
             since_yield = 0
         piece = fresh[start : start + REPLAY_PIECE_RECORDS]
         since_yield += len(piece)
         try:  # the bulk decoder first; a slice with a bad value is redone record by record
-            decoded = list(rec.decode_values([r.value for r in piece]))
+            decoded = list(rec.decode_values([value for _, value in piece]))
         except KraftError:
             decoded = []
-            for record in piece:
+            for offset, value in piece:
                 try:
-                    decoded.append(rec.decode_value(record.value))
+                    decoded.append(rec.decode_value(value))
                 except KraftError as exc:
-                    undecodable.append((record.offset, exc.message))
+                    undecodable.append((offset, exc.message))
                     continue
-                values.append((record.offset, record.value))
+                values.append((offset, value))
         else:
-            values.extend((r.offset, r.value) for r in piece)
+            values.extend(piece)
         # A ClearElrRecord may clear thousands of partitions: replayed in steps of CLEAR_ELR_STEP, each
         # counted as that many records against the slice (and within the time budget).
         for step in delta.replay_decoded_steps(decoded):
             since_yield += step
             if since_yield >= REPLAY_SLICE_RECORDS or deadline.expired():
-                await asyncio.sleep(0)
+                await pause()
                 deadline = Deadline(clock, budget_ms)
                 since_yield = 0
     delta.offset = batch.last_offset

@@ -100,7 +100,7 @@ from kraft.metadata.store_writer import FatalReporter, StoreWriter
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient, offset_values
 from kraft.raft.messages import NO_LEADER
 from kraft.reaper import MIN_ITEMS, release_later, release_replaced_maps, release_replaced_topics
 from kraft.v1 import common_pb2
@@ -350,11 +350,13 @@ class QuorumController:
             # always, the values: then the batch's records are never decoded).
             values = self.writes.own_values(batch)
             if values is None:
-                values = [(r.offset, r.value) for r in batch.records]
+                values = offset_values(batch.records)
             self._apply_committed(batch, own, values)
             return
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead
-        replayed = await replay_batch(state.committed, batch, self.clock, self.options.max_event_time_ms)
+        replayed = await replay_batch(
+            state.committed, batch, self.clock, self.options.max_event_time_ms, self.raft.yield_turn
+        )
         problems = len(replayed.undecodable) + len(replayed.replay_errors)
         if problems:
             # Fatal: the listener fails, the node stops (one event=fatal line) instead of running with an

@@ -65,6 +65,12 @@ RAFT_ELECTION_LATENCY = Histogram(
     _NODE,
     buckets=_LATENCY_BUCKETS,
 )
+RAFT_FETCH_TURNAROUND = Histogram(
+    "kraft_raft_fetch_turnaround_seconds",
+    "Follower: time from a successful Fetch response to sending the next Fetch (append, fsync, hand-off)",
+    _NODE,
+    buckets=_LATENCY_BUCKETS,
+)
 RAFT_APPEND_RECORDS = Counter("kraft_raft_append_records", "Records appended by the leader", _NODE)
 RAFT_FETCH_RECORDS = Counter("kraft_raft_fetch_records", "Records fetched from the leader", _NODE)
 RAFT_POLL_IDLE_SECONDS = Counter(
@@ -234,6 +240,7 @@ class RaftMetrics:
     log_end_offset: Gauge
     commit_latency: Histogram
     election_latency: Histogram
+    fetch_turnaround: Histogram
     append_records: Counter
     fetch_records: Counter
     poll_idle_seconds: Counter
@@ -250,6 +257,7 @@ class RaftMetrics:
             log_end_offset=RAFT_LOG_END_OFFSET.labels(label),
             commit_latency=RAFT_COMMIT_LATENCY.labels(label),
             election_latency=RAFT_ELECTION_LATENCY.labels(label),
+            fetch_turnaround=RAFT_FETCH_TURNAROUND.labels(label),
             append_records=RAFT_APPEND_RECORDS.labels(label),
             fetch_records=RAFT_FETCH_RECORDS.labels(label),
             poll_idle_seconds=RAFT_POLL_IDLE_SECONDS.labels(label),

@@ -21,7 +21,7 @@ Semantics:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +44,16 @@ class LeaderAndEpoch:
 class CommittedRecord:
     offset: int
     value: bytes
+
+
+def offset_values(records: Sequence[CommittedRecord]) -> list[tuple[int, bytes]]:
+    """``(offset, value)`` of ``records``; a log-backed sequence (:class:`kraft.raft.listeners.LazyRecords`)
+    decodes them without building a :class:`CommittedRecord` per record (a follower's replay reads every
+    record of every batch once: ~1 µs a record saved in the decoding)."""
+    fast: Callable[[], list[tuple[int, bytes]]] | None = getattr(records, "offset_values", None)
+    if fast is not None:
+        return fast()
+    return [(r.offset, r.value) for r in records]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +177,12 @@ class RaftClient(Protocol):
     def register_listener(self, listener: RaftListener) -> None: ...
 
     def unregister_listener(self, listener: RaftListener) -> None: ...
+
+    async def yield_turn(self) -> None:
+        """What a listener awaits between the steps of applying a batch: at least one event-loop turn;
+        on a follower, also until Raft's own pending work (the turnaround of a Fetch response into the
+        next Fetch) is done, so a long replay never delays the follower's next Fetch."""
+        ...
 
     @property
     def next_append_offset(self) -> int:

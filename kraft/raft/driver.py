@@ -68,7 +68,9 @@ from kraft.raft.listeners import CommitView, ListenerSet
 from kraft.raft.messages import (
     DescribeQuorumRequest,
     DescribeQuorumResponse,
+    FetchRequest,
     FetchResponse,
+    FetchSnapshotRequest,
     FetchSnapshotResponse,
     RaftRequest,
     RaftResponse,
@@ -408,18 +410,28 @@ class RaftDriver:
         self._listeners_due = False  # a follower's high watermark rose: wake the listeners after the output
         self._follower_listener_delay_ms = follower_listener_delay_ms
         self._listeners_wake_ms: int | None = None  # a follower's delayed listener wake-up is due then
+        self._fetch_answered_ms: int | None = None  # when the last Fetch response came (fetch_turnaround)
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
         self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
+        # Set while the driver has nothing to do (parked, stopped or failed); cleared by every event it is
+        # handed.  A follower's listeners wait for it between their steps (yield_turn).
+        self._quiet = asyncio.Event()
+        self._quiet.set()
         self._stopped = False
         self._fatal: BaseException | None = None
         self._leader_changed = asyncio.Event()
         self._last_state: StateKind | None = None
         self._fatal_callbacks: list[Callable[[str, BaseException], None]] = []
         self._listeners = ListenerSet(
-            log, snapshots, self._commit_view, self._logger, on_failure=self._listener_failed
+            log,
+            snapshots,
+            self._commit_view,
+            self._logger,
+            on_failure=self._listener_failed,
+            pause=self.yield_turn,
         )
         self._ports = OutputPorts(
             write_log=self._apply_log_op,
@@ -510,6 +522,7 @@ class RaftDriver:
         self._log.close()
 
     def _fail_everything(self, error: BaseException) -> None:
+        self._quiet.set()  # nothing more will run: a listener waiting in yield_turn goes on
         for future in self._inbound.values():
             if not future.done():
                 future.set_exception(error)
@@ -566,6 +579,22 @@ class RaftDriver:
 
     def register_listener(self, listener: RaftListener) -> None:
         self._listeners.register(listener)
+
+    async def yield_turn(self) -> None:
+        """Give the event loop a turn; on a follower, also wait until the driver has nothing to do.
+
+        A follower's listener (the metadata replay, in steps of a few ms) calls this between its steps.
+        Every event the driver is handed — above all the Fetch response that brings the next records —
+        is then handled to its end (append, fsync, the next Fetch sent) before the replay takes another
+        step: otherwise each hop of that turnaround (response, driver, flush thread, send task) waited
+        behind a replay step, and on 2 busy cores the follower's next Fetch, which the leader's lease
+        and its next commit wait on, came tens of ms later (docs/internals/raft-performance.md,
+        "Follower turns during bulk work").  The driver never waits on a listener, so this ends when
+        the driver parks, stops or fails.  A leader's listeners only take the loop turn: the active
+        controller's commit answers wait on them."""
+        await asyncio.sleep(0)
+        if not self._quiet.is_set() and not self._core.is_leader:
+            await self._quiet.wait()
 
     def unregister_listener(self, listener: RaftListener) -> None:
         self._listeners.unregister(listener)
@@ -799,6 +828,7 @@ class RaftDriver:
 
     def _push(self, event: _Event) -> None:
         self._events.append(event)
+        self._quiet.clear()
         self._wake.set()
 
     async def _run(self) -> None:
@@ -855,6 +885,7 @@ class RaftDriver:
         self._wake.clear()
         if not self._events:
             self._parked = True
+            self._quiet.set()
             try:
                 # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation (gh-86296).
                 with contextlib.suppress(TimeoutError):
@@ -953,6 +984,14 @@ class RaftDriver:
 
     def _deliver(self, message: Outbound) -> None:
         if isinstance(message, OutboundRequest):
+            if isinstance(message.request, FetchRequest) and self._fetch_answered_ms is not None:
+                # How long this follower took to turn the last Fetch response into this Fetch: while it
+                # runs the leader hears nothing from it (its lease and its commits wait on the next one).
+                turnaround_ms = self._clock.monotonic_ms() - self._fetch_answered_ms
+                self._metrics.fetch_turnaround.observe(max(0, turnaround_ms) / 1000)
+                self._fetch_answered_ms = None
+            elif isinstance(message.request, FetchSnapshotRequest):
+                self._fetch_answered_ms = None  # a snapshot download in between is not a turnaround
             task = asyncio.get_running_loop().create_task(self._send(message), name="raft-send")
             self._send_tasks.add(task)
             task.add_done_callback(self._send_tasks.discard)
@@ -972,9 +1011,10 @@ class RaftDriver:
             self._logger.warning("raft_send_failed", dest=message.dest, error=f"{type(exc).__name__}: {exc}")
             self._push(_SendFailed(message.correlation_id))
         else:
-            self.peer_problems.answered(
-                message.dest, response.error_code, response.error_message, self._clock.monotonic_ms()
-            )
+            now_ms = self._clock.monotonic_ms()
+            self.peer_problems.answered(message.dest, response.error_code, response.error_message, now_ms)
+            if isinstance(response, FetchResponse) and response.error_code == ErrorCode.NONE:
+                self._fetch_answered_ms = now_ms
             self._push(_Response(message.correlation_id, response))
 
     def _fill_reads(self, message: OutboundResponse) -> RaftResponse:

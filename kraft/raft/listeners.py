@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -20,7 +20,7 @@ from kraft.observability.logging import StructLogger
 from kraft.raft.api import CommittedBatch, CommittedRecord, LeaderAndEpoch, LoadedSnapshot, RaftListener
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
-from kraft.storage.batch import decode_batch, iter_batch_headers
+from kraft.storage.batch import decode_offset_values, iter_batch_headers
 
 _READ_BYTES = 1024 * 1024
 LISTENER_ATTEMPTS = 3
@@ -37,18 +37,28 @@ class LazyRecords(Sequence[CommittedRecord]):
     the batches it wrote itself (it holds their values and the image they lead to).
     """
 
-    __slots__ = ("_data", "_position", "_records")
+    __slots__ = ("_data", "_pairs", "_position", "_records")
 
     def __init__(self, data: bytes, position: int) -> None:
         self._data = data
         self._position = position
+        self._pairs: list[tuple[int, bytes]] | None = None
         self._records: list[CommittedRecord] | None = None
+
+    def offset_values(self) -> list[tuple[int, bytes]]:
+        """``(offset, value)`` of every record, decoded without a record object each (what a metadata
+        replay reads: :func:`kraft.raft.api.offset_values`)."""
+        if self._pairs is None:
+            if self._records is not None:
+                self._pairs = [(r.offset, r.value) for r in self._records]
+            else:
+                self._pairs = decode_offset_values(self._data, self._position)
+                self._data = b""
+        return self._pairs
 
     def _decoded(self) -> list[CommittedRecord]:
         if self._records is None:
-            batch, _ = decode_batch(self._data, self._position)
-            self._records = [CommittedRecord(batch.record_offset(r), r.value or b"") for r in batch.records]
-            self._data = b""
+            self._records = [CommittedRecord(offset, value) for offset, value in self.offset_values()]
         return self._records
 
     def __len__(self) -> int:
@@ -65,6 +75,10 @@ class LazyRecords(Sequence[CommittedRecord]):
 
     def __iter__(self) -> Iterator[CommittedRecord]:
         return iter(self._decoded())
+
+
+async def _next_turn() -> None:
+    await asyncio.sleep(0)
 
 
 def leader_change_due(
@@ -110,8 +124,12 @@ class ListenerSet:
         view: Callable[[], CommitView],
         logger: StructLogger,
         on_failure: Callable[[BaseException], None] | None = None,
+        pause: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """``pause``: awaited between two batches (the driver's ``yield_turn``); one loop turn by
+        default."""
         self._log = log
+        self._pause = pause if pause is not None else _next_turn
         self._snapshots = snapshots
         self._view = view
         self._log_struct = logger
@@ -213,8 +231,9 @@ class ListenerSet:
                 # One batch per event-loop turn: a listener that applies a batch without suspending
                 # (e.g. the active controller, which already holds the image) must not hold the loop
                 # for a whole read (up to _READ_BYTES of batches) — gRPC accepts about one new call
-                # per loop turn, so long turns starve heartbeats and Raft fetches.
-                await asyncio.sleep(0)
+                # per loop turn, so long turns starve heartbeats and Raft fetches.  On a follower the
+                # pause also lets Raft's own pending work (its next Fetch) finish first.
+                await self._pause()
             if cursor.next_offset == before:
                 break  # nothing deliverable (never expected): wait for the next wake-up, do not spin
         await self._maybe_report_leader(cursor, self._view())

@@ -28,7 +28,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -500,7 +500,15 @@ def _read_bytes(buf: bytes | memoryview, pos: int, end: int) -> tuple[bytes | No
 
 
 def _decode_records(view: memoryview, pos: int, end: int, count: int) -> tuple[Record, ...]:
-    """The batch's records.  Most records of a metadata log are a value only — no key, no headers,
+    """The batch's records (see :func:`_scan_records`)."""
+    records: list[Record] = _scan_records(view, pos, end, count, None)
+    return tuple(records)
+
+
+def _scan_records(view: memoryview, pos: int, end: int, count: int, pairs_base: int | None) -> list[Any]:
+    """The batch's records: :class:`Record` s, or with ``pairs_base`` (the batch's base offset)
+    ``(offset, value)`` tuples (a null value as ``b""``) without building a ``Record`` per record
+    (:func:`decode_offset_values`).  Most records of a metadata log are a value only — no key, no headers,
     small deltas and lengths — and are decoded inline (a record is a handful of bytes around its
     value: a varint decoder call per field cost more than the rest of the record, and every
     follower and broker decodes every batch); any other record, or a malformed one, takes
@@ -508,7 +516,7 @@ def _decode_records(view: memoryview, pos: int, end: int, count: int) -> tuple[R
     against it in tests/unit/storage/test_storage_batch.py)."""
     data = view[pos:end].tobytes()  # one copy: indexing and slicing bytes is cheaper than a memoryview
     size = len(data)
-    records: list[Record] = []
+    records: list[Any] = []
     append = records.append
     i = 0
     for _ in range(count):
@@ -552,20 +560,23 @@ def _decode_records(view: memoryview, pos: int, end: int, count: int) -> tuple[R
                     else:
                         value_length = -1
                     if value_length >= 0 and i + value_length + 1 == record_end and data[record_end - 1] == 0:
-                        record = _new_record(Record)  # Record(offset_delta, timestamp, None, value)
-                        _set_offset_delta(record, offset_delta)
-                        _set_timestamp_delta(record, (timestamp >> 1) ^ -(timestamp & 1))
-                        _set_key(record, None)
-                        _set_value(record, data[i : i + value_length])
-                        _set_headers(record, ())
-                        append(record)
+                        if pairs_base is None:
+                            record = _new_record(Record)  # Record(offset_delta, timestamp, None, value)
+                            _set_offset_delta(record, offset_delta)
+                            _set_timestamp_delta(record, (timestamp >> 1) ^ -(timestamp & 1))
+                            _set_key(record, None)
+                            _set_value(record, data[i : i + value_length])
+                            _set_headers(record, ())
+                            append(record)
+                        else:
+                            append((pairs_base + offset_delta, data[i : i + value_length]))
                         i = record_end
                         continue
         record, i = _decode_general(data, start, size)
-        append(record)
+        append(record if pairs_base is None else (pairs_base + record.offset_delta, record.value or b""))
     if i != size:
         raise ValueError(f"{size - i} stray bytes after the last record")
-    return tuple(records)
+    return records
 
 
 def _decode_general(data: bytes, pos: int, end: int) -> tuple[Record, int]:
@@ -627,6 +638,30 @@ def decode_batch(
         encoded_size=header.size_in_bytes,
     )
     return batch, end
+
+
+def decode_offset_values(
+    buf: Buffer, pos: int = 0, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+) -> list[tuple[int, bytes]]:
+    """``(offset, value)`` of every record of the batch at ``pos`` (a null value as ``b""``), validated as
+    :func:`decode_batch` validates it — what a metadata replay needs, without a ``Record`` (a frozen
+    dataclass: ~0.5 µs to build, a sixth of a follower's decoding) per record."""
+    header = check_batch(buf, pos, max_batch_bytes=max_batch_bytes)
+    if header.attributes & ATTR_COMPRESSION_MASK:
+        raise CorruptRecordError(
+            f"batch at position {pos} uses compression codec {header.attributes & ATTR_COMPRESSION_MASK}; "
+            "kraft reads only uncompressed batches"
+        )
+    end = pos + header.size_in_bytes
+    try:
+        pairs: list[tuple[int, bytes]] = _scan_records(
+            memoryview(buf), pos + HEADER_SIZE, end, header.record_count, header.base_offset
+        )
+    except (ValueError, UnicodeDecodeError, IndexError) as exc:
+        raise CorruptRecordError(
+            f"malformed records in batch at position {pos} (base offset {header.base_offset}): {exc}"
+        ) from exc
+    return pairs
 
 
 def iter_batches(buf: Buffer, *, max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES) -> Iterator[RecordBatch]:

@@ -204,6 +204,10 @@ class SimRaftClient:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
+    async def yield_turn(self) -> None:
+        """One loop turn: no Raft driver of its own whose work could go first."""
+        await asyncio.sleep(0)
+
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         node = self._node
         core = node.core

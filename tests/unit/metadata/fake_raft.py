@@ -158,6 +158,10 @@ class FakeRaft:
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 
+    async def yield_turn(self) -> None:
+        """One loop turn: no Raft driver of its own whose work could go first."""
+        await asyncio.sleep(0)
+
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         """Confirmed at once (a single voter) unless ``hold_confirmations``."""
         if self._leader.leader_id != self._node_id:

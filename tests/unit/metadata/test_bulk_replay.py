@@ -15,10 +15,14 @@ from hypothesis import strategies as st
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata import records
+from kraft.metadata.commit_replay import REPLAY_SLICE_RECORDS, replay_batch
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.image_records import image_records, image_values
 from kraft.metadata.store import SqliteImageStore
+from kraft.raft.api import CommittedBatch, CommittedRecord, offset_values
+from kraft.raft.listeners import LazyRecords
+from kraft.storage.batch import build_batch
 from kraft.v1 import metadata_pb2 as pb
 
 BROKERS = st.integers(min_value=1, max_value=5)
@@ -202,3 +206,62 @@ def test_image_values_are_byte_identical_to_encoding_image_records(
     rebuilt = MetadataDelta(MetadataImage.empty())
     rebuilt.replay_values(expected, image.offset, image.epoch)
     assert rebuilt.apply() == image
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    payloads=st.lists(PAYLOADS, min_size=1, max_size=40),
+    garbage=st.lists(st.integers(0, 40), max_size=2),
+    base_offset=st.integers(0, 1000),
+    already=st.integers(0, 10),
+)
+def test_a_log_backed_batch_replays_as_its_decoded_records(
+    payloads: list[Message], garbage: list[int], base_offset: int, already: int
+) -> None:
+    # A follower's batch from the log (LazyRecords: decoded as (offset, value) pairs, no record objects)
+    # replays to the same image, values and errors as the same records handed over one object each, and
+    # skips what the committed image already holds.
+    values = [records.encode_value(records.wrap(p)) for p in payloads]
+    for position in garbage:  # values that are not metadata records (undecodable)
+        values.insert(min(position, len(values)), b"\xffnot a record")
+    raw = build_batch(base_offset, [(None, v) for v in values], leader_epoch=3, timestamp_ms=9)
+    committed = MetadataDelta(MetadataImage.empty())
+    committed.offset = base_offset + min(already, len(values)) - 1  # the first records are already in
+    image = committed.apply()
+    last = base_offset + len(values) - 1
+    lazy = CommittedBatch(base_offset, last, 3, LazyRecords(raw, 0), 9)
+    plain = CommittedBatch(
+        base_offset, last, 3, [CommittedRecord(base_offset + i, v) for i, v in enumerate(values)], 9
+    )
+    via_log = asyncio.run(replay_batch(image, lazy))
+    via_objects = asyncio.run(replay_batch(image, plain))
+    assert via_log.image == via_objects.image
+    assert via_log.values == via_objects.values
+    assert via_log.undecodable == via_objects.undecodable
+    assert via_log.replay_errors == via_objects.replay_errors
+    fresh = [(base_offset + i, v) for i, v in enumerate(values) if base_offset + i > image.offset]
+    assert via_log.values == [(o, v) for o, v in fresh if v != b"\xffnot a record"]
+    # both views of the same log-backed records agree, in either order of first use
+    for first in ("pairs", "records"):
+        records_of = LazyRecords(raw, 0)
+        if first == "records":
+            assert [(r.offset, r.value) for r in records_of] == offset_values(records_of)
+        else:
+            assert offset_values(records_of) == [(r.offset, r.value) for r in records_of]
+
+
+def test_a_long_batch_replays_in_steps_separated_by_the_given_pause() -> None:
+    # The controller hands Raft's yield_turn in: a follower's next Fetch goes before the next step.
+    count = 5 * REPLAY_SLICE_RECORDS
+    values = [records.encode_value(records.wrap(pb.NoOpRecord())) for _ in range(count)]
+    batch = CommittedBatch(0, count - 1, 1, [CommittedRecord(i, v) for i, v in enumerate(values)], 0)
+    pauses = 0
+
+    async def pause() -> None:
+        nonlocal pauses
+        pauses += 1
+        await asyncio.sleep(0)
+
+    replayed = asyncio.run(replay_batch(MetadataImage.empty(), batch, None, 0, pause))
+    assert replayed.image.offset == count - 1
+    assert pauses >= count // REPLAY_SLICE_RECORDS - 1  # one at least every slice of records

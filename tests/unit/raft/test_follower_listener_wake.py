@@ -12,8 +12,13 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+from metric_reads import family_sample
 from raft_helpers import LoopbackCluster, NodeStores, RecordingListener, wait_until
 
+from kraft.observability.metrics import RAFT_FETCH_TURNAROUND
+from kraft.raft.api import CommittedBatch
+from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import MemoryLogStore
 
 GATE_TIMEOUT_S = 5.0
@@ -169,4 +174,115 @@ async def test_a_follower_that_becomes_leader_applies_what_it_held_back_at_once(
         assert listeners[successor.node_id].values.get(offset) == b"v"
         assert listeners[successor.node_id].values.get(second) == b"w"
     finally:
+        await cluster.close()
+
+
+class SteppingListener(RecordingListener):
+    """Applies each batch in many steps, awaiting the driver's ``yield_turn`` between them (as the
+    metadata replay does), until the test lets the current batch finish."""
+
+    def __init__(self, driver: RaftDriver) -> None:
+        super().__init__()
+        self.driver = driver
+        self.steps = 0
+        self.replaying = False
+        self.finish = asyncio.Event()
+
+    async def handle_commit(self, batch: CommittedBatch) -> None:
+        if batch.control:
+            await super().handle_commit(batch)
+            return
+        self.replaying = True
+        for _ in range(MAX_STEPS):  # bounded: a test that never lets it finish still ends
+            if self.finish.is_set():
+                break
+            self.steps += 1
+            await self.driver.yield_turn()
+        self.replaying = False
+        await super().handle_commit(batch)
+
+
+MAX_STEPS = 200_000
+
+
+async def test_a_follower_replay_waits_while_its_fetch_turnaround_runs() -> None:
+    # A Fetch response that arrives while the follower's listener is mid-replay is taken to its end
+    # (records appended, flushed, next Fetch sent) before the replay takes another step.
+    cluster = LoopbackCluster(2)  # one follower: its next Fetch alone moves the high watermark
+    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    listener: SteppingListener | None = None
+    try:
+        leader = await cluster.elect()
+        follower_id = next(n for n in cluster.voters if n != leader.node_id)
+        follower = cluster.drivers[follower_id]
+        await cluster.settle()
+        listener = SteppingListener(follower)
+        follower.register_listener(listener)
+        stepping = listener
+        first = leader.schedule_append([b"a"])
+        await cluster.settle()
+        leader.schedule_append([b"b"])  # brings the follower the news that `first` committed
+        await wait_until(lambda: stepping.replaying, GATE_TIMEOUT_S, "the follower replaying `first`")
+        await wait_until(lambda: follower.idle, GATE_TIMEOUT_S, "the follower parked on its next Fetch")
+
+        gate = logs[follower_id]
+        gate.open.clear()
+        third = leader.schedule_append([b"c"])
+        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing `c`")
+        steps = stepping.steps
+        await _loop_turns(50)
+        assert stepping.steps == steps  # no replay step while the turnaround is in progress
+        assert leader.high_watermark <= third
+
+        gate.open.set()
+        # The next Fetch (which commits `c` on the leader) goes out while `first` is still replaying.
+        await wait_until(lambda: leader.high_watermark > third, GATE_TIMEOUT_S, "`c` committed")
+        assert stepping.replaying and first not in stepping.values
+        await wait_until(lambda: stepping.steps > steps, GATE_TIMEOUT_S, "the replay going on")
+        stepping.finish.set()
+        await cluster.run_until(lambda: third in stepping.values, "`c` applied", 1000)
+        assert stepping.values[first] == b"a"
+    finally:
+        for log in logs.values():
+            log.open.set()
+        if listener is not None:
+            listener.finish.set()
+        await cluster.close()
+
+
+def _turnaround(node_id: int) -> tuple[float, float]:
+    node = str(node_id)
+    count = family_sample(RAFT_FETCH_TURNAROUND, "kraft_raft_fetch_turnaround_seconds_count", node=node)
+    total = family_sample(RAFT_FETCH_TURNAROUND, "kraft_raft_fetch_turnaround_seconds_sum", node=node)
+    return count or 0.0, total or 0.0
+
+
+async def test_a_followers_fetch_turnaround_is_measured_from_the_response_to_the_next_fetch() -> None:
+    cluster = LoopbackCluster(2)
+    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        follower_id = next(n for n in cluster.voters if n != leader.node_id)
+        await cluster.settle()
+        count, total = _turnaround(follower_id)
+        gate = logs[follower_id]
+        gate.open.clear()
+        offset = leader.schedule_append([b"a"])
+        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing the record")
+        cluster.clock.advance(30)  # the follower's fsync takes 30 ms of the manual clock
+        gate.open.set()
+        await wait_until(lambda: leader.high_watermark > offset, GATE_TIMEOUT_S, "the record committed")
+        after_count, after_total = _turnaround(follower_id)
+        assert after_count > count
+        # Only that turnaround took manual time: the response → flush → next Fetch
+        assert after_total - total == pytest.approx(0.030)
+    finally:
+        for log in logs.values():
+            log.open.set()
         await cluster.close()

@@ -23,6 +23,7 @@ from kraft.storage.batch import (
     build_control_batch,
     check_batch,
     decode_batch,
+    decode_offset_values,
     encode_batch,
     iter_batch_headers,
     iter_batches,
@@ -325,3 +326,58 @@ def test_a_record_built_by_the_inline_path_is_a_record_like_any_other() -> None:
     assert got.headers == () and got.key is None
     with pytest.raises(AttributeError):
         got.value = b"other"  # type: ignore[misc]
+
+
+# decode_offset_values: what decode_batch gives as (offset, value) — values null as b"" — or the same
+# refusal, for the inline path, the general path between, and damaged bodies under a valid CRC.
+
+
+def _with_valid_crc(raw: bytes) -> bytes:
+    from crc32c import crc32c
+
+    data = bytearray(raw)
+    struct.pack_into(">I", data, CRC_OFFSET, crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+def _pairs_via_batch(raw: bytes) -> object:
+    try:
+        batch, _ = decode_batch(raw)
+    except CorruptRecordError:
+        return "refused"
+    return [(batch.record_offset(r), r.value or b"") for r in batch.records]
+
+
+def _pairs(raw: bytes) -> object:
+    try:
+        return decode_offset_values(raw)
+    except CorruptRecordError:
+        return "refused"
+
+
+@settings(max_examples=200)
+@given(
+    value_only,
+    st.integers(0, 2**40),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+    st.data(),
+)
+def test_offset_values_are_the_decoded_batchs(
+    values: list[bytes], base_offset: int, edits: list[tuple[int, int]], data: st.DataObject
+) -> None:
+    inputs: list[Triple] = [
+        (
+            data.draw(st.sampled_from([None, None, b"k"])),
+            data.draw(st.sampled_from([v, v, None])),
+            data.draw(st.sampled_from([(), (), (("h", b"1"),)])),
+        )
+        for v in values
+    ] or [(None, b"", ())]
+    raw = build_batch(base_offset, inputs, leader_epoch=1, timestamp_ms=5)
+    assert decode_offset_values(raw) == [(base_offset + i, v or b"") for i, (_, v, _) in enumerate(inputs)]
+    body = bytearray(raw[HEADER_SIZE:])
+    for position, byte in edits:
+        if body:
+            body[position % len(body)] = byte
+    damaged = _with_valid_crc(raw[:HEADER_SIZE] + bytes(body))
+    assert _pairs(damaged) == _pairs_via_batch(damaged)
