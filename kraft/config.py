@@ -554,6 +554,10 @@ class NodeConfig(BaseModel):
     # one hop each way (kraft.node.intake.DriverBridge); false: they hop to the main loop like every other
     # handler.  A switch for A/B measurements (docs/internals/raft-performance.md).
     controller_raft_fetch_on_intake: Bool = _key("controller.raft.fetch.on.intake", default=True)
+    # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
+    # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
+    # node over a unix socket (kraft/node/intake_process.py).  0 = none.  PLAINTEXT listener, no authorizer.
+    controller_intake_processes: NonNegative = _key("controller.intake.processes", default=0)
     broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
     broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
     initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)
