@@ -143,7 +143,7 @@ class Upstream:
 
 
 async def _abort_from(context: grpc.aio.ServicerContext[Any, Any], error: grpc.aio.AioRpcError) -> None:
-    trailing: Any = error.trailing_metadata() or ()
+    trailing: Any = tuple(error.trailing_metadata() or ())  # grpc wants a tuple, not Metadata
     await context.abort(error.code(), error.details() or "", trailing)
 
 
