@@ -444,6 +444,7 @@ class ControllerNode:
                 security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
             )
         address = cfg.controller_listener.bind_address
+        configured_port = cfg.controller_listener.port
         name = cfg.controller_listener.name
         tls = listener_settings(cfg, name)
 
@@ -456,8 +457,13 @@ class ControllerNode:
                 add_raft_test_service(test_servicer, server)
             for install in self._installers:
                 install(server)
+            exclusive = intake_socket is not None and cfg.controller_intake_exclusive
             try:
-                self._bound_port, self.certificates = add_port(server, address, tls, name)
+                if exclusive:
+                    # every connection reaches this process through an intake process (they bind the port)
+                    self._bound_port = configured_port
+                else:
+                    self._bound_port, self.certificates = add_port(server, address, tls, name)
             except TlsError as exc:
                 raise StartupError(f"cannot use the TLS configuration: {exc}") from None
             except RuntimeError as exc:

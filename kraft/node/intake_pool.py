@@ -61,6 +61,12 @@ def check_supported(config: NodeConfig) -> None:
             f"controller listener ({name} is {config.security_protocol(name)}): the caller's TLS identity "
             "cannot reach the node through an intake process yet; set controller.intake.processes=0"
         )
+    listener = config.controller_listener
+    if config.controller_intake_exclusive and listener is not None and listener.port == 0:
+        raise IntakeConfigError(
+            "controller.intake.exclusive=true needs a fixed CONTROLLER port (the node's own process does "
+            "not bind it, the intake processes do)"
+        )
     if config.authorizer_class_name:
         raise IntakeConfigError(
             f"controller.intake.processes={config.controller_intake_processes} cannot be used with "
