@@ -41,7 +41,7 @@ from kraft.procutil import spawn_child
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
 WATCH_INTERVAL_S = 0.2
-SOCKET_DIR = "controller-intake"
+SOCKET_DIR = "intake"
 SOCKET_NAME = "node.sock"
 MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 

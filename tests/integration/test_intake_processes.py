@@ -1,0 +1,234 @@
+"""Intake processes (``controller.intake.processes``) on real controller processes: many clients' TestAppend
+calls committed with each caller's own offsets, admin calls and broker heartbeats through intake processes,
+fail-stop when one dies, and no process left behind however the node ends."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from kraft.client.admin import AdminClient
+from kraft.clock import SystemClock
+from kraft.cluster.quorum import ControllerProc, ControllerQuorum, QuorumFactory, run_kraft, wait_until
+from kraft.errors import ErrorCode
+from kraft.node.supervisor import EXIT_FATAL
+from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
+from kraft.v1 import controller_pb2 as cpb
+
+pytestmark = pytest.mark.integration
+
+CONNECTIONS = 48
+CALLS_PER_CLIENT = 8
+TIMEOUT_S = 20.0
+
+
+def intake(exclusive: bool = False, processes: int = 2) -> dict[str, str]:
+    return {
+        "controller.intake.processes": str(processes),
+        "controller.intake.exclusive": "true" if exclusive else "false",
+    }
+
+
+def intake_pids(node: ControllerProc) -> list[int]:
+    """The pids the node logged at start (``intake_processes_started pids=…``), latest start last."""
+    found = re.findall(r"event=intake_processes_started .*?pids=([\d,]+)", node.log_path.read_text())
+    assert found, node.log_tail(30)
+    return [int(pid) for pid in found[-1].split(",")]
+
+
+def gone(pid: int) -> bool:
+    """No such process (or only a zombie nobody reaped yet: it runs nothing)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"
+
+
+def wait_gone(pids: list[int], what: str) -> None:
+    wait_until(lambda: all(gone(pid) for pid in pids) or None, 15, what)
+
+
+async def _many_clients_append(target: str, cluster_id: str) -> list[tuple[int, int, int]]:
+    """``CONNECTIONS`` clients, each on a TCP connection of its own (so the kernel spreads them over the
+    node's sockets), each appending ``CALLS_PER_CLIENT`` times 1 to 3 values; (base, last, count) per call."""
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(CONNECTIONS)
+    ]
+    try:
+
+        async def client(index: int) -> list[tuple[int, int, int]]:
+            stub = raft_pb2_grpc.RaftTestServiceStub(channels[index])
+            done = []
+            for call in range(CALLS_PER_CLIENT):
+                count = 1 + (index + call) % 3
+                values = [b"c%d-%d-%d" % (index, call, i) for i in range(count)]
+                request = raft_pb2.TestAppendRequest(cluster_id=cluster_id, values=values)
+                answer = await stub.TestAppend(request, timeout=TIMEOUT_S)
+                assert answer.error_code == ErrorCode.NONE, answer
+                done.append((answer.base_offset, answer.last_offset, count))
+            return done
+
+        results = await asyncio.gather(*(client(index) for index in range(CONNECTIONS)))
+    finally:
+        for channel in channels:
+            await channel.close(None)
+    return [call for calls in results for call in calls]
+
+
+@pytest.mark.parametrize("exclusive", [False, True], ids=["shared-port", "exclusive"])
+def test_a_quorum_with_intake_processes_commits_every_callers_writes_at_its_own_offsets(
+    quorum_factory: QuorumFactory, exclusive: bool
+) -> None:
+    quorum = quorum_factory(overrides=intake(exclusive))
+    quorum.start()
+    leader = quorum.wait_for_leader(30)
+    before = quorum.append([b"first"])[1]
+    calls = asyncio.run(_many_clients_append(quorum.nodes[leader.node_id].target, quorum.cluster_id))
+    offsets: list[int] = []
+    for base, last, count in calls:
+        assert last - base + 1 == count, (base, last, count)
+        offsets.extend(range(base, last + 1))
+    total = sum(count for _, _, count in calls)
+    # every value at an offset of its own, none reused, none skipped (no other writer ran meanwhile)
+    assert sorted(offsets) == list(range(before + 1, before + 1 + total))
+    digests = quorum.wait_converged(30)
+    assert {d.record_count for d in digests.values()} == {total + 1}
+
+    pids = {node_id: intake_pids(node) for node_id, node in quorum.nodes.items()}
+    assert all(len(found) == 2 for found in pids.values())
+    for node_id, node in quorum.nodes.items():
+        assert quorum.terminate(node_id) == 0, node.log_tail(30)
+        wait_gone(pids[node_id], f"node {node_id}'s intake processes gone after its graceful stop")
+    stopped = re.findall(
+        r"event=intake_process_stopped .*?batches=(\d+) batched_calls=(\d+)",
+        quorum.nodes[leader.node_id].log_path.read_text(),
+    )
+    assert len(stopped) == 2, quorum.nodes[leader.node_id].log_tail(40)
+    batches = sum(int(b) for b, _ in stopped)
+    batched_calls = sum(int(c) for _, c in stopped)
+    assert batched_calls > 0, "some connections landed on the leader's intake processes"
+    if exclusive:  # no connection reached the node's own process: every call came through a batch
+        assert batched_calls == len(calls) + 1, stopped  # + the quorum helper's first append
+    assert batches < batched_calls, "concurrent callers share batches"
+
+
+async def _brokers_and_admin(quorum: ControllerQuorum) -> None:
+    targets = [node.target for node in quorum.nodes.values()]
+    async with AdminClient(targets, timeout_s=30, clock=SystemClock()) as client:
+        cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+        assert cluster.cluster_id == quorum.cluster_id
+        epochs: dict[int, int] = {}
+        for broker_id in (1, 2, 3):
+            registered = await client.call(
+                lambda s: s.RegisterBroker,
+                cpb.RegisterBrokerRequest(
+                    cluster_id=quorum.cluster_id,
+                    broker_id=broker_id,
+                    incarnation_id=f"incarnation-{broker_id}",
+                    listeners=[
+                        common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=19000 + broker_id)
+                    ],
+                ),
+            )
+            epochs[broker_id] = registered.broker_epoch
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            answers = [
+                await client.call(
+                    lambda s: s.BrokerHeartbeat,
+                    cpb.BrokerHeartbeatRequest(
+                        cluster_id=quorum.cluster_id,
+                        broker_id=broker_id,
+                        broker_epoch=epoch,
+                        current_metadata_offset=1 << 40,
+                    ),
+                )
+                for broker_id, epoch in epochs.items()
+            ]
+            assert all(answer.error_code == ErrorCode.NONE for answer in answers), answers
+            if not any(answer.is_fenced for answer in answers):
+                break
+            assert time.monotonic() < deadline, "brokers not unfenced through intake processes"
+            await asyncio.sleep(0.2)
+        bootstrap = ",".join(targets)
+        created = await asyncio.to_thread(
+            run_kraft,
+            ["topic", "create", "orders", "-p", "3", "-r", "3", "--bootstrap-controller", bootstrap],
+        )
+        assert created.returncode == 0, created.stderr
+        fetched = await client.call(
+            lambda s: s.MetadataFetch, cpb.MetadataFetchRequest(cluster_id=quorum.cluster_id, fetch_offset=0)
+        )
+        assert len(fetched.records) > 0
+        described = await asyncio.to_thread(
+            run_kraft, ["quorum", "describe", "--bootstrap-controller", bootstrap, "--status"]
+        )
+        assert described.returncode == 0, described.stderr
+
+
+def test_admin_calls_heartbeats_and_raft_work_when_every_connection_goes_through_an_intake_process(
+    quorum_factory: QuorumFactory,
+) -> None:
+    # exclusive: the nodes' own processes do not listen on the network at all, so every admin call,
+    # heartbeat, MetadataFetch, health check and Raft RPC between the controllers crosses an intake process
+    quorum = quorum_factory(overrides=intake(exclusive=True), test_append=False)
+    quorum.start()
+    quorum.wait_for_leader(30)
+    asyncio.run(_brokers_and_admin(quorum))
+
+
+def test_an_intake_process_that_dies_takes_its_node_down_with_one_fatal_line_and_no_orphan(
+    quorum_factory: QuorumFactory,
+) -> None:
+    quorum = quorum_factory(size=1, overrides=intake())
+    quorum.start()
+    quorum.wait_for_leader(30)
+    node = quorum.nodes[1]
+    victim, sibling = intake_pids(node)
+    os.kill(victim, signal.SIGKILL)
+    assert node.wait_exit(timeout_s=30) == EXIT_FATAL, node.log_tail(30)
+    fatal = [line for line in node.log_path.read_text().splitlines() if " event=fatal " in line]
+    assert len(fatal) == 1, node.log_tail(30)
+    assert "reason=intake_process_died" in fatal[0] and f"pid={victim}" in fatal[0], fatal[0]
+    assert "exit_status=-9" in fatal[0], fatal[0]
+    wait_gone([victim, sibling], "the node's other intake process gone with it")
+
+
+def test_intake_processes_die_with_a_node_killed_by_sigkill_and_come_back_with_its_restart(
+    quorum_factory: QuorumFactory,
+) -> None:
+    quorum = quorum_factory(size=1, overrides=intake())
+    quorum.start()
+    quorum.wait_for_leader(30)
+    first = intake_pids(quorum.nodes[1])
+    quorum.kill(1)
+    wait_gone(first, "intake processes gone after their node was SIGKILLed (death signal)")
+    quorum.restart(1)
+    quorum.wait_for_leader(30)
+    second = intake_pids(quorum.nodes[1])
+    assert not set(first) & set(second) and not any(gone(pid) for pid in second)
+    assert quorum.append([b"after restart"])[1] >= 0
+
+
+def test_a_node_with_intake_processes_and_an_authorizer_refuses_to_start_with_one_line(
+    quorum_factory: Callable[..., ControllerQuorum],
+) -> None:
+    quorum = quorum_factory(size=1, overrides={**intake(), "authorizer.class.name": "kraft"})
+    quorum.prepare()
+    quorum.nodes[1].start()
+    code = quorum.nodes[1].wait_exit(timeout_s=30)
+    assert code == 1, quorum.nodes[1].log_tail(20)
+    assert "controller.intake.processes=2 cannot be used with authorizer.class.name" in (
+        quorum.nodes[1].log_path.read_text()
+    )
