@@ -54,6 +54,7 @@ from kraft.node.intake_pool import (
     prepare_socket_dir,
     secure_socket,
     socket_path,
+    write_tls_config,
 )
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
@@ -71,7 +72,11 @@ from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.raft.voters import Endpoint
 from kraft.runtime import grpc_io_name, running_loop_name
-from kraft.security.principal import install_principal_mapper
+from kraft.security.principal import (
+    install_principal_mapper,
+    stop_trusting_intake_forwarding,
+    trust_intake_forwarding,
+)
 from kraft.security.tls import (
     CertificateReloader,
     MetricsTlsContext,
@@ -493,6 +498,8 @@ class ControllerNode:
             await self._server.start()
         if intake_socket is not None:
             secure_socket(intake_socket)
+            # Calls from the unix socket carry their callers' identity (kraft.security.principal).
+            trust_intake_forwarding(tls=tls is not None)
             pool = self._intake_processes = IntakeProcesses(
                 cfg.controller_intake_processes,
                 listen=_join_host_port(cfg.controller_listener.host or "0.0.0.0", self._bound_port),
@@ -501,6 +508,8 @@ class ControllerNode:
                 limits=limits,
                 batch_appends=test_servicer is not None,
                 log=self._log,
+                listener=name,
+                tls_config=write_tls_config(cfg, intake_socket.parent) if tls is not None else None,
             )
             try:
                 await pool.start()
@@ -536,6 +545,8 @@ class ControllerNode:
         if self._intake is not None:
             self._intake.close()
             self._intake = None
+        if pool is not None:
+            stop_trusting_intake_forwarding()
 
     def own_endpoints(self) -> tuple[Endpoint, ...]:
         """This controller's endpoints as a VotersRecord stores them, as ``kraft quorum add-controller``

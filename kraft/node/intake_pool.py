@@ -51,16 +51,9 @@ class IntakeConfigError(Exception):
 
 
 def check_supported(config: NodeConfig) -> None:
-    """Intake processes need a PLAINTEXT controller listener and no authorizer (phase 1): an intake
-    process terminates the caller's connection, so the principal (the client certificate) and the address
-    (ACL hosts) the main process checks would be the intake process's own."""
-    name = config.controller_listener_names[0]
-    if config.security_protocol(name) != "PLAINTEXT":
-        raise IntakeConfigError(
-            f"controller.intake.processes={config.controller_intake_processes} needs a PLAINTEXT "
-            f"controller listener ({name} is {config.security_protocol(name)}): the caller's TLS identity "
-            "cannot reach the node through an intake process yet; set controller.intake.processes=0"
-        )
+    """Intake processes forward each caller's TLS identity and address (believed by the node only on its
+    unix socket, :mod:`kraft.security.principal`); not yet tested with an authorizer's ACLs, which the node
+    refuses for now."""
     listener = config.controller_listener
     if config.controller_intake_exclusive and listener is not None and listener.port == 0:
         raise IntakeConfigError(
@@ -70,7 +63,7 @@ def check_supported(config: NodeConfig) -> None:
     if config.authorizer_class_name:
         raise IntakeConfigError(
             f"controller.intake.processes={config.controller_intake_processes} cannot be used with "
-            "authorizer.class.name: ACL hosts and principals would be the intake process's own; "
+            "authorizer.class.name yet (ACLs through intake processes are untested); "
             "set controller.intake.processes=0"
         )
 
@@ -98,6 +91,18 @@ def prepare_socket_dir(path: Path) -> None:
 
 def secure_socket(path: Path) -> None:
     os.chmod(path, 0o600)
+
+
+def write_tls_config(config: NodeConfig, directory: Path) -> Path:
+    """The node's configuration for its intake processes' TLS listener: 0600 in the 0700 directory (it
+    names the key files and may hold their passwords, as the node's own file does)."""
+    path = directory / "node.properties"
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(config.to_properties(include_defaults=False))
+    return path
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -134,7 +139,10 @@ class IntakeProcesses:
         limits: ServerLimits,
         batch_appends: bool,
         log: StructLogger,
+        listener: str = "CONTROLLER",
+        tls_config: Path | None = None,
     ) -> None:
+        """``tls_config``: the node's configuration file for the children's TLS (an SSL listener)."""
         self._count = count
         self._listen = listen
         self._upstream = upstream
@@ -142,6 +150,8 @@ class IntakeProcesses:
         self._limits = limits
         self._batch_appends = batch_appends
         self._log = log
+        self._listener = listener
+        self._tls_config = tls_config
         self._children: list[_Child] = []
         self._stopping = False
 
@@ -171,6 +181,9 @@ class IntakeProcesses:
         ]
         if self._batch_appends:
             command.append("--batch-appends")
+        command += ["--listener", self._listener]
+        if self._tls_config is not None:
+            command += ["--tls-config", str(self._tls_config)]
         return command
 
     async def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:

@@ -47,9 +47,17 @@ import grpc
 import grpc.aio
 from google.protobuf.descriptor import ServiceDescriptor
 
+from kraft.config import load_config
 from kraft.grpc_service import ServerLimits, create_server
 from kraft.observability.logging import configure_logging, get_logger
 from kraft.runtime import loop_factory
+from kraft.security.principal import (
+    INTAKE_AUTH_KEY,
+    INTAKE_METADATA_PREFIX,
+    INTAKE_PEER_KEY,
+    encode_auth,
+)
+from kraft.security.tls import add_port, listener_settings
 from kraft.v1 import raft_pb2
 
 APPEND_METHOD = "/kraft.v1.RaftTestService/TestAppend"
@@ -100,13 +108,22 @@ def method_shapes(modules: Sequence[str] = _PROTO_MODULES) -> dict[str, MethodSh
     return shapes
 
 
-def forwarded_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:
-    """The caller's own metadata, for the forwarded call (transport and ``grpc-`` headers stay behind)."""
-    return tuple(
+def forwarded_metadata(
+    context: grpc.aio.ServicerContext[Any, Any], *, forward_auth: bool
+) -> tuple[tuple[str, Any], ...]:
+    """The caller's own metadata for the forwarded call — transport, ``grpc-`` and ``x-kraft-intake-``
+    headers stay behind (a caller must not pass for somebody else) — plus the caller's address and, on a
+    TLS listener (``forward_auth``), its auth context, which the node believes only from its unix socket
+    (:func:`kraft.security.principal.auth_context_of`)."""
+    own = [
         (key, value)
         for key, value in (context.invocation_metadata() or ())
-        if key not in _TRANSPORT_HEADERS and not key.startswith((":", "grpc-"))
-    )
+        if key not in _TRANSPORT_HEADERS and not key.startswith((":", "grpc-", INTAKE_METADATA_PREFIX))
+    ]
+    own.append((INTAKE_PEER_KEY, context.peer() or ""))
+    if forward_auth:
+        own.append((INTAKE_AUTH_KEY, encode_auth(context.auth_context())))
+    return tuple(own)
 
 
 class Upstream:
@@ -150,8 +167,10 @@ async def _abort_from(context: grpc.aio.ServicerContext[Any, Any], error: grpc.a
 class Proxy:
     """Byte-for-byte forwarding of one method to the main process (see the module docstring)."""
 
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, upstream: Upstream, *, forward_auth: bool = False) -> None:
+        """``forward_auth``: send each caller's TLS auth context along (a TLS listener)."""
         self._upstream = upstream
+        self._forward_auth = forward_auth
 
     def handler(self, method: str, shape: MethodShape) -> grpc.RpcMethodHandler[Any, Any]:
         # No (de)serializers: request and response stay the bytes on the wire.
@@ -171,7 +190,9 @@ class Proxy:
 
     async def unary(self, method: str, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         call = self._upstream.pick().unary_unary(method, None, None)(
-            request, metadata=forwarded_metadata(context), timeout=context.time_remaining()
+            request,
+            metadata=forwarded_metadata(context, forward_auth=self._forward_auth),
+            timeout=context.time_remaining(),
         )
         return await self._finish(call, context)
 
@@ -180,7 +201,9 @@ class Proxy:
             requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
         ) -> bytes:
             call = self._upstream.pick().stream_unary(method, None, None)(
-                requests, metadata=forwarded_metadata(context), timeout=context.time_remaining()
+                requests,
+                metadata=forwarded_metadata(context, forward_auth=self._forward_auth),
+                timeout=context.time_remaining(),
             )
             return await self._finish(call, context)
 
@@ -205,7 +228,11 @@ class Proxy:
                 if stream_in
                 else channel.unary_stream(method, None, None)
             )
-            call = opener(request, metadata=forwarded_metadata(context), timeout=context.time_remaining())
+            call = opener(
+                request,
+                metadata=forwarded_metadata(context, forward_auth=self._forward_auth),
+                timeout=context.time_remaining(),
+            )
             try:
                 async for item in call:
                     yield item
@@ -436,8 +463,12 @@ async def serve(args: argparse.Namespace) -> None:
             max_bytes=limits.max_message_bytes // 2,
         )
     server = create_server(limits)
-    server.add_generic_rpc_handlers([IntakeHandler(Proxy(upstream), batcher)])
-    if server.add_insecure_port(args.listen) == 0:
+    # The node's TLS settings, from its own configuration (a copy in the node's 0700 intake directory):
+    # the same certificates, client authentication and reloading as the node's listener.
+    tls = listener_settings(load_config(Path(args.tls_config)), args.listener) if args.tls_config else None
+    server.add_generic_rpc_handlers([IntakeHandler(Proxy(upstream, forward_auth=tls is not None), batcher)])
+    port, _reloader = add_port(server, args.listen, tls, args.listener)
+    if port == 0:
         raise SystemExit(f"intake process: cannot listen on {args.listen}")
     await server.start()
     stop = asyncio.Event()
@@ -486,6 +517,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--limits", required=True, help="ServerLimits as JSON")
     parser.add_argument("--ready", required=True, help="file written once listening")
     parser.add_argument("--batch-appends", action="store_true")
+    parser.add_argument("--listener", default="CONTROLLER", help="the listener's name")
+    parser.add_argument("--tls-config", help="the node's configuration, when its listener is SSL")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")
     parser.add_argument("--grace-s", type=float, default=1.0)
     parser.add_argument("--log-level", default="INFO")

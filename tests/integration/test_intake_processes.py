@@ -17,10 +17,13 @@ import grpc.aio
 import pytest
 
 from kraft.client.admin import AdminClient
+from kraft.client.channel import open_blocking_channel
 from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerProc, ControllerQuorum, QuorumFactory, run_kraft, wait_until
+from kraft.cluster.spec import FIRST_BROKER_ID
 from kraft.errors import ErrorCode
 from kraft.node.supervisor import EXIT_FATAL
+from kraft.security.principal import INTAKE_AUTH_KEY, INTAKE_PEER_KEY, encode_auth
 from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
 
@@ -29,6 +32,14 @@ pytestmark = pytest.mark.integration
 CONNECTIONS = 48
 CALLS_PER_CLIENT = 8
 TIMEOUT_S = 20.0
+FORGED_CONNECTIONS = 12
+TLS_PROFILE = {  # the integration tests' timing profile (conftest.TEST_PROFILE)
+    "controller.quorum.election.timeout.ms": "500",
+    "controller.quorum.fetch.timeout.ms": "1500",
+    "controller.quorum.election.backoff.max.ms": "500",
+    "controller.quorum.fetch.max.wait.ms": "200",
+    "controller.quorum.append.linger.ms": "5",
+}
 
 
 def intake(exclusive: bool = False, processes: int = 2) -> dict[str, str]:
@@ -232,3 +243,58 @@ def test_a_node_with_intake_processes_and_an_authorizer_refuses_to_start_with_on
     assert "controller.intake.processes=2 cannot be used with authorizer.class.name" in (
         quorum.nodes[1].log_path.read_text()
     )
+
+
+@pytest.mark.parametrize("exclusive", [False, True], ids=["shared-port", "exclusive"])
+def test_a_tls_quorum_through_intake_processes_keeps_every_callers_identity(
+    tmp_path: Path, exclusive: bool
+) -> None:
+    # Raft between the controllers crosses intake processes (all of it when exclusive); it only forms if
+    # each controller's certificate identity reaches the node through them.  Shared port: the forged
+    # calls below land on the node's own network port too (the kernel spreads the connections).
+    overrides = {**TLS_PROFILE, **intake(exclusive)}
+    with ControllerQuorum(tmp_path / "q", size=3, overrides=overrides, tls=True) as quorum:
+        quorum.start()
+        before = quorum.wait_for_leader(30)
+        _, last = quorum.append([b"over tls"])
+        assert last >= 0
+        leader = quorum.nodes[before.leader_id]
+        follower = next(n for n in quorum.nodes.values() if n.node_id != before.leader_id)
+        impostor = next(
+            n for n in quorum.nodes.values() if n.node_id not in (before.leader_id, follower.node_id)
+        )
+        forged_vote = raft_pb2.VoteRequest(
+            cluster_id=quorum.cluster_id,
+            candidate_id=follower.node_id,
+            candidate_epoch=before.leader_epoch + 1,
+            voter_id=before.leader_id,
+            last_offset_epoch=before.leader_epoch,
+            last_offset=before.high_watermark + 1000,
+        )
+        # A certificate that names no controller, claiming one in the intake process's own headers: the
+        # intake process drops them and the node's network port ignores them — refused on every path.
+        forged_headers = (
+            (INTAKE_AUTH_KEY, encode_auth({"transport_security_type": [b"ssl"],
+                                           "x509_subject": [f"CN=controller-{follower.node_id}".encode()]})),
+            (INTAKE_PEER_KEY, "ipv4:10.1.1.1:1"),
+        )  # fmt: skip
+        outsider = quorum.client_security(f"broker-{FIRST_BROKER_ID}")
+        for _ in range(FORGED_CONNECTIONS):  # each a connection of its own: most land on intake processes
+            with open_blocking_channel(
+                leader.target, [("grpc.use_local_subchannel_pool", 1)], security=outsider
+            ) as channel:
+                stub = raft_pb2_grpc.RaftServiceStub(channel)
+                for metadata in ((), forged_headers):
+                    with pytest.raises(grpc.RpcError) as denied:
+                        stub.Vote(forged_vote, metadata=metadata, timeout=5)
+                    assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        # a controller's certificate cannot speak for another voter through an intake process either
+        with open_blocking_channel(
+            leader.target,
+            [("grpc.use_local_subchannel_pool", 1)],
+            security=quorum.client_security(f"controller-{impostor.node_id}"),
+        ) as channel:
+            answer = raft_pb2_grpc.RaftServiceStub(channel).Vote(forged_vote, timeout=5)
+        assert ErrorCode.from_wire(answer.error_code) is ErrorCode.INVALID_REQUEST
+        after = quorum.wait_for_leader(10)
+        assert (after.leader_id, after.leader_epoch) == (before.leader_id, before.leader_epoch)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,24 @@ from kraft.node.intake_process import (
     IntakeHandler,
     Proxy,
     Upstream,
+    forwarded_metadata,
     method_shapes,
     split_answer,
+)
+from kraft.security.guard import peer_host
+from kraft.security.principal import (
+    ANONYMOUS,
+    INTAKE_AUTH_KEY,
+    INTAKE_PEER_KEY,
+    NodeIdentity,
+    NodeRole,
+    decode_auth,
+    encode_auth,
+    is_tls,
+    node_identity,
+    principal_of,
+    stop_trusting_intake_forwarding,
+    trust_intake_forwarding,
 )
 from kraft.v1 import raft_pb2
 
@@ -394,20 +410,31 @@ def _config(tmp_path: Path, **extra: object) -> NodeConfig:
     )
 
 
-def test_intake_processes_are_refused_under_tls_or_an_authorizer_and_the_default_is_none(
+def test_intake_processes_are_refused_with_an_authorizer_or_exclusive_on_port_0_and_off_by_default(
     tmp_path: Path,
 ) -> None:
     check_supported(_config(tmp_path))
     with pytest.raises(IntakeConfigError, match="authorizer"):
         check_supported(_config(tmp_path, authorizer_class_name="kraft"))
-    with pytest.raises(IntakeConfigError, match="PLAINTEXT controller listener"):
+    check_supported(  # TLS: the callers' identities are forwarded
+        _config(
+            tmp_path,
+            listener_security_protocol_map="CONTROLLER:SSL",
+            ssl_keystore_location=tmp_path / "controller-1.pem",
+            ssl_truststore_location=tmp_path / "ca.pem",
+            ssl_client_auth="required",
+        )
+    )
+    with pytest.raises(IntakeConfigError, match="fixed CONTROLLER port"):
         check_supported(
-            _config(
-                tmp_path,
-                listener_security_protocol_map="CONTROLLER:SSL",
-                ssl_keystore_location=tmp_path / "controller-1.pem",
-                ssl_truststore_location=tmp_path / "ca.pem",
-                ssl_client_auth="required",
+            NodeConfig.build(
+                process_roles="controller",
+                node_id=1,
+                controller_quorum_voters="1@127.0.0.1:9093",
+                listeners="CONTROLLER://127.0.0.1:0",
+                metadata_log_dir=tmp_path / "meta",
+                controller_intake_processes=1,
+                controller_intake_exclusive=True,
             )
         )
     default = NodeConfig.build(
@@ -454,3 +481,78 @@ async def test_a_server_with_reuseport_shares_its_port_with_an_intake_server() -
     finally:
         await first.stop(None)
         await second.stop(None)
+
+
+# --- the caller's identity through an intake process ---
+
+
+class FakeCallContext:
+    def __init__(self, peer: str, auth: dict[str, list[bytes]], metadata: tuple[tuple[str, Any], ...] = ()):
+        self._peer = peer
+        self._auth = auth
+        self._metadata = metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+        return self._metadata
+
+
+ADMIN_TLS = {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=admin,O=kraft"]}
+CONTROLLER_2 = {
+    "transport_security_type": [b"ssl"],
+    "x509_subject": [b"CN=controller-2,O=kraft"],
+    "x509_pem_cert": [b"-----BEGIN CERTIFICATE-----..."],
+}
+
+
+@pytest.fixture
+def trusting_tls() -> Iterator[None]:
+    trust_intake_forwarding(tls=True)
+    try:
+        yield
+    finally:
+        stop_trusting_intake_forwarding()
+
+
+def _forged() -> tuple[tuple[str, Any], ...]:
+    return ((INTAKE_AUTH_KEY, encode_auth(CONTROLLER_2)), (INTAKE_PEER_KEY, "ipv4:10.9.9.9:1"))
+
+
+def test_a_forwarded_identity_is_believed_only_from_the_unix_socket(trusting_tls: None) -> None:
+    # on the network port: the call's own TLS identity, whatever the metadata says
+    network = FakeCallContext("ipv4:127.0.0.1:5000", ADMIN_TLS, _forged())
+    assert str(principal_of(network)) == "User:CN=admin,O=kraft"
+    assert peer_host(network) == "127.0.0.1"
+    # from an intake process over the unix socket: the caller's, as forwarded
+    local = FakeCallContext("unix:/data/intake/node.sock", {}, _forged())
+    assert node_identity(principal_of(local)) == NodeIdentity(NodeRole.CONTROLLER, 2)
+    assert is_tls(local) and peer_host(local) == "10.9.9.9"
+    # the unix socket without a forwarded identity on a TLS node: TLS without a certificate (refused
+    # wherever an identity is needed), never plaintext
+    bare = FakeCallContext("unix:/data/intake/node.sock", {})
+    assert principal_of(bare) == ANONYMOUS and is_tls(bare) and peer_host(bare) == ""
+    garbled = FakeCallContext("unix:/x", {}, ((INTAKE_AUTH_KEY, b"{not json"),))
+    assert principal_of(garbled) == ANONYMOUS and is_tls(garbled)
+
+
+def test_without_intake_processes_forwarded_identity_is_ignored_even_on_the_unix_socket() -> None:
+    stop_trusting_intake_forwarding()
+    local = FakeCallContext("unix:/data/intake/node.sock", {}, _forged())
+    assert principal_of(local) == ANONYMOUS and not is_tls(local)
+
+
+def test_an_intake_process_drops_callers_intake_headers_and_forwards_its_own() -> None:
+    caller = FakeCallContext(
+        "ipv4:10.0.0.7:999", ADMIN_TLS, (("x-app", "1"), *_forged(), ("user-agent", "grpc-python"))
+    )
+    plain = dict(forwarded_metadata(caller, forward_auth=False))  # type: ignore[arg-type]
+    assert plain == {"x-app": "1", INTAKE_PEER_KEY: "ipv4:10.0.0.7:999"}
+    tls = forwarded_metadata(caller, forward_auth=True)  # type: ignore[arg-type]
+    auth = [value for key, value in tls if key == INTAKE_AUTH_KEY]
+    assert len(auth) == 1 and decode_auth(auth[0]) == ADMIN_TLS
+    assert "x509_pem_cert" not in decode_auth(encode_auth(CONTROLLER_2))
