@@ -51,20 +51,13 @@ class IntakeConfigError(Exception):
 
 
 def check_supported(config: NodeConfig) -> None:
-    """Intake processes forward each caller's TLS identity and address (believed by the node only on its
-    unix socket, :mod:`kraft.security.principal`); not yet tested with an authorizer's ACLs, which the node
-    refuses for now."""
+    """What intake processes cannot run with.  (TLS and the authorizer can: each caller's TLS identity and
+    address are forwarded, believed by the node only on its unix socket, :mod:`kraft.security.principal`.)"""
     listener = config.controller_listener
     if config.controller_intake_exclusive and listener is not None and listener.port == 0:
         raise IntakeConfigError(
             "controller.intake.exclusive=true needs a fixed CONTROLLER port (the node's own process does "
             "not bind it, the intake processes do)"
-        )
-    if config.authorizer_class_name:
-        raise IntakeConfigError(
-            f"controller.intake.processes={config.controller_intake_processes} cannot be used with "
-            "authorizer.class.name yet (ACLs through intake processes are untested); "
-            "set controller.intake.processes=0"
         )
 
 

@@ -1,13 +1,16 @@
 """Intake processes (``controller.intake.processes``) on real controller processes: many clients' TestAppend
 calls committed with each caller's own offsets, admin calls and broker heartbeats through intake processes,
-fail-stop when one dies, and no process left behind however the node ends."""
+fail-stop when one dies, no process left behind however the node ends, and the caller's TLS identity and
+address (Raft identity binding, ACLs) kept across an intake process."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +20,14 @@ import grpc.aio
 import pytest
 
 from kraft.client.admin import AdminClient
-from kraft.client.channel import open_blocking_channel
+from kraft.client.channel import ChannelSecurity, open_blocking_channel
 from kraft.clock import SystemClock
 from kraft.cluster.quorum import ControllerProc, ControllerQuorum, QuorumFactory, run_kraft, wait_until
-from kraft.cluster.spec import FIRST_BROKER_ID
+from kraft.cluster.spec import FIRST_BROKER_ID, ClusterLayout, certificate_principal, client_properties
 from kraft.errors import ErrorCode
 from kraft.node.supervisor import EXIT_FATAL
 from kraft.security.principal import INTAKE_AUTH_KEY, INTAKE_PEER_KEY, encode_auth
-from kraft.v1 import common_pb2, raft_pb2, raft_pb2_grpc
+from kraft.v1 import common_pb2, controller_pb2_grpc, raft_pb2, raft_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
 
 pytestmark = pytest.mark.integration
@@ -232,17 +235,90 @@ def test_intake_processes_die_with_a_node_killed_by_sigkill_and_come_back_with_i
     assert quorum.append([b"after restart"])[1] >= 0
 
 
-def test_a_node_with_intake_processes_and_an_authorizer_refuses_to_start_with_one_line(
+def test_a_node_with_intake_processes_refuses_a_port_another_process_listens_on(
     quorum_factory: Callable[..., ControllerQuorum],
 ) -> None:
-    quorum = quorum_factory(size=1, overrides={**intake(), "authorizer.class.name": "kraft"})
+    # SO_REUSEPORT would let the node share its port with a stranger that set it too: refused instead
+    quorum = quorum_factory(size=1, overrides=intake())
     quorum.prepare()
-    quorum.nodes[1].start()
-    code = quorum.nodes[1].wait_exit(timeout_s=30)
+    with socket.socket() as stranger:
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        stranger.bind(("127.0.0.1", quorum.nodes[1].port))
+        stranger.listen()
+        quorum.nodes[1].start()
+        code = quorum.nodes[1].wait_exit(timeout_s=30)
     assert code == 1, quorum.nodes[1].log_tail(20)
-    assert "controller.intake.processes=2 cannot be used with authorizer.class.name" in (
-        quorum.nodes[1].log_path.read_text()
-    )
+    assert f"cannot listen on 127.0.0.1:{quorum.nodes[1].port}" in quorum.nodes[1].log_path.read_text()
+
+
+def _describe_cluster(target: str, security: ChannelSecurity, cluster_id: str) -> cpb.DescribeClusterResponse:
+    with open_blocking_channel(target, [("grpc.use_local_subchannel_pool", 1)], security=security) as channel:
+        answer: cpb.DescribeClusterResponse = controller_pb2_grpc.ControllerServiceStub(
+            channel
+        ).DescribeCluster(cpb.DescribeClusterRequest(cluster_id=cluster_id), timeout=10)
+        return answer
+
+
+def test_acls_through_intake_processes_match_the_callers_principal_and_host(tmp_path: Path) -> None:
+    # exclusive: every call reaches the nodes through an intake process, so the authorizer only ever sees
+    # forwarded principals and hosts
+    controllers = [f"controller-{node_id}" for node_id in (1, 2, 3)]
+    overrides = {
+        **TLS_PROFILE,
+        **intake(exclusive=True),
+        "authorizer.class.name": "kraft",
+        "super.users": ";".join(certificate_principal(name) for name in [*controllers, "admin"]),
+    }
+    with ControllerQuorum(tmp_path / "q", size=3, overrides=overrides, tls=True, test_append=False) as quorum:
+        quorum.start()
+        leader = quorum.nodes[quorum.wait_for_leader(30).leader_id]
+        client_config = tmp_path / "client.properties"
+        client_config.write_text(
+            "".join(f"{k}={v}\n" for k, v in client_properties(ClusterLayout(quorum.base_dir)).items())
+        )
+        broker = f"broker-{FIRST_BROKER_ID}"
+        outsider = quorum.client_security(broker)
+        with pytest.raises(grpc.RpcError) as denied:
+            _describe_cluster(leader.target, outsider, quorum.cluster_id)
+        assert denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert certificate_principal(broker) in (denied.value.details() or "")
+
+        def allow_from(host: str) -> None:
+            added = run_kraft(
+                ["acl", "add", "--bootstrap-controller", leader.target,
+                 "--command-config", str(client_config), "--allow-principal", certificate_principal(broker),
+                 "--operation", "Describe", "--cluster", "--host", host]
+            )  # fmt: skip
+            assert added.returncode == 0, added.stderr
+
+        def listed_hosts() -> set[str]:
+            listed = run_kraft(
+                ["acl", "list", "--json", "--bootstrap-controller", leader.target,
+                 "--command-config", str(client_config)]
+            )  # fmt: skip
+            assert listed.returncode == 0, listed.stderr
+            return {str(row.get("host")) for row in json.loads(listed.stdout)}
+
+        # an ACL for another host does not match: the host the node sees is the caller's, not the
+        # intake process's (which would be empty: only host * ACLs would match then).  Checked once the
+        # leader's image (which the authorizer decides on) lists the ACL.
+        allow_from("10.0.0.1")
+        wait_until(lambda: "10.0.0.1" in listed_hosts() or None, 15, "the 10.0.0.1 ACL applied")
+        with pytest.raises(grpc.RpcError) as still_denied:
+            _describe_cluster(leader.target, outsider, quorum.cluster_id)
+        assert still_denied.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        allow_from("127.0.0.1")
+        described = wait_until(
+            lambda: _allowed(leader.target, outsider, quorum.cluster_id), 15, "the 127.0.0.1 ACL in force"
+        )
+        assert described.cluster_id == quorum.cluster_id
+
+
+def _allowed(target: str, security: ChannelSecurity, cluster_id: str) -> cpb.DescribeClusterResponse | None:
+    try:
+        return _describe_cluster(target, security, cluster_id)
+    except grpc.RpcError:
+        return None
 
 
 @pytest.mark.parametrize("exclusive", [False, True], ids=["shared-port", "exclusive"])

@@ -410,12 +410,11 @@ def _config(tmp_path: Path, **extra: object) -> NodeConfig:
     )
 
 
-def test_intake_processes_are_refused_with_an_authorizer_or_exclusive_on_port_0_and_off_by_default(
+def test_intake_processes_run_with_tls_and_an_authorizer_refuse_exclusive_on_port_0_and_are_off_by_default(
     tmp_path: Path,
 ) -> None:
     check_supported(_config(tmp_path))
-    with pytest.raises(IntakeConfigError, match="authorizer"):
-        check_supported(_config(tmp_path, authorizer_class_name="kraft"))
+    check_supported(_config(tmp_path, authorizer_class_name="kraft"))  # principals and hosts forwarded
     check_supported(  # TLS: the callers' identities are forwarded
         _config(
             tmp_path,
