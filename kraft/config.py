@@ -556,7 +556,8 @@ class NodeConfig(BaseModel):
     controller_raft_fetch_on_intake: Bool = _key("controller.raft.fetch.on.intake", default=True)
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
-    # node over a unix socket (kraft/node/intake_process.py).  0 = none.  PLAINTEXT listener, no authorizer.
+    # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.
+    # 0 = none.
     controller_intake_processes: NonNegative = _key("controller.intake.processes", default=0)
     # With intake processes: true = the node's own process does not listen on the CONTROLLER port at all, so
     # every connection (clients', and Raft peers' too) reaches it through an intake process; false = the

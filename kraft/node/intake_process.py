@@ -18,10 +18,11 @@ What an intake process does with a call (docs/internals/request-plane.md):
   byte for byte — a generic handler with identity serializers, unary and streaming alike — over the node's
   unix domain socket (in a 0700 directory of the metadata log dir), with the caller's metadata and deadline.
 
-PLAINTEXT only, no authorizer (phase 1): on an mTLS listener this process would terminate TLS, and the
-caller's certificate (its principal) and address (ACL hosts) would have to travel to the main process as
-metadata trusted only on the local socket.  Until that exists the node refuses to start with intake
-processes under TLS or with an authorizer (:func:`kraft.node.intake_pool.check_supported`).
+The caller's identity: on an SSL listener this process terminates TLS with the node's own settings, so it
+forwards each caller's auth context (certificate subject, SANs) and address as ``x-kraft-intake-*``
+metadata, dropping any such header the caller sent; the node believes them only on calls from its unix
+socket (:func:`kraft.security.principal.auth_context_of`), so Raft's identity binding and the ACLs see the
+caller, never this process.
 
 Run as ``python -m kraft.node.intake_process --index I --listen HOST:PORT --upstream PATH ...`` by the
 node, never by hand; it dies with the node (``PR_SET_PDEATHSIG`` via :func:`kraft.procutil.spawn_child`)
