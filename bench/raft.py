@@ -132,8 +132,18 @@ async def closed_loop(
 class KraftWriter:
     """TestAppend to one node over grpc.aio; raises on any error code (the load targets the leader)."""
 
-    def __init__(self, target: str, cluster_id: str, security: ChannelSecurity | None = None) -> None:
-        options = [("grpc.max_send_message_length", 64 << 20)]
+    def __init__(
+        self,
+        target: str,
+        cluster_id: str,
+        security: ChannelSecurity | None = None,
+        own_connection: bool = False,
+    ) -> None:
+        """``own_connection``: a TCP connection of this writer's own (gRPC otherwise shares one between
+        channels with the same options)."""
+        options: list[tuple[str, Any]] = [("grpc.max_send_message_length", 64 << 20)]
+        if own_connection:
+            options.append(("grpc.use_local_subchannel_pool", 1))
         self._channel = open_channel(target, options=options, security=security)
         self._stub = raft_pb2_grpc.RaftTestServiceStub(self._channel)
         self._cluster_id = cluster_id

@@ -228,6 +228,35 @@ class ForwardingWriter:
         await self._channel.close(grace=None)
 
 
+def _child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a node's intake processes), by pid."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = (entry / "stat").read_text()
+            if int(text[text.rindex(")") + 2 :].split()[1]) == pid:
+                children.append(int(entry.name))
+    return sorted(children)
+
+
+class SpreadWriter:
+    """``connections`` writers, each on its own TCP connection (its own subchannel pool), worker ``w``
+    on writer ``w % connections``: 64 clients as 64 processes would connect, which is what lets the
+    kernel spread them over a controller's intake processes (``controller.intake.processes``)."""
+
+    def __init__(self, make: Callable[[int], Any], connections: int) -> None:
+        self._writers = [make(index) for index in range(connections)]
+
+    async def write_one(self, seq: int) -> None:
+        await self._writers[(seq >> 32) % len(self._writers)].write_one(seq)
+
+    async def close(self) -> None:
+        for writer in self._writers:
+            await writer.close()
+
+
 def _leader_log_batches(metadata_dir: Path, start: int, end: int) -> tuple[int, int]:
     """(batches, records) the leader's log holds with base offset in [start, end)."""
     batches = records = 0
@@ -252,6 +281,7 @@ def measure(
     only: list[str] | None = None,
     profile: str | None = None,
     forward_streams: tuple[int, ...] = (),
+    connections: int = 1,
 ) -> dict[str, Any]:
     """``forward_streams``: also run :class:`ForwardingWriter` with each of these stream counts
     (``kraft_forwarded_N``).  ``profile`` = ``SYSTEM:PATH``: py-spy records the leader (Python stacks,
@@ -270,6 +300,11 @@ def measure(
         for node_id, process in procs.items():
             if node_id != leader_id and process is not None:
                 pids[f"follower_{node_id}"] = process.pid
+        for node_id, process in procs.items():
+            if process is not None:
+                role = "leader" if node_id == leader_id else f"follower_{node_id}"
+                for index, child in enumerate(_child_pids(process.pid)):
+                    pids[f"{role}_intake_{index}"] = child
         threaded = {"leader": leader_process.pid, "floor_server": floor_process.pid}
         target = quorum.nodes[leader_id].target
         profiled: list[subprocess.Popen[Any]] = []
@@ -300,9 +335,14 @@ def measure(
             return run
 
         async def run_all() -> dict[str, list[dict[str, Any]]]:
-            writer = KraftWriter(target, quorum.cluster_id)
+            spread = connections > 1
+            writer = SpreadWriter(
+                lambda _i: KraftWriter(target, quorum.cluster_id, own_connection=spread), connections
+            )
             streamer = KraftStreamWriter(target, quorum.cluster_id)
-            floor_writer = KraftWriter(floor.target, quorum.cluster_id)
+            floor_writer = SpreadWriter(
+                lambda _i: KraftWriter(floor.target, quorum.cluster_id, own_connection=spread), connections
+            )
             forwarders = {n: ForwardingWriter(target, quorum.cluster_id, n) for n in forward_streams}
             systems: dict[str, Callable[[int], Awaitable[None]]] = {
                 "floor": floor_writer.write_one,
@@ -386,9 +426,11 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     group: round(cpu / writes * 1e6, 1)
                     for group, cpu in sorted(groups.items(), key=lambda g: -g[1])
                 }
+            leader_cpu = sum(cpu for proc, cpu in window["cpu_s"].items() if proc.startswith("leader"))
             rows.append(
                 {
                     "writes_per_s": round(window["writes_per_s"], 1),
+                    "leader_with_intake_us_per_write": round(leader_cpu / writes * 1e6, 1),
                     "errors": window["errors"],
                     "cpu_us_per_write": per_write,
                     "cpu_us_per_write_all": round(sum(window["cpu_s"].values()) / writes * 1e6, 1),
@@ -426,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also model N intake processes forwarding batched appends (kraft_forwarded_N; repeatable)",
     )
     parser.add_argument("--profile", help="SYSTEM:PATH — py-spy collapsed stacks of the leader, 1st window")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="TCP connections the 64 unary clients (kraft and floor alike) spread over (default 1)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
     args = parser.parse_args(argv)
     for setting in args.set:
@@ -445,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             args.only,
             args.profile,
             tuple(args.forward_streams),
+            args.connections,
         )
     result = {
         "benchmark": "raft-cpu",
@@ -456,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_after": [round(v, 2) for v in os.getloadavg()],
         },
         "clients": CLIENTS,
+        "connections": args.connections,
         "window_s": args.window,
         "kraft_grpc_io": configure_grpc_io(dict(os.environ)),
         "kraft_config": THROUGHPUT_PROFILE,
@@ -467,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(
                 f"{name:<19} {row['writes_per_s']:>7.0f} w/s  µs/write {row['cpu_us_per_write']} "
-                f"all={row['cpu_us_per_write_all']} batches={row['leader_batches']} "
+                f"all={row['cpu_us_per_write_all']} leader+intake={row['leader_with_intake_us_per_write']} "
+                f"batches={row['leader_batches']} "
                 f"rpb={row['records_per_batch']} vpm={row['values_per_message']}"
             )
             for proc, groups in row["thread_groups_us_per_write"].items():

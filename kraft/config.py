@@ -554,6 +554,15 @@ class NodeConfig(BaseModel):
     # one hop each way (kraft.node.intake.DriverBridge); false: they hop to the main loop like every other
     # handler.  A switch for A/B measurements (docs/internals/raft-performance.md).
     controller_raft_fetch_on_intake: Bool = _key("controller.raft.fetch.on.intake", default=True)
+    # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
+    # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
+    # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.
+    # 0 = none.
+    controller_intake_processes: NonNegative = _key("controller.intake.processes", default=0)
+    # With intake processes: true = the node's own process does not listen on the CONTROLLER port at all, so
+    # every connection (clients', and Raft peers' too) reaches it through an intake process; false = the
+    # kernel spreads connections over the node's process and its intake processes alike.
+    controller_intake_exclusive: Bool = _key("controller.intake.exclusive", default=False)
     broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
     broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
     initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)

@@ -193,6 +193,9 @@ class ServerLimits:
     keepalive_timeout_ms: int = 20_000
     max_concurrent_streams: int = 1_000
     max_connections: int = 1_000
+    reuseport: bool = False
+    """``SO_REUSEPORT`` on the listening socket: only with intake processes (controller.intake.processes),
+    which bind the same port.  Off otherwise, so a second process on a configured port fails to bind."""
 
 
 AGE_GRACE_MS = 30_000
@@ -215,7 +218,7 @@ def server_options(limits: ServerLimits) -> list[tuple[str, Any]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.max_concurrent_streams", limits.max_concurrent_streams),
         ("grpc.max_allowed_incoming_connections", limits.max_connections),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(limits.reuseport)),
     ]
     if limits.max_age_ms > 0:
         options.append(("grpc.max_connection_age_ms", limits.max_age_ms))

@@ -123,11 +123,17 @@ def _bound_command(command: Sequence[str], popen_args: Mapping[str, Any]) -> lis
     return [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid()), program, *command[1:]]
 
 
-def spawn_child(command: Sequence[str], **popen_args: Any) -> subprocess.Popen[Any]:
+def spawn_child(
+    command: Sequence[str], *, die_with_parent: bool = False, **popen_args: Any
+) -> subprocess.Popen[Any]:
     """``subprocess.Popen(command, **popen_args)`` in a session of its own (a terminal's Ctrl-C does not
     reach it before its owner stops it; its process group can be signalled as a whole), bound to this
-    process once :func:`reap_children_on_exit` was called."""
-    if _reaping:
+    process once :func:`reap_children_on_exit` was called.
+
+    ``die_with_parent``: the kernel SIGKILLs the child when this process dies (the death-signal trampoline)
+    even without :func:`reap_children_on_exit` — for a node's own helper processes (intake processes),
+    whose node keeps its own signal handling and reaps them itself on a graceful stop."""
+    if _reaping or die_with_parent:
         if popen_args.get("shell") or "executable" in popen_args:
             raise ValueError("spawn_child binds an argv command: no shell=, no executable=")
         command = _bound_command(command, popen_args)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
@@ -40,11 +41,21 @@ import grpc.aio
 
 from kraft.client.channel import open_channel
 from kraft.clock import SystemClock
-from kraft.config import NodeConfig
+from kraft.config import NodeConfig, _join_host_port
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
 from kraft.netutil import advertised_host
 from kraft.node.intake import DriverBridge, HopInterceptor, IntakeLoop
+from kraft.node.intake_pool import (
+    IntakeConfigError,
+    IntakeProcesses,
+    check_port_free,
+    check_supported,
+    prepare_socket_dir,
+    secure_socket,
+    socket_path,
+    write_tls_config,
+)
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.node.voter_endpoint import VoterEndpointUpdater
@@ -61,7 +72,11 @@ from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
 from kraft.raft.voters import Endpoint
 from kraft.runtime import grpc_io_name, running_loop_name
-from kraft.security.principal import install_principal_mapper
+from kraft.security.principal import (
+    install_principal_mapper,
+    stop_trusting_intake_forwarding,
+    trust_intake_forwarding,
+)
 from kraft.security.tls import (
     CertificateReloader,
     MetricsTlsContext,
@@ -88,6 +103,8 @@ NodeHook = Callable[["ControllerNode"], Awaitable[None]]
 SHUTDOWN_TIMEOUT_MS = 5000
 # Upper bound for each metadata-layer stop hook before the node abandons it and resigns anyway.
 STOP_HOOK_TIMEOUT_S = 5.0
+STOP_INTAKE_TIMEOUT_S = 5.0
+"""How long intake processes get to finish their calls after SIGTERM on a graceful stop."""
 # Room for the protobuf envelope around a Fetch response's record bytes.
 _FETCH_ENVELOPE_BYTES = 64 * 1024
 
@@ -204,6 +221,9 @@ class ControllerNode:
         self._server: grpc.aio.Server | None = None
         self._intake: IntakeLoop | None = None
         """The request plane's thread and loop (controller.request.intake.thread), which owns the server."""
+        self._intake_processes: IntakeProcesses | None = None
+        """The intake processes on this node's port (controller.intake.processes > 0)."""
+        self._intake_watch: asyncio.Task[None] | None = None
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -351,6 +371,11 @@ class ControllerNode:
                 self._on_server_loop(server.wait_for_termination()), name="grpc-server"
             )
             self.watch(self._server_watch, "grpc-server")
+        if self._intake_processes is not None:
+            self._intake_watch = asyncio.create_task(
+                self._intake_processes.watch(self._intake_process_died), name="intake-processes"
+            )
+            self.watch(self._intake_watch, "intake-processes")
         if cfg.metrics_port:
             try:
                 listener = cfg.controller_listener.name if cfg.controller_listener else ""
@@ -378,6 +403,18 @@ class ControllerNode:
         assert self._raft is not None and self._meta is not None and cfg.controller_listener is not None
         # Handshake and idle timeouts, keepalive, stream and connection caps: kraft.grpc_service.
         limits = server_limits(cfg)
+        intake_socket: Path | None = None
+        if cfg.controller_intake_processes > 0:
+            # Intake processes bind this port too: the node's own socket must allow SO_REUSEPORT, and
+            # serves them on a unix socket of its own (kraft/node/intake_pool.py).
+            try:
+                check_supported(cfg)
+                intake_socket = socket_path(cfg)
+                prepare_socket_dir(intake_socket)
+                check_port_free(cfg.controller_listener.host, cfg.controller_listener.port)
+            except IntakeConfigError as exc:
+                raise StartupError(str(exc)) from None
+            limits = dataclasses.replace(limits, reuseport=True)
         endpoints = self.endpoints()
         main_loop = asyncio.get_running_loop()
         # With the request plane on its own thread, Fetch is served there and reaches the driver through
@@ -412,6 +449,7 @@ class ControllerNode:
                 security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
             )
         address = cfg.controller_listener.bind_address
+        configured_port = cfg.controller_listener.port
         name = cfg.controller_listener.name
         tls = listener_settings(cfg, name)
 
@@ -424,14 +462,21 @@ class ControllerNode:
                 add_raft_test_service(test_servicer, server)
             for install in self._installers:
                 install(server)
+            exclusive = intake_socket is not None and cfg.controller_intake_exclusive
             try:
-                self._bound_port, self.certificates = add_port(server, address, tls, name)
+                if exclusive:
+                    # every connection reaches this process through an intake process (they bind the port)
+                    self._bound_port = configured_port
+                else:
+                    self._bound_port, self.certificates = add_port(server, address, tls, name)
             except TlsError as exc:
                 raise StartupError(f"cannot use the TLS configuration: {exc}") from None
             except RuntimeError as exc:
                 raise StartupError(f"cannot listen on {address}: {exc}") from None
             if self._bound_port == 0:
                 raise StartupError(f"cannot listen on {address} (port in use?)")
+            if intake_socket is not None and server.add_insecure_port(f"unix:{intake_socket}") == 0:
+                raise StartupError(f"cannot listen on the intake socket {intake_socket}")
             return server
 
         await health.set_serving(RAFT_SERVICE, False)
@@ -451,6 +496,36 @@ class ControllerNode:
         else:
             self._server = build(None)
             await self._server.start()
+        if intake_socket is not None:
+            secure_socket(intake_socket)
+            # Calls from the unix socket carry their callers' identity (kraft.security.principal).
+            trust_intake_forwarding(tls=tls is not None)
+            pool = self._intake_processes = IntakeProcesses(
+                cfg.controller_intake_processes,
+                listen=_join_host_port(cfg.controller_listener.host or "0.0.0.0", self._bound_port),
+                upstream=intake_socket,
+                cluster_id=self._meta.cluster_id,
+                limits=limits,
+                batch_appends=test_servicer is not None,
+                log=self._log,
+                listener=name,
+                tls_config=write_tls_config(cfg, intake_socket.parent) if tls is not None else None,
+            )
+            try:
+                await pool.start()
+            except IntakeConfigError as exc:
+                raise StartupError(str(exc)) from None
+
+    def _intake_process_died(self, index: int, pid: int, status: int) -> None:
+        if self.supervisor is not None:
+            self.supervisor.fail("intake_process_died", index=index, pid=pid, exit_status=status)
+        else:  # a node without a supervisor (in-process tests): its owner decides
+            self._log.error("intake_process_died", index=index, pid=pid, exit_status=status)
+
+    @property
+    def intake_pids(self) -> list[int]:
+        """The intake processes' pids (empty without them)."""
+        return self._intake_processes.pids if self._intake_processes is not None else []
 
     async def _on_server_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a call on the server (wait_for_termination, stop) on the loop the server belongs to."""
@@ -459,12 +534,19 @@ class ControllerNode:
         return await coro
 
     async def _stop_server(self, grace: float) -> None:
+        # The intake processes first: their callers reconnect (to this node's socket or another node)
+        # while the node's server still answers what they forwarded.
+        pool, self._intake_processes = self._intake_processes, None
+        if pool is not None:
+            await pool.stop(timeout_s=grace and STOP_INTAKE_TIMEOUT_S)
         server, self._server = self._server, None
         if server is not None:
             await self._on_server_loop(server.stop(grace=grace))
         if self._intake is not None:
             self._intake.close()
             self._intake = None
+        if pool is not None:
+            stop_trusting_intake_forwarding()
 
     def own_endpoints(self) -> tuple[Endpoint, ...]:
         """This controller's endpoints as a VotersRecord stores them, as ``kraft quorum add-controller``

@@ -50,6 +50,7 @@ else:
     _ServerInterceptor = grpc.aio.ServerInterceptor
 
 STOP_TIMEOUT_S = 5.0
+_LOCAL_PEER_PREFIX = "unix:"
 
 
 class IntakeLoop:
@@ -183,6 +184,11 @@ class MainLoopContext:
         self._intake = intake
         self._auth_context = context.auth_context()
         self._peer = context.peer()
+        # A call from an intake process (over the unix socket) carries its caller's identity as metadata
+        # (kraft.security.principal.auth_context_of): kept for the handler; others need none of it.
+        self._metadata: Any = (
+            context.invocation_metadata() if self._peer.startswith(_LOCAL_PEER_PREFIX) else ()
+        )
         self._code: grpc.StatusCode | None = None
         self._details: str | None = None
 
@@ -191,6 +197,10 @@ class MainLoopContext:
 
     def peer(self) -> str:
         return self._peer
+
+    def invocation_metadata(self) -> Any:
+        """The call's metadata on unix-socket calls (intake processes' forwarded identity), else empty."""
+        return self._metadata
 
     def set_code(self, code: grpc.StatusCode) -> None:
         self._code = code

@@ -26,7 +26,7 @@ from kraft.errors import ErrorCode, KraftError
 from kraft.observability.logging import get_logger
 from kraft.security.acl import AclOperation, ResourceType
 from kraft.security.authorizer import Action, Authorizer, cluster_action
-from kraft.security.principal import Principal, node_identity, principal_of
+from kraft.security.principal import Principal, node_identity, peer_of, principal_of
 
 _log = get_logger("authorizer")
 DENIAL_LOG_INTERVAL_MS = 10_000
@@ -39,10 +39,7 @@ class AccessDenied(KraftError):
 def peer_host(context: Any) -> str:
     """The caller's address as ACL hosts name it: ``ipv4:10.0.0.5:4711`` → ``10.0.0.5``, ``ipv6:[::1]:1`` →
     ``::1``; empty when the transport does not say (only ACLs with host ``*`` match then)."""
-    peer = getattr(context, "peer", None)
-    text = peer() if callable(peer) else ""
-    if not isinstance(text, str):
-        return ""
+    text = peer_of(context)
     kind, _, address = text.partition(":")
     if kind == "ipv4":
         return address.rpartition(":")[0]

@@ -17,8 +17,10 @@ Contract shared by the TLS transport and the authorizer (issue #15):
 
 from __future__ import annotations
 
+import base64
+import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -88,6 +90,98 @@ PrincipalExtractor = Callable[[Any], Principal]
 _MAX_CACHED_SUBJECTS = 4096
 
 
+# --- the caller's transport identity, as an intake process forwards it (kraft/node/intake_process.py) ---
+#
+# An intake process terminates the caller's connection (TLS included) and forwards the call to its node
+# over the node's unix socket, so the call the node sees has the intake process's transport.  The intake
+# process therefore sends the caller's auth context and address as metadata, and the node believes them
+# ONLY on a call whose own transport is the unix socket (``peer()`` ``unix:…``: reachable only by this
+# user, 0600 in a 0700 directory, and a network caller cannot make its peer look like that).  On the
+# network port the same keys are ignored (and an intake process drops them from what callers send).
+
+INTAKE_METADATA_PREFIX = "x-kraft-intake-"
+INTAKE_PEER_KEY = "x-kraft-intake-peer"
+INTAKE_AUTH_KEY = "x-kraft-intake-auth-bin"
+_LOCAL_PEER_PREFIX = "unix:"
+# Not forwarded: nothing here reads it, and it would add ~1 KB to every forwarded call.
+_NOT_FORWARDED = frozenset({"x509_pem_cert", "x509_pem_cert_chain"})
+_intake_forwarding: dict[str, list[bytes]] | None = None
+"""None: nothing is trusted (no intake processes).  Else the auth context of a unix-socket call that
+carries none: TLS without a certificate on a TLS node (refused wherever an identity is needed — never
+more than the caller could have had on the network port), plaintext on a PLAINTEXT node."""
+
+
+def trust_intake_forwarding(tls: bool) -> None:
+    """Believe the forwarded identity on unix-socket calls (a node with intake processes, at start)."""
+    global _intake_forwarding
+    _intake_forwarding = {"transport_security_type": [b"ssl"]} if tls else {}
+
+
+def stop_trusting_intake_forwarding() -> None:
+    global _intake_forwarding
+    _intake_forwarding = None
+
+
+def encode_auth(auth: Mapping[str, Iterable[bytes]]) -> bytes:
+    """An auth context (``context.auth_context()``) as one binary metadata value."""
+    return json.dumps(
+        {
+            key: [base64.b64encode(value).decode("ascii") for value in values]
+            for key, values in auth.items()
+            if key not in _NOT_FORWARDED
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_auth(data: bytes) -> dict[str, list[bytes]]:
+    decoded = json.loads(data)
+    if not isinstance(decoded, dict):
+        raise ValueError("forwarded auth context is not an object")
+    return {str(key): [base64.b64decode(value) for value in values] for key, values in decoded.items()}
+
+
+def _forwarded(context: Any) -> tuple[dict[str, list[bytes]], str] | None:
+    """(auth context, peer) an intake process forwarded with this call, if it is to be believed."""
+    default = _intake_forwarding
+    if default is None:
+        return None
+    peer = context.peer()
+    if not isinstance(peer, str) or not peer.startswith(_LOCAL_PEER_PREFIX):
+        return None
+    auth: dict[str, list[bytes]] = default
+    forwarded_peer = ""
+    for key, value in context.invocation_metadata() or ():
+        if key == INTAKE_AUTH_KEY:
+            try:
+                auth = decode_auth(value)
+            except (ValueError, TypeError):  # garbled: no identity rather than a guessed one
+                auth = default
+        elif key == INTAKE_PEER_KEY:
+            forwarded_peer = value if isinstance(value, str) else ""
+    return auth, forwarded_peer
+
+
+def auth_context_of(context: Any) -> Mapping[str, Sequence[bytes]]:
+    """The caller's auth context: the call's own, or the one its intake process forwarded."""
+    forwarded = _forwarded(context)
+    if forwarded is not None:
+        return forwarded[0]
+    auth: Mapping[str, Sequence[bytes]] = context.auth_context()
+    return auth
+
+
+def peer_of(context: Any) -> str:
+    """The caller's address as gRPC prints it (``ipv4:10.0.0.5:4711``): the call's own, or the one its
+    intake process forwarded; empty when unknown."""
+    forwarded = _forwarded(context)
+    if forwarded is not None:
+        return forwarded[1]
+    peer = getattr(context, "peer", None)
+    text = peer() if callable(peer) else ""
+    return text if isinstance(text, str) else ""
+
+
 class TlsPrincipalExtractor:
     """The principal of a call from its TLS auth context: the client certificate's subject (as gRPC
     prints it, RFC 2253 — ``CN=broker-1,O=kraft`` — the form Kafka's rules are written against) mapped by
@@ -99,7 +193,7 @@ class TlsPrincipalExtractor:
         self._cache: dict[bytes, Principal] = {}
 
     def __call__(self, context: Any) -> Principal:
-        auth = context.auth_context()
+        auth = auth_context_of(context)
         subjects = auth.get("x509_subject")
         if not subjects or auth.get("transport_security_type") != [b"ssl"]:
             return ANONYMOUS
@@ -116,7 +210,7 @@ class TlsPrincipalExtractor:
 
 def is_tls(context: Any) -> bool:
     """Whether the call came over TLS (whatever the client presented)."""
-    return bool(context.auth_context().get("transport_security_type") == [b"ssl"])
+    return bool(list(auth_context_of(context).get("transport_security_type") or ()) == [b"ssl"])
 
 
 _extractor: PrincipalExtractor = TlsPrincipalExtractor()
