@@ -27,6 +27,7 @@ from kraft.metadata import records as rec
 from kraft.metadata.commit_replay import replay_batch
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 from kraft.raft.api import CommittedBatch
 from kraft.raft.listeners import LazyRecords
 from kraft.storage.batch import build_batch, iter_batch_headers
@@ -93,6 +94,7 @@ def one_round(base: MetadataImage, batches: list[bytes]) -> dict[str, float]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # every bench main binds its children first (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--topics", type=int, default=20)
     parser.add_argument("--batch", type=int, default=2000, help="records per Raft batch")

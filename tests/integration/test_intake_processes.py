@@ -9,10 +9,12 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -43,6 +45,19 @@ TLS_PROFILE = {  # the integration tests' timing profile (conftest.TEST_PROFILE)
     "controller.quorum.fetch.max.wait.ms": "200",
     "controller.quorum.append.linger.ms": "5",
 }
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short base directory for this module's quorums: a node's intake socket
+    (``<metadata.log.dir>/intake/node.sock``) must stay under the 107-byte unix socket limit, which
+    pytest's own tmp dirs exceed under xdist (``/tmp/pytest-of-root/pytest-N/popen-gw0/<test name>0/...``);
+    the node refuses such a path at start with a clear error."""
+    base = Path(tempfile.mkdtemp(prefix="ki-", dir="/tmp"))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def intake(exclusive: bool = False, processes: int = 2) -> dict[str, str]:

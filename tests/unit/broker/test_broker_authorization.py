@@ -11,6 +11,7 @@ import grpc
 import pytest
 from broker_fakes import MemoryLogOpener, StaticMetadataView
 
+import kraft.security.principal as principal_module
 from kraft.broker.partitions import PartitionManager
 from kraft.broker.service import BrokerService
 from kraft.broker.status import BrokerStatus
@@ -49,11 +50,14 @@ class FakeContext:
 
 @pytest.fixture(autouse=True)
 def fake_extractor() -> Iterator[None]:
+    # restores what was installed before (the default TLS extractor): a test later in this worker that
+    # reads certificates (test_intake_process) found every caller anonymous
+    before = principal_module._extractor
     install_principal_extractor(lambda context: getattr(context, "principal", ANONYMOUS))
     try:
         yield
     finally:
-        install_principal_extractor(lambda context: ANONYMOUS)
+        install_principal_extractor(before)
 
 
 def _service(tmp_path: Path, acls: dict[str, StandardAcl] | None) -> tuple[BrokerService, PartitionManager]:

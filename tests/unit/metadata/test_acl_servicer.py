@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
+import kraft.security.principal as principal_module
 from kraft.client.admin import AdminClient
 from kraft.clock import ManualClock, SystemClock
 from kraft.errors import ErrorCode, KraftError
@@ -60,11 +61,14 @@ class FakeContext:
 
 @pytest.fixture(autouse=True)
 def fake_extractor() -> Iterator[None]:
+    # restores what was installed before (the default TLS extractor): a test later in this worker that
+    # reads certificates (test_intake_process) found every caller anonymous
+    before = principal_module._extractor
     install_principal_extractor(lambda context: getattr(context, "principal", ANONYMOUS))
     try:
         yield
     finally:
-        install_principal_extractor(lambda context: ANONYMOUS)
+        install_principal_extractor(before)
 
 
 async def _servicer(settings: AuthorizerSettings | None) -> tuple[ControllerServicer, QuorumController]:

@@ -15,6 +15,7 @@ import grpc
 import grpc.aio
 import pytest
 
+import kraft.security.principal as principal_module
 from kraft.config import NodeConfig
 from kraft.grpc_service import ServerLimits, create_server, server_options
 from kraft.netutil import free_port
@@ -44,8 +45,10 @@ from kraft.security.principal import (
     INTAKE_PEER_KEY,
     NodeIdentity,
     NodeRole,
+    TlsPrincipalExtractor,
     decode_auth,
     encode_auth,
+    install_principal_extractor,
     is_tls,
     node_identity,
     principal_of,
@@ -513,11 +516,15 @@ CONTROLLER_2 = {
 
 @pytest.fixture
 def trusting_tls() -> Iterator[None]:
+    # the default certificate-to-principal mapping, whatever an earlier test in this worker installed
+    before = principal_module._extractor
+    install_principal_extractor(TlsPrincipalExtractor())
     trust_intake_forwarding(tls=True)
     try:
         yield
     finally:
         stop_trusting_intake_forwarding()
+        install_principal_extractor(before)
 
 
 def _forged() -> tuple[tuple[str, Any], ...]:
