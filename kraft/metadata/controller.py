@@ -297,6 +297,7 @@ class QuorumController:
             asyncio.create_task(self.noops.run(), name="controller-noops"),
             asyncio.create_task(self.store.run(), name="controller-store"),
             asyncio.create_task(self.gauges.run_partition_scans(), name="controller-metrics"),
+            asyncio.create_task(self.heap.run(self.timers), name="controller-heap"),
         ]
 
     async def stop(self) -> None:
@@ -383,14 +384,17 @@ class QuorumController:
         self.heap.applied(len(values))
 
     async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None:
+        if reader.snapshot_id.end_offset - 1 <= self.state.committed.offset:
+            return
+        with self.heap.load():  # (the records frozen, automatic collections paused: see there)
+            await self._load_snapshot(reader)
+
+    async def _load_snapshot(self, reader: LoadedSnapshot) -> None:
         state = self.state
         last = reader.snapshot_id.end_offset - 1
-        if last <= state.committed.offset:
-            return
         delta = MetadataDelta(MetadataImage.empty())
         errors: list[KraftError] = []  # values that are not metadata records
         values = reader.records
-        self.heap.load_starting()  # (the records list out of the young collections' way: see there)
         deadline = Deadline(self.clock, self.options.max_event_time_ms)
         since_yield = 0
         for start in range(0, len(values), SNAPSHOT_PIECE_RECORDS):

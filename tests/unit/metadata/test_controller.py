@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -682,9 +683,9 @@ async def test_a_snapshot_loads_replay_ends_each_stretch_at_the_budget(
     assert image.topic_ids_by_name == expected.topic_ids_by_name
 
 
-async def test_a_snapshot_load_starts_with_a_freeze(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The snapshot's record list (one reference per record) is frozen before the replay starts, so the
-    young collections the replay sets off never walk it (kraft.metadata.heap_freezer)."""
+async def test_a_snapshot_load_runs_inside_the_heap_freezers_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot's record list (one reference per record) is frozen before the replay starts and the
+    automatic collections stay paused until the image is published (kraft.metadata.heap_freezer)."""
     _expected, values = _big_snapshot_values()
     events: list[str] = []
     real_replay_values = MetadataDelta.replay_values
@@ -697,10 +698,18 @@ async def test_a_snapshot_load_starts_with_a_freeze(monkeypatch: pytest.MonkeyPa
     controller = QuorumController(
         FakeRaft(1), CLUSTER, ENDPOINTS, ControllerOptions(noop_interval_ms=0), clock=ManualClock()
     )
-    monkeypatch.setattr(controller.heap, "load_starting", lambda: events.append("load_starting"))
-    monkeypatch.setattr(controller.heap, "loading", lambda: events.append("loading"))
+
+    @contextmanager
+    def load() -> Iterator[None]:
+        events.append("load")
+        yield
+        events.append("load ended")
+
+    monkeypatch.setattr(controller.heap, "load", load)
+    monkeypatch.setattr(controller.heap, "loaded", lambda: events.append("loaded"))
     await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values))
-    assert events[:2] == ["load_starting", "replay"] and events.count("load_starting") == 1
+    assert events[:2] == ["load", "replay"] and events[-2:] == ["loaded", "load ended"]
+    assert events.count("load") == 1
 
 
 @pytest.mark.parametrize(
