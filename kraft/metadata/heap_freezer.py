@@ -3,30 +3,46 @@
 An image holds one GC-tracked object per partition (a NamedTuple is never untracked), so every full
 collection walked the whole image: 100-400 ms pauses, many of them during bulk writes, enough to delay
 heartbeats past their deadline and Raft fetches past ``fetch.timeout``.  After every
-``FREEZE_AFTER_RECORDS`` applied records (at most every ``FREEZE_MIN_INTERVAL_MS``) the heap is frozen;
-every ``THAW_EVERY_FREEZES``-th time it is thawed instead.  A snapshot load freezes at each of its
-pauses and at its end after collecting the young generations only (:meth:`HeapFreezer.loading`,
-:meth:`HeapFreezer.loaded`): never a full collection over the fresh image (issue #17).
+``FREEZE_AFTER_RECORDS`` applied records (at most every ``FREEZE_MIN_INTERVAL_MS``) the heap is frozen
+after collecting the young generations only (bounded by what they hold, never by the heap; issue #17).
+
+A frozen object that later ends up in a garbage cycle (a finished task holding its exception) is only
+reclaimed once thawed, and a thaw costs one full collection over the whole heap, the stretch all this
+avoids.  So every ``THAW_EVERY_FREEZES``-th freeze makes a thaw *due*, and :meth:`HeapFreezer.run`
+carries it out — ``gc.unfreeze()`` and one ``gc.collect()`` — at the first check that finds no more than
+``IDLE_RECORDS`` records applied since the previous one (no bulk write in flight); only a thaw still
+due ``THAW_OVERDUE_FREEZES`` freezes later is done at a freeze regardless (the frozen garbage stays
+bounded on a controller that is never idle).
+
+A snapshot load (:meth:`HeapFreezer.load`) freezes at its start, at each of its pauses and at its end,
+collecting nothing, with the automatic collections paused meanwhile: never a full collection over the
+fresh image, and no young collection walking it either.
 """
 
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from kraft.clock import Clock
+from kraft.metadata.timers import Timers
 
 FREEZE_AFTER_RECORDS = 20_000
 FREEZE_MIN_INTERVAL_MS = 2_000
 THAW_EVERY_FREEZES = 30
+IDLE_CHECK_MS = 1_000
+"""How often :meth:`HeapFreezer.run` looks whether a due thaw can run."""
+IDLE_RECORDS = 100
+"""Records applied since the previous check up to which the controller counts as idle (idle NoOps and
+the odd broker change, not a bulk write)."""
+THAW_OVERDUE_FREEZES = 30
+"""Freezes after a thaw fell due at which it runs at the freeze, idle or not."""
 
 
 def freeze_heap() -> None:
-    """Move everything alive into the GC's permanent generation.
-
-    Frozen objects are still freed by reference counting (images hold no cycles); collections then walk
-    only what is newer.  A full collection first, so no cyclic garbage is frozen; it walks only objects
-    created since the previous freeze.
-    """
+    """A full collection, then freeze: no cyclic garbage is frozen, but the collection walks every
+    unfrozen object.  Only where that is affordable: benchmarks, a node's start-up."""
     gc.collect()
     gc.freeze()
 
@@ -41,36 +57,65 @@ def freeze_young() -> None:
 
 
 def thaw_heap() -> None:
-    """Give frozen objects back to the collector: an object frozen while alive that later ends up in a
-    reference cycle (a finished task holding its exception) is only reclaimed once thawed."""
+    """Give frozen objects back to the collector and collect everything once: an object frozen while
+    alive that later ends up in a reference cycle is only reclaimed so.  One full walk of the heap
+    (100-600 ms at a million partitions): only at an idle moment, or when long overdue."""
     gc.unfreeze()
+    gc.collect()
 
 
 class HeapFreezer:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._applied_since_freeze = 0
+        self._applied_since_check = 0
         self._last_freeze_ms: int | None = None
         self._freezes = 0
+        self.thaw_due_since: int | None = None
+        """The freeze count when a thaw fell due (None: none is)."""
+        self.thaws = 0
+
+    @contextmanager
+    def load(self) -> Iterator[None]:
+        """Around a snapshot load: the heap frozen at its start, the collector's automatic collections
+        paused until it ends (however it ends).
+
+        Raft hands the snapshot's records over in one fresh list (a million references at a million
+        partitions): the load's first young collection would walk it and its first middle one again
+        (~13-23 ms each per million records, both in the load's first stretch; a list is never
+        untracked).  Frozen (``gc.freeze()``: O(1)) it is never walked.  And the automatic young
+        collections during the load (every 700 allocations) walk what the load just built, whose
+        references reach all over a heap of gigabytes: in cache misses, 4-10 ms a collection on a busy
+        host, set off anywhere in a stretch.  Paused, nothing walks the load's objects: each pause
+        freezes them (:meth:`loading`).  Reference counting still frees everything that is not a
+        cycle; a cycle that becomes garbage during the load — another task's — is frozen with the rest
+        and reclaimed at the next thaw (the benchmark's full collection after thawing finds none)."""
+        enabled = gc.isenabled()
+        gc.freeze()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if enabled:
+                gc.enable()
 
     def loading(self) -> None:
         """A snapshot load pauses between its steps: freeze what it built so far (``gc.freeze()`` moves
-        the generations' lists, O(1)), so the automatic full collections the heap's growth sets off
-        during the load walk only what is newer, not the image built so far (each would walk it all:
-        tens to hundreds of ms at a million partitions).  The young generations are collected first
-        (bounded, ~1 ms) so the short-lived cycles of whatever else runs meanwhile are not frozen."""
-        freeze_young()
+        the generations' lists, O(1)), so no collection walks it once the load ends (a full one would
+        walk it all: tens to hundreds of ms at a million partitions; a young one, its references)."""
+        gc.freeze()
 
     def loaded(self) -> None:
-        """A snapshot load published its image: freeze it without a full collection (``gc.collect()``
-        walks every unfrozen object — a freshly loaded image of a million partitions, 130-640 ms in one
-        go).  Counts as the periodic freeze."""
-        freeze_young()
+        """A snapshot load published its image: freeze its last step's objects, collecting nothing (a
+        full collection walks every unfrozen object — a freshly loaded image of a million partitions,
+        130-640 ms in one go).  Counts as the periodic freeze."""
+        gc.freeze()
         self._applied_since_freeze = 0
         self._last_freeze_ms = self._clock.monotonic_ms()
 
     def applied(self, records: int) -> None:
         self._applied_since_freeze += records
+        self._applied_since_check += records
         if self._applied_since_freeze < FREEZE_AFTER_RECORDS:
             return
         now_ms = self._clock.monotonic_ms()
@@ -79,7 +124,27 @@ class HeapFreezer:
         self._applied_since_freeze = 0
         self._last_freeze_ms = now_ms
         self._freezes += 1
-        if self._freezes % THAW_EVERY_FREEZES == 0:
-            thaw_heap()  # bounded leak of frozen cycles; the next full collection walks everything once
-        else:
-            freeze_heap()
+        if self._freezes % THAW_EVERY_FREEZES == 0 and self.thaw_due_since is None:
+            self.thaw_due_since = self._freezes
+        if self.thaw_due_since is not None and self._freezes - self.thaw_due_since >= THAW_OVERDUE_FREEZES:
+            self._thaw()  # never idle for that long: bounded frozen garbage wins over the stretch
+            return
+        freeze_young()
+
+    def idle_check(self) -> None:
+        """One look of :meth:`run`: a due thaw runs if the controller was idle since the last look."""
+        idle = self._applied_since_check <= IDLE_RECORDS
+        self._applied_since_check = 0
+        if idle and self.thaw_due_since is not None:
+            self._thaw()
+
+    def _thaw(self) -> None:
+        self.thaw_due_since = None
+        self.thaws += 1
+        thaw_heap()
+
+    async def run(self, timers: Timers) -> None:
+        """Look every :data:`IDLE_CHECK_MS` whether a due thaw can run (:meth:`idle_check`)."""
+        while True:
+            await timers.sleep_ms(IDLE_CHECK_MS)
+            self.idle_check()

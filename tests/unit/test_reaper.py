@@ -98,6 +98,35 @@ def test_chunked_sequences_and_dicts_are_taken_apart_too() -> None:
     assert _alive(refs) == 0 and most <= CHUNK
 
 
+def test_a_long_list_it_alone_holds_is_shortened_in_place_without_slices() -> None:
+    """A list the reaper alone holds (a snapshot's records) loses a chunk of items per piece in place,
+    from its end: no slice lists are made first (young containers whose items every young collection
+    would visit; cutting made a piece that freed nothing per slice)."""
+    shared = (1, 2, 3)
+    items = [Item(shared) for _ in range(5 * CHUNK + 7)]
+    refs = [weakref.ref(i) for i in items]
+    reaper = Reaper(chunk=CHUNK)
+    reaper.adopt([items])
+    del items
+    freed: list[int] = []
+    while True:
+        before = _alive(refs)
+        done = reaper.release_some(max_pieces=1)
+        freed.append(before - _alive(refs))
+        if done:
+            break
+    assert _alive(refs) == 0
+    assert freed[:6] == [CHUNK] * 5 + [7] and not any(freed[6:])  # (then the emptied list itself)
+
+
+def test_a_list_someone_else_holds_is_left_as_it_is() -> None:
+    items = [Item((1,)) for _ in range(3 * CHUNK)]
+    reaper = Reaper(chunk=CHUNK)
+    reaper.adopt([items])
+    reaper.release_some()
+    assert len(items) == 3 * CHUNK  # still held here: never changed
+
+
 def test_a_turn_runs_pieces_until_its_budget_is_spent() -> None:
     clock = CostClock()
     topic, refs = _topic(20_000)

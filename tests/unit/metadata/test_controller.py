@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from google.protobuf.message import Message
-from loop_fakes import CostClock
+from loop_fakes import CostClock, LoopTurns
 
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
@@ -29,6 +31,7 @@ from kraft.v1 import metadata_pb2 as pb
 
 from .fake_raft import FakeRaft
 
+R = TypeVar("R")
 CLUSTER = "c1"
 ENDPOINTS = {1: ("127.0.0.1", 9101), 2: ("127.0.0.1", 9102)}
 
@@ -666,6 +669,153 @@ async def test_a_loaded_snapshots_image_is_built_in_steps_and_published_at_once(
     assert seen == {id(old)}  # while it was built, readers saw the old image only
     topic = loaded.topic("big")
     assert loaded.offset == 99 and topic is not None and len(topic.partitions) == 20 * 1024
+
+
+class _WorkClock(ManualClock):
+    """Time moves only with the work done: :meth:`work` adds microseconds (the clock reads whole ms)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.us = 0
+
+    def work(self, us: int) -> None:
+        self.us += us
+        self.now_ms = self.us // 1000
+
+
+async def test_a_snapshot_loads_replay_ends_each_stretch_at_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue #17: the replay of a loaded snapshot is checked against the work unit's budget every
+    SNAPSHOT_PIECE_RECORDS records, so a stretch ends at most one piece past the budget.  Each record
+    costs 20 µs here: a piece is 0.64 ms (200 records between checks overran the 5 ms budget by up to
+    4 ms); each step of building the image and emptying the delta 0.3 ms.  The phases (replay, build,
+    discard, publish) are apart by a loop turn: each starts its own budget, so a phase ending mid-budget
+    and the next one ran as one stretch of up to twice it.  The loaded image is the one the records
+    give."""
+    expected, values = _big_snapshot_values()
+    clock = _WorkClock()
+    real_replay_values = MetadataDelta.replay_values
+
+    def replay_values(delta: MetadataDelta, values: list[bytes], *args: Any, **kwargs: Any) -> None:
+        clock.work(20 * len(values))
+        real_replay_values(delta, values, *args, **kwargs)
+
+    monkeypatch.setattr(MetadataDelta, "replay_values", replay_values)
+    real_apply_steps, real_discard_steps = MetadataDelta.apply_steps, MetadataDelta.discard_steps
+
+    def costing(steps: Generator[None, None, R]) -> Generator[None, None, R]:
+        while True:
+            clock.work(300)  # each step of building the image and of emptying the delta: 0.3 ms
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            yield
+
+    monkeypatch.setattr(MetadataDelta, "apply_steps", lambda delta: costing(real_apply_steps(delta)))
+    monkeypatch.setattr(MetadataDelta, "discard_steps", lambda delta: costing(real_discard_steps(delta)))
+    options = ControllerOptions(noop_interval_ms=0, max_event_time_ms=5)
+    controller = QuorumController(FakeRaft(1), CLUSTER, ENDPOINTS, options, clock=clock)
+    turns = LoopTurns(clock)
+    await turns.during(
+        controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values))
+    )
+    assert clock.now_ms >= 20 * len(values) // 1000  # (every record was replayed on this clock)
+    assert len(turns.stretches) >= clock.now_ms // 6
+    assert max(turns.stretches) <= 6  # the budget (5 ms), plus what the clock's whole ms round off
+    image = controller.committed
+    assert (image.offset, image.epoch) == (49_999, 3)
+    assert image.topics_by_id == expected.topics_by_id and image.brokers == expected.brokers
+    assert image.topic_ids_by_name == expected.topic_ids_by_name
+
+
+async def test_the_phases_of_a_snapshot_load_are_apart_by_a_loop_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each paced phase of a load (replay, building the image, emptying the delta, publishing and handing
+    the old image to the reaper) starts its own budget: without a loop turn between two of them, a phase
+    that ended mid-budget and the next ran as one stretch of up to twice the budget (7-9 ms measured at
+    each seam).  And the listener goes on to the next batch without a turn: the load ends with one."""
+    _expected, values = _big_snapshot_values()
+    events: list[str] = []
+    real_replay_values = MetadataDelta.replay_values
+    real_apply_steps, real_discard_steps = MetadataDelta.apply_steps, MetadataDelta.discard_steps
+
+    def replay_values(delta: MetadataDelta, values: list[bytes], *args: Any, **kwargs: Any) -> None:
+        events.append("replay")
+        real_replay_values(delta, values, *args, **kwargs)
+
+    def logged(name: str, steps: Generator[None, None, R]) -> Generator[None, None, R]:
+        events.append(name)
+        result = yield from steps
+        events.append(name)
+        return result
+
+    monkeypatch.setattr(MetadataDelta, "replay_values", replay_values)
+    monkeypatch.setattr(MetadataDelta, "apply_steps", lambda delta: logged("apply", real_apply_steps(delta)))
+    monkeypatch.setattr(
+        MetadataDelta, "discard_steps", lambda delta: logged("discard", real_discard_steps(delta))
+    )
+    options = ControllerOptions(noop_interval_ms=0)
+    controller = QuorumController(FakeRaft(1), CLUSTER, ENDPOINTS, options, clock=ManualClock())
+    old = controller.committed
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            events.append("turn" if controller.committed is old else "turn (published)")
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values))
+    events.append("load returned")
+    done = True
+    await ticking
+    # (the manual clock never moves: no budget runs out; past the replay, whose pieces also yield every
+    # YIELD_EVERY_RECORDS, the only turns are the seams')
+    phases = [e for i, e in enumerate(events) if i == 0 or e != events[i - 1]]
+    last_replay = len(phases) - 1 - phases[::-1].index("replay")
+    assert phases[last_replay:] == [
+        "replay",
+        "turn",
+        "apply",
+        "turn",
+        "discard",
+        "turn",
+        "turn (published)",  # (the reaper's hand-over and the records: no budget ran out)
+        "load returned",
+    ]
+
+
+async def test_a_snapshot_load_runs_inside_the_heap_freezers_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot's record list (one reference per record) is frozen before the replay starts and the
+    automatic collections stay paused until the image is published (kraft.metadata.heap_freezer)."""
+    _expected, values = _big_snapshot_values()
+    events: list[str] = []
+    real_replay_values = MetadataDelta.replay_values
+
+    def replay_values(delta: MetadataDelta, values: list[bytes], *args: Any, **kwargs: Any) -> None:
+        events.append("replay")
+        real_replay_values(delta, values, *args, **kwargs)
+
+    monkeypatch.setattr(MetadataDelta, "replay_values", replay_values)
+    controller = QuorumController(
+        FakeRaft(1), CLUSTER, ENDPOINTS, ControllerOptions(noop_interval_ms=0), clock=ManualClock()
+    )
+
+    @contextmanager
+    def load() -> Iterator[None]:
+        events.append("load")
+        yield
+        events.append("load ended")
+
+    monkeypatch.setattr(controller.heap, "load", load)
+    monkeypatch.setattr(controller.heap, "loaded", lambda: events.append("loaded"))
+    await controller.handle_load_snapshot(LoadedSnapshot(SnapshotId(end_offset=50_000, epoch=3), 0, values))
+    assert events[:2] == ["load", "replay"] and events[-2:] == ["loaded", "load ended"]
+    assert events.count("load") == 1
 
 
 @pytest.mark.parametrize(
