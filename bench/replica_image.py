@@ -6,7 +6,11 @@ answers, so what is timed is the replication shell's own work: after each image,
 the leader/follower states, the min ISR, the KIP-704 recovery reports and the gauges in line.
 
 Measured (median and max over ``--rounds`` images, ms):
-- ``first``: the first image (every partition is new to replication: proportional to all of them);
+- ``first``: the first image (every partition is new to replication: proportional to all of them), until
+  its states are all built — where the tree on ``PYTHONPATH`` builds them in loop turns
+  (``ReplicaManager.wait_built``), beside a task that takes every turn it can: ``first_ms`` (wall, all
+  turns), ``first_cpu_ms`` (the loop thread's CPU), ``first_longest_stretch_ms`` / ``_cpu_ms`` and
+  ``first_turns`` (:func:`bench.work_units._stretches`); the same file measures a one-go tree;
 - ``isr_change``: an image whose one change is one led partition's ISR (the usual AlterPartition);
 - ``leader_change``: one followed partition becomes led;
 - ``topic_config``: ``min.insync.replicas`` of an unrelated topic changes;
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
+from bench.work_units import _stretches
 from kraft.broker.image_adapter import _assignment, local_assignments
 from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.replication import ReplicaManager
@@ -119,7 +124,7 @@ def hosted(image: MetadataImage, root: Path) -> tuple[PartitionManager, ReplicaM
 
 async def run(partitions: int, rounds: int) -> dict[str, float]:
     image = _image(partitions)
-    out: dict[str, float] = {"partitions": partitions}
+    out: dict[str, float] = {"partitions": partitions}  # (counts too: ints are floats to mypy)
     with tempfile.TemporaryDirectory(prefix="replica-image-") as root:
         manager, replicas = hosted(image, Path(root))
         for round_ in range(rounds):  # the partitions the images change get their state files written
@@ -127,9 +132,22 @@ async def run(partitions: int, rounds: int) -> dict[str, float]:
                 (Path(root) / TopicPartition("big", index).dir_name).mkdir(exist_ok=True)
         gc.collect()
         gc.freeze()
-        started = time.perf_counter()
-        replicas.on_image(image)
-        out["first_ms"] = (time.perf_counter() - started) * 1000
+
+        async def first() -> None:
+            replicas.on_image(image)
+            built = getattr(replicas, "wait_built", None)  # (a tree without stepped builds: one go)
+            if built is not None:
+                await built()
+
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        longest, longest_cpu, turns = await _stretches(first)
+        out["first_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        out["first_cpu_ms"] = round((time.thread_time() - cpu_started) * 1000, 1)
+        out["first_longest_stretch_ms"] = round(longest, 2)
+        out["first_longest_cpu_ms"] = round(longest_cpu, 2)
+        out["first_turns"] = turns
+        out["led"] = len(replicas._led)
+        out["followed"] = len(replicas._followed)
         offset = 1
         times: dict[str, list[float]] = {}
 
