@@ -89,7 +89,7 @@ from kraft.replication.epochs import (
     diverging_epoch,
     with_leader_epoch,
 )
-from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
+from kraft.replication.leader_state import AlterPartitionFollowUp, HighWatermarkHold, PartitionLeaderState
 from kraft.replication.truncation import (
     TruncationKind,
     TruncationStep,
@@ -106,6 +106,9 @@ _ORDER = attrgetter("topic", "partition")  # TopicPartition's order, compared in
 UNKNOWN_EPOCH_RETRY_MS = 50
 # While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
 LEASE_POLL_MS = 100
+# Led states a lease change's walk looks at between two looks at its budget; at most this many are
+# walked at once, in the lease change's own turn.
+LEASE_WALK_STEP = 256
 
 # Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
 # ControllerUnavailable when none answered.
@@ -388,6 +391,18 @@ class ReplicaManager:
         self._lease = lease
         # What check_lease last applied; a lease not granted yet starts lapsed, without a log line.
         self._lease_lapsed = lease is not None and not lease.lease_valid()
+        # Held while the lease is lapsed: shared by every leader state, so a lapse holds all their high
+        # watermarks at once (one assignment), however many partitions this broker leads.
+        self._hold = HighWatermarkHold(self._lease_lapsed)
+        # The walk over the led states that a lease change starts (_lease_walk): failing the waiters on
+        # a lapse, advancing the high watermarks on the return; a later change ends it (generation).
+        self._lease_walk_task: asyncio.Task[None] | None = None
+        self._lease_changes = 0
+        # A lapse's walk in progress: its led states, from the index of the next one to fail waiters of.
+        self._lapse_unfailed: list[_Led] = []
+        self._lapse_next = 0
+        self._lapse_failed = 0  # (the acks=all requests it failed so far: logged once at its end)
+        self.lease_walk_pacer: Callable[[], Pacer] = lambda: Pacer(clock, TIMER_WORK_UNIT_MS)
         self._log = get_logger("broker.replication", node=broker_id)
 
     # --- the lease -------------------------------------------------------------------------------
@@ -396,34 +411,92 @@ class ReplicaManager:
         """Apply the lease as it is now; True while it is held.  Called first by every path that could
         advance a high watermark, answer an acks=all waiter or serve a follower.
 
-        On a lapse: every led partition's high watermark is held and its waiting acks=all requests fail
-        with NOT_LEADER_OR_FOLLOWER; parked replica fetches are woken (to be refused).  On its return:
-        the high watermarks are released (advancing to what the followers' recorded positions allow)."""
+        On a lapse: every led partition's high watermark is held at once (the shared
+        :class:`HighWatermarkHold`: nothing more is committed or acknowledged from this turn on) and its
+        waiting acks=all requests fail with NOT_LEADER_OR_FOLLOWER — in this turn for up to
+        :data:`LEASE_WALK_STEP` led partitions, else in the walk's turns (:meth:`_lease_walk`); parked
+        replica fetches are woken (to be refused).  On its return: the high watermarks are released
+        (advancing to what the followers' recorded positions allow), likewise."""
         held = self._lease is None or self._lease.lease_valid()
         if held != self._lease_lapsed:
             return held  # no change
         self._lease_lapsed = not held
+        self._hold.held = not held  # every leader state's high watermark held, or no longer, at once
+        self._lease_changes += 1
         if not held:
-            failed = 0
-            for led in self._led.values():
-                led.state.hold_high_watermark()
-                completions = led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                failed += len(completions)
-                self._complete(led, completions)
             self._log.warning(
                 "replication_lease_lapsed",
                 reason="no heartbeat accepted within the lease: this broker may be fenced; as leader it "
                 "serves no follower fetch, holds its high watermarks and fails waiting acks=all requests",
                 led_partitions=len(self._led),
-                acks_all_failed=failed,
             )
         else:
-            for led in list(self._led.values()):
-                if led.state.release_high_watermark():
-                    self._high_watermark_advanced(led)
             self._log.info("replication_lease_held", led_partitions=len(self._led))
+        unfailed, self._lapse_unfailed = self._lapse_unfailed, []
+        if unfailed:  # a lapse's walk had not failed every waiter yet: they were waiting at the lapse
+            self._lapse_failed += self._lease_walk_step(unfailed[self._lapse_next :], True)
+            self._log_lapse_failed()
+        states = list(self._led.values())
+        if len(states) <= LEASE_WALK_STEP or not _loop_running():
+            failed = self._lease_walk_step(states, not held)
+            if not held:
+                self._lapse_failed = failed
+                self._log_lapse_failed()
+        else:
+            if not held:
+                self._lapse_unfailed, self._lapse_next, self._lapse_failed = states, 0, 0
+            self._lease_walk_task = asyncio.get_running_loop().create_task(
+                self._lease_walk(states, not held, self._lease_changes), name="replication-lease-walk"
+            )
         self._wake_replica_fetches()
         return held
+
+    def _lease_walk_step(self, states: list[_Led], lapsed: bool) -> int:
+        """On a lapse: fail the acks=all requests waiting on ``states`` (NOT_LEADER_OR_FOLLOWER), and
+        return how many; on the return: advance their high watermarks to what the events recorded while
+        held allow."""
+        failed = 0
+        for led in states:
+            if led.dropped:
+                continue  # (its waiters were failed when it was dropped)
+            if lapsed:
+                if led.waiters:
+                    completions = led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                    failed += len(completions)
+                    self._complete(led, completions)
+            elif led.state.release_high_watermark():
+                self._high_watermark_advanced(led)
+        return failed
+
+    def _log_lapse_failed(self) -> None:
+        self._log.info("replication_lease_acks_all_failed", acks_all_failed=self._lapse_failed)
+
+    async def _lease_walk(self, states: list[_Led], lapsed: bool, change: int) -> None:
+        """:meth:`_lease_walk_step` over many led states in loop turns of :data:`TIMER_WORK_UNIT_MS`
+        (a lapse at 33,000 led partitions was a ~30 ms stretch, its return as much).  Nothing waits on
+        the walk for safety: the shared hold stopped every high watermark (and so every acknowledgement)
+        at the lapse itself, and no new waiter is taken while lapsed; the walk answers the requests that
+        were waiting at most its few turns later, and a return's high watermarks advance at their next
+        event anyway.  A later lease change ends it: the rest of a lapse's walk is done in that change's
+        turn (every request waiting at a lapse fails), the rest of a return's is not needed."""
+        pacer = self.lease_walk_pacer()
+        for start in range(0, len(states), LEASE_WALK_STEP):
+            if start:
+                await pacer.tick()
+            if change != self._lease_changes or self._closed:
+                return
+            failed = self._lease_walk_step(states[start : start + LEASE_WALK_STEP], lapsed)
+            if lapsed:
+                self._lapse_failed += failed
+                self._lapse_next = start + LEASE_WALK_STEP
+        if lapsed:
+            self._lapse_unfailed = []
+            self._log_lapse_failed()
+
+    async def wait_lease_applied(self) -> None:
+        """Until the walk of the last lease change is over (at once when none runs)."""
+        while (walk := self._lease_walk_task) is not None and not walk.done():
+            await asyncio.wait({walk})
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -792,8 +865,8 @@ class ReplicaManager:
                 high_watermark=min(followed_hwm, flushed),
                 now_ms=now_ms,
                 broker_epoch=self._broker_epoch(),
-                high_watermark_held=self._lease_lapsed,
                 min_isr=self._min_insync_replicas(tp.topic),
+                hold=self._hold,  # (held from the start while the lease is lapsed)
             ),
         )
         self._led[tp] = led
