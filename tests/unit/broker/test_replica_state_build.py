@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from itertools import pairwise
@@ -20,7 +21,7 @@ from kraft.broker import heap, hwm_checkpoint
 from kraft.broker.image_adapter import local_assignments
 from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.replication import ReplicaManager
-from kraft.broker.types import ProducedRecord, ReplicaRole
+from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.clock import ManualClock
 from kraft.metadata.image import ConfigKey, MetadataImage, PartitionRegistration, TopicImage
 from kraft.metadata.records import ConfigResourceType
@@ -258,4 +259,28 @@ async def test_states_built_after_the_lease_lapsed_start_held(tmp_path: Path) ->
     states = [led.state for led in stepped.replicas._led.values()]
     assert len(states) == PARTITIONS // 3
     assert all(state.high_watermark_held for state in states)
+    await stepped.replicas.close()
+
+
+async def test_a_stepped_build_reads_the_stored_checkpoint_on_a_worker_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parsing a checkpoint of 100,000 lines is 0.1-0.3 s of Python: not in one of the build's turns."""
+    stepped = _Broker(tmp_path, stepped=True)
+    image = _image()
+    stepped.host(image)
+    hwm_checkpoint.write(tmp_path, {(p.tp, TOPIC_ID): 2 for p in stepped.manager.partitions()})
+    read = hwm_checkpoint.read
+    threads: list[str] = []
+
+    def reading(log_dir: Path) -> dict[tuple[TopicPartition, str], int]:
+        threads.append(threading.current_thread().name)
+        return read(log_dir)
+
+    monkeypatch.setattr(hwm_checkpoint, "read", reading)
+    stepped.replicas.on_image(image)
+    await stepped.replicas.wait_built()
+    assert len(threads) == 1 and threads[0] != threading.main_thread().name
+    assert {led.state.high_watermark for led in stepped.replicas._led.values()} == {2}
+    assert {f.high_watermark for f in stepped.replicas._followed.values()} == {2}
     await stepped.replicas.close()
