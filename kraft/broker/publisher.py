@@ -196,13 +196,14 @@ class MetadataPublisher:
         # The snapshot's image shares nothing with the one it replaces: every topic of the old image
         # would be freed in one go where its last holder lets go (~5 ms per 100,000 partitions); the
         # reaper frees them in slices (big topics alone, small ones in groups).
-        await self._release_replaced(self.image, image)
+        pacer = Pacer(self._clock, DEFAULT_WORK_UNIT_MS)  # (one budget through its stepped walks)
+        await self._release_replaced(self.image, image, pacer)
         if self.deferred:
             await self.flush()
             self._background_save = asyncio.create_task(self._save_in_background(image, started_ms))
             self._set_image(image)
             self.last_snapshot_apply_s = self._seconds_since(started_ms)
-            partitions = await self._partition_count(image)
+            partitions = await self._partition_count(image, pacer)
             self._log.info("snapshot_loaded", offset=image.offset, partitions=partitions)
             return AppliedChanges()
         changes = await self._partitions.changes_to_paced(await self._local_assignments(image))
@@ -219,16 +220,18 @@ class MetadataPublisher:
         self._set_image(image)
         self.last_snapshot_apply_s = self._seconds_since(started_ms)
         took_s = round(self.last_snapshot_apply_s, 3)
-        partitions = await self._partition_count(image)
+        partitions = await self._partition_count(image, pacer)
         self._log.info("snapshot_loaded", offset=image.offset, partitions=partitions, took_s=took_s)
         return applied
 
-    async def _release_replaced(self, old: MetadataImage, new: MetadataImage) -> None:
+    async def _release_replaced(
+        self, old: MetadataImage, new: MetadataImage, pacer: Pacer | None = None
+    ) -> None:
         """Hand the topics of ``old`` that ``new`` does not share, and its topic maps, to the reaper
         (:func:`release_replaced_topics`), looking at :data:`RELEASE_STEP` topics between two looks at
         the work unit's budget: at 100,000 topics the walk was a 10-20 ms stretch.  ``old`` is held
         here throughout, so nothing is freed before the reaper has it."""
-        pacer = Pacer(self._clock, DEFAULT_WORK_UNIT_MS)
+        pacer = pacer or Pacer(self._clock, DEFAULT_WORK_UNIT_MS)
         kept = new.topics_by_id
         replaced: list[object] = []
         for index, (topic_id, topic) in enumerate(old.topics_by_id.items(), 1):
@@ -241,10 +244,11 @@ class MetadataPublisher:
         release_replaced_topics(replaced)
         release_replaced_maps((old.topics_by_id, old.topic_ids_by_name))
 
-    async def _partition_count(self, image: MetadataImage) -> int:
+    async def _partition_count(self, image: MetadataImage, pacer: Pacer | None = None) -> int:
         """``image.partition_count()`` (for a log line) in steps of :data:`RELEASE_STEP` topics: one walk
-        of 100,000 topics was ~10 ms, the longest stretch of a snapshot load once the release was stepped."""
-        pacer = Pacer(self._clock, DEFAULT_WORK_UNIT_MS)
+        of 100,000 topics was ~10 ms, the longest stretch of a snapshot load once the release was stepped).
+        ``pacer``: the caller's, so the turn it is in does not get a fresh budget here."""
+        pacer = pacer or Pacer(self._clock, DEFAULT_WORK_UNIT_MS)
         total = 0
         for index, topic in enumerate(image.topics_by_id.values(), 1):
             total += len(topic.partitions)
