@@ -136,6 +136,9 @@ class Side:
         self.replicas.stepped_build_min = 1
         self.replicas.build_step = 1
         self.replicas.build_pacer = _YieldingPacer
+        # Nothing stored to read (in-memory logs): no worker-thread read before the first build, whose
+        # finishing turn would vary from run to run (the example must replay the same).
+        self.replicas._restored = {}
 
     def gauge(self, name: str) -> float:
         # Read from the manager's own gauge, not the registry: a registry collection walks every label
@@ -212,20 +215,21 @@ def check_building(side: Side) -> None:
 
 
 def _same(stepped: Side, other: Side) -> None:
-    """The stepped side's state against another side's: equal, except that the same proposals were made
-    (a leader state built after a later image proposes its recovery report fewer times) and fetchers are
-    compared for the leaders something is followed from (a partition removed before its turn never
-    started the fetcher the other side started for it, and that one has nothing to fetch now)."""
+    """The stepped side's state against another side's: equal, except for the proposals — a state built
+    after a later image proposes what that image still needs, so the stepped side proposes a subset of
+    the other's (a recovery report the other made for an image the build skipped over is not made) —
+    and fetchers compared for the leaders something is followed from (a partition removed before its
+    turn never started the fetcher the other side started for it, and that one has nothing to fetch)."""
 
     def seen(side: Side) -> dict[str, object]:
         snapshot = side.snapshot()
-        proposals = snapshot["proposals"]
         fetchers = snapshot["fetchers"]
-        assert isinstance(proposals, list) and isinstance(fetchers, list)
+        assert isinstance(fetchers, list)
         groups = side.replicas._by_leader
-        return {**snapshot, "proposals": set(proposals), "fetchers": [f for f in fetchers if f in groups]}
+        return {**snapshot, "proposals": None, "fetchers": [f for f in fetchers if f in groups]}
 
     assert seen(stepped) == seen(other)
+    assert set(stepped.proposals) <= set(other.proposals)
 
 
 def check_indexes(r: ReplicaManager) -> None:
@@ -391,6 +395,11 @@ async def _run(data: st.DataObject, steps: int) -> None:
                     event("an image applied while a stepped build ran")
                     check_building(stepped)
                 else:
+                    # (a build that ended in the last turns proposed its recovery reports at its end, and
+                    # a re-proposal of a refused one: their answers come in a few turns; the other sides
+                    # are quiet by now, so waiting changes nothing of theirs)
+                    for _ in range(10):
+                        await asyncio.sleep(0)
                     check_indexes(stepped.replicas)
                     _same(stepped, inc)
             await stepped.replicas.wait_built()
