@@ -64,6 +64,9 @@ async def run(partitions: int, rounds: int, base: str | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="broker-timers-", dir=base) as root:
         _, replicas = hosted(image, Path(root))
         replicas.on_image(image)
+        built = getattr(replicas, "wait_built", None)  # (its new states are built in loop turns)
+        if built is not None:
+            await built()
         followed = list(replicas._followed.values())
         gc.collect()
         gc.freeze()

@@ -6,7 +6,13 @@ answers, so what is timed is the replication shell's own work: after each image,
 the leader/follower states, the min ISR, the KIP-704 recovery reports and the gauges in line.
 
 Measured (median and max over ``--rounds`` images, ms):
-- ``first``: the first image (every partition is new to replication: proportional to all of them);
+- ``first``: the first image (every partition is new to replication: proportional to all of them), until
+  its states are all built — where the tree on ``PYTHONPATH`` builds them in loop turns
+  (``ReplicaManager.wait_built``), beside a task that takes every turn it can: ``first_ms`` (wall, all
+  turns), ``first_cpu_ms`` (the loop thread's CPU), ``first_longest_stretch_ms`` / ``_cpu_ms`` and
+  ``first_turns`` (:func:`bench.work_units._stretches`); the same file measures a one-go tree.  With
+  ``--checkpoint`` the log dir holds a stored high-watermark checkpoint of every partition (as after a
+  restart), read when the first state is made;
 - ``isr_change``: an image whose one change is one led partition's ISR (the usual AlterPartition);
 - ``leader_change``: one followed partition becomes led;
 - ``topic_config``: ``min.insync.replicas`` of an unrelated topic changes;
@@ -30,6 +36,8 @@ from pathlib import Path
 
 from google.protobuf.message import Message
 
+from bench.work_units import _stretches
+from kraft.broker import hwm_checkpoint
 from kraft.broker.image_adapter import _assignment, local_assignments
 from kraft.broker.partitions import Partition, PartitionManager
 from kraft.broker.replication import ReplicaManager
@@ -117,19 +125,36 @@ def hosted(image: MetadataImage, root: Path) -> tuple[PartitionManager, ReplicaM
     return manager, replicas
 
 
-async def run(partitions: int, rounds: int) -> dict[str, float]:
+async def run(partitions: int, rounds: int, checkpoint: bool = False) -> dict[str, float]:
     image = _image(partitions)
-    out: dict[str, float] = {"partitions": partitions}
+    out: dict[str, float] = {"partitions": partitions}  # (counts too: ints are floats to mypy)
     with tempfile.TemporaryDirectory(prefix="replica-image-") as root:
         manager, replicas = hosted(image, Path(root))
+        if checkpoint:  # as after a restart: every hosted partition's high watermark stored (0 here)
+            stored = {p.checkpoint_key: 0 for p in manager.partitions()}
+            hwm_checkpoint.write(Path(root), stored)
+            del stored
         for round_ in range(rounds):  # the partitions the images change get their state files written
             for index in (_led_of(round_, partitions), _led_of(round_, partitions) + 1):
                 (Path(root) / TopicPartition("big", index).dir_name).mkdir(exist_ok=True)
         gc.collect()
         gc.freeze()
-        started = time.perf_counter()
-        replicas.on_image(image)
-        out["first_ms"] = (time.perf_counter() - started) * 1000
+
+        async def first() -> None:
+            replicas.on_image(image)
+            built = getattr(replicas, "wait_built", None)  # (a tree without stepped builds: one go)
+            if built is not None:
+                await built()
+
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        longest, longest_cpu, turns = await _stretches(first)
+        out["first_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        out["first_cpu_ms"] = round((time.thread_time() - cpu_started) * 1000, 1)
+        out["first_longest_stretch_ms"] = round(longest, 2)
+        out["first_longest_cpu_ms"] = round(longest_cpu, 2)
+        out["first_turns"] = turns
+        out["led"] = len(replicas._led)
+        out["followed"] = len(replicas._followed)
         offset = 1
         times: dict[str, list[float]] = {}
 
@@ -210,9 +235,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument(
+        "--checkpoint", action="store_true", help="a stored HWM checkpoint of every partition"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    result = asyncio.run(run(args.partitions, args.rounds))
+    result = asyncio.run(run(args.partitions, args.rounds, args.checkpoint))
     with open("/proc/loadavg") as f:
         result["loadavg_1m"] = float(f.read().split()[0])
     text = json.dumps(result, indent=2)

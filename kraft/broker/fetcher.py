@@ -20,6 +20,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kraft.broker import heap
 from kraft.broker.publisher import MetadataPublisher
 from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline, run_paced
@@ -128,6 +129,7 @@ class MetadataFetcher:
                 return False
             self._pending = None
             await self._publisher.load_snapshot(image)
+            heap.settle()  # the new image (and the states it made) out of later full collections
             self.snapshots_loaded += 1
             self._fetch_offset = response.snapshot_id.end_offset
             self._on_applied(self._publisher.offset)
@@ -204,6 +206,9 @@ class MetadataFetcher:
                     pending = asyncio.create_task(self._call(self._snapshot_request(snapshot, position)))
                 delta.replay_values(response.snapshot_records, last_offset, snapshot.epoch)
                 records += len(response.snapshot_records)
+                # What the chunks built so far is frozen: the full collections the heap's growth sets
+                # off during the download walk only what is newer, not the image so far (kraft.broker.heap).
+                heap.settle()
                 await asyncio.sleep(0)  # one chunk at a time: heartbeats and serving run in between
                 if response.snapshot_done:
                     error = unreplayable(

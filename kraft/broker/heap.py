@@ -15,6 +15,11 @@ collection runs first (the controller's ``freeze_heap`` does one, and at 1.2 M o
 the 210 ms stretch), so a cycle that was garbage at that moment stays frozen: every
 :data:`THAW_EVERY_FREEZES`-th call thaws instead (as :mod:`kraft.metadata.heap_freezer` does), and the
 next full collection walks the heap once and frees them.
+
+:func:`settle` freezes what is alive after collecting the young generations only (no full collection: a
+fresh image of 100,000 partitions would be one long walk), where a load grows the heap by a whole image:
+between the chunks of a snapshot download, after the snapshot's image is loaded, after the start-up open
+(as the controllers' ``kraft.metadata.heap_freezer.freeze_young`` does for their snapshot loads).
 """
 
 from __future__ import annotations
@@ -53,3 +58,12 @@ def big_change(partitions: int) -> Iterator[None]:
             gc.freeze()
         if enabled:
             gc.enable()
+
+
+def settle() -> None:
+    """Freeze what is alive after collecting the young generations (~1 ms, bounded by what they hold):
+    the objects a load just made are not walked again by later full collections, and the collector's
+    next full collection is not set off by them (it counts only what is not frozen).  Cyclic garbage
+    that already reached the old generation is frozen with the rest, until a thaw (:func:`big_change`)."""
+    gc.collect(1)
+    gc.freeze()

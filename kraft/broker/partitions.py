@@ -333,6 +333,13 @@ class PartitionManager:
         self._watchers.append(touched)
         return touched
 
+    def take_changes(self, touched: set[TopicPartition]) -> set[TopicPartition]:
+        """Hand the watcher its collected set ``touched`` to keep (no copy: 100,000 partitions are a
+        few ms of one) and collect from now on in the new empty set returned."""
+        renewed: set[TopicPartition] = set()
+        self._watchers = [renewed if w is touched else w for w in self._watchers]
+        return renewed
+
     def unwatch(self, touched: set[TopicPartition]) -> None:
         self._watchers = [w for w in self._watchers if w is not touched]
 

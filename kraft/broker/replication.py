@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kraft.broker import heap, hwm_checkpoint
-from kraft.broker.partitions import Pacer, Partition, PartitionManager, is_storage_failure
+from kraft.broker.partitions import Pacer, Partition, PartitionManager, in_order, is_storage_failure
 from kraft.broker.replica_transport import (
     GrpcReplicaFetchTransport,
     ReplicaFetchFailed,
@@ -75,7 +75,7 @@ from kraft.broker.replica_transport import (
 from kraft.broker.types import PartitionAssignment, ReplicaRole, TopicPartition
 from kraft.client.channel import ChannelSecurity
 from kraft.client.controller import ControllerUnavailable
-from kraft.clock import CHECK_EVERY, Clock
+from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock
 from kraft.config import REPLICA_FETCH_WAIT_MAX_MS
 from kraft.errors import ErrorCode
 from kraft.metadata.image import ConfigKey, MetadataImage
@@ -89,7 +89,7 @@ from kraft.replication.epochs import (
     diverging_epoch,
     with_leader_epoch,
 )
-from kraft.replication.leader_state import AlterPartitionFollowUp, PartitionLeaderState
+from kraft.replication.leader_state import AlterPartitionFollowUp, HighWatermarkHold, PartitionLeaderState
 from kraft.replication.truncation import (
     TruncationKind,
     TruncationStep,
@@ -106,6 +106,9 @@ _ORDER = attrgetter("topic", "partition")  # TopicPartition's order, compared in
 UNKNOWN_EPOCH_RETRY_MS = 50
 # While the lease is lapsed (or not granted yet), how often the lease watch looks whether it is back.
 LEASE_POLL_MS = 100
+# Led states a lease change's walk looks at between two looks at its budget; at most this many are
+# walked at once, in the lease change's own turn.
+LEASE_WALK_STEP = 256
 
 # Sends one AlterPartition to the active controller (ControllerClient.alter_partition); raises
 # ControllerUnavailable when none answered.
@@ -154,6 +157,13 @@ Smaller than the 5 ms work unit: these passes are background work that nothing w
 
 COLLECT_STEP = 256
 """Hosted partitions a checkpoint pass collects between two looks at its budget (~0.1 ms)."""
+
+STEPPED_BUILD_MIN = heap.BIG_CHANGE
+"""New leader/follower states an image must bring for them to be built in loop turns (the first image
+after start-up, a bulk creation: ~9 µs a state, ~0.9 s in one stretch at 100,000); below, at once."""
+
+BUILD_STEP = 64
+"""New states a stepped build creates between two looks at its budget (~0.6 ms)."""
 
 
 @dataclass(slots=True)
@@ -267,6 +277,14 @@ def _latest_epoch(entries: list[tuple[int, int]]) -> int:
     return entries[-1][0] if entries else UNDEFINED_EPOCH
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -330,6 +348,15 @@ class ReplicaManager:
         # ones by leader (each fetcher's share), the ISR gauges' counts and the follower lags.
         self._touched = partitions.watch_changes()
         self._revisit: set[TopicPartition] = set()
+        # Hosted partitions whose new leader/follower state a stepped build (_build_states) has still to
+        # create; none has a state meanwhile (leads() is False: nothing is served for them).
+        self._pending: set[TopicPartition] = set()
+        self._taken: set[TopicPartition] = set()  # (those the running build took and has not built yet)
+        self._build: asyncio.Task[None] | None = None
+        self.stepped_build_min = STEPPED_BUILD_MIN
+        self.build_step = BUILD_STEP
+        # The pacer of a stepped build's turns (tests give one that yields at every look).
+        self.build_pacer: Callable[[], Pacer] = lambda: Pacer(clock, DEFAULT_WORK_UNIT_MS)
         self._led_by_topic: dict[str, dict[TopicPartition, _Led]] = {}
         self._recovering: dict[TopicPartition, None] = {}
         self._by_leader: dict[int, dict[TopicPartition, _Followed]] = {}
@@ -364,6 +391,18 @@ class ReplicaManager:
         self._lease = lease
         # What check_lease last applied; a lease not granted yet starts lapsed, without a log line.
         self._lease_lapsed = lease is not None and not lease.lease_valid()
+        # Held while the lease is lapsed: shared by every leader state, so a lapse holds all their high
+        # watermarks at once (one assignment), however many partitions this broker leads.
+        self._hold = HighWatermarkHold(self._lease_lapsed)
+        # The walk over the led states that a lease change starts (_lease_walk): failing the waiters on
+        # a lapse, advancing the high watermarks on the return; a later change ends it (generation).
+        self._lease_walk_task: asyncio.Task[None] | None = None
+        self._lease_changes = 0
+        # A lapse's walk in progress: its led states, from the index of the next one to fail waiters of.
+        self._lapse_unfailed: list[_Led] = []
+        self._lapse_next = 0
+        self._lapse_failed = 0  # (the acks=all requests it failed so far: logged once at its end)
+        self.lease_walk_pacer: Callable[[], Pacer] = lambda: Pacer(clock, TIMER_WORK_UNIT_MS)
         self._log = get_logger("broker.replication", node=broker_id)
 
     # --- the lease -------------------------------------------------------------------------------
@@ -372,34 +411,92 @@ class ReplicaManager:
         """Apply the lease as it is now; True while it is held.  Called first by every path that could
         advance a high watermark, answer an acks=all waiter or serve a follower.
 
-        On a lapse: every led partition's high watermark is held and its waiting acks=all requests fail
-        with NOT_LEADER_OR_FOLLOWER; parked replica fetches are woken (to be refused).  On its return:
-        the high watermarks are released (advancing to what the followers' recorded positions allow)."""
+        On a lapse: every led partition's high watermark is held at once (the shared
+        :class:`HighWatermarkHold`: nothing more is committed or acknowledged from this turn on) and its
+        waiting acks=all requests fail with NOT_LEADER_OR_FOLLOWER — in this turn for up to
+        :data:`LEASE_WALK_STEP` led partitions, else in the walk's turns (:meth:`_lease_walk`); parked
+        replica fetches are woken (to be refused).  On its return: the high watermarks are released
+        (advancing to what the followers' recorded positions allow), likewise."""
         held = self._lease is None or self._lease.lease_valid()
         if held != self._lease_lapsed:
             return held  # no change
         self._lease_lapsed = not held
+        self._hold.held = not held  # every leader state's high watermark held, or no longer, at once
+        self._lease_changes += 1
         if not held:
-            failed = 0
-            for led in self._led.values():
-                led.state.hold_high_watermark()
-                completions = led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                failed += len(completions)
-                self._complete(led, completions)
             self._log.warning(
                 "replication_lease_lapsed",
                 reason="no heartbeat accepted within the lease: this broker may be fenced; as leader it "
                 "serves no follower fetch, holds its high watermarks and fails waiting acks=all requests",
                 led_partitions=len(self._led),
-                acks_all_failed=failed,
             )
         else:
-            for led in list(self._led.values()):
-                if led.state.release_high_watermark():
-                    self._high_watermark_advanced(led)
             self._log.info("replication_lease_held", led_partitions=len(self._led))
+        unfailed, self._lapse_unfailed = self._lapse_unfailed, []
+        if unfailed:  # a lapse's walk had not failed every waiter yet: they were waiting at the lapse
+            self._lapse_failed += self._lease_walk_step(unfailed[self._lapse_next :], True)
+            self._log_lapse_failed()
+        states = list(self._led.values())
+        if len(states) <= LEASE_WALK_STEP or not _loop_running():
+            failed = self._lease_walk_step(states, not held)
+            if not held:
+                self._lapse_failed = failed
+                self._log_lapse_failed()
+        else:
+            if not held:
+                self._lapse_unfailed, self._lapse_next, self._lapse_failed = states, 0, 0
+            self._lease_walk_task = asyncio.get_running_loop().create_task(
+                self._lease_walk(states, not held, self._lease_changes), name="replication-lease-walk"
+            )
         self._wake_replica_fetches()
         return held
+
+    def _lease_walk_step(self, states: list[_Led], lapsed: bool) -> int:
+        """On a lapse: fail the acks=all requests waiting on ``states`` (NOT_LEADER_OR_FOLLOWER), and
+        return how many; on the return: advance their high watermarks to what the events recorded while
+        held allow."""
+        failed = 0
+        for led in states:
+            if led.dropped:
+                continue  # (its waiters were failed when it was dropped)
+            if lapsed:
+                if led.waiters:
+                    completions = led.waiters.fail_all(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                    failed += len(completions)
+                    self._complete(led, completions)
+            elif led.state.release_high_watermark():
+                self._high_watermark_advanced(led)
+        return failed
+
+    def _log_lapse_failed(self) -> None:
+        self._log.info("replication_lease_acks_all_failed", acks_all_failed=self._lapse_failed)
+
+    async def _lease_walk(self, states: list[_Led], lapsed: bool, change: int) -> None:
+        """:meth:`_lease_walk_step` over many led states in loop turns of :data:`TIMER_WORK_UNIT_MS`
+        (a lapse at 33,000 led partitions was a ~30 ms stretch, its return as much).  Nothing waits on
+        the walk for safety: the shared hold stopped every high watermark (and so every acknowledgement)
+        at the lapse itself, and no new waiter is taken while lapsed; the walk answers the requests that
+        were waiting at most its few turns later, and a return's high watermarks advance at their next
+        event anyway.  A later lease change ends it: the rest of a lapse's walk is done in that change's
+        turn (every request waiting at a lapse fails), the rest of a return's is not needed."""
+        pacer = self.lease_walk_pacer()
+        for start in range(0, len(states), LEASE_WALK_STEP):
+            if start:
+                await pacer.tick()
+            if change != self._lease_changes or self._closed:
+                return
+            failed = self._lease_walk_step(states[start : start + LEASE_WALK_STEP], lapsed)
+            if lapsed:
+                self._lapse_failed += failed
+                self._lapse_next = start + LEASE_WALK_STEP
+        if lapsed:
+            self._lapse_unfailed = []
+            self._log_lapse_failed()
+
+    async def wait_lease_applied(self) -> None:
+        """Until the walk of the last lease change is over (at once when none runs)."""
+        while (walk := self._lease_walk_task) is not None and not walk.done():
+            await asyncio.wait({walk})
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -508,14 +605,124 @@ class ReplicaManager:
         previous, self._image = self._image, image
         self.check_lease()  # a state created below starts held if the lease has lapsed
         now_ms = self._clock.monotonic_ms()
-        self._touched.update(self._revisit)
-        changed = sorted(self._touched, key=_ORDER)
-        self._touched.clear()  # (the partition manager's own set: cleared, not replaced)
+        touched = self._touched
+        touched.update(self._revisit)
         self._revisit.clear()
-        # Thousands of new states at once (the first image, a bulk creation): no full collection in the
-        # middle of them, and none walking them later (kraft.broker.heap).
+        if self._build is not None or (len(touched) >= self.stepped_build_min and _loop_running()):
+            self._on_image_stepped(previous, image, now_ms)
+            return
+        changed = sorted(touched, key=_ORDER)
+        touched.clear()  # (the partition manager's own set: cleared, not replaced)
+        # Thousands of new states at once (the first image, a bulk creation, without a running loop):
+        # no full collection in the middle of them, and none walking them later (kraft.broker.heap).
         with heap.big_change(len(changed)):
             self._visit(previous, image, changed, now_ms)
+
+    def _on_image_stepped(self, previous: MetadataImage, image: MetadataImage, now_ms: int) -> None:
+        """An image that brings thousands of new states, or one applied while a stepped build runs.
+
+        The partitions that have a state now are visited at once, as always: a revocation (a led
+        partition demoted or removed, a followed one removed or now led) must never wait for a later
+        turn, and an assignment change is applied with its image.  The partitions without a state join
+        :attr:`_pending`, whose states :meth:`_build_states` creates in loop turns from what is hosted
+        when their turn comes — so an image applied mid-way (a partition removed, its role changed)
+        needs nothing more than its own visit.  Until its state exists a partition is not led
+        (:meth:`leads` is False: NOT_LEADER_OR_FOLLOWER, as while ``apply_paced`` yields) and not
+        fetched."""
+        touched = self._touched
+        with_state: set[TopicPartition] = set()
+        if self._led:  # (sets built from dicts reuse the stored hashes: a TopicPartition hashes in Python)
+            with_state = touched & set(self._led)
+        if self._followed:
+            with_state |= touched & set(self._followed)
+        # The collected set becomes the new partitions' (no copy of 100,000 entries in this turn).
+        self._touched = self._partitions.take_changes(touched)
+        new = touched
+        if with_state:
+            new -= with_state
+        if self._taken:
+            new -= self._taken  # (taken by the build and still without a state: it builds them)
+        changed = sorted(with_state, key=_ORDER)
+        with heap.big_change(len(changed)):
+            self._visit(previous, image, changed, now_ms)
+        if not self._pending:
+            self._pending = new
+        else:
+            self._pending |= new
+        if self._pending and self._build is None:
+            self._build = asyncio.get_running_loop().create_task(
+                self._build_states(len(self._pending)), name="replica-state-build"
+            )
+
+    async def _build_states(self, count: int) -> None:
+        """Create the pending partitions' leader/follower states, in loop turns of the work unit (the
+        first image after start-up at 100,000 hosted partitions was ~0.9 s in one stretch).  In partition
+        order, as an image's visit; each state from the partition as hosted at its turn (one removed
+        since is skipped); each turn applies its new led states' min ISR and counts them in the gauges.
+        Partitions added by a later image while it runs are built after those before.  With the
+        collector paused throughout and the heap frozen at the end (:func:`heap.big_change`)."""
+        pacer = self.build_pacer()
+        try:
+            if self._restored is None:
+                # Parsing a checkpoint of 100,000 lines is 0.1-0.3 s of Python: on a worker thread (the
+                # loop keeps its turns, the GIL passing every switch interval), not in a build turn.
+                restored = await asyncio.to_thread(self._read_checkpoints)
+                if self._restored is None:  # (a visit meanwhile may have read it: the same files)
+                    self._restored = restored
+            with heap.big_change(count):
+                while self._pending:
+                    # Taken whole (later images add to a new set); ordered, then built in steps.
+                    self._taken, self._pending = self._pending, set()
+                    ordered = await in_order(self._taken, pacer)
+                    step = self.build_step
+                    for start in range(0, len(ordered), step):
+                        await pacer.tick()
+                        self._build_some(ordered[start : start + step])
+                    self._taken = set()
+                # (no await between the last look at _pending and here: an image adding to it
+                # meanwhile found this task running, and this loop saw its partitions)
+                self._finish_recoveries()
+                self._ensure_fetchers()
+                self._update_gauges()
+        except Exception as exc:  # (a bug: what one go would have raised into the publisher)
+            if self._on_fatal is not None:
+                self._on_fatal("replica_state_build_failed", exc)
+            else:
+                self._log.error("replica_state_build_failed", error=repr(exc))
+            raise
+        finally:
+            self._build = None
+
+    def _build_some(self, tps: list[TopicPartition]) -> None:
+        """One turn of :meth:`_build_states`: the states of ``tps`` (taken, not built yet)."""
+        self.check_lease()  # (a state created now starts held if the lease lapsed)
+        now_ms = self._clock.monotonic_ms()
+        partitions, taken = self._partitions, self._taken
+        new_leds: list[_Led] = []
+        for tp in tps:
+            taken.discard(tp)
+            hosted = partitions.get(tp)
+            if hosted is None:
+                continue  # removed by a later image before its turn
+            if hosted.role is ReplicaRole.LEADER:
+                new_leds.append(self._lead_as(hosted, None, now_ms, 0))
+            else:
+                self._follow_as(hosted, None)
+        self._apply_min_isr(new_leds, set())
+        self._update_gauges()
+
+    @property
+    def building(self) -> bool:
+        """A stepped build of new states runs (some hosted partitions have no state yet)."""
+        return self._build is not None
+
+    async def wait_built(self) -> None:
+        """Until no stepped build runs (at once when none does)."""
+        while (build := self._build) is not None:
+            await asyncio.wait({build})  # (a cancelled build, by close(), ends the wait too)
+            error = None if build.cancelled() else build.exception()
+            if error is not None:
+                raise error
 
     def _visit(
         self, previous: MetadataImage, image: MetadataImage, changed: list[TopicPartition], now_ms: int
@@ -664,8 +871,8 @@ class ReplicaManager:
                 high_watermark=min(followed_hwm, flushed),
                 now_ms=now_ms,
                 broker_epoch=self._broker_epoch(),
-                high_watermark_held=self._lease_lapsed,
                 min_isr=self._min_insync_replicas(tp.topic),
+                hold=self._hold,  # (held from the start while the lease is lapsed)
             ),
         )
         self._led[tp] = led
@@ -1101,10 +1308,15 @@ class ReplicaManager:
     def _restored_high_watermark(self, partition: Partition) -> int:
         """The checkpointed HWM of this partition's log (same topic id), 0 when none."""
         if self._restored is None:
-            self._restored = {}
-            for log_dir in self._partitions.log_dirs:
-                self._restored.update(hwm_checkpoint.read(log_dir))
+            self._restored = self._read_checkpoints()
         return max(self._restored.get((partition.tp, partition.topic_id), 0), 0)
+
+    def _read_checkpoints(self) -> dict[tuple[TopicPartition, str], int]:
+        """Every log dir's stored checkpoint (a worker thread may run it: it reads files and parses)."""
+        restored: dict[tuple[TopicPartition, str], int] = {}
+        for log_dir in list(self._partitions.log_dirs):
+            restored.update(hwm_checkpoint.read(log_dir))
+        return restored
 
     def checkpoint_high_watermarks(self) -> None:
         """Write every online log dir's ``replication-offset-checkpoint`` that changed since its last write
@@ -1120,9 +1332,27 @@ class ReplicaManager:
         by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {
             d: {} for d in self._partitions.online_dirs
         }
+        self._collect_pending(by_dir, self._pending)
+        self._collect_pending(by_dir, self._taken)
         _collect_led(by_dir, self._led.values())
         _collect_followed(by_dir, self._followed.values())
         return by_dir
+
+    def _collect_pending(
+        self, by_dir: dict[Path, dict[tuple[TopicPartition, str], int]], tps: Iterable[TopicPartition]
+    ) -> None:
+        """The checkpointed high watermarks of hosted partitions whose state a stepped build has not
+        created yet: the value the file holds is kept (a state made since, collected after, overrides it;
+        one removed since is left out).  ``_restored`` is read: a state exists."""
+        restored = self._restored
+        assert restored is not None
+        partitions = self._partitions
+        for tp in tps:
+            partition = partitions.get(tp)
+            if partition is not None:
+                value = restored.get(partition.checkpoint_key)
+                if value is not None:
+                    by_dir.setdefault(partition.log_dir, {})[partition.checkpoint_key] = max(value, 0)
 
     async def write_checkpoints(self, pacer: Pacer | None = None) -> int:
         """The periodic checkpoint (what ``run`` does every ``replica.high.watermark.checkpoint.interval.ms``)
@@ -1150,7 +1380,14 @@ class ReplicaManager:
             by_dir: dict[Path, dict[tuple[TopicPartition, str], int]] = {
                 d: {} for d in self._partitions.online_dirs
             }
+            # Partitions whose state a stepped build has still to create, taken in the same turn as the
+            # led states and before the followed ones: one built during the pass is in one of them.
+            pending = [*self._pending, *self._taken]
             led = list(self._led.values())
+            for start in range(0, len(pending), COLLECT_STEP):
+                self._collect_pending(by_dir, pending[start : start + COLLECT_STEP])
+                await pacer.tick()
+            del pending
             for start in range(0, len(led), COLLECT_STEP):
                 _collect_led(by_dir, led[start : start + COLLECT_STEP])
                 await pacer.tick()
@@ -1454,6 +1691,12 @@ class ReplicaManager:
                 self._log.error("hwm_checkpoint_failed", error=repr(exc))
         self._closed = True
         tasks = [*self._fetchers.values(), *(led.alter_task for led in self._led.values() if led.alter_task)]
+        if self._build is not None:
+            tasks.append(self._build)
+        # (a later image sets up what a stepped build left, as it does the states dropped below)
+        self._revisit.update(self._pending)
+        self._revisit.update(self._taken)
+        self._pending, self._taken = set(), set()
         for tp in list(self._led):
             self._drop_led(tp)
         self._revisit.update(self._followed)  # (a later image sets them up again, as it always did)

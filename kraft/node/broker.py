@@ -335,6 +335,9 @@ class BrokerServer:
         # image shows that fence, because the leader moves that come with it precede it in the log.
         self._await_fence_in_image = False
         self._image_showed_unfenced = False
+        # Between the start-up open and the end of the replica states' stepped build: not ready (as in
+        # Kafka, a broker is unfenced once its partitions' leader/follower states are set up).
+        self._building_states = False
         self._health: HealthReporter | None = None
         self._server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
@@ -432,7 +435,12 @@ class BrokerServer:
             base = self.settings.retry_backoff_ms / 1000.0 * (2.0 ** min(attempt, 5))
             await asyncio.sleep(min(base, 1.0))
             attempt += 1
-        applied = await publisher.open_partitions()
+        self._building_states = True
+        try:
+            applied = await publisher.open_partitions()
+            await self.replicas.wait_built()  # (the new states, built in loop turns: issue #17)
+        finally:
+            self._building_states = False
         self._log.info(
             "metadata_caught_up",
             metadata_offset=publisher.offset,
@@ -569,8 +577,8 @@ class BrokerServer:
         status = self.status
         if status.broker_epoch < 0 or status.metadata_offset < status.broker_epoch or status.resync_required:
             return False
-        if self.publisher.deferred:
-            return False  # partitions not opened yet (catching up with the controller's log)
+        if self.publisher.deferred or self._building_states:
+            return False  # partitions not opened yet, or their replica states not built yet
         if self._await_fence_in_image:
             registration = self.publisher.image.brokers.get(status.broker_id)
             if registration is None or registration.epoch != status.broker_epoch or not registration.fenced:

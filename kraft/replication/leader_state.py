@@ -127,6 +127,19 @@ _WAIT_FOR_METADATA_ERRORS = frozenset(
 _REVERT_ERRORS = frozenset({ErrorCode.INELIGIBLE_REPLICA})
 
 
+class HighWatermarkHold:
+    """One hold shared by the leader states of a broker (its heartbeat lease lapsed): setting
+    :attr:`held` holds every state's high watermark at once, however many partitions it leads."""
+
+    __slots__ = ("held",)
+
+    def __init__(self, held: bool = False) -> None:
+        self.held = held
+
+
+_NO_SHARED_HOLD = HighWatermarkHold()  # (never held: the states created without a shared hold)
+
+
 class PartitionLeaderState:
     """Replication state of one partition led by ``broker_id``; created when it becomes leader."""
 
@@ -141,10 +154,12 @@ class PartitionLeaderState:
         broker_epoch: int = NO_BROKER_EPOCH,
         high_watermark_held: bool = False,
         min_isr: int = 1,
+        hold: HighWatermarkHold | None = None,
     ) -> None:
         """Kafka's ``makeLeader`` for a new leader: the epoch starts at the log end; every follower's
         position is unknown; ISR members count as caught up now (so they are not dropped at once),
         the others as never caught up.  ``high_watermark_held``: start held (the lease has lapsed).
+        ``hold``: a hold shared with other states (held while it is, besides this state's own).
         ``min_isr``: the topic's min.insync.replicas (``set_min_isr``) — given here, not after: a leader
         alone in its ISR (elected from the ELR) would otherwise advance the HWM to its log end at once."""
         if partition.leader != broker_id:
@@ -159,6 +174,7 @@ class PartitionLeaderState:
         self._epoch_start_offset = leader_end_offset
         self._pending: AlterPartitionRequest | None = None
         self._held = high_watermark_held
+        self._hold = hold if hold is not None else _NO_SHARED_HOLD
         # effective min.insync.replicas (set_min_isr): the HWM is frozen below it
         self._min_isr = max(1, min(min_isr, len(partition.replicas)))
         self._followers: dict[int, FollowerProgress] = {
@@ -206,7 +222,7 @@ class PartitionLeaderState:
 
     @property
     def high_watermark_held(self) -> bool:
-        return self._held
+        return self._held or self._hold.held
 
     @property
     def leader_end_offset(self) -> int:
@@ -236,7 +252,7 @@ class PartitionLeaderState:
 
     def release_high_watermark(self) -> bool:
         """Advance again (the lease is back): returns whether the high watermark moved at once, to what
-        the events recorded while held allow."""
+        the events recorded while held allow (nothing while the shared hold is still held)."""
         self._held = False
         return self._maybe_advance_high_watermark()
 
@@ -440,7 +456,7 @@ class PartitionLeaderState:
         return candidate
 
     def _maybe_advance_high_watermark(self) -> bool:
-        if self._held or len(self._partition.isr) < self._min_isr:
+        if self._held or self._hold.held or len(self._partition.isr) < self._min_isr:
             return False
         candidate = self._high_watermark_candidate()
         if candidate > self._high_watermark:

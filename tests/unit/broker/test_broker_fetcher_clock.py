@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from broker_fakes import MemoryImageStore, metadata_fetcher, started_publisher
 from loop_fakes import CostClock, LoopTurns
 
+from kraft.broker import heap
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata.records import encode_value, wrap
@@ -106,3 +108,23 @@ async def test_a_big_metadata_response_is_replayed_in_slices_of_the_time_budget(
     free = await _loop_turns_while_replaying(tmp_path / "free", ManualClock(), 1000)
     costly = await _loop_turns_while_replaying(tmp_path / "costly", CostClock(1), 1000)
     assert costly >= free + 5, (free, costly)
+
+
+async def test_a_snapshot_download_freezes_the_heap_after_each_chunk_and_after_the_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What each chunk built, and the loaded image, are frozen (``heap.settle``: the young generations
+    collected, no full collection), so later full collections do not walk them; a start-up open does
+    the same."""
+    settled: list[int] = []
+    monkeypatch.setattr(heap, "settle", lambda: settled.append(len(settled)))
+    clock = ManualClock()
+    manager, publisher = await started_publisher(ME, tmp_path, MemoryImageStore(), clock)
+    assert len(settled) == 1  # (started: its partitions opened)
+    fetcher = metadata_fetcher(ME, SnapshotController(clock), publisher, clock, lambda offset: None)
+    try:
+        assert await fetcher.fetch_once()
+        assert len(settled) == 1 + len(VALUES) + 1  # one per chunk, one after the load
+    finally:
+        await publisher.flush()
+        manager.close()

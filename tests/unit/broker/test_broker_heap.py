@@ -65,3 +65,24 @@ def test_every_thaw_every_freezes_th_big_change_thaws_instead(monkeypatch: pytes
     with heap.big_change(heap.BIG_CHANGE):
         pass
     assert gc.get_freeze_count() > 0
+
+
+def test_settle_freezes_what_is_alive_after_a_young_collection_only() -> None:
+    """No full collection (a fresh image of 100,000 partitions would be one long walk); what is alive
+    is frozen, and reference counting still frees it."""
+    gc.unfreeze()
+    generations: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    made = [[index] for index in range(1000)]
+    gc.callbacks.append(seen)
+    try:
+        heap.settle()
+    finally:
+        gc.callbacks.remove(seen)
+    assert generations and max(generations) <= 1
+    assert gc.get_freeze_count() >= 1000
+    made.clear()

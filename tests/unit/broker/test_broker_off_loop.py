@@ -15,9 +15,10 @@ import pytest
 from broker_fakes import MemoryImageStore, MemoryLogOpener
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loop_fakes import CostClock
+from loop_fakes import CostClock, LoopTurns
 
 from kraft.broker import partitions as partitions_module
+from kraft.broker import publisher as publisher_module
 from kraft.broker import types as types_module
 from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.publisher import MetadataPublisher
@@ -28,6 +29,7 @@ from kraft.broker.types import (
     local_changes_between,
     local_changes_between_in_steps,
 )
+from kraft.clock import DEFAULT_WORK_UNIT_MS
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import wrap
@@ -142,6 +144,55 @@ async def test_a_discarded_image_hands_its_big_topics_to_the_reaper(tmp_path: Pa
     assert reaper.release_some()  # (driven here: no waiting for the loop's turns)
     assert reaper.idle
     assert reaper.pieces - pieces >= MIN_ITEMS // 512
+    manager.close()
+
+
+def _small_topics(count: int, offset: int, shared: MetadataImage | None = None) -> MetadataImage:
+    """``count`` one-partition topics hosted elsewhere; those of ``shared`` (the same ids) kept as
+    they are (the same objects: an image built on ``shared``)."""
+    delta = MetadataDelta(shared or MetadataImage.empty())
+    for index in range(count):
+        topic_id = f"id-{index}"
+        if shared is not None and topic_id in shared.topics_by_id:
+            continue
+        delta.replay(wrap(mpb.TopicRecord(name=f"t{index}", topic_id=topic_id)))
+        delta.replay(
+            wrap(mpb.PartitionRecord(partition_id=0, topic_id=topic_id, replicas=[2], isr=[2], leader=2))
+        )
+    delta.replay(wrap(mpb.NoOpRecord()), offset, 1)
+    return delta.apply()
+
+
+async def test_a_snapshot_load_hands_the_replaced_topics_to_the_reaper_in_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old image's topics that the snapshot does not share are walked RELEASE_STEP at a time, the
+    loop yielded between (every clock read costs the whole budget: each look at it ends the turn); every
+    one is handed over, none that the new image shares."""
+    monkeypatch.setattr(publisher_module, "RELEASE_STEP", 8)
+    handed: list[list[object]] = []
+    monkeypatch.setattr(
+        publisher_module, "release_replaced_topics", lambda topics: handed.append(list(topics))
+    )
+    clock = CostClock(DEFAULT_WORK_UNIT_MS)
+    manager = PartitionManager(ME, [tmp_path / "logs"], MemoryLogOpener())
+    publisher = MetadataPublisher(
+        ME, manager, MemoryImageStore(), "PLAINTEXT", lambda view: None, clock=clock
+    )
+    await publisher.start()
+    await publisher.open_partitions()
+    old = _small_topics(100, offset=5)
+    await publisher.load_snapshot(old)
+    handed.clear()
+    new = _small_topics(100, offset=9, shared=_small_topics(30, offset=7))  # shares none of old's
+    turns = LoopTurns()
+    await turns.during(publisher.load_snapshot(new))
+    assert turns.turns >= 100 // 8 - 1
+    assert all(len(group) <= 8 for group in handed)
+    assert {id(topic) for group in handed for topic in group} == {id(t) for t in old.topics_by_id.values()}
+    handed.clear()
+    await publisher.load_snapshot(_small_topics(100, offset=11, shared=new))  # shares all of new's
+    assert not [topic for group in handed for topic in group]
     manager.close()
 
 

@@ -545,3 +545,31 @@ async def test_a_committed_record_that_does_not_apply_stops_the_broker(
             assert b.server.publisher.offset == applied
             assert b.server.publisher.image.topic("later") is None
             await b.server.abort()  # what run_broker's fail_stop does before it exits
+
+
+async def test_unfence_waits_for_the_replica_states_built_in_loop_turns(
+    tmp_path: Path, controller: FakeController
+) -> None:
+    """The start-up's new leader/follower states are built in steps (here from 1 new state on, one per
+    turn, each turn seen by the hook): the broker stays fenced until the last is built, so it is never
+    RUNNING with a partition it leads but cannot serve (Kafka unfences after its become-leader)."""
+    orders_topic(controller, partitions=6)
+    seen: list[tuple[bool, bool]] = []
+
+    def prepare(server: BrokerServer) -> None:
+        replicas = server.replicas
+        replicas.stepped_build_min = 1
+        replicas.build_step = 1
+        build_some = replicas._build_some
+
+        def observed(tps: list[TopicPartition]) -> None:
+            seen.append((server.status.fenced, server._caught_up()))
+            build_some(tps)
+
+        replicas._build_some = observed  # type: ignore[method-assign]
+
+    async with broker(tmp_path, MemoryImageStore(), target(controller), prepare=prepare) as b:
+        await wait_for(lambda: is_running(b), "RUNNING")
+        assert len(seen) >= 6
+        assert all(fenced and not caught_up for fenced, caught_up in seen)
+        assert len(b.server.replicas._led) == 6 and not b.server.replicas.building

@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from broker_fakes import MemoryLogOpener, MemoryPartitionLog, SilentReplicaTransport
 
-from kraft.broker import heap, hwm_checkpoint
+from kraft.broker import heap, hwm_checkpoint, replication
 from kraft.broker.image_adapter import local_assignments
 from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.types import ProducedRecord, TopicPartition
 from kraft.clock import ManualClock
+from kraft.errors import ErrorCode
 from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
 from kraft.replication.epochs import EpochEndOffset
 from kraft.v1 import controller_pb2 as cpb
@@ -302,3 +303,94 @@ async def test_an_image_s_visit_runs_inside_heap_big_change_with_its_size(
         await broker.replicas.close()
     finally:
         gc.unfreeze()
+
+
+class _Waiting:
+    """An acks=all request waiting on every led partition (one record appended past what the followers
+    have), as tasks."""
+
+    def __init__(self, broker: _Broker) -> None:
+        self.broker = broker
+        self.led = list(range(0, PARTITIONS, 2))
+        self.tasks: list[asyncio.Task[ErrorCode]] = []
+        for p in self.led:
+            log = broker.log(p)
+            log.append_records([ProducedRecord(None, b"y", 0)], 0)
+            log.flush()
+            partition = broker.manager.get(TopicPartition(TOPIC, p))
+            assert partition is not None
+            waiter = broker.replicas.wait_for_acks(partition, log.log_end_offset)
+            self.tasks.append(asyncio.ensure_future(waiter))
+
+    def catch_up(self) -> None:
+        """Every follower fetches up to its leader's end (recorded; the HWM moves unless held)."""
+        now = self.broker.clock.monotonic_ms()
+        for p in self.led:
+            state = self.broker.replicas.leader_state(TopicPartition(TOPIC, p))
+            assert state is not None
+            state.on_leader_end_offset(self.broker.log(p).flushed_offset)
+            for replica in (2, 3):
+                state.on_follower_fetch(replica, state.leader_end_offset, 0, now)
+
+    def high_watermarks(self) -> list[int]:
+        states = [self.broker.replicas.leader_state(TopicPartition(TOPIC, p)) for p in self.led]
+        return [state.high_watermark for state in states if state is not None]
+
+
+async def test_a_lease_lapse_holds_every_high_watermark_at_once_and_fails_the_waiters_in_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 led partitions, 8 a turn: the lapse holds every high watermark in its own turn (a follower
+    catching up moves none, no request succeeds), the walk fails every waiting request within its
+    turns, and a new request is refused at once; the return's walk advances them all."""
+    monkeypatch.setattr(replication, "LEASE_WALK_STEP", 8)
+    lease = _Lease()
+    broker = _Broker(tmp_path, set(), lease)
+    broker.replicas.lease_walk_pacer = _YieldingPacer
+    waiting = _Waiting(broker)
+    await asyncio.sleep(0)  # (the requests are waiting)
+    before = waiting.high_watermarks()
+    lease.valid = False
+    assert broker.replicas.check_lease() is False
+    waiting.catch_up()  # recorded while held: the high watermarks stay
+    assert waiting.high_watermarks() == before
+    assert all(not t.done() for t in waiting.tasks)  # (the walk has not answered them yet)
+    partition = broker.manager.get(TopicPartition(TOPIC, 0))
+    assert partition is not None
+    assert await broker.replicas.wait_for_acks(partition, 1) is ErrorCode.NOT_LEADER_OR_FOLLOWER
+    turns = 0
+    while not all(t.done() for t in waiting.tasks):
+        await asyncio.sleep(0)
+        turns += 1
+    assert turns >= len(waiting.led) // 8 - 1  # (in turns of 8)
+    assert {t.result() for t in waiting.tasks} == {ErrorCode.NOT_LEADER_OR_FOLLOWER}
+    assert waiting.high_watermarks() == before
+    lease.valid = True
+    assert broker.replicas.check_lease() is True
+    await broker.replicas.wait_lease_applied()
+    assert waiting.high_watermarks() == [1] * len(waiting.led)  # released: caught up
+    await broker.replicas.close()
+
+
+async def test_a_lease_back_before_the_lapse_walk_ended_fails_every_request_waiting_at_the_lapse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "LEASE_WALK_STEP", 8)
+    lease = _Lease()
+    broker = _Broker(tmp_path, set(), lease)
+    broker.replicas.lease_walk_pacer = _YieldingPacer
+    waiting = _Waiting(broker)
+    await asyncio.sleep(0)
+    lease.valid = False
+    broker.replicas.check_lease()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # (the walk took a turn or two of the 13)
+    states = list(broker.replicas._led.values())
+    assert 0 < sum(not led.waiters for led in states) < len(waiting.led)
+    lease.valid = True
+    broker.replicas.check_lease()  # the rest of the lapse's walk, in this turn
+    assert all(not led.waiters for led in states)
+    assert set(await asyncio.gather(*waiting.tasks)) == {ErrorCode.NOT_LEADER_OR_FOLLOWER}
+    waiting.catch_up()  # (after the return: each advances at once)
+    assert waiting.high_watermarks() == [1] * len(waiting.led)
+    await broker.replicas.close()

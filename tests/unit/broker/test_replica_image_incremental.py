@@ -1,6 +1,9 @@
 """``ReplicaManager.on_image`` visits only what an image changed (issue #17): after random image sequences
 its state equals that of a manager doing the full visit of every hosted partition per image (the code
-before, kept here as :class:`FullVisit`), and its indexes equal their recomputation.
+before, kept here as :class:`FullVisit`), and its indexes equal their recomputation.  A third manager
+builds every new state in loop turns (a stepped build from the first new partition on, one partition a
+turn, later images applied while it runs): once its build is done it equals the others too, and while it
+runs no partition without a state is led or fetched.
 
 Two brokers-1 side by side, each with its own partition manager and in-memory logs, get the same
 images; fetchers never get an answer (their transport waits), AlterPartition requests are refused with
@@ -21,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from kraft.broker.image_adapter import local_assignments
-from kraft.broker.partitions import PartitionManager
+from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.replication import ReplicaManager, min_isr_topics
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.clock import ManualClock
@@ -128,6 +131,15 @@ class Side:
         self.manager.reconcile(local_assignments(image, BROKER))
         self.replicas.on_image(image)
 
+    def stepped(self) -> None:
+        """Build every new state in loop turns (stepped), one partition a turn, yielding at every look."""
+        self.replicas.stepped_build_min = 1
+        self.replicas.build_step = 1
+        self.replicas.build_pacer = _YieldingPacer
+        # Nothing stored to read (in-memory logs): no worker-thread read before the first build, whose
+        # finishing turn would vary from run to run (the example must replay the same).
+        self.replicas._restored = {}
+
     def gauge(self, name: str) -> float:
         # Read from the manager's own gauge, not the registry: a registry collection walks every label
         # set the examples created, which made a long run slower with each example.
@@ -170,6 +182,54 @@ class Side:
             "fetchers": fetchers,
             "proposals": sorted(self.proposals),
         }
+
+
+class _YieldingPacer(Pacer):
+    """Yields the loop at every look, for several turns (a busy loop: a stepped build of a few partitions
+    spans more turns than the test's settling, so later images come while it runs)."""
+
+    def __init__(self) -> None:
+        super().__init__(ManualClock(), 1)
+
+    async def tick(self) -> None:
+        self.pauses += 1
+        for _ in range(8):
+            await asyncio.sleep(0)
+
+
+def check_building(side: Side) -> None:
+    """While a stepped build runs: a hosted partition is led iff its leader state exists (leads() is
+    what the service asks before serving), followed iff its follower state exists (the fetchers' shares
+    are the follower states), and those still to build have neither."""
+    r = side.replicas
+    waiting = r._pending | r._taken
+    for partition in side.manager.partitions():
+        tp = partition.tp
+        assert r.leads(partition) == (tp in r._led and r._led[tp].partition is partition)
+        if tp in waiting:
+            assert tp not in r._led and tp not in r._followed
+        elif tp in r._led:
+            assert partition.role is ReplicaRole.LEADER
+    fetched = {tp for group in r._by_leader.values() for tp in group}
+    assert fetched == set(r._followed)
+
+
+def _same(stepped: Side, other: Side) -> None:
+    """The stepped side's state against another side's: equal, except for the proposals — a state built
+    after a later image proposes what that image still needs, so the stepped side proposes a subset of
+    the other's (a recovery report the other made for an image the build skipped over is not made) —
+    and fetchers compared for the leaders something is followed from (a partition removed before its
+    turn never started the fetcher the other side started for it, and that one has nothing to fetch)."""
+
+    def seen(side: Side) -> dict[str, object]:
+        snapshot = side.snapshot()
+        fetchers = snapshot["fetchers"]
+        assert isinstance(fetchers, list)
+        groups = side.replicas._by_leader
+        return {**snapshot, "proposals": None, "fetchers": [f for f in fetchers if f in groups]}
+
+    assert seen(stepped) == seen(other)
+    assert set(stepped.proposals) <= set(other.proposals)
 
 
 def check_indexes(r: ReplicaManager) -> None:
@@ -295,6 +355,8 @@ async def _run(data: st.DataObject, steps: int) -> None:
     with tempfile.TemporaryDirectory(prefix="replica-image-") as root:
         inc = Side(Path(root) / "inc", ReplicaManager, f"inc-image-test-{_examples['n']}", clock)
         full = Side(Path(root) / "full", FullVisit, f"full-image-test-{_examples['n']}", clock)
+        stepped = Side(Path(root) / "stepped", ReplicaManager, f"stepped-image-test-{_examples['n']}", clock)
+        stepped.stepped()
         _examples["n"] += 1
         try:
             for _ in range(steps):
@@ -304,7 +366,8 @@ async def _run(data: st.DataObject, steps: int) -> None:
                     if not led:
                         continue
                     tp = data.draw(st.sampled_from(led))
-                    for side in (inc, full):
+                    await stepped.replicas.wait_built()  # (no produce is admitted before its state exists)
+                    for side in (inc, full, stepped):
                         partition = side.manager.get(tp)
                         assert partition is not None
                         partition.log.append_records([ProducedRecord(None, b"v", 0)], partition.leader_epoch)
@@ -314,22 +377,45 @@ async def _run(data: st.DataObject, steps: int) -> None:
                     cluster.replay(*operation[1])
                     topics = min_isr_topics(before, cluster.image)
                     assert topics is None or topics <= set(TOPICS)
-                    for side in (inc, full):
+                    for side in (inc, full, stepped):
                         side.apply(cluster.image)
                 clock.advance(10)
-                for _ in range(5):  # the flushes, proposals and their refusals run
+                for _ in range(data.draw(st.sampled_from([0, 1, 5]))):  # (the stepped side's turns)
+                    check_building(stepped)
+                    await asyncio.sleep(0)
+                if data.draw(st.booleans()):  # else the next image comes while the stepped build runs
+                    await stepped.replicas.wait_built()
+                for _ in range(10):  # the flushes, proposals and their refusals run (a build's too)
                     await asyncio.sleep(0)
                 check_indexes(inc.replicas)
                 snapshot = inc.snapshot()
                 assert snapshot == full.snapshot()
                 _events(inc.replicas, snapshot)
+                if stepped.replicas.building:
+                    event("an image applied while a stepped build ran")
+                    check_building(stepped)
+                else:
+                    # (a build that ended in the last turns proposed its recovery reports at its end, and
+                    # a re-proposal of a refused one: their answers come in a few turns; the other sides
+                    # are quiet by now, so waiting changes nothing of theirs)
+                    for _ in range(10):
+                        await asyncio.sleep(0)
+                    check_indexes(stepped.replicas)
+                    _same(stepped, inc)
+            await stepped.replicas.wait_built()
+            for _ in range(10):
+                await asyncio.sleep(0)
+            check_indexes(stepped.replicas)
+            _same(stepped, inc)
         finally:
             await inc.replicas.close()
             await full.replicas.close()
+            await stepped.replicas.close()
             # each example's series go with it: left in the registry, every later collection in this
             # process (another test's get_sample_value, a scrape) walked them all
             ReplicationMetrics.forget(inc.label)
             ReplicationMetrics.forget(full.label)
+            ReplicationMetrics.forget(stepped.label)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -13,6 +13,7 @@ from kraft.replication.leader_state import (
     AlterPartitionFollowUp,
     FetchResult,
     FollowerProgress,
+    HighWatermarkHold,
     PartitionLeaderState,
 )
 from kraft.replication.types import NO_LEADER_EPOCH, IsrMember, LeaderAndIsr
@@ -228,6 +229,27 @@ def test_a_state_created_held_keeps_its_starting_high_watermark() -> None:
     )
     assert state.high_watermark == 3  # a leader alone in its ISR would otherwise be at 10 at once
     assert state.release_high_watermark() and state.high_watermark == 10
+
+
+def test_a_shared_hold_holds_every_state_sharing_it_at_once() -> None:
+    """A broker's lease lapse: one assignment holds the high watermark of every state it leads; each
+    catches up when the hold ends and it is released (or at its next event)."""
+    hold = HighWatermarkHold()
+    partition = LeaderAndIsr(1, EPOCH, 7, (1, 2, 3), (1, 2))
+    states = [
+        PartitionLeaderState(1, partition, leader_end_offset=10, high_watermark=0, now_ms=0, hold=hold)
+        for _ in range(3)
+    ]
+    hold.held = True
+    assert all(state.high_watermark_held for state in states)
+    for state in states:
+        assert not state.on_follower_fetch(2, 10, EPOCH, 0).high_watermark_advanced
+        assert state.high_watermark == 0
+    hold.held = False
+    assert not any(state.high_watermark_held for state in states)
+    assert states[0].release_high_watermark() and states[0].high_watermark == 10
+    assert states[1].on_leader_end_offset(11) and states[1].high_watermark == 10  # its next event
+    assert leader().high_watermark_held is False  # (a state without a shared hold is not held by one)
 
 
 # --- AlterPartition answers and metadata ----------------------------------------------------------------
