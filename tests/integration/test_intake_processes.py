@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 import pytest
+from conftest import TEST_PROFILE
 
 from kraft.client.admin import AdminClient
 from kraft.client.channel import ChannelSecurity, open_blocking_channel
@@ -38,13 +39,6 @@ CONNECTIONS = 48
 CALLS_PER_CLIENT = 8
 TIMEOUT_S = 20.0
 FORGED_CONNECTIONS = 12
-TLS_PROFILE = {  # the integration tests' timing profile (conftest.TEST_PROFILE)
-    "controller.quorum.election.timeout.ms": "500",
-    "controller.quorum.fetch.timeout.ms": "1500",
-    "controller.quorum.election.backoff.max.ms": "500",
-    "controller.quorum.fetch.max.wait.ms": "200",
-    "controller.quorum.append.linger.ms": "5",
-}
 
 
 @pytest.fixture
@@ -279,7 +273,7 @@ def test_acls_through_intake_processes_match_the_callers_principal_and_host(tmp_
     # forwarded principals and hosts
     controllers = [f"controller-{node_id}" for node_id in (1, 2, 3)]
     overrides = {
-        **TLS_PROFILE,
+        **TEST_PROFILE,
         **intake(exclusive=True),
         "authorizer.class.name": "kraft",
         "super.users": ";".join(certificate_principal(name) for name in [*controllers, "admin"]),
@@ -343,7 +337,7 @@ def test_a_tls_quorum_through_intake_processes_keeps_every_callers_identity(
     # Raft between the controllers crosses intake processes (all of it when exclusive); it only forms if
     # each controller's certificate identity reaches the node through them.  Shared port: the forged
     # calls below land on the node's own network port too (the kernel spreads the connections).
-    overrides = {**TLS_PROFILE, **intake(exclusive)}
+    overrides = {**TEST_PROFILE, **intake(exclusive)}
     with ControllerQuorum(tmp_path / "q", size=3, overrides=overrides, tls=True) as quorum:
         quorum.start()
         before = quorum.wait_for_leader(30)
