@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TypeVar, cast
 
 from google.protobuf.message import Message
 
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
-from kraft.broker.partitions import PartitionManager
+from kraft.broker.partitions import Pacer, PartitionManager
 from kraft.broker.publisher import MetadataPublisher
 from kraft.broker.replica_transport import ReplicaFetchFailed
 from kraft.broker.types import ProducedRecord, StoredRecord
 from kraft.client.controller import ControllerClient
-from kraft.clock import Clock
+from kraft.clock import Clock, ManualClock
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
@@ -279,3 +279,31 @@ def metadata_fetcher(
         on_applied,
         clock=clock,
     )
+
+
+class SwitchableLease:
+    """A broker's controller lease that a test turns off (``valid = False``) to make it lapse."""
+
+    def __init__(self) -> None:
+        self.valid = True
+
+    def lease_valid(self) -> bool:
+        return self.valid
+
+    def lease_expires_at_ms(self) -> int | None:
+        return None
+
+
+class YieldingPacer(Pacer):
+    """Yields the loop at every look, after ``at_turn(number of the turn just ended)`` ran: a paced pass
+    takes one element a turn, and the test acts between turns."""
+
+    def __init__(self, at_turn: Callable[[int], Awaitable[None]] | None = None) -> None:
+        super().__init__(ManualClock(), 1)
+        self._at_turn = at_turn
+
+    async def tick(self) -> None:
+        self.pauses += 1
+        if self._at_turn is not None:
+            await self._at_turn(self.pauses)
+        await asyncio.sleep(0)

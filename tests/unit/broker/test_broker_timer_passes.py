@@ -7,17 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from broker_fakes import MemoryLogOpener, MemoryPartitionLog, SilentReplicaTransport
+from broker_fakes import (
+    MemoryLogOpener,
+    MemoryPartitionLog,
+    SilentReplicaTransport,
+    SwitchableLease,
+    YieldingPacer,
+)
 
 from kraft.broker import heap, hwm_checkpoint, replication
 from kraft.broker.image_adapter import local_assignments
-from kraft.broker.partitions import Pacer, PartitionManager
+from kraft.broker.partitions import PartitionManager
 from kraft.broker.replication import ReplicaManager, ReplicationSettings
 from kraft.broker.types import ProducedRecord, TopicPartition
 from kraft.clock import ManualClock
@@ -30,31 +36,6 @@ LAG_MS = 10_000
 PARTITIONS = 200  # several turns of CHECK_EVERY (32) and of the checkpoint's steps
 TOPIC = "t"
 TOPIC_ID = "tid"
-
-
-class _Lease:
-    def __init__(self) -> None:
-        self.valid = True
-
-    def lease_valid(self) -> bool:
-        return self.valid
-
-    def lease_expires_at_ms(self) -> int | None:
-        return None
-
-
-class _YieldingPacer(Pacer):
-    """Yields at every look, after ``at_turn(number of the turn just ended)`` ran."""
-
-    def __init__(self, at_turn: Callable[[int], Awaitable[None]] | None = None) -> None:
-        super().__init__(ManualClock(), 1)
-        self._at_turn = at_turn
-
-    async def tick(self) -> None:
-        self.pauses += 1
-        if self._at_turn is not None:
-            await self._at_turn(self.pauses)
-        await asyncio.sleep(0)
 
 
 def _image(leaders: dict[int, int] | None = None) -> MetadataImage:
@@ -77,7 +58,7 @@ class _Broker:
     """Broker 1's replica manager over in-memory logs; every AlterPartition it sends is recorded and
     never answered (the proposal stays pending)."""
 
-    def __init__(self, root: Path, lagging: set[int], lease: _Lease | None = None) -> None:
+    def __init__(self, root: Path, lagging: set[int], lease: SwitchableLease | None = None) -> None:
         self.clock = ManualClock()
         self.alters: list[cpb.AlterPartitionRequest] = []
         self.manager = PartitionManager(1, [root], MemoryLogOpener())
@@ -141,7 +122,7 @@ async def test_the_paced_isr_check_proposes_what_one_go_does(tmp_path: Path) -> 
     for broker in (one_go, paced):
         broker.clock.advance(LAG_MS)  # lagging exactly replica.lag.time.max.ms: still in sync
     one_go.replicas.check_isr_shrinks()
-    pacer = _YieldingPacer()
+    pacer = YieldingPacer()
     await paced.replicas.check_isr_shrinks_paced(pacer)
     assert await one_go.proposals() == await paced.proposals() == {}
     for broker in (one_go, paced):
@@ -166,7 +147,7 @@ async def test_a_paced_isr_check_skips_a_leadership_lost_between_its_turns(tmp_p
         if turn == 1:
             broker.apply(_image({198: 2}))
 
-    await broker.replicas.check_isr_shrinks_paced(_YieldingPacer(at_turn))
+    await broker.replicas.check_isr_shrinks_paced(YieldingPacer(at_turn))
     assert await broker.proposals() == {0: [1]}
     assert old_state is not None and old_state.pending is None  # not even proposed on the dropped state
     assert broker.replicas.leader_state(TopicPartition(TOPIC, 198)) is None
@@ -174,14 +155,14 @@ async def test_a_paced_isr_check_skips_a_leadership_lost_between_its_turns(tmp_p
 
 
 async def test_a_paced_isr_check_ends_when_the_lease_lapses_between_its_turns(tmp_path: Path) -> None:
-    lease = _Lease()
+    lease = SwitchableLease()
     broker = _Broker(tmp_path, {0, 198}, lease)
     broker.clock.advance(LAG_MS + 1)
 
     async def at_turn(turn: int) -> None:
         lease.valid = False  # its followers lag because it refuses them: not theirs to pay for
 
-    await broker.replicas.check_isr_shrinks_paced(_YieldingPacer(at_turn))
+    await broker.replicas.check_isr_shrinks_paced(YieldingPacer(at_turn))
     assert await broker.proposals() == {0: [1]}
     await broker.replicas.close()
 
@@ -199,13 +180,13 @@ async def test_the_paced_checkpoint_writes_what_one_go_would_and_skips_an_unchan
     replicas = broker.replicas
     followed = replicas._followed[TopicPartition(TOPIC, 1)]
     followed.high_watermark = 5
-    assert await replicas.write_checkpoints(_YieldingPacer()) == 1
+    assert await replicas.write_checkpoints(YieldingPacer()) == 1
     expected = replicas._checkpoint_entries()[tmp_path]
     assert len(expected) == PARTITIONS and expected[(TopicPartition(TOPIC, 1), TOPIC_ID)] == 5
     assert _stored(broker, tmp_path) == expected
-    assert await replicas.write_checkpoints(_YieldingPacer()) == 0  # nothing moved: nothing written
+    assert await replicas.write_checkpoints(YieldingPacer()) == 0  # nothing moved: nothing written
     followed.high_watermark = 6
-    assert await replicas.write_checkpoints(_YieldingPacer()) == 1
+    assert await replicas.write_checkpoints(YieldingPacer()) == 1
     assert _stored(broker, tmp_path)[(TopicPartition(TOPIC, 1), TOPIC_ID)] == 6
     assert replicas.checkpoints.writes == 2
     await replicas.close()
@@ -234,7 +215,7 @@ async def test_a_high_watermark_lowered_by_an_unclean_truncation_mid_pass_is_wri
                 step = broker.replicas._truncate_below_high_watermark(state, tp, EpochEndOffset(0, 0), 1)
                 lowered.append(step.offset)
 
-        pacer = _YieldingPacer(at_turn)
+        pacer = YieldingPacer(at_turn)
         assert await broker.replicas.write_checkpoints(pacer) == 1
         assert lowered == [0] and followed.high_watermark == 0
         assert pacer.pauses >= 3
@@ -255,7 +236,7 @@ async def test_a_paced_checkpoint_overtaken_by_close_writes_nothing_after_the_fi
             followed.high_watermark = 4
             await replicas.close()  # the final write: HWM 4
 
-    assert await replicas.write_checkpoints(_YieldingPacer(at_turn)) == 0
+    assert await replicas.write_checkpoints(YieldingPacer(at_turn)) == 0
     assert _stored(broker, tmp_path)[(TopicPartition(TOPIC, 1), TOPIC_ID)] == 4
     assert replicas.checkpoints.writes == 1
 
@@ -263,19 +244,19 @@ async def test_a_paced_checkpoint_overtaken_by_close_writes_nothing_after_the_fi
 @pytest.mark.parametrize("count", [0, 1, 255, 256, 257, 1_000])
 async def test_paced_encoding_and_comparison_match_their_one_go_forms(count: int) -> None:
     entries = {(TopicPartition(f"t{i % 7}", i), f"id-{i % 7}"): i * 3 for i in range(count)}
-    assert await hwm_checkpoint.encode_paced(entries, _YieldingPacer()) == hwm_checkpoint.encode(entries)
+    assert await hwm_checkpoint.encode_paced(entries, YieldingPacer()) == hwm_checkpoint.encode(entries)
     assert hwm_checkpoint.decode(hwm_checkpoint.encode(entries)) == entries
-    assert await hwm_checkpoint.same_paced(dict(entries), entries, _YieldingPacer())
-    assert not await hwm_checkpoint.same_paced(None, entries, _YieldingPacer())
+    assert await hwm_checkpoint.same_paced(dict(entries), entries, YieldingPacer())
+    assert not await hwm_checkpoint.same_paced(None, entries, YieldingPacer())
     if count:
         key = next(reversed(entries))
         moved = {**entries, key: entries[key] + 1}
-        assert not await hwm_checkpoint.same_paced(moved, entries, _YieldingPacer())
+        assert not await hwm_checkpoint.same_paced(moved, entries, YieldingPacer())
         fewer = dict(entries)
         del fewer[key]
-        assert not await hwm_checkpoint.same_paced(fewer, entries, _YieldingPacer())
+        assert not await hwm_checkpoint.same_paced(fewer, entries, YieldingPacer())
         other = {**fewer, (TopicPartition("other", 0), "x"): 0}
-        assert not await hwm_checkpoint.same_paced(other, entries, _YieldingPacer())
+        assert not await hwm_checkpoint.same_paced(other, entries, YieldingPacer())
 
 
 async def test_an_image_s_visit_runs_inside_heap_big_change_with_its_size(
@@ -344,9 +325,9 @@ async def test_a_lease_lapse_holds_every_high_watermark_at_once_and_fails_the_wa
     catching up moves none, no request succeeds), the walk fails every waiting request within its
     turns, and a new request is refused at once; the return's walk advances them all."""
     monkeypatch.setattr(replication, "LEASE_WALK_STEP", 8)
-    lease = _Lease()
+    lease = SwitchableLease()
     broker = _Broker(tmp_path, set(), lease)
-    broker.replicas.lease_walk_pacer = _YieldingPacer
+    broker.replicas.lease_walk_pacer = YieldingPacer
     waiting = _Waiting(broker)
     await asyncio.sleep(0)  # (the requests are waiting)
     before = waiting.high_watermarks()
@@ -376,9 +357,9 @@ async def test_a_lease_back_before_the_lapse_walk_ended_fails_every_request_wait
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(replication, "LEASE_WALK_STEP", 8)
-    lease = _Lease()
+    lease = SwitchableLease()
     broker = _Broker(tmp_path, set(), lease)
-    broker.replicas.lease_walk_pacer = _YieldingPacer
+    broker.replicas.lease_walk_pacer = YieldingPacer
     waiting = _Waiting(broker)
     await asyncio.sleep(0)
     lease.valid = False

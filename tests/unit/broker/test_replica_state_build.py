@@ -9,17 +9,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from broker_fakes import MemoryLogOpener, MemoryPartitionLog, SilentReplicaTransport
+from broker_fakes import (
+    MemoryLogOpener,
+    MemoryPartitionLog,
+    SilentReplicaTransport,
+    SwitchableLease,
+    YieldingPacer,
+)
 
 from kraft.broker import heap, hwm_checkpoint
 from kraft.broker.image_adapter import local_assignments
-from kraft.broker.partitions import Pacer, PartitionManager
+from kraft.broker.partitions import PartitionManager
 from kraft.broker.replication import ReplicaManager
 from kraft.broker.types import ProducedRecord, ReplicaRole, TopicPartition
 from kraft.clock import ManualClock
@@ -32,31 +37,6 @@ STEP = 16  # states a turn: ~19 turns for the topic
 RECORDS = 5  # in every log, so a checkpointed high watermark of up to 5 is kept as it is
 TOPIC = "t"
 TOPIC_ID = "tid"
-
-
-class _Lease:
-    def __init__(self) -> None:
-        self.valid = True
-
-    def lease_valid(self) -> bool:
-        return self.valid
-
-    def lease_expires_at_ms(self) -> int | None:
-        return None
-
-
-class _YieldingPacer(Pacer):
-    """Yields at every look, after ``at_turn(number of the turn just ended)`` ran."""
-
-    def __init__(self, at_turn: Callable[[int], Awaitable[None]] | None = None) -> None:
-        super().__init__(ManualClock(), 1)
-        self._at_turn = at_turn
-
-    async def tick(self) -> None:
-        self.pauses += 1
-        if self._at_turn is not None:
-            await self._at_turn(self.pauses)
-        await asyncio.sleep(0)
 
 
 def _image(leaders: dict[int, int] | None = None, partitions: int = PARTITIONS) -> MetadataImage:
@@ -77,7 +57,7 @@ class _Broker:
     """Broker 1 over in-memory logs holding RECORDS flushed records each; ``stepped``: new states are
     built in turns of STEP from 100 new states on (else at once)."""
 
-    def __init__(self, root: Path, *, stepped: bool, lease: _Lease | None = None) -> None:
+    def __init__(self, root: Path, *, stepped: bool, lease: SwitchableLease | None = None) -> None:
         self.root = root
         self.clock = ManualClock(1_000)
         self.opener = MemoryLogOpener()
@@ -161,7 +141,7 @@ async def test_a_stepped_build_equals_one_go_and_leads_nothing_before_its_state(
         built.append(len(stepped.replicas._led) + len(stepped.replicas._followed))
         assert gc.isenabled() is False  # (the collector is paused for the whole build)
 
-    stepped.replicas.build_pacer = lambda: _YieldingPacer(at_turn)
+    stepped.replicas.build_pacer = lambda: YieldingPacer(at_turn)
     image = _image()
     one_go.apply(image)
     stepped.apply(image)
@@ -197,7 +177,7 @@ async def test_an_image_applied_mid_build_ends_as_both_applied_at_once(tmp_path:
             stepped.apply(second)
             stepped.check_serving()
 
-    stepped.replicas.build_pacer = lambda: _YieldingPacer(at_turn)
+    stepped.replicas.build_pacer = lambda: YieldingPacer(at_turn)
     one_go.apply(_image())
     one_go.apply(second)
     stepped.apply(_image())
@@ -224,7 +204,7 @@ async def test_a_checkpoint_or_a_close_mid_build_keeps_the_unbuilt_partitions_hi
         if turn == 5:  # part built: a paced checkpoint pass, then one in one go
             assert 0 < len(stepped.replicas._led) + len(stepped.replicas._followed) < PARTITIONS
             hwm_checkpoint.write(tmp_path, {})  # (what the pass writes is seen)
-            assert await stepped.replicas.write_checkpoints(_YieldingPacer()) == 1
+            assert await stepped.replicas.write_checkpoints(YieldingPacer()) == 1
             assert hwm_checkpoint.read(tmp_path) == restored
             assert stepped.replicas._checkpoint_entries() == {tmp_path: restored}  # (the close's)
         if turn == 9:
@@ -233,7 +213,7 @@ async def test_a_checkpoint_or_a_close_mid_build_keeps_the_unbuilt_partitions_hi
             await asyncio.Event().wait()  # (until the close cancels the build here)
 
     reached = asyncio.Event()
-    stepped.replicas.build_pacer = lambda: _YieldingPacer(at_turn)
+    stepped.replicas.build_pacer = lambda: YieldingPacer(at_turn)
     stepped.replicas.on_image(image)
     await reached.wait()
     await stepped.replicas.close()
@@ -246,14 +226,14 @@ async def test_a_checkpoint_or_a_close_mid_build_keeps_the_unbuilt_partitions_hi
 
 
 async def test_states_built_after_the_lease_lapsed_start_held(tmp_path: Path) -> None:
-    lease = _Lease()
+    lease = SwitchableLease()
     stepped = _Broker(tmp_path, stepped=True, lease=lease)
 
     async def at_turn(turn: int) -> None:
         if turn == 3:
             lease.valid = False
 
-    stepped.replicas.build_pacer = lambda: _YieldingPacer(at_turn)
+    stepped.replicas.build_pacer = lambda: YieldingPacer(at_turn)
     stepped.apply(_image())
     await stepped.replicas.wait_built()
     states = [led.state for led in stepped.replicas._led.values()]
