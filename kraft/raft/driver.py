@@ -406,6 +406,7 @@ class RaftDriver:
         self._pending_appends: deque[tuple[int, asyncio.Future[int], int]] = deque()
         # confirm_leadership() callers by the round that answers them (round ids only grow).
         self._read_waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._read_round_asked_ms: dict[int, int] = {}  # when each waited-on round was first asked for
         self._wakeup_queued = False
         self._listeners_due = False  # a follower's high watermark rose: wake the listeners after the output
         self._follower_listener_delay_ms = follower_listener_delay_ms
@@ -646,14 +647,19 @@ class RaftDriver:
 
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()
-        read_round = self._core.confirm_leadership(self._clock.monotonic_ms(), lease=lease)
+        now_ms = self._clock.monotonic_ms()
+        read_round = self._core.confirm_leadership(now_ms, lease=lease)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if read_round == 0:  # the lease holds: confirmed now (a renewal round may have started)
+            self._metrics.confirmations_lease.inc()
             future.set_result(None)
             if not self._wakeup_queued:
                 self._wakeup_queued = True
                 self._push(_Wakeup())
             return future
+        # lease_lapsed: what makes a heartbeat that changes nothing slow during bulk work (issue #17)
+        (self._metrics.confirmations_lease_lapsed if lease else self._metrics.confirmations_round).inc()
+        self._read_round_asked_ms.setdefault(read_round, now_ms)
         waiters = self._read_waiters.setdefault(read_round, [])
         waiters[:] = [waiter for waiter in waiters if not waiter.done()]  # callers that gave up
         waiters.append(future)
@@ -663,7 +669,11 @@ class RaftDriver:
         return future
 
     def _on_read_round_confirmed(self, read_round: int) -> None:
+        now_ms = self._clock.monotonic_ms()
         for waiting in sorted(r for r in self._read_waiters if r <= read_round):
+            asked_ms = self._read_round_asked_ms.pop(waiting, None)
+            if asked_ms is not None:
+                self._metrics.confirmation_round.observe(max(0, now_ms - asked_ms) / 1000)
             for future in self._read_waiters.pop(waiting):
                 if not future.done():
                     future.set_result(None)
@@ -674,6 +684,7 @@ class RaftDriver:
                 if not future.done():
                     future.set_exception(error)
         self._read_waiters.clear()
+        self._read_round_asked_ms.clear()
 
     # ------------------------------------------------------------------ voter changes (KIP-853)
 
