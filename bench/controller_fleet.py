@@ -9,10 +9,12 @@ the client and the lease (session 11)").  So the fleet now measures itself:
 - **send lateness**: each heartbeat's actual send time against its schedule (one every ``interval_s``,
   spread evenly over the fleet);
 - **loop lags** (:class:`LoopLagTicker`): a ticker task on each client loop records every turn that came
-  more than :data:`LAG_SAMPLE_S` late.  A response that arrives while the loop is stalled waits until
-  the stall ends before the awaiting task sees it, so each heartbeat is also tagged with the longest stall
-  of its own process's loop that overlapped its round trip (``client_lag_s``): the bound on how much of
-  that heartbeat's latency was the client noticing the answer late, not the quorum answering late.
+  more than :data:`LAG_SAMPLE_S` late.  A response that arrives while the loop is stalled is noticed only
+  when the stall ends, so a heartbeat whose answer was noticed as a stall of its own process's loop ended
+  (within :data:`NOTICE_SLACK_S`) is tagged with that stall's length, at most its whole latency
+  (``client_lag``): the most of that heartbeat's latency that was the client noticing the answer late
+  rather than the quorum answering late.  (The answer may have come at any moment of the stall, so this
+  is an upper bound of the client's share; ``latency - client_lag`` a lower bound of the quorum's.)
 
 And it can run elsewhere: :class:`FleetWorkers` splits brokers 2..N over K worker processes
 (``--broker-processes K``), each on its own event loop (uvloop by default, what every kraft process runs),
@@ -49,8 +51,12 @@ TICK_S = 0.005
 LAG_SAMPLE_S = 0.005
 """A ticker turn later than this is recorded as a stall of that loop."""
 CLIENT_LAG_S = 0.020
-"""A heartbeat whose round trip overlapped a stall of its own client's loop of at least this long is
-counted as "during a client lag" (session 10's probe used the same 20 ms)."""
+"""A heartbeat whose answer was noticed at the end of a stall of its own client's loop of at least this
+long is counted as "during a client lag" (session 10's probe used the same 20 ms)."""
+NOTICE_SLACK_S = 0.020
+"""How far apart the end of a stall (the ticker's wake-up) and the noticing of an answer that waited in
+it may be: when the loop resumes, the answers that came meanwhile and the ticker are all ready at once and
+run in some order, each answer taking its share of a loop turn."""
 REGISTER_CONCURRENCY = 32
 """Registrations in flight at once, over the whole fleet (as before the worker processes)."""
 
@@ -70,7 +76,8 @@ class Beat(NamedTuple):
     send_late: float
     """How long after its schedule the heartbeat was sent."""
     client_lag: float = 0.0
-    """The longest stall of the sending process's loop that overlapped [sent, sent + latency]."""
+    """The stall of the sending process's loop that ended as the answer was noticed (at most the
+    latency): the most of this heartbeat's latency the client itself can have added."""
 
 
 @dataclass
@@ -99,12 +106,16 @@ class LoopLagTicker:
             if now - due > LAG_SAMPLE_S:
                 self.stalls.append((now, now - due))
 
-    def longest_overlap(self, start: float, end: float) -> float:
-        """The longest recorded stall that overlapped [start, end]."""
-        return max(
-            (lag for stall_end, lag in self.stalls if stall_end >= start and stall_end - lag <= end),
-            default=0.0,
-        )
+    def lag_at_notice(self, sent: float, noticed: float) -> float:
+        """How much of [sent, noticed] the loop can have spent stalled with the answer already there: the
+        longest recorded stall that ended within :data:`NOTICE_SLACK_S` of ``noticed``, clipped to the
+        round trip (0: no stall ended then)."""
+        lags = [
+            min(lag, noticed - sent)
+            for stall_end, lag in self.stalls
+            if abs(stall_end - noticed) <= NOTICE_SLACK_S and stall_end - lag < noticed
+        ]
+        return max(lags, default=0.0)
 
 
 @dataclass
@@ -169,10 +180,10 @@ class Fleet:
             send_late = max(0.0, time.monotonic() - next_at)
 
     def tag_client_lags(self, ticker: LoopLagTicker, first: int = 0) -> None:
-        """Tag ``latencies[first:]`` (sent from the ticker's loop) with the loop's longest overlapping
-        stall, and keep the ticker's stalls."""
+        """Tag ``latencies[first:]`` (sent from the ticker's loop) with the stall of that loop each answer
+        waited in (:meth:`LoopLagTicker.lag_at_notice`), and keep the ticker's stalls."""
         self.latencies[first:] = [
-            beat._replace(client_lag=ticker.longest_overlap(beat.sent, beat.sent + beat.latency))
+            beat._replace(client_lag=ticker.lag_at_notice(beat.sent, beat.sent + beat.latency))
             for beat in self.latencies[first:]
         ]
         self.stalls.extend(ticker.stalls)
@@ -196,6 +207,7 @@ class Fleet:
         stalls = [lag * 1000 for stall_end, lag in self.stalls if start <= stall_end < end]
         slowest = sorted(beats, key=lambda beat: beat.latency)[int(0.99 * len(beats)) :]
         clean = [beat.latency * 1000 for beat in beats if beat.client_lag < CLIENT_LAG_S]
+        less_lag = [(beat.latency - beat.client_lag) * 1000 for beat in beats]
         return {
             "send_late_p50_ms": round(percentile(late, 0.50), 2),
             "send_late_p99_ms": round(percentile(late, 0.99), 2),
@@ -205,10 +217,12 @@ class Fleet:
             "loop_stall_max_ms": round(max(stalls, default=0.0), 2),
             "slowest_1pct": len(slowest),
             "slowest_1pct_during_client_lag": sum(1 for beat in slowest if beat.client_lag >= CLIENT_LAG_S),
-            # The quorum's share, as far as the client can tell: heartbeats during which no loop of
-            # the client stalled for 20 ms or more.
+            # The quorum's share, as far as the client can tell: the heartbeats whose answer did not
+            # wait in a stall of 20 ms or more of the client's loop, and every heartbeat's latency less
+            # the stall its answer can have waited in (a lower bound of what the quorum took).
             "p99_ms_without_client_lag": round(percentile(clean, 0.99), 2),
             "heartbeats_without_client_lag": len(clean),
+            "p99_ms_less_client_lag": round(percentile(less_lag, 0.99), 2),
         }
 
 

@@ -659,7 +659,17 @@ class RaftDriver:
             return future
         # lease_lapsed: what makes a heartbeat that changes nothing slow during bulk work (issue #17)
         (self._metrics.confirmations_lease_lapsed if lease else self._metrics.confirmations_round).inc()
-        self._read_round_asked_ms.setdefault(read_round, now_ms)
+        if read_round not in self._read_round_asked_ms:
+            self._read_round_asked_ms[read_round] = now_ms
+            if lease:  # once per round: a lapse is rare, and its cause is in the ages
+                round_age_ms, basis_age_ms = self._core.leader_lease_ages_ms()
+                self._logger.info(
+                    "lease_lapsed",
+                    read_round=read_round,
+                    latest_round_age_ms=round_age_ms,
+                    basis_age_ms=basis_age_ms,
+                    lease_ms=self._core.config.lease_ms,
+                )
         waiters = self._read_waiters.setdefault(read_round, [])
         waiters[:] = [waiter for waiter in waiters if not waiter.done()]  # callers that gave up
         waiters.append(future)

@@ -10,6 +10,8 @@ import json
 import subprocess
 from typing import Any, cast
 
+import pytest
+
 from bench.controller_fleet import Beat, Fleet, FleetWorkers, LoopLagTicker, beat_offset_s
 from kraft.client.admin import AdminClient
 
@@ -19,13 +21,15 @@ def _fleet() -> Fleet:
     return Fleet(cast(AdminClient, None), cast(AdminClient, None), "c", interval_s=2.0)
 
 
-def test_the_longest_stall_overlapping_a_round_trip_is_the_client_lag() -> None:
+def test_the_client_lag_is_the_stall_an_answer_was_noticed_after() -> None:
     ticker = LoopLagTicker(stalls=[(10.0, 0.05), (10.5, 0.2), (12.0, 0.03)])
-    assert ticker.longest_overlap(9.0, 9.9) == 0.0  # before every stall
-    assert ticker.longest_overlap(9.9, 9.96) == 0.05  # ends inside the first stall (9.95-10.0)
-    assert ticker.longest_overlap(10.01, 10.35) == 0.2  # the second (10.3-10.5) began before it ended
-    assert ticker.longest_overlap(9.0, 13.0) == 0.2
-    assert ticker.longest_overlap(10.51, 11.96) == 0.0  # between the second and the third (11.97-12.0)
+    assert ticker.lag_at_notice(9.0, 9.9) == 0.0  # noticed before every stall
+    assert ticker.lag_at_notice(9.9, 10.001) == 0.05  # noticed as the first stall (9.95-10.0) ended
+    assert ticker.lag_at_notice(10.45, 10.49) == pytest.approx(
+        0.04
+    )  # at most the round trip, however long the stall
+    assert ticker.lag_at_notice(9.0, 10.6) == 0.0  # a stall in the middle of the round trip: not the client's
+    assert ticker.lag_at_notice(11.0, 12.015) == pytest.approx(0.03)  # within the slack after the stall's end
 
 
 def test_a_window_keeps_its_latency_statistics_and_adds_the_clients_lateness() -> None:
@@ -33,7 +37,7 @@ def test_a_window_keeps_its_latency_statistics_and_adds_the_clients_lateness() -
     # 100 heartbeats in [0, 100): 98 fast, two slow — the slowest while the client's loop stalled
     fleet.latencies = [Beat(i * 1.0, 0.002, 0.001) for i in range(98)]
     fleet.latencies += [Beat(99.0, 0.400, 0.0), Beat(99.5, 0.300, 0.050)]
-    ticker = LoopLagTicker(stalls=[(99.3, 0.25), (50.0, 0.01)])
+    ticker = LoopLagTicker(stalls=[(99.39, 0.25), (50.0, 0.01)])  # the 400 ms answer came in the first
     fleet.tag_client_lags(ticker)
     window = fleet.window(0.0, 100.0)
     stats = (window["heartbeats"], window["p50_ms"], window["p99_ms"], window["max_ms"])
@@ -45,6 +49,7 @@ def test_a_window_keeps_its_latency_statistics_and_adds_the_clients_lateness() -
     assert client["slowest_1pct"] == 1 and client["slowest_1pct_during_client_lag"] == 1
     # without the heartbeat the client's own stall delayed, the slowest is the 300 ms one
     assert client["heartbeats_without_client_lag"] == 99 and client["p99_ms_without_client_lag"] == 300.0
+    assert client["p99_ms_less_client_lag"] == 300.0  # 400 ms less its 250 ms stall is 150 ms
     assert fleet.window(200.0, 300.0) == {"heartbeats": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
 
 
