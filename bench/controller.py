@@ -8,10 +8,22 @@ What is measured (results in ``bench/results/controller.json``):
   (each answer comes after the commit).
 - **admin_ops_one_client**: the same with one client — the latency of a lone write (issue #17's target:
   p50 ≤ 3 ms with the shipped defaults).
+- **admin_ops_one_client_all_brokers** (session 11): the 1-client measurement again once all 1,000
+  brokers are registered and heartbeating (placement over the whole fleet costs the active controller per
+  create, which the one-broker measurement above never shows).
 - **heartbeats**: 1,000 simulated brokers register, are unfenced, then heartbeat every 2 s (spread evenly)
-  for the measurement window; heartbeat p50/p99 while idle and while the bulk operations below run, and
-  the number of brokers ever answered ``is_fenced`` after their unfence (target: p99 ≤ 50 ms while idle,
-  false fencing 0).
+  for the measurement window; heartbeat p50/p99 while idle, during the 1-client creates above and while
+  the bulk operations below run, and the number of brokers ever answered ``is_fenced`` after their
+  unfence (target: p99 ≤ 50 ms while idle, false fencing 0).  Each window's ``client`` key is the
+  benchmark client's own lateness (:mod:`bench.controller_fleet`): heartbeats sent behind schedule,
+  stalls of the client's loops, and how many of the slowest 1 % were answered while the client's own
+  loop was stalled — a heartbeat's latency counts the client's late noticing too.  ``client`` (top
+  level) says how the fleet ran (``--broker-processes K``, ``--client-loop``; the default is the
+  client of earlier sessions).
+- **raft_during_bulk** (session 11): the quorum's Raft counters over the bulk phase (the nodes serve
+  ``metrics.port``; two scrapes): the active controller's leadership confirmations answered from the
+  lease, after the lease lapsed (``confirmations_lease_lapsed``: those heartbeats waited for a round),
+  or by a round, the rounds' mean time, and each follower's Fetch turnarounds.
 - **create_partitions**: one CreateTopics request creating 100 topics x 1,000 partitions (RF 3, placed
   over the 1,000 brokers), timed until committed.
 - **controlled_shutdown**: broker 1 leads 100,000 partitions (explicit assignment); ShutdownBroker moves
@@ -38,7 +50,8 @@ What is measured (results in ``bench/results/controller.json``):
 
 Run: ``python -m bench.controller [--quick] [--tls]`` (``--quick``: 200 brokers, 20,000 partitions,
 shorter windows; ``--brokers N`` / ``--partitions N`` override the sizes, ``--no-image-memory`` skips
-that part, ``--set KEY=VALUE`` overrides a controller config key for A/B runs).
+that part, ``--set KEY=VALUE`` overrides a controller config key for A/B runs, ``--worker-client`` runs
+brokers 2..N in a uvloop worker process).
 """
 
 from __future__ import annotations
@@ -242,22 +255,25 @@ def cpu_between(
 
 @dataclass(frozen=True)
 class ClientSetup:
-    """How the benchmark's client runs (session 11): ``loop`` for its own event loop and the workers',
-    and brokers 2..N in ``broker_processes`` worker processes (0: in the benchmark's process, as before)."""
+    """How the benchmark's client runs: ``loop`` for its own event loop and the workers', and brokers
+    2..N in ``broker_processes`` worker processes (0: in the benchmark's process).
 
-    loop: str = "uvloop"
-    broker_processes: int = 1
+    The default is the client of sessions up to 10 (one process on the standard asyncio loop plays every
+    broker): session 11 measured the alternative (:data:`WORKER_CLIENT`) against it on one server tree and
+    found no difference in the heartbeat p99 — both clients' loops stall about as much, for want of a
+    core — so the default keeps the numbers comparable with earlier sessions' (raft-performance.md,
+    "Heartbeats during bulk, the client and the lease (session 11)")."""
 
-    @property
-    def legacy(self) -> bool:
-        return self.loop == "asyncio" and self.broker_processes == 0
+    loop: str = "asyncio"
+    broker_processes: int = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"loop": self.loop, "broker_processes": self.broker_processes, "legacy": self.legacy}
+        return {"loop": self.loop, "broker_processes": self.broker_processes}
 
 
-LEGACY_CLIENT = ClientSetup(loop="asyncio", broker_processes=0)
-"""The client of sessions up to 10: one process on the standard asyncio loop plays every broker."""
+WORKER_CLIENT = ClientSetup(loop="uvloop", broker_processes=1)
+"""The alternative measured in session 11: brokers 2..N heartbeat from one worker process, every client
+loop on uvloop (what every kraft process runs)."""
 
 
 class MetricsQuorum(ControllerQuorum):
@@ -761,8 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=ClientSetup().broker_processes,
         metavar="K",
-        help="simulated brokers 2..N heartbeat from K worker processes (default %(default)s; 0: from the "
-        "benchmark's own process, as before session 11)",
+        help="simulated brokers 2..N heartbeat from K worker processes (default %(default)s: from the "
+        "benchmark's own process, as in every session up to 10)",
     )
     parser.add_argument(
         "--client-loop",
@@ -771,16 +787,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the event loop of the benchmark's client and its workers (default %(default)s)",
     )
     parser.add_argument(
-        "--legacy-client",
+        "--worker-client",
         action="store_true",
-        help="the client of sessions up to 10: one process on the standard asyncio loop plays every "
-        "broker (= --broker-processes 0 --client-loop asyncio), for numbers comparable with theirs",
+        help="session 11's alternative client: --broker-processes 1 --client-loop uvloop",
     )
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.broker_processes < 0:
         parser.error("--broker-processes must not be negative")
-    setup = LEGACY_CLIENT if args.legacy_client else ClientSetup(args.client_loop, args.broker_processes)
+    setup = WORKER_CLIENT if args.worker_client else ClientSetup(args.client_loop, args.broker_processes)
     for setting in args.set:
         key, sep, value = setting.partition("=")
         if not sep or not key:
