@@ -648,6 +648,13 @@ class RaftDriver:
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()
         now_ms = self._clock.monotonic_ms()
+        # The lease's state before this call starts a round, for the lease_lapsed line below (only when
+        # it has lapsed: rare while callers keep it renewed, and two small reads then).
+        lapsed = (
+            self._core.leader_lease_ages_ms(now_ms)
+            if lease and self._core.leader_lease_expiry_ms() <= now_ms
+            else None
+        )
         read_round = self._core.confirm_leadership(now_ms, lease=lease)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if read_round == 0:  # the lease holds: confirmed now (a renewal round may have started)
@@ -661,14 +668,17 @@ class RaftDriver:
         (self._metrics.confirmations_lease_lapsed if lease else self._metrics.confirmations_round).inc()
         if read_round not in self._read_round_asked_ms:
             self._read_round_asked_ms[read_round] = now_ms
-            if lease:  # once per round: a lapse is rare, and its cause is in the ages
-                round_age_ms, basis_age_ms = self._core.leader_lease_ages_ms()
+            lease_ms = self._core.config.lease_ms
+            # Once per round, and only for a lease that lapsed although a round had started less than a
+            # lease ago (callers were renewing it: the voters' echoes came late, or this loop stalled) —
+            # not for one that lapsed because nobody asked for a while (a lone broker's heartbeats).
+            if lapsed is not None and 0 <= lapsed[0] < lease_ms:
                 self._logger.info(
                     "lease_lapsed",
                     read_round=read_round,
-                    latest_round_age_ms=round_age_ms,
-                    basis_age_ms=basis_age_ms,
-                    lease_ms=self._core.config.lease_ms,
+                    latest_round_age_ms=lapsed[0],
+                    basis_age_ms=lapsed[1],
+                    lease_ms=lease_ms,
                 )
         waiters = self._read_waiters.setdefault(read_round, [])
         waiters[:] = [waiter for waiter in waiters if not waiter.done()]  # callers that gave up
