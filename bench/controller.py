@@ -481,6 +481,10 @@ async def cluster_benchmarks(
                 probe.mark("heartbeats_during_bulk", bulk_start, bulk_end)
                 probe.mark("heartbeats_after_bulk", bulk_end, settle_end)
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+            except BaseException:
+                if workers is not None:
+                    workers.close()  # the run failed: kill the workers, nothing to merge
+                raise
             finally:
                 for task in tasks:
                     task.cancel()
@@ -489,12 +493,12 @@ async def cluster_benchmarks(
                         await task
                 await ticker.stop()
                 await beats.close()
-                fleet.tag_client_lags(ticker)
-                if workers is not None:
-                    try:
-                        await workers.stop(fleet)
-                    finally:
-                        workers.close()
+            fleet.tag_client_lags(ticker)
+            if workers is not None:
+                try:
+                    await workers.stop(fleet)
+                finally:
+                    workers.close()
             states: dict[str, int] = {}
             for broker in cluster.brokers:
                 if broker.broker_id != 1:
