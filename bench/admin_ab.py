@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import kraft.cluster.quorum as quorum_module
-from bench.controller import PROFILE, Fleet, admin_ops, gather_limited
+from bench.controller import PROFILE, admin_ops
+from bench.controller_fleet import Fleet, gather_limited
 from bench.cpu_probe import CpuProbe
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock

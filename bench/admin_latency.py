@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.controller import PROFILE, Fleet, admin_ops, percentile
+from bench.controller import PROFILE, admin_ops
+from bench.controller_fleet import Fleet, percentile
 from bench.raft import KraftWriter, closed_loop
 from kraft.client.admin import AdminClient
 from kraft.client.channel import open_channel

@@ -82,7 +82,8 @@ def log_batches(metadata_dir: Path, start_ms: float, end_ms: float) -> dict[str,
 
 async def _measure(quorum: Any, seconds: float) -> dict[str, Any]:
     # Imported here: the child runs against the tree it is given (PYTHONPATH), never this one's.
-    from bench.controller import Fleet, admin_ops
+    from bench.controller import admin_ops
+    from bench.controller_fleet import Fleet
     from kraft.client.admin import AdminClient
     from kraft.clock import SystemClock
 
@@ -179,7 +180,7 @@ class _Live:
         self.leader_id = -1
 
     async def open(self) -> None:
-        from bench.controller import Fleet
+        from bench.controller_fleet import Fleet
         from kraft.client.admin import AdminClient
         from kraft.clock import SystemClock
 

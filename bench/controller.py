@@ -8,10 +8,22 @@ What is measured (results in ``bench/results/controller.json``):
   (each answer comes after the commit).
 - **admin_ops_one_client**: the same with one client — the latency of a lone write (issue #17's target:
   p50 ≤ 3 ms with the shipped defaults).
+- **admin_ops_one_client_all_brokers** (session 11): the 1-client measurement again once all 1,000
+  brokers are registered and heartbeating (placement over the whole fleet costs the active controller per
+  create, which the one-broker measurement above never shows).
 - **heartbeats**: 1,000 simulated brokers register, are unfenced, then heartbeat every 2 s (spread evenly)
-  for the measurement window; heartbeat p50/p99 while idle and while the bulk operations below run, and
-  the number of brokers ever answered ``is_fenced`` after their unfence (target: p99 ≤ 50 ms while idle,
-  false fencing 0).
+  for the measurement window; heartbeat p50/p99 while idle, during the 1-client creates above and while
+  the bulk operations below run, and the number of brokers ever answered ``is_fenced`` after their
+  unfence (target: p99 ≤ 50 ms while idle, false fencing 0).  Each window's ``client`` key is the
+  benchmark client's own lateness (:mod:`bench.controller_fleet`): heartbeats sent behind schedule,
+  stalls of the client's loops, and how many of the slowest 1 % were answered while the client's own
+  loop was stalled — a heartbeat's latency counts the client's late noticing too.  ``client`` (top
+  level) says how the fleet ran (``--broker-processes K``, ``--client-loop``; the default is the
+  client of earlier sessions).
+- **raft_during_bulk** (session 11): the quorum's Raft counters over the bulk phase (the nodes serve
+  ``metrics.port``; two scrapes): the active controller's leadership confirmations answered from the
+  lease, after the lease lapsed (``confirmations_lease_lapsed``: those heartbeats waited for a round),
+  or by a round, the rounds' mean time, and each follower's Fetch turnarounds.
 - **create_partitions**: one CreateTopics request creating 100 topics x 1,000 partitions (RF 3, placed
   over the 1,000 brokers), timed until committed.
 - **controlled_shutdown**: broker 1 leads 100,000 partitions (explicit assignment); ShutdownBroker moves
@@ -38,7 +50,8 @@ What is measured (results in ``bench/results/controller.json``):
 
 Run: ``python -m bench.controller [--quick] [--tls]`` (``--quick``: 200 brokers, 20,000 partitions,
 shorter windows; ``--brokers N`` / ``--partitions N`` override the sizes, ``--no-image-memory`` skips
-that part, ``--set KEY=VALUE`` overrides a controller config key for A/B runs).
+that part, ``--set KEY=VALUE`` overrides a controller config key for A/B runs, ``--worker-client`` runs
+brokers 2..N in a uvloop worker process).
 """
 
 from __future__ import annotations
@@ -53,11 +66,23 @@ import platform
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from bench import proc_cpu
+from bench.controller_fleet import (
+    Fleet,
+    FleetWorkers,
+    LoopLagTicker,
+    beat_offset_s,
+    gather_limited,
+    percentile,
+    run_loop,
+)
 from bench.cpu_probe import CpuProbe
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
@@ -67,9 +92,9 @@ from kraft.cluster.spec import ADMIN_CLIENT, certificate_principal
 from kraft.errors import ErrorCode
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.image import MetadataImage
+from kraft.netutil import free_port
 from kraft.procutil import reap_children_on_exit, run_child
 from kraft.security.authorizer import STANDARD_AUTHORIZER
-from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,13 +108,6 @@ PROFILE = {
     # Simulated brokers open no logs; broker 1 leads every "led-by-1" partition (100,000).
     "max.broker.partitions": "1000000",
 }
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def rss_bytes() -> int:
@@ -174,88 +192,12 @@ def measure_image_memory(quick: bool) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- cluster
 
 
-@dataclass
-class Fleet:
-    """Simulated brokers heartbeating every ``interval_s`` through one admin client."""
-
-    client: AdminClient
-    beats: AdminClient
-    cluster_id: str
-    interval_s: float
-    epochs: dict[int, int] = field(default_factory=dict)
-    latencies: list[tuple[float, float]] = field(default_factory=list)  # (sent at, seconds)
-    fenced_after_unfence: set[int] = field(default_factory=set)
-    errors: int = 0
-    stopped: set[int] = field(default_factory=set)
-
-    async def register(self, broker_id: int) -> None:
-        request = cpb.RegisterBrokerRequest(
-            cluster_id=self.cluster_id,
-            broker_id=broker_id,
-            incarnation_id=f"bench-{broker_id}",
-            listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=20_000 + broker_id)],
-            rack=f"rack-{broker_id % 10}",
-        )
-        response = await self.client.call(lambda s: s.RegisterBroker, request)
-        self.epochs[broker_id] = response.broker_epoch
-        beat = await self.beat(broker_id, patient=True)
-        if beat.is_fenced:
-            raise RuntimeError(f"broker {broker_id} not unfenced: {beat}")
-
-    async def beat(self, broker_id: int, patient: bool = False) -> cpb.BrokerHeartbeatResponse:
-        request = cpb.BrokerHeartbeatRequest(
-            cluster_id=self.cluster_id,
-            broker_id=broker_id,
-            broker_epoch=self.epochs[broker_id],
-            current_metadata_offset=1 << 50,  # a broker that applies everything at once
-        )
-        client = self.client if patient else self.beats
-        return await client.call(lambda s: s.BrokerHeartbeat, request, check=False)
-
-    async def run_one(self, broker_id: int, offset_s: float) -> None:
-        await asyncio.sleep(offset_s)
-        next_at = time.monotonic()
-        while broker_id not in self.stopped:
-            sent = time.monotonic()
-            try:
-                response = await self.beat(broker_id)
-            except Exception:
-                self.errors += 1
-            else:
-                self.latencies.append((sent, time.monotonic() - sent))
-                if response.error_code != ErrorCode.NONE:
-                    self.errors += 1
-                elif response.is_fenced and broker_id not in self.stopped:
-                    self.fenced_after_unfence.add(broker_id)
-            next_at += self.interval_s
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-
-    def window(self, start: float, end: float) -> dict[str, Any]:
-        values = [lat * 1000 for sent, lat in self.latencies if start <= sent < end]
-        return {
-            "heartbeats": len(values),
-            "p50_ms": round(percentile(values, 0.50), 2),
-            "p99_ms": round(percentile(values, 0.99), 2),
-            "max_ms": round(max(values, default=0.0), 2),
-        }
-
-
 def check_created(response: cpb.CreateTopicsResponse) -> None:
     # TOPIC_ALREADY_EXISTS: an earlier attempt committed before a leader change made the client retry
     ok = (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS)
     failed = [t for t in response.topics if t.error_code not in ok]
     if failed:
         raise RuntimeError(f"{len(failed)} topics failed, first: {failed[0].name}: {failed[0].error_message}")
-
-
-async def gather_limited(limit: int, coros: list[Any]) -> list[Any]:
-    semaphore = asyncio.Semaphore(limit)
-
-    async def one(coro: Any) -> Any:
-        async with semaphore:
-            return await coro
-
-    return list(await asyncio.gather(*(one(c) for c in coros)))
 
 
 async def admin_ops(
@@ -311,6 +253,107 @@ def cpu_between(
     return out
 
 
+@dataclass(frozen=True)
+class ClientSetup:
+    """How the benchmark's client runs: ``loop`` for its own event loop and the workers', and brokers
+    2..N in ``broker_processes`` worker processes (0: in the benchmark's process).
+
+    The default is the client of sessions up to 10 (one process on the standard asyncio loop plays every
+    broker): session 11 measured the alternative (:data:`WORKER_CLIENT`) against it on one server tree and
+    found no difference in the heartbeat p99 — both clients' loops stall about as much, for want of a
+    core — so the default keeps the numbers comparable with earlier sessions' (raft-performance.md,
+    "Heartbeats during bulk, the client and the lease (session 11)")."""
+
+    loop: str = "asyncio"
+    broker_processes: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"loop": self.loop, "broker_processes": self.broker_processes}
+
+
+WORKER_CLIENT = ClientSetup(loop="uvloop", broker_processes=1)
+"""The alternative measured in session 11: brokers 2..N heartbeat from one worker process, every client
+loop on uvloop (what every kraft process runs)."""
+
+
+class MetricsQuorum(ControllerQuorum):
+    """A :class:`ControllerQuorum` whose nodes serve Prometheus metrics, so a phase can be read as the
+    difference of two scrapes (the Raft counters of :func:`raft_counters`)."""
+
+    metrics_ports: dict[int, int]
+
+    def config_text(self, node_id: int) -> str:
+        # the base class writes the configs while it initializes: the ports are picked on first use
+        ports = self.__dict__.setdefault("metrics_ports", {})
+        port = ports.setdefault(node_id, free_port())
+        return super().config_text(node_id) + f"metrics.port={port}\n"
+
+
+RAFT_SERIES = {
+    "kraft_raft_leadership_confirmations_total": "how",
+    "kraft_raft_confirmation_round_seconds_count": None,
+    "kraft_raft_confirmation_round_seconds_sum": None,
+    "kraft_raft_fetch_turnaround_seconds_count": None,
+    "kraft_raft_fetch_turnaround_seconds_sum": None,
+    "kraft_raft_fetch_turnaround_seconds_bucket": "le",
+}
+
+
+def raft_counters(quorum: MetricsQuorum) -> dict[str, float]:
+    """The Raft series of :data:`RAFT_SERIES` of every node, ``name[label]@node`` -> value (a node that
+    does not answer is left out)."""
+    out: dict[str, float] = {}
+    for node_id, port in quorum.metrics_ports.items():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as response:
+                text = response.read().decode()
+        except OSError:
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name not in RAFT_SERIES:
+                    continue
+                label = RAFT_SERIES[sample.name]
+                key = sample.name if label is None else f"{sample.name}[{sample.labels.get(label, '')}]"
+                out[f"{key}@{node_id}"] = float(sample.value)
+    return out
+
+
+def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int) -> dict[str, Any]:
+    """What the Raft counters say about one phase: the active controller's leadership confirmations (lease
+    hits, lease lapses, rounds, round time) and each follower's Fetch turnarounds."""
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    confirmations = "kraft_raft_leadership_confirmations_total"
+    rounds = delta(f"kraft_raft_confirmation_round_seconds_count@{leader_id}")
+    out: dict[str, Any] = {
+        "leader": leader_id,
+        "confirmations_lease": int(delta(f"{confirmations}[lease]@{leader_id}")),
+        "confirmations_lease_lapsed": int(delta(f"{confirmations}[lease_lapsed]@{leader_id}")),
+        "confirmations_round": int(delta(f"{confirmations}[round]@{leader_id}")),
+        "rounds_waited_on": int(rounds),
+        "round_mean_ms": round(
+            1000 * delta(f"kraft_raft_confirmation_round_seconds_sum@{leader_id}") / rounds, 1
+        )
+        if rounds
+        else None,
+    }
+    followers = sorted({int(key.rsplit("@", 1)[1]) for key in after} - {leader_id})
+    for node in followers:
+        count = delta(f"kraft_raft_fetch_turnaround_seconds_count@{node}")
+        over = count - delta(f"kraft_raft_fetch_turnaround_seconds_bucket[0.25]@{node}")
+        out[f"follower_{node}_fetch_turnarounds"] = int(count)
+        out[f"follower_{node}_fetch_turnaround_mean_ms"] = (
+            round(1000 * delta(f"kraft_raft_fetch_turnaround_seconds_sum@{node}") / count, 1)
+            if count
+            else None
+        )
+        out[f"follower_{node}_fetch_turnarounds_over_250ms"] = int(over)
+    return out
+
+
 async def cluster_benchmarks(
     quick: bool,
     base: Path,
@@ -318,13 +361,16 @@ async def cluster_benchmarks(
     partitions: int | None = None,
     cpu: bool = False,
     probe: CpuProbe | None = None,
+    setup: ClientSetup = ClientSetup(),
 ) -> dict[str, Any]:
     brokers = brokers or (200 if quick else 1000)
     # without a probe the phases are marked on one nobody reads (never started: no process)
     probe = probe or CpuProbe()
     partitions = partitions or (20_000 if quick else 100_000)
     idle_s = 10.0 if quick else 30.0
-    with ControllerQuorum(base, overrides=PROFILE, test_append=False) as quorum:
+    admin_s = 5.0 if quick else 10.0
+    quorum = MetricsQuorum(base, overrides=PROFILE, test_append=False)
+    with quorum:
         quorum.start()
         quorum.wait_for_leader(timeout_s=60)
         targets = [node.target for node in quorum.nodes.values()]
@@ -332,16 +378,19 @@ async def cluster_benchmarks(
             # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
             beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
             fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
+            ticker = LoopLagTicker()
+            ticker.start()
+            workers: FleetWorkers | None = None
             await fleet.register(1)
             # broker 1 keeps its session alive while the admin benchmark runs
             tasks = [asyncio.create_task(fleet.run_one(1, 0.0))]
             try:
-                results: dict[str, Any] = {}
+                results: dict[str, Any] = {"client": setup.describe()}
                 with probe.phase("admin_ops"):
-                    results["admin_ops"] = await admin_ops(client, 5.0 if quick else 10.0)
+                    results["admin_ops"] = await admin_ops(client, admin_s)
                 with probe.phase("admin_ops_one_client"):
                     results["admin_ops_one_client"] = await admin_ops(
-                        client, 5.0 if quick else 10.0, workers=1, prefix="admin-one"
+                        client, admin_s, workers=1, prefix="admin-one"
                     )
                 # The bulk requests are built now: building 100,000 assignments takes the harness's own
                 # event loop for a second, which would show up as heartbeat latency in the bulk window.
@@ -360,19 +409,42 @@ async def cluster_benchmarks(
                     led.append(topic)
                 led_request = cpb.CreateTopicsRequest(topics=led)
                 start = time.monotonic()
-                await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
+                others = list(range(2, brokers + 1))
+                if setup.broker_processes > 0:
+                    workers = FleetWorkers(
+                        targets, quorum.cluster_id, others, brokers, fleet.interval_s,
+                        setup.broker_processes, setup.loop,
+                    )  # fmt: skip
+                    await workers.register()
+                else:
+                    await gather_limited(32, [fleet.register(b) for b in others])
                 registration_s = time.monotonic() - start
                 probe.mark("registration", start, start + registration_s)
-                tasks += [
-                    asyncio.create_task(fleet.run_one(b, (b % 1000) * fleet.interval_s / min(brokers, 1000)))
-                    for b in fleet.epochs
-                    if b != 1
-                ]
+                if workers is not None:
+                    await workers.start_beating()
+                else:
+                    tasks += [
+                        asyncio.create_task(fleet.run_one(b, beat_offset_s(b, brokers, fleet.interval_s)))
+                        for b in fleet.epochs
+                        if b != 1
+                    ]
                 idle_start = time.monotonic()
                 await asyncio.sleep(idle_s)
                 idle_end = time.monotonic()
                 probe.mark("heartbeats_idle", idle_start, idle_end)
+
+                # The lone writer again, now with every broker registered and heartbeating: placement
+                # over 1,000 brokers costs the active controller per create (session 10: ~0.9 ms), which
+                # the 1-broker measurement above never shows.
+                with probe.phase("admin_ops_one_client_all_brokers"):
+                    results["admin_ops_one_client_all_brokers"] = {
+                        "brokers_registered": brokers,
+                        **await admin_ops(client, admin_s, workers=1, prefix="admin-one-fleet"),
+                    }
+                one_fleet_end = time.monotonic()
                 before = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+                counters_before_bulk = await asyncio.to_thread(raft_counters, quorum)
+                bulk_start = time.monotonic()
 
                 cpu_before = cpu_marks(quorum) if cpu else {}
                 start = time.monotonic()
@@ -403,18 +475,30 @@ async def cluster_benchmarks(
                         cpu_before, cpu_marks(quorum), shutdown_s, cluster.controller_id
                     )
                 bulk_end = time.monotonic()
+                counters_after_bulk = await asyncio.to_thread(raft_counters, quorum)
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
-                probe.mark("heartbeats_during_bulk", idle_end, bulk_end)
+                probe.mark("heartbeats_during_bulk", bulk_start, bulk_end)
                 probe.mark("heartbeats_after_bulk", bulk_end, settle_end)
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
+            except BaseException:
+                if workers is not None:
+                    workers.close()  # the run failed: kill the workers, nothing to merge
+                raise
             finally:
                 for task in tasks:
                     task.cancel()
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+                await ticker.stop()
                 await beats.close()
+            fleet.tag_client_lags(ticker)
+            if workers is not None:
+                try:
+                    await workers.stop(fleet)
+                finally:
+                    workers.close()
             states: dict[str, int] = {}
             for broker in cluster.brokers:
                 if broker.broker_id != 1:
@@ -424,7 +508,8 @@ async def cluster_benchmarks(
                 "interval_ms": int(fleet.interval_s * 1000),
                 "registration_seconds": round(registration_s, 2),
                 "idle": fleet.window(idle_start, idle_end),
-                "during_bulk_operations": fleet.window(idle_end, bulk_end),
+                "during_one_client_creates": fleet.window(idle_end, one_fleet_end),
+                "during_bulk_operations": fleet.window(bulk_start, bulk_end),
                 "after_bulk_operations": fleet.window(bulk_end, settle_end),
                 "errors": fleet.errors,
                 "false_fencing": len(fleet.fenced_after_unfence),
@@ -434,8 +519,11 @@ async def cluster_benchmarks(
                 # windows against it too, so a loop stall during bulk writes is not hidden.
                 "meets_target": fleet.window(idle_start, idle_end)["p99_ms"] <= 50
                 and not fleet.fenced_after_unfence,
-                "meets_target_during_bulk": fleet.window(idle_end, bulk_end)["p99_ms"] <= 50,
+                "meets_target_during_bulk": fleet.window(bulk_start, bulk_end)["p99_ms"] <= 50,
             }
+            results["raft_during_bulk"] = raft_phase(
+                counters_before_bulk, counters_after_bulk, before.controller_id
+            )
             # A Raft leader change during the bulk phase shows up as a newer controller epoch.
             results["controller_epochs"] = {
                 "before_bulk": before.controller_epoch,
@@ -602,16 +690,22 @@ def run(
     cpu: bool = False,
     cpu_probe: bool = True,
     probe_reference_ms: float | None = None,
+    setup: ClientSetup = ClientSetup(),
 ) -> dict[str, Any]:
     probe = CpuProbe()
     if cpu_probe:
         probe.start()
+    load_before = os.getloadavg()
     try:
         if work_dir is not None:  # kept afterwards: node logs for diagnosis
-            cluster = asyncio.run(cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe))
+            cluster = run_loop(
+                cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe, setup), setup.loop
+            )
         else:
             with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
-                cluster = asyncio.run(cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe))
+                cluster = run_loop(
+                    cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe, setup), setup.loop
+                )
         image = None
         if image_memory:
             with probe.phase("image_memory"):
@@ -623,6 +717,8 @@ def run(
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
+            "load_average_before": [round(v, 2) for v in load_before],
+            "load_average_after": [round(v, 2) for v in os.getloadavg()],
         },
         "quick": quick,
         "profile": dict(PROFILE),
@@ -680,8 +776,30 @@ def main(argv: list[str] | None = None) -> int:
         help="a controller config override on top of the profile (A/B runs), e.g. "
         "controller.request.intake.thread=false",
     )
+    parser.add_argument(
+        "--broker-processes",
+        type=int,
+        default=ClientSetup().broker_processes,
+        metavar="K",
+        help="simulated brokers 2..N heartbeat from K worker processes (default %(default)s: from the "
+        "benchmark's own process, as in every session up to 10)",
+    )
+    parser.add_argument(
+        "--client-loop",
+        choices=("uvloop", "asyncio"),
+        default=ClientSetup().loop,
+        help="the event loop of the benchmark's client and its workers (default %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-client",
+        action="store_true",
+        help="session 11's alternative client: --broker-processes 1 --client-loop uvloop",
+    )
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.broker_processes < 0:
+        parser.error("--broker-processes must not be negative")
+    setup = WORKER_CLIENT if args.worker_client else ClientSetup(args.client_loop, args.broker_processes)
     for setting in args.set:
         key, sep, value = setting.partition("=")
         if not sep or not key:
@@ -715,6 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         args.cpu,
         not args.no_cpu_probe,
         args.probe_reference_ms,
+        setup,
     )
     print(json.dumps(results, indent=2))
     return 0

@@ -71,6 +71,20 @@ RAFT_FETCH_TURNAROUND = Histogram(
     _NODE,
     buckets=_LATENCY_BUCKETS,
 )
+RAFT_LEADERSHIP_CONFIRMATIONS = Counter(
+    "kraft_raft_leadership_confirmations",
+    "Leader: leadership confirmations asked for, by how they were answered: lease (at once, from the "
+    "check-quorum lease), lease_lapsed (a caller that may use the lease waited for a round: it had "
+    "lapsed) or round (a caller that always waits for a round, e.g. a linearizable read)",
+    (*_NODE, "how"),
+)
+RAFT_CONFIRMATION_ROUND_SECONDS = Histogram(
+    "kraft_raft_confirmation_round_seconds",
+    "Leader: time from asking for a leadership-confirmation round to its confirmation (once per round "
+    "a caller waited on)",
+    _NODE,
+    buckets=_LATENCY_BUCKETS,
+)
 RAFT_APPEND_RECORDS = Counter("kraft_raft_append_records", "Records appended by the leader", _NODE)
 RAFT_FETCH_RECORDS = Counter("kraft_raft_fetch_records", "Records fetched from the leader", _NODE)
 RAFT_POLL_IDLE_SECONDS = Counter(
@@ -241,6 +255,10 @@ class RaftMetrics:
     commit_latency: Histogram
     election_latency: Histogram
     fetch_turnaround: Histogram
+    confirmations_lease: Counter
+    confirmations_lease_lapsed: Counter
+    confirmations_round: Counter
+    confirmation_round: Histogram
     append_records: Counter
     fetch_records: Counter
     poll_idle_seconds: Counter
@@ -258,6 +276,10 @@ class RaftMetrics:
             commit_latency=RAFT_COMMIT_LATENCY.labels(label),
             election_latency=RAFT_ELECTION_LATENCY.labels(label),
             fetch_turnaround=RAFT_FETCH_TURNAROUND.labels(label),
+            confirmations_lease=RAFT_LEADERSHIP_CONFIRMATIONS.labels(label, "lease"),
+            confirmations_lease_lapsed=RAFT_LEADERSHIP_CONFIRMATIONS.labels(label, "lease_lapsed"),
+            confirmations_round=RAFT_LEADERSHIP_CONFIRMATIONS.labels(label, "round"),
+            confirmation_round=RAFT_CONFIRMATION_ROUND_SECONDS.labels(label),
             append_records=RAFT_APPEND_RECORDS.labels(label),
             fetch_records=RAFT_FETCH_RECORDS.labels(label),
             poll_idle_seconds=RAFT_POLL_IDLE_SECONDS.labels(label),

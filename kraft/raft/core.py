@@ -385,6 +385,10 @@ class RaftCore:
         self._apply(decisions)
         return read_round
 
+    def leader_lease_ages_ms(self, now_ms: int) -> tuple[int, dict[int, int]]:
+        """A leader's :meth:`LeaderRole.lease_ages_ms` at ``now_ms`` ((-1, {}) unless leader); reads only."""
+        return self._leader.lease_ages_ms(max(self.now_ms, now_ms)) if self._leader is not None else (-1, {})
+
     def leader_lease_expiry_ms(self) -> int:
         """When this leader's lease ends on its clock (-1: none; never while not leader)."""
         return self._leader.lease_expiry_ms() if self._leader is not None else -1

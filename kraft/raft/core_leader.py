@@ -595,6 +595,15 @@ class LeaderRole:
             return -1
         return bases[needed - 1] + lease_ms
 
+    def lease_ages_ms(self, now_ms: int) -> tuple[int, dict[int, int]]:
+        """Why a lease is what it is, for a log line: how long ago the latest round started (-1: none
+        kept), and per other voter how long ago its lease basis is (a voter with none is left out).  A
+        lapse with a recent round but old bases: the voters were slow to echo; with no recent round: no
+        caller asked for one (rounds are started by callers, :meth:`lease_wants_renewal`)."""
+        latest = self.round_started_ms.get(self.read_round_started)
+        bases = {voter: now_ms - basis for voter, basis in sorted(self.lease_basis_ms.items())}
+        return (-1 if latest is None else now_ms - latest), bases
+
     def lease_holds(self, now_ms: int) -> bool:
         return now_ms < self.lease_expiry_ms()
 

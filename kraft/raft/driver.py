@@ -406,6 +406,9 @@ class RaftDriver:
         self._pending_appends: deque[tuple[int, asyncio.Future[int], int]] = deque()
         # confirm_leadership() callers by the round that answers them (round ids only grow).
         self._read_waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._read_round_asked_ms: dict[int, int] = {}  # when each waited-on round was first asked for
+        # when the lease last answered a caller, None once a caller found it lapsed (the lease_lapsed line)
+        self._lease_last_hit_ms: int | None = None
         self._wakeup_queued = False
         self._listeners_due = False  # a follower's high watermark rose: wake the listeners after the output
         self._follower_listener_delay_ms = follower_listener_delay_ms
@@ -646,14 +649,43 @@ class RaftDriver:
 
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()
-        read_round = self._core.confirm_leadership(self._clock.monotonic_ms(), lease=lease)
+        now_ms = self._clock.monotonic_ms()
+        # The lease's state before this call starts a round, for the lease_lapsed line below (only when
+        # it has lapsed: rare while callers keep it renewed, and two small reads then).
+        lapsed = (
+            self._core.leader_lease_ages_ms(now_ms)
+            if lease and self._core.leader_lease_expiry_ms() <= now_ms
+            else None
+        )
+        read_round = self._core.confirm_leadership(now_ms, lease=lease)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if read_round == 0:  # the lease holds: confirmed now (a renewal round may have started)
+            self._metrics.confirmations_lease.inc()
+            self._lease_last_hit_ms = now_ms
             future.set_result(None)
             if not self._wakeup_queued:
                 self._wakeup_queued = True
                 self._push(_Wakeup())
             return future
+        # lease_lapsed: what makes a heartbeat that changes nothing slow during bulk work (issue #17)
+        (self._metrics.confirmations_lease_lapsed if lease else self._metrics.confirmations_round).inc()
+        self._read_round_asked_ms.setdefault(read_round, now_ms)
+        if lapsed is not None:
+            # Once per lease lost while in use: the previous lease caller was answered from it.  A lease
+            # that lapses because callers come further apart than the lease (a few brokers' heartbeats)
+            # is lost every time and says nothing.  The ages tell a leader whose own loop stalled (the
+            # last hit and the latest round both old: nothing ran here) from voters slow to echo (a
+            # recent round, old bases).
+            if self._lease_last_hit_ms is not None:
+                self._logger.info(
+                    "lease_lapsed",
+                    read_round=read_round,
+                    last_hit_age_ms=now_ms - self._lease_last_hit_ms,
+                    latest_round_age_ms=lapsed[0],
+                    basis_age_ms=lapsed[1],
+                    lease_ms=self._core.config.lease_ms,
+                )
+            self._lease_last_hit_ms = None
         waiters = self._read_waiters.setdefault(read_round, [])
         waiters[:] = [waiter for waiter in waiters if not waiter.done()]  # callers that gave up
         waiters.append(future)
@@ -663,7 +695,11 @@ class RaftDriver:
         return future
 
     def _on_read_round_confirmed(self, read_round: int) -> None:
+        now_ms = self._clock.monotonic_ms()
         for waiting in sorted(r for r in self._read_waiters if r <= read_round):
+            asked_ms = self._read_round_asked_ms.pop(waiting, None)
+            if asked_ms is not None:
+                self._metrics.confirmation_round.observe(max(0, now_ms - asked_ms) / 1000)
             for future in self._read_waiters.pop(waiting):
                 if not future.done():
                     future.set_result(None)
@@ -674,6 +710,8 @@ class RaftDriver:
                 if not future.done():
                     future.set_exception(error)
         self._read_waiters.clear()
+        self._read_round_asked_ms.clear()
+        self._lease_last_hit_ms = None  # a later leadership's lease starts unused
 
     # ------------------------------------------------------------------ voter changes (KIP-853)
 

@@ -240,3 +240,18 @@ def test_the_fast_dead_leader_path_campaigns_no_earlier_than_the_promise() -> No
     out = core.poll(now)
     assert out.next_deadline_ms >= 100 + PROTECTION_MS
     assert core.poll(100 + PROTECTION_MS - 1) and core.state is StateKind.FOLLOWER
+
+
+def test_the_lease_ages_say_whether_a_round_was_asked_for_or_the_voters_were_slow_to_echo() -> None:
+    """``leader_lease_ages_ms`` (the driver's ``lease_lapsed`` log line, issue #17 session 11): the age of
+    the latest round's start and of each voter's lease basis, on the core's clock."""
+    core, now = _leader()
+    assert core.leader_lease_ages_ms(now) == (-1, {})  # no round kept, no basis
+    _read_round, expiry = _leased(core, now)
+    assert core.leader_lease_ages_ms(now + 5) == (5, {2: 5})
+    # lapsed with nobody asking since: the latest round is as old as the basis
+    assert core.leader_lease_ages_ms(expiry + 3) == (LEASE_MS + 3, {2: LEASE_MS + 3})
+    # a lapsed caller's round starts now: the latest round is fresh, voter 2's basis is the old one
+    assert core.confirm_leadership(expiry + 3, lease=True) > 0
+    assert core.leader_lease_ages_ms(expiry + 3) == (0, {2: LEASE_MS + 3})
+    assert core.leader_lease_ages_ms(now) == (0, {2: LEASE_MS + 3})  # never before the core's own time

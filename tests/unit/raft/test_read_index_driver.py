@@ -5,10 +5,14 @@ with NotLeaderError once check-quorum deposes it; followers are refused at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
+from metric_reads import family_sample, series_value
 from raft_helpers import LoopbackCluster
 
+from kraft.observability.logging import KeyValueFormatter
+from kraft.observability.metrics import RAFT_CONFIRMATION_ROUND_SECONDS, RAFT_LEADERSHIP_CONFIRMATIONS
 from kraft.raft.api import NotLeaderError
 
 
@@ -70,3 +74,55 @@ async def test_the_lease_answers_at_once_and_a_leader_that_lost_it_waits_for_a_r
             await caller
     finally:
         await cluster.close()
+
+
+async def test_confirmations_are_counted_by_how_they_were_answered(caplog: pytest.LogCaptureFixture) -> None:
+    """``kraft_raft_leadership_confirmations_total{how}`` (issue #17, session 11): a lease hit, a lease
+    caller that found the lease lapsed, and a caller that always waits for a round are told apart, and
+    each round a caller waited on is timed once it confirms (a round that never does is not timed)."""
+    cluster = LoopbackCluster(3, fetch_max_wait_ms=5000, fetch_timeout_ms=2000, election_timeout_ms=1000)
+    try:
+        await cluster.start_all()
+        leader = await cluster.elect(max_ms=60_000, step_ms=100)
+        node = str(leader.node_id)
+        await cluster.complete(leader.append([b"x"]), "a committed append", max_ms=1000)
+        caplog.set_level(logging.INFO, logger="kraft.raft")
+        # a lease caller before any lease hit: a round, and no lease_lapsed line (nothing was lost)
+        await cluster.complete(leader.confirm_leadership(lease=True), "a confirmed round", max_ms=1000)
+
+        def counts() -> tuple[float, ...]:
+            return (
+                *(series_value(RAFT_LEADERSHIP_CONFIRMATIONS, node=node, how=how) for how in HOWS),
+                family_sample(
+                    RAFT_CONFIRMATION_ROUND_SECONDS, "kraft_raft_confirmation_round_seconds_count", node=node
+                )
+                or 0.0,
+            )
+
+        start = counts()
+        await cluster.complete(leader.confirm_leadership(), "a confirmed round", max_ms=1000)
+        assert [b - a for a, b in zip(start, counts(), strict=True)] == [0, 0, 1, 1]
+        assert leader.confirm_leadership(lease=True).done()  # the round just confirmed renewed the lease
+        assert [b - a for a, b in zip(start, counts(), strict=True)] == [1, 0, 1, 1]
+        for node_id in [n for n in cluster.drivers if n != leader.node_id]:
+            await cluster.stop(node_id)
+        await cluster.advance(400)  # the lease (0.8 x min(2000, 1000 // 2) ms) ended with no echo since
+        caller = leader.confirm_leadership(lease=True)
+        again = leader.confirm_leadership(lease=True)
+        assert not caller.done() and not again.done()
+        assert [b - a for a, b in zip(start, counts(), strict=True)] == [1, 2, 1, 1]
+        # one line for the lease lost while in use (the caller before was answered from it), not per caller
+        lines = [KeyValueFormatter().format(r) for r in caplog.records if r.getMessage() == "lease_lapsed"]
+        assert len(lines) == 1, lines
+        assert "last_hit_age_ms=400" in lines[0] and "latest_round_age_ms=400" in lines[0]
+        await cluster.run_until(caller.done, "the caller's failure", 5000)
+        for waiting in (caller, again):
+            with pytest.raises(NotLeaderError):
+                await waiting
+        # a round that failed (deposed) is not timed
+        assert [b - a for a, b in zip(start, counts(), strict=True)] == [1, 2, 1, 1]
+    finally:
+        await cluster.close()
+
+
+HOWS = ("lease", "lease_lapsed", "round")

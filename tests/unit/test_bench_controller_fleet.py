@@ -1,0 +1,104 @@
+"""bench.controller_fleet: the benchmark client's own lateness on synthetic heartbeats and loop stalls, and
+the merge of worker processes' heartbeats into the one fleet the windows are computed from.  No timing is
+asserted: the numbers are read by the benchmark, not checked here."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+from typing import Any, cast
+
+import pytest
+
+from bench.controller_fleet import Beat, Fleet, FleetWorkers, LoopLagTicker, beat_offset_s
+from kraft.client.admin import AdminClient
+
+
+def _fleet() -> Fleet:
+    # window() and the merge never call the clients
+    return Fleet(cast(AdminClient, None), cast(AdminClient, None), "c", interval_s=2.0)
+
+
+def test_the_client_lag_is_the_stall_an_answer_was_noticed_after() -> None:
+    ticker = LoopLagTicker(stalls=[(10.0, 0.05), (10.5, 0.2), (12.0, 0.03)])
+    assert ticker.lag_at_notice(9.0, 9.9) == 0.0  # noticed before every stall
+    assert ticker.lag_at_notice(9.9, 10.001) == 0.05  # noticed as the first stall (9.95-10.0) ended
+    assert ticker.lag_at_notice(10.45, 10.49) == pytest.approx(
+        0.04
+    )  # at most the round trip, however long the stall
+    assert ticker.lag_at_notice(9.0, 10.6) == 0.0  # a stall in the middle of the round trip: not the client's
+    assert ticker.lag_at_notice(11.0, 12.015) == pytest.approx(0.03)  # within the slack after the stall's end
+
+
+def test_a_window_keeps_its_latency_statistics_and_adds_the_clients_lateness() -> None:
+    fleet = _fleet()
+    # 100 heartbeats in [0, 100): 98 fast, two slow — the slowest while the client's loop stalled
+    fleet.latencies = [Beat(i * 1.0, 0.002, 0.001) for i in range(98)]
+    fleet.latencies += [Beat(99.0, 0.400, 0.0), Beat(99.5, 0.300, 0.050)]
+    ticker = LoopLagTicker(stalls=[(99.39, 0.25), (50.0, 0.01)])  # the 400 ms answer came in the first
+    fleet.tag_client_lags(ticker)
+    window = fleet.window(0.0, 100.0)
+    stats = (window["heartbeats"], window["p50_ms"], window["p99_ms"], window["max_ms"])
+    assert stats == (100, 2.0, 400.0, 400.0)
+    client = window["client"]
+    assert client["loop_stalls_over_20ms"] == 1 and client["loop_stall_ms_over_20ms"] == 250.0
+    assert client["loop_stall_max_ms"] == 250.0
+    assert client["send_late_max_ms"] == 50.0
+    assert client["slowest_1pct"] == 1 and client["slowest_1pct_during_client_lag"] == 1
+    # without the heartbeat the client's own stall delayed, the slowest is the 300 ms one
+    assert client["heartbeats_without_client_lag"] == 99 and client["p99_ms_without_client_lag"] == 300.0
+    assert client["p99_ms_less_client_lag"] == 300.0  # 400 ms less its 250 ms stall is 150 ms
+    assert fleet.window(200.0, 300.0) == {"heartbeats": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+
+
+def test_the_fleet_is_spread_over_the_interval_as_before() -> None:
+    assert beat_offset_s(1, 1000, 2.0) == 0.002
+    assert beat_offset_s(500, 1000, 2.0) == 1.0
+    assert beat_offset_s(1000, 1000, 2.0) == 0.0
+    assert beat_offset_s(100, 200, 2.0) == 1.0
+
+
+class _FakeChild:
+    """What FleetWorkers reads of a worker process: its answer lines."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        self.stdin = io.StringIO()
+        self.stdout = io.StringIO("".join(json.dumps(answer) + "\n" for answer in answers))
+        self.returncode: int | None = None
+        self.pid = 0
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+    def wait(self) -> int:
+        return self.returncode or 0
+
+
+def test_workers_heartbeats_are_merged_into_the_fleet_in_send_order() -> None:
+    fleet = _fleet()
+    fleet.latencies = [Beat(1.0, 0.01, 0.0, 0.0)]  # broker 1, from the benchmark's own process
+    fleet.errors = 1
+    answers = [
+        {
+            "beats": [[3.0, 0.02, 0.001, 0.0], [0.5, 0.03, 0.0, 0.025]],
+            "stalls": [[0.52, 0.025]],
+            "errors": 2,
+            "fenced_after_unfence": [7],
+        },
+        {"beats": [[2.0, 0.04, 0.0, 0.0]], "stalls": [], "errors": 0, "fenced_after_unfence": []},
+    ]
+    workers = FleetWorkers(["t"], "c", [2, 3, 4], 4, 2.0, 2, "uvloop")
+    children = [_FakeChild([answer]) for answer in answers]
+    workers._children = cast(list[subprocess.Popen[str]], children)
+    asyncio.run(workers.stop(fleet))
+    assert [beat.sent for beat in fleet.latencies] == [0.5, 1.0, 2.0, 3.0]
+    assert fleet.latencies[0] == Beat(0.5, 0.03, 0.0, 0.025)
+    assert fleet.stalls == [(0.52, 0.025)]
+    assert fleet.errors == 3 and fleet.fenced_after_unfence == {7}
+    assert all(json.loads(child.stdin.getvalue()) == "stop" for child in children)
+    assert workers._children == [] and all(child.returncode == -9 for child in children)
