@@ -400,6 +400,45 @@ async def test_test_appends_from_many_callers_reach_the_upstream_batched(
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED  # the fake upstream has no TestAppend
 
 
+async def test_append_stream_messages_join_the_unary_calls_batches_and_answer_in_order(
+    proxied: tuple[grpc.aio.Channel, FakeUpstream],
+) -> None:
+    # TestAppendStream is answered by the intake process, each message through the batcher (as the main
+    # process answers it: TestAppend per message, in order), not passed through message by message
+    channel, upstream = proxied
+    open_stream = channel.stream_stream(
+        BIDI, raft_pb2.TestAppendRequest.SerializeToString, raft_pb2.TestAppendResponse.FromString
+    )
+    append = channel.unary_unary(
+        APPEND_METHOD, raft_pb2.TestAppendRequest.SerializeToString, raft_pb2.TestAppendResponse.FromString
+    )
+
+    async def stream_client(index: int) -> list[tuple[int, int]]:
+        call = open_stream(None, timeout=TIMEOUT_S)
+        got = []
+        for round_ in range(3):
+            await call.write(_request(*[b"s%d-%d" % (index, round_)] * (1 + index % 2)))
+            answer = await call.read()
+            assert isinstance(answer, raft_pb2.TestAppendResponse)
+            got.append((answer.base_offset, answer.last_offset))
+        await call.done_writing()
+        return got
+
+    streams, unary = await asyncio.gather(
+        asyncio.gather(*(stream_client(i) for i in range(8))),
+        asyncio.gather(*(append(_request(b"u%d" % i), timeout=TIMEOUT_S) for i in range(8))),
+    )
+    for index, got in enumerate(streams):
+        assert all(last - base + 1 == 1 + index % 2 for base, last in got)
+        assert [base for base, _ in got] == sorted(base for base, _ in got), "in order"
+    offsets = sorted(
+        [o for got in streams for base, last in got for o in range(base, last + 1)]
+        + [o for a in unary for o in range(a.base_offset, a.last_offset + 1)]
+    )
+    assert offsets == list(range(len(offsets))), "every value its own offset, none twice"
+    assert len(upstream.appends) < 8 * 3 + 8, "stream messages and unary calls share batches"
+
+
 # --- node-side checks ---
 
 
