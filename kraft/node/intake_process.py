@@ -52,7 +52,7 @@ from kraft.config import load_config
 from kraft.grpc_service import ServerLimits, create_server
 from kraft.node.intake_batch import headers_of
 from kraft.observability.logging import configure_logging, get_logger
-from kraft.runtime import loop_factory
+from kraft.runtime import grpc_io_name, loop_factory
 from kraft.security.principal import (
     INTAKE_AUTH_KEY,
     INTAKE_METADATA_PREFIX,
@@ -698,7 +698,13 @@ async def serve(args: argparse.Namespace) -> None:
     # The node waits for this file (written after the server listens) before it reports itself started.
     ready = Path(args.ready)
     await asyncio.to_thread(ready.write_text, f"{os.getpid()}\n")
-    _log.info("intake_process_started", index=args.index, pid=os.getpid(), listen=args.listen)
+    _log.info(
+        "intake_process_started",
+        index=args.index,
+        pid=os.getpid(),
+        listen=args.listen,
+        grpc_io=grpc_io_name(),
+    )
     orphan_watch = asyncio.create_task(_exit_when_orphaned(args.parent_pid, stop))
     reporter = CounterReporter(upstream.append, lambda: handler.counters(args.index))
     reporting = asyncio.create_task(reporter.run(COUNTER_REPORT_INTERVAL_S), name="intake-counters")

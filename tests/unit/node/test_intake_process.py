@@ -23,6 +23,7 @@ from kraft.node.intake_pool import (
     IntakeConfigError,
     check_port_free,
     check_supported,
+    child_environment,
     prepare_socket_dir,
     socket_path,
 )
@@ -490,6 +491,23 @@ def test_intake_processes_run_with_tls_and_an_authorizer_refuse_exclusive_on_por
     assert default.controller_intake_processes == 0
     assert ("grpc.so_reuseport", 0) in server_options(ServerLimits())
     assert ("grpc.so_reuseport", 1) in server_options(ServerLimits(reuseport=True))
+
+
+def test_intake_processes_run_on_iomgr_unless_told_otherwise_and_an_operators_experiments_win() -> None:
+    iomgr = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
+    assert child_environment({"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "KRAFT_GRPC_IO": "iomgr",
+        "GRPC_EXPERIMENTS": iomgr,
+    }
+    # event-engine chosen for them, on a node that itself runs iomgr: the inherited experiments go
+    chosen = child_environment(
+        {"KRAFT_INTAKE_GRPC_IO": "event-engine", "KRAFT_GRPC_IO": "iomgr", "GRPC_EXPERIMENTS": iomgr}
+    )
+    assert chosen["KRAFT_GRPC_IO"] == "event-engine" and "GRPC_EXPERIMENTS" not in chosen
+    assert child_environment({"GRPC_EXPERIMENTS": "mine"})["GRPC_EXPERIMENTS"] == "mine"
+    with pytest.raises(IntakeConfigError, match="KRAFT_INTAKE_GRPC_IO"):
+        child_environment({"KRAFT_INTAKE_GRPC_IO": "epoll"})
 
 
 def test_the_socket_directory_is_private_and_long_paths_are_refused(tmp_path: Path) -> None:
