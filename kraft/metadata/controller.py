@@ -669,17 +669,30 @@ class QuorumController:
                 answers[-1].CopyFrom(failed)
             return answers
         unchanged = [d[2] for d in done if not isinstance(d, NotControllerError) and d[1] is None]
-        # One wait for every heartbeat that appended nothing (started now, shared by all of them).
-        shared = asyncio.ensure_future(writes._committed_and_confirmed(max(unchanged))) if unchanged else None
+        # The heartbeats that appended nothing: ONE wait, started in this step (a task would start the
+        # leadership round a loop turn later, and under bulk work a turn is long).
+        shared: cpb.BrokerHeartbeatResponse | None = None
+        if unchanged:
+            confirmed = cpb.BrokerHeartbeatResponse()
+
+            async def confirm() -> cpb.BrokerHeartbeatResponse:
+                await writes._committed_and_confirmed(max(unchanged))
+                return confirmed
+
+            shared = await self._answered(cpb.BrokerHeartbeatResponse(), confirm())
+            if shared is confirmed:
+                shared = None  # confirmed: each answers with its own response
 
         async def settle(item: Done | NotControllerError) -> cpb.BrokerHeartbeatResponse:
             if isinstance(item, NotControllerError):
                 raise item
             outcome, last, _ = item
             if last is None:
-                assert shared is not None
-                await asyncio.shield(shared)  # one caller's cancellation must not end the others' wait
-                return outcome.response
+                if shared is None:
+                    return outcome.response
+                failed = cpb.BrokerHeartbeatResponse()
+                failed.CopyFrom(shared)  # the shared wait's error, for each of them
+                return failed
             try:
                 if logic.has_bulk_jobs():
                     writes.drive_jobs(logic)  # never waited for: a heartbeat's answer skips bulk work
@@ -688,17 +701,7 @@ class QuorumController:
                 raise WriteOutcomeUnknown(exc.leader_id) from exc
             return outcome.response
 
-        try:
-            return list(
-                await asyncio.gather(
-                    *(self._answered(cpb.BrokerHeartbeatResponse(), settle(item)) for item in done)
-                )
-            )
-        finally:
-            if shared is not None:
-                if not shared.done():
-                    shared.cancel()
-                shared.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return [await self._answered(cpb.BrokerHeartbeatResponse(), settle(item)) for item in done]
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         return await self._serve(

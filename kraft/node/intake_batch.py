@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -122,6 +122,13 @@ class _Method:
     handler: Callable[[Any, Any], Any]
 
 
+def _drain(results: asyncio.Queue[ipb.CallResult]) -> list[ipb.CallResult]:
+    ready: list[ipb.CallResult] = []
+    while not results.empty():
+        ready.append(results.get_nowait())
+    return ready
+
+
 def _failed(index: int, code: grpc.StatusCode, details: str) -> ipb.CallResult:
     return ipb.CallResult(index=index, status_code=code.value[0], details=details)
 
@@ -150,22 +157,27 @@ class CallBatchServicer:
         await _only_from_intake_socket(context)
         self.counters.node_batch(len(request.calls))
         results: asyncio.Queue[ipb.CallResult] = asyncio.Queue()
-        tasks: list[asyncio.Task[None]] = []
+        work: list[Coroutine[Any, Any, None]] = []
         heartbeats: list[tuple[int, ipb.BatchedCall]] = []
         for index, call in enumerate(request.calls):
             if call.method == HEARTBEAT_METHOD:
                 heartbeats.append((index, call))
             else:
-                tasks.append(asyncio.create_task(self._one(index, call, context, results)))
+                work.append(self._one(index, call, context, results))
         for start in range(0, len(heartbeats), HEARTBEATS_PER_EVENT):
             chunk = heartbeats[start : start + HEARTBEATS_PER_EVENT]
-            tasks.append(asyncio.create_task(self._heartbeats(chunk, context, results)))
+            work.append(self._heartbeats(chunk, context, results))
+        if len(work) == 1:
+            # The usual batch (only heartbeats, or one call): run here, without a task — each task is a
+            # turn of the main loop, long while bulk work runs.
+            await work[0]
+            await context.write(ipb.CallBatchResponse(results=_drain(results)))
+            return
+        tasks = [asyncio.create_task(item) for item in work]
         remaining = len(request.calls)
         try:
             while remaining:
-                ready = [await results.get()]
-                while not results.empty():  # everything ready by now goes in the same message
-                    ready.append(results.get_nowait())
+                ready = [await results.get(), *_drain(results)]  # all ready by now: one message
                 remaining -= len(ready)
                 await context.write(ipb.CallBatchResponse(results=ready))
         finally:
