@@ -45,7 +45,7 @@ import asyncio
 import contextlib
 import gc
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -117,6 +117,17 @@ RELEASE_STEP_TOPICS = 2_000  # topics of a replaced image looked at between budg
 
 async def _reraise(exc: BaseException) -> NoReturn:
     raise exc
+
+
+async def _returning(work: Awaitable[None], result: R) -> R:
+    await work
+    return result
+
+
+def _copy(response: R) -> R:
+    copy = type(response)()
+    copy.CopyFrom(response)
+    return copy
 
 
 async def _next_loop_turn() -> None:
@@ -625,14 +636,17 @@ class QuorumController:
 
     async def broker_heartbeats(
         self, reqs: Sequence[cpb.BrokerHeartbeatRequest]
-    ) -> list[cpb.BrokerHeartbeatResponse]:
+    ) -> AsyncIterator[list[tuple[int, cpb.BrokerHeartbeatResponse]]]:
         """Heartbeats that arrived together (an intake process's batch, :mod:`kraft.node.intake_batch`) as
         ONE urgent event instead of one each; every heartbeat gets the answer it would have had alone.
+        Yields ``(index in reqs, answer)`` lists as they are ready.
 
-        In the event each heartbeat runs in turn on the offsets the ones before it appended.  Then a
-        heartbeat that appended waits for its own records' commit, and those that appended nothing share
-        one commit wait and one leadership confirmation (the lease path: Raft confirms at once while its
-        check-quorum lease holds) — what :meth:`broker_heartbeat` pays per heartbeat, paid once."""
+        In the event each heartbeat runs in turn on the offsets the ones before it appended.  Then each
+        waits for what it depends on, as alone: its own records' commit, or — it appended nothing — the
+        commit of what its answer read plus a leadership confirmation (the lease path: Raft confirms at
+        once while its check-quorum lease holds).  Commits come in offset order, so the heartbeats are
+        answered in the order of the offsets they wait for, those waiting for the same offset together
+        (one wait, one confirmation) — never one heartbeat held for another's later offset."""
         for req in reqs:
             self._heartbeat_arrived(req)
         writes = self.writes
@@ -663,45 +677,34 @@ class QuorumController:
             logic, done = await event()
         except Exception as exc:  # mapped (or re-raised) as _serve would, the same answer for each
             failed = await self._answered(cpb.BrokerHeartbeatResponse(), _reraise(exc))
-            answers = [failed]
-            for _ in reqs[1:]:
-                answers.append(cpb.BrokerHeartbeatResponse())
-                answers[-1].CopyFrom(failed)
-            return answers
-        unchanged = [d[2] for d in done if not isinstance(d, NotControllerError) and d[1] is None]
-        # The heartbeats that appended nothing: ONE wait, started in this step (a task would start the
-        # leadership round a loop turn later, and under bulk work a turn is long).
-        shared: cpb.BrokerHeartbeatResponse | None = None
-        if unchanged:
-            confirmed = cpb.BrokerHeartbeatResponse()
+            yield [(index, _copy(failed)) for index in range(len(reqs))]
+            return
 
-            async def confirm() -> cpb.BrokerHeartbeatResponse:
-                await writes._committed_and_confirmed(max(unchanged))
-                return confirmed
-
-            shared = await self._answered(cpb.BrokerHeartbeatResponse(), confirm())
-            if shared is confirmed:
-                shared = None  # confirmed: each answers with its own response
-
-        async def settle(item: Done | NotControllerError) -> cpb.BrokerHeartbeatResponse:
-            if isinstance(item, NotControllerError):
-                raise item
-            outcome, last, _ = item
-            if last is None:
-                if shared is None:
-                    return outcome.response
-                failed = cpb.BrokerHeartbeatResponse()
-                failed.CopyFrom(shared)  # the shared wait's error, for each of them
-                return failed
+        async def committed(last: int) -> None:
             try:
                 if logic.has_bulk_jobs():
                     writes.drive_jobs(logic)  # never waited for: a heartbeat's answer skips bulk work
                 await writes.wait_committed(last)
             except NotControllerError as exc:
                 raise WriteOutcomeUnknown(exc.leader_id) from exc
-            return outcome.response
 
-        return [await self._answered(cpb.BrokerHeartbeatResponse(), settle(item)) for item in done]
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for index, item in enumerate(done):
+            if isinstance(item, NotControllerError):
+                yield [(index, await self._answered(cpb.BrokerHeartbeatResponse(), _reraise(item)))]
+                continue
+            _, last, wait = item
+            groups.setdefault((last, True) if last is not None else (wait, False), []).append(index)
+        for (offset, appended), indices in sorted(groups.items()):
+            waited = cpb.BrokerHeartbeatResponse()
+            work = committed(offset) if appended else writes._committed_and_confirmed(offset)
+            got = await self._answered(cpb.BrokerHeartbeatResponse(), _returning(work, waited))
+            answers = []
+            for index in indices:
+                item = done[index]
+                assert not isinstance(item, NotControllerError)
+                answers.append((index, item[0].response if got is waited else _copy(got)))
+            yield answers
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         return await self._serve(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from kraft.metadata.service import ControllerServicer
 
 ServicerContext = grpc.aio.ServicerContext[Any, Any]
+Emit = Callable[[list[ipb.CallResult]], Awaitable[None]]
+"""Hands results of a batch to its caller (written at once, or queued for the next message)."""
 
 CONTROLLER_SERVICE = "kraft.v1.ControllerService"
 HEARTBEAT_METHOD = f"/{CONTROLLER_SERVICE}/BrokerHeartbeat"
@@ -122,13 +124,6 @@ class _Method:
     handler: Callable[[Any, Any], Any]
 
 
-def _drain(results: asyncio.Queue[ipb.CallResult]) -> list[ipb.CallResult]:
-    ready: list[ipb.CallResult] = []
-    while not results.empty():
-        ready.append(results.get_nowait())
-    return ready
-
-
 def _failed(index: int, code: grpc.StatusCode, details: str) -> ipb.CallResult:
     return ipb.CallResult(index=index, status_code=code.value[0], details=details)
 
@@ -156,70 +151,73 @@ class CallBatchServicer:
     async def CallBatch(self, request: ipb.CallBatchRequest, context: ServicerContext) -> None:
         await _only_from_intake_socket(context)
         self.counters.node_batch(len(request.calls))
-        results: asyncio.Queue[ipb.CallResult] = asyncio.Queue()
-        work: list[Coroutine[Any, Any, None]] = []
         heartbeats: list[tuple[int, ipb.BatchedCall]] = []
+        others: list[tuple[int, ipb.BatchedCall]] = []
         for index, call in enumerate(request.calls):
-            if call.method == HEARTBEAT_METHOD:
-                heartbeats.append((index, call))
-            else:
-                work.append(self._one(index, call, context, results))
-        for start in range(0, len(heartbeats), HEARTBEATS_PER_EVENT):
-            chunk = heartbeats[start : start + HEARTBEATS_PER_EVENT]
-            work.append(self._heartbeats(chunk, context, results))
-        if len(work) == 1:
+            (heartbeats if call.method == HEARTBEAT_METHOD else others).append((index, call))
+        chunks = [
+            heartbeats[start : start + HEARTBEATS_PER_EVENT]
+            for start in range(0, len(heartbeats), HEARTBEATS_PER_EVENT)
+        ]
+        if len(chunks) + len(others) == 1:
             # The usual batch (only heartbeats, or one call): run here, without a task — each task is a
-            # turn of the main loop, long while bulk work runs.
-            await work[0]
-            await context.write(ipb.CallBatchResponse(results=_drain(results)))
+            # turn of the main loop, long while bulk work runs — and write each answer as it is ready.
+            async def write(results: list[ipb.CallResult]) -> None:
+                await context.write(ipb.CallBatchResponse(results=results))
+
+            if chunks:
+                await self._heartbeats(chunks[0], context, write)
+            else:
+                await self._one(*others[0], context, write)
             return
-        tasks = [asyncio.create_task(item) for item in work]
+        queue: asyncio.Queue[ipb.CallResult] = asyncio.Queue()
+
+        async def enqueue(results: list[ipb.CallResult]) -> None:
+            for result in results:
+                queue.put_nowait(result)
+
+        tasks = [asyncio.create_task(self._heartbeats(chunk, context, enqueue)) for chunk in chunks]
+        tasks += [asyncio.create_task(self._one(index, call, context, enqueue)) for index, call in others]
         remaining = len(request.calls)
         try:
             while remaining:
-                ready = [await results.get(), *_drain(results)]  # all ready by now: one message
+                ready = [await queue.get()]
+                while not queue.empty():  # everything ready by now goes in the same message
+                    ready.append(queue.get_nowait())
                 remaining -= len(ready)
                 await context.write(ipb.CallBatchResponse(results=ready))
         finally:
             for task in tasks:
                 task.cancel()  # the intake process went away: nobody reads the rest
 
-    async def _one(
-        self,
-        index: int,
-        call: ipb.BatchedCall,
-        batch: ServicerContext,
-        results: asyncio.Queue[ipb.CallResult],
-    ) -> None:
+    async def _one(self, index: int, call: ipb.BatchedCall, batch: ServicerContext, emit: Emit) -> None:
         method = self._methods.get(call.method)
         if method is None:
-            results.put_nowait(_failed(index, grpc.StatusCode.UNIMPLEMENTED, f"{call.method} is not batched"))
+            await emit([_failed(index, grpc.StatusCode.UNIMPLEMENTED, f"{call.method} is not batched")])
             return
         context = CallContext(batch, call.metadata)
         try:
             parsed = await self._decoder.decode(call.request, method.request_type, call.method, context)  # type: ignore[arg-type]
             response: Message = await method.handler(parsed, context)
         except CallAborted as abort:
-            results.put_nowait(_failed(index, abort.code, abort.details))
+            await emit([_failed(index, abort.code, abort.details)])
             return
         except Exception as exc:  # a bug answers its own caller, as grpc.aio would (UNKNOWN), no other
             _log.exception("intake_batch_call_failed", method=call.method)
-            results.put_nowait(_failed(index, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}"))
+            await emit([_failed(index, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")])
             return
         if context.code is not None and context.code != grpc.StatusCode.OK:
-            results.put_nowait(_failed(index, context.code, context.details or ""))
+            await emit([_failed(index, context.code, context.details or "")])
             return
-        results.put_nowait(ipb.CallResult(index=index, response=response.SerializeToString()))
+        await emit([ipb.CallResult(index=index, response=response.SerializeToString())])
 
     async def _heartbeats(
-        self,
-        calls: Sequence[tuple[int, ipb.BatchedCall]],
-        batch: ServicerContext,
-        results: asyncio.Queue[ipb.CallResult],
+        self, calls: Sequence[tuple[int, ipb.BatchedCall]], batch: ServicerContext, emit: Emit
     ) -> None:
         """Each heartbeat decoded and checked on its own (refusals answered at once), the admitted ones
-        answered by one :meth:`QuorumController.broker_heartbeats`."""
+        answered by one :meth:`QuorumController.broker_heartbeats`, as they are ready."""
         admitted: list[tuple[int, cpb.BrokerHeartbeatRequest]] = []
+        refused: list[ipb.CallResult] = []
         guard = self._servicer.guard
         for index, call in calls:
             context = CallContext(batch, call.metadata)
@@ -233,33 +231,40 @@ class CallBatchServicer:
                 assert isinstance(parsed, cpb.BrokerHeartbeatRequest)
                 guard.check_node(context, parsed.broker_id, "heartbeat as broker")
             except CallAborted as abort:
-                results.put_nowait(_failed(index, abort.code, abort.details))
+                refused.append(_failed(index, abort.code, abort.details))
                 continue
             except AccessDenied as exc:  # as ControllerServicer._call aborts it
-                results.put_nowait(_failed(index, grpc_status_for(exc.code), str(exc)))
+                refused.append(_failed(index, grpc_status_for(exc.code), str(exc)))
                 continue
             admitted.append((index, parsed))
+        if refused:
+            await emit(refused)
         if not admitted:
             return
         controller = self._controller()
         if controller is None:
+            starting = []
             for index, _ in admitted:
                 response = cpb.BrokerHeartbeatResponse(
                     error_code=int(ErrorCode.NOT_CONTROLLER), error_message="the controller is starting"
                 )
                 response.controller.node_id = -1
-                results.put_nowait(ipb.CallResult(index=index, response=response.SerializeToString()))
+                starting.append(ipb.CallResult(index=index, response=response.SerializeToString()))
+            await emit(starting)
             return
+        pending = {index for index, _ in admitted}
         try:
-            answers = await controller.broker_heartbeats([request for _, request in admitted])
-        except Exception as exc:  # a bug: every admitted caller gets it, as each would have alone
+            async for answers in controller.broker_heartbeats([request for _, request in admitted]):
+                results = []
+                for position, answer in answers:
+                    index = admitted[position][0]
+                    pending.discard(index)
+                    results.append(ipb.CallResult(index=index, response=answer.SerializeToString()))
+                await emit(results)
+        except Exception as exc:  # a bug: every caller not yet answered gets it, as each would have alone
             _log.exception("controller_request_failed", request="BrokerHeartbeatRequest")
             code = grpc_status_for(ErrorCode.UNKNOWN_SERVER_ERROR)
-            for index, _ in admitted:
-                results.put_nowait(_failed(index, code, f"{type(exc).__name__}: {exc}"))
-            return
-        for (index, _), answer in zip(admitted, answers, strict=True):
-            results.put_nowait(ipb.CallResult(index=index, response=answer.SerializeToString()))
+            await emit([_failed(index, code, f"{type(exc).__name__}: {exc}") for index in sorted(pending)])
 
     async def ReportCounters(
         self, request: ipb.IntakeCounters, context: ServicerContext

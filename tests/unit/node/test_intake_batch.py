@@ -253,9 +253,9 @@ async def test_each_batched_call_is_answered_as_it_would_be_alone_and_heartbeats
         events: list[int] = []
         alone = controller.broker_heartbeats
 
-        async def counted(reqs: Any) -> list[cpb.BrokerHeartbeatResponse]:
+        def counted(reqs: Any) -> AsyncIterator[list[tuple[int, cpb.BrokerHeartbeatResponse]]]:
             events.append(len(reqs))
-            return await alone(reqs)
+            return alone(reqs)
 
         controller.broker_heartbeats = counted  # type: ignore[method-assign]
         context = BatchContext()
@@ -409,3 +409,28 @@ async def test_the_intake_service_refuses_calls_from_the_network_port_and_serves
 def test_forwarded_headers_round_trip_text_and_binary() -> None:
     headers = headers_of([("x-app", "1"), (INTAKE_AUTH_KEY, b"\x00\x01")])
     assert headers[0].value == "1" and headers[1].binary_value == b"\x00\x01"
+
+
+async def test_a_heartbeat_of_a_batch_is_not_held_for_another_heartbeats_later_commit() -> None:
+    raft = FakeRaft(1)
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, clock=ManualClock())
+    await controller.start()
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        steady = await activate_broker(controller, 102)  # unfenced: its heartbeat changes nothing
+        joining = (await controller.register_broker(registration(101))).broker_epoch  # fenced
+        raft.hold_commits = True  # the joining broker's unfencing records will not commit yet
+        answers = controller.broker_heartbeats([_beat(101, joining), _beat(102, steady)])
+        first = await asyncio.wait_for(anext(answers), TIMEOUT_S)
+        assert [index for index, _ in first] == [1]  # the steady broker's answer, while 101's is held
+        assert first[0][1].error_code == ErrorCode.NONE and not first[0][1].is_fenced
+        raft.release()
+        second = await asyncio.wait_for(anext(answers), TIMEOUT_S)
+        assert [index for index, _ in second] == [0]
+        assert second[0][1].error_code == ErrorCode.NONE and not second[0][1].is_fenced
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(answers), TIMEOUT_S)
+    finally:
+        await controller.stop()
