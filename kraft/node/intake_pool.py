@@ -159,6 +159,7 @@ class IntakeProcesses:
         limits: ServerLimits,
         batch_appends: bool,
         log: StructLogger,
+        batch_controller_calls: bool = True,
         listener: str = "CONTROLLER",
         tls_config: Path | None = None,
     ) -> None:
@@ -169,6 +170,7 @@ class IntakeProcesses:
         self._cluster_id = cluster_id
         self._limits = limits
         self._batch_appends = batch_appends
+        self._batch_controller_calls = batch_controller_calls
         self._log = log
         self._listener = listener
         self._tls_config = tls_config
@@ -201,6 +203,8 @@ class IntakeProcesses:
         ]
         if self._batch_appends:
             command.append("--batch-appends")
+        if not self._batch_controller_calls:
+            command.append("--no-batch-controller-calls")
         command += ["--listener", self._listener]
         if self._tls_config is not None:
             command += ["--tls-config", str(self._tls_config)]

@@ -682,8 +682,12 @@ async def serve(args: argparse.Namespace) -> None:
     # The node's TLS settings, from its own configuration (a copy in the node's 0700 intake directory):
     # the same certificates, client authentication and reloading as the node's listener.
     tls = listener_settings(load_config(Path(args.tls_config)), args.listener) if args.tls_config else None
-    calls = ControllerCallBatcher(
-        call_batch_opener(upstream), max_calls=MAX_BATCH_CALLS, max_bytes=limits.max_message_bytes // 2
+    calls = (
+        None
+        if args.no_batch_controller_calls
+        else ControllerCallBatcher(
+            call_batch_opener(upstream), max_calls=MAX_BATCH_CALLS, max_bytes=limits.max_message_bytes // 2
+        )
     )
     handler = IntakeHandler(Proxy(upstream, forward_auth=tls is not None), batcher, calls)
     server.add_generic_rpc_handlers([handler])
@@ -714,7 +718,8 @@ async def serve(args: argparse.Namespace) -> None:
         orphan_watch.cancel()
         reporting.cancel()
         await server.stop(grace=args.grace_s)
-        await calls.close()
+        if calls is not None:
+            await calls.close()
         await reporter.report()  # the last counts, before the node stops listening
         if stream is not None:
             stream.close()
@@ -783,6 +788,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--limits", required=True, help="ServerLimits as JSON")
     parser.add_argument("--ready", required=True, help="file written once listening")
     parser.add_argument("--batch-appends", action="store_true")
+    parser.add_argument(
+        "--no-batch-controller-calls", action="store_true", help="proxy BrokerHeartbeat and CreateTopics too"
+    )
     parser.add_argument("--listener", default="CONTROLLER", help="the listener's name")
     parser.add_argument("--tls-config", help="the node's configuration, when its listener is SSL")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")

@@ -293,10 +293,13 @@ async def _many_brokers_and_topics(quorum: ControllerQuorum, target: str) -> Non
             await channel.close(None)
 
 
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "proxied"])
 def test_many_brokers_heartbeats_and_concurrent_create_topics_go_through_intake_processes_in_batches(
-    quorum_factory: QuorumFactory,
+    quorum_factory: QuorumFactory, batched: bool
 ) -> None:
-    quorum = quorum_factory(overrides=intake(exclusive=True), test_append=False)
+    overrides = intake(exclusive=True)
+    overrides["controller.intake.batch.controller.calls"] = str(batched).lower()
+    quorum = quorum_factory(overrides=overrides, test_append=False)
     quorum.start()
     quorum.wait_for_leader(30)
     active = _active_controller(quorum)
@@ -310,6 +313,9 @@ def test_many_brokers_heartbeats_and_concurrent_create_topics_go_through_intake_
     assert len(stopped) == 2, node.log_tail(40)
     batches = sum(int(b) for b, _ in stopped)
     calls = sum(int(c) for _, c in stopped)
+    if not batched:  # the switch off: every call proxied on its own, answered the same
+        assert (batches, calls) == (0, 0), stopped
+        return
     # every heartbeat (>= 2 per broker) and CreateTopics crossed a CallBatch; concurrent ones shared them
     assert calls >= MANY_BROKERS * 2 + BATCHED_TOPICS, stopped
     assert batches < calls, stopped
