@@ -57,8 +57,9 @@ Emit = Callable[[list[ipb.CallResult]], Awaitable[None]]
 
 CONTROLLER_SERVICE = "kraft.v1.ControllerService"
 HEARTBEAT_METHOD = f"/{CONTROLLER_SERVICE}/BrokerHeartbeat"
-HEARTBEATS_PER_EVENT = 256
-"""Heartbeats of one batch per controller event (~20-50 µs each: a few ms at most per event)."""
+HEARTBEATS_PER_EVENT = 128
+"""Heartbeats of one batch per controller event: ~10-30 µs each, so an event stays within the default
+``controller.max.event.time.ms`` (5 ms) on this 2-core host."""
 _LOCAL_PEER_PREFIX = "unix:"
 _log = get_logger("intake_batch")
 
