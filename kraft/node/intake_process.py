@@ -14,9 +14,19 @@ What an intake process does with a call (docs/internals/request-plane.md):
   the one answer.  One batch in flight at a time is group commit: a lone call goes at once, and under load
   the batch grows with the time one round takes.  A call that would not be valid as part of a batch (another
   cluster id, no values, too many) is proxied alone, so the main process answers it exactly as it would.
-- every other method (Raft, admin, heartbeats, MetadataFetch streams, health, TestAppendStream): proxied
+- ``RaftTestService.TestAppendStream``: answered here, message by message in order, each message through
+  the same batcher (passed through, every message cost a proxied message each way).
+- ``ControllerService.BrokerHeartbeat`` and ``CreateTopics`` (unless
+  ``controller.intake.batch.controller.calls=false``): the calls of one loop turn go to the node as ONE
+  internal ``IntakeService/CallBatch`` message with each caller's metadata; the node runs each as if it had
+  come alone and streams the answers back (:class:`ControllerCallBatcher`, :mod:`kraft.node.intake_batch`).
+- every other method (Raft, other admin calls, MetadataFetch streams, health): proxied
   byte for byte — a generic handler with identity serializers, unary and streaming alike — over the node's
   unix domain socket (in a 0700 directory of the metadata log dir), with the caller's metadata and deadline.
+
+Its counters go to the node every few seconds (``IntakeService/ReportCounters``; exported there as
+``kraft_intake_*``).  It runs on gRPC's iomgr unless ``KRAFT_INTAKE_GRPC_IO`` says otherwise
+(:func:`kraft.node.intake_pool.child_environment`).
 
 The caller's identity: on an SSL listener this process terminates TLS with the node's own settings, so it
 forwards each caller's auth context (certificate subject, SANs) and address as ``x-kraft-intake-*``
