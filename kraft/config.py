@@ -563,6 +563,11 @@ class NodeConfig(BaseModel):
     # every connection (clients', and Raft peers' too) reaches it through an intake process; false = the
     # kernel spreads connections over the node's process and its intake processes alike.
     controller_intake_exclusive: Bool = _key("controller.intake.exclusive", default=False)
+    # With intake processes: BrokerHeartbeat and CreateTopics calls of one intake loop turn go to the node as
+    # one internal batch (kraft/node/intake_batch.py); false = proxied one by one like every other call.
+    controller_intake_batch_controller_calls: Bool = _key(
+        "controller.intake.batch.controller.calls", default=True
+    )
     broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
     broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
     initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)

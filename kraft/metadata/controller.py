@@ -45,11 +45,11 @@ import asyncio
 import contextlib
 import gc
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from google.protobuf.message import Message
 
@@ -113,6 +113,21 @@ COUNT_SLICE_PARTITIONS = 1_000  # per-broker partition counts: recounted this ma
 # starts just before the budget runs out ends at most that far past it; 200 overran it by 1-2 ms).
 SNAPSHOT_PIECE_RECORDS = CHECK_EVERY
 RELEASE_STEP_TOPICS = 2_000  # topics of a replaced image looked at between budget checks (~0.1 ms)
+
+
+async def _reraise(exc: BaseException) -> NoReturn:
+    raise exc
+
+
+async def _returning(work: Awaitable[None], result: R) -> R:
+    await work
+    return result
+
+
+def _copy(response: R) -> R:
+    copy = type(response)()
+    copy.CopyFrom(response)
+    return copy
 
 
 async def _next_loop_turn() -> None:
@@ -522,15 +537,25 @@ class QuorumController:
         """Run one mutating request as an event of the queue: activation check, logic, append, wait for
         the commit (or, with ``confirm_unchanged``, Raft's confirmation of leadership when it appends
         nothing: ``WritePath.write``), map errors."""
-        try:
-            await self.activation.active_logic()
-            return await self.writes.write(
+        return await self._answered(
+            response,
+            self._write(
                 build,
                 priority=priority,
                 name=name,
                 wait_for_jobs=wait_for_jobs,
                 confirm_unchanged=confirm_unchanged,
-            )
+            ),
+        )
+
+    async def _write(self, build: Callable[[ControllerLogic], Outcome[R]], **options: Any) -> R:
+        await self.activation.active_logic()
+        return await self.writes.write(build, **options)
+
+    async def _answered(self, response: R, work: Awaitable[R]) -> R:
+        """``work``'s answer, or ``response`` carrying the error a write raised (see :meth:`_serve`)."""
+        try:
+            return await work
         except WriteOutcomeUnknown as exc:
             return self._outcome_unknown(response, exc.leader_id)
         except (NotControllerError, EventQueueClosedError) as exc:
@@ -589,7 +614,7 @@ class QuorumController:
             confirm_unchanged=True,
         )
 
-    async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
+    def _heartbeat_arrived(self, req: cpb.BrokerHeartbeatRequest) -> None:
         # Contact is recorded on arrival, before waiting for anything (see heartbeats.py).
         self.sessions.heartbeat_arrived()
         logic = self.state.logic
@@ -597,6 +622,9 @@ class QuorumController:
             broker = logic.image.brokers.get(req.broker_id)
             if broker is not None and broker.epoch == req.broker_epoch:
                 logic.heartbeats.touch(req.broker_id, self.clock.monotonic_ms(), req.current_metadata_offset)
+
+    async def broker_heartbeat(self, req: cpb.BrokerHeartbeatRequest) -> cpb.BrokerHeartbeatResponse:
+        self._heartbeat_arrived(req)
         return await self._serve(
             cpb.BrokerHeartbeatResponse(),
             lambda lg: lg.broker_heartbeat(req, self.clock.monotonic_ms(), self.writes.next_offset),
@@ -605,6 +633,78 @@ class QuorumController:
             wait_for_jobs=False,
             confirm_unchanged=True,
         )
+
+    async def broker_heartbeats(
+        self, reqs: Sequence[cpb.BrokerHeartbeatRequest]
+    ) -> AsyncIterator[list[tuple[int, cpb.BrokerHeartbeatResponse]]]:
+        """Heartbeats that arrived together (an intake process's batch, :mod:`kraft.node.intake_batch`) as
+        ONE urgent event instead of one each; every heartbeat gets the answer it would have had alone.
+        Yields ``(index in reqs, answer)`` lists as they are ready.
+
+        In the event each heartbeat runs in turn on the offsets the ones before it appended.  Then each
+        waits for what it depends on, as alone: its own records' commit, or — it appended nothing — the
+        commit of what its answer read plus a leadership confirmation (the lease path: Raft confirms at
+        once while its check-quorum lease holds).  Commits come in offset order, so the heartbeats are
+        answered in the order of the offsets they wait for, those waiting for the same offset together
+        (one wait, one confirmation) — never one heartbeat held for another's later offset."""
+        for req in reqs:
+            self._heartbeat_arrived(req)
+        writes = self.writes
+        now_ms = self.clock.monotonic_ms()
+        Done = tuple[Outcome[cpb.BrokerHeartbeatResponse], int | None, int]
+
+        def run_all() -> tuple[ControllerLogic, list[Done | NotControllerError]]:
+            logic = self.state.logic
+            if logic is None:
+                raise NotControllerError(self.state.leader.leader_id)
+            done: list[Done | NotControllerError] = []
+            for req in reqs:
+                outcome = logic.broker_heartbeat(req, now_ms, writes.next_offset)
+                try:
+                    last = writes.append(outcome.records, outcome.first_offset) if outcome.records else None
+                except NotControllerError as exc:  # nothing of this one was appended
+                    done.append(exc)
+                    continue
+                wait = outcome.wait_offset if outcome.wait_offset is not None else writes.next_offset - 1
+                done.append((outcome, last, wait))
+            return logic, done
+
+        async def event() -> tuple[ControllerLogic, list[Done | NotControllerError]]:
+            await self.activation.active_logic()
+            return await writes.queue.run(EventPriority.URGENT, "broker-heartbeats", run_all)
+
+        try:
+            logic, done = await event()
+        except Exception as exc:  # mapped (or re-raised) as _serve would, the same answer for each
+            failed = await self._answered(cpb.BrokerHeartbeatResponse(), _reraise(exc))
+            yield [(index, _copy(failed)) for index in range(len(reqs))]
+            return
+
+        async def committed(last: int) -> None:
+            try:
+                if logic.has_bulk_jobs():
+                    writes.drive_jobs(logic)  # never waited for: a heartbeat's answer skips bulk work
+                await writes.wait_committed(last)
+            except NotControllerError as exc:
+                raise WriteOutcomeUnknown(exc.leader_id) from exc
+
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for index, item in enumerate(done):
+            if isinstance(item, NotControllerError):
+                yield [(index, await self._answered(cpb.BrokerHeartbeatResponse(), _reraise(item)))]
+                continue
+            _, last, wait = item
+            groups.setdefault((last, True) if last is not None else (wait, False), []).append(index)
+        for (offset, appended), indices in sorted(groups.items()):
+            waited = cpb.BrokerHeartbeatResponse()
+            work = committed(offset) if appended else writes._committed_and_confirmed(offset)
+            got = await self._answered(cpb.BrokerHeartbeatResponse(), _returning(work, waited))
+            answers = []
+            for index in indices:
+                item = done[index]
+                assert not isinstance(item, NotControllerError)
+                answers.append((index, item[0].response if got is waited else _copy(got)))
+            yield answers
 
     async def unregister_broker(self, req: cpb.UnregisterBrokerRequest) -> cpb.UnregisterBrokerResponse:
         return await self._serve(

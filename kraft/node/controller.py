@@ -507,6 +507,7 @@ class ControllerNode:
                 cluster_id=self._meta.cluster_id,
                 limits=limits,
                 batch_appends=test_servicer is not None,
+                batch_controller_calls=cfg.controller_intake_batch_controller_calls,
                 log=self._log,
                 listener=name,
                 tls_config=write_tls_config(cfg, intake_socket.parent) if tls is not None else None,

@@ -30,13 +30,14 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from kraft.config import NodeConfig, _join_host_port
 from kraft.grpc_service import ServerLimits
 from kraft.observability.logging import StructLogger
 from kraft.procutil import spawn_child
+from kraft.runtime import GRPC_IO_ENV, GRPC_IOS, configure_grpc_io
 
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
@@ -48,6 +49,32 @@ MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 class IntakeConfigError(Exception):
     """The configuration cannot run intake processes (the node refuses to start)."""
+
+
+INTAKE_GRPC_IO_ENV = "KRAFT_INTAKE_GRPC_IO"
+"""gRPC's I/O layer for intake processes (``iomgr`` by default; ``event-engine``): see
+:func:`child_environment`."""
+DEFAULT_INTAKE_GRPC_IO = "iomgr"
+
+
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment an intake process starts with: the node's, with gRPC's I/O layer chosen by
+    ``$KRAFT_INTAKE_GRPC_IO`` (default ``iomgr``; an operator's own ``GRPC_EXPERIMENTS`` still wins).
+
+    Why iomgr there and not on the node: EventEngine hops every socket read and write through threads of
+    its own before grpc.aio's completion-queue thread wakes the loop, and a call through an intake process
+    crosses gRPC twice more — a lone commit four times more (the client's call and its answer, and in
+    exclusive mode the followers' fetches both ways): on EventEngine that added 1.3-2 ms to a lone write
+    (3.0 → 4.3-5.0 ms p50), on iomgr 0.5 ms (docs/internals/raft-performance.md, "Intake processes, phase 2").
+    EventEngine's advantage — its threads keep sockets moving while the loop runs a long turn — is what a
+    node running bulk controller work needs; an intake process's loop runs no long turns."""
+    env = dict(environ)
+    choice = env.get(INTAKE_GRPC_IO_ENV, "").strip() or DEFAULT_INTAKE_GRPC_IO
+    if choice not in GRPC_IOS:
+        raise IntakeConfigError(f"{INTAKE_GRPC_IO_ENV}={choice!r}: must be one of {', '.join(GRPC_IOS)}")
+    env[GRPC_IO_ENV] = choice
+    configure_grpc_io(env)
+    return env
 
 
 def check_supported(config: NodeConfig) -> None:
@@ -132,6 +159,7 @@ class IntakeProcesses:
         limits: ServerLimits,
         batch_appends: bool,
         log: StructLogger,
+        batch_controller_calls: bool = True,
         listener: str = "CONTROLLER",
         tls_config: Path | None = None,
     ) -> None:
@@ -142,6 +170,7 @@ class IntakeProcesses:
         self._cluster_id = cluster_id
         self._limits = limits
         self._batch_appends = batch_appends
+        self._batch_controller_calls = batch_controller_calls
         self._log = log
         self._listener = listener
         self._tls_config = tls_config
@@ -174,6 +203,8 @@ class IntakeProcesses:
         ]
         if self._batch_appends:
             command.append("--batch-appends")
+        if not self._batch_controller_calls:
+            command.append("--no-batch-controller-calls")
         command += ["--listener", self._listener]
         if self._tls_config is not None:
             command += ["--tls-config", str(self._tls_config)]
@@ -188,7 +219,10 @@ class IntakeProcesses:
                     ready.unlink()
                 # Output goes to the node's own stdout/stderr (its log).
                 process = spawn_child(
-                    self._command(index, ready), die_with_parent=True, stdin=subprocess.DEVNULL
+                    self._command(index, ready),
+                    die_with_parent=True,
+                    stdin=subprocess.DEVNULL,
+                    env=child_environment(os.environ),
                 )
                 self._children.append(_Child(index, process, ready))
             deadline = time.monotonic() + timeout_s

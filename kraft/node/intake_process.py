@@ -14,9 +14,19 @@ What an intake process does with a call (docs/internals/request-plane.md):
   the one answer.  One batch in flight at a time is group commit: a lone call goes at once, and under load
   the batch grows with the time one round takes.  A call that would not be valid as part of a batch (another
   cluster id, no values, too many) is proxied alone, so the main process answers it exactly as it would.
-- every other method (Raft, admin, heartbeats, MetadataFetch streams, health, TestAppendStream): proxied
+- ``RaftTestService.TestAppendStream``: answered here, message by message in order, each message through
+  the same batcher (passed through, every message cost a proxied message each way).
+- ``ControllerService.BrokerHeartbeat`` and ``CreateTopics`` (unless
+  ``controller.intake.batch.controller.calls=false``): the calls of one loop turn go to the node as ONE
+  internal ``IntakeService/CallBatch`` message with each caller's metadata; the node runs each as if it had
+  come alone and streams the answers back (:class:`ControllerCallBatcher`, :mod:`kraft.node.intake_batch`).
+- every other method (Raft, other admin calls, MetadataFetch streams, health): proxied
   byte for byte — a generic handler with identity serializers, unary and streaming alike — over the node's
   unix domain socket (in a 0700 directory of the metadata log dir), with the caller's metadata and deadline.
+
+Its counters go to the node every few seconds (``IntakeService/ReportCounters``; exported there as
+``kraft_intake_*``).  It runs on gRPC's iomgr unless ``KRAFT_INTAKE_GRPC_IO`` says otherwise
+(:func:`kraft.node.intake_pool.child_environment`).
 
 The caller's identity: on an SSL listener this process terminates TLS with the node's own settings, so it
 forwards each caller's auth context (certificate subject, SANs) and address as ``x-kraft-intake-*``
@@ -50,8 +60,9 @@ from google.protobuf.descriptor import ServiceDescriptor
 
 from kraft.config import load_config
 from kraft.grpc_service import ServerLimits, create_server
+from kraft.node.intake_batch import headers_of
 from kraft.observability.logging import configure_logging, get_logger
-from kraft.runtime import loop_factory
+from kraft.runtime import grpc_io_name, loop_factory
 from kraft.security.principal import (
     INTAKE_AUTH_KEY,
     INTAKE_METADATA_PREFIX,
@@ -59,10 +70,20 @@ from kraft.security.principal import (
     encode_auth,
 )
 from kraft.security.tls import add_port, listener_settings
-from kraft.v1 import raft_pb2
+from kraft.v1 import intake_pb2, raft_pb2
 
 APPEND_METHOD = "/kraft.v1.RaftTestService/TestAppend"
 APPEND_STREAM_METHOD = "/kraft.v1.RaftTestService/TestAppendStream"
+CALL_BATCH_METHOD = "/kraft.v1.IntakeService/CallBatch"
+REPORT_COUNTERS_METHOD = "/kraft.v1.IntakeService/ReportCounters"
+BATCHED_CONTROLLER_METHODS = frozenset(
+    {"/kraft.v1.ControllerService/BrokerHeartbeat", "/kraft.v1.ControllerService/CreateTopics"}
+)
+"""ControllerService calls sent to the node in ``CallBatch`` messages (kraft.node.intake_batch): the ones
+many callers send at once (1,000 brokers' heartbeats, bulk topic creation); the rest are proxied."""
+MAX_BATCH_CALLS = 1_000
+COUNTER_REPORT_INTERVAL_S = 5.0
+"""How often an intake process reports its counters to the node (and once more at its stop)."""
 MAX_BATCH_VALUES = 100_000
 """RaftTestServicer's own bound on one request's values: a batch never holds more."""
 UPSTREAM_CHANNELS = 4
@@ -172,6 +193,12 @@ class Proxy:
         """``forward_auth``: send each caller's TLS auth context along (a TLS listener)."""
         self._upstream = upstream
         self._forward_auth = forward_auth
+        self.calls = 0
+        """Calls proxied (counted as they start)."""
+
+    def metadata(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:
+        """What a call forwards of its caller (:func:`forwarded_metadata`)."""
+        return forwarded_metadata(context, forward_auth=self._forward_auth)
 
     def handler(self, method: str, shape: MethodShape) -> grpc.RpcMethodHandler[Any, Any]:
         # No (de)serializers: request and response stay the bytes on the wire.
@@ -190,6 +217,7 @@ class Proxy:
         return handle
 
     async def unary(self, method: str, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        self.calls += 1
         call = self._upstream.pick().unary_unary(method, None, None)(
             request,
             metadata=forwarded_metadata(context, forward_auth=self._forward_auth),
@@ -201,6 +229,7 @@ class Proxy:
         async def handle(
             requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
         ) -> bytes:
+            self.calls += 1
             call = self._upstream.pick().stream_unary(method, None, None)(
                 requests,
                 metadata=forwarded_metadata(context, forward_auth=self._forward_auth),
@@ -223,6 +252,7 @@ class Proxy:
 
     def _streaming(self, method: str, *, stream_in: bool) -> Callable[..., AsyncIterator[bytes]]:
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[bytes]:
+            self.calls += 1
             channel = self._upstream.pick()
             opener: Any = (
                 channel.stream_stream(method, None, None)
@@ -414,22 +444,206 @@ class AppendStream:
             self._call = None
 
 
-class IntakeHandler(_GenericRpcHandler):
-    """Routes every method: batched ``TestAppend`` (when enabled), everything else proxied."""
+class BatchedCallFailed(Exception):
+    """A batched ControllerService call got no answer (the batch failed) or a non-OK status."""
 
-    def __init__(self, proxy: Proxy, batcher: AppendBatcher | None) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+
+OpenBatch = Callable[[intake_pb2.CallBatchRequest, float | None], AsyncIterator[intake_pb2.CallBatchResponse]]
+"""Send one ``CallBatch`` (with a timeout, or None) and iterate its answers; raises
+:class:`BatchedCallFailed` when the call fails."""
+
+
+class _Call:
+    __slots__ = ("future", "metadata", "method", "request", "timeout")
+
+    def __init__(
+        self,
+        method: str,
+        request: bytes,
+        metadata: Sequence[tuple[str, Any]],
+        timeout: float | None,
+        future: asyncio.Future[bytes],
+    ) -> None:
+        self.method = method
+        self.request = request
+        self.metadata = metadata
+        self.timeout = timeout
+        self.future = future
+
+
+class ControllerCallBatcher:
+    """The ControllerService calls of one loop turn as ONE ``CallBatch`` message to the node
+    (:mod:`kraft.node.intake_batch` runs each as if it came alone and streams the answers back).
+
+    Batches are cut by loop turn, not by round trip: the first call of a turn schedules the send for the
+    end of that turn (``call_soon``), so a lone call waits for no earlier batch, and several batches may be
+    in flight — a heartbeat batch never waits behind a batch that holds a slow CreateTopics."""
+
+    def __init__(self, open_batch: OpenBatch, *, max_calls: int, max_bytes: int) -> None:
+        self._open = open_batch
+        self._max_calls = max_calls
+        self._max_bytes = max_bytes
+        self._pending: list[_Call] = []
+        self._scheduled = False
+        self._rounds: set[asyncio.Task[None]] = set()
+        self.batches = 0
+        self.calls = 0
+
+    async def call(
+        self, method: str, request: bytes, metadata: Sequence[tuple[str, Any]], deadline_s: float | None
+    ) -> bytes:
+        """The node's answer to one call (raises :class:`BatchedCallFailed` with its status otherwise)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        self._pending.append(_Call(method, request, metadata, deadline_s, future))
+        if not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        pending = [call for call in self._pending if not call.future.done()]  # a cancelled caller left
+        self._pending = []
+        batch: list[_Call] = []
+        size = 0
+        for call in pending:
+            if batch and (len(batch) >= self._max_calls or size + len(call.request) > self._max_bytes):
+                self._start(batch)
+                batch, size = [], 0
+            batch.append(call)
+            size += len(call.request)
+        if batch:
+            self._start(batch)
+
+    def _start(self, batch: list[_Call]) -> None:
+        task = asyncio.get_running_loop().create_task(self._round(batch), name="intake-call-batch")
+        self._rounds.add(task)
+        task.add_done_callback(self._rounds.discard)
+
+    async def _round(self, batch: list[_Call]) -> None:
+        request = intake_pb2.CallBatchRequest(
+            calls=[
+                intake_pb2.BatchedCall(method=c.method, request=c.request, metadata=headers_of(c.metadata))
+                for c in batch
+            ]
+        )
+        timeouts = [c.timeout for c in batch]
+        timeout = None if any(t is None for t in timeouts) else max(t for t in timeouts if t is not None)
+        self.batches += 1
+        self.calls += len(batch)
+        failure = BatchedCallFailed(
+            grpc.StatusCode.UNAVAILABLE, "the batch to the controller ended without this call's answer"
+        )
+        try:
+            async for response in self._open(request, timeout):
+                for result in response.results:
+                    if result.index >= len(batch) or batch[result.index].future.done():
+                        continue
+                    future = batch[result.index].future
+                    if result.status_code == grpc.StatusCode.OK.value[0]:
+                        future.set_result(result.response)
+                    else:
+                        code = _STATUS_BY_VALUE.get(result.status_code, grpc.StatusCode.UNKNOWN)
+                        future.set_exception(BatchedCallFailed(code, result.details))
+        except BatchedCallFailed as error:
+            failure = error
+        except Exception as error:  # a bug must come back to the callers, not leave them hanging
+            failure = BatchedCallFailed(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+            raise
+        finally:
+            for call in batch:
+                if not call.future.done():
+                    call.future.set_exception(failure)
+
+    async def close(self) -> None:
+        for task in list(self._rounds):
+            task.cancel()
+
+
+def call_batch_opener(upstream: Upstream) -> OpenBatch:
+    """:data:`OpenBatch` over the node's unix socket (the proxied calls' channels, taken in turn)."""
+
+    async def open_batch(
+        request: intake_pb2.CallBatchRequest, deadline_s: float | None
+    ) -> AsyncIterator[intake_pb2.CallBatchResponse]:
+        call: Any = upstream.pick().unary_stream(
+            CALL_BATCH_METHOD,
+            request_serializer=intake_pb2.CallBatchRequest.SerializeToString,
+            response_deserializer=intake_pb2.CallBatchResponse.FromString,
+        )(request, timeout=deadline_s)
+        try:
+            async for response in call:
+                yield response
+        except grpc.aio.AioRpcError as error:
+            raise BatchedCallFailed(error.code(), error.details() or "") from None
+        finally:
+            call.cancel()
+
+    return open_batch
+
+
+class IntakeHandler(_GenericRpcHandler):
+    """Routes every method: batched ``TestAppend`` and ``TestAppendStream`` messages (when enabled),
+    batched ControllerService calls (:data:`BATCHED_CONTROLLER_METHODS`, when a call batcher is given),
+    everything else proxied."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        batcher: AppendBatcher | None,
+        calls: ControllerCallBatcher | None = None,
+    ) -> None:
         self._proxy = proxy
         self._batcher = batcher
+        self._calls = calls
+        self.stream_messages = 0
         self._handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
             method: proxy.handler(method, shape) for method, shape in method_shapes().items()
         }
         if batcher is not None:
             self._handlers[APPEND_METHOD] = grpc.unary_unary_rpc_method_handler(self._append)
+            self._handlers[APPEND_STREAM_METHOD] = grpc.stream_stream_rpc_method_handler(self._append_stream)
+        if calls is not None:
+            for method in BATCHED_CONTROLLER_METHODS:
+                self._handlers[method] = grpc.unary_unary_rpc_method_handler(self._batched(method))
 
     def service(
         self, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         return self._handlers.get(handler_call_details.method)  # unknown: UNIMPLEMENTED, as upstream
+
+    def counters(self, index: int) -> intake_pb2.IntakeCounters:
+        """This process's counts so far (reported to the node: kraft.node.intake_batch)."""
+        return intake_pb2.IntakeCounters(
+            index=index,
+            append_batches=self._batcher.batches if self._batcher else 0,
+            append_calls=self._batcher.calls if self._batcher else 0,
+            controller_batches=self._calls.batches if self._calls else 0,
+            controller_calls=self._calls.calls if self._calls else 0,
+            proxied_calls=self._proxy.calls,
+            stream_messages=self.stream_messages,
+        )
+
+    def _batched(self, method: str) -> Callable[..., Awaitable[bytes]]:
+        async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+            assert self._calls is not None
+            try:
+                return await self._calls.call(
+                    method, request, self._proxy.metadata(context), context.time_remaining()
+                )
+            except BatchedCallFailed as failure:
+                await context.abort(failure.code, failure.details)
+                raise AssertionError("unreachable: context.abort raises") from None
+
+        return handle
 
     async def _append(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         assert self._batcher is not None
@@ -445,6 +659,17 @@ class IntakeHandler(_GenericRpcHandler):
             await context.abort(failure.code, failure.details)
             raise AssertionError("unreachable: context.abort raises") from None
         return answer.SerializeToString()
+
+    async def _append_stream(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        """A client's ``TestAppendStream`` answered here, message by message in order as the main
+        process's does (``TestAppend`` for each), each message joining the batches of the unary calls:
+        passed through byte for byte, every message cost a proxied stream message each way and the node
+        one Raft append per message."""
+        async for request in requests:
+            self.stream_messages += 1
+            yield await self._append(request, context)
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -467,7 +692,15 @@ async def serve(args: argparse.Namespace) -> None:
     # The node's TLS settings, from its own configuration (a copy in the node's 0700 intake directory):
     # the same certificates, client authentication and reloading as the node's listener.
     tls = listener_settings(load_config(Path(args.tls_config)), args.listener) if args.tls_config else None
-    server.add_generic_rpc_handlers([IntakeHandler(Proxy(upstream, forward_auth=tls is not None), batcher)])
+    calls = (
+        None
+        if args.no_batch_controller_calls
+        else ControllerCallBatcher(
+            call_batch_opener(upstream), max_calls=MAX_BATCH_CALLS, max_bytes=limits.max_message_bytes // 2
+        )
+    )
+    handler = IntakeHandler(Proxy(upstream, forward_auth=tls is not None), batcher, calls)
+    server.add_generic_rpc_handlers([handler])
     port, _reloader = add_port(server, args.listen, tls, args.listener)
     if port == 0:
         raise SystemExit(f"intake process: cannot listen on {args.listen}")
@@ -479,24 +712,71 @@ async def serve(args: argparse.Namespace) -> None:
     # The node waits for this file (written after the server listens) before it reports itself started.
     ready = Path(args.ready)
     await asyncio.to_thread(ready.write_text, f"{os.getpid()}\n")
-    _log.info("intake_process_started", index=args.index, pid=os.getpid(), listen=args.listen)
+    _log.info(
+        "intake_process_started",
+        index=args.index,
+        pid=os.getpid(),
+        listen=args.listen,
+        grpc_io=grpc_io_name(),
+    )
     orphan_watch = asyncio.create_task(_exit_when_orphaned(args.parent_pid, stop))
+    reporter = CounterReporter(upstream.append, lambda: handler.counters(args.index))
+    reporting = asyncio.create_task(reporter.run(COUNTER_REPORT_INTERVAL_S), name="intake-counters")
     try:
         await stop.wait()
     finally:
         orphan_watch.cancel()
+        reporting.cancel()
         await server.stop(grace=args.grace_s)
+        if calls is not None:
+            await calls.close()
+        await reporter.report()  # the last counts, before the node stops listening
         if stream is not None:
             stream.close()
         await upstream.close()
         with contextlib.suppress(OSError):
             os.unlink(ready)
+        counters = handler.counters(args.index)
         _log.info(
             "intake_process_stopped",
             index=args.index,
-            batches=batcher.batches if batcher else 0,
-            batched_calls=batcher.calls if batcher else 0,
+            batches=counters.append_batches,
+            batched_calls=counters.append_calls,
+            controller_batches=counters.controller_batches,
+            controller_calls=counters.controller_calls,
+            proxied_calls=counters.proxied_calls,
+            stream_messages=counters.stream_messages,
         )
+
+
+class CounterReporter:
+    """Sends this process's counters to the node (``IntakeService/ReportCounters``) every interval: the
+    node exports them (kraft.node.intake_batch).  A failed report is logged once and retried next time
+    (a node without the metadata layer does not serve it: then they are only logged at stop)."""
+
+    def __init__(self, channel: grpc.aio.Channel, counters: Callable[[], intake_pb2.IntakeCounters]) -> None:
+        self._send = channel.unary_unary(
+            REPORT_COUNTERS_METHOD,
+            request_serializer=intake_pb2.IntakeCounters.SerializeToString,
+            response_deserializer=intake_pb2.IntakeCountersAck.FromString,
+        )
+        self._counters = counters
+        self._warned = False
+
+    async def report(self, timeout_s: float = 2.0) -> bool:
+        try:
+            await self._send(self._counters(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            if not self._warned:
+                self._warned = True
+                _log.warning("intake_counters_not_reported", code=error.code().name, details=error.details())
+            return False
+        return True
+
+    async def run(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.report()
 
 
 async def _exit_when_orphaned(parent_pid: int, stop: asyncio.Event) -> None:
@@ -518,6 +798,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--limits", required=True, help="ServerLimits as JSON")
     parser.add_argument("--ready", required=True, help="file written once listening")
     parser.add_argument("--batch-appends", action="store_true")
+    parser.add_argument(
+        "--no-batch-controller-calls", action="store_true", help="proxy BrokerHeartbeat and CreateTopics too"
+    )
     parser.add_argument("--listener", default="CONTROLLER", help="the listener's name")
     parser.add_argument("--tls-config", help="the node's configuration, when its listener is SSL")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process is gone")

@@ -29,6 +29,7 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.request_limits import RequestLimits
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
+from kraft.node.intake_batch import CallBatchServicer, add_intake_service
 from kraft.observability.health import CONTROLLER_SERVICE
 from kraft.security.authorizer import AuthorizerSettings
 
@@ -144,6 +145,10 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     layer = MetadataLayer(node.config.authorizer_settings)
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
+    if node.config.controller_intake_processes > 0:
+        # Its intake processes' batched ControllerService calls (refused off the unix socket).
+        batches = CallBatchServicer(layer.servicer, lambda: layer.controller, node.config.node_id)
+        node.add_service(lambda server: add_intake_service(server, batches))
     node.on_start(layer.start)
     node.on_stop(layer.stop)
     return layer

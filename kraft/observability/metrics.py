@@ -242,6 +242,29 @@ BROKER_REQUEST_LATENCY = Histogram(
 )
 
 
+# --- intake processes (controller.intake.processes; kraft/node/intake_batch.py) ---
+# An intake process's own counts reach its node in periodic reports over the node's unix socket (the
+# children serve no metrics of their own: one scrape target per node); ``intake`` is the child's index.
+_INTAKE: Final = (*_NODE, "intake")
+_INTAKE_COUNTERS: Final = (
+    ("append_batches", "TestAppend batches an intake process sent (one TestAppendStream message each)"),
+    ("append_calls", "TestAppend calls an intake process answered from its batches"),
+    ("controller_batches", "CallBatch messages an intake process sent (ControllerService calls of a turn)"),
+    ("controller_calls", "ControllerService calls an intake process sent in CallBatch messages"),
+    ("proxied_calls", "Calls an intake process proxied byte for byte (every other method)"),
+    ("stream_messages", "TestAppendStream messages an intake process answered through its batcher"),
+)
+INTAKE_COUNTERS: Final = {
+    name: Counter(f"kraft_intake_{name}", text, _INTAKE) for name, text in _INTAKE_COUNTERS
+}
+INTAKE_RECEIVED_BATCHES = Counter(
+    "kraft_intake_received_batches", "CallBatch messages the node received from its intake processes", _NODE
+)
+INTAKE_RECEIVED_CALLS = Counter(
+    "kraft_intake_received_calls", "ControllerService calls the node received in CallBatch messages", _NODE
+)
+
+
 @dataclass(frozen=True, slots=True)
 class RaftMetrics:
     """The Raft series of one node, bound once (label lookups are not free)."""
@@ -334,6 +357,24 @@ class ControllerMetrics:
             new_active_controllers=CONTROLLER_NEW_ACTIVE_CONTROLLERS.labels(label),
             metadata_errors=CONTROLLER_METADATA_ERRORS.labels(label),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeMetrics:
+    """The intake series of one node (the per-intake-process ones are bound on first use)."""
+
+    node: str
+    received_batches: Counter
+    received_calls: Counter
+
+    @classmethod
+    def for_node(cls, node: int | str) -> IntakeMetrics:
+        label = str(node)
+        return cls(label, INTAKE_RECEIVED_BATCHES.labels(label), INTAKE_RECEIVED_CALLS.labels(label))
+
+    def counter(self, name: str, intake: int) -> Counter:
+        """``kraft_intake_<name>_total`` of intake process ``intake`` (a key of ``INTAKE_COUNTERS``)."""
+        return INTAKE_COUNTERS[name].labels(self.node, str(intake))
 
 
 @dataclass(frozen=True, slots=True)

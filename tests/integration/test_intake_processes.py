@@ -211,6 +211,132 @@ def test_admin_calls_heartbeats_and_raft_work_when_every_connection_goes_through
     asyncio.run(_brokers_and_admin(quorum))
 
 
+MANY_BROKERS = 40
+BATCHED_TOPICS = 12
+
+
+async def _many_brokers_and_topics(quorum: ControllerQuorum, target: str) -> None:
+    """``MANY_BROKERS`` brokers, each on a connection of its own to the active controller, register and
+    heartbeat at the same time until every one is unfenced; then ``BATCHED_TOPICS`` CreateTopics at once."""
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(MANY_BROKERS)
+    ]
+    try:
+        stubs = [controller_pb2_grpc.ControllerServiceStub(channel) for channel in channels]
+
+        async def broker(index: int) -> None:
+            broker_id = FIRST_BROKER_ID + index
+            registered = await stubs[index].RegisterBroker(
+                cpb.RegisterBrokerRequest(
+                    cluster_id=quorum.cluster_id,
+                    broker_id=broker_id,
+                    incarnation_id=f"incarnation-{broker_id}",
+                    listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=20000 + index)],
+                ),
+                timeout=TIMEOUT_S,
+            )
+            assert registered.error_code == ErrorCode.NONE, registered
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:
+                beat = await stubs[index].BrokerHeartbeat(
+                    cpb.BrokerHeartbeatRequest(
+                        cluster_id=quorum.cluster_id,
+                        broker_id=broker_id,
+                        broker_epoch=registered.broker_epoch,
+                        current_metadata_offset=1 << 40,
+                    ),
+                    timeout=TIMEOUT_S,
+                )
+                assert beat.error_code == ErrorCode.NONE, beat
+                if not beat.is_fenced:
+                    break
+                assert time.monotonic() < deadline, (
+                    f"broker {broker_id} not unfenced through intake processes"
+                )
+                await asyncio.sleep(0.05)
+            # a heartbeat with a wrong epoch is answered as such, beside the others' good ones
+            stale = await stubs[index].BrokerHeartbeat(
+                cpb.BrokerHeartbeatRequest(
+                    cluster_id=quorum.cluster_id,
+                    broker_id=broker_id,
+                    broker_epoch=registered.broker_epoch + 1,
+                ),
+                timeout=TIMEOUT_S,
+            )
+            assert stale.error_code == ErrorCode.STALE_BROKER_EPOCH, stale
+
+        await asyncio.gather(*(broker(index) for index in range(MANY_BROKERS)))
+
+        async def create(index: int) -> cpb.CreateTopicsResponse:
+            return await stubs[index].CreateTopics(
+                cpb.CreateTopicsRequest(
+                    cluster_id=quorum.cluster_id,
+                    topics=[
+                        cpb.CreatableTopic(name=f"batched-{index}", num_partitions=4, replication_factor=3)
+                    ],
+                ),
+                timeout=TIMEOUT_S,
+            )
+
+        created = await asyncio.gather(*(create(index) for index in range(BATCHED_TOPICS)))
+        assert [c.topics[0].error_code for c in created] == [ErrorCode.NONE] * BATCHED_TOPICS, created
+        again = await create(0)  # each caller its own answer: a second create of the same name fails alone
+        assert again.topics[0].error_code == ErrorCode.TOPIC_ALREADY_EXISTS, again
+        described = await stubs[0].DescribeTopics(
+            cpb.DescribeTopicsRequest(cluster_id=quorum.cluster_id), timeout=TIMEOUT_S
+        )
+        names = {topic.name for topic in described.topics}
+        assert {f"batched-{index}" for index in range(BATCHED_TOPICS)} <= names
+    finally:
+        for channel in channels:
+            await channel.close(None)
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "proxied"])
+def test_many_brokers_heartbeats_and_concurrent_create_topics_go_through_intake_processes_in_batches(
+    quorum_factory: QuorumFactory, batched: bool
+) -> None:
+    overrides = intake(exclusive=True)
+    overrides["controller.intake.batch.controller.calls"] = str(batched).lower()
+    quorum = quorum_factory(overrides=overrides, test_append=False)
+    quorum.start()
+    quorum.wait_for_leader(30)
+    active = _active_controller(quorum)
+    asyncio.run(_many_brokers_and_topics(quorum, quorum.nodes[active].target))
+    node = quorum.nodes[active]
+    assert quorum.terminate(active) == 0, node.log_tail(30)
+    log = node.log_path.read_text()
+    stopped = re.findall(
+        r"event=intake_process_stopped .*?controller_batches=(\d+) controller_calls=(\d+)", log
+    )
+    assert len(stopped) == 2, node.log_tail(40)
+    batches = sum(int(b) for b, _ in stopped)
+    calls = sum(int(c) for _, c in stopped)
+    if not batched:  # the switch off: every call proxied on its own, answered the same
+        assert (batches, calls) == (0, 0), stopped
+        return
+    # every heartbeat (>= 2 per broker) and CreateTopics crossed a CallBatch; concurrent ones shared them
+    assert calls >= MANY_BROKERS * 2 + BATCHED_TOPICS, stopped
+    assert batches < calls, stopped
+    assert "intake_counters_not_reported" not in log, node.log_tail(40)
+
+
+def _active_controller(quorum: ControllerQuorum) -> int:
+    """The active controller's id (the Raft leader once its metadata layer answers)."""
+    leader = quorum.wait_for_leader(30)
+
+    async def active() -> bool:
+        async with grpc.aio.insecure_channel(quorum.nodes[leader.node_id].target) as channel:
+            answer = await controller_pb2_grpc.ControllerServiceStub(channel).DescribeCluster(
+                cpb.DescribeClusterRequest(cluster_id=quorum.cluster_id), timeout=TIMEOUT_S
+            )
+            return answer.error_code == ErrorCode.NONE
+
+    wait_until(lambda: asyncio.run(active()) or None, 30, "the active controller answers")
+    return leader.node_id
+
+
 def test_an_intake_process_that_dies_takes_its_node_down_with_one_fatal_line_and_no_orphan(
     quorum_factory: QuorumFactory,
 ) -> None:

@@ -23,6 +23,7 @@ from kraft.node.intake_pool import (
     IntakeConfigError,
     check_port_free,
     check_supported,
+    child_environment,
     prepare_socket_dir,
     socket_path,
 )
@@ -400,6 +401,45 @@ async def test_test_appends_from_many_callers_reach_the_upstream_batched(
     assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED  # the fake upstream has no TestAppend
 
 
+async def test_append_stream_messages_join_the_unary_calls_batches_and_answer_in_order(
+    proxied: tuple[grpc.aio.Channel, FakeUpstream],
+) -> None:
+    # TestAppendStream is answered by the intake process, each message through the batcher (as the main
+    # process answers it: TestAppend per message, in order), not passed through message by message
+    channel, upstream = proxied
+    open_stream = channel.stream_stream(
+        BIDI, raft_pb2.TestAppendRequest.SerializeToString, raft_pb2.TestAppendResponse.FromString
+    )
+    append = channel.unary_unary(
+        APPEND_METHOD, raft_pb2.TestAppendRequest.SerializeToString, raft_pb2.TestAppendResponse.FromString
+    )
+
+    async def stream_client(index: int) -> list[tuple[int, int]]:
+        call = open_stream(None, timeout=TIMEOUT_S)
+        got = []
+        for round_ in range(3):
+            await call.write(_request(*[b"s%d-%d" % (index, round_)] * (1 + index % 2)))
+            answer = await call.read()
+            assert isinstance(answer, raft_pb2.TestAppendResponse)
+            got.append((answer.base_offset, answer.last_offset))
+        await call.done_writing()
+        return got
+
+    streams, unary = await asyncio.gather(
+        asyncio.gather(*(stream_client(i) for i in range(8))),
+        asyncio.gather(*(append(_request(b"u%d" % i), timeout=TIMEOUT_S) for i in range(8))),
+    )
+    for index, got in enumerate(streams):
+        assert all(last - base + 1 == 1 + index % 2 for base, last in got)
+        assert [base for base, _ in got] == sorted(base for base, _ in got), "in order"
+    offsets = sorted(
+        [o for got in streams for base, last in got for o in range(base, last + 1)]
+        + [o for a in unary for o in range(a.base_offset, a.last_offset + 1)]
+    )
+    assert offsets == list(range(len(offsets))), "every value its own offset, none twice"
+    assert len(upstream.appends) < 8 * 3 + 8, "stream messages and unary calls share batches"
+
+
 # --- node-side checks ---
 
 
@@ -451,6 +491,23 @@ def test_intake_processes_run_with_tls_and_an_authorizer_refuse_exclusive_on_por
     assert default.controller_intake_processes == 0
     assert ("grpc.so_reuseport", 0) in server_options(ServerLimits())
     assert ("grpc.so_reuseport", 1) in server_options(ServerLimits(reuseport=True))
+
+
+def test_intake_processes_run_on_iomgr_unless_told_otherwise_and_an_operators_experiments_win() -> None:
+    iomgr = "-event_engine_client,-event_engine_listener,-event_engine_for_all_other_endpoints"
+    assert child_environment({"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "KRAFT_GRPC_IO": "iomgr",
+        "GRPC_EXPERIMENTS": iomgr,
+    }
+    # event-engine chosen for them, on a node that itself runs iomgr: the inherited experiments go
+    chosen = child_environment(
+        {"KRAFT_INTAKE_GRPC_IO": "event-engine", "KRAFT_GRPC_IO": "iomgr", "GRPC_EXPERIMENTS": iomgr}
+    )
+    assert chosen["KRAFT_GRPC_IO"] == "event-engine" and "GRPC_EXPERIMENTS" not in chosen
+    assert child_environment({"GRPC_EXPERIMENTS": "mine"})["GRPC_EXPERIMENTS"] == "mine"
+    with pytest.raises(IntakeConfigError, match="KRAFT_INTAKE_GRPC_IO"):
+        child_environment({"KRAFT_INTAKE_GRPC_IO": "epoll"})
 
 
 def test_the_socket_directory_is_private_and_long_paths_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,436 @@
+"""Batched ControllerService calls through intake processes, in-process: the intake process's
+:class:`ControllerCallBatcher` (calls of one turn as one message, answers per caller as they stream back,
+a failed batch failing only its unanswered callers), the node's :class:`CallBatchServicer` on a real
+QuorumController (FakeRaft, manual clock): each caller's identity, ACLs and errors are its own, heartbeats
+go in as one controller event and answer as they would alone, and the service refuses every call that
+does not come over the unix socket — and the counters an intake process reports become metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+import kraft.security.principal as principal_module
+from kraft.clock import ManualClock
+from kraft.errors import ErrorCode
+from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.service import ControllerServicer
+from kraft.netutil import free_port
+from kraft.node.intake_batch import (
+    HEARTBEAT_METHOD,
+    CallBatchServicer,
+    add_intake_service,
+    headers_of,
+)
+from kraft.node.intake_process import (
+    CALL_BATCH_METHOD,
+    REPORT_COUNTERS_METHOD,
+    BatchedCallFailed,
+    ControllerCallBatcher,
+)
+from kraft.observability.metrics import render_metrics
+from kraft.security.authorizer import AuthorizerSettings
+from kraft.security.principal import (
+    INTAKE_AUTH_KEY,
+    INTAKE_PEER_KEY,
+    TlsPrincipalExtractor,
+    encode_auth,
+    install_principal_extractor,
+    stop_trusting_intake_forwarding,
+    trust_intake_forwarding,
+)
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import intake_pb2
+from tests.unit.metadata.fake_raft import FakeRaft
+from tests.unit.metadata.test_controller import CLUSTER, ENDPOINTS, activate_broker, registration, until
+
+TIMEOUT_S = 10.0
+CREATE_METHOD = "/kraft.v1.ControllerService/CreateTopics"
+UNIX_PEER = "unix:/data/intake/node.sock"
+
+
+# --- the intake process's side: ControllerCallBatcher against a fake node ---
+
+
+class FakeNode:
+    """An ``OpenBatch`` whose answers the test streams: ``answer(batch, index, ...)`` sends one result."""
+
+    def __init__(self) -> None:
+        self.batches: list[intake_pb2.CallBatchRequest] = []
+        self._queues: list[asyncio.Queue[intake_pb2.CallBatchResponse | Exception | None]] = []
+
+    async def open(
+        self, request: intake_pb2.CallBatchRequest, deadline_s: float | None
+    ) -> AsyncIterator[intake_pb2.CallBatchResponse]:
+        queue: asyncio.Queue[intake_pb2.CallBatchResponse | Exception | None] = asyncio.Queue()
+        self.batches.append(request)
+        self._queues.append(queue)
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+    def answer(self, batch: int, *results: intake_pb2.CallResult) -> None:
+        self._queues[batch].put_nowait(intake_pb2.CallBatchResponse(results=list(results)))
+
+    def end(self, batch: int, error: Exception | None = None) -> None:
+        self._queues[batch].put_nowait(error)
+
+    async def wait_batches(self, count: int) -> None:
+        async with asyncio.timeout(TIMEOUT_S):
+            while len(self.batches) < count:  # noqa: ASYNC110 (a bounded spin over loop turns)
+                await asyncio.sleep(0)
+
+
+def _ok(index: int, body: bytes) -> intake_pb2.CallResult:
+    return intake_pb2.CallResult(index=index, response=body)
+
+
+def _calls(node: FakeNode, max_calls: int = 100) -> ControllerCallBatcher:
+    return ControllerCallBatcher(node.open, max_calls=max_calls, max_bytes=1 << 20)
+
+
+async def test_calls_of_one_turn_go_as_one_message_and_each_caller_gets_its_own_answer_as_it_comes() -> None:
+    node = FakeNode()
+    batcher = _calls(node)
+    who = [(INTAKE_PEER_KEY, f"ipv4:10.0.0.{i}:1") for i in range(3)]
+    callers = [
+        asyncio.create_task(batcher.call(HEARTBEAT_METHOD, b"hb-%d" % i, [who[i]], 5.0)) for i in range(3)
+    ]
+    await node.wait_batches(1)
+    sent = node.batches[0]
+    assert [c.request for c in sent.calls] == [b"hb-0", b"hb-1", b"hb-2"]
+    assert [c.metadata[0].value for c in sent.calls] == [value for _, value in who]  # each its own caller
+    node.answer(0, _ok(2, b"two"))  # the node streams answers as they are ready, in any order
+    assert await asyncio.wait_for(callers[2], TIMEOUT_S) == b"two"
+    assert not callers[0].done() and not callers[1].done()
+    node.answer(
+        0,
+        _ok(0, b"zero"),
+        intake_pb2.CallResult(
+            index=1, status_code=grpc.StatusCode.PERMISSION_DENIED.value[0], details="not you"
+        ),
+    )
+    node.end(0)
+    assert await asyncio.wait_for(callers[0], TIMEOUT_S) == b"zero"
+    with pytest.raises(BatchedCallFailed) as refused:
+        await asyncio.wait_for(callers[1], TIMEOUT_S)
+    assert refused.value.code == grpc.StatusCode.PERMISSION_DENIED and refused.value.details == "not you"
+    assert (batcher.batches, batcher.calls) == (1, 3)
+
+
+async def test_a_lone_call_goes_at_once_even_while_an_earlier_batch_is_in_flight() -> None:
+    node = FakeNode()
+    batcher = _calls(node)
+    slow = asyncio.create_task(batcher.call(CREATE_METHOD, b"big", [], None))
+    await node.wait_batches(1)
+    quick = asyncio.create_task(batcher.call(HEARTBEAT_METHOD, b"hb", [], 1.0))
+    await node.wait_batches(2)  # not held back by the CreateTopics batch still in flight
+    node.answer(1, _ok(0, b"beat"))
+    node.end(1)
+    assert await asyncio.wait_for(quick, TIMEOUT_S) == b"beat"
+    assert not slow.done()
+    node.end(0)  # ended without answering: its caller learns it, it is not left hanging
+    with pytest.raises(BatchedCallFailed) as ended:
+        await asyncio.wait_for(slow, TIMEOUT_S)
+    assert ended.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_failed_batch_fails_only_its_unanswered_callers_and_batches_respect_the_call_limit() -> None:
+    node = FakeNode()
+    batcher = _calls(node, max_calls=2)
+    callers = [asyncio.create_task(batcher.call(HEARTBEAT_METHOD, b"%d" % i, [], 5.0)) for i in range(3)]
+    await node.wait_batches(2)
+    assert [len(b.calls) for b in node.batches] == [2, 1]
+    node.answer(0, _ok(0, b"first"))
+    node.end(0, BatchedCallFailed(grpc.StatusCode.UNAVAILABLE, "socket closed"))
+    node.answer(1, _ok(0, b"third"))
+    node.end(1)
+    assert await asyncio.wait_for(callers[0], TIMEOUT_S) == b"first"
+    with pytest.raises(BatchedCallFailed) as failed:
+        await asyncio.wait_for(callers[1], TIMEOUT_S)
+    assert failed.value.details == "socket closed"
+    assert await asyncio.wait_for(callers[2], TIMEOUT_S) == b"third"
+
+
+# --- the node's side: CallBatchServicer on a real controller ---
+
+BROKER_101 = {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=broker-101,O=kraft"]}
+BROKER_102 = {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=broker-102,O=kraft"]}
+ADMIN = {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=admin,O=kraft"]}
+STRANGER = {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=stranger,O=kraft"]}
+
+
+@pytest.fixture
+def trusting_tls() -> Iterator[None]:
+    """A TLS node with intake processes: identities forwarded on the unix socket are believed."""
+    before = principal_module._extractor
+    install_principal_extractor(TlsPrincipalExtractor())
+    trust_intake_forwarding(tls=True)
+    try:
+        yield
+    finally:
+        stop_trusting_intake_forwarding()
+        install_principal_extractor(before)
+
+
+class BatchContext:
+    """The node's view of one CallBatch call: its transport and what the servicer writes back."""
+
+    def __init__(self, peer: str = UNIX_PEER) -> None:
+        self._peer = peer
+        self.written: list[intake_pb2.CallBatchResponse] = []
+
+    def peer(self) -> str:
+        return self._peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+        return ()
+
+    async def write(self, message: intake_pb2.CallBatchResponse) -> None:
+        self.written.append(message)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise grpc.aio.AbortError(f"{code.name}: {details}")
+
+    def results(self) -> dict[int, intake_pb2.CallResult]:
+        return {r.index: r for message in self.written for r in message.results}
+
+
+def _as(auth: dict[str, list[bytes]], peer: str = "ipv4:10.1.1.1:5000") -> list[intake_pb2.ForwardedHeader]:
+    return headers_of([(INTAKE_PEER_KEY, peer), (INTAKE_AUTH_KEY, encode_auth(auth))])
+
+
+def _call(method: str, request: Any, auth: dict[str, list[bytes]]) -> intake_pb2.BatchedCall:
+    raw = request if isinstance(request, bytes) else request.SerializeToString()
+    return intake_pb2.BatchedCall(method=method, request=raw, metadata=_as(auth))
+
+
+async def _controller(settings: AuthorizerSettings | None) -> tuple[QuorumController, ControllerServicer]:
+    raft = FakeRaft(1)
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, clock=ManualClock())
+    await controller.start()
+    raft.elect()
+    await until(lambda: controller.is_active)
+    await activate_broker(controller, 1)  # topics need a broker to live on
+    return controller, ControllerServicer(controller, authorizer=settings)
+
+
+def _beat(broker_id: int, epoch: int) -> cpb.BrokerHeartbeatRequest:
+    return cpb.BrokerHeartbeatRequest(
+        cluster_id=CLUSTER, broker_id=broker_id, broker_epoch=epoch, current_metadata_offset=1 << 40
+    )
+
+
+def _create(name: str) -> cpb.CreateTopicsRequest:
+    return cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER, topics=[cpb.CreatableTopic(name=name, num_partitions=1, replication_factor=1)]
+    )
+
+
+async def test_each_batched_call_is_answered_as_it_would_be_alone_and_heartbeats_make_one_event(
+    trusting_tls: None,
+) -> None:
+    controller, servicer = await _controller(None)
+    try:
+        epochs = {}
+        for broker_id in (101, 102):
+            epochs[broker_id] = (await controller.register_broker(registration(broker_id))).broker_epoch
+        batches = CallBatchServicer(servicer, lambda: controller, node="batch-test-1")
+        events: list[int] = []
+        alone = controller.broker_heartbeats
+
+        def counted(reqs: Any) -> AsyncIterator[list[tuple[int, cpb.BrokerHeartbeatResponse]]]:
+            events.append(len(reqs))
+            return alone(reqs)
+
+        controller.broker_heartbeats = counted  # type: ignore[method-assign]
+        context = BatchContext()
+        request = intake_pb2.CallBatchRequest(
+            calls=[
+                _call(
+                    HEARTBEAT_METHOD, _beat(101, epochs[101]), BROKER_101
+                ),  # 0: fenced → unfenced (appends)
+                _call(HEARTBEAT_METHOD, _beat(102, epochs[102]), BROKER_101),  # 1: as another broker
+                _call(HEARTBEAT_METHOD, b"\xff\xff not a message", BROKER_101),  # 2: undecodable
+                _call(HEARTBEAT_METHOD, _beat(102, epochs[102] + 7), BROKER_102),  # 3: stale epoch
+                _call(HEARTBEAT_METHOD, _beat(102, epochs[102]), BROKER_102),  # 4: fenced → unfenced
+                _call(CREATE_METHOD, _create("orders"), ADMIN),  # 5: no authorizer: allowed
+                _call("/kraft.v1.ControllerService/NoSuchMethod", b"", ADMIN),  # 6
+            ]
+        )
+        await asyncio.wait_for(batches.CallBatch(request, context), TIMEOUT_S)  # type: ignore[arg-type]
+        results = context.results()
+        assert sorted(results) == list(range(7))
+        ok = grpc.StatusCode.OK.value[0]
+        first = cpb.BrokerHeartbeatResponse.FromString(results[0].response)
+        assert results[0].status_code == ok and first.error_code == ErrorCode.NONE and not first.is_fenced
+        assert results[1].status_code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        assert results[1].details.startswith("CLUSTER_AUTHORIZATION_FAILED: User:CN=broker-101,O=kraft")
+        assert results[2].status_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        stale = cpb.BrokerHeartbeatResponse.FromString(results[3].response)
+        assert results[3].status_code == ok and stale.error_code == ErrorCode.STALE_BROKER_EPOCH
+        fourth = cpb.BrokerHeartbeatResponse.FromString(results[4].response)
+        assert fourth.error_code == ErrorCode.NONE and not fourth.is_fenced
+        created = cpb.CreateTopicsResponse.FromString(results[5].response)
+        assert created.error_code == ErrorCode.NONE and created.topics[0].error_code == ErrorCode.NONE
+        assert results[6].status_code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+        assert events == [3], "the three admitted heartbeats (0, 3, 4) ran as one controller call"
+        # committed as if each had come alone: both brokers unfenced, the topic exists
+        image = controller.committed
+        assert not image.brokers[101].fenced and not image.brokers[102].fenced and image.topic("orders")
+        # a second batch of unchanged heartbeats shares one wait and answers every caller
+        again = BatchContext()
+        unchanged = intake_pb2.CallBatchRequest(
+            calls=[
+                _call(HEARTBEAT_METHOD, _beat(b, epochs[b]), BROKER_101 if b == 101 else BROKER_102)
+                for b in (101, 102)
+            ]
+        )
+        await asyncio.wait_for(batches.CallBatch(unchanged, again), TIMEOUT_S)  # type: ignore[arg-type]
+        answers = [cpb.BrokerHeartbeatResponse.FromString(r.response) for r in again.results().values()]
+        assert [a.error_code for a in answers] == [ErrorCode.NONE] * 2 and not any(
+            a.is_fenced for a in answers
+        )
+        assert events == [3, 2]
+    finally:
+        await controller.stop()
+
+
+async def test_acls_are_checked_per_caller_inside_one_batch(trusting_tls: None) -> None:
+    settings = AuthorizerSettings(enabled=True, super_users=frozenset({"User:CN=admin,O=kraft"}))
+    controller, servicer = await _controller(settings)
+    try:
+        batches = CallBatchServicer(servicer, lambda: controller, node="batch-test-2")
+        context = BatchContext()
+        request = intake_pb2.CallBatchRequest(
+            calls=[
+                _call(CREATE_METHOD, _create("mine"), ADMIN),
+                _call(CREATE_METHOD, _create("theirs"), STRANGER),
+                _call(HEARTBEAT_METHOD, _beat(1, 0), STRANGER),  # not a node principal: identity refused
+            ]
+        )
+        await asyncio.wait_for(batches.CallBatch(request, context), TIMEOUT_S)  # type: ignore[arg-type]
+        results = context.results()
+        assert results[0].status_code == 0
+        assert cpb.CreateTopicsResponse.FromString(results[0].response).topics[0].error_code == 0
+        assert results[1].status_code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        assert results[1].details.startswith("TOPIC_AUTHORIZATION_FAILED: User:CN=stranger,O=kraft")
+        assert results[2].status_code == grpc.StatusCode.PERMISSION_DENIED.value[0]
+        committed = controller.committed
+        assert committed.topic("mine") is not None and committed.topic("theirs") is None
+    finally:
+        await controller.stop()
+
+
+async def test_without_a_controller_every_heartbeat_answers_not_controller(trusting_tls: None) -> None:
+    servicer = ControllerServicer(None)
+    batches = CallBatchServicer(servicer, lambda: None, node="batch-test-3")
+    context = BatchContext()
+    request = intake_pb2.CallBatchRequest(
+        calls=[_call(HEARTBEAT_METHOD, _beat(101, 5), BROKER_101) for _ in range(3)]
+    )
+    await asyncio.wait_for(batches.CallBatch(request, context), TIMEOUT_S)  # type: ignore[arg-type]
+    answers = [cpb.BrokerHeartbeatResponse.FromString(r.response) for r in context.results().values()]
+    assert [a.error_code for a in answers] == [ErrorCode.NOT_CONTROLLER] * 3
+
+
+async def test_the_intake_service_refuses_calls_from_the_network_port_and_serves_the_unix_socket(
+    trusting_tls: None, tmp_path: Path
+) -> None:
+    batches = CallBatchServicer(ControllerServicer(None), lambda: None, node="batch-test-4")
+    server = grpc.aio.server()
+    add_intake_service(server, batches)
+    port = server.add_insecure_port(f"127.0.0.1:{free_port()}")
+    socket = tmp_path / "node.sock"
+    assert port != 0 and server.add_insecure_port(f"unix:{socket}") != 0
+    await server.start()
+    # a forged batch: a heartbeat vouched for as broker-101
+    forged = intake_pb2.CallBatchRequest(calls=[_call(HEARTBEAT_METHOD, _beat(101, 5), BROKER_101)])
+    counters = intake_pb2.IntakeCounters(index=0, append_batches=3, append_calls=10, proxied_calls=4)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as network:
+            batch = network.unary_stream(
+                CALL_BATCH_METHOD,
+                intake_pb2.CallBatchRequest.SerializeToString,
+                intake_pb2.CallBatchResponse.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in batch(forged, timeout=TIMEOUT_S):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            report = network.unary_unary(
+                REPORT_COUNTERS_METHOD,
+                intake_pb2.IntakeCounters.SerializeToString,
+                intake_pb2.IntakeCountersAck.FromString,
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as refused_report:
+                await report(counters, timeout=TIMEOUT_S)
+            assert refused_report.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        async with grpc.aio.insecure_channel(f"unix:{socket}") as local:
+            batch = local.unary_stream(
+                CALL_BATCH_METHOD,
+                intake_pb2.CallBatchRequest.SerializeToString,
+                intake_pb2.CallBatchResponse.FromString,
+            )
+            answers = [r async for message in batch(forged, timeout=TIMEOUT_S) for r in message.results]
+            assert [a.status_code for a in answers] == [0]
+            report = local.unary_unary(
+                REPORT_COUNTERS_METHOD,
+                intake_pb2.IntakeCounters.SerializeToString,
+                intake_pb2.IntakeCountersAck.FromString,
+            )
+            await report(counters, timeout=TIMEOUT_S)
+            await report(
+                intake_pb2.IntakeCounters(index=0, append_batches=5, append_calls=10, proxied_calls=4),
+                timeout=TIMEOUT_S,
+            )
+    finally:
+        await server.stop(None)
+    text = render_metrics()
+    assert 'kraft_intake_append_batches_total{intake="0",node="batch-test-4"} 5.0' in text
+    assert 'kraft_intake_append_calls_total{intake="0",node="batch-test-4"} 10.0' in text
+    assert 'kraft_intake_received_batches_total{node="batch-test-4"} 1.0' in text  # the refused one not
+
+
+def test_forwarded_headers_round_trip_text_and_binary() -> None:
+    headers = headers_of([("x-app", "1"), (INTAKE_AUTH_KEY, b"\x00\x01")])
+    assert headers[0].value == "1" and headers[1].binary_value == b"\x00\x01"
+
+
+async def test_a_heartbeat_of_a_batch_is_not_held_for_another_heartbeats_later_commit() -> None:
+    raft = FakeRaft(1)
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, clock=ManualClock())
+    await controller.start()
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        steady = await activate_broker(controller, 102)  # unfenced: its heartbeat changes nothing
+        joining = (await controller.register_broker(registration(101))).broker_epoch  # fenced
+        raft.hold_commits = True  # the joining broker's unfencing records will not commit yet
+        answers = controller.broker_heartbeats([_beat(101, joining), _beat(102, steady)])
+        first = await asyncio.wait_for(anext(answers), TIMEOUT_S)
+        assert [index for index, _ in first] == [1]  # the steady broker's answer, while 101's is held
+        assert first[0][1].error_code == ErrorCode.NONE and not first[0][1].is_fenced
+        raft.release()
+        second = await asyncio.wait_for(anext(answers), TIMEOUT_S)
+        assert [index for index, _ in second] == [0]
+        assert second[0][1].error_code == ErrorCode.NONE and not second[0][1].is_fenced
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(anext(answers), TIMEOUT_S)
+    finally:
+        await controller.stop()
