@@ -39,6 +39,7 @@ from kraft.metadata.image import (
 from kraft.metadata.pmap import PersistentMap, persistent
 from kraft.metadata.records import ConfigResourceType, decode_values
 from kraft.security.acl import AclError, StandardAcl
+from kraft.sharded_map import ShardedMap
 from kraft.v1 import metadata_pb2 as pb
 
 # Broker ids repeat across millions of replica lists; one shared int object per id keeps images small.
@@ -70,6 +71,7 @@ DROP_STEP_ITEMS = 1_024
 K = TypeVar("K")
 V = TypeVar("V")
 T = TypeVar("T")
+_ABSENT: Any = object()
 
 
 def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
@@ -239,9 +241,16 @@ class MetadataDelta:
         """The open metadata transaction's name ("" = none; kept across batches through the image)."""
         self.replay_errors: list[str] = []
         self._brokers: dict[int, BrokerRegistration | None] = {}
-        self._topics: dict[str, _TopicDelta] = {}
-        self._removed_topics: dict[str, TopicImage] = {}
-        self._names: dict[str, str | None] = {}
+        # The three per-topic maps reach 100,000s of keys in a snapshot load; a dict rebuilds its table in
+        # one C call as it passes 87,381 or 174,762 keys (7-18 ms of one work unit), a ShardedMap never
+        # copies more than a shard (kraft.sharded_map).
+        self._topics: ShardedMap[str, _TopicDelta] = ShardedMap()
+        self._removed_topics: ShardedMap[str, TopicImage] = ShardedMap()
+        self._names: ShardedMap[str, str | None] = ShardedMap()
+        self._last_topic: _TopicDelta | None = None
+        """The topic of the latest partition record (records of one topic come in runs: a snapshot, a
+        creation), so the run's next records skip the map lookup; None after any removal from
+        ``_topics``."""
         self._configs: dict[ConfigKey, dict[str, str]] = {}
         self._features: dict[str, int] = {}
         self._acls: dict[str, StandardAcl | None] = {}
@@ -254,8 +263,9 @@ class MetadataDelta:
         return self.image.brokers.get(broker_id)
 
     def topic_id(self, name: str) -> str | None:
-        if name in self._names:
-            return self._names[name]
+        replayed = self._names.get(name, _ABSENT)
+        if replayed is not _ABSENT:
+            return replayed  # type: ignore[no-any-return]
         return self.image.topic_ids_by_name.get(name)
 
     def acl(self, acl_id: str) -> StandardAcl | None:
@@ -436,6 +446,7 @@ class MetadataDelta:
         if self.topic_id(r.name) is not None:
             self.replay_errors.append(f"topic {r.name} already exists")
             return
+        self._last_topic = None  # (a repeated id replaces the topic's delta)
         self._topics[r.topic_id] = _TopicDelta(r.name, r.topic_id, None, 0)
         self._names[r.name] = r.topic_id
 
@@ -454,10 +465,13 @@ class MetadataDelta:
 
     def _replay_partition(self, r: pb.PartitionRecord) -> None:
         # The hot path of every snapshot load (a million calls): keep it to plain lookups.
-        topic = self._topics.get(r.topic_id) or self._topic_delta(r.topic_id)
+        topic_id = r.topic_id
+        topic = self._last_topic
+        if topic is None or topic.topic_id != topic_id:
+            topic = self._last_topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
         partition_id = r.partition_id
         if topic is None:
-            self.replay_errors.append(f"partition {partition_id} of unknown topic {r.topic_id}")
+            self.replay_errors.append(f"partition {partition_id} of unknown topic {topic_id}")
             return
         if partition_id > topic.count:
             self.replay_errors.append(f"partition {partition_id} of {topic.name} skips ids ({topic.count})")
@@ -494,7 +508,9 @@ class MetadataDelta:
     def _replay_partition_change(self, r: pb.PartitionChangeRecord) -> None:
         topic_id = r.topic_id
         partition_id = r.partition_id
-        topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
+        topic = self._last_topic
+        if topic is None or topic.topic_id != topic_id:
+            topic = self._last_topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
         current = None if topic is None else topic.current(partition_id)
         if topic is None or current is None:
             self.replay_errors.append(f"change of unknown partition {topic_id}/{partition_id}")
@@ -506,6 +522,7 @@ class MetadataDelta:
             topic.elr_set = True
 
     def _replay_remove_topic(self, r: pb.RemoveTopicRecord) -> None:
+        self._last_topic = None
         topic = self._topics.pop(r.topic_id, None)
         base = self.image.topics_by_id.get(r.topic_id)
         if topic is None and base is None:
@@ -778,6 +795,7 @@ class MetadataDelta:
         ms of freeing in one go where the delta's last reference goes, the image it built keeping the
         registrations).  The delta is empty (and unusable) afterwards."""
         topics = self._topics
+        self._last_topic = None
         work = 0
         while topics:
             _, topic = topics.popitem()

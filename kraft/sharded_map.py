@@ -1,0 +1,280 @@
+"""An insertion-ordered mutable map whose every operation is bounded: no C call proportional to its size.
+
+Why (issue #17): a ``dict`` rebuilds its whole table when it passes 2/3 full — one C call that rehashes
+every key (~85 ns per ``str`` key on a big heap: the hash is read from each key object, a cache miss
+apiece).  A snapshot load's delta holds one entry per topic: at 87,381 and 174,762 topics that is one
+7.4 / 17.7 ms operation inside a 5 ms work unit (docs/internals/raft-performance.md, "Dict resizes and
+other single C operations").  A dict cannot be presized from Python for keys not yet known.
+
+How: up to :data:`SPLIT_AT` keys one dict holds everything (small maps cost what a dict costs); past it
+the keys are spread over :data:`SHARDS` dicts by ``hash(key)``, so a table rebuild copies one shard
+(~1/256 of the keys).  Lookups stay one hash and one dict lookup: ``shards[hash(key) & mask]``.
+
+Insertion order (what a dict gives, and what the image's topic maps and the tests rely on) is kept apart,
+in a list of keys cut in chunks of :data:`ORDER_CHUNK` (so the list's own growth never copies more than a
+chunk); each key's slot is kept beside its value, so a removal leaves a hole (skipped by iteration) in
+O(1) instead of searching the order.  A re-inserted key goes last, a replaced value keeps its place — as
+in a dict.  Holes are packed away by :meth:`ShardedMap.compact_steps` (or once they outnumber the live
+keys, in one go: a map that mostly deletes should be rebuilt instead).
+
+Unlike a dict, iterating while the map changes is not detected; don't.
+"""
+
+from __future__ import annotations
+
+from collections.abc import (
+    Generator,
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    MutableMapping,
+    ValuesView,
+)
+from itertools import chain
+from typing import Any, TypeVar, overload
+
+K = TypeVar("K")
+V = TypeVar("V")
+T = TypeVar("T")
+
+SPLIT_AT = 4_096
+"""Keys above which the map is spread over :data:`SHARDS` dicts (the split itself: ~0.5 ms)."""
+SHARDS = 256
+"""Dicts a split map has: at a million keys each holds ~4,000 (a rebuild of one: ~0.3 ms)."""
+ORDER_CHUNK = 4_096
+"""Keys per chunk of the insertion order."""
+COMPACT_STEP = 4_096
+"""Order slots :meth:`ShardedMap.compact_steps` looks at between two pauses."""
+
+
+class _Hole:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<hole>"
+
+
+_HOLE: Any = _Hole()
+_MISSING: Any = object()
+
+
+class ShardedMap(MutableMapping[K, V]):
+    """A ``dict`` in behaviour (insertion order included); see the module docstring for why."""
+
+    __slots__ = ("_holes", "_len", "_mask", "_order", "_shards", "_slots")
+
+    _shards: list[dict[K, V]]
+    _slots: list[dict[K, int]]
+    _mask: int
+    _order: list[list[K]]
+    _len: int
+    _holes: int
+
+    def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        self._shards = [{}]
+        self._slots = [{}]
+        self._mask = 0
+        self._order = [[]]
+        self._len = 0
+        self._holes = 0
+        pairs = items.items() if isinstance(items, Mapping) else items
+        for key, value in pairs:
+            self[key] = value
+
+    # ---- lookups: one hash, one dict lookup ----
+
+    def __getitem__(self, key: K) -> V:
+        return self._shards[hash(key) & self._mask][key]
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+    @overload
+    def get(self, key: K, default: V | T, /) -> V | T: ...
+    def get(self, key: K, default: Any = None, /) -> Any:
+        return self._shards[hash(key) & self._mask].get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._shards[hash(key) & self._mask]
+
+    def __len__(self) -> int:
+        return self._len
+
+    # ---- changes ----
+
+    def __setitem__(self, key: K, value: V) -> None:
+        index = hash(key) & self._mask
+        shard = self._shards[index]
+        if key in shard:
+            shard[key] = value
+            return
+        shard[key] = value
+        order = self._order
+        last = order[-1]
+        if len(last) >= ORDER_CHUNK:
+            last = []
+            order.append(last)
+        self._slots[index][key] = (len(order) - 1) * ORDER_CHUNK + len(last)
+        last.append(key)
+        self._len += 1
+        if self._len > SPLIT_AT and not self._mask:
+            self._split()
+
+    def __delitem__(self, key: K) -> None:
+        index = hash(key) & self._mask
+        del self._shards[index][key]
+        slot = self._slots[index].pop(key)
+        self._order[slot // ORDER_CHUNK][slot % ORDER_CHUNK] = _HOLE
+        self._len -= 1
+        self._holes += 1
+        if self._holes > ORDER_CHUNK and self._holes > self._len:
+            for _ in self.compact_steps():
+                pass
+
+    @overload
+    def pop(self, key: K, /) -> V: ...
+    @overload
+    def pop(self, key: K, default: V | T, /) -> V | T: ...
+    def pop(self, key: K, default: Any = _MISSING, /) -> Any:
+        shard = self._shards[hash(key) & self._mask]
+        if key not in shard:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        value = shard[key]
+        del self[key]
+        return value
+
+    def popitem(self) -> tuple[K, V]:
+        """The last inserted (key, value), removed (LIFO, as a dict's)."""
+        order = self._order
+        while True:
+            last = order[-1]
+            while last and last[-1] is _HOLE:
+                last.pop()
+                self._holes -= 1
+            if last or len(order) == 1:
+                break
+            order.pop()
+        if not last:
+            raise KeyError("popitem(): map is empty")
+        key = last.pop()
+        index = hash(key) & self._mask
+        value = self._shards[index].pop(key)
+        del self._slots[index][key]
+        self._len -= 1
+        if not last and len(order) > 1:
+            order.pop()
+        return key, value
+
+    def setdefault(self, key: K, default: V = None) -> V:  # type: ignore[assignment]
+        shard = self._shards[hash(key) & self._mask]
+        got = shard.get(key, _MISSING)
+        if got is not _MISSING:
+            return got  # type: ignore[no-any-return]
+        self[key] = default
+        return default
+
+    def clear(self) -> None:
+        self._shards, self._slots, self._mask = [{}], [{}], 0
+        self._order, self._len, self._holes = [[]], 0, 0
+
+    def _split(self) -> None:
+        mask = SHARDS - 1
+        shards: list[dict[K, V]] = [{} for _ in range(SHARDS)]
+        slots: list[dict[K, int]] = [{} for _ in range(SHARDS)]
+        (values,) = self._shards
+        (positions,) = self._slots
+        for key, value in values.items():
+            index = hash(key) & mask
+            shards[index][key] = value
+            slots[index][key] = positions[key]
+        self._shards, self._slots, self._mask = shards, slots, mask
+
+    def compact_steps(self) -> Generator[None, None, None]:
+        """Pack the order's holes away, pausing (yielding) after every :data:`COMPACT_STEP` slots; the
+        map must not change until the generator is exhausted."""
+        if not self._holes:
+            return
+        new_order: list[list[K]] = [[]]
+        slots = self._slots
+        mask = self._mask
+        seen = 0
+        for chunk in self._order:
+            for key in chunk:
+                seen += 1
+                if key is _HOLE:
+                    continue
+                last = new_order[-1]
+                if len(last) >= ORDER_CHUNK:
+                    last = []
+                    new_order.append(last)
+                slots[hash(key) & mask][key] = (len(new_order) - 1) * ORDER_CHUNK + len(last)
+                last.append(key)
+                if seen % COMPACT_STEP == 0:
+                    yield
+        self._order = new_order
+        self._holes = 0
+
+    # ---- iteration, in insertion order ----
+
+    def __iter__(self) -> Iterator[K]:
+        keys: Iterator[K] = chain.from_iterable(self._order)
+        if self._holes:
+            return (key for key in keys if key is not _HOLE)
+        return keys
+
+    def __reversed__(self) -> Iterator[K]:
+        for chunk in reversed(self._order):
+            for key in reversed(chunk):
+                if key is not _HOLE:
+                    yield key
+
+    def iter_items(self) -> Iterator[tuple[K, V]]:
+        """``items()`` as a plain iterator (what the hot loops use)."""
+        shards, mask = self._shards, self._mask
+        for key in self:
+            yield key, shards[hash(key) & mask][key]
+
+    def iter_values(self) -> Iterator[V]:
+        shards, mask = self._shards, self._mask
+        for key in self:
+            yield shards[hash(key) & mask][key]
+
+    def keys(self) -> KeysView[K]:
+        return KeysView(self)
+
+    def items(self) -> ItemsView[K, V]:
+        return _Items(self)
+
+    def values(self) -> ValuesView[V]:
+        return _Values(self)
+
+    def __repr__(self) -> str:
+        return f"ShardedMap({dict(self.iter_items())!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return len(self) == len(other) and all(
+            key in other and other[key] == value for key, value in self.iter_items()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _Items(ItemsView[K, V]):
+    __slots__ = ()
+    _mapping: ShardedMap[K, V]
+
+    def __iter__(self) -> Iterator[tuple[K, V]]:
+        return self._mapping.iter_items()
+
+
+class _Values(ValuesView[V]):
+    __slots__ = ()
+    _mapping: ShardedMap[Any, V]
+
+    def __iter__(self) -> Iterator[V]:
+        return self._mapping.iter_values()
