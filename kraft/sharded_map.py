@@ -12,10 +12,11 @@ the keys are spread over :data:`SHARDS` dicts by ``hash(key)``, so a table rebui
 
 Insertion order (what a dict gives, and what the image's topic maps and the tests rely on) is kept apart,
 in a list of keys cut in chunks of :data:`ORDER_CHUNK` (so the list's own growth never copies more than a
-chunk); each key's slot is kept beside its value, so a removal leaves a hole (skipped by iteration) in
-O(1) instead of searching the order.  A re-inserted key goes last, a replaced value keeps its place — as
-in a dict.  Holes are packed away by :meth:`ShardedMap.compact_steps` (or once they outnumber the live
-keys, in one go: a map that mostly deletes should be rebuilt instead).
+chunk).  A removal leaves the key's entry in the order, stale, and counts it (``_stale``: a key removed
+twice has two); iteration skips a key's stale entries — always its first ones, as a re-inserted key goes
+last, a replaced value keeps its place, as in a dict.  While nothing was removed iteration is the order
+list itself, in C.  Stale entries are dropped by :meth:`ShardedMap.compact_steps` (or once they outnumber
+the live keys, in one go: a map that mostly deletes should be rebuilt instead).
 
 Unlike a dict, iterating while the map changes is not detected; don't.
 """
@@ -49,36 +50,23 @@ COMPACT_STEP = 4_096
 """Order slots :meth:`ShardedMap.compact_steps` looks at between two pauses."""
 
 
-class _Hole:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<hole>"
-
-
-_HOLE: Any = _Hole()
 _MISSING: Any = object()
 
 
 class ShardedMap(MutableMapping[K, V]):
     """A ``dict`` in behaviour (insertion order included); see the module docstring for why."""
 
-    __slots__ = ("_holes", "_len", "_mask", "_order", "_shards", "_slots")
+    __slots__ = ("_len", "_mask", "_order", "_shards", "_stale", "_stale_total")
 
     _shards: list[dict[K, V]]
-    _slots: list[dict[K, int]]
     _mask: int
     _order: list[list[K]]
     _len: int
-    _holes: int
+    _stale: dict[K, int]
+    _stale_total: int
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
-        self._shards = [{}]
-        self._slots = [{}]
-        self._mask = 0
-        self._order = [[]]
-        self._len = 0
-        self._holes = 0
+        self.clear()
         pairs = items.items() if isinstance(items, Mapping) else items
         for key, value in pairs:
             self[key] = value
@@ -104,31 +92,26 @@ class ShardedMap(MutableMapping[K, V]):
     # ---- changes ----
 
     def __setitem__(self, key: K, value: V) -> None:
-        index = hash(key) & self._mask
-        shard = self._shards[index]
+        shard = self._shards[hash(key) & self._mask]
         if key in shard:
             shard[key] = value
             return
         shard[key] = value
-        order = self._order
-        last = order[-1]
+        last = self._order[-1]
         if len(last) >= ORDER_CHUNK:
             last = []
-            order.append(last)
-        self._slots[index][key] = (len(order) - 1) * ORDER_CHUNK + len(last)
+            self._order.append(last)
         last.append(key)
         self._len += 1
         if self._len > SPLIT_AT and not self._mask:
             self._split()
 
     def __delitem__(self, key: K) -> None:
-        index = hash(key) & self._mask
-        del self._shards[index][key]
-        slot = self._slots[index].pop(key)
-        self._order[slot // ORDER_CHUNK][slot % ORDER_CHUNK] = _HOLE
+        del self._shards[hash(key) & self._mask][key]
         self._len -= 1
-        self._holes += 1
-        if self._holes > ORDER_CHUNK and self._holes > self._len:
+        self._stale[key] = self._stale.get(key, 0) + 1
+        self._stale_total += 1
+        if self._stale_total > ORDER_CHUNK and self._stale_total > self._len:
             for _ in self.compact_steps():
                 pass
 
@@ -137,12 +120,11 @@ class ShardedMap(MutableMapping[K, V]):
     @overload
     def pop(self, key: K, default: V | T, /) -> V | T: ...
     def pop(self, key: K, default: Any = _MISSING, /) -> Any:
-        shard = self._shards[hash(key) & self._mask]
-        if key not in shard:
+        value = self._shards[hash(key) & self._mask].get(key, _MISSING)
+        if value is _MISSING:
             if default is _MISSING:
                 raise KeyError(key)
             return default
-        value = shard[key]
         del self[key]
         return value
 
@@ -151,85 +133,83 @@ class ShardedMap(MutableMapping[K, V]):
         order = self._order
         while True:
             last = order[-1]
-            while last and last[-1] is _HOLE:
-                last.pop()
-                self._holes -= 1
-            if last or len(order) == 1:
-                break
-            order.pop()
-        if not last:
-            raise KeyError("popitem(): map is empty")
-        key = last.pop()
-        index = hash(key) & self._mask
-        value = self._shards[index].pop(key)
-        del self._slots[index][key]
-        self._len -= 1
-        if not last and len(order) > 1:
-            order.pop()
-        return key, value
+            if not last:
+                if len(order) == 1:
+                    raise KeyError("popitem(): map is empty")
+                order.pop()
+                continue
+            key = last.pop()
+            shard = self._shards[hash(key) & self._mask]
+            if key in shard:  # (a key's last entry is its live one, if it is live)
+                self._len -= 1
+                return key, shard.pop(key)
+            self._drop_stale(key)
+
+    def _drop_stale(self, key: K) -> None:
+        left = self._stale[key] - 1
+        if left:
+            self._stale[key] = left
+        else:
+            del self._stale[key]
+        self._stale_total -= 1
 
     def setdefault(self, key: K, default: V = None) -> V:  # type: ignore[assignment]
-        shard = self._shards[hash(key) & self._mask]
-        got = shard.get(key, _MISSING)
+        got = self._shards[hash(key) & self._mask].get(key, _MISSING)
         if got is not _MISSING:
             return got  # type: ignore[no-any-return]
         self[key] = default
         return default
 
     def clear(self) -> None:
-        self._shards, self._slots, self._mask = [{}], [{}], 0
-        self._order, self._len, self._holes = [[]], 0, 0
+        self._shards, self._mask = [{}], 0
+        self._order, self._len = [[]], 0
+        self._stale, self._stale_total = {}, 0
 
     def _split(self) -> None:
         mask = SHARDS - 1
         shards: list[dict[K, V]] = [{} for _ in range(SHARDS)]
-        slots: list[dict[K, int]] = [{} for _ in range(SHARDS)]
-        (values,) = self._shards
-        (positions,) = self._slots
-        for key, value in values.items():
-            index = hash(key) & mask
-            shards[index][key] = value
-            slots[index][key] = positions[key]
-        self._shards, self._slots, self._mask = shards, slots, mask
+        for key, value in self._shards[0].items():
+            shards[hash(key) & mask][key] = value
+        self._shards, self._mask = shards, mask
 
     def compact_steps(self) -> Generator[None, None, None]:
-        """Pack the order's holes away, pausing (yielding) after every :data:`COMPACT_STEP` slots; the
-        map must not change until the generator is exhausted."""
-        if not self._holes:
+        """Drop the order's stale entries, pausing (yielding) after every :data:`COMPACT_STEP` entries;
+        the map must not change until the generator is exhausted."""
+        if not self._stale_total:
             return
         new_order: list[list[K]] = [[]]
-        slots = self._slots
-        mask = self._mask
-        seen = 0
-        for chunk in self._order:
-            for key in chunk:
-                seen += 1
-                if key is _HOLE:
-                    continue
-                last = new_order[-1]
-                if len(last) >= ORDER_CHUNK:
-                    last = []
-                    new_order.append(last)
-                slots[hash(key) & mask][key] = (len(new_order) - 1) * ORDER_CHUNK + len(last)
-                last.append(key)
-                if seen % COMPACT_STEP == 0:
-                    yield
+        last = new_order[-1]
+        for seen, key in enumerate(self._live_keys(dict(self._stale)), 1):
+            if len(last) >= ORDER_CHUNK:
+                last = []
+                new_order.append(last)
+            last.append(key)
+            if seen % COMPACT_STEP == 0:
+                yield
         self._order = new_order
-        self._holes = 0
+        self._stale, self._stale_total = {}, 0
 
     # ---- iteration, in insertion order ----
 
+    def _live_keys(self, skip: dict[K, int]) -> Iterator[K]:
+        """The order's live entries: each key's first ``skip[key]`` entries are stale (``skip`` is used
+        up)."""
+        for key in chain.from_iterable(self._order):
+            stale = skip.get(key)
+            if stale:
+                skip[key] = stale - 1
+                continue
+            yield key
+
     def __iter__(self) -> Iterator[K]:
-        keys: Iterator[K] = chain.from_iterable(self._order)
-        if self._holes:
-            return (key for key in keys if key is not _HOLE)
-        return keys
+        if self._stale:
+            return self._live_keys(dict(self._stale))
+        return chain.from_iterable(self._order)
 
     def __reversed__(self) -> Iterator[K]:
-        for chunk in reversed(self._order):
-            for key in reversed(chunk):
-                if key is not _HOLE:
-                    yield key
+        keys = list(self)
+        keys.reverse()
+        return iter(keys)
 
     def iter_items(self) -> Iterator[tuple[K, V]]:
         """``items()`` as a plain iterator (what the hot loops use)."""

@@ -717,6 +717,9 @@ class MetadataDelta:
             brokers = new_brokers
         topics: Mapping[str, TopicImage] = base.topics_by_id
         names: Mapping[str, str] = base.topic_ids_by_name
+        # Kept from the base image's count when it knows it (every image a delta built from the empty one
+        # does): what the removed topics held out, what each built topic has more or less in.
+        partition_total = base.partition_total
         if self._topics or self._removed_topics:
             built: list[tuple[str, TopicImage]] = []
             work = 0
@@ -725,10 +728,17 @@ class MetadataDelta:
                     built.append((topic_id, (yield from _build_new_topic_steps(topic))))
                 else:
                     built.append((topic_id, _build_topic(topic)))
+                if partition_total is not None:
+                    partition_total += topic.count - _replaced_count(base, topic, self._removed_topics)
                 work += len(topic.changed) + APPLY_TOPIC_WORK
                 if work >= APPLY_STEP_WORK:
                     work = 0
                     yield
+            if partition_total is not None:
+                for seen, removed in enumerate(self._removed_topics.values(), 1):
+                    partition_total -= len(removed.partitions)
+                    if seen % APPLY_STEP_NAMES == 0:
+                        yield
             # Persistent maps (kraft.metadata.pmap): only the touched topics are set, O(k log n), in
             # batches (the result equals one call's: removals first, then the updates in order).
             topics = yield from _with_changes_steps(
@@ -776,7 +786,7 @@ class MetadataDelta:
                     new_acls[acl_id] = acl
             acls = new_acls
         elr_holders = yield from next_elr_holders_steps(self)
-        return MetadataImage(
+        image = MetadataImage(
             offset=self.offset,
             epoch=self.epoch,
             brokers=brokers,
@@ -788,6 +798,9 @@ class MetadataDelta:
             transaction=self.transaction,
             elr_holders=elr_holders,
         )
+        if partition_total is not None:
+            image.set_partition_total(partition_total)
+        return image
 
     def discard_steps(self) -> Generator[None, None, None]:
         """Empty this delta in steps, pausing (yielding) as :meth:`apply_steps` does: a snapshot's delta
@@ -854,6 +867,15 @@ class MetadataDelta:
                     before = topic.before(partition_id)
                     if before is not None and broker_id in before.replicas:
                         changes.deletes.append(local)
+
+
+def _replaced_count(base: MetadataImage, topic: _TopicDelta, removed: Mapping[str, TopicImage]) -> int:
+    """The partitions the base image's version of ``topic`` held where the applied delta replaces it (0
+    when it is new).  A TopicRecord naming a live topic's id replaces that topic without removing it."""
+    if topic.base is not None:
+        return len(topic.base.partitions)
+    replaced = base.topics_by_id.get(topic.topic_id)
+    return 0 if replaced is None or topic.topic_id in removed else len(replaced.partitions)
 
 
 def _build_topic(topic: _TopicDelta) -> TopicImage:

@@ -672,6 +672,7 @@ class SqliteImageStore:
             acls=acls,
             elr_holders=elr_holders,
         )
+        image.set_partition_total(p_count)  # (every partition row belongs to a topic: checked above)
         self._saved = image
         self._sums = sums
         return image

@@ -1,6 +1,6 @@
 """kraft.sharded_map.ShardedMap against a dict model: after any sequence of operations the same items in
 the same (insertion) order, the same answers from every operation, before and after its split into
-shards, across chunks of the order and with holes packed away."""
+shards, across chunks of the order, with removed keys' stale entries skipped and dropped."""
 
 from __future__ import annotations
 
