@@ -265,7 +265,7 @@ class MetadataDelta:
     def topic_id(self, name: str) -> str | None:
         replayed = self._names.get(name, _ABSENT)
         if replayed is not _ABSENT:
-            return replayed  # type: ignore[no-any-return]
+            return replayed
         return self.image.topic_ids_by_name.get(name)
 
     def acl(self, acl_id: str) -> StandardAcl | None:
@@ -720,6 +720,7 @@ class MetadataDelta:
         # Kept from the base image's count when it knows it (every image a delta built from the empty one
         # does): what the removed topics held out, what each built topic has more or less in.
         partition_total = base.partition_total
+        base_topics = len(base.topics_by_id)  # (0: a snapshot's delta, no topic replaced by a TopicRecord)
         if self._topics or self._removed_topics:
             built: list[tuple[str, TopicImage]] = []
             work = 0
@@ -729,7 +730,13 @@ class MetadataDelta:
                 else:
                     built.append((topic_id, _build_topic(topic)))
                 if partition_total is not None:
-                    partition_total += topic.count - _replaced_count(base, topic, self._removed_topics)
+                    partition_total += topic.count - (
+                        len(topic.base.partitions)
+                        if topic.base is not None
+                        else _replaced_count(base, topic, self._removed_topics)
+                        if base_topics
+                        else 0
+                    )
                 work += len(topic.changed) + APPLY_TOPIC_WORK
                 if work >= APPLY_STEP_WORK:
                     work = 0
@@ -870,10 +877,9 @@ class MetadataDelta:
 
 
 def _replaced_count(base: MetadataImage, topic: _TopicDelta, removed: Mapping[str, TopicImage]) -> int:
-    """The partitions the base image's version of ``topic`` held where the applied delta replaces it (0
-    when it is new).  A TopicRecord naming a live topic's id replaces that topic without removing it."""
-    if topic.base is not None:
-        return len(topic.base.partitions)
+    """The partitions the base image's version of ``topic``, one this delta (re)created, held where the
+    applied delta replaces it (0 when it is new): a TopicRecord naming a live topic's id replaces that
+    topic without removing it."""
     replaced = base.topics_by_id.get(topic.topic_id)
     return 0 if replaced is None or topic.topic_id in removed else len(replaced.partitions)
 

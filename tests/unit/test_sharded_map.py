@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -33,6 +34,7 @@ OPS = st.lists(
         st.tuples(st.just("setdefault"), KEYS, st.integers()),
         st.tuples(st.just("compact"), st.none(), st.none()),
         st.tuples(st.just("clear"), st.none(), st.none()),
+        st.tuples(st.just("update"), st.lists(KEYS, max_size=12), st.integers()),
     ),
     max_size=120,
 )
@@ -45,13 +47,13 @@ def _check_same(sharded: ShardedMap[object, int], model: dict[object, int]) -> N
     assert list(sharded.values()) == list(model.values())
     assert list(reversed(sharded)) == list(reversed(model))
     assert sharded == model and model == sharded
-    for key in model:
-        assert key in sharded and sharded[key] == model[key] and sharded.get(key) == model[key]
+    for key, value in model.items():
+        assert key in sharded and sharded[key] == value and sharded.get(key) == value
 
 
 @settings(max_examples=300)
 @given(OPS, st.sets(KEYS, max_size=10))
-def test_behaves_like_a_dict(ops: list[tuple[str, object, int | None]], probes: set[object]) -> None:
+def test_behaves_like_a_dict(ops: list[tuple[str, Any, int | None]], probes: set[object]) -> None:
     with small_limits():
         sharded: ShardedMap[object, int] = ShardedMap()
         model: dict[object, int] = {}
@@ -80,6 +82,11 @@ def test_behaves_like_a_dict(ops: list[tuple[str, object, int | None]], probes: 
             elif op == "setdefault":
                 assert value is not None
                 assert sharded.setdefault(key, value) == model.setdefault(key, value)
+            elif op == "update":
+                assert value is not None
+                batch = {k: value + i for i, k in enumerate(key)}
+                sharded.update_from(batch)
+                model.update(batch)
             elif op == "compact":
                 for _ in sharded.compact_steps():
                     pass
