@@ -40,7 +40,7 @@ OPS = st.lists(
 )
 
 
-def _check_same(sharded: ShardedMap[object, int], model: dict[object, int]) -> None:
+def _check_same(sharded: ShardedMap[Any, int], model: dict[Any, int]) -> None:
     assert len(sharded) == len(model)
     assert list(sharded) == list(model)
     assert list(sharded.items()) == list(model.items())
