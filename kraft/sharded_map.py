@@ -154,24 +154,6 @@ class ShardedMap(MutableMapping[K, V]):
             del self._stale[key]
         self._stale_total -= 1
 
-    def update_from(self, items: Mapping[K, V]) -> None:
-        """``update(items)`` in one loop (no call per key: ~3x faster than ``update``'s)."""
-        order = self._order
-        for key, value in items.items():
-            shard = self._shards[hash(key) & self._mask]
-            if key in shard:
-                shard[key] = value
-                continue
-            shard[key] = value
-            last = order[-1]
-            if len(last) >= ORDER_CHUNK:
-                last = []
-                order.append(last)
-            last.append(key)
-            self._len += 1
-            if self._len > SPLIT_AT and not self._mask:
-                self._split()
-
     def setdefault(self, key: K, default: V = None) -> V:  # type: ignore[assignment]
         got = self._shards[hash(key) & self._mask].get(key, _MISSING)
         if got is not _MISSING:

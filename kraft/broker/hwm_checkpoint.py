@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
@@ -195,15 +195,15 @@ class CheckpointWriter:
     (in submission order), and synchronously at shutdown after every queued write."""
 
     def __init__(self) -> None:
-        self._written: dict[Path, Entries] = {}
+        self._written: dict[Path, dict[tuple[TopicPartition, str], int]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self.writes = 0
         """Files written (tests and the benchmark read it)."""
 
-    def _changed(self, by_dir: Mapping[Path, Entries]) -> list[Path]:
+    def _changed(self, by_dir: Mapping[Path, dict[tuple[TopicPartition, str], int]]) -> list[Path]:
         return [d for d, entries in by_dir.items() if self._written.get(d) != entries]
 
-    async def write_changed(self, by_dir: Mapping[Path, Entries]) -> int:
+    async def write_changed(self, by_dir: Mapping[Path, dict[tuple[TopicPartition, str], int]]) -> int:
         """Write the dirs whose entries changed since their last write, off the event loop; the number of
         files written.  A failed write raises (FatalStorageError from the fsync rule)."""
         changed = self._changed(by_dir)
@@ -222,11 +222,11 @@ class CheckpointWriter:
 
     async def write_changed_paced(
         self,
-        by_dir: Mapping[Path, MutableMapping[tuple[TopicPartition, str], int]],
+        by_dir: Mapping[Path, dict[tuple[TopicPartition, str], int]],
         pacer: Pacer,
         *,
         wanted: Callable[[Path], bool] = lambda log_dir: True,
-        settle: Callable[[Path, MutableMapping[tuple[TopicPartition, str], int]], bool] = lambda d, e: False,
+        settle: Callable[[Path, dict[tuple[TopicPartition, str], int]], bool] = lambda d, e: False,
     ) -> int:
         """:meth:`write_changed` with every step on the loop bounded: the comparison with the last write
         and the encoding run in steps (``pacer``), the write on the worker thread.  ``by_dir`` is this
@@ -257,7 +257,7 @@ class CheckpointWriter:
             written += 1
         return written
 
-    def write_now(self, by_dir: Mapping[Path, Entries]) -> int:
+    def write_now(self, by_dir: Mapping[Path, dict[tuple[TopicPartition, str], int]]) -> int:
         """At shutdown: wait for any write in progress, then write every changed dir on this thread."""
         if self._executor is not None:
             self._executor.shutdown(wait=True)

@@ -85,7 +85,7 @@ def test_behaves_like_a_dict(ops: list[tuple[str, Any, int | None]], probes: set
             elif op == "update":
                 assert value is not None
                 batch = {k: value + i for i, k in enumerate(key)}
-                sharded.update_from(batch)
+                sharded.update(batch)
                 model.update(batch)
             elif op == "compact":
                 for _ in sharded.compact_steps():
