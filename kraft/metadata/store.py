@@ -827,6 +827,10 @@ class SqliteImageStore:
             "DELETE FROM partition_elr WHERE topic_id = ? AND partition_id = ?", elr_gone
         )
         await self._db.executemany("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?, ?)", elr_rows)
+        # The working lists hold a pair or a new tuple per topic: freed where this frame ends they are one
+        # deallocation of ~100,000 objects (several ms) after a snapshot load.
+        for items in (changed, updated, removed, gone):
+            await _drop_paced(items)
 
     async def _save_acls(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         gone = [(i,) for i in previous.acls if i not in image.acls]
@@ -856,6 +860,19 @@ class SqliteImageStore:
                 "INSERT INTO configs VALUES (?, ?, ?, ?)",
                 [(key[0], key[1], k, v) for k, v in values.items()],
             )
+
+
+DROP_STEP_ITEMS = 4_096
+"""Items of a save's working list freed between two loop turns (:func:`_drop_paced`)."""
+
+
+async def _drop_paced(items: list[Any]) -> None:
+    """Empty ``items`` (a save's own working list) :data:`DROP_STEP_ITEMS` at a time, yielding the loop
+    between the steps."""
+    while len(items) > DROP_STEP_ITEMS:
+        del items[-DROP_STEP_ITEMS:]
+        await asyncio.sleep(0)
+    items.clear()
 
 
 async def _rows(db: aiosqlite.Connection, query: str) -> AsyncIterator[Any]:
