@@ -67,10 +67,17 @@ class ShardedMap(MutableMapping[K, V]):
     _stale_total: int
 
     def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
-        self.clear()
-        pairs = items.items() if isinstance(items, Mapping) else items
-        for key, value in pairs:
-            self[key] = value
+        # (an empty map is made per MetadataDelta, per committed batch: kept to plain assignments)
+        self._shards, self._mask = [{}], 0
+        self._order, self._len = [[]], 0
+        self._stale, self._stale_total = {}, 0
+        if items:
+            pairs = items.items() if isinstance(items, Mapping) else items
+            for key, value in pairs:
+                self[key] = value
+
+    def __bool__(self) -> bool:
+        return self._len > 0
 
     # ---- lookups: one hash, one dict lookup ----
 

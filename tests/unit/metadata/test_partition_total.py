@@ -14,6 +14,7 @@ from kraft.metadata import records
 from kraft.metadata.chunked import CHUNK
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.sharded_map import SPLIT_AT, ShardedMap
 from kraft.v1 import metadata_pb2 as pb
 
 NAMES = st.sampled_from(["a", "b", "c", "d"])
@@ -104,3 +105,28 @@ def test_an_image_not_built_by_a_delta_counts_once_and_replace_never_carries_a_c
     delta.replay(records.wrap(_partition("T", 3)))
     after = delta.apply()
     assert after.partition_total is None and after.partition_count() == 4
+
+
+def test_a_delta_past_the_split_keeps_dict_order_and_counts() -> None:
+    """A delta of more topics than SPLIT_AT moves its per-topic maps to ShardedMaps mid-replay: the image
+    holds the topics in creation order (a removed one gone, a re-created topic last), as with dicts."""
+    topics = SPLIT_AT + 700
+    delta = MetadataDelta(MetadataImage.empty())
+    for t in range(topics):
+        delta.replay(records.wrap(pb.TopicRecord(name=f"t{t}", topic_id=f"T{t}")))
+        delta.replay(records.wrap(_partition(f"T{t}", 0)))
+    assert isinstance(delta._topics, ShardedMap) and isinstance(delta._names, ShardedMap)
+    image = delta.apply()
+    delta = MetadataDelta(image)
+    for t in range(0, topics, 3):
+        delta.replay(records.wrap(pb.RemoveTopicRecord(topic_id=f"T{t}")))
+    delta.replay(records.wrap(pb.TopicRecord(name="t0", topic_id="again")))
+    delta.replay(records.wrap(_partition("again", 0)))
+    delta.replay(records.wrap(_partition("again", 1)))
+    assert not delta.replay_errors
+    after = delta.apply()
+    expected = [f"T{t}" for t in range(topics) if t % 3] + ["again"]
+    assert list(after.topics_by_id) == expected
+    # (the name t0 was unset and set again in the delta: it keeps its place, as a dict key would)
+    assert list(after.topic_ids_by_name.values()) == ["again", *expected[:-1]]
+    assert after.partition_total == _walk(after) == len(expected) + 1
