@@ -124,3 +124,23 @@ def test_split_spreads_keys_over_shards() -> None:
     sizes = [len(shard) for shard in sharded._shards]
     assert len(sizes) == sharded_map.SHARDS
     assert max(sizes) < sharded_map.SPLIT_AT // 16  # no shard holds a big share
+
+
+@pytest.mark.parametrize("count", [0, 5, 9, 20])
+def test_of_dict_equals_inserting_one_by_one(count: int) -> None:
+    """``of_dict`` (what the delta turns an outgrown dict into) holds what inserting gives, and goes on
+    behaving like a dict: removals, re-insertions, more keys."""
+    with small_limits():
+        model = {f"k{i}": i for i in range(count)}
+        made = ShardedMap.of_dict(model)
+        assert made._mask == (0 if count <= sharded_map.SPLIT_AT else sharded_map.SHARDS - 1)
+        _check_same(made, model)
+        for key in list(model)[::2]:
+            del made[key]
+            del model[key]
+        for i in range(count, count + 7):
+            made[f"k{i}"] = i
+            model[f"k{i}"] = i
+        made["k1"] = -1
+        model["k1"] = -1
+        _check_same(made, model)
