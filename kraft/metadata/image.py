@@ -187,6 +187,12 @@ class MetadataImage:
     """The partitions holding an ELR or last known ELR (:mod:`kraft.metadata.elr_holders`, what a
     ClearElrRecord's replay visits); derived from ``topics_by_id``, so not compared.  None: computed on
     first use (``elr_holders_of``)."""
+    partition_total: int | None = field(default=None, init=False, compare=False, repr=False)
+    """How many partitions ``topics_by_id`` holds, set by :meth:`MetadataDelta.apply_steps` from the base
+    image's (what it removed and what it built) and by the image store's load, so
+    :meth:`partition_count` is O(1) instead of a walk of every topic (100,000 topics: ~10-20 ms).
+    Derived: not compared, and not an ``__init__`` argument, so ``dataclasses.replace`` never carries a
+    count over to other topics (it starts unknown); None: counted on first use."""
 
     def __post_init__(self) -> None:
         # The two topic maps are persistent (kraft.metadata.pmap, structure-sharing, dict order): the next
@@ -213,7 +219,16 @@ class MetadataImage:
             return None
 
     def partition_count(self) -> int:
-        return sum(len(t.partitions) for t in self.topics_by_id.values())
+        """Partitions of every topic (kept, see ``partition_total``; counted once when not known)."""
+        total = self.partition_total
+        if total is None:
+            total = sum(len(t.partitions) for t in self.topics_by_id.values())
+            self.set_partition_total(total)
+        return total
+
+    def set_partition_total(self, total: int) -> None:
+        """Record :attr:`partition_total` (derived: the image stays what it was)."""
+        object.__setattr__(self, "partition_total", total)
 
     def iter_partitions(self) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
         for topic in self.topics_by_id.values():
@@ -251,3 +266,4 @@ EMPTY_IMAGE = MetadataImage(
     features={},
     elr_holders=EMPTY_ELR_HOLDERS,
 )
+object.__setattr__(EMPTY_IMAGE, "partition_total", 0)

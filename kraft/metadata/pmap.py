@@ -21,7 +21,7 @@ amortized O(1) per removal.  Immutable; equal (``==``) to any Mapping of the sam
 from __future__ import annotations
 
 import gc
-from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Generator, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from itertools import chain
 from operator import itemgetter
 from typing import Any, TypeVar, overload
@@ -36,6 +36,8 @@ CHUNK_BITS = 7
 CHUNK = 1 << CHUNK_BITS
 """Slots per chunk: a change copies one chunk (~128 references) per touched key's slot."""
 _MASK = CHUNK - 1
+COMPARE_STEP = 2_048
+"""Slots :meth:`PersistentMap.changes_since_steps` compares between two pauses (~0.5 ms)."""
 _Chunk = tuple[tuple[Any, Any] | None, ...]
 _ABSENT: Any = object()
 
@@ -162,14 +164,39 @@ class PersistentMap(Mapping[K, V]):
         + CHUNK * touched chunks) instead of a lookup per key (the image store's save compared 10,000
         topics that way every 500 ms, ~5-10 ms of the event loop at a time).  Unrelated maps (or a
         ``previous`` that is not a PersistentMap) are compared in full; the result is the same."""
+        steps = self.changes_since_steps(previous)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+    def changes_since_steps(
+        self, previous: Mapping[K, V]
+    ) -> Generator[None, None, tuple[list[K], list[tuple[K, V]]]]:
+        """:meth:`changes_since`, pausing (yielding) after about every :data:`COMPARE_STEP` slots or keys
+        compared (the result is the generator's return value): the image store's save after a snapshot
+        load compares two unrelated maps of every topic, ~30-60 ms in one go at 100,000 topics.  Neither
+        map changes (both are immutable)."""
         if not isinstance(previous, PersistentMap):
-            gone = [key for key in previous if key not in self._values]
-            changed = [(key, value) for key, value in self._pairs() if previous.get(key) is not value]
+            gone: list[K] = []
+            for seen, key in enumerate(previous, 1):
+                if key not in self._values:
+                    gone.append(key)
+                if seen % COMPARE_STEP == 0:
+                    yield
+            changed: list[tuple[K, V]] = []
+            for seen, (key, value) in enumerate(self._pairs(), 1):
+                if previous.get(key) is not value:
+                    changed.append((key, value))
+                if seen % COMPARE_STEP == 0:
+                    yield
             return gone, changed
         removed: list[K] = []
         updated: list[tuple[K, V]] = []
         mine, theirs = self._chunks, previous._chunks
         values, old_values = self._values, previous._values
+        compared = 0
         for number in range(max(len(mine), len(theirs))):
             chunk = mine[number] if number < len(mine) else ()
             old = theirs[number] if number < len(theirs) else ()
@@ -186,6 +213,10 @@ class PersistentMap(Mapping[K, V]):
                     removed.append(was[0])
                 if pair is not None and old_values.get(pair[0], _ABSENT) is not pair[1]:
                     updated.append(pair)
+            compared += max(len(chunk), len(old))
+            if compared >= COMPARE_STEP:
+                compared = 0
+                yield
         return removed, updated  # slots in order: each list in its map's key order
 
     def parts(self) -> list[object]:
