@@ -181,7 +181,9 @@ class AppendBridge:
             self._queued.append((values, future))
             schedule, self._handoff_scheduled = not self._handoff_scheduled, True
         if schedule:
-            self._main.call_soon_threadsafe(self._handoff)
+            # Posted at the end of this intake loop turn, not now: the calls handled in the same turn join
+            # this hand-off, and the main loop is woken once for all of them.
+            asyncio.get_running_loop().call_soon(self._main.call_soon_threadsafe, self._handoff)
         return await future
 
     async def leader_and_epoch(self) -> LeaderAndEpoch:
