@@ -23,7 +23,8 @@ waits on one round trip of them) run on the intake loop itself, and only the req
 :class:`DriverBridge` — one ``call_soon_threadsafe`` to the driver and one back, called by the driver the
 moment it answers.  The generic hops cost a fetch four crossings and a task on each loop, and the answer
 left the main loop only after the driver had handed its fsync to a thread and the handler's task was woken
-(docs/internals/raft-performance.md, "A lone write's path").
+(docs/internals/raft-performance.md, "A lone write's path").  Likewise ``TestAppend`` and
+``TestAppendStream`` with an :class:`AppendBridge`: the appends of many calls reach the driver as one.
 """
 
 from __future__ import annotations
