@@ -659,7 +659,8 @@ class RaftDriver:
 
     def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         self._check_running()
-        offset = self._core.append(list(records), self._clock.monotonic_ms(), hold=hold)
+        # No copy: the core copies the records into its accumulator (extend) in this call.
+        offset = self._core.append(records, self._clock.monotonic_ms(), hold=hold)
         if not self._wakeup_queued:  # one wake-up serves any number of appends
             self._wakeup_queued = True
             self._push(_Wakeup())
