@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from kraft.raft.api import LeaderAndEpoch
+from kraft.raft.api import LeaderAndEpoch, RaftShutdownError
 from kraft.raft.messages import RaftRequest, RaftResponse
 from kraft.runtime import check_choices
 
@@ -184,8 +184,17 @@ class AppendBridge:
         if schedule:
             # Posted at the end of this intake loop turn, not now: the calls handled in the same turn join
             # this hand-off, and the main loop is woken once for all of them.
-            asyncio.get_running_loop().call_soon(self._main.call_soon_threadsafe, self._handoff)
+            asyncio.get_running_loop().call_soon(self._post_handoff)
         return await future
+
+    def _post_handoff(self) -> None:
+        try:
+            self._main.call_soon_threadsafe(self._handoff)
+        except RuntimeError:  # the main loop is closed: nothing will take the queue, fail it
+            with self._lock:
+                queued, self._queued = self._queued, []
+                self._handoff_scheduled = False
+            _fail_all(queued, RaftShutdownError("the node's main loop is closed"))
 
     async def leader_and_epoch(self) -> LeaderAndEpoch:
         """The driver's current leader and epoch, read on the main loop (for answers that carry no append)."""

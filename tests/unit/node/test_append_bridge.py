@@ -193,6 +193,18 @@ async def test_a_cancelled_caller_leaves_the_others_answered() -> None:
         intake.close()
 
 
+async def test_appends_fail_with_the_shutdown_error_once_the_main_loop_is_closed() -> None:
+    closed = asyncio.new_event_loop()
+    closed.close()
+    bridge = AppendBridge(closed, FakeDriver())
+    with pytest.raises(RaftShutdownError):
+        async with asyncio.timeout(TIMEOUT_S):
+            await bridge.append([b"x"])
+    with pytest.raises(RaftShutdownError):  # and again: the hand-off flag was reset with the queue
+        async with asyncio.timeout(TIMEOUT_S):
+            await bridge.append([b"y"])
+
+
 async def test_leader_and_epoch_is_read_on_the_main_loop() -> None:
     intake = IntakeLoop(name="test-append-bridge-leader")
     intake.start()
