@@ -172,7 +172,7 @@ class AppendBridge:
         self._lock = threading.Lock()
         self._queued: list[_Queued] = []
         self._handoff_scheduled = False
-        self.handoffs = 0  # hand-offs that carried appends (tests and benchmarks read calls per hand-off)
+        self.handoffs = 0  # hand-offs that carried appends (the tests read it: calls share hand-offs)
 
     async def append(self, values: list[bytes]) -> tuple[int, LeaderAndEpoch]:
         """Append ``values`` (at least one); returns (the last one's offset, the leader and epoch it was
