@@ -68,6 +68,20 @@ def _threads(pid: int) -> dict[int, tuple[str, float]]:
     return out
 
 
+def _switches(pid: int) -> dict[int, tuple[str, int]]:
+    """Context switches (voluntary + involuntary) of every thread of ``pid`` so far, by thread id: each
+    is a thread going to sleep or being woken — a cross-thread hand-off, a GIL wait, an fsync."""
+    out: dict[int, tuple[str, int]] = {}
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                comm = (task / "comm").read_text().strip()
+                fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines())
+                count = int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+                out[int(task.name)] = (comm, count)
+    return out
+
+
 def _python_thread_names(pid: int, py_spy: str | None) -> dict[int, str]:
     """Native thread id → Python thread name, from ``py-spy dump`` (empty without py-spy)."""
     if not py_spy:
@@ -127,6 +141,7 @@ async def _window(
         await asyncio.sleep(warmup_s)
         before = {name: _cpu_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
         threads_before = {name: _threads(pid) for name, pid in threaded.items()}
+        switches_before = {name: _switches(pid) for name, pid in pids.items()}
         if profile is not None:
             profile()
         done_before, started = done, time.perf_counter()
@@ -134,6 +149,7 @@ async def _window(
         writes, elapsed = done - done_before, time.perf_counter() - started
         after = {name: _cpu_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
         threads_after = {name: _threads(pid) for name, pid in threaded.items()}
+        switches_after = {name: _switches(pid) for name, pid in pids.items()}
     finally:
         stop = True
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -151,6 +167,13 @@ async def _window(
         "errors": errors,
         "cpu_s": {name: after[name] - before[name] for name in pids},
         "threads": threads,
+        "switches": {
+            name: {
+                tid: (comm, count - switches_before[name].get(tid, (comm, 0))[1])
+                for tid, (comm, count) in switches_after[name].items()
+            }
+            for name in pids
+        },
     }
 
 
@@ -397,6 +420,18 @@ def measure(
                     batches, records = _leader_log_batches(metadata_dir, start, end)
                     window["leader_batches"] = batches
                     window["records_per_batch"] = round(records / batches, 2) if batches else None
+                window["switches"] = {
+                    proc: {
+                        (
+                            f"{_label(tid, threaded[proc], comm, names[threaded[proc]])} [{tid}]"
+                            if proc in threaded
+                            else f"{comm} [{tid}]"
+                        ): count
+                        for tid, (comm, count) in switches.items()
+                        if count > 0
+                    }
+                    for proc, switches in window["switches"].items()
+                }
                 window["threads"] = {
                     proc: {
                         f"{_label(tid, threaded[proc], comm, names[threaded[proc]])} [{tid}]": round(cpu, 3)
@@ -426,6 +461,16 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     group: round(cpu / writes * 1e6, 1)
                     for group, cpu in sorted(groups.items(), key=lambda g: -g[1])
                 }
+            switch_groups: dict[str, dict[str, float]] = {}
+            for proc, switches in window["switches"].items():
+                groups = {}
+                for label, count in switches.items():
+                    group = label.rsplit(" [", 1)[0]
+                    groups[group] = groups.get(group, 0.0) + count
+                switch_groups[proc] = {
+                    group: round(count / writes, 2)
+                    for group, count in sorted(groups.items(), key=lambda g: -g[1])
+                }
             leader_cpu = sum(cpu for proc, cpu in window["cpu_s"].items() if proc.startswith("leader"))
             rows.append(
                 {
@@ -438,6 +483,10 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                         proc: round(cpu / window["seconds"], 3) for proc, cpu in window["cpu_s"].items()
                     },
                     "thread_groups_us_per_write": thread_groups,
+                    "context_switches_per_write": {
+                        proc: round(sum(groups.values()), 2) for proc, groups in switch_groups.items()
+                    },
+                    "leader_thread_switches_per_write": switch_groups.get("leader", {}),
                     "threads_cpu_s": window["threads"],
                     "leader_batches": window.get("leader_batches"),
                     "records_per_batch": window.get("records_per_batch"),
@@ -521,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"batches={row['leader_batches']} "
                 f"rpb={row['records_per_batch']} vpm={row['values_per_message']}"
             )
+            print(f"              context switches per write {row['context_switches_per_write']}")
+            print(f"              leader's threads, switches/write {row['leader_thread_switches_per_write']}")
             for proc, groups in row["thread_groups_us_per_write"].items():
                 if sum(groups.values()) > 5:
                     print(f"              {proc} threads µs/write {groups}")

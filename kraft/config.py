@@ -554,6 +554,11 @@ class NodeConfig(BaseModel):
     # one hop each way (kraft.node.intake.DriverBridge); false: they hop to the main loop like every other
     # handler.  A switch for A/B measurements (docs/internals/raft-performance.md).
     controller_raft_fetch_on_intake: Bool = _key("controller.raft.fetch.on.intake", default=True)
+    # With the intake thread and kraft.test.append.enable: TestAppend/TestAppendStream are served on its
+    # loop and the appends of many calls reach the driver as one hand-off (kraft.node.intake.AppendBridge);
+    # false: they hop to the main loop one call at a time like every other handler.  For A/B measurements
+    # (docs/internals/raft-performance.md, "The leader's cost per write and per record (session 11)").
+    controller_raft_test_append_on_intake: Bool = _key("controller.raft.test.append.on.intake", default=True)
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

@@ -45,7 +45,7 @@ from kraft.config import NodeConfig, _join_host_port
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
 from kraft.netutil import advertised_host
-from kraft.node.intake import DriverBridge, HopInterceptor, IntakeLoop
+from kraft.node.intake import AppendBridge, DriverBridge, HopInterceptor, IntakeLoop
 from kraft.node.intake_pool import (
     IntakeConfigError,
     IntakeProcesses,
@@ -66,7 +66,12 @@ from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_server import FETCH_METHODS, RaftServicer, add_raft_service
-from kraft.raft.grpc_test_service import DigestStateMachine, RaftTestServicer, add_raft_test_service
+from kraft.raft.grpc_test_service import (
+    APPEND_METHODS,
+    DigestStateMachine,
+    RaftTestServicer,
+    add_raft_test_service,
+)
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
@@ -435,11 +440,16 @@ class ControllerNode:
         )
         health = HealthReporter()
         test_servicer: RaftTestServicer | None = None
+        native_methods = FETCH_METHODS if fetch_on_intake else frozenset[str]()
         if cfg.kraft_test_append_enable:
             # The digest state machine writes snapshots only when nothing else runs on this node:
             # with the metadata layer installed, snapshots are the metadata image's.
             snapshot_every = 0 if self._installers else cfg.metadata_log_max_record_bytes_between_snapshots
             self.test_state = DigestStateMachine(self._raft, snapshot_every_bytes=snapshot_every)
+            # On the intake thread the appends of many calls reach the driver in one hand-off each way.
+            appends_on_intake = (
+                cfg.controller_request_intake_thread and cfg.controller_raft_test_append_on_intake
+            )
             test_servicer = RaftTestServicer(
                 self._raft,
                 self.test_state,
@@ -447,7 +457,10 @@ class ControllerNode:
                 endpoints=endpoints,
                 listener_name=cfg.controller_listener_names[0],
                 security_protocol=cfg.security_protocol(cfg.controller_listener_names[0]),
+                appends=AppendBridge(main_loop, self._raft) if appends_on_intake else None,
             )
+            if appends_on_intake:
+                native_methods |= APPEND_METHODS
         address = cfg.controller_listener.bind_address
         configured_port = cfg.controller_listener.port
         name = cfg.controller_listener.name
@@ -484,8 +497,7 @@ class ControllerNode:
         if cfg.controller_request_intake_thread:
             intake = self._intake = IntakeLoop()
             intake.start()
-            native = FETCH_METHODS if fetch_on_intake else frozenset[str]()
-            hop = HopInterceptor(main_loop, intake.loop, native=native)
+            hop = HopInterceptor(main_loop, intake.loop, native=native_methods)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])

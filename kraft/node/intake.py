@@ -23,7 +23,8 @@ waits on one round trip of them) run on the intake loop itself, and only the req
 :class:`DriverBridge` — one ``call_soon_threadsafe`` to the driver and one back, called by the driver the
 moment it answers.  The generic hops cost a fetch four crossings and a task on each loop, and the answer
 left the main loop only after the driver had handed its fsync to a thread and the handler's task was woken
-(docs/internals/raft-performance.md, "A lone write's path").
+(docs/internals/raft-performance.md, "A lone write's path").  Likewise ``TestAppend`` and
+``TestAppendStream`` with an :class:`AppendBridge`: the appends of many calls reach the driver as one.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
+from kraft.raft.api import LeaderAndEpoch, RaftShutdownError
 from kraft.raft.messages import RaftRequest, RaftResponse
 from kraft.runtime import check_choices
 
@@ -135,6 +137,127 @@ class DriverBridge:
             self._submit(request, peer_id=peer_id, reply=reply)
         except Exception as exc:  # a driver bug must come back as an error, not leave the call hanging
             reply(None, exc)
+
+
+class DriverAppend(Protocol):
+    """The driver's side of :class:`AppendBridge` (:class:`kraft.raft.driver.RaftDriver`), used on the main
+    loop only."""
+
+    @property
+    def leader_and_epoch(self) -> LeaderAndEpoch: ...
+
+    def append_callback(
+        self, records: Sequence[bytes], on_commit: Callable[[int | None, BaseException | None], None]
+    ) -> int: ...
+
+
+_Queued = tuple[list[bytes], "asyncio.Future[tuple[int, LeaderAndEpoch]]"]
+
+
+class AppendBridge:
+    """Raw-record appends from handlers on the intake loop (``TestAppend``), handed to the driver on
+    ``main`` together: every append that arrives while the previous hand-off still waits for the main loop
+    joins it, so a main-loop turn takes all of them as ONE :meth:`DriverAppend.append_callback` — one
+    cross-thread call there and one back per hand-off instead of two per call, and no task, future or
+    servicer context per call on the main loop (docs/internals/raft-performance.md, "The leader's cost
+    per write and per record (session 11)").  Each caller still gets its own offsets, and only once its
+    records are committed (acknowledged means durable).  Offsets are in arrival order: the records of one
+    hand-off are appended in the order their calls came."""
+
+    def __init__(self, main: asyncio.AbstractEventLoop, driver: DriverAppend) -> None:
+        self._main = main
+        self._driver = driver
+        # Shared by the intake thread (appends) and the main thread (hand-off): under the lock, so an
+        # append either lands in the batch the next hand-off takes or schedules a hand-off of its own.
+        self._lock = threading.Lock()
+        self._queued: list[_Queued] = []
+        self._handoff_scheduled = False
+        self.handoffs = 0  # hand-offs that carried appends (the tests read it: calls share hand-offs)
+
+    async def append(self, values: list[bytes]) -> tuple[int, LeaderAndEpoch]:
+        """Append ``values`` (at least one); returns (the last one's offset, the leader and epoch it was
+        committed under) once committed.  Raises :class:`NotLeaderError` or :class:`RaftShutdownError`."""
+        future: asyncio.Future[tuple[int, LeaderAndEpoch]] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            self._queued.append((values, future))
+            schedule, self._handoff_scheduled = not self._handoff_scheduled, True
+        if schedule:
+            # Posted at the end of this intake loop turn, not now: the calls handled in the same turn join
+            # this hand-off, and the main loop is woken once for all of them.
+            asyncio.get_running_loop().call_soon(self._post_handoff)
+        return await future
+
+    def _post_handoff(self) -> None:
+        try:
+            self._main.call_soon_threadsafe(self._handoff)
+        except RuntimeError:  # the main loop is closed: nothing will take the queue, fail it
+            with self._lock:
+                queued, self._queued = self._queued, []
+                self._handoff_scheduled = False
+            _fail_all(queued, RaftShutdownError("the node's main loop is closed"))
+
+    async def leader_and_epoch(self) -> LeaderAndEpoch:
+        """The driver's current leader and epoch, read on the main loop (for answers that carry no append)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[LeaderAndEpoch] = loop.create_future()
+
+        def read() -> None:  # on main
+            with contextlib.suppress(RuntimeError):  # the intake loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle_value, future, self._driver.leader_and_epoch)
+
+        self._main.call_soon_threadsafe(read)
+        return await future
+
+    def _handoff(self) -> None:
+        """On main: every queued append as one driver append."""
+        with self._lock:
+            queued, self._queued = self._queued, []
+            self._handoff_scheduled = False
+        if not queued:
+            return
+        self.handoffs += 1
+        values = queued[0][0] if len(queued) == 1 else [value for each, _ in queued for value in each]
+        try:
+            self._driver.append_callback(values, lambda offset, error: self._committed(queued, offset, error))
+        except Exception as exc:  # NotLeaderError, RaftShutdownError, or a driver bug: the callers hear it
+            _post(queued, _fail_all, queued, exc)
+
+    def _committed(self, queued: list[_Queued], last_offset: int | None, error: BaseException | None) -> None:
+        """On main, called by the driver once: post the outcome to the callers' loop(s)."""
+        if error is not None or last_offset is None:
+            _post(queued, _fail_all, queued, error or RuntimeError("append ended without an offset"))
+        else:
+            _post(queued, _succeed_all, queued, last_offset, self._driver.leader_and_epoch)
+
+
+def _post(queued: list[_Queued], callback: Callable[..., None], *args: Any) -> None:
+    """Run ``callback(*args)`` on each loop the queued callers wait on (one, the intake loop, in practice)."""
+    for loop in {future.get_loop() for _, future in queued}:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: the server is gone
+            loop.call_soon_threadsafe(callback, *args)
+
+
+def _settle_value(future: asyncio.Future[T], value: T) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail_all(queued: list[_Queued], error: BaseException) -> None:
+    loop = asyncio.get_running_loop()
+    for _, future in queued:
+        if not future.done() and future.get_loop() is loop:
+            future.set_exception(error)
+
+
+def _succeed_all(queued: list[_Queued], last_offset: int, leader: LeaderAndEpoch) -> None:
+    """Each caller's last offset: the hand-off's records were appended in queue order, ending at
+    ``last_offset``."""
+    loop = asyncio.get_running_loop()
+    offset = last_offset
+    for values, future in reversed(queued):
+        if not future.done() and future.get_loop() is loop:  # a cancelled call: its records stay appended
+            future.set_result((offset, leader))
+        offset -= len(values)
 
 
 class _Abort(Exception):

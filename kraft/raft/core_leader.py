@@ -341,7 +341,7 @@ class LeaderRole:
         elif not hold:
             self.holding = False
         self.pending_records.extend(records)
-        self.pending_bytes += sum(len(record) for record in records)
+        self.pending_bytes += sum(map(len, records))  # no generator frame per record (a hot path)
         last_offset = log.end_offset + len(self.pending_records) - 1
         if (
             len(self.pending_records) >= config.max_batch_records

@@ -327,6 +327,33 @@ ReplyCallback = Callable[[RaftResponse | None, BaseException | None], None]
 """``(response, None)`` or ``(None, error)``; called once, on the driver's loop, and must not block."""
 
 
+CommitCallback = Callable[[int | None, BaseException | None], None]
+"""``(last_offset, None)`` once committed or ``(None, error)``; called once, on the driver's loop, and must
+not block (:meth:`RaftDriver.append_callback`)."""
+
+
+class _CommitWaiter:
+    """An :meth:`RaftDriver.append_callback` caller among the pending appends: settled like their futures,
+    but by calling back at the moment the high watermark passes it (no future, no task to wake)."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: CommitCallback) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, offset: int) -> None:
+        self._done = True
+        self._callback(offset, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done = True
+        self._callback(None, error)
+
+
 _Event = _Inbound | _Response | _SendFailed | _Wakeup | _SnapshotFrozen | _Resign | _SnapshotVoters
 
 
@@ -403,7 +430,7 @@ class RaftDriver:
         self._next_request_id = 1
         # (last offset, future, monotonic ms of the append) of append() callers waiting on commit, in
         # offset order: offsets are handed out in increasing order, so commits pop from the left.
-        self._pending_appends: deque[tuple[int, asyncio.Future[int], int]] = deque()
+        self._pending_appends: deque[tuple[int, asyncio.Future[int] | _CommitWaiter, int]] = deque()
         # confirm_leadership() callers by the round that answers them (round ids only grow).
         self._read_waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._read_round_asked_ms: dict[int, int] = {}  # when each waited-on round was first asked for
@@ -635,7 +662,8 @@ class RaftDriver:
 
     def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         self._check_running()
-        offset = self._core.append(list(records), self._clock.monotonic_ms(), hold=hold)
+        # No copy: the core copies the records into its accumulator (extend) in this call.
+        offset = self._core.append(records, self._clock.monotonic_ms(), hold=hold)
         if not self._wakeup_queued:  # one wake-up serves any number of appends
             self._wakeup_queued = True
             self._push(_Wakeup())
@@ -646,6 +674,18 @@ class RaftDriver:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending_appends.append((offset, future, self._clock.monotonic_ms()))
         return await future
+
+    def append_callback(self, records: Sequence[bytes], on_commit: CommitCallback) -> int:
+        """:meth:`append` without a future: schedules ``records`` and returns the last one's offset
+        (raising :class:`NotLeaderError` / :class:`RaftShutdownError` at once, as :meth:`schedule_append`),
+        then calls ``on_commit`` on this loop exactly once, when the high watermark passes that offset (the
+        records are on a majority's disks) or with the error that ends the wait.  For callers that gather
+        many writers' records into one call and answer them from another thread
+        (:class:`kraft.node.intake.AppendBridge`): one waiter per call instead of a future and a task per
+        writer."""
+        offset = self.schedule_append(records)
+        self._pending_appends.append((offset, _CommitWaiter(on_commit), self._clock.monotonic_ms()))
+        return offset
 
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()

@@ -21,6 +21,7 @@ import logging
 import struct
 import time
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import grpc.aio
 
@@ -108,8 +109,43 @@ class DigestStateMachine:
         return None
 
 
+_TEST_SERVICE = raft_pb2.DESCRIPTOR.services_by_name["RaftTestService"]
+APPEND_METHODS = frozenset(
+    f"/{_TEST_SERVICE.full_name}/{name}" for name in ("TestAppend", "TestAppendStream")
+)
+"""The full gRPC names of the methods ``RaftTestServicer(appends=...)`` answers through that path: they may
+run on the intake loop (:class:`kraft.node.intake.AppendBridge`)."""
+
+
+class AppendPath(Protocol):
+    """How ``TestAppend`` reaches Raft: :class:`kraft.node.intake.AppendBridge` from the intake loop, or
+    the client itself (:class:`_DirectAppends`) on the loop that runs it."""
+
+    async def append(self, values: list[bytes]) -> tuple[int, LeaderAndEpoch]:
+        """The last value's offset once committed, and the leader and epoch then."""
+        ...
+
+    async def leader_and_epoch(self) -> LeaderAndEpoch: ...
+
+
+class _DirectAppends:
+    def __init__(self, client: RaftClient) -> None:
+        self._client = client
+
+    async def append(self, values: list[bytes]) -> tuple[int, LeaderAndEpoch]:
+        last_offset = await self._client.append(values)
+        return last_offset, self._client.leader_and_epoch
+
+    async def leader_and_epoch(self) -> LeaderAndEpoch:
+        return self._client.leader_and_epoch
+
+
 class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
-    """``TestAppend`` (answer once committed) and ``TestDigest`` (this replica's applied state)."""
+    """``TestAppend`` (answer once committed) and ``TestDigest`` (this replica's applied state).
+
+    With ``appends`` (an :class:`AppendPath` such as :class:`kraft.node.intake.AppendBridge`) the two
+    append methods (:data:`APPEND_METHODS`) touch Raft only through it, so they may run on the intake loop
+    while ``TestDigest`` runs on the client's loop."""
 
     def __init__(
         self,
@@ -121,8 +157,10 @@ class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
         max_values: int = 100_000,
         listener_name: str = "CONTROLLER",
         security_protocol: str = "PLAINTEXT",
+        appends: AppendPath | None = None,
     ) -> None:
         self._client = client
+        self._appends: AppendPath = appends if appends is not None else _DirectAppends(client)
         self._state = state_machine
         self._state_registered = False
         self._cluster_id = cluster_id
@@ -150,23 +188,23 @@ class RaftTestServicer(raft_pb2_grpc.RaftTestServiceServicer):
     ) -> raft_pb2.TestAppendResponse:
         mismatch = self._cluster_mismatch(request.cluster_id)
         if mismatch is not None:
-            return self._error(ErrorCode.INCONSISTENT_CLUSTER_ID, mismatch, self._client.leader_and_epoch)
+            leader = await self._appends.leader_and_epoch()
+            return self._error(ErrorCode.INCONSISTENT_CLUSTER_ID, mismatch, leader)
         count = len(request.values)
         if count == 0 or count > self._max_values:
             return self._error(
                 ErrorCode.INVALID_REQUEST,
                 f"values must hold 1..{self._max_values} records, got {count}",
-                self._client.leader_and_epoch,
+                await self._appends.leader_and_epoch(),
             )
         try:
-            last_offset = await self._client.append(list(request.values))
+            last_offset, leader = await self._appends.append(list(request.values))
         except NotLeaderError as exc:
             return self._error(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc), exc.leader)
         except RaftShutdownError:
             await abort(
                 context, grpc_status_for(ErrorCode.BROKER_NOT_AVAILABLE), "raft node is shutting down"
             )
-        leader = self._client.leader_and_epoch
         return raft_pb2.TestAppendResponse(
             error_code=int(ErrorCode.NONE),
             leader_id=leader.leader_id,
