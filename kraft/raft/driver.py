@@ -17,8 +17,9 @@ Task ownership (who touches what):
   batches from the log and call the listener.  A leader wakes them as soon as the high watermark rises
   (commit answers wait on them); a follower only once the output that raised it ran to its end, log
   fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
-- fsyncs and snapshot/quorum-state writes run in worker threads (``asyncio.to_thread``) awaited by the
-  driver task, so the event loop never blocks on disk.
+- the log's fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
+  hand-offs than the default executor), snapshot/quorum-state writes in worker threads
+  (``asyncio.to_thread``); the driver task awaits both, so the event loop never blocks on disk.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from kraft.raft.messages import (
 )
 from kraft.raft.ports import ElectionStore, LogStore, SnapshotStore
 from kraft.raft.state import ElectionState, StateKind
+from kraft.raft.sync_worker import SyncWorker
 from kraft.raft.transport import Transport, TransportError
 from kraft.raft.voters import Endpoint, Voter, VoterSet, VoterSetHistory
 from kraft.storage.batch import (
@@ -173,6 +175,8 @@ SPIN_REPORT_POLLS = 10_000
 
 PEER_WARNING_INTERVAL_MS = 30_000
 PEER_FAILURES_BEFORE_WARNING = 3
+CLOSE_FLUSH_WAIT_S = 30.0
+"""How long :meth:`RaftDriver.close` waits for a flush still running on the fsync thread (a hung disk)."""
 _REFUSALS = frozenset(
     {ErrorCode.INCONSISTENT_CLUSTER_ID, ErrorCode.INCONSISTENT_VOTER_SET, ErrorCode.INVALID_REQUEST}
 )
@@ -443,6 +447,7 @@ class RaftDriver:
         self._fetch_answered_ms: int | None = None  # when the last Fetch response came (fetch_turnaround)
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
+        self._sync = SyncWorker(f"raft-fsync-{config.node_id}")  # the log's fsyncs (_flush)
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
         self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
@@ -525,6 +530,7 @@ class RaftDriver:
                 await self._task
         for task in list(self._send_tasks):
             task.cancel()
+        self._sync.stop()  # a flush already handed over still runs to its end
         await self._listeners.close()
         self._fail_everything(RaftShutdownError("raft is shut down"))
 
@@ -549,6 +555,9 @@ class RaftDriver:
 
     def close(self) -> None:
         """Close the log (flush + clean-shutdown marker).  Call after :meth:`shutdown`/:meth:`stop`."""
+        # A flush the stopped driver handed over may still run: let it end before the log closes.
+        self._sync.stop()
+        self._sync.join(CLOSE_FLUSH_WAIT_S)
         self._log.close()
 
     def _fail_everything(self, error: BaseException) -> None:
@@ -1005,7 +1014,7 @@ class RaftDriver:
     async def _flush(self) -> None:
         # Awaited by the driver task: nothing writes the log while the fsync runs (no truncation races
         # it), and the flush's own output is executed before the next event is fed to the core.
-        end = await asyncio.to_thread(self._log.flush)
+        end = await self._sync.run(self._log.flush)
         self._metrics.log_end_offset.set(end)
         await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
 

@@ -3,8 +3,9 @@
 Each has a real adapter (:mod:`kraft.raft.storage_adapters`, over ``kraft.storage``) and an in-memory fake
 (:mod:`kraft.raft.memory`); ``tests/unit/raft/test_raft_ports_contract.py`` runs one suite against both so the
 fakes cannot drift.  Methods are synchronous: the metadata log is small and local, so the driver calls
-them inline, except :meth:`LogStore.flush` and the snapshot/quorum-state writes, which it runs in a
-worker thread (``asyncio.to_thread``) to keep fsyncs off the event loop.
+them inline, except :meth:`LogStore.flush` and the snapshot/quorum-state writes, which it runs in
+worker threads (the flush on its own one, ``kraft.raft.sync_worker``; the others through
+``asyncio.to_thread``) to keep fsyncs off the event loop.
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ class LogSegment:
         "_bytes_since_index",
         "_fd",
         "_files",
+        "_last",
         "_live",
         "base_offset",
         "dirty",
@@ -126,6 +127,11 @@ class LogSegment:
         self._bytes_since_index = 0
         self.dirty = False  # written since the last fsync
         self.epoch_problem = ""  # why the last scan refused a batch's leader epoch
+        # (position, header) of the last batch, or None until an append or a verified header walk finds
+        # it: a read at the log's end (a Fetch answer, the leader's own listener) then skips the index
+        # lookup and the header walk.  Set only from a batch this process appended or from find_batch's
+        # verified walk; cleared whenever the file is truncated or rescanned.
+        self._last: tuple[int, BatchHeader] | None = None
 
     # --- the file descriptor (kept open, or through an OpenFileCache) -------------------------------
 
@@ -329,6 +335,7 @@ class LogSegment:
         return valid_end, reason
 
     def _reset_recovery_state(self) -> None:
+        self._last = None
         self.index.clear()
         self.time_index.clear()
         self._bytes_since_index = 0
@@ -484,7 +491,9 @@ class LogSegment:
                 self._preallocate(end)
         self.dirty = True
         interval = self.index_interval_bytes
+        start = position
         for header in headers:
+            start = position
             last_offset = header.base_offset + header.last_offset_delta
             self.max_timestamp = max(self.max_timestamp, header.max_timestamp)
             if self.first_timestamp is None:
@@ -497,6 +506,8 @@ class LogSegment:
             position += header.size_in_bytes
             self.next_offset = last_offset + 1
         self.size = position
+        if headers:
+            self._last = (start, headers[-1])
 
     def _preallocate(self, end: int) -> None:
         """Zero-fill from ``end`` to the next page boundary ``preallocate_bytes`` ahead.  Zeros, not
@@ -531,6 +542,13 @@ class LogSegment:
         raise CorruptLogError."""
         if offset >= self.next_offset or offset < self.base_offset:
             return None
+        last = self._last
+        if last is not None and offset >= last[1].base_offset:
+            # The last batch holds every offset from its base to next_offset.  The end check keeps a
+            # stale entry (never expected: every size change sets or clears it) from being served.
+            if last[0] + last[1].size_in_bytes == self.size:
+                return last
+            self._last = None
         entry_last, position = self.index.lookup_entry(offset)
         found = self._walk_to(offset, position, entry_last)
         if found is None and entry_last is not None:
@@ -543,6 +561,8 @@ class LogSegment:
             raise CorruptLogError(
                 self.log_path, position, f"batch headers do not chain to offset {offset}", offset=offset
             )
+        if found[0] + found[1].size_in_bytes == self.size:
+            self._last = found  # the walk verified its chain: later reads at the end skip it
         return found
 
     def _rebuild_index(self) -> None:
@@ -559,6 +579,7 @@ class LogSegment:
             array("i", self.index.positions),
             array("q", self.time_index.timestamps),
             array("i", self.time_index.offsets),
+            self._last,
         )
         try:
             self.recover(None, protect_below=PROTECT_ALL)
@@ -573,6 +594,7 @@ class LogSegment:
                 self.index.positions,
                 self.time_index.timestamps,
                 self.time_index.offsets,
+                self._last,
             ) = saved
             raise
 
@@ -658,6 +680,7 @@ class LogSegment:
             raise FatalStorageError(f"truncate of {self.log_path} failed ({exc.strerror}); stopping") from exc
         self.size = position
         self._allocated = position
+        self._last = None
         # Truncation must be durable before anything new is written over the old bytes.
         fsync_fd(self._file(), str(self.log_path))
         self.dirty = False
