@@ -244,6 +244,71 @@ async def test_bulk_slices_ask_raft_to_hold_them_for_the_next_and_the_last_is_cu
         await controller.stop()
 
 
+async def test_a_last_slice_that_writes_nothing_ends_the_hold_of_the_slices_before_it() -> None:
+    # Broker 1 leads 7 partitions of the first topic and is in none of the second: the request's event
+    # moves 3 (a registration change + 3 = the unit of 4), the next slice the other 4 (held: the job is
+    # not done), and the last only scans the second topic — nothing to append, so it ends the hold
+    # (before: the held slice waited for Raft's linger bound).
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        led = cpb.CreatableTopic(name="led-by-1")
+        for p in range(7):
+            led.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        other = cpb.CreatableTopic(name="without-1")
+        for p in range(3):
+            other.assignments.add(partition=p, broker_ids=[2, 3])
+        for created in (led, other):  # in this order (the leave job's)
+            await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[created]))
+        before, ended = len(raft.holds), raft.holds_ended
+        answer = await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        assert answer.error_code == ErrorCode.NONE
+        assert raft.holds[before:] == [False, True]  # the request's event, then the held slice
+        assert raft.holds_ended == ended + 1
+    finally:
+        await controller.stop()
+
+
+async def test_flags_a_bulk_job_leaves_dirty_are_settled_in_events_once_it_is_done() -> None:
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        logic = controller.logic
+        assert logic is not None
+        index = logic.rejoin_index
+        index.lazy_min_changes = 1  # every slice a bulk delta (the default takes 64 changes)
+        seen_dirty = []
+        advance = index.advance
+
+        def watch(*args: object) -> None:
+            advance(*args)  # type: ignore[arg-type]
+            seen_dirty.append(index.settling)
+
+        vars(index)["advance"] = watch
+        await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        assert any(seen_dirty)  # the slices left their flags to settle
+        await until(lambda: not index.settling)
+        # settled, the flags are a rebuild's: every partition now led by 2, each replica flagged
+        assert index.current_for is logic.image.topics_by_id
+        assert index.flagged_count(1) == index.flagged_count(2) == index.flagged_count(3) == 40
+    finally:
+        await controller.stop()
+
+
 def _sample(family: MetricWrapperBase, name: str, node: str, kind: str) -> float | None:
     return family_sample(family, name, node=node, kind=kind)
 
