@@ -619,6 +619,8 @@ class ControllerLogic:
         self._leaving: dict[int, _LeaveJob] = {}
         # what closing a leave-job chunk costs per change (measured per chunk; a property of the host)
         self.closing_cost = _ClosingCost()
+        # the same for an unfence-election chunk (its changes are replayed record by record: dearer)
+        self.rejoin_closing_cost = _ClosingCost()
         self._rejoining: dict[int, _RejoinJob] = {}
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
@@ -1132,6 +1134,8 @@ class ControllerLogic:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS
         deadline = batch.deadline
+        clock = self.clock if self.settings.max_event_time_ms > 0 else None
+        closing = self.rejoin_closing_cost
         ticks = 0
         for job in list(self._rejoining.values()):
             if budget <= 0 or scan_budget <= 0:
@@ -1143,6 +1147,7 @@ class ControllerLogic:
             changes: list[pb.PartitionChangeRecord] = []
             partitions = job.partitions
             rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
+            touched: set[str] = set()  # topics with a change (each costs its own share of the closing)
             while job.position < len(partitions) and len(changes) < budget and scan_budget > 0:
                 topic_id, partition_id = partitions[job.position]
                 job.position += 1
@@ -1167,13 +1172,24 @@ class ControllerLogic:
                     if unclean:
                         note_unclean_election(topic.name, partition_id, current, change)
                     changes.append(change)
+                    touched.add(topic_id)
                 ticks += 1
                 if ticks >= CHECK_EVERY:
                     ticks = 0
-                    if deadline.expired():  # the event's time budget: the rest in the next slice
+                    # the event's time budget, what closing the changes so far will take counted as
+                    # spent (as a leave job's chunk): the rest in the next slice
+                    pending = len(changes) + TOPIC_CLOSING_UNITS * len(touched)
+                    if deadline.expired(closing.ms_per_unit * pending):
                         scan_budget = 0
-            for change in changes:
-                batch.add(change)
+            if changes:
+                started_ms = clock.monotonic_ms() if clock is not None else 0
+                for change in changes:
+                    batch.add(change)
+                batch.view()  # closed here (not by whatever comes next), so its time is measured
+                if clock is not None:
+                    closing.note(
+                        clock.monotonic_ms() - started_ms, len(changes) + TOPIC_CLOSING_UNITS * len(touched)
+                    )
             budget -= len(changes)
             if job.position >= len(partitions):
                 del self._rejoining[job.broker_id]
