@@ -117,7 +117,8 @@ DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 LEAVE_SCAN_PARTITIONS = 10_000
 # Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
 INDEX_SLICE_PARTITIONS = 5_000
-# Dirty partitions the rejoin index settles per slice after bulk writes (~1.5 µs each: ~3 ms).
+# Dirty partitions the rejoin index settles per slice after bulk writes, at most (~1.5 µs each for a
+# big topic, ~4 µs for a one-partition topic: the event's time budget usually ends the slice first).
 SETTLE_SLICE_PARTITIONS = 2_000
 # What closing a leave-job chunk costs after its scan (adding the changes to the speculative image, its
 # apply(), the rejoin and ELR indexes), in units of one changed partition: a touched topic costs this
@@ -827,7 +828,8 @@ class ControllerLogic:
         index = self.rejoin_index
         if not index.rebuild_some(self.image.topics_by_id, limit):
             return False
-        return index.settle_some(min(limit, SETTLE_SLICE_PARTITIONS))
+        deadline = Deadline(self.clock, self.settings.max_event_time_ms)
+        return index.settle_some(min(limit, SETTLE_SLICE_PARTITIONS), deadline.expired)
 
     def has_bulk_jobs(self) -> bool:
         return bool(self._leaving or self._rejoining or self._topic_jobs)

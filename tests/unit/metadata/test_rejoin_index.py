@@ -30,6 +30,7 @@ BIG_TOPIC = 3  # topics of 3+ partitions keep their own counts here (both paths 
 def _small_big_topics() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rejoin_index, "TOPIC_COUNTS_MIN_PARTITIONS", BIG_TOPIC)
+        patch.setattr(rejoin_index, "SETTLE_CHECK_EVERY", 2)  # settle slices split topics here too
         yield
 
 
@@ -405,6 +406,7 @@ def assert_settled_partitions_are_exact(index: RejoinIndex, image: MetadataImage
 @given(
     groups=st.lists(st.lists(records(), min_size=1, max_size=5), min_size=1, max_size=10),
     settle_slices=st.lists(st.integers(0, 5), min_size=10, max_size=10),
+    budget_ends=st.lists(st.booleans(), min_size=10, max_size=10),
     lazy_min_changes=st.integers(0, 3),
     queried_at=st.sets(st.integers(0, 9)),
     acceptable=st.frozensets(st.integers(-1, 6)),
@@ -412,12 +414,14 @@ def assert_settled_partitions_are_exact(index: RejoinIndex, image: MetadataImage
 def test_dirty_flags_settled_in_any_slices_equal_a_rebuild(
     groups: list[list[list[pb.MetadataRecord]]],
     settle_slices: list[int],
+    budget_ends: list[bool],
     lazy_min_changes: int,
     queried_at: set[int],
     acceptable: frozenset[int],
 ) -> None:
     """Bulk deltas (here: any delta changing at least ``lazy_min_changes`` existing partitions) leave
-    their partitions dirty; slices of ``settle_some`` of any size (0 too) come between deltas, and a query
+    their partitions dirty; slices of ``settle_some`` of any size (0 too; maybe ended by their time
+    budget at the first check) come between deltas, and a query
     now and then settles everything first.  At every step what is not dirty is exact; once settled the
     index equals a rebuild and gives the scan's records.  Not marking a changed partition dirty, not
     settling before a query, or settling from a stale partition each fail this."""
@@ -434,7 +438,7 @@ def test_dirty_flags_settled_in_any_slices_equal_a_rebuild(
         index.advance(delta, image.topics_by_id)
         assert index.current_for is image.topics_by_id
         assert_settled_partitions_are_exact(index, image)
-        done = index.settle_some(settle_slices[step])
+        done = index.settle_some(settle_slices[step], (lambda: True) if budget_ends[step] else None)
         assert done == (not index.settling)
         assert_settled_partitions_are_exact(index, image)
         if step in queried_at:
