@@ -167,11 +167,12 @@ def one_round(
                 offset += len(more)
         # What the bulk slices left to the rejoin index's settling (session 11: its flags are recomputed
         # after the job, in slices the shell runs as their own events): counted apart, not in the slices.
-        started = time.thread_time_ns()
-        settle = getattr(index, "settle_some", None)
-        while settle is not None and not settle(controller_logic.SETTLE_SLICE_PARTITIONS):
-            pass
-        phases.add("index_settle", time.thread_time_ns() - started)
+        settle_cpu_ms: list[float] = []  # each settle event's CPU (``index_some``, as the shell runs it)
+        while getattr(index, "settling", False):
+            started = time.thread_time_ns()
+            logic.index_some()
+            settle_cpu_ms.append((time.thread_time_ns() - started) / 1e6)
+            phases.add("index_settle", time.thread_time_ns() - started)
         follower = image
         first = 0
         for records, _ in slices:
@@ -212,6 +213,9 @@ def one_round(
         "image": ms.get("image", 0.0),
         "rejoin_index": ms.get("rejoin_index", 0.0),
         "index_settle": ms.get("index_settle", 0.0),
+        "settle_events": float(len(settle_cpu_ms)),
+        "settle_event_cpu_p50_ms": statistics.median(settle_cpu_ms) if settle_cpu_ms else 0.0,
+        "settle_event_cpu_max_ms": max(settle_cpu_ms, default=0.0),
         "encode": ms.get("encode", 0.0),
         "batch_encode": ms.get("batch_encode", 0.0),
         "decode_batch": ms.get("decode_batch", 0.0),

@@ -828,7 +828,9 @@ class ControllerLogic:
         index = self.rejoin_index
         if not index.rebuild_some(self.image.topics_by_id, limit):
             return False
-        deadline = Deadline(self.clock, self.settings.max_event_time_ms)
+        # Half the event budget: nothing waits for the settling (an unfence before its end settles the
+        # rest itself), and the heartbeats right after a bulk job wait behind each of its events.
+        deadline = Deadline(self.clock, max(1, self.settings.max_event_time_ms // 2))
         return index.settle_some(min(limit, SETTLE_SLICE_PARTITIONS), deadline.expired)
 
     def has_bulk_jobs(self) -> bool:
