@@ -13,9 +13,11 @@ frozen as the heap freezer does) are counted apart.
 
 Leader phases: ``scan`` (the leave job: looking at partitions and computing each change, ``leave_change``),
 ``image`` (``_Batch.view``: the speculative image's ``apply()``, the rejoin index's ``advance`` — also given
-alone as ``rejoin_index``), ``encode`` (``encode_value``), ``batch_encode`` (``build_batch``: what Raft's
-append does with the values).  Follower phases: ``decode_batch``, ``decode_values``, ``replay``,
-``apply``.  Also: slices, records per slice, the longest slice (wall ms).
+alone as ``rejoin_index``; ``index_settle``, apart: the rejoin index's flags the slices left dirty,
+settled after the job as the shell does in events of their own), ``encode`` (``encode_value``),
+``batch_encode`` (``build_batch``: what Raft's append does with the values).  Follower phases:
+``decode_batch``, ``decode_values``, ``replay``, ``apply``.  Also: slices, records per slice, the longest
+slice (wall ms).
 
 Run: ``python -m bench.shutdown_profile [--rounds 3] [--event-ms 5] [--work-unit 1000]`` (~1 min a round);
 ``--out FILE`` also writes the JSON.  Works on any tree with ``bench.elr_shutdown`` (run the file with
@@ -163,6 +165,14 @@ def one_round(
             if more:
                 slices.append((list(more), time.perf_counter() - started_wall))
                 offset += len(more)
+        # What the bulk slices left to the rejoin index's settling (session 11: its flags are recomputed
+        # after the job, in slices the shell runs as their own events): counted apart, not in the slices.
+        settle_cpu_ms: list[float] = []  # each settle event's CPU (``index_some``, as the shell runs it)
+        while getattr(index, "settling", False):
+            started = time.thread_time_ns()
+            logic.index_some()
+            settle_cpu_ms.append((time.thread_time_ns() - started) / 1e6)
+            phases.add("index_settle", time.thread_time_ns() - started)
         follower = image
         first = 0
         for records, _ in slices:
@@ -202,6 +212,10 @@ def one_round(
         "scan": ms.get("slices", 0.0) - ms.get("image", 0.0),
         "image": ms.get("image", 0.0),
         "rejoin_index": ms.get("rejoin_index", 0.0),
+        "index_settle": ms.get("index_settle", 0.0),
+        "settle_events": float(len(settle_cpu_ms)),
+        "settle_event_cpu_p50_ms": statistics.median(settle_cpu_ms) if settle_cpu_ms else 0.0,
+        "settle_event_cpu_max_ms": max(settle_cpu_ms, default=0.0),
         "encode": ms.get("encode", 0.0),
         "batch_encode": ms.get("batch_encode", 0.0),
         "decode_batch": ms.get("decode_batch", 0.0),

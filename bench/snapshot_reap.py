@@ -72,6 +72,9 @@ class _Follower:
     def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
         raise NotLeaderError(_NO_LEADER)
 
+    def end_hold(self) -> None:
+        pass
+
     async def append(self, records: Sequence[bytes]) -> int:
         raise NotLeaderError(_NO_LEADER)
 

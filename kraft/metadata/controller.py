@@ -323,7 +323,7 @@ class QuorumController:
         tasks = [
             *self._tasks,
             *self.writes.resignations,
-            *(t for t in (self.writes.driver,) if t is not None),
+            *(t for t in (self.writes.driver, self.writes.settler) if t is not None),
             *(
                 t
                 for t in (self.activation.task, self.activation.index_task, self.snapshotter.task)

@@ -97,9 +97,15 @@ class Activation:
 
     async def _build_index(self, logic: ControllerLogic) -> None:
         state, queue = self._state, self._writes.queue
+
+        def build_some() -> bool:
+            # Done once rebuilt: flags that bulk slices left dirty meanwhile are settled by the write
+            # path once the bulk job is done (settle_index), not between its slices.
+            return logic.index_some() or not logic.rejoin_index.building
+
         with contextlib.suppress(NotControllerError, EventQueueClosedError):
             while logic is state.logic:
-                if await queue.run(EventPriority.NORMAL, "rejoin-index-slice", logic.index_some):
+                if await queue.run(EventPriority.NORMAL, "rejoin-index-slice", build_some):
                     return
 
     async def _activate(self, epoch: int) -> None:

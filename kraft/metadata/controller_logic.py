@@ -117,6 +117,9 @@ DEFAULT_MAX_BROKER_PARTITIONS = 10_000
 LEAVE_SCAN_PARTITIONS = 10_000
 # Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
 INDEX_SLICE_PARTITIONS = 5_000
+# Dirty partitions the rejoin index settles per slice after bulk writes, at most (~1.5 µs each for a
+# big topic, ~4 µs for a one-partition topic: the event's time budget usually ends the slice first).
+SETTLE_SLICE_PARTITIONS = 2_000
 # What closing a leave-job chunk costs after its scan (adding the changes to the speculative image, its
 # apply(), the rejoin and ELR indexes), in units of one changed partition: a touched topic costs this
 # many more (bench.shutdown_profile, session 10: ~2 µs per change of a big topic, ~18 µs for a
@@ -617,6 +620,8 @@ class ControllerLogic:
         self._leaving: dict[int, _LeaveJob] = {}
         # what closing a leave-job chunk costs per change (measured per chunk; a property of the host)
         self.closing_cost = _ClosingCost()
+        # the same for an unfence-election chunk (its changes are replayed record by record: dearer)
+        self.rejoin_closing_cost = _ClosingCost()
         self._rejoining: dict[int, _RejoinJob] = {}
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
@@ -818,8 +823,15 @@ class ControllerLogic:
         return topic_id in self._topic_jobs
 
     def index_some(self, limit: int = INDEX_SLICE_PARTITIONS) -> bool:
-        """One slice of the rejoin index's rebuild after a reset; True once it follows the image."""
-        return self.rejoin_index.rebuild_some(self.image.topics_by_id, limit)
+        """One slice of the rejoin index's rebuild after a reset, or of settling the flags bulk writes left
+        dirty (``RejoinIndex.settle_some``); True once it follows the image with nothing dirty."""
+        index = self.rejoin_index
+        if not index.rebuild_some(self.image.topics_by_id, limit):
+            return False
+        # Half the event budget: nothing waits for the settling (an unfence before its end settles the
+        # rest itself), and the heartbeats right after a bulk job wait behind each of its events.
+        deadline = Deadline(self.clock, max(1, self.settings.max_event_time_ms // 2))
+        return index.settle_some(min(limit, SETTLE_SLICE_PARTITIONS), deadline.expired)
 
     def has_bulk_jobs(self) -> bool:
         return bool(self._leaving or self._rejoining or self._topic_jobs)
@@ -1126,6 +1138,8 @@ class ControllerLogic:
         budget = self.settings.max_changes_per_write - len(batch.records)
         scan_budget = LEAVE_SCAN_PARTITIONS
         deadline = batch.deadline
+        clock = self.clock if self.settings.max_event_time_ms > 0 else None
+        closing = self.rejoin_closing_cost
         ticks = 0
         for job in list(self._rejoining.values()):
             if budget <= 0 or scan_budget <= 0:
@@ -1137,6 +1151,7 @@ class ControllerLogic:
             changes: list[pb.PartitionChangeRecord] = []
             partitions = job.partitions
             rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
+            touched: set[str] = set()  # topics with a change (each costs its own share of the closing)
             while job.position < len(partitions) and len(changes) < budget and scan_budget > 0:
                 topic_id, partition_id = partitions[job.position]
                 job.position += 1
@@ -1161,13 +1176,24 @@ class ControllerLogic:
                     if unclean:
                         note_unclean_election(topic.name, partition_id, current, change)
                     changes.append(change)
+                    touched.add(topic_id)
                 ticks += 1
                 if ticks >= CHECK_EVERY:
                     ticks = 0
-                    if deadline.expired():  # the event's time budget: the rest in the next slice
+                    # the event's time budget, what closing the changes so far will take counted as
+                    # spent (as a leave job's chunk): the rest in the next slice
+                    pending = len(changes) + TOPIC_CLOSING_UNITS * len(touched)
+                    if deadline.expired(closing.ms_per_unit * pending):
                         scan_budget = 0
-            for change in changes:
-                batch.add(change)
+            if changes:
+                started_ms = clock.monotonic_ms() if clock is not None else 0
+                for change in changes:
+                    batch.add(change)
+                batch.view()  # closed here (not by whatever comes next), so its time is measured
+                if clock is not None:
+                    closing.note(
+                        clock.monotonic_ms() - started_ms, len(changes) + TOPIC_CLOSING_UNITS * len(touched)
+                    )
             budget -= len(changes)
             if job.position >= len(partitions):
                 del self._rejoining[job.broker_id]

@@ -201,6 +201,13 @@ class RaftClient(Protocol):
         """
         ...
 
+    def end_hold(self) -> None:
+        """Records appended with ``hold`` are waited on no longer: they are cut like any append (at
+        the next output, or once the flush in flight completes).  For a writer whose bulk work ended
+        without a last append (its last slice wrote nothing): the held records would otherwise wait for
+        the linger bound.  A no-op when nothing is held or this node does not lead."""
+        ...
+
     async def append(self, records: Sequence[bytes]) -> int:
         """:meth:`schedule_append` and wait until committed; returns the last record's offset."""
         ...

@@ -357,6 +357,14 @@ class RaftCore:
         self._apply(decisions)
         return last_offset
 
+    def end_hold(self, now_ms: int) -> None:
+        """Held records (``append(hold=True)``) wait no longer: they are cut like any append, at the next
+        :meth:`take_output` / :meth:`poll` with no flush in flight (the writer's bulk work ended without
+        a last append).  A no-op when not leader or nothing is held."""
+        self._advance(now_ms)
+        if self._leader is not None:
+            self._leader.end_hold()
+
     def confirm_leadership(self, now_ms: int, *, lease: bool = False) -> int:
         """Ask for this leader's leadership to be confirmed (ReadIndex, Raft dissertation §6.4): returns
         the id of the round that answers it, one no voter can have echoed before this call.  Its confirmation

@@ -350,6 +350,10 @@ class LeaderRole:
             return last_offset, self.drain_accumulator(log, high_watermark)[0]
         return last_offset, []
 
+    def end_hold(self) -> None:
+        """Pending held records are cut like any append from now on (see :meth:`batch_due`)."""
+        self.holding = False
+
     def drain_accumulator(self, log: LogMeta, high_watermark: int) -> tuple[Decisions, int]:
         """Cut the pending records into one batch; returns the decisions and the log end after it."""
         records = tuple(self.pending_records)

@@ -678,6 +678,14 @@ class RaftDriver:
             self._push(_Wakeup())
         return offset
 
+    def end_hold(self) -> None:
+        if self._stopped or self._fatal is not None:
+            return
+        self._core.end_hold(self._clock.monotonic_ms())
+        if not self._wakeup_queued:  # the driver's next output cuts what was held
+            self._wakeup_queued = True
+            self._push(_Wakeup())
+
     async def append(self, records: Sequence[bytes]) -> int:
         offset = self.schedule_append(records)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -201,6 +201,15 @@ class SimRaftClient:
         node.process(core.take_output(now_ms))
         return last
 
+    def end_hold(self) -> None:
+        node = self._node
+        core = node.core
+        if not node.running or core is None or not core.is_leader:
+            return
+        now_ms = node.clock_ms()
+        core.end_hold(now_ms)
+        node.process(core.take_output(now_ms))
+
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)
 

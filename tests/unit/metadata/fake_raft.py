@@ -60,6 +60,8 @@ class FakeRaft:
         self.resigned = 0
         self.holds: list[bool] = []
         """The ``hold`` of every append, in order."""
+        self.holds_ended = 0
+        """Calls of :meth:`end_hold`."""
         self.hold_commits = False
         """While True appended records stay uncommitted (a slow quorum); :meth:`release` commits them."""
         self.hold_confirmations = False
@@ -154,6 +156,10 @@ class FakeRaft:
         if self._flush is None:
             self._flush = asyncio.get_running_loop().call_soon(self._flush_pending)
         return self.end_offset - 1
+
+    def end_hold(self) -> None:
+        """(Only recorded, as ``hold``: nothing here is ever held.)"""
+        self.holds_ended += 1
 
     async def append(self, records: Sequence[bytes]) -> int:
         return self.schedule_append(records)

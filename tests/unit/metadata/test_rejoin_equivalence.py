@@ -249,3 +249,20 @@ class Twins(RuleBasedStateMachine):
 
 Twins.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 test_indexed_rejoin_writes_the_scans_records = Twins.TestCase
+
+
+class LazyTwins(Twins):
+    """The same, with every delta's changed partitions left dirty in the index (its bulk-delta path,
+    ``lazy_min_changes`` 1) and settled in slices of any size between events, or by the queries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.indexed.rejoin_index.lazy_min_changes = 1
+
+    @rule(limit=st.integers(0, 4))
+    def index_settles_some(self, limit: int) -> None:
+        self.indexed.index_some(limit)
+
+
+LazyTwins.TestCase.settings = settings(max_examples=100, stateful_step_count=60, deadline=None)
+test_indexed_rejoin_with_dirty_flags_writes_the_scans_records = LazyTwins.TestCase

@@ -30,6 +30,7 @@ BIG_TOPIC = 3  # topics of 3+ partitions keep their own counts here (both paths 
 def _small_big_topics() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rejoin_index, "TOPIC_COUNTS_MIN_PARTITIONS", BIG_TOPIC)
+        patch.setattr(rejoin_index, "SETTLE_CHECK_EVERY", 2)  # settle slices split topics here too
         yield
 
 
@@ -183,6 +184,7 @@ def assert_unsettled_queries_match_a_scan(index: RejoinIndex, image: MetadataIma
         assert [(t.topic_id, p) for t, p, _ in got] == [e for e in expected if e[0] in some]
 
 
+@pytest.mark.parametrize("lazy_min_changes", [rejoin_index.LAZY_MIN_CHANGES, 0])
 @settings(max_examples=300, deadline=None)
 @given(
     groups=st.lists(st.lists(records(), min_size=1, max_size=5), min_size=1, max_size=8),
@@ -190,10 +192,16 @@ def assert_unsettled_queries_match_a_scan(index: RejoinIndex, image: MetadataIma
     rebuild_at=st.sets(st.integers(0, 7)),
 )
 def test_index_candidates_give_the_scans_records(
-    groups: list[list[list[pb.MetadataRecord]]], acceptable_sets: list[frozenset[int]], rebuild_at: set[int]
+    groups: list[list[list[pb.MetadataRecord]]],
+    acceptable_sets: list[frozenset[int]],
+    rebuild_at: set[int],
+    lazy_min_changes: int,
 ) -> None:
+    """(``lazy_min_changes`` 0: every delta leaves its changed partitions dirty, and each query settles
+    them first.)"""
     image = MetadataImage.empty()
     index = RejoinIndex()
+    index.lazy_min_changes = lazy_min_changes
     index.rebuild(image.topics_by_id)
     for step, group in enumerate(groups):
         delta = MetadataDelta(image)
@@ -366,3 +374,120 @@ def test_shift_counts_as_a_step_per_item(start: dict[int, int], old: list[int], 
     shifted = Counter(start)
     rejoin_index._shift(shifted, old, new)
     assert dict(shifted) == dict(stepped)
+
+
+def assert_settled_partitions_are_exact(index: RejoinIndex, image: MetadataImage) -> None:
+    """Mid-way, with partitions dirty: every partition not dirty has a rebuild's flags, the per-broker
+    sets mirror the stored flags exactly, and the counts are exact (they never wait for a settle)."""
+    fresh = RejoinIndex()
+    fresh.rebuild(image.topics_by_id)
+    dirty = index._dirty
+    for topic_id, topic in image.topics_by_id.items():
+        for partition_id in range(len(topic.partitions)):
+            if partition_id in dirty.get(topic_id, ()):
+                continue
+            got = index._flags.get(topic_id, {}).get(partition_id, ())
+            assert got == fresh._flags.get(topic_id, {}).get(partition_id, ()), (topic_id, partition_id)
+    mirrored: dict[int, dict[str, set[int]]] = {}
+    for topic_id, flags in index._flags.items():
+        assert flags, "an empty flag map is kept"
+        for partition_id, brokers in flags.items():
+            for broker_id in brokers:
+                mirrored.setdefault(broker_id, {}).setdefault(topic_id, set()).add(partition_id)
+    assert index._by_broker == mirrored
+    assert set(dirty) <= set(image.topics_by_id)
+    assert all(dirty.values())
+    assert nonzero(index.leader_counts) == nonzero(fresh.leader_counts)
+    assert nonzero(index.replica_counts) == nonzero(fresh.replica_counts)
+    assert index.partitions == fresh.partitions
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    groups=st.lists(st.lists(records(), min_size=1, max_size=5), min_size=1, max_size=10),
+    settle_slices=st.lists(st.integers(0, 5), min_size=10, max_size=10),
+    budget_ends=st.lists(st.booleans(), min_size=10, max_size=10),
+    lazy_min_changes=st.integers(0, 3),
+    queried_at=st.sets(st.integers(0, 9)),
+    acceptable=st.frozensets(st.integers(-1, 6)),
+)
+def test_dirty_flags_settled_in_any_slices_equal_a_rebuild(
+    groups: list[list[list[pb.MetadataRecord]]],
+    settle_slices: list[int],
+    budget_ends: list[bool],
+    lazy_min_changes: int,
+    queried_at: set[int],
+    acceptable: frozenset[int],
+) -> None:
+    """Bulk deltas (here: any delta changing at least ``lazy_min_changes`` existing partitions) leave
+    their partitions dirty; slices of ``settle_some`` of any size (0 too; maybe ended by their time
+    budget at the first check) come between deltas, and a query
+    now and then settles everything first.  At every step what is not dirty is exact; once settled the
+    index equals a rebuild and gives the scan's records.  Not marking a changed partition dirty, not
+    settling before a query, or settling from a stale partition each fail this."""
+    image = MetadataImage.empty()
+    index = RejoinIndex()
+    index.lazy_min_changes = lazy_min_changes
+    index.rebuild(image.topics_by_id)
+    for step, group in enumerate(groups):
+        delta = MetadataDelta(image)
+        for bundle in group:
+            for record in bundle:
+                delta.replay(record)
+        image = delta.apply()
+        index.advance(delta, image.topics_by_id)
+        assert index.current_for is image.topics_by_id
+        assert_settled_partitions_are_exact(index, image)
+        done = index.settle_some(settle_slices[step], (lambda: True) if budget_ends[step] else None)
+        assert done == (not index.settling)
+        assert_settled_partitions_are_exact(index, image)
+        if step in queried_at:
+            for broker_id in [*BROKERS, 6]:
+                ok = (acceptable | {broker_id}).__contains__
+                assert index_changes(index, image, broker_id, ok) == scan_changes(image, broker_id, ok)
+            assert not index.settling
+            assert_same_structure(index, image)
+    while not index.settle_some(1):
+        pass
+    assert_same_structure(index, image)
+
+
+def test_a_bulk_delta_leaves_its_changes_dirty_and_a_small_one_does_not() -> None:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(pb.MetadataRecord(topic=pb.TopicRecord(name="t", topic_id="t")))
+    for partition_id in range(rejoin_index.LAZY_MIN_CHANGES):
+        delta.replay(
+            pb.MetadataRecord(
+                partition=pb.PartitionRecord(
+                    topic_id="t", partition_id=partition_id, replicas=[1, 2], isr=[1, 2], leader=1
+                )
+            )
+        )
+    image = delta.apply()
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+
+    def moved(partition_ids: range) -> MetadataImage:
+        """Broker 1 leaves the ISR of ``partition_ids`` (2 leads: not the preferred leader, unsettled)."""
+        change = MetadataDelta(image)
+        for partition_id in partition_ids:
+            change.replay(
+                pb.MetadataRecord(
+                    partition_change=pb.PartitionChangeRecord(
+                        topic_id="t", partition_id=partition_id, isr=pb.BrokerIdList(ids=[2]), leader=2
+                    )
+                )
+            )
+        after = change.apply()
+        index.advance(change, after.topics_by_id)
+        return after
+
+    image = moved(range(1))  # one change: flagged at once
+    assert not index.settling and index._flags == {"t": {0: (1, 2)}}
+    image = moved(range(rejoin_index.LAZY_MIN_CHANGES))  # a bulk delta: counts now, flags later
+    assert index.settling and index._flags == {"t": {0: (1, 2)}}
+    assert index.leader_counts[2] == rejoin_index.LAZY_MIN_CHANGES and index.leader_counts[1] == 0
+    assert not index.settle_some(10) and index.settling
+    assert index.flagged_count(1) == rejoin_index.LAZY_MIN_CHANGES  # a query settles the rest first
+    assert not index.settling
+    assert_same_structure(index, image)

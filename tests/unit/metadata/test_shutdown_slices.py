@@ -344,6 +344,54 @@ def test_slices_of_one_partition_topics_end_within_the_budget_with_their_closing
     assert untimed_closing > 2 * budget_ms
 
 
+def test_slices_of_unfence_elections_end_within_the_budget_with_their_closing() -> None:
+    # The same for a rejoin job (unfence elections): 3,000 one-partition topics left leaderless with
+    # broker 1 in each ELR (as its fence leaves them), broker 1 acceptable again, so each partition is an
+    # election — the job a new active controller resumes from such an image.  Closing (each change
+    # replayed, the image, its indexes) costs 1 ms per 4 topics: 8x the scan.
+    log = _cluster(_sole_replica_topics(3_000), 1)
+    for i in range(3_000):
+        change = pb.PartitionChangeRecord(topic_id=f"admin-{i}", partition_id=0, leader=NO_PARTITION_LEADER)
+        change.isr.SetInParent()  # emptied
+        change.eligible_leader_replicas.ids.append(1)
+        log.append(records.wrap(change))
+    clock = CostClock(0)
+    budget_ms = 40
+    logic = ControllerLogic(
+        ControllerSettings(CLUSTER, max_changes_per_write=1_000, max_event_time_ms=budget_ms),
+        _replay(log),
+        0,
+        clock=clock,
+    )
+    assert logic.has_bulk_jobs()  # the elections, found by the reset
+    while not logic.index_some():
+        pass
+    index = logic.rejoin_index
+    advance = index.advance
+
+    def costly_advance(delta: MetadataDelta, topics_by_id: Any) -> None:
+        clock.advance(sum(1 for _ in delta.changed_topics()) // 4)
+        advance(delta, topics_by_id)
+
+    vars(index)["advance"] = costly_advance
+    clock.cost_ms = 1
+    sizes = []
+    while logic.has_bulk_jobs():
+        started = clock.now_ms
+        more = logic.continue_bulk_jobs(len(log))
+        log.extend(more)
+        sizes.append((len(more), clock.now_ms - started))
+    step_ms = 1 + CHECK_EVERY // 4  # as for the leave job above
+    assert all(ms <= budget_ms + step_ms + 2 for _, ms in sizes[1:]), sizes
+    assert sum(n for n, _ in sizes) == 3_000 and len(sizes) < 3_000 / CHECK_EVERY
+    assert logic.rejoin_closing_cost.measured
+    topics = logic.image.topics_by_id.values()
+    assert all(p.leader == 1 and p.isr == (1,) for t in topics for p in t.partitions)
+    assert {t.topic_id: t.partitions for t in _replay(log).topics_by_id.values()} == {
+        t.topic_id: t.partitions for t in topics
+    }
+
+
 def test_the_closing_estimate_follows_what_slices_measure() -> None:
     topics = _sole_replica_topics(600)
     log = _cluster(topics, 1)

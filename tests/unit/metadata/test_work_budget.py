@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from loop_fakes import CostClock
 from metric_reads import family_sample
 from prometheus_client.metrics import MetricWrapperBase
+from pytest import MonkeyPatch
 
 from kraft.clock import CHECK_EVERY, Deadline, ManualClock
 from kraft.errors import ErrorCode
-from kraft.metadata import records
+from kraft.metadata import controller_logic, records
 from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import CREATE_TOPIC_TRANSACTION, ControllerLogic, ControllerSettings
+from kraft.metadata.controller_writes import SETTLE_PAUSE_MS
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.event_timings import EventTimings
@@ -30,7 +32,7 @@ from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 from .fake_raft import FakeRaft
-from .test_controller import CLUSTER, ENDPOINTS, activate_broker, settle, until
+from .test_controller import CLUSTER, ENDPOINTS, activate_broker, settle, step, until
 
 
 def test_a_deadline_expires_after_its_budget_and_never_without_one() -> None:
@@ -240,6 +242,106 @@ async def test_bulk_slices_ask_raft_to_hold_them_for_the_next_and_the_last_is_cu
         # last held for the next, the last cut at once (the answer waits for it)
         assert holds[0] is False and holds[-1] is False
         assert holds[1:-1] and all(holds[1:-1]), holds
+    finally:
+        await controller.stop()
+
+
+async def test_a_last_slice_that_writes_nothing_ends_the_hold_of_the_slices_before_it() -> None:
+    # Broker 1 leads 7 partitions of the first topic and is in none of the second: the request's event
+    # moves 3 (a registration change + 3 = the unit of 4), the next slice the other 4 (held: the job is
+    # not done), and the last only scans the second topic — nothing to append, so it ends the hold
+    # (before: the held slice waited for Raft's linger bound).
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        led = cpb.CreatableTopic(name="led-by-1")
+        for p in range(7):
+            led.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        other = cpb.CreatableTopic(name="without-1")
+        for p in range(3):
+            other.assignments.add(partition=p, broker_ids=[2, 3])
+        for created in (led, other):  # in this order (the leave job's)
+            await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[created]))
+        before, ended = len(raft.holds), raft.holds_ended
+        answer = await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        assert answer.error_code == ErrorCode.NONE
+        assert raft.holds[before:] == [False, True]  # the request's event, then the held slice
+        assert raft.holds_ended == ended + 1
+    finally:
+        await controller.stop()
+
+
+async def test_flags_a_bulk_job_leaves_dirty_are_settled_in_events_once_it_is_done() -> None:
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        logic = controller.logic
+        assert logic is not None
+        index = logic.rejoin_index
+        index.lazy_min_changes = 1  # every slice a bulk delta (the default takes 64 changes)
+        seen_dirty = []
+        advance = index.advance
+
+        def watch(*args: object) -> None:
+            advance(*args)  # type: ignore[arg-type]
+            seen_dirty.append(index.settling)
+
+        vars(index)["advance"] = watch
+        await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        assert any(seen_dirty)  # the slices left their flags to settle
+        await until(lambda: not index.settling)
+        # settled, the flags are a rebuild's: every partition now led by 2, each replica flagged
+        assert index.current_for is logic.image.topics_by_id
+        assert index.flagged_count(1) == index.flagged_count(2) == index.flagged_count(3) == 40
+    finally:
+        await controller.stop()
+
+
+async def test_the_settling_after_a_bulk_job_pauses_between_its_slices(monkeypatch: MonkeyPatch) -> None:
+    # Slices of 8 partitions: 40 dirty ones take 5, each after a pause of SETTLE_PAUSE_MS on the clock
+    # (nothing waits for the settling; heartbeats right after a bulk job must not wait behind it).
+    monkeypatch.setattr(controller_logic, "SETTLE_SLICE_PARTITIONS", 8)
+    clock = ManualClock()
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
+    _raft, controller = await _started(options, clock)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        topic = cpb.CreatableTopic(name="led-by-1")
+        for p in range(40):
+            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        logic = controller.logic
+        assert logic is not None
+        index = logic.rejoin_index
+        index.lazy_min_changes = 1
+        await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        await settle()
+        assert index.settling  # a slice or so, then the pause: the clock has not moved
+        left = sum(len(ids) for ids in index._dirty.values())
+        assert 0 < left < 40
+        for _ in range(10):
+            if not index.settling:
+                break
+            await step(controller, SETTLE_PAUSE_MS)
+        assert not index.settling
+        assert index.flagged_count(2) == 40
     finally:
         await controller.stop()
 

@@ -252,3 +252,32 @@ def test_held_appends_are_cut_at_once_when_the_batch_is_full() -> None:
     assert core.take_output(now).log_ops == []
     core.append([b"c", b"d"], now + 1, hold=True)
     assert appended(core.take_output(now + 1)) == [(11, (b"a", b"b", b"c", b"d"))]
+
+
+def test_ending_the_hold_cuts_the_held_records_at_the_next_output() -> None:
+    # A bulk job whose last slice wrote nothing: its held slices go now, not at the linger bound.
+    core, now = idle_leader()
+    core.append([b"a"], now, hold=True)
+    assert core.take_output(now).log_ops == []
+    core.end_hold(now + 1)
+    cut = core.take_output(now + 1)
+    assert appended(cut) == [(11, (b"a",))] and cut.flush
+    core.end_hold(now + 2)  # nothing held: nothing happens
+    assert core.take_output(now + 2).log_ops == []
+
+
+def test_ending_the_hold_during_a_flush_cuts_once_that_flush_completes() -> None:
+    core, now = idle_leader()
+    core.append([b"a"], now)
+    assert appended(core.take_output(now)) == [(11, (b"a",))]  # its flush is now in flight
+    core.append([b"b"], now + 1, hold=True)
+    core.end_hold(now + 2)
+    assert core.take_output(now + 2).log_ops == []  # waits for the flush, as any append
+    core.on_flushed(12, now + 3)
+    assert appended(core.take_output(now + 3)) == [(12, (b"b",))]
+
+
+def test_ending_the_hold_is_a_no_op_on_a_follower() -> None:
+    core, now = idle_leader()
+    core.end_hold(now)  # leader, nothing pending
+    assert core.take_output(now).log_ops == []
