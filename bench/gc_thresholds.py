@@ -78,7 +78,7 @@ def child(config: dict[str, Any], partitions: int, brokers: int, cycles: int) ->
         gc.set_threshold(*config["threshold"])
     freezer = HeapFreezer(SystemClock())
     if config["freeze"]:
-        freeze_heap()  # as the controller does with the image it loads at start
+        freeze_heap()  # the reference: nothing cyclic frozen (a node freezes young-only, HeapFreezer)
     else:
         gc.collect()
     pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}

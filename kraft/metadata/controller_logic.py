@@ -976,8 +976,9 @@ class ControllerLogic:
     def _placement_counts(self) -> tuple[int, Mapping[int, int]]:
         """Partitions in the speculative image and replicas per broker (not changed until the caller's
         batch is viewed).  From the rejoin index when it follows the image (kept delta by delta);
-        otherwise recounted per changed topic — image.partition_count() summed over every topic, 5 % of
-        CPU under many small CreateTopics, and a fence changes nearly every topic."""
+        otherwise recounted per changed topic (the replicas per broker are not kept by the image; a walk
+        over every topic cost 5 % of CPU under many small CreateTopics, and a fence changes nearly every
+        topic)."""
         index = self.rejoin_index
         if index.current_for is self.image.topics_by_id:
             return index.partitions, index.replica_counts
