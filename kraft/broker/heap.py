@@ -12,9 +12,9 @@ first image's 1.2-1.8 s.
 everything that is not a cycle) and then moves everything alive into the permanent generation
 (``gc.freeze``, O(1)): the states just made are not walked again by later collections.  No full
 collection runs first (at 1.2 M objects that is itself the 210 ms stretch; the controllers' periodic
-freeze collects only the young generations for the same reason), so a cycle that was garbage at that moment stays frozen: every
-:data:`THAW_EVERY_FREEZES`-th call thaws instead (as :mod:`kraft.metadata.heap_freezer` does), and the
-next full collection walks the heap once and frees them.
+freeze collects only the young generations for the same reason), so a cycle that was garbage at that
+moment stays frozen: every :data:`THAW_EVERY_FREEZES`-th call thaws instead (as
+:mod:`kraft.metadata.heap_freezer` does), and the next full collection walks the heap once and frees them.
 
 :func:`settle` freezes what is alive after collecting the young generations only (no full collection: a
 fresh image of 100,000 partitions would be one long walk), where a load grows the heap by a whole image:
