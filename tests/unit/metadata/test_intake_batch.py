@@ -47,8 +47,9 @@ from kraft.security.principal import (
 )
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import intake_pb2
-from tests.unit.metadata.fake_raft import FakeRaft
-from tests.unit.metadata.test_controller import CLUSTER, ENDPOINTS, activate_broker, registration, until
+
+from .fake_raft import FakeRaft
+from .test_controller import CLUSTER, ENDPOINTS, activate_broker, registration, until
 
 TIMEOUT_S = 10.0
 CREATE_METHOD = "/kraft.v1.ControllerService/CreateTopics"
