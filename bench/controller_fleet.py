@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
 from kraft.errors import ErrorCode
-from kraft.procutil import spawn_child
+from kraft.procutil import reap_children_on_exit, spawn_child
 from kraft.runtime import loop_factory
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
@@ -380,6 +380,7 @@ async def worker_main(read_line: Callable[[], str], write_line: Callable[[str], 
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # whatever it starts ends with it (kraft.procutil)
     import argparse
 
     parser = argparse.ArgumentParser(

@@ -22,6 +22,7 @@ from typing import Any
 from bench.snapshot_reap import snapshot_values
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.procutil import reap_children_on_exit
 
 PIECE = 32
 """Records a piece (the controller's snapshot replay checks its budget every 32 records)."""
@@ -68,6 +69,7 @@ def one_round(values: list[bytes]) -> dict[str, float]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # whatever it starts ends with it (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--topics", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=10)

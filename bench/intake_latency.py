@@ -26,6 +26,7 @@ from typing import Any
 import grpc.aio
 
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
 WARMUP_CALLS = 50
@@ -70,6 +71,7 @@ def summarize(samples: list[float]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # whatever it starts ends with it (kraft.procutil)
     parser = argparse.ArgumentParser(prog="python -m bench.intake_latency", description=__doc__)
     parser.add_argument("--calls", type=int, default=200, help="calls of each kind per round")
     parser.add_argument("--rounds", type=int, default=3)

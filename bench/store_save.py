@@ -27,6 +27,7 @@ from kraft.clock import SystemClock
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import SqliteImageStore
+from kraft.procutil import reap_children_on_exit
 
 
 def _image(values: list[bytes]) -> MetadataImage:
@@ -67,6 +68,7 @@ async def run(values: list[bytes], saves: int, root: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    reap_children_on_exit()  # whatever it starts ends with it (kraft.procutil)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--topics", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=10)
