@@ -249,7 +249,7 @@ class QuorumController:
             max_uncommitted_records=options.max_uncommitted_bulk_records,
         )
         self.event_timings = EventTimings(self.node_id, clock, options.max_event_time_ms, log)
-        self.writes.queue.observe(clock, self.event_timings.record)
+        self.writes.queue.observe(clock, self.event_timings.record, self.event_timings.start)
         self.activation = Activation(
             state,
             raft,

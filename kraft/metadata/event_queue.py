@@ -73,11 +73,19 @@ class ControllerEventQueue:
         self.history_limit = 1_000
         self._clock: Clock | None = None
         self._on_event: Callable[[str, int], None] | None = None
+        self._on_start: Callable[[], None] | None = None
 
-    def observe(self, clock: Clock, on_event: Callable[[str, int], None]) -> None:
-        """Time every event on ``clock``; ``on_event(name, duration_ms)`` after each one ran."""
+    def observe(
+        self,
+        clock: Clock,
+        on_event: Callable[[str, int], None],
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
+        """Time every event on ``clock``; ``on_start()`` right before each one runs (what else it needs
+        to read at the start, e.g. thread CPU), ``on_event(name, duration_ms)`` after it ran."""
         self._clock = clock
         self._on_event = on_event
+        self._on_start = on_start
 
     def __len__(self) -> int:
         return len(self._lanes[0]) + len(self._lanes[1])
@@ -112,6 +120,8 @@ class ControllerEventQueue:
         if priority == EventPriority.URGENT and not self._lanes[EventPriority.URGENT] and not self._closed:
             clock = self._clock
             started_ms = 0 if clock is None else clock.monotonic_ms()
+            if self._on_start is not None:
+                self._on_start()
             try:
                 return run()
             finally:
@@ -149,6 +159,8 @@ class ControllerEventQueue:
                 continue
             clock = self._clock
             started_ms = 0 if clock is None else clock.monotonic_ms()
+            if self._on_start is not None:
+                self._on_start()
             try:
                 result = event.run()
             except Exception as exc:  # the caller's error (KraftError, NotControllerError, ...)

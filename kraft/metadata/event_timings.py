@@ -2,14 +2,21 @@
 ``controller_event_slow`` log line for an event far over the work-unit budget.
 
 The event queue times each event on the injected clock (:meth:`ControllerEventQueue.observe`) and calls
-:meth:`EventTimings.record`; a ManualClock moved inside an event makes it "slow" deterministically.
+:meth:`EventTimings.start` before and :meth:`EventTimings.record` after it; a ManualClock moved inside an
+event makes it "slow" deterministically.  A slow line also says how much of the event was the loop
+thread's own CPU (``cpu_ms``: less than ``duration_ms`` when the thread waited for a core or the GIL) and
+how much the cyclic GC (``gc_ms``: a collection the event's allocations happened to trigger), so a long
+event is told apart from a starved or collecting one without a profiler.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kraft.clock import Clock
+from kraft.observability.gc_watch import GC_WATCH, GcWatch
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import CONTROLLER_EVENT_LONGEST, CONTROLLER_EVENT_PROCESSING_TIME
 
@@ -29,8 +36,20 @@ class _Longest:
 
 
 class EventTimings:
-    def __init__(self, node: int, clock: Clock, budget_ms: int, log: StructLogger) -> None:
+    def __init__(
+        self,
+        node: int,
+        clock: Clock,
+        budget_ms: int,
+        log: StructLogger,
+        cpu_clock: Callable[[], float] = time.thread_time,
+        gc_watch: GcWatch = GC_WATCH,
+    ) -> None:
         self._node = str(node)
+        self._cpu_clock = cpu_clock
+        self._gc_watch = gc_watch
+        self._started_cpu_s = 0.0
+        self._started_gc_s = 0.0
         self._clock = clock
         self._budget_ms = budget_ms
         self.slow_threshold_ms = max(SLOW_MIN_MS, SLOW_FACTOR * budget_ms)
@@ -40,6 +59,11 @@ class EventTimings:
         self._slow_unlogged = 0
         self.slow_events = 0
         """Events at or over the slow threshold so far (logged or not)."""
+
+    def start(self) -> None:
+        """Right before an event runs: the loop thread's CPU and the GC's running total."""
+        self._started_cpu_s = self._cpu_clock()
+        self._started_gc_s = self._gc_watch.pause_s_total
 
     def record(self, kind: str, duration_ms: int) -> None:
         CONTROLLER_EVENT_PROCESSING_TIME.labels(self._node, kind).observe(duration_ms / 1000)
@@ -53,6 +77,8 @@ class EventTimings:
             CONTROLLER_EVENT_LONGEST.labels(self._node, kind).set(duration_ms / 1000)
         if duration_ms < self.slow_threshold_ms:
             return
+        cpu_ms = round((self._cpu_clock() - self._started_cpu_s) * 1000)
+        gc_ms = round((self._gc_watch.pause_s_total - self._started_gc_s) * 1000)
         self.slow_events += 1
         last = self._last_slow_log_ms
         if last is not None and now_ms - last < SLOW_LOG_INTERVAL_MS:
@@ -64,6 +90,8 @@ class EventTimings:
             kind=kind,
             duration_ms=duration_ms,
             budget_ms=self._budget_ms,
+            cpu_ms=cpu_ms,
+            gc_ms=gc_ms,
             slow_since_last_line=self._slow_unlogged,
         )
         self._slow_unlogged = 0

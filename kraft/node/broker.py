@@ -76,6 +76,7 @@ from kraft.grpc_service import ServerLimits, create_server, server_limits
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.node.supervisor import Supervisor
+from kraft.observability import gc_watch
 from kraft.observability.health import BROKER_SERVICE, HealthReporter, add_health_service
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import BrokerMetrics, MetricsServer, start_metrics_server
@@ -636,6 +637,7 @@ async def run_broker(config: NodeConfig, cluster_id: str) -> None:
     Raises RegistrationFailed when it cannot register in time.  A fatal error at run time does not
     return: one ``fatal`` line, exit status 70 (:mod:`kraft.node.supervisor`)."""
     supervisor = Supervisor(get_logger("broker", node=config.node_id))
+    gc_watch.install()  # this process's GC pauses: kraft_gc_pause_seconds, a slow event's gc_ms
     # Before anything is opened: a second broker with this node's config must not recover (and so
     # truncate) the running broker's partition logs or touch its image store.
     try:

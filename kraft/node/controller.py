@@ -59,6 +59,7 @@ from kraft.node.intake_pool import (
 from kraft.node.metadata_layer import install_metadata_layer
 from kraft.node.supervisor import Supervisor, attach_driver
 from kraft.node.voter_endpoint import VoterEndpointUpdater
+from kraft.observability import gc_watch
 from kraft.observability.health import RAFT_SERVICE, HealthReporter
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
@@ -697,6 +698,7 @@ async def run_controller(config: NodeConfig) -> None:
     A fatal error at run time does not return: it logs one ``fatal`` line and exits with status 70
     (:mod:`kraft.node.supervisor`)."""
     supervisor = Supervisor(get_logger("controller", node=config.node_id))
+    gc_watch.install()  # this process's GC pauses: kraft_gc_pause_seconds, a slow event's gc_ms
     node = ControllerNode(config, supervisor)
     if not config.kraft_test_append_enable:
         # With the test-only append path on, the log holds raw test records, not metadata: the node

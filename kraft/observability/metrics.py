@@ -142,6 +142,15 @@ CONTROLLER_EVENT_LONGEST = Gauge(
     "60-second window (a window starts with the first event after the previous one ended)",
     (*_NODE, "kind"),
 )
+# --- the process (Python's cyclic GC; kraft.observability.gc_watch) ---
+GC_PAUSE_SECONDS = Histogram(
+    "kraft_gc_pause_seconds",
+    "Time one collection of the cyclic garbage collector ran, by generation (0 and 1 are the young "
+    "generations, 2 a full collection over everything not frozen)",
+    ("generation",),
+    buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
+
 
 # --- Broker (Kafka: broker-metadata-metrics) ---
 BROKER_STATE = Gauge("kraft_broker_state", "BrokerState as Kafka numbers it (3 = RUNNING)", _NODE)

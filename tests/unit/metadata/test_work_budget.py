@@ -8,9 +8,12 @@ items it handled — on a ManualClock, with no dependence on how fast the host r
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
+import logging
 from collections.abc import Sequence
 
+import pytest
 from loop_fakes import CostClock
 from metric_reads import family_sample
 from prometheus_client.metrics import MetricWrapperBase
@@ -26,7 +29,8 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.event_queue import ControllerEventQueue, EventPriority
 from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.image import MetadataImage
-from kraft.observability.logging import get_logger
+from kraft.observability.gc_watch import GcWatch
+from kraft.observability.logging import _FIELDS_ATTR, get_logger
 from kraft.observability.metrics import CONTROLLER_EVENT_LONGEST, CONTROLLER_EVENT_PROCESSING_TIME
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -373,6 +377,42 @@ async def test_event_durations_are_measured_per_kind_and_a_slow_one_is_counted()
     longest = "kraft_controller_event_queue_longest_event_seconds"
     assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "slow") == 0.04
     assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "quick") == 0.001
+
+
+async def test_a_slow_events_line_says_how_much_was_its_own_cpu_and_how_much_the_gc(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A slow event's line separates the event's own work from waiting (cpu_ms below duration_ms: the
+    loop thread waited for a core or the GIL) and from a collection its allocations triggered (gc_ms)."""
+    caplog.set_level(logging.WARNING, logger="kraft.test-slow-line")
+    clock = ManualClock()
+    cpu_s = [0.0]
+    watch = GcWatch(timer=iter(float(i) * 0.025 for i in itertools.count()).__next__)
+    timings = EventTimings(
+        902, clock, budget_ms=5, log=get_logger("test-slow-line"), cpu_clock=lambda: cpu_s[0], gc_watch=watch
+    )
+    queue = ControllerEventQueue()
+    queue.observe(clock, timings.record, timings.start)
+
+    def starved_and_collecting() -> None:
+        clock.advance(60)  # 60 ms of wall time,
+        cpu_s[0] += 0.035  # 35 of them on the loop thread's CPU,
+        watch.install()
+        try:
+            gc.collect()  # 25 of those in a full collection
+        finally:
+            watch.uninstall()
+
+    await queue.run(EventPriority.NORMAL, "bulk-slice", starved_and_collecting)
+    await queue.close()
+    [line] = [r for r in caplog.records if "controller_event_slow" in r.getMessage()]
+    fields = getattr(line, _FIELDS_ATTR)
+    assert (fields["kind"], fields["duration_ms"], fields["cpu_ms"], fields["gc_ms"]) == (
+        "bulk-slice",
+        60,
+        35,
+        25,
+    )
 
 
 # ---- a topic bigger than a work unit: planned, then written in slices inside a transaction ----

@@ -1,0 +1,67 @@
+"""The GC pause watch (kraft.observability.gc_watch): every collection timed by generation, a running
+total that a slow controller event's log line reads as ``gc_ms``."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from kraft.observability.gc_watch import GcWatch
+from kraft.observability.metrics import GC_PAUSE_SECONDS, render_metrics
+
+
+class SteppingTimer:
+    """Each read is ``step`` seconds after the previous one: a collection timed by it lasts ``step``."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+@pytest.fixture
+def watch() -> Iterator[GcWatch]:
+    watch = GcWatch(SteppingTimer(0.030))
+    watch.install()
+    try:
+        yield watch
+    finally:
+        watch.uninstall()
+
+
+def _count(generation: str) -> float:
+    for metric in GC_PAUSE_SECONDS.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count") and sample.labels["generation"] == generation:
+                return sample.value
+    return 0.0
+
+
+def test_a_full_collection_is_timed_counted_and_observed(watch: GcWatch) -> None:
+    before = _count("2")
+    gc.collect()
+    assert watch.collections[2] == 1
+    assert watch.pause_s_total == pytest.approx(0.030)
+    assert _count("2") == before + 1
+    assert "kraft_gc_pause_seconds_bucket" in render_metrics()
+
+
+def test_young_collections_count_under_their_generation(watch: GcWatch) -> None:
+    gc.collect(0)
+    gc.collect(1)
+    assert watch.collections == [1, 1, 0]
+    assert watch.pause_s_total == pytest.approx(0.060)
+
+
+def test_installing_twice_times_a_collection_once_and_uninstalled_it_times_none(watch: GcWatch) -> None:
+    watch.install()
+    gc.collect()
+    assert watch.collections[2] == 1
+    watch.uninstall()
+    gc.collect()
+    assert watch.collections[2] == 1 and watch.pause_s_total == pytest.approx(0.030)
