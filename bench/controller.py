@@ -23,7 +23,8 @@ What is measured (results in ``bench/results/controller.json``):
 - **raft_during_bulk** (session 11): the quorum's Raft counters over the bulk phase (the nodes serve
   ``metrics.port``; two scrapes): the active controller's leadership confirmations answered from the
   lease, after the lease lapsed (``confirmations_lease_lapsed``: those heartbeats waited for a round),
-  or by a round, the rounds' mean time, and each follower's Fetch turnarounds.
+  or by a round, the rounds' mean time, each follower's Fetch turnarounds, and every node's GC
+  collections per generation (``gc_node_N``: generation -> [count, ms]; ``kraft_gc_pause_seconds``).
 - **create_partitions**: one CreateTopics request creating 100 topics x 1,000 partitions (RF 3, placed
   over the 1,000 brokers), timed until committed.
 - **controlled_shutdown**: broker 1 leads 100,000 partitions (explicit assignment); ShutdownBroker moves
@@ -296,6 +297,8 @@ RAFT_SERIES = {
     "kraft_raft_fetch_turnaround_seconds_count": None,
     "kraft_raft_fetch_turnaround_seconds_sum": None,
     "kraft_raft_fetch_turnaround_seconds_bucket": "le",
+    "kraft_gc_pause_seconds_count": "generation",
+    "kraft_gc_pause_seconds_sum": "generation",
 }
 
 
@@ -321,7 +324,8 @@ def raft_counters(quorum: MetricsQuorum) -> dict[str, float]:
 
 def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int) -> dict[str, Any]:
     """What the Raft counters say about one phase: the active controller's leadership confirmations (lease
-    hits, lease lapses, rounds, round time) and each follower's Fetch turnarounds."""
+    hits, lease lapses, rounds, round time), each follower's Fetch turnarounds, and every node's GC
+    collections per generation ([count, ms])."""
 
     def delta(key: str) -> float:
         return after.get(key, 0.0) - before.get(key, 0.0)
@@ -351,6 +355,15 @@ def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int
             else None
         )
         out[f"follower_{node}_fetch_turnarounds_over_250ms"] = int(over)
+    for node in sorted({int(key.rsplit("@", 1)[1]) for key in after}):
+        # the cyclic GC's collections by generation: count and ms in all (kraft_gc_pause_seconds)
+        out[f"gc_node_{node}"] = {
+            generation: [
+                int(delta(f"kraft_gc_pause_seconds_count[{generation}]@{node}")),
+                round(1000 * delta(f"kraft_gc_pause_seconds_sum[{generation}]@{node}"), 1),
+            ]
+            for generation in ("0", "1", "2")
+        }
     return out
 
 
