@@ -958,7 +958,10 @@ class QuorumController:
             logic = self.state.logic
             if logic is None:
                 raise EventQueueClosedError("not active")
-            return logic.prepare_some(topic_plan, Deadline(self.clock, budget_ms), limit)
+            before = topic_plan.planned
+            done = logic.prepare_some(topic_plan, Deadline(self.clock, budget_ms), limit)
+            self.heap.built(topic_plan.planned - before)
+            return done
 
         try:
             while not await self.writes.queue.run(EventPriority.NORMAL, "create-topic-prepare", prepare):

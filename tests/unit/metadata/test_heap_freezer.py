@@ -162,3 +162,22 @@ async def test_the_idle_checks_run_on_the_controllers_timers(fake_gc: _Gc) -> No
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def test_partitions_prepared_ahead_of_any_append_count_toward_the_freeze(fake_gc: _Gc) -> None:
+    """A 100-topic CreateTopics prepares 100,000 partitions' records before its first append: counted
+    like applied records, so the full collections meanwhile walk at most one freeze's worth of them
+    (a 71-94 ms collection inside one preparing event end to end before, session 11)."""
+    clock = ManualClock()
+    freezer = HeapFreezer(clock)
+    clock.advance(FREEZE_MIN_INTERVAL_MS)
+    freezer.built(FREEZE_AFTER_RECORDS - 1)
+    assert fake_gc.calls == []
+    freezer.built(1)
+    assert fake_gc.calls == ["collect(1)", "freeze"]
+    fake_gc.calls.clear()
+    freezer.built(FREEZE_AFTER_RECORDS)  # enough again, but within the minimum interval
+    assert fake_gc.calls == []
+    clock.advance(FREEZE_MIN_INTERVAL_MS)
+    freezer.applied(1)
+    assert fake_gc.calls == ["collect(1)", "freeze"]
