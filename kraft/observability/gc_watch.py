@@ -31,6 +31,10 @@ class GcWatch:
         self._histograms = [GC_PAUSE_SECONDS.labels(str(generation)) for generation in range(3)]
         self._installed = False
 
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
     def install(self) -> None:
         if not self._installed:
             gc.callbacks.append(self._callback)
