@@ -152,6 +152,17 @@ async def _started(options: ControllerOptions, clock: ManualClock) -> tuple[Fake
     return raft, controller
 
 
+async def _led_by_1(controller: QuorumController) -> dict[int, int]:
+    """Brokers 1-3 active, and topic ``led-by-1``: 40 partitions on 1, 2, 3, all led by broker 1 (its
+    controlled shutdown is a bulk job of 40 leader moves); the brokers' epochs."""
+    epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
+    topic = cpb.CreatableTopic(name="led-by-1")
+    for p in range(40):
+        topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
+    await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+    return epochs
+
+
 async def test_a_create_topics_cut_by_the_time_budget_still_answers_and_creates_every_topic() -> None:
     clock = CostClock(0)  # free until the test sets a cost
     _raft, controller = await _started(
@@ -187,11 +198,7 @@ async def test_a_heartbeat_is_answered_while_a_controlled_shutdown_is_in_progres
     )
     raft, controller = await _started(options, clock)
     try:
-        epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
-        topic = cpb.CreatableTopic(name="led-by-1")
-        for p in range(40):
-            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
-        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        epochs = await _led_by_1(controller)
 
         def leads_1() -> int:
             led = controller.committed.topic("led-by-1")
@@ -230,12 +237,7 @@ async def test_bulk_slices_ask_raft_to_hold_them_for_the_next_and_the_last_is_cu
     options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
     raft, controller = await _started(options, clock)
     try:
-        for broker_id in (1, 2, 3):
-            await activate_broker(controller, broker_id)
-        topic = cpb.CreatableTopic(name="led-by-1")
-        for p in range(40):
-            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
-        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        await _led_by_1(controller)
         before = len(raft.holds)
         answer = await asyncio.wait_for(
             controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
@@ -285,12 +287,7 @@ async def test_flags_a_bulk_job_leaves_dirty_are_settled_in_events_once_it_is_do
     options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
     _raft, controller = await _started(options, clock)
     try:
-        for broker_id in (1, 2, 3):
-            await activate_broker(controller, broker_id)
-        topic = cpb.CreatableTopic(name="led-by-1")
-        for p in range(40):
-            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
-        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        await _led_by_1(controller)
         logic = controller.logic
         assert logic is not None
         index = logic.rejoin_index
@@ -323,12 +320,7 @@ async def test_the_settling_after_a_bulk_job_pauses_between_its_slices(monkeypat
     options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=4)
     _raft, controller = await _started(options, clock)
     try:
-        for broker_id in (1, 2, 3):
-            await activate_broker(controller, broker_id)
-        topic = cpb.CreatableTopic(name="led-by-1")
-        for p in range(40):
-            topic.assignments.add(partition=p, broker_ids=[1, 2, 3])
-        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
+        await _led_by_1(controller)
         logic = controller.logic
         assert logic is not None
         index = logic.rejoin_index
