@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,19 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from single_voter import leading, single_voter
 
 from kraft.client.channel import open_channel
-from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode
 from kraft.node.intake import AppendBridge, HopInterceptor, IntakeLoop
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError, RaftShutdownError
-from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_test_service import APPEND_METHODS
-from kraft.raft.memory import LoopbackNetwork, MemoryElectionStore, MemoryLogStore, MemorySnapshotStore
+from kraft.raft.memory import MemoryLogStore
 from kraft.storage.batch import iter_batches
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import format_log_dir
@@ -35,27 +33,6 @@ from kraft.v1 import raft_pb2, raft_pb2_grpc
 TIMEOUT_S = 5.0
 
 Commit = Callable[[int | None, BaseException | None], None]
-
-
-def _single_voter(log: MemoryLogStore | None = None) -> RaftDriver:
-    return RaftDriver(
-        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=1),
-        transport=LoopbackNetwork().transport(1),
-        log=log or MemoryLogStore(),
-        elections=MemoryElectionStore(),
-        snapshots=MemorySnapshotStore(),
-        clock=SystemClock(),
-        rng=random.Random(7),
-    )
-
-
-async def _leading(driver: RaftDriver) -> None:
-    await driver.start()
-    for _ in range(int(TIMEOUT_S / 0.005)):  # bounded poll: the election runs on the system clock
-        if driver.leader_and_epoch.leader_id == 1:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the single voter did not elect itself")
 
 
 class FakeDriver:
@@ -222,8 +199,8 @@ async def test_leader_and_epoch_is_read_on_the_main_loop() -> None:
 
 
 async def test_append_callback_calls_back_once_committed_and_with_the_error_that_ends_the_wait() -> None:
-    driver = _single_voter()
-    await _leading(driver)
+    driver = single_voter()
+    await leading(driver)
     answers: list[tuple[int | None, BaseException | None]] = []
     done = asyncio.Event()
 
@@ -253,8 +230,8 @@ async def test_append_callback_calls_back_once_committed_and_with_the_error_that
 
 async def test_the_bridge_over_a_real_driver_commits_each_callers_records_in_order() -> None:
     log = MemoryLogStore()
-    driver = _single_voter(log)
-    await _leading(driver)
+    driver = single_voter(log)
+    await leading(driver)
     intake = IntakeLoop(name="test-append-bridge-driver")
     intake.start()
     bridge = AppendBridge(asyncio.get_running_loop(), driver)

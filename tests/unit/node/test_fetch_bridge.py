@@ -5,7 +5,6 @@ back from inside the driver's output, on the intake loop; a stopped driver answe
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
 import time
 from pathlib import Path
@@ -13,19 +12,17 @@ from typing import Any
 
 import grpc
 import pytest
+from single_voter import leading, single_voter
 
 from kraft.client.channel import open_channel
-from kraft.clock import SystemClock
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode
 from kraft.node.intake import DriverBridge, HopInterceptor, IntakeLoop
 from kraft.raft.api import RaftShutdownError
-from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.grpc_server import FETCH_METHODS
-from kraft.raft.memory import LoopbackNetwork, MemoryElectionStore, MemoryLogStore, MemorySnapshotStore
 from kraft.raft.messages import (
     DescribeQuorumRequest,
     DescribeQuorumResponse,
@@ -40,33 +37,12 @@ from kraft.v1 import raft_pb2, raft_pb2_grpc
 TIMEOUT_S = 5.0
 
 
-def _single_voter() -> RaftDriver:
-    return RaftDriver(
-        RaftConfig(node_id=1, voters=(1,), cluster_id="c1", append_linger_ms=1),
-        transport=LoopbackNetwork().transport(1),
-        log=MemoryLogStore(),
-        elections=MemoryElectionStore(),
-        snapshots=MemorySnapshotStore(),
-        clock=SystemClock(),
-        rng=random.Random(7),
-    )
-
-
-async def _leading(driver: RaftDriver) -> None:
-    await driver.start()
-    for _ in range(int(TIMEOUT_S / 0.005)):  # bounded poll: the election runs on the system clock
-        if driver.leader_and_epoch.leader_id == 1:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the single voter did not elect itself")
-
-
 Answer = tuple[RaftResponse | None, BaseException | None]
 
 
 async def test_submit_request_answers_through_the_callback_once() -> None:
-    driver = _single_voter()
-    await _leading(driver)
+    driver = single_voter()
+    await leading(driver)
     try:
         last = await driver.append([b"a", b"b"])
         answers: list[Answer] = []
@@ -94,8 +70,8 @@ async def test_submit_request_answers_through_the_callback_once() -> None:
 
 
 async def test_submit_request_gives_describe_quorum_wall_clock_times_like_handle_request() -> None:
-    driver = _single_voter()
-    await _leading(driver)
+    driver = single_voter()
+    await leading(driver)
     try:
         done: asyncio.Future[RaftResponse | None] = asyncio.get_running_loop().create_future()
         driver.submit_request(
@@ -113,8 +89,8 @@ async def test_submit_request_gives_describe_quorum_wall_clock_times_like_handle
 
 
 async def test_a_parked_fetch_is_answered_with_the_shutdown_error() -> None:
-    driver = _single_voter()
-    await _leading(driver)
+    driver = single_voter()
+    await leading(driver)
     answers: list[Answer] = []
     try:
         end, epoch = driver.log_end_offset, driver.leader_and_epoch.epoch
@@ -132,8 +108,8 @@ async def test_a_parked_fetch_is_answered_with_the_shutdown_error() -> None:
 
 
 async def test_the_bridge_submits_on_the_main_loop_and_answers_on_the_intake_loop() -> None:
-    driver = _single_voter()
-    await _leading(driver)
+    driver = single_voter()
+    await leading(driver)
     intake = IntakeLoop(name="test-fetch-bridge")
     intake.start()
     main_thread = threading.get_ident()
