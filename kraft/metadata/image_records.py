@@ -11,10 +11,27 @@ from collections.abc import Iterator
 
 from kraft.metadata import records as rec
 from kraft.metadata.acl_records import acl_record
-from kraft.metadata.image import MetadataImage
+from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.storage.varint import encode_uvarint
 from kraft.v1 import common_pb2
 from kraft.v1 import metadata_pb2 as pb
+
+
+def partition_record(topic_id: str, partition_id: int, p: PartitionRegistration) -> pb.PartitionRecord:
+    """The PartitionRecord that recreates registration ``p`` (every field the image keeps)."""
+    return pb.PartitionRecord(
+        partition_id=partition_id,
+        topic_id=topic_id,
+        replicas=p.replicas,
+        isr=p.isr,
+        leader=p.leader,
+        leader_epoch=p.leader_epoch,
+        partition_epoch=p.partition_epoch,
+        eligible_leader_replicas=p.elr,
+        last_known_elr=p.last_known_elr,
+        leader_recovery_state=p.leader_recovery_state,
+        last_unclean_leader_epoch=p.last_unclean_leader_epoch,
+    )
 
 
 def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.MetadataRecord]:
@@ -61,21 +78,7 @@ def image_records(image: MetadataImage, partitions: bool = True) -> Iterator[pb.
         if not partitions:
             continue
         for partition_id, p in enumerate(topic.partitions):
-            yield wrap(
-                pb.PartitionRecord(
-                    partition_id=partition_id,
-                    topic_id=topic.topic_id,
-                    replicas=p.replicas,
-                    isr=p.isr,
-                    leader=p.leader,
-                    leader_epoch=p.leader_epoch,
-                    partition_epoch=p.partition_epoch,
-                    eligible_leader_replicas=p.elr,
-                    last_known_elr=p.last_known_elr,
-                    leader_recovery_state=p.leader_recovery_state,
-                    last_unclean_leader_epoch=p.last_unclean_leader_epoch,
-                )
-            )
+            yield wrap(partition_record(topic.topic_id, partition_id, p))
     for key, values in image.configs.items():
         for name, value in sorted(values.items()):
             yield wrap(
@@ -92,7 +95,6 @@ def image_values(image: MetadataImage) -> Iterator[bytes]:
     PartitionRecords (nearly all of a big image) are framed directly instead of wrapped and copied."""
     encode = rec.encode_value
     partition_prefix = _partition_prefix
-    partition_record = pb.PartitionRecord
     for record in image_records(image, partitions=False):
         yield encode(record)
         if record.WhichOneof("record") != "topic":
@@ -100,19 +102,7 @@ def image_values(image: MetadataImage) -> Iterator[bytes]:
         topic = image.topics_by_id[record.topic.topic_id]
         topic_id = topic.topic_id
         for partition_id, p in enumerate(topic.partitions):
-            payload = partition_record(
-                partition_id=partition_id,
-                topic_id=topic_id,
-                replicas=p.replicas,
-                isr=p.isr,
-                leader=p.leader,
-                leader_epoch=p.leader_epoch,
-                partition_epoch=p.partition_epoch,
-                eligible_leader_replicas=p.elr,
-                last_known_elr=p.last_known_elr,
-                leader_recovery_state=p.leader_recovery_state,
-                last_unclean_leader_epoch=p.last_unclean_leader_epoch,
-            ).SerializeToString()
+            payload = partition_record(topic_id, partition_id, p).SerializeToString()
             yield partition_prefix(len(payload)) + payload
 
 

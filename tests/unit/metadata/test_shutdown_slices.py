@@ -22,6 +22,7 @@ from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta, apply_partition_change
 from kraft.metadata.election_config import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE
 from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage, PartitionRegistration
+from kraft.metadata.image_records import partition_record
 from kraft.metadata.partition_change import build_change, leave_change, rules_matter
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
@@ -191,20 +192,7 @@ def _cluster(topics: Sequence[_Topic], cluster_min_isr: int) -> list[pb.Metadata
         min_isr = topic.min_isr if topic.min_isr is not None else cluster_min_isr
         for pid, drawn in enumerate(topic.parts):
             p = _settled(topic.name, pid, drawn, min_isr, bool(topic.unclean))
-            record = pb.PartitionRecord(
-                topic_id=topic.name,
-                partition_id=pid,
-                replicas=p.replicas,
-                isr=p.isr,
-                leader=p.leader,
-                leader_epoch=p.leader_epoch,
-                partition_epoch=p.partition_epoch,
-                eligible_leader_replicas=p.elr,
-                last_known_elr=p.last_known_elr,
-                leader_recovery_state=p.leader_recovery_state,
-                last_unclean_leader_epoch=p.last_unclean_leader_epoch,
-            )
-            log.append(records.wrap(record))
+            log.append(records.wrap(partition_record(topic.name, pid, p)))
     return log
 
 
