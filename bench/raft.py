@@ -508,9 +508,19 @@ def format_tls(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any]:
-    """Run every point, write ``results_path`` and return the result document."""
+def run(
+    quick: bool = False,
+    results_path: Path = RESULTS_PATH,
+    point_s: float | None = None,
+    failover_trials: int | None = None,
+) -> dict[str, Any]:
+    """Run every point, write ``results_path`` and return the result document.  ``point_s`` and
+    ``failover_trials`` shrink a run below ``--quick`` (bench.device_suite's smoke run)."""
     duration_s, warmup_s, trials, batch, repeats = (2.0, 0.5, 3, 500, 1) if quick else (3.0, 0.5, 10, 1000, 3)
+    if point_s is not None:
+        duration_s, warmup_s = point_s, min(warmup_s, point_s / 2)
+    if failover_trials is not None:
+        trials = failover_trials
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="kraft-bench-raft-") as tmp:
         work_dir = Path(tmp)
@@ -526,6 +536,8 @@ def run(quick: bool = False, results_path: Path = RESULTS_PATH) -> dict[str, Any
             "platform": platform.platform(),
         },
         "quick": quick,
+        "point_s": duration_s,
+        "failover_trials": trials,
         # What kraft's controller processes (and the floor server) run on; the client side (etcd's and
         # kraft's alike) stays on gRPC's defaults.  KRAFT_GRPC_IO=iomgr in the environment switches them.
         "kraft_grpc_io": configure_grpc_io(dict(os.environ)),
@@ -545,6 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.raft", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short points and 3 failover trials")
     parser.add_argument("--out", type=Path, default=RESULTS_PATH)
+    parser.add_argument("--point-s", type=float, help="seconds per throughput point (default 3; --quick 2)")
+    parser.add_argument(
+        "--failover-trials", type=int, help="SIGKILL trials per failover profile (default 10; --quick 3)"
+    )
     parser.add_argument(
         "--tls", action="store_true", help="only compare PLAINTEXT with mutual TLS (writes raft-tls.json)"
     )
@@ -590,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
         print(format_tls(tls_result))
         print(f"results: {out}")
         return 0
-    result = run(quick=args.quick, results_path=args.out)
+    if args.point_s is not None and args.point_s <= 0:
+        parser.error("--point-s must be positive")
+    if args.failover_trials is not None and args.failover_trials < 1:
+        parser.error("--failover-trials must be at least 1")
+    result = run(args.quick, args.out, args.point_s, args.failover_trials)
     print(format_table(result))
     print(f"results: {args.out}")
     return 0
