@@ -369,8 +369,12 @@ def summarize(
         "targets_met": sum(1 for c in targets if c.met is True),
         "targets_not_met": sum(1 for c in targets if c.met is False),
         "targets_unknown": sum(1 for c in targets if c.met is None),
-        "checks": [asdict(c) for c in checks],
+        "checks": [{**asdict(c), "value": _rounded(c.value)} for c in checks],
     }
+
+
+def _rounded(value: float | None) -> float | None:
+    return value if value is None or isinstance(value, int) else round(value, 3)
 
 
 def _write_json(path: Path, doc: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ It imports grpc, so it stays out of the Raft core (tests/unit/test_layering.py).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -131,6 +132,22 @@ def _stream(decoder: RequestDecoder, name: str, pb_type: type[Message], method: 
 WritingMethod = Callable[[Any, ServicerContext], Awaitable[None]]
 
 
+def _stream_writing(
+    decoder: RequestDecoder, name: str, pb_type: type[Message], method: WritingMethod
+) -> WritingMethod:
+    """A stream-stream method that answers with ``context.write`` (a coroutine, not a generator): it can
+    write an answer from wherever it is ready, not only from the generator's own frame."""
+
+    async def handle(raw_requests: AsyncIterator[bytes], context: ServicerContext) -> None:
+        async def decoded() -> AsyncIterator[Message]:
+            async for raw in raw_requests:
+                yield await decoder.decode(raw, pb_type, name, context)
+
+        await method(decoded(), context)
+
+    return handle
+
+
 def _unary_stream(
     decoder: RequestDecoder, name: str, pb_type: type[Message], method: WritingMethod
 ) -> WritingMethod:
@@ -150,16 +167,18 @@ def register_service(
     """Register every method of ``service`` with handlers that decode inside the call.
 
     Same methods and wire format as the generated ``add_<Service>Servicer_to_server``; ``servicer`` has one
-    coroutine method per RPC named like it (unary-unary, stream-stream taking an async iterator, or
-    unary-stream answering with ``context.write`` as grpc.health.v1's Watch does).
+    coroutine method per RPC named like it (unary-unary, stream-stream taking an async iterator — an async
+    generator, or a coroutine answering with ``context.write`` — or unary-stream answering with
+    ``context.write`` as grpc.health.v1's Watch does).
     """
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
     for method in service.methods:
         pb_type = GetMessageClass(method.input_type)
         implementation = getattr(servicer, method.name)
         if method.client_streaming and method.server_streaming:
+            wrap = _stream if inspect.isasyncgenfunction(implementation) else _stream_writing
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _stream(decoder, method.name, pb_type, implementation), response_serializer=_serialize
+                wrap(decoder, method.name, pb_type, implementation), response_serializer=_serialize
             )
         elif not method.client_streaming and not method.server_streaming:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(

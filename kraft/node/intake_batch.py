@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -149,8 +149,13 @@ class CallBatchServicer:
                 )
         self.counters = IntakeCounterSink(node)
 
-    async def CallBatch(self, request: ipb.CallBatchRequest, context: ServicerContext) -> None:
+    async def CallBatch(
+        self, requests: AsyncIterator[ipb.CallBatchRequest], context: ServicerContext
+    ) -> None:
         await _only_from_intake_socket(context)
+        request = await anext(requests, None)
+        if request is None:
+            return
         self.counters.node_batch(len(request.calls))
         heartbeats: list[tuple[int, ipb.BatchedCall]] = []
         others: list[tuple[int, ipb.BatchedCall]] = []
@@ -163,6 +168,9 @@ class CallBatchServicer:
         if len(chunks) + len(others) == 1:
             # The usual batch (only heartbeats, or one call): run here, without a task — each task is a
             # turn of the main loop, long while bulk work runs — and write each answer as it is ready.
+            # Its callers leaving end the whole CallBatch (the intake process cancels it once none is left
+            # waiting), which cancels this handler as it would a proxied call's; a heartbeat whose caller
+            # left while others of the same event still wait is answered anyway (one event, ~ms).
             async def write(results: list[ipb.CallResult]) -> None:
                 await context.write(ipb.CallBatchResponse(results=results))
 
@@ -178,18 +186,44 @@ class CallBatchServicer:
                 queue.put_nowait(result)
 
         tasks = [asyncio.create_task(self._heartbeats(chunk, context, enqueue)) for chunk in chunks]
-        tasks += [asyncio.create_task(self._one(index, call, context, enqueue)) for index, call in others]
-        remaining = len(request.calls)
+        # Each call other than heartbeats runs as its own task, so a caller that leaves cancels its own
+        # call (not yet started: it never runs) and no other (_cancel_left).
+        own = {index: asyncio.create_task(self._one(index, call, context, enqueue)) for index, call in others}
+        tasks += own.values()
+        tasks.append(asyncio.create_task(self._cancel_left(requests, own, queue)))
+        unanswered = set(range(len(request.calls)))
         try:
-            while remaining:
+            while unanswered:
                 ready = [await queue.get()]
                 while not queue.empty():  # everything ready by now goes in the same message
                     ready.append(queue.get_nowait())
-                remaining -= len(ready)
-                await context.write(ipb.CallBatchResponse(results=ready))
+                # one answer per call: a call cancelled as it finished may have answered as well
+                ready = [r for r in ready if r.index in unanswered]
+                unanswered.difference_update(r.index for r in ready)
+                if ready:
+                    await context.write(ipb.CallBatchResponse(results=ready))
         finally:
             for task in tasks:
                 task.cancel()  # the intake process went away: nobody reads the rest
+
+    async def _cancel_left(
+        self,
+        requests: AsyncIterator[ipb.CallBatchRequest],
+        own: dict[int, asyncio.Task[None]],
+        queue: asyncio.Queue[ipb.CallResult],
+    ) -> None:
+        """Cancels the calls whose callers left (``CallBatchRequest.left``): each is answered CANCELLED
+        here (its caller is gone; the answer only completes the batch).  Heartbeats are not cancelled:
+        those of one event run together and take ~ms."""
+        try:
+            async for message in requests:
+                for index in message.left:
+                    task = own.get(index)
+                    if task is not None and task.cancel():
+                        self.counters.cancelled_call()
+                        queue.put_nowait(_failed(index, grpc.StatusCode.CANCELLED, "the caller left"))
+        except Exception:  # an undecodable message (the batch is aborted) or a bug: said, not swallowed
+            _log.exception("intake_batch_left_unreadable")
 
     async def _one(self, index: int, call: ipb.BatchedCall, batch: ServicerContext, emit: Emit) -> None:
         method = self._methods.get(call.method)
@@ -305,6 +339,9 @@ class IntakeCounterSink:
     def node_batch(self, calls: int) -> None:
         self._metrics.received_batches.inc()
         self._metrics.received_calls.inc(calls)
+
+    def cancelled_call(self) -> None:
+        self._metrics.cancelled_calls.inc()
 
     def report(self, counters: ipb.IntakeCounters) -> None:
         last = self._last.setdefault(counters.index, dict.fromkeys(self._FIELDS, 0))

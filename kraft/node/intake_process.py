@@ -52,7 +52,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import grpc.aio
@@ -455,13 +455,50 @@ class BatchedCallFailed(Exception):
 
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
-OpenBatch = Callable[[intake_pb2.CallBatchRequest, float | None], AsyncIterator[intake_pb2.CallBatchResponse]]
-"""Send one ``CallBatch`` (with a timeout, or None) and iterate its answers; raises
-:class:`BatchedCallFailed` when the call fails."""
+
+class BatchCall(Protocol):
+    """One ``CallBatch`` in flight: its answers, and the way to tell the node that callers left."""
+
+    def responses(self) -> AsyncIterator[intake_pb2.CallBatchResponse]:
+        """The node's answers; raises :class:`BatchedCallFailed` when the call fails."""
+        ...
+
+    async def leave(self, indices: Sequence[int]) -> None:
+        """Tell the node these calls' callers left (it cancels them, or never starts them)."""
+        ...
+
+    def cancel(self) -> None:
+        """End the whole call (no caller of it is waiting any more)."""
+        ...
+
+
+OpenBatch = Callable[[intake_pb2.CallBatchRequest, float | None], BatchCall]
+"""Send one ``CallBatch`` (with a timeout, or None)."""
+
+
+class _Round:
+    """A batch in flight: which of its callers left, told to the node as they leave."""
+
+    __slots__ = ("batch", "call", "leaving")
+
+    def __init__(self, call: BatchCall, batch: list[_Call]) -> None:
+        self.call = call
+        self.batch = batch
+        self.leaving: set[asyncio.Task[None]] = set()
+
+    def left(self, index: int) -> None:
+        if all(c.future.done() for c in self.batch):
+            # nobody of this batch waits any more: end it (the node's handler is cancelled, as a proxied
+            # call's is when its caller leaves)
+            self.call.cancel()
+            return
+        task = asyncio.get_running_loop().create_task(self.call.leave([index]), name="intake-call-left")
+        self.leaving.add(task)
+        task.add_done_callback(self.leaving.discard)
 
 
 class _Call:
-    __slots__ = ("future", "metadata", "method", "request", "timeout")
+    __slots__ = ("future", "index", "metadata", "method", "request", "round", "timeout")
 
     def __init__(
         self,
@@ -476,6 +513,8 @@ class _Call:
         self.metadata = metadata
         self.timeout = timeout
         self.future = future
+        self.round: _Round | None = None  # set once its batch is sent
+        self.index = 0  # its position in that batch
 
 
 class ControllerCallBatcher:
@@ -484,7 +523,12 @@ class ControllerCallBatcher:
 
     Batches are cut by loop turn, not by round trip: the first call of a turn schedules the send for the
     end of that turn (``call_soon``), so a lone call waits for no earlier batch, and several batches may be
-    in flight — a heartbeat batch never waits behind a batch that holds a slow CreateTopics."""
+    in flight — a heartbeat batch never waits behind a batch that holds a slow CreateTopics.
+
+    A caller that leaves (cancelled, or past its deadline: gRPC cancels its handler) is dropped from a
+    batch not yet sent; from a batch in flight it is named to the node (``CallBatchRequest.left``), which
+    cancels that call or never starts it; once no caller of a batch waits, the whole CallBatch is
+    cancelled."""
 
     def __init__(self, open_batch: OpenBatch, *, max_calls: int, max_bytes: int) -> None:
         self._open = open_batch
@@ -502,11 +546,17 @@ class ControllerCallBatcher:
         """The node's answer to one call (raises :class:`BatchedCallFailed` with its status otherwise)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bytes] = loop.create_future()
-        self._pending.append(_Call(method, request, metadata, deadline_s, future))
+        call = _Call(method, request, metadata, deadline_s, future)
+        self._pending.append(call)
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if call.round is not None and future.cancelled():  # left while its batch is in flight
+                call.round.left(call.index)
+            raise
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -529,6 +579,9 @@ class ControllerCallBatcher:
         task.add_done_callback(self._rounds.discard)
 
     async def _round(self, batch: list[_Call]) -> None:
+        batch = [c for c in batch if not c.future.done()]  # left before the batch went
+        if not batch:
+            return
         request = intake_pb2.CallBatchRequest(
             calls=[
                 intake_pb2.BatchedCall(method=c.method, request=c.request, metadata=headers_of(c.metadata))
@@ -542,8 +595,12 @@ class ControllerCallBatcher:
         failure = BatchedCallFailed(
             grpc.StatusCode.UNAVAILABLE, "the batch to the controller ended without this call's answer"
         )
+        call = self._open(request, timeout)
+        in_flight = _Round(call, batch)
+        for index, each in enumerate(batch):
+            each.round, each.index = in_flight, index
         try:
-            async for response in self._open(request, timeout):
+            async for response in call.responses():
                 for result in response.results:
                     if result.index >= len(batch) or batch[result.index].future.done():
                         continue
@@ -559,33 +616,52 @@ class ControllerCallBatcher:
             failure = BatchedCallFailed(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
             raise
         finally:
-            for call in batch:
-                if not call.future.done():
-                    call.future.set_exception(failure)
+            for each in batch:
+                each.round = None
+                if not each.future.done():
+                    each.future.set_exception(failure)
 
     async def close(self) -> None:
         for task in list(self._rounds):
             task.cancel()
 
 
-def call_batch_opener(upstream: Upstream) -> OpenBatch:
-    """:data:`OpenBatch` over the node's unix socket (the proxied calls' channels, taken in turn)."""
+class _GrpcBatchCall:
+    """:class:`BatchCall` over a stream-stream ``CallBatch`` on the node's unix socket."""
 
-    async def open_batch(
-        request: intake_pb2.CallBatchRequest, deadline_s: float | None
-    ) -> AsyncIterator[intake_pb2.CallBatchResponse]:
-        call: Any = upstream.pick().unary_stream(
-            CALL_BATCH_METHOD,
-            request_serializer=intake_pb2.CallBatchRequest.SerializeToString,
-            response_deserializer=intake_pb2.CallBatchResponse.FromString,
-        )(request, timeout=deadline_s)
+    def __init__(self, call: Any, request: intake_pb2.CallBatchRequest) -> None:
+        self._call = call
+        self._request = request
+
+    async def responses(self) -> AsyncIterator[intake_pb2.CallBatchResponse]:
         try:
-            async for response in call:
+            await self._call.write(self._request)
+            async for response in self._call:
                 yield response
         except grpc.aio.AioRpcError as error:
             raise BatchedCallFailed(error.code(), error.details() or "") from None
         finally:
-            call.cancel()
+            self._call.cancel()
+
+    async def leave(self, indices: Sequence[int]) -> None:
+        # the batch may have ended meanwhile: then nothing of it is left to cancel
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+            await self._call.write(intake_pb2.CallBatchRequest(left=indices))
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+def call_batch_opener(upstream: Upstream) -> OpenBatch:
+    """:data:`OpenBatch` over the node's unix socket (the proxied calls' channels, taken in turn)."""
+
+    def open_batch(request: intake_pb2.CallBatchRequest, deadline_s: float | None) -> BatchCall:
+        call: Any = upstream.pick().stream_stream(
+            CALL_BATCH_METHOD,
+            request_serializer=intake_pb2.CallBatchRequest.SerializeToString,
+            response_deserializer=intake_pb2.CallBatchResponse.FromString,
+        )(None, timeout=deadline_s)  # None: the messages are written on the call (request, then left)
+        return _GrpcBatchCall(call, request)
 
     return open_batch
 

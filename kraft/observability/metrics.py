@@ -272,6 +272,11 @@ INTAKE_RECEIVED_BATCHES = Counter(
 INTAKE_RECEIVED_CALLS = Counter(
     "kraft_intake_received_calls", "ControllerService calls the node received in CallBatch messages", _NODE
 )
+INTAKE_CANCELLED_CALLS = Counter(
+    "kraft_intake_cancelled_calls",
+    "Calls of CallBatch messages the node cancelled (or never started) because their callers left",
+    _NODE,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,11 +380,17 @@ class IntakeMetrics:
     node: str
     received_batches: Counter
     received_calls: Counter
+    cancelled_calls: Counter
 
     @classmethod
     def for_node(cls, node: int | str) -> IntakeMetrics:
         label = str(node)
-        return cls(label, INTAKE_RECEIVED_BATCHES.labels(label), INTAKE_RECEIVED_CALLS.labels(label))
+        return cls(
+            label,
+            INTAKE_RECEIVED_BATCHES.labels(label),
+            INTAKE_RECEIVED_CALLS.labels(label),
+            INTAKE_CANCELLED_CALLS.labels(label),
+        )
 
     def counter(self, name: str, intake: int) -> Counter:
         """``kraft_intake_<name>_total`` of intake process ``intake`` (a key of ``INTAKE_COUNTERS``)."""

@@ -84,16 +84,24 @@ class CallBatchRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CALLS_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchedCall]: ...
+    def calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___BatchedCall]:
+        """the first message of a CallBatch only"""
+
+    @_builtins.property
+    def left(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """later messages: positions (in `calls`) of calls whose callers left"""
+
     def __init__(
         self,
         *,
         calls: _abc.Iterable[Global___BatchedCall] | None = ...,
+        left: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["calls", b"calls", "left", b"left"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

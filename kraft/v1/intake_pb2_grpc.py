@@ -34,7 +34,7 @@ class IntakeServiceStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.CallBatch = channel.unary_stream(
+        self.CallBatch = channel.stream_stream(
                 '/kraft.v1.IntakeService/CallBatch',
                 request_serializer=kraft_dot_v1_dot_intake__pb2.CallBatchRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_intake__pb2.CallBatchResponse.FromString,
@@ -49,11 +49,13 @@ class IntakeServiceStub:
 class IntakeServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def CallBatch(self, request, context):
+    def CallBatch(self, request_iterator, context):
         """The ControllerService calls one intake process took in one loop turn, as one message.  The node runs
         each call as if it had come alone (the caller's own identity, ACLs and errors), heartbeats of one
         batch as one controller event, and streams the answers back as they are ready: a quick call (a
-        heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.
+        heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.  The first message
+        carries the calls; later ones name calls whose callers left (cancelled, or past their deadline): the
+        node cancels those calls, or never starts them, as it would a proxied call whose caller left.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +72,7 @@ class IntakeServiceServicer:
 
 def add_IntakeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'CallBatch': grpc.unary_stream_rpc_method_handler(
+            'CallBatch': grpc.stream_stream_rpc_method_handler(
                     servicer.CallBatch,
                     request_deserializer=kraft_dot_v1_dot_intake__pb2.CallBatchRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_intake__pb2.CallBatchResponse.SerializeToString,
@@ -92,7 +94,7 @@ class IntakeService:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def CallBatch(request,
+    def CallBatch(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -102,8 +104,8 @@ class IntakeService:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
+        return grpc.experimental.stream_stream(
+            request_iterator,
             target,
             '/kraft.v1.IntakeService/CallBatch',
             kraft_dot_v1_dot_intake__pb2.CallBatchRequest.SerializeToString,

@@ -35,11 +35,13 @@ class IntakeServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> IntakeServiceAsyncStub: ...
-    CallBatch: _grpc.UnaryStreamMultiCallable[_intake_pb2.CallBatchRequest, _intake_pb2.CallBatchResponse]
+    CallBatch: _grpc.StreamStreamMultiCallable[_intake_pb2.CallBatchRequest, _intake_pb2.CallBatchResponse]
     """The ControllerService calls one intake process took in one loop turn, as one message.  The node runs
     each call as if it had come alone (the caller's own identity, ACLs and errors), heartbeats of one
     batch as one controller event, and streams the answers back as they are ready: a quick call (a
-    heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.
+    heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.  The first message
+    carries the calls; later ones name calls whose callers left (cancelled, or past their deadline): the
+    node cancels those calls, or never starts them, as it would a proxied call whose caller left.
     """
     ReportCounters: _grpc.UnaryUnaryMultiCallable[_intake_pb2.IntakeCounters, _intake_pb2.IntakeCountersAck]
     """An intake process's cumulative counters, sent periodically and at its stop; the node exports them as
@@ -49,11 +51,13 @@ class IntakeServiceStub:
 @_typing.type_check_only
 class IntakeServiceAsyncStub(IntakeServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
-    CallBatch: _aio.UnaryStreamMultiCallable[_intake_pb2.CallBatchRequest, _intake_pb2.CallBatchResponse]  # type: ignore[assignment]
+    CallBatch: _aio.StreamStreamMultiCallable[_intake_pb2.CallBatchRequest, _intake_pb2.CallBatchResponse]  # type: ignore[assignment]
     """The ControllerService calls one intake process took in one loop turn, as one message.  The node runs
     each call as if it had come alone (the caller's own identity, ACLs and errors), heartbeats of one
     batch as one controller event, and streams the answers back as they are ready: a quick call (a
-    heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.
+    heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.  The first message
+    carries the calls; later ones name calls whose callers left (cancelled, or past their deadline): the
+    node cancels those calls, or never starts them, as it would a proxied call whose caller left.
     """
     ReportCounters: _aio.UnaryUnaryMultiCallable[_intake_pb2.IntakeCounters, _intake_pb2.IntakeCountersAck]  # type: ignore[assignment]
     """An intake process's cumulative counters, sent periodically and at its stop; the node exports them as
@@ -64,13 +68,15 @@ class IntakeServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def CallBatch(
         self,
-        request: _intake_pb2.CallBatchRequest,
+        request_iterator: _MaybeAsyncIterator[_intake_pb2.CallBatchRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_intake_pb2.CallBatchResponse], _abc.AsyncIterator[_intake_pb2.CallBatchResponse]]:
         """The ControllerService calls one intake process took in one loop turn, as one message.  The node runs
         each call as if it had come alone (the caller's own identity, ACLs and errors), heartbeats of one
         batch as one controller event, and streams the answers back as they are ready: a quick call (a
-        heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.
+        heartbeat) never waits for a slow one (a big CreateTopics) of the same batch.  The first message
+        carries the calls; later ones name calls whose callers left (cancelled, or past their deadline): the
+        node cancels those calls, or never starts them, as it would a proxied call whose caller left.
         """
 
     @_abc_1.abstractmethod

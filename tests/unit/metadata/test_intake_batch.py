@@ -8,7 +8,7 @@ does not come over the unix socket — and the counters an intake process report
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ from kraft.node.intake_process import (
     REPORT_COUNTERS_METHOD,
     BatchedCallFailed,
     ControllerCallBatcher,
+    Upstream,
+    call_batch_opener,
 )
 from kraft.observability.metrics import render_metrics
 from kraft.security.authorizer import AuthorizerSettings
@@ -59,36 +61,55 @@ UNIX_PEER = "unix:/data/intake/node.sock"
 # --- the intake process's side: ControllerCallBatcher against a fake node ---
 
 
-class FakeNode:
-    """An ``OpenBatch`` whose answers the test streams: ``answer(batch, index, ...)`` sends one result."""
+class FakeBatchCall:
+    """One batch sent to the :class:`FakeNode`: the answers the test streams, the callers named as left."""
 
-    def __init__(self) -> None:
-        self.batches: list[intake_pb2.CallBatchRequest] = []
-        self._queues: list[asyncio.Queue[intake_pb2.CallBatchResponse | Exception | None]] = []
+    def __init__(self, request: intake_pb2.CallBatchRequest) -> None:
+        self.request = request
+        self.queue: asyncio.Queue[intake_pb2.CallBatchResponse | Exception | None] = asyncio.Queue()
+        self.left: list[int] = []
+        self.cancelled = False
 
-    async def open(
-        self, request: intake_pb2.CallBatchRequest, deadline_s: float | None
-    ) -> AsyncIterator[intake_pb2.CallBatchResponse]:
-        queue: asyncio.Queue[intake_pb2.CallBatchResponse | Exception | None] = asyncio.Queue()
-        self.batches.append(request)
-        self._queues.append(queue)
+    async def responses(self) -> AsyncIterator[intake_pb2.CallBatchResponse]:
         while True:
-            item = await queue.get()
+            item = await self.queue.get()
             if item is None:
                 return
             if isinstance(item, Exception):
                 raise item
             yield item
 
+    async def leave(self, indices: Sequence[int]) -> None:
+        self.left.extend(indices)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.queue.put_nowait(BatchedCallFailed(grpc.StatusCode.CANCELLED, "cancelled by the intake process"))
+
+
+class FakeNode:
+    """An ``OpenBatch`` whose answers the test streams: ``answer(batch, index, ...)`` sends one result."""
+
+    def __init__(self) -> None:
+        self.calls: list[FakeBatchCall] = []
+
+    @property
+    def batches(self) -> list[intake_pb2.CallBatchRequest]:
+        return [call.request for call in self.calls]
+
+    def open(self, request: intake_pb2.CallBatchRequest, deadline_s: float | None) -> FakeBatchCall:
+        self.calls.append(FakeBatchCall(request))
+        return self.calls[-1]
+
     def answer(self, batch: int, *results: intake_pb2.CallResult) -> None:
-        self._queues[batch].put_nowait(intake_pb2.CallBatchResponse(results=list(results)))
+        self.calls[batch].queue.put_nowait(intake_pb2.CallBatchResponse(results=list(results)))
 
     def end(self, batch: int, error: Exception | None = None) -> None:
-        self._queues[batch].put_nowait(error)
+        self.calls[batch].queue.put_nowait(error)
 
     async def wait_batches(self, count: int) -> None:
         async with asyncio.timeout(TIMEOUT_S):
-            while len(self.batches) < count:  # noqa: ASYNC110 (a bounded spin over loop turns)
+            while len(self.calls) < count:  # noqa: ASYNC110 (a bounded spin over loop turns)
                 await asyncio.sleep(0)
 
 
@@ -163,6 +184,48 @@ async def test_a_failed_batch_fails_only_its_unanswered_callers_and_batches_resp
     assert await asyncio.wait_for(callers[2], TIMEOUT_S) == b"third"
 
 
+async def test_a_caller_that_leaves_before_its_batch_goes_is_not_sent() -> None:
+    node = FakeNode()
+    batcher = _calls(node)
+    gone = asyncio.create_task(batcher.call(CREATE_METHOD, b"gone", [], None))
+    kept = asyncio.create_task(batcher.call(CREATE_METHOD, b"kept", [], None))
+    await asyncio.sleep(0)  # both queued for the end of this turn's batch, which is not cut yet
+    assert node.calls == []
+    gone.cancel()
+    await node.wait_batches(1)
+    assert [c.request for c in node.batches[0].calls] == [b"kept"]
+    node.answer(0, _ok(0, b"made"))
+    node.end(0)
+    assert await asyncio.wait_for(kept, TIMEOUT_S) == b"made"
+    assert gone.cancelled()
+    assert node.calls[0].left == [] and not node.calls[0].cancelled
+
+
+async def test_a_caller_that_leaves_a_batch_in_flight_is_named_to_the_node_and_the_last_ends_it() -> None:
+    node = FakeNode()
+    batcher = _calls(node)
+    callers = [asyncio.create_task(batcher.call(CREATE_METHOD, b"%d" % i, [], 5.0)) for i in range(3)]
+    await node.wait_batches(1)
+    sent = node.calls[0]
+    node.answer(0, _ok(0, b"zero"))
+    assert await asyncio.wait_for(callers[0], TIMEOUT_S) == b"zero"
+    callers[2].cancel()  # its caller left (cancelled, or its deadline passed: gRPC cancels the handler)
+    async with asyncio.timeout(TIMEOUT_S):
+        while sent.left != [2]:  # noqa: ASYNC110 (a bounded spin over loop turns)
+            await asyncio.sleep(0)
+    assert not sent.cancelled  # caller 1 still waits for its answer
+    callers[1].cancel()  # the last caller waiting: the whole CallBatch ends
+    async with asyncio.timeout(TIMEOUT_S):
+        while not sent.cancelled:  # noqa: ASYNC110 (a bounded spin over loop turns)
+            await asyncio.sleep(0)
+    assert sent.left == [2]  # ending the call cancels caller 1's call on the node: no message for it
+    results = await asyncio.gather(*callers, return_exceptions=True)
+    assert results[0] == b"zero"
+    assert all(isinstance(r, asyncio.CancelledError) for r in results[1:])
+    await asyncio.sleep(0)
+    assert batcher._rounds == set()  # the batch's task ended with the call
+
+
 # --- the node's side: CallBatchServicer on a real controller ---
 
 BROKER_101 = {"transport_security_type": [b"ssl"], "x509_subject": [b"CN=broker-101,O=kraft"]}
@@ -208,6 +271,12 @@ class BatchContext:
 
     def results(self) -> dict[int, intake_pb2.CallResult]:
         return {r.index: r for message in self.written for r in message.results}
+
+
+async def _stream(*messages: intake_pb2.CallBatchRequest) -> AsyncIterator[intake_pb2.CallBatchRequest]:
+    """A CallBatch's messages as the node reads them (the batch, then any ``left`` messages)."""
+    for message in messages:
+        yield message
 
 
 def _as(auth: dict[str, list[bytes]], peer: str = "ipv4:10.1.1.1:5000") -> list[intake_pb2.ForwardedHeader]:
@@ -273,7 +342,7 @@ async def test_each_batched_call_is_answered_as_it_would_be_alone_and_heartbeats
                 _call("/kraft.v1.ControllerService/NoSuchMethod", b"", ADMIN),  # 6
             ]
         )
-        await asyncio.wait_for(batches.CallBatch(request, context), TIMEOUT_S)  # type: ignore[arg-type]
+        await asyncio.wait_for(batches.CallBatch(_stream(request), context), TIMEOUT_S)  # type: ignore[arg-type]
         results = context.results()
         assert sorted(results) == list(range(7))
         ok = grpc.StatusCode.OK.value[0]
@@ -301,7 +370,7 @@ async def test_each_batched_call_is_answered_as_it_would_be_alone_and_heartbeats
                 for b in (101, 102)
             ]
         )
-        await asyncio.wait_for(batches.CallBatch(unchanged, again), TIMEOUT_S)  # type: ignore[arg-type]
+        await asyncio.wait_for(batches.CallBatch(_stream(unchanged), again), TIMEOUT_S)  # type: ignore[arg-type]
         answers = [cpb.BrokerHeartbeatResponse.FromString(r.response) for r in again.results().values()]
         assert [a.error_code for a in answers] == [ErrorCode.NONE] * 2 and not any(
             a.is_fenced for a in answers
@@ -324,7 +393,7 @@ async def test_acls_are_checked_per_caller_inside_one_batch(trusting_tls: None) 
                 _call(HEARTBEAT_METHOD, _beat(1, 0), STRANGER),  # not a node principal: identity refused
             ]
         )
-        await asyncio.wait_for(batches.CallBatch(request, context), TIMEOUT_S)  # type: ignore[arg-type]
+        await asyncio.wait_for(batches.CallBatch(_stream(request), context), TIMEOUT_S)  # type: ignore[arg-type]
         results = context.results()
         assert results[0].status_code == 0
         assert cpb.CreateTopicsResponse.FromString(results[0].response).topics[0].error_code == 0
@@ -344,7 +413,7 @@ async def test_without_a_controller_every_heartbeat_answers_not_controller(trust
     request = intake_pb2.CallBatchRequest(
         calls=[_call(HEARTBEAT_METHOD, _beat(101, 5), BROKER_101) for _ in range(3)]
     )
-    await asyncio.wait_for(batches.CallBatch(request, context), TIMEOUT_S)  # type: ignore[arg-type]
+    await asyncio.wait_for(batches.CallBatch(_stream(request), context), TIMEOUT_S)  # type: ignore[arg-type]
     answers = [cpb.BrokerHeartbeatResponse.FromString(r.response) for r in context.results().values()]
     assert [a.error_code for a in answers] == [ErrorCode.NOT_CONTROLLER] * 3
 
@@ -364,13 +433,13 @@ async def test_the_intake_service_refuses_calls_from_the_network_port_and_serves
     counters = intake_pb2.IntakeCounters(index=0, append_batches=3, append_calls=10, proxied_calls=4)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as network:
-            batch = network.unary_stream(
+            batch = network.stream_stream(
                 CALL_BATCH_METHOD,
                 intake_pb2.CallBatchRequest.SerializeToString,
                 intake_pb2.CallBatchResponse.FromString,
             )
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                async for _ in batch(forged, timeout=TIMEOUT_S):
+                async for _ in batch(iter([forged]), timeout=TIMEOUT_S):
                     pass
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
             report = network.unary_unary(
@@ -382,12 +451,14 @@ async def test_the_intake_service_refuses_calls_from_the_network_port_and_serves
                 await report(counters, timeout=TIMEOUT_S)
             assert refused_report.value.code() == grpc.StatusCode.PERMISSION_DENIED
         async with grpc.aio.insecure_channel(f"unix:{socket}") as local:
-            batch = local.unary_stream(
+            batch = local.stream_stream(
                 CALL_BATCH_METHOD,
                 intake_pb2.CallBatchRequest.SerializeToString,
                 intake_pb2.CallBatchResponse.FromString,
             )
-            answers = [r async for message in batch(forged, timeout=TIMEOUT_S) for r in message.results]
+            answers = [
+                r async for message in batch(iter([forged]), timeout=TIMEOUT_S) for r in message.results
+            ]
             assert [a.status_code for a in answers] == [0]
             report = local.unary_unary(
                 REPORT_COUNTERS_METHOD,
@@ -434,4 +505,77 @@ async def test_a_heartbeat_of_a_batch_is_not_held_for_another_heartbeats_later_c
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(anext(answers), TIMEOUT_S)
     finally:
+        await controller.stop()
+
+
+async def test_a_call_whose_caller_left_is_cancelled_on_the_node_and_the_others_are_answered(
+    trusting_tls: None,
+) -> None:
+    controller, servicer = await _controller(None)
+    try:
+        batches = CallBatchServicer(servicer, lambda: controller, node="batch-test-5")
+        context = BatchContext()
+        request = intake_pb2.CallBatchRequest(
+            calls=[_call(CREATE_METHOD, _create("gone"), ADMIN), _call(CREATE_METHOD, _create("kept"), ADMIN)]
+        )
+        # the caller of call 0 left as the batch arrived: its CreateTopics is still queued (not run)
+        left = intake_pb2.CallBatchRequest(left=[0])
+        await asyncio.wait_for(batches.CallBatch(_stream(request, left), context), TIMEOUT_S)  # type: ignore[arg-type]
+        results = context.results()
+        assert results[0].status_code == grpc.StatusCode.CANCELLED.value[0]
+        assert results[0].details == "the caller left"
+        assert results[1].status_code == grpc.StatusCode.OK.value[0]
+        assert cpb.CreateTopicsResponse.FromString(results[1].response).topics[0].error_code == ErrorCode.NONE
+        assert sum(len(m.results) for m in context.written) == 2  # one answer per call
+        committed = controller.committed
+        assert committed.topic("kept") is not None
+        assert committed.topic("gone") is None, "a call whose caller left before it ran must never run"
+        assert 'kraft_intake_cancelled_calls_total{node="batch-test-5"} 1.0' in render_metrics()
+    finally:
+        await controller.stop()
+
+
+async def test_over_the_unix_socket_a_caller_leaving_cancels_its_call_on_the_node(
+    trusting_tls: None, tmp_path: Path
+) -> None:
+    """The intake process's batcher and the node's service over a real unix socket: a caller that
+    leaves while its CreateTopics waits for its commit gets its call cancelled on the node; the other
+    caller of the same batch is answered once the commit comes."""
+    raft = FakeRaft(1)
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=60_000)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, clock=ManualClock())
+    await controller.start()
+    server = grpc.aio.server()
+    upstream: Upstream | None = None
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await activate_broker(controller, 1)
+        batches = CallBatchServicer(ControllerServicer(controller), lambda: controller, node="batch-test-6")
+        add_intake_service(server, batches)
+        socket = tmp_path / "node.sock"
+        assert server.add_insecure_port(f"unix:{socket}") != 0
+        await server.start()
+        upstream = Upstream(str(socket), 4 << 20, channels=1)
+        batcher = ControllerCallBatcher(call_batch_opener(upstream), max_calls=100, max_bytes=1 << 20)
+        raft.hold_commits = True  # both CreateTopics wait for their commit
+        who = [(INTAKE_PEER_KEY, "ipv4:10.1.1.1:5000"), (INTAKE_AUTH_KEY, encode_auth(ADMIN))]
+        gone = asyncio.create_task(
+            batcher.call(CREATE_METHOD, _create("gone").SerializeToString(), who, 30.0)
+        )
+        kept = asyncio.create_task(
+            batcher.call(CREATE_METHOD, _create("kept").SerializeToString(), who, 30.0)
+        )
+        await until(lambda: batches.counters._metrics.received_calls._value.get() >= 2, TIMEOUT_S)
+        gone.cancel()
+        cancelled = batches.counters._metrics.cancelled_calls
+        await until(lambda: cancelled._value.get() == 1, TIMEOUT_S)
+        raft.release()
+        answer = cpb.CreateTopicsResponse.FromString(await asyncio.wait_for(kept, TIMEOUT_S))
+        assert answer.topics[0].error_code == ErrorCode.NONE
+        assert gone.cancelled()
+    finally:
+        if upstream is not None:
+            await upstream.close()
+        await server.stop(None)
         await controller.stop()
