@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.raft_etcd import etcd_available
 from kraft.procutil import reap_children_on_exit, spawn_child
 
 SUMMARY_NAME = "summary.json"
@@ -394,7 +395,8 @@ def _tail(path: Path, chars: int = 2000) -> str:
 def _run_step(step: Step, command: list[str], timeout_s: float, log_path: Path) -> tuple[str, int | None]:
     """Run one benchmark in its own process group; on a timeout SIGTERM (the benchmark reaps its own
     children and exits), then SIGKILL of the whole group after TERM_GRACE_S."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the device has no network: a missing etcd is reported (bench.raft's etcd_note), never apt-get'ed
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "KRAFT_BENCH_ETCD_INSTALL": "0"}
     with log_path.open("wb") as log:
         process = spawn_child(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
@@ -442,6 +444,7 @@ def run_suite(
         "budget_s": budget_s,
         "machine": {"cpus": cpus, "python": platform.python_version(), "platform": platform.platform()},
         "heartbeat_p99_target_ms": heartbeat_p99_limit_ms(cpus),
+        "etcd_available": etcd_available(),
         "plan_worst_case": plan(steps, budget_s, smoke),
     }
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ hand below, and the response is only checked for arriving (gRPC status OK).  The
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -29,10 +30,12 @@ def etcd_available() -> bool:
 
 
 def ensure_etcd_installed(timeout_s: float = 300.0) -> bool:
-    """Install Debian's ``etcd-server``/``etcd-client`` when missing (needs root); False if impossible."""
+    """Install Debian's ``etcd-server``/``etcd-client`` when missing (needs root); False if impossible.
+    ``KRAFT_BENCH_ETCD_INSTALL=0``: never try (a machine without network, where apt-get could only wait
+    for its timeout; bench.device_suite sets it)."""
     if etcd_available():
         return True
-    if shutil.which("apt-get") is None:
+    if shutil.which("apt-get") is None or os.environ.get("KRAFT_BENCH_ETCD_INSTALL") == "0":
         return False
     env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     try:

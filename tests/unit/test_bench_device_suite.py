@@ -171,15 +171,15 @@ def test_the_summary_counts_only_rows_with_a_target() -> None:
 
 
 _FAKE_BENCH = """
-import json, sys, time
+import json, os, sys, time
 args = sys.argv[1:]
 out = args[args.index("--out") + 1]
 if "--hang" in args:
     time.sleep(60)
 if "--fail" in args:
     sys.exit(3)
-json.dump({"systems": {"floor": [{"writes_per_s": 100}], "kraft_unary": [{"writes_per_s": 95}]}},
-          open(out, "w"))
+json.dump({"systems": {"floor": [{"writes_per_s": 100}], "kraft_unary": [{"writes_per_s": 95}]},
+           "etcd_install": os.environ.get("KRAFT_BENCH_ETCD_INSTALL")}, open(out, "w"))
 print("fake bench done")
 """
 
@@ -212,3 +212,5 @@ def test_a_run_writes_the_summary_after_every_step_and_stops_an_overrunning_one(
         True,
     )
     assert sys.executable in on_disk["steps"][0]["command"]
+    # no network on the device: a step never tries to apt-get etcd (it waits out apt's timeout there)
+    assert json.loads((out / "raft_cpu_intake0.json").read_text())["etcd_install"] == "0"
