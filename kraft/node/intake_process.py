@@ -632,10 +632,13 @@ class _GrpcBatchCall:
     def __init__(self, call: Any, request: intake_pb2.CallBatchRequest) -> None:
         self._call = call
         self._request = request
+        # grpc.aio allows one write at a time: the calls, then each caller that left, in that order
+        self._writing = asyncio.Lock()
 
     async def responses(self) -> AsyncIterator[intake_pb2.CallBatchResponse]:
         try:
-            await self._call.write(self._request)
+            async with self._writing:
+                await self._call.write(self._request)
             async for response in self._call:
                 yield response
         except grpc.aio.AioRpcError as error:
@@ -645,8 +648,9 @@ class _GrpcBatchCall:
 
     async def leave(self, indices: Sequence[int]) -> None:
         # the batch may have ended meanwhile: then nothing of it is left to cancel
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
-            await self._call.write(intake_pb2.CallBatchRequest(left=indices))
+        async with self._writing:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+                await self._call.write(intake_pb2.CallBatchRequest(left=indices))
 
     def cancel(self) -> None:
         self._call.cancel()
