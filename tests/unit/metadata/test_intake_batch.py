@@ -560,20 +560,22 @@ async def test_over_the_unix_socket_a_caller_leaving_cancels_its_call_on_the_nod
         batcher = ControllerCallBatcher(call_batch_opener(upstream), max_calls=100, max_bytes=1 << 20)
         raft.hold_commits = True  # both CreateTopics wait for their commit
         who = [(INTAKE_PEER_KEY, "ipv4:10.1.1.1:5000"), (INTAKE_AUTH_KEY, encode_auth(ADMIN))]
-        gone = asyncio.create_task(
-            batcher.call(CREATE_METHOD, _create("gone").SerializeToString(), who, 30.0)
-        )
-        kept = asyncio.create_task(
-            batcher.call(CREATE_METHOD, _create("kept").SerializeToString(), who, 30.0)
-        )
-        await until(lambda: batches.counters._metrics.received_calls._value.get() >= 2, TIMEOUT_S)
-        gone.cancel()
+
+        def create(name: str) -> asyncio.Task[bytes]:
+            raw = _create(name).SerializeToString()
+            return asyncio.create_task(batcher.call(CREATE_METHOD, raw, who, 30.0))
+
+        gone = [create("gone-1"), create("gone-2")]
+        kept = create("kept")
+        await until(lambda: batches.counters._metrics.received_calls._value.get() >= 3, TIMEOUT_S)
+        for caller in gone:  # two callers leave in the same turn: two messages on the call, one at a time
+            caller.cancel()
         cancelled = batches.counters._metrics.cancelled_calls
-        await until(lambda: cancelled._value.get() == 1, TIMEOUT_S)
+        await until(lambda: cancelled._value.get() == 2, TIMEOUT_S)
         raft.release()
         answer = cpb.CreateTopicsResponse.FromString(await asyncio.wait_for(kept, TIMEOUT_S))
         assert answer.topics[0].error_code == ErrorCode.NONE
-        assert gone.cancelled()
+        assert all(caller.cancelled() for caller in gone)
     finally:
         if upstream is not None:
             await upstream.close()
