@@ -22,7 +22,7 @@ from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode
 from kraft.node.intake import AppendBridge, HopInterceptor, IntakeLoop
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError, RaftShutdownError
-from kraft.raft.driver import RaftDriver
+from kraft.raft.driver import PullSource, RaftDriver
 from kraft.raft.grpc_test_service import APPEND_METHODS
 from kraft.raft.memory import MemoryLogStore
 from kraft.storage.batch import iter_batches
@@ -45,6 +45,10 @@ class FakeDriver:
         self.calls: list[tuple[list[bytes], int]] = []  # (records, thread) per append_callback
         self.waiting: list[tuple[int, Commit]] = []
         self.refuse: BaseException | None = None
+        self.sources: list[PullSource] = []  # registered by the bridges (pull_during_flush)
+
+    def pull_during_flush(self, source: PullSource) -> None:
+        self.sources.append(source)
 
     @property
     def leader_and_epoch(self) -> LeaderAndEpoch:
