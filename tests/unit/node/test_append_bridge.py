@@ -312,6 +312,9 @@ async def test_the_config_switch_picks_the_bridge_or_the_hop(tmp_path: Path, on_
     raft = node._raft
     assert isinstance(raft, RaftDriver)
     append_callback, append = raft.append_callback, raft.append
+    # Both bridges hold their hand-offs during the leader's fsync (the Fetch bridge: fetch.on.intake)
+    pulled = sorted(type(source).__name__ for source in raft._pull_sources)
+    assert pulled == (["AppendBridge", "DriverBridge"] if on_intake else ["DriverBridge"])
 
     def counting_callback(records: Sequence[bytes], on_commit: Commit) -> int:
         calls.append("append_callback")
