@@ -19,7 +19,9 @@ Task ownership (who touches what):
   fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
 - the log's fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
   hand-offs than the default executor), snapshot/quorum-state writes in worker threads
-  (``asyncio.to_thread``); the driver task awaits both, so the event loop never blocks on disk.
+  (``asyncio.to_thread``); the driver task awaits both, so the event loop never blocks on disk.  While a
+  leader's fsync runs, the request plane's bridges (:class:`PullSource`) hold what they are handed and
+  the driver takes it when the fsync returns: no main-loop wake-up per hand-off meanwhile.
 """
 
 from __future__ import annotations
