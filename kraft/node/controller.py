@@ -428,6 +428,8 @@ class ControllerNode:
         # can be switched off (controller.raft.fetch.on.intake) for A/B runs: Fetch then hops like the rest.
         fetch_on_intake = cfg.controller_request_intake_thread and cfg.controller_raft_fetch_on_intake
         bridge = DriverBridge(main_loop, self._raft.submit_request) if fetch_on_intake else None
+        if bridge is not None:  # Fetches that arrive during the leader's fsync wait for it, unposted
+            self._raft.pull_during_flush(bridge)
         raft_servicer = RaftServicer(
             self._raft,
             cluster_id=self._meta.cluster_id,

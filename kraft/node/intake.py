@@ -47,6 +47,8 @@ from kraft.runtime import check_choices
 T = TypeVar("T")
 
 if TYPE_CHECKING:
+    from kraft.raft.driver import PullSource  # annotations only: the intake process imports no driver
+
     _ServerInterceptor = grpc.aio.ServerInterceptor[Any, Any]  # generic in the stubs only
 else:
     _ServerInterceptor = grpc.aio.ServerInterceptor
@@ -96,6 +98,9 @@ class DriverSubmit(Protocol):
     ) -> None: ...
 
 
+ReplyCallback = Callable[[RaftResponse | None, BaseException | None], None]
+
+
 def _settle(
     future: asyncio.Future[RaftResponse], response: RaftResponse | None, error: BaseException | None
 ) -> None:
@@ -110,11 +115,21 @@ def _settle(
 
 class DriverBridge:
     """A :class:`~kraft.raft.transport.RequestHandler` for servicer code running on the intake loop: the
-    request is handed to the driver on ``main`` and the answer posted back by the driver itself."""
+    request is handed to the driver on ``main`` and the answer posted back by the driver itself.
+
+    Registered with the driver (:meth:`~kraft.raft.driver.RaftDriver.pull_during_flush`), it is a
+    :class:`~kraft.raft.driver.PullSource`: the followers' Fetches that arrive while the leader's fsync
+    runs wait here and are submitted when it returns, without a main-loop wake-up each — the driver would
+    take them only then anyway ("Fewer wake-ups per batch (session 12)")."""
 
     def __init__(self, main: asyncio.AbstractEventLoop, submit: DriverSubmit) -> None:
         self._main = main
         self._submit = submit
+        # The intake thread queues under the lock while held; the main thread takes the queue on release.
+        self._lock = threading.Lock()
+        self._held = False
+        self._queued: list[tuple[RaftRequest, int | None, ReplyCallback]] = []
+        self.pulled = 0  # requests taken at a flush's end instead of posted (the tests read it)
 
     async def handle_request(self, request: RaftRequest, *, peer_id: int | None = None) -> RaftResponse:
         loop = asyncio.get_running_loop()
@@ -124,15 +139,29 @@ class DriverBridge:
             with contextlib.suppress(RuntimeError):  # the intake loop is closed: the server is gone
                 loop.call_soon_threadsafe(_settle, future, response, error)
 
-        self._main.call_soon_threadsafe(self._on_main, request, peer_id, reply)
+        with self._lock:
+            held = self._held
+            if held:
+                self._queued.append((request, peer_id, reply))
+        if not held:
+            self._main.call_soon_threadsafe(self._on_main, request, peer_id, reply)
         return await future
 
-    def _on_main(
-        self,
-        request: RaftRequest,
-        peer_id: int | None,
-        reply: Callable[[RaftResponse | None, BaseException | None], None],
-    ) -> None:
+    def hold(self) -> None:
+        """On main (the driver, a leader fsync starts): requests queue without waking the main loop."""
+        with self._lock:
+            self._held = True
+
+    def release(self) -> None:
+        """On main (the driver, the fsync returned): submit the queued requests, in arrival order."""
+        with self._lock:
+            self._held = False
+            queued, self._queued = self._queued, []
+        self.pulled += len(queued)
+        for request, peer_id, reply in queued:
+            self._on_main(request, peer_id, reply)
+
+    def _on_main(self, request: RaftRequest, peer_id: int | None, reply: ReplyCallback) -> None:
         try:
             self._submit(request, peer_id=peer_id, reply=reply)
         except Exception as exc:  # a driver bug must come back as an error, not leave the call hanging
@@ -150,6 +179,8 @@ class DriverAppend(Protocol):
         self, records: Sequence[bytes], on_commit: Callable[[int | None, BaseException | None], None]
     ) -> int: ...
 
+    def pull_during_flush(self, source: PullSource) -> None: ...
+
 
 _Queued = tuple[list[bytes], "asyncio.Future[tuple[int, LeaderAndEpoch]]"]
 
@@ -162,17 +193,28 @@ class AppendBridge:
     servicer context per call on the main loop (docs/internals/raft-performance.md, "The leader's cost
     per write and per record (session 11)").  Each caller still gets its own offsets, and only once its
     records are committed (acknowledged means durable).  Offsets are in arrival order: the records of one
-    hand-off are appended in the order their calls came."""
+    hand-off are appended in the order their calls came.
+
+    While the leader's fsync runs the bridge is a :class:`~kraft.raft.driver.PullSource`: appends wait
+    in the queue without waking the main loop, and the driver takes them all when the fsync returns
+    (:meth:`release`) — they could not be written earlier anyway, and under load each wake-up cost the
+    main thread a switch and a GIL hand-over ("Fewer wake-ups per batch (session 12)").  With no flush
+    in flight an append is handed off at the end of its intake loop turn, as before: a lone write is
+    written at once."""
 
     def __init__(self, main: asyncio.AbstractEventLoop, driver: DriverAppend) -> None:
         self._main = main
         self._driver = driver
-        # Shared by the intake thread (appends) and the main thread (hand-off): under the lock, so an
-        # append either lands in the batch the next hand-off takes or schedules a hand-off of its own.
+        # Shared by the intake thread (appends) and the main thread (hand-off, hold, release): under the
+        # lock, so an append either lands in the queue something will take — a hand-off already posted,
+        # or the release of a hold — or posts a hand-off of its own.
         self._lock = threading.Lock()
         self._queued: list[_Queued] = []
         self._handoff_scheduled = False
+        self._held = False  # the leader's fsync runs: the driver takes the queue when it returns
         self.handoffs = 0  # hand-offs that carried appends (the tests read it: calls share hand-offs)
+        self.pulled = 0  # of them, taken by the driver at a flush's end (pull) rather than posted
+        driver.pull_during_flush(self)
 
     async def append(self, values: list[bytes]) -> tuple[int, LeaderAndEpoch]:
         """Append ``values`` (at least one); returns (the last one's offset, the leader and epoch it was
@@ -180,7 +222,9 @@ class AppendBridge:
         future: asyncio.Future[tuple[int, LeaderAndEpoch]] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._queued.append((values, future))
-            schedule, self._handoff_scheduled = not self._handoff_scheduled, True
+            schedule = not self._handoff_scheduled and not self._held
+            if schedule:
+                self._handoff_scheduled = True
         if schedule:
             # Posted at the end of this intake loop turn, not now: the calls handled in the same turn join
             # this hand-off, and the main loop is woken once for all of them.
@@ -208,13 +252,29 @@ class AppendBridge:
         self._main.call_soon_threadsafe(read)
         return await future
 
+    def hold(self) -> None:
+        """On main (the driver, a leader fsync starts): appends queue without waking the main loop."""
+        with self._lock:
+            self._held = True
+
+    def release(self) -> None:
+        """On main (the driver, the fsync returned): every append queued meanwhile as one driver append."""
+        with self._lock:
+            self._held = False
+            queued, self._queued = self._queued, []
+        if queued:
+            self.pulled += 1
+            self._append(queued)
+
     def _handoff(self) -> None:
         """On main: every queued append as one driver append."""
         with self._lock:
             queued, self._queued = self._queued, []
             self._handoff_scheduled = False
-        if not queued:
-            return
+        if queued:
+            self._append(queued)
+
+    def _append(self, queued: list[_Queued]) -> None:
         self.handoffs += 1
         values = queued[0][0] if len(queued) == 1 else [value for each, _ in queued for value in each]
         try:

@@ -19,7 +19,9 @@ Task ownership (who touches what):
   fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
 - the log's fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
   hand-offs than the default executor), snapshot/quorum-state writes in worker threads
-  (``asyncio.to_thread``); the driver task awaits both, so the event loop never blocks on disk.
+  (``asyncio.to_thread``); the driver task awaits both, so the event loop never blocks on disk.  While a
+  leader's fsync runs, the request plane's bridges (:class:`PullSource`) hold what they are handed and
+  the driver takes it when the fsync returns: no main-loop wake-up per hand-off meanwhile.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from kraft.clock import Clock
 from kraft.errors import ErrorCode
@@ -336,6 +339,27 @@ CommitCallback = Callable[[int | None, BaseException | None], None]
 not block (:meth:`RaftDriver.append_callback`)."""
 
 
+class PullSource(Protocol):
+    """Work handed to the driver from another thread (:class:`kraft.node.intake.AppendBridge`,
+    :class:`kraft.node.intake.DriverBridge`) that the driver *pulls* while its leader fsync runs.
+
+    A hand-off wakes the driver's loop (a cross-thread post, a context switch and a GIL hand-over on the
+    main thread); while the leader awaits its fsync nothing it is handed can reach the core before the
+    fsync returns anyway (the driver task takes no event meanwhile), so the wake-up buys nothing.  Between
+    :meth:`hold` and :meth:`release` the source therefore keeps what arrives, and the driver takes it all
+    at once when the flush is done — in the loop turn the fsync's completion wakes anyway.  With no flush
+    in flight (an idle leader) the source hands off at once, so a lone write is still written at once
+    (group commit: ``LeaderRole.batch_due``).  Both are called on the driver's loop, must not block, and
+    :meth:`release` follows every :meth:`hold` (also when the flush fails or the driver stops: what was
+    held then meets a driver that refuses it, and its callers hear why)."""
+
+    def hold(self) -> None:
+        """A leader fsync starts: keep what arrives until :meth:`release` (idempotent)."""
+
+    def release(self) -> None:
+        """The fsync returned: hand everything held to the driver now, and hand off at once again."""
+
+
 class _CommitWaiter:
     """An :meth:`RaftDriver.append_callback` caller among the pending appends: settled like their futures,
     but by calling back at the moment the high watermark passes it (no future, no task to wake)."""
@@ -448,6 +472,7 @@ class RaftDriver:
         self._election_started_ms: int | None = None
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._sync = SyncWorker(f"raft-fsync-{config.node_id}")  # the log's fsyncs (_flush)
+        self._pull_sources: list[PullSource] = []  # held while a leader fsync runs (pull_during_flush)
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
         self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
@@ -703,6 +728,12 @@ class RaftDriver:
         offset = self.schedule_append(records)
         self._pending_appends.append((offset, _CommitWaiter(on_commit), self._clock.monotonic_ms()))
         return offset
+
+    def pull_during_flush(self, source: PullSource) -> None:
+        """Let ``source`` hold its hand-offs while this node's leader fsync runs and take them when it
+        returns (:class:`PullSource`).  Call on the driver's loop, before the source is used."""
+        if source not in self._pull_sources:
+            self._pull_sources.append(source)
 
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()
@@ -1022,9 +1053,20 @@ class RaftDriver:
     async def _flush(self) -> None:
         # Awaited by the driver task: nothing writes the log while the fsync runs (no truncation races
         # it), and the flush's own output is executed before the next event is fed to the core.
-        end = await self._sync.run(self._log.flush)
-        self._metrics.log_end_offset.set(end)
-        await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
+        # A leader's pull sources hold what arrives meanwhile (PullSource) and hand it over once the
+        # flush's output ran: released after it, not before, so appends that fill a batch are cut by the
+        # next output of _run (after the events that queued) — never inside this flush's output, which
+        # would chain fsyncs here without taking events.
+        sources = tuple(self._pull_sources) if self._core.is_leader else ()
+        try:
+            for source in sources:
+                source.hold()
+            end = await self._sync.run(self._log.flush)
+            self._metrics.log_end_offset.set(end)
+            await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
+        finally:
+            for source in sources:
+                source.release()
 
     def _wait_until(self, deadline_ms: int) -> None:
         self._observe_state()

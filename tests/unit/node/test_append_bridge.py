@@ -22,7 +22,7 @@ from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode
 from kraft.node.intake import AppendBridge, HopInterceptor, IntakeLoop
 from kraft.raft.api import LeaderAndEpoch, NotLeaderError, RaftShutdownError
-from kraft.raft.driver import RaftDriver
+from kraft.raft.driver import PullSource, RaftDriver
 from kraft.raft.grpc_test_service import APPEND_METHODS
 from kraft.raft.memory import MemoryLogStore
 from kraft.storage.batch import iter_batches
@@ -45,6 +45,10 @@ class FakeDriver:
         self.calls: list[tuple[list[bytes], int]] = []  # (records, thread) per append_callback
         self.waiting: list[tuple[int, Commit]] = []
         self.refuse: BaseException | None = None
+        self.sources: list[PullSource] = []  # registered by the bridges (pull_during_flush)
+
+    def pull_during_flush(self, source: PullSource) -> None:
+        self.sources.append(source)
 
     @property
     def leader_and_epoch(self) -> LeaderAndEpoch:
@@ -308,6 +312,9 @@ async def test_the_config_switch_picks_the_bridge_or_the_hop(tmp_path: Path, on_
     raft = node._raft
     assert isinstance(raft, RaftDriver)
     append_callback, append = raft.append_callback, raft.append
+    # Both bridges hold their hand-offs during the leader's fsync (the Fetch bridge: fetch.on.intake)
+    pulled = sorted(type(source).__name__ for source in raft._pull_sources)
+    assert pulled == (["AppendBridge", "DriverBridge"] if on_intake else ["DriverBridge"])
 
     def counting_callback(records: Sequence[bytes], on_commit: Commit) -> int:
         calls.append("append_callback")
