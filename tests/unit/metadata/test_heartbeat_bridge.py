@@ -95,20 +95,30 @@ Call = tuple[cpb.BrokerHeartbeatRequest | bytes, str]
 
 
 def _one_turn(intake: IntakeLoop, bridge: HeartbeatBridge, calls: list[Call]) -> asyncio.Future[list[Any]]:
-    """Start every call in ONE intake loop turn (through the gRPC handler, decoding included); the future
-    (on the caller's loop) gives each call's answer or exception, in call order."""
+    """Start every call on the intake loop (through the gRPC handler, decoding included) while the main
+    loop is held (this call blocks it until the decodable ones are queued), so all of them wait for the
+    same hand-off; the future (on the caller's loop) gives each call's answer or exception, in call order."""
     handler = heartbeat_handler(bridge).unary_unary
     assert handler is not None
+    decodable = sum(not isinstance(request, bytes) for request, _ in calls)
 
     async def serve(request: cpb.BrokerHeartbeatRequest | bytes, caller: str) -> Any:
         raw = request if isinstance(request, bytes) else request.SerializeToString()
         return await handler(raw, CallContext(caller))  # type: ignore[arg-type]
 
-    async def all_at_once() -> list[Any]:
+    async def start() -> asyncio.Future[list[Any]]:
         tasks = [asyncio.create_task(serve(request, caller)) for request, caller in calls]
-        return await asyncio.gather(*tasks, return_exceptions=True)
+        async with asyncio.timeout(TIMEOUT_S):
+            while len(bridge._queued) < decodable:  # noqa: ASYNC110 - each sleep lets one task queue
+                await asyncio.sleep(0)
+        return asyncio.gather(*tasks, return_exceptions=True)
 
-    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(all_at_once(), intake.loop))
+    gathered = asyncio.run_coroutine_threadsafe(start(), intake.loop).result(TIMEOUT_S)
+
+    async def answers() -> list[Any]:
+        return await gathered
+
+    return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(answers(), intake.loop))
 
 
 async def _controller(
@@ -152,26 +162,26 @@ async def test_calls_of_one_turn_are_one_handoff_and_one_event_each_answered_on_
                 intake,
                 bridge,
                 [
-                    (_beat(101, epochs[101]), "broker-101"),  # 0: fenced -> unfenced (appends)
-                    (_beat(102, epochs[102]), "broker-101"),  # 1: as another broker: refused alone
-                    (b"\xff\xff not a message", "broker-101"),  # 2: undecodable: refused alone
-                    (_beat(102, epochs[102] + 7), "broker-102"),  # 3: stale epoch: its own error code
+                    (_beat(102, epochs[102] + 7), "broker-102"),  # 0: stale epoch: its own error code
+                    (_beat(101, epochs[101]), "broker-101"),  # 1: fenced -> unfenced (appends)
+                    (_beat(102, epochs[102]), "broker-101"),  # 2: as another broker: refused alone
+                    (b"\xff\xff not a message", "broker-101"),  # 3: undecodable: refused alone
                     (_beat(102, epochs[102]), "broker-102"),  # 4: fenced -> unfenced
                 ],
             ),
             TIMEOUT_S,
         )
         assert isinstance(answers[0], cpb.BrokerHeartbeatResponse)
-        assert answers[0].error_code == ErrorCode.NONE and not answers[0].is_fenced
-        assert isinstance(answers[1], Aborted) and answers[1].code == grpc.StatusCode.PERMISSION_DENIED
-        assert answers[1].details.startswith("CLUSTER_AUTHORIZATION_FAILED: User:CN=broker-101,O=kraft")
-        assert isinstance(answers[2], Aborted) and answers[2].code == grpc.StatusCode.INVALID_ARGUMENT
-        assert isinstance(answers[3], cpb.BrokerHeartbeatResponse)
-        assert answers[3].error_code == ErrorCode.STALE_BROKER_EPOCH
+        assert answers[0].error_code == ErrorCode.STALE_BROKER_EPOCH
+        assert isinstance(answers[1], cpb.BrokerHeartbeatResponse)
+        assert answers[1].error_code == ErrorCode.NONE and not answers[1].is_fenced
+        assert isinstance(answers[2], Aborted) and answers[2].code == grpc.StatusCode.PERMISSION_DENIED
+        assert answers[2].details.startswith("CLUSTER_AUTHORIZATION_FAILED: User:CN=broker-101,O=kraft")
+        assert isinstance(answers[3], Aborted) and answers[3].code == grpc.StatusCode.INVALID_ARGUMENT
         assert isinstance(answers[4], cpb.BrokerHeartbeatResponse)
         assert answers[4].error_code == ErrorCode.NONE and not answers[4].is_fenced
         assert (bridge.handoffs, bridge.calls) == (1, 4), "the decoded calls crossed to the main loop once"
-        assert events == [3], "the admitted heartbeats (0, 3, 4) ran as one controller event"
+        assert events == [3], "the admitted heartbeats (0, 1, 4) ran as one controller event"
         image = controller.committed
         assert not image.brokers[101].fenced and not image.brokers[102].fenced
         # unchanged heartbeats: answered without records, again one hand-off
