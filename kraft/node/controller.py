@@ -101,9 +101,9 @@ from kraft.v1 import raft_pb2, raft_pb2_grpc
 T = TypeVar("T")
 
 ServiceInstaller = Callable[[grpc.aio.Server], None]
+"""Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
 IntakeHandlerFactory = Callable[[asyncio.AbstractEventLoop], "grpc.RpcMethodHandler[Any, Any]"]
 """Builds, from the node's main loop, a handler served on the intake loop (``add_intake_handler``)."""
-"""Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
 
 NodeHook = Callable[["ControllerNode"], Awaitable[None]]
 """Runs after the node started (``on_start``) or before it stops (``on_stop``)."""
