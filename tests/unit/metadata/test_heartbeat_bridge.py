@@ -260,27 +260,32 @@ async def test_without_a_controller_each_call_answers_not_controller(tls_identit
 async def test_a_heartbeat_is_answered_while_a_bulk_creation_is_still_being_written(
     tls_identities: None,
 ) -> None:
-    # 20,000 partitions in work units of 50 records: 400+ events of the creation, each after a commit
+    # 20,000 partitions in work units of 50 records: hundreds of events of the creation
     options = ControllerOptions(
         noop_interval_ms=0, session_timeout_ms=60_000, max_work_unit_records=50, max_broker_partitions=100_000
     )
-    _, controller, servicer = await _controller(options=options)
+    raft, controller, servicer = await _controller(options=options)
     intake = IntakeLoop(name="test-heartbeat-bridge-bulk")
     intake.start()
     try:
-        epoch = (await controller.register_broker(registration(101))).broker_epoch
+        epoch = await activate_broker(controller, 101)  # registered and unfenced, committed
         bridge = HeartbeatBridge(asyncio.get_running_loop(), lambda: servicer.guard, lambda: controller)
         topic = cpb.CreatableTopic(name="big", num_partitions=20_000, replication_factor=1)
         create = asyncio.create_task(
             controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]))
         )
         await until(lambda: controller.writes.next_offset > 200 or create.done(), TIMEOUT_S)
-        assert not create.done(), create.result()  # the creation is under way
+        # the creation is under way, and from now on none of its slices commits: it cannot end before
+        # release(), while a heartbeat that changes nothing waits only for its broker's own records
+        raft.hold_commits = True
+        assert not create.done(), create.result()
         answers = await asyncio.wait_for(
             _one_turn(intake, bridge, [(_beat(101, epoch), "broker-101")]), TIMEOUT_S
         )
         assert isinstance(answers[0], cpb.BrokerHeartbeatResponse) and answers[0].error_code == ErrorCode.NONE
-        assert not create.done(), "the heartbeat was answered between the creation's work units"
+        assert not answers[0].is_fenced
+        assert not create.done()
+        raft.release()
         created = await asyncio.wait_for(create, 60.0)
         assert created.topics[0].error_code == ErrorCode.NONE
     finally:
