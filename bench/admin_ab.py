@@ -16,6 +16,11 @@ The client code (this process) is the tree it is run from; only the controllers 
 ``flock /tmp/kraft-bench.lock``:
 ``python -m bench.admin_ab TREE_A TREE_B [--pairs N] [--seconds S] [--prefill S] [--brokers N] [--out PATH]``
 (``--brokers``: that many brokers registered and heartbeating every 2 s in each quorum, not just broker 1).
+``--set-a`` / ``--set-b KEY=VALUE`` add a controller config override to one side only: with the same tree
+twice, an A/B of a switch (``. . --set-a controller.broker.heartbeats.on.intake=false``).  Per window the
+leader's CPU and its main thread's wake-ups (voluntary context switches: each time its event loop slept
+and was woken) are also given per second of the window, which with a fixed heartbeat rate is the fleet's
+cost on the leader.
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def main_thread_switches(pid: int) -> int:
+    """Voluntary context switches of the main thread of ``pid``: each one a sleep of its event loop (in
+    epoll, or for the GIL) that something woke."""
+    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return 0
+
+
 def main_thread_cpu_seconds(pid: int) -> float:
     """utime + stime of the main thread of process ``pid`` (the event loop of the controller's logic and
     Raft driver; the rest is the gRPC intake thread, gRPC's own threads and the fsync workers)."""
@@ -77,9 +91,13 @@ async def _window(
     load = os.getloadavg()[0]
     before = {node_id: cpu_seconds(pid) for node_id, pid in pids.items()}
     main_before = {node_id: main_thread_cpu_seconds(pid) for node_id, pid in pids.items()}
+    switches_before = main_thread_switches(pids[leader]) if leader in pids else 0
     own_before = time.process_time()
+    wall_before = time.monotonic()
     result = await admin_ops(client, seconds, workers=1, prefix=prefix)
+    wall = time.monotonic() - wall_before
     own = time.process_time() - own_before
+    switches = (main_thread_switches(pids[leader]) - switches_before) if leader in pids else 0
     ops = max(1, result["ops"])
     cpu = {node_id: (cpu_seconds(pid) - before[node_id]) / ops * 1e6 for node_id, pid in pids.items()}
     main = {
@@ -92,9 +110,29 @@ async def _window(
         "ops": result["ops"],
         "leader_cpu_us": round(cpu.get(leader, 0.0)),
         "leader_main_thread_cpu_us": round(main.get(leader, 0.0)),
+        "leader_cpu_ms_per_s": round(cpu.get(leader, 0.0) * ops / 1e3 / wall, 1),
+        "leader_main_thread_cpu_ms_per_s": round(main.get(leader, 0.0) * ops / 1e3 / wall, 1),
+        "leader_main_thread_wakeups_per_s": round(switches / wall),
         "followers_cpu_us": round(sum(v for node_id, v in cpu.items() if node_id != leader)),
         "client_cpu_us": round(own / ops * 1e6),
         "load_1m": round(load, 2),
+    }
+
+
+async def _idle_window(quorum: ControllerQuorum, seconds: float) -> dict[str, Any]:
+    """The leader's CPU and main-thread wake-ups per second while no admin call runs: what the heartbeating
+    fleet (and Raft's idle traffic) costs it."""
+    leader = quorum.wait_for_leader(timeout_s=10).node_id
+    pid = quorum.nodes[leader].pid
+    assert pid is not None
+    cpu, main, switches = cpu_seconds(pid), main_thread_cpu_seconds(pid), main_thread_switches(pid)
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    wall = time.monotonic() - started
+    return {
+        "idle_leader_cpu_ms_per_s": round((cpu_seconds(pid) - cpu) * 1e3 / wall, 1),
+        "idle_leader_main_thread_cpu_ms_per_s": round((main_thread_cpu_seconds(pid) - main) * 1e3 / wall, 1),
+        "idle_leader_main_thread_wakeups_per_s": round((main_thread_switches(pid) - switches) / wall),
     }
 
 
@@ -105,6 +143,7 @@ async def _run(
     prefill_s: float,
     probe: CpuProbe,
     brokers: int = 1,
+    idle_s: float = 0.0,
 ) -> dict[str, Any]:
     clients: dict[str, AdminClient] = {}
     beats: dict[str, AdminClient] = {}
@@ -138,6 +177,8 @@ async def _run(
             for side in _SIDES if index % 2 == 0 else tuple(reversed(_SIDES)):
                 with probe.phase(f"{side}{index}"):
                     row = await _window(quorums[side], clients[side], seconds, f"w{index}")
+                if idle_s > 0:
+                    row.update(await _idle_window(quorums[side], idle_s))
                 rows[side].append(row)
                 print(f"pair {index} {side}: {row}", flush=True)
     finally:
@@ -156,9 +197,21 @@ async def _run(
                 "p99_ms",
                 "leader_cpu_us",
                 "leader_main_thread_cpu_us",
+                "leader_cpu_ms_per_s",
+                "leader_main_thread_cpu_ms_per_s",
+                "leader_main_thread_wakeups_per_s",
                 "followers_cpu_us",
                 "client_cpu_us",
                 "load_1m",
+                *(
+                    (
+                        "idle_leader_cpu_ms_per_s",
+                        "idle_leader_main_thread_cpu_ms_per_s",
+                        "idle_leader_main_thread_wakeups_per_s",
+                    )
+                    if idle_s > 0
+                    else ()
+                ),
             )
         }
         for side in _SIDES
@@ -176,6 +229,8 @@ def run(
     prefill_s: float,
     cpu_probe: bool = True,
     brokers: int = 1,
+    overrides: dict[str, dict[str, str]] | None = None,
+    idle_s: float = 0.0,
 ) -> dict[str, Any]:
     probe = CpuProbe()  # never started without cpu_probe: the windows are marked on it all the same
     with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ab-") as tmp:
@@ -184,11 +239,12 @@ def run(
             if cpu_probe:
                 probe.start()
             for side, tree in zip(_SIDES, (tree_a, tree_b), strict=True):
-                quorum = ControllerQuorum(Path(tmp) / side, overrides=dict(PROFILE), test_append=False)
+                side_overrides = {**PROFILE, **(overrides or {}).get(side, {})}
+                quorum = ControllerQuorum(Path(tmp) / side, overrides=side_overrides, test_append=False)
                 quorums[side] = quorum
                 with code_of(tree):
                     quorum.start()
-            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, probe, brokers))
+            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, probe, brokers, idle_s))
         finally:
             probe.stop()
             for quorum in quorums.values():
@@ -203,6 +259,7 @@ def run(
                 result["summary"][side]["speed_factor"] = round(statistics.median(factors), 3)
         result["cpu_probe"] = report
     result["trees"] = {"A": str(tree_a), "B": str(tree_b)}
+    result["overrides"] = overrides or {}
     return result
 
 
@@ -217,9 +274,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--brokers", type=int, default=1, help="registered, heartbeating brokers in each quorum (default 1)"
     )
+    for side in ("a", "b"):
+        parser.add_argument(
+            f"--set-{side}",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"a controller config override for quorum {side.upper()} only (repeatable)",
+        )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="after each window, S seconds without admin calls: the leader's CPU and main-thread wake-ups "
+        "per second then (idle_* keys; with --brokers N, the fleet's heartbeats' cost)",
+    )
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     parser.add_argument("--no-cpu-probe", action="store_true", help="no CPU-speed probe (bench.cpu_probe)")
     args = parser.parse_args(argv)
+    overrides: dict[str, dict[str, str]] = {}
+    for side, settings in (("A", args.set_a), ("B", args.set_b)):
+        for setting in settings:
+            key, sep, value = setting.partition("=")
+            if not sep or not key:
+                parser.error(f"--set-{side.lower()} wants KEY=VALUE, got {setting!r}")
+            overrides.setdefault(side, {})[key] = value
     started = time.time()
     result = run(
         args.tree_a.resolve(),
@@ -229,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         args.prefill,
         not args.no_cpu_probe,
         args.brokers,
+        overrides,
+        args.idle,
     )
     result["brokers"] = args.brokers
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))

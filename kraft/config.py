@@ -559,6 +559,15 @@ class NodeConfig(BaseModel):
     # false: they hop to the main loop one call at a time like every other handler.  For A/B measurements
     # (docs/internals/raft-performance.md, "The leader's cost per write and per record (session 11)").
     controller_raft_test_append_on_intake: Bool = _key("controller.raft.test.append.on.intake", default=True)
+    # With the intake thread and the metadata layer: BrokerHeartbeat is served on its loop and the calls that
+    # arrive while the previous hand-off waits reach the controller as one event
+    # (kraft.node.controller_bridge.HeartbeatBridge; each call checked and answered on its own); false: they
+    # hop to the main loop one call at a time like every other handler.  Off by default: no CreateTopics
+    # gain was measurable on the shared host (docs/internals/raft-performance.md, "CreateTopics with 1,000
+    # brokers (session 12)"); a switch for A/B measurements.
+    controller_broker_heartbeats_on_intake: Bool = _key(
+        "controller.broker.heartbeats.on.intake", default=False
+    )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

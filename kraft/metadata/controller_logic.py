@@ -76,6 +76,7 @@ from kraft.metadata.partition_reservations import (
 )
 from kraft.metadata.placement import (
     UsableBroker,
+    UsableBrokerOrder,
     place_ordered_range,
     placed_replica_counts,
     rack_alternated,
@@ -625,8 +626,8 @@ class ControllerLogic:
         self._rejoining: dict[int, _RejoinJob] = {}
         self._topic_jobs: dict[str, _TopicJob] = {}
         # partitions of topics planned but not written yet (the placement cursor of later plans)
-        # (brokers map of the image it was ordered for, usable brokers rack-alternated, racks)
-        self._placement_cache: tuple[Mapping[int, BrokerRegistration], list[UsableBroker], int] | None = None
+        # the usable brokers rack-alternated for the speculative image's broker map, kept broker by broker
+        self._placement = UsableBrokerOrder()
         self._planned_ahead = PlannedAhead()
         # ...and the same partitions for the limits of other requests (with their replicas per broker)
         self.reservations = PartitionReservations()
@@ -1999,13 +2000,9 @@ class ControllerLogic:
         brokers.  Ordering them is O(brokers log brokers) — ~1 ms at 1,000 brokers — and every
         CreateTopics placed its partitions from a fresh order; the brokers change rarely.  An image's
         broker map is never changed in place (a delta that changes a broker gives the next image a new
-        map), so that map object is the key; the cache holds it, so its id cannot be reused."""
-        brokers = self.image.brokers
-        cached = self._placement_cache
-        if cached is None or cached[0] is not brokers:
-            ordered = rack_alternated(self._usable_brokers())
-            cached = self._placement_cache = (brokers, ordered, rack_count(ordered))
-        return cached[1], cached[2]
+        map), so that map object is the key (held, so its id cannot be reused); a new map moves only the
+        brokers it changed (:class:`UsableBrokerOrder`)."""
+        return self._placement.of(self.image.brokers)
 
     def too_few_brokers(self, factor: int, usable: int) -> str:
         """Why ``factor`` replicas cannot be placed: which registered brokers are not usable right now."""

@@ -102,6 +102,8 @@ T = TypeVar("T")
 
 ServiceInstaller = Callable[[grpc.aio.Server], None]
 """Adds one servicer to the node's server, e.g. ``lambda s: add_XServicer_to_server(servicer, s)``."""
+IntakeHandlerFactory = Callable[[asyncio.AbstractEventLoop], "grpc.RpcMethodHandler[Any, Any]"]
+"""Builds, from the node's main loop, a handler served on the intake loop (``add_intake_handler``)."""
 
 NodeHook = Callable[["ControllerNode"], Awaitable[None]]
 """Runs after the node started (``on_start``) or before it stops (``on_stop``)."""
@@ -217,6 +219,7 @@ class ControllerNode:
         self.config = config
         self._log = get_logger("controller", node=config.node_id)
         self._installers: list[ServiceInstaller] = []
+        self._intake_handlers: dict[str, IntakeHandlerFactory] = {}
         self._start_hooks: list[NodeHook] = []
         self._stop_hooks: list[NodeHook] = []
         self._stop_requested = asyncio.Event()
@@ -249,6 +252,14 @@ class ControllerNode:
         if self._server is not None:
             raise RuntimeError("add_service must be called before start()")
         self._installers.append(installer)
+
+    def add_intake_handler(self, method: str, factory: IntakeHandlerFactory) -> None:
+        """Serve ``method`` (``/kraft.v1.ControllerService/BrokerHeartbeat``) on the intake thread's loop with
+        the handler ``factory(main_loop)`` builds, instead of hopping to the main loop with the installed
+        service's (``HopInterceptor(replace=...)``).  Without the intake thread it is not used."""
+        if self._server is not None:
+            raise RuntimeError("add_intake_handler must be called before start()")
+        self._intake_handlers[method] = factory
 
     def on_start(self, hook: NodeHook) -> None:
         """Run ``hook(node)`` once the server and Raft run (``node.raft`` is available then)."""
@@ -500,7 +511,8 @@ class ControllerNode:
         if cfg.controller_request_intake_thread:
             intake = self._intake = IntakeLoop()
             intake.start()
-            hop = HopInterceptor(main_loop, intake.loop, native=native_methods)
+            replaced = {method: factory(main_loop) for method, factory in self._intake_handlers.items()}
+            hop = HopInterceptor(main_loop, intake.loop, native=native_methods, replace=replaced)
 
             async def start_on_intake() -> grpc.aio.Server:
                 server = build([hop])

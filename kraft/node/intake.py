@@ -34,7 +34,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import grpc
@@ -434,12 +434,16 @@ class HopInterceptor(_ServerInterceptor):
         intake: asyncio.AbstractEventLoop,
         *,
         native: frozenset[str] = frozenset(),
+        replace: Mapping[str, grpc.RpcMethodHandler[Any, Any]] | None = None,
     ) -> None:
         """``native``: full method names (``/kraft.v1.RaftService/FetchStream``) whose handlers run on the
-        intake loop as they are — they must touch no main-loop state but through a :class:`DriverBridge`."""
+        intake loop as they are — they must touch no main-loop state but through a :class:`DriverBridge`.
+        ``replace``: full method name -> a handler served on the intake loop instead of the server's (same
+        rule; ``BrokerHeartbeat`` through :class:`kraft.node.controller_bridge.HeartbeatBridge`)."""
         self._main = main
         self._intake = intake
         self._native = native
+        self._replace: Mapping[str, grpc.RpcMethodHandler[Any, Any]] = replace or {}
         # method -> (the server's handler, its hopping wrapper): the wrapper holds no per-call state, so
         # it is built once per method, not for every call (a lone CreateTopics built it anew each time).
         # Only methods the server has a handler for get here: bounded by the services registered.
@@ -454,6 +458,9 @@ class HopInterceptor(_ServerInterceptor):
         method = handler_call_details.method
         if handler is None or (self._native and method in self._native):
             return handler
+        replaced = self._replace.get(method) if self._replace else None
+        if replaced is not None:
+            return replaced
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]

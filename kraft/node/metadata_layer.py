@@ -20,7 +20,9 @@ import contextlib
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import grpc
 
 from kraft.clock import SystemClock
 from kraft.config import NodeConfig
@@ -29,7 +31,8 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.request_limits import RequestLimits
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
-from kraft.node.intake_batch import CallBatchServicer, add_intake_service
+from kraft.node.controller_bridge import HeartbeatBridge, heartbeat_handler
+from kraft.node.intake_batch import HEARTBEAT_METHOD, CallBatchServicer, add_intake_service
 from kraft.observability.health import CONTROLLER_SERVICE
 from kraft.security.authorizer import AuthorizerSettings
 
@@ -90,6 +93,7 @@ class MetadataLayer:
     def __init__(self, authorizer: AuthorizerSettings | None = None) -> None:
         self.servicer = ControllerServicer(authorizer=authorizer)
         self.controller: QuorumController | None = None
+        self.heartbeats: HeartbeatBridge | None = None  # with controller.broker.heartbeats.on.intake
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self, node: ControllerNode) -> None:
@@ -145,6 +149,14 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     layer = MetadataLayer(node.config.authorizer_settings)
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
+    cfg = node.config
+    if cfg.controller_request_intake_thread and cfg.controller_broker_heartbeats_on_intake:
+        # Heartbeats of one intake turn reach the controller as one event (kraft/node/controller_bridge.py).
+        def heartbeats(main: asyncio.AbstractEventLoop) -> grpc.RpcMethodHandler[Any, Any]:
+            layer.heartbeats = HeartbeatBridge(main, lambda: layer.servicer.guard, lambda: layer.controller)
+            return heartbeat_handler(layer.heartbeats)
+
+        node.add_intake_handler(HEARTBEAT_METHOD, heartbeats)
     if node.config.controller_intake_processes > 0:
         # Its intake processes' batched ControllerService calls (refused off the unix socket).
         batches = CallBatchServicer(layer.servicer, lambda: layer.controller, node.config.node_id)
