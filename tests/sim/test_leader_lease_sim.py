@@ -12,7 +12,8 @@ controller may already have fenced the broker whose heartbeat this answer extend
 event.  The scenarios build the three ways a lease could outlive the voters' promise
 (docs/internals/raft.md "Leader lease"): a voter that restarts and forgets whom it protected, a voter
 whose fetches to a live leader are refused outright (the fast dead-leader path), and a deposed leader cut
-off with a lease in hand while the others elect; then churn with all of it at once.
+off with a lease in hand while the others elect; then churn with all of it at once; and callers that come
+one at a time, further apart than the lease, so that only the leader's own renewals from ``poll`` keep it.
 """
 
 from __future__ import annotations
