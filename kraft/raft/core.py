@@ -385,6 +385,8 @@ class RaftCore:
         leader = self._leader
         if leader is None:
             raise NotLeaderError(self.leader_and_epoch)
+        if lease:
+            leader.note_lease_caller(self.now_ms)
         if lease and leader.lease_holds(self.now_ms):
             if leader.lease_wants_renewal(self.now_ms):
                 self._apply(leader.request_read_round(self.log, self.high_watermark, self.now_ms)[1])

@@ -132,6 +132,10 @@ class LeaderRole:
         """Per voter: when the first response to it carrying each round it has not echoed yet was built.
         During bulk work a voter's next Fetch comes long after a round starts (it is writing and replaying
         a big batch), so the response's time is a much later — still sound — basis than the start."""
+        self.lease_caller_ms = NEVER_MS
+        """When a caller last asked for the lease (answered from it or not): while one did within the last
+        ``config.lease_ms``, the lease is in use and :meth:`poll` renews it without waiting for the next
+        caller (:meth:`lease_renewal_due_ms`)."""
         self.now_ms = 0
         """The time of the input being handled (the core sets it before every input): responses built now
         were built no earlier than this."""
@@ -218,7 +222,7 @@ class LeaderRole:
         for voter, contact_ms in self.last_contact_ms.items():
             if voter not in self.begin_unacked:
                 deadline = min(deadline, contact_ms + self.config.fetch_timeout_ms)
-        return deadline
+        return min(deadline, self.lease_renewal_due_ms(self.now_ms))
 
     def check_quorum_expired(self, now_ms: int) -> bool:
         return now_ms >= self.check_quorum_deadline_ms
@@ -246,6 +250,12 @@ class LeaderRole:
         for voter in sorted(self.begin_unacked):
             if self.begin_next_send_ms.get(voter, NEVER_MS) <= now_ms:
                 decisions.append(self._send_begin_quorum(voter, now_ms))
+        if now_ms >= self.lease_renewal_due_ms(now_ms):
+            # The lease in use is renewed on time even when no caller comes at the moment (issue #17,
+            # session 12: during bulk work the heartbeats arrive in bursts, with gaps of 100-300 ms
+            # while the client or this loop waits for a core, and a renewal that only a caller starts
+            # let the lease run out in such a gap with the voters' long polls parked, idle).
+            decisions += self._start_read_round(log, high_watermark, now_ms)
         return decisions
 
     def take_parked(self) -> list[ParkedFetch]:
@@ -617,12 +627,40 @@ class LeaderRole:
         the latest round each voter echoed), so a slow round does not hold the next one back — under
         bulk work an echo takes hundreds of ms, and rounds one after the other would let the lease lapse
         (issue #17) — but one starts at most every eighth of the lease."""
+        return now_ms >= self._renewal_time_ms()
+
+    def _renewal_time_ms(self) -> int:
+        """When the lease wants its next round: a quarter of it spent, and an eighth since the latest
+        round started (NEVER_MS: the lease is off or needs nobody)."""
         lease_ms = self.config.lease_ms
         expiry = self.lease_expiry_ms()
-        if expiry == NEVER_MS or expiry - now_ms >= lease_ms * 3 // 4:
-            return False
+        if lease_ms <= 0 or expiry == NEVER_MS:
+            return NEVER_MS
+        due = expiry - lease_ms * 3 // 4 + 1 if expiry >= 0 else 0
         latest = self.round_started_ms.get(self.read_round_started)
-        return latest is None or now_ms - latest >= lease_ms // 8
+        if latest is not None:
+            due = max(due, latest + max(1, lease_ms // 8))
+        return due
+
+    def note_lease_caller(self, now_ms: int) -> None:
+        """A caller asked for the lease now (:attr:`lease_caller_ms`)."""
+        self.lease_caller_ms = now_ms
+
+    def lease_renewal_due_ms(self, now_ms: int) -> int:
+        """When :meth:`poll` starts a renewal round of the lease in use (NEVER_MS: none due).
+
+        Only while a caller asked within the last lease (an idle leader starts no rounds: its voters'
+        long polls stay parked), and never while the latest round has not been published: no voter can
+        echo it yet, the next response carries it, and a new round would only join it.  So a due renewal
+        never turns into a poll that repeats at once: it starts a round, which moves the next one an
+        eighth of the lease on, or leaves one unpublished."""
+        in_use_until = self.lease_caller_ms + self.config.lease_ms
+        if self.lease_caller_ms == NEVER_MS or now_ms >= in_use_until:
+            return NEVER_MS
+        if self.read_round_in_flight and self.read_round_published < self.read_round_started:
+            return NEVER_MS
+        due = self._renewal_time_ms()
+        return due if due < in_use_until else NEVER_MS
 
     def _check_read_round(self) -> Decisions:
         """Confirm the latest round a majority echoed (an echo of round R also echoes every round before

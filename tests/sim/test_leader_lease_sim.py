@@ -12,7 +12,8 @@ controller may already have fenced the broker whose heartbeat this answer extend
 event.  The scenarios build the three ways a lease could outlive the voters' promise
 (docs/internals/raft.md "Leader lease"): a voter that restarts and forgets whom it protected, a voter
 whose fetches to a live leader are refused outright (the fast dead-leader path), and a deposed leader cut
-off with a lease in hand while the others elect; then churn with all of it at once.
+off with a lease in hand while the others elect; then churn with all of it at once; and callers that come
+one at a time, further apart than the lease, so that only the leader's own renewals from ``poll`` keep it.
 """
 
 from __future__ import annotations
@@ -35,12 +36,24 @@ class LeaseSimulation(ReadIndexSimulation):
     ) -> None:
         super().__init__(seed, voters=voters, **overrides)
         self.lease_answers = 0
+        self.ask_gap_ms: tuple[int, int] | None = None
+        """None: every node that leads asks every ASK_INTERVAL_MS; else one ask, then a gap drawn from
+        this range (bursty callers: the lease is renewed by the leader's poll in between)."""
+        self.asked_ms = -1
+        self.answers_after_gap = 0
+        """Lease answers to an ask that came more than 1.5 leases (simulation time) after the previous
+        one.  Without renewals that no caller started (``LeaderRole.lease_renewal_due_ms``) the lease
+        ends at most a lease on the leader's clock (<= 1.11 L at -10 % drift) plus one fetch cycle
+        after the last caller's round (long poll 20 ms, delays <= 3 ms: < 1.45 L with L = 80 ms) — only
+        while no message is dropped, which would move a voter's first response carrying the round later."""
         for node in self.nodes.values():
             node.clock_rate = Fraction(100 + self.rng.randint(-drift_percent, drift_percent), 100)
             node.clock_offset_ms = self.rng.randint(0, 10_000)
 
     def start_asking(self) -> None:
         def tick() -> None:
+            gap_ms = self.now_ms - self.asked_ms
+            self.asked_ms = self.now_ms
             for node in self.nodes.values():
                 core = node.core
                 if node.running and core is not None and core.is_leader:
@@ -48,11 +61,14 @@ class LeaseSimulation(ReadIndexSimulation):
                     read_round = core.confirm_leadership(now_ms, lease=True)
                     if read_round == 0:
                         self.on_lease_answer(node, core.epoch)
+                        if gap_ms * 2 > core.config.lease_ms * 3:
+                            self.answers_after_gap += 1
                     else:
                         rounds = self.asked.setdefault((node.node_id, node.incarnation), {})
                         rounds.setdefault(read_round, AskedRound(core.epoch, self.event_count))
                     node.process(core.take_output(now_ms))
-            self.schedule(ASK_INTERVAL_MS, tick)
+            gap = self.ask_gap_ms
+            self.schedule(ASK_INTERVAL_MS if gap is None else self.rng.randint(*gap), tick)
 
         self.schedule(ASK_INTERVAL_MS, tick)
 
@@ -214,11 +230,47 @@ def drifting_clocks_and_churn(seed: int) -> None:
     _finish(sim)
 
 
+def bursty_callers_and_churn(seed: int) -> None:
+    """Callers come one at a time, 1.2-1.8 leases apart (issue #17, session 12: heartbeats arrive in
+    bursts during bulk work), so the lease survives a gap only through rounds the leader's poll starts
+    while it is in use — with delays, drops, a crash and restart, isolations and refused links meanwhile."""
+    sim = _started(seed, election_timeout_ms=200)  # protection 100 ms, lease 80: long beside the delays
+    lease_ms = sim.nodes[sim.voter_ids[0]].live_core.config.lease_ms
+    sim.ask_gap_ms = (lease_ms * 6 // 5, lease_ms * 9 // 5)
+    sim.run_for(20 * lease_ms)
+    # Calm so far (no drops): an answer after a gap of over 1.5 leases proves a renewal by poll.
+    assert sim.answers_after_gap > 0, "no lease outlived a gap between callers: poll renewed nothing"
+    sim.router.max_delay_ms = 3
+    sim.router.drop_probability = 0.02
+    for _ in range(6):
+        action = sim.rng.random()
+        leader = sim.leader()
+        if action < 0.25 and leader is not None:
+            victim = sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])
+            sim.crash(victim)
+            sim.run_for(sim.rng.randint(0, 40))
+            sim.restart(victim)
+        elif action < 0.5:
+            sim.router.isolate(leader.node_id if leader is not None else sim.rng.choice(sim.voter_ids))
+        elif action < 0.75 and leader is not None:
+            follower = sim.rng.choice([n for n in sim.voter_ids if n != leader.node_id])
+            sim.router.refusing.add((follower, leader.node_id))
+        else:
+            sim.router.isolated.clear()
+            sim.router.blocked.clear()
+            sim.router.refusing.clear()
+        sim.run_for(sim.rng.randint(20, 150))
+    sim.router.max_delay_ms = 1
+    sim.router.drop_probability = 0.0
+    _finish(sim)
+
+
 SCENARIOS: dict[str, Callable[[int], None]] = {
     "restarted_voter_forgets_nothing": restarted_voter_forgets_nothing,
     "refused_fetches_keep_their_promise": refused_fetches_keep_their_promise,
     "deposed_leader_holds_a_lease": deposed_leader_holds_a_lease,
     "drifting_clocks_and_churn": drifting_clocks_and_churn,
+    "bursty_callers_and_churn": bursty_callers_and_churn,
 }
 
 

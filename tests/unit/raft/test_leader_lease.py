@@ -16,6 +16,7 @@ from test_read_index import _fetch, _leader, _responses
 
 from kraft.errors import ErrorCode
 from kraft.raft.core import RaftCore
+from kraft.raft.core_timers import NEVER_MS
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.messages import (
     BeginQuorumEpochRequest,
@@ -134,6 +135,76 @@ def test_the_lease_renews_itself_with_a_background_round() -> None:
     assert leader.read_round_started == read_round + 2
     assert core.confirm_leadership(renew + LEASE_MS // 8, lease=True) == 0
     assert leader.read_round_started == read_round + 3
+
+
+def _in_use_with_a_parked_voter(core: RaftCore, now: int) -> tuple[int, int]:
+    """Leased at ``now`` (expiry ``now + LEASE_MS``), one lease caller at ``now + 2``, then voter 2's
+    long poll parked; nobody else asks.  Returns (round, when the lease wants its next round)."""
+    read_round, expiry = _leased(core, now)
+    assert core.confirm_leadership(now + 2, lease=True) == 0  # the lease is in use
+    assert not _responses(core.handle_request(3, _fetch(2, read_round, wait_ms=1000), now + 2))
+    return read_round, expiry - LEASE_MS * 3 // 4 + 1
+
+
+def test_a_lease_in_use_renews_from_poll_without_a_caller() -> None:
+    """Issue #17, session 12: during bulk work the heartbeats come in bursts with gaps of 100-300 ms (the
+    client or the leader's loop waits for a core); a renewal only a caller starts let the lease run out in
+    such a gap while the voters' long polls sat parked.  The core asks to be polled when the renewal is
+    due and starts the round then: the parked fetch is answered at once and its echo renews the lease."""
+    core, now = _leader()
+    read_round, due = _in_use_with_a_parked_voter(core, now)
+    assert core.take_output(now + 2).next_deadline_ms == due
+    assert not _responses(core.poll(due - 1))
+    answered = _responses(core.poll(due))
+    assert answered[3].read_round == read_round + 1
+    core.handle_request(4, _fetch(2, read_round + 1, wait_ms=1000), due + 1)
+    assert core.leader_lease_expiry_ms() == due + LEASE_MS
+    # The next renewal is due a quarter of the new lease on, still inside the caller's lease: polled then.
+    assert core.take_output(due + 1).next_deadline_ms == due + LEASE_MS // 4 + 1
+    assert _responses(core.poll(due + LEASE_MS // 4 + 1))[4].read_round == read_round + 2
+
+
+def test_poll_renews_only_a_lease_in_use() -> None:
+    """No caller asked for the lease (only ordinary rounds), or the last one did a lease ago: the idle
+    leader starts no rounds, and the voters' long polls stay parked."""
+    core, now = _leader()
+    read_round, expiry = _leased(core, now)  # confirmed by an ordinary round: the lease is not in use
+    assert not _responses(core.handle_request(3, _fetch(2, read_round, wait_ms=1000), now + 2))
+    leader = core._leader
+    assert leader is not None and leader.lease_renewal_due_ms(now + 2) == NEVER_MS
+    assert 3 not in _responses(core.poll(expiry - 1))
+    assert leader.read_round_started == read_round
+    # One lease caller: renewals while it is less than a lease ago, none after.
+    core2, now2 = _leader()
+    round2, due = _in_use_with_a_parked_voter(core2, now2)
+    caller_ms = now2 + 2
+    leader2 = core2._leader
+    assert leader2 is not None and leader2.lease_renewal_due_ms(caller_ms + LEASE_MS - 1) == due
+    assert leader2.lease_renewal_due_ms(caller_ms + LEASE_MS) == NEVER_MS
+    assert 3 not in _responses(core2.poll(caller_ms + LEASE_MS))
+    assert leader2.read_round_started == round2
+
+
+def test_a_due_renewal_whose_round_nobody_can_carry_yet_does_not_poll_again_at_once() -> None:
+    """With no long poll parked the renewal round stays unpublished until the next Fetch: the core then
+    asks for no poll before that Fetch (a new round would only join it), so the driver does not spin."""
+    core, now = _leader()
+    read_round = core.confirm_leadership(now)
+    core.take_output(now)
+    core.handle_request(1, _fetch(2, 0, wait_ms=0), now)
+    echoed = core.handle_request(2, _fetch(2, read_round, wait_ms=0), now + 1)
+    assert echoed.confirmed_read_round == read_round
+    expiry = now + LEASE_MS
+    assert core.leader_lease_expiry_ms() == expiry
+    assert core.confirm_leadership(now + 2, lease=True) == 0
+    due = expiry - LEASE_MS * 3 // 4 + 1
+    out = core.poll(due)
+    leader = core._leader
+    assert leader is not None and leader.read_round_started == read_round + 1
+    assert leader.lease_renewal_due_ms(due) == NEVER_MS and out.next_deadline_ms > expiry
+    # The next Fetch carries it, and the following renewal is due an eighth of the lease after it began.
+    assert _responses(core.handle_request(3, _fetch(2, read_round), due + 1))[3].read_round == read_round + 1
+    assert core.take_output(due + 1).next_deadline_ms == due + LEASE_MS // 8
 
 
 def test_a_lease_of_zero_is_off() -> None:
