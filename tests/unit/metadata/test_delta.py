@@ -234,15 +234,29 @@ def _snapshot_records() -> list[pb.MetadataRecord]:
     return out
 
 
-@pytest.mark.parametrize(("small_steps", "split"), [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    ("small_steps", "split", "parted"),
+    [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+        (True, False, True),
+    ],
+)
 def test_apply_steps_builds_the_image_off_to_the_side_and_equals_the_record_by_record_image(
-    small_steps: bool, split: bool, monkeypatch: pytest.MonkeyPatch
+    small_steps: bool, split: bool, parted: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue #17: a snapshot's delta builds a whole image; ``apply_steps`` pauses between pieces (topics,
     chunks of a big topic, batches of the topic maps, the ELR index) and returns it only at the end —
     the same image as replaying the records batch by batch, each batch applied.  With tiny steps every
     kind of pause happens many times (the ELR index's too).  ``split``: the delta's per-topic maps
-    become ShardedMaps (at 100 keys here), whose ELR pass reads the shards in no particular order."""
+    become ShardedMaps (at 100 keys here), whose ELR pass reads the shards in no particular order.
+    ``parted``: the big topic's changed partitions go into parts of 1,024 ids (``_PartitionParts``; the
+    shipped part is 32,768) once it holds that many."""
+    if parted:
+        monkeypatch.setattr(delta_module, "PART_BITS", 10)
+        monkeypatch.setattr(delta_module, "_PARTED_FROM", (1 << 10) - 1)
     if split:
         monkeypatch.setattr(delta_module, "SPLIT_AT", 100)
         monkeypatch.setattr(sharded_map, "SPLIT_AT", 100)
@@ -263,6 +277,9 @@ def test_apply_steps_builds_the_image_off_to_the_side_and_equals_the_record_by_r
     delta = MetadataDelta(MetadataImage.empty())
     delta.replay_decoded(snapshot)
     assert isinstance(delta._topics, ShardedMap) is split
+    big = delta._topics["B"].changed
+    assert isinstance(big, delta_module._PartitionParts) is parted
+    assert list(big.items()) == [(p, delta.partition("B", p)) for p in range(3 * CHUNK + 5)]
     steps = delta.apply_steps()
     pauses = 0
     while True:
