@@ -157,10 +157,14 @@ def loop_factory(choice: str | None = None) -> Callable[[], asyncio.AbstractEven
 
 
 def check_choices() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """Raise :class:`RuntimeChoiceError` for an unknown ``$KRAFT_EVENT_LOOP``/``$KRAFT_GRPC_IO``; return the
-    loop factory (commands call this before any other work, so a typo fails fast)."""
+    """Raise :class:`RuntimeChoiceError` for an unknown ``$KRAFT_EVENT_LOOP``/``$KRAFT_GRPC_IO`` or a bad
+    ``$KRAFT_GC_THRESHOLD``; return the loop factory (commands call this before any other work, so a
+    typo fails fast)."""
+    from kraft.observability.gc_watch import node_gc_threshold  # (observability imports this module)
+
     factory = loop_factory()
     _grpc_io_choice(os.environ)
+    node_gc_threshold(os.environ)
     return factory
 
 

@@ -240,7 +240,10 @@ class ShardedMap(MutableMapping[K, V]):
         return iter(keys)
 
     def iter_items(self) -> Iterator[tuple[K, V]]:
-        """``items()`` as a plain iterator (what the hot loops use); before the split, all in C."""
+        """``items()`` as a plain iterator (what the hot loops use); before the split, all in C.  After
+        it each key is looked up in its shard, ~0.3-0.6 us a key on a big heap — memory, not Python: a
+        per-chunk ``map`` over ``hash`` and the shards' ``__getitem__``, all in C, measured no faster
+        (session 12); :meth:`unordered_items` reads the shards in a row where order does not matter."""
         if not self._mask:
             return zip(self, map(self._shards[0].__getitem__, self), strict=True)
         return self._split_items()
@@ -259,6 +262,13 @@ class ShardedMap(MutableMapping[K, V]):
         shards, mask = self._shards, self._mask
         for key in self:
             yield shards[hash(key) & mask][key]
+
+    def unordered_items(self) -> Iterator[tuple[K, V]]:
+        """The items in no particular order (shard by shard), all in C and in memory order: for a caller
+        that only collects them into something unordered.  Iterating in insertion order looks every
+        key up in its shard (~0.3-0.6 us a key on a big heap: a cache miss apiece), a dict's own
+        iteration reads its entries in a row (~12 ns a key)."""
+        return chain.from_iterable(map(dict.items, self._shards))
 
     def keys(self) -> KeysView[K]:
         return KeysView(self)

@@ -638,6 +638,7 @@ async def run_broker(config: NodeConfig, cluster_id: str) -> None:
     return: one ``fatal`` line, exit status 70 (:mod:`kraft.node.supervisor`)."""
     supervisor = Supervisor(get_logger("broker", node=config.node_id))
     gc_watch.install()  # this process's GC pauses: kraft_gc_pause_seconds, a slow event's gc_ms
+    gc_watch.tune_node_gc()  # the collector's thresholds for a node's heap ($KRAFT_GC_THRESHOLD for A/B runs)
     # Before anything is opened: a second broker with this node's config must not recover (and so
     # truncate) the running broker's partition logs or touch its image store.
     try:

@@ -713,6 +713,7 @@ async def run_controller(config: NodeConfig) -> None:
     (:mod:`kraft.node.supervisor`)."""
     supervisor = Supervisor(get_logger("controller", node=config.node_id))
     gc_watch.install()  # this process's GC pauses: kraft_gc_pause_seconds, a slow event's gc_ms
+    gc_watch.tune_node_gc()  # the collector's thresholds for a node's heap ($KRAFT_GC_THRESHOLD for A/B runs)
     node = ControllerNode(config, supervisor)
     if not config.kraft_test_append_enable:
         # With the test-only append path on, the log holds raw test records, not metadata: the node

@@ -12,11 +12,13 @@ collection and one histogram observation, paid by collections only, never by cod
 from __future__ import annotations
 
 import gc
+import os
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from kraft.observability.metrics import GC_PAUSE_SECONDS
+from kraft.runtime import RuntimeChoiceError
 
 
 class GcWatch:
@@ -69,3 +71,43 @@ GC_WATCH = GcWatch()
 def install() -> GcWatch:
     GC_WATCH.install()
     return GC_WATCH
+
+
+GC_THRESHOLD_ENV: Final = "KRAFT_GC_THRESHOLD"
+NODE_GC_THRESHOLD: Final = (700, 10, 100)
+"""The collector's thresholds in controller and broker processes (``gc.set_threshold``), unless
+``$KRAFT_GC_THRESHOLD`` says ``A,B,C`` (A/B runs).  CPython's default is (700, 10, 10); only the oldest
+generation's changes: a full collection after 100 middle ones instead of 10.  The heap freezer
+(``kraft.metadata.heap_freezer``, ``kraft.broker.heap``) already keeps the image out of the collector's
+way, so what a full collection between two freezes walks is the bulk work's own recent objects, twice
+walked already by the young collections — and a leader ran 11 of them in a 100,000-partition bulk phase,
+0 with this.  Bigger young thresholds were measured and rejected: a young collection's cost per object
+grows with its size (cache misses), so (2000, 50, 10) halved the leader's GC time but doubled the
+followers'.  docs/internals/raft-performance.md, "The leader's CPU in the bulk phase (session 12)"."""
+
+
+class GcThresholdError(RuntimeChoiceError):
+    """``$KRAFT_GC_THRESHOLD`` is not three non-negative integers (``kraft.runtime.check_choices``
+    refuses to start a node with it, one line, exit code 1)."""
+
+
+def node_gc_threshold(environ: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """The thresholds a node sets: ``$KRAFT_GC_THRESHOLD`` (``A,B,C``) or :data:`NODE_GC_THRESHOLD`."""
+    text = (os.environ if environ is None else environ).get(GC_THRESHOLD_ENV, "").strip()
+    if not text:
+        return NODE_GC_THRESHOLD
+    parts = text.split(",")
+    try:
+        values = tuple(int(part) for part in parts)
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 0:
+        raise GcThresholdError(f"{GC_THRESHOLD_ENV}={text!r}: want three non-negative integers A,B,C")
+    return values[0], values[1], values[2]
+
+
+def tune_node_gc(environ: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """Set this node process's collector thresholds (:func:`node_gc_threshold`); returns them."""
+    threshold = node_gc_threshold(environ)
+    gc.set_threshold(*threshold)
+    return threshold

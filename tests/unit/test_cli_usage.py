@@ -313,6 +313,8 @@ def test_spinner_hides_while_writing_to_a_terminal_stdout(monkeypatch: pytest.Mo
         ("broker", "KRAFT_EVENT_LOOP", "trio", "uvloop, asyncio"),
         ("controller", "KRAFT_GRPC_IO", "epoll", "iomgr, event-engine"),
         ("broker", "KRAFT_GRPC_IO", "epoll", "iomgr, event-engine"),
+        ("controller", "KRAFT_GC_THRESHOLD", "50000,10", "three non-negative integers"),
+        ("broker", "KRAFT_GC_THRESHOLD", "2000,x,10", "three non-negative integers"),
     ],
 )
 def test_an_unknown_runtime_choice_is_one_line(

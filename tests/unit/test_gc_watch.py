@@ -8,7 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from kraft.observability.gc_watch import GC_WATCH, GcWatch
+from kraft.observability.gc_watch import (
+    GC_THRESHOLD_ENV,
+    GC_WATCH,
+    NODE_GC_THRESHOLD,
+    GcThresholdError,
+    GcWatch,
+    node_gc_threshold,
+    tune_node_gc,
+)
 from kraft.observability.metrics import GC_PAUSE_SECONDS, render_metrics
 
 
@@ -71,3 +79,21 @@ def test_installing_twice_times_a_collection_once_and_uninstalled_it_times_none(
     watch.uninstall()
     gc.collect()
     assert watch.collections[2] == 1 and watch.pause_s_total == pytest.approx(0.030)
+
+
+def test_a_node_sets_the_shipped_thresholds_unless_the_environment_names_others() -> None:
+    """Controller and broker processes set :data:`NODE_GC_THRESHOLD` (measured, raft-performance.md
+    session 12); ``$KRAFT_GC_THRESHOLD`` overrides it for A/B runs; anything but three non-negative
+    integers is refused (the node does not start: test_cli_usage)."""
+    before = gc.get_threshold()
+    try:
+        assert tune_node_gc({}) == NODE_GC_THRESHOLD
+        assert gc.get_threshold() == NODE_GC_THRESHOLD
+        assert tune_node_gc({GC_THRESHOLD_ENV: " 700,10,10 "}) == (700, 10, 10)
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*before)
+    assert node_gc_threshold({GC_THRESHOLD_ENV: ""}) == NODE_GC_THRESHOLD
+    for bad in ("50000,10", "1,2,3,4", "a,b,c", "700,-1,10", "700;10;10"):
+        with pytest.raises(GcThresholdError, match=GC_THRESHOLD_ENV):
+            node_gc_threshold({GC_THRESHOLD_ENV: bad})

@@ -4,6 +4,7 @@ shards, across chunks of the order, with removed keys' stale entries skipped and
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +47,7 @@ def _check_same(sharded: ShardedMap[Any, int], model: dict[Any, int]) -> None:
     assert list(sharded.items()) == list(model.items())
     assert list(sharded.values()) == list(model.values())
     assert list(reversed(sharded)) == list(reversed(model))
+    assert Counter(sharded.unordered_items()) == Counter(model.items())  # (each item once, any order)
     assert sharded == model and model == sharded
     for key, value in model.items():
         assert key in sharded and sharded[key] == value and sharded.get(key) == value

@@ -7,6 +7,7 @@ import inspect
 import pytest
 from google.protobuf.message import Message
 
+from kraft import sharded_map
 from kraft.metadata import delta as delta_module
 from kraft.metadata import elr_holders as elr_holders_module
 from kraft.metadata import records
@@ -15,6 +16,7 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.elr_holders import ElrHolders
 from kraft.metadata.image import ConfigKey, MetadataImage
 from kraft.metadata.records import ConfigResourceType
+from kraft.sharded_map import ShardedMap
 from kraft.v1 import common_pb2
 from kraft.v1 import metadata_pb2 as pb
 
@@ -232,14 +234,32 @@ def _snapshot_records() -> list[pb.MetadataRecord]:
     return out
 
 
-@pytest.mark.parametrize("small_steps", [False, True])
+@pytest.mark.parametrize(
+    ("small_steps", "split", "parted"),
+    [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (False, False, True),
+        (True, False, True),
+    ],
+)
 def test_apply_steps_builds_the_image_off_to_the_side_and_equals_the_record_by_record_image(
-    small_steps: bool, monkeypatch: pytest.MonkeyPatch
+    small_steps: bool, split: bool, parted: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue #17: a snapshot's delta builds a whole image; ``apply_steps`` pauses between pieces (topics,
     chunks of a big topic, batches of the topic maps, the ELR index) and returns it only at the end —
     the same image as replaying the records batch by batch, each batch applied.  With tiny steps every
-    kind of pause happens many times (the ELR index's too)."""
+    kind of pause happens many times (the ELR index's too).  ``split``: the delta's per-topic maps
+    become ShardedMaps (at 100 keys here), whose ELR pass reads the shards in no particular order.
+    ``parted``: the big topic's changed partitions go into parts of 1,024 ids (``_PartitionParts``; the
+    shipped part is 32,768) once it holds that many."""
+    if parted:
+        monkeypatch.setattr(delta_module, "PART_BITS", 10)
+        monkeypatch.setattr(delta_module, "_PARTED_FROM", (1 << 10) - 1)
+    if split:
+        monkeypatch.setattr(delta_module, "SPLIT_AT", 100)
+        monkeypatch.setattr(sharded_map, "SPLIT_AT", 100)
     if small_steps:
         monkeypatch.setattr(delta_module, "APPLY_STEP_WORK", 100)
         monkeypatch.setattr(delta_module, "APPLY_STEP_TOPICS", 7)
@@ -256,6 +276,10 @@ def test_apply_steps_builds_the_image_off_to_the_side_and_equals_the_record_by_r
 
     delta = MetadataDelta(MetadataImage.empty())
     delta.replay_decoded(snapshot)
+    assert isinstance(delta._topics, ShardedMap) is split
+    big = delta._topics["B"].changed
+    assert isinstance(big, delta_module._PartitionParts) is parted
+    assert list(big.items()) == [(p, delta.partition("B", p)) for p in range(3 * CHUNK + 5)]
     steps = delta.apply_steps()
     pauses = 0
     while True:
