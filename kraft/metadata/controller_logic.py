@@ -236,11 +236,13 @@ class _LeaveJob:
 @dataclass(slots=True)
 class _RejoinJob:
     """Elections after a broker was unfenced, in bounded chunks: the partitions (topic id, partition id)
-    that rejoining may change, from the rejoin index when the unfence happened, each re-checked against
-    the image of its own chunk."""
+    that rejoining may change, from the rejoin index, each re-checked against the image of its own chunk.
+    ``partitions`` is None while the index is not ready to answer (a bulk job's flags still to settle, a
+    rebuild after activation): the job's first chunks get it ready, in slices, then take the candidates
+    (see :meth:`ControllerLogic._rejoin_isrs`)."""
 
     broker_id: int
-    partitions: list[tuple[str, int]]
+    partitions: list[tuple[str, int]] | None
     position: int = 0
 
 
@@ -864,7 +866,7 @@ class ControllerLogic:
         if not leaderless:
             return
         job = self._rejoining.get(NO_PARTITION_LEADER)
-        if job is None:
+        if job is None or job.partitions is None:  # (never None: only an unfence's job waits for the index)
             self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, leaderless)
         else:
             job.partitions.extend(leaderless)
@@ -1124,16 +1126,40 @@ class ControllerLogic:
         AlterPartition once the replica caught up (kraft/metadata/isr_changes.py) — a replica missing
         committed records must never be electable.  Candidates come from the rejoin index (a superset of
         the partitions an election can change), in the full scan's order; as many elections as fit this
-        write run now, the rest through :meth:`continue_bulk_jobs`."""
-        image = batch.view()
+        write run now, the rest through :meth:`continue_bulk_jobs`.
+
+        The index answers only once it follows the image with no dirty flags.  Right after a bulk job
+        (a 109k-leadership shutdown leaves ~0.2-0.3 s of flags to settle) that does not fit this event:
+        it settles what fits the event's budget, and when flags remain the job starts without its
+        candidates — its chunks settle the rest in slices (:meth:`_candidates_ready`) and then take
+        them, on the image of that chunk (issue #17: no event longer than the budget)."""
+        batch.view()
+        if not self._candidates_ready(batch.deadline):
+            self._rejoining[broker_id] = _RejoinJob(broker_id, None)
+            return
+        job = _RejoinJob(broker_id, self._unfence_candidates(batch.view(), broker_id))
+        if job.partitions:
+            self._rejoining[broker_id] = job
+            self._run_rejoin_jobs(batch)
+
+    def _candidates_ready(self, deadline: Deadline) -> bool:
+        """One bounded step of getting the rejoin index ready for the speculative image (its sliced
+        rebuild, then the dirty flags, until ``deadline``); True once a candidates query is only the
+        broker's flagged partitions."""
+        index = self.rejoin_index
+        topics = self.image.topics_by_id
+        if index.ready_for(topics):
+            return True
+        if not index.catch_up(topics, INDEX_SLICE_PARTITIONS, deadline.expired):
+            return False
+        return index.ready_for(topics)
+
+    def _unfence_candidates(self, image: MetadataImage, broker_id: int) -> list[tuple[str, int]]:
         acceptable = self.acceptable_in(image)
-        partitions = [
+        return [
             (topic.topic_id, partition_id)
             for topic, partition_id, _ in self._rejoin_candidates(image, broker_id, acceptable)
         ]
-        if partitions:
-            self._rejoining[broker_id] = _RejoinJob(broker_id, partitions)
-            self._run_rejoin_jobs(batch)
 
     def _run_rejoin_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
@@ -1146,6 +1172,10 @@ class ControllerLogic:
             if budget <= 0 or scan_budget <= 0:
                 return
             image = batch.view()
+            if job.partitions is None:  # its unfence found the index not ready: settle, then take them
+                if not self._candidates_ready(deadline):
+                    return  # this slice's budget is spent: the rest in the next one
+                job.partitions = self._unfence_candidates(image, job.broker_id)
             acceptable = self.acceptable_in(image)
             guard = guard_for(image)
             topics = image.topics_by_id
