@@ -118,8 +118,14 @@ LEAVE_SCAN_PARTITIONS = 10_000
 # Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
 INDEX_SLICE_PARTITIONS = 5_000
 # Dirty partitions the rejoin index settles per slice after bulk writes, at most (~1.5 µs each for a
-# big topic, ~4 µs for a one-partition topic: the event's time budget usually ends the slice first).
+# big topic, ~4 µs for a one-partition topic: the slice's time budget usually ends it first).
 SETTLE_SLICE_PARTITIONS = 2_000
+# The time budget of one such slice (ms; at most half the event budget).  Nothing waits for this settling
+# (an unfence meanwhile settles the rest in its own job's slices), so it trickles: 1-ms slices with
+# controller_writes.SETTLE_PAUSE_MS between them, ~10 % of the loop instead of ~55 % with half-budget
+# slices 2 ms apart (session 12: after a 109k-leadership shutdown, 171 settle events took 508 ms of the
+# leader's loop in the ~1 s after the job, while the heartbeats after the bulk phase had their p99).
+SETTLE_SLICE_MS = 1
 # What closing a leave-job chunk costs after its scan (adding the changes to the speculative image, its
 # apply(), the rejoin and ELR indexes), in units of one changed partition: a touched topic costs this
 # many more (bench.shutdown_profile, session 10: ~2 µs per change of a big topic, ~18 µs for a
@@ -830,9 +836,10 @@ class ControllerLogic:
         index = self.rejoin_index
         if not index.rebuild_some(self.image.topics_by_id, limit):
             return False
-        # Half the event budget: nothing waits for the settling (an unfence before its end settles the
-        # rest itself), and the heartbeats right after a bulk job wait behind each of its events.
-        deadline = Deadline(self.clock, max(1, self.settings.max_event_time_ms // 2))
+        # Short slices (SETTLE_SLICE_MS): nothing waits for the settling (an unfence before its end
+        # settles the rest in its job's slices), and the heartbeats right after a bulk job compete with it.
+        budget_ms = max(1, min(SETTLE_SLICE_MS, self.settings.max_event_time_ms // 2))
+        deadline = Deadline(self.clock, budget_ms)
         return index.settle_some(min(limit, SETTLE_SLICE_PARTITIONS), deadline.expired)
 
     def has_bulk_jobs(self) -> bool:
