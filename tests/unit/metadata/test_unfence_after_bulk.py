@@ -13,12 +13,15 @@ whatever the host.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loop_fakes import CostClock
 
 from kraft.metadata import records, rejoin_index
+from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage, PartitionRegistration
@@ -27,7 +30,8 @@ from kraft.metadata.rejoin_index import SETTLE_CHECK_EVERY
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
-from .test_controller import CLUSTER
+from .fake_raft import FakeRaft
+from .test_controller import CLUSTER, ENDPOINTS, activate_broker, settle, until
 from .test_rejoin_equivalence import ScanLogic
 from .test_work_budget import unfenced_brokers
 
@@ -184,3 +188,72 @@ def test_the_unfence_job_waits_for_the_settling_and_a_new_active_controller_resu
     _drain(logic, log, clock)
     _check_unfenced(logic.image, 30)
     assert _replay(log).topics_by_id == logic.image.topics_by_id
+
+
+async def test_through_the_controller_an_unfence_while_the_settling_trickles_keeps_every_event_in_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The shell: broker 1's ShutdownBroker leaves 1,000 partitions dirty; the write path's settler has run
+    # one 1-ms slice and pauses (the manual clock is not moved) when broker 4 is unfenced.  Its heartbeat
+    # answers, the job driver settles the rest in slices and then runs the elections: no event of the
+    # queue (as EventTimings sees it, on the clock) runs past the budget by more than one settle step.
+    clock = CostClock(0)
+    budget_ms = 5
+    options = ControllerOptions(
+        noop_interval_ms=0, session_timeout_ms=600_000, max_work_unit_records=100, max_event_time_ms=budget_ms
+    )
+    raft = FakeRaft(1)
+    controller = QuorumController(raft, CLUSTER, ENDPOINTS, options, clock=clock)
+    await controller.start()
+    raft.elect()
+    await until(lambda: controller.is_active)
+    try:
+        epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3, 4)}
+        big = cpb.CreatableTopic(name="big")
+        for p in range(1_000):
+            big.assignments.add(partition=p, broker_ids=[1, 2, 3])
+        solo = [cpb.CreatableTopic(name=f"four-{i}") for i in range(10)]
+        for topic in solo:
+            topic.assignments.add(partition=0, broker_ids=[4])
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[big, *solo]))
+        logic = controller.logic
+        assert logic is not None
+
+        def beat(fence: bool) -> cpb.BrokerHeartbeatRequest:
+            return cpb.BrokerHeartbeatRequest(
+                cluster_id=CLUSTER,
+                broker_id=4,
+                broker_epoch=epochs[4],
+                current_metadata_offset=logic.image.offset,
+                want_fence=fence,
+            )
+
+        await controller.broker_heartbeat(beat(True))
+        await until(lambda: not logic.has_bulk_jobs())
+        assert logic.image.topics_by_id[logic.image.topic_ids_by_name["four-0"]].partitions[0].leader == -1
+        _charge_flags(monkeypatch, clock)
+        await asyncio.wait_for(
+            controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1)), 5
+        )
+        await settle()
+        index = logic.rejoin_index
+        assert index.settling  # the settler took a slice or none, and pauses
+        seen: list[tuple[str, int]] = []
+        record = controller.event_timings.record
+
+        def watch(kind: str, duration_ms: int) -> None:
+            seen.append((kind, duration_ms))
+            record(kind, duration_ms)
+
+        controller.writes.queue.observe(clock, watch, controller.event_timings.start)
+        answer = await asyncio.wait_for(controller.broker_heartbeat(beat(False)), 5)
+        assert not answer.is_fenced
+        await until(lambda: not logic.has_bulk_jobs())
+        assert all(ms <= budget_ms + _STEP_MS for _, ms in seen), seen
+        assert sum(1 for kind, _ in seen if kind == "bulk-slice") >= 2  # the settling, then the elections
+        for topic in solo:
+            partition = logic.image.topics_by_id[logic.image.topic_ids_by_name[topic.name]].partitions[0]
+            assert partition.leader == 4
+        assert index.ready_for(logic.image.topics_by_id)
+    finally:
+        await controller.stop()
