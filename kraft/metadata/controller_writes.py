@@ -69,7 +69,7 @@ class LeadershipNotConfirmed(Exception):
 
 SETTLE_PAUSE_MS = 10
 """Pause between two slices of the rejoin index's settling (each ``controller_logic.SETTLE_SLICE_MS``):
-~10 % of the loop while it lasts (~2 s after a 109k-leadership shutdown), so the heartbeats right after a
+~10 % of the loop while it lasts (~3-4 s after a 109k-leadership shutdown), so the heartbeats right after a
 bulk job do not compete with it for the host's cores (session 12; 2 ms and half-budget slices before).
 Nothing waits for it: an unfence meanwhile settles the rest in its rejoin job's slices."""
 
