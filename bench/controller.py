@@ -299,6 +299,8 @@ RAFT_SERIES = {
     "kraft_raft_fetch_turnaround_seconds_bucket": "le",
     "kraft_gc_pause_seconds_count": "generation",
     "kraft_gc_pause_seconds_sum": "generation",
+    "kraft_controller_event_queue_processing_time_seconds_count": "kind",
+    "kraft_controller_event_queue_processing_time_seconds_sum": "kind",
 }
 
 
@@ -355,6 +357,19 @@ def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int
             else None
         )
         out[f"follower_{node}_fetch_turnarounds_over_250ms"] = int(over)
+    events = "kraft_controller_event_queue_processing_time_seconds"
+    kinds = sorted(
+        {key[len(events) + 7 :].split("]@", 1)[0] for key in after if key.startswith(f"{events}_count[")}
+    )
+    # the active controller's events by kind in the phase: [count, ms in all] (whole-ms clock)
+    out["leader_events"] = {
+        kind: [
+            int(delta(f"{events}_count[{kind}]@{leader_id}")),
+            round(1000 * delta(f"{events}_sum[{kind}]@{leader_id}")),
+        ]
+        for kind in kinds
+        if delta(f"{events}_count[{kind}]@{leader_id}")
+    }
     for node in sorted({int(key.rsplit("@", 1)[1]) for key in after}):
         # the cyclic GC's collections by generation: count and ms in all (kraft_gc_pause_seconds)
         out[f"gc_node_{node}"] = {
@@ -491,6 +506,7 @@ async def cluster_benchmarks(
                 counters_after_bulk = await asyncio.to_thread(raft_counters, quorum)
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
+                counters_settle_end = await asyncio.to_thread(raft_counters, quorum)
                 probe.mark("heartbeats_during_bulk", bulk_start, bulk_end)
                 probe.mark("heartbeats_after_bulk", bulk_end, settle_end)
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
@@ -536,6 +552,12 @@ async def cluster_benchmarks(
             }
             results["raft_during_bulk"] = raft_phase(
                 counters_before_bulk, counters_after_bulk, before.controller_id
+            )
+            # The 4 s after it (session 12): where its slowest heartbeats were (250 ms bins from the
+            # shutdown's answer), and what the quorum did meanwhile (events by kind, GC, the lease).
+            results["heartbeats"]["after_bulk_timeline"] = fleet.timeline(bulk_end, settle_end, 0.25)
+            results["raft_after_bulk"] = raft_phase(
+                counters_after_bulk, counters_settle_end, before.controller_id
             )
             # A Raft leader change during the bulk phase shows up as a newer controller epoch.
             results["controller_epochs"] = {

@@ -202,6 +202,24 @@ class Fleet:
             out["client"] = self.client_lateness(beats, start, end)
         return out
 
+    def timeline(self, start: float, end: float, bin_s: float) -> list[list[float]]:
+        """The heartbeats sent in [start, end) in bins of ``bin_s`` from ``start``: per bin [its start
+        (s after ``start``), heartbeats, p50 ms, p99 ms, max ms] — where in a window its slowest were."""
+        bins: list[list[float]] = [[] for _ in range(max(1, int((end - start) / bin_s + 0.999)))]
+        for beat in self.latencies:
+            if start <= beat.sent < end:
+                bins[min(len(bins) - 1, int((beat.sent - start) / bin_s))].append(beat.latency * 1000)
+        return [
+            [
+                round(i * bin_s, 2),
+                len(values),
+                round(percentile(values, 0.50), 1),
+                round(percentile(values, 0.99), 1),
+                round(max(values, default=0.0), 1),
+            ]
+            for i, values in enumerate(bins)
+        ]
+
     def client_lateness(self, beats: list[Beat], start: float, end: float) -> dict[str, Any]:
         late = [beat.send_late * 1000 for beat in beats]
         stalls = [lag * 1000 for stall_end, lag in self.stalls if start <= stall_end < end]

@@ -31,6 +31,7 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -119,8 +120,14 @@ LEAVE_SCAN_PARTITIONS = 10_000
 # Partitions the rejoin index indexes per slice of its rebuild after activation (~1 µs each).
 INDEX_SLICE_PARTITIONS = 5_000
 # Dirty partitions the rejoin index settles per slice after bulk writes, at most (~1.5 µs each for a
-# big topic, ~4 µs for a one-partition topic: the event's time budget usually ends the slice first).
+# big topic, ~4 µs for a one-partition topic: the slice's time budget usually ends it first).
 SETTLE_SLICE_PARTITIONS = 2_000
+# The time budget of one such slice (ms; at most half the event budget).  Nothing waits for this settling
+# (an unfence meanwhile settles the rest in its own job's slices), so it trickles: 1-ms slices with
+# controller_writes.SETTLE_PAUSE_MS between them, ~10 % of the loop instead of ~55 % with half-budget
+# slices 2 ms apart (session 12: after a 109k-leadership shutdown, 171 settle events took 508 ms of the
+# leader's loop in the ~1 s after the job, while the heartbeats after the bulk phase had their p99).
+SETTLE_SLICE_MS = 1
 # What closing a leave-job chunk costs after its scan (adding the changes to the speculative image, its
 # apply(), the rejoin and ELR indexes), in units of one changed partition: a touched topic costs this
 # many more (bench.shutdown_profile, session 10: ~2 µs per change of a big topic, ~18 µs for a
@@ -237,12 +244,19 @@ class _LeaveJob:
 @dataclass(slots=True)
 class _RejoinJob:
     """Elections after a broker was unfenced, in bounded chunks: the partitions (topic id, partition id)
-    that rejoining may change, from the rejoin index when the unfence happened, each re-checked against
-    the image of its own chunk."""
+    that rejoining may change, from the rejoin index, each re-checked against the image of its own chunk.
+    ``partitions`` is None while the index is not ready to answer (a bulk job's flags still to settle, a
+    rebuild after activation): the job's first chunks get it ready, in slices, then take the candidates
+    (see :meth:`ControllerLogic._rejoin_isrs`)."""
 
     broker_id: int
-    partitions: list[tuple[str, int]]
+    partitions: list[tuple[str, int]] | None
     position: int = 0
+    source: Iterator[tuple[str, int]] | None = None
+    """The candidates not taken into ``partitions`` yet, in scan order: taken ``CHECK_EVERY`` at a time
+    as the job's scan reaches them (a broker back after its controlled shutdown has ~100,000, out of
+    every ISR: listing them all in its unfence's event took tens of ms).  The query behind it copied the
+    index's sets for the broker when the first were taken, so what follows is what a list would hold."""
 
 
 CREATE_TOPIC_TRANSACTION = "CreateTopic "
@@ -566,6 +580,21 @@ class _Batch:
         return self.records
 
 
+def _take_candidates(job: _RejoinJob, partitions: list[tuple[str, int]]) -> bool:
+    """Replace the candidates the job has looked at (``partitions``, its list) by the next
+    ``CHECK_EVERY`` of its source; False when there were none left."""
+    source = job.source
+    if source is None:
+        return False
+    more = list(islice(source, CHECK_EVERY))
+    if len(more) < CHECK_EVERY:
+        job.source = None
+    partitions.clear()
+    partitions.extend(more)
+    job.position = 0
+    return bool(more)
+
+
 def _leaderless(partition: PartitionRegistration) -> bool:
     return partition.leader == NO_PARTITION_LEADER
 
@@ -829,9 +858,10 @@ class ControllerLogic:
         index = self.rejoin_index
         if not index.rebuild_some(self.image.topics_by_id, limit):
             return False
-        # Half the event budget: nothing waits for the settling (an unfence before its end settles the
-        # rest itself), and the heartbeats right after a bulk job wait behind each of its events.
-        deadline = Deadline(self.clock, max(1, self.settings.max_event_time_ms // 2))
+        # Short slices (SETTLE_SLICE_MS): nothing waits for the settling (an unfence before its end
+        # settles the rest in its job's slices), and the heartbeats right after a bulk job compete with it.
+        budget_ms = max(1, min(SETTLE_SLICE_MS, self.settings.max_event_time_ms // 2))
+        deadline = Deadline(self.clock, budget_ms)
         return index.settle_some(min(limit, SETTLE_SLICE_PARTITIONS), deadline.expired)
 
     def has_bulk_jobs(self) -> bool:
@@ -865,7 +895,7 @@ class ControllerLogic:
         if not leaderless:
             return
         job = self._rejoining.get(NO_PARTITION_LEADER)
-        if job is None:
+        if job is None or job.partitions is None:  # (never None: only an unfence's job waits for the index)
             self._rejoining[NO_PARTITION_LEADER] = _RejoinJob(NO_PARTITION_LEADER, leaderless)
         else:
             job.partitions.extend(leaderless)
@@ -1125,16 +1155,47 @@ class ControllerLogic:
         AlterPartition once the replica caught up (kraft/metadata/isr_changes.py) — a replica missing
         committed records must never be electable.  Candidates come from the rejoin index (a superset of
         the partitions an election can change), in the full scan's order; as many elections as fit this
-        write run now, the rest through :meth:`continue_bulk_jobs`."""
-        image = batch.view()
+        write run now, the rest through :meth:`continue_bulk_jobs`.
+
+        The index answers only once it follows the image with no dirty flags.  Right after a bulk job
+        (a 109k-leadership shutdown leaves ~0.2-0.3 s of flags to settle) that does not fit this event:
+        it settles what fits the event's budget, and when flags remain the job starts without its
+        candidates — its chunks settle the rest in slices (:meth:`_candidates_ready`) and then take
+        them, on the image of that chunk (issue #17: no event longer than the budget)."""
+        batch.view()
+        if not self._candidates_ready(batch.deadline):
+            self._rejoining[broker_id] = _RejoinJob(broker_id, None)
+            return
+        job = _RejoinJob(broker_id, None)
+        job.partitions, job.source = self._unfence_candidates(batch.view(), broker_id)
+        if job.partitions:
+            self._rejoining[broker_id] = job
+            self._run_rejoin_jobs(batch)
+
+    def _candidates_ready(self, deadline: Deadline) -> bool:
+        """One bounded step of getting the rejoin index ready for the speculative image (its sliced
+        rebuild, then the dirty flags, until ``deadline``); True once a candidates query is only the
+        broker's flagged partitions."""
+        index = self.rejoin_index
+        topics = self.image.topics_by_id
+        if index.ready_for(topics):
+            return True
+        if not index.catch_up(topics, INDEX_SLICE_PARTITIONS, deadline.expired):
+            return False
+        return index.ready_for(topics)
+
+    def _unfence_candidates(
+        self, image: MetadataImage, broker_id: int
+    ) -> tuple[list[tuple[str, int]], Iterator[tuple[str, int]] | None]:
+        """The first ``CHECK_EVERY`` candidates (the query runs now, on ``image``), and the rest to take
+        as the job goes (None when there is none)."""
         acceptable = self.acceptable_in(image)
-        partitions = [
+        source = (
             (topic.topic_id, partition_id)
             for topic, partition_id, _ in self._rejoin_candidates(image, broker_id, acceptable)
-        ]
-        if partitions:
-            self._rejoining[broker_id] = _RejoinJob(broker_id, partitions)
-            self._run_rejoin_jobs(batch)
+        )
+        first = list(islice(source, CHECK_EVERY))
+        return first, (source if len(first) == CHECK_EVERY else None)
 
     def _run_rejoin_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - len(batch.records)
@@ -1147,6 +1208,10 @@ class ControllerLogic:
             if budget <= 0 or scan_budget <= 0:
                 return
             image = batch.view()
+            if job.partitions is None:  # its unfence found the index not ready: settle, then take them
+                if not self._candidates_ready(deadline):
+                    return  # this slice's budget is spent: the rest in the next one
+                job.partitions, job.source = self._unfence_candidates(image, job.broker_id)
             acceptable = self.acceptable_in(image)
             guard = guard_for(image)
             topics = image.topics_by_id
@@ -1154,7 +1219,9 @@ class ControllerLogic:
             partitions = job.partitions
             rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
             touched: set[str] = set()  # topics with a change (each costs its own share of the closing)
-            while job.position < len(partitions) and len(changes) < budget and scan_budget > 0:
+            while len(changes) < budget and scan_budget > 0:
+                if job.position >= len(partitions) and not _take_candidates(job, partitions):
+                    break
                 topic_id, partition_id = partitions[job.position]
                 job.position += 1
                 scan_budget -= 1
@@ -1197,7 +1264,7 @@ class ControllerLogic:
                         clock.monotonic_ms() - started_ms, len(changes) + TOPIC_CLOSING_UNITS * len(touched)
                     )
             budget -= len(changes)
-            if job.position >= len(partitions):
+            if job.position >= len(partitions) and job.source is None:
                 del self._rejoining[job.broker_id]
 
     def _record_offline_replicas(

@@ -67,8 +67,11 @@ class LeadershipNotConfirmed(Exception):
     reach, or slow): the answer is withheld, the caller retries (REQUEST_TIMED_OUT)."""
 
 
-SETTLE_PAUSE_MS = 2
-"""Pause between two slices of the rejoin index's settling (each ~half the event budget)."""
+SETTLE_PAUSE_MS = 10
+"""Pause between two slices of the rejoin index's settling (each ``controller_logic.SETTLE_SLICE_MS``):
+~10 % of the loop while it lasts (~3-4 s after a 109k-leadership shutdown), so the heartbeats right after a
+bulk job do not compete with it for the host's cores (session 12; 2 ms and half-budget slices before).
+Nothing waits for it: an unfence meanwhile settles the rest in its rejoin job's slices."""
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
@@ -356,7 +359,7 @@ class WritePath:
                 # Paced: nothing waits for it, and right after a bulk job back-to-back slices put
                 # every step of the heartbeats' round trips (I/O, Fetch, commit) behind one (session 11,
                 # bench.controller: heartbeat p99 after the shutdown 39 ms on main, 135-156 ms with
-                # unpaced 5 ms slices).
+                # unpaced 5 ms slices; session 12: still 60-371 ms with 2-ms pauses, see SETTLE_PAUSE_MS).
                 await self._timers.sleep_ms(SETTLE_PAUSE_MS)
 
     @property

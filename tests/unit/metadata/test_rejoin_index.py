@@ -442,6 +442,9 @@ def test_dirty_flags_settled_in_any_slices_equal_a_rebuild(
         assert done == (not index.settling)
         assert_settled_partitions_are_exact(index, image)
         if step in queried_at:
+            left = {t: set(ids) for t, ids in index._dirty.items()}
+            assert_unsettled_queries_match_a_scan(index, image)  # exact with dirty flags left ...
+            assert index._dirty == left  # ... which it does not settle (it asks the dirty partitions)
             for broker_id in [*BROKERS, 6]:
                 ok = (acceptable | {broker_id}).__contains__
                 assert index_changes(index, image, broker_id, ok) == scan_changes(image, broker_id, ok)
@@ -491,3 +494,43 @@ def test_a_bulk_delta_leaves_its_changes_dirty_and_a_small_one_does_not() -> Non
     assert index.flagged_count(1) == rejoin_index.LAZY_MIN_CHANGES  # a query settles the rest first
     assert not index.settling
     assert_same_structure(index, image)
+
+
+def test_an_unsettled_query_finds_dirty_partitions_without_settling_them() -> None:
+    # A bulk delta takes every partition's leader away (an offline topic): its flags are dirty (stale:
+    # settled, nothing flagged).  The query for leaderless partitions (an unclean ElectLeaders) asks each
+    # dirty partition itself: all of them, in scan order, and the settling is left to its slices.
+    size = rejoin_index.LAZY_MIN_CHANGES + 6
+    delta = MetadataDelta(MetadataImage.empty())
+    for name in ("a", "b"):
+        delta.replay(pb.MetadataRecord(topic=pb.TopicRecord(name=name, topic_id=name)))
+        for partition_id in range(size):
+            delta.replay(
+                pb.MetadataRecord(
+                    partition=pb.PartitionRecord(
+                        topic_id=name, partition_id=partition_id, replicas=[1, 2], isr=[1, 2], leader=1
+                    )
+                )
+            )
+    image = delta.apply()
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+    assert not index._flags  # all settled
+    change = MetadataDelta(image)
+    for partition_id in range(size):
+        offline = pb.PartitionChangeRecord(topic_id="b", partition_id=partition_id, leader=-1)
+        change.replay(pb.MetadataRecord(partition_change=offline))
+    image = change.apply()
+    index.advance(change, image.topics_by_id)
+    assert index.settling and not index._flags
+    got = index.unsettled(image.topics_by_id, _leaderless)
+    assert [(t.topic_id, p) for t, p, _ in got] == [("b", p) for p in range(size)]
+    assert index.unsettled(image.topics_by_id, _leaderless, ["a"]) == []
+    assert sum(len(ids) for ids in index._dirty.values()) == size  # nothing settled by the queries
+    assert_unsettled_queries_match_a_scan(index, image)
+    while not index.settle_some(7):
+        pass
+    assert_same_structure(index, image)
+    assert [(t.topic_id, p) for t, p, _ in index.unsettled(image.topics_by_id, _leaderless)] == [
+        ("b", p) for p in range(size)
+    ]
