@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.unfence import Bench
+from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
 
@@ -39,6 +40,7 @@ def _timed_us(fn: Callable[[], Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # in process; bound anyway like every bench main (test_procutil_reaping)
     parser = argparse.ArgumentParser(
         prog="python -m bench.create_placement", description=__doc__.splitlines()[0]
     )
