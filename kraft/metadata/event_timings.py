@@ -35,6 +35,10 @@ class _Longest:
     longest_ms: int
 
 
+_Observe = Callable[[float], None]
+_Set = Callable[[float], None]
+
+
 class EventTimings:
     def __init__(
         self,
@@ -55,6 +59,9 @@ class EventTimings:
         self.slow_threshold_ms = max(SLOW_MIN_MS, SLOW_FACTOR * budget_ms)
         self._log = log
         self._longest: dict[str, _Longest] = {}
+        self._series: dict[str, tuple[_Observe, _Set]] = {}
+        """Per event kind, its histogram's ``observe`` and longest gauge's ``set``: ``labels()`` looks the
+        series up under a lock each call, once per event — per heartbeat at 500 a second (issue #17)."""
         self._last_slow_log_ms: int | None = None
         self._slow_unlogged = 0
         self.slow_events = 0
@@ -66,15 +73,22 @@ class EventTimings:
         self._started_gc_s = self._gc_watch.pause_s_total
 
     def record(self, kind: str, duration_ms: int) -> None:
-        CONTROLLER_EVENT_PROCESSING_TIME.labels(self._node, kind).observe(duration_ms / 1000)
+        series = self._series.get(kind)
+        if series is None:
+            series = self._series[kind] = (
+                CONTROLLER_EVENT_PROCESSING_TIME.labels(self._node, kind).observe,
+                CONTROLLER_EVENT_LONGEST.labels(self._node, kind).set,
+            )
+        observe, set_longest = series
+        observe(duration_ms / 1000)
         now_ms = self._clock.monotonic_ms()
         longest = self._longest.get(kind)
         if longest is None or now_ms - longest.window_start_ms >= LONGEST_WINDOW_MS:
             longest = self._longest[kind] = _Longest(now_ms, duration_ms)
-            CONTROLLER_EVENT_LONGEST.labels(self._node, kind).set(duration_ms / 1000)
+            set_longest(duration_ms / 1000)
         elif duration_ms > longest.longest_ms:
             longest.longest_ms = duration_ms
-            CONTROLLER_EVENT_LONGEST.labels(self._node, kind).set(duration_ms / 1000)
+            set_longest(duration_ms / 1000)
         if duration_ms < self.slow_threshold_ms:
             return
         cpu_ms = round((self._cpu_clock() - self._started_cpu_s) * 1000)

@@ -67,7 +67,7 @@ from kraft.raft.core_rules import (
     sender_error,
     vote_request_error,
 )
-from kraft.raft.core_timers import ElectionTimer
+from kraft.raft.core_timers import NEVER_MS, ElectionTimer
 from kraft.raft.core_types import BatchScanner, RaftConfig
 from kraft.raft.messages import (
     MAX_EPOCH,
@@ -130,6 +130,12 @@ class RaftCore:
         self.now_ms = 0
         self._timer = ElectionTimer(config, rng)
         self._out = Output()
+        self.lease_hit_quiet = False
+        """Whether the last :meth:`confirm_leadership` answered from the lease changed nothing a driver
+        must act on: no round started (no parked fetch to answer) and the next deadline did not move
+        earlier (the renewal timer a first lease caller arms).  A driver then need not take an output for
+        it — at 500 heartbeats a second, a driver turn (output, empty execution, a new sleep) each
+        (issue #17, docs/internals/raft-performance.md "What a heartbeat costs the leader")."""
         self._persisted = election
         self._inflight = InflightRequests()
         self._election: ElectionRole | None = None
@@ -385,11 +391,19 @@ class RaftCore:
         leader = self._leader
         if leader is None:
             raise NotLeaderError(self.leader_and_epoch)
+        renewal_before = NEVER_MS
         if lease:
+            # The renewal timer only moves earlier when the lease was not in use (or not long enough to
+            # reach it) before this caller: read it before and, only then, after (below).
+            renewal_before = leader.lease_renewal_due_ms(self.now_ms)
             leader.note_lease_caller(self.now_ms)
         if lease and leader.lease_holds(self.now_ms):
+            started = leader.read_round_started
             if leader.lease_wants_renewal(self.now_ms):
                 self._apply(leader.request_read_round(self.log, self.high_watermark, self.now_ms)[1])
+            self.lease_hit_quiet = leader.read_round_started == started and (
+                renewal_before != NEVER_MS or leader.lease_renewal_due_ms(self.now_ms) == NEVER_MS
+            )
             return 0
         read_round, decisions = leader.request_read_round(self.log, self.high_watermark, self.now_ms)
         self._apply(decisions)

@@ -128,6 +128,9 @@ class LeaderRole:
         """Per voter of the set in force: a time (the leader's clock) after which it took the response that
         brought it the latest round it echoed — that round's start, or later the first response to it that
         carried the round (:attr:`first_carried_ms`), whichever is later."""
+        self._lease_expiry: int | None = None
+        """:meth:`lease_expiry_ms` until a basis or the voters change (it is read several times per lease
+        caller — each heartbeat that changes nothing, 500 a second with 1,000 brokers: issue #17)."""
         self.first_carried_ms: dict[int, dict[int, int]] = {}
         """Per voter: when the first response to it carrying each round it has not echoed yet was built.
         During bulk work a voter's next Fetch comes long after a round starts (it is writing and replaying
@@ -162,6 +165,7 @@ class LeaderRole:
         # A voter re-added under another directory id must earn its echo again.
         self.read_echo.clear()
         self.lease_basis_ms.clear()  # a new majority must echo again before a lease counts it
+        self._lease_expiry = None
         self.first_carried_ms.clear()
         for gone in set(self.last_contact_ms) - others:
             del self.last_contact_ms[gone]
@@ -581,6 +585,7 @@ class LeaderRole:
             del carried[read_round]
         if basis >= 0:
             self.lease_basis_ms[voter] = basis
+            self._lease_expiry = None
 
     # -- check-quorum leader lease (issue #17)
     #
@@ -595,6 +600,11 @@ class LeaderRole:
     def lease_expiry_ms(self) -> int:
         """When the lease ends on this leader's clock (-1: no lease: not enough voters echoed a round of
         this epoch with a known start, or the lease is off)."""
+        if self._lease_expiry is None:
+            self._lease_expiry = self._compute_lease_expiry_ms()
+        return self._lease_expiry
+
+    def _compute_lease_expiry_ms(self) -> int:
         lease_ms = self.config.lease_ms
         if lease_ms <= 0:
             return -1

@@ -751,7 +751,10 @@ class RaftDriver:
             self._metrics.confirmations_lease.inc()
             self._lease_last_hit_ms = now_ms
             future.set_result(None)
-            if not self._wakeup_queued:
+            # A driver turn only when the call changed the core's output or deadline (a renewal round
+            # started, or the renewal timer armed): otherwise it takes an empty output and re-arms its
+            # sleep, once per heartbeat at 500 heartbeats a second (issue #17, session 12).
+            if not self._core.lease_hit_quiet and not self._wakeup_queued:
                 self._wakeup_queued = True
                 self._push(_Wakeup())
             return future

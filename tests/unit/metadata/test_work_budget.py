@@ -369,6 +369,16 @@ async def test_event_durations_are_measured_per_kind_and_a_slow_one_is_counted()
     longest = "kraft_controller_event_queue_longest_event_seconds"
     assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "slow") == 0.04
     assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "quick") == 0.001
+    # A kind's series are looked up once and kept (issue #17, session 12): later events of it still land
+    # in its own series, and a longer one moves its longest.
+    again = EventTimings(901, clock, budget_ms=5, log=get_logger("test"))
+    for kind, ms in (("again-a", 1), ("again-b", 2), ("again-a", 3), ("again-a", 2)):
+        again.record(kind, ms)
+    assert _sample(CONTROLLER_EVENT_PROCESSING_TIME, f"{name}_count", "901", "again-a") == 3
+    assert _sample(CONTROLLER_EVENT_PROCESSING_TIME, f"{name}_sum", "901", "again-a") == 0.006
+    assert _sample(CONTROLLER_EVENT_PROCESSING_TIME, f"{name}_count", "901", "again-b") == 1
+    assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "again-a") == 0.003
+    assert _sample(CONTROLLER_EVENT_LONGEST, longest, "901", "again-b") == 0.002
 
 
 async def test_a_slow_events_line_says_how_much_was_its_own_cpu_and_how_much_the_gc(

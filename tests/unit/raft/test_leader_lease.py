@@ -326,3 +326,27 @@ def test_the_lease_ages_say_whether_a_round_was_asked_for_or_the_voters_were_slo
     assert core.confirm_leadership(expiry + 3, lease=True) > 0
     assert core.leader_lease_ages_ms(expiry + 3) == (0, {2: LEASE_MS + 3})
     assert core.leader_lease_ages_ms(now) == (0, {2: LEASE_MS + 3})  # never before the core's own time
+
+
+def test_a_lease_hit_is_quiet_only_when_it_changes_neither_the_output_nor_the_deadline() -> None:
+    """Issue #17, session 12: the driver takes an output after a lease hit only when ``lease_hit_quiet``
+    is False.  The first lease caller arms the renewal timer (the deadline moves earlier): not quiet.
+    Hits after it change nothing: quiet, and the output they would give is empty with the same deadline.
+    A hit that starts a renewal round (answering the parked fetch): not quiet."""
+    core, now = _leader()
+    read_round, expiry = _leased(core, now)  # by an ordinary round: the lease is not in use yet
+    assert not _responses(core.handle_request(3, _fetch(2, read_round, wait_ms=1000), now + 1))
+    idle_deadline = core.take_output(now + 1).next_deadline_ms
+    due = expiry - LEASE_MS * 3 // 4 + 1
+    assert idle_deadline > due
+    assert core.confirm_leadership(now + 2, lease=True) == 0
+    assert not core.lease_hit_quiet
+    assert core.take_output(now + 2).next_deadline_ms == due
+    for at in (now + 3, due - 1):
+        assert core.confirm_leadership(at, lease=True) == 0
+        assert core.lease_hit_quiet
+        out = core.take_output(at)
+        assert out.is_empty() and out.next_deadline_ms == due
+    assert core.confirm_leadership(due, lease=True) == 0
+    assert not core.lease_hit_quiet
+    assert _responses(core.take_output(due))[3].read_round == read_round + 1

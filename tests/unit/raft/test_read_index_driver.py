@@ -126,3 +126,37 @@ async def test_confirmations_are_counted_by_how_they_were_answered(caplog: pytes
 
 
 HOWS = ("lease", "lease_lapsed", "round")
+
+
+async def test_a_lease_hit_that_changes_nothing_costs_no_driver_turn_and_the_renewal_still_runs() -> None:
+    """Issue #17, session 12: at 500 heartbeats a second each lease hit queued a driver turn (an empty
+    output and a new sleep).  Now only a hit that changes the core's output or deadline queues one: the
+    first lease caller, which arms the renewal timer, does — and that timer then renews the lease with no
+    caller and the followers' long polls parked (5 s) — while the hits after it do not."""
+    cluster = LoopbackCluster(3, fetch_max_wait_ms=5000, fetch_timeout_ms=2000, election_timeout_ms=1000)
+    try:
+        await cluster.start_all()
+        leader = await cluster.elect(max_ms=60_000, step_ms=100)
+        await cluster.complete(leader.append([b"x"]), "a committed append", max_ms=1000)
+        await cluster.complete(leader.confirm_leadership(), "a confirmed round", max_ms=1000)
+        await cluster.settle()
+        core = leader._core
+        expiry = core.leader_lease_expiry_ms()
+        started = core._leader.read_round_started if core._leader is not None else -1
+        assert not leader._wakeup_queued
+        # The first lease caller arms the renewal timer: a driver turn takes the new deadline.
+        assert leader.confirm_leadership(lease=True).done()
+        assert leader._wakeup_queued
+        await cluster.settle()
+        # The next ones change nothing: answered, no turn queued.
+        for _ in range(3):
+            assert leader.confirm_leadership(lease=True).done()
+            assert not leader._wakeup_queued
+        # The renewal comes from the armed timer alone (a quarter of the 400 ms lease spent): a round
+        # answers the parked long polls and their echoes move the lease on.
+        await cluster.advance(110)
+        await cluster.settle()
+        assert core._leader is not None and core._leader.read_round_started > started
+        assert core.leader_lease_expiry_ms() > expiry
+    finally:
+        await cluster.close()
