@@ -126,6 +126,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> int:
+    reap_children_on_exit()  # the quorums it starts die with it (kraft.procutil)
     parser = argparse.ArgumentParser(
         prog="python -m bench.heartbeat_cost", description=__doc__.split("\n")[0]
     )
@@ -136,7 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each window")
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     args = parser.parse_args(argv)
-    reap_children_on_exit()
     result = run(args.configs, args.brokers, args.rounds, args.windows, args.seconds)
     text = json.dumps(result, indent=1)
     print(json.dumps(result["summary"], indent=1))
