@@ -38,7 +38,7 @@ proto: $(STAMP)
 UNIT_HELPER_DIRS := $(subst $(eval) ,:,$(patsubst %/,%,$(filter-out tests/unit/chaos/ tests/unit/__pycache__/,$(wildcard tests/unit/*/))))
 lint: $(STAMP)
 	$(BIN)/ruff check kraft chaos tests bench
-	$(BIN)/ruff format --check kraft chaos tests bench
+	$(BIN)/ruff format --check kraft chaos tests bench docs
 	$(BIN)/mypy kraft chaos bench
 	MYPYPATH=tests:$(UNIT_HELPER_DIRS) $(BIN)/mypy --exclude '^tests/unit/chaos/' tests/conftest.py tests/unit tests/sim
 	MYPYPATH=tests/unit/chaos $(BIN)/mypy tests/unit/chaos
