@@ -12,6 +12,7 @@ from kraft.metadata.controller_logic import ControllerLogic, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
 from kraft.metadata.event_queue import EventQueueClosedError
+from kraft.metadata.heartbeats import BrokerContact
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
@@ -22,6 +23,19 @@ from kraft.v1 import controller_pb2 as cpb
 INTAKE_MIN_BROKERS = 8
 INTAKE_STALL_FRACTION = 0.25
 INTAKE_STALL_MAX_CHECKS = 16
+
+NO_OFFSET = "none"
+
+
+def applied_offset_field(contact: BrokerContact | None, next_offset: int) -> int | str:
+    """The ``broker_metadata_offset`` of the expiry line: the offset the broker last reported applied, or
+    ``none`` when it never reported one or reported one the metadata log does not hold yet (at or past
+    ``next_offset``, the offset the next record gets).  Such a claim is not an offset anyone applied: the
+    controller fleet benchmark's brokers report 2**50 ("everything"), and a broken broker could too; the
+    line shows only what the broker can really have applied."""
+    if contact is None or not 0 <= contact.metadata_offset < next_offset:
+        return NO_OFFSET
+    return contact.metadata_offset
 
 
 class SessionChecker:
@@ -119,7 +133,7 @@ class SessionChecker:
                 broker=broker_id,
                 last_heartbeat_ms_ago=now - contact.last_contact_ms if contact is not None else -1,
                 session_timeout_ms=lg.heartbeats.session_timeout_ms,
-                broker_metadata_offset=contact.metadata_offset if contact is not None else -1,
+                broker_metadata_offset=applied_offset_field(contact, self._writes.next_offset),
                 leaderships_to_move=leaderships if expiring == broker_id else -1,
                 action="fenced",
             )
