@@ -450,6 +450,26 @@ async def _check_structure(db: aiosqlite.Connection) -> None:
         raise ImageStoreError(f"damaged file: {' '.join(problems)[:200]}")
 
 
+_WRITE_VERSION_AT = 18  # the file header's "file format write version" byte (1 rollback journal, 2 WAL)
+
+
+def _read_only_header(path: Path) -> str | None:
+    """Why SQLite treats the file as read-only although nothing else is wrong with it, or None.
+
+    SQLite opens a file whose header says "file format write version" > 2 read-only (a future format it
+    may read but not write); every SQLite so far writes 1 or 2, so another value is damage.  The rows and
+    pages are intact, so the load verifies, and the next save failed with "attempt to write a readonly
+    database" — a storage failure, fatal on a controller at every restart (found by the byte-damage
+    property test: a flipped bit at byte 18).  Read from the file itself: SQLite decides it from the main
+    file's header, before any WAL frame.  Called on the store's own file with its connection open (the
+    header is written when the tables are created), so a short read means no header yet."""
+    with path.open("rb") as file:
+        header = file.read(100)
+    if len(header) < 100 or header[_WRITE_VERSION_AT] <= 2:
+        return None
+    return f"damaged header: file format write version {header[_WRITE_VERSION_AT]} (read-only to SQLite)"
+
+
 _META_KEYS = frozenset({"offset", "epoch", "schema_version", "updated_at_ms", "checksum"})
 
 
@@ -494,6 +514,11 @@ class SqliteImageStore:
     @classmethod
     async def _open(cls, path: Path, clock: Clock) -> SqliteImageStore:
         db, current = await cls._connect(path)
+        read_only = _read_only_header(path)
+        if read_only is not None:
+            await db.close()
+            cls.discard_file(path, read_only)
+            db, current = await cls._connect(path)
         if not current:
             await db.close()
             # An older build's tables: CREATE TABLE IF NOT EXISTS keeps them as they are, and what it

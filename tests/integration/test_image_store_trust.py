@@ -4,6 +4,7 @@ ahead of the log is discarded at start (one line) and the image rebuilt; the con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 
 import pytest
@@ -58,7 +59,8 @@ def test_an_edited_or_ahead_image_store_is_discarded_and_the_controller_still_le
         return run
 
     # 1. Edited by hand (a topic slipped in): the checksum no longer matches.
-    with sqlite3.connect(store) as db:
+    # Closed at once (``with connect()`` only commits): the controller deletes and re-creates this file.
+    with contextlib.closing(sqlite3.connect(store)) as db, db:
         db.execute("INSERT INTO topics VALUES ('topic-evil', 'EVIL-orders', 0)")
     run = run_after("an edited store")
     assert "event=image_store_discarded" in run and "checksum mismatch" in run

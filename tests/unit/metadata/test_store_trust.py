@@ -83,7 +83,9 @@ async def _load(path: Path) -> tuple[MetadataImage, str | None]:
 
 
 def _edit(path: Path, sql: str) -> None:
-    with sqlite3.connect(path) as db:
+    # Closed here, not by the garbage collector (``with connect()`` only commits): an open connection to a
+    # file the store then deletes and creates again would be closed at some later, random moment.
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute(sql)
 
 
@@ -315,7 +317,7 @@ def test_a_damaged_index_page_that_load_never_reads_is_rebuilt_by_the_next_save(
     pristine = _pristine_store()
     path = tmp_path / "image.sqlite"
     path.write_bytes(pristine)
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         (root,) = db.execute(
             "SELECT rootpage FROM sqlite_master WHERE tbl_name = 'topics' AND type = 'index'"
         ).fetchone()
@@ -381,3 +383,33 @@ def test_an_index_root_page_pointing_at_another_table_is_discarded_at_load(tmp_p
     path.write_bytes(damaged)
     outcome, _ = asyncio.run(_load_and_rebuild(path))
     assert outcome == "discarded"
+
+
+def _with_write_version(data: bytes, version: int) -> bytes:
+    """``data`` with the header's "file format write version" byte (offset 18; 2 = WAL) set to ``version``."""
+    damaged = bytearray(data)
+    damaged[18] = version
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("version", [3, 6, 0x82, 0xFF])
+def test_a_header_write_version_above_2_is_discarded_and_the_next_save_verifies(
+    tmp_path: Path, version: int
+) -> None:
+    """Regression (the byte-damage property above, seen once in session 12 as "attempt to write a readonly
+    database"): SQLite opens a file whose write version is above 2 read-only.  The rows were intact, so the
+    load verified, and the save failed with SQLITE_READONLY — a storage failure, fatal on a controller at
+    every restart.  The store now discards such a file when it opens it."""
+    path = tmp_path / "image.sqlite"
+    path.write_bytes(_with_write_version(_pristine_store(), version))
+    outcome, loaded = asyncio.run(_load_and_rebuild(path))
+    assert outcome == "discarded" and loaded == MetadataImage.empty()
+
+
+async def test_an_empty_store_with_a_read_only_header_is_discarded_and_saves(tmp_path: Path) -> None:
+    """The same damage in a store that holds no image yet (a load that returns early): the open catches it."""
+    path = tmp_path / "image.sqlite"
+    await _saved(path)  # tables created, nothing saved
+    path.write_bytes(_with_write_version(path.read_bytes(), 7))
+    await _saved(path, _sample())
+    assert (await _load(path)) == (_sample(), None)
