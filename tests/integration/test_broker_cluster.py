@@ -31,6 +31,7 @@ from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.quorum import KRAFT_COMMAND, REPO_ROOT, ControllerQuorum, run_kraft, wait_until
 from kraft.config import load_config
 from kraft.errors import ErrorCode
+from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.netutil import free_port, wait_for_port
 from kraft.procutil import log_tail, spawn_logged
 from kraft.storage.batch import build_batch, iter_batches
@@ -572,9 +573,26 @@ def test_a_broker_far_behind_bootstraps_from_a_snapshot(cluster: Cluster) -> Non
     assert isinstance(response, cpb.DeleteTopicsResponse) and response.error_code == 0
     cluster.create_topic("snap-b", {0: [182, 181], 1: [182, 181]})
     # Restarted controllers serve MetadataFetch only from what they applied since their image store
-    # offset, so 181's offset is now below every controller's log window: it must take a snapshot.
+    # offset, so once every controller's store holds the two writes above, 181's offset is below every
+    # controller's log window: it must take a snapshot.  A follower applies a commit late (after its next
+    # fetch, then controller.quorum.follower.listener.delay.ms) and saves its store later still; stopped
+    # right after CreateTopics it restarts from an image at or below 181's offset and, if elected, serves
+    # 181 from its log (the flake of session 12: metadata_catch_up from_offset=166, no snapshot_loaded).
+    leader = wait_until(cluster.quorum.current_leader, WAIT_S, "one agreed controller leader")
+    committed = leader.high_watermark - 1  # the DeleteTopics and CreateTopics records are at or below it
+    stores = {n: node.metadata_dir / IMAGE_STORE_FILE for n, node in cluster.quorum.nodes.items()}
+
+    def stored_offsets() -> dict[int, int | None]:
+        return {n: SqliteImageStore.stored_offset(path) for n, path in stores.items()}
+
+    def all_saved() -> bool:
+        return all(o is not None and o >= committed for o in stored_offsets().values())
+
+    wait_until(all_saved, WAIT_S, f"every controller's image store to reach offset {committed}")
     for node_id in list(cluster.quorum.nodes):
         cluster.quorum.terminate(node_id)
+    # A stopping controller saves its committed image last, so no store went back below the wait's offset.
+    assert all_saved(), stored_offsets()
     cluster.quorum.start()  # all three at once
     cluster.quorum.wait_for_leader(WAIT_S)
 
