@@ -314,6 +314,7 @@ class QuorumController:
         self.heap = HeapFreezer(clock)
         self._tasks: list[asyncio.Task[Any]] = []
         self.lane: HeartbeatLane | None = None  # steady heartbeats answered on the intake thread
+        self._lane_logged: ControllerLogic | None = None  # the leadership whose lane use was logged
         if lease_expiry_ms is not None:
             self.lane = HeartbeatLane(
                 clock,
@@ -596,6 +597,9 @@ class QuorumController:
                 lane.clear()
                 return
             confirmation.add_done_callback(_ignore_result)
+            if self._lane_logged is not logic:  # once per leadership: the lane is in use
+                self._lane_logged = logic
+                self.log.info("heartbeat_fast_lane_serving", answered=lane.answered)
         lane.publish(logic, self.state.committed.offset)
 
     # ---- request plumbing ----

@@ -8,6 +8,7 @@ publication (a fence, a shutdown, a re-registration takes the broker out at once
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 from typing import Any
 
@@ -190,6 +191,7 @@ async def test_a_touch_is_seen_before_the_session_expiry_check() -> None:
     _, controller, clock, lease = await _controller()
     try:
         epoch = await _unfenced(controller, 101)  # last main-loop contact: now
+        _lane(controller).bind(None)  # no lease notes: they would take the touches first
         clock.advance(SESSION_MS // 2)
         lease.hold()
         controller._event_ran("test", 0)
@@ -197,9 +199,13 @@ async def test_a_touch_is_seen_before_the_session_expiry_check() -> None:
         clock.advance(SESSION_MS // 2 + 100)  # past the main loop's contact + session, not the touch's
         logic = controller.logic
         assert logic is not None
+        rebuilds = _lane(controller).rebuilds
+        timed_out = controller.metrics.timed_out_broker_heartbeats._value.get()  # (a per-process series)
         await controller.sessions._fence_expired(logic, clock.now_ms)
         assert not controller.committed.brokers[101].fenced
-        assert controller.metrics.timed_out_broker_heartbeats._value.get() == 0
+        assert controller.metrics.timed_out_broker_heartbeats._value.get() == timed_out
+        # the touch was taken first: 101 was never a candidate, never taken out of the snapshot
+        assert _lane(controller).rebuilds == rebuilds
         # and without any heartbeat for a whole session it is fenced as ever
         clock.advance(SESSION_MS + 1)
         await controller.sessions._fence_expired(logic, clock.now_ms)
@@ -239,15 +245,43 @@ async def test_a_heartbeat_answered_while_the_check_takes_the_broker_out_is_seen
         await controller.stop()
 
 
+async def test_a_broker_taken_out_between_the_touch_and_the_answer_is_not_answered() -> None:
+    """The intake's other half of that race: the main loop takes the broker out and drains right after
+    the intake read the snapshot, before its touch landed — the intake's second read fails, no answer."""
+    _, controller, _, _ = await _controller()
+    try:
+        epoch = await _unfenced(controller, 101)
+        lane = _lane(controller)
+        drained: list[Any] = []
+
+        class MainLoopGetsIn(collections.deque[Any]):
+            def append(self, touch: Any) -> None:
+                lane.unpublish(101)  # the expiry check, between the intake's first read and its touch
+                drained.extend(lane.drain())
+                super().append(touch)
+
+        lane._touches = MainLoopGetsIn()
+        assert lane.answer(_beat(101, epoch)) is None
+        assert drained == [] and lane.answered == 0
+    finally:
+        await controller.stop()
+
+
 async def test_a_fence_a_shutdown_or_a_new_registration_makes_the_next_heartbeat_slow() -> None:
-    _, controller, clock, lease = await _controller()
+    raft, controller, clock, lease = await _controller()
     try:
         lane = _lane(controller)
         epochs = {b: await _unfenced(controller, b) for b in (101, 102, 103, 104)}
         assert all(lane.answer(_beat(b, e)) is not None for b, e in epochs.items())
-        # 101 asks to be fenced (normal path): out of the snapshot when that event ends
-        fenced = await controller.broker_heartbeat(_beat(101, epochs[101], want_fence=True))
-        assert fenced.is_fenced
+        # 101 asks to be fenced (normal path): out of the snapshot when that event ends, not at the commit
+        raft.hold_commits = True
+        fencing = asyncio.create_task(controller.broker_heartbeat(_beat(101, epochs[101], want_fence=True)))
+        await until(lambda: controller.writes.next_offset > controller.committed.offset + 1)
+        assert not fencing.done()
+        assert lane.answer(_beat(101, epochs[101])) is None
+        assert lane.answer(_beat(102, epochs[102])) is not None
+        raft.release()
+        assert (await asyncio.wait_for(fencing, 5.0)).is_fenced
         assert lane.answer(_beat(101, epochs[101])) is None
         # 102 shuts down (controlled shutdown: no leaderships, so it is fenced at once)
         await controller.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=102))
