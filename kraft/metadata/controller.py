@@ -320,7 +320,9 @@ class QuorumController:
                 clock,
                 cluster_id,
                 lease_expiry_ms,
-                note_interval_ms=options.leader_lease_ms // 8,
+                # Raft's lease is at most this long (0.8 x min(fetch timeout, election timeout / 2)): a
+                # note every eighth of it, at most every 100 ms (10 cross-thread posts a second).
+                note_interval_ms=min(options.leader_lease_ms // 8, 100),
                 on_answer=metrics.heartbeats_fast_lane.inc,
             )
             self.sessions.take_touches = self._take_touches
