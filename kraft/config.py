@@ -568,6 +568,14 @@ class NodeConfig(BaseModel):
     controller_broker_heartbeats_on_intake: Bool = _key(
         "controller.broker.heartbeats.on.intake", default=False
     )
+    # With the intake thread and the metadata layer: a *steady* BrokerHeartbeat (one the controller would
+    # answer with no record and only is_caught_up) is answered on the intake thread from a snapshot the
+    # main loop publishes, while the Raft leader lease holds, without the main loop
+    # (kraft.metadata.heartbeat_lane; docs/internals/heartbeat-lane.md); the others take the
+    # HeartbeatBridge path (on with this key whatever controller.broker.heartbeats.on.intake says).
+    controller_broker_heartbeats_fast_lane: Bool = _key(
+        "controller.broker.heartbeats.fast.lane", default=False
+    )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

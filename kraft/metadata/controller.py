@@ -89,6 +89,7 @@ from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
+from kraft.metadata.heartbeat_lane import HeartbeatLane
 from kraft.metadata.idle_noops import IdleNoOps
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.isr_changes import alter_partition
@@ -100,7 +101,15 @@ from kraft.metadata.store_writer import FatalReporter, StoreWriter
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, RaftClient, offset_values
+from kraft.raft.api import (
+    CommittedBatch,
+    LeaderAndEpoch,
+    LoadedSnapshot,
+    NotLeaderError,
+    RaftClient,
+    RaftShutdownError,
+    offset_values,
+)
 from kraft.raft.messages import NO_LEADER
 from kraft.reaper import MIN_ITEMS, release_later, release_replaced_maps, release_replaced_topics
 from kraft.v1 import common_pb2
@@ -128,6 +137,12 @@ def _copy(response: R) -> R:
     copy = type(response)()
     copy.CopyFrom(response)
     return copy
+
+
+def _ignore_result(future: asyncio.Future[None]) -> None:
+    """A lease note's confirmation: nobody waits for it (a lost leadership is heard elsewhere)."""
+    if not future.cancelled():
+        future.exception()
 
 
 async def _next_loop_turn() -> None:
@@ -209,10 +224,12 @@ class QuorumController:
         clock: Clock,
         new_topic_id: Callable[[], str] | None = None,
         on_fatal: FatalReporter | None = None,
+        lease_expiry_ms: Callable[[], int] | None = None,
     ) -> None:
         """``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default.
         ``on_fatal`` (the node's ``Supervisor.fail``) is told when the image store or a snapshot cannot be
-        written (fail-stop, issue #14)."""
+        written (fail-stop, issue #14).  ``lease_expiry_ms`` (the Raft driver's leader lease end on
+        ``clock``) turns on the heartbeat fast lane, :attr:`lane` (controller.broker.heartbeats.fast.lane)."""
         self.raft = raft
         self.node_id = raft.node_id
         self.cluster_id = cluster_id
@@ -249,7 +266,7 @@ class QuorumController:
             max_uncommitted_records=options.max_uncommitted_bulk_records,
         )
         self.event_timings = EventTimings(self.node_id, clock, options.max_event_time_ms, log)
-        self.writes.queue.observe(clock, self.event_timings.record, self.event_timings.start)
+        self.writes.queue.observe(clock, self._event_ran, self.event_timings.start)
         self.activation = Activation(
             state,
             raft,
@@ -296,6 +313,20 @@ class QuorumController:
         self.gauges = ControllerGauges(state, self.timers, metrics)
         self.heap = HeapFreezer(clock)
         self._tasks: list[asyncio.Task[Any]] = []
+        self.lane: HeartbeatLane | None = None  # steady heartbeats answered on the intake thread
+        self._lane_logged: ControllerLogic | None = None  # the leadership whose lane use was logged
+        if lease_expiry_ms is not None:
+            self.lane = HeartbeatLane(
+                clock,
+                cluster_id,
+                lease_expiry_ms,
+                # Raft's lease is at most this long (0.8 x min(fetch timeout, election timeout / 2)): a
+                # note every eighth of it, at most every 100 ms (10 cross-thread posts a second).
+                note_interval_ms=min(options.leader_lease_ms // 8, 100),
+                on_answer=metrics.heartbeats_fast_lane.inc,
+            )
+            self.sessions.take_touches = self._take_touches
+            self.sessions.leave_steady = self.lane.unpublish
 
     # ---- lifecycle ----
 
@@ -307,6 +338,14 @@ class QuorumController:
             self.log.info("image_loaded", offset=loaded.offset, topics=len(loaded.topics_by_id))
             gc.freeze()  # the loaded image (see heap_freezer); startup leaves little garbage behind
         self.raft.register_listener(self)
+        if self.lane is not None:
+            main = asyncio.get_running_loop()
+
+            def notify() -> None:  # on the intake thread
+                with contextlib.suppress(RuntimeError):  # the main loop is closed: the node stops
+                    main.call_soon_threadsafe(self._lane_note)
+
+            self.lane.bind(notify)
         self._tasks = [
             asyncio.create_task(self.sessions.run(), name="controller-sessions"),
             asyncio.create_task(self.noops.run(), name="controller-noops"),
@@ -317,6 +356,9 @@ class QuorumController:
 
     async def stop(self) -> None:
         self.state.stopping = True
+        if self.lane is not None:
+            self.lane.bind(None)
+            self.lane.clear()
         self.raft.unregister_listener(self)
         self.activation.deactivate(NO_LEADER)
         await self.writes.queue.close()
@@ -394,6 +436,8 @@ class QuorumController:
             )
         )
         self.writes.on_committed(batch.last_offset, batch.epoch)
+        if self.lane is not None:
+            self.lane.publish(self.state.logic, image.offset)
         self.state.signal_commit()
         self.store.mark_dirty()
         self.gauges.on_commit()
@@ -501,11 +545,64 @@ class QuorumController:
 
     def _deactivate(self, leader_id: int) -> None:
         """Raft refused an append: leadership is gone (Activation exists only after the write path)."""
+        if self.lane is not None:
+            self.lane.clear()
         self.activation.deactivate(leader_id)
 
     async def handle_leader_change(self, leader: LeaderAndEpoch) -> None:
+        if self.lane is not None:
+            self.lane.clear()  # republished by the next event of a new activation
         self.state.leader = leader
         self.activation.on_leader_change(leader)
+
+    # ---- the heartbeat fast lane (kraft.metadata.heartbeat_lane) ----
+
+    def _event_ran(self, name: str, duration_ms: int) -> None:
+        """After every event, in the same synchronous stretch: a broker the event fenced, shut down or
+        re-registered leaves the lane's snapshot before the loop runs anything else."""
+        self.event_timings.record(name, duration_ms)
+        if self.lane is not None:
+            self.lane.publish(self.state.logic, self.state.committed.offset)
+
+    def _take_touches(self, logic: ControllerLogic | None) -> None:
+        """The heartbeats the lane answered since the last call, as contact in ``logic``'s sessions (only
+        those of the broker's current epoch), and as arrivals for the session checker's intake count."""
+        assert self.lane is not None
+        touches = self.lane.drain()
+        if not touches:
+            return
+        sessions = self.sessions
+        for _ in touches:
+            sessions.heartbeat_arrived()
+        if logic is None:
+            return
+        brokers = logic.image.brokers
+        heartbeats = logic.heartbeats
+        for broker_id, epoch, now_ms, offset in touches:
+            broker = brokers.get(broker_id)
+            if broker is not None and broker.epoch == epoch:
+                heartbeats.touch(broker_id, now_ms, offset)
+
+    def _lane_note(self) -> None:
+        """On main, posted by the lane at most every ``leader_lease_ms / 8`` of fast answers: take their
+        touches, ask Raft for the lease as a caller (the renewal of a lease in use needs callers: without
+        this the lease lapses under fast-lane traffic alone), and republish its expiry."""
+        lane = self.lane
+        if lane is None:
+            return
+        logic = self.state.logic
+        self._take_touches(logic)
+        if logic is not None:
+            try:
+                confirmation = asyncio.ensure_future(self.raft.confirm_leadership(lease=True))
+            except (NotLeaderError, RaftShutdownError):
+                lane.clear()
+                return
+            confirmation.add_done_callback(_ignore_result)
+            if self._lane_logged is not logic:  # once per leadership: the lane is in use
+                self._lane_logged = logic
+                self.log.info("heartbeat_fast_lane_serving", answered=lane.answered)
+        lane.publish(logic, self.state.committed.offset)
 
     # ---- request plumbing ----
 
@@ -605,6 +702,8 @@ class QuorumController:
     # ---- ControllerService operations ----
 
     async def register_broker(self, req: cpb.RegisterBrokerRequest) -> cpb.RegisterBrokerResponse:
+        if self.lane is not None:
+            self._take_touches(self.state.logic)  # a live session refuses a duplicate registration
         return await self._serve(
             cpb.RegisterBrokerResponse(),
             lambda lg: lg.register_broker(req, self.clock.monotonic_ms(), self.writes.next_offset),
@@ -618,6 +717,8 @@ class QuorumController:
         # Contact is recorded on arrival, before waiting for anything (see heartbeats.py).
         self.sessions.heartbeat_arrived()
         logic = self.state.logic
+        if self.lane is not None:
+            self._take_touches(logic)  # the fast lane's first: none is handled before they are seen
         if logic is not None and req.cluster_id == self.cluster_id:
             broker = logic.image.brokers.get(req.broker_id)
             if broker is not None and broker.epoch == req.broker_epoch:

@@ -1536,6 +1536,21 @@ class ControllerLogic:
         )
         return Outcome(records, response, next_offset, wait_offset=depends_on)
 
+    def steady_heartbeats(self) -> dict[int, tuple[int, int]]:
+        """Per broker whose heartbeat, as long as it asks for nothing (no want_fence, want_shut_down or
+        offline partitions), :meth:`broker_heartbeat` answers with no record and only ``is_caught_up``:
+        ``broker id -> (epoch, the offset that answer waits for)`` — registered, unfenced, not in
+        controlled shutdown, not leaving.  What :mod:`kraft.metadata.heartbeat_lane` publishes to the
+        request plane; keep it in step with :meth:`broker_heartbeat`."""
+        leaving = self._leaving
+        offsets = self.broker_offsets
+        shutdowns = self._shutdown_offsets
+        return {
+            broker_id: (broker.epoch, max(offsets.get(broker_id, -1), shutdowns.get(broker_id, -1)))
+            for broker_id, broker in self.image.brokers.items()
+            if not broker.fenced and not broker.in_controlled_shutdown and broker_id not in leaving
+        }
+
     def _registered_broker(self, cluster_id: str, broker_id: int) -> BrokerRegistration:
         """The registration an unregister / controlled-shutdown request is about (KraftError: a wrong
         cluster id, or no such broker)."""

@@ -8,6 +8,8 @@ brokers send (gRPC intake starved, see :meth:`SessionChecker._intake_stalled`) e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kraft.metadata.controller_logic import ControllerLogic, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
@@ -59,6 +61,11 @@ class SessionChecker:
         self._log = log
         self._heartbeats_received = 0  # since the last check (see _intake_stalled)
         self._intake_stalls = 0
+        # With the heartbeat fast lane (kraft.metadata.heartbeat_lane, set by the controller): take the
+        # touches of heartbeats answered on the intake thread into the logic's sessions, and take a broker
+        # out of the lane's snapshot before it is fenced.
+        self.take_touches: Callable[[ControllerLogic], None] | None = None
+        self.leave_steady: Callable[[int], None] | None = None
 
     def heartbeat_arrived(self) -> None:
         self._heartbeats_received += 1
@@ -74,6 +81,8 @@ class SessionChecker:
             logic = self._state.logic
             if logic is None:
                 continue
+            if self.take_touches is not None:
+                self.take_touches(logic)  # they count as received, and as contact
             received, self._heartbeats_received = self._heartbeats_received, 0
             if stall > interval_ms:
                 # The loop itself was blocked: heartbeats may be queued unread, so nobody expires now.
@@ -112,6 +121,26 @@ class SessionChecker:
         )
         return True
 
+    def _settled_expiry(self, logic: ControllerLogic, now: int) -> int | None:
+        """The expired broker :meth:`ControllerLogic.fence_expired` will fence now, after every heartbeat
+        answered on the intake thread was seen: the touches are taken, then the candidate is taken out of
+        the fast lane's snapshot and the touches taken again — a heartbeat the intake answered from the
+        snapshot before that recorded its touch before it, so it is seen now, and any later one goes the
+        normal path.  Repeated while a fresh touch makes another broker the candidate (each at most once).
+        Without the fast lane: ``next_expired``."""
+        take, leave = self.take_touches, self.leave_steady
+        if take is None or leave is None:
+            return logic.heartbeats.next_expired(now)
+        take(logic)
+        left: set[int] = set()
+        while True:
+            expiring = logic.heartbeats.next_expired(now)
+            if expiring is None or expiring in left:
+                return expiring
+            leave(expiring)
+            left.add(expiring)
+            take(logic)
+
     async def _fence_expired(self, logic: ControllerLogic, now: int) -> None:
         fenced: list[int] = []
 
@@ -120,7 +149,7 @@ class SessionChecker:
             if lg is not logic:
                 raise NotControllerError(self._state.leader.leader_id)
             # Read before fencing: what the broker last said and what it leads (the fence moves it).
-            expiring = lg.heartbeats.next_expired(now)
+            expiring = self._settled_expiry(lg, now)
             contact = lg.heartbeats.contact(expiring) if expiring is not None else None
             leaderships = lg.leader_count(expiring) if expiring is not None else 0
             broker_id, records = lg.fence_expired(now, self._writes.next_offset)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.node.controller_bridge import HeartbeatBridge, heartbeat_handler
 from kraft.node.intake_batch import HEARTBEAT_METHOD, CallBatchServicer, add_intake_service
 from kraft.observability.health import CONTROLLER_SERVICE
+from kraft.raft.driver import RaftDriver
 from kraft.security.authorizer import AuthorizerSettings
 
 if TYPE_CHECKING:
@@ -87,6 +89,15 @@ def discard_store_ahead_of_log(path: Path | None, log_end_offset: int) -> bool:
     return True
 
 
+def _fast_lane_lease(node: ControllerNode) -> Callable[[], int] | None:
+    """The Raft leader lease the heartbeat fast lane answers under, when it is on
+    (controller.broker.heartbeats.fast.lane, with the intake thread it runs on)."""
+    cfg = node.config
+    raft = node.raft
+    on = cfg.controller_request_intake_thread and cfg.controller_broker_heartbeats_fast_lane
+    return raft.leader_lease_expiry_ms if on and isinstance(raft, RaftDriver) else None
+
+
 class MetadataLayer:
     """What :func:`install_metadata_layer` returns: the servicer and, once started, the controller."""
 
@@ -106,6 +117,7 @@ class MetadataLayer:
             store_path=image_store_path(node.config),
             clock=SystemClock(),
             on_fatal=None if node.supervisor is None else node.supervisor.fail,
+            lease_expiry_ms=_fast_lane_lease(node),
         )
         await controller.start()
         self.controller = controller
@@ -150,7 +162,9 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
     layer = MetadataLayer(node.config.authorizer_settings)
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
     cfg = node.config
-    if cfg.controller_request_intake_thread and cfg.controller_broker_heartbeats_on_intake:
+    if cfg.controller_request_intake_thread and (
+        cfg.controller_broker_heartbeats_on_intake or cfg.controller_broker_heartbeats_fast_lane
+    ):
         # Heartbeats of one intake turn reach the controller as one event (kraft/node/controller_bridge.py).
         def heartbeats(main: asyncio.AbstractEventLoop) -> grpc.RpcMethodHandler[Any, Any]:
             layer.heartbeats = HeartbeatBridge(main, lambda: layer.servicer.guard, lambda: layer.controller)

@@ -114,6 +114,11 @@ CONTROLLER_PREFERRED_REPLICA_IMBALANCE_COUNT = Gauge(
 CONTROLLER_TIMED_OUT_BROKER_HEARTBEATS = Counter(
     "kraft_controller_timed_out_broker_heartbeats", "Brokers fenced because their session expired", _NODE
 )
+CONTROLLER_HEARTBEATS_FAST_LANE = Counter(
+    "kraft_controller_heartbeats_fast_lane",
+    "Steady broker heartbeats answered on the request plane's thread, without the main loop",
+    _NODE,
+)
 CONTROLLER_LAST_APPLIED_RECORD_OFFSET = Gauge(
     "kraft_controller_last_applied_record_offset", "Offset of the last record applied to the image", _NODE
 )
@@ -347,6 +352,7 @@ class ControllerMetrics:
     offline_partitions_count: Gauge
     preferred_replica_imbalance_count: Gauge
     timed_out_broker_heartbeats: Counter
+    heartbeats_fast_lane: Counter
     last_applied_record_offset: Gauge
     last_committed_record_offset: Gauge
     last_applied_record_lag_seconds: Gauge
@@ -365,6 +371,7 @@ class ControllerMetrics:
             offline_partitions_count=CONTROLLER_OFFLINE_PARTITIONS_COUNT.labels(label),
             preferred_replica_imbalance_count=CONTROLLER_PREFERRED_REPLICA_IMBALANCE_COUNT.labels(label),
             timed_out_broker_heartbeats=CONTROLLER_TIMED_OUT_BROKER_HEARTBEATS.labels(label),
+            heartbeats_fast_lane=CONTROLLER_HEARTBEATS_FAST_LANE.labels(label),
             last_applied_record_offset=CONTROLLER_LAST_APPLIED_RECORD_OFFSET.labels(label),
             last_committed_record_offset=CONTROLLER_LAST_COMMITTED_RECORD_OFFSET.labels(label),
             last_applied_record_lag_seconds=CONTROLLER_LAST_APPLIED_RECORD_LAG_SECONDS.labels(label),

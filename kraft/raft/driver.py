@@ -735,6 +735,11 @@ class RaftDriver:
         if source not in self._pull_sources:
             self._pull_sources.append(source)
 
+    def leader_lease_expiry_ms(self) -> int:
+        """When this leader's check-quorum lease ends on the driver's clock (-1: none, or not leader):
+        what the heartbeat fast lane answers under (kraft.metadata.heartbeat_lane).  A read, on its loop."""
+        return self._core.leader_lease_expiry_ms()
+
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         self._check_running()
         now_ms = self._clock.monotonic_ms()

@@ -169,6 +169,11 @@ class Authorizer:
         self._index = _AclIndex({})
         self._cache: dict[tuple[str, str, Action], Decision] = {}
 
+    def acls_in_force(self) -> object:
+        """The ACLs decisions are taken over now (compare by identity: a change of ACLs is a new object;
+        the heartbeat fast lane's grants are valid only under the ACLs they were decided under)."""
+        return self._acls()
+
     def is_super_user(self, principal: Principal) -> bool:
         return str(principal) in self.settings.super_users
 
