@@ -2334,6 +2334,8 @@ class ControllerLogic:
         budget = self.settings.max_changes_per_write
         group: cpb.TopicElectionResults | None = None
         looked = 0
+        last_id: str | None = None
+        topic: TopicImage | None = None
         while len(batch.records) < budget:
             if scan.position >= len(scan.taken):
                 if scan.source is None:  # the last take was short: nothing is left
@@ -2349,7 +2351,8 @@ class ControllerLogic:
             topic_id, partition_id = scan.taken[scan.position]
             scan.position += 1
             looked += 1
-            topic = topics.get(topic_id)
+            if topic_id != last_id:  # (a topic's candidates come together: one map lookup for them)
+                last_id, topic = topic_id, topics.get(topic_id)
             if topic is None or partition_id >= len(topic.partitions):
                 continue  # deleted since the scan began
             partition = topic.partitions[partition_id]

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.metadata import delta as delta_module
+from kraft.metadata import elr_holders as elr_holders_module
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta, _PartitionParts
 from kraft.metadata.elr_holders import ElrHolders
@@ -175,6 +176,7 @@ def test_a_delta_changing_more_than_a_part_of_one_topic_is_parted_stepped_and_eq
 
     monkeypatch.setattr(delta_module, "PART_BITS", 10)
     monkeypatch.setattr(delta_module, "APPLY_STEP_WORK", 300)
+    monkeypatch.setattr(elr_holders_module, "BULK_STEP_CHANGES", 200)
     parted = MetadataDelta(base)
     parted.replay_decoded(changes)
     changed = parted._topics["H"].changed
@@ -191,7 +193,7 @@ def test_a_delta_changing_more_than_a_part_of_one_topic_is_parted_stepped_and_eq
             image: MetadataImage = done.value
             break
         pauses += 1
-    assert pauses >= 4_500 // 300  # the topic itself is built in steps
+    assert pauses >= 4_500 // 300 + 4_500 // 200  # the topic and its ELR holders in steps
     assert image == expected
     assert image.elr_holders == expected.elr_holders == ElrHolders.scan(image.topics_by_id)
 
@@ -209,8 +211,21 @@ def test_a_grown_topic_with_many_changes_is_built_in_steps_with_its_appends_last
     expected = MetadataDelta(base)
     expected.replay_decoded(batch)
     want = expected.apply()
+    monkeypatch.setattr(delta_module, "PART_BITS", 10)
     monkeypatch.setattr(delta_module, "APPLY_STEP_WORK", 256)
+    monkeypatch.setattr(elr_holders_module, "BULK_STEP_CHANGES", 100)
     stepped = MetadataDelta(base)
     stepped.replay_decoded(batch)
-    assert stepped.apply() == want
+    assert isinstance(stepped._topics["H"].changed, _PartitionParts)
+    steps = stepped.apply_steps()
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            got: MetadataImage = done.value
+            break
+        pauses += 1
+    assert pauses >= 3_000 // 256 + 3_000 // 100
+    assert got == want and got.elr_holders == want.elr_holders == ElrHolders.scan(got.topics_by_id)
     assert len(want.topics_by_id["H"].partitions) == 3_400
