@@ -9,11 +9,12 @@ import dataclasses
 
 import pytest
 
-from kraft.clock import Deadline
+from kraft.clock import Deadline, ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import controller_logic as logic_module
 from kraft.metadata import records
 from kraft.metadata import rejoin_index as rejoin_module
+from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.controller_logic import (
     ControllerLogic,
     ControllerSettings,
@@ -25,6 +26,10 @@ from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage
 from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
+
+from .fake_raft import FakeRaft
+from .test_controller import CLUSTER as SHELL_CLUSTER
+from .test_controller import ENDPOINTS, activate_broker, until
 
 CLUSTER = "c1"
 UNCLEAN = 1
@@ -217,3 +222,58 @@ def test_a_new_logic_under_the_same_scan_starts_over() -> None:
     _run_parts(other, scan)
     _, _, want_image = _one_pass(True)
     assert other.image.topics_by_id == want_image.topics_by_id
+
+
+async def test_through_the_controller_the_parts_answer_as_one_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shell (``QuorumController.elect_leaders``): an implicit UNCLEAN request runs as parts of a work
+    unit (4 elections), each an event of the queue, the next queued from inside each; the answer merges
+    them (a topic cut by two parts is one group) into the one-pass answer on the same image."""
+    options = ControllerOptions(noop_interval_ms=0, session_timeout_ms=600_000, max_work_unit_records=4)
+    clock = ManualClock(0)
+    raft = FakeRaft(1)
+    controller = QuorumController(raft, SHELL_CLUSTER, ENDPOINTS, options, clock=clock)
+    await controller.start()
+    raft.elect()
+    await until(lambda: controller.is_active)
+    try:
+        epochs = {b: await activate_broker(controller, b) for b in (1, 2, 3)}
+        topics = []
+        for name, count in (("t", 13), ("u", 6), ("v", 2)):
+            topic = cpb.CreatableTopic(name=name)
+            for p in range(count):
+                topic.assignments.add(partition=p, broker_ids=[1, 2] if name != "v" else [3, 1])
+            topics.append(topic)
+        await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=SHELL_CLUSTER, topics=topics))
+        logic = controller.logic
+        assert logic is not None
+
+        async def beat(broker_id: int, fence: bool) -> None:
+            request = cpb.BrokerHeartbeatRequest(
+                cluster_id=SHELL_CLUSTER,
+                broker_id=broker_id,
+                broker_epoch=epochs[broker_id],
+                current_metadata_offset=logic.image.offset,
+                want_fence=fence,
+            )
+            await controller.broker_heartbeat(request)
+            await until(lambda: not logic.has_bulk_jobs())
+
+        await beat(1, True)  # 2 leads t and u alone
+        await beat(2, True)  # t and u offline, ISR (2,)
+        await beat(1, False)  # 1 back: in no ISR of t or u, so no clean election
+        image = logic.image
+        assert all(p.leader == NO_PARTITION_LEADER for t in ("t", "u") for p in image.topic(t).partitions)  # type: ignore[union-attr]
+        request = cpb.ElectLeadersRequest(cluster_id=SHELL_CLUSTER, election_type=UNCLEAN)
+        want = ControllerLogic(ControllerSettings(SHELL_CLUSTER), image, 0).elect_leaders(request, 0).response
+        kinds: list[str] = []
+        controller.writes.queue.observe(clock, lambda kind, _ms: kinds.append(kind), lambda: None)
+        got = await controller.elect_leaders(request)
+        assert got.error_code == 0
+        assert _results(got) == _results(want)
+        assert sorted(g.topic for g in got.topics) == ["t", "u"]  # each once (the image's topic order)
+        assert kinds.count("elect-leaders") >= 19 // 4 + 1
+        assert all(p.leader == 1 for t in ("t", "u") for p in logic.image.topic(t).partitions)  # type: ignore[union-attr]
+    finally:
+        await controller.stop()
