@@ -167,7 +167,8 @@ class RejoinIndex:
         self._topics: Mapping[str, TopicImage] | None = None  # the topics map the index reflects
         self._flags: dict[str, dict[int, tuple[int, ...]]] = {}  # topic id → partition id → flagged
         self._by_broker: dict[int, dict[str, set[int]]] = {}  # broker → topic id → partition ids
-        self._ordinal: dict[str, int] = {}  # increases with the topic's position in topics_by_id
+        # increases with the topic's position in topics_by_id; its insertion order is the ordinals' order
+        self._ordinal: dict[str, int] = {}
         self._next_ordinal = 0
         self.leader_counts: Counter[int] = Counter()  # partitions led, per leader id (-1 included)
         # Replicas per broker and partitions in all: CreateTopics' per-broker limits and placement cursor,
@@ -674,7 +675,9 @@ class RejoinIndex:
         the iteration reaches them — a topic with at most :data:`UNSETTLED_WINDOW` of them copied at
         once (sorted), a bigger one :data:`UNSETTLED_WINDOW` ids of its range at a time (C-level
         membership tests), so no step copies or sorts a whole big topic's flags (~1-4 ms at 100,000).
-        The topic order is fixed at the first ``next()`` (a sort of the picked topics).  A partition
+        The topic order is fixed at the first ``next()`` (a sort of the picked topics, or beyond
+        :data:`UNSETTLED_WINDOW` of them one C-level pass over every topic's ordinal: ``_ordinal`` is kept
+        in ordinal order).  A partition
         that became unsettled after the iteration passed it is not seen (it was settled then)."""
         flags = self._flags
         dirty = self._dirty
@@ -683,7 +686,12 @@ class RejoinIndex:
         else:
             picked = {t for t in topic_ids if t in flags or t in dirty}
         ordinal = self._ordinal
-        for topic_id in sorted(picked, key=ordinal.__getitem__):
+        if len(picked) <= UNSETTLED_WINDOW:
+            order = sorted(picked, key=ordinal.__getitem__)
+        else:  # (the ordinals' insertion order is theirs: a C-level pass, not a sort of 100,000 keys)
+            order = list(filter(picked.__contains__, ordinal))
+        del picked
+        for topic_id in order:
             flagged: Mapping[int, tuple[int, ...]] = flags.get(topic_id, _NO_FLAGS)
             stale: Collection[int] = dirty.get(topic_id, _NO_DIRT)
             if len(flagged) + len(stale) <= UNSETTLED_WINDOW:
