@@ -71,10 +71,12 @@ from kraft.metadata.controller_logic import (
     Outcome,
     TopicPlan,
     TopicTransactionBusy,
+    UncleanElectionScan,
     describe_topic,
     error_response,
     is_big_topic,
     is_prepared_topic,
+    merge_election_parts,
 )
 from kraft.metadata.controller_state import (
     YIELD_EVERY_RECORDS,
@@ -84,6 +86,7 @@ from kraft.metadata.controller_state import (
 )
 from kraft.metadata.controller_writes import LeadershipNotConfirmed, WritePath
 from kraft.metadata.delta import MetadataDelta, unreplayable
+from kraft.metadata.election_config import UNCLEAN_ELECTION
 from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.fetch_server import FetchServer
@@ -1176,11 +1179,45 @@ class QuorumController:
         )
 
     async def elect_leaders(self, req: cpb.ElectLeadersRequest) -> cpb.ElectLeadersResponse:
+        if req.election_type == UNCLEAN_ELECTION and not req.topic_partitions:
+            return await self._elect_unclean_part(req, UncleanElectionScan())
         return await self._serve(
             cpb.ElectLeadersResponse(),
             lambda lg: lg.elect_leaders(req, self.writes.next_offset),
             name="elect-leaders",
         )
+
+    async def _elect_unclean_part(
+        self, req: cpb.ElectLeadersRequest, scan: UncleanElectionScan
+    ) -> cpb.ElectLeadersResponse:
+        """One part of an implicit UNCLEAN ElectLeaders (every leaderless partition), as one event of
+        bounded work (``ControllerLogic._elect_unclean_part``); unless it was the last, the next part is
+        queued from inside the event (behind whatever is queued already, as CreateTopics' parts) and
+        its answer merged into this one — a topic's results cut between two parts are one group again.
+        The first part that fails (NOT_CONTROLLER after a failover) is the answer: the client retries
+        the whole request, which elects only what is still leaderless."""
+        if scan.parts:
+            # paced like DeleteTopics' parts: at most max.uncommitted.bulk.records ahead of the commits
+            with contextlib.suppress(TimeoutError):
+                await self.writes.wait_for_room()
+        rest: list[asyncio.Task[cpb.ElectLeadersResponse]] = []
+
+        def build(logic: ControllerLogic) -> Outcome[cpb.ElectLeadersResponse]:
+            outcome = logic.elect_leaders(req, self.writes.next_offset, scan)
+            if outcome.response.error_code == ErrorCode.NONE and not scan.done:
+                rest.append(asyncio.ensure_future(self._elect_unclean_part(req, scan)))
+            return outcome
+
+        answer = await self._serve(cpb.ElectLeadersResponse(), build, name="elect-leaders")
+        for task in rest:
+            more = await task
+            if answer.error_code != ErrorCode.NONE:
+                continue
+            if more.error_code != ErrorCode.NONE:
+                answer = more
+                continue
+            merge_election_parts(answer, more)
+        return answer
 
     async def alter_partition(self, req: cpb.AlterPartitionRequest) -> cpb.AlterPartitionResponse:
         return await self._serve(

@@ -241,6 +241,42 @@ class _LeaveJob:
     (or not) of its incarnation chain, and the retried request starts the job again."""
 
 
+class UncleanElectionScan:
+    """Where an implicit UNCLEAN ElectLeaders (every leaderless partition, no list) is, taken in parts —
+    one event each, of at most ``max.changes.per.write`` elections and the event's time budget (issue
+    #17: its one-event ``RejoinIndex.unsettled`` was ~10-20 ms at 100,000 partitions).  Held by the
+    request (the shell queues the next part from inside each event, as CreateTopics does), not by the
+    logic: a controller that stops being active answers the parts left NOT_CONTROLLER, and the client's
+    retry on the new one elects what is still leaderless — every election of an earlier part that
+    committed left its partition led, so none is repeated and the end state equals one pass's."""
+
+    __slots__ = ("done", "index", "parts", "position", "source", "started", "taken")
+
+    def __init__(self) -> None:
+        self.index: RejoinIndex | None = None  # the index ``source`` reads (a new logic: start over)
+        # RejoinIndex.unsettled_ids; None before the first part and once a take came back short
+        self.source: Iterator[tuple[str, int]] | None = None
+        self.taken: list[tuple[str, int]] = []  # the candidates taken from ``source``, CHECK_EVERY at once
+        self.position = 0  # the next of ``taken`` to look at
+        self.started = False  # ``source`` made (once the index followed the image)
+        self.done = False
+        self.parts = 0
+
+
+def merge_election_parts(answer: cpb.ElectLeadersResponse, more: cpb.ElectLeadersResponse) -> None:
+    """Append a later part's results (:class:`UncleanElectionScan`) to ``answer``: a topic whose results
+    two parts cut is one group again (the one-pass answer names each topic once)."""
+    groups = iter(more.topics)
+    first = next(groups, None)
+    if first is None:
+        return
+    if answer.topics and answer.topics[-1].topic == first.topic:
+        answer.topics[-1].partitions.extend(first.partitions)
+    else:
+        answer.topics.append(first)
+    answer.topics.extend(groups)
+
+
 @dataclass(slots=True)
 class _RejoinJob:
     """Elections after a broker was unfenced, in bounded chunks: the partitions (topic id, partition id)
@@ -2192,7 +2228,7 @@ class ControllerLogic:
         return Outcome(batch.finish(), response, next_offset)
 
     def elect_leaders(
-        self, req: cpb.ElectLeadersRequest, next_offset: int
+        self, req: cpb.ElectLeadersRequest, next_offset: int, scan: UncleanElectionScan | None = None
     ) -> Outcome[cpb.ElectLeadersResponse]:
         """Preferred or unclean leader election (``election_type``, Kafka's ElectionType) for the listed
         partitions (all when none are listed).
@@ -2203,7 +2239,11 @@ class ControllerLogic:
         (RECOVERING, ISR = that leader alone) — whatever ``unclean.leader.election.enable`` says, which
         is the operator's way out of an offline partition.  Results are grouped by topic (the name once
         per topic, issue #15); an explicit request lists every partition it named, an implicit one only
-        the partitions whose election was needed."""
+        the partitions whose election was needed.
+
+        ``scan`` (an implicit UNCLEAN request only): this is one part of it, resumed where ``scan`` says
+        (:class:`UncleanElectionScan`, :meth:`_elect_unclean_part`); ``scan.done`` once it was the last.
+        Without, the whole request runs in this one call."""
         response = cpb.ElectLeadersResponse()
         try:
             self.check_cluster_id(req.cluster_id)
@@ -2227,6 +2267,8 @@ class ControllerLogic:
                 topic = self.image.topic(entry.topic)
                 ids = list(entry.partitions) or (list(range(len(topic.partitions))) if topic else [0])
                 targets.append((entry.topic, ids))
+        elif unclean and scan is not None:
+            return self._elect_unclean_part(response, next_offset, scan)
         elif unclean:
             # Only leaderless partitions can need an unclean election, and the rejoin index flags every
             # one of them (see rejoin_index): found without a scan of every partition, in scan order.
@@ -2279,6 +2321,68 @@ class ControllerLogic:
                     if group is None:
                         group = response.topics.add(topic=name)
                     group.partitions.add(partition=partition_id, error_code=int(code), error_message=message)
+        return Outcome(batch.finish(), response, next_offset)
+
+    def _elect_unclean_part(
+        self, response: cpb.ElectLeadersResponse, next_offset: int, scan: UncleanElectionScan
+    ) -> Outcome[cpb.ElectLeadersResponse]:
+        """One part of an implicit UNCLEAN ElectLeaders: the rejoin index made to follow the image (a
+        slice of its rebuild, when stale, is a part of its own), then candidates ``CHECK_EVERY`` at a
+        time from ``RejoinIndex.unsettled_ids`` — flagged or dirty partitions, nothing settled — each
+        elected when it is leaderless in this part's image, until ``max.changes.per.write`` elections
+        or the event's time budget.  Each partition is looked at once, in scan order: the results and
+        records of all parts are one pass's, cut into pieces."""
+        scan.parts += 1
+        index = self.rejoin_index
+        image = self.image
+        if scan.index is not index:  # the first part, or a new logic (active again): from the start
+            scan.index, scan.source, scan.taken, scan.position, scan.started = index, None, [], 0, False
+        batch = _Batch(self, next_offset)
+        deadline = batch.deadline
+        if not index.follow_some(image.topics_by_id, INDEX_SLICE_PARTITIONS):
+            return Outcome([], response, next_offset)
+        if not scan.started:
+            scan.source, scan.started = index.unsettled_ids(), True
+        topics = image.topics_by_id
+        acceptable = self.acceptable_in(image)
+        guard = guard_for(image)
+        budget = self.settings.max_changes_per_write
+        group: cpb.TopicElectionResults | None = None
+        looked = 0
+        last_id: str | None = None
+        topic: TopicImage | None = None
+        while len(batch.records) < budget:
+            if scan.position >= len(scan.taken):
+                if scan.source is None:  # the last take was short: nothing is left
+                    scan.done = True
+                    break
+                if looked >= CHECK_EVERY and deadline.expired():
+                    break  # (asked between two takes: the candidates taken go first)
+                scan.taken = list(islice(scan.source, CHECK_EVERY))
+                scan.position = 0
+                if len(scan.taken) < CHECK_EVERY:
+                    scan.source = None
+                    continue
+            topic_id, partition_id = scan.taken[scan.position]
+            scan.position += 1
+            looked += 1
+            if topic_id != last_id:  # (a topic's candidates come together: one map lookup for them)
+                last_id, topic = topic_id, topics.get(topic_id)
+            if topic is None or partition_id >= len(topic.partitions):
+                continue  # deleted since the scan began
+            partition = topic.partitions[partition_id]
+            if not _leaderless(partition):
+                continue
+            code, message = self._elect_unclean(
+                batch,
+                topic,
+                partition_id,
+                partition,
+                guard.for_partition(acceptable, topic_id, partition_id) if guard.active else acceptable,
+            )
+            if group is None or group.topic != topic.name:
+                group = response.topics.add(topic=topic.name)
+            group.partitions.add(partition=partition_id, error_code=int(code), error_message=message)
         return Outcome(batch.finish(), response, next_offset)
 
     def _elect_unclean(

@@ -21,8 +21,8 @@ and the empty image starts with an empty one, so real readers never scan.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Generator, Iterable, Iterator, Mapping
-from itertools import compress, repeat
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from itertools import compress, islice, repeat
 from operator import attrgetter, or_, rshift
 from typing import TYPE_CHECKING, Final
 
@@ -41,6 +41,10 @@ a topic without ELRs: 4,096 of a snapshot's new topics took 1.9-2.4 ms)."""
 BULK_CHANGES = 1024
 """Changed partitions of one topic from which :meth:`ElrHolders.advance` uses set operations per chunk
 (C-level) instead of a Python step per partition (a clear of 100,000 partitions: ~3x faster)."""
+
+BULK_STEP_CHANGES = 4_096
+"""Changed partitions of a big topic (in parts) :meth:`ElrHolders.advance_steps` takes between two
+pauses."""
 
 _Chunks = Mapping[int, frozenset[int]]  # chunk number → partition ids of that chunk holding an ELR/LKE
 _NO_CHUNKS: Final[_Chunks] = {}
@@ -81,30 +85,72 @@ def _holders_of_new_topic(partitions: Mapping[int, PartitionRegistration]) -> li
 def _bulk_advance(old: _Chunks, partitions: Mapping[int, PartitionRegistration]) -> dict[int, frozenset[int]]:
     """:meth:`ElrHolders.advance` of one topic for many changed partitions, in set operations: each old
     chunk loses the changed ids (a C-level pass over the chunk), then the changed partitions holding
-    one now are added (found by C-level passes).  A chunk left equal stays the same object."""
+    one now are added (found by C-level passes).  A chunk left equal stays the same object.  (A dict of
+    at most a part's ids; bigger changes go through :func:`_bulk_advance_steps`.)"""
+    chunks = dict(old)
     changed = partitions if isinstance(partitions, dict) else dict.fromkeys(partitions)
+    _bulk_advance_part(chunks, partitions, changed, None)
+    return chunks
+
+
+def _bulk_advance_steps(
+    old: _Chunks, partitions: Mapping[int, PartitionRegistration]
+) -> Generator[None, None, dict[int, frozenset[int]]]:
+    """:func:`_bulk_advance` of a big topic's changes in parts (the delta's ``_PartitionParts``: more than
+    32,768 of them), part by part and :data:`BULK_STEP_CHANGES` at a time, pausing (yielding) between
+    steps: nothing is copied into one dict as big as the changes (session 13: that copy, and the whole
+    topic in one step — ~29 ms for 100,000 changes — were the costs not in proportion to a step), and
+    each step meets only the chunks of its part's span."""
+    chunks = dict(old)
+    spans: Callable[[], list[tuple[range, dict[int, PartitionRegistration]]]] | None = getattr(
+        partitions, "spans", None
+    )
+    assert spans is not None
+    for ids, part in spans():
+        if not part:
+            continue
+        span = range(ids.start >> CHUNK_BITS, ((ids.stop - 1) >> CHUNK_BITS) + 1)
+        items = iter(part.items())
+        while True:
+            step = dict(islice(items, BULK_STEP_CHANGES))
+            if not step:
+                break
+            _bulk_advance_part(chunks, step, step, span)
+            yield
+    return chunks
+
+
+def _bulk_advance_part(
+    chunks: dict[int, frozenset[int]],
+    partitions: Mapping[int, PartitionRegistration],
+    changed: Mapping[int, object],
+    span: range | None,
+) -> None:
+    """:func:`_bulk_advance` of ``partitions`` (keys ``changed``), editing ``chunks`` in place; ``span``:
+    the chunk numbers they fall in (a part's), None when any.  Reads ``chunks`` as edited so far, so
+    parts sharing a chunk (parts smaller than a chunk, in tests) compose."""
     values = partitions.values()
     flags = map(or_, map(bool, map(_elr_of, values)), map(bool, map(_lke_of, values)))
     added = _chunked(compress(partitions.keys(), flags))
-    chunks = dict(old)
     # The chunks a changed partition falls in — computed (~0.1 µs per changed partition) only when they
-    # are few against the holders; otherwise every chunk is looked at (~0.03 µs per holder, an
-    # untouched one stays the same object).
-    if len(changed) * 3 < sum(map(len, old.values())):
+    # are few against the holders; otherwise every chunk (of the span) is looked at (~0.03 µs per
+    # holder, an untouched one stays the same object).
+    held: Iterable[int] = chunks.keys() if span is None else [c for c in span if c in chunks]
+    if len(changed) * 3 < sum(map(len, map(chunks.__getitem__, held))):
         touched: Iterable[int] = set(map(rshift, changed, repeat(CHUNK_BITS)))
     else:
-        touched = set(old).union(added)
+        touched = set(held).union(added)
     for chunk_no in touched:
-        ids = old.get(chunk_no)
+        ids = chunks.get(chunk_no)
         kept = frozenset() if ids is None else ids.difference(changed)  # C-level dict lookups
         more = added.get(chunk_no)
         if more:
             kept |= more
         if kept:
-            chunks[chunk_no] = kept if ids is None or kept != ids else ids
-        else:
-            chunks.pop(chunk_no, None)
-    return chunks
+            if ids is None or kept != ids:
+                chunks[chunk_no] = kept
+        elif ids is not None:
+            del chunks[chunk_no]
 
 
 def _after_changes(old: _Chunks, partitions: Mapping[int, PartitionRegistration]) -> _Chunks:
@@ -261,6 +307,8 @@ class ElrHolders:
                 # A topic holding none (``elr_set`` is conservative): two C-level passes say whether
                 # any changed partition now holds one, instead of a Python step each.
                 continue
+            elif hasattr(partitions, "spans"):  # more than a part's worth: in steps
+                chunks = yield from _bulk_advance_steps(old, partitions)
             elif len(partitions) >= BULK_CHANGES:
                 chunks = _bulk_advance(old, partitions)
             else:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, pairwise
+from itertools import chain, pairwise, repeat
 from operator import attrgetter, is_
 
 from kraft.metadata.delta import MetadataDelta
@@ -76,6 +76,12 @@ TOPIC_COUNTS_MIN_PARTITIONS = 4096
 (DeleteTopics: one RemoveTopicRecord) subtracts two per-broker counters instead of walking every
 partition — 50-80 ms of one event for 100,000 partitions before.  Smaller topics are walked (≤ ~3 ms);
 counters for every topic would cost ~70 KB per topic at 1,000 brokers."""
+
+
+UNSETTLED_WINDOW = 4_096
+"""Partition ids :meth:`RejoinIndex.unsettled_ids` reads of a big topic at a time (~0.1-0.3 ms)."""
+_NO_FLAGS: Mapping[int, tuple[int, ...]] = {}
+_NO_DIRT: frozenset[int] = frozenset()
 
 
 def _count_topic(partitions: Sequence[PartitionRegistration]) -> tuple[Counter[int], Counter[int]]:
@@ -161,7 +167,8 @@ class RejoinIndex:
         self._topics: Mapping[str, TopicImage] | None = None  # the topics map the index reflects
         self._flags: dict[str, dict[int, tuple[int, ...]]] = {}  # topic id → partition id → flagged
         self._by_broker: dict[int, dict[str, set[int]]] = {}  # broker → topic id → partition ids
-        self._ordinal: dict[str, int] = {}  # increases with the topic's position in topics_by_id
+        # increases with the topic's position in topics_by_id; its insertion order is the ordinals' order
+        self._ordinal: dict[str, int] = {}
         self._next_ordinal = 0
         self.leader_counts: Counter[int] = Counter()  # partitions led, per leader id (-1 included)
         # Replicas per broker and partitions in all: CreateTopics' per-broker limits and placement cursor,
@@ -569,12 +576,18 @@ class RejoinIndex:
         partitions or until ``expired()``; True once :meth:`ready_for` ``topics_by_id``.  An unfence
         waits for this in slices (the controller's rejoin job) instead of settling a whole bulk job's
         changes in its own event (0.2-0.3 s after a 109k-leadership shutdown)."""
-        if self._topics is not topics_by_id:
-            if self._pending is None:
-                self.start_rebuild(topics_by_id)  # stale: rebuild in slices, not in one pass
-            if not self.rebuild_some(topics_by_id, limit):
-                return False
+        if not self.follow_some(topics_by_id, limit):
+            return False
         return self.settle_some(limit, expired)
+
+    def follow_some(self, topics_by_id: Mapping[str, TopicImage], limit: int) -> bool:
+        """The first half of :meth:`catch_up`: one bounded step of making the index follow
+        ``topics_by_id`` (a sliced rebuild when stale), dirty flags left as they are; True once it does."""
+        if self._topics is topics_by_id:
+            return True
+        if self._pending is None:
+            self.start_rebuild(topics_by_id)  # stale: rebuild in slices, not in one pass
+        return self.rebuild_some(topics_by_id, limit)
 
     def _flag(self, topic_id: str, partition_id: int, brokers: Iterable[int]) -> None:
         for broker_id in brokers:
@@ -652,6 +665,52 @@ class RejoinIndex:
                 if wanted(partition):
                     found.append((topic, partition_id, partition))
         return found
+
+    def unsettled_ids(self, topic_ids: Collection[str] | None = None) -> Iterator[tuple[str, int]]:
+        """:meth:`unsettled` taken lazily, for a caller that works in bounded slices (an implicit UNCLEAN
+        ElectLeaders, session 13): (topic id, partition id) of every partition that was flagged or
+        dirty when the iteration reached it, in scan order; the caller asks its own ``wanted`` of each
+        on its current image.  The caller must keep the index following its image between two
+        ``next()`` calls (:meth:`follow_some`): each topic's ids are read from the index as it is when
+        the iteration reaches them — a topic with at most :data:`UNSETTLED_WINDOW` of them copied at
+        once (sorted), a bigger one :data:`UNSETTLED_WINDOW` ids of its range at a time (C-level
+        membership tests), so no step copies or sorts a whole big topic's flags (~1-4 ms at 100,000).
+        The topic order is fixed at the first ``next()`` (a sort of the picked topics, or beyond
+        :data:`UNSETTLED_WINDOW` of them one C-level pass over every topic's ordinal: ``_ordinal`` is kept
+        in ordinal order).  A partition
+        that became unsettled after the iteration passed it is not seen (it was settled then)."""
+        flags = self._flags
+        dirty = self._dirty
+        if topic_ids is None:
+            picked = set(flags).union(dirty)
+        else:
+            picked = {t for t in topic_ids if t in flags or t in dirty}
+        ordinal = self._ordinal
+        if len(picked) <= UNSETTLED_WINDOW:
+            order = sorted(picked, key=ordinal.__getitem__)
+        else:  # (the ordinals' insertion order is theirs: a C-level pass, not a sort of 100,000 keys)
+            order = list(filter(picked.__contains__, ordinal))
+        del picked
+        for topic_id in order:
+            flagged: Mapping[int, tuple[int, ...]] = flags.get(topic_id, _NO_FLAGS)
+            stale: Collection[int] = dirty.get(topic_id, _NO_DIRT)
+            if len(flagged) + len(stale) <= UNSETTLED_WINDOW:
+                yield from zip(repeat(topic_id), sorted(flagged.keys() | stale))
+                continue
+            low = 0
+            while True:
+                topics = self._topics
+                topic = None if topics is None else topics.get(topic_id)
+                if topic is None or low >= len(topic.partitions):
+                    break
+                high = min(low + UNSETTLED_WINDOW, len(topic.partitions))
+                flagged = flags.get(topic_id, _NO_FLAGS)  # (as they are now: replaced or gone meanwhile)
+                stale = dirty.get(topic_id, _NO_DIRT)
+                window = range(low, high)
+                found = set(filter(flagged.__contains__, window))
+                found.update(filter(stale.__contains__, window))
+                yield from zip(repeat(topic_id), sorted(found))
+                low = high
 
     def candidates(
         self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]

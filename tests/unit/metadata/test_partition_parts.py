@@ -4,6 +4,7 @@ dict rebuilding its table at 699,051 partitions was one 27-29 ms piece of a snap
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
@@ -11,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.metadata import delta as delta_module
+from kraft.metadata import elr_holders as elr_holders_module
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta, _PartitionParts
+from kraft.metadata.elr_holders import ElrHolders
 from kraft.metadata.image import MetadataImage, PartitionRegistration
 from kraft.v1 import common_pb2
 from kraft.v1 import metadata_pb2 as pb
@@ -128,3 +131,101 @@ def test_a_snapshots_huge_topic_is_parted_and_gives_the_same_image_and_local_cha
     image = parted.apply()
     assert image == plain.apply()
     assert image.topics_by_id["H"].partitions[4_999] == plain.partition("H", 4_999)
+
+
+def _changes(count: int, seed: int) -> list[pb.MetadataRecord]:
+    """PartitionChangeRecords of topic H in a shuffled order (ids spread over every part): leader moves,
+    and ELRs given to some partitions and taken from others (the ELR index's bulk path); from id 4,096
+    on only taken (a chunk that only loses holders)."""
+    rng = random.Random(seed)
+    ids = list(range(count))
+    rng.shuffle(ids)
+    out = []
+    for p in ids:
+        change = pb.PartitionChangeRecord(topic_id="H", partition_id=p, leader=1 + (p + 1) % 3)
+        if p % 5 == 0 and p < 4_096:
+            change.eligible_leader_replicas.CopyFrom(pb.BrokerIdList(ids=[1 + (p + 2) % 3]))
+        elif p % 97 == 0:
+            change.eligible_leader_replicas.CopyFrom(pb.BrokerIdList(ids=[]))
+        out.append(records.wrap(change))
+    return out
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_a_delta_changing_more_than_a_part_of_one_topic_is_parted_stepped_and_equal(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session 13 (issue #17): a delta of many batches changing more than ``1 << PART_BITS`` partitions of
+    one topic (PartitionChangeRecords, ids in any order) goes into parts like a growing topic's; the
+    topic is built ``APPLY_STEP_WORK`` changes a step; the ELR index advances part by part.  Image and
+    ELR index equal the batch-by-batch reference (each batch applied) and an unparted, unstepped apply."""
+    base_delta = MetadataDelta(MetadataImage.empty())
+    base_delta.replay_decoded(_topic_records(5_000))
+    base = base_delta.apply()
+    changes = _changes(4_500, seed)
+    plain = MetadataDelta(base)
+    plain.replay_decoded(changes)
+    assert type(plain._topics["H"].changed) is dict
+    expected = plain.apply()
+    reference = base
+    for start in range(0, len(changes), 700):
+        batch = MetadataDelta(reference)
+        batch.replay_decoded(changes[start : start + 700])
+        reference = batch.apply()
+    assert expected == reference and expected.elr_holders == reference.elr_holders
+
+    monkeypatch.setattr(delta_module, "PART_BITS", 10)
+    monkeypatch.setattr(delta_module, "APPLY_STEP_WORK", 300)
+    monkeypatch.setattr(elr_holders_module, "BULK_STEP_CHANGES", 200)
+    parted = MetadataDelta(base)
+    parted.replay_decoded(changes)
+    changed = parted._topics["H"].changed
+    assert isinstance(changed, _PartitionParts)
+    assert len(changed) == 4_500 and max(map(len, changed._parts)) <= 1 << 10
+    assert all(p >> 10 == i for i, part in enumerate(changed._parts) for p in part)
+    assert dict(changed.items()) == dict(plain._topics["H"].changed.items())
+    steps = parted.apply_steps()
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            image: MetadataImage = done.value
+            break
+        pauses += 1
+    assert pauses >= 4_500 // 300 + 4_500 // 200  # the topic and its ELR holders in steps
+    assert image == expected
+    assert image.elr_holders == expected.elr_holders == ElrHolders.scan(image.topics_by_id)
+
+
+def test_a_grown_topic_with_many_changes_is_built_in_steps_with_its_appends_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A topic changed and grown in one delta (changes, then CreatePartitions' new partitions): updates
+    in steps, appended partitions in one final call, equal to the one-call build."""
+    base_delta = MetadataDelta(MetadataImage.empty())
+    base_delta.replay_decoded(_topic_records(3_000))
+    base = base_delta.apply()
+    grown = _topic_records(3_400)[4 + 3_000 :]  # partitions 3,000..3,399
+    batch = _changes(3_000, 5) + grown
+    expected = MetadataDelta(base)
+    expected.replay_decoded(batch)
+    want = expected.apply()
+    monkeypatch.setattr(delta_module, "PART_BITS", 10)
+    monkeypatch.setattr(delta_module, "APPLY_STEP_WORK", 256)
+    monkeypatch.setattr(elr_holders_module, "BULK_STEP_CHANGES", 100)
+    stepped = MetadataDelta(base)
+    stepped.replay_decoded(batch)
+    assert isinstance(stepped._topics["H"].changed, _PartitionParts)
+    steps = stepped.apply_steps()
+    pauses = 0
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            got: MetadataImage = done.value
+            break
+        pauses += 1
+    assert pauses >= 3_000 // 256 + 3_000 // 100
+    assert got == want and got.elr_holders == want.elr_holders == ElrHolders.scan(got.topics_by_id)
+    assert len(want.topics_by_id["H"].partitions) == 3_400

@@ -182,6 +182,17 @@ def assert_unsettled_queries_match_a_scan(index: RejoinIndex, image: MetadataIma
         some = TOPIC_IDS[1:]
         got = index.unsettled(image.topics_by_id, wanted, some)
         assert [(t.topic_id, p) for t, p, _ in got] == [e for e in expected if e[0] in some]
+        # taken lazily (an implicit unclean ElectLeaders in parts), big topics in windows or not, the
+        # topics sorted or (window 2: more picked than that) in the ordinals' insertion order, kept sorted
+        assert list(index._ordinal.values()) == sorted(index._ordinal.values())
+        for window in (rejoin_index.UNSETTLED_WINDOW, 2):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(rejoin_index, "UNSETTLED_WINDOW", window)
+                topics = image.topics_by_id
+                lazy = [(t, p) for t, p in index.unsettled_ids() if wanted(topics[t].partitions[p])]
+                assert lazy == [(t.topic_id, p) for t, p, _ in index.unsettled(topics, wanted)]
+                lazy = [(t, p) for t, p in index.unsettled_ids(some) if wanted(topics[t].partitions[p])]
+                assert lazy == [e for e in expected if e[0] in some]
 
 
 @pytest.mark.parametrize("lazy_min_changes", [rejoin_index.LAZY_MIN_CHANGES, 0])
