@@ -51,7 +51,7 @@ from kraft.raft.api import (
 )
 from kraft.raft.control_codec import voter_problem, voters_in_batch, voters_record_of
 from kraft.raft.core import RaftCore
-from kraft.raft.core_log import EpochEntry, LogMeta
+from kraft.raft.core_log import EpochEntry, LogInvariantError, LogMeta
 from kraft.raft.core_output import (
     AppendFetched,
     AppendLeaderChange,
@@ -1064,16 +1064,67 @@ class RaftDriver:
         try:
             for source in sources:
                 source.hold()
-            end = await self._sync.run(self._log.flush)
+            end = await self._serve_during_flush(self._sync.run(self._log.flush))
             self._metrics.log_end_offset.set(end)
             await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
         finally:
             for source in sources:
                 source.release()
 
+    async def _serve_during_flush(self, fsync: asyncio.Future[int]) -> int:
+        """Await ``fsync`` while feeding the core the queued inputs it takes during a flush (the lease's
+        echo path, issue #17 session 13: a leader's inbound Fetches and the answers to its parked ones
+        when a round starts, a follower's echo answers — :meth:`RaftCore.takes_request_during_flush`).
+        Everything else stays queued, in order, for :meth:`_run` after the flush's own output.  Before, a
+        Fetch that arrived during a leader's fsync waited for it (up to ~200 ms under bulk work), and with
+        it the echo that renews the lease and the progress that commits; a follower's echo answer waited
+        for the follower's fsync."""
+        fsync.add_done_callback(self._wake_on_fsync)
+        try:
+            while not fsync.done():
+                self._wake.clear()
+                while True:
+                    now_ms = self._clock.monotonic_ms()
+                    event = self._take_flush_input(now_ms)
+                    if event is None:
+                        break
+                    out = self._dispatch(event, now_ms)
+                    if out.log_ops or out.flush:
+                        # The core promised neither for these inputs; writing now would race the fsync.
+                        raise LogInvariantError(f"{type(event).__name__} wrote the log during a flush")
+                    self._metrics.inputs_during_flush.inc()
+                    # Not followed by _wake_due_listeners: a follower's listeners wait for the end of the
+                    # output this flush belongs to (a leader's were woken by the commit itself).
+                    await execute_output(out, self._ports)
+                if not fsync.done():
+                    await self._wake.wait()
+        finally:
+            fsync.cancel()  # the driver stopped (cancelled) meanwhile: nobody awaits it (no-op if done)
+        return fsync.result()
+
+    def _wake_on_fsync(self, _fsync: asyncio.Future[int]) -> None:
+        self._wake.set()
+
+    def _take_flush_input(self, now_ms: int) -> _Event | None:
+        """Remove and return the first queued input the core takes during a flush (None: none)."""
+        core = self._core
+        for index, event in enumerate(self._events):
+            if isinstance(event, _SnapshotVoters):
+                return None  # fed before any other input (see _apply_log_op): nothing may pass it
+            if (
+                (isinstance(event, _Inbound) and core.takes_request_during_flush(event.request))
+                or (isinstance(event, _Response) and core.takes_response_during_flush(event.correlation_id))
+                or (isinstance(event, _Wakeup) and core.takes_output_during_flush(now_ms))
+            ):
+                del self._events[index]
+                return event
+        return None
+
     def _wait_until(self, deadline_ms: int) -> None:
         self._observe_state()
         self._deadline_ms = deadline_ms
+        for age_ms in self._core.take_lease_echo_ages_ms():
+            self._metrics.lease_echo_basis_age.observe(age_ms / 1000)
 
     async def _apply_log_op(self, op: LogOp) -> None:
         if isinstance(op, AppendRecords):
