@@ -986,7 +986,13 @@ class RaftDriver:
                         await asyncio.sleep(0)
                 else:
                     due_polls = 0
-                while self._events:
+                # The events queued now, then a poll: not `while self._events`, which never polled while
+                # each event's flush let the next one arrive (a leader under bulk appends: a wake-up per
+                # fsync) — its timers starved: check-quorum, the lease's renewal, the linger bound (issue
+                # #17, session 13; found by the simulation's driver ordering, tests/sim).
+                for _ in range(len(self._events)):
+                    if not self._events:
+                        break
                     event = self._events.popleft()
                     await execute_output(self._dispatch(event, self._clock.monotonic_ms()), self._ports)
                     self._wake_due_listeners()
