@@ -23,11 +23,12 @@ from raft_helpers import FAST_TIMINGS, LoopbackCluster, NodeStores, wait_until
 
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
+from kraft.raft.api import NotLeaderError
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import MemoryElectionStore, MemoryLogStore, MemorySnapshotStore
 from kraft.raft.messages import FetchRequest, FetchResponse, RaftRequest, RaftResponse
-from kraft.raft.state import ElectionState
+from kraft.raft.state import ElectionState, StateKind
 from kraft.storage.batch import build_batch
 
 GATE_TIMEOUT_S = 5.0
@@ -207,3 +208,65 @@ async def test_a_follower_echoes_a_newer_round_while_its_fsync_runs() -> None:
     finally:
         log.open.set()
         await follower.stop()
+
+
+# ------------------------------------------------------------------ timers under back-to-back flushes
+
+
+class AppendingLog(MemoryLogStore):
+    """While armed, each flush hands its driver another append before it returns (from the fsync thread,
+    as a request plane on another thread does): the next event always arrives during the flush."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.driver: RaftDriver | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.appends = 0
+
+    def flush(self) -> int:
+        if self.driver is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._append)
+        return super().flush()
+
+    def _append(self) -> None:
+        driver = self.driver
+        if driver is None:
+            return
+        try:
+            driver.schedule_append([b"x"])
+            self.appends += 1
+        except NotLeaderError:
+            self.driver = None  # deposed: the chain ends
+
+
+async def test_a_leader_whose_every_flush_brings_the_next_append_still_polls_its_timers() -> None:
+    # Before session 13 the driver took queued events until none was left and only then polled the
+    # core: with an append arriving during every fsync it never polled, so an isolated leader never
+    # resigned (check-quorum) and the lease's renewals from poll never ran.
+    cluster = LoopbackCluster(3)
+    logs = {node_id: AppendingLog() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        await cluster.settle()
+        log = logs[leader.node_id]
+        cluster.network.isolate(leader.node_id)  # no Fetch reaches it: check-quorum must depose it
+        log.loop = asyncio.get_running_loop()
+        log.driver = leader
+        leader.schedule_append([b"first"])
+        check_quorum_ms = 3 * FAST_TIMINGS["fetch_timeout_ms"] // 2
+        for _ in range(4 * check_quorum_ms // 10):
+            if leader.state is not StateKind.LEADER:
+                break
+            cluster.clock.advance(10)
+            for driver in cluster.drivers.values():
+                driver.recheck_timers()
+            await asyncio.sleep(0.002)
+        assert log.appends > 10  # the flushes did bring appends all along
+        assert leader.state is not StateKind.LEADER, "the isolated leader never polled its check-quorum"
+    finally:
+        for log in logs.values():
+            log.driver = None
+        await cluster.close()
