@@ -351,12 +351,15 @@ def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int
     # session 13: the lease's echo path — each echo that renewed a basis, by the basis' age when it
     # counted (cumulative buckets, ms -> count at or under), and the inputs fed during an fsync
     ages = "kraft_raft_lease_echo_basis_age_seconds_bucket"
+    bounds = {
+        key: key[len(ages) + 1 :].split("]@", 1)[0]
+        for key in after
+        if key.startswith(f"{ages}[") and key.endswith(f"@{leader_id}")
+    }
     out["echo_basis_age_at_or_under_ms"] = {
-        str(round(float(key[len(ages) + 1 :].split("]@", 1)[0]) * 1000)): int(delta(key))
-        for key in sorted(
-            after, key=lambda k: float(k[len(ages) + 1 :].split("]@", 1)[0].replace("+Inf", "inf"))
-        )
-        if key.startswith(f"{ages}[") and key.endswith(f"@{leader_id}") and "+Inf" not in key
+        str(round(float(le) * 1000)): int(delta(key))
+        for key, le in sorted(bounds.items(), key=lambda item: float(item[1]))
+        if le != "+Inf"
     }
     out["echo_basis_ages"] = int(delta(f"{ages}[+Inf]@{leader_id}"))
     out["inputs_during_flush"] = {

@@ -7,7 +7,9 @@ Task ownership (who touches what):
   output with :func:`~kraft.raft.executor.execute_output` (the one order of effects, shared with the
   simulation): log writes → send-now messages → quorum-state write (fsync) → send-after-persist
   messages → notifications → next deadline → log fsync, whose ``on_flushed`` output it executes before
-  taking the next event.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds
+  taking the next event — meanwhile it feeds the core only the inputs whose outputs write nothing (a
+  leader's Fetches, a follower's echo answers: :meth:`RaftDriver._serve_during_flush`).  It takes the
+  events queued when a round starts, then polls the core, so a stream of events cannot starve its timers.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds
   records to the accumulator, no IO) and read-only views.
 - **raft-send** tasks, one per outbound request: ``transport.send`` and push the outcome back as an
   event; they never touch the core.
@@ -344,8 +346,9 @@ class PullSource(Protocol):
     :class:`kraft.node.intake.DriverBridge`) that the driver *pulls* while its leader fsync runs.
 
     A hand-off wakes the driver's loop (a cross-thread post, a context switch and a GIL hand-over on the
-    main thread); while the leader awaits its fsync nothing it is handed can reach the core before the
-    fsync returns anyway (the driver task takes no event meanwhile), so the wake-up buys nothing.  Between
+    main thread); while the leader awaits its fsync no append it is handed is cut into a batch before the
+    fsync returns anyway (the driver feeds the core only Fetches and round answers meanwhile:
+    :meth:`RaftDriver._serve_during_flush`), so the wake-up buys nothing.  Between
     :meth:`hold` and :meth:`release` the source therefore keeps what arrives, and the driver takes it all
     at once when the flush is done — in the loop turn the fsync's completion wakes anyway.  With no flush
     in flight (an idle leader) the source hands off at once, so a lone write is still written at once
