@@ -9,8 +9,9 @@ Task ownership (who touches what):
   messages → notifications → next deadline → log fsync, whose ``on_flushed`` output it executes before
   taking the next event — meanwhile it feeds the core only the inputs whose outputs write nothing (a
   leader's Fetches, a follower's echo answers: :meth:`RaftDriver._serve_during_flush`).  It takes the
-  events queued when a round starts, then polls the core, so a stream of events cannot starve its timers.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds
-  records to the accumulator, no IO) and read-only views.
+  events queued when a round starts, then polls the core, so a stream of events cannot starve its
+  timers.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds records to the
+  accumulator, no IO) and read-only views.
 - **raft-send** tasks, one per outbound request: ``transport.send`` and push the outcome back as an
   event; they never touch the core.
 - **inbound RPC tasks** (the transport's): :meth:`RaftDriver.handle_request` queues the request and awaits

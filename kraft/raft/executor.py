@@ -24,8 +24,9 @@ The order, and why:
    core meanwhile only the inputs whose outputs write nothing (``RaftCore.takes_request_during_flush``
    and siblings: a leader's Fetches — the lease's echoes —, its answers to parked Fetches, a follower's
    echo answers); the simulation completes it a few virtual milliseconds later, with any events in
-   between (or, with ``SimNode.driver_ordering``, with the driver's), like a slow disk.  Last, because the flush's own Output (a higher high
-   watermark, a later deadline) must supersede this one's, never the reverse.
+   between (or, with ``SimNode.driver_ordering``, with the driver's), like a slow disk.  Last, because
+   the flush's own Output (a higher high watermark, a later deadline) must supersede this one's, never
+   the reverse.
 
 Notifications come before this Output's flush on purpose, on the leader and on a follower alike: a
 high watermark never depends on it.  The leader counts itself towards the high watermark only by its
