@@ -413,6 +413,7 @@ class SimNode:
         self.queued.clear()
         self.wakeup_queued = False
         self.poll_due = False
+        self.round_polled = True
         self.download = bytearray()
         self.process(self.core.start(self.clock_ms()))
 
@@ -431,6 +432,7 @@ class SimNode:
         self.queued.clear()
         self.wakeup_queued = False
         self.poll_due = False
+        self.round_polled = True
 
     def _directory_id(self) -> str:
         """A fresh directory id per format (a wiped disk is reformatted with a new one)."""
@@ -653,7 +655,7 @@ class SimNode:
             return
         self.scheduled_polls.discard(deadline_ms)
         if self.driver_ordering and (self.flushing or self.queued):
-            # The driver polls once its queue is drained (after the flush): not an input of the queue.
+            # The driver polls after its current round of events (and the flush): not a queued input.
             self.poll_due = True
             return
         self.process(self.live_core.poll(self.clock_ms()))
