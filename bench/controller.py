@@ -297,6 +297,8 @@ RAFT_SERIES = {
     "kraft_raft_fetch_turnaround_seconds_count": None,
     "kraft_raft_fetch_turnaround_seconds_sum": None,
     "kraft_raft_fetch_turnaround_seconds_bucket": "le",
+    "kraft_raft_lease_echo_basis_age_seconds_bucket": "le",
+    "kraft_raft_inputs_during_flush_total": None,
     "kraft_gc_pause_seconds_count": "generation",
     "kraft_gc_pause_seconds_sum": "generation",
     "kraft_controller_event_queue_processing_time_seconds_count": "kind",
@@ -345,6 +347,25 @@ def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int
         )
         if rounds
         else None,
+    }
+    # session 13: the lease's echo path — each echo that renewed a basis, by the basis' age when it
+    # counted (cumulative buckets, ms -> count at or under), and the inputs fed during an fsync
+    ages = "kraft_raft_lease_echo_basis_age_seconds_bucket"
+    bounds = {
+        key: key[len(ages) + 1 :].split("]@", 1)[0]
+        for key in after
+        if key.startswith(f"{ages}[") and key.endswith(f"@{leader_id}")
+    }
+    out["echo_basis_age_at_or_under_ms"] = {
+        str(round(float(le) * 1000)): int(delta(key))
+        for key, le in sorted(bounds.items(), key=lambda item: float(item[1]))
+        if le != "+Inf"
+    }
+    out["echo_basis_ages"] = int(delta(f"{ages}[+Inf]@{leader_id}"))
+    out["inputs_during_flush"] = {
+        int(key.rsplit("@", 1)[1]): int(delta(key))
+        for key in after
+        if key.startswith("kraft_raft_inputs_during_flush_total@")
     }
     followers = sorted({int(key.rsplit("@", 1)[1]) for key in after} - {leader_id})
     for node in followers:

@@ -90,6 +90,18 @@ RAFT_FETCH_RECORDS = Counter("kraft_raft_fetch_records", "Records fetched from t
 RAFT_POLL_IDLE_SECONDS = Counter(
     "kraft_raft_poll_idle_seconds", "Time the Raft driver spent idle waiting for work", _NODE
 )
+RAFT_INPUTS_DURING_FLUSH = Counter(
+    "kraft_raft_inputs_during_flush",
+    "Inputs fed to the Raft core while its log fsync ran (a leader's Fetches, a follower's echo answers)",
+    _NODE,
+)
+RAFT_LEASE_ECHO_BASIS_AGE = Histogram(
+    "kraft_raft_lease_echo_basis_age_seconds",
+    "Leader: for each echo that renewed a voter's lease basis, how old that basis was when the echo "
+    "counted (the lease's echo path; the lease lapses if a majority's is over the lease)",
+    _NODE,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 1.0),
+)
 
 # --- Controller (Kafka: kafka.controller:type=KafkaController) ---
 CONTROLLER_ACTIVE_CONTROLLER_COUNT = Gauge(
@@ -304,6 +316,8 @@ class RaftMetrics:
     append_records: Counter
     fetch_records: Counter
     poll_idle_seconds: Counter
+    inputs_during_flush: Counter
+    lease_echo_basis_age: Histogram
 
     @classmethod
     def for_node(cls, node: int | str) -> RaftMetrics:
@@ -325,6 +339,8 @@ class RaftMetrics:
             append_records=RAFT_APPEND_RECORDS.labels(label),
             fetch_records=RAFT_FETCH_RECORDS.labels(label),
             poll_idle_seconds=RAFT_POLL_IDLE_SECONDS.labels(label),
+            inputs_during_flush=RAFT_INPUTS_DURING_FLUSH.labels(label),
+            lease_echo_basis_age=RAFT_LEASE_ECHO_BASIS_AGE.labels(label),
         )
         metrics.current_leader.set(-1)
         metrics.current_vote.set(-1)

@@ -342,6 +342,56 @@ class RaftCore:
             self._on_request_failed(correlation_id, inflight, unreachable=unreachable)
         return self._take_output()
 
+    # -- inputs a driver may feed while its log flush is in flight (issue #17, session 13)
+    #
+    # The driver awaits each fsync before the next input, so that nothing writes the log while it runs.
+    # The inputs below, when these say yes, hand out an output with no log op and no flush, whatever
+    # the core's state: a leader's Fetch (epoch checks, progress, the high watermark — which counts the
+    # leader by its *flushed* end, moved by ``on_flushed`` alone —, echoes, answers, at most a
+    # resignation); a follower's echo answer (`FetcherRole._handle_echo_response` takes no records, and
+    # a transition it causes starts a fetcher whose first Fetch waits for the flush); a leader's
+    # ``take_output`` when no batch is due (it only hands out what callers decided meanwhile: answers to
+    # parked fetches when a round started).  Each also needs the output being built to hold no log op
+    # yet: an append that filled a batch, or a voter change, during the flush cut one into it, and the
+    # next output carries it.  They are the lease's echo path: the followers' echoes, a round reaching
+    # parked voters, and a follower's answer carrying a newer round, which it echoes at once while its
+    # own flush holds the ordinary Fetch back.  Taking them ahead of other queued inputs reorders
+    # independent arrivals, which the network does anyway (the simulation reorders, and in its default
+    # mode feeds every input while a flush is in flight).
+
+    def _output_writes_nothing(self) -> bool:
+        return not self._out.log_ops and not self._out.flush
+
+    def takes_request_during_flush(self, request: RaftRequest) -> bool:
+        """May ``request`` be handled (:meth:`handle_request`) before the flush in flight is reported?
+        A leader's Fetch (not FetchSnapshot): its output has no ``log_ops`` and no ``flush``."""
+        leader = self._leader
+        return leader is not None and isinstance(request, FetchRequest) and self._output_writes_nothing()
+
+    def takes_response_during_flush(self, correlation_id: int) -> bool:
+        """May the response to ``correlation_id`` be handled (:meth:`handle_response`) before the flush
+        in flight is reported?  The answer to this follower's read-round echo: no ``log_ops``, no
+        ``flush`` (it may carry an echo of a newer round)."""
+        fetcher = self._fetcher
+        return (
+            fetcher is not None and fetcher.echo_inflight == correlation_id and self._output_writes_nothing()
+        )
+
+    def takes_output_during_flush(self, now_ms: int) -> bool:
+        """May :meth:`take_output` at ``now_ms`` run before the flush in flight is reported, and is there
+        something to send?  A leader's, while no batch is due (the flush holds the pending records back
+        until the linger bound) and a caller decided messages meanwhile (a round answering parked
+        fetches): an append's wake-up alone waits for the flush, as before, so appends during a flush
+        cost no empty output each."""
+        leader = self._leader
+        out = self._out
+        return (
+            leader is not None
+            and bool(out.send_now or out.send_after_persist)
+            and not leader.batch_due(max(self.now_ms, now_ms), self.log)
+            and self._output_writes_nothing()
+        )
+
     def append(self, records: Sequence[bytes], now_ms: int, *, hold: bool = False) -> int:
         """Accumulate records for the next batch (leader only); returns the offset of the last one.
 
@@ -412,6 +462,16 @@ class RaftCore:
     def leader_lease_ages_ms(self, now_ms: int) -> tuple[int, dict[int, int]]:
         """A leader's :meth:`LeaderRole.lease_ages_ms` at ``now_ms`` ((-1, {}) unless leader); reads only."""
         return self._leader.lease_ages_ms(max(self.now_ms, now_ms)) if self._leader is not None else (-1, {})
+
+    def take_lease_echo_ages_ms(self) -> list[int]:
+        """The ages of the lease bases renewed since the last call (``LeaderRole.echo_basis_ages_ms``;
+        empty unless leader), oldest first; a read for metrics, no state the core decides by."""
+        leader = self._leader
+        if leader is None or not leader.echo_basis_ages_ms:
+            return []
+        ages = list(leader.echo_basis_ages_ms)
+        leader.echo_basis_ages_ms.clear()
+        return ages
 
     def leader_lease_expiry_ms(self) -> int:
         """When this leader's lease ends on its clock (-1: none; never while not leader)."""

@@ -10,6 +10,7 @@ move the log's end, so where a method appends and then answers fetches it comput
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -135,6 +136,9 @@ class LeaderRole:
         """Per voter: when the first response to it carrying each round it has not echoed yet was built.
         During bulk work a voter's next Fetch comes long after a round starts (it is writing and replaying
         a big batch), so the response's time is a much later — still sound — basis than the start."""
+        self.echo_basis_ages_ms: deque[int] = deque(maxlen=LEASE_ROUND_MEMORY)
+        """For each echo that renewed a voter's basis, how old that basis was then (``now_ms - basis``):
+        the lease's echo path, for the driver's histogram (it drains them; bounded, as nothing else does)."""
         self.lease_caller_ms = NEVER_MS
         """When a caller last asked for the lease (answered from it or not): while one did within the last
         ``config.lease_ms``, the lease is in use and :meth:`poll` renews it without waiting for the next
@@ -586,6 +590,7 @@ class LeaderRole:
         if basis >= 0:
             self.lease_basis_ms[voter] = basis
             self._lease_expiry = None
+            self.echo_basis_ages_ms.append(self.now_ms - basis)
 
     # -- check-quorum leader lease (issue #17)
     #

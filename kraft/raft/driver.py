@@ -7,8 +7,11 @@ Task ownership (who touches what):
   output with :func:`~kraft.raft.executor.execute_output` (the one order of effects, shared with the
   simulation): log writes → send-now messages → quorum-state write (fsync) → send-after-persist
   messages → notifications → next deadline → log fsync, whose ``on_flushed`` output it executes before
-  taking the next event.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds
-  records to the accumulator, no IO) and read-only views.
+  taking the next event — meanwhile it feeds the core only the inputs whose outputs write nothing (a
+  leader's Fetches, a follower's echo answers: :meth:`RaftDriver._serve_during_flush`).  It takes the
+  events queued when a round starts, then polls the core, so a stream of events cannot starve its
+  timers.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds records to the
+  accumulator, no IO) and read-only views.
 - **raft-send** tasks, one per outbound request: ``transport.send`` and push the outcome back as an
   event; they never touch the core.
 - **inbound RPC tasks** (the transport's): :meth:`RaftDriver.handle_request` queues the request and awaits
@@ -51,7 +54,7 @@ from kraft.raft.api import (
 )
 from kraft.raft.control_codec import voter_problem, voters_in_batch, voters_record_of
 from kraft.raft.core import RaftCore
-from kraft.raft.core_log import EpochEntry, LogMeta
+from kraft.raft.core_log import EpochEntry, LogInvariantError, LogMeta
 from kraft.raft.core_output import (
     AppendFetched,
     AppendLeaderChange,
@@ -344,8 +347,9 @@ class PullSource(Protocol):
     :class:`kraft.node.intake.DriverBridge`) that the driver *pulls* while its leader fsync runs.
 
     A hand-off wakes the driver's loop (a cross-thread post, a context switch and a GIL hand-over on the
-    main thread); while the leader awaits its fsync nothing it is handed can reach the core before the
-    fsync returns anyway (the driver task takes no event meanwhile), so the wake-up buys nothing.  Between
+    main thread); while the leader awaits its fsync no append it is handed is cut into a batch before the
+    fsync returns anyway (the driver feeds the core only Fetches and round answers meanwhile:
+    :meth:`RaftDriver._serve_during_flush`), so the wake-up buys nothing.  Between
     :meth:`hold` and :meth:`release` the source therefore keeps what arrives, and the driver takes it all
     at once when the flush is done — in the loop turn the fsync's completion wakes anyway.  With no flush
     in flight (an idle leader) the source hands off at once, so a lone write is still written at once
@@ -991,7 +995,13 @@ class RaftDriver:
                         await asyncio.sleep(0)
                 else:
                     due_polls = 0
-                while self._events:
+                # The events queued now, then a poll: not `while self._events`, which never polled while
+                # each event's flush let the next one arrive (a leader under bulk appends: a wake-up per
+                # fsync) — its timers starved: check-quorum, the lease's renewal, the linger bound (issue
+                # #17, session 13; found by the simulation's driver ordering, tests/sim).
+                for _ in range(len(self._events)):
+                    if not self._events:
+                        break
                     event = self._events.popleft()
                     await execute_output(self._dispatch(event, self._clock.monotonic_ms()), self._ports)
                     self._wake_due_listeners()
@@ -1069,16 +1079,67 @@ class RaftDriver:
         try:
             for source in sources:
                 source.hold()
-            end = await self._sync.run(self._log.flush)
+            end = await self._serve_during_flush(self._sync.run(self._log.flush))
             self._metrics.log_end_offset.set(end)
             await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
         finally:
             for source in sources:
                 source.release()
 
+    async def _serve_during_flush(self, fsync: asyncio.Future[int]) -> int:
+        """Await ``fsync`` while feeding the core the queued inputs it takes during a flush (the lease's
+        echo path, issue #17 session 13: a leader's inbound Fetches and the answers to its parked ones
+        when a round starts, a follower's echo answers — :meth:`RaftCore.takes_request_during_flush`).
+        Everything else stays queued, in order, for :meth:`_run` after the flush's own output.  Before, a
+        Fetch that arrived during a leader's fsync waited for it (up to ~200 ms under bulk work), and with
+        it the echo that renews the lease and the progress that commits; a follower's echo answer waited
+        for the follower's fsync."""
+        fsync.add_done_callback(self._wake_on_fsync)
+        try:
+            while not fsync.done():
+                self._wake.clear()
+                while True:
+                    now_ms = self._clock.monotonic_ms()
+                    event = self._take_flush_input(now_ms)
+                    if event is None:
+                        break
+                    out = self._dispatch(event, now_ms)
+                    if out.log_ops or out.flush:
+                        # The core promised neither for these inputs; writing now would race the fsync.
+                        raise LogInvariantError(f"{type(event).__name__} wrote the log during a flush")
+                    self._metrics.inputs_during_flush.inc()
+                    # Not followed by _wake_due_listeners: a follower's listeners wait for the end of the
+                    # output this flush belongs to (a leader's were woken by the commit itself).
+                    await execute_output(out, self._ports)
+                if not fsync.done():
+                    await self._wake.wait()
+        finally:
+            fsync.cancel()  # the driver stopped (cancelled) meanwhile: nobody awaits it (no-op if done)
+        return fsync.result()
+
+    def _wake_on_fsync(self, _fsync: asyncio.Future[int]) -> None:
+        self._wake.set()
+
+    def _take_flush_input(self, now_ms: int) -> _Event | None:
+        """Remove and return the first queued input the core takes during a flush (None: none)."""
+        core = self._core
+        for index, event in enumerate(self._events):
+            if isinstance(event, _SnapshotVoters):
+                return None  # fed before any other input (see _apply_log_op): nothing may pass it
+            if (
+                (isinstance(event, _Inbound) and core.takes_request_during_flush(event.request))
+                or (isinstance(event, _Response) and core.takes_response_during_flush(event.correlation_id))
+                or (isinstance(event, _Wakeup) and core.takes_output_during_flush(now_ms))
+            ):
+                del self._events[index]
+                return event
+        return None
+
     def _wait_until(self, deadline_ms: int) -> None:
         self._observe_state()
         self._deadline_ms = deadline_ms
+        for age_ms in self._core.take_lease_echo_ages_ms():
+            self._metrics.lease_echo_basis_age.observe(age_ms / 1000)
 
     async def _apply_log_op(self, op: LogOp) -> None:
         if isinstance(op, AppendRecords):

@@ -20,10 +20,13 @@ The order, and why:
    ``lost_leadership`` (fail the appends and leadership confirmations still pending), ``leader_change``.
 6. ``next_deadline_ms`` — when to poll the core next.
 7. ``flush`` — make the log durable, then report ``core.on_flushed(end)``: a new input whose Output is
-   executed by this same function.  The driver does it at once (no other input reaches the core while
-   it waits for the fsync); the simulation completes it a few virtual milliseconds later, with other
-   events in between, like a slow disk.  Last, because the flush's own Output (a higher high
-   watermark, a later deadline) must supersede this one's, never the reverse.
+   executed by this same function.  The driver does it before its next round of events, feeding the
+   core meanwhile only the inputs whose outputs write nothing (``RaftCore.takes_request_during_flush``
+   and siblings: a leader's Fetches — the lease's echoes —, its answers to parked Fetches, a follower's
+   echo answers); the simulation completes it a few virtual milliseconds later, with any events in
+   between (or, with ``SimNode.driver_ordering``, with the driver's), like a slow disk.  Last, because
+   the flush's own Output (a higher high watermark, a later deadline) must supersede this one's, never
+   the reverse.
 
 Notifications come before this Output's flush on purpose, on the leader and on a follower alike: a
 high watermark never depends on it.  The leader counts itself towards the high watermark only by its

@@ -281,6 +281,30 @@ class NodeStats:
     snapshots_installed: int = 0
     elections_won: int = 0
     refusals: int = 0
+    inputs_during_flush: int = 0
+
+
+@dataclass(slots=True)
+class _Input:
+    """One input to a node's core, as the driver queues it (``driver_ordering``)."""
+
+    kind: str
+    run: Callable[[], None]
+    request: RaftRequest | None = None
+    correlation_id: int | None = None
+    dispatch: Callable[[], Output] | None = None
+    """Feed the core and return its output, unexecuted (the inputs a flush may let through)."""
+    seq: int = 0
+    """Arrival order on its node."""
+
+    def takes_during_flush(self, core: RaftCore, now_ms: int) -> bool:
+        if self.kind == "request" and self.request is not None:
+            return core.takes_request_during_flush(self.request)
+        if self.kind == "response" and self.correlation_id is not None:
+            return core.takes_response_during_flush(self.correlation_id)
+        if self.kind == "wakeup":
+            return core.takes_output_during_flush(now_ms)
+        return False
 
 
 class SimNode:
@@ -315,6 +339,28 @@ class SimNode:
         self.snapshot_every = 0
         self.clock_rate = Fraction(1)
         self.clock_offset_ms = 0
+        self.driver_ordering = False
+        """Feed inputs in the asyncio driver's order (issue #17, session 13): one flush at a time, and
+        while it is in flight only the inputs the core takes during a flush
+        (``RaftCore.takes_request_during_flush`` and siblings — the driver's ``_take_flush_input``)
+        reach the core; the rest wait in :attr:`queued`, in arrival order, and run after the flush's
+        own output.  Off (the default): every input may arrive while a flush is in flight (a superset
+        of the driver's orders, so the core's rules are checked against more than production does)."""
+        self.flush_delay_ms = (0, 2)
+        """How long a flush takes (virtual ms, drawn uniformly): a slow disk, as under bulk work."""
+        self.flushing = False
+        """A flush is in flight (``driver_ordering`` only)."""
+        self.queued: list[_Input] = []
+        """Inputs that arrived while a flush was in flight and the core does not take then."""
+        self.wakeup_queued = False
+        """A wake-up is queued (``driver_ordering``): later direct calls need no other."""
+        self.poll_due = False
+        """A poll fell due while inputs waited (``driver_ordering``): run it once they ran."""
+        self.input_seq = 0
+        self.round_end = 0
+        """The last input of the driver's current round (``driver_ordering``): a poll comes after it."""
+        self.round_polled = True
+        """The poll after the current round ran (or was not due)."""
         """Create a snapshot (and delete the log below it) every this many applied offsets; 0 = never."""
         self.ports = OutputPorts(
             write_log=self._write_log,
@@ -363,6 +409,11 @@ class SimNode:
         self.pending_requests.clear()
         self.pending_votes.clear()
         self.scheduled_polls.clear()
+        self.flushing = False
+        self.queued.clear()
+        self.wakeup_queued = False
+        self.poll_due = False
+        self.round_polled = True
         self.download = bytearray()
         self.process(self.core.start(self.clock_ms()))
 
@@ -377,6 +428,11 @@ class SimNode:
             self.sim.refuse(self.node_id, origin)
         self.pending_requests.clear()
         self.pending_votes.clear()
+        self.flushing = False
+        self.queued.clear()
+        self.wakeup_queued = False
+        self.poll_due = False
+        self.round_polled = True
 
     def _directory_id(self) -> str:
         """A fresh directory id per format (a wiped disk is reformatted with a new one)."""
@@ -455,7 +511,11 @@ class SimNode:
 
     async def _start_flush(self) -> None:
         incarnation = self.incarnation
-        self.sim.schedule(self.sim.rng.randint(0, 2), lambda: self._flush(incarnation))
+        if self.driver_ordering:
+            if self.flushing:
+                raise InvariantViolation(f"node {self.node_id} started a flush while one was in flight")
+            self.flushing = True
+        self.sim.schedule(self.sim.rng.randint(*self.flush_delay_ms), lambda: self._flush(incarnation))
 
     def _commit(self, high_watermark: int) -> None:
         if high_watermark < self.high_watermark:
@@ -490,6 +550,9 @@ class SimNode:
             return
         end = self.log.flush()
         self.process(self.live_core.on_flushed(end, self.clock_ms()))
+        if self.driver_ordering:
+            self.flushing = False
+            self._pump()
 
     def _apply_committed(self) -> None:
         if self.high_watermark <= self.applied_end:
@@ -591,7 +654,76 @@ class SimNode:
         if not self.running or incarnation != self.incarnation:
             return
         self.scheduled_polls.discard(deadline_ms)
+        if self.driver_ordering and (self.flushing or self.queued):
+            # The driver polls after its current round of events (and the flush): not a queued input.
+            self.poll_due = True
+            return
         self.process(self.live_core.poll(self.clock_ms()))
+
+    # -- the driver's input order (driver_ordering)
+
+    def _input(self, item: _Input) -> None:
+        if not self.driver_ordering:
+            item.run()
+            return
+        self.input_seq += 1
+        item.seq = self.input_seq
+        self.queued.append(item)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Feed queued inputs as the driver does (``RaftDriver._run``): in rounds — the inputs queued when
+        a round starts, in order, each run to its end (its flush included), then a poll if one fell due
+        meanwhile; during a flush, the first the core takes then, again and again
+        (``RaftDriver._take_flush_input``)."""
+        while self.running:
+            if self.flushing:
+                if not self._take_one_during_flush():
+                    return
+                continue
+            if self.queued and self.queued[0].seq <= self.round_end:
+                self.queued.pop(0).run()
+                continue
+            if not self.round_polled:  # the round is over: the driver polls (its flush included)
+                self.round_polled = True
+                if self.poll_due:
+                    self.poll_due = False
+                    self.process(self.live_core.poll(self.clock_ms()))
+                    continue
+            if not self.queued:
+                return
+            self.round_end = self.queued[-1].seq  # the next round: what is queued now
+            self.round_polled = False
+
+    def _take_one_during_flush(self) -> bool:
+        core = self.live_core
+        now_ms = self.clock_ms()
+        for index, item in enumerate(self.queued):
+            if item.takes_during_flush(core, now_ms):
+                del self.queued[index]
+                self.stats.inputs_during_flush += 1
+                out = item.dispatch() if item.dispatch is not None else None
+                if out is not None and (out.log_ops or out.flush):
+                    raise InvariantViolation(
+                        f"node {self.node_id}: a {item.kind} taken during a flush wrote the log"
+                    )
+                if out is not None:
+                    self.process(out)
+                return True
+        return False
+
+    def wake(self) -> None:
+        """The driver's wake-up after a direct call (an append, a leadership confirmation): its output.
+        One at a time, as ``RaftDriver._wakeup_queued``: a wake-up queued serves every call before it runs."""
+        if self.wakeup_queued:
+            return
+
+        def dispatch() -> Output:
+            self.wakeup_queued = False
+            return self.live_core.take_output(self.clock_ms())
+
+        self.wakeup_queued = self.driver_ordering
+        self._input(_Input("wakeup", lambda: self.process(dispatch()), dispatch=dispatch))
 
     # -- inbound
 
@@ -603,24 +735,40 @@ class SimNode:
         self.pending_requests[request_id] = (src, src_incarnation, correlation_id)
         if isinstance(request, VoteRequest):
             self.pending_votes[request_id] = request
-        # The simulated network knows the sender: every request is checked as mTLS would check it.
-        self.process(self.live_core.handle_request(request_id, request, self.clock_ms(), peer_id=src))
+
+        def dispatch() -> Output:
+            # The simulated network knows the sender: every request is checked as mTLS would check it.
+            return self.live_core.handle_request(request_id, request, self.clock_ms(), peer_id=src)
+
+        self._input(_Input("request", lambda: self.process(dispatch()), request=request, dispatch=dispatch))
 
     def receive_response(self, correlation_id: int, response: RaftResponse) -> None:
         if response.error_code == 0 and isinstance(response, FetchResponse) and response.diverging_epoch:
             self.stats.diverging_responses += 1
-        self.process(self.live_core.handle_response(correlation_id, response, self.clock_ms()))
+
+        def dispatch() -> Output:
+            return self.live_core.handle_response(correlation_id, response, self.clock_ms())
+
+        self._input(
+            _Input(
+                "response", lambda: self.process(dispatch()), correlation_id=correlation_id, dispatch=dispatch
+            )
+        )
 
     def receive_refusal(self, correlation_id: int) -> None:
         self.stats.refusals += 1
-        core = self.live_core
-        self.process(core.handle_send_failure(correlation_id, self.clock_ms(), unreachable=True))
+
+        def run() -> None:
+            core = self.live_core
+            self.process(core.handle_send_failure(correlation_id, self.clock_ms(), unreachable=True))
+
+        self._input(_Input("refusal", run))
 
     def client_append(self, value: bytes) -> int:
         core = self.live_core
-        offset = core.append([value], self.clock_ms())
+        offset = core.append([value], self.clock_ms())  # a direct call, as RaftDriver.schedule_append
         self.pending_appends[offset] = value
-        self.process(core.take_output(self.clock_ms()))
+        self.wake()
         return offset
 
 

@@ -107,7 +107,7 @@ class ReadIndexSimulation(Simulation):
         assert leader is not None
         core = leader.live_core
         read_round = core.confirm_leadership(self.now_ms)
-        leader.process(core.take_output(self.now_ms))
+        leader.wake()  # its output now, or as the driver takes it (SimNode.driver_ordering)
         key = (leader.node_id, leader.incarnation)
         self.run_until_condition(
             lambda: self.confirmed.get(key, 0) >= read_round, 1000, f"round {read_round} confirmed"

@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from single_voter import leading, single_voter
+from single_voter import ELECTION_TIMEOUT_S, leading, single_voter
 
 from kraft.client.channel import open_channel
 from kraft.config import NodeConfig
@@ -93,7 +93,14 @@ async def test_a_parked_fetch_is_answered_with_the_shutdown_error() -> None:
     await leading(driver)
     answers: list[Answer] = []
     try:
+        # Its LeaderChange committed first: the driver takes a Fetch during that batch's fsync (issue #17,
+        # session 13), and the high watermark that fsync raises would answer a Fetch parked before it.
+        for _ in range(int(ELECTION_TIMEOUT_S / 0.005)):
+            if driver.high_watermark >= driver.log_end_offset:
+                break
+            await asyncio.sleep(0.005)
         end, epoch = driver.log_end_offset, driver.leader_and_epoch.epoch
+        assert driver.high_watermark == end
         # Caught up: the leader parks it (long poll) until records arrive or its wait ends.
         fetch = FetchRequest("c1", 9, epoch, end, epoch, max_wait_ms=10_000)
         driver.submit_request(fetch, peer_id=None, reply=lambda r, e: answers.append((r, e)))
