@@ -92,7 +92,7 @@ RAFT_POLL_IDLE_SECONDS = Counter(
 )
 RAFT_INPUTS_DURING_FLUSH = Counter(
     "kraft_raft_inputs_during_flush",
-    "Inputs fed to the Raft core while its log fsync ran (a leader's Fetches, a follower's echo answers)",
+    "Inputs fed to the Raft core while its log fsync ran (a leader's Fetches, its answers to parked ones)",
     _NODE,
 )
 RAFT_LEASE_ECHO_BASIS_AGE = Histogram(

@@ -348,14 +348,13 @@ class RaftCore:
     # The inputs below, when these say yes, hand out an output with no log op and no flush, whatever
     # the core's state: a leader's Fetch (epoch checks, progress, the high watermark — which counts the
     # leader by its *flushed* end, moved by ``on_flushed`` alone —, echoes, answers, at most a
-    # resignation); a follower's echo answer (`FetcherRole._handle_echo_response` takes no records, and
-    # a transition it causes starts a fetcher whose first Fetch waits for the flush); a leader's
+    # resignation); a leader's
     # ``take_output`` when no batch is due (it only hands out what callers decided meanwhile: answers to
     # parked fetches when a round started).  Each also needs the output being built to hold no log op
     # yet: an append that filled a batch, or a voter change, during the flush cut one into it, and the
-    # next output carries it.  They are the lease's echo path: the followers' echoes, a round reaching
-    # parked voters, and a follower's answer carrying a newer round, which it echoes at once while its
-    # own flush holds the ordinary Fetch back.  Taking them ahead of other queued inputs reorders
+    # next output carries it.  They are the lease's echo path: the followers' echoes and a round reaching
+    # parked voters.  Only a leader's fsync has them: a follower's runs inline on its loop (nothing is
+    # fed meanwhile; its echo was sent before the flush).  Taking them ahead of other queued inputs reorders
     # independent arrivals, which the network does anyway (the simulation reorders, and in its default
     # mode feeds every input while a flush is in flight).
 
@@ -367,15 +366,6 @@ class RaftCore:
         A leader's Fetch (not FetchSnapshot): its output has no ``log_ops`` and no ``flush``."""
         leader = self._leader
         return leader is not None and isinstance(request, FetchRequest) and self._output_writes_nothing()
-
-    def takes_response_during_flush(self, correlation_id: int) -> bool:
-        """May the response to ``correlation_id`` be handled (:meth:`handle_response`) before the flush
-        in flight is reported?  The answer to this follower's read-round echo: no ``log_ops``, no
-        ``flush`` (it may carry an echo of a newer round)."""
-        fetcher = self._fetcher
-        return (
-            fetcher is not None and fetcher.echo_inflight == correlation_id and self._output_writes_nothing()
-        )
 
     def takes_output_during_flush(self, now_ms: int) -> bool:
         """May :meth:`take_output` at ``now_ms`` run before the flush in flight is reported, and is there

@@ -8,7 +8,8 @@ Task ownership (who touches what):
   simulation): log writes → send-now messages → quorum-state write (fsync) → send-after-persist
   messages → notifications → next deadline → log fsync, whose ``on_flushed`` output it executes before
   taking the next event — meanwhile it feeds the core only the inputs whose outputs write nothing (a
-  leader's Fetches, a follower's echo answers: :meth:`RaftDriver._serve_during_flush`).  It takes the
+  leader's Fetches and its answers to parked Fetches: :meth:`RaftDriver._serve_during_flush`; a
+  follower's fsync runs inline, taking nothing).  It takes the
   events queued when a round starts, then polls the core, so a stream of events cannot starve its
   timers.  Nothing else calls the core except :meth:`RaftDriver.schedule_append` (adds records to the
   accumulator, no IO) and read-only views.
@@ -20,9 +21,10 @@ Task ownership (who touches what):
   batches from the log and call the listener.  A leader wakes them as soon as the high watermark rises
   (commit answers wait on them); a follower only once the output that raised it ran to its end, log
   fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
-- the log's fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
+- a leader's log fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
   hand-offs than the default executor), snapshot/quorum-state writes in worker threads
-  (``asyncio.to_thread``); the driver task awaits both, so the event loop never blocks on disk.  While a
+  (``asyncio.to_thread``); the driver task awaits both, so the leader's event loop never blocks on disk.
+  Any other role's log fsync runs inline on the loop (see :meth:`RaftDriver._flush`).  While a
   leader's fsync runs, the request plane's bridges (:class:`PullSource`) hold what they are handed and
   the driver takes it when the fsync returns: no main-loop wake-up per hand-off meanwhile.
 """
@@ -1079,7 +1081,21 @@ class RaftDriver:
         try:
             for source in sources:
                 source.hold()
-            end = await self._serve_during_flush(self._sync.run(self._log.flush))
+            if self._core.is_leader:
+                end = await self._serve_during_flush(self._sync.run(self._log.flush))
+            else:
+                # Not a leader: inline.  A follower's fsync is on every write's critical path (records
+                # in -> fsync -> next Fetch, which commits them), and its thread hop cost two GIL
+                # hand-overs and a loop wake-up there (~90 us of CPU per batch, 0.3-0.5 ms of p50 on 2
+                # busy cores: raft-performance.md "A lone CreateTopics, session 13").  A follower
+                # controller serves no client request but NOT_CONTROLLER answers, and fdatasync releases
+                # the GIL (the intake thread runs meanwhile).  The cost: a leader's answer to the
+                # follower's echo (sent before this flush, FetcherRole._echo_if_blocked) is read only
+                # after it — the simulation's lease measure moved with the leader's feed alone
+                # (raft-performance.md "The lease's echo path (session 13)").  A leader's loop serves
+                # the controller's requests and its followers' Fetches during its fsync, so it keeps
+                # the thread.
+                end = self._log.flush()
             self._metrics.log_end_offset.set(end)
             await execute_output(self._core.on_flushed(end, self._clock.monotonic_ms()), self._ports)
         finally:
@@ -1089,11 +1105,11 @@ class RaftDriver:
     async def _serve_during_flush(self, fsync: asyncio.Future[int]) -> int:
         """Await ``fsync`` while feeding the core the queued inputs it takes during a flush (the lease's
         echo path, issue #17 session 13: a leader's inbound Fetches and the answers to its parked ones
-        when a round starts, a follower's echo answers — :meth:`RaftCore.takes_request_during_flush`).
+        when a round starts — :meth:`RaftCore.takes_request_during_flush`; a follower's fsync runs
+        inline, see :meth:`_flush`).
         Everything else stays queued, in order, for :meth:`_run` after the flush's own output.  Before, a
         Fetch that arrived during a leader's fsync waited for it (up to ~200 ms under bulk work), and with
-        it the echo that renews the lease and the progress that commits; a follower's echo answer waited
-        for the follower's fsync."""
+        it the echo that renews the lease and the progress that commits."""
         fsync.add_done_callback(self._wake_on_fsync)
         try:
             while not fsync.done():
@@ -1126,10 +1142,8 @@ class RaftDriver:
         for index, event in enumerate(self._events):
             if isinstance(event, _SnapshotVoters):
                 return None  # fed before any other input (see _apply_log_op): nothing may pass it
-            if (
-                (isinstance(event, _Inbound) and core.takes_request_during_flush(event.request))
-                or (isinstance(event, _Response) and core.takes_response_during_flush(event.correlation_id))
-                or (isinstance(event, _Wakeup) and core.takes_output_during_flush(now_ms))
+            if (isinstance(event, _Inbound) and core.takes_request_during_flush(event.request)) or (
+                isinstance(event, _Wakeup) and core.takes_output_during_flush(now_ms)
             ):
                 del self._events[index]
                 return event

@@ -300,8 +300,6 @@ class _Input:
     def takes_during_flush(self, core: RaftCore, now_ms: int) -> bool:
         if self.kind == "request" and self.request is not None:
             return core.takes_request_during_flush(self.request)
-        if self.kind == "response" and self.correlation_id is not None:
-            return core.takes_response_during_flush(self.correlation_id)
         if self.kind == "wakeup":
             return core.takes_output_during_flush(now_ms)
         return False

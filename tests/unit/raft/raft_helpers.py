@@ -25,6 +25,7 @@ from kraft.raft.memory import (
     MemoryLogStore,
     MemorySnapshotStore,
 )
+from kraft.raft.messages import FetchRequest, RaftRequest, RaftResponse
 
 FAST_TIMINGS: dict[str, int] = {
     "election_timeout_ms": 150,
@@ -228,3 +229,51 @@ class LoopbackCluster:
         leader = self.leader()
         assert leader is not None
         return leader
+
+
+HOLD_TIMEOUT_S = 5.0
+
+
+class HeldFetches:
+    """Installed as the loopback network's transport factory: a node in :attr:`held_nodes` holds its
+    outbound Fetches until :meth:`release` (a follower's inline fsync cannot be held without blocking the
+    loop, so its next Fetch is held at the wire instead)."""
+
+    def __init__(self, cluster: LoopbackCluster) -> None:
+        """Installs itself on ``cluster``'s network (before its nodes start)."""
+        self.network = cluster.network
+        self.held_nodes: set[int] = set()
+        self.held: dict[int, list[FetchRequest]] = {}
+        self.delivered = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        cluster.network.transport = self.transport  # type: ignore[method-assign,assignment]
+
+    def transport(self, node_id: int) -> HeldTransport:
+        return HeldTransport(self, node_id)
+
+    def hold(self, nodes: set[int]) -> None:
+        self.held_nodes = set(nodes)
+        self.gate.clear()
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+class HeldTransport:
+    def __init__(self, fetches: HeldFetches, node_id: int) -> None:
+        self._fetches = fetches
+        self._node_id = node_id
+
+    async def send(self, dest: int, request: RaftRequest, timeout_ms: int) -> RaftResponse:
+        fetches = self._fetches
+        held = isinstance(request, FetchRequest) and self._node_id in fetches.held_nodes
+        if held and not fetches.gate.is_set():
+            assert isinstance(request, FetchRequest)
+            fetches.held.setdefault(self._node_id, []).append(request)
+            await asyncio.wait_for(fetches.gate.wait(), HOLD_TIMEOUT_S)  # bounded
+            fetches.delivered += 1
+        return await fetches.network.call(self._node_id, dest, request, timeout_ms)
+
+    async def close(self) -> None:
+        self._fetches.network.unregister(self._node_id)

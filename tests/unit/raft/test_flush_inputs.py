@@ -1,35 +1,29 @@
-"""Inputs the driver feeds to the core while its log fsync runs (issue #17, session 13: the lease's echo
-path; docs/internals/raft.md "Leader lease", "Driver tasks").
+"""Inputs the driver feeds to the core while a leader's log fsync runs (issue #17, session 13: the lease's
+echo path; docs/internals/raft.md "Leader lease", "Driver tasks").
 
 The driver awaits each fsync before the next input, so nothing writes the log while it runs.  A leader's
-inbound Fetches, the answers to its parked Fetches when a round starts, and a follower's echo answers
-write nothing (``RaftCore.takes_request_during_flush`` and siblings), so they reach the core during the
-fsync: the followers' echoes renew the lease, their progress commits, and a follower echoes a newer round
-at once although its own fsync holds its ordinary Fetch back.  Everything else still waits.
+inbound Fetches and the answers to its parked Fetches when a round starts write nothing
+(``RaftCore.takes_request_during_flush`` and ``takes_output_during_flush``), so they reach the core during
+the leader's fsync (on its fsync thread): the followers' echoes renew the lease and their progress
+commits.  Everything else still waits.  A follower's fsync runs inline on its loop (session 13, "A lone
+CreateTopics"): nothing reaches its core meanwhile — its echo was sent before the flush.
 
-Every test holds an fsync open with a gate and runs on a manual clock (no timer fires: what happens is
-what the inputs alone cause).
+Every test holds an fsync open with a gate (a leader's) or holds Fetches at the transport (a follower's,
+whose inline flush cannot be held without blocking the loop) and runs on a manual clock (no timer fires:
+what happens is what the inputs alone cause).
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import threading
-from dataclasses import dataclass
-from typing import Any
 
-from raft_helpers import FAST_TIMINGS, LoopbackCluster, NodeStores, wait_until
+from raft_helpers import FAST_TIMINGS, HeldFetches, LoopbackCluster, NodeStores, wait_until
 
-from kraft.clock import ManualClock
-from kraft.errors import ErrorCode
 from kraft.raft.api import NotLeaderError
-from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
-from kraft.raft.memory import MemoryElectionStore, MemoryLogStore, MemorySnapshotStore
-from kraft.raft.messages import FetchRequest, FetchResponse, RaftRequest, RaftResponse
-from kraft.raft.state import ElectionState, StateKind
-from kraft.storage.batch import build_batch
+from kraft.raft.memory import MemoryLogStore
+from kraft.raft.state import StateKind
 
 GATE_TIMEOUT_S = 5.0
 WAIT_S = 3.0
@@ -94,27 +88,29 @@ async def test_a_leader_defers_fetches_while_an_append_that_filled_a_batch_waits
     # output writes the log, so no Fetch may take it before the fsync returns — they wait, and nothing
     # writes the log under the fsync (else the driver fails: LogInvariantError).
     cluster, logs = gated_cluster(3, max_batch_records=2)
+    fetches = HeldFetches(cluster)
     await cluster.start_all()
     try:
         leader = await cluster.elect()
         await cluster.settle()
-        followers = [logs[n] for n in cluster.voters if n != leader.node_id]
-        for log in logs.values():
-            log.open.clear()  # every fsync held: the followers' next Fetches wait for the test
+        follower_ids = {n for n in cluster.voters if n != leader.node_id}
         gate = logs[leader.node_id]
+        gate.open.clear()  # the leader's fsync held
+        fetches.hold(follower_ids)  # the followers' next Fetches wait for the test
         first = leader.schedule_append([b"a"])
         await wait_until(gate.held.is_set, WAIT_S, "the leader's fsync held")
-        await wait_until(lambda: all(f.held.is_set() for f in followers), WAIT_S, "the followers' fsyncs")
+        # The followers took the record (sent before the leader's own fsync), flushed it inline and
+        # fetched again with their progress: those Fetches are held at the wire.
+        await wait_until(
+            lambda: all(any(f.fetch_offset > first for f in fetches.held.get(n, ())) for n in follower_ids),
+            WAIT_S,
+            "the followers' progress Fetches held",
+        )
         end_before = gate.end_offset
         second = leader.schedule_append([b"b", b"c"])  # a full batch: cut at once, into the output
-        flushed = [f.flushes for f in followers]
-        for log in followers:
-            log.open.set()  # their Fetches (progress past `first`) now reach the leader mid-fsync
-        await wait_until(
-            lambda: all(f.flushes > n for f, n in zip(followers, flushed, strict=True)),
-            WAIT_S,
-            "the followers' fsyncs done",
-        )
+        held = sum(len(v) for v in fetches.held.values())
+        fetches.release()  # their Fetches (progress past `first`) now reach the leader mid-fsync
+        await wait_until(lambda: fetches.delivered >= held, WAIT_S, "the held Fetches delivered")
         for _ in range(200):
             await asyncio.sleep(0)
         await asyncio.sleep(0.05)
@@ -125,89 +121,10 @@ async def test_a_leader_defers_fetches_while_an_append_that_filled_a_batch_waits
         leader.schedule_append([b"d"])  # raises RaftShutdownError had the driver failed
         assert leader.leader_and_epoch.leader_id == leader.node_id
     finally:
+        fetches.release()
         for log in logs.values():
             log.open.set()
         await cluster.close()
-
-
-# ------------------------------------------------------------------ a follower against a scripted leader
-
-
-@dataclass
-class Sent:
-    request: RaftRequest
-    answer: asyncio.Future[RaftResponse]
-
-
-class ScriptedLeader:
-    """The follower's transport: every request it sends waits here until the test answers it."""
-
-    def __init__(self) -> None:
-        self.sent: asyncio.Queue[Sent] = asyncio.Queue()
-
-    async def send(self, dest: int, request: RaftRequest, timeout_ms: int) -> RaftResponse:
-        answer: asyncio.Future[RaftResponse] = asyncio.get_running_loop().create_future()
-        await self.sent.put(Sent(request, answer))
-        return await answer
-
-    async def close(self) -> None:
-        pass
-
-    async def next_fetch(self) -> tuple[FetchRequest, asyncio.Future[RaftResponse]]:
-        sent = await asyncio.wait_for(self.sent.get(), WAIT_S)
-        assert isinstance(sent.request, FetchRequest)
-        return sent.request, sent.answer
-
-
-LEADER, FOLLOWER, EPOCH = 1, 2, 3
-
-
-def answer(read_round: int, records: bytes = b"", high_watermark: int = 0) -> FetchResponse:
-    return FetchResponse(ErrorCode.NONE, "", LEADER, EPOCH, high_watermark, 0, records, read_round=read_round)
-
-
-async def test_a_follower_echoes_a_newer_round_while_its_fsync_runs() -> None:
-    leader = ScriptedLeader()
-    log = GatedLog()
-    elections = MemoryElectionStore()
-    elections.write(ElectionState(EPOCH, LEADER, LEADER))
-    timings: dict[str, Any] = dict(FAST_TIMINGS)
-    follower = RaftDriver(
-        RaftConfig(node_id=FOLLOWER, cluster_id="test-cluster", voters=(LEADER, FOLLOWER), **timings),
-        transport=leader,
-        log=log,
-        elections=elections,
-        snapshots=MemorySnapshotStore(),
-        clock=ManualClock(),
-        rng=random.Random(FOLLOWER),
-    )
-    await follower.start()
-    try:
-        first, first_answer = await leader.next_fetch()
-        assert first.fetch_offset == 0 and not first.echo_only
-        log.open.clear()
-        batch = build_batch(0, [(None, b"v")], leader_epoch=EPOCH, timestamp_ms=0)
-        first_answer.set_result(answer(read_round=1, records=batch))
-        # Round 1 came with records: echoed at once, before the batch's write is flushed.
-        echo, echo_answer = await leader.next_fetch()
-        assert echo.echo_only and echo.read_round == 1 and echo.fetch_offset == 0
-        await wait_until(log.held.is_set, WAIT_S, "the follower's fsync held")
-        # The leader started round 2 meanwhile: its answer to the echo carries it.  The follower takes
-        # that answer during its fsync and echoes round 2 — its ordinary Fetch still waits for the flush.
-        echo_answer.set_result(answer(read_round=2))
-        again, again_answer = await leader.next_fetch()
-        assert again.echo_only and again.read_round == 2
-        assert again.fetch_offset == 0  # never an offset it has not made durable
-        assert not log.open.is_set()
-        again_answer.set_result(answer(read_round=2))
-        log.open.set()
-        ordinary, ordinary_answer = await leader.next_fetch()
-        assert not ordinary.echo_only and ordinary.fetch_offset == 1
-        assert ordinary.read_round == 2
-        ordinary_answer.set_result(answer(read_round=2, high_watermark=1))
-    finally:
-        log.open.set()
-        await follower.stop()
 
 
 # ------------------------------------------------------------------ timers under back-to-back flushes

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import pytest
 from metric_reads import family_sample
-from raft_helpers import LoopbackCluster, NodeStores, RecordingListener, wait_until
+from raft_helpers import HeldFetches, LoopbackCluster, NodeStores, RecordingListener, wait_until
 
 from kraft.observability.metrics import RAFT_FETCH_TURNAROUND
 from kraft.raft.api import CommittedBatch
@@ -24,20 +25,25 @@ from kraft.raft.memory import MemoryLogStore
 GATE_TIMEOUT_S = 5.0
 
 
-class GatedLog(MemoryLogStore):
-    """A log whose flush (run in a worker thread by the driver) can be held until the test releases it."""
+class ObservedLog(MemoryLogStore):
+    """A log that calls ``on_flush`` as each flush starts.  A follower's flush runs inline on the driver's
+    loop (``RaftDriver._flush``), so what ``on_flush`` sees is the follower's state at that moment of its
+    output: the records written, their fsync not done, the next Fetch not sent."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.open = threading.Event()
-        self.open.set()
-        self.held = threading.Event()
+        self.on_flush: Callable[[], None] | None = None
+        self.after_flush: Callable[[], None] | None = None
+        self.flushes = 0
 
     def flush(self) -> int:
-        if not self.open.is_set():
-            self.held.set()
-            self.open.wait(GATE_TIMEOUT_S)  # bounded: a test that forgets to release still ends
-        return super().flush()
+        if self.on_flush is not None:
+            self.on_flush()
+        end = super().flush()
+        self.flushes += 1
+        if self.after_flush is not None:
+            self.after_flush()
+        return end
 
 
 async def _loop_turns(turns: int) -> None:
@@ -47,9 +53,10 @@ async def _loop_turns(turns: int) -> None:
 
 async def test_a_follower_applies_a_commit_only_after_flushing_the_records_that_brought_it() -> None:
     cluster = LoopbackCluster(2)  # one follower: its Fetch alone moves the high watermark
-    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    logs = {node_id: ObservedLog() for node_id in cluster.voters}
     for node_id, log in logs.items():
         cluster.stores[node_id] = NodeStores(log=log)
+    fetches = HeldFetches(cluster)
     await cluster.start_all()
     try:
         leader = await cluster.elect()
@@ -59,7 +66,23 @@ async def test_a_follower_applies_a_commit_only_after_flushing_the_records_that_
         follower.register_listener(listener)
         await cluster.settle()
 
+        # The follower's Fetch with its progress past `first` reaches the leader after the leader's own
+        # fsync of `first` (held at the wire until then): that Fetch commits `first` and parks.  (One
+        # that arrives during the leader's fsync is taken then — the lease's echo path — and answered
+        # when the fsync raises the high watermark, so the follower would learn the commit at once.)
+        leader_flushes = logs[leader.node_id].flushes
+        fetches.hold({follower_id})
         first = leader.schedule_append([b"a"])
+        await wait_until(
+            lambda: (
+                logs[leader.node_id].flushes > leader_flushes
+                and any(f.fetch_offset > first for f in fetches.held.get(follower_id, ()))
+            ),
+            GATE_TIMEOUT_S,
+            "the leader's fsync done and the follower's progress Fetch held",
+        )
+        await cluster.settle()
+        fetches.release()
         await cluster.settle()  # replicated and committed; no time passes, so no long poll expires
         assert leader.high_watermark > first
         # The follower's Fetch that committed `first` is parked at the leader: it learns the new high
@@ -67,22 +90,16 @@ async def test_a_follower_applies_a_commit_only_after_flushing_the_records_that_
         assert follower.high_watermark <= first
         assert first not in listener.values
 
-        gate = logs[follower_id]
-        gate.open.clear()
+        seen: list[tuple[int, bool]] = []  # at each follower flush: its high watermark, `first` applied
+        logs[follower_id].on_flush = lambda: seen.append((follower.high_watermark, first in listener.values))
         second = leader.schedule_append([b"b"])
-        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing the second record")
-        await _loop_turns(50)
-        # Learned with the second record, but not applied while that record's flush is in flight.
-        assert follower.high_watermark > first
-        assert first not in listener.values
-
-        gate.open.set()
         await cluster.run_until(lambda: first in listener.values, "the first record applied", 1000)
         await cluster.run_until(lambda: second in listener.values, "the second record applied", 1000)
+        # The flush of the second record: `first`'s commit learned with it, not applied before it.
+        assert seen and seen[0][0] > first
+        assert seen[0][1] is False
         assert listener.values[first] == b"a" and listener.values[second] == b"b"
     finally:
-        for log in logs.values():
-            log.open.set()
         await cluster.close()
 
 
@@ -127,9 +144,10 @@ async def test_a_follower_with_a_listener_delay_applies_commits_that_long_later_
         assert follower.high_watermark > second
         await cluster.advance(1)
         await _loop_turns(20)
-        # Everything committed by then is applied in that one wake-up.
+        # Everything committed by then is applied in that one wake-up (`third` too if the follower
+        # learned its commit meanwhile: its Fetch may reach the leader during the leader's fsync).
         assert listener.values.get(first) == b"a" and listener.values.get(second) == b"b"
-        assert third not in listener.values
+        assert (third in listener.values) == (follower.high_watermark > third)
         await cluster.run_until(lambda: third in listener.values, "the third record applied", 1000)
     finally:
         await cluster.close()
@@ -209,7 +227,7 @@ async def test_a_follower_replay_waits_while_its_fetch_turnaround_runs() -> None
     # A Fetch response that arrives while the follower's listener is mid-replay is taken to its end
     # (records appended, flushed, next Fetch sent) before the replay takes another step.
     cluster = LoopbackCluster(2)  # one follower: its next Fetch alone moves the high watermark
-    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    logs = {node_id: ObservedLog() for node_id in cluster.voters}
     for node_id, log in logs.items():
         cluster.stores[node_id] = NodeStores(log=log)
     await cluster.start_all()
@@ -228,26 +246,21 @@ async def test_a_follower_replay_waits_while_its_fetch_turnaround_runs() -> None
         await wait_until(lambda: stepping.replaying, GATE_TIMEOUT_S, "the follower replaying `first`")
         await wait_until(lambda: follower.idle, GATE_TIMEOUT_S, "the follower parked on its next Fetch")
 
-        gate = logs[follower_id]
-        gate.open.clear()
+        at_flush: list[tuple[int, int]] = []  # the replay's steps as the flush of `c` starts and ends
+        log = logs[follower_id]
+        log.on_flush = lambda: at_flush.append((stepping.steps, -1))
+        log.after_flush = lambda: at_flush.append((at_flush.pop()[0], stepping.steps))
         third = leader.schedule_append([b"c"])
-        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing `c`")
-        steps = stepping.steps
-        await _loop_turns(50)
-        assert stepping.steps == steps  # no replay step while the turnaround is in progress
-        assert leader.high_watermark <= third
-
-        gate.open.set()
         # The next Fetch (which commits `c` on the leader) goes out while `first` is still replaying.
         await wait_until(lambda: leader.high_watermark > third, GATE_TIMEOUT_S, "`c` committed")
+        assert at_flush and at_flush[0][1] == at_flush[0][0]  # no replay step while the flush ran
+        steps = at_flush[0][1]
         assert stepping.replaying and first not in stepping.values
         await wait_until(lambda: stepping.steps > steps, GATE_TIMEOUT_S, "the replay going on")
         stepping.finish.set()
         await cluster.run_until(lambda: third in stepping.values, "`c` applied", 1000)
         assert stepping.values[first] == b"a"
     finally:
-        for log in logs.values():
-            log.open.set()
         if listener is not None:
             listener.finish.set()
         await cluster.close()
@@ -262,7 +275,7 @@ def _turnaround(node_id: int) -> tuple[float, float]:
 
 async def test_a_followers_fetch_turnaround_is_measured_from_the_response_to_the_next_fetch() -> None:
     cluster = LoopbackCluster(2)
-    logs = {node_id: GatedLog() for node_id in cluster.voters}
+    logs = {node_id: ObservedLog() for node_id in cluster.voters}
     for node_id, log in logs.items():
         cluster.stores[node_id] = NodeStores(log=log)
     await cluster.start_all()
@@ -271,18 +284,45 @@ async def test_a_followers_fetch_turnaround_is_measured_from_the_response_to_the
         follower_id = next(n for n in cluster.voters if n != leader.node_id)
         await cluster.settle()
         count, total = _turnaround(follower_id)
-        gate = logs[follower_id]
-        gate.open.clear()
+        log = logs[follower_id]
+
+        def slow_fsync() -> None:  # the follower's fsync of the record takes 30 ms of the manual clock
+            cluster.clock.advance(30)
+            log.on_flush = None
+
+        log.on_flush = slow_fsync
         offset = leader.schedule_append([b"a"])
-        await wait_until(gate.held.is_set, GATE_TIMEOUT_S, "the follower flushing the record")
-        cluster.clock.advance(30)  # the follower's fsync takes 30 ms of the manual clock
-        gate.open.set()
         await wait_until(lambda: leader.high_watermark > offset, GATE_TIMEOUT_S, "the record committed")
         after_count, after_total = _turnaround(follower_id)
         assert after_count > count
         # Only that turnaround took manual time: the response → flush → next Fetch
         assert after_total - total == pytest.approx(0.030)
     finally:
-        for log in logs.values():
-            log.open.set()
+        await cluster.close()
+
+
+async def test_a_followers_log_flush_runs_inline_and_a_leaders_on_the_fsync_thread() -> None:
+    # A follower's fsync is on every write's critical path (records in -> fsync -> the next Fetch that
+    # commits them): inline on the driver's loop, no thread hop.  A leader's loop serves requests during
+    # its fsync: the SyncWorker thread (raft-performance.md "A lone CreateTopics, session 13").
+    cluster = LoopbackCluster(3)
+    logs = {node_id: ObservedLog() for node_id in cluster.voters}
+    threads: dict[int, set[int]] = {node_id: set() for node_id in cluster.voters}
+    for node_id, log in logs.items():
+        cluster.stores[node_id] = NodeStores(log=log)
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        await cluster.settle()
+        for node_id, log in logs.items():
+            log.on_flush = lambda node_id=node_id: threads[node_id].add(threading.get_ident())
+        offset = await cluster.complete(leader.append([b"a"]), "the append committed")
+        await cluster.run_until(
+            lambda: all(d.log_end_offset > offset for d in cluster.drivers.values()), "replicated", 1000
+        )
+        loop_thread = threading.get_ident()
+        followers = [n for n in cluster.voters if n != leader.node_id]
+        assert all(threads[n] == {loop_thread} for n in followers)
+        assert threads[leader.node_id] and loop_thread not in threads[leader.node_id]
+    finally:
         await cluster.close()
