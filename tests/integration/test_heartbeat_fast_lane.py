@@ -23,8 +23,13 @@ HEARTBEAT_MS = 250
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    # The lane answers only while the leader lease holds, and the lease is renewed only while a caller
+    # asked within the last lease: lease = 0.8 x min(fetch timeout, election timeout / 2) = 400 ms here,
+    # so heartbeats every 250 ms keep it (with an election timeout of 500 ms the lease is 200 ms and a
+    # lone broker's heartbeats, 250 ms apart, found it lapsed most of the time: the full suite timed out
+    # waiting for a fast answer).
     overrides = {
-        "controller.quorum.election.timeout.ms": "500",
+        "controller.quorum.election.timeout.ms": "1000",
         "controller.quorum.fetch.timeout.ms": "1500",
         "controller.quorum.election.backoff.max.ms": "500",
         "controller.quorum.fetch.max.wait.ms": "200",
