@@ -1203,7 +1203,9 @@ class QuorumController:
         response.controller.CopyFrom(self._controller_ref(self.node_id))
         response.controller_id = self.node_id
         response.controller_epoch = self.state.leader.epoch
-        response.brokers.extend(logic.describe_brokers(image, self.clock.monotonic_ms()))
+        response.brokers.extend(
+            logic.describe_brokers(image, self.clock.monotonic_ms(), self.writes.next_offset)
+        )
         response.metadata_offset = image.offset
         response.high_watermark = self.raft.high_watermark
         return response
