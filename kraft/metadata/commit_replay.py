@@ -147,6 +147,16 @@ async def replay_known_commits(
     image = committed
     saved = committed
     batches = 0
+    # A follower learns a high watermark with the Fetch answer that brings the next records, and may
+    # stop while those records' fsync is in flight; its listener is handed them only once that output
+    # ran to its end.  Wait for the same (yield_turn: until the driver parks), within the budget, so what
+    # is replayed is on disk.  (Strictly: a Fetch answer handled between the driver parking and this task
+    # resuming could still move the high watermark over records being flushed; the node's next start
+    # discards a store ahead of its log, so that race costs a full replay, never a wrong image.)
+    try:
+        await asyncio.wait_for(raft.yield_turn(), budget_ms / 1000 if budget_ms > 0 else None)
+    except TimeoutError:
+        return KnownCommits(saved, batches, raft.high_watermark, "budget")
     high_watermark = raft.high_watermark
     while True:
         if image.offset + 1 >= high_watermark:
@@ -163,11 +173,12 @@ async def replay_known_commits(
             headers = list(iter_batch_headers(piece.records))
         except Exception:  # a batch that fails its CRC: the next start's listener meets it too
             return KnownCommits(saved, batches, high_watermark, "error")
+        progressed = False
         for position, header in headers:
             if header.last_offset <= image.offset:
                 continue
-            if header.base_offset >= piece.high_watermark:
-                break
+            if header.last_offset >= high_watermark:
+                break  # committed (and flushed) after the wait above: the next start replays it
             batch = CommittedBatch(
                 header.base_offset,
                 header.last_offset,
@@ -181,9 +192,10 @@ async def replay_known_commits(
                 return KnownCommits(saved, batches, high_watermark, "unreplayable")
             image = replayed.image
             batches += 1
+            progressed = True
             if not image.transaction:
                 saved = image
             if deadline.expired():
                 return KnownCommits(saved, batches, high_watermark, "budget")
-        if piece.next_offset <= image.offset:  # nothing deliverable (never expected): do not spin
+        if not progressed:  # nothing below the high watermark in what was read (never expected): no spin
             return KnownCommits(saved, batches, high_watermark, "caught_up")

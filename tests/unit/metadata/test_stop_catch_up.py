@@ -46,6 +46,13 @@ class LaggingRaft(FakeRaft):
         """At most this many batches per read (0: all)."""
         self.reads = 0
         self.read_error: Exception | None = None
+        self.driver_quiet = asyncio.Event()
+        """What ``yield_turn`` waits for: a follower's driver done with its output (the fsync included)."""
+        self.driver_quiet.set()
+
+    async def yield_turn(self) -> None:
+        await asyncio.sleep(0)
+        await self.driver_quiet.wait()
 
     def follow(self, leader_id: int) -> None:
         self._leader = LeaderAndEpoch(leader_id, 1)
@@ -185,3 +192,36 @@ async def test_a_log_read_failure_or_an_unreplayable_record_keeps_the_image_reac
     raft.read_error = OffsetBelowLogStartError(0, 5, None)
     reached = await replay_known_commits(raft, MetadataImage.empty(), clock, STOP_CATCH_UP_BUDGET_MS)
     assert (reached.stopped, reached.batches, reached.image.offset) == ("error", 0, -1)
+
+
+async def test_the_catch_up_waits_for_the_driver_s_flush_in_flight_before_reading_the_high_watermark() -> (
+    None
+):
+    """A follower learns a high watermark with the records whose fsync is then still in flight: the
+    catch-up waits (Raft's yield_turn) until the driver's output ran to its end, then reads it."""
+    clock = ManualClock()
+    raft = LaggingRaft(clock)
+    raft.follow(OTHER_LEADER)
+    raft.commit(topic("a"))
+    raft.driver_quiet.clear()  # the output that brought the next records is still running
+    catch_up = asyncio.ensure_future(
+        replay_known_commits(raft, MetadataImage.empty(), clock, STOP_CATCH_UP_BUDGET_MS)
+    )
+    for _ in range(20):
+        await _turn()
+    assert not catch_up.done() and raft.reads == 0
+    last = raft.commit(topic("b"))  # what that output committed, flushed once it ends
+    raft.driver_quiet.set()
+    reached = await asyncio.wait_for(catch_up, 5)
+    assert (reached.stopped, reached.image.offset, reached.high_watermark) == ("caught_up", last, last + 1)
+
+
+async def test_a_driver_that_never_parks_ends_the_catch_up_at_its_budget_with_nothing_replayed() -> None:
+    clock = ManualClock()
+    raft = LaggingRaft(clock)
+    raft.follow(OTHER_LEADER)
+    raft.commit(topic("a"))
+    raft.driver_quiet.clear()
+    # (The wait is on the event loop's time: a short budget, so the test does not sit out the real one.)
+    reached = await asyncio.wait_for(replay_known_commits(raft, MetadataImage.empty(), clock, 20), 5)
+    assert (reached.stopped, reached.batches, reached.image.offset, raft.reads) == ("budget", 0, -1, 0)
