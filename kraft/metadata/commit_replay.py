@@ -6,6 +6,10 @@ that, or damaged before the CRC was computed) can never be applied; a controller
 would serve an image that differs from every other node's.  :meth:`ReplayedBatch.check` turns such a
 batch into :class:`~kraft.metadata.delta.UnreplayableRecordError`, which is fatal (fail-stop, issue #14),
 as a replay failure is on Kafka's controllers (``fatalFaultHandler``).
+
+:func:`replay_known_commits` is the graceful stop's catch-up: the batches below Raft's high watermark that
+the listener had not applied yet, replayed (within a time budget) so the image store's last save is not
+behind a commit the node already knew.
 """
 
 from __future__ import annotations
@@ -19,8 +23,10 @@ from kraft.errors import KraftError
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
-from kraft.raft.api import CommittedBatch, offset_values
+from kraft.raft.api import CommittedBatch, RaftClient, offset_values
+from kraft.raft.listeners import LazyRecords
 from kraft.reaper import release_removed_topics
+from kraft.storage.batch import iter_batch_headers
 
 # Big batches are decoded and replayed at most this many records per loop turn (and for at most the
 # time budget, checked every REPLAY_PIECE_RECORDS), so heartbeats and Raft fetches get in meanwhile.
@@ -100,3 +106,96 @@ async def replay_batch(
     # A deleted big topic's partitions are freed in slices once the last image holding it goes.
     release_removed_topics(delta.removed_topics().values())
     return ReplayedBatch(image, values, undecodable, list(delta.replay_errors))
+
+
+STOP_CATCH_UP_READ_BYTES = 1024 * 1024
+"""Committed log bytes read per step of :func:`replay_known_commits` (the Raft listener reads as much)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KnownCommits:
+    """What :func:`replay_known_commits` reached."""
+
+    image: MetadataImage
+    """The newest image outside a metadata transaction (the image store saves no other)."""
+    batches: int
+    """Batches replayed (some may lie past ``image``, inside a transaction left open)."""
+    high_watermark: int
+    stopped: str
+    """Why it ended: ``caught_up``, ``budget`` (time ran out), ``unreplayable`` (a batch that does not
+    apply: left to the next start, where the listener fails on it), or ``error`` (the log read failed)."""
+
+
+async def replay_known_commits(
+    raft: RaftClient,
+    committed: MetadataImage,
+    clock: Clock,
+    budget_ms: int,
+    *,
+    piece_budget_ms: int = 0,
+) -> KnownCommits:
+    """Replay on ``committed`` the batches Raft knows committed (below its high watermark, read back from
+    the local log as the listener reads them) that it has not been handed yet.
+
+    For a graceful stop, after the listener was unregistered: a follower applies a commit
+    ``controller.quorum.follower.listener.delay.ms`` after it learns it, so a stop right after a commit
+    saved an image store behind the node's own log.  Bounded by ``budget_ms`` on ``clock``, checked
+    before each read and after each batch (so it overruns by at most one batch's replay): a stop never
+    waits long, and whatever is left is replayed from the log at the next start, as before.  Never
+    raises for the log or a record: a stop goes on with what was reached."""
+    deadline = Deadline(clock, budget_ms)
+    image = committed
+    saved = committed
+    batches = 0
+    # A follower learns a high watermark with the Fetch answer that brings the next records, and may
+    # stop while those records' fsync is in flight; its listener is handed them only once that output
+    # ran to its end.  Wait for the same (yield_turn: until the driver parks), within the budget, so what
+    # is replayed is on disk.  (Strictly: a Fetch answer handled between the driver parking and this task
+    # resuming could still move the high watermark over records being flushed; the node's next start
+    # discards a store ahead of its log, so that race costs a full replay, never a wrong image.)
+    try:
+        await asyncio.wait_for(raft.yield_turn(), budget_ms / 1000 if budget_ms > 0 else None)
+    except TimeoutError:
+        return KnownCommits(saved, batches, raft.high_watermark, "budget")
+    high_watermark = raft.high_watermark
+    while True:
+        if image.offset + 1 >= high_watermark:
+            return KnownCommits(saved, batches, high_watermark, "caught_up")
+        if deadline.expired():
+            return KnownCommits(saved, batches, high_watermark, "budget")
+        try:
+            piece = await raft.read_committed(image.offset + 1, STOP_CATCH_UP_READ_BYTES)
+        except Exception:  # below the log start (a snapshot), shut down, a damaged segment: stop here
+            return KnownCommits(saved, batches, high_watermark, "error")
+        if not piece.records:
+            return KnownCommits(saved, batches, high_watermark, "caught_up")
+        try:
+            headers = list(iter_batch_headers(piece.records))
+        except Exception:  # a batch that fails its CRC: the next start's listener meets it too
+            return KnownCommits(saved, batches, high_watermark, "error")
+        progressed = False
+        for position, header in headers:
+            if header.last_offset <= image.offset:
+                continue
+            if header.last_offset >= high_watermark:
+                break  # committed (and flushed) after the wait above: the next start replays it
+            batch = CommittedBatch(
+                header.base_offset,
+                header.last_offset,
+                header.partition_leader_epoch,
+                () if header.is_control else LazyRecords(piece.records, position),
+                header.max_timestamp,
+                header.is_control,
+            )
+            replayed = await replay_batch(image, batch, clock, piece_budget_ms)
+            if replayed.undecodable or replayed.replay_errors:
+                return KnownCommits(saved, batches, high_watermark, "unreplayable")
+            image = replayed.image
+            batches += 1
+            progressed = True
+            if not image.transaction:
+                saved = image
+            if deadline.expired():
+                return KnownCommits(saved, batches, high_watermark, "budget")
+        if not progressed:  # nothing below the high watermark in what was read (never expected): no spin
+            return KnownCommits(saved, batches, high_watermark, "caught_up")

@@ -55,7 +55,7 @@ from kraft.metadata.election_config import (
     unclean_election_for,
 )
 from kraft.metadata.elr_holders import elr_holders_of
-from kraft.metadata.heartbeats import HeartbeatTracker
+from kraft.metadata.heartbeats import HeartbeatTracker, applied_offset
 from kraft.metadata.image import (
     LEADER_RECOVERING,
     NO_PARTITION_LEADER,
@@ -2428,7 +2428,11 @@ class ControllerLogic:
             return BrokerRegistrationState.CONTROLLED_SHUTDOWN
         return BrokerRegistrationState.ACTIVE
 
-    def describe_brokers(self, image: MetadataImage, now_ms: int) -> list[cpb.BrokerDescription]:
+    def describe_brokers(
+        self, image: MetadataImage, now_ms: int, next_offset: int
+    ) -> list[cpb.BrokerDescription]:
+        """``next_offset``: the offset the log's next record gets; a broker's claim at or past it is
+        described as -1 (unknown), not echoed (:func:`~kraft.metadata.heartbeats.applied_offset`)."""
         index = self.rejoin_index
         if index.current_for is image.topics_by_id:
             # The active controller's committed image is its speculative one once nothing is pending (its
@@ -2453,7 +2457,7 @@ class ControllerLogic:
                     )
                     for e in broker.endpoints
                 ],
-                metadata_offset=contact.metadata_offset if contact else -1,
+                metadata_offset=applied_offset(contact, next_offset),
                 last_heartbeat_ms_ago=(
                     now_ms - contact.last_contact_ms if contact is not None and contact.heartbeats else -1
                 ),

@@ -21,6 +21,17 @@ class BrokerContact:
     heartbeats: int = 0
 
 
+def applied_offset(contact: BrokerContact | None, next_offset: int) -> int:
+    """The metadata offset a broker can really have applied, as its last heartbeat reported it, or -1
+    (Kafka's "unknown") when it never reported one or claimed one the log does not hold yet (at or past
+    ``next_offset``, the offset the next record gets): the controller fleet benchmark's brokers report
+    2**50 ("everything"), and a broken broker could too.  The bound is the log's next offset, not the
+    high watermark: a new leader's high watermark can trail what an honest broker applied."""
+    if contact is None or not 0 <= contact.metadata_offset < next_offset:
+        return -1
+    return contact.metadata_offset
+
+
 class HeartbeatTracker:
     def __init__(self, session_timeout_ms: int) -> None:
         self.session_timeout_ms = session_timeout_ms

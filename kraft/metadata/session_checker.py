@@ -14,7 +14,7 @@ from kraft.metadata.controller_logic import ControllerLogic, Outcome
 from kraft.metadata.controller_state import ControllerState, NotControllerError
 from kraft.metadata.controller_writes import WritePath
 from kraft.metadata.event_queue import EventQueueClosedError
-from kraft.metadata.heartbeats import BrokerContact
+from kraft.metadata.heartbeats import BrokerContact, applied_offset
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import StructLogger
 from kraft.observability.metrics import ControllerMetrics
@@ -35,9 +35,8 @@ def applied_offset_field(contact: BrokerContact | None, next_offset: int) -> int
     ``next_offset``, the offset the next record gets).  Such a claim is not an offset anyone applied: the
     controller fleet benchmark's brokers report 2**50 ("everything"), and a broken broker could too; the
     line shows only what the broker can really have applied."""
-    if contact is None or not 0 <= contact.metadata_offset < next_offset:
-        return NO_OFFSET
-    return contact.metadata_offset
+    offset = applied_offset(contact, next_offset)
+    return NO_OFFSET if offset < 0 else offset
 
 
 class SessionChecker:

@@ -69,6 +69,11 @@ class StoreWriter:
             self._fatal("open", exc, offset=None)
             raise
 
+    @property
+    def is_open(self) -> bool:
+        """A store is open (a store path was given and :meth:`open` succeeded; until :meth:`close`)."""
+        return self._store is not None
+
     def mark_dirty(self) -> None:
         """The committed image changed."""
         self._dirty.set()

@@ -907,7 +907,7 @@ class BrokerDescription(_message.Message):
     """FENCED | ACTIVE | CONTROLLED_SHUTDOWN | OFFLINE"""
     rack: _builtins.str
     metadata_offset: _builtins.int
-    """last offset the broker reported (-1 = never)"""
+    """last offset the broker reported; -1 = unknown (never reported, or a claim at/past the log's next offset)"""
     last_heartbeat_ms_ago: _builtins.int
     """-1 = no heartbeat seen by this controller"""
     leader_count: _builtins.int

@@ -570,11 +570,28 @@ def test_describe_brokers_reports_state_and_counts(h: Harness) -> None:
     h.active_brokers(1, 2)
     h.register(3)
     h.create("t", partitions=4, rf=2)
-    described = {b.broker_id: b for b in h.logic.describe_brokers(h.image, h.now_ms)}
+    described = {b.broker_id: b for b in h.logic.describe_brokers(h.image, h.now_ms, h.next_offset)}
     assert described[1].state == "ACTIVE" and described[3].state == "FENCED"
     assert described[1].leader_count + described[2].leader_count == 4
     assert described[1].replica_count == 4
     assert described[1].last_heartbeat_ms_ago == 0 and described[1].rack == "r1"
+
+
+def test_describe_brokers_shows_a_metadata_offset_the_log_does_not_hold_as_unknown(h: Harness) -> None:
+    """A heartbeat's claim at or past the log's next offset (the fleet benchmark's brokers claim 2**50)
+    is described as -1, Kafka's "unknown", not echoed; an offset the log holds is shown as reported."""
+    h.active_brokers(1, 2, 3)
+    last = h.next_offset - 1
+    h.heartbeat(1, offset=last)
+    h.heartbeat(2, offset=2**50)
+    h.heartbeat(3, offset=h.next_offset)  # the offset the next record gets: not written yet
+
+    def offsets() -> dict[int, int]:
+        return {
+            b.broker_id: b.metadata_offset for b in h.logic.describe_brokers(h.image, h.now_ms, h.next_offset)
+        }
+
+    assert offsets() == {1: last, 2: -1, 3: -1}
 
 
 def test_describe_brokers_counts_from_the_rejoin_index_equal_a_recount(h: Harness) -> None:
@@ -588,7 +605,7 @@ def test_describe_brokers_counts_from_the_rejoin_index_equal_a_recount(h: Harnes
     def counts() -> dict[int, tuple[int, int]]:
         return {
             b.broker_id: (b.leader_count, b.replica_count)
-            for b in h.logic.describe_brokers(h.image, h.now_ms)
+            for b in h.logic.describe_brokers(h.image, h.now_ms, h.next_offset)
         }
 
     h.logic.leader_count(1)  # the index is built for the current image on use
