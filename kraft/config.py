@@ -574,7 +574,7 @@ class NodeConfig(BaseModel):
     # (kraft.metadata.heartbeat_lane; docs/internals/heartbeat-lane.md); the others take the
     # HeartbeatBridge path (on with this key whatever controller.broker.heartbeats.on.intake says).
     controller_broker_heartbeats_fast_lane: Bool = _key(
-        "controller.broker.heartbeats.fast.lane", default=False
+        "controller.broker.heartbeats.fast.lane", default=True
     )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the

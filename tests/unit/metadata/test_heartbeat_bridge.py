@@ -307,6 +307,9 @@ async def test_the_config_switch_picks_the_bridge_or_the_hop(tmp_path: Path, on_
         listeners=f"CONTROLLER://127.0.0.1:{port}",
         metadata_log_dir=tmp_path / "meta",
         controller_broker_heartbeats_on_intake=on_intake,
+        # This switch alone: the fast lane (on by default) installs the bridge whatever it says and
+        # answers steady heartbeats before the bridge counts them (test_heartbeat_lane.py covers it).
+        controller_broker_heartbeats_fast_lane=False,
     )
     node = ControllerNode(config)
     layer = install_metadata_layer(node)
