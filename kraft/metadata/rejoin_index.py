@@ -645,10 +645,7 @@ class RejoinIndex:
             self._follow(topics_by_id)  # (a rebuild settles nothing: it starts with nothing dirty)
         flags = self._flags
         dirty = self._dirty
-        if topic_ids is None:
-            picked = set(flags).union(dirty)
-        else:
-            picked = {t for t in topic_ids if t in flags or t in dirty}
+        picked = self._picked(topic_ids)
         ordinal = self._ordinal
         found = []
         for topic_id in sorted(picked, key=ordinal.__getitem__):
@@ -666,6 +663,14 @@ class RejoinIndex:
                     found.append((topic, partition_id, partition))
         return found
 
+    def _picked(self, topic_ids: Collection[str] | None) -> set[str]:
+        """The topics (of ``topic_ids``; None: all) with a flagged or a dirty partition."""
+        flags = self._flags
+        dirty = self._dirty
+        if topic_ids is None:
+            return set(flags).union(dirty)
+        return {t for t in topic_ids if t in flags or t in dirty}
+
     def unsettled_ids(self, topic_ids: Collection[str] | None = None) -> Iterator[tuple[str, int]]:
         """:meth:`unsettled` taken lazily, for a caller that works in bounded slices (an implicit UNCLEAN
         ElectLeaders, session 13): (topic id, partition id) of every partition that was flagged or
@@ -681,10 +686,7 @@ class RejoinIndex:
         that became unsettled after the iteration passed it is not seen (it was settled then)."""
         flags = self._flags
         dirty = self._dirty
-        if topic_ids is None:
-            picked = set(flags).union(dirty)
-        else:
-            picked = {t for t in topic_ids if t in flags or t in dirty}
+        picked = self._picked(topic_ids)
         ordinal = self._ordinal
         if len(picked) <= UNSETTLED_WINDOW:
             order = sorted(picked, key=ordinal.__getitem__)
