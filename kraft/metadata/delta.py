@@ -592,6 +592,20 @@ class MetadataDelta:
             self.replay_errors.append(f"topic {r.name} already exists")
             return
         self._last_topic = None  # (a repeated id replaces the topic's delta)
+        # A live id under a new name (a log kraft never writes, which replay still follows): the id's
+        # topic is replaced, so its old name no longer names it — else a later record by that name
+        # would reach a removed or renamed topic ("partition 0 of unknown topic").
+        in_delta = self._topics.get(r.topic_id)
+        if in_delta is not None:
+            replaced_name: str | None = in_delta.name
+        elif r.topic_id in self._removed_topics:
+            replaced_name = None  # (its name was unmapped by the removal)
+        else:
+            base = self.image.topics_by_id.get(r.topic_id)
+            replaced_name = base.name if base is not None else None
+        renamed = replaced_name is not None and replaced_name != r.name
+        if renamed and replaced_name is not None and self.topic_id(replaced_name) == r.topic_id:
+            self._names[replaced_name] = None
         self._topics[r.topic_id] = _TopicDelta(r.name, r.topic_id, None, 0)
         self._names[r.name] = r.topic_id
         if len(self._names) > SPLIT_AT:
