@@ -24,7 +24,7 @@ and one leadership confirmation — exactly what an intake process's batch gets
 **The fast lane** (``controller.broker.heartbeats.fast.lane``): a *steady* heartbeat is answered right
 here, on the intake loop, from the snapshot the controller publishes (:mod:`kraft.metadata.heartbeat_lane`)
 and never reaches the main loop.  Its caller is checked here as the servicer's guard would check it
-(:meth:`HeartbeatBridge._may_answer_here`): the identity binding is a pure function of the caller's
+(:meth:`HeartbeatBridge.may_answer_here`): the identity binding is a pure function of the caller's
 principal; an ACL decision is taken only from the grants the main loop published — the callers (principal,
 host) its guard allowed CLUSTER_ACTION for, under the ACLs in force now — else the call goes the normal way.
 
@@ -51,7 +51,7 @@ from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
 from kraft.grpc_service import RequestDecoder
 from kraft.node.intake import MainLoopContext
-from kraft.node.intake_batch import HEARTBEATS_PER_EVENT
+from kraft.node.intake_batch import HEARTBEATS_PER_EVENT, CallContext
 from kraft.observability.logging import get_logger
 from kraft.security.guard import AccessDenied, peer_host
 from kraft.security.principal import node_identity, principal_of
@@ -119,7 +119,7 @@ class HeartbeatBridge:
         call_context = MainLoopContext(context, loop)
         controller = self._controller()
         lane = None if controller is None else controller.lane
-        if lane is not None and self._may_answer_here(call_context, request.broker_id):
+        if lane is not None and self.may_answer_here(call_context, request.broker_id):
             fast = lane.answer(request)
             if fast is not None:
                 self.fast += 1
@@ -139,12 +139,13 @@ class HeartbeatBridge:
             raise AssertionError("unreachable: context.abort raises")
         return answer
 
-    def _may_answer_here(self, context: MainLoopContext, broker_id: int) -> bool:
+    def may_answer_here(self, context: MainLoopContext | CallContext, broker_id: int) -> bool:
         """On the intake loop: would :meth:`RequestGuard.check_node` let this call through?  True only when
         that is certain without the main loop: the identity binding (pure), and with an authorizer a
         CLUSTER_ACTION grant the main loop's guard decided for this principal and host under the ACLs in
         force now.  False sends the call the normal way, where the guard decides (and a refusal is
-        answered and logged as always)."""
+        answered and logged as always).  Also for the heartbeats of an intake process's batch
+        (:class:`~kraft.node.batch_lane.BatchLane`: ``context`` is then the call's own CallContext)."""
         authorizer = self._guard().authorizer
         principal = principal_of(context)
         identity = node_identity(principal)
@@ -157,7 +158,7 @@ class HeartbeatBridge:
         acls, grants = self._grants
         return acls is authorizer.acls_in_force() and (str(principal), peer_host(context)) in grants
 
-    def _grant(self, guard: RequestGuard, context: MainLoopContext) -> None:
+    def grant(self, guard: RequestGuard, context: MainLoopContext | CallContext) -> None:
         """On main, after ``guard`` let a heartbeat through: publish its (principal, host) grant."""
         authorizer = guard.authorizer
         if authorizer is None:
@@ -207,7 +208,7 @@ class HeartbeatBridge:
                 refused.append((call.future, failed))
                 continue
             if lane_on:
-                self._grant(guard, call.context)
+                self.grant(guard, call.context)
             admitted.append(call)
         if refused:
             _post(refused)

@@ -537,3 +537,25 @@ class HopInterceptor(_ServerInterceptor):
                 inputs[1].apply_status()
 
         return handle
+
+
+async def run_writing_on_main(
+    behavior: Callable[[AsyncIterator[Any], MainLoopContext], Awaitable[None]],
+    requests: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext[Any, Any],
+    main: asyncio.AbstractEventLoop,
+) -> None:
+    """On the intake loop: run ``behavior`` — a stream-in handler answering with ``context.write`` — on
+    ``main``, exactly as :class:`HopInterceptor` runs a server's handler there: the request stream read on
+    the intake loop, the call seen through a :class:`MainLoopContext`, its abort or status applied to the
+    real call here.  For an intake-loop handler that answers part of a call itself and hands the rest on
+    (:class:`kraft.node.batch_lane.BatchLane`)."""
+    intake = asyncio.get_running_loop()
+    main_context = MainLoopContext(context, intake)
+    try:
+        await _hop(behavior(_RequestsFromIntake(requests, intake), main_context), main)
+    except _Abort as abort:
+        main_context.discard_status()  # the abort's status is the call's
+        await context.abort(abort.code, abort.details, abort.trailing_metadata)
+    finally:
+        main_context.apply_status()

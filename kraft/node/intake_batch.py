@@ -50,6 +50,7 @@ from kraft.v1 import intake_pb2 as ipb
 if TYPE_CHECKING:
     from kraft.metadata.controller import QuorumController
     from kraft.metadata.service import ControllerServicer
+    from kraft.security.guard import RequestGuard
 
 ServicerContext = grpc.aio.ServicerContext[Any, Any]
 Emit = Callable[[list[ipb.CallResult]], Awaitable[None]]
@@ -148,23 +149,40 @@ class CallBatchServicer:
                     GetMessageClass(method.input_type), getattr(servicer, method.name)
                 )
         self.counters = IntakeCounterSink(node)
+        self.on_admitted: Callable[[RequestGuard, CallContext], None] | None = None
+        """Called with each heartbeat the guard let through (the heartbeat fast lane's ACL grants,
+        :class:`kraft.node.batch_lane.BatchLane`)."""
 
     async def CallBatch(
         self, requests: AsyncIterator[ipb.CallBatchRequest], context: ServicerContext
     ) -> None:
-        await _only_from_intake_socket(context)
+        await only_from_intake_socket(context)
         request = await anext(requests, None)
         if request is None:
             return
         self.counters.node_batch(len(request.calls))
+        await self.serve(request, requests, context)
+
+    async def serve(
+        self,
+        request: ipb.CallBatchRequest,
+        requests: AsyncIterator[ipb.CallBatchRequest],
+        context: ServicerContext,
+        answered: frozenset[int] = frozenset(),
+    ) -> None:
+        """The batch ``request`` (its first message; ``requests``: the rest of the stream), but for the
+        calls ``answered`` already (steady heartbeats the fast lane answered on the intake loop)."""
         heartbeats: list[tuple[int, ipb.BatchedCall]] = []
         others: list[tuple[int, ipb.BatchedCall]] = []
         for index, call in enumerate(request.calls):
-            (heartbeats if call.method == HEARTBEAT_METHOD else others).append((index, call))
+            if index not in answered:
+                (heartbeats if call.method == HEARTBEAT_METHOD else others).append((index, call))
         chunks = [
             heartbeats[start : start + HEARTBEATS_PER_EVENT]
             for start in range(0, len(heartbeats), HEARTBEATS_PER_EVENT)
         ]
+        if not chunks and not others:
+            return
         if len(chunks) + len(others) == 1:
             # The usual batch (only heartbeats, or one call): run here, without a task — each task is a
             # turn of the main loop, long while bulk work runs — and write each answer as it is ready.
@@ -191,7 +209,7 @@ class CallBatchServicer:
         own = {index: asyncio.create_task(self._one(index, call, context, enqueue)) for index, call in others}
         tasks += own.values()
         tasks.append(asyncio.create_task(self._cancel_left(requests, own, queue)))
-        unanswered = set(range(len(request.calls)))
+        unanswered = {index for index, _ in heartbeats} | own.keys()
         try:
             while unanswered:
                 ready = [await queue.get()]
@@ -271,6 +289,8 @@ class CallBatchServicer:
             except AccessDenied as exc:  # as ControllerServicer._call aborts it
                 refused.append(_failed(index, grpc_status_for(exc.code), str(exc)))
                 continue
+            if self.on_admitted is not None:
+                self.on_admitted(guard, context)
             admitted.append((index, parsed))
         if refused:
             await emit(refused)
@@ -304,12 +324,12 @@ class CallBatchServicer:
     async def ReportCounters(
         self, request: ipb.IntakeCounters, context: ServicerContext
     ) -> ipb.IntakeCountersAck:
-        await _only_from_intake_socket(context)
+        await only_from_intake_socket(context)
         self.counters.report(request)
         return ipb.IntakeCountersAck()
 
 
-async def _only_from_intake_socket(context: ServicerContext) -> None:
+async def only_from_intake_socket(context: ServicerContext) -> None:
     peer = context.peer() or ""
     if not peer.startswith(_LOCAL_PEER_PREFIX):
         await context.abort(

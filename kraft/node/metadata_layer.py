@@ -32,6 +32,7 @@ from kraft.metadata.controller import ControllerOptions, QuorumController
 from kraft.metadata.request_limits import RequestLimits
 from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
+from kraft.node.batch_lane import CALL_BATCH_METHOD, BatchLane
 from kraft.node.controller_bridge import HeartbeatBridge, heartbeat_handler
 from kraft.node.intake_batch import HEARTBEAT_METHOD, CallBatchServicer, add_intake_service
 from kraft.observability.health import CONTROLLER_SERVICE
@@ -105,6 +106,7 @@ class MetadataLayer:
         self.servicer = ControllerServicer(authorizer=authorizer)
         self.controller: QuorumController | None = None
         self.heartbeats: HeartbeatBridge | None = None  # with controller.broker.heartbeats.on.intake
+        self.batch_lane: BatchLane | None = None  # with intake processes and the heartbeat fast lane
         self._health_task: asyncio.Task[None] | None = None
 
     async def start(self, node: ControllerNode) -> None:
@@ -175,6 +177,13 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
         # Its intake processes' batched ControllerService calls (refused off the unix socket).
         batches = CallBatchServicer(layer.servicer, lambda: layer.controller, node.config.node_id)
         node.add_service(lambda server: add_intake_service(server, batches))
+        if cfg.controller_request_intake_thread and cfg.controller_broker_heartbeats_fast_lane:
+            # Their steady heartbeats answered by the fast lane on the intake thread, the rest of each
+            # batch on the main loop as before (kraft/node/batch_lane.py).
+            lane = BatchLane(batches, lambda: layer.heartbeats, lambda: layer.controller)
+            batches.on_admitted = lane.grant
+            layer.batch_lane = lane
+            node.add_intake_handler(CALL_BATCH_METHOD, lane.handler)
     node.on_start(layer.start)
     node.on_stop(layer.stop)
     return layer
