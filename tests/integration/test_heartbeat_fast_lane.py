@@ -2,18 +2,27 @@
 broker process: the broker is registered, unfenced and kept unfenced by heartbeats the intake thread
 answers (no false fencing over several session timeouts), a killed broker is still fenced after its
 session timeout (an answered heartbeat never stands in for a missing one), and restarted it is unfenced
-again.  Bounded: every wait polls a condition with a deadline; processes are killed in finalizers."""
+again.  The same with every connection through an intake process (``controller.intake.exclusive``): the
+heartbeats then reach the leader inside CallBatch messages, and the lane answers them there
+(kraft/node/batch_lane.py), counted in ``kraft_controller_heartbeats_fast_lane_total``.  Bounded: every wait
+polls a condition with a deadline; processes are killed in finalizers."""
 
 from __future__ import annotations
 
+import re
+import shutil
+import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from test_broker_cluster import WAIT_S, Cluster, poll
 
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.netutil import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -21,8 +30,49 @@ SESSION_MS = 3000
 HEARTBEAT_MS = 250
 
 
+@dataclass
+class _ScrapedQuorum(ControllerQuorum):
+    """A quorum whose nodes serve their metrics (each on a port of its own)."""
+
+    metrics_ports: dict[int, int] = field(default_factory=dict)
+
+    def config_text(self, node_id: int) -> str:
+        port = self.metrics_ports.setdefault(node_id, free_port())
+        return super().config_text(node_id) + f"metrics.port={port}\nmetrics.host=127.0.0.1\n"
+
+    def fast_lane_answers(self) -> int:
+        """``kraft_controller_heartbeats_fast_lane_total`` summed over the nodes that answer a scrape."""
+        total = 0
+        for port in self.metrics_ports.values():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2.0) as page:
+                    text = page.read().decode()
+            except OSError:  # a node not up (yet): it answered nothing
+                continue
+            for value in re.findall(
+                r"^kraft_controller_heartbeats_fast_lane_total\{[^}]*\} (\S+)$", text, re.M
+            ):
+                total += int(float(value))
+        return total
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    yield from _cluster(tmp_path, {})
+
+
+@pytest.fixture
+def intake_cluster() -> Iterator[Cluster]:
+    # a short base directory: the intake socket path must fit a unix socket's 107 bytes (pytest's don't)
+    base = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
+    try:
+        intake = {"controller.intake.processes": "1", "controller.intake.exclusive": "true"}
+        yield from _cluster(base, intake)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _cluster(tmp_path: Path, extra: dict[str, str]) -> Iterator[Cluster]:
     # The lane answers only while the leader lease holds, and the lease is renewed only while a caller
     # asked within the last lease: lease = 0.8 x min(fetch timeout, election timeout / 2) = 400 ms here,
     # so heartbeats every 250 ms keep it (with an election timeout of 500 ms the lease is 200 ms and a
@@ -38,8 +88,9 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         "broker.heartbeat.interval.ms": str(HEARTBEAT_MS),
         "controller.broker.heartbeats.fast.lane": "true",
         "log.level": "INFO",
+        **extra,
     }
-    with ControllerQuorum(tmp_path / "quorum", size=3, overrides=overrides, test_append=False) as quorum:
+    with _ScrapedQuorum(tmp_path / "quorum", size=3, overrides=overrides, test_append=False) as quorum:
         quorum.start()
         quorum.wait_for_leader(WAIT_S)
         c = Cluster(quorum, tmp_path)
@@ -58,15 +109,32 @@ def _fast_lane_logs(cluster: Cluster) -> int:
 
 
 def test_a_broker_kept_alive_by_fast_heartbeats_is_still_fenced_when_it_dies(cluster: Cluster) -> None:
+    _kept_alive_then_fenced(cluster)
+
+
+def test_through_intake_processes_batched_heartbeats_use_the_lane_and_a_dead_broker_is_fenced(
+    intake_cluster: Cluster,
+) -> None:
+    # exclusive: the broker's heartbeats reach the leader only inside its intake process's CallBatch messages
+    _kept_alive_then_fenced(intake_cluster)
+
+
+def _kept_alive_then_fenced(cluster: Cluster) -> None:
+    quorum = cluster.quorum
+    assert isinstance(quorum, _ScrapedQuorum)
     broker = cluster.start_broker(201)
     before = cluster.wait_broker_state(201, "RUNNING")
     # the leader answers its steady heartbeats on the intake thread
     poll(lambda: _fast_lane_logs(cluster) > 0 or None, "the leader to serve the heartbeat fast lane")
+    poll(lambda: quorum.fast_lane_answers() > 0 or None, "fast-lane answers to be counted")
+    counted = quorum.fast_lane_answers()
     # no false fencing: three session timeouts on fast-lane heartbeats alone
     watched_until = time.monotonic() + 3 * SESSION_MS / 1000
     while time.monotonic() < watched_until:
         assert cluster.controller_state(201) == "ACTIVE"
         time.sleep(0.2)
+    # ~12 heartbeats in three session timeouts: most of them answered by the lane
+    assert quorum.fast_lane_answers() >= counted + 3
     described = cluster.describe_broker(201)
     assert described is not None and described.broker_epoch == before.broker_epoch
 
