@@ -9,10 +9,10 @@ with ``call_soon_threadsafe``.
 
 A controller node has two such loops: the intake loop (its server: heartbeats, Raft fetches served there)
 and the main loop (the Raft transport's channels: votes, a follower's fetches).  On the active controller
-nearly all gRPC traffic is the intake loop's, yet every event woke the main loop too: measured ~4.6 main
-thread wake-ups and ~75 µs of main-thread CPU per unary call served on the intake loop, none with the
-main loop's reader taken off (docs/internals/raft-performance.md "The main loop woken by the intake's gRPC
-events (session 14)").  That was the active controller's "idle" main-thread cost at 1,000 brokers.
+nearly all gRPC traffic is the intake loop's, yet every event woke the main loop too (standalone: ~4.6
+main-thread wake-ups and ~75 µs of main-thread CPU per unary call served on the other loop; ~0.05 and
+~5 µs with the main loop's reader off), part of the active controller's main-thread cost at 1,000 brokers
+(docs/internals/raft-performance.md "The leader's main loop and grpc.aio's wake-ups (session 14)").
 
 :class:`PollerReader` takes the main loop's reader off that socket while the node leads (the main loop
 then gets only its own events, posted by the intake loop's reader) and puts it back when it does not, and
