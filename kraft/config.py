@@ -576,6 +576,19 @@ class NodeConfig(BaseModel):
     controller_broker_heartbeats_fast_lane: Bool = _key(
         "controller.broker.heartbeats.fast.lane", default=True
     )
+    # With the intake thread: while this controller leads, only the intake loop reads grpc.aio's completion-
+    # queue wake-ups (one socket every loop with a grpc.aio object watches); the main loop gets only its own
+    # events, posted to it (kraft/node/grpc_poller.py).  false: both loops are woken by every gRPC event, as
+    # grpc.aio does by itself.  A switch for A/B measurements (docs/internals/raft-performance.md, "The
+    # leader's main loop and grpc.aio's wake-ups (session 14)").
+    controller_leader_grpc_events_on_intake: Bool = _key(
+        "controller.leader.grpc.events.on.intake", default=True
+    )
+    # The Python GIL switch interval a controller with the metadata layer runs with, in µs
+    # (kraft/node/metadata_layer.py GIL_SWITCH_INTERVAL_S: short, so the intake thread gets the GIL soon
+    # while the main loop runs bulk work).  A knob for A/B measurements (docs/internals/raft-performance.md,
+    # "The leader's main loop and grpc.aio's wake-ups (session 14)").
+    controller_gil_switch_interval_us: Positive = _key("controller.gil.switch.interval.us", default=100)
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

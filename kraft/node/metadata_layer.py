@@ -160,7 +160,8 @@ GIL_SWITCH_INTERVAL_S = 0.0001
 
 
 def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # controller.gil.switch.interval.us: GIL_SWITCH_INTERVAL_S unless set (for A/B measurements)
+    sys.setswitchinterval(node.config.controller_gil_switch_interval_us / 1e6)
     layer = MetadataLayer(node.config.authorizer_settings)
     node.add_service(lambda server: add_controller_service(server, layer.servicer))
     cfg = node.config
