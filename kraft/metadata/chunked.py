@@ -244,43 +244,6 @@ def with_changes(seq: Compact[T], changes: Mapping[int, T], length: int | None =
     return compact(base.updated(changes, length))
 
 
-def id_window_steps(part: Mapping[int, T], ids: range, limit: int) -> Iterator[tuple[range, dict[int, T]]]:
-    """``part``'s entries whose keys lie in ``ids`` (ascending, step 1), in steps of at most ``limit``:
-    (the window of ids, its entries — ascending, but for the one step of a part of at most ``limit``).
-    A step is whole chunks (:data:`CHUNK` ids, aligned)
-    of ``ids``, as many as fit in ``limit`` entries, so every chunk is met by one step whatever order
-    ``part`` was filled in (session 14: stepping by insertion order, each step of a shuffled part met
-    all its chunks, copying each several times: ~1.9x the one call's work at 100,000 changes); only a
-    chunk holding more than ``limit`` entries (``limit < CHUNK``: tests) is cut.  A chunk's entries are
-    found by C-level membership tests, ``CHUNK`` per chunk of ``ids`` (at most 8 per entry when ``part``
-    holds more than ``limit`` of a part's 32,768 ids).  One step of ``part`` as it is when it holds at
-    most ``limit`` entries, all in ``ids``."""
-    if not part:
-        return
-    if len(part) <= limit:
-        if min(part) >= ids.start and max(part) < ids.stop:
-            yield ids, dict(part)
-        else:
-            yield ids, {i: v for i, v in part.items() if i in ids}
-        return
-    low = ids.start  # the step's first id
-    found: list[int] = []
-    for chunk_start in range(ids.start >> SHIFT << SHIFT, ids.stop, CHUNK):
-        chunk = range(max(chunk_start, ids.start), min(chunk_start + CHUNK, ids.stop))
-        more = list(filter(part.__contains__, chunk))
-        if found and len(found) + len(more) > limit:
-            yield range(low, chunk.start), dict(zip(found, map(part.__getitem__, found), strict=True))
-            found = []
-            low = chunk.start
-        while len(more) > limit:  # (a chunk denser than a step: cut)
-            head, more = more[:limit], more[limit:]
-            yield range(low, head[-1] + 1), dict(zip(head, map(part.__getitem__, head), strict=True))
-            low = head[-1] + 1
-        found.extend(more)
-    if found:
-        yield range(low, ids.stop), dict(zip(found, map(part.__getitem__, found), strict=True))
-
-
 def chunks_of(seq: Compact[T]) -> tuple[tuple[T, ...], ...]:
     """The chunks of a compact sequence (a tuple is its own only chunk): two versions' chunks at the
     same position are the same object where no change fell into them."""

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import attrgetter, or_, rshift
 from typing import TYPE_CHECKING, Final
-
-from kraft.metadata.chunked import id_window_steps
 
 if TYPE_CHECKING:
     from kraft.metadata.delta import MetadataDelta
@@ -102,7 +100,7 @@ def _bulk_advance_steps(
     32,768 of them), part by part and :data:`BULK_STEP_CHANGES` at a time, pausing (yielding) between
     steps: nothing is copied into one dict as big as the changes (session 13: that copy, and the whole
     topic in one step — ~29 ms for 100,000 changes — were the costs not in proportion to a step), and
-    each step meets only the chunks of its window of ids (one step per chunk, whatever the ids' order)."""
+    each step meets only the chunks of its part's span."""
     chunks = dict(old)
     spans: Callable[[], list[tuple[range, dict[int, PartitionRegistration]]]] | None = getattr(
         partitions, "spans", None
@@ -111,10 +109,12 @@ def _bulk_advance_steps(
     for ids, part in spans():
         if not part:
             continue
-        # By id windows (id_window_steps, session 14): each chunk is met by one step, and a window's ids
-        # come ascending (``_chunked``'s sort is linear then).
-        for window, step in id_window_steps(part, ids, BULK_STEP_CHANGES):
-            span = range(window.start >> CHUNK_BITS, ((window.stop - 1) >> CHUNK_BITS) + 1)
+        span = range(ids.start >> CHUNK_BITS, ((ids.stop - 1) >> CHUNK_BITS) + 1)
+        items = iter(part.items())
+        while True:
+            step = dict(islice(items, BULK_STEP_CHANGES))
+            if not step:
+                break
             _bulk_advance_part(chunks, step, step, span)
             yield
     return chunks

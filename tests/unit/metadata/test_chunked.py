@@ -7,26 +7,14 @@ topics at the real chunk size."""
 from __future__ import annotations
 
 import pickle
-import random
-from collections import Counter
 from collections.abc import Iterator
-from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.metadata import chunked
-from kraft.metadata.chunked import (
-    CHUNK,
-    SHIFT,
-    ChunkedSequence,
-    Compact,
-    chunks_of,
-    compact,
-    id_window_steps,
-    with_changes,
-)
+from kraft.metadata.chunked import ChunkedSequence, Compact, chunks_of, compact, with_changes
 
 SMALL_SHIFT = 2  # chunks of 4
 
@@ -207,36 +195,3 @@ def test_compact_shares_what_it_is_given() -> None:
     assert compact([]) == () and chunks_of(()) == () and chunks_of(small) == (small,)
     # a tuple longer than a chunk (not compact) is chunked before the update
     assert with_changes(tuple(range(9)), {9: 9}) == tuple(range(10))
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    st.sets(st.integers(min_value=0, max_value=5_000), max_size=3_000),
-    st.integers(min_value=0, max_value=5_000),
-    st.integers(min_value=0, max_value=5_000),
-    st.integers(min_value=1, max_value=2_500),
-    st.randoms(use_true_random=False),
-)
-def test_id_window_steps_cover_the_range_in_ascending_steps_of_whole_chunks(
-    keys: set[int], start: int, length: int, limit: int, rng: random.Random
-) -> None:
-    """Session 14: every entry in ``ids`` once, ascending, at most ``limit`` a step; with ``limit`` at
-    least a chunk, each chunk in one step — whatever order the part was filled in."""
-    order = list(keys)
-    rng.shuffle(order)
-    part = {k: -k for k in order}
-    ids = range(start, start + length)
-    steps = list(id_window_steps(part, ids, limit))
-    got = [k for _, step in steps for k in step]
-    assert sorted(got) == sorted(k for k in keys if k in ids) and len(got) == len(set(got))
-    assert len(steps) <= 1 or got == sorted(got)  # several steps: ascending
-    assert all(step[k] == -k for _, step in steps for k in step)
-    assert all(0 < len(step) <= limit for _, step in steps) or (not got and len(steps) <= 1)
-    windows = [w for w, _ in steps]
-    assert all(w.start >= ids.start and w.stop <= ids.stop for w in windows)
-    assert all(a.stop <= b.start for a, b in pairwise(windows))
-    assert all(k in w for w, step in steps for k in step)
-    if limit >= CHUNK:
-        met = Counter(k >> SHIFT for _, step in steps for k in step)
-        per_step = [{k >> SHIFT for k in step} for _, step in steps]
-        assert all(sum(c in s for s in per_step) == 1 for c in met)

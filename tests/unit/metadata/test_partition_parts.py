@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kraft.metadata import chunked as chunked_module
 from kraft.metadata import delta as delta_module
 from kraft.metadata import elr_holders as elr_holders_module
 from kraft.metadata import records
@@ -230,55 +229,3 @@ def test_a_grown_topic_with_many_changes_is_built_in_steps_with_its_appends_last
     assert pauses >= 3_000 // 256 + 3_000 // 100
     assert got == want and got.elr_holders == want.elr_holders == ElrHolders.scan(got.topics_by_id)
     assert len(want.topics_by_id["H"].partitions) == 3_400
-
-
-@pytest.mark.parametrize("seed", [3, 12])
-def test_each_chunk_of_a_shuffled_part_is_met_by_one_apply_step(
-    seed: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Session 14: a part's changes are built (and its ELR holders advanced) by ascending windows of
-    whole chunks, not in the order the ids came: with shuffled ids each step met every chunk of its
-    part, copying each several times (~1.9x the one call's CPU at 100,000 changes)."""
-    base_delta = MetadataDelta(MetadataImage.empty())
-    base_delta.replay_decoded(_topic_records(5_000))
-    base = base_delta.apply()
-    changes = _changes(4_500, seed)
-    expected = MetadataDelta(base)
-    expected.replay_decoded(changes)
-    want = expected.apply()
-
-    monkeypatch.setattr(delta_module, "PART_BITS", 12)  # parts of 4 chunks (1,024 ids each)
-    monkeypatch.setattr(delta_module, "APPLY_STEP_WORK", 1_024)
-    monkeypatch.setattr(elr_holders_module, "BULK_STEP_CHANGES", 1_024)
-    built: list[set[int]] = []
-    advanced: list[set[int]] = []
-    real_with_changes = chunked_module.with_changes
-    real_advance_part = elr_holders_module._bulk_advance_part
-
-    def with_changes(seq: object, changes: dict[int, object], length: int | None = None) -> object:
-        built.append({i >> 10 for i in changes})
-        return real_with_changes(seq, changes, length)  # type: ignore[arg-type]
-
-    def advance_part(
-        chunks: dict[int, frozenset[int]], partitions: object, changed: dict[int, object], span: object
-    ) -> None:
-        advanced.append({i >> 10 for i in changed})
-        real_advance_part(chunks, partitions, changed, span)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(delta_module, "with_changes", with_changes)
-    monkeypatch.setattr(elr_holders_module, "_bulk_advance_part", advance_part)
-    parted = MetadataDelta(base)
-    parted.replay_decoded(changes)
-    assert isinstance(parted._topics["H"].changed, _PartitionParts)
-    steps = parted.apply_steps()
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            image: MetadataImage = done.value
-            break
-    assert image == want and image.elr_holders == want.elr_holders
-    for met in (built, advanced):
-        assert len(met) > 4  # in steps
-        chunks = Counter(c for step in met for c in step)
-        assert set(chunks) == set(range(5)) and set(chunks.values()) == {1}, chunks
