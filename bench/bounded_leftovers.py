@@ -68,6 +68,7 @@ def unclean_round(logic: Any, offset: int) -> dict[str, float]:
     return {
         "one_event_cpu_ms": one_ms,
         "parts": float(len(parts)),
+        "part_cpu_first_ms": parts[0],
         "part_cpu_max_ms": max(parts),
         "part_cpu_p50_ms": statistics.median(parts),
         "parts_cpu_total_ms": sum(parts),

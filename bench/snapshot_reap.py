@@ -81,6 +81,9 @@ class _Follower:
     async def yield_turn(self) -> None:
         await asyncio.sleep(0)
 
+    async def learn_log_end_commit(self) -> int:
+        return self.high_watermark
+
     def confirm_leadership(self, *, lease: bool = False) -> Awaitable[None]:
         raise NotLeaderError(_NO_LEADER)
 

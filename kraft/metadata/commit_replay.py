@@ -9,7 +9,8 @@ as a replay failure is on Kafka's controllers (``fatalFaultHandler``).
 
 :func:`replay_known_commits` is the graceful stop's catch-up: the batches below Raft's high watermark that
 the listener had not applied yet, replayed (within a time budget) so the image store's last save is not
-behind a commit the node already knew.
+behind a commit the node already knew — then, with what is left of the budget, those a follower holds in
+its log whose commit the leader's next Fetch answer would tell it.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class KnownCommits:
     stopped: str
     """Why it ended: ``caught_up``, ``budget`` (time ran out), ``unreplayable`` (a batch that does not
     apply: left to the next start, where the listener fails on it), or ``error`` (the log read failed)."""
+    known_high_watermark: int = -1
+    """The high watermark the node knew when the catch-up began (after the driver's output in flight);
+    ``high_watermark`` is above it when the wait for the leader's (:meth:`RaftClient.learn_log_end_commit`)
+    moved it.  -1: the catch-up ended before reading it."""
 
 
 async def replay_known_commits(
@@ -133,49 +138,111 @@ async def replay_known_commits(
     budget_ms: int,
     *,
     piece_budget_ms: int = 0,
+    learn: bool = True,
 ) -> KnownCommits:
     """Replay on ``committed`` the batches Raft knows committed (below its high watermark, read back from
     the local log as the listener reads them) that it has not been handed yet.
 
     For a graceful stop, after the listener was unregistered: a follower applies a commit
     ``controller.quorum.follower.listener.delay.ms`` after it learns it, so a stop right after a commit
-    saved an image store behind the node's own log.  Bounded by ``budget_ms`` on ``clock``, checked
-    before each read and after each batch (so it overruns by at most one batch's replay): a stop never
-    waits long, and whatever is left is replayed from the log at the next start, as before.  Never
-    raises for the log or a record: a stop goes on with what was reached."""
+    saved an image store behind the node's own log.  Then (``learn``), with what is left of the budget, a
+    follower whose log holds records above its high watermark waits for the leader's next Fetch answer
+    to tell it whether they committed (:meth:`RaftClient.learn_log_end_commit`: the Fetch that committed
+    them at the leader was answered before, and the next answer comes with the next write or after the
+    leader's long-poll wait, ``controller.quorum.fetch.max.wait.ms``), and replays those too.  Bounded by
+    ``budget_ms`` on ``clock``, checked before each read and after each batch (so it overruns by at most
+    one batch's replay), the waits by what is left of it: a stop never waits long, and whatever is left
+    is replayed from the log at the next start, as before.  Never raises for the log or a record: a stop
+    goes on with what was reached."""
+    until_ms = clock.monotonic_ms() + budget_ms
     deadline = Deadline(clock, budget_ms)
-    image = committed
-    saved = committed
-    batches = 0
+    progress = _Progress(committed)
     # A follower learns a high watermark with the Fetch answer that brings the next records, and may
     # stop while those records' fsync is in flight; its listener is handed them only once that output
     # ran to its end.  Wait for the same (yield_turn: until the driver parks), within the budget, so what
     # is replayed is on disk.  (Strictly: a Fetch answer handled between the driver parking and this task
     # resuming could still move the high watermark over records being flushed; the node's next start
     # discards a store ahead of its log, so that race costs a full replay, never a wrong image.)
+    if not await _bounded(raft.yield_turn(), _left_s(clock, until_ms, budget_ms)):
+        return progress.reached(raft.high_watermark, "budget", -1)
+    known = raft.high_watermark
+    stopped = await _replay_below(raft, progress, known, deadline, clock, piece_budget_ms)
+    if stopped != "caught_up" or not learn or deadline.expired():
+        return progress.reached(known, stopped, known)
+    # The commits the node has not learned yet: records in its log the leader may already count as
+    # committed.  The wait and the driver's output that brings the answer (the records' fsync) are both
+    # bounded by what is left of the budget; a leader, a follower without a leader or with nothing above
+    # its high watermark returns at once.
+    left_s = _left_s(clock, until_ms, budget_ms)
+    if not await _bounded(raft.learn_log_end_commit(), left_s):
+        return progress.reached(known, "budget", known)
+    if raft.high_watermark <= known:
+        return progress.reached(known, "caught_up", known)
+    if not await _bounded(raft.yield_turn(), _left_s(clock, until_ms, budget_ms)):
+        return progress.reached(known, "budget", known)
+    learned = raft.high_watermark
+    stopped = await _replay_below(raft, progress, learned, deadline, clock, piece_budget_ms)
+    return progress.reached(learned, stopped, known)
+
+
+def _left_s(clock: Clock, until_ms: int, budget_ms: int) -> float | None:
+    """Seconds left of the budget for a wait (on the event loop's time; None: no budget)."""
+    if budget_ms <= 0:
+        return None
+    return max(0.0, (until_ms - clock.monotonic_ms()) / 1000)
+
+
+async def _bounded(wait: Awaitable[object], timeout_s: float | None) -> bool:
+    """Await ``wait`` for at most ``timeout_s``; False when it ran out (the wait is cancelled)."""
     try:
-        await asyncio.wait_for(raft.yield_turn(), budget_ms / 1000 if budget_ms > 0 else None)
+        await asyncio.wait_for(wait, timeout_s)
     except TimeoutError:
-        return KnownCommits(saved, batches, raft.high_watermark, "budget")
-    high_watermark = raft.high_watermark
+        return False
+    return True
+
+
+class _Progress:
+    """The catch-up's position: the image replayed so far and the last one outside a transaction."""
+
+    __slots__ = ("batches", "image", "saved")
+
+    def __init__(self, committed: MetadataImage) -> None:
+        self.image = committed
+        self.saved = committed
+        self.batches = 0
+
+    def reached(self, high_watermark: int, stopped: str, known: int) -> KnownCommits:
+        return KnownCommits(self.saved, self.batches, high_watermark, stopped, known)
+
+
+async def _replay_below(
+    raft: RaftClient,
+    progress: _Progress,
+    high_watermark: int,
+    deadline: Deadline,
+    clock: Clock,
+    piece_budget_ms: int,
+) -> str:
+    """Replay the batches from ``progress`` up to ``high_watermark``; returns why it stopped (as
+    :attr:`KnownCommits.stopped`)."""
     while True:
-        if image.offset + 1 >= high_watermark:
-            return KnownCommits(saved, batches, high_watermark, "caught_up")
+        if progress.image.offset + 1 >= high_watermark:
+            return "caught_up"
         if deadline.expired():
-            return KnownCommits(saved, batches, high_watermark, "budget")
+            return "budget"
         try:
-            piece = await raft.read_committed(image.offset + 1, STOP_CATCH_UP_READ_BYTES)
+            piece = await raft.read_committed(progress.image.offset + 1, STOP_CATCH_UP_READ_BYTES)
         except Exception:  # below the log start (a snapshot), shut down, a damaged segment: stop here
-            return KnownCommits(saved, batches, high_watermark, "error")
+            return "error"
         if not piece.records:
-            return KnownCommits(saved, batches, high_watermark, "caught_up")
+            return "caught_up"
         try:
             headers = list(iter_batch_headers(piece.records))
         except Exception:  # a batch that fails its CRC: the next start's listener meets it too
-            return KnownCommits(saved, batches, high_watermark, "error")
+            return "error"
         progressed = False
         for position, header in headers:
-            if header.last_offset <= image.offset:
+            if header.last_offset <= progress.image.offset:
                 continue
             if header.last_offset >= high_watermark:
                 break  # committed (and flushed) after the wait above: the next start replays it
@@ -187,15 +254,15 @@ async def replay_known_commits(
                 header.max_timestamp,
                 header.is_control,
             )
-            replayed = await replay_batch(image, batch, clock, piece_budget_ms)
+            replayed = await replay_batch(progress.image, batch, clock, piece_budget_ms)
             if replayed.undecodable or replayed.replay_errors:
-                return KnownCommits(saved, batches, high_watermark, "unreplayable")
-            image = replayed.image
-            batches += 1
+                return "unreplayable"
+            progress.image = replayed.image
+            progress.batches += 1
             progressed = True
-            if not image.transaction:
-                saved = image
+            if not progress.image.transaction:
+                progress.saved = progress.image
             if deadline.expired():
-                return KnownCommits(saved, batches, high_watermark, "budget")
+                return "budget"
         if not progressed:  # nothing below the high watermark in what was read (never expected): no spin
-            return KnownCommits(saved, batches, high_watermark, "caught_up")
+            return "caught_up"

@@ -389,8 +389,9 @@ class QuorumController:
     async def _apply_known_commits(self) -> None:
         """Before the store's last save: the commits this node knew of that its listener (a follower's
         runs ``controller.quorum.follower.listener.delay.ms`` late) had not applied yet — else the store
-        stayed behind the log and the next start replayed them (issue #17, a flaky broker test).  Only
-        for a store: nothing else outlives the stop."""
+        stayed behind the log and the next start replayed them (issue #17, a flaky broker test) — and,
+        within the same budget, those in its log it had not learned committed yet (the leader's next Fetch
+        answer tells).  Only for a store: nothing else outlives the stop."""
         if not self.store.is_open:
             return
         before = self.state.committed
@@ -409,6 +410,7 @@ class QuorumController:
             from_offset=before.offset,
             to_offset=reached.image.offset,
             high_watermark=reached.high_watermark,
+            known_high_watermark=reached.known_high_watermark,
             batches=reached.batches,
             stopped=reached.stopped,
             elapsed_ms=self.clock.monotonic_ms() - started_ms,

@@ -84,7 +84,7 @@ from kraft.metadata.placement import (
     rack_count,
     validate_assignment,
 )
-from kraft.metadata.rejoin_index import RejoinIndex
+from kraft.metadata.rejoin_index import GAP, RejoinIndex
 from kraft.metadata.request_limits import (
     MAX_PARTITIONS_PER_TOPIC,
     RequestLimits,
@@ -261,6 +261,18 @@ class UncleanElectionScan:
         self.started = False  # ``source`` made (once the index followed the image)
         self.done = False
         self.parts = 0
+
+
+def _take_scan_candidates(source: Iterator[tuple[str, int]]) -> tuple[list[tuple[str, int]], bool]:
+    """Up to ``CHECK_EVERY`` candidates of an :class:`UncleanElectionScan`, ending after a gap
+    (``RejoinIndex.unsettled_ids(gaps=True)``: a window of topics or of a big topic's range read with
+    nothing in it), so a take reads at most one empty window; True when ``source`` ran out."""
+    taken: list[tuple[str, int]] = []
+    for item in source:
+        taken.append(item)
+        if item[1] == GAP or len(taken) == CHECK_EVERY:
+            return taken, False
+    return taken, True
 
 
 def merge_election_parts(answer: cpb.ElectLeadersResponse, more: cpb.ElectLeadersResponse) -> None:
@@ -2342,7 +2354,7 @@ class ControllerLogic:
         if not index.follow_some(image.topics_by_id, INDEX_SLICE_PARTITIONS):
             return Outcome([], response, next_offset)
         if not scan.started:
-            scan.source, scan.started = index.unsettled_ids(), True
+            scan.source, scan.started = index.unsettled_ids(gaps=True), True
         topics = image.topics_by_id
         acceptable = self.acceptable_in(image)
         guard = guard_for(image)
@@ -2358,14 +2370,17 @@ class ControllerLogic:
                     break
                 if looked >= CHECK_EVERY and deadline.expired():
                     break  # (asked between two takes: the candidates taken go first)
-                scan.taken = list(islice(scan.source, CHECK_EVERY))
+                scan.taken, exhausted = _take_scan_candidates(scan.source)
                 scan.position = 0
-                if len(scan.taken) < CHECK_EVERY:
+                if exhausted:
                     scan.source = None
                     continue
             topic_id, partition_id = scan.taken[scan.position]
             scan.position += 1
             looked += 1
+            if partition_id == GAP:  # a window of the scan read with nothing unsettled (a take's last)
+                looked += CHECK_EVERY  # its reads cost as much as a take: the deadline is asked next
+                continue
             if topic_id != last_id:  # (a topic's candidates come together: one map lookup for them)
                 last_id, topic = topic_id, topics.get(topic_id)
             if topic is None or partition_id >= len(topic.partitions):

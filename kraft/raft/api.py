@@ -184,6 +184,15 @@ class RaftClient(Protocol):
         next Fetch) is done, so a long replay never delays the follower's next Fetch."""
         ...
 
+    async def learn_log_end_commit(self) -> int:
+        """On a follower whose local log holds records above the high watermark it knows: wait until it
+        learns a high watermark at or above that log end (as it is now; the leader's next Fetch answer
+        brings it: the records' own Fetch committed them at the leader but was answered before), or
+        until the leader changes, the log is cut below it, or Raft stops.  Returns the high watermark
+        then; at once on a leader, without a leader, or with nothing above the high watermark.  The
+        caller bounds the wait (a graceful stop's catch-up, ``commit_replay.replay_known_commits``)."""
+        ...
+
     @property
     def next_append_offset(self) -> int:
         """The offset :meth:`schedule_append` would give the next record now (leader: log end plus the

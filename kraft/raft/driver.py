@@ -489,6 +489,8 @@ class RaftDriver:
         self._stopped = False
         self._fatal: BaseException | None = None
         self._leader_changed = asyncio.Event()
+        # learn_log_end_commit() callers: (the log end they wait for the high watermark to reach, future)
+        self._log_end_waiters: list[tuple[int, asyncio.Future[int]]] = []
         self._last_state: StateKind | None = None
         self._fatal_callbacks: list[Callable[[str, BaseException], None]] = []
         self._listeners = ListenerSet(
@@ -593,6 +595,7 @@ class RaftDriver:
 
     def _fail_everything(self, error: BaseException) -> None:
         self._quiet.set()  # nothing more will run: a listener waiting in yield_turn goes on
+        self._answer_log_end_waiters(self._core.high_watermark, all_of_them=True)
         for future in self._inbound.values():
             if not future.done():
                 future.set_exception(error)
@@ -668,6 +671,40 @@ class RaftDriver:
 
     def unregister_listener(self, listener: RaftListener) -> None:
         self._listeners.unregister(listener)
+
+    async def learn_log_end_commit(self) -> int:
+        core = self._core
+        target = self._log.end_offset
+        if (
+            self._stopped
+            or self._fatal is not None
+            or core.is_leader
+            or core.leader_and_epoch.leader_id < 0
+            or core.high_watermark >= target
+        ):
+            return core.high_watermark
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (target, waiter)
+        self._log_end_waiters.append(entry)
+        try:
+            return await waiter
+        finally:
+            if entry in self._log_end_waiters:  # the caller's bound ran out (cancelled)
+                self._log_end_waiters.remove(entry)
+
+    def _answer_log_end_waiters(self, high_watermark: int, *, all_of_them: bool) -> None:
+        """Answer the learn_log_end_commit() callers whose wait is over: the high watermark reached their
+        log end (or the log's end now, if a diverging leader cut it), or ``all_of_them`` (a new leader,
+        a stop: what they waited for may never come)."""
+        end = self._log.end_offset
+        waiting: list[tuple[int, asyncio.Future[int]]] = []
+        for target, waiter in self._log_end_waiters:
+            if all_of_them or high_watermark >= min(target, end):
+                if not waiter.done():
+                    waiter.set_result(high_watermark)
+            else:
+                waiting.append((target, waiter))
+        self._log_end_waiters = waiting
 
     def describe_quorum(self) -> DescribeQuorumResponse:
         return self._wall_clock_timestamps(self._core.describe_quorum(self._clock.monotonic_ms()))
@@ -1269,6 +1306,8 @@ class RaftDriver:
 
     def _on_high_watermark(self, high_watermark: int) -> None:
         self._metrics.high_watermark.set(high_watermark)
+        if self._log_end_waiters:
+            self._answer_log_end_waiters(high_watermark, all_of_them=False)
         now_ms = self._clock.monotonic_ms()
         pending = self._pending_appends
         while pending and pending[0][0] < high_watermark:
@@ -1324,6 +1363,8 @@ class RaftDriver:
         self._metrics.current_leader.set(leader.leader_id)
         self._leader_changed.set()
         self._listeners.wake_all()
+        if self._log_end_waiters:
+            self._answer_log_end_waiters(self._core.high_watermark, all_of_them=True)
 
     def _observe_state(self) -> None:
         core = self._core

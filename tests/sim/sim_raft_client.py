@@ -217,6 +217,11 @@ class SimRaftClient:
         """One loop turn: no Raft driver of its own whose work could go first."""
         await asyncio.sleep(0)
 
+    async def learn_log_end_commit(self) -> int:
+        """At once: not modelled (its only caller is a stopping controller's image-store catch-up, and the
+        simulated controllers keep no store)."""
+        return self.high_watermark
+
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         node = self._node
         core = node.core

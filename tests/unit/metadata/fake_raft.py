@@ -168,6 +168,10 @@ class FakeRaft:
         """One loop turn: no Raft driver of its own whose work could go first."""
         await asyncio.sleep(0)
 
+    async def learn_log_end_commit(self) -> int:
+        """At once: the fake's log holds nothing above its high watermark it could learn later."""
+        return self._hwm
+
     def confirm_leadership(self, *, lease: bool = False) -> asyncio.Future[None]:
         """Confirmed at once (a single voter) unless ``hold_confirmations``."""
         if self._leader.leader_id != self._node_id:

@@ -49,6 +49,29 @@ class LaggingRaft(FakeRaft):
         self.driver_quiet = asyncio.Event()
         """What ``yield_turn`` waits for: a follower's driver done with its output (the fsync included)."""
         self.driver_quiet.set()
+        self.learned_high_watermark: int | None = None
+        """While set, the high watermark this follower knows (below the leader's): the commits above it
+        are in its log, and the leader's next Fetch answer (:attr:`leader_answer`) tells it of them."""
+        self.leader_answer = asyncio.Event()
+        self.learn_calls = 0
+
+    @property
+    def high_watermark(self) -> int:
+        if self.learned_high_watermark is not None:
+            return self.learned_high_watermark
+        return super().high_watermark
+
+    def stop_learning(self) -> None:
+        """From now on, commits reach this follower's log but not its high watermark."""
+        self.learned_high_watermark = super().high_watermark
+
+    async def learn_log_end_commit(self) -> int:
+        self.learn_calls += 1
+        if self.learned_high_watermark is None or self.learned_high_watermark >= super().high_watermark:
+            return self.high_watermark
+        await self.leader_answer.wait()
+        self.learned_high_watermark = None
+        return self.high_watermark
 
     async def yield_turn(self) -> None:
         await asyncio.sleep(0)
@@ -60,7 +83,7 @@ class LaggingRaft(FakeRaft):
     def commit(self, *payloads: Message) -> int:
         """Commit one batch of metadata records (from the leader); returns its last offset."""
         self._commit_batch([records.encode_value(records.wrap(p)) for p in payloads])
-        return self.high_watermark - 1
+        return self._hwm - 1  # the leader's high watermark, learned or not
 
     def _broadcast(self, item: object) -> None:
         if isinstance(item, CommittedBatch) and self.hold_delivery:
@@ -225,3 +248,97 @@ async def test_a_driver_that_never_parks_ends_the_catch_up_at_its_budget_with_no
     # (The wait is on the event loop's time: a short budget, so the test does not sit out the real one.)
     reached = await asyncio.wait_for(replay_known_commits(raft, MetadataImage.empty(), clock, 20), 5)
     assert (reached.stopped, reached.batches, reached.image.offset, raft.reads) == ("budget", 0, -1, 0)
+
+
+async def test_a_follower_stopping_waits_for_commits_in_its_log_it_has_not_learned(tmp_path: Path) -> None:
+    """Records the leader committed are in the follower's log, but the Fetch that committed them was
+    answered before: the stop waits (within its budget) for the leader's next answer and saves them."""
+    clock = ManualClock()
+    raft = LaggingRaft(clock)
+    raft.follow(OTHER_LEADER)
+    path = tmp_path / "metadata-image.sqlite"
+    controller = await started(raft, path, clock)
+    raft.hold_delivery = True
+    known = raft.commit(topic("known"))
+    raft.stop_learning()
+    last = raft.commit(topic("unlearned-1"), topic("unlearned-2"))
+    assert raft.high_watermark == known + 1
+
+    stop = asyncio.ensure_future(controller.stop())
+    for _ in range(50):
+        await _turn()
+    assert not stop.done() and raft.learn_calls == 1  # waiting for the leader's answer
+    raft.leader_answer.set()
+    await asyncio.wait_for(stop, 5)
+    image = await stored(path)
+    assert image.offset == last
+    assert {t.name for t in image.topics_by_id.values()} == {"known", "unlearned-1", "unlearned-2"}
+
+
+async def test_no_answer_from_the_leader_ends_the_wait_at_the_budget_with_the_known_commits() -> None:
+    clock = ManualClock()
+    raft = LaggingRaft(clock)
+    raft.follow(OTHER_LEADER)
+    known = raft.commit(topic("known"))
+    raft.stop_learning()
+    raft.commit(topic("unlearned"))
+    # (The wait is on the event loop's time: a short budget, so the test does not sit out the real one.)
+    reached = await asyncio.wait_for(replay_known_commits(raft, MetadataImage.empty(), clock, 20), 5)
+    assert (reached.stopped, reached.image.offset, reached.high_watermark) == ("budget", known, known + 1)
+    assert reached.known_high_watermark == known + 1
+    assert {t.name for t in reached.image.topics_by_id.values()} == {"known"}
+
+
+async def test_the_wait_only_spends_what_the_known_commits_left_of_the_budget() -> None:
+    """The known commits come first; with the budget spent on them nothing waits for the leader."""
+    clock = ManualClock()
+    raft = LaggingRaft(clock, read_cost_ms=STOP_CATCH_UP_BUDGET_MS, batches_per_read=1)
+    raft.follow(OTHER_LEADER)
+    first = raft.commit(topic("a"))
+    raft.stop_learning()
+    raft.commit(topic("b"))
+    reached = await asyncio.wait_for(
+        replay_known_commits(raft, MetadataImage.empty(), clock, STOP_CATCH_UP_BUDGET_MS), 5
+    )
+    assert (reached.stopped, reached.image.offset, raft.learn_calls) == ("budget", first, 0)
+
+
+async def test_a_learned_commit_is_replayed_and_learn_false_does_not_wait() -> None:
+    clock = ManualClock()
+    raft = LaggingRaft(clock)
+    raft.follow(OTHER_LEADER)
+    known = raft.commit(topic("a"))
+    raft.stop_learning()
+    last = raft.commit(topic("b"))
+    reached = await replay_known_commits(
+        raft, MetadataImage.empty(), clock, STOP_CATCH_UP_BUDGET_MS, learn=False
+    )
+    assert (reached.stopped, reached.image.offset, raft.learn_calls) == ("caught_up", known, 0)
+    raft.leader_answer.set()
+    reached = await replay_known_commits(raft, MetadataImage.empty(), clock, STOP_CATCH_UP_BUDGET_MS)
+    assert (reached.stopped, reached.image.offset, reached.high_watermark) == ("caught_up", last, last + 1)
+    assert (reached.known_high_watermark, reached.batches, raft.learn_calls) == (known + 1, 2, 1)
+
+
+async def test_after_the_leader_s_answer_the_catch_up_waits_for_the_driver_s_output_before_reading() -> None:
+    """The answer that brings the commit may bring the next records too, their fsync then in flight."""
+    clock = ManualClock()
+    raft = LaggingRaft(clock)
+    raft.follow(OTHER_LEADER)
+    raft.commit(topic("a"))
+    raft.stop_learning()
+    raft.commit(topic("b"))
+    catch_up = asyncio.ensure_future(
+        replay_known_commits(raft, MetadataImage.empty(), clock, STOP_CATCH_UP_BUDGET_MS)
+    )
+    for _ in range(20):
+        await _turn()
+    reads = raft.reads
+    raft.driver_quiet.clear()  # the output with the leader's answer is still running
+    raft.leader_answer.set()
+    for _ in range(20):
+        await _turn()
+    assert not catch_up.done() and raft.reads == reads
+    raft.driver_quiet.set()
+    reached = await asyncio.wait_for(catch_up, 5)
+    assert {t.name for t in reached.image.topics_by_id.values()} == {"a", "b"}

@@ -277,3 +277,61 @@ async def test_through_the_controller_the_parts_answer_as_one_request(
         assert all(p.leader == 1 for t in ("t", "u") for p in logic.image.topic(t).partitions)  # type: ignore[union-attr]
     finally:
         await controller.stop()
+
+
+def _many_settled_then_offline(settled: int) -> ControllerLogic:
+    """``settled`` one-partition topics, each led, then topic "z" whose 3 partitions lost their leader
+    and ISR (live replicas 2 and 3: an unclean election elects them); the rejoin index follows it."""
+    delta = MetadataDelta(MetadataImage.empty())
+    for broker_id in (1, 2, 3):
+        delta.replay(
+            records.wrap(
+                pb.RegisterBrokerRecord(
+                    broker_id=broker_id,
+                    broker_epoch=broker_id,
+                    incarnation_id=f"inc-{broker_id}",
+                    endpoints=[common_pb2.Endpoint(name="PLAINTEXT", host="h", port=9000 + broker_id)],
+                    fenced=False,
+                )
+            )
+        )
+    for t in range(settled):
+        delta.replay(records.wrap(pb.TopicRecord(name=f"s{t}", topic_id=f"id-s{t}")))
+        delta.replay(
+            records.wrap(
+                pb.PartitionRecord(topic_id=f"id-s{t}", partition_id=0, replicas=[1, 2], isr=[1, 2], leader=1)
+            )
+        )
+    delta.replay(records.wrap(pb.TopicRecord(name="z", topic_id="id-z")))
+    for p in range(3):
+        delta.replay(
+            records.wrap(
+                pb.PartitionRecord(
+                    topic_id="id-z", partition_id=p, replicas=[2, 3], isr=[], leader=NO_PARTITION_LEADER
+                )
+            )
+        )
+    image = delta.apply()
+    logic = ControllerLogic(ControllerSettings(CLUSTER, max_changes_per_write=1 << 30), image, 1_000)
+    logic.rejoin_index.rebuild(image.topics_by_id)
+    return logic
+
+
+def test_a_part_reads_at_most_one_window_of_topics_with_nothing_unsettled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Session 14: the scan walks the topics map by a cursor, a window at a time; a window with nothing
+    unsettled ends the part's take, and with the time budget spent, the part — so a long run of settled
+    topics is read over many parts, never copied or walked in one."""
+    monkeypatch.setattr(rejoin_module, "UNSETTLED_WINDOW", 7)
+    monkeypatch.setattr(logic_module, "CHECK_EVERY", 5)
+    monkeypatch.setattr(Deadline, "expired", lambda self, reserve_ms=0.0: True)
+    settled = 70
+    want = _many_settled_then_offline(settled).elect_leaders(_request(), 0)
+    assert len(want.records) == 3
+    logic = _many_settled_then_offline(settled)
+    scan = UncleanElectionScan()
+    got_records, got_response = _run_parts(logic, scan)
+    assert got_records == want.records
+    assert _results(got_response) == _results(want.response) == [("z", [(0, 0), (1, 0), (2, 0)])]
+    assert scan.parts >= settled // 7  # one window of settled topics per part at most
