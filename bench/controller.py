@@ -79,6 +79,7 @@ from bench import proc_cpu
 from bench.controller_fleet import (
     Fleet,
     FleetWorkers,
+    GcPauses,
     LoopLagTicker,
     beat_offset_s,
     gather_limited,
@@ -315,6 +316,8 @@ RAFT_SERIES = {
     "kraft_node_loop_lag_seconds_sum": "loop",
     "kraft_node_sampler_wakeup_delay_seconds_bucket": "wait,le",
     "kraft_node_sampler_wakeup_delay_seconds_sum": "wait",
+    "kraft_controller_heartbeat_arrival_delay_seconds_bucket": "le",
+    "kraft_controller_heartbeat_arrival_delay_seconds_sum": None,
 }
 
 
@@ -442,6 +445,17 @@ def heartbeat_tail(delta: Callable[[str], float], leader_id: int, nodes: list[in
         },
     }
 
+    arrival = "kraft_controller_heartbeat_arrival_delay_seconds"
+    arrived = delta(f"{arrival}_bucket[+Inf]@{leader_id}")
+    out["arrival_delay"] = {
+        "heartbeats": int(arrived),
+        "mean_ms": round(1000 * delta(f"{arrival}_sum@{leader_id}") / arrived, 1) if arrived else None,
+        "over_ms": {
+            str(ms): int(arrived - delta(f"{arrival}_bucket[{ms / 1000}]@{leader_id}"))
+            for ms in TAIL_BOUNDS_MS
+        },
+    }
+
     def over(name: str, label: str, node: int) -> list[Any]:
         total = delta(f"{name}_bucket[{label},+Inf]@{node}")
         counts = [int(total - delta(f"{name}_bucket[{label},{ms / 1000}]@{node}")) for ms in TAIL_BOUNDS_MS]
@@ -484,6 +498,8 @@ async def cluster_benchmarks(
             fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
             ticker = LoopLagTicker()
             ticker.start()
+            pauses = GcPauses()
+            pauses.install()
             workers: FleetWorkers | None = None
             await fleet.register(1)
             # broker 1 keeps its session alive while the admin benchmark runs
@@ -598,7 +614,9 @@ async def cluster_benchmarks(
                         await task
                 await ticker.stop()
                 await beats.close()
+                pauses.uninstall()
             fleet.tag_client_lags(ticker)
+            fleet.gc_pauses.extend(pauses.pauses)
             if workers is not None:
                 try:
                     await workers.stop(fleet)
@@ -654,6 +672,7 @@ async def cluster_benchmarks(
                     "bulk": [bulk_start, bulk_end],
                     "beats": [list(beat) for beat in fleet.latencies],
                     "client_stalls": fleet.stalls,
+                    "client_gc_pauses": fleet.gc_pauses,
                 }
                 await asyncio.to_thread(beats_out.write_text, json.dumps(raw))
             results["controlled_shutdown"] = {

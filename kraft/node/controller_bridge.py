@@ -109,6 +109,9 @@ class HeartbeatBridge:
         self.handoffs = 0  # main-loop hand-offs that carried calls (tests and the bench read them)
         self.calls = 0  # calls handed off
         self.fast = 0  # calls answered by the fast lane (intake thread)
+        # observability.stall.sampler.ms: (call metadata, broker id) -> the arrival delay of a call that
+        # carries its send time (kraft.observability.stall_sampler.ArrivalProbe)
+        self.arrival_probe: Callable[[object, int], None] | None = None
         # The fast lane's ACL grants: (the ACLs they were decided under, the (principal, host) pairs the
         # guard allowed CLUSTER_ACTION).  Replaced whole by the main loop, read by the intake thread.
         self._grants: tuple[object, frozenset[tuple[str, str]]] = (None, frozenset())
@@ -118,6 +121,8 @@ class HeartbeatBridge:
     ) -> cpb.BrokerHeartbeatResponse:
         """On the intake loop: the call's answer, or its refusal as ``context.abort``."""
         loop = asyncio.get_running_loop()
+        if self.arrival_probe is not None:
+            self.arrival_probe(context.invocation_metadata(), request.broker_id)
         call_context = MainLoopContext(context, loop)
         controller = self._controller()
         lane = None if controller is None else controller.lane

@@ -15,7 +15,7 @@ is set (each wakes ``1000 / ms`` times a second and wants the GIL each time):
   A GIL wait the switch interval cannot break (0.1 ms on a node, ``GIL_SWITCH_INTERVAL_S``) is one C
   call that never released it.
 
-Each sample also goes to :class:`StallLog` when it is at least ``log_ms`` long: one INFO line
+Each sample also goes to :class:`StallLog` when it is at least ``log_ms`` (20 ms) long: one INFO line
 ``event=stall_sampled`` with the monotonic time it ended, so a benchmark can line up a slow request
 with what the node's threads were doing then (bench.controller ``--beats-out``).
 """
@@ -179,10 +179,54 @@ class GilSampler:
         self._stall_log.note("gil_sampler", late, now, gil_ms=gil, run_queue_ms=queued)
 
 
+SENT_METADATA_KEY: Final = "x-kraft-sent-monotonic-ns"
+"""A benchmark client's send time (``time.monotonic_ns()``, one clock for every process of a host) in a
+heartbeat's metadata: :class:`ArrivalProbe` turns it into the call's arrival delay on the node."""
+
+HEARTBEAT_ARRIVAL_DELAY = Histogram(
+    "kraft_controller_heartbeat_arrival_delay_seconds",
+    "With observability.stall.sampler.ms, for heartbeats that carry their send time (benchmark clients on "
+    "the same host): from the client's send to the call's handler on the intake thread",
+    ("node",),
+    buckets=_STALL_BUCKETS,
+)
+
+
+class ArrivalProbe:
+    """How long a call that carries :data:`SENT_METADATA_KEY` took to reach its handler: the client's
+    send, the kernel, gRPC's transport on this node and the wait for the intake loop.  Observed, and
+    logged (``event=heartbeat_arrived_late``) when at least ``log_ms``."""
+
+    def __init__(self, node: int | str, log_ms: int = 20) -> None:
+        self._observe = HEARTBEAT_ARRIVAL_DELAY.labels(str(node)).observe
+        self._log_ns = log_ms * 1_000_000
+        self._log = get_logger("stall_sampler", node=node)
+
+    def __call__(self, metadata: object, broker_id: int) -> None:
+        if not metadata:
+            return
+        for key, value in metadata:  # type: ignore[attr-defined]
+            if key == SENT_METADATA_KEY:
+                try:
+                    sent_ns = int(value)
+                except ValueError:
+                    return
+                delay_ns = time.monotonic_ns() - sent_ns
+                self._observe(delay_ns / 1e9)
+                if delay_ns >= self._log_ns:
+                    self._log.info(
+                        "heartbeat_arrived_late",
+                        broker=broker_id,
+                        sent_monotonic_s=round(sent_ns / 1e9, 4),
+                        ms=round(delay_ns / 1e6, 1),
+                    )
+                return
+
+
 class StallSamplers:
     """The samplers of one node: its main loop, its intake loop (if any) and a GIL sampler thread."""
 
-    def __init__(self, node: int | str, period_ms: int, log_ms: int = 50) -> None:
+    def __init__(self, node: int | str, period_ms: int, log_ms: int = 20) -> None:
         label = str(node)
         self._period_s = period_ms / 1000
         self._log = StallLog(label, log_ms / 1000)

@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from typing import Any
 
 import pytest
 
 from kraft.observability.logging import _FIELDS_ATTR
-from kraft.observability.stall_sampler import GilSampler, LoopLagSampler, StallLog
+from kraft.observability.stall_sampler import (
+    HEARTBEAT_ARRIVAL_DELAY,
+    SENT_METADATA_KEY,
+    ArrivalProbe,
+    GilSampler,
+    LoopLagSampler,
+    StallLog,
+)
 
 
 class Clock:
@@ -79,3 +88,23 @@ async def test_a_loop_lag_is_how_late_the_timer_ran_and_long_ones_are_logged(
     assert lags == [pytest.approx(0.002), pytest.approx(0.080)]
     lines = [getattr(r, _FIELDS_ATTR) for r in caplog.records if r.getMessage() == "stall_sampled"]
     assert lines == [{"node": "1", "what": "intake", "ms": 80.0, "ended_monotonic_s": round(clock.now_s, 4)}]
+
+
+def test_a_call_that_carries_its_send_time_is_timed_to_its_arrival(caplog: pytest.LogCaptureFixture) -> None:
+    histogram = HEARTBEAT_ARRIVAL_DELAY.labels("7")
+    probe = ArrivalProbe(7, log_ms=20)
+    now_ns = time.monotonic_ns()
+    with caplog.at_level(logging.INFO):
+        probe((("other", "x"),), 101)  # no send time: nothing
+        probe(None, 101)
+        probe(((SENT_METADATA_KEY, "not a number"),), 101)
+        assert _observations(histogram) == 0
+        probe((("other", "x"), (SENT_METADATA_KEY, str(now_ns - 500_000_000))), 101)  # sent 500 ms ago
+    assert _observations(histogram) == 1 and histogram._sum.get() >= 0.5
+    lines = [getattr(r, _FIELDS_ATTR) for r in caplog.records if r.getMessage() == "heartbeat_arrived_late"]
+    assert len(lines) == 1 and lines[0]["broker"] == 101 and lines[0]["ms"] >= 500
+    assert lines[0]["sent_monotonic_s"] == round((now_ns - 500_000_000) / 1e9, 4)
+
+
+def _observations(histogram: Any) -> float:
+    return float(sum(bucket.get() for bucket in histogram._buckets))

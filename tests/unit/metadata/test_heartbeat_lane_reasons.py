@@ -147,3 +147,18 @@ async def test_the_bridge_counts_an_undecidable_caller_and_times_the_slow_path()
 
 def _observations(histogram: Any) -> float:
     return float(sum(bucket.get() for bucket in histogram._buckets))
+
+
+async def test_the_bridge_hands_each_call_s_metadata_to_the_arrival_probe() -> None:
+    _, controller, _, _ = await _controller()
+    servicer = ControllerServicer(controller)
+    try:
+        epoch = await _unfenced(controller, 101)
+        bridge = HeartbeatBridge(asyncio.get_running_loop(), lambda: servicer.guard, lambda: controller)
+        seen: list[tuple[object, int]] = []
+        bridge.arrival_probe = lambda metadata, broker: seen.append((metadata, broker))
+        context: Any = CallContext("broker-101")
+        await asyncio.wait_for(bridge.heartbeat(_beat(101, epoch), context), 5.0)
+        assert seen == [((), 101)]
+    finally:
+        await controller.stop()
