@@ -68,6 +68,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ from bench import proc_cpu
 from bench.controller_fleet import (
     Fleet,
     FleetWorkers,
+    GcPauses,
     LoopLagTicker,
     beat_offset_s,
     gather_limited,
@@ -92,6 +94,7 @@ from kraft.cluster.quorum import ControllerQuorum
 from kraft.cluster.spec import ADMIN_CLIENT, certificate_principal
 from kraft.errors import ErrorCode
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
+from kraft.metadata.heartbeat_lane import SLOW_REASONS
 from kraft.metadata.image import MetadataImage
 from kraft.netutil import free_port
 from kraft.procutil import reap_children_on_exit, run_child
@@ -303,6 +306,18 @@ RAFT_SERIES = {
     "kraft_gc_pause_seconds_sum": "generation",
     "kraft_controller_event_queue_processing_time_seconds_count": "kind",
     "kraft_controller_event_queue_processing_time_seconds_sum": "kind",
+    # session 14: the heartbeat tail — why heartbeats went the main loop's path and how long they took
+    # there, and (with observability.stall.sampler.ms) each node's loop lags and GIL waits
+    "kraft_controller_heartbeats_fast_lane_total": None,
+    "kraft_controller_heartbeats_slow_path_total": "reason",
+    "kraft_controller_heartbeat_slow_path_seconds_bucket": "le",
+    "kraft_controller_heartbeat_slow_path_seconds_sum": None,
+    "kraft_node_loop_lag_seconds_bucket": "loop,le",
+    "kraft_node_loop_lag_seconds_sum": "loop",
+    "kraft_node_sampler_wakeup_delay_seconds_bucket": "wait,le",
+    "kraft_node_sampler_wakeup_delay_seconds_sum": "wait",
+    "kraft_controller_heartbeat_arrival_delay_seconds_bucket": "le",
+    "kraft_controller_heartbeat_arrival_delay_seconds_sum": None,
 }
 
 
@@ -321,7 +336,9 @@ def raft_counters(quorum: MetricsQuorum) -> dict[str, float]:
                 if sample.name not in RAFT_SERIES:
                     continue
                 label = RAFT_SERIES[sample.name]
-                key = sample.name if label is None else f"{sample.name}[{sample.labels.get(label, '')}]"
+                if label is not None:
+                    label = ",".join(sample.labels.get(name, "") for name in label.split(","))
+                key = sample.name if label is None else f"{sample.name}[{label}]"
                 out[f"{key}@{node_id}"] = float(sample.value)
     return out
 
@@ -391,6 +408,7 @@ def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int
         for kind in kinds
         if delta(f"{events}_count[{kind}]@{leader_id}")
     }
+    out.update(heartbeat_tail(delta, leader_id, sorted({int(key.rsplit("@", 1)[1]) for key in after})))
     for node in sorted({int(key.rsplit("@", 1)[1]) for key in after}):
         # the cyclic GC's collections by generation: count and ms in all (kraft_gc_pause_seconds)
         out[f"gc_node_{node}"] = {
@@ -403,6 +421,56 @@ def raft_phase(before: dict[str, float], after: dict[str, float], leader_id: int
     return out
 
 
+TAIL_BOUNDS_MS = (20, 50, 100, 200, 500)
+"""The stall lengths :func:`heartbeat_tail` counts samples over (bucket bounds of the node's histograms)."""
+
+
+def heartbeat_tail(delta: Callable[[str], float], leader_id: int, nodes: list[int]) -> dict[str, Any]:
+    """Session 14: where a phase's slow heartbeats can have come from, from the counters' deltas — the
+    leader's heartbeats by path (fast lane, main loop by reason) and the main-loop path's time, and per
+    node the samples of its loop lags and its sampler thread's wake-up delay (total and the GIL's part)
+    over each of :data:`TAIL_BOUNDS_MS` ([samples over 20, 50, 100, 200, 500 ms], sum ms)."""
+    slow = "kraft_controller_heartbeats_slow_path_total"
+    reasons = {reason: int(delta(f"{slow}[{reason}]@{leader_id}")) for reason in SLOW_REASONS}
+    seconds = "kraft_controller_heartbeat_slow_path_seconds"
+    count = delta(f"{seconds}_bucket[+Inf]@{leader_id}")
+    out: dict[str, Any] = {
+        "heartbeats_fast_lane": int(delta(f"kraft_controller_heartbeats_fast_lane_total@{leader_id}")),
+        "heartbeats_slow_path": {reason: n for reason, n in reasons.items() if n},
+        "slow_path_answered": int(count),
+        "slow_path_mean_ms": round(1000 * delta(f"{seconds}_sum@{leader_id}") / count, 1) if count else None,
+        "slow_path_over_ms": {
+            str(ms): int(count - delta(f"{seconds}_bucket[{ms / 1000}]@{leader_id}"))
+            for ms in (100, 250, 500)
+        },
+    }
+
+    arrival = "kraft_controller_heartbeat_arrival_delay_seconds"
+    arrived = delta(f"{arrival}_bucket[+Inf]@{leader_id}")
+    out["arrival_delay"] = {
+        "heartbeats": int(arrived),
+        "mean_ms": round(1000 * delta(f"{arrival}_sum@{leader_id}") / arrived, 1) if arrived else None,
+        "over_ms": {
+            str(ms): int(arrived - delta(f"{arrival}_bucket[{ms / 1000}]@{leader_id}"))
+            for ms in TAIL_BOUNDS_MS
+        },
+    }
+
+    def over(name: str, label: str, node: int) -> list[Any]:
+        total = delta(f"{name}_bucket[{label},+Inf]@{node}")
+        counts = [int(total - delta(f"{name}_bucket[{label},{ms / 1000}]@{node}")) for ms in TAIL_BOUNDS_MS]
+        return [counts, round(1000 * delta(f"{name}_sum[{label}]@{node}"))]
+
+    for node in nodes:
+        out[f"stalls_node_{node}"] = {
+            "main_loop": over("kraft_node_loop_lag_seconds", "main", node),
+            "intake_loop": over("kraft_node_loop_lag_seconds", "intake", node),
+            "wakeup": over("kraft_node_sampler_wakeup_delay_seconds", "total", node),
+            "gil": over("kraft_node_sampler_wakeup_delay_seconds", "gil", node),
+        }
+    return out
+
+
 async def cluster_benchmarks(
     quick: bool,
     base: Path,
@@ -411,6 +479,7 @@ async def cluster_benchmarks(
     cpu: bool = False,
     probe: CpuProbe | None = None,
     setup: ClientSetup = ClientSetup(),
+    beats_out: Path | None = None,
 ) -> dict[str, Any]:
     brokers = brokers or (200 if quick else 1000)
     # without a probe the phases are marked on one nobody reads (never started: no process)
@@ -429,6 +498,8 @@ async def cluster_benchmarks(
             fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
             ticker = LoopLagTicker()
             ticker.start()
+            pauses = GcPauses()
+            pauses.install()
             workers: FleetWorkers | None = None
             await fleet.register(1)
             # broker 1 keeps its session alive while the admin benchmark runs
@@ -543,7 +614,9 @@ async def cluster_benchmarks(
                         await task
                 await ticker.stop()
                 await beats.close()
+                pauses.uninstall()
             fleet.tag_client_lags(ticker)
+            fleet.gc_pauses.extend(pauses.pauses)
             if workers is not None:
                 try:
                     await workers.stop(fleet)
@@ -594,6 +667,14 @@ async def cluster_benchmarks(
                 "seconds": round(create_s, 2),
                 "partitions_per_second": round(partitions / create_s),
             }
+            if beats_out is not None:  # every heartbeat and client stall, for lining up with node logs
+                raw = {
+                    "bulk": [bulk_start, bulk_end],
+                    "beats": [list(beat) for beat in fleet.latencies],
+                    "client_stalls": fleet.stalls,
+                    "client_gc_pauses": fleet.gc_pauses,
+                }
+                await asyncio.to_thread(beats_out.write_text, json.dumps(raw))
             results["controlled_shutdown"] = {
                 "leaderships_before": leading,
                 "leaderships_after": shutdown.leaderships_remaining,
@@ -747,6 +828,7 @@ def run(
     cpu_probe: bool = True,
     probe_reference_ms: float | None = None,
     setup: ClientSetup = ClientSetup(),
+    beats_out: Path | None = None,
 ) -> dict[str, Any]:
     probe = CpuProbe()
     if cpu_probe:
@@ -755,12 +837,14 @@ def run(
     try:
         if work_dir is not None:  # kept afterwards: node logs for diagnosis
             cluster = run_loop(
-                cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe, setup), setup.loop
+                cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe, setup, beats_out),
+                setup.loop,
             )
         else:
             with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
                 cluster = run_loop(
-                    cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe, setup), setup.loop
+                    cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe, setup, beats_out),
+                    setup.loop,
                 )
         image = None
         if image_memory:
@@ -851,6 +935,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="session 11's alternative client: --broker-processes 1 --client-loop uvloop",
     )
+    parser.add_argument(
+        "--beats-out",
+        type=Path,
+        help="also write every heartbeat (sent, latency, send lateness, client lag) and client loop stall "
+        "as JSON here (with --work-dir and --set observability.stall.sampler.ms=N: line them up with the "
+        "nodes' event=stall_sampled log lines)",
+    )
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.broker_processes < 0:
@@ -890,6 +981,7 @@ def main(argv: list[str] | None = None) -> int:
         not args.no_cpu_probe,
         args.probe_reference_ms,
         setup,
+        args.beats_out,
     )
     print(json.dumps(results, indent=2))
     return 0

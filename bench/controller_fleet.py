@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import json
 import subprocess
 import sys
@@ -39,6 +41,7 @@ from typing import Any, NamedTuple
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
 from kraft.errors import ErrorCode
+from kraft.observability.stall_sampler import SENT_METADATA_KEY
 from kraft.procutil import reap_children_on_exit, spawn_child
 from kraft.runtime import loop_factory
 from kraft.v1 import common_pb2
@@ -118,6 +121,36 @@ class LoopLagTicker:
         return max(lags, default=0.0)
 
 
+GC_SAMPLE_S = 0.005
+"""A collection of the client's own cyclic GC at least this long is recorded (:class:`GcPauses`)."""
+
+
+@dataclass
+class GcPauses:
+    """The client process's own GC pauses (session 14): (end, seconds, generation) of every collection of
+    at least :data:`GC_SAMPLE_S` — a full collection over the client's heap (tens of thousands of recorded
+    heartbeats, the bulk requests) stops its loop as a CPU shortage would."""
+
+    pauses: list[tuple[float, float, int]] = field(default_factory=list)
+    _started: float | None = None
+
+    def install(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if phase == "start":
+            self._started = now
+            return
+        started, self._started = self._started, None
+        if started is not None and now - started >= GC_SAMPLE_S:
+            self.pauses.append((now, now - started, int(info.get("generation", 2))))
+
+
 @dataclass
 class Fleet:
     """Simulated brokers heartbeating every ``interval_s`` through one admin client."""
@@ -133,6 +166,8 @@ class Fleet:
     stopped: set[int] = field(default_factory=set)
     stalls: list[tuple[float, float]] = field(default_factory=list)
     """Loop stalls of every process that sent heartbeats (merged; see :class:`LoopLagTicker`)."""
+    gc_pauses: list[tuple[float, float, int]] = field(default_factory=list)
+    """GC pauses of every process that sent heartbeats (merged; see :class:`GcPauses`)."""
 
     async def register(self, broker_id: int) -> None:
         request = cpb.RegisterBrokerRequest(
@@ -156,7 +191,15 @@ class Fleet:
             current_metadata_offset=1 << 50,  # a broker that applies everything at once
         )
         client = self.client if patient else self.beats
-        return await client.call(lambda s: s.BrokerHeartbeat, request, check=False)
+        # the send time rides along: a node with observability.stall.sampler.ms measures the call's
+        # arrival delay from it (kraft_controller_heartbeat_arrival_delay_seconds); others ignore it
+        return await client.call(
+            lambda s: functools.partial(
+                s.BrokerHeartbeat, metadata=((SENT_METADATA_KEY, str(time.monotonic_ns())),)
+            ),
+            request,
+            check=False,
+        )
 
     async def run_one(self, broker_id: int, offset_s: float) -> None:
         scheduled = time.monotonic() + offset_s
@@ -226,7 +269,11 @@ class Fleet:
         slowest = sorted(beats, key=lambda beat: beat.latency)[int(0.99 * len(beats)) :]
         clean = [beat.latency * 1000 for beat in beats if beat.client_lag < CLIENT_LAG_S]
         less_lag = [(beat.latency - beat.client_lag) * 1000 for beat in beats]
+        pauses = [seconds * 1000 for pause_end, seconds, _ in self.gc_pauses if start <= pause_end < end]
         return {
+            "gc_pauses_over_5ms": len(pauses),
+            "gc_pause_ms": round(sum(pauses), 1),
+            "gc_pause_max_ms": round(max(pauses, default=0.0), 1),
             "send_late_p50_ms": round(percentile(late, 0.50), 2),
             "send_late_p99_ms": round(percentile(late, 0.99), 2),
             "send_late_max_ms": round(max(late, default=0.0), 2),
@@ -315,6 +362,7 @@ class FleetWorkers:
         for answer in await self._answers():
             fleet.latencies.extend(Beat(*beat) for beat in answer["beats"])
             fleet.stalls.extend((end, lag) for end, lag in answer["stalls"])
+            fleet.gc_pauses.extend((end, s, g) for end, s, g in answer.get("gc_pauses", []))
             fleet.errors += answer["errors"]
             fleet.fenced_after_unfence.update(answer["fenced_after_unfence"])
         fleet.latencies.sort(key=lambda beat: beat.sent)
@@ -360,6 +408,8 @@ async def worker_main(read_line: Callable[[], str], write_line: Callable[[str], 
         beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
         fleet = Fleet(client, beats, settings["cluster_id"], interval_s)
         ticker = LoopLagTicker()
+        pauses = GcPauses()
+        pauses.install()
         tasks: list[asyncio.Task[None]] = []
         try:
             await gather_limited(
@@ -384,12 +434,14 @@ async def worker_main(read_line: Callable[[], str], write_line: Callable[[str], 
                     await task
             await ticker.stop()
             await beats.close()
+            pauses.uninstall()
     fleet.tag_client_lags(ticker)
     write_line(
         json.dumps(
             {
                 "beats": [list(beat) for beat in fleet.latencies],
                 "stalls": fleet.stalls,
+                "gc_pauses": pauses.pauses,
                 "errors": fleet.errors,
                 "fenced_after_unfence": sorted(fleet.fenced_after_unfence),
             }

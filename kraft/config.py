@@ -649,6 +649,8 @@ class NodeConfig(BaseModel):
     # Segment files a broker keeps open at once (an LRU, reopened on use); 0 = half the open-file limit.
     log_open_segment_files_max: NonNegative = _key("log.open.segment.files.max", default=0)
     metrics_port: Port = _key("metrics.port", default=0)
+    # Event-loop lag and GIL-wait samplers of a controller node (kraft.observability.stall_sampler); 0 = off.
+    observability_stall_sampler_ms: NonNegative = _key("observability.stall.sampler.ms", default=0)
     # Transport security (kraft.security.tls, docs/security.md): Kafka's names, PEM only.
     listener_security_protocol_map: Annotated[
         tuple[ProtocolMapping, ...], _typed_or_parsed(parse_protocol_map, ProtocolMapping)

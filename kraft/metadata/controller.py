@@ -49,7 +49,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from google.protobuf.message import Message
 
@@ -92,7 +92,7 @@ from kraft.metadata.event_timings import EventTimings
 from kraft.metadata.fetch_server import FetchServer
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
-from kraft.metadata.heartbeat_lane import HeartbeatLane
+from kraft.metadata.heartbeat_lane import SLOW_REASONS, HeartbeatLane
 from kraft.metadata.idle_noops import IdleNoOps
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.isr_changes import alter_partition
@@ -330,6 +330,8 @@ class QuorumController:
                 # note every eighth of it, at most every 100 ms (10 cross-thread posts a second).
                 note_interval_ms=min(options.leader_lease_ms // 8, 100),
                 on_answer=metrics.heartbeats_fast_lane.inc,
+                on_slow=_count_by_reason(metrics.heartbeats_slow_path),
+                on_slow_answered=metrics.heartbeat_slow_path_seconds.observe,
             )
             self.sessions.take_touches = self._take_touches
             self.sessions.leave_steady = self.lane.unpublish
@@ -1378,3 +1380,13 @@ class QuorumController:
 
     async def metadata_fetch(self, req: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse:
         return await self.fetches.serve(req)
+
+
+class _Counts(Protocol):
+    def inc(self) -> None: ...
+
+
+def _count_by_reason(counter: Callable[[str], _Counts]) -> Callable[[str], None]:
+    """``on_slow`` for the lane: each reason's counter child bound once (the intake thread increments)."""
+    children = {reason: counter(reason) for reason in SLOW_REASONS}
+    return lambda reason: children[reason].inc()

@@ -40,6 +40,24 @@ from kraft.clock import Clock
 from kraft.metadata.controller_logic import ControllerLogic
 from kraft.v1 import controller_pb2 as cpb
 
+# Why a heartbeat went the normal path (kraft_controller_heartbeats_slow_path_total{reason}): no snapshot
+# (not the active controller, or not yet published), no lease published (-1), the published lease had
+# ended, the request asks for something, another cluster, the broker is not steady (unknown, other epoch,
+# fenced, in controlled shutdown, leaving), its record is not committed yet, the snapshot changed between
+# the two reads, the identity/ACL check cannot be decided on the intake thread.
+NO_SNAPSHOT = "no_snapshot"
+NO_LEASE = "no_lease"
+LEASE_LAPSED = "lease_lapsed"
+ASKS = "asks"
+OTHER_CLUSTER = "other_cluster"
+NOT_STEADY = "not_steady"
+UNCOMMITTED = "uncommitted"
+CHANGED = "changed"
+NOT_ALLOWED = "not_allowed"
+SLOW_REASONS = (
+    NO_SNAPSHOT, NO_LEASE, LEASE_LAPSED, ASKS, OTHER_CLUSTER, NOT_STEADY, UNCOMMITTED, CHANGED, NOT_ALLOWED
+)  # fmt: skip
+
 Touch = tuple[int, int, int, int]
 """``(broker id, broker epoch, now_ms, metadata offset)`` of a heartbeat answered on the intake thread."""
 
@@ -71,12 +89,16 @@ class HeartbeatLane:
         *,
         note_interval_ms: int,
         on_answer: Callable[[], None] | None = None,
+        on_slow: Callable[[str], None] | None = None,
+        on_slow_answered: Callable[[float], None] | None = None,
     ) -> None:
         self._clock = clock
         self._cluster_id = cluster_id
         self._lease_expiry_ms = lease_expiry_ms
         self._note_interval_ms = max(1, note_interval_ms)
         self._on_answer = on_answer
+        self._on_slow = on_slow  # intake thread: why a call goes the normal path (one of SLOW_REASONS)
+        self._on_slow_answered = on_slow_answered  # intake thread: seconds from arrival to a slow answer
         self.snapshot: LaneSnapshot | None = None
         self._touches: collections.deque[Touch] = collections.deque()
         self._dirty = False  # a broker was taken out by hand (unpublish): the next publish rebuilds
@@ -91,17 +113,26 @@ class HeartbeatLane:
         """The answer the controller would give ``req``, or None: the normal path must handle it."""
         snapshot = self.snapshot
         if snapshot is None:
+            self._slow(NO_SNAPSHOT)
             return None
         now_ms = self._clock.monotonic_ms()
         steady = _steady(snapshot, req, now_ms)
-        if steady is None:
+        if isinstance(steady, str):
+            self._slow(steady)
             return None
         # The touch first, then the snapshot again: a main loop that takes this broker out of the snapshot
         # and then drains the touches (before fencing it) either sees this touch or made this read fail.
         self._touches.append((req.broker_id, req.broker_epoch, now_ms, req.current_metadata_offset))
         again = self.snapshot
-        if again is not snapshot and (again is None or (steady := _steady(again, req, now_ms)) is None):
-            return None  # (the touch stays: the broker did heartbeat, and the normal path touches too)
+        if again is not snapshot:
+            if again is None:
+                self._slow(CHANGED)
+                return None
+            steady = _steady(again, req, now_ms)
+            if isinstance(steady, str):
+                # (the touch stays: the broker did heartbeat, and so does the normal path)
+                self._slow(CHANGED)
+                return None
         self.answered += 1
         if self._on_answer is not None:
             self._on_answer()
@@ -112,6 +143,22 @@ class HeartbeatLane:
             if notify is not None:
                 notify()
         return cpb.BrokerHeartbeatResponse(is_caught_up=req.current_metadata_offset >= steady[0])
+
+    def _slow(self, reason: str) -> None:
+        on_slow = self._on_slow
+        if on_slow is not None:
+            on_slow(reason)
+
+    def note_slow(self, reason: str) -> None:
+        """On the intake thread: a call the bridge sends the normal path before asking the lane
+        (``NOT_ALLOWED``)."""
+        self._slow(reason)
+
+    def slow_answered(self, seconds: float) -> None:
+        """On the intake thread: a call that went the normal path was answered ``seconds`` after arriving."""
+        observe = self._on_slow_answered
+        if observe is not None:
+            observe(seconds)
 
     # ---- main loop ----
 
@@ -172,14 +219,19 @@ class HeartbeatLane:
                 return taken
 
 
-def _steady(snapshot: LaneSnapshot, req: cpb.BrokerHeartbeatRequest, now_ms: int) -> tuple[int, int] | None:
+def _steady(snapshot: LaneSnapshot, req: cpb.BrokerHeartbeatRequest, now_ms: int) -> tuple[int, int] | str:
+    """The broker's ``(epoch, depends-on offset)`` when ``req`` may be answered from ``snapshot``, else
+    the reason it may not (one of :data:`SLOW_REASONS`)."""
     if now_ms >= snapshot.lease_expiry_ms:
-        return None  # (-1: no lease) — the normal path confirms leadership by a round
+        # the normal path confirms by a round
+        return NO_LEASE if snapshot.lease_expiry_ms < 0 else LEASE_LAPSED
     if req.want_fence or req.want_shut_down or len(req.offline_partitions):
-        return None
+        return ASKS
     if req.cluster_id != snapshot.cluster_id:
-        return None
+        return OTHER_CLUSTER
     steady = snapshot.steady.get(req.broker_id)
-    if steady is None or steady[0] != req.broker_epoch or steady[1] > snapshot.committed_offset:
-        return None
+    if steady is None or steady[0] != req.broker_epoch:
+        return NOT_STEADY
+    if steady[1] > snapshot.committed_offset:
+        return UNCOMMITTED
     return steady

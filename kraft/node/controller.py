@@ -64,6 +64,7 @@ from kraft.observability import gc_watch
 from kraft.observability.health import RAFT_SERVICE, HealthReporter
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import MetricsServer, start_metrics_server
+from kraft.observability.stall_sampler import StallSamplers
 from kraft.raft.api import LeaderAndEpoch, RaftClient
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
@@ -238,6 +239,7 @@ class ControllerNode:
         self._intake_watch: asyncio.Task[None] | None = None
         self._health: HealthReporter | None = None
         self._metrics: MetricsServer | None = None
+        self._stall_samplers: StallSamplers | None = None  # observability.stall.sampler.ms > 0
         self._watcher: asyncio.Task[None] | None = None
         self._endpoint_updater: asyncio.Task[None] | None = None
         self._server_watch: asyncio.Task[Any] | None = None
@@ -528,6 +530,12 @@ class ControllerNode:
         else:
             self._server = build(None)
             await self._server.start()
+        if cfg.observability_stall_sampler_ms > 0:
+            samplers = self._stall_samplers = StallSamplers(cfg.node_id, cfg.observability_stall_sampler_ms)
+            samplers.watch_loop(main_loop, "main")
+            if self._intake is not None:
+                samplers.watch_loop(self._intake.loop, "intake")
+            samplers.start()
         if intake_socket is not None:
             secure_socket(intake_socket)
             # Calls from the unix socket carry their callers' identity (kraft.security.principal).
@@ -578,6 +586,9 @@ class ControllerNode:
         server, self._server = self._server, None
         if server is not None:
             await self._on_server_loop(server.stop(grace=grace))
+        samplers, self._stall_samplers = self._stall_samplers, None
+        if samplers is not None:
+            samplers.stop()
         if self._intake is not None:
             self._intake.close()
             self._intake = None

@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ import grpc.aio
 from kraft.errors import ErrorCode
 from kraft.grpc_errors import grpc_status_for
 from kraft.grpc_service import RequestDecoder
+from kraft.metadata.heartbeat_lane import NOT_ALLOWED
 from kraft.node.intake import MainLoopContext
 from kraft.node.intake_batch import HEARTBEATS_PER_EVENT, CallContext
 from kraft.observability.logging import get_logger
@@ -107,6 +109,9 @@ class HeartbeatBridge:
         self.handoffs = 0  # main-loop hand-offs that carried calls (tests and the bench read them)
         self.calls = 0  # calls handed off
         self.fast = 0  # calls answered by the fast lane (intake thread)
+        # observability.stall.sampler.ms: (call metadata, broker id) -> the arrival delay of a call that
+        # carries its send time (kraft.observability.stall_sampler.ArrivalProbe)
+        self.arrival_probe: Callable[[object, int], None] | None = None
         # The fast lane's ACL grants: (the ACLs they were decided under, the (principal, host) pairs the
         # guard allowed CLUSTER_ACTION).  Replaced whole by the main loop, read by the intake thread.
         self._grants: tuple[object, frozenset[tuple[str, str]]] = (None, frozenset())
@@ -116,14 +121,20 @@ class HeartbeatBridge:
     ) -> cpb.BrokerHeartbeatResponse:
         """On the intake loop: the call's answer, or its refusal as ``context.abort``."""
         loop = asyncio.get_running_loop()
+        if self.arrival_probe is not None:
+            self.arrival_probe(context.invocation_metadata(), request.broker_id)
         call_context = MainLoopContext(context, loop)
         controller = self._controller()
         lane = None if controller is None else controller.lane
-        if lane is not None and self.may_answer_here(call_context, request.broker_id):
-            fast = lane.answer(request)
-            if fast is not None:
-                self.fast += 1
-                return fast
+        if lane is not None:
+            if self.may_answer_here(call_context, request.broker_id):
+                fast = lane.answer(request)
+                if fast is not None:
+                    self.fast += 1
+                    return fast
+            else:
+                lane.note_slow(NOT_ALLOWED)
+        arrived = time.perf_counter()  # the slow path's time (kraft_controller_heartbeat_slow_path_seconds)
         future: asyncio.Future[Answer] = loop.create_future()
         call = _Call(request, call_context, future)
         with self._lock:
@@ -134,6 +145,8 @@ class HeartbeatBridge:
             # this hand-off, and the main loop is woken once for all of them.
             loop.call_soon(self._post_handoff)
         answer = await future
+        if lane is not None:
+            lane.slow_answered(time.perf_counter() - arrived)
         if isinstance(answer, Refused):
             await context.abort(answer.code, answer.details)
             raise AssertionError("unreachable: context.abort raises")

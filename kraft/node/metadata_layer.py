@@ -36,6 +36,7 @@ from kraft.node.batch_lane import CALL_BATCH_METHOD, BatchLane
 from kraft.node.controller_bridge import HeartbeatBridge, heartbeat_handler
 from kraft.node.intake_batch import HEARTBEAT_METHOD, CallBatchServicer, add_intake_service
 from kraft.observability.health import CONTROLLER_SERVICE
+from kraft.observability.stall_sampler import ArrivalProbe
 from kraft.raft.driver import RaftDriver
 from kraft.security.authorizer import AuthorizerSettings
 
@@ -171,6 +172,8 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
         # Heartbeats of one intake turn reach the controller as one event (kraft/node/controller_bridge.py).
         def heartbeats(main: asyncio.AbstractEventLoop) -> grpc.RpcMethodHandler[Any, Any]:
             layer.heartbeats = HeartbeatBridge(main, lambda: layer.servicer.guard, lambda: layer.controller)
+            if cfg.observability_stall_sampler_ms > 0:
+                layer.heartbeats.arrival_probe = ArrivalProbe(cfg.node_id)
             return heartbeat_handler(layer.heartbeats)
 
         node.add_intake_handler(HEARTBEAT_METHOD, heartbeats)

@@ -13,6 +13,7 @@ Hot paths should bind once and keep the children: ``m = RaftMetrics.for_node(1)`
 from __future__ import annotations
 
 import contextlib
+import functools
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,6 +131,19 @@ CONTROLLER_HEARTBEATS_FAST_LANE = Counter(
     "kraft_controller_heartbeats_fast_lane",
     "Steady broker heartbeats answered on the request plane's thread, without the main loop",
     _NODE,
+)
+CONTROLLER_HEARTBEATS_SLOW_PATH = Counter(
+    "kraft_controller_heartbeats_slow_path",
+    "Broker heartbeats the fast lane sent to the main loop, by reason (no_snapshot, no_lease, lease_lapsed, "
+    "asks, other_cluster, not_steady, uncommitted, changed, not_allowed; docs/internals/heartbeat-lane.md)",
+    (*_NODE, "reason"),
+)
+CONTROLLER_HEARTBEAT_SLOW_PATH_SECONDS = Histogram(
+    "kraft_controller_heartbeat_slow_path_seconds",
+    "With the fast lane on: time from a heartbeat's arrival on the intake thread to its answer, for those "
+    "that went the main loop's path",
+    _NODE,
+    buckets=_LATENCY_BUCKETS,
 )
 CONTROLLER_LAST_APPLIED_RECORD_OFFSET = Gauge(
     "kraft_controller_last_applied_record_offset", "Offset of the last record applied to the image", _NODE
@@ -369,6 +383,9 @@ class ControllerMetrics:
     preferred_replica_imbalance_count: Gauge
     timed_out_broker_heartbeats: Counter
     heartbeats_fast_lane: Counter
+    heartbeats_slow_path: Callable[[str], Counter]
+    """The ``kraft_controller_heartbeats_slow_path_total`` child of a reason (bind once, keep it)."""
+    heartbeat_slow_path_seconds: Histogram
     last_applied_record_offset: Gauge
     last_committed_record_offset: Gauge
     last_applied_record_lag_seconds: Gauge
@@ -388,6 +405,8 @@ class ControllerMetrics:
             preferred_replica_imbalance_count=CONTROLLER_PREFERRED_REPLICA_IMBALANCE_COUNT.labels(label),
             timed_out_broker_heartbeats=CONTROLLER_TIMED_OUT_BROKER_HEARTBEATS.labels(label),
             heartbeats_fast_lane=CONTROLLER_HEARTBEATS_FAST_LANE.labels(label),
+            heartbeats_slow_path=functools.partial(CONTROLLER_HEARTBEATS_SLOW_PATH.labels, label),
+            heartbeat_slow_path_seconds=CONTROLLER_HEARTBEAT_SLOW_PATH_SECONDS.labels(label),
             last_applied_record_offset=CONTROLLER_LAST_APPLIED_RECORD_OFFSET.labels(label),
             last_committed_record_offset=CONTROLLER_LAST_COMMITTED_RECORD_OFFSET.labels(label),
             last_applied_record_lag_seconds=CONTROLLER_LAST_APPLIED_RECORD_LAG_SECONDS.labels(label),

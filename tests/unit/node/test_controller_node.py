@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -16,6 +18,7 @@ from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode, StartupError, check_storage, peer_addresses, raft_config
 from kraft.observability.health import RAFT_SERVICE, HealthStatus, check_health
+from kraft.observability.stall_sampler import LOOP_LAG, SAMPLER_WAKEUP_DELAY
 from kraft.raft.grpc_test_service import chain_digest
 from kraft.storage import shutdown_marker
 from kraft.storage.ids import random_uuid
@@ -172,3 +175,38 @@ def test_a_dynamic_controller_does_not_dial_itself_through_the_shared_bootstrap_
     )
     assert peer_addresses(cfg) == ((-2, "127.0.0.1:9001"), (-4, "127.0.0.1:9003"))
     assert raft_config(cfg, random_uuid()).bootstrap_ids == (-2, -4)
+
+
+def _samples(histogram: Any) -> float:
+    return float(sum(bucket.get() for bucket in histogram._buckets))
+
+
+async def test_the_stall_samplers_watch_both_loops_and_a_thread_and_stop_with_it(
+    tmp_path: Path,
+) -> None:
+    """observability.stall.sampler.ms: the main and intake loops' lag and the sampler thread's wake-up
+    delay (total and GIL) are sampled while the node runs; the sampler thread ends with the node."""
+    port = free_port()
+    format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=1)
+    series = [
+        LOOP_LAG.labels("1", "main"),
+        LOOP_LAG.labels("1", "intake"),
+        SAMPLER_WAKEUP_DELAY.labels("1", "total"),
+        SAMPLER_WAKEUP_DELAY.labels("1", "gil"),
+    ]
+    before = [_samples(histogram) for histogram in series]
+    node = ControllerNode(_config(tmp_path, port, observability_stall_sampler_ms=5))
+    await node.start()
+    try:
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            if all(_samples(h) > b for h, b in zip(series, before, strict=True)):
+                break
+            await asyncio.sleep(0.02)
+        assert [_samples(h) > b for h, b in zip(series, before, strict=True)] == [True] * 4
+    finally:
+        await node.stop(timeout_ms=2000)
+    samplers = [t for t in threading.enumerate() if t.name == "kraft-stall-sampler"]
+    for thread in samplers:
+        thread.join(timeout=5.0)
+    assert not any(thread.is_alive() for thread in samplers)
