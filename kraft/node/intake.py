@@ -370,9 +370,11 @@ async def _hop_answer(awaitable: Awaitable[T], main: asyncio.AbstractEventLoop) 
 
     def cancel() -> None:  # on main, after start (both posted in order)
         if tasks:
-            tasks[0].cancel()
-            # cancelled before its first step, run() never awaited the handler: close it (no warning)
-            tasks[0].add_done_callback(lambda _task: _close(awaitable))
+            # Next turn, after the task's first step (scheduled by start): a call given up before the
+            # main loop took it still starts its handler, which is then cancelled at its first await —
+            # as through _hop, whose task always took that step (test_intake.py's cancellation checks
+            # rely on it; cancelled before its first step, the handler would never see it).
+            main.call_soon(tasks[0].cancel)
 
     try:
         main.call_soon_threadsafe(start)
