@@ -337,7 +337,7 @@ async def _as_coro(awaitable: Awaitable[T]) -> T:
 
 
 async def _hop_answer(awaitable: Awaitable[T], main: asyncio.AbstractEventLoop) -> T:
-    """:func:`_hop` for a unary handler: run ``coro`` as a task on ``main``, whose last step posts the
+    """:func:`_hop` for a unary handler: await ``awaitable`` in a task on ``main`` whose last step posts the
     outcome to this loop itself.  Through ``run_coroutine_threadsafe`` the outcome left the main loop one
     turn after the handler returned (the task's done-callbacks run on the next turn, then set a
     ``concurrent.futures.Future`` whose callback posts it) — a turn, on a lone CreateTopics, as long as
