@@ -336,6 +336,73 @@ async def _as_coro(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
+async def _hop_answer(awaitable: Awaitable[T], main: asyncio.AbstractEventLoop) -> T:
+    """:func:`_hop` for a unary handler: await ``awaitable`` in a task on ``main`` whose last step posts the
+    outcome to this loop itself.  Through ``run_coroutine_threadsafe`` the outcome left the main loop one
+    turn after the handler returned (the task's done-callbacks run on the next turn, then set a
+    ``concurrent.futures.Future`` whose callback posts it) — a turn, on a lone CreateTopics, as long as
+    whatever else the main loop runs then (the listener's next step, the driver), while the intake thread
+    waited (docs/internals/raft-performance.md, "A lone CreateTopics' hops, traced (session 14)").
+    Cancelling the waiter cancels the task on ``main``, as with :func:`_hop`."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[T] = loop.create_future()
+    tasks: list[asyncio.Task[None]] = []
+
+    def post(settle: Callable[..., None], *args: Any) -> None:  # on main
+        with contextlib.suppress(RuntimeError):  # this loop is closed: the server is gone
+            loop.call_soon_threadsafe(settle, answer, *args)
+
+    async def run() -> None:  # on main
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            post(_cancel_answer)
+            raise
+        except BaseException as exc:  # the handler's error (_Abort included) is the call's
+            post(_fail_answer, exc)
+            if not isinstance(exc, Exception):
+                raise
+        else:
+            post(_settle_value, result)
+
+    def start() -> None:  # on main
+        tasks.append(main.create_task(run()))
+
+    def cancel() -> None:  # on main, after start (both posted in order)
+        if tasks:
+            # Next turn, after the task's first step (scheduled by start): a call given up before the
+            # main loop took it still starts its handler, which is then cancelled at its first await —
+            # as through _hop, whose task always took that step (test_intake.py's cancellation checks
+            # rely on it; cancelled before its first step, the handler would never see it).
+            main.call_soon(tasks[0].cancel)
+
+    try:
+        main.call_soon_threadsafe(start)
+    except RuntimeError:
+        _close(awaitable)  # the main loop is closed: the handler never runs
+        raise
+    try:
+        return await answer
+    except asyncio.CancelledError:
+        with contextlib.suppress(RuntimeError):  # the main loop is closed: nothing left to cancel
+            main.call_soon_threadsafe(cancel)
+        raise
+
+
+def _close(awaitable: Awaitable[Any]) -> None:
+    if inspect.iscoroutine(awaitable):
+        awaitable.close()
+
+
+def _fail_answer(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _cancel_answer(future: asyncio.Future[Any]) -> None:
+    future.cancel()
+
+
 async def _aclose(generator: Any) -> None:
     with contextlib.suppress(Exception):  # e.g. still running its cancelled step: it ends by itself
         await generator.aclose()
@@ -502,7 +569,7 @@ class HopInterceptor(_ServerInterceptor):
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             inputs = self._inputs(request, context, stream_in)
             try:
-                return await _hop(behavior(*inputs), self._main)
+                return await _hop_answer(behavior(*inputs), self._main)
             except _Abort as abort:
                 inputs[1].discard_status()  # the abort's status is the call's
                 await context.abort(abort.code, abort.details, abort.trailing_metadata)

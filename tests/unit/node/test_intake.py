@@ -5,7 +5,10 @@ and a cancelled call cancelling its handler on the main loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import threading
+import warnings
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
@@ -263,5 +266,93 @@ async def test_a_new_handler_object_for_a_method_is_wrapped_anew() -> None:
         assert b is not a and b.unary_unary is not None
         assert await hop.intercept_service(await serving(first), _details("/s/Native")) is first
         assert await hop.intercept_service(await serving(None), _details("/s/Gone")) is None
+    finally:
+        intake.close()
+
+
+async def _wrapped_unary(hop: HopInterceptor, behavior: Any) -> Any:
+    async def continuation(_details: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(behavior)
+
+    wrapped = await hop.intercept_service(continuation, _details("/s/Unary"))
+    assert wrapped.unary_unary is not None
+    return wrapped.unary_unary
+
+
+async def test_a_unary_answer_leaves_the_main_loop_in_the_handlers_last_step() -> None:
+    """The answer is posted to the intake loop by the step in which the handler returns, not by a
+    done-callback on a later main-loop turn (issue #17, session 14: that turn was as long as whatever
+    else the main loop ran next).  The handler's last step schedules a main-loop callback that blocks the
+    main thread until the intake loop has the answer: posted in that step, it arrives meanwhile; posted a
+    turn later, it cannot (bounded wait, then the assertion fails)."""
+    intake = IntakeLoop(name="test-intake-answer")
+    intake.start()
+    main = asyncio.get_running_loop()
+    answered = threading.Event()
+    arrived_while_main_was_held: list[bool] = []
+
+    def hold_main() -> None:  # the main loop's next turn: held until the intake loop has the answer
+        arrived_while_main_was_held.append(answered.wait(timeout=5))
+
+    async def behavior(request: bytes, context: Any) -> bytes:
+        await asyncio.sleep(0)
+        main.call_soon(hold_main)
+        return b"answer:" + request
+
+    hop = HopInterceptor(main, intake.loop)
+
+    async def call_on_intake() -> bytes:
+        unary = await _wrapped_unary(hop, behavior)
+        result: bytes = await unary(b"req", _ThreadCheckingContext())
+        answered.set()
+        return result
+
+    try:
+        assert await intake.run(call_on_intake()) == b"answer:req"
+    finally:
+        intake.close()
+    assert arrived_while_main_was_held == [True]
+
+
+async def test_a_unary_call_cancelled_before_the_main_loop_took_it_still_cancels_its_handler() -> None:
+    """The intake side gives up (deadline, client gone) before the main loop took the call: as through
+    the generic hop, the handler starts and is cancelled at its first await — it sees the cancellation
+    (the cancellation check of the first test relies on it under load), and nothing is left unawaited."""
+    intake = IntakeLoop(name="test-intake-cancel")
+    intake.start()
+    main = asyncio.get_running_loop()
+    ran: list[bytes] = []
+    cancelled_seen = asyncio.Event()
+
+    async def behavior(request: bytes, context: Any) -> bytes:
+        ran.append(request)
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled_seen.set()
+            raise
+        return request
+
+    hop = HopInterceptor(main, intake.loop)
+
+    async def call_and_cancel() -> bool:
+        unary = await _wrapped_unary(hop, behavior)
+        call: asyncio.Future[bytes] = asyncio.ensure_future(unary(b"req", _ThreadCheckingContext()))
+        await asyncio.sleep(0)  # the call posted its handler to the main loop, which is held (below)
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        return call.cancelled()
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # Blocking: the main loop takes the posted start (and then the cancel) only after this.
+            cancelled = asyncio.run_coroutine_threadsafe(call_and_cancel(), intake.loop).result(timeout=5)
+            assert cancelled
+            await asyncio.wait_for(cancelled_seen.wait(), 5)
+            gc.collect()
+        assert ran == [b"req"]
+        assert not [w for w in caught if "never awaited" in str(w.message)], [str(w.message) for w in caught]
     finally:
         intake.close()
