@@ -42,6 +42,8 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+from kraft.procutil import reap_children_on_exit  # imports no grpc: the gRPC I/O layer is chosen later
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = 64
 VARIANTS = (
@@ -333,8 +335,6 @@ def _median(values: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kraft.procutil import reap_children_on_exit
-
     reap_children_on_exit()  # no server outlives the benchmark (kraft.procutil)
     args_list = sys.argv[1:] if argv is None else argv
     if args_list[:1] == ["--serve"]:
