@@ -36,6 +36,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -299,33 +300,32 @@ def _one(variant: str, warmup_s: float, window_s: float, commit_ms: float) -> di
     port = free_port()
     env = dict(os.environ)
     configure_grpc_io(env)
-    report = Path(f"/tmp/intake-unary-{os.getpid()}-{port}.json")
-    process = spawn_child(
-        [
-            sys.executable,
-            "-m",
-            "bench.intake_unary",
-            "--serve",
-            variant,
-            str(port),
-            str(commit_ms),
-            str(report),
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-    )
-    try:
-        if not wait_for_port("127.0.0.1", port, timeout_s=30):
-            raise RuntimeError(f"{variant}: the server did not listen within 30 s")
-        result = uvloop.run(_load(f"127.0.0.1:{port}", process.pid, warmup_s, window_s))
-    finally:
-        process.terminate()
-        reap(process)
-    if report.exists():
-        handoffs = json.loads(report.read_text())["handoffs"]
-        report.unlink()
-        if handoffs:
-            result["calls_per_handoff"] = result["calls"] / handoffs  # whole run; the window's share alike
+    with tempfile.TemporaryDirectory(prefix="intake-unary-") as scratch:  # removed however the run ends
+        report = Path(scratch) / "report.json"
+        process = spawn_child(
+            [
+                sys.executable,
+                "-m",
+                "bench.intake_unary",
+                "--serve",
+                variant,
+                str(port),
+                str(commit_ms),
+                str(report),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+        )
+        try:
+            if not wait_for_port("127.0.0.1", port, timeout_s=30):
+                raise RuntimeError(f"{variant}: the server did not listen within 30 s")
+            result = uvloop.run(_load(f"127.0.0.1:{port}", process.pid, warmup_s, window_s))
+        finally:
+            process.terminate()
+            reap(process)
+        handoffs = json.loads(report.read_text())["handoffs"] if report.exists() else None
+    if handoffs:
+        result["calls_per_handoff"] = result["calls"] / handoffs  # whole run; the window's share alike
     return result
 
 
