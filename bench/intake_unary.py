@@ -282,6 +282,7 @@ async def _load(target: str, pid: int, warmup_s: float, window_s: float) -> dict
     }
     return {
         "calls": calls,
+        "calls_total": done,  # warm-up, window and the drain: what the server's hand-offs carried
         "calls_per_s": calls / elapsed,
         "errors": errors,
         "server_us_per_call": (server1 - server0) * per_call,
@@ -325,7 +326,7 @@ def _one(variant: str, warmup_s: float, window_s: float, commit_ms: float) -> di
             reap(process)
         handoffs = json.loads(report.read_text())["handoffs"] if report.exists() else None
     if handoffs:
-        result["calls_per_handoff"] = result["calls"] / handoffs  # whole run; the window's share alike
+        result["calls_per_handoff"] = result["calls_total"] / handoffs  # both over the whole run
     return result
 
 
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"round {round_index} {variant:17s} {result['calls_per_s']:7.0f} calls/s  server "
                 f"{result['server_us_per_call']:6.1f} µs/call  client {result['client_us_per_call']:6.1f}  "
-                f"errors {result['errors']}  per call/hand-off {result.get('calls_per_handoff', '-')}  {top}",
+                f"errors {result['errors']}  calls/hand-off {result.get('calls_per_handoff', '-')}  {top}",
                 flush=True,
             )
     summary = {
