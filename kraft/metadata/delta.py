@@ -147,6 +147,33 @@ def apply_partition_change(
 ) -> PartitionRegistration:
     """``current`` after ``r`` (absent fields unchanged).  kraft bumps both epochs on every change, not
     only on a leader change, so any change fences stale leaders."""
+    # Every follower and broker replays each change (a controlled shutdown: ~100,000 in a few seconds),
+    # and with upb each presence check and each sub-message read is a C call that builds a wrapper.  The
+    # common shape — ISR and/or leader only, onto a registration holding no ELR, recovery state or
+    # unclean epoch (every leave, rejoin and ISR change of a healthy cluster) — is built here with one
+    # bound ``HasField`` and no ``make_partition`` branches (~17 % less per change, session 14); anything
+    # else goes the general way below.  Both give the same registration (property-tested).
+    has = r.HasField
+    if not (
+        has("replicas")
+        or has("eligible_leader_replicas")
+        or has("last_known_elr")
+        or has("leader_recovery_state")
+        or has("last_unclean_leader_epoch")
+        or current.elr
+        or current.last_known_elr
+        or current.leader_recovery_state != LEADER_RECOVERED
+        or current.last_unclean_leader_epoch
+    ):
+        replicas = current.replicas
+        isr = shared_ids(r.isr.ids) if has("isr") else current.isr
+        return PartitionRegistration(
+            replicas,
+            replicas if isr == replicas else isr,
+            r.leader if has("leader") else current.leader,
+            current.leader_epoch + 1,
+            current.partition_epoch + 1,
+        )
     replicas = shared_ids(r.replicas.ids) if r.HasField("replicas") else current.replicas
     isr = shared_ids(r.isr.ids) if r.HasField("isr") else current.isr
     leader = r.leader if r.HasField("leader") else current.leader
