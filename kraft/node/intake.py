@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 import grpc.aio
 
+from kraft.observability.thread_names import named_target
 from kraft.raft.api import LeaderAndEpoch, RaftShutdownError
 from kraft.raft.messages import RaftRequest, RaftResponse
 from kraft.runtime import check_choices
@@ -63,7 +64,7 @@ class IntakeLoop:
     def __init__(self, name: str = "grpc-intake") -> None:
         factory = check_choices() or asyncio.new_event_loop
         self.loop: asyncio.AbstractEventLoop = factory()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=named_target(name, self._run), name=name, daemon=True)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)

@@ -32,6 +32,7 @@ from wsgiref.types import WSGIApplication
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from kraft.observability.logging import get_logger
+from kraft.observability.thread_names import named_target
 
 _log = get_logger("metrics")
 
@@ -175,6 +176,6 @@ def serve(
 
     server = BoundedWsgiServer((addr, port), limits=limits or HttpLimits(), tls_context=tls_context)
     server.set_app(app)
-    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
+    thread = threading.Thread(target=named_target(name, server.serve_forever), name=name, daemon=True)
     thread.start()
     return server, thread

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kraft.observability.logging import StructLogger
+from kraft.observability.thread_names import named_target
 
 STALL_THRESHOLD_S = 5.0
 """A loop that has not turned for this long is reported (well above any bounded work unit)."""
@@ -103,7 +104,8 @@ class LoopStallMonitor:
 
     def start(self) -> None:
         self._beat()
-        self._thread = threading.Thread(target=self._watch, name="kraft-loop-stall-monitor", daemon=True)
+        name = "kraft-loop-stall-monitor"
+        self._thread = threading.Thread(target=named_target(name, self._watch), name=name, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

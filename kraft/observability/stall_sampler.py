@@ -31,6 +31,7 @@ from typing import Final
 from prometheus_client import Histogram
 
 from kraft.observability.logging import get_logger
+from kraft.observability.thread_names import named_target
 
 _STALL_BUCKETS: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
@@ -150,7 +151,7 @@ class GilSampler:
         self._sleep = sleep
         self._run_delay = run_delay
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=named_target(name, self._run), name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()

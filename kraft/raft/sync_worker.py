@@ -22,6 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from kraft.observability.thread_names import named_target
+
 T = TypeVar("T")
 
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any]", asyncio.AbstractEventLoop]
@@ -53,7 +55,8 @@ class SyncWorker:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            work = named_target(self._name, self._work)
+            self._thread = threading.Thread(target=work, name=self._name, daemon=True)
             self._thread.start()
         self._jobs.put((call, future, loop))
         return future
