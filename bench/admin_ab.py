@@ -65,6 +65,20 @@ def main_thread_switches(pid: int) -> int:
     return 0
 
 
+def thread_switches(pid: int) -> dict[int, int]:
+    """Voluntary context switches of each thread of ``pid`` (tid → count); threads gone meanwhile skipped."""
+    counts: dict[int, int] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            lines = (task / "status").read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if line.startswith("voluntary_ctxt_switches:"):
+                counts[int(task.name)] = int(line.split()[1])
+    return counts
+
+
 def main_thread_cpu_seconds(pid: int) -> float:
     """utime + stime of the main thread of process ``pid`` (the event loop of the controller's logic and
     Raft driver; the rest is the gRPC intake thread, gRPC's own threads and the fsync workers)."""
@@ -92,12 +106,24 @@ async def _window(
     before = {node_id: cpu_seconds(pid) for node_id, pid in pids.items()}
     main_before = {node_id: main_thread_cpu_seconds(pid) for node_id, pid in pids.items()}
     switches_before = main_thread_switches(pids[leader]) if leader in pids else 0
+    threads_before = {node_id: thread_switches(pid) for node_id, pid in pids.items() if node_id != leader}
     own_before = time.process_time()
     wall_before = time.monotonic()
     result = await admin_ops(client, seconds, workers=1, prefix=prefix)
     wall = time.monotonic() - wall_before
     own = time.process_time() - own_before
     switches = (main_thread_switches(pids[leader]) - switches_before) if leader in pids else 0
+    # a follower's wake-ups per CreateTopics, per thread (main thread first, then the busiest others: the
+    # intake thread, gRPC's poller, the fsync worker), and all of its threads' together
+    follower_threads: list[list[float]] = []
+    follower_wakeups = 0
+    for node_id, before_counts in threads_before.items():
+        after = thread_switches(pids[node_id])
+        deltas = {tid: count - before_counts.get(tid, 0) for tid, count in after.items()}
+        follower_wakeups += sum(deltas.values())
+        main_delta = deltas.pop(pids[node_id], 0)
+        others = sorted(deltas.values(), reverse=True)[:4]
+        follower_threads.append([round(v / max(1, result["ops"]), 2) for v in (main_delta, *others)])
     ops = max(1, result["ops"])
     cpu = {node_id: (cpu_seconds(pid) - before[node_id]) / ops * 1e6 for node_id, pid in pids.items()}
     main = {
@@ -114,6 +140,9 @@ async def _window(
         "leader_main_thread_cpu_ms_per_s": round(main.get(leader, 0.0) * ops / 1e3 / wall, 1),
         "leader_main_thread_wakeups_per_s": round(switches / wall),
         "followers_cpu_us": round(sum(v for node_id, v in cpu.items() if node_id != leader)),
+        "followers_main_thread_cpu_us": round(sum(v for node_id, v in main.items() if node_id != leader)),
+        "followers_wakeups": round(follower_wakeups / ops, 1),
+        "follower_thread_wakeups": follower_threads,
         "client_cpu_us": round(own / ops * 1e6),
         "load_1m": round(load, 2),
     }
@@ -201,6 +230,8 @@ async def _run(
                 "leader_main_thread_cpu_ms_per_s",
                 "leader_main_thread_wakeups_per_s",
                 "followers_cpu_us",
+                "followers_main_thread_cpu_us",
+                "followers_wakeups",
                 "client_cpu_us",
                 "load_1m",
                 *(

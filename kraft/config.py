@@ -584,6 +584,14 @@ class NodeConfig(BaseModel):
     controller_leader_grpc_events_on_intake: Bool = _key(
         "controller.leader.grpc.events.on.intake", default=True
     )
+    # With the intake thread: while this controller does not lead, only the main loop reads those wake-ups
+    # (its fetch client's events are nearly all there are); the intake loop gets its own events posted to it.
+    # false: a follower's intake thread is woken by every event of its fetches too, as grpc.aio does by
+    # itself.  A switch for A/B measurements (docs/internals/raft-performance.md, "A follower's intake loop
+    # and grpc.aio's wake-ups (session 14)").
+    controller_follower_grpc_events_on_main: Bool = _key(
+        "controller.follower.grpc.events.on.main", default=True
+    )
     # The Python GIL switch interval a controller with the metadata layer runs with, in µs
     # (kraft/node/metadata_layer.py GIL_SWITCH_INTERVAL_S: short, so the intake thread gets the GIL soon
     # while the main loop runs bulk work).  A knob for A/B measurements (docs/internals/raft-performance.md,

@@ -45,7 +45,8 @@ from kraft.config import NodeConfig, _join_host_port
 from kraft.errors import KraftError
 from kraft.grpc_service import create_server, server_limits
 from kraft.netutil import advertised_host
-from kraft.node.grpc_poller import PollerReader
+from kraft.node.grpc_poller import LoopReaders
+from kraft.node.intake import STOP_TIMEOUT_S as INTAKE_STOP_TIMEOUT_S
 from kraft.node.intake import AppendBridge, DriverBridge, HopInterceptor, IntakeLoop
 from kraft.node.intake_pool import (
     IntakeConfigError,
@@ -232,8 +233,9 @@ class ControllerNode:
         self._server: grpc.aio.Server | None = None
         self._intake: IntakeLoop | None = None
         """The request plane's thread and loop (controller.request.intake.thread), which owns the server."""
-        self._poller_reader: PollerReader | None = None
-        """With the intake loop: the main loop's gRPC wake-up reader, off while leading (grpc_poller)."""
+        self._poller_readers: LoopReaders | None = None
+        """With the intake loop: the two loops' gRPC wake-up readers — the main loop's off while leading, the
+        intake loop's while not (grpc_poller)."""
         self._intake_processes: IntakeProcesses | None = None
         """The intake processes on this node's port (controller.intake.processes > 0)."""
         self._intake_watch: asyncio.Task[None] | None = None
@@ -525,8 +527,21 @@ class ControllerNode:
                 return server
 
             self._server = await intake.run(start_on_intake())
-            if cfg.controller_leader_grpc_events_on_intake:
-                self._poller_reader = PollerReader(main_loop, self._log)
+            leader_off = cfg.controller_leader_grpc_events_on_intake
+            follower_off = cfg.controller_follower_grpc_events_on_main
+            if leader_off or follower_off:
+
+                async def on_intake(call: Callable[[], object]) -> object:
+                    return call()
+
+                self._poller_readers = LoopReaders(
+                    main_loop,
+                    intake.loop,
+                    lambda call: intake.run(on_intake(call)),
+                    self._log,
+                    leader_off=leader_off,
+                    follower_off=follower_off,
+                )
         else:
             self._server = build(None)
             await self._server.start()
@@ -580,9 +595,13 @@ class ControllerNode:
         pool, self._intake_processes = self._intake_processes, None
         if pool is not None:
             await pool.stop(timeout_s=grace and STOP_INTAKE_TIMEOUT_S)
-        reader, self._poller_reader = self._poller_reader, None
-        if reader is not None:  # the main loop reads its own gRPC events again before the intake loop stops
-            reader.attach()
+        readers, self._poller_readers = self._poller_readers, None
+        if readers is not None:  # both loops read their own gRPC events again before the intake loop stops
+            try:
+                async with asyncio.timeout(INTAKE_STOP_TIMEOUT_S):  # a hop to the intake loop: bounded
+                    await readers.restore()
+            except TimeoutError:
+                self._log.warning("grpc_poller_readers_not_restored", timeout_s=INTAKE_STOP_TIMEOUT_S)
         server, self._server = self._server, None
         if server is not None:
             await self._on_server_loop(server.stop(grace=grace))
@@ -635,12 +654,14 @@ class ControllerNode:
 
     async def _watch_leadership(self) -> None:
         """Keep ``kraft.v1.RaftService`` health SERVING exactly while a leader is known, and the main loop
-        off grpc.aio's wake-up socket exactly while this node leads (:class:`PollerReader`)."""
+        off grpc.aio's wake-up socket exactly while this node leads, the intake loop exactly while it does
+        not (:class:`LoopReaders`)."""
         serving: bool | None = None
         while True:
             leader: LeaderAndEpoch = self.raft.leader_and_epoch
-            if self._poller_reader is not None:  # the leader's main loop: not woken by the intake's calls
-                self._poller_reader.follow(leader.leader_id == self.config.node_id)
+            readers = self._poller_readers
+            if readers is not None:  # a leader's main loop not woken by the intake's calls, nor a follower's
+                await readers.follow(leader.leader_id == self.config.node_id)  # intake by its fetches
             if leader.has_leader != serving and self._health is not None:
                 serving = leader.has_leader
                 await self._health.set_serving(RAFT_SERVICE, serving)

@@ -16,9 +16,14 @@ main-thread wake-ups and ~75 µs of main-thread CPU per unary call served on the
 
 :class:`PollerReader` takes the main loop's reader off that socket while the node leads (the main loop
 then gets only its own events, posted by the intake loop's reader) and puts it back when it does not, and
-before the intake loop stops (else the main loop's own events would have nobody to read them).  A follower
-keeps both readers: its main loop is the fetch client, and a second hop on each fetch answer would slow
-replication.
+before the intake loop stops (else the main loop's own events would have nobody to read them).
+
+A follower is the other way round: its main loop is the fetch client (and the sender of a candidate's
+votes), its intake loop serves little (redirected client calls, votes), yet every event of every fetch woke
+the intake thread too.  :class:`LoopReaders` (the node's two readers together) takes the intake loop's
+reader off while the node does not lead, so the main loop reads every event and posts the intake's; while
+it leads, the main loop's.  Never both: a reader is only taken off once the other loop's is on (and that
+loop bound), and both are put back before the intake loop stops.
 
 grpc offers no API for this: the poller queue is found through its thread's target and the loop's binding
 through the queue's references (:func:`gc.get_referents`), both checked by type.  Where that finds nothing
@@ -28,12 +33,13 @@ nothing and says so once.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
 import importlib
 import threading
 from asyncio import AbstractEventLoop
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kraft.observability.logging import StructLogger
@@ -76,9 +82,10 @@ class PollerReader:
     """Takes ``loop`` (the node's main loop) off grpc.aio's wake-up socket and puts it back; call on
     ``loop`` only, with another bound loop (the intake loop) running for as long as it is off."""
 
-    def __init__(self, loop: AbstractEventLoop, log: StructLogger) -> None:
+    def __init__(self, loop: AbstractEventLoop, log: StructLogger, name: str = "main") -> None:
         self._loop = loop
         self._log = log
+        self._name = name  # which loop, in the log lines
         self._off: tuple[Any, Callable[[], object]] | None = None  # (socket, the reader to put back)
         self._said_unavailable = False  # the "no poller queue" line is said once
 
@@ -104,7 +111,7 @@ class PollerReader:
         # watch the socket, and attach() puts the reader back.
         self._loop.remove_reader(sock)
         self._off = (sock, functools.partial(handler, self._loop))
-        self._log.info("grpc_events_on_intake", main_loop_reader="off")
+        self._log.info("grpc_poller_reader", loop=self._name, reader="off")
         return True
 
     def attach(self) -> None:
@@ -116,9 +123,9 @@ class PollerReader:
         try:
             self._loop.add_reader(sock, reader)
         except (OSError, ValueError) as exc:  # the queue was shut down meanwhile (its socket closed)
-            self._log.warning("grpc_poller_reader_not_restored", error=repr(exc))
+            self._log.warning("grpc_poller_reader_not_restored", loop=self._name, error=repr(exc))
             return
-        self._log.info("grpc_events_on_intake", main_loop_reader="on")
+        self._log.info("grpc_poller_reader", loop=self._name, reader="on")
 
     def follow(self, leading: bool) -> None:
         """Off while ``leading``, on otherwise (called on every leadership check)."""
@@ -126,3 +133,65 @@ class PollerReader:
             self.detach()
         else:
             self.attach()
+
+
+class LoopReaders:
+    """A controller's two bound loops' readers: the main loop's off while the node leads (``leader_off``:
+    ``controller.leader.grpc.events.on.intake``), the intake loop's off while it does not (``follower_off``:
+    ``controller.follower.grpc.events.on.main``).  Call on the main loop; ``on_intake`` runs a function on
+    the intake loop and awaits its result."""
+
+    def __init__(
+        self,
+        main_loop: AbstractEventLoop,
+        intake_loop: AbstractEventLoop,
+        on_intake: Callable[[Callable[[], object]], Awaitable[object]],
+        log: StructLogger,
+        *,
+        leader_off: bool,
+        follower_off: bool,
+    ) -> None:
+        self._main_loop = main_loop
+        self.main = PollerReader(main_loop, log, "main") if leader_off else None
+        self.intake = PollerReader(intake_loop, log, "intake") if follower_off else None
+        self._on_intake = on_intake
+        # follow() and restore() one at a time (a hop to the intake loop is an await): a restore() must not
+        # run between a follow()'s check and its hop, and nothing is taken off after restore()
+        self._lock = asyncio.Lock()
+        self._restored = False
+
+    async def follow(self, leading: bool) -> None:
+        """Called on every leadership check; hops to the intake loop only to change its reader."""
+        async with self._lock:
+            if not self._restored:
+                await self._follow(leading)
+
+    async def _follow(self, leading: bool) -> None:
+        if leading:
+            if self.intake is not None and self.intake.detached:
+                await self._on_intake(self.intake.attach)  # the intake loop reads again before main stops
+            if self.main is not None:
+                self.main.detach()
+            return
+        if self.main is not None:
+            self.main.attach()
+        if self.intake is not None and not self.intake.detached and self._main_reads():
+            await self._on_intake(self.intake.detach)
+
+    def _main_reads(self) -> bool:
+        """Whether the main loop watches the wake-up socket: bound (it made a channel), reader not off."""
+        if self.main is not None and self.main.detached:
+            return False
+        return loop_binding(poller_queue(), self._main_loop) is not None
+
+    async def restore(self) -> None:
+        """Both readers back for good, as grpc.aio left them: before the intake loop (its server) stops."""
+        async with self._lock:
+            self._restored = True
+            await self._restore()
+
+    async def _restore(self) -> None:
+        if self.main is not None:
+            self.main.attach()
+        if self.intake is not None and self.intake.detached:
+            await self._on_intake(self.intake.attach)

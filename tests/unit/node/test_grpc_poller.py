@@ -1,6 +1,7 @@
 """kraft/node/grpc_poller.py: the main loop taken off grpc.aio's completion-queue wake-up socket while a
 server runs on the intake loop — its own calls still complete (the intake loop's reader posts their
-events), it is put back before the intake loop stops, and it is off only while leading."""
+events), it is put back before the intake loop stops, and it is off only while leading; the intake loop's
+reader off while not leading (LoopReaders), never both, and both back on restore()."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from kraft.client.channel import open_channel
 from kraft.config import NodeConfig
 from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode
-from kraft.node.grpc_poller import PollerReader, loop_binding, poller_queue
+from kraft.node.grpc_poller import LoopReaders, PollerReader, loop_binding, poller_queue
 from kraft.node.intake import IntakeLoop
 from kraft.observability.logging import get_logger
+from kraft.runtime import EVENT_LOOP_ENV
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import format_log_dir
 from kraft.v1 import raft_pb2, raft_pb2_grpc
@@ -55,7 +57,10 @@ class Plane:
 
 
 @pytest.fixture
-async def plane() -> AsyncIterator[Plane]:
+async def plane(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Plane]:
+    # an asyncio intake loop, as the test's own: its remove_reader answers whether it watched (uvloop's
+    # answers None), which _watched_by_main reads
+    monkeypatch.setenv(EVENT_LOOP_ENV, "asyncio")
     intake = IntakeLoop(name="test-grpc-poller")
     intake.start()
 
@@ -131,6 +136,62 @@ async def test_off_only_while_leading(plane: Plane) -> None:
     await plane.check()
 
 
+async def _intake_watched(plane: Plane) -> bool:
+    """Whether the intake loop watches the wake-up socket (checked on its own thread)."""
+
+    async def check() -> bool:
+        return _watched_by_main(plane.intake.loop)
+
+    return await plane.intake.run(check())
+
+
+def _readers(plane: Plane, main_loop: asyncio.AbstractEventLoop | None = None) -> LoopReaders:
+    async def on_intake(call: Callable[[], object]) -> object:
+        return call()
+
+    return LoopReaders(
+        main_loop or asyncio.get_running_loop(),
+        plane.intake.loop,
+        lambda call: plane.intake.run(on_intake(call)),
+        get_logger("test"),
+        leader_off=True,
+        follower_off=True,
+    )
+
+
+async def test_one_reader_per_role_through_role_changes_and_both_back_on_restore(plane: Plane) -> None:
+    """Following: only the main loop reads (the fetch client's events no longer wake the intake loop) and the
+    intake server's calls still complete (the main loop posts their events); leading: only the intake loop;
+    a role change puts the other reader on before it takes one off; restore() puts both back for good."""
+    loop = asyncio.get_running_loop()
+    readers = _readers(plane)
+    for leading in (False, True, False, False, True, False):
+        await readers.follow(leading)
+        assert _watched_by_main(loop) == (not leading)
+        assert await _intake_watched(plane) == leading
+        for _ in range(2):
+            await plane.check()  # a call from the main loop, served on the intake loop: both loops' events
+    await readers.restore()
+    assert _watched_by_main(loop) and await _intake_watched(plane)
+    await readers.follow(False)  # nothing is taken off after restore()
+    assert _watched_by_main(loop) and await _intake_watched(plane)
+    await plane.check()
+
+
+async def test_the_intake_loop_keeps_its_reader_while_the_main_loop_is_not_bound(plane: Plane) -> None:
+    """A main loop that never made a grpc.aio object does not watch the socket: taking the intake loop's
+    reader off then would leave the intake's events unread."""
+    unbound = asyncio.new_event_loop()
+    try:
+        readers = _readers(plane, main_loop=unbound)
+        await readers.follow(False)
+        assert readers.intake is not None and not readers.intake.detached
+        assert await _intake_watched(plane)
+        await plane.check()
+    finally:
+        unbound.close()
+
+
 def _node_config(tmp_path: Path, port: int, **extra: object) -> NodeConfig:
     return NodeConfig.build(
         process_roles="controller",
@@ -169,7 +230,8 @@ async def test_a_leading_node_takes_its_main_loop_off_and_puts_it_back_when_it_s
                 assert await _until(lambda: not _watched_by_main(loop))
             else:
                 assert await _until(lambda: node.raft.leader_and_epoch.leader_id == 1)
-                assert node._poller_reader is None and _watched_by_main(loop)
+                readers = node._poller_readers
+                assert (readers is None or readers.main is None) and _watched_by_main(loop)
             described = await raft_pb2_grpc.RaftServiceStub(channel).DescribeQuorum(
                 raft_pb2.DescribeQuorumRequest(cluster_id="x"), timeout=TIMEOUT_S
             )
@@ -177,3 +239,31 @@ async def test_a_leading_node_takes_its_main_loop_off_and_puts_it_back_when_it_s
         finally:
             await node.stop(timeout_ms=2000)
         assert _watched_by_main(loop)
+
+
+async def test_a_node_that_does_not_lead_takes_its_intake_loop_off_and_puts_it_back_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    """Voter 1 of two, the other absent: it never leads (its main loop sends vote requests, so it is bound);
+    with controller.follower.grpc.events.on.main its intake loop's reader comes off, and is back once the
+    node stopped (before its intake loop did)."""
+    port, absent = free_port(), free_port()
+    format_log_dir(tmp_path / "meta", cluster_id=random_uuid(), node_id=1)
+    config = NodeConfig.build(
+        process_roles="controller",
+        node_id=1,
+        controller_quorum_voters=f"1@127.0.0.1:{port},2@127.0.0.1:{absent}",
+        listeners=f"CONTROLLER://127.0.0.1:{port}",
+        metadata_log_dir=tmp_path / "meta",
+    )
+    node = ControllerNode(config)
+    await node.start()
+    readers = node._poller_readers
+    try:
+        assert readers is not None and readers.intake is not None
+        intake = readers.intake
+        assert await _until(lambda: intake.detached)
+        assert node.raft.leader_and_epoch.leader_id != 1
+    finally:
+        await node.stop(timeout_ms=2000)
+    assert not intake.detached
