@@ -5,7 +5,10 @@ quorum is started with N registered brokers heartbeating every 2 s and no admin 
 warm-up, windows of the leader's main-thread CPU, process CPU and main-thread voluntary context switches
 (wake-ups) are taken and divided by the heartbeats the fleet got answered in them.  Configurations run in
 turn, their order reversed every round (A B C | C B A ...), one quorum at a time, so that the host's
-speed drifts (raft-performance.md "CPU-speed probe") fall on all of them alike.
+speed drifts (raft-performance.md "CPU-speed probe") fall on all of them alike.  Each window also keeps
+its errors by kind (a client-side DEADLINE_EXCEEDED is told from an answer's error), the heartbeats' p99
+and ``run_cores``: the CPU of the bench, its nodes and their intake processes — at ~1.7 of a 2-core host's
+2, other load on the host starves the quorum ("Heartbeat errors under intake processes (session 14)").
 
     python -m bench.heartbeat_cost --brokers 1000 --rounds 3 \\
         base=/path/to/base-tree new=. bridge=.,controller.broker.heartbeats.on.intake=true
