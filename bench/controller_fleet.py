@@ -26,10 +26,12 @@ one clock for every process of the host).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import gc
 import json
+import math
 import subprocess
 import sys
 import time
@@ -40,7 +42,7 @@ from typing import Any, NamedTuple
 
 from kraft.client.admin import AdminClient
 from kraft.clock import SystemClock
-from kraft.errors import ErrorCode
+from kraft.errors import ErrorCode, KraftError
 from kraft.observability.stall_sampler import SENT_METADATA_KEY
 from kraft.procutil import reap_children_on_exit, spawn_child
 from kraft.runtime import loop_factory
@@ -151,6 +153,32 @@ class GcPauses:
             self.pauses.append((now, now - started, int(info.get("generation", 2))))
 
 
+def next_send_at(previous_at: float, now: float, interval_s: float) -> float:
+    """A simulated broker's next send time: the next slot of its fixed schedule (``previous_at`` + k
+    intervals) that is not already past — the slots missed while its last heartbeat was slow (a stall of
+    the quorum or of this client) are skipped, not sent late back to back.  A real broker waits an
+    interval after each answer (kraft.broker.lifecycle) and never catches up either; sending the missed
+    slots at once made a starved 2-core host's fleet a burst of up to (stall / interval) heartbeats per
+    broker — load that kept the quorum saturated after the stall had ended (raft-performance.md,
+    "Heartbeat errors under intake processes (session 14)")."""
+    next_at = previous_at + interval_s
+    if next_at < now:
+        next_at += math.ceil((now - next_at) / interval_s) * interval_s
+    return next_at
+
+
+def error_kind(exc: Exception) -> str:
+    """A heartbeat's failure as a short kind: the exception's type, with its error code for a KraftError
+    and, for the client's "no active controller answered" (every attempt failed), the gRPC status it
+    quotes (DEADLINE_EXCEEDED: nothing came back in the attempt's time)."""
+    if isinstance(exc, KraftError):
+        for status in ("DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED", "RESOURCE_EXHAUSTED"):
+            if status in exc.message:
+                return f"{type(exc).__name__}:{exc.code.name}:{status}"
+        return f"{type(exc).__name__}:{exc.code.name}"
+    return type(exc).__name__
+
+
 @dataclass
 class Fleet:
     """Simulated brokers heartbeating every ``interval_s`` through one admin client."""
@@ -163,6 +191,8 @@ class Fleet:
     latencies: list[Beat] = field(default_factory=list)
     fenced_after_unfence: set[int] = field(default_factory=set)
     errors: int = 0
+    error_kinds: collections.Counter[str] = field(default_factory=collections.Counter)
+    """``errors`` by kind (:func:`error_kind`): a timeout on the client is told from an answer's error."""
     stopped: set[int] = field(default_factory=set)
     stalls: list[tuple[float, float]] = field(default_factory=list)
     """Loop stalls of every process that sent heartbeats (merged; see :class:`LoopLagTicker`)."""
@@ -210,15 +240,17 @@ class Fleet:
             sent = time.monotonic()
             try:
                 response = await self.beat(broker_id)
-            except Exception:
+            except Exception as exc:
                 self.errors += 1
+                self.error_kinds[error_kind(exc)] += 1
             else:
                 self.latencies.append(Beat(sent, time.monotonic() - sent, send_late))
                 if response.error_code != ErrorCode.NONE:
                     self.errors += 1
+                    self.error_kinds[f"answer:{ErrorCode.from_wire(response.error_code).name}"] += 1
                 elif response.is_fenced and broker_id not in self.stopped:
                     self.fenced_after_unfence.add(broker_id)
-            next_at += self.interval_s
+            next_at = next_send_at(next_at, time.monotonic(), self.interval_s)
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             send_late = max(0.0, time.monotonic() - next_at)
 

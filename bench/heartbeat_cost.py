@@ -5,7 +5,10 @@ quorum is started with N registered brokers heartbeating every 2 s and no admin 
 warm-up, windows of the leader's main-thread CPU, process CPU and main-thread voluntary context switches
 (wake-ups) are taken and divided by the heartbeats the fleet got answered in them.  Configurations run in
 turn, their order reversed every round (A B C | C B A ...), one quorum at a time, so that the host's
-speed drifts (raft-performance.md "CPU-speed probe") fall on all of them alike.
+speed drifts (raft-performance.md "CPU-speed probe") fall on all of them alike.  Each window also keeps
+its errors by kind (a client-side DEADLINE_EXCEEDED is told from an answer's error), the heartbeats' p99
+and ``run_cores``: the CPU of the bench, its nodes and their intake processes — at ~1.7 of a 2-core host's
+2, other load on the host starves the quorum ("Heartbeat errors under intake processes (session 14)").
 
     python -m bench.heartbeat_cost --brokers 1000 --rounds 3 \\
         base=/path/to/base-tree new=. bridge=.,controller.broker.heartbeats.on.intake=true
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -35,6 +39,21 @@ from kraft.procutil import reap_children_on_exit
 
 INTERVAL_S = 2.0
 WARM_S = 3.0
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds of ``root`` and every process under it (the bench, its quorum's nodes and their intake
+    processes): with the host's cores, what the run itself asks of them."""
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            total += cpu_seconds(pid)
+            for task in os.listdir(f"/proc/{pid}/task"):
+                todo.extend(
+                    int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+                )
+    return total
 
 
 def parse_config(spec: str) -> tuple[str, Path, dict[str, str]]:
@@ -62,18 +81,23 @@ async def _measure(
         pid = quorum.nodes[quorum.wait_for_leader(timeout_s=10).node_id].pid
         assert pid is not None
         for _ in range(windows):
-            answered, errors = len(fleet.latencies), fleet.errors
+            answered, errors, kinds = len(fleet.latencies), fleet.errors, fleet.error_kinds.copy()
             cpu, main, switches = cpu_seconds(pid), main_thread_cpu_seconds(pid), main_thread_switches(pid)
+            everything = tree_cpu_seconds(os.getpid())
             started = time.monotonic()
             await asyncio.sleep(seconds)
             wall = time.monotonic() - started
             main_s = main_thread_cpu_seconds(pid) - main
             woken = main_thread_switches(pid) - switches
             count = max(1, len(fleet.latencies) - answered)
+            latencies = sorted(beat.latency for beat in fleet.latencies[answered:])
             rows.append(
                 {
                     "heartbeats_per_s": round(count / wall),
                     "errors": fleet.errors - errors,
+                    "error_kinds": dict(fleet.error_kinds - kinds),
+                    "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1e3, 1) if latencies else None,
+                    "run_cores": round((tree_cpu_seconds(os.getpid()) - everything) / wall, 2),
                     "leader_main_thread_cpu_ms_per_s": round(main_s * 1e3 / wall, 1),
                     "leader_cpu_ms_per_s": round((cpu_seconds(pid) - cpu) * 1e3 / wall, 1),
                     "leader_main_thread_wakeups_per_s": round(woken / wall),

@@ -12,8 +12,17 @@ from typing import Any, cast
 
 import pytest
 
-from bench.controller_fleet import Beat, Fleet, FleetWorkers, LoopLagTicker, beat_offset_s
+from bench.controller_fleet import (
+    Beat,
+    Fleet,
+    FleetWorkers,
+    LoopLagTicker,
+    beat_offset_s,
+    error_kind,
+    next_send_at,
+)
 from kraft.client.admin import AdminClient
+from kraft.errors import ErrorCode, KraftError
 
 
 def _fleet() -> Fleet:
@@ -58,6 +67,63 @@ def test_the_fleet_is_spread_over_the_interval_as_before() -> None:
     assert beat_offset_s(500, 1000, 2.0) == 1.0
     assert beat_offset_s(1000, 1000, 2.0) == 0.0
     assert beat_offset_s(100, 200, 2.0) == 1.0
+
+
+def test_a_slot_missed_in_a_stall_is_skipped_not_sent_late() -> None:
+    assert next_send_at(10.0, 10.5, 2.0) == 12.0  # on schedule: the next slot, as before
+    assert next_send_at(10.0, 12.0, 2.0) == 12.0  # exactly at the slot: sent now
+    assert next_send_at(10.0, 12.5, 2.0) == 14.0  # 12 went by during a slow answer
+    assert next_send_at(10.0, 17.5, 2.0) == 18.0  # 12, 14 and 16 went by: none of them sent late
+
+
+class _Clock:
+    """Time for Fleet.run_one: only the patched sleep and the fake heartbeat move it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
+def test_a_broker_sends_no_burst_after_a_slow_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One heartbeat takes 7 s (a stalled quorum or client): the broker's next one goes at its next slot
+    (8 s), not the three it missed at once — a fleet of 1,000 doing that was a burst that kept a
+    saturated host saturated after the stall had ended (raft-performance.md, session 14)."""
+    clock = _Clock()
+    monkeypatch.setattr("bench.controller_fleet.time.monotonic", clock.monotonic)
+    monkeypatch.setattr("bench.controller_fleet.asyncio.sleep", clock.sleep)
+    fleet = _fleet()
+    fleet.epochs[1] = 1
+    sent: list[float] = []
+
+    async def beat(broker_id: int, patient: bool = False) -> Any:
+        sent.append(clock.now)
+        clock.now += 7.0 if len(sent) == 1 else 0.01
+        if len(sent) == 4:
+            fleet.stopped.add(broker_id)
+        raise TimeoutError("no answer")  # counted as an error, and the broker goes on
+
+    monkeypatch.setattr(fleet, "beat", beat)
+    asyncio.run(fleet.run_one(1, 0.0))
+    assert sent == pytest.approx([0.0, 8.0, 10.0, 12.0])
+    assert fleet.errors == 4
+    assert fleet.error_kinds == {"TimeoutError": 4}
+
+
+def test_an_error_kind_names_the_status_a_timed_out_call_quoted() -> None:
+    stalled = KraftError(
+        ErrorCode.NOT_CONTROLLER,
+        "no active controller answered within 2s: controller 1 at 127.0.0.1:1: DEADLINE_EXCEEDED Deadline",
+    )
+    assert error_kind(stalled) == "KraftError:NOT_CONTROLLER:DEADLINE_EXCEEDED"
+    assert error_kind(
+        KraftError(ErrorCode.NOT_CONTROLLER, "controller at x is not the active controller")
+    ) == ("KraftError:NOT_CONTROLLER")
+    assert error_kind(TimeoutError()) == "TimeoutError"
 
 
 class _FakeChild:
