@@ -43,6 +43,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+from bench.proc_cpu import TICK_S, snapshot
 from kraft.procutil import reap_children_on_exit  # imports no grpc: the gRPC I/O layer is chosen later
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,29 +61,15 @@ VARIANTS = (
 )
 SERVICE = "kraft.v1.RaftTestService"
 METHOD = f"/{SERVICE}/TestAppend"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(stat_path: Path) -> float:
-    """utime + stime of a /proc stat file, in seconds (0 if the task is gone)."""
-    try:
-        text = stat_path.read_text()
-    except OSError:
-        return 0.0
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def _threads(pid: int) -> dict[str, float]:
-    """CPU seconds of every thread of ``pid``, keyed ``comm:tid`` (the Python threads are all ``python``)."""
-    out: dict[str, float] = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm = (task / "comm").read_text().strip()
-        except OSError:
-            continue
-        out[f"{comm}:{task.name}"] = _cpu_s(task / "stat")
-    return out
+def _cpu(pid: int) -> tuple[float, dict[str, float]]:
+    """CPU seconds of ``pid`` and of each of its threads, keyed ``comm:tid`` (``main`` for its main thread;
+    bench.proc_cpu reads them)."""
+    snap = snapshot(pid)
+    if snap is None:
+        return 0.0, {}
+    return snap.ticks * TICK_S, {name: ticks * TICK_S for name, (ticks, _) in snap.threads.items()}
 
 
 # ---------------------------------------------------------------------------------------------- servers
@@ -264,12 +251,11 @@ async def _load(target: str, pid: int, warmup_s: float, window_s: float) -> dict
     tasks = [asyncio.create_task(caller()) for _ in range(CLIENTS)]
     try:
         await asyncio.sleep(warmup_s)
-        stat = Path(f"/proc/{pid}/stat")
-        server0, threads0, client0 = _cpu_s(stat), _threads(pid), time.process_time()
+        (server0, threads0), client0 = _cpu(pid), time.process_time()
         done0, started = done, time.perf_counter()
         await asyncio.sleep(window_s)
         calls, elapsed = done - done0, time.perf_counter() - started
-        server1, threads1, client1 = _cpu_s(stat), _threads(pid), time.process_time()
+        (server1, threads1), client1 = _cpu(pid), time.process_time()
     finally:
         stop = True
         await asyncio.gather(*tasks, return_exceptions=True)
