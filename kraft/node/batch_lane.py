@@ -41,6 +41,7 @@ import grpc.aio
 from google.protobuf.message import DecodeError
 
 from kraft.grpc_service import RequestDecoder
+from kraft.metadata.heartbeat_lane import NOT_ALLOWED
 from kraft.node.intake import MainLoopContext, run_writing_on_main
 from kraft.node.intake_batch import (
     HEARTBEAT_METHOD,
@@ -153,6 +154,7 @@ class BatchLane:
                 continue  # refused on main, by the decoder that logs it, as before
             context = CallContext(transport, call.metadata)  # type: ignore[arg-type]
             if not bridge.may_answer_here(context, parsed.broker_id):
+                lane.note_slow(NOT_ALLOWED)  # as HeartbeatBridge counts a lone call it cannot decide here
                 continue
             answer = lane.answer(parsed)
             if answer is not None:

@@ -29,6 +29,7 @@ from kraft.v1 import intake_pb2
 
 from .test_controller import registration
 from .test_heartbeat_lane import LEASE_MS, _beat, _controller, _lane, _unfenced
+from .test_heartbeat_lane_reasons import _counted, _counts
 from .test_intake_batch import (  # noqa: F401 - trusting_tls is a fixture
     ADMIN,
     BROKER_101,
@@ -199,14 +200,18 @@ async def test_acl_decisions_of_batched_heartbeats_are_the_guards() -> None:
                 assert results[index].status_code == grpc.StatusCode.PERMISSION_DENIED.value[0]
                 assert results[index].details.startswith("CLUSTER_AUTHORIZATION_FAILED")
 
+        before = _counts()
         first = await node.batch(*calls())  # no grant yet: the guard decides on main, and grants admin
         refused(first)
         assert _answer(first[0]).error_code == ErrorCode.NONE
         assert lane.answered == 0 and node.events == [1]
+        assert _counted(before) == {"not_allowed": 3}, "each undecidable caller counted, as a lone call is"
+        before = _counts()
         second = await node.batch(*calls())
         refused(second)
         assert _answer(second[0]) == _answer(first[0])
         assert lane.answered == 1 and node.events == [1], "admin answered by the lane, on its grant"
+        assert _counted(before) == {"not_allowed": 2}
         elsewhere = await node.batch(*calls("10.9.9.9"))  # the same principal from another host: no grant
         refused(elsewhere)
         assert lane.answered == 1 and node.events == [1, 1]
