@@ -72,7 +72,9 @@ class _SnapshotController:
         self.chunk = chunk
         self.snapshot = cpb.SnapshotRef(end_offset=1_000, epoch=1)
 
-    async def call(self, method: Any, request: cpb.MetadataFetchRequest, timeout_s: float) -> Any:
+    async def call(
+        self, method: Any, request: cpb.MetadataFetchRequest, timeout_s: float, *, attempt_timeout_s: float
+    ) -> Any:
         if not request.HasField("snapshot_id"):
             return cpb.MetadataFetchResponse(snapshot_id=self.snapshot, high_watermark=1_000)
         start = request.snapshot_position

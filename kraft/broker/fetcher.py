@@ -242,9 +242,16 @@ class MetadataFetcher:
         )
 
     async def _call(self, request: cpb.MetadataFetchRequest) -> cpb.MetadataFetchResponse | None:
-        timeout_s = request.max_wait_ms / 1000.0 + self._timings.request_timeout_s
+        # An attempt must outlast the long poll; the call leaves room for one more request after a full
+        # attempt timed out (to ask another voter who is active), then gives up to this loop's backoff.
+        attempt_s = request.max_wait_ms / 1000.0 + self._timings.request_timeout_s
         try:
-            response = await self._client.call(lambda stub: stub.MetadataFetch, request, timeout_s)
+            response = await self._client.call(
+                lambda stub: stub.MetadataFetch,
+                request,
+                attempt_s + self._timings.request_timeout_s,
+                attempt_timeout_s=attempt_s,
+            )
         except ControllerUnavailable as err:
             self._log.debug("metadata_fetch_unavailable", reason=str(err))
             return None

@@ -74,6 +74,16 @@ class LifecycleTimings:
     request_timeout_s: float
     registration_timeout_s: float
     retry_backoff_s: float = 0.1
+    call_deadline_s: float | None = None
+    """Bounds one registration or heartbeat call, every redirect and resend included (None:
+    ``request_timeout_s``; the controller client caps each attempt at its request timeout).  A broker
+    takes half its session timeout, as Kafka's heartbeat channel did (KAFKA-14392): a heartbeat answered
+    then still extends the lease (which runs from when it was sent, 0.9 of the session) past the next
+    one, and one answered later would not be worth waiting for — the next heartbeat is due by then."""
+
+    @property
+    def call_timeout_s(self) -> float:
+        return self.request_timeout_s if self.call_deadline_s is None else self.call_deadline_s
 
 
 class BrokerLifecycle:
@@ -154,7 +164,7 @@ class BrokerLifecycle:
             problem: str
             try:
                 response = await self._client.call(
-                    lambda stub: stub.RegisterBroker, request, self._timings.request_timeout_s
+                    lambda stub: stub.RegisterBroker, request, self._timings.call_timeout_s
                 )
             except ControllerUnavailable as err:
                 problem = str(err)
@@ -221,7 +231,7 @@ class BrokerLifecycle:
         sent_at_ms = status.monotonic_ms()
         try:
             response = await self._client.call(
-                lambda stub: stub.BrokerHeartbeat, request, self._timings.request_timeout_s
+                lambda stub: stub.BrokerHeartbeat, request, self._timings.call_timeout_s
             )
         except ControllerUnavailable as err:
             self._log.warning("heartbeat_failed", reason=str(err))

@@ -89,7 +89,11 @@ class AdminClient:
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._targets = list(targets)
-        self._client = ControllerClient([(-1, t) for t in targets], on_retry=on_retry)
+        # The attempt timeout is the controller client's request timeout; each call below passes what is
+        # left of this call's deadline, which its redirects and resends share (no call overruns it).
+        self._client = ControllerClient(
+            [(-1, t) for t in targets], on_retry=on_retry, request_timeout_s=attempt_timeout_s, clock=clock
+        )
         self._clock = clock
         self._on_retry = on_retry
         self.timeout_s = timeout_s
@@ -140,11 +144,9 @@ class AdminClient:
         while True:
             remaining = (deadline_ms - self._clock.monotonic_ms()) / 1000
             try:
-                attempt_s = (
-                    remaining if self.attempt_timeout_s is None else min(remaining, self.attempt_timeout_s)
-                )
+                # At least 0.5 s: a last round must be able to reach the controller at all.
                 response = await self._client.call(
-                    pick, request, timeout_s=max(0.5, attempt_s), idempotent=idempotent
+                    pick, request, timeout_s=max(0.5, remaining), idempotent=idempotent
                 )
             except OutcomeUnknown as exc:
                 raise WriteOutcomeUnknown(str(exc)) from None

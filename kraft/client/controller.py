@@ -7,6 +7,15 @@ is a voter we know, else from the hint).  It gives up after one round over the v
 the redirects) with :class:`ControllerUnavailable`; retry pacing (backoff) belongs to the caller, which
 knows whether it is registering, heartbeating or fetching.
 
+Time, as Kafka splits it: ``timeout_s`` is the *whole call's* deadline (Kafka's ``default.api.timeout.ms``
+for an admin call, the channel manager's retry timeout for a broker's requests), which no sequence of
+redirects and resends exceeds; each attempt gets ``min(request timeout, what is left)`` (Kafka's
+``request.timeout.ms``, cut to the deadline as KAFKA-14392 cut the broker's heartbeat RPCs).  Before, every
+attempt got the full ``timeout_s``: a heartbeat sent with "2 s" over 3 voters could be answered after 10 s,
+past the broker's session, and each resend was one more request on an overloaded controller.  A request
+timeout below the deadline leaves time, after a black-holed controller's attempt runs out, to ask
+another voter who is active.
+
 Channels are kept per controller, so gRPC's own reconnect backoff must stay short: with its defaults
 (1 s, growing 1.6-fold up to 120 s) a channel to a controller that was down for a few seconds fails every call
 with UNAVAILABLE "failed to connect to all addresses" for up to ~4 s after that controller is back — and if
@@ -25,6 +34,7 @@ import grpc
 from google.protobuf.message import Message
 
 from kraft.client.channel import ChannelPool, ChannelSecurity, PoolLog
+from kraft.clock import Clock, SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
@@ -36,6 +46,9 @@ if TYPE_CHECKING:
 
 RECONNECT_BACKOFF_MS = 100  # Kafka's reconnect.backoff.ms is 50
 MAX_RECONNECT_BACKOFF_MS = 1000  # Kafka's reconnect.backoff.max.ms
+MIN_ATTEMPT_S = 0.05
+"""No further attempt starts with less of the call's deadline left: an answer that quick from a controller
+that just timed out or moved is unlikely, and the request would only add to its load."""
 
 
 class _ControllerResponse(Protocol):
@@ -113,14 +126,21 @@ class ControllerClient:
         on_retry: Callable[[str], None] | None = None,
         log: PoolLog | None = None,
         channels: ChannelPool | None = None,
+        request_timeout_s: float | None = None,
+        clock: Clock | None = None,
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
         how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``);
         ``on_retry`` is told, one line each, why a call moves to another controller (``--verbose``);
         ``log`` hears of certificate rotations; ``channels`` replaces the pool built from ``security``
-        (tests pace its checks with a clock)."""
+        (tests pace its checks with a clock); ``request_timeout_s`` caps one attempt of a call (None:
+        an attempt may take all that is left of the call's deadline); ``clock`` measures the deadlines."""
         if not voters:
             raise ValueError("the controller client needs at least one voter")
+        if request_timeout_s is not None and request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be positive, not {request_timeout_s}")
+        self._request_timeout_s = request_timeout_s
+        self._clock: Clock = clock or SystemClock()
         self._voters = list(voters)
         self._voter_targets = dict(self._voters)
         initial_backoff_ms = min(RECONNECT_BACKOFF_MS, max_reconnect_backoff_ms)
@@ -143,9 +163,21 @@ class ControllerClient:
         return -1 if self._active is None else self._active[0]
 
     async def call(
-        self, pick: MethodPicker[ResponseT], request: Any, timeout_s: float, *, idempotent: bool = True
+        self,
+        pick: MethodPicker[ResponseT],
+        request: Any,
+        timeout_s: float,
+        *,
+        idempotent: bool = True,
+        attempt_timeout_s: float | None = None,
     ) -> ResponseT:
         """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER.
+
+        ``timeout_s`` bounds the whole call, every redirect and resend included; one attempt gets at most
+        ``attempt_timeout_s`` (default: the client's ``request_timeout_s``, else the whole deadline) and
+        never more than is left.  When the deadline runs out before an answer, :class:`ControllerUnavailable`
+        names the last error (a non-idempotent request that timed out raises :class:`OutcomeUnknown`
+        first, as always).
 
         NOT_CONTROLLER (nothing was done) and connect failures are always followed to another
         controller.  When the outcome is unknown — a deadline or broken connection after the request
@@ -158,12 +190,19 @@ class ControllerClient:
         answered = False
         not_controllers: list[str] = []
         instead: tuple[int, str] | None = None  # another voter to try in this call only
-        for _ in range(attempts):
+        cap_s = attempt_timeout_s if attempt_timeout_s is not None else self._request_timeout_s
+        deadline_ms = self._clock.monotonic_ms() + timeout_s * 1000
+        for attempt in range(attempts):
+            left_s = (deadline_ms - self._clock.monotonic_ms()) / 1000
+            if attempt > 0 and left_s < MIN_ATTEMPT_S:  # the first attempt always goes out
+                last_error = f"{last_error}; the call's {timeout_s:g} s deadline passed"
+                break
             node_id, target = instead or self._current()
             instead = None
             stub = self._stub(target)
+            attempt_s = left_s if cap_s is None else min(cap_s, left_s)
             try:
-                response = await pick(stub)(request, timeout=timeout_s)
+                response = await pick(stub)(request, timeout=attempt_s)
             except grpc.aio.AioRpcError as err:
                 refused = refusal(err)
                 if refused is not None:

@@ -161,6 +161,13 @@ class BrokerSettings:
     """log.open.segment.files.max: segment files kept open at once (0 = half the open-file soft limit)."""
 
     @property
+    def controller_call_deadline_s(self) -> float:
+        """One registration, heartbeat or AlterPartition call to the controllers, all its attempts
+        together (each attempt: ``controller.quorum.request.timeout.ms`` at most): half the session
+        timeout, as Kafka's broker-to-controller channel (KAFKA-14392)."""
+        return self.session_timeout_ms / 2000.0
+
+    @property
     def controlled_shutdown_timeout_s(self) -> float:
         # Long enough for a few heartbeats while leaderships move, short enough that a dead quorum
         # does not keep SIGTERM waiting forever.
@@ -256,6 +263,7 @@ class BrokerServer:
             max_message_bytes=s.max_message_bytes,
             security=s.controller_security,
             log=get_logger("broker", node=s.broker_id),
+            request_timeout_s=s.request_timeout_ms / 1000.0,
         )
         self.replicas = ReplicaManager(
             s.broker_id,
@@ -265,7 +273,7 @@ class BrokerServer:
             broker_epoch=lambda: self.status.broker_epoch,
             lease=self.status,
             send_alter_partition=lambda request: self.client.alter_partition(
-                request, s.request_timeout_ms / 1000.0
+                request, s.controller_call_deadline_s
             ),
             listener=s.client_listener,
             security=s.broker_security,
@@ -308,6 +316,7 @@ class BrokerServer:
                 request_timeout_s=s.request_timeout_ms / 1000.0,
                 registration_timeout_s=s.registration_timeout_ms / 1000.0,
                 retry_backoff_s=s.retry_backoff_ms / 1000.0,
+                call_deadline_s=s.controller_call_deadline_s,
             ),
             caught_up=self._caught_up,
             on_fenced=self._on_fenced,

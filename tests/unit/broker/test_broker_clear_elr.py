@@ -77,7 +77,9 @@ class LogController:
             cpb.CommittedRecord(offset=i, leader_epoch=1, value=encode_value(r)) for i, r in enumerate(log)
         ]
 
-    async def call(self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float) -> Any:
+    async def call(
+        self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float, *, attempt_timeout_s: float
+    ) -> Any:
         return cpb.MetadataFetchResponse(
             error_code=ErrorCode.NONE,
             high_watermark=len(self.log),

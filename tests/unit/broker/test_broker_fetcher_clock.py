@@ -32,7 +32,9 @@ class SnapshotController:
         self.active_controller_id = 1
         self.calls = 0
 
-    async def call(self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float) -> Any:
+    async def call(
+        self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float, *, attempt_timeout_s: float
+    ) -> Any:
         self.calls += 1
         self.clock.advance(CALL_MS)
         if not request.HasField("snapshot_id"):
@@ -82,7 +84,9 @@ class RecordsController:
             for i in range(count)
         ]
 
-    async def call(self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float) -> Any:
+    async def call(
+        self, pick: Any, request: cpb.MetadataFetchRequest, timeout_s: float, *, attempt_timeout_s: float
+    ) -> Any:
         return cpb.MetadataFetchResponse(
             error_code=ErrorCode.NONE, high_watermark=len(self.records), records=self.records
         )

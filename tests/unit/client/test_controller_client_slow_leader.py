@@ -62,9 +62,15 @@ async def test_a_slow_active_controller_stays_active_and_a_dead_one_is_left() ->
 
         leader.delay_s = 60.0  # busy: no answer within any attempt (server.stop cancels these calls)
         # Every attempt at it times out (ControllerUnavailable): the point is whom the client keeps.  The
-        # attempt timeout need only let the idle follower answer, so it is generous, not a race.
+        # attempt timeout need only let the idle follower answer, so it is generous, not a race; the call's
+        # deadline (which every attempt shares) leaves room for the follower after the leader's attempt.
         with contextlib.suppress(ControllerUnavailable):
-            await client.call(lambda s: s.DescribeCluster, describe, timeout_s=SLOW_ATTEMPT_S)
+            await client.call(
+                lambda s: s.DescribeCluster,
+                describe,
+                timeout_s=CALL_TIMEOUT_S,
+                attempt_timeout_s=SLOW_ATTEMPT_S,
+            )
         assert follower.calls >= 1  # the slow call asked the other voter ...
         assert client.active_controller_id == 1  # ... and the busy controller stays the active one
 
