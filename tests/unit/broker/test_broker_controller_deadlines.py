@@ -18,7 +18,9 @@ from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.client.controller import ControllerClient
 from kraft.clock import ManualClock
+from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
+from kraft.node.broker import BrokerSettings
 from kraft.v1 import controller_pb2 as cpb
 
 
@@ -77,3 +79,18 @@ async def test_a_metadata_fetch_attempt_outlasts_its_long_poll_and_the_call_one_
     finally:
         await publisher.flush()
         manager.close()
+
+
+def test_a_broker_gives_each_call_to_the_controllers_half_its_session_timeout() -> None:
+    broker = {
+        "process.roles": "broker",
+        "node.id": "101",
+        "controller.quorum.voters": "1@127.0.0.1:9093",
+        "listeners": "PLAINTEXT://127.0.0.1:9092",
+        "log.dirs": "/var/kraft/b1",
+    }
+    assert (
+        BrokerSettings.from_config(NodeConfig.from_properties(broker), "c").controller_call_deadline_s == 4.5
+    )
+    short = NodeConfig.from_properties({**broker, "broker.session.timeout.ms": "3000"})
+    assert BrokerSettings.from_config(short, "c").controller_call_deadline_s == 1.5
