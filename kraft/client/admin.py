@@ -144,7 +144,7 @@ class AdminClient:
         while True:
             remaining = (deadline_ms - self._clock.monotonic_ms()) / 1000
             try:
-                # At least 0.5 s: a last round must be able to reach the controller at all.
+                # The 0.5 s floor is older than the deadline sharing: a last round may end that much late.
                 response = await self._client.call(
                     pick, request, timeout_s=max(0.5, remaining), idempotent=idempotent
                 )
