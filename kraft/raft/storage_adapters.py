@@ -11,7 +11,6 @@ from kraft.raft.memory import decode_snapshot
 from kraft.raft.messages import NO_LEADER, SnapshotId
 from kraft.raft.state import ElectionState
 from kraft.raft.voters import VoterSet
-from kraft.storage.batch import LOG_OVERHEAD
 from kraft.storage.errors import StorageStateError
 from kraft.storage.log import LogConfig, SegmentedLog
 from kraft.storage.quorum_state import QuorumState, QuorumStateStore
@@ -21,13 +20,6 @@ from kraft.storage.snapshot import RawSnapshotWriter, SnapshotDirectory, Snapsho
 class SegmentedLogStore:
     def __init__(self, log: SegmentedLog) -> None:
         self._log = log
-        # The last batch appended, when the driver built it (a leader's own), while it is the log's last:
-        # (its bytes, base offset, next offset).  A leader reads that batch back at once for the parked
-        # Fetches it answers, and again when it commits, for its listener — each a file read, ~16 µs of
-        # CPU warm and ~60 µs when the main thread just woke from waiting on the followers (bench.cold_steps;
-        # docs/internals/raft-performance.md, session 15).  The bytes are exactly what was written (the
-        # driver built them; the log took them whole), so such a read is answered from them.
-        self._tail: tuple[bytes, int, int] | None = None
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], config: LogConfig | None = None) -> SegmentedLogStore:
@@ -48,57 +40,26 @@ class SegmentedLogStore:
         # Fetched bytes come from the network: the log validates CRC and offsets before writing.  A batch
         # the driver just built (a leader's own) skips the CRC pass — one checksum over the whole batch
         # on a lone write's path; offsets and epochs are still checked by append_batch.
-        self._tail = None
-        base = self._log.end_offset
         self._log.append_batch(data, validate=not built)
-        if built and isinstance(data, bytes) and len(data) == _batch_size(data):
-            # one whole batch (what build_batch makes): a read from its base gives exactly these bytes
-            self._tail = (data, base, self._log.end_offset)
 
     def flush(self) -> int:
-        try:
-            return self._log.flush()
-        except BaseException:
-            self._tail = None  # a failed log answers no read, not even from the tail
-            raise
+        return self._log.flush()
 
     def truncate_to(self, end_offset: int) -> None:
-        self._tail = None
         self._log.truncate_to(end_offset)
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
-        tail = self._tail
-        if (
-            tail is not None
-            and offset == tail[1]
-            and (max_offset is None or offset < max_offset)
-            and self._log.end_offset == tail[2]
-            and not self._log.unusable
-        ):
-            # What the log's read returns from there: the batch holding ``offset`` (at least one, even
-            # past ``max_bytes``), nothing after it (it is the last), its base below ``max_offset``.
-            return tail[0]
         return self._log.read(offset, max_bytes, max_offset=max_offset).records
 
     def delete_before(self, offset: int) -> int:
-        self._tail = None
         self._log.delete_before(offset)
         return self._log.start_offset
 
     def reset_to(self, start_offset: int) -> None:
-        self._tail = None
         self._log.truncate_fully_and_start_at(start_offset)
 
     def close(self) -> None:
-        self._tail = None
         self._log.close()
-
-
-def _batch_size(data: bytes) -> int:
-    """The size of the batch at the start of ``data`` (its length field plus the bytes it does not count)."""
-    if len(data) < LOG_OVERHEAD:
-        return -1
-    return int.from_bytes(data[8:LOG_OVERHEAD], "big", signed=True) + LOG_OVERHEAD
 
 
 class FileElectionStore:

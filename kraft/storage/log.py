@@ -591,11 +591,6 @@ class SegmentedLog:
         return self._segments[-1].next_offset
 
     @property
-    def unusable(self) -> bool:
-        """Whether every use of the log now raises: an earlier IO failure, or closed."""
-        return self._failed is not None or self._closed
-
-    @property
     def flushed_offset(self) -> int:
         if self._unsynced:
             self._sync_recovered()
