@@ -5,8 +5,9 @@ bulk writes one save covers many batches (the store only shortens a restart's re
 the source of truth).
 
 While the committed log moves at a bulk rate (at least ``STORE_BULK_RECORDS_PER_S``, measured over the
-interval since the last save or check) a save waits, for at most ``STORE_MAX_DEFER_MS`` after the last
-one started (issue #17, session 15).  Coalescing alone saves nothing there: a controlled shutdown or a
+interval since the last save or check) a save waits, for at most ``max_defer_ms``
+(``controller.image.store.bulk.defer.max.ms``, default ``STORE_MAX_DEFER_MS``) after the last one started
+(issue #17, session 15).  Coalescing alone saves nothing there: a controlled shutdown or a
 100k-partition creation changes each partition once, so every save writes every partition changed since
 the last, and the SQLite thread's ~6-9 µs per row (its Python row building holds the GIL) took 0.6-0.9
 CPU-s on each controller during a 106k-leadership shutdown on 2 cores, ~20 % of the host's CPU in that
@@ -39,7 +40,8 @@ STORE_BULK_RECORDS_PER_S = 5_000
 """A committed-record rate at or above which a save waits (bulk work: a controlled shutdown commits
 ~15,000-20,000 records a second on 2 cores, a bulk creation ~10,000-20,000; 16 clients' admin ops ~1,500)."""
 STORE_MAX_DEFER_MS = 10_000
-"""The longest a save waits for bulk work to end, from the last save's start."""
+"""The longest a save waits for bulk work to end, from the last save's start, by default
+(``controller.image.store.bulk.defer.max.ms``; 0 = saves never wait)."""
 
 IMAGE_STORE_FATAL = "image_store_write_failed"
 """The ``reason=`` of the fatal line when the image store cannot be opened or written."""
@@ -61,6 +63,7 @@ class StoreWriter:
         metrics: ControllerMetrics,
         log: StructLogger,
         on_fatal: FatalReporter | None = None,
+        max_defer_ms: int = STORE_MAX_DEFER_MS,
     ) -> None:
         self._path = path
         self._timers = timers
@@ -68,6 +71,7 @@ class StoreWriter:
         self._metrics = metrics
         self._log = log
         self._on_fatal = on_fatal
+        self._max_defer_ms = max_defer_ms
         self._store: SqliteImageStore | None = None
         self._dirty = asyncio.Event()
         # (committed offset, clock ms) at the last save's start or the last rate check: the rate of
@@ -129,10 +133,10 @@ class StoreWriter:
 
     async def _defer_during_bulk(self) -> None:
         """Return once the committed log moved slower than ``STORE_BULK_RECORDS_PER_S`` since the last
-        mark (checked every ``STORE_MIN_INTERVAL_MS``), or ``STORE_MAX_DEFER_MS`` after the last save
-        started."""
+        mark (checked every ``STORE_MIN_INTERVAL_MS``), or ``max_defer_ms`` after the last save started
+        (at once with 0)."""
         timers = self._timers
-        limit_ms = self._last_save_ms + STORE_MAX_DEFER_MS
+        limit_ms = self._last_save_ms + self._max_defer_ms
         while True:
             now_ms = timers.now_ms()
             offset = self._committed().offset

@@ -6,6 +6,7 @@ records and marks the store dirty, as ``QuorumController`` does on every commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 from collections.abc import AsyncIterator
@@ -52,8 +53,10 @@ class Harness:
             await self.step(records_per_s * STEP_MS // 1000)
 
 
-@pytest.fixture
-async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
+@contextlib.asynccontextmanager
+async def running_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_defer_ms: int = STORE_MAX_DEFER_MS
+) -> AsyncIterator[Harness]:
     clock = ManualClock()
     timers = Timers(clock)
     holder: list[Harness] = []
@@ -63,6 +66,7 @@ async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         lambda: holder[0].image,
         metrics=ControllerMetrics.for_node(1),
         log=get_logger("controller", node=1),
+        max_defer_ms=max_defer_ms,
     )
     holder.append(Harness(clock, timers, writer))
 
@@ -79,6 +83,12 @@ async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         with pytest.raises(asyncio.CancelledError):
             await task
         await writer.close()
+
+
+@pytest.fixture
+async def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
+    async with running_writer(tmp_path, monkeypatch) as running:
+        yield running
 
 
 async def test_a_bulk_stream_is_saved_once_it_ends(harness: Harness) -> None:
@@ -109,3 +119,15 @@ async def test_below_the_bulk_rate_saves_keep_their_interval(harness: Harness) -
     times = [ms for ms, _ in harness.saves]
     assert len(times) == 1 + 3_000 // STORE_MIN_INTERVAL_MS, harness.saves
     assert all(b - a == STORE_MIN_INTERVAL_MS for a, b in itertools.pairwise(times))
+
+
+async def test_with_no_deferral_configured_bulk_saves_keep_their_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # controller.image.store.bulk.defer.max.ms=0: saves as before session 15, whatever the rate
+    async with running_writer(tmp_path, monkeypatch, max_defer_ms=0) as harness:
+        await harness.step(10)
+        await harness.run(3_000, 4 * STORE_BULK_RECORDS_PER_S)
+        times = [ms for ms, _ in harness.saves]
+        assert len(times) == 1 + 3_000 // STORE_MIN_INTERVAL_MS, harness.saves
+        assert all(b - a == STORE_MIN_INTERVAL_MS for a, b in itertools.pairwise(times))
