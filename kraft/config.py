@@ -597,6 +597,11 @@ class NodeConfig(BaseModel):
     # while the main loop runs bulk work).  A knob for A/B measurements (docs/internals/raft-performance.md,
     # "The leader's main loop and grpc.aio's wake-ups (session 14)").
     controller_gil_switch_interval_us: Positive = _key("controller.gil.switch.interval.us", default=100)
+    # The image store's save waits while the committed log moves at a bulk rate, at most this long after
+    # the last save (kraft.metadata.store_writer; 0 = never waits, as before session 15).
+    controller_image_store_bulk_defer_max_ms: NonNegative = _key(
+        "controller.image.store.bulk.defer.max.ms", default=10_000
+    )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

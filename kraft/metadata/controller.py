@@ -100,7 +100,7 @@ from kraft.metadata.partition_reservations import RequestOrder
 from kraft.metadata.request_limits import RequestLimits, check_create_topics
 from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
-from kraft.metadata.store_writer import FatalReporter, StoreWriter
+from kraft.metadata.store_writer import STORE_MAX_DEFER_MS, FatalReporter, StoreWriter
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
@@ -162,6 +162,9 @@ class ControllerOptions:
     session_timeout_ms: int = 9000  # broker.session.timeout.ms
     heartbeat_interval_ms: int = 2000  # broker.heartbeat.interval.ms (what brokers are expected to send)
     noop_interval_ms: int = 500  # metadata.max.idle.interval.ms (0 = off)
+    # controller.image.store.bulk.defer.max.ms: the longest the image store's save waits for bulk work to
+    # end (kraft.metadata.store_writer; 0 = saves never wait)
+    store_bulk_defer_max_ms: int = STORE_MAX_DEFER_MS
     snapshot_max_bytes: int = 20 * 1024 * 1024  # metadata.log.max.record.bytes.between.snapshots
     snapshot_interval_ms: int = 3_600_000  # metadata.log.max.snapshot.interval.ms
     commit_timeout_ms: int = 30_000  # how long a request waits for its commit
@@ -295,7 +298,13 @@ class QuorumController:
         )
         self.noops = IdleNoOps(state, self.writes, self.timers, interval_ms=options.noop_interval_ms)
         self.store = StoreWriter(
-            store_path, self.timers, lambda: state.committed, metrics=metrics, log=log, on_fatal=on_fatal
+            store_path,
+            self.timers,
+            lambda: state.committed,
+            metrics=metrics,
+            log=log,
+            on_fatal=on_fatal,
+            max_defer_ms=options.store_bulk_defer_max_ms,
         )
         self.snapshotter = Snapshotter(
             raft,

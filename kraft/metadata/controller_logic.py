@@ -66,7 +66,7 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.metadata.offline_replicas import guard_for
-from kraft.metadata.partition_change import build_change, leave_change, rules_matter
+from kraft.metadata.partition_change import LeaveMemo, build_change, leave_change, rules_matter
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.partition_reservations import (
     LeftOut,
@@ -232,6 +232,10 @@ class _LeaveJob:
     position: int = 0  # index into topic_ids
     partition_position: int = 0  # next partition of topic_ids[position]
     tail: list[Message] = field(default_factory=list)
+    memo: LeaveMemo = field(default_factory=dict)
+    """leave_change's decisions, while ``memo_for`` — the speculative image's brokers and the brokers leaving,
+    what its ``acceptable`` answers from — still holds (issue #17, session 15)."""
+    memo_for: tuple[object, frozenset[int]] | None = None
     unclean: bool = False
     """The broker's data may be gone (a registration that cannot prove it kept its log dirs, an
     unregistration): it also leaves every ELR, so it is never elected from one (KIP-966).  A registration's
@@ -1118,6 +1122,12 @@ class ControllerLogic:
             image = batch.view()  # fresh per job: two jobs may touch the same partition
             acceptable = self.acceptable_in(image)
             guard = guard_for(image)
+            # acceptable answers from the image's brokers and the brokers leaving: the job's memo of
+            # decisions holds while both do (a per-partition guard answers per partition: no memo)
+            leaving = frozenset(self._leaving)
+            if job.memo_for is None or job.memo_for[0] is not image.brokers or job.memo_for[1] != leaving:
+                job.memo, job.memo_for = {}, (image.brokers, leaving)
+            memo = None if guard.active else job.memo
             topics = image.topics_by_id
             broker_id = job.broker_id
             unclean_shutdown = job.unclean
@@ -1158,6 +1168,7 @@ class ControllerLogic:
                             min_isr=min_isr,
                             unclean_shutdown=unclean_shutdown,
                             unclean_election=unclean_election,
+                            memo=memo,
                         )
                         if change is not None:
                             if unclean_election:

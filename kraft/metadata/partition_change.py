@@ -28,7 +28,7 @@ Rules (Kafka's PartitionChangeBuilder, KIP-631, with KIP-966's eligible leader r
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
-from typing import NamedTuple
+from typing import Final, NamedTuple, cast
 
 from kraft.metadata.delta import apply_partition_change, make_partition, shared_ids
 from kraft.metadata.image import (
@@ -217,6 +217,16 @@ def build_change(
     return change_record(topic_id, partition_id, current, target)
 
 
+LeaveMemo = dict[tuple[tuple[int, ...], tuple[int, ...], int, int, bool], object]
+""":func:`leave_change`'s decisions by (replicas, ISR, leader, min ISR, unclean election), for one leaving
+broker and one acceptability: the caller makes one per (broker, ``acceptable``) and drops it as soon as
+either may answer differently (a broker's registration changed, another broker started or ended leaving)."""
+
+_LAST_MEMBER: Final = object()  # the ISR's only member leaves: _last_member_leave
+_GENERAL: Final = object()  # the ELR or an unclean election is involved: _general_leave
+_UNCHANGED: Final = object()  # nothing changes
+
+
 def leave_change(
     topic_id: str,
     partition_id: int,
@@ -227,31 +237,19 @@ def leave_change(
     min_isr: int = 1,
     unclean_shutdown: bool = False,
     unclean_election: bool = False,
+    memo: LeaveMemo | None = None,
 ) -> tuple[pb.MetadataRecord, PartitionRegistration] | None:
     """``build_change(..., remove_from_isr=broker_id)`` for the bulk path of a broker leaving its ISRs
     (``unclean_shutdown``: its data may be gone, it leaves the ELR too): the wrapped record and the
     registration replaying it gives (so the caller need not replay it), or None when nothing changes.
     Same decisions as :func:`build_change` (property-tested).  The common case — no ELR involved, the
-    ISR stays at or above min ISR — is decided inline (a fence changes every partition of the broker)."""
-    replicas = current.replicas
-    isr = current.isr
-    if (
-        isr == (broker_id,)
-        and not acceptable(broker_id)
-        and not current.elr
-        and not current.last_known_elr
-        and current.leader_recovery_state == LEADER_RECOVERED
-        and not (unclean_election and any(map(acceptable, replicas)))
-    ):
-        return _last_member_leave(topic_id, partition_id, current, broker_id, unclean_shutdown)
-    kept = [r for r in isr if r != broker_id]
-    if (
-        len(kept) < effective_min_isr(min_isr, replicas)
-        or not kept
-        or current.elr
-        or current.last_known_elr
-        or current.leader_recovery_state != LEADER_RECOVERED
-    ):
+    ISR stays at or above min ISR — is decided inline (a fence changes every partition of the broker).
+
+    ``memo`` (:data:`LeaveMemo`): the decision is looked up by the partition's replicas, ISR and leader
+    (shared tuples: a broker's partitions repeat a few thousand replica lists) instead of being made again
+    (issue #17, session 15: the decision was half of this function's time; the leave scan -30 % in
+    ``bench.shutdown_profile``)."""
+    if current.elr or current.last_known_elr or current.leader_recovery_state != LEADER_RECOVERED:
         return _general_leave(
             topic_id,
             partition_id,
@@ -262,6 +260,85 @@ def leave_change(
             unclean_shutdown,
             unclean_election,
         )
+    replicas = current.replicas
+    if memo is None:
+        decision = _leave_decision(
+            replicas, current.isr, current.leader, acceptable, broker_id, min_isr, unclean_election
+        )
+    else:
+        key = (replicas, current.isr, current.leader, min_isr, unclean_election)
+        decision = memo.get(key)
+        if decision is None:
+            decision = memo[key] = _leave_decision(
+                replicas, current.isr, current.leader, acceptable, broker_id, min_isr, unclean_election
+            )
+    if decision is _UNCHANGED:
+        return None
+    if decision is _LAST_MEMBER:
+        return _last_member_leave(topic_id, partition_id, current, broker_id, unclean_shutdown)
+    if decision is _GENERAL:
+        return _general_leave(
+            topic_id,
+            partition_id,
+            current,
+            acceptable,
+            broker_id,
+            min_isr,
+            unclean_shutdown,
+            unclean_election,
+        )
+    new_isr, leader = cast("tuple[tuple[int, ...] | None, int]", decision)
+    record = pb.MetadataRecord()
+    change = record.partition_change
+    change.partition_id = partition_id
+    change.topic_id = topic_id
+    isr = current.isr
+    if new_isr is not None:
+        change.isr.ids.extend(new_isr)
+        isr = new_isr
+    if leader != current.leader:
+        change.leader = leader
+    if current.last_unclean_leader_epoch:
+        registration = make_partition(
+            replicas,
+            isr,
+            leader,
+            current.leader_epoch + 1,
+            current.partition_epoch + 1,
+            last_unclean_leader_epoch=current.last_unclean_leader_epoch,
+        )
+    else:  # make_partition's common case, without its checks
+        registration = PartitionRegistration(
+            replicas,
+            replicas if isr == replicas else isr,
+            leader,
+            current.leader_epoch + 1,
+            current.partition_epoch + 1,
+        )
+    return record, registration
+
+
+def _leave_decision(
+    replicas: tuple[int, ...],
+    isr: tuple[int, ...],
+    current_leader: int,
+    acceptable: IsAcceptable,
+    broker_id: int,
+    min_isr: int,
+    unclean_election: bool,
+) -> object:
+    """What :func:`leave_change` does with a partition holding no ELR or last known ELR, recovered:
+    :data:`_LAST_MEMBER`, :data:`_GENERAL`, :data:`_UNCHANGED`, or (the new ISR as a shared tuple, or None
+    when it stays, the new leader).  Reads nothing but its arguments (and ``acceptable``'s answers)."""
+    if (
+        isr == (broker_id,)
+        and not acceptable(broker_id)
+        and not (unclean_election and any(map(acceptable, replicas)))
+    ):
+        return _LAST_MEMBER
+    kept = [r for r in isr if r != broker_id]
+    if len(kept) < effective_min_isr(min_isr, replicas) or not kept:
+        return _GENERAL
     # ISR in replica order (members that are not replicas last, in their order), as build_change.
     ordered = [r for r in replicas if r in kept]
     candidates = [r for r in ordered if acceptable(r)]  # replicas only, in replica order
@@ -269,36 +346,16 @@ def leave_change(
         ordered += [r for r in kept if r not in replicas]
     if not candidates:
         if unclean_election:  # no eligible leader: the general path runs the unclean election
-            return _general_leave(
-                topic_id, partition_id, current, acceptable, broker_id, min_isr, unclean_shutdown, True
-            )
+            return _GENERAL
         leader = NO_PARTITION_LEADER
-    elif candidates[0] == replicas[0] or current.leader not in candidates:
+    elif candidates[0] == replicas[0] or current_leader not in candidates:
         leader = candidates[0]
     else:
-        leader = current.leader
+        leader = current_leader
     new_isr = tuple(ordered)
-    isr_changed = new_isr != isr
-    if not isr_changed and leader == current.leader:
-        return None
-    record = pb.MetadataRecord()
-    change = record.partition_change
-    change.partition_id = partition_id
-    change.topic_id = topic_id
-    if isr_changed:
-        change.isr.ids.extend(new_isr)
-        isr = shared_ids(new_isr)
-    if leader != current.leader:
-        change.leader = leader
-    registration = make_partition(
-        replicas,
-        isr,
-        leader,
-        current.leader_epoch + 1,
-        current.partition_epoch + 1,
-        last_unclean_leader_epoch=current.last_unclean_leader_epoch,
-    )
-    return record, registration
+    if new_isr == isr:
+        return _UNCHANGED if leader == current_leader else (None, leader)
+    return shared_ids(new_isr), leader
 
 
 def rules_matter(current: PartitionRegistration, acceptable: IsAcceptable, broker_id: int) -> bool:

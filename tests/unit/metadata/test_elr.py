@@ -18,7 +18,13 @@ from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records
 from kraft.metadata.delta import MetadataDelta
-from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage, PartitionRegistration
+from kraft.metadata.image import (
+    LEADER_RECOVERED,
+    LEADER_RECOVERING,
+    NO_PARTITION_LEADER,
+    MetadataImage,
+    PartitionRegistration,
+)
 from kraft.metadata.image_records import image_records, image_values
 from kraft.metadata.isr_changes import alter_partition
 from kraft.metadata.partition_change import (
@@ -149,6 +155,58 @@ def test_leave_change_decides_as_build_change_with_elr(
     record, registration = got
     assert record.partition_change == expected
     assert registration == _replayed(current, record)
+
+
+def _memo_cases() -> list[tuple[PartitionRegistration, int, bool, bool]]:
+    """Every (registration, min ISR, unclean shutdown, unclean election) over four replica lists sharing
+    most members — each ISR subset, leader, an ELR or not, recovering or not, an unclean epoch or not —
+    so pairs that differ in one thing only come back to back and in both orders over a memo."""
+    cases = []
+    for replicas in ((1, 2, 3), (1, 2), (1, 2, 4), (3, 2, 1)):
+        for mask in range(1 << len(replicas)):
+            isr = tuple(r for i, r in enumerate(replicas) if mask >> i & 1)
+            outside = [r for r in replicas if r not in isr]
+            for elr in ((), tuple(outside[:1])):
+                for leader in (NO_PARTITION_LEADER, *isr):
+                    for recovery, unclean_epoch in ((LEADER_RECOVERED, 0), (LEADER_RECOVERED, 7)):
+                        current = PartitionRegistration(
+                            replicas, isr, leader, 4, 5, elr, (), recovery, unclean_epoch
+                        )
+                        for min_isr in (1, 2, 3):
+                            for unclean_shutdown in (False, True):
+                                for unclean_election in (False, True):
+                                    cases.append((current, min_isr, unclean_shutdown, unclean_election))
+    cases.append(
+        (PartitionRegistration((1, 2, 3), (1, 2), 1, 4, 5, (), (), LEADER_RECOVERING), 1, False, False)
+    )
+    return cases
+
+
+@pytest.mark.parametrize("broker", [1, 2, 3])
+@pytest.mark.parametrize("acceptable", [set(), {1}, {2}, {3}, {4}, {1, 2}, {2, 3}, {3, 4}, {1, 2, 3, 4}])
+def test_leave_change_with_a_memo_decides_as_without(acceptable: set[int], broker: int) -> None:
+    """One memo across a job's partitions (issue #17, session 15): every case, in an order where each
+    memo key is first filled by one case and then read by others, gets what it gets without the memo
+    (which test_leave_change_decides_as_build_change_with_elr checks against build_change)."""
+    memo: dict[tuple[tuple[int, ...], tuple[int, ...], int, int, bool], object] = {}
+    cases = _memo_cases()
+    for current, min_isr, unclean_shutdown, unclean_election in cases + cases[::-1]:
+        args = ("T", 0, current, acceptable.__contains__, broker)
+        expected = leave_change(
+            *args, min_isr=min_isr, unclean_shutdown=unclean_shutdown, unclean_election=unclean_election
+        )
+        got = leave_change(
+            *args,
+            min_isr=min_isr,
+            unclean_shutdown=unclean_shutdown,
+            unclean_election=unclean_election,
+            memo=memo,
+        )
+        assert (got is None) == (expected is None), current
+        if got is not None and expected is not None:
+            assert got[0] == expected[0], current
+            assert got[1] == expected[1], current
+            assert (got[1].isr is got[1].replicas) == (expected[1].isr is expected[1].replicas)
 
 
 @settings(max_examples=600, deadline=None)

@@ -421,3 +421,43 @@ def test_one_slow_closing_raises_the_estimate_by_half_at_most_and_a_lasting_rise
     for _ in range(20):  # ... and the estimate still grows back from there
         cost.note(20, 1_000)
     assert 0.019 < cost.ms_per_unit <= 0.02
+
+
+# ---- the leave job's memo of decisions follows the brokers' states ----
+
+
+def test_a_broker_leaving_during_another_s_shutdown_is_not_elected_by_later_slices() -> None:
+    """Broker 1 leaves partitions whose ISR is brokers 1-3: its first slice elects broker 2.  Broker 2
+    then starts its own controlled shutdown; no later slice of broker 1's job may elect it — the job's
+    memo of decisions (issue #17, session 15) is dropped when the brokers' states change."""
+    builder = ControllerLogic(ControllerSettings(CLUSTER), MetadataImage.empty(), 0)
+    log = unfenced_brokers(builder, [None] * 3)
+    log.append(records.wrap(pb.TopicRecord(name="t", topic_id="t")))
+    count = 60
+    for pid in range(count):
+        registration = PartitionRegistration((1, 2, 3), (1, 2, 3), 1, 1, 1)
+        log.append(records.wrap(partition_record("t", pid, registration)))
+    logic = ControllerLogic(ControllerSettings(CLUSTER, max_changes_per_write=10), _replay(log), 0)
+    log.extend(
+        logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=1), len(log)).records
+    )
+    if all(p.leader == 1 for p in logic.image.topics_by_id["t"].partitions):
+        log.extend(logic.continue_bulk_jobs(len(log)))  # the job's first slice
+    moved = [p.leader for p in logic.image.topics_by_id["t"].partitions if p.leader != 1]
+    assert moved and set(moved) == {2} and len(moved) < count
+    second = logic.shutdown_broker(
+        cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=2), len(log)
+    ).records
+    log.extend(second)
+    after = len(second)
+    while logic.has_bulk_jobs():
+        more = logic.continue_bulk_jobs(len(log))
+        log.extend(more)
+        after += len(more)
+    elected = [
+        r.partition_change.leader
+        for r in log[-after:]
+        if r.WhichOneof("record") == "partition_change" and r.partition_change.HasField("leader")
+    ]
+    assert elected and 2 not in elected
+    assert {p.leader for p in logic.image.topics_by_id["t"].partitions} == {3}
