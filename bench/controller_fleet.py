@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kraft.client.admin import AdminClient
+from kraft.client.heartbeat_stream import HeartbeatStream
 from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.observability.stall_sampler import SENT_METADATA_KEY
@@ -198,6 +199,10 @@ class Fleet:
     """Loop stalls of every process that sent heartbeats (merged; see :class:`LoopLagTicker`)."""
     gc_pauses: list[tuple[float, float, int]] = field(default_factory=list)
     """GC pauses of every process that sent heartbeats (merged; see :class:`GcPauses`)."""
+    heartbeat_stream: bool = True
+    """As a broker does by default (``broker.heartbeat.stream``): each broker's steady heartbeats over one
+    BrokerHeartbeatStream (kraft.client.heartbeat_stream); False: a unary call each, as before session 15."""
+    _streams: dict[int, HeartbeatStream] = field(default_factory=dict)
 
     async def register(self, broker_id: int) -> None:
         request = cpb.RegisterBrokerRequest(
@@ -220,6 +225,12 @@ class Fleet:
             broker_epoch=self.epochs[broker_id],
             current_metadata_offset=1 << 50,  # a broker that applies everything at once
         )
+        if self.heartbeat_stream and not patient:
+            stream = self._streams.get(broker_id)
+            if stream is None:
+                stream = self._streams[broker_id] = HeartbeatStream(self.beats.controller_client)
+            # the whole budget of the unary path's admin client (beats: timeout_s=2.0)
+            return await stream.heartbeat(request, self.beats.timeout_s)
         client = self.client if patient else self.beats
         # the send time rides along: a node with observability.stall.sampler.ms measures the call's
         # arrival delay from it (kraft_controller_heartbeat_arrival_delay_seconds); others ignore it
@@ -357,6 +368,7 @@ class FleetWorkers:
     interval_s: float
     processes: int
     loop: str
+    heartbeat_stream: bool = True
     _children: list[subprocess.Popen[str]] = field(default_factory=list)
 
     async def register(self) -> None:
@@ -377,6 +389,7 @@ class FleetWorkers:
                 "brokers": self.brokers,
                 "interval_s": self.interval_s,
                 "register_concurrency": max(1, REGISTER_CONCURRENCY // self.processes),
+                "heartbeat_stream": self.heartbeat_stream,
             }
             self._send(child, settings)
         for answer in await self._answers():
@@ -438,7 +451,9 @@ async def worker_main(read_line: Callable[[], str], write_line: Callable[[str], 
     async with AdminClient(targets, timeout_s=300, clock=SystemClock()) as client:
         # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
         beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
-        fleet = Fleet(client, beats, settings["cluster_id"], interval_s)
+        fleet = Fleet(
+            client, beats, settings["cluster_id"], interval_s, heartbeat_stream=settings["heartbeat_stream"]
+        )
         ticker = LoopLagTicker()
         pauses = GcPauses()
         pauses.install()

@@ -97,6 +97,11 @@ class AdminClient:
         self.unreachable_timeout_s = unreachable_timeout_s
         self._cluster_id = cluster_id
 
+    @property
+    def controller_client(self) -> ControllerClient:
+        """The client its calls go through (bench.controller_fleet opens heartbeat streams on it)."""
+        return self._client
+
     async def __aenter__(self) -> AdminClient:
         return self
 

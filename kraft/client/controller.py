@@ -142,6 +142,15 @@ class ControllerClient:
     def active_controller_id(self) -> int:
         return -1 if self._active is None else self._active[0]
 
+    @property
+    def active_target(self) -> str | None:
+        """The address of the controller believed active (None: not known yet)."""
+        return None if self._active is None else self._active[1]
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        """The pool's channel to ``target`` (kraft.client.heartbeat_stream opens its stream on it)."""
+        return self._channels.get(target)
+
     async def call(
         self, pick: MethodPicker[ResponseT], request: Any, timeout_s: float, *, idempotent: bool = True
     ) -> ResponseT:

@@ -34,7 +34,11 @@ from kraft.v1 import common_pb2, controller_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
 
 from .test_controller import registration, until
-from .test_heartbeat_bridge import Aborted, CallContext, tls_identities  # noqa: F401 - a fixture
+from .test_heartbeat_bridge import (
+    Aborted,
+    CallContext,
+    tls_identities,  # noqa: F401 - the fixture the tests use
+)
 from .test_heartbeat_lane import _beat, _controller, _unfenced
 
 TIMEOUT_S = 10.0
@@ -65,7 +69,7 @@ class Stream:
 
             assert self._handler is not None
             self._queue = queue
-            self._answers = self._handler(requests(), CallContext(self._caller))
+            self._answers = self._handler(requests(), CallContext(self._caller))  # type: ignore[arg-type]
 
         await _on(self._intake, setup())
 
@@ -93,7 +97,8 @@ async def _with_lane() -> tuple[Any, QuorumController, ControllerServicer]:
     return raft, controller, ControllerServicer(controller)
 
 
-async def test_messages_answered_in_order_from_the_lane_or_the_main_loop(tls_identities: None) -> None:
+@pytest.mark.usefixtures("tls_identities")
+async def test_messages_answered_in_order_from_the_lane_or_the_main_loop() -> None:
     _, controller, servicer = await _with_lane()
     intake = IntakeLoop(name="test-heartbeat-stream")
     intake.start()
@@ -116,9 +121,8 @@ async def test_messages_answered_in_order_from_the_lane_or_the_main_loop(tls_ide
         await controller.stop()
 
 
-async def test_each_message_is_checked_for_its_broker_id_and_a_refusal_ends_the_stream(
-    tls_identities: None,
-) -> None:
+@pytest.mark.usefixtures("tls_identities")
+async def test_each_message_is_checked_for_its_broker_id_and_a_refusal_ends_the_stream() -> None:
     _, controller, servicer = await _with_lane()
     intake = IntakeLoop(name="test-heartbeat-stream-auth")
     intake.start()
@@ -141,7 +145,8 @@ async def test_each_message_is_checked_for_its_broker_id_and_a_refusal_ends_the_
         await controller.stop()
 
 
-async def test_without_a_controller_each_message_answers_not_controller(tls_identities: None) -> None:
+@pytest.mark.usefixtures("tls_identities")
+async def test_without_a_controller_each_message_answers_not_controller() -> None:
     servicer = ControllerServicer(None)
     intake = IntakeLoop(name="test-heartbeat-stream-none")
     intake.start()
@@ -156,7 +161,8 @@ async def test_without_a_controller_each_message_answers_not_controller(tls_iden
         intake.close()
 
 
-async def test_a_stream_cancelled_while_its_heartbeat_waits_leaves_nothing_behind(tls_identities: None) -> None:
+@pytest.mark.usefixtures("tls_identities")
+async def test_a_stream_cancelled_while_its_heartbeat_waits_leaves_nothing_behind() -> None:
     raft, controller, servicer = await _with_lane()
     intake = IntakeLoop(name="test-heartbeat-stream-cancel")
     intake.start()
@@ -230,10 +236,12 @@ async def test_a_real_node_serves_the_stream(tmp_path: Path, intake_thread: bool
                 request_serializer=cpb.BrokerHeartbeatRequest.SerializeToString,
                 response_deserializer=cpb.BrokerHeartbeatResponse.FromString,
             )(None, timeout=TIMEOUT_S)
-            answers = []
+            answers: list[cpb.BrokerHeartbeatResponse] = []
             for request in (beat, beat, cpb.BrokerHeartbeatRequest(cluster_id=cluster_id, broker_id=8)):
                 await call.write(request)
-                answers.append(await call.read())
+                answer = await call.read()
+                assert isinstance(answer, cpb.BrokerHeartbeatResponse)
+                answers.append(answer)
             await call.done_writing()
             assert [a.error_code for a in answers] == [
                 ErrorCode.NONE,
