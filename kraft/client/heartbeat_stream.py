@@ -75,11 +75,16 @@ class HeartbeatStream:
                 if err.code() is grpc.StatusCode.UNIMPLEMENTED:
                     assert target is not None
                     self._unary_only.add(target)
-            except BaseException:  # cancelled mid-heartbeat: its answer must not be read as the next one's
+            except asyncio.CancelledError:  # mid-heartbeat: its answer must not be read as the next one's
                 self.close()
                 raise
+            except Exception:  # the stream ended before this write (a write after its end): go unary
+                self.close()
             else:
                 if response is _EOF:  # the controller ended the stream (it stops): go unary
+                    if await call.code() is grpc.StatusCode.UNIMPLEMENTED:
+                        assert target is not None
+                        self._unary_only.add(target)
                     self.close()
                 elif response.error_code == ErrorCode.NOT_CONTROLLER:
                     self.close()  # nothing was done: unary follows the hint

@@ -31,6 +31,7 @@ class StandIn:
         self.streams = streams
         self.leader: tuple[int, int] | None = None  # (node id, port) of the active one, when not it
         self.silent = False  # stream messages are read and never answered
+        self.end_streams = False  # a stream ends (OK) after answering one message
         self.unary_calls = 0
         self.stream_messages = 0
         self.opened = 0
@@ -58,6 +59,8 @@ class StandIn:
             self.stream_messages += 1
             if not self.silent:
                 yield self._answer(request)
+            if self.end_streams:
+                return
 
     async def start(self) -> None:
         codec: dict[str, Any] = {
@@ -164,3 +167,22 @@ async def test_a_heartbeat_not_answered_in_time_fails_and_the_next_reopens() -> 
 async def _until(condition: Any) -> None:
     while not condition():  # noqa: ASYNC110 - the stand-in's counters, bounded by the callers' wait_for
         await asyncio.sleep(0.01)
+
+
+async def test_a_stream_the_controller_ended_sends_that_heartbeat_unary_and_the_next_reopens() -> None:
+    ending = StandIn(1)
+    ending.end_streams = True
+    await _started(ending)
+    client = ControllerClient([(1, ending.target)])
+    stream = HeartbeatStream(client)
+    try:
+        for _ in range(4):
+            answer = await asyncio.wait_for(stream.heartbeat(_beat(), TIMEOUT_S), TIMEOUT_S)
+            assert answer.error_code == ErrorCode.NONE
+        # 1: unary (finds it); 2: stream A answers, then ends; 3: A is over: unary; 4: stream B
+        assert (ending.unary_calls, ending.stream_messages) == (2, 2)
+        assert (stream.opened, stream.streamed, stream.unary) == (2, 2, 2)
+    finally:
+        stream.close()
+        await client.close()
+        await _stop(ending)
