@@ -31,9 +31,11 @@ import grpc.aio
 
 from kraft.client.controller import ControllerClient, ControllerUnavailable, refusal
 from kraft.errors import ErrorCode
+from kraft.observability.logging import get_logger
 from kraft.v1 import controller_pb2 as cpb
 
 METHOD = "/kraft.v1.ControllerService/BrokerHeartbeatStream"
+_log = get_logger("client.heartbeat_stream")
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # exported, missing from the stubs
 
 
@@ -75,6 +77,7 @@ class HeartbeatStream:
                 if err.code() is grpc.StatusCode.UNIMPLEMENTED:
                     assert target is not None
                     self._unary_only.add(target)
+                    _log.info("heartbeat_stream_unsupported", controller=target)
             except asyncio.CancelledError:  # mid-heartbeat: its answer must not be read as the next one's
                 self.close()
                 raise
@@ -123,4 +126,6 @@ class HeartbeatStream:
             )(None)  # None: the heartbeats are written with call.write
             self._target, self._channel = target, channel
             self.opened += 1
+            # once per active controller (a leader change, a broken stream): not per heartbeat
+            _log.info("heartbeat_stream_opened", controller=target)
         return self._call
