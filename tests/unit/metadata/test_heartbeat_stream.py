@@ -122,6 +122,31 @@ async def test_messages_answered_in_order_from_the_lane_or_the_main_loop() -> No
 
 
 @pytest.mark.usefixtures("tls_identities")
+async def test_a_steady_message_is_not_answered_before_the_one_ahead_of_it() -> None:
+    raft, controller, servicer = await _with_lane()
+    intake = IntakeLoop(name="test-heartbeat-stream-order")
+    intake.start()
+    try:
+        fenced = (await controller.register_broker(registration(101))).broker_epoch
+        steady = await _unfenced(controller, 102)
+        bridge = HeartbeatBridge(asyncio.get_running_loop(), lambda: servicer.guard, lambda: controller)
+        stream = Stream(intake, bridge, "admin")  # no node identity, no authorizer: may speak for both
+        await stream.open()
+        raft.hold_commits = True  # 101's unfence record waits for release()
+        both = stream.send(_beat(101, fenced), _beat(102, steady))
+        await until(lambda: bridge.calls == 1 and len(bridge._running) == 1, TIMEOUT_S)
+        await asyncio.sleep(0.05)  # time for a wrong handler to answer 102 ahead of 101
+        assert bridge.fast == 0 and not both.done(), "102 is not taken while 101 waits"
+        raft.release()
+        answers = await asyncio.wait_for(both, TIMEOUT_S)
+        assert [a.error_code for a in answers] == [ErrorCode.NONE, ErrorCode.NONE]
+        assert not answers[0].is_fenced and bridge.fast == 1
+    finally:
+        intake.close()
+        await controller.stop()
+
+
+@pytest.mark.usefixtures("tls_identities")
 async def test_each_message_is_checked_for_its_broker_id_and_a_refusal_ends_the_stream() -> None:
     _, controller, servicer = await _with_lane()
     intake = IntakeLoop(name="test-heartbeat-stream-auth")
