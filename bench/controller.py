@@ -620,6 +620,7 @@ async def cluster_benchmarks(
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 await ticker.stop()
+                await fleet.close_streams()
                 await beats.close()
                 pauses.uninstall()
             fleet.tag_client_lags(ticker)
@@ -729,6 +730,7 @@ async def security_point(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await fleet.close_streams()
             await beats.close()
     return {
         "admin_ops_one_client": one,

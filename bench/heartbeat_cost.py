@@ -118,6 +118,7 @@ async def _measure(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await fleet.close_streams()
         await beats.close()
         await client.close()
     return rows
