@@ -153,6 +153,17 @@ def test_a_broker_heartbeats_over_one_stream_and_reopens_it_to_a_new_leader(clus
     """broker.heartbeat.stream (the default): the broker's heartbeats go over one BrokerHeartbeatStream,
     answered by the lane; the leader killed, the broker opens a stream to the new one, stays unfenced under
     it, and its heartbeats there are answered over the stream too (kraft/client/heartbeat_stream.py)."""
+    _streams_across_a_leader_change(cluster)
+
+
+def test_through_intake_processes_the_heartbeat_stream_is_proxied_and_answered_by_the_lane(
+    intake_cluster: Cluster,
+) -> None:
+    # exclusive: the stream reaches the leader only through its intake process (Proxy, byte for byte)
+    _streams_across_a_leader_change(intake_cluster)
+
+
+def _streams_across_a_leader_change(cluster: Cluster) -> None:
     quorum = cluster.quorum
     assert isinstance(quorum, _ScrapedQuorum)
     broker = cluster.start_broker(211)
