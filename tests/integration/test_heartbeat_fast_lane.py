@@ -21,8 +21,12 @@ from pathlib import Path
 import pytest
 from test_broker_cluster import WAIT_S, Cluster, poll
 
+from kraft.client.channel import open_blocking_channel
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.errors import ErrorCode
 from kraft.netutil import free_port
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import controller_pb2_grpc as cpb_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -177,6 +181,17 @@ def _streams_across_a_leader_change(cluster: Cluster) -> None:
     time.sleep(2 * SESSION_MS / 1000)
     assert broker.log_text().count("event=heartbeat_stream_opened") == opened
     assert "heartbeat_stream_unsupported" not in broker.log_text()
+    # a follower answers a stream's message NOT_CONTROLLER, naming the leader (the broker re-opens there)
+    follower = next(node for node_id, node in quorum.nodes.items() if node_id != leader.node_id)
+    with open_blocking_channel(follower.target) as channel:
+        beat = cpb.BrokerHeartbeatRequest(
+            cluster_id=quorum.cluster_id, broker_id=211, broker_epoch=before.broker_epoch
+        )
+        answers = list(
+            cpb_grpc.ControllerServiceStub(channel).BrokerHeartbeatStream(iter([beat]), timeout=10)
+        )
+    assert [a.error_code for a in answers] == [ErrorCode.NOT_CONTROLLER]
+    assert answers[0].controller.node_id == leader.node_id
 
     quorum.kill(leader.node_id)
     new = quorum.wait_for_leader(WAIT_S, exclude=[leader.node_id])
