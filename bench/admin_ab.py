@@ -216,6 +216,8 @@ async def _run(
         for task in heartbeats:
             task.cancel()
         await asyncio.gather(*heartbeats, return_exceptions=True)
+        for fleet in fleets.values():
+            await fleet.close_streams()
         for client in (*beats.values(), *clients.values()):
             await client.close()
     summary = {

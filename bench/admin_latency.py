@@ -111,6 +111,7 @@ async def _rounds(
                 fleet.stopped.add(1)
                 heartbeats.cancel()
                 await asyncio.gather(heartbeats, return_exceptions=True)
+                await fleet.close_streams()
                 await beats.close()
     finally:
         await writer.close()

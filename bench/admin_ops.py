@@ -110,6 +110,7 @@ async def _measure(quorum: Any, seconds: float) -> dict[str, Any]:
             fleet.stopped.add(1)
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
+            await fleet.close_streams()
             await beats.close()
     ops = max(1, many["ops"])
     cpu_us = {name: (after[name] - before[name]) * 1e6 / ops for name in pids}
@@ -195,6 +196,7 @@ class _Live:
         self.fleet.stopped.add(1)
         self.heartbeats.cancel()
         await asyncio.gather(self.heartbeats, return_exceptions=True)
+        await self.fleet.close_streams()
         await self.beats.close()
         await self.client.close()
 

@@ -69,7 +69,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -270,9 +270,14 @@ class ClientSetup:
 
     loop: str = "asyncio"
     broker_processes: int = 0
+    heartbeat_stream: bool = True  # brokers heartbeat over one stream each, as kraft brokers do (session 15)
 
     def describe(self) -> dict[str, Any]:
-        return {"loop": self.loop, "broker_processes": self.broker_processes}
+        return {
+            "loop": self.loop,
+            "broker_processes": self.broker_processes,
+            "heartbeat_stream": self.heartbeat_stream,
+        }
 
 
 WORKER_CLIENT = ClientSetup(loop="uvloop", broker_processes=1)
@@ -495,7 +500,9 @@ async def cluster_benchmarks(
         async with AdminClient(targets, timeout_s=300, clock=SystemClock()) as client:
             # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
             beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
-            fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
+            fleet = Fleet(
+                client, beats, quorum.cluster_id, interval_s=2.0, heartbeat_stream=setup.heartbeat_stream
+            )
             ticker = LoopLagTicker()
             ticker.start()
             pauses = GcPauses()
@@ -533,7 +540,7 @@ async def cluster_benchmarks(
                 if setup.broker_processes > 0:
                     workers = FleetWorkers(
                         targets, quorum.cluster_id, others, brokers, fleet.interval_s,
-                        setup.broker_processes, setup.loop,
+                        setup.broker_processes, setup.loop, setup.heartbeat_stream,
                     )  # fmt: skip
                     await workers.register()
                 else:
@@ -613,6 +620,7 @@ async def cluster_benchmarks(
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
                 await ticker.stop()
+                await fleet.close_streams()
                 await beats.close()
                 pauses.uninstall()
             fleet.tag_client_lags(ticker)
@@ -722,6 +730,7 @@ async def security_point(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await fleet.close_streams()
             await beats.close()
     return {
         "admin_ops_one_client": one,
@@ -942,11 +951,18 @@ def main(argv: list[str] | None = None) -> int:
         "as JSON here (with --work-dir and --set observability.stall.sampler.ms=N: line them up with the "
         "nodes' event=stall_sampled log lines)",
     )
+    parser.add_argument(
+        "--heartbeat-unary",
+        action="store_true",
+        help="the simulated brokers send each heartbeat as a unary BrokerHeartbeat call (before session 15) "
+        "instead of over one BrokerHeartbeatStream each (broker.heartbeat.stream, a broker's default)",
+    )
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.broker_processes < 0:
         parser.error("--broker-processes must not be negative")
     setup = WORKER_CLIENT if args.worker_client else ClientSetup(args.client_loop, args.broker_processes)
+    setup = replace(setup, heartbeat_stream=not args.heartbeat_unary)
     for setting in args.set:
         key, sep, value = setting.partition("=")
         if not sep or not key:

@@ -41,6 +41,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kraft.client.admin import AdminClient
+from kraft.client.channel import ChannelPool
+from kraft.client.controller import MAX_RECONNECT_BACKOFF_MS, RECONNECT_BACKOFF_MS, ControllerClient
+from kraft.client.heartbeat_stream import HeartbeatStream
 from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.observability.stall_sampler import SENT_METADATA_KEY
@@ -179,6 +182,13 @@ def error_kind(exc: Exception) -> str:
     return type(exc).__name__
 
 
+STREAMS_PER_CONNECTION = 250
+"""Simulated brokers whose heartbeat streams share one connection.  A server takes at most
+``grpc.max.concurrent.streams`` (1,000) streams per connection, and gRPC puts channels of equal arguments
+on one connection: 1,000 brokers' long-lived streams there would leave the admin client's calls no room
+(a real broker holds one stream on its own connection)."""
+
+
 @dataclass
 class Fleet:
     """Simulated brokers heartbeating every ``interval_s`` through one admin client."""
@@ -198,6 +208,11 @@ class Fleet:
     """Loop stalls of every process that sent heartbeats (merged; see :class:`LoopLagTicker`)."""
     gc_pauses: list[tuple[float, float, int]] = field(default_factory=list)
     """GC pauses of every process that sent heartbeats (merged; see :class:`GcPauses`)."""
+    heartbeat_stream: bool = True
+    """As a broker does by default (``broker.heartbeat.stream``): each broker's steady heartbeats over one
+    BrokerHeartbeatStream (kraft.client.heartbeat_stream); False: a unary call each, as before session 15."""
+    _streams: dict[int, HeartbeatStream] = field(default_factory=dict)
+    _stream_clients: dict[int, ControllerClient] = field(default_factory=dict)
 
     async def register(self, broker_id: int) -> None:
         request = cpb.RegisterBrokerRequest(
@@ -220,6 +235,12 @@ class Fleet:
             broker_epoch=self.epochs[broker_id],
             current_metadata_offset=1 << 50,  # a broker that applies everything at once
         )
+        if self.heartbeat_stream and not patient:
+            stream = self._streams.get(broker_id)
+            if stream is None:
+                stream = self._streams[broker_id] = HeartbeatStream(self._stream_client(broker_id))
+            # the whole budget of the unary path's admin client (beats: timeout_s=2.0)
+            return await stream.heartbeat(request, self.beats.timeout_s)
         client = self.client if patient else self.beats
         # the send time rides along: a node with observability.stall.sampler.ms measures the call's
         # arrival delay from it (kraft_controller_heartbeat_arrival_delay_seconds); others ignore it
@@ -230,6 +251,33 @@ class Fleet:
             request,
             check=False,
         )
+
+    def _stream_client(self, broker_id: int) -> ControllerClient:
+        """The controller client broker ``broker_id``'s stream rides on: one per
+        :data:`STREAMS_PER_CONNECTION` brokers, each on a connection of its own."""
+        shard = broker_id // STREAMS_PER_CONNECTION
+        client = self._stream_clients.get(shard)
+        if client is None:
+            options = [
+                ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+                ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+                ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+                # a connection of its own (gRPC shares one between channels of equal arguments)
+                ("kraft.bench.heartbeat.connection", shard),
+            ]
+            voters = [(-1, target) for target in self.beats.targets]
+            client = ControllerClient(voters, channels=ChannelPool(options, None, name="fleet_heartbeats"))
+            self._stream_clients[shard] = client
+        return client
+
+    async def close_streams(self) -> None:
+        """Close the heartbeat streams and their connections (the fleet's brokers stopped)."""
+        for stream in self._streams.values():
+            stream.close()
+        self._streams.clear()
+        clients, self._stream_clients = self._stream_clients, {}
+        for client in clients.values():
+            await client.close()
 
     async def run_one(self, broker_id: int, offset_s: float) -> None:
         scheduled = time.monotonic() + offset_s
@@ -357,6 +405,7 @@ class FleetWorkers:
     interval_s: float
     processes: int
     loop: str
+    heartbeat_stream: bool = True
     _children: list[subprocess.Popen[str]] = field(default_factory=list)
 
     async def register(self) -> None:
@@ -377,6 +426,7 @@ class FleetWorkers:
                 "brokers": self.brokers,
                 "interval_s": self.interval_s,
                 "register_concurrency": max(1, REGISTER_CONCURRENCY // self.processes),
+                "heartbeat_stream": self.heartbeat_stream,
             }
             self._send(child, settings)
         for answer in await self._answers():
@@ -438,7 +488,9 @@ async def worker_main(read_line: Callable[[], str], write_line: Callable[[str], 
     async with AdminClient(targets, timeout_s=300, clock=SystemClock()) as client:
         # heartbeats like a real broker's: one short attempt, no long retries (the next one comes soon)
         beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
-        fleet = Fleet(client, beats, settings["cluster_id"], interval_s)
+        fleet = Fleet(
+            client, beats, settings["cluster_id"], interval_s, heartbeat_stream=settings["heartbeat_stream"]
+        )
         ticker = LoopLagTicker()
         pauses = GcPauses()
         pauses.install()
@@ -465,6 +517,7 @@ async def worker_main(read_line: Callable[[], str], write_line: Callable[[str], 
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await ticker.stop()
+            await fleet.close_streams()
             await beats.close()
             pauses.uninstall()
     fleet.tag_client_lags(ticker)

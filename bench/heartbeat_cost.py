@@ -13,6 +13,10 @@ and ``run_cores``: the CPU of the bench, its nodes and their intake processes â€
     python -m bench.heartbeat_cost --brokers 1000 --rounds 3 \\
         base=/path/to/base-tree new=. bridge=.,controller.broker.heartbeats.on.intake=true
 
+A ``bench.heartbeat.stream=false`` item is the bench's own, not the quorum's: the fleet sends each
+heartbeat as a unary call instead of over one BrokerHeartbeatStream per broker (session 15; a broker's
+default, and the fleet's, is the stream).
+
 docs/internals/raft-performance.md "What a heartbeat costs the leader (session 12)".
 """
 
@@ -65,14 +69,17 @@ def parse_config(spec: str) -> tuple[str, Path, dict[str, str]]:
     return name, Path(tree).resolve(), dict(item.split("=", 1) for item in sets)
 
 
+BENCH_STREAM_KEY = "bench.heartbeat.stream"
+
+
 async def _measure(
-    quorum: ControllerQuorum, brokers: int, windows: int, seconds: float
+    quorum: ControllerQuorum, brokers: int, windows: int, seconds: float, stream: bool = True
 ) -> list[dict[str, Any]]:
     quorum.wait_for_leader(timeout_s=60)
     targets = [node.target for node in quorum.nodes.values()]
     client = AdminClient(targets, timeout_s=30, clock=SystemClock())
     beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
-    fleet = Fleet(client, beats, quorum.cluster_id, interval_s=INTERVAL_S)
+    fleet = Fleet(client, beats, quorum.cluster_id, interval_s=INTERVAL_S, heartbeat_stream=stream)
     await gather_limited(32, [fleet.register(b) for b in range(1, brokers + 1)])
     tasks = [asyncio.create_task(fleet.run_one(b, b * INTERVAL_S / brokers)) for b in range(1, brokers + 1)]
     rows: list[dict[str, Any]] = []
@@ -111,9 +118,14 @@ async def _measure(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await fleet.close_streams()
         await beats.close()
         await client.close()
     return rows
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
 
 
 def run(
@@ -123,20 +135,29 @@ def run(
     for index in range(rounds):
         for name, tree, sets in configs if index % 2 == 0 else list(reversed(configs)):
             with tempfile.TemporaryDirectory(prefix="kraft-bench-hbcost-") as tmp:
-                quorum = ControllerQuorum(Path(tmp), overrides={**PROFILE, **sets}, test_append=False)
+                overrides = {key: value for key, value in sets.items() if key != BENCH_STREAM_KEY}
+                stream = sets.get(BENCH_STREAM_KEY, "true").lower() != "false"
+                quorum = ControllerQuorum(Path(tmp), overrides={**PROFILE, **overrides}, test_append=False)
                 try:
                     with code_of(tree):
                         quorum.start()
-                    got = asyncio.run(_measure(quorum, brokers, windows, seconds))
+                    got = asyncio.run(_measure(quorum, brokers, windows, seconds, stream))
                 finally:
                     quorum.close()
             for row in got:
                 row["round"] = index
             rows[name].extend(got)
             print(f"round {index} {name}: {got}", flush=True)
-    keys = ("main_thread_cpu_us_per_heartbeat", "wakeups_per_heartbeat", "leader_cpu_ms_per_s", "load_1m")
+    keys = (
+        "main_thread_cpu_us_per_heartbeat",
+        "wakeups_per_heartbeat",
+        "leader_cpu_ms_per_s",
+        "run_cores",
+        "p99_ms",
+        "load_1m",
+    )
     summary = {
-        name: {key: round(statistics.median(row[key] for row in side), 2) for key in keys}
+        name: {key: _median([row[key] for row in side if row[key] is not None]) for key in keys}
         for name, side in rows.items()
         if side
     }

@@ -618,6 +618,11 @@ class NodeConfig(BaseModel):
     )
     broker_heartbeat_interval_ms: Ms = _key("broker.heartbeat.interval.ms", default=2000)
     broker_session_timeout_ms: Ms = _key("broker.session.timeout.ms", default=9000)
+    # A broker sends its heartbeats over one long-lived BrokerHeartbeatStream to the active controller
+    # (kraft/client/heartbeat_stream.py; unary where a controller answers UNIMPLEMENTED); false: one unary
+    # BrokerHeartbeat call each (docs/internals/raft-performance.md, "Heartbeats over one stream per broker
+    # (session 15)").
+    broker_heartbeat_stream: Bool = _key("broker.heartbeat.stream", default=True)
     initial_broker_registration_timeout_ms: Ms = _key("initial.broker.registration.timeout.ms", default=60000)
     broker_rack: Annotated[str | None, BeforeValidator(_parse_optional_str)] = _key(
         "broker.rack", default=None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kraft.broker.status import BrokerStatus
@@ -55,6 +55,10 @@ _FATAL_REGISTRATION_ERRORS = frozenset(
 _REREGISTER_ERRORS = frozenset({ErrorCode.STALE_BROKER_EPOCH, ErrorCode.BROKER_ID_NOT_REGISTERED})
 PENDING_SHUTDOWN_INTERVAL_S = 0.05
 """Heartbeat interval while a controlled shutdown waits for the controller's grant."""
+
+
+HeartbeatSender = Callable[[cpb.BrokerHeartbeatRequest, float], Awaitable[cpb.BrokerHeartbeatResponse]]
+"""Sends one heartbeat with a timeout; the contract of ``ControllerClient.call`` (never NOT_CONTROLLER)."""
 
 
 class RegistrationFailed(Exception):
@@ -97,7 +101,10 @@ class BrokerLifecycle:
         on_fenced: Callable[[], None] = lambda: None,
         rng: random.Random | None = None,
         offline: Callable[[], tuple[list[str], list[tuple[str, int]]]] = lambda: ([], []),
+        heartbeats: HeartbeatSender | None = None,
     ) -> None:
+        """``heartbeats``: how a heartbeat is sent — ``HeartbeatStream.heartbeat``
+        (kraft.client.heartbeat_stream: one stream to the active controller); None: a unary call each."""
         self._status = status
         self._client = client
         self._info = info
@@ -105,6 +112,7 @@ class BrokerLifecycle:
         self._caught_up = caught_up
         self._on_fenced = on_fenced
         self._offline = offline
+        self._heartbeats = heartbeats or self._unary_heartbeat
         """(offline log dirs, (topic, partition) that were on them): reported in every heartbeat."""
         self._rng = rng or random.Random()
         self._wake = asyncio.Event()
@@ -230,9 +238,7 @@ class BrokerLifecycle:
                 request.offline_partitions.add(topic=topic, partition=partition)
         sent_at_ms = status.monotonic_ms()
         try:
-            response = await self._client.call(
-                lambda stub: stub.BrokerHeartbeat, request, self._timings.call_timeout_s
-            )
+            response = await self._heartbeats(request, self._timings.call_timeout_s)
         except ControllerUnavailable as err:
             self._log.warning("heartbeat_failed", reason=str(err))
             return False
@@ -252,6 +258,11 @@ class BrokerLifecycle:
         status.heartbeat_accepted(sent_at_ms)
         self._apply_heartbeat(response, sent_at_ms - previous_ms if previous_ms >= 0 else -1)
         return True
+
+    async def _unary_heartbeat(
+        self, request: cpb.BrokerHeartbeatRequest, timeout_s: float
+    ) -> cpb.BrokerHeartbeatResponse:
+        return await self._client.call(lambda stub: stub.BrokerHeartbeat, request, timeout_s)
 
     def _apply_heartbeat(self, response: cpb.BrokerHeartbeatResponse, gap_ms: int = -1) -> None:
         """``gap_ms``: since the previous accepted heartbeat was sent (-1: none), for the fenced line."""

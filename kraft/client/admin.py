@@ -101,6 +101,16 @@ class AdminClient:
         self.unreachable_timeout_s = unreachable_timeout_s
         self._cluster_id = cluster_id
 
+    @property
+    def targets(self) -> list[str]:
+        """The controller endpoints it was given."""
+        return list(self._targets)
+
+    @property
+    def controller_client(self) -> ControllerClient:
+        """The client its calls go through (bench.controller_fleet opens heartbeat streams on it)."""
+        return self._client
+
     async def __aenter__(self) -> AdminClient:
         return self
 

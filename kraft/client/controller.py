@@ -162,6 +162,20 @@ class ControllerClient:
     def active_controller_id(self) -> int:
         return -1 if self._active is None else self._active[0]
 
+    @property
+    def request_timeout_s(self) -> float | None:
+        """The cap on one attempt of a call (None: an attempt may take all that is left of its deadline)."""
+        return self._request_timeout_s
+
+    @property
+    def active_target(self) -> str | None:
+        """The address of the controller believed active (None: not known yet)."""
+        return None if self._active is None else self._active[1]
+
+    def channel(self, target: str) -> grpc.aio.Channel:
+        """The pool's channel to ``target`` (kraft.client.heartbeat_stream opens its stream on it)."""
+        return self._channels.get(target)
+
     async def call(
         self,
         pick: MethodPicker[ResponseT],
@@ -170,6 +184,7 @@ class ControllerClient:
         *,
         idempotent: bool = True,
         attempt_timeout_s: float | None = None,
+        active_timed_out: bool = False,
     ) -> ResponseT:
         """Send ``request`` to the active controller; the answer is never NOT_CONTROLLER.
 
@@ -177,7 +192,9 @@ class ControllerClient:
         ``attempt_timeout_s`` (default: the client's ``request_timeout_s``, else the whole deadline) and
         never more than is left.  When the deadline runs out before an answer, :class:`ControllerUnavailable`
         names the last error (a non-idempotent request that timed out raises :class:`OutcomeUnknown`
-        first, as always).
+        first, as always).  ``active_timed_out``: the active controller already let this request's time
+        run out on another path (a heartbeat stream): the first attempt asks another voter, as after a
+        DEADLINE_EXCEEDED here, so a black-holed active controller is not asked twice.
 
         NOT_CONTROLLER (nothing was done) and connect failures are always followed to another
         controller.  When the outcome is unknown — a deadline or broken connection after the request
@@ -190,6 +207,8 @@ class ControllerClient:
         answered = False
         not_controllers: list[str] = []
         instead: tuple[int, str] | None = None  # another voter to try in this call only
+        if active_timed_out and self._active is not None:
+            instead = self._other_voter(self._active[1])
         cap_s = attempt_timeout_s if attempt_timeout_s is not None else self._request_timeout_s
         deadline_ms = self._clock.monotonic_ms() + timeout_s * 1000
         for attempt in range(attempts):

@@ -16,7 +16,7 @@ aborts the call with PERMISSION_DENIED and ``TOPIC_AUTHORIZATION_FAILED: …`` o
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -116,6 +116,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
             lambda c: c.broker_heartbeat,
             lambda: guard.check_node(context, request.broker_id, "heartbeat as broker"),
         )
+
+    async def BrokerHeartbeatStream(
+        self, requests: AsyncIterator[cpb.BrokerHeartbeatRequest], context: ServicerContext
+    ) -> AsyncIterator[cpb.BrokerHeartbeatResponse]:
+        """Each message answered as :meth:`BrokerHeartbeat` answers it, in order (a refusal ends the
+        stream).  Where the heartbeat bridge runs, kraft.node.heartbeat_stream serves the method instead."""
+        async for request in requests:
+            yield await self.BrokerHeartbeat(request, context)
 
     async def UnregisterBroker(
         self, request: cpb.UnregisterBrokerRequest, context: ServicerContext

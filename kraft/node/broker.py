@@ -64,6 +64,7 @@ from kraft.broker.status import BrokerStatus
 from kraft.broker.types import BrokerState
 from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
 from kraft.client.controller import ControllerClient
+from kraft.client.heartbeat_stream import HeartbeatStream
 from kraft.clock import SystemClock
 from kraft.config import (
     DEFAULT_MAX_PARKED_FETCHES,
@@ -157,6 +158,7 @@ class BrokerSettings:
     server_limits: ServerLimits = field(default_factory=ServerLimits)
     max_parked_fetches: int = DEFAULT_MAX_PARKED_FETCHES  # fetch.max.parked.requests
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)  # replica.*, min.insync…
+    heartbeat_stream: bool = True  # broker.heartbeat.stream: heartbeats over one stream (else unary calls)
     open_segment_files_max: int = 0
     """log.open.segment.files.max: segment files kept open at once (0 = half the open-file soft limit)."""
 
@@ -197,6 +199,7 @@ class BrokerSettings:
             rack=config.broker_rack,
             log_dirs=tuple(config.log_dirs),
             heartbeat_interval_ms=config.broker_heartbeat_interval_ms,
+            heartbeat_stream=config.broker_heartbeat_stream,
             session_timeout_ms=config.broker_session_timeout_ms,
             registration_timeout_ms=config.initial_broker_registration_timeout_ms,
             request_timeout_ms=config.controller_quorum_request_timeout_ms,
@@ -307,6 +310,8 @@ class BrokerServer:
             clock=SystemClock(),
         )
         self._store = store
+        # broker.heartbeat.stream: one BrokerHeartbeatStream to the active controller (closed on stop)
+        self.heartbeat_stream = HeartbeatStream(self.client) if s.heartbeat_stream else None
         self.lifecycle = BrokerLifecycle(
             self.status,
             self.client,
@@ -321,6 +326,7 @@ class BrokerServer:
             caught_up=self._caught_up,
             on_fenced=self._on_fenced,
             offline=self.partitions.offline_report,
+            heartbeats=self.heartbeat_stream.heartbeat if self.heartbeat_stream is not None else None,
         )
         if supervisor is not None:
             # A storage error while serving took the last log dir offline: nothing can be hosted.
@@ -499,6 +505,8 @@ class BrokerServer:
             task.cancel()
         if self._server is not None:
             await self._server.stop(0)
+        if self.heartbeat_stream is not None:
+            self.heartbeat_stream.close()
         await self.client.close()
 
     async def _controlled_shutdown(self) -> None:
@@ -535,6 +543,8 @@ class BrokerServer:
         await self.replicas.close()
         self.partitions.close()
         await self._store.close()
+        if self.heartbeat_stream is not None:
+            self.heartbeat_stream.close()
         await self.client.close()
         if self._metrics_server is not None:
             self._metrics_server.close()

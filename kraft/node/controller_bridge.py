@@ -120,10 +120,19 @@ class HeartbeatBridge:
         self, request: cpb.BrokerHeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> cpb.BrokerHeartbeatResponse:
         """On the intake loop: the call's answer, or its refusal as ``context.abort``."""
-        loop = asyncio.get_running_loop()
         if self.arrival_probe is not None:
             self.arrival_probe(context.invocation_metadata(), request.broker_id)
-        call_context = MainLoopContext(context, loop)
+        answer = await self.answer(request, MainLoopContext(context, asyncio.get_running_loop()))
+        if isinstance(answer, Refused):
+            await context.abort(answer.code, answer.details)
+            raise AssertionError("unreachable: context.abort raises")
+        return answer
+
+    async def answer(self, request: cpb.BrokerHeartbeatRequest, call_context: MainLoopContext) -> Answer:
+        """On the intake loop: ``request``'s answer, or its refusal — for a unary call (:meth:`heartbeat`)
+        or one message of a ``BrokerHeartbeatStream`` (:mod:`kraft.node.heartbeat_stream`), whose caller is
+        ``call_context`` (read once per call or stream)."""
+        loop = asyncio.get_running_loop()
         controller = self._controller()
         lane = None if controller is None else controller.lane
         if lane is not None:
@@ -147,9 +156,6 @@ class HeartbeatBridge:
         answer = await future
         if lane is not None:
             lane.slow_answered(time.perf_counter() - arrived)
-        if isinstance(answer, Refused):
-            await context.abort(answer.code, answer.details)
-            raise AssertionError("unreachable: context.abort raises")
         return answer
 
     def may_answer_here(self, context: MainLoopContext | CallContext, broker_id: int) -> bool:

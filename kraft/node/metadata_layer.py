@@ -34,6 +34,7 @@ from kraft.metadata.service import ControllerServicer, add_controller_service
 from kraft.metadata.store import IMAGE_STORE_FILE, SqliteImageStore
 from kraft.node.batch_lane import CALL_BATCH_METHOD, BatchLane
 from kraft.node.controller_bridge import HeartbeatBridge, heartbeat_handler
+from kraft.node.heartbeat_stream import HEARTBEAT_STREAM_METHOD, heartbeat_stream_handler
 from kraft.node.intake_batch import HEARTBEAT_METHOD, CallBatchServicer, add_intake_service
 from kraft.observability.health import CONTROLLER_SERVICE
 from kraft.observability.stall_sampler import ArrivalProbe
@@ -178,6 +179,15 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
             return heartbeat_handler(layer.heartbeats)
 
         node.add_intake_handler(HEARTBEAT_METHOD, heartbeats)
+
+        def heartbeat_stream(main: asyncio.AbstractEventLoop) -> grpc.RpcMethodHandler[Any, Any]:
+            # the same bridge (built just before: the node builds the handlers in the order added)
+            assert layer.heartbeats is not None
+            return heartbeat_stream_handler(layer.heartbeats)
+
+        # A broker's heartbeats over one stream, each message served as the unary call is
+        # (kraft/node/heartbeat_stream.py).
+        node.add_intake_handler(HEARTBEAT_STREAM_METHOD, heartbeat_stream)
     if node.config.controller_intake_processes > 0:
         # Its intake processes' batched ControllerService calls (refused off the unix socket).
         batches = CallBatchServicer(layer.servicer, lambda: layer.controller, node.config.node_id)

@@ -45,6 +45,11 @@ class ControllerServiceStub:
                 request_serializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
                 response_deserializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.BrokerHeartbeatStream = channel.stream_stream(
+                '/kraft.v1.ControllerService/BrokerHeartbeatStream',
+                request_serializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
+                response_deserializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
+                _registered_method=True)
         self.UnregisterBroker = channel.unary_unary(
                 '/kraft.v1.ControllerService/UnregisterBroker',
                 request_serializer=kraft_dot_v1_dot_controller__pb2.UnregisterBrokerRequest.SerializeToString,
@@ -143,6 +148,17 @@ class ControllerServiceServicer:
 
     def BrokerHeartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BrokerHeartbeatStream(self, request_iterator, context):
+        """A broker's heartbeats over ONE long-lived stream to the active controller (far less CPU per heartbeat
+        on both ends than a unary call each): every request message is answered by one response, in order,
+        exactly as BrokerHeartbeat would answer it (NOT_CONTROLLER included: the broker re-opens to the
+        leader); a refusal ends the stream with BrokerHeartbeat's status.  A broker falls back to
+        BrokerHeartbeat on UNIMPLEMENTED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -269,6 +285,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
             ),
             'BrokerHeartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.BrokerHeartbeat,
+                    request_deserializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.FromString,
+                    response_serializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.SerializeToString,
+            ),
+            'BrokerHeartbeatStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.BrokerHeartbeatStream,
                     request_deserializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.FromString,
                     response_serializer=kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.SerializeToString,
             ),
@@ -410,6 +431,33 @@ class ControllerService:
             request,
             target,
             '/kraft.v1.ControllerService/BrokerHeartbeat',
+            kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
+            kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BrokerHeartbeatStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kraft.v1.ControllerService/BrokerHeartbeatStream',
             kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatRequest.SerializeToString,
             kraft_dot_v1_dot_controller__pb2.BrokerHeartbeatResponse.FromString,
             options,

@@ -36,6 +36,13 @@ class ControllerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> ControllerServiceAsyncStub: ...
     RegisterBroker: _grpc.UnaryUnaryMultiCallable[_controller_pb2.RegisterBrokerRequest, _controller_pb2.RegisterBrokerResponse]
     BrokerHeartbeat: _grpc.UnaryUnaryMultiCallable[_controller_pb2.BrokerHeartbeatRequest, _controller_pb2.BrokerHeartbeatResponse]
+    BrokerHeartbeatStream: _grpc.StreamStreamMultiCallable[_controller_pb2.BrokerHeartbeatRequest, _controller_pb2.BrokerHeartbeatResponse]
+    """A broker's heartbeats over ONE long-lived stream to the active controller (far less CPU per heartbeat
+    on both ends than a unary call each): every request message is answered by one response, in order,
+    exactly as BrokerHeartbeat would answer it (NOT_CONTROLLER included: the broker re-opens to the
+    leader); a refusal ends the stream with BrokerHeartbeat's status.  A broker falls back to
+    BrokerHeartbeat on UNIMPLEMENTED.
+    """
     UnregisterBroker: _grpc.UnaryUnaryMultiCallable[_controller_pb2.UnregisterBrokerRequest, _controller_pb2.UnregisterBrokerResponse]
     ShutdownBroker: _grpc.UnaryUnaryMultiCallable[_controller_pb2.ShutdownBrokerRequest, _controller_pb2.ShutdownBrokerResponse]
     """Operator-initiated controlled shutdown of a broker: leaderships move away, then the broker's
@@ -72,6 +79,13 @@ class ControllerServiceAsyncStub(ControllerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     RegisterBroker: _aio.UnaryUnaryMultiCallable[_controller_pb2.RegisterBrokerRequest, _controller_pb2.RegisterBrokerResponse]  # type: ignore[assignment]
     BrokerHeartbeat: _aio.UnaryUnaryMultiCallable[_controller_pb2.BrokerHeartbeatRequest, _controller_pb2.BrokerHeartbeatResponse]  # type: ignore[assignment]
+    BrokerHeartbeatStream: _aio.StreamStreamMultiCallable[_controller_pb2.BrokerHeartbeatRequest, _controller_pb2.BrokerHeartbeatResponse]  # type: ignore[assignment]
+    """A broker's heartbeats over ONE long-lived stream to the active controller (far less CPU per heartbeat
+    on both ends than a unary call each): every request message is answered by one response, in order,
+    exactly as BrokerHeartbeat would answer it (NOT_CONTROLLER included: the broker re-opens to the
+    leader); a refusal ends the stream with BrokerHeartbeat's status.  A broker falls back to
+    BrokerHeartbeat on UNIMPLEMENTED.
+    """
     UnregisterBroker: _aio.UnaryUnaryMultiCallable[_controller_pb2.UnregisterBrokerRequest, _controller_pb2.UnregisterBrokerResponse]  # type: ignore[assignment]
     ShutdownBroker: _aio.UnaryUnaryMultiCallable[_controller_pb2.ShutdownBrokerRequest, _controller_pb2.ShutdownBrokerResponse]  # type: ignore[assignment]
     """Operator-initiated controlled shutdown of a broker: leaderships move away, then the broker's
@@ -117,6 +131,19 @@ class ControllerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _controller_pb2.BrokerHeartbeatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_controller_pb2.BrokerHeartbeatResponse, _abc.Awaitable[_controller_pb2.BrokerHeartbeatResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def BrokerHeartbeatStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_controller_pb2.BrokerHeartbeatRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_controller_pb2.BrokerHeartbeatResponse], _abc.AsyncIterator[_controller_pb2.BrokerHeartbeatResponse]]:
+        """A broker's heartbeats over ONE long-lived stream to the active controller (far less CPU per heartbeat
+        on both ends than a unary call each): every request message is answered by one response, in order,
+        exactly as BrokerHeartbeat would answer it (NOT_CONTROLLER included: the broker re-opens to the
+        leader); a refusal ends the stream with BrokerHeartbeat's status.  A broker falls back to
+        BrokerHeartbeat on UNIMPLEMENTED.
+        """
 
     @_abc_1.abstractmethod
     def UnregisterBroker(

@@ -21,8 +21,12 @@ from pathlib import Path
 import pytest
 from test_broker_cluster import WAIT_S, Cluster, poll
 
+from kraft.client.channel import open_blocking_channel
 from kraft.cluster.quorum import ControllerQuorum
+from kraft.errors import ErrorCode
 from kraft.netutil import free_port
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import controller_pb2_grpc as cpb_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +151,66 @@ def _kept_alive_then_fenced(cluster: Cluster) -> None:
     after = cluster.wait_broker_state(201, "RUNNING")
     assert after.broker_epoch > before.broker_epoch
     poll(lambda: cluster.controller_state(201) == "ACTIVE" or None, "broker 201 to be unfenced again")
+
+
+def test_a_broker_heartbeats_over_one_stream_and_reopens_it_to_a_new_leader(cluster: Cluster) -> None:
+    """broker.heartbeat.stream (the default): the broker's heartbeats go over one BrokerHeartbeatStream,
+    answered by the lane; the leader killed, the broker opens a stream to the new one, stays unfenced under
+    it, and its heartbeats there are answered over the stream too (kraft/client/heartbeat_stream.py)."""
+    _streams_across_a_leader_change(cluster)
+
+
+def test_through_intake_processes_the_heartbeat_stream_is_proxied_and_answered_by_the_lane(
+    intake_cluster: Cluster,
+) -> None:
+    # exclusive: the stream reaches the leader only through its intake process (Proxy, byte for byte)
+    _streams_across_a_leader_change(intake_cluster)
+
+
+def _streams_across_a_leader_change(cluster: Cluster) -> None:
+    quorum = cluster.quorum
+    assert isinstance(quorum, _ScrapedQuorum)
+    broker = cluster.start_broker(211)
+    before = cluster.wait_broker_state(211, "RUNNING")
+    leader = quorum.wait_for_leader(WAIT_S)
+    opened = poll(
+        lambda: broker.log_text().count("event=heartbeat_stream_opened") or None, "a heartbeat stream"
+    )
+    poll(lambda: quorum.fast_lane_answers() > 0 or None, "fast-lane answers to be counted")
+    # one stream carries the heartbeats: no other opened over two session timeouts
+    time.sleep(2 * SESSION_MS / 1000)
+    assert broker.log_text().count("event=heartbeat_stream_opened") == opened
+    assert "heartbeat_stream_unsupported" not in broker.log_text()
+    # a follower answers a stream's message NOT_CONTROLLER, naming the leader (the broker re-opens there)
+    follower = next(node for node_id, node in quorum.nodes.items() if node_id != leader.node_id)
+    with open_blocking_channel(follower.target) as channel:
+        beat = cpb.BrokerHeartbeatRequest(
+            cluster_id=quorum.cluster_id, broker_id=211, broker_epoch=before.broker_epoch
+        )
+        answers = list(
+            cpb_grpc.ControllerServiceStub(channel).BrokerHeartbeatStream(iter([beat]), timeout=10)
+        )
+    assert [a.error_code for a in answers] == [ErrorCode.NOT_CONTROLLER]
+    assert answers[0].controller.node_id == leader.node_id
+
+    quorum.kill(leader.node_id)
+    new = quorum.wait_for_leader(WAIT_S, exclude=[leader.node_id])
+    poll(
+        lambda: f"controller={quorum.nodes[new.node_id].target}" in _opened_lines(broker.log_text()) or None,
+        "a heartbeat stream to the new leader",
+    )
+    counted = quorum.fast_lane_answers()  # the survivors' counters only (the killed one is not scraped)
+    watched_until = time.monotonic() + 2 * SESSION_MS / 1000
+    while time.monotonic() < watched_until:
+        described = cluster.describe_broker(211)
+        assert described is not None and not described.fenced, broker.log_tail()
+        time.sleep(0.2)
+    assert cluster.controller_state(211) == "ACTIVE"
+    assert "fenced_by_controller" not in broker.log_text()
+    assert quorum.fast_lane_answers() >= counted + 3, "the new leader answers the streamed heartbeats"
+    after = cluster.describe_broker(211)
+    assert after is not None and after.broker_epoch == before.broker_epoch
+
+
+def _opened_lines(log: str) -> str:
+    return "\n".join(line for line in log.splitlines() if "event=heartbeat_stream_opened" in line)

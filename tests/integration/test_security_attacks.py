@@ -434,6 +434,15 @@ def _denied(call: Any, request: Message) -> str:
     return str(caught.value.details())
 
 
+def _streamed(open_stream: Any) -> Any:
+    """A stream-stream method called like a unary one: ``request`` as its one message, every answer read."""
+
+    def call(request: Message, timeout: float) -> list[Any]:
+        return list(open_stream(iter([request]), timeout=timeout))
+
+    return call
+
+
 def test_advertised_controllers_name_the_listeners_security_protocol(target: AttackTarget) -> None:
     """DescribeQuorum's nodes and a follower's NOT_CONTROLLER redirect name PLAINTEXT or SSL as the
     controller listener really is (they said PLAINTEXT always)."""
@@ -484,9 +493,19 @@ def test_a_node_certificate_cannot_speak_for_another_broker(target: AttackTarget
         ("broker-101", "RegisterBroker", cpb.RegisterBrokerRequest(cluster_id=cid, broker_id=102)),
         (f"controller-{min(target.controllers)}", "BrokerHeartbeat", beat),
     ]
+    # the same over a heartbeat stream (session 15): each message is checked as the unary call is
+    attempts += [
+        ("broker-102", "BrokerHeartbeatStream", beat),
+        ("broker-102", "BrokerHeartbeatStream", fence),
+        (f"controller-{min(target.controllers)}", "BrokerHeartbeatStream", beat),
+    ]
     for identity, method, request in attempts:
         with target.channel_as(identity, leader) as channel:
-            details = _denied(getattr(cpb_grpc.ControllerServiceStub(channel), method), request)
+            stub = cpb_grpc.ControllerServiceStub(channel)
+            call = (
+                _streamed(stub.BrokerHeartbeatStream) if method.endswith("Stream") else getattr(stub, method)
+            )
+            details = _denied(call, request)
         assert details.startswith("CLUSTER_AUTHORIZATION_FAILED"), (identity, method, details)
     after = _broker(target, 101)
     assert (after.state, after.broker_epoch) == ("ACTIVE", broker.broker_epoch)

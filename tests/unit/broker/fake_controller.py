@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -56,6 +57,7 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
         self.blocked = False  # answer heartbeats and fetches with UNAVAILABLE (like a SIGSTOPped broker)
         self.fetch_requests: list[cpb.MetadataFetchRequest] = []
         self.register_requests: list[cpb.RegisterBrokerRequest] = []
+        self.heartbeat_streams = 0  # BrokerHeartbeatStream calls opened
         self._appended = asyncio.Event()
         self.server: grpc.aio.Server | None = None
         self.port = -1
@@ -146,6 +148,14 @@ class FakeController(controller_pb2_grpc.ControllerServiceServicer):
             registration.fenced = False
             self.append(mpb.UnfenceBrokerRecord(id=request.broker_id, epoch=registration.epoch))
         return cpb.BrokerHeartbeatResponse(is_caught_up=caught_up, is_fenced=registration.fenced)
+
+    async def BrokerHeartbeatStream(
+        self, requests: AsyncIterator[cpb.BrokerHeartbeatRequest], context: Context
+    ) -> AsyncIterator[cpb.BrokerHeartbeatResponse]:
+        """Each message answered as BrokerHeartbeat answers it (the brokers' default path)."""
+        self.heartbeat_streams += 1
+        async for request in requests:
+            yield await self.BrokerHeartbeat(request, context)
 
     async def AlterPartition(
         self, request: cpb.AlterPartitionRequest, context: Context

@@ -72,6 +72,12 @@ class _Channel:
 
         return send
 
+    def stream_stream(self, path: str, *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise AssertionError(f"{path}: these tests make unary calls only")
+
+        return refuse
+
 
 class _Pool:
     def __init__(self, cluster: _Cluster) -> None:
