@@ -95,18 +95,22 @@ def session_rate(arrival_rate: float) -> float:
 
 
 class IntakeRate:
-    """The rate heartbeats arrive at, against the rate live brokers send them, over the last
-    :data:`INTAKE_WINDOW_CHECKS` checks: the lower of two measures (module docstring).
+    """The rate heartbeats arrive at, against the rate live brokers send them: the lower of two measures
+    (module docstring).
 
-    * *Gaps*: each arrival's gap since the same broker's previous one.  A dead broker adds no gap, so dead
-      brokers never read as a slow intake; but a live broker's run of lost heartbeats shows only when it
-      ends, so after a collapse begins this measure trails it by a window.
-    * *Count*: the arrivals against one per interval from each broker heard in the window.  It sees a
-      collapse at once; a broker that just died counts as expected for one window after its last arrival
-      (then it is no longer "heard")."""
+    * *Gaps*, over the last :data:`INTAKE_WINDOW_CHECKS` checks: each arrival's gap since the same broker's
+      previous one.  A dead broker adds no gap, so dead brokers never read as a slow intake; but a live
+      broker's run of lost heartbeats shows only when it ends, so after a collapse begins this measure
+      trails it by up to a window.
+    * *Count*, over the last checks that span a heartbeat interval (so that brokers whose heartbeats fall in
+      step do not make one check look empty and the next full): their arrivals against one per interval
+      from each broker heard in the window.  It sees a collapse within an interval; a broker that just
+      died still counts as expected until a window after its last arrival (then it is no longer
+      "heard"), so a fraction ``d`` of the fleet dying at once reads as ``1 - d`` for at most a window."""
 
-    def __init__(self, heartbeat_interval_ms: int, session_timeout_ms: int) -> None:
+    def __init__(self, heartbeat_interval_ms: int, session_timeout_ms: int, check_interval_ms: int) -> None:
         self._interval_ms = max(1, heartbeat_interval_ms)
+        self._count_checks = min(INTAKE_WINDOW_CHECKS, -(-self._interval_ms // max(1, check_interval_ms)))
         # A longer gap outlived any held session: a broker coming back says nothing about the intake.
         self._max_gap_ms = int(session_timeout_ms / INTAKE_MIN_SESSION_RATE)
         self._last_arrival: dict[int, int] = {}
@@ -148,7 +152,9 @@ class IntakeRate:
         by_gaps = gaps * self._interval_ms / max(1, gaps_ms)
         since = self._window[0][3]
         heard = sum(1 for t in self._last_arrival.values() if t >= since)
-        by_count = arrivals * self._interval_ms / max(1, heard * (now_ms - since))
+        recent = list(self._window)[-self._count_checks :]
+        recent_arrivals = sum(w[2] for w in recent)
+        by_count = recent_arrivals * self._interval_ms / max(1, heard * (now_ms - recent[0][3]))
         return min(1.0, by_gaps, by_count), arrivals
 
 
@@ -170,7 +176,7 @@ class SessionChecker:
         self.interval_ms = max(10, session_timeout_ms // 8)
         self._metrics = metrics
         self._log = log
-        self._intake = IntakeRate(heartbeat_interval_ms, session_timeout_ms)
+        self._intake = IntakeRate(heartbeat_interval_ms, session_timeout_ms, self.interval_ms)
         self._held_checks = 0  # checks in a row that held sessions for the intake
         # With the heartbeat fast lane (kraft.metadata.heartbeat_lane, set by the controller): take the
         # touches of heartbeats answered on the intake thread into the logic's sessions, and take a broker
