@@ -222,15 +222,14 @@ def test_a_collapse_reads_at_once_before_any_gap_shows_it() -> None:
 
 def test_a_broker_back_after_any_held_session_and_out_of_order_records_add_no_gap() -> None:
     rate = IntakeRate(heartbeat_interval_ms=100, session_timeout_ms=400, check_interval_ms=100)
-    rate.end_check(0)
-    rate.arrived(2, 0)
-    rate.arrived(2, 100)
-    rate.arrived(2, 90)  # a fast-lane touch taken after a later arrival: not an arrival at all
-    assert rate.end_check(100) == (1.0, 2)
-    rate.arrived(1, 0)  # (late)
-    rate.arrived(1, 1_700)  # longer than session / INTAKE_MIN_SESSION_RATE: it was gone, not late
-    rate.arrived(2, 200)
-    assert rate.end_check(200)[1] == 5
+    rate.arrived(1, 1)  # then silent for longer than session / INTAKE_MIN_SESSION_RATE: gone, not late
+    for now in range(100, 1_800, 100):
+        rate.arrived(2, now - 99)
+        rate.arrived(2, now - 99 - 20)  # a fast-lane touch taken after a later arrival: not an arrival
+        rate.end_check(now)
+    rate.arrived(1, 1_750)
+    rate.arrived(2, 1_701)
+    assert rate.end_check(1_800) == (1.0, 5)  # broker 2's four arrivals and broker 1's return
 
 
 def test_nothing_arriving_reads_as_zero() -> None:
