@@ -11,17 +11,18 @@ blamed on brokers.  Two guards:
   retry elsewhere, so some heartbeats never arrive at all).  Sessions then age slower than the clock,
   by how late the intake is.
 
-How late the intake is comes from the brokers that *are* heard: each arrival's gap since the same
-broker's previous arrival.  Live brokers send one heartbeat per ``broker.heartbeat.interval.ms``; when
-their arrivals come ``interval / r`` apart on average over the last :data:`INTAKE_WINDOW_CHECKS` checks
-(half a session), the controller is receiving a fraction ``r`` of what is sent.  This tells the two
-cases a fixed fraction of expected arrivals (the guard before session 15: hold while under 25 %) cannot:
+How late the intake is, ``r`` (1.0: one heartbeat per live broker per ``broker.heartbeat.interval.ms``),
+is measured on the brokers that *are* heard (:class:`IntakeRate`): the gaps between each broker's
+consecutive arrivals over half a session, and the arrivals of the last interval against the brokers heard
+in that half session — the lower of the two.  This tells the two cases a fixed fraction of the expected
+arrivals (the guard before session 15: hold while under 25 %) cannot:
 
 * *the controller receives late* — every broker's arrivals thin out (a queue: gaps of ``interval / r``;
-  dropped attempts: gaps geometric with mean ``interval / r``), so ``r`` is low;
-* *some brokers are dead* — the dead ones send nothing, so they add no gap; the live ones still arrive
-  ``interval`` apart and ``r`` stays ~1: half the fleet dead reads as 50 % of expected arrivals (which the
-  fraction could not tell from a collapse to 50 %) but as a healthy ``r``, and is fenced on time.
+  dropped attempts: gaps geometric with mean ``interval / r``), so both measures read low;
+* *some brokers are dead* — the dead send nothing, so they add no gap, and half a session after their last
+  heartbeat they are no longer counted as heard: the live ones still arrive ``interval`` apart and ``r``
+  stays ~1.  Half the fleet dead reads as 50 % of expected arrivals (which the fraction could not tell
+  from a collapse to 50 %) but is fenced on time, late by at most that half session's hold.
 
 While ``r`` < :data:`INTAKE_HEALTHY_RATE` a check moves the session clock by ``elapsed * q`` instead of
 ``elapsed``, with ``q = max(INTAKE_MIN_SESSION_RATE, r**2)`` (every deadline is held by ``elapsed *
@@ -30,10 +31,10 @@ losses are what fence a live broker (k dropped attempts in a row have probabilit
 ``r**2`` keeps that chance at ~1e-5 per session for ``r`` between 0.5 and 0.8 at the default 9 s / 2 s
 (docs/internals/metadata.md has the table).  Bounded: the session clock never runs slower than
 ``INTAKE_MIN_SESSION_RATE`` (1/4), so no broker keeps a session more than ``4 x session_timeout`` past
-its last heartbeat's arrival (plus one check), and when *nothing* arrives for half a session (a whole
-fleet stopped, or a network partition between brokers and the controller, which no intake measure can
-tell from a total intake stall) every broker is fenced about 2.5 session timeouts after the last
-arrival.  Holding is safe: a broker whose heartbeats go unanswered stops serving on its own 0.9 session
+its last heartbeat's arrival (plus a check).  When *nothing* arrives (a whole fleet stopped, or a network
+partition between brokers and the controller, which no intake measure can tell from a total intake
+stall) every broker is fenced 3.3 to 4 session timeouts after its last arrival (the old guard: 3).
+Holding is safe: a broker whose heartbeats go unanswered stops serving on its own 0.9 session
 timeouts after its last accepted heartbeat was sent (kraft.broker), so a hold delays only the moving of a
 dead broker's leaderships, never lets it serve unfenced.
 
@@ -201,17 +202,17 @@ class SessionChecker:
                 continue
             if self.take_touches is not None:
                 self.take_touches(logic)  # they count as arrivals, and as contact
-            arrival_rate, gaps = self._intake.end_check(now)
+            arrival_rate, arrivals = self._intake.end_check(now)
             if stall > interval_ms:
                 # The loop itself was blocked: heartbeats may be queued unread, so nobody expires now.
                 logic.heartbeats.extend_all(stall)
                 self._log.warning("controller_stalled", stall_ms=stall)
                 continue
-            self._hold_for_intake(logic, arrival_rate, gaps, interval_ms + max(0, stall), now)
+            self._hold_for_intake(logic, arrival_rate, arrivals, interval_ms + max(0, stall), now)
             await self._fence_expired(logic, now)
 
     def _hold_for_intake(
-        self, logic: ControllerLogic, arrival_rate: float, gaps: int, elapsed_ms: int, now: int
+        self, logic: ControllerLogic, arrival_rate: float, arrivals: int, elapsed_ms: int, now: int
     ) -> None:
         """Age the sessions of this check by ``elapsed_ms * session_rate`` instead of ``elapsed_ms`` when
         heartbeats arrive late (module docstring): hold every deadline by the rest, never past now."""
@@ -227,7 +228,7 @@ class SessionChecker:
             self._log.warning(
                 "heartbeat_intake_stalled",
                 arrival_rate=round(arrival_rate, 2),
-                gaps=gaps,
+                arrivals=arrivals,
                 session_rate=round(rate, 2),
                 held_ms=held_ms,
                 checks=self._held_checks + 1,
