@@ -144,7 +144,7 @@ async def test_dead_brokers_among_heartbeating_ones_are_fenced_on_time(dead: int
         await controller.stop()
 
 
-async def test_a_whole_fleet_that_stops_is_fenced_within_the_bound() -> None:
+async def test_a_whole_fleet_that_stops_is_fenced_within_the_bound(caplog: pytest.LogCaptureFixture) -> None:
     """Nothing arrives any more (every broker gone, or a partition between brokers and the controller,
     which no measure of the intake tells from a total intake stall): sessions are held, then every broker
     is fenced — never before two session timeouts, and within the bound (the session clock runs at least
@@ -158,6 +158,9 @@ async def test_a_whole_fleet_that_stops_is_fenced_within_the_bound() -> None:
         silences = [fleet.silence_when_fenced(b, start) for b in BROKERS]
         assert min(silences) > 2 * SESSION_MS, "sessions were not held while nothing arrived"
         assert max(silences) <= bound_ms
+        # The hold is logged once per session timeout (8 checks) while it lasts, not at every check.
+        held_lines = [r for r in caplog.records if r.getMessage() == "heartbeat_intake_stalled"]
+        assert 1 <= len(held_lines) <= bound_ms // SESSION_MS + 1
     finally:
         await controller.stop()
 
