@@ -17,6 +17,7 @@ import pytest
 
 from kraft.clock import ManualClock
 from kraft.metadata.controller import ControllerOptions, QuorumController
+from kraft.metadata.heartbeats import HeartbeatTracker
 from kraft.metadata.session_checker import (
     INTAKE_HEALTHY_RATE,
     INTAKE_MIN_SESSION_RATE,
@@ -247,3 +248,15 @@ def test_the_session_rate_is_full_when_healthy_squared_below_and_bounded() -> No
     assert session_rate(0.8) == pytest.approx(0.64)
     assert session_rate(0.6) == pytest.approx(0.36)
     assert session_rate(0.4) == session_rate(0.0) == INTAKE_MIN_SESSION_RATE
+
+
+def test_a_hold_moves_deadlines_back_but_no_session_past_a_heartbeat_arriving_now() -> None:
+    tracker = HeartbeatTracker(session_timeout_ms=400)
+    tracker.reset([(1, False), (2, False), (3, False)], now_ms=0)
+    tracker.touch(2, 300, 0)
+    tracker.touch(3, 480, 0)
+    tracker.hold(100, now_ms=500)
+    contacts = {b: c.last_contact_ms for b in (1, 2, 3) if (c := tracker.contact(b)) is not None}
+    assert contacts == {1: 100, 2: 400, 3: 500}  # 3 would be at 580: fresher than a heartbeat now
+    assert tracker.unfenced_ids() == [1, 2, 3]  # still oldest contact first
+    assert tracker.next_expired(500) is None and tracker.next_expired(501) == 1
