@@ -123,6 +123,16 @@ class IntakeRate:
         self._check_start_ms: int | None = None
         self._checks = 0
 
+    def restart(self) -> None:
+        """A new leadership: the window starts empty and no gap spans the standby time before it (what a
+        standby heard says nothing about this intake).  The tracker renewed every session
+        (``HeartbeatTracker.reset``), so none expires before the window is full again (half a session
+        plus a check)."""
+        self._window.clear()
+        self._last_arrival.clear()
+        self._gaps = self._gaps_ms = self._arrivals = 0
+        self._check_start_ms = None
+
     def arrived(self, broker_id: int, now_ms: int) -> None:
         previous = self._last_arrival.get(broker_id)
         if previous is not None and now_ms <= previous:
@@ -135,7 +145,8 @@ class IntakeRate:
 
     def end_check(self, now_ms: int) -> tuple[float, int]:
         """Close this check's samples: the arrival rate over the window (1.0 = one heartbeat per live
-        broker per interval; 0.0 when nothing arrived) and the arrivals it is measured on."""
+        broker per interval; 0.0 when no gap was measured: nothing arrived, or only first heartbeats) and
+        the arrivals of the window.  Until the window is full after :meth:`restart`, 1.0: no judgement."""
         began = now_ms if self._check_start_ms is None else self._check_start_ms
         self._check_start_ms = now_ms
         self._window.append((self._gaps, self._gaps_ms, self._arrivals, began))
@@ -148,6 +159,8 @@ class IntakeRate:
         gaps = sum(w[0] for w in self._window)
         gaps_ms = sum(w[1] for w in self._window)
         arrivals = sum(w[2] for w in self._window)
+        if len(self._window) < INTAKE_WINDOW_CHECKS:
+            return 1.0, arrivals
         if gaps == 0 or arrivals == 0:
             return 0.0, arrivals
         by_gaps = gaps * self._interval_ms / max(1, gaps_ms)
@@ -179,6 +192,7 @@ class SessionChecker:
         self._log = log
         self._intake = IntakeRate(heartbeat_interval_ms, session_timeout_ms, self.interval_ms)
         self._held_checks = 0  # checks in a row that held sessions for the intake
+        self._leadership: ControllerLogic | None = None  # the logic the intake window was measured for
         # With the heartbeat fast lane (kraft.metadata.heartbeat_lane, set by the controller): take the
         # touches of heartbeats answered on the intake thread into the logic's sessions, and take a broker
         # out of the lane's snapshot before it is fenced.
@@ -200,6 +214,9 @@ class SessionChecker:
             logic = self._state.logic
             if logic is None:
                 continue
+            if logic is not self._leadership:
+                self._leadership = logic
+                self._intake.restart()
             if self.take_touches is not None:
                 self.take_touches(logic)  # they count as arrivals, and as contact
             arrival_rate, arrivals = self._intake.end_check(now)

@@ -185,6 +185,27 @@ async def test_dead_brokers_are_fenced_within_the_bound_while_the_rest_arrive_la
         await controller.stop()
 
 
+async def test_a_controller_active_again_measures_the_intake_afresh(caplog: pytest.LogCaptureFixture) -> None:
+    """Leadership lost for two sessions and regained: every session is renewed, and neither the standby's
+    empty checks nor gaps over it read as a late intake while the fleet heartbeats on time again."""
+    controller, fleet = await _fleet()
+    try:
+        raft = controller.raft
+        assert isinstance(raft, FakeRaft)
+        raft.lose_leadership(2)
+        await until(lambda: not controller.is_active)
+        for _ in range(2 * SESSION_MS // STEP_MS):  # standby: the brokers talk to the new leader
+            await step(controller, STEP_MS)
+        caplog.clear()
+        raft.elect()
+        await until(lambda: controller.is_active)
+        await fleet.run(2 * SESSION_MS, lambda b, t: True)
+        assert fleet.fenced_at == {}
+        assert not [r for r in caplog.records if r.getMessage() == "heartbeat_intake_stalled"]
+    finally:
+        await controller.stop()
+
+
 # ---- the arrival rate itself ----
 
 
@@ -212,11 +233,11 @@ def test_a_collapse_reads_at_once_before_any_gap_shows_it() -> None:
     yet (the rest are in the middle of their silence), but the count against the brokers heard does."""
     rate = IntakeRate(heartbeat_interval_ms=100, session_timeout_ms=400, check_interval_ms=100)
     now = 0
-    for check in range(6):
+    for _ in range(6):
         for b in range(1, 41):
             rate.arrived(b, now + b)
         now += 100
-        assert rate.end_check(now)[0] == (1.0 if check else 0.0)  # the first arrivals have no gap
+        assert rate.end_check(now)[0] == 1.0
     for b in range(1, 11):
         rate.arrived(b, now + b)
     now += 100
@@ -236,11 +257,30 @@ def test_a_broker_back_after_any_held_session_and_out_of_order_records_add_no_ga
     assert rate.end_check(1_800) == (1.0, 5)  # broker 2's four arrivals and broker 1's return
 
 
-def test_nothing_arriving_reads_as_zero() -> None:
+def test_nothing_arriving_reads_as_zero_once_the_window_is_full() -> None:
     rate = IntakeRate(heartbeat_interval_ms=100, session_timeout_ms=400, check_interval_ms=100)
     rate.arrived(1, 0)  # a first arrival: no gap yet
-    assert rate.end_check(50) == (0.0, 1)
-    assert rate.end_check(100) == (0.0, 1)
+    for now in (50, 100, 150):
+        assert rate.end_check(now) == (1.0, 1)  # no judgement before a window of checks
+    assert rate.end_check(200) == (0.0, 1)
+
+
+def test_a_new_leadership_restarts_the_window() -> None:
+    """Checks of a standby time measure nothing; a new active controller renews every session, so the
+    window starts over with no judgement until it is full (before any renewed session can expire)."""
+    rate = IntakeRate(heartbeat_interval_ms=100, session_timeout_ms=400, check_interval_ms=100)
+    for now in range(100, 900, 100):
+        rate.arrived(1, now - 50)
+        assert rate.end_check(now)[0] == 1.0
+    for now in range(900, 1_400, 100):  # standby: nothing arrives
+        rate.end_check(now)
+    assert rate.end_check(1_400)[0] == 0.0
+    rate.restart()
+    for now in range(1_500, 1_800, 100):
+        rate.arrived(1, now - 50)  # the first one since would have a gap over the standby (700 ms)
+        assert rate.end_check(now)[0] == 1.0  # no judgement before the window is full
+    rate.arrived(1, 1_750)
+    assert rate.end_check(1_800) == (1.0, 4)  # gaps of 100 ms only
 
 
 def test_the_session_rate_is_full_when_healthy_squared_below_and_bounded() -> None:
