@@ -620,8 +620,8 @@ class QuorumController:
         if not touches:
             return
         sessions = self.sessions
-        for _ in touches:
-            sessions.heartbeat_arrived()
+        for broker_id, _, now_ms, _ in touches:
+            sessions.heartbeat_arrived(broker_id, now_ms)
         if logic is None:
             return
         brokers = logic.image.brokers
@@ -763,7 +763,7 @@ class QuorumController:
 
     def _heartbeat_arrived(self, req: cpb.BrokerHeartbeatRequest) -> None:
         # Contact is recorded on arrival, before waiting for anything (see heartbeats.py).
-        self.sessions.heartbeat_arrived()
+        self.sessions.heartbeat_arrived(req.broker_id, self.clock.monotonic_ms())
         logic = self.state.logic
         if self.lane is not None:
             self._take_touches(logic)  # the fast lane's first: none is handled before they are seen

@@ -94,6 +94,13 @@ class HeartbeatTracker:
         for contact in self._contacts.values():
             contact.last_contact_ms += delay_ms
 
+    def hold(self, delay_ms: int, now_ms: int) -> None:
+        """Push every deadline back by ``delay_ms``, but no contact past ``now_ms`` (the heartbeats arrive
+        late: kraft.metadata.session_checker).  Keeps the unfenced map's order (a monotone shift)."""
+        for contact in self._contacts.values():
+            if contact.last_contact_ms < now_ms:
+                contact.last_contact_ms = min(contact.last_contact_ms + delay_ms, now_ms)
+
     def unfenced_count(self) -> int:
         return len(self._unfenced)
 
