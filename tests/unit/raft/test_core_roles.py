@@ -178,6 +178,49 @@ def test_a_fetch_that_moves_the_high_watermark_is_answered_with_the_new_one() ->
     assert [r.high_watermark for r in fetch_responses(decisions)] == [1]
 
 
+def _long_poll(replica_id: int, fetch_offset: int, known: int | None) -> FetchRequest:
+    return FetchRequest(CLUSTER, replica_id, 2, fetch_offset, 2, 500, high_watermark=known)
+
+
+def test_a_long_poll_that_moves_the_high_watermark_is_answered_at_once_with_it() -> None:
+    # Nothing new to send, but the fetcher (of a version that does not say what it knows) would
+    # otherwise learn the commit its own Fetch made only with the next write or the long poll's end.
+    role, log = started_leader()
+    log.mark_flushed(1)
+    decisions = role.handle_fetch(1, _long_poll(2, 1, None), 1, log, 0)
+    assert decisions[0] == AdvanceHighWatermark(1)
+    assert [r.high_watermark for r in fetch_responses(decisions)] == [1] and role.parked == {}
+    # The next one moves nothing: it parks (an older fetcher arriving after the move parks too).
+    assert fetch_responses(role.handle_fetch(2, _long_poll(2, 1, None), 2, log, 1)) == []
+    assert fetch_responses(role.handle_fetch(3, _long_poll(3, 1, None), 3, log, 1)) == []
+    assert sorted(role.parked) == [2, 3]
+
+
+def test_a_long_poll_that_knows_an_older_high_watermark_is_answered_at_once_then_parks() -> None:
+    role, log = started_leader()
+    log.mark_flushed(1)
+    moved = role.handle_fetch(1, _long_poll(2, 1, 0), 1, log, 0)  # moves it, and knows 0
+    assert [r.high_watermark for r in fetch_responses(moved)] == [1] and role.parked == {}
+    # The other follower's Fetch arrives after the move: it knows 0, so it is answered too.
+    late = role.handle_fetch(2, _long_poll(3, 1, 0), 2, log, 1)
+    assert [d.request_id for d in late if isinstance(d, Respond)] == [2]
+    assert [r.high_watermark for r in fetch_responses(late)] == [1]
+    # Once they know it, their long polls park (no answer loop).
+    for request_id, replica_id in ((3, 2), (4, 3)):
+        assert fetch_responses(role.handle_fetch(request_id, _long_poll(replica_id, 1, 1), 3, log, 1)) == []
+    assert sorted(role.parked) == [3, 4]
+    # A fetcher that knows more than this leader (learned from the last one) parks as well.
+    assert fetch_responses(role.handle_fetch(5, _long_poll(2, 1, 7), 4, log, 1)) == []
+
+
+def test_a_follower_fetches_with_the_high_watermark_it_knows() -> None:
+    log = LogMeta(0, 3, 3, [EpochEntry(1, 0)])
+    role = FetcherRole(config(), 4, FixedRng(), 2)
+    (decision,) = role.start(0, log, 2)
+    assert isinstance(decision, SendFetch) and isinstance(decision.request, FetchRequest)
+    assert decision.request.high_watermark == 2
+
+
 def test_a_full_accumulator_is_cut_into_one_batch_and_answers_waiting_fetches() -> None:
     role, log = started_leader()
     log.mark_flushed(1)
@@ -271,7 +314,7 @@ def test_next_high_watermark_only_moves_forward_to_an_offset_a_majority_reached(
 def follower(log: LogMeta) -> tuple[FetcherRole, int]:
     """A follower of node 2 at epoch 4 with its first fetch in flight; returns it and the correlation id."""
     role = FetcherRole(config(), 4, FixedRng(), 2)
-    decisions = role.start(0, log)
+    decisions = role.start(0, log, 0)
     assert len(decisions) == 1 and isinstance(decisions[0], SendFetch)
     role.on_sent(7)
     return role, 7
@@ -295,12 +338,12 @@ def answer(role: FetcherRole, log: LogMeta, response: FetchResponse, high_waterm
 def test_a_follower_fetches_from_its_log_end_and_waits_for_the_long_poll() -> None:
     log = LogMeta(0, 3, 3, [EpochEntry(1, 0)])
     role = FetcherRole(config(fetch_max_wait_ms=30), 4, FixedRng(), 2)
-    (decision,) = role.start(0, log)
+    (decision,) = role.start(0, log, 0)
     assert decision == SendFetch(
-        2, FetchRequest(CLUSTER, 1, 4, 3, 1, 30, 8 * 1024 * 1024), extra_timeout_ms=30
+        2, FetchRequest(CLUSTER, 1, 4, 3, 1, 30, 8 * 1024 * 1024, high_watermark=0), extra_timeout_ms=30
     )
     role.on_sent(7)
-    assert role.next_fetch(0, log) == []  # one fetch at a time
+    assert role.next_fetch(0, log, 0) == []  # one fetch at a time
 
 
 def test_fetched_batches_are_appended_and_the_high_watermark_is_capped_by_the_new_log_end() -> None:
@@ -314,9 +357,9 @@ def test_fetched_batches_are_appended_and_the_high_watermark_is_capped_by_the_ne
         FetchAgain(),
     ]
     apply_to_log(log, decisions)
-    assert role.next_fetch(5, log) == []  # nothing new is fetched before the append is durable
+    assert role.next_fetch(5, log, 0) == []  # nothing new is fetched before the append is durable
     log.mark_flushed(5)
-    assert len(role.next_fetch(5, log)) == 1
+    assert len(role.next_fetch(5, log, 0)) == 1
 
 
 def test_batches_that_do_not_continue_the_log_are_dropped_and_fetched_again_after_the_backoff() -> None:
@@ -327,7 +370,7 @@ def test_batches_that_do_not_continue_the_log_are_dropped_and_fetched_again_afte
         assert answer(role, log, FetchResponse(ErrorCode.NONE, "", 2, 4, 9, 0, data)) == [
             ResetElectionRetries()
         ]
-        assert role.next_fetch(5, log) == [] and len(role.next_fetch(25, log)) == 1
+        assert role.next_fetch(5, log, 0) == [] and len(role.next_fetch(25, log, 0)) == 1
 
 
 def test_a_diverging_epoch_truncates_then_fetches_again_from_the_truncated_log() -> None:
@@ -336,7 +379,7 @@ def test_a_diverging_epoch_truncates_then_fetches_again_from_the_truncated_log()
     decisions = answer(role, log, FetchResponse(ErrorCode.NONE, "", 2, 4, 0, 0, b"", EpochEndOffset(1, 7)))
     assert decisions == [ResetElectionRetries(), TruncateLog(5), FetchAgain()]
     apply_to_log(log, decisions)
-    (fetch,) = role.next_fetch(5, log)
+    (fetch,) = role.next_fetch(5, log, 0)
     assert isinstance(fetch, SendFetch) and isinstance(fetch.request, FetchRequest)
     assert (fetch.request.fetch_offset, fetch.request.last_fetched_epoch) == (5, 1)
 
@@ -347,7 +390,7 @@ def test_a_snapshot_download_writes_chunks_then_installs_and_raises_the_high_wat
     snapshot = SnapshotId(20, 3)
     decisions = answer(role, log, FetchResponse(ErrorCode.NONE, "", 2, 4, 0, 0, b"", None, snapshot))
     assert decisions == [ResetElectionRetries(), FetchAgain()]
-    (request,) = role.next_fetch(5, log)
+    (request,) = role.next_fetch(5, log, 0)
     assert isinstance(request, SendFetch) and isinstance(request.request, FetchSnapshotRequest)
     role.on_sent(8)
     chunk = FetchSnapshotResponse(ErrorCode.NONE, "", 2, 4, snapshot, 6, 0, b"abc")
