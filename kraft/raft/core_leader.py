@@ -501,22 +501,27 @@ class LeaderRole:
             log,
             high_watermark,
         )
+        wait_ms = request.max_wait_ms
+        if self._owes_high_watermark(request, high_watermark, advanced):
+            # Held briefly for the next batch, which then carries the high watermark with its records
+            # (a commit costs no extra round trip under steady writes); else answered with it alone.
+            wait_ms = min(wait_ms, self.config.fetch_high_watermark_wait_ms)
         if (
             request.fetch_offset < log.end_offset
-            or request.max_wait_ms == 0
+            or wait_ms == 0
             or self._owes_read_echo(request.replica_id, request.replica_directory_id, request.read_round)
-            or self._owes_high_watermark(request, high_watermark, advanced)
         ):
             decisions.append(self._data_response(request_id, request, log, log.end_offset, advanced))
         else:
-            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + request.max_wait_ms)
+            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + wait_ms)
         return decisions
 
     @staticmethod
     def _owes_high_watermark(request: FetchRequest, before: int, high_watermark: int) -> bool:
-        """A Fetch with nothing new to send is still answered at once when its fetcher would learn a
-        higher high watermark from the answer (docs/internals/raft.md "Long polls and the high
-        watermark"); parked, it would learn the commit only with the next write or the long poll's end.
+        """A Fetch with nothing new to send is still answered soon (``config.fetch_high_watermark_wait_ms``)
+        when its fetcher would learn a higher high watermark from the answer (docs/internals/raft.md "Long
+        polls and the high watermark"); parked for its whole wait, it would learn the commit only with the
+        next write or the long poll's end.
 
         A fetcher that says which one it knows (``request.high_watermark``, KIP-1166) is answered when it
         knows less than it can take: it caps what it takes at its log end, here ``fetch_offset`` (a

@@ -141,9 +141,11 @@ def test_an_election_is_won_exactly_by_a_majority_and_lost_once_a_majority_is_ou
 # --------------------------------------------------------------------------- LeaderRole
 
 
-def started_leader(voters: tuple[int, ...] = (1, 2, 3), end_offset: int = 0) -> tuple[LeaderRole, LogMeta]:
+def started_leader(
+    voters: tuple[int, ...] = (1, 2, 3), end_offset: int = 0, **overrides: Any
+) -> tuple[LeaderRole, LogMeta]:
     log = LogMeta(0, end_offset, end_offset, [EpochEntry(1, 0)] if end_offset else [])
-    role = LeaderRole(config(voters=voters), 2, end_offset, (1, 2))
+    role = LeaderRole(config(voters=voters, **overrides), 2, end_offset, (1, 2))
     apply_to_log(log, role.start(0))
     return role, log
 
@@ -185,7 +187,7 @@ def _long_poll(replica_id: int, fetch_offset: int, known: int | None) -> FetchRe
 def test_a_long_poll_that_moves_the_high_watermark_is_answered_at_once_with_it() -> None:
     # Nothing new to send, but the fetcher (of a version that does not say what it knows) would
     # otherwise learn the commit its own Fetch made only with the next write or the long poll's end.
-    role, log = started_leader()
+    role, log = started_leader(fetch_high_watermark_wait_ms=0)
     log.mark_flushed(1)
     decisions = role.handle_fetch(1, _long_poll(2, 1, None), 1, log, 0)
     assert decisions[0] == AdvanceHighWatermark(1)
@@ -197,7 +199,7 @@ def test_a_long_poll_that_moves_the_high_watermark_is_answered_at_once_with_it()
 
 
 def test_a_long_poll_that_knows_an_older_high_watermark_is_answered_at_once_then_parks() -> None:
-    role, log = started_leader()
+    role, log = started_leader(fetch_high_watermark_wait_ms=0)
     log.mark_flushed(1)
     moved = role.handle_fetch(1, _long_poll(2, 1, 0), 1, log, 0)  # moves it, and knows 0
     assert [r.high_watermark for r in fetch_responses(moved)] == [1] and role.parked == {}
@@ -211,6 +213,27 @@ def test_a_long_poll_that_knows_an_older_high_watermark_is_answered_at_once_then
     assert sorted(role.parked) == [3, 4]
     # A fetcher that knows more than this leader (learned from the last one) parks as well.
     assert fetch_responses(role.handle_fetch(5, _long_poll(2, 1, 7), 4, log, 1)) == []
+
+
+def test_a_long_poll_owed_a_high_watermark_waits_briefly_for_the_next_batch_to_carry_it() -> None:
+    role, log = started_leader(fetch_high_watermark_wait_ms=10)
+    log.mark_flushed(1)
+    held = role.handle_fetch(1, _long_poll(2, 1, 0), 100, log, 0)
+    assert held[0] == AdvanceHighWatermark(1) and fetch_responses(held) == []
+    assert role.next_deadline_ms() == 110  # not the long poll's 600
+    # The next batch within the wait answers it: its records and the high watermark in one response.
+    role.append([b"a"], 105, log, 1)
+    decisions, _end = role.drain_accumulator(log, 1)
+    (answer,) = [d for d in decisions if isinstance(d, Respond)]
+    assert answer.request_id == 1 and answer.read_log is not None and answer.read_log.offset == 1
+    assert isinstance(answer.response, FetchResponse) and answer.response.high_watermark == 1
+    # With no batch, the wait's end answers with the high watermark alone.
+    apply_to_log(log, decisions)
+    log.mark_flushed(2)
+    role.handle_fetch(2, _long_poll(2, 2, 1), 120, log, 1)  # moves it to 2, knows 1
+    assert role.poll(129, log, 2) == []
+    (alone,) = fetch_responses(role.poll(130, log, 2))
+    assert alone.high_watermark == 2 and alone.records == b""
 
 
 def test_a_follower_fetches_with_the_high_watermark_it_knows() -> None:

@@ -24,11 +24,14 @@ from raft_helpers import (
     wait_until,
 )
 
+from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import MemoryLogStore
 
 GATE_TIMEOUT_S = 5.0
 FETCH_MAX_WAIT_MS = FAST_TIMINGS["fetch_max_wait_ms"]
+HIGH_WATERMARK_WAIT_MS = RaftConfig(node_id=1, voters=(1,), cluster_id="c").fetch_high_watermark_wait_ms
+assert HIGH_WATERMARK_WAIT_MS < FETCH_MAX_WAIT_MS
 
 
 class CountedLog(MemoryLogStore):
@@ -89,11 +92,13 @@ def _cluster() -> tuple[LoopbackCluster, dict[int, CountedLog]]:
     return cluster, logs
 
 
-async def test_the_fetch_that_commits_is_answered_at_once_so_the_follower_knows_without_waiting() -> None:
+async def test_the_fetch_that_commits_is_answered_soon_so_the_follower_knows_without_the_long_poll() -> None:
     cluster, logs = _cluster()
     try:
         _leader, follower, offset = await _committed_by_a_follower(cluster, logs)
-        assert follower.high_watermark > offset  # no manual time passed: no long poll ended
+        # The leader holds that Fetch only for the next batch, a short bound (not the long poll's 50 ms).
+        await cluster.advance(HIGH_WATERMARK_WAIT_MS)
+        assert follower.high_watermark > offset
         learned = await asyncio.wait_for(follower.learn_log_end_commit(), GATE_TIMEOUT_S)
         assert learned > offset
     finally:
