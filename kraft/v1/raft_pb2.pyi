@@ -307,10 +307,11 @@ class FetchRequest(_message.Message):
     ignores this field serves it as an ordinary fetch, which is still safe).
     """
     high_watermark: _builtins.int
-    """The high watermark the fetcher knows (KIP-1166's FetchRequest.HighWatermark): a leader answers at once,
-    instead of parking the long poll, a fetcher that could learn a higher one from it.  Unset: an older
-    fetcher that does not say (the leader then answers at once only the Fetch that moved its high
-    watermark); an older leader ignores it.  docs/internals/raft.md "Long polls and the high watermark".
+    """The high watermark the fetcher knows (KIP-1166's FetchRequest.HighWatermark): a leader answers a
+    fetcher that could learn a higher one from it soon (controller.quorum.fetch.high.watermark.wait.ms),
+    not at the long poll's end.  Unset: an older fetcher that does not say (the leader then does so only
+    for the Fetch that moved its high watermark); an older leader ignores it.  docs/internals/raft.md
+    "Long polls and the high watermark".
     """
     def __init__(
         self,

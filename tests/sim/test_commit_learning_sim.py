@@ -5,8 +5,9 @@ polls with it; each follower appends, flushes and fetches again from its new log
 what commits the write at the leader (with the leader's own flush).  Nothing new is left to send, so
 before session 15 such a Fetch parked, and a follower learned the commit only with the leader's next
 answer: the next write, or the long poll's end (``fetch_max_wait_ms``).  Kafka answers it at once
-(``KafkaRaftClient.handleFetchRequest``, KIP-1166); so does kraft's leader now (docs/internals/raft.md
-"Long polls and the high watermark").  Bound: a few message delays and flushes, far below the long poll.
+(``KafkaRaftClient.handleFetchRequest``, KIP-1166); kraft's leader now answers it within
+``fetch_high_watermark_wait_ms`` (10 ms: the next batch may carry it; docs/internals/raft.md "Long polls
+and the high watermark").  Bound: that, a few message delays and flushes, far below the long poll.
 """
 
 from __future__ import annotations
