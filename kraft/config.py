@@ -534,6 +534,12 @@ class NodeConfig(BaseModel):
     controller_quorum_fetch_max_wait_ms: NonNegative = _key(
         "controller.quorum.fetch.max.wait.ms", default=500
     )
+    # kraft only (issue #17, session 15): the longest the leader holds a Fetch with nothing new to send
+    # whose follower would learn a higher high watermark from it, so that the next batch carries it with
+    # its records; then it answers with the high watermark alone.  0 = at once (Kafka 4.1's KIP-1166).
+    controller_quorum_fetch_high_watermark_wait_ms: NonNegative = _key(
+        "controller.quorum.fetch.high.watermark.wait.ms", default=10
+    )
     # kraft only (issue #17): a follower hands newly committed batches to its listeners (the metadata
     # replay) this long after the first of them committed, all at once, instead of at once — off the
     # moment the leader needs the cores to finish the write.  0 = at once.

@@ -179,6 +179,7 @@ def raft_config(config: NodeConfig, cluster_id: str, directory_id: str = "") -> 
         request_timeout_ms=config.controller_quorum_request_timeout_ms,
         retry_backoff_ms=config.controller_quorum_retry_backoff_ms,
         fetch_max_wait_ms=config.controller_quorum_fetch_max_wait_ms,
+        fetch_high_watermark_wait_ms=config.controller_quorum_fetch_high_watermark_wait_ms,
         leader_lease_ms=None if config.controller_quorum_leader_lease_enable else 0,
         # A Fetch response must fit in one gRPC message.
         fetch_max_bytes=max(

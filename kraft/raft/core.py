@@ -482,7 +482,7 @@ class RaftCore:
         if self._leader is not None:
             self._apply(self._leader.maybe_advance_high_watermark(self.log, self.high_watermark)[0])
         elif self._fetcher is not None:
-            self._apply(self._fetcher.next_fetch(self.now_ms, self.log))
+            self._apply(self._fetcher.next_fetch(self.now_ms, self.log, self.high_watermark))
         return self._take_output()
 
     def resign(self, now_ms: int) -> Output:
@@ -705,7 +705,7 @@ class RaftCore:
                     self._timer.lost_elections = 0
                 case FetchAgain():
                     if self._fetcher is not None:
-                        self._apply(self._fetcher.next_fetch(self.now_ms, self.log))
+                        self._apply(self._fetcher.next_fetch(self.now_ms, self.log, self.high_watermark))
                 case ConfirmReadRound(read_round):
                     out.confirmed_read_round = max(out.confirmed_read_round or 0, read_round)
                 case _:
@@ -814,7 +814,7 @@ class RaftCore:
                 self._fetcher = FetcherRole(
                     self.config, self.epoch, self.rng, None, is_voter=False, voter_ids=self._discovery_ids()
                 )
-                self._apply(self._fetcher.start(now, self.log))
+                self._apply(self._fetcher.start(now, self.log, self.high_watermark))
             elif self.voters == {self.node_id}:
                 self._timer.fire_now(now)
             else:
@@ -854,7 +854,9 @@ class RaftCore:
             )
             resigned = self._resigned_leader == (self.election.leader_id, self.epoch)
             backoff_ms = self._timer.backoff_ms() if resigned else None
-            self._apply(fetcher.start(now, self.log, leader_resigned_backoff_ms=backoff_ms))
+            self._apply(
+                fetcher.start(now, self.log, self.high_watermark, leader_resigned_backoff_ms=backoff_ms)
+            )
         else:  # RESIGNED
             # A sole voter has nobody to hand over to: re-elect itself at once (cf. KAFKA-19130).
             if self.voters == {self.node_id}:
@@ -894,7 +896,7 @@ class RaftCore:
                 self._apply(self._leader.poll(now, self.log, self.high_watermark))
         elif state is StateKind.FOLLOWER and self._fetcher is not None:
             if not self._fetcher.fetch_timed_out(now):
-                self._apply(self._fetcher.poll(now, self.log))
+                self._apply(self._fetcher.poll(now, self.log, self.high_watermark))
             elif self.is_voter:
                 self._become(BecomeProspective())
             else:
@@ -911,7 +913,7 @@ class RaftCore:
                     # non-voters vote) is moot.  Left armed, its past deadline would be handed out on
                     # every poll, and the driver would poll again at once, forever.
                     self._timer.stop()
-                self._apply(self._fetcher.poll(now, self.log))
+                self._apply(self._fetcher.poll(now, self.log, self.high_watermark))
         elif state is StateKind.PROSPECTIVE:
             if self._timer.expired(now):
                 self._back_off_after_failed_election()

@@ -121,7 +121,14 @@ class FetcherRole:
         """(fetch_offset, last_fetched_epoch) of the last ordinary Fetch sent: durable here (it went only
         once everything fetched before was flushed), so an echo may carry it."""
 
-    def start(self, now_ms: int, log: LogMeta, *, leader_resigned_backoff_ms: int | None = None) -> Decisions:
+    def start(
+        self,
+        now_ms: int,
+        log: LogMeta,
+        high_watermark: int,
+        *,
+        leader_resigned_backoff_ms: int | None = None,
+    ) -> Decisions:
         """Begin fetching.  ``leader_resigned_backoff_ms`` is set when this leader already announced its
         resignation (EndQuorumEpoch) and our pre-election failed: campaign again after that backoff
         instead of waiting out a whole fetch timeout for a leader that will not come back."""
@@ -133,7 +140,7 @@ class FetcherRole:
         else:
             self.leader_resigned = True
             self.fetch_deadline_ms = now_ms + leader_resigned_backoff_ms
-        return self.next_fetch(now_ms, log)
+        return self.next_fetch(now_ms, log, high_watermark)
 
     def next_deadline_ms(self) -> int:
         return min(self.fetch_deadline_ms, self.unreachable_deadline_ms, self.retry_at_ms)
@@ -141,7 +148,7 @@ class FetcherRole:
     def fetch_timed_out(self, now_ms: int) -> bool:
         return now_ms >= min(self.fetch_deadline_ms, self.unreachable_deadline_ms)
 
-    def poll(self, now_ms: int, log: LogMeta) -> Decisions:
+    def poll(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
         if now_ms < self.retry_at_ms:
             return []
         self.retry_at_ms = NEVER_MS
@@ -150,7 +157,7 @@ class FetcherRole:
                 self.retry_at_ms = now_ms + self.config.fetch_timeout_ms  # nobody to ask (yet)
                 return []
             return [self._discovery_fetch(log)]
-        return self.next_fetch(now_ms, log)
+        return self.next_fetch(now_ms, log, high_watermark)
 
     def can_grant_pre_vote(self, now_ms: int) -> bool:
         # KIP-996: a follower that hears from a live leader protects it from a disruptive rejoiner.
@@ -218,9 +225,10 @@ class FetcherRole:
 
     # -- sending
 
-    def next_fetch(self, now_ms: int, log: LogMeta) -> Decisions:
+    def next_fetch(self, now_ms: int, log: LogMeta, high_watermark: int) -> Decisions:
         """The next Fetch or FetchSnapshot, if one may go now (none in flight, no retry pending, and
-        everything fetched so far is durable)."""
+        everything fetched so far is durable).  ``high_watermark``: the one this node knows, which the
+        Fetch carries so that a leader with a higher one answers at once (:class:`FetchRequest`)."""
         if self.leader_id is None or self.inflight is not None:
             return []
         if self.retry_at_ms != NEVER_MS and self.retry_at_ms > now_ms:
@@ -248,6 +256,7 @@ class FetcherRole:
             config.fetch_max_bytes,
             config.directory_id,
             self.read_round,
+            high_watermark=high_watermark,
         )
         self.sent_read_round = max(self.sent_read_round, self.read_round)
         self.durable_position = (request.fetch_offset, request.last_fetched_epoch)

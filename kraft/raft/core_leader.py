@@ -493,7 +493,7 @@ class LeaderRole:
                 request.replica_id, log, high_watermark, diverging_epoch=end_for_epoch
             )
             return [Respond(request_id, response)]
-        decisions, high_watermark = self._update_progress(
+        decisions, advanced = self._update_progress(
             request.replica_id,
             request.replica_directory_id,
             request.fetch_offset,
@@ -501,15 +501,38 @@ class LeaderRole:
             log,
             high_watermark,
         )
+        wait_ms = request.max_wait_ms
+        if self._owes_high_watermark(request, high_watermark, advanced):
+            # Held briefly for the next batch, which then carries the high watermark with its records
+            # (a commit costs no extra round trip under steady writes); else answered with it alone.
+            wait_ms = min(wait_ms, self.config.fetch_high_watermark_wait_ms)
         if (
             request.fetch_offset < log.end_offset
-            or request.max_wait_ms == 0
+            or wait_ms == 0
             or self._owes_read_echo(request.replica_id, request.replica_directory_id, request.read_round)
         ):
-            decisions.append(self._data_response(request_id, request, log, log.end_offset, high_watermark))
+            decisions.append(self._data_response(request_id, request, log, log.end_offset, advanced))
         else:
-            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + request.max_wait_ms)
+            self.parked[request_id] = ParkedFetch(request_id, request, now_ms + wait_ms)
         return decisions
+
+    @staticmethod
+    def _owes_high_watermark(request: FetchRequest, before: int, high_watermark: int) -> bool:
+        """A Fetch with nothing new to send is still answered soon (``config.fetch_high_watermark_wait_ms``)
+        when its fetcher would learn a higher high watermark from the answer (docs/internals/raft.md "Long
+        polls and the high watermark"); parked for its whole wait, it would learn the commit only with the
+        next write or the long poll's end.
+
+        A fetcher that says which one it knows (``request.high_watermark``, KIP-1166) is answered when it
+        knows less than it can take: it caps what it takes at its log end, here ``fetch_offset`` (a
+        behind fetcher gets records anyway), so once answered its next Fetch knows enough to park — no
+        answer loop.  One that does not say (an older version) is answered when its own Fetch moved the
+        high watermark, Kafka's older rule: it then knows the old one at best.  A fetcher of that kind
+        arriving after someone else's Fetch moved it still parks (the leader has no way to tell)."""
+        known = request.high_watermark
+        if known is None:
+            return high_watermark > before
+        return known < min(high_watermark, request.fetch_offset)
 
     # -- leadership confirmation (ReadIndex)
     #

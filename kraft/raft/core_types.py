@@ -34,6 +34,11 @@ class RaftConfig:
     request_timeout_ms: int = 2000
     retry_backoff_ms: int = 20
     fetch_max_wait_ms: int = 500
+    fetch_high_watermark_wait_ms: int = 10
+    """The longest the leader holds a Fetch with nothing new to send whose fetcher would learn a higher
+    high watermark from the answer (``LeaderRole._owes_high_watermark``): the next batch, when it comes
+    within this, carries the high watermark with its records (no extra round trip per commit under
+    steady writes); else the answer goes with the high watermark alone.  0: at once (Kafka 4.1's rule)."""
     fetch_max_bytes: int = 8 * 1024 * 1024
     max_batch_records: int = 2000
     max_batch_bytes: int = 1024 * 1024
@@ -65,8 +70,16 @@ class RaftConfig:
             raise ValueError("election, fetch and request timeouts must be positive")
         if self.max_observers < 0 or self.max_epoch_jump < 1:
             raise ValueError("max observers must not be negative and the epoch jump must be positive")
-        if self.append_linger_ms < 0 or self.retry_backoff_ms < 0 or self.fetch_max_wait_ms < 0:
-            raise ValueError("linger, retry backoff and fetch max wait must not be negative")
+        if (
+            min(
+                self.append_linger_ms,
+                self.retry_backoff_ms,
+                self.fetch_max_wait_ms,
+                self.fetch_high_watermark_wait_ms,
+            )
+            < 0
+        ):
+            raise ValueError("linger, retry backoff and fetch waits must not be negative")
         if self.leader_lease_ms is not None and not 0 <= self.leader_lease_ms <= self.max_lease_ms:
             raise ValueError(
                 f"leader lease {self.leader_lease_ms} ms must be between 0 and {self.max_lease_ms} ms "

@@ -146,7 +146,9 @@ _END_REQUEST = _MessageCodec(
     m.EndQuorumEpochRequest, pb.EndQuorumEpochRequest, preferred_successors=_SCALAR_TUPLE
 )
 _END_RESPONSE = _response(m.EndQuorumEpochResponse, pb.EndQuorumEpochResponse)
-_FETCH_REQUEST = _MessageCodec(m.FetchRequest, pb.FetchRequest)
+_FETCH_REQUEST = _MessageCodec(
+    m.FetchRequest, pb.FetchRequest, high_watermark=_Convert(_unchanged, _unchanged, optional=True)
+)
 _FETCH_RESPONSE = _response(
     m.FetchResponse,
     pb.FetchResponse,

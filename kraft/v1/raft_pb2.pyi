@@ -283,6 +283,7 @@ class FetchRequest(_message.Message):
     REPLICA_DIRECTORY_ID_FIELD_NUMBER: _builtins.int
     READ_ROUND_FIELD_NUMBER: _builtins.int
     ECHO_ONLY_FIELD_NUMBER: _builtins.int
+    HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     replica_id: _builtins.int
     current_leader_epoch: _builtins.int
@@ -305,6 +306,13 @@ class FetchRequest(_message.Message):
     progress alone (fetch_offset is the last offset the fetcher reported durable; an older leader that
     ignores this field serves it as an ordinary fetch, which is still safe).
     """
+    high_watermark: _builtins.int
+    """The high watermark the fetcher knows (KIP-1166's FetchRequest.HighWatermark): a leader answers a
+    fetcher that could learn a higher one from it soon (controller.quorum.fetch.high.watermark.wait.ms),
+    not at the long poll's end.  Unset: an older fetcher that does not say (the leader then does so only
+    for the Fetch that moved its high watermark); an older leader ignores it.  docs/internals/raft.md
+    "Long polls and the high watermark".
+    """
     def __init__(
         self,
         *,
@@ -318,12 +326,15 @@ class FetchRequest(_message.Message):
         replica_directory_id: _builtins.str = ...,
         read_round: _builtins.int = ...,
         echo_only: _builtins.bool = ...,
+        high_watermark: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_high_watermark", b"_high_watermark", "high_watermark", b"high_watermark"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster_id", b"cluster_id", "current_leader_epoch", b"current_leader_epoch", "echo_only", b"echo_only", "fetch_offset", b"fetch_offset", "last_fetched_epoch", b"last_fetched_epoch", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "read_round", b"read_round", "replica_directory_id", b"replica_directory_id", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_high_watermark", b"_high_watermark", "cluster_id", b"cluster_id", "current_leader_epoch", b"current_leader_epoch", "echo_only", b"echo_only", "fetch_offset", b"fetch_offset", "high_watermark", b"high_watermark", "last_fetched_epoch", b"last_fetched_epoch", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "read_round", b"read_round", "replica_directory_id", b"replica_directory_id", "replica_id", b"replica_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__high_watermark: _TypeAlias = _typing.Literal["high_watermark"]  # noqa: Y015
+    _WhichOneofArgType__high_watermark: _TypeAlias = _typing.Literal["_high_watermark", b"_high_watermark"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__high_watermark) -> _WhichOneofReturnType__high_watermark | None: ...
 
 Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 

@@ -106,7 +106,9 @@ class ReadIndexSimulation(Simulation):
         leader = self.leader()
         assert leader is not None
         core = leader.live_core
-        read_round = core.confirm_leadership(self.now_ms)
+        # On the leader's own clock: a lease simulation's clocks drift, and a core handed the simulation's
+        # time while its clock runs far behind jumps ahead past its check-quorum deadline and resigns.
+        read_round = core.confirm_leadership(leader.clock_ms())
         leader.wake()  # its output now, or as the driver takes it (SimNode.driver_ordering)
         key = (leader.node_id, leader.incarnation)
         self.run_until_condition(

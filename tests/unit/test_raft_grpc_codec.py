@@ -81,6 +81,19 @@ def test_fetch_request_carries_the_fetchers_directory_id_and_read_round(value: m
     assert codec.fetch_request_from_pb(encoded) == value
 
 
+@given(
+    st.builds(
+        m.FetchRequest, text, int32, int32, int64, int32, int32, int32, high_watermark=st.none() | int64
+    )
+)
+def test_fetch_request_carries_the_known_high_watermark_with_presence(value: m.FetchRequest) -> None:
+    # Unset must stay None, never 0: a leader would take an older fetcher's 0 as "knows nothing" and
+    # answer every one of its long polls at once.
+    encoded = _through_wire(codec.fetch_request_to_pb(value))
+    assert encoded.HasField("high_watermark") is (value.high_watermark is not None)
+    assert codec.fetch_request_from_pb(encoded) == value
+
+
 @given(st.builds(m.VoteRequest, text, int32, int32, int32, int32, int64, st.booleans(), text, text))
 def test_vote_request_carries_both_directory_ids(value: m.VoteRequest) -> None:
     encoded = _through_wire(codec.vote_request_to_pb(value))

@@ -15,8 +15,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import pytest
+
 from kraft.clock import ManualClock
 from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
+from kraft.raft.core_leader import LeaderRole
 from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import (
@@ -232,6 +235,14 @@ class LoopbackCluster:
 
 
 HOLD_TIMEOUT_S = 5.0
+
+
+def park_commits_like_an_older_leader(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leaders park a long poll with nothing new to send even when its fetcher would learn a higher
+    high watermark from the answer, as before session 15 (``LeaderRole._owes_high_watermark``; the
+    state a rolling upgrade still meets: an older leader, or an older follower whose Fetch arrives after
+    another one committed).  For the tests of what a follower does while it holds an unlearned commit."""
+    monkeypatch.setattr(LeaderRole, "_owes_high_watermark", staticmethod(lambda *_args: False))
 
 
 class HeldFetches:

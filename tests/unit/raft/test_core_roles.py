@@ -141,9 +141,11 @@ def test_an_election_is_won_exactly_by_a_majority_and_lost_once_a_majority_is_ou
 # --------------------------------------------------------------------------- LeaderRole
 
 
-def started_leader(voters: tuple[int, ...] = (1, 2, 3), end_offset: int = 0) -> tuple[LeaderRole, LogMeta]:
+def started_leader(
+    voters: tuple[int, ...] = (1, 2, 3), end_offset: int = 0, **overrides: Any
+) -> tuple[LeaderRole, LogMeta]:
     log = LogMeta(0, end_offset, end_offset, [EpochEntry(1, 0)] if end_offset else [])
-    role = LeaderRole(config(voters=voters), 2, end_offset, (1, 2))
+    role = LeaderRole(config(voters=voters, **overrides), 2, end_offset, (1, 2))
     apply_to_log(log, role.start(0))
     return role, log
 
@@ -176,6 +178,70 @@ def test_a_fetch_that_moves_the_high_watermark_is_answered_with_the_new_one() ->
     decisions = role.handle_fetch(1, FetchRequest(CLUSTER, 2, 2, 1, 2, 0), 1, log, 0)
     assert decisions[0] == AdvanceHighWatermark(1)
     assert [r.high_watermark for r in fetch_responses(decisions)] == [1]
+
+
+def _long_poll(replica_id: int, fetch_offset: int, known: int | None) -> FetchRequest:
+    return FetchRequest(CLUSTER, replica_id, 2, fetch_offset, 2, 500, high_watermark=known)
+
+
+def test_a_long_poll_that_moves_the_high_watermark_is_answered_at_once_with_it() -> None:
+    # Nothing new to send, but the fetcher (of a version that does not say what it knows) would
+    # otherwise learn the commit its own Fetch made only with the next write or the long poll's end.
+    role, log = started_leader(fetch_high_watermark_wait_ms=0)
+    log.mark_flushed(1)
+    decisions = role.handle_fetch(1, _long_poll(2, 1, None), 1, log, 0)
+    assert decisions[0] == AdvanceHighWatermark(1)
+    assert [r.high_watermark for r in fetch_responses(decisions)] == [1] and role.parked == {}
+    # The next one moves nothing: it parks (an older fetcher arriving after the move parks too).
+    assert fetch_responses(role.handle_fetch(2, _long_poll(2, 1, None), 2, log, 1)) == []
+    assert fetch_responses(role.handle_fetch(3, _long_poll(3, 1, None), 3, log, 1)) == []
+    assert sorted(role.parked) == [2, 3]
+
+
+def test_a_long_poll_that_knows_an_older_high_watermark_is_answered_at_once_then_parks() -> None:
+    role, log = started_leader(fetch_high_watermark_wait_ms=0)
+    log.mark_flushed(1)
+    moved = role.handle_fetch(1, _long_poll(2, 1, 0), 1, log, 0)  # moves it, and knows 0
+    assert [r.high_watermark for r in fetch_responses(moved)] == [1] and role.parked == {}
+    # The other follower's Fetch arrives after the move: it knows 0, so it is answered too.
+    late = role.handle_fetch(2, _long_poll(3, 1, 0), 2, log, 1)
+    assert [d.request_id for d in late if isinstance(d, Respond)] == [2]
+    assert [r.high_watermark for r in fetch_responses(late)] == [1]
+    # Once they know it, their long polls park (no answer loop).
+    for request_id, replica_id in ((3, 2), (4, 3)):
+        assert fetch_responses(role.handle_fetch(request_id, _long_poll(replica_id, 1, 1), 3, log, 1)) == []
+    assert sorted(role.parked) == [3, 4]
+    # A fetcher that knows more than this leader (learned from the last one) parks as well.
+    assert fetch_responses(role.handle_fetch(5, _long_poll(2, 1, 7), 4, log, 1)) == []
+
+
+def test_a_long_poll_owed_a_high_watermark_waits_briefly_for_the_next_batch_to_carry_it() -> None:
+    role, log = started_leader(fetch_high_watermark_wait_ms=10)
+    log.mark_flushed(1)
+    held = role.handle_fetch(1, _long_poll(2, 1, 0), 100, log, 0)
+    assert held[0] == AdvanceHighWatermark(1) and fetch_responses(held) == []
+    assert role.next_deadline_ms() == 110  # not the long poll's 600
+    # The next batch within the wait answers it: its records and the high watermark in one response.
+    role.append([b"a"], 105, log, 1)
+    decisions, _end = role.drain_accumulator(log, 1)
+    (answer,) = [d for d in decisions if isinstance(d, Respond)]
+    assert answer.request_id == 1 and answer.read_log is not None and answer.read_log.offset == 1
+    assert isinstance(answer.response, FetchResponse) and answer.response.high_watermark == 1
+    # With no batch, the wait's end answers with the high watermark alone.
+    apply_to_log(log, decisions)
+    log.mark_flushed(2)
+    role.handle_fetch(2, _long_poll(2, 2, 1), 120, log, 1)  # moves it to 2, knows 1
+    assert role.poll(129, log, 2) == []
+    (alone,) = fetch_responses(role.poll(130, log, 2))
+    assert alone.high_watermark == 2 and alone.records == b""
+
+
+def test_a_follower_fetches_with_the_high_watermark_it_knows() -> None:
+    log = LogMeta(0, 3, 3, [EpochEntry(1, 0)])
+    role = FetcherRole(config(), 4, FixedRng(), 2)
+    (decision,) = role.start(0, log, 2)
+    assert isinstance(decision, SendFetch) and isinstance(decision.request, FetchRequest)
+    assert decision.request.high_watermark == 2
 
 
 def test_a_full_accumulator_is_cut_into_one_batch_and_answers_waiting_fetches() -> None:
@@ -271,7 +337,7 @@ def test_next_high_watermark_only_moves_forward_to_an_offset_a_majority_reached(
 def follower(log: LogMeta) -> tuple[FetcherRole, int]:
     """A follower of node 2 at epoch 4 with its first fetch in flight; returns it and the correlation id."""
     role = FetcherRole(config(), 4, FixedRng(), 2)
-    decisions = role.start(0, log)
+    decisions = role.start(0, log, 0)
     assert len(decisions) == 1 and isinstance(decisions[0], SendFetch)
     role.on_sent(7)
     return role, 7
@@ -295,12 +361,12 @@ def answer(role: FetcherRole, log: LogMeta, response: FetchResponse, high_waterm
 def test_a_follower_fetches_from_its_log_end_and_waits_for_the_long_poll() -> None:
     log = LogMeta(0, 3, 3, [EpochEntry(1, 0)])
     role = FetcherRole(config(fetch_max_wait_ms=30), 4, FixedRng(), 2)
-    (decision,) = role.start(0, log)
+    (decision,) = role.start(0, log, 0)
     assert decision == SendFetch(
-        2, FetchRequest(CLUSTER, 1, 4, 3, 1, 30, 8 * 1024 * 1024), extra_timeout_ms=30
+        2, FetchRequest(CLUSTER, 1, 4, 3, 1, 30, 8 * 1024 * 1024, high_watermark=0), extra_timeout_ms=30
     )
     role.on_sent(7)
-    assert role.next_fetch(0, log) == []  # one fetch at a time
+    assert role.next_fetch(0, log, 0) == []  # one fetch at a time
 
 
 def test_fetched_batches_are_appended_and_the_high_watermark_is_capped_by_the_new_log_end() -> None:
@@ -314,9 +380,9 @@ def test_fetched_batches_are_appended_and_the_high_watermark_is_capped_by_the_ne
         FetchAgain(),
     ]
     apply_to_log(log, decisions)
-    assert role.next_fetch(5, log) == []  # nothing new is fetched before the append is durable
+    assert role.next_fetch(5, log, 0) == []  # nothing new is fetched before the append is durable
     log.mark_flushed(5)
-    assert len(role.next_fetch(5, log)) == 1
+    assert len(role.next_fetch(5, log, 0)) == 1
 
 
 def test_batches_that_do_not_continue_the_log_are_dropped_and_fetched_again_after_the_backoff() -> None:
@@ -327,7 +393,7 @@ def test_batches_that_do_not_continue_the_log_are_dropped_and_fetched_again_afte
         assert answer(role, log, FetchResponse(ErrorCode.NONE, "", 2, 4, 9, 0, data)) == [
             ResetElectionRetries()
         ]
-        assert role.next_fetch(5, log) == [] and len(role.next_fetch(25, log)) == 1
+        assert role.next_fetch(5, log, 0) == [] and len(role.next_fetch(25, log, 0)) == 1
 
 
 def test_a_diverging_epoch_truncates_then_fetches_again_from_the_truncated_log() -> None:
@@ -336,7 +402,7 @@ def test_a_diverging_epoch_truncates_then_fetches_again_from_the_truncated_log()
     decisions = answer(role, log, FetchResponse(ErrorCode.NONE, "", 2, 4, 0, 0, b"", EpochEndOffset(1, 7)))
     assert decisions == [ResetElectionRetries(), TruncateLog(5), FetchAgain()]
     apply_to_log(log, decisions)
-    (fetch,) = role.next_fetch(5, log)
+    (fetch,) = role.next_fetch(5, log, 0)
     assert isinstance(fetch, SendFetch) and isinstance(fetch.request, FetchRequest)
     assert (fetch.request.fetch_offset, fetch.request.last_fetched_epoch) == (5, 1)
 
@@ -347,7 +413,7 @@ def test_a_snapshot_download_writes_chunks_then_installs_and_raises_the_high_wat
     snapshot = SnapshotId(20, 3)
     decisions = answer(role, log, FetchResponse(ErrorCode.NONE, "", 2, 4, 0, 0, b"", None, snapshot))
     assert decisions == [ResetElectionRetries(), FetchAgain()]
-    (request,) = role.next_fetch(5, log)
+    (request,) = role.next_fetch(5, log, 0)
     assert isinstance(request, SendFetch) and isinstance(request.request, FetchSnapshotRequest)
     role.on_sent(8)
     chunk = FetchSnapshotResponse(ErrorCode.NONE, "", 2, 4, snapshot, 6, 0, b"abc")

@@ -1,23 +1,37 @@
 """``RaftDriver.learn_log_end_commit``: a follower waits for the high watermark to cover its log end.
 
-A follower's Fetch that reports its progress past new records is what commits them at the leader, and
-that Fetch is parked there (nothing new to send): the follower learns the commit only with the leader's
-next answer — the next records, or the long poll's end (``fetch_max_wait_ms``).  A graceful stop's
-catch-up (``commit_replay.replay_known_commits``) waits for that answer, within its budget, so the
-image store it saves covers what the leader already counts as committed (issue #17, session 14).
+A follower's Fetch that reports its progress past new records is what commits them at the leader.  Before
+session 15 the leader parked that Fetch (nothing new to send), so the follower learned the commit only
+with the leader's next answer — the next records, or the long poll's end (``fetch_max_wait_ms``).  A
+graceful stop's catch-up (``commit_replay.replay_known_commits``) waits for that answer, within its
+budget, so the image store it saves covers what the leader already counts as committed (issue #17,
+session 14).  Leaders now answer such a Fetch at once (``LeaderRole._owes_high_watermark``), but a rolling
+upgrade still meets the old behaviour (an older leader, or an older follower whose Fetch arrives after
+another one committed), so these tests emulate an older leader
+(:func:`raft_helpers.park_commits_like_an_older_leader`) — except the first, which shows today's leader.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from raft_helpers import FAST_TIMINGS, HeldFetches, LoopbackCluster, wait_until
+import pytest
+from raft_helpers import (
+    FAST_TIMINGS,
+    HeldFetches,
+    LoopbackCluster,
+    park_commits_like_an_older_leader,
+    wait_until,
+)
 
+from kraft.raft.core_types import RaftConfig
 from kraft.raft.driver import RaftDriver
 from kraft.raft.memory import MemoryLogStore
 
 GATE_TIMEOUT_S = 5.0
 FETCH_MAX_WAIT_MS = FAST_TIMINGS["fetch_max_wait_ms"]
+HIGH_WATERMARK_WAIT_MS = RaftConfig(node_id=1, voters=(1,), cluster_id="c").fetch_high_watermark_wait_ms
+assert HIGH_WATERMARK_WAIT_MS < FETCH_MAX_WAIT_MS
 
 
 class CountedLog(MemoryLogStore):
@@ -31,9 +45,12 @@ class CountedLog(MemoryLogStore):
         return end
 
 
-async def _unlearned_commit(cluster: LoopbackCluster, logs: dict[int, CountedLog]) -> tuple[RaftDriver, int]:
-    """A 2-voter cluster's follower holding a record the leader committed and the follower does not
-    know committed (its progress Fetch parked at the leader).  Returns the follower and the offset."""
+async def _committed_by_a_follower(
+    cluster: LoopbackCluster, logs: dict[int, CountedLog]
+) -> tuple[RaftDriver, RaftDriver, int]:
+    """A 2-voter cluster where the follower's progress Fetch commits a record (it reaches the leader
+    after the leader's own fsync of it), with no manual time passing after.  Returns the leader, the
+    follower and the record's offset."""
     fetches = HeldFetches(cluster)
     await cluster.start_all()
     leader = await cluster.elect()
@@ -54,8 +71,15 @@ async def _unlearned_commit(cluster: LoopbackCluster, logs: dict[int, CountedLog
     )
     await cluster.settle()
     fetches.release()
-    await cluster.settle()  # no manual time passes: the parked Fetch stays parked
+    await cluster.settle()  # no manual time passes: a parked Fetch stays parked
     assert leader.high_watermark > offset
+    return leader, follower, offset
+
+
+async def _unlearned_commit(cluster: LoopbackCluster, logs: dict[int, CountedLog]) -> tuple[RaftDriver, int]:
+    """The follower holds a record the leader committed and the follower does not know committed (its
+    progress Fetch parked at an older leader).  Returns the follower and the offset."""
+    _leader, follower, offset = await _committed_by_a_follower(cluster, logs)
     assert follower.high_watermark <= offset < follower.log_end_offset
     return follower, offset
 
@@ -68,7 +92,23 @@ def _cluster() -> tuple[LoopbackCluster, dict[int, CountedLog]]:
     return cluster, logs
 
 
-async def test_a_follower_learns_the_commit_of_its_log_end_with_the_leaders_next_answer() -> None:
+async def test_the_fetch_that_commits_is_answered_soon_so_the_follower_knows_without_the_long_poll() -> None:
+    cluster, logs = _cluster()
+    try:
+        _leader, follower, offset = await _committed_by_a_follower(cluster, logs)
+        # The leader holds that Fetch only for the next batch, a short bound (not the long poll's 50 ms).
+        await cluster.advance(HIGH_WATERMARK_WAIT_MS)
+        assert follower.high_watermark > offset
+        learned = await asyncio.wait_for(follower.learn_log_end_commit(), GATE_TIMEOUT_S)
+        assert learned > offset
+    finally:
+        await cluster.close()
+
+
+async def test_a_follower_learns_the_commit_of_its_log_end_with_the_leaders_next_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    park_commits_like_an_older_leader(monkeypatch)
     cluster, logs = _cluster()
     try:
         follower, offset = await _unlearned_commit(cluster, logs)
@@ -83,7 +123,8 @@ async def test_a_follower_learns_the_commit_of_its_log_end_with_the_leaders_next
         await cluster.close()
 
 
-async def test_a_leader_or_a_caught_up_follower_answers_at_once() -> None:
+async def test_a_leader_or_a_caught_up_follower_answers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    park_commits_like_an_older_leader(monkeypatch)
     cluster, logs = _cluster()
     try:
         follower, offset = await _unlearned_commit(cluster, logs)
@@ -98,7 +139,8 @@ async def test_a_leader_or_a_caught_up_follower_answers_at_once() -> None:
         await cluster.close()
 
 
-async def test_a_stop_or_a_cancelled_wait_leaves_no_waiter_behind() -> None:
+async def test_a_stop_or_a_cancelled_wait_leaves_no_waiter_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    park_commits_like_an_older_leader(monkeypatch)
     cluster, logs = _cluster()
     try:
         follower, offset = await _unlearned_commit(cluster, logs)
@@ -119,8 +161,9 @@ async def test_a_stop_or_a_cancelled_wait_leaves_no_waiter_behind() -> None:
         await cluster.close()
 
 
-async def test_a_new_leader_answers_the_wait() -> None:
+async def test_a_new_leader_answers_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the old leader counted as committed may never be known here: the wait ends with it."""
+    park_commits_like_an_older_leader(monkeypatch)
     cluster, logs = _cluster()
     try:
         follower, _offset = await _unlearned_commit(cluster, logs)

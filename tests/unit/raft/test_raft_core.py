@@ -434,13 +434,14 @@ def test_appends_fail_on_a_non_leader_and_batch_within_the_linger() -> None:
 def test_a_parked_fetch_answers_when_data_arrives_or_its_wait_expires() -> None:
     core, now = _leader_with_log()
     core.on_flushed(11, now)
-    out = core.handle_request(5, FetchRequest(CLUSTER, 2, 4, 11, 4, max_wait_ms=30), now)
+    # Fetchers that know every commit up to their log end: only data or the wait's end answers them.
+    out = core.handle_request(5, FetchRequest(CLUSTER, 2, 4, 11, 4, max_wait_ms=30, high_watermark=11), now)
     assert not [m for m in out.send_now if isinstance(m, OutboundResponse)]
     core.append([b"x"], now)
     out = core.poll(now + 5)
     message = only_response(out)
     assert message.request_id == 5 and message.read_log is not None and message.read_log.offset == 11
-    core.handle_request(6, FetchRequest(CLUSTER, 3, 4, 12, 4, max_wait_ms=30), now + 5)
+    core.handle_request(6, FetchRequest(CLUSTER, 3, 4, 12, 4, max_wait_ms=30, high_watermark=12), now + 5)
     assert core.poll(now + 34).send_now == []
     empty = only_response(core.poll(now + 35))
     assert empty.request_id == 6 and empty.read_log is None

@@ -56,7 +56,11 @@ def _elect_by_all(core: RaftCore) -> int:
 
 
 def _fetch(replica: int, read_round: int, *, wait_ms: int = 30, offset: int = 11) -> FetchRequest:
-    return FetchRequest(CLUSTER, replica, 4, offset, 4, max_wait_ms=wait_ms, read_round=read_round)
+    # The fetcher knows every commit up to its log end: no high-watermark answer is owed (a Fetch that
+    # commits is answered at once otherwise), so these long polls park or answer by the read-round rules.
+    return FetchRequest(
+        CLUSTER, replica, 4, offset, 4, max_wait_ms=wait_ms, read_round=read_round, high_watermark=offset
+    )
 
 
 def _responses(out: Output) -> dict[int, FetchResponse]:
