@@ -46,7 +46,7 @@ from kraft.client.controller import MAX_RECONNECT_BACKOFF_MS, RECONNECT_BACKOFF_
 from kraft.client.heartbeat_stream import HeartbeatStream
 from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
-from kraft.observability.stall_sampler import SENT_METADATA_KEY
+from kraft.observability.stall_sampler import SENT_METADATA_KEY, stamp_sent
 from kraft.procutil import reap_children_on_exit, spawn_child
 from kraft.runtime import loop_factory
 from kraft.v1 import common_pb2
@@ -239,6 +239,9 @@ class Fleet:
             stream = self._streams.get(broker_id)
             if stream is None:
                 stream = self._streams[broker_id] = HeartbeatStream(self._stream_client(broker_id))
+            # the send time rides in the message (the stream's metadata is sent once): a node with
+            # observability.stall.sampler.ms measures each message's arrival delay from it
+            stamp_sent(request)
             # the whole budget of the unary path's admin client (beats: timeout_s=2.0)
             return await stream.heartbeat(request, self.beats.timeout_s)
         client = self.client if patient else self.beats

@@ -112,6 +112,9 @@ class HeartbeatBridge:
         # observability.stall.sampler.ms: (call metadata, broker id) -> the arrival delay of a call that
         # carries its send time (kraft.observability.stall_sampler.ArrivalProbe)
         self.arrival_probe: Callable[[object, int], None] | None = None
+        # the same for a BrokerHeartbeatStream message, whose send time rides in the message itself
+        # (ArrivalProbe.message; kraft.node.heartbeat_stream): (message, broker id)
+        self.message_probe: Callable[[cpb.BrokerHeartbeatRequest, int], None] | None = None
         # The fast lane's ACL grants: (the ACLs they were decided under, the (principal, host) pairs the
         # guard allowed CLUSTER_ACTION).  Replaced whole by the main loop, read by the intake thread.
         self._grants: tuple[object, frozenset[tuple[str, str]]] = (None, frozenset())

@@ -62,6 +62,9 @@ def heartbeat_stream_handler(bridge: HeartbeatBridge) -> grpc.RpcMethodHandler[A
         async for raw in requests:
             request = await decoder.decode(raw, cpb.BrokerHeartbeatRequest, "BrokerHeartbeatStream", context)
             assert isinstance(request, cpb.BrokerHeartbeatRequest)
+            probe = bridge.message_probe  # observability.stall.sampler.ms: the message's arrival delay
+            if probe is not None:
+                probe(request, request.broker_id)
             answer = await bridge.answer(request, caller)
             if isinstance(answer, Refused):
                 await context.abort(answer.code, answer.details)

@@ -350,6 +350,7 @@ class IntakeCounterSink:
         "controller_calls",
         "proxied_calls",
         "stream_messages",
+        "proxied_answers",
     )
 
     def __init__(self, node: int | str) -> None:

@@ -195,6 +195,9 @@ class Proxy:
         self._forward_auth = forward_auth
         self.calls = 0
         """Calls proxied (counted as they start)."""
+        self.answers = 0
+        """Messages the proxied streams answered: a ``BrokerHeartbeatStream`` is one call and one answer
+        per heartbeat, so the heartbeats a stream carries are counted here, not in ``calls``."""
 
     def metadata(self, context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:
         """What a call forwards of its caller (:func:`forwarded_metadata`)."""
@@ -266,6 +269,7 @@ class Proxy:
             )
             try:
                 async for item in call:
+                    self.answers += 1
                     yield item
             except grpc.aio.AioRpcError as error:
                 await _abort_from(context, error)
@@ -712,6 +716,7 @@ class IntakeHandler(_GenericRpcHandler):
             controller_calls=self._calls.calls if self._calls else 0,
             proxied_calls=self._proxy.calls,
             stream_messages=self.stream_messages,
+            proxied_answers=self._proxy.answers,
         )
 
     def _batched(self, method: str) -> Callable[..., Awaitable[bytes]]:
@@ -828,6 +833,7 @@ async def serve(args: argparse.Namespace) -> None:
             controller_calls=counters.controller_calls,
             proxied_calls=counters.proxied_calls,
             stream_messages=counters.stream_messages,
+            proxied_answers=counters.proxied_answers,
         )
 
 

@@ -175,7 +175,9 @@ def install_metadata_layer(node: ControllerNode) -> MetadataLayer:
         def heartbeats(main: asyncio.AbstractEventLoop) -> grpc.RpcMethodHandler[Any, Any]:
             layer.heartbeats = HeartbeatBridge(main, lambda: layer.servicer.guard, lambda: layer.controller)
             if cfg.observability_stall_sampler_ms > 0:
-                layer.heartbeats.arrival_probe = ArrivalProbe(cfg.node_id)
+                probe = ArrivalProbe(cfg.node_id)
+                layer.heartbeats.arrival_probe = probe  # unary calls
+                layer.heartbeats.message_probe = probe.message  # BrokerHeartbeatStream messages
             return heartbeat_handler(layer.heartbeats)
 
         node.add_intake_handler(HEARTBEAT_METHOD, heartbeats)

@@ -293,6 +293,10 @@ _INTAKE_COUNTERS: Final = (
     ("controller_calls", "ControllerService calls an intake process sent in CallBatch messages"),
     ("proxied_calls", "Calls an intake process proxied byte for byte (every other method)"),
     ("stream_messages", "TestAppendStream messages an intake process answered through its batcher"),
+    (
+        "proxied_answers",
+        "Messages the streams an intake process proxied answered (BrokerHeartbeatStream: one per heartbeat)",
+    ),
 )
 INTAKE_COUNTERS: Final = {
     name: Counter(f"kraft_intake_{name}", text, _INTAKE) for name, text in _INTAKE_COUNTERS

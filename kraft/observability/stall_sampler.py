@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 from prometheus_client import Histogram
 
 from kraft.observability.logging import get_logger
@@ -184,19 +186,48 @@ SENT_METADATA_KEY: Final = "x-kraft-sent-monotonic-ns"
 """A benchmark client's send time (``time.monotonic_ns()``, one clock for every process of a host) in a
 heartbeat's metadata: :class:`ArrivalProbe` turns it into the call's arrival delay on the node."""
 
+SENT_FIELD_NUMBER: Final = 100_000
+"""The same send time on a ``BrokerHeartbeatStream`` message, whose metadata is the stream's (sent once, at
+its opening): a varint field no ``.proto`` declares, so a protobuf parser keeps it among the message's
+unknown fields (and an intake process's byte-for-byte proxy passes it on).  Not a declared field because it
+is a benchmark's measurement, not part of the protocol: a broker never sends it, a node ignores it unless
+its stall sampler is on.  :func:`stamp_sent` writes it, :meth:`ArrivalProbe.message` reads it."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+_SENT_TAG: Final = _varint(SENT_FIELD_NUMBER << 3)  # wire type 0: varint
+
+
+def stamp_sent(message: Message, sent_ns: int | None = None) -> None:
+    """Add the send time (now, or ``sent_ns``) to ``message`` as :data:`SENT_FIELD_NUMBER` (a fresh
+    message: a second stamp would add a second field, and the probe reads the first)."""
+    message.MergeFromString(_SENT_TAG + _varint(time.monotonic_ns() if sent_ns is None else sent_ns))
+
+
 HEARTBEAT_ARRIVAL_DELAY = Histogram(
     "kraft_controller_heartbeat_arrival_delay_seconds",
     "With observability.stall.sampler.ms, for heartbeats that carry their send time (benchmark clients on "
-    "the same host): from the client's send to the call's handler on the intake thread",
+    "the same host): from the client's send to the call's (or stream message's) handler on the intake thread",
     ("node",),
     buckets=_STALL_BUCKETS,
 )
 
 
 class ArrivalProbe:
-    """How long a call that carries :data:`SENT_METADATA_KEY` took to reach its handler: the client's
-    send, the kernel, gRPC's transport on this node and the wait for the intake loop.  Observed, and
-    logged (``event=heartbeat_arrived_late``) when at least ``log_ms``."""
+    """How long a heartbeat that carries its send time took to reach its handler: the client's send, the
+    kernel, gRPC's transport on this node and the wait for the intake loop.  A unary call carries it in
+    its metadata (:data:`SENT_METADATA_KEY`, :meth:`__call__`), a stream message in the message
+    (:data:`SENT_FIELD_NUMBER`, :meth:`message`).  Observed, and logged (``event=heartbeat_arrived_late``)
+    when at least ``log_ms``."""
 
     def __init__(self, node: int | str, log_ms: int = 20) -> None:
         self._observe = HEARTBEAT_ARRIVAL_DELAY.labels(str(node)).observe
@@ -212,16 +243,28 @@ class ArrivalProbe:
                     sent_ns = int(value)
                 except ValueError:
                     return
-                delay_ns = time.monotonic_ns() - sent_ns
-                self._observe(delay_ns / 1e9)
-                if delay_ns >= self._log_ns:
-                    self._log.info(
-                        "heartbeat_arrived_late",
-                        broker=broker_id,
-                        sent_monotonic_s=round(sent_ns / 1e9, 4),
-                        ms=round(delay_ns / 1e6, 1),
-                    )
+                self._arrived(sent_ns, broker_id)
                 return
+
+    def message(self, request: Message, broker_id: int) -> None:
+        """A stream message's arrival: its :data:`SENT_FIELD_NUMBER`, if it carries one."""
+        fields = UnknownFieldSet(request)
+        for index in range(len(fields)):  # indexed: the stubs declare no __iter__
+            field = fields[index]
+            if field.field_number == SENT_FIELD_NUMBER and field.wire_type == 0:
+                self._arrived(int(field.data), broker_id)
+                return
+
+    def _arrived(self, sent_ns: int, broker_id: int) -> None:
+        delay_ns = time.monotonic_ns() - sent_ns
+        self._observe(delay_ns / 1e9)
+        if delay_ns >= self._log_ns:
+            self._log.info(
+                "heartbeat_arrived_late",
+                broker=broker_id,
+                sent_monotonic_s=round(sent_ns / 1e9, 4),
+                ms=round(delay_ns / 1e6, 1),
+            )
 
 
 class StallSamplers:

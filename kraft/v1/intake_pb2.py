@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kraft/v1/intake.proto\x12\x08kraft.v1\"C\n\x0f\x46orwardedHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x14\n\x0c\x62inary_value\x18\x03 \x01(\x0c\"[\n\x0b\x42\x61tchedCall\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0f\n\x07request\x18\x02 \x01(\x0c\x12+\n\x08metadata\x18\x03 \x03(\x0b\x32\x19.kraft.v1.ForwardedHeader\"F\n\x10\x43\x61llBatchRequest\x12$\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x15.kraft.v1.BatchedCall\x12\x0c\n\x04left\x18\x02 \x03(\r\"S\n\nCallResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\x13\n\x0bstatus_code\x18\x02 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\t\x12\x10\n\x08response\x18\x04 \x01(\x0c\":\n\x11\x43\x61llBatchResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.kraft.v1.CallResult\"\xb3\x01\n\x0eIntakeCounters\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x16\n\x0e\x61ppend_batches\x18\x02 \x01(\x04\x12\x14\n\x0c\x61ppend_calls\x18\x03 \x01(\x04\x12\x1a\n\x12\x63ontroller_batches\x18\x04 \x01(\x04\x12\x18\n\x10\x63ontroller_calls\x18\x05 \x01(\x04\x12\x15\n\rproxied_calls\x18\x06 \x01(\x04\x12\x17\n\x0fstream_messages\x18\x07 \x01(\x04\"\x13\n\x11IntakeCountersAck2\xa2\x01\n\rIntakeService\x12H\n\tCallBatch\x12\x1a.kraft.v1.CallBatchRequest\x1a\x1b.kraft.v1.CallBatchResponse(\x01\x30\x01\x12G\n\x0eReportCounters\x12\x18.kraft.v1.IntakeCounters\x1a\x1b.kraft.v1.IntakeCountersAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15kraft/v1/intake.proto\x12\x08kraft.v1\"C\n\x0f\x46orwardedHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x14\n\x0c\x62inary_value\x18\x03 \x01(\x0c\"[\n\x0b\x42\x61tchedCall\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0f\n\x07request\x18\x02 \x01(\x0c\x12+\n\x08metadata\x18\x03 \x03(\x0b\x32\x19.kraft.v1.ForwardedHeader\"F\n\x10\x43\x61llBatchRequest\x12$\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x15.kraft.v1.BatchedCall\x12\x0c\n\x04left\x18\x02 \x03(\r\"S\n\nCallResult\x12\r\n\x05index\x18\x01 \x01(\r\x12\x13\n\x0bstatus_code\x18\x02 \x01(\x05\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\t\x12\x10\n\x08response\x18\x04 \x01(\x0c\":\n\x11\x43\x61llBatchResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.kraft.v1.CallResult\"\xcc\x01\n\x0eIntakeCounters\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x16\n\x0e\x61ppend_batches\x18\x02 \x01(\x04\x12\x14\n\x0c\x61ppend_calls\x18\x03 \x01(\x04\x12\x1a\n\x12\x63ontroller_batches\x18\x04 \x01(\x04\x12\x18\n\x10\x63ontroller_calls\x18\x05 \x01(\x04\x12\x15\n\rproxied_calls\x18\x06 \x01(\x04\x12\x17\n\x0fstream_messages\x18\x07 \x01(\x04\x12\x17\n\x0fproxied_answers\x18\x08 \x01(\x04\"\x13\n\x11IntakeCountersAck2\xa2\x01\n\rIntakeService\x12H\n\tCallBatch\x12\x1a.kraft.v1.CallBatchRequest\x1a\x1b.kraft.v1.CallBatchResponse(\x01\x30\x01\x12G\n\x0eReportCounters\x12\x18.kraft.v1.IntakeCounters\x1a\x1b.kraft.v1.IntakeCountersAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CALLBATCHRESPONSE']._serialized_start=354
   _globals['_CALLBATCHRESPONSE']._serialized_end=412
   _globals['_INTAKECOUNTERS']._serialized_start=415
-  _globals['_INTAKECOUNTERS']._serialized_end=594
-  _globals['_INTAKECOUNTERSACK']._serialized_start=596
-  _globals['_INTAKECOUNTERSACK']._serialized_end=615
-  _globals['_INTAKESERVICE']._serialized_start=618
-  _globals['_INTAKESERVICE']._serialized_end=780
+  _globals['_INTAKECOUNTERS']._serialized_end=619
+  _globals['_INTAKECOUNTERSACK']._serialized_start=621
+  _globals['_INTAKECOUNTERSACK']._serialized_end=640
+  _globals['_INTAKESERVICE']._serialized_start=643
+  _globals['_INTAKESERVICE']._serialized_end=805
 # @@protoc_insertion_point(module_scope)

@@ -172,6 +172,7 @@ class IntakeCounters(_message.Message):
     CONTROLLER_CALLS_FIELD_NUMBER: _builtins.int
     PROXIED_CALLS_FIELD_NUMBER: _builtins.int
     STREAM_MESSAGES_FIELD_NUMBER: _builtins.int
+    PROXIED_ANSWERS_FIELD_NUMBER: _builtins.int
     index: _builtins.int
     """the intake process's index (0..N-1)"""
     append_batches: _builtins.int
@@ -186,6 +187,8 @@ class IntakeCounters(_message.Message):
     """calls proxied byte for byte (every other method)"""
     stream_messages: _builtins.int
     """TestAppendStream messages from clients answered through the batcher"""
+    proxied_answers: _builtins.int
+    """messages proxied streams answered (BrokerHeartbeatStream: one a heartbeat)"""
     def __init__(
         self,
         *,
@@ -196,10 +199,11 @@ class IntakeCounters(_message.Message):
         controller_calls: _builtins.int = ...,
         proxied_calls: _builtins.int = ...,
         stream_messages: _builtins.int = ...,
+        proxied_answers: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_batches", b"append_batches", "append_calls", b"append_calls", "controller_batches", b"controller_batches", "controller_calls", b"controller_calls", "index", b"index", "proxied_calls", b"proxied_calls", "stream_messages", b"stream_messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["append_batches", b"append_batches", "append_calls", b"append_calls", "controller_batches", b"controller_batches", "controller_calls", b"controller_calls", "index", b"index", "proxied_answers", b"proxied_answers", "proxied_calls", b"proxied_calls", "stream_messages", b"stream_messages"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

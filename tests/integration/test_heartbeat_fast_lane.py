@@ -46,6 +46,10 @@ class _ScrapedQuorum(ControllerQuorum):
 
     def fast_lane_answers(self) -> int:
         """``kraft_controller_heartbeats_fast_lane_total`` summed over the nodes that answer a scrape."""
+        return self.scraped_total("kraft_controller_heartbeats_fast_lane_total")
+
+    def scraped_total(self, name: str) -> int:
+        """Counter ``name`` summed over every label set of the nodes that answer a scrape."""
         total = 0
         for port in self.metrics_ports.values():
             try:
@@ -53,9 +57,7 @@ class _ScrapedQuorum(ControllerQuorum):
                     text = page.read().decode()
             except OSError:  # a node not up (yet): it answered nothing
                 continue
-            for value in re.findall(
-                r"^kraft_controller_heartbeats_fast_lane_total\{[^}]*\} (\S+)$", text, re.M
-            ):
+            for value in re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M):
                 total += int(float(value))
         return total
 
@@ -165,6 +167,14 @@ def test_through_intake_processes_the_heartbeat_stream_is_proxied_and_answered_b
 ) -> None:
     # exclusive: the stream reaches the leader only through its intake process (Proxy, byte for byte)
     _streams_across_a_leader_change(intake_cluster)
+    # the intake processes count the heartbeats, not only the streams: one proxied call per stream, one
+    # answer per heartbeat (their counters reach the node's endpoint every 5 s)
+    quorum = intake_cluster.quorum
+    assert isinstance(quorum, _ScrapedQuorum)
+    poll(
+        lambda: quorum.scraped_total("kraft_intake_proxied_answers_total") >= 3 or None,
+        "the intake processes' proxied answers to count each streamed heartbeat",
+    )
 
 
 def _streams_across_a_leader_change(cluster: Cluster) -> None:

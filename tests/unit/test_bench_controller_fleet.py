@@ -8,9 +8,12 @@ import asyncio
 import io
 import json
 import subprocess
+import time
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from bench.controller_fleet import (
     Beat,
@@ -22,7 +25,10 @@ from bench.controller_fleet import (
     next_send_at,
 )
 from kraft.client.admin import AdminClient
+from kraft.client.heartbeat_stream import HeartbeatStream
 from kraft.errors import ErrorCode, KraftError
+from kraft.observability.stall_sampler import SENT_FIELD_NUMBER
+from kraft.v1 import controller_pb2 as cpb
 
 
 def _fleet() -> Fleet:
@@ -168,3 +174,25 @@ def test_workers_heartbeats_are_merged_into_the_fleet_in_send_order() -> None:
     assert fleet.errors == 3 and fleet.fenced_after_unfence == {7}
     assert all(json.loads(child.stdin.getvalue()) == "stop" for child in children)
     assert workers._children == [] and all(child.returncode == -9 for child in children)
+
+
+def test_a_streamed_heartbeat_carries_its_send_time_in_the_message() -> None:
+    """A stream's metadata is sent once: the fleet stamps each message (stall_sampler.SENT_FIELD_NUMBER),
+    which a node with observability.stall.sampler.ms reads back as the message's arrival delay."""
+    sent: list[cpb.BrokerHeartbeatRequest] = []
+
+    class Stream:
+        async def heartbeat(self, request: cpb.BrokerHeartbeatRequest, timeout_s: float) -> Any:
+            sent.append(cpb.BrokerHeartbeatRequest.FromString(request.SerializeToString()))  # over the wire
+            return cpb.BrokerHeartbeatResponse()
+
+    beats = cast(AdminClient, SimpleNamespace(timeout_s=2.0))  # the stream reads only its timeout
+    fleet = Fleet(cast(AdminClient, None), beats, "c", interval_s=2.0, heartbeat_stream=True)
+    fleet.epochs[101] = 5
+    fleet._streams[101] = cast(HeartbeatStream, Stream())
+    before_ns = time.monotonic_ns()
+    asyncio.run(fleet.beat(101))
+    assert len(sent) == 1 and (sent[0].broker_id, sent[0].broker_epoch) == (101, 5)
+    fields = UnknownFieldSet(sent[0])
+    stamps = [fields[i].data for i in range(len(fields)) if fields[i].field_number == SENT_FIELD_NUMBER]
+    assert len(stamps) == 1 and before_ns <= stamps[0] <= time.monotonic_ns()

@@ -19,7 +19,9 @@ from kraft.observability.stall_sampler import (
     GilSampler,
     LoopLagSampler,
     StallLog,
+    stamp_sent,
 )
+from kraft.v1 import controller_pb2 as cpb
 
 
 class Clock:
@@ -108,3 +110,26 @@ def test_a_call_that_carries_its_send_time_is_timed_to_its_arrival(caplog: pytes
 
 def _observations(histogram: Any) -> float:
     return float(sum(bucket.get() for bucket in histogram._buckets))
+
+
+def test_a_stream_message_that_carries_its_send_time_is_timed_to_its_arrival(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A BrokerHeartbeatStream message has no metadata of its own: the send time rides in the message as a
+    field no .proto declares, which survives the wire (serialized, parsed) among its unknown fields."""
+    histogram = HEARTBEAT_ARRIVAL_DELAY.labels("8")
+    probe = ArrivalProbe(8, log_ms=20)
+    plain = cpb.BrokerHeartbeatRequest(broker_id=101, broker_epoch=3)
+    stamped = cpb.BrokerHeartbeatRequest(broker_id=101, broker_epoch=3)
+    sent_ns = time.monotonic_ns() - 500_000_000  # sent 500 ms ago
+    stamp_sent(stamped, sent_ns)
+    arrived = cpb.BrokerHeartbeatRequest.FromString(stamped.SerializeToString())
+    assert arrived.broker_epoch == 3 and arrived != plain, "the declared fields as sent, the stamp kept"
+    with caplog.at_level(logging.INFO):
+        probe.message(cpb.BrokerHeartbeatRequest.FromString(plain.SerializeToString()), 101)  # none: nothing
+        assert _observations(histogram) == 0
+        probe.message(arrived, 101)
+    assert _observations(histogram) == 1 and histogram._sum.get() >= 0.5
+    lines = [getattr(r, _FIELDS_ATTR) for r in caplog.records if r.getMessage() == "heartbeat_arrived_late"]
+    assert len(lines) == 1 and lines[0]["broker"] == 101 and lines[0]["ms"] >= 500
+    assert lines[0]["sent_monotonic_s"] == round(sent_ns / 1e9, 4)

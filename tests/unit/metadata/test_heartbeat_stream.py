@@ -21,6 +21,7 @@ from kraft.client.channel import open_channel
 from kraft.config import NodeConfig
 from kraft.errors import ErrorCode
 from kraft.metadata.controller import QuorumController
+from kraft.metadata.heartbeat_lane import SLOW_REASONS
 from kraft.metadata.service import ControllerServicer
 from kraft.netutil import free_port
 from kraft.node.controller import ControllerNode
@@ -28,6 +29,8 @@ from kraft.node.controller_bridge import HeartbeatBridge
 from kraft.node.heartbeat_stream import HEARTBEAT_STREAM_METHOD, heartbeat_stream_handler
 from kraft.node.intake import IntakeLoop
 from kraft.node.metadata_layer import install_metadata_layer
+from kraft.observability.metrics import CONTROLLER_HEARTBEATS_FAST_LANE, CONTROLLER_HEARTBEATS_SLOW_PATH
+from kraft.observability.stall_sampler import HEARTBEAT_ARRIVAL_DELAY, ArrivalProbe, stamp_sent
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import format_log_dir
 from kraft.v1 import common_pb2, controller_pb2_grpc
@@ -119,6 +122,47 @@ async def test_messages_answered_in_order_from_the_lane_or_the_main_loop() -> No
     finally:
         intake.close()
         await controller.stop()
+
+
+def _fast_and_slow() -> tuple[float, float]:
+    """The controller's (node 1's) fast-lane answers and slow-path heartbeats (all reasons) so far."""
+    fast = CONTROLLER_HEARTBEATS_FAST_LANE.labels("1")._value.get()
+    slow = sum(CONTROLLER_HEARTBEATS_SLOW_PATH.labels("1", reason)._value.get() for reason in SLOW_REASONS)
+    return fast, slow
+
+
+@pytest.mark.usefixtures("tls_identities")
+async def test_every_message_counts_as_a_heartbeat_and_reaches_the_arrival_probe() -> None:
+    """The heartbeat series count messages, not streams (one stream, five heartbeats): each steady message
+    one fast-lane answer, the stale one one slow-path heartbeat; and each message that carries its send
+    time (in the message: the stream's metadata is sent once) is timed to its arrival."""
+    _, controller, servicer = await _with_lane()
+    intake = IntakeLoop(name="test-heartbeat-stream")
+    intake.start()
+    try:
+        epoch = await _unfenced(controller, 101)
+        bridge = HeartbeatBridge(asyncio.get_running_loop(), lambda: servicer.guard, lambda: controller)
+        bridge.message_probe = ArrivalProbe("stream-test").message
+        arrivals = HEARTBEAT_ARRIVAL_DELAY.labels("stream-test")
+        stream = Stream(intake, bridge, "broker-101")
+        await stream.open()
+        stamped = [_beat(101, epoch) for _ in range(3)]
+        stale = _beat(101, epoch + 5)
+        for request in (*stamped, stale):
+            stamp_sent(request)
+        before, observed = _fast_and_slow(), _observations(arrivals)
+        answers = await asyncio.wait_for(stream.send(*stamped, _beat(101, epoch), stale), TIMEOUT_S)
+        assert [a.error_code for a in answers] == [ErrorCode.NONE] * 4 + [ErrorCode.STALE_BROKER_EPOCH]
+        fast, slow = _fast_and_slow()
+        assert (fast - before[0], slow - before[1]) == (4, 1), "one count per message"
+        assert _observations(arrivals) - observed == 4, "each stamped message timed, the plain one not"
+    finally:
+        intake.close()
+        await controller.stop()
+
+
+def _observations(histogram: Any) -> float:
+    return float(sum(bucket.get() for bucket in histogram._buckets))
 
 
 @pytest.mark.usefixtures("tls_identities")
@@ -233,7 +277,10 @@ async def test_a_real_node_serves_the_stream(tmp_path: Path, intake_thread: bool
         listeners=f"CONTROLLER://127.0.0.1:{port}",
         metadata_log_dir=tmp_path / "meta",
         controller_request_intake_thread=intake_thread,
+        observability_stall_sampler_ms=50,  # the arrival probe on: it times each stamped message
     )
+    arrivals = HEARTBEAT_ARRIVAL_DELAY.labels("1")
+    observed = _observations(arrivals)
     node = ControllerNode(config)
     layer = install_metadata_layer(node)
     await node.start()
@@ -265,7 +312,10 @@ async def test_a_real_node_serves_the_stream(tmp_path: Path, intake_thread: bool
                 response_deserializer=cpb.BrokerHeartbeatResponse.FromString,
             )(None, timeout=TIMEOUT_S)
             answers: list[cpb.BrokerHeartbeatResponse] = []
-            for request in (beat, beat, cpb.BrokerHeartbeatRequest(cluster_id=cluster_id, broker_id=8)):
+            for sent in (beat, beat, cpb.BrokerHeartbeatRequest(cluster_id=cluster_id, broker_id=8)):
+                request = cpb.BrokerHeartbeatRequest()
+                request.CopyFrom(sent)  # fresh: each stamped once
+                stamp_sent(request)
                 await call.write(request)
                 answer = await call.read()
                 assert isinstance(answer, cpb.BrokerHeartbeatResponse)
@@ -280,6 +330,7 @@ async def test_a_real_node_serves_the_stream(tmp_path: Path, intake_thread: bool
             assert await call.code() == grpc.StatusCode.OK
         if intake_thread:
             assert layer.heartbeats is not None and layer.heartbeats.calls + layer.heartbeats.fast == 3
+            assert _observations(arrivals) - observed == 3, "the node's arrival probe timed every message"
         else:
             assert layer.heartbeats is None
     finally:

@@ -19,6 +19,7 @@ import kraft.security.principal as principal_module
 from kraft.config import NodeConfig
 from kraft.grpc_service import ServerLimits, create_server, server_options
 from kraft.netutil import free_port
+from kraft.node.intake_batch import IntakeCounterSink
 from kraft.node.intake_pool import (
     IntakeConfigError,
     check_port_free,
@@ -39,6 +40,7 @@ from kraft.node.intake_process import (
     method_shapes,
     split_answer,
 )
+from kraft.observability.metrics import INTAKE_COUNTERS
 from kraft.security.guard import peer_host
 from kraft.security.principal import (
     ANONYMOUS,
@@ -255,6 +257,7 @@ class FakeUpstream(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         self.metadata: list[tuple[tuple[str, Any], ...]] = []
         self.deadlines: list[float | None] = []
         self.appends: list[raft_pb2.TestAppendRequest] = []
+        self.intake: IntakeHandler | None = None  # the intake handler in front of it (its counters)
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any] | None:
         if details.method == UNARY:
@@ -307,7 +310,8 @@ async def proxied(tmp_path: Path) -> AsyncIterator[tuple[grpc.aio.Channel, FakeU
     stream = AppendStream(upstream.append)
     batcher = AppendBatcher(stream.send, cluster_id=CLUSTER, max_values=1000, max_bytes=1 << 20)
     intake = grpc.aio.server()
-    intake.add_generic_rpc_handlers([IntakeHandler(Proxy(upstream), batcher)])
+    upstream_handler.intake = IntakeHandler(Proxy(upstream), batcher)
+    intake.add_generic_rpc_handlers([upstream_handler.intake])
     port = intake.add_insecure_port(f"127.0.0.1:{free_port()}")
     await intake.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -356,6 +360,26 @@ async def test_server_streams_are_proxied_item_by_item_with_their_status(
             seen.append(item)
     assert seen == [b"0:fail", b"1:fail", b"2:fail"]
     assert failed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_proxied_stream_counts_one_call_and_every_answer(
+    proxied: tuple[grpc.aio.Channel, FakeUpstream],
+) -> None:
+    """A BrokerHeartbeatStream through an intake process is ONE proxied call carrying a heartbeat per
+    message: ``proxied_answers`` counts the messages, so kraft_intake_* do not read a broker's heartbeats as
+    one call per leader change; exported by the node's sink as they grow."""
+    channel, upstream = proxied
+    assert upstream.intake is not None
+    before = upstream.intake.counters(0)
+    items = [item async for item in channel.unary_stream(SERVER_STREAM, None, None)(b"s", timeout=TIMEOUT_S)]
+    counters = upstream.intake.counters(0)
+    assert len(items) == 3
+    grown = (counters.proxied_calls - before.proxied_calls, counters.proxied_answers - before.proxied_answers)
+    assert grown == (1, 3)
+    sink = IntakeCounterSink("proxied-answers-test")
+    sink.report(counters)
+    exported = INTAKE_COUNTERS["proxied_answers"].labels("proxied-answers-test", "0")._value.get()
+    assert exported == counters.proxied_answers
 
 
 async def test_bidi_streams_are_proxied_and_unknown_methods_are_unimplemented(
