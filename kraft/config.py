@@ -608,6 +608,11 @@ class NodeConfig(BaseModel):
     controller_image_store_bulk_defer_max_ms: NonNegative = _key(
         "controller.image.store.bulk.defer.max.ms", default=10_000
     )
+    # A large save writes its rows 2,000 per statement in one transaction and pauses this many percent of
+    # each chunk's time before the next (kraft.metadata.store; 0 = no pause).  A knob for A/B measurements.
+    controller_image_store_save_pause_percent: NonNegative = _key(
+        "controller.image.store.save.pause.percent", default=0
+    )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

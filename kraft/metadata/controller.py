@@ -165,6 +165,9 @@ class ControllerOptions:
     # controller.image.store.bulk.defer.max.ms: the longest the image store's save waits for bulk work to
     # end (kraft.metadata.store_writer; 0 = saves never wait)
     store_bulk_defer_max_ms: int = STORE_MAX_DEFER_MS
+    # controller.image.store.save.pause.percent: a save's pause after each 2,000-row chunk, in percent of
+    # the chunk's time (kraft.metadata.store; 0 = none)
+    store_save_pause_percent: int = 0
     snapshot_max_bytes: int = 20 * 1024 * 1024  # metadata.log.max.record.bytes.between.snapshots
     snapshot_interval_ms: int = 3_600_000  # metadata.log.max.snapshot.interval.ms
     commit_timeout_ms: int = 30_000  # how long a request waits for its commit
@@ -305,6 +308,7 @@ class QuorumController:
             log=log,
             on_fatal=on_fatal,
             max_defer_ms=options.store_bulk_defer_max_ms,
+            save_pause_percent=options.store_save_pause_percent,
         )
         self.snapshotter = Snapshotter(
             raft,

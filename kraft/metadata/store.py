@@ -68,10 +68,11 @@ import contextlib
 import json
 import sqlite3
 import zlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from functools import partial
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -489,6 +490,15 @@ def _checked_meta(rows: list[tuple[object, object]]) -> dict[str, str]:
     return meta
 
 
+SAVE_CHUNK_ROWS = 2_000
+"""Rows one statement of a save writes at most (partitions, topics, their deletions): ~10-18 ms of the
+SQLite thread at its ~5-9 µs a row (issue #17, session 15)."""
+SAVE_PAUSE_RATIO = 0.0
+"""After each full chunk a save pauses this many times as long as the chunk took, by default
+(``controller.image.store.save.pause.percent`` / 100): 1.0 holds a large save to about half a core, for
+twice as long.  Off by default: measured in-process and with three saving processes on 2 cores, pacing did
+not lower a 1-ms timer's lateness (docs/internals/raft-performance.md, session 15's image store section)."""
+
 _ITER_CHUNK_SIZE = 64  # aiosqlite.connect()'s default
 STORE_THREAD_NAME = "kraft-image-store"
 
@@ -503,7 +513,13 @@ class SqliteImageStore:
 
     def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
         self._db = db
-        self._clock = clock  # stamps updated_at_ms
+        self._clock = clock  # stamps updated_at_ms, times a paced save's chunks
+        self.chunk_rows = SAVE_CHUNK_ROWS
+        """Rows of one statement of a save's large writes at most (:meth:`_write_paced`)."""
+        self.pause_ratio = SAVE_PAUSE_RATIO
+        """After each full chunk the save pauses this many times the chunk's time (0: yields only)."""
+        self.pause: Callable[[float], Awaitable[None]] = asyncio.sleep
+        """How a save pauses between chunks, in seconds (tests look at the store there)."""
         self.path = path
         self._saved: MetadataImage | None = None
         self._sums = _RowSum()
@@ -841,35 +857,47 @@ class SqliteImageStore:
         # 0.2-0.3 s at 100,000 topics after a snapshot load) runs on the SQLite thread, not in one
         # event-loop turn.  Each fills the list the next statement reads.
         gone: list[tuple[str]] = []
-        await self._db.executemany(
+        await self._write_paced(
             "DELETE FROM topics WHERE topic_id = ?", _gone_topic_rows(previous, removed, sums, gone)
         )
         # A removed topic's partition digests (20 ms for 100,000 partitions), likewise.
-        await self._db.executemany(
+        await self._write_paced(
             "DELETE FROM partitions WHERE topic_id = ?", _gone_topic_keys(previous, gone, sums)
         )
-        await self._db.executemany("DELETE FROM partition_elr WHERE topic_id = ?", gone)
+        await self._write_paced("DELETE FROM partition_elr WHERE topic_id = ?", gone)
         changed: list[tuple[TopicImage, TopicImage | None]] = []
-        await self._db.executemany(
+        await self._write_paced(
             "INSERT OR REPLACE INTO topics VALUES (?, ?, ?)",
             _changed_topic_rows(previous, updated, sums, changed),
         )
         # A generator: the rows are built on the SQLite thread, not on the event loop.
         elr_rows: list[tuple[Any, ...]] = []
         elr_gone: list[tuple[str, int]] = []
-        await self._db.executemany(
+        await self._write_paced(
             "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)",
             _changed_partition_rows(changed, sums, elr_rows, elr_gone),
         )
         # Filled while the rows above were produced.
-        await self._db.executemany(
-            "DELETE FROM partition_elr WHERE topic_id = ? AND partition_id = ?", elr_gone
-        )
-        await self._db.executemany("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?, ?)", elr_rows)
+        await self._write_paced("DELETE FROM partition_elr WHERE topic_id = ? AND partition_id = ?", elr_gone)
+        await self._write_paced("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?, ?)", elr_rows)
         # The working lists hold a pair or a new tuple per topic: freed where this frame ends they are one
         # deallocation of ~100,000 objects (several ms) after a snapshot load.
         for items in (changed, updated, removed, gone):
             await _drop_paced(items)
+
+    async def _write_paced(self, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
+        """``executemany(sql, rows)`` inside the save's transaction, :attr:`chunk_rows` rows per statement,
+        pausing :attr:`pause_ratio` times each full chunk's time before the next.  The rows are still
+        produced on the SQLite thread (``rows`` is consumed there) and the transaction stays open across
+        the pauses: a reader sees the previous save until COMMIT, a failure rolls every chunk back."""
+        source = iter(rows)
+        while True:
+            taken = [0]
+            started_ms = self._clock.monotonic_ms()
+            await self._db.executemany(sql, _counted(islice(source, self.chunk_rows), taken))
+            if taken[0] < self.chunk_rows:
+                return  # the source ran out (a statement with fewer rows than a chunk is never paused after)
+            await self.pause(max(0, self._clock.monotonic_ms() - started_ms) * self.pause_ratio / 1000)
 
     async def _save_acls(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
         gone = [(i,) for i in previous.acls if i not in image.acls]
@@ -899,6 +927,16 @@ class SqliteImageStore:
                 "INSERT INTO configs VALUES (?, ?, ?, ?)",
                 [(key[0], key[1], k, v) for k, v in values.items()],
             )
+
+
+_Row = TypeVar("_Row")
+
+
+def _counted(rows: Iterable[_Row], taken: list[int]) -> Iterator[_Row]:
+    """``rows`` as they are, ``taken[0]`` counting them (on the thread that consumes them)."""
+    for row in rows:
+        taken[0] += 1
+        yield row
 
 
 DROP_STEP_ITEMS = 4_096

@@ -64,6 +64,7 @@ class StoreWriter:
         log: StructLogger,
         on_fatal: FatalReporter | None = None,
         max_defer_ms: int = STORE_MAX_DEFER_MS,
+        save_pause_percent: int = 0,
     ) -> None:
         self._path = path
         self._timers = timers
@@ -72,6 +73,7 @@ class StoreWriter:
         self._log = log
         self._on_fatal = on_fatal
         self._max_defer_ms = max_defer_ms
+        self._save_pause_percent = save_pause_percent
         self._store: SqliteImageStore | None = None
         self._dirty = asyncio.Event()
         # (committed offset, clock ms) at the last save's start or the last rate check: the rate of
@@ -86,6 +88,7 @@ class StoreWriter:
             return None
         try:
             self._store = await SqliteImageStore.open(self._path, clock=self._timers.clock)
+            self._store.pause_ratio = self._save_pause_percent / 100
             return await self._store.load()
         except Exception as exc:
             self._fatal("open", exc, offset=None)

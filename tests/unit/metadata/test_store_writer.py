@@ -131,3 +131,26 @@ async def test_with_no_deferral_configured_bulk_saves_keep_their_interval(
         times = [ms for ms, _ in harness.saves]
         assert len(times) == 1 + 3_000 // STORE_MIN_INTERVAL_MS, harness.saves
         assert all(b - a == STORE_MIN_INTERVAL_MS for a, b in itertools.pairwise(times))
+
+
+async def test_the_configured_save_pause_reaches_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # controller.image.store.save.pause.percent=150: the store pauses 1.5 times each chunk's time
+    ratios: list[float] = []
+
+    async def save(self: SqliteImageStore, image: MetadataImage) -> None:
+        ratios.append(self.pause_ratio)
+
+    monkeypatch.setattr(SqliteImageStore, "save", save)
+    writer = StoreWriter(
+        tmp_path / "metadata-image.sqlite",
+        Timers(ManualClock()),
+        MetadataImage.empty,
+        metrics=ControllerMetrics.for_node(1),
+        log=get_logger("controller", node=1),
+        save_pause_percent=150,
+    )
+    await writer.open()
+    await writer.close()  # its last save
+    assert ratios == [1.5]
