@@ -254,6 +254,13 @@ class BrokerLifecycle:
         if code is not ErrorCode.NONE:
             self._log.warning("heartbeat_rejected", code=code.name, message=response.error_message)
             return False
+        if status.broker_epoch >= 0 and status.lease_lapsed() and not status.resync_required:
+            # The lease ran out while this heartbeat was on its way (sent before the lapse, answered
+            # after): the controller may have fenced this broker and moved its leaderships meanwhile, and
+            # then unfenced it on this very heartbeat (caught up to its epoch, not asking to be fenced).
+            # Extending the lease from the send would let it serve those leaderships again unresynced.
+            status.begin_resync()
+            self._log.warning("session_lease_lapsed", in_flight_ms=status.monotonic_ms() - sent_at_ms)
         previous_ms = status.last_heartbeat_accepted_ms
         status.heartbeat_accepted(sent_at_ms)
         self._apply_heartbeat(response, sent_at_ms - previous_ms if previous_ms >= 0 else -1)

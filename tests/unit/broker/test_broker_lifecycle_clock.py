@@ -113,3 +113,27 @@ async def test_fenced_by_controller_says_why_with_the_heartbeat_gap_and_session_
     assert "reason=" in lines[0] and "session" in lines[0]
     assert "ms_since_previous_accepted_heartbeat=4100" in lines[0]
     assert f"session_timeout_ms={SESSION_MS}" in lines[0]
+
+
+async def test_a_heartbeat_sent_before_the_lease_lapsed_and_answered_after_it_needs_a_resync() -> None:
+    """Sent while the lease held, answered once it had run out: the controller may have fenced the broker
+    and moved its leaderships in between, and unfenced it again on this heartbeat; the answer must not
+    let the broker serve before a metadata fetch sent after the lapse has been applied."""
+    clock = ManualClock()
+
+    def answer(request: Any) -> Any:
+        if isinstance(request, cpb.RegisterBrokerRequest):
+            return cpb.RegisterBrokerResponse(error_code=ErrorCode.NONE, broker_epoch=7)
+        return cpb.BrokerHeartbeatResponse(error_code=ErrorCode.NONE, is_fenced=False)
+
+    client = ScriptedClient(clock, call_ms=100, answer=answer)
+    lifecycle = _lifecycle(clock, client, registration_timeout_s=10.0)
+    await lifecycle.register()
+    status = lifecycle._status
+    assert await lifecycle._heartbeat_once()
+    assert status.serving_error() is None and not status.resync_required
+    clock.advance(status.lease_duration_ms - 200)  # 100 ms of lease left when the next one is sent
+    client.call_ms = 1_000  # ... and it is answered 900 ms after the lease ran out
+    assert await lifecycle._heartbeat_once()
+    assert status.lease_valid(), "the answer extends the lease from the send, as always"
+    assert status.resync_required and status.serving_error() is not None, "but no serving before a resync"
