@@ -55,6 +55,11 @@ _TAG_LEADER: Final = (4 << 3) | 0
 _TAG_IDS_PACKED: Final = (1 << 3) | 2
 
 _BAD: Final = -1
+# Packed id runs already read (exact bytes -> ids): a run is read the same every time, so this only saves
+# the per-id Python loop (ids of 128 and up, two bytes each).  Cleared when full.
+_RUNS: dict[bytes, tuple[int, ...]] = {}
+_RUNS_MAX: Final = 1 << 14
+_MINUS_ONE: Final = b"\xff" * 9 + b"\x01"  # -1 as an int32 varint (10 bytes, as upb writes it)
 
 
 def _long_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -90,53 +95,76 @@ def isr_leader_change(value: bytes) -> IsrLeaderChange | None:
         size = value[4]
         pos = 5
         if size >= 0x80:
-            size, pos = _long_varint(value, pos - 1, end)
+            size, pos = _long_varint(value, 4, end)
             if pos == _BAD:
                 return None
         if pos + size != end:  # the record is exactly the rest: no second field, nothing after it
             return None
+        # Straight through the four fields in field order, each optional: any other tag, a field twice
+        # or out of order (upb would merge, or keep the last) stops the walk short of ``end``: upb's call.
+        tag = value[pos] if pos < end else 0
         partition_id = 0
-        topic_id = ""
-        isr: tuple[int, ...] | None = None
-        leader: int | None = None
-        last_tag = 0
-        while pos < end:
-            tag = value[pos]
-            if tag <= last_tag:  # out of order, or twice (upb would merge or keep the last): upb's call
+        if tag == _TAG_PARTITION_ID:
+            partition_id, pos = _int32_at(value, pos + 1, end)
+            if pos == _BAD:
                 return None
-            last_tag = tag
-            pos += 1
-            number = value[pos]
-            pos += 1
-            if number >= 0x80:
-                number, pos = _long_varint(value, pos - 1, end)
+            tag = value[pos] if pos < end else 0
+        topic_id = ""
+        if tag == _TAG_TOPIC_ID:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
                 if pos == _BAD:
                     return None
-            if tag == _TAG_PARTITION_ID:
-                partition_id = _int32(number) if number >> 31 else number
-            elif tag == _TAG_LEADER:
-                leader = _int32(number) if number >> 31 else number
-            elif tag == _TAG_TOPIC_ID:
-                stop = pos + number
-                raw = value[pos:stop]
-                if stop > end or not raw.isascii():  # (ASCII: valid UTF-8 by any validator's rules)
-                    return None
-                topic_id = raw.decode("ascii")
-                pos = stop
-            elif tag == _TAG_ISR:
-                stop = pos + number
-                if stop > end:
-                    return None
-                ids = _packed_ids(value, pos, stop)
-                if ids is None:
-                    return None
-                isr = ids
-                pos = stop
-            else:
+            stop = pos + size
+            raw = value[pos:stop]
+            if stop > end or not raw.isascii():  # (ASCII: valid UTF-8 by any validator's rules)
                 return None
+            topic_id = raw.decode("ascii")
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        isr: tuple[int, ...] | None = None
+        if tag == _TAG_ISR:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
+                if pos == _BAD:
+                    return None
+            stop = pos + size
+            if stop > end:
+                return None
+            isr = _packed_ids(value, pos, stop)
+            if isr is None:
+                return None
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        leader: int | None = None
+        if tag == _TAG_LEADER:
+            if value[pos + 1 : pos + 11] == _MINUS_ONE:  # no leader: a leave's own value
+                leader = -1
+                pos += 11
+            else:
+                leader, pos = _int32_at(value, pos + 1, end)
+                if pos == _BAD:
+                    return None
+        if pos != end:
+            return None
         return topic_id, partition_id, isr, leader
     except IndexError:  # a length or varint running past the end: upb says how it is malformed
         return None
+
+
+def _int32_at(value: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The int32 field value whose varint starts at ``pos``, and the position after it (``_BAD``: upb's)."""
+    byte = value[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    if pos + 1 < end and value[pos + 1] < 0x80:  # two bytes: ids and partition ids below 16,384
+        return (byte & 0x7F) | (value[pos + 1] << 7), pos + 2
+    raw, pos = _long_varint(value, pos, end)
+    return _int32(raw), pos
 
 
 def _packed_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
@@ -153,6 +181,12 @@ def _packed_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
             return None
     if pos + size != end:
         return None
+    run = value[pos:end]
+    if run.isascii():  # every id below 128, one byte each: one C call
+        return tuple(run)
+    known = _RUNS.get(run)  # the same few thousand ISRs recur across a shutdown's changes
+    if known is not None:
+        return known
     ids: list[int] = []
     append = ids.append
     while pos < end:
@@ -160,12 +194,18 @@ def _packed_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
         if byte < 0x80:
             append(byte)
             pos += 1
+        elif pos + 1 < end and value[pos + 1] < 0x80:
+            append((byte & 0x7F) | (value[pos + 1] << 7))
+            pos += 2
         else:
             number, pos = _long_varint(value, pos, end)
             if pos == _BAD:
                 return None
             append(_int32(number))
-    return tuple(ids)
+    if len(_RUNS) >= _RUNS_MAX:
+        _RUNS.clear()  # (bounded: costs only the re-reading)
+    known = _RUNS[run] = tuple(ids)
+    return known
 
 
 def decode_replay_values(
