@@ -6,6 +6,7 @@ and what it reads applies to the registration ``apply_partition_change`` gives."
 
 from __future__ import annotations
 
+from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,8 +158,6 @@ def _meaning(change: pb.PartitionChangeRecord) -> IsrLeaderChange:
 
 def _holds_only_the_common_fields(record: pb.MetadataRecord) -> bool:
     """No field but the four (none of them unknown to the schema) on the record or its ISR."""
-    from google.protobuf.unknown_fields import UnknownFieldSet
-
     change = record.partition_change
     return (
         {f.name for f, _ in change.ListFields()} <= _COMMON
