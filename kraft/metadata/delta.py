@@ -762,6 +762,15 @@ class MetadataDelta:
         if (registration.elr or registration.last_known_elr) and not (current.elr or current.last_known_elr):
             topic.elr_set = True
 
+    def replay_isr_leader_change(self, change: IsrLeaderChange, offset: int = -1, epoch: int = -1) -> None:
+        """:meth:`replay` of the PartitionChangeRecord ``change`` was read from
+        (:func:`~kraft.metadata.change_decode.isr_leader_change`): a broker's fetcher, record by record."""
+        if offset >= 0:
+            self.offset = offset
+        if epoch >= 0:
+            self.epoch = epoch
+        self._replay_isr_leader_change(change)
+
     def _replay_isr_leader_change(self, change: IsrLeaderChange) -> None:
         """:meth:`_replay_partition_change` of a change read without protobuf (same result, same error)."""
         topic_id, partition_id, isr, leader = change

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from kraft.errors import KraftError
 from kraft.metadata import records
 from kraft.metadata.change_decode import IsrLeaderChange, decode_replay_values, isr_leader_change
-from kraft.metadata.delta import apply_isr_leader_change, apply_partition_change
-from kraft.metadata.image import LEADER_RECOVERED, LEADER_RECOVERING, PartitionRegistration
+from kraft.metadata.delta import MetadataDelta, apply_isr_leader_change, apply_partition_change
+from kraft.metadata.image import LEADER_RECOVERED, LEADER_RECOVERING, MetadataImage, PartitionRegistration
 from kraft.v1 import metadata_pb2 as pb
 
 _INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
@@ -264,3 +264,44 @@ def test_leave_and_rejoin_shapes() -> None:
     rejoined = apply_isr_leader_change(current, (1, 2, 3), None)
     assert rejoined == PartitionRegistration((1, 2, 3), (1, 2, 3), 2, 6, 9)
     assert rejoined.isr is rejoined.replicas
+
+
+def _base_image() -> MetadataImage:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(records.wrap(pb.TopicRecord(name="t", topic_id="T")), 1, 1)
+    for partition_id, (replicas, leader) in enumerate([([1, 2, 3], 1), ([2, 3], 2)]):
+        delta.replay(
+            records.wrap(
+                pb.PartitionRecord(
+                    topic_id="T", partition_id=partition_id, replicas=replicas, isr=replicas, leader=leader
+                )
+            ),
+            2 + partition_id,
+            1,
+        )
+    return delta.apply()
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), st.integers(0, 2), st.data()), max_size=6))
+def test_a_broker_replaying_record_by_record_gets_the_same_image(
+    changes: list[tuple[str, int, st.DataObject]],
+) -> None:
+    """``replay_isr_leader_change`` (the broker fetcher's per-record path) against ``replay`` of the
+    decoded record: the same image, offset, epoch and errors (unknown topic U, partition 2)."""
+    base = _base_image()
+    direct, general = MetadataDelta(base), MetadataDelta(base)
+    for offset, (topic_id, partition_id, data) in enumerate(changes, 10):
+        change = pb.PartitionChangeRecord(topic_id=topic_id, partition_id=partition_id)
+        if data.draw(st.booleans()):
+            change.isr.ids.extend(data.draw(_lists))
+        if data.draw(st.booleans()):
+            change.leader = data.draw(st.integers(-1, 5))
+        value = records.encode_value(records.wrap(change))
+        read = isr_leader_change(value)
+        assert read is not None
+        direct.replay_isr_leader_change(read, offset, 3)
+        general.replay(records.decode_value(value), offset, 3)
+    assert direct.replay_errors == general.replay_errors
+    assert (direct.offset, direct.epoch) == (general.offset, general.epoch)
+    assert direct.apply().topics_by_id == general.apply().topics_by_id
