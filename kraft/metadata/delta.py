@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
+from kraft.metadata.change_decode import IsrLeaderChange, decode_replay_values
 from kraft.metadata.chunked import CHUNK, ChunkedSequence, with_changes
 from kraft.metadata.election_config import MIN_INSYNC_REPLICAS
 from kraft.metadata.elr_holders import elr_holders_of, next_elr_holders_steps
@@ -47,7 +48,7 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.metadata.pmap import PersistentMap, persistent
-from kraft.metadata.records import ConfigResourceType, decode_values
+from kraft.metadata.records import ConfigResourceType
 from kraft.security.acl import AclError, StandardAcl
 from kraft.sharded_map import SPLIT_AT, ShardedMap
 from kraft.v1 import metadata_pb2 as pb
@@ -199,6 +200,41 @@ def apply_partition_change(
         lke,
         recovery,
         unclean_epoch,
+    )
+
+
+def apply_isr_leader_change(
+    current: PartitionRegistration, isr_ids: tuple[int, ...] | None, leader: int | None
+) -> PartitionRegistration:
+    """:func:`apply_partition_change` of a record setting only the ISR (``isr_ids``) and/or the leader
+    (``None``: unchanged) — an :data:`IsrLeaderChange` read without protobuf.  Same registration."""
+    isr = current.isr if isr_ids is None else shared_ids(isr_ids)
+    if leader is None:
+        leader = current.leader
+    replicas = current.replicas
+    if not (
+        current.elr
+        or current.last_known_elr
+        or current.leader_recovery_state != LEADER_RECOVERED
+        or current.last_unclean_leader_epoch
+    ):
+        return PartitionRegistration(
+            replicas,
+            replicas if isr == replicas else isr,
+            leader,
+            current.leader_epoch + 1,
+            current.partition_epoch + 1,
+        )
+    return make_partition(
+        replicas,
+        isr,
+        leader,
+        current.leader_epoch + 1,
+        current.partition_epoch + 1,
+        current.elr,
+        current.last_known_elr,
+        current.leader_recovery_state,
+        current.last_unclean_leader_epoch,
     )
 
 
@@ -483,7 +519,7 @@ class MetadataDelta:
             self.offset = offset
         if epoch >= 0:
             self.epoch = epoch
-        self.replay_decoded(decode_values(values, on_error))
+        self.replay_decoded(decode_replay_values(values, on_error))
 
     def set_partition(
         self, topic_id: str, partition_id: int, registration: PartitionRegistration, offset: int = -1
@@ -509,22 +545,28 @@ class MetadataDelta:
                 _parted(topic)
         return True
 
-    def replay_decoded(self, records: Iterable[pb.MetadataRecord]) -> None:
+    def replay_decoded(self, records: Iterable[pb.MetadataRecord | IsrLeaderChange]) -> None:
         """``replay(record)`` for each record, with partition records dispatched directly (the bulk of
         every big batch); offsets are the caller's to set."""
         for _ in self.replay_decoded_steps(records):
             pass
 
-    def replay_decoded_steps(self, records: Iterable[pb.MetadataRecord]) -> Iterator[int]:
+    def replay_decoded_steps(self, records: Iterable[pb.MetadataRecord | IsrLeaderChange]) -> Iterator[int]:
         """:meth:`replay_decoded`, pausing inside a ClearElrRecord after every :data:`CLEAR_ELR_STEP`
         partitions it looks at (yielding that count, what the caller counts against its slice): one
         record may clear a topic of 100,000 partitions.  Found in the one dispatch every record gets
         anyway, so a batch without one costs no extra pass.  The delta must not be used otherwise until
-        the iterator is exhausted."""
+        the iterator is exhausted.  ``records`` as :func:`~kraft.metadata.change_decode.decode_replay_values`
+        gives them: protobuf messages, and the common PartitionChangeRecords as plain tuples."""
         replay_partition = self._replay_partition
         replay_change = self._replay_partition_change
+        replay_isr_leader = self._replay_isr_leader_change
         handlers = _HANDLERS
         for record in records:
+            if type(record) is tuple:
+                replay_isr_leader(record)
+                continue
+            assert not isinstance(record, tuple)  # (for mypy: the check above is the fast one)
             kind = record.WhichOneof("record")
             if kind == "partition_change":
                 replay_change(record.partition_change)
@@ -719,6 +761,31 @@ class MetadataDelta:
         # (~40 ns when the registration holds neither: the elr_holders index's cost per change)
         if (registration.elr or registration.last_known_elr) and not (current.elr or current.last_known_elr):
             topic.elr_set = True
+
+    def replay_isr_leader_change(self, change: IsrLeaderChange, offset: int = -1, epoch: int = -1) -> None:
+        """:meth:`replay` of the PartitionChangeRecord ``change`` was read from
+        (:func:`~kraft.metadata.change_decode.isr_leader_change`): a broker's fetcher, record by record."""
+        if offset >= 0:
+            self.offset = offset
+        if epoch >= 0:
+            self.epoch = epoch
+        self._replay_isr_leader_change(change)
+
+    def _replay_isr_leader_change(self, change: IsrLeaderChange) -> None:
+        """:meth:`_replay_partition_change` of a change read without protobuf (same result, same error)."""
+        topic_id, partition_id, isr, leader = change
+        topic = self._last_topic
+        if topic is None or topic.topic_id != topic_id:
+            topic = self._last_topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
+        current = None if topic is None else topic.current(partition_id)
+        if topic is None or current is None:
+            self.replay_errors.append(f"change of unknown partition {topic_id}/{partition_id}")
+            return
+        changed = topic.changed
+        changed[partition_id] = apply_isr_leader_change(current, isr, leader)
+        if type(changed) is dict and len(changed) >> PART_BITS:
+            _parted(topic)
+        # (no ELR check: the change keeps the partition's ELR, so none can be new to it)
 
     def _replay_remove_topic(self, r: pb.RemoveTopicRecord) -> None:
         self._last_topic = None

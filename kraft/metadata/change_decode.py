@@ -1,0 +1,241 @@
+"""A leave-shaped PartitionChangeRecord's value bytes read straight into its fields, without protobuf.
+
+Every follower controller and every broker replays each PartitionChangeRecord a controlled shutdown
+writes (~100,000 in a few seconds, issue #17).  Through upb that is a parse (~1.3 µs), the oneof's
+sub-message wrapper, the ``isr`` wrapper and its id list (~2.5 µs more, session 14).  Nearly all of those
+records have one shape — partition id, topic id, ISR and/or leader, nothing else, as upb itself writes
+them — and :func:`isr_leader_change` reads that shape's bytes directly into an :data:`IsrLeaderChange`.
+
+The rule that keeps it safe: it answers only where its meaning is certainly upb's, and ``None`` for
+anything else — another field set, an unknown field, a field twice or out of order, unpacked ids, a
+non-ASCII topic id, a varint upb might read differently, a truncated or malformed byte — so the caller
+decodes that value through upb exactly as before (same record, or the same ``KraftError``).  Property-
+tested against upb in tests/unit/metadata/test_change_decode.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Final
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
+
+from kraft.errors import KraftError
+from kraft.metadata.records import _ONEOF, _SINGLE_BYTE_HEADERS, FRAME_VERSION, ApiKey, decode_value
+from kraft.v1 import metadata_pb2 as pb
+
+IsrLeaderChange = tuple[str, int, tuple[int, ...] | None, int | None]
+"""``(topic id, partition id, ISR, leader)`` of a PartitionChangeRecord that sets nothing else; ``None``
+for a field the record leaves unchanged.  A plain tuple: building it costs far less than any class."""
+
+# The wire layout read below, checked against the compiled descriptor at import: a renumbered or retyped
+# field fails here, not as a record silently read with another meaning.
+_CHANGE = pb.PartitionChangeRecord.DESCRIPTOR.fields_by_name
+_EXPECTED: Final = {
+    "partition_id": (1, FieldDescriptor.TYPE_INT32),
+    "topic_id": (2, FieldDescriptor.TYPE_STRING),
+    "isr": (3, FieldDescriptor.TYPE_MESSAGE),
+    "leader": (4, FieldDescriptor.TYPE_INT32),
+}
+for _name, (_number, _type) in _EXPECTED.items():
+    assert (_CHANGE[_name].number, _CHANGE[_name].type) == (_number, _type), _name
+_IDS = pb.BrokerIdList.DESCRIPTOR.fields_by_name["ids"]
+assert (_IDS.number, _IDS.type, _IDS.is_packed) == (1, FieldDescriptor.TYPE_INT32, True)
+_ONEOF_FIELD = pb.MetadataRecord.DESCRIPTOR.fields_by_name["partition_change"].number
+assert _ONEOF_FIELD == ApiKey.PARTITION_CHANGE + 10
+
+# Header (frame version, api key, record version 0: the one layout known here, whatever newer version a
+# later build may add) and the MetadataRecord's tag of its ``partition_change`` field (length-delimited).
+_PREFIX: Final = bytes((FRAME_VERSION, ApiKey.PARTITION_CHANGE, 0, (_ONEOF_FIELD << 3) | 2))
+_TAG_PARTITION_ID: Final = (1 << 3) | 0
+_TAG_TOPIC_ID: Final = (2 << 3) | 2
+_TAG_ISR: Final = (3 << 3) | 2
+_TAG_LEADER: Final = (4 << 3) | 0
+_TAG_IDS_PACKED: Final = (1 << 3) | 2
+
+_BAD: Final = -1
+# Packed id runs already read (exact bytes -> ids): a run is read the same every time, so this only saves
+# the per-id Python loop (ids of 128 and up, two bytes each).  Cleared when full.
+_RUNS: dict[bytes, tuple[int, ...]] = {}
+_RUNS_MAX: Final = 1 << 14
+_MINUS_ONE: Final = b"\xff" * 9 + b"\x01"  # -1 as an int32 varint (10 bytes, as upb writes it)
+
+
+def _long_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``pos`` (first byte ≥ 0x80) and the position after it; ``(0, _BAD)`` for one that
+    runs past ``end``, is longer than 10 bytes or above 2**64 — left to upb."""
+    result = 0
+    shift = 0
+    while pos < end and shift < 70:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return (0, _BAD) if result >> 64 else (result, pos)
+        shift += 7
+    return 0, _BAD
+
+
+def _int32(raw: int) -> int:
+    """An int32 field's value from its (up to 64-bit) varint: the low 32 bits, two's complement — what
+    upb and the protobuf spec do (a negative int32, leader -1, is written as 10 bytes)."""
+    raw &= 0xFFFFFFFF
+    return raw - (1 << 32) if raw >> 31 else raw
+
+
+def isr_leader_change(value: bytes) -> IsrLeaderChange | None:
+    """The change ``value`` carries if it is a PartitionChangeRecord setting only its partition id, topic
+    id, ISR and leader (each at most once, in field order, ids packed); ``None`` for anything else, which
+    the caller must decode through upb (:func:`kraft.metadata.records.decode_value`)."""
+    if value[:4] != _PREFIX:
+        return None
+    end = len(value)
+    try:
+        size = value[4]
+        pos = 5
+        if size >= 0x80:
+            size, pos = _long_varint(value, 4, end)
+            if pos == _BAD:
+                return None
+        if pos + size != end:  # the record is exactly the rest: no second field, nothing after it
+            return None
+        # Straight through the four fields in field order, each optional: any other tag, a field twice
+        # or out of order (upb would merge, or keep the last) stops the walk short of ``end``: upb's call.
+        tag = value[pos] if pos < end else 0
+        partition_id = 0
+        if tag == _TAG_PARTITION_ID:
+            partition_id, pos = _int32_at(value, pos + 1, end)
+            if pos == _BAD:
+                return None
+            tag = value[pos] if pos < end else 0
+        topic_id = ""
+        if tag == _TAG_TOPIC_ID:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
+                if pos == _BAD:
+                    return None
+            stop = pos + size
+            raw = value[pos:stop]
+            if stop > end or not raw.isascii():  # (ASCII: valid UTF-8 by any validator's rules)
+                return None
+            topic_id = raw.decode("ascii")
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        isr: tuple[int, ...] | None = None
+        if tag == _TAG_ISR:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
+                if pos == _BAD:
+                    return None
+            stop = pos + size
+            if stop > end:
+                return None
+            isr = _packed_ids(value, pos, stop)
+            if isr is None:
+                return None
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        leader: int | None = None
+        if tag == _TAG_LEADER:
+            if value[pos + 1 : pos + 11] == _MINUS_ONE:  # no leader: a leave's own value
+                leader = -1
+                pos += 11
+            else:
+                leader, pos = _int32_at(value, pos + 1, end)
+                if pos == _BAD:
+                    return None
+        if pos != end:
+            return None
+        return topic_id, partition_id, isr, leader
+    except IndexError:  # a length or varint running past the end: upb says how it is malformed
+        return None
+
+
+def _int32_at(value: bytes, pos: int, end: int) -> tuple[int, int]:
+    """The int32 field value whose varint starts at ``pos``, and the position after it (``_BAD``: upb's)."""
+    byte = value[pos]
+    if byte < 0x80:
+        return byte, pos + 1
+    if pos + 1 < end and value[pos + 1] < 0x80:  # two bytes: ids and partition ids below 16,384
+        return (byte & 0x7F) | (value[pos + 1] << 7), pos + 2
+    raw, pos = _long_varint(value, pos, end)
+    return _int32(raw), pos
+
+
+def _packed_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
+    """A BrokerIdList's ids from its bytes ``[pos, end)``: empty, or one packed run filling them."""
+    if pos == end:
+        return ()
+    if value[pos] != _TAG_IDS_PACKED:
+        return None
+    size = value[pos + 1]
+    pos += 2
+    if size >= 0x80:
+        size, pos = _long_varint(value, pos - 1, end)
+        if pos == _BAD:
+            return None
+    if pos + size != end:
+        return None
+    run = value[pos:end]
+    if run.isascii():  # every id below 128, one byte each: one C call
+        return tuple(run)
+    known = _RUNS.get(run)  # the same few thousand ISRs recur across a shutdown's changes
+    if known is not None:
+        return known
+    ids: list[int] = []
+    append = ids.append
+    while pos < end:
+        byte = value[pos]
+        if byte < 0x80:
+            append(byte)
+            pos += 1
+        elif pos + 1 < end and value[pos + 1] < 0x80:
+            append((byte & 0x7F) | (value[pos + 1] << 7))
+            pos += 2
+        else:
+            number, pos = _long_varint(value, pos, end)
+            if pos == _BAD:
+                return None
+            append(_int32(number))
+    if len(_RUNS) >= _RUNS_MAX:
+        _RUNS.clear()  # (bounded: costs only the re-reading)
+    known = _RUNS[run] = tuple(ids)
+    return known
+
+
+def decode_replay_values(
+    values: Iterable[bytes], on_error: Callable[[KraftError], None] | None = None
+) -> Iterator[pb.MetadataRecord | IsrLeaderChange]:
+    """:func:`kraft.metadata.records.decode_values` for replay (``MetadataDelta.replay_decoded_steps``):
+    the same records and the same errors, except that a PartitionChangeRecord of the common shape comes
+    as an :data:`IsrLeaderChange` instead of a protobuf message."""
+    headers = _SINGLE_BYTE_HEADERS
+    parse = pb.MetadataRecord.FromString
+    fast = isr_leader_change
+    for value in values:
+        change = fast(value)
+        if change is not None:
+            yield change
+            continue
+        # from here as decode_values: the header by table lookup, upb, and decode_value for the rest
+        field = headers.get(value[:3])
+        if field is not None:
+            try:
+                record = parse(value[3:])
+            except DecodeError:
+                record = None
+            if record is not None and record.WhichOneof(_ONEOF) == field:
+                yield record
+                continue
+        if on_error is None:
+            yield decode_value(value)
+            continue
+        try:
+            yield decode_value(value)
+        except KraftError as exc:
+            on_error(exc)

@@ -1,0 +1,307 @@
+"""``isr_leader_change``: a PartitionChangeRecord's value bytes read without protobuf (session 15), against
+upb.  Any value — what kraft writes, each rarer field set, hand-built wire encodings upb also accepts
+(fields out of order or twice, unpacked ids, long and over-long varints, unknown fields), random bytes,
+truncations — is either read to exactly upb's meaning, or left to upb (``None``), never read otherwise;
+and what it reads applies to the registration ``apply_partition_change`` gives."""
+
+from __future__ import annotations
+
+from google.protobuf.unknown_fields import UnknownFieldSet
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kraft.errors import KraftError
+from kraft.metadata import records
+from kraft.metadata.change_decode import IsrLeaderChange, decode_replay_values, isr_leader_change
+from kraft.metadata.delta import MetadataDelta, apply_isr_leader_change, apply_partition_change
+from kraft.metadata.image import LEADER_RECOVERED, LEADER_RECOVERING, MetadataImage, PartitionRegistration
+from kraft.v1 import metadata_pb2 as pb
+
+_INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+_IDS = st.integers(min_value=-1, max_value=5) | _INT32
+_ID_LISTS = st.lists(_IDS, max_size=5)
+_TOPIC_IDS = st.sampled_from(["T", "", "AAAAAAAAAAAAAAAAAAAAAA"]) | st.text(max_size=24)
+_COMMON = frozenset({"partition_id", "topic_id", "isr", "leader"})
+_RARE_LISTS = (
+    "replicas",
+    "removing_replicas",
+    "adding_replicas",
+    "eligible_leader_replicas",
+    "last_known_elr",
+)
+_RARE_INTS = ("leader_recovery_state", "last_unclean_leader_epoch")
+
+
+@st.composite
+def _change_records(draw: st.DrawFn) -> pb.PartitionChangeRecord:
+    """A change as kraft writes them: ISR and/or leader, and in a third of them one rarer field too."""
+    change = pb.PartitionChangeRecord(topic_id=draw(_TOPIC_IDS), partition_id=draw(_INT32))
+    if draw(st.booleans()):
+        change.isr.ids.extend(draw(_ID_LISTS))
+    if draw(st.booleans()):
+        change.leader = draw(st.integers(min_value=-1, max_value=5) | _INT32)
+    if draw(st.integers(0, 2)) == 0:
+        field = draw(st.sampled_from(_RARE_LISTS + _RARE_INTS))
+        if field in _RARE_INTS:
+            setattr(change, field, draw(_INT32))
+        else:
+            getattr(change, field).ids.extend(draw(_ID_LISTS))
+    return change
+
+
+def _varint(number: int, padding: int = 0) -> bytes:
+    """``number`` (≥ 0, any size) as a varint, with ``padding`` redundant zero groups (upb accepts them
+    while the varint stays within 10 bytes)."""
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    if padding:
+        out[-1] |= 0x80
+        out += b"\x80" * (padding - 1) + b"\x00"
+    return bytes(out)
+
+
+_RAW_NUMBERS = (
+    st.integers(0, 300)
+    | _INT32.map(lambda n: n & 0xFFFFFFFFFFFFFFFF)  # negatives as upb writes them: 10 bytes
+    | st.integers(0, 2**70)  # past 32 bits (truncated), past 64 bits (malformed)
+)
+
+
+@st.composite
+def _varints(draw: st.DrawFn) -> bytes:
+    return _varint(draw(_RAW_NUMBERS), draw(st.just(0) | st.integers(0, 4)))
+
+
+@st.composite
+def _isr_bodies(draw: st.DrawFn) -> bytes:
+    """A BrokerIdList's bytes: packed runs (one, several, empty) and unpacked ids, in any mix."""
+    body = b""
+    for packed in draw(st.lists(st.booleans(), max_size=3)):
+        ids = draw(st.lists(_varints(), max_size=4))
+        if packed:
+            run = b"".join(ids)
+            body += b"\x0a" + _varint(len(run)) + run
+        else:
+            body += b"".join(b"\x08" + one for one in ids)
+    return body
+
+
+@st.composite
+def _wire_fields(draw: st.DrawFn) -> bytes:
+    """One field of a PartitionChangeRecord as bytes, any number (known or not), any wire type."""
+    number = draw(st.integers(1, 4) | st.integers(1, 12) | st.just(100))
+    wire = draw(st.sampled_from([0, 2]) | st.integers(0, 7))
+    tag = _varint(number << 3 | wire)
+    if wire == 0:
+        return tag + draw(_varints())
+    if wire == 2:
+        if number == 3 or (number > 4 and draw(st.booleans())):
+            body = draw(_isr_bodies())
+        elif number == 2:
+            body = draw(st.binary(max_size=8) | st.text(max_size=8).map(str.encode))
+        else:
+            body = draw(st.binary(max_size=8))
+        return tag + _varint(len(body)) + body
+    return tag + draw(st.binary(max_size=9))
+
+
+def _frame(payload: bytes, after: bytes = b"") -> bytes:
+    """The value of a MetadataRecord holding ``payload`` as its partition_change (then ``after``)."""
+    return b"\x01\x05\x00\x7a" + _varint(len(payload)) + payload + after
+
+
+@st.composite
+def _values(draw: st.DrawFn) -> bytes:
+    """What kraft writes, hand-built encodings, and each of them broken in some way."""
+    if draw(st.booleans()):
+        value = records.encode_value(records.wrap(draw(_change_records())))
+    else:
+        payload = b"".join(draw(st.lists(_wire_fields(), max_size=6)))
+        after = draw(  # nothing; bytes; a second partition_change (upb merges it); an unknown field
+            st.sampled_from([b"", b"\x7a\x00", b"\x7a\x02\x20\x01", b"\x20\x01"]) | st.binary(max_size=4)
+        )
+        value = _frame(payload, after)
+    how = draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended", "random"]))
+    if how == "truncated":
+        value = value[: draw(st.integers(0, len(value)))]
+    elif how == "byte":
+        at = draw(st.integers(0, len(value) - 1))
+        value = value[:at] + bytes([draw(st.integers(0, 255))]) + value[at + 1 :]
+    elif how == "inserted":
+        at = draw(st.integers(0, len(value)))
+        value = value[:at] + draw(st.binary(min_size=1, max_size=4)) + value[at:]
+    elif how == "appended":
+        value += draw(st.binary(min_size=1, max_size=4))
+    elif how == "random":
+        value = b"\x01\x05\x00\x7a" + draw(st.binary(max_size=30))
+    return value
+
+
+def _upb(value: bytes) -> pb.MetadataRecord | tuple[type[KraftError], object, str]:
+    try:
+        return records.decode_value(value)
+    except KraftError as exc:
+        return type(exc), exc.code, exc.message
+
+
+def _meaning(change: pb.PartitionChangeRecord) -> IsrLeaderChange:
+    return (
+        change.topic_id,
+        change.partition_id,
+        tuple(change.isr.ids) if change.HasField("isr") else None,
+        change.leader if change.HasField("leader") else None,
+    )
+
+
+def _holds_only_the_common_fields(record: pb.MetadataRecord) -> bool:
+    """No field but the four (none of them unknown to the schema) on the record or its ISR."""
+    change = record.partition_change
+    return (
+        {f.name for f, _ in change.ListFields()} <= _COMMON
+        and not len(UnknownFieldSet(record))
+        and not len(UnknownFieldSet(change))
+        and not len(UnknownFieldSet(change.isr))
+    )
+
+
+@settings(max_examples=3000)
+@given(_values())
+def test_a_value_is_read_as_upb_reads_it_or_left_to_upb(value: bytes) -> None:
+    change = isr_leader_change(value)
+    general = _upb(value)
+    if change is not None:
+        assert isinstance(general, pb.MetadataRecord), general
+        assert general.WhichOneof("record") == "partition_change"
+        assert _holds_only_the_common_fields(general)
+        assert change == _meaning(general.partition_change)
+    # the replay decoder: the same record, or the same error, or the tuple read above
+    try:
+        got: object = list(decode_replay_values([value]))
+    except KraftError as exc:
+        got = (type(exc), exc.code, exc.message)
+    if change is not None:
+        assert got == [change]
+    elif isinstance(general, pb.MetadataRecord):
+        assert got == [general]
+    else:
+        assert got == general
+    errors: list[KraftError] = []
+    skipped = list(decode_replay_values([value], errors.append))
+    assert (skipped, len(errors)) == ((got, 0) if isinstance(got, list) else ([], 1))
+
+
+@settings(max_examples=300)
+@given(_change_records())
+def test_every_common_shape_kraft_writes_is_read_without_upb(change: pb.PartitionChangeRecord) -> None:
+    """(what keeps the fast path from quietly going unused: a leave's, a rejoin's, an ISR change's; kraft's
+    topic ids are ASCII, other ones are left to upb's UTF-8 check)"""
+    fields = {f.name for f, _ in change.ListFields()}
+    got = isr_leader_change(records.encode_value(records.wrap(change)))
+    if fields <= _COMMON and change.topic_id.isascii():
+        assert got == _meaning(change)
+    else:
+        assert got is None
+
+
+_lists = st.lists(st.integers(min_value=-1, max_value=5), max_size=4).map(tuple)
+_epochs = st.tuples(st.integers(-1, 5), st.integers(0, 9), st.integers(0, 9))  # leader, both epochs
+
+
+@st.composite
+def _registrations(draw: st.DrawFn) -> PartitionRegistration:
+    replicas = draw(_lists)
+    isr = replicas if draw(st.booleans()) else draw(_lists)
+    if draw(st.booleans()):
+        return PartitionRegistration(replicas, isr, *draw(_epochs))
+    return PartitionRegistration(
+        replicas,
+        isr,
+        *draw(_epochs),
+        draw(st.just(()) | _lists),
+        draw(st.just(()) | _lists),
+        draw(st.just(LEADER_RECOVERED) | st.just(LEADER_RECOVERING)),
+        draw(st.just(0) | st.integers(1, 9)),
+    )
+
+
+@settings(max_examples=500)
+@given(_registrations(), st.data())
+def test_a_change_read_without_upb_applies_as_the_record_does(
+    current: PartitionRegistration, data: st.DataObject
+) -> None:
+    change = pb.PartitionChangeRecord(topic_id="T", partition_id=data.draw(st.integers(0, 3)))
+    if data.draw(st.booleans()):
+        change.isr.ids.extend(current.replicas if data.draw(st.booleans()) else data.draw(_lists))
+    if data.draw(st.booleans()):
+        change.leader = data.draw(st.integers(-1, 5))
+    value = records.encode_value(records.wrap(change))
+    read = isr_leader_change(value)
+    assert read is not None
+    _, _, isr, leader = read
+    expected = apply_partition_change(current, records.decode_value(value).partition_change)
+    got = apply_isr_leader_change(current, isr, leader)
+    assert got == expected
+    assert type(got) is type(expected)
+    assert (got.isr is got.replicas) == (expected.isr is expected.replicas)
+
+
+def test_leave_and_rejoin_shapes() -> None:
+    leave = pb.PartitionChangeRecord(topic_id="AAAAAAAAAAAAAAAAAAAAAA", partition_id=70_000, leader=-1)
+    leave.isr.ids.extend([2, 3])
+    assert isr_leader_change(records.encode_value(records.wrap(leave))) == (
+        "AAAAAAAAAAAAAAAAAAAAAA",
+        70_000,
+        (2, 3),
+        -1,
+    )
+    rejoin = pb.PartitionChangeRecord(topic_id="T", partition_id=0)
+    rejoin.isr.ids.extend([1, 2, 3])
+    assert isr_leader_change(records.encode_value(records.wrap(rejoin))) == ("T", 0, (1, 2, 3), None)
+    current = PartitionRegistration((1, 2, 3), (2, 3), 2, 5, 8)
+    rejoined = apply_isr_leader_change(current, (1, 2, 3), None)
+    assert rejoined == PartitionRegistration((1, 2, 3), (1, 2, 3), 2, 6, 9)
+    assert rejoined.isr is rejoined.replicas
+
+
+def _base_image() -> MetadataImage:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(records.wrap(pb.TopicRecord(name="t", topic_id="T")), 1, 1)
+    for partition_id, (replicas, leader) in enumerate([([1, 2, 3], 1), ([2, 3], 2)]):
+        delta.replay(
+            records.wrap(
+                pb.PartitionRecord(
+                    topic_id="T", partition_id=partition_id, replicas=replicas, isr=replicas, leader=leader
+                )
+            ),
+            2 + partition_id,
+            1,
+        )
+    return delta.apply()
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), st.integers(0, 2), st.data()), max_size=6))
+def test_a_broker_replaying_record_by_record_gets_the_same_image(
+    changes: list[tuple[str, int, st.DataObject]],
+) -> None:
+    """``replay_isr_leader_change`` (the broker fetcher's per-record path) against ``replay`` of the
+    decoded record: the same image, offset, epoch and errors (unknown topic U, partition 2)."""
+    base = _base_image()
+    direct, general = MetadataDelta(base), MetadataDelta(base)
+    for offset, (topic_id, partition_id, data) in enumerate(changes, 10):
+        change = pb.PartitionChangeRecord(topic_id=topic_id, partition_id=partition_id)
+        if data.draw(st.booleans()):
+            change.isr.ids.extend(data.draw(_lists))
+        if data.draw(st.booleans()):
+            change.leader = data.draw(st.integers(-1, 5))
+        value = records.encode_value(records.wrap(change))
+        read = isr_leader_change(value)
+        assert read is not None
+        direct.replay_isr_leader_change(read, offset, 3)
+        general.replay(records.decode_value(value), offset, 3)
+    assert direct.replay_errors == general.replay_errors
+    assert (direct.offset, direct.epoch) == (general.offset, general.epoch)
+    assert direct.apply().topics_by_id == general.apply().topics_by_id
