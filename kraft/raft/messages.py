@@ -152,8 +152,8 @@ class FetchRequest:
     ``fetch_offset`` as progress."""
     high_watermark: int | None = None
     """The high watermark the fetcher knows (KIP-1166): the leader answers a fetcher that could learn a
-    higher one soon (``RaftConfig.fetch_high_watermark_wait_ms``), not at the long poll's end.  None: a fetcher that does not say (an older
-    version, an echo, a discovery fetch)."""
+    higher one soon (``RaftConfig.fetch_high_watermark_wait_ms``), not at the long poll's end.  None: a
+    fetcher that does not say (an older version, an echo, a discovery fetch)."""
 
 
 @dataclass(frozen=True, slots=True)
