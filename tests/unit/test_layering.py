@@ -38,10 +38,11 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "kraft.node": frozenset({"cli", "cluster", "pipeline"}),
 }
 
-# What a broker legitimately needs of the metadata layer: the record types and the image it replays
-# them into.  The controller side (controller, service, placement, …) is not the broker's business.
+# What a broker legitimately needs of the metadata layer: the record types (and change_decode, the
+# protobuf-free reader of the commonest record, issue #17) and the image it replays them into.  The
+# controller side (controller, service, placement, …) is not the broker's business.
 BROKER_METADATA_MODULES = frozenset(
-    {"kraft.metadata.records", "kraft.metadata.image", "kraft.metadata.delta"}
+    {"kraft.metadata.records", "kraft.metadata.change_decode", "kraft.metadata.image", "kraft.metadata.delta"}
 )
 
 # Modules every layer may import although they live in a higher package, each importing nothing of kraft:
