@@ -317,19 +317,7 @@ async def test_the_config_switch_picks_the_bridge_or_the_hop(tmp_path: Path, on_
     try:
         async with open_channel(f"127.0.0.1:{port}") as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
-            register = cpb.RegisterBrokerRequest(
-                cluster_id=cluster_id,
-                broker_id=7,
-                incarnation_id="i7",
-                listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9007)],
-            )
-            deadline = time.monotonic() + TIMEOUT_S
-            while True:  # bounded: the single voter elects itself and activates on the system clock
-                registered = await stub.RegisterBroker(register, timeout=TIMEOUT_S)
-                if registered.error_code == ErrorCode.NONE or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.01)
-            assert registered.error_code == ErrorCode.NONE
+            registered = await register_broker_7(stub, cluster_id)
             beat = cpb.BrokerHeartbeatRequest(
                 cluster_id=cluster_id,
                 broker_id=7,
@@ -353,3 +341,22 @@ async def test_the_config_switch_picks_the_bridge_or_the_hop(tmp_path: Path, on_
             assert layer.heartbeats is None
     finally:
         await node.stop()
+
+
+async def register_broker_7(stub: Any, cluster_id: str) -> cpb.RegisterBrokerResponse:
+    """Registers broker 7 through ``stub`` (a grpc.aio ControllerService stub) on a real single-voter
+    node, retrying until it has elected itself and activated (system clock, bounded by TIMEOUT_S)."""
+    register = cpb.RegisterBrokerRequest(
+        cluster_id=cluster_id,
+        broker_id=7,
+        incarnation_id="i7",
+        listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9007)],
+    )
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        registered = await stub.RegisterBroker(register, timeout=TIMEOUT_S)
+        if registered.error_code == ErrorCode.NONE or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    assert isinstance(registered, cpb.RegisterBrokerResponse) and registered.error_code == ErrorCode.NONE
+    return registered

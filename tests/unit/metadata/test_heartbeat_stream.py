@@ -8,7 +8,6 @@ the bridge (intake thread) or by the servicer (without it), over gRPC."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,13 +32,14 @@ from kraft.observability.metrics import CONTROLLER_HEARTBEATS_FAST_LANE, CONTROL
 from kraft.observability.stall_sampler import HEARTBEAT_ARRIVAL_DELAY, ArrivalProbe, stamp_sent
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import format_log_dir
-from kraft.v1 import common_pb2, controller_pb2_grpc
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import controller_pb2_grpc
 
 from .test_controller import registration, until
 from .test_heartbeat_bridge import (
     Aborted,
     CallContext,
+    register_broker_7,
     tls_identities,  # noqa: F401 - the fixture the tests use
 )
 from .test_heartbeat_lane import _beat, _controller, _unfenced
@@ -287,19 +287,7 @@ async def test_a_real_node_serves_the_stream(tmp_path: Path, intake_thread: bool
     try:
         async with open_channel(f"127.0.0.1:{port}") as channel:
             stub = controller_pb2_grpc.ControllerServiceStub(channel)
-            register = cpb.RegisterBrokerRequest(
-                cluster_id=cluster_id,
-                broker_id=7,
-                incarnation_id="i7",
-                listeners=[common_pb2.Endpoint(name="PLAINTEXT", host="127.0.0.1", port=9007)],
-            )
-            deadline = time.monotonic() + TIMEOUT_S
-            while True:  # bounded: the single voter elects itself and activates on the system clock
-                registered = await stub.RegisterBroker(register, timeout=TIMEOUT_S)
-                if registered.error_code == ErrorCode.NONE or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.01)
-            assert registered.error_code == ErrorCode.NONE
+            registered = await register_broker_7(stub, cluster_id)
             beat = cpb.BrokerHeartbeatRequest(
                 cluster_id=cluster_id,
                 broker_id=7,
