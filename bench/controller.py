@@ -32,6 +32,10 @@ What is measured (results in ``bench/results/controller.json``):
 - **image_memory**: in a fresh process, the controller logic builds an image of 1,000 topics x 1,000
   partitions over 1,000 brokers (RF 3) through CreateTopics; RSS before/after (target ≤ 1 GiB).
 
+- **image_store_saves** (session 16): every image-store save a controller logged (``image_store_saved``:
+  those that waited for bulk work or wrote ≥ 10,000 rows) placed in the part of the bulk phase it started
+  in (:mod:`bench.store_saves`): start, wall and SQLite-thread CPU ms, rows, why it ran then, its slot.
+
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
@@ -87,6 +91,7 @@ from bench.controller_fleet import (
     run_loop,
 )
 from bench.cpu_probe import CpuProbe
+from bench.store_saves import saves_by_phase
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -584,8 +589,10 @@ async def cluster_benchmarks(
                     )
                 check_created(created)
 
+                led_start = time.monotonic()
                 with probe.phase("create_led_by_1"):
                     check_created(await client.call(lambda s: s.CreateTopics, led_request))
+                led_end = time.monotonic()
                 cluster = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
                 leading = next(b.leader_count for b in cluster.brokers if b.broker_id == 1)
 
@@ -675,6 +682,17 @@ async def cluster_benchmarks(
                 "seconds": round(create_s, 2),
                 "partitions_per_second": round(partitions / create_s),
             }
+            # Session 16: where each controller's image-store saves started against the bulk phase's parts.
+            results["image_store_saves"] = saves_by_phase(
+                {node_id: node.log_path for node_id, node in quorum.nodes.items()},
+                {
+                    "create_partitions": (bulk_start, led_start),
+                    "create_led_by_1": (led_start, led_end),
+                    "controlled_shutdown": (led_end, bulk_end),
+                    "after_bulk": (bulk_end, settle_end),
+                },
+                bulk_start,
+            )
             if beats_out is not None:  # every heartbeat and client stall, for lining up with node logs
                 raw = {
                     "bulk": [bulk_start, bulk_end],

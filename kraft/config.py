@@ -613,6 +613,12 @@ class NodeConfig(BaseModel):
     controller_image_store_save_pause_percent: NonNegative = _key(
         "controller.image.store.save.pause.percent", default=0
     )
+    # After bulk work each controller's deferred image-store save waits for the log to stay quiet this much
+    # longer per slot: the followers first, the active controller last (kraft.metadata.store_writer; 0 = all
+    # at once, as in session 15).
+    controller_image_store_bulk_save_stagger_ms: NonNegative = _key(
+        "controller.image.store.bulk.save.stagger.ms", default=1_000
+    )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the
     # node over a unix socket (kraft/node/intake_process.py), the caller's TLS identity and address with it.

@@ -100,7 +100,13 @@ from kraft.metadata.partition_reservations import RequestOrder
 from kraft.metadata.request_limits import RequestLimits, check_create_topics
 from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
-from kraft.metadata.store_writer import STORE_MAX_DEFER_MS, FatalReporter, StoreWriter
+from kraft.metadata.store_writer import (
+    STORE_BULK_STAGGER_MS,
+    STORE_LEADER_SLOT,
+    STORE_MAX_DEFER_MS,
+    FatalReporter,
+    StoreWriter,
+)
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
 from kraft.observability.metrics import ControllerMetrics
@@ -168,6 +174,9 @@ class ControllerOptions:
     # controller.image.store.save.pause.percent: a save's pause after each 2,000-row chunk, in percent of
     # the chunk's time (kraft.metadata.store; 0 = none)
     store_save_pause_percent: int = 0
+    # controller.image.store.bulk.save.stagger.ms: after bulk work, how much longer each later slot's save
+    # waits (kraft.metadata.store_writer; 0 = none)
+    store_bulk_save_stagger_ms: int = STORE_BULK_STAGGER_MS
     snapshot_max_bytes: int = 20 * 1024 * 1024  # metadata.log.max.record.bytes.between.snapshots
     snapshot_interval_ms: int = 3_600_000  # metadata.log.max.snapshot.interval.ms
     commit_timeout_ms: int = 30_000  # how long a request waits for its commit
@@ -309,6 +318,8 @@ class QuorumController:
             on_fatal=on_fatal,
             max_defer_ms=options.store_bulk_defer_max_ms,
             save_pause_percent=options.store_save_pause_percent,
+            stagger_ms=options.store_bulk_save_stagger_ms,
+            save_slot=self._store_save_slot,
         )
         self.snapshotter = Snapshotter(
             raft,
@@ -449,6 +460,18 @@ class QuorumController:
     @property
     def is_active(self) -> bool:
         return self.state.logic is not None
+
+    def _store_save_slot(self) -> int:
+        """This controller's place among the quorum's deferred image-store saves after bulk work
+        (:class:`StoreWriter`): the Raft leader last (slot 2; its loop answers the heartbeats), the
+        followers by id after the leader's, modulo 3 (0 and 1 for three consecutive ids); 0 while no leader
+        is known."""
+        leader = self.state.leader.leader_id
+        if leader == NO_LEADER:
+            return 0
+        if leader == self.node_id:
+            return STORE_LEADER_SLOT
+        return (self.node_id - leader - 1) % (STORE_LEADER_SLOT + 1)
 
     # ---- Raft listener ----
 

@@ -67,6 +67,8 @@ import asyncio
 import contextlib
 import json
 import sqlite3
+import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from functools import partial
@@ -503,16 +505,20 @@ _ITER_CHUNK_SIZE = 64  # aiosqlite.connect()'s default
 STORE_THREAD_NAME = "kraft-image-store"
 
 
-def _named_connect(path: str) -> sqlite3.Connection:
+def _named_connect(path: str, thread: list[int]) -> sqlite3.Connection:
     set_native_name(STORE_THREAD_NAME)
+    thread.append(threading.get_ident())  # (read by SqliteImageStore.thread_cpu_s)
     return sqlite3.connect(path, isolation_level=None)
 
 
 class SqliteImageStore:
     """Async SQLite store of one image.  Use :meth:`open`, then :meth:`load` / :meth:`save`."""
 
-    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock) -> None:
+    def __init__(self, db: aiosqlite.Connection, path: Path, clock: Clock, thread: int | None = None) -> None:
         self._db = db
+        self._thread = thread  # aiosqlite's worker thread (pthread id), for thread_cpu_s
+        self.last_save_rows = 0
+        """Rows the last :meth:`save` wrote to the partition and topic tables (their deletions too)."""
         self._clock = clock  # stamps updated_at_ms, times a paced save's chunks
         self.chunk_rows = SAVE_CHUNK_ROWS
         """Rows of one statement of a save's large writes at most (:meth:`_write_paced`)."""
@@ -540,12 +546,13 @@ class SqliteImageStore:
 
     @classmethod
     async def _open(cls, path: Path, clock: Clock) -> SqliteImageStore:
-        db, current = await cls._connect(path)
+        thread: list[int] = []
+        db, current = await cls._connect(path, thread)
         read_only = _read_only_header(path)
         if read_only is not None:
             await db.close()
             cls.discard_file(path, read_only)
-            db, current = await cls._connect(path)
+            db, current = await cls._connect(path, thread)
         if not current:
             await db.close()
             # An older build's tables: CREATE TABLE IF NOT EXISTS keeps them as they are, and what it
@@ -556,17 +563,27 @@ class SqliteImageStore:
                 "written by an older build: brokers lacks unclean_shutdown/offline_replicas"
                 " or partition_elr lacks last_unclean_leader_epoch",
             )
-            db, _ = await cls._connect(path)
-        return cls(db, path, clock)
+            db, _ = await cls._connect(path, thread)
+        return cls(db, path, clock, thread[-1] if thread else None)
+
+    def thread_cpu_s(self) -> float | None:
+        """CPU seconds the store's SQLite thread has used so far (None where the platform cannot tell):
+        a save's rows are built and written there, so a save's CPU is the difference around it."""
+        if self._thread is None or not hasattr(time, "pthread_getcpuclockid"):
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._thread))
+        except OSError:  # the thread ended (the store is closed)
+            return None
 
     @staticmethod
-    async def _connect(path: Path) -> tuple[aiosqlite.Connection, bool]:
+    async def _connect(path: Path, thread: list[int]) -> tuple[aiosqlite.Connection, bool]:
         """The connection, tables created, and whether they have every column of :data:`SCHEMA`."""
         # Autocommit mode: transactions are exactly the explicit BEGIN … COMMIT in save().
         # aiosqlite.connect() as it is, but the connector (run first on aiosqlite's worker thread) names
         # that thread ``image-store`` to the kernel: 0.6-0.9 CPU-s of each controller during a 106k
         # shutdown were an unnamed ``python`` thread in bench.controller --cpu (issue #17, session 15).
-        db = await aiosqlite.Connection(partial(_named_connect, str(path)), _ITER_CHUNK_SIZE)
+        db = await aiosqlite.Connection(partial(_named_connect, str(path), thread), _ITER_CHUNK_SIZE)
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")
@@ -643,7 +660,8 @@ class SqliteImageStore:
                 raise
             # Closing a damaged database may complain; the file is deleted next anyway.
         self.discard_file(self.path, reason)
-        self._db = (await self._open(self.path, self._clock))._db
+        fresh = await self._open(self.path, self._clock)
+        self._db, self._thread = fresh._db, fresh._thread
         self._saved = MetadataImage.empty()
         self._sums = _RowSum()
 
@@ -787,6 +805,7 @@ class SqliteImageStore:
             await db.execute("ROLLBACK")
         # Updated on a copy: a failed save rolls back the rows, so the digest must not move either.
         sums = self._sums.copy()
+        self.last_save_rows = 0
         try:
             await db.execute("BEGIN")
             await self._save_brokers(previous, image, sums)
@@ -895,6 +914,7 @@ class SqliteImageStore:
             taken = [0]
             started_ms = self._clock.monotonic_ms()
             await self._db.executemany(sql, _counted(islice(source, self.chunk_rows), taken))
+            self.last_save_rows += taken[0]
             if taken[0] < self.chunk_rows:
                 return  # the source ran out (a statement with fewer rows than a chunk is never paused after)
             await self.pause(max(0, self._clock.monotonic_ms() - started_ms) * self.pause_ratio / 1000)

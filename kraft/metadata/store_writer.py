@@ -43,6 +43,21 @@ STORE_MAX_DEFER_MS = 10_000
 """The longest a save waits for bulk work to end, from the last save's start, by default
 (``controller.image.store.bulk.defer.max.ms``; 0 = saves never wait)."""
 
+STORE_BULK_STAGGER_MS = 1_000
+"""After bulk work, how much longer each later slot's save waits for the log to stay quiet, by default
+(``controller.image.store.bulk.save.stagger.ms``; 0 = every controller saves once its log is quiet)."""
+STORE_LEADER_SLOT = 2
+"""The active controller's slot: after both followers of a 3-voter quorum (slots 0 and 1)."""
+SAVE_LOG_ROWS = 10_000
+"""A save writing at least this many rows is logged at info (``image_store_saved``), waited or not."""
+
+SAVE_INTERVAL = "interval"
+"""``why=`` of a save that did not wait for bulk work (at most one per ``STORE_MIN_INTERVAL_MS``)."""
+SAVE_BULK_ENDED = "bulk_ended"
+"""``why=`` of a save that waited for bulk work to end (and for its slot's stagger)."""
+SAVE_DEFER_MAX = "defer_max"
+"""``why=`` of a save that waited ``max_defer_ms`` (plus its stagger) while bulk work went on."""
+
 IMAGE_STORE_FATAL = "image_store_write_failed"
 """The ``reason=`` of the fatal line when the image store cannot be opened or written."""
 
@@ -65,6 +80,8 @@ class StoreWriter:
         on_fatal: FatalReporter | None = None,
         max_defer_ms: int = STORE_MAX_DEFER_MS,
         save_pause_percent: int = 0,
+        stagger_ms: int = STORE_BULK_STAGGER_MS,
+        save_slot: Callable[[], int] = lambda: 0,
     ) -> None:
         self._path = path
         self._timers = timers
@@ -74,12 +91,16 @@ class StoreWriter:
         self._on_fatal = on_fatal
         self._max_defer_ms = max_defer_ms
         self._save_pause_percent = save_pause_percent
+        self._stagger_ms = stagger_ms
+        self._save_slot = save_slot
+        """This node's place among the quorum's deferred saves (0 first; the active controller last)."""
         self._store: SqliteImageStore | None = None
         self._dirty = asyncio.Event()
         # (committed offset, clock ms) at the last save's start or the last rate check: the rate of
         # committed records since then decides whether the next save waits
         self._mark = (-1, timers.now_ms())
         self._last_save_ms = timers.now_ms()  # (before the first save: since the writer was made)
+        self._saved_offset = -1  # the offset the last save (or the loaded store) holds
 
     async def open(self) -> MetadataImage | None:
         """Open the store and return the image it holds (None without a store path).  A store that cannot
@@ -89,7 +110,9 @@ class StoreWriter:
         try:
             self._store = await SqliteImageStore.open(self._path, clock=self._timers.clock)
             self._store.pause_ratio = self._save_pause_percent / 100
-            return await self._store.load()
+            loaded = await self._store.load()
+            self._saved_offset = loaded.offset
+            return loaded
         except Exception as exc:
             self._fatal("open", exc, offset=None)
             raise
@@ -110,7 +133,8 @@ class StoreWriter:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            await self._defer_during_bulk()
+            asked_ms = self._timers.now_ms()
+            why = await self._wait_for_quiet()
             self._dirty.clear()  # commits while deferred: in the image read next
             image = self._committed()
             if image.transaction:
@@ -120,6 +144,7 @@ class StoreWriter:
                 continue
             started_ms = self._timers.now_ms()
             self._mark, self._last_save_ms = (image.offset, started_ms), started_ms
+            cpu_before = store.thread_cpu_s()
             try:
                 await store.save(image)
             except Exception as exc:
@@ -132,14 +157,54 @@ class StoreWriter:
                 if self._on_fatal is None:
                     raise
                 return  # the supervisor stops the process; nothing more is written
+            self._report(store, image, why, asked_ms, started_ms, cpu_before)
             await self._timers.sleep_until(started_ms + STORE_MIN_INTERVAL_MS)
 
-    async def _defer_during_bulk(self) -> None:
-        """Return once the committed log moved slower than ``STORE_BULK_RECORDS_PER_S`` since the last
-        mark (checked every ``STORE_MIN_INTERVAL_MS``), or ``max_defer_ms`` after the last save started
-        (at once with 0)."""
+    def _report(
+        self,
+        store: SqliteImageStore,
+        image: MetadataImage,
+        why: str,
+        asked_ms: int,
+        started_ms: int,
+        cpu_before: float | None,
+    ) -> None:
+        """One ``image_store_saved`` line for a save that waited for bulk work or wrote many rows (debug
+        for the others: at most two a second): where the saves' CPU lands against bulk work is what
+        decides how they are scheduled (issue #17, session 16)."""
+        rows = store.last_save_rows
+        level = self._log.info if why != SAVE_INTERVAL or rows >= SAVE_LOG_ROWS else self._log.debug
+        cpu_after = store.thread_cpu_s()
+        cpu_ms = None if cpu_before is None or cpu_after is None else round((cpu_after - cpu_before) * 1000)
+        level(
+            "image_store_saved",
+            offset=image.offset,
+            records=image.offset - self._saved_offset,
+            rows=rows,
+            why=why,
+            waited_ms=started_ms - asked_ms,
+            ms=self._timers.now_ms() - started_ms,
+            cpu_ms=cpu_ms,
+            slot=self._save_slot(),
+            start_mono_ms=started_ms,
+        )
+        self._saved_offset = image.offset
+
+    async def _wait_for_quiet(self) -> str:
+        """Return why the save runs now: at once (:data:`SAVE_INTERVAL`) unless the committed log moved at
+        ``STORE_BULK_RECORDS_PER_S`` or more since the last mark (checked every ``STORE_MIN_INTERVAL_MS``);
+        after bulk work once the log has been below that rate for this node's slot times ``stagger_ms``
+        (:data:`SAVE_BULK_ENDED`); or ``max_defer_ms`` plus the same stagger after the last save started
+        (:data:`SAVE_DEFER_MAX`).  With ``max_defer_ms`` 0 at once, whatever the rate.
+
+        The stagger (session 16): the three controllers of a quorum see bulk work end within a few hundred
+        ms of each other, and each one's deferred save then wrote ~100,000-200,000 rows (0.4-0.9 CPU-s)
+        — at the same moment on all three, a burst a shared host (or the leader's own GIL) feels as late
+        heartbeats.  The followers go first, the active controller (whose loop answers the heartbeats)
+        last; the cap is staggered the same way, or the saves it forces land together mid-stream."""
         timers = self._timers
-        limit_ms = self._last_save_ms + self._max_defer_ms
+        waited = False
+        quiet_since_ms: int | None = None
         while True:
             now_ms = timers.now_ms()
             offset = self._committed().offset
@@ -148,12 +213,22 @@ class StoreWriter:
             if elapsed_ms < STORE_MIN_INTERVAL_MS:
                 # too short to tell a rate (a clock that does not move, as in unit tests: after a save
                 # the writer sleeps the minimum interval first): saved as before
-                return
+                return SAVE_INTERVAL
             self._mark = (offset, now_ms)
-            if (offset - mark_offset) * 1000 < STORE_BULK_RECORDS_PER_S * elapsed_ms:
-                return
-            if now_ms >= limit_ms:
-                return
+            bulk = (offset - mark_offset) * 1000 >= STORE_BULK_RECORDS_PER_S * elapsed_ms
+            if not waited and (not bulk or self._max_defer_ms <= 0):
+                return SAVE_INTERVAL
+            waited = True
+            stagger_ms = self._stagger_ms * self._save_slot()
+            if bulk:
+                quiet_since_ms = None
+            else:
+                if quiet_since_ms is None:
+                    quiet_since_ms = mark_ms  # below the rate since the last mark
+                if now_ms - quiet_since_ms >= stagger_ms:
+                    return SAVE_BULK_ENDED
+            if now_ms >= self._last_save_ms + self._max_defer_ms + stagger_ms:
+                return SAVE_DEFER_MAX
             await timers.sleep_until(now_ms + STORE_MIN_INTERVAL_MS)
 
     def _fatal(self, op: str, error: Exception, *, offset: int | None) -> None:
