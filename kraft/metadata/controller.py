@@ -102,10 +102,10 @@ from kraft.metadata.session_checker import SessionChecker
 from kraft.metadata.snapshotter import Snapshotter
 from kraft.metadata.store_writer import (
     STORE_BULK_STAGGER_MS,
-    STORE_LEADER_SLOT,
     STORE_MAX_DEFER_MS,
     FatalReporter,
     StoreWriter,
+    save_slot,
 )
 from kraft.metadata.timers import Timers
 from kraft.observability.logging import get_logger
@@ -462,16 +462,9 @@ class QuorumController:
         return self.state.logic is not None
 
     def _store_save_slot(self) -> int:
-        """This controller's place among the quorum's deferred image-store saves after bulk work
-        (:class:`StoreWriter`): the Raft leader last (slot 2; its loop answers the heartbeats), the
-        followers by id after the leader's, modulo 3 (0 and 1 for three consecutive ids); 0 while no leader
-        is known."""
+        """This controller's place among the quorum's deferred image-store saves (:func:`save_slot`)."""
         leader = self.state.leader.leader_id
-        if leader == NO_LEADER:
-            return 0
-        if leader == self.node_id:
-            return STORE_LEADER_SLOT
-        return (self.node_id - leader - 1) % (STORE_LEADER_SLOT + 1)
+        return save_slot(self.node_id, None if leader == NO_LEADER else leader)
 
     # ---- Raft listener ----
 

@@ -62,6 +62,18 @@ IMAGE_STORE_FATAL = "image_store_write_failed"
 """The ``reason=`` of the fatal line when the image store cannot be opened or written."""
 
 
+def save_slot(node_id: int, leader_id: int | None) -> int:
+    """A controller's place among the quorum's deferred saves after bulk work: the Raft leader last
+    (:data:`STORE_LEADER_SLOT`: its loop answers the brokers' heartbeats), the followers by id after the
+    leader's, modulo 3 — 0 and 1 for three consecutive ids, whichever leads (larger or scattered ids may
+    share a slot: a spread, not a schedule); 0 while no leader is known."""
+    if leader_id is None:
+        return 0
+    if leader_id == node_id:
+        return STORE_LEADER_SLOT
+    return (node_id - leader_id - 1) % (STORE_LEADER_SLOT + 1)
+
+
 class FatalReporter(Protocol):
     """Reports a fatal condition to the process (``Supervisor.fail``): one ``event=fatal`` line, exit 70."""
 
