@@ -43,7 +43,7 @@ def saves_by_phase(
 ) -> dict[str, Any]:
     """Every logged save: node, phase, start (s from ``origin_s``), wall ms, SQLite-thread CPU ms, rows,
     why and slot; and per phase, each node's saves and CPU ms summed."""
-    saves: list[dict[str, Any]] = []
+    started: list[tuple[float, dict[str, Any]]] = []
     for node_id, path in logs.items():
         if not path.exists():
             continue
@@ -52,21 +52,25 @@ def saves_by_phase(
                 continue
             fields = parse_fields(line)
             started_s = int(fields["start_mono_ms"]) / 1000
-            saves.append(
-                {
-                    "node": node_id,
-                    "phase": phase_of(started_s, windows),
-                    "at_s": round(started_s - origin_s, 2),
-                    "ms": _int(fields.get("ms")),
-                    "cpu_ms": _int(fields.get("cpu_ms")),
-                    "rows": _int(fields.get("rows")),
-                    "records": _int(fields.get("records")),
-                    "why": fields.get("why"),
-                    "slot": _int(fields.get("slot")),
-                    "waited_ms": _int(fields.get("waited_ms")),
-                }
+            started.append(
+                (
+                    started_s,
+                    {
+                        "node": node_id,
+                        "phase": phase_of(started_s, windows),
+                        "at_s": round(started_s - origin_s, 2),
+                        "ms": _int(fields.get("ms")),
+                        "cpu_ms": _int(fields.get("cpu_ms")),
+                        "rows": _int(fields.get("rows")),
+                        "records": _int(fields.get("records")),
+                        "why": fields.get("why"),
+                        "slot": _int(fields.get("slot")),
+                        "waited_ms": _int(fields.get("waited_ms")),
+                    },
+                )
             )
-    saves.sort(key=lambda save: save["at_s"])
+    started.sort(key=lambda item: item[0])
+    saves = [save for _, save in started]
     phases: dict[str, dict[str, list[int]]] = {}
     for save in saves:
         per_node = phases.setdefault(save["phase"], {})
