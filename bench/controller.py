@@ -91,7 +91,7 @@ from bench.controller_fleet import (
     run_loop,
 )
 from bench.cpu_probe import CpuProbe
-from bench.store_saves import saves_by_phase
+from bench.store_saves import saves_by_phase, wait_for_saves
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -682,17 +682,23 @@ async def cluster_benchmarks(
                 "seconds": round(create_s, 2),
                 "partitions_per_second": round(partitions / create_s),
             }
-            # Session 16: where each controller's image-store saves started against the bulk phase's parts.
+            # Session 16: where each controller's image-store saves started against the bulk phase's parts
+            # (waiting, after every measurement, for each node's first save after the bulk work: the
+            # nodes are killed when this returns).
+            store_logs = {node_id: node.log_path for node_id, node in quorum.nodes.items()}
+            waited_s = await wait_for_saves(store_logs, bulk_end, timeout_s=15.0)
             results["image_store_saves"] = saves_by_phase(
-                {node_id: node.log_path for node_id, node in quorum.nodes.items()},
+                store_logs,
                 {
                     "create_partitions": (bulk_start, led_start),
                     "create_led_by_1": (led_start, led_end),
                     "controlled_shutdown": (led_end, bulk_end),
                     "after_bulk": (bulk_end, settle_end),
+                    "later": (settle_end, float("inf")),
                 },
                 bulk_start,
             )
+            results["image_store_saves"]["waited_after_run_s"] = waited_s
             if beats_out is not None:  # every heartbeat and client stall, for lining up with node logs
                 raw = {
                     "bulk": [bulk_start, bulk_end],

@@ -9,6 +9,8 @@ in.  :func:`saves_by_phase` reads the node logs after a run; ``bench.controller`
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,29 @@ def parse_fields(line: str) -> dict[str, str]:
 
 def _int(value: str | None) -> int | None:
     return None if value is None or value == "null" else int(value)
+
+
+def _starts(path: Path) -> list[float]:
+    """The start (monotonic s) of every save ``path`` logged so far."""
+    if not path.exists():
+        return []
+    return [
+        int(parse_fields(line)["start_mono_ms"]) / 1000
+        for line in path.read_text(errors="replace").splitlines()
+        if EVENT in line
+    ]
+
+
+async def wait_for_saves(logs: Mapping[int, Path], after_s: float, timeout_s: float) -> float:
+    """Wait (polling) until every node logged a save that started at or after ``after_s`` (monotonic),
+    at most ``timeout_s``: a controller's deferred save after bulk work may come seconds after a
+    benchmark's last window, and the nodes are killed when it ends.  Returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if all(any(at >= after_s for at in _starts(path)) for path in logs.values()):
+            break
+        await asyncio.sleep(0.25)
+    return round(time.monotonic() - started, 2)
 
 
 def phase_of(at_s: float, windows: Mapping[str, tuple[float, float]]) -> str:
@@ -79,7 +104,7 @@ def saves_by_phase(
         count_cpu[1] += save["cpu_ms"] or 0
     return {
         "windows_s": {
-            name: [round(start - origin_s, 2), round(end - origin_s, 2)]
+            name: [round(start - origin_s, 2), None if end == float("inf") else round(end - origin_s, 2)]
             for name, (start, end) in windows.items()
         },
         "saves": saves,
