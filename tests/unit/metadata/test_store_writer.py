@@ -309,3 +309,73 @@ def _with_topic(image: MetadataImage, topic_id: str, *, partitions: int) -> Meta
     for i, payload in enumerate(payloads):
         delta.replay(records.wrap(payload), image.offset + 1 + i, 1)
     return delta.apply()
+
+
+async def test_a_restart_while_a_staggered_save_waits_loads_the_last_finished_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store is a cache of the log: a process gone while its save waits for bulk work to end (and for its
+    # stagger) leaves the previous save, whole; the next start loads that and replays the rest of the log.
+    real_save = SqliteImageStore.save
+    idle = asyncio.Event()
+    idle.set()
+
+    async def save(self: SqliteImageStore, image: MetadataImage) -> None:  # the real one, watched
+        idle.clear()
+        try:
+            await real_save(self, image)
+        finally:
+            idle.set()
+
+    monkeypatch.setattr(SqliteImageStore, "save", save)
+    clock = ManualClock()
+    timers = Timers(clock)
+    path = tmp_path / "metadata-image.sqlite"
+    images = [_with_topic(MetadataImage.empty(), "T0", partitions=5)]
+    writer = StoreWriter(
+        path,
+        timers,
+        lambda: images[-1],
+        metrics=ControllerMetrics.for_node(1),
+        log=get_logger("controller", node=1),
+        save_slot=lambda: STORE_LEADER_SLOT,
+    )
+    await writer.open()
+    task = asyncio.create_task(writer.run())
+    harness = Harness(clock, timers, writer)
+
+    async def moved(ms: int, records: int) -> None:
+        for _ in range(ms // STEP_MS):
+            offset = images[-1].offset + records * STEP_MS // 1000
+            images.append(
+                dataclasses.replace(_with_topic(images[-1], f"T{len(images)}", partitions=1), offset=offset)
+            )
+            await harness.step(0)
+            writer.mark_dirty()
+            for _ in range(20):
+                await asyncio.sleep(0)
+            # a save the writer began (on the SQLite thread) ends before the clock moves on
+            await asyncio.wait_for(idle.wait(), timeout=10)
+
+    writer.mark_dirty()
+    await moved(STEP_MS, 10)  # quiet: saved at once
+    saved = images[-1].offset
+    await moved(3_000, BULK)  # bulk work, then part of the leader's stagger
+    await moved(STORE_BULK_STAGGER_MS, 0)
+    assert images[-1].offset > saved
+    task.cancel()  # the process is gone: no last save (close() would make one)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    store = await SqliteImageStore.open(path, clock=clock)
+    try:
+        loaded = await store.load()
+        assert store.discarded is None
+        assert loaded.offset == saved, "only the last finished save, whole"
+        assert set(loaded.topics_by_id) == set(images_at(images, saved).topics_by_id)
+    finally:
+        await store.close()
+    await writer.close()  # (its last save comes after the check above)
+
+
+def images_at(images: list[MetadataImage], offset: int) -> MetadataImage:
+    return next(image for image in images if image.offset == offset)
