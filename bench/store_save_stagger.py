@@ -27,7 +27,7 @@ from typing import Any
 from bench.store_save_pacing import _image, _moved
 from kraft.clock import SystemClock
 from kraft.metadata.store import SqliteImageStore
-from kraft.procutil import reap_children_on_exit
+from kraft.procutil import reap_children_on_exit, spawn_child
 
 LEADER_SLOT = 2
 START_LEAD_S = 4.0
@@ -81,7 +81,7 @@ async def _ticks(until: float, late: list[float]) -> None:
 def _followers(topics: int, partitions: int, stagger_ms: int, start: float) -> list[subprocess.Popen[str]]:
     """The two follower processes, saving at slots 0 and 1."""
     return [
-        subprocess.Popen(
+        spawn_child(
             [
                 sys.executable,
                 "-m",
