@@ -613,9 +613,9 @@ class NodeConfig(BaseModel):
     controller_image_store_save_pause_percent: NonNegative = _key(
         "controller.image.store.save.pause.percent", default=0
     )
-    # After bulk work each controller's deferred image-store save waits for the log to stay quiet this much
-    # longer per slot: the followers first, the active controller last (kraft.metadata.store_writer; 0 = all
-    # at once, as in session 15).
+    # After bulk work each controller's deferred image-store save waits for its own log to stay quiet this
+    # much longer per slot: followers 0 and 1, the active controller 2 (kraft.metadata.store_writer; 0 = each
+    # saves once its log is quiet, as in session 15).
     controller_image_store_bulk_save_stagger_ms: NonNegative = _key(
         "controller.image.store.bulk.save.stagger.ms", default=1_000
     )
