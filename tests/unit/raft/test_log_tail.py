@@ -6,14 +6,17 @@ from __future__ import annotations
 import os
 import random
 from pathlib import Path
+from typing import cast
 
 import pytest
+from raft_helpers import LoopbackCluster, NodeStores
 
 from kraft.raft.log_tail import LogTail
+from kraft.raft.memory import MemoryLogStore
 from kraft.raft.storage_adapters import SegmentedLogStore
 from kraft.storage.batch import build_batch, iter_batch_headers
 from kraft.storage.errors import CorruptLogError, OffsetOutOfRangeError, StorageStateError
-from kraft.storage.log import SegmentedLog
+from kraft.storage.log import ReadResult, SegmentedLog
 
 
 def _batch(base: int, count: int, epoch: int = 1, size: int = 40) -> bytes:
@@ -142,3 +145,44 @@ def test_a_tail_of_zero_bytes_keeps_nothing() -> None:
     tail.appended(_batch(0, 2), 0)
     assert tail.start_offset is None
     assert tail.read(0, 1 << 20) is None
+
+
+async def test_a_leader_answers_its_followers_from_the_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three drivers on segmented logs: once elected, every Fetch answer the leader fills is read from
+    the tail, not the file, and the followers' logs hold exactly the leader's bytes."""
+    disk_reads: dict[Path, int] = {}
+    segment_read = SegmentedLog.read
+
+    def counting_read(log: SegmentedLog, offset: int, max_bytes: int, **kwargs: int | None) -> ReadResult:
+        disk_reads[log.dir] = disk_reads.get(log.dir, 0) + 1
+        return segment_read(log, offset, max_bytes, **kwargs)
+
+    monkeypatch.setattr(SegmentedLog, "read", counting_read)
+    cluster = LoopbackCluster(3)
+    stores = {node_id: SegmentedLogStore.open(tmp_path / f"node{node_id}") for node_id in cluster.voters}
+    for node_id, store in stores.items():
+        cluster.stores[node_id] = NodeStores(log=cast(MemoryLogStore, store))  # any LogStore will do
+    await cluster.start_all()
+    try:
+        leader = await cluster.elect()
+        await cluster.settle()
+        disk_reads.clear()
+        hits = stores[leader.node_id].tail.hits
+        for index in range(20):
+            offset = leader.schedule_append([b"value-%d" % index] * (1 + index % 3))
+            await cluster.settle()
+            assert leader.high_watermark > offset
+        await cluster.advance(50)  # the followers' last Fetches bring them the high watermark too
+        assert stores[leader.node_id].tail.hits - hits >= 20 * 2  # each batch, to each follower
+        assert disk_reads.get(tmp_path / f"node{leader.node_id}", 0) == 0
+        end = stores[leader.node_id].end_offset
+        whole = stores[leader.node_id].read(0, 1 << 20)
+        for node_id, store in stores.items():
+            assert store.end_offset == end, node_id
+            assert store.read(0, 1 << 20) == whole, node_id
+    finally:
+        await cluster.close()
+        for store in stores.values():
+            store.close()
