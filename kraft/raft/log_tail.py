@@ -4,8 +4,8 @@ A leader answers its followers' Fetches with the batch it has just appended, and
 listeners read the batches just committed: both read the log's tail, right after writing it.  From the
 segment file that read cost two or three ``pread`` calls (a header walk, then the batches) and a CRC-32C
 pass per fetch, and every ``pread`` dropped the GIL on the leader's main loop: with the intake thread busy
-it then waited to get it back — about a quarter of the main loop's wall time per write at 64 unary
-clients (docs/internals/raft-performance.md, "Fetch answers from memory (session 16)").
+it then waited to get it back — the reads took 75 of the main loop's 198 µs of wall time per write at 64
+unary clients (docs/internals/raft-performance.md, "Fetch answers from memory (session 16)").
 
 :class:`LogTail` holds the newest appended batches, whole, up to ``max_bytes`` (the newest one always,
 whatever its size), and answers a read that starts inside them exactly as the segment log would — the
