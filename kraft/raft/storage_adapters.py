@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kraft.raft.control_codec import voter_control_messages, voters_in_snapshot
+from kraft.raft.log_tail import DEFAULT_TAIL_BYTES, LogTail
 from kraft.raft.memory import decode_snapshot
 from kraft.raft.messages import NO_LEADER, SnapshotId
 from kraft.raft.state import ElectionState
@@ -18,12 +19,23 @@ from kraft.storage.snapshot import RawSnapshotWriter, SnapshotDirectory, Snapsho
 
 
 class SegmentedLogStore:
-    def __init__(self, log: SegmentedLog) -> None:
+    """The segmented log as the driver's :class:`~kraft.raft.ports.LogStore`.  Reads of the newest batches
+    (a leader's answers to its followers, the listeners' reads of what just committed) are answered from
+    the bytes the appends wrote (:class:`~kraft.raft.log_tail.LogTail`, ``tail_bytes`` of them; 0: none)."""
+
+    def __init__(self, log: SegmentedLog, *, tail_bytes: int = DEFAULT_TAIL_BYTES) -> None:
         self._log = log
+        self.tail = LogTail(tail_bytes)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], config: LogConfig | None = None) -> SegmentedLogStore:
-        return cls(SegmentedLog.open(directory, config))
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        tail_bytes: int = DEFAULT_TAIL_BYTES,
+    ) -> SegmentedLogStore:
+        return cls(SegmentedLog.open(directory, config), tail_bytes=tail_bytes)
 
     @property
     def start_offset(self) -> int:
@@ -40,25 +52,39 @@ class SegmentedLogStore:
         # Fetched bytes come from the network: the log validates CRC and offsets before writing.  A batch
         # the driver just built (a leader's own) skips the CRC pass — one checksum over the whole batch
         # on a lone write's path; offsets and epochs are still checked by append_batch.
-        self._log.append_batch(data, validate=not built)
+        try:
+            appended = self._log.append_batch(data, validate=not built)
+        except BaseException:
+            self.tail.clear()  # the log may have failed part-way: its end is no longer the tail's
+            raise
+        self.tail.appended(data, appended.first_offset)
 
     def flush(self) -> int:
         return self._log.flush()
 
     def truncate_to(self, end_offset: int) -> None:
+        self.tail.clear()  # rare (a follower's divergence): the next append starts a new tail
         self._log.truncate_to(end_offset)
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
-        return self._log.read(offset, max_bytes, max_offset=max_offset).records
+        log = self._log
+        # Below the start the log raises whatever the tail still holds; a failed log raises (fail-stop).
+        if offset >= log.start_offset and log.usable:
+            cached = self.tail.read(offset, max_bytes, max_offset)
+            if cached is not None:
+                return cached
+        return log.read(offset, max_bytes, max_offset=max_offset).records
 
     def delete_before(self, offset: int) -> int:
         self._log.delete_before(offset)
         return self._log.start_offset
 
     def reset_to(self, start_offset: int) -> None:
+        self.tail.clear()
         self._log.truncate_fully_and_start_at(start_offset)
 
     def close(self) -> None:
+        self.tail.clear()
         self._log.close()
 
 

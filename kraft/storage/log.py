@@ -591,6 +591,12 @@ class SegmentedLog:
         return self._segments[-1].next_offset
 
     @property
+    def usable(self) -> bool:
+        """Open and not failed (a failed write or flush makes every later use raise: fail-stop).  For
+        a reader that may answer from its own copy of what was written (kraft.raft.log_tail)."""
+        return self._failed is None and not self._closed
+
+    @property
     def flushed_offset(self) -> int:
         if self._unsynced:
             self._sync_recovered()

@@ -21,10 +21,15 @@ def _batch(base: int, count: int, epoch: int) -> bytes:
     )
 
 
-@pytest.fixture(params=["memory", "storage"])
+@pytest.fixture(params=["memory", "storage", "storage-disk-reads"])
 def log_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogStore]:
+    # "storage" answers reads of the newest batches from memory (kraft.raft.log_tail); the other reads disk.
     store: LogStore = (
-        MemoryLogStore() if request.param == "memory" else SegmentedLogStore.open(tmp_path / "log")
+        MemoryLogStore()
+        if request.param == "memory"
+        else SegmentedLogStore.open(
+            tmp_path / "log", tail_bytes=0 if request.param.endswith("reads") else 1 << 20
+        )
     )
     yield store
     store.close()
