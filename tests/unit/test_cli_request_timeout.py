@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import pytest
@@ -64,10 +64,11 @@ class _BlackHole(controller_pb2_grpc.ControllerServiceServicer):
         self.received = 0
         self._release = release
 
-    def _hold(self, context: Any) -> Any:
+    def _hold(self, context: Any) -> NoReturn:
         self.received += 1
         self._release.wait(HELD_AT_MOST_S)
         context.abort(grpc.StatusCode.UNAVAILABLE, "released by the test")
+        raise AssertionError("context.abort raises")
 
     def DescribeCluster(
         self, request: cpb.DescribeClusterRequest, context: Any
@@ -92,7 +93,7 @@ class _Servers:
         return f"127.0.0.1:{port}"
 
     def black_hole(self) -> tuple[str, _BlackHole]:
-        hole = _BlackHole(self.release)
+        hole = _BlackHole(self.release)  # type: ignore[abstract]
         return self.serve(hole), hole
 
 
@@ -118,7 +119,8 @@ def test_a_black_holed_bootstrap_controller_costs_one_attempt(
     capsys: pytest.CaptureFixture[str], servers: _Servers, one_second_requests: Path
 ) -> None:
     hole_target, hole = servers.black_hole()
-    bootstrap = f"{hole_target},{servers.serve(_Live())}"
+    live = servers.serve(_Live())  # type: ignore[abstract]
+    bootstrap = f"{hole_target},{live}"
     argv = ["topic", "list", "--bootstrap-controller", bootstrap, "--json", "--timeout", "8"]
 
     outcome = invoke(capsys, *argv, "--command-config", str(one_second_requests))
