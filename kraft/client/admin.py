@@ -175,18 +175,29 @@ class AdminClient:
         *,
         idempotent: bool = True,
         deadline_ms: float | None = None,
+        active_timed_out: bool = False,
     ) -> ResponseT:
         """The active controller's answer; with ``check`` a non-NONE top-level error raises KraftError.
 
         A request whose ``cluster_id`` is empty gets this client's (set in place).  A request that is not
         ``idempotent`` is never resent once it may have been applied: a deadline after sending it, or a
         REQUEST_TIMED_OUT answer, raises :class:`WriteOutcomeUnknown`.  ``deadline_ms``: the deadline of
-        the operation this call is part of (default: :meth:`deadline_ms`, ``timeout_s`` from now)."""
+        the operation this call is part of (default: :meth:`deadline_ms`, ``timeout_s`` from now).
+        ``active_timed_out``: the last attempt at the controller believed active ran out; the first attempt
+        asks another controller (which names the active one, or is it), so a black-holed controller is not
+        asked again first (:meth:`kraft.client.controller.ControllerClient.call`)."""
         if deadline_ms is None:
             deadline_ms = self.deadline_ms()
         if not request.cluster_id:
             request.cluster_id = await self.cluster_id(deadline_ms)
-        return await self._call(pick, request, check, idempotent=idempotent, deadline_ms=deadline_ms)
+        return await self._call(
+            pick,
+            request,
+            check,
+            idempotent=idempotent,
+            deadline_ms=deadline_ms,
+            active_timed_out=active_timed_out,
+        )
 
     async def _call(
         self,
@@ -196,6 +207,7 @@ class AdminClient:
         *,
         idempotent: bool,
         deadline_ms: float,
+        active_timed_out: bool = False,
     ) -> ResponseT:
         backoff_s = 0.05
         unreachable_since_ms: float | None = None
@@ -206,10 +218,13 @@ class AdminClient:
                 # Spent by an earlier part of this operation (the cluster id, a resend) or by the backoff
                 # sleep's lateness: a round this short only adds load, and Kafka fails the call here too.
                 raise self._deadline_passed(last_error)
+            elsewhere, active_timed_out = active_timed_out, False  # the first round only
             try:
                 # Every redirect and resend of the round shares what is left; each RPC gets at most
                 # attempt_timeout_s (the inner client's request timeout), so the round ends by the deadline.
-                response = await self._client.call(pick, request, timeout_s=remaining, idempotent=idempotent)
+                response = await self._client.call(
+                    pick, request, timeout_s=remaining, idempotent=idempotent, active_timed_out=elsewhere
+                )
             except OutcomeUnknown as exc:
                 raise WriteOutcomeUnknown(str(exc)) from None
             except ControllerUnavailable as exc:
@@ -411,8 +426,15 @@ class AdminClient:
                 break
             self._retrying(f"{what}: outcome unknown ({unknown.message}); resending (attempt {attempt + 2})")
             try:
+                # Ask another controller first: if the unknown outcome was the active one's attempt running
+                # out, it may be black-holed (if it is only slow, the other names it: one redirect).
                 answer = await self.call(
-                    pick, request, check=check, idempotent=False, deadline_ms=deadline_ms
+                    pick,
+                    request,
+                    check=check,
+                    idempotent=False,
+                    deadline_ms=deadline_ms,
+                    active_timed_out=True,
                 )
                 return answer, True
             except WriteOutcomeUnknown as exc:

@@ -165,3 +165,13 @@ async def test_resends_after_an_unknown_outcome_share_the_operation_deadline() -
         (1.0, 4000),
     ]
     assert cluster.clock.monotonic_ms() == 5000
+
+
+async def test_a_write_whose_attempt_ran_out_is_resent_to_another_controller_first() -> None:
+    # The cluster id was given, so the first request is the write, to c1 — black-holed.  Its outcome is
+    # unknown; the resend asks c2 (the active one now) instead of c1 again, and is reconciled there.
+    client, cluster = _admin({C1: _Controller(black_hole_from_ms=0), C2: _Controller()}, 10.0, 2.0, "kc")
+    request = cpb.CreateTopicsRequest(topics=[cpb.CreatableTopic(name="t", num_partitions=1)])
+    response = await client.create_topics(request)
+    assert ErrorCode.from_wire(response.topics[0].error_code) is ErrorCode.NONE
+    assert [(target, at_ms) for target, _, _, at_ms in cluster.sent] == [(C1, 0), (C2, 2000)]
