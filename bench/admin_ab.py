@@ -21,6 +21,15 @@ twice, an A/B of a switch (``. . --set-a controller.broker.heartbeats.on.intake=
 leader's CPU and its main thread's wake-ups (voluntary context switches: each time its event loop slept
 and was woken) are also given per second of the window, which with a fixed heartbeat rate is the fleet's
 cost on the leader.
+
+Quorum 1 runs ``TREE_A`` and quorum 2 ``TREE_B`` for the first half of the pairs; then both quorums are
+restarted on their own data with the trees (and ``--set-a`` / ``--set-b``) swapped, warmed again, and the
+second half runs (``--no-swap``: no swap).  Before session 16 a tree stayed on its quorum for the whole run,
+and the quorums differ by more than most changes (which was prefilled first and to how many topics, which
+started first, …): A = main, B = branch gave the branch 7 of 8 pairs where the same trees swapped gave it
+3 of 6.  The result keeps ``summary`` per tree (``A``, ``B``, each over both quorums), adds
+``summary_by_quorum`` (``1``, ``2``: the bias that cancels) and ``summary_by_tree_and_quorum``, and every
+row names its ``tree`` and ``quorum``.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +56,30 @@ from kraft.cluster.quorum import ControllerQuorum
 from kraft.procutil import reap_children_on_exit
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-_SIDES = ("A", "B")
+_SIDES = ("A", "B")  # the trees
+_QUORUMS = ("1", "2")  # the quorums: 1 runs tree A and 2 tree B, then (after the swap) the other way round
+_SUMMARY_KEYS = (
+    "p50_ms",
+    "p99_ms",
+    "leader_cpu_us",
+    "leader_main_thread_cpu_us",
+    "leader_cpu_ms_per_s",
+    "leader_main_thread_cpu_ms_per_s",
+    "leader_main_thread_wakeups_per_s",
+    "followers_cpu_us",
+    "followers_main_thread_cpu_us",
+    "followers_wakeups",
+    "client_cpu_us",
+    "load_1m",
+)
+_IDLE_KEYS = (
+    "idle_leader_cpu_ms_per_s",
+    "idle_leader_main_thread_cpu_ms_per_s",
+    "idle_leader_main_thread_wakeups_per_s",
+)
+# After a swap the quorums' new leaders must have taken broker 1 back (a CreateTopics needs an unfenced
+# broker) before the windows go on.
+_SWAP_READY_TIMEOUT_S = 60.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -165,6 +197,56 @@ async def _idle_window(quorum: ControllerQuorum, seconds: float) -> dict[str, An
     }
 
 
+def swapped(assignment: Mapping[str, str]) -> dict[str, str]:
+    """Each quorum (``1``, ``2``) given the other tree (``A``, ``B``)."""
+    other = {"A": "B", "B": "A"}
+    return {quorum: other[tree] for quorum, tree in assignment.items()}
+
+
+def _medians(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:
+    return {key: round(statistics.median(row[key] for row in rows), 2) for key in keys}
+
+
+def summarize(rows: dict[str, list[dict[str, Any]]], idle: bool) -> dict[str, Any]:
+    """Medians per tree (over both quorums), per quorum (over both trees) and per tree on each quorum, and
+    how many pairs went B's way: over the whole run and in each half (each half on one assignment)."""
+    keys = (*_SUMMARY_KEYS, *(_IDLE_KEYS if idle else ()))
+    every = [row for side in _SIDES for row in rows[side]]
+    by_quorum = {q: [row for row in every if row["quorum"] == q] for q in _QUORUMS}
+    by_both = {
+        f"{side}@{q}": [row for row in rows[side] if row["quorum"] == q] for side in _SIDES for q in _QUORUMS
+    }
+    pairs = list(zip(rows["A"], rows["B"], strict=True))
+    b_better_by_phase: dict[str, int] = {}
+    for a, b in pairs:
+        phase = f"A@{a['quorum']}"
+        b_better_by_phase[phase] = b_better_by_phase.get(phase, 0) + (1 if b["p50_ms"] < a["p50_ms"] else 0)
+    return {
+        "summary": {side: _medians(rows[side], keys) for side in _SIDES if rows[side]},
+        "summary_by_quorum": {q: _medians(r, keys) for q, r in by_quorum.items() if r},
+        "summary_by_tree_and_quorum": {
+            name: _medians(r, ("p50_ms", "p99_ms")) for name, r in by_both.items() if r
+        },
+        "b_better_pairs": sum(1 for a, b in pairs if b["p50_ms"] < a["p50_ms"]),
+        "b_better_pairs_by_assignment": b_better_by_phase,
+    }
+
+
+async def _ready(client: AdminClient, timeout_s: float, prefix: str) -> None:
+    """Until one CreateTopics succeeds (bounded): after a restart the new leader must know broker 1 alive."""
+    deadline = time.monotonic() + timeout_s
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await admin_ops(client, 0.01, workers=1, prefix=f"{prefix}-{attempt}")
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def _run(
     quorums: dict[str, ControllerQuorum],
     pairs: int,
@@ -173,43 +255,59 @@ async def _run(
     probe: CpuProbe,
     brokers: int = 1,
     idle_s: float = 0.0,
+    swap: Callable[[dict[str, str]], None] | None = None,
 ) -> dict[str, Any]:
+    """``quorums`` by quorum (``1``, ``2``); ``swap(assignment)`` restarts them with each quorum's tree
+    (quorum → ``A``/``B``) after half of the pairs (None: no swap)."""
     clients: dict[str, AdminClient] = {}
     beats: dict[str, AdminClient] = {}
     fleets: dict[str, Fleet] = {}
     heartbeats: list[asyncio.Task[None]] = []
     rows: dict[str, list[dict[str, Any]]] = {side: [] for side in _SIDES}
     prefill: dict[str, Any] = {}
+    assignment = dict(zip(_QUORUMS, _SIDES, strict=True))
+    swap_at = pairs // 2 if swap is not None and pairs >= 2 else None
     try:
-        for side, quorum in quorums.items():
+        for q, quorum in quorums.items():
             quorum.wait_for_leader(timeout_s=60)
             targets = [node.target for node in quorum.nodes.values()]
-            clients[side] = AdminClient(targets, timeout_s=30, clock=SystemClock())
-            beats[side] = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
-            fleets[side] = Fleet(clients[side], beats[side], quorum.cluster_id, interval_s=2.0)
-            await fleets[side].register(1)
-            heartbeats.append(asyncio.create_task(fleets[side].run_one(1, 0.0)))
+            clients[q] = AdminClient(targets, timeout_s=30, clock=SystemClock())
+            beats[q] = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
+            fleets[q] = Fleet(clients[q], beats[q], quorum.cluster_id, interval_s=2.0)
+            await fleets[q].register(1)
+            heartbeats.append(asyncio.create_task(fleets[q].run_one(1, 0.0)))
             if brokers > 1:
                 # more brokers, all unfenced and heartbeating (spread over the interval): a CreateTopics
                 # places its partitions over all of them (the same load on both quorums)
-                fleet = fleets[side]
+                fleet = fleets[q]
                 await gather_limited(32, [fleet.register(b) for b in range(2, brokers + 1)])
                 heartbeats.extend(
                     asyncio.create_task(fleet.run_one(b, b * fleet.interval_s / brokers))
                     for b in range(2, brokers + 1)
                 )
-        for side in _SIDES:
+        for q in _QUORUMS:
             if prefill_s > 0:
-                prefill[side] = await admin_ops(clients[side], prefill_s, workers=16, prefix="prefill")
-            await admin_ops(clients[side], 1.0, workers=1, prefix="warm")
+                prefill[q] = await admin_ops(clients[q], prefill_s, workers=16, prefix="prefill")
+            await admin_ops(clients[q], 1.0, workers=1, prefix="warm")
         for index in range(pairs):
+            if index == swap_at and swap is not None:
+                assignment = swapped(assignment)
+                print(f"swap: {assignment} (quorum: tree), restarting both quorums", flush=True)
+                swap(assignment)
+                for q in _QUORUMS:
+                    quorums[q].wait_for_leader(timeout_s=60)
+                    await _ready(clients[q], _SWAP_READY_TIMEOUT_S, "ready")
+                    await admin_ops(clients[q], 1.0, workers=1, prefix="warm-swapped")
+            quorum_of = {tree: q for q, tree in assignment.items()}
             for side in _SIDES if index % 2 == 0 else tuple(reversed(_SIDES)):
+                q = quorum_of[side]
                 with probe.phase(f"{side}{index}"):
-                    row = await _window(quorums[side], clients[side], seconds, f"w{index}")
+                    row = await _window(quorums[q], clients[q], seconds, f"w{index}")
                 if idle_s > 0:
-                    row.update(await _idle_window(quorums[side], idle_s))
+                    row.update(await _idle_window(quorums[q], idle_s))
+                row["tree"], row["quorum"] = side, q
                 rows[side].append(row)
-                print(f"pair {index} {side}: {row}", flush=True)
+                print(f"pair {index} {side} (quorum {q}): {row}", flush=True)
     finally:
         for fleet in fleets.values():
             fleet.stopped.update(fleet.epochs)
@@ -220,38 +318,7 @@ async def _run(
             await fleet.close_streams()
         for client in (*beats.values(), *clients.values()):
             await client.close()
-    summary = {
-        side: {
-            key: round(statistics.median(row[key] for row in rows[side]), 2)
-            for key in (
-                "p50_ms",
-                "p99_ms",
-                "leader_cpu_us",
-                "leader_main_thread_cpu_us",
-                "leader_cpu_ms_per_s",
-                "leader_main_thread_cpu_ms_per_s",
-                "leader_main_thread_wakeups_per_s",
-                "followers_cpu_us",
-                "followers_main_thread_cpu_us",
-                "followers_wakeups",
-                "client_cpu_us",
-                "load_1m",
-                *(
-                    (
-                        "idle_leader_cpu_ms_per_s",
-                        "idle_leader_main_thread_cpu_ms_per_s",
-                        "idle_leader_main_thread_wakeups_per_s",
-                    )
-                    if idle_s > 0
-                    else ()
-                ),
-            )
-        }
-        for side in _SIDES
-        if rows[side]
-    }
-    b_better = sum(1 for a, b in zip(rows["A"], rows["B"], strict=True) if b["p50_ms"] < a["p50_ms"])
-    return {"summary": summary, "b_better_pairs": b_better, "rows": rows, "prefill": prefill}
+    return {**summarize(rows, idle_s > 0), "swap_at_pair": swap_at, "rows": rows, "prefill": prefill}
 
 
 def run(
@@ -264,20 +331,36 @@ def run(
     brokers: int = 1,
     overrides: dict[str, dict[str, str]] | None = None,
     idle_s: float = 0.0,
+    swap: bool = True,
 ) -> dict[str, Any]:
     probe = CpuProbe()  # never started without cpu_probe: the windows are marked on it all the same
+    trees = {"A": tree_a, "B": tree_b}
+
+    def start(quorum: ControllerQuorum, side: str) -> None:
+        """Run ``quorum`` on tree ``side``'s code and overrides (a running one is restarted on its data)."""
+        for node_id in quorum.live_ids:
+            quorum.terminate(node_id)
+        quorum.overrides = {**PROFILE, **(overrides or {}).get(side, {})}
+        quorum.prepare()  # rewrites the configs; storage is formatted once
+        with code_of(trees[side]):
+            quorum.start()
+
     with tempfile.TemporaryDirectory(prefix="kraft-bench-admin-ab-") as tmp:
         quorums: dict[str, ControllerQuorum] = {}
         try:
             if cpu_probe:
                 probe.start()
-            for side, tree in zip(_SIDES, (tree_a, tree_b), strict=True):
-                side_overrides = {**PROFILE, **(overrides or {}).get(side, {})}
-                quorum = ControllerQuorum(Path(tmp) / side, overrides=side_overrides, test_append=False)
-                quorums[side] = quorum
-                with code_of(tree):
-                    quorum.start()
-            result = asyncio.run(_run(quorums, pairs, seconds, prefill_s, probe, brokers, idle_s))
+            for q, side in zip(_QUORUMS, _SIDES, strict=True):
+                quorums[q] = ControllerQuorum(Path(tmp) / f"quorum{q}", test_append=False)
+                start(quorums[q], side)
+
+            def restart(assignment: dict[str, str]) -> None:
+                for q, side in assignment.items():
+                    start(quorums[q], side)
+
+            result = asyncio.run(
+                _run(quorums, pairs, seconds, prefill_s, probe, brokers, idle_s, restart if swap else None)
+            )
         finally:
             probe.stop()
             for quorum in quorums.values():
@@ -325,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     parser.add_argument("--no-cpu-probe", action="store_true", help="no CPU-speed probe (bench.cpu_probe)")
+    parser.add_argument(
+        "--no-swap",
+        action="store_true",
+        help="keep each tree on its quorum for the whole run (default: swap the quorums' trees half-way)",
+    )
     args = parser.parse_args(argv)
     overrides: dict[str, dict[str, str]] = {}
     for side, settings in (("A", args.set_a), ("B", args.set_b)):
@@ -344,17 +432,21 @@ def main(argv: list[str] | None = None) -> int:
         args.brokers,
         overrides,
         args.idle,
+        not args.no_swap,
     )
     result["brokers"] = args.brokers
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-    summary = result["summary"]
+    summary, by_quorum = result["summary"], result["summary_by_quorum"]
     print(
         f"A p50={summary['A']['p50_ms']} ms  B p50={summary['B']['p50_ms']} ms  "
-        f"(medians of {args.pairs} pairs; B better in {result['b_better_pairs']})  "
-        f"A={summary['A']}  B={summary['B']}  took={time.time() - started:.0f}s"
+        f"(medians of {args.pairs} pairs; B better in {result['b_better_pairs']}, by assignment "
+        f"{result['b_better_pairs_by_assignment']})  quorum 1 p50={by_quorum['1']['p50_ms']} ms  "
+        f"quorum 2 p50={by_quorum['2']['p50_ms']} ms  per tree and quorum "
+        f"{result['summary_by_tree_and_quorum']}  A={summary['A']}  B={summary['B']}  "
+        f"took={time.time() - started:.0f}s"
     )
     return 0
 

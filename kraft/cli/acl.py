@@ -29,6 +29,7 @@ from kraft.cli.common import (
     parse_bootstrap,
     print_json,
     print_table,
+    request_timeout_s,
     run_async,
 )
 from kraft.client.admin import AdminClient
@@ -82,7 +83,8 @@ HostOption = Annotated[str | None, typer.Option("--host", help="Client address t
 
 
 def _client(bootstrap: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
-    return AdminClient([hp.target for hp in parse_bootstrap(bootstrap)], timeout_s, clock=SystemClock())
+    targets = [hp.target for hp in parse_bootstrap(bootstrap)]
+    return AdminClient(targets, timeout_s, request_timeout_s(), clock=SystemClock())
 
 
 def resources(

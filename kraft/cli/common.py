@@ -96,16 +96,56 @@ def verbose_printer(verbose: bool) -> Callable[[str], None] | None:
     return show
 
 
+DEFAULT_REQUEST_TIMEOUT_MS = 5000
+"""The admin commands' ``request.timeout.ms``: one RPC's limit, under ``--timeout`` (the whole call's, Kafka's
+``default.api.timeout.ms``).  A bootstrap address that accepts the connection and never answers costs this
+much, and the next address is asked — before session 16 it cost the whole ``--timeout``.  Kafka's default
+is 30 s beside a 60 s API timeout; ours is shorter because ``--timeout`` is 15 s and one admin request
+commits one small batch (a write that takes longer is resent and reconciled, see kraft.client.admin)."""
+REQUEST_TIMEOUT_KEY = "request.timeout.ms"
+
+
+@dataclass
+class _ClientSettings:
+    """What ``--command-config`` set for this command beyond channel security (reset by every command)."""
+
+    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+
+
+_CLIENT_SETTINGS = _ClientSettings()
+
+
+def request_timeout_s() -> float:
+    """The admin client's attempt timeout for this command: ``request.timeout.ms`` of ``--command-config``
+    (default :data:`DEFAULT_REQUEST_TIMEOUT_MS`); kraft.client.controller cuts it to what is left."""
+    return _CLIENT_SETTINGS.request_timeout_ms / 1000
+
+
 def apply_command_config(path: Path | None) -> Path | None:
     """Open every channel of this command as ``path`` says (Kafka's admin client ``--command-config``:
     ``security.protocol=SSL``, ``ssl.truststore.location``/``ssl.truststore.certificates``,
-    ``ssl.keystore.location`` or ``ssl.keystore.key`` + ``ssl.keystore.certificate.chain``)."""
+    ``ssl.keystore.location`` or ``ssl.keystore.key`` + ``ssl.keystore.certificate.chain``) and take its
+    ``request.timeout.ms`` (the limit of one RPC of an admin command)."""
+    _CLIENT_SETTINGS.request_timeout_ms = DEFAULT_REQUEST_TIMEOUT_MS  # one command's file, not the last one's
     if path is not None:
         # Imported here so `kraft --help` stays fast (TLS pulls in cryptography).
         from kraft.client.channel import set_default_security
-        from kraft.security.tls import load_client_security
+        from kraft.config import ConfigError, parse_properties
+        from kraft.security.tls import client_security
 
-        set_default_security(load_client_security(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"cannot read command config {path}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        properties = parse_properties(text)
+        timeout = properties.pop(REQUEST_TIMEOUT_KEY, None)
+        if timeout is not None:
+            if not timeout.strip().isdigit() or int(timeout) <= 0:
+                raise ConfigError.for_key(REQUEST_TIMEOUT_KEY, timeout, "must be a positive number of ms")
+            _CLIENT_SETTINGS.request_timeout_ms = int(timeout)
+        set_default_security(client_security(properties, origin=str(path)))
     return path
 
 

@@ -28,6 +28,7 @@ from kraft.cli.common import (
     parse_bootstrap,
     print_json,
     print_table,
+    request_timeout_s,
     run_async,
     verbose_printer,
 )
@@ -61,6 +62,7 @@ def _client(bootstrap: str, verbose: bool, timeout_s: float) -> AdminClient:
     return AdminClient(
         [hp.target for hp in parse_bootstrap(bootstrap)],
         timeout_s,
+        request_timeout_s(),
         clock=SystemClock(),
         on_retry=verbose_printer(verbose),
     )

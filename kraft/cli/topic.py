@@ -22,6 +22,7 @@ from kraft.cli.common import (
     print_json,
     print_key_values,
     print_table,
+    request_timeout_s,
     run_async,
     verbose_printer,
 )
@@ -42,6 +43,7 @@ def _client(bootstrap: str, verbose: bool = False, timeout_s: float = DEFAULT_TI
     return AdminClient(
         [hp.target for hp in parse_bootstrap(bootstrap)],
         timeout_s,
+        request_timeout_s(),
         clock=SystemClock(),
         on_retry=verbose_printer(verbose),
     )

@@ -14,17 +14,26 @@ because waiting cannot fix them:
   and reconcile the answer: a topic that now exists exactly as requested was created by the first attempt,
   a topic (broker) that is gone was deleted (unregistered) by it.
 
+Time, as Kafka's admin client splits it: ``timeout_s`` (``default.api.timeout.ms``; the CLI's ``--timeout``)
+bounds one whole operation — learning the cluster id, every round, backoff, resend and reconciliation
+included — and ``attempt_timeout_s`` (``request.timeout.ms``) one RPC, so a black-holed bootstrap address
+costs one attempt and the next address is asked.  No round starts with less than
+:data:`kraft.client.controller.MIN_ATTEMPT_S` of the deadline left (before session 16 each round got at
+least 0.5 s, so a call could end up to 0.5 s late).
+
 ``on_retry`` receives one line per retry (the CLI's ``--verbose``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kraft.client.broker import broker_state
+from kraft.client.channel import ChannelPool
 from kraft.client.controller import (
+    MIN_ATTEMPT_S,
     ControllerClient,
     ControllerUnavailable,
     MethodPicker,
@@ -62,6 +71,14 @@ class NotAController(KraftError):
         return self.message
 
 
+class DeadlinePassed(KraftError):
+    """The operation's ``timeout_s`` ran out before an active controller answered (NOT_CONTROLLER, as
+    before this class: scripts match on that code)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.NOT_CONTROLLER, message)
+
+
 class WriteOutcomeUnknown(KraftError):
     """The write may or may not have been applied (REQUEST_TIMED_OUT; see kraft.errors)."""
 
@@ -80,21 +97,30 @@ class AdminClient:
         unreachable_timeout_s: float = UNREACHABLE_TIMEOUT_S,
         on_retry: Callable[[str], None] | None = None,
         cluster_id: str = "",
+        channels: ChannelPool | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        """``timeout_s`` bounds a whole call (retries included); ``attempt_timeout_s`` one RPC
-        (default: whatever is left of the call's budget — bulk requests can take long to commit).
-        ``clock`` measures the call's deadline.  Every request is sent with ``cluster_id`` (the
-        controllers refuse an empty one); when it is empty the client learns it first from
-        DescribeCluster, which states the cluster id even when it refuses the request."""
+        """``timeout_s`` bounds a whole operation (retries, resends and reconciliation included);
+        ``attempt_timeout_s`` one RPC (default: whatever is left of the operation's budget — bulk requests
+        can take long to commit; the CLI passes ``request.timeout.ms``).  ``clock`` measures the deadline.
+        Every request is sent with ``cluster_id`` (the controllers refuse an empty one); when it is empty
+        the client learns it first from DescribeCluster, which states the cluster id even when it refuses
+        the request.  ``channels`` and ``sleep`` (the backoff between rounds) let tests run it on a manual
+        clock."""
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._targets = list(targets)
         # The attempt timeout is the controller client's request timeout; each call below passes what is
         # left of this call's deadline, which its redirects and resends share (no call overruns it).
         self._client = ControllerClient(
-            [(-1, t) for t in targets], on_retry=on_retry, request_timeout_s=attempt_timeout_s, clock=clock
+            [(-1, t) for t in targets],
+            on_retry=on_retry,
+            request_timeout_s=attempt_timeout_s,
+            clock=clock,
+            channels=channels,
         )
         self._clock = clock
+        self._sleep = sleep
         self._on_retry = on_retry
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
@@ -120,11 +146,19 @@ class AdminClient:
     async def close(self) -> None:
         await self._client.close()
 
-    async def cluster_id(self) -> str:
+    def deadline_ms(self) -> float:
+        """The deadline (``clock`` ms) of an operation that starts now: ``timeout_s`` from now."""
+        return self._clock.monotonic_ms() + self.timeout_s * 1000
+
+    async def cluster_id(self, deadline_ms: float | None = None) -> str:
         """The cluster the controllers belong to (given, or learned once from DescribeCluster)."""
         if not self._cluster_id:
             response = await self._call(
-                lambda s: s.DescribeCluster, cpb.DescribeClusterRequest(), check=False, idempotent=True
+                lambda s: s.DescribeCluster,
+                cpb.DescribeClusterRequest(),
+                check=False,
+                idempotent=True,
+                deadline_ms=self.deadline_ms() if deadline_ms is None else deadline_ms,
             )
             if not response.cluster_id:
                 raise KraftError(
@@ -134,36 +168,73 @@ class AdminClient:
         return self._cluster_id
 
     async def call(
-        self, pick: MethodPicker[ResponseT], request: Any, check: bool = True, *, idempotent: bool = True
+        self,
+        pick: MethodPicker[ResponseT],
+        request: Any,
+        check: bool = True,
+        *,
+        idempotent: bool = True,
+        deadline_ms: float | None = None,
+        active_timed_out: bool = False,
     ) -> ResponseT:
         """The active controller's answer; with ``check`` a non-NONE top-level error raises KraftError.
 
         A request whose ``cluster_id`` is empty gets this client's (set in place).  A request that is not
         ``idempotent`` is never resent once it may have been applied: a deadline after sending it, or a
-        REQUEST_TIMED_OUT answer, raises :class:`WriteOutcomeUnknown`."""
+        REQUEST_TIMED_OUT answer, raises :class:`WriteOutcomeUnknown`.  ``deadline_ms``: the deadline of
+        the operation this call is part of (default: :meth:`deadline_ms`, ``timeout_s`` from now).
+        ``active_timed_out``: the last attempt at the controller believed active ran out; the first attempt
+        asks another controller (which names the active one, or is it), so a black-holed controller is not
+        asked again first (:meth:`kraft.client.controller.ControllerClient.call`)."""
+        if deadline_ms is None:
+            deadline_ms = self.deadline_ms()
         if not request.cluster_id:
-            request.cluster_id = await self.cluster_id()
-        return await self._call(pick, request, check, idempotent=idempotent)
+            request.cluster_id = await self.cluster_id(deadline_ms)
+        return await self._call(
+            pick,
+            request,
+            check,
+            idempotent=idempotent,
+            deadline_ms=deadline_ms,
+            active_timed_out=active_timed_out,
+        )
 
     async def _call(
-        self, pick: MethodPicker[ResponseT], request: Any, check: bool, *, idempotent: bool
+        self,
+        pick: MethodPicker[ResponseT],
+        request: Any,
+        check: bool,
+        *,
+        idempotent: bool,
+        deadline_ms: float,
+        active_timed_out: bool = False,
     ) -> ResponseT:
-        deadline_ms = self._clock.monotonic_ms() + self.timeout_s * 1000
         backoff_s = 0.05
         unreachable_since_ms: float | None = None
+        last_error = "no round was started"
         while True:
             remaining = (deadline_ms - self._clock.monotonic_ms()) / 1000
+            if remaining < MIN_ATTEMPT_S:
+                # Spent by an earlier part of this operation (the cluster id, a resend) or by the backoff
+                # sleep's lateness: a round this short only adds load, and Kafka fails the call here too.
+                raise self._deadline_passed(last_error)
+            elsewhere, active_timed_out = active_timed_out, False  # the first round only
             try:
-                # The 0.5 s floor is older than the deadline sharing: a last round may end that much late.
+                # Every redirect and resend of the round shares what is left; each RPC gets at most
+                # attempt_timeout_s (the inner client's request timeout), so the round ends by the deadline.
                 response = await self._client.call(
-                    pick, request, timeout_s=max(0.5, remaining), idempotent=idempotent
+                    pick, request, timeout_s=remaining, idempotent=idempotent, active_timed_out=elsewhere
                 )
             except OutcomeUnknown as exc:
                 raise WriteOutcomeUnknown(str(exc)) from None
             except ControllerUnavailable as exc:
                 now_ms = self._clock.monotonic_ms()
+                last_error = str(exc)
                 if exc.not_controllers and set(exc.not_controllers) >= set(self._targets):
-                    raise NotAController(await self._not_a_controller(exc.not_controllers[0])) from None
+                    probe_s = max(MIN_ATTEMPT_S, min(_PROBE_TIMEOUT_S, (deadline_ms - now_ms) / 1000))
+                    raise NotAController(
+                        await self._not_a_controller(exc.not_controllers[0], probe_s)
+                    ) from None
                 if exc.unreachable:
                     unreachable_since_ms = now_ms if unreachable_since_ms is None else unreachable_since_ms
                     if now_ms - unreachable_since_ms >= self.unreachable_timeout_s * 1000:
@@ -174,13 +245,10 @@ class AdminClient:
                         ) from None
                 else:
                     unreachable_since_ms = None
-                if now_ms + backoff_s * 1000 > deadline_ms:
-                    raise KraftError(
-                        ErrorCode.NOT_CONTROLLER,
-                        f"no active controller answered within {self.timeout_s:g}s: {exc}",
-                    ) from None
+                if now_ms + (backoff_s + MIN_ATTEMPT_S) * 1000 > deadline_ms:
+                    raise self._deadline_passed(last_error) from None
                 self._retrying(f"{exc}; retrying in {backoff_s:g}s")
-                await asyncio.sleep(backoff_s)
+                await self._sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 1.0)
                 continue
             code = ErrorCode.from_wire(response.error_code)
@@ -189,6 +257,14 @@ class AdminClient:
             if check and code != ErrorCode.NONE:
                 raise KraftError(code, getattr(response, "error_message", "") or code.name)
             return response
+
+    def _deadline_passed(self, last_error: str) -> DeadlinePassed:
+        attempt = (
+            "" if self.attempt_timeout_s is None else f", each attempt at most {self.attempt_timeout_s:g}s"
+        )
+        return DeadlinePassed(
+            f"no active controller answered within {self.timeout_s:g}s{attempt}: {last_error}"
+        )
 
     # ---- ACLs (kraft acl add|list|remove) ----
 
@@ -213,14 +289,17 @@ class AdminClient:
         attempt — or, indistinguishably, by another client creating the same topic at the same time)."""
         if request.validate_only:
             return await self.call(lambda s: s.CreateTopics, request)
-        response, resent = await self._send(lambda s: s.CreateTopics, request, "CreateTopics")
+        deadline_ms = self.deadline_ms()
+        response, resent = await self._send(lambda s: s.CreateTopics, request, "CreateTopics", deadline_ms)
         if not resent:
             return response
         existing = [r.name for r in response.topics if r.error_code == ErrorCode.TOPIC_ALREADY_EXISTS]
         if not existing:
             return response
         described = await self.call(
-            lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=existing, include_partitions=True)
+            lambda s: s.DescribeTopics,
+            cpb.DescribeTopicsRequest(names=existing, include_partitions=True),
+            deadline_ms=deadline_ms,
         )
         found = {t.name: t for t in described.topics if t.error_code == ErrorCode.NONE}
         wanted = {t.name: t for t in request.topics}
@@ -242,7 +321,9 @@ class AdminClient:
     async def delete_topics(self, request: cpb.DeleteTopicsRequest) -> cpb.DeleteTopicsResponse:
         """DeleteTopics; after an unknown outcome it is resent, and a topic that is gone by then counts as
         deleted (the first attempt appended its deletion, so it existed)."""
-        response, resent = await self._send(lambda s: s.DeleteTopics, request, "DeleteTopics")
+        response, resent = await self._send(
+            lambda s: s.DeleteTopics, request, "DeleteTopics", self.deadline_ms()
+        )
         if not resent:
             return response
         for result in response.topics:
@@ -257,14 +338,19 @@ class AdminClient:
         now has exactly the requested count counts as done (by the first attempt)."""
         if request.validate_only:
             return await self.call(lambda s: s.CreatePartitions, request)
-        response, resent = await self._send(lambda s: s.CreatePartitions, request, "CreatePartitions")
+        deadline_ms = self.deadline_ms()
+        response, resent = await self._send(
+            lambda s: s.CreatePartitions, request, "CreatePartitions", deadline_ms
+        )
         if not resent:
             return response
         wanted = {t.name: t.count for t in request.topics}
         refused = [r.name for r in response.topics if r.error_code == ErrorCode.INVALID_PARTITIONS]
         if not refused:
             return response
-        described = await self.call(lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=refused))
+        described = await self.call(
+            lambda s: s.DescribeTopics, cpb.DescribeTopicsRequest(names=refused), deadline_ms=deadline_ms
+        )
         counts = {t.name: len(t.partitions) for t in described.topics if t.error_code == ErrorCode.NONE}
         for result in response.topics:
             if (
@@ -306,7 +392,7 @@ class AdminClient:
         """UnregisterBroker (errors raise KraftError); after an unknown outcome it is resent, and
         BROKER_ID_NOT_REGISTERED then means the first attempt unregistered it."""
         response, resent = await self._send(
-            lambda s: s.UnregisterBroker, request, "UnregisterBroker", check=False
+            lambda s: s.UnregisterBroker, request, "UnregisterBroker", self.deadline_ms(), check=False
         )
         if resent and response.error_code == ErrorCode.BROKER_ID_NOT_REGISTERED:
             self._retrying(f"broker {request.broker_id} is not registered: unregistered by the first attempt")
@@ -317,28 +403,52 @@ class AdminClient:
         return response
 
     async def _send(
-        self, pick: MethodPicker[ResponseT], request: Any, what: str, *, check: bool = True
+        self,
+        pick: MethodPicker[ResponseT],
+        request: Any,
+        what: str,
+        deadline_ms: float,
+        *,
+        check: bool = True,
     ) -> tuple[ResponseT, bool]:
         """The answer, and whether it answers a resend made after an unknown outcome (then the caller
-        reconciles it); up to ``_RECONCILE_ATTEMPTS`` resends, then WriteOutcomeUnknown."""
+        reconciles it); up to ``_RECONCILE_ATTEMPTS`` resends within ``deadline_ms``, then
+        WriteOutcomeUnknown (also when the deadline leaves no time for a resend: the outcome is still
+        unknown, whatever stopped the resend)."""
         try:
-            return await self.call(pick, request, check=check, idempotent=False), False
+            return await self.call(
+                pick, request, check=check, idempotent=False, deadline_ms=deadline_ms
+            ), False
         except WriteOutcomeUnknown as exc:
             unknown = exc
         for attempt in range(_RECONCILE_ATTEMPTS):
+            if (deadline_ms - self._clock.monotonic_ms()) / 1000 < MIN_ATTEMPT_S:
+                break
             self._retrying(f"{what}: outcome unknown ({unknown.message}); resending (attempt {attempt + 2})")
             try:
-                return await self.call(pick, request, check=check, idempotent=False), True
+                # Ask another controller first: if the unknown outcome was the active one's attempt running
+                # out, it may be black-holed (if it is only slow, the other names it: one redirect).
+                answer = await self.call(
+                    pick,
+                    request,
+                    check=check,
+                    idempotent=False,
+                    deadline_ms=deadline_ms,
+                    active_timed_out=True,
+                )
+                return answer, True
             except WriteOutcomeUnknown as exc:
                 unknown = exc
+            except DeadlinePassed:
+                break  # no answer to the resend before the deadline: the outcome is still unknown
         raise unknown
 
     def _retrying(self, line: str) -> None:
         if self._on_retry is not None:
             self._on_retry(line)
 
-    async def _not_a_controller(self, target: str) -> str:
-        answer = await broker_state(target, "", _PROBE_TIMEOUT_S)
+    async def _not_a_controller(self, target: str, probe_s: float) -> str:
+        answer = await broker_state(target, "", probe_s)
         if answer is not None:
             return (
                 f"{target} is a broker, not a controller: --bootstrap-controller takes the controllers' "
