@@ -340,7 +340,9 @@ class TopicPlan:
     replication_factor: int
     start_index: int
     brokers: list[UsableBroker]
-    """The usable brokers when it was planned, in the order given to placement."""
+    """The usable brokers when it was planned (rack-alternated: the shared list of the logic's kept order,
+    never changed; a resumed plan's as its transaction names them) — placement sorts them by id first,
+    so any order of the same brokers places the same."""
     configs: dict[str, str]
     planned: int = 0
     by_broker: Counter[int] = field(default_factory=Counter)
@@ -1863,7 +1865,11 @@ class ControllerLogic:
                 factor = self.settings.default_replication_factor
             if factor <= 0:
                 self._assignment_for(topic, partitions)  # raises INVALID_REPLICATION_FACTOR
-            usable = self._usable_brokers()
+            # The usable brokers already rack-alternated, from the order kept per broker map: a plan of
+            # its own (a UsableBroker per broker, then rack_alternated at its first placement) cost ~1.3 ms
+            # at 1,000 brokers, ~0.13 s over a request of 100 prepared topics.  rack_alternated sorts by
+            # id first, so the plan (and a transaction naming it) places exactly as from the image's order.
+            usable, racks = self._placement_order()
             if factor > len(usable):
                 raise KraftError(
                     ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(usable))
@@ -1873,6 +1879,7 @@ class ControllerLogic:
             error_response(result, exc.code, exc.message)
             return Outcome([], response, next_offset), None
         plan = TopicPlan(topic.name, requested, factor, partitions, usable, configs)
+        plan.ordered = usable, racks
         return Outcome([], response, next_offset), plan
 
     def _plan_explicit(
@@ -2074,13 +2081,6 @@ class ControllerLogic:
                 f"topic {name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
             )
 
-    def _usable_brokers(self) -> list[UsableBroker]:
-        return [
-            UsableBroker(b.broker_id, b.rack)
-            for b in self.image.brokers.values()
-            if not b.fenced and not b.in_controlled_shutdown
-        ]
-
     def _requested_partitions(self, topic: cpb.CreatableTopic) -> int:
         if topic.assignments:
             return len(topic.assignments)
@@ -2155,7 +2155,7 @@ class ControllerLogic:
         ordered, racks = self._placement_order()
         if factor > len(ordered):
             raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(ordered)))
-        # what place_replicas(self._usable_brokers(), ...) places, from the cached order
+        # what place_replicas(<the usable brokers>, ...) places, from the cached order
         return place_ordered_range(ordered, racks, 0, partitions, factor, cursor)
 
     def _placement_order(self) -> tuple[list[UsableBroker], int]:

@@ -5,7 +5,9 @@
 - a new partition's ISR is its whole replica list only while every replica is acceptable: the set of
   acceptable ids (``ControllerLogic.acceptable_ids``) follows a fence and a controlled shutdown made
   between creates, and a fence made between the plan of a prepared topic and its records;
-- a prepared topic's registrations share the ISR with the replica list, as a replay does.
+- a prepared topic's registrations share the ISR with the replica list, as a replay does;
+- a plan made from the logic's kept order of usable brokers places what placement over the image's
+  usable brokers places, and so does the plan its transaction name gives back (a failover's resume).
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.clock import Deadline
-from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
+from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, TopicPlan
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.placement import (
     UsableBroker,
     _place_ordered_range_sets,
     place_ordered_range,
+    place_replicas,
     rack_alternated,
     rack_count,
 )
@@ -155,3 +158,25 @@ def test_a_prepared_topic_leaves_a_broker_fenced_after_its_plan_out_of_its_isrs(
             assert registration.isr == isr == tuple(record.isr)
             assert registration.leader == record.leader == isr[0]
             assert (registration.isr is registration.replicas) == (not out & set(registration.replicas))
+
+
+def test_a_plan_places_from_the_kept_order_as_from_the_image_and_resumes_the_same() -> None:
+    logic, log = _logic()
+    _fence(logic, log, 3)  # not usable: placed on by no plan
+    placed = _explicit(logic, log, "moves-the-cursor")
+    request = cpb.CreateTopicsRequest(
+        cluster_id=CLUSTER, topics=[cpb.CreatableTopic(name="t", num_partitions=50, replication_factor=3)]
+    )
+    outcome, plan = logic.plan_topic(request, len(log), prepared=True)
+    assert plan is not None, outcome.response
+    assert plan.start_index == len(placed)
+    usable = [
+        UsableBroker(b.broker_id, b.rack)
+        for b in logic.image.brokers.values()
+        if not b.fenced and not b.in_controlled_shutdown
+    ]
+    expected = place_replicas(usable, 50, 3, plan.start_index)
+    assert plan.place(0, 50) == expected
+    resumed = TopicPlan.parse(plan.transaction_name("T"))
+    assert resumed is not None
+    assert resumed[1].place(0, 50) == expected
