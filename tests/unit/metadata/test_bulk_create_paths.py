@@ -7,18 +7,25 @@
   between creates, and a fence made between the plan of a prepared topic and its records;
 - a prepared topic's registrations share the ISR with the replica list, as a replay does;
 - a plan made from the logic's kept order of usable brokers places what placement over the image's
-  usable brokers places, and so does the plan its transaction name gives back (a failover's resume).
+  usable brokers places, and so does the plan its transaction name gives back (a failover's resume);
+- a CreateTopics of many prepared topics writes its first topics before its last ones are prepared.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.clock import Deadline
+from kraft.errors import ErrorCode
+from kraft.metadata.controller import ControllerOptions
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings, TopicPlan
+from kraft.metadata.event_queue import EventPriority
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.placement import (
     UsableBroker,
@@ -31,7 +38,10 @@ from kraft.metadata.placement import (
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
+from .test_controller import activate_broker, started, until
+
 CLUSTER = "c1"
+T = TypeVar("T")
 BROKERS = 6
 
 
@@ -180,3 +190,59 @@ def test_a_plan_places_from_the_kept_order_as_from_the_image_and_resumes_the_sam
     resumed = TopicPlan.parse(plan.transaction_name("T"))
     assert resumed is not None
     assert resumed[1].place(0, 50) == expected
+
+
+@pytest.mark.parametrize("preparing_max", [0, 2])
+async def test_a_request_writes_its_first_prepared_topics_before_its_last_ones_are_prepared(
+    monkeypatch: pytest.MonkeyPatch, preparing_max: int
+) -> None:
+    """With ``controller.create.topics.preparing.max`` = 2 prepared topics are built two at a time, so the
+    request's writes (and the followers' replication of them) start while later topics are still being
+    prepared; with 0 (the default) every topic's records are built before the first write."""
+    options = ControllerOptions(
+        noop_interval_ms=0,
+        session_timeout_ms=60_000,
+        max_work_unit_records=8,
+        prepared_topic_min_partitions=4,
+        create_topics_preparing_max=preparing_max,
+    )
+    raft, controller = await started(options)
+    raft.elect()
+    await until(lambda: controller.is_active)
+    try:
+        for broker_id in (1, 2, 3):
+            await activate_broker(controller, broker_id)
+        ran: list[str] = []
+        queue = controller.writes.queue
+        submit = queue.run
+
+        def run(priority: EventPriority, name: str, event: Callable[[], T]) -> Awaitable[T]:
+            def logged() -> T:
+                ran.append(name)
+                return event()
+
+            return submit(priority, name, logged)
+
+        monkeypatch.setattr(queue, "run", run)
+        topics = [cpb.CreatableTopic(name=f"t{i}", num_partitions=8, replication_factor=3) for i in range(10)]
+        response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=topics))
+        assert [t.error_code for t in response.topics] == [ErrorCode.NONE] * 10
+        assert [t.name for t in response.topics] == [t.name for t in topics]
+        assert (
+            ran.count("create-topic-plan")
+            == ran.count("create-topic-prepare")
+            == ran.count("create-topics")
+            == 10
+        )
+        first_write = ran.index("create-topics")
+        # all ten at once: every prepare event runs before the first write; two at a time: the first
+        # write follows the first topics' preparing events, ahead of most of the others'
+        prepared_after_first_write = ran[first_write:].count("create-topic-prepare")
+        if preparing_max == 0:
+            assert prepared_after_first_write == 0
+        else:
+            assert prepared_after_first_write >= 6
+        committed = controller.committed
+        assert all(committed.topic_ids_by_name.get(t.name) for t in topics)
+    finally:
+        await controller.stop()
