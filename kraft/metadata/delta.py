@@ -100,7 +100,7 @@ def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
 def shared_tuple(ids: tuple[int, ...]) -> tuple[int, ...]:
     """:func:`shared_ids` for a tuple whose ints are shared already (placement's: the registrations'
     broker ids): the tuple itself becomes the shared one when its list is new — no copy, no interning
-    (the leader's bulk creation, ~0.5 us a partition less)."""
+    (the leader's bulk creation: with the ISR shortcut of ``_new_partitions``, 3.0 → 2.2 us a partition)."""
     shared = _LIST_CACHE.get(ids)
     if shared is None:
         if len(_LIST_CACHE) >= _LIST_CACHE_MAX:
