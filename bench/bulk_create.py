@@ -20,6 +20,10 @@ Phases (ms, CPU time of this thread):
 - ``follower_replay``: decode + ``MetadataDelta.replay_decoded`` in commit_replay's 200-record slices and
   ``apply()`` per topic batch, on an image holding the topics before it.
 
+``--gc`` (session 16): the collector on at a node's thresholds (``NODE_GC_THRESHOLD``) instead of off, and
+``gc_ms`` / ``gc_collections`` (per generation) over the leader's phases (plan to encode) reported: what
+the objects a phase keeps cost in collections (each phase's CPU then includes its collections).
+
 Works on trees before the partition reservations too (8917bf5: no ``order``, no ``_recheck_plan``
 split).  Prints JSON; ``--out`` also writes it.
 
@@ -46,6 +50,7 @@ from kraft.metadata.commit_replay import REPLAY_SLICE_RECORDS
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.observability.gc_watch import NODE_GC_THRESHOLD
 from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
 
@@ -71,7 +76,7 @@ class Phases:
         return {name: round(ns / 1e6, 1) for name, ns in self.ns.items()}
 
 
-def one_round(brokers: int, topics: int, per_topic: int) -> dict[str, float]:
+def one_round(brokers: int, topics: int, per_topic: int, collect: bool = False) -> dict[str, float]:
     settings = ControllerSettings(
         CLUSTER,
         max_partitions=10**9,
@@ -101,7 +106,13 @@ def one_round(brokers: int, topics: int, per_topic: int) -> dict[str, float]:
 
         order = RequestOrder({t.name: i for i, t in enumerate(bulk)})
     gc.collect()
-    gc.disable()  # the phases, not when a collection happens to run
+    thresholds = gc.get_threshold()
+    pauses = GcPauses()
+    if collect:  # as in a node (kraft.observability.gc_watch.tune_node_gc), the collections timed
+        gc.set_threshold(*NODE_GC_THRESHOLD)
+        gc.callbacks.append(pauses.callback)
+    else:
+        gc.disable()  # the phases, not when a collection happens to run
     try:
         plans = []
         for topic in bulk:
@@ -132,6 +143,7 @@ def one_round(brokers: int, topics: int, per_topic: int) -> dict[str, float]:
             assert out.response.topics[0].error_code == 0, out.response.topics[0].error_message
             offset += len(out.records)
             batches.append(phases.timed("encode", list, map(rec.encode_value, out.records)))
+        leader_gc = (pauses.seconds, list(pauses.collections))
         for values in batches:  # one committed batch per topic, replayed as commit_replay does
 
             def replay(image: MetadataImage, values: list[bytes]) -> MetadataImage:
@@ -142,13 +154,36 @@ def one_round(brokers: int, topics: int, per_topic: int) -> dict[str, float]:
 
             follower_image = phases.timed("follower_replay", replay, follower_image, values)
     finally:
+        if collect:
+            gc.callbacks.remove(pauses.callback)
+            gc.set_threshold(*thresholds)
         gc.enable()
     assert len(follower_image.topics_by_id) == topics
     out_ms = phases.ms()
     out_ms["leader_total"] = round(
         sum(out_ms.get(k, 0.0) for k in ("plan", "prepare", "write_check", "write_build", "encode")), 1
     )
+    if collect:
+        out_ms["leader_gc_ms"] = round(leader_gc[0] * 1000, 1)
+        for generation, count in enumerate(leader_gc[1]):
+            out_ms[f"leader_gc_collections_{generation}"] = count
     return out_ms
+
+
+class GcPauses:
+    """The collections' pauses (``gc.callbacks``) and their count per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+
+    def callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.collections[info["generation"]] += 1
 
 
 def main() -> None:
@@ -161,9 +196,14 @@ def main() -> None:
     parser.add_argument("--per-topic", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--gc",
+        action="store_true",
+        help="run with the collector on at a node's thresholds and report its pauses (default: off)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
-    rounds = [one_round(args.brokers, args.topics, args.per_topic) for _ in range(args.rounds)]
+    rounds = [one_round(args.brokers, args.topics, args.per_topic, args.gc) for _ in range(args.rounds)]
     phases = list(rounds[0])
     result = {
         "benchmark": "bulk_create",
@@ -171,6 +211,7 @@ def main() -> None:
         "topics": args.topics,
         "partitions_per_topic": args.per_topic,
         "rounds": args.rounds,
+        "gc": args.gc,
         "median_cpu_ms": {name: statistics.median(r[name] for r in rounds) for name in phases},
         "min_cpu_ms": {name: min(r[name] for r in rounds) for name in phases},
         "load_average_before": [round(x, 2) for x in load_before],

@@ -608,6 +608,12 @@ class NodeConfig(BaseModel):
     controller_image_store_bulk_defer_max_ms: NonNegative = _key(
         "controller.image.store.bulk.defer.max.ms", default=10_000
     )
+    # The most prepared topics of one CreateTopics placed and built at once, the rest waiting in the
+    # request's order (kraft.metadata.controller; 0 = all at once, as before session 16).  A knob for
+    # A/B measurements (docs/internals/raft-performance.md, session 16's bulk creation).
+    controller_create_topics_preparing_max: NonNegative = _key(
+        "controller.create.topics.preparing.max", default=0
+    )
     # A large save writes its rows 2,000 per statement in one transaction and pauses this many percent of
     # each chunk's time before the next (kraft.metadata.store; 0 = no pause).  A knob for A/B measurements.
     controller_image_store_save_pause_percent: NonNegative = _key(

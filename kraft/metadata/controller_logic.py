@@ -46,7 +46,7 @@ from kraft.features import (
     MetadataVersion,
 )
 from kraft.metadata import records as rec
-from kraft.metadata.delta import MetadataDelta, shared_ids
+from kraft.metadata.delta import MetadataDelta, shared_ids, shared_tuple
 from kraft.metadata.election_config import (
     MIN_INSYNC_REPLICAS,
     PREFERRED_ELECTION,
@@ -340,7 +340,9 @@ class TopicPlan:
     replication_factor: int
     start_index: int
     brokers: list[UsableBroker]
-    """The usable brokers when it was planned, in the order given to placement."""
+    """The usable brokers when it was planned (rack-alternated: the shared list of the logic's kept order,
+    never changed; a resumed plan's as its transaction names them) — placement sorts them by id first,
+    so any order of the same brokers places the same."""
     configs: dict[str, str]
     planned: int = 0
     by_broker: Counter[int] = field(default_factory=Counter)
@@ -700,6 +702,8 @@ class ControllerLogic:
         # partitions an unfence may change, per broker, following the speculative image delta by delta
         self.rejoin_index = RejoinIndex()
         self._leaving: dict[int, _LeaveJob] = {}
+        # (broker map, leaving brokers, the ids acceptable_in accepts): the map is never changed in place
+        self._acceptable_ids: tuple[object, frozenset[int], frozenset[int]] | None = None
         # what closing a leave-job chunk costs per change (measured per chunk; a property of the host)
         self.closing_cost = _ClosingCost()
         # the same for an unfence-election chunk (its changes are replayed record by record: dearer)
@@ -789,6 +793,24 @@ class ControllerLogic:
             )
 
         return acceptable
+
+    def acceptable_ids(self) -> frozenset[int]:
+        """The broker ids :meth:`acceptable_in` accepts for the speculative image, as one set: a new
+        partition's ISR is its whole replica list when the set holds it (one C call, not a Python call per
+        replica).  Rebuilt (O(brokers)) when the image's broker map — never changed in place: a delta that
+        changes a broker gives the next image a new map — or the leaving brokers change."""
+        brokers = self.image.brokers
+        cached = self._acceptable_ids
+        leaving = frozenset(self._leaving)
+        if cached is not None and cached[0] is brokers and cached[1] == leaving:
+            return cached[2]
+        ids = frozenset(
+            broker_id
+            for broker_id, broker in brokers.items()
+            if not broker.fenced and not broker.in_controlled_shutdown and broker_id not in leaving
+        )
+        self._acceptable_ids = (brokers, leaving, ids)
+        return ids
 
     def election_rules(self, image: MetadataImage, topic_name: str) -> tuple[int, bool]:
         """(min.insync.replicas, unclean.leader.election.enable) for the topic's elections."""
@@ -1843,7 +1865,11 @@ class ControllerLogic:
                 factor = self.settings.default_replication_factor
             if factor <= 0:
                 self._assignment_for(topic, partitions)  # raises INVALID_REPLICATION_FACTOR
-            usable = self._usable_brokers()
+            # The usable brokers already rack-alternated, from the order kept per broker map: a plan of
+            # its own (a UsableBroker per broker, then rack_alternated at its first placement) cost ~1.3 ms
+            # at 1,000 brokers, ~0.13 s over a request of 100 prepared topics.  rack_alternated sorts by
+            # id first, so the plan (and a transaction naming it) places exactly as from the image's order.
+            usable, racks = self._placement_order()
             if factor > len(usable):
                 raise KraftError(
                     ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(usable))
@@ -1853,6 +1879,7 @@ class ControllerLogic:
             error_response(result, exc.code, exc.message)
             return Outcome([], response, next_offset), None
         plan = TopicPlan(topic.name, requested, factor, partitions, usable, configs)
+        plan.ordered = usable, racks
         return Outcome([], response, next_offset), plan
 
     def _plan_explicit(
@@ -2004,7 +2031,9 @@ class ControllerLogic:
             plan.prepared_for = None
         elif plan.prepared_for is None and not plan.prepared:
             plan.prepared_for = snapshot
-        plan.prepared.extend((r, g) for _, r, g in self._new_partitions(plan.topic_id, first, placed))
+        # an auto-placed plan's tuples hold the registrations' own ints: shared as they are (shared_tuple)
+        new = self._new_partitions(plan.topic_id, first, placed, placed_ids=not plan.explicit)
+        plan.prepared.extend((r, g) for _, r, g in new)
 
     def create_prepared_topic(
         self, plan: TopicPlan, validate_only: bool, next_offset: int
@@ -2051,13 +2080,6 @@ class ControllerLogic:
                 ErrorCode.INVALID_TOPIC_EXCEPTION,
                 f"topic {name!r} collides with topic {clash!r} ('.' and '_' are equivalent)",
             )
-
-    def _usable_brokers(self) -> list[UsableBroker]:
-        return [
-            UsableBroker(b.broker_id, b.rack)
-            for b in self.image.brokers.values()
-            if not b.fenced and not b.in_controlled_shutdown
-        ]
 
     def _requested_partitions(self, topic: cpb.CreatableTopic) -> int:
         if topic.assignments:
@@ -2133,7 +2155,7 @@ class ControllerLogic:
         ordered, racks = self._placement_order()
         if factor > len(ordered):
             raise KraftError(ErrorCode.INVALID_REPLICATION_FACTOR, self.too_few_brokers(factor, len(ordered)))
-        # what place_replicas(self._usable_brokers(), ...) places, from the cached order
+        # what place_replicas(<the usable brokers>, ...) places, from the cached order
         return place_ordered_range(ordered, racks, 0, partitions, factor, cursor)
 
     def _placement_order(self) -> tuple[list[UsableBroker], int]:
@@ -2199,16 +2221,31 @@ class ControllerLogic:
             add_partition(record, topic_id, partition_id, registration)
 
     def _new_partitions(
-        self, topic_id: str, first_id: int, assignment: list[tuple[int, ...]]
+        self,
+        topic_id: str,
+        first_id: int,
+        assignment: Sequence[tuple[int, ...]],
+        *,
+        placed_ids: bool = False,
     ) -> Iterator[tuple[int, pb.MetadataRecord, PartitionRegistration]]:
-        """(partition id, PartitionRecord, the registration its replay gives) of new partitions."""
+        """(partition id, PartitionRecord, the registration its replay gives) of new partitions.
+        ``placed_ids``: the tuples' ints are shared already (placement's), the tuples are shared as they
+        are (:func:`shared_tuple`) instead of copied and interned (:func:`shared_ids`)."""
         acceptable = self.acceptable_in(self.image)
-        for offset, replicas in enumerate(assignment):
-            partition_id = first_id + offset
+        all_acceptable = self.acceptable_ids().issuperset
+        share = shared_tuple if placed_ids else shared_ids
+        for partition_id, replicas in enumerate(assignment, first_id):
             # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence);
-            # the leader is the first of them (choose_leader with no current leader).
-            isr = [r for r in replicas if acceptable(r)]
-            leader = isr[0] if isr else NO_PARTITION_LEADER
+            # the leader is the first of them (choose_leader with no current leader).  Almost always all
+            # of them: then the ISR is the replica list itself (the bulk creation's path, ~0.8 us a
+            # partition less than a call per replica).
+            isr: Sequence[int]
+            if replicas and all_acceptable(replicas):
+                isr = replicas
+                leader = replicas[0]
+            else:
+                isr = [r for r in replicas if acceptable(r)]
+                leader = isr[0] if isr else NO_PARTITION_LEADER
             record = pb.MetadataRecord()
             partition = record.partition
             partition.partition_id = partition_id
@@ -2216,7 +2253,7 @@ class ControllerLogic:
             partition.replicas.extend(replicas)
             partition.isr.extend(isr)
             partition.leader = leader
-            replica_ids = shared_ids(replicas)
+            replica_ids = share(replicas)
             registration = PartitionRegistration(
                 replica_ids, replica_ids if len(isr) == len(replicas) else shared_ids(isr), leader, 0, 0
             )

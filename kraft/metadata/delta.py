@@ -97,6 +97,18 @@ def intern_ids(ids: Iterable[int]) -> tuple[int, ...]:
     return tuple([cache.setdefault(i, i) for i in ids])
 
 
+def shared_tuple(ids: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`shared_ids` for a tuple whose ints are shared already (placement's: the registrations'
+    broker ids): the tuple itself becomes the shared one when its list is new — no copy, no interning
+    (the leader's bulk creation: with the ISR shortcut of ``_new_partitions``, 3.0 → 2.2 us a partition)."""
+    shared = _LIST_CACHE.get(ids)
+    if shared is None:
+        if len(_LIST_CACHE) >= _LIST_CACHE_MAX:
+            _LIST_CACHE.clear()
+        shared = _LIST_CACHE[ids] = ids
+    return shared
+
+
 def shared_ids(ids: Iterable[int]) -> tuple[int, ...]:
     """``ids`` as the one shared tuple for that list, so equal lists replayed back to back (a
     partition's replicas and ISR) are the *same* object (``isr is replicas``)."""

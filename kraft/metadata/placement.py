@@ -145,6 +145,11 @@ class UsableBrokerOrder:
             insort(self._racks.setdefault(registration.rack or "", []), usable, key=_BROKER_ID)
 
 
+# Up to this replication factor the chosen replicas are looked up in their list (a factor of 3 needs no set
+# per partition); above it, in a set (a list would make each lookup O(factor)).
+_LIST_LOOKUP_MAX_FACTOR = 8
+
+
 def place_ordered_range(
     ordered: Sequence[UsableBroker],
     racks: int,
@@ -155,7 +160,59 @@ def place_ordered_range(
 ) -> list[tuple[int, ...]]:
     """:func:`place_replica_range` with the brokers already :func:`rack_alternated` and their racks
     counted (``racks``) — for callers that place one topic in many small slices (ordering 1,000 brokers
-    costs ~1 ms, counting their racks ~0.15 ms; placing 32 partitions ~0.05 ms)."""
+    costs ~1 ms, counting their racks ~0.15 ms; placing 32 partitions ~0.025 ms).
+
+    The same tuples as :func:`_place_ordered_range_sets` (the rule written with sets, kept for factors
+    above ``_LIST_LOOKUP_MAX_FACTOR`` and as the reference of tests/unit/metadata/test_placement_fast.py).
+    This is the bulk creation's per-partition path (100,000 partitions at 1,000 brokers, session 16):
+    a new set of ids and of racks and a generator per partition made it ~1.9 us a partition; the chosen
+    ids in one list (at most 8, looked up in C) and the tuple made from it, ~0.75 us."""
+    if replication_factor > _LIST_LOOKUP_MAX_FACTOR:
+        return _place_ordered_range_sets(
+            ordered, racks, first_partition, partitions, replication_factor, start_index
+        )
+    count = len(ordered)
+    start = start_index % count
+    shift_base = start_index // count
+    span = max(count - 1, 1)
+    result: list[tuple[int, ...]] = []
+    append = result.append
+    for partition in range(first_partition, first_partition + partitions):
+        first = (start + partition) % count
+        shift = (shift_base + partition // count) % span
+        leader = ordered[first]
+        chosen = [leader.broker_id]
+        used_racks = {leader.rack or ""}
+        step = 0
+        while len(chosen) < replication_factor:
+            index = (first + 1 + (shift + step) % span) % count if count > 1 else first
+            step += 1
+            candidate = ordered[index]
+            broker_id = candidate.broker_id
+            if broker_id in chosen:
+                if step > 2 * count:  # only duplicates left on this path; take any unused broker
+                    candidate = next(b for b in ordered if b.broker_id not in chosen)
+                    broker_id = candidate.broker_id
+                else:
+                    continue
+            rack = candidate.rack or ""
+            if rack in used_racks and len(used_racks) < racks and step <= count:
+                continue
+            chosen.append(broker_id)
+            used_racks.add(rack)
+        append(tuple(chosen))
+    return result
+
+
+def _place_ordered_range_sets(
+    ordered: Sequence[UsableBroker],
+    racks: int,
+    first_partition: int,
+    partitions: int,
+    replication_factor: int,
+    start_index: int,
+) -> list[tuple[int, ...]]:
+    """:func:`place_ordered_range` written with a set of the chosen ids (any replication factor)."""
     count = len(ordered)
     start = start_index % count
     shift_base = start_index // count

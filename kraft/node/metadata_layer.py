@@ -58,6 +58,7 @@ def options_from_config(config: NodeConfig) -> ControllerOptions:
         store_bulk_defer_max_ms=config.controller_image_store_bulk_defer_max_ms,
         store_save_pause_percent=config.controller_image_store_save_pause_percent,
         store_bulk_save_stagger_ms=config.controller_image_store_bulk_save_stagger_ms,
+        create_topics_preparing_max=config.controller_create_topics_preparing_max,
         snapshot_max_bytes=config.metadata_log_max_record_bytes_between_snapshots,
         snapshot_interval_ms=config.metadata_log_max_snapshot_interval_ms,
         default_num_partitions=config.num_partitions,

@@ -531,3 +531,14 @@ def test_unclean_leader_election_and_min_isr_reach_the_controller() -> None:
     assert options.unclean_leader_election_enable is True and options.min_insync_replicas == 2
     default = options_from_config(NodeConfig.from_properties(dict(CONTROLLER)))
     assert default.unclean_leader_election_enable is False and default.min_insync_replicas == 1
+
+
+def test_the_create_topics_preparing_limit_reaches_the_controller() -> None:
+    """controller.create.topics.preparing.max (session 16): 0, all at once, unless set; never negative."""
+    from kraft.node.metadata_layer import options_from_config
+
+    cfg = NodeConfig.from_properties({**CONTROLLER, "controller.create.topics.preparing.max": "2"})
+    assert options_from_config(cfg).create_topics_preparing_max == 2
+    assert options_from_config(NodeConfig.from_properties(dict(CONTROLLER))).create_topics_preparing_max == 0
+    with pytest.raises(ConfigError, match=r"controller\.create\.topics\.preparing\.max"):
+        NodeConfig.from_properties({**CONTROLLER, "controller.create.topics.preparing.max": "-1"})
