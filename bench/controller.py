@@ -221,7 +221,10 @@ async def admin_ops(
             name = f"{prefix}-{next(counter)}"
             topic = cpb.CreatableTopic(name=name, num_partitions=1, replication_factor=1)
             start = time.monotonic()
-            response = await client.call(lambda s: s.CreateTopics, cpb.CreateTopicsRequest(topics=[topic]))
+            # create_topics, not a bare call: a CreateTopics resent after an unknown outcome (a leader change,
+            # a timed-out attempt) may answer TOPIC_ALREADY_EXISTS for the first attempt's topic, which
+            # create_topics reconciles as an operator's client would (a bare resend ended a run, session 16).
+            response = await client.create_topics(cpb.CreateTopicsRequest(topics=[topic]))
             latencies.append(time.monotonic() - start)
             if response.topics[0].error_code != ErrorCode.NONE:
                 raise RuntimeError(response.topics[0].error_message)
