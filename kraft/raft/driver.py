@@ -19,8 +19,9 @@ Task ownership (who touches what):
   a future the driver task resolves (at once, after persistence, or after a long poll).
 - **raft-listener** tasks, one per registered listener (:mod:`kraft.raft.listeners`): read committed
   batches from the log and call the listener.  A leader wakes them as soon as the high watermark rises
-  (commit answers wait on them); a follower only once the output that raised it ran to its end, log
-  fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
+  (commit answers wait on them) — or, for a few records and a listener that takes them synchronously,
+  hands them over itself in that step (``ListenerSet.deliver_now``); a follower only once the output
+  that raised it ran to its end, log fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
 - a leader's log fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
   hand-offs than the default executor), snapshot/quorum-state writes in worker threads
   (``asyncio.to_thread``); the driver task awaits both, so the leader's event loop never blocks on disk.
@@ -1316,7 +1317,9 @@ class RaftDriver:
             if not future.done():
                 future.set_result(offset)
         if self._core.is_leader:
-            self._listeners.wake_all()  # commit answers (the controller's) wait on the listener
+            # Commit answers (the controller's) wait on the listener: a few records are handed over now, in
+            # this step, instead of a loop turn later by the listener's task (ListenerSet.deliver_now).
+            self._listeners.deliver_now()
         else:
             # A follower learns the high watermark from the Fetch answer that brings the next records: a
             # listener woken now applies the newly committed batches (a metadata replay: ~0.5 ms at

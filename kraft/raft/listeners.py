@@ -6,6 +6,13 @@ another leader (or to no leader) at once, load the latest snapshot when its curs
 then hand over committed batches in order.  A change that makes *this* node leader is reported only once
 the listener has seen everything up to the leader's epoch start offset (Kafka's rule: the new active
 controller must have replayed the previous epochs before it acts).
+
+On a leader the driver hands a few committed records to a :class:`~kraft.raft.api.CommitNowListener` in the
+step the high watermark passes them (:meth:`ListenerSet.deliver_now`), when its task is idle: the active
+controller's commit answers wait on its listener, and the task's wake-up was a loop turn (plus a catch-up
+pass and a pause turn) on every write's path (docs/internals/raft-performance.md, "The commit handed over
+in the driver's step (session 16)").  Anything else — a follower, a big range, a listener that declines,
+a leader change due, a snapshot to load — goes through the task as before.
 """
 
 from __future__ import annotations
@@ -17,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from kraft.observability.logging import StructLogger
-from kraft.raft.api import CommittedBatch, CommittedRecord, LeaderAndEpoch, LoadedSnapshot, RaftListener
+from kraft.raft.api import (
+    CommitNowListener,
+    CommittedBatch,
+    CommittedRecord,
+    LeaderAndEpoch,
+    LoadedSnapshot,
+    RaftListener,
+)
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import decode_offset_values, iter_batch_headers
@@ -26,6 +40,11 @@ _READ_BYTES = 1024 * 1024
 LISTENER_ATTEMPTS = 3
 """Consecutive failures of one catch-up before a listener is given up (and ``on_failure`` called)."""
 _RETRY_PAUSE_S = 0.05
+SYNC_DELIVERY_MAX_RECORDS = 64
+"""At most this many committed records (high watermark minus the cursor) are handed over in the driver's
+step by :meth:`ListenerSet.deliver_now`; a larger range goes to the listener's task, one batch per loop
+turn (a lone write's batch has a few records; bulk work's batches go the sliced way)."""
+_SYNC_READ_BYTES = 64 * 1024
 
 
 class LazyRecords(Sequence[CommittedRecord]):
@@ -114,6 +133,11 @@ class ListenerCursor:
     reported_leader: LeaderAndEpoch | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    commit_now: Callable[[CommittedBatch], bool] | None = None
+    """The listener's ``handle_commit_now`` (a :class:`~kraft.raft.api.CommitNowListener`), else None."""
+    idle: bool = False
+    """The task waits for its next wake-up and has nothing in hand: :meth:`ListenerSet.deliver_now` may
+    hand over batches meanwhile (its next catch-up starts from ``next_offset`` as they left it)."""
 
 
 class ListenerSet:
@@ -140,6 +164,8 @@ class ListenerSet:
         if any(cursor.listener is listener for cursor in self._cursors):
             return
         cursor = ListenerCursor(listener)
+        if isinstance(listener, CommitNowListener):
+            cursor.commit_now = listener.handle_commit_now
         cursor.task = asyncio.get_running_loop().create_task(self._run(cursor), name="raft-listener")
         self._cursors.append(cursor)
         cursor.wake.set()
@@ -155,6 +181,62 @@ class ListenerSet:
         for cursor in self._cursors:
             cursor.wake.set()
 
+    def deliver_now(self) -> None:
+        """The leader's high watermark rose: hand each idle :class:`~kraft.raft.api.CommitNowListener` the
+        newly committed batches now, in this step, if they are few (``SYNC_DELIVERY_MAX_RECORDS``) and it
+        takes them all; wake the task of every other listener (and of one that did not take everything)
+        as :meth:`wake_all` does.  The same order as the task's: a leader change due is reported first
+        (by the task: this declines), batches go in offset order from the cursor, and a cursor is never
+        handed a batch while its task is inside a delivery."""
+        for cursor in self._cursors:
+            commit_now = cursor.commit_now
+            if commit_now is None or not cursor.idle or not self._deliver_now(cursor, commit_now):
+                cursor.wake.set()
+
+    def _deliver_now(self, cursor: ListenerCursor, commit_now: Callable[[CommittedBatch], bool]) -> bool:
+        """Whether ``cursor`` is caught up with the high watermark after the batches handed over here (False:
+        its task has something left to do)."""
+        view = self._view()
+        high_watermark = view.high_watermark
+        start = cursor.next_offset
+        if (
+            start >= high_watermark
+            or high_watermark - start > SYNC_DELIVERY_MAX_RECORDS
+            or start < self._log.start_offset
+            or leader_change_due(view.leader, cursor.reported_leader, start, view.leader_epoch_start_offset)
+        ):
+            return False
+        try:
+            data = self._log.read(start, _SYNC_READ_BYTES, high_watermark)
+            for position, header in iter_batch_headers(data):
+                if header.last_offset < cursor.next_offset:
+                    continue
+                if header.base_offset >= high_watermark:
+                    break
+                committed = CommittedBatch(
+                    header.base_offset,
+                    header.last_offset,
+                    header.partition_leader_epoch,
+                    () if header.is_control else LazyRecords(data, position),
+                    header.max_timestamp,
+                    header.is_control,
+                )
+                if not commit_now(committed):
+                    return False
+                cursor.next_offset = header.last_offset + 1
+        except Exception:
+            # A log read that fails (or a listener that raises) is the task's to handle: it retries, and
+            # gives the listener up after LISTENER_ATTEMPTS (fail-stop), as for any delivery.
+            self._log_struct.debug("listener_deliver_now_declined", next_offset=cursor.next_offset)
+            return False
+        if cursor.next_offset < high_watermark:
+            return False
+        # Becoming leader is reported once the batches before the epoch start are delivered: the task's.
+        view = self._view()
+        return not leader_change_due(
+            view.leader, cursor.reported_leader, cursor.next_offset, view.leader_epoch_start_offset
+        )
+
     async def close(self) -> None:
         tasks = [cursor.task for cursor in self._cursors if cursor.task is not None]
         self._cursors.clear()
@@ -168,7 +250,11 @@ class ListenerSet:
         failures = 0
         while True:
             if failures == 0:
-                await cursor.wake.wait()
+                cursor.idle = True
+                try:
+                    await cursor.wake.wait()
+                finally:
+                    cursor.idle = False
             cursor.wake.clear()
             try:
                 await self._catch_up(cursor)
