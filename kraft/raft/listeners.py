@@ -8,11 +8,12 @@ the listener has seen everything up to the leader's epoch start offset (Kafka's 
 controller must have replayed the previous epochs before it acts).
 
 On a leader the driver hands a few committed records to a :class:`~kraft.raft.api.CommitNowListener` in the
-step the high watermark passes them (:meth:`ListenerSet.deliver_now`), when its task is idle: the active
-controller's commit answers wait on its listener, and the task's wake-up was a loop turn (plus a catch-up
-pass and a pause turn) on every write's path (docs/internals/raft-performance.md, "The commit handed over
-in the driver's step (session 16)").  Anything else — a follower, a big range, a listener that declines,
-a leader change due, a snapshot to load — goes through the task as before.
+step the high watermark passes them, from the batches it built (:meth:`ListenerSet.deliver_now`: no log
+read), when its task is idle: the active controller's commit answers wait on its listener, and the task's
+wake-up was a loop turn, a log read and a catch-up pass on every write's path
+(docs/internals/raft-performance.md, "The commit handed over in the driver's step (session 16)").
+Anything else — a follower, a big range, a listener that declines, a leader change due, a batch the
+driver does not hold, a snapshot to load — goes through the task as before.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ SYNC_DELIVERY_MAX_RECORDS = 64
 """At most this many committed records (high watermark minus the cursor) are handed over in the driver's
 step by :meth:`ListenerSet.deliver_now`; a larger range goes to the listener's task, one batch per loop
 turn (a lone write's batch has a few records; bulk work's batches go the sliced way)."""
-_SYNC_READ_BYTES = 64 * 1024
 
 
 class LazyRecords(Sequence[CommittedRecord]):
@@ -82,6 +82,43 @@ class LazyRecords(Sequence[CommittedRecord]):
 
     def __len__(self) -> int:
         return len(self._decoded())
+
+    @overload
+    def __getitem__(self, index: int) -> CommittedRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[CommittedRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> CommittedRecord | Sequence[CommittedRecord]:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[CommittedRecord]:
+        return iter(self._decoded())
+
+
+class BuiltRecords(Sequence[CommittedRecord]):
+    """The records of a batch this node built as leader, from the values it wrote (for
+    :meth:`ListenerSet.deliver_now`: nothing to read or decode; a :class:`CommittedRecord` each only on
+    first use)."""
+
+    __slots__ = ("_base", "_records", "_values")
+
+    def __init__(self, base_offset: int, values: Sequence[bytes]) -> None:
+        self._base = base_offset
+        self._values = values
+        self._records: list[CommittedRecord] | None = None
+
+    def offset_values(self) -> list[tuple[int, bytes]]:
+        """``(offset, value)`` of every record (:func:`kraft.raft.api.offset_values`)."""
+        return list(zip(range(self._base, self._base + len(self._values)), self._values, strict=True))
+
+    def _decoded(self) -> list[CommittedRecord]:
+        if self._records is None:
+            self._records = [CommittedRecord(offset, value) for offset, value in self.offset_values()]
+        return self._records
+
+    def __len__(self) -> int:
+        return len(self._values)
 
     @overload
     def __getitem__(self, index: int) -> CommittedRecord: ...
@@ -181,19 +218,29 @@ class ListenerSet:
         for cursor in self._cursors:
             cursor.wake.set()
 
-    def deliver_now(self) -> None:
+    def deliver_now(self, built: Sequence[CommittedBatch]) -> None:
         """The leader's high watermark rose: hand each idle :class:`~kraft.raft.api.CommitNowListener` the
-        newly committed batches now, in this step, if they are few (``SYNC_DELIVERY_MAX_RECORDS``) and it
-        takes them all; wake the task of every other listener (and of one that did not take everything)
-        as :meth:`wake_all` does.  The same order as the task's: a leader change due is reported first
+        newly committed batches now, in this step, if they are few (``SYNC_DELIVERY_MAX_RECORDS``), all in
+        ``built`` and it takes them all; wake the task of every other listener (and of one that did not
+        take everything) as :meth:`wake_all` does.
+
+        ``built``: batches the leader built and wrote to this log in offset order (from the values it
+        wrote: no log read, no decoding, nothing here does IO), possibly with gaps — a batch not in it
+        (a control batch, a big one, one from before this node led) ends the hand-over there, and the task
+        reads the rest from the log.  The same order as the task's: a leader change due is reported first
         (by the task: this declines), batches go in offset order from the cursor, and a cursor is never
         handed a batch while its task is inside a delivery."""
         for cursor in self._cursors:
             commit_now = cursor.commit_now
-            if commit_now is None or not cursor.idle or not self._deliver_now(cursor, commit_now):
+            if commit_now is None or not cursor.idle or not self._deliver_now(cursor, commit_now, built):
                 cursor.wake.set()
 
-    def _deliver_now(self, cursor: ListenerCursor, commit_now: Callable[[CommittedBatch], bool]) -> bool:
+    def _deliver_now(
+        self,
+        cursor: ListenerCursor,
+        commit_now: Callable[[CommittedBatch], bool],
+        built: Sequence[CommittedBatch],
+    ) -> bool:
         """Whether ``cursor`` is caught up with the high watermark after the batches handed over here (False:
         its task has something left to do)."""
         view = self._view()
@@ -207,27 +254,18 @@ class ListenerSet:
         ):
             return False
         try:
-            data = self._log.read(start, _SYNC_READ_BYTES, high_watermark)
-            for position, header in iter_batch_headers(data):
-                if header.last_offset < cursor.next_offset:
+            for batch in built:
+                if batch.last_offset < start:
                     continue
-                if header.base_offset >= high_watermark:
-                    break
-                committed = CommittedBatch(
-                    header.base_offset,
-                    header.last_offset,
-                    header.partition_leader_epoch,
-                    () if header.is_control else LazyRecords(data, position),
-                    header.max_timestamp,
-                    header.is_control,
-                )
-                if not commit_now(committed):
+                if batch.base_offset != cursor.next_offset or batch.last_offset >= high_watermark:
+                    break  # a gap (the task reads it from the log), or not wholly committed yet
+                if not commit_now(batch):
                     return False
-                cursor.next_offset = header.last_offset + 1
+                cursor.next_offset = batch.last_offset + 1
         except Exception:
-            # A log read that fails (or a listener that raises) is the task's to handle: it retries, and
-            # gives the listener up after LISTENER_ATTEMPTS (fail-stop), as for any delivery.
-            self._log_struct.debug("listener_deliver_now_declined", next_offset=cursor.next_offset)
+            # A listener that raises is the task's to handle: it delivers the same batch again, and gives
+            # the listener up after LISTENER_ATTEMPTS (fail-stop), as for any delivery.
+            self._log_struct.debug("listener_deliver_now_failed", next_offset=cursor.next_offset)
             return False
         if cursor.next_offset < high_watermark:
             return False

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from raft_helpers import LoopbackCluster, wait_until
 
 from kraft.observability.logging import get_logger
-from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot
-from kraft.raft.listeners import SYNC_DELIVERY_MAX_RECORDS, CommitView, ListenerSet
+from kraft.raft.api import CommittedBatch, LeaderAndEpoch, LoadedSnapshot, offset_values
+from kraft.raft.listeners import SYNC_DELIVERY_MAX_RECORDS, BuiltRecords, CommitView, LazyRecords, ListenerSet
 from kraft.raft.memory import MemoryLogStore, MemorySnapshotStore
-from kraft.storage.batch import build_batch
+from kraft.storage.batch import build_batch, iter_batch_headers
 
 TIMEOUT_S = 5.0
 LEADER = LeaderAndEpoch(1, 1)
@@ -79,18 +79,27 @@ class _AsyncOnly:
 
 
 class _Quorum:
-    """A log and a commit view the test moves by hand, and a ListenerSet over them."""
+    """A log and a commit view the test moves by hand, a ListenerSet over them, and the batches "built"
+    (what the driver passes to ``deliver_now``)."""
 
     def __init__(self) -> None:
         self.log = MemoryLogStore()
         self.view = CommitView(0, LEADER, 0)
         self.listeners = ListenerSet(self.log, MemorySnapshotStore(), lambda: self.view, get_logger("test"))
+        self.built: list[CommittedBatch] = []
 
-    def append(self, records: int = 1, epoch: int = 1) -> int:
+    def append(self, records: int = 1, epoch: int = 1, *, kept: bool = True) -> int:
+        """Write a batch; ``kept``: also in :attr:`built` (else the driver did not keep it: a gap)."""
         base = self.log.end_offset
-        self.log.append(build_batch(base, [(None, b"v")] * records, leader_epoch=epoch, timestamp_ms=0))
+        values = tuple(b"v%d" % (base + i) for i in range(records))
+        self.log.append(build_batch(base, [(None, v) for v in values], leader_epoch=epoch, timestamp_ms=0))
         self.log.flush()
+        if kept:
+            self.built.append(CommittedBatch(base, base + records - 1, epoch, BuiltRecords(base, values), 0))
         return base
+
+    def deliver_now(self) -> None:
+        self.listeners.deliver_now(self.built)
 
     def commit(self) -> None:
         self.view = CommitView(self.log.end_offset, self.view.leader, self.view.leader_epoch_start_offset)
@@ -117,7 +126,7 @@ async def test_a_few_committed_records_are_handed_over_in_the_step_the_high_wate
         first = quorum.append(records=2)
         second = quorum.append(records=1)
         quorum.commit()
-        quorum.listeners.deliver_now()
+        quorum.deliver_now()
         # In this very step: no loop turn in between.
         assert recorder.events[2:] == [("now", first), ("now", second)]
         for _ in range(5):
@@ -141,16 +150,26 @@ async def test_what_the_fast_path_does_not_take_goes_through_the_task_in_order()
         # Too many records at once: the task's sliced path.
         big = quorum.append(records=SYNC_DELIVERY_MAX_RECORDS + 1)
         quorum.commit()
-        quorum.listeners.deliver_now()
+        quorum.deliver_now()
         assert recorder.events[2:] == [] and plain.events[2:] == []
         await _caught_up(quorum, recorder.events, 3)
         await _caught_up(quorum, plain.events, 3)
         assert recorder.events[2:] == [("task", big)] and plain.events[2:] == [("task", big)]
+        # A batch the driver did not keep (a control batch, say): the task reads it, and the next one too.
+        gap = quorum.append(kept=False)
+        following = quorum.append()
+        quorum.commit()
+        quorum.deliver_now()
+        assert recorder.events[3:] == []
+        await _caught_up(quorum, recorder.events, 5)
+        assert recorder.events[3:] == [("task", gap), ("task", following)]
+        await _caught_up(quorum, plain.events, 5)
+        del recorder.events[3:5], plain.events[3:5]
         # A listener that declines: the same batch reaches handle_commit, once.
         recorder.take_now = False
         declined = quorum.append()
         quorum.commit()
-        quorum.listeners.deliver_now()
+        quorum.deliver_now()
         assert recorder.events[3:] == []
         await _caught_up(quorum, recorder.events, 4)
         await _caught_up(quorum, plain.events, 4)
@@ -171,11 +190,11 @@ async def test_nothing_is_handed_over_while_the_task_is_inside_a_delivery() -> N
         slow = quorum.append()
         recorder.decline_once.add(slow)  # declined now: the task's, which suspends inside it
         quorum.commit()
-        quorum.listeners.deliver_now()
+        quorum.deliver_now()
         await wait_until(lambda: recorder.in_task, TIMEOUT_S, "the task inside handle_commit")
         after = quorum.append()
         quorum.commit()
-        quorum.listeners.deliver_now()  # the task holds `slow`: `after` must wait for it
+        quorum.deliver_now()  # the task holds `slow`: `after` must wait for it
         assert recorder.events[2:] == [("task", slow)]
         recorder.gate.set()
         await _caught_up(quorum, recorder.events, 4)
@@ -197,7 +216,7 @@ async def test_a_leader_change_due_is_reported_by_the_task_before_any_batch() ->
         quorum.view = CommitView(quorum.view.high_watermark, LeaderAndEpoch(2, 2), -1)
         newer = quorum.append(epoch=2)
         quorum.commit()
-        quorum.listeners.deliver_now()
+        quorum.deliver_now()
         assert recorder.events[2:] == []
         await _caught_up(quorum, recorder.events, 4)
         assert recorder.events[2:] == [("leader", 2), ("task", newer)]
@@ -216,7 +235,10 @@ async def test_a_leaders_commit_reaches_its_listener_in_the_drivers_own_step() -
         seen: list[tuple[str, int, bool]] = []
         recorder = _Recorder()
 
+        handed: list[CommittedBatch] = []
+
         def handle_commit_now(batch: CommittedBatch) -> bool:
+            handed.append(batch)
             task = asyncio.current_task()
             seen.append(
                 (
@@ -234,5 +256,24 @@ async def test_a_leaders_commit_reaches_its_listener_in_the_drivers_own_step() -
         await cluster.settle()
         assert ("now", offset - 1) in recorder.events, recorder.events
         assert ("raft-driver", offset - 1, True) in seen, seen
+        # What was handed over from memory is what the log holds there.
+        batch = next(b for b in handed if b.base_offset == offset - 1)
+        data = cluster.stores[leader.node_id].log.read(batch.base_offset, 1 << 20)
+        position, header = next(iter_batch_headers(data))
+        assert (
+            batch.base_offset,
+            batch.last_offset,
+            batch.epoch,
+            batch.append_timestamp_ms,
+            batch.control,
+        ) == (
+            header.base_offset,
+            header.last_offset,
+            header.partition_leader_epoch,
+            header.max_timestamp,
+            header.is_control,
+        )
+        assert offset_values(batch.records) == offset_values(LazyRecords(data, position))
+        assert [(r.offset, r.value) for r in batch.records] == [(offset - 1, b"a"), (offset, b"b")]
     finally:
         await cluster.close()
