@@ -5,7 +5,8 @@ what they own (all on one event loop, so no locks; shared state in :class:`Contr
 
 - **Raft listener** (driven by Raft's own per-listener task; this class): ``handle_commit`` replays
   committed batches into ``committed`` (the committed image; :mod:`commit_replay`), hands them to the
-  fetch window, resolves write waiters; ``handle_leader_change`` activates or deactivates.  A committed
+  fetch window, resolves write waiters; ``handle_leader_change`` activates or deactivates.  Its own
+  small batches the leader's driver hands over in the step they commit (``handle_commit_now``).  A committed
   record (or snapshot record) that does not decode or apply raises ``UnreplayableRecordError``: the Raft
   listener then fails and the node stops (``reason=raft_listener_failed``), never leading or serving an
   image without it.
@@ -476,19 +477,31 @@ class QuorumController:
 
     # ---- Raft listener ----
 
-    async def handle_commit(self, batch: CommittedBatch) -> None:
-        state = self.state
-        if batch.last_offset <= state.committed.offset:
-            return  # already in the image loaded from the store
+    def handle_commit_now(self, batch: CommittedBatch) -> bool:
+        """The synchronous part of :meth:`handle_commit` (:class:`~kraft.raft.api.CommitNowListener`): a
+        batch already in the image, or one this controller wrote whole and holds the image of, is applied
+        here and True returned — Raft's leader calls this in the step its high watermark passes the batch,
+        so the write's answer is released a loop turn (and the listener task's catch-up) sooner.  False
+        for a batch that must be replayed (another epoch's, a follower's, anything that does not line up
+        with its own appends): :meth:`handle_commit` replays it.  Looking up the own image drops it when it
+        does not fit, and :meth:`handle_commit` would find none then either."""
+        if batch.last_offset <= self.state.committed.offset:
+            return True  # already in the image loaded from the store
         own = self.writes.own_image(batch)
-        if own is not None:
-            # This controller wrote the whole batch and already holds the image it leads to (and, almost
-            # always, the values: then the batch's records are never decoded).
-            values = self.writes.own_values(batch)
-            if values is None:
-                values = offset_values(batch.records)
-            self._apply_committed(batch, own, values)
+        if own is None:
+            return False
+        # This controller wrote the whole batch and already holds the image it leads to (and, almost
+        # always, the values: then the batch's records are never decoded).
+        values = self.writes.own_values(batch)
+        if values is None:
+            values = offset_values(batch.records)
+        self._apply_committed(batch, own, values)
+        return True
+
+    async def handle_commit(self, batch: CommittedBatch) -> None:
+        if self.handle_commit_now(batch):
             return
+        state = self.state
         self.writes.forget_own_values_below(batch.last_offset + 1)  # replayed instead
         replayed = await replay_batch(
             state.committed, batch, self.clock, self.options.max_event_time_ms, self.raft.yield_turn

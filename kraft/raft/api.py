@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kraft.errors import ErrorCode
 from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
@@ -143,6 +143,22 @@ class RaftListener(Protocol):
     async def handle_load_snapshot(self, reader: LoadedSnapshot) -> None: ...
 
     async def handle_leader_change(self, leader: LeaderAndEpoch) -> None: ...
+
+
+@runtime_checkable
+class CommitNowListener(Protocol):
+    """A :class:`RaftListener` that may also be handed a small committed batch synchronously, in the
+    event-loop step in which a *leader*'s high watermark passes it (``kraft.raft.listeners``'s
+    ``ListenerSet.deliver_now``), instead of one loop turn later by its task.  Only the leader's: commit
+    answers wait on its listener (the active controller's), so each turn there is on every write's path."""
+
+    def handle_commit_now(self, batch: CommittedBatch) -> bool:
+        """Apply ``batch`` in this call, without suspending, and return True; or return False and leave
+        it to :meth:`RaftListener.handle_commit` (called for the same batch later, as if this call had not
+        happened: whatever it looked at, it left as ``handle_commit`` needs it).  Called only between two
+        of the listener's own deliveries (never while a ``handle_commit`` of it is suspended), in offset
+        order, and must not block or call back into Raft's driver (it runs inside the driver's step)."""
+        ...
 
 
 class SnapshotWriter(Protocol):

@@ -19,8 +19,9 @@ Task ownership (who touches what):
   a future the driver task resolves (at once, after persistence, or after a long poll).
 - **raft-listener** tasks, one per registered listener (:mod:`kraft.raft.listeners`): read committed
   batches from the log and call the listener.  A leader wakes them as soon as the high watermark rises
-  (commit answers wait on them); a follower only once the output that raised it ran to its end, log
-  fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
+  (commit answers wait on them) — or, for a few records and a listener that takes them synchronously,
+  hands them over itself in that step (``ListenerSet.deliver_now``); a follower only once the output
+  that raised it ran to its end, log fsync and next Fetch included (:meth:`RaftDriver._on_high_watermark`).
 - a leader's log fsyncs run on one dedicated thread (:class:`~kraft.raft.sync_worker.SyncWorker`: fewer
   hand-offs than the default executor), snapshot/quorum-state writes in worker threads
   (``asyncio.to_thread``); the driver task awaits both, so the leader's event loop never blocks on disk.
@@ -44,6 +45,7 @@ from kraft.errors import ErrorCode
 from kraft.observability.logging import StructLogger, get_logger
 from kraft.observability.metrics import RaftMetrics
 from kraft.raft.api import (
+    CommittedBatch,
     CommittedSlice,
     LeaderAndEpoch,
     NotLeaderError,
@@ -73,7 +75,7 @@ from kraft.raft.core_output import (
 )
 from kraft.raft.core_types import BatchInfo, RaftConfig
 from kraft.raft.executor import OutputPorts, execute_output
-from kraft.raft.listeners import CommitView, ListenerSet
+from kraft.raft.listeners import SYNC_DELIVERY_MAX_RECORDS, BuiltRecords, CommitView, ListenerSet
 from kraft.raft.messages import (
     DescribeQuorumRequest,
     DescribeQuorumResponse,
@@ -184,6 +186,8 @@ SPIN_REPORT_POLLS = 10_000
 PEER_WARNING_INTERVAL_MS = 30_000
 PEER_FAILURES_BEFORE_WARNING = 3
 CLOSE_FLUSH_WAIT_S = 30.0
+BUILT_BATCHES_KEPT = 64
+"""At most this many uncommitted batches a leader keeps for handing over at commit (RaftDriver._built)."""
 """How long :meth:`RaftDriver.close` waits for a flush still running on the fsync thread (a hung disk)."""
 _REFUSALS = frozenset(
     {ErrorCode.INCONSISTENT_CLUSTER_ID, ErrorCode.INCONSISTENT_VOTER_SET, ErrorCode.INVALID_REQUEST}
@@ -479,6 +483,9 @@ class RaftDriver:
         self._send_tasks: set[asyncio.Task[None]] = set()
         self._sync = SyncWorker(f"raft-fsync-{config.node_id}")  # the log's fsyncs (_flush)
         self._pull_sources: list[PullSource] = []  # held while a leader fsync runs (pull_during_flush)
+        # Small batches this leader wrote and that have not committed yet, in offset order (gaps where a
+        # batch was not kept): handed to listeners in the step they commit (ListenerSet.deliver_now).
+        self._built: deque[CommittedBatch] = deque()
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
         self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
@@ -1194,14 +1201,16 @@ class RaftDriver:
 
     async def _apply_log_op(self, op: LogOp) -> None:
         if isinstance(op, AppendRecords):
+            timestamp_ms = self._clock.wall_ms()
             data = build_batch(
                 op.base_offset,
                 [(None, value) for value in op.records],
                 leader_epoch=op.epoch,
-                timestamp_ms=self._clock.wall_ms(),
+                timestamp_ms=timestamp_ms,
             )
             self._log.append(data, built=True)
             self._metrics.append_records.inc(len(op.records))
+            self._remember_built(op, timestamp_ms)
         elif isinstance(op, AppendLeaderChange):
             message = LeaderChangeMessage(op.leader_id, op.voters, op.granting_voters)
             data = build_control_batch(
@@ -1217,18 +1226,37 @@ class RaftDriver:
             )
             self._log.append(data, built=True)
         elif isinstance(op, AppendFetched):
+            self._built.clear()  # (a follower now: it delivers through the listeners' tasks)
             self._log.append(op.data)
             self._metrics.fetch_records.inc(op.last_offset - op.base_offset + 1)
         elif isinstance(op, TruncateTo):
+            self._built.clear()
             self._log.truncate_to(op.end_offset)
             self._logger.info("log_truncated", end_offset=op.end_offset, epoch=self._core.epoch)
         elif isinstance(op, WriteSnapshotChunk):
             await asyncio.to_thread(self._snapshots.write_chunk, op.snapshot_id, op.position, op.data)
         else:
+            self._built.clear()
             voters = await asyncio.to_thread(self._install_snapshot, op)
             # Fed to the core before any other event: until then it keeps the voter set it had.
             self._events.appendleft(_SnapshotVoters(op.snapshot_id, voters))
             self._wake.set()
+
+    def _remember_built(self, op: AppendRecords, timestamp_ms: int) -> None:
+        """Keep a small batch just written as leader for :meth:`ListenerSet.deliver_now` (until it commits):
+        the values and header fields the log's batch holds, byte for byte what a read would decode."""
+        count = len(op.records)
+        if count > SYNC_DELIVERY_MAX_RECORDS:
+            return  # never handed over in the driver's step: the listener's task reads it
+        built = self._built
+        if len(built) >= BUILT_BATCHES_KEPT:
+            built.popleft()  # commits stalled: the oldest go through the listeners' tasks
+        last = op.base_offset + count - 1
+        built.append(
+            CommittedBatch(
+                op.base_offset, last, op.epoch, BuiltRecords(op.base_offset, op.records), timestamp_ms
+            )
+        )
 
     def _install_snapshot(self, op: InstallSnapshot) -> VoterSet | None:
         self._snapshots.finish_download(op.snapshot_id)
@@ -1316,7 +1344,13 @@ class RaftDriver:
             if not future.done():
                 future.set_result(offset)
         if self._core.is_leader:
-            self._listeners.wake_all()  # commit answers (the controller's) wait on the listener
+            # Commit answers (the controller's) wait on the listener: a few records are handed over now, in
+            # this step, from the batches this leader built, instead of a loop turn later by the listener's
+            # task reading them back from the log (ListenerSet.deliver_now).
+            built = self._built
+            self._listeners.deliver_now(built)
+            while built and built[0].last_offset < high_watermark:
+                built.popleft()
         else:
             # A follower learns the high watermark from the Fetch answer that brings the next records: a
             # listener woken now applies the newly committed batches (a metadata replay: ~0.5 ms at
@@ -1359,6 +1393,7 @@ class RaftDriver:
         self._listeners.wake_all()  # each listener sees it is behind the log start and loads the snapshot
 
     def _on_leader_change(self, leader: LeaderAndEpoch) -> None:
+        self._built.clear()  # (a new leader keeps only what it builds in its own epoch)
         self._logger.info("leader_changed", leader=leader.leader_id, epoch=leader.epoch)
         self._metrics.current_leader.set(leader.leader_id)
         self._leader_changed.set()

@@ -6,6 +6,14 @@ another leader (or to no leader) at once, load the latest snapshot when its curs
 then hand over committed batches in order.  A change that makes *this* node leader is reported only once
 the listener has seen everything up to the leader's epoch start offset (Kafka's rule: the new active
 controller must have replayed the previous epochs before it acts).
+
+On a leader the driver hands a few committed records to a :class:`~kraft.raft.api.CommitNowListener` in the
+step the high watermark passes them, from the batches it built (:meth:`ListenerSet.deliver_now`: no log
+read), when its task is idle: the active controller's commit answers wait on its listener, and the task's
+wake-up was a loop turn, a log read and a catch-up pass on every write's path
+(docs/internals/raft-performance.md, "The commit handed over in the driver's step (session 16)").
+Anything else — a follower, a big range, a listener that declines, a leader change due, a batch the
+driver does not hold, a snapshot to load — goes through the task as before.
 """
 
 from __future__ import annotations
@@ -17,7 +25,14 @@ from dataclasses import dataclass, field
 from typing import overload
 
 from kraft.observability.logging import StructLogger
-from kraft.raft.api import CommittedBatch, CommittedRecord, LeaderAndEpoch, LoadedSnapshot, RaftListener
+from kraft.raft.api import (
+    CommitNowListener,
+    CommittedBatch,
+    CommittedRecord,
+    LeaderAndEpoch,
+    LoadedSnapshot,
+    RaftListener,
+)
 from kraft.raft.messages import SnapshotId
 from kraft.raft.ports import LogStore, SnapshotStore
 from kraft.storage.batch import decode_offset_values, iter_batch_headers
@@ -26,6 +41,10 @@ _READ_BYTES = 1024 * 1024
 LISTENER_ATTEMPTS = 3
 """Consecutive failures of one catch-up before a listener is given up (and ``on_failure`` called)."""
 _RETRY_PAUSE_S = 0.05
+SYNC_DELIVERY_MAX_RECORDS = 64
+"""At most this many committed records (high watermark minus the cursor) are handed over in the driver's
+step by :meth:`ListenerSet.deliver_now`; a larger range goes to the listener's task, one batch per loop
+turn (a lone write's batch has a few records; bulk work's batches go the sliced way)."""
 
 
 class LazyRecords(Sequence[CommittedRecord]):
@@ -77,6 +96,43 @@ class LazyRecords(Sequence[CommittedRecord]):
         return iter(self._decoded())
 
 
+class BuiltRecords(Sequence[CommittedRecord]):
+    """The records of a batch this node built as leader, from the values it wrote (for
+    :meth:`ListenerSet.deliver_now`: nothing to read or decode; a :class:`CommittedRecord` each only on
+    first use)."""
+
+    __slots__ = ("_base", "_records", "_values")
+
+    def __init__(self, base_offset: int, values: Sequence[bytes]) -> None:
+        self._base = base_offset
+        self._values = values
+        self._records: list[CommittedRecord] | None = None
+
+    def offset_values(self) -> list[tuple[int, bytes]]:
+        """``(offset, value)`` of every record (:func:`kraft.raft.api.offset_values`)."""
+        return list(zip(range(self._base, self._base + len(self._values)), self._values, strict=True))
+
+    def _decoded(self) -> list[CommittedRecord]:
+        if self._records is None:
+            self._records = [CommittedRecord(offset, value) for offset, value in self.offset_values()]
+        return self._records
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> CommittedRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[CommittedRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> CommittedRecord | Sequence[CommittedRecord]:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[CommittedRecord]:
+        return iter(self._decoded())
+
+
 async def _next_turn() -> None:
     await asyncio.sleep(0)
 
@@ -114,6 +170,11 @@ class ListenerCursor:
     reported_leader: LeaderAndEpoch | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    commit_now: Callable[[CommittedBatch], bool] | None = None
+    """The listener's ``handle_commit_now`` (a :class:`~kraft.raft.api.CommitNowListener`), else None."""
+    idle: bool = False
+    """The task waits for its next wake-up and has nothing in hand: :meth:`ListenerSet.deliver_now` may
+    hand over batches meanwhile (its next catch-up starts from ``next_offset`` as they left it)."""
 
 
 class ListenerSet:
@@ -140,6 +201,8 @@ class ListenerSet:
         if any(cursor.listener is listener for cursor in self._cursors):
             return
         cursor = ListenerCursor(listener)
+        if isinstance(listener, CommitNowListener):
+            cursor.commit_now = listener.handle_commit_now
         cursor.task = asyncio.get_running_loop().create_task(self._run(cursor), name="raft-listener")
         self._cursors.append(cursor)
         cursor.wake.set()
@@ -155,6 +218,63 @@ class ListenerSet:
         for cursor in self._cursors:
             cursor.wake.set()
 
+    def deliver_now(self, built: Sequence[CommittedBatch]) -> None:
+        """The leader's high watermark rose: hand each idle :class:`~kraft.raft.api.CommitNowListener` the
+        newly committed batches now, in this step, if they are few (``SYNC_DELIVERY_MAX_RECORDS``), all in
+        ``built`` and it takes them all; wake the task of every other listener (and of one that did not
+        take everything) as :meth:`wake_all` does.
+
+        ``built``: batches the leader built and wrote to this log in offset order (from the values it
+        wrote: no log read, no decoding, nothing here does IO), possibly with gaps — a batch not in it
+        (a control batch, a big one, one from before this node led) ends the hand-over there, and the task
+        reads the rest from the log.  The same order as the task's: a leader change due is reported first
+        (by the task: this declines), batches go in offset order from the cursor, and a cursor is never
+        handed a batch while its task is inside a delivery."""
+        for cursor in self._cursors:
+            commit_now = cursor.commit_now
+            if commit_now is None or not cursor.idle or not self._deliver_now(cursor, commit_now, built):
+                cursor.wake.set()
+
+    def _deliver_now(
+        self,
+        cursor: ListenerCursor,
+        commit_now: Callable[[CommittedBatch], bool],
+        built: Sequence[CommittedBatch],
+    ) -> bool:
+        """Whether ``cursor`` is caught up with the high watermark after the batches handed over here (False:
+        its task has something left to do)."""
+        view = self._view()
+        high_watermark = view.high_watermark
+        start = cursor.next_offset
+        if (
+            start >= high_watermark
+            or high_watermark - start > SYNC_DELIVERY_MAX_RECORDS
+            or start < self._log.start_offset
+            or leader_change_due(view.leader, cursor.reported_leader, start, view.leader_epoch_start_offset)
+        ):
+            return False
+        try:
+            for batch in built:
+                if batch.last_offset < start:
+                    continue
+                if batch.base_offset != cursor.next_offset or batch.last_offset >= high_watermark:
+                    break  # a gap (the task reads it from the log), or not wholly committed yet
+                if not commit_now(batch):
+                    return False
+                cursor.next_offset = batch.last_offset + 1
+        except Exception:
+            # A listener that raises is the task's to handle: it delivers the same batch again, and gives
+            # the listener up after LISTENER_ATTEMPTS (fail-stop), as for any delivery.
+            self._log_struct.debug("listener_deliver_now_failed", next_offset=cursor.next_offset)
+            return False
+        if cursor.next_offset < high_watermark:
+            return False
+        # Becoming leader is reported once the batches before the epoch start are delivered: the task's.
+        view = self._view()
+        return not leader_change_due(
+            view.leader, cursor.reported_leader, cursor.next_offset, view.leader_epoch_start_offset
+        )
+
     async def close(self) -> None:
         tasks = [cursor.task for cursor in self._cursors if cursor.task is not None]
         self._cursors.clear()
@@ -168,7 +288,11 @@ class ListenerSet:
         failures = 0
         while True:
             if failures == 0:
-                await cursor.wake.wait()
+                cursor.idle = True
+                try:
+                    await cursor.wake.wait()
+                finally:
+                    cursor.idle = False
             cursor.wake.clear()
             try:
                 await self._catch_up(cursor)
