@@ -1,0 +1,143 @@
+"""How far each controller's replay lags the quorum's commits during and after bulk work (issue #17,
+session 16).
+
+A thread samples, every ``interval_s``, each controller's ``kraft_controller_last_applied_record_offset``
+(what its listener has replayed into its image) and ``kraft_raft_high_watermark`` (what it knows is
+committed) from its metrics endpoint, and its main thread's CPU ticks from ``/proc`` (the thread that
+replays).  :func:`summarize` turns the samples into, per node: the largest lag behind the active
+controller's high watermark (records), when the node's applied offset reached the active controller's
+high watermark at the end of the bulk phase (seconds after that end: the follower's catch-up, what a
+failover right then would first have to replay), and its main thread's busy share while it lagged — near
+1.0 is a replay bound by CPU, well below it a replay waiting (fetch, fsync, a core held by others).
+
+The scrape is a plain text read with two line lookups (no metric-family parsing: the harness's own
+loop shares this process's GIL with the simulated brokers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from bench import proc_cpu
+
+APPLIED = "kraft_controller_last_applied_record_offset"
+HIGH_WATERMARK = "kraft_raft_high_watermark"
+
+Sample = tuple[float, int, int, int]
+"""(monotonic s, applied offset, high watermark, main-thread CPU ticks); -1 where not read."""
+
+
+def gauge(text: str, name: str) -> int:
+    """The first sample of ``name`` in a Prometheus text page (labels ignored), -1 if absent."""
+    at = text.find("\n" + name)
+    while at >= 0:
+        line_end = text.find("\n", at + 1)
+        line = text[at + 1 : line_end if line_end >= 0 else len(text)]
+        rest = line[len(name) :]
+        if rest[:1] in ("{", " "):
+            try:
+                return int(float(line.rsplit(" ", 1)[1]))
+            except ValueError:
+                return -1
+        at = text.find("\n" + name, at + 1)
+    return -1
+
+
+def main_thread_ticks(pid: int | None) -> int:
+    if pid is None:
+        return -1
+    mark = proc_cpu.snapshot(pid)
+    if mark is None:
+        return -1
+    return mark.threads.get("main", (-1, 0))[0]
+
+
+class LagSampler:
+    """Samples every node's applied offset, high watermark and main-thread CPU on a thread of its own."""
+
+    def __init__(self, ports: Mapping[int, int], pids: Mapping[int, int | None], interval_s: float = 0.25):
+        self._ports = dict(ports)
+        self._pids = dict(pids)
+        self._interval_s = interval_s
+        self.samples: dict[int, list[Sample]] = {node: [] for node in self._ports}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replay-lag", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node, port in self._ports.items():
+                now = time.monotonic()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1.0) as response:
+                        text = "\n" + response.read().decode()
+                except OSError:
+                    continue
+                ticks = main_thread_ticks(self._pids.get(node))
+                self.samples[node].append((now, gauge(text, APPLIED), gauge(text, HIGH_WATERMARK), ticks))
+            self._stop.wait(self._interval_s)
+
+
+def summarize(
+    samples: Mapping[int, list[Sample]], leader: int, bulk_start: float, bulk_end: float, tick_s: float
+) -> dict[str, Any]:
+    """Per node: the largest lag behind the leader's high watermark (records, and when, s from the bulk
+    phase's start), when the node's applied offset reached the leader's high watermark at ``bulk_end``
+    (s after ``bulk_end``; None: not within the samples), the main thread's busy share from the bulk
+    phase's start to that catch-up, and a timeline in 0.5-s bins (s from the bulk start: applied,
+    the leader's high watermark)."""
+    leader_samples = samples.get(leader, [])
+
+    def leader_hwm(at: float) -> int:
+        best = -1
+        for when, _applied, hwm, _ticks in leader_samples:
+            if when > at:
+                break
+            best = hwm
+        return best
+
+    target = leader_hwm(bulk_end)
+    out: dict[str, Any] = {"leader": leader, "leader_hwm_at_bulk_end": target}
+    for node, every in samples.items():
+        rows = [row for row in every if row[0] >= bulk_start - 0.5]
+        if not rows:
+            continue
+        worst, worst_at = 0, 0.0
+        for when, applied, _hwm, _ticks in rows:
+            lag = leader_hwm(when) - applied
+            if applied >= 0 and lag > worst:
+                worst, worst_at = lag, when - bulk_start
+        caught: float | None = None
+        for when, applied, _hwm, _ticks in rows:
+            if when >= bulk_end and applied >= target >= 0:
+                caught = when
+                break
+        busy: float | None = None
+        end = caught if caught is not None else rows[-1][0]
+        inside = [row for row in rows if bulk_start <= row[0] <= end and row[3] >= 0]
+        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
+            busy = (inside[-1][3] - inside[0][3]) * tick_s / (inside[-1][0] - inside[0][0])
+        timeline: list[list[float]] = []
+        next_bin = bulk_start
+        for when, applied, _hwm, _ticks in rows:
+            if when >= next_bin:
+                timeline.append([round(when - bulk_start, 2), applied, leader_hwm(when)])
+                next_bin = when + 0.5
+        out[f"node-{node}"] = {
+            "max_lag_records": worst,
+            "max_lag_at_s": round(worst_at, 2),
+            "caught_up_after_bulk_s": None if caught is None else round(caught - bulk_end, 2),
+            "main_thread_busy_share": None if busy is None else round(busy, 2),
+            "timeline": timeline,
+        }
+    return out
