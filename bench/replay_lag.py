@@ -65,27 +65,36 @@ class LagSampler:
         self._interval_s = interval_s
         self.samples: dict[int, list[Sample]] = {node: [] for node in self._ports}
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="replay-lag", daemon=True)
+        # one thread per node: a node busy answering its scrape late does not delay the others' samples
+        self._threads = [
+            threading.Thread(target=self._run, args=(node,), name=f"replay-lag-{node}", daemon=True)
+            for node in self._ports
+        ]
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5.0)
+        for thread in self._threads:
+            thread.join(timeout=5.0)
 
-    def _run(self) -> None:
+    def _run(self, node: int) -> None:
+        url = f"http://127.0.0.1:{self._ports[node]}/metrics"
+        rows = self.samples[node]
         while not self._stop.is_set():
-            for node, port in self._ports.items():
-                now = time.monotonic()
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1.0) as response:
-                        text = "\n" + response.read().decode()
-                except OSError:
-                    continue
+            asked = time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as response:
+                    text = "\n" + response.read().decode()
+            except OSError:
+                text = ""
+            if text:
+                # stamped when the page was asked for: the gauges are at least that new
                 ticks = main_thread_ticks(self._pids.get(node))
-                self.samples[node].append((now, gauge(text, APPLIED), gauge(text, HIGH_WATERMARK), ticks))
-            self._stop.wait(self._interval_s)
+                rows.append((asked, gauge(text, APPLIED), gauge(text, HIGH_WATERMARK), ticks))
+            self._stop.wait(max(0.0, self._interval_s - (time.monotonic() - asked)))
 
 
 def summarize(
@@ -93,9 +102,10 @@ def summarize(
 ) -> dict[str, Any]:
     """Per node: the largest lag behind the leader's high watermark (records, and when, s from the bulk
     phase's start), when the node's applied offset reached the leader's high watermark at ``bulk_end``
-    (s after ``bulk_end``; None: not within the samples), the main thread's busy share from the bulk
-    phase's start to that catch-up, and a timeline in 0.5-s bins (s from the bulk start: applied,
-    the leader's high watermark)."""
+    (the first leader sample asked for after it; s after ``bulk_end``; None: not within the samples),
+    the main thread's busy share during the bulk phase and from its end to that catch-up, and a
+    timeline in 0.5-s bins (s from the bulk start: applied, the node's own high watermark, the
+    leader's)."""
     leader_samples = samples.get(leader, [])
 
     def leader_hwm(at: float) -> int:
@@ -106,8 +116,9 @@ def summarize(
             best = hwm
         return best
 
-    target = leader_hwm(bulk_end)
-    out: dict[str, Any] = {"leader": leader, "leader_hwm_at_bulk_end": target}
+    after_end = [hwm for when, _applied, hwm, _ticks in leader_samples if when >= bulk_end]
+    target = after_end[0] if after_end else -1
+    out: dict[str, Any] = {"leader": leader, "leader_hwm_after_bulk_end": target}
     for node, every in samples.items():
         rows = [row for row in every if row[0] >= bulk_start - 0.5]
         if not rows:
@@ -122,22 +133,29 @@ def summarize(
             if when >= bulk_end and applied >= target >= 0:
                 caught = when
                 break
-        busy: float | None = None
         end = caught if caught is not None else rows[-1][0]
-        inside = [row for row in rows if bulk_start <= row[0] <= end and row[3] >= 0]
-        if len(inside) >= 2 and inside[-1][0] > inside[0][0]:
-            busy = (inside[-1][3] - inside[0][3]) * tick_s / (inside[-1][0] - inside[0][0])
         timeline: list[list[float]] = []
         next_bin = bulk_start
-        for when, applied, _hwm, _ticks in rows:
+        for when, applied, hwm, _ticks in rows:
             if when >= next_bin:
-                timeline.append([round(when - bulk_start, 2), applied, leader_hwm(when)])
+                timeline.append([round(when - bulk_start, 2), applied, hwm, leader_hwm(when)])
                 next_bin = when + 0.5
         out[f"node-{node}"] = {
             "max_lag_records": worst,
             "max_lag_at_s": round(worst_at, 2),
             "caught_up_after_bulk_s": None if caught is None else round(caught - bulk_end, 2),
-            "main_thread_busy_share": None if busy is None else round(busy, 2),
+            "main_thread_busy_share": {
+                "bulk": busy_share(rows, bulk_start, bulk_end, tick_s),
+                "until_caught_up": busy_share(rows, bulk_end, end, tick_s),
+            },
             "timeline": timeline,
         }
     return out
+
+
+def busy_share(rows: list[Sample], start: float, end: float, tick_s: float) -> float | None:
+    """The main thread's CPU over the wall time between the first and last sample inside [start, end]."""
+    inside = [row for row in rows if start <= row[0] <= end and row[3] >= 0]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return None
+    return round((inside[-1][3] - inside[0][3]) * tick_s / (inside[-1][0] - inside[0][0]), 2)
