@@ -38,7 +38,8 @@ What is measured (results in ``bench/results/controller.json``):
 - **replay_lag** (session 16): each controller's applied offset against the active controller's high
   watermark, sampled every 250 ms from the bulk phase's start until the store saves were waited for
   (:mod:`bench.replay_lag`): the largest lag (records), when each node caught up with the high watermark
-  at the bulk phase's end (s after it), its main thread's busy share until then, a 0.5-s timeline.
+  at the bulk phase's end (s after it), its main thread's time running and waiting for a core (schedstat)
+  during the bulk phase and until then, a 0.5-s timeline.
 
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
@@ -711,9 +712,7 @@ async def cluster_benchmarks(
             )
             results["image_store_saves"]["waited_after_run_s"] = waited_s
             lag.stop()
-            results["replay_lag"] = summarize(
-                lag.samples, cluster.controller_id, bulk_start, bulk_end, proc_cpu.TICK_S
-            )
+            results["replay_lag"] = summarize(lag.samples, cluster.controller_id, bulk_start, bulk_end)
             if beats_out is not None:  # every heartbeat and client stall, for lining up with node logs
                 raw = {
                     "bulk": [bulk_start, bulk_end],
