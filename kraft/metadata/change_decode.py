@@ -239,7 +239,7 @@ def plain_partition(value: bytes) -> PlainPartition | None:
             stop = pos + size
             if stop > end:
                 return None
-            ids = _run_ids(value, pos, stop)
+            ids = _run_ids(value, pos, stop, False)
             if ids is None:
                 return None
             replicas = ids
@@ -260,7 +260,7 @@ def plain_partition(value: bytes) -> PlainPartition | None:
             if stop > pos and value[pos:stop] == value[replicas_at:replicas_end]:
                 isr = replicas  # a new partition's ISR is its replicas: the same bytes, read once
             else:
-                ids = _run_ids(value, pos, stop)
+                ids = _run_ids(value, pos, stop, False)
                 if ids is None:
                     return None
                 isr = ids
@@ -322,41 +322,44 @@ def _packed_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
     return _run_ids(value, pos, end)
 
 
-def _run_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
-    """The int32 ids of the packed run ``value[pos:end]`` (its length already read); None: upb's."""
+def _run_ids(value: bytes, pos: int, end: int, cached: bool = True) -> tuple[int, ...] | None:
+    """The int32 ids of the packed run ``value[pos:end]`` (its length already read); None: upb's.
+    ``cached``: look the run up in (and add it to) the cache of runs read — a shutdown's ISRs recur; a
+    CreateTopics' replica sets mostly do not, and the lookups and insertions cost it more than they save."""
     run = value[pos:end]
     if run.isascii():  # every id below 128, one byte each: one C call
         return tuple(run)
-    if not len(run) & 1:
-        # Every id in [128, 16384), two bytes each (a cluster of a thousand brokers: most replica sets):
-        # each first byte has its continuation bit, each second byte not — read pairwise, no loop.
-        # (A first byte without the bit would make a 1-byte id: then min() < 0x80 and the loop reads.)
-        highs = run[1::2]
-        if highs.isascii():
-            lows = run[::2]
-            if min(lows) >= 0x80:
-                return tuple([(low & 0x7F) | (high << 7) for low, high in zip(lows, highs, strict=True)])
-    known = _RUNS.get(run)  # the same few thousand ISRs recur across a shutdown's changes
-    if known is not None:
-        return known
-    ids: list[int] = []
-    append = ids.append
-    while pos < end:
-        byte = value[pos]
-        if byte < 0x80:
-            append(byte)
-            pos += 1
-        elif pos + 1 < end and value[pos + 1] < 0x80:
-            append((byte & 0x7F) | (value[pos + 1] << 7))
-            pos += 2
-        else:
-            number, pos = _long_varint(value, pos, end)
-            if pos == _BAD:
-                return None
-            append(_int32(number))
-    if len(_RUNS) >= _RUNS_MAX:
-        _RUNS.clear()  # (bounded: costs only the re-reading)
-    known = _RUNS[run] = tuple(ids)
+    if cached:
+        known = _RUNS.get(run)  # the same few thousand ISRs recur across a shutdown's changes
+        if known is not None:
+            return known
+    highs = run[1::2]
+    if not len(run) & 1 and highs.isascii() and min(lows := run[::2]) >= 0x80:
+        # Every id in [128, 16384), two bytes each (a cluster of a thousand brokers: most replica sets
+        # of a CreateTopics, each new): each first byte has its continuation bit, each second byte not,
+        # read pairwise, no loop.  (A first byte without the bit makes a 1-byte id: the loop reads.)
+        known = tuple([(low & 0x7F) | (high << 7) for low, high in zip(lows, highs, strict=True)])
+    else:
+        ids: list[int] = []
+        append = ids.append
+        while pos < end:
+            byte = value[pos]
+            if byte < 0x80:
+                append(byte)
+                pos += 1
+            elif pos + 1 < end and value[pos + 1] < 0x80:
+                append((byte & 0x7F) | (value[pos + 1] << 7))
+                pos += 2
+            else:
+                number, pos = _long_varint(value, pos, end)
+                if pos == _BAD:
+                    return None
+                append(_int32(number))
+        known = tuple(ids)
+    if cached:
+        if len(_RUNS) >= _RUNS_MAX:
+            _RUNS.clear()  # (bounded: costs only the re-reading)
+        _RUNS[run] = known
     return known
 
 
