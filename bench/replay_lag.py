@@ -1,14 +1,17 @@
 """How far each controller's replay lags the quorum's commits during and after bulk work (issue #17,
 session 16).
 
-A thread samples, every ``interval_s``, each controller's ``kraft_controller_last_applied_record_offset``
+A thread per controller samples, every ``interval_s``, its ``kraft_controller_last_applied_record_offset``
 (what its listener has replayed into its image) and ``kraft_raft_high_watermark`` (what it knows is
-committed) from its metrics endpoint, and its main thread's CPU ticks from ``/proc`` (the thread that
-replays).  :func:`summarize` turns the samples into, per node: the largest lag behind the active
-controller's high watermark (records), when the node's applied offset reached the active controller's
-high watermark at the end of the bulk phase (seconds after that end: the follower's catch-up, what a
-failover right then would first have to replay), and its main thread's busy share while it lagged — near
-1.0 is a replay bound by CPU, well below it a replay waiting (fetch, fsync, a core held by others).
+committed) from its metrics endpoint, and its main thread's ``/proc/PID/task/PID/schedstat`` (the thread
+that replays: ns run on a CPU, ns waiting on a run queue for one).  :func:`summarize` turns the samples
+into, per node: the largest lag behind the active controller's high watermark (records), when the node's
+applied offset reached the active controller's high watermark at the end of the bulk phase (seconds after
+that end: the follower's catch-up, what a failover right then would first have to replay), and its main
+thread's time split, during the bulk phase and from its end to that catch-up, into running, runnable but
+waiting for a core (``runqueue``), and the rest (sleeping: nothing to do, or waiting on the fetch, the
+fsync or the driver's turn).  A replay bound by its own CPU runs near 1.0; one starved of a core shows a
+large ``runqueue`` share; one held back by waits shows neither.
 
 The scrape is a plain text read with two line lookups (no metric-family parsing: the harness's own
 loop shares this process's GIL with the simulated brokers).
@@ -20,15 +23,15 @@ import threading
 import time
 import urllib.request
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
-
-from bench import proc_cpu
 
 APPLIED = "kraft_controller_last_applied_record_offset"
 HIGH_WATERMARK = "kraft_raft_high_watermark"
 
-Sample = tuple[float, int, int, int]
-"""(monotonic s, applied offset, high watermark, main-thread CPU ticks); -1 where not read."""
+Sample = tuple[float, int, int, int, int]
+"""(monotonic s, applied offset, high watermark, main thread's ns on a CPU, its ns waiting on a run queue);
+-1 where not read."""
 
 
 def gauge(text: str, name: str) -> int:
@@ -47,13 +50,15 @@ def gauge(text: str, name: str) -> int:
     return -1
 
 
-def main_thread_ticks(pid: int | None) -> int:
+def main_thread_schedstat(pid: int | None) -> tuple[int, int]:
+    """(ns run, ns waiting on a run queue) of ``pid``'s main thread; (-1, -1) if unreadable."""
     if pid is None:
-        return -1
-    mark = proc_cpu.snapshot(pid)
-    if mark is None:
-        return -1
-    return mark.threads.get("main", (-1, 0))[0]
+        return -1, -1
+    try:
+        run_ns, wait_ns, _slices = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return -1, -1
+    return int(run_ns), int(wait_ns)
 
 
 class LagSampler:
@@ -92,31 +97,32 @@ class LagSampler:
                 text = ""
             if text:
                 # stamped when the page was asked for: the gauges are at least that new
-                ticks = main_thread_ticks(self._pids.get(node))
-                rows.append((asked, gauge(text, APPLIED), gauge(text, HIGH_WATERMARK), ticks))
+                run_ns, wait_ns = main_thread_schedstat(self._pids.get(node))
+                rows.append((asked, gauge(text, APPLIED), gauge(text, HIGH_WATERMARK), run_ns, wait_ns))
             self._stop.wait(max(0.0, self._interval_s - (time.monotonic() - asked)))
 
 
 def summarize(
-    samples: Mapping[int, list[Sample]], leader: int, bulk_start: float, bulk_end: float, tick_s: float
+    samples: Mapping[int, list[Sample]], leader: int, bulk_start: float, bulk_end: float
 ) -> dict[str, Any]:
     """Per node: the largest lag behind the leader's high watermark (records, and when, s from the bulk
     phase's start), when the node's applied offset reached the leader's high watermark at ``bulk_end``
     (the first leader sample asked for after it; s after ``bulk_end``; None: not within the samples),
-    the main thread's busy share during the bulk phase and from its end to that catch-up, and a
+    the main thread's running and run-queue shares during the bulk phase and from its end to that
+    catch-up, and a
     timeline in 0.5-s bins (s from the bulk start: applied, the node's own high watermark, the
     leader's)."""
     leader_samples = samples.get(leader, [])
 
     def leader_hwm(at: float) -> int:
         best = -1
-        for when, _applied, hwm, _ticks in leader_samples:
+        for when, _applied, hwm, *_ in leader_samples:
             if when > at:
                 break
             best = hwm
         return best
 
-    after_end = [hwm for when, _applied, hwm, _ticks in leader_samples if when >= bulk_end]
+    after_end = [hwm for when, _applied, hwm, *_ in leader_samples if when >= bulk_end]
     target = after_end[0] if after_end else -1
     out: dict[str, Any] = {"leader": leader, "leader_hwm_after_bulk_end": target}
     for node, every in samples.items():
@@ -124,19 +130,20 @@ def summarize(
         if not rows:
             continue
         worst, worst_at = 0, 0.0
-        for when, applied, _hwm, _ticks in rows:
-            lag = leader_hwm(when) - applied
+        # (the applied offset is the last record's, the high watermark the offset after it: +1)
+        for when, applied, _hwm, *_ in rows:
+            lag = leader_hwm(when) - (applied + 1)
             if applied >= 0 and lag > worst:
                 worst, worst_at = lag, when - bulk_start
         caught: float | None = None
-        for when, applied, _hwm, _ticks in rows:
-            if when >= bulk_end and applied >= target >= 0:
+        for when, applied, _hwm, *_ in rows:
+            if when >= bulk_end and applied + 1 >= target >= 0:
                 caught = when
                 break
         end = caught if caught is not None else rows[-1][0]
         timeline: list[list[float]] = []
         next_bin = bulk_start
-        for when, applied, hwm, _ticks in rows:
+        for when, applied, hwm, *_ in rows:
             if when >= next_bin:
                 timeline.append([round(when - bulk_start, 2), applied, hwm, leader_hwm(when)])
                 next_bin = when + 0.5
@@ -144,18 +151,23 @@ def summarize(
             "max_lag_records": worst,
             "max_lag_at_s": round(worst_at, 2),
             "caught_up_after_bulk_s": None if caught is None else round(caught - bulk_end, 2),
-            "main_thread_busy_share": {
-                "bulk": busy_share(rows, bulk_start, bulk_end, tick_s),
-                "until_caught_up": busy_share(rows, bulk_end, end, tick_s),
+            "main_thread": {
+                "bulk": thread_shares(rows, bulk_start, bulk_end),
+                "until_caught_up": thread_shares(rows, bulk_end, end),
             },
             "timeline": timeline,
         }
     return out
 
 
-def busy_share(rows: list[Sample], start: float, end: float, tick_s: float) -> float | None:
-    """The main thread's CPU over the wall time between the first and last sample inside [start, end]."""
+def thread_shares(rows: list[Sample], start: float, end: float) -> dict[str, float] | None:
+    """The main thread's share of the wall time between the first and last sample inside [start, end]
+    spent running and waiting on a run queue (None: fewer than two samples there)."""
     inside = [row for row in rows if start <= row[0] <= end and row[3] >= 0]
     if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
         return None
-    return round((inside[-1][3] - inside[0][3]) * tick_s / (inside[-1][0] - inside[0][0]), 2)
+    wall_ns = (inside[-1][0] - inside[0][0]) * 1e9
+    return {
+        "running": round((inside[-1][3] - inside[0][3]) / wall_ns, 2),
+        "runqueue": round((inside[-1][4] - inside[0][4]) / wall_ns, 2),
+    }

@@ -21,17 +21,18 @@ def test_a_gauge_is_read_by_its_exact_name() -> None:
 
 def test_a_lagging_follower_is_summarized_against_the_leader() -> None:
     # leader 1 applies at once; follower 2 lags and catches up 1.6 s after the bulk phase's end (t=1.9)
-    leader = [(t / 2, 100 * t, 100 * t, 0, 0) for t in range(0, 9)]  # hwm 0..800, sampled every 0.5 s
-    leader += [(5.0, 800, 800, 0, 0)]
+    # applied: the last record's offset; the high watermark: the offset after it
+    leader = [(t / 2, 100 * t - 1, 100 * t, 0, 0) for t in range(0, 9)]  # hwm 0..800, every 0.5 s
+    leader += [(5.0, 799, 800, 0, 0)]
     ms = 1_000_000
     follower = [
-        (0.0, 0, 0, 0, 0),
-        (1.0, 50, 200, 250 * ms, 500 * ms),  # in the bulk phase's first 1 s: ran 0.25, queued 0.5
-        (2.0, 200, 400, 500 * ms, 600 * ms),
-        (2.5, 300, 500, 1000 * ms, 600 * ms),  # after the bulk phase: running all the time
-        (3.0, 390, 500, 1500 * ms, 600 * ms),
-        (3.5, 400, 500, 2000 * ms, 600 * ms),
-        (4.0, 800, 800, 2500 * ms, 600 * ms),
+        (0.0, -1, 0, 0, 0),
+        (1.0, 49, 200, 250 * ms, 500 * ms),  # in the bulk phase's first 1 s: ran 0.25, queued 0.5
+        (2.0, 199, 400, 500 * ms, 600 * ms),
+        (2.5, 299, 500, 1000 * ms, 600 * ms),  # after the bulk phase: running all the time
+        (3.0, 389, 500, 1500 * ms, 600 * ms),
+        (3.5, 399, 500, 2000 * ms, 600 * ms),
+        (4.0, 799, 800, 2500 * ms, 600 * ms),
     ]
     out = summarize({1: leader, 2: follower}, 1, 0.0, 1.9)
     # the leader's high watermark asked for first at or after the bulk phase's end: 400 (at t=2.0), not
@@ -45,4 +46,4 @@ def test_a_lagging_follower_is_summarized_against_the_leader() -> None:
         "until_caught_up": {"running": 1.0, "runqueue": 0.0},
     }
     assert out["node-1"]["max_lag_records"] == 0
-    assert out["node-1"]["caught_up_after_bulk_s"] == 0.1
+    assert out["node-1"]["caught_up_after_bulk_s"] == 0.1  # its first sample after the end: up to date
