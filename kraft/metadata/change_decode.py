@@ -1,4 +1,5 @@
-"""A leave-shaped PartitionChangeRecord's value bytes read straight into its fields, without protobuf.
+"""A leave-shaped PartitionChangeRecord's (and a new PartitionRecord's) value bytes read straight into
+their fields, without protobuf.
 
 Every follower controller and every broker replays each PartitionChangeRecord a controlled shutdown
 writes (~100,000 in a few seconds, issue #17).  Through upb that is a parse (~1.3 µs), the oneof's
@@ -11,6 +12,11 @@ anything else — another field set, an unknown field, a field twice or out of o
 non-ASCII topic id, a varint upb might read differently, a truncated or malformed byte — so the caller
 decodes that value through upb exactly as before (same record, or the same ``KraftError``).  Property-
 tested against upb in tests/unit/metadata/test_change_decode.py.
+
+The same holds for a new partition's PartitionRecord (session 16): every CreateTopics writes one per
+partition (100,000 in a bulk request) and every snapshot one per healthy partition, each replayed by every
+follower controller; :func:`plain_partition` reads its seven fields into a :data:`PlainPartition`
+(tests/unit/metadata/test_partition_decode.py).
 """
 
 from __future__ import annotations
