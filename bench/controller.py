@@ -35,6 +35,11 @@ What is measured (results in ``bench/results/controller.json``):
 - **image_store_saves** (session 16): every image-store save a controller logged (``image_store_saved``:
   those that waited for bulk work or wrote ≥ 10,000 rows) placed in the part of the bulk phase it started
   in (:mod:`bench.store_saves`): start, wall and SQLite-thread CPU ms, rows, why it ran then, its slot.
+- **replay_lag** (session 16): each controller's applied offset against the active controller's high
+  watermark, sampled every 250 ms from the bulk phase's start until the store saves were waited for
+  (:mod:`bench.replay_lag`): the largest lag (records), when each node caught up with the high watermark
+  at the bulk phase's end (s after it), its main thread's time running and waiting for a core (schedstat)
+  during the bulk phase and until then, a 0.5-s timeline.
 
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
@@ -91,6 +96,7 @@ from bench.controller_fleet import (
     run_loop,
 )
 from bench.cpu_probe import CpuProbe
+from bench.replay_lag import LagSampler, summarize
 from bench.store_saves import saves_by_phase, wait_for_saves
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
@@ -579,6 +585,12 @@ async def cluster_benchmarks(
                 one_fleet_end = time.monotonic()
                 before = await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
                 counters_before_bulk = await asyncio.to_thread(raft_counters, quorum)
+                # Session 16: each controller's replay against the commits, sampled through the bulk
+                # phase and after it (bench.replay_lag).
+                lag = LagSampler(
+                    quorum.metrics_ports, {node_id: node.pid for node_id, node in quorum.nodes.items()}
+                )
+                lag.start()
                 bulk_start = time.monotonic()
 
                 cpu_before = cpu_marks(quorum) if cpu else {}
@@ -702,6 +714,8 @@ async def cluster_benchmarks(
                 bulk_start,
             )
             results["image_store_saves"]["waited_after_run_s"] = waited_s
+            lag.stop()
+            results["replay_lag"] = summarize(lag.samples, cluster.controller_id, bulk_start, bulk_end)
             if beats_out is not None:  # every heartbeat and client stall, for lining up with node logs
                 raw = {
                     "bulk": [bulk_start, bulk_end],

@@ -1,4 +1,5 @@
-"""A leave-shaped PartitionChangeRecord's value bytes read straight into its fields, without protobuf.
+"""A leave-shaped PartitionChangeRecord's (and a new PartitionRecord's) value bytes read straight into
+their fields, without protobuf.
 
 Every follower controller and every broker replays each PartitionChangeRecord a controlled shutdown
 writes (~100,000 in a few seconds, issue #17).  Through upb that is a parse (~1.3 µs), the oneof's
@@ -11,6 +12,11 @@ anything else — another field set, an unknown field, a field twice or out of o
 non-ASCII topic id, a varint upb might read differently, a truncated or malformed byte — so the caller
 decodes that value through upb exactly as before (same record, or the same ``KraftError``).  Property-
 tested against upb in tests/unit/metadata/test_change_decode.py.
+
+The same holds for a new partition's PartitionRecord (session 16): every CreateTopics writes one per
+partition (100,000 in a bulk request) and every snapshot one per healthy partition, each replayed by every
+follower controller; :func:`plain_partition` reads its seven fields into a :data:`PlainPartition`
+(tests/unit/metadata/test_partition_decode.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ from kraft.v1 import metadata_pb2 as pb
 IsrLeaderChange = tuple[str, int, tuple[int, ...] | None, int | None]
 """``(topic id, partition id, ISR, leader)`` of a PartitionChangeRecord that sets nothing else; ``None``
 for a field the record leaves unchanged.  A plain tuple: building it costs far less than any class."""
+
+PlainPartition = tuple[str, int, tuple[int, ...], tuple[int, ...], int, int, int]
+"""``(topic id, partition id, replicas, ISR, leader, leader epoch, partition epoch)`` of a PartitionRecord
+that sets nothing else (no ELR, recovered, never unclean, no reassignment, no directories): every
+partition a CreateTopics or CreatePartitions writes.  Seven fields, where an :data:`IsrLeaderChange` has
+four: the replay tells them apart by length."""
 
 # The wire layout read below, checked against the compiled descriptor at import: a renumbered or retyped
 # field fails here, not as a record silently read with another meaning.
@@ -53,6 +65,30 @@ _TAG_TOPIC_ID: Final = (2 << 3) | 2
 _TAG_ISR: Final = (3 << 3) | 2
 _TAG_LEADER: Final = (4 << 3) | 0
 _TAG_IDS_PACKED: Final = (1 << 3) | 2
+
+# A PartitionRecord (api key 3) the same way: its MetadataRecord field, and the tags of the seven fields
+# a new partition's record sets (ids in packed runs of their own, no BrokerIdList wrapper).
+_PARTITION = pb.PartitionRecord.DESCRIPTOR.fields_by_name
+_PARTITION_EXPECTED: Final = {
+    "partition_id": (1, FieldDescriptor.TYPE_INT32),
+    "topic_id": (2, FieldDescriptor.TYPE_STRING),
+    "replicas": (3, FieldDescriptor.TYPE_INT32),
+    "isr": (4, FieldDescriptor.TYPE_INT32),
+    "leader": (7, FieldDescriptor.TYPE_INT32),
+    "leader_epoch": (9, FieldDescriptor.TYPE_INT32),
+    "partition_epoch": (10, FieldDescriptor.TYPE_INT32),
+}
+for _name, (_number, _type) in _PARTITION_EXPECTED.items():
+    assert (_PARTITION[_name].number, _PARTITION[_name].type) == (_number, _type), _name
+assert _PARTITION["replicas"].is_packed and _PARTITION["isr"].is_packed
+_PARTITION_FIELD = pb.MetadataRecord.DESCRIPTOR.fields_by_name["partition"].number
+assert _PARTITION_FIELD == ApiKey.PARTITION + 10
+_PARTITION_PREFIX: Final = bytes((FRAME_VERSION, ApiKey.PARTITION, 0, (_PARTITION_FIELD << 3) | 2))
+_TAG_REPLICAS: Final = (3 << 3) | 2
+_TAG_PARTITION_ISR: Final = (4 << 3) | 2
+_TAG_PARTITION_LEADER: Final = (7 << 3) | 0
+_TAG_LEADER_EPOCH: Final = (9 << 3) | 0
+_TAG_PARTITION_EPOCH: Final = (10 << 3) | 0
 
 _BAD: Final = -1
 # Packed id runs already read (exact bytes -> ids): a run is read the same every time, so this only saves
@@ -156,6 +192,114 @@ def isr_leader_change(value: bytes) -> IsrLeaderChange | None:
         return None
 
 
+def plain_partition(value: bytes) -> PlainPartition | None:
+    """The partition ``value`` registers if it is a PartitionRecord setting only its partition id, topic
+    id, replicas, ISR, leader, leader epoch and partition epoch (each at most once, in field order, ids
+    packed in one run); ``None`` for anything else, which the caller must decode through upb."""
+    if value[:4] != _PARTITION_PREFIX:
+        return None
+    end = len(value)
+    try:
+        size = value[4]
+        pos = 5
+        if size >= 0x80:
+            size, pos = _long_varint(value, 4, end)
+            if pos == _BAD:
+                return None
+        if pos + size != end:  # the record is exactly the rest: no second field, nothing after it
+            return None
+        # The same straight walk as isr_leader_change's: any other field (removing / adding replicas,
+        # recovery state, directories, ELR, last known ELR, unclean epoch, an unknown one), a field twice
+        # or out of order stops it short of ``end``, and upb reads the value.
+        tag = value[pos] if pos < end else 0
+        partition_id = 0
+        if tag == _TAG_PARTITION_ID:
+            partition_id, pos = _int32_at(value, pos + 1, end)
+            if pos == _BAD:
+                return None
+            tag = value[pos] if pos < end else 0
+        topic_id = ""
+        if tag == _TAG_TOPIC_ID:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
+                if pos == _BAD:
+                    return None
+            stop = pos + size
+            raw = value[pos:stop]
+            if stop > end or not raw.isascii():  # (ASCII: valid UTF-8 by any validator's rules)
+                return None
+            topic_id = raw.decode("ascii")
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        replicas: tuple[int, ...] = ()
+        replicas_at = replicas_end = 0
+        if tag == _TAG_REPLICAS:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
+                if pos == _BAD:
+                    return None
+            stop = pos + size
+            if stop > end:
+                return None
+            ids = _run_ids(value, pos, stop, False)
+            if ids is None:
+                return None
+            replicas = ids
+            replicas_at, replicas_end = pos, stop
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        isr: tuple[int, ...] = ()
+        if tag == _TAG_PARTITION_ISR:
+            size = value[pos + 1]
+            pos += 2
+            if size >= 0x80:
+                size, pos = _long_varint(value, pos - 1, end)
+                if pos == _BAD:
+                    return None
+            stop = pos + size
+            if stop > end:
+                return None
+            if stop > pos and value[pos:stop] == value[replicas_at:replicas_end]:
+                isr = replicas  # a new partition's ISR is its replicas: the same bytes, read once
+            else:
+                ids = _run_ids(value, pos, stop, False)
+                if ids is None:
+                    return None
+                isr = ids
+            pos = stop
+            tag = value[pos] if pos < end else 0
+        leader = 0
+        if tag == _TAG_PARTITION_LEADER:
+            if value[pos + 1 : pos + 11] == _MINUS_ONE:  # no leader (offline)
+                leader = -1
+                pos += 11
+            else:
+                leader, pos = _int32_at(value, pos + 1, end)
+                if pos == _BAD:
+                    return None
+            tag = value[pos] if pos < end else 0
+        leader_epoch = 0
+        if tag == _TAG_LEADER_EPOCH:
+            leader_epoch, pos = _int32_at(value, pos + 1, end)
+            if pos == _BAD:
+                return None
+            tag = value[pos] if pos < end else 0
+        partition_epoch = 0
+        if tag == _TAG_PARTITION_EPOCH:
+            partition_epoch, pos = _int32_at(value, pos + 1, end)
+            if pos == _BAD:
+                return None
+        if pos != end:
+            return None
+        return topic_id, partition_id, replicas, isr, leader, leader_epoch, partition_epoch
+    except IndexError:  # a length or varint running past the end: upb says how it is malformed
+        return None
+
+
 def _int32_at(value: bytes, pos: int, end: int) -> tuple[int, int]:
     """The int32 field value whose varint starts at ``pos``, and the position after it (``_BAD``: upb's)."""
     byte = value[pos]
@@ -181,47 +325,79 @@ def _packed_ids(value: bytes, pos: int, end: int) -> tuple[int, ...] | None:
             return None
     if pos + size != end:
         return None
+    return _run_ids(value, pos, end)
+
+
+def _run_ids(value: bytes, pos: int, end: int, cached: bool = True) -> tuple[int, ...] | None:
+    """The int32 ids of the packed run ``value[pos:end]`` (its length already read); None: upb's.
+    ``cached``: look the run up in (and add it to) the cache of runs read — a shutdown's ISRs recur; a
+    CreateTopics' replica sets mostly do not, and the lookups and insertions cost it more than they save."""
     run = value[pos:end]
     if run.isascii():  # every id below 128, one byte each: one C call
         return tuple(run)
-    known = _RUNS.get(run)  # the same few thousand ISRs recur across a shutdown's changes
-    if known is not None:
-        return known
-    ids: list[int] = []
-    append = ids.append
-    while pos < end:
-        byte = value[pos]
-        if byte < 0x80:
-            append(byte)
-            pos += 1
-        elif pos + 1 < end and value[pos + 1] < 0x80:
-            append((byte & 0x7F) | (value[pos + 1] << 7))
-            pos += 2
-        else:
-            number, pos = _long_varint(value, pos, end)
-            if pos == _BAD:
-                return None
-            append(_int32(number))
-    if len(_RUNS) >= _RUNS_MAX:
-        _RUNS.clear()  # (bounded: costs only the re-reading)
-    known = _RUNS[run] = tuple(ids)
+    if cached:
+        known = _RUNS.get(run)  # the same few thousand ISRs recur across a shutdown's changes
+        if known is not None:
+            return known
+    highs = run[1::2]
+    if not len(run) & 1 and highs.isascii() and min(lows := run[::2]) >= 0x80:
+        # Every id in [128, 16384), two bytes each (a cluster of a thousand brokers: most replica sets
+        # of a CreateTopics, each new): each first byte has its continuation bit, each second byte not,
+        # read pairwise, no loop.  (A first byte without the bit makes a 1-byte id: the loop reads.)
+        known = tuple([(low & 0x7F) | (high << 7) for low, high in zip(lows, highs, strict=True)])
+    else:
+        ids: list[int] = []
+        append = ids.append
+        while pos < end:
+            byte = value[pos]
+            if byte < 0x80:
+                append(byte)
+                pos += 1
+            elif pos + 1 < end and value[pos + 1] < 0x80:
+                append((byte & 0x7F) | (value[pos + 1] << 7))
+                pos += 2
+            else:
+                number, pos = _long_varint(value, pos, end)
+                if pos == _BAD:
+                    return None
+                append(_int32(number))
+        known = tuple(ids)
+    if cached:
+        if len(_RUNS) >= _RUNS_MAX:
+            _RUNS.clear()  # (bounded: costs only the re-reading)
+        _RUNS[run] = known
     return known
+
+
+ReplayRecord = pb.MetadataRecord | IsrLeaderChange | PlainPartition
+"""What :func:`decode_replay_values` yields."""
+_CHANGE_KEY: Final = bytes((ApiKey.PARTITION_CHANGE,))
+_PARTITION_KEY: Final = bytes((ApiKey.PARTITION,))
 
 
 def decode_replay_values(
     values: Iterable[bytes], on_error: Callable[[KraftError], None] | None = None
-) -> Iterator[pb.MetadataRecord | IsrLeaderChange]:
+) -> Iterator[ReplayRecord]:
     """:func:`kraft.metadata.records.decode_values` for replay (``MetadataDelta.replay_decoded_steps``):
     the same records and the same errors, except that a PartitionChangeRecord of the common shape comes
-    as an :data:`IsrLeaderChange` instead of a protobuf message."""
+    as an :data:`IsrLeaderChange` and a PartitionRecord of the common shape as a :data:`PlainPartition`
+    instead of a protobuf message."""
     headers = _SINGLE_BYTE_HEADERS
     parse = pb.MetadataRecord.FromString
     fast = isr_leader_change
+    plain = plain_partition
     for value in values:
-        change = fast(value)
-        if change is not None:
-            yield change
-            continue
+        api = value[1:2]
+        if api == _CHANGE_KEY:
+            change = fast(value)
+            if change is not None:
+                yield change
+                continue
+        elif api == _PARTITION_KEY:
+            partition = plain(value)
+            if partition is not None:
+                yield partition
+                continue
         # from here as decode_values: the header by table lookup, upb, and decode_value for the rest
         field = headers.get(value[:3])
         if field is not None:

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from kraft.clock import Clock, Deadline
 from kraft.errors import KraftError
 from kraft.metadata import records as rec
-from kraft.metadata.change_decode import IsrLeaderChange, decode_replay_values
+from kraft.metadata.change_decode import ReplayRecord, decode_replay_values
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.raft.api import CommittedBatch, RaftClient, offset_values
 from kraft.raft.listeners import LazyRecords
 from kraft.reaper import release_removed_topics
 from kraft.storage.batch import iter_batch_headers
-from kraft.v1 import metadata_pb2 as pb
 
 # Big batches are decoded and replayed at most this many records per loop turn (and for at most the
 # time budget, checked every REPLAY_PIECE_RECORDS), so heartbeats and Raft fetches get in meanwhile.
@@ -82,7 +81,7 @@ async def replay_batch(
             since_yield = 0
         piece = fresh[start : start + REPLAY_PIECE_RECORDS]
         since_yield += len(piece)
-        decoded: list[pb.MetadataRecord | IsrLeaderChange]
+        decoded: list[ReplayRecord]
         try:  # the bulk decoder first; a slice with a bad value is redone record by record
             decoded = list(decode_replay_values([value for _, value in piece]))
         except KraftError:

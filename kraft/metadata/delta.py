@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_records import acl_from_record
-from kraft.metadata.change_decode import IsrLeaderChange, decode_replay_values
+from kraft.metadata.change_decode import IsrLeaderChange, PlainPartition, ReplayRecord, decode_replay_values
 from kraft.metadata.chunked import CHUNK, ChunkedSequence, with_changes
 from kraft.metadata.election_config import MIN_INSYNC_REPLICAS
 from kraft.metadata.elr_holders import elr_holders_of, next_elr_holders_steps
@@ -557,26 +557,31 @@ class MetadataDelta:
                 _parted(topic)
         return True
 
-    def replay_decoded(self, records: Iterable[pb.MetadataRecord | IsrLeaderChange]) -> None:
+    def replay_decoded(self, records: Iterable[ReplayRecord]) -> None:
         """``replay(record)`` for each record, with partition records dispatched directly (the bulk of
         every big batch); offsets are the caller's to set."""
         for _ in self.replay_decoded_steps(records):
             pass
 
-    def replay_decoded_steps(self, records: Iterable[pb.MetadataRecord | IsrLeaderChange]) -> Iterator[int]:
+    def replay_decoded_steps(self, records: Iterable[ReplayRecord]) -> Iterator[int]:
         """:meth:`replay_decoded`, pausing inside a ClearElrRecord after every :data:`CLEAR_ELR_STEP`
         partitions it looks at (yielding that count, what the caller counts against its slice): one
         record may clear a topic of 100,000 partitions.  Found in the one dispatch every record gets
         anyway, so a batch without one costs no extra pass.  The delta must not be used otherwise until
         the iterator is exhausted.  ``records`` as :func:`~kraft.metadata.change_decode.decode_replay_values`
-        gives them: protobuf messages, and the common PartitionChangeRecords as plain tuples."""
+        gives them: protobuf messages, and the common PartitionChangeRecords and PartitionRecords as plain
+        tuples (four fields and seven)."""
         replay_partition = self._replay_partition
         replay_change = self._replay_partition_change
         replay_isr_leader = self._replay_isr_leader_change
+        replay_plain = self._replay_plain_partition
         handlers = _HANDLERS
         for record in records:
             if type(record) is tuple:
-                replay_isr_leader(record)
+                if len(record) == 4:
+                    replay_isr_leader(record)
+                else:
+                    replay_plain(record)
                 continue
             assert not isinstance(record, tuple)  # (for mypy: the check above is the fast one)
             kind = record.WhichOneof("record")
@@ -747,6 +752,29 @@ class MetadataDelta:
             topic.changed[partition_id] = PartitionRegistration(
                 replicas, isr, r.leader, r.leader_epoch, r.partition_epoch
             )
+        if partition_id >= topic.count:
+            topic.count = partition_id + 1
+            if partition_id >= _PARTED_FROM and type(topic.changed) is dict:
+                _parted(topic)
+
+    def _replay_plain_partition(self, record: PlainPartition) -> None:
+        """:meth:`_replay_partition` of a record read without protobuf (same registration, same errors):
+        a new partition's — no ELR, recovered, never unclean, nothing the registration does not hold."""
+        topic_id, partition_id, replicas, isr, leader, leader_epoch, partition_epoch = record
+        topic = self._last_topic
+        if topic is None or topic.topic_id != topic_id:
+            topic = self._last_topic = self._topics.get(topic_id) or self._topic_delta(topic_id)
+        if topic is None:
+            self.replay_errors.append(f"partition {partition_id} of unknown topic {topic_id}")
+            return
+        if partition_id > topic.count:
+            self.replay_errors.append(f"partition {partition_id} of {topic.name} skips ids ({topic.count})")
+            return
+        replicas = shared_ids(replicas)
+        # (an ISR equal to the replicas is their shared tuple either way: shared_ids just cached it)
+        topic.changed[partition_id] = PartitionRegistration(
+            replicas, replicas if isr == replicas else shared_ids(isr), leader, leader_epoch, partition_epoch
+        )
         if partition_id >= topic.count:
             topic.count = partition_id + 1
             if partition_id >= _PARTED_FROM and type(topic.changed) is dict:

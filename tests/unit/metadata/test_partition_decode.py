@@ -1,0 +1,287 @@
+"""``plain_partition``: a PartitionRecord's value bytes read without protobuf (session 16), against upb.
+Any value — what kraft writes (a new partition's seven fields, and each rarer field set), hand-built wire
+encodings upb also accepts (fields out of order or twice, unpacked or split ids, long and over-long
+varints, unknown fields, every wire type), random bytes, truncations — is either read to exactly upb's
+meaning, or left to upb (``None``), never read otherwise; and what it reads replays into the registration
+(and the errors) ``replay`` of the record gives."""
+
+from __future__ import annotations
+
+from google.protobuf.unknown_fields import UnknownFieldSet
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kraft.errors import KraftError
+from kraft.metadata import records
+from kraft.metadata.change_decode import PlainPartition, decode_replay_values, plain_partition
+from kraft.metadata.delta import MetadataDelta
+from kraft.metadata.image import MetadataImage
+from kraft.v1 import metadata_pb2 as pb
+
+_INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+_IDS = st.integers(min_value=-1, max_value=5) | st.integers(100, 20_000) | _INT32
+_ID_LISTS = st.lists(_IDS, max_size=5)
+_TOPIC_IDS = st.sampled_from(["T", "", "AAAAAAAAAAAAAAAAAAAAAA"]) | st.text(max_size=24)
+_COMMON = frozenset(
+    {"partition_id", "topic_id", "replicas", "isr", "leader", "leader_epoch", "partition_epoch"}
+)
+_RARE_LISTS = ("removing_replicas", "adding_replicas", "eligible_leader_replicas", "last_known_elr")
+_RARE_INTS = ("leader_recovery_state", "last_unclean_leader_epoch")
+_REPEATED_INTS = frozenset({3, 4, 5, 6, 12, 13})
+
+
+@st.composite
+def _partition_records(draw: st.DrawFn) -> pb.PartitionRecord:
+    """A partition as kraft writes them (its ISR often its replicas), in a third one rarer field too."""
+    replicas = draw(_ID_LISTS)
+    record = pb.PartitionRecord(
+        topic_id=draw(_TOPIC_IDS),
+        partition_id=draw(_INT32),
+        replicas=replicas,
+        isr=replicas if draw(st.booleans()) else draw(_ID_LISTS),
+        leader=draw(st.integers(min_value=-1, max_value=5) | _INT32),
+        leader_epoch=draw(st.integers(0, 3) | _INT32),
+        partition_epoch=draw(st.integers(0, 3) | _INT32),
+    )
+    if draw(st.integers(0, 2)) == 0:
+        field = draw(st.sampled_from((*_RARE_LISTS, *_RARE_INTS, "directories")))
+        if field in _RARE_INTS:
+            setattr(record, field, draw(_INT32))
+        elif field == "directories":
+            record.directories.extend(draw(st.lists(st.text(max_size=4), max_size=2)))
+        else:
+            getattr(record, field).extend(draw(_ID_LISTS))
+    return record
+
+
+def _varint(number: int, padding: int = 0) -> bytes:
+    """``number`` (≥ 0, any size) as a varint, with ``padding`` redundant zero groups."""
+    out = bytearray()
+    while number >= 0x80:
+        out.append(number & 0x7F | 0x80)
+        number >>= 7
+    out.append(number)
+    if padding:
+        out[-1] |= 0x80
+        out += b"\x80" * (padding - 1) + b"\x00"
+    return bytes(out)
+
+
+_RAW_NUMBERS = (
+    st.integers(0, 300)
+    | st.integers(128, 20_000)
+    | _INT32.map(lambda n: n & 0xFFFFFFFFFFFFFFFF)  # negatives as upb writes them: 10 bytes
+    | st.integers(0, 2**70)  # past 32 bits (truncated), past 64 bits (malformed)
+)
+
+
+@st.composite
+def _varints(draw: st.DrawFn) -> bytes:
+    return _varint(draw(_RAW_NUMBERS), draw(st.just(0) | st.integers(0, 4)))
+
+
+@st.composite
+def _wire_fields(draw: st.DrawFn) -> bytes:
+    """One field of a PartitionRecord as bytes: any number (known or not), any wire type; a repeated int
+    field packed (a run of varints) or unpacked (one varint)."""
+    number = draw(st.sampled_from([1, 2, 3, 4, 7, 9, 10]) | st.integers(1, 14) | st.just(100))
+    wire = draw(st.sampled_from([0, 2]) | st.integers(0, 7))
+    tag = _varint(number << 3 | wire)
+    if wire == 0:
+        return tag + draw(_varints())
+    if wire == 2:
+        if number in _REPEATED_INTS:
+            body = b"".join(draw(st.lists(_varints(), max_size=4)))
+        elif number in (2, 11):
+            body = draw(st.binary(max_size=8) | st.text(max_size=8).map(str.encode))
+        else:
+            body = draw(st.binary(max_size=8))
+        return tag + _varint(len(body)) + body
+    return tag + draw(st.binary(max_size=9))
+
+
+def _frame(payload: bytes, after: bytes = b"") -> bytes:
+    """The value of a MetadataRecord holding ``payload`` as its partition (then ``after``)."""
+    return b"\x01\x03\x00\x6a" + _varint(len(payload)) + payload + after
+
+
+@st.composite
+def _values(draw: st.DrawFn) -> bytes:
+    """What kraft writes, hand-built encodings, and each of them broken in some way."""
+    if draw(st.booleans()):
+        value = records.encode_value(records.wrap(draw(_partition_records())))
+    else:
+        # the seven fields in order (each maybe), or any fields in any order
+        if draw(st.booleans()):
+            payload = b""
+            for number in (1, 2, 3, 4, 7, 9, 10):
+                if draw(st.booleans()):
+                    wire = 2 if number in (2, 3, 4) else 0
+                    if wire == 2 and number != 2:
+                        body = b"".join(draw(st.lists(_varints(), max_size=4)))
+                        payload += bytes((number << 3 | 2,)) + _varint(len(body)) + body
+                    elif wire == 2:
+                        body = draw(st.text(max_size=8).map(str.encode))
+                        payload += b"\x12" + _varint(len(body)) + body
+                    else:
+                        payload += bytes((number << 3,)) + draw(_varints())
+        else:
+            payload = b"".join(draw(st.lists(_wire_fields(), max_size=7)))
+        after = draw(  # nothing; bytes; a second partition field (upb merges it); an unknown field
+            st.sampled_from([b"", b"\x6a\x00", b"\x6a\x02\x08\x01", b"\x20\x01"]) | st.binary(max_size=4)
+        )
+        value = _frame(payload, after)
+    how = draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended", "random"]))
+    if how == "truncated":
+        value = value[: draw(st.integers(0, len(value)))]
+    elif how == "byte":
+        at = draw(st.integers(0, len(value) - 1))
+        value = value[:at] + bytes([draw(st.integers(0, 255))]) + value[at + 1 :]
+    elif how == "inserted":
+        at = draw(st.integers(0, len(value)))
+        value = value[:at] + draw(st.binary(min_size=1, max_size=4)) + value[at:]
+    elif how == "appended":
+        value += draw(st.binary(min_size=1, max_size=4))
+    elif how == "random":
+        value = b"\x01\x03\x00\x6a" + draw(st.binary(max_size=30))
+    return value
+
+
+def _upb(value: bytes) -> pb.MetadataRecord | tuple[type[KraftError], object, str]:
+    try:
+        return records.decode_value(value)
+    except KraftError as exc:
+        return type(exc), exc.code, exc.message
+
+
+def _meaning(r: pb.PartitionRecord) -> PlainPartition:
+    return (
+        r.topic_id,
+        r.partition_id,
+        tuple(r.replicas),
+        tuple(r.isr),
+        r.leader,
+        r.leader_epoch,
+        r.partition_epoch,
+    )
+
+
+def _holds_only_the_common_fields(record: pb.MetadataRecord) -> bool:
+    """No field but the seven (none of them unknown to the schema) on the record."""
+    partition = record.partition
+    return (
+        {f.name for f, _ in partition.ListFields()} <= _COMMON
+        and not len(UnknownFieldSet(record))
+        and not len(UnknownFieldSet(partition))
+    )
+
+
+@settings(max_examples=3000)
+@given(_values())
+def test_a_value_is_read_as_upb_reads_it_or_left_to_upb(value: bytes) -> None:
+    partition = plain_partition(value)
+    general = _upb(value)
+    if partition is not None:
+        assert isinstance(general, pb.MetadataRecord), general
+        assert general.WhichOneof("record") == "partition"
+        assert _holds_only_the_common_fields(general)
+        assert partition == _meaning(general.partition)
+    # the replay decoder: the same record, or the same error, or the tuple read above
+    try:
+        got: object = list(decode_replay_values([value]))
+    except KraftError as exc:
+        got = (type(exc), exc.code, exc.message)
+    if partition is not None:
+        assert got == [partition]
+    elif isinstance(general, pb.MetadataRecord):
+        assert got == [general]
+    else:
+        assert got == general
+    errors: list[KraftError] = []
+    skipped = list(decode_replay_values([value], errors.append))
+    assert (skipped, len(errors)) == ((got, 0) if isinstance(got, list) else ([], 1))
+
+
+@settings(max_examples=300)
+@given(_partition_records())
+def test_every_new_partition_kraft_writes_is_read_without_upb(record: pb.PartitionRecord) -> None:
+    """(what keeps the fast path from quietly going unused: every CreateTopics / CreatePartitions record;
+    kraft's topic ids are ASCII, other ones are left to upb's UTF-8 check)"""
+    fields = {f.name for f, _ in record.ListFields()}
+    got = plain_partition(records.encode_value(records.wrap(record)))
+    if fields <= _COMMON and record.topic_id.isascii():
+        assert got == _meaning(record)
+    else:
+        assert got is None
+
+
+def test_a_created_partition_of_a_big_cluster() -> None:
+    """Ids past 127 (two bytes each), partition ids past 16,383 (three), leader -1 (ten)."""
+    record = pb.PartitionRecord(
+        topic_id="AAAAAAAAAAAAAAAAAAAAAA",
+        partition_id=70_000,
+        replicas=[999, 5, 1000],
+        isr=[999, 5, 1000],
+        leader=999,
+    )
+    value = records.encode_value(records.wrap(record))
+    assert plain_partition(value) == (
+        "AAAAAAAAAAAAAAAAAAAAAA",
+        70_000,
+        (999, 5, 1000),
+        (999, 5, 1000),
+        999,
+        0,
+        0,
+    )
+    offline = pb.PartitionRecord(topic_id="T", replicas=[2], leader=-1, leader_epoch=4, partition_epoch=9)
+    assert plain_partition(records.encode_value(records.wrap(offline))) == ("T", 0, (2,), (), -1, 4, 9)
+
+
+def _base_image() -> MetadataImage:
+    delta = MetadataDelta(MetadataImage.empty())
+    delta.replay(records.wrap(pb.TopicRecord(name="t", topic_id="T")), 1, 1)
+    return delta.apply()
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(["T", "U"]), st.integers(0, 3), st.data()), max_size=8))
+def test_a_partition_read_without_upb_replays_as_the_record_does(
+    partitions: list[tuple[str, int, st.DataObject]],
+) -> None:
+    """``replay_decoded`` of the tuples against ``replay`` of the decoded records: the same image (the ISR
+    the replicas' very tuple when equal) and the same errors (unknown topic U, a partition id skipping
+    ids); the tuples interleaved with protobuf records, as a batch replays them."""
+    base = _base_image()
+    direct, general = MetadataDelta(base), MetadataDelta(base)
+    values: list[bytes] = []
+    for topic_id, partition_id, data in partitions:
+        replicas = data.draw(st.lists(st.integers(0, 300), max_size=3))
+        record = pb.PartitionRecord(
+            topic_id=topic_id,
+            partition_id=partition_id,
+            replicas=replicas,
+            isr=replicas
+            if data.draw(st.booleans())
+            else data.draw(st.lists(st.integers(0, 300), max_size=3)),
+            leader=data.draw(st.integers(-1, 300)),
+            leader_epoch=data.draw(st.integers(0, 3)),
+            partition_epoch=data.draw(st.integers(0, 3)),
+        )
+        values.append(records.encode_value(records.wrap(record)))
+        if data.draw(st.booleans()):  # a record upb reads, between them
+            values.append(
+                records.encode_value(records.wrap(pb.FeatureLevelRecord(name="f", feature_level=1)))
+            )
+    decoded = list(decode_replay_values(values))
+    assert sum(type(one) is tuple for one in decoded) == len(partitions)
+    direct.replay_decoded(decoded)
+    for value in values:
+        general.replay(records.decode_value(value))
+    assert direct.replay_errors == general.replay_errors
+    got, expected = direct.apply(), general.apply()
+    assert got.topics_by_id == expected.topics_by_id
+    assert got.features == expected.features
+    for topic in got.topics_by_id.values():
+        for registration in topic.partitions:
+            assert (registration.isr is registration.replicas) == (registration.isr == registration.replicas)
