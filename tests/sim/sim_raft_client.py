@@ -372,12 +372,9 @@ class ListenerFeed:
                 continue
             if base >= view.high_watermark:
                 break
-            if (
-                batch_epoch == epoch
-                and len(values) <= SYNC_DELIVERY_MAX_RECORDS
-                and all(isinstance(v, bytes) for v in values)
-            ):
-                built.append(CommittedBatch(base, last, batch_epoch, BuiltRecords(base, values), 0))
+            records = [v for v in values if isinstance(v, bytes)]
+            if batch_epoch == epoch and len(records) == len(values) <= SYNC_DELIVERY_MAX_RECORDS:
+                built.append(CommittedBatch(base, last, batch_epoch, BuiltRecords(base, records), 0))
 
         def counted(batch: CommittedBatch) -> bool:
             taken = commit_now(batch)
