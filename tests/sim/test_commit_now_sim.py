@@ -39,11 +39,25 @@ def test_commits_go_synchronously_to_the_same_final_image() -> None:
 
 
 def test_a_fast_path_that_skips_the_image_fails_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Broken only where the driver (and now the feed) calls ``handle_commit_now`` directly, not where
+    ``handle_commit`` calls it: the simulation without the fast path cannot see it, with it it must."""
+    handle_commit, handle_commit_now = QuorumController.handle_commit, QuorumController.handle_commit_now
+    from_task: list[bool] = [False]
+
+    async def task_path(self: QuorumController, batch: CommittedBatch) -> None:
+        from_task[0] = True  # handle_commit calls handle_commit_now first, before it suspends
+        await handle_commit(self, batch)
+
     def claims_without_applying(self: QuorumController, batch: CommittedBatch) -> bool:
+        if from_task[0]:
+            from_task[0] = False
+            return handle_commit_now(self, batch)
         if batch.last_offset <= self.state.committed.offset:
             return True
         return self.writes.own_image(batch) is not None  # taken, but the image is never installed
 
+    monkeypatch.setattr(QuorumController, "handle_commit", task_path)
     monkeypatch.setattr(QuorumController, "handle_commit_now", claims_without_applying)
+    _final(commit_now=False)  # the break is out of the task path's reach
     with pytest.raises(InvariantViolation):
         _final(commit_now=True)
