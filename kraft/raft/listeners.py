@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import overload
+from typing import Protocol, overload
 
 from kraft.observability.logging import StructLogger
 from kraft.raft.api import (
@@ -177,6 +177,54 @@ class ListenerCursor:
     hand over batches meanwhile (its next catch-up starts from ``next_offset`` as they left it)."""
 
 
+class DeliveryCursor(Protocol):
+    """Where one listener stands: the next offset it is handed and the leader it was last told."""
+
+    next_offset: int
+    reported_leader: LeaderAndEpoch | None
+
+
+def hand_over_now(
+    cursor: DeliveryCursor,
+    commit_now: Callable[[CommittedBatch], bool],
+    built: Sequence[CommittedBatch],
+    view: Callable[[], CommitView],
+    log_start_offset: int,
+) -> bool:
+    """:meth:`ListenerSet.deliver_now`'s decision for one idle listener: hand ``commit_now`` the batches of
+    ``built`` from ``cursor.next_offset`` up to the high watermark, advancing the cursor past each it takes,
+    and say whether the cursor is caught up afterwards (False: its task has something left to do).  An
+    exception from ``commit_now`` propagates (the cursor stays past the batches taken before it).
+
+    The one statement of the rule: :class:`ListenerSet` and the controller simulation's listener feed
+    (tests/sim/sim_raft_client.py) both ask it, so the simulation takes the driver's fast path."""
+    current = view()
+    high_watermark = current.high_watermark
+    start = cursor.next_offset
+    if (
+        start >= high_watermark
+        or high_watermark - start > SYNC_DELIVERY_MAX_RECORDS
+        or start < log_start_offset
+        or leader_change_due(current.leader, cursor.reported_leader, start, current.leader_epoch_start_offset)
+    ):
+        return False
+    for batch in built:
+        if batch.last_offset < start:
+            continue
+        if batch.base_offset != cursor.next_offset or batch.last_offset >= high_watermark:
+            break  # a gap (the task reads it from the log), or not wholly committed yet
+        if not commit_now(batch):
+            return False
+        cursor.next_offset = batch.last_offset + 1
+    if cursor.next_offset < high_watermark:
+        return False
+    # Becoming leader is reported once the batches before the epoch start are delivered: the task's.
+    current = view()
+    return not leader_change_due(
+        current.leader, cursor.reported_leader, cursor.next_offset, current.leader_epoch_start_offset
+    )
+
+
 class ListenerSet:
     def __init__(
         self,
@@ -243,37 +291,13 @@ class ListenerSet:
     ) -> bool:
         """Whether ``cursor`` is caught up with the high watermark after the batches handed over here (False:
         its task has something left to do)."""
-        view = self._view()
-        high_watermark = view.high_watermark
-        start = cursor.next_offset
-        if (
-            start >= high_watermark
-            or high_watermark - start > SYNC_DELIVERY_MAX_RECORDS
-            or start < self._log.start_offset
-            or leader_change_due(view.leader, cursor.reported_leader, start, view.leader_epoch_start_offset)
-        ):
-            return False
         try:
-            for batch in built:
-                if batch.last_offset < start:
-                    continue
-                if batch.base_offset != cursor.next_offset or batch.last_offset >= high_watermark:
-                    break  # a gap (the task reads it from the log), or not wholly committed yet
-                if not commit_now(batch):
-                    return False
-                cursor.next_offset = batch.last_offset + 1
+            return hand_over_now(cursor, commit_now, built, self._view, self._log.start_offset)
         except Exception:
             # A listener that raises is the task's to handle: it delivers the same batch again, and gives
             # the listener up after LISTENER_ATTEMPTS (fail-stop), as for any delivery.
             self._log_struct.debug("listener_deliver_now_failed", next_offset=cursor.next_offset)
             return False
-        if cursor.next_offset < high_watermark:
-            return False
-        # Becoming leader is reported once the batches before the epoch start are delivered: the task's.
-        view = self._view()
-        return not leader_change_due(
-            view.leader, cursor.reported_leader, cursor.next_offset, view.leader_epoch_start_offset
-        )
 
     async def close(self) -> None:
         tasks = [cursor.task for cursor in self._cursors if cursor.task is not None]

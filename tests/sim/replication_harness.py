@@ -426,7 +426,7 @@ class ControllerQuorum(ControllerSimulation):
 
     def _start_controller(self, node_id: int) -> None:
         node = self.nodes[node_id]
-        raft = SimRaftClient(node, self._note_fencing_decisions)
+        raft = SimRaftClient(node, self._note_fencing_decisions, commit_now=self.commit_now)
         controller = QuorumController(
             raft, CLUSTER, {}, self.options, clock=self.clock, new_topic_id=lambda: TOPIC_ID
         )

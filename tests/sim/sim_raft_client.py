@@ -27,6 +27,7 @@ from typing import Any
 
 from kraft.clock import ManualClock
 from kraft.raft.api import (
+    CommitNowListener,
     CommittedBatch,
     CommittedRecord,
     CommittedSlice,
@@ -39,7 +40,13 @@ from kraft.raft.api import (
     SnapshotWriter,
 )
 from kraft.raft.executor import OutputPorts
-from kraft.raft.listeners import leader_change_due
+from kraft.raft.listeners import (
+    SYNC_DELIVERY_MAX_RECORDS,
+    BuiltRecords,
+    CommitView,
+    hand_over_now,
+    leader_change_due,
+)
 from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
 from sim.harness import InvariantViolation, SimNode
 
@@ -118,10 +125,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 
 class SimRaftClient:
-    def __init__(self, node: SimNode, on_append: Callable[[int, Sequence[bytes]], None]) -> None:
+    def __init__(
+        self, node: SimNode, on_append: Callable[[int, Sequence[bytes]], None], *, commit_now: bool = True
+    ) -> None:
+        """``commit_now``: as the driver, hand a few committed batches to an idle
+        :class:`~kraft.raft.api.CommitNowListener` in the step a leader's high watermark passes them
+        (:class:`ListenerFeed`); False: every batch through its listener's task."""
         self._node = node
         self._on_append = on_append
+        self._commit_now = commit_now
         self._feeds: dict[int, ListenerFeed] = {}
+        self._committed_now_closed = 0
         self.resignations = 0
         # confirm_leadership() callers by (node incarnation, round): a restarted core counts rounds
         # from 1 again, so a round id alone could match a waiter of the incarnation before.
@@ -151,6 +165,11 @@ class SimRaftClient:
                 if not future.done():
                     future.set_exception(error)
 
+    @property
+    def committed_now(self) -> int:
+        """Batches its listeners took synchronously (``handle_commit_now``), closed listeners included."""
+        return self._committed_now_closed + sum(feed.committed_now for feed in self._feeds.values())
+
     def pump(self) -> None:
         """Hand every listener what its node has committed and its leader changes (after every event)."""
         for feed in self._feeds.values():
@@ -179,13 +198,14 @@ class SimRaftClient:
         return core.next_append_offset
 
     def register_listener(self, listener: RaftListener) -> None:
-        feed = ListenerFeed(self._node, listener)
+        feed = ListenerFeed(self._node, listener, commit_now=self._commit_now)
         self._feeds[id(listener)] = feed
         feed.pump()
 
     def unregister_listener(self, listener: RaftListener) -> None:
         feed = self._feeds.pop(id(listener), None)
         if feed is not None:
+            self._committed_now_closed += feed.committed_now
             feed.close()
 
     def schedule_append(self, records: Sequence[bytes], *, hold: bool = False) -> int:
@@ -277,18 +297,32 @@ class SimRaftClient:
 
     async def shutdown(self, timeout_ms: int) -> None:
         for feed in self._feeds.values():
+            self._committed_now_closed += feed.committed_now
             feed.close()
         self._feeds.clear()
 
 
 class ListenerFeed:
-    """One listener's cursor over its node's committed batches (the simulation's ``ListenerSet``)."""
+    """One listener's cursor over its node's committed batches (the simulation's ``ListenerSet``).
 
-    def __init__(self, node: SimNode, listener: RaftListener) -> None:
+    As the driver does, a leader whose high watermark rose hands a few newly committed batches it built to
+    an idle :class:`~kraft.raft.api.CommitNowListener` in the same step (``pump``, between two simulation
+    events, before the loop runs), asking :func:`~kraft.raft.listeners.hand_over_now` — the rule
+    ``ListenerSet.deliver_now`` follows; whatever it does not take goes through the feed's task as before.
+    ``commit_now=False`` leaves the fast path out (every batch through ``handle_commit``)."""
+
+    def __init__(self, node: SimNode, listener: RaftListener, *, commit_now: bool = True) -> None:
         self._node = node
         self._listener = listener
         self.next_offset = 0
-        self._reported: LeaderAndEpoch | None = None
+        self.reported_leader: LeaderAndEpoch | None = None
+        self._commit_now = (
+            listener.handle_commit_now if commit_now and isinstance(listener, CommitNowListener) else None
+        )
+        self._seen_high_watermark = 0
+        self.committed_now = 0
+        """Batches handed over synchronously (``handle_commit_now`` took them)."""
+        self._idle = False
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._feed())
 
@@ -298,6 +332,10 @@ class ListenerFeed:
             return
         leader = core.leader_and_epoch
         epoch_start = core.epoch_start_offset if core.is_leader else -1
+        rose = node.applied_end > self._seen_high_watermark
+        self._seen_high_watermark = node.applied_end
+        if rose and core.is_leader and self._commit_now is not None and self._idle and self._queue.empty():
+            self._hand_over_now(core.epoch, CommitView(node.applied_end, leader, epoch_start))
         self._maybe_report(leader, epoch_start)
         log = node.log
         index = max(0, bisect.bisect_right(log.bases, self.next_offset) - 1)
@@ -318,10 +356,39 @@ class ListenerFeed:
             self.next_offset = last + 1
         self._maybe_report(leader, epoch_start)
 
+    def _hand_over_now(self, epoch: int, view: CommitView) -> None:
+        """The driver's ``_on_high_watermark`` on a leader: ``ListenerSet.deliver_now`` over the batches
+        this leader built (its own epoch's record batches of at most ``SYNC_DELIVERY_MAX_RECORDS`` records,
+        as ``RaftDriver._remember_built`` keeps them) from the cursor up to the high watermark."""
+        commit_now = self._commit_now
+        assert commit_now is not None
+        log = self._node.log
+        built: list[CommittedBatch] = []
+        index = max(0, bisect.bisect_right(log.bases, self.next_offset) - 1)
+        while index < len(log.batches):
+            base, last, batch_epoch, values = log.batches[index]
+            index += 1
+            if last < self.next_offset:
+                continue
+            if base >= view.high_watermark:
+                break
+            records = [v for v in values if isinstance(v, bytes)]
+            if batch_epoch == epoch and len(records) == len(values) <= SYNC_DELIVERY_MAX_RECORDS:
+                built.append(CommittedBatch(base, last, batch_epoch, BuiltRecords(base, records), 0))
+
+        def counted(batch: CommittedBatch) -> bool:
+            taken = commit_now(batch)
+            self.committed_now += taken
+            return taken
+
+        # An exception is the task's to handle in the driver (it delivers the same batch again): here it
+        # fails the simulation, as any listener error does.
+        hand_over_now(self, counted, built, lambda: view, log.start_offset)
+
     def _maybe_report(self, leader: LeaderAndEpoch, epoch_start: int) -> None:
-        if not leader_change_due(leader, self._reported, self.next_offset, epoch_start):
+        if not leader_change_due(leader, self.reported_leader, self.next_offset, epoch_start):
             return
-        self._reported = leader
+        self.reported_leader = leader
         self._queue.put_nowait(leader)
 
     def close(self) -> None:
@@ -329,7 +396,11 @@ class ListenerFeed:
 
     async def _feed(self) -> None:
         while True:
-            item = await self._queue.get()
+            self._idle = True
+            try:
+                item = await self._queue.get()
+            finally:
+                self._idle = False
             if isinstance(item, CommittedBatch):
                 await self._listener.handle_commit(item)
             elif isinstance(item, LoadedSnapshot):

@@ -102,9 +102,13 @@ class NodeController:
 
 
 class ControllerSimulation(Simulation):
-    def __init__(self, seed: int, brokers: int = 4) -> None:
+    def __init__(self, seed: int, brokers: int = 4, *, commit_now: bool = True) -> None:
+        """``commit_now``: each leader hands a few committed batches to its controller in the step they
+        commit (``handle_commit_now``), as the driver does; False: all through ``handle_commit``."""
         super().__init__(seed, voters=3)
         self.clock = ManualClock()
+        self.commit_now = commit_now
+        self._committed_now_stopped = 0
         self.controllers: dict[int, NodeController] = {}
         self.paused: set[int] = set()
         self._held: list[tuple[bool, Callable[[], None]]] = []
@@ -121,6 +125,11 @@ class ControllerSimulation(Simulation):
         self._wakeups: set[int] = set()
         self._fencing_checked: dict[int, int] = {}
         self._syncing = False
+
+    @property
+    def committed_now(self) -> int:
+        """Batches the controllers took synchronously (``handle_commit_now``), stopped ones included."""
+        return self._committed_now_stopped + sum(e.raft.committed_now for e in self.controllers.values())
 
     def close(self) -> None:
         self.paused.clear()
@@ -217,7 +226,7 @@ class ControllerSimulation(Simulation):
 
     def _start_controller(self, node_id: int) -> None:
         node = self.nodes[node_id]
-        raft = SimRaftClient(node, self._note_fencing_decisions)
+        raft = SimRaftClient(node, self._note_fencing_decisions, commit_now=self.commit_now)
         controller = QuorumController(
             raft, CLUSTER, {}, OPTIONS, clock=self.clock, new_topic_id=lambda: next(self._topic_ids)
         )
@@ -231,6 +240,7 @@ class ControllerSimulation(Simulation):
         entry.loop.run_until_complete(entry.controller.stop())
         entry.loop.run_ready()
         entry.loop.close()
+        self._committed_now_stopped += entry.raft.committed_now
 
     def _schedule_wakeup(self) -> None:
         """An event at the loop's next timer, so controller timers fire at their exact virtual time."""
@@ -423,7 +433,12 @@ class ControllerSimulation(Simulation):
 
 
 def _started(seed: int, brokers: int = 4) -> ControllerSimulation:
-    sim = ControllerSimulation(seed, brokers)
+    return start_simulation(ControllerSimulation(seed, brokers))
+
+
+def start_simulation(sim: ControllerSimulation) -> ControllerSimulation:
+    """Start the controllers, wait for an active one, then start the brokers and wait until all are
+    active."""
     sim.start_all()
     sim.run_until_condition(
         lambda: sim.active_controller() is not None, BOUND_MS, "the first active controller"
