@@ -18,28 +18,14 @@ from typing import Any, NoReturn
 
 import grpc
 import pytest
+from test_cli_usage import invoke
 
-import kraft.cli.main as cli_main
 from kraft.cli.common import DEFAULT_REQUEST_TIMEOUT_MS, apply_command_config, request_timeout_s
 from kraft.errors import ErrorCode
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
 
 HELD_AT_MOST_S = 30.0  # a black hole's handler lets go by then even if the test forgot to release it
-
-
-@dataclass(frozen=True)
-class Outcome:
-    code: int
-    out: str
-    err: str
-
-
-def invoke(capsys: pytest.CaptureFixture[str], *args: str) -> Outcome:
-    capsys.readouterr()
-    code = cli_main.run(list(args))
-    captured = capsys.readouterr()
-    return Outcome(code, captured.out, captured.err)
 
 
 class _Live(controller_pb2_grpc.ControllerServiceServicer):
