@@ -623,7 +623,7 @@ class NodeConfig(BaseModel):
     # much longer per slot: followers 0 and 1, the active controller 2 (kraft.metadata.store_writer; 0 = each
     # saves once its log is quiet, as in session 15).
     controller_image_store_bulk_save_stagger_ms: NonNegative = _key(
-        "controller.image.store.bulk.save.stagger.ms", default=1_000
+        "controller.image.store.bulk.save.stagger.ms", default=3_000
     )
     # Intake processes (issue #17): this many child processes bind the controller's port too (SO_REUSEPORT),
     # take the connections the kernel gives them, batch TestAppend calls and proxy everything else to the

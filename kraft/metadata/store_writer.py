@@ -51,9 +51,13 @@ STORE_MAX_DEFER_MS = 10_000
 """The longest a save waits for bulk work to end, from the last save's start, by default
 (``controller.image.store.bulk.defer.max.ms``; 0 = saves never wait)."""
 
-STORE_BULK_STAGGER_MS = 1_000
+STORE_BULK_STAGGER_MS = 3_000
 """After bulk work, how much longer each later slot's save waits for the log to stay quiet, by default
-(``controller.image.store.bulk.save.stagger.ms``; 0 = every controller saves once its log is quiet)."""
+(``controller.image.store.bulk.save.stagger.ms``; 0 = every controller saves once its log is quiet).  Longer
+than one large save takes (~1.4-2.4 s of wall time for ~220,000 rows on 2 cores): each slot counts from its
+own node's quiet, and a follower's quiet comes 0-1 s after the leader's, so with 1,000 ms the three saves
+still overlapped in 5 of 5 end-to-end runs (after-bulk heartbeat p99 71-111 ms); with 3,000 they ran one
+after another in 2 of 2 (5.7-7.2 ms).  raft-performance.md, "End to end after session 16"."""
 STORE_LEADER_SLOT = 2
 """The active controller's slot: after both followers of a 3-voter quorum (slots 0 and 1)."""
 SAVE_LOG_ROWS = 10_000

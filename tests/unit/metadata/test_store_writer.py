@@ -220,7 +220,8 @@ async def test_the_cap_during_a_long_stream_is_staggered_too(
         async with running_writer(tmp_path / str(slot), monkeypatch, slot=slot) as harness:
             await harness.step(10)
             started_ms = harness.saves[0][0]
-            await harness.run(STORE_MAX_DEFER_MS + 4_000, BULK)
+            # long enough for the last slot's staggered cap, and not for a third save
+            await harness.run(STORE_MAX_DEFER_MS + STORE_LEADER_SLOT * STORE_BULK_STAGGER_MS + 2_000, BULK)
             assert len(harness.saves) == 2, harness.saves
             firsts.append(harness.saves[1][0] - started_ms)
     for slot, waited_ms in enumerate(firsts):
