@@ -316,9 +316,13 @@ def test_many_brokers_heartbeats_and_concurrent_create_topics_go_through_intake_
     if not batched:  # the switch off: every call proxied on its own, answered the same
         assert (batches, calls) == (0, 0), stopped
         return
-    # every heartbeat (>= 2 per broker) and CreateTopics crossed a CallBatch; concurrent ones shared them
+    # every heartbeat (>= 2 per broker) and CreateTopics crossed a CallBatch.  Whether two of them share one
+    # is timing, not behaviour: a batch is one loop turn's calls, and grpc.aio hands the intake process few
+    # new calls per turn, so on a quiet host every call can land in a turn of its own (93 calls in 93 batches,
+    # session 16's full run).  That calls of one turn share a batch is pinned deterministically by
+    # tests/unit/metadata/test_intake_batch.py (test_calls_of_one_turn_go_as_one_message_...).
     assert calls >= MANY_BROKERS * 2 + BATCHED_TOPICS, stopped
-    assert batches < calls, stopped
+    assert 1 <= batches <= calls, stopped
     assert "intake_counters_not_reported" not in log, node.log_tail(40)
 
 
