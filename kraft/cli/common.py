@@ -179,6 +179,16 @@ def admin_client(bootstrap: str, timeout_s: float, verbose: bool = False) -> Adm
     )
 
 
+def bootstrap_targets(bootstrap: str, option: str = "--bootstrap-controller") -> list[str]:
+    """The gRPC targets of ``bootstrap`` rotated to start at :func:`bootstrap_start`'s index (their order
+    otherwise kept): for the commands whose client asks its list in order — ``quorum describe|add-controller|
+    remove-controller``, ``produce``, ``consume``, ``offsets``, ``log-dirs`` — the random start
+    :func:`admin_client` gives the admin commands."""
+    targets = [hp.target for hp in parse_bootstrap(bootstrap, option)]
+    start = bootstrap_start(len(targets))
+    return targets[start:] + targets[:start]
+
+
 def bootstrap_start(count: int) -> int:
     """The index of the bootstrap address an admin command asks first: random (:func:`admin_client`).
     Tests pin it (``monkeypatch.setattr(common, "bootstrap_start", …)``) or seed :data:`BOOTSTRAP_RANDOM`."""

@@ -26,7 +26,7 @@ from kraft.client.properties import ClientConfig, parse_client_config
 from kraft.cluster.manager import LocalCluster
 from kraft.config import ConfigError
 from kraft.v1 import controller_pb2 as cpb
-from kraft.v1 import controller_pb2_grpc
+from kraft.v1 import controller_pb2_grpc, raft_pb2, raft_pb2_grpc
 
 
 @pytest.fixture(autouse=True)
@@ -203,3 +203,45 @@ def test_the_first_bootstrap_address_is_drawn_from_the_random_source(
         assert invoke(capsys, "topic", "list", "--bootstrap-controller", bootstrap, "--json").code == 0
         asked.append(0 if first.received > before[0] else 1)
     assert asked == expected
+
+
+def test_bootstrap_targets_start_where_bootstrap_start_says_and_keep_the_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 2)
+    assert common.bootstrap_targets("a:1,b:2,c:3") == ["c:3", "a:1", "b:2"]
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 0)
+    assert common.bootstrap_targets("a:1,b:2,c:3") == ["a:1", "b:2", "c:3"]
+
+
+class _Leader(raft_pb2_grpc.RaftServiceServicer):
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.received = 0
+
+    def DescribeQuorum(
+        self, request: raft_pb2.DescribeQuorumRequest, context: Any
+    ) -> raft_pb2.DescribeQuorumResponse:
+        self.received += 1
+        return raft_pb2.DescribeQuorumResponse(leader_id=self.node_id, leader_epoch=1, cluster_id="kc")
+
+
+def test_quorum_describe_starts_at_the_address_bootstrap_start_picks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leaders, servers, targets = [_Leader(1), _Leader(2)], [], []  # type: ignore[abstract]
+    for servicer in leaders:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        raft_pb2_grpc.add_RaftServiceServicer_to_server(servicer, server)
+        targets.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+        server.start()
+        servers.append(server)
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 1)
+    try:
+        argv = ["quorum", "describe", "--bootstrap-controller", ",".join(targets), "--replication", "--json"]
+        outcome = invoke(capsys, *argv)
+    finally:
+        for server in servers:
+            server.stop(None)
+    assert outcome.code == 0, outcome
+    assert [leader.received for leader in leaders] == [0, 1]
