@@ -24,16 +24,14 @@ from kraft.cli.common import (
     JsonOption,
     OptionalBootstrapControllerOption,
     TimeoutOption,
+    admin_client,
     bootstrap_from,
     handle_errors,
-    parse_bootstrap,
     print_json,
     print_table,
-    request_timeout_s,
     run_async,
 )
 from kraft.client.admin import AdminClient
-from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.metadata.acl_control import binding_of, filter_of
 from kraft.security.acl import (
@@ -83,8 +81,7 @@ HostOption = Annotated[str | None, typer.Option("--host", help="Client address t
 
 
 def _client(bootstrap: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
-    targets = [hp.target for hp in parse_bootstrap(bootstrap)]
-    return AdminClient(targets, timeout_s, request_timeout_s(), clock=SystemClock())
+    return admin_client(bootstrap, timeout_s)
 
 
 def resources(

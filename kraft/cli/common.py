@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import random
 import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
@@ -18,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any, NoReturn, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, Self, TypeVar
 
 import grpc
 import typer
@@ -29,6 +30,10 @@ from rich.table import Table
 from rich.text import Text
 
 from kraft.errors import KraftError
+
+if TYPE_CHECKING:
+    from kraft.client.admin import AdminClient
+    from kraft.client.properties import ClientConfig
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -102,50 +107,110 @@ DEFAULT_REQUEST_TIMEOUT_MS = 5000
 much, and the next address is asked — before session 16 it cost the whole ``--timeout``.  Kafka's default
 is 30 s beside a 60 s API timeout; ours is shorter because ``--timeout`` is 15 s and one admin request
 commits one small batch (a write that takes longer is resent and reconciled, see kraft.client.admin)."""
-REQUEST_TIMEOUT_KEY = "request.timeout.ms"
 
 
 @dataclass
 class _ClientSettings:
-    """What ``--command-config`` set for this command beyond channel security (reset by every command)."""
+    """The timeouts the client properties of this command set (None: not set; reset by every command):
+    ``--command-config``'s, then, for the keys it left unset, the cluster directory's client.properties."""
 
-    request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    request_timeout_ms: int | None = None
+    default_api_timeout_ms: int | None = None
+
+    def take(self, config: ClientConfig, *, fill_only: bool) -> None:
+        if config.request_timeout_ms is not None and not (fill_only and self.request_timeout_ms is not None):
+            self.request_timeout_ms = config.request_timeout_ms
+        if config.default_api_timeout_ms is not None and not (
+            fill_only and self.default_api_timeout_ms is not None
+        ):
+            self.default_api_timeout_ms = config.default_api_timeout_ms
 
 
 _CLIENT_SETTINGS = _ClientSettings()
 
 
 def request_timeout_s() -> float:
-    """The admin client's attempt timeout for this command: ``request.timeout.ms`` of ``--command-config``
+    """The admin client's attempt timeout for this command: ``request.timeout.ms`` of the client properties
     (default :data:`DEFAULT_REQUEST_TIMEOUT_MS`); kraft.client.controller cuts it to what is left."""
-    return _CLIENT_SETTINGS.request_timeout_ms / 1000
+    return (_CLIENT_SETTINGS.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+
+
+def api_timeout_s(timeout_s: float) -> float:
+    """The whole admin call's deadline: ``timeout_s`` when ``--timeout`` was given on the command line (or
+    when called outside a command); otherwise the client properties' ``default.api.timeout.ms``, and
+    without one ``timeout_s`` raised to ``request.timeout.ms`` — as Kafka's admin client raises its default
+    API timeout to a larger configured request timeout, so one attempt is never cut by a default."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None or "timeout" not in ctx.params:
+        return timeout_s
+    if ctx.get_parameter_source("timeout") not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+        return timeout_s
+    if _CLIENT_SETTINGS.default_api_timeout_ms is not None:
+        return _CLIENT_SETTINGS.default_api_timeout_ms / 1000
+    return max(timeout_s, request_timeout_s())
+
+
+BOOTSTRAP_RANDOM = random.Random()
+"""Where an admin command starts in its bootstrap list (:func:`admin_client`); tests replace it."""
+
+
+def admin_client(bootstrap: str, timeout_s: float, verbose: bool = False) -> AdminClient:
+    """The admin client of one command: the controllers of ``bootstrap``, the command's timeouts
+    (:func:`api_timeout_s`, :func:`request_timeout_s`), ``--verbose``'s retry lines.
+
+    It starts at a random address of the list, as Kafka's clients do (``NetworkClient.leastLoadedNode``
+    starts at a random offset), so a dead first address does not cost every command one request timeout;
+    within the command an address that failed is not asked again while another is untried
+    (:class:`kraft.client.controller.ControllerClient`)."""
+    from kraft.client.admin import AdminClient
+    from kraft.clock import SystemClock
+
+    targets = [hp.target for hp in parse_bootstrap(bootstrap)]
+    return AdminClient(
+        targets,
+        api_timeout_s(timeout_s),
+        request_timeout_s(),
+        clock=SystemClock(),
+        on_retry=verbose_printer(verbose),
+        first_target=bootstrap_start(len(targets)),
+    )
+
+
+def bootstrap_targets(bootstrap: str, option: str = "--bootstrap-controller") -> list[str]:
+    """The gRPC targets of ``bootstrap`` rotated to start at :func:`bootstrap_start`'s index (their order
+    otherwise kept): for the commands whose client asks its list in order — ``quorum describe|add-controller|
+    remove-controller``, ``produce``, ``consume``, ``offsets``, ``log-dirs`` — the random start
+    :func:`admin_client` gives the admin commands."""
+    targets = [hp.target for hp in parse_bootstrap(bootstrap, option)]
+    start = bootstrap_start(len(targets))
+    return targets[start:] + targets[:start]
+
+
+def bootstrap_start(count: int) -> int:
+    """The index of the bootstrap address an admin command asks first: random (:func:`admin_client`).
+    Tests pin it (``monkeypatch.setattr(common, "bootstrap_start", …)``) or seed :data:`BOOTSTRAP_RANDOM`."""
+    return BOOTSTRAP_RANDOM.randrange(count)
 
 
 def apply_command_config(path: Path | None) -> Path | None:
     """Open every channel of this command as ``path`` says (Kafka's admin client ``--command-config``:
     ``security.protocol=SSL``, ``ssl.truststore.location``/``ssl.truststore.certificates``,
     ``ssl.keystore.location`` or ``ssl.keystore.key`` + ``ssl.keystore.certificate.chain``) and take its
-    ``request.timeout.ms`` (the limit of one RPC of an admin command)."""
-    _CLIENT_SETTINGS.request_timeout_ms = DEFAULT_REQUEST_TIMEOUT_MS  # one command's file, not the last one's
+    ``request.timeout.ms`` (the limit of one RPC of an admin command) and ``default.api.timeout.ms`` (the
+    whole command's, when ``--timeout`` is not given); :mod:`kraft.client.properties` parses it."""
+    _CLIENT_SETTINGS.request_timeout_ms = None  # one command's file, not the last one's
+    _CLIENT_SETTINGS.default_api_timeout_ms = None
     if path is not None:
         # Imported here so `kraft --help` stays fast (TLS pulls in cryptography).
         from kraft.client.channel import set_default_security
-        from kraft.config import ConfigError, parse_properties
-        from kraft.security.tls import client_security
+        from kraft.client.properties import load_client_config
 
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(
-                f"cannot read command config {path}: {getattr(exc, 'strerror', None) or exc}"
-            ) from None
-        properties = parse_properties(text)
-        timeout = properties.pop(REQUEST_TIMEOUT_KEY, None)
-        if timeout is not None:
-            if not timeout.strip().isdigit() or int(timeout) <= 0:
-                raise ConfigError.for_key(REQUEST_TIMEOUT_KEY, timeout, "must be a positive number of ms")
-            _CLIENT_SETTINGS.request_timeout_ms = int(timeout)
-        set_default_security(client_security(properties, origin=str(path)))
+        config = load_client_config(path)
+        _CLIENT_SETTINGS.take(config, fill_only=False)
+        set_default_security(config.security)
     return path
 
 
@@ -400,8 +465,10 @@ def timeout_seconds(timeout_s: float | None, timeout_ms: int | None, default_s: 
 
 def bootstrap_from(bootstrap: str | None, cluster_dir: Path | None, *, brokers: bool = False) -> str:
     """``bootstrap`` when given, else the controllers (``brokers``: the brokers) of the local cluster in
-    ``cluster_dir`` (``--cluster-dir`` / ``KRAFT_CLUSTER_DIR``); a TLS cluster's ``client.properties`` is
-    then used unless ``--command-config`` already set the channel security."""
+    ``cluster_dir`` (``--cluster-dir`` / ``KRAFT_CLUSTER_DIR``); the directory's ``client.properties`` is
+    then used (:mod:`kraft.client.properties`): a TLS cluster's channel security unless ``--command-config``
+    already set SSL, and its timeouts where ``--command-config`` set none.  A command whose admin client is
+    built afterwards (:func:`admin_client`) sees them."""
     option = "--bootstrap-server" if brokers else "--bootstrap-controller"
     if bootstrap:
         return bootstrap
@@ -413,10 +480,13 @@ def bootstrap_from(bootstrap: str | None, cluster_dir: Path | None, *, brokers: 
 
     try:
         cluster = LocalCluster.open(cluster_dir)
-        if cluster.spec.tls and not default_security().is_ssl:
-            set_default_security(cluster.client_security())
+        config = cluster.client_config()
     except ClusterError as exc:
         raise CliError(str(exc)) from None
+    if cluster.spec.tls and not default_security().is_ssl:
+        set_default_security(config.security)
+    # Its timeouts as --command-config's, for the keys --command-config left unset.
+    _CLIENT_SETTINGS.take(config, fill_only=True)
     role = NodeRole.BROKER if brokers else NodeRole.CONTROLLER
     targets = [n.target for n in cluster.spec.nodes if n.role is role]
     if not targets:

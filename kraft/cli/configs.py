@@ -21,17 +21,14 @@ from kraft.cli.common import (
     OptionalBootstrapControllerOption,
     TimeoutOption,
     VerboseOption,
+    admin_client,
     bootstrap_from,
     handle_errors,
-    parse_bootstrap,
     print_json,
     print_table,
-    request_timeout_s,
     run_async,
-    verbose_printer,
 )
 from kraft.client.admin import AdminClient
-from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 
@@ -192,13 +189,7 @@ def describe_json(entity: Entity, entries: list[cpb.ConfigEntry], everything: bo
 
 
 def _client(bootstrap: str, verbose: bool, timeout_s: float) -> AdminClient:
-    return AdminClient(
-        [hp.target for hp in parse_bootstrap(bootstrap)],
-        timeout_s,
-        request_timeout_s(),
-        clock=SystemClock(),
-        on_retry=verbose_printer(verbose),
-    )
+    return admin_client(bootstrap, timeout_s, verbose)
 
 
 async def _describe(bootstrap: str, entity: Entity, timeout_s: float) -> cpb.DescribeConfigsResult:

@@ -21,8 +21,8 @@ from kraft.cli.common import (
     JsonOption,
     OptionalBootstrapServerOption,
     WaitSpinner,
+    bootstrap_targets,
     handle_errors,
-    parse_bootstrap,
     require_bootstrap,
     run_async,
 )
@@ -75,7 +75,7 @@ def consume_command(
     if offset is not None and from_beginning:
         raise KraftError(ErrorCode.INVALID_REQUEST, "--offset and --from-beginning exclude each other")
     bootstrap = require_bootstrap(bootstrap_server, cluster_dir, brokers=True)
-    targets = [hp.target for hp in parse_bootstrap(bootstrap, "--bootstrap-server")]
+    targets = bootstrap_targets(bootstrap, "--bootstrap-server")
     start = offset if offset is not None else (EARLIEST_TIMESTAMP if from_beginning else LATEST_TIMESTAMP)
     with WaitSpinner(f"waiting for records of {topic}-{partition}…") as spinner:
         printed, first_position = run_async(

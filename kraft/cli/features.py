@@ -23,17 +23,15 @@ from kraft.cli.common import (
     OptionalBootstrapControllerOption,
     TimeoutOption,
     VerboseOption,
+    admin_client,
     bootstrap_from,
     handle_errors,
     parse_bootstrap,
     print_json,
     print_table,
-    request_timeout_s,
     run_async,
-    verbose_printer,
 )
 from kraft.client.admin import AdminClient
-from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import METADATA_VERSION_FEATURE, release_of, requested_levels
 from kraft.metadata.feature_control import SAFE_DOWNGRADE, UPGRADE
@@ -59,13 +57,7 @@ DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Check only; chang
 
 
 def _client(bootstrap: str, verbose: bool, timeout_s: float) -> AdminClient:
-    return AdminClient(
-        [hp.target for hp in parse_bootstrap(bootstrap)],
-        timeout_s,
-        request_timeout_s(),
-        clock=SystemClock(),
-        on_retry=verbose_printer(verbose),
-    )
+    return admin_client(bootstrap, timeout_s, verbose)
 
 
 def features_json(node: dict[str, Any]) -> dict[str, Any]:

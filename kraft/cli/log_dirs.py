@@ -16,8 +16,8 @@ from kraft.cli.common import (
     JsonOption,
     TimeoutOption,
     bootstrap_from,
+    bootstrap_targets,
     handle_errors,
-    parse_bootstrap,
     print_json,
     print_table,
     run_async,
@@ -48,7 +48,7 @@ def log_dir_json(log_dir: pb.DescribeLogDirsResponse.LogDir) -> dict[str, Any]:
 async def _describe(
     bootstrap: str, brokers: list[int] | None, topics: list[str], timeout_s: float
 ) -> list[dict[str, Any]]:
-    targets = [hp.target for hp in parse_bootstrap(bootstrap, "--bootstrap-server")]
+    targets = bootstrap_targets(bootstrap, "--bootstrap-server")
     async with BrokerClient(targets, request_timeout_s=timeout_s) as client:
         metadata = await client.metadata([])
         known = {

@@ -15,8 +15,8 @@ from kraft.cli.common import (
     JsonOption,
     TimeoutOption,
     bootstrap_from,
+    bootstrap_targets,
     handle_errors,
-    parse_bootstrap,
     print_json,
     run_async,
 )
@@ -62,7 +62,7 @@ def parse_partitions(text: str | None) -> list[int] | None:
 async def _offsets(
     bootstrap: str, topic: str, partitions: list[int] | None, timestamp: int, timeout_s: float
 ) -> list[dict[str, Any]]:
-    targets = [hp.target for hp in parse_bootstrap(bootstrap, "--bootstrap-server")]
+    targets = bootstrap_targets(bootstrap, "--bootstrap-server")
     async with BrokerClient(targets, request_timeout_s=min(5.0, timeout_s)) as client:
         metadata = await client.metadata([topic])
         found = next((t for t in metadata.topics if t.name == topic), None)

@@ -20,8 +20,8 @@ from kraft.cli.common import (
     JsonOption,
     OptionalBootstrapServerOption,
     WaitSpinner,
+    bootstrap_targets,
     handle_errors,
-    parse_bootstrap,
     print_json,
     require_bootstrap,
     run_async,
@@ -88,7 +88,7 @@ def produce_command(
     acks_value = ACKS_VALUES[acks]
     # The bootstrap list first: without one, reading stdin would wait for input that goes nowhere.
     bootstrap = require_bootstrap(bootstrap_server, cluster_dir, brokers=True)
-    targets = [hp.target for hp in parse_bootstrap(bootstrap, "--bootstrap-server")]
+    targets = bootstrap_targets(bootstrap, "--bootstrap-server")
     values = list(value) if value else [line.rstrip("\n") for line in sys.stdin]
     if not values:
         raise KraftError(ErrorCode.INVALID_REQUEST, "nothing to produce: give --value or lines on stdin")

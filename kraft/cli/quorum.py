@@ -18,8 +18,8 @@ from kraft.cli.common import (
     VerboseOption,
     WaitSpinner,
     bootstrap_from,
+    bootstrap_targets,
     handle_errors,
-    parse_bootstrap,
     print_json,
     print_key_values,
     print_table,
@@ -104,7 +104,7 @@ def describe_command(
         raise CliError("give exactly one of --status or --replication")
     timeout_s = timeout_seconds(timeout, timeout_ms, _DESCRIBE_TIMEOUT_S)
     bootstrap = bootstrap_from(bootstrap_controller, cluster_dir)
-    targets = [endpoint.target for endpoint in parse_bootstrap(bootstrap)]
+    targets = bootstrap_targets(bootstrap)
     try:
         with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
             response = describe_quorum(targets, timeout_s=timeout_s)
@@ -246,7 +246,7 @@ def add_controller_command(
       kraft quorum add-controller --cluster-dir /tmp/c --command-config c-2.properties --json --verbose
     """
     timeout_s = timeout_seconds(timeout, timeout_ms, _CHANGE_TIMEOUT_S)
-    targets = [e.target for e in parse_bootstrap(require_bootstrap(bootstrap_controller, cluster_dir))]
+    targets = bootstrap_targets(require_bootstrap(bootstrap_controller, cluster_dir))
     joiner = joining_controller(command_config)
     with WaitSpinner(f"adding controller {joiner.node_id} (waits for it to catch up)…") as spinner:
         offset = add_joining_controller(targets, joiner, timeout_s, on_retry=_retry_printer(verbose, spinner))
@@ -297,7 +297,7 @@ def remove_controller_command(
     except ValueError as exc:
         raise CliError(f"--controller-directory-id: {exc}") from None
     timeout_s = timeout_seconds(timeout, timeout_ms, _CHANGE_TIMEOUT_S)
-    targets = [e.target for e in parse_bootstrap(require_bootstrap(bootstrap_controller, cluster_dir))]
+    targets = bootstrap_targets(require_bootstrap(bootstrap_controller, cluster_dir))
     with WaitSpinner(f"removing controller {controller_id}…") as spinner:
         offset = remove_controller(
             targets,

@@ -16,18 +16,15 @@ from kraft.cli.common import (
     OptionalBootstrapControllerOption,
     TimeoutOption,
     VerboseOption,
+    admin_client,
     bootstrap_from,
     handle_errors,
-    parse_bootstrap,
     print_json,
     print_key_values,
     print_table,
-    request_timeout_s,
     run_async,
-    verbose_printer,
 )
 from kraft.client.admin import AdminClient
-from kraft.clock import SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 
@@ -40,13 +37,7 @@ TopicArgument = Annotated[str, typer.Argument(help="The topic name.", show_defau
 
 
 def _client(bootstrap: str, verbose: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> AdminClient:
-    return AdminClient(
-        [hp.target for hp in parse_bootstrap(bootstrap)],
-        timeout_s,
-        request_timeout_s(),
-        clock=SystemClock(),
-        on_retry=verbose_printer(verbose),
-    )
+    return admin_client(bootstrap, timeout_s, verbose)
 
 
 def parse_configs(items: list[str]) -> list[cpb.TopicConfig]:

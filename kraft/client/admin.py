@@ -99,6 +99,7 @@ class AdminClient:
         cluster_id: str = "",
         channels: ChannelPool | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        first_target: int = 0,
     ) -> None:
         """``timeout_s`` bounds a whole operation (retries, resends and reconciliation included);
         ``attempt_timeout_s`` one RPC (default: whatever is left of the operation's budget — bulk requests
@@ -106,7 +107,8 @@ class AdminClient:
         Every request is sent with ``cluster_id`` (the controllers refuse an empty one); when it is empty
         the client learns it first from DescribeCluster, which states the cluster id even when it refuses
         the request.  ``channels`` and ``sleep`` (the backoff between rounds) let tests run it on a manual
-        clock."""
+        clock.  ``first_target``: the index in ``targets`` asked first (the CLI's is random, so a dead first
+        address does not cost every command one attempt; :func:`kraft.cli.common.admin_client`)."""
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._targets = list(targets)
@@ -118,6 +120,7 @@ class AdminClient:
             request_timeout_s=attempt_timeout_s,
             clock=clock,
             channels=channels,
+            first_voter=first_target,
         )
         self._clock = clock
         self._sleep = sleep

@@ -7,6 +7,13 @@ is a voter we know, else from the hint).  It gives up after one round over the v
 the redirects) with :class:`ControllerUnavailable`; retry pacing (backoff) belongs to the caller, which
 knows whether it is registering, heartbeating or fetching.
 
+Which voter is asked when no active controller is known: the next in a rotation that starts at
+``first_voter`` (the CLI's is random, as Kafka's ``NetworkClient.leastLoadedNode`` starts at a random offset,
+so a dead first bootstrap address does not cost every command one request timeout), skipping voters whose
+last attempt failed in transport (refused, black-holed, not a controller) while one that has not failed is
+left — a dead address costs a client one attempt, not one per round.  A voter that answers is forgotten
+as failed; when all have failed the rotation starts over (a controller may be back).
+
 Time, as Kafka splits it: ``timeout_s`` is the *whole call's* deadline (Kafka's ``default.api.timeout.ms``
 for an admin call, the channel manager's retry timeout for a broker's requests), which no sequence of
 redirects and resends exceeds; each attempt gets ``min(request timeout, what is left)`` (Kafka's
@@ -128,13 +135,16 @@ class ControllerClient:
         channels: ChannelPool | None = None,
         request_timeout_s: float | None = None,
         clock: Clock | None = None,
+        first_voter: int = 0,
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
         how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``);
         ``on_retry`` is told, one line each, why a call moves to another controller (``--verbose``);
         ``log`` hears of certificate rotations; ``channels`` replaces the pool built from ``security``
         (tests pace its checks with a clock); ``request_timeout_s`` caps one attempt of a call (None:
-        an attempt may take all that is left of the call's deadline); ``clock`` measures the deadlines."""
+        an attempt may take all that is left of the call's deadline); ``clock`` measures the deadlines;
+        ``first_voter``: the index in ``voters`` asked first while no active controller is known (the CLI
+        passes a random one, as Kafka's ``leastLoadedNode`` starts at a random offset)."""
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         if request_timeout_s is not None and request_timeout_s <= 0:
@@ -155,7 +165,13 @@ class ControllerClient:
         # One stub per channel: building one creates a callable per RPC (a heartbeat's worth of CPU).
         self._stubs: dict[str, tuple[grpc.aio.Channel, ControllerServiceAsyncStub]] = {}
         self._active: tuple[int, str] | None = None
-        self._next_voter = 0
+        # True once a controller answered as the active one or was named by another: only then is a
+        # DEADLINE_EXCEEDED "slow, not gone" — a voter merely picked to ask first that never answers failed.
+        self._confirmed = False
+        self._next_voter = first_voter % len(self._voters)
+        # Voters whose last attempt failed in transport (refused, black-holed, not a controller): not asked
+        # again while a voter that has not failed is left; forgotten when one answers, all when all failed.
+        self._failed: set[str] = set()
         self._on_retry = on_retry
 
     @property
@@ -230,36 +246,40 @@ class ControllerClient:
                 if err.code() is grpc.StatusCode.UNIMPLEMENTED:
                     answered = True
                     not_controllers.append(target)
-                    self._forget(target)
+                    self._forget(target, failed=True)
                     self._retrying(f"{last_error}; trying the next controller")
                     continue
                 if not idempotent and not _nothing_sent(err):
                     raise OutcomeUnknown(f"{last_error}; the request may have been applied") from err
-                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._active == (node_id, target):
+                timed_out = err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                if timed_out and self._active == (node_id, target):
+                    answered = True  # it took the request: slow or black-holed, not unreachable
+                if timed_out and self._active == (node_id, target) and self._confirmed:
                     # Slow is not gone: a busy active controller stays the one other calls use; this
                     # call asks another voter, which names the active controller (or is it).
-                    answered = True
                     instead = self._other_voter(target)
                 else:
-                    self._forget(target)
+                    self._forget(target, failed=True)
                 self._retrying(f"{last_error}; trying another controller")
                 continue
             answered = True
+            self._failed.discard(target)
             if response.error_code == ErrorCode.NOT_CONTROLLER:
                 last_error = f"{self._name(node_id)} at {target} is not the active controller"
             elif idempotent and _deposed_answer(response):
                 last_error = f"{self._name(node_id)} at {target}: {getattr(response, 'error_message', '')}"
             else:
-                self._active = (node_id, target)
+                self._active, self._confirmed = (node_id, target), True
                 return response
             hint = response.controller
             known = self._voter_targets.get(hint.node_id)
             if known is not None:
                 # Resolve the id through our own voter list (as Kafka does): the endpoint in the hint is
                 # how the *controllers* reach each other, which need not be how this broker reaches them.
-                self._active = (hint.node_id, known)
+                self._active, self._confirmed = (hint.node_id, known), True
             elif hint.node_id >= 0 and hint.endpoint.port > 0:
                 self._active = (hint.node_id, f"{hint.endpoint.host or '127.0.0.1'}:{hint.endpoint.port}")
+                self._confirmed = True
             else:
                 self._forget(target)
             moved = f"controller {self._active[0]} at {self._active[1]}" if self._active else "the next voter"
@@ -288,21 +308,30 @@ class ControllerClient:
 
     def _current(self) -> tuple[int, str]:
         if self._active is None:
-            self._active = self._voters[self._next_voter % len(self._voters)]
-            self._next_voter += 1
+            self._active = self._next(avoid=None) or self._voters[0]  # _next(None) always finds one
+            self._confirmed = False
         return self._active
 
     def _other_voter(self, target: str) -> tuple[int, str] | None:
+        return self._next(avoid=target)
+
+    def _next(self, avoid: str | None) -> tuple[int, str] | None:
+        """The next voter in the rotation other than ``avoid`` that has not failed; when every such voter
+        has failed, the failures are forgotten and the next one other than ``avoid`` is taken."""
+        if self._failed and all(t in self._failed or t == avoid for _, t in self._voters):
+            self._failed.clear()  # all failed: start over, as before (a controller may be back)
         for _ in range(len(self._voters)):
             voter = self._voters[self._next_voter % len(self._voters)]
             self._next_voter += 1
-            if voter[1] != target:
+            if voter[1] != avoid and voter[1] not in self._failed:
                 return voter
         return None
 
-    def _forget(self, target: str) -> None:
+    def _forget(self, target: str, *, failed: bool = False) -> None:
         if self._active is not None and self._active[1] == target:
-            self._active = None
+            self._active, self._confirmed = None, False
+        if failed:
+            self._failed.add(target)
 
     def _stub(self, target: str) -> ControllerServiceAsyncStub:
         channel = self._channels.get(target)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
+from kraft.client.properties import ClientConfig, load_client_config
 from kraft.client.quorum import describe_quorum
 from kraft.cluster.formatting import format_node_storage
 from kraft.cluster.membership import add_joining_controller, joining_controller
@@ -43,7 +44,6 @@ from kraft.config import ConfigError, format_properties, load_config
 from kraft.errors import KraftError
 from kraft.netutil import port_in_use
 from kraft.security.ca import write_cluster_tls
-from kraft.security.tls import load_client_security
 from kraft.storage.ids import random_uuid
 from kraft.storage.meta_properties import read_meta_properties
 
@@ -264,14 +264,21 @@ class LocalCluster:
             format_properties(client_properties(self.layout), header=header), encoding="utf-8"
         )
 
-    def client_security(self) -> ChannelSecurity:
-        """How a local client reaches this cluster's nodes (its ``client.properties`` when TLS)."""
-        if not self.spec.tls:
-            return PLAINTEXT_SECURITY
+    def client_config(self) -> ClientConfig:
+        """This cluster's ``client.properties`` (:mod:`kraft.client.properties`: TLS, written by ``kraft
+        cluster up --tls``; the timeouts a user adds): read when the cluster is TLS or the file exists, so a
+        plaintext cluster's directory may carry the CLI's ``request.timeout.ms`` too."""
+        path = self.layout.client_properties
+        if not self.spec.tls and not path.exists():
+            return ClientConfig()
         try:
-            return load_client_security(self.layout.client_properties)
+            return load_client_config(path)
         except ConfigError as exc:
             raise ClusterError(str(exc)) from None
+
+    def client_security(self) -> ChannelSecurity:
+        """How a local client reaches this cluster's nodes (its ``client.properties`` when TLS)."""
+        return self.client_config().security if self.spec.tls else PLAINTEXT_SECURITY
 
     def write_configs(self) -> None:
         """(Re)write every node's ``.properties`` from the spec (and ``address_of``, if given)."""

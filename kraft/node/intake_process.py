@@ -676,6 +676,84 @@ def call_batch_opener(upstream: Upstream) -> OpenBatch:
     return open_batch
 
 
+HOLD_CREATES_ENV = "KRAFT_TEST_INTAKE_HOLD_CREATE_TOPICS"
+"""Tests only: ``N`` > 0 makes this process's call batcher a :class:`HeldTurnCallBatcher` holding its first
+turn with a CreateTopics open until N CreateTopics wait in it.  Read once at start; unset in production."""
+CREATE_TOPICS_METHOD = "/kraft.v1.ControllerService/CreateTopics"
+HOLD_BOUND_S = 10.0
+"""A held turn is sent after this long even when fewer calls came (the test then fails, it does not hang)."""
+
+
+class HeldTurnCallBatcher(ControllerCallBatcher):
+    """Tests only (:data:`HOLD_CREATES_ENV`): the first turn in which a ``hold_method`` call arrives is
+    held open — its batch not sent — until ``hold_calls`` such calls wait in it (or ``bound_s`` passes);
+    every call that arrives meanwhile joins it, and afterwards it is the plain batcher.
+
+    Why: a batch is one loop turn's calls, and grpc.aio hands a loop few new calls per turn, so whether N
+    concurrent calls share a ``CallBatch`` is timing (on a quiet host each can have a turn of its own).
+    Holding one turn makes "N calls that wait at once go as ONE batch" a deterministic check of the
+    batching through real processes (tests/integration/test_intake_processes.py).  A subclass selected at
+    start, so the production batcher has no hook to check on its hot path."""
+
+    def __init__(
+        self,
+        open_batch: OpenBatch,
+        *,
+        max_calls: int,
+        max_bytes: int,
+        hold_method: str,
+        hold_calls: int,
+        bound_s: float = HOLD_BOUND_S,
+    ) -> None:
+        super().__init__(open_batch, max_calls=max_calls, max_bytes=max_bytes)
+        self._hold_method = hold_method
+        self._hold_calls = hold_calls
+        self._bound_s = bound_s
+        self._held = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._released = False
+
+    async def call(
+        self, method: str, request: bytes, metadata: Sequence[tuple[str, Any]], deadline_s: float | None
+    ) -> bytes:
+        if not self._released and method == self._hold_method:
+            loop = asyncio.get_running_loop()
+            if self._timer is None:
+                self._timer = loop.call_later(self._bound_s, self._release)
+            self._held += 1
+            if self._held >= self._hold_calls:
+                loop.call_soon(self._release)  # runs after this call joined the pending ones
+        return await super().call(method, request, metadata, deadline_s)
+
+    def _flush(self) -> None:
+        if self._timer is not None and not self._released:
+            return  # the held turn: _release sends it with every call that joined it
+        super()._flush()
+
+    def _release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._timer is not None:
+            self._timer.cancel()
+        super()._flush()
+
+
+def call_batcher(open_batch: OpenBatch, *, max_calls: int, max_bytes: int) -> ControllerCallBatcher:
+    """The intake process's call batcher: the plain one, or the test hold of :data:`HOLD_CREATES_ENV`."""
+    hold = os.environ.get(HOLD_CREATES_ENV, "").strip()
+    if not hold:
+        return ControllerCallBatcher(open_batch, max_calls=max_calls, max_bytes=max_bytes)
+    _log.warning("intake_test_hold", env=HOLD_CREATES_ENV, calls=int(hold))
+    return HeldTurnCallBatcher(
+        open_batch,
+        max_calls=max_calls,
+        max_bytes=max_bytes,
+        hold_method=CREATE_TOPICS_METHOD,
+        hold_calls=int(hold),
+    )
+
+
 class IntakeHandler(_GenericRpcHandler):
     """Routes every method: batched ``TestAppend`` and ``TestAppendStream`` messages (when enabled),
     batched ControllerService calls (:data:`BATCHED_CONTROLLER_METHODS`, when a call batcher is given),
@@ -782,7 +860,7 @@ async def serve(args: argparse.Namespace) -> None:
     calls = (
         None
         if args.no_batch_controller_calls
-        else ControllerCallBatcher(
+        else call_batcher(
             call_batch_opener(upstream), max_calls=MAX_BATCH_CALLS, max_bytes=limits.max_message_bytes // 2
         )
     )

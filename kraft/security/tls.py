@@ -14,7 +14,8 @@ Node configuration (:class:`kraft.config.NodeConfig`):
 
 The same ``ssl.*`` keys serve every SSL listener of a node and its outbound connections (the node's
 certificate is its client certificate when it dials a controller or another broker).  A client's
-``--command-config`` file uses ``security.protocol`` and the same ``ssl.*`` keys (:func:`client_security`).
+``--command-config`` file uses ``security.protocol`` and the same ``ssl.*`` keys (:func:`client_security`; the
+file as a whole, timeouts included, is read by :mod:`kraft.client.properties`).
 
 Server certificates are reloaded without a restart: :func:`server_credentials` builds
 ``grpc.dynamic_ssl_server_credentials`` whose fetcher (:class:`CertificateReloader`, called by gRPC at
@@ -49,7 +50,7 @@ from kraft.client.channel import (
     TrustStore,
     pem_blocks,
 )
-from kraft.config import ConfigError, NodeConfig, parse_properties
+from kraft.config import ConfigError, NodeConfig
 from kraft.observability.logging import get_logger
 from kraft.security.mapping import SslPrincipalMapper
 
@@ -339,8 +340,9 @@ CLIENT_KEYS = frozenset(
 
 
 def client_security(properties: Mapping[str, str], *, origin: str = "client config") -> ChannelSecurity:
-    """A CLI ``--command-config`` (Kafka's admin client keys) → how to open channels; raises
-    :class:`ConfigError` (one line) on an unknown key, a bad value or unreadable material."""
+    """The channel keys of a client properties file (Kafka's admin client keys) → how to open channels;
+    raises :class:`ConfigError` (one line) on an unknown key, a bad value or unreadable material.  A whole
+    file (timeouts too) goes through :func:`kraft.client.properties.parse_client_config`, which calls this."""
     for name in properties:
         if name not in CLIENT_KEYS:
             raise ConfigError.for_key(
@@ -374,17 +376,6 @@ def client_security(properties: Mapping[str, str], *, origin: str = "client conf
     except TlsError as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     return settings.channel_security()
-
-
-def load_client_security(path: Path | str) -> ChannelSecurity:
-    """Read a ``--command-config`` properties file (one-line :class:`ConfigError` on any problem)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"cannot read command config {path}: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
-    return client_security(parse_properties(text), origin=str(path))
 
 
 def check_keystore_keys(location: Any, chain: Any, key: Any) -> None:

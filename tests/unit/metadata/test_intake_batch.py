@@ -30,11 +30,14 @@ from kraft.node.intake_batch import (
 )
 from kraft.node.intake_process import (
     CALL_BATCH_METHOD,
+    HOLD_CREATES_ENV,
     REPORT_COUNTERS_METHOD,
     BatchedCallFailed,
     ControllerCallBatcher,
+    HeldTurnCallBatcher,
     Upstream,
     call_batch_opener,
+    call_batcher,
 )
 from kraft.observability.metrics import render_metrics
 from kraft.security.authorizer import AuthorizerSettings
@@ -199,6 +202,56 @@ async def test_a_caller_that_leaves_before_its_batch_goes_is_not_sent() -> None:
     assert await asyncio.wait_for(kept, TIMEOUT_S) == b"made"
     assert gone.cancelled()
     assert node.calls[0].left == [] and not node.calls[0].cancelled
+
+
+async def _turns(count: int = 5) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_a_held_turn_takes_every_call_until_n_creates_wait_then_batches_by_turn_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = FakeNode()
+    monkeypatch.setenv(HOLD_CREATES_ENV, "3")
+    batcher = call_batcher(node.open, max_calls=100, max_bytes=1 << 20)
+    assert isinstance(batcher, HeldTurnCallBatcher)
+    callers = [asyncio.create_task(batcher.call(CREATE_METHOD, b"c0", [], 5.0))]
+    await _turns()  # turns pass: the plain batcher would have sent c0 alone by now
+    callers.append(asyncio.create_task(batcher.call(HEARTBEAT_METHOD, b"hb", [], 5.0)))
+    await _turns()
+    callers.append(asyncio.create_task(batcher.call(CREATE_METHOD, b"c1", [], 5.0)))
+    await _turns()
+    assert node.calls == [], "held until the third CreateTopics"
+    callers.append(asyncio.create_task(batcher.call(CREATE_METHOD, b"c2", [], 5.0)))
+    await node.wait_batches(1)
+    assert [c.request for c in node.batches[0].calls] == [b"c0", b"hb", b"c1", b"c2"]
+    callers.append(asyncio.create_task(batcher.call(CREATE_METHOD, b"c3", [], 5.0)))
+    await node.wait_batches(2)  # released: a lone call goes at the end of its turn, as before
+    assert [c.request for c in node.batches[1].calls] == [b"c3"]
+    node.answer(0, *(_ok(i, b"%d" % i) for i in range(4)))
+    node.answer(1, _ok(0, b"4"))
+    node.end(0)
+    node.end(1)
+    assert await asyncio.wait_for(asyncio.gather(*callers), TIMEOUT_S) == [b"0", b"1", b"2", b"3", b"4"]
+    assert (batcher.batches, batcher.calls) == (2, 5)
+
+
+async def test_a_held_turn_goes_after_its_bound_and_production_has_no_hold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(HOLD_CREATES_ENV, raising=False)
+    assert type(call_batcher(FakeNode().open, max_calls=1, max_bytes=1)) is ControllerCallBatcher
+    node = FakeNode()
+    batcher = HeldTurnCallBatcher(
+        node.open, max_calls=100, max_bytes=1 << 20, hold_method=CREATE_METHOD, hold_calls=5, bound_s=0.01
+    )
+    lone = asyncio.create_task(batcher.call(CREATE_METHOD, b"c0", [], 5.0))
+    await node.wait_batches(1)  # fewer than 5 came: sent anyway (the test that held it fails, not hangs)
+    assert [c.request for c in node.batches[0].calls] == [b"c0"]
+    node.answer(0, _ok(0, b"made"))
+    node.end(0)
+    assert await asyncio.wait_for(lone, TIMEOUT_S) == b"made"
 
 
 async def test_a_caller_that_leaves_a_batch_in_flight_is_named_to_the_node_and_the_last_ends_it() -> None:

@@ -16,6 +16,7 @@ from kraft.client.channel import (
     TlsMaterialError,
     set_default_security,
 )
+from kraft.client.properties import load_client_config
 from kraft.config import ConfigError, NodeConfig, format_properties, load_config, parse_properties
 from kraft.node.metadata_layer import options_from_config
 from kraft.security.ca import create_ca, write_cluster_tls, write_private
@@ -24,7 +25,6 @@ from kraft.security.tls import (
     check_node_tls,
     client_security,
     listener_settings,
-    load_client_security,
     outbound_security,
 )
 
@@ -196,7 +196,7 @@ def test_command_config_follows_the_kafka_admin_client_keys(tls_dir: Path, tmp_p
     }
     path = tmp_path / "client.properties"
     path.write_text(format_properties(props))
-    security = load_client_security(path)
+    security = load_client_config(path).security
     assert security.is_ssl and security.keystore is not None and security.truststore is not None
     # Inline PEM text works too (what Kafka's ssl.truststore.certificates means).
     inline = client_security(
@@ -226,7 +226,7 @@ def test_bad_command_configs_are_one_line_errors(props: dict[str, str], expected
 
 def test_an_unreadable_command_config_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read command config"):
-        load_client_security(tmp_path / "missing.properties")
+        load_client_config(tmp_path / "missing.properties")
 
 
 def test_the_cli_hints_at_tls_when_a_plaintext_client_meets_an_ssl_listener(tls_dir: Path) -> None:

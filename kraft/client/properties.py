@@ -1,0 +1,81 @@
+"""A client's ``.properties`` file — the CLI's ``--command-config``, a local cluster's ``client.properties``
+(``--cluster-dir`` / ``KRAFT_CLUSTER_DIR``) — read by ONE parser, so every place that reads client
+properties accepts the same keys with the same checks and the same one-line errors.
+
+The keys are Kafka's admin client's, those kraft honours:
+
+* ``security.protocol`` and the ``ssl.*`` keys (:data:`kraft.security.tls.CLIENT_KEYS`, checked by
+  :func:`kraft.security.tls.client_security`): how channels are opened;
+* ``request.timeout.ms``: one RPC of an admin command (the CLI's default 5000);
+* ``default.api.timeout.ms``: a whole admin command, retries included, when ``--timeout`` is not given (the
+  CLI's default 15000).  As in Kafka's admin client, an explicit value below ``request.timeout.ms`` is an
+  error (``KafkaAdminClient`` throws a ``ConfigException`` for it).
+
+Any other key is refused, naming the known ones: Kafka only warns about a key it does not use, but a key
+kraft silently ignored (``retry.backoff.ms``, ``client.id``, ``sasl.*``) would look honoured when it is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kraft.client.channel import PLAINTEXT_SECURITY, ChannelSecurity
+from kraft.config import ConfigError, parse_properties
+from kraft.security.tls import CLIENT_KEYS, client_security
+
+REQUEST_TIMEOUT_KEY = "request.timeout.ms"
+DEFAULT_API_TIMEOUT_KEY = "default.api.timeout.ms"
+TIMEOUT_KEYS = frozenset({REQUEST_TIMEOUT_KEY, DEFAULT_API_TIMEOUT_KEY})
+KNOWN_KEYS = CLIENT_KEYS | TIMEOUT_KEYS
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """What one client properties file says; a timeout it does not set is None (the caller's default)."""
+
+    security: ChannelSecurity = PLAINTEXT_SECURITY
+    request_timeout_ms: int | None = None
+    default_api_timeout_ms: int | None = None
+
+
+def parse_client_config(properties: Mapping[str, str], *, origin: str = "client config") -> ClientConfig:
+    """``properties`` (one file's) → :class:`ClientConfig`; raises :class:`ConfigError` (one line, naming
+    ``origin``) on an unknown key, a bad value or unreadable TLS material."""
+    for name in properties:
+        if name not in KNOWN_KEYS:
+            raise ConfigError.for_key(
+                name, properties[name], f"unknown key in {origin} (known: {', '.join(sorted(KNOWN_KEYS))})"
+            )
+    request_ms = _positive_ms(properties, REQUEST_TIMEOUT_KEY, origin)
+    api_ms = _positive_ms(properties, DEFAULT_API_TIMEOUT_KEY, origin)
+    if request_ms is not None and api_ms is not None and api_ms < request_ms:
+        raise ConfigError.for_key(
+            DEFAULT_API_TIMEOUT_KEY,
+            properties[DEFAULT_API_TIMEOUT_KEY],
+            f"must be no smaller than {REQUEST_TIMEOUT_KEY} ({request_ms}) in {origin}",
+        )
+    security = client_security({k: v for k, v in properties.items() if k in CLIENT_KEYS}, origin=origin)
+    return ClientConfig(security, request_ms, api_ms)
+
+
+def load_client_config(path: Path | str) -> ClientConfig:
+    """Read and parse a client properties file (one-line :class:`ConfigError` on any problem)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            f"cannot read command config {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    return parse_client_config(parse_properties(text), origin=str(path))
+
+
+def _positive_ms(properties: Mapping[str, str], key: str, origin: str) -> int | None:
+    value = properties.get(key)
+    if value is None:
+        return None
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
+        raise ConfigError.for_key(key, value, f"must be a positive number of ms (in {origin})")
+    return int(text)

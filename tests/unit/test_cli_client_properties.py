@@ -1,0 +1,247 @@
+"""Client properties (``--command-config``, a cluster directory's ``client.properties``): one parser, the
+same keys and one-line errors wherever they are read; ``default.api.timeout.ms`` as the whole command's
+deadline when ``--timeout`` is not given; and an admin command's random first bootstrap address.
+
+Commands run in-process (``kraft.cli.main.run``) against a cluster directory whose nodes never started
+(every address refuses connections), so a command ends when its deadline passes, and the one error line
+names the deadline and the attempt limit it ran under; or against small gRPC controllers in threads."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from test_cli_usage import assert_one_error_line, invoke
+from typer._click.core import Context, ParameterSource
+from typer.core import TyperCommand
+
+from kraft.cli import common
+from kraft.client.channel import PLAINTEXT_SECURITY, default_security, set_default_security
+from kraft.client.properties import ClientConfig, parse_client_config
+from kraft.cluster.manager import LocalCluster
+from kraft.config import ConfigError
+from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import controller_pb2_grpc, raft_pb2, raft_pb2_grpc
+
+
+@pytest.fixture(autouse=True)
+def _clean_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("KRAFT_CLUSTER_DIR", raising=False)
+    try:
+        yield
+    finally:
+        set_default_security(PLAINTEXT_SECURITY)  # a TLS cluster's security must not leak to other tests
+        common.apply_command_config(None)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Path:
+    """A one-controller, one-broker plaintext cluster directory; nothing runs."""
+    LocalCluster.create(tmp_path / "kc", controllers=1, brokers=1)
+    return tmp_path / "kc"
+
+
+def _client_properties(cluster: Path, text: str) -> Path:
+    path = cluster / "client.properties"
+    with path.open("a", encoding="utf-8") as out:
+        out.write(text)
+    return path
+
+
+def test_a_plaintext_cluster_dirs_client_properties_sets_the_command_timeouts(
+    capsys: pytest.CaptureFixture[str], cluster: Path
+) -> None:
+    _client_properties(cluster, "request.timeout.ms=300\ndefault.api.timeout.ms=1200\n")
+    outcome = invoke(capsys, "topic", "list", "--cluster-dir", str(cluster))
+    assert_one_error_line(outcome, "no active controller answered within 1.2s, each attempt at most 0.3s")
+
+
+def test_a_tls_cluster_dirs_client_properties_takes_request_timeout_ms_too(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    LocalCluster.create(tmp_path / "tc", controllers=1, brokers=1, tls=True)
+    _client_properties(tmp_path / "tc", "request.timeout.ms=300\n")
+    outcome = invoke(capsys, "topic", "list", "--cluster-dir", str(tmp_path / "tc"), "--timeout", "1")
+    assert_one_error_line(outcome, "no active controller answered within 1s, each attempt at most 0.3s")
+    assert default_security().is_ssl, "the cluster's TLS settings were taken from the same file"
+
+
+def test_command_config_wins_key_by_key_and_timeout_wins_over_default_api_timeout(
+    capsys: pytest.CaptureFixture[str], cluster: Path, tmp_path: Path
+) -> None:
+    _client_properties(cluster, "request.timeout.ms=300\ndefault.api.timeout.ms=1200\n")
+    own = tmp_path / "admin.properties"
+    own.write_text("request.timeout.ms=200\n", encoding="utf-8")
+    argv = ["topic", "list", "--cluster-dir", str(cluster), "--command-config", str(own)]
+
+    outcome = invoke(capsys, *argv)
+    assert_one_error_line(outcome, "within 1.2s, each attempt at most 0.2s")  # the API timeout: the dir's
+
+    outcome = invoke(capsys, *argv, "--timeout", "0.7")
+    assert_one_error_line(outcome, "within 0.7s, each attempt at most 0.2s")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "request.timeout.ms=-1\n",
+            "invalid config request.timeout.ms='-1': must be a positive number of ms",
+        ),
+        ("default.api.timeout.ms=soon\n", "invalid config default.api.timeout.ms='soon': must be a positive"),
+        (
+            "request.timeout.ms=1000\ndefault.api.timeout.ms=500\n",
+            "invalid config default.api.timeout.ms='500': must be no smaller than request.timeout.ms (1000)",
+        ),
+        ("retry.backoff.ms=100\n", "invalid config retry.backoff.ms='100': unknown key in"),
+    ],
+)
+def test_bad_client_properties_are_one_line_wherever_they_are_read(
+    capsys: pytest.CaptureFixture[str], cluster: Path, tmp_path: Path, text: str, expected: str
+) -> None:
+    own = tmp_path / "admin.properties"
+    own.write_text(text, encoding="utf-8")
+    outcome = invoke(
+        capsys, "topic", "list", "--bootstrap-controller", "127.0.0.1:1", "--command-config", str(own)
+    )
+    assert_one_error_line(outcome, expected, str(own))
+
+    path = _client_properties(cluster, text)
+    outcome = invoke(capsys, "topic", "list", "--cluster-dir", str(cluster))
+    assert_one_error_line(outcome, expected, str(path))
+
+
+def test_the_client_properties_keys() -> None:
+    assert parse_client_config({}) == ClientConfig()
+    config = parse_client_config({"request.timeout.ms": " 2500 ", "default.api.timeout.ms": "2500"})
+    assert (config.request_timeout_ms, config.default_api_timeout_ms) == (2500, 2500)
+    with pytest.raises(ConfigError, match=r"known: default\.api\.timeout\.ms, request\.timeout\.ms, sec"):
+        parse_client_config({"client.id": "x"})
+
+
+def _api_timeout_in_a_command(timeout_s: float, source: ParameterSource) -> float:
+    with Context(TyperCommand("topic")) as ctx:
+        ctx.params["timeout"] = timeout_s
+        ctx.set_parameter_source("timeout", source)
+        return common.api_timeout_s(timeout_s)
+
+
+def test_without_timeout_the_whole_call_is_at_least_request_timeout_ms_as_in_kafka(tmp_path: Path) -> None:
+    own = tmp_path / "admin.properties"
+    own.write_text("request.timeout.ms=20000\n", encoding="utf-8")
+    common.apply_command_config(own)
+    # Kafka's admin client raises its default API timeout to a larger configured request timeout ...
+    assert _api_timeout_in_a_command(15.0, ParameterSource.DEFAULT) == 20.0
+    # ... but a timeout the user gave is theirs
+    assert _api_timeout_in_a_command(15.0, ParameterSource.COMMANDLINE) == 15.0
+    assert common.api_timeout_s(15.0) == 15.0  # outside a command (a helper called by a test or a script)
+    common.apply_command_config(None)
+    assert _api_timeout_in_a_command(15.0, ParameterSource.DEFAULT) == 15.0
+
+
+# --- the first bootstrap address ------------------------------------------------------------------------
+
+
+class _Live(controller_pb2_grpc.ControllerServiceServicer):
+    def __init__(self) -> None:
+        self.received = 0
+
+    def DescribeCluster(
+        self, request: cpb.DescribeClusterRequest, context: Any
+    ) -> cpb.DescribeClusterResponse:
+        self.received += 1
+        return cpb.DescribeClusterResponse(cluster_id="kc")
+
+    def DescribeTopics(self, request: cpb.DescribeTopicsRequest, context: Any) -> cpb.DescribeTopicsResponse:
+        self.received += 1
+        return cpb.DescribeTopicsResponse()
+
+
+@pytest.fixture
+def live_pair() -> Iterator[tuple[_Live, _Live, str]]:
+    """Two answering controllers (each answers as the active one): which one a command asks first shows."""
+    controllers, servers, targets = [_Live(), _Live()], [], []  # type: ignore[abstract]
+    for servicer in controllers:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        controller_pb2_grpc.add_ControllerServiceServicer_to_server(servicer, server)
+        targets.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+        server.start()
+        servers.append(server)
+    try:
+        yield controllers[0], controllers[1], ",".join(targets)
+    finally:
+        for server in servers:
+            server.stop(None)
+
+
+def test_an_admin_command_starts_at_the_bootstrap_address_bootstrap_start_picks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, live_pair: tuple[_Live, _Live, str]
+) -> None:
+    first, second, bootstrap = live_pair
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 1)
+    outcome = invoke(capsys, "topic", "list", "--bootstrap-controller", bootstrap, "--json")
+    assert outcome.code == 0, outcome
+    assert (first.received, second.received) == (0, 2), "DescribeCluster and DescribeTopics at the second"
+
+
+def test_the_first_bootstrap_address_is_drawn_from_the_random_source(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, live_pair: tuple[_Live, _Live, str]
+) -> None:
+    first, second, bootstrap = live_pair
+    draws = random.Random(17)
+    expected = [draws.randrange(2) for _ in range(8)]
+    assert 0 in expected and 1 in expected, "seed 17 draws both"
+    monkeypatch.setattr(common, "BOOTSTRAP_RANDOM", random.Random(17))
+    asked = []
+    for _ in expected:
+        before = (first.received, second.received)
+        assert invoke(capsys, "topic", "list", "--bootstrap-controller", bootstrap, "--json").code == 0
+        asked.append(0 if first.received > before[0] else 1)
+    assert asked == expected
+
+
+def test_bootstrap_targets_start_where_bootstrap_start_says_and_keep_the_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 2)
+    assert common.bootstrap_targets("a:1,b:2,c:3") == ["c:3", "a:1", "b:2"]
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 0)
+    assert common.bootstrap_targets("a:1,b:2,c:3") == ["a:1", "b:2", "c:3"]
+
+
+class _Leader(raft_pb2_grpc.RaftServiceServicer):
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.received = 0
+
+    def DescribeQuorum(
+        self, request: raft_pb2.DescribeQuorumRequest, context: Any
+    ) -> raft_pb2.DescribeQuorumResponse:
+        self.received += 1
+        return raft_pb2.DescribeQuorumResponse(leader_id=self.node_id, leader_epoch=1, cluster_id="kc")
+
+
+def test_quorum_describe_starts_at_the_address_bootstrap_start_picks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    leaders, servers, targets = [_Leader(1), _Leader(2)], [], []  # type: ignore[abstract]
+    for servicer in leaders:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        raft_pb2_grpc.add_RaftServiceServicer_to_server(servicer, server)
+        targets.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+        server.start()
+        servers.append(server)
+    monkeypatch.setattr(common, "bootstrap_start", lambda count: 1)
+    try:
+        argv = ["quorum", "describe", "--bootstrap-controller", ",".join(targets), "--replication", "--json"]
+        outcome = invoke(capsys, *argv)
+    finally:
+        for server in servers:
+            server.stop(None)
+    assert outcome.code == 0, outcome
+    assert [leader.received for leader in leaders] == [0, 1]
