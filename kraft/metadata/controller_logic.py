@@ -645,23 +645,30 @@ class _Batch:
     ) -> None:
         """Add a (wrapped) PartitionRecord/PartitionChangeRecord whose replay gives ``registration``,
         without replaying it (the bulk path: ~3x cheaper per partition)."""
-        self._set_partition(topic_id, partition_id, registration)
-        self._keep(record)
+        # (inline, not through _next/_keep: called once per partition of every create)
+        if self.delta is None:
+            self.delta = MetadataDelta(self.logic.image)
+        values = self.values
+        offset = self.next_offset + (len(self.records) if values is None else len(values))
+        if not self.delta.set_partition(topic_id, partition_id, registration, offset):
+            raise AssertionError(f"partition {topic_id}/{partition_id} does not fit the image")
+        if values is None:
+            self.records.append(record)
+        else:
+            values.append(rec.encode_value(record))
 
     def add_partition_value(
         self, value: bytes, topic_id: str, partition_id: int, registration: PartitionRegistration
     ) -> None:
         """:meth:`add_partition` of an encoded PartitionRecord (a batch of values only): its replay
         gives ``registration`` (:func:`new_partition_value` wrote it from that registration)."""
-        assert self.values is not None
-        self._set_partition(topic_id, partition_id, registration)
-        self.values.append(value)
-
-    def _set_partition(self, topic_id: str, partition_id: int, registration: PartitionRegistration) -> None:
+        values = self.values
+        assert values is not None
         if self.delta is None:
             self.delta = MetadataDelta(self.logic.image)
-        if not self.delta.set_partition(topic_id, partition_id, registration, self._next()):
+        if not self.delta.set_partition(topic_id, partition_id, registration, self.next_offset + len(values)):
             raise AssertionError(f"partition {topic_id}/{partition_id} does not fit the image")
+        values.append(value)
 
     def view(self) -> MetadataImage:
         """The image including what was added so far (cheap: only changed parts are rebuilt)."""
