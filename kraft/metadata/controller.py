@@ -850,8 +850,9 @@ class QuorumController:
             done: list[Done | NotControllerError] = []
             for req in reqs:
                 outcome = logic.broker_heartbeat(req, now_ms, writes.next_offset)
+                values = outcome.encoded()
                 try:
-                    last = writes.append(outcome.records, outcome.first_offset) if outcome.records else None
+                    last = writes.append_values(values, outcome.first_offset) if values else None
                 except NotControllerError as exc:  # nothing of this one was appended
                     done.append(exc)
                     continue

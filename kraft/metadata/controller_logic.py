@@ -68,6 +68,7 @@ from kraft.metadata.image import (
 from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import LeaveMemo, build_change, leave_change, rules_matter
 from kraft.metadata.partition_counts import PartitionCounts
+from kraft.metadata.partition_encode import new_partition_value, topic_field
 from kraft.metadata.partition_reservations import (
     LeftOut,
     PartitionReservations,
@@ -358,8 +359,11 @@ class TopicPlan:
     """Partition id → replicas of an explicit assignment (``()`` until its entry was checked)."""
     topic_id: str = ""
     """Assigned when planned for a prepared topic (its records are built before they are written)."""
-    prepared: list[tuple[pb.MetadataRecord, PartitionRegistration]] | None = None
-    """A prepared topic's PartitionRecords and registrations (:meth:`ControllerLogic.prepare_some`)."""
+    prepared: list[PartitionRegistration] | None = None
+    """A prepared topic's registrations, by partition id (:meth:`ControllerLogic.prepare_some`)."""
+    prepared_values: list[bytes] = field(default_factory=list)
+    """… and their PartitionRecords, encoded as they were built (:func:`new_partition_value`): bytes,
+    not a upb message per partition kept (GC-tracked, an arena each) until the write."""
     placed: list[tuple[int, ...]] = field(default_factory=list)
     """A prepared auto-placed topic's replica lists (to rebuild its records if brokers changed)."""
     prepared_for: tuple[object, frozenset[int]] | None = None
@@ -580,6 +584,22 @@ class Outcome(Generic[R]):
     first_offset: int = -1
     wait_offset: int | None = None
     """Without records: the offset the answer depends on (None = every pending write)."""
+    values: list[bytes] | None = None
+    """Set (and ``records`` empty) by a write whose records are encoded already — a prepared topic's,
+    whose PartitionRecords were serialized as they were prepared: the values to append, in order,
+    :func:`~kraft.metadata.records.encode_value`'s bytes of each record."""
+
+    def encoded(self) -> list[bytes]:
+        """The values to append (``records`` encoded, or ``values``)."""
+        if self.values is not None:
+            return self.values
+        return [rec.encode_value(r) for r in self.records]
+
+    def all_records(self) -> list[pb.MetadataRecord]:
+        """The records to append, ``values`` decoded (for readers of an outcome: tests, benchmarks)."""
+        if self.values is not None:
+            return list(rec.decode_values(self.values))
+        return self.records
 
 
 @dataclass(slots=True)
@@ -590,19 +610,32 @@ class _Batch:
     next_offset: int
     records: list[pb.MetadataRecord] = field(default_factory=list)
     delta: MetadataDelta | None = None
+    values: list[bytes] | None = None
+    """Set for a batch appended as values (a prepared topic's write, :attr:`Outcome.values`): every
+    record is encoded as it is added (``records`` stays empty), a prepared value added as it is."""
     deadline: Deadline = field(init=False)
     """The event's time budget, started when the event began building its records."""
 
     def __post_init__(self) -> None:
         self.deadline = Deadline(self.logic.clock, self.logic.settings.max_event_time_ms)
 
+    def _keep(self, record: pb.MetadataRecord) -> None:
+        if self.values is None:
+            self.records.append(record)
+        else:
+            self.values.append(rec.encode_value(record))
+
+    def _next(self) -> int:
+        """The offset the next record added gets."""
+        return self.next_offset + (len(self.records) if self.values is None else len(self.values))
+
     def add(self, payload: Message) -> None:
         record = rec.wrap(payload)
         if self.delta is None:
             self.delta = MetadataDelta(self.logic.image)
-        offset = self.next_offset + len(self.records)
+        offset = self._next()
         self.delta.replay(record, offset)
-        self.records.append(record)
+        self._keep(record)
         broker_id = _broker_of(payload)
         if broker_id is not None:
             self.logic.broker_offsets[broker_id] = offset
@@ -612,12 +645,30 @@ class _Batch:
     ) -> None:
         """Add a (wrapped) PartitionRecord/PartitionChangeRecord whose replay gives ``registration``,
         without replaying it (the bulk path: ~3x cheaper per partition)."""
+        # (inline, not through _next/_keep: called once per partition of every create)
         if self.delta is None:
             self.delta = MetadataDelta(self.logic.image)
-        offset = self.next_offset + len(self.records)
+        values = self.values
+        offset = self.next_offset + (len(self.records) if values is None else len(values))
         if not self.delta.set_partition(topic_id, partition_id, registration, offset):
             raise AssertionError(f"partition {topic_id}/{partition_id} does not fit the image")
-        self.records.append(record)
+        if values is None:
+            self.records.append(record)
+        else:
+            values.append(rec.encode_value(record))
+
+    def add_partition_value(
+        self, value: bytes, topic_id: str, partition_id: int, registration: PartitionRegistration
+    ) -> None:
+        """:meth:`add_partition` of an encoded PartitionRecord (a batch of values only): its replay
+        gives ``registration`` (:func:`new_partition_value` wrote it from that registration)."""
+        values = self.values
+        assert values is not None
+        if self.delta is None:
+            self.delta = MetadataDelta(self.logic.image)
+        if not self.delta.set_partition(topic_id, partition_id, registration, self.next_offset + len(values)):
+            raise AssertionError(f"partition {topic_id}/{partition_id} does not fit the image")
+        values.append(value)
 
     def view(self) -> MetadataImage:
         """The image including what was added so far (cheap: only changed parts are rebuilt)."""
@@ -632,6 +683,12 @@ class _Batch:
     def finish(self) -> list[pb.MetadataRecord]:
         self.view()
         return self.records
+
+    def finish_values(self) -> list[bytes]:
+        """:meth:`finish` of a batch of values."""
+        assert self.values is not None
+        self.view()
+        return self.values
 
 
 def _take_candidates(job: _RejoinJob, partitions: list[tuple[str, int]]) -> bool:
@@ -2032,8 +2089,17 @@ class ControllerLogic:
         elif plan.prepared_for is None and not plan.prepared:
             plan.prepared_for = snapshot
         # an auto-placed plan's tuples hold the registrations' own ints: shared as they are (shared_tuple)
-        new = self._new_partitions(plan.topic_id, first, placed, placed_ids=not plan.explicit)
-        plan.prepared.extend((r, g) for _, r, g in new)
+        registrations = list(self._new_registrations(placed, placed_ids=not plan.explicit))
+        # Encoded now, from the registrations (the ISR is the replicas' very tuple in the common case):
+        # the bytes encode_value gives the record _new_partitions builds, without that upb message.
+        topic = topic_field(plan.topic_id)
+        plan.prepared_values.extend(
+            [
+                new_partition_value(topic, partition_id, g.replicas, g.isr, g.leader)
+                for partition_id, g in enumerate(registrations, first)
+            ]
+        )
+        plan.prepared.extend(registrations)
 
     def create_prepared_topic(
         self, plan: TopicPlan, validate_only: bool, next_offset: int
@@ -2050,15 +2116,16 @@ class ControllerLogic:
         result.replication_factor = plan.replication_factor
         if validate_only or plan.prepared is None:
             return Outcome([], response, next_offset)
-        batch = _Batch(self, next_offset)
+        batch = _Batch(self, next_offset, values=[])  # appended as values: the prepared ones as they are
         batch.add(pb.TopicRecord(name=plan.name, topic_id=plan.topic_id))
         snapshot = (self.image.brokers, frozenset(self._leaving))
         prepared_for = plan.prepared_for
         if prepared_for is not None and prepared_for[0] is snapshot[0] and prepared_for[1] == snapshot[1]:
-            add_partition = batch.add_partition
+            add_value = batch.add_partition_value
             topic_id = plan.topic_id
-            for partition_id, (record, registration) in enumerate(plan.prepared):
-                add_partition(record, topic_id, partition_id, registration)
+            values, registrations = plan.prepared_values, plan.prepared
+            for partition_id, (encoded, registration) in enumerate(zip(values, registrations, strict=True)):
+                add_value(encoded, topic_id, partition_id, registration)
         else:  # a broker changed meanwhile: ISRs and leaders from the brokers as they are now
             assignment = plan.assignment if plan.explicit else plan.placed
             self.add_partition_records(batch, plan.topic_id, 0, assignment)
@@ -2068,7 +2135,7 @@ class ControllerLogic:
                     resource_type=rec.ConfigResourceType.TOPIC, resource_name=plan.name, name=key, value=value
                 )
             )
-        return Outcome(batch.finish(), response, next_offset)
+        return Outcome([], response, next_offset, values=batch.finish_values())
 
     def _check_new_name(self, name: str, created: set[str]) -> None:
         validate_topic_name(name)
@@ -2229,35 +2296,42 @@ class ControllerLogic:
         placed_ids: bool = False,
     ) -> Iterator[tuple[int, pb.MetadataRecord, PartitionRegistration]]:
         """(partition id, PartitionRecord, the registration its replay gives) of new partitions.
-        ``placed_ids``: the tuples' ints are shared already (placement's), the tuples are shared as they
-        are (:func:`shared_tuple`) instead of copied and interned (:func:`shared_ids`)."""
-        acceptable = self.acceptable_in(self.image)
-        all_acceptable = self.acceptable_ids().issuperset
-        share = shared_tuple if placed_ids else shared_ids
-        for partition_id, replicas in enumerate(assignment, first_id):
-            # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence);
-            # the leader is the first of them (choose_leader with no current leader).  Almost always all
-            # of them: then the ISR is the replica list itself (the bulk creation's path, ~0.8 us a
-            # partition less than a call per replica).
-            isr: Sequence[int]
-            if replicas and all_acceptable(replicas):
-                isr = replicas
-                leader = replicas[0]
-            else:
-                isr = [r for r in replicas if acceptable(r)]
-                leader = isr[0] if isr else NO_PARTITION_LEADER
+        ``placed_ids``: as for :meth:`_new_registrations`."""
+        registrations = self._new_registrations(assignment, placed_ids=placed_ids)
+        for partition_id, registration in enumerate(registrations, first_id):
             record = pb.MetadataRecord()
             partition = record.partition
             partition.partition_id = partition_id
             partition.topic_id = topic_id
-            partition.replicas.extend(replicas)
-            partition.isr.extend(isr)
-            partition.leader = leader
+            partition.replicas.extend(registration.replicas)
+            partition.isr.extend(registration.isr)
+            partition.leader = registration.leader
+            yield partition_id, record, registration
+
+    def _new_registrations(
+        self, assignment: Sequence[tuple[int, ...]], *, placed_ids: bool = False
+    ) -> Iterator[PartitionRegistration]:
+        """The registrations of new partitions with these replicas (what a PartitionRecord's replay
+        gives).  ``placed_ids``: the tuples' ints are shared already (placement's), the tuples are
+        shared as they are (:func:`shared_tuple`) instead of copied and interned (:func:`shared_ids`)."""
+        acceptable = self.acceptable_in(self.image)
+        all_acceptable = self.acceptable_ids().issuperset
+        share = shared_tuple if placed_ids else shared_ids
+        for replicas in assignment:
+            # Kafka: the ISR of a new partition is its acceptable replicas (a fenced one joins on unfence);
+            # the leader is the first of them (choose_leader with no current leader).  Almost always all
+            # of them: then the ISR is the replica list itself (the bulk creation's path, ~0.8 us a
+            # partition less than a call per replica) — the very tuple, which new_partition_value reads
+            # as "the ISR's run is the replicas'".
             replica_ids = share(replicas)
-            registration = PartitionRegistration(
+            if replicas and all_acceptable(replicas):
+                yield PartitionRegistration(replica_ids, replica_ids, replicas[0], 0, 0)
+                continue
+            isr = [r for r in replicas if acceptable(r)]
+            leader = isr[0] if isr else NO_PARTITION_LEADER
+            yield PartitionRegistration(
                 replica_ids, replica_ids if len(isr) == len(replicas) else shared_ids(isr), leader, 0, 0
             )
-            yield partition_id, record, registration
 
     def delete_topics(
         self, req: cpb.DeleteTopicsRequest, next_offset: int

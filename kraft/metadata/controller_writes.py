@@ -144,7 +144,10 @@ class WritePath:
         """Schedule records at the offsets the logic predicted; returns the last offset.  ``hold``: a bulk
         slice with more to follow — Raft may keep it for the next slices' records to share its batch
         (``RaftClient.schedule_append``)."""
-        values = [rec.encode_value(r) for r in records]
+        return self.append_values([rec.encode_value(r) for r in records], first_offset, hold=hold)
+
+    def append_values(self, values: list[bytes], first_offset: int, *, hold: bool = False) -> int:
+        """:meth:`append` of records encoded already (:attr:`Outcome.values`: a prepared topic's)."""
         try:
             last = self._raft.schedule_append(values, hold=hold)
         except NotLeaderError as exc:
@@ -280,7 +283,8 @@ class WritePath:
         if logic is None:
             raise NotControllerError(self._state.leader.leader_id)
         outcome = build(logic)
-        last = self.append(outcome.records, outcome.first_offset) if outcome.records else None
+        values = outcome.encoded()
+        last = self.append_values(values, outcome.first_offset) if values else None
         return outcome, last, logic
 
     def drive_jobs(self, logic: ControllerLogic) -> asyncio.Future[int]:

@@ -158,11 +158,12 @@ def test_a_prepared_topic_leaves_a_broker_fenced_after_its_plan_out_of_its_isrs(
             pass
         written = logic.create_prepared_topic(plan, False, len(log))
         assert written.response.topics[0].error_code == 0, written.response.topics[0].error_message
-        log.extend(written.records)
+        records = written.all_records()  # (its values, decoded)
+        log.extend(records)
         topic = logic.image.topics_by_id[logic.image.topic_ids_by_name[name]]
         out = {5} if name == "second" else set()
         assert any(5 in r.replicas for r in topic.partitions)
-        written_partitions = [r.partition for r in written.records if r.WhichOneof("record") == "partition"]
+        written_partitions = [r.partition for r in records if r.WhichOneof("record") == "partition"]
         for registration, record in zip(topic.partitions, written_partitions, strict=True):
             isr = tuple(b for b in registration.replicas if b not in out)
             assert registration.isr == isr == tuple(record.isr)

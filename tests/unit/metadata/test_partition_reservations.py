@@ -271,7 +271,7 @@ def test_a_prepared_topic_and_a_big_topic_pending_together_each_count_the_other(
     # the prepared topic's own write counts the big topic's unwritten rest (and not itself)
     written = logic.create_prepared_topic(prepared, False, len(log))
     assert written.response.topics[0].error_code == ErrorCode.NONE
-    log.extend(written.records)
+    log.extend(written.all_records())
     assert logic.reservations.partitions == BIG - _written(logic)
     while logic.has_bulk_jobs():
         log.extend(logic.continue_bulk_jobs(len(log)))
@@ -291,7 +291,7 @@ def test_a_prepared_topic_that_no_longer_fits_is_refused_at_its_write_and_reserv
         pass
     assert _create(logic, log, 1, 3, name="more").error_code == ErrorCode.POLICY_VIOLATION  # counted now
     refused = logic.create_prepared_topic(prepared, False, len(log))
-    assert refused.response.topics[0].error_code == ErrorCode.POLICY_VIOLATION and not refused.records
+    assert refused.response.topics[0].error_code == ErrorCode.POLICY_VIOLATION and not refused.encoded()
     assert logic.reservations.partitions == 0 and len(logic.reservations) == 0
     assert _create(logic, log, 2, 3, name="fits").error_code == ErrorCode.NONE
 
@@ -470,7 +470,7 @@ def test_plans_pending_together_are_admitted_in_request_order_as_the_unsliced_re
             pass
     for plan in plans:
         out = logic.create_prepared_topic(plan, False, len(log))
-        log.extend(out.records)
+        log.extend(out.all_records())
         got[plan.name] = out.response.topics[0].error_code
     assert [got[t.name] for t in topics] == expected
     assert logic.reservations.partitions == 0 and len(logic.reservations) == 0

@@ -364,7 +364,7 @@ class PlannedAheadModel(RuleBasedStateMachine):
             if not self.prepared[id(plan)]:
                 self.writing.append(plan)
         event("refused at its write's check" if refused else "checked for its write")
-        self.log.extend(outcome.records)
+        self.log.extend(outcome.all_records())  # (a prepared topic's values, decoded)
         plan.release()  # the shell's finally
 
     @rule()

@@ -235,10 +235,6 @@ def test_a_plan_placed_in_slices_gives_the_unsliced_placement(
     assert sliced == place_replicas(usable, 500, factor, start)
 
 
-def _values(outcome_records: list[pb.MetadataRecord]) -> list[bytes]:
-    return [records.encode_value(r) for r in outcome_records]
-
-
 def test_a_prepared_topic_is_built_in_bounded_events_and_written_in_one_append_as_the_unsliced_one() -> None:
     """Placement and records in events cut by the time budget (1 ms per clock read, 5 ms budget), nothing
     written until the last step, whose one append is byte for byte what one CreateTopics event writes."""
@@ -267,7 +263,7 @@ def test_a_prepared_topic_is_built_in_bounded_events_and_written_in_one_append_a
     written = prepared.create_prepared_topic(plan, False, len(log))
     expected = whole.create_topics(request, len(whole_log))
     assert written.response == expected.response
-    assert _values(written.records) == _values(expected.records)
+    assert written.encoded() == expected.encoded()  # (the prepared one encoded as it was built)
     assert prepared.image.topic("mid") == whole.image.topic("mid")
 
 
@@ -315,7 +311,7 @@ def test_topics_planned_together_are_placed_one_after_the_other() -> None:
     for plan in (first, second):
         while not logic.prepare_some(plan, Deadline(None, 0), 1_000):
             pass
-        log.extend(logic.create_prepared_topic(plan, False, len(log)).records)
+        log.extend(logic.create_prepared_topic(plan, False, len(log)).all_records())
     a, b = logic.image.topic("a"), logic.image.topic("b")
     assert a is not None and b is not None
     assert a.partitions[0].leader != b.partitions[0].leader
@@ -382,4 +378,4 @@ def test_a_prepared_explicit_assignment_in_any_order_is_the_unsliced_one() -> No
     written = prepared.create_prepared_topic(plan, False, len(log))
     expected = whole.create_topics(request, len(whole_log))
     assert written.response == expected.response
-    assert _values(written.records) == _values(expected.records)
+    assert written.encoded() == expected.encoded()  # (the prepared one encoded as it was built)

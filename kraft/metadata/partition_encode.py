@@ -1,0 +1,135 @@
+"""A new partition's PartitionRecord value written straight from its fields, without protobuf.
+
+A bulk CreateTopics (100 topics x 1,000 partitions, issue #17) built one upb ``MetadataRecord`` per
+partition when it prepared a topic, kept it (GC-tracked, with its own arena) until the topic's write, and
+serialized it then (:func:`kraft.metadata.records.encode_value`): ~3.7-4 µs a partition (build and
+encode), 100,000 tracked objects a request.  :func:`new_partition_value` gives the same bytes from the
+fields in ~1.5 µs, and the prepared topic carries them (bytes are not tracked by the collector) to the append
+(:class:`kraft.metadata.controller_logic.Outcome` ``values``).
+
+The bytes must be exactly :func:`~kraft.metadata.records.encode_value`'s of the record
+``_new_partitions`` builds — the same log whichever path wrote it, and the follower's direct read
+(:func:`kraft.metadata.change_decode.plain_partition`) takes them as it takes upb's.  That is upb's proto3
+wire format for the fields a new partition sets: fields in number order, a field at its zero value
+omitted, ids packed, a negative int32 as a 10-byte varint.  Property-tested against upb over many shapes
+in tests/unit/metadata/test_partition_encode.py; the field numbers and types are checked against the
+compiled descriptor at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from google.protobuf.descriptor import FieldDescriptor
+
+from kraft.metadata import records as rec
+from kraft.storage.varint import encode_uvarint
+from kraft.v1 import metadata_pb2 as pb
+
+# The wire layout written below, checked against the compiled descriptor: a renumbered or retyped field
+# fails at import, not as records written with another meaning.
+_FIELDS = pb.PartitionRecord.DESCRIPTOR.fields_by_name
+for _name, (_number, _type) in {
+    "partition_id": (1, FieldDescriptor.TYPE_INT32),
+    "topic_id": (2, FieldDescriptor.TYPE_STRING),
+    "replicas": (3, FieldDescriptor.TYPE_INT32),
+    "isr": (4, FieldDescriptor.TYPE_INT32),
+    "leader": (7, FieldDescriptor.TYPE_INT32),
+}.items():
+    assert (_FIELDS[_name].number, _FIELDS[_name].type) == (_number, _type), _name
+assert _FIELDS["replicas"].is_packed and _FIELDS["isr"].is_packed
+# Field 1 is the lowest: nothing upb writes goes before the partition id.
+assert min(f.number for f in pb.PartitionRecord.DESCRIPTOR.fields) == 1
+
+_TAG_PARTITION_ID: Final = bytes(((1 << 3) | 0,))
+_TAG_TOPIC_ID: Final = bytes(((2 << 3) | 2,))
+_TAG_REPLICAS: Final = bytes(((3 << 3) | 2,))
+_TAG_ISR: Final = bytes(((4 << 3) | 2,))
+_TAG_LEADER: Final = bytes(((7 << 3) | 0,))
+
+
+def _value_head() -> bytes:
+    """The value's header (frame version, api key, record version) and the MetadataRecord's tag of its
+    ``partition`` field — taken from encode_value itself, so a new record version moves both alike."""
+    probe = pb.MetadataRecord()
+    probe.partition.partition_id = 1
+    value = rec.encode_value(probe)
+    body = probe.partition.SerializeToString()  # b"\x08\x01"
+    assert value.endswith(bytes((len(body),)) + body), value
+    return value[: -1 - len(body)]
+
+
+_HEAD: Final = _value_head()
+
+_SMALL_COUNT: Final = 1 << 12
+_SMALL: Final = tuple(encode_uvarint(n) for n in range(_SMALL_COUNT))
+"""Varints of 0…4,095 (broker ids, partition ids, lengths): a tuple index instead of a Python loop."""
+_SMALL_BY_VALUE: Final = dict(enumerate(_SMALL))
+_small = _SMALL_BY_VALUE.get  # None for anything else (negative, large): then _varint
+_UINT64: Final = (1 << 64) - 1
+
+
+def _varint(value: int) -> bytes:
+    """An int32's varint as upb writes it: a negative value as its 64-bit two's complement (10 bytes)."""
+    if 0 <= value < _SMALL_COUNT:
+        return _SMALL[value]
+    return encode_uvarint(value & _UINT64)
+
+
+def _packed(ids: Sequence[int]) -> bytes:
+    """The packed run of ``ids`` (their varints back to back)."""
+    parts = [*map(_small, ids)]
+    if None in parts:  # an id outside the table: each id alone
+        return b"".join([_varint(i) for i in ids])
+    return b"".join(parts)  # type: ignore[arg-type]  # (no None: checked above)
+
+
+def topic_field(topic_id: str) -> bytes:
+    """The ``topic_id`` field's bytes (tag, length, UTF-8), computed once per topic and passed to
+    :func:`new_partition_value` for each of its partitions; empty for ``""`` (proto3 omits it)."""
+    if not topic_id:
+        return b""
+    data = topic_id.encode()
+    return _TAG_TOPIC_ID + _varint(len(data)) + data
+
+
+def new_partition_value(
+    topic: bytes, partition_id: int, replicas: Sequence[int], isr: Sequence[int], leader: int
+) -> bytes:
+    """:func:`~kraft.metadata.records.encode_value`'s bytes of the MetadataRecord whose ``partition`` sets
+    these fields and no others (leader and partition epoch 0: a new partition); ``topic`` is
+    :func:`topic_field`'s.  An ISR that is the replicas' tuple itself (the common case) reuses its run."""
+    if isr is replicas and partition_id and leader:
+        # The bulk creation's case (every replica in the ISR, the ids and partition id in the table; any
+        # other, a negative one included, is a KeyError): one concatenation, ~1.5 µs against ~1.8 for the
+        # general path below.
+        small = _SMALL_BY_VALUE
+        try:
+            packed = b"".join([small[i] for i in replicas])
+            pid = small[partition_id]
+            lead = small[leader]
+        except KeyError:
+            return _general(topic, partition_id, replicas, isr, leader)
+        if packed:
+            size = _varint(len(packed))
+            body = b"\x08" + pid + topic + b"\x1a" + size + packed + b'"' + size + packed + b"8" + lead
+            return _HEAD + _varint(len(body)) + body
+    return _general(topic, partition_id, replicas, isr, leader)
+
+
+def _general(
+    topic: bytes, partition_id: int, replicas: Sequence[int], isr: Sequence[int], leader: int
+) -> bytes:
+    packed = _packed(replicas) if replicas else b""
+    parts = [_TAG_PARTITION_ID, _varint(partition_id)] if partition_id else []
+    parts.append(topic)
+    if packed:
+        parts += (_TAG_REPLICAS, _varint(len(packed)), packed)
+    if isr:
+        run = packed if isr is replicas else _packed(isr)
+        parts += (_TAG_ISR, _varint(len(run)), run)
+    if leader:
+        parts += (_TAG_LEADER, _varint(leader))
+    body = b"".join(parts)
+    return b"".join((_HEAD, _varint(len(body)), body))
