@@ -198,6 +198,109 @@ def plain_partition(value: bytes) -> PlainPartition | None:
     packed in one run); ``None`` for anything else, which the caller must decode through upb."""
     if value[:4] != _PARTITION_PREFIX:
         return None
+    return _plain_common(value) or _plain_walk(value)
+
+
+# The topic id field (tag, length, bytes) read last by a PartitionRecord's walk, and its ``str``: a bulk
+# CreateTopics' records come topic by topic, so nearly every record repeats the one before's topic id —
+# matched in place (one C call, no slice, no ASCII check, no new ``str``: the image's partitions of a
+# topic then share one topic id object).
+# (The first: longer than any record _plain_common reads, so it never matches.)
+_last_topic_field: tuple[bytes, str] = (b"\x12" * 256, "")
+
+
+def _plain_common(value: bytes) -> PlainPartition | None:
+    """:func:`plain_partition` of the shape nearly every new partition's record has — a record under 128
+    bytes; partition id and leader of one or two varint bytes; the previous record's topic id field
+    byte for byte; three replicas of two bytes each or a run read by :func:`_run_ids`; an ISR of the
+    replicas' very bytes or another run; epochs absent or of one byte — straight through with the
+    varints inlined (session 17: 3.5 µs a record in the general walk, ~40 % of a follower's catch-up
+    CPU).  ``None`` for anything else, including every malformed value: the general walk
+    (:func:`_plain_walk`) reads it then, so this path only has to be right where it answers."""
+    end = len(value)
+    try:
+        size = value[4]
+        if size >= 0x80 or size + 5 != end or value[5] != _TAG_PARTITION_ID:
+            return None
+        low = value[6]
+        if low < 0x80:
+            partition_id = low
+            pos = 7
+        else:
+            high = value[7]
+            if high >= 0x80:
+                return None
+            partition_id = (low & 0x7F) | (high << 7)
+            pos = 8
+        topic_field, topic_id = _last_topic_field
+        if not value.startswith(topic_field, pos):
+            return None
+        pos += len(topic_field)
+        if value[pos] != _TAG_REPLICAS:
+            return None
+        size = value[pos + 1]
+        start = pos + 2
+        pos = start + size
+        if size >= 0x80 or pos > end:
+            return None
+        run = value[start:pos]
+        replicas: tuple[int, ...] | None
+        if size == 6:
+            a, b, c, d, e, f = run
+            if a >= 0x80 and b < 0x80 and c >= 0x80 and d < 0x80 and e >= 0x80 and f < 0x80:
+                replicas = ((a & 0x7F) | (b << 7), (c & 0x7F) | (d << 7), (e & 0x7F) | (f << 7))
+            else:
+                replicas = _run_ids(value, start, pos, False)
+        else:
+            replicas = _run_ids(value, start, pos, False)
+        if replicas is None or value[pos] != _TAG_PARTITION_ISR:
+            return None
+        isr_size = value[pos + 1]
+        start = pos + 2
+        pos = start + isr_size
+        if isr_size >= 0x80 or pos > end:
+            return None
+        isr: tuple[int, ...] | None
+        if isr_size == size and value.startswith(run, start):
+            isr = replicas  # a new partition's ISR is its replicas: the same bytes, read once
+        else:
+            isr = _run_ids(value, start, pos, False)
+            if isr is None:
+                return None
+        if value[pos] != _TAG_PARTITION_LEADER:
+            return None
+        low = value[pos + 1]
+        if low < 0x80:
+            leader = low
+            pos += 2
+        else:
+            high = value[pos + 2]
+            if high >= 0x80:
+                return None  # (no leader, -1, is ten bytes: the general walk's)
+            leader = (low & 0x7F) | (high << 7)
+            pos += 3
+        leader_epoch = partition_epoch = 0
+        if pos < end and value[pos] == _TAG_LEADER_EPOCH:
+            leader_epoch = value[pos + 1]
+            pos += 2
+            if leader_epoch >= 0x80:
+                return None
+        if pos < end and value[pos] == _TAG_PARTITION_EPOCH:
+            partition_epoch = value[pos + 1]
+            pos += 2
+            if partition_epoch >= 0x80:
+                return None
+        if pos != end:
+            return None
+        return topic_id, partition_id, replicas, isr, leader, leader_epoch, partition_epoch
+    except IndexError:
+        return None
+
+
+def _plain_walk(value: bytes) -> PlainPartition | None:
+    """:func:`plain_partition`'s general walk (any varint width, any field left out); remembers the topic
+    id field it read for :func:`_plain_common`."""
+    global _last_topic_field
     end = len(value)
     try:
         size = value[4]
@@ -220,6 +323,7 @@ def plain_partition(value: bytes) -> PlainPartition | None:
             tag = value[pos] if pos < end else 0
         topic_id = ""
         if tag == _TAG_TOPIC_ID:
+            field_at = pos
             size = value[pos + 1]
             pos += 2
             if size >= 0x80:
@@ -231,6 +335,7 @@ def plain_partition(value: bytes) -> PlainPartition | None:
             if stop > end or not raw.isascii():  # (ASCII: valid UTF-8 by any validator's rules)
                 return None
             topic_id = raw.decode("ascii")
+            _last_topic_field = (value[field_at:stop], topic_id)
             pos = stop
             tag = value[pos] if pos < end else 0
         replicas: tuple[int, ...] = ()
