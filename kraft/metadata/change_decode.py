@@ -98,6 +98,14 @@ _RUNS_MAX: Final = 1 << 14
 _MINUS_ONE: Final = b"\xff" * 9 + b"\x01"  # -1 as an int32 varint (10 bytes, as upb writes it)
 
 
+# The topic id field (tag, length, bytes) read last by a PartitionRecord's walk, and its ``str``: a bulk
+# CreateTopics' records come topic by topic, so nearly every record repeats the one before's topic id —
+# matched in place (one C call, no slice, no ASCII check, no new ``str``: the image's partitions of a
+# topic then share one topic id object).  Bytes equal to a field read before are read as it was.
+# (To begin with: an empty topic id's field, which any walk reads as "" too.)
+_last_topic_field: tuple[bytes, str] = (b"\x12\x00", "")
+
+
 def _long_varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     """The varint at ``pos`` (first byte ≥ 0x80) and the position after it; ``(0, _BAD)`` for one that
     runs past ``end``, is longer than 10 bytes or above 2**64 — left to upb."""
@@ -201,22 +209,15 @@ def plain_partition(value: bytes) -> PlainPartition | None:
     return _plain_common(value) or _plain_walk(value)
 
 
-# The topic id field (tag, length, bytes) read last by a PartitionRecord's walk, and its ``str``: a bulk
-# CreateTopics' records come topic by topic, so nearly every record repeats the one before's topic id —
-# matched in place (one C call, no slice, no ASCII check, no new ``str``: the image's partitions of a
-# topic then share one topic id object).
-# (The first: longer than any record _plain_common reads, so it never matches.)
-_last_topic_field: tuple[bytes, str] = (b"\x12" * 256, "")
-
-
 def _plain_common(value: bytes) -> PlainPartition | None:
     """:func:`plain_partition` of the shape nearly every new partition's record has — a record under 128
     bytes; partition id and leader of one or two varint bytes; the previous record's topic id field
     byte for byte; three replicas of two bytes each or a run read by :func:`_run_ids`; an ISR of the
     replicas' very bytes or another run; epochs absent or of one byte — straight through with the
-    varints inlined (session 17: 3.5 µs a record in the general walk, ~40 % of a follower's catch-up
-    CPU).  ``None`` for anything else, including every malformed value: the general walk
-    (:func:`_plain_walk`) reads it then, so this path only has to be right where it answers."""
+    varints inlined (session 17: the general walk took 3.5 µs of a new partition's ~5 µs decode and
+    replay on a follower, raft-performance.md).  ``None`` for anything else, including every malformed
+    value: the general walk (:func:`_plain_walk`) reads it then, so this path only has to be right where
+    it answers."""
     end = len(value)
     try:
         size = value[4]

@@ -379,13 +379,30 @@ def test_a_long_record_size_is_not_read_as_one_byte() -> None:
 
 
 def test_wider_varints_in_the_common_shape_are_read_whole() -> None:
-    """Six bytes of replicas that are not three two-byte ids (a four-byte id, then a two-byte one), and
-    a three-byte partition id ending in the topic id's tag byte: read as upb reads them, or left to it."""
+    """Six bytes of replicas that are not three two-byte ids (a four-byte id, then a two-byte one), an
+    ISR of the replicas' length but not their ids, a two-byte leader epoch, and a three-byte partition
+    id ending in the topic id's tag byte: read as upb reads them, or left to it."""
     first = pb.PartitionRecord(topic_id="T", replicas=[1], isr=[1], leader=1)
     assert plain_partition(records.encode_value(records.wrap(first))) is not None
     wide = pb.PartitionRecord(topic_id="T", partition_id=3, replicas=[3_000_000, 500], isr=[500], leader=500)
     value = records.encode_value(records.wrap(wide))
     assert plain_partition(value) == _meaning(wide)
+    # an ISR as long as the replicas, not theirs
+    other = pb.PartitionRecord(
+        topic_id="T", partition_id=5, replicas=[300, 301, 302], isr=[300, 301, 303], leader=300
+    )
+    assert plain_partition(records.encode_value(records.wrap(other))) == _meaning(other)
+    # a two-byte leader epoch whose second byte is the partition epoch's tag (10,245: 0x85 0x50), then a
+    # byte that upb reads as a bad tag
+    epochs = pb.PartitionRecord(
+        topic_id="T", partition_id=4, replicas=[1], isr=[1], leader=1, leader_epoch=10_245
+    )
+    value = records.encode_value(records.wrap(epochs))
+    assert plain_partition(value) == _meaning(epochs)
+    assert value.endswith(b"\x48\x85\x50") and value[4] + 5 == len(value)
+    value = value[:4] + bytes([value[4] + 1]) + value[5:] + b"\x07"
+    assert isinstance(_upb(value), tuple)  # an error
+    assert plain_partition(value) is None
     body = b"\x08\x81\x80" + b"\x12\x01T"  # (upb: partition id 0x81 0x80 0x12, then a bad tag 0x01)
     body += b"\x1a\x06\xfe\x03\xf6\x03\xf7\x03" + b"\x22\x06\xfe\x03\xf6\x03\xf7\x03" + b"\x38\xfe\x03"
     value = b"\x01\x03\x00\x6a" + bytes([len(body)]) + body
