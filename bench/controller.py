@@ -39,7 +39,10 @@ What is measured (results in ``bench/results/controller.json``):
   watermark, sampled every 250 ms from the bulk phase's start until the store saves were waited for
   (:mod:`bench.replay_lag`): the largest lag (records), when each node caught up with the high watermark
   at the bulk phase's end (s after it), its main thread's time running and waiting for a core (schedstat)
-  during the bulk phase and until then, a 0.5-s timeline.
+  during the bulk phase and until then, a 0.5-s timeline; and (session 17, ``main_thread_waits``) the share
+  of 10-ms samples of the main thread's kernel wait in each class: ``cpu`` (running or runnable), ``gil``
+  (a futex: another thread of the process holds the GIL), ``loop`` (the event loop's epoll: nothing ready),
+  ``other``.
 
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
@@ -96,7 +99,7 @@ from bench.controller_fleet import (
     run_loop,
 )
 from bench.cpu_probe import CpuProbe
-from bench.replay_lag import LagSampler, summarize
+from bench.replay_lag import LagSampler, WaitSampler, summarize
 from bench.store_saves import saves_by_phase, wait_for_saves
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
@@ -591,6 +594,9 @@ async def cluster_benchmarks(
                     quorum.metrics_ports, {node_id: node.pid for node_id, node in quorum.nodes.items()}
                 )
                 lag.start()
+                # Session 17: what each main thread waits on when it neither runs nor queues.
+                waits = WaitSampler({node_id: node.pid for node_id, node in quorum.nodes.items()})
+                waits.start()
                 bulk_start = time.monotonic()
 
                 cpu_before = cpu_marks(quorum) if cpu else {}
@@ -715,7 +721,10 @@ async def cluster_benchmarks(
             )
             results["image_store_saves"]["waited_after_run_s"] = waited_s
             lag.stop()
-            results["replay_lag"] = summarize(lag.samples, cluster.controller_id, bulk_start, bulk_end)
+            waits.stop()
+            results["replay_lag"] = summarize(
+                lag.samples, cluster.controller_id, bulk_start, bulk_end, waits.samples
+            )
             if beats_out is not None:  # every heartbeat and client stall, for lining up with node logs
                 raw = {
                     "bulk": [bulk_start, bulk_end],

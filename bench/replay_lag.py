@@ -61,6 +61,65 @@ def main_thread_schedstat(pid: int | None) -> tuple[int, int]:
     return int(run_ns), int(wait_ns)
 
 
+WAIT_CLASSES = ("cpu", "gil", "loop", "other")
+"""What :func:`wait_class` makes of a thread's ``wchan``: on a CPU or runnable (``0``: no kernel wait), a
+futex (in a CPython process's main thread: the GIL, held by another of its threads), the event loop's
+epoll (nothing to do: the asyncio task that replays is waiting for its turn, the driver or the next
+commit), anything else (a disk read, a pipe)."""
+
+
+def wait_class(wchan: str) -> str:
+    """The class (:data:`WAIT_CLASSES`) of a thread whose ``/proc/.../wchan`` reads ``wchan``."""
+    name = wchan.strip()
+    if name in ("", "0"):
+        return "cpu"
+    if "futex" in name:
+        return "gil"
+    if "epoll" in name or name.startswith("ep_poll"):
+        return "loop"
+    return "other"
+
+
+class WaitSampler:
+    """Samples every node's main-thread ``wchan`` every ``interval_s`` on one thread: schedstat's shares
+    say how long the thread ran or queued for a core, not what it waited on otherwise; the wait's
+    kernel function does (session 17)."""
+
+    def __init__(self, pids: Mapping[int, int | None], interval_s: float = 0.01) -> None:
+        self._paths = {node: f"/proc/{pid}/task/{pid}/wchan" for node, pid in pids.items() if pid}
+        self._interval_s = interval_s
+        self.samples: dict[int, list[tuple[float, str]]] = {node: [] for node in self._paths}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replay-lag-wchan", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            asked = time.monotonic()
+            for node, path in self._paths.items():
+                try:
+                    with open(path) as handle:
+                        name = handle.read()
+                except OSError:
+                    continue
+                self.samples[node].append((asked, wait_class(name)))
+            self._stop.wait(max(0.0, self._interval_s - (time.monotonic() - asked)))
+
+
+def wait_shares(rows: list[tuple[float, str]], start: float, end: float) -> dict[str, float] | None:
+    """The share of the samples inside [start, end] in each of :data:`WAIT_CLASSES` (None: none)."""
+    inside = [kind for when, kind in rows if start <= when <= end]
+    if not inside:
+        return None
+    return {kind: round(inside.count(kind) / len(inside), 2) for kind in WAIT_CLASSES}
+
+
 class LagSampler:
     """Samples every node's applied offset, high watermark and main-thread CPU on a thread of its own."""
 
@@ -103,7 +162,11 @@ class LagSampler:
 
 
 def summarize(
-    samples: Mapping[int, list[Sample]], leader: int, bulk_start: float, bulk_end: float
+    samples: Mapping[int, list[Sample]],
+    leader: int,
+    bulk_start: float,
+    bulk_end: float,
+    waits: Mapping[int, list[tuple[float, str]]] | None = None,
 ) -> dict[str, Any]:
     """Per node: the largest lag behind the leader's high watermark (records, and when, s from the bulk
     phase's start), when the node's applied offset reached the leader's high watermark at ``bulk_end``
@@ -111,7 +174,8 @@ def summarize(
     the main thread's running and run-queue shares during the bulk phase and from its end to that
     catch-up, and a
     timeline in 0.5-s bins (s from the bulk start: applied, the node's own high watermark, the
-    leader's)."""
+    leader's).  With ``waits`` (:class:`WaitSampler`'s samples), also the main thread's wait classes in
+    the same two windows (``main_thread_waits``)."""
     leader_samples = samples.get(leader, [])
 
     def leader_hwm(at: float) -> int:
@@ -157,6 +221,11 @@ def summarize(
             },
             "timeline": timeline,
         }
+        if waits is not None and node in waits:
+            out[f"node-{node}"]["main_thread_waits"] = {
+                "bulk": wait_shares(waits[node], bulk_start, bulk_end),
+                "until_caught_up": wait_shares(waits[node], bulk_end, end),
+            }
     return out
 
 

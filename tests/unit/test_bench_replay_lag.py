@@ -3,7 +3,7 @@ thread's running and run-queue shares from synthetic samples (no processes)."""
 
 from __future__ import annotations
 
-from bench.replay_lag import APPLIED, HIGH_WATERMARK, gauge, summarize
+from bench.replay_lag import APPLIED, HIGH_WATERMARK, gauge, summarize, wait_class
 
 PAGE = (
     "\n# HELP kraft_controller_last_applied_record_offset_x other\n"
@@ -47,3 +47,41 @@ def test_a_lagging_follower_is_summarized_against_the_leader() -> None:
     }
     assert out["node-1"]["max_lag_records"] == 0
     assert out["node-1"]["caught_up_after_bulk_s"] == 0.1  # its first sample after the end: up to date
+
+
+def test_a_wait_is_classed_by_its_kernel_function() -> None:
+    assert wait_class("0") == "cpu"
+    assert wait_class("") == "cpu"
+    assert wait_class("futex_wait_queue") == "gil"
+    assert wait_class("futex_wait_queue_me\n") == "gil"
+    assert wait_class("do_epoll_wait") == "loop"
+    assert wait_class("ep_poll") == "loop"
+    assert wait_class("pipe_read") == "other"
+
+
+def test_the_main_thread_waits_are_shared_out_per_window() -> None:
+    leader = [(0.0, 0, 1, 0, 0), (1.0, 99, 100, 0, 0), (3.0, 99, 100, 0, 0)]
+    follower = [(0.0, 0, 1, 0, 0), (1.0, 9, 100, 0, 0), (2.0, 99, 100, 0, 0), (3.0, 99, 100, 0, 0)]
+    # bulk phase [0, 1]: 3 cpu, 1 loop; then until caught up at t=2: 1 gil, 1 cpu, 2 loop; one sample after
+    waits = {
+        2: [
+            (0.1, "cpu"),
+            (0.4, "cpu"),
+            (0.7, "loop"),
+            (0.9, "cpu"),
+            (1.2, "gil"),
+            (1.4, "cpu"),
+            (1.6, "loop"),
+            (1.9, "loop"),
+            (2.5, "gil"),
+        ]
+    }
+    out = summarize({1: leader, 2: follower}, 1, 0.0, 1.0, waits)
+    two = out["node-2"]
+    assert two["caught_up_after_bulk_s"] == 1.0
+    assert two["main_thread_waits"] == {
+        "bulk": {"cpu": 0.75, "gil": 0.0, "loop": 0.25, "other": 0.0},
+        "until_caught_up": {"cpu": 0.25, "gil": 0.25, "loop": 0.5, "other": 0.0},
+    }
+    assert "main_thread_waits" not in out["node-1"]  # no samples of it
+    assert "main_thread_waits" not in summarize({1: leader, 2: follower}, 1, 0.0, 1.0)["node-2"]

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 
 from kraft.errors import KraftError
 from kraft.metadata import records
-from kraft.metadata.change_decode import IsrLeaderChange, decode_replay_values, isr_leader_change
+from kraft.metadata.change_decode import (
+    IsrLeaderChange,
+    _change_common,
+    decode_replay_values,
+    isr_leader_change,
+)
 from kraft.metadata.delta import MetadataDelta, apply_isr_leader_change, apply_partition_change
 from kraft.metadata.image import LEADER_RECOVERED, LEADER_RECOVERING, MetadataImage, PartitionRegistration
 from kraft.v1 import metadata_pb2 as pb
@@ -305,3 +310,133 @@ def test_a_broker_replaying_record_by_record_gets_the_same_image(
     assert direct.replay_errors == general.replay_errors
     assert (direct.offset, direct.epoch) == (general.offset, general.epoch)
     assert direct.apply().topics_by_id == general.apply().topics_by_id
+
+
+# Session 17: the common shape read straight through (``_change_common``), the topic id field matched
+# against the one read before it.
+_TWO_BYTE_IDS = st.integers(128, 16_383)
+_ASCII_TOPIC_IDS = st.sampled_from(["T", "", "f81d4fae-7dec-11d0-a765-00a0c91e6bf6"]) | st.text(
+    alphabet=st.characters(max_codepoint=127), max_size=40
+)
+
+
+@st.composite
+def _shutdown_changes(draw: st.DrawFn) -> pb.PartitionChangeRecord:
+    """A leave's or a rejoin's change in a big cluster (two-byte ids, leader -1 or a broker), or one
+    nearby: other id widths, an empty ISR, no ISR or no leader, any int32."""
+    change = pb.PartitionChangeRecord(
+        topic_id=draw(_ASCII_TOPIC_IDS), partition_id=draw(st.integers(0, 16_383) | _INT32)
+    )
+    if draw(st.integers(0, 3)):
+        change.isr.ids.extend(draw(st.lists(_TWO_BYTE_IDS, max_size=3) | _ID_LISTS))
+    if draw(st.integers(0, 3)):
+        change.leader = draw(_TWO_BYTE_IDS | st.integers(-1, 127) | _INT32)
+    return change
+
+
+@settings(max_examples=2000)
+@given(_shutdown_changes(), st.data())
+def test_a_change_after_one_of_its_topic_is_read_as_upb_reads_it_or_left_to_upb(
+    change: pb.PartitionChangeRecord, data: st.DataObject
+) -> None:
+    """The change before it (of the same topic) leaves its topic id field to be matched: the value — as
+    kraft writes it, or broken — is read to upb's meaning or left to upb."""
+    first = pb.PartitionChangeRecord(topic_id=change.topic_id, partition_id=1, leader=1)
+    assert isr_leader_change(records.encode_value(records.wrap(first))) is not None
+    value = records.encode_value(records.wrap(change))
+    how = data.draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended"]))
+    if how == "truncated":
+        value = value[: data.draw(st.integers(0, len(value)))]
+    elif how == "byte":
+        at = data.draw(st.integers(0, len(value) - 1))
+        value = value[:at] + bytes([data.draw(st.integers(0, 255))]) + value[at + 1 :]
+    elif how == "inserted":
+        at = data.draw(st.integers(0, len(value)))
+        value = value[:at] + data.draw(st.binary(min_size=1, max_size=4)) + value[at:]
+    elif how == "appended":
+        value += data.draw(st.binary(min_size=1, max_size=4))
+    got = isr_leader_change(value)
+    general = _upb(value)
+    if got is not None:
+        assert isinstance(general, pb.MetadataRecord), general
+        assert general.WhichOneof("record") == "partition_change"
+        assert _holds_only_the_common_fields(general)
+        assert got == _meaning(general.partition_change)
+    if how == "as is":
+        assert got == _meaning(change)
+
+
+def _primed(topic_id: str) -> None:
+    """A change of ``topic_id`` read, so the next one of it matches its topic id field."""
+    first = pb.PartitionChangeRecord(topic_id=topic_id, partition_id=1, leader=1)
+    assert isr_leader_change(records.encode_value(records.wrap(first))) is not None
+
+
+def _framed(body: bytes) -> bytes:
+    return b"\x01\x05\x00\x7a" + bytes([len(body)]) + body
+
+
+def test_a_shutdown_change_takes_the_straight_path() -> None:
+    """(what keeps it from quietly going unused) a leave's changes in a 1,000-broker cluster, after one
+    of their topic: read by ``_change_common`` alone."""
+    topic_id = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6"
+    _primed(topic_id)
+    for change in (
+        pb.PartitionChangeRecord(
+            topic_id=topic_id, partition_id=500, isr=pb.BrokerIdList(ids=[998, 2]), leader=998
+        ),
+        pb.PartitionChangeRecord(topic_id=topic_id, partition_id=7, isr=pb.BrokerIdList(ids=[]), leader=-1),
+        pb.PartitionChangeRecord(topic_id=topic_id, partition_id=16_000, isr=pb.BrokerIdList(ids=[300, 5])),
+        pb.PartitionChangeRecord(topic_id=topic_id, partition_id=3, leader=5),
+    ):
+        assert _change_common(records.encode_value(records.wrap(change))) == _meaning(change)
+
+
+def test_shapes_the_straight_path_must_leave_or_read_whole() -> None:
+    """Directed examples (each a way the straight path could misread): a record size whose varint runs on;
+    an ISR list holding more than its packed run, or a run that is not packed ids; a three-byte partition id
+    ending in the topic id's tag; leaders of three bytes, of five starting 0xff (not -1), and cut short."""
+    _primed("T")
+    tail = b"\x1a\x06\x0a\x04\xfe\x03\xf6\x03" + b"\x20\xfe\x03"
+    # (1) record size 0x85 0x08 (1,029): upb rejects it; the value's length fits the first byte alone
+    topic_id = "a" * 118
+    _primed(topic_id)
+    value = b"\x01\x05\x00\x7a\x85" + b"\x08\x01" + b"\x12" + bytes([118]) + topic_id.encode() + tail
+    assert len(value) == 0x85 + 5 and isinstance(_upb(value), tuple)
+    assert isr_leader_change(value) is None
+    _primed("T")
+    # (2) the list holds the run and an id more (0x08 0x05, unpacked): upb merges them
+    value = _framed(b"\x08\x01\x12\x01T" + b"\x1a\x08\x0a\x04\xfe\x03\xf6\x03\x08\x05" + b"\x20\xfe\x03")
+    general = _upb(value)
+    assert isinstance(general, pb.MetadataRecord)
+    assert tuple(general.partition_change.isr.ids) == (510, 502, 5)
+    assert isr_leader_change(value) in (None, _meaning(general.partition_change))
+    # (3) a list whose field 1 is not length-delimited (0x0b: group start) of the run's size
+    value = _framed(b"\x08\x01\x12\x01T" + b"\x1a\x06\x0b\x04\xfe\x03\xf6\x03" + b"\x20\xfe\x03")
+    general = _upb(value)
+    got = isr_leader_change(value)
+    assert got is None or (
+        isinstance(general, pb.MetadataRecord) and got == _meaning(general.partition_change)
+    )
+    # (4) partition id 0x81 0x80 0x12, then a bad tag 0x01 (upb), or 0x81 0x80 and the topic field
+    value = _framed(b"\x08\x81\x80\x12\x01T" + tail)
+    assert isinstance(_upb(value), tuple)
+    assert isr_leader_change(value) is None
+    # (5) leaders of three bytes and of five starting 0xff
+    for leader in (20_000, 2**31 - 1):
+        change = pb.PartitionChangeRecord(topic_id="T", partition_id=2, leader=leader)
+        assert isr_leader_change(records.encode_value(records.wrap(change))) == _meaning(change)
+    # (6) the ISR list holding its run and then a field 4 (0x20 0x05): upb keeps it as the list's unknown
+    # field and the change has no leader
+    value = _framed(b"\x08\x01\x12\x01T" + b"\x1a\x08\x0a\x04\xfe\x03\xf6\x03\x20\x05")
+    general = _upb(value)
+    assert isinstance(general, pb.MetadataRecord) and not general.partition_change.HasField("leader")
+    assert isr_leader_change(value) is None
+    # (7) a leader varint cut after its second byte, which still has its continuation bit
+    value = _framed(b"\x08\x01\x12\x01T" + b"\x20\xa0\x9c")
+    assert isinstance(_upb(value), tuple)
+    assert isr_leader_change(value) is None
+    # (8) a five-byte leader starting 0xff (2**31 - 1), then five bytes upb cannot read: not a -1
+    value = _framed(b"\x08\x01\x12\x01T" + b"\x20\xff\xff\xff\xff\x07" + b"\x01" * 5)
+    assert isinstance(_upb(value), tuple)
+    assert isr_leader_change(value) is None

@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 
 from kraft.errors import KraftError
 from kraft.metadata import records
-from kraft.metadata.change_decode import PlainPartition, decode_replay_values, plain_partition
+from kraft.metadata.change_decode import (
+    PlainPartition,
+    _plain_common,
+    decode_replay_values,
+    plain_partition,
+)
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.v1 import metadata_pb2 as pb
@@ -285,3 +290,122 @@ def test_a_partition_read_without_upb_replays_as_the_record_does(
     for topic in got.topics_by_id.values():
         for registration in topic.partitions:
             assert (registration.isr is registration.replicas) == (registration.isr == registration.replicas)
+
+
+# Session 17: the common shape read straight through (``_plain_common``), the topic id field matched
+# against the one read before it.
+_TWO_BYTE_IDS = st.integers(128, 16_383)
+_ASCII_TOPIC_IDS = st.sampled_from(["T", "", "f81d4fae-7dec-11d0-a765-00a0c91e6bf6"]) | st.text(
+    alphabet=st.characters(max_codepoint=127), max_size=40
+)
+
+
+@st.composite
+def _bulk_records(draw: st.DrawFn) -> pb.PartitionRecord:
+    """A CreateTopics partition of a big cluster as kraft writes it (three two-byte ids, the ISR its
+    replicas), or one nearby: other id widths and counts, another ISR, leader -1, long epochs."""
+    replicas = draw(st.lists(_TWO_BYTE_IDS, min_size=3, max_size=3) | _ID_LISTS)
+    return pb.PartitionRecord(
+        topic_id=draw(_ASCII_TOPIC_IDS),
+        partition_id=draw(st.integers(0, 16_383) | _INT32),
+        replicas=replicas,
+        isr=replicas if draw(st.booleans()) else draw(_ID_LISTS),
+        leader=draw(_TWO_BYTE_IDS | st.integers(-1, 127) | _INT32),
+        leader_epoch=draw(st.integers(0, 3) | st.integers(0, 300) | _INT32),
+        partition_epoch=draw(st.integers(0, 3) | st.integers(0, 300) | _INT32),
+    )
+
+
+@settings(max_examples=2000)
+@given(_bulk_records(), st.data())
+def test_a_value_after_one_of_its_topic_is_read_as_upb_reads_it_or_left_to_upb(
+    record: pb.PartitionRecord, data: st.DataObject
+) -> None:
+    """The record before it (partition 0 of the same topic) leaves its topic id field to be matched: the
+    value — as kraft writes it, or broken — is read to upb's meaning or left to upb."""
+    first = pb.PartitionRecord(topic_id=record.topic_id, replicas=[1], isr=[1], leader=1)
+    assert plain_partition(records.encode_value(records.wrap(first))) is not None
+    value = records.encode_value(records.wrap(record))
+    how = data.draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended"]))
+    if how == "truncated":
+        value = value[: data.draw(st.integers(0, len(value)))]
+    elif how == "byte":
+        at = data.draw(st.integers(0, len(value) - 1))
+        value = value[:at] + bytes([data.draw(st.integers(0, 255))]) + value[at + 1 :]
+    elif how == "inserted":
+        at = data.draw(st.integers(0, len(value)))
+        value = value[:at] + data.draw(st.binary(min_size=1, max_size=4)) + value[at:]
+    elif how == "appended":
+        value += data.draw(st.binary(min_size=1, max_size=4))
+    partition = plain_partition(value)
+    general = _upb(value)
+    if partition is not None:
+        assert isinstance(general, pb.MetadataRecord), general
+        assert general.WhichOneof("record") == "partition"
+        assert _holds_only_the_common_fields(general)
+        assert partition == _meaning(general.partition)
+    if how == "as is":
+        assert partition == _meaning(record)
+
+
+def test_a_bulk_creation_record_takes_the_straight_path() -> None:
+    """(what keeps it from quietly going unused) a new partition of a 1,000-broker cluster, after one of
+    its topic: read by ``_plain_common`` alone, its ISR the replicas' very tuple."""
+    topic_id = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6"
+    first = pb.PartitionRecord(topic_id=topic_id, replicas=[998, 999, 1], isr=[998, 999, 1], leader=998)
+    assert _plain_common(records.encode_value(records.wrap(first))) is None  # a new topic: the walk's
+    assert plain_partition(records.encode_value(records.wrap(first))) is not None
+    record = pb.PartitionRecord(
+        topic_id=topic_id, partition_id=500, replicas=[254, 246, 247], isr=[254, 246, 247], leader=254
+    )
+    got = _plain_common(records.encode_value(records.wrap(record)))
+    assert got == (topic_id, 500, (254, 246, 247), (254, 246, 247), 254, 0, 0)
+    assert got is not None and got[3] is got[2]
+
+
+def test_a_long_record_size_is_not_read_as_one_byte() -> None:
+    """A record size whose varint runs on (0x85 0x08: 1,029 bytes, past the value) is upb's to reject,
+    even where the byte after it would start the common shape and the value's length fits the first
+    byte alone (0x85 + 5)."""
+    topic_id = "a" * 110
+    first = pb.PartitionRecord(topic_id=topic_id, replicas=[1], isr=[1], leader=1)
+    assert plain_partition(records.encode_value(records.wrap(first))) is not None
+    body = b"\x08\x01" + b"\x12" + bytes([110]) + topic_id.encode()
+    body += b"\x1a\x06\xfe\x03\xf6\x03\xf7\x03" + b"\x22\x06\xfe\x03\xf6\x03\xf7\x03" + b"\x38\xfe\x03"
+    value = b"\x01\x03\x00\x6a\x85" + body
+    assert len(value) == 0x85 + 5
+    assert isinstance(_upb(value), tuple)  # an error
+    assert plain_partition(value) is None
+
+
+def test_wider_varints_in_the_common_shape_are_read_whole() -> None:
+    """Six bytes of replicas that are not three two-byte ids (a four-byte id, then a two-byte one), an
+    ISR of the replicas' length but not their ids, a two-byte leader epoch, and a three-byte partition
+    id ending in the topic id's tag byte: read as upb reads them, or left to it."""
+    first = pb.PartitionRecord(topic_id="T", replicas=[1], isr=[1], leader=1)
+    assert plain_partition(records.encode_value(records.wrap(first))) is not None
+    wide = pb.PartitionRecord(topic_id="T", partition_id=3, replicas=[3_000_000, 500], isr=[500], leader=500)
+    value = records.encode_value(records.wrap(wide))
+    assert plain_partition(value) == _meaning(wide)
+    # an ISR as long as the replicas, not theirs
+    other = pb.PartitionRecord(
+        topic_id="T", partition_id=5, replicas=[300, 301, 302], isr=[300, 301, 303], leader=300
+    )
+    assert plain_partition(records.encode_value(records.wrap(other))) == _meaning(other)
+    # a two-byte leader epoch whose second byte is the partition epoch's tag (10,245: 0x85 0x50), then a
+    # byte that upb reads as a bad tag
+    epochs = pb.PartitionRecord(
+        topic_id="T", partition_id=4, replicas=[1], isr=[1], leader=1, leader_epoch=10_245
+    )
+    value = records.encode_value(records.wrap(epochs))
+    assert plain_partition(value) == _meaning(epochs)
+    assert value.endswith(b"\x48\x85\x50") and value[4] + 5 == len(value)
+    value = value[:4] + bytes([value[4] + 1]) + value[5:] + b"\x07"
+    assert isinstance(_upb(value), tuple)  # an error
+    assert plain_partition(value) is None
+    body = b"\x08\x81\x80" + b"\x12\x01T"  # (upb: partition id 0x81 0x80 0x12, then a bad tag 0x01)
+    body += b"\x1a\x06\xfe\x03\xf6\x03\xf7\x03" + b"\x22\x06\xfe\x03\xf6\x03\xf7\x03" + b"\x38\xfe\x03"
+    value = b"\x01\x03\x00\x6a" + bytes([len(body)]) + body
+    general = _upb(value)
+    got = plain_partition(value)
+    assert got is None or (isinstance(general, pb.MetadataRecord) and got == _meaning(general.partition))
