@@ -14,7 +14,9 @@ controller's default).  CPU (``time.thread_time``) per 10,000 records, in pieces
   the delta);
 - ``apply``: ``MetadataDelta.apply`` (the new image);
 - ``publish_rest``: the rest of ``MetadataPublisher.publish`` (this broker's local changes, its partition
-  logs' reaction — opening, leader/follower switches — and the image store's save, here in memory).
+  logs' reaction — opening, leader/follower switches — and the image store's save: in memory, or with
+  ``--store sqlite`` the broker's SQLite store, which saves on a thread of its own: ``publish_process``
+  and ``total_process`` count every thread's CPU).
 
 Run: ``python -m bench.broker_apply [--topics 20] [--rounds 5]``; for an A/B, run it with ``PYTHONPATH``
 set to each tree, alternated (docs/internals/raft-performance.md, "A broker's apply of bulk creation and
@@ -39,12 +41,13 @@ from bench.follower_replay import build as build_creation
 from bench.shutdown_profile import build as build_shutdown
 from kraft.broker.fetcher import FetcherTimings, MetadataFetcher
 from kraft.broker.partitions import PartitionManager
-from kraft.broker.publisher import MetadataPublisher
+from kraft.broker.publisher import ImageStore, MetadataPublisher
 from kraft.clock import SystemClock
 from kraft.errors import ErrorCode
 from kraft.metadata import records as rec
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
+from kraft.metadata.store import SqliteImageStore
 from kraft.procutil import reap_children_on_exit
 from kraft.storage.batch import decode_batch
 from kraft.v1 import controller_pb2 as cpb
@@ -98,11 +101,24 @@ def shutdown_records(topics: int) -> tuple[MetadataImage, int, list[bytes]]:
     return image, offset, values
 
 
-async def one_round(broker: int, base: MetadataImage, first: int, values: list[bytes]) -> dict[str, float]:
-    ns = {"fetch_once": 0, "publish": 0, "apply": 0}
+async def _store(kind: str, root: Path, base: MetadataImage) -> ImageStore:
+    if kind == "memory":
+        memory = MemoryImageStore()
+        memory.image = base
+        return memory
+    sqlite = await SqliteImageStore.open(root / "image.sqlite", clock=SystemClock())
+    await sqlite.save(base)  # (the broker's image before the records: its last save)
+    return sqlite
+
+
+async def one_round(
+    broker: int, base: MetadataImage, first: int, values: list[bytes], store_kind: str
+) -> dict[str, float]:
+    ns = dict.fromkeys(
+        ("fetch_once", "publish", "apply", "fetch_once_process", "publish_process", "wall", "publish_wall"), 0
+    )
     with tempfile.TemporaryDirectory(prefix="broker-apply-") as root:
-        store = MemoryImageStore()
-        store.image = base
+        store = await _store(store_kind, Path(root), base)
         manager = PartitionManager(broker, [Path(root)], MemoryLogOpener())
         publisher = MetadataPublisher(broker, manager, store, "PLAINTEXT", lambda view: None)
         await publisher.start()
@@ -121,11 +137,17 @@ async def one_round(broker: int, base: MetadataImage, first: int, values: list[b
         apply = MetadataDelta.apply
 
         async def timed_publish(delta: MetadataDelta, last_record_time_ms: int = 0) -> Any:
-            started = time.thread_time_ns()
+            started, started_process, started_wall = (
+                time.thread_time_ns(),
+                time.process_time_ns(),
+                time.perf_counter_ns(),
+            )
             try:
                 return await publish(delta, last_record_time_ms)
             finally:
                 ns["publish"] += time.thread_time_ns() - started
+                ns["publish_process"] += time.process_time_ns() - started_process
+                ns["publish_wall"] += time.perf_counter_ns() - started_wall
 
         def timed_apply(delta: MetadataDelta) -> MetadataImage:
             started = time.thread_time_ns()
@@ -141,14 +163,21 @@ async def one_round(broker: int, base: MetadataImage, first: int, values: list[b
         try:
             fetcher.resume_from_publisher()
             while publisher.offset < first + len(values) - 1:
-                started = time.thread_time_ns()
+                started, started_process, started_wall = (
+                    time.thread_time_ns(),
+                    time.process_time_ns(),
+                    time.perf_counter_ns(),
+                )
                 assert await fetcher.fetch_once()
                 ns["fetch_once"] += time.thread_time_ns() - started
+                ns["fetch_once_process"] += time.process_time_ns() - started_process
+                ns["wall"] += time.perf_counter_ns() - started_wall
         finally:
             MetadataDelta.apply = apply  # type: ignore[method-assign]
             gc.unfreeze()
         await publisher.flush()
         manager.close()
+        await store.close()
     ns["parse"] = controller.parse_ns
     per_10k = 10_000 / len(values) / 1e6
     return {
@@ -157,6 +186,12 @@ async def one_round(broker: int, base: MetadataImage, first: int, values: list[b
         "apply": round(ns["apply"] * per_10k, 1),
         "publish_rest": round((ns["publish"] - ns["apply"]) * per_10k, 1),
         "total": round(ns["fetch_once"] * per_10k, 1),
+        # the publish's CPU on every thread (the SQLite store saves on a thread of its own)
+        "publish_process": round(ns["publish_process"] * per_10k, 1),
+        "total_process": round(ns["fetch_once_process"] * per_10k, 1),
+        # wall time (the broker's metadata lag, on an otherwise idle loop): the publish waits for the save
+        "publish_wall": round(ns["publish_wall"] * per_10k, 1),
+        "wall": round(ns["wall"] * per_10k, 1),
     }
 
 
@@ -167,14 +202,22 @@ def main() -> None:
     parser.add_argument("--broker", type=int, default=5, help="the broker applying (hosts its RF-3 share)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--phases", default="create,shutdown")
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory", help="the image store")
     args = parser.parse_args()
     assert PER_TOPIC == 1000
     load_before = os.getloadavg()
     builders = {"create": creation_records, "shutdown": shutdown_records}
-    out: dict[str, Any] = {"benchmark": "broker_apply", "topics": args.topics, "broker": args.broker}
+    out: dict[str, Any] = {
+        "benchmark": "broker_apply",
+        "topics": args.topics,
+        "broker": args.broker,
+        "store": args.store,
+    }
     for phase in args.phases.split(","):
         base, first, values = builders[phase](args.topics)
-        rounds = [asyncio.run(one_round(args.broker, base, first, values)) for _ in range(args.rounds)]
+        rounds = [
+            asyncio.run(one_round(args.broker, base, first, values, args.store)) for _ in range(args.rounds)
+        ]
         out[phase] = {
             "records": len(values),
             "median_cpu_ms_per_10k": {k: statistics.median(r[k] for r in rounds) for k in rounds[0]},
