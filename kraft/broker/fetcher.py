@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kraft.broker import heap
@@ -25,7 +25,7 @@ from kraft.broker.publisher import MetadataPublisher
 from kraft.client.controller import ControllerClient, ControllerUnavailable
 from kraft.clock import CHECK_EVERY, DEFAULT_WORK_UNIT_MS, Clock, Deadline, run_paced
 from kraft.errors import ErrorCode, KraftError
-from kraft.metadata.change_decode import isr_leader_change
+from kraft.metadata.change_decode import ReplayRecord, decode_replay_values
 from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.records import decode_value
@@ -140,32 +140,7 @@ class MetadataFetcher:
                 self._on_drained(generation)
             return True
         delta = self._pending or MetadataDelta(self._publisher.image)
-        undecodable: list[tuple[int, str]] = []
-        # A response holds up to a MiB of records (thousands of partition changes): replayed in slices of
-        # at most the work-unit time budget, so this broker's heartbeats and replica fetches run between.
-        deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
-        for count, record in enumerate(response.records, 1):
-            # Most records of a big response are PartitionChangeRecords of one shape (a controlled
-            # shutdown's): read without upb (change_decode); anything else as before.
-            change = isr_leader_change(record.value)
-            if change is not None:
-                delta.replay_isr_leader_change(change, record.offset, record.leader_epoch)
-            else:
-                try:
-                    decoded = decode_value(record.value)
-                except KraftError as exc:
-                    undecodable.append((record.offset, exc.message))
-                    continue
-                if decoded.WhichOneof("record") == "clear_elr":  # may clear thousands of partitions: in steps
-                    for _ in delta.replay_steps(decoded, record.offset, record.leader_epoch):
-                        if deadline.expired():
-                            await asyncio.sleep(0)
-                            deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
-                    continue
-                delta.replay(decoded, record.offset, record.leader_epoch)
-            if count % CHECK_EVERY == 0 and deadline.expired():
-                await asyncio.sleep(0)
-                deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
+        undecodable = await self._replay(response.records, delta)
         error = unreplayable("metadata", response.records[-1].offset, undecodable, list(delta.replay_errors))
         if error is not None:
             if self._metrics is not None:
@@ -182,6 +157,51 @@ class MetadataFetcher:
         if drained:
             self._on_drained(generation)
         return True
+
+    async def _replay(
+        self, records: Sequence[cpb.CommittedRecord], delta: MetadataDelta
+    ) -> list[tuple[int, str]]:
+        """Replay ``records`` into ``delta`` (offset and epoch: the last record's); the (offset, error) of
+        each that did not decode (left out, the rest replayed: the caller fails on any).
+
+        Decoded in pieces of ``CHECK_EVERY`` records (the budget looked at after each, as before) by
+        ``decode_replay_values``, as a follower controller's replay does: the common
+        PartitionChangeRecord (a controlled shutdown's) and new PartitionRecord (a CreateTopics') read
+        without upb, the rest through it — the same records and errors as ``decode_value`` record by
+        record (a piece holding a bad value is redone that way, for the offsets).  A response holds up
+        to 10,000 records: replayed in slices of at most the work-unit time budget, so this broker's
+        heartbeats and replica fetches run between."""
+        undecodable: list[tuple[int, str]] = []
+        values = [record.value for record in records]
+        deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
+        for start in range(0, len(values), CHECK_EVERY):
+            piece = values[start : start + CHECK_EVERY]
+            decoded: list[ReplayRecord]
+            try:
+                decoded = list(decode_replay_values(piece))
+            except KraftError:
+                decoded = []
+                for index, value in enumerate(piece, start):
+                    try:
+                        decoded.append(decode_value(value))
+                    except KraftError as exc:
+                        undecodable.append((records[index].offset, exc.message))
+            # A ClearElrRecord may clear thousands of partitions: replayed in steps, the budget looked at
+            # after each (and after each piece).
+            for _ in delta.replay_decoded_steps(decoded):
+                if deadline.expired():
+                    await asyncio.sleep(0)
+                    deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
+            if deadline.expired():
+                await asyncio.sleep(0)
+                deadline = Deadline(self._clock, DEFAULT_WORK_UNIT_MS)
+        # What replaying record by record leaves (only apply() reads them: no record looks at either).
+        last = records[-1]
+        if last.offset >= 0:
+            delta.offset = last.offset
+        if last.leader_epoch >= 0:
+            delta.epoch = last.leader_epoch
+        return undecodable
 
     async def _download_snapshot(self, snapshot: cpb.SnapshotRef) -> MetadataImage | None:
         """Every record of ``snapshot`` replayed into an empty image (None on a retryable error).
