@@ -178,3 +178,41 @@ async def test_urgent_events_are_refused_once_closed_and_errors_of_inline_ones_r
     await queue.close()
     with pytest.raises(EventQueueClosedError):
         await queue.run(URGENT, "after-close", lambda: None)
+
+
+async def test_a_normal_write_runs_in_the_callers_task_only_when_nothing_is_queued() -> None:
+    queue = ControllerEventQueue()
+    ran: list[str] = []
+    turns = 0
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    await asyncio.sleep(0)
+    before = turns
+
+    def create() -> int:
+        ran.append("create")
+        return 7
+
+    assert await queue.run(NORMAL, "create", create, inline_when_idle=True) == 7
+    assert turns == before  # no loop turn: run at once, as the runner would have run it next
+    # something queued (a normal or an urgent event): behind it, through the runner, in the queue's order
+    for first in (NORMAL, URGENT):
+        ran.clear()
+        queued = queue.submit(first, "queued", lambda: ran.append("queued"))
+        before = turns
+        await queue.run(NORMAL, "late", lambda: ran.append("late"), inline_when_idle=True)
+        assert turns > before and queued.done()
+        assert ran == ["queued", "late"]
+    # without the flag a normal event always goes through the runner (a loop turn)
+    before = turns
+    await queue.run(NORMAL, "plain", lambda: ran.append("plain"))
+    assert turns > before
+    assert queue.processed[-1] == "plain" and queue.processed[0] == "create"
+    counter.cancel()
+    await queue.close()
