@@ -227,29 +227,6 @@ class ControllerOptions:
     )
 
 
-INLINE_CREATE_MAX_PARTITIONS = 4
-"""A CreateTopics of at most this many partitions in all runs its one event in the request's own task when
-the event queue is empty (``ControllerEventQueue.run``'s ``inline_when_idle``): no loop turn to the queue's
-runner and back (docs/internals/raft-performance.md, "A lone CreateTopics' hops, traced again (session
-17)").  Small, so that an urgent event (a heartbeat) that arrives in the same loop turn waits at most for
-one such event (~0.2-0.3 ms of logic on a busy 2-core host) and never behind bulk work, which still goes
-through the queue behind it."""
-
-
-def _is_small_create(req: cpb.CreateTopicsRequest, default_partitions: int, max_records: int) -> bool:
-    """At most :data:`INLINE_CREATE_MAX_PARTITIONS` partitions, and its records (a topic's and one per
-    partition) within one work unit: never bulk work, whatever ``controller.max.work.unit.records`` is."""
-    total = 0
-    for topic in req.topics:
-        if topic.assignments:
-            total += len(topic.assignments)
-        else:
-            total += default_partitions if topic.num_partitions == -1 else topic.num_partitions
-        if total > INLINE_CREATE_MAX_PARTITIONS:
-            return False
-    return total + len(req.topics) <= max_records
-
-
 def _topic_chunks(req: cpb.CreateTopicsRequest, max_records: int) -> list[list[cpb.CreatableTopic]]:
     chunks: list[list[cpb.CreatableTopic]] = [[]]
     weight = 0
@@ -742,7 +719,6 @@ class QuorumController:
         name: str = "request",
         wait_for_jobs: bool = True,
         confirm_unchanged: bool = False,
-        inline_when_idle: bool = False,
     ) -> R:
         """Run one mutating request as an event of the queue: activation check, logic, append, wait for
         the commit (or, with ``confirm_unchanged``, Raft's confirmation of leadership when it appends
@@ -755,7 +731,6 @@ class QuorumController:
                 name=name,
                 wait_for_jobs=wait_for_jobs,
                 confirm_unchanged=confirm_unchanged,
-                inline_when_idle=inline_when_idle,
             ),
         )
 
@@ -1022,8 +997,7 @@ class QuorumController:
         if len(chunks) == 1 and len(counts) == len(req.topics):
             # One part, every name once (a lone CreateTopics): the part is the request itself and its
             # answer lists the topics in the request's order — no copy of either (issue #17).
-            small = _is_small_create(req, options.default_num_partitions, options.max_work_unit_records)
-            return await self._create_part(req, CreateTally(), order, inline_when_idle=small)
+            return await self._create_part(req, CreateTally(), order)
         # A big request is written as several appends, each computed when it is its turn, so the event
         # loop (heartbeats, Raft fetches) runs between them, and paced so that at most about
         # MAX_UNCOMMITTED_RECORDS are in flight; topics are independent, as in Kafka.
@@ -1224,13 +1198,10 @@ class QuorumController:
         req: cpb.CreateTopicsRequest,
         tally: CreateTally | None = None,
         order: RequestOrder | None = None,
-        *,
-        inline_when_idle: bool = False,
     ) -> cpb.CreateTopicsResponse:
         """One part (names unique), as one event; when the event's time budget ends it before its last
         topic, the rest is queued as a further part from inside the event (behind whatever is queued
-        already) and its answer is merged into this one.  ``inline_when_idle``: see
-        :data:`INLINE_CREATE_MAX_PARTITIONS`."""
+        already) and its answer is merged into this one."""
         rest: list[asyncio.Task[cpb.CreateTopicsResponse]] = []
 
         def build(logic: ControllerLogic) -> Outcome[cpb.CreateTopicsResponse]:
@@ -1243,9 +1214,7 @@ class QuorumController:
                 rest.append(asyncio.ensure_future(self._create_part(leftover, tally, order)))
             return outcome
 
-        answer = await self._serve(
-            cpb.CreateTopicsResponse(), build, name="create-topics", inline_when_idle=inline_when_idle
-        )
+        answer = await self._serve(cpb.CreateTopicsResponse(), build, name="create-topics")
         for task in rest:
             more = await task
             if answer.error_code == ErrorCode.NONE:

@@ -175,7 +175,6 @@ class WritePath:
         name: str = "write",
         wait_for_jobs: bool = True,
         confirm_unchanged: bool = False,
-        inline_when_idle: bool = False,
     ) -> R:
         """Run ``build`` on the active logic as one event of the queue, append its records, and answer
         once they (and everything before) committed.
@@ -196,19 +195,8 @@ class WritePath:
         broker's session that the new controller may already have fenced.  One that appends is confirmed
         by its commit.  Raises :class:`LeadershipNotConfirmed` when that takes longer than the commit
         timeout.
-
-        ``inline_when_idle``: run the event in the caller's task when the queue is empty
-        (:meth:`ControllerEventQueue.run`); for small events only (a lone small CreateTopics), since an
-        urgent event arriving in the same loop turn then waits for it.  The caller suspends right after
-        (its commit, or a request's answer), so normal events still never run back to back without a turn.
         """
-        queue = self.queue
-        if inline_when_idle:
-            outcome, last, logic = await queue.run(
-                priority, name, lambda: self._run_event(build), inline_when_idle=True
-            )
-        else:  # (the plain call: what tests that wrap ``queue.run`` see for every other write)
-            outcome, last, logic = await queue.run(priority, name, lambda: self._run_event(build))
+        outcome, last, logic = await self.queue.run(priority, name, lambda: self._run_event(build))
         if last is not None:
             try:
                 if logic.has_bulk_jobs():

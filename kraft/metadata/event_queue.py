@@ -106,9 +106,7 @@ class ControllerEventQueue:
             wakeup.set_result(None)
         return future
 
-    async def run(
-        self, priority: EventPriority, name: str, run: Callable[[], T], *, inline_when_idle: bool = False
-    ) -> T:
+    async def run(self, priority: EventPriority, name: str, run: Callable[[], T]) -> T:
         """Submit and wait for the result.
 
         An urgent event with no other urgent event queued runs at once, in the caller's task: every event
@@ -118,18 +116,8 @@ class ControllerEventQueue:
         else runs in that turn (a bulk slice, a commit's replay) — which a heartbeat pays during bulk work
         (re-landed from 481808f after A/B, docs/internals/raft-performance.md; it runs in the caller's
         task, never outside one).
-
-        ``inline_when_idle``: a normal event runs at once too when *nothing* is queued (it would run next
-        all the same) — for a caller that suspends right after it anyway (a write waiting for its commit,
-        :meth:`WritePath.write`), so a caller never runs two normal events without a loop turn between
-        (the runner yields after each).  On a lone CreateTopics this saved the runner's wake-up turn and
-        the caller's (docs/internals/raft-performance.md, "A lone CreateTopics' hops, traced again
-        (session 17)").
         """
-        if not self._closed and (
-            (priority == EventPriority.URGENT and not self._lanes[EventPriority.URGENT])
-            or (inline_when_idle and not self._lanes[EventPriority.URGENT] and not self._lanes[priority])
-        ):
+        if priority == EventPriority.URGENT and not self._lanes[EventPriority.URGENT] and not self._closed:
             clock = self._clock
             started_ms = 0 if clock is None else clock.monotonic_ms()
             if self._on_start is not None:
