@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.create_trace import STEPS, analyse
+from bench.create_trace import STEPS, analyse, read_traces
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,3 +81,8 @@ def test_probes_are_installed_only_where_asked() -> None:
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["[False]", "[True]"]  # importing changes nothing; installing wraps all
+
+
+def test_a_trace_read_while_its_node_writes_skips_the_partial_last_line(tmp_path: Path) -> None:
+    (tmp_path / "41.trace").write_text("20 svc.in\n10 intake.in\n3")  # "3..." is still being written
+    assert read_traces(tmp_path) == {41: ([10, 20], ["intake.in", "svc.in"])}
