@@ -22,7 +22,9 @@ measures fit in 8 minutes even when every one of them runs to its timeout):
    no leader change, controlled shutdown and creation <= 5 s, 1-client CreateTopics p50 <= 3 ms);
 3. ``raft_cpu_intake0`` / 4. ``raft_cpu_intake3x``: ``bench.raft_cpu --connections 64`` with intake
    processes 0, then 3 exclusive — CPU per write and writes/s against the floor of the same run;
-5. ``controller_intake3x``: ``bench.controller`` again with 3 exclusive intake processes, budget allowing.
+5. ``create_trace``: ``bench.create_trace`` — a lone CreateTopics' per-step table (where the ≤ 3 ms
+   target's time goes: the gRPC messages, the follower's fdatasync, the Python steps; ~30 s);
+6. ``controller_intake3x``: ``bench.controller`` again with 3 exclusive intake processes, budget allowing.
 
 At most 8 files come back from a device run ($OUT), so the step logs stay out of ``DIR`` (``--log-dir``,
 default a temporary folder; their last lines are in the summary).  ``--smoke`` runs every step at its
@@ -235,6 +237,40 @@ def raft_cpu_checks(step: str, doc: Mapping[str, Any], _cpus: int) -> list[Check
     ]
 
 
+# bench.create_trace's steps by what they are (its STEPS' probes): the four gRPC messages of a lone
+# CreateTopics, and the follower's fdatasync; the rest is the leader's and the follower's Python.
+TRACE_GRPC_PROBES = ("intake.in", "push.Response.FetchResponse", "push.Inbound.FetchRequest", "recv")
+TRACE_FSYNC_PROBES = ("fsync.out",)
+
+
+def create_trace_checks(step: str, doc: Mapping[str, Any], _cpus: int) -> list[Check]:
+    """bench.create_trace: a lone CreateTopics' client p50 (median over its windows) and where its time goes
+    (medians over windows of the summed step p50s, in µs; numbers only)."""
+    rounds = [r for r in doc.get("rounds", ()) if r.get("steps")]
+
+    def median_of(values: list[float], digits: int = 1) -> float | None:
+        return round(statistics.median(values), digits) if values else None
+
+    def summed(probes: Sequence[str] | None) -> float | None:
+        return median_of(
+            [
+                sum(row["p50_us"] for row in r["steps"] if probes is None or row["probe"] in probes)
+                for r in rounds
+            ]
+        )
+
+    client = median_of([float(r["client_p50_ms"]) for r in rounds if r.get("client_p50_ms") is not None], 3)
+    grpc, fsync, total = summed(TRACE_GRPC_PROBES), summed(TRACE_FSYNC_PROBES), summed(None)
+    python = None if None in (grpc, fsync, total) else round(total - grpc - fsync, 1)  # type: ignore[operator]
+    return [
+        Check(step, "create_topics_1_client_p50_ms", client, "<= 3", _at_most(client, 3.0)),
+        Check(step, "grpc_messages_us", grpc, "", None),
+        Check(step, "follower_fdatasync_us", fsync, "", None),
+        Check(step, "python_steps_us", python, "", None),
+        Check(step, "sum_of_step_p50s_us", total, "", None),
+    ]
+
+
 STEPS: tuple[Step, ...] = (
     Step(
         "raft",
@@ -271,6 +307,15 @@ STEPS: tuple[Step, ...] = (
         timeout_s=90.0,
         min_s=45.0,
         checks=raft_cpu_checks,
+    ),
+    Step(
+        "create_trace",
+        "bench.create_trace",
+        ("--prefill", "5", "--seconds", "3", "--rounds", "2"),
+        ("--seconds", "0.5", "--skip", "5"),
+        timeout_s=60.0,
+        min_s=40.0,
+        checks=create_trace_checks,
     ),
     Step(
         "controller_intake3x",

@@ -18,6 +18,7 @@ from bench.device_suite import (
     Step,
     comparison_checks,
     controller_checks,
+    create_trace_checks,
     plan,
     raft_checks,
     raft_cpu_checks,
@@ -32,7 +33,14 @@ def _rows(checks: list[device_suite.Check]) -> dict[str, tuple[float | None, boo
 
 def test_the_most_important_measures_come_first_and_fit_in_eight_minutes() -> None:
     names = [s.name for s in STEPS]
-    assert names == ["raft", "controller", "raft_cpu_intake0", "raft_cpu_intake3x", "controller_intake3x"]
+    assert names == [
+        "raft",
+        "controller",
+        "raft_cpu_intake0",
+        "raft_cpu_intake3x",
+        "create_trace",
+        "controller_intake3x",
+    ]
     # raft, controller and the raft_cpu pair: each run to its own timeout, still inside 8 minutes
     assert sum(s.timeout_s for s in STEPS[:4]) <= 480
     assert all(s.min_s <= s.timeout_s for s in STEPS)
@@ -44,6 +52,7 @@ def test_the_worst_case_plan_of_the_default_budget_leaves_out_only_the_last_step
         ("controller", 180.0),
         ("raft_cpu_intake0", 90.0),
         ("raft_cpu_intake3x", 90.0),
+        ("create_trace", 50.0),  # what the first four leave it (above its 40-s minimum)
         ("controller_intake3x", None),
     ]
     assert all(timeout is not None for _, timeout in plan(STEPS, 800.0))
@@ -158,6 +167,29 @@ def test_raft_cpu_rows_take_the_median_round_and_compare_the_intake_runs() -> No
     compared = _rows(comparison_checks(docs))
     assert compared["unary_writes_per_s_intake3x_over_0"] == (2.5, None)
     assert "heartbeat_p99_during_bulk_intake3x_over_0" not in compared  # the controller pair did not run
+
+
+def test_create_trace_rows_group_its_steps_by_what_they_are() -> None:
+    from bench.create_trace import STEPS as TRACE_STEPS
+
+    probes = [probe for _role, probe, _label in TRACE_STEPS[1:]]
+    # the groups name steps the trace has (a renamed probe would silently leave its group)
+    assert set(device_suite.TRACE_GRPC_PROBES) | set(device_suite.TRACE_FSYNC_PROBES) <= set(probes)
+    doc = {
+        "rounds": [
+            {"client_p50_ms": ms, "steps": [{"probe": probe, "p50_us": 10.0} for probe in probes]}
+            for ms in (3.5, 2.5, 4.0)
+        ]
+        + [{"client_p50_ms": None, "steps": []}]  # a window with nothing traced counts for nothing
+    }
+    rows = _rows(create_trace_checks("create_trace", doc, 16))
+    total = 10.0 * len(probes)
+    assert rows["create_topics_1_client_p50_ms"] == (3.5, False)
+    assert rows["grpc_messages_us"] == (40.0, None)
+    assert rows["follower_fdatasync_us"] == (10.0, None)
+    assert rows["sum_of_step_p50s_us"] == (total, None)
+    assert rows["python_steps_us"] == (total - 50.0, None)
+    assert _rows(create_trace_checks("create_trace", {}, 16))["create_topics_1_client_p50_ms"] == (None, None)
 
 
 def test_the_summary_counts_only_rows_with_a_target() -> None:
