@@ -177,3 +177,13 @@ def test_each_branch_is_taken_the_base_read_through_a_chunked_sequence() -> None
     expected = LocalReplicaChanges()
     _run(_reference(delta, me, expected, delta_module.LOCAL_CHANGES_STEP))
     assert changes == expected
+
+
+def test_a_local_partition_cannot_be_changed() -> None:
+    delta = _delta([("change", "T0", 0, [1, 2], None)])
+    (local,) = delta.local_changes(1).leaders + delta.local_changes(1).followers
+    assert (local.topic_name, local.topic_id, local.partition_id) == ("t0", "T0", 0)
+    with pytest.raises(AttributeError):
+        local.partition_id = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        local.registration = BASE.topics_by_id["T0"].partitions[1]  # type: ignore[misc]
