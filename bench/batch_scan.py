@@ -3,7 +3,8 @@ shapes a metadata log holds.
 
 Encodes real metadata values (``records.encode_value``): ``change`` — PartitionChangeRecords (ISR and
 leader, ~54 bytes, the controlled shutdown's), ``partition`` — PartitionRecords (3 replicas, ~58 bytes
-without directories, ~130 with: a value length of two varint bytes), in batches of ``--batch`` records
+without directories: mostly a record length of two varint bytes; ~172 with three directory ids: a value
+length of two), in batches of ``--batch`` records
 (the shipped ``max_batch_records``, 2,000: offset deltas of one and two varint bytes) and of 10 records.
 Times, per record, ``decode_offset_values`` (``pairs``: what a follower's commit replay and the leader's
 own reads decode with), ``decode_batch`` (``records``: ``Record`` objects, what snapshot loads and tools
