@@ -513,7 +513,7 @@ def _scan_records(view: memoryview, pos: int, end: int, count: int, pairs_base: 
     handful of bytes around its value: a varint decoder call per field cost more than the rest of the
     record, and every follower and broker decodes every batch); any other record, or a malformed one,
     takes :func:`_decode_general` from its first byte, which decides exactly as before (property-tested
-    against the previous scan and the general decoder in tests/unit/storage/test_storage_batch.py)."""
+    against the general decoder and the previous walk in tests/unit/storage/test_storage_batch_scan.py)."""
     data = view[pos:end].tobytes()  # one copy: indexing and slicing bytes is cheaper than a memoryview
     size = len(data)
     # The inline path reads at most 9 bytes from a record's start before it knows the record's bounds
