@@ -283,12 +283,8 @@ class PartitionManager:
         *,
         clock: Clock | None = None,
         work_unit_ms: int = DEFAULT_WORK_UNIT_MS,
-        state_writes_off_loop: bool = True,
     ) -> None:
-        """``clock`` and ``work_unit_ms`` time the paced methods' turns (:meth:`apply_paced`).
-        ``state_writes_off_loop``: a paced apply writes its turns' state files on a worker thread; off,
-        on the loop as :meth:`apply` does (a virtual-time loop, which cannot wait for a thread's answer
-        deterministically: the replication simulation)."""
+        """``clock`` and ``work_unit_ms`` time the paced methods' turns (:meth:`apply_paced`)."""
         if not log_dirs:
             raise ValueError("a broker needs at least one log dir")
         self.broker_id = broker_id
@@ -310,7 +306,6 @@ class PartitionManager:
         # Partitions re-roled by a paced apply's turn whose state file is not rewritten yet: the turn
         # writes them on a thread in one batch (:meth:`_write_restated`), not one by one on the loop.
         self._restated: list[Partition] | None = None
-        self._state_writes_off_loop = state_writes_off_loop
         # Each watcher's set of partitions whose hosting changed since it last looked (watch_changes).
         self._watchers: list[set[TopicPartition]] = []
         self.on_all_offline: Callable[[AllLogDirsOfflineError], None] | None = None
@@ -478,7 +473,7 @@ class PartitionManager:
             (changes.followers, lambda part: LocalChanges(followers=part), False),
         )
         self._doomed = []
-        self._restated = [] if self._state_writes_off_loop else None
+        self._restated = []
         try:
             for mapping, as_changes, budgeted in kinds:
                 await self._apply_kind(

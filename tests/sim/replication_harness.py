@@ -725,9 +725,7 @@ class ReplicationSim:
         status.incarnation_id = broker.incarnation_id
         status.transition(BrokerState.STARTING)
         opener = self._opener(broker)
-        # State files written on the loop: the virtual-time loop cannot wait for a worker thread's
-        # answer deterministically (a seed would not replay).
-        partitions = PartitionManager(broker_id, [broker.directory], opener, state_writes_off_loop=False)
+        partitions = PartitionManager(broker_id, [broker.directory], opener)
         replicas = ReplicaManager(
             broker_id,
             CLUSTER,

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import concurrent.futures
 import contextvars
 import dataclasses
 import math
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from kraft.clock import ManualClock
 from kraft.raft.api import (
@@ -51,6 +52,8 @@ from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
 from sim.harness import InvariantViolation, SimNode
 
 MAX_LOOP_TURNS_PER_EVENT = 100_000
+
+_T = TypeVar("_T")
 
 _NODE_PORTS: weakref.WeakKeyDictionary[SimNode, OutputPorts] = weakref.WeakKeyDictionary()
 """Each node's ports as the harness built them (before any :class:`SimRaftClient` wrapped them)."""
@@ -102,6 +105,25 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         self._timers.add(handle)
         return handle
 
+    def run_in_executor(  # type: ignore[override]
+        self, executor: concurrent.futures.Executor | None, func: Callable[..., _T], *args: Any
+    ) -> asyncio.Future[_T]:
+        """Run ``func`` at once on the loop's own thread, whichever executor was named (None, the
+        default executor, is what ``asyncio.to_thread`` uses): on a worker thread its answer would
+        arrive after a real delay, while :meth:`run_ready` found nothing ready, counted the loop idle and
+        the simulation moved the clock on — so a seed's run depended on the thread's real speed (a
+        paced apply's state-file writes made two runs of one seed differ).  The answer is handed over
+        one turn later (``call_soon``, tracked as ready), as a thread's could be at the earliest, so the
+        awaiting task still gives way to the others; it takes no virtual time."""
+        future: asyncio.Future[_T] = self.create_future()
+        try:
+            result = func(*args)
+        except Exception as exc:  # (a worker thread's error reaches its awaiter through the future)
+            self.call_soon(_settle, future, None, exc)
+        else:
+            self.call_soon(_settle, future, result, None)
+        return future
+
     def _has_ready(self) -> bool:
         if any(h.cancelled() for h in self._soon):
             self._soon = {h for h in self._soon if not h.cancelled()}
@@ -122,6 +144,15 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self._timers = {h for h in self._timers if not h.cancelled()}
         pending = [h.when() for h in self._timers]
         return math.ceil(min(pending) * 1000 - 1e-6) if pending else None
+
+
+def _settle(future: asyncio.Future[_T], result: _T | None, error: Exception | None) -> None:
+    if future.cancelled():  # (the awaiter was cancelled meanwhile, as it may be while a thread runs)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
 
 
 class SimRaftClient:

@@ -114,29 +114,6 @@ async def test_a_paced_switch_writes_the_state_files_on_a_worker_thread_one_batc
     assert state is not None and state[1].leader_epoch == 3 and state[2] is ReplicaRole.LEADER
 
 
-async def test_state_writes_stay_on_the_loop_when_asked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The replication simulation's virtual-time loop cannot wait for a thread: it turns them off."""
-    manager = PartitionManager(
-        ME, [tmp_path], MemoryLogOpener(), clock=CostClock(), state_writes_off_loop=False
-    )
-    tps = [TopicPartition("t", p) for p in range(70)]
-    manager.apply(LocalChanges(leaders=dict.fromkeys(tps, _assignment())))
-    written_on: list[str] = []
-    write_state = partitions_module._write_state
-
-    def recording_write_state(*args: Any) -> None:
-        written_on.append(threading.current_thread().name)
-        write_state(*args)
-
-    monkeypatch.setattr(partitions_module, "_write_state", recording_write_state)
-    demoted = PartitionAssignment("T", 2, 2, 2, (ME, 2, 3), (ME, 2, 3))
-    applied = await manager.apply_paced(LocalChanges(followers=dict.fromkeys(tps, demoted)))
-    assert list(applied.became_follower) == tps
-    assert written_on == [threading.main_thread().name] * len(tps)
-
-
 async def test_a_state_file_that_cannot_be_written_in_a_paced_switch_takes_its_log_dir_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
