@@ -22,6 +22,8 @@ from kraft.metadata.delta import MetadataDelta, apply_isr_leader_change, apply_p
 from kraft.metadata.image import LEADER_RECOVERED, LEADER_RECOVERING, MetadataImage, PartitionRegistration
 from kraft.v1 import metadata_pb2 as pb
 
+from .value_damage import damaged
+
 _INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 _IDS = st.integers(min_value=-1, max_value=5) | _INT32
 _ID_LISTS = st.lists(_IDS, max_size=5)
@@ -129,19 +131,7 @@ def _values(draw: st.DrawFn) -> bytes:
             st.sampled_from([b"", b"\x7a\x00", b"\x7a\x02\x20\x01", b"\x20\x01"]) | st.binary(max_size=4)
         )
         value = _frame(payload, after)
-    how = draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended", "random"]))
-    if how == "truncated":
-        value = value[: draw(st.integers(0, len(value)))]
-    elif how == "byte":
-        at = draw(st.integers(0, len(value) - 1))
-        value = value[:at] + bytes([draw(st.integers(0, 255))]) + value[at + 1 :]
-    elif how == "inserted":
-        at = draw(st.integers(0, len(value)))
-        value = value[:at] + draw(st.binary(min_size=1, max_size=4)) + value[at:]
-    elif how == "appended":
-        value += draw(st.binary(min_size=1, max_size=4))
-    elif how == "random":
-        value = b"\x01\x05\x00\x7a" + draw(st.binary(max_size=30))
+    _, value = damaged(draw, value, random_prefix=b"\x01\x05\x00\x7a")
     return value
 
 
@@ -344,17 +334,7 @@ def test_a_change_after_one_of_its_topic_is_read_as_upb_reads_it_or_left_to_upb(
     first = pb.PartitionChangeRecord(topic_id=change.topic_id, partition_id=1, leader=1)
     assert isr_leader_change(records.encode_value(records.wrap(first))) is not None
     value = records.encode_value(records.wrap(change))
-    how = data.draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended"]))
-    if how == "truncated":
-        value = value[: data.draw(st.integers(0, len(value)))]
-    elif how == "byte":
-        at = data.draw(st.integers(0, len(value) - 1))
-        value = value[:at] + bytes([data.draw(st.integers(0, 255))]) + value[at + 1 :]
-    elif how == "inserted":
-        at = data.draw(st.integers(0, len(value)))
-        value = value[:at] + data.draw(st.binary(min_size=1, max_size=4)) + value[at:]
-    elif how == "appended":
-        value += data.draw(st.binary(min_size=1, max_size=4))
+    how, value = damaged(data.draw, value)
     got = isr_leader_change(value)
     general = _upb(value)
     if got is not None:

@@ -23,6 +23,8 @@ from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.v1 import metadata_pb2 as pb
 
+from .value_damage import damaged
+
 _INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 _IDS = st.integers(min_value=-1, max_value=5) | st.integers(100, 20_000) | _INT32
 _ID_LISTS = st.lists(_IDS, max_size=5)
@@ -136,19 +138,7 @@ def _values(draw: st.DrawFn) -> bytes:
             st.sampled_from([b"", b"\x6a\x00", b"\x6a\x02\x08\x01", b"\x20\x01"]) | st.binary(max_size=4)
         )
         value = _frame(payload, after)
-    how = draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended", "random"]))
-    if how == "truncated":
-        value = value[: draw(st.integers(0, len(value)))]
-    elif how == "byte":
-        at = draw(st.integers(0, len(value) - 1))
-        value = value[:at] + bytes([draw(st.integers(0, 255))]) + value[at + 1 :]
-    elif how == "inserted":
-        at = draw(st.integers(0, len(value)))
-        value = value[:at] + draw(st.binary(min_size=1, max_size=4)) + value[at:]
-    elif how == "appended":
-        value += draw(st.binary(min_size=1, max_size=4))
-    elif how == "random":
-        value = b"\x01\x03\x00\x6a" + draw(st.binary(max_size=30))
+    _, value = damaged(draw, value, random_prefix=b"\x01\x03\x00\x6a")
     return value
 
 
@@ -326,17 +316,7 @@ def test_a_value_after_one_of_its_topic_is_read_as_upb_reads_it_or_left_to_upb(
     first = pb.PartitionRecord(topic_id=record.topic_id, replicas=[1], isr=[1], leader=1)
     assert plain_partition(records.encode_value(records.wrap(first))) is not None
     value = records.encode_value(records.wrap(record))
-    how = data.draw(st.sampled_from(["as is", "as is", "truncated", "byte", "inserted", "appended"]))
-    if how == "truncated":
-        value = value[: data.draw(st.integers(0, len(value)))]
-    elif how == "byte":
-        at = data.draw(st.integers(0, len(value) - 1))
-        value = value[:at] + bytes([data.draw(st.integers(0, 255))]) + value[at + 1 :]
-    elif how == "inserted":
-        at = data.draw(st.integers(0, len(value)))
-        value = value[:at] + data.draw(st.binary(min_size=1, max_size=4)) + value[at:]
-    elif how == "appended":
-        value += data.draw(st.binary(min_size=1, max_size=4))
+    how, value = damaged(data.draw, value)
     partition = plain_partition(value)
     general = _upb(value)
     if partition is not None:
