@@ -491,10 +491,24 @@ async def test_the_intake_service_refuses_calls_from_the_network_port_and_serves
                 intake_pb2.CallBatchRequest.SerializeToString,
                 intake_pb2.CallBatchResponse.FromString,
             )
-            with pytest.raises(grpc.aio.AioRpcError) as refused:
-                async for _ in batch(iter([forged]), timeout=TIMEOUT_S):
-                    pass
+            # The node refuses before it reads a message. A client still writing when that refusal
+            # lands sees grpc.aio's own INTERNAL "Failed execute_batch" instead of the node's status
+            # (the aio client replaces the status when a send fails), so this caller writes nothing
+            # and holds its side open: what comes back is the node's answer alone.
+            hold_open = asyncio.Event()
+
+            async def silent() -> AsyncIterator[intake_pb2.CallBatchRequest]:
+                await hold_open.wait()
+                yield forged
+
+            try:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    async for _ in batch(silent(), timeout=TIMEOUT_S):
+                        pass
+            finally:
+                hold_open.set()
             assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "served only to this node's intake processes" in (refused.value.details() or "")
             report = network.unary_unary(
                 REPORT_COUNTERS_METHOD,
                 intake_pb2.IntakeCounters.SerializeToString,
