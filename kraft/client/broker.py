@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import grpc
 
 from kraft.client.channel import ChannelPool, open_channel
+from kraft.client.rotation import address_rotation
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
@@ -146,6 +147,11 @@ class BrokerClient:
         if not bootstrap:
             raise ValueError("at least one bootstrap server (host:port) is needed")
         self._bootstrap = list(bootstrap)
+        # Which broker answers Metadata (kraft.client.rotation, the rule every client shares): the brokers
+        # the cluster named, then the bootstrap list, skipping one whose last attempt failed in transport
+        # while one that has not failed is left — a dead broker costs a command one request timeout, not
+        # one per metadata refresh.
+        self._rotation = address_rotation(self._bootstrap)
         self._cluster_id = cluster_id
         self._timeout_s = request_timeout_s
         self._unknown_grace_s = unknown_topic_grace_s
@@ -175,29 +181,43 @@ class BrokerClient:
     # --- metadata ---------------------------------------------------------------------------------
 
     async def metadata(self, topics: Sequence[str] = ()) -> pb.BrokerMetadataResponse:
-        """Metadata from the first broker that answers without error; raises KraftError otherwise."""
-        candidates = list(dict.fromkeys([*self._brokers.values(), *self._bootstrap]))
+        """Metadata from the first broker that answers without error; raises KraftError otherwise.
+
+        The candidates are asked as :class:`kraft.client.rotation.NodeRotation` says; when every one
+        asked failed in transport, those skipped for an earlier failure are asked too before giving up."""
+        self._rotation.replace(list(dict.fromkeys([*self._brokers.values(), *self._bootstrap])))
         last = "no broker answered"
-        for target in candidates:
-            request = pb.BrokerMetadataRequest(cluster_id=self._cluster_id, topics=list(topics))
-            try:
-                response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
-                code = ErrorCode.from_wire(response.error_code)
-                if code is ErrorCode.INCONSISTENT_CLUSTER_ID and not self._cluster_id and response.cluster_id:
-                    # Not told the cluster id: adopt the one the broker states in its refusal (every
-                    # request must name the cluster, issue #15), then ask again.
-                    self._cluster_id = request.cluster_id = response.cluster_id
-                    response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
-            except grpc.aio.AioRpcError as err:
-                last = f"{target}: {err.code().name}"
-                continue
-            code = ErrorCode.from_wire(response.error_code)
-            if code is not ErrorCode.NONE:
-                last = f"{target}: {code.name} {response.error_message}"
-                continue
-            self._learn(response)
-            return response
+        asked: set[str] = set()
+        while batch := [t for t in self._rotation.round() if t not in asked]:
+            for target in batch:
+                asked.add(target)
+                answer = await self._metadata_at(target, topics)
+                if isinstance(answer, str):
+                    last = answer
+                    continue
+                self._learn(answer)
+                return answer
         raise KraftError(ErrorCode.BROKER_NOT_AVAILABLE, f"no broker could answer Metadata ({last})")
+
+    async def _metadata_at(self, target: str, topics: Sequence[str]) -> pb.BrokerMetadataResponse | str:
+        """Metadata from ``target`` without error, or why not; a transport failure marks it failed."""
+        request = pb.BrokerMetadataRequest(cluster_id=self._cluster_id, topics=list(topics))
+        try:
+            response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
+            code = ErrorCode.from_wire(response.error_code)
+            if code is ErrorCode.INCONSISTENT_CLUSTER_ID and not self._cluster_id and response.cluster_id:
+                # Not told the cluster id: adopt the one the broker states in its refusal (every
+                # request must name the cluster, issue #15), then ask again.
+                self._cluster_id = request.cluster_id = response.cluster_id
+                response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as err:
+            self._rotation.failed(target)
+            return f"{target}: {err.code().name}"
+        self._rotation.answered(target)
+        code = ErrorCode.from_wire(response.error_code)
+        if code is not ErrorCode.NONE:
+            return f"{target}: {code.name} {response.error_message}"
+        return response
 
     def _learn(self, response: pb.BrokerMetadataResponse) -> None:
         for broker in response.brokers:

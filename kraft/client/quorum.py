@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import Message
 
 from kraft.client.channel import ChannelSecurity, open_blocking_channel
+from kraft.client.rotation import NodeRotation, address_rotation
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -117,18 +118,24 @@ def _leader_target(response: raft_pb2.DescribeQuorumResponse) -> str | None:
 
 
 def describe_quorum(
-    bootstrap: Sequence[str], timeout_s: float = 10.0, security: ChannelSecurity | None = None
+    bootstrap: Sequence[str] | NodeRotation[str],
+    timeout_s: float = 10.0,
+    security: ChannelSecurity | None = None,
 ) -> raft_pb2.DescribeQuorumResponse:
-    """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets).
+    """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets, asked
+    in order from the first; or a rotation a caller keeps across calls).
 
     Follows NOT_LEADER_OR_FOLLOWER redirects and retries while an election is in progress, until
-    ``timeout_s``; then raises :class:`KraftError` naming what was last seen.
+    ``timeout_s``; then raises :class:`KraftError` naming what was last seen.  Each round asks the
+    addresses as :class:`kraft.client.rotation.NodeRotation` says: one whose last attempt failed (refused,
+    black-holed, not a controller) is not asked again while one that has not failed is left, so a dead
+    address costs the call one attempt, not one per round.
     """
     deadline = time.monotonic() + timeout_s
-    pending = list(bootstrap)
+    rotation = bootstrap if isinstance(bootstrap, NodeRotation) else address_rotation(bootstrap)
     last_problem = "no controller answered"
     while True:
-        for target in pending:
+        for target in rotation.round():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -137,7 +144,9 @@ def describe_quorum(
             except grpc.RpcError as exc:
                 status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                 last_problem = f"{target}: {status}"
+                rotation.failed(target)
                 continue
+            rotation.answered(target)
             code = ErrorCode.from_wire(response.error_code)
             if code is ErrorCode.NONE:
                 return response
@@ -153,6 +162,7 @@ def describe_quorum(
                 except grpc.RpcError as exc:
                     code_name = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                     last_problem = f"leader {leader}: {code_name}"
+                    rotation.failed(leader)  # when it is in the list too: asked last
                     continue
                 if ErrorCode.from_wire(redirected.error_code) is ErrorCode.NONE:
                     return redirected
@@ -354,12 +364,15 @@ def _change_voters(
     why, one line each (the CLI's ``--verbose``)."""
     retry = on_retry or (lambda line: None)
     deadline = time.monotonic() + timeout_s
+    # One rotation for every DescribeQuorum of the change: an address that failed once is not asked again
+    # while another has not failed.
+    rotation = address_rotation(bootstrap)
     last_problem = "no leader answered"
     outcome_unknown = False
     refusal, in_force = already_done
     while time.monotonic() < deadline:
         described = describe_quorum(
-            bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+            rotation, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
         )
         leader = _leader_target(described)
         # The leader refuses an empty cluster id (issue #15); DescribeQuorum told us ours.
@@ -391,7 +404,7 @@ def _change_voters(
             continue
         if code is refusal and outcome_unknown:
             now = describe_quorum(
-                bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+                rotation, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
             )
             if in_force(now):
                 retry(f"{method}: {code.name} after an unknown outcome, and the change is in force: done")
