@@ -8,8 +8,10 @@ The keys are Kafka's admin client's, those kraft honours:
   :func:`kraft.security.tls.client_security`): how channels are opened;
 * ``request.timeout.ms``: one RPC of an admin command (the CLI's default 5000);
 * ``default.api.timeout.ms``: a whole admin command, retries included, when ``--timeout`` is not given (the
-  CLI's default 15000).  As in Kafka's admin client, an explicit value below ``request.timeout.ms`` is an
-  error (``KafkaAdminClient`` throws a ``ConfigException`` for it).
+  CLI's default 15000).  As in Kafka's admin client, an explicit value below the *effective*
+  ``request.timeout.ms`` — the file's, else the client's default (the CLI's 5000) — is an error
+  (``KafkaAdminClient`` throws a ``ConfigException`` for it when it is created, whatever timeout a call is
+  later given): :func:`check_effective_timeouts`.
 
 Any other key is refused, naming the known ones: Kafka only warns about a key it does not use, but a key
 kraft silently ignored (``retry.backoff.ms``, ``client.id``, ``sasl.*``) would look honoured when it is not.
@@ -50,14 +52,30 @@ def parse_client_config(properties: Mapping[str, str], *, origin: str = "client 
             )
     request_ms = _positive_ms(properties, REQUEST_TIMEOUT_KEY, origin)
     api_ms = _positive_ms(properties, DEFAULT_API_TIMEOUT_KEY, origin)
-    if request_ms is not None and api_ms is not None and api_ms < request_ms:
-        raise ConfigError.for_key(
-            DEFAULT_API_TIMEOUT_KEY,
-            properties[DEFAULT_API_TIMEOUT_KEY],
-            f"must be no smaller than {REQUEST_TIMEOUT_KEY} ({request_ms}) in {origin}",
-        )
+    check_effective_timeouts(ClientConfig(PLAINTEXT_SECURITY, request_ms, api_ms), None, origin=origin)
     security = client_security({k: v for k, v in properties.items() if k in CLIENT_KEYS}, origin=origin)
     return ClientConfig(security, request_ms, api_ms)
+
+
+def check_effective_timeouts(
+    config: ClientConfig, default_request_timeout_ms: int | None, *, origin: str = "client config"
+) -> None:
+    """Kafka's rule (``KafkaAdminClient.configureDefaultApiTimeoutMs``): an explicit
+    ``default.api.timeout.ms`` below the effective ``request.timeout.ms`` — the file's, else
+    ``default_request_timeout_ms`` (None: no default known, only a file that sets both is checked) — is a
+    one-line :class:`ConfigError`.  An unset ``default.api.timeout.ms`` is never an error: its default is
+    raised to the request timeout instead (the CLI's ``api_timeout_s``, as Kafka does)."""
+    api_ms = config.default_api_timeout_ms
+    request_ms = config.request_timeout_ms
+    effective = request_ms if request_ms is not None else default_request_timeout_ms
+    if api_ms is None or effective is None or api_ms >= effective:
+        return
+    which = f"{effective}" if request_ms is not None else f"{effective}, its default"
+    raise ConfigError.for_key(
+        DEFAULT_API_TIMEOUT_KEY,
+        str(api_ms),
+        f"must be no smaller than {REQUEST_TIMEOUT_KEY} ({which}) in {origin}",
+    )
 
 
 def load_client_config(path: Path | str) -> ClientConfig:
