@@ -33,6 +33,7 @@ from kraft.errors import KraftError
 
 if TYPE_CHECKING:
     from kraft.client.admin import AdminClient
+    from kraft.client.broker import BrokerClient
     from kraft.client.properties import ClientConfig
 
 P = ParamSpec("P")
@@ -178,6 +179,23 @@ def admin_client(bootstrap: str, timeout_s: float, verbose: bool = False) -> Adm
         clock=SystemClock(),
         on_retry=verbose_printer(verbose),
         first_target=bootstrap_start(len(targets)),
+    )
+
+
+def broker_client(targets: Sequence[str], timeout_s: float, *, cluster_id: str = "") -> BrokerClient:
+    """The broker client of one command (``produce``, ``consume``, ``offsets``, ``log-dirs``) on ``targets``
+    (:func:`bootstrap_targets`: the random start): one RPC at most ``request.timeout.ms``
+    (:func:`request_timeout_s`, as the admin commands) and never more than ``timeout_s``; when no broker
+    answers at all for :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S` it gives up naming the list, as
+    the admin commands do for their controllers."""
+    from kraft.client.broker import BrokerClient
+    from kraft.client.rotation import UNREACHABLE_TIMEOUT_S
+
+    return BrokerClient(
+        targets,
+        cluster_id=cluster_id,
+        request_timeout_s=min(request_timeout_s(), timeout_s),
+        unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
     )
 
 

@@ -141,9 +141,13 @@ class BrokerClient:
         cluster_id: str = "",
         request_timeout_s: float = 5.0,
         unknown_topic_grace_s: float = UNKNOWN_TOPIC_GRACE_S,
+        unreachable_timeout_s: float | None = None,
     ) -> None:
         """Every request names ``cluster_id``; empty: the cluster of the first broker that answers
-        Metadata (it states its cluster id when it refuses a request without one)."""
+        Metadata (it states its cluster id when it refuses a request without one).
+        ``unreachable_timeout_s`` (the CLI's :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S`): a
+        produce/fetch/list-offsets gives up that early when no broker answers Metadata at all (a wrong
+        ``--bootstrap-server``); None: it retries to its deadline."""
         if not bootstrap:
             raise ValueError("at least one bootstrap server (host:port) is needed")
         self._bootstrap = list(bootstrap)
@@ -164,6 +168,16 @@ class BrokerClient:
         # topic → why the last metadata answer does not know a partition of it (None: it knows them all)
         self._partition_counts: dict[str, int] = {}
         self._unknown_topics: dict[str, str] = {}
+        # Why the last metadata refresh failed (None: it did not): a partition without a known leader
+        # names it, so an unreachable bootstrap list does not read as "no leader known".
+        self._metadata_error: str | None = None
+        self._metadata_unreachable = False  # the last refresh failed and no broker answered at all
+        self._unreachable_timeout_s = unreachable_timeout_s
+
+    @property
+    def request_timeout_s(self) -> float:
+        """The limit of one RPC (Metadata, Produce, ListOffsets; a Fetch adds its ``max_wait_ms``)."""
+        return self._timeout_s
 
     async def __aenter__(self) -> BrokerClient:
         return self
@@ -188,10 +202,13 @@ class BrokerClient:
         self._rotation.replace(list(dict.fromkeys([*self._brokers.values(), *self._bootstrap])))
         last = "no broker answered"
         asked: set[str] = set()
+        self._metadata_unreachable = True
         while batch := [t for t in self._rotation.round() if t not in asked]:
             for target in batch:
                 asked.add(target)
                 answer = await self._metadata_at(target, topics)
+                if not self._rotation.is_failed(target):
+                    self._metadata_unreachable = False
                 if isinstance(answer, str):
                     last = answer
                     continue
@@ -258,8 +275,10 @@ class BrokerClient:
             self._leaders.pop(key, None)
             try:
                 await self.metadata([topic])
-            except KraftError:
+            except KraftError as exc:
+                self._metadata_error = exc.message
                 return None
+            self._metadata_error = None
         return self._leaders.get(key)
 
     # --- data path ----------------------------------------------------------------------------------
@@ -355,10 +374,25 @@ class BrokerClient:
         deadline = loop.time() + deadline_s
         refresh = False
         unknown_since: float | None = None
+        unreachable_since: float | None = None
         while True:
             leader = await self.leader(topic, partition, refresh=refresh)
+            if leader is None and self._metadata_error is not None and self._metadata_unreachable:
+                unreachable_since = loop.time() if unreachable_since is None else unreachable_since
+                limit_s = self._unreachable_timeout_s
+                if limit_s is not None and loop.time() - unreachable_since >= limit_s:
+                    raise KraftError(
+                        ErrorCode.BROKER_NOT_AVAILABLE,
+                        f"no broker reachable at {','.join(self._bootstrap)} for {limit_s:g}s "
+                        f"({self._metadata_error}); is --bootstrap-server right and is a broker running "
+                        "there?",
+                    )
+            else:
+                unreachable_since = None
             if leader is None:
                 last = f"no leader known for {topic}-{partition}"
+                if self._metadata_error is not None:
+                    last = f"{last}: {self._metadata_error}"
                 unknown = self.unknown_reason(topic, partition)
                 if unknown is None:
                     unknown_since = None

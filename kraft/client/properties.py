@@ -31,6 +31,9 @@ REQUEST_TIMEOUT_KEY = "request.timeout.ms"
 DEFAULT_API_TIMEOUT_KEY = "default.api.timeout.ms"
 TIMEOUT_KEYS = frozenset({REQUEST_TIMEOUT_KEY, DEFAULT_API_TIMEOUT_KEY})
 KNOWN_KEYS = CLIENT_KEYS | TIMEOUT_KEYS
+MAX_MS = 2**31 - 1
+"""Both timeouts are Kafka INT keys: a larger value is refused there (ConfigDef), and here it would pass
+as an attempt limit of years."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,14 +81,13 @@ def check_effective_timeouts(
     )
 
 
-def load_client_config(path: Path | str) -> ClientConfig:
-    """Read and parse a client properties file (one-line :class:`ConfigError` on any problem)."""
+def load_client_config(path: Path | str, *, what: str = "command config") -> ClientConfig:
+    """Read and parse a client properties file (one-line :class:`ConfigError` on any problem, naming the
+    file as ``what``: ``--command-config``'s, or a cluster directory's ``client properties``)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"cannot read command config {path}: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
+        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
     return parse_client_config(parse_properties(text), origin=str(path))
 
 
@@ -94,6 +96,6 @@ def _positive_ms(properties: Mapping[str, str], key: str, origin: str) -> int | 
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
-        raise ConfigError.for_key(key, value, f"must be a positive number of ms (in {origin})")
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= MAX_MS:
+        raise ConfigError.for_key(key, value, f"must be a positive number of ms up to {MAX_MS} (in {origin})")
     return int(text)

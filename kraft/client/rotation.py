@@ -26,6 +26,11 @@ from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
+UNREACHABLE_TIMEOUT_S = 3.0
+"""How long every address of a command's list may fail in transport (nothing answers at all) before the
+CLI's clients give up with "no … reachable at …; is --bootstrap-… right?" instead of retrying to the
+command's deadline: a node that restarts is back within this; a mistyped address never is."""
+
 
 class NodeRotation(Generic[T]):
     """A rotation over ``nodes`` (each named by ``key(node)``, its address) that remembers failures."""
