@@ -1,9 +1,10 @@
 """The CLI's client rough edges, each one ``error:`` line and exit 1: a bootstrap list where nothing answers
 (``quorum describe``, ``produce``: after 3 s, naming the list, as the admin commands), a timeout above
 Kafka's INT range, an unreadable ``client.properties`` in a cluster directory; the broker commands' request
-timeout taken from the client properties, as the admin commands'; and ``features describe`` giving a hung
-controller one ``request.timeout.ms`` (not the whole ``--timeout``) and starting at the random address.
-Unreachable addresses refuse connections (a free port); commands run in-process."""
+timeout taken from the client properties, as the admin commands'; ``features describe`` giving a hung
+controller one ``request.timeout.ms`` (not the whole ``--timeout``) and starting at the random address;
+``api-versions`` asking every node at once with that limit.  Unreachable addresses refuse connections (a
+free port); commands run in-process."""
 
 from __future__ import annotations
 
@@ -162,3 +163,17 @@ def test_features_describe_starts_at_the_random_bootstrap_address(
     outcome = invoke(capsys, "features", "describe", "--bootstrap-controller", bootstrap, "--json")
     assert outcome.code == 0, outcome
     assert (len(hole.deadlines), len(live.deadlines)) == (0, 1)
+
+
+def test_api_versions_gives_a_hung_node_one_request_timeout_and_reports_the_others(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, hole_then_live: tuple[_ApiVersions, _ApiVersions, str]
+) -> None:
+    hole, live, bootstrap = hole_then_live
+    own = tmp_path / "admin.properties"
+    own.write_text("request.timeout.ms=300\n", encoding="utf-8")
+    argv = ["api-versions", "--bootstrap-controller", bootstrap, "--json", "--timeout", "20"]
+    outcome = invoke(capsys, *argv, "--command-config", str(own))
+    assert_one_error_line(outcome, "1 of 2 nodes did not answer", "DEADLINE_EXCEEDED")
+    assert [node["node_id"] for node in json.loads(outcome.out)] == [None, 2]
+    assert len(hole.deadlines) == 1 and hole.deadlines[0] <= 0.3, hole.deadlines  # not the 20 s --timeout
+    assert len(live.deadlines) == 1
