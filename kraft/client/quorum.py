@@ -171,7 +171,6 @@ def describe_quorum(
                 except grpc.RpcError as exc:
                     code_name = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                     last_problem = f"leader {leader}: {code_name}"
-                    rotation.failed(leader)  # when it is in the list too: asked last
                     continue
                 if ErrorCode.from_wire(redirected.error_code) is ErrorCode.NONE:
                     return redirected
