@@ -9,6 +9,7 @@ carries the supported and finalized features).  See :mod:`kraft.api_versions`.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import grpc
@@ -26,6 +27,7 @@ from kraft.cli.common import (
     handle_errors,
     parse_bootstrap,
     print_json,
+    request_timeout_s,
     run_async,
 )
 from kraft.client.channel import open_channel
@@ -80,7 +82,11 @@ async def ask_node(role: str, target: str, timeout_s: float) -> dict[str, Any]:
 
 
 async def _ask_all(nodes: list[tuple[str, str]], timeout_s: float) -> list[dict[str, Any]]:
-    return [await ask_node(role, target, timeout_s) for role, target in nodes]
+    """Every node at once, each RPC at most ``request.timeout.ms`` cut to ``timeout_s``: a hung node costs
+    the command one request timeout (asked one after another with the whole ``--timeout`` each, two hung
+    nodes took twice the ``--timeout``)."""
+    attempt_s = min(request_timeout_s(), timeout_s)
+    return list(await asyncio.gather(*(ask_node(role, target, attempt_s) for role, target in nodes)))
 
 
 @handle_errors

@@ -33,6 +33,7 @@ from kraft.errors import KraftError
 
 if TYPE_CHECKING:
     from kraft.client.admin import AdminClient
+    from kraft.client.broker import BrokerClient
     from kraft.client.properties import ClientConfig
 
 P = ParamSpec("P")
@@ -111,19 +112,21 @@ commits one small batch (a write that takes longer is resent and reconciled, see
 
 @dataclass
 class _ClientSettings:
-    """The timeouts the client properties of this command set (None: not set; reset by every command):
-    ``--command-config``'s, then, for the keys it left unset, the cluster directory's client.properties."""
+    """The client properties file in force for this command and the timeouts it sets (None: not set;
+    reset by every command).  ONE file, as Kafka's tools have one (``--command-config``): the command
+    config when given, else the cluster directory's ``client.properties`` (:func:`bootstrap_from`)."""
 
+    command_config: Path | None = None
     request_timeout_ms: int | None = None
     default_api_timeout_ms: int | None = None
 
-    def take(self, config: ClientConfig, *, fill_only: bool) -> None:
-        if config.request_timeout_ms is not None and not (fill_only and self.request_timeout_ms is not None):
-            self.request_timeout_ms = config.request_timeout_ms
-        if config.default_api_timeout_ms is not None and not (
-            fill_only and self.default_api_timeout_ms is not None
-        ):
-            self.default_api_timeout_ms = config.default_api_timeout_ms
+    def take(self, config: ClientConfig, origin: Path | str) -> None:
+        """Use ``config`` (read from ``origin``), after Kafka's check of its effective timeouts."""
+        from kraft.client.properties import check_effective_timeouts
+
+        check_effective_timeouts(config, DEFAULT_REQUEST_TIMEOUT_MS, origin=str(origin))
+        self.request_timeout_ms = config.request_timeout_ms
+        self.default_api_timeout_ms = config.default_api_timeout_ms
 
 
 _CLIENT_SETTINGS = _ClientSettings()
@@ -179,6 +182,23 @@ def admin_client(bootstrap: str, timeout_s: float, verbose: bool = False) -> Adm
     )
 
 
+def broker_client(targets: Sequence[str], timeout_s: float, *, cluster_id: str = "") -> BrokerClient:
+    """The broker client of one command (``produce``, ``consume``, ``offsets``, ``log-dirs``) on ``targets``
+    (:func:`bootstrap_targets`: the random start): one RPC at most ``request.timeout.ms``
+    (:func:`request_timeout_s`, as the admin commands) and never more than ``timeout_s``; when no broker
+    answers at all for :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S` it gives up naming the list, as
+    the admin commands do for their controllers."""
+    from kraft.client.broker import BrokerClient
+    from kraft.client.rotation import UNREACHABLE_TIMEOUT_S
+
+    return BrokerClient(
+        targets,
+        cluster_id=cluster_id,
+        request_timeout_s=min(request_timeout_s(), timeout_s),
+        unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
+    )
+
+
 def bootstrap_targets(bootstrap: str, option: str = "--bootstrap-controller") -> list[str]:
     """The gRPC targets of ``bootstrap`` rotated to start at :func:`bootstrap_start`'s index (their order
     otherwise kept): for the commands whose client asks its list in order — ``quorum describe|add-controller|
@@ -200,8 +220,13 @@ def apply_command_config(path: Path | None) -> Path | None:
     ``security.protocol=SSL``, ``ssl.truststore.location``/``ssl.truststore.certificates``,
     ``ssl.keystore.location`` or ``ssl.keystore.key`` + ``ssl.keystore.certificate.chain``) and take its
     ``request.timeout.ms`` (the limit of one RPC of an admin command) and ``default.api.timeout.ms`` (the
-    whole command's, when ``--timeout`` is not given); :mod:`kraft.client.properties` parses it."""
-    _CLIENT_SETTINGS.request_timeout_ms = None  # one command's file, not the last one's
+    whole command's, when ``--timeout`` is not given); :mod:`kraft.client.properties` parses it.
+
+    It is the command's only client properties file: with ``--cluster-dir`` the directory then gives the
+    bootstrap list alone, its ``client.properties`` is not read (:func:`bootstrap_from`)."""
+    # one command's file, not the last one's
+    _CLIENT_SETTINGS.command_config = path
+    _CLIENT_SETTINGS.request_timeout_ms = None
     _CLIENT_SETTINGS.default_api_timeout_ms = None
     if path is not None:
         # Imported here so `kraft --help` stays fast (TLS pulls in cryptography).
@@ -209,7 +234,7 @@ def apply_command_config(path: Path | None) -> Path | None:
         from kraft.client.properties import load_client_config
 
         config = load_client_config(path)
-        _CLIENT_SETTINGS.take(config, fill_only=False)
+        _CLIENT_SETTINGS.take(config, path)
         set_default_security(config.security)
     return path
 
@@ -465,10 +490,14 @@ def timeout_seconds(timeout_s: float | None, timeout_ms: int | None, default_s: 
 
 def bootstrap_from(bootstrap: str | None, cluster_dir: Path | None, *, brokers: bool = False) -> str:
     """``bootstrap`` when given, else the controllers (``brokers``: the brokers) of the local cluster in
-    ``cluster_dir`` (``--cluster-dir`` / ``KRAFT_CLUSTER_DIR``); the directory's ``client.properties`` is
-    then used (:mod:`kraft.client.properties`): a TLS cluster's channel security unless ``--command-config``
-    already set SSL, and its timeouts where ``--command-config`` set none.  A command whose admin client is
-    built afterwards (:func:`admin_client`) sees them."""
+    ``cluster_dir`` (``--cluster-dir`` / ``KRAFT_CLUSTER_DIR``).
+
+    The directory's ``client.properties`` (:mod:`kraft.client.properties`) stands in for
+    ``--command-config`` when that is not given: its channel security (a TLS cluster's) and timeouts are
+    the command's, and a command whose admin client is built afterwards (:func:`admin_client`) sees them.
+    With ``--command-config`` that file alone is the client config, as in Kafka's tools (one file); the
+    directory's is not read, so a broken one does not matter — but a TLS cluster with a command config that
+    does not say ``security.protocol=SSL`` is an error at once (every channel would fail the handshake)."""
     option = "--bootstrap-server" if brokers else "--bootstrap-controller"
     if bootstrap:
         return bootstrap
@@ -480,13 +509,23 @@ def bootstrap_from(bootstrap: str | None, cluster_dir: Path | None, *, brokers: 
 
     try:
         cluster = LocalCluster.open(cluster_dir)
-        config = cluster.client_config()
     except ClusterError as exc:
         raise CliError(str(exc)) from None
-    if cluster.spec.tls and not default_security().is_ssl:
-        set_default_security(config.security)
-    # Its timeouts as --command-config's, for the keys --command-config left unset.
-    _CLIENT_SETTINGS.take(config, fill_only=True)
+    command_config = _CLIENT_SETTINGS.command_config
+    if command_config is not None:
+        if cluster.spec.tls and not default_security().is_ssl:
+            raise CliError(
+                f"the cluster in {cluster_dir} uses TLS but --command-config {command_config} does not set "
+                "security.protocol=SSL (use the keys of its client.properties, or leave out --command-config)"
+            )
+    else:
+        try:
+            config = cluster.client_config()
+        except ClusterError as exc:
+            raise CliError(str(exc)) from None
+        if cluster.spec.tls:
+            set_default_security(config.security)
+        _CLIENT_SETTINGS.take(config, cluster.layout.client_properties)
     role = NodeRole.BROKER if brokers else NodeRole.CONTROLLER
     targets = [n.target for n in cluster.spec.nodes if n.role is role]
     if not targets:

@@ -22,11 +22,12 @@ from kraft.cli.common import (
     OptionalBootstrapServerOption,
     WaitSpinner,
     bootstrap_targets,
+    broker_client,
     handle_errors,
     require_bootstrap,
     run_async,
 )
-from kraft.client.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerClient
+from kraft.client.broker import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 
@@ -116,7 +117,7 @@ async def _consume(
 ) -> tuple[int, int]:
     """Print records; returns how many, and the offset reading started at."""
     loop = asyncio.get_running_loop()
-    async with BrokerClient(targets, cluster_id=cluster_id) as client:
+    async with broker_client(targets, timeout_s, cluster_id=cluster_id) as client:
         position = (
             start if start >= 0 else await client.list_offset(topic, partition, start, deadline_s=timeout_s)
         )

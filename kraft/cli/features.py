@@ -9,6 +9,7 @@ names: :mod:`kraft.features`.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 import typer
@@ -25,13 +26,15 @@ from kraft.cli.common import (
     VerboseOption,
     admin_client,
     bootstrap_from,
+    bootstrap_targets,
     handle_errors,
-    parse_bootstrap,
     print_json,
     print_table,
+    request_timeout_s,
     run_async,
 )
 from kraft.client.admin import AdminClient
+from kraft.client.controller import MIN_ATTEMPT_S
 from kraft.errors import ErrorCode, KraftError
 from kraft.features import METADATA_VERSION_FEATURE, release_of, requested_levels
 from kraft.metadata.feature_control import SAFE_DOWNGRADE, UPGRADE
@@ -84,13 +87,21 @@ def features_json(node: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _describe(bootstrap: str, timeout_s: float) -> dict[str, Any]:
-    """ApiVersions of the first listed controller that answers (any controller does, active or not)."""
+    """ApiVersions of the first controller that answers (any controller does, active or not), starting at
+    the random address the other commands start at; ``timeout_s`` bounds them all and each attempt gets at
+    most ``request.timeout.ms`` (a hung first controller used to take the whole ``--timeout``)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
     problems = []
-    for endpoint in parse_bootstrap(bootstrap):
-        node = await ask_node("controller", endpoint.target, timeout_s)
+    for target in bootstrap_targets(bootstrap):
+        left_s = deadline - loop.time()
+        if left_s < MIN_ATTEMPT_S:
+            problems.append(f"{target}: not asked, the {timeout_s:g}s --timeout passed")
+            break
+        node = await ask_node("controller", target, min(request_timeout_s(), left_s))
         if node["error"] is None:
             return node
-        problems.append(f"{endpoint.target}: {node['error']}")
+        problems.append(f"{target}: {node['error']}")
     raise CliError(f"no controller answered ApiVersions ({'; '.join(problems)})")
 
 

@@ -17,12 +17,12 @@ from kraft.cli.common import (
     TimeoutOption,
     bootstrap_from,
     bootstrap_targets,
+    broker_client,
     handle_errors,
     print_json,
     print_table,
     run_async,
 )
-from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode
 from kraft.v1 import broker_pb2 as pb
 
@@ -49,7 +49,7 @@ async def _describe(
     bootstrap: str, brokers: list[int] | None, topics: list[str], timeout_s: float
 ) -> list[dict[str, Any]]:
     targets = bootstrap_targets(bootstrap, "--bootstrap-server")
-    async with BrokerClient(targets, request_timeout_s=timeout_s) as client:
+    async with broker_client(targets, timeout_s) as client:
         metadata = await client.metadata([])
         known = {
             b.broker_id: f"{b.endpoints[0].host or '127.0.0.1'}:{b.endpoints[0].port}"

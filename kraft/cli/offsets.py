@@ -16,11 +16,11 @@ from kraft.cli.common import (
     TimeoutOption,
     bootstrap_from,
     bootstrap_targets,
+    broker_client,
     handle_errors,
     print_json,
     run_async,
 )
-from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
 
 app = typer.Typer(no_args_is_help=True, help="Partition offsets (kafka-get-offsets.sh).")
@@ -63,7 +63,7 @@ async def _offsets(
     bootstrap: str, topic: str, partitions: list[int] | None, timestamp: int, timeout_s: float
 ) -> list[dict[str, Any]]:
     targets = bootstrap_targets(bootstrap, "--bootstrap-server")
-    async with BrokerClient(targets, request_timeout_s=min(5.0, timeout_s)) as client:
+    async with broker_client(targets, timeout_s) as client:
         metadata = await client.metadata([topic])
         found = next((t for t in metadata.topics if t.name == topic), None)
         if found is None or found.error_code != ErrorCode.NONE:

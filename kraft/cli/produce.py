@@ -21,12 +21,12 @@ from kraft.cli.common import (
     OptionalBootstrapServerOption,
     WaitSpinner,
     bootstrap_targets,
+    broker_client,
     handle_errors,
     print_json,
     require_bootstrap,
     run_async,
 )
-from kraft.client.broker import BrokerClient
 from kraft.errors import ErrorCode, KraftError
 
 
@@ -132,7 +132,7 @@ async def _produce(
 ) -> tuple[int, int]:
     first = -1
     last = -1
-    async with BrokerClient(targets, cluster_id=cluster_id) as client:
+    async with broker_client(targets, timeout_s, cluster_id=cluster_id) as client:
         for start in range(0, len(payload), batch_size):
             batch = payload[start : start + batch_size]
             response = await client.produce(topic, partition, batch, deadline_s=timeout_s, acks=acks)

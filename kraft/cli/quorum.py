@@ -35,6 +35,7 @@ from kraft.client.quorum import (
     remove_controller,
     replication_rows,
 )
+from kraft.client.rotation import UNREACHABLE_TIMEOUT_S
 from kraft.cluster.membership import add_joining_controller, joining_controller
 from kraft.errors import KraftError
 from kraft.storage.ids import parse_uuid
@@ -107,7 +108,9 @@ def describe_command(
     targets = bootstrap_targets(bootstrap)
     try:
         with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
-            response = describe_quorum(targets, timeout_s=timeout_s)
+            response = describe_quorum(
+                targets, timeout_s=timeout_s, unreachable_timeout_s=UNREACHABLE_TIMEOUT_S
+            )
     except KraftError as exc:
         # No leader: what the controllers say about their peers is usually why (wrong voter ports, a
         # data dir of another cluster).
@@ -249,7 +252,13 @@ def add_controller_command(
     targets = bootstrap_targets(require_bootstrap(bootstrap_controller, cluster_dir))
     joiner = joining_controller(command_config)
     with WaitSpinner(f"adding controller {joiner.node_id} (waits for it to catch up)…") as spinner:
-        offset = add_joining_controller(targets, joiner, timeout_s, on_retry=_retry_printer(verbose, spinner))
+        offset = add_joining_controller(
+            targets,
+            joiner,
+            timeout_s,
+            on_retry=_retry_printer(verbose, spinner),
+            unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
+        )
     if as_json:
         e = joiner.endpoint
         endpoint = f"{e.name}://{e.host}:{e.port}"
@@ -305,6 +314,7 @@ def remove_controller_command(
             controller_directory_id,
             timeout_s,
             on_retry=_retry_printer(verbose, spinner),
+            unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
         )
     if as_json:
         print_json(_change_json("removed", controller_id, controller_directory_id, offset))

@@ -30,6 +30,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from kraft.client import rotation
 from kraft.client.broker import broker_state
 from kraft.client.channel import ChannelPool
 from kraft.client.controller import (
@@ -44,9 +45,10 @@ from kraft.clock import Clock
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
 
-UNREACHABLE_TIMEOUT_S = 3.0
+UNREACHABLE_TIMEOUT_S = rotation.UNREACHABLE_TIMEOUT_S
 """How long every bootstrap address may refuse connections before a call gives up (a controller that
-restarts is back within this; an election with reachable controllers is waited out up to ``timeout_s``)."""
+restarts is back within this; an election with reachable controllers is waited out up to ``timeout_s``).
+The same limit as the other CLI clients' (kraft.client.rotation)."""
 _PROBE_TIMEOUT_S = 1.0
 _RECONCILE_ATTEMPTS = 3
 

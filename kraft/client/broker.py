@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 import grpc
 
 from kraft.client.channel import ChannelPool, open_channel
+from kraft.client.rotation import address_rotation
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import broker_pb2 as pb
 from kraft.v1 import broker_pb2_grpc
@@ -140,12 +141,21 @@ class BrokerClient:
         cluster_id: str = "",
         request_timeout_s: float = 5.0,
         unknown_topic_grace_s: float = UNKNOWN_TOPIC_GRACE_S,
+        unreachable_timeout_s: float | None = None,
     ) -> None:
         """Every request names ``cluster_id``; empty: the cluster of the first broker that answers
-        Metadata (it states its cluster id when it refuses a request without one)."""
+        Metadata (it states its cluster id when it refuses a request without one).
+        ``unreachable_timeout_s`` (the CLI's :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S`): a
+        produce/fetch/list-offsets gives up that early when no broker answers Metadata at all (a wrong
+        ``--bootstrap-server``); None: it retries to its deadline."""
         if not bootstrap:
             raise ValueError("at least one bootstrap server (host:port) is needed")
         self._bootstrap = list(bootstrap)
+        # Which broker answers Metadata (kraft.client.rotation, the rule every client shares): the brokers
+        # the cluster named, then the bootstrap list, skipping one whose last attempt failed in transport
+        # while one that has not failed is left — a dead broker costs a command one request timeout, not
+        # one per metadata refresh.
+        self._rotation = address_rotation(self._bootstrap)
         self._cluster_id = cluster_id
         self._timeout_s = request_timeout_s
         self._unknown_grace_s = unknown_topic_grace_s
@@ -158,6 +168,16 @@ class BrokerClient:
         # topic → why the last metadata answer does not know a partition of it (None: it knows them all)
         self._partition_counts: dict[str, int] = {}
         self._unknown_topics: dict[str, str] = {}
+        # Why the last metadata refresh failed (None: it did not): a partition without a known leader
+        # names it, so an unreachable bootstrap list does not read as "no leader known".
+        self._metadata_error: str | None = None
+        self._metadata_unreachable = False  # the last refresh failed and no broker answered at all
+        self._unreachable_timeout_s = unreachable_timeout_s
+
+    @property
+    def request_timeout_s(self) -> float:
+        """The limit of one RPC (Metadata, Produce, ListOffsets; a Fetch adds its ``max_wait_ms``)."""
+        return self._timeout_s
 
     async def __aenter__(self) -> BrokerClient:
         return self
@@ -175,29 +195,46 @@ class BrokerClient:
     # --- metadata ---------------------------------------------------------------------------------
 
     async def metadata(self, topics: Sequence[str] = ()) -> pb.BrokerMetadataResponse:
-        """Metadata from the first broker that answers without error; raises KraftError otherwise."""
-        candidates = list(dict.fromkeys([*self._brokers.values(), *self._bootstrap]))
+        """Metadata from the first broker that answers without error; raises KraftError otherwise.
+
+        The candidates are asked as :class:`kraft.client.rotation.NodeRotation` says; when every one
+        asked failed in transport, those skipped for an earlier failure are asked too before giving up."""
+        self._rotation.replace(list(dict.fromkeys([*self._brokers.values(), *self._bootstrap])))
         last = "no broker answered"
-        for target in candidates:
-            request = pb.BrokerMetadataRequest(cluster_id=self._cluster_id, topics=list(topics))
-            try:
-                response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
-                code = ErrorCode.from_wire(response.error_code)
-                if code is ErrorCode.INCONSISTENT_CLUSTER_ID and not self._cluster_id and response.cluster_id:
-                    # Not told the cluster id: adopt the one the broker states in its refusal (every
-                    # request must name the cluster, issue #15), then ask again.
-                    self._cluster_id = request.cluster_id = response.cluster_id
-                    response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
-            except grpc.aio.AioRpcError as err:
-                last = f"{target}: {err.code().name}"
-                continue
-            code = ErrorCode.from_wire(response.error_code)
-            if code is not ErrorCode.NONE:
-                last = f"{target}: {code.name} {response.error_message}"
-                continue
-            self._learn(response)
-            return response
+        asked: set[str] = set()
+        self._metadata_unreachable = True
+        while batch := [t for t in self._rotation.round() if t not in asked]:
+            for target in batch:
+                asked.add(target)
+                answer = await self._metadata_at(target, topics)
+                if not self._rotation.is_failed(target):
+                    self._metadata_unreachable = False
+                if isinstance(answer, str):
+                    last = answer
+                    continue
+                self._learn(answer)
+                return answer
         raise KraftError(ErrorCode.BROKER_NOT_AVAILABLE, f"no broker could answer Metadata ({last})")
+
+    async def _metadata_at(self, target: str, topics: Sequence[str]) -> pb.BrokerMetadataResponse | str:
+        """Metadata from ``target`` without error, or why not; a transport failure marks it failed."""
+        request = pb.BrokerMetadataRequest(cluster_id=self._cluster_id, topics=list(topics))
+        try:
+            response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
+            code = ErrorCode.from_wire(response.error_code)
+            if code is ErrorCode.INCONSISTENT_CLUSTER_ID and not self._cluster_id and response.cluster_id:
+                # Not told the cluster id: adopt the one the broker states in its refusal (every
+                # request must name the cluster, issue #15), then ask again.
+                self._cluster_id = request.cluster_id = response.cluster_id
+                response = await self.stub(target).Metadata(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as err:
+            self._rotation.failed(target)
+            return f"{target}: {err.code().name}"
+        self._rotation.answered(target)
+        code = ErrorCode.from_wire(response.error_code)
+        if code is not ErrorCode.NONE:
+            return f"{target}: {code.name} {response.error_message}"
+        return response
 
     def _learn(self, response: pb.BrokerMetadataResponse) -> None:
         for broker in response.brokers:
@@ -238,8 +275,10 @@ class BrokerClient:
             self._leaders.pop(key, None)
             try:
                 await self.metadata([topic])
-            except KraftError:
+            except KraftError as exc:
+                self._metadata_error = exc.message
                 return None
+            self._metadata_error = None
         return self._leaders.get(key)
 
     # --- data path ----------------------------------------------------------------------------------
@@ -335,10 +374,25 @@ class BrokerClient:
         deadline = loop.time() + deadline_s
         refresh = False
         unknown_since: float | None = None
+        unreachable_since: float | None = None
         while True:
             leader = await self.leader(topic, partition, refresh=refresh)
+            if leader is None and self._metadata_error is not None and self._metadata_unreachable:
+                unreachable_since = loop.time() if unreachable_since is None else unreachable_since
+                limit_s = self._unreachable_timeout_s
+                if limit_s is not None and loop.time() - unreachable_since >= limit_s:
+                    raise KraftError(
+                        ErrorCode.BROKER_NOT_AVAILABLE,
+                        f"no broker reachable at {','.join(self._bootstrap)} for {limit_s:g}s "
+                        f"({self._metadata_error}); is --bootstrap-server right and is a broker running "
+                        "there?",
+                    )
+            else:
+                unreachable_since = None
             if leader is None:
                 last = f"no leader known for {topic}-{partition}"
+                if self._metadata_error is not None:
+                    last = f"{last}: {self._metadata_error}"
                 unknown = self.unknown_reason(topic, partition)
                 if unknown is None:
                     unknown_since = None

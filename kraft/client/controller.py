@@ -41,6 +41,7 @@ import grpc
 from google.protobuf.message import Message
 
 from kraft.client.channel import ChannelPool, ChannelSecurity, PoolLog
+from kraft.client.rotation import NodeRotation
 from kraft.clock import Clock, SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import controller_pb2 as cpb
@@ -109,6 +110,10 @@ def _deposed_answer(response: _ControllerResponse) -> bool:
     )
 
 
+def _voter_target(voter: tuple[int, str]) -> str:
+    return voter[1]
+
+
 def refusal(err: grpc.aio.AioRpcError) -> KraftError | None:
     """A PERMISSION_DENIED answer as the error it names (``CLUSTER_AUTHORIZATION_FAILED: …``): another
     controller would answer the same, so it is not retried; None for any other status."""
@@ -168,10 +173,10 @@ class ControllerClient:
         # True once a controller answered as the active one or was named by another: only then is a
         # DEADLINE_EXCEEDED "slow, not gone" — a voter merely picked to ask first that never answers failed.
         self._confirmed = False
-        self._next_voter = first_voter % len(self._voters)
-        # Voters whose last attempt failed in transport (refused, black-holed, not a controller): not asked
-        # again while a voter that has not failed is left; forgotten when one answers, all when all failed.
-        self._failed: set[str] = set()
+        # Which voter to ask while no active controller is known (kraft.client.rotation: the rule every
+        # client shares): voters whose last attempt failed in transport (refused, black-holed, not a
+        # controller) are not asked again while one that has not failed is left.
+        self._rotation = NodeRotation(self._voters, _voter_target, first=first_voter)
         self._on_retry = on_retry
 
     @property
@@ -263,7 +268,7 @@ class ControllerClient:
                 self._retrying(f"{last_error}; trying another controller")
                 continue
             answered = True
-            self._failed.discard(target)
+            self._rotation.answered(target)
             if response.error_code == ErrorCode.NOT_CONTROLLER:
                 last_error = f"{self._name(node_id)} at {target} is not the active controller"
             elif idempotent and _deposed_answer(response):
@@ -316,22 +321,14 @@ class ControllerClient:
         return self._next(avoid=target)
 
     def _next(self, avoid: str | None) -> tuple[int, str] | None:
-        """The next voter in the rotation other than ``avoid`` that has not failed; when every such voter
-        has failed, the failures are forgotten and the next one other than ``avoid`` is taken."""
-        if self._failed and all(t in self._failed or t == avoid for _, t in self._voters):
-            self._failed.clear()  # all failed: start over, as before (a controller may be back)
-        for _ in range(len(self._voters)):
-            voter = self._voters[self._next_voter % len(self._voters)]
-            self._next_voter += 1
-            if voter[1] != avoid and voter[1] not in self._failed:
-                return voter
-        return None
+        """The next voter in the rotation other than ``avoid`` that has not failed (kraft.client.rotation)."""
+        return self._rotation.next(avoid)
 
     def _forget(self, target: str, *, failed: bool = False) -> None:
         if self._active is not None and self._active[1] == target:
             self._active, self._confirmed = None, False
         if failed:
-            self._failed.add(target)
+            self._rotation.failed(target)
 
     def _stub(self, target: str) -> ControllerServiceAsyncStub:
         channel = self._channels.get(target)

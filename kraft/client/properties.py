@@ -8,8 +8,10 @@ The keys are Kafka's admin client's, those kraft honours:
   :func:`kraft.security.tls.client_security`): how channels are opened;
 * ``request.timeout.ms``: one RPC of an admin command (the CLI's default 5000);
 * ``default.api.timeout.ms``: a whole admin command, retries included, when ``--timeout`` is not given (the
-  CLI's default 15000).  As in Kafka's admin client, an explicit value below ``request.timeout.ms`` is an
-  error (``KafkaAdminClient`` throws a ``ConfigException`` for it).
+  CLI's default 15000).  As in Kafka's admin client, an explicit value below the *effective*
+  ``request.timeout.ms`` — the file's, else the client's default (the CLI's 5000) — is an error
+  (``KafkaAdminClient`` throws a ``ConfigException`` for it when it is created, whatever timeout a call is
+  later given): :func:`check_effective_timeouts`.
 
 Any other key is refused, naming the known ones: Kafka only warns about a key it does not use, but a key
 kraft silently ignored (``retry.backoff.ms``, ``client.id``, ``sasl.*``) would look honoured when it is not.
@@ -29,6 +31,9 @@ REQUEST_TIMEOUT_KEY = "request.timeout.ms"
 DEFAULT_API_TIMEOUT_KEY = "default.api.timeout.ms"
 TIMEOUT_KEYS = frozenset({REQUEST_TIMEOUT_KEY, DEFAULT_API_TIMEOUT_KEY})
 KNOWN_KEYS = CLIENT_KEYS | TIMEOUT_KEYS
+MAX_MS = 2**31 - 1
+"""Both timeouts are Kafka INT keys: a larger value is refused there (ConfigDef), and here it would pass
+as an attempt limit of years."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,24 +55,39 @@ def parse_client_config(properties: Mapping[str, str], *, origin: str = "client 
             )
     request_ms = _positive_ms(properties, REQUEST_TIMEOUT_KEY, origin)
     api_ms = _positive_ms(properties, DEFAULT_API_TIMEOUT_KEY, origin)
-    if request_ms is not None and api_ms is not None and api_ms < request_ms:
-        raise ConfigError.for_key(
-            DEFAULT_API_TIMEOUT_KEY,
-            properties[DEFAULT_API_TIMEOUT_KEY],
-            f"must be no smaller than {REQUEST_TIMEOUT_KEY} ({request_ms}) in {origin}",
-        )
+    check_effective_timeouts(ClientConfig(PLAINTEXT_SECURITY, request_ms, api_ms), None, origin=origin)
     security = client_security({k: v for k, v in properties.items() if k in CLIENT_KEYS}, origin=origin)
     return ClientConfig(security, request_ms, api_ms)
 
 
-def load_client_config(path: Path | str) -> ClientConfig:
-    """Read and parse a client properties file (one-line :class:`ConfigError` on any problem)."""
+def check_effective_timeouts(
+    config: ClientConfig, default_request_timeout_ms: int | None, *, origin: str = "client config"
+) -> None:
+    """Kafka's rule (``KafkaAdminClient.configureDefaultApiTimeoutMs``): an explicit
+    ``default.api.timeout.ms`` below the effective ``request.timeout.ms`` — the file's, else
+    ``default_request_timeout_ms`` (None: no default known, only a file that sets both is checked) — is a
+    one-line :class:`ConfigError`.  An unset ``default.api.timeout.ms`` is never an error: its default is
+    raised to the request timeout instead (the CLI's ``api_timeout_s``, as Kafka does)."""
+    api_ms = config.default_api_timeout_ms
+    request_ms = config.request_timeout_ms
+    effective = request_ms if request_ms is not None else default_request_timeout_ms
+    if api_ms is None or effective is None or api_ms >= effective:
+        return
+    which = f"{effective}" if request_ms is not None else f"{effective}, its default"
+    raise ConfigError.for_key(
+        DEFAULT_API_TIMEOUT_KEY,
+        str(api_ms),
+        f"must be no smaller than {REQUEST_TIMEOUT_KEY} ({which}) in {origin}",
+    )
+
+
+def load_client_config(path: Path | str, *, what: str = "command config") -> ClientConfig:
+    """Read and parse a client properties file (one-line :class:`ConfigError` on any problem, naming the
+    file as ``what``: ``--command-config``'s, or a cluster directory's ``client properties``)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            f"cannot read command config {path}: {getattr(exc, 'strerror', None) or exc}"
-        ) from None
+        raise ConfigError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
     return parse_client_config(parse_properties(text), origin=str(path))
 
 
@@ -76,6 +96,6 @@ def _positive_ms(properties: Mapping[str, str], key: str, origin: str) -> int | 
     if value is None:
         return None
     text = value.strip()
-    if not (text.isascii() and text.isdigit()) or int(text) <= 0:
-        raise ConfigError.for_key(key, value, f"must be a positive number of ms (in {origin})")
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= MAX_MS:
+        raise ConfigError.for_key(key, value, f"must be a positive number of ms up to {MAX_MS} (in {origin})")
     return int(text)

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import Message
 
 from kraft.client.channel import ChannelSecurity, open_blocking_channel
+from kraft.client.rotation import NodeRotation, address_rotation
 from kraft.errors import ErrorCode, KraftError
 from kraft.v1 import raft_pb2, raft_pb2_grpc
 
@@ -117,18 +118,32 @@ def _leader_target(response: raft_pb2.DescribeQuorumResponse) -> str | None:
 
 
 def describe_quorum(
-    bootstrap: Sequence[str], timeout_s: float = 10.0, security: ChannelSecurity | None = None
+    bootstrap: Sequence[str] | NodeRotation[str],
+    timeout_s: float = 10.0,
+    security: ChannelSecurity | None = None,
+    *,
+    unreachable_timeout_s: float | None = None,
 ) -> raft_pb2.DescribeQuorumResponse:
-    """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets).
+    """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets, asked
+    in order from the first; or a rotation a caller keeps across calls).
 
     Follows NOT_LEADER_OR_FOLLOWER redirects and retries while an election is in progress, until
-    ``timeout_s``; then raises :class:`KraftError` naming what was last seen.
+    ``timeout_s``; then raises :class:`KraftError` naming what was last seen.  Each round asks the
+    addresses as :class:`kraft.client.rotation.NodeRotation` says: one whose last attempt failed (refused,
+    black-holed, not a controller) is not asked again while one that has not failed is left, so a dead
+    address costs the call one attempt, not one per round.
+
+    ``unreachable_timeout_s`` (the CLI's :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S`): when rounds
+    in which no address answered at all go on that long, give up at once naming the addresses (a wrong
+    ``--bootstrap-controller``); None (callers waiting for a quorum to start): wait to the deadline.
     """
     deadline = time.monotonic() + timeout_s
-    pending = list(bootstrap)
+    rotation = bootstrap if isinstance(bootstrap, NodeRotation) else address_rotation(bootstrap)
     last_problem = "no controller answered"
+    unreachable_since: float | None = None
     while True:
-        for target in pending:
+        answered = False
+        for target in rotation.round():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -137,7 +152,10 @@ def describe_quorum(
             except grpc.RpcError as exc:
                 status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                 last_problem = f"{target}: {status}"
+                rotation.failed(target)
                 continue
+            rotation.answered(target)
+            answered = True
             code = ErrorCode.from_wire(response.error_code)
             if code is ErrorCode.NONE:
                 return response
@@ -156,7 +174,18 @@ def describe_quorum(
                     continue
                 if ErrorCode.from_wire(redirected.error_code) is ErrorCode.NONE:
                     return redirected
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if answered or unreachable_timeout_s is None:
+            unreachable_since = None
+        else:
+            unreachable_since = now if unreachable_since is None else unreachable_since
+            if now - unreachable_since >= unreachable_timeout_s and now < deadline:
+                raise KraftError(
+                    ErrorCode.LEADER_NOT_AVAILABLE,
+                    f"no controller reachable at {','.join(rotation.nodes)} for {unreachable_timeout_s:g}s "
+                    f"({last_problem}); is --bootstrap-controller right and is a controller running there?",
+                )
+        if now >= deadline:
             raise KraftError(
                 ErrorCode.LEADER_NOT_AVAILABLE,
                 f"no quorum leader found within {timeout_s:g} s ({last_problem})",
@@ -342,6 +371,7 @@ def _change_voters(
     already_done: tuple[ErrorCode, Callable[[raft_pb2.DescribeQuorumResponse], bool]],
     security: ChannelSecurity | None = None,
     on_retry: Callable[[str], None] | None = None,
+    unreachable_timeout_s: float | None = None,
 ) -> int | None:
     """Send one voter change to the leader (found from ``bootstrap``, following redirects); returns the
     offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error.
@@ -351,15 +381,21 @@ def _change_voters(
     VOTER_NOT_FOUND for a remove).  ``already_done`` is that error and a check of the voter set: after an
     attempt whose outcome is unknown, that refusal with the change in force is success (None: the
     offset of the earlier attempt's VotersRecord is not known).  ``on_retry`` is told each retry and
-    why, one line each (the CLI's ``--verbose``)."""
+    why, one line each (the CLI's ``--verbose``); ``unreachable_timeout_s``: as :func:`describe_quorum`'s."""
     retry = on_retry or (lambda line: None)
     deadline = time.monotonic() + timeout_s
+    # One rotation for every DescribeQuorum of the change: an address that failed once is not asked again
+    # while another has not failed.
+    rotation = address_rotation(bootstrap)
     last_problem = "no leader answered"
     outcome_unknown = False
     refusal, in_force = already_done
     while time.monotonic() < deadline:
         described = describe_quorum(
-            bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+            rotation,
+            timeout_s=max(deadline - time.monotonic(), 0.1),
+            security=security,
+            unreachable_timeout_s=unreachable_timeout_s,
         )
         leader = _leader_target(described)
         # The leader refuses an empty cluster id (issue #15); DescribeQuorum told us ours.
@@ -391,7 +427,7 @@ def _change_voters(
             continue
         if code is refusal and outcome_unknown:
             now = describe_quorum(
-                bootstrap, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+                rotation, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
             )
             if in_force(now):
                 retry(f"{method}: {code.name} after an unknown outcome, and the change is in force: done")
@@ -411,6 +447,7 @@ def add_controller(
     timeout_s: float = 30.0,
     security: ChannelSecurity | None = None,
     on_retry: Callable[[str], None] | None = None,
+    unreachable_timeout_s: float | None = None,
 ) -> int | None:
     """AddRaftVoter (KIP-853): make the controller (``node_id``, ``directory_id``), which must already be
     running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset (None when
@@ -430,7 +467,14 @@ def add_controller(
         )
 
     return _change_voters(
-        bootstrap, "AddRaftVoter", request, timeout_s, (ErrorCode.DUPLICATE_VOTER, added), security, on_retry
+        bootstrap,
+        "AddRaftVoter",
+        request,
+        timeout_s,
+        (ErrorCode.DUPLICATE_VOTER, added),
+        security,
+        on_retry,
+        unreachable_timeout_s,
     )
 
 
@@ -440,6 +484,7 @@ def remove_controller(
     directory_id: str,
     timeout_s: float = 30.0,
     on_retry: Callable[[str], None] | None = None,
+    unreachable_timeout_s: float | None = None,
 ) -> int | None:
     """RemoveRaftVoter (KIP-853); a leader that removes itself hands over once the change commits."""
     request = raft_pb2.RemoveRaftVoterRequest(
@@ -458,4 +503,5 @@ def remove_controller(
         timeout_s,
         (ErrorCode.VOTER_NOT_FOUND, removed),
         on_retry=on_retry,
+        unreachable_timeout_s=unreachable_timeout_s,
     )

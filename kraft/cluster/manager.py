@@ -272,7 +272,7 @@ class LocalCluster:
         if not self.spec.tls and not path.exists():
             return ClientConfig()
         try:
-            return load_client_config(path)
+            return load_client_config(path, what="client properties")
         except ConfigError as exc:
             raise ClusterError(str(exc)) from None
 

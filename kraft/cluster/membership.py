@@ -68,10 +68,12 @@ def add_joining_controller(
     joiner: JoiningController,
     timeout_s: float = 30.0,
     on_retry: Callable[[str], None] | None = None,
+    unreachable_timeout_s: float | None = None,
 ) -> int | None:
     """AddRaftVoter for ``joiner`` (running and fetching as an observer); waits until the leader has
     added it (it must catch up first) and the VotersRecord committed.  Returns that record's offset.
-    ``on_retry``: one line per retry (``--verbose``)."""
+    ``on_retry``: one line per retry (``--verbose``); ``unreachable_timeout_s``: give up that early when
+    no bootstrap address answers at all (:func:`kraft.client.quorum.describe_quorum`)."""
     return add_controller(
         bootstrap,
         joiner.node_id,
@@ -80,4 +82,5 @@ def add_joining_controller(
         timeout_s,
         joiner.security,
         on_retry=on_retry,
+        unreachable_timeout_s=unreachable_timeout_s,
     )

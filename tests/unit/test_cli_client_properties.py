@@ -71,19 +71,79 @@ def test_a_tls_cluster_dirs_client_properties_takes_request_timeout_ms_too(
     assert default_security().is_ssl, "the cluster's TLS settings were taken from the same file"
 
 
-def test_command_config_wins_key_by_key_and_timeout_wins_over_default_api_timeout(
+def test_command_config_alone_is_the_client_config_and_timeout_wins_over_default_api_timeout(
     capsys: pytest.CaptureFixture[str], cluster: Path, tmp_path: Path
 ) -> None:
-    _client_properties(cluster, "request.timeout.ms=300\ndefault.api.timeout.ms=1200\n")
+    # Kafka's tools have one client file: with --command-config the directory gives only the bootstrap
+    # list, and its client.properties is not read — not even when it is broken.
+    _client_properties(cluster, "request.timeout.ms=300\ndefault.api.timeout.ms=1200\nretry.backoff.ms=1\n")
     own = tmp_path / "admin.properties"
-    own.write_text("request.timeout.ms=200\n", encoding="utf-8")
+    own.write_text("request.timeout.ms=200\ndefault.api.timeout.ms=700\n", encoding="utf-8")
     argv = ["topic", "list", "--cluster-dir", str(cluster), "--command-config", str(own)]
 
     outcome = invoke(capsys, *argv)
-    assert_one_error_line(outcome, "within 1.2s, each attempt at most 0.2s")  # the API timeout: the dir's
+    assert_one_error_line(outcome, "within 0.7s, each attempt at most 0.2s")  # the command config's own
 
-    outcome = invoke(capsys, *argv, "--timeout", "0.7")
-    assert_one_error_line(outcome, "within 0.7s, each attempt at most 0.2s")
+    outcome = invoke(capsys, *argv, "--timeout", "0.5")
+    assert_one_error_line(outcome, "within 0.5s, each attempt at most 0.2s")
+
+    # Without it, the directory's file is the client config: its broken key is the error.
+    outcome = invoke(capsys, "topic", "list", "--cluster-dir", str(cluster))
+    assert_one_error_line(outcome, "retry.backoff.ms", str(cluster / "client.properties"))
+
+
+def test_a_tls_cluster_dir_with_a_plaintext_command_config_is_one_line_at_once(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    LocalCluster.create(tmp_path / "tc", controllers=1, brokers=1, tls=True)
+    own = tmp_path / "timeouts.properties"
+    own.write_text("request.timeout.ms=300\n", encoding="utf-8")
+    for argv in (["topic", "list"], ["quorum", "describe", "--status"], ["offsets", "get", "--topic", "t"]):
+        outcome = invoke(capsys, *argv, "--cluster-dir", str(tmp_path / "tc"), "--command-config", str(own))
+        assert_one_error_line(outcome, "uses TLS but --command-config", "security.protocol=SSL")
+    # the directory's own client.properties as the command config: TLS, and the command goes on
+    copied = tmp_path / "admin.properties"
+    copied.write_text((tmp_path / "tc" / "client.properties").read_text() + "request.timeout.ms=300\n")
+    argv = ["topic", "list", "--cluster-dir", str(tmp_path / "tc"), "--command-config", str(copied)]
+    outcome = invoke(capsys, *argv, "--timeout", "1")
+    assert_one_error_line(outcome, "no active controller answered within 1s, each attempt at most 0.3s")
+    assert default_security().is_ssl
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "default.api.timeout.ms=3000\n",
+            "invalid config default.api.timeout.ms='3000': must be no smaller than request.timeout.ms "
+            "(5000, its default)",
+        ),
+        (
+            "request.timeout.ms=8000\ndefault.api.timeout.ms=6000\n",
+            "invalid config default.api.timeout.ms='6000': must be no smaller than request.timeout.ms (8000)",
+        ),
+    ],
+)
+def test_default_api_timeout_ms_is_checked_against_the_effective_request_timeout(
+    capsys: pytest.CaptureFixture[str], cluster: Path, tmp_path: Path, text: str, expected: str
+) -> None:
+    own = tmp_path / "admin.properties"
+    own.write_text(text, encoding="utf-8")
+    for command in (["topic", "list"], ["quorum", "describe", "--status"], ["log-dirs", "describe"]):
+        # --timeout does not excuse the file: Kafka checks the admin client's config when it is created
+        for extra in ([], ["--timeout", "1"]):
+            argv = [*command, "--cluster-dir", str(cluster), "--command-config", str(own), *extra]
+            assert_one_error_line(invoke(capsys, *argv), expected, str(own))
+    path = _client_properties(cluster, text)
+    assert_one_error_line(invoke(capsys, "topic", "list", "--cluster-dir", str(cluster)), expected, str(path))
+
+
+def test_default_api_timeout_ms_equal_to_the_default_request_timeout_is_accepted(
+    capsys: pytest.CaptureFixture[str], cluster: Path
+) -> None:
+    _client_properties(cluster, "default.api.timeout.ms=5000\n")
+    outcome = invoke(capsys, "topic", "list", "--cluster-dir", str(cluster), "--timeout", "0.3")
+    assert_one_error_line(outcome, "within 0.3s, each attempt at most 5s")
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,8 @@ def test_request_timeout_ms_is_checked_and_each_command_starts_from_the_default(
     )
     assert outcome.code == 1
     assert outcome.err == (
-        f"error: invalid config request.timeout.ms='soon': must be a positive number of ms (in {bad})\n"
+        "error: invalid config request.timeout.ms='soon': must be a positive number of ms up to 2147483647 "
+        f"(in {bad})\n"
     )
 
     apply_command_config(one_second_requests)
