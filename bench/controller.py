@@ -102,6 +102,7 @@ from bench.cpu_probe import CpuProbe
 from bench.replay_lag import LagSampler, WaitSampler, summarize
 from bench.store_saves import saves_by_phase, wait_for_saves
 from bench.thread_sampler import ThreadSampler, slow_beat_report
+from bench.thread_sampler import raw as thread_samples
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -646,6 +647,8 @@ async def cluster_benchmarks(
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
                 if thread_sample_ms > 0:
+                    # on past the window: a heartbeat sent in its last moments is answered after it
+                    await asyncio.sleep(2.0)
                     threads.stop()
                 counters_settle_end = await asyncio.to_thread(raft_counters, quorum)
                 probe.mark("heartbeats_during_bulk", bulk_start, bulk_end)
@@ -714,7 +717,7 @@ async def cluster_benchmarks(
                     "interval_ms": thread_sample_ms,
                     "after_bulk": slow_beat_report(threads, waits_of, bulk_end, settle_end, logs=logs),
                     "during_bulk": slow_beat_report(
-                        threads, waits_of, bulk_start, bulk_end, share=0.01, logs=logs
+                        threads, waits_of, bulk_start, bulk_end, share=0.01, logs=logs, with_timeline=False
                     ),
                 }
             # A Raft leader change during the bulk phase shows up as a newer controller epoch.
@@ -759,6 +762,7 @@ async def cluster_benchmarks(
                     "beats": [list(beat) for beat in fleet.latencies],
                     "client_stalls": fleet.stalls,
                     "client_gc_pauses": fleet.gc_pauses,
+                    "threads": thread_samples(threads) if thread_sample_ms > 0 else None,
                 }
                 await asyncio.to_thread(beats_out.write_text, json.dumps(raw))
             results["controlled_shutdown"] = {

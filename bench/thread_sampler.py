@@ -236,6 +236,7 @@ def slow_beat_report(
     share: float = 0.02,
     logs: Mapping[int, Path] | None = None,
     clusters_max: int = 8,
+    with_timeline: bool = True,
 ) -> dict[str, Any]:
     """The slowest ``share`` of the heartbeats sent in [start, end) grouped into stalls
     (:func:`stall_clusters`), the longest ``clusters_max`` of them each with its :func:`breakdown`,
@@ -270,4 +271,46 @@ def slow_beat_report(
         "stalls": len(clusters),
         "longest": rows,
         "window": breakdown(sampler.snapshots, sampler.names, start, end),
+        "timeline": timeline(sampler.snapshots, sampler.names, start, end, 0.25) if with_timeline else None,
+    }
+
+
+def timeline(
+    snapshots: Sequence[Snapshot], names: Mapping[ThreadKey, str], start: float, end: float, bin_s: float
+) -> list[dict[str, Any]]:
+    """Who ran in each ``bin_s`` of [start, end): per bin its start (s after ``start``), each process's
+    ms running and ms runnable-waiting in all its threads ([run, wait]), its image-store thread's ms
+    running where it ran (a save), and the host's cores used by no sampled thread."""
+    out: list[dict[str, Any]] = []
+    at = start
+    while at < end - 1e-9:
+        cut = breakdown(snapshots, names, at, min(end, at + bin_s))
+        if cut is not None:
+            row: dict[str, Any] = {"at_s": round(at - start, 2)}
+            for process, threads in cut.items():
+                if not isinstance(threads, dict):
+                    continue
+                row[process] = [
+                    round(sum(v[0] for v in threads.values())),
+                    round(sum(v[1] for v in threads.values())),
+                ]
+                if "image-store" in threads:
+                    row[f"{process}/image-store"] = round(threads["image-store"][0])
+            row["other_cores"] = cut.get("other_cores")
+            out.append(row)
+        at += bin_s
+    return out
+
+
+def raw(sampler: ThreadSampler) -> dict[str, Any]:
+    """The samples as JSON-able lists, for lining up offline (``--beats-out``): thread names
+    (``process/tid`` -> comm), snapshots [at, host busy ticks, {``process/tid``: [run ns, wait ns]}], and
+    wchan samples [at, ``process/tid``, class]."""
+    return {
+        "names": {f"{p}/{t}": name for (p, t), name in sampler.names.items()},
+        "snapshots": [
+            [snap.at, snap.host_busy_ticks, {f"{p}/{t}": list(v) for (p, t), v in snap.threads.items()}]
+            for snap in sampler.snapshots
+        ],
+        "wchans": [[at, f"{key[0]}/{key[1]}", kind] for at, key, kind in sampler.wchans],
     }

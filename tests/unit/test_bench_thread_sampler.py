@@ -13,8 +13,10 @@ from bench.thread_sampler import (
     ThreadSampler,
     breakdown,
     node_log_events,
+    raw,
     slow_beat_report,
     stall_clusters,
+    timeline,
     wchan_shares,
 )
 
@@ -136,3 +138,24 @@ def test_a_real_sample_of_this_process_names_its_main_thread() -> None:
     run1, _ = sampler.snapshots[1].threads[main]
     assert run1 >= run0  # cumulative
     assert sampler.snapshots[-1].host_busy_ticks >= 0
+
+
+def test_the_timeline_sums_each_process_per_bin_and_names_a_save() -> None:
+    rows = timeline(snapshots(), NAMES, 0.0, 0.2, 0.1)
+    assert rows == [
+        {"at_s": 0.0, "node-1": [95, 60], "node-2": [30, 0], "node-2/image-store": 30, "other_cores": 0.75},
+        # node-2's thread is gone in the last snapshot: only node-1's main thread ran (10 ms)
+        {"at_s": 0.1, "node-1": [10, 0], "other_cores": 0.9},
+    ]
+
+
+def test_the_raw_samples_are_json_lists_keyed_by_process_and_thread() -> None:
+    sampler = ThreadSampler({})
+    sampler.snapshots = snapshots()[:1]
+    sampler.names = {("node-1", 10): "python"}
+    sampler.wchans = [(0.5, ("node-1", 10), "gil")]
+    assert raw(sampler) == {
+        "names": {"node-1/10": "python"},
+        "snapshots": [[0.0, 0, {"node-1/10": [0, 0], "node-1/11": [0, 0]}]],
+        "wchans": [[0.5, "node-1/10", "gil"]],
+    }
