@@ -259,10 +259,21 @@ def slow_beat_report(
             "wchan": wchan_shares(sampler.wchans, sampler.names, first, last),
         }
         if logs is not None:
+            events = node_log_events(logs, first, last + 0.05)
+            # the samplers' lines one by one; the heartbeats that reached a handler late, per node as
+            # [count, max ms] (one line per heartbeat: hundreds in a long stall)
             row["node_logs"] = [
                 {**event, "ended_s": round(float(event["ended_s"]) - start, 3)}
-                for event in node_log_events(logs, first, last + 0.05)
+                for event in events
+                if event["what"] != "arrived_late"
             ]
+            late: dict[str, list[float]] = {}
+            for event in events:
+                if event["what"] == "arrived_late":
+                    count_max = late.setdefault(f"node-{event['node']}", [0, 0.0])
+                    count_max[0] += 1
+                    count_max[1] = max(count_max[1], float(event["ms"]))
+            row["arrived_late"] = late
         rows.append(row)
     return {
         "heartbeats": len(inside),

@@ -127,6 +127,23 @@ def test_the_report_groups_the_slowest_share_and_puts_the_longest_stall_first() 
     assert out["window"]["span_ms"] == 100.0
 
 
+def test_the_report_lists_sampler_lines_and_counts_late_arrivals(tmp_path: Path) -> None:
+    log = tmp_path / "node1.log"
+    log.write_text(
+        "event=heartbeat_arrived_late node=1 broker=7 sent_monotonic_s=0.02 ms=30.0\n"
+        "event=heartbeat_arrived_late node=1 broker=8 sent_monotonic_s=0.021 ms=45.0\n"
+        "event=stall_sampled node=1 what=intake ms=40.0 ended_monotonic_s=0.06\n"
+    )
+    sampler = ThreadSampler({})
+    sampler.snapshots = snapshots()
+    beats = [(i / 1000, i / 1000 + 0.001) for i in range(100)]
+    beats[20] = (0.020, 0.080)
+    out = slow_beat_report(sampler, beats, 0.0, 0.1, share=0.01, logs={1: log})
+    (stall,) = out["longest"]
+    assert stall["node_logs"] == [{"node": 1, "what": "intake", "ms": 40.0, "ended_s": 0.06}]
+    assert stall["arrived_late"] == {"node-1": [2, 45.0]}
+
+
 def test_a_real_sample_of_this_process_names_its_main_thread() -> None:
     sampler = ThreadSampler({"bench": os.getpid()})
     sampler.sample(1.0)
