@@ -44,6 +44,13 @@ What is measured (results in ``bench/results/controller.json``):
   (a futex: another thread of the process holds the GIL), ``loop`` (the event loop's epoll: nothing ready),
   ``other``.
 
+- **slow_heartbeats** (session 18, ``--thread-sample-ms MS``): the slowest 2 % of the after-bulk window's
+  heartbeats (1 % of the bulk phase's) grouped into stalls (heartbeats whose waits overlap), the longest
+  each with what every thread of the nodes and of this process did then — ms running and ms runnable
+  without a core, by thread name, the host's cores used by other processes, the GIL futex samples of the
+  main and intake threads, and the nodes' ``stall_sampled`` lines with ``observability.stall.sampler.ms``
+  (:mod:`bench.thread_sampler`) — and the after-bulk window's 250-ms timeline of who ran.
+
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
