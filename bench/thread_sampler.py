@@ -7,7 +7,9 @@ thread of its process ran Python or a long C call), or its own loop's queue.  Th
 sampler, in the benchmark's process, tells who had the CPUs then: every ``interval_s`` it reads each
 thread's ``/proc/PID/task/TID/schedstat`` (ns run on a CPU, ns runnable on a run queue) of the named
 processes, the host's busy time (``/proc/stat``), and the ``wchan`` of the threads whose name is in
-``wchan_comms`` (a futex in a CPython thread that wants to run Python: the GIL).
+``wchan_comms`` (a futex in a CPython thread that wants to run Python: the GIL).  A process's main thread is
+named ``main`` (its ``comm`` is ``python``, as is every thread CPython started without a kernel name — this
+sampler's own thread names itself ``thread-sampler``).
 
 :func:`stall_clusters` groups the slowest heartbeats of a window into stalls (heartbeats whose waits
 overlap), and :func:`breakdown` says, for one stall's interval, each process's threads' ms running and ms
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.replay_lag import wait_class
+from kraft.observability.thread_names import named_target
 
 ThreadKey = tuple[str, int]
 """(process name as given to the sampler, thread id)."""
@@ -54,7 +57,7 @@ class ThreadSampler:
 
     pids: Mapping[str, int]
     interval_s: float = 0.02
-    wchan_comms: frozenset[str] = frozenset({"python", "grpc-intake"})
+    wchan_comms: frozenset[str] = frozenset({"main", "grpc-intake"})
     snapshots: list[Snapshot] = field(default_factory=list)
     names: dict[ThreadKey, str] = field(default_factory=dict)
     """Each sampled thread's ``comm`` (as first read)."""
@@ -63,7 +66,8 @@ class ThreadSampler:
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="thread-sampler", daemon=True)
+        run = named_target("thread-sampler", self._run)  # not one more ``python`` in the report
+        self._thread = threading.Thread(target=run, name="thread-sampler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -94,7 +98,7 @@ class ThreadSampler:
                         run_ns, wait_ns, _slices = handle.read().split()
                     if key not in self.names:
                         with open(f"{base}/comm") as handle:
-                            self.names[key] = handle.read().strip()
+                            self.names[key] = "main" if tid == pid else handle.read().strip()
                     if self.names[key] in self.wchan_comms:
                         with open(f"{base}/wchan") as handle:
                             self.wchans.append((at, key, wait_class(handle.read())))

@@ -5,6 +5,7 @@ sample of this process (no timing asserted)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from bench.thread_sampler import (
@@ -49,14 +50,14 @@ def snapshots() -> list[Snapshot]:
     ]
 
 
-NAMES = {("node-1", 10): "python", ("node-1", 11): "grpc-intake", ("node-2", 20): "image-store"}
+NAMES = {("node-1", 10): "main", ("node-1", 11): "grpc-intake", ("node-2", 20): "image-store"}
 
 
 def test_the_breakdown_is_each_threads_run_and_queue_time_and_the_others_cores() -> None:
     out = breakdown(snapshots(), NAMES, 0.02, 0.08)  # widened to the samples around: 0.0 .. 0.1
     assert out is not None
     assert out["span_ms"] == 100.0
-    assert out["node-1"] == {"python": [90.0, 0.0], "grpc-intake": [5.0, 60.0]}
+    assert out["node-1"] == {"main": [90.0, 0.0], "grpc-intake": [5.0, 60.0]}
     # a thread first seen inside the span counts all its time
     assert out["node-2"] == {"image-store": [30.0, 0.0]}
     assert out["host_busy_cores"] == 2.0
@@ -150,7 +151,7 @@ def test_a_real_sample_of_this_process_names_its_main_thread() -> None:
     sampler.sample(2.0)
     main = ("bench", os.getpid())
     assert main in sampler.snapshots[-1].threads
-    assert sampler.names[main]
+    assert sampler.names[main] == "main"  # not its comm, "python", which unnamed threads share
     run0, _ = sampler.snapshots[0].threads[main]
     run1, _ = sampler.snapshots[1].threads[main]
     assert run1 >= run0  # cumulative
@@ -169,10 +170,24 @@ def test_the_timeline_sums_each_process_per_bin_and_names_a_save() -> None:
 def test_the_raw_samples_are_json_lists_keyed_by_process_and_thread() -> None:
     sampler = ThreadSampler({})
     sampler.snapshots = snapshots()[:1]
-    sampler.names = {("node-1", 10): "python"}
+    sampler.names = {("node-1", 10): "main"}
     sampler.wchans = [(0.5, ("node-1", 10), "gil")]
     assert raw(sampler) == {
-        "names": {"node-1/10": "python"},
+        "names": {"node-1/10": "main"},
         "snapshots": [[0.0, 0, {"node-1/10": [0, 0], "node-1/11": [0, 0]}]],
         "wchans": [[0.5, "node-1/10", "gil"]],
     }
+
+
+def test_the_sampler_thread_names_itself_and_reads_the_main_threads_wchan() -> None:
+    sampler = ThreadSampler({"bench": os.getpid()}, interval_s=0.001)
+    sampler.start()
+    try:
+        for _ in range(5000):  # bounded: until two snapshots, at most ~5 s
+            if len(sampler.snapshots) >= 2:
+                break
+            time.sleep(0.001)
+    finally:
+        sampler.stop()
+    assert "thread-sampler" in sampler.names.values()
+    assert {key for _, key, _ in sampler.wchans} == {("bench", os.getpid())}
