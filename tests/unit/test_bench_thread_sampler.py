@@ -5,6 +5,7 @@ sample of this process (no timing asserted)."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from bench.thread_sampler import (
     Snapshot,
     ThreadSampler,
     breakdown,
+    host_busy_ticks,
     node_log_events,
     raw,
     slow_beat_report,
@@ -191,3 +193,37 @@ def test_the_sampler_thread_names_itself_and_reads_the_main_threads_wchan() -> N
         sampler.stop()
     assert "thread-sampler" in sampler.names.values()
     assert {key for _, key, _ in sampler.wchans} == {("bench", os.getpid())}
+
+
+def test_host_busy_ticks_leave_out_idle_iowait_and_steal(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 20 30 5000 40 6 7 900 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+    fd = os.open(stat, os.O_RDONLY)
+    try:
+        assert host_busy_ticks(fd) == 100 + 20 + 30 + 6 + 7
+        assert host_busy_ticks(fd) == 163  # re-read from the start each time
+    finally:
+        os.close(fd)
+    assert host_busy_ticks() >= 0  # the real /proc/stat
+
+
+def test_a_thread_started_later_is_sampled_from_the_next_listing_and_an_ended_one_dropped() -> None:
+    sampler = ThreadSampler({"bench": os.getpid()}, rescan_every=2)
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait, args=(10.0,), daemon=True)
+    try:
+        sampler.sample(0.0)  # a listing: the worker does not exist yet
+        worker.start()
+        key = ("bench", worker.native_id or -1)
+        sampler.sample(1.0)  # no listing
+        assert key not in sampler.snapshots[-1].threads
+        sampler.sample(2.0)  # a listing: found
+        assert key in sampler.snapshots[-1].threads
+        release.set()
+        worker.join(timeout=10.0)
+        sampler.sample(3.0)  # its files read nothing any more: dropped, closed
+        assert key not in sampler.snapshots[-1].threads
+        assert key not in sampler._fds
+    finally:
+        release.set()
+        sampler.close()
