@@ -44,6 +44,13 @@ What is measured (results in ``bench/results/controller.json``):
   (a futex: another thread of the process holds the GIL), ``loop`` (the event loop's epoll: nothing ready),
   ``other``.
 
+- **slow_heartbeats** (session 18, ``--thread-sample-ms MS``): the slowest 2 % of the after-bulk window's
+  heartbeats (1 % of the bulk phase's) grouped into stalls (heartbeats whose waits overlap), the longest
+  each with what every thread of the nodes and of this process did then — ms running and ms runnable
+  without a core, by thread name, the host's cores used by other processes, the GIL futex samples of the
+  main and intake threads, and the nodes' ``stall_sampled`` lines with ``observability.stall.sampler.ms``
+  (:mod:`bench.thread_sampler`) — and the after-bulk window's 250-ms timeline of who ran.
+
 - **controller_epochs**: the controller (Raft) epoch before and after the bulk phase; any difference is a
   leader change, which must not happen.
 
@@ -101,6 +108,8 @@ from bench.controller_fleet import (
 from bench.cpu_probe import CpuProbe
 from bench.replay_lag import LagSampler, WaitSampler, summarize
 from bench.store_saves import saves_by_phase, wait_for_saves
+from bench.thread_sampler import ThreadSampler, slow_beat_report
+from bench.thread_sampler import raw as thread_samples
 from kraft.client.admin import AdminClient
 from kraft.client.channel import PLAINTEXT_SECURITY, set_default_security
 from kraft.clock import SystemClock
@@ -502,6 +511,7 @@ async def cluster_benchmarks(
     probe: CpuProbe | None = None,
     setup: ClientSetup = ClientSetup(),
     beats_out: Path | None = None,
+    thread_sample_ms: int = 0,
 ) -> dict[str, Any]:
     brokers = brokers or (200 if quick else 1000)
     # without a probe the phases are marked on one nobody reads (never started: no process)
@@ -597,6 +607,16 @@ async def cluster_benchmarks(
                 # Session 17: what each main thread waits on when it neither runs nor queues.
                 waits = WaitSampler({node_id: node.pid for node_id, node in quorum.nodes.items()})
                 waits.start()
+                # Session 18: who had the CPUs while a heartbeat was slow (bench.thread_sampler), opt-in.
+                threads = ThreadSampler(
+                    {
+                        **{f"node-{node_id}": node.pid for node_id, node in quorum.nodes.items() if node.pid},
+                        "bench": os.getpid(),
+                    },
+                    interval_s=thread_sample_ms / 1000,
+                )
+                if thread_sample_ms > 0:
+                    threads.start()
                 bulk_start = time.monotonic()
 
                 cpu_before = cpu_marks(quorum) if cpu else {}
@@ -633,6 +653,10 @@ async def cluster_benchmarks(
                 counters_after_bulk = await asyncio.to_thread(raft_counters, quorum)
                 await asyncio.sleep(4.0)  # let heartbeats after the bulk phase be measured too
                 settle_end = time.monotonic()
+                if thread_sample_ms > 0:
+                    # on past the window: a heartbeat sent in its last moments is answered after it
+                    await asyncio.sleep(2.0)
+                    threads.stop()
                 counters_settle_end = await asyncio.to_thread(raft_counters, quorum)
                 probe.mark("heartbeats_during_bulk", bulk_start, bulk_end)
                 probe.mark("heartbeats_after_bulk", bulk_end, settle_end)
@@ -689,6 +713,20 @@ async def cluster_benchmarks(
             results["raft_after_bulk"] = raft_phase(
                 counters_after_bulk, counters_settle_end, before.controller_id
             )
+            if thread_sample_ms > 0:
+                # the slowest heartbeats of each window grouped into stalls, each with what every thread of
+                # the nodes and of this process did then (s after the window's start; the nodes' stall
+                # sampler lines too when observability.stall.sampler.ms is set)
+                waits_of = [(beat.sent, beat.sent + beat.latency) for beat in fleet.latencies]
+                logs = {node_id: node.log_path for node_id, node in quorum.nodes.items()}
+                results["slow_heartbeats"] = {
+                    "leader": f"node-{before.controller_id}",
+                    "interval_ms": thread_sample_ms,
+                    "after_bulk": slow_beat_report(threads, waits_of, bulk_end, settle_end, logs=logs),
+                    "during_bulk": slow_beat_report(
+                        threads, waits_of, bulk_start, bulk_end, share=0.01, logs=logs, with_timeline=False
+                    ),
+                }
             # A Raft leader change during the bulk phase shows up as a newer controller epoch.
             results["controller_epochs"] = {
                 "before_bulk": before.controller_epoch,
@@ -731,6 +769,7 @@ async def cluster_benchmarks(
                     "beats": [list(beat) for beat in fleet.latencies],
                     "client_stalls": fleet.stalls,
                     "client_gc_pauses": fleet.gc_pauses,
+                    "threads": thread_samples(threads) if thread_sample_ms > 0 else None,
                 }
                 await asyncio.to_thread(beats_out.write_text, json.dumps(raw))
             results["controlled_shutdown"] = {
@@ -888,6 +927,7 @@ def run(
     probe_reference_ms: float | None = None,
     setup: ClientSetup = ClientSetup(),
     beats_out: Path | None = None,
+    thread_sample_ms: int = 0,
 ) -> dict[str, Any]:
     probe = CpuProbe()
     if cpu_probe:
@@ -896,13 +936,17 @@ def run(
     try:
         if work_dir is not None:  # kept afterwards: node logs for diagnosis
             cluster = run_loop(
-                cluster_benchmarks(quick, work_dir, brokers, partitions, cpu, probe, setup, beats_out),
+                cluster_benchmarks(
+                    quick, work_dir, brokers, partitions, cpu, probe, setup, beats_out, thread_sample_ms
+                ),
                 setup.loop,
             )
         else:
             with tempfile.TemporaryDirectory(prefix="kraft-bench-controller-") as tmp:
                 cluster = run_loop(
-                    cluster_benchmarks(quick, Path(tmp), brokers, partitions, cpu, probe, setup, beats_out),
+                    cluster_benchmarks(
+                        quick, Path(tmp), brokers, partitions, cpu, probe, setup, beats_out, thread_sample_ms
+                    ),
                     setup.loop,
                 )
         image = None
@@ -1007,6 +1051,15 @@ def main(argv: list[str] | None = None) -> int:
         help="the simulated brokers send each heartbeat as a unary BrokerHeartbeat call (before session 15) "
         "instead of over one BrokerHeartbeatStream each (broker.heartbeat.stream, a broker's default)",
     )
+    parser.add_argument(
+        "--thread-sample-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="sample every thread of the nodes and of this process (schedstat, the GIL's futex) every MS ms "
+        "through the bulk phase and after it, and report the slowest heartbeats' stalls with what each "
+        "thread did then (slow_heartbeats; bench.thread_sampler; default 0: off)",
+    )
     parser.add_argument("--image-memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.broker_processes < 0:
@@ -1048,6 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
         args.probe_reference_ms,
         setup,
         args.beats_out,
+        args.thread_sample_ms,
     )
     print(json.dumps(results, indent=2))
     return 0

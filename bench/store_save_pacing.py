@@ -8,6 +8,11 @@ one statement (as before session 15), ``chunks`` 2,000 rows per statement with n
 
 Run: ``python -m bench.store_save_pacing --mode paced`` (alternate the modes across runs; ``--switch-us
 100`` as a controller sets the GIL switch interval, ``controller.gil.switch.interval.us``).
+
+Session 18 (issue #17): ``--store-nice N`` gives the store's SQLite thread nice N (Linux, per thread), and
+each round also reports how long the ticker thread sat runnable without a core during the save
+(``thread_runqueue_ms``, its ``/proc/thread-self/schedstat``): on a host whose cores are busy a save
+competes with the process's other threads for the CPU its process gets, which a niced SQLite thread yields.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -63,6 +69,16 @@ def _moved(image: MetadataImage) -> MetadataImage:
     return delta.apply()
 
 
+def _store_thread_ids() -> list[int]:
+    """The native ids of this process's image-store SQLite threads (their ``comm``)."""
+    ids = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            if (task / "comm").read_text().strip() == native_name(STORE_THREAD_NAME).decode():
+                ids.append(int(task.name))
+    return ids
+
+
 def _store_thread_cpu_ms() -> float:
     """CPU the image store's SQLite thread has used (Linux: its ``comm`` is the store's thread name)."""
     total = 0
@@ -78,12 +94,27 @@ def _p99(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
-def _ticker(stop: threading.Event, late: list[float]) -> None:
-    """A thread's 1-ms sleeps until ``stop``: each one's lateness into ``late``."""
+def _runqueue_ns() -> int:
+    """The calling thread's time runnable without a core so far (``/proc/thread-self/schedstat``; 0 if
+    unreadable)."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _ticker(stop: threading.Event, late: list[float], queued: list[int]) -> None:
+    """A thread's 1-ms sleeps until ``stop``: each one's lateness into ``late``; its run-queue ns from
+    ``queued`` being cleared (by the saver, at the save's start) to ``stop`` appended to ``queued``."""
+    base = _runqueue_ns()
     while not stop.is_set():
+        if not queued:
+            queued.append(0)  # the saver cleared it: count from now
+            base = _runqueue_ns()
         started = time.perf_counter()
         time.sleep(0.001)
         late.append(time.perf_counter() - started - 0.001)
+    queued.append(_runqueue_ns() - base)
 
 
 async def _loop_ticker(late: list[float]) -> None:
@@ -94,10 +125,15 @@ async def _loop_ticker(late: list[float]) -> None:
         late.append(time.perf_counter() - started - 0.001)
 
 
-async def run(topics: int, partitions: int, mode: str, rounds: int, root: Path) -> list[dict[str, Any]]:
+async def run(
+    topics: int, partitions: int, mode: str, rounds: int, root: Path, store_nice: int = 0
+) -> list[dict[str, Any]]:
     image = _image(topics, partitions)
     store = await SqliteImageStore.open(root / "image.sqlite", clock=SystemClock())
     results: list[dict[str, Any]] = []
+    if store_nice:
+        for tid in _store_thread_ids():
+            os.setpriority(os.PRIO_PROCESS, tid, store_nice)
     try:
         await store.load()
         await store.save(image)
@@ -108,13 +144,15 @@ async def run(topics: int, partitions: int, mode: str, rounds: int, root: Path) 
             stop = threading.Event()
             thread_late: list[float] = []
             loop_late: list[float] = []
+            queued: list[int] = [0]
 
-            thread = threading.Thread(target=_ticker, args=(stop, thread_late), name="ticker")
+            thread = threading.Thread(target=_ticker, args=(stop, thread_late, queued), name="ticker")
             thread.start()
             task = asyncio.create_task(_loop_ticker(loop_late))
             await asyncio.sleep(0.05)
             thread_late.clear()
             loop_late.clear()
+            queued.clear()
             cpu_before = _store_thread_cpu_ms()
             started = time.perf_counter()
             await store.save(image)
@@ -126,6 +164,7 @@ async def run(topics: int, partitions: int, mode: str, rounds: int, root: Path) 
             results.append(
                 {
                     "mode": mode,
+                    "store_nice": store_nice,
                     "rows": topics * partitions,
                     "save_ms": round(wall * 1000),
                     "store_thread_cpu_ms": round(store_cpu_ms),
@@ -133,6 +172,7 @@ async def run(topics: int, partitions: int, mode: str, rounds: int, root: Path) 
                     "thread_late_p99_ms": round(_p99(thread_late) * 1000, 1),
                     "loop_late_max_ms": round(max(loop_late) * 1000, 1),
                     "loop_late_p99_ms": round(_p99(loop_late) * 1000, 1),
+                    "thread_runqueue_ms": round(queued[-1] / 1e6, 1),
                 }
             )
     finally:
@@ -148,11 +188,13 @@ def main() -> None:
     parser.add_argument("--mode", choices=sorted(MODES), default="chunks")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--switch-us", type=int, default=0, help="sys.setswitchinterval, µs (0: Python's)")
+    parser.add_argument("--store-nice", type=int, default=0, help="the SQLite thread nice (Linux; 0: as is)")
     args = parser.parse_args()
     if args.switch_us:
         sys.setswitchinterval(args.switch_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="kraft-store-pacing-") as root:
-        for result in asyncio.run(run(args.topics, args.partitions, args.mode, args.rounds, Path(root))):
+        saves = run(args.topics, args.partitions, args.mode, args.rounds, Path(root), args.store_nice)
+        for result in asyncio.run(saves):
             print(json.dumps(result), flush=True)
 
 
