@@ -1784,12 +1784,12 @@ class ControllerLogic:
             broker = self._registered_broker(req.cluster_id, req.broker_id)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
-        batch = _Batch(self, next_offset)
+        batch = _Batch(self, next_offset, values=[])  # its first leave changes encoded as they are built
         if not broker.in_controlled_shutdown:
             self._enter_controlled_shutdown(batch, broker)
-        records = batch.finish()
+        batch.view()
         response.leaderships_remaining = self.leader_count(broker.broker_id)
-        return Outcome(records, response, next_offset)
+        return batch.outcome(response)
 
     def fence_expired(self, now_ms: int, next_offset: int) -> tuple[int, list[pb.MetadataRecord]]:
         """Fence at most one broker whose session expired; returns (broker id or -1, records)."""
