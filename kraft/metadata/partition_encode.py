@@ -122,13 +122,14 @@ def new_partition_value(
     these fields and no others (leader and partition epoch 0: a new partition); ``topic`` is
     :func:`topic_field`'s.  An ISR that is the replicas' tuple itself (the common case) reuses its run."""
     if isr is replicas and partition_id and leader:
-        # The bulk creation's case (every replica in the ISR, the ids and partition id in the table; any
-        # other, a negative one included, is a KeyError): one concatenation, ~1.5 µs against ~1.8 for the
-        # general path below.
+        # The bulk creation's case (every replica in the ISR, the ids in the table, the partition id any
+        # positive one; anything else, a negative one included, is a KeyError): one concatenation,
+        # ~1.5 µs against ~1.8 for the general path below.
         small = _SMALL_BY_VALUE
         try:
             packed = b"".join([small[i] for i in replicas])
-            pid = small[partition_id]
+            # (a big topic's partition ids run past the table: a varint of their own)
+            pid = small[partition_id] if partition_id < _SMALL_COUNT else _varint(partition_id)
             lead = small[leader]
         except KeyError:
             return _general(topic, partition_id, replicas, isr, leader)
@@ -161,6 +162,31 @@ def change_value(topic: bytes, partition_id: int, isr: Sequence[int] | None, lea
     ``partition_change`` sets these fields and no others: ``isr`` None leaves the ISR absent (an empty
     one is present, emptied), ``leader`` None leaves the leader absent (unchanged; -1 is "none");
     ``topic`` is :func:`topic_field`'s."""
+    # The common case (every id, count and length in the table; -1 or anything else is a KeyError):
+    # concatenations only, ~1 µs against ~1.6 for the general path below.
+    small = _SMALL_BY_VALUE
+    try:
+        if not partition_id:
+            body = topic
+        elif partition_id < _SMALL_COUNT:
+            body = b"\x08" + small[partition_id] + topic  # (a negative one: KeyError)
+        else:
+            body = b"\x08" + _varint(partition_id) + topic
+        if isr is not None:
+            if isr:
+                run = b"".join([small[i] for i in isr])
+                ids = b"\n" + small[len(run)] + run  # BrokerIdList.ids (field 1, packed)
+                body += b"\x1a" + small[len(ids)] + ids
+            else:
+                body += b"\x1a\x00"  # present, emptied
+        if leader is not None:
+            body += b" " + small[leader]
+        return _CHANGE_HEAD + small[len(body)] + body
+    except KeyError:
+        return _general_change(topic, partition_id, isr, leader)
+
+
+def _general_change(topic: bytes, partition_id: int, isr: Sequence[int] | None, leader: int | None) -> bytes:
     parts = [_TAG_PARTITION_ID, _varint(partition_id)] if partition_id else []
     parts.append(topic)
     if isr is not None:
