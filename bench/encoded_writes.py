@@ -9,7 +9,8 @@ time of this thread (ms, ``time.thread_time``), each phase up to the values the 
 - ``big_topic``: one topic of ``--big`` partitions (RF 3) — plan, placement in work units, the first
   write and every bulk slice (``continue_bulk_values``, or ``continue_bulk_jobs`` then ``encode_value``);
 - ``small_creates``: ``--small-requests`` CreateTopics of 10 topics x ``--small-partitions`` partitions;
-- ``grow``: CreatePartitions of ``--grow-topics`` of those topics, each to ``--grow-to`` partitions.
+- ``grow``: CreatePartitions of ``--grow-topics`` of those topics (the first of each request: at most
+  ``--small-requests``), each to ``--grow-to`` partitions.
 
 The collector is off during the phases (what a phase costs, not when a collection happens to run).  Works
 on trees before session 18 (A/B: run it from each tree's root, alternated).  Prints JSON; ``--out`` also
