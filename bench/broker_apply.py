@@ -97,7 +97,8 @@ def shutdown_records(topics: int) -> tuple[MetadataImage, int, list[bytes]]:
     out = logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id="bench", broker_id=1), offset)
     values += [rec.encode_value(r) for r in out.records]
     while logic.has_bulk_jobs():
-        values += [rec.encode_value(r) for r in logic.continue_bulk_jobs(offset + len(values))]
+        more = getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)(offset + len(values))
+        values += [r if type(r) is bytes else rec.encode_value(r) for r in more]  # (values since session 18)
     return image, offset, values
 
 

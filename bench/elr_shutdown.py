@@ -75,7 +75,7 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, index: 
         pass
     gc.collect()
     events: list[float] = []
-    writes: list[list[pb.MetadataRecord]] = []
+    writes: list[list[pb.MetadataRecord] | list[bytes]] = []
     started = time.perf_counter()
     out = logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id="bench", broker_id=1), offset)
     events.append(time.perf_counter() - started)
@@ -83,12 +83,14 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, index: 
     offset += len(out.records)
     while logic.has_bulk_jobs():
         started = time.perf_counter()
-        more = logic.continue_bulk_jobs(offset)
+        more = getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)(
+            offset
+        )  # (session 18: values)
         events.append(time.perf_counter() - started)
         if more:
             writes.append(list(more))
             offset += len(more)
-    values = [[rec.encode_value(r) for r in write] for write in writes]
+    values = [[r if isinstance(r, bytes) else rec.encode_value(r) for r in write] for write in writes]
     follower = image
     replay_s = apply_s = 0.0
     for write in values:

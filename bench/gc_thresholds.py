@@ -172,7 +172,7 @@ def child(
                 if config["freeze"]:
                     freezer.applied(len(out))
                 while logic.has_bulk_jobs():
-                    more = logic.continue_bulk_jobs(offset)
+                    more = getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)(offset)
                     offset += len(more)
                     records += len(more)
                     if config["freeze"]:

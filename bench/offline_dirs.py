@@ -71,7 +71,9 @@ class Bench:
 
     def drain(self) -> None:
         while self.logic.has_bulk_jobs():
-            self.offset += len(self.logic.continue_bulk_jobs(self.offset))
+            self.offset += len(
+                getattr(self.logic, "continue_bulk_values", self.logic.continue_bulk_jobs)(self.offset)
+            )
 
 
 def main() -> None:

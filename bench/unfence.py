@@ -74,7 +74,9 @@ class Bench:
     def fence(self, broker_id: int) -> None:
         self.beat(broker_id, want_fence=True)
         while self.logic.has_bulk_jobs():
-            self.offset += len(self.logic.continue_bulk_jobs(self.offset))
+            self.offset += len(
+                getattr(self.logic, "continue_bulk_values", self.logic.continue_bulk_jobs)(self.offset)
+            )
 
 
 def scan_candidates(

@@ -78,7 +78,7 @@ def _shut_down_1(logic: ControllerLogic, offset: int) -> int:
     out = logic.shutdown_broker(cpb.ShutdownBrokerRequest(cluster_id="bench", broker_id=1), offset)
     offset += len(out.records)
     while logic.has_bulk_jobs():
-        offset += len(logic.continue_bulk_jobs(offset))
+        offset += len(getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)(offset))
     return offset
 
 
@@ -88,7 +88,7 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, unfence
         pass
     offset += len(_beat(logic, unfenced, offset, fence=True))
     while logic.has_bulk_jobs():
-        offset += len(logic.continue_bulk_jobs(offset))
+        offset += len(getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)(offset))
     while not logic.index_some(10**9):
         pass
     gc.collect()
@@ -103,7 +103,12 @@ def one_round(logic: ControllerLogic, offset: int, image: MetadataImage, unfence
         offset += len(_event(lambda: _beat(logic, unfenced, offset, fence=False), cpu, wall, gc_ms))
         records = 0
         while logic.has_bulk_jobs():
-            more = _event(partial(logic.continue_bulk_jobs, offset), cpu, wall, gc_ms)
+            more = _event(
+                partial(getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs), offset),
+                cpu,
+                wall,
+                gc_ms,
+            )
             offset += len(more)
             records += len(more)
         assert not logic.image.brokers[unfenced].fenced

@@ -146,7 +146,7 @@ def sliced_creation(
     written = len(first.records)
     while logic.has_bulk_jobs():
         started = time.perf_counter()
-        more = logic.continue_bulk_jobs(offset + written)
+        more = getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)(offset + written)
         events.append((time.perf_counter() - started) * 1000)
         written += len(more)
     return events, sum(events)
@@ -164,9 +164,10 @@ def one_round(brokers: int, partitions: int, work_unit: int) -> dict[str, float]
     ms, outcome = timed(lambda: logic.delete_topics(request, offset))
     records = list(outcome.records)
     events = [ms]
+    next_slice = getattr(logic, "continue_bulk_values", logic.continue_bulk_jobs)  # values: session 18
     while logic.has_bulk_jobs():
-        ms, more = timed(lambda: logic.continue_bulk_jobs(offset + len(records)))
-        records.extend(more)
+        ms, more = timed(lambda: next_slice(offset + len(records)))
+        records.extend(more if not more or type(more[0]) is not bytes else rec.decode_values(more))
         events.append(ms)
     out["delete_active_max_event_ms"] = max(events)
     out["delete_active_events"] = len(events)

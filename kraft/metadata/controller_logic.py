@@ -66,7 +66,12 @@ from kraft.metadata.image import (
     TopicImage,
 )
 from kraft.metadata.offline_replicas import guard_for
-from kraft.metadata.partition_change import LeaveMemo, build_change, leave_change, rules_matter
+from kraft.metadata.partition_change import (
+    LeaveMemo,
+    build_change,
+    leave_change_encoded,
+    rules_matter,
+)
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.partition_encode import new_partition_value, topic_field
 from kraft.metadata.partition_reservations import (
@@ -574,20 +579,41 @@ class CreateTally:
     names: set[str] = field(default_factory=set)
 
 
-@dataclass(slots=True)
 class Outcome(Generic[R]):
     """Records to append (already replayed into the speculative image) and the response to send once
-    they commit (at once when there are none)."""
+    they commit (at once when there are none).
 
-    records: list[pb.MetadataRecord]
-    response: R
-    first_offset: int = -1
-    wait_offset: int | None = None
-    """Without records: the offset the answer depends on (None = every pending write)."""
-    values: list[bytes] | None = None
-    """Set (and ``records`` empty) by a write whose records are encoded already — a prepared topic's,
-    whose PartitionRecords were serialized as they were prepared: the values to append, in order,
-    :func:`~kraft.metadata.records.encode_value`'s bytes of each record."""
+    A write whose records were encoded as they were built (``values``: a created topic's or a grown
+    topic's PartitionRecords, a bulk slice's changes) keeps only their bytes; ``records`` decodes them on
+    first access (the readers are tests and benchmarks: the write path appends :meth:`encoded`)."""
+
+    __slots__ = ("_records", "first_offset", "response", "values", "wait_offset")
+
+    def __init__(
+        self,
+        records: list[pb.MetadataRecord],
+        response: R,
+        first_offset: int = -1,
+        wait_offset: int | None = None,
+        values: list[bytes] | None = None,
+    ) -> None:
+        self._records: list[pb.MetadataRecord] | None = records if values is None else None
+        self.response = response
+        self.first_offset = first_offset
+        self.wait_offset: int | None = wait_offset
+        """Without records: the offset the answer depends on (None = every pending write)."""
+        self.values = values
+        """Set (``records`` then decoded from it when read) by a write whose records are encoded
+        already: the values to append, in order, :func:`~kraft.metadata.records.encode_value`'s bytes of
+        each record."""
+
+    @property
+    def records(self) -> list[pb.MetadataRecord]:
+        """The records to append (``values`` decoded, once, when the outcome carries values)."""
+        if self._records is None:
+            assert self.values is not None
+            self._records = list(rec.decode_values(self.values))
+        return self._records
 
     def encoded(self) -> list[bytes]:
         """The values to append (``records`` encoded, or ``values``)."""
@@ -596,10 +622,12 @@ class Outcome(Generic[R]):
         return [rec.encode_value(r) for r in self.records]
 
     def all_records(self) -> list[pb.MetadataRecord]:
-        """The records to append, ``values`` decoded (for readers of an outcome: tests, benchmarks)."""
-        if self.values is not None:
-            return list(rec.decode_values(self.values))
+        """:attr:`records` (kept for the readers written before ``records`` decoded values itself)."""
         return self.records
+
+    def __repr__(self) -> str:
+        size = len(self.values) if self.values is not None else len(self.records)
+        return f"Outcome({size} records, first_offset={self.first_offset}, response={self.response!r})"
 
 
 @dataclass(slots=True)
@@ -611,8 +639,9 @@ class _Batch:
     records: list[pb.MetadataRecord] = field(default_factory=list)
     delta: MetadataDelta | None = None
     values: list[bytes] | None = None
-    """Set for a batch appended as values (a prepared topic's write, :attr:`Outcome.values`): every
-    record is encoded as it is added (``records`` stays empty), a prepared value added as it is."""
+    """Set for a batch appended as values (:attr:`Outcome.values`: the writes of new partitions and the
+    bulk slices): every record is encoded as it is added (``records`` stays empty), an encoded one
+    (a prepared topic's, :func:`new_partition_value`'s, :func:`leave_change_encoded`'s) added as it is."""
     deadline: Deadline = field(init=False)
     """The event's time budget, started when the event began building its records."""
 
@@ -629,6 +658,10 @@ class _Batch:
         """The offset the next record added gets."""
         return self.next_offset + (len(self.records) if self.values is None else len(self.values))
 
+    def count(self) -> int:
+        """The records added so far."""
+        return len(self.records) if self.values is None else len(self.values)
+
     def add(self, payload: Message) -> None:
         record = rec.wrap(payload)
         if self.delta is None:
@@ -641,10 +674,15 @@ class _Batch:
             self.logic.broker_offsets[broker_id] = offset
 
     def add_partition(
-        self, record: pb.MetadataRecord, topic_id: str, partition_id: int, registration: PartitionRegistration
+        self,
+        record: pb.MetadataRecord | bytes,
+        topic_id: str,
+        partition_id: int,
+        registration: PartitionRegistration,
     ) -> None:
-        """Add a (wrapped) PartitionRecord/PartitionChangeRecord whose replay gives ``registration``,
-        without replaying it (the bulk path: ~3x cheaper per partition)."""
+        """Add a (wrapped) PartitionRecord/PartitionChangeRecord — or its value, encoded already —
+        whose replay gives ``registration``, without replaying it (the bulk path: ~3x cheaper per
+        partition)."""
         # (inline, not through _next/_keep: called once per partition of every create)
         if self.delta is None:
             self.delta = MetadataDelta(self.logic.image)
@@ -653,7 +691,9 @@ class _Batch:
         if not self.delta.set_partition(topic_id, partition_id, registration, offset):
             raise AssertionError(f"partition {topic_id}/{partition_id} does not fit the image")
         if values is None:
-            self.records.append(record)
+            self.records.append(rec.decode_value(record) if isinstance(record, bytes) else record)
+        elif isinstance(record, bytes):
+            values.append(record)
         else:
             values.append(rec.encode_value(record))
 
@@ -689,6 +729,13 @@ class _Batch:
         assert self.values is not None
         self.view()
         return self.values
+
+    def outcome(self, response: R) -> Outcome[R]:
+        """:meth:`finish`, and the outcome appending what was added (records or values)."""
+        self.view()
+        if self.values is None:
+            return Outcome(self.records, response, self.next_offset)
+        return Outcome([], response, self.next_offset, values=self.values)
 
 
 def _take_candidates(job: _RejoinJob, partitions: list[tuple[str, int]]) -> bool:
@@ -998,14 +1045,20 @@ class ControllerLogic:
     def has_bulk_jobs(self) -> bool:
         return bool(self._leaving or self._rejoining or self._topic_jobs)
 
-    def continue_bulk_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
-        """The next chunk of ISR removals and unfence elections (the shell calls this until
-        :meth:`has_bulk_jobs` is False); may be empty while jobs remain (a chunk that only scanned)."""
-        batch = _Batch(self, next_offset)
+    def continue_bulk_values(self, next_offset: int) -> list[bytes]:
+        """The next chunk of ISR removals, unfence elections and big topics' partitions, encoded (the
+        shell appends this until :meth:`has_bulk_jobs` is False); may be empty while jobs remain (a
+        chunk that only scanned).  The common leave changes and the new partitions are encoded straight
+        from their fields (:func:`leave_change_encoded`, :func:`new_partition_value`)."""
+        batch = _Batch(self, next_offset, values=[])
         self._run_leave_jobs(batch)
         self._run_rejoin_jobs(batch)
         self._run_topic_jobs(batch)
-        return batch.finish()
+        return batch.finish_values()
+
+    def continue_bulk_jobs(self, next_offset: int) -> list[pb.MetadataRecord]:
+        """:meth:`continue_bulk_values`, decoded (for tests and benchmarks that read the records)."""
+        return list(rec.decode_values(self.continue_bulk_values(next_offset)))
 
     def elect_leaderless(self, batch: _Batch, topic_names: Iterable[str] | None) -> None:
         """Queue elections for the leaderless partitions of ``topic_names`` (every topic: None) — after
@@ -1065,7 +1118,7 @@ class ControllerLogic:
     def _run_topic_jobs(self, batch: _Batch) -> None:
         """The next partitions of the topics being written in slices; the last slice of each closes its
         transaction.  A topic deleted meanwhile (inside the transaction) just closes it."""
-        budget = self.settings.max_changes_per_write - len(batch.records)
+        budget = self.settings.max_changes_per_write - batch.count()
         deadline = batch.deadline
         for key, job in list(self._topic_jobs.items()):
             if budget <= 0 or deadline.expired():
@@ -1189,7 +1242,7 @@ class ControllerLogic:
         self._run_leave_jobs(batch)
 
     def _run_leave_jobs(self, batch: _Batch) -> None:
-        budget = self.settings.max_changes_per_write - len(batch.records)
+        budget = self.settings.max_changes_per_write - batch.count()
         scan_budget = LEAVE_SCAN_PARTITIONS  # bounds a chunk that finds few changes (a long scan)
         deadline = batch.deadline
         clock = self.clock if self.settings.max_event_time_ms > 0 else None
@@ -1210,7 +1263,9 @@ class ControllerLogic:
             topics = image.topics_by_id
             broker_id = job.broker_id
             unclean_shutdown = job.unclean
-            changes: list[tuple[pb.MetadataRecord, str, int, PartitionRegistration]] = []
+            # a batch of values takes the common changes encoded straight from their fields
+            encoded = batch.values is not None
+            changes: list[tuple[pb.MetadataRecord | bytes, str, int, PartitionRegistration]] = []
             touched = 0  # topics with a change in ``changes`` (each costs its own share of the closing)
             while job.position < len(job.topic_ids) and len(changes) < budget and scan_budget > 0:
                 topic = topics.get(job.topic_ids[job.position])
@@ -1218,6 +1273,7 @@ class ControllerLogic:
                 # Looked up at the topic's first partition whose change may depend on them: a sole
                 # replica's leave never does (two config lookups saved per one-partition topic).
                 rules: tuple[int, bool] | None = None
+                topic_bytes: bytes | None = None  # topic_field, at the topic's first change
                 index = job.partition_position
                 end = min(len(partitions), index + scan_budget)
                 scan_budget -= end - index + 1
@@ -1238,8 +1294,12 @@ class ControllerLogic:
                         if rules is None and rules_matter(partition, accept, broker_id):
                             rules = self.election_rules(image, topic.name)
                         min_isr, unclean_election = (1, False) if rules is None else rules
-                        change = leave_change(
+                        if encoded and topic_bytes is None:
+                            topic_bytes = topic_field(topic.topic_id)
+                        change = leave_change_encoded(
                             topic.topic_id,
+                            # (an unclean election's change is logged from its record)
+                            None if unclean_election else topic_bytes,
                             index,
                             partition,
                             accept,
@@ -1251,6 +1311,7 @@ class ControllerLogic:
                         )
                         if change is not None:
                             if unclean_election:
+                                assert not isinstance(change[0], bytes)
                                 note_unclean_election(
                                     topic.name, index, partition, change[0].partition_change
                                 )
@@ -1336,7 +1397,7 @@ class ControllerLogic:
         return first, (source if len(first) == CHECK_EVERY else None)
 
     def _run_rejoin_jobs(self, batch: _Batch) -> None:
-        budget = self.settings.max_changes_per_write - len(batch.records)
+        budget = self.settings.max_changes_per_write - batch.count()
         scan_budget = LEAVE_SCAN_PARTITIONS
         deadline = batch.deadline
         clock = self.clock if self.settings.max_event_time_ms > 0 else None
@@ -1490,7 +1551,7 @@ class ControllerLogic:
                 broker_id=broker.broker_id, broker_epoch=broker.epoch, in_controlled_shutdown=1
             )
         )
-        self._shutdown_offsets[broker.broker_id] = batch.next_offset + len(batch.records) - 1
+        self._shutdown_offsets[broker.broker_id] = batch.next_offset + batch.count() - 1
         if not broker.fenced:
             self._leave_isrs(batch, broker.broker_id)
 
@@ -1583,7 +1644,7 @@ class ControllerLogic:
             # The old incarnation's session expired (or it is gone: see above) but it was not fenced yet:
             # fence it first.
             self._fence(batch, existing)
-        record.broker_epoch = batch.next_offset + len(batch.records)
+        record.broker_epoch = batch.next_offset + batch.count()
         batch.add(record)
         if unclean:
             self._leave_isrs(batch, req.broker_id, unclean=True)
@@ -1723,12 +1784,12 @@ class ControllerLogic:
             broker = self._registered_broker(req.cluster_id, req.broker_id)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
-        batch = _Batch(self, next_offset)
+        batch = _Batch(self, next_offset, values=[])  # its first leave changes encoded as they are built
         if not broker.in_controlled_shutdown:
             self._enter_controlled_shutdown(batch, broker)
-        records = batch.finish()
+        batch.view()
         response.leaderships_remaining = self.leader_count(broker.broker_id)
-        return Outcome(records, response, next_offset)
+        return batch.outcome(response)
 
     def fence_expired(self, now_ms: int, next_offset: int) -> tuple[int, list[pb.MetadataRecord]]:
         """Fence at most one broker whose session expired; returns (broker id or -1, records)."""
@@ -1765,7 +1826,7 @@ class ControllerLogic:
             check_create_topics(req, self.settings.request_limits, self.settings.default_num_partitions)
         except KraftError as exc:
             return Outcome([], error_response(response, exc.code, exc.message))
-        batch = _Batch(self, next_offset)
+        batch = _Batch(self, next_offset, values=[])  # PartitionRecords encoded as they are built
         counts: dict[str, int] = {}
         for topic in req.topics:
             counts[topic.name] = counts.get(topic.name, 0) + 1
@@ -1825,7 +1886,7 @@ class ControllerLogic:
             if req.validate_only:
                 continue
             self._add_topic_records(batch, topic.name, topic_id, assignment, configs)
-        return Outcome(batch.finish(), response, next_offset)
+        return batch.outcome(response)
 
     @property
     def planned_ahead(self) -> int:
@@ -2030,7 +2091,7 @@ class ControllerLogic:
         result = response.topics.add(name=plan.name)
         if not self._recheck_plan(plan, result):
             return Outcome([], response, next_offset)
-        batch = _Batch(self, next_offset)
+        batch = _Batch(self, next_offset, values=[])  # its first partitions encoded as they are built
         topic_id = self._new_topic_id()
         result.topic_id = topic_id
         result.num_partitions = plan.partitions
@@ -2048,7 +2109,7 @@ class ControllerLogic:
         reservation = self.reservations.reserve(plan.partitions, plan.by_broker)
         self._topic_jobs[topic_id] = _TopicJob(topic_id, plan, 0, reservation)
         self._run_topic_jobs(batch)
-        return Outcome(batch.finish(), response, next_offset)
+        return batch.outcome(response)
 
     def prepare_some(self, plan: TopicPlan, deadline: Deadline, max_partitions: int) -> bool:
         """One event of a prepared topic: place (or check, for an explicit assignment) up to
@@ -2282,10 +2343,19 @@ class ControllerLogic:
         self, batch: _Batch, topic_id: str, first_id: int, assignment: list[tuple[int, ...]]
     ) -> None:
         """PartitionRecords for partitions ``first_id``, ``first_id + 1``, … of a topic (a new topic, or
-        CreatePartitions growing one), replicas as ``assignment`` says."""
+        CreatePartitions growing one), replicas as ``assignment`` says.  A batch of values takes them
+        encoded from their registrations (:func:`new_partition_value`: the same bytes, no upb message)."""
         add_partition = batch.add_partition
-        for partition_id, record, registration in self._new_partitions(topic_id, first_id, assignment):
-            add_partition(record, topic_id, partition_id, registration)
+        if batch.values is None:
+            for partition_id, record, registration in self._new_partitions(topic_id, first_id, assignment):
+                add_partition(record, topic_id, partition_id, registration)
+            return
+        topic = topic_field(topic_id)
+        for partition_id, registration in enumerate(self._new_registrations(assignment), first_id):
+            value = new_partition_value(
+                topic, partition_id, registration.replicas, registration.isr, registration.leader
+            )
+            add_partition(value, topic_id, partition_id, registration)
 
     def _new_partitions(
         self,
@@ -2485,7 +2555,7 @@ class ControllerLogic:
         looked = 0
         last_id: str | None = None
         topic: TopicImage | None = None
-        while len(batch.records) < budget:
+        while batch.count() < budget:
             if scan.position >= len(scan.taken):
                 if scan.source is None:  # the last take was short: nothing is left
                     scan.done = True

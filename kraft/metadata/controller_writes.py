@@ -309,7 +309,7 @@ class WritePath:
             if logic is not state.logic:
                 raise NotControllerError(state.leader.leader_id)
             first = self.next_offset
-            more = logic.continue_bulk_jobs(first)
+            more = logic.continue_bulk_values(first)
             stats.slices += 1
             stats.records += len(more)
             # Slices are ~5 ms of work each; a Raft batch each cost an fsync on every node, a fetch round
@@ -319,7 +319,7 @@ class WritePath:
             # end the hold.  A last slice that wrote nothing (the job's tail scan found no change) ends
             # the hold itself: the slices held before it would otherwise wait for the linger bound.
             if more:
-                return self.append(more, first, hold=logic.has_bulk_jobs())
+                return self.append_values(more, first, hold=logic.has_bulk_jobs())
             if not logic.has_bulk_jobs():
                 self._raft.end_hold()
             return None

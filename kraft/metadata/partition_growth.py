@@ -67,7 +67,7 @@ def create_partitions(
     except KraftError as exc:
         return Outcome([], error_response(response, exc.code, exc.message))
     names = Counter(t.name for t in req.topics)
-    batch = _Batch(logic, next_offset)
+    batch = _Batch(logic, next_offset, values=[])  # the new PartitionRecords encoded as built
     cluster_partitions, hosted = logic._placement_counts()
     reserved = logic.reservations
     cursor = cluster_partitions
@@ -141,4 +141,4 @@ def create_partitions(
         added.update(by_broker)
         if not req.validate_only:
             logic.add_partition_records(batch, found.topic_id, current, assignment)
-    return Outcome(batch.finish(), response, next_offset)
+    return batch.outcome(response)

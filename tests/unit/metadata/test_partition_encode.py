@@ -7,7 +7,9 @@
 - a prepared topic's write appends, byte for byte, what one unsliced CreateTopics event writes for it,
   with brokers fenced before its plan (ISRs short of the replicas) or between its preparation and its
   write (its records rebuilt at the write);
-- preparing keeps no protobuf message per partition.
+- preparing keeps no protobuf message per partition;
+- :func:`change_value` gives exactly the bytes ``encode_value`` gives a PartitionChangeRecord of a
+  partition id, topic id, maybe an ISR and maybe a leader (session 18: a leave's common change).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from hypothesis import strategies as st
 from kraft.clock import Deadline
 from kraft.metadata import records as rec
 from kraft.metadata.change_decode import plain_partition
-from kraft.metadata.partition_encode import new_partition_value, topic_field
+from kraft.metadata.partition_encode import change_value, new_partition_value, topic_field
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -87,6 +89,29 @@ def test_the_bulk_creations_shape_is_read_back_directly_by_a_follower(
     assert plain_partition(value) == ("AAAAAAAAAAAAAAAAAAAAAA", partition_id, ids, isr, ids[0], 0, 0)
 
 
+@settings(max_examples=3_000, deadline=None)
+@given(
+    topic_id=TOPIC_IDS,
+    partition_id=st.one_of(st.integers(min_value=0, max_value=5_000), INT32),
+    isr=st.one_of(st.none(), st.lists(IDS, max_size=12)),
+    leader=st.one_of(st.none(), st.sampled_from([-1, 0]), IDS),
+)
+def test_a_changes_value_is_the_bytes_encode_value_gives(
+    topic_id: str, partition_id: int, isr: list[int] | None, leader: int | None
+) -> None:
+    """``leave_change``'s record (session 18): the ISR set when given (an empty one too: present,
+    emptied), the leader when given (0 and -1 included)."""
+    record = pb.MetadataRecord()
+    change = record.partition_change
+    change.partition_id = partition_id
+    change.topic_id = topic_id
+    if isr is not None:
+        change.isr.ids.extend(isr)
+    if leader is not None:
+        change.leader = leader
+    assert change_value(topic_field(topic_id), partition_id, isr, leader) == rec.encode_value(record)
+
+
 ASSIGNMENTS = st.lists(st.permutations(range(1, BROKERS + 1)).map(lambda p: p[:3]), min_size=1, max_size=40)
 FENCED = st.sets(st.integers(min_value=1, max_value=BROKERS), max_size=3)
 
@@ -126,7 +151,7 @@ def test_a_prepared_topics_append_is_the_unsliced_createtopics_one(
 
     assert written.response == expected.response
     assert written.response.topics[0].error_code == 0, written.response.topics[0].error_message
-    assert not written.records and written.values is not None
+    assert written.values is not None  # appended as values (``records`` decodes them)
     assert written.encoded() == expected.encoded()
     assert logic.image.topic("assigned") == whole.image.topic("assigned")
 

@@ -23,7 +23,8 @@ from kraft.metadata.delta import MetadataDelta, apply_partition_change
 from kraft.metadata.election_config import MIN_INSYNC_REPLICAS, UNCLEAN_LEADER_ELECTION_ENABLE
 from kraft.metadata.image import NO_PARTITION_LEADER, MetadataImage, PartitionRegistration
 from kraft.metadata.image_records import partition_record
-from kraft.metadata.partition_change import build_change, leave_change, rules_matter
+from kraft.metadata.partition_change import build_change, leave_change, leave_change_encoded, rules_matter
+from kraft.metadata.partition_encode import topic_field
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
@@ -106,6 +107,24 @@ def test_a_leave_decides_as_build_change_and_without_rules_where_they_do_not_mat
         record, registration = got
         assert record.partition_change == expected
         assert registration == apply_partition_change(current, expected)
+    # encoded (the bulk slices' batches of values, session 18): the same bytes and registration
+    encoded = leave_change_encoded(
+        "T",
+        topic_field("T"),
+        0,
+        current,
+        accept,
+        broker,
+        min_isr=min_isr,
+        unclean_shutdown=unclean_shutdown,
+        unclean_election=unclean_election,
+    )
+    if got is None:
+        assert encoded is None
+    else:
+        assert encoded is not None and encoded[1] == got[1]
+        value = encoded[0] if isinstance(encoded[0], bytes) else records.encode_value(encoded[0])
+        assert value == records.encode_value(got[0])
     if not rules_matter(current, accept, broker):
         # what the leave job does then: any rules, the same result as the topic's own
         assert leave_change("T", 0, current, accept, broker, unclean_shutdown=unclean_shutdown) == got

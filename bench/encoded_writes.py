@@ -1,0 +1,166 @@
+"""Microbenchmark: the active controller's CPU for the writes of new partitions that are not prepared
+topics (session 18; issue #17) — what building upb records and encoding them at the append cost against
+encoding the values as the records are built.
+
+Through ``ControllerLogic`` on ``--brokers`` unfenced brokers (``bench.controller``'s registrations), CPU
+time of this thread (ms, ``time.thread_time``), each phase up to the values the append takes
+(``Outcome.encoded()``, the bulk slices' values — ``encode_value`` of records on a tree before):
+
+- ``big_topic``: one topic of ``--big`` partitions (RF 3) — plan, placement in work units, the first
+  write and every bulk slice (``continue_bulk_values``, or ``continue_bulk_jobs`` then ``encode_value``);
+- ``small_creates``: ``--small-requests`` CreateTopics of 10 topics x ``--small-partitions`` partitions;
+- ``grow``: CreatePartitions of ``--grow-topics`` of those topics (the first of each request: at most
+  ``--small-requests``), each to ``--grow-to`` partitions.
+
+The collector is off during the phases (what a phase costs, not when a collection happens to run).  Works
+on trees before session 18 (A/B: run it from each tree's root, alternated).  Prints JSON; ``--out`` also
+writes it.  Run: ``python -m bench.encoded_writes [--rounds 3]`` (~10 s a round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.controller import register_active_brokers
+from kraft.clock import Deadline
+from kraft.metadata import records as rec
+from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
+from kraft.metadata.image import MetadataImage
+from kraft.metadata.partition_growth import create_partitions
+from kraft.procutil import reap_children_on_exit
+from kraft.v1 import controller_pb2 as cpb
+
+CLUSTER = "bench"
+WORK_UNIT = 1000
+EVENT_MS = 5
+
+
+def _values(outcome: Any) -> list[bytes]:
+    encoded = getattr(outcome, "encoded", None)
+    if encoded is not None:
+        return list(encoded())
+    return [rec.encode_value(r) for r in outcome.records]
+
+
+def _timed(fn: Callable[[], int]) -> tuple[float, int]:
+    started = time.thread_time_ns()
+    count = fn()
+    return (time.thread_time_ns() - started) / 1e6, count
+
+
+def one_round(args: argparse.Namespace) -> dict[str, float]:
+    settings = ControllerSettings(
+        CLUSTER,
+        max_partitions=10**9,
+        max_broker_partitions=10**9,
+        max_changes_per_write=WORK_UNIT,
+        max_event_time_ms=EVENT_MS,
+    )
+    # no clock: events bounded by record counts only, so both trees write the same slices and requests
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
+    offset = register_active_brokers(logic, args.brokers)
+    next_slice = getattr(logic, "continue_bulk_values", None)
+
+    def big_topic() -> int:
+        nonlocal offset
+        topic = cpb.CreatableTopic(name="big", num_partitions=args.big, replication_factor=3)
+        _, plan = logic.plan_topic(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), offset)
+        assert plan is not None
+        while not plan.place_some(Deadline(None, 0), WORK_UNIT):
+            pass
+        written = len(_values(logic.create_planned_topic(plan, False, offset)))
+        offset += written
+        while logic.has_bulk_jobs():
+            if next_slice is not None:
+                more = next_slice(offset)
+            else:
+                more = [rec.encode_value(r) for r in logic.continue_bulk_jobs(offset)]
+            offset += len(more)
+            written += len(more)
+        return written
+
+    def small_creates() -> int:
+        nonlocal offset
+        written = 0
+        for r in range(args.small_requests):
+            request = cpb.CreateTopicsRequest(cluster_id=CLUSTER)
+            for t in range(10):
+                request.topics.add(
+                    name=f"small-{r}-{t}", num_partitions=args.small_partitions, replication_factor=3
+                )
+            values = _values(logic.create_topics(request, offset))
+            offset += len(values)
+            written += len(values)
+        return written
+
+    def grow() -> int:
+        nonlocal offset
+        written = 0
+        for r in range(args.grow_topics):
+            request = cpb.CreatePartitionsRequest(
+                cluster_id=CLUSTER,
+                topics=[cpb.CreatePartitionsTopic(name=f"small-{r}-0", count=args.grow_to)],
+            )
+            outcome = create_partitions(logic, request, offset)
+            assert outcome.response.topics[0].error_code == 0, outcome.response
+            values = _values(outcome)
+            offset += len(values)
+            written += len(values)
+        return written
+
+    gc.collect()
+    gc.disable()
+    try:
+        result: dict[str, float] = {}
+        for name, fn in (("big_topic", big_topic), ("small_creates", small_creates), ("grow", grow)):
+            ms, records = _timed(fn)
+            result[f"{name}_ms"] = round(ms, 1)
+            result[f"{name}_records"] = records
+            result[f"{name}_us_per_record"] = round(ms * 1000 / max(records, 1), 2)
+    finally:
+        gc.enable()
+    return result
+
+
+def main() -> None:
+    reap_children_on_exit()  # no child outlives the benchmark (kraft.procutil)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.encoded_writes", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--brokers", type=int, default=1000)
+    parser.add_argument("--big", type=int, default=50_000)
+    parser.add_argument("--small-requests", type=int, default=100)
+    parser.add_argument("--small-partitions", type=int, default=20)
+    parser.add_argument("--grow-topics", type=int, default=100)
+    parser.add_argument("--grow-to", type=int, default=220)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    rounds = [one_round(args) for _ in range(args.rounds)]
+    keys = rounds[0].keys()
+    out = {
+        "benchmark": "encoded_writes",
+        "tree": str(Path.cwd()),
+        "brokers": args.brokers,
+        "rounds": rounds,
+        "median": {k: statistics.median(r[k] for r in rounds) for k in keys},
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+    }
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
