@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 import grpc.aio
 import pytest
+from slow_handshake import slow_first_answer
 
 from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
@@ -341,6 +342,20 @@ async def test_a_fetch_whose_stream_ended_during_the_write_goes_unary_and_the_ne
     assert peer.fetch_stream is not None, "the next fetch went over a new stream"
     fetched = [r.fetch_offset for r in server.handler.received if isinstance(r, m.FetchRequest)]
     assert fetched == [5, 6]
+
+
+async def test_a_peer_whose_handshake_answer_takes_300_ms_is_reached_on_the_first_call(
+    server: Server,
+) -> None:
+    # gRPC core gives one connection attempt grpc.min_reconnect_backoff_ms (TCP and HTTP/2 SETTINGS); at
+    # 100 ms a loaded host's handshake failed the call at once with UNAVAILABLE.
+    async with slow_first_answer(server.port, delay_s=0.3) as port:
+        transport = GrpcTransport({1: f"127.0.0.1:{port}"})
+        try:
+            answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 5, 0), timeout_ms=5000)
+        finally:
+            await transport.close()
+    assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
 
 
 async def test_addresses_follow_the_voter_set_and_an_unknown_leader_is_looked_up_on_a_bootstrap_server(
