@@ -163,7 +163,9 @@ class ControllerClient:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", initial_backoff_ms),
-            ("grpc.min_reconnect_backoff_ms", initial_backoff_ms),
+            # gRPC core's minimum time for one connection attempt, not a backoff (GrpcTransport's
+            # channel_options say why it is not 100 ms)
+            ("grpc.min_reconnect_backoff_ms", max_reconnect_backoff_ms),
             ("grpc.max_reconnect_backoff_ms", max_reconnect_backoff_ms),
         ]
         self._channels = channels or ChannelPool(options, security, log=log, name="controller_client")

@@ -12,7 +12,11 @@ can, over :meth:`ControllerClient.call` when it cannot:
 - **NOT_CONTROLLER** in a stream's answer (nothing was done): the stream is closed and this heartbeat sent
   unary, which follows the hint; the next heartbeat opens a stream to the new active controller.  The
   same for a stream that breaks (the controller went away), with the time left of the heartbeat's deadline;
-- **UNIMPLEMENTED** (a controller of an older version): that controller is heartbeated unary from then on;
+- **UNIMPLEMENTED** (a controller of an older version): that controller is heartbeated unary from then on.
+  grpc.aio hides it when the refusal ends the call while the heartbeat is being written: the write fails
+  with grpc.aio's own INTERNAL in place of the controller's status (measured: most opens to a controller
+  in another process).  Such a stream tells nothing (``inconclusive``): the heartbeat, never sent, goes
+  unary and the next one tries a stream again;
 - **the deadline**: every heartbeat has its own (``timeout_s``: the whole call's, as a unary call's); the
   stream waits at most the client's request timeout of it.  One not answered in that time closes the
   stream — a late answer must never be read as the next heartbeat's — and what is left of the deadline
@@ -54,6 +58,7 @@ class HeartbeatStream:
         self.opened = 0  # streams opened (tests read it)
         self.streamed = 0  # heartbeats answered over a stream
         self.unary = 0  # heartbeats sent unary (no stream possible, or this one's stream failed)
+        self.inconclusive = 0  # streams that ended during a write, their status lost (not sent)
 
     async def heartbeat(
         self, request: cpb.BrokerHeartbeatRequest, timeout_s: float
@@ -67,8 +72,12 @@ class HeartbeatStream:
             wait_s = timeout_s if cap_s is None else min(cap_s, timeout_s)
             try:
                 async with asyncio.timeout(wait_s):
-                    await call.write(request)
+                    await _write(call, request)
                     response = await call.read()
+            except _EndedDuringWrite:
+                self.close()
+                self.inconclusive += 1
+                _log.info("heartbeat_stream_inconclusive", controller=target)
             except TimeoutError:
                 # A late answer must never be read as the next heartbeat's: the stream goes.  What is left
                 # of the deadline asks another voter (as a unary DEADLINE_EXCEEDED on the active controller
@@ -141,3 +150,19 @@ class HeartbeatStream:
             # once per active controller (a leader change, a broken stream): not per heartbeat
             _log.info("heartbeat_stream_opened", controller=target)
         return self._call
+
+
+class _EndedDuringWrite(Exception):
+    """The stream's call ended while a heartbeat was being written: not sent, the call's status lost."""
+
+
+async def _write(call: Any, request: cpb.BrokerHeartbeatRequest) -> None:
+    try:
+        await call.write(request)
+    except grpc.aio.AioRpcError as err:
+        # A send that fails because the call ended makes grpc.aio replace the status it had received
+        # (UNIMPLEMENTED, PERMISSION_DENIED…) with INTERNAL "Failed execute_batch" (grpc/aio/_call.py,
+        # _write).  Any other code is the status the call had ended with before this write began.
+        if err.code() is grpc.StatusCode.INTERNAL:
+            raise _EndedDuringWrite from None
+        raise

@@ -11,7 +11,8 @@
 - Fetch goes over one long-lived ``FetchStream`` per peer (one request in flight, answers in order):
   a stream round trip costs less than half a unary call.  Each round trip is bounded by the same
   deadline; on any failure the stream is dropped and the next fetch opens a new one.  A peer without
-  FetchStream (UNIMPLEMENTED) gets unary Fetch from then on.
+  FetchStream (UNIMPLEMENTED) gets unary Fetch from then on.  A stream that ended while its request was
+  being written (grpc.aio then reports its own INTERNAL, not the peer's status) sends that fetch unary.
 - After a failed call the peer is in backoff: the next call to it first sleeps ``retry_backoff_ms``,
   doubling per consecutive failure up to ``max_backoff_ms`` (bounded by the call's own deadline), so a
   dead peer costs a few calls per second instead of a busy loop.  One success clears it.
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
 
 FetchStreamCall = grpc.aio.StreamStreamCall[raft_pb2.FetchRequest, raft_pb2.FetchResponse]
 
+
+class _EndedBeforeWrite(Exception):
+    """A fetch stream's write failed because the call had ended: the request was not sent, and grpc.aio
+    reports INTERNAL in place of the status the peer ended the call with."""
+
+
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
 
@@ -58,7 +65,12 @@ def channel_options(max_message_bytes: int, max_backoff_ms: int) -> list[tuple[s
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.initial_reconnect_backoff_ms", min(100, max_backoff_ms)),
-        ("grpc.min_reconnect_backoff_ms", min(100, max_backoff_ms)),
+        # Not a backoff: gRPC core's minimum time for one connection attempt (TCP and HTTP/2 SETTINGS;
+        # subchannel.cc, min_connect_timeout).  At 100 ms a handshake on a loaded host timed out
+        # ("connection attempt timed out before receiving SETTINGS frame": 6 of 800 loopback runs at load
+        # ~10, 0 of 800 at 1 s), failing calls at once with UNAVAILABLE.  Reconnects to a refused port
+        # keep their pace (the backoff does not read it); an attempt to a silent host lasts ≤ this.
+        ("grpc.min_reconnect_backoff_ms", max_backoff_ms),
         ("grpc.max_reconnect_backoff_ms", max_backoff_ms),
         # Raft retries on its own terms; a transparent gRPC retry would only hide a slow peer.
         ("grpc.enable_retries", 0),
@@ -268,6 +280,12 @@ class GrpcTransport:
                 peer.drop_fetch_stream()
                 self._record_failure(peer)
                 raise TransportError(dest, "DEADLINE_EXCEEDED: fetch stream round trip") from None
+            except _EndedBeforeWrite:
+                # Nothing was sent and the peer's status is lost: this fetch goes unary, whose status is
+                # the peer's own.  The stream is not given up (the peer may serve it); the next fetch
+                # opens one again.
+                peer.drop_fetch_stream()
+                return await self._call(dest, peer, peer.stub.Fetch, request, deadline)
             except grpc.aio.AioRpcError as exc:
                 peer.drop_fetch_stream()
                 if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
@@ -300,6 +318,14 @@ class GrpcTransport:
             details = await stream.details()
             empty = grpc.aio.Metadata()
             raise grpc.aio.AioRpcError(code, empty, empty, details, details) from None
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.INTERNAL:
+                # The call ended while this request was being sent (e.g. a peer without FetchStream
+                # answered UNIMPLEMENTED): grpc.aio then replaces the status it had received with its
+                # own INTERNAL "Failed execute_batch" (grpc/aio/_call.py, _write), so the peer's answer
+                # cannot be read back.  Measured with the peer in another thread: most such calls.
+                raise _EndedBeforeWrite from None
+            raise  # the status the call had ended with before the write began: the peer's own
         response = await stream.read()
         if not isinstance(response, raft_pb2.FetchResponse):  # grpc.aio.EOF
             raise EOFError("the peer ended the stream")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 import grpc.aio
 import pytest
+from slow_handshake import slow_first_answer
 
 from kraft.client.channel import open_channel
 from kraft.errors import ErrorCode
@@ -302,6 +303,59 @@ async def test_fetch_falls_back_to_unary_when_the_stream_ended_before_the_first_
         assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
         assert peer.stream_unsupported
         assert [r.fetch_offset for r in handler.received if isinstance(r, m.FetchRequest)] == [5]
+
+
+class _StreamEndedDuringWrite:
+    """A fetch stream whose call ended while its request was being sent, as grpc.aio reports it: the
+    write raises grpc.aio's own INTERNAL "Failed execute_batch" and the peer's status is gone (a peer
+    without FetchStream, in another process, gives this on most stream opens)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def write(self, request: raft_pb2.FetchRequest) -> None:
+        empty = grpc.aio.Metadata()
+        debug = 'Failed "execute_batch": (<grpc._cython.cygrpc.SendMessageOperation object>,)'
+        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, empty, empty, "Internal error from Core", debug)
+
+    async def read(self) -> raft_pb2.FetchResponse:
+        raise AssertionError("never read: the write failed")
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+async def test_a_fetch_whose_stream_ended_during_the_write_goes_unary_and_the_next_streams_again(
+    server: Server, transport: GrpcTransport
+) -> None:
+    # The request never left (the write failed), so sending it unary is safe, and the unary call's status
+    # is the peer's own; the stream is not given up on an unknown status.
+    peer = transport._peer(1)
+    ended = _StreamEndedDuringWrite()
+    peer.fetch_stream = ended  # type: ignore[assignment]
+    answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 5, 0), timeout_ms=2000)
+    assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
+    assert ended.cancelled and not peer.stream_unsupported and peer.failures == 0
+    answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 6, 0), timeout_ms=2000)
+    assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
+    assert peer.fetch_stream is not None, "the next fetch went over a new stream"
+    fetched = [r.fetch_offset for r in server.handler.received if isinstance(r, m.FetchRequest)]
+    assert fetched == [5, 6]
+
+
+async def test_a_peer_whose_handshake_answer_takes_300_ms_is_reached_on_the_first_call(
+    server: Server,
+) -> None:
+    # gRPC core gives one connection attempt grpc.min_reconnect_backoff_ms (TCP and HTTP/2 SETTINGS); at
+    # 100 ms a loaded host's handshake failed the call at once with UNAVAILABLE.
+    async with slow_first_answer(server.port, delay_s=0.3) as port:
+        transport = GrpcTransport({1: f"127.0.0.1:{port}"})
+        try:
+            answer = await transport.send(1, m.FetchRequest(CLUSTER, 2, 7, 5, 0), timeout_ms=5000)
+        finally:
+            await transport.close()
+    assert isinstance(answer, m.FetchResponse) and answer.error_code is ErrorCode.NONE
 
 
 async def test_addresses_follow_the_voter_set_and_an_unknown_leader_is_looked_up_on_a_bootstrap_server(

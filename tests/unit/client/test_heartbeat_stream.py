@@ -134,16 +134,70 @@ async def test_a_controller_without_the_stream_is_heartbeated_unary() -> None:
     client = ControllerClient([(1, old.target)])
     stream = HeartbeatStream(client)
     try:
-        for _ in range(4):
+        # 1: finds the leader; 2: the stream is UNIMPLEMENTED, resent unary.  grpc.aio can hide that
+        # UNIMPLEMENTED behind its own INTERNAL when it ends the call during the write (it did, 2 runs in
+        # 500 under load): such a stream is inconclusive and the next heartbeat tries one again.
+        sent = 0
+        while stream.opened - stream.inconclusive < 1:
+            assert sent < 20, f"no stream attempt was conclusive in {stream.opened}"
             answer = await asyncio.wait_for(stream.heartbeat(_beat(), TIMEOUT_S), TIMEOUT_S)
             assert answer.error_code == ErrorCode.NONE
-        # 1: finds the leader; 2: the stream is UNIMPLEMENTED, resent unary; 3, 4: unary at once
-        assert old.unary_calls == 4
-        assert stream.opened == 1, "the stream was tried once"
+            sent += 1
+        opened = stream.opened
+        # then unary at once, for good
+        for _ in range(3):
+            answer = await asyncio.wait_for(stream.heartbeat(_beat(), TIMEOUT_S), TIMEOUT_S)
+            assert answer.error_code == ErrorCode.NONE
+        assert old.unary_calls == sent + 3, "every heartbeat went unary"
+        assert stream.opened == opened, "no stream after its UNIMPLEMENTED"
+        assert stream.opened - stream.inconclusive == 1, "the stream was tried once conclusively"
     finally:
         stream.close()
         await client.close()
         await _stop(old)
+
+
+class _CallEndedDuringWrite:
+    """A stream call that ended while the heartbeat was being written, as grpc.aio reports it: the write
+    raises grpc.aio's own INTERNAL "Failed execute_batch" (the controller's status is lost)."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def write(self, request: cpb.BrokerHeartbeatRequest) -> None:
+        empty = grpc.aio.Metadata()
+        debug = 'Failed "execute_batch": (<grpc._cython.cygrpc.SendMessageOperation object>,)'
+        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, empty, empty, "Internal error from Core", debug)
+
+    async def read(self) -> cpb.BrokerHeartbeatResponse:
+        raise AssertionError("never read: the write failed")
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+async def test_a_stream_that_ended_during_the_write_is_inconclusive_the_heartbeat_goes_unary() -> None:
+    one = StandIn(1)
+    await _started(one)
+    client = ControllerClient([(1, one.target)])
+    stream = HeartbeatStream(client)
+    try:
+        await asyncio.wait_for(stream.heartbeat(_beat(), TIMEOUT_S), TIMEOUT_S)  # unary: finds it
+        assert client.active_target == one.target
+        ended = _CallEndedDuringWrite()
+        # as if _stream() had just opened it
+        stream._call, stream._target, stream._channel = ended, one.target, client.channel(one.target)
+        answer = await asyncio.wait_for(stream.heartbeat(_beat(), TIMEOUT_S), TIMEOUT_S)
+        assert answer.error_code == ErrorCode.NONE, "the heartbeat (never sent) went unary"
+        assert ended.cancelled and (one.unary_calls, stream.inconclusive, stream.unary) == (2, 1, 2)
+        after = await asyncio.wait_for(stream.heartbeat(_beat(), TIMEOUT_S), TIMEOUT_S)
+        assert after.error_code == ErrorCode.NONE
+        assert (one.opened, one.stream_messages, stream.streamed) == (1, 1, 1), "a stream again"
+    finally:
+        stream.close()
+        await client.close()
+        await _stop(one)
 
 
 async def test_a_heartbeat_not_answered_in_time_fails_and_the_next_reopens() -> None:
