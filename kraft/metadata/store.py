@@ -275,8 +275,17 @@ def _acl_from_row(row: tuple[Any, ...]) -> StandardAcl:
     )
 
 
-def _ids(values: Iterable[int]) -> str:
-    return "[" + ",".join(str(v) for v in values) + "]"
+_IDS_FORMATS = ["[" + ",".join(["%d"] * n) + "]" for n in range(17)]
+"""``"[%d,%d,%d]"`` for a list of three ids, and so on up to 16: one ``%`` a list instead of a ``str()`` per
+id and a join (a bulk creation meets a new replica list at almost every row; issue #17, session 18)."""
+
+
+def _ids(values: tuple[int, ...]) -> str:
+    """A list of broker ids as its JSON text (``[1,2,3]``, no spaces): what a row holds and ``_parse_ids``
+    reads.  ``%d`` writes an int as ``str()`` does."""
+    if len(values) < len(_IDS_FORMATS):
+        return _IDS_FORMATS[len(values)] % values
+    return "[" + ",".join(map(str, values)) + "]"
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:
@@ -303,31 +312,6 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
         json.dumps(list(b.log_dirs)),
         int(b.unclean_shutdown),
         json.dumps(sorted(b.offline_replicas)),
-    )
-
-
-def _partition_row(
-    texts: dict[tuple[int, ...], str],
-    topic_id: str,
-    partition_id: int,
-    partition: PartitionRegistration,
-) -> tuple[Any, ...]:
-    replicas, isr, leader, leader_epoch, partition_epoch, _, _, _, _ = partition
-    replicas_text = texts.get(replicas)
-    if replicas_text is None:
-        replicas_text = texts[replicas] = _ids(replicas)
-    if isr is replicas:
-        isr_text = replicas_text
-    else:
-        isr_text = texts.get(isr) or texts.setdefault(isr, _ids(isr))
-    return (
-        topic_id,
-        partition_id,
-        leader,
-        leader_epoch,
-        partition_epoch,
-        replicas_text,
-        isr_text,
     )
 
 
@@ -360,7 +344,12 @@ def _changed_partition_rows(
     # Images share one tuple per distinct replica list, so each list's text is built once per save
     # (a million rows have a few thousand distinct lists); the text is the same as _ids() gives.
     # ``sums`` is updated as rows are produced (on the SQLite thread, like the rows themselves).
+    # The hot loop of a broker's save after bulk work (issue #17, session 18): each changed registration is
+    # unpacked once (the ELR tests and the row read the locals), the row is built here rather than by a
+    # function per row, a new list's text is one ``%`` (:data:`_IDS_FORMATS`).  Same rows, same digests.
     texts: dict[tuple[int, ...], str] = {}
+    formats = _IDS_FORMATS
+    n_formats = len(formats)
     for topic, before in changed:
         topic_id = topic.topic_id
         key = _topic_key(topic_id)
@@ -376,24 +365,32 @@ def _changed_partition_rows(
             first = c * CHUNK
             for offset, partition in enumerate(chunk):
                 partition_id = first + offset
+                was: PartitionRegistration | None = None
                 if offset < n_old:
                     was = old[offset]
                     if was is partition:
                         continue
-                    total -= _partition_digest(key, partition_id, was)
+                    total -= hash((key, partition_id, was))  # _partition_digest, inlined (hot loop)
                     count -= 1
-                    if _has_elr_row(was) and not _has_elr_row(partition):
-                        elr_gone.append((topic_id, partition_id))
                 total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
                 count += 1
-                if (
-                    partition.elr
-                    or partition.last_known_elr
-                    or partition.leader_recovery_state
-                    or partition.last_unclean_leader_epoch
-                ):
+                replicas, isr, leader, leader_epoch, partition_epoch, elr, lke, recovery, unclean = partition
+                if elr or lke or recovery or unclean:  # _has_elr_row(partition), inlined
                     elr_rows.append(_elr_row(topic_id, partition_id, partition))
-                yield _partition_row(texts, topic_id, partition_id, partition)
+                # _has_elr_row(was), inlined: its elr, last_known_elr, leader_recovery_state, last_unclean_…
+                elif was is not None and (was[5] or was[6] or was[7] or was[8]):
+                    elr_gone.append((topic_id, partition_id))
+                replicas_text = texts.get(replicas)
+                if replicas_text is None:
+                    replicas_text = texts[replicas] = (
+                        formats[len(replicas)] % replicas if len(replicas) < n_formats else _ids(replicas)
+                    )
+                isr_text: str | None = replicas_text
+                if isr is not replicas:
+                    isr_text = texts.get(isr)
+                    if isr_text is None:
+                        isr_text = texts[isr] = formats[len(isr)] % isr if len(isr) < n_formats else _ids(isr)
+                yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
         sums.add_digests(count, total)
 
 
