@@ -382,14 +382,16 @@ def _changed_partition_rows(
                     elr_gone.append((topic_id, partition_id))
                 replicas_text = texts.get(replicas)
                 if replicas_text is None:
+                    n = len(replicas)
                     replicas_text = texts[replicas] = (
-                        formats[len(replicas)] % replicas if len(replicas) < n_formats else _ids(replicas)
+                        formats[n] % replicas if n < n_formats else _ids(replicas)
                     )
                 isr_text: str | None = replicas_text
                 if isr is not replicas:
                     isr_text = texts.get(isr)
                     if isr_text is None:
-                        isr_text = texts[isr] = formats[len(isr)] % isr if len(isr) < n_formats else _ids(isr)
+                        n = len(isr)
+                        isr_text = texts[isr] = formats[n] % isr if n < n_formats else _ids(isr)
                 yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
         sums.add_digests(count, total)
 
