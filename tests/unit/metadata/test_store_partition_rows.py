@@ -1,6 +1,7 @@
 """The image store's partition rows, built in one loop (session 18): the same rows, digests and ELR rows as
 the session-17 generator — kept here (``_reference``) as the definition — and a list's text is the JSON the
-load parses, for any length."""
+load parses, for any length.  Written in multi-row statements (session 18): the same table contents as one
+row a statement, each paced step at most ``chunk_rows`` rows, every row of a source written."""
 
 from __future__ import annotations
 
@@ -226,3 +227,101 @@ async def test_a_chunked_topic_changed_in_place_loads_back_equal(tmp_path: Path)
         await store.close()
     assert store.discarded is None
     assert list(loaded.topics_by_id["T"].partitions) == parts
+
+
+# --- multi-row statements ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, 1, 4, 5, 6, 10, 11, 23])
+def test_flat_groups_keep_every_row_in_order(count: int) -> None:
+    rows = [(f"t{i}", i, -i) for i in range(count)]
+    state = store_module._Grouping()
+    groups = list(store_module._flat_groups(iter(rows), 5, state))
+    assert state.done and state.taken == count
+    assert all(len(group) == 5 * 3 for group in groups)
+    flat = [value for group in groups for value in group] + [value for row in state.rest for value in row]
+    assert flat == [value for row in rows for value in row]
+    assert len(state.rest) == count % 5
+
+
+def _big(topics: int, per_topic: int, elr_every: int = 0) -> MetadataImage:
+    """``topics`` topics of ``per_topic`` partitions (varied lists; every ``elr_every``-th with an ELR)."""
+    made: dict[str, TopicImage] = {}
+    for t in range(topics):
+        topic_id = f"big-{t:02d}-xxxxxxxxxxxxxx"
+        parts = []
+        for p in range(per_topic):
+            replicas = (1 + (p + t) % 9, 10 + p % 7, 20 + t)
+            elr = bool(elr_every) and p % elr_every == 0
+            parts.append(
+                PartitionRegistration(
+                    replicas,
+                    replicas[:2] if elr else replicas,
+                    replicas[0],
+                    t,
+                    p,
+                    replicas[2:] if elr else (),
+                )
+            )
+        made[topic_id] = TopicImage(f"big{t}", topic_id, parts)
+    return _image(made, 10)
+
+
+async def _dump(path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    store = await SqliteImageStore.open(path, clock=ManualClock())
+    try:
+        return {
+            table: sorted(await store._db.execute_fetchall(f"SELECT * FROM {table}"))  # type: ignore[arg-type]
+            for table in ("topics", "partitions", "partition_elr")
+        }
+    finally:
+        await store.close()
+
+
+async def test_multi_row_steps_hold_at_most_chunk_rows_and_write_what_one_row_statements_do(
+    tmp_path: Path,
+) -> None:
+    first = _big(7, 150)  # 1,050 partition rows: 142 a statement, two statements a step of 300 rows
+    second = _image(dict(_big(6, 150, elr_every=3).topics_by_id), 20)  # 300 ELR rows: 166 a statement
+    steps: list[int] = []
+    paced = await SqliteImageStore.open(tmp_path / "paced.sqlite", clock=ManualClock())
+    paced.chunk_rows = 300
+    seen = [0]
+
+    async def step(_seconds: float) -> None:
+        steps.append(paced.last_save_rows - seen[0])
+        seen[0] = paced.last_save_rows
+
+    paced.pause = step
+    try:
+        await paced.save(first)
+        steps.append(paced.last_save_rows - seen[0])
+        assert paced.last_save_rows == 7 + 1_050
+        assert steps == [
+            7 + 284,
+            284,
+            284,
+            198,
+        ]  # the topics rows (one short statement), then 142 + 142 a step
+        steps.clear()
+        seen[0] = 0
+        await paced.save(second)
+        assert steps and all(0 < rows <= 300 for rows in steps)
+    finally:
+        await paced.close()
+    one_row = await SqliteImageStore.open(tmp_path / "one.sqlite", clock=ManualClock())
+    one_row.chunk_rows = 1  # one row a statement
+    try:
+        await one_row.save(first)
+        await one_row.save(second)
+    finally:
+        await one_row.close()
+    dumped = await _dump(tmp_path / "paced.sqlite")
+    assert dumped == await _dump(tmp_path / "one.sqlite")
+    assert len(dumped["partitions"]) == 900 and len(dumped["partition_elr"]) == 300
+    store = await SqliteImageStore.open(tmp_path / "paced.sqlite", clock=ManualClock())
+    try:
+        loaded = await store.load()
+    finally:
+        await store.close()
+    assert store.discarded is None and loaded == second
