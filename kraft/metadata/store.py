@@ -492,8 +492,10 @@ def _checked_meta(rows: list[tuple[object, object]]) -> dict[str, str]:
 
 
 SAVE_CHUNK_ROWS = 2_000
-"""Rows one statement of a save writes at most (partitions, topics, their deletions): ~10-18 ms of the
-SQLite thread at its ~5-9 µs a row (issue #17, session 15)."""
+"""Rows one step of a save's large writes holds at most (partitions, topics, their deletions; one
+``executemany``, the pause after it): ~10-18 ms of the SQLite thread at its ~5-9 µs a row (issue #17,
+session 15; ~3 µs a row since session 18's multi-row statements, :meth:`SqliteImageStore._insert_paced`:
+a step of partition rows is then 14 statements of 142, 1,988 rows)."""
 SAVE_PAUSE_RATIO = 0.0
 """After each full chunk a save pauses this many times as long as the chunk took, by default
 (``controller.image.store.save.pause.percent`` / 100): 1.0 holds a large save to about half a core, for
@@ -520,7 +522,7 @@ class SqliteImageStore:
         """Rows the last :meth:`save` wrote to the partition and topic tables (their deletions too)."""
         self._clock = clock  # stamps updated_at_ms, times a paced save's chunks
         self.chunk_rows = SAVE_CHUNK_ROWS
-        """Rows of one statement of a save's large writes at most (:meth:`_write_paced`)."""
+        """Rows of one step of a save's large writes at most (:meth:`_write_paced`, :meth:`_insert_paced`)."""
         self.pause_ratio = SAVE_PAUSE_RATIO
         """After each full chunk the save pauses this many times the chunk's time (0: yields only)."""
         self.pause: Callable[[float], Awaitable[None]] = asyncio.sleep
