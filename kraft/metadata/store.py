@@ -316,6 +316,8 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
 
 
 def _has_elr_row(partition: PartitionRegistration) -> bool:
+    """Whether ``partition`` has a ``partition_elr`` row (any of its KIP-966/704 fields off its default): the
+    rule :func:`_changed_partition_rows` inlines, on its unpacked fields."""
     return bool(
         partition.elr
         or partition.last_known_elr
