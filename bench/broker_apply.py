@@ -16,7 +16,7 @@ controller's default).  CPU (``time.thread_time``) per 10,000 records, in pieces
 - ``publish_rest``: the rest of ``MetadataPublisher.publish`` (this broker's local changes, its partition
   logs' reaction — opening, leader/follower switches — and the image store's save: in memory, or with
   ``--store sqlite`` the broker's SQLite store, which saves on a thread of its own: ``publish_process``
-  and ``total_process`` count every thread's CPU).
+  and ``total_process`` count every thread's CPU; ``store_thread`` is that thread's alone: the saves).
 
 Run: ``python -m bench.broker_apply [--topics 20] [--rounds 5]``; for an A/B, run it with ``PYTHONPATH``
 set to each tree, alternated (docs/internals/raft-performance.md, "A broker's apply of bulk creation and
@@ -118,8 +118,11 @@ async def one_round(
     ns = dict.fromkeys(
         ("fetch_once", "publish", "apply", "fetch_once_process", "publish_process", "wall", "publish_wall"), 0
     )
+    store_thread_s = 0.0
     with tempfile.TemporaryDirectory(prefix="broker-apply-") as root:
         store = await _store(store_kind, Path(root), base)
+        # The SQLite store's own thread (its saves: rows built and written there), None for the memory store.
+        thread_cpu_s = store.thread_cpu_s if isinstance(store, SqliteImageStore) else None
         manager = PartitionManager(broker, [Path(root)], MemoryLogOpener())
         publisher = MetadataPublisher(broker, manager, store, "PLAINTEXT", lambda view: None)
         await publisher.start()
@@ -138,17 +141,22 @@ async def one_round(
         apply = MetadataDelta.apply
 
         async def timed_publish(delta: MetadataDelta, last_record_time_ms: int = 0) -> Any:
+            nonlocal store_thread_s
             started, started_process, started_wall = (
                 time.thread_time_ns(),
                 time.process_time_ns(),
                 time.perf_counter_ns(),
             )
+            started_store = thread_cpu_s() if thread_cpu_s is not None else None
             try:
                 return await publish(delta, last_record_time_ms)
             finally:
                 ns["publish"] += time.thread_time_ns() - started
                 ns["publish_process"] += time.process_time_ns() - started_process
                 ns["publish_wall"] += time.perf_counter_ns() - started_wall
+                ended_store = thread_cpu_s() if thread_cpu_s is not None else None
+                if started_store is not None and ended_store is not None:
+                    store_thread_s += ended_store - started_store
 
         def timed_apply(delta: MetadataDelta) -> MetadataImage:
             started = time.thread_time_ns()
@@ -192,6 +200,8 @@ async def one_round(
         "total_process": round(ns["fetch_once_process"] * per_10k, 1),
         # wall time (the broker's metadata lag, on an otherwise idle loop): the publish waits for the save
         "publish_wall": round(ns["publish_wall"] * per_10k, 1),
+        # the SQLite store's thread during the publishes: the save's CPU (0 for the memory store)
+        "store_thread": round(store_thread_s * 1e9 * per_10k, 1),
         "wall": round(ns["wall"] * per_10k, 1),
     }
 

@@ -72,7 +72,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from functools import partial
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -275,8 +275,17 @@ def _acl_from_row(row: tuple[Any, ...]) -> StandardAcl:
     )
 
 
-def _ids(values: Iterable[int]) -> str:
-    return "[" + ",".join(str(v) for v in values) + "]"
+_IDS_FORMATS = ["[" + ",".join(["%d"] * n) + "]" for n in range(17)]
+"""``"[%d,%d,%d]"`` for a list of three ids, and so on up to 16: one ``%`` a list instead of a ``str()`` per
+id and a join (a bulk creation meets a new replica list at almost every row; issue #17, session 18)."""
+
+
+def _ids(values: tuple[int, ...]) -> str:
+    """A list of broker ids as its JSON text (``[1,2,3]``, no spaces): what a row holds and ``_parse_ids``
+    reads.  ``%d`` writes an int as ``str()`` does."""
+    if len(values) < len(_IDS_FORMATS):
+        return _IDS_FORMATS[len(values)] % values
+    return "[" + ",".join(map(str, values)) + "]"
 
 
 def _parse_ids(text: str) -> tuple[int, ...]:
@@ -306,32 +315,9 @@ def _broker_row(b: BrokerRegistration) -> tuple[Any, ...]:
     )
 
 
-def _partition_row(
-    texts: dict[tuple[int, ...], str],
-    topic_id: str,
-    partition_id: int,
-    partition: PartitionRegistration,
-) -> tuple[Any, ...]:
-    replicas, isr, leader, leader_epoch, partition_epoch, _, _, _, _ = partition
-    replicas_text = texts.get(replicas)
-    if replicas_text is None:
-        replicas_text = texts[replicas] = _ids(replicas)
-    if isr is replicas:
-        isr_text = replicas_text
-    else:
-        isr_text = texts.get(isr) or texts.setdefault(isr, _ids(isr))
-    return (
-        topic_id,
-        partition_id,
-        leader,
-        leader_epoch,
-        partition_epoch,
-        replicas_text,
-        isr_text,
-    )
-
-
 def _has_elr_row(partition: PartitionRegistration) -> bool:
+    """Whether ``partition`` has a ``partition_elr`` row (any of its KIP-966/704 fields off its default): the
+    rule :func:`_changed_partition_rows` inlines, on its unpacked fields."""
     return bool(
         partition.elr
         or partition.last_known_elr
@@ -360,7 +346,12 @@ def _changed_partition_rows(
     # Images share one tuple per distinct replica list, so each list's text is built once per save
     # (a million rows have a few thousand distinct lists); the text is the same as _ids() gives.
     # ``sums`` is updated as rows are produced (on the SQLite thread, like the rows themselves).
+    # The hot loop of a broker's save after bulk work (issue #17, session 18): each changed registration is
+    # unpacked once (the ELR tests and the row read the locals), the row is built here rather than by a
+    # function per row, a new list's text is one ``%`` (:data:`_IDS_FORMATS`).  Same rows, same digests.
     texts: dict[tuple[int, ...], str] = {}
+    formats = _IDS_FORMATS
+    n_formats = len(formats)
     for topic, before in changed:
         topic_id = topic.topic_id
         key = _topic_key(topic_id)
@@ -376,24 +367,34 @@ def _changed_partition_rows(
             first = c * CHUNK
             for offset, partition in enumerate(chunk):
                 partition_id = first + offset
+                was: PartitionRegistration | None = None
                 if offset < n_old:
                     was = old[offset]
                     if was is partition:
                         continue
-                    total -= _partition_digest(key, partition_id, was)
+                    total -= hash((key, partition_id, was))  # _partition_digest, inlined (hot loop)
                     count -= 1
-                    if _has_elr_row(was) and not _has_elr_row(partition):
-                        elr_gone.append((topic_id, partition_id))
                 total += hash((key, partition_id, partition))  # _partition_digest, inlined (hot loop)
                 count += 1
-                if (
-                    partition.elr
-                    or partition.last_known_elr
-                    or partition.leader_recovery_state
-                    or partition.last_unclean_leader_epoch
-                ):
+                replicas, isr, leader, leader_epoch, partition_epoch, elr, lke, recovery, unclean = partition
+                if elr or lke or recovery or unclean:  # _has_elr_row(partition), inlined
                     elr_rows.append(_elr_row(topic_id, partition_id, partition))
-                yield _partition_row(texts, topic_id, partition_id, partition)
+                # _has_elr_row(was), inlined: its elr, last_known_elr, leader_recovery_state, last_unclean_…
+                elif was is not None and (was[5] or was[6] or was[7] or was[8]):
+                    elr_gone.append((topic_id, partition_id))
+                replicas_text = texts.get(replicas)
+                if replicas_text is None:
+                    n = len(replicas)
+                    replicas_text = texts[replicas] = (
+                        formats[n] % replicas if n < n_formats else _ids(replicas)
+                    )
+                isr_text: str | None = replicas_text
+                if isr is not replicas:
+                    isr_text = texts.get(isr)
+                    if isr_text is None:
+                        n = len(isr)
+                        isr_text = texts[isr] = formats[n] % isr if n < n_formats else _ids(isr)
+                yield (topic_id, partition_id, leader, leader_epoch, partition_epoch, replicas_text, isr_text)
         sums.add_digests(count, total)
 
 
@@ -493,8 +494,10 @@ def _checked_meta(rows: list[tuple[object, object]]) -> dict[str, str]:
 
 
 SAVE_CHUNK_ROWS = 2_000
-"""Rows one statement of a save writes at most (partitions, topics, their deletions): ~10-18 ms of the
-SQLite thread at its ~5-9 µs a row (issue #17, session 15)."""
+"""Rows one step of a save's large writes holds at most (partitions, topics, their deletions; one
+``executemany``, the pause after it): ~10-18 ms of the SQLite thread at its ~5-9 µs a row (issue #17,
+session 15; ~3 µs a row since session 18's multi-row statements, :meth:`SqliteImageStore._insert_paced`:
+a step of partition rows is then 14 statements of 142, 1,988 rows)."""
 SAVE_PAUSE_RATIO = 0.0
 """After each full chunk a save pauses this many times as long as the chunk took, by default
 (``controller.image.store.save.pause.percent`` / 100): 1.0 holds a large save to about half a core, for
@@ -521,7 +524,7 @@ class SqliteImageStore:
         """Rows the last :meth:`save` wrote to the partition and topic tables (their deletions too)."""
         self._clock = clock  # stamps updated_at_ms, times a paced save's chunks
         self.chunk_rows = SAVE_CHUNK_ROWS
-        """Rows of one statement of a save's large writes at most (:meth:`_write_paced`)."""
+        """Rows of one step of a save's large writes at most (:meth:`_write_paced`, :meth:`_insert_paced`)."""
         self.pause_ratio = SAVE_PAUSE_RATIO
         """After each full chunk the save pauses this many times the chunk's time (0: yields only)."""
         self.pause: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -885,20 +888,14 @@ class SqliteImageStore:
         )
         await self._write_paced("DELETE FROM partition_elr WHERE topic_id = ?", gone)
         changed: list[tuple[TopicImage, TopicImage | None]] = []
-        await self._write_paced(
-            "INSERT OR REPLACE INTO topics VALUES (?, ?, ?)",
-            _changed_topic_rows(previous, updated, sums, changed),
-        )
+        await self._insert_paced("topics", 3, _changed_topic_rows(previous, updated, sums, changed))
         # A generator: the rows are built on the SQLite thread, not on the event loop.
         elr_rows: list[tuple[Any, ...]] = []
         elr_gone: list[tuple[str, int]] = []
-        await self._write_paced(
-            "INSERT OR REPLACE INTO partitions VALUES (?, ?, ?, ?, ?, ?, ?)",
-            _changed_partition_rows(changed, sums, elr_rows, elr_gone),
-        )
+        await self._insert_paced("partitions", 7, _changed_partition_rows(changed, sums, elr_rows, elr_gone))
         # Filled while the rows above were produced.
         await self._write_paced("DELETE FROM partition_elr WHERE topic_id = ? AND partition_id = ?", elr_gone)
-        await self._write_paced("INSERT OR REPLACE INTO partition_elr VALUES (?, ?, ?, ?, ?, ?)", elr_rows)
+        await self._insert_paced("partition_elr", 6, elr_rows)
         # The working lists hold a pair or a new tuple per topic: freed where this frame ends they are one
         # deallocation of ~100,000 objects (several ms) after a snapshot load.
         for items in (changed, updated, removed, gone):
@@ -917,6 +914,35 @@ class SqliteImageStore:
             self.last_save_rows += taken[0]
             if taken[0] < self.chunk_rows:
                 return  # the source ran out (a statement with fewer rows than a chunk is never paused after)
+            await self.pause(max(0, self._clock.monotonic_ms() - started_ms) * self.pause_ratio / 1000)
+
+    async def _insert_paced(self, table: str, width: int, rows: Iterable[tuple[Any, ...]]) -> None:
+        """``INSERT OR REPLACE`` of ``rows`` (``width`` columns each) into ``table``, paced like
+        :meth:`_write_paced` (at most :attr:`chunk_rows` rows a step, the same pauses), but
+        :func:`_rows_per_statement` rows in each statement: one multi-row ``VALUES`` list per group of rows,
+        the groups of a step in one ``executemany`` whose parameter sets are the groups, flattened.
+
+        Why: ``executemany`` of one row a statement costs ~1.8 µs a partition row (binding, a step and a
+        reset per row, and the GIL released and taken again around every step); a statement of 142 rows
+        ~1.1 µs (issue #17, session 18).  Same rows, in the same order, in the same transaction; the last
+        group of the source, shorter, goes in one-row statements.  The rows are still produced on the
+        SQLite thread (``executemany`` consumes the groups there)."""
+        one = f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * width)})"
+        per = max(1, min(self.chunk_rows, _rows_per_statement(width)))
+        many = one + f", ({', '.join('?' * width)})" * (per - 1)
+        groups_per_step = max(1, self.chunk_rows // per)
+        state = _Grouping()
+        groups = _flat_groups(iter(rows), per, state)
+        while not state.done:
+            before = state.taken
+            started_ms = self._clock.monotonic_ms()
+            await self._db.executemany(many, islice(groups, groups_per_step))
+            if state.done:
+                if state.rest:
+                    await self._db.executemany(one, state.rest)  # the source's last, shorter group
+                self.last_save_rows += state.taken - before
+                return
+            self.last_save_rows += state.taken - before
             await self.pause(max(0, self._clock.monotonic_ms() - started_ms) * self.pause_ratio / 1000)
 
     async def _save_acls(self, previous: MetadataImage, image: MetadataImage, sums: _RowSum) -> None:
@@ -957,6 +983,40 @@ def _counted(rows: Iterable[_Row], taken: list[int]) -> Iterator[_Row]:
     for row in rows:
         taken[0] += 1
         yield row
+
+
+MAX_STATEMENT_PARAMETERS = 999
+"""Parameters of one statement at most: SQLite's default limit before 3.32 (32,766 since), so any build
+takes the multi-row statements of :meth:`SqliteImageStore._insert_paced`."""
+
+
+def _rows_per_statement(width: int) -> int:
+    """Rows of ``width`` columns in one multi-row ``INSERT`` (142 partition rows)."""
+    return max(1, MAX_STATEMENT_PARAMETERS // width)
+
+
+class _Grouping:
+    """What :func:`_flat_groups` has taken from its source so far (read on the loop between steps)."""
+
+    __slots__ = ("done", "rest", "taken")
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.done = False
+        self.rest: list[tuple[Any, ...]] = []
+
+
+def _flat_groups(rows: Iterator[tuple[Any, ...]], per: int, state: _Grouping) -> Iterator[list[Any]]:
+    """``rows`` ``per`` at a time, each group's values in one flat list (one multi-row statement's
+    parameters); the last group, shorter (or empty), is left in ``state.rest`` and ``state.done`` set."""
+    while True:
+        group = list(islice(rows, per))
+        state.taken += len(group)
+        if len(group) < per:
+            state.rest = group
+            state.done = True
+            return
+        yield list(chain.from_iterable(group))
 
 
 DROP_STEP_ITEMS = 4_096
