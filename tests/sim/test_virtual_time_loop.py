@@ -97,8 +97,13 @@ def test_run_ready_runs_exactly_the_timers_due_and_skips_cancelled_and_run_ones(
     clock = ManualClock(start_ms=1_000)
     loop = VirtualTimeLoop(clock)
     ran: list[str] = []
+
+    def at_5ms() -> None:
+        ran.append("5ms")
+        loop.call_later(0, ran.append, "then now")
+
     try:
-        loop.call_later(0.005, lambda: (ran.append("5ms"), loop.call_later(0, ran.append, "then now")))
+        loop.call_later(0.005, at_5ms)
         loop.call_later(0.002, ran.append, "cancelled").cancel()
         loop.call_later(0.010, ran.append, "10ms")
         loop.run_ready()
