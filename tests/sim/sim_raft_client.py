@@ -380,6 +380,8 @@ class ListenerFeed:
         self.committed_now = 0
         """Batches handed over synchronously (``handle_commit_now`` took them)."""
         self._idle = False
+        self._pumped: tuple[int, LeaderAndEpoch, int, int, int] | None = None
+        """What the last :meth:`pump` saw: (applied end, leader, epoch start, id and start of the log)."""
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._feed())
 
@@ -389,12 +391,20 @@ class ListenerFeed:
             return
         leader = core.leader_and_epoch
         epoch_start = core.epoch_start_offset if core.is_leader else -1
+        log = node.log
+        seen = (node.applied_end, leader, epoch_start, id(log), log.start_offset)
+        if seen == self._pumped:
+            # Nothing it reads moved since the last pump, which left nothing to do with it: the batches
+            # below the applied end are committed (never truncated; appends land at the log's end, above
+            # it), and leader_change_due gives the answer it gave at that pump's end.  The simulation
+            # pumps after every event; most events move none of these.
+            return
+        self._pumped = seen
         rose = node.applied_end > self._seen_high_watermark
         self._seen_high_watermark = node.applied_end
         if rose and core.is_leader and self._commit_now is not None and self._idle and self._queue.empty():
             self._hand_over_now(core.epoch, CommitView(node.applied_end, leader, epoch_start))
         self._maybe_report(leader, epoch_start)
-        log = node.log
         index = max(0, bisect.bisect_right(log.bases, self.next_offset) - 1)
         while index < len(log.batches):
             base, last, epoch, values = log.batches[index]
