@@ -25,9 +25,9 @@ PYCACHE_ENV = "KRAFT_TEST_PYCACHE_DIR"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """With bytecode writing off (``PYTHONDONTWRITEBYTECODE``, as on the CI host), every process the tests
-    start — a controller, a broker, each ``kraft`` CLI call — compiled the ~300 kraft modules it imports
-    from source: ~0.35 s of CPU a start of ~1 s (a node's imports: 0.65 s from bytecode).  The session
+    """With bytecode writing off (``PYTHONDONTWRITEBYTECODE``, as on the shared dev host), every process
+    the tests start — a controller, a broker, each ``kraft`` CLI call — compiled the ~300 kraft modules it
+    imports from source: ~0.35 s of CPU a start of ~1 s (a node's imports: 0.65 s from bytecode).  The session
     gives them (and the xdist workers) a bytecode cache in a temporary directory instead, removed at the
     end: nothing is written into the source tree, as the setting asked, and no start compiles twice."""
     if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE"):
