@@ -3,6 +3,9 @@ executor of the core's Output."""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import pytest
 
 from kraft.raft.core_output import AppendFetched, AppendLeaderChange, AppendRecords, Output
@@ -22,6 +25,28 @@ def _run(seed: int) -> tuple[int, dict[int, SimValue], int]:
 
 def test_a_seed_replays_exactly() -> None:
     assert _run(42) == _run(42)
+
+
+@pytest.mark.parametrize("rate", [Fraction(9, 10), Fraction(1), Fraction(11, 10), Fraction(107, 100)])
+def test_a_drifting_clock_reads_floor_of_time_times_rate_and_sim_time_of_inverts_it(rate: Fraction) -> None:
+    """The node clock (kept as the rate's two integers) is ``offset + floor(now * rate)``, and
+    ``sim_time_of(c)`` is the first simulation millisecond at which it reads at least ``c``."""
+    sim = Simulation(7, voters=1)
+    node = sim.nodes[1]
+    node.clock_rate, node.clock_offset_ms = rate, 1_234
+    assert node.clock_rate == rate
+    for now_ms in range(0, 2_000, 7):
+        sim.now_ms = now_ms
+        assert node.clock_ms() == 1_234 + math.floor(now_ms * rate)
+    sim.now_ms = 0
+    for target in range(1_234, 3_500, 11):
+        at = node.sim_time_of(target)
+        sim.now_ms = at
+        assert node.clock_ms() >= target
+        if at > 0:
+            sim.now_ms = at - 1
+            assert node.clock_ms() < target
+        sim.now_ms = 0
 
 
 def test_different_seeds_explore_different_schedules() -> None:

@@ -88,3 +88,34 @@ def test_an_awaiter_cancelled_before_the_answer_is_handed_over_stays_cancelled(l
     loop.run_ready()
     assert future.cancelled()
     assert errors == []  # the hand-over found it cancelled (no InvalidStateError in a callback)
+
+
+def test_run_ready_runs_exactly_the_timers_due_and_skips_cancelled_and_run_ones() -> None:
+    """``run_ready`` leaves an idle loop alone but not one with a timer due (nothing else ready), runs
+    what a due callback schedules for now in the same call, and ``next_timer_ms`` (the simulation's next
+    wake-up) never names a cancelled timer or one that already ran."""
+    clock = ManualClock(start_ms=1_000)
+    loop = VirtualTimeLoop(clock)
+    ran: list[str] = []
+
+    def at_5ms() -> None:
+        ran.append("5ms")
+        loop.call_later(0, ran.append, "then now")
+
+    try:
+        loop.call_later(0.005, at_5ms)
+        loop.call_later(0.002, ran.append, "cancelled").cancel()
+        loop.call_later(0.010, ran.append, "10ms")
+        loop.run_ready()
+        assert ran == []
+        assert loop.next_timer_ms() == 1_005
+        clock.now_ms = 1_005
+        loop.run_ready()
+        assert ran == ["5ms", "then now"]
+        assert loop.next_timer_ms() == 1_010
+        clock.now_ms = 1_010
+        loop.run_ready()
+        assert ran == ["5ms", "then now", "10ms"]
+        assert loop.next_timer_ms() is None
+    finally:
+        loop.close()
