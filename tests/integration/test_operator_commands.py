@@ -10,6 +10,7 @@ never a fixed sleep."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -92,6 +93,18 @@ def produce(
     )  # fmt: skip
 
 
+def unknown_to_brokers(ran: Ran) -> bool:
+    """The produce gave up because no broker's metadata knows the topic or that partition yet."""
+    return ran.code != 0 and "UNKNOWN_TOPIC_OR_PARTITION" in ran.err
+
+
+def produce_once_known(
+    capsys: pytest.CaptureFixture[str], c: Cluster, topic: str, partition: int, value: str, *extra: str
+) -> Ran:
+    """One produce to a partition created a moment ago: resent only while the brokers do not know it."""
+    return produce_until(capsys, c, lambda _ran: True, topic, partition, value, *extra)
+
+
 def produce_until(
     capsys: pytest.CaptureFixture[str],
     c: Cluster,
@@ -101,12 +114,15 @@ def produce_until(
     value: str,
     *extra: str,
 ) -> Ran:
-    """Produce until ``done`` holds for the outcome (at most 10 s): a config change reaches the brokers
-    with their next metadata fetch, after the controller acknowledged it (as in Kafka), and a refusal
-    such as MESSAGE_TOO_LARGE is final for one produce, so the test waits for the broker to apply it."""
-    deadline = time.monotonic() + 10.0
+    """Produce until ``done`` holds for the outcome and the brokers know the partition (at most 30 s): a
+    config change or a new topic or partition reaches the brokers with their next metadata fetch, after
+    the controller acknowledged it (as in Kafka); a refusal such as MESSAGE_TOO_LARGE is final for one
+    produce, and the client gives a partition no broker knows only a 1 s grace
+    (``kraft.client.broker.UNKNOWN_TOPIC_GRACE_S``), which a loaded broker can exceed — so the test waits
+    for the brokers to apply the change."""
+    deadline = time.monotonic() + 30.0
     ran = produce(capsys, c, topic, partition, value, *extra)
-    while not done(ran) and time.monotonic() < deadline:
+    while (unknown_to_brokers(ran) or not done(ran)) and time.monotonic() < deadline:
         time.sleep(0.05)  # poll interval inside the bounded wait
         ran = produce(capsys, c, topic, partition, value, *extra)
     return ran
@@ -142,7 +158,7 @@ def test_topic_alter_adds_partitions_that_brokers_create_and_refuses_shrinking(
     assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
     assert all(p["leader"] in p["replicas"] for p in described["partitions"])
     # the leader of the new partition created it: a produce to it succeeds (retried until it is served)
-    ran = produce(capsys, c, "grow", 2, "hello")
+    ran = produce_once_known(capsys, c, "grow", 2, "hello")
     assert ran.code == 0, ran.err
     bootstrap = ("--bootstrap-controller", c.controllers)
     same = kraft(capsys, "topic", "alter", "--topic", "grow", "--partitions", "3", *bootstrap)
@@ -196,7 +212,7 @@ def test_config_alter_and_describe_round_trip_and_brokers_apply_them(
     assert {(e["name"], e["value"], e["source"]) for e in broker_view["configs"]} >= {
         ("min.insync.replicas", "3", "DYNAMIC_DEFAULT_BROKER_CONFIG")
     }
-    refused = produce(capsys, c, "cfg", 0, "y", "--timeout", "1")
+    refused = produce_until(capsys, c, lambda r: r.code != 0, "cfg", 0, "y", "--timeout", "1")
     assert refused.code == 1 and "NOT_ENOUGH_REPLICAS" in refused.err, refused
     # the cluster-wide default cannot be removed (every node reads it, not its .properties): set back
     one_error(
@@ -204,7 +220,7 @@ def test_config_alter_and_describe_round_trip_and_brokers_apply_them(
         "INVALID_CONFIG", "the cluster-wide min.insync.replicas cannot be removed",
     )  # fmt: skip
     ok_json(capsys, "config", "alter", *default, "--add-config", "min.insync.replicas=1", *bootstrap)
-    assert produce(capsys, c, "cfg", 0, "y", "--timeout", "10").code == 0
+    assert produce_until(capsys, c, lambda r: r.code == 0, "cfg", 0, "y", "--timeout", "10").code == 0
     # nor set for one broker (eligible leader replicas need one minimum)
     one_error(
         kraft(capsys, "config", "alter", "--entity-type", "brokers", "--entity-name", "101",
@@ -241,7 +257,7 @@ def test_offsets_log_dirs_and_api_versions_read_every_node(
     c = cluster
     at = ("--cluster-dir", str(c.directory))
     ok_json(capsys, "topic", "create", "offs", "-p", "2", "-r", "2", "--bootstrap-controller", c.controllers)
-    produced = produce(capsys, c, "offs", 0, "a", "--value", "b", "--value", "c")
+    produced = produce_once_known(capsys, c, "offs", 0, "a", "--value", "b", "--value", "c")
     assert produced.code == 0, produced.err
     latest = ok_json(capsys, "offsets", "get", "--topic", "offs", *at)
     assert [(r["partition"], r["offset"]) for r in latest] == [(0, 3), (1, 0)]
@@ -339,6 +355,11 @@ def test_a_broker_restarted_after_kill_9_registers_without_waiting_out_its_old_s
         f.seek(offset)
         restarted = f.read().decode("utf-8", "replace")
     assert "event=registered" in restarted and "event=unfenced" in restarted, restarted
-    assert "DUPLICATE_BROKER_REGISTRATION" not in restarted and "registration_retry" not in restarted, (
-        restarted
-    )
+    # No attempt was refused by the controller (a refusal's reason starts with its error code); a retry
+    # after a transport error or a deadline (a slow controller on a loaded host) is not a refusal.
+    refused = [
+        line
+        for line in restarted.splitlines()
+        if "event=registration_retry" in line and re.search(r'reason="?[A-Z_]+: ', line)
+    ]
+    assert "DUPLICATE_BROKER_REGISTRATION" not in restarted and not refused, restarted
