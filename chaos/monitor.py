@@ -19,6 +19,7 @@ from chaos.checkers import ClusterSample, LeaderObservation
 from kraft.client.channel import open_blocking_channel
 from kraft.cluster.probe import cluster_view, quorum_view
 from kraft.cluster.spec import NodeSpec
+from kraft.storage.errors import StorageError
 from kraft.v1 import broker_pb2, broker_pb2_grpc
 
 PROBE_TIMEOUT_S = 0.4
@@ -67,8 +68,12 @@ class ClusterMonitor:
         brokers: Sequence[NodeSpec] = (),
         interval_s: float = 0.25,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        disk_of: Callable[[str], str] | None = None,
     ) -> None:
+        """``disk_of(name)``: the controller's metadata disk now (its directory id; raising while there is
+        none, mid-wipe): each observation names the disk that answered (see :meth:`_disk`)."""
         self._cluster_id = cluster_id
+        self._disk_of = disk_of
         self._controllers = list(controllers)
         self._brokers = list(brokers)
         self._interval_s = interval_s
@@ -88,17 +93,30 @@ class ClusterMonitor:
             if len(pairs) == 2 and pairs[0] == pairs[1]:
                 self.broker_images[broker.name][pairs[0][0]] = pairs[0][1]
 
+    def _disk(self, name: str) -> str | None:
+        """``name``'s disk now: "" when unknown (no ``disk_of``), None when it has none (mid-wipe)."""
+        if self._disk_of is None:
+            return ""
+        try:
+            return self._disk_of(name)
+        except (OSError, StorageError):  # between the wipe's delete and its format
+            return None
+
     def poll_once(self) -> ClusterSample:
         """One round of probes (blocking); also appends to ``leaders`` and ``samples``."""
         claims: list[tuple[int, int]] = []
         newest_epoch = -1
         for node in self._controllers:
+            disk = self._disk(node.name)
             view = quorum_view(node.target, PROBE_TIMEOUT_S)
             if view is None:
                 continue
             now = self._clock_ns()
             leader = view.leader_id if view.leader_id >= 0 else None
-            self.leaders.append(LeaderObservation(node.name, view.leader_epoch, leader, now))
+            if disk is not None and self._disk(node.name) == disk:
+                self.leaders.append(LeaderObservation(node.name, view.leader_epoch, leader, now, disk))
+            # else: the disk was replaced around this probe, so which disk answered is unknown: the
+            # answer still names the active controller below, but judges no disk's epochs
             newest_epoch = max(newest_epoch, view.leader_epoch)
             if leader == node.node_id:
                 claims.append((view.leader_epoch, node.node_id))

@@ -253,7 +253,9 @@ def _registrations(cluster: ChaosCluster, high_watermark: int) -> dict[int, list
 async def _exercise(
     options: RunOptions, cluster: ChaosCluster, store: HistoryStore, progress: Progress, collected: _Collected
 ) -> ClusterMonitor:
-    monitor = ClusterMonitor(cluster.cluster_id, cluster.controllers, cluster.brokers)
+    monitor = ClusterMonitor(
+        cluster.cluster_id, cluster.controllers, cluster.brokers, disk_of=cluster.directory_id
+    )
     pace = options.pace()
     scheduler = NemesisScheduler(
         SCENARIOS[options.scenario](cluster), options.seed, pace.quiet_s, pace.fault_s

@@ -23,10 +23,15 @@ class LeaderObservation:
     epoch: int
     leader_id: int | None
     time_ns: int
+    disk: str = ""
+    """The observer's metadata disk (its directory id) when it answered, where known: a wiped disk comes
+    back knowing no epoch (a new directory id), so only one disk's epochs must never go back."""
 
 
 def check_single_leader_per_epoch(observations: Sequence[LeaderObservation]) -> Verdict:
-    """No two different leaders ever claimed for the same epoch, and no observer's epoch goes backwards."""
+    """No two different leaders ever claimed for the same epoch, and no observer's epoch goes backwards
+    while it keeps its disk (a controller whose disk was wiped starts again from epoch 0, as a new
+    directory id: KIP-853's disk replacement)."""
     checker = "single-leader-per-epoch"
     leaders: dict[int, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     problems: list[str] = []
@@ -39,15 +44,16 @@ def check_single_leader_per_epoch(observations: Sequence[LeaderObservation]) -> 
                 f"leader {leader} (seen by {sorted(set(seen))})" for leader, seen in claimed.items()
             )
             problems.append(f"epoch {epoch}: {who}")
-    by_observer: dict[str, list[LeaderObservation]] = defaultdict(list)
+    by_observer: dict[tuple[str, str], list[LeaderObservation]] = defaultdict(list)
     for obs in observations:
-        by_observer[obs.observer].append(obs)
-    for observer, seen in sorted(by_observer.items()):
+        by_observer[obs.observer, obs.disk].append(obs)
+    for (observer, disk), seen in sorted(by_observer.items()):
         ordered = sorted(seen, key=lambda o: o.time_ns)
+        on_disk = f" (disk {disk})" if disk else ""
         for before, after in itertools.pairwise(ordered):
             if after.epoch < before.epoch:
                 problems.append(
-                    f"{observer}: epoch went back from {before.epoch} (t={before.time_ns}) "
+                    f"{observer}{on_disk}: epoch went back from {before.epoch} (t={before.time_ns}) "
                     f"to {after.epoch} (t={after.time_ns})"
                 )
     if not observations:

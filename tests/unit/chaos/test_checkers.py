@@ -146,6 +146,21 @@ def test_epochs_going_backwards_fail_and_a_clean_run_passes() -> None:
     assert verdict.status is Status.FAIL and "epoch went back from 2" in verdict.offending[0]
 
 
+def test_a_wiped_disk_starts_its_epochs_again_but_one_disk_never_goes_back() -> None:
+    # controller-1 saw epoch 2, then its disk was wiped: the new directory id knows no epoch yet (KIP-853)
+    before_wipe = [LeaderObservation("1", 1, 1, 1, "disk-a"), LeaderObservation("1", 2, 3, 2, "disk-a")]
+    after_wipe = [LeaderObservation("1", 0, None, 3, "disk-b"), LeaderObservation("1", 2, 3, 4, "disk-b")]
+    assert check_single_leader_per_epoch([*before_wipe, *after_wipe]).ok
+    back_on_the_new_disk = LeaderObservation("1", 1, 1, 5, "disk-b")
+    verdict = check_single_leader_per_epoch([*before_wipe, *after_wipe, back_on_the_new_disk])
+    assert verdict.status is Status.FAIL
+    assert verdict.offending == ("1 (disk disk-b): epoch went back from 2 (t=4) to 1 (t=5)",)
+    # the same disk losing its epoch (a quorum-state lost on restart) is still caught
+    lost_state = LeaderObservation("1", 0, None, 3, "disk-a")
+    verdict = check_single_leader_per_epoch([*before_wipe, lost_state])
+    assert verdict.status is Status.FAIL and "epoch went back from 2" in verdict.offending[0]
+
+
 # --- fencing ---
 
 

@@ -53,3 +53,43 @@ def test_a_claimant_behind_a_newer_epoch_is_not_asked(monkeypatch: pytest.Monkey
     # the newest claimant wins when several claim
     sample, asked = _poll(monkeypatch, {1: (1, 5), 2: (2, 6), 3: (2, 6)}, fenced=False)
     assert asked == ["127.0.0.1:9002"] and sample.fenced == {101: False}
+
+
+def test_each_observation_names_the_disk_that_answered_and_a_probe_across_a_wipe_names_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # controller 1's disk is replaced (a wipe) while its DescribeQuorum is under way: the answer may come
+    # from either disk, so it judges neither's epochs; controllers 2 and 3 keep theirs
+    disks = {"controller-1": "old", "controller-2": "two", "controller-3": "three"}
+    gone: set[str] = set()
+
+    def quorum_view(target: str, timeout_s: float) -> QuorumView | None:
+        node = int(target.rsplit(":", 1)[1]) - 9000
+        if node == 1:
+            disks["controller-1"] = "new"
+        return QuorumView(2, 5, 10, ErrorCode.NONE)
+
+    def disk_of(name: str) -> str:
+        if name in gone:
+            raise OSError("no meta.properties (mid-wipe)")
+        return disks[name]
+
+    monkeypatch.setattr(monitor_module, "quorum_view", quorum_view)
+    monkeypatch.setattr(monitor_module, "cluster_view", lambda *_: None)
+    clock = itertools.count(100, 10)
+    names = [NodeSpec(i, NodeRole.CONTROLLER, "127.0.0.1", 9000 + i) for i in (1, 2, 3)]
+    assert [n.name for n in names] == list(disks)
+    watcher = ClusterMonitor("c", names, clock_ns=lambda: next(clock), disk_of=disk_of)
+    sample = watcher.poll_once()
+    assert [(o.observer, o.disk) for o in watcher.leaders] == [
+        ("controller-2", "two"),
+        ("controller-3", "three"),
+    ]
+    assert sample.leader_id == 2  # every answer still counts toward which controller is active
+    # the next poll: controller 1 answers from its new disk; a disk mid-format is skipped too
+    gone.add("controller-3")
+    watcher.poll_once()
+    assert [(o.observer, o.disk) for o in watcher.leaders[2:]] == [
+        ("controller-1", "new"),
+        ("controller-2", "two"),
+    ]
