@@ -263,7 +263,8 @@ class Fleet:
         if client is None:
             options = [
                 ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
-                ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS),
+                # the minimum time of one connection attempt, not a backoff (grpc_transport.channel_options)
+                ("grpc.min_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
                 ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
                 # a connection of its own (gRPC shares one between channels of equal arguments)
                 ("kraft.bench.heartbeat.connection", shard),
