@@ -3,6 +3,8 @@
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -98,3 +100,47 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return xdist_work_unit(nodeid)
 
     return ProcessGroupScheduling(config, log)
+
+
+INTAKE_THREAD_NAME = "grpc-intake"
+"""kraft.node.intake.IntakeLoop's thread (a controller node's request plane)."""
+IN_PROCESS_TEST_PATHS = ("tests/unit/", "tests/sim/")
+
+
+def intake_threads() -> set[int]:
+    """The native ids of this process's threads named ``grpc-intake``: in Python, or by the kernel — a
+    thread inherits the kernel name of the thread that starts it (gRPC's poller, started by the first
+    server on an intake loop, was one until kraft.node.intake.name_grpc_poller)."""
+    found = {t.native_id for t in threading.enumerate() if t.name == INTAKE_THREAD_NAME and t.native_id}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:  # not Linux: the Python names only
+        return found
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", "rb") as comm:
+                if comm.read().strip() == INTAKE_THREAD_NAME.encode():
+                    found.add(int(tid))
+        except OSError:
+            continue  # the thread ended meanwhile
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _no_intake_thread_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """An in-process test (the xdist workers run hundreds in one process) leaves no intake thread behind:
+    one that outlives its test is counted by later tests that look at this process's threads
+    (test_bench_thread_sampler saw one) and holds a loop, a server and its port."""
+    if not request.node.nodeid.startswith(IN_PROCESS_TEST_PATHS):
+        yield
+        return
+    before = intake_threads()
+    yield
+    left = intake_threads() - before
+    if left:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        listed = ", ".join(f"{tid}: {names.get(tid, 'not a Python thread')}" for tid in sorted(left))
+        pytest.fail(
+            f"the test left {len(left)} thread(s) named {INTAKE_THREAD_NAME!r} running (native id: Python "
+            f"name): {listed}; stop the node / close the IntakeLoop in the test's teardown"
+        )

@@ -13,7 +13,7 @@ import typer
 import typer.core
 from typer._click import Context, HelpFormatter
 
-from kraft.cli.common import CliError, JsonOption, handle_errors, print_json, print_table
+from kraft.cli.common import MAX_WAIT_S, CliError, JsonOption, handle_errors, print_json, print_table
 from kraft.procutil import reap_children_on_exit
 
 app = typer.Typer(no_args_is_help=True, help="Chaos testing: a Toxiproxy-compatible proxy and checked runs.")
@@ -111,7 +111,7 @@ def run_command(
     scenario: Annotated[str, typer.Option("--scenario", help="A scenario name, or all.")] = "mixed",
     seed: Annotated[int, typer.Option("--seed", help="Seed for the fault schedule and the workload.")] = 1,
     duration: Annotated[
-        float, typer.Option("--duration", min=1.0, help="Seconds of faults per scenario.")
+        float, typer.Option("--duration", min=1.0, max=MAX_WAIT_S, help="Seconds of faults per scenario.")
     ] = 20.0,
     report: Annotated[
         Path, typer.Option("--report", help="Report directory (one subdirectory per scenario).")
@@ -120,7 +120,7 @@ def run_command(
     brokers: Annotated[int, typer.Option("--brokers", min=0, help="Brokers.")] = 1,
     clients: Annotated[int, typer.Option("--clients", min=1, help="Concurrent workload clients.")] = 4,
     recovery: Annotated[
-        float, typer.Option("--recovery", min=1.0, help="Seconds allowed to recover.")
+        float, typer.Option("--recovery", min=1.0, max=MAX_WAIT_S, help="Seconds allowed to recover.")
     ] = 30.0,
     as_json: JsonOption = False,
 ) -> None:

@@ -11,7 +11,15 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from kraft.cli.common import CliError, JsonOption, WaitSpinner, handle_errors, print_json, print_table
+from kraft.cli.common import (
+    MAX_WAIT_S,
+    CliError,
+    JsonOption,
+    WaitSpinner,
+    handle_errors,
+    print_json,
+    print_table,
+)
 from kraft.client.channel import set_default_security
 from kraft.cluster.manager import ClusterError, ClusterStatus, LocalCluster
 from kraft.cluster.process import ProcessError
@@ -27,7 +35,7 @@ DirOption = Annotated[
         "--dir", "-d", envvar="KRAFT_CLUSTER_DIR", help="The cluster directory (configs, data, logs, pids)."
     ),
 ]
-TimeoutOption = Annotated[float, typer.Option("--timeout", min=1.0, help="Seconds to wait.")]
+TimeoutOption = Annotated[float, typer.Option("--timeout", min=1.0, max=MAX_WAIT_S, help="Seconds to wait.")]
 _DEFAULT_DIR = Path("kraft-cluster")
 _COLUMNS = ["id", "role", "pid", "endpoint", "state", "log"]
 
@@ -316,6 +324,7 @@ def status_command(
         typer.Option(
             "--timeout",
             min=0.1,
+            max=MAX_WAIT_S,
             help="Seconds each node's answer may take (one that does not answer in time shows as starting).",
         ),
     ] = 1.0,
@@ -343,7 +352,7 @@ def status_command(
 def down_command(
     directory: DirOption = _DEFAULT_DIR,
     timeout_s: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds between SIGTERM and SIGKILL.")
+        float, typer.Option("--timeout", min=0.1, max=MAX_WAIT_S, help="Seconds between SIGTERM and SIGKILL.")
     ] = 15.0,
     purge: Annotated[
         bool, typer.Option("--purge", help="Also delete the directory (configs, data, logs).")
@@ -395,7 +404,12 @@ def restart_command(
     directory: DirOption = _DEFAULT_DIR,
     timeout_s: Annotated[
         float,
-        typer.Option("--timeout", min=1.0, help="Seconds each node may take to stop and come back healthy."),
+        typer.Option(
+            "--timeout",
+            min=1.0,
+            max=MAX_WAIT_S,
+            help="Seconds each node may take to stop and come back healthy.",
+        ),
     ] = 60.0,
     as_json: JsonOption = False,
 ) -> None:
@@ -449,7 +463,7 @@ def stop_command(
     nodes: NodesArgument,
     directory: DirOption = _DEFAULT_DIR,
     timeout_s: Annotated[
-        float, typer.Option("--timeout", min=0.1, help="Seconds between SIGTERM and SIGKILL.")
+        float, typer.Option("--timeout", min=0.1, max=MAX_WAIT_S, help="Seconds between SIGTERM and SIGKILL.")
     ] = 15.0,
     kill: Annotated[
         bool, typer.Option("--kill", help="SIGKILL at once: a crash, no graceful shutdown.")

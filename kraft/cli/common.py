@@ -80,9 +80,17 @@ ClusterDirOption = Annotated[
     ),
 ]
 DEFAULT_TIMEOUT_S = 15.0
+MAX_WAIT_MS = 2**31 - 1
+"""The longest wait any option or client property takes (ms): Kafka's INT timeouts' bound
+(:data:`kraft.client.properties.MAX_MS`).  Every seconds option has ``max=MAX_WAIT_S`` and every ms option
+``max=MAX_WAIT_MS``: ``--timeout inf`` (or 1e300) would otherwise pass ``min=`` and reach asyncio and gRPC
+deadlines that cannot hold it; ``nan`` fails the range check too.  All are one-line usage errors."""
+MAX_WAIT_S = MAX_WAIT_MS / 1000
 TimeoutOption = Annotated[
     float,
-    typer.Option("--timeout", min=0.1, help="Seconds to wait for the answer, retries included."),
+    typer.Option(
+        "--timeout", min=0.1, max=MAX_WAIT_S, help="Seconds to wait for the answer, retries included."
+    ),
 ]
 
 VerboseOption = Annotated[
@@ -119,6 +127,8 @@ class _ClientSettings:
     command_config: Path | None = None
     request_timeout_ms: int | None = None
     default_api_timeout_ms: int | None = None
+    retry_backoff_ms: int | None = None
+    max_block_ms: int | None = None
 
     def take(self, config: ClientConfig, origin: Path | str) -> None:
         """Use ``config`` (read from ``origin``), after Kafka's check of its effective timeouts."""
@@ -127,6 +137,14 @@ class _ClientSettings:
         check_effective_timeouts(config, DEFAULT_REQUEST_TIMEOUT_MS, origin=str(origin))
         self.request_timeout_ms = config.request_timeout_ms
         self.default_api_timeout_ms = config.default_api_timeout_ms
+        self.retry_backoff_ms = config.retry_backoff_ms
+        self.max_block_ms = config.max_block_ms
+
+    def forget(self) -> None:
+        """A new command: no file read yet."""
+        self.command_config = None
+        self.request_timeout_ms = self.default_api_timeout_ms = None
+        self.retry_backoff_ms = self.max_block_ms = None
 
 
 _CLIENT_SETTINGS = _ClientSettings()
@@ -136,6 +154,27 @@ def request_timeout_s() -> float:
     """The admin client's attempt timeout for this command: ``request.timeout.ms`` of the client properties
     (default :data:`DEFAULT_REQUEST_TIMEOUT_MS`); kraft.client.controller cuts it to what is left."""
     return (_CLIENT_SETTINGS.request_timeout_ms or DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+
+
+DEFAULT_RETRY_BACKOFF_MS = 100
+"""Kafka's ``retry.backoff.ms``: the broker commands' pause between metadata refreshes and the quorum
+commands' between DescribeQuorum rounds (the admin client's first backoff keeps its 50 ms when unset)."""
+DEFAULT_MAX_BLOCK_MS = 60_000
+"""Kafka's producer ``max.block.ms``: how long ``kraft produce`` waits for metadata that knows its
+partition (never longer than its ``--timeout``)."""
+
+
+def retry_backoff_s(default_ms: int = DEFAULT_RETRY_BACKOFF_MS) -> float:
+    """The client properties' ``retry.backoff.ms`` (0 allowed, as in Kafka), else ``default_ms``."""
+    configured = _CLIENT_SETTINGS.retry_backoff_ms
+    return (default_ms if configured is None else configured) / 1000
+
+
+def max_block_s(timeout_s: float) -> float:
+    """How long ``kraft produce`` waits for its partition to appear in metadata: the client properties'
+    ``max.block.ms`` (default :data:`DEFAULT_MAX_BLOCK_MS`), capped by the command's ``timeout_s``."""
+    configured = _CLIENT_SETTINGS.max_block_ms
+    return min((DEFAULT_MAX_BLOCK_MS if configured is None else configured) / 1000, timeout_s)
 
 
 def api_timeout_s(timeout_s: float) -> float:
@@ -168,15 +207,17 @@ def admin_client(bootstrap: str, timeout_s: float, verbose: bool = False) -> Adm
     starts at a random offset), so a dead first address does not cost every command one request timeout;
     within the command an address that failed is not asked again while another is untried
     (:class:`kraft.client.controller.ControllerClient`)."""
-    from kraft.client.admin import AdminClient
+    from kraft.client.admin import ADMIN_RETRY_BACKOFF_S, AdminClient
     from kraft.clock import SystemClock
 
     targets = [hp.target for hp in parse_bootstrap(bootstrap)]
+    configured_backoff = _CLIENT_SETTINGS.retry_backoff_ms
     return AdminClient(
         targets,
         api_timeout_s(timeout_s),
         request_timeout_s(),
         clock=SystemClock(),
+        retry_backoff_s=ADMIN_RETRY_BACKOFF_S if configured_backoff is None else configured_backoff / 1000,
         on_retry=verbose_printer(verbose),
         first_target=bootstrap_start(len(targets)),
     )
@@ -187,7 +228,8 @@ def broker_client(targets: Sequence[str], timeout_s: float, *, cluster_id: str =
     (:func:`bootstrap_targets`: the random start): one RPC at most ``request.timeout.ms``
     (:func:`request_timeout_s`, as the admin commands) and never more than ``timeout_s``; when no broker
     answers at all for :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S` it gives up naming the list, as
-    the admin commands do for their controllers."""
+    the admin commands do for their controllers; between metadata refreshes it pauses ``retry.backoff.ms``
+    (:func:`retry_backoff_s`)."""
     from kraft.client.broker import BrokerClient
     from kraft.client.rotation import UNREACHABLE_TIMEOUT_S
 
@@ -196,6 +238,7 @@ def broker_client(targets: Sequence[str], timeout_s: float, *, cluster_id: str =
         cluster_id=cluster_id,
         request_timeout_s=min(request_timeout_s(), timeout_s),
         unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
+        retry_backoff_s=retry_backoff_s(),
     )
 
 
@@ -225,9 +268,8 @@ def apply_command_config(path: Path | None) -> Path | None:
     It is the command's only client properties file: with ``--cluster-dir`` the directory then gives the
     bootstrap list alone, its ``client.properties`` is not read (:func:`bootstrap_from`)."""
     # one command's file, not the last one's
+    _CLIENT_SETTINGS.forget()
     _CLIENT_SETTINGS.command_config = path
-    _CLIENT_SETTINGS.request_timeout_ms = None
-    _CLIENT_SETTINGS.default_api_timeout_ms = None
     if path is not None:
         # Imported here so `kraft --help` stays fast (TLS pulls in cryptography).
         from kraft.client.channel import set_default_security

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from kraft.cli.common import (
+    MAX_WAIT_S,
     ClusterDirOption,
     CommandConfigOption,
     JsonOption,
@@ -48,13 +49,18 @@ def consume_command(
         int, typer.Option("--max-records", min=1, help="Stop after this many.")
     ] = 1_000_000,
     idle_timeout_s: Annotated[
-        float, typer.Option("--idle-timeout", min=0.0, help="Stop after this many seconds without records.")
+        float,
+        typer.Option(
+            "--idle-timeout", min=0.0, max=MAX_WAIT_S, help="Stop after this many seconds without records."
+        ),
     ] = 2.0,
     cluster_id: Annotated[
         str,
         typer.Option("--cluster-id", help="The cluster id to send (empty: the one the first broker states)."),
     ] = "",
-    timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=0.1, max=MAX_WAIT_S, help="Seconds to keep retrying.")
+    ] = 30.0,
     json_output: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from kraft.cli.common import (
+    MAX_WAIT_S,
     CliError,
     CommandConfigOption,
     JsonOption,
@@ -153,7 +154,9 @@ def health_command(
             show_default=False,
         ),
     ] = None,
-    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds per check.")] = 2.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0.1, max=MAX_WAIT_S, help="Seconds per check.")
+    ] = 2.0,
     as_json: JsonOption = False,
     command_config: CommandConfigOption = None,
 ) -> None:

@@ -2,7 +2,10 @@
 
 Values come from ``--value`` options, or from stdin one per line when none is given.  Records go out in
 batches of ``--batch-size``; NOT_LEADER_OR_FOLLOWER and other retriable answers refresh the metadata and
-retry on the new leader until ``--timeout``.
+retry on the new leader until ``--timeout``.  A topic or partition the brokers do not know yet (created a
+moment ago) is waited for up to the client properties' ``max.block.ms`` (Kafka's producer key, default
+60000) capped by ``--timeout``, metadata asked again every ``retry.backoff.ms``; then it is
+UNKNOWN_TOPIC_OR_PARTITION.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Annotated
 import typer
 
 from kraft.cli.common import (
+    MAX_WAIT_S,
     ClusterDirOption,
     CommandConfigOption,
     JsonOption,
@@ -23,6 +27,7 @@ from kraft.cli.common import (
     bootstrap_targets,
     broker_client,
     handle_errors,
+    max_block_s,
     print_json,
     require_bootstrap,
     run_async,
@@ -59,7 +64,9 @@ def produce_command(
         str,
         typer.Option("--cluster-id", help="The cluster id to send (empty: the one the first broker states)."),
     ] = "",
-    timeout_s: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to keep retrying.")] = 30.0,
+    timeout_s: Annotated[
+        float, typer.Option("--timeout", min=0.1, max=MAX_WAIT_S, help="Seconds to keep retrying.")
+    ] = 30.0,
     acks: Annotated[
         AcksOption,
         typer.Option(
@@ -75,6 +82,7 @@ def produce_command(
 
     Values come from --value, else one per line from stdin.
     After a leader change it retries on the new leader until --timeout.
+    A topic not known yet is waited for up to max.block.ms (--command-config; 60000), at most --timeout.
     A spinner on stderr shows progress when stderr is a terminal.
 
     Examples:
@@ -132,10 +140,13 @@ async def _produce(
 ) -> tuple[int, int]:
     first = -1
     last = -1
+    block_s = max_block_s(timeout_s)
     async with broker_client(targets, timeout_s, cluster_id=cluster_id) as client:
         for start in range(0, len(payload), batch_size):
             batch = payload[start : start + batch_size]
-            response = await client.produce(topic, partition, batch, deadline_s=timeout_s, acks=acks)
+            response = await client.produce(
+                topic, partition, batch, deadline_s=timeout_s, acks=acks, max_block_s=block_s
+            )
             code = ErrorCode.from_wire(response.error_code)
             if code is not ErrorCode.NONE:
                 raise KraftError(code, response.error_message)

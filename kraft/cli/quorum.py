@@ -10,6 +10,8 @@ from typing import Annotated
 import typer
 
 from kraft.cli.common import (
+    MAX_WAIT_MS,
+    MAX_WAIT_S,
     CliError,
     ClusterDirOption,
     CommandConfigOption,
@@ -23,11 +25,14 @@ from kraft.cli.common import (
     print_json,
     print_key_values,
     print_table,
+    request_timeout_s,
     require_bootstrap,
+    retry_backoff_s,
     timeout_seconds,
     verbose_printer,
 )
 from kraft.client.quorum import (
+    Pacing,
     controller_targets,
     describe_quorum,
     gather_peer_problems,
@@ -48,12 +53,29 @@ _CHANGE_TIMEOUT_S = 30.0
 _TimeoutSecondsOption = Annotated[
     float | None,
     typer.Option(
-        "--timeout", min=0.1, help="Seconds to wait (as the other commands' --timeout).", show_default=False
+        "--timeout",
+        min=0.1,
+        max=MAX_WAIT_S,
+        help="Seconds to wait (as the other commands' --timeout).",
+        show_default=False,
     ),
 ]
 
+
+def _pacing() -> Pacing:
+    """This command's DescribeQuorum attempts: one RPC at most ``request.timeout.ms`` and ``retry.backoff.ms``
+    between rounds (the client properties', as every other command's), never a fixed 2 s."""
+    return Pacing(request_timeout_s=request_timeout_s(), retry_backoff_s=retry_backoff_s())
+
+
 _PROBE_TIMEOUT_S = 2.0
-"""Per controller, when each is asked for its peer problems (all at once)."""
+"""Per controller, when each is asked for its peer problems (all at once; a best-effort look, so at most
+this even when ``request.timeout.ms`` is longer, and never more than a shorter ``request.timeout.ms``)."""
+
+
+def _probe_timeout_s() -> float:
+    return min(_PROBE_TIMEOUT_S, request_timeout_s())
+
 
 _REPLICATION_COLUMNS = [
     "NodeId",
@@ -82,6 +104,7 @@ def describe_command(
         typer.Option(
             "--timeout-ms",
             min=100,
+            max=MAX_WAIT_MS,
             help="Give up finding the leader after this long (default 10000; --timeout in ms).",
             show_default=False,
         ),
@@ -109,12 +132,15 @@ def describe_command(
     try:
         with WaitSpinner(f"asking {', '.join(targets)} for the quorum leader…"):
             response = describe_quorum(
-                targets, timeout_s=timeout_s, unreachable_timeout_s=UNREACHABLE_TIMEOUT_S
+                targets,
+                timeout_s=timeout_s,
+                unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
+                pacing=_pacing(),
             )
     except KraftError as exc:
         # No leader: what the controllers say about their peers is usually why (wrong voter ports, a
         # data dir of another cluster).
-        found = gather_peer_problems(targets, _PROBE_TIMEOUT_S)
+        found = gather_peer_problems(targets, _probe_timeout_s())
         if not found.problems:
             raise
         listed = "; ".join(str(p) for p in found.problems)
@@ -122,7 +148,7 @@ def describe_command(
     if status:
         view = quorum_status(response)
         # Every controller is asked for its own peer problems: a misconfigured one is not the leader.
-        problems = gather_peer_problems([*targets, *controller_targets(response)], _PROBE_TIMEOUT_S)
+        problems = gather_peer_problems([*targets, *controller_targets(response)], _probe_timeout_s())
         if as_json:
             print_json({**view.as_json(), **problems.as_json()})
             return
@@ -177,6 +203,7 @@ _TimeoutMsOption = Annotated[
     typer.Option(
         "--timeout-ms",
         min=100,
+        max=MAX_WAIT_MS,
         help="Give up if the change has not committed by then (default 30000; --timeout in ms).",
         show_default=False,
     ),
@@ -258,6 +285,7 @@ def add_controller_command(
             timeout_s,
             on_retry=_retry_printer(verbose, spinner),
             unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
+            pacing=_pacing(),
         )
     if as_json:
         e = joiner.endpoint
@@ -315,6 +343,7 @@ def remove_controller_command(
             timeout_s,
             on_retry=_retry_printer(verbose, spinner),
             unreachable_timeout_s=UNREACHABLE_TIMEOUT_S,
+            pacing=_pacing(),
         )
     if as_json:
         print_json(_change_json("removed", controller_id, controller_directory_id, offset))

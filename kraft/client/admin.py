@@ -51,6 +51,11 @@ restarts is back within this; an election with reachable controllers is waited o
 The same limit as the other CLI clients' (kraft.client.rotation)."""
 _PROBE_TIMEOUT_S = 1.0
 _RECONCILE_ATTEMPTS = 3
+ADMIN_RETRY_BACKOFF_S = 0.05
+"""The first pause between an operation's rounds when ``retry.backoff.ms`` is not set: the admin client's
+pause before the key was honoured (session 19), kept so the default behaviour did not change."""
+ADMIN_RETRY_BACKOFF_MAX_S = 1.0
+"""Kafka's ``retry.backoff.max.ms`` default: the doubling pause stops growing here."""
 
 
 class ControllerUnreachable(KraftError):
@@ -102,6 +107,7 @@ class AdminClient:
         channels: ChannelPool | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         first_target: int = 0,
+        retry_backoff_s: float = ADMIN_RETRY_BACKOFF_S,
     ) -> None:
         """``timeout_s`` bounds a whole operation (retries, resends and reconciliation included);
         ``attempt_timeout_s`` one RPC (default: whatever is left of the operation's budget — bulk requests
@@ -110,7 +116,10 @@ class AdminClient:
         the client learns it first from DescribeCluster, which states the cluster id even when it refuses
         the request.  ``channels`` and ``sleep`` (the backoff between rounds) let tests run it on a manual
         clock.  ``first_target``: the index in ``targets`` asked first (the CLI's is random, so a dead first
-        address does not cost every command one attempt; :func:`kraft.cli.common.admin_client`)."""
+        address does not cost every command one attempt; :func:`kraft.cli.common.admin_client`).
+        ``retry_backoff_s``: the first pause between rounds, doubled each round up to
+        :data:`ADMIN_RETRY_BACKOFF_MAX_S` (or itself when larger) — Kafka's ``retry.backoff.ms`` and
+        ``retry.backoff.max.ms``; the CLI passes the client properties' ``retry.backoff.ms``."""
         if not targets:
             raise ValueError("at least one controller endpoint is needed")
         self._targets = list(targets)
@@ -126,6 +135,7 @@ class AdminClient:
         )
         self._clock = clock
         self._sleep = sleep
+        self._retry_backoff_s = retry_backoff_s
         self._on_retry = on_retry
         self.timeout_s = timeout_s
         self.attempt_timeout_s = attempt_timeout_s
@@ -214,7 +224,8 @@ class AdminClient:
         deadline_ms: float,
         active_timed_out: bool = False,
     ) -> ResponseT:
-        backoff_s = 0.05
+        backoff_s = self._retry_backoff_s
+        max_backoff_s = max(ADMIN_RETRY_BACKOFF_MAX_S, backoff_s)
         unreachable_since_ms: float | None = None
         last_error = "no round was started"
         while True:
@@ -254,7 +265,7 @@ class AdminClient:
                     raise self._deadline_passed(last_error) from None
                 self._retrying(f"{exc}; retrying in {backoff_s:g}s")
                 await self._sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, 1.0)
+                backoff_s = min(backoff_s * 2, max_backoff_s)
                 continue
             code = ErrorCode.from_wire(response.error_code)
             if not idempotent and code is ErrorCode.REQUEST_TIMED_OUT:

@@ -7,9 +7,13 @@ LEADER_NOT_AVAILABLE, OFFSET_NOT_AVAILABLE (a new leader's high watermark not ca
 BROKER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION (metadata may still be propagating) — or a transport
 error refreshes the metadata and is retried until the deadline.
 
-A partition that no broker's metadata knows fails fast with UNKNOWN_TOPIC_OR_PARTITION: the topic (or
-that partition index) must stay unknown for ``unknown_topic_grace_s`` (1 s) of metadata answers — time
-for a topic created a moment ago to reach the brokers — not for the whole deadline.  A record batch
+A partition that no broker's metadata knows fails with UNKNOWN_TOPIC_OR_PARTITION once the topic (or
+that partition index) stayed unknown in metadata answers for the call's limit — time for a topic created
+a moment ago to reach the brokers — or its deadline, whichever comes first (never REQUEST_TIMED_OUT for
+it).  The limit: a produce's ``max_block_s`` (``kraft produce`` passes Kafka's producer ``max.block.ms``,
+60 s, capped by its ``--timeout``); otherwise ``unknown_topic_grace_s`` (1 s: ``consume`` and ``offsets``
+name a topic that exists, as Kafka's tools that fail at once for a missing one).  Metadata is asked again
+after ``retry_backoff_s`` (Kafka's ``retry.backoff.ms``, 100 ms) each time.  A record batch
 above the broker's limits is MESSAGE_TOO_LARGE at once (the broker's own answer, or gRPC's
 RESOURCE_EXHAUSTED for a request above ``grpc.max.message.bytes``), never retried.
 
@@ -54,7 +58,8 @@ RETRIABLE = frozenset(
         ErrorCode.REQUEST_TIMED_OUT,
     }
 )
-_RETRY_PAUSE_S = 0.1
+RETRY_BACKOFF_S = 0.1
+"""Kafka's ``retry.backoff.ms`` default: the pause before metadata is asked again and a request resent."""
 UNKNOWN_TOPIC_GRACE_S = 1.0
 # grpc.max.message.bytes' default (kraft.config is not imported here: the CLI imports this module lazily).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -142,12 +147,17 @@ class BrokerClient:
         request_timeout_s: float = 5.0,
         unknown_topic_grace_s: float = UNKNOWN_TOPIC_GRACE_S,
         unreachable_timeout_s: float | None = None,
+        retry_backoff_s: float = RETRY_BACKOFF_S,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """Every request names ``cluster_id``; empty: the cluster of the first broker that answers
         Metadata (it states its cluster id when it refuses a request without one).
         ``unreachable_timeout_s`` (the CLI's :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S`): a
         produce/fetch/list-offsets gives up that early when no broker answers Metadata at all (a wrong
-        ``--bootstrap-server``); None: it retries to its deadline."""
+        ``--bootstrap-server``); None: it retries to its deadline.  ``retry_backoff_s``: the pause before
+        each retry.  ``clock`` (seconds; default the event loop's) and ``sleep`` measure deadlines and
+        pause: tests pass a manual clock."""
         if not bootstrap:
             raise ValueError("at least one bootstrap server (host:port) is needed")
         self._bootstrap = list(bootstrap)
@@ -173,6 +183,9 @@ class BrokerClient:
         self._metadata_error: str | None = None
         self._metadata_unreachable = False  # the last refresh failed and no broker answered at all
         self._unreachable_timeout_s = unreachable_timeout_s
+        self._retry_backoff_s = retry_backoff_s
+        self._clock = clock
+        self._sleep = sleep
 
     @property
     def request_timeout_s(self) -> float:
@@ -291,11 +304,14 @@ class BrokerClient:
         *,
         deadline_s: float = 30.0,
         acks: int = -1,
+        max_block_s: float | None = None,
     ) -> pb.ProduceResponse:
         """Append ``records`` (key, value) as one batch on the partition's leader, following leader moves.
 
         ``acks``: -1 (all: answered once every in-sync replica has the batch on disk), 1 (the leader
-        appended it) or 0 (the same answer as 1: gRPC always answers)."""
+        appended it) or 0 (the same answer as 1: gRPC always answers).  ``max_block_s``: how long the
+        partition may stay unknown to metadata (Kafka's ``max.block.ms``; None: the client's
+        ``unknown_topic_grace_s``) — within ``deadline_s`` either way."""
         wire = [
             pb.BrokerRecord(key=k or b"", value=v or b"", has_key=k is not None, has_value=v is not None)
             for k, v in records
@@ -312,7 +328,7 @@ class BrokerClient:
             )
             return stub.Produce(request, timeout=self._timeout_s)
 
-        return await self._on_leader(topic, partition, send, deadline_s, "produce")
+        return await self._on_leader(topic, partition, send, deadline_s, "produce", max_block_s)
 
     async def fetch(
         self,
@@ -368,19 +384,21 @@ class BrokerClient:
         send: Callable[[BrokerServiceAsyncStub, LeaderInfo], Awaitable[ResponseT]],
         deadline_s: float,
         what: str,
+        unknown_limit_s: float | None = None,
     ) -> ResponseT:
         """Send to the leader until the answer is not retriable (refreshing metadata in between)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + deadline_s
+        now = self._clock or asyncio.get_running_loop().time
+        deadline = now() + deadline_s
+        unknown_limit = self._unknown_grace_s if unknown_limit_s is None else unknown_limit_s
         refresh = False
         unknown_since: float | None = None
         unreachable_since: float | None = None
         while True:
             leader = await self.leader(topic, partition, refresh=refresh)
             if leader is None and self._metadata_error is not None and self._metadata_unreachable:
-                unreachable_since = loop.time() if unreachable_since is None else unreachable_since
+                unreachable_since = now() if unreachable_since is None else unreachable_since
                 limit_s = self._unreachable_timeout_s
-                if limit_s is not None and loop.time() - unreachable_since >= limit_s:
+                if limit_s is not None and now() - unreachable_since >= limit_s:
                     raise KraftError(
                         ErrorCode.BROKER_NOT_AVAILABLE,
                         f"no broker reachable at {','.join(self._bootstrap)} for {limit_s:g}s "
@@ -397,10 +415,15 @@ class BrokerClient:
                 if unknown is None:
                     unknown_since = None
                 else:
-                    unknown_since = loop.time() if unknown_since is None else unknown_since
-                    if loop.time() - unknown_since >= self._unknown_grace_s:
+                    unknown_since = now() if unknown_since is None else unknown_since
+                    waited_s = now() - unknown_since
+                    # The deadline too: a topic that never appears is UNKNOWN_TOPIC_OR_PARTITION (Kafka's
+                    # "not present in metadata after …"), not REQUEST_TIMED_OUT.
+                    if waited_s >= unknown_limit or now() >= deadline:
                         raise KraftError(
-                            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{what} on {topic}-{partition}: {unknown}"
+                            ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                            f"{what} on {topic}-{partition}: {unknown} "
+                            f"(not present in metadata after {waited_s * 1000:.0f} ms)",
                         )
             else:
                 try:
@@ -419,9 +442,9 @@ class BrokerClient:
                     if code not in RETRIABLE:
                         return response
                     last = f"broker {leader.broker_id}: {code.name} {response.error_message}"
-            if loop.time() >= deadline:
+            if now() >= deadline:
                 raise KraftError(
                     ErrorCode.REQUEST_TIMED_OUT, f"{what} on {topic}-{partition} gave up: {last}"
                 )
             refresh = True
-            await asyncio.sleep(_RETRY_PAUSE_S)
+            await self._sleep(self._retry_backoff_s)

@@ -25,6 +25,21 @@ _REDIRECTABLE = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.BROKER_NO
 
 
 @dataclass(frozen=True, slots=True)
+class Pacing:
+    """How one call paces its DescribeQuorum attempts: each RPC is cut at ``request_timeout_s`` (and what
+    is left of the call's ``timeout_s``), and a round that found no leader is followed by a pause of
+    ``retry_backoff_s``.  The CLI passes the client properties' ``request.timeout.ms`` and
+    ``retry.backoff.ms`` (:func:`kraft.cli.common.request_timeout_s`), as its other commands do; the
+    defaults are for tooling that polls a quorum it started (``kraft cluster``, tests)."""
+
+    request_timeout_s: float = 2.0
+    retry_backoff_s: float = 0.1
+
+
+DEFAULT_PACING = Pacing()
+
+
+@dataclass(frozen=True, slots=True)
 class QuorumStatus:
     """Kafka's ``kafka-metadata-quorum.sh describe --status`` fields."""
 
@@ -123,6 +138,7 @@ def describe_quorum(
     security: ChannelSecurity | None = None,
     *,
     unreachable_timeout_s: float | None = None,
+    pacing: Pacing = DEFAULT_PACING,
 ) -> raft_pb2.DescribeQuorumResponse:
     """DescribeQuorum answered by the leader, found from any of ``bootstrap`` (``host:port`` targets, asked
     in order from the first; or a rotation a caller keeps across calls).
@@ -136,6 +152,7 @@ def describe_quorum(
     ``unreachable_timeout_s`` (the CLI's :data:`kraft.client.rotation.UNREACHABLE_TIMEOUT_S`): when rounds
     in which no address answered at all go on that long, give up at once naming the addresses (a wrong
     ``--bootstrap-controller``); None (callers waiting for a quorum to start): wait to the deadline.
+    ``pacing``: each attempt's limit and the pause between rounds (:class:`Pacing`).
     """
     deadline = time.monotonic() + timeout_s
     rotation = bootstrap if isinstance(bootstrap, NodeRotation) else address_rotation(bootstrap)
@@ -148,7 +165,7 @@ def describe_quorum(
             if remaining <= 0:
                 break
             try:
-                response = _describe_once(target, min(2.0, remaining), security=security)
+                response = _describe_once(target, min(pacing.request_timeout_s, remaining), security=security)
             except grpc.RpcError as exc:
                 status = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
                 last_problem = f"{target}: {status}"
@@ -166,7 +183,9 @@ def describe_quorum(
             if leader is not None and leader != target:
                 try:
                     redirected = _describe_once(
-                        leader, min(2.0, max(deadline - time.monotonic(), 0.05)), security=security
+                        leader,
+                        min(pacing.request_timeout_s, max(deadline - time.monotonic(), 0.05)),
+                        security=security,
                     )
                 except grpc.RpcError as exc:
                     code_name = exc.code().name if isinstance(exc, grpc.Call) else "RPC_ERROR"
@@ -190,7 +209,7 @@ def describe_quorum(
                 ErrorCode.LEADER_NOT_AVAILABLE,
                 f"no quorum leader found within {timeout_s:g} s ({last_problem})",
             )
-        time.sleep(0.1)
+        time.sleep(pacing.retry_backoff_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +391,7 @@ def _change_voters(
     security: ChannelSecurity | None = None,
     on_retry: Callable[[str], None] | None = None,
     unreachable_timeout_s: float | None = None,
+    pacing: Pacing = DEFAULT_PACING,
 ) -> int | None:
     """Send one voter change to the leader (found from ``bootstrap``, following redirects); returns the
     offset of the committed VotersRecord or raises :class:`KraftError` with the leader's error.
@@ -396,6 +416,7 @@ def _change_voters(
             timeout_s=max(deadline - time.monotonic(), 0.1),
             security=security,
             unreachable_timeout_s=unreachable_timeout_s,
+            pacing=pacing,
         )
         leader = _leader_target(described)
         # The leader refuses an empty cluster id (issue #15); DescribeQuorum told us ours.
@@ -414,7 +435,7 @@ def _change_voters(
             last_problem = f"{leader}: {status}"
             outcome_unknown = True
             retry(f"{method} to leader {leader}: {status}; the outcome is unknown, asking the leader again")
-            time.sleep(0.1)
+            time.sleep(pacing.retry_backoff_s)
             continue
         code = ErrorCode.from_wire(response.error_code)
         if code is ErrorCode.NONE:
@@ -423,11 +444,11 @@ def _change_voters(
             last_problem = f"{leader} is no longer the leader"
             outcome_unknown = True
             retry(f"{method} to {leader}: {code.name} (no longer the leader); finding the new leader")
-            time.sleep(0.1)
+            time.sleep(pacing.retry_backoff_s)
             continue
         if code is refusal and outcome_unknown:
             now = describe_quorum(
-                rotation, timeout_s=max(deadline - time.monotonic(), 0.1), security=security
+                rotation, timeout_s=max(deadline - time.monotonic(), 0.1), security=security, pacing=pacing
             )
             if in_force(now):
                 retry(f"{method}: {code.name} after an unknown outcome, and the change is in force: done")
@@ -448,6 +469,7 @@ def add_controller(
     security: ChannelSecurity | None = None,
     on_retry: Callable[[str], None] | None = None,
     unreachable_timeout_s: float | None = None,
+    pacing: Pacing = DEFAULT_PACING,
 ) -> int | None:
     """AddRaftVoter (KIP-853): make the controller (``node_id``, ``directory_id``), which must already be
     running as an observer, a voter once it has caught up.  Returns the VotersRecord's offset (None when
@@ -475,6 +497,7 @@ def add_controller(
         security,
         on_retry,
         unreachable_timeout_s,
+        pacing,
     )
 
 
@@ -485,6 +508,7 @@ def remove_controller(
     timeout_s: float = 30.0,
     on_retry: Callable[[str], None] | None = None,
     unreachable_timeout_s: float | None = None,
+    pacing: Pacing = DEFAULT_PACING,
 ) -> int | None:
     """RemoveRaftVoter (KIP-853); a leader that removes itself hands over once the change commits."""
     request = raft_pb2.RemoveRaftVoterRequest(
@@ -504,4 +528,5 @@ def remove_controller(
         (ErrorCode.VOTER_NOT_FOUND, removed),
         on_retry=on_retry,
         unreachable_timeout_s=unreachable_timeout_s,
+        pacing=pacing,
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kraft.client.channel import ChannelSecurity
-from kraft.client.quorum import ControllerEndpoint, add_controller
+from kraft.client.quorum import DEFAULT_PACING, ControllerEndpoint, Pacing, add_controller
 from kraft.config import NodeConfig, load_config
 from kraft.errors import ErrorCode, KraftError
 from kraft.netutil import advertised_host
@@ -69,11 +69,13 @@ def add_joining_controller(
     timeout_s: float = 30.0,
     on_retry: Callable[[str], None] | None = None,
     unreachable_timeout_s: float | None = None,
+    pacing: Pacing = DEFAULT_PACING,
 ) -> int | None:
     """AddRaftVoter for ``joiner`` (running and fetching as an observer); waits until the leader has
     added it (it must catch up first) and the VotersRecord committed.  Returns that record's offset.
     ``on_retry``: one line per retry (``--verbose``); ``unreachable_timeout_s``: give up that early when
-    no bootstrap address answers at all (:func:`kraft.client.quorum.describe_quorum`)."""
+    no bootstrap address answers at all (:func:`kraft.client.quorum.describe_quorum`); ``pacing``: its
+    attempts' limit and pauses (:class:`kraft.client.quorum.Pacing`)."""
     return add_controller(
         bootstrap,
         joiner.node_id,
@@ -83,4 +85,5 @@ def add_joining_controller(
         joiner.security,
         on_retry=on_retry,
         unreachable_timeout_s=unreachable_timeout_s,
+        pacing=pacing,
     )

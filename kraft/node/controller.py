@@ -47,7 +47,7 @@ from kraft.grpc_service import create_server, server_limits
 from kraft.netutil import advertised_host
 from kraft.node.grpc_poller import LoopReaders
 from kraft.node.intake import STOP_TIMEOUT_S as INTAKE_STOP_TIMEOUT_S
-from kraft.node.intake import AppendBridge, DriverBridge, HopInterceptor, IntakeLoop
+from kraft.node.intake import AppendBridge, DriverBridge, HopInterceptor, IntakeLoop, name_grpc_poller
 from kraft.node.intake_pool import (
     IntakeConfigError,
     IntakeProcesses,
@@ -528,6 +528,7 @@ class ControllerNode:
                 return server
 
             self._server = await intake.run(start_on_intake())
+            name_grpc_poller()  # gRPC's poller, if this server started it, is not a second intake thread
             leader_off = cfg.controller_leader_grpc_events_on_intake
             follower_off = cfg.controller_follower_grpc_events_on_main
             if leader_off or follower_off:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import grpc
 import grpc.aio
 
-from kraft.observability.thread_names import named_target
+from kraft.observability.thread_names import named_target, rename_native_thread
 from kraft.raft.api import LeaderAndEpoch, RaftShutdownError
 from kraft.raft.messages import RaftRequest, RaftResponse
 from kraft.runtime import check_choices
@@ -56,6 +56,24 @@ else:
 
 STOP_TIMEOUT_S = 5.0
 _LOCAL_PEER_PREFIX = "unix:"
+GRPC_POLLER_NAME = "grpc-poller"
+"""The kernel name given to grpc.aio's process-wide poller thread (its completion queue's)."""
+_GRPC_POLLER_TARGET = "(_poll_wrapper)"  # how CPython names that thread: "Thread-N (_poll_wrapper)"
+
+
+def name_grpc_poller() -> None:
+    """Name grpc.aio's poller thread ``grpc-poller`` to the kernel, once a server or channel was built on
+    an intake loop.  A thread inherits the kernel name of the thread that starts it, and gRPC starts its
+    poller with the process's first aio server or channel, from whichever thread that is: started from the
+    intake loop it was a second ``grpc-intake`` thread — its CPU counted as intake work by
+    ``bench.controller --cpu`` (two ``grpc-intake`` tids per node in
+    bench/results/controller-session16-ab.json), and in the test processes a "leftover intake thread" that
+    outlived the node (the poller lives as long as any aio object does).  Starting the poller from another
+    thread instead (``grpc.aio.init_grpc_aio`` before the intake thread starts) needs an event loop on that
+    thread, which a synchronous caller has not."""
+    for thread in threading.enumerate():
+        if thread.name.endswith(_GRPC_POLLER_TARGET) and thread.native_id is not None:
+            rename_native_thread(thread.native_id, GRPC_POLLER_NAME)
 
 
 class IntakeLoop:

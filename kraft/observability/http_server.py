@@ -21,6 +21,7 @@ import contextlib
 import math
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -73,6 +74,9 @@ class BoundedWsgiServer(ThreadingWSGIServer):
         self._open: dict[socket.socket, float] = {}
         """Connections being served → when they must be gone (``time.monotonic``)."""
         self.refused = 0
+        # Why connections ended early (the tests assert the cause, not the time it took; under _lock):
+        self.timed_out = 0  # a read or write (or TLS handshake) waited io_timeout_s
+        self.cut_at_deadline = 0  # still open deadline_s after it was accepted
         self._refused_unlogged = 0
         self._refusal_logged_at = -math.inf
         super().__init__(server_address, _SilentHandler)
@@ -152,6 +156,8 @@ class BoundedWsgiServer(ThreadingWSGIServer):
             late = [sock for sock, deadline in self._open.items() if deadline <= now]
             for sock in late:
                 self._open[sock] = math.inf  # once; the serving thread forgets it when it ends
+            if now != math.inf:  # not server_close's
+                self.cut_at_deadline += len(late)
         for sock in late:
             # The plain socket's shutdown (not SSLSocket's, which drops its TLS object under the reader):
             # the blocked read in the serving thread returns, and the thread ends.
@@ -159,7 +165,11 @@ class BoundedWsgiServer(ThreadingWSGIServer):
                 socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """A failed handshake, a timeout, a client gone: the client's problem, not worth a traceback."""
+        """A failed handshake, a timeout, a client gone: the client's problem, not worth a traceback.
+        (Called inside the serving thread's ``except``: a timeout is counted.)"""
+        if isinstance(sys.exc_info()[1], TimeoutError):
+            with self._lock:
+                self.timed_out += 1
 
 
 def serve(

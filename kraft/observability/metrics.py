@@ -500,6 +500,16 @@ class MetricsServer:
     def refused_connections(self) -> int:
         return self._server.refused
 
+    @property
+    def timed_out_connections(self) -> int:
+        """Connections ended by the I/O timeout (a silent client, a handshake never started)."""
+        return self._server.timed_out
+
+    @property
+    def deadline_cut_connections(self) -> int:
+        """Connections shut down at their deadline (a client trickling bytes)."""
+        return self._server.cut_at_deadline
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()

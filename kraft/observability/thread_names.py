@@ -57,3 +57,17 @@ def named_target(name: str, target: Callable[..., Any]) -> Callable[..., Any]:
         return target(*args, **kwargs)
 
     return run
+
+
+def rename_native_thread(native_id: int, name: str) -> bool:
+    """Give another thread of this process the kernel name for ``name`` (``/proc/self/task/<tid>/comm``
+    is writable for any thread of the same process); False where it could not be set (not Linux, the
+    thread ended)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open(f"/proc/self/task/{native_id}/comm", "wb") as comm:
+            comm.write(native_name(name))
+    except OSError:
+        return False
+    return True

@@ -232,6 +232,18 @@ class AttackTarget:
                     out[node_id] = int(line.split()[1]) * 1024
         return out
 
+    def cpu_seconds(self) -> dict[int, float]:
+        """CPU time (user + system) every node process has used so far: the work a request cost, which a
+        loaded host does not inflate as it does the wall time of the call."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        out: dict[int, float] = {}
+        for node_id, pid in self.pids().items():
+            # /proc/<pid>/stat: "pid (comm) state …"; utime and stime are fields 14 and 15, counted here
+            # after the comm's closing parenthesis (a comm may hold spaces)
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            out[node_id] = (int(fields[11]) + int(fields[12])) / ticks
+        return out
+
     def all_running(self) -> bool:
         return all(self.cluster.process(n).is_running() for n in (*self.controllers, *self.brokers))
 

@@ -117,9 +117,9 @@ def produce_until(
     """Produce until ``done`` holds for the outcome and the brokers know the partition (at most 30 s): a
     config change or a new topic or partition reaches the brokers with their next metadata fetch, after
     the controller acknowledged it (as in Kafka); a refusal such as MESSAGE_TOO_LARGE is final for one
-    produce, and the client gives a partition no broker knows only a 1 s grace
-    (``kraft.client.broker.UNKNOWN_TOPIC_GRACE_S``), which a loaded broker can exceed — so the test waits
-    for the brokers to apply the change."""
+    produce.  ``kraft produce`` waits for a partition no broker knows up to ``max.block.ms`` capped by its
+    ``--timeout`` (session 19; a fixed 1 s grace before), and some calls here pass a short ``--timeout`` —
+    so the test still waits for the brokers to apply the change."""
     deadline = time.monotonic() + 30.0
     ran = produce(capsys, c, topic, partition, value, *extra)
     while (unknown_to_brokers(ran) or not done(ran)) and time.monotonic() < deadline:

@@ -64,6 +64,8 @@ FUZZ_CALLS = 2000
 FUZZ_RSS_BOUND_BYTES = 100 * 1024 * 1024
 """Growth of any node's resident memory over the whole fuzz run."""
 BOMB_RSS_BOUND_BYTES = 50 * 1024 * 1024
+BOMB_CPU_BOUND_S = 1.0
+"""Leader CPU one refused admin bomb may cost: a refusal by shape is one pass over the request."""
 """Growth of the leader's resident memory over the admin bombs (it was 2.9 GB for one ElectLeaders)."""
 
 SERVICES: dict[str, tuple[ServiceDescriptor, str]] = {
@@ -330,12 +332,16 @@ def test_admin_bombs_are_refused_quickly_with_bounded_memory(target: AttackTarge
             ),
         ]
         for what, call, request in bombs:
-            start = time.monotonic()
+            cpu_before = target.cpu_seconds()[before.leader_id]
             answer = call(request, timeout=30)
-            elapsed = time.monotonic() - start
+            spent = target.cpu_seconds()[before.leader_id] - cpu_before
             assert answer.error_code == ErrorCode.POLICY_VIOLATION, (what, answer.error_message)
             assert "max.request." in answer.error_message
-            assert elapsed < 2.0, f"{what} took {elapsed:.2f} s to refuse"
+            # Refused by its shape, before any work: the leader's CPU for it (the call's decode and the
+            # refusal, plus whatever else the leader ran meanwhile), not the call's wall time, which a
+            # loaded host stretches (the bound was `< 2 s` of wall time).
+            print(f"{what}: refused for {spent * 1000:.0f} ms of leader CPU")
+            assert spent < BOMB_CPU_BOUND_S, f"{what} cost the leader {spent:.2f} s of CPU to refuse"
             assert answer.ByteSize() < 1024, what
         # A MetadataFetch asking to wait 24 days is answered within metadata.fetch.max.wait.ms (2 s).
         hwm = target.leader_answer().high_watermark

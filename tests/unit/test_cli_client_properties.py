@@ -9,9 +9,11 @@ names the deadline and the attempt limit it ran under; or against small gRPC con
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -76,7 +78,8 @@ def test_command_config_alone_is_the_client_config_and_timeout_wins_over_default
 ) -> None:
     # Kafka's tools have one client file: with --command-config the directory gives only the bootstrap
     # list, and its client.properties is not read — not even when it is broken.
-    _client_properties(cluster, "request.timeout.ms=300\ndefault.api.timeout.ms=1200\nretry.backoff.ms=1\n")
+    broken = "request.timeout.ms=300\ndefault.api.timeout.ms=1200\nretry.backoff.max.ms=1\n"  # an unknown key
+    _client_properties(cluster, broken)
     own = tmp_path / "admin.properties"
     own.write_text("request.timeout.ms=200\ndefault.api.timeout.ms=700\n", encoding="utf-8")
     argv = ["topic", "list", "--cluster-dir", str(cluster), "--command-config", str(own)]
@@ -89,7 +92,7 @@ def test_command_config_alone_is_the_client_config_and_timeout_wins_over_default
 
     # Without it, the directory's file is the client config: its broken key is the error.
     outcome = invoke(capsys, "topic", "list", "--cluster-dir", str(cluster))
-    assert_one_error_line(outcome, "retry.backoff.ms", str(cluster / "client.properties"))
+    assert_one_error_line(outcome, "retry.backoff.max.ms", str(cluster / "client.properties"))
 
 
 def test_a_tls_cluster_dir_with_a_plaintext_command_config_is_one_line_at_once(
@@ -158,7 +161,11 @@ def test_default_api_timeout_ms_equal_to_the_default_request_timeout_is_accepted
             "request.timeout.ms=1000\ndefault.api.timeout.ms=500\n",
             "invalid config default.api.timeout.ms='500': must be no smaller than request.timeout.ms (1000)",
         ),
-        ("retry.backoff.ms=100\n", "invalid config retry.backoff.ms='100': unknown key in"),
+        # retry.backoff.ms is honoured since session 19; its max is not (a fixed 1 s doubling cap).
+        ("retry.backoff.max.ms=100\n", "invalid config retry.backoff.max.ms='100': unknown key in"),
+        ("retry.backoff.ms=-1\n", "invalid config retry.backoff.ms='-1': must be a number of ms up to"),
+        ("max.block.ms=inf\n", "invalid config max.block.ms='inf': must be a number of ms up to"),
+        ("max.block.ms=2147483648\n", "invalid config max.block.ms='2147483648': must be a number of ms"),
     ],
 )
 def test_bad_client_properties_are_one_line_wherever_they_are_read(
@@ -180,8 +187,65 @@ def test_the_client_properties_keys() -> None:
     assert parse_client_config({}) == ClientConfig()
     config = parse_client_config({"request.timeout.ms": " 2500 ", "default.api.timeout.ms": "2500"})
     assert (config.request_timeout_ms, config.default_api_timeout_ms) == (2500, 2500)
-    with pytest.raises(ConfigError, match=r"known: default\.api\.timeout\.ms, request\.timeout\.ms, sec"):
+    with pytest.raises(ConfigError, match=r"known: default\.api\.timeout\.ms, max\.block\.ms, request\."):
         parse_client_config({"client.id": "x"})
+    # Kafka's atLeast(0): 0 is meaningful for both (retry at once; never block on metadata)
+    config = parse_client_config({"retry.backoff.ms": "0", "max.block.ms": "0"})
+    assert (config.retry_backoff_ms, config.max_block_ms) == (0, 0)
+    with pytest.raises(ConfigError, match=r"request\.timeout\.ms='0': must be a positive number"):
+        parse_client_config({"request.timeout.ms": "0"})
+
+
+class _ProduceSeen:
+    """What ``kraft produce`` handed its broker client (the produce itself refused: nothing listens)."""
+
+    def __init__(self) -> None:
+        self.max_block_s: list[float | None] = []
+        self.retry_backoff_s: list[float] = []
+
+
+@pytest.fixture
+def produce_seen(monkeypatch: pytest.MonkeyPatch) -> _ProduceSeen:
+    from kraft.client.broker import BrokerClient
+    from kraft.errors import ErrorCode, KraftError
+
+    seen = _ProduceSeen()
+
+    async def produce(self: BrokerClient, *args: Any, max_block_s: float | None = None, **kwargs: Any) -> Any:
+        seen.max_block_s.append(max_block_s)
+        seen.retry_backoff_s.append(self._retry_backoff_s)
+        raise KraftError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, "topic 'orders' does not exist")
+
+    monkeypatch.setattr(BrokerClient, "produce", produce)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("properties", "timeout", "max_block_s", "backoff_s"),
+    [
+        ("", "30", 30.0, 0.1),  # Kafka's 60 s max.block.ms, capped by --timeout's 30 s default
+        ("max.block.ms=7000\nretry.backoff.ms=250\n", "30", 7.0, 0.25),
+        ("max.block.ms=7000\n", "2.5", 2.5, 0.1),  # never longer than --timeout
+        ("max.block.ms=0\nretry.backoff.ms=0\n", "30", 0.0, 0.0),
+    ],
+)
+def test_produce_waits_for_metadata_up_to_max_block_ms_capped_by_timeout(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    produce_seen: _ProduceSeen,
+    properties: str,
+    timeout: str,
+    max_block_s: float,
+    backoff_s: float,
+) -> None:
+    own = tmp_path / "producer.properties"
+    own.write_text(properties, encoding="utf-8")
+    argv = ["produce", "-t", "orders", "-v", "x", "--bootstrap-server", "127.0.0.1:1", "--timeout", timeout]
+    outcome = invoke(capsys, *argv, "--command-config", str(own))
+    assert outcome.code == 1 and outcome.err == (
+        "error: UNKNOWN_TOPIC_OR_PARTITION: topic 'orders' does not exist\n"
+    ), outcome
+    assert produce_seen.max_block_s == [max_block_s] and produce_seen.retry_backoff_s == [backoff_s]
 
 
 def _api_timeout_in_a_command(timeout_s: float, source: ParameterSource) -> float:
@@ -305,3 +369,58 @@ def test_quorum_describe_starts_at_the_address_bootstrap_start_picks(
             server.stop(None)
     assert outcome.code == 0, outcome
     assert [leader.received for leader in leaders] == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("properties", "timeout", "attempt_s"),
+    [
+        ("", "20", 5.0),  # the CLI's request.timeout.ms default, as every other command's
+        ("request.timeout.ms=7000\n", "20", 7.0),  # once a fixed 2 s, whatever the file said
+        ("request.timeout.ms=7000\n", "3", 3.0),  # never more than is left of --timeout
+    ],
+)
+def test_quorum_describe_attempts_get_request_timeout_ms(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    properties: str,
+    timeout: str,
+    attempt_s: float,
+) -> None:
+    from kraft.client import quorum
+
+    limits: list[float] = []
+
+    def describe_once(target: str, timeout_s: float, *args: Any, **kwargs: Any) -> Any:
+        limits.append(timeout_s)
+        return raft_pb2.DescribeQuorumResponse(leader_id=1, leader_epoch=1, cluster_id="kc")
+
+    monkeypatch.setattr(quorum, "_describe_once", describe_once)
+    own = tmp_path / "admin.properties"
+    own.write_text(properties, encoding="utf-8")
+    argv = ["quorum", "describe", "--replication", "--bootstrap-controller", "127.0.0.1:1", "--json"]
+    outcome = invoke(capsys, *argv, "--timeout", timeout, "--command-config", str(own))
+    assert outcome.code == 0, outcome
+    assert len(limits) == 1 and limits[0] == pytest.approx(attempt_s, abs=0.1)
+
+
+def test_quorum_describe_pauses_retry_backoff_ms_between_rounds(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kraft.client import quorum
+    from kraft.errors import ErrorCode
+
+    answers = [
+        raft_pb2.DescribeQuorumResponse(error_code=ErrorCode.NOT_LEADER_OR_FOLLOWER, leader_id=-1),
+        raft_pb2.DescribeQuorumResponse(leader_id=1, leader_epoch=1, cluster_id="kc"),
+    ]
+    pauses: list[float] = []
+    monkeypatch.setattr(quorum, "_describe_once", lambda *args, **kwargs: answers.pop(0))
+    # The module's own clock, with its sleep recorded (time.sleep itself stays as it is for everyone else).
+    monkeypatch.setattr(quorum, "time", SimpleNamespace(monotonic=time.monotonic, sleep=pauses.append))
+    own = tmp_path / "admin.properties"
+    own.write_text("retry.backoff.ms=250\n", encoding="utf-8")
+    argv = ["quorum", "describe", "--replication", "--bootstrap-controller", "127.0.0.1:1", "--json"]
+    outcome = invoke(capsys, *argv, "--command-config", str(own))
+    assert outcome.code == 0, outcome
+    assert pauses == [0.25] and not answers  # an election in progress: one round, one pause, then the leader

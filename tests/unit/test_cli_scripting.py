@@ -7,7 +7,6 @@ runs its own event loop), or a cluster directory whose nodes were never started.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import grpc
 import pytest
 
 import kraft.cli.main as cli_main
+from kraft.client.rotation import UNREACHABLE_TIMEOUT_S
 from kraft.cluster.manager import LocalCluster
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
@@ -244,11 +244,11 @@ def test_a_dead_bootstrap_controller_fails_within_seconds_naming_the_address(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    started = time.monotonic()
     outcome = invoke(capsys, "topic", "list", "--bootstrap-controller", dead)
-    assert time.monotonic() - started < 10.0, "not the 15 s call budget"
     assert outcome.code == 1 and len(outcome.err.splitlines()) == 1, outcome
-    assert outcome.err.startswith(f"error: no controller reachable at {dead}")
+    # The unreachable path (nothing answered for UNREACHABLE_TIMEOUT_S), not the 15 s call budget's
+    # "no active controller answered within 15s".
+    assert outcome.err.startswith(f"error: no controller reachable at {dead} for {UNREACHABLE_TIMEOUT_S:g}s")
     assert "controller -1" not in outcome.err
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kraft.node.intake import IntakeLoop
+from kraft.node.intake import GRPC_POLLER_NAME, IntakeLoop, name_grpc_poller
 from kraft.observability.thread_names import named_target, native_name
 from kraft.raft.sync_worker import SyncWorker
 
@@ -66,3 +66,30 @@ def test_the_intake_loop_and_the_fsync_worker_are_named_to_the_kernel() -> None:
             worker.join(10)
 
     assert asyncio.run(fsync_thread()) == "raft-fsync-7"
+
+
+@linux_only
+def test_grpcs_poller_started_from_the_intake_thread_is_renamed_not_a_second_intake_thread() -> None:
+    """gRPC starts its poller thread (``Thread-N (_poll_wrapper)``) from the thread that builds the first aio
+    server: on an intake loop it inherited the kernel name ``grpc-intake``.  A stand-in started the same way
+    (from the intake thread, CPython's name for a ``_poll_wrapper`` target) keeps the rule independent of
+    whether this process's real poller already exists."""
+    intake = IntakeLoop()
+    intake.start()
+    release = threading.Event()
+    try:
+
+        async def start_poller() -> threading.Thread:
+            poller = threading.Thread(target=release.wait, args=(10.0,), name="Thread-9 (_poll_wrapper)")
+            poller.start()
+            return poller
+
+        poller = asyncio.run_coroutine_threadsafe(start_poller(), intake.loop).result(timeout=10)
+        assert poller.native_id is not None
+        assert _comm(poller.native_id) == "grpc-intake"  # inherited
+        name_grpc_poller()
+        assert _comm(poller.native_id) == GRPC_POLLER_NAME
+    finally:
+        release.set()
+        intake.close()
+    poller.join(timeout=10)

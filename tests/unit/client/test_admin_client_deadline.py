@@ -15,7 +15,7 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from kraft.client.admin import AdminClient, DeadlinePassed, WriteOutcomeUnknown
+from kraft.client.admin import ADMIN_RETRY_BACKOFF_S, AdminClient, DeadlinePassed, WriteOutcomeUnknown
 from kraft.client.channel import ChannelPool
 from kraft.clock import ManualClock
 from kraft.errors import ErrorCode
@@ -46,6 +46,7 @@ class _Cluster:
     clock: ManualClock
     controllers: dict[str, _Controller]
     sent: list[tuple[str, str, float, int]] = field(default_factory=list)  # target, method, timeout, at ms
+    pauses: list[float] = field(default_factory=list)  # the backoff sleeps, in order
 
     async def answer(self, target: str, method: str, timeout_s: float) -> Any:
         now_ms = self.clock.monotonic_ms()
@@ -100,11 +101,13 @@ def _admin(
     timeout_s: float,
     attempt_timeout_s: float | None,
     cluster_id: str = "",
+    retry_backoff_s: float | None = None,
 ) -> tuple[AdminClient, _Cluster]:
     clock = ManualClock()
     cluster = _Cluster(clock, controllers)
 
     async def sleep(seconds: float) -> None:
+        cluster.pauses.append(seconds)
         clock.advance(round(seconds * 1000))
 
     client = AdminClient(
@@ -115,6 +118,7 @@ def _admin(
         cluster_id=cluster_id,
         channels=cast(ChannelPool, _Pool(cluster)),
         sleep=sleep,
+        retry_backoff_s=ADMIN_RETRY_BACKOFF_S if retry_backoff_s is None else retry_backoff_s,
     )
     return client, cluster
 
@@ -133,6 +137,19 @@ async def test_the_last_round_gets_only_what_is_left_of_the_deadline() -> None:
     assert cluster.clock.monotonic_ms() == 1000
     assert cluster.sent[-1] == (C1, "/kraft.v1.ControllerService/DescribeCluster", 0.25, 750)
     assert all(at_ms + timeout_s * 1000 <= 1000 for _, _, timeout_s, at_ms in cluster.sent)
+
+
+async def test_rounds_pause_from_retry_backoff_doubling_to_the_max() -> None:
+    """The CLI's ``retry.backoff.ms`` (here 250 ms) is the first pause; it doubles up to 1 s (Kafka's
+    ``retry.backoff.max.ms``); without it the first pause stays 50 ms."""
+    client, cluster = _admin({C1: _Controller(active=False)}, 4.0, None, retry_backoff_s=0.25)
+    with pytest.raises(DeadlinePassed):
+        await client.call(lambda s: s.DescribeCluster, _describe_cluster())
+    assert cluster.pauses == [0.25, 0.5, 1.0, 1.0, 1.0]  # then 1 s + a round would pass the 4 s
+    client, cluster = _admin({C1: _Controller(active=False)}, 1.0, None)
+    with pytest.raises(DeadlinePassed):
+        await client.call(lambda s: s.DescribeCluster, _describe_cluster())
+    assert cluster.pauses == [0.05, 0.1, 0.2, 0.4]
 
 
 async def test_a_black_holed_bootstrap_address_costs_one_attempt() -> None:
