@@ -250,4 +250,46 @@ def full_change_value(
     19: the unfence's elections, a sole replica's leave and the other rare leave shapes."""
     if elr is None and lke is None and recovery is None and unclean_epoch is None:
         return change_value(topic, partition_id, isr, leader)
-    return _general_change(topic, partition_id, isr, leader, elr, lke, recovery, unclean_epoch)
+    # The shapes these writes take (ids, counts, lengths and states in the table, the leader maybe -1;
+    # anything else is a KeyError): concatenations only, ~1 µs against ~2.9 for the general path.
+    small = _SMALL_BY_VALUE
+    try:
+        if not partition_id:
+            body = topic
+        elif partition_id < _SMALL_COUNT:
+            body = b"\x08" + small[partition_id] + topic  # (a negative one: KeyError)
+        else:
+            body = b"\x08" + _varint(partition_id) + topic
+        if isr is not None:
+            body += _small_list(_TAG_CHANGE_ISR, isr)
+        if leader is not None:
+            body += _LEADER_FIELDS[leader]
+        if recovery is not None:
+            body += _TAG_CHANGE_RECOVERY + small[recovery]
+        if elr is not None:
+            body += _small_list(_TAG_CHANGE_ELR, elr)
+        if lke is not None:
+            body += _small_list(_TAG_CHANGE_LKE, lke)
+        if unclean_epoch is not None:
+            body += _TAG_CHANGE_UNCLEAN_EPOCH + small[unclean_epoch]
+        return _CHANGE_HEAD + small[len(body)] + body
+    except KeyError:
+        return _general_change(topic, partition_id, isr, leader, elr, lke, recovery, unclean_epoch)
+
+
+def _small_list(tag: bytes, ids: Sequence[int]) -> bytes:
+    """A present BrokerIdList field (``tag`` and its bytes) whose ids are all in the table (else
+    KeyError)."""
+    if not ids:
+        return tag + b"\x00"  # present, emptied
+    small = _SMALL_BY_VALUE
+    run = b"".join([small[i] for i in ids])
+    inner = b"\n" + small[len(run)] + run  # BrokerIdList.ids (field 1, packed)
+    return tag + small[len(inner)] + inner
+
+
+_LEADER_FIELDS: Final = {
+    **{value: _TAG_CHANGE_LEADER + data for value, data in _SMALL_BY_VALUE.items()},
+    -1: _TAG_CHANGE_LEADER + _varint(-1),  # none: a leaderless partition (10 bytes)
+}
+"""The leader field (tag and varint) of a leader in the table or -1."""
