@@ -187,7 +187,7 @@ ID_LISTS = st.one_of(st.none(), st.lists(IDS, max_size=6))
 OPTIONAL_INT32 = st.one_of(st.none(), st.sampled_from([0, 1, -1]), INT32)
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     topic_id=TOPIC_IDS,
     partition_id=st.one_of(st.integers(min_value=0, max_value=5_000), INT32),
@@ -230,7 +230,7 @@ def test_any_changes_value_is_the_bytes_encode_value_gives(
     assert value == rec.encode_value(record)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(
     current=_partitions(),
     acceptable=st.sets(st.integers(min_value=1, max_value=5)),
