@@ -12,9 +12,20 @@ time of this thread (ms, ``time.thread_time``), each phase up to the values the 
 - ``grow``: CreatePartitions of ``--grow-topics`` of those topics (the first of each request: at most
   ``--small-requests``), each to ``--grow-to`` partitions.
 
+Session 19 adds, on a second controller logic (``--brokers`` brokers, ``min.insync.replicas`` 2) whose
+image holds ``--sole`` one-partition topics with broker 1 their only replica and a topic of
+``--pairs`` partitions of RF 2 led by broker 2 (``bench.shutdown_profile``'s way: replayed, then
+``reset``), the bulk work of fences and unfences — each a heartbeat and every bulk slice after it
+(``continue_bulk_values``), to the end:
+
+- ``fence_sole``: broker 1 fenced — its sole replicas leave (ISR emptied, the broker into the ELR);
+- ``unfence_sole``: broker 1 unfenced — an election from the ELR in each of those partitions;
+- ``fence_pairs``: broker 2 fenced — its ISRs drop below min ISR (the ELR's shape: the general rules).
+
 The collector is off during the phases (what a phase costs, not when a collection happens to run).  Works
 on trees before session 18 (A/B: run it from each tree's root, alternated).  Prints JSON; ``--out`` also
-writes it.  Run: ``python -m bench.encoded_writes [--rounds 3]`` (~10 s a round).
+writes it.  Run: ``python -m bench.encoded_writes [--rounds 3]`` (~15 s a round); ``--sole 0 --pairs 0``
+leaves out the fences.
 """
 
 from __future__ import annotations
@@ -33,10 +44,12 @@ from bench.controller import register_active_brokers
 from kraft.clock import Deadline
 from kraft.metadata import records as rec
 from kraft.metadata.controller_logic import ControllerLogic, ControllerSettings
+from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import MetadataImage
 from kraft.metadata.partition_growth import create_partitions
 from kraft.procutil import reap_children_on_exit
 from kraft.v1 import controller_pb2 as cpb
+from kraft.v1 import metadata_pb2 as pb
 
 CLUSTER = "bench"
 WORK_UNIT = 1000
@@ -127,6 +140,93 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
             result[f"{name}_us_per_record"] = round(ms * 1000 / max(records, 1), 2)
     finally:
         gc.enable()
+    if args.sole or args.pairs:
+        result.update(fence_round(args))
+    return result
+
+
+def _fence_logic(args: argparse.Namespace) -> tuple[ControllerLogic, int]:
+    """The second logic: brokers, then ``--sole`` topics on broker 1 alone and the ``pairs`` topic of RF 2
+    (broker 2 and one other), replayed into its image and reset onto it, the rejoin index built."""
+    settings = ControllerSettings(
+        CLUSTER,
+        max_partitions=10**9,
+        max_broker_partitions=10**9,
+        max_changes_per_write=WORK_UNIT,
+        max_event_time_ms=EVENT_MS,
+        min_insync_replicas=2,
+    )
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
+    offset = register_active_brokers(logic, args.brokers)
+    delta = MetadataDelta(logic.image)
+
+    def add(record: Any) -> None:
+        nonlocal offset
+        delta.replay(rec.wrap(record), offset)
+        offset += 1
+
+    for t in range(args.sole):
+        add(pb.TopicRecord(name=f"sole-{t}", topic_id=f"s{t}"))
+        add(pb.PartitionRecord(topic_id=f"s{t}", partition_id=0, replicas=[1], isr=[1], leader=1))
+    if args.pairs:
+        add(pb.TopicRecord(name="pairs", topic_id="pairs"))
+        for p in range(args.pairs):
+            replicas = [2, 3 + p % (args.brokers - 2)]
+            add(
+                pb.PartitionRecord(
+                    topic_id="pairs", partition_id=p, replicas=replicas, isr=replicas, leader=2
+                )
+            )
+    logic.reset(delta.apply(), 0)
+    while not logic.index_some(10**9):
+        pass
+    return logic, offset
+
+
+def fence_round(args: argparse.Namespace) -> dict[str, float]:
+    logic, offset = _fence_logic(args)
+    next_slice = getattr(logic, "continue_bulk_values", None)
+
+    def beat(broker_id: int, want_fence: bool) -> Callable[[], int]:
+        def run() -> int:
+            nonlocal offset
+            request = cpb.BrokerHeartbeatRequest(
+                cluster_id=CLUSTER,
+                broker_id=broker_id,
+                broker_epoch=logic.image.brokers[broker_id].epoch,
+                current_metadata_offset=offset + 10**9,  # caught up: the unfence runs its elections
+                want_fence=want_fence,
+            )
+            written = len(_values(logic.broker_heartbeat(request, 0, offset)))
+            offset += written
+            while logic.has_bulk_jobs():
+                if next_slice is not None:
+                    more = next_slice(offset)
+                else:
+                    more = [rec.encode_value(r) for r in logic.continue_bulk_jobs(offset)]
+                offset += len(more)
+                written += len(more)
+            return written
+
+        return run
+
+    gc.collect()
+    gc.freeze()  # the image as the heap freezer leaves it (collections off anyway, as above)
+    gc.disable()
+    try:
+        result: dict[str, float] = {}
+        for name, fn in (
+            ("fence_sole", beat(1, True)),
+            ("unfence_sole", beat(1, False)),
+            ("fence_pairs", beat(2, True)),
+        ):
+            ms, records = _timed(fn)
+            result[f"{name}_ms"] = round(ms, 1)
+            result[f"{name}_records"] = records
+            result[f"{name}_us_per_record"] = round(ms * 1000 / max(records, 1), 2)
+    finally:
+        gc.enable()
+        gc.unfreeze()
     return result
 
 
@@ -141,6 +241,8 @@ def main() -> None:
     parser.add_argument("--small-partitions", type=int, default=20)
     parser.add_argument("--grow-topics", type=int, default=100)
     parser.add_argument("--grow-to", type=int, default=220)
+    parser.add_argument("--sole", type=int, default=10_000, help="one-partition topics of broker 1 alone")
+    parser.add_argument("--pairs", type=int, default=20_000, help="partitions of RF 2 led by broker 2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

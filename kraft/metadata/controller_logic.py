@@ -69,6 +69,7 @@ from kraft.metadata.offline_replicas import guard_for
 from kraft.metadata.partition_change import (
     LeaveMemo,
     build_change,
+    build_change_encoded,
     leave_change_encoded,
     rules_matter,
 )
@@ -1414,7 +1415,14 @@ class ControllerLogic:
             acceptable = self.acceptable_in(image)
             guard = guard_for(image)
             topics = image.topics_by_id
-            changes: list[pb.PartitionChangeRecord] = []
+            # A batch of values (session 19) takes each election encoded from its decision, with the
+            # registration it gives (no upb record, no replay: registration None marks a record); an
+            # unclean election's is logged from its record, as a leave job's.
+            encoded = batch.values is not None
+            changes: list[
+                tuple[pb.PartitionChangeRecord | bytes, str, int, PartitionRegistration | None]
+            ] = []
+            topic_bytes: dict[str, bytes] = {}  # topic_field per topic, for this chunk
             partitions = job.partitions
             rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
             touched: set[str] = set()  # topics with a change (each costs its own share of the closing)
@@ -1432,19 +1440,28 @@ class ControllerLogic:
                     topic_rules = rules[topic_id] = self.election_rules(image, topic.name)
                 min_isr, unclean = topic_rules
                 current = topic.partitions[partition_id]
-                change = build_change(
-                    topic_id,
-                    partition_id,
-                    current,
-                    guard.for_partition(acceptable, topic_id, partition_id) if guard.active else acceptable,
-                    min_isr=min_isr,
-                    unclean_election=unclean,
+                accept = (
+                    guard.for_partition(acceptable, topic_id, partition_id) if guard.active else acceptable
                 )
-                if change is not None:
-                    if unclean:
-                        note_unclean_election(topic.name, partition_id, current, change)
-                    changes.append(change)
-                    touched.add(topic_id)
+                if encoded and not unclean:
+                    topic_field_bytes = topic_bytes.get(topic_id)
+                    if topic_field_bytes is None:
+                        topic_field_bytes = topic_bytes[topic_id] = topic_field(topic_id)
+                    encoded_change = build_change_encoded(
+                        topic_field_bytes, partition_id, current, accept, min_isr=min_isr
+                    )
+                    if encoded_change is not None:
+                        changes.append((encoded_change[0], topic_id, partition_id, encoded_change[1]))
+                        touched.add(topic_id)
+                else:
+                    change = build_change(
+                        topic_id, partition_id, current, accept, min_isr=min_isr, unclean_election=unclean
+                    )
+                    if change is not None:
+                        if unclean:
+                            note_unclean_election(topic.name, partition_id, current, change)
+                        changes.append((change, topic_id, partition_id, None))
+                        touched.add(topic_id)
                 ticks += 1
                 if ticks >= CHECK_EVERY:
                     ticks = 0
@@ -1455,12 +1472,18 @@ class ControllerLogic:
                         scan_budget = 0
             if changes:
                 started_ms = clock.monotonic_ms() if clock is not None else 0
-                for change in changes:
-                    batch.add(change)
+                add_partition = batch.add_partition
+                for elected, topic_id, partition_id, registration in changes:  # (in scan order)
+                    if isinstance(elected, bytes):
+                        assert registration is not None
+                        add_partition(elected, topic_id, partition_id, registration)
+                    else:
+                        batch.add(elected)
                 batch.view()  # closed here (not by whatever comes next), so its time is measured
                 if clock is not None:
                     closing.note(
-                        clock.monotonic_ms() - started_ms, len(changes) + TOPIC_CLOSING_UNITS * len(touched)
+                        clock.monotonic_ms() - started_ms,
+                        len(changes) + TOPIC_CLOSING_UNITS * len(touched),
                     )
             budget -= len(changes)
             if job.position >= len(partitions) and job.source is None:

@@ -37,7 +37,7 @@ from kraft.metadata.image import (
     NO_PARTITION_LEADER,
     PartitionRegistration,
 )
-from kraft.metadata.partition_encode import change_value
+from kraft.metadata.partition_encode import change_value, full_change_value
 from kraft.v1 import metadata_pb2 as pb
 
 IsAcceptable = Callable[[int], bool]
@@ -171,19 +171,17 @@ def change_record(
     return record
 
 
-def build_change(
-    topic_id: str,
-    partition_id: int,
+def _decide(
     current: PartitionRegistration,
     acceptable: IsAcceptable,
-    remove_from_isr: int | None = None,
-    add_to_isr: Iterable[int] = (),
-    *,
-    min_isr: int = 1,
-    unclean_shutdown: Collection[int] = (),
-    unclean_election: bool = False,
-) -> pb.PartitionChangeRecord | None:
-    """The record moving ``current`` to its next state, or None when nothing would change."""
+    remove_from_isr: int | None,
+    add_to_isr: Iterable[int],
+    min_isr: int,
+    unclean_shutdown: Collection[int],
+    unclean_election: bool,
+) -> Target | int | None:
+    """:func:`build_change`'s decision: None when nothing changes, the new leader alone (an int) when
+    only the leader changes, else the target state (which may still equal ``current``)."""
     replicas, isr = current.replicas, current.isr
     if (
         remove_from_isr is None
@@ -205,8 +203,8 @@ def build_change(
         if leader == current.leader and (leader != NO_PARTITION_LEADER or not unclean_election):
             return None  # (leaderless with unclean elections allowed: the full rules may elect)
         if leader != NO_PARTITION_LEADER or not unclean_election:
-            return pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id, leader=leader)
-    target = target_state(
+            return leader
+    return target_state(
         current,
         acceptable,
         remove_from_isr,
@@ -215,7 +213,105 @@ def build_change(
         unclean_shutdown=unclean_shutdown,
         unclean_election=unclean_election,
     )
-    return change_record(topic_id, partition_id, current, target)
+
+
+def build_change(
+    topic_id: str,
+    partition_id: int,
+    current: PartitionRegistration,
+    acceptable: IsAcceptable,
+    remove_from_isr: int | None = None,
+    add_to_isr: Iterable[int] = (),
+    *,
+    min_isr: int = 1,
+    unclean_shutdown: Collection[int] = (),
+    unclean_election: bool = False,
+) -> pb.PartitionChangeRecord | None:
+    """The record moving ``current`` to its next state, or None when nothing would change."""
+    decision = _decide(
+        current, acceptable, remove_from_isr, add_to_isr, min_isr, unclean_shutdown, unclean_election
+    )
+    if decision is None:
+        return None
+    if type(decision) is int:
+        return pb.PartitionChangeRecord(partition_id=partition_id, topic_id=topic_id, leader=decision)
+    return change_record(topic_id, partition_id, current, cast("Target", decision))
+
+
+def build_change_encoded(
+    topic: bytes,
+    partition_id: int,
+    current: PartitionRegistration,
+    acceptable: IsAcceptable,
+    remove_from_isr: int | None = None,
+    add_to_isr: Iterable[int] = (),
+    *,
+    min_isr: int = 1,
+    unclean_shutdown: Collection[int] = (),
+    unclean_election: bool = False,
+) -> tuple[bytes, PartitionRegistration] | None:
+    """:func:`build_change` as a batch of values takes it (session 19): the value ``encode_value`` gives
+    its record, written from the decision's fields
+    (:func:`~kraft.metadata.partition_encode.full_change_value`; ``topic`` is
+    :func:`~kraft.metadata.partition_encode.topic_field`'s), and the registration replaying it gives
+    (:func:`apply_partition_change`'s, built from the decision: no upb record either way); None when
+    nothing would change.  Same bytes and registration as the record path (property-tested)."""
+    decision = _decide(
+        current, acceptable, remove_from_isr, add_to_isr, min_isr, unclean_shutdown, unclean_election
+    )
+    if decision is None:
+        return None
+    if type(decision) is int:
+        return change_value(topic, partition_id, None, decision), make_partition(
+            current.replicas,
+            current.isr,
+            decision,
+            current.leader_epoch + 1,
+            current.partition_epoch + 1,
+            current.elr,
+            current.last_known_elr,
+            current.leader_recovery_state,
+            current.last_unclean_leader_epoch,
+        )
+    return change_encoded(topic, partition_id, current, cast("Target", decision))
+
+
+def change_encoded(
+    topic: bytes, partition_id: int, current: PartitionRegistration, target: Target
+) -> tuple[bytes, PartitionRegistration] | None:
+    """:func:`change_record`'s value (``topic``: :func:`~kraft.metadata.partition_encode.topic_field`'s)
+    and the registration :func:`apply_partition_change` gives for it; None when nothing changes."""
+    isr_changed = target.isr != current.isr
+    elr_changed = target.elr != current.elr
+    lke_changed = target.last_known_elr != current.last_known_elr
+    leader_changed = target.leader != current.leader
+    recovery_changed = target.leader_recovery_state != current.leader_recovery_state
+    if not (isr_changed or elr_changed or lke_changed or leader_changed or recovery_changed):
+        return None
+    # (the unclean epoch: the leader epoch this change gives the partition, as change_record writes it)
+    unclean_epoch = current.leader_epoch + 1 if target.unclean else None
+    value = full_change_value(
+        topic,
+        partition_id,
+        target.isr if isr_changed else None,
+        target.leader if leader_changed else None,
+        target.elr if elr_changed else None,
+        target.last_known_elr if lke_changed else None,
+        target.leader_recovery_state if recovery_changed else None,
+        unclean_epoch,
+    )
+    registration = make_partition(
+        current.replicas,
+        shared_ids(target.isr) if isr_changed else current.isr,
+        target.leader,
+        current.leader_epoch + 1,
+        current.partition_epoch + 1,
+        shared_ids(target.elr) if elr_changed else current.elr,
+        shared_ids(target.last_known_elr) if lke_changed else current.last_known_elr,
+        target.leader_recovery_state,
+        current.last_unclean_leader_epoch if unclean_epoch is None else unclean_epoch,
+    )
+    return value, registration
 
 
 LeaveMemo = dict[tuple[tuple[int, ...], tuple[int, ...], int, int, bool], object]
@@ -272,23 +368,25 @@ def leave_change_encoded(
     memo: LeaveMemo | None = None,
 ) -> tuple[pb.MetadataRecord | bytes, PartitionRegistration] | None:
     """``build_change(..., remove_from_isr=broker_id)`` for the bulk path of a broker leaving its ISRs
-    (``unclean_shutdown``: its data may be gone, it leaves the ELR too): the wrapped record and the
-    registration replaying it gives (so the caller need not replay it), or None when nothing changes.
-    Same decisions as :func:`build_change` (property-tested).  The common case — no ELR involved, the
-    ISR stays at or above min ISR — is decided inline (a fence changes every partition of the broker).
+        (``unclean_shutdown``: its data may be gone, it leaves the ELR too): the wrapped record and the
+        registration replaying it gives (so the caller need not replay it), or None when nothing changes.
+        Same decisions as :func:`build_change` (property-tested).  The common case — no ELR involved, the
+        ISR stays at or above min ISR — is decided inline (a fence changes every partition of the broker).
 
-    ``memo`` (:data:`LeaveMemo`): the decision is looked up by the partition's replicas, ISR and leader
-    (shared tuples: a broker's partitions repeat a few thousand replica lists) instead of being made again
-    (issue #17, session 15: the decision was half of this function's time; the leave scan -30 % in
-    ``bench.shutdown_profile``).
+        ``memo`` (:data:`LeaveMemo`): the decision is looked up by the partition's replicas, ISR and leader
+        (shared tuples: a broker's partitions repeat a few thousand replica lists) instead of being made again
+        (issue #17, session 15: the decision was half of this function's time; the leave scan -30 % in
+        ``bench.shutdown_profile``).
 
-    ``topic`` (:func:`~kraft.metadata.partition_encode.topic_field` of ``topic_id``, or None): the common
-    change — only the ISR and the leader change — comes back as its value, encoded from its fields
-    (:func:`~kraft.metadata.partition_encode.change_value`: the bytes ``encode_value`` gives the record,
-    ~1 µs against ~3.4 to build and encode that record; session 18); the rarer ones as records."""
+        ``topic`` (:func:`~kraft.metadata.partition_encode.topic_field` of ``topic_id``, or None): the common
+        change — only the ISR and the leader change — comes back as its value, encoded from its fields
+        (:func:`~kraft.metadata.partition_encode.change_value`: the bytes ``encode_value`` gives the record,
+        ~1 µs against ~3.4 to build and encode that record; session 18); since session 19 the rarer shapes too
+    (a sole replica's leave, the ELR's: :func:`build_change_encoded`)."""
     if current.elr or current.last_known_elr or current.leader_recovery_state != LEADER_RECOVERED:
         return _general_leave(
             topic_id,
+            topic,
             partition_id,
             current,
             acceptable,
@@ -312,10 +410,11 @@ def leave_change_encoded(
     if decision is _UNCHANGED:
         return None
     if decision is _LAST_MEMBER:
-        return _last_member_leave(topic_id, partition_id, current, broker_id, unclean_shutdown)
+        return _last_member_leave(topic_id, topic, partition_id, current, broker_id, unclean_shutdown)
     if decision is _GENERAL:
         return _general_leave(
             topic_id,
+            topic,
             partition_id,
             current,
             acceptable,
@@ -417,28 +516,23 @@ def rules_matter(current: PartitionRegistration, acceptable: IsAcceptable, broke
 
 
 def _last_member_leave(
-    topic_id: str, partition_id: int, current: PartitionRegistration, broker_id: int, unclean_shutdown: bool
-) -> tuple[pb.MetadataRecord, PartitionRegistration]:
+    topic_id: str,
+    topic: bytes | None,
+    partition_id: int,
+    current: PartitionRegistration,
+    broker_id: int,
+    unclean_shutdown: bool,
+) -> tuple[pb.MetadataRecord | bytes, PartitionRegistration]:
     """:func:`leave_change` when ``broker_id`` is the ISR's only member and is not acceptable, with no ELR
     or last known ELR, recovered, and no unclean election to run: the ISR empties, the leader goes (none
     is eligible: the ELR is the broker alone), and the broker joins the ELR — or, its data maybe gone
     (``unclean_shutdown``), the last known ELR.  What :func:`target_state` decides for it, without the
-    general path's lists and sets (a sole replica's leave costs ~4x a shared partition's there)."""
-    record = pb.MetadataRecord()
-    change = record.partition_change
-    change.partition_id = partition_id
-    change.topic_id = topic_id
-    change.isr.SetInParent()  # emptied: present with no ids
-    if current.leader != NO_PARTITION_LEADER:
-        change.leader = NO_PARTITION_LEADER
+    general path's lists and sets (a sole replica's leave costs ~4x a shared partition's there).  With
+    ``topic`` (:func:`leave_change_encoded`'s) the change comes back as its value (session 19)."""
     left = shared_ids((broker_id,))
-    if unclean_shutdown:
-        change.last_known_elr.ids.append(broker_id)
-        elr: tuple[int, ...] = ()
-        lke = left
-    else:
-        change.eligible_leader_replicas.ids.append(broker_id)
-        elr, lke = left, ()
+    elr: tuple[int, ...]
+    lke: tuple[int, ...]
+    elr, lke = ((), left) if unclean_shutdown else (left, ())
     registration = make_partition(
         current.replicas,
         shared_ids(()),
@@ -450,11 +544,29 @@ def _last_member_leave(
         LEADER_RECOVERED,
         current.last_unclean_leader_epoch,
     )
+    leader = NO_PARTITION_LEADER if current.leader != NO_PARTITION_LEADER else None
+    if topic is not None:
+        value = full_change_value(
+            topic, partition_id, (), leader, elr or None, lke or None, None, None
+        )  # (the ISR present, emptied; the list the broker joins present, the other absent)
+        return value, registration
+    record = pb.MetadataRecord()
+    change = record.partition_change
+    change.partition_id = partition_id
+    change.topic_id = topic_id
+    change.isr.SetInParent()  # emptied: present with no ids
+    if leader is not None:
+        change.leader = leader
+    if unclean_shutdown:
+        change.last_known_elr.ids.append(broker_id)
+    else:
+        change.eligible_leader_replicas.ids.append(broker_id)
     return record, registration
 
 
 def _general_leave(
     topic_id: str,
+    topic: bytes | None,
     partition_id: int,
     current: PartitionRegistration,
     acceptable: IsAcceptable,
@@ -462,7 +574,18 @@ def _general_leave(
     min_isr: int,
     unclean_shutdown: bool,
     unclean_election: bool,
-) -> tuple[pb.MetadataRecord, PartitionRegistration] | None:
+) -> tuple[pb.MetadataRecord | bytes, PartitionRegistration] | None:
+    if topic is not None:  # a batch of values (session 19): no upb record
+        return build_change_encoded(
+            topic,
+            partition_id,
+            current,
+            acceptable,
+            remove_from_isr=broker_id,
+            min_isr=min_isr,
+            unclean_shutdown=(broker_id,) if unclean_shutdown else (),
+            unclean_election=unclean_election,
+        )
     change = build_change(
         topic_id,
         partition_id,

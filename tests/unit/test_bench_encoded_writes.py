@@ -11,10 +11,23 @@ from bench.encoded_writes import one_round
 
 def test_each_phase_counts_the_records_it_appends() -> None:
     args = argparse.Namespace(
-        brokers=12, big=2_500, small_requests=2, small_partitions=4, grow_topics=2, grow_to=9
+        brokers=12, big=2_500, small_requests=2, small_partitions=4, grow_topics=2, grow_to=9, sole=0, pairs=0
     )
     result = one_round(args)
     assert result["big_topic_records"] == 2_500 + 3  # BeginTransaction, TopicRecord, EndTransaction
     assert result["small_creates_records"] == 2 * 10 * (1 + 4)  # a TopicRecord and 4 partitions each
     assert result["grow_records"] == 2 * (9 - 4)
     assert all(result[f"{phase}_ms"] > 0 for phase in ("big_topic", "small_creates", "grow"))
+    assert "fence_sole_ms" not in result
+
+
+def test_the_fence_phases_count_the_changes_they_append() -> None:
+    """Session 19: each fence and unfence writes its broker's registration change and one change per
+    partition it is named for (a sole replica's leave, its election back, an ISR dropping below min ISR)."""
+    args = argparse.Namespace(
+        brokers=12, big=10, small_requests=1, small_partitions=1, grow_topics=1, grow_to=2, sole=20, pairs=30
+    )
+    result = one_round(args)
+    assert result["fence_sole_records"] == 1 + 20
+    assert result["unfence_sole_records"] == 1 + 20
+    assert result["fence_pairs_records"] == 1 + 30

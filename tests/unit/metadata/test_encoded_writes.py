@@ -6,7 +6,9 @@ The reference is the same controller logic with every batch holding records (the
 ``_new_partitions``' and ``leave_change``'s upb records, ``encode_value`` at the append), run side by side
 with the shipped one over one script — brokers fenced, small CreateTopics (auto-placed and explicit), a
 big topic written in slices, CreatePartitions, a controlled shutdown in slices — comparing every write's
-values and the images after it.  ``Outcome.records`` of a write of values decodes them.
+values and the images after it.  ``Outcome.records`` of a write of values decodes them.  Session 19: the
+same for fences, unfences and an unregistration under any min ISR (every leave shape and the unfence's
+elections, encoded from their decisions).
 """
 
 from __future__ import annotations
@@ -61,11 +63,16 @@ def _upb_records() -> Iterator[None]:
 class _Run:
     """One controller logic and its log (values), every write committed at once."""
 
-    def __init__(self, max_changes: int, upb: bool) -> None:
+    def __init__(self, max_changes: int, upb: bool, min_isr: int = 1, unclean: bool = False) -> None:
         ids = (f"topic-{i}" for i in itertools.count())
         self.upb = upb
         self.logic = ControllerLogic(
-            ControllerSettings(CLUSTER, max_changes_per_write=max_changes),
+            ControllerSettings(
+                CLUSTER,
+                max_changes_per_write=max_changes,
+                min_insync_replicas=min_isr,
+                unclean_leader_election_enable=unclean,
+            ),
             MetadataImage.empty(),
             0,
             new_topic_id=lambda: next(ids),
@@ -127,8 +134,8 @@ class _Run:
         return values, self.bulk()
 
 
-def _both(max_changes: int) -> tuple[_Run, _Run]:
-    runs = _Run(max_changes, upb=True), _Run(max_changes, upb=False)
+def _both(max_changes: int, min_isr: int = 1, unclean: bool = False) -> tuple[_Run, _Run]:
+    runs = _Run(max_changes, True, min_isr, unclean), _Run(max_changes, False, min_isr, unclean)
     for run in runs:
         for broker_id in range(1, BROKERS + 1):
             register = cpb.RegisterBrokerRequest(
@@ -217,6 +224,56 @@ def test_new_partitions_and_leave_changes_are_the_bytes_the_upb_records_gave(
     # a controlled shutdown: its leave changes in slices
     shutdown = cpb.ShutdownBrokerRequest(cluster_id=CLUSTER, broker_id=leaving)
     _same(reference, shipped, tuple(run.step("shutdown_broker", shutdown) for run in runs))
+
+
+def _beat(run: _Run, broker_id: int, want_fence: bool) -> Step:
+    beat = cpb.BrokerHeartbeatRequest(
+        cluster_id=CLUSTER,
+        broker_id=broker_id,
+        broker_epoch=run.logic.image.brokers[broker_id].epoch,
+        current_metadata_offset=10**6,  # caught up: an unfence runs its elections
+        want_fence=want_fence,
+    )
+    return run.step("broker_heartbeat", beat, 0)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    max_changes=st.integers(1, 6),  # 1: an unfence's elections all in the bulk slices (values)
+    min_isr=st.integers(1, 3),
+    unclean=st.booleans(),
+    fenced=st.lists(st.integers(1, BROKERS), min_size=1, max_size=3, unique=True),
+    topics=TOPICS,
+    gone=st.integers(1, BROKERS),
+)
+def test_fences_unfences_and_unclean_leaves_are_the_bytes_the_upb_records_gave(
+    max_changes: int,
+    min_isr: int,
+    unclean: bool,
+    fenced: list[int],
+    topics: list[tuple[int, int] | list[tuple[int, ...]]],
+    gone: int,
+) -> None:
+    """Session 19: every leave shape (an ISR below min ISR, a sole replica's, the ELR's) and an unfence's
+    elections (a broker back in an ELR, the preferred leader restored) go into the bulk slices as values
+    — the same bytes as their upb records, in the same order, and the same images."""
+    reference, shipped = runs = _both(max_changes, min_isr, unclean)
+    request = cpb.CreateTopicsRequest(cluster_id=CLUSTER)
+    for number, shape in enumerate(topics):
+        topic = request.topics.add(name=f"t-{number}")
+        if isinstance(shape, tuple):
+            topic.num_partitions, topic.replication_factor = shape
+        else:
+            for partition, replicas in enumerate(shape):
+                topic.assignments.add(partition=partition, broker_ids=replicas)
+    _same(reference, shipped, tuple(run.step("create_topics", request) for run in runs))
+    for broker_id in fenced:  # one after another: ISRs shrink below min ISR, then empty (the ELR)
+        _same(reference, shipped, tuple(_beat(run, broker_id, True) for run in runs))
+    for broker_id in reversed(fenced):  # back: elections from the ELR, preferred leaders restored
+        _same(reference, shipped, tuple(_beat(run, broker_id, False) for run in runs))
+    # an unregistered broker leaves every ISR and ELR as one whose data may be gone (last known ELR)
+    unregister = cpb.UnregisterBrokerRequest(cluster_id=CLUSTER, broker_id=gone)
+    _same(reference, shipped, tuple(run.step("unregister_broker", unregister) for run in runs))
 
 
 def test_an_outcome_of_values_reads_as_its_records() -> None:

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 from google.protobuf.message import Message
 from hypothesis import given, settings
@@ -23,11 +24,15 @@ from hypothesis import strategies as st
 from kraft.clock import Deadline
 from kraft.metadata import records as rec
 from kraft.metadata.change_decode import plain_partition
-from kraft.metadata.partition_encode import change_value, new_partition_value, topic_field
+from kraft.metadata.delta import apply_partition_change
+from kraft.metadata.image import PartitionRegistration
+from kraft.metadata.partition_change import build_change, build_change_encoded
+from kraft.metadata.partition_encode import change_value, full_change_value, new_partition_value, topic_field
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import metadata_pb2 as pb
 
 from .test_bulk_create_paths import BROKERS, CLUSTER, _fence, _logic
+from .test_shutdown_slices import _partitions
 
 INT32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 IDS = st.one_of(
@@ -176,3 +181,94 @@ def test_preparing_keeps_no_protobuf_message_per_partition() -> None:
     assert len(plan.prepared_values) == 600 and all(type(v) is bytes for v in plan.prepared_values)
     written = logic.create_prepared_topic(plan, False, len(log))
     assert written.values is not None and len(written.values) == 1 + 600
+
+
+ID_LISTS = st.one_of(st.none(), st.lists(IDS, max_size=6))
+OPTIONAL_INT32 = st.one_of(st.none(), st.sampled_from([0, 1, -1]), INT32)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    topic_id=TOPIC_IDS,
+    partition_id=st.one_of(st.integers(min_value=0, max_value=5_000), INT32),
+    isr=ID_LISTS,
+    leader=st.one_of(st.none(), st.sampled_from([-1, 0]), IDS),
+    elr=ID_LISTS,
+    lke=ID_LISTS,
+    recovery=OPTIONAL_INT32,
+    unclean_epoch=OPTIONAL_INT32,
+)
+def test_any_changes_value_is_the_bytes_encode_value_gives(
+    topic_id: str,
+    partition_id: int,
+    isr: list[int] | None,
+    leader: int | None,
+    elr: list[int] | None,
+    lke: list[int] | None,
+    recovery: int | None,
+    unclean_epoch: int | None,
+) -> None:
+    """``change_record``'s fields (session 19: elections, a sole replica's leave): every list present
+    when given (an empty one too: present, emptied), every optional int when given (0 included)."""
+    record = pb.MetadataRecord()
+    change = record.partition_change
+    change.partition_id = partition_id
+    change.topic_id = topic_id
+    for field, ids in (("isr", isr), ("eligible_leader_replicas", elr), ("last_known_elr", lke)):
+        if ids is not None:
+            getattr(change, field).SetInParent()
+            getattr(change, field).ids.extend(ids)
+    if leader is not None:
+        change.leader = leader
+    if recovery is not None:
+        change.leader_recovery_state = recovery
+    if unclean_epoch is not None:
+        change.last_unclean_leader_epoch = unclean_epoch
+    value = full_change_value(
+        topic_field(topic_id), partition_id, isr, leader, elr, lke, recovery, unclean_epoch
+    )
+    assert value == rec.encode_value(record)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    current=_partitions(),
+    acceptable=st.sets(st.integers(min_value=1, max_value=5)),
+    remove=st.one_of(st.none(), st.integers(min_value=1, max_value=5)),
+    add=st.lists(st.integers(min_value=1, max_value=5), max_size=2),
+    min_isr=st.integers(1, 4),
+    unclean_shutdown=st.sets(st.integers(min_value=1, max_value=5), max_size=1),
+    unclean_election=st.booleans(),
+    topic_id=st.sampled_from(["T", "AAAAAAAAAAAAAAAAAAAAAA"]),
+    partition_id=st.integers(min_value=0, max_value=5_000),
+)
+def test_an_encoded_change_is_the_records_bytes_and_replay(
+    current: PartitionRegistration,
+    acceptable: set[int],
+    remove: int | None,
+    add: list[int],
+    min_isr: int,
+    unclean_shutdown: set[int],
+    unclean_election: bool,
+    topic_id: str,
+    partition_id: int,
+) -> None:
+    """``build_change_encoded`` (session 19: an unfence's elections and the rare leave shapes in a batch
+    of values) decides as ``build_change`` and gives ``encode_value``'s bytes of its record and the
+    registration replaying that record gives."""
+    rules: dict[str, Any] = {
+        "min_isr": min_isr,
+        "unclean_shutdown": tuple(unclean_shutdown),
+        "unclean_election": unclean_election,
+    }
+    accept = acceptable.__contains__
+    adding = tuple(add)  # () is build_change's default: its fast path looks at it by equality
+    expected = build_change(topic_id, partition_id, current, accept, remove, adding, **rules)
+    got = build_change_encoded(topic_field(topic_id), partition_id, current, accept, remove, adding, **rules)
+    if expected is None:
+        assert got is None
+        return
+    assert got is not None
+    assert got[0] == rec.encode_value(rec.wrap(expected))
+    assert got[1] == apply_partition_change(current, expected)
+    assert rec.decode_value(got[0]).partition_change == expected  # a follower reads it as the record
