@@ -133,7 +133,15 @@ def shared_ids(ids: Iterable[int]) -> tuple[int, ...]:
     if shared is None:
         if len(_LIST_CACHE) >= _LIST_CACHE_MAX:
             _LIST_CACHE.clear()
-        shared = _LIST_CACHE[key] = intern_ids(key)
+        if len(key) == 3:
+            # The common new list (a new partition of replication factor 3: nearly every one of a bulk
+            # creation's is new to a follower) interned without intern_ids' call and list comprehension
+            # (~0.9 -> ~0.6 us a list in one process at load 8, session 19).
+            a, b, c = key
+            intern = _ID_CACHE.setdefault
+            shared = _LIST_CACHE[key] = (intern(a, a), intern(b, b), intern(c, c))
+        else:
+            shared = _LIST_CACHE[key] = intern_ids(key)
     return shared
 
 

@@ -5,6 +5,7 @@ registration is looked up without ``len()`` and only for ids it holds."""
 
 from __future__ import annotations
 
+from kraft.metadata import delta as delta_module
 from kraft.metadata import records
 from kraft.metadata.change_decode import decode_replay_values
 from kraft.metadata.chunked import CHUNK, ChunkedSequence
@@ -119,3 +120,19 @@ def test_a_change_finds_its_base_registration_and_only_ids_the_topic_holds() -> 
         got = direct.apply().topics_by_id["T"].partitions
         assert got[count - 1].isr == (5,) and got[count - 1].leader_epoch == 1
         assert direct.apply().topics_by_id == general.apply().topics_by_id
+
+
+def test_a_new_list_of_three_is_interned_in_order_and_cached() -> None:
+    """``shared_ids`` of a new three-id list (its own path since session 19): the ids in their order, each
+    the one shared int object of its value, and the same tuple for the next equal list."""
+    first = delta_module.intern_ids((int("70001"), int("70002"), int("70003")))  # (ints > 256: own objects)
+    ids = (int("70003"), int("70001"), int("70002"))
+    assert ids[0] is not first[2]
+    shared = delta_module.shared_ids(ids)
+    assert shared == (70003, 70001, 70002)
+    assert shared[0] is first[2] and shared[1] is first[0] and shared[2] is first[1]
+    assert delta_module.shared_ids([70003, 70001, 70002]) is shared
+    assert delta_module.shared_ids((int("70004"), int("70005"))) == (
+        70004,
+        70005,
+    )  # (other lengths as before)
