@@ -7,12 +7,13 @@ meaning, or left to upb (``None``), never read otherwise; and what it reads repl
 
 from __future__ import annotations
 
+import pytest
 from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kraft.errors import KraftError
-from kraft.metadata import records
+from kraft.metadata import change_decode, records
 from kraft.metadata.change_decode import (
     PlainPartition,
     _plain_common,
@@ -389,3 +390,98 @@ def test_wider_varints_in_the_common_shape_are_read_whole() -> None:
     general = _upb(value)
     got = plain_partition(value)
     assert got is None or (isinstance(general, pb.MetadataRecord) and got == _meaning(general.partition))
+
+
+# Session 19: three replicas of one and two bytes in any order (brokers below 128 and above in one set)
+# read by ``_plain_common`` itself, not by the loop of ``_run_ids``.
+_MIXED_IDS = st.lists(st.integers(1, 127) | _TWO_BYTE_IDS, min_size=3, max_size=3)  # (leader 0: no field)
+
+
+@settings(max_examples=600)
+@given(_MIXED_IDS, st.booleans(), st.data())
+def test_three_replicas_of_mixed_widths_are_read_as_upb_reads_them(
+    replicas: list[int], isr_is_replicas: bool, data: st.DataObject
+) -> None:
+    """After a record of its topic, a new partition whose three replicas are one- and two-byte ids in any
+    order — as kraft writes it (read by ``_plain_common`` itself, to exactly the record) or broken (read
+    to upb's meaning, or left to upb)."""
+    topic_id = "f81d4fae-7dec-11d0-a765-00a0c91e6bf6"
+    first = pb.PartitionRecord(topic_id=topic_id, replicas=[1], isr=[1], leader=1)
+    assert plain_partition(records.encode_value(records.wrap(first))) is not None
+    record = pb.PartitionRecord(
+        topic_id=topic_id,
+        partition_id=7,
+        replicas=replicas,
+        isr=replicas if isr_is_replicas else replicas[:2],
+        leader=replicas[0],
+        leader_epoch=1,
+    )
+    written = records.encode_value(records.wrap(record))
+    assert _plain_common(written) == _meaning(record)
+    how, value = damaged(data.draw, written)
+    partition = plain_partition(value)
+    general = _upb(value)
+    if partition is not None:
+        assert isinstance(general, pb.MetadataRecord), general
+        assert general.WhichOneof("record") == "partition"
+        assert _holds_only_the_common_fields(general)
+        assert partition == _meaning(general.partition)
+    if how == "as is":
+        assert partition == _meaning(record)
+
+
+def test_each_order_of_mixed_width_replicas_takes_the_straight_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every order of one one-byte id and two two-byte ones (five bytes), and of two one-byte ids and one
+    two-byte one (four bytes): read by ``_plain_common``, to the ids in their order, the ISR the replicas'
+    very tuple, without the loop of ``_run_ids`` (what keeps the path from quietly going unused); a
+    two-byte id cut short (its first byte without the continuation bit, or its second byte with one) is
+    not read as three ids."""
+    topic_id = "T"
+    first = pb.PartitionRecord(topic_id=topic_id, replicas=[1], isr=[1], leader=1)
+    assert plain_partition(records.encode_value(records.wrap(first))) is not None
+
+    def no_loop(*args: object) -> None:
+        raise AssertionError(f"_run_ids{args[1:]}")
+
+    saved = change_decode._run_ids
+    monkeypatch.setattr(change_decode, "_run_ids", no_loop)
+    for replicas in (
+        [5, 300, 999],
+        [300, 5, 999],
+        [300, 999, 5],
+        [5, 6, 999],
+        [5, 999, 6],
+        [999, 5, 6],
+    ):
+        record = pb.PartitionRecord(
+            topic_id=topic_id, partition_id=2, replicas=replicas, isr=replicas, leader=replicas[0]
+        )
+        value = records.encode_value(records.wrap(record))
+        got = _plain_common(value)
+        assert got == (topic_id, 2, tuple(replicas), tuple(replicas), replicas[0], 0, 0), replicas
+        assert got is not None and got[3] is got[2]
+    monkeypatch.setattr(change_decode, "_run_ids", saved)
+    # An id's bytes made to run on or stop early, in each order (an ISR of its own, so the straight path
+    # reads on past the replicas): never the three ids, and what is read is upb's meaning.
+    for replicas, broken_runs in (
+        ([5, 300, 999], (b"\x05\x2c\x02\xe7\x07", b"\x05\xac\x82\xe7\x07", b"\x05\xac\x02\x67\x07")),
+        ([300, 5, 999], (b"\xac\x82\x05\xe7\x07", b"\xac\x02\x85\xe7\x07", b"\xac\x02\x05\xe7\x87")),
+        ([300, 999, 5], (b"\xac\x02\xe7\x87\x05", b"\xac\x02\x67\x07\x05", b"\xac\x82\xe7\x07\x05")),
+        ([5, 6, 999], (b"\x05\x06\x67\x07", b"\x05\x86\xe7\x07", b"\x05\x06\xe7\x87")),
+        ([5, 999, 6], (b"\x05\xe7\x87\x06", b"\x05\x67\x07\x06", b"\x85\xe7\x07\x06")),
+        ([999, 5, 6], (b"\xe7\x87\x05\x06", b"\xe7\x07\x85\x06", b"\x67\x07\x05\x06")),
+    ):
+        record = pb.PartitionRecord(
+            topic_id=topic_id, partition_id=2, replicas=replicas, isr=[replicas[0]], leader=replicas[0]
+        )
+        value = records.encode_value(records.wrap(record))
+        run = bytes(pb.PartitionRecord(replicas=replicas).SerializeToString())
+        assert run in value and len(broken_runs[0]) + 2 == len(run)
+        for broken in broken_runs:
+            other = value.replace(run, run[:2] + broken)
+            general = _upb(other)
+            got = plain_partition(other)
+            assert got is None or (
+                isinstance(general, pb.MetadataRecord) and got == _meaning(general.partition)
+            )
+            assert got is None or got[2] != tuple(replicas), (replicas, broken)
