@@ -37,14 +37,19 @@ Steps (L = the leader, F = that follower; a probe's name in brackets):
 Also recorded (not steps): L's own fsync on its thread, the driver parking (``park``), the listener
 task's path (``commit.in``), so a later reader can add steps without new probes.
 
+``--grpc-io iomgr|event-engine`` (session 19) starts the nodes on that gRPC I/O layer (``KRAFT_GRPC_IO``,
+:mod:`kraft.runtime`; the result's ``nodes_grpc_io``), the benchmark's client staying on its own: the four
+gRPC messages are most of a lone create's time, and iomgr's trade-off was measured before the intake thread.
+
 Run (under ``flock /tmp/kraft-bench.lock``): ``python -m bench.create_trace [--prefill S] [--seconds S]
-[--rounds N] [--skip N] [--set KEY=VALUE] [--json] [--out PATH]``.
+[--rounds N] [--skip N] [--set KEY=VALUE] [--grpc-io IO] [--json] [--out PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import inspect
 import itertools
@@ -55,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -417,8 +422,37 @@ async def _measure(
     return int(leader.pid), windows, prefill
 
 
+@contextlib.contextmanager
+def nodes_grpc_io(grpc_io: str | None) -> Iterator[None]:
+    """While in it, ``os.environ`` is what the nodes start with for ``KRAFT_GRPC_IO=grpc_io``
+    (``GRPC_EXPERIMENTS`` set as the ``kraft`` command sets it: a traced node imports grpc before the
+    command would); None changes nothing.  This process's own variables are restored on exit, so the
+    benchmark's client stays on gRPC's defaults (it imports grpc after the nodes started)."""
+    if grpc_io is None:
+        yield
+        return
+    from kraft.runtime import GRPC_EXPERIMENTS_ENV, GRPC_IO_ENV, configure_grpc_io
+
+    saved = {name: os.environ.get(name) for name in (GRPC_IO_ENV, GRPC_EXPERIMENTS_ENV)}
+    os.environ[GRPC_IO_ENV] = grpc_io
+    configure_grpc_io(os.environ)  # (the mapping form: edits the variables, not this process's choice)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def run(
-    prefill_s: float, seconds: float, rounds: int, skip: int, overrides: dict[str, str]
+    prefill_s: float,
+    seconds: float,
+    rounds: int,
+    skip: int,
+    overrides: dict[str, str],
+    grpc_io: str | None = None,
 ) -> dict[str, Any]:
     from bench.controller import PROFILE
     from kraft.cluster import quorum as quorum_module
@@ -434,7 +468,8 @@ def run(
         with quorum_module.ControllerQuorum(
             Path(tmp) / "metadata", overrides=settings, test_append=False
         ) as quorum:
-            quorum.start()
+            with nodes_grpc_io(grpc_io):
+                quorum.start()
             leader_pid, windows, prefill = asyncio.run(_measure(quorum, prefill_s, seconds, rounds))
             time.sleep(0.6)  # the nodes' writer threads write every 0.2 s
             traces = read_traces(trace_dir)
@@ -446,6 +481,7 @@ def run(
         "load_average_before": [round(v, 2) for v in load_before],
         "load_average_after": [round(v, 2) for v in os.getloadavg()],
         "overrides": overrides,
+        "nodes_grpc_io": grpc_io or "inherited",
     }
     return result
 
@@ -488,6 +524,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="traced windows in one quorum (default 1)")
     parser.add_argument("--skip", type=int, default=50, help="requests dropped at each window's start (50)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument(
+        "--grpc-io",
+        choices=("event-engine", "iomgr"),
+        help="the nodes' gRPC I/O layer (KRAFT_GRPC_IO; default: as this environment says); not the client's",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     args = parser.parse_args(args_in)
@@ -498,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set wants KEY=VALUE, got {setting!r}")
         overrides[key] = value
     started = time.time()
-    result = run(args.prefill, args.seconds, args.rounds, args.skip, overrides)
+    result = run(args.prefill, args.seconds, args.rounds, args.skip, overrides, args.grpc_io)
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
     result["prefill_s"] = args.prefill
     if args.json:

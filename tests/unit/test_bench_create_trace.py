@@ -5,11 +5,15 @@ shipped code).  No timing is asserted: synthetic times in, exact durations out."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.create_trace import STEPS, analyse, read_traces
+import pytest
+
+from bench.create_trace import STEPS, analyse, nodes_grpc_io, read_traces
+from kraft.runtime import GRPC_EXPERIMENTS_ENV, GRPC_IO_ENV, IOMGR_EXPERIMENTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,3 +90,22 @@ def test_probes_are_installed_only_where_asked() -> None:
 def test_a_trace_read_while_its_node_writes_skips_the_partial_last_line(tmp_path: Path) -> None:
     (tmp_path / "41.trace").write_text("20 svc.in\n10 intake.in\n3")  # "3..." is still being written
     assert read_traces(tmp_path) == {41: ([10, 20], ["intake.in", "svc.in"])}
+
+
+def test_nodes_grpc_io_sets_the_nodes_experiments_only_while_they_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The nodes inherit os.environ at their spawn; the benchmark's client must stay on its own choice.
+    monkeypatch.delenv(GRPC_IO_ENV, raising=False)
+    monkeypatch.setenv(GRPC_EXPERIMENTS_ENV, "operator-choice")
+    with nodes_grpc_io(None):
+        assert os.environ[GRPC_EXPERIMENTS_ENV] == "operator-choice"
+    monkeypatch.delenv(GRPC_EXPERIMENTS_ENV)
+    with nodes_grpc_io("iomgr"):
+        assert os.environ[GRPC_IO_ENV] == "iomgr"
+        assert os.environ[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
+    assert GRPC_IO_ENV not in os.environ and GRPC_EXPERIMENTS_ENV not in os.environ
+    monkeypatch.setenv(GRPC_EXPERIMENTS_ENV, IOMGR_EXPERIMENTS)  # inherited from a parent on iomgr
+    with nodes_grpc_io("event-engine"):
+        assert GRPC_EXPERIMENTS_ENV not in os.environ
+    assert os.environ[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
