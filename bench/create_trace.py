@@ -37,14 +37,24 @@ Steps (L = the leader, F = that follower; a probe's name in brackets):
 Also recorded (not steps): L's own fsync on its thread, the driver parking (``park``), the listener
 task's path (``commit.in``), so a later reader can add steps without new probes.
 
+Per window each round also gives ``threads_ms_per_s``: for the leader and each follower, every thread's
+ms per second running and runnable without a core (``/proc/PID/task/TID/schedstat``, summed by thread
+name; the main thread as ``main``), and the table the main threads' two: on a busy host a step's time is
+mostly that wait, not its code (session 19).
+
+``--grpc-io iomgr|event-engine`` (session 19) starts the nodes on that gRPC I/O layer (``KRAFT_GRPC_IO``,
+:mod:`kraft.runtime`; the result's ``nodes_grpc_io``), the benchmark's client staying on its own: the four
+gRPC messages are most of a lone create's time, and iomgr's trade-off was measured before the intake thread.
+
 Run (under ``flock /tmp/kraft-bench.lock``): ``python -m bench.create_trace [--prefill S] [--seconds S]
-[--rounds N] [--skip N] [--set KEY=VALUE] [--json] [--out PATH]``.
+[--rounds N] [--skip N] [--set KEY=VALUE] [--grpc-io IO] [--json] [--out PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import inspect
 import itertools
@@ -55,7 +65,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -385,9 +395,58 @@ async def _one_client(target: str, cluster_id: str, seconds: float, prefix: str)
     return requests
 
 
+ThreadTimes = dict[tuple[str, str], tuple[int, int]]
+"""(process role, thread name) -> (ns run on a core, ns runnable without one), summed over that name's
+threads (``/proc/PID/task/TID/schedstat``); a process's main thread is named ``main``."""
+
+
+def thread_times(roles: dict[int, str]) -> ThreadTimes:
+    """Every thread of the processes ``roles`` names (pid -> role) as :data:`ThreadTimes`; a thread or
+    process gone meanwhile is left out."""
+    times: ThreadTimes = {}
+    for pid, role in roles.items():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+                    name = "main" if int(tid) == pid else comm.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as stat:
+                    run_ns, wait_ns = run_and_wait(stat.read())
+            except (OSError, ValueError):
+                continue
+            before = times.get((role, name), (0, 0))
+            times[(role, name)] = (before[0] + run_ns, before[1] + wait_ns)
+    return times
+
+
+def run_and_wait(schedstat: str) -> tuple[int, int]:
+    """A ``schedstat`` line's ns run on a core and ns runnable without one (its third field, the
+    number of time slices, is not kept)."""
+    run_ns, wait_ns, _slices = schedstat.split()
+    return int(run_ns), int(wait_ns)
+
+
+def cores_used(before: ThreadTimes, after: ThreadTimes, seconds: float) -> dict[str, dict[str, list[float]]]:
+    """Per role and thread name, ``[ms run, ms waiting for a core]`` per second between two
+    :func:`thread_times` (threads in both only; below 1 ms/s of either left out): on a busy host a lone
+    create's steps are mostly that wait (raft-performance.md, session 19, "Who waits for a core")."""
+    used: dict[str, dict[str, list[float]]] = {}
+    for key, (run_ns, wait_ns) in after.items():
+        if key not in before:
+            continue
+        run = (run_ns - before[key][0]) / 1e6 / seconds
+        wait = (wait_ns - before[key][1]) / 1e6 / seconds
+        if run >= 1.0 or wait >= 1.0:
+            used.setdefault(key[0], {})[key[1]] = [round(run, 1), round(wait, 1)]
+    return used
+
+
 async def _measure(
     quorum: Any, prefill_s: float, seconds: float, rounds: int
-) -> tuple[int, list[list[tuple[int, int]]], dict[str, Any]]:
+) -> tuple[int, list[list[tuple[int, int]]], dict[str, Any], list[dict[str, dict[str, list[float]]]]]:
     from bench.controller import admin_ops
     from bench.controller_fleet import Fleet
     from kraft.client.admin import AdminClient
@@ -397,6 +456,11 @@ async def _measure(
     targets = [node.target for node in quorum.nodes.values()]
     prefill: dict[str, Any] = {}
     windows: list[list[tuple[int, int]]] = []
+    cores: list[dict[str, dict[str, list[float]]]] = []
+    roles = {
+        int(node.pid): "leader" if node is leader else f"follower-{node_id}"
+        for node_id, node in quorum.nodes.items()
+    }
     async with AdminClient(targets, timeout_s=30, clock=SystemClock()) as client:
         beats = AdminClient(targets, timeout_s=2.0, attempt_timeout_s=1.0, clock=SystemClock())
         fleet = Fleet(client, beats, quorum.cluster_id, interval_s=2.0)
@@ -407,18 +471,49 @@ async def _measure(
                 prefill = await admin_ops(client, prefill_s, workers=16, prefix="prefill")
             await admin_ops(client, 1.0, workers=1, prefix="warm")
             for index in range(rounds):
+                before, started = thread_times(roles), time.monotonic()
                 windows.append(await _one_client(leader.target, quorum.cluster_id, seconds, f"trace{index}"))
+                cores.append(cores_used(before, thread_times(roles), time.monotonic() - started))
         finally:
             fleet.stopped.add(1)
             heartbeats.cancel()
             await asyncio.gather(heartbeats, return_exceptions=True)
             await fleet.close_streams()
             await beats.close()
-    return int(leader.pid), windows, prefill
+    return int(leader.pid), windows, prefill, cores
+
+
+@contextlib.contextmanager
+def nodes_grpc_io(grpc_io: str | None) -> Iterator[None]:
+    """While in it, ``os.environ`` is what the nodes start with for ``KRAFT_GRPC_IO=grpc_io``
+    (``GRPC_EXPERIMENTS`` set as the ``kraft`` command sets it: a traced node imports grpc before the
+    command would); None changes nothing.  This process's own variables are restored on exit, so the
+    benchmark's client stays on gRPC's defaults (it imports grpc after the nodes started)."""
+    if grpc_io is None:
+        yield
+        return
+    from kraft.runtime import GRPC_EXPERIMENTS_ENV, GRPC_IO_ENV, configure_grpc_io
+
+    saved = {name: os.environ.get(name) for name in (GRPC_IO_ENV, GRPC_EXPERIMENTS_ENV)}
+    os.environ[GRPC_IO_ENV] = grpc_io
+    configure_grpc_io(os.environ)  # (the mapping form: edits the variables, not this process's choice)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def run(
-    prefill_s: float, seconds: float, rounds: int, skip: int, overrides: dict[str, str]
+    prefill_s: float,
+    seconds: float,
+    rounds: int,
+    skip: int,
+    overrides: dict[str, str],
+    grpc_io: str | None = None,
 ) -> dict[str, Any]:
     from bench.controller import PROFILE
     from kraft.cluster import quorum as quorum_module
@@ -434,18 +529,23 @@ def run(
         with quorum_module.ControllerQuorum(
             Path(tmp) / "metadata", overrides=settings, test_append=False
         ) as quorum:
-            quorum.start()
-            leader_pid, windows, prefill = asyncio.run(_measure(quorum, prefill_s, seconds, rounds))
+            with nodes_grpc_io(grpc_io):
+                quorum.start()
+            leader_pid, windows, prefill, cores = asyncio.run(_measure(quorum, prefill_s, seconds, rounds))
             time.sleep(0.6)  # the nodes' writer threads write every 0.2 s
             traces = read_traces(trace_dir)
     if leader_pid not in traces:
         raise RuntimeError(f"no trace from the leader (pid {leader_pid}): were the probes installed?")
     result: dict[str, Any] = {
-        "rounds": [analyse(window[skip:], traces, leader_pid) for window in windows],
+        "rounds": [
+            {**analyse(window[skip:], traces, leader_pid), "threads_ms_per_s": used}
+            for window, used in zip(windows, cores, strict=True)
+        ],
         "prefill": prefill,
         "load_average_before": [round(v, 2) for v in load_before],
         "load_average_after": [round(v, 2) for v in os.getloadavg()],
         "overrides": overrides,
+        "nodes_grpc_io": grpc_io or "inherited",
     }
     return result
 
@@ -474,6 +574,13 @@ def _table(result: dict[str, Any]) -> str:
         + " | ".join(f"{r['traced']} / {r['requests']}" for r in rounds)
         + " |"
     )
+    roles = sorted({role for r in rounds for role in r.get("threads_ms_per_s", {})})
+    for role in roles:
+        cells = []
+        for r in rounds:
+            main = r.get("threads_ms_per_s", {}).get(role, {}).get("main")
+            cells.append("" if main is None else f"{main[0]:.0f} / {main[1]:.0f}")
+        lines.append(f"| {role} main thread, ms/s running / waiting for a core | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -488,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="traced windows in one quorum (default 1)")
     parser.add_argument("--skip", type=int, default=50, help="requests dropped at each window's start (50)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument(
+        "--grpc-io",
+        choices=("event-engine", "iomgr"),
+        help="the nodes' gRPC I/O layer (KRAFT_GRPC_IO; default: as this environment says); not the client's",
+    )
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
     parser.add_argument("--out", type=Path, help="also write the result JSON there")
     args = parser.parse_args(args_in)
@@ -498,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set wants KEY=VALUE, got {setting!r}")
         overrides[key] = value
     started = time.time()
-    result = run(args.prefill, args.seconds, args.rounds, args.skip, overrides)
+    result = run(args.prefill, args.seconds, args.rounds, args.skip, overrides, args.grpc_io)
     result["started_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started))
     result["prefill_s"] = args.prefill
     if args.json:

@@ -5,11 +5,23 @@ shipped code).  No timing is asserted: synthetic times in, exact durations out."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-from bench.create_trace import STEPS, analyse, read_traces
+import pytest
+
+from bench.create_trace import (
+    STEPS,
+    analyse,
+    cores_used,
+    nodes_grpc_io,
+    read_traces,
+    run_and_wait,
+    thread_times,
+)
+from kraft.runtime import GRPC_EXPERIMENTS_ENV, GRPC_IO_ENV, IOMGR_EXPERIMENTS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,3 +98,53 @@ def test_probes_are_installed_only_where_asked() -> None:
 def test_a_trace_read_while_its_node_writes_skips_the_partial_last_line(tmp_path: Path) -> None:
     (tmp_path / "41.trace").write_text("20 svc.in\n10 intake.in\n3")  # "3..." is still being written
     assert read_traces(tmp_path) == {41: ([10, 20], ["intake.in", "svc.in"])}
+
+
+def test_nodes_grpc_io_sets_the_nodes_experiments_only_while_they_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The nodes inherit os.environ at their spawn; the benchmark's client must stay on its own choice.
+    monkeypatch.delenv(GRPC_IO_ENV, raising=False)
+    monkeypatch.setenv(GRPC_EXPERIMENTS_ENV, "operator-choice")
+    with nodes_grpc_io(None):
+        assert os.environ[GRPC_EXPERIMENTS_ENV] == "operator-choice"
+    monkeypatch.delenv(GRPC_EXPERIMENTS_ENV)
+    with nodes_grpc_io("iomgr"):
+        assert os.environ[GRPC_IO_ENV] == "iomgr"
+        assert os.environ[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
+    assert GRPC_IO_ENV not in os.environ and GRPC_EXPERIMENTS_ENV not in os.environ
+    monkeypatch.setenv(GRPC_EXPERIMENTS_ENV, IOMGR_EXPERIMENTS)  # inherited from a parent on iomgr
+    with nodes_grpc_io("event-engine"):
+        assert GRPC_EXPERIMENTS_ENV not in os.environ
+    assert os.environ[GRPC_EXPERIMENTS_ENV] == IOMGR_EXPERIMENTS
+
+
+def test_cores_used_gives_each_threads_run_and_wait_per_second_between_two_readings() -> None:
+    ms = 1_000_000
+    before = {("leader", "main"): (100 * ms, 50 * ms), ("leader", "grpc-intake"): (0, 0)}
+    after = {
+        ("leader", "main"): (500 * ms, 1_050 * ms),
+        ("leader", "grpc-intake"): (ms // 2, ms // 4),  # below 1 ms/s of both over 2 s: left out
+        ("follower-2", "main"): (900 * ms, 900 * ms),  # not in the first reading: left out
+    }
+    assert cores_used(before, after, 2.0) == {"leader": {"main": [200.0, 500.0]}}
+
+
+def test_thread_times_reads_every_thread_of_a_process_its_main_thread_named_main() -> None:
+    import threading
+
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    helper.start()
+    try:
+        # the helper under its kernel name (CPython 3.11 names no OS thread: the main thread's name too),
+        # so the main thread must be told apart by its id
+        helper_name = Path(f"/proc/{os.getpid()}/task/{helper.native_id}/comm").read_text().strip()
+        times = thread_times({os.getpid(): "self", 2**22 + 7: "gone"})  # (a pid above pid_max: no process)
+    finally:
+        stop.set()
+        helper.join(timeout=5)
+    assert times[("self", "main")][0] > 0  # this thread has run
+    assert ("self", helper_name) in times
+    assert {role for role, _name in times} == {"self"}
+    assert run_and_wait("123 456 7\n") == (123, 456)  # run first, then the wait for a core
