@@ -59,6 +59,15 @@ def _cpu_s(stat_path: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def _sys_s(stat_path: Path) -> float:
+    """stime alone (the kernel's share: syscalls, an inline fsync's journal work), in seconds."""
+    try:
+        text = stat_path.read_text()
+    except OSError:
+        return 0.0
+    return int(text[text.rindex(")") + 2 :].split()[12]) / TICKS
+
+
 def _threads(pid: int) -> dict[int, tuple[str, float]]:
     out: dict[int, tuple[str, float]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -140,6 +149,7 @@ async def _window(
     try:
         await asyncio.sleep(warmup_s)
         before = {name: _cpu_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
+        sys_before = {name: _sys_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
         threads_before = {name: _threads(pid) for name, pid in threaded.items()}
         switches_before = {name: _switches(pid) for name, pid in pids.items()}
         if profile is not None:
@@ -148,6 +158,7 @@ async def _window(
         await asyncio.sleep(window_s)
         writes, elapsed = done - done_before, time.perf_counter() - started
         after = {name: _cpu_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
+        sys_after = {name: _sys_s(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
         threads_after = {name: _threads(pid) for name, pid in threaded.items()}
         switches_after = {name: _switches(pid) for name, pid in pids.items()}
     finally:
@@ -166,6 +177,7 @@ async def _window(
         "writes_per_s": writes / elapsed,
         "errors": errors,
         "cpu_s": {name: after[name] - before[name] for name in pids},
+        "sys_s": {name: sys_after[name] - sys_before[name] for name in pids},
         "threads": threads,
         "switches": {
             name: {
@@ -328,7 +340,13 @@ def measure(
                 role = "leader" if node_id == leader_id else f"follower_{node_id}"
                 for index, child in enumerate(_child_pids(process.pid)):
                     pids[f"{role}_intake_{index}"] = child
-        threaded = {"leader": leader_process.pid, "floor_server": floor_process.pid}
+        # Followers too: their CPU per write is per fetch round (main loop, gRPC's poller, the kernel's
+        # share of the inline fsync), and only their threads tell which (session 19).
+        threaded = {
+            name: pid
+            for name, pid in pids.items()
+            if name in ("leader", "floor_server") or name.startswith("follower")
+        }
         target = quorum.nodes[leader_id].target
         profiled: list[subprocess.Popen[Any]] = []
 
@@ -451,6 +469,7 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for window in windows:
             writes = max(1, window["writes"])
             per_write = {proc: round(cpu / writes * 1e6, 1) for proc, cpu in window["cpu_s"].items()}
+            kernel_per_write = {proc: round(cpu / writes * 1e6, 1) for proc, cpu in window["sys_s"].items()}
             thread_groups: dict[str, dict[str, float]] = {}
             for proc, threads in window["threads"].items():
                 groups: dict[str, float] = {}
@@ -478,6 +497,7 @@ def _summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                     "leader_with_intake_us_per_write": round(leader_cpu / writes * 1e6, 1),
                     "errors": window["errors"],
                     "cpu_us_per_write": per_write,
+                    "kernel_us_per_write": kernel_per_write,
                     "cpu_us_per_write_all": round(sum(window["cpu_s"].values()) / writes * 1e6, 1),
                     "cpu_share_of_window": {
                         proc: round(cpu / window["seconds"], 3) for proc, cpu in window["cpu_s"].items()
@@ -570,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"batches={row['leader_batches']} "
                 f"rpb={row['records_per_batch']} vpm={row['values_per_message']}"
             )
+            print(f"              of it in the kernel, µs/write {row['kernel_us_per_write']}")
             print(f"              context switches per write {row['context_switches_per_write']}")
             print(f"              leader's threads, switches/write {row['leader_thread_switches_per_write']}")
             for proc, groups in row["thread_groups_us_per_write"].items():
