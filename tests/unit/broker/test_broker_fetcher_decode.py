@@ -43,9 +43,17 @@ def _base() -> MetadataImage:
     return delta.apply()
 
 
+# The strategies the composites draw from, built once: one built inside a composite is a new object at
+# every draw, which Hypothesis validates again each time (sampled_from of a list and a composite's call
+# are never cached).  The same strategies: the same examples.
+_KINDS = st.sampled_from(["partition", "partition", "change", "change", "change", "topic", "other"])
+_TOPIC_NAMES = st.sampled_from(["u", "t"])
+_DAMAGES = st.sampled_from(["as is"] * 30 + ["truncated", "byte", "appended", "random"])
+
+
 @st.composite
 def _records(draw: st.DrawFn) -> mpb.MetadataRecord:
-    kind = draw(st.sampled_from(["partition", "partition", "change", "change", "change", "topic", "other"]))
+    kind = draw(_KINDS)
     if kind == "partition":
         replicas = draw(_IDS)
         record = mpb.PartitionRecord(
@@ -70,7 +78,7 @@ def _records(draw: st.DrawFn) -> mpb.MetadataRecord:
             change.leader_recovery_state = 1
         return wrap(change)
     if kind == "topic":
-        return wrap(mpb.TopicRecord(name=draw(st.sampled_from(["u", "t"])), topic_id="U"))
+        return wrap(mpb.TopicRecord(name=draw(_TOPIC_NAMES), topic_id="U"))
     return draw(
         st.sampled_from(
             [
@@ -82,10 +90,13 @@ def _records(draw: st.DrawFn) -> mpb.MetadataRecord:
     )
 
 
+_RECORDS = _records()
+
+
 @st.composite
 def _values(draw: st.DrawFn) -> bytes:
-    value = encode_value(draw(_records()))
-    how = draw(st.sampled_from(["as is"] * 30 + ["truncated", "byte", "appended", "random"]))
+    value = encode_value(draw(_RECORDS))
+    how = draw(_DAMAGES)
     if how == "truncated":
         value = value[: draw(st.integers(0, len(value) - 1))]
     elif how == "byte":

@@ -37,6 +37,10 @@ _RARE_LISTS = (
     "last_known_elr",
 )
 _RARE_INTS = ("leader_recovery_state", "last_unclean_leader_epoch")
+# The strategies the composites below draw from, built once: a strategy built inside a composite is a new
+# object at every draw, which Hypothesis validates again each time (~a third of these tests' time).  The
+# same strategies, so the same choices give the same values.
+_LEADERS = st.integers(min_value=-1, max_value=5) | _INT32
 
 
 @st.composite
@@ -46,7 +50,7 @@ def _change_records(draw: st.DrawFn) -> pb.PartitionChangeRecord:
     if draw(st.booleans()):
         change.isr.ids.extend(draw(_ID_LISTS))
     if draw(st.booleans()):
-        change.leader = draw(st.integers(min_value=-1, max_value=5) | _INT32)
+        change.leader = draw(_LEADERS)
     if draw(st.integers(0, 2)) == 0:
         field = draw(st.sampled_from(_RARE_LISTS + _RARE_INTS))
         if field in _RARE_INTS:
@@ -77,17 +81,25 @@ _RAW_NUMBERS = (
 )
 
 
+_PADDINGS = st.just(0) | st.integers(0, 4)
+
+
 @st.composite
 def _varints(draw: st.DrawFn) -> bytes:
-    return _varint(draw(_RAW_NUMBERS), draw(st.just(0) | st.integers(0, 4)))
+    return _varint(draw(_RAW_NUMBERS), draw(_PADDINGS))
+
+
+_VARINTS = _varints()
+_VARINT_RUNS = st.lists(_VARINTS, max_size=4)
+_PACKINGS = st.lists(st.booleans(), max_size=3)
 
 
 @st.composite
 def _isr_bodies(draw: st.DrawFn) -> bytes:
     """A BrokerIdList's bytes: packed runs (one, several, empty) and unpacked ids, in any mix."""
     body = b""
-    for packed in draw(st.lists(st.booleans(), max_size=3)):
-        ids = draw(st.lists(_varints(), max_size=4))
+    for packed in draw(_PACKINGS):
+        ids = draw(_VARINT_RUNS)
         if packed:
             run = b"".join(ids)
             body += b"\x0a" + _varint(len(run)) + run
@@ -96,23 +108,36 @@ def _isr_bodies(draw: st.DrawFn) -> bytes:
     return body
 
 
+_ISR_BODIES = _isr_bodies()
+_FIELD_NUMBERS = st.integers(1, 4) | st.integers(1, 12) | st.just(100)
+_WIRE_TYPES = st.sampled_from([0, 2]) | st.integers(0, 7)
+_STRING_BODIES = st.binary(max_size=8) | st.text(max_size=8).map(str.encode)
+_BINARY_8 = st.binary(max_size=8)
+_BINARY_9 = st.binary(max_size=9)
+
+
 @st.composite
 def _wire_fields(draw: st.DrawFn) -> bytes:
     """One field of a PartitionChangeRecord as bytes, any number (known or not), any wire type."""
-    number = draw(st.integers(1, 4) | st.integers(1, 12) | st.just(100))
-    wire = draw(st.sampled_from([0, 2]) | st.integers(0, 7))
+    number = draw(_FIELD_NUMBERS)
+    wire = draw(_WIRE_TYPES)
     tag = _varint(number << 3 | wire)
     if wire == 0:
-        return tag + draw(_varints())
+        return tag + draw(_VARINTS)
     if wire == 2:
         if number == 3 or (number > 4 and draw(st.booleans())):
-            body = draw(_isr_bodies())
+            body = draw(_ISR_BODIES)
         elif number == 2:
-            body = draw(st.binary(max_size=8) | st.text(max_size=8).map(str.encode))
+            body = draw(_STRING_BODIES)
         else:
-            body = draw(st.binary(max_size=8))
+            body = draw(_BINARY_8)
         return tag + _varint(len(body)) + body
-    return tag + draw(st.binary(max_size=9))
+    return tag + draw(_BINARY_9)
+
+
+_CHANGE_RECORDS = _change_records()
+_WIRE_FIELD_RUNS = st.lists(_wire_fields(), max_size=6)
+_AFTERS = st.sampled_from([b"", b"\x7a\x00", b"\x7a\x02\x20\x01", b"\x20\x01"]) | st.binary(max_size=4)
 
 
 def _frame(payload: bytes, after: bytes = b"") -> bytes:
@@ -124,12 +149,11 @@ def _frame(payload: bytes, after: bytes = b"") -> bytes:
 def _values(draw: st.DrawFn) -> bytes:
     """What kraft writes, hand-built encodings, and each of them broken in some way."""
     if draw(st.booleans()):
-        value = records.encode_value(records.wrap(draw(_change_records())))
+        value = records.encode_value(records.wrap(draw(_CHANGE_RECORDS)))
     else:
-        payload = b"".join(draw(st.lists(_wire_fields(), max_size=6)))
-        after = draw(  # nothing; bytes; a second partition_change (upb merges it); an unknown field
-            st.sampled_from([b"", b"\x7a\x00", b"\x7a\x02\x20\x01", b"\x20\x01"]) | st.binary(max_size=4)
-        )
+        payload = b"".join(draw(_WIRE_FIELD_RUNS))
+        # nothing; bytes; a second partition_change (upb merges it); an unknown field
+        after = draw(_AFTERS)
         value = _frame(payload, after)
     _, value = damaged(draw, value, random_prefix=b"\x01\x05\x00\x7a")
     return value
@@ -203,6 +227,9 @@ def test_every_common_shape_kraft_writes_is_read_without_upb(change: pb.Partitio
 
 _lists = st.lists(st.integers(min_value=-1, max_value=5), max_size=4).map(tuple)
 _epochs = st.tuples(st.integers(-1, 5), st.integers(0, 9), st.integers(0, 9))  # leader, both epochs
+_maybe_lists = st.just(()) | _lists
+_recovery_states = st.just(LEADER_RECOVERED) | st.just(LEADER_RECOVERING)
+_unclean_epochs = st.just(0) | st.integers(1, 9)
 
 
 @st.composite
@@ -215,10 +242,10 @@ def _registrations(draw: st.DrawFn) -> PartitionRegistration:
         replicas,
         isr,
         *draw(_epochs),
-        draw(st.just(()) | _lists),
-        draw(st.just(()) | _lists),
-        draw(st.just(LEADER_RECOVERED) | st.just(LEADER_RECOVERING)),
-        draw(st.just(0) | st.integers(1, 9)),
+        draw(_maybe_lists),
+        draw(_maybe_lists),
+        draw(_recovery_states),
+        draw(_unclean_epochs),
     )
 
 

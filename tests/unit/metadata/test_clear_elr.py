@@ -7,6 +7,7 @@ snapshots and the image store."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,8 +38,31 @@ def _name(topic_id: str) -> str:
     return f"n{topic_id}"
 
 
+# The strategies the composites draw from, built once: one built inside a composite is a new object at
+# every draw, which Hypothesis validates again each time (sampled_from of a list and a composite's call
+# are never cached by Hypothesis).  The same strategies: the same examples.
+_UNCLEAN_EPOCHS = st.sampled_from([0, 3])
+_TOPIC_ID_DRAWS = st.sampled_from(TOPIC_IDS)
+_LATER_KINDS = st.sampled_from(["change", "change", "change", "partition", "config", "remove", "topic"])
+_CLEAR_NAMES = st.sampled_from(["", "", *map(_name, TOPIC_IDS)])
+_STEP_KINDS = st.sampled_from(
+    ["isr", "isr", "isr", "elr", "set", "set", "append", "remove", "recreate", "clear"]
+)
+
+
+@functools.cache
+def partition_record(topic_id: str, partition_id: int) -> st.SearchStrategy[pb.MetadataRecord]:
+    """One strategy per partition (see above)."""
+    return _partition_record(topic_id, partition_id)
+
+
+@functools.cache
+def topic_records(topic_id: str, name: str) -> st.SearchStrategy[list[pb.MetadataRecord]]:
+    return _topic_records(topic_id, name)
+
+
 @st.composite
-def partition_record(draw: st.DrawFn, topic_id: str, partition_id: int) -> pb.MetadataRecord:
+def _partition_record(draw: st.DrawFn, topic_id: str, partition_id: int) -> pb.MetadataRecord:
     holds = draw(st.integers(0, 2))  # a third without, the rest with an ELR and/or an LKE
     return records.wrap(
         pb.PartitionRecord(
@@ -52,13 +76,13 @@ def partition_record(draw: st.DrawFn, topic_id: str, partition_id: int) -> pb.Me
             eligible_leader_replicas=draw(ID_LISTS) if holds else [],
             last_known_elr=draw(ID_LISTS) if holds else [],
             leader_recovery_state=draw(st.integers(0, 1)),
-            last_unclean_leader_epoch=draw(st.sampled_from([0, 3])),
+            last_unclean_leader_epoch=draw(_UNCLEAN_EPOCHS),
         )
     )
 
 
 @st.composite
-def topic_records(draw: st.DrawFn, topic_id: str, name: str) -> list[pb.MetadataRecord]:
+def _topic_records(draw: st.DrawFn, topic_id: str, name: str) -> list[pb.MetadataRecord]:
     created = [records.wrap(pb.TopicRecord(name=name, topic_id=topic_id))]
     for partition_id in range(draw(st.integers(0, 5))):
         created.append(draw(partition_record(topic_id, partition_id)))
@@ -69,8 +93,8 @@ def topic_records(draw: st.DrawFn, topic_id: str, name: str) -> list[pb.Metadata
 def later_records(draw: st.DrawFn) -> list[pb.MetadataRecord]:
     """What may precede the clear in the same delta: changes setting or clearing ELRs, new partitions,
     topic configs, removals and re-creations."""
-    topic_id = draw(st.sampled_from(TOPIC_IDS))
-    kind = draw(st.sampled_from(["change", "change", "change", "partition", "config", "remove", "topic"]))
+    topic_id = draw(_TOPIC_ID_DRAWS)
+    kind = draw(_LATER_KINDS)
     if kind == "remove":
         return [records.wrap(pb.RemoveTopicRecord(topic_id=topic_id))]
     if kind == "topic":  # a re-creation under a new id (the old name, if it is free)
@@ -117,7 +141,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[pb.MetadataRecord], list[pb.Metadat
     before: list[pb.MetadataRecord] = []
     for _ in range(draw(st.integers(0, 6))):
         before.extend(draw(later_records()))
-    topic_name = draw(st.sampled_from(["", "", *map(_name, TOPIC_IDS)]))
+    topic_name = draw(_CLEAR_NAMES)
     return base, before, topic_name
 
 
@@ -261,9 +285,7 @@ def _big_topic_step(draw: st.DrawFn, delta: MetadataDelta, sizes: dict[str, int]
     a new partition, a removal, a re-creation, a ClearElrRecord."""
     topic_id = draw(st.sampled_from(sorted(sizes)))
     size = sizes[topic_id]
-    kind = draw(
-        st.sampled_from(["isr", "isr", "isr", "elr", "set", "set", "append", "remove", "recreate", "clear"])
-    )
+    kind = draw(_STEP_KINDS)
     if kind == "remove":
         delta.replay(records.wrap(pb.RemoveTopicRecord(topic_id=topic_id)))
         sizes.pop(topic_id)

@@ -36,6 +36,12 @@ _COMMON = frozenset(
 _RARE_LISTS = ("removing_replicas", "adding_replicas", "eligible_leader_replicas", "last_known_elr")
 _RARE_INTS = ("leader_recovery_state", "last_unclean_leader_epoch")
 _REPEATED_INTS = frozenset({3, 4, 5, 6, 12, 13})
+# The strategies the composites below draw from, built once: a strategy built inside a composite is a new
+# object at every draw, which Hypothesis validates again each time (~a third of these tests' time).  The
+# same strategies, so the same choices give the same values.
+_LEADERS = st.integers(min_value=-1, max_value=5) | _INT32
+_EPOCHS = st.integers(0, 3) | _INT32
+_DIRECTORY_LISTS = st.lists(st.text(max_size=4), max_size=2)
 
 
 @st.composite
@@ -47,16 +53,16 @@ def _partition_records(draw: st.DrawFn) -> pb.PartitionRecord:
         partition_id=draw(_INT32),
         replicas=replicas,
         isr=replicas if draw(st.booleans()) else draw(_ID_LISTS),
-        leader=draw(st.integers(min_value=-1, max_value=5) | _INT32),
-        leader_epoch=draw(st.integers(0, 3) | _INT32),
-        partition_epoch=draw(st.integers(0, 3) | _INT32),
+        leader=draw(_LEADERS),
+        leader_epoch=draw(_EPOCHS),
+        partition_epoch=draw(_EPOCHS),
     )
     if draw(st.integers(0, 2)) == 0:
         field = draw(st.sampled_from((*_RARE_LISTS, *_RARE_INTS, "directories")))
         if field in _RARE_INTS:
             setattr(record, field, draw(_INT32))
         elif field == "directories":
-            record.directories.extend(draw(st.lists(st.text(max_size=4), max_size=2)))
+            record.directories.extend(draw(_DIRECTORY_LISTS))
         else:
             getattr(record, field).extend(draw(_ID_LISTS))
     return record
@@ -83,29 +89,47 @@ _RAW_NUMBERS = (
 )
 
 
+_PADDINGS = st.just(0) | st.integers(0, 4)
+
+
 @st.composite
 def _varints(draw: st.DrawFn) -> bytes:
-    return _varint(draw(_RAW_NUMBERS), draw(st.just(0) | st.integers(0, 4)))
+    return _varint(draw(_RAW_NUMBERS), draw(_PADDINGS))
+
+
+_VARINTS = _varints()
+_VARINT_RUNS = st.lists(_VARINTS, max_size=4)
+_FIELD_NUMBERS = st.sampled_from([1, 2, 3, 4, 7, 9, 10]) | st.integers(1, 14) | st.just(100)
+_WIRE_TYPES = st.sampled_from([0, 2]) | st.integers(0, 7)
+_STRING_BODIES = st.binary(max_size=8) | st.text(max_size=8).map(str.encode)
+_TEXT_BODIES = st.text(max_size=8).map(str.encode)
+_BINARY_8 = st.binary(max_size=8)
+_BINARY_9 = st.binary(max_size=9)
 
 
 @st.composite
 def _wire_fields(draw: st.DrawFn) -> bytes:
     """One field of a PartitionRecord as bytes: any number (known or not), any wire type; a repeated int
     field packed (a run of varints) or unpacked (one varint)."""
-    number = draw(st.sampled_from([1, 2, 3, 4, 7, 9, 10]) | st.integers(1, 14) | st.just(100))
-    wire = draw(st.sampled_from([0, 2]) | st.integers(0, 7))
+    number = draw(_FIELD_NUMBERS)
+    wire = draw(_WIRE_TYPES)
     tag = _varint(number << 3 | wire)
     if wire == 0:
-        return tag + draw(_varints())
+        return tag + draw(_VARINTS)
     if wire == 2:
         if number in _REPEATED_INTS:
-            body = b"".join(draw(st.lists(_varints(), max_size=4)))
+            body = b"".join(draw(_VARINT_RUNS))
         elif number in (2, 11):
-            body = draw(st.binary(max_size=8) | st.text(max_size=8).map(str.encode))
+            body = draw(_STRING_BODIES)
         else:
-            body = draw(st.binary(max_size=8))
+            body = draw(_BINARY_8)
         return tag + _varint(len(body)) + body
-    return tag + draw(st.binary(max_size=9))
+    return tag + draw(_BINARY_9)
+
+
+_PARTITION_RECORDS = _partition_records()
+_WIRE_FIELD_RUNS = st.lists(_wire_fields(), max_size=7)
+_AFTERS = st.sampled_from([b"", b"\x6a\x00", b"\x6a\x02\x08\x01", b"\x20\x01"]) | st.binary(max_size=4)
 
 
 def _frame(payload: bytes, after: bytes = b"") -> bytes:
@@ -117,7 +141,7 @@ def _frame(payload: bytes, after: bytes = b"") -> bytes:
 def _values(draw: st.DrawFn) -> bytes:
     """What kraft writes, hand-built encodings, and each of them broken in some way."""
     if draw(st.booleans()):
-        value = records.encode_value(records.wrap(draw(_partition_records())))
+        value = records.encode_value(records.wrap(draw(_PARTITION_RECORDS)))
     else:
         # the seven fields in order (each maybe), or any fields in any order
         if draw(st.booleans()):
@@ -126,18 +150,17 @@ def _values(draw: st.DrawFn) -> bytes:
                 if draw(st.booleans()):
                     wire = 2 if number in (2, 3, 4) else 0
                     if wire == 2 and number != 2:
-                        body = b"".join(draw(st.lists(_varints(), max_size=4)))
+                        body = b"".join(draw(_VARINT_RUNS))
                         payload += bytes((number << 3 | 2,)) + _varint(len(body)) + body
                     elif wire == 2:
-                        body = draw(st.text(max_size=8).map(str.encode))
+                        body = draw(_TEXT_BODIES)
                         payload += b"\x12" + _varint(len(body)) + body
                     else:
-                        payload += bytes((number << 3,)) + draw(_varints())
+                        payload += bytes((number << 3,)) + draw(_VARINTS)
         else:
-            payload = b"".join(draw(st.lists(_wire_fields(), max_size=7)))
-        after = draw(  # nothing; bytes; a second partition field (upb merges it); an unknown field
-            st.sampled_from([b"", b"\x6a\x00", b"\x6a\x02\x08\x01", b"\x20\x01"]) | st.binary(max_size=4)
-        )
+            payload = b"".join(draw(_WIRE_FIELD_RUNS))
+        # nothing; bytes; a second partition field (upb merges it); an unknown field
+        after = draw(_AFTERS)
         value = _frame(payload, after)
     _, value = damaged(draw, value, random_prefix=b"\x01\x03\x00\x6a")
     return value

@@ -39,7 +39,7 @@ def registration(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
     replicas = draw(ID_LISTS)
     # Mostly the states the controller writes (ISR a subset in replica order, a replica leading), with
     # arbitrary ones mixed in.
-    isr_kind = draw(st.sampled_from(["same", "same", "subset", "subset", "other"]))
+    isr_kind = draw(_ISR_KINDS)
     if isr_kind == "same":
         isr = replicas
     elif isr_kind == "subset":
@@ -50,17 +50,25 @@ def registration(draw: st.DrawFn) -> tuple[list[int], list[int], int]:
     return replicas, isr, leader
 
 
+# The strategies the composites draw from, built once: one built inside a composite is a new object at
+# every draw, which Hypothesis validates again each time.  The same strategies: the same examples.
+_ISR_KINDS = st.sampled_from(["same", "same", "subset", "subset", "other"])
+_REGISTRATIONS = registration()
+_TOPIC_ID_DRAWS = st.sampled_from(TOPIC_IDS)
+_RECORD_KINDS = st.sampled_from(["topic", "topic", "partition", "change", "change", "change", "remove"])
+
+
 @st.composite
 def records(draw: st.DrawFn) -> list[pb.MetadataRecord]:
-    topic_id = draw(st.sampled_from(TOPIC_IDS))
-    kind = draw(st.sampled_from(["topic", "topic", "partition", "change", "change", "change", "remove"]))
+    topic_id = draw(_TOPIC_ID_DRAWS)
+    kind = draw(_RECORD_KINDS)
     if kind == "topic":
         # A topic with its partitions.  The name varies so a TopicRecord may also re-create a removed
         # id or replace a live one.
         name = f"{topic_id}-{draw(st.integers(0, 1))}"
         created = [pb.MetadataRecord(topic=pb.TopicRecord(name=name, topic_id=topic_id))]
         for partition_id in range(draw(st.integers(0, 4))):
-            replicas, isr, leader = draw(registration())
+            replicas, isr, leader = draw(_REGISTRATIONS)
             created.append(
                 pb.MetadataRecord(
                     partition=pb.PartitionRecord(
@@ -76,7 +84,7 @@ def records(draw: st.DrawFn) -> list[pb.MetadataRecord]:
     if kind == "remove":
         return [pb.MetadataRecord(remove_topic=pb.RemoveTopicRecord(topic_id=topic_id))]
     partition_id = draw(st.integers(0, 4))  # past the end: skipped (or a new partition when dense)
-    replicas, isr, leader = draw(registration())
+    replicas, isr, leader = draw(_REGISTRATIONS)
     if kind == "partition":
         return [
             pb.MetadataRecord(
