@@ -255,8 +255,14 @@ class QuorumController:
         new_topic_id: Callable[[], str] | None = None,
         on_fatal: FatalReporter | None = None,
         lease_expiry_ms: Callable[[], int] | None = None,
+        endpoint_of: Callable[[int], tuple[str, int] | None] | None = None,
     ) -> None:
-        """``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default.
+        """``endpoints``: the static quorum's voter id → (host, port) (``controller.quorum.voters``);
+        ``endpoint_of`` looks up a voter the static map lacks — in a dynamic quorum every voter's endpoint
+        lives in the log's voter set, so a NOT_CONTROLLER hint without it would name the new leader with no
+        address, and a broker that knows only a bootstrap controller removed from the quorum could never
+        reach it (it heartbeated the removed one until its session ran out).
+        ``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default.
         ``on_fatal`` (the node's ``Supervisor.fail``) is told when the image store or a snapshot cannot be
         written (fail-stop, issue #14).  ``lease_expiry_ms`` (the Raft driver's leader lease end on
         ``clock``) turns on the heartbeat fast lane, :attr:`lane` (controller.broker.heartbeats.fast.lane)."""
@@ -265,6 +271,7 @@ class QuorumController:
         self.cluster_id = cluster_id
         self.options = options = options or ControllerOptions()
         self.endpoints = dict(endpoints)
+        self._endpoint_of = endpoint_of
         self.clock = clock
         self.timers = Timers(clock)
         self.metrics = metrics = ControllerMetrics.for_node(self.node_id)
@@ -699,6 +706,8 @@ class QuorumController:
         leader = self.state.leader.leader_id if leader_id is None else leader_id
         ref = common_pb2.NodeRef(node_id=leader)
         endpoint = self.endpoints.get(leader)
+        if endpoint is None and self._endpoint_of is not None and leader >= 0:
+            endpoint = self._endpoint_of(leader)
         if endpoint is not None:
             ref.endpoint.CopyFrom(
                 common_pb2.Endpoint(

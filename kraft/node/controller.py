@@ -324,19 +324,24 @@ class ControllerNode:
         """Voter id → (host, port), as advertised in DescribeQuorum / redirects."""
         return {voter.id: (voter.host, voter.port) for voter in self.config.voters}
 
-    def _voter_address(self, node_id: int) -> str | None:
-        """``host:port`` of a voter of the set in force (its CONTROLLER endpoint); None if unknown."""
+    def voter_endpoint(self, node_id: int) -> tuple[str, int] | None:
+        """(host, port) of a voter of the set in force (its CONTROLLER endpoint); None if unknown.  A
+        dynamic quorum's endpoints live in the log (VotersRecord), not the config: redirects name them."""
         raft = self._raft
         voter = raft.voter_set.get(node_id) if raft is not None and node_id >= 0 else None
         if voter is None or not voter.endpoints:
             return None
         names = self.config.controller_listener_names
         endpoint = next((e for e in voter.endpoints if e.name in names), voter.endpoints[0])
-        return (
-            f"[{endpoint.host}]:{endpoint.port}"
-            if ":" in endpoint.host
-            else f"{endpoint.host}:{endpoint.port}"
-        )
+        return (endpoint.host, endpoint.port)
+
+    def _voter_address(self, node_id: int) -> str | None:
+        """``host:port`` of a voter of the set in force (its CONTROLLER endpoint); None if unknown."""
+        endpoint = self.voter_endpoint(node_id)
+        if endpoint is None:
+            return None
+        host, port = endpoint
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     # --- lifecycle ---
 

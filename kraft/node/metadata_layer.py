@@ -126,6 +126,7 @@ class MetadataLayer:
             clock=SystemClock(),
             on_fatal=None if node.supervisor is None else node.supervisor.fail,
             lease_expiry_ms=_fast_lane_lease(node),
+            endpoint_of=node.voter_endpoint,
         )
         await controller.start()
         self.controller = controller

@@ -131,8 +131,15 @@ def test_grow_one_to_three_to_five_create_a_topic_and_remove_the_leader(tmp_path
         assert after.leader_id in (2, 3, 4, 5)
         view = status(every)
         assert sorted(view["current_voters"]) == [2, 3, 4, 5]
-        # Under load the broker's session can lapse during the handover (it is fenced until its next
-        # heartbeat reaches the new leader): wait until it is ACTIVE again, as an operator would.
+        # The broker knows only controller 1, now removed: it must follow the redirect to the new leader
+        # (a dynamic quorum's hint carries the leader's address from the voter set) and keep its session.
+        # Before, the hint had no address and it heartbeated controller 1 until the new leader fenced it.
+        leader_target = quorum.nodes[after.leader_id].target
+        opened = f"event=heartbeat_stream_opened controller={leader_target}"
+        deadline = time.monotonic() + 20
+        while opened not in (tmp_path / "broker.log").read_text(encoding="utf-8", errors="replace"):
+            assert time.monotonic() < deadline, f"the broker never heartbeated the new leader ({opened})"
+            time.sleep(0.2)
         _wait_for_broker(every)
         kraft(
             "topic",
@@ -149,6 +156,8 @@ def test_grow_one_to_three_to_five_create_a_topic_and_remove_the_leader(tmp_path
         assert "before" in listed and "after" in listed
         for node in quorum.nodes.values():
             log = node.log_path.read_text(encoding="utf-8", errors="replace")
+            expired = [line for line in log.splitlines() if "event=broker_session_expired" in line]
+            assert expired == [], f"controller {node.node_id} fenced the live broker: {expired}"
             mismatches = [line for line in log.splitlines() if "offset_prediction_mismatch" in line]
             assert mismatches == [], f"controller {node.node_id} resigned over its offsets: {mismatches}"
         print(f"[{time.monotonic() - started:5.1f} s] done")

@@ -135,6 +135,38 @@ async def test_a_redirect_names_the_controller_listeners_security_protocol() -> 
         await controller.stop()
 
 
+async def test_a_dynamic_quorums_redirect_names_the_leader_at_its_voter_set_endpoint() -> None:
+    # A dynamic quorum has no static voter map: the leader's address comes from the voter set in force.
+    # Without it the hint named the leader with no address, and a broker that knew only a bootstrap
+    # controller since removed from the quorum heartbeated that one until its session ran out.
+    asked: list[int] = []
+
+    def endpoint_of(node_id: int) -> tuple[str, int] | None:
+        asked.append(node_id)
+        return ("10.0.0.2", 9202) if node_id == 2 else None
+
+    raft = FakeRaft(1)
+    controller = QuorumController(
+        raft, CLUSTER, {}, ControllerOptions(noop_interval_ms=0), clock=ManualClock(), endpoint_of=endpoint_of
+    )
+    await controller.start()
+    try:
+        raft.lose_leadership(2)
+        await until(lambda: controller.state.leader.leader_id == 2)
+        response = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER))
+        assert response.error_code == ErrorCode.NOT_CONTROLLER
+        endpoint = response.controller.endpoint
+        assert (response.controller.node_id, endpoint.host, endpoint.port) == (2, "10.0.0.2", 9202)
+        assert 2 in asked
+        raft.lose_leadership(-1)  # no leader known: no address asked for, none named
+        await until(lambda: controller.state.leader.leader_id == -1)
+        asked.clear()
+        refused = await controller.create_topics(cpb.CreateTopicsRequest(cluster_id=CLUSTER))
+        assert refused.controller.node_id == -1 and refused.controller.endpoint.port == 0 and asked == []
+    finally:
+        await controller.stop()
+
+
 async def test_registration_epoch_is_the_committed_offset_of_its_record(
     active: tuple[FakeRaft, QuorumController],
 ) -> None:
