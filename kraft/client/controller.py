@@ -179,6 +179,11 @@ class ControllerClient:
         # client shares): voters whose last attempt failed in transport (refused, black-holed, not a
         # controller) are not asked again while one that has not failed is left.
         self._rotation = NodeRotation(self._voters, _voter_target, first=first_voter)
+        # Controllers named by a hint that the voter list lacks (id → address): a dynamic quorum's leader
+        # that the bootstrap list does not name.  Asked in the rotation from then on, so a client whose
+        # bootstrap controllers went away (removed, stopped) can still find the active one — as Kafka's
+        # brokers know every voter (they learn the voter set from the log; ours learn it from hints).
+        self._learned: dict[int, str] = {}
         self._on_retry = on_retry
 
     @property
@@ -225,7 +230,7 @@ class ControllerClient:
         ``idempotent`` request is resent to the (new) active controller; any other raises
         :class:`OutcomeUnknown` or returns that answer, and the caller reconciles.  A refusal by the
         authorizer raises :class:`KraftError` (TOPIC_/CLUSTER_AUTHORIZATION_FAILED) at once."""
-        attempts = len(self._voters) + 2
+        attempts = len(self._voters) + len(self._learned) + 2
         last_error = "no controller tried"
         answered = False
         not_controllers: list[str] = []
@@ -279,7 +284,8 @@ class ControllerClient:
                 self._active, self._confirmed = (node_id, target), True
                 return response
             hint = response.controller
-            known = self._voter_targets.get(hint.node_id)
+            # -1 names no controller: never a bootstrap entry's (their ids are -1 too: unknown)
+            known = self._voter_targets.get(hint.node_id) if hint.node_id >= 0 else None
             if known is not None:
                 # Resolve the id through our own voter list (as Kafka does): the endpoint in the hint is
                 # how the *controllers* reach each other, which need not be how this broker reaches them.
@@ -287,6 +293,7 @@ class ControllerClient:
             elif hint.node_id >= 0 and hint.endpoint.port > 0:
                 self._active = (hint.node_id, f"{hint.endpoint.host or '127.0.0.1'}:{hint.endpoint.port}")
                 self._confirmed = True
+                self._learn(*self._active)
             else:
                 self._forget(target)
             moved = f"controller {self._active[0]} at {self._active[1]}" if self._active else "the next voter"
@@ -312,6 +319,14 @@ class ControllerClient:
     async def close(self) -> None:
         self._stubs = {}
         await self._channels.close()
+
+    def _learn(self, node_id: int, target: str) -> None:
+        """Add a hinted controller that the voter list lacks to the rotation (its latest address: a learned
+        controller's address follows the hints, a configured voter's never does)."""
+        if self._learned.get(node_id) == target or target in self._voter_targets.values():
+            return
+        self._learned[node_id] = target
+        self._rotation.replace([*self._voters, *self._learned.items()])
 
     def _current(self) -> tuple[int, str]:
         if self._active is None:

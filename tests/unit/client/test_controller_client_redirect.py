@@ -23,9 +23,14 @@ class _Controller(controller_pb2_grpc.ControllerServiceServicer):
     def __init__(self, redirect_to: NodeRef | None) -> None:
         self.redirect_to = redirect_to
         self.calls = 0
+        self.not_controller_at: set[int] = set()  # calls (1-based) answered NOT_CONTROLLER without a hint
 
     async def DescribeCluster(self, request: Any, context: Any) -> cpb.DescribeClusterResponse:
         self.calls += 1
+        if self.calls in self.not_controller_at:
+            return cpb.DescribeClusterResponse(
+                error_code=ErrorCode.NOT_CONTROLLER, controller=NodeRef(node_id=-1)
+            )
         if self.redirect_to is not None:
             return cpb.DescribeClusterResponse(
                 error_code=ErrorCode.NOT_CONTROLLER, controller=self.redirect_to
@@ -73,3 +78,28 @@ async def test_not_controller_hint_is_resolved_through_the_own_voter_list(
     assert follower.calls == 1 and outer.calls == 1
     assert inner.calls == 0, "the hint's endpoint must not be dialled when the id is a known voter"
     assert client.active_controller_id == 2
+
+
+async def test_a_hinted_controller_missing_from_the_voter_list_stays_in_the_rotation(
+    servers: tuple[_Controller, _Controller, _Controller, str, str],
+) -> None:
+    # A dynamic quorum's broker knows one bootstrap controller (id unknown: -1), which names the leader
+    # (2, at "inner").  Later the bootstrap controller is gone and the leader, for one call, knows of no
+    # leader (an election): the client must ask it again rather than only the dead bootstrap address.
+    follower, inner, _outer, follower_target, _outer_target = servers
+    client = ControllerClient([(-1, follower_target)])
+    try:
+        first = await client.call(
+            lambda stub: stub.DescribeCluster, cpb.DescribeClusterRequest(), timeout_s=5.0
+        )
+        assert first.error_code == ErrorCode.NONE and inner.calls == 1 and client.active_controller_id == 2
+        follower.redirect_to = None
+        follower.not_controller_at = set(range(2, 100))  # it was removed: never the active one again
+        inner.not_controller_at = {2}  # the election: one NOT_CONTROLLER with no hint
+        second = await client.call(
+            lambda stub: stub.DescribeCluster, cpb.DescribeClusterRequest(), timeout_s=5.0
+        )
+    finally:
+        await client.close()
+    assert second.error_code == ErrorCode.NONE
+    assert inner.calls == 3, "the learned controller is asked again after the bootstrap one"
