@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable
 from typing import Final, NamedTuple, cast
 
-from kraft.metadata.delta import apply_partition_change, make_partition, shared_ids
+from kraft.metadata.delta import apply_isr_leader_change, apply_partition_change, make_partition, shared_ids
 from kraft.metadata.image import (
     LEADER_RECOVERED,
     LEADER_RECOVERING,
@@ -262,16 +262,9 @@ def build_change_encoded(
     if decision is None:
         return None
     if type(decision) is int:
-        return change_value(topic, partition_id, None, decision), make_partition(
-            current.replicas,
-            current.isr,
-            decision,
-            current.leader_epoch + 1,
-            current.partition_epoch + 1,
-            current.elr,
-            current.last_known_elr,
-            current.leader_recovery_state,
-            current.last_unclean_leader_epoch,
+        # a leader-only change: the registration is what a follower's replay of it gives
+        return change_value(topic, partition_id, None, decision), apply_isr_leader_change(
+            current, None, decision
         )
     return change_encoded(topic, partition_id, current, cast("Target", decision))
 
