@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 RECONNECT_BACKOFF_MS = 100  # Kafka's reconnect.backoff.ms is 50
 MAX_RECONNECT_BACKOFF_MS = 1000  # Kafka's reconnect.backoff.max.ms
+MAX_LEARNED_CONTROLLERS = 16
+"""Controllers learned from NOT_CONTROLLER hints kept in the rotation (a quorum has 3 or 5 voters)."""
 MIN_ATTEMPT_S = 0.05
 """No further attempt starts with less of the call's deadline left: an answer that quick from a controller
 that just timed out or moved is unlikely, and the request would only add to its load."""
@@ -325,6 +327,9 @@ class ControllerClient:
         controller's address follows the hints, a configured voter's never does)."""
         if self._learned.get(node_id) == target or target in self._voter_targets.values():
             return
+        self._learned.pop(node_id, None)
+        if len(self._learned) >= MAX_LEARNED_CONTROLLERS:  # a hint is a peer's word: bounded, oldest out
+            del self._learned[next(iter(self._learned))]
         self._learned[node_id] = target
         self._rotation.replace([*self._voters, *self._learned.items()])
 

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kraft.client.controller import ControllerClient
+from kraft.client.controller import MAX_LEARNED_CONTROLLERS, ControllerClient
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import controller_pb2 as cpb
@@ -103,3 +103,15 @@ async def test_a_hinted_controller_missing_from_the_voter_list_stays_in_the_rota
         await client.close()
     assert second.error_code == ErrorCode.NONE
     assert inner.calls == 3, "the learned controller is asked again after the bootstrap one"
+
+
+def test_controllers_learned_from_hints_are_bounded_and_keep_their_latest_address() -> None:
+    client = ControllerClient([(-1, "127.0.0.1:1")])
+    for node_id in range(1000):  # a peer naming ever new controllers cannot grow the rotation without end
+        client._learn(node_id, f"10.0.0.{node_id % 250}:{9000 + node_id}")
+    assert len(client._learned) == MAX_LEARNED_CONTROLLERS
+    assert len(client._rotation.nodes) == 1 + MAX_LEARNED_CONTROLLERS
+    client._learn(999, "10.0.0.9:1")  # a learned controller's address follows the latest hint
+    assert client._learned[999] == "10.0.0.9:1" and len(client._learned) == MAX_LEARNED_CONTROLLERS
+    client._learn(5, "127.0.0.1:1")  # a configured address is never learned again
+    assert 5 not in client._learned
