@@ -226,6 +226,14 @@ def test_a_thread_started_later_is_sampled_from_the_next_listing_and_an_ended_on
         assert key in sampler.snapshots[-1].threads
         release.set()
         worker.join(timeout=10.0)
+        # join returns when Python's thread state is released; the OS thread still runs its exit for a moment
+        # (CI once sampled it then), so wait, bounded, until the kernel has removed it
+        task = Path(f"/proc/{os.getpid()}/task/{key[1]}")
+        for _ in range(10_000):  # at most ~10 s
+            if not task.exists():
+                break
+            time.sleep(0.001)
+        assert not task.exists()
         sampler.sample(3.0)  # its files read nothing any more: dropped, closed
         assert key not in sampler.snapshots[-1].threads
         assert key not in sampler._fds
