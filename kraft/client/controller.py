@@ -235,10 +235,12 @@ class ControllerClient:
     def learn_voter_set(self, voters: cpb.QuorumVoters) -> bool:
         """Take the voter set an active controller sent when it is newer than the one held (by leader
         epoch, then offset: see ``VoterSetVersion``); True when that changed the voters or their addresses.
-        A voter without a usable endpoint is left out; a set with none left is ignored."""
+        A voter without a usable endpoint is left out; a set with none left keeps the rotation as it is
+        (nothing in it to dial), its version taken all the same so that it is not sent again and again."""
         version = (voters.version.leader_epoch, voters.version.offset)
         if version <= self._voter_set_version:
             return False
+        self._voter_set_version = version
         learned: dict[int, str] = {}
         for voter in voters.voters:
             target = self._voter_address(voter)
@@ -246,7 +248,6 @@ class ControllerClient:
                 learned[voter.node_id] = target
         if not learned:
             return False
-        self._voter_set_version = version
         changed = learned != self._voter_set
         self._voter_set = learned
         self._learned.clear()  # the latest voter set wins over what peers hinted before it

@@ -69,9 +69,10 @@ def test_an_older_voter_set_never_replaces_a_newer_one_and_a_removed_controller_
     # The same set under a newer version: taken (its version), nothing changed.
     assert not client.learn_voter_set(quorum_voters(5, -1, {2: "h2:2", 3: "h3:3"}))
     assert client.voter_set_version == (5, -1)
-    # A set of voters without endpoints is no set to dial: ignored.
+    # A set of voters without endpoints is nothing to dial: the rotation stays (its version is taken, so
+    # that the controller does not send it with every answer).
     assert not client.learn_voter_set(cpb.QuorumVoters(version=cpb.VoterSetVersion(leader_epoch=9, offset=1)))
-    assert client.voter_set_version == (5, -1)
+    assert client.voter_set_version == (9, 1) and client.voter_set == {2: "h2:2", 3: "h3:3"}
 
 
 def test_a_voters_endpoint_is_the_one_on_the_controller_listener() -> None:
