@@ -66,9 +66,9 @@ if TYPE_CHECKING:
 RECONNECT_BACKOFF_MS = 100  # Kafka's reconnect.backoff.ms is 50
 MAX_RECONNECT_BACKOFF_MS = 1000  # Kafka's reconnect.backoff.max.ms
 MAX_LEARNED_CONTROLLERS = 16
+"""Controllers learned from NOT_CONTROLLER hints kept in the rotation (a quorum has 3 or 5 voters)."""
 NO_VOTER_SET = (-1, -1)
 """The version (leader epoch, offset) of the voter set a client holds before it learned one."""
-"""Controllers learned from NOT_CONTROLLER hints kept in the rotation (a quorum has 3 or 5 voters)."""
 MIN_ATTEMPT_S = 0.05
 """No further attempt starts with less of the call's deadline left: an answer that quick from a controller
 that just timed out or moved is unlikely, and the request would only add to its load."""
@@ -127,6 +127,11 @@ def _deposed_answer(response: _ControllerResponse) -> bool:
 
 def _voter_target(voter: tuple[int, str]) -> str:
     return voter[1]
+
+
+def _hint_target(hint: NodeRef) -> str:
+    host, port = hint.endpoint.host or "127.0.0.1", hint.endpoint.port
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def refusal(err: grpc.aio.AioRpcError) -> KraftError | None:
@@ -199,7 +204,8 @@ class ControllerClient:
         # Controllers named by a hint that the voter list lacks (id → address): a dynamic quorum's leader
         # that the bootstrap list does not name.  Asked in the rotation from then on, so a client whose
         # bootstrap controllers went away (removed, stopped) can still find the active one — as Kafka's
-        # brokers know every voter (they learn the voter set from the log; ours learn it from hints).
+        # brokers know every voter (they learn the voter set from the log; ours from hints until the
+        # active controller sends its voter set, which then replaces them: learn_voter_set).
         self._learned: dict[int, str] = {}
         # The voter set the active controller sent (id → address) and its version (leader epoch, offset):
         # once known, the rotation (see the module's docstring).
@@ -355,12 +361,14 @@ class ControllerClient:
             hint = response.controller
             # -1 names no controller: never a bootstrap entry's (their ids are -1 too: unknown)
             known = self._resolve(hint.node_id) if hint.node_id >= 0 else None
+            if known is not None and self._moved(hint, known):
+                known = None  # the hint's endpoint, learned below
             if known is not None:
                 # Resolve the id through our own voter list (as Kafka does): the endpoint in the hint is
                 # how the *controllers* reach each other, which need not be how this broker reaches them.
                 self._active, self._confirmed = (hint.node_id, known), True
             elif hint.node_id >= 0 and hint.endpoint.port > 0:
-                self._active = (hint.node_id, f"{hint.endpoint.host or '127.0.0.1'}:{hint.endpoint.port}")
+                self._active = (hint.node_id, _hint_target(hint))
                 self._confirmed = True
                 self._learn(*self._active)
             else:
@@ -388,6 +396,16 @@ class ControllerClient:
     async def close(self) -> None:
         self._stubs = {}
         await self._channels.close()
+
+    def _moved(self, hint: NodeRef, known: str) -> bool:
+        """Whether to follow the hint's endpoint rather than ``known``, the learned voter set's address for
+        the hinted controller: when that address failed at its last attempt and the hint names another.
+        A voter that moved (UpdateRaftVoter) and leads before this client learned the set recording it
+        would otherwise be dialled at its old address for as long as it leads (only the active controller
+        sends the voter set).  A configured voter's address always wins: it is how this client reaches it."""
+        if self._voter_set.get(hint.node_id) != known or not self._rotation.is_failed(known):
+            return False
+        return hint.endpoint.port > 0 and _hint_target(hint) != known
 
     def _resolve(self, node_id: int) -> str | None:
         """A controller id's address from the learned voter set (the latest), else the configured voters."""

@@ -18,7 +18,7 @@ from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import controller_pb2 as cpb
 from kraft.v1 import controller_pb2_grpc
-from kraft.v1.common_pb2 import Endpoint
+from kraft.v1.common_pb2 import Endpoint, NodeRef
 
 CALL_TIMEOUT_S = 10.0
 """Bounds a hang only: every call here is answered (or refused) by a local server at once."""
@@ -92,14 +92,16 @@ def test_a_voters_endpoint_is_the_one_on_the_controller_listener() -> None:
 
 
 class _Controller(controller_pb2_grpc.ControllerServiceServicer):
-    def __init__(self, active: bool) -> None:
+    def __init__(self, active: bool, hint: NodeRef | None = None) -> None:
         self.active = active
+        self.hint = hint  # the NOT_CONTROLLER answer's controller ref
         self.calls = 0
 
     async def DescribeCluster(self, request: Any, context: Any) -> cpb.DescribeClusterResponse:
         self.calls += 1
-        code = ErrorCode.NONE if self.active else ErrorCode.NOT_CONTROLLER
-        return cpb.DescribeClusterResponse(error_code=code)
+        if self.active:
+            return cpb.DescribeClusterResponse(error_code=ErrorCode.NONE)
+        return cpb.DescribeClusterResponse(error_code=ErrorCode.NOT_CONTROLLER, controller=self.hint)
 
 
 async def _serve(servicer: _Controller) -> tuple[grpc.aio.Server, str]:
@@ -153,3 +155,33 @@ async def test_a_broker_whose_bootstrap_controller_and_leader_are_gone_finds_the
         await client.close()
     assert second.error_code == ErrorCode.NONE and client.active_controller_id == 3
     assert other.calls == 1 and leader.calls == 1
+
+
+@pytest.mark.parametrize("follow_moved", [True, False])
+async def test_a_leader_that_moved_is_followed_at_the_hints_endpoint_once_its_learned_address_failed(
+    two: tuple[_Controller, grpc.aio.Server, str, _Controller, str], follow_moved: bool
+) -> None:
+    """Voter 1 restarted on a new port and leads before the broker learned the set that records it (only
+    the active controller sends the voter set).  Its learned address fails; voter 2 names it with its new
+    endpoint: the client follows the hint there rather than the learned address, again and again
+    (follow_moved False: the rule off — the call runs out of attempts)."""
+    leader, _leader_server, leader_target, other, other_target = two
+    host, port = leader_target.rsplit(":", 1)
+    other.hint = NodeRef(node_id=1, endpoint=Endpoint(name="CONTROLLER", host=host, port=int(port)))
+    old_address = f"127.0.0.1:{free_port()}"  # voter 1's endpoint before it moved: nothing listens
+    client = ControllerClient([(-2, f"127.0.0.1:{free_port()}")])
+    assert client.learn_voter_set(quorum_voters(5, 40, {1: old_address, 2: other_target}))
+    if not follow_moved:
+        client._moved = lambda hint, known: False  # type: ignore[method-assign]
+    describe = cpb.DescribeClusterRequest()
+    try:
+        if not follow_moved:
+            with pytest.raises(ControllerUnavailable):
+                await client.call(lambda s: s.DescribeCluster, describe, timeout_s=CALL_TIMEOUT_S)
+            assert leader.calls == 0
+            return
+        response = await client.call(lambda s: s.DescribeCluster, describe, timeout_s=CALL_TIMEOUT_S)
+    finally:
+        await client.close()
+    assert response.error_code == ErrorCode.NONE and client.active_target == leader_target
+    assert leader.calls == 1 and other.calls == 1
