@@ -11,6 +11,12 @@ A record that cannot be decoded, or that does not fit the image (a change for an
 the fetcher with the error — the broker's supervisor then stops the process with one ``event=fatal`` line
 (``reason=task_failed``): applying around a committed record would silently diverge from the controllers
 (issue #14).  Nothing of such a response is published.
+
+With ``voters`` (the broker passes its :class:`~kraft.client.controller.ControllerClient`), each fetch names
+the version of the voter set this broker holds (``known_voters``); an active controller of a dynamic quorum
+answers with its voter set when it has a newer one, and the fetcher hands it over: it becomes the client's
+rotation (KIP-853: a broker knows every voter, not only its bootstrap servers, as Kafka's brokers learn
+it from the log they replicate).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from kraft.broker import heap
 from kraft.broker.publisher import MetadataPublisher
@@ -42,6 +49,18 @@ class FetcherTimings:
     max_backoff_s: float = 1.0
 
 
+class VoterSetSink(Protocol):
+    """Who takes the voter sets controllers send (:class:`~kraft.client.controller.ControllerClient`)."""
+
+    @property
+    def voter_set_version(self) -> tuple[int, int]: ...
+
+    @property
+    def voter_set(self) -> dict[int, str]: ...
+
+    def learn_voter_set(self, voters: cpb.QuorumVoters) -> bool: ...
+
+
 class SnapshotChanged(Exception):
     """The controller switched to another snapshot while this one was being downloaded."""
 
@@ -61,6 +80,7 @@ class MetadataFetcher:
         generation: Callable[[], int] = lambda: 0,
         metrics: BrokerMetrics | None = None,
         rng: random.Random | None = None,
+        voters: VoterSetSink | None = None,
     ) -> None:
         self._broker_id = broker_id
         self._cluster_id = cluster_id
@@ -73,6 +93,7 @@ class MetadataFetcher:
         self._generation = generation
         self._metrics = metrics
         self._rng = rng or random.Random()
+        self._voters = voters
         self._pending: MetadataDelta | None = None
         self._fetch_offset = publisher.offset + 1
         self.high_watermark = -1
@@ -114,6 +135,10 @@ class MetadataFetcher:
             fetch_offset=self._fetch_offset,
             max_wait_ms=self._timings.max_wait_ms,
         )
+        if self._voters is not None:
+            epoch, offset = self._voters.voter_set_version
+            request.known_voters.SetInParent()  # present even at (0, 0): "send me a newer one"
+            request.known_voters.leader_epoch, request.known_voters.offset = epoch, offset
         generation = self._generation()
         response = await self._call(request)
         if response is None:
@@ -286,6 +311,15 @@ class MetadataFetcher:
         if code is not ErrorCode.NONE:
             self._log.warning("metadata_fetch_error", code=code.name, message=response.error_message)
             return None
+        voters = self._voters
+        if voters is not None and response.HasField("voters") and voters.learn_voter_set(response.voters):
+            version = response.voters.version
+            self._log.info(
+                "controller_voters_learned",
+                voters=",".join(f"{node_id}@{target}" for node_id, target in voters.voter_set.items()),
+                leader_epoch=version.leader_epoch,
+                offset=version.offset,
+            )
         return response
 
     def _note_high_watermark(self, high_watermark: int) -> None:

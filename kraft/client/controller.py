@@ -23,6 +23,17 @@ past the broker's session, and each resend was one more request on an overloaded
 timeout below the deadline leaves time, after a black-holed controller's attempt runs out, to ask
 another voter who is active.
 
+Which controllers are in the rotation: the configured ones (``controller.quorum.voters``, or the bootstrap
+servers of a dynamic quorum), plus controllers named by NOT_CONTROLLER hints that the list lacks — until
+the active controller sends its voter set (KIP-853: the MetadataFetch answer's ``voters``, which the
+broker's fetcher hands to :meth:`ControllerClient.learn_voter_set`).  From then on the latest voter set
+wins, as on Kafka's brokers, which learn it from the VotersRecords of the log they replicate and resolve
+the leader through it (``RaftControllerNodeProvider`` → ``KafkaRaftClient.voterNode``): the voters are
+the rotation, hint-learned entries are dropped, a removed controller leaves it, and the configured
+bootstrap servers stay only as a last resort (asked when every voter's last attempt failed — as Kafka's
+observers fall back to ``controller.quorum.bootstrap.servers`` when they know no leader).  So a broker
+whose bootstrap controllers were all removed and stopped still finds every later leader.
+
 Channels are kept per controller, so gRPC's own reconnect backoff must stay short: with its defaults
 (1 s, growing 1.6-fold up to 120 s) a channel to a controller that was down for a few seconds fails every call
 with UNAVAILABLE "failed to connect to all addresses" for up to ~4 s after that controller is back — and if
@@ -56,6 +67,8 @@ RECONNECT_BACKOFF_MS = 100  # Kafka's reconnect.backoff.ms is 50
 MAX_RECONNECT_BACKOFF_MS = 1000  # Kafka's reconnect.backoff.max.ms
 MAX_LEARNED_CONTROLLERS = 16
 """Controllers learned from NOT_CONTROLLER hints kept in the rotation (a quorum has 3 or 5 voters)."""
+NO_VOTER_SET = (-1, -1)
+"""The version (leader epoch, offset) of the voter set a client holds before it learned one."""
 MIN_ATTEMPT_S = 0.05
 """No further attempt starts with less of the call's deadline left: an answer that quick from a controller
 that just timed out or moved is unlikely, and the request would only add to its load."""
@@ -116,6 +129,11 @@ def _voter_target(voter: tuple[int, str]) -> str:
     return voter[1]
 
 
+def _hint_target(hint: NodeRef) -> str:
+    host, port = hint.endpoint.host or "127.0.0.1", hint.endpoint.port
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def refusal(err: grpc.aio.AioRpcError) -> KraftError | None:
     """A PERMISSION_DENIED answer as the error it names (``CLUSTER_AUTHORIZATION_FAILED: …``): another
     controller would answer the same, so it is not retried; None for any other status."""
@@ -143,6 +161,7 @@ class ControllerClient:
         request_timeout_s: float | None = None,
         clock: Clock | None = None,
         first_voter: int = 0,
+        listener_names: Sequence[str] = (),
     ) -> None:
         """``voters``: ``(node id, "host:port")`` of every controller (the bootstrap list); ``security``:
         how their listener is dialled (None: the process default, e.g. the CLI's ``--command-config``);
@@ -151,7 +170,8 @@ class ControllerClient:
         (tests pace its checks with a clock); ``request_timeout_s`` caps one attempt of a call (None:
         an attempt may take all that is left of the call's deadline); ``clock`` measures the deadlines;
         ``first_voter``: the index in ``voters`` asked first while no active controller is known (the CLI
-        passes a random one, as Kafka's ``leastLoadedNode`` starts at a random offset)."""
+        passes a random one, as Kafka's ``leastLoadedNode`` starts at a random offset); ``listener_names``:
+        ``controller.listener.names``, which pick a learned voter's endpoint (else its first)."""
         if not voters:
             raise ValueError("the controller client needs at least one voter")
         if request_timeout_s is not None and request_timeout_s <= 0:
@@ -184,8 +204,14 @@ class ControllerClient:
         # Controllers named by a hint that the voter list lacks (id → address): a dynamic quorum's leader
         # that the bootstrap list does not name.  Asked in the rotation from then on, so a client whose
         # bootstrap controllers went away (removed, stopped) can still find the active one — as Kafka's
-        # brokers know every voter (they learn the voter set from the log; ours learn it from hints).
+        # brokers know every voter (they learn the voter set from the log; ours from hints until the
+        # active controller sends its voter set, which then replaces them: learn_voter_set).
         self._learned: dict[int, str] = {}
+        # The voter set the active controller sent (id → address) and its version (leader epoch, offset):
+        # once known, the rotation (see the module's docstring).
+        self._voter_set: dict[int, str] = {}
+        self._voter_set_version = NO_VOTER_SET
+        self._listener_names = tuple(listener_names)
         self._on_retry = on_retry
 
     @property
@@ -196,6 +222,53 @@ class ControllerClient:
     def request_timeout_s(self) -> float | None:
         """The cap on one attempt of a call (None: an attempt may take all that is left of its deadline)."""
         return self._request_timeout_s
+
+    @property
+    def voter_set_version(self) -> tuple[int, int]:
+        """(leader epoch, offset) of the voter set learned last; :data:`NO_VOTER_SET` before one."""
+        return self._voter_set_version
+
+    @property
+    def voter_set(self) -> dict[int, str]:
+        """The learned voter set, id → ``host:port`` (empty before one was learned)."""
+        return dict(self._voter_set)
+
+    @property
+    def rotation(self) -> list[tuple[int, str]]:
+        """Every controller the rotation holds, in its order (diagnostics, tests)."""
+        return self._rotation.nodes
+
+    def learn_voter_set(self, voters: cpb.QuorumVoters) -> bool:
+        """Take the voter set an active controller sent when it is newer than the one held (by leader
+        epoch, then offset: see ``VoterSetVersion``); True when that changed the voters or their addresses.
+        A voter without a usable endpoint is left out; a set with none left keeps the rotation as it is
+        (nothing in it to dial), its version taken all the same so that it is not sent again and again."""
+        version = (voters.version.leader_epoch, voters.version.offset)
+        if version <= self._voter_set_version:
+            return False
+        self._voter_set_version = version
+        learned: dict[int, str] = {}
+        for voter in voters.voters:
+            target = self._voter_address(voter)
+            if voter.node_id >= 0 and target is not None:
+                learned[voter.node_id] = target
+        if not learned:
+            return False
+        changed = learned != self._voter_set
+        self._voter_set = learned
+        self._learned.clear()  # the latest voter set wins over what peers hinted before it
+        self._rebuild_rotation()
+        return changed
+
+    def _voter_address(self, voter: cpb.QuorumVoter) -> str | None:
+        """``host:port`` of ``voter``'s endpoint on our controller listener (else its first); None if it
+        has none that can be dialled."""
+        endpoints = [e for e in voter.endpoints if e.host and 0 < e.port < 65536]
+        if not endpoints:
+            return None
+        rank = {name.upper(): index for index, name in enumerate(self._listener_names)}
+        chosen = min(endpoints, key=lambda e: rank.get(e.name.upper(), len(rank)))  # first of a rank
+        return f"[{chosen.host}]:{chosen.port}" if ":" in chosen.host else f"{chosen.host}:{chosen.port}"
 
     @property
     def active_target(self) -> str | None:
@@ -232,7 +305,7 @@ class ControllerClient:
         ``idempotent`` request is resent to the (new) active controller; any other raises
         :class:`OutcomeUnknown` or returns that answer, and the caller reconciles.  A refusal by the
         authorizer raises :class:`KraftError` (TOPIC_/CLUSTER_AUTHORIZATION_FAILED) at once."""
-        attempts = len(self._voters) + len(self._learned) + 2
+        attempts = len(self._rotation) + 2
         last_error = "no controller tried"
         answered = False
         not_controllers: list[str] = []
@@ -287,13 +360,15 @@ class ControllerClient:
                 return response
             hint = response.controller
             # -1 names no controller: never a bootstrap entry's (their ids are -1 too: unknown)
-            known = self._voter_targets.get(hint.node_id) if hint.node_id >= 0 else None
+            known = self._resolve(hint.node_id) if hint.node_id >= 0 else None
+            if known is not None and self._moved(hint, known):
+                known = None  # the hint's endpoint, learned below
             if known is not None:
                 # Resolve the id through our own voter list (as Kafka does): the endpoint in the hint is
                 # how the *controllers* reach each other, which need not be how this broker reaches them.
                 self._active, self._confirmed = (hint.node_id, known), True
             elif hint.node_id >= 0 and hint.endpoint.port > 0:
-                self._active = (hint.node_id, f"{hint.endpoint.host or '127.0.0.1'}:{hint.endpoint.port}")
+                self._active = (hint.node_id, _hint_target(hint))
                 self._confirmed = True
                 self._learn(*self._active)
             else:
@@ -322,16 +397,48 @@ class ControllerClient:
         self._stubs = {}
         await self._channels.close()
 
+    def _moved(self, hint: NodeRef, known: str) -> bool:
+        """Whether to follow the hint's endpoint rather than ``known``, the learned voter set's address for
+        the hinted controller: when that address failed at its last attempt and the hint names another.
+        A voter that moved (UpdateRaftVoter) and leads before this client learned the set recording it
+        would otherwise be dialled at its old address for as long as it leads (only the active controller
+        sends the voter set).  A configured voter's address always wins: it is how this client reaches it."""
+        if self._voter_set.get(hint.node_id) != known or not self._rotation.is_failed(known):
+            return False
+        return hint.endpoint.port > 0 and _hint_target(hint) != known
+
+    def _resolve(self, node_id: int) -> str | None:
+        """A controller id's address from the learned voter set (the latest), else the configured voters."""
+        return self._voter_set.get(node_id) or self._voter_targets.get(node_id)
+
     def _learn(self, node_id: int, target: str) -> None:
-        """Add a hinted controller that the voter list lacks to the rotation (its latest address: a learned
-        controller's address follows the hints, a configured voter's never does)."""
-        if self._learned.get(node_id) == target or target in self._voter_targets.values():
+        """Add a hinted controller that neither the voter set nor the voter list has to the rotation (its
+        latest address: a learned controller's address follows the hints, a configured voter's never
+        does) — a hint may come from a leader whose voter set is newer than ours."""
+        if (
+            self._learned.get(node_id) == target
+            or target in self._voter_targets.values()
+            or target in self._voter_set.values()
+        ):
             return
         self._learned.pop(node_id, None)
         if len(self._learned) >= MAX_LEARNED_CONTROLLERS:  # a hint is a peer's word: bounded, oldest out
             del self._learned[next(iter(self._learned))]
         self._learned[node_id] = target
-        self._rotation.replace([*self._voters, *self._learned.items()])
+        self._rebuild_rotation()
+
+    def _rebuild_rotation(self) -> None:
+        """Before a voter set is known: the configured controllers, then the hinted ones.  Once one is:
+        its voters, the hinted controllers it lacks, and the configured ones it lacks as last resorts."""
+        if not self._voter_set:
+            self._rotation.replace([*self._voters, *self._learned.items()])
+            return
+        members = list(self._voter_set.items())
+        addresses = set(self._voter_set.values())
+        members += [(node_id, target) for node_id, target in self._learned.items() if target not in addresses]
+        addresses.update(self._learned.values())
+        bootstrap = [(node_id, target) for node_id, target in self._voters if target not in addresses]
+        self._rotation.replace([*members, *bootstrap], last_resort=[target for _, target in bootstrap])
 
     def _current(self) -> tuple[int, str]:
         if self._active is None:

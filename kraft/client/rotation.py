@@ -16,12 +16,16 @@ reconnect backoff never sees it fail), and asking it again every second would co
 per second of a command that lives only for its ``--timeout``.  Connection attempts themselves are paced
 by the channels' reconnect backoff (:mod:`kraft.client.controller`).
 
+Last resorts: a list may name some of its addresses as asked only when every other one has failed — the
+controller client's configured bootstrap servers once it knows the voter set (Kafka's observers use
+``controller.quorum.bootstrap.servers`` only while they know no leader).
+
 No IO, no clock: the callers decide when to ask again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -42,6 +46,10 @@ class NodeRotation(Generic[T]):
         self._key = key
         self._next = first % len(self._nodes)
         self._failed: set[str] = set()
+        self._last_resort: frozenset[str] = frozenset()
+
+    def __len__(self) -> int:
+        return len(self._nodes)
 
     @property
     def nodes(self) -> list[T]:
@@ -64,32 +72,43 @@ class NodeRotation(Generic[T]):
         None only when ``avoid`` is the only node.  Advances the rotation."""
         if self._failed and all(self._key(n) in self._failed or self._key(n) == avoid for n in self._nodes):
             self._failed.clear()  # all failed: start over (a node may be back)
-        for _ in range(len(self._nodes)):
-            node = self._nodes[self._next % len(self._nodes)]
-            self._next += 1
-            address = self._key(node)
-            if address != avoid and address not in self._failed:
-                return node
+        count = len(self._nodes)
+        # A last resort is taken only when no other node is left: a second pass when there are any.
+        for skip_last_resorts in (True, False) if self._last_resort else (False,):
+            for step in range(count):
+                index = (self._next + step) % count
+                address = self._key(self._nodes[index])
+                if address == avoid or address in self._failed:
+                    continue
+                if skip_last_resorts and address in self._last_resort:
+                    continue
+                self._next = index + 1
+                return self._nodes[index]
         return None
 
-    def replace(self, nodes: Sequence[T]) -> None:
+    def replace(self, nodes: Sequence[T], *, last_resort: Iterable[str] = ()) -> None:
         """A new list (a client that learned its cluster's nodes): the marks of addresses still in it
-        are kept; the rotation starts at the new list's first node."""
+        are kept; the rotation starts at the new list's first node.  ``last_resort``: addresses asked only
+        when every other node's last attempt failed."""
         if not nodes:
             raise ValueError("a rotation needs at least one node")
         self._nodes = list(nodes)
         self._next = 0
-        self._failed &= {self._key(n) for n in self._nodes}
+        keys = {self._key(n) for n in self._nodes}
+        self._failed &= keys
+        self._last_resort = frozenset(last_resort) & keys
 
     def round(self) -> list[T]:
         """One pass for a caller that asks its nodes in turn until one serves it: every node whose last
         attempt did not fail, in rotation order from the next one (the rotation does not advance: a node
-        that serves is asked first again); when every node has failed, every node (marks forgotten)."""
+        that serves is asked first again; last resorts after the others); when every node has failed,
+        every node (marks forgotten)."""
         if all(self._key(n) in self._failed for n in self._nodes):
             self._failed.clear()
         start = self._next % len(self._nodes)
         ordered = self._nodes[start:] + self._nodes[:start]
-        return [n for n in ordered if self._key(n) not in self._failed]
+        ordered = [n for n in ordered if self._key(n) not in self._failed]
+        return sorted(ordered, key=lambda n: self._key(n) in self._last_resort)  # stable: last resorts last
 
 
 def address_rotation(addresses: Sequence[str], *, first: int = 0) -> NodeRotation[str]:

@@ -90,7 +90,7 @@ from kraft.metadata.delta import MetadataDelta, unreplayable
 from kraft.metadata.election_config import UNCLEAN_ELECTION
 from kraft.metadata.event_queue import EventPriority, EventQueueClosedError
 from kraft.metadata.event_timings import EventTimings
-from kraft.metadata.fetch_server import FetchServer
+from kraft.metadata.fetch_server import FetchServer, VotersInForce
 from kraft.metadata.fetch_window import WindowBatch
 from kraft.metadata.heap_freezer import HeapFreezer
 from kraft.metadata.heartbeat_lane import SLOW_REASONS, HeartbeatLane
@@ -256,12 +256,15 @@ class QuorumController:
         on_fatal: FatalReporter | None = None,
         lease_expiry_ms: Callable[[], int] | None = None,
         endpoint_of: Callable[[int], tuple[str, int] | None] | None = None,
+        voters_in_force: VotersInForce | None = None,
     ) -> None:
         """``endpoints``: the static quorum's voter id → (host, port) (``controller.quorum.voters``);
         ``endpoint_of`` looks up a voter the static map lacks — in a dynamic quorum every voter's endpoint
         lives in the log's voter set, so a NOT_CONTROLLER hint without it would name the new leader with no
         address, and a broker that knows only a bootstrap controller removed from the quorum could never
-        reach it (it heartbeated the removed one until its session ran out).
+        reach it (it heartbeated the removed one until its session ran out).  ``voters_in_force``: the
+        voter set (and its VotersRecord's offset) that MetadataFetch answers carry to brokers (None, or a
+        static quorum: none; kraft.metadata.fetch_server).
         ``new_topic_id`` makes topic ids deterministic (the simulation); random UUIDs by default.
         ``on_fatal`` (the node's ``Supervisor.fail``) is told when the image store or a snapshot cannot be
         written (fail-stop, issue #14).  ``lease_expiry_ms`` (the Raft driver's leader lease end on
@@ -355,6 +358,7 @@ class QuorumController:
             max_parked=options.max_parked_fetches,
             active_logic=self.activation.active_logic,
             not_controller=self._not_controller,
+            voters=voters_in_force,
         )
         self.gauges = ControllerGauges(state, self.timers, metrics)
         self.heap = HeapFreezer(clock)

@@ -3,6 +3,15 @@
 Serves committed records from a bounded window of recent batches (:class:`FetchWindow`), long-polls
 until a commit or ``max_wait_ms``, and offers a snapshot of the committed image (built once, cached,
 served in chunks) to a broker below the window.  Only the active controller answers.
+
+A dynamic quorum's voter set rides along (KIP-853): a fetch names the version of the voter set the broker
+holds (``known_voters``: leader epoch, offset of its VotersRecord) and the answer carries this controller's
+voter set in force (``voters``) when that is newer — so a broker learns every voter with its endpoints,
+and a removed one leaves its rotation, from the quorum it already follows (as Kafka's brokers read the
+VotersRecords of the log they replicate).  Keyed by the leader epoch first: a new leader's set wins over a
+deposed leader's possibly truncated one; within one leadership the set only moves forward.  An older
+broker sends no ``known_voters`` and gets none; a static quorum sends none (its brokers know every voter
+from ``controller.quorum.voters``).
 """
 
 from __future__ import annotations
@@ -16,12 +25,17 @@ from kraft.metadata.controller_state import YIELD_EVERY_RECORDS, ControllerState
 from kraft.metadata.fetch_window import FetchWindow, WindowBatch
 from kraft.metadata.image_records import image_values
 from kraft.metadata.timers import Timers
+from kraft.raft.voters import VoterSet
+from kraft.v1 import common_pb2
 from kraft.v1 import controller_pb2 as cpb
 
 SNAPSHOT_CHUNK_RECORDS = 20_000
 DEFAULT_FETCH_RECORDS = 10_000
 
 NotControllerAnswer = Callable[[cpb.MetadataFetchResponse, int], cpb.MetadataFetchResponse]
+VotersInForce = Callable[[], tuple[int, VoterSet] | None]
+"""The voter set in force with the offset of the VotersRecord that introduced it (-1: the snapshot's or the
+bootstrap checkpoint's); None on a static quorum."""
 
 
 class FetchServer:
@@ -36,6 +50,7 @@ class FetchServer:
         max_parked: int = 1000,
         active_logic: Callable[[], Awaitable[ControllerLogic]],
         not_controller: NotControllerAnswer,
+        voters: VotersInForce | None = None,
     ) -> None:
         self._state = state
         self._timers = timers
@@ -47,6 +62,9 @@ class FetchServer:
         self._max_wait_ms = max_wait_ms
         self._max_parked = max_parked
         self.parked = 0  # requests long-polling now
+        self._voters = voters
+        # The last voter set sent, as a message (built once per set and leader epoch, then copied).
+        self._voters_message: tuple[tuple[int, int], VoterSet, cpb.QuorumVoters] | None = None
 
     def remember(self, batch: WindowBatch) -> None:
         """A batch committed (after the image took it in)."""
@@ -83,7 +101,7 @@ class FetchServer:
             while True:
                 start = self.window.start_offset(state.committed.offset + 1)
                 if req.fetch_offset < start:
-                    return await self._offer_snapshot(response)
+                    return await self._offer_snapshot(req, response)
                 if req.fetch_offset <= state.committed.offset:
                     self._fill_records(req, response)
                     if response.records:
@@ -101,7 +119,32 @@ class FetchServer:
         response.log_start_offset = self.window.start_offset(state.committed.offset + 1)
         if state.logic is None:
             return self._not_controller(response, state.leader.leader_id)
+        self._fill_voters(req, response)
         return response
+
+    def _fill_voters(self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse) -> None:
+        """This controller's voter set when the broker asked (``known_voters``) and holds an older one."""
+        if self._voters is None or not req.HasField("known_voters"):
+            return
+        in_force = self._voters()
+        if in_force is None or not in_force[1].voters:
+            return
+        offset, voters = in_force
+        version = (self._state.leader.epoch, offset)
+        if version <= (req.known_voters.leader_epoch, req.known_voters.offset):
+            return
+        cached = self._voters_message
+        if cached is None or cached[0] != version or cached[1] is not voters:
+            message = cpb.QuorumVoters(version=cpb.VoterSetVersion(leader_epoch=version[0], offset=offset))
+            for voter in voters:
+                message.voters.add(
+                    node_id=voter.node_id,
+                    endpoints=[
+                        common_pb2.Endpoint(name=e.name, host=e.host, port=e.port) for e in voter.endpoints
+                    ],
+                )
+            cached = self._voters_message = (version, voters, message)
+        response.voters.CopyFrom(cached[2])
 
     def _fill_records(self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse) -> None:
         limit = req.max_records if req.max_records > 0 else DEFAULT_FETCH_RECORDS
@@ -110,7 +153,9 @@ class FetchServer:
                 offset=r.offset, leader_epoch=r.epoch, append_time_ms=r.append_time_ms, value=r.value
             )
 
-    async def _offer_snapshot(self, response: cpb.MetadataFetchResponse) -> cpb.MetadataFetchResponse:
+    async def _offer_snapshot(
+        self, req: cpb.MetadataFetchRequest, response: cpb.MetadataFetchResponse
+    ) -> cpb.MetadataFetchResponse:
         cached = self._snapshot
         image = self._state.committed
         # A broker resumes at the snapshot's end offset, so that must still be inside the window.
@@ -127,6 +172,7 @@ class FetchServer:
         response.snapshot_id.CopyFrom(cached[0])
         response.high_watermark = committed.offset + 1
         response.log_start_offset = self.window.start_offset(committed.offset + 1)
+        self._fill_voters(req, response)
         return response
 
     def _snapshot_chunk(

@@ -160,6 +160,8 @@ class BrokerSettings:
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)  # replica.*, min.insync…
     heartbeat_stream: bool = True  # broker.heartbeat.stream: heartbeats over one stream (else unary calls)
     open_segment_files_max: int = 0
+    controller_listener_names: tuple[str, ...] = ()
+    """controller.listener.names: which endpoint of a voter the active controller sends is dialled."""
     """log.open.segment.files.max: segment files kept open at once (0 = half the open-file soft limit)."""
 
     @property
@@ -232,6 +234,7 @@ class BrokerSettings:
                 hwm_checkpoint_interval_ms=config.replica_high_watermark_checkpoint_interval_ms,
             ),
             open_segment_files_max=config.log_open_segment_files_max,
+            controller_listener_names=tuple(config.controller_listener_names),
         )
 
 
@@ -267,6 +270,7 @@ class BrokerServer:
             security=s.controller_security,
             log=get_logger("broker", node=s.broker_id),
             request_timeout_s=s.request_timeout_ms / 1000.0,
+            listener_names=s.controller_listener_names,
         )
         self.replicas = ReplicaManager(
             s.broker_id,
@@ -346,6 +350,7 @@ class BrokerServer:
             generation=lambda: self.status.resync_generation,
             metrics=self.metrics,
             clock=SystemClock(),
+            voters=self.client,  # the controllers' voter set becomes the client's rotation (KIP-853)
         )
         # Set when the controller fenced a running broker: it may ask to be unfenced again only after its
         # image shows that fence, because the leader moves that come with it precede it in the log.

@@ -79,7 +79,7 @@ from kraft.raft.grpc_test_service import (
 from kraft.raft.grpc_transport import GrpcTransport
 from kraft.raft.state import ImpossibleElectionStateError
 from kraft.raft.storage_adapters import FileElectionStore, FileSnapshotStore, SegmentedLogStore
-from kraft.raft.voters import Endpoint
+from kraft.raft.voters import Endpoint, VoterSet
 from kraft.runtime import grpc_io_name, running_loop_name
 from kraft.security.principal import (
     install_principal_mapper,
@@ -334,6 +334,15 @@ class ControllerNode:
         names = self.config.controller_listener_names
         endpoint = next((e for e in voter.endpoints if e.name in names), voter.endpoints[0])
         return (endpoint.host, endpoint.port)
+
+    def voters_in_force(self) -> tuple[int, VoterSet] | None:
+        """The voter set in force and the offset of the VotersRecord that introduced it (-1: the snapshot's
+        or the bootstrap checkpoint's), which MetadataFetch answers carry to brokers; None on a static
+        quorum (kraft.version 0: every broker knows the voters from controller.quorum.voters)."""
+        raft = self._raft
+        if raft is None or raft.kraft_version == 0:
+            return None
+        return raft.voter_set_offset, raft.voter_set
 
     def _voter_address(self, node_id: int) -> str | None:
         """``host:port`` of a voter of the set in force (its CONTROLLER endpoint); None if unknown."""

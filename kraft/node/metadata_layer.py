@@ -127,6 +127,7 @@ class MetadataLayer:
             on_fatal=None if node.supervisor is None else node.supervisor.fail,
             lease_expiry_ms=_fast_lane_lease(node),
             endpoint_of=node.voter_endpoint,
+            voters_in_force=node.voters_in_force,
         )
         await controller.start()
         self.controller = controller

@@ -867,6 +867,12 @@ class RaftDriver:
         return self._core.voter_set
 
     @property
+    def voter_set_offset(self) -> int:
+        """The offset of the VotersRecord that introduced :attr:`voter_set` (-1: the set of the snapshot,
+        the bootstrap checkpoint or the static configuration)."""
+        return self._core.voter_history.latest_offset
+
+    @property
     def kraft_version(self) -> int:
         return self._core.kraft_version
 

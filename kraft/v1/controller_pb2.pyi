@@ -396,6 +396,7 @@ class MetadataFetchRequest(_message.Message):
     MAX_RECORDS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_ID_FIELD_NUMBER: _builtins.int
     SNAPSHOT_POSITION_FIELD_NUMBER: _builtins.int
+    KNOWN_VOTERS_FIELD_NUMBER: _builtins.int
     cluster_id: _builtins.str
     broker_id: _builtins.int
     fetch_offset: _builtins.int
@@ -409,6 +410,13 @@ class MetadataFetchRequest(_message.Message):
     def snapshot_id(self) -> Global___SnapshotRef:
         """set while downloading a snapshot"""
 
+    @_builtins.property
+    def known_voters(self) -> Global___VoterSetVersion:
+        """The version of the voter set this broker holds (leader_epoch -1: none yet).  Set: the controller
+        answers with its voter set when it is newer (response field `voters`).  Unset (an older broker):
+        never sent one.
+        """
+
     def __init__(
         self,
         *,
@@ -419,14 +427,97 @@ class MetadataFetchRequest(_message.Message):
         max_records: _builtins.int = ...,
         snapshot_id: Global___SnapshotRef | None = ...,
         snapshot_position: _builtins.int = ...,
+        known_voters: Global___VoterSetVersion | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot_id", b"snapshot_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["known_voters", b"known_voters", "snapshot_id", b"snapshot_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "cluster_id", b"cluster_id", "fetch_offset", b"fetch_offset", "max_records", b"max_records", "max_wait_ms", b"max_wait_ms", "snapshot_id", b"snapshot_id", "snapshot_position", b"snapshot_position"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "cluster_id", b"cluster_id", "fetch_offset", b"fetch_offset", "known_voters", b"known_voters", "max_records", b"max_records", "max_wait_ms", b"max_wait_ms", "snapshot_id", b"snapshot_id", "snapshot_position", b"snapshot_position"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MetadataFetchRequest: _TypeAlias = MetadataFetchRequest  # noqa: Y015
+
+@_typing.final
+class VoterSetVersion(_message.Message):
+    """Which voter set a broker holds: the leader epoch of the active controller that sent it, then the offset
+    of the VotersRecord that introduced it there (-1: the set of a snapshot or the bootstrap checkpoint).
+    Compared as the pair: a set sent under a higher leader epoch wins (a new leader's log holds every
+    committed voter change, and an uncommitted one of a deposed leader may have been truncated away).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEADER_EPOCH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    leader_epoch: _builtins.int
+    offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        leader_epoch: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leader_epoch", b"leader_epoch", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VoterSetVersion: _TypeAlias = VoterSetVersion  # noqa: Y015
+
+@_typing.final
+class QuorumVoter(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    ENDPOINTS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.int
+    @_builtins.property
+    def endpoints(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Endpoint]:
+        """as the VotersRecord holds them (listener name, host, port)"""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.int = ...,
+        endpoints: _abc.Iterable[_common_pb2.Endpoint] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints", "node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuorumVoter: _TypeAlias = QuorumVoter  # noqa: Y015
+
+@_typing.final
+class QuorumVoters(_message.Message):
+    """The voter set in force at the active controller (KIP-853; dynamic quorums only: a static quorum's
+    brokers know every voter from controller.quorum.voters).  How a broker learns every controller's
+    address from the quorum it follows, as Kafka's brokers read the VotersRecords of the log they replicate.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    VOTERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def version(self) -> Global___VoterSetVersion: ...
+    @_builtins.property
+    def voters(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuorumVoter]: ...
+    def __init__(
+        self,
+        *,
+        version: Global___VoterSetVersion | None = ...,
+        voters: _abc.Iterable[Global___QuorumVoter] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version", "voters", b"voters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuorumVoters: _TypeAlias = QuorumVoters  # noqa: Y015
 
 @_typing.final
 class MetadataFetchResponse(_message.Message):
@@ -443,6 +534,7 @@ class MetadataFetchResponse(_message.Message):
     NEXT_SNAPSHOT_POSITION_FIELD_NUMBER: _builtins.int
     SNAPSHOT_DONE_FIELD_NUMBER: _builtins.int
     CONTROLLER_EPOCH_FIELD_NUMBER: _builtins.int
+    VOTERS_FIELD_NUMBER: _builtins.int
     error_code: _builtins.int
     error_message: _builtins.str
     high_watermark: _builtins.int
@@ -461,6 +553,10 @@ class MetadataFetchResponse(_message.Message):
 
     @_builtins.property
     def snapshot_records(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def voters(self) -> Global___QuorumVoters:
+        """set: the controller's voter set, newer than the request's known_voters"""
+
     def __init__(
         self,
         *,
@@ -475,10 +571,11 @@ class MetadataFetchResponse(_message.Message):
         next_snapshot_position: _builtins.int = ...,
         snapshot_done: _builtins.bool = ...,
         controller_epoch: _builtins.int = ...,
+        voters: Global___QuorumVoters | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "snapshot_id", b"snapshot_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "snapshot_id", b"snapshot_id", "voters", b"voters"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "controller_epoch", b"controller_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "next_snapshot_position", b"next_snapshot_position", "records", b"records", "snapshot_done", b"snapshot_done", "snapshot_id", b"snapshot_id", "snapshot_records", b"snapshot_records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller", b"controller", "controller_epoch", b"controller_epoch", "error_code", b"error_code", "error_message", b"error_message", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "next_snapshot_position", b"next_snapshot_position", "records", b"records", "snapshot_done", b"snapshot_done", "snapshot_id", b"snapshot_id", "snapshot_records", b"snapshot_records", "voters", b"voters"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

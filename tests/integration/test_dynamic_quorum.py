@@ -3,8 +3,10 @@ controller 1 formatted ``--standalone``, controllers 2 to 5 ``--no-initial-contr
 observers that find the quorum through ``controller.quorum.bootstrap.servers``), ``kraft quorum
 add-controller`` for each — grown 1 → 3 → 5 as docs/operations.md describes — a topic created through a
 broker that also only knows the bootstrap server, then the leader removed with ``kraft quorum
-remove-controller``: the four remaining voters elect a leader and the next write succeeds.  No controller
-may have resigned over a mispredicted metadata offset on the way (``offset_prediction_mismatch``)."""
+remove-controller``: the four remaining voters elect a leader and the next write succeeds.  Then controller
+1 and that leader stop: the broker, which learned the voter set from its MetadataFetch answers, heartbeats
+the next leader.  No controller may have resigned over a mispredicted metadata offset on the way
+(``offset_prediction_mismatch``) or fenced the live broker."""
 
 from __future__ import annotations
 
@@ -141,6 +143,21 @@ def test_grow_one_to_three_to_five_create_a_topic_and_remove_the_leader(tmp_path
             assert time.monotonic() < deadline, f"the broker never heartbeated the new leader ({opened})"
             time.sleep(0.2)
         _wait_for_broker(every)
+
+        # The broker learns the voter set from the leader's MetadataFetch answers (KIP-853), so controller
+        # 1 leaves its rotation.  Then 1 stops, and the leader too: the broker's bootstrap controller and the
+        # leader a hint named are both gone, and it must find the next leader among the voters it learned.
+        # Before, with only its bootstrap server and hints, it found no controller until its session ran out.
+        _wait_for_voters_learned(tmp_path / "broker.log", [2, 3, 4, 5])
+        quorum.terminate(1)
+        quorum.terminate(after.leader_id)
+        final = quorum.wait_for_leader(30, exclude=[1, after.leader_id])
+        opened = f"event=heartbeat_stream_opened controller={quorum.nodes[final.leader_id].target}"
+        deadline = time.monotonic() + 20
+        while opened not in (tmp_path / "broker.log").read_text(encoding="utf-8", errors="replace"):
+            assert time.monotonic() < deadline, f"the broker never heartbeated the next leader ({opened})"
+            time.sleep(0.2)
+        print(f"[{time.monotonic() - started:5.1f} s] the broker heartbeats leader {final.leader_id}")
         kraft(
             "topic",
             "create",
@@ -179,6 +196,20 @@ def test_grow_one_to_three_to_five_create_a_topic_and_remove_the_leader(tmp_path
 def _status_in_process(bootstrap: str) -> dict[str, Any]:
     view = quorum_status(describe_quorum(bootstrap.split(","), CALL_TIMEOUT_S))
     return {"current_voters": view.current_voters, "voters": view.voters}
+
+
+def _wait_for_voters_learned(broker_log: Path, voters: list[int], timeout_s: float = 20.0) -> None:
+    """Wait for the broker's ``controller_voters_learned`` line naming exactly ``voters``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for line in broker_log.read_text(encoding="utf-8", errors="replace").splitlines():
+            if "event=controller_voters_learned" not in line:
+                continue
+            named = line.split("voters=", 1)[1].split(" ", 1)[0]
+            if sorted(int(entry.split("@", 1)[0]) for entry in named.split(",")) == voters:
+                return
+        assert time.monotonic() < deadline, f"the broker never learned the voters {voters}"
+        time.sleep(0.2)
 
 
 def _wait_for_broker(bootstrap: str, timeout_s: float = 30.0) -> None:

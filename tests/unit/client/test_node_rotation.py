@@ -69,6 +69,19 @@ def test_a_new_list_keeps_the_marks_of_the_addresses_still_in_it() -> None:
         rotation.replace([])
 
 
+def test_a_last_resort_is_asked_only_when_every_other_address_failed() -> None:
+    rotation = address_rotation(["a"])
+    rotation.replace(["boot", "v1", "v2"], last_resort=["boot"])
+    assert [rotation.next() for _ in range(3)] == ["v1", "v2", "v1"]
+    assert rotation.round() == ["v2", "v1", "boot"]
+    rotation.failed("v1")
+    assert rotation.next(avoid="v2") == "boot", "v1 failed and v2 avoided: the last resort"
+    rotation.failed("v2")
+    assert rotation.next() == "boot"
+    rotation.failed("boot")
+    assert rotation.next() == "v1", "all failed: start over, the others first"
+
+
 # --- describe_quorum ----------------------------------------------------------------------------------------
 
 
