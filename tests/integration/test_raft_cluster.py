@@ -3,6 +3,7 @@ graceful handover, and the startup refusals.  Every wait is a polled condition w
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import time
@@ -12,6 +13,7 @@ import grpc
 import pytest
 
 from kraft.client.channel import open_blocking_channel
+from kraft.cluster import quorum as cluster_quorum
 from kraft.cluster.quorum import ControllerQuorum, QuorumFactory, run_kraft, wait_until
 from kraft.errors import ErrorCode
 from kraft.storage import shutdown_marker
@@ -260,8 +262,34 @@ def test_the_test_append_service_is_off_by_default(quorum_factory: QuorumFactory
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_wait_until_gives_up_at_its_deadline() -> None:
-    started = time.monotonic()
+class _SteppedClock:
+    """``time`` for kraft.cluster.quorum: ``sleep`` moves ``monotonic`` on, nothing else does."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_wait_until_gives_up_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a stepped clock, not the wall's (the bound was `< 2 s` of real time): it polls every 50 ms and
+    # gives up at the first look past 200 ms — not later, not forever.
+    clock = _SteppedClock()
+    monkeypatch.setattr(cluster_quorum, "time", clock)
+    polls: list[float] = []
+
+    def never() -> None:
+        polls.append(clock.now)
+        if len(polls) > 1000:  # bounded: a wait_until that never gives up fails here instead of hanging
+            raise RuntimeError("still polling after 1,000 looks")
+
     with pytest.raises(AssertionError, match="never"):
-        wait_until(lambda: None, 0.2, "never")
-    assert time.monotonic() - started < 2
+        wait_until(never, 0.2, "never")
+    steps = [round(later - earlier, 6) for earlier, later in itertools.pairwise(polls)]
+    assert polls[0] == 100.0 and steps == [0.05] * (len(polls) - 1)
+    assert polls[-2] < 100.2 <= polls[-1] < 100.25  # the first look past the deadline is the last
+    assert clock.now == polls[-1]  # gave up without sleeping again

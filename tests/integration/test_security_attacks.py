@@ -343,16 +343,21 @@ def test_admin_bombs_are_refused_quickly_with_bounded_memory(target: AttackTarge
             print(f"{what}: refused for {spent * 1000:.0f} ms of leader CPU")
             assert spent < BOMB_CPU_BOUND_S, f"{what} cost the leader {spent:.2f} s of CPU to refuse"
             assert answer.ByteSize() < 1024, what
-        # A MetadataFetch asking to wait 24 days is answered within metadata.fetch.max.wait.ms (2 s).
-        hwm = target.leader_answer().high_watermark
-        start = time.monotonic()
+        # A MetadataFetch asking to wait 24 days is answered as an expired long-poll (no records, no
+        # error) — within the call's 30 s deadline, which would otherwise end it with DEADLINE_EXCEEDED.
+        # The cap's value (metadata.fetch.max.wait.ms, 2 s here) is asserted on a manual clock
+        # (test_controller's 24-days test) and its wiring in test_config, not by this call's wall time
+        # (the bound was `< 10 s`, which a stalled host can stretch past).
         fetched = stub.MetadataFetch(
             cpb.MetadataFetchRequest(
-                cluster_id=cid, broker_id=101, fetch_offset=hwm + 1_000_000, max_wait_ms=INT32_MAX
+                cluster_id=cid,
+                broker_id=101,
+                fetch_offset=target.leader_answer().high_watermark + 1_000_000,
+                max_wait_ms=INT32_MAX,
             ),
             timeout=30,
         )
-        assert time.monotonic() - start < 10.0, fetched
+        assert fetched.error_code == ErrorCode.NONE and not fetched.records, fetched
     finally:
         channel.close()
     growth = target.rss_bytes()[before.leader_id] - rss_before

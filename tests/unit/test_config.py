@@ -542,3 +542,15 @@ def test_the_create_topics_preparing_limit_reaches_the_controller() -> None:
     assert options_from_config(NodeConfig.from_properties(dict(CONTROLLER))).create_topics_preparing_max == 0
     with pytest.raises(ConfigError, match=r"controller\.create\.topics\.preparing\.max"):
         NodeConfig.from_properties({**CONTROLLER, "controller.create.topics.preparing.max": "-1"})
+
+
+def test_the_metadata_fetch_wait_cap_reaches_the_controller() -> None:
+    """metadata.fetch.max.wait.ms caps a broker's MetadataFetch long-poll (test_controller asserts the cap
+    on a manual clock; test_security_attacks that a real cluster answers a 24-day wait)."""
+    from kraft.node.metadata_layer import options_from_config
+
+    cfg = NodeConfig.from_properties({**CONTROLLER, "metadata.fetch.max.wait.ms": "2000"})
+    assert options_from_config(cfg).metadata_fetch_max_wait_ms == 2000
+    assert (
+        options_from_config(NodeConfig.from_properties(dict(CONTROLLER))).metadata_fetch_max_wait_ms == 10_000
+    )

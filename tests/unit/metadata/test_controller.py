@@ -379,6 +379,32 @@ async def test_metadata_fetch_serves_committed_records_and_long_polls(
     assert not empty.records and empty.error_code == ErrorCode.NONE
 
 
+async def test_a_metadata_fetch_asking_to_wait_24_days_is_answered_at_the_configured_cap() -> None:
+    """metadata.fetch.max.wait.ms caps a broker's long-poll (issue #15's attack: park a request for
+    INT32_MAX ms).  On the manual clock: still parked 1 ms before the cap, answered empty at it —
+    test_security_attacks asserts the real cluster answers it; the cap itself is asserted here."""
+    raft, controller = await started(ControllerOptions(noop_interval_ms=0, metadata_fetch_max_wait_ms=2000))
+    try:
+        raft.elect()
+        await until(lambda: controller.is_active)
+        hwm = controller.committed.offset + 1
+        poll = asyncio.create_task(
+            controller.metadata_fetch(
+                cpb.MetadataFetchRequest(
+                    cluster_id=CLUSTER, fetch_offset=hwm + 1_000_000, max_wait_ms=2**31 - 1
+                )
+            )
+        )
+        await until(lambda: controller.fetches.parked == 1)  # its deadline taken from the clock at 0 ms
+        await step(controller, 1999)
+        assert not poll.done()
+        await step(controller, 1)
+        answer = await asyncio.wait_for(poll, 5)
+        assert answer.error_code == ErrorCode.NONE and not answer.records and answer.high_watermark == hwm
+    finally:
+        await controller.stop()
+
+
 async def test_a_broker_behind_the_fetch_window_downloads_a_snapshot() -> None:
     raft, controller = await started(ControllerOptions(noop_interval_ms=0, fetch_window_records=3))
     try:

@@ -27,10 +27,22 @@ def single_voter(log: MemoryLogStore | None = None) -> RaftDriver:
 
 
 async def leading(driver: RaftDriver) -> None:
-    """Start ``driver`` and wait (bounded) until it leads."""
+    """Start ``driver`` and wait (bounded) until it leads, its leader-change record is committed and it
+    is parked.  Not just "leads": the new leader's first batch (the leader change) is written and fsynced
+    after the core already names it leader, so a test that went on at that point could meet that flush —
+    catch it at a gated fsync instead of its own write's, or have its first append held by it and pulled
+    (test_pull_during_flush failed so under load: the fsync thread ran late)."""
     await driver.start()
     for _ in range(int(ELECTION_TIMEOUT_S / 0.005)):  # bounded poll: the election runs on the system clock
-        if driver.leader_and_epoch.leader_id == 1:
+        if (
+            driver.leader_and_epoch.leader_id == 1
+            and driver.high_watermark == driver.next_append_offset
+            and driver.idle
+        ):
             return
         await asyncio.sleep(0.005)
-    raise AssertionError("the single voter did not elect itself")
+    raise AssertionError(
+        "the single voter did not elect itself and commit its leader change: "
+        f"{driver.leader_and_epoch} high watermark {driver.high_watermark} "
+        f"next offset {driver.next_append_offset} idle {driver.idle}"
+    )

@@ -177,10 +177,17 @@ async def test_a_leader_whose_every_flush_brings_the_next_append_still_polls_its
         for _ in range(4 * check_quorum_ms // 10):
             if leader.state is not StateKind.LEADER:
                 break
+            appends = log.appends
             cluster.clock.advance(10)
             for driver in cluster.drivers.values():
                 driver.recheck_timers()
-            await asyncio.sleep(0.002)
+            # The next 10 ms of the clock once the chain took another turn (a flush handed over the
+            # next append), not after a fixed 2 ms of real time: with the fsync thread late on a loaded
+            # host (a 15 ms stall per flush, injected) the clock reached check-quorum after 9 appends.
+            # Polled: the chain runs on the fsync thread, no event to wait on.
+            async with asyncio.timeout(WAIT_S):
+                while log.appends == appends and leader.state is StateKind.LEADER:  # noqa: ASYNC110
+                    await asyncio.sleep(0.001)
         assert log.appends > 10  # the flushes did bring appends all along
         assert leader.state is not StateKind.LEADER, "the isolated leader never polled its check-quorum"
     finally:
