@@ -132,6 +132,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return future
 
     def _has_ready(self) -> bool:
+        if not self._soon:  # the usual answer, after most events: nothing was handed over
+            return False
         if any(h.cancelled() for h in self._soon):
             self._soon = {h for h in self._soon if not h.cancelled()}
         return bool(self._soon)
