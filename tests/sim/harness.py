@@ -74,8 +74,16 @@ def encode_batches(batches: list[SimBatch]) -> bytes:
     return pickle.dumps(batches, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_batches(data: bytes) -> list[SimBatch]:
-    batches: list[SimBatch] = pickle.loads(data)
+_last_decoded: list[tuple[bytes, tuple[SimBatch, ...]]] = []
+"""The bytes :func:`decode_batches` read last and what they held: a follower's core scans fetched bytes
+(``scan_batches``) and the same bytes object comes back to be written (``AppendFetched``)."""
+
+
+def decode_batches(data: bytes) -> tuple[SimBatch, ...]:
+    if _last_decoded and _last_decoded[0][0] is data:
+        return _last_decoded[0][1]
+    batches: tuple[SimBatch, ...] = tuple(pickle.loads(data))
+    _last_decoded[:] = [(data, batches)]
     return batches
 
 
