@@ -44,4 +44,7 @@ class InflightRequests:
         self._requests.clear()
 
     def next_deadline_ms(self) -> int:
-        return min((inflight.deadline_ms for inflight in self._requests.values()), default=NEVER_MS)
+        deadline = NEVER_MS
+        for inflight in self._requests.values():  # no generator: this runs after every input
+            deadline = min(deadline, inflight.deadline_ms)
+        return deadline

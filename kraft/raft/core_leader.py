@@ -227,9 +227,10 @@ class LeaderRole:
             deadline = min(deadline, parked.deadline_ms)
         for voter in self.begin_unacked:
             deadline = min(deadline, self.begin_next_send_ms.get(voter, NEVER_MS))
+        fetch_timeout_ms = self.config.fetch_timeout_ms  # (the core asks this after every input it leads)
         for voter, contact_ms in self.last_contact_ms.items():
             if voter not in self.begin_unacked:
-                deadline = min(deadline, contact_ms + self.config.fetch_timeout_ms)
+                deadline = min(deadline, contact_ms + fetch_timeout_ms)
         return min(deadline, self.lease_renewal_due_ms(self.now_ms))
 
     def check_quorum_expired(self, now_ms: int) -> bool:
@@ -692,8 +693,10 @@ class LeaderRole:
         echo it yet, the next response carries it, and a new round would only join it.  So a due renewal
         never turns into a poll that repeats at once: it starts a round, which moves the next one an
         eighth of the lease on, or leaves one unpublished."""
+        if self.lease_caller_ms == NEVER_MS:  # no caller yet: first, before the config's lease arithmetic
+            return NEVER_MS
         in_use_until = self.lease_caller_ms + self.config.lease_ms
-        if self.lease_caller_ms == NEVER_MS or now_ms >= in_use_until:
+        if now_ms >= in_use_until:
             return NEVER_MS
         if self.read_round_in_flight and self.read_round_published < self.read_round_started:
             return NEVER_MS

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, ClassVar
 
 from kraft.raft.api import LeaderAndEpoch
 from kraft.raft.core import RaftCore
@@ -74,14 +74,25 @@ def encode_batches(batches: list[SimBatch]) -> bytes:
     return pickle.dumps(batches, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_batches(data: bytes) -> list[SimBatch]:
-    batches: list[SimBatch] = pickle.loads(data)
+_last_decoded: list[tuple[bytes, tuple[SimBatch, ...]]] = []
+"""The bytes :func:`decode_batches` read last and what they held: a follower's core scans fetched bytes
+(``scan_batches``) and the same bytes object comes back to be written (``AppendFetched``)."""
+
+
+def decode_batches(data: bytes) -> tuple[SimBatch, ...]:
+    if _last_decoded and _last_decoded[0][0] is data:
+        return _last_decoded[0][1]
+    batches: tuple[SimBatch, ...] = tuple(pickle.loads(data))
+    _last_decoded[:] = [(data, batches)]
     return batches
 
 
 def batch_voters(values: tuple[SimValue, ...]) -> VoterSet | None:
-    found = [value for value in values if isinstance(value, VoterSet)]
-    return found[-1] if found else None
+    """The batch's last VotersRecord (None: it has none)."""
+    for value in reversed(values):
+        if isinstance(value, VoterSet):
+            return value
+    return None
 
 
 def scan_batches(data: bytes) -> list[BatchInfo]:
@@ -122,6 +133,15 @@ class SimLog:
     bases: list[int] = field(default_factory=list)
     durable_batches: int = 0
 
+    shrinks: ClassVar[int] = 0
+    """Counts, over every log, the changes that may lower a log's durable end: a truncation, a reset to
+    a snapshot, a new log (a node's first, or a wiped one's).  Nothing else lowers it — a flush raises
+    it, a crash drops only unflushed batches, deleting below a snapshot leaves it at or above where it
+    was — so :meth:`Simulation.check_invariants` counts the holders again only after one of these."""
+
+    def __post_init__(self) -> None:
+        SimLog.shrinks += 1
+
     @property
     def end_offset(self) -> int:
         return self.batches[-1][1] + 1 if self.batches else self.start_offset
@@ -137,6 +157,7 @@ class SimLog:
         self.bases.append(batch[0])
 
     def truncate_to(self, offset: int) -> None:
+        SimLog.shrinks += 1
         index = bisect.bisect_left(self.bases, offset)
         if index < len(self.batches) and self.batches[index][0] != offset:
             raise InvariantViolation(f"truncation at {offset} is not a batch boundary")
@@ -178,6 +199,7 @@ class SimLog:
         self.start_offset = offset
 
     def reset(self, start_offset: int) -> None:
+        SimLog.shrinks += 1
         self.batches.clear()
         self.bases.clear()
         self.durable_batches = 0
@@ -654,7 +676,9 @@ class SimNode:
     def _schedule_poll(self, deadline_ms: int) -> None:
         if deadline_ms >= 1 << 60:
             return
-        deadline_ms = max(deadline_ms, self.clock_ms())
+        # clock_ms(), inline: this runs after every output
+        now_ms = self.clock_offset_ms + self.sim.now_ms * self._rate_numerator // self._rate_denominator
+        deadline_ms = max(deadline_ms, now_ms)
         if deadline_ms in self.scheduled_polls:
             return
         self.scheduled_polls.add(deadline_ms)
@@ -730,11 +754,15 @@ class SimNode:
         if self.wakeup_queued:
             return
 
+        if not self.driver_ordering:  # (as _input would run it, without building the queue entry)
+            self.process(self.live_core.take_output(self.clock_ms()))
+            return
+
         def dispatch() -> Output:
             self.wakeup_queued = False
             return self.live_core.take_output(self.clock_ms())
 
-        self.wakeup_queued = self.driver_ordering
+        self.wakeup_queued = True
         self._input(_Input("wakeup", lambda: self.process(dispatch()), dispatch=dispatch))
 
     # -- inbound
@@ -752,6 +780,9 @@ class SimNode:
             # The simulated network knows the sender: every request is checked as mTLS would check it.
             return self.live_core.handle_request(request_id, request, self.clock_ms(), peer_id=src)
 
+        if not self.driver_ordering:
+            self.process(dispatch())
+            return
         self._input(_Input("request", lambda: self.process(dispatch()), request=request, dispatch=dispatch))
 
     def receive_response(self, correlation_id: int, response: RaftResponse) -> None:
@@ -761,6 +792,9 @@ class SimNode:
         def dispatch() -> Output:
             return self.live_core.handle_response(correlation_id, response, self.clock_ms())
 
+        if not self.driver_ordering:
+            self.process(dispatch())
+            return
         self._input(
             _Input(
                 "response", lambda: self.process(dispatch()), correlation_id=correlation_id, dispatch=dispatch
@@ -826,6 +860,11 @@ class Simulation:
         self.max_high_watermark = 0
         self.next_value = 0
         self.append_interval_ms = 4
+        self._held_target = 0
+        self._held_voters: VoterSet | None = None
+        self._held_shrinks = -1
+        """The high watermark, voter set and :attr:`SimLog.shrinks` at which :meth:`check_invariants` last
+        found the high watermark durable on a majority."""
 
     @classmethod
     def dynamic_quorum(
@@ -848,14 +887,15 @@ class Simulation:
         heapq.heappush(self.events, (self.now_ms + delay_ms, self.sequence, action))
 
     def run_until(self, time_ms: int) -> None:
-        while self.events and self.events[0][0] <= time_ms:
-            at_ms, _seq, action = heapq.heappop(self.events)
+        events, pop, check = self.events, heapq.heappop, self.check_invariants
+        while events and events[0][0] <= time_ms:
+            at_ms, _seq, action = pop(events)
             self.now_ms = at_ms
             self.event_count += 1
             if self.event_count > self.max_events:
                 raise InvariantViolation(f"seed {self.seed}: more than {self.max_events} events")
             action()
-            self.check_invariants()
+            check()
         self.now_ms = max(self.now_ms, time_ms)
 
     def run_for(self, duration_ms: int) -> None:
@@ -1015,24 +1055,23 @@ class Simulation:
 
     def after_node_event(self, node: SimNode) -> None:
         core = node.core
-        if core is None:
+        if core is None or not core.is_leader:
             return
-        if core.is_leader:
-            holder = self.leaders_by_epoch.setdefault(core.epoch, node.node_id)
-            if holder != node.node_id:
-                raise InvariantViolation(
-                    f"seed {self.seed}: nodes {holder} and {node.node_id} both lead epoch {core.epoch}"
-                )
-            if holder == node.node_id and node.node_id not in self.checked_leaders.get(core.epoch, ()):
-                self.checked_leaders.setdefault(core.epoch, set()).add(node.node_id)
-                self.check_election(node)
-            if core.is_voter and core.high_watermark > self.max_high_watermark:
-                self.max_high_watermark = core.high_watermark
-                self.hwm_voters = core.voter_set
-            elif self.dynamic and core.high_watermark > self.max_high_watermark:
-                # A leader that removed itself commits with the others' majority.
-                self.max_high_watermark = core.high_watermark
-                self.hwm_voters = core.voter_set
+        epoch = core.epoch
+        holder = self.leaders_by_epoch.setdefault(epoch, node.node_id)
+        if holder != node.node_id:
+            raise InvariantViolation(
+                f"seed {self.seed}: nodes {holder} and {node.node_id} both lead epoch {epoch}"
+            )
+        checked = self.checked_leaders.get(epoch)
+        if checked is None or node.node_id not in checked:
+            self.checked_leaders.setdefault(epoch, set()).add(node.node_id)
+            self.check_election(node)
+        # A voter's high watermark, or (dynamic quorum) also that of a leader that removed itself: it
+        # commits with the others' majority.  The cheap comparison first: this runs after every output.
+        if core.high_watermark > self.max_high_watermark and (self.dynamic or core.is_voter):
+            self.max_high_watermark = core.high_watermark
+            self.hwm_voters = core.voter_set
 
     def record_vote_grant(self, node: SimNode, request: VoteRequest) -> None:
         """A (pre-)vote granted by ``node``: with a dynamic quorum it must answer for the replica the
@@ -1079,14 +1118,21 @@ class Simulation:
         if target == 0:
             return
         voters = self.hwm_voters
+        shrinks = SimLog.shrinks
+        if target == self._held_target and voters is self._held_voters and shrinks == self._held_shrinks:
+            # It held for this high watermark and voter set, and no durable end went down since (nor did a
+            # directory id change: only a wipe does, with a new log): it holds.  This runs after every
+            # event; most events move none of these.
+            return
         missing = voters.majority
         nodes = self.nodes
         for voter in voters:
             node = nodes[voter.node_id]
             if voter.matches(node.node_id, node.directory_id) and node.log.durable_end >= target:
                 missing -= 1
-                if missing == 0:
-                    return  # a majority holds it (this runs after every event: stop counting there)
+                if missing == 0:  # a majority holds it: stop counting there
+                    self._held_target, self._held_voters, self._held_shrinks = target, voters, shrinks
+                    return
         holders = voters.majority - missing
         raise InvariantViolation(
             f"seed {self.seed}: high watermark {target} is durable on only {holders} voters of {voters}"

@@ -50,6 +50,7 @@ from kraft.raft.listeners import (
     leader_change_due,
 )
 from kraft.raft.messages import NO_LEADER, DescribeQuorumResponse, SnapshotId
+from kraft.raft.state import ElectionState, StateKind
 from sim.harness import InvariantViolation, SimNode
 
 MAX_LOOP_TURNS_PER_EVENT = 100_000
@@ -132,6 +133,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return future
 
     def _has_ready(self) -> bool:
+        if not self._soon:  # the usual answer, after most events: nothing was handed over
+            return False
         if any(h.cancelled() for h in self._soon):
             self._soon = {h for h in self._soon if not h.cancelled()}
         return bool(self._soon)
@@ -381,6 +384,9 @@ class ListenerFeed:
         """Batches handed over synchronously (``handle_commit_now`` took them)."""
         self._idle = False
         self._pumped: tuple[int, LeaderAndEpoch, int, int, int] | None = None
+        self._leader_of: tuple[StateKind, ElectionState, LeaderAndEpoch] | None = None
+        """The core's state and election at the last pump and the leader and epoch they make
+        (``RaftCore.leader_and_epoch`` builds a new one at every call; the pump runs after every event)."""
         """What the last :meth:`pump` saw: (applied end, leader, epoch start, id and start of the log)."""
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task = asyncio.get_running_loop().create_task(self._feed())
@@ -389,7 +395,12 @@ class ListenerFeed:
         node, core = self._node, self._node.core
         if not node.running or core is None:
             return
-        leader = core.leader_and_epoch
+        known = self._leader_of
+        if known is not None and known[0] is core.state and known[1] is core.election:
+            leader = known[2]  # the same state and election (immutable): the same leader and epoch
+        else:
+            leader = core.leader_and_epoch
+            self._leader_of = (core.state, core.election, leader)
         epoch_start = core.epoch_start_offset if core.is_leader else -1
         log = node.log
         seen = (node.applied_end, leader, epoch_start, id(log), log.start_offset)

@@ -198,24 +198,27 @@ class ControllerSimulation(Simulation):
             return
         self._syncing = True
         try:
-            self.clock.now_ms = self.now_ms
+            now_ms = self.now_ms
+            self.clock.now_ms = now_ms
+            paused, controllers = self.paused, self.controllers
             for node_id, node in self.nodes.items():
-                if node_id in self.paused:
+                if node_id in paused:
                     continue
-                current = self.controllers.get(node_id)
+                current = controllers.get(node_id)
                 if current is not None and (not node.running or current.incarnation != node.incarnation):
                     self._stop_controller(node_id)
                     current = None
                 if current is None and node.running:
                     self._start_controller(node_id)
             self._check_committed_fencing()
-            running = [e for n, e in self.controllers.items() if n not in self.paused]
-            for node_id, entry in self.controllers.items():
-                if node_id not in self.paused and self._listeners_behind_until.get(node_id, 0) <= self.now_ms:
+            running = [e for n, e in controllers.items() if n not in paused]
+            behind_until = self._listeners_behind_until
+            for node_id, entry in controllers.items():
+                if node_id not in paused and behind_until.get(node_id, 0) <= now_ms:
                     entry.raft.pump()
             for entry in running:
                 entry.loop.run_ready()
-            for entry in self.controllers.values():
+            for entry in controllers.values():
                 if entry.raft.resignations:
                     raise InvariantViolation(
                         f"seed {self.seed}: node {entry.raft.node_id} mispredicted an offset"
@@ -277,8 +280,12 @@ class ControllerSimulation(Simulation):
                 )
 
     def _check_committed_fencing(self) -> None:
+        checked = self._fencing_checked
         for node_id, node in self.nodes.items():
-            start = min(self._fencing_checked.get(node_id, 0), node.applied_end)
+            start = checked.get(node_id, 0)
+            if start == node.applied_end:
+                continue  # nothing applied since the last check (this runs after every event)
+            start = min(start, node.applied_end)
             for offset in range(start, node.applied_end):
                 value = node.values[offset]
                 problem = self.false_fencing.get((offset, value)) if isinstance(value, bytes) else None

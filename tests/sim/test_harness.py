@@ -67,6 +67,37 @@ def test_a_high_watermark_not_durable_on_a_majority_is_detected() -> None:
         sim.check_invariants()
 
 
+def _durable_everywhere(sim: Simulation, end: int) -> None:
+    for node in sim.nodes.values():
+        node.log.append((0, end - 1, 1, tuple(b"v" for _ in range(end))))
+        node.log.flush()
+
+
+def test_a_durable_end_lowered_after_the_check_held_is_detected() -> None:
+    """The check counts the holders again after any change that may lower a durable end (it skips the
+    count only while the high watermark, the voter set and every durable end stayed where it held)."""
+    sim = Simulation(0)
+    _durable_everywhere(sim, 10)
+    sim.max_high_watermark = 10
+    sim.check_invariants()
+    sim.nodes[1].log.truncate_to(0)
+    sim.check_invariants()  # two of three still hold it
+    sim.nodes[2].log.truncate_to(0)
+    with pytest.raises(InvariantViolation, match="durable on only 1 voters"):
+        sim.check_invariants()
+
+
+def test_wiped_holders_after_the_check_held_are_detected() -> None:
+    sim = Simulation(0)
+    _durable_everywhere(sim, 10)
+    sim.max_high_watermark = 10
+    sim.check_invariants()
+    sim.nodes[1].wipe()
+    sim.nodes[3].wipe()
+    with pytest.raises(InvariantViolation, match="durable on only 1 voters"):
+        sim.check_invariants()
+
+
 def test_a_persisted_epoch_going_back_is_detected() -> None:
     sim = Simulation(0)
     node = sim.nodes[1]
