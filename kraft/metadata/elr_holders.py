@@ -11,7 +11,11 @@ follows image to image in ``MetadataDelta.apply()`` at a cost in proportion to t
 per topic the partition ids are kept in *chunks* of :data:`CHUNK` ids (a frozenset each), so a change
 copies the topic's small chunk map and the chunks it touches, never a set as big as the topic (a topic of
 100,000 partitions all in ELR would otherwise copy 100,000 ids for each that leaves it).  A topic whose
-holders do not change keeps its chunk map (shared with the previous image).
+holders do not change keeps its chunk map (shared with the previous image).  The topic map itself is an
+:class:`immutables.Map` (a HAMT): the next index sets or drops the changed topics' entries, sharing the
+rest, where a dict had to be copied whole by every delta that changed a holder — a fence of 30,000
+one-partition topics, ~150 slices each copying a map growing to 30,000 topics, spent ~54 of its ~90 ms
+in ``advance_steps`` on those copies (session 20; docs/internals/raft-performance.md).
 
 Images built without it (tests constructing ``MetadataImage`` directly) compute it by one scan on first
 use (:func:`elr_holders_of`, memoized on the image); the store loads it from its ``partition_elr`` rows
@@ -25,6 +29,8 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from itertools import compress, islice, repeat
 from operator import attrgetter, or_, rshift
 from typing import TYPE_CHECKING, Final
+
+import immutables
 
 if TYPE_CHECKING:
     from kraft.metadata.delta import MetadataDelta
@@ -213,8 +219,12 @@ class ElrHolders:
 
     __slots__ = ("_topics",)
 
+    _topics: immutables.Map[str, _Chunks]
+
     def __init__(self, topics: Mapping[str, _Chunks]) -> None:
-        self._topics = topics
+        # Persistent, not a dict: the next index shares every topic entry it does not change
+        # (advance_steps: O(changed topics x log topics), not a copy of every topic per delta).
+        self._topics = topics if isinstance(topics, immutables.Map) else immutables.Map(topics)
 
     @staticmethod
     def from_partitions(pairs: Iterable[tuple[str, int]]) -> ElrHolders:
@@ -278,11 +288,13 @@ class ElrHolders:
         looked at once and each touched chunk copied once.  Pauses (yields) after about every
         :data:`ADVANCE_STEP_WORK` topics and changed partitions looked at (a snapshot's 100,000 new
         topics: ~20 ms in one go)."""
-        topics: dict[str, _Chunks] | None = None  # copied on the first change (often there is none)
+        # The next map's changes, made on first change (often there is none); what it does not touch
+        # stays shared with this index's map (which is left as it is).
+        topics: immutables.MapMutation[str, _Chunks] | None = None
         for topic_id in delta.removed_topics():
             if topic_id in self._topics:
                 if topics is None:
-                    topics = dict(self._topics)
+                    topics = self._topics.mutate()
                 del topics[topic_id]
         work = 0
         for topic_id, base, partitions, elr_set in delta.elr_changed_topics():
@@ -316,12 +328,12 @@ class ElrHolders:
             if chunks is old:
                 continue
             if topics is None:
-                topics = dict(self._topics)
+                topics = self._topics.mutate()
             if chunks:
                 topics[topic_id] = chunks
             else:
                 topics.pop(topic_id, None)
-        return self if topics is None else ElrHolders(topics)
+        return self if topics is None else ElrHolders(topics.finish())
 
 
 EMPTY_ELR_HOLDERS: Final = ElrHolders({})
