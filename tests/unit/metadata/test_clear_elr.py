@@ -583,11 +583,15 @@ def test_a_follower_controller_replays_a_big_clear_over_several_loop_turns() -> 
     asyncio.run(scenario())
 
 
-def test_a_fence_of_one_partition_topics_in_slices_keeps_every_index_exact_and_shares_the_rest() -> None:
+def test_a_fence_of_one_partition_topics_in_slices_keeps_every_index_exact_and_shares_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A fence's shape (session 20): many one-partition topics, a slice of them entering the ELR per
     delta, then leaving it.  After each slice the new index is a scan's, the base image's index is
-    still its own image's scan (a delta's base stays valid: the topic map is persistent, not edited),
-    and every topic the slice left alone keeps its very chunk map (shared, not copied)."""
+    still its own image's scan (a delta's base stays valid: no index's dicts are edited), and every
+    topic the slice left alone keeps its very chunk map (shared, not copied).  A small overlay bound,
+    so that slices land in the overlay and folds into a new base both happen."""
+    monkeypatch.setattr(elr_holders_module, "OVERLAY_MIN", 8)
     topics = 40
     delta = MetadataDelta(MetadataImage.empty())
     for t in range(topics):
@@ -616,3 +620,6 @@ def test_a_fence_of_one_partition_topics_in_slices_keeps_every_index_exact_and_s
     for seen in images:  # every index still the scan of its own image
         assert elr_holders_of(seen) == ElrHolders.scan(seen.topics_by_id)
     assert elr_holders_of(images[len(images) // 2]).count() == topics and elr_holders_of(image).count() == 0
+    indexes = [elr_holders_of(seen) for seen in images]
+    assert any(index._overlay for index in indexes)  # slices kept in an overlay
+    assert len({id(index._base) for index in indexes}) > 2  # and folded into new bases
