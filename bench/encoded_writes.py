@@ -22,6 +22,18 @@ image holds ``--sole`` one-partition topics with broker 1 their only replica and
 - ``unfence_sole``: broker 1 unfenced — an election from the ELR in each of those partitions;
 - ``fence_pairs``: broker 2 fenced — its ISRs drop below min ISR (the ELR's shape: the general rules).
 
+Session 20 adds ``--work-unit`` (records per write and bulk slice, both logics: 200 gives a fence of
+30,000 one-partition topics the ~150 slices a 5 ms event budget gave it in session 19, deterministically)
+and, with ``--led N``, a third logic (``--brokers`` brokers, min ISR 1) whose image holds ``N`` RF-3
+partitions led by broker 1 (topics of 1,000, ``bench.shutdown_profile``'s), its phases:
+
+- ``fence_led``: broker 1 fenced — it leaves every ISR, the next replica leads;
+- ``led_settle``: the rejoin index's flags the fence's slices left dirty, settled (``index_some``, as the
+  shell does in events of their own between the fence and the unfence);
+- ``unfence_led``: broker 1 unfenced — its rejoin job over the index's candidates.
+
+``--no-creates`` leaves out the first logic's phases.
+
 The collector is off during the phases (what a phase costs, not when a collection happens to run).  Works
 on trees before session 18 (A/B: run it from each tree's root, alternated).  Prints JSON; ``--out`` also
 writes it.  Run: ``python -m bench.encoded_writes [--rounds 3]`` (~15 s a round); ``--sole 0 --pairs 0``
@@ -54,6 +66,7 @@ from kraft.v1 import metadata_pb2 as pb
 CLUSTER = "bench"
 WORK_UNIT = 1000
 EVENT_MS = 5
+LED_PER_TOPIC = 1000
 
 
 def _values(outcome: Any) -> list[bytes]:
@@ -70,11 +83,22 @@ def _timed(fn: Callable[[], int]) -> tuple[float, int]:
 
 
 def one_round(args: argparse.Namespace) -> dict[str, float]:
+    result: dict[str, float] = {}
+    if not args.no_creates:
+        result.update(create_round(args))
+    if args.sole or args.pairs:
+        result.update(fence_round(args))
+    if args.led:
+        result.update(led_round(args))
+    return result
+
+
+def create_round(args: argparse.Namespace) -> dict[str, float]:
     settings = ControllerSettings(
         CLUSTER,
         max_partitions=10**9,
         max_broker_partitions=10**9,
-        max_changes_per_write=WORK_UNIT,
+        max_changes_per_write=args.work_unit,
         max_event_time_ms=EVENT_MS,
     )
     # no clock: events bounded by record counts only, so both trees write the same slices and requests
@@ -87,7 +111,7 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
         topic = cpb.CreatableTopic(name="big", num_partitions=args.big, replication_factor=3)
         _, plan = logic.plan_topic(cpb.CreateTopicsRequest(cluster_id=CLUSTER, topics=[topic]), offset)
         assert plan is not None
-        while not plan.place_some(Deadline(None, 0), WORK_UNIT):
+        while not plan.place_some(Deadline(None, 0), args.work_unit):
             pass
         written = len(_values(logic.create_planned_topic(plan, False, offset)))
         offset += written
@@ -140,8 +164,6 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
             result[f"{name}_us_per_record"] = round(ms * 1000 / max(records, 1), 2)
     finally:
         gc.enable()
-    if args.sole or args.pairs:
-        result.update(fence_round(args))
     return result
 
 
@@ -152,7 +174,7 @@ def _fence_logic(args: argparse.Namespace) -> tuple[ControllerLogic, int]:
         CLUSTER,
         max_partitions=10**9,
         max_broker_partitions=10**9,
-        max_changes_per_write=WORK_UNIT,
+        max_changes_per_write=args.work_unit,
         max_event_time_ms=EVENT_MS,
         min_insync_replicas=2,
     )
@@ -181,6 +203,95 @@ def _fence_logic(args: argparse.Namespace) -> tuple[ControllerLogic, int]:
     while not logic.index_some(10**9):
         pass
     return logic, offset
+
+
+def _led_logic(args: argparse.Namespace) -> tuple[ControllerLogic, int]:
+    """The third logic: brokers, then ``--led`` partitions of RF 3 led by broker 1 (topics of 1,000; the
+    other two replicas spread over brokers 2..), replayed into its image and reset onto it, the rejoin
+    index built."""
+    settings = ControllerSettings(
+        CLUSTER,
+        max_partitions=10**9,
+        max_broker_partitions=10**9,
+        max_changes_per_write=args.work_unit,
+        max_event_time_ms=EVENT_MS,
+    )
+    logic = ControllerLogic(settings, MetadataImage.empty(), 0)
+    offset = register_active_brokers(logic, args.brokers)
+    delta = MetadataDelta(logic.image)
+    for t in range(0, args.led, LED_PER_TOPIC):
+        delta.replay(rec.wrap(pb.TopicRecord(name=f"led-{t}", topic_id=f"l{t}")), offset)
+        offset += 1
+        for p in range(min(LED_PER_TOPIC, args.led - t)):
+            other = 2 + (t + p) % (args.brokers - 3)
+            replicas = [1, other, other + 1]
+            record = pb.PartitionRecord(
+                topic_id=f"l{t}", partition_id=p, replicas=replicas, isr=replicas, leader=1
+            )
+            delta.replay(rec.wrap(record), offset)
+            offset += 1
+    logic.reset(delta.apply(), 0)
+    while not logic.index_some(10**9):
+        pass
+    return logic, offset
+
+
+def _beat(logic: ControllerLogic, offset: list[int], broker_id: int, want_fence: bool) -> Callable[[], int]:
+    """A heartbeat of ``broker_id`` (fence or, caught up, unfence) and every bulk slice after it, to the
+    end; ``offset[0]`` moves past what they wrote."""
+    next_slice = getattr(logic, "continue_bulk_values", None)
+
+    def run() -> int:
+        request = cpb.BrokerHeartbeatRequest(
+            cluster_id=CLUSTER,
+            broker_id=broker_id,
+            broker_epoch=logic.image.brokers[broker_id].epoch,
+            current_metadata_offset=offset[0] + 10**9,  # caught up: the unfence runs its elections
+            want_fence=want_fence,
+        )
+        written = len(_values(logic.broker_heartbeat(request, 0, offset[0])))
+        offset[0] += written
+        while logic.has_bulk_jobs():
+            if next_slice is not None:
+                more = next_slice(offset[0])
+            else:
+                more = [rec.encode_value(r) for r in logic.continue_bulk_jobs(offset[0])]
+            offset[0] += len(more)
+            written += len(more)
+        return written
+
+    return run
+
+
+def led_round(args: argparse.Namespace) -> dict[str, float]:
+    logic, start = _led_logic(args)
+    offset = [start]
+
+    def settle() -> int:
+        """The index's dirty flags settled as the shell does, an event at a time; returns the events."""
+        events = 0
+        while getattr(logic.rejoin_index, "settling", False):
+            logic.index_some()
+            events += 1
+        return events
+
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        result: dict[str, float] = {}
+        for name, fn in (
+            ("fence_led", _beat(logic, offset, 1, True)),
+            ("led_settle", settle),
+            ("unfence_led", _beat(logic, offset, 1, False)),
+        ):
+            ms, records = _timed(fn)
+            result[f"{name}_ms"] = round(ms, 1)
+            result[f"{name}_records"] = records  # (led_settle: its events)
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    return result
 
 
 def fence_round(args: argparse.Namespace) -> dict[str, float]:
@@ -243,6 +354,9 @@ def main() -> None:
     parser.add_argument("--grow-to", type=int, default=220)
     parser.add_argument("--sole", type=int, default=10_000, help="one-partition topics of broker 1 alone")
     parser.add_argument("--pairs", type=int, default=20_000, help="partitions of RF 2 led by broker 2")
+    parser.add_argument("--work-unit", type=int, default=WORK_UNIT, help="records per write and slice")
+    parser.add_argument("--led", type=int, default=0, help="RF-3 partitions led by broker 1 (third logic)")
+    parser.add_argument("--no-creates", action="store_true", help="leave out the first logic's phases")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

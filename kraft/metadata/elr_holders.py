@@ -11,7 +11,13 @@ follows image to image in ``MetadataDelta.apply()`` at a cost in proportion to t
 per topic the partition ids are kept in *chunks* of :data:`CHUNK` ids (a frozenset each), so a change
 copies the topic's small chunk map and the chunks it touches, never a set as big as the topic (a topic of
 100,000 partitions all in ELR would otherwise copy 100,000 ids for each that leaves it).  A topic whose
-holders do not change keeps its chunk map (shared with the previous image).
+holders do not change keeps its chunk map (shared with the previous image).  The topic map itself is a
+shared *base* dict plus a small *overlay* of the topics changed since (:data:`OVERLAY_SHARE`): the next
+index copies the overlay, not every topic, and folds it into a new base once it outgrows its share —
+a dict copied whole by every delta that changed a holder made a fence of 30,000 one-partition topics
+(~150 slices) spend ~30 of its ~80 ms of ``advance_steps`` copying (session 20;
+docs/internals/raft-performance.md).  A delta's base image keeps its index as it was (neither dict of an
+index is changed once it is built).
 
 Images built without it (tests constructing ``MetadataImage`` directly) compute it by one scan on first
 use (:func:`elr_holders_of`, memoized on the image); the store loads it from its ``partition_elr`` rows
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from itertools import compress, islice, repeat
+from itertools import chain, compress, islice, repeat
 from operator import attrgetter, or_, rshift
 from typing import TYPE_CHECKING, Final
 
@@ -45,6 +51,13 @@ BULK_CHANGES = 1024
 BULK_STEP_CHANGES = 4_096
 """Changed partitions of a big topic (in parts) :meth:`ElrHolders.advance_steps` takes between two
 pauses."""
+
+OVERLAY_SHARE = 8
+"""An index's overlay (topics changed since its base) is folded into a new base once it holds more than
+1/``OVERLAY_SHARE`` of the base's topics (and :data:`OVERLAY_MIN`): each delta copies at most that many
+entries instead of every topic, and the fold (a copy of every topic) comes once per that many changed
+topics — amortized O(``OVERLAY_SHARE``) entries a change."""
+OVERLAY_MIN = 1_024
 
 _Chunks = Mapping[int, frozenset[int]]  # chunk number → partition ids of that chunk holding an ELR/LKE
 _NO_CHUNKS: Final[_Chunks] = {}
@@ -209,12 +222,19 @@ def _step_advance(old: _Chunks, partitions: Mapping[int, PartitionRegistration])
 
 class ElrHolders:
     """Topic id → the ids of its partitions holding an ELR or a last known ELR (topics holding none are
-    absent).  Immutable: :meth:`advance` returns a new index sharing what did not change."""
+    absent).  Immutable: :meth:`advance` returns a new index sharing what did not change.
 
-    __slots__ = ("_topics",)
+    Kept as ``_base`` (topic → chunks) and ``_overlay`` (topic → chunks, or None where the topic left the
+    base), the overlay read first; neither dict is changed once the index is built (see the module
+    doc)."""
 
-    def __init__(self, topics: Mapping[str, _Chunks]) -> None:
-        self._topics = topics
+    __slots__ = ("_base", "_overlay")
+
+    def __init__(
+        self, topics: Mapping[str, _Chunks], overlay: Mapping[str, _Chunks | None] | None = None
+    ) -> None:
+        self._base = topics
+        self._overlay: Mapping[str, _Chunks | None] = overlay if overlay is not None else {}
 
     @staticmethod
     def from_partitions(pairs: Iterable[tuple[str, int]]) -> ElrHolders:
@@ -234,23 +254,45 @@ class ElrHolders:
             if partition.elr or partition.last_known_elr
         )
 
+    def _chunks(self, topic_id: str) -> _Chunks:
+        """The topic's chunks (empty when it holds none)."""
+        chunks = self._overlay.get(topic_id, _NO_CHUNKS)
+        if chunks is _NO_CHUNKS:
+            chunks = self._base.get(topic_id, _NO_CHUNKS)
+        return _NO_CHUNKS if chunks is None else chunks
+
+    @property
+    def _topics(self) -> dict[str, _Chunks]:
+        """Every topic holding any and its chunks, merged (O(topics): equality, tests)."""
+        overlay = self._overlay
+        if not overlay:
+            return dict(self._base)
+        merged = {t: c for t, c in self._base.items() if t not in overlay}
+        merged.update((t, c) for t, c in overlay.items() if c is not None)
+        return merged
+
     def topic_ids(self) -> Iterator[str]:
         """The topics holding any (in no particular order)."""
-        return iter(self._topics)
+        overlay = self._overlay
+        if not overlay:
+            return iter(self._base)
+        return chain(
+            (t for t in self._base if t not in overlay), (t for t, c in overlay.items() if c is not None)
+        )
 
     def partition_ids(self, topic_id: str) -> list[int]:
         """The partitions of ``topic_id`` holding one, ascending."""
-        chunks = self._topics.get(topic_id)
+        chunks = self._chunks(topic_id)
         if not chunks:
             return []
         return sorted(p for chunk in chunks.values() for p in chunk)
 
     def topic_count(self, topic_id: str) -> int:
         """How many partitions of ``topic_id`` hold one."""
-        return sum(map(len, self._topics.get(topic_id, {}).values()))
+        return sum(map(len, self._chunks(topic_id).values()))
 
     def count(self) -> int:
-        return sum(len(chunk) for chunks in self._topics.values() for chunk in chunks.values())
+        return sum(len(chunk) for topic_id in self.topic_ids() for chunk in self._chunks(topic_id).values())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ElrHolders) and self._topics == other._topics
@@ -258,7 +300,7 @@ class ElrHolders:
     __hash__ = None  # type: ignore[assignment]  # mutable-looking equality; never a dict key
 
     def __repr__(self) -> str:
-        return f"ElrHolders({ {t: self.partition_ids(t) for t in self._topics} })"
+        return f"ElrHolders({ {t: self.partition_ids(t) for t in self.topic_ids()} })"
 
     def advance(self, delta: MetadataDelta) -> ElrHolders:
         """:meth:`advance_steps` in one go."""
@@ -278,19 +320,31 @@ class ElrHolders:
         looked at once and each touched chunk copied once.  Pauses (yields) after about every
         :data:`ADVANCE_STEP_WORK` topics and changed partitions looked at (a snapshot's 100,000 new
         topics: ~20 ms in one go)."""
-        topics: dict[str, _Chunks] | None = None  # copied on the first change (often there is none)
+        # The next overlay, copied from this one on the first change (often there is none); the base is
+        # shared (a removed base topic is a None entry).
+        shared = self._base
+        topics: dict[str, _Chunks | None] | None = None
         for topic_id in delta.removed_topics():
-            if topic_id in self._topics:
+            if self._chunks(topic_id):
                 if topics is None:
-                    topics = dict(self._topics)
-                del topics[topic_id]
+                    topics = dict(self._overlay)
+                if topic_id in shared:
+                    topics[topic_id] = None
+                else:
+                    del topics[topic_id]
         work = 0
         for topic_id, base, partitions, elr_set in delta.elr_changed_topics():
             work += 1 + (len(partitions) if elr_set else 0)  # (a topic skipped: ~0.2 µs)
             if work >= ADVANCE_STEP_WORK:
                 work = 0
                 yield
-            old = (self._topics if topics is None else topics).get(topic_id, _NO_CHUNKS)
+            if topics is None:
+                old = self._chunks(topic_id)
+            else:
+                found = topics.get(topic_id, _NO_CHUNKS)
+                if found is _NO_CHUNKS:
+                    found = shared.get(topic_id, _NO_CHUNKS)
+                old = _NO_CHUNKS if found is None else found
             chunks: _Chunks
             if base is None:  # (re)created in this delta: every partition it has is in ``partitions``
                 ids = _holders_of_new_topic(partitions) if elr_set else []
@@ -316,12 +370,25 @@ class ElrHolders:
             if chunks is old:
                 continue
             if topics is None:
-                topics = dict(self._topics)
+                topics = dict(self._overlay)
             if chunks:
                 topics[topic_id] = chunks
+            elif topic_id in shared:
+                topics[topic_id] = None
             else:
                 topics.pop(topic_id, None)
-        return self if topics is None else ElrHolders(topics)
+        if topics is None:
+            return self
+        if len(topics) > max(OVERLAY_MIN, len(shared) // OVERLAY_SHARE):
+            # Folded into a new base: one copy of every topic per ~1/OVERLAY_SHARE of them changed.
+            folded = dict(shared)
+            for topic_id, kept in topics.items():
+                if kept is None:
+                    folded.pop(topic_id, None)
+                else:
+                    folded[topic_id] = kept
+            return ElrHolders(folded)
+        return ElrHolders(shared, topics)
 
 
 EMPTY_ELR_HOLDERS: Final = ElrHolders({})

@@ -581,3 +581,45 @@ def test_a_follower_controller_replays_a_big_clear_over_several_loop_turns() -> 
             assert turns >= 2000 // CLEAR_ELR_STEP, turns
 
     asyncio.run(scenario())
+
+
+def test_a_fence_of_one_partition_topics_in_slices_keeps_every_index_exact_and_shares_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fence's shape (session 20): many one-partition topics, a slice of them entering the ELR per
+    delta, then leaving it.  After each slice the new index is a scan's, the base image's index is
+    still its own image's scan (a delta's base stays valid: no index's dicts are edited), and every
+    topic the slice left alone keeps its very chunk map (shared, not copied).  A small overlay bound,
+    so that slices land in the overlay and folds into a new base both happen."""
+    monkeypatch.setattr(elr_holders_module, "OVERLAY_MIN", 8)
+    topics = 40
+    delta = MetadataDelta(MetadataImage.empty())
+    for t in range(topics):
+        delta.replay(records.wrap(pb.TopicRecord(name=f"n{t}", topic_id=f"T{t}")))
+        delta.replay(
+            records.wrap(pb.PartitionRecord(topic_id=f"T{t}", partition_id=0, replicas=[1, 2], isr=[1, 2]))
+        )
+    image = delta.apply()
+    images = [image]
+    for elr in ([1], []):  # into the ELR, then out of it (ISR back)
+        for start in range(0, topics, 7):
+            delta = MetadataDelta(image)
+            for t in range(start, min(start + 7, topics)):
+                change = pb.PartitionChangeRecord(topic_id=f"T{t}", partition_id=0)
+                change.eligible_leader_replicas.SetInParent()
+                change.eligible_leader_replicas.ids.extend(elr)
+                delta.replay(records.wrap(change))
+            after = delta.apply()
+            before, now = elr_holders_of(image), elr_holders_of(after)
+            assert after.elr_holders is not None  # followed from the base's, not scanned
+            assert now == ElrHolders.scan(after.topics_by_id)
+            touched = {f"T{t}" for t in range(start, start + 7)}
+            assert all(now._topics[t] is before._topics[t] for t in before.topic_ids() if t not in touched)
+            images.append(after)
+            image = after
+    for seen in images:  # every index still the scan of its own image
+        assert elr_holders_of(seen) == ElrHolders.scan(seen.topics_by_id)
+    assert elr_holders_of(images[len(images) // 2]).count() == topics and elr_holders_of(image).count() == 0
+    indexes = [elr_holders_of(seen) for seen in images]
+    assert any(index._overlay for index in indexes)  # slices kept in an overlay
+    assert len({id(index._base) for index in indexes}) > 2  # and folded into new bases
