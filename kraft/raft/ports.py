@@ -11,12 +11,14 @@ worker threads (the flush on its own one, ``kraft.raft.sync_worker``; the others
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kraft.raft.messages import SnapshotId
 from kraft.raft.state import ElectionState
 from kraft.raft.voters import VoterSet
-from kraft.storage.batch import BatchHeader
+
+if TYPE_CHECKING:  # a port names the header type; the core's import closure stays free of kraft.storage
+    from kraft.storage.batch import BatchHeader
 
 
 class LogStore(Protocol):
