@@ -142,7 +142,10 @@ class GrpcTransport:
         return address or self._addresses.get(dest) or self._learned.get(dest)
 
     def _peer(self, dest: int) -> _Peer:
-        address = self.address_of(dest)
+        return self._peer_at(dest, self.address_of(dest))
+
+    def _peer_at(self, dest: int, address: str | None) -> _Peer:
+        """The peer state of ``dest``, dialled at ``address`` (what :meth:`address_of` says now)."""
         peer = self._peers.get(dest)
         if address is None:
             if peer is None:
@@ -189,9 +192,12 @@ class GrpcTransport:
             raise TransportError(dest, "transport closed")
         timeout_s = max(timeout_ms, 1) / 1000.0
         deadline = time.monotonic() + timeout_s
-        if dest >= 0 and self.address_of(dest) is None:
+        # Resolved once per call (the voter set's endpoint: a few µs on every follower's Fetch round).
+        address = self.address_of(dest)
+        if dest >= 0 and address is None:
             await self._look_up(dest, deadline)
-        peer = self._peer(dest)
+            address = self.address_of(dest)
+        peer = self._peer_at(dest, address)
         if peer.retry_at:
             wait_s = peer.retry_at - time.monotonic()
             if wait_s >= timeout_s:

@@ -22,8 +22,9 @@ before it appends.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterator, Sequence
 
-from kraft.storage.batch import peek_batch_header
+from kraft.storage.batch import BatchHeader, peek_batch_header
 
 DEFAULT_TAIL_BYTES = 1 << 20
 """How much of the log's tail :class:`LogTail` keeps by default: followers in step and listeners read
@@ -47,8 +48,10 @@ class LogTail:
         """The base offset of the oldest batch kept (None: none)."""
         return self._bases[0] if self._bases else None
 
-    def appended(self, data: bytes, base_offset: int) -> None:
-        """``data`` (whole batches, the first at ``base_offset``) was appended at the log's end."""
+    def appended(self, data: bytes, base_offset: int, headers: Sequence[BatchHeader] | None = None) -> None:
+        """``data`` (whole batches, the first at ``base_offset``) was appended at the log's end;
+        ``headers``: its batches' headers when the caller has them (the log's append read them), else
+        they are read here."""
         if self._max_bytes <= 0:
             return
         if base_offset != self._end:
@@ -56,8 +59,9 @@ class LogTail:
         bases, kept = self._bases, self._data
         size = len(data)
         position = 0
-        while position < size:
-            header = peek_batch_header(data, position)
+        if headers is None:
+            headers = list(_headers_in(data))
+        for header in headers:
             end = position + header.size_in_bytes
             bases.append(header.base_offset)
             kept.append(data if position == 0 and end == size else data[position:end])
@@ -103,3 +107,13 @@ class LogTail:
         self._data = []
         self._bytes = 0
         self._end = -1
+
+
+def _headers_in(data: bytes) -> Iterator[BatchHeader]:
+    """The header of every batch in ``data`` (whole batches, already validated by the log's append)."""
+    size = len(data)
+    position = 0
+    while position < size:
+        header = peek_batch_header(data, position)
+        yield header
+        position += header.size_in_bytes

@@ -19,6 +19,7 @@ from kraft.raft.state import ElectionState
 from kraft.raft.transport import RequestHandler, TransportError
 from kraft.raft.voters import VoterSet
 from kraft.storage.batch import (
+    BatchHeader,
     SnapshotFooterRecord,
     SnapshotHeaderRecord,
     build_batch,
@@ -51,7 +52,10 @@ class MemoryLogStore:
                 entries.append((epoch, max(base, self._start)))
         return entries
 
-    def append(self, data: bytes, *, built: bool = False) -> None:
+    def append(
+        self, data: bytes, *, built: bool = False, checked: Sequence[BatchHeader] | None = None
+    ) -> None:
+        # The fake checks every batch whatever ``built`` and ``checked`` say (it is not timed).
         expected = self.end_offset
         parsed: list[tuple[int, int, int, bytes]] = []
         for position, header in iter_batch_headers(data):

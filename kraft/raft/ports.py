@@ -11,11 +11,14 @@ worker threads (the flush on its own one, ``kraft.raft.sync_worker``; the others
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kraft.raft.messages import SnapshotId
 from kraft.raft.state import ElectionState
 from kraft.raft.voters import VoterSet
+
+if TYPE_CHECKING:  # a port names the header type; the core's import closure stays free of kraft.storage
+    from kraft.storage.batch import BatchHeader
 
 
 class LogStore(Protocol):
@@ -31,12 +34,17 @@ class LogStore(Protocol):
         """(epoch, start offset) of every epoch in the log, ascending."""
         ...
 
-    def append(self, data: bytes, *, built: bool = False) -> None:
+    def append(
+        self, data: bytes, *, built: bool = False, checked: Sequence[BatchHeader] | None = None
+    ) -> None:
         """Append whole batches starting at ``end_offset`` (buffered; durable after :meth:`flush`).
 
         ``built``: the driver encoded ``data`` itself a moment ago (a leader's own batch), so a store
         that checks fetched bytes (CRC, header chain) may skip that check; offsets must still continue
-        the log.  Bytes from the network are always appended with ``built=False``."""
+        the log.  Bytes from the network are always appended with ``built=False``.  ``checked``: the
+        headers of ``data``'s batches, each CRC-checked by the driver's scan of these very bytes
+        (:class:`kraft.raft.driver.FetchedBatchScan`): a store may take them instead of checking the
+        CRCs again; offsets, epochs, its size cap and that they tile ``data`` it still checks."""
         ...
 
     def flush(self) -> int:

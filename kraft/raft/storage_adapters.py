@@ -12,6 +12,7 @@ from kraft.raft.memory import decode_snapshot
 from kraft.raft.messages import NO_LEADER, SnapshotId
 from kraft.raft.state import ElectionState
 from kraft.raft.voters import VoterSet
+from kraft.storage.batch import BatchHeader
 from kraft.storage.errors import StorageStateError
 from kraft.storage.log import LogConfig, SegmentedLog
 from kraft.storage.quorum_state import QuorumState, QuorumStateStore
@@ -48,16 +49,20 @@ class SegmentedLogStore:
     def epoch_entries(self) -> list[tuple[int, int]]:
         return self._log.epoch_entries()
 
-    def append(self, data: bytes, *, built: bool = False) -> None:
+    def append(
+        self, data: bytes, *, built: bool = False, checked: Sequence[BatchHeader] | None = None
+    ) -> None:
         # Fetched bytes come from the network: the log validates CRC and offsets before writing.  A batch
         # the driver just built (a leader's own) skips the CRC pass — one checksum over the whole batch
-        # on a lone write's path; offsets and epochs are still checked by append_batch.
+        # on a lone write's path; offsets and epochs are still checked by append_batch.  Fetched bytes
+        # the driver's scan CRC-checked a moment ago come with those headers (``checked``): the log does
+        # not check them twice, and the tail takes the same headers.
         try:
-            appended = self._log.append_batch(data, validate=not built)
+            appended = self._log.append_batch(data, validate=not built, checked=checked)
         except BaseException:
             self.tail.clear()  # the log may have failed part-way: its end is no longer the tail's
             raise
-        self.tail.appended(data, appended.first_offset)
+        self.tail.appended(data, appended.first_offset, checked)
 
     def flush(self) -> int:
         return self._log.flush()

@@ -63,6 +63,7 @@ from kraft.storage.errors import (
     FatalStorageError,
     InvalidAppendError,
     OffsetOutOfRangeError,
+    RecordTooLargeError,
     StorageStateError,
 )
 from kraft.storage.fileio import (
@@ -634,16 +635,27 @@ class SegmentedLog:
 
     # --- appending ---------------------------------------------------------------------------------
 
-    def append_batch(self, data: bytes | bytearray | memoryview, *, validate: bool = True) -> AppendResult:
+    def append_batch(
+        self,
+        data: bytes | bytearray | memoryview,
+        *,
+        validate: bool = True,
+        checked: Sequence[BatchHeader] | None = None,
+    ) -> AppendResult:
         """Append one or more whole encoded batches; the first must start at ``end_offset``.
 
         With ``validate`` (the default; pass False only for batches this process just built) every batch
         is checked — magic, size cap, CRC, contiguous offsets, non-decreasing leader epoch — before
         anything is written, so a bad buffer leaves the log untouched (CorruptRecordError,
         RecordTooLargeError or InvalidAppendError).
+
+        ``checked``: the headers of ``data``'s batches, in order, each read by :func:`check_batch` from
+        these very bytes a moment ago (a follower's driver scans what it fetched before it appends it):
+        the CRC and magic pass is not run twice.  The size cap (this log's), that the headers tile
+        ``data`` exactly, the offsets and the epochs are still checked here.
         """
         self._check_open()
-        headers = self._headers_of(data, validate)
+        headers = self._headers_of(data, validate) if checked is None else self._tiling(data, checked)
         if not headers:
             raise InvalidAppendError("append of an empty buffer")
         expected = self.end_offset
@@ -703,6 +715,24 @@ class SegmentedLog:
         if position != end:
             raise InvalidAppendError(f"buffer of {end} bytes does not end on a batch boundary ({position})")
         return headers
+
+    def _tiling(
+        self, data: bytes | bytearray | memoryview, checked: Sequence[BatchHeader]
+    ) -> list[BatchHeader]:
+        """``checked`` (see :meth:`append_batch`) as this log's header list, once each batch is within the
+        size cap and the batches' sizes add up to ``data`` (no byte unaccounted for, none beyond it)."""
+        max_bytes = self.config.max_batch_bytes
+        total = 0
+        for header in checked:
+            size = header.size_in_bytes
+            if size > max_bytes:
+                raise RecordTooLargeError(
+                    f"batch at offset {header.base_offset} is {size} bytes, above the maximum of {max_bytes}"
+                )
+            total += size
+        if total != len(data):
+            raise InvalidAppendError(f"checked batches of {total} bytes do not tile a buffer of {len(data)}")
+        return list(checked)
 
     def _write(self, data: bytes | bytearray | memoryview, headers: list[BatchHeader]) -> None:
         self._settle_marker()

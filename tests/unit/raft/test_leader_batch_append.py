@@ -9,6 +9,7 @@ log and the epochs do not go back.  A follower's append of what it fetched is ne
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -16,20 +17,27 @@ from raft_helpers import LoopbackCluster, NodeStores
 
 from kraft.raft.memory import MemoryLogStore
 from kraft.raft.storage_adapters import SegmentedLogStore
-from kraft.storage.batch import build_batch
+from kraft.storage.batch import BatchHeader, build_batch, iter_batch_headers
 from kraft.storage.errors import CorruptRecordError, InvalidAppendError
 
 
 class RecordingLog(MemoryLogStore):
-    """Remembers, per append, whether the driver said it built the bytes."""
+    """Remembers, per append, whether the driver said it built the bytes, and the checked headers it
+    handed over (``None``: none)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.appends: list[bool] = []
+        self.checked: list[tuple[list[BatchHeader] | None, list[BatchHeader]]] = []
+        """(headers handed over, the data's own headers) per append."""
 
-    def append(self, data: bytes, *, built: bool = False) -> None:
+    def append(
+        self, data: bytes, *, built: bool = False, checked: Sequence[BatchHeader] | None = None
+    ) -> None:
         self.appends.append(built)
-        super().append(data, built=built)
+        own = [header for _, header in iter_batch_headers(data)]
+        self.checked.append((None if checked is None else list(checked), own))
+        super().append(data, built=built, checked=checked)
 
 
 async def test_the_leader_appends_its_own_batches_as_built_and_followers_their_fetched_ones_not() -> None:
@@ -43,6 +51,7 @@ async def test_the_leader_appends_its_own_batches_as_built_and_followers_their_f
         await cluster.settle()
         for log in logs.values():
             log.appends.clear()
+            log.checked.clear()
         offset = leader.schedule_append([b"a", b"b"])
         await cluster.settle()
         assert leader.high_watermark > offset
@@ -50,6 +59,11 @@ async def test_the_leader_appends_its_own_batches_as_built_and_followers_their_f
         for node_id, log in logs.items():
             if node_id != leader.node_id:
                 assert log.appends and not any(log.appends), node_id
+                # The fetched bytes come with the headers the core's scan checked: exactly theirs
+                # (session 20: one CRC pass per round).  The leader's own batch comes with none.
+                assert all(handed == own for handed, own in log.checked), node_id
+            else:
+                assert [handed for handed, _ in log.checked] == [None]
     finally:
         await cluster.close()
 
