@@ -93,14 +93,19 @@ def one_round(args: argparse.Namespace) -> dict[str, float]:
     return result
 
 
-def create_round(args: argparse.Namespace) -> dict[str, float]:
-    settings = ControllerSettings(
+def _settings(args: argparse.Namespace) -> ControllerSettings:
+    """Every logic's settings: no partition caps, ``--work-unit`` records per write, the event budget."""
+    return ControllerSettings(
         CLUSTER,
         max_partitions=10**9,
         max_broker_partitions=10**9,
         max_changes_per_write=args.work_unit,
         max_event_time_ms=EVENT_MS,
     )
+
+
+def create_round(args: argparse.Namespace) -> dict[str, float]:
+    settings = _settings(args)
     # no clock: events bounded by record counts only, so both trees write the same slices and requests
     logic = ControllerLogic(settings, MetadataImage.empty(), 0)
     offset = register_active_brokers(logic, args.brokers)
@@ -209,13 +214,7 @@ def _led_logic(args: argparse.Namespace) -> tuple[ControllerLogic, int]:
     """The third logic: brokers, then ``--led`` partitions of RF 3 led by broker 1 (topics of 1,000; the
     other two replicas spread over brokers 2..), replayed into its image and reset onto it, the rejoin
     index built."""
-    settings = ControllerSettings(
-        CLUSTER,
-        max_partitions=10**9,
-        max_broker_partitions=10**9,
-        max_changes_per_write=args.work_unit,
-        max_event_time_ms=EVENT_MS,
-    )
+    settings = _settings(args)
     logic = ControllerLogic(settings, MetadataImage.empty(), 0)
     offset = register_active_brokers(logic, args.brokers)
     delta = MetadataDelta(logic.image)
