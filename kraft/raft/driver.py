@@ -530,6 +530,8 @@ class RaftDriver:
         self._task: asyncio.Task[None] | None = None
         self._deadline_ms = 0
         self._parked = False  # waiting in _sleep_until_deadline (read by the ``idle`` test seam)
+        self._park_until_ms = 0  # the clock time the current park ends at (its deadline)
+        self._park_timer: asyncio.TimerHandle | None = None  # the loop timer standing for it
         # Set while the driver has nothing to do (parked, stopped or failed); cleared by every event it is
         # handed.  A follower's listeners wait for it between their steps (yield_turn).
         self._quiet = asyncio.Event()
@@ -1127,14 +1129,33 @@ class RaftDriver:
             # task's cancellation and its bookkeeping: ~6 µs of a follower's every round, measured in
             # process, session 20) and no wait_for (3.11's can swallow a cancellation, gh-86296).  The
             # timer is cancelled however the wait ends, so it never sets a later wait's event.
-            timer = asyncio.get_running_loop().call_later(timeout_s, self._wake.set)
+            self._park_until_ms = deadline_ms
+            self._park_timer = asyncio.get_running_loop().call_later(timeout_s, self._park_timer_fired)
             try:
                 await self._wake.wait()
             finally:
-                timer.cancel()
+                if self._park_timer is not None:
+                    self._park_timer.cancel()
+                    self._park_timer = None
                 self._parked = False
         self._metrics.poll_idle_seconds.inc(max(0, self._clock.monotonic_ms() - started_ms) / 1000)
         return True
+
+    def _park_timer_fired(self) -> None:
+        """The loop timer of a park ran out: wake the driver if its clock says the deadline is due, else
+        wait out the rest.  The loop's timers and the clock can disagree: libuv rounds a timer to the
+        millisecond and may run it just before the clock reaches the deadline (a poll that would find
+        nothing due), and a manual clock does not move with the loop at all — there the timer stands for
+        nothing, and waking on it would make a parked driver busy once per real millisecond until a test
+        moves the clock (tests' ``settle`` then never saw it idle on a loaded host: session 21)."""
+        remaining_ms = self._park_until_ms - self._clock.monotonic_ms()
+        if remaining_ms <= 0:
+            self._park_timer = None
+            self._wake.set()
+        else:
+            self._park_timer = asyncio.get_running_loop().call_later(
+                remaining_ms / 1000, self._park_timer_fired
+            )
 
     def _dispatch(self, event: _Event, now_ms: int) -> Output:
         core = self._core
