@@ -56,8 +56,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 # below.  Every test that starts real processes (clusters, chaos runs, the CLI's proxy) runs on one worker,
 # one at a time and in file order exactly as in a serial run: module-scoped clusters stay shared and
 # timing bounds keep meaning "one cluster at a time".  The other worker takes the in-process tests (unit,
-# sim) meanwhile; the spark tests stay together so they share one session JVM.  (xdist's own loadgroup
-# reads ``item._nodeid``, which pytest 9 no longer has, so the grouping is done here, by path.)
+# sim) meanwhile.  The spark tests run in the same unit, after the clusters (file order): one of them
+# (test_metadata_report_cluster.py) starts a cluster, so all of them share that worker's one session JVM
+# (a second one cost 8-19 s of start-up and its own warm-up: docs/internals/testing.md, session 21), and
+# no JVM runs beside a cluster.  (xdist's own loadgroup reads ``item._nodeid``, which pytest 9 no longer
+# has, so the grouping is done here, by path.)
 PROCESS_TEST_PATHS = (
     "tests/integration/",
     "tests/chaos/",
@@ -81,12 +84,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def xdist_work_unit(nodeid: str) -> str:
-    """The xdist work unit of a test: ``processes``, ``spark``, or the test alone."""
+    """The xdist work unit of a test: ``processes`` (process and spark tests) or the test alone."""
     path = nodeid.split("::", 1)[0]
-    if path.startswith(PROCESS_TEST_PATHS):
+    if path.startswith(PROCESS_TEST_PATHS + SPARK_TEST_PATHS):
         return "processes"
-    if path.startswith(SPARK_TEST_PATHS):
-        return "spark"
     return nodeid
 
 

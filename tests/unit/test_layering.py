@@ -8,6 +8,7 @@ The generated ``kraft/v1`` code is not checked (it imports only protobuf and grp
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,17 @@ def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
 
 
 def kraft_imports(package_dir: Path = PACKAGE_DIR) -> Iterator[Import]:
+    return iter(_scanned(package_dir))
+
+
+@functools.cache
+def _scanned(package_dir: Path) -> tuple[Import, ...]:
+    """One scan per package directory and session: parsing ~300 modules took ~1 s of CPU (~4-7 s on a
+    loaded host) and three tests asked for the same one; a test that writes a package uses a new dir."""
+    return tuple(_scan(package_dir))
+
+
+def _scan(package_dir: Path) -> Iterator[Import]:
     for path in sorted(package_dir.rglob("*.py")):
         importer = _module_name(path, package_dir)
         if importer.startswith("kraft.v1"):
@@ -98,6 +110,7 @@ def kraft_imports(package_dir: Path = PACKAGE_DIR) -> Iterator[Import]:
                     yield Import(importer, name, node.lineno)
 
 
+@functools.cache
 def _is_module(name: str, package_dir: Path = PACKAGE_DIR) -> bool:
     relative = Path(*name.split("."))
     return (package_dir.parent / relative).with_suffix(".py").exists() or (

@@ -12,12 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 from kraft.errors import ErrorCode
 from kraft.replication.acks import Acks, AcksAllWaiters, Completion, admit_produce
 from kraft.replication.leader_state import PartitionLeaderState
 from kraft.replication.types import LeaderAndIsr
+
+# For the tests that find() a counterexample to a deliberately broken rule: their claim is that one
+# exists among the derandomized examples, which the first one found shows.  Shrinking it (the default
+# after a find) proved nothing more and took ~60-80 % of such a test's time (session 21).
+FIRST_FOUND = (Phase.generate,)
 
 LEADER = 1
 REPLICAS = (1, 2, 3)

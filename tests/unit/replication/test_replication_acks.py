@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
-from replication_events import MIN_ISR, Event, Run, events, initial_isrs, run
+from replication_events import FIRST_FOUND, MIN_ISR, Event, Run, events, initial_isrs, run
 
 import kraft.replication.acks as acks_module
 from kraft.errors import ErrorCode
@@ -144,7 +144,9 @@ def test_the_acks_property_catches_answering_on_the_leaders_end() -> None:
     script, isr = find(
         SCRIPTS,
         lambda args: bool(_ack_violations(run(args[0], args[1], LeaderEndHwm))),
-        settings=settings(max_examples=3000, database=None, deadline=None, derandomize=True),
+        settings=settings(
+            max_examples=3000, database=None, deadline=None, derandomize=True, phases=FIRST_FOUND
+        ),
     )
     assert _ack_violations(run(script, isr, LeaderEndHwm))
 
@@ -154,6 +156,8 @@ def test_the_acks_property_catches_ignoring_min_insync_replicas(monkeypatch: pyt
     script, isr = find(
         SCRIPTS,
         lambda args: bool(_ack_violations(run(args[0], args[1], PartitionLeaderState))),
-        settings=settings(max_examples=3000, database=None, deadline=None, derandomize=True),
+        settings=settings(
+            max_examples=3000, database=None, deadline=None, derandomize=True, phases=FIRST_FOUND
+        ),
     )
     assert _ack_violations(run(script, isr, PartitionLeaderState))

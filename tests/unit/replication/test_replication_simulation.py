@@ -21,6 +21,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
+from replication_events import FIRST_FOUND
 from replication_worlds import entries_of
 
 from kraft.errors import ErrorCode
@@ -340,7 +341,9 @@ def test_the_simulation_catches_a_follower_that_does_not_truncate() -> None:
     script = find(
         short_events,
         lambda s: bool(simulate(s, _never_truncate).violations),
-        settings=settings(max_examples=3000, database=None, deadline=None, derandomize=True),
+        settings=settings(
+            max_examples=3000, database=None, deadline=None, derandomize=True, phases=FIRST_FOUND
+        ),
     )
     assert simulate(script, _never_truncate).violations
 
@@ -360,6 +363,8 @@ def test_the_simulation_catches_an_isr_expansion_without_the_catch_up_rule() -> 
     script = find(
         quiet_events,
         lambda s: bool(simulate(s, leader_cls=_ExpandWhenever).violations),
-        settings=settings(max_examples=2000, database=None, deadline=None, derandomize=True),
+        settings=settings(
+            max_examples=2000, database=None, deadline=None, derandomize=True, phases=FIRST_FOUND
+        ),
     )
     assert simulate(script, leader_cls=_ExpandWhenever).violations
