@@ -45,6 +45,8 @@ follows a rotation of its keystore/truststore files without a restart.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -67,6 +69,13 @@ RECONNECT_BACKOFF_MS = 100  # Kafka's reconnect.backoff.ms is 50
 MAX_RECONNECT_BACKOFF_MS = 1000  # Kafka's reconnect.backoff.max.ms
 MAX_LEARNED_CONTROLLERS = 16
 """Controllers learned from NOT_CONTROLLER hints kept in the rotation (a quorum has 3 or 5 voters)."""
+MAX_LEARNED_VOTERS = 16
+"""The most voters a learned voter set may list (a quorum has 3 or 5: each commit waits on a majority, so
+Raft quorums stay small); an answer listing more is refused, so that a hostile or buggy controller cannot
+grow a broker's rotation — and every call's round of attempts over it — without bound."""
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*\.?")
+"""A DNS name (RFC 1123 labels; ``_`` allowed, as container runtimes name hosts with it)."""
 NO_VOTER_SET = (-1, -1)
 """The version (leader epoch, offset) of the voter set a client holds before it learned one."""
 MIN_ATTEMPT_S = 0.05
@@ -123,6 +132,43 @@ def _deposed_answer(response: _ControllerResponse) -> bool:
         and isinstance(response, Message)
         and response.HasField("controller")
     )
+
+
+def _valid_host(host: str) -> bool:
+    """A host a voter may name: an IP literal or a DNS name of at most 253 characters."""
+    if len(host) > 253:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return _HOSTNAME.fullmatch(host) is not None
+
+
+def voter_set_refusal(voters: cpb.QuorumVoters) -> str | None:
+    """Why a voter set a controller sent is not taken (None: it may be): more than
+    :data:`MAX_LEARNED_VOTERS` voters, a negative or repeated node id, an endpoint whose host is no IP
+    literal or DNS name or whose port is outside 0..65535, or two voters naming one endpoint.  An endpoint
+    with no host or port 0 is not refused: it is one that cannot be dialled (``learn_voter_set`` skips it)."""
+    if len(voters.voters) > MAX_LEARNED_VOTERS:
+        return f"{len(voters.voters)} voters, more than the {MAX_LEARNED_VOTERS} a quorum may have"
+    seen_ids: set[int] = set()
+    seen_endpoints: dict[tuple[str, int], int] = {}
+    for voter in voters.voters:
+        if voter.node_id < 0 or voter.node_id in seen_ids:
+            return f"node id {voter.node_id} is {'negative' if voter.node_id < 0 else 'listed twice'}"
+        seen_ids.add(voter.node_id)
+        for endpoint in voter.endpoints:
+            if not 0 <= endpoint.port < 65536:
+                return f"voter {voter.node_id} has port {endpoint.port}"
+            if not endpoint.host or endpoint.port == 0:
+                continue
+            if not _valid_host(endpoint.host):
+                return f"voter {voter.node_id} has host {endpoint.host[:64]!r}"
+            other = seen_endpoints.setdefault((endpoint.host.lower(), endpoint.port), voter.node_id)
+            if other != voter.node_id:
+                return f"voters {other} and {voter.node_id} both name {endpoint.host}:{endpoint.port}"
+    return None
 
 
 def _voter_target(voter: tuple[int, str]) -> str:
@@ -213,6 +259,7 @@ class ControllerClient:
         self._voter_set_version = NO_VOTER_SET
         self._listener_names = tuple(listener_names)
         self._on_retry = on_retry
+        self._log = log
 
     @property
     def active_controller_id(self) -> int:
@@ -242,11 +289,25 @@ class ControllerClient:
         """Take the voter set an active controller sent when it is newer than the one held (by leader
         epoch, then offset: see ``VoterSetVersion``); True when that changed the voters or their addresses.
         A voter without a usable endpoint is left out; a set with none left keeps the rotation as it is
-        (nothing in it to dial), its version taken all the same so that it is not sent again and again."""
+        (nothing in it to dial), its version taken all the same so that it is not sent again and again.
+        A set :func:`voter_set_refusal` refuses (too many voters, a repeated id, an invalid host or port)
+        is not taken either: the rotation stays, one ``controller_voters_refused`` line is logged, and its
+        version is taken, so that the controller does not send it (nor we log it) with every answer."""
         version = (voters.version.leader_epoch, voters.version.offset)
         if version <= self._voter_set_version:
             return False
         self._voter_set_version = version
+        refused = voter_set_refusal(voters)
+        if refused is not None:
+            if self._log is not None:
+                self._log.warning(
+                    "controller_voters_refused",
+                    reason=refused,
+                    voters=len(voters.voters),
+                    leader_epoch=version[0],
+                    offset=version[1],
+                )
+            return False
         learned: dict[int, str] = {}
         for voter in voters.voters:
             target = self._voter_address(voter)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -95,7 +95,7 @@ class _Peer:
     """The peer answered UNIMPLEMENTED to FetchStream (an older build): use unary Fetch."""
     failures: int = 0
     retry_at: float = 0.0
-    """``time.monotonic()`` before which a call first waits (0 = no backoff)."""
+    """The transport's ``monotonic()`` before which a call first waits (0 = no backoff)."""
 
     def drop_fetch_stream(self) -> None:
         stream, self.fetch_stream = self.fetch_stream, None
@@ -118,12 +118,17 @@ class GrpcTransport:
         cluster_id: str = "",
         log: PoolLog | None = None,
         channels: ChannelPool | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """``peers`` maps node id → ``host:port`` (bootstrap servers under ids below -1); ``security`` is
         how the peers' controller listener is dialled (None: the process default); ``resolve`` gives a
         node's address from the voter set in force (None: unknown); ``cluster_id`` goes with the
         DescribeQuorum that looks up an address nobody knows; ``log`` hears of certificate rotations;
-        ``channels`` replaces the pool built from ``security`` (tests pace its checks with a clock)."""
+        ``channels`` replaces the pool built from ``security`` (tests pace its checks with a clock);
+        ``monotonic`` (seconds) and ``sleep`` measure the calls' deadlines and wait out a peer's backoff
+        (tests run the backoff on a manual clock; a call's deadline still goes to gRPC, which keeps it on
+        the host's clock)."""
         self._addresses = dict(peers)
         self._resolve = resolve
         self._cluster_id = cluster_id
@@ -135,6 +140,8 @@ class GrpcTransport:
         self._channels = channels or ChannelPool(options, security, log=log, name="raft")
         self._peers: dict[int, _Peer] = {}
         self._closed = False
+        self._monotonic = monotonic
+        self._sleep = sleep
 
     def address_of(self, dest: int) -> str | None:
         """The ``host:port`` this transport dials for node ``dest`` (for log lines that name it)."""
@@ -170,7 +177,7 @@ class GrpcTransport:
     async def _look_up(self, dest: int, deadline: float) -> None:
         """Ask the bootstrap servers (DescribeQuorum) for the endpoint of ``dest``, within ``deadline``."""
         for pseudo_id in sorted((i for i in self._addresses if i < -1), reverse=True):
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._monotonic()
             if remaining <= 0 or dest in self._learned:
                 return
             stub = self._peer(pseudo_id).stub
@@ -191,7 +198,7 @@ class GrpcTransport:
         if self._closed:
             raise TransportError(dest, "transport closed")
         timeout_s = max(timeout_ms, 1) / 1000.0
-        deadline = time.monotonic() + timeout_s
+        deadline = self._monotonic() + timeout_s
         # Resolved once per call (the voter set's endpoint: a few µs on every follower's Fetch round).
         address = self.address_of(dest)
         if dest >= 0 and address is None:
@@ -199,11 +206,11 @@ class GrpcTransport:
             address = self.address_of(dest)
         peer = self._peer_at(dest, address)
         if peer.retry_at:
-            wait_s = peer.retry_at - time.monotonic()
+            wait_s = peer.retry_at - self._monotonic()
             if wait_s >= timeout_s:
                 raise TransportError(dest, f"in backoff after {peer.failures} failed calls")
             if wait_s > 0:
-                await asyncio.sleep(wait_s)
+                await self._sleep(wait_s)
         stub = peer.stub
         # Ordered by frequency: Fetch dominates every running cluster.
         if isinstance(request, m.FetchRequest):
@@ -245,7 +252,7 @@ class GrpcTransport:
         deadline: float,
     ) -> _Resp:
         try:
-            response: _Resp = await method(request, timeout=max(deadline - time.monotonic(), 0.001))
+            response: _Resp = await method(request, timeout=max(deadline - self._monotonic(), 0.001))
         except grpc.aio.AioRpcError as exc:
             self._record_failure(peer)
             raise TransportError(dest, f"{exc.code().name}: {exc.details()}") from None
@@ -269,7 +276,7 @@ class GrpcTransport:
         lock = peer.fetch_lock
         if lock.locked():
             try:
-                async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                async with asyncio.timeout(max(deadline - self._monotonic(), 0.001)):
                     await lock.acquire()
             except TimeoutError:
                 raise TransportError(dest, "DEADLINE_EXCEEDED: another fetch holds the stream") from None
@@ -280,7 +287,7 @@ class GrpcTransport:
                 peer.fetch_stream = peer.stub.FetchStream(None)
             stream = peer.fetch_stream
             try:
-                async with asyncio.timeout(max(deadline - time.monotonic(), 0.001)):
+                async with asyncio.timeout(max(deadline - self._monotonic(), 0.001)):
                     response = await self._round_trip(stream, request)
             except TimeoutError:
                 peer.drop_fetch_stream()
@@ -340,7 +347,7 @@ class GrpcTransport:
     def _record_failure(self, peer: _Peer) -> None:
         peer.failures += 1
         backoff_s = min(self._retry_backoff_s * (2 ** min(peer.failures - 1, 16)), self._max_backoff_s)
-        peer.retry_at = time.monotonic() + backoff_s
+        peer.retry_at = self._monotonic() + backoff_s
 
     async def close(self) -> None:
         self._closed = True

@@ -164,6 +164,19 @@ async def test_500_half_open_connections_are_closed_within_the_handshake_timeout
     assert elapsed < 8.0, f"closing 500 half-open connections took {elapsed:.1f} s"
 
 
+async def _accepted(reader: asyncio.StreamReader) -> bool:
+    """True when the server took the connection: it sends its HTTP/2 SETTINGS frame at once (a
+    connection over max.connections is closed without a byte)."""
+    return bool(await asyncio.wait_for(reader.read(4096), 10.0))
+
+
+async def _until_closed(reader: asyncio.StreamReader) -> None:
+    """Read until the server closes the connection (EOF), bounded."""
+    async with asyncio.timeout(20.0):
+        while await reader.read(4096):
+            pass
+
+
 async def test_connections_over_the_cap_are_refused_while_the_cap_is_full() -> None:
     """max.connections: with 20 half-open connections held, the 21st client cannot make a call; once the
     handshake timeout closes them, it can."""
@@ -174,19 +187,24 @@ async def test_connections_over_the_cap_are_refused_while_the_cap_is_full() -> N
     holders = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
     request = controller_pb2.DescribeClusterRequest(cluster_id="x").SerializeToString()
     try:
-        await asyncio.sleep(0.2)
+        # Every holder counts against the cap (the server answered each), not "probably, after a while".
+        assert all([await _accepted(reader) for reader, _ in holders])
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await channel.unary_unary("/kraft.v1.ControllerService/DescribeCluster", None, None)(
                     request, timeout=1.0
                 )
             assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-        await asyncio.sleep(3.5)  # the handshake timeout frees the slots
-        # (A fresh subchannel: the shared pool would still be backing off from the refused attempt.)
+        # ... refused while the cap was full: no holder had been closed yet.
+        assert not any(reader.at_eof() for reader, _ in holders)
+        # The handshake timeout frees the slots: the server closes every holder.
+        await asyncio.gather(*(_until_closed(reader) for reader, _ in holders))
+        # (A fresh subchannel: the shared pool would still be backing off from the refused attempt; it
+        # waits for ready, as the server may count a closed connection out just after its EOF.)
         options = [("grpc.use_local_subchannel_pool", 1)]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
             answer = await channel.unary_unary("/kraft.v1.ControllerService/DescribeCluster", None, None)(
-                request, timeout=5
+                request, timeout=10, wait_for_ready=True
             )
         assert controller_pb2.DescribeClusterResponse.FromString(answer).error_code != 0
     finally:

@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -121,31 +122,82 @@ async def test_a_long_poll_fetch_does_not_block_a_vote(server: Server, transport
     assert isinstance(await asyncio.wait_for(fetch, timeout=5), m.FetchResponse)
 
 
-async def test_a_call_past_its_deadline_raises_transport_error(
-    server: Server, transport: GrpcTransport
-) -> None:
+class _ManualTime:
+    """The transport's ``monotonic`` and ``sleep`` on a clock that only a sleep moves (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+async def test_a_call_past_its_deadline_raises_transport_error(server: Server) -> None:
+    """The call's deadline goes to gRPC, and its expiry ends the call as a TransportError while the peer
+    still holds the request (it never answers): the deadline, not an answer, ended it."""
+    held = asyncio.Event()
+    release = asyncio.Event()
+
     async def never(request: m.RaftRequest) -> m.RaftResponse:
-        await asyncio.sleep(5)
+        held.set()
+        await asyncio.wait_for(release.wait(), timeout=60)
         return m.error_response_for(request, ErrorCode.NONE, "", 1, 7)
 
     server.handler.respond = never
-    started = time.monotonic()
-    with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
-        await transport.send(1, m.BeginQuorumEpochRequest(CLUSTER, 2, 3, 1), timeout_ms=200)
-    assert time.monotonic() - started < 2.0
+    clock = _ManualTime()
+    transport = GrpcTransport({1: f"127.0.0.1:{server.port}"}, monotonic=clock.monotonic, sleep=clock.sleep)
+    deadlines: list[float] = []
+    try:
+        stub = transport._peer(1).stub
+        begin = stub.BeginQuorumEpoch
+
+        def recorded(request: raft_pb2.BeginQuorumEpochRequest, *, timeout: float) -> Any:
+            deadlines.append(timeout)
+            return begin(request, timeout=timeout)
+
+        stub.BeginQuorumEpoch = recorded  # type: ignore[assignment]
+        with pytest.raises(TransportError, match="DEADLINE_EXCEEDED"):
+            await transport.send(1, m.BeginQuorumEpochRequest(CLUSTER, 2, 3, 1), timeout_ms=200)
+        assert held.is_set() and not release.is_set()  # the peer got it and has not answered
+        assert deadlines == pytest.approx([0.2])  # the call's own 200 ms, not more
+    finally:
+        release.set()
+        await transport.close()
 
 
 async def test_an_unreachable_peer_raises_and_backs_off_without_exceeding_the_deadline() -> None:
-    transport = GrpcTransport({5: f"127.0.0.1:{free_port()}"}, retry_backoff_ms=50, max_backoff_ms=400)
+    """After each failed call the next one first waits out the peer's backoff, doubling from
+    ``retry_backoff_ms`` up to ``max_backoff_ms``; a backoff that would outlast the call's deadline fails
+    the call at once instead of sleeping past it.  On a manual clock: the schedule itself is asserted."""
+    clock = _ManualTime()
+    transport = GrpcTransport(
+        {5: f"127.0.0.1:{free_port()}"},
+        retry_backoff_ms=50,
+        max_backoff_ms=400,
+        monotonic=clock.monotonic,
+        sleep=clock.sleep,
+    )
     try:
-        started = time.monotonic()
         for _ in range(4):
             with pytest.raises(TransportError) as info:
                 await transport.send(5, m.DescribeQuorumRequest(CLUSTER), timeout_ms=300)
             assert info.value.dest == 5
-        elapsed = time.monotonic() - started
-        # 50 + 100 + 200 ms of backoff before the 2nd..4th call; a busy loop would take ~0.
-        assert 0.3 <= elapsed < 3.0
+        # 50 + 100 + 200 ms of backoff before the 2nd..4th call; a busy loop would sleep none.
+        assert clock.slept == pytest.approx([0.05, 0.1, 0.2])
+        # The 5th call's backoff (400 ms, the cap) is not shorter than its 300 ms deadline: refused unslept.
+        with pytest.raises(TransportError, match="in backoff after 4 failed calls"):
+            await transport.send(5, m.DescribeQuorumRequest(CLUSTER), timeout_ms=300)
+        assert len(clock.slept) == 3
+        # A call with a longer deadline waits it out; the backoff stays at the cap.
+        for _ in range(2):
+            with pytest.raises(TransportError, match=r"UNAVAILABLE|DEADLINE_EXCEEDED"):
+                await transport.send(5, m.DescribeQuorumRequest(CLUSTER), timeout_ms=1000)
+        assert clock.slept[3:] == pytest.approx([0.4, 0.4])
     finally:
         await transport.close()
 

@@ -8,7 +8,6 @@ controller fail within seconds, naming the address."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from kraft.client.admin import (
     matches_spec,
 )
 from kraft.client.controller import ControllerClient
-from kraft.clock import SystemClock
+from kraft.clock import ManualClock, SystemClock
 from kraft.errors import ErrorCode, KraftError
 from kraft.netutil import free_port
 from kraft.v1 import broker_pb2 as bpb
@@ -41,11 +40,12 @@ class _Controller(controller_pb2_grpc.ControllerServiceServicer):
     """Creates/deletes topics in a dict; the first ``unknown`` writes answer REQUEST_TIMED_OUT *after*
     applying them (an append that committed under the next leader), as a deposed controller does."""
 
-    def __init__(self, unknown: int = 0, create_delay_s: float = 0.0) -> None:
+    def __init__(self, unknown: int = 0, hold_creates: bool = False) -> None:
         self.topics: dict[str, cpb.TopicDescription] = {}
         self.registered = {101}
         self.unknown = unknown
-        self.create_delay_s = create_delay_s
+        # Set: a CreateTopics is answered only once the test releases it (bounded by a minute).
+        self.create_released: asyncio.Event | None = asyncio.Event() if hold_creates else None
         self.calls: dict[str, int] = {}
 
     def _count(self, name: str) -> None:
@@ -67,7 +67,8 @@ class _Controller(controller_pb2_grpc.ControllerServiceServicer):
     async def CreateTopics(self, request: cpb.CreateTopicsRequest, context: Any) -> cpb.CreateTopicsResponse:
         self._count("CreateTopics")
         assert request.cluster_id == CLUSTER_ID
-        await asyncio.sleep(self.create_delay_s)
+        if self.create_released is not None:
+            await asyncio.wait_for(self.create_released.wait(), timeout=60)
         response = cpb.CreateTopicsResponse()
         for topic in request.topics:
             if topic.name in self.topics:
@@ -144,8 +145,8 @@ class _Broker(broker_pb2_grpc.BrokerServiceServicer):
         return bpb.DescribeBrokerResponse(broker_id=101)
 
 
-def _new_controller(unknown: int = 0, create_delay_s: float = 0.0) -> _Controller:
-    return _Controller(unknown, create_delay_s)  # type: ignore[abstract]
+def _new_controller(unknown: int = 0, hold_creates: bool = False) -> _Controller:
+    return _Controller(unknown, hold_creates)  # type: ignore[abstract]
 
 
 def _new_broker() -> _Broker:
@@ -232,15 +233,30 @@ async def test_a_non_idempotent_call_is_never_resent_after_an_unknown_outcome(se
 
 
 async def test_a_deadline_after_sending_is_an_unknown_outcome_not_a_resend(serve: Any) -> None:
-    controller = _new_controller(create_delay_s=3.0)
-    async with AdminClient(
-        [await serve(_controller(controller))], timeout_s=10.0, attempt_timeout_s=0.5, clock=SystemClock()
-    ) as client:
-        started = time.monotonic()
-        with pytest.raises(WriteOutcomeUnknown, match="may have been applied"):
-            await client.call(lambda s: s.CreateTopics, _create(), idempotent=False)
-    assert time.monotonic() - started < 2.5
-    assert controller.calls["CreateTopics"] == 1
+    """The controller holds the create and never answers: the attempt's own deadline (0.5 s, not the
+    call's 10 s) ends it, as an unknown outcome, while the controller still holds it; it is not resent."""
+    controller = _new_controller(hold_creates=True)
+    released = controller.create_released
+    assert released is not None
+    deadlines: list[float] = []
+
+    def create_recording_its_deadline(stub: Any) -> Callable[..., Any]:
+        def send(request: cpb.CreateTopicsRequest, *, timeout: float) -> Any:
+            deadlines.append(timeout)
+            return stub.CreateTopics(request, timeout=timeout)
+
+        return send
+
+    try:
+        async with AdminClient(
+            [await serve(_controller(controller))], timeout_s=10.0, attempt_timeout_s=0.5, clock=SystemClock()
+        ) as client:
+            with pytest.raises(WriteOutcomeUnknown, match="may have been applied"):
+                await client.call(create_recording_its_deadline, _create(), idempotent=False)
+            assert not released.is_set() and controller.calls["CreateTopics"] == 1  # sent, never answered
+    finally:
+        released.set()
+    assert deadlines == [0.5]  # one attempt, at the attempt timeout
 
 
 async def test_delete_and_unregister_resent_after_an_unknown_outcome_succeed(serve: Any) -> None:
@@ -284,12 +300,24 @@ async def test_an_idempotent_call_follows_a_deposed_answer_and_a_non_idempotent_
 
 
 async def test_a_dead_bootstrap_address_fails_fast_and_names_the_address() -> None:
+    """An address that refuses connections ends the call once it has refused for unreachable_timeout_s
+    (0.5 s) of the client's clock — at the first round past it — not at the call's 30 s budget.  On a manual
+    clock that only the backoff sleeps between rounds move."""
     dead = f"127.0.0.1:{free_port()}"
-    async with AdminClient([dead], timeout_s=30.0, unreachable_timeout_s=0.5, clock=SystemClock()) as client:
-        started = time.monotonic()
+    clock = ManualClock(start_ms=1_000_000)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(round(seconds * 1000))
+
+    async with AdminClient(
+        [dead], timeout_s=30.0, unreachable_timeout_s=0.5, clock=clock, sleep=sleep
+    ) as client:
         with pytest.raises(ControllerUnreachable) as raised:
             await client.call(lambda s: s.DescribeCluster, cpb.DescribeClusterRequest())
-    assert time.monotonic() - started < 5.0, "not the whole 30 s call budget"
+    assert slept, "no round was retried"
+    assert sum(slept) >= 0.5 > sum(slept[:-1]), f"gave up at the wrong round: slept {slept}"
     assert dead in str(raised.value) and "controller -1" not in str(raised.value)
 
 

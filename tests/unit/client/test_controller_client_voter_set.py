@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from kraft.client.controller import NO_VOTER_SET, ControllerClient, ControllerUnavailable
+from kraft.client.controller import MAX_LEARNED_VOTERS, NO_VOTER_SET, ControllerClient, ControllerUnavailable
 from kraft.errors import ErrorCode
 from kraft.netutil import free_port
 from kraft.v1 import controller_pb2 as cpb
@@ -73,6 +73,76 @@ def test_an_older_voter_set_never_replaces_a_newer_one_and_a_removed_controller_
     # that the controller does not send it with every answer).
     assert not client.learn_voter_set(cpb.QuorumVoters(version=cpb.VoterSetVersion(leader_epoch=9, offset=1)))
     assert client.voter_set_version == (9, 1) and client.voter_set == {2: "h2:2", 3: "h3:3"}
+
+
+class _Lines:
+    """A PoolLog that keeps its lines: (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, object]]] = []
+
+    def info(self, event: str, **fields: object) -> None:
+        self.lines.append(("info", event, fields))
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.lines.append(("warning", event, fields))
+
+
+def test_a_voter_set_listing_more_voters_than_a_quorum_may_have_is_refused_and_logged_once() -> None:
+    lines = _Lines()
+    client = ControllerClient([(-2, "boot:9093")], log=lines)
+    assert client.learn_voter_set(quorum_voters(3, 10, {1: "h1:1", 2: "h2:2", 3: "h3:3"}))
+    rotation = client.rotation
+    many = {node_id: f"h{node_id}:{9000 + node_id}" for node_id in range(MAX_LEARNED_VOTERS + 1)}
+    assert not client.learn_voter_set(quorum_voters(4, 20, many))
+    assert client.rotation == rotation and client.voter_set == {1: "h1:1", 2: "h2:2", 3: "h3:3"}
+    # Its version is taken: the same answer again (a controller sends it until the broker holds it) is
+    # neither learned nor logged again.
+    assert client.voter_set_version == (4, 20)
+    assert not client.learn_voter_set(quorum_voters(4, 20, many))
+    assert [(level, event) for level, event, _ in lines.lines] == [("warning", "controller_voters_refused")]
+    assert lines.lines[0][2]["voters"] == MAX_LEARNED_VOTERS + 1
+    # The bound itself is a quorum that is taken.
+    del many[MAX_LEARNED_VOTERS]
+    assert client.learn_voter_set(quorum_voters(5, 1, many))
+    assert len(client.rotation) == MAX_LEARNED_VOTERS + 1  # the voters and the bootstrap server
+
+
+def _with_voter(node_id: int, host: str, port: int) -> cpb.QuorumVoters:
+    """A valid set of voters 1 and 2 to which one more voter is added as given."""
+    message = quorum_voters(6, 1, {1: "h1:1", 2: "h2:2"})
+    message.voters.add(node_id=node_id, endpoints=[Endpoint(name="CONTROLLER", host=host, port=port)])
+    return message
+
+
+@pytest.mark.parametrize(
+    ("voters", "reason"),
+    [
+        (_with_voter(2, "h3", 3), "node id 2 is listed twice"),
+        (_with_voter(-5, "h3", 3), "node id -5 is negative"),
+        (_with_voter(3, "h 3", 3), "voter 3 has host 'h 3'"),
+        (_with_voter(3, "evil/../h3", 3), "voter 3 has host"),
+        (_with_voter(3, "a" * 254, 3), "voter 3 has host"),
+        (_with_voter(3, "h3", 70_000), "voter 3 has port 70000"),
+        (_with_voter(3, "h3", -1), "voter 3 has port -1"),
+        (_with_voter(3, "H1", 1), "voters 1 and 3 both name H1:1"),
+    ],
+    ids=["repeated-id", "negative-id", "space", "slash", "too-long", "port-over", "port-negative", "shared"],
+)
+def test_a_voter_set_with_a_repeated_id_an_invalid_endpoint_or_a_shared_endpoint_is_refused(
+    voters: cpb.QuorumVoters, reason: str
+) -> None:
+    lines = _Lines()
+    client = ControllerClient([(-2, "boot:9093")], log=lines)
+    assert not client.learn_voter_set(voters)
+    assert client.voter_set == {} and client.rotation == [(-2, "boot:9093")]
+    assert len(lines.lines) == 1 and lines.lines[0][1] == "controller_voters_refused"
+    assert str(lines.lines[0][2]["reason"]).startswith(reason), lines.lines
+    # What is valid stays taken: IP literals, a DNS name with '_', an endpoint that cannot be dialled.
+    good = quorum_voters(7, 1, {1: "10.0.0.1:1", 2: "ctrl_2.example.com:2", 3: "::1:3"})
+    good.voters.add(node_id=4, endpoints=[Endpoint(name="CONTROLLER", host="", port=0)])
+    assert client.learn_voter_set(good)
+    assert client.voter_set == {1: "10.0.0.1:1", 2: "ctrl_2.example.com:2", 3: "[::1]:3"}
 
 
 def test_a_voters_endpoint_is_the_one_on_the_controller_listener() -> None:
