@@ -31,6 +31,8 @@ settings.load_profile("kraft")
 # generation, the final replay and the report well inside the test's 300 s even at 2-3x load; a less
 # shrunk counterexample is still one (the constant is monkeypatchable by Hypothesis's design; its warning
 # still says "five minutes").
+# Pinned Hypothesis (pyproject): an upgrade that renames the constant fails here, not silently.
+assert hasattr(hypothesis_engine, "MAX_SHRINKING_SECONDS"), "Hypothesis no longer has MAX_SHRINKING_SECONDS"
 hypothesis_engine.MAX_SHRINKING_SECONDS = 60
 
 PYCACHE_ENV = "KRAFT_TEST_PYCACHE_DIR"
