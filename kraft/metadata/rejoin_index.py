@@ -137,8 +137,17 @@ def _isr_in_replica_order(replicas: tuple[int, ...], isr: tuple[int, ...]) -> bo
     in their order) leaves ``isr`` as it is."""
     if (isr is replicas or isr == replicas) and _distinct(replicas):
         return True
-    if len(isr) < 2:  # nothing to reorder (an ISR shrunk to its leader: the common unsettled case)
+    size = len(isr)
+    if size < 2:  # nothing to reorder (an ISR shrunk to its leader: the common unsettled case)
         return True
+    if size == 2 and _distinct(replicas):
+        # One member short of RF 3 (what a fence leaves: stable, so every fenced leadership's flags are
+        # recomputed through here): two C-level lookups, not the dict below (~0.3 µs a partition).
+        first, second = isr
+        end = len(replicas)
+        return (replicas.index(first) if first in replicas else end) <= (
+            replicas.index(second) if second in replicas else end
+        )
     order = {r: i for i, r in enumerate(replicas)}
     keys = [order.get(r, len(order)) for r in isr]
     return all(a <= b for a, b in pairwise(keys))
@@ -889,20 +898,13 @@ class RejoinWalk:
             for leader, count in index.leader_counts.items()
             if count > 0 and leader != NO_PARTITION_LEADER and leader not in unacceptable
         }
-        self._flagged = self._flagged_keys(picked)
+        self._flagged = _flagged_keys(index._ordinal, picked)  # (no reference back: freed with its job)
         self._head = next(self._flagged, None)
         self._watched: list[_Key] = []  # a heap: partitions changed since, past ``_last``
         self._changed: dict[str, set[int]] = {}  # noted by the index, not looked at yet
         self._last: _Key | None = None  # the partition handed out last
         self._rest: Iterator[tuple[TopicImage, int, PartitionRegistration]] | None = None  # the scan
         self.lost = False  # the index missed changes since the query (set by the index)
-
-    def _flagged_keys(self, picked: dict[str, set[int]]) -> Iterator[_Key]:
-        ordinal = self._index._ordinal
-        ordered = sorted((ordinal[topic_id], topic_id) for topic_id in picked)  # (ordinals of the query)
-        for topic_ordinal, topic_id in ordered:
-            for partition_id in sorted(picked[topic_id]):
-                yield topic_ordinal, partition_id, topic_id
 
     def __iter__(self) -> RejoinWalk:
         return self
@@ -944,26 +946,7 @@ class RejoinWalk:
         self._index._walks.discard(self)
         self._changed.clear()
         self._watched.clear()
-        self._rest = self._scan_after(self._last)
-
-    def _scan_after(self, last: _Key | None) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
-        """The broker's partitions in the query's image past ``last``, in its order (no ordinals: the
-        index may have been rebuilt)."""
-        broker_id = self._broker_id
-        topics = iter(self._topics.items())
-        if last is not None:
-            _, last_partition, last_topic = last
-            for topic_id, topic in topics:
-                if topic_id == last_topic:
-                    partitions = topic.partitions
-                    for partition_id in range(last_partition + 1, len(partitions)):
-                        if broker_id in partitions[partition_id].replicas:
-                            yield topic, partition_id, partitions[partition_id]
-                    break
-        for topic in (topic for _, topic in topics):
-            for partition_id, partition in enumerate(topic.partitions):
-                if broker_id in partition.replicas:
-                    yield topic, partition_id, partition
+        self._rest = _scan_after(self._topics, self._broker_id, self._last)
 
     def _take_changed(self) -> None:
         """Move the noted changes past ``_last`` that list the broker in the query's image to the heap."""
@@ -1008,3 +991,32 @@ class RejoinWalk:
         self._last = key
         topic = self._topics[key[2]]
         return topic, key[1], topic.partitions[key[1]]
+
+
+def _flagged_keys(ordinal: Mapping[str, int], picked: dict[str, set[int]]) -> Iterator[_Key]:
+    """The keys of ``picked`` in scan order (the ordinals as they are at the first ``next()``)."""
+    ordered = sorted((ordinal[topic_id], topic_id) for topic_id in picked)
+    for topic_ordinal, topic_id in ordered:
+        for partition_id in sorted(picked[topic_id]):
+            yield topic_ordinal, partition_id, topic_id
+
+
+def _scan_after(
+    topics_by_id: Mapping[str, TopicImage], broker_id: int, last: _Key | None
+) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+    """The broker's partitions in ``topics_by_id`` (a walk's query image) past ``last``, in its order (no
+    ordinals: the index may have been rebuilt since)."""
+    topics = iter(topics_by_id.items())
+    if last is not None:
+        _, last_partition, last_topic = last
+        for topic_id, topic in topics:
+            if topic_id == last_topic:
+                partitions = topic.partitions
+                for partition_id in range(last_partition + 1, len(partitions)):
+                    if broker_id in partitions[partition_id].replicas:
+                        yield topic, partition_id, partitions[partition_id]
+                break
+    for _, topic in topics:
+        for partition_id, partition in enumerate(topic.partitions):
+            if broker_id in partition.replicas:
+                yield topic, partition_id, partition

@@ -4,6 +4,8 @@ broker states, with the index following the images delta by delta or rebuilt fro
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -821,3 +823,25 @@ def test_a_walk_scans_the_rest_when_the_index_missed_changes() -> None:
             index.rebuild(later.topics_by_id)
         walk.at_slice(later.topics_by_id, acceptable)
         assert [p for _, p, _ in walk] == [0, 1]
+
+
+def test_a_dropped_walk_is_freed_at_once_and_no_longer_watched() -> None:
+    """A job dropped (done, its broker fenced again, a reset) takes its walk with it by reference
+    counting (no cycle through its generators), so later deltas do not feed a dead watch until a
+    collection — the controller's collector may be frozen or off for long stretches."""
+    topic = TopicImage("a", "a", (PartitionRegistration((1, 2), (2,), -1, 1, 1),) * 3)
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+    gc.disable()
+    try:
+        walk = index.walk(image.topics_by_id, 1, {1, 2}.__contains__)
+        next(walk)
+        walk.at_slice(image.topics_by_id, {1, 2}.__contains__)
+        gone = weakref.ref(walk)
+        assert len(index._walks) == 1
+        del walk
+        assert gone() is None
+        assert len(index._walks) == 0
+    finally:
+        gc.enable()
