@@ -916,6 +916,9 @@ class RejoinWalk:
             return
         topics = self._topics
         changed = self._changed
+        ordinal = self._index._ordinal
+        last = self._last
+        behind = -1 if last is None else last[0]  # topics before the last one handed out: never again
         for topic_id, base, partitions in changed_topics:
             if topic_id not in topics:
                 continue
@@ -925,6 +928,9 @@ class RejoinWalk:
                 # not reused), so no watch for it — the scan of the rest, as the scan would visit it.
                 self.lost = True
                 return
+            topic_ordinal = ordinal.get(topic_id)
+            if topic_ordinal is None or topic_ordinal < behind:
+                continue  # deleted (the scan's election finds nothing), or behind (the job's own elections)
             ids = changed.get(topic_id)
             if ids is None:
                 changed[topic_id] = set(partitions)
@@ -977,6 +983,12 @@ class RejoinWalk:
             self._take_changed()
         last = self._last
         watched = self._watched
+        head = self._head
+        if not watched and head is not None and (last is None or head > last):  # (the common case)
+            self._head = next(self._flagged, None)
+            self._last = head
+            topic = self._topics[head[2]]
+            return topic, head[1], topic.partitions[head[1]]
         while True:
             head = self._head
             if watched and (head is None or watched[0] < head):
