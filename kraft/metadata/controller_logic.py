@@ -31,7 +31,6 @@ import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Generic, TypeVar
 
 from google.protobuf.message import Message
@@ -91,7 +90,7 @@ from kraft.metadata.placement import (
     rack_count,
     validate_assignment,
 )
-from kraft.metadata.rejoin_index import GAP, RejoinIndex
+from kraft.metadata.rejoin_index import GAP, RejoinIndex, RejoinWalk
 from kraft.metadata.request_limits import (
     MAX_PARTITIONS_PER_TOPIC,
     RequestLimits,
@@ -311,11 +310,12 @@ class _RejoinJob:
     broker_id: int
     partitions: list[tuple[str, int]] | None
     position: int = 0
-    source: Iterator[tuple[str, int]] | None = None
-    """The candidates not taken into ``partitions`` yet, in scan order: taken ``CHECK_EVERY`` at a time
-    as the job's scan reaches them (a broker back after its controlled shutdown has ~100,000, out of
-    every ISR: listing them all in its unfence's event took tens of ms).  The query behind it copied the
-    index's sets for the broker when the first were taken, so what follows is what a list would hold."""
+    source: Iterator[tuple[TopicImage, int, PartitionRegistration]] | None = None
+    """An unfence's candidates (``partitions`` stays empty), each taken when the job reaches it: the
+    rejoin index's :class:`~kraft.metadata.rejoin_index.RejoinWalk` adds the partitions changed since the
+    unfence, so nothing is taken ahead (session 21; a list of the first ``CHECK_EVERY`` before).  The
+    job ends when a slice with room left finds none (a slice filled by its last candidate comes back
+    once more: a partition changed meanwhile may follow it, as in the scan of every partition)."""
 
 
 CREATE_TOPIC_TRANSACTION = "CreateTopic "
@@ -739,21 +739,6 @@ class _Batch:
         return Outcome([], response, self.next_offset, values=self.values)
 
 
-def _take_candidates(job: _RejoinJob, partitions: list[tuple[str, int]]) -> bool:
-    """Replace the candidates the job has looked at (``partitions``, its list) by the next
-    ``CHECK_EVERY`` of its source; False when there were none left."""
-    source = job.source
-    if source is None:
-        return False
-    more = list(islice(source, CHECK_EVERY))
-    if len(more) < CHECK_EVERY:
-        job.source = None
-    partitions.clear()
-    partitions.extend(more)
-    job.position = 0
-    return bool(more)
-
-
 def _leaderless(partition: PartitionRegistration) -> bool:
     return partition.leader == NO_PARTITION_LEADER
 
@@ -1174,20 +1159,24 @@ class ControllerLogic:
         return budget
 
     def _partitions_of(self, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
-        """Partitions listing ``broker_id`` as a replica (a full scan: ~1 s per million partitions); the
-        test oracle of :meth:`_rejoin_candidates`."""
-        for topic in self.image.topics_by_id.values():
-            for partition_id, partition in enumerate(topic.partitions):
-                if broker_id in partition.replicas:
-                    yield topic, partition_id, partition
+        """Partitions listing ``broker_id`` as a replica in the image of the call (a full scan, taken as
+        it is iterated: ~1 s per million partitions); the test oracle of :meth:`_rejoin_candidates`."""
+        topics = self.image.topics_by_id  # (now, not at the first next(): a rejoin job takes it later)
+        return (
+            (topic, partition_id, partition)
+            for topic in topics.values()
+            for partition_id, partition in enumerate(topic.partitions)
+            if broker_id in partition.replicas
+        )
 
     def _rejoin_candidates(
         self, image: MetadataImage, broker_id: int, acceptable: Callable[[int], bool]
     ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
-        """The partitions of ``broker_id`` (acceptable) that rejoining may change, in scan order: a
-        superset of what :meth:`_partitions_of` + ``build_change`` changes, from the index (cost in
-        proportion to the broker's flagged partitions; property-tested against the scan)."""
-        return self.rejoin_index.candidates(image.topics_by_id, broker_id, acceptable)
+        """The partitions of ``broker_id`` (acceptable) that rejoining may change, in scan order, taken as
+        the rejoin job reaches them: what :meth:`_partitions_of` + ``build_change`` changes on the image
+        of each slice, from the index (cost in proportion to the broker's flagged partitions and those
+        changed since; :class:`~kraft.metadata.rejoin_index.RejoinWalk`; test_rejoin_equivalence)."""
+        return self.rejoin_index.walk(image.topics_by_id, broker_id, acceptable)
 
     def _placement_counts(self) -> tuple[int, Mapping[int, int]]:
         """Partitions in the speculative image and replicas per broker (not changed until the caller's
@@ -1366,11 +1355,13 @@ class ControllerLogic:
         if not self._candidates_ready(batch.deadline):
             self._rejoining[broker_id] = _RejoinJob(broker_id, None)
             return
-        job = _RejoinJob(broker_id, None)
-        job.partitions, job.source = self._unfence_candidates(batch.view(), broker_id)
-        if job.partitions:
-            self._rejoining[broker_id] = job
-            self._run_rejoin_jobs(batch)
+        if self.rejoin_index.replica_counts[broker_id] <= 0:
+            return  # hosts nothing (the index follows the image here: its counts are exact)
+        # A job even when nothing is flagged (what a fence leaves is not): partitions changed before its
+        # slices come are elected in it, and this event runs the jobs queued before it, as the scan's did.
+        job = _RejoinJob(broker_id, [], source=self._unfence_candidates(batch.view(), broker_id))
+        self._rejoining[broker_id] = job
+        self._run_rejoin_jobs(batch)
 
     def _candidates_ready(self, deadline: Deadline) -> bool:
         """One bounded step of getting the rejoin index ready for the speculative image (its sliced
@@ -1386,16 +1377,10 @@ class ControllerLogic:
 
     def _unfence_candidates(
         self, image: MetadataImage, broker_id: int
-    ) -> tuple[list[tuple[str, int]], Iterator[tuple[str, int]] | None]:
-        """The first ``CHECK_EVERY`` candidates (the query runs now, on ``image``), and the rest to take
-        as the job goes (None when there is none)."""
-        acceptable = self.acceptable_in(image)
-        source = (
-            (topic.topic_id, partition_id)
-            for topic, partition_id, _ in self._rejoin_candidates(image, broker_id, acceptable)
-        )
-        first = list(islice(source, CHECK_EVERY))
-        return first, (source if len(first) == CHECK_EVERY else None)
+    ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+        """The candidates of the broker's rejoin job (the query runs now, on ``image``), to take one at a
+        time as the job goes."""
+        return self._rejoin_candidates(image, broker_id, self.acceptable_in(image))
 
     def _run_rejoin_jobs(self, batch: _Batch) -> None:
         budget = self.settings.max_changes_per_write - batch.count()
@@ -1411,8 +1396,12 @@ class ControllerLogic:
             if job.partitions is None:  # its unfence found the index not ready: settle, then take them
                 if not self._candidates_ready(deadline):
                     return  # this slice's budget is spent: the rest in the next one
-                job.partitions, job.source = self._unfence_candidates(image, job.broker_id)
+                job.partitions, job.source = [], self._unfence_candidates(image, job.broker_id)
             acceptable = self.acceptable_in(image)
+            source = job.source
+            if isinstance(source, RejoinWalk):
+                source.at_slice(image.topics_by_id, acceptable)  # (may fall back to the scan of the rest)
+            ended = False
             guard = guard_for(image)
             topics = image.topics_by_id
             # A batch of values (session 19) takes each election encoded from its decision, with the
@@ -1427,10 +1416,17 @@ class ControllerLogic:
             rules: dict[str, tuple[int, bool]] = {}  # per topic, for this chunk's image
             touched: set[str] = set()  # topics with a change (each costs its own share of the closing)
             while len(changes) < budget and scan_budget > 0:
-                if job.position >= len(partitions) and not _take_candidates(job, partitions):
-                    break
-                topic_id, partition_id = partitions[job.position]
-                job.position += 1
+                if source is not None:
+                    taken = next(source, None)
+                    if taken is None:
+                        ended = True
+                        break
+                    topic_id, partition_id = taken[0].topic_id, taken[1]
+                else:
+                    if job.position >= len(partitions):
+                        break
+                    topic_id, partition_id = partitions[job.position]
+                    job.position += 1
                 scan_budget -= 1
                 topic = topics.get(topic_id)
                 if topic is None or partition_id >= len(topic.partitions):
@@ -1486,7 +1482,7 @@ class ControllerLogic:
                         len(changes) + TOPIC_CLOSING_UNITS * len(touched),
                     )
             budget -= len(changes)
-            if job.position >= len(partitions) and job.source is None:
+            if ended or (source is None and job.position >= len(partitions)):
                 del self._rejoining[job.broker_id]
 
     def _record_offline_replicas(

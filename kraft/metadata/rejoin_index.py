@@ -1,24 +1,45 @@
 """Per-broker index of the partitions an unfence may change, maintained incrementally.
 
-Unfencing broker B runs ``build_change(..., add_to_isr=(B,))`` on every partition listing B as a replica;
-a full scan costs ~1 s per million partitions although almost every partition is left as it is.  For a
-replica B that is acceptable (unfenced, not shutting down, not leaving) ``build_change`` leaves a
-partition unchanged exactly when B is in the ISR, the ISR is in replica order and the election keeps the
-current leader.  This index holds, per broker, the partitions where that may fail without looking at any
-broker's state:
+Unfencing broker B runs an election — ``build_change(...)`` with nothing added to the ISR (leaders add
+caught-up replicas back by AlterPartition) — on every partition listing B as a replica; a full scan costs
+~1 s per million partitions although almost every partition is left as it is.  This index holds, per
+broker, the partitions such an election may change whatever the brokers' states:
 
-- **flagged for B**: B is a replica not in the ISR, or the partition is *unsettled* — its leader is not
-  ``replicas[0]`` (leaderless, or a preferred leader to restore), the leader is not in the ISR, the
-  ISR is out of replica order, or it has an ELR or last known ELR (KIP-966: an ELR member returning
-  leads a partition whose ISR is empty).  Every replica of an unsettled partition is flagged.
-- the rest (settled, B in the ISR) change only when their leader — the preferred replica — is *not
-  acceptable*: a broker being moved out of its ISRs right now, or one not registered.  Acceptability is
-  the controller's state, so these are found at unfence time: :attr:`RejoinIndex.leader_counts` says
-  whether any unacceptable broker leads anything at all (almost never, outside a leave job), and only then
-  is there one pass over the partitions (what every unfence cost before).
+- **flagged** (every replica of the partition): the partition is *unsettled* — leaderless, its leader
+  not a replica in the ISR, the ISR out of replica order, an ELR or last known ELR (KIP-966: an ELR
+  member returning leads a partition whose ISR is empty; min ISR, a topic config, decides whether the
+  ELR is kept), or the preferred leader (``replicas[0]``) in the ISR but not leading (restored once it
+  is acceptable).
+- the rest (*stable*: a replica in the ISR leads, the ISR in replica order, no ELR or last known ELR,
+  and the preferred replica leads or is out of the ISR) keep their leader and ISR unless that leader is
+  *not acceptable*: a broker being moved out of its ISRs right now, or one not registered.  Acceptability
+  is the controller's state, so these are found at unfence time: :attr:`RejoinIndex.leader_counts` says
+  whether any unacceptable broker leads anything at all (almost never, outside a leave job), and only
+  then is there one pass over the partitions (what every unfence cost before).
+
+Stable includes what a fence leaves (session 20): broker B out of the ISR of every partition it led, the
+next replica leading.  An election cannot give B the leadership back (B is not in the ISR) nor move it
+elsewhere, so B's unfence has nothing to do there; until then the index flagged each such partition for
+every replica (B was "a replica not in the ISR", a rule of unfences that re-added B to the ISR) and the
+unfence after a fence of 100,000 RF-3 leaderships ran ~100,000 elections that changed nothing (~0.42 s).
 
 A superset is harmless (``build_change`` returns None for a partition that does not change); candidates
 come back in scan order (``topics_by_id`` order, then partition id), so the records are the scan's.
+
+**The rejoin job's walk** (:class:`RejoinWalk`, session 21).  The job does not elect on the image of the
+unfence but on the image of each of its slices, and the scan it replaces visits every partition of B
+*when its slice reaches it*: a partition stable at the unfence that another event changes before the
+job gets there (an AlterPartition putting the preferred replica back, another writer's record, a leader
+fenced meanwhile) is elected inside B's job.  Candidates taken once at the unfence would miss it, which
+did not show while every partition B was missing from was flagged (all of them, after its fence).  So
+the walk hands out, one at a time and in scan order, the flagged partitions of the unfence merged with
+every partition of B changed since (a per-walk *watch* :meth:`RejoinIndex.advance` fills) that lies
+past the last one handed out; and it falls back to the scan of the rest (B's partitions of the unfence's
+image, in order) when the watch may have missed something — the index stopped following the image (a
+rebuild, an ``alter_partition`` write that replaced the image behind it) — or a broker that was
+acceptable at the unfence and still leads something is not any more (its partitions left unchanged were
+not candidates).  A stable partition left unchanged whose leader is acceptable is left alone by any
+election (:func:`flagged_replicas`), so the walk's slices elect exactly what the scan's do.
 
 Kept along, as cheaply: partitions led and replicas hosted per broker and the partition total, which
 the controller reads for controlled shutdown and CreateTopics while the index follows its image
@@ -48,8 +69,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from heapq import heappop, heappush
 from itertools import chain, islice, pairwise, repeat
 from operator import attrgetter, is_
+from weakref import WeakSet
 
 from kraft.metadata.delta import MetadataDelta
 from kraft.metadata.image import NO_PARTITION_LEADER, PartitionRegistration, TopicImage
@@ -114,8 +137,17 @@ def _isr_in_replica_order(replicas: tuple[int, ...], isr: tuple[int, ...]) -> bo
     in their order) leaves ``isr`` as it is."""
     if (isr is replicas or isr == replicas) and _distinct(replicas):
         return True
-    if len(isr) < 2:  # nothing to reorder (an ISR shrunk to its leader: the common unsettled case)
+    size = len(isr)
+    if size < 2:  # nothing to reorder (an ISR shrunk to its leader: the common unsettled case)
         return True
+    if size == 2 and _distinct(replicas):
+        # One member short of RF 3 (what a fence leaves: stable, so every fenced leadership's flags are
+        # recomputed through here): two C-level lookups, not the dict below (~0.3 µs a partition).
+        first, second = isr
+        end = len(replicas)
+        return (replicas.index(first) if first in replicas else end) <= (
+            replicas.index(second) if second in replicas else end
+        )
     order = {r: i for i, r in enumerate(replicas)}
     keys = [order.get(r, len(order)) for r in isr]
     return all(a <= b for a, b in pairwise(keys))
@@ -143,24 +175,22 @@ def _shift(counts: Counter[int], old: list[int], new: list[int]) -> None:
 
 
 def flagged_replicas(partition: PartitionRegistration) -> tuple[int, ...]:
-    """The replicas whose unfence may change ``partition`` whatever the brokers' states (see module doc);
-    each once, in replica order."""
+    """The replicas whose unfence may change ``partition`` whatever the brokers' states (see module doc):
+    every replica (each once, in replica order) of an unsettled partition, none of a stable one."""
     replicas, isr, leader = partition.replicas, partition.isr, partition.leader
     if not replicas:
-        return ()  # no broker can be added to its ISR
-    settled = (
+        return ()  # nobody's unfence looks at it
+    stable = (
         not partition.elr  # an ELR (or its trace) may be recomputed by any election: unsettled
         and not partition.last_known_elr
-        and leader == replicas[0]
         and leader != NO_PARTITION_LEADER
         and leader in isr
+        # the election keeps an acceptable current leader unless the preferred replica is an acceptable
+        # ISR member (then it takes over): out of the ISR, it cannot
+        and (leader == replicas[0] or (replicas[0] not in isr and leader in replicas))
         and _isr_in_replica_order(replicas, isr)
     )
-    if settled:
-        if isr is replicas:
-            return ()  # the common case, one identity check
-        return tuple(r for r in dict.fromkeys(replicas) if r not in isr)
-    return tuple(dict.fromkeys(replicas))
+    return () if stable else tuple(dict.fromkeys(replicas))
 
 
 class RejoinIndex:
@@ -186,6 +216,9 @@ class RejoinIndex:
         # Partitions of bulk deltas whose flags are not recomputed yet (LAZY_MIN_CHANGES): topic id → ids.
         self._dirty: dict[str, set[int]] = {}
         self.lazy_min_changes = LAZY_MIN_CHANGES  # (tests set 0 or 1: every delta's changes left dirty)
+        # The walks of rejoin jobs in progress (each watches the partitions changed since its query); weak:
+        # a job dropped (done, its broker fenced again, a reset) takes its walk with it.
+        self._walks: WeakSet[RejoinWalk] = WeakSet()
 
     @property
     def current_for(self) -> Mapping[str, TopicImage] | None:
@@ -203,13 +236,21 @@ class RejoinIndex:
 
     def invalidate(self) -> None:
         """The image was replaced by something other than a delta (a reset): rebuild on next use."""
+        self._lose_walks()
         self._topics = None
         self._pending = self._building_for = None
         self._dirty.clear()
 
     # ---- maintenance ----
 
+    def _lose_walks(self) -> None:
+        """The index no longer sees every change since the walks' queries: they scan the rest."""
+        for walk in list(self._walks):
+            walk.lost = True
+        self._walks.clear()
+
     def _clear(self) -> None:
+        self._lose_walks()
         self._topic_counts.clear()
         self._flags.clear()
         self._by_broker.clear()
@@ -291,6 +332,7 @@ class RejoinIndex:
             self._advance_building(delta, topics_by_id)
             return
         if self._topics is None or self._topics is not delta.image.topics_by_id:
+            self._lose_walks()
             self._topics = None
             self._dirty.clear()  # the rebuild before the next use starts from nothing
             return
@@ -322,6 +364,9 @@ class RejoinIndex:
                 if len(grown) >= TOPIC_COUNTS_MIN_PARTITIONS and topic_id not in self._topic_counts:
                     # grew past the line (a big topic written in slices, CreatePartitions): counted once
                     self._topic_counts[topic_id] = _count_topic(grown)
+        if self._walks:
+            for walk in self._walks:
+                walk.note(changed_topics)
         self._topics = topics_by_id
 
     def _add_topic(self, topic_id: str, partitions: Sequence[PartitionRegistration]) -> None:
@@ -752,22 +797,25 @@ class RejoinIndex:
             if len(window) < UNSETTLED_WINDOW:
                 return
 
-    def candidates(
-        self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]
-    ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
-        """A superset, in scan order, of the partitions listing ``broker_id`` as a replica that
-        ``build_change(..., add_to_isr=(broker_id,))`` changes, given that ``broker_id`` is acceptable."""
-        self._follow(topics_by_id)  # an unfence mid-build finishes the build at once
-        picked: dict[str, set[int]] = {
-            topic_id: set(ids) for topic_id, ids in self._by_broker.get(broker_id, {}).items()
-        }
-        # Settled partitions (preferred leader leading, broker in the ISR) change only when that leader
-        # is not acceptable; leaderless partitions are flagged already.
-        unacceptable = {
+    def _unacceptable_leaders(self, acceptable: Callable[[int], bool]) -> set[int]:
+        """The brokers that lead something and are not acceptable (none outside a leave job)."""
+        return {
             leader
             for leader, count in self.leader_counts.items()
             if count > 0 and leader != NO_PARTITION_LEADER and not acceptable(leader)
         }
+
+    def _candidate_ids(
+        self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]
+    ) -> tuple[dict[str, set[int]], set[int]]:
+        """:meth:`candidates` unsorted (topic id → partition ids), and the unacceptable leaders."""
+        self._follow(topics_by_id)  # an unfence mid-build finishes the build at once
+        picked: dict[str, set[int]] = {
+            topic_id: set(ids) for topic_id, ids in self._by_broker.get(broker_id, {}).items()
+        }
+        # Stable partitions (see the module doc) change only when their leader is not acceptable;
+        # leaderless partitions are flagged already.
+        unacceptable = self._unacceptable_leaders(acceptable)
         if unacceptable:
             # Only while a broker that still leads is being moved out (a leave job in progress): one pass
             # like the scan this index replaces — never worse than before, and rare.  (A per-leader
@@ -776,8 +824,211 @@ class RejoinIndex:
                 for partition_id, partition in enumerate(topic.partitions):
                     if partition.leader in unacceptable and broker_id in partition.replicas:
                         picked.setdefault(topic_id, set()).add(partition_id)
+        return picked, unacceptable
+
+    def candidates(
+        self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]
+    ) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+        """A superset, in scan order, of the partitions listing ``broker_id`` as a replica that the
+        unfence's election (``build_change``, nothing added to the ISR) changes on ``topics_by_id``, given
+        that ``broker_id`` is acceptable (a rejoin job takes a :meth:`walk`: its slices come later)."""
+        picked, _ = self._candidate_ids(topics_by_id, broker_id, acceptable)
         ordinal = self._ordinal
         for topic_id in sorted(picked, key=ordinal.__getitem__):
             topic = topics_by_id[topic_id]
             for partition_id in sorted(picked[topic_id]):
                 yield topic, partition_id, topic.partitions[partition_id]
+
+    def walk(
+        self, topics_by_id: Mapping[str, TopicImage], broker_id: int, acceptable: Callable[[int], bool]
+    ) -> RejoinWalk:
+        """The candidates of ``broker_id``'s unfence on ``topics_by_id`` for a rejoin job that elects on
+        later images, slice by slice (see :class:`RejoinWalk`)."""
+        picked, unacceptable = self._candidate_ids(topics_by_id, broker_id, acceptable)
+        walk = RejoinWalk(self, topics_by_id, broker_id, picked, unacceptable)
+        self._walks.add(walk)
+        return walk
+
+
+_Key = tuple[int, int, str]  # (topic ordinal, partition id, topic id): scan order while the index follows
+
+
+class RejoinWalk:
+    """An unfence's rejoin-job candidates, handed out one at a time when the job reaches them (module
+    doc, "The rejoin job's walk"): the partitions flagged at the query merged with the partitions of
+    the broker changed since, past the last one handed out, in scan order — or, once :meth:`at_slice`
+    finds the watch not enough, every partition of the broker in the query's image past it (the scan).
+
+    Exhaustion is not final: a ``next()`` that finds nothing may find a partition changed later, as the
+    scan's next slice would visit the rest of the broker's partitions.  The job therefore ends only when
+    a slice with room left finds nothing (then the scan, visiting the same partitions, would have found
+    its end too)."""
+
+    __slots__ = (
+        "__weakref__",
+        "_broker_id",
+        "_changed",
+        "_flagged",
+        "_head",
+        "_index",
+        "_last",
+        "_leaders_acceptable",
+        "_rest",
+        "_topics",
+        "_watched",
+        "lost",
+    )
+
+    def __init__(
+        self,
+        index: RejoinIndex,
+        topics_by_id: Mapping[str, TopicImage],
+        broker_id: int,
+        picked: dict[str, set[int]],
+        unacceptable: set[int],
+    ) -> None:
+        self._index = index
+        self._topics = topics_by_id  # the query's image: the scan's partitions and order
+        self._broker_id = broker_id
+        # Leaders acceptable at the query: one not acceptable any more moves its partitions unchanged since,
+        # which were not picked.  (Those not acceptable then had theirs picked; a broker leading nothing
+        # then leads only partitions changed since.)
+        self._leaders_acceptable = {
+            leader
+            for leader, count in index.leader_counts.items()
+            if count > 0 and leader != NO_PARTITION_LEADER and leader not in unacceptable
+        }
+        self._flagged = _flagged_keys(index._ordinal, picked)  # (no reference back: freed with its job)
+        self._head = next(self._flagged, None)
+        self._watched: list[_Key] = []  # a heap: partitions changed since, past ``_last``
+        self._changed: dict[str, set[int]] = {}  # noted by the index, not looked at yet
+        self._last: _Key | None = None  # the partition handed out last
+        self._rest: Iterator[tuple[TopicImage, int, PartitionRegistration]] | None = None  # the scan
+        self.lost = False  # the index missed changes since the query (set by the index)
+
+    def __iter__(self) -> RejoinWalk:
+        return self
+
+    def note(self, changed_topics: Iterable[tuple[str, TopicImage | None, Mapping[int, object]]]) -> None:
+        """The partitions a delta changed (the index's :meth:`~RejoinIndex.advance`); topics the query's
+        image lacks are not the scan's (created since) and are left out."""
+        if self._rest is not None:
+            return
+        topics = self._topics
+        changed = self._changed
+        ordinal = self._index._ordinal
+        last = self._last
+        behind = -1 if last is None else last[0]  # topics before the last one handed out: never again
+        for topic_id, base, partitions in changed_topics:
+            if topic_id not in topics:
+                continue
+            if base is None:
+                # A TopicRecord for an id of the query's image (its content replaced, or the id re-created
+                # after a removal, then at a new ordinal): never written by this controller (topic ids are
+                # not reused), so no watch for it — the scan of the rest, as the scan would visit it.
+                self.lost = True
+                return
+            topic_ordinal = ordinal.get(topic_id)
+            if topic_ordinal is None or topic_ordinal < behind:
+                continue  # deleted (the scan's election finds nothing), or behind (the job's own elections)
+            ids = changed.get(topic_id)
+            if ids is None:
+                changed[topic_id] = set(partitions)
+            else:
+                ids.update(partitions)
+
+    def at_slice(self, topics_by_id: Mapping[str, TopicImage], acceptable: Callable[[int], bool]) -> None:
+        """Called by the job at the start of each slice, with the slice's image and acceptability: fall
+        back to the scan when the watch may have missed a partition this slice's election changes."""
+        if self._rest is not None:
+            return
+        index = self._index
+        if self.lost or index.current_for is not topics_by_id:
+            self._fall_back()  # changes since the query not all noted
+        elif not self._leaders_acceptable.isdisjoint(index._unacceptable_leaders(acceptable)):
+            self._fall_back()  # a leader acceptable at the query is not now: its unchanged partitions move
+
+    def _fall_back(self) -> None:
+        self._index._walks.discard(self)
+        self._changed.clear()
+        self._watched.clear()
+        self._rest = _scan_after(self._topics, self._broker_id, self._last)
+
+    def _take_changed(self) -> None:
+        """Move the noted changes past ``_last`` that list the broker in the query's image to the heap."""
+        changed, self._changed = self._changed, {}
+        ordinal = self._index._ordinal
+        topics = self._topics
+        broker_id = self._broker_id
+        last = self._last
+        watched = self._watched
+        for topic_id, ids in changed.items():
+            topic_ordinal = ordinal.get(topic_id)
+            if topic_ordinal is None:
+                continue  # deleted since: the scan's election finds nothing there
+            if last is not None and topic_ordinal < last[0]:
+                continue
+            partitions = topics[topic_id].partitions
+            for partition_id in ids:
+                if partition_id >= len(partitions) or broker_id not in partitions[partition_id].replicas:
+                    continue  # added since, or not the broker's at the query: not the scan's
+                key = (topic_ordinal, partition_id, topic_id)
+                if last is None or key > last:
+                    heappush(watched, key)
+
+    def __next__(self) -> tuple[TopicImage, int, PartitionRegistration]:
+        if self._rest is not None:
+            return next(self._rest)
+        if self._changed:
+            self._take_changed()
+        last = self._last
+        watched = self._watched
+        head = self._head
+        if not watched and head is not None and (last is None or head > last):  # (the common case)
+            self._head = next(self._flagged, None)
+            self._last = head
+            topic = self._topics[head[2]]
+            return topic, head[1], topic.partitions[head[1]]
+        while True:
+            head = self._head
+            if watched and (head is None or watched[0] < head):
+                key = heappop(watched)
+            elif head is not None:
+                key = head
+                self._head = next(self._flagged, None)
+            else:
+                raise StopIteration
+            if last is None or key > last:  # (a partition both flagged and changed comes once)
+                break
+        self._last = key
+        topic = self._topics[key[2]]
+        return topic, key[1], topic.partitions[key[1]]
+
+
+def _flagged_keys(ordinal: Mapping[str, int], picked: dict[str, set[int]]) -> Iterator[_Key]:
+    """The keys of ``picked`` in scan order (the ordinals as they are at the first ``next()``)."""
+    ordered = sorted((ordinal[topic_id], topic_id) for topic_id in picked)
+    for topic_ordinal, topic_id in ordered:
+        for partition_id in sorted(picked[topic_id]):
+            yield topic_ordinal, partition_id, topic_id
+
+
+def _scan_after(
+    topics_by_id: Mapping[str, TopicImage], broker_id: int, last: _Key | None
+) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+    """The broker's partitions in ``topics_by_id`` (a walk's query image) past ``last``, in its order (no
+    ordinals: the index may have been rebuilt since)."""
+    topics = iter(topics_by_id.items())
+    if last is not None:
+        _, last_partition, last_topic = last
+        for topic_id, topic in topics:
+            if topic_id == last_topic:
+                partitions = topic.partitions
+                for partition_id in range(last_partition + 1, len(partitions)):
+                    if broker_id in partitions[partition_id].replicas:
+                        yield topic, partition_id, partitions[partition_id]
+                break
+    for _, topic in topics:
+        for partition_id, partition in enumerate(topic.partitions):
+            if broker_id in partition.replicas:
+                yield topic, partition_id, partition

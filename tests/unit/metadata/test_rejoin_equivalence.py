@@ -216,6 +216,54 @@ class Twins(RuleBasedStateMachine):
 
         self.both(write)
 
+    # ---- mid-job events aimed at a rejoin job (session 21) ----
+    # The index's rejoin job takes the partitions flagged at the unfence plus those changed since
+    # (RejoinWalk); the scan's visits every partition of the broker on the image of its slice.  These rules
+    # hit a partition of a broker whose rejoin job is in progress, so the random rules above need not.
+
+    def rejoining(self) -> list[int]:
+        """Brokers with an unfence's rejoin job in progress (the same in both logics: checked below)."""
+        return sorted(b for b in self.indexed._rejoining if b >= 0)
+
+    def partitions_of(self, broker_id: int) -> list[tuple[TopicImage, int, PartitionRegistration]]:
+        return [
+            (topic, partition_id, partition)
+            for topic in sorted(self.image().topics_by_id.values(), key=lambda t: t.name)
+            for partition_id, partition in enumerate(topic.partitions)
+            if broker_id in partition.replicas
+        ]
+
+    @precondition(lambda self: bool(self.rejoining()))
+    @rule(data=st.data(), kind=st.sampled_from(["in_sync", "leaderless", "fence_leader", "shut_down_leader"]))
+    def disturb_a_rejoin_job(self, data: st.DataObject, kind: str) -> None:
+        """An ISR expansion putting every replica back (the preferred one then takes over), a partition
+        left leaderless with the broker in its ISR, or its leader fenced or shut down (its partitions
+        not changed yet, stable ones included) — while the broker's rejoin job is in progress."""
+        broker_id = data.draw(st.sampled_from(self.rejoining()))
+        partitions = self.partitions_of(broker_id)
+        if not partitions:
+            return
+        topic, partition_id, partition = data.draw(st.sampled_from(partitions))
+        if kind in ("fence_leader", "shut_down_leader"):
+            if partition.leader >= 0 and partition.leader in self.image().brokers:
+                self.heartbeat(partition.leader, kind.removesuffix("_leader"), caught_up=True)
+            return
+        change = pb.PartitionChangeRecord(topic_id=topic.topic_id, partition_id=partition_id)
+        if kind == "in_sync":
+            change.isr.ids.extend(dict.fromkeys(partition.replicas))
+        else:
+            change.isr.ids.append(broker_id)
+            change.leader = -1
+        self.write(change)
+
+    def write(self, change: pb.PartitionChangeRecord) -> None:
+        def write(logic: ControllerLogic) -> Outcome[Any]:
+            batch = _Batch(logic, self.next_offset)
+            batch.add(change)
+            return Outcome(batch.finish(), cpb.CreateTopicsResponse())
+
+        self.both(write)
+
     @rule(chunks=st.integers(1, 12))
     def leave_jobs_progress(self, chunks: int) -> None:
         for _ in range(chunks):
@@ -237,6 +285,7 @@ class Twins(RuleBasedStateMachine):
     def same_images_and_an_exact_cursor(self) -> None:
         assert self.indexed.image.topics_by_id == self.scan.image.topics_by_id
         assert self.indexed.image.brokers == self.scan.image.brokers
+        assert list(self.indexed._rejoining) == list(self.scan._rejoining)  # the same jobs, in order
         counts = self.indexed._speculative_counts
         counts.update(self.indexed.image.topics_by_id)
         assert counts.partitions == self.indexed.image.partition_count()
@@ -271,3 +320,29 @@ LazyTwins.TestCase.settings = settings(
     max_examples=100, stateful_step_count=60, deadline=None, phases=NO_EXPLAIN
 )
 test_indexed_rejoin_with_dirty_flags_writes_the_scans_records = LazyTwins.TestCase
+
+
+def test_a_partition_changed_mid_job_is_elected_in_the_rejoin_job_as_by_the_scan() -> None:
+    """(Session 21.) Broker 0 fenced: its one-replica partitions of ``a`` left leaderless (0 in their
+    ELR), ``b``'s led by 1 with 0 out of the ISR (stable: not a candidate).  0's unfence elects it for
+    a/0 and its job comes back for a/1 and a/2; meanwhile b/0 gets every replica back in its ISR.  The
+    scan's job reaches b/0 after a/2 and gives 0 its leadership back: the index's must too (its walk
+    watches the partitions changed since the unfence)."""
+    twins = Twins()
+    twins.a_running_cluster(brokers=3, topics=[(1, 1)])
+    twins.create("a-", 0, 0, [[0], [0], [0]])
+    twins.create("b-", 0, 0, [[0, 1, 2]])
+    twins.heartbeat(0, "fence", caught_up=True)
+    twins.leave_jobs_progress(12)
+    b = twins.image().topic("b-")
+    assert b is not None and b.partitions[0].leader == 1
+    twins.heartbeat(0, "nothing", caught_up=True)
+    assert list(twins.indexed._rejoining) == [0]  # a/0 filled the unfence's write
+    twins.write(
+        pb.PartitionChangeRecord(topic_id=b.topic_id, partition_id=0, isr=pb.BrokerIdList(ids=[0, 1, 2]))
+    )
+    twins.leave_jobs_progress(3)
+    assert not twins.indexed.has_bulk_jobs()
+    b = twins.image().topic("b-")
+    assert b is not None and b.partitions[0].leader == 0
+    twins.same_images_and_an_exact_cursor()

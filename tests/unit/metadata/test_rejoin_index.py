@@ -4,6 +4,8 @@ broker states, with the index following the images delta by delta or rebuilt fro
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 
@@ -13,7 +15,13 @@ from hypothesis import strategies as st
 
 from kraft.metadata import rejoin_index
 from kraft.metadata.delta import MetadataDelta
-from kraft.metadata.image import MetadataImage, PartitionRegistration, TopicImage
+from kraft.metadata.image import (
+    LEADER_RECOVERED,
+    LEADER_RECOVERING,
+    MetadataImage,
+    PartitionRegistration,
+    TopicImage,
+)
 from kraft.metadata.partition_change import build_change
 from kraft.metadata.partition_counts import PartitionCounts
 from kraft.metadata.rejoin_index import RejoinIndex, flagged_replicas
@@ -112,14 +120,13 @@ def records(draw: st.DrawFn) -> list[pb.MetadataRecord]:
 def scan_changes(
     topics: dict[str, TopicImage] | MetadataImage, broker_id: int, acceptable: Callable[[int], bool]
 ) -> list[pb.PartitionChangeRecord]:
-    """The oracle: ControllerLogic._partitions_of + build_change, as before the index."""
+    """The oracle: ControllerLogic._partitions_of + build_change, as before the index — the unfence's
+    election, which adds nothing to the ISR (leaders add caught-up replicas by AlterPartition)."""
     assert isinstance(topics, MetadataImage)
     found = []
     for topic, partition_id, partition in topics.iter_partitions():
         if broker_id in partition.replicas:
-            change = build_change(
-                topic.topic_id, partition_id, partition, acceptable, add_to_isr=(broker_id,)
-            )
+            change = build_change(topic.topic_id, partition_id, partition, acceptable)
             if change is not None:
                 found.append(change)
     return found
@@ -131,7 +138,7 @@ def index_changes(
     found = []
     for topic, partition_id, partition in index.candidates(image.topics_by_id, broker_id, acceptable):
         assert broker_id in partition.replicas
-        change = build_change(topic.topic_id, partition_id, partition, acceptable, add_to_isr=(broker_id,))
+        change = build_change(topic.topic_id, partition_id, partition, acceptable)
         if change is not None:
             found.append(change)
     return found
@@ -243,28 +250,76 @@ def test_index_candidates_give_the_scans_records(
         assert_unsettled_queries_match_a_scan(index, image)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(
     replicas=ID_LISTS,
     isr=ID_LISTS,
     leader=IDS,
     same=st.booleans(),
+    elr=ID_LISTS,
+    lke=ID_LISTS,
+    recovering=st.booleans(),
     broker_id=st.integers(0, 6),
     accepted=st.frozensets(st.integers(-1, 6)),
+    min_isr=st.integers(1, 4),
+    unclean=st.booleans(),
 )
 def test_an_unflagged_replica_is_left_alone_unless_its_leader_is_unacceptable(
-    replicas: list[int], isr: list[int], leader: int, same: bool, broker_id: int, accepted: frozenset[int]
+    replicas: list[int],
+    isr: list[int],
+    leader: int,
+    same: bool,
+    elr: list[int],
+    lke: list[int],
+    recovering: bool,
+    broker_id: int,
+    accepted: frozenset[int],
+    min_isr: int,
+    unclean: bool,
 ) -> None:
-    """The claim the index rests on, for one partition: if build_change changes it on this replica's
-    unfence, the replica is flagged or the leader is not acceptable (and leads)."""
+    """The claim the index rests on, for one partition: if the unfence's election (build_change, nothing
+    added to the ISR; any min ISR, unclean elections on or off) changes it, the replica is flagged or
+    the leader is not acceptable (and leads).  ELR and last known ELR drawn apart from the ISR (often
+    empty), so stable partitions come up as often as unsettled ones."""
     replica_ids = tuple(replicas)
-    partition = PartitionRegistration(replica_ids, replica_ids if same else tuple(isr), leader, 0, 0)
+    partition = PartitionRegistration(
+        replica_ids,
+        replica_ids if same else tuple(isr),
+        leader,
+        0,
+        0,
+        tuple(elr[: len(elr) // 2]),  # (half the draws: empty)
+        tuple(lke[: len(lke) // 2]),
+        LEADER_RECOVERING if recovering else LEADER_RECOVERED,
+    )
     ok = accepted | {broker_id}
     if broker_id not in partition.replicas:
         return
-    change = build_change("t", 0, partition, ok.__contains__, add_to_isr=(broker_id,))
+    change = build_change("t", 0, partition, ok.__contains__, min_isr=min_isr, unclean_election=unclean)
     if change is not None:
         assert broker_id in flagged_replicas(partition) or (leader != -1 and leader not in ok)
+
+
+def test_a_fenced_leaders_partitions_are_not_candidates_of_its_unfence() -> None:
+    """What a fence leaves (broker 1 out of the ISR of each partition it led, the next replica leading)
+    is stable: nobody is flagged, and broker 1's unfence has no candidate — the scan's election changes
+    none of them (session 20: 100,000 such candidates cost ~0.42 s of the unfence).  The preferred
+    replica back in the ISR (AlterPartition) flags the partition again: the election restores it."""
+    fenced = tuple(PartitionRegistration((1, 2, 3), (2, 3), 2, 1, 1) for _ in range(4))
+    topic = TopicImage("a", "a", fenced)
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+    acceptable = {1, 2, 3}.__contains__
+    assert index._by_broker == {} and index._flags == {}
+    assert list(index.candidates(image.topics_by_id, 1, acceptable)) == []
+    assert scan_changes(image, 1, acceptable) == []
+    back = PartitionRegistration((1, 2, 3), (1, 2, 3), 2, 1, 2)  # in sync again, 2 still leading
+    topic = TopicImage("a", "a", (back, *fenced[1:]))
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    index.rebuild(image.topics_by_id)
+    assert index._flags == {"a": {0: (1, 2, 3)}}
+    assert index_changes(index, image, 3, acceptable) == scan_changes(image, 3, acceptable) != []
 
 
 def test_a_settled_partition_led_by_an_unacceptable_broker_is_a_candidate() -> None:
@@ -363,7 +418,12 @@ def test_an_unfence_during_a_sliced_rebuild_finishes_it() -> None:
         delta.replay(
             pb.MetadataRecord(
                 partition=pb.PartitionRecord(
-                    topic_id=topic_id, partition_id=0, replicas=[1, 2], isr=[2], leader=2
+                    # the preferred replica in sync, not leading: the unfence's election restores it
+                    topic_id=topic_id,
+                    partition_id=0,
+                    replicas=[1, 2],
+                    isr=[1, 2],
+                    leader=2,
                 )
             )
         )
@@ -490,13 +550,14 @@ def test_a_bulk_delta_leaves_its_changes_dirty_and_a_small_one_does_not() -> Non
     index.rebuild(image.topics_by_id)
 
     def moved(partition_ids: range) -> MetadataImage:
-        """Broker 1 leaves the ISR of ``partition_ids`` (2 leads: not the preferred leader, unsettled)."""
+        """Broker 2 leads ``partition_ids``, broker 1 still in sync (the preferred leader in the ISR, not
+        leading: unsettled)."""
         change = MetadataDelta(image)
         for partition_id in partition_ids:
             change.replay(
                 pb.MetadataRecord(
                     partition_change=pb.PartitionChangeRecord(
-                        topic_id="t", partition_id=partition_id, isr=pb.BrokerIdList(ids=[2]), leader=2
+                        topic_id="t", partition_id=partition_id, leader=2
                     )
                 )
             )
@@ -553,3 +614,234 @@ def test_an_unsettled_query_finds_dirty_partitions_without_settling_them() -> No
     assert [(t.topic_id, p) for t, p, _ in index.unsettled(image.topics_by_id, _leaderless)] == [
         ("b", p) for p in range(size)
     ]
+
+
+# ---- the rejoin job's walk (session 21) ----
+
+
+def a_slice(
+    source: Iterator[tuple[TopicImage, int, PartitionRegistration]],
+    image: MetadataImage,
+    acceptable: Callable[[int], bool],
+    budget: int,
+    min_isr: int,
+    unclean: bool,
+) -> tuple[list[pb.PartitionChangeRecord], bool]:
+    """One slice of a rejoin job (ControllerLogic._run_rejoin_jobs without its time bounds): elections on
+    ``image`` for what ``source`` hands out until ``budget`` changes; True when it found its end."""
+    changes: list[pb.PartitionChangeRecord] = []
+    while len(changes) < budget:
+        taken = next(source, None)
+        if taken is None:
+            return changes, True
+        topic = image.topics_by_id.get(taken[0].topic_id)
+        if topic is None or taken[1] >= len(topic.partitions):
+            continue  # deleted meanwhile
+        change = build_change(
+            topic.topic_id,
+            taken[1],
+            topic.partitions[taken[1]],
+            acceptable,
+            min_isr=min_isr,
+            unclean_election=unclean,
+        )
+        if change is not None:
+            changes.append(change)
+    return changes, False
+
+
+def scan_of(image: MetadataImage, broker_id: int) -> Iterator[tuple[TopicImage, int, PartitionRegistration]]:
+    """The scan oracle's source (ControllerLogic._partitions_of): every partition of the broker in the
+    image of the query, in scan order, elected on the image of the slice that reaches it."""
+    return ((t, p, r) for t, p, r in list(image.iter_partitions()) if broker_id in r.replicas)
+
+
+_CHANGES = st.lists(records(), max_size=4).map(
+    lambda bundles: [b for b in bundles if b[0].HasField("partition_change")]
+)
+
+
+_ANY_RECORDS = st.lists(records(), max_size=3)
+
+
+@pytest.mark.parametrize("lazy_min_changes", [rejoin_index.LAZY_MIN_CHANGES, 0])
+@settings(max_examples=300, deadline=None)
+@given(
+    start=st.lists(st.lists(records(), min_size=1, max_size=5), min_size=1, max_size=4),
+    broker_id=st.integers(0, 5),
+    accepted=st.frozensets(st.integers(-1, 6)),
+    slices=st.lists(
+        st.tuples(
+            _CHANGES,  # another writer's partition changes before the slice
+            _ANY_RECORDS,  # ... and other records (topics too), with ``topic_records``
+            st.frozensets(st.integers(-1, 6)),  # the brokers acceptable at the slice, with ``moving``
+            st.sampled_from([1, 1, 2, 3]),  # its room for changes (filled: the job comes back)
+            st.integers(1, 3),  # min ISR
+            st.booleans(),  # unclean elections
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    topic_records=st.booleans(),
+    moving=st.booleans(),
+    blind=st.sampled_from(["never", "never", "rebuild", "stale"]),
+    blind_at=st.integers(0, 7),
+)
+def test_a_walk_elects_what_a_scan_of_each_slice_elects(
+    start: list[list[list[pb.MetadataRecord]]],
+    broker_id: int,
+    accepted: frozenset[int],
+    slices: list[
+        tuple[list[list[pb.MetadataRecord]], list[list[pb.MetadataRecord]], frozenset[int], int, int, bool]
+    ],
+    topic_records: bool,
+    moving: bool,
+    blind: str,
+    blind_at: int,
+    lazy_min_changes: int,
+) -> None:
+    """A rejoin job's slices, each after another writer's records (changing partitions; with
+    ``topic_records`` also adding, removing or re-creating partitions and topics), with the brokers
+    acceptable at the query (or, ``moving``, any: leaders becoming unacceptable with their partitions
+    unchanged, the walk's fall-back to the scan), the index following, or at slice ``blind_at`` rebuilt
+    behind the walk or left stale: the walk's elections are the scan's, slice by slice, and it ends in
+    the same slice.  Each slice's elections are applied too (the job's own changes reach its watch).
+    (Partition changes without the rest, mostly: a TopicRecord for an id of the query's image or a blind
+    index make the walk fall back to the scan, so what its watch does would seldom be tested.)"""
+    image = MetadataImage.empty()
+    index = RejoinIndex()
+    index.lazy_min_changes = lazy_min_changes
+    index.rebuild(image.topics_by_id)
+
+    def apply(records: list[pb.MetadataRecord], how: str = "never") -> None:
+        nonlocal image
+        delta = MetadataDelta(image)
+        for record in records:
+            delta.replay(record)
+        image = delta.apply()
+        if how != "never":
+            index.invalidate()  # a reset or a write behind the index's back
+        index.advance(delta, image.topics_by_id)
+        if how == "rebuild":
+            index.rebuild(image.topics_by_id)  # following again, having missed the changes
+
+    for group in start:
+        apply([record for bundle in group for record in bundle])
+    ok = (accepted | {broker_id}).__contains__
+    walk = index.walk(image.topics_by_id, broker_id, ok)
+    scan = scan_of(image, broker_id)
+    for step, (changes, others, accepted_now, budget, min_isr, unclean) in enumerate(slices):
+        written = changes + others if topic_records else changes
+        apply([record for bundle in written for record in bundle], blind if step == blind_at else "never")
+        acceptable = accepted_now.__contains__ if moving else ok
+        walk.at_slice(image.topics_by_id, acceptable)
+        got, walk_ended = a_slice(walk, image, acceptable, budget, min_isr, unclean)
+        want, scan_ended = a_slice(scan, image, acceptable, budget, min_isr, unclean)
+        assert got == want
+        assert walk_ended == scan_ended
+        apply([pb.MetadataRecord(partition_change=change) for change in got])
+        if walk_ended:
+            break
+
+
+def test_a_walk_hands_out_partitions_changed_since_its_query_past_its_last() -> None:
+    """Broker 1 was fenced (out of each ISR, 2 leading): nothing flagged but partition 3, leaderless with
+    1 in its ISR.  After 3 is handed out, partitions 0, 1 and 5 get every replica back in the ISR (an
+    election would restore 1, the preferred leader): the walk hands out 5 only (0 and 1 are behind it,
+    as for the scan), then ends; a change after its end is handed out by the next ``next()`` (the scan's
+    next slice would visit that partition)."""
+    fenced = PartitionRegistration((1, 2, 3), (2, 3), 2, 1, 1)
+    leaderless = PartitionRegistration((1, 2, 3), (1,), -1, 1, 1)
+    topic = TopicImage("a", "a", (fenced, fenced, fenced, leaderless, fenced, fenced, fenced))
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+    acceptable = {1, 2, 3}.__contains__
+    walk = index.walk(image.topics_by_id, 1, acceptable)
+    walk.at_slice(image.topics_by_id, acceptable)
+    assert next(walk)[1] == 3
+
+    def in_sync(partition_ids: list[int]) -> None:
+        nonlocal image
+        delta = MetadataDelta(image)
+        for partition_id in partition_ids:
+            delta.replay(
+                pb.MetadataRecord(
+                    partition_change=pb.PartitionChangeRecord(
+                        topic_id="a", partition_id=partition_id, isr=pb.BrokerIdList(ids=[1, 2, 3])
+                    )
+                )
+            )
+        image = delta.apply()
+        index.advance(delta, image.topics_by_id)
+
+    in_sync([5, 0, 1])
+    walk.at_slice(image.topics_by_id, acceptable)
+    assert [p for _, p, _ in walk] == [5]
+    in_sync([6])
+    assert [p for _, p, _ in walk] == [6]
+
+
+def test_a_walk_scans_the_rest_when_a_leader_becomes_unacceptable() -> None:
+    """Stable partitions of broker 1 led by 2 (no candidate), then 2 is not acceptable (fenced, its
+    leave job not there yet) with its partitions unchanged: each would move, so the walk hands out every
+    partition of 1 past its last — here all, in scan order."""
+    fenced = PartitionRegistration((1, 2, 3), (2, 3), 2, 1, 1)
+    other = PartitionRegistration((3, 4), (3, 4), 3, 0, 0)
+    topic = TopicImage("a", "a", (fenced, other, fenced))
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+    walk = index.walk(image.topics_by_id, 1, {1, 2, 3, 4}.__contains__)
+    walk.at_slice(image.topics_by_id, {1, 2, 3, 4}.__contains__)
+    assert next(walk, None) is None
+    walk.at_slice(image.topics_by_id, {1, 3, 4}.__contains__)
+    assert [p for _, p, _ in walk] == [0, 2]
+
+
+def test_a_walk_scans_the_rest_when_the_index_missed_changes() -> None:
+    """An image replaced behind the index (alter_partition's writes, a reset) leaves the watch blind:
+    the walk scans the rest — also once the index follows again after a rebuild."""
+    fenced = PartitionRegistration((1, 2, 3), (2, 3), 2, 1, 1)
+    topic = TopicImage("a", "a", (fenced, fenced))
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    acceptable = {1, 2, 3}.__contains__
+    for rebuilt in (False, True):
+        index = RejoinIndex()
+        index.rebuild(image.topics_by_id)
+        walk = index.walk(image.topics_by_id, 1, acceptable)
+        delta = MetadataDelta(image)
+        delta.replay(
+            pb.MetadataRecord(
+                partition_change=pb.PartitionChangeRecord(
+                    topic_id="a", partition_id=1, isr=pb.BrokerIdList(ids=[1, 2, 3])
+                )
+            )
+        )
+        later = delta.apply()  # not advanced: the index still follows ``image``
+        if rebuilt:
+            index.rebuild(later.topics_by_id)
+        walk.at_slice(later.topics_by_id, acceptable)
+        assert [p for _, p, _ in walk] == [0, 1]
+
+
+def test_a_dropped_walk_is_freed_at_once_and_no_longer_watched() -> None:
+    """A job dropped (done, its broker fenced again, a reset) takes its walk with it by reference
+    counting (no cycle through its generators), so later deltas do not feed a dead watch until a
+    collection — the controller's collector may be frozen or off for long stretches."""
+    topic = TopicImage("a", "a", (PartitionRegistration((1, 2), (2,), -1, 1, 1),) * 3)
+    image = MetadataImage(0, 0, {}, {"a": topic}, {"a": "a"}, {}, {})
+    index = RejoinIndex()
+    index.rebuild(image.topics_by_id)
+    gc.disable()
+    try:
+        walk = index.walk(image.topics_by_id, 1, {1, 2}.__contains__)
+        next(walk)
+        walk.at_slice(image.topics_by_id, {1, 2}.__contains__)
+        gone = weakref.ref(walk)
+        assert len(index._walks) == 1
+        del walk
+        assert gone() is None
+        assert len(index._walks) == 0
+    finally:
+        gc.enable()
