@@ -151,6 +151,10 @@ def alter_partition(
             delta = MetadataDelta(image)
             delta.replay(record, next_offset + len(records))
             image = delta.apply()
+            # Keep the rejoin index on the image (its flags, a running rejoin job's watch): left behind,
+            # it went stale at every AlterPartition — the next unfence rebuilt it in slices (~1 s per
+            # million partitions) and a rejoin job in progress fell back to scanning the rest.
+            logic.rejoin_index.advance(delta, image.topics_by_id)
             records.append(record)
             replayed = image.partition(data.topic_id, data.partition)
             assert replayed is not None

@@ -6,6 +6,7 @@ import pytest
 
 from kraft.errors import ErrorCode
 from kraft.metadata.isr_changes import alter_partition
+from kraft.metadata.rejoin_index import RejoinIndex
 from kraft.v1 import controller_pb2 as cpb
 
 from .test_controller_logic import CLUSTER, Harness
@@ -176,3 +177,19 @@ def test_cluster_id_is_required(h: Harness) -> None:
     req = _request(h, [1, 2])
     req.cluster_id = "other"
     assert _send(h, req).error_code == ErrorCode.INCONSISTENT_CLUSTER_ID
+
+
+def test_an_accepted_change_keeps_the_rejoin_index_on_the_image(h: Harness) -> None:
+    # The rejoin index follows the image delta by delta; an AlterPartition that left it behind made it
+    # stale, so the next unfence rebuilt it from scratch (in slices) and a running rejoin job scanned.
+    h.logic.rejoin_index.rebuild(h.image.topics_by_id)
+    assert h.logic.rejoin_index.current_for is h.logic.image.topics_by_id
+    response = _send(h, _request(h, [1, 2]))
+    assert response.error_code == ErrorCode.NONE and response.partitions[0].error_code == ErrorCode.NONE
+    assert h.logic.rejoin_index.current_for is h.logic.image.topics_by_id
+    # ...and what it holds is what an index built from the new image holds.
+    fresh = RejoinIndex()
+    fresh.rebuild(h.image.topics_by_id)
+    assert [h.logic.rejoin_index.flagged_count(b) for b in (1, 2, 3)] == [
+        fresh.flagged_count(b) for b in (1, 2, 3)
+    ]
